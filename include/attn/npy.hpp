@@ -1,0 +1,21 @@
+// NumPy .npy files: float32, float64, float16, bool, int32, int64; C order; format
+// versions 1.0, 2.0 (and 3.0, whose only change is a UTF-8 header).
+//
+// Files are never trusted: the header is parsed strictly, and its shape is checked
+// against the bytes the file really holds before anything is allocated. Every error
+// is an attn::Error that starts with the file name.
+#pragma once
+
+#include <string>
+
+#include "attn/tensor.hpp"
+
+namespace attn {
+
+Tensor read_npy(const std::string& path);
+
+// Writes any view (strided or not) in C order. The file appears complete or not at all:
+// the data goes to a temporary file in the same directory that is then renamed.
+void write_npy(const std::string& path, const TensorView& tensor);
+
+}  // namespace attn

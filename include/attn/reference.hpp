@@ -1,0 +1,23 @@
+// The textbook path with every intermediate kept, for teaching and debugging:
+// S = Q·Kᵀ·scale, the masked S, A = softmax(masked S), O = A·V — all float64.
+// Memory is O(B·Hq·Lq·Lk): meant for small inputs, not for production lengths.
+#pragma once
+
+#include "attn/sdpa.hpp"
+#include "attn/tensor.hpp"
+
+namespace attn {
+
+struct AttentionSteps {
+    Tensor scores;         // (B, Hq, Lq, Lk)  S = Q·Kᵀ·scale
+    Tensor masked_scores;  // (B, Hq, Lq, Lk)  S + additive mask; masked = −inf
+    Tensor weights;        // (B, Hq, Lq, Lk)  A
+    Tensor lse;            // (B, Hq, Lq)
+    Tensor out;            // (B, Hq, Lq, Dv)  O
+};
+
+// Same arguments and checks as attn::sdpa (options.impl is ignored).
+AttentionSteps reference_steps(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const SdpaOptions& options);
+
+}  // namespace attn

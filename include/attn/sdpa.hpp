@@ -1,0 +1,69 @@
+// attn::sdpa — scaled dot-product attention:  O = softmax(Q·Kᵀ·scale + mask) · V
+//
+//   q: (B, Hq,  Lq, Dk)     any strides; float32 (float64 runs on the reference only)
+//   k: (B, Hkv, Lk, Dk)     Hq % Hkv == 0: query head h reads KV head h / (Hq / Hkv)  (GQA; Hkv = 1 is MQA)
+//   v: (B, Hkv, Lk, Dv)
+//   out: (B, Hq, Lq, Dv)    float32 or float64, written completely
+//   lse: (B, Hq, Lq)        optional: natural log-sum-exp of each row of scaled, masked scores
+//   weights: (B, Hq, Lq, Lk) optional: the softmax probabilities A
+//
+// Masks (docs/conventions.md draws them) are combined with AND; every one is optional:
+//   bool_mask      keep-mask, true = may attend, broadcastable to (B, Hq, Lq, Lk)
+//   additive_mask  float bias added to the scaled scores (−inf allowed), same broadcasting
+//   causal         top_left:     query i sees keys 0..i             (PyTorch's is_causal)
+//                  bottom_right: query i sees keys 0..i + Lk − Lq   (a KV cache's new tokens)
+//   window         sliding window around the same kind of diagonal:
+//                  query i sees keys d−left..d+right with d = i (top-left) or i + Lk − Lq
+//   key_lengths    (B,) int32/int64: sequence b has valid keys 0..key_lengths[b]−1
+// A masked position gets exactly zero weight. A row with no visible key gives
+// out = 0, weights = 0 and lse = −inf — never NaN.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "attn/tensor.hpp"
+
+namespace attn {
+
+enum class Causal { none, top_left, bottom_right };
+enum class Align { top_left, bottom_right };
+
+struct Window {
+    std::int64_t left = -1;   // keys before the diagonal a query may see; −1 = unbounded
+    std::int64_t right = -1;  // keys after the diagonal; −1 = unbounded
+    Align align = Align::top_left;
+    bool active() const { return left >= 0 || right >= 0; }
+};
+
+// Which kernel runs. `automatic` picks the fastest kernel that supports the call.
+enum class Impl { automatic, reference, flash };
+
+struct SdpaOptions {
+    std::optional<double> scale;            // default 1/sqrt(Dk); must be finite
+    Causal causal = Causal::none;
+    Window window{};
+    std::optional<TensorView> bool_mask;      // dtype bool
+    std::optional<TensorView> additive_mask;  // dtype float32 or float64
+    std::optional<TensorView> key_lengths;    // dtype int32 or int64, shape (B,)
+    Impl impl = Impl::automatic;
+};
+
+// Filled by sdpa when asked: which kernel ran and why faster ones were declined.
+struct SdpaReport {
+    std::string kernel;       // e.g. "reference"
+    std::string explanation;  // one line per kernel considered
+};
+
+// Throws attn::Error (naming the argument, the expectation and what was given) before
+// writing anything. lse and weights may be null.
+void sdpa(const TensorView& q, const TensorView& k, const TensorView& v, const SdpaOptions& options,
+          const TensorView& out, const TensorView* lse = nullptr, const TensorView* weights = nullptr,
+          SdpaReport* report = nullptr);
+
+std::string_view impl_name(Impl impl);
+Impl parse_impl(std::string_view name);        // throws attn::Error on an unknown name
+Causal parse_causal(std::string_view name);    // "none", "top-left", "bottom-right"
+
+}  // namespace attn

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs the Debian packages attn needs, only those missing. Idempotent and quick when
+# everything is present (one dpkg-query, no network). Usage: install-deps.sh build|test
+set -euo pipefail
+
+build_pkgs=(build-essential cmake ninja-build libcli11-dev libgtest-dev)
+test_pkgs=(python3 python3-numpy python3-torch python3-pytest)
+
+case "${1:-build}" in
+  build) want=("${build_pkgs[@]}") ;;
+  test)  want=("${build_pkgs[@]}" "${test_pkgs[@]}") ;;
+  *) echo "install-deps.sh: expected 'build' or 'test' but got '$1'" >&2; exit 2 ;;
+esac
+
+missing=()
+for p in "${want[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [[ "$status" == "install ok installed" ]] || missing+=("$p")
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+echo "attn: installing missing Debian packages: ${missing[*]}"
+sudo=()
+if [[ $(id -u) -ne 0 ]]; then
+  command -v sudo >/dev/null || { echo "attn: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+  sudo=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -q
+"${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,171 @@
+#include "attn/tensor.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <sstream>
+
+#include "attn/error.hpp"
+#include "attn/half.hpp"
+
+namespace attn {
+
+Shape::Shape(std::initializer_list<std::int64_t> d) {
+    if (d.size() > static_cast<std::size_t>(kMaxRank)) {
+        throw Error("shape: rank must be at most 4 but got " + std::to_string(d.size()));
+    }
+    for (std::int64_t v : d) {
+        if (v < 0) throw Error("shape: dimensions must be >= 0 but got " + std::to_string(v));
+        dims[static_cast<std::size_t>(rank++)] = v;
+    }
+}
+
+std::int64_t Shape::numel() const {
+    std::int64_t n = 1;
+    for (int i = 0; i < rank; ++i) n *= dims[static_cast<std::size_t>(i)];
+    return n;
+}
+
+std::string Shape::str() const {
+    std::ostringstream s;
+    s << '(';
+    for (int i = 0; i < rank; ++i) s << (i ? ", " : "") << dims[static_cast<std::size_t>(i)];
+    if (rank == 1) s << ',';
+    s << ')';
+    return s.str();
+}
+
+bool Shape::operator==(const Shape& o) const {
+    if (rank != o.rank) return false;
+    for (int i = 0; i < rank; ++i)
+        if (dims[static_cast<std::size_t>(i)] != o.dims[static_cast<std::size_t>(i)]) return false;
+    return true;
+}
+
+Strides contiguous_strides(const Shape& shape) {
+    Strides s{};
+    std::int64_t acc = 1;
+    for (int i = shape.rank - 1; i >= 0; --i) {
+        s[static_cast<std::size_t>(i)] = acc;
+        acc *= shape[i];
+    }
+    return s;
+}
+
+TensorView::TensorView(void* data, DType dtype, Shape shape, Strides strides)
+    : data_(data), dtype_(dtype), shape_(shape), strides_(strides) {
+    for (int i = shape_.rank; i < kMaxRank; ++i) strides_[static_cast<std::size_t>(i)] = 0;
+}
+
+TensorView::TensorView(void* data, DType dtype, Shape shape)
+    : TensorView(data, dtype, shape, contiguous_strides(shape)) {}
+
+bool TensorView::is_contiguous() const {
+    const Strides c = contiguous_strides(shape_);
+    for (int i = 0; i < rank(); ++i)
+        if (dim(i) != 1 && stride(i) != c[static_cast<std::size_t>(i)]) return false;
+    return true;
+}
+
+static void check_dim(const TensorView& v, int d, const char* op) {
+    if (d < 0 || d >= v.rank()) {
+        throw Error(std::string(op) + ": dimension " + std::to_string(d) + " is out of range for a rank-" +
+                    std::to_string(v.rank()) + " tensor");
+    }
+}
+
+TensorView TensorView::transpose(int a, int b) const {
+    check_dim(*this, a, "transpose");
+    check_dim(*this, b, "transpose");
+    Shape s = shape_;
+    Strides st = strides_;
+    std::swap(s.dims[static_cast<std::size_t>(a)], s.dims[static_cast<std::size_t>(b)]);
+    std::swap(st[static_cast<std::size_t>(a)], st[static_cast<std::size_t>(b)]);
+    return {data_, dtype_, s, st};
+}
+
+TensorView TensorView::slice(int d, std::int64_t start, std::int64_t length) const {
+    check_dim(*this, d, "slice");
+    if (start < 0 || length < 0 || start + length > dim(d)) {
+        throw Error("slice: range [" + std::to_string(start) + ", " + std::to_string(start + length) +
+                    ") does not fit dimension " + std::to_string(d) + " of size " + std::to_string(dim(d)));
+    }
+    Shape s = shape_;
+    s.dims[static_cast<std::size_t>(d)] = length;
+    auto* p = static_cast<char*>(data_) +
+              start * stride(d) * static_cast<std::int64_t>(dtype_size(dtype_));
+    return {p, dtype_, s, strides_};
+}
+
+TensorView TensorView::broadcast_to(const Shape& target, std::string_view what) const {
+    if (rank() > target.rank) {
+        throw Error(std::string(what) + ": shape " + shape_.str() + " has more dimensions than " +
+                    target.str() + " it must broadcast to");
+    }
+    Strides st{};
+    const int lead = target.rank - rank();
+    for (int i = 0; i < target.rank; ++i) {
+        if (i < lead) continue;  // missing leading dims broadcast with stride 0
+        const std::int64_t have = dim(i - lead);
+        if (have == target[i]) {
+            st[static_cast<std::size_t>(i)] = stride(i - lead);
+        } else if (have == 1) {
+            st[static_cast<std::size_t>(i)] = 0;
+        } else {
+            throw Error(std::string(what) + ": shape " + shape_.str() + " cannot be broadcast to " +
+                        target.str() + " (dimension " + std::to_string(i - lead) + " is " +
+                        std::to_string(have) + ", expected 1 or " + std::to_string(target[i]) + ")");
+        }
+    }
+    return {data_, dtype_, target, st};
+}
+
+double TensorView::load_as_double(std::int64_t i) const {
+    const char* p = static_cast<const char*>(data_) + i * static_cast<std::int64_t>(dtype_size(dtype_));
+    switch (dtype_) {
+        case DType::f32: { float v; std::memcpy(&v, p, 4); return v; }
+        case DType::f64: { double v; std::memcpy(&v, p, 8); return v; }
+        case DType::f16: { std::uint16_t v; std::memcpy(&v, p, 2); return f16_to_float(v); }
+        case DType::bf16: { std::uint16_t v; std::memcpy(&v, p, 2); return bf16_to_float(v); }
+        case DType::boolean: return *p != 0 ? 1.0 : 0.0;
+        case DType::i32: { std::int32_t v; std::memcpy(&v, p, 4); return v; }
+        case DType::i64: { std::int64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
+    }
+    return 0.0;
+}
+
+void Tensor::Free::operator()(void* p) const { std::free(p); }
+
+Tensor::Tensor(DType dtype, Shape shape, bool fill_zero) {
+    const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
+    // aligned_alloc needs a size that is a multiple of the alignment; never ask for 0.
+    const std::size_t padded = ((bytes + 63) / 64) * 64 + (bytes == 0 ? 64 : 0);
+    void* p = std::aligned_alloc(64, padded);
+    if (p == nullptr) throw std::bad_alloc();
+    if (fill_zero) std::memset(p, 0, padded);
+    storage_.reset(p);
+    view_ = TensorView(p, dtype, shape);
+}
+
+Tensor to_dtype(const TensorView& src, DType dst) {
+    if (!is_floating(src.dtype()) || (dst != DType::f32 && dst != DType::f64)) {
+        throw Error("to_dtype: can only convert floating tensors to float32 or float64, got " +
+                    std::string(dtype_name(src.dtype())) + " -> " + std::string(dtype_name(dst)));
+    }
+    Tensor out(dst, src.shape());
+    const Shape& s = src.shape();
+    std::array<std::int64_t, kMaxRank> n{1, 1, 1, 1};
+    for (int i = 0; i < s.rank; ++i) n[static_cast<std::size_t>(i)] = s[i];
+    std::int64_t k = 0;
+    for (std::int64_t a = 0; a < n[0]; ++a)
+        for (std::int64_t b = 0; b < n[1]; ++b)
+            for (std::int64_t c = 0; c < n[2]; ++c)
+                for (std::int64_t d = 0; d < n[3]; ++d, ++k) {
+                    const double v = src.load_as_double(src.offset(a, b, c, d));
+                    if (dst == DType::f32) out.data_as<float>()[k] = static_cast<float>(v);
+                    else out.data_as<double>()[k] = v;
+                }
+    return out;
+}
+
+}  // namespace attn

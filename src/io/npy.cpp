@@ -1,0 +1,251 @@
+#include "attn/npy.hpp"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <string_view>
+#include <vector>
+
+#include "attn/error.hpp"
+#include "atomic_file.hpp"
+
+namespace attn {
+namespace {
+
+constexpr char kMagic[] = "\x93NUMPY";
+constexpr std::size_t kMagicLen = 6;
+
+struct Header {
+    std::string descr;
+    bool fortran = false;
+    bool has_descr = false, has_fortran = false, has_shape = false;
+    std::vector<std::int64_t> shape;
+};
+
+// A strict parser for the Python dict literal numpy writes:
+//   {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
+class DictParser {
+public:
+    DictParser(std::string_view text, const std::string& file) : s_(text), file_(file) {}
+
+    Header parse() {
+        Header h;
+        skip_ws();
+        expect('{');
+        for (;;) {
+            skip_ws();
+            if (peek() == '}') { ++i_; break; }
+            const std::string key = parse_string();
+            skip_ws();
+            expect(':');
+            skip_ws();
+            if (key == "descr") {
+                h.descr = parse_string();
+                h.has_descr = true;
+            } else if (key == "fortran_order") {
+                h.fortran = parse_bool();
+                h.has_fortran = true;
+            } else if (key == "shape") {
+                h.shape = parse_tuple();
+                h.has_shape = true;
+            } else {
+                fail("unexpected key '" + key + "' in the header");
+            }
+            skip_ws();
+            if (peek() == ',') { ++i_; continue; }
+            skip_ws();
+            expect('}');
+            break;
+        }
+        if (!h.has_descr || !h.has_fortran || !h.has_shape) {
+            fail("the header must have the keys 'descr', 'fortran_order' and 'shape'");
+        }
+        return h;
+    }
+
+private:
+    [[noreturn]] void fail(const std::string& what) const { throw Error(file_ + ": malformed .npy header: " + what); }
+    char peek() const { return i_ < s_.size() ? s_[i_] : '\0'; }
+    void skip_ws() { while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n')) ++i_; }
+    void expect(char c) {
+        if (peek() != c) fail(std::string("expected '") + c + "' at byte " + std::to_string(i_));
+        ++i_;
+    }
+    std::string parse_string() {
+        const char q = peek();
+        if (q != '\'' && q != '"') fail("expected a quoted string at byte " + std::to_string(i_));
+        ++i_;
+        const std::size_t end = s_.find(q, i_);
+        if (end == std::string_view::npos) fail("unterminated string");
+        std::string out(s_.substr(i_, end - i_));
+        i_ = end + 1;
+        return out;
+    }
+    bool parse_bool() {
+        if (s_.substr(i_, 4) == "True") { i_ += 4; return true; }
+        if (s_.substr(i_, 5) == "False") { i_ += 5; return false; }
+        fail("expected True or False for 'fortran_order'");
+    }
+    std::vector<std::int64_t> parse_tuple() {
+        std::vector<std::int64_t> dims;
+        expect('(');
+        for (;;) {
+            skip_ws();
+            if (peek() == ')') { ++i_; break; }
+            if (peek() < '0' || peek() > '9') fail("expected a non-negative integer in 'shape'");
+            std::int64_t v = 0;
+            while (peek() >= '0' && peek() <= '9') {
+                const int digit = peek() - '0';
+                if (v > (std::numeric_limits<std::int64_t>::max() - digit) / 10) fail("a dimension in 'shape' is too large");
+                v = v * 10 + digit;
+                ++i_;
+            }
+            while (peek() == 'L') ++i_;  // Python 2 longs
+            dims.push_back(v);
+            skip_ws();
+            if (peek() == ',') { ++i_; continue; }
+            skip_ws();
+            expect(')');
+            break;
+        }
+        return dims;
+    }
+
+    std::string_view s_;
+    std::size_t i_ = 0;
+    const std::string& file_;
+};
+
+DType dtype_from_descr(const std::string& d, const std::string& file) {
+    if (d == "<f4") return DType::f32;
+    if (d == "<f8") return DType::f64;
+    if (d == "<f2") return DType::f16;
+    if (d == "|b1" || d == "<b1" || d == "b1") return DType::boolean;
+    if (d == "<i4") return DType::i32;
+    if (d == "<i8") return DType::i64;
+    throw Error(file + ": unsupported dtype '" + d +
+                "' (attn reads little-endian float32, float64, float16, bool, int32 and int64)");
+}
+
+std::string descr_of(DType t) {
+    switch (t) {
+        case DType::f32: return "<f4";
+        case DType::f64: return "<f8";
+        case DType::f16: return "<f2";
+        case DType::boolean: return "|b1";
+        case DType::i32: return "<i4";
+        case DType::i64: return "<i8";
+        case DType::bf16: break;
+    }
+    throw Error("write_npy: dtype bfloat16 has no .npy representation");
+}
+
+}  // namespace
+
+Tensor read_npy(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw Error(path + ": cannot open for reading (" + std::strerror(errno) + ")");
+    f.seekg(0, std::ios::end);
+    const std::streamoff file_size = f.tellg();
+    f.seekg(0, std::ios::beg);
+    if (file_size < 10) throw Error(path + ": not a .npy file (only " + std::to_string(file_size) + " bytes)");
+
+    char pre[12] = {};
+    f.read(pre, 10);
+    if (std::memcmp(pre, kMagic, kMagicLen) != 0) throw Error(path + ": not a .npy file (bad magic bytes)");
+    const int major = static_cast<unsigned char>(pre[6]);
+    std::uint64_t header_len = 0;
+    std::streamoff prelude = 0;
+    if (major == 1) {
+        header_len = static_cast<unsigned char>(pre[8]) | (static_cast<std::uint64_t>(static_cast<unsigned char>(pre[9])) << 8);
+        prelude = 10;
+    } else if (major == 2 || major == 3) {
+        if (file_size < 12) throw Error(path + ": truncated .npy preamble");
+        f.read(pre + 10, 2);
+        for (int i = 0; i < 4; ++i) header_len |= static_cast<std::uint64_t>(static_cast<unsigned char>(pre[8 + i])) << (8 * i);
+        prelude = 12;
+    } else {
+        throw Error(path + ": unsupported .npy format version " + std::to_string(major) + "." +
+                    std::to_string(static_cast<unsigned char>(pre[7])) + " (attn reads 1.0, 2.0 and 3.0)");
+    }
+    if (header_len > static_cast<std::uint64_t>(file_size - prelude)) {
+        throw Error(path + ": header length " + std::to_string(header_len) + " runs past the end of the file (" +
+                    std::to_string(file_size) + " bytes)");
+    }
+    std::string text(header_len, '\0');
+    f.read(text.data(), static_cast<std::streamsize>(header_len));
+    if (!f) throw Error(path + ": could not read the .npy header");
+    const Header h = DictParser(text, path).parse();
+
+    const DType dtype = dtype_from_descr(h.descr, path);
+    if (h.fortran) throw Error(path + ": Fortran-order arrays are not supported (save with np.ascontiguousarray)");
+    if (h.shape.size() > static_cast<std::size_t>(kMaxRank)) {
+        throw Error(path + ": rank " + std::to_string(h.shape.size()) + " is more than attn's maximum of 4");
+    }
+    // Count the bytes the shape claims without overflowing, then compare with the file.
+    const std::uint64_t available = static_cast<std::uint64_t>(file_size - prelude) - header_len;
+    std::uint64_t need = dtype_size(dtype);
+    bool overflow = false;
+    for (std::int64_t d : h.shape) {
+        if (d != 0 && need > std::numeric_limits<std::uint64_t>::max() / static_cast<std::uint64_t>(d)) overflow = true;
+        need *= static_cast<std::uint64_t>(d);
+    }
+    Shape shape;
+    shape.rank = static_cast<int>(h.shape.size());
+    for (std::size_t i = 0; i < h.shape.size(); ++i) shape.dims[i] = h.shape[i];
+    if (overflow || need != available) {
+        throw Error(path + ": shape " + shape.str() + " of " + std::string(dtype_name(dtype)) + " needs " +
+                    (overflow ? std::string("more than 2^64") : std::to_string(need)) + " bytes of data but the file holds " +
+                    std::to_string(available));
+    }
+    Tensor t(dtype, shape);
+    f.read(static_cast<char*>(t.data()), static_cast<std::streamsize>(need));
+    if (!f) throw Error(path + ": could not read " + std::to_string(need) + " bytes of data");
+    if (dtype == DType::boolean) {  // numpy accepts any non-zero byte as True
+        auto* p = static_cast<unsigned char*>(t.data());
+        for (std::uint64_t i = 0; i < need; ++i) p[i] = p[i] != 0;
+    }
+    return t;
+}
+
+void write_npy(const std::string& path, const TensorView& t) {
+    const std::string descr = descr_of(t.dtype());
+    std::string dict = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (";
+    for (int i = 0; i < t.rank(); ++i) dict += std::to_string(t.dim(i)) + (t.rank() == 1 || i + 1 < t.rank() ? "," : "") + (i + 1 < t.rank() ? " " : "");
+    dict += "), }";
+    // Pad with spaces so that magic + lengths + header is a multiple of 64, ending in '\n'.
+    const bool v1 = dict.size() + 1 + 10 < 65536;
+    const std::size_t prelude = v1 ? 10 : 12;
+    std::size_t total = prelude + dict.size() + 1;
+    dict.append((64 - total % 64) % 64, ' ');
+    dict += '\n';
+
+    std::string head(kMagic, kMagicLen);
+    head += static_cast<char>(v1 ? 1 : 2);
+    head += '\0';
+    const std::uint32_t hl = static_cast<std::uint32_t>(dict.size());
+    for (std::size_t i = 0; i < (v1 ? 2u : 4u); ++i) head += static_cast<char>((hl >> (8 * i)) & 0xffu);
+    head += dict;
+
+    detail::AtomicFile out(path);
+    out.write(head.data(), head.size());
+    // Contiguous data goes out in one piece; a strided view row by row along its last dim.
+    const std::size_t es = dtype_size(t.dtype());
+    if (t.is_contiguous()) {
+        out.write(t.data(), static_cast<std::size_t>(t.numel()) * es);
+    } else {
+        std::array<std::int64_t, kMaxRank> n{1, 1, 1, 1};
+        for (int i = 0; i < t.rank(); ++i) n[static_cast<std::size_t>(i)] = t.dim(i);
+        const auto* base = static_cast<const char*>(t.data());
+        for (std::int64_t a = 0; a < n[0]; ++a)
+            for (std::int64_t b = 0; b < n[1]; ++b)
+                for (std::int64_t c = 0; c < n[2]; ++c)
+                    for (std::int64_t d = 0; d < n[3]; ++d)
+                        out.write(base + t.offset(a, b, c, d) * static_cast<std::int64_t>(es), es);
+    }
+    out.commit();
+}
+
+}  // namespace attn

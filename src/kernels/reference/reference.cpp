@@ -1,0 +1,114 @@
+#include "reference.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "../../core/element_io.hpp"
+
+namespace attn::detail {
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// Step 1 — scores: S[i][j] = scale · Σ_d Q[i][d]·K[j][d]
+void compute_scores(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::vector<double>& S) {
+    const std::int64_t hk = p.kv_head(h);
+    S.assign(static_cast<std::size_t>(p.Lq * p.Lk), 0.0);
+    std::vector<double> qrow(static_cast<std::size_t>(p.Dk));
+    for (std::int64_t i = 0; i < p.Lq; ++i) {
+        for (std::int64_t d = 0; d < p.Dk; ++d) qrow[static_cast<std::size_t>(d)] = load(p.q, p.q.offset(b, h, i, d));
+        for (std::int64_t j = 0; j < p.Lk; ++j) {
+            double dot = 0.0;
+            for (std::int64_t d = 0; d < p.Dk; ++d) dot += qrow[static_cast<std::size_t>(d)] * load(p.k, p.k.offset(b, hk, j, d));
+            S[static_cast<std::size_t>(i * p.Lk + j)] = dot * p.scale;
+        }
+    }
+}
+
+// Step 2 — masks: add the additive bias, then set every position a mask forbids to −inf.
+// (Seed 003: setting it to 0 would still give it weight after the softmax; −inf gives none.)
+void apply_masks(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::vector<double>& S) {
+    for (std::int64_t i = 0; i < p.Lq; ++i) {
+        const KeyRange r = p.key_range(b, i);
+        double* row = S.data() + i * p.Lk;
+        for (std::int64_t j = 0; j < p.Lk; ++j) {
+            if (p.additive_mask) row[j] += p.additive_mask->load_as_double(p.additive_mask->offset(b, h, i, j));
+            const bool keep = j >= r.lo && j < r.hi &&
+                              (!p.bool_mask || p.bool_mask->load_as_double(p.bool_mask->offset(b, h, i, j)) != 0.0);
+            if (!keep) row[j] = kNegInf;
+        }
+    }
+}
+
+// Step 3 — softmax by rows, shifted by the row max for stability. A row whose every
+// score is −inf has no key to attend to: weights 0 and lse −inf (never 0/0 = NaN).
+void softmax_rows(std::int64_t rows, std::int64_t cols, const std::vector<double>& S, std::vector<double>& A,
+                  std::vector<double>& lse) {
+    A.assign(S.size(), 0.0);
+    lse.assign(static_cast<std::size_t>(rows), kNegInf);
+    for (std::int64_t i = 0; i < rows; ++i) {
+        const double* s = S.data() + i * cols;
+        double* a = A.data() + i * cols;
+        double m = kNegInf;
+        bool any_nan = false;
+        for (std::int64_t j = 0; j < cols; ++j) {
+            any_nan |= std::isnan(s[j]);
+            if (s[j] > m) m = s[j];
+        }
+        if (m == kNegInf && !any_nan) continue;  // fully masked row
+        if (any_nan) m = std::numeric_limits<double>::quiet_NaN();  // NaN propagates as IEEE does
+        double sum = 0.0;
+        for (std::int64_t j = 0; j < cols; ++j) {
+            a[j] = std::exp(s[j] - m);
+            sum += a[j];
+        }
+        for (std::int64_t j = 0; j < cols; ++j) a[j] /= sum;
+        lse[static_cast<std::size_t>(i)] = m + std::log(sum);
+    }
+}
+
+// Step 4 — weighted sum of values: O[i] = Σ_j A[i][j]·V[j]
+void weighted_sum(const SdpaProblem& p, std::int64_t b, std::int64_t h, const std::vector<double>& A,
+                  std::vector<double>& O) {
+    const std::int64_t hk = p.kv_head(h);
+    O.assign(static_cast<std::size_t>(p.Lq * p.Dv), 0.0);
+    for (std::int64_t i = 0; i < p.Lq; ++i) {
+        double* o = O.data() + i * p.Dv;
+        for (std::int64_t j = 0; j < p.Lk; ++j) {
+            const double a = A[static_cast<std::size_t>(i * p.Lk + j)];
+            if (a == 0.0) continue;  // masked keys contribute nothing (even if V holds inf)
+            for (std::int64_t d = 0; d < p.Dv; ++d) o[d] += a * load(p.v, p.v.offset(b, hk, j, d));
+        }
+    }
+}
+
+}  // namespace
+
+void reference_head(const SdpaProblem& p, std::int64_t b, std::int64_t h, HeadSteps& steps) {
+    compute_scores(p, b, h, steps.scores);
+    steps.masked_scores = steps.scores;
+    apply_masks(p, b, h, steps.masked_scores);
+    softmax_rows(p.Lq, p.Lk, steps.masked_scores, steps.weights, steps.lse);
+    weighted_sum(p, b, h, steps.weights, steps.out);
+}
+
+void reference_forward(const SdpaProblem& p) {
+    const std::int64_t pairs = p.B * p.Hq;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (std::int64_t bh = 0; bh < pairs; ++bh) {
+        const std::int64_t b = bh / p.Hq, h = bh % p.Hq;
+        HeadSteps s;
+        reference_head(p, b, h, s);
+        for (std::int64_t i = 0; i < p.Lq; ++i) {
+            for (std::int64_t d = 0; d < p.Dv; ++d)
+                store(p.out, p.out.offset(b, h, i, d), s.out[static_cast<std::size_t>(i * p.Dv + d)]);
+            if (p.lse) store(*p.lse, p.lse->offset(b, h, i), s.lse[static_cast<std::size_t>(i)]);
+            if (p.weights)
+                for (std::int64_t j = 0; j < p.Lk; ++j)
+                    store(*p.weights, p.weights->offset(b, h, i, j), s.weights[static_cast<std::size_t>(i * p.Lk + j)]);
+        }
+    }
+}
+
+}  // namespace attn::detail

@@ -1,0 +1,26 @@
+// The textbook attention, in double: the oracle every fast kernel is tested against,
+// and the path that can show the intermediates S (scores) and A (weights).
+#pragma once
+
+#include <vector>
+
+#include "../../sdpa/problem.hpp"
+
+namespace attn::detail {
+
+// One (batch, head) pair, written as the tutorials write it. Buffers are row-major
+// Lq × Lk (scores, weights) and Lq × Dv (out), all double.
+struct HeadSteps {
+    std::vector<double> scores;         // S = Q·Kᵀ·scale
+    std::vector<double> masked_scores;  // S + additive mask, masked positions = −inf
+    std::vector<double> weights;        // A = softmax(masked S) by rows; a row with no key: 0
+    std::vector<double> lse;            // log Σ exp(masked S) per row; −inf for a row with no key
+    std::vector<double> out;            // O = A·V
+};
+
+void reference_head(const SdpaProblem& p, std::int64_t b, std::int64_t h, HeadSteps& steps);
+
+// All heads; writes p.out (and p.lse, p.weights when present). Threads over (b, h).
+void reference_forward(const SdpaProblem& p);
+
+}  // namespace attn::detail

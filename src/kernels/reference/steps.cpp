@@ -1,0 +1,36 @@
+#include <algorithm>
+
+#include "attn/reference.hpp"
+#include "reference.hpp"
+
+namespace attn {
+
+AttentionSteps reference_steps(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const SdpaOptions& options) {
+    // Validate with a stand-in output of the right shape; the real outputs follow.
+    const std::int64_t B = q.rank() == 4 ? q.dim(0) : 0, Hq = q.rank() == 4 ? q.dim(1) : 0;
+    const std::int64_t Lq = q.rank() == 4 ? q.dim(2) : 0;
+    const std::int64_t Lk = k.rank() == 4 ? k.dim(2) : 0, Dv = v.rank() == 4 ? v.dim(3) : 0;
+    AttentionSteps s;
+    s.out = Tensor(DType::f64, Shape{B, Hq, Lq, Dv});
+    const detail::SdpaProblem p = detail::make_problem(q, k, v, options, s.out, nullptr, nullptr);
+    s.scores = Tensor(DType::f64, Shape{B, Hq, Lq, Lk});
+    s.masked_scores = Tensor(DType::f64, Shape{B, Hq, Lq, Lk});
+    s.weights = Tensor(DType::f64, Shape{B, Hq, Lq, Lk});
+    s.lse = Tensor(DType::f64, Shape{B, Hq, Lq});
+    for (std::int64_t b = 0; b < B; ++b) {
+        for (std::int64_t h = 0; h < Hq; ++h) {
+            detail::HeadSteps hs;
+            detail::reference_head(p, b, h, hs);
+            const std::int64_t head = b * Hq + h;
+            std::copy(hs.scores.begin(), hs.scores.end(), s.scores.data_as<double>() + head * Lq * Lk);
+            std::copy(hs.masked_scores.begin(), hs.masked_scores.end(), s.masked_scores.data_as<double>() + head * Lq * Lk);
+            std::copy(hs.weights.begin(), hs.weights.end(), s.weights.data_as<double>() + head * Lq * Lk);
+            std::copy(hs.lse.begin(), hs.lse.end(), s.lse.data_as<double>() + head * Lq);
+            std::copy(hs.out.begin(), hs.out.end(), s.out.data_as<double>() + head * Lq * Dv);
+        }
+    }
+    return s;
+}
+
+}  // namespace attn

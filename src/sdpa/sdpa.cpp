@@ -1,0 +1,38 @@
+// attn::sdpa: validate once, pick a kernel, run it.
+#include "attn/sdpa.hpp"
+
+#include "attn/error.hpp"
+#include "../kernels/dispatch.hpp"
+#include "problem.hpp"
+
+namespace attn {
+
+void sdpa(const TensorView& q, const TensorView& k, const TensorView& v, const SdpaOptions& options,
+          const TensorView& out, const TensorView* lse, const TensorView* weights, SdpaReport* report) {
+    const detail::SdpaProblem problem = detail::make_problem(q, k, v, options, out, lse, weights);
+    detail::run_forward(problem, options.impl, report);
+}
+
+std::string_view impl_name(Impl impl) {
+    switch (impl) {
+        case Impl::automatic: return "auto";
+        case Impl::reference: return "reference";
+        case Impl::flash: return "flash";
+    }
+    return "?";
+}
+
+Impl parse_impl(std::string_view name) {
+    for (Impl i : {Impl::automatic, Impl::reference, Impl::flash})
+        if (name == impl_name(i)) return i;
+    throw Error("impl: expected one of auto, reference, flash but got '" + std::string(name) + "'");
+}
+
+Causal parse_causal(std::string_view name) {
+    if (name == "none") return Causal::none;
+    if (name == "top-left") return Causal::top_left;
+    if (name == "bottom-right") return Causal::bottom_right;
+    throw Error("causal: expected top-left or bottom-right (or none) but got '" + std::string(name) + "'");
+}
+
+}  // namespace attn

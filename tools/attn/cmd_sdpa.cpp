@@ -1,0 +1,122 @@
+// attn sdpa --q Q.npy --k K.npy --v V.npy --out O.npy [--mask M.npy] [--causal top-left|bottom-right]
+//           [--scale S] [--weights W.npy] [--lse L.npy] [--impl auto|reference|flash] ...
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <memory>
+#include <optional>
+
+#include "attn/error.hpp"
+#include "attn/npy.hpp"
+#include "attn/sdpa.hpp"
+#include "commands.hpp"
+#include "output_files.hpp"
+
+namespace attn::cli {
+namespace {
+
+struct SdpaArgs {
+    std::string q, k, v, out, mask, key_lengths, weights, lse, causal = "none", impl = "auto";
+    std::optional<double> scale;
+    std::int64_t window_left = -1, window_right = -1;
+    std::string window_align = "top-left";
+    bool verbose = false;
+};
+
+Tensor read_input(const std::string& flag, const std::string& path) {
+    Tensor t = read_npy(path);
+    if (t.dtype() != DType::f32 && t.dtype() != DType::f64) {
+        throw Error(flag + ": " + path + " must hold float32 or float64 but holds " + std::string(dtype_name(t.dtype())));
+    }
+    return t;
+}
+
+void run(const SdpaArgs& a) {
+    OutputFiles outputs;
+    outputs.add("--out", a.out);
+    outputs.add("--weights", a.weights);
+    outputs.add("--lse", a.lse);
+    outputs.check();
+
+    SdpaOptions opt;
+    opt.impl = parse_impl(a.impl);
+    opt.causal = parse_causal(a.causal);
+    opt.scale = a.scale;
+    opt.window.left = a.window_left;
+    opt.window.right = a.window_right;
+    if (a.window_align != "top-left" && a.window_align != "bottom-right") {
+        throw Error("--window-align: expected top-left or bottom-right but got '" + a.window_align + "'");
+    }
+    opt.window.align = a.window_align == "top-left" ? Align::top_left : Align::bottom_right;
+
+    const Tensor q = read_input("--q", a.q);
+    const Tensor k = read_input("--k", a.k);
+    const Tensor v = read_input("--v", a.v);
+    Tensor mask, lengths;
+    if (!a.mask.empty()) {
+        mask = read_npy(a.mask);
+        if (mask.dtype() == DType::boolean) {
+            opt.bool_mask = mask.view();
+        } else if (mask.dtype() == DType::f32 || mask.dtype() == DType::f64) {
+            opt.additive_mask = mask.view();
+        } else {
+            throw Error("--mask: " + a.mask + " must hold bool (true = may attend) or float32/float64 (added to the scores) but holds " +
+                        std::string(dtype_name(mask.dtype())));
+        }
+    }
+    if (!a.key_lengths.empty()) {
+        lengths = read_npy(a.key_lengths);
+        opt.key_lengths = lengths.view();
+    }
+    // Output shapes come from the inputs; if those are malformed, sdpa names the bad one.
+    const std::int64_t B = q.shape().rank == 4 ? q.shape()[0] : 0, Hq = q.shape().rank == 4 ? q.shape()[1] : 0;
+    const std::int64_t Lq = q.shape().rank == 4 ? q.shape()[2] : 0;
+    const std::int64_t Lk = k.shape().rank == 4 ? k.shape()[2] : 0, Dv = v.shape().rank == 4 ? v.shape()[3] : 0;
+
+    Tensor o(DType::f32, Shape{B, Hq, Lq, Dv});
+    Tensor w, l;
+    TensorView wv, lv;
+    if (!a.weights.empty()) {
+        w = Tensor(DType::f32, Shape{B, Hq, Lq, Lk});
+        wv = w.view();
+    }
+    if (!a.lse.empty()) {
+        l = Tensor(DType::f32, Shape{B, Hq, Lq});
+        lv = l.view();
+    }
+    SdpaReport report;
+    sdpa(q, k, v, opt, o, a.lse.empty() ? nullptr : &lv, a.weights.empty() ? nullptr : &wv, &report);
+    if (a.verbose) std::fprintf(stderr, "%s\n", report.explanation.c_str());
+
+    std::vector<std::pair<std::string, TensorView>> files{{a.out, o.view()}};
+    if (!a.weights.empty()) files.emplace_back(a.weights, w.view());
+    if (!a.lse.empty()) files.emplace_back(a.lse, l.view());
+    OutputFiles::write_all(files);
+}
+
+}  // namespace
+
+void add_sdpa_command(CLI::App& app) {
+    auto args = std::make_shared<SdpaArgs>();
+    CLI::App* cmd = app.add_subcommand("sdpa", "Scaled dot-product attention: O = softmax(Q·Kᵀ·scale + mask)·V on .npy files");
+    cmd->add_option("--q", args->q, "queries (B, Hq, Lq, Dk), float32 or float64")->required();
+    cmd->add_option("--k", args->k, "keys (B, Hkv, Lk, Dk); Hq must be a multiple of Hkv")->required();
+    cmd->add_option("--v", args->v, "values (B, Hkv, Lk, Dv)")->required();
+    cmd->add_option("--out", args->out, "output O (B, Hq, Lq, Dv), written as float32")->required();
+    cmd->add_option("--mask", args->mask,
+                    "bool keep-mask (true = may attend) or float additive mask, broadcastable to (B, Hq, Lq, Lk)");
+    cmd->add_option("--causal", args->causal,
+                    "top-left: query i sees keys 0..i; bottom-right: keys 0..i+Lk-Lq (KV cache)");
+    cmd->add_option("--scale", args->scale, "score scale (default 1/sqrt(Dk)); any finite number");
+    cmd->add_option("--key-lengths", args->key_lengths, "int32/int64 (B,): valid keys per sequence");
+    cmd->add_option("--window-left", args->window_left, "sliding window: keys a query sees before its diagonal (-1 = all)");
+    cmd->add_option("--window-right", args->window_right, "sliding window: keys a query sees after its diagonal (-1 = all)");
+    cmd->add_option("--window-align", args->window_align, "diagonal of the window: top-left (default) or bottom-right");
+    cmd->add_option("--weights", args->weights, "write attention weights A (B, Hq, Lq, Lk) as float32");
+    cmd->add_option("--lse", args->lse, "write the row log-sum-exp (B, Hq, Lq) as float32");
+    cmd->add_option("--impl", args->impl, "kernel: auto, reference or flash");
+    cmd->add_flag("--verbose", args->verbose, "say which kernel ran and why others were declined");
+    cmd->callback([args] { run(*args); });
+}
+
+}  // namespace attn::cli

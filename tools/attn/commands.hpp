@@ -1,0 +1,12 @@
+// The attn CLI: one function per subcommand registers it on the app.
+// Errors: a subcommand throws attn::Error; main() prints `attn: error: <message>` and exits 2.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace attn::cli {
+
+void add_sdpa_command(CLI::App& app);
+void add_demo_command(CLI::App& app);
+
+}  // namespace attn::cli

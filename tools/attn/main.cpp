@@ -1,0 +1,38 @@
+// attn — command-line front end of the library. See `attn --help`.
+#include <cstdio>
+#include <exception>
+#include <new>
+
+#include "attn/error.hpp"
+#include "attn/version.hpp"
+#include "commands.hpp"
+
+int main(int argc, char** argv) {
+    CLI::App app{"attn: scaled dot-product attention, computed correctly on every input, as fast as the CPU allows"};
+    app.set_version_flag("--version", std::string("attn ") + attn::kVersion);
+    app.require_subcommand(1);
+    attn::cli::add_sdpa_command(app);
+    attn::cli::add_demo_command(app);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::CallForHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::CallForAllHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::CallForVersion& e) {
+        return app.exit(e);
+    } catch (const CLI::ParseError& e) {
+        std::fprintf(stderr, "attn: error: %s\n", e.what());
+        return 2;
+    } catch (const attn::Error& e) {
+        std::fprintf(stderr, "attn: error: %s\n", e.what());
+        return 2;
+    } catch (const std::bad_alloc&) {
+        std::fprintf(stderr, "attn: error: out of memory\n");
+        return 2;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "attn: error: %s\n", e.what());
+        return 2;
+    }
+    return 0;
+}
