@@ -216,3 +216,30 @@ def test_a_late_failing_output_leaves_no_earlier_output(work):
     (work / "w_dir").mkdir()
     expect_error(work, sdpa_args(work, weights=work / "w_dir"), "--weights")
     assert not os.path.exists(work / "o.npy")
+
+
+def test_a_failing_write_leaves_no_output_and_no_temporary(tmp_path):
+    """The file system refuses the large --weights file (RLIMIT_FSIZE = 64 KiB, as a full disk
+    would): exit 2 with one error line, and neither the small --out nor any temporary remains."""
+    import resource
+    import signal
+    import subprocess
+
+    from cli_util import attn_bin
+
+    rng = np.random.default_rng(3)
+    np.save(tmp_path / "q.npy", rng.standard_normal((2, 4, 300, 8)).astype(np.float32))
+    np.save(tmp_path / "k.npy", rng.standard_normal((2, 2, 300, 8)).astype(np.float32))
+    np.save(tmp_path / "v.npy", rng.standard_normal((2, 2, 300, 2)).astype(np.float32))
+    before = listing(tmp_path)
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG from write() instead of a signal
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+
+    r = subprocess.run([attn_bin(), *map(str, sdpa_args(tmp_path, weights=tmp_path / "w.npy"))],
+                       capture_output=True, text=True, preexec_fn=limit, timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith("attn: error: "), r.stderr
+    assert "w.npy" in r.stderr and "write failed" in r.stderr, r.stderr
+    assert listing(tmp_path) == before
