@@ -178,6 +178,36 @@ TEST(SdpaErrors, KeyLengths) {
                  {"sdpa: key_lengths: entry 0 must be in [0, Lk=7] but got 8"});
 }
 
+TEST(SdpaErrors, KeyLengthsReportTheValueGiven) {
+    // The value in the message is the integer given, even where a double cannot hold it.
+    static std::int64_t huge[2] = {3, std::numeric_limits<std::int64_t>::max()};
+    static std::int64_t low[2] = {std::numeric_limits<std::int64_t>::min(), 3};
+    expect_error([](Call& c) { c.opt.key_lengths = TensorView(huge, DType::i64, Shape{2}); },
+                 {"sdpa: key_lengths: entry 1 must be in [0, Lk=7] but got 9223372036854775807"});
+    expect_error([](Call& c) { c.opt.key_lengths = TensorView(low, DType::i64, Shape{2}); },
+                 {"sdpa: key_lengths: entry 0 must be in [0, Lk=7] but got -9223372036854775808"});
+}
+
+TEST(SdpaErrors, OutputsWithStrideZeroWouldOverlap) {
+    // A broadcast view as an output would write several results to one address.
+    expect_error([](Call& c) { c.outv = c.out.view().slice(1, 0, 1).broadcast_to(Shape{2, 4, 5, 6}, "x"); },
+                 {"sdpa: out: dimension 1 has stride 0 but size 4"});
+    expect_error([](Call& c) { c.lsev = c.lse.view().slice(2, 0, 1).broadcast_to(Shape{2, 4, 5}, "x"); },
+                 {"sdpa: lse: dimension 2 has stride 0 but size 5"});
+    expect_error([](Call& c) { c.wv = c.weights.view().slice(3, 0, 1).broadcast_to(Shape{2, 4, 5, 7}, "x"); },
+                 {"sdpa: weights: dimension 3 has stride 0 but size 7"});
+}
+
+TEST(SdpaErrors, OutputsOfSizeOneMayHaveAnyStride) {
+    Call c;
+    c.qv = c.q.view().slice(2, 0, 1);  // Lq = 1
+    c.outv = TensorView(c.out.data(), DType::f32, Shape{2, 4, 1, 6}, {24, 6, 0, 1});
+    c.lsev = TensorView(c.lse.data(), DType::f32, Shape{2, 4, 1}, {4, 1, 0, 0});
+    c.wv = TensorView(c.weights.data(), DType::f32, Shape{2, 4, 1, 7}, {28, 7, 0, 1});
+    c.run();
+    EXPECT_TRUE(std::isfinite(c.out.data_as<float>()[0]));
+}
+
 TEST(SdpaErrors, Window) {
     expect_error([](Call& c) { c.opt.window.left = -2; },
                  {"sdpa: window: left and right must be >= 0, or -1 for unbounded, but got left=-2 right=-1"});

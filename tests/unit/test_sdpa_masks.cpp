@@ -346,6 +346,27 @@ TEST(SdpaWindow, LeftRightBothAlignments) {
     }
 }
 
+TEST(SdpaWindow, HugeBoundsMeanUnbounded) {
+    // A bound larger than any distance between a query's diagonal and a key excludes nothing,
+    // up to the largest int64 (no overflow in d + right + 1 or d − left).
+    const std::int64_t big = std::numeric_limits<std::int64_t>::max();
+    for (const auto& [lq, lk] : {std::pair<std::int64_t, std::int64_t>{3, 5}, {6, 2}}) {
+        const Dims d{1, 1, 1, lq, lk, 4, 3};
+        const Inputs in = make_inputs(d, 165);
+        const NaiveResult want = naive_attention(in.q, in.k, in.v, default_scale(d));
+        for (Align al : {Align::top_left, Align::bottom_right}) {
+            for (const auto& [l, r] : {std::pair<std::int64_t, std::int64_t>{big, -1}, {-1, big}, {big, big},
+                                       {big - 1, lq + lk}, {lq + lk, big - 7}}) {
+                SdpaOptions opt;
+                opt.window = {l, r, al};
+                expect_matches(run_sdpa(in.q, in.k, in.v, opt), want, kTol64,
+                               "window l=" + std::to_string(l) + " r=" + std::to_string(r) +
+                                   (al == Align::top_left ? " top-left" : " bottom-right"));
+            }
+        }
+    }
+}
+
 TEST(SdpaWindow, CombinedWithCausalBoolAndKeyLengths) {
     const Dims d{2, 3, 1, 9, 12, 5, 4};
     const Inputs in = make_inputs(d, 171);
