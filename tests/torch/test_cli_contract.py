@@ -121,6 +121,7 @@ def test_bad_key_lengths(work):
     ("k", (B, 3, LK, DK), "Q: heads 4 must be a multiple of K/V's heads 3"),
     ("q", (HQ, LQ, DK), "Q: expected a rank-4 tensor (B, Hq, Lq, Dk) but got shape (4, 5, 8)"),
     ("v", (B + 1, HKV, LK, DV), "V: batch 3 does not match Q's batch 2"),
+    ("q", (B, HQ, 0, DK), "Q: length must be >= 1 but got 0"),
 ])
 def test_shape_mismatch(work, which, shape, fragment):
     np.save(work / "bad.npy", np.zeros(shape, dtype=np.float32))

@@ -58,9 +58,13 @@ def make_case(idx):
     dtype = np.float32 if rng.random() < 0.7 else np.float64
 
     c = dict(idx=idx, seed=seed, B=B, Hq=Hq, Hkv=Hkv, Lq=Lq, Lk=Lk, Dk=Dk, Dv=Dv, dtype=np.dtype(dtype).name)
+    # Now and then K and V come in the other float type than Q (each file is read as it is).
+    kv_dtype = dtype if rng.random() < 0.85 else (np.float64 if dtype == np.float32 else np.float32)
+    if kv_dtype != dtype:
+        c["kv_dtype"] = np.dtype(kv_dtype).name
     c["q"] = rng.standard_normal((B, Hq, Lq, Dk)).astype(dtype)
-    c["k"] = rng.standard_normal((B, Hkv, Lk, Dk)).astype(dtype)
-    c["v"] = rng.standard_normal((B, Hkv, Lk, Dv)).astype(dtype)
+    c["k"] = rng.standard_normal((B, Hkv, Lk, Dk)).astype(kv_dtype)
+    c["v"] = rng.standard_normal((B, Hkv, Lk, Dv)).astype(kv_dtype)
 
     full = (B, Hq, Lq, Lk)
     mask_kind = rng.choice(["none", "bool", "additive"], p=[0.3, 0.4, 0.3])
@@ -102,7 +106,7 @@ def make_case(idx):
 
 
 def describe(c):
-    keys = ["idx", "seed", "B", "Hq", "Hkv", "Lq", "Lk", "Dk", "Dv", "dtype", "mask_kind", "mask_shape", "mask_dtype",
+    keys = ["idx", "seed", "B", "Hq", "Hkv", "Lq", "Lk", "Dk", "Dv", "dtype", "kv_dtype", "mask_kind", "mask_shape", "mask_dtype",
             "causal", "window", "scale", "want_weights", "want_lse"]
     d = {k: c[k] for k in keys if k in c}
     if "key_lengths" in c:
@@ -230,6 +234,7 @@ def test_case_mix_covers_every_feature():
     assert seen(lambda c: "window" in c and c["window"][2] == "bottom-right") >= 10
     assert seen(lambda c: "scale" in c) >= 30
     assert seen(lambda c: c["dtype"] == "float64") >= 30
+    assert seen(lambda c: "kv_dtype" in c) >= 15
     assert seen(lambda c: c["Hq"] > c["Hkv"] > 1) >= 10  # GQA
     assert seen(lambda c: c["Hq"] > c["Hkv"] == 1) >= 10  # MQA
     assert seen(lambda c: c["Dk"] != c["Dv"]) >= 100
