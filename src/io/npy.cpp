@@ -1,5 +1,7 @@
 #include "attn/npy.hpp"
 
+#include <sys/stat.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -59,6 +61,9 @@ public:
             expect('}');
             break;
         }
+        // numpy pads the dict with spaces and a final '\n'; anything else after it is not a header.
+        skip_ws();
+        if (i_ != s_.size()) fail("unexpected text after the closing '}' at byte " + std::to_string(i_));
         if (!h.has_descr || !h.has_fortran || !h.has_shape) {
             fail("the header must have the keys 'descr', 'fortran_order' and 'shape'");
         }
@@ -147,8 +152,15 @@ std::string descr_of(DType t) {
 Tensor read_npy(const std::string& path) {
     std::ifstream f(path, std::ios::binary);
     if (!f) throw Error(path + ": cannot open for reading (" + std::strerror(errno) + ")");
+    // A directory opens fine on Linux and then reads as garbage; a pipe has no size to check
+    // the header against. Only regular files are .npy files.
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+        throw Error(path + (S_ISDIR(st.st_mode) ? ": is a directory, not a .npy file" : ": is not a regular file"));
+    }
     f.seekg(0, std::ios::end);
     const std::streamoff file_size = f.tellg();
+    if (file_size < 0) throw Error(path + ": cannot determine the file size");
     f.seekg(0, std::ios::beg);
     if (file_size < 10) throw Error(path + ": not a .npy file (only " + std::to_string(file_size) + " bytes)");
 

@@ -29,6 +29,23 @@ void require_float(const TensorView& t, const char* name) {
     }
 }
 
+// An output needs its own memory for every element: a stride-0 (broadcast) dimension of size
+// > 1 would make several results land on one address.
+void require_distinct_elements(const TensorView& t, const char* name) {
+    for (int d = 0; d < t.rank(); ++d) {
+        if (t.dim(d) > 1 && t.stride(d) == 0) {
+            fail(std::string(name) + ": dimension " + num(d) + " has stride 0 but size " + num(t.dim(d)) +
+                 "; an output cannot be a broadcast view");
+        }
+    }
+}
+
+// An int32/int64 element exactly (a double would round values above 2^53).
+std::int64_t load_int(const TensorView& t, std::int64_t i) {
+    if (t.dtype() == DType::i32) return t.data_as<const std::int32_t>()[t.offset(i)];
+    return t.data_as<const std::int64_t>()[t.offset(i)];
+}
+
 void require_shape(const TensorView& t, const char* name, const Shape& expected, const char* layout) {
     if (!(t.shape() == expected)) {
         fail(std::string(name) + ": expected shape " + layout + " = " + expected.str() + " but got " +
@@ -76,16 +93,19 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
     require_rank(out, "out", 4, "(B, Hq, Lq, Dv)");
     require_float(out, "out");
     require_shape(out, "out", Shape{p.B, p.Hq, p.Lq, p.Dv}, "(B, Hq, Lq, Dv)");
+    require_distinct_elements(out, "out");
     if (lse != nullptr) {
         require_rank(*lse, "lse", 3, "(B, Hq, Lq)");
         require_float(*lse, "lse");
         require_shape(*lse, "lse", Shape{p.B, p.Hq, p.Lq}, "(B, Hq, Lq)");
+        require_distinct_elements(*lse, "lse");
         p.lse = *lse;
     }
     if (weights != nullptr) {
         require_rank(*weights, "weights", 4, "(B, Hq, Lq, Lk)");
         require_float(*weights, "weights");
         require_shape(*weights, "weights", Shape{p.B, p.Hq, p.Lq, p.Lk}, "(B, Hq, Lq, Lk)");
+        require_distinct_elements(*weights, "weights");
         p.weights = *weights;
     }
 
@@ -123,10 +143,9 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
             fail("key_lengths: expected shape (B,) = (" + num(p.B) + ",) but got " + kl.shape().str());
         }
         for (std::int64_t b = 0; b < p.B; ++b) {
-            const double len = kl.load_as_double(kl.offset(b));
-            if (len < 0 || len > static_cast<double>(p.Lk)) {
-                fail("key_lengths: entry " + num(b) + " must be in [0, Lk=" + num(p.Lk) + "] but got " +
-                     num(static_cast<std::int64_t>(len)));
+            const std::int64_t len = load_int(kl, b);
+            if (len < 0 || len > p.Lk) {
+                fail("key_lengths: entry " + num(b) + " must be in [0, Lk=" + num(p.Lk) + "] but got " + num(len));
             }
         }
         p.key_lengths = kl;
@@ -137,6 +156,11 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
     }
     p.causal = options.causal;
     p.window = options.window;
+    // A bound of Lq + Lk or more excludes no key (|j − d| < Lq + Lk for every query i, key j and
+    // either diagonal d), so it is stored as unbounded: key_range then never computes
+    // d + right + 1 or d − left near the int64 limits.
+    if (p.window.left >= p.Lq + p.Lk) p.window.left = -1;
+    if (p.window.right >= p.Lq + p.Lk) p.window.right = -1;
     p.q = q;
     p.k = k;
     p.v = v;

@@ -16,7 +16,8 @@ public:
     void add(const std::string& flag, const std::string& path);
     // Throws attn::Error if two outputs share a path or a directory is not writable.
     void check() const;
-    // Writes each (path, tensor) as .npy, each file atomically.
+    // Writes each (path, tensor) as .npy: all are written to staging files first, then renamed,
+    // so an error while writing leaves none of them behind.
     static void write_all(const std::vector<std::pair<std::string, TensorView>>& outputs);
 
 private:

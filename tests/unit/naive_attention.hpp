@@ -1,0 +1,150 @@
+// Test-only helpers: random tensors, NaN poisoning, and an independent naive attention in
+// double that the unit tests compare attn::sdpa against.
+//
+// The naive attention deliberately shares no code with src/: it reads elements through its
+// own stride arithmetic, and each test states its mask rule as a plain predicate
+// keep(b, h, i, j) written from the documented semantics — so a wrong rule in
+// SdpaProblem::key_range or a wrong broadcast cannot be hidden by the oracle repeating it.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "attn/tensor.hpp"
+
+namespace attn_test {
+
+using attn::DType;
+using attn::Shape;
+using attn::Tensor;
+using attn::TensorView;
+
+inline constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Element (i0, i1, i2, i3) of a float32/float64 view, by explicit stride arithmetic.
+inline double at(const TensorView& t, std::int64_t i0, std::int64_t i1 = 0, std::int64_t i2 = 0,
+                 std::int64_t i3 = 0) {
+    const std::int64_t off = i0 * t.stride(0) + i1 * t.stride(1) + i2 * t.stride(2) + i3 * t.stride(3);
+    if (t.dtype() == DType::f32) return static_cast<const float*>(t.data())[off];
+    return static_cast<const double*>(t.data())[off];
+}
+
+// A float tensor with uniform values in [lo, hi), from a fixed seed.
+inline Tensor random_tensor(DType dtype, Shape shape, std::uint32_t seed, double lo = -1.0, double hi = 1.0) {
+    Tensor t(dtype, shape);
+    std::mt19937 gen(seed);
+    std::uniform_real_distribution<double> u(lo, hi);
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+        if (dtype == DType::f32) t.data_as<float>()[i] = static_cast<float>(u(gen));
+        else t.data_as<double>()[i] = u(gen);
+    }
+    return t;
+}
+
+// A bool tensor, each element true with probability p_true.
+inline Tensor random_bool(Shape shape, std::uint32_t seed, double p_true) {
+    Tensor t(DType::boolean, shape);
+    std::mt19937 gen(seed);
+    std::bernoulli_distribution d(p_true);
+    for (std::int64_t i = 0; i < t.numel(); ++i) t.data_as<std::uint8_t>()[i] = d(gen) ? 1 : 0;
+    return t;
+}
+
+// Fills every byte with a NaN pattern (0x7f…): an element a kernel forgot to write stays NaN
+// and cannot pass a comparison; a check that outputs are untouched compares the bytes.
+inline void poison(const Tensor& t) { std::memset(t.data(), 0x7f, t.nbytes()); }
+
+inline bool still_poisoned(const Tensor& t) {
+    const auto* p = static_cast<const unsigned char*>(t.data());
+    for (std::size_t i = 0; i < t.nbytes(); ++i)
+        if (p[i] != 0x7f) return false;
+    return true;
+}
+
+// numpy broadcasting written out: the C-order element offset, in a contiguous tensor of
+// `shape` (rank ≤ 4, right-aligned against (B, Hq, Lq, Lk)), that index (b, h, i, j) reads.
+inline std::int64_t broadcast_offset(const Shape& shape, std::int64_t b, std::int64_t h, std::int64_t i,
+                                     std::int64_t j) {
+    const std::int64_t idx[4] = {b, h, i, j};
+    std::int64_t off = 0, stride = 1;
+    for (int a = shape.rank - 1; a >= 0; --a) {
+        const std::int64_t dim = shape[a];
+        off += (dim == 1 ? 0 : idx[4 - shape.rank + a]) * stride;
+        stride *= dim;
+    }
+    return off;
+}
+
+// Result of the naive attention, row-major (B, Hq, Lq, ·).
+struct NaiveResult {
+    std::int64_t B = 0, Hq = 0, Lq = 0, Lk = 0, Dv = 0;
+    std::vector<double> out;      // (B, Hq, Lq, Dv)
+    std::vector<double> weights;  // (B, Hq, Lq, Lk)
+    std::vector<double> lse;      // (B, Hq, Lq)
+    double o(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t d) const {
+        return out[static_cast<std::size_t>(((b * Hq + h) * Lq + i) * Dv + d)];
+    }
+    double w(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
+        return weights[static_cast<std::size_t>(((b * Hq + h) * Lq + i) * Lk + j)];
+    }
+    double l(std::int64_t b, std::int64_t h, std::int64_t i) const {
+        return lse[static_cast<std::size_t>((b * Hq + h) * Lq + i)];
+    }
+};
+
+using KeepFn = std::function<bool(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j)>;
+using BiasFn = std::function<double(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j)>;
+
+// The textbook, one row at a time:
+//   s_j = scale · Σ_d q[i][d]·k[j][d] + bias(i, j), or −inf where keep(i, j) is false
+//   w_j = exp(s_j − max s) / Σ exp(s − max s);  o = Σ_j w_j v[j];  lse = max s + log Σ exp(s − max s)
+// A row with no kept key (or only −inf scores): o = 0, w = 0, lse = −inf.
+// q: (B, Hq, Lq, Dk)  k: (B, Hkv, Lk, Dk)  v: (B, Hkv, Lk, Dv); query head h reads KV head h / (Hq / Hkv).
+inline NaiveResult naive_attention(const TensorView& q, const TensorView& k, const TensorView& v, double scale,
+                                   const KeepFn& keep = nullptr, const BiasFn& bias = nullptr) {
+    NaiveResult r;
+    r.B = q.dim(0);
+    r.Hq = q.dim(1);
+    r.Lq = q.dim(2);
+    r.Lk = k.dim(2);
+    r.Dv = v.dim(3);
+    const std::int64_t Dk = q.dim(3), group = q.dim(1) / k.dim(1);
+    r.out.assign(static_cast<std::size_t>(r.B * r.Hq * r.Lq * r.Dv), 0.0);
+    r.weights.assign(static_cast<std::size_t>(r.B * r.Hq * r.Lq * r.Lk), 0.0);
+    r.lse.assign(static_cast<std::size_t>(r.B * r.Hq * r.Lq), -kInf);
+    std::vector<double> s(static_cast<std::size_t>(r.Lk));
+    for (std::int64_t b = 0; b < r.B; ++b)
+        for (std::int64_t h = 0; h < r.Hq; ++h)
+            for (std::int64_t i = 0; i < r.Lq; ++i) {
+                const std::int64_t hk = h / group;
+                double mx = -kInf;
+                for (std::int64_t j = 0; j < r.Lk; ++j) {
+                    double dot = 0.0;
+                    for (std::int64_t d = 0; d < Dk; ++d) dot += at(q, b, h, i, d) * at(k, b, hk, j, d);
+                    double x = dot * scale + (bias ? bias(b, h, i, j) : 0.0);
+                    if (keep && !keep(b, h, i, j)) x = -kInf;
+                    s[static_cast<std::size_t>(j)] = x;
+                    mx = std::max(mx, x);
+                }
+                const std::size_t row = static_cast<std::size_t>((b * r.Hq + h) * r.Lq + i);
+                if (mx == -kInf) continue;  // nothing visible: zeros, lse −inf
+                double sum = 0.0;
+                for (std::int64_t j = 0; j < r.Lk; ++j) sum += std::exp(s[static_cast<std::size_t>(j)] - mx);
+                r.lse[row] = mx + std::log(sum);
+                for (std::int64_t j = 0; j < r.Lk; ++j) {
+                    const double wj = std::exp(s[static_cast<std::size_t>(j)] - mx) / sum;
+                    r.weights[row * static_cast<std::size_t>(r.Lk) + static_cast<std::size_t>(j)] = wj;
+                    if (wj == 0.0) continue;
+                    for (std::int64_t d = 0; d < r.Dv; ++d)
+                        r.out[row * static_cast<std::size_t>(r.Dv) + static_cast<std::size_t>(d)] += wj * at(v, b, hk, j, d);
+                }
+            }
+    return r;
+}
+
+}  // namespace attn_test

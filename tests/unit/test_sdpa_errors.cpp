@@ -1,0 +1,259 @@
+// Argument checks of attn::sdpa (src/sdpa/validate.cpp) and the option parsers: each check is
+// triggered once; the message must name the argument, the expectation and what was given, and
+// the poisoned outputs must be untouched (nothing is written before every check has passed).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <string>
+
+#include "attn/error.hpp"
+#include "attn/reference.hpp"
+#include "attn/sdpa.hpp"
+#include "naive_attention.hpp"
+
+namespace {
+
+using namespace attn_test;
+using attn::Causal;
+using attn::Impl;
+using attn::SdpaOptions;
+
+// B = 2, Hq = 4, Hkv = 2, Lq = 5, Lk = 7, Dk = 8, Dv = 6.
+struct Call {
+    Tensor q = random_tensor(DType::f32, Shape{2, 4, 5, 8}, 1);
+    Tensor k = random_tensor(DType::f32, Shape{2, 2, 7, 8}, 2);
+    Tensor v = random_tensor(DType::f32, Shape{2, 2, 7, 6}, 3);
+    Tensor out{DType::f32, Shape{2, 4, 5, 6}};
+    Tensor lse{DType::f32, Shape{2, 4, 5}};
+    Tensor weights{DType::f32, Shape{2, 4, 5, 7}};
+    TensorView qv = q, kv = k, vv = v, outv = out, lsev = lse, wv = weights;
+    SdpaOptions opt;
+    bool pass_lse = true, pass_weights = true;
+
+    Call() {
+        poison(out);
+        poison(lse);
+        poison(weights);
+        opt.impl = Impl::reference;
+    }
+    void run() {
+        attn::sdpa(qv, kv, vv, opt, outv, pass_lse ? &lsev : nullptr, pass_weights ? &wv : nullptr);
+    }
+};
+
+// Applies `setup` to a valid call, runs it, expects attn::Error whose message contains every
+// fragment, and checks that no output byte changed.
+void expect_error(const std::function<void(Call&)>& setup, std::initializer_list<std::string> fragments) {
+    Call c;
+    setup(c);
+    std::string msg;
+    try {
+        c.run();
+        ADD_FAILURE() << "expected attn::Error containing '" << *fragments.begin() << "'";
+        return;
+    } catch (const attn::Error& e) {
+        msg = e.what();
+    }
+    for (const std::string& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << "message: " << msg << "\nmissing: " << f;
+    EXPECT_TRUE(still_poisoned(c.out)) << "out written before the error: " << msg;
+    EXPECT_TRUE(still_poisoned(c.lse)) << "lse written before the error: " << msg;
+    EXPECT_TRUE(still_poisoned(c.weights)) << "weights written before the error: " << msg;
+}
+
+TEST(SdpaErrors, TheValidCallWorks) {
+    Call c;
+    c.run();
+    EXPECT_FALSE(still_poisoned(c.out));
+    for (std::int64_t n = 0; n < c.out.numel(); ++n) EXPECT_TRUE(std::isfinite(c.out.data_as<float>()[n]));
+}
+
+TEST(SdpaErrors, NullData) {
+    expect_error([](Call& c) { c.qv = TensorView(nullptr, DType::f32, Shape{2, 4, 5, 8}); }, {"sdpa: Q: data pointer is null"});
+    expect_error([](Call& c) { c.kv = TensorView(nullptr, DType::f32, Shape{2, 2, 7, 8}); }, {"sdpa: K: data pointer is null"});
+    expect_error([](Call& c) { c.vv = TensorView(nullptr, DType::f32, Shape{2, 2, 7, 6}); }, {"sdpa: V: data pointer is null"});
+    expect_error([](Call& c) { c.outv = TensorView(); }, {"sdpa: out: data pointer is null"});
+    expect_error([](Call& c) { c.lsev = TensorView(); }, {"sdpa: lse: data pointer is null"});
+    expect_error([](Call& c) { c.wv = TensorView(); }, {"sdpa: weights: data pointer is null"});
+}
+
+TEST(SdpaErrors, Ranks) {
+    expect_error([](Call& c) { c.qv = TensorView(c.q.data(), DType::f32, Shape{4, 5, 8}); },
+                 {"sdpa: Q: expected a rank-4 tensor (B, Hq, Lq, Dk) but got shape (4, 5, 8)"});
+    expect_error([](Call& c) { c.kv = TensorView(c.k.data(), DType::f32, Shape{112}); },
+                 {"sdpa: K: expected a rank-4 tensor (B, Hkv, Lk, Dk) but got shape (112,)"});
+    expect_error([](Call& c) { c.vv = TensorView(c.v.data(), DType::f32, Shape{}); },
+                 {"sdpa: V: expected a rank-4 tensor (B, Hkv, Lk, Dv) but got shape ()"});
+    expect_error([](Call& c) { c.outv = TensorView(c.out.data(), DType::f32, Shape{8, 5, 6}); },
+                 {"sdpa: out: expected a rank-4 tensor (B, Hq, Lq, Dv) but got shape (8, 5, 6)"});
+    expect_error([](Call& c) { c.lsev = TensorView(c.lse.data(), DType::f32, Shape{2, 4, 5, 1}); },
+                 {"sdpa: lse: expected a rank-3 tensor (B, Hq, Lq) but got shape (2, 4, 5, 1)"});
+    expect_error([](Call& c) { c.wv = TensorView(c.weights.data(), DType::f32, Shape{8, 5, 7}); },
+                 {"sdpa: weights: expected a rank-4 tensor (B, Hq, Lq, Lk) but got shape (8, 5, 7)"});
+}
+
+TEST(SdpaErrors, Dtypes) {
+    expect_error([](Call& c) { c.qv = TensorView(c.q.data(), DType::f16, Shape{2, 4, 5, 8}); },
+                 {"sdpa: Q: dtype must be float32 or float64 but got float16"});
+    expect_error([](Call& c) { c.kv = TensorView(c.k.data(), DType::i32, Shape{2, 2, 7, 8}); },
+                 {"sdpa: K: dtype must be float32 or float64 but got int32"});
+    expect_error([](Call& c) { c.vv = TensorView(c.v.data(), DType::bf16, Shape{2, 2, 7, 6}); },
+                 {"sdpa: V: dtype must be float32 or float64 but got bfloat16"});
+    expect_error([](Call& c) { c.outv = TensorView(c.out.data(), DType::f16, Shape{2, 4, 5, 6}); },
+                 {"sdpa: out: dtype must be float32 or float64 but got float16"});
+    expect_error([](Call& c) { c.lsev = TensorView(c.lse.data(), DType::i32, Shape{2, 4, 5}); },
+                 {"sdpa: lse: dtype must be float32 or float64 but got int32"});
+    expect_error([](Call& c) { c.wv = TensorView(c.weights.data(), DType::boolean, Shape{2, 4, 5, 7}); },
+                 {"sdpa: weights: dtype must be float32 or float64 but got bool"});
+}
+
+TEST(SdpaErrors, EmptyDimensions) {
+    expect_error([](Call& c) { c.qv = c.q.view().slice(0, 0, 0); }, {"sdpa: Q: batch must be >= 1 but got 0"});
+    expect_error([](Call& c) { c.qv = c.q.view().slice(2, 0, 0); }, {"sdpa: Q: length must be >= 1 but got 0"});
+    expect_error([](Call& c) { c.kv = c.k.view().slice(1, 0, 0); }, {"sdpa: K: heads must be >= 1 but got 0"});
+    expect_error([](Call& c) { c.kv = c.k.view().slice(2, 0, 0); c.vv = c.v.view().slice(2, 0, 0); },
+                 {"sdpa: K: length must be >= 1 but got 0"});
+    expect_error([](Call& c) { c.vv = c.v.view().slice(3, 0, 0); }, {"sdpa: V: head dim must be >= 1 but got 0"});
+}
+
+TEST(SdpaErrors, ShapeMismatches) {
+    expect_error([](Call& c) { c.kv = c.k.view().slice(0, 0, 1); }, {"sdpa: K: batch 1 does not match Q's batch 2"});
+    expect_error([](Call& c) { c.vv = c.v.view().slice(0, 1, 1); }, {"sdpa: V: batch 1 does not match Q's batch 2"});
+    expect_error([](Call& c) { c.kv = c.k.view().slice(3, 0, 5); }, {"sdpa: K: head dim 5 does not match Q's head dim 8"});
+    expect_error([](Call& c) { c.vv = c.v.view().slice(1, 0, 1); }, {"sdpa: V: heads 1 do not match K's heads 2"});
+    expect_error([](Call& c) { c.vv = c.v.view().slice(2, 0, 6); }, {"sdpa: V: length 6 does not match K's length 7"});
+    expect_error([](Call& c) { c.qv = c.q.view().slice(1, 0, 3); },
+                 {"sdpa: Q: heads 3 must be a multiple of K/V's heads 2 (grouped-query attention)"});
+}
+
+TEST(SdpaErrors, OutputShapes) {
+    expect_error([](Call& c) { c.outv = c.out.view().slice(3, 0, 5); },
+                 {"sdpa: out: expected shape (B, Hq, Lq, Dv) = (2, 4, 5, 6) but got (2, 4, 5, 5)"});
+    expect_error([](Call& c) { c.lsev = c.lse.view().slice(1, 0, 2); },
+                 {"sdpa: lse: expected shape (B, Hq, Lq) = (2, 4, 5) but got (2, 2, 5)"});
+    expect_error([](Call& c) { c.wv = c.weights.view().slice(3, 0, 6); },
+                 {"sdpa: weights: expected shape (B, Hq, Lq, Lk) = (2, 4, 5, 7) but got (2, 4, 5, 6)"});
+}
+
+TEST(SdpaErrors, Scale) {
+    expect_error([](Call& c) { c.opt.scale = std::numeric_limits<double>::quiet_NaN(); }, {"sdpa: scale: must be finite but got nan"});
+    expect_error([](Call& c) { c.opt.scale = -kInf; }, {"sdpa: scale: must be finite but got -inf"});
+}
+
+TEST(SdpaErrors, BoolMask) {
+    static Tensor m8 = random_bool(Shape{2, 1, 5, 7}, 9, 0.5);
+    expect_error([](Call& c) { c.opt.bool_mask = TensorView(); }, {"sdpa: bool_mask: data pointer is null"});
+    expect_error([](Call& c) { c.opt.bool_mask = TensorView(m8.data(), DType::i32, Shape{7}); },
+                 {"sdpa: bool_mask: dtype must be bool (true = may attend) but got int32"});
+    expect_error([](Call& c) { c.opt.bool_mask = TensorView(m8.data(), DType::boolean, Shape{2, 1, 1, 5}); },
+                 {"sdpa: bool_mask: shape (2, 1, 1, 5) cannot be broadcast to (2, 4, 5, 7)", "dimension 3 is 5, expected 1 or 7"});
+}
+
+TEST(SdpaErrors, AdditiveMask) {
+    static Tensor f = random_tensor(DType::f32, Shape{2, 4, 5, 7}, 10);
+    expect_error([](Call& c) { c.opt.additive_mask = TensorView(); }, {"sdpa: additive_mask: data pointer is null"});
+    expect_error([](Call& c) { c.opt.additive_mask = TensorView(f.data(), DType::f16, Shape{5, 7}); },
+                 {"sdpa: additive_mask: dtype must be float32 or float64 but got float16"});
+    expect_error([](Call& c) { c.opt.additive_mask = TensorView(f.data(), DType::f32, Shape{3, 1, 5, 7}); },
+                 {"sdpa: additive_mask: shape (3, 1, 5, 7) cannot be broadcast to (2, 4, 5, 7)"});
+}
+
+TEST(SdpaErrors, KeyLengths) {
+    static std::int32_t ok[2] = {3, 7};
+    static std::int32_t neg[2] = {3, -1};
+    static std::int64_t big[2] = {8, 7};
+    static float fl[2] = {3, 7};
+    expect_error([](Call& c) { c.opt.key_lengths = TensorView(); }, {"sdpa: key_lengths: data pointer is null"});
+    expect_error([](Call& c) { c.opt.key_lengths = TensorView(fl, DType::f32, Shape{2}); },
+                 {"sdpa: key_lengths: dtype must be int32 or int64 but got float32"});
+    expect_error([](Call& c) { c.opt.key_lengths = TensorView(ok, DType::i32, Shape{1}); },
+                 {"sdpa: key_lengths: expected shape (B,) = (2,) but got (1,)"});
+    expect_error([](Call& c) { c.opt.key_lengths = TensorView(ok, DType::i32, Shape{2, 1}); },
+                 {"sdpa: key_lengths: expected shape (B,) = (2,) but got (2, 1)"});
+    expect_error([](Call& c) { c.opt.key_lengths = TensorView(neg, DType::i32, Shape{2}); },
+                 {"sdpa: key_lengths: entry 1 must be in [0, Lk=7] but got -1"});
+    expect_error([](Call& c) { c.opt.key_lengths = TensorView(big, DType::i64, Shape{2}); },
+                 {"sdpa: key_lengths: entry 0 must be in [0, Lk=7] but got 8"});
+}
+
+TEST(SdpaErrors, KeyLengthsReportTheValueGiven) {
+    // The value in the message is the integer given, even where a double cannot hold it.
+    static std::int64_t huge[2] = {3, std::numeric_limits<std::int64_t>::max()};
+    static std::int64_t low[2] = {std::numeric_limits<std::int64_t>::min(), 3};
+    expect_error([](Call& c) { c.opt.key_lengths = TensorView(huge, DType::i64, Shape{2}); },
+                 {"sdpa: key_lengths: entry 1 must be in [0, Lk=7] but got 9223372036854775807"});
+    expect_error([](Call& c) { c.opt.key_lengths = TensorView(low, DType::i64, Shape{2}); },
+                 {"sdpa: key_lengths: entry 0 must be in [0, Lk=7] but got -9223372036854775808"});
+}
+
+TEST(SdpaErrors, OutputsWithStrideZeroWouldOverlap) {
+    // A broadcast view as an output would write several results to one address.
+    expect_error([](Call& c) { c.outv = c.out.view().slice(1, 0, 1).broadcast_to(Shape{2, 4, 5, 6}, "x"); },
+                 {"sdpa: out: dimension 1 has stride 0 but size 4"});
+    expect_error([](Call& c) { c.lsev = c.lse.view().slice(2, 0, 1).broadcast_to(Shape{2, 4, 5}, "x"); },
+                 {"sdpa: lse: dimension 2 has stride 0 but size 5"});
+    expect_error([](Call& c) { c.wv = c.weights.view().slice(3, 0, 1).broadcast_to(Shape{2, 4, 5, 7}, "x"); },
+                 {"sdpa: weights: dimension 3 has stride 0 but size 7"});
+}
+
+TEST(SdpaErrors, OutputsOfSizeOneMayHaveAnyStride) {
+    Call c;
+    c.qv = c.q.view().slice(2, 0, 1);  // Lq = 1
+    c.outv = TensorView(c.out.data(), DType::f32, Shape{2, 4, 1, 6}, {24, 6, 0, 1});
+    c.lsev = TensorView(c.lse.data(), DType::f32, Shape{2, 4, 1}, {4, 1, 0, 0});
+    c.wv = TensorView(c.weights.data(), DType::f32, Shape{2, 4, 1, 7}, {28, 7, 0, 1});
+    c.run();
+    EXPECT_TRUE(std::isfinite(c.out.data_as<float>()[0]));
+}
+
+TEST(SdpaErrors, Window) {
+    expect_error([](Call& c) { c.opt.window.left = -2; },
+                 {"sdpa: window: left and right must be >= 0, or -1 for unbounded, but got left=-2 right=-1"});
+    expect_error([](Call& c) { c.opt.window.right = -5; }, {"but got left=-1 right=-5"});
+}
+
+TEST(SdpaErrors, ReferenceStepsChecksTheSameWay) {
+    const Tensor q = random_tensor(DType::f64, Shape{1, 2, 3, 4}, 1);
+    const Tensor k = random_tensor(DType::f64, Shape{1, 2, 3, 5}, 2);
+    const Tensor v = random_tensor(DType::f64, Shape{1, 2, 3, 4}, 3);
+    try {
+        (void)attn::reference_steps(q, k, v, {});
+        ADD_FAILURE() << "expected attn::Error";
+    } catch (const attn::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("sdpa: K: head dim 5 does not match Q's head dim 4"), std::string::npos) << e.what();
+    }
+    try {
+        (void)attn::reference_steps(q, TensorView(k.data(), DType::f64, Shape{6, 5}), v, {});
+        ADD_FAILURE() << "expected attn::Error";
+    } catch (const attn::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("sdpa: K: expected a rank-4 tensor"), std::string::npos) << e.what();
+    }
+}
+
+TEST(OptionParsers, ImplAndCausalNames) {
+    EXPECT_EQ(attn::parse_impl("auto"), Impl::automatic);
+    EXPECT_EQ(attn::parse_impl("reference"), Impl::reference);
+    EXPECT_EQ(attn::parse_causal("top-left"), Causal::top_left);
+    EXPECT_EQ(attn::parse_causal("bottom-right"), Causal::bottom_right);
+    EXPECT_EQ(attn::parse_causal("none"), Causal::none);
+    for (Impl i : {Impl::automatic, Impl::reference, Impl::flash}) EXPECT_EQ(attn::parse_impl(attn::impl_name(i)), i);
+    try {
+        (void)attn::parse_impl("fast");
+        ADD_FAILURE();
+    } catch (const attn::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("impl: expected one of auto, reference"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("but got 'fast'"), std::string::npos) << e.what();
+    }
+    try {
+        (void)attn::parse_causal("top_left");
+        ADD_FAILURE();
+    } catch (const attn::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("causal: expected top-left or bottom-right (or none) but got 'top_left'"),
+                  std::string::npos)
+            << e.what();
+    }
+}
+
+}  // namespace
