@@ -5,6 +5,9 @@ set -euo pipefail
 
 build_pkgs=(build-essential cmake ninja-build libcli11-dev libgtest-dev)
 test_pkgs=(python3 python3-numpy python3-torch python3-pytest)
+# Heatmaps (attn heatmap, attn demo): cairo + pango, fonts with CJK; tests decode/render them.
+build_pkgs+=(pkg-config libcairo2-dev libpango1.0-dev fonts-noto-cjk fonts-dejavu-core)
+test_pkgs+=(python3-pil librsvg2-bin)
 
 case "${1:-build}" in
   build) want=("${build_pkgs[@]}") ;;

@@ -1,0 +1,73 @@
+// Heatmaps of attention weights, as PNG or SVG — the picture every attention tutorial draws:
+// queries down (rows), keys across (columns), one colour per weight.
+//
+//                 keys →   一只  蓝色  怪兽 …        ┌──┐ 1.0
+//   queries ↓   一只      ███  ░░░  ░░░            │  │
+//               蓝色      ███  ███  ░░░            │  │ 0.5      ░ = weight exactly 0
+//               怪兽      ███  ███  ███            └──┘ 0          (masked)
+//
+// Colours: viridis (perceptually uniform) from 0 to `vmax`, with a colour bar and its scale.
+// A weight of exactly 0 is what a mask produces (softmax of −inf), so it is drawn hatched
+// grey — never the colour of a small weight — and the legend says so. Large matrices are
+// down-sampled honestly: each cell becomes the mean of a k×k block, and the picture says
+// "down-sampled k×k blocks (mean)". Several panels (heads) become a grid of small multiples
+// sharing one colour scale.
+//
+// Drawn with cairo (PNG through its libpng encoder, SVG through its SVG surface) and pango
+// with fontconfig for text, so token labels in any script — CJK included — render with the
+// system's fonts (Noto CJK on Debian). Library: attn::viz (CMake target attn_viz).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attn/tensor.hpp"
+
+namespace attn {
+
+enum class ImageFormat { png, svg };
+
+struct HeatmapOptions {
+    std::vector<std::string> key_tokens;    // column labels, Lk of them; empty: key indices
+    std::vector<std::string> query_tokens;  // row labels, Lq of them; empty: key_tokens when
+                                            // Lq == Lk (self-attention), else query indices
+    std::vector<std::string> panel_titles;  // one per panel (small multiples); empty: "head p"
+                                            // (a single panel gets no caption by default)
+    std::string title;                      // bold first line; may be empty
+    std::string subtitle;                   // second line (what was selected); may be empty
+    std::optional<double> vmax;             // top of the colour scale (> 0); default: the
+                                            // largest value drawn
+    int max_cells = 256;                    // cells per side of one panel before down-sampling
+                                            // (a grid of panels divides it by the columns)
+    bool annotate = true;                   // print each value in its cell when cells are big
+};
+
+// Where things landed in the picture (pixels; SVG user units are pixels too).
+struct HeatmapPanelGeometry {
+    int x = 0, y = 0;     // top-left corner of the first cell
+    int cell = 0;         // side of one cell
+    int rows = 0, cols = 0;  // cells drawn (after down-sampling)
+};
+
+struct HeatmapImage {
+    std::string bytes;  // the whole encoded file
+    ImageFormat format = ImageFormat::png;
+    int width = 0, height = 0;
+    int block = 1;       // each cell is the mean of a block×block block of weights (1 = none)
+    double vmax = 1.0;   // the value drawn as the top colour
+    std::vector<HeatmapPanelGeometry> panels;
+};
+
+// weights: (Lq, Lk) — one panel — or (P, Lq, Lk) — P panels in a grid. Any floating dtype,
+// any strides. Every value must be finite and ≥ 0. Throws attn::Error naming the argument.
+HeatmapImage render_heatmap(const TensorView& weights, const HeatmapOptions& options, ImageFormat format);
+
+// The format a file name asks for: "*.png" or "*.svg" (any case); anything else throws.
+ImageFormat image_format_for_path(const std::string& path);
+
+// Renders to memory, then writes `path` atomically (temporary file + rename): on any error
+// no file appears. The format follows the extension.
+HeatmapImage write_heatmap(const std::string& path, const TensorView& weights, const HeatmapOptions& options);
+
+}  // namespace attn

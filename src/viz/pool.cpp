@@ -1,0 +1,59 @@
+#include "pool.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "attn/error.hpp"
+
+namespace attn::viz {
+
+std::int64_t block_for(std::int64_t lq, std::int64_t lk, std::int64_t cap) {
+    const std::int64_t n = lq > lk ? lq : lk;
+    return n <= cap ? 1 : (n + cap - 1) / cap;
+}
+
+// weights: (P, Lq, Lk) → (P, ceil(Lq/k), ceil(Lk/k)) block means.
+Pooled mean_pool(const TensorView& weights, std::int64_t block, const char* what) {
+    const std::int64_t P = weights.dim(0), Lq = weights.dim(1), Lk = weights.dim(2);
+    Pooled out;
+    out.panels = P;
+    out.block = block;
+    out.rows = (Lq + block - 1) / block;
+    out.cols = (Lk + block - 1) / block;
+    out.values.assign(static_cast<std::size_t>(P * out.rows * out.cols), 0.0);
+    // Sums first (row by row through the input, so strided reads stay sequential), then means.
+    for (std::int64_t p = 0; p < P; ++p) {
+        for (std::int64_t i = 0; i < Lq; ++i) {
+            double* sums = &out.values[static_cast<std::size_t>((p * out.rows + i / block) * out.cols)];
+            for (std::int64_t j = 0; j < Lk; ++j) {
+                const double w = weights.load_as_double(weights.offset(p, i, j));
+                if (!std::isfinite(w) || w < 0.0) {
+                    std::string msg = what;
+                    msg += ": attention weights must be finite and >= 0, but element (";
+                    if (P > 1) msg += std::to_string(p) + ", ";
+                    msg += std::to_string(i) + ", " + std::to_string(j) + ") is ";
+                    char value[32];
+                    std::snprintf(value, sizeof value, "%g", w);
+                    throw Error(msg + value);
+                }
+                sums[j / block] += w;
+            }
+        }
+    }
+    for (std::int64_t p = 0; p < P; ++p) {
+        for (std::int64_t r = 0; r < out.rows; ++r) {
+            const std::int64_t nr = std::min(block, Lq - r * block);
+            for (std::int64_t c = 0; c < out.cols; ++c) {
+                const std::int64_t nc = std::min(block, Lk - c * block);
+                double& v = out.values[static_cast<std::size_t>((p * out.rows + r) * out.cols + c)];
+                v /= static_cast<double>(nr * nc);
+                if (v == 0.0) out.any_masked = true;
+                if (v > out.max) out.max = v;
+            }
+        }
+    }
+    return out;
+}
+
+}  // namespace attn::viz

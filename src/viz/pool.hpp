@@ -1,0 +1,35 @@
+// The numbers a heatmap draws: weights checked, then mean-pooled in k×k blocks when the
+// matrix is too large to draw one cell per weight. Kept apart from the drawing so tests can
+// check the arithmetic directly.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "attn/tensor.hpp"
+
+namespace attn::viz {
+
+struct Pooled {
+    std::int64_t panels = 0, rows = 0, cols = 0;  // after pooling
+    std::int64_t block = 1;                       // k: cells are means of k×k blocks
+    std::vector<double> values;                   // (panels, rows, cols), C order
+    double max = 0.0;                             // largest value (0 when all are masked)
+    bool any_masked = false;                      // some cell is exactly 0
+
+    double at(std::int64_t p, std::int64_t r, std::int64_t c) const {
+        return values[static_cast<std::size_t>((p * rows + r) * cols + c)];
+    }
+};
+
+// Smallest k with ceil(max(lq, lk) / k) <= cap, i.e. k = ceil(max(lq, lk) / cap).
+std::int64_t block_for(std::int64_t lq, std::int64_t lk, std::int64_t cap);
+
+// weights: (P, Lq, Lk), any floating dtype and strides → (P, ceil(Lq/k), ceil(Lk/k)).
+// Each output cell is the mean of the weights its block covers (edge blocks cover fewer
+// weights and average only those), accumulated in double. A cell is exactly 0 only when every
+// weight in its block is exactly 0, so "masked" survives pooling. Throws attn::Error for a
+// negative or non-finite weight, naming its index (`what` names the tensor).
+Pooled mean_pool(const TensorView& weights, std::int64_t block, const char* what);
+
+}  // namespace attn::viz

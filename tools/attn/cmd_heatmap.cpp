@@ -1,0 +1,193 @@
+// attn heatmap W.npy --out FILE.png|FILE.svg [--tokens "t1,t2,…" | --tokens-file F]
+//               [--query-tokens … | --query-tokens-file F] [--head N | --mean | --all-heads]
+//               [--batch N] [--title T] [--vmax V]
+// W is what `attn sdpa --weights` writes: (Lq, Lk), (H, Lq, Lk) or (B, H, Lq, Lk).
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attn/error.hpp"
+#include "attn/heatmap.hpp"
+#include "attn/npy.hpp"
+#include "commands.hpp"
+#include "output_files.hpp"
+
+namespace attn::cli {
+namespace {
+
+struct HeatmapArgs {
+    std::string weights, out, tokens, tokens_file, query_tokens, query_tokens_file, title;
+    std::optional<std::int64_t> head, batch;
+    std::optional<double> vmax;
+    bool mean = false, all_heads = false, verbose = false;
+};
+
+// "a,b,c" → {"a", "b", "c"}; tokens are kept exactly (spaces included).
+std::vector<std::string> split_commas(const std::string& flag, const std::string& s) {
+    std::vector<std::string> out;
+    std::size_t start = 0;
+    while (true) {
+        const std::size_t comma = s.find(',', start);
+        out.push_back(s.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+    }
+    for (std::size_t i = 0; i < out.size(); ++i) {
+        if (out[i].empty()) throw Error(flag + ": token " + std::to_string(i) + " is empty (in '" + s + "')");
+    }
+    return out;
+}
+
+// One token per line (so tokens may contain commas); a final newline and CRs are ignored.
+std::vector<std::string> read_lines(const std::string& flag, const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw Error(flag + ": cannot open '" + path + "'");
+    std::vector<std::string> out;
+    std::string line;
+    while (std::getline(in, line)) {
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        out.push_back(line);
+    }
+    if (out.empty()) throw Error(flag + ": '" + path + "' holds no tokens");
+    return out;
+}
+
+std::vector<std::string> tokens_from(const std::string& flag, const std::string& list, const std::string& file_flag,
+                                     const std::string& file) {
+    if (!list.empty()) return split_commas(flag, list);
+    if (!file.empty()) return read_lines(file_flag, file);
+    return {};
+}
+
+std::string basename(const std::string& path) {
+    const std::size_t slash = path.find_last_of('/');
+    return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+void run(const HeatmapArgs& a) {
+    // Output first: a bad name or directory fails before any reading or drawing.
+    image_format_for_path(a.out);
+    OutputFiles outputs;
+    outputs.add("--out", a.out);
+    outputs.check();
+
+    const Tensor w = read_npy(a.weights);
+    if (!is_floating(w.dtype())) {
+        throw Error(a.weights + ": attention weights must be float32 or float64 but the file holds " +
+                    std::string(dtype_name(w.dtype())));
+    }
+    const Shape& s = w.shape();
+    if (s.rank < 2 || s.rank > 4) {
+        throw Error(a.weights + ": expected attention weights of shape (Lq, Lk), (H, Lq, Lk) or (B, H, Lq, Lk) but got " + s.str());
+    }
+    for (int i = 0; i < s.rank; ++i) {
+        if (s[i] == 0) throw Error(a.weights + ": attention weights must not be empty but have shape " + s.str());
+    }
+    // Seen as (B, H, Lq, Lk) whatever the file's rank.
+    const std::int64_t B = s.rank == 4 ? s[0] : 1, H = s.rank >= 3 ? s[s.rank - 3] : 1;
+    const std::int64_t Lq = s[s.rank - 2], Lk = s[s.rank - 1];
+    const char* dims = s.rank == 4 ? "(B, H, Lq, Lk)" : s.rank == 3 ? "(H, Lq, Lk)" : "(Lq, Lk)";
+    const std::string described = a.weights + " " + s.str() + " read as " + dims;
+
+    const std::int64_t b = a.batch.value_or(0);
+    if (b < 0 || b >= B) {
+        throw Error("--batch: " + std::to_string(b) + " is out of range: " + described + " has B = " + std::to_string(B) +
+                    " (valid: 0.." + std::to_string(B - 1) + ")");
+    }
+    if (a.head && (*a.head < 0 || *a.head >= H)) {
+        throw Error("--head: " + std::to_string(*a.head) + " is out of range: " + described + " has H = " + std::to_string(H) +
+                    " (valid: 0.." + std::to_string(H - 1) + ")");
+    }
+
+    HeatmapOptions opt;
+    opt.key_tokens = tokens_from("--tokens", a.tokens, "--tokens-file", a.tokens_file);
+    opt.query_tokens = tokens_from("--query-tokens", a.query_tokens, "--query-tokens-file", a.query_tokens_file);
+    const bool have_keys = !opt.key_tokens.empty(), have_queries = !opt.query_tokens.empty();
+    if (have_keys && static_cast<std::int64_t>(opt.key_tokens.size()) != Lk) {
+        throw Error(std::string(a.tokens.empty() ? "--tokens-file" : "--tokens") + ": " + std::to_string(opt.key_tokens.size()) +
+                    " tokens given but " + described + " has Lk = " + std::to_string(Lk) + " keys (columns)" +
+                    (Lq != Lk && static_cast<std::int64_t>(opt.key_tokens.size()) == Lq
+                         ? "; for cross-attention give the query tokens with --query-tokens"
+                         : ""));
+    }
+    if (have_queries && static_cast<std::int64_t>(opt.query_tokens.size()) != Lq) {
+        throw Error(std::string(a.query_tokens.empty() ? "--query-tokens-file" : "--query-tokens") + ": " +
+                    std::to_string(opt.query_tokens.size()) + " tokens given but " + described + " has Lq = " +
+                    std::to_string(Lq) + " queries (rows)");
+    }
+    opt.vmax = a.vmax;
+    if (a.vmax && !(*a.vmax > 0.0 && *a.vmax < 1e300)) {
+        throw Error("--vmax: expected a number > 0 but got " + std::to_string(*a.vmax));
+    }
+
+    // Pick the panels: (P, Lq, Lk) as a view of batch b, or the mean over heads.
+    const std::size_t es = dtype_size(w.dtype());
+    const Strides st = w.view().strides();
+    const std::int64_t sh = s.rank >= 3 ? st[static_cast<std::size_t>(s.rank - 3)] : 0;
+    const std::int64_t sq = st[static_cast<std::size_t>(s.rank - 2)], sk = st[static_cast<std::size_t>(s.rank - 1)];
+    char* base = static_cast<char*>(w.data()) + static_cast<std::size_t>(s.rank == 4 ? b * st[0] : 0) * es;
+    TensorView panels;
+    Tensor mean;
+    std::string what;
+    if (a.mean) {
+        mean = Tensor(DType::f64, Shape{1, Lq, Lk}, true);
+        const TensorView all(base, w.dtype(), Shape{H, Lq, Lk}, Strides{sh, sq, sk, 0});
+        double* m = mean.data_as<double>();
+        for (std::int64_t h = 0; h < H; ++h)
+            for (std::int64_t i = 0; i < Lq; ++i)
+                for (std::int64_t j = 0; j < Lk; ++j) m[i * Lk + j] += all.load_as_double(all.offset(h, i, j)) / static_cast<double>(H);
+        panels = mean.view();
+        what = "mean over " + std::to_string(H) + " heads";
+    } else if (a.all_heads) {
+        panels = TensorView(base, w.dtype(), Shape{H, Lq, Lk}, Strides{sh, sq, sk, 0});
+        what = "all " + std::to_string(H) + " heads";
+    } else {
+        const std::int64_t h = a.head.value_or(0);
+        panels = TensorView(base + static_cast<std::size_t>(h * sh) * es, w.dtype(), Shape{1, Lq, Lk}, Strides{0, sq, sk, 0});
+        if (H > 1) what = "head " + std::to_string(h) + " of " + std::to_string(H);
+    }
+    if (B > 1) what = "batch " + std::to_string(b) + " of " + std::to_string(B) + (what.empty() ? "" : ", " + what);
+    opt.title = a.title.empty() ? "Attention weights" : a.title;
+    opt.subtitle = basename(a.weights) + " " + s.str() + (what.empty() ? "" : ": " + what);
+
+    const HeatmapImage img = write_heatmap(a.out, panels, opt);
+    if (a.verbose) {
+        std::fprintf(stderr, "attn heatmap: %s: %d x %d px, %zu panel(s), cell %d px, block %d, vmax %.6g\n", a.out.c_str(),
+                     img.width, img.height, img.panels.size(), img.panels.empty() ? 0 : img.panels[0].cell, img.block, img.vmax);
+        for (std::size_t i = 0; i < img.panels.size(); ++i) {
+            const auto& g = img.panels[i];
+            std::fprintf(stderr, "panel %zu: x %d y %d cell %d rows %d cols %d\n", i, g.x, g.y, g.cell, g.rows, g.cols);
+        }
+    }
+}
+
+}  // namespace
+
+void add_heatmap_command(CLI::App& app) {
+    auto args = std::make_shared<HeatmapArgs>();
+    CLI::App* cmd = app.add_subcommand("heatmap", "Draw attention weights as a labelled heatmap (PNG or SVG)");
+    cmd->add_option("weights", args->weights, "attention weights .npy: (Lq, Lk), (H, Lq, Lk) or (B, H, Lq, Lk)")->required();
+    cmd->add_option("--out", args->out, "output picture: FILE.png or FILE.svg")->required();
+    auto* tokens = cmd->add_option("--tokens", args->tokens, "key tokens (columns), comma-separated; also the query tokens when Lq = Lk");
+    auto* tokens_file = cmd->add_option("--tokens-file", args->tokens_file, "key tokens, one per line");
+    tokens->excludes(tokens_file);
+    auto* qtokens = cmd->add_option("--query-tokens", args->query_tokens, "query tokens (rows), comma-separated");
+    auto* qtokens_file = cmd->add_option("--query-tokens-file", args->query_tokens_file, "query tokens, one per line");
+    qtokens->excludes(qtokens_file);
+    auto* head = cmd->add_option("--head", args->head, "head to draw (default 0)");
+    auto* mean = cmd->add_flag("--mean", args->mean, "draw the mean over heads");
+    auto* all = cmd->add_flag("--all-heads", args->all_heads, "draw every head, as a grid of small multiples");
+    head->excludes(mean)->excludes(all);
+    mean->excludes(all);
+    cmd->add_option("--batch", args->batch, "batch entry to draw (default 0)");
+    cmd->add_option("--title", args->title, "title above the picture");
+    cmd->add_option("--vmax", args->vmax, "value drawn as the top colour (default: the largest weight drawn)");
+    cmd->add_flag("--verbose", args->verbose, "print the picture's size and where the cells are");
+    cmd->callback([args] { run(*args); });
+}
+
+}  // namespace attn::cli
