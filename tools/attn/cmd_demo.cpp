@@ -3,9 +3,11 @@
 // then seed 003's point: a masked score set to 0 still gets weight, −inf gets none.
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "attn/heatmap.hpp"
 #include "attn/reference.hpp"
 #include "attn/sdpa.hpp"
 #include "commands.hpp"
@@ -88,7 +90,7 @@ void print_row(const char* label, const std::vector<double>& v) {
     std::printf("]\n");
 }
 
-void run_demo() {
+void run_demo(const std::string& heatmap_path) {
     std::printf("attn demo: self-attention step by step, on seed 003's sentence\n");
     std::printf("tokens: 一只 / 蓝色 / 怪兽 / 走进 / 森林  (L = %d, d_model = %d, d_k = d_v = %d, one head, causal)\n",
                 kL, kModel, kHead);
@@ -133,13 +135,24 @@ void run_demo() {
     print_row("softmax, future set to 0", softmax(zeroed));
     print_row("attn (future = -inf)", head_of(steps.weights, kL, kL)[0]);
     std::printf("With 0 the future tokens would leak into 一只's output; with -inf they get no weight at all.\n");
+
+    if (!heatmap_path.empty()) {  // A as a picture: the same matrix as the printout above
+        HeatmapOptions hm;
+        hm.key_tokens.assign(kTokens, kTokens + kL);
+        hm.title = "attn demo: A = softmax(masked S), seed 003's sentence";
+        hm.subtitle = "one head, causal: each query sees itself and the tokens before it";
+        write_heatmap(heatmap_path, TensorView(steps.weights.data(), DType::f64, Shape{kL, kL}), hm);
+        std::printf("\nHeatmap of A (rows = queries, columns = keys; hatched grey = masked future): %s\n", heatmap_path.c_str());
+    }
 }
 
 }  // namespace
 
 void add_demo_command(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand("demo", "Walk through seed 003's example step by step, printing every shape");
-    cmd->callback([] { run_demo(); });
+    auto heatmap = std::make_shared<std::string>("attn-demo-heatmap.png");
+    cmd->add_option("--heatmap", *heatmap, "where to draw A as a heatmap (.png or .svg; '' = none)")->capture_default_str();
+    cmd->callback([heatmap] { run_demo(*heatmap); });
 }
 
 }  // namespace attn::cli

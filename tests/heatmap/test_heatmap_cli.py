@@ -1,0 +1,254 @@
+"""attn heatmap and attn demo's heatmap, from the outside.
+
+PNGs are decoded with PIL, SVGs parsed with Python's XML parser and rendered with
+rsvg-convert (librsvg). Cell positions come from `--verbose`; expected colours are viridis'
+published endpoints #440154 (value 0) and #FDE725 (value 1), not the tool's own table.
+"""
+import os
+import re
+import shutil
+import subprocess
+import time
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+from PIL import Image
+
+ATTN = os.environ["ATTN_BIN"]
+LOW = (0x44, 0x01, 0x54)    # viridis(0)
+HIGH = (0xFD, 0xE7, 0x25)   # viridis(1)
+TOKENS5 = ["一只", "蓝色", "怪兽", "走进", "森林"]
+
+
+def run(*args, cwd=None):
+    return subprocess.run([ATTN, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=60)
+
+
+def draw(tmp_path, w, out="w.png", *extra):
+    path = tmp_path / "w.npy"
+    np.save(path, w)
+    r = run("heatmap", path, "--out", tmp_path / out, "--verbose", *extra)
+    assert r.returncode == 0, r.stderr
+    head = re.search(r": (\d+) x (\d+) px, (\d+) panel\(s\), cell (\d+) px, block (\d+), vmax (\S+)", r.stderr)
+    assert head, r.stderr
+    panels = [dict(zip(("x", "y", "cell", "rows", "cols"), map(int, m)))
+              for m in re.findall(r"panel \d+: x (\d+) y (\d+) cell (\d+) rows (\d+) cols (\d+)", r.stderr)]
+    info = dict(width=int(head[1]), height=int(head[2]), block=int(head[5]), vmax=float(head[6]), panels=panels)
+    assert len(panels) == int(head[3])
+    return tmp_path / out, info
+
+
+def near(a, b, tol=1):
+    return all(abs(x - y) <= tol for x, y in zip(a[:3], b[:3]))
+
+
+def is_grey(p):
+    return p[0] == p[1] == p[2] and 100 < p[0] < 240
+
+
+def cell_px(img, g, r, c, dx=2, dy=2):
+    """A pixel near the top-left corner of a cell (clear of the value printed in its middle)."""
+    return img.getpixel((g["x"] + c * g["cell"] + dx, g["y"] + r * g["cell"] + dy))[:3]
+
+
+def identity(n, eps=1e-6):
+    w = np.full((n, n), eps, np.float32)
+    np.fill_diagonal(w, 1.0)
+    return w
+
+
+# ---------------------------------------------------------------------------- pictures
+
+def test_png_decodes_to_the_reported_size_with_endpoint_colours(tmp_path):
+    png, info = draw(tmp_path, identity(5), "w.png", "--tokens", ",".join(TOKENS5))
+    img = Image.open(png)
+    img.load()
+    assert img.format == "PNG"
+    assert img.size == (info["width"], info["height"])
+    g = info["panels"][0]
+    assert (g["rows"], g["cols"]) == (5, 5)
+    img = img.convert("RGB")
+    for r in range(5):
+        for c in range(5):
+            want = HIGH if r == c else LOW
+            assert near(cell_px(img, g, r, c), want), (r, c, cell_px(img, g, r, c))
+
+
+def test_one_hot_column_others_masked_grey(tmp_path):
+    w = np.zeros((2, 4, 6), np.float64)   # (H, Lq, Lk); head 1 looks only at key 3
+    w[1, :, 3] = 1.0
+    w[0, :, 0] = 1.0
+    png, info = draw(tmp_path, w, "w.png", "--head", "1")
+    img = Image.open(png).convert("RGB")
+    g = info["panels"][0]
+    for r in range(4):
+        for c in range(6):
+            p = cell_px(img, g, r, c)
+            assert near(p, HIGH) if c == 3 else is_grey(p), (r, c, p)
+
+
+def test_svg_is_well_formed_and_renders_at_the_png_size(tmp_path):
+    w = identity(5)
+    png, info_png = draw(tmp_path, w, "w.png", "--tokens", ",".join(TOKENS5))
+    svg, info = draw(tmp_path, w, "w.svg", "--tokens", ",".join(TOKENS5))
+    assert (info["width"], info["height"]) == (info_png["width"], info_png["height"])
+    root = ET.parse(svg).getroot()
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    assert root.get("width") == f"{info['width']}px" and root.get("height") == f"{info['height']}px"
+    rsvg = shutil.which("rsvg-convert")
+    assert rsvg, "rsvg-convert (Debian librsvg2-bin) is a test dependency"
+    rendered = tmp_path / "rendered.png"
+    subprocess.run([rsvg, str(svg), "-o", str(rendered)], check=True, timeout=60)
+    img = Image.open(rendered)
+    assert img.size == (info["width"], info["height"])
+    img = img.convert("RGB")
+    g = info["panels"][0]
+    for r in range(5):
+        for c in range(5):
+            assert near(cell_px(img, g, r, c), HIGH if r == c else LOW, tol=2), (r, c)
+
+
+def test_all_heads_draws_one_panel_per_head_of_the_chosen_batch(tmp_path):
+    B, H, L = 2, 3, 5
+    w = np.full((B, H, L, L), 1e-7, np.float32)
+    for h in range(H):
+        w[0, h, :, 4] = 0.5          # batch 0: every head looks at key 4
+        w[1, h, :, h] = 0.5          # batch 1: head h looks at key h
+    _, info = draw(tmp_path, w, "w.png", "--all-heads", "--batch", 1)
+    img = Image.open(tmp_path / "w.png").convert("RGB")
+    assert len(info["panels"]) == H
+    assert len({(g["x"], g["y"]) for g in info["panels"]}) == H
+    for h, g in enumerate(info["panels"]):
+        for c in range(L):
+            assert near(cell_px(img, g, 2, c), HIGH if c == h else LOW), (h, c)
+
+
+def test_mean_over_heads(tmp_path):
+    H, L = 4, 5
+    w = np.zeros((H, L, L), np.float32)
+    for h in range(H):
+        w[h, :, h] = 1.0             # the mean puts 1/4 on keys 0..3 and exactly 0 on key 4
+    _, info = draw(tmp_path, w, "w.png", "--mean")
+    assert info["vmax"] == pytest.approx(0.25)
+    img = Image.open(tmp_path / "w.png").convert("RGB")
+    g = info["panels"][0]
+    for c in range(L):
+        p = cell_px(img, g, 1, c)
+        assert is_grey(p) if c == 4 else near(p, HIGH), (c, p)
+
+
+def test_large_matrices_are_mean_pooled_and_say_so(tmp_path):
+    L = 600   # > 256 → 3×3 blocks, 200 cells a side
+    w = np.zeros((L, L), np.float32)
+    w[0, 0] = 0.9                    # block (0,0): one 0.9 → mean 0.1
+    w[3:6, 0:3] = 0.1                # block (1,0): mean 0.1, the same colour
+    w[6:9, 6:9] = 0.9                # block (2,2): mean 0.9 = max → top colour
+    _, info = draw(tmp_path, w)
+    assert info["block"] == 3
+    g = info["panels"][0]
+    assert (g["rows"], g["cols"]) == (200, 200)
+    img = Image.open(tmp_path / "w.png").convert("RGB")
+    a, b = cell_px(img, g, 0, 0, 0, 0), cell_px(img, g, 1, 0, 0, 0)
+    assert a == b and not is_grey(a)
+    assert near(cell_px(img, g, 2, 2, 0, 0), HIGH)
+    assert is_grey(cell_px(img, g, 50, 120, 0, 0))
+    assert max(info["width"], info["height"]) < 1400
+
+
+def test_tokens_file_allows_commas_and_shows_control_tokens(tmp_path):
+    tf = tmp_path / "tokens.txt"
+    tf.write_text("a,b\n\\n\nthe\r\n", encoding="utf-8")
+    png, info = draw(tmp_path, identity(3), "w.png", "--tokens-file", tf)
+    assert Image.open(png).size == (info["width"], info["height"])
+
+
+def test_cross_attention_with_query_tokens(tmp_path):
+    w = np.full((2, 4), 0.25, np.float32)
+    png, info = draw(tmp_path, w, "w.svg", "--tokens", "k0,k1,k2,k3", "--query-tokens", "一只,森林")
+    g = info["panels"][0]
+    assert (g["rows"], g["cols"]) == (2, 4)
+    ET.parse(png)
+
+
+def test_demo_draws_its_weights_next_to_the_printout(tmp_path):
+    t0 = time.monotonic()
+    r = run("demo", cwd=tmp_path)
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    assert elapsed < 2.0
+    assert "Heatmap of A" in r.stdout and "attn-demo-heatmap.png" in r.stdout
+    img = Image.open(tmp_path / "attn-demo-heatmap.png").convert("RGB")
+    # A's first row is [1, 0, 0, 0, 0]: cell (0, 0) is the only top-colour cell in the left
+    # half (the colour bar is on the right), and the four cells beside it are masked grey.
+    W, H = img.size
+    px = img.load()
+    top = [(x, y) for y in range(H) for x in range(W // 2) if near(px[x, y], HIGH, 0)]
+    assert top, "no #FDE725 cell"
+    x0, x1 = min(x for x, _ in top), max(x for x, _ in top)
+    y0, y1 = min(y for _, y in top), max(y for _, y in top)
+    cell = x1 - x0 + 1
+    assert cell == y1 - y0 + 1 and cell >= 20
+    for c in range(1, 5):
+        assert is_grey(px[x0 + c * cell + 2, y0 + 2]), c
+    below = px[x0 + 2, y0 + cell + 2]   # A[1, 0] = 0.43: a viridis colour, not masked
+    assert not is_grey(below) and not near(below, HIGH, 10)
+
+
+# ---------------------------------------------------------------------------- errors
+
+def error_case(tmp_path, w, *args, out="w.png"):
+    """Runs a failing command in a fresh directory: exit 2, one error line, no file left."""
+    d = tmp_path / "run"
+    d.mkdir()
+    if w is not None:
+        np.save(d / "w.npy", w)
+    before = sorted(os.listdir(d))
+    r = run("heatmap", d / "w.npy", "--out", d / out, *args)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert r.stderr.startswith("attn: error: ")
+    assert sorted(os.listdir(d)) == before, "a failed run left files behind"
+    return r.stderr
+
+
+W55 = identity(5)
+
+
+@pytest.mark.parametrize("w, args, needle", [
+    (np.ones(5, np.float32), [], "expected attention weights of shape (Lq, Lk), (H, Lq, Lk) or (B, H, Lq, Lk) but got (5,)"),
+    (np.ones((1, 0, 5, 5), np.float32), [], "must not be empty"),
+    (np.ones((5, 5), np.int32), [], "must be float32 or float64 but the file holds int32"),
+    (W55, ["--tokens", "a,b,c,d"], "--tokens: 4 tokens given but"),
+    (W55, ["--tokens", "a,b,c,d"], "Lk = 5 keys (columns)"),
+    (W55, ["--tokens", "a,,c,d,e"], "--tokens: token 1 is empty"),
+    (W55, ["--query-tokens", "a,b,c,d,e,f"], "--query-tokens: 6 tokens given but"),
+    (np.full((3, 7), 0.1, np.float32), ["--tokens", "a,b,c"], "give the query tokens with --query-tokens"),
+    (np.ones((2, 5, 5), np.float32), ["--head", "2"], "--head: 2 is out of range"),
+    (np.ones((2, 1, 5, 5), np.float32), ["--batch", "2"], "--batch: 2 is out of range"),
+    (np.ones((1, 2, 5, 5), np.float32), ["--head", "-1"], "--head: -1 is out of range"),
+    (np.array([[0.5, -0.5], [1.0, 0.0]], np.float32), [], "must be finite and >= 0, but element (0, 1) is -0.5"),
+    (np.array([[0.5, np.nan], [1.0, 0.0]], np.float32), [], "element (0, 1) is nan"),
+    (W55, ["--vmax", "0"], "--vmax: expected a number > 0"),
+    (W55, ["--head", "0", "--mean"], "excludes"),
+    (None, [], "w.npy"),
+])
+def test_errors_are_clear_and_leave_no_file(tmp_path, w, args, needle):
+    assert needle in error_case(tmp_path, w, *args)
+
+
+def test_bad_output_names(tmp_path):
+    assert "must end in .png or .svg but is" in error_case(tmp_path, W55, out="w.jpg")
+    d = tmp_path / "nodir"
+    np.save(tmp_path / "w.npy", W55)
+    r = run("heatmap", tmp_path / "w.npy", "--out", d / "x.png")
+    assert r.returncode == 2 and "does not exist or is not writable" in r.stderr
+    assert not d.exists()
+
+
+def test_failure_keeps_an_existing_picture(tmp_path):
+    np.save(tmp_path / "w.npy", W55)
+    out = tmp_path / "w.png"
+    out.write_bytes(b"old picture")
+    r = run("heatmap", tmp_path / "w.npy", "--out", out, "--tokens", "a,b")
+    assert r.returncode == 2
+    assert out.read_bytes() == b"old picture"
