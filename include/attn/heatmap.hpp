@@ -41,6 +41,7 @@ struct HeatmapOptions {
     int max_cells = 256;                    // cells per side of one panel before down-sampling
                                             // (a grid of panels divides it by the columns)
     bool annotate = true;                   // print each value in its cell when cells are big
+    std::string name = "weights";           // what errors call the tensor (e.g. its file)
 };
 
 // Where things landed in the picture (pixels; SVG user units are pixels too).

@@ -307,29 +307,49 @@ void draw_panel(cairo_t* cr, TextEngine& te, const Layout& L, const viz::Pooled&
 
     if (!caption.empty()) te.draw(cr, caption, L.caption, mx + mw / 2.0, py, HAlign::center, VAlign::top, kInk, kInk, kInk);
 
-    // Cells: integer-aligned rectangles, so each is one exact colour in the PNG.
+    // Cells: integer-aligned rectangles, so each is one exact colour in the PNG. A run of
+    // same-coloured cells in a row is one rectangle (keeps SVGs of masked triangles small).
+    auto colour_of = [&](std::int64_t r, std::int64_t c) -> int {  // 0xRRGGBB, or -1 = masked
+        const double v = d.at(panel, r, c);
+        if (v == 0.0) return -1;
+        const viz::Rgb8 k = viz::viridis8(v / vmax);
+        return (k.r << 16) | (k.g << 8) | k.b;
+    };
     cairo_set_antialias(cr, CAIRO_ANTIALIAS_NONE);
     bool masked = false;
     for (std::int64_t r = 0; r < L.R; ++r) {
-        for (std::int64_t c = 0; c < L.C; ++c) {
-            const double v = d.at(panel, r, c);
-            if (v == 0.0) {
+        for (std::int64_t c = 0; c < L.C;) {
+            const int colour = colour_of(r, c);
+            std::int64_t end = c + 1;
+            while (end < L.C && colour_of(r, end) == colour) ++end;
+            if (colour < 0) {
                 cairo_set_source_rgb(cr, kMaskedGrey, kMaskedGrey, kMaskedGrey);
                 masked = true;
             } else {
-                set_rgb8(cr, viz::viridis8(v / vmax));
+                cairo_set_source_rgb(cr, (colour >> 16) / 255.0, ((colour >> 8) & 0xff) / 255.0, (colour & 0xff) / 255.0);
             }
-            cairo_rectangle(cr, mx + static_cast<double>(c) * L.cell, my + static_cast<double>(r) * L.cell, L.cell, L.cell);
+            cairo_rectangle(cr, mx + static_cast<double>(c) * L.cell, my + static_cast<double>(r) * L.cell,
+                            static_cast<double>(end - c) * L.cell, L.cell);
             cairo_fill(cr);
+            c = end;
         }
     }
     cairo_set_antialias(cr, CAIRO_ANTIALIAS_DEFAULT);
-    if (masked) {
+    if (masked) {  // hatch over the masked runs
         cairo_save(cr);
-        for (std::int64_t r = 0; r < L.R; ++r)
-            for (std::int64_t c = 0; c < L.C; ++c)
-                if (d.at(panel, r, c) == 0.0)
-                    cairo_rectangle(cr, mx + static_cast<double>(c) * L.cell, my + static_cast<double>(r) * L.cell, L.cell, L.cell);
+        for (std::int64_t r = 0; r < L.R; ++r) {
+            for (std::int64_t c = 0; c < L.C;) {
+                std::int64_t end = c + 1;
+                if (d.at(panel, r, c) != 0.0) {
+                    c = end;
+                    continue;
+                }
+                while (end < L.C && d.at(panel, r, end) == 0.0) ++end;
+                cairo_rectangle(cr, mx + static_cast<double>(c) * L.cell, my + static_cast<double>(r) * L.cell,
+                                static_cast<double>(end - c) * L.cell, L.cell);
+                c = end;
+            }
+        }
         cairo_clip(cr);
         hatch(cr, mx, my, mw, mh);
         cairo_restore(cr);
@@ -475,7 +495,7 @@ HeatmapImage render_heatmap(const TensorView& weights, const HeatmapOptions& opt
     const Problem p = check(weights, options);
     const int grid_cols = p.P == 1 ? 1 : static_cast<int>(std::ceil(std::sqrt(static_cast<double>(p.P))));
     const std::int64_t cap = std::max<std::int64_t>(8, options.max_cells / grid_cols);
-    const viz::Pooled d = viz::mean_pool(p.w, viz::block_for(p.Lq, p.Lk, cap), "heatmap: weights");
+    const viz::Pooled d = viz::mean_pool(p.w, viz::block_for(p.Lq, p.Lk, cap), ("heatmap: " + options.name).c_str());
     const double vmax = options.vmax ? *options.vmax : (d.max > 0.0 ? d.max : 1.0);
 
     TextEngine te;

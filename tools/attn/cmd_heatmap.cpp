@@ -153,6 +153,7 @@ void run(const HeatmapArgs& a) {
     if (B > 1) what = "batch " + std::to_string(b) + " of " + std::to_string(B) + (what.empty() ? "" : ", " + what);
     opt.title = a.title.empty() ? "Attention weights" : a.title;
     opt.subtitle = basename(a.weights) + " " + s.str() + (what.empty() ? "" : ": " + what);
+    opt.name = a.weights + (what.empty() ? "" : " (" + what + ")");
 
     const HeatmapImage img = write_heatmap(a.out, panels, opt);
     if (a.verbose) {
