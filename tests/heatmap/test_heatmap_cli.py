@@ -195,6 +195,18 @@ def test_demo_draws_its_weights_next_to_the_printout(tmp_path):
     assert not is_grey(below) and not near(below, HIGH, 10)
 
 
+def test_demo_svg_and_bad_picture_paths(tmp_path):
+    r = run("demo", "--heatmap", "a.svg", cwd=tmp_path)
+    assert r.returncode == 0 and "./a.svg" in r.stdout
+    assert ET.parse(tmp_path / "a.svg").getroot().tag == "{http://www.w3.org/2000/svg}svg"
+    for bad, needle in (("x.gif", "--heatmap: expected a file name ending in .png or .svg"),
+                        ("missing/x.png", "--heatmap: directory 'missing' does not exist")):
+        r = run("demo", "--heatmap", bad, cwd=tmp_path)
+        assert r.returncode == 2 and needle in r.stderr, r.stderr
+        assert r.stdout == "", "a bad path must fail before the walk-through is printed"
+    assert sorted(os.listdir(tmp_path)) == ["a.svg"]
+
+
 # ---------------------------------------------------------------------------- errors
 
 def error_case(tmp_path, w, *args, out="w.png"):
@@ -237,7 +249,7 @@ def test_errors_are_clear_and_leave_no_file(tmp_path, w, args, needle):
 
 
 def test_bad_output_names(tmp_path):
-    assert "must end in .png or .svg but is" in error_case(tmp_path, W55, out="w.jpg")
+    assert "--out: expected a file name ending in .png or .svg but got" in error_case(tmp_path, W55, out="w.jpg")
     d = tmp_path / "nodir"
     np.save(tmp_path / "w.npy", W55)
     r = run("heatmap", tmp_path / "w.npy", "--out", d / "x.png")

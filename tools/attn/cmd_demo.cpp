@@ -7,10 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "attn/error.hpp"
 #include "attn/heatmap.hpp"
 #include "attn/reference.hpp"
 #include "attn/sdpa.hpp"
 #include "commands.hpp"
+#include "output_files.hpp"
 
 namespace attn::cli {
 namespace {
@@ -91,6 +93,16 @@ void print_row(const char* label, const std::vector<double>& v) {
 }
 
 void run_demo(const std::string& heatmap_path) {
+    if (!heatmap_path.empty()) {  // a bad picture path fails before anything is printed
+        try {
+            image_format_for_path(heatmap_path);
+        } catch (const Error&) {
+            throw Error("--heatmap: expected a file name ending in .png or .svg but got '" + heatmap_path + "'");
+        }
+        OutputFiles out;
+        out.add("--heatmap", heatmap_path);
+        out.check();
+    }
     std::printf("attn demo: self-attention step by step, on seed 003's sentence\n");
     std::printf("tokens: 一只 / 蓝色 / 怪兽 / 走进 / 森林  (L = %d, d_model = %d, d_k = d_v = %d, one head, causal)\n",
                 kL, kModel, kHead);
@@ -142,7 +154,8 @@ void run_demo(const std::string& heatmap_path) {
         hm.title = "attn demo: A = softmax(masked S), seed 003's sentence";
         hm.subtitle = "one head, causal: each query sees itself and the tokens before it";
         write_heatmap(heatmap_path, TensorView(steps.weights.data(), DType::f64, Shape{kL, kL}), hm);
-        std::printf("\nHeatmap of A (rows = queries, columns = keys; hatched grey = masked future): %s\n", heatmap_path.c_str());
+        std::printf("\nHeatmap of A (rows = queries, columns = keys; hatched grey = masked future): %s%s\n",
+                    heatmap_path.find('/') == std::string::npos ? "./" : "", heatmap_path.c_str());
     }
 }
 

@@ -70,7 +70,11 @@ std::string basename(const std::string& path) {
 
 void run(const HeatmapArgs& a) {
     // Output first: a bad name or directory fails before any reading or drawing.
-    image_format_for_path(a.out);
+    try {
+        image_format_for_path(a.out);
+    } catch (const Error&) {
+        throw Error("--out: expected a file name ending in .png or .svg but got '" + a.out + "'");
+    }
     OutputFiles outputs;
     outputs.add("--out", a.out);
     outputs.check();
