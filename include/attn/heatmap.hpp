@@ -10,7 +10,7 @@
 // A weight of exactly 0 is what a mask produces (softmax of −inf), so it is drawn hatched
 // grey — never the colour of a small weight — and the legend says so. Large matrices are
 // down-sampled honestly: each cell becomes the mean of a k×k block, and the picture says
-// "down-sampled k×k blocks (mean)". Several panels (heads) become a grid of small multiples
+// "down-sampled k×k blocks (mean)" (k per axis, so a 1×2048 row becomes 1×8 blocks). Several panels (heads) become a grid of small multiples
 // sharing one colour scale.
 //
 // Drawn with cairo (PNG through its libpng encoder, SVG through its SVG surface) and pango
@@ -46,16 +46,17 @@ struct HeatmapOptions {
 
 // Where things landed in the picture (pixels; SVG user units are pixels too).
 struct HeatmapPanelGeometry {
-    int x = 0, y = 0;     // top-left corner of the first cell
-    int cell = 0;         // side of one cell
-    int rows = 0, cols = 0;  // cells drawn (after down-sampling)
+    int x = 0, y = 0;            // top-left corner of the first cell
+    int cell_w = 0, cell_h = 0;  // size of one cell (square unless one side of W is short)
+    int rows = 0, cols = 0;      // cells drawn (after down-sampling)
 };
 
 struct HeatmapImage {
     std::string bytes;  // the whole encoded file
     ImageFormat format = ImageFormat::png;
     int width = 0, height = 0;
-    int block = 1;       // each cell is the mean of a block×block block of weights (1 = none)
+    int block_rows = 1, block_cols = 1;  // each cell is the mean of a block_rows×block_cols block
+                                         // of weights (1×1 = not down-sampled)
     double vmax = 1.0;   // the value drawn as the top colour
     std::vector<HeatmapPanelGeometry> panels;
 };

@@ -167,8 +167,8 @@ Axis make_axis(TextEngine& te, const TextStyle& style, std::int64_t n, std::int6
 struct Layout {
     int width = 0, height = 0;
     int grid_cols = 1, grid_rows = 1;
-    int cell = 0;
-    std::int64_t R = 0, C = 0;  // display cells per panel
+    int cell_w = 0, cell_h = 0;  // a cell's width and height (equal unless one side is short)
+    std::int64_t R = 0, C = 0;   // display cells per panel
     TextStyle title{17.0, true, -1}, subtitle{13.0, false, -1}, label{13.0, false, -1}, caption{13.0, true, -1},
         small{12.0, false, -1}, value{11.0, false, -1};
     Axis rows, cols;
@@ -201,26 +201,26 @@ Layout lay_out(TextEngine& te, const Problem& p, const viz::Pooled& d, double vm
         L.grid_rows = static_cast<int>((p.P + L.grid_cols - 1) / L.grid_cols);
     }
     const std::int64_t side = std::max(L.R, L.C);
-    if (p.P == 1) {
-        L.cell = static_cast<int>(std::clamp<std::int64_t>(640 / side, 2, 56));
-    } else {
-        const int target = std::max(140, 900 / L.grid_cols);
-        L.cell = static_cast<int>(std::clamp<std::int64_t>(target / side, 2, 40));
-    }
-    if (L.cell < 18) L.label.px = 11.0;
+    // Square cells sized by the longer side; a short side (a decoding step's single query,
+    // say) gets taller cells so that it stays at least ~120 px across rather than a thin line.
+    const int target = p.P == 1 ? 640 : std::max(140, 900 / L.grid_cols), biggest = p.P == 1 ? 56 : 40;
+    const int cell = static_cast<int>(std::clamp<std::int64_t>(target / side, 2, biggest));
+    L.cell_w = std::max(cell, static_cast<int>(std::min<std::int64_t>(biggest, 120 / L.C)));
+    L.cell_h = std::max(cell, static_cast<int>(std::min<std::int64_t>(biggest, 120 / L.R)));
+    if (std::min(L.cell_w, L.cell_h) < 18) L.label.px = 11.0;
     L.label.max_width = p.P == 1 ? 150 : 100;
     L.line = te.measure("Ag一", L.label).height;
     // A label fits its cell when the font (not the CJK line height) fits, with 2 px to spare.
     const int pitch = static_cast<int>(std::ceil(L.label.px)) + 2;
-    L.rows = make_axis(te, L.label, L.R, d.block, L.cell, pitch, p.rows_tokens);
-    L.cols = make_axis(te, L.label, L.C, d.block, L.cell, pitch, p.cols_tokens);
+    L.rows = make_axis(te, L.label, L.R, d.block_rows, L.cell_h, pitch, p.rows_tokens);
+    L.cols = make_axis(te, L.label, L.C, d.block_cols, L.cell_w, pitch, p.cols_tokens);
     L.row_label_w = L.rows.extent;
-    L.cols_rotated = !(L.cols.step == 1 && L.cols.extent <= L.cell - 4);
+    L.cols_rotated = !(L.cols.step == 1 && L.cols.extent <= L.cell_w - 4);
     L.col_label_h = L.cols_rotated ? L.cols.extent : L.line;
     L.caption_h = p.captions.empty() ? 0 : te.measure("Ag", L.caption).height + 4;
-    L.panel_w = L.row_label_w + kLabelGap + static_cast<int>(L.C) * L.cell;
-    L.panel_h = L.caption_h + L.col_label_h + kLabelGap + static_cast<int>(L.R) * L.cell;
-    L.annotate = o.annotate && L.cell >= 36;
+    L.panel_w = L.row_label_w + kLabelGap + static_cast<int>(L.C) * L.cell_w;
+    L.panel_h = L.caption_h + L.col_label_h + kLabelGap + static_cast<int>(L.R) * L.cell_h;
+    L.annotate = o.annotate && std::min(L.cell_w, L.cell_h) >= 36;
 
     // Header lines.
     const std::string axes = "rows: queries (Lq = " + std::to_string(p.Lq) + ")   columns: keys (Lk = " + std::to_string(p.Lk) + ")";
@@ -242,9 +242,10 @@ Layout lay_out(TextEngine& te, const Problem& p, const viz::Pooled& d, double vm
     L.bar_h = std::clamp(grid_h - (L.bar_y - L.grid_y), 160, 320);
     const double step = nice_ceil(vmax / 5.0);
     const int decimals = std::max(0, static_cast<int>(-std::floor(std::log10(step) + 1e-9)));
+    const std::string tick_format = step < 1e-4 || step >= 1e5 ? "%.3g" : "%." + std::to_string(decimals) + "f";
     int tick_w = 0;
     for (int i = 0; i * step <= vmax * (1 + 1e-9); ++i) {
-        const std::string t = fmt(("%." + std::to_string(decimals) + "f").c_str(), i * step);
+        const std::string t = fmt(tick_format.c_str(), i * step);
         tick_w = std::max(tick_w, te.measure(t, L.small).width);
         L.ticks.emplace_back(i * step, t);
     }
@@ -260,10 +261,10 @@ Layout lay_out(TextEngine& te, const Problem& p, const viz::Pooled& d, double vm
     const int right_h = (L.legend_y + 2 * te.measure("Ag", L.small).height + 4) - L.grid_y;
 
     // Notes under everything: what the colours and cells mean, honestly.
-    if (d.block > 1) {
-        L.notes.push_back("down-sampled " + shape_str(d.block, d.block) + " blocks (mean): each cell is the mean of a " +
-                          shape_str(d.block, d.block) + " block of weights; " + shape_str(p.Lq, p.Lk) + " drawn as " +
-                          shape_str(d.rows, d.cols) + " cells");
+    if (d.block_rows > 1 || d.block_cols > 1) {
+        const std::string k = shape_str(d.block_rows, d.block_cols);
+        L.notes.push_back("down-sampled " + k + " blocks (mean): each cell is the mean of a " + k + " block of weights; " +
+                          shape_str(p.Lq, p.Lk) + " drawn as " + shape_str(d.rows, d.cols) + " cells");
     }
     L.notes.push_back("colour: viridis from 0 to " + fmt("%.4g", vmax) +
                       (o.vmax ? " (set by the caller; larger values get the top colour)" : " (the largest value drawn)") +
@@ -302,8 +303,9 @@ void draw_panel(cairo_t* cr, TextEngine& te, const Layout& L, const viz::Pooled&
                 const std::string& caption, int px, int py, HeatmapPanelGeometry& geo) {
     const int mx = px + L.row_label_w + kLabelGap;
     const int my = py + L.caption_h + L.col_label_h + kLabelGap;
-    const int mw = static_cast<int>(L.C) * L.cell, mh = static_cast<int>(L.R) * L.cell;
-    geo = {mx, my, L.cell, static_cast<int>(L.R), static_cast<int>(L.C)};
+    const int cw = L.cell_w, ch = L.cell_h;
+    const int mw = static_cast<int>(L.C) * cw, mh = static_cast<int>(L.R) * ch;
+    geo = {mx, my, cw, ch, static_cast<int>(L.R), static_cast<int>(L.C)};
 
     if (!caption.empty()) te.draw(cr, caption, L.caption, mx + mw / 2.0, py, HAlign::center, VAlign::top, kInk, kInk, kInk);
 
@@ -328,8 +330,8 @@ void draw_panel(cairo_t* cr, TextEngine& te, const Layout& L, const viz::Pooled&
             } else {
                 cairo_set_source_rgb(cr, (colour >> 16) / 255.0, ((colour >> 8) & 0xff) / 255.0, (colour & 0xff) / 255.0);
             }
-            cairo_rectangle(cr, mx + static_cast<double>(c) * L.cell, my + static_cast<double>(r) * L.cell,
-                            static_cast<double>(end - c) * L.cell, L.cell);
+            cairo_rectangle(cr, mx + static_cast<double>(c) * cw, my + static_cast<double>(r) * ch,
+                            static_cast<double>(end - c) * cw, ch);
             cairo_fill(cr);
             c = end;
         }
@@ -345,8 +347,8 @@ void draw_panel(cairo_t* cr, TextEngine& te, const Layout& L, const viz::Pooled&
                     continue;
                 }
                 while (end < L.C && d.at(panel, r, end) == 0.0) ++end;
-                cairo_rectangle(cr, mx + static_cast<double>(c) * L.cell, my + static_cast<double>(r) * L.cell,
-                                static_cast<double>(end - c) * L.cell, L.cell);
+                cairo_rectangle(cr, mx + static_cast<double>(c) * cw, my + static_cast<double>(r) * ch,
+                                static_cast<double>(end - c) * cw, ch);
                 c = end;
             }
         }
@@ -360,7 +362,7 @@ void draw_panel(cairo_t* cr, TextEngine& te, const Layout& L, const viz::Pooled&
                 const double v = d.at(panel, r, c);
                 if (v == 0.0) continue;
                 const double ink = v / vmax < 0.6 ? 1.0 : 0.0;  // white on dark viridis, black on light
-                te.draw(cr, fmt("%.2f", v), L.value, mx + (c + 0.5) * L.cell, my + (r + 0.5) * L.cell, HAlign::center,
+                te.draw(cr, fmt("%.2f", v), L.value, mx + (c + 0.5) * cw, my + (r + 0.5) * ch, HAlign::center,
                         VAlign::middle, ink, ink, ink);
             }
         }
@@ -373,7 +375,7 @@ void draw_panel(cairo_t* cr, TextEngine& te, const Layout& L, const viz::Pooled&
 
     // Query labels (rows), right-aligned against the cells; a tick when labels are thinned.
     for (const auto& l : L.rows.labels) {
-        const double y = my + (l.cell + 0.5) * L.cell;
+        const double y = my + (l.cell + 0.5) * ch;
         te.draw(cr, l.text, L.label, mx - kLabelGap, y, HAlign::right, VAlign::middle, kInk, kInk, kInk);
         if (L.rows.step > 1) {
             cairo_move_to(cr, mx - 4, y), cairo_line_to(cr, mx - 1, y);
@@ -381,7 +383,7 @@ void draw_panel(cairo_t* cr, TextEngine& te, const Layout& L, const viz::Pooled&
     }
     // Key labels (columns), horizontal when they fit, else reading upwards from the cells.
     for (const auto& l : L.cols.labels) {
-        const double x = mx + (l.cell + 0.5) * L.cell;
+        const double x = mx + (l.cell + 0.5) * cw;
         if (L.cols_rotated) {
             te.draw(cr, l.text, L.label, x, my - kLabelGap, HAlign::left, VAlign::middle, kInk, kInk, kInk, 90.0);
         } else {
@@ -495,7 +497,8 @@ HeatmapImage render_heatmap(const TensorView& weights, const HeatmapOptions& opt
     const Problem p = check(weights, options);
     const int grid_cols = p.P == 1 ? 1 : static_cast<int>(std::ceil(std::sqrt(static_cast<double>(p.P))));
     const std::int64_t cap = std::max<std::int64_t>(8, options.max_cells / grid_cols);
-    const viz::Pooled d = viz::mean_pool(p.w, viz::block_for(p.Lq, p.Lk, cap), ("heatmap: " + options.name).c_str());
+    const viz::Pooled d = viz::mean_pool(p.w, viz::block_for(p.Lq, cap), viz::block_for(p.Lk, cap),
+                                         ("heatmap: " + options.name).c_str());
     const double vmax = options.vmax ? *options.vmax : (d.max > 0.0 ? d.max : 1.0);
 
     TextEngine te;
@@ -505,7 +508,8 @@ HeatmapImage render_heatmap(const TensorView& weights, const HeatmapOptions& opt
     img.format = format;
     img.width = L.width;
     img.height = L.height;
-    img.block = static_cast<int>(d.block);
+    img.block_rows = static_cast<int>(d.block_rows);
+    img.block_cols = static_cast<int>(d.block_cols);
     img.vmax = vmax;
     std::unique_ptr<cairo_surface_t, SurfaceDeleter> surface;
     if (format == ImageFormat::png) {

@@ -8,24 +8,22 @@
 
 namespace attn::viz {
 
-std::int64_t block_for(std::int64_t lq, std::int64_t lk, std::int64_t cap) {
-    const std::int64_t n = lq > lk ? lq : lk;
-    return n <= cap ? 1 : (n + cap - 1) / cap;
-}
+std::int64_t block_for(std::int64_t n, std::int64_t cap) { return n <= cap ? 1 : (n + cap - 1) / cap; }
 
-// weights: (P, Lq, Lk) → (P, ceil(Lq/k), ceil(Lk/k)) block means.
-Pooled mean_pool(const TensorView& weights, std::int64_t block, const char* what) {
+// weights: (P, Lq, Lk) → (P, ceil(Lq/kr), ceil(Lk/kc)) block means.
+Pooled mean_pool(const TensorView& weights, std::int64_t kr, std::int64_t kc, const char* what) {
     const std::int64_t P = weights.dim(0), Lq = weights.dim(1), Lk = weights.dim(2);
     Pooled out;
     out.panels = P;
-    out.block = block;
-    out.rows = (Lq + block - 1) / block;
-    out.cols = (Lk + block - 1) / block;
+    out.block_rows = kr;
+    out.block_cols = kc;
+    out.rows = (Lq + kr - 1) / kr;
+    out.cols = (Lk + kc - 1) / kc;
     out.values.assign(static_cast<std::size_t>(P * out.rows * out.cols), 0.0);
     // Sums first (row by row through the input, so strided reads stay sequential), then means.
     for (std::int64_t p = 0; p < P; ++p) {
         for (std::int64_t i = 0; i < Lq; ++i) {
-            double* sums = &out.values[static_cast<std::size_t>((p * out.rows + i / block) * out.cols)];
+            double* sums = &out.values[static_cast<std::size_t>((p * out.rows + i / kr) * out.cols)];
             for (std::int64_t j = 0; j < Lk; ++j) {
                 const double w = weights.load_as_double(weights.offset(p, i, j));
                 if (!std::isfinite(w) || w < 0.0) {
@@ -37,15 +35,15 @@ Pooled mean_pool(const TensorView& weights, std::int64_t block, const char* what
                     std::snprintf(value, sizeof value, "%g", w);
                     throw Error(msg + value);
                 }
-                sums[j / block] += w;
+                sums[j / kc] += w;
             }
         }
     }
     for (std::int64_t p = 0; p < P; ++p) {
         for (std::int64_t r = 0; r < out.rows; ++r) {
-            const std::int64_t nr = std::min(block, Lq - r * block);
+            const std::int64_t nr = std::min(kr, Lq - r * kr);
             for (std::int64_t c = 0; c < out.cols; ++c) {
-                const std::int64_t nc = std::min(block, Lk - c * block);
+                const std::int64_t nc = std::min(kc, Lk - c * kc);
                 double& v = out.values[static_cast<std::size_t>((p * out.rows + r) * out.cols + c)];
                 v /= static_cast<double>(nr * nc);
                 if (v == 0.0) out.any_masked = true;

@@ -12,7 +12,7 @@ namespace attn::viz {
 
 struct Pooled {
     std::int64_t panels = 0, rows = 0, cols = 0;  // after pooling
-    std::int64_t block = 1;                       // k: cells are means of k×k blocks
+    std::int64_t block_rows = 1, block_cols = 1;  // cells are means of block_rows×block_cols blocks
     std::vector<double> values;                   // (panels, rows, cols), C order
     double max = 0.0;                             // largest value (0 when all are masked)
     bool any_masked = false;                      // some cell is exactly 0
@@ -22,14 +22,14 @@ struct Pooled {
     }
 };
 
-// Smallest k with ceil(max(lq, lk) / k) <= cap, i.e. k = ceil(max(lq, lk) / cap).
-std::int64_t block_for(std::int64_t lq, std::int64_t lk, std::int64_t cap);
+// Smallest k with ceil(n / k) <= cap, i.e. k = ceil(n / cap): the block along one axis.
+std::int64_t block_for(std::int64_t n, std::int64_t cap);
 
-// weights: (P, Lq, Lk), any floating dtype and strides → (P, ceil(Lq/k), ceil(Lk/k)).
+// weights: (P, Lq, Lk), any floating dtype and strides → (P, ceil(Lq/kr), ceil(Lk/kc)).
 // Each output cell is the mean of the weights its block covers (edge blocks cover fewer
 // weights and average only those), accumulated in double. A cell is exactly 0 only when every
 // weight in its block is exactly 0, so "masked" survives pooling. Throws attn::Error for a
 // negative or non-finite weight, naming its index (`what` names the tensor).
-Pooled mean_pool(const TensorView& weights, std::int64_t block, const char* what);
+Pooled mean_pool(const TensorView& weights, std::int64_t kr, std::int64_t kc, const char* what);
 
 }  // namespace attn::viz

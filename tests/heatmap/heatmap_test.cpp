@@ -73,8 +73,8 @@ std::string str(Rgb a) {
 // Every pixel of cell (r, c) of panel p satisfies `pred`.
 template <class Pred>
 void expect_cell(const Decoded& img, const HeatmapPanelGeometry& g, int r, int c, Pred pred, const std::string& what) {
-    for (int y = g.y + r * g.cell; y < g.y + (r + 1) * g.cell; ++y) {
-        for (int x = g.x + c * g.cell; x < g.x + (c + 1) * g.cell; ++x) {
+    for (int y = g.y + r * g.cell_h; y < g.y + (r + 1) * g.cell_h; ++y) {
+        for (int x = g.x + c * g.cell_w; x < g.x + (c + 1) * g.cell_w; ++x) {
             const Rgb px = img.at(x, y);
             if (!pred(px)) {
                 ADD_FAILURE() << "cell (" << r << ", " << c << ") pixel (" << x << ", " << y << ") is " << str(px) << ", expected " << what;
@@ -91,11 +91,11 @@ Tensor matrix(std::int64_t rows, std::int64_t cols, double fill) {
 }
 
 TEST(HeatmapPool, BlockSize) {
-    EXPECT_EQ(viz::block_for(5, 5, 256), 1);
-    EXPECT_EQ(viz::block_for(256, 3, 256), 1);
-    EXPECT_EQ(viz::block_for(257, 3, 256), 2);
-    EXPECT_EQ(viz::block_for(3, 2048, 256), 8);
-    EXPECT_EQ(viz::block_for(1000, 1000, 256), 4);
+    EXPECT_EQ(viz::block_for(5, 256), 1);
+    EXPECT_EQ(viz::block_for(256, 256), 1);
+    EXPECT_EQ(viz::block_for(257, 256), 2);
+    EXPECT_EQ(viz::block_for(2048, 256), 8);
+    EXPECT_EQ(viz::block_for(1000, 256), 4);
 }
 
 TEST(HeatmapPool, MeansOfBlocksIncludingPartialEdges) {
@@ -105,7 +105,7 @@ TEST(HeatmapPool, MeansOfBlocksIncludingPartialEdges) {
                          11, 12, 13, 14, 15};
     Tensor t(DType::f32, Shape{1, 3, 5});
     std::memcpy(t.data(), w, sizeof w);
-    const viz::Pooled p = viz::mean_pool(t, 2, "w");
+    const viz::Pooled p = viz::mean_pool(t, 2, 2, "w");
     ASSERT_EQ(p.rows, 2);
     ASSERT_EQ(p.cols, 3);
     const double want[2][3] = {{(1 + 2 + 6 + 7) / 4.0, (3 + 4 + 8 + 9) / 4.0, (5 + 10) / 2.0},
@@ -119,7 +119,7 @@ TEST(HeatmapPool, MeansOfBlocksIncludingPartialEdges) {
 TEST(HeatmapPool, MaskedSurvivesOnlyWhenTheWholeBlockIsZero) {
     Tensor t(DType::f64, Shape{1, 4, 4}, true);
     t.data_as<double>()[0 * 4 + 2] = 1e-30;  // one tiny weight in the top-right block
-    const viz::Pooled p = viz::mean_pool(t, 2, "w");
+    const viz::Pooled p = viz::mean_pool(t, 2, 2, "w");
     EXPECT_EQ(p.at(0, 0, 0), 0.0);
     EXPECT_GT(p.at(0, 0, 1), 0.0);
     EXPECT_TRUE(p.any_masked);
@@ -130,7 +130,7 @@ TEST(HeatmapPool, RejectsNegativeAndNonFiniteWeights) {
         Tensor t(DType::f64, Shape{2, 3, 3}, true);
         t.data_as<double>()[9 + 3 * 2 + 1] = bad;
         try {
-            viz::mean_pool(t, 1, "heatmap: weights");
+            viz::mean_pool(t, 1, 1, "heatmap: weights");
             ADD_FAILURE() << "no error for " << bad;
         } catch (const Error& e) {
             EXPECT_NE(std::string(e.what()).find("element (1, 2, 1)"), std::string::npos) << e.what();
@@ -156,12 +156,13 @@ TEST(HeatmapPng, IdentityPatternHasViridisEndpointColours) {
     const HeatmapPanelGeometry& g = img.panels[0];
     EXPECT_EQ(g.rows, L);
     EXPECT_EQ(g.cols, L);
-    EXPECT_EQ(img.block, 1);
+    EXPECT_EQ(img.block_rows, 1);
+    EXPECT_EQ(img.block_cols, 1);
     for (int r = 0; r < L; ++r) {
         for (int c = 0; c < L; ++c) {
             // The top-left 3×3 pixels of a cell: clear of the value printed at its centre.
-            const Rgb px = png.at(g.x + c * g.cell + 1, g.y + r * g.cell + 1);
-            const Rgb px2 = png.at(g.x + c * g.cell + 3, g.y + r * g.cell + 3);
+            const Rgb px = png.at(g.x + c * g.cell_w + 1, g.y + r * g.cell_h + 1);
+            const Rgb px2 = png.at(g.x + c * g.cell_w + 3, g.y + r * g.cell_h + 3);
             const Rgb want = r == c ? kViridis1 : kViridis0;
             EXPECT_TRUE(near(px, want) && near(px2, want)) << "cell (" << r << ", " << c << ") is " << str(px) << ", expected " << str(want);
         }
@@ -191,7 +192,7 @@ TEST(HeatmapPng, OneHotColumnIsTopColourAndTheRestMaskedGrey) {
                 expect_cell(png, g, r, c, [](Rgb p) { return near(p, kViridis1); }, "#FDE725");
             } else {
                 expect_cell(png, g, r, c, [](Rgb p) { return grey(p); }, "a neutral grey");
-                for (int d = 0; d < g.cell; ++d) greys.insert(png.at(g.x + c * g.cell + d, g.y + r * g.cell + g.cell / 2).r);
+                for (int d = 0; d < g.cell_w; ++d) greys.insert(png.at(g.x + c * g.cell_w + d, g.y + r * g.cell_h + g.cell_h / 2).r);
             }
         }
     }
@@ -220,8 +221,8 @@ TEST(HeatmapPng, ReadsStridedViews) {
     const auto& g = img.panels[0];
     ASSERT_EQ(g.rows, 5);
     ASSERT_EQ(g.cols, 3);
-    EXPECT_TRUE(near(png.at(g.x + 0 * g.cell + 1, g.y + 4 * g.cell + 1), kViridis1));
-    EXPECT_TRUE(near(png.at(g.x + 2 * g.cell + 1, g.y + 0 * g.cell + 1), kViridis0));
+    EXPECT_TRUE(near(png.at(g.x + 0 * g.cell_w + 1, g.y + 4 * g.cell_h + 1), kViridis1));
+    EXPECT_TRUE(near(png.at(g.x + 2 * g.cell_w + 1, g.y + 0 * g.cell_h + 1), kViridis0));
 }
 
 // Several panels: a grid sharing one scale; panel p has its hot key at column p.
@@ -263,18 +264,19 @@ TEST(HeatmapPng, LargeMatricesAreMeanPooled) {
         for (int j = 8; j < 12; ++j) d[i * L + j] = 0.8f;  // block (2, 2): mean 0.8 = max
     HeatmapOptions o;
     const HeatmapImage img = render_heatmap(w, o, ImageFormat::png);
-    EXPECT_EQ(img.block, 4);
+    EXPECT_EQ(img.block_rows, 4);
+    EXPECT_EQ(img.block_cols, 4);
     const auto& g = img.panels[0];
     EXPECT_EQ(g.rows, 250);
     EXPECT_EQ(g.cols, 250);
     const Decoded png(img.bytes);
     ASSERT_TRUE(png.ok());
     EXPECT_LE(png.width(), 1400);
-    const Rgb a = png.at(g.x + 0 * g.cell, g.y + 0 * g.cell), b = png.at(g.x + 0 * g.cell, g.y + 1 * g.cell);
+    const Rgb a = png.at(g.x + 0 * g.cell_w, g.y + 0 * g.cell_h), b = png.at(g.x + 0 * g.cell_w, g.y + 1 * g.cell_h);
     EXPECT_TRUE(near(a, b, 0)) << str(a) << " vs " << str(b);
     EXPECT_FALSE(grey(a));
-    EXPECT_TRUE(near(png.at(g.x + 2 * g.cell, g.y + 2 * g.cell), kViridis1));
-    EXPECT_TRUE(grey(png.at(g.x + 100 * g.cell, g.y + 3 * g.cell)));  // an all-zero block
+    EXPECT_TRUE(near(png.at(g.x + 2 * g.cell_w, g.y + 2 * g.cell_h), kViridis1));
+    EXPECT_TRUE(grey(png.at(g.x + 100 * g.cell_w, g.y + 3 * g.cell_h)));  // an all-zero block
 }
 
 TEST(HeatmapSvg, IsAnSvgDocumentInPixels) {

@@ -30,11 +30,12 @@ def draw(tmp_path, w, out="w.png", *extra):
     np.save(path, w)
     r = run("heatmap", path, "--out", tmp_path / out, "--verbose", *extra)
     assert r.returncode == 0, r.stderr
-    head = re.search(r": (\d+) x (\d+) px, (\d+) panel\(s\), cell (\d+) px, block (\d+), vmax (\S+)", r.stderr)
+    head = re.search(r": (\d+) x (\d+) px, (\d+) panel\(s\), blocks (\d+) x (\d+), vmax (\S+)", r.stderr)
     assert head, r.stderr
-    panels = [dict(zip(("x", "y", "cell", "rows", "cols"), map(int, m)))
-              for m in re.findall(r"panel \d+: x (\d+) y (\d+) cell (\d+) rows (\d+) cols (\d+)", r.stderr)]
-    info = dict(width=int(head[1]), height=int(head[2]), block=int(head[5]), vmax=float(head[6]), panels=panels)
+    panels = [dict(zip(("x", "y", "cw", "ch", "rows", "cols"), map(int, m)))
+              for m in re.findall(r"panel \d+: x (\d+) y (\d+) cell (\d+) x (\d+) rows (\d+) cols (\d+)", r.stderr)]
+    info = dict(width=int(head[1]), height=int(head[2]), block=(int(head[4]), int(head[5])), vmax=float(head[6]),
+                panels=panels)
     assert len(panels) == int(head[3])
     return tmp_path / out, info
 
@@ -49,7 +50,7 @@ def is_grey(p):
 
 def cell_px(img, g, r, c, dx=2, dy=2):
     """A pixel near the top-left corner of a cell (clear of the value printed in its middle)."""
-    return img.getpixel((g["x"] + c * g["cell"] + dx, g["y"] + r * g["cell"] + dy))[:3]
+    return img.getpixel((g["x"] + c * g["cw"] + dx, g["y"] + r * g["ch"] + dy))[:3]
 
 
 def identity(n, eps=1e-6):
@@ -145,7 +146,7 @@ def test_large_matrices_are_mean_pooled_and_say_so(tmp_path):
     w[3:6, 0:3] = 0.1                # block (1,0): mean 0.1, the same colour
     w[6:9, 6:9] = 0.9                # block (2,2): mean 0.9 = max → top colour
     _, info = draw(tmp_path, w)
-    assert info["block"] == 3
+    assert info["block"] == (3, 3)
     g = info["panels"][0]
     assert (g["rows"], g["cols"]) == (200, 200)
     img = Image.open(tmp_path / "w.png").convert("RGB")
@@ -264,3 +265,16 @@ def test_failure_keeps_an_existing_picture(tmp_path):
     r = run("heatmap", tmp_path / "w.npy", "--out", out, "--tokens", "a,b")
     assert r.returncode == 2
     assert out.read_bytes() == b"old picture"
+
+
+def test_single_query_row_is_pooled_along_keys_only_and_stays_visible(tmp_path):
+    w = np.full((1, 1, 1, 2048), 1e-6, np.float32)   # one decoding step over a 2048-key cache
+    w[..., 1000:1008] = 0.5                            # exactly key block 125 (8 keys per cell)
+    _, info = draw(tmp_path, w)
+    assert info["block"] == (1, 8)
+    g = info["panels"][0]
+    assert (g["rows"], g["cols"]) == (1, 256)
+    assert g["ch"] >= 40, "a single row must not be drawn as a thin line"
+    img = Image.open(tmp_path / "w.png").convert("RGB")
+    for c in (0, 124, 125, 126, 255):
+        assert near(cell_px(img, g, 0, c, 0, 2), HIGH if c == 125 else LOW), c

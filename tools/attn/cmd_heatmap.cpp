@@ -161,11 +161,12 @@ void run(const HeatmapArgs& a) {
 
     const HeatmapImage img = write_heatmap(a.out, panels, opt);
     if (a.verbose) {
-        std::fprintf(stderr, "attn heatmap: %s: %d x %d px, %zu panel(s), cell %d px, block %d, vmax %.6g\n", a.out.c_str(),
-                     img.width, img.height, img.panels.size(), img.panels.empty() ? 0 : img.panels[0].cell, img.block, img.vmax);
+        std::fprintf(stderr, "attn heatmap: %s: %d x %d px, %zu panel(s), blocks %d x %d, vmax %.6g\n", a.out.c_str(), img.width,
+                     img.height, img.panels.size(), img.block_rows, img.block_cols, img.vmax);
         for (std::size_t i = 0; i < img.panels.size(); ++i) {
             const auto& g = img.panels[i];
-            std::fprintf(stderr, "panel %zu: x %d y %d cell %d rows %d cols %d\n", i, g.x, g.y, g.cell, g.rows, g.cols);
+            std::fprintf(stderr, "panel %zu: x %d y %d cell %d x %d rows %d cols %d\n", i, g.x, g.y, g.cell_w, g.cell_h, g.rows,
+                         g.cols);
         }
     }
 }
