@@ -15,7 +15,12 @@
 //
 // Drawn with cairo (PNG through its libpng encoder, SVG through its SVG surface) and pango
 // with fontconfig for text, so token labels in any script — CJK included — render with the
-// system's fonts (Noto CJK on Debian). Library: attn::viz (CMake target attn_viz).
+// system's fonts (Noto CJK on Debian). Why cairo's SVG surface rather than our own SVG
+// writer: one drawing code makes both formats, so they cannot drift apart; cairo writes text
+// as glyph outlines, so the SVG shows the same CJK glyphs on a machine without CJK fonts;
+// and escaping token text into XML is cairo's job, not ours. (Cost: SVG text is not
+// selectable.) Library: attn::viz (CMake target attn_viz), kept out of the core `attn` so
+// the core carries no graphics dependencies.
 #pragma once
 
 #include <optional>
