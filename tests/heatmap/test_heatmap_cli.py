@@ -230,7 +230,7 @@ W55 = identity(5)
 @pytest.mark.parametrize("w, args, needle", [
     (np.ones(5, np.float32), [], "expected attention weights of shape (Lq, Lk), (H, Lq, Lk) or (B, H, Lq, Lk) but got (5,)"),
     (np.ones((1, 0, 5, 5), np.float32), [], "must not be empty"),
-    (np.ones((5, 5), np.int32), [], "must be float32 or float64 but the file holds int32"),
+    (np.ones((5, 5), np.int32), [], "must be float16, float32 or float64 but the file holds int32"),
     (W55, ["--tokens", "a,b,c,d"], "--tokens: 4 tokens given but"),
     (W55, ["--tokens", "a,b,c,d"], "Lk = 5 keys (columns)"),
     (W55, ["--tokens", "a,,c,d,e"], "--tokens: token 1 is empty"),

@@ -81,7 +81,7 @@ void run(const HeatmapArgs& a) {
 
     const Tensor w = read_npy(a.weights);
     if (!is_floating(w.dtype())) {
-        throw Error(a.weights + ": attention weights must be float32 or float64 but the file holds " +
+        throw Error(a.weights + ": attention weights must be float16, float32 or float64 but the file holds " +
                     std::string(dtype_name(w.dtype())));
     }
     const Shape& s = w.shape();
