@@ -268,7 +268,7 @@ Layout lay_out(TextEngine& te, const Problem& p, const viz::Pooled& d, double vm
     }
     L.notes.push_back("colour: viridis from 0 to " + fmt("%.4g", vmax) +
                       (o.vmax ? " (set by the caller; larger values get the top colour)" : " (the largest value drawn)") +
-                      ";  hatched grey: weight exactly 0 (masked, or so small it underflowed to 0)");
+                      ";  hatched grey: weight exactly 0 (masked, or underflowed)");
     int notes_w = 0, notes_h = 0;
     for (const auto& n : L.notes) {
         const auto s = te.measure(n, L.small);

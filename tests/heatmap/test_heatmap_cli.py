@@ -180,14 +180,18 @@ def test_demo_draws_its_weights_next_to_the_printout(tmp_path):
     assert elapsed < 2.0
     assert "Heatmap of A" in r.stdout and "attn-demo-heatmap.png" in r.stdout
     img = Image.open(tmp_path / "attn-demo-heatmap.png").convert("RGB")
-    # A's first row is [1, 0, 0, 0, 0]: cell (0, 0) is the only top-colour cell in the left
-    # half (the colour bar is on the right), and the four cells beside it are masked grey.
+    # A's first row is [1, 0, 0, 0, 0]: the first top-colour pixel in reading order is the
+    # top-left corner of cell (0, 0) (the colour bar starts at the same height but further
+    # right); its top edge and left edge, free of the printed value, give the cell's size.
     W, H = img.size
     px = img.load()
-    top = [(x, y) for y in range(H) for x in range(W // 2) if near(px[x, y], HIGH, 0)]
-    assert top, "no #FDE725 cell"
-    x0, x1 = min(x for x, _ in top), max(x for x, _ in top)
-    y0, y1 = min(y for _, y in top), max(y for _, y in top)
+    x0, y0 = next((x, y) for y in range(H) for x in range(W) if near(px[x, y], HIGH, 0))
+    x1 = x0
+    while near(px[x1 + 1, y0], HIGH, 0):
+        x1 += 1
+    y1 = y0
+    while near(px[x0, y1 + 1], HIGH, 0):
+        y1 += 1
     cell = x1 - x0 + 1
     assert cell == y1 - y0 + 1 and cell >= 20
     for c in range(1, 5):
