@@ -1,0 +1,73 @@
+#include "harness.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+namespace attn::bench {
+namespace {
+
+double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+Timing timing_from_samples(std::vector<double> samples, double warmup_s) {
+    Timing t;
+    t.warmup_s = warmup_s;
+    t.samples = samples;
+    t.runs = static_cast<int>(samples.size());
+    if (samples.empty()) return t;
+    std::sort(samples.begin(), samples.end());
+    const std::size_t n = samples.size();
+    t.median_s = n % 2 == 1 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
+    t.min_s = samples.front();
+    return t;
+}
+
+Timing time_calls(const Config& cfg, const std::function<void()>& fn) {
+    double t0 = now_s();
+    fn();  // warm-up: first touch of outputs and workspaces, caches, thread pool start
+    const double warmup = now_s() - t0;
+    std::vector<double> samples;
+    double spent = 0.0;
+    for (int r = 0; r < std::max(1, cfg.runs); ++r) {
+        if (r > 0 && spent >= cfg.max_seconds) break;
+        t0 = now_s();
+        fn();
+        const double dt = now_s() - t0;
+        samples.push_back(dt);
+        spent += dt;
+    }
+    return timing_from_samples(std::move(samples), warmup);
+}
+
+RssProbe::RssProbe() {
+    reset_ = reset_peak_rss();
+    baseline_ = current_rss();
+}
+
+std::int64_t RssProbe::peak() const { return bench::peak_rss(); }
+
+void finish_case(const Context& ctx, CaseResult& c) {
+    const Row* torch = nullptr;
+    for (const Row& r : c.rows)
+        if (r.impl == "torch" && r.status == "ok" && r.timing.runs > 0) torch = &r;
+    const Ceiling& fma = ctx.cfg.threads == 1 ? ctx.ceilings.fma_1t : ctx.ceilings.fma_nt;
+    const Ceiling& bw = ctx.cfg.threads == 1 ? ctx.ceilings.bw_1t : ctx.ceilings.bw_nt;
+    for (Row& r : c.rows) {
+        if (r.status != "ok" || r.timing.runs == 0 || r.timing.median_s <= 0.0) continue;
+        if (r.flop > 0.0) {
+            r.gflops = r.flop / r.timing.median_s / 1e9;
+            r.gflops_best = r.flop / r.timing.min_s / 1e9;
+            if (fma.measured && fma.value > 0.0) r.pct_peak = 100.0 * r.gflops / fma.value;
+        }
+        if (r.bytes > 0.0) {
+            r.gbs = r.bytes / r.timing.median_s / 1e9;
+            if (bw.measured && bw.value > 0.0) r.pct_bw = 100.0 * r.gbs / bw.value;
+        }
+        if (torch != nullptr && &r != torch) r.speedup_vs_torch = torch->timing.median_s / r.timing.median_s;
+    }
+}
+
+}  // namespace attn::bench
