@@ -68,7 +68,10 @@ MachineInfo describe_machine() {
         }
         m.physical_cores = static_cast<int>(cores.size());
         for (const char* f : {"sse4_2", "avx", "avx2", "fma", "f16c", "avx512f"})
-            if (flags.find(std::string(" ") + f + " ") != std::string::npos) m.isa += (m.isa.empty() ? "" : " ") + std::string(f);
+            if (flags.find(std::string(" ") + f + " ") != std::string::npos) {
+                if (!m.isa.empty()) m.isa += ' ';
+                m.isa += f;
+            }
     }
     if (m.logical_cpus == 0) m.logical_cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
     m.mem_total = kib_field("/proc/meminfo", "MemTotal");
@@ -115,7 +118,8 @@ std::string command_line() {
             const auto slash = word.rfind('/');
             if (slash != std::string::npos) word = word.substr(slash + 1);
         }
-        out += (out.empty() ? "" : " ") + shell_quote(word);
+        if (!out.empty()) out += ' ';
+        out += shell_quote(word);
         word.clear();
     }
     return out.empty() ? std::string("attn bench") : out;

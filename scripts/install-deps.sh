@@ -4,6 +4,7 @@
 set -euo pipefail
 
 build_pkgs=(build-essential cmake ninja-build libcli11-dev libgtest-dev)
+build_pkgs+=(nlohmann-json3-dev)  # attn bench --json
 test_pkgs=(python3 python3-numpy python3-torch python3-pytest)
 
 case "${1:-build}" in

@@ -92,9 +92,14 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
     }
     if (!a.custom.empty()) selected.push_back(bench::sdpa_forward_case(bench::parse_custom_shape(a.custom)));
     if (a.list) {
-        for (const auto& c : registry)
+        nlohmann::json list = nlohmann::json::array();
+        for (const auto& c : registry) {
             std::printf("%-4s %-18s %-32s %s\n", c.id.c_str(), c.variant.c_str(), c.what.c_str(),
                         c.run ? c.shape.c_str() : c.unavailable.c_str());
+            list.push_back({{"id", c.id}, {"variant", c.variant}, {"what", c.what}, {"shape", c.shape},
+                            {"available", static_cast<bool>(c.run)}, {"note", c.unavailable}});
+        }
+        if (!a.json.empty()) bench::write_json(a.json, {{"schema", "attn-bench-list/1"}, {"cases", list}});
         return;
     }
 
@@ -171,7 +176,7 @@ void add_bench_command(CLI::App& app) {
         ->capture_default_str();
     cmd->add_option("--torch-script", args->torch_script, "the PyTorch baseline script")->capture_default_str();
     cmd->add_option("--python", args->python, "Python with torch for the baseline")->capture_default_str();
-    cmd->add_flag("--list", args->list, "list the shape ids this build knows and exit");
+    cmd->add_flag("--list", args->list, "list the shape ids this build knows (and which are not built) and exit; with --json, also as JSON");
     // For the tests: one custom sdpa-forward shape (runs alone unless --shapes is given too).
     cmd->add_option("--shape-custom", args->custom, "B,Hq,Hkv,Lq,Lk,D,causal")->group("");
     cmd->callback([args, shapes, runs, maxs] { run(*args, shapes->count() > 0, runs->count() > 0, maxs->count() > 0); });
