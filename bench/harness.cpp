@@ -29,6 +29,11 @@ Timing time_calls(const Config& cfg, const std::function<void()>& fn) {
     double t0 = now_s();
     fn();  // warm-up: first touch of outputs and workspaces, caches, thread pool start
     const double warmup = now_s() - t0;
+    if (warmup >= cfg.max_seconds) {
+        Timing t = timing_from_samples({warmup}, warmup);
+        t.warmup_counted = true;
+        return t;
+    }
     std::vector<double> samples;
     double spent = 0.0;
     for (int r = 0; r < std::max(1, cfg.runs); ++r) {

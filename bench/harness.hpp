@@ -55,11 +55,14 @@ struct Timing {
     int runs = 0;
     double median_s = 0.0, min_s = 0.0;
     double warmup_s = 0.0;
+    bool warmup_counted = false;  // the warm-up alone exceeded the budget: it is the one sample
     std::vector<double> samples;  // seconds, in run order
 };
 
 // One warm-up call, then up to cfg.runs timed calls, stopping early (after at least one)
-// when cfg.max_seconds of timed calls are spent.
+// when cfg.max_seconds of timed calls are spent. A warm-up longer than cfg.max_seconds is
+// itself the one sample (what it warms — first touch of the output, caches — is then a
+// negligible share of the call), so a call of a minute is not run twice.
 Timing time_calls(const Config& cfg, const std::function<void()>& fn);
 Timing timing_from_samples(std::vector<double> samples, double warmup_s);
 

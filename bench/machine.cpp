@@ -91,7 +91,15 @@ MachineInfo describe_machine() {
     m.date_utc = buf;
     char host[256] = {};
     if (gethostname(host, sizeof host - 1) == 0) m.hostname = host;
+    m.loadavg_start = load_average();
     return m;
+}
+
+std::string load_average() {
+    std::ifstream in("/proc/loadavg");
+    std::string a, b, c;
+    if (!(in >> a >> b >> c)) return "?";
+    return a + " " + b + " " + c;
 }
 
 std::string shell_quote(const std::string& word) {

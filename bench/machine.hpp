@@ -22,7 +22,11 @@ struct MachineInfo {
     std::string attn_version;
     std::string date_utc;         // ISO 8601, when the run started
     std::string hostname;
+    std::string loadavg_start;    // /proc/loadavg (1, 5, 15 min): other work on the machine
 };
+
+// The 1, 5 and 15 minute load averages, e.g. "0.12 0.30 0.25".
+std::string load_average();
 
 MachineInfo describe_machine();
 

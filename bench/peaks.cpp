@@ -84,8 +84,9 @@ Ceiling measure_fma_peak(int threads, double seconds, int repeats) {
     c.measured = true;
     c.value = *std::max_element(rates.begin(), rates.end());
     c.median = median_of(rates);
+    c.trials = rates;
     c.method = "12 independent 256-bit FMA chains per thread (AVX2, -mavx2 -mfma), ~" +
-               std::to_string(static_cast<int>(seconds * 1000)) + " ms per trial, best of " + std::to_string(repeats);
+               std::to_string(static_cast<int>(seconds * 1000)) + " ms per trial";
     if (got != threads) c.note = "OpenMP gave " + std::to_string(got) + " threads instead of " + std::to_string(threads);
     c.threads = got;
     return c;
@@ -135,10 +136,24 @@ Ceiling measure_read_bandwidth(int threads, std::size_t bytes, int repeats) {
     c.measured = true;
     c.value = *std::max_element(rates.begin(), rates.end());
     c.median = median_of(rates);
+    c.trials = rates;
     c.method = std::string("sum of a ") + std::to_string(bytes >> 20) + " MiB buffer (" + (avx2 ? "AVX2" : "SSE2") +
-               " loads, 8 accumulators, huge pages advised), best of " + std::to_string(repeats) + " passes";
+               " loads, 8 accumulators, huge pages advised), one pass per trial";
     if (got != threads) c.note = "OpenMP gave " + std::to_string(got) + " threads instead of " + std::to_string(threads);
     c.threads = got;
+    return c;
+}
+
+Ceiling merge(const Ceiling& a, const Ceiling& b, const std::string& what) {
+    if (!a.measured) return b.measured ? b : a;
+    if (!b.measured) return a;
+    Ceiling c = a;
+    c.trials.insert(c.trials.end(), b.trials.begin(), b.trials.end());
+    c.repeats = a.repeats + b.repeats;
+    c.value = *std::max_element(c.trials.begin(), c.trials.end());
+    c.median = median_of(c.trials);
+    c.method = a.method + "; " + what;
+    if (c.note.empty()) c.note = b.note;
     return c;
 }
 

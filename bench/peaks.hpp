@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 namespace attn::bench {
 
@@ -16,9 +17,14 @@ struct Ceiling {
     double median = 0.0;       // median of the trials, to show the noise
     int threads = 0;
     int repeats = 0;
+    std::vector<double> trials;  // every trial, in order
     std::string method;        // what was run, in words
     std::string note;          // why not measured, if so
 };
+
+// The ceiling over both measurements (e.g. before and after the kernels): the best trial of
+// either, the median of all. On a shared machine one of the two may have run under load.
+Ceiling merge(const Ceiling& a, const Ceiling& b, const std::string& what);
 
 // True when this CPU (and the OS, for the YMM state) supports AVX2 and FMA.
 bool cpu_has_avx2_fma();

@@ -26,7 +26,7 @@ std::string ceiling_line(const Ceiling& c, const char* unit) {
 
 nlohmann::json ceiling_json(const Ceiling& c) {
     nlohmann::json j = {{"threads", c.threads}, {"measured", c.measured}, {"repeats", c.repeats},
-                        {"method", c.method},   {"note", c.note}};
+                        {"method", c.method},   {"note", c.note},         {"trials", c.trials}};
     j["best"] = c.measured ? nlohmann::json(c.value) : nlohmann::json(nullptr);
     j["median"] = c.measured ? nlohmann::json(c.median) : nlohmann::json(nullptr);
     return j;
@@ -51,7 +51,8 @@ void print_header(const Report& r) {
     if (m.build_type != "Release" || m.sanitized)
         std::printf("WARNING   : not a plain Release build (%s%s): the timings below do not describe attn's speed\n",
                     m.build_type.c_str(), m.sanitized ? ", sanitizers on" : "");
-    std::printf("threads   : %d (OpenMP; torch.set_num_threads(%d) for torch)\n", r.cfg.threads, r.cfg.threads);
+    std::printf("threads   : %d (OpenMP; torch.set_num_threads(%d) for torch); load average %s at the start, %s at the end\n",
+                r.cfg.threads, r.cfg.threads, m.loadavg_start.c_str(), r.loadavg_end.c_str());
     std::printf("runs      : 1 warm-up + up to %d timed calls per (shape, impl), stopping after %.0f s of timed calls; "
                 "median and min\n",
                 r.cfg.runs, r.cfg.max_seconds);
@@ -70,9 +71,11 @@ void print_ceilings(const Report& r) {
     const Ceilings& c = r.ceilings;
     std::printf("FMA peak  : %s; %s\n", ceiling_line(c.fma_1t, "GFLOP/s").c_str(),
                 ceiling_line(c.fma_nt, "GFLOP/s").c_str());
-    if (c.fma_nt.measured) std::printf("            %s\n", c.fma_nt.method.c_str());
+    if (c.fma_nt.measured)
+        std::printf("            best of %d trials per thread count; %s\n", c.fma_nt.repeats, c.fma_nt.method.c_str());
     std::printf("read BW   : %s; %s\n", ceiling_line(c.bw_1t, "GB/s").c_str(), ceiling_line(c.bw_nt, "GB/s").c_str());
-    if (c.bw_nt.measured) std::printf("            %s\n", c.bw_nt.method.c_str());
+    if (c.bw_nt.measured)
+        std::printf("            best of %d trials per thread count; %s\n", c.bw_nt.repeats, c.bw_nt.method.c_str());
     std::printf("\n");
     std::fflush(stdout);
 }
@@ -136,7 +139,8 @@ nlohmann::json to_json(const Report& r) {
     j["date"] = m.date_utc;
     j["command"] = r.command;
     j["machine"] = {{"cpu_model", m.cpu_model}, {"logical_cpus", m.logical_cpus}, {"physical_cores", m.physical_cores},
-                    {"isa", m.isa},             {"mem_total_bytes", m.mem_total}, {"hostname", m.hostname}};
+                    {"isa", m.isa},             {"mem_total_bytes", m.mem_total}, {"hostname", m.hostname},
+                    {"loadavg_start", m.loadavg_start}, {"loadavg_end", r.loadavg_end}};
     j["build"] = {{"compiler", m.compiler},   {"build_type", m.build_type}, {"cxx_flags", m.cxx_flags},
                   {"isa_flags", m.isa_flags}, {"sanitized", m.sanitized},   {"commit", m.commit},
                   {"attn_version", m.attn_version}};
@@ -172,6 +176,7 @@ nlohmann::json to_json(const Report& r) {
                                  {"median_s", w.timing.median_s},
                                  {"min_s", w.timing.min_s},
                                  {"warmup_s", w.timing.warmup_s},
+                                 {"warmup_counted", w.timing.warmup_counted},
                                  {"samples_s", w.timing.samples},
                                  {"flop", w.flop},
                                  {"bytes", w.bytes},

@@ -14,6 +14,7 @@ namespace attn::bench {
 struct Report {
     MachineInfo machine;
     std::string command;
+    std::string loadavg_end;  // /proc/loadavg when the measurements ended
     Config cfg;
     Ceilings ceilings;
     std::string torch_version, torch_note;

@@ -140,13 +140,13 @@ void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseRe
             const double ref_bytes = 3.0 * 8.0 * static_cast<double>(s.Lq) * static_cast<double>(s.Lk) * cfg.threads;
             if (ref_flop > cfg.reference_max_gflop * 1e9) {
                 r.status = "skipped";
-                r.note = "skipped: the reference computes " + fmt("%.0f", ref_flop / 1e9) +
+                r.note = "the reference computes " + fmt("%.0f", ref_flop / 1e9) +
                          " GFLOP here (all scores, in double), above --reference-max-gflop " + fmt("%g", cfg.reference_max_gflop);
                 continue;
             }
             if (avail > 0 && ref_bytes + static_cast<double>(c.io_bytes) > cfg.memory_fraction * avail) {
                 r.status = "skipped";
-                r.note = "skipped: the reference would hold " + gib(ref_bytes) + " of score matrices";
+                r.note = "the reference would hold " + gib(ref_bytes) + " of score matrices";
                 continue;
             }
         }
@@ -176,11 +176,12 @@ void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseRe
         }
         r.peak_rss = probe.peak();
         if (r.status != "ok") continue;
+        if (r.timing.warmup_counted) r.note = "one call: the warm-up alone exceeded --max-seconds";
         if (impl == Impl::reference) {
             have_ref = true;
         } else if (have_ref) {
             r.max_abs_diff = max_abs_diff(o, o_ref);
-            if (std::isnan(*r.max_abs_diff)) r.note = "output differs from the reference: holds NaN";
+            if (std::isnan(*r.max_abs_diff)) r.note = "output holds NaN where the reference does not";
         }
     }
     o_ref = Tensor();
@@ -193,7 +194,7 @@ void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseRe
     if (cfg.torch && !ctx.torch_version.empty() && avail > 0 && torch_bytes > cfg.memory_fraction * avail) {
         t.impl = "torch";
         t.status = "skipped";
-        t.note = "skipped: hand-written attention needs ~" + gib(torch_bytes) + " for its Lq x Lk matrices; MemAvailable is " +
+        t.note = "hand-written attention needs ~" + gib(torch_bytes) + " for its Lq x Lk matrices; MemAvailable is " +
                  gib(avail);
     } else {
         t = run_torch(ctx, {{"mode", "sdpa"},

@@ -12,7 +12,8 @@ Modes (the arguments are the sizes of ../shared/bench-shapes.md):
   mha            nn.MultiheadAttention(E, h, batch_first=True) in eval + inference mode
                  (PyTorch's fused fast path), self-attention on (B, L, E)
 Timing: one warm-up call, then up to --runs calls, stopping after --max-seconds of timed
-calls (at least one) — the same rule as the C++ side.
+calls (at least one); a warm-up longer than --max-seconds is itself the one sample — the same
+rules as the C++ side (bench/harness.hpp).
 """
 import argparse
 import json
@@ -51,6 +52,8 @@ def time_calls(fn, runs, max_seconds):
     t0 = time.perf_counter()
     fn()
     warmup = time.perf_counter() - t0
+    if warmup >= max_seconds:  # the warm-up alone spent the budget: it is the one sample
+        return [warmup], warmup, True
     samples, spent = [], 0.0
     for r in range(max(1, runs)):
         if r > 0 and spent >= max_seconds:
@@ -60,7 +63,7 @@ def time_calls(fn, runs, max_seconds):
         dt = time.perf_counter() - t0
         samples.append(dt)
         spent += dt
-    return samples, warmup
+    return samples, warmup, False
 
 
 def causal_mask(torch, lq, lk, causal):
@@ -145,7 +148,7 @@ def main():
     was_reset = reset_peak_rss()
     baseline = status_kib("VmRSS")
     try:
-        samples, warmup = time_calls(fn, a.runs, a.max_seconds)
+        samples, warmup, warmup_counted = time_calls(fn, a.runs, a.max_seconds)
     except RuntimeError as e:  # e.g. out of memory inside torch
         emit({"status": "error", "note": str(e).splitlines()[0][:300]})
         return 0
@@ -156,6 +159,7 @@ def main():
         "threads": torch.get_num_threads(),
         "samples": samples,
         "warmup_s": warmup,
+        "warmup_counted": warmup_counted,
         "peak_rss": status_kib("VmHWM"),
         "baseline_rss": baseline,
         "peak_rss_reset": was_reset,

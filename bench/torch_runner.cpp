@@ -87,6 +87,8 @@ Row run_torch(const Context& ctx, const std::map<std::string, std::string>& args
     row.kernel = j.value("what", "");
     if (row.status != "ok") return row;
     row.timing = timing_from_samples(j.at("samples").get<std::vector<double>>(), j.value("warmup_s", 0.0));
+    row.timing.warmup_counted = j.value("warmup_counted", false);
+    if (row.timing.warmup_counted) row.note = "one call: the warm-up alone exceeded --max-seconds";
     row.peak_rss = j.value("peak_rss", std::int64_t{-1});
     row.baseline_rss = j.value("baseline_rss", std::int64_t{-1});
     row.peak_rss_reset = j.value("peak_rss_reset", false);

@@ -83,13 +83,17 @@ def section_body(d):
         b["compiler"], b["build_type"], b["cxx_flags"], b["isa_flags"], ", **sanitizers on**" if b["sanitized"] else ""))
     out.append("- **Threads**: %d; **runs**: 1 warm-up + up to %d timed calls per row (stopping after %g s), median and min%s  " % (
         cfg["threads"], cfg["runs"], cfg["max_seconds"], "; **--quick: not meaningful numbers**" if cfg["quick"] else ""))
+    out.append("- **Load average** (1/5/15 min; other work on the machine): %s at the start, %s at the end  " % (
+        m.get("loadavg_start", "?"), m.get("loadavg_end", "?")))
     t = d["torch"]
     out.append("- **PyTorch**: %s  " % ("torch %s, hand-written `softmax(q@k^T*scale + mask)@v`, same thread count" % t["version"]
                                         if t["version"] else t["note"]))
     fma, bw = d["ceilings"]["fma_peak_gflops"], d["ceilings"]["read_bandwidth_gbs"]
-    out.append("- **FMA peak** (measured in this run): %s; %s  " % (ceiling(fma[0], "GFLOP/s"), ceiling(fma[1], "GFLOP/s")))
+    out.append("- **FMA peak** (measured in this run, best of %d trials): %s; %s  " % (
+        fma[1].get("repeats", 0), ceiling(fma[0], "GFLOP/s"), ceiling(fma[1], "GFLOP/s")))
     out.append("  %s  " % fma[1].get("method", ""))
-    out.append("- **Read bandwidth** (measured in this run): %s; %s  " % (ceiling(bw[0], "GB/s"), ceiling(bw[1], "GB/s")))
+    out.append("- **Read bandwidth** (measured in this run, best of %d trials): %s; %s  " % (
+        bw[1].get("repeats", 0), ceiling(bw[0], "GB/s"), ceiling(bw[1], "GB/s")))
     out.append("  %s" % bw[1].get("method", ""))
     out.append("")
     out.append("GFLOP/s = the formula's FLOP / median time (forward 4·B·H·Lq·Lk·D, causal counts half); "

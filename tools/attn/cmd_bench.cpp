@@ -108,27 +108,30 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
     rep.command = bench::command_line();
     if (cfg.torch) rep.torch_version = bench::probe_torch(cfg, rep.torch_note);
     else rep.torch_note = "off (--no-torch)";
-    bench::print_header(rep);
 
-    // The ceilings, measured now, in this run. A quick run only checks the machinery: its
-    // buffer fits in the caches, so its "bandwidth" is not a memory number.
+    // The ceilings, measured in this run: before the shapes and again after them, each the
+    // best of its trials (a shared machine may be busy during one of the two). A quick run
+    // only checks the machinery: its buffer fits in the caches, so its "bandwidth" is not a
+    // memory number. Progress goes to stderr; the report to stdout at the end, when every
+    // percentage can use the final ceilings.
     const double peak_s = a.quick ? 0.02 : 0.25;
     const int repeats = a.quick ? 2 : 5;
     std::size_t bw_bytes = a.quick ? (64u << 20) : (1u << 30);
     const std::int64_t avail = bench::mem_available();
     while (avail > 0 && static_cast<std::int64_t>(bw_bytes) > avail / 4 && bw_bytes > (64u << 20)) bw_bytes /= 2;
+    auto measure = [&](bench::Ceilings& ce) {
+        ce.fma_1t = bench::measure_fma_peak(1, peak_s, repeats);
+        ce.fma_nt = cfg.threads == 1 ? ce.fma_1t : bench::measure_fma_peak(cfg.threads, peak_s, repeats);
+        ce.bw_1t = bench::measure_read_bandwidth(1, bw_bytes, repeats);
+        ce.bw_nt = cfg.threads == 1 ? ce.bw_1t : bench::measure_read_bandwidth(cfg.threads, bw_bytes, repeats);
+    };
+    std::fprintf(stderr, "attn bench: measuring the FMA peak and the read bandwidth\n");
     bench::Ceilings& ce = rep.ceilings;
-    ce.fma_1t = bench::measure_fma_peak(1, peak_s, repeats);
-    ce.fma_nt = cfg.threads == 1 ? ce.fma_1t : bench::measure_fma_peak(cfg.threads, peak_s, repeats);
-    ce.bw_1t = bench::measure_read_bandwidth(1, bw_bytes, repeats);
-    ce.bw_nt = cfg.threads == 1 ? ce.bw_1t : bench::measure_read_bandwidth(cfg.threads, bw_bytes, repeats);
-    if (a.quick) {
-        ce.bw_1t.note = ce.bw_nt.note = "quick: a cache-sized buffer, not a memory bandwidth";
-    }
-    bench::print_ceilings(rep);
-
+    measure(ce);
     const bench::Context ctx{cfg, rep.machine, rep.ceilings, rep.torch_version, rep.torch_note};
     for (const bench::BenchCase& bc : selected) {
+        std::fprintf(stderr, "attn bench: %s%s %s\n", bc.id.c_str(), bc.variant.empty() ? "" : (" (" + bc.variant + ")").c_str(),
+                     bc.run ? bc.shape.c_str() : "(not built)");
         std::vector<bench::CaseResult> results;
         if (!bc.run) {
             bench::CaseResult c;
@@ -144,10 +147,24 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
         }
         for (bench::CaseResult& c : results) {
             if (c.variant.empty()) c.variant = bc.variant;
-            bench::finish_case(ctx, c);
-            bench::print_case(ctx, c);
             rep.cases.push_back(std::move(c));
         }
+    }
+    std::fprintf(stderr, "attn bench: measuring the FMA peak and the read bandwidth again\n");
+    bench::Ceilings after;
+    measure(after);
+    ce.fma_1t = bench::merge(ce.fma_1t, after.fma_1t, "measured before and after the shapes");
+    ce.fma_nt = cfg.threads == 1 ? ce.fma_1t : bench::merge(ce.fma_nt, after.fma_nt, "measured before and after the shapes");
+    ce.bw_1t = bench::merge(ce.bw_1t, after.bw_1t, "measured before and after the shapes");
+    ce.bw_nt = cfg.threads == 1 ? ce.bw_1t : bench::merge(ce.bw_nt, after.bw_nt, "measured before and after the shapes");
+    if (a.quick) ce.bw_1t.note = ce.bw_nt.note = "quick: a cache-sized buffer, not a memory bandwidth";
+    rep.loadavg_end = bench::load_average();
+
+    bench::print_header(rep);
+    bench::print_ceilings(rep);
+    for (bench::CaseResult& c : rep.cases) {
+        bench::finish_case(ctx, c);
+        bench::print_case(ctx, c);
     }
     if (!a.json.empty()) {
         bench::write_json(a.json, bench::to_json(rep));
