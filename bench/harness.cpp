@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <chrono>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 namespace attn::bench {
 namespace {
 
@@ -26,14 +30,17 @@ Timing timing_from_samples(std::vector<double> samples, double warmup_s) {
 }
 
 Timing time_calls(const Config& cfg, const std::function<void()>& fn) {
+    double cpu0 = process_cpu_seconds();
     double t0 = now_s();
     fn();  // warm-up: first touch of outputs and workspaces, caches, thread pool start
     const double warmup = now_s() - t0;
     if (warmup >= cfg.max_seconds) {
         Timing t = timing_from_samples({warmup}, warmup);
         t.warmup_counted = true;
+        t.cpu_share = (process_cpu_seconds() - cpu0) / (warmup * cfg.threads);
         return t;
     }
+    cpu0 = process_cpu_seconds();
     std::vector<double> samples;
     double spent = 0.0;
     for (int r = 0; r < std::max(1, cfg.runs); ++r) {
@@ -44,10 +51,18 @@ Timing time_calls(const Config& cfg, const std::function<void()>& fn) {
         samples.push_back(dt);
         spent += dt;
     }
-    return timing_from_samples(std::move(samples), warmup);
+    const double cpu = process_cpu_seconds() - cpu0;
+    Timing t = timing_from_samples(std::move(samples), warmup);
+    t.cpu_share = spent > 0 ? cpu / (spent * cfg.threads) : 0.0;
+    return t;
 }
 
 RssProbe::RssProbe() {
+#if defined(__GLIBC__)
+    // Return memory freed by earlier rows (kept by malloc's arenas) to the OS, so this row's
+    // resident set starts from what is live now.
+    malloc_trim(0);
+#endif
     reset_ = reset_peak_rss();
     baseline_ = current_rss();
 }

@@ -51,11 +51,14 @@ struct Context {
     std::string torch_note;     // why not, if so
 };
 
-struct Timing {
+struct Timing {  // of one (shape, impl)
     int runs = 0;
     double median_s = 0.0, min_s = 0.0;
     double warmup_s = 0.0;
     bool warmup_counted = false;  // the warm-up alone exceeded the budget: it is the one sample
+    // CPU time of the timed calls / (their wall time x threads); < 1 when other processes took
+    // CPU time (or the kernel left threads idle); 0 when not measured.
+    double cpu_share = 0.0;
     std::vector<double> samples;  // seconds, in run order
 };
 

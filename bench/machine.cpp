@@ -1,5 +1,6 @@
 #include "machine.hpp"
 
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -142,6 +143,13 @@ bool reset_peak_rss() {
     f << "5";
     f.flush();
     return static_cast<bool>(f);
+}
+
+double process_cpu_seconds() {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
 std::int64_t mem_available() { return kib_field("/proc/meminfo", "MemAvailable"); }

@@ -39,6 +39,10 @@ std::int64_t peak_rss();  // VmHWM: high-water mark of the resident set
 // Resets VmHWM to the current RSS (Linux ≥ 4.0: "5" to /proc/self/clear_refs), so the next
 // peak_rss() is the high-water mark of what runs in between. False when not permitted.
 bool reset_peak_rss();
+// CPU time (user + system, all threads) this process has used so far, in seconds. Compared
+// with wall time x threads it says what share of its CPUs the run got on a shared machine.
+double process_cpu_seconds();
+
 // MemAvailable from /proc/meminfo, in bytes (-1 when unreadable).
 std::int64_t mem_available();
 

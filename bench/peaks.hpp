@@ -18,6 +18,10 @@ struct Ceiling {
     int threads = 0;
     int repeats = 0;
     std::vector<double> trials;  // every trial, in order
+    // CPU time the trials got / (wall time x threads): below 1 when other processes shared
+    // the CPUs. value / cpu_share of the best trial estimates the ceiling on an idle machine.
+    std::vector<double> cpu_shares;  // per trial
+    double per_cpu = 0.0;            // best over trials of rate / cpu_share
     std::string method;        // what was run, in words
     std::string note;          // why not measured, if so
 };

@@ -1,5 +1,6 @@
 #include "report.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -20,13 +21,18 @@ std::string mib(std::int64_t bytes) { return bytes < 0 ? "?" : f("%.0f MiB", sta
 
 std::string ceiling_line(const Ceiling& c, const char* unit) {
     if (!c.measured) return c.note;
+    double share = 0.0;
+    for (double x : c.cpu_shares) share = std::max(share, x);
     return f("%.1f ", c.value) + unit + " (median " + f("%.1f", c.median) + ") on " + std::to_string(c.threads) +
-           (c.threads == 1 ? " thread" : " threads");
+           (c.threads == 1 ? " thread" : " threads") + f(" [got up to %.0f%% of the CPUs", 100 * std::min(1.0, share)) +
+           f("; est. %.1f with the CPUs alone]", c.per_cpu);
 }
 
 nlohmann::json ceiling_json(const Ceiling& c) {
     nlohmann::json j = {{"threads", c.threads}, {"measured", c.measured}, {"repeats", c.repeats},
                         {"method", c.method},   {"note", c.note},         {"trials", c.trials}};
+    j["cpu_shares"] = c.cpu_shares;
+    j["per_cpu_best"] = c.measured ? nlohmann::json(c.per_cpu) : nlohmann::json(nullptr);
     j["best"] = c.measured ? nlohmann::json(c.value) : nlohmann::json(nullptr);
     j["median"] = c.measured ? nlohmann::json(c.median) : nlohmann::json(nullptr);
     return j;
@@ -62,7 +68,8 @@ void print_header(const Report& r) {
                                            ": hand-written softmax(q@k^T*scale + mask)@v")
                                               .c_str());
     std::printf("columns   : GFLOP/s from the median time and the FLOP formula; %%peak of the FMA peak on %d threads "
-                "measured below;\n            vs torch = torch median / this median (> 1: attn is faster)\n",
+                "measured below;\n            vs torch = torch median / this median (> 1: attn is faster); cpu%% = CPU time of the timed calls /\n"
+                "            (wall time x threads): well below 100%% means other processes took the CPUs (or threads idled)\n",
                 r.cfg.threads);
     std::fflush(stdout);
 }
@@ -97,7 +104,7 @@ void print_case(const Context& ctx, const CaseResult& c) {
     }
     std::printf("  %-10s %-10s %4s %11s %11s %9s %6s", "impl", "kernel", "runs", "median ms", "min ms", "GFLOP/s", "%peak");
     if (any_bytes) std::printf(" %7s %5s", "GB/s", "%bw");
-    std::printf(" %10s %9s", "peak RSS", "vs torch");
+    std::printf(" %10s %9s %5s", "peak RSS", "vs torch", "cpu%");
     if (any_diff) std::printf(" %12s", "max|d| ref");
     std::printf("\n");
     for (const Row& r : c.rows) {
@@ -114,7 +121,8 @@ void print_case(const Context& ctx, const CaseResult& c) {
         if (any_bytes)
             std::printf(" %7s %5s", r.bytes > 0 ? f("%.1f", r.gbs).c_str() : "-",
                         r.pct_bw > 0 ? f("%.0f%%", r.pct_bw).c_str() : "-");
-        std::printf(" %10s %9s", mib(r.peak_rss).c_str(), r.speedup_vs_torch ? f("%.2fx", *r.speedup_vs_torch).c_str() : "-");
+        std::printf(" %10s %9s %5s", mib(r.peak_rss).c_str(), r.speedup_vs_torch ? f("%.2fx", *r.speedup_vs_torch).c_str() : "-",
+                    r.timing.cpu_share > 0 ? f("%.0f%%", 100 * r.timing.cpu_share).c_str() : "-");
         if (any_diff) std::printf(" %12s", r.max_abs_diff ? f("%.2e", *r.max_abs_diff).c_str() : "-");
         if (!r.note.empty()) std::printf("  (%s)", r.note.c_str());
         std::printf("\n");
@@ -177,6 +185,7 @@ nlohmann::json to_json(const Report& r) {
                                  {"min_s", w.timing.min_s},
                                  {"warmup_s", w.timing.warmup_s},
                                  {"warmup_counted", w.timing.warmup_counted},
+                                 {"cpu_share", w.timing.cpu_share},
                                  {"samples_s", w.timing.samples},
                                  {"flop", w.flop},
                                  {"bytes", w.bytes},

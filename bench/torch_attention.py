@@ -18,6 +18,7 @@ rules as the C++ side (bench/harness.hpp).
 import argparse
 import json
 import math
+import resource
 import sys
 import time
 
@@ -48,12 +49,20 @@ def emit(obj):
     sys.stdout.flush()
 
 
-def time_calls(fn, runs, max_seconds):
+def cpu_seconds():
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+
+
+def time_calls(fn, runs, max_seconds, threads):
+    """-> (samples, warm-up seconds, warm-up counted as the sample?, CPU share of the timed calls)"""
+    cpu0 = cpu_seconds()
     t0 = time.perf_counter()
     fn()
     warmup = time.perf_counter() - t0
     if warmup >= max_seconds:  # the warm-up alone spent the budget: it is the one sample
-        return [warmup], warmup, True
+        return [warmup], warmup, True, (cpu_seconds() - cpu0) / (warmup * threads)
+    cpu0 = cpu_seconds()
     samples, spent = [], 0.0
     for r in range(max(1, runs)):
         if r > 0 and spent >= max_seconds:
@@ -63,7 +72,7 @@ def time_calls(fn, runs, max_seconds):
         dt = time.perf_counter() - t0
         samples.append(dt)
         spent += dt
-    return samples, warmup, False
+    return samples, warmup, False, (cpu_seconds() - cpu0) / (spent * threads)
 
 
 def causal_mask(torch, lq, lk, causal):
@@ -148,7 +157,7 @@ def main():
     was_reset = reset_peak_rss()
     baseline = status_kib("VmRSS")
     try:
-        samples, warmup, warmup_counted = time_calls(fn, a.runs, a.max_seconds)
+        samples, warmup, warmup_counted, cpu_share = time_calls(fn, a.runs, a.max_seconds, a.threads)
     except RuntimeError as e:  # e.g. out of memory inside torch
         emit({"status": "error", "note": str(e).splitlines()[0][:300]})
         return 0
@@ -160,6 +169,7 @@ def main():
         "samples": samples,
         "warmup_s": warmup,
         "warmup_counted": warmup_counted,
+        "cpu_share": cpu_share,
         "peak_rss": status_kib("VmHWM"),
         "baseline_rss": baseline,
         "peak_rss_reset": was_reset,

@@ -88,6 +88,7 @@ Row run_torch(const Context& ctx, const std::map<std::string, std::string>& args
     if (row.status != "ok") return row;
     row.timing = timing_from_samples(j.at("samples").get<std::vector<double>>(), j.value("warmup_s", 0.0));
     row.timing.warmup_counted = j.value("warmup_counted", false);
+    row.timing.cpu_share = j.value("cpu_share", 0.0);
     if (row.timing.warmup_counted) row.note = "one call: the warm-up alone exceeded --max-seconds";
     row.peak_rss = j.value("peak_rss", std::int64_t{-1});
     row.baseline_rss = j.value("baseline_rss", std::int64_t{-1});

@@ -111,6 +111,7 @@ def test_custom_case_arithmetic(custom_run):
         if peak["measured"]:
             assert close(r["pct_peak"], 100 * r["gflops"] / peak["best"])
         assert r["peak_rss_bytes"] > 0
+        assert r["cpu_share"] >= 0
     ref = rows["reference"]
     assert ref["status"] == "ok" and ref["kernel"] == "reference"
     # flash is either built (and then agrees with the reference) or says why it did not run.
