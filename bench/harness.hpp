@@ -5,8 +5,14 @@
 //   void run_decode(const Context& ctx, std::vector<CaseResult>& out)
 // that fills one CaseResult per variant (f32 cache, f16 cache, ...) with its rows — use
 // time_calls() for the timing, RssProbe for the peak memory, run_torch() for the PyTorch
-// baseline — and point its entry in registry.cpp at it. Rows get their derived numbers
-// (GFLOP/s, % of peak, GB/s, speed-up vs torch) from finish_case(), called by the driver.
+// baseline — and point its entry in registry.cpp at it (run_sdpa_forward in sdpa_cases.cpp
+// is a complete example). Set Row::flop for compute-bound work (GFLOP/s, % of the FMA peak)
+// and/or Row::bytes for bandwidth-bound work (GB/s, % of the read bandwidth). The driver
+// calls finish_case() for the derived numbers (and the speed-up vs the row named "torch").
+// bench/torch_attention.py already has the baselines the planned entries need:
+//   --mode sdpa           hand-written attention (S1–S4, S8; decode S5/S7 as Lq = 1, bottom-right)
+//   --mode sdpa-backward  its forward + backward through autograd (S1/S3 forward+backward)
+//   --mode mha            nn.MultiheadAttention, eval + inference_mode (S6: --B --L --E --heads)
 #pragma once
 
 #include <cstdint>

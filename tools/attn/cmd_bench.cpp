@@ -25,7 +25,7 @@ struct BenchArgs {
     int runs = 5;
     int threads = 0;
     std::string json;
-    bool torch = true, no_torch = false, quick = false, list = false;
+    bool torch = true, quick = false, list = false;
     double max_seconds = 15.0;
     double reference_max_gflop = 10.0;
     std::string torch_script = ATTN_BENCH_TORCH_SCRIPT, python = ATTN_BENCH_PYTHON;
@@ -61,7 +61,7 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
     cfg.quick = a.quick;
     cfg.runs = a.quick && !runs_given ? 2 : a.runs;
     cfg.max_seconds = a.quick && !max_seconds_given ? 2.0 : a.max_seconds;
-    cfg.torch = a.torch && !a.no_torch;
+    cfg.torch = a.torch;
     cfg.python = a.python;
     cfg.torch_script = a.torch_script;
     cfg.reference_max_gflop = a.reference_max_gflop;
