@@ -189,3 +189,16 @@ def test_markdown_section_is_refreshed_not_duplicated(custom_run, tmp_path):
     assert text.count("<!-- attn-bench:end test run -->") == 1
     assert "--shape-custom" in text and "FMA peak" in text
     assert "| custom |" in text
+
+
+def test_missing_torch_is_said_not_faked(tmp_path):
+    out = tmp_path / "nt.json"
+    p = run("--quick", "--impl", "reference", "--python", str(tmp_path / "no-such-python"),
+            "--shape-custom", "1,1,1,8,8,4,0", "--json", str(out))
+    with open(out) as f:
+        d = json.load(f)
+    assert d["torch"]["version"] is None and "not installed" in d["torch"]["note"]
+    rows = {r["impl"]: r for r in d["cases"][0]["rows"]}
+    assert rows["torch"]["status"] == "unavailable" and "not installed" in rows["torch"]["note"]
+    assert rows["torch"]["runs"] == 0 and rows["reference"]["speedup_vs_torch"] is None
+    assert "not installed" in p.stdout
