@@ -81,6 +81,8 @@ void finish_case(const Context& ctx, CaseResult& c) {
             r.gflops = r.flop / r.timing.median_s / 1e9;
             r.gflops_best = r.flop / r.timing.min_s / 1e9;
             if (fma.measured && fma.value > 0.0) r.pct_peak = 100.0 * r.gflops / fma.value;
+            if (fma.measured && fma.per_cpu > 0.0 && r.timing.cpu_share > 0.0)
+                r.pct_peak_cpu_adjusted = 100.0 * r.gflops / std::min(1.0, r.timing.cpu_share) / fma.per_cpu;
         }
         if (r.bytes > 0.0) {
             r.gbs = r.bytes / r.timing.median_s / 1e9;

@@ -103,6 +103,9 @@ struct Row {
     std::optional<double> max_abs_diff;  // vs the reference output of the same inputs
     // Filled by finish_case():
     double gflops = 0.0, gflops_best = 0.0, pct_peak = 0.0, gbs = 0.0, pct_bw = 0.0;
+    // An estimate for a shared machine: this row's rate per unit of CPU share against the
+    // FMA ceiling's (Ceiling::per_cpu) — what % peak would be with the CPUs alone. 0 if unknown.
+    double pct_peak_cpu_adjusted = 0.0;
     std::optional<double> speedup_vs_torch;  // torch median / this median
 };
 

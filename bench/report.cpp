@@ -69,7 +69,8 @@ void print_header(const Report& r) {
                                               .c_str());
     std::printf("columns   : GFLOP/s from the median time and the FLOP formula; %%peak of the FMA peak on %d threads "
                 "measured below;\n            vs torch = torch median / this median (> 1: attn is faster); cpu%% = CPU time of the timed calls /\n"
-                "            (wall time x threads): well below 100%% means other processes took the CPUs (or threads idled)\n",
+                "            (wall time x threads): well below 100%% means other processes took the CPUs (or threads idled);\n"
+                "            adj%%pk = estimate of %%peak had the CPUs been free: (GFLOP/s / cpu share) / (peak / its cpu share)\n",
                 r.cfg.threads);
     std::fflush(stdout);
 }
@@ -104,7 +105,7 @@ void print_case(const Context& ctx, const CaseResult& c) {
     }
     std::printf("  %-10s %-10s %4s %11s %11s %9s %6s", "impl", "kernel", "runs", "median ms", "min ms", "GFLOP/s", "%peak");
     if (any_bytes) std::printf(" %7s %5s", "GB/s", "%bw");
-    std::printf(" %10s %9s %5s", "peak RSS", "vs torch", "cpu%");
+    std::printf(" %10s %9s %5s %6s", "peak RSS", "vs torch", "cpu%", "adj%pk");
     if (any_diff) std::printf(" %12s", "max|d| ref");
     std::printf("\n");
     for (const Row& r : c.rows) {
@@ -123,6 +124,7 @@ void print_case(const Context& ctx, const CaseResult& c) {
                         r.pct_bw > 0 ? f("%.0f%%", r.pct_bw).c_str() : "-");
         std::printf(" %10s %9s %5s", mib(r.peak_rss).c_str(), r.speedup_vs_torch ? f("%.2fx", *r.speedup_vs_torch).c_str() : "-",
                     r.timing.cpu_share > 0 ? f("%.0f%%", 100 * r.timing.cpu_share).c_str() : "-");
+        std::printf(" %6s", r.pct_peak_cpu_adjusted > 0 ? f("%.1f%%", r.pct_peak_cpu_adjusted).c_str() : "-");
         if (any_diff) std::printf(" %12s", r.max_abs_diff ? f("%.2e", *r.max_abs_diff).c_str() : "-");
         if (!r.note.empty()) std::printf("  (%s)", r.note.c_str());
         std::printf("\n");
@@ -192,6 +194,7 @@ nlohmann::json to_json(const Report& r) {
                                  {"gflops", w.gflops},
                                  {"gflops_best", w.gflops_best},
                                  {"pct_peak", w.pct_peak},
+                                 {"pct_peak_cpu_adjusted", w.pct_peak_cpu_adjusted},
                                  {"gbs", w.gbs},
                                  {"pct_bw", w.pct_bw},
                                  {"peak_rss_bytes", w.peak_rss},

@@ -103,24 +103,25 @@ def section_body(d):
     out.append("GFLOP/s = the formula's FLOP / median time (forward 4·B·H·Lq·Lk·D, causal counts half); "
                "%% peak = of the FMA peak on %d threads above; vs torch = torch median / this median; "
                "cpu %% = CPU time of the timed calls / (wall time × threads): well below 100 means other processes "
-               "took the CPUs." % cfg["threads"])
+               "took the CPUs; adj %% peak = an estimate of %% peak had the CPUs been free: "
+               "(GFLOP/s / cpu share) / (FMA peak / its trial's cpu share)." % cfg["threads"])
     out.append("")
-    out.append("| id | shape | impl | kernel | runs | median ms | min ms | GFLOP/s | % peak | GB/s | % BW | peak RSS MiB | vs torch | cpu % | max abs diff vs ref | note |")
-    out.append("|---|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|")
+    out.append("| id | shape | impl | kernel | runs | median ms | min ms | GFLOP/s | % peak | GB/s | % BW | peak RSS MiB | vs torch | cpu % | adj % peak | max abs diff vs ref | note |")
+    out.append("|---|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|")
     for c in d["cases"]:
         cid = c["id"] + (" (%s)" % c["variant"] if c["variant"] else "")
         if c["status"] != "ok":
-            out.append("| %s | %s | | | | | | | | | | | | | | %s |" % (cid, c["shape"], c["note"]))
+            out.append("| %s | %s | | | | | | | | | | | | | | | %s |" % (cid, c["shape"], c["note"]))
             continue
         for n, r in enumerate(c["rows"]):
             # id and shape on the first row of each shape only
             first = (cid, c["shape"]) if n == 0 else ("", "")
             if r["status"] != "ok":
-                out.append("| %s | %s | %s | | | | | | | | | | | | | %s: %s |" % (
+                out.append("| %s | %s | %s | | | | | | | | | | | | | | %s: %s |" % (
                     first + (r["impl"], r["status"], r["note"].replace("|", "/"))))
                 continue
             kernel = "" if r["impl"].startswith("torch") else r["kernel"]
-            out.append("| %s | %s | %s | %s | %d | %.2f | %.2f | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            out.append("| %s | %s | %s | %s | %d | %.2f | %.2f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
                 first[0], first[1], r["impl"], kernel, r["runs"], r["median_s"] * 1e3, r["min_s"] * 1e3,
                 fmt(r["gflops"] if r["flop"] > 0 else None, "%.1f"),
                 fmt(r["pct_peak"] if r["flop"] > 0 and r["pct_peak"] > 0 else None, "%.1f"),
@@ -129,6 +130,7 @@ def section_body(d):
                 fmt(r["peak_rss_bytes"] / MIB if r["peak_rss_bytes"] >= 0 else None, "%.0f"),
                 fmt(r.get("speedup_vs_torch"), "%.2f"),
                 fmt(100 * r["cpu_share"] if r.get("cpu_share") else None, "%.0f"),
+                fmt(r.get("pct_peak_cpu_adjusted") or None, "%.1f"),
                 fmt(r.get("max_abs_diff_vs_reference"), "%.1e"),
                 r["note"].replace("|", "/")))
     out.append("")

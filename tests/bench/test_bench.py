@@ -112,6 +112,9 @@ def test_custom_case_arithmetic(custom_run):
             assert close(r["pct_peak"], 100 * r["gflops"] / peak["best"])
         assert r["peak_rss_bytes"] > 0
         assert r["cpu_share"] >= 0
+        if peak["measured"] and peak["per_cpu_best"] > 0 and r["cpu_share"] > 0:
+            expect = 100 * r["gflops"] / min(1.0, r["cpu_share"]) / peak["per_cpu_best"]
+            assert close(r["pct_peak_cpu_adjusted"], expect)
     ref = rows["reference"]
     assert ref["status"] == "ok" and ref["kernel"] == "reference"
     # flash is either built (and then agrees with the reference) or says why it did not run.
