@@ -67,7 +67,7 @@ void print_header(const Report& r) {
                                         : ("torch " + r.torch_version + " via " + r.cfg.python +
                                            ": hand-written softmax(q@k^T*scale + mask)@v")
                                               .c_str());
-    std::printf("columns   : GFLOP/s from the median time and the FLOP formula; %%peak of the FMA peak on %d threads "
+    std::printf("columns   : GFLOP/s from the median time and the FLOP formula; %%peak of the FMA peak on %d thread(s) "
                 "measured below;\n            vs torch = torch median / this median (> 1: attn is faster); cpu%% = CPU time of the timed calls /\n"
                 "            (wall time x threads): well below 100%% means other processes took the CPUs (or threads idled);\n"
                 "            adj%%pk = estimate of %%peak had the CPUs been free: (GFLOP/s / cpu share) / (peak / its cpu share)\n",

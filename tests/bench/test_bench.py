@@ -120,6 +120,9 @@ def test_custom_case_arithmetic(custom_run):
     # flash is either built (and then agrees with the reference) or says why it did not run.
     fl = rows["flash"]
     if fl["status"] == "ok":
+        # A sanity bound for the bench's own comparison, not flash's accuracy test (that lives
+        # with the kernel): outputs are averages of values in [-1, 1), D = 16, so fp32 rounding
+        # stays near 1e-6; 1e-4 catches a wrong mask or head map, and NaN (null) fails.
         assert fl["max_abs_diff_vs_reference"] is not None and fl["max_abs_diff_vs_reference"] <= 1e-4
     else:
         assert fl["status"] == "error" and "flash" in fl["note"]

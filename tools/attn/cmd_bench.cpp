@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <set>
 
@@ -54,8 +55,19 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
     }
     bench::Report rep;
     bench::Config& cfg = rep.cfg;
-    cfg.threads = a.threads > 0 ? a.threads : omp_get_max_threads();
     if (a.threads < 0) throw Error("--threads: expected a positive count but got " + std::to_string(a.threads));
+    cfg.threads = a.threads > 0 ? a.threads : omp_get_max_threads();
+    if (a.threads == 0) {
+        // DESIGN.md: ATTN_NUM_THREADS (else OMP_NUM_THREADS, which OpenMP already read) sets the count.
+        const char* env = std::getenv("ATTN_NUM_THREADS");
+        if (env != nullptr && *env != '\0') {
+            char* end = nullptr;
+            const long n = std::strtol(env, &end, 10);
+            if (*end != '\0' || n < 1 || n > 4096)
+                throw Error(std::string("ATTN_NUM_THREADS: expected a positive thread count but got '") + env + "'");
+            cfg.threads = static_cast<int>(n);
+        }
+    }
     if (a.runs < 1) throw Error("--runs: expected at least 1 but got " + std::to_string(a.runs));
     if (!(a.max_seconds > 0)) throw Error("--max-seconds: expected a positive number of seconds");
     cfg.quick = a.quick;
@@ -182,7 +194,7 @@ void add_bench_command(CLI::App& app) {
                        ->capture_default_str();
     cmd->add_option("--impl", args->impls, "attn kernels to time, comma-separated: auto, reference, flash")->capture_default_str();
     auto* runs = cmd->add_option("--runs", args->runs, "timed calls per (shape, impl) after one warm-up")->capture_default_str();
-    cmd->add_option("--threads", args->threads, "threads (default: OMP_NUM_THREADS or all CPUs)");
+    cmd->add_option("--threads", args->threads, "threads (default: ATTN_NUM_THREADS, else OMP_NUM_THREADS, else all CPUs)");
     cmd->add_option("--json", args->json, "also write the results as JSON to this file");
     cmd->add_flag("--torch,!--no-torch", args->torch, "run PyTorch's hand-written attention beside attn (default on)");
     cmd->add_flag("--quick", args->quick, "smoke test: 2 runs, short peak loops, a small bandwidth buffer");
