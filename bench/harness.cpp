@@ -37,7 +37,7 @@ Timing time_calls(const Config& cfg, const std::function<void()>& fn) {
     if (warmup >= cfg.max_seconds) {
         Timing t = timing_from_samples({warmup}, warmup);
         t.warmup_counted = true;
-        t.cpu_share = (process_cpu_seconds() - cpu0) / (warmup * cfg.threads);
+        t.cpu_share = (process_cpu_seconds() - cpu0) / (warmup * cfg.threads);  // warm-up ≥ max_seconds
         return t;
     }
     cpu0 = process_cpu_seconds();
@@ -53,7 +53,9 @@ Timing time_calls(const Config& cfg, const std::function<void()>& fn) {
     }
     const double cpu = process_cpu_seconds() - cpu0;
     Timing t = timing_from_samples(std::move(samples), warmup);
-    t.cpu_share = spent > 0 ? cpu / (spent * cfg.threads) : 0.0;
+    // Below ~0.1 s the process CPU time is too coarse (the kernel splits it by tick samples)
+    // for a share: left unknown (0).
+    t.cpu_share = spent >= 0.1 ? cpu / (spent * cfg.threads) : 0.0;
     return t;
 }
 

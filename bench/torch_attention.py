@@ -72,7 +72,8 @@ def time_calls(fn, runs, max_seconds, threads):
         dt = time.perf_counter() - t0
         samples.append(dt)
         spent += dt
-    return samples, warmup, False, (cpu_seconds() - cpu0) / (spent * threads)
+    # Below ~0.1 s the CPU time is too coarse for a share: 0 = unknown (as on the C++ side).
+    return samples, warmup, False, (cpu_seconds() - cpu0) / (spent * threads) if spent >= 0.1 else 0.0
 
 
 def causal_mask(torch, lq, lk, causal):
