@@ -6,8 +6,8 @@
 
 namespace attn::cli {
 
+void add_bench_command(CLI::App& app);
 void add_sdpa_command(CLI::App& app);
 void add_demo_command(CLI::App& app);
-void add_bench_command(CLI::App& app);
 
 }  // namespace attn::cli
