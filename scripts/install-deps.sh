@@ -4,8 +4,8 @@
 set -euo pipefail
 
 build_pkgs=(build-essential cmake ninja-build libcli11-dev libgtest-dev)
-build_pkgs+=(nlohmann-json3-dev)  # attn bench --json
 test_pkgs=(python3 python3-numpy python3-torch python3-pytest)
+build_pkgs+=(nlohmann-json3-dev)  # attn bench --json (a repeat of a listed package is harmless)
 
 case "${1:-build}" in
   build) want=("${build_pkgs[@]}") ;;
