@@ -5,13 +5,13 @@ set -euo pipefail
 
 build_pkgs=(build-essential cmake ninja-build libcli11-dev libgtest-dev)
 test_pkgs=(python3 python3-numpy python3-torch python3-pytest)
-build_pkgs+=(nlohmann-json3-dev)  # attn bench --json (a repeat of a listed package is harmless)
 
 case "${1:-build}" in
   build) want=("${build_pkgs[@]}") ;;
   test)  want=("${build_pkgs[@]}" "${test_pkgs[@]}") ;;
   *) echo "install-deps.sh: expected 'build' or 'test' but got '$1'" >&2; exit 2 ;;
 esac
+want+=(nlohmann-json3-dev)  # attn bench --json, in both lists (a repeated package is harmless)
 
 missing=()
 for p in "${want[@]}"; do
