@@ -1,6 +1,7 @@
 # attn — the two commands of the README, plus the pieces they are made of.
 #   make demo   install what is missing, configure, build, run the demo
 #   make test   the same, then every test (ctest: unit, against PyTorch, install/consumer)
+#   make bench  a Release build, `attn bench` on every shape id, results into BENCHMARKS.md
 BUILD    ?= build
 JOBS     ?= $(shell nproc)
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
@@ -29,6 +30,19 @@ demo: build
 test: deps-test configure
 	cmake --build $(BUILD) -j $(JOBS)
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+# The benchmark: Release build (the build dir is reconfigured as Release), `attn bench` over
+# every shape id of bench-shapes.md on BENCH_THREADS threads beside the reference and torch,
+# the JSON kept in $(BUILD)/bench.json and its section of BENCHMARKS.md refreshed.
+# Extra options: make bench BENCH_ARGS="--shapes S1,S2 --runs 7".
+BENCH_THREADS ?= $(shell nproc)
+BENCH_ARGS ?=
+bench: deps-test
+	@if [ -f $(BUILD)/CMakeCache.txt ]; then cmake $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null; \
+	else cmake -S . -B $(BUILD) -G "$(GENERATOR)" -DCMAKE_BUILD_TYPE=Release; fi
+	cmake --build $(BUILD) -j $(JOBS) --target attn_cli
+	$(BUILD)/tools/attn bench --threads $(BENCH_THREADS) --json $(BUILD)/bench.json $(BENCH_ARGS)
+	/usr/bin/python3 scripts/bench-to-markdown.py $(BUILD)/bench.json BENCHMARKS.md
 
 clean:
 	rm -rf $(BUILD)

@@ -14,6 +14,7 @@ case "${1:-build}" in
   test)  want=("${build_pkgs[@]}" "${test_pkgs[@]}") ;;
   *) echo "install-deps.sh: expected 'build' or 'test' but got '$1'" >&2; exit 2 ;;
 esac
+want+=(nlohmann-json3-dev)  # attn bench --json, in both lists (a repeated package is harmless)
 
 missing=()
 for p in "${want[@]}"; do

@@ -1,0 +1,97 @@
+#include "harness.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+namespace attn::bench {
+namespace {
+
+double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+Timing timing_from_samples(std::vector<double> samples, double warmup_s) {
+    Timing t;
+    t.warmup_s = warmup_s;
+    t.samples = samples;
+    t.runs = static_cast<int>(samples.size());
+    if (samples.empty()) return t;
+    std::sort(samples.begin(), samples.end());
+    const std::size_t n = samples.size();
+    t.median_s = n % 2 == 1 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
+    t.min_s = samples.front();
+    return t;
+}
+
+Timing time_calls(const Config& cfg, const std::function<void()>& fn) {
+    double cpu0 = process_cpu_seconds();
+    double t0 = now_s();
+    fn();  // warm-up: first touch of outputs and workspaces, caches, thread pool start
+    const double warmup = now_s() - t0;
+    if (warmup >= cfg.max_seconds) {
+        Timing t = timing_from_samples({warmup}, warmup);
+        t.warmup_counted = true;
+        t.cpu_share = (process_cpu_seconds() - cpu0) / (warmup * cfg.threads);  // warm-up ≥ max_seconds
+        return t;
+    }
+    cpu0 = process_cpu_seconds();
+    std::vector<double> samples;
+    double spent = 0.0;
+    for (int r = 0; r < std::max(1, cfg.runs); ++r) {
+        if (r > 0 && spent >= cfg.max_seconds) break;
+        t0 = now_s();
+        fn();
+        const double dt = now_s() - t0;
+        samples.push_back(dt);
+        spent += dt;
+    }
+    const double cpu = process_cpu_seconds() - cpu0;
+    Timing t = timing_from_samples(std::move(samples), warmup);
+    // Below ~0.1 s the process CPU time is too coarse (the kernel splits it by tick samples)
+    // for a share: left unknown (0).
+    t.cpu_share = spent >= 0.1 ? cpu / (spent * cfg.threads) : 0.0;
+    return t;
+}
+
+RssProbe::RssProbe() {
+#if defined(__GLIBC__)
+    // Return memory freed by earlier rows (kept by malloc's arenas) to the OS, so this row's
+    // resident set starts from what is live now.
+    malloc_trim(0);
+#endif
+    reset_ = reset_peak_rss();
+    baseline_ = current_rss();
+}
+
+std::int64_t RssProbe::peak() const { return bench::peak_rss(); }
+
+void finish_case(const Context& ctx, CaseResult& c) {
+    const Row* torch = nullptr;
+    for (const Row& r : c.rows)
+        if (r.impl == "torch" && r.status == "ok" && r.timing.runs > 0) torch = &r;
+    const Ceiling& fma = ctx.cfg.threads == 1 ? ctx.ceilings.fma_1t : ctx.ceilings.fma_nt;
+    const Ceiling& bw = ctx.cfg.threads == 1 ? ctx.ceilings.bw_1t : ctx.ceilings.bw_nt;
+    for (Row& r : c.rows) {
+        if (r.status != "ok" || r.timing.runs == 0 || r.timing.median_s <= 0.0) continue;
+        if (r.flop > 0.0) {
+            r.gflops = r.flop / r.timing.median_s / 1e9;
+            r.gflops_best = r.flop / r.timing.min_s / 1e9;
+            if (fma.measured && fma.value > 0.0) r.pct_peak = 100.0 * r.gflops / fma.value;
+            if (fma.measured && fma.per_cpu > 0.0 && r.timing.cpu_share > 0.0)
+                r.pct_peak_cpu_adjusted = 100.0 * r.gflops / std::min(1.0, r.timing.cpu_share) / fma.per_cpu;
+        }
+        if (r.bytes > 0.0) {
+            r.gbs = r.bytes / r.timing.median_s / 1e9;
+            if (bw.measured && bw.value > 0.0) r.pct_bw = 100.0 * r.gbs / bw.value;
+        }
+        if (torch != nullptr && &r != torch) r.speedup_vs_torch = torch->timing.median_s / r.timing.median_s;
+    }
+}
+
+}  // namespace attn::bench

@@ -1,0 +1,170 @@
+// The benchmark's harness: configuration, timing, one result row per (shape, impl), and the
+// registry entry type through which every feature plugs its shapes into `attn bench`.
+//
+// To add a shape id (e.g. S5 once the decode kernel exists): write a runner
+//   void run_decode(const Context& ctx, std::vector<CaseResult>& out)
+// that fills one CaseResult per variant (f32 cache, f16 cache, ...) with its rows — use
+// time_calls() for the timing, RssProbe for the peak memory, run_torch() for the PyTorch
+// baseline — and point its entry in registry.cpp at it (run_sdpa_forward in sdpa_cases.cpp
+// is a complete example). Set Row::flop for compute-bound work (GFLOP/s, % of the FMA peak)
+// and/or Row::bytes for bandwidth-bound work (GB/s, % of the read bandwidth). The driver
+// calls finish_case() for the derived numbers (and the speed-up vs the row named "torch").
+// bench/torch_attention.py already has the baselines the planned entries need:
+//   --mode sdpa           hand-written attention (S1–S4, S8; decode S5/S7 as Lq = 1, bottom-right)
+//   --mode sdpa-backward  its forward + backward through autograd (S1/S3 forward+backward)
+//   --mode mha            nn.MultiheadAttention, eval + inference_mode (S6: --B --L --E --heads)
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "attn/sdpa.hpp"
+#include "machine.hpp"
+#include "peaks.hpp"
+
+namespace attn::bench {
+
+struct Config {
+    int threads = 1;
+    int runs = 5;                      // timed calls after one warm-up
+    double max_seconds = 15.0;         // per (shape, impl): stop timing after this (≥ 1 timed call)
+    bool quick = false;                // smoke-test mode: short peaks, small buffer, 2 runs
+    std::vector<Impl> impls;           // attn kernels to run, in order
+    bool torch = true;                 // the PyTorch baseline
+    std::string python = "/usr/bin/python3";
+    std::string torch_script;          // bench/torch_attention.py
+    double reference_max_gflop = 10.0; // the reference runs only where its full FLOPs are below this
+    double memory_fraction = 0.6;      // skip a run whose estimated memory exceeds this share of MemAvailable
+};
+
+// What the driver measured before the shapes: the ceilings every row is compared with.
+struct Ceilings {
+    Ceiling fma_1t, fma_nt;   // GFLOP/s on 1 and on Config::threads threads
+    Ceiling bw_1t, bw_nt;     // GB/s
+};
+
+struct Context {
+    const Config& cfg;
+    const MachineInfo& machine;
+    const Ceilings& ceilings;
+    std::string torch_version;  // empty when torch is not available
+    std::string torch_note;     // why not, if so
+};
+
+struct Timing {  // of one (shape, impl)
+    int runs = 0;
+    double median_s = 0.0, min_s = 0.0;
+    double warmup_s = 0.0;
+    bool warmup_counted = false;  // the warm-up alone exceeded the budget: it is the one sample
+    // CPU time of the timed calls / (their wall time x threads); < 1 when other processes took
+    // CPU time (or the kernel left threads idle); 0 when not measured.
+    double cpu_share = 0.0;
+    std::vector<double> samples;  // seconds, in run order
+};
+
+// One warm-up call, then up to cfg.runs timed calls, stopping early (after at least one)
+// when cfg.max_seconds of timed calls are spent. A warm-up longer than cfg.max_seconds is
+// itself the one sample (what it warms — first touch of the output, caches — is then a
+// negligible share of the call), so a call of a minute is not run twice.
+Timing time_calls(const Config& cfg, const std::function<void()>& fn);
+Timing timing_from_samples(std::vector<double> samples, double warmup_s);
+
+// Peak resident memory of what runs between construction and peak(): resets the kernel's
+// high-water mark when it may (see reset_peak_rss), else reports the process's.
+class RssProbe {
+public:
+    RssProbe();
+    std::int64_t baseline() const { return baseline_; }
+    std::int64_t peak() const;
+    bool was_reset() const { return reset_; }
+
+private:
+    std::int64_t baseline_ = -1;
+    bool reset_ = false;
+};
+
+struct Row {
+    std::string impl;            // "flash", "reference", "torch", ...
+    std::string kernel;          // what ran, when the library says (SdpaReport::kernel)
+    std::string status = "ok";   // ok | skipped | error | unavailable
+    std::string note;
+    Timing timing;
+    double flop = 0.0;           // counted FLOP per call (0: not compute-bound, e.g. decode)
+    double bytes = 0.0;          // bytes a call must read (0: not bandwidth-bound)
+    std::int64_t peak_rss = -1;  // bytes; high-water mark during the row (inputs included)
+    std::int64_t baseline_rss = -1;
+    bool peak_rss_reset = false; // false: the process-wide high-water mark
+    std::optional<double> max_abs_diff;  // vs the reference output of the same inputs
+    // Filled by finish_case():
+    double gflops = 0.0, gflops_best = 0.0, pct_peak = 0.0, gbs = 0.0, pct_bw = 0.0;
+    // An estimate for a shared machine: this row's rate per unit of CPU share against the
+    // FMA ceiling's (Ceiling::per_cpu) — what % peak would be with the CPUs alone. 0 if unknown.
+    double pct_peak_cpu_adjusted = 0.0;
+    std::optional<double> speedup_vs_torch;  // torch median / this median
+};
+
+struct CaseResult {
+    std::string id;       // "S1", "custom"
+    std::string variant;  // "" or e.g. "f16 cache", "forward+backward"
+    std::string what;     // "prefill"
+    std::string shape;    // human-readable sizes
+    nlohmann::json params = nlohmann::json::object();  // the sizes as numbers
+    std::string status = "ok";  // ok | unavailable
+    std::string note;
+    std::string flop_formula;
+    double flop = 0.0, bytes = 0.0;
+    std::int64_t io_bytes = 0;                // bytes of the inputs and outputs (Q, K, V, O)
+    std::optional<std::int64_t> rss_limit;    // a target on peak RSS (S8)
+    std::string rss_limit_formula;
+    std::vector<Row> rows;
+};
+
+// One entry of the registry: a shape id and a variant of it (the same id may have several
+// entries, e.g. S1 forward and S1 forward+backward; --shapes S1 selects all of them).
+// `run` is empty when its feature is not in this build; `unavailable` then says which
+// feature, and the report prints that instead of numbers.
+struct BenchCase {
+    std::string id;
+    std::string variant;  // "" for the plain forward
+    std::string what;
+    std::string shape;
+    std::function<void(const Context&, std::vector<CaseResult>&)> run;
+    std::string unavailable;
+};
+
+// Every shape id known to this build, in report order (registry.cpp).
+std::vector<BenchCase> all_cases();
+
+// The sdpa-forward runner for any shape (sdpa_cases.cpp); `custom` ids use it too.
+struct SdpaShape {
+    std::string id, what;
+    std::int64_t B = 1, Hq = 1, Hkv = 1, Lq = 1, Lk = 1, Dk = 1, Dv = 1;
+    Causal causal = Causal::none;
+    bool report_rss_target = false;  // compare peak RSS with 1.25 x bytes(Q,K,V,O) + 100 MiB
+};
+void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseResult>& out);
+BenchCase sdpa_forward_case(const SdpaShape& s);
+// Parses "B,Hq,Hkv,Lq,Lk,D,causal" (D may be Dk:Dv; causal 0/1/none/top-left/bottom-right).
+SdpaShape parse_custom_shape(const std::string& text);
+
+// FLOP of an attention forward by the written formula: 2·B·Hq·Lq·Lk·(Dk + Dv)
+// (= 4·B·H·Lq·Lk·D when Dk = Dv), halved when causal.
+double sdpa_forward_flop(const SdpaShape& s);
+
+// Runs bench/torch_attention.py with `args` (--mode and the sizes) plus the thread count,
+// runs and time budget of the config; returns its row ("torch" unless `label` says).
+Row run_torch(const Context& ctx, const std::map<std::string, std::string>& args, const std::string& label = "torch");
+// Asks the configured Python for torch's version; empty and a reason when it has none.
+std::string probe_torch(const Config& cfg, std::string& note);
+
+// Derived numbers of every row: GFLOP/s from the median and min, % of the measured FMA peak
+// on cfg.threads, GB/s and % of the measured read bandwidth, speed-up vs the torch row.
+void finish_case(const Context& ctx, CaseResult& c);
+
+}  // namespace attn::bench

@@ -1,0 +1,53 @@
+// The machine's ceilings, measured by the benchmark itself in the same run as the kernels:
+// the fp32 FMA throughput (what a compute-bound kernel can reach) and the read bandwidth
+// from memory (what a bandwidth-bound kernel such as a decode step can reach).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace attn::bench {
+
+// One ceiling measured on `threads` threads: the best of `repeats` trials (a ceiling is
+// the best the machine did; noise from other processes only lowers a trial).
+struct Ceiling {
+    bool measured = false;
+    double value = 0.0;        // GFLOP/s or GB/s (1e9)
+    double median = 0.0;       // median of the trials, to show the noise
+    int threads = 0;
+    int repeats = 0;
+    std::vector<double> trials;  // every trial, in order
+    // CPU time the trials got / (wall time x threads): below 1 when other processes shared
+    // the CPUs. value / cpu_share of the best trial estimates the ceiling on an idle machine.
+    std::vector<double> cpu_shares;  // per trial
+    double per_cpu = 0.0;            // best over trials of rate / cpu_share
+    std::string method;        // what was run, in words
+    std::string note;          // why not measured, if so
+};
+
+// The ceiling over both measurements (e.g. before and after the kernels): the best trial of
+// either, the median of all. On a shared machine one of the two may have run under load.
+Ceiling merge(const Ceiling& a, const Ceiling& b, const std::string& what);
+
+// True when this CPU (and the OS, for the YMM state) supports AVX2 and FMA.
+bool cpu_has_avx2_fma();
+
+// fp32 FMA peak: every thread runs independent 256-bit FMA chains for about `seconds`.
+Ceiling measure_fma_peak(int threads, double seconds, int repeats);
+
+// Read bandwidth: `threads` threads sum disjoint parts of a `bytes` buffer, `repeats` passes.
+Ceiling measure_read_bandwidth(int threads, std::size_t bytes, int repeats);
+
+namespace detail {
+// Kernels of the measurements; the AVX2 ones live in peaks_avx2.cpp (the only file built
+// with -mavx2 -mfma) and run only after cpu_has_avx2_fma().
+// 12 chains of 8-lane FMAs, `iters` times: 192·iters FLOP. Returns a value that depends on
+// every chain so the loop cannot be removed.
+float fma_chains_avx2(long iters);
+// Sum of n floats (n a multiple of 64, p 32-byte aligned) with 8 independent accumulators.
+float sum_floats_avx2(const float* p, std::size_t n);
+float sum_floats_sse2(const float* p, std::size_t n);
+}  // namespace detail
+
+}  // namespace attn::bench

@@ -1,0 +1,275 @@
+// The sdpa-forward shapes (S1–S4, S8 and --shape-custom): attn's kernels and the PyTorch
+// hand-written attention on the same sizes, each timed, with its peak memory, and the fast
+// kernels checked against the reference output when the reference ran.
+#include <omp.h>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <new>
+#include <sstream>
+
+#include "attn/error.hpp"
+#include "harness.hpp"
+
+namespace attn::bench {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr double kGiB = 1024.0 * kMiB;
+
+std::string fmt(const char* f, double x) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, f, x);
+    return buf;
+}
+
+std::string causal_word(Causal c) {
+    return c == Causal::none ? "none" : c == Causal::top_left ? "top-left" : "bottom-right";
+}
+
+// t: any shape, contiguous float32. Uniform in [-1, 1), a pure function of (seed, index), so
+// the contents do not depend on the thread count.
+void fill_uniform(const Tensor& t, std::uint64_t seed) {
+    float* p = t.data_as<float>();
+    const std::int64_t n = t.numel();
+#pragma omp parallel for schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) {
+        std::uint64_t z = seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(i);  // splitmix64
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        p[i] = static_cast<float>(static_cast<double>(z >> 40) * (1.0 / 8388608.0) - 1.0);
+    }
+}
+
+void poison(const Tensor& t) {
+    float* p = t.data_as<float>();
+    const std::int64_t n = t.numel();
+#pragma omp parallel for schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) p[i] = std::numeric_limits<float>::quiet_NaN();
+}
+
+// Max |a − b| over two outputs of the same shape; NaN when either holds a NaN (an element a
+// kernel did not write stays NaN from the poison).
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+    const float* x = a.data_as<float>();
+    const float* y = b.data_as<float>();
+    double m = 0.0;
+    bool nan = false;
+    for (std::int64_t i = 0; i < a.numel(); ++i) {
+        const double d = std::fabs(static_cast<double>(x[i]) - static_cast<double>(y[i]));
+        if (std::isnan(d)) nan = true;
+        else if (d > m) m = d;
+    }
+    return nan ? std::numeric_limits<double>::quiet_NaN() : m;
+}
+
+std::string gib(double bytes) { return fmt("%.1f GiB", bytes / kGiB); }
+
+}  // namespace
+
+double sdpa_forward_flop(const SdpaShape& s) {
+    const double full = 2.0 * static_cast<double>(s.B) * static_cast<double>(s.Hq) * static_cast<double>(s.Lq) *
+                        static_cast<double>(s.Lk) * static_cast<double>(s.Dk + s.Dv);
+    return s.causal == Causal::none ? full : full / 2.0;
+}
+
+void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseResult>& out) {
+    const Config& cfg = ctx.cfg;
+    CaseResult c;
+    c.id = s.id;
+    c.what = s.what;
+    {
+        std::ostringstream os;
+        os << "B=" << s.B << " Hq=" << s.Hq << " Hkv=" << s.Hkv << " Lq=" << s.Lq << " Lk=" << s.Lk;
+        if (s.Dk == s.Dv) os << " D=" << s.Dk;
+        else os << " Dk=" << s.Dk << " Dv=" << s.Dv;
+        os << " causal=" << causal_word(s.causal) << " fp32";
+        c.shape = os.str();
+    }
+    c.params = {{"B", s.B},   {"Hq", s.Hq}, {"Hkv", s.Hkv}, {"Lq", s.Lq},
+                {"Lk", s.Lk}, {"Dk", s.Dk}, {"Dv", s.Dv},   {"causal", causal_word(s.causal)}, {"dtype", "float32"}};
+    c.flop = sdpa_forward_flop(s);
+    c.flop_formula = s.causal == Causal::none ? "2*B*Hq*Lq*Lk*(Dk+Dv)  (= 4*B*H*Lq*Lk*D)"
+                                              : "2*B*Hq*Lq*Lk*(Dk+Dv) / 2  (causal counts half)";
+    const std::int64_t q_n = s.B * s.Hq * s.Lq * s.Dk, k_n = s.B * s.Hkv * s.Lk * s.Dk;
+    const std::int64_t v_n = s.B * s.Hkv * s.Lk * s.Dv, o_n = s.B * s.Hq * s.Lq * s.Dv;
+    c.io_bytes = 4 * (q_n + k_n + v_n + o_n);
+    if (s.report_rss_target) {
+        c.rss_limit = static_cast<std::int64_t>(1.25 * static_cast<double>(c.io_bytes) + 100.0 * kMiB);
+        c.rss_limit_formula = "1.25 x bytes(Q,K,V,O) + 100 MiB";
+    }
+
+    const double avail = static_cast<double>(mem_available());
+    if (avail > 0 && static_cast<double>(c.io_bytes) > cfg.memory_fraction * avail) {
+        c.status = "skipped";
+        c.note = "Q, K, V and O need " + gib(static_cast<double>(c.io_bytes)) + ", more than " +
+                 fmt("%.0f%%", 100 * cfg.memory_fraction) + " of MemAvailable (" + gib(avail) + ")";
+        out.push_back(std::move(c));
+        return;
+    }
+    const Tensor q(DType::f32, Shape{s.B, s.Hq, s.Lq, s.Dk});
+    const Tensor k(DType::f32, Shape{s.B, s.Hkv, s.Lk, s.Dk});
+    const Tensor v(DType::f32, Shape{s.B, s.Hkv, s.Lk, s.Dv});
+    fill_uniform(q, 1);
+    fill_uniform(k, 2);
+    fill_uniform(v, 3);
+    Tensor o(DType::f32, Shape{s.B, s.Hq, s.Lq, s.Dv});
+    Tensor o_ref;  // allocated only when the reference runs, so it is not in the others' peak RSS
+
+    // The reference first (when asked and affordable), so the others can be compared with it;
+    // rows keep the order of --impl.
+    std::vector<Row> rows(cfg.impls.size());
+    std::vector<std::size_t> order;
+    for (std::size_t i = 0; i < cfg.impls.size(); ++i)
+        if (cfg.impls[i] == Impl::reference) order.push_back(i);
+    for (std::size_t i = 0; i < cfg.impls.size(); ++i)
+        if (cfg.impls[i] != Impl::reference) order.push_back(i);
+    bool have_ref = false;
+    for (std::size_t i : order) {
+        const Impl impl = cfg.impls[i];
+        Row& r = rows[i];
+        r.impl = std::string(impl_name(impl));
+        r.flop = c.flop;
+        if (impl == Impl::reference) {
+            // The reference computes every score (no causal skipping) in double and keeps three
+            // Lq x Lk double matrices per head in flight per thread.
+            const double ref_flop = 2.0 * static_cast<double>(s.B * s.Hq) * static_cast<double>(s.Lq) *
+                                    static_cast<double>(s.Lk) * static_cast<double>(s.Dk + s.Dv);
+            const double ref_bytes = 3.0 * 8.0 * static_cast<double>(s.Lq) * static_cast<double>(s.Lk) * cfg.threads;
+            if (ref_flop > cfg.reference_max_gflop * 1e9) {
+                r.status = "skipped";
+                r.note = "the reference computes " + fmt("%.0f", ref_flop / 1e9) +
+                         " GFLOP here (all scores, in double), above --reference-max-gflop " + fmt("%g", cfg.reference_max_gflop);
+                continue;
+            }
+            if (avail > 0 && ref_bytes + static_cast<double>(c.io_bytes) > cfg.memory_fraction * avail) {
+                r.status = "skipped";
+                r.note = "the reference would hold " + gib(ref_bytes) + " of score matrices";
+                continue;
+            }
+        }
+        const Tensor* dst = &o;
+        if (impl == Impl::reference) {
+            o_ref = Tensor(DType::f32, o.shape());
+            dst = &o_ref;
+        }
+        poison(*dst);
+        SdpaOptions opt;
+        opt.impl = impl;
+        opt.causal = s.causal;
+        SdpaReport rep;
+        const TensorView dst_view = dst->view();
+        RssProbe probe;
+        r.baseline_rss = probe.baseline();
+        r.peak_rss_reset = probe.was_reset();
+        try {
+            r.timing = time_calls(cfg, [&] { sdpa(q, k, v, opt, dst_view, nullptr, nullptr, &rep); });
+            r.kernel = rep.kernel;
+        } catch (const std::bad_alloc&) {
+            r.status = "error";
+            r.note = "out of memory";
+        } catch (const std::exception& e) {
+            r.status = "error";
+            r.note = e.what();
+        }
+        r.peak_rss = probe.peak();
+        if (r.status != "ok") continue;
+        if (r.timing.warmup_counted) r.note = "one call: the warm-up alone exceeded --max-seconds";
+        if (impl == Impl::reference) {
+            have_ref = true;
+        } else if (have_ref) {
+            r.max_abs_diff = max_abs_diff(o, o_ref);
+            if (std::isnan(*r.max_abs_diff)) r.note = "output holds NaN where the reference does not";
+        }
+    }
+    o_ref = Tensor();
+
+    // PyTorch's hand-written attention holds about three B·Hq·Lq·Lk fp32 matrices at once
+    // (scores, scores + mask, softmax) plus its inputs.
+    const double torch_bytes = 3.0 * 4.0 * static_cast<double>(s.B * s.Hq) * static_cast<double>(s.Lq) *
+                                   static_cast<double>(s.Lk) + 2.0 * static_cast<double>(c.io_bytes);
+    Row t;
+    if (cfg.torch && !ctx.torch_version.empty() && avail > 0 && torch_bytes > cfg.memory_fraction * avail) {
+        t.impl = "torch";
+        t.status = "skipped";
+        t.note = "hand-written attention needs ~" + gib(torch_bytes) + " for its Lq x Lk matrices; MemAvailable is " +
+                 gib(avail);
+    } else {
+        t = run_torch(ctx, {{"mode", "sdpa"},
+                            {"B", std::to_string(s.B)},
+                            {"Hq", std::to_string(s.Hq)},
+                            {"Hkv", std::to_string(s.Hkv)},
+                            {"Lq", std::to_string(s.Lq)},
+                            {"Lk", std::to_string(s.Lk)},
+                            {"Dk", std::to_string(s.Dk)},
+                            {"Dv", std::to_string(s.Dv)},
+                            {"causal", causal_word(s.causal)}});
+    }
+    t.flop = c.flop;
+    rows.push_back(std::move(t));
+    c.rows = std::move(rows);
+    out.push_back(std::move(c));
+}
+
+BenchCase sdpa_forward_case(const SdpaShape& s) {
+    BenchCase bc;
+    bc.id = s.id;
+    bc.what = s.what;
+    std::ostringstream os;
+    os << "B=" << s.B << " Hq=" << s.Hq << " Hkv=" << s.Hkv << " Lq=" << s.Lq << " Lk=" << s.Lk << " D=" << s.Dk
+       << " causal=" << causal_word(s.causal);
+    bc.shape = os.str();
+    bc.run = [s](const Context& ctx, std::vector<CaseResult>& out) { run_sdpa_forward(ctx, s, out); };
+    return bc;
+}
+
+SdpaShape parse_custom_shape(const std::string& text) {
+    const std::string expect = "--shape-custom: expected B,Hq,Hkv,Lq,Lk,D,causal (D may be Dk:Dv; causal 0/1/none/top-left/bottom-right), e.g. 1,2,2,16,16,8,0, but got '" + text + "'";
+    std::vector<std::string> f;
+    std::string cur;
+    for (char ch : text) {
+        if (ch == ',') {
+            f.push_back(cur);
+            cur.clear();
+        } else {
+            cur += ch;
+        }
+    }
+    f.push_back(cur);
+    if (f.size() != 7) throw Error(expect);
+    auto num = [&](const std::string& w, const char* name) {
+        std::size_t used = 0;
+        long long x = 0;
+        try {
+            x = std::stoll(w, &used);
+        } catch (...) {
+            used = 0;
+        }
+        if (used != w.size() || w.empty() || x < 1)
+            throw Error("--shape-custom: " + std::string(name) + " must be a positive integer but got '" + w + "'");
+        return static_cast<std::int64_t>(x);
+    };
+    SdpaShape s;
+    s.id = "custom";
+    s.what = "custom shape";
+    s.B = num(f[0], "B");
+    s.Hq = num(f[1], "Hq");
+    s.Hkv = num(f[2], "Hkv");
+    s.Lq = num(f[3], "Lq");
+    s.Lk = num(f[4], "Lk");
+    const auto colon = f[5].find(':');
+    s.Dk = num(f[5].substr(0, colon), "Dk");
+    s.Dv = colon == std::string::npos ? s.Dk : num(f[5].substr(colon + 1), "Dv");
+    const std::string& cz = f[6];
+    if (cz == "0" || cz == "no" || cz == "none") s.causal = Causal::none;
+    else if (cz == "1" || cz == "yes" || cz == "top-left") s.causal = Causal::top_left;
+    else if (cz == "bottom-right") s.causal = Causal::bottom_right;
+    else throw Error("--shape-custom: causal must be 0, 1, none, top-left or bottom-right but got '" + cz + "'");
+    if (s.Hq % s.Hkv != 0)
+        throw Error("--shape-custom: Hq (" + std::to_string(s.Hq) + ") must be a multiple of Hkv (" + std::to_string(s.Hkv) + ")");
+    return s;
+}
+
+}  // namespace attn::bench

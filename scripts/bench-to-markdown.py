@@ -1,0 +1,200 @@
+#!/usr/bin/python3
+"""Writes the results of `attn bench --json FILE` into BENCHMARKS.md.
+
+    bench-to-markdown.py RESULTS.json [BENCHMARKS.md] [--section NAME] [--allow-quick]
+
+The section (default: "<CPU model>, <threads> threads") lies between two marker comments;
+it is replaced when it exists and appended otherwise, so `make bench` refreshes its numbers
+and the rest of the file (method, analysis) stays as written. Each section states the
+machine, commit, date and exact command, the ceilings measured in the same run, every row,
+and the targets of the issues checked against the measured numbers.
+"""
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+
+# (shape id, variant, what is checked, check(case, row) -> (value text, met?)); the impl is the
+# fastest attn kernel of the case. Features add their targets here with their bench entries.
+MIB = 1024.0 * 1024.0
+
+
+def _pct_peak(min_pct):
+    def check(case, row):
+        text = "%.1f%% of peak" % row["pct_peak"]
+        if row.get("pct_peak_cpu_adjusted") and row.get("cpu_share"):
+            # On a shared machine the raw figure is depressed; the estimate says by how much.
+            text += " (cpu share %.0f%%; est. %.1f%% with the CPUs free)" % (
+                100 * row["cpu_share"], row["pct_peak_cpu_adjusted"])
+        return text, row["pct_peak"] >= min_pct
+    return check
+
+
+def _speedup(min_x):
+    def check(case, row):
+        s = row.get("speedup_vs_torch")
+        if s is None:
+            return "no torch row", None
+        return "%.2fx torch" % s, s >= min_x
+    return check
+
+
+def _rss(case, row):
+    lim = case.get("rss_limit_bytes")
+    if lim is None or row.get("peak_rss_bytes", -1) < 0:
+        return "not measured", None
+    return "%.0f MiB (limit %.0f MiB)" % (row["peak_rss_bytes"] / MIB, lim / MIB), row["peak_rss_bytes"] <= lim
+
+
+TARGETS = [
+    ("S2", "", "≥ 70% of the measured FMA peak (issue 3)", _pct_peak(70.0)),
+    ("S3", "", "≥ 70% of the measured FMA peak (issue 3)", _pct_peak(70.0)),
+    ("S1", "", "≥ 6x faster than torch hand-written (issue 3)", _speedup(6.0)),
+    ("S2", "", "≥ 6x faster than torch hand-written (issue 3)", _speedup(6.0)),
+    ("S3", "", "≥ 6x faster than torch hand-written (issue 3)", _speedup(6.0)),
+    ("S4", "", "≥ 6x faster than torch hand-written (issue 3)", _speedup(6.0)),
+    ("S8", "", "peak RSS ≤ 1.25 x bytes(Q,K,V,O) + 100 MiB (issue 3)", _rss),
+]
+
+
+def fmt(x, spec, none="–"):
+    return none if x is None else spec % x
+
+
+def ceiling(c, unit):
+    if not c.get("measured"):
+        return "not measured (%s)" % c.get("note", "")
+    text = "**%.1f %s** on %d thread%s (median of trials %.1f" % (
+        c["best"], unit, c["threads"], "" if c["threads"] == 1 else "s", c["median"])
+    if c.get("cpu_shares"):
+        text += "; the trials got up to %.0f%% of the CPUs, est. %.1f with the CPUs alone" % (
+            100 * min(1.0, max(c["cpu_shares"])), c.get("per_cpu_best") or 0.0)
+    return text + ")"
+
+
+def best_attn_row(case):
+    rows = [r for r in case.get("rows", []) if r["status"] == "ok" and not r["impl"].startswith("torch")
+            and r["impl"] != "reference" and r["runs"] > 0]
+    return min(rows, key=lambda r: r["median_s"]) if rows else None
+
+
+def section_body(d):
+    m, b, cfg = d["machine"], d["build"], d["config"]
+    out = []
+    out.append("- **Date**: %s  " % d["date"])
+    out.append("- **Commit**: `%s` (attn %s)  " % (b["commit"], b["attn_version"]))
+    out.append("- **Command**: `%s`  " % d["command"])
+    out.append("- **Machine**: %s — %d logical CPUs, %d cores; CPU features %s; %.1f GiB RAM  " % (
+        m["cpu_model"], m["logical_cpus"], m["physical_cores"], m["isa"], m["mem_total_bytes"] / MIB / 1024))
+    out.append("- **Build**: %s, %s, `%s`; ISA files `%s` (chosen at run time)%s  " % (
+        b["compiler"], b["build_type"], b["cxx_flags"], b["isa_flags"], ", **sanitizers on**" if b["sanitized"] else ""))
+    out.append("- **Threads**: %d; **runs**: 1 warm-up + up to %d timed calls per row (stopping after %g s), median and min%s  " % (
+        cfg["threads"], cfg["runs"], cfg["max_seconds"], "; **--quick: not meaningful numbers**" if cfg["quick"] else ""))
+    out.append("- **Load average** (1/5/15 min; other work on the machine): %s at the start, %s at the end  " % (
+        m.get("loadavg_start", "?"), m.get("loadavg_end", "?")))
+    t = d["torch"]
+    out.append("- **PyTorch**: %s  " % ("torch %s, hand-written `softmax(q@k^T*scale + mask)@v`, same thread count" % t["version"]
+                                        if t["version"] else t["note"]))
+    fma, bw = d["ceilings"]["fma_peak_gflops"], d["ceilings"]["read_bandwidth_gbs"]
+    out.append("- **FMA peak** (measured in this run, best of %d trials): %s; %s  " % (
+        fma[1].get("repeats", 0), ceiling(fma[0], "GFLOP/s"), ceiling(fma[1], "GFLOP/s")))
+    out.append("  %s  " % fma[1].get("method", ""))
+    out.append("- **Read bandwidth** (measured in this run, best of %d trials): %s; %s  " % (
+        bw[1].get("repeats", 0), ceiling(bw[0], "GB/s"), ceiling(bw[1], "GB/s")))
+    out.append("  %s" % bw[1].get("method", ""))
+    out.append("")
+    out.append("GFLOP/s = the formula's FLOP / median time (forward 4·B·H·Lq·Lk·D, causal counts half); "
+               "%% peak = of the FMA peak on %d threads above; vs torch = torch median / this median; "
+               "cpu %% = CPU time of the timed calls / (wall time × threads): well below 100 means other processes "
+               "took the CPUs; adj %% peak = an estimate of %% peak had the CPUs been free: "
+               "(GFLOP/s / cpu share) / (FMA peak / its trial's cpu share)." % cfg["threads"])
+    out.append("")
+    out.append("| id | shape | impl | kernel | runs | median ms | min ms | GFLOP/s | % peak | GB/s | % BW | peak RSS MiB | vs torch | cpu % | adj % peak | max abs diff vs ref | note |")
+    out.append("|---|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|")
+    for c in d["cases"]:
+        cid = c["id"] + (" (%s)" % c["variant"] if c["variant"] else "")
+        if c["status"] != "ok":
+            out.append("| %s | %s | | | | | | | | | | | | | | | %s |" % (cid, c["shape"], c["note"]))
+            continue
+        for n, r in enumerate(c["rows"]):
+            # id and shape on the first row of each shape only
+            first = (cid, c["shape"]) if n == 0 else ("", "")
+            if r["status"] != "ok":
+                out.append("| %s | %s | %s | | | | | | | | | | | | | | %s: %s |" % (
+                    first + (r["impl"], r["status"], r["note"].replace("|", "/"))))
+                continue
+            kernel = "" if r["impl"].startswith("torch") else r["kernel"]
+            out.append("| %s | %s | %s | %s | %d | %.2f | %.2f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                first[0], first[1], r["impl"], kernel, r["runs"], r["median_s"] * 1e3, r["min_s"] * 1e3,
+                fmt(r["gflops"] if r["flop"] > 0 else None, "%.1f"),
+                fmt(r["pct_peak"] if r["flop"] > 0 and r["pct_peak"] > 0 else None, "%.1f"),
+                fmt(r["gbs"] if r["bytes"] > 0 else None, "%.1f"),
+                fmt(r["pct_bw"] if r["bytes"] > 0 and r["pct_bw"] > 0 else None, "%.0f"),
+                fmt(r["peak_rss_bytes"] / MIB if r["peak_rss_bytes"] >= 0 else None, "%.0f"),
+                fmt(r.get("speedup_vs_torch"), "%.2f"),
+                fmt(100 * r["cpu_share"] if r.get("cpu_share") else None, "%.0f"),
+                fmt(r.get("pct_peak_cpu_adjusted") or None, "%.1f"),
+                fmt(r.get("max_abs_diff_vs_reference"), "%.1e"),
+                r["note"].replace("|", "/")))
+    out.append("")
+    lines = []
+    cases = {(c["id"], c["variant"]): c for c in d["cases"]}
+    for cid, variant, what, check in TARGETS:
+        c = cases.get((cid, variant))
+        if c is None:
+            continue
+        row = best_attn_row(c) if c["status"] == "ok" else None
+        if row is None:
+            lines.append("| %s | %s | no attn kernel measured | not measured |" % (cid, what))
+            continue
+        value, met = check(c, row)
+        lines.append("| %s | %s | %s: %s | %s |" % (cid, what, row["impl"], value,
+                                                    "not measured" if met is None else ("met" if met else "**missed**")))
+    if lines:
+        out.append("Targets (checked on the fastest attn kernel of each shape, reference excluded; the verdict "
+                   "uses the measured numbers, the CPU-share estimate is shown beside them for loaded runs):")
+        out.append("")
+        out.append("| id | target | measured | |")
+        out.append("|---|---|---|---|")
+        out.extend(lines)
+        out.append("")
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results")
+    ap.add_argument("markdown", nargs="?", default="BENCHMARKS.md")
+    ap.add_argument("--section", help="section name (default: '<CPU model>, <threads> threads')")
+    ap.add_argument("--allow-quick", action="store_true", help="accept a --quick run (for tests)")
+    a = ap.parse_args()
+    with open(a.results) as f:
+        d = json.load(f)
+    if d.get("schema") != "attn-bench/1":
+        sys.exit("bench-to-markdown: %s: expected schema attn-bench/1 but got %r" % (a.results, d.get("schema")))
+    if d["config"]["quick"] and not a.allow_quick:
+        sys.exit("bench-to-markdown: %s comes from a --quick run, whose numbers mean nothing; not writing it "
+                 "(--allow-quick to override)" % a.results)
+    name = a.section or "%s, %d threads" % (d["machine"]["cpu_model"], d["config"]["threads"])
+    if "-->" in name or "\n" in name:
+        sys.exit("bench-to-markdown: --section must not contain '-->' or a newline")
+    begin, end = "<!-- attn-bench:begin %s -->" % name, "<!-- attn-bench:end %s -->" % name
+    block = "%s\n## %s\n\n%s\n%s" % (begin, name, section_body(d), end)
+    text = open(a.markdown).read() if os.path.exists(a.markdown) else "# attn benchmarks\n"
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: block, text, count=1)
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    # Atomic replace: a failure leaves the old file.
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(a.markdown)), prefix=".bench-md-")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, a.markdown)
+    print("bench-to-markdown: section '%s' written to %s" % (name, a.markdown))
+
+
+if __name__ == "__main__":
+    main()

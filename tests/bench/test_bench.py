@@ -1,0 +1,210 @@
+"""`attn bench` on tiny shapes: every number in its JSON is checked against what it must be
+(the FLOP formula written out here from the shape, the statistics of the recorded samples,
+the ratios between rows) — never against a timing."""
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+ATTN = os.environ["ATTN_BIN"]
+SOURCE = os.environ.get("ATTN_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+MD_SCRIPT = os.path.join(SOURCE, "scripts", "bench-to-markdown.py")
+
+
+def run(*args, check=True):
+    p = subprocess.run([ATTN, "bench", *args], capture_output=True, text=True, timeout=240)
+    if check:
+        assert p.returncode == 0, "attn bench %s failed (%d):\n%s\n%s" % (args, p.returncode, p.stdout, p.stderr)
+    return p
+
+
+def torch_installed():
+    return subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
+
+
+def cpu_has_avx2_fma():
+    with open("/proc/cpuinfo") as f:
+        flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
+    return "avx2" in flags and "fma" in flags
+
+
+def close(a, b, rel=1e-9):
+    return abs(a - b) <= rel * max(abs(a), abs(b))
+
+
+# A custom shape with everything awkward at once: GQA (4 query heads on 2 KV heads),
+# Dk != Dv, Lq != Lk, bottom-right causal, odd lengths.
+B, HQ, HKV, LQ, LK, DK, DV = 2, 4, 2, 33, 47, 16, 8
+
+
+@pytest.fixture(scope="module")
+def custom_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    p = run("--quick", "--runs", "3", "--impl", "reference,flash",
+            "--shape-custom", "%d,%d,%d,%d,%d,%d:%d,bottom-right" % (B, HQ, HKV, LQ, LK, DK, DV), "--json", str(out))
+    with open(out) as f:
+        return json.load(f), p.stdout, out
+
+
+def test_header_fields(custom_run):
+    d, stdout, _ = custom_run
+    assert d["schema"] == "attn-bench/1"
+    for key in ["date", "command", "machine", "build", "config", "torch", "ceilings", "cases"]:
+        assert key in d, key
+    assert "bench" in d["command"] and "--shape-custom" in d["command"]
+    assert d["machine"]["cpu_model"] and d["machine"]["logical_cpus"] >= 1
+    for key in ["compiler", "build_type", "cxx_flags", "commit", "sanitized"]:
+        assert key in d["build"], key
+    assert d["build"]["commit"] != ""
+    assert d["config"]["quick"] is True and d["config"]["runs"] == 3
+    assert d["config"]["impls"] == ["reference", "flash"]
+    for line in ["command", "commit", "machine", "FMA peak", "read BW"]:
+        assert line in stdout, line
+
+
+def test_ceilings(custom_run):
+    d, _, _ = custom_run
+    c = d["ceilings"]
+    threads = d["config"]["threads"]
+    assert c["threads_for_percentages"] == threads
+    fma1, fman = c["fma_peak_gflops"]
+    assert fma1["threads"] == 1 and fman["threads"] == threads
+    if cpu_has_avx2_fma():
+        for x in (fma1, fman):
+            assert x["measured"] and x["best"] > 0 and x["best"] >= x["median"] > 0
+    else:
+        assert not fma1["measured"] and "AVX2" in fma1["note"]
+    for x in c["read_bandwidth_gbs"]:
+        assert x["measured"] and x["best"] >= x["median"] > 0
+
+
+def test_custom_case_arithmetic(custom_run):
+    d, _, _ = custom_run
+    cases = [c for c in d["cases"] if c["id"] == "custom"]
+    assert len(cases) == 1
+    c = cases[0]
+    assert c["status"] == "ok"
+    assert c["params"] == {"B": B, "Hq": HQ, "Hkv": HKV, "Lq": LQ, "Lk": LK, "Dk": DK, "Dv": DV,
+                           "causal": "bottom-right", "dtype": "float32"}
+    # The written formula, 4*B*H*Lq*Lk*D with D split as (Dk + Dv)/2; causal counts half.
+    flop = 2 * B * HQ * LQ * LK * (DK + DV) / 2
+    assert c["flop"] == flop
+    assert c["io_bytes"] == 4 * (B * HQ * LQ * DK + B * HKV * LK * DK + B * HKV * LK * DV + B * HQ * LQ * DV)
+    rows = {r["impl"]: r for r in c["rows"]}
+    assert set(rows) >= {"reference", "flash", "torch"}
+    peak = d["ceilings"]["fma_peak_gflops"][1]
+    for r in c["rows"]:
+        if r["status"] != "ok":
+            assert r["note"], "a row that did not run must say why"
+            continue
+        s = r["samples_s"]
+        assert 1 <= r["runs"] == len(s) <= 3
+        assert all(x > 0 for x in s)
+        assert close(r["median_s"], statistics.median(s)) and close(r["min_s"], min(s))
+        assert r["flop"] == flop
+        assert close(r["gflops"], flop / r["median_s"] / 1e9)
+        assert close(r["gflops_best"], flop / r["min_s"] / 1e9)
+        if peak["measured"]:
+            assert close(r["pct_peak"], 100 * r["gflops"] / peak["best"])
+        assert r["peak_rss_bytes"] > 0
+        assert r["cpu_share"] >= 0
+        if peak["measured"] and peak["per_cpu_best"] > 0 and r["cpu_share"] > 0:
+            expect = 100 * r["gflops"] / min(1.0, r["cpu_share"]) / peak["per_cpu_best"]
+            assert close(r["pct_peak_cpu_adjusted"], expect)
+    ref = rows["reference"]
+    assert ref["status"] == "ok" and ref["kernel"] == "reference"
+    # flash is either built (and then agrees with the reference) or says why it did not run.
+    fl = rows["flash"]
+    if fl["status"] == "ok":
+        # A sanity bound for the bench's own comparison, not flash's accuracy test (that lives
+        # with the kernel): outputs are averages of values in [-1, 1), D = 16, so fp32 rounding
+        # stays near 1e-6; 1e-4 catches a wrong mask or head map, and NaN (null) fails.
+        assert fl["max_abs_diff_vs_reference"] is not None and fl["max_abs_diff_vs_reference"] <= 1e-4
+    else:
+        assert fl["status"] == "error" and "flash" in fl["note"]
+    t = rows["torch"]
+    if torch_installed():
+        assert t["status"] == "ok", t["note"]
+        assert t["speedup_vs_torch"] is None
+        assert close(ref["speedup_vs_torch"], t["median_s"] / ref["median_s"])
+    else:
+        assert t["status"] == "unavailable" and "torch" in t["note"]
+
+
+def test_registry_lists_every_shape_and_marks_unbuilt_ones(tmp_path):
+    lst = tmp_path / "list.json"
+    run("--list", "--json", str(lst))
+    with open(lst) as f:
+        entries = json.load(f)["cases"]
+    ids = {e["id"] for e in entries}
+    assert ids >= {"S1", "S2", "S3", "S4", "S5", "S6", "S7", "S8"}
+    unbuilt = sorted({e["id"] for e in entries if not e["available"]})
+    for e in entries:
+        assert e["available"] or e["note"].startswith("not available in this build")
+    if not unbuilt:
+        pytest.skip("every shape id is built")
+    out = tmp_path / "unbuilt.json"
+    # Runs only the unbuilt entries of those ids; built ones of the same id would run too,
+    # so pick ids with no built entry.
+    only_unbuilt = [i for i in unbuilt if all(not e["available"] for e in entries if e["id"] == i)]
+    if not only_unbuilt:
+        pytest.skip("no id is entirely unbuilt")
+    run("--quick", "--no-torch", "--shapes", ",".join(only_unbuilt), "--json", str(out))
+    with open(out) as f:
+        d = json.load(f)
+    assert sorted({c["id"] for c in d["cases"]}) == only_unbuilt
+    for c in d["cases"]:
+        assert c["status"] == "unavailable" and c["note"].startswith("not available in this build")
+        assert c["rows"] == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--shapes", "S99"], "--shapes"),
+    (["--shape-custom", "1,2,3"], "--shape-custom"),
+    (["--shape-custom", "1,3,2,4,4,8,0"], "multiple of Hkv"),
+    (["--shape-custom", "1,2,2,4,4,8,sideways"], "causal"),
+    (["--runs", "0"], "--runs"),
+    (["--impl", "fastest"], "impl"),
+    (["--json", "/nonexistent-dir/x.json"], "--json"),
+])
+def test_argument_errors(args, message):
+    p = run(*args, check=False)
+    assert p.returncode == 2
+    assert p.stderr.startswith("attn: error:") and message in p.stderr
+    assert "FMA peak" not in p.stdout  # rejected before measuring anything
+
+
+def test_markdown_section_is_refreshed_not_duplicated(custom_run, tmp_path):
+    _, _, json_path = custom_run
+    md = tmp_path / "BENCHMARKS.md"
+    md.write_text("# Benchmarks\n\nMethod text that must survive.\n")
+    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    refused = subprocess.run([py, MD_SCRIPT, str(json_path), str(md)], capture_output=True, text=True)
+    assert refused.returncode != 0 and "--quick" in refused.stderr
+    for _ in range(2):
+        p = subprocess.run([py, MD_SCRIPT, str(json_path), str(md), "--section", "test run", "--allow-quick"],
+                           capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+    text = md.read_text()
+    assert "Method text that must survive." in text
+    assert text.count("<!-- attn-bench:begin test run -->") == 1
+    assert text.count("<!-- attn-bench:end test run -->") == 1
+    assert "--shape-custom" in text and "FMA peak" in text
+    assert "| custom |" in text
+
+
+def test_missing_torch_is_said_not_faked(tmp_path):
+    out = tmp_path / "nt.json"
+    p = run("--quick", "--impl", "reference", "--python", str(tmp_path / "no-such-python"),
+            "--shape-custom", "1,1,1,8,8,4,0", "--json", str(out))
+    with open(out) as f:
+        d = json.load(f)
+    assert d["torch"]["version"] is None and "not installed" in d["torch"]["note"]
+    rows = {r["impl"]: r for r in d["cases"][0]["rows"]}
+    assert rows["torch"]["status"] == "unavailable" and "not installed" in rows["torch"]["note"]
+    assert rows["torch"]["runs"] == 0 and rows["reference"]["speedup_vs_torch"] is None
+    assert "not installed" in p.stdout

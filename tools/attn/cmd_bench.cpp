@@ -1,0 +1,214 @@
+// attn bench [--shapes S1,S2,...|all] [--impl flash,reference] [--runs N] [--threads N]
+//            [--json FILE] [--torch|--no-torch] [--quick]
+// Measures the machine's FMA peak and read bandwidth, then every selected shape id of
+// ../shared/bench-shapes.md on attn's kernels and on PyTorch's hand-written attention, in
+// the same run; prints a table and, with --json, writes the same data for tools.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <set>
+
+#include "attn/error.hpp"
+#include "commands.hpp"
+#include "harness.hpp"
+#include "output_files.hpp"
+#include "report.hpp"
+
+namespace attn::cli {
+namespace {
+
+struct BenchArgs {
+    std::string shapes = "all";
+    std::string impls = "flash,reference";
+    int runs = 5;
+    int threads = 0;
+    std::string json;
+    bool torch = true, quick = false, list = false;
+    double max_seconds = 15.0;
+    double reference_max_gflop = 10.0;
+    std::string torch_script = ATTN_BENCH_TORCH_SCRIPT, python = ATTN_BENCH_PYTHON;
+    std::string custom;
+};
+
+std::vector<std::string> split(const std::string& s) {
+    std::vector<std::string> out;
+    std::string cur;
+    for (char c : s + ",") {
+        if (c == ',') {
+            if (!cur.empty()) out.push_back(cur);
+            cur.clear();
+        } else if (c != ' ') {
+            cur += c;
+        }
+    }
+    return out;
+}
+
+void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_seconds_given) {
+    if (a.json.size()) {
+        OutputFiles outputs;  // fail now, not after minutes of measuring
+        outputs.add("--json", a.json);
+        outputs.check();
+    }
+    bench::Report rep;
+    bench::Config& cfg = rep.cfg;
+    if (a.threads < 0) throw Error("--threads: expected a positive count but got " + std::to_string(a.threads));
+    cfg.threads = a.threads > 0 ? a.threads : omp_get_max_threads();
+    if (a.threads == 0) {
+        // DESIGN.md: ATTN_NUM_THREADS (else OMP_NUM_THREADS, which OpenMP already read) sets the count.
+        const char* env = std::getenv("ATTN_NUM_THREADS");
+        if (env != nullptr && *env != '\0') {
+            char* end = nullptr;
+            const long n = std::strtol(env, &end, 10);
+            if (*end != '\0' || n < 1 || n > 4096)
+                throw Error(std::string("ATTN_NUM_THREADS: expected a positive thread count but got '") + env + "'");
+            cfg.threads = static_cast<int>(n);
+        }
+    }
+    if (a.runs < 1) throw Error("--runs: expected at least 1 but got " + std::to_string(a.runs));
+    if (!(a.max_seconds > 0)) throw Error("--max-seconds: expected a positive number of seconds");
+    cfg.quick = a.quick;
+    cfg.runs = a.quick && !runs_given ? 2 : a.runs;
+    cfg.max_seconds = a.quick && !max_seconds_given ? 2.0 : a.max_seconds;
+    cfg.torch = a.torch;
+    cfg.python = a.python;
+    cfg.torch_script = a.torch_script;
+    cfg.reference_max_gflop = a.reference_max_gflop;
+    for (const std::string& name : split(a.impls)) {
+        const Impl i = parse_impl(name);
+        if (std::find(cfg.impls.begin(), cfg.impls.end(), i) == cfg.impls.end()) cfg.impls.push_back(i);
+    }
+    if (cfg.impls.empty()) throw Error("--impl: expected a list such as flash,reference but got '" + a.impls + "'");
+
+    // Which registry entries run: --shapes (ids, or all), and the custom shape when given.
+    const std::vector<bench::BenchCase> registry = bench::all_cases();
+    std::vector<bench::BenchCase> selected;
+    const bool only_custom = !a.custom.empty() && !shapes_given;
+    if (!only_custom) {
+        const std::vector<std::string> ids = split(a.shapes);
+        const bool all = ids.size() == 1 && ids[0] == "all";
+        std::set<std::string> known;
+        for (const auto& c : registry) known.insert(c.id);
+        for (const std::string& id : ids) {
+            if (!all && !known.count(id)) {
+                std::string list;
+                for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+                throw Error("--shapes: unknown shape id '" + id + "'; known: " + list + " (or all)");
+            }
+        }
+        for (const auto& c : registry)
+            if (all || std::find(ids.begin(), ids.end(), c.id) != ids.end()) selected.push_back(c);
+    }
+    if (!a.custom.empty()) selected.push_back(bench::sdpa_forward_case(bench::parse_custom_shape(a.custom)));
+    if (a.list) {
+        nlohmann::json list = nlohmann::json::array();
+        for (const auto& c : registry) {
+            std::printf("%-4s %-18s %-32s %s\n", c.id.c_str(), c.variant.c_str(), c.what.c_str(),
+                        c.run ? c.shape.c_str() : c.unavailable.c_str());
+            list.push_back({{"id", c.id}, {"variant", c.variant}, {"what", c.what}, {"shape", c.shape},
+                            {"available", static_cast<bool>(c.run)}, {"note", c.unavailable}});
+        }
+        if (!a.json.empty()) bench::write_json(a.json, {{"schema", "attn-bench-list/1"}, {"cases", list}});
+        return;
+    }
+
+    omp_set_num_threads(cfg.threads);
+    rep.machine = bench::describe_machine();
+    rep.command = bench::command_line();
+    if (cfg.torch) rep.torch_version = bench::probe_torch(cfg, rep.torch_note);
+    else rep.torch_note = "off (--no-torch)";
+
+    // The ceilings, measured in this run: before the shapes and again after them, each the
+    // best of its trials (a shared machine may be busy during one of the two). A quick run
+    // only checks the machinery: its buffer fits in the caches, so its "bandwidth" is not a
+    // memory number. Progress goes to stderr; the report to stdout at the end, when every
+    // percentage can use the final ceilings.
+    const double peak_s = a.quick ? 0.02 : 0.25;
+    const int repeats = a.quick ? 2 : 5;
+    std::size_t bw_bytes = a.quick ? (64u << 20) : (1u << 30);
+    const std::int64_t avail = bench::mem_available();
+    while (avail > 0 && static_cast<std::int64_t>(bw_bytes) > avail / 4 && bw_bytes > (64u << 20)) bw_bytes /= 2;
+    auto measure = [&](bench::Ceilings& ce) {
+        ce.fma_1t = bench::measure_fma_peak(1, peak_s, repeats);
+        ce.fma_nt = cfg.threads == 1 ? ce.fma_1t : bench::measure_fma_peak(cfg.threads, peak_s, repeats);
+        ce.bw_1t = bench::measure_read_bandwidth(1, bw_bytes, repeats);
+        ce.bw_nt = cfg.threads == 1 ? ce.bw_1t : bench::measure_read_bandwidth(cfg.threads, bw_bytes, repeats);
+    };
+    std::fprintf(stderr, "attn bench: measuring the FMA peak and the read bandwidth\n");
+    bench::Ceilings& ce = rep.ceilings;
+    measure(ce);
+    const bench::Context ctx{cfg, rep.machine, rep.ceilings, rep.torch_version, rep.torch_note};
+    for (const bench::BenchCase& bc : selected) {
+        std::fprintf(stderr, "attn bench: %s%s %s\n", bc.id.c_str(), bc.variant.empty() ? "" : (" (" + bc.variant + ")").c_str(),
+                     bc.run ? bc.shape.c_str() : "(not built)");
+        std::vector<bench::CaseResult> results;
+        if (!bc.run) {
+            bench::CaseResult c;
+            c.id = bc.id;
+            c.variant = bc.variant;
+            c.what = bc.what;
+            c.shape = bc.shape;
+            c.status = "unavailable";
+            c.note = bc.unavailable;
+            results.push_back(std::move(c));
+        } else {
+            bc.run(ctx, results);
+        }
+        for (bench::CaseResult& c : results) {
+            if (c.variant.empty()) c.variant = bc.variant;
+            rep.cases.push_back(std::move(c));
+        }
+    }
+    std::fprintf(stderr, "attn bench: measuring the FMA peak and the read bandwidth again\n");
+    bench::Ceilings after;
+    measure(after);
+    ce.fma_1t = bench::merge(ce.fma_1t, after.fma_1t, "measured before and after the shapes");
+    ce.fma_nt = cfg.threads == 1 ? ce.fma_1t : bench::merge(ce.fma_nt, after.fma_nt, "measured before and after the shapes");
+    ce.bw_1t = bench::merge(ce.bw_1t, after.bw_1t, "measured before and after the shapes");
+    ce.bw_nt = cfg.threads == 1 ? ce.bw_1t : bench::merge(ce.bw_nt, after.bw_nt, "measured before and after the shapes");
+    if (a.quick) ce.bw_1t.note = ce.bw_nt.note = "quick: a cache-sized buffer, not a memory bandwidth";
+    rep.loadavg_end = bench::load_average();
+
+    bench::print_header(rep);
+    bench::print_ceilings(rep);
+    for (bench::CaseResult& c : rep.cases) {
+        bench::finish_case(ctx, c);
+        bench::print_case(ctx, c);
+    }
+    if (!a.json.empty()) {
+        bench::write_json(a.json, bench::to_json(rep));
+        std::printf("wrote %s\n", a.json.c_str());
+    }
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+    auto args = std::make_shared<BenchArgs>();
+    CLI::App* cmd = app.add_subcommand(
+        "bench", "Benchmark attn on the shapes of bench-shapes.md beside the reference and PyTorch, in the same run");
+    auto* shapes = cmd->add_option("--shapes", args->shapes, "shape ids, comma-separated (S1,S2,...) or all")
+                       ->capture_default_str();
+    cmd->add_option("--impl", args->impls, "attn kernels to time, comma-separated: auto, reference, flash")->capture_default_str();
+    auto* runs = cmd->add_option("--runs", args->runs, "timed calls per (shape, impl) after one warm-up")->capture_default_str();
+    cmd->add_option("--threads", args->threads, "threads (default: ATTN_NUM_THREADS, else OMP_NUM_THREADS, else all CPUs)");
+    cmd->add_option("--json", args->json, "also write the results as JSON to this file");
+    cmd->add_flag("--torch,!--no-torch", args->torch, "run PyTorch's hand-written attention beside attn (default on)");
+    cmd->add_flag("--quick", args->quick, "smoke test: 2 runs, short peak loops, a small bandwidth buffer");
+    auto* maxs = cmd->add_option("--max-seconds", args->max_seconds, "stop timing a (shape, impl) after this many seconds of timed calls")
+                     ->capture_default_str();
+    cmd->add_option("--reference-max-gflop", args->reference_max_gflop,
+                    "run the reference only where it computes at most this many GFLOP")
+        ->capture_default_str();
+    cmd->add_option("--torch-script", args->torch_script, "the PyTorch baseline script")->capture_default_str();
+    cmd->add_option("--python", args->python, "Python with torch for the baseline")->capture_default_str();
+    cmd->add_flag("--list", args->list, "list the shape ids this build knows (and which are not built) and exit; with --json, also as JSON");
+    // For the tests: one custom sdpa-forward shape (runs alone unless --shapes is given too).
+    cmd->add_option("--shape-custom", args->custom, "B,Hq,Hkv,Lq,Lk,D,causal")->group("");
+    cmd->callback([args, shapes, runs, maxs] { run(*args, shapes->count() > 0, runs->count() > 0, maxs->count() > 0); });
+}
+
+}  // namespace attn::cli
