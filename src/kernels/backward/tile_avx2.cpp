@@ -1,0 +1,111 @@
+// AVX2+FMA tile of the tiled backward. The only file of the backward compiled with
+// -mavx2 -mfma; the driver calls it only after a run-time CPU check.
+//
+// GEMM micro-kernel: a 6×16 block of C in 12 ymm accumulators; per k, two loads of a B
+// row and six broadcasts of A feed 12 FMAs (Zen 3: 2 FMA + 3 loads per cycle → FMA-bound).
+#include <immintrin.h>
+
+#include <cstddef>
+
+#include "tile.hpp"
+
+namespace attn::detail {
+namespace {
+
+template <int MR, int NV>
+inline void ukernel(int K, const float* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const float* b,
+                    std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool accumulate) {
+    __m256 acc[MR][NV];
+    for (int r = 0; r < MR; ++r)
+        for (int v = 0; v < NV; ++v)
+            acc[r][v] = accumulate ? _mm256_loadu_ps(c + r * ldc + 8 * v) : _mm256_setzero_ps();
+    for (int k = 0; k < K; ++k) {
+        __m256 bv[NV];
+        for (int v = 0; v < NV; ++v) bv[v] = _mm256_loadu_ps(b + k * ldb + 8 * v);
+        const float* ak = a + k * a_ks;
+        for (int r = 0; r < MR; ++r) {
+            const __m256 av = _mm256_broadcast_ss(ak + r * a_rs);
+            for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(av, bv[v], acc[r][v]);
+        }
+    }
+    for (int r = 0; r < MR; ++r)
+        for (int v = 0; v < NV; ++v) _mm256_storeu_ps(c + r * ldc + 8 * v, acc[r][v]);
+}
+
+template <int NV>
+inline void ukernel_rows(int mr, int K, const float* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const float* b,
+                         std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool acc) {
+    switch (mr) {
+        case 6: ukernel<6, NV>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc); break;
+        case 5: ukernel<5, NV>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc); break;
+        case 4: ukernel<4, NV>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc); break;
+        case 3: ukernel<3, NV>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc); break;
+        case 2: ukernel<2, NV>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc); break;
+        default: ukernel<1, NV>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc); break;
+    }
+}
+
+// C(M×N) (+)= A(M×K)·B(K×N), N % 8 == 0. Column panels outermost so a K×16 panel of B
+// stays in L1 while the row blocks stream past it.
+void gemm(int M, int N, int K, const float* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const float* b,
+          std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool accumulate) {
+    int n0 = 0;
+    for (; n0 + 16 <= N; n0 += 16)
+        for (int m0 = 0; m0 < M; m0 += 6)
+            ukernel_rows<2>(M - m0 < 6 ? M - m0 : 6, K, a + m0 * a_rs, a_rs, a_ks, b + n0, ldb, c + m0 * ldc + n0,
+                            ldc, accumulate);
+    if (n0 < N)
+        for (int m0 = 0; m0 < M; m0 += 6)
+            ukernel_rows<1>(M - m0 < 6 ? M - m0 : 6, K, a + m0 * a_rs, a_rs, a_ks, b + n0, ldb, c + m0 * ldc + n0,
+                            ldc, accumulate);
+}
+
+// exp(x) for 8 floats (Cephes expf scheme): x = n·ln2 + r, |r| ≤ ln2/2, exp(r) by a
+// degree-7 polynomial, 2ⁿ built in the exponent bits. Max error ≈ 2 ulp. Inputs below
+// −87.3 (including −inf) give exactly 0, so masked scores carry no weight; NaN stays NaN.
+inline __m256 exp256(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.33654f);
+    const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_set1_ps(88.3762626647949f), x);  // NaN-preserving operand order
+    x = _mm256_max_ps(lo, x);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(underflow, y);
+}
+
+void exp_row(float* s, int n, float scale, float neg_lse, const float* bias) {
+    const __m256 vs = _mm256_set1_ps(scale), vl = _mm256_set1_ps(neg_lse);
+    for (int j = 0; j < n; j += 8) {  // n % 8 == 0
+        __m256 x = _mm256_fmadd_ps(_mm256_loadu_ps(s + j), vs, vl);
+        if (bias) x = _mm256_add_ps(x, _mm256_loadu_ps(bias + j));
+        _mm256_storeu_ps(s + j, exp256(x));
+    }
+}
+
+void ds_row(const float* p, float* dp, int n, float D, float scale) {
+    const __m256 vd = _mm256_set1_ps(D), vs = _mm256_set1_ps(scale), zero = _mm256_setzero_ps();
+    for (int j = 0; j < n; j += 8) {
+        const __m256 pv = _mm256_loadu_ps(p + j);
+        const __m256 ds = _mm256_mul_ps(_mm256_mul_ps(vs, pv), _mm256_sub_ps(_mm256_loadu_ps(dp + j), vd));
+        _mm256_storeu_ps(dp + j, _mm256_andnot_ps(_mm256_cmp_ps(pv, zero, _CMP_EQ_OQ), ds));
+    }
+}
+
+#include "tile_body.inl"
+
+}  // namespace
+
+void backward_tile_avx2(const TileArgs& t) { tile_body(t); }
+
+}  // namespace attn::detail
