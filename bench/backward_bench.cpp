@@ -1,0 +1,112 @@
+// Backward benchmark: attn::sdpa_backward vs torch autograd of the hand-written attention,
+// with the machine's FMA peak measured in the same run. FLOPs are counted from the
+// formula of bench-shapes.md (backward = 2.5 × forward, forward = 4·B·H·Lq·Lk·D, causal
+// half), not from what the kernel executes (it recomputes S, as FlashAttention-2 does).
+#include "backward_bench.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <stdexcept>
+
+#include "attn/sdpa.hpp"
+#include "attn/sdpa_backward.hpp"
+
+namespace attn::bench {
+
+float fma_chains_avx2(long n);  // fma_peak_avx2.cpp
+
+namespace {
+
+double now() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+void fill_randn(Tensor& t, std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    for (std::int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = n(rng);
+}
+
+}  // namespace
+
+std::vector<BackwardShape> backward_shapes() {
+    return {{"S1", 1, 16, 16, 1024, 1024, 64, false}, {"S3", 1, 16, 16, 4096, 4096, 128, true}};
+}
+
+double measure_fma_peak_gflops() {
+    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0.0;
+    const long n = 20'000'000;
+    std::vector<double> rates;
+    for (int rep = 0; rep < 3; ++rep) {
+        float sum = 0;
+        const double t0 = now();
+#pragma omp parallel reduction(+ : sum)
+        sum += fma_chains_avx2(n);
+        const double dt = now() - t0;
+        volatile float sink = sum;  // keeps the chains alive
+        (void)sink;
+        rates.push_back(static_cast<double>(n) * 12 * 8 * 2 * omp_get_max_threads() / dt / 1e9);
+    }
+    return *std::max_element(rates.begin(), rates.end());  // peak: the least disturbed run
+}
+
+BackwardResult run_backward_bench(const BackwardShape& s, int runs, const std::string& python,
+                                  const std::string& torch_script) {
+    BackwardResult r;
+    r.shape = s;
+    r.threads = omp_get_max_threads();
+    const double fwd = 4.0 * static_cast<double>(s.B * s.Hq * s.Lq * s.Lk * s.D) * (s.causal ? 0.5 : 1.0);
+    r.flops = 2.5 * fwd;
+
+    Tensor q(DType::f32, Shape{s.B, s.Hq, s.Lq, s.D}), k(DType::f32, Shape{s.B, s.Hkv, s.Lk, s.D});
+    Tensor v(DType::f32, Shape{s.B, s.Hkv, s.Lk, s.D}), dO(DType::f32, Shape{s.B, s.Hq, s.Lq, s.D});
+    fill_randn(q, 1);
+    fill_randn(k, 2);
+    fill_randn(v, 3);
+    fill_randn(dO, 4);
+    Tensor out(DType::f32, Shape{s.B, s.Hq, s.Lq, s.D}), lse(DType::f32, Shape{s.B, s.Hq, s.Lq});
+    SdpaOptions opt;
+    opt.causal = s.causal ? Causal::top_left : Causal::none;
+    TensorView lv = lse.view();
+    sdpa(q, k, v, opt, out, &lv);  // auto: the fastest forward in this build
+
+    Tensor dq(DType::f32, q.shape()), dk(DType::f32, k.shape()), dv(DType::f32, v.shape());
+    SdpaReport rep;
+    std::vector<double> times;
+    for (int i = 0; i <= runs; ++i) {
+        const double t0 = now();
+        sdpa_backward(q, k, v, out, lse, dO, opt, dq, dk, dv, &rep);
+        if (i > 0) times.push_back(now() - t0);  // run 0 warms up (page faults, caches)
+    }
+    r.kernel = rep.kernel;
+    r.attn_seconds = median(times);
+    r.attn_gflops = r.flops / r.attn_seconds / 1e9;
+    r.fma_peak_gflops = measure_fma_peak_gflops();
+
+    if (!python.empty()) {
+        char cmd[1024];
+        std::snprintf(cmd, sizeof cmd, "%s %s --B %ld --H %ld --L %ld --D %ld %s --threads %d --runs %d", python.c_str(),
+                      torch_script.c_str(), static_cast<long>(s.B), static_cast<long>(s.Hq), static_cast<long>(s.Lq),
+                      static_cast<long>(s.D), s.causal ? "--causal" : "", r.threads, runs);
+        if (FILE* f = popen(cmd, "r")) {
+            double secs = 0;
+            if (std::fscanf(f, "%lf", &secs) == 1 && secs > 0) {
+                r.torch_seconds = secs;
+                r.torch_gflops = r.flops / secs / 1e9;
+            }
+            pclose(f);
+        }
+    }
+    return r;
+}
+
+}  // namespace attn::bench

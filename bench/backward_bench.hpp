@@ -1,0 +1,40 @@
+// Backward benchmark of attn::sdpa_backward on the shapes of bench-shapes.md, callable
+// from `attn bench` (run_backward_bench) and from the standalone attn_backward_bench.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace attn::bench {
+
+struct BackwardShape {
+    std::string id;  // "S1", "S3"
+    std::int64_t B, Hq, Hkv, Lq, Lk, D;
+    bool causal;
+};
+
+// The shapes this benchmark knows: S1 and S3 of bench-shapes.md.
+std::vector<BackwardShape> backward_shapes();
+
+struct BackwardResult {
+    BackwardShape shape;
+    double flops = 0;            // 2.5 × forward FLOPs (forward = 4·B·H·Lq·Lk·D, causal half)
+    double attn_seconds = 0;     // median over runs
+    double attn_gflops = 0;
+    double torch_seconds = 0;    // torch autograd of the hand-written attention; 0 if unavailable
+    double torch_gflops = 0;
+    double fma_peak_gflops = 0;  // AVX2 FMA peak measured in the same run, same thread count
+    int threads = 0;
+    std::string kernel;
+};
+
+// Runs the backward `runs` times (after one warm-up) and returns medians. If `python`
+// is not empty, times torch autograd via `python bench/torch_backward.py` in the same run.
+BackwardResult run_backward_bench(const BackwardShape& shape, int runs, const std::string& python,
+                                  const std::string& torch_script);
+
+// AVX2 FMA peak of this machine, GFLOP/s, on the current OpenMP thread count (0 if the CPU lacks AVX2/FMA).
+double measure_fma_peak_gflops();
+
+}  // namespace attn::bench

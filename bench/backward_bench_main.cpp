@@ -1,0 +1,31 @@
+// attn_backward_bench [S1|S3 ...] [--runs N] [--no-torch]: prints one line per shape.
+// Threads: OMP_NUM_THREADS (bench-shapes.md uses 2).
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "backward_bench.hpp"
+
+int main(int argc, char** argv) {
+    int runs = 5;
+    bool torch = true;
+    std::vector<std::string> ids;
+    for (int i = 1; i < argc; ++i) {
+        if (!std::strcmp(argv[i], "--runs") && i + 1 < argc) runs = std::atoi(argv[++i]);
+        else if (!std::strcmp(argv[i], "--no-torch")) torch = false;
+        else ids.emplace_back(argv[i]);
+    }
+    std::printf("%-4s %8s %9s %9s %9s %9s %8s %7s  %s\n", "id", "threads", "attn ms", "GFLOP/s", "%peak", "torch ms",
+                "speedup", "peak", "kernel");
+    for (const auto& s : attn::bench::backward_shapes()) {
+        bool want = ids.empty();
+        for (const auto& id : ids) want |= id == s.id;
+        if (!want) continue;
+        const auto r = attn::bench::run_backward_bench(s, runs, torch ? "/usr/bin/python3" : "", ATTN_TORCH_SCRIPT);
+        std::printf("%-4s %8d %9.1f %9.1f %8.0f%% %9.1f %7.1fx %7.0f  %s\n", s.id.c_str(), r.threads,
+                    r.attn_seconds * 1e3, r.attn_gflops, 100.0 * r.attn_gflops / r.fma_peak_gflops,
+                    r.torch_seconds * 1e3, r.torch_seconds > 0 ? r.torch_seconds / r.attn_seconds : 0.0,
+                    r.fma_peak_gflops, r.kernel.c_str());
+        std::fflush(stdout);
+    }
+}
