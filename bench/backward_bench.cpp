@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <random>
 #include <stdexcept>
 
@@ -23,6 +24,15 @@ namespace {
 
 double now() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// CPU seconds of the whole process (all threads). On a shared, oversubscribed machine
+// wall time also counts the time other programs held the cores; CPU time does not, so
+// rates per CPU-second × threads estimate what a quiet machine would show.
+double cpu_now() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 double median(std::vector<double> v) {
@@ -42,20 +52,24 @@ std::vector<BackwardShape> backward_shapes() {
     return {{"S1", 1, 16, 16, 1024, 1024, 64, false}, {"S3", 1, 16, 16, 4096, 4096, 128, true}};
 }
 
-double measure_fma_peak_gflops() {
+double measure_fma_peak_gflops(double* per_cpu_second) {
     if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0.0;
     const long n = 20'000'000;
-    std::vector<double> rates;
-    for (int rep = 0; rep < 3; ++rep) {
+    const int threads = omp_get_max_threads();
+    std::vector<double> rates, cpu_rates;
+    for (int rep = 0; rep < 5; ++rep) {
         float sum = 0;
-        const double t0 = now();
+        const double t0 = now(), c0 = cpu_now();
 #pragma omp parallel reduction(+ : sum)
         sum += fma_chains_avx2(n);
-        const double dt = now() - t0;
+        const double dt = now() - t0, dc = cpu_now() - c0;
         volatile float sink = sum;  // keeps the chains alive
         (void)sink;
-        rates.push_back(static_cast<double>(n) * 12 * 8 * 2 * omp_get_max_threads() / dt / 1e9);
+        const double flops = static_cast<double>(n) * 12 * 8 * 2 * threads;
+        rates.push_back(flops / dt / 1e9);
+        cpu_rates.push_back(flops / (dc / threads) / 1e9);
     }
+    if (per_cpu_second) *per_cpu_second = median(cpu_rates);
     return *std::max_element(rates.begin(), rates.end());  // peak: the least disturbed run
 }
 
@@ -81,16 +95,21 @@ BackwardResult run_backward_bench(const BackwardShape& s, int runs, const std::s
 
     Tensor dq(DType::f32, q.shape()), dk(DType::f32, k.shape()), dv(DType::f32, v.shape());
     SdpaReport rep;
-    std::vector<double> times;
+    std::vector<double> times, cpu_times;
     for (int i = 0; i <= runs; ++i) {
-        const double t0 = now();
+        const double t0 = now(), c0 = cpu_now();
         sdpa_backward(q, k, v, out, lse, dO, opt, dq, dk, dv, &rep);
-        if (i > 0) times.push_back(now() - t0);  // run 0 warms up (page faults, caches)
+        if (i > 0) {  // run 0 warms up (page faults, caches)
+            times.push_back(now() - t0);
+            cpu_times.push_back(cpu_now() - c0);
+        }
     }
     r.kernel = rep.kernel;
     r.attn_seconds = median(times);
+    r.attn_cpu_seconds = median(cpu_times);
     r.attn_gflops = r.flops / r.attn_seconds / 1e9;
-    r.fma_peak_gflops = measure_fma_peak_gflops();
+    r.attn_gflops_cpu = r.flops / (r.attn_cpu_seconds / r.threads) / 1e9;
+    r.fma_peak_gflops = measure_fma_peak_gflops(&r.fma_peak_gflops_cpu);
 
     if (!python.empty()) {
         char cmd[1024];
@@ -98,9 +117,10 @@ BackwardResult run_backward_bench(const BackwardShape& s, int runs, const std::s
                       torch_script.c_str(), static_cast<long>(s.B), static_cast<long>(s.Hq), static_cast<long>(s.Lq),
                       static_cast<long>(s.D), s.causal ? "--causal" : "", r.threads, runs);
         if (FILE* f = popen(cmd, "r")) {
-            double secs = 0;
-            if (std::fscanf(f, "%lf", &secs) == 1 && secs > 0) {
+            double secs = 0, cpu = 0;
+            if (std::fscanf(f, "%lf %lf", &secs, &cpu) == 2 && secs > 0) {
                 r.torch_seconds = secs;
+                r.torch_cpu_seconds = cpu;
                 r.torch_gflops = r.flops / secs / 1e9;
             }
             pclose(f);

@@ -22,9 +22,13 @@ struct BackwardResult {
     double flops = 0;            // 2.5 × forward FLOPs (forward = 4·B·H·Lq·Lk·D, causal half)
     double attn_seconds = 0;     // median over runs
     double attn_gflops = 0;
-    double torch_seconds = 0;    // torch autograd of the hand-written attention; 0 if unavailable
+    double attn_cpu_seconds = 0;  // median process CPU time of one backward (all threads)
+    double attn_gflops_cpu = 0;   // flops / (CPU seconds / threads): the rate without preemption
+    double torch_seconds = 0;     // torch autograd of the hand-written attention; 0 if unavailable
+    double torch_cpu_seconds = 0;
     double torch_gflops = 0;
-    double fma_peak_gflops = 0;  // AVX2 FMA peak measured in the same run, same thread count
+    double fma_peak_gflops = 0;      // AVX2 FMA peak measured in the same run, same thread count (best of 5)
+    double fma_peak_gflops_cpu = 0;  // the same per CPU-second × threads (median of 5)
     int threads = 0;
     std::string kernel;
 };
@@ -34,7 +38,8 @@ struct BackwardResult {
 BackwardResult run_backward_bench(const BackwardShape& shape, int runs, const std::string& python,
                                   const std::string& torch_script);
 
-// AVX2 FMA peak of this machine, GFLOP/s, on the current OpenMP thread count (0 if the CPU lacks AVX2/FMA).
-double measure_fma_peak_gflops();
+// AVX2 FMA peak of this machine, GFLOP/s, on the current OpenMP thread count (0 if the
+// CPU lacks AVX2/FMA); optionally also the rate per CPU-second × threads.
+double measure_fma_peak_gflops(double* per_cpu_second = nullptr);
 
 }  // namespace attn::bench
