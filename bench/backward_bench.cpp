@@ -74,7 +74,7 @@ double measure_fma_peak_gflops(double* per_cpu_second) {
 }
 
 BackwardResult run_backward_bench(const BackwardShape& s, int runs, const std::string& python,
-                                  const std::string& torch_script) {
+                                  const std::string& torch_script, double dropout_p) {
     BackwardResult r;
     r.shape = s;
     r.threads = omp_get_max_threads();
@@ -90,6 +90,8 @@ BackwardResult run_backward_bench(const BackwardShape& s, int runs, const std::s
     Tensor out(DType::f32, Shape{s.B, s.Hq, s.Lq, s.D}), lse(DType::f32, Shape{s.B, s.Hq, s.Lq});
     SdpaOptions opt;
     opt.causal = s.causal ? Causal::top_left : Causal::none;
+    opt.dropout_p = dropout_p;
+    opt.dropout_seed = 1;
     TensorView lv = lse.view();
     sdpa(q, k, v, opt, out, &lv);  // auto: the fastest forward in this build
 
@@ -111,7 +113,7 @@ BackwardResult run_backward_bench(const BackwardShape& s, int runs, const std::s
     r.attn_gflops_cpu = r.flops / (r.attn_cpu_seconds / r.threads) / 1e9;
     r.fma_peak_gflops = measure_fma_peak_gflops(&r.fma_peak_gflops_cpu);
 
-    if (!python.empty()) {
+    if (!python.empty() && dropout_p == 0.0) {
         char cmd[1024];
         std::snprintf(cmd, sizeof cmd, "%s %s --B %ld --H %ld --L %ld --D %ld %s --threads %d --runs %d", python.c_str(),
                       torch_script.c_str(), static_cast<long>(s.B), static_cast<long>(s.Hq), static_cast<long>(s.Lq),

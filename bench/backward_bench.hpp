@@ -35,8 +35,9 @@ struct BackwardResult {
 
 // Runs the backward `runs` times (after one warm-up) and returns medians. If `python`
 // is not empty, times torch autograd via `python bench/torch_backward.py` in the same run.
+// dropout_p > 0 times the backward with dropout (torch is then skipped).
 BackwardResult run_backward_bench(const BackwardShape& shape, int runs, const std::string& python,
-                                  const std::string& torch_script);
+                                  const std::string& torch_script, double dropout_p = 0.0);
 
 // AVX2 FMA peak of this machine, GFLOP/s, on the current OpenMP thread count (0 if the
 // CPU lacks AVX2/FMA); optionally also the rate per CPU-second × threads.

@@ -221,17 +221,28 @@ const char* flash_backward(const BackwardProblem& bp) {
                                 const std::int64_t l = lo[static_cast<std::size_t>(b * Lq + gi)];
                                 const std::int64_t u = hi[static_cast<std::size_t>(b * Lq + gi)];
                                 float* brow = s.bias.data() + static_cast<std::ptrdiff_t>(i) * bcp;
-                                for (int j = 0; j < bc; ++j) {
-                                    const std::int64_t gj = j0 + j;
-                                    bool keep = gj >= l && gj < u;
-                                    if (keep && p.bool_mask)
-                                        keep = p.bool_mask->load_as_double(p.bool_mask->offset(b, h, gi, gj)) != 0.0;
-                                    float v = kNegInf;
-                                    if (keep)
-                                        v = p.additive_mask ? static_cast<float>(load(*p.additive_mask,
-                                                                                      p.additive_mask->offset(b, h, gi, gj)))
-                                                            : 0.0f;
-                                    brow[j] = v;
+                                // Visible interval of this row within the tile; masks read by typed pointers.
+                                const int jl = static_cast<int>(std::clamp<std::int64_t>(l - j0, 0, bc));
+                                const int ju = static_cast<int>(std::clamp<std::int64_t>(u - j0, jl, bc));
+                                for (int j = 0; j < bc; ++j) brow[j] = j >= jl && j < ju ? 0.0f : kNegInf;
+                                if (p.additive_mask) {
+                                    const TensorView& m = *p.additive_mask;
+                                    const std::int64_t o = m.offset(b, h, gi, j0), sj = m.stride(3);
+                                    if (m.dtype() == DType::f32) {
+                                        const float* mp = m.data_as<const float>() + o;
+                                        for (int j = jl; j < ju; ++j) brow[j] = mp[j * sj];
+                                    } else {
+                                        const double* mp = m.data_as<const double>() + o;
+                                        for (int j = jl; j < ju; ++j) brow[j] = static_cast<float>(mp[j * sj]);
+                                    }
+                                }
+                                if (p.bool_mask) {
+                                    const TensorView& m = *p.bool_mask;
+                                    // bytes, not bool: any nonzero byte means "may attend"
+                                    const auto* mp = m.data_as<const std::uint8_t>() + m.offset(b, h, gi, j0);
+                                    const std::int64_t sj = m.stride(3);
+                                    for (int j = jl; j < ju; ++j)
+                                        if (mp[j * sj] == 0) brow[j] = kNegInf;
                                 }
                                 for (int j = bc; j < bcp; ++j) brow[j] = kNegInf;
                             }
