@@ -11,6 +11,7 @@
 #include "core/philox.hpp"
 #include "grad_util.hpp"
 #include "kernels/backward/backward.hpp"
+#include "kernels/backward/tile.hpp"
 
 namespace attn::test {
 namespace {
@@ -38,6 +39,9 @@ class FiniteDifferences : public ::testing::TestWithParam<FdCase> {};
 
 TEST_P(FiniteDifferences, ReferenceBackwardIsTheGradient) {
     const FdCase c = GetParam();
+    // Thousands of tiny forwards: one thread avoids OpenMP barriers on a busy machine.
+    const int saved_threads = omp_get_max_threads();
+    omp_set_num_threads(1);
     std::mt19937_64 rng(42);
     Tensor q = randn(DType::f64, Shape{2, c.Hq, c.Lq, c.Dk}, rng), k = randn(DType::f64, Shape{2, c.Hkv, c.Lk, c.Dk}, rng);
     Tensor v = randn(DType::f64, Shape{2, c.Hkv, c.Lk, c.Dv}, rng), dO = randn(DType::f64, Shape{2, c.Hq, c.Lq, c.Dv}, rng);
@@ -82,6 +86,7 @@ TEST_P(FiniteDifferences, ReferenceBackwardIsTheGradient) {
             largest = std::max(largest, std::abs(an));
         }
     }
+    omp_set_num_threads(saved_threads);
     std::printf("[ info ] %s: max |fd − analytic| = %.2e, max |grad| = %.2f\n", c.name, worst, largest);
     EXPECT_LE(worst, 1e-7 * std::max(1.0, largest));
     EXPECT_GT(largest, 0.1);  // the check compared real gradients
@@ -182,6 +187,28 @@ TEST(Dropout, KeepRateWithinStatisticalBounds) {
         const double sd = std::sqrt(p * (1 - p) / static_cast<double>(n));
         EXPECT_NEAR(total / static_cast<double>(n), 1 - p, 5 * sd) << "p=" << p;
         for (int w = 0; w < 4; ++w) EXPECT_NEAR(static_cast<double>(kept[w]) / (n / 4.0), 1 - p, 10 * sd) << "word " << w;
+    }
+}
+
+// The tiles' row generators (vectorised Philox in the AVX2 one) against Dropout::factor.
+TEST(Dropout, RowGeneratorsMatchTheDefinition) {
+    std::mt19937_64 rng(11);
+    for (int rep = 0; rep < 200; ++rep) {
+        const double p = std::uniform_real_distribution<double>(0.0, 0.95)(rng);
+        const std::uint64_t seed = rng();
+        const detail::Dropout drop(p, seed);
+        const std::uint32_t b = rng() % 4, h = rng() % 40, i = static_cast<std::uint32_t>(rng() % 100000),
+                            j4 = static_cast<std::uint32_t>(rng() % 100000);
+        const int n4 = 1 + static_cast<int>(rng() % 21);
+        std::vector<float> want(static_cast<std::size_t>(4 * n4));
+        for (int k = 0; k < 4 * n4; ++k) want[static_cast<std::size_t>(k)] = static_cast<float>(drop.factor(b, h, i, 4 * j4 + k)) ;
+        std::vector<detail::DropoutRowFn> fns{detail::dropout_row_portable};
+        if (detail::flash_backward_has_avx2()) fns.push_back(detail::dropout_row_avx2);
+        for (auto fn : fns) {
+            std::vector<float> got(want.size(), -1.0f);
+            fn({drop.key[0], drop.key[1], drop.threshold, static_cast<float>(drop.scale), b, h, i, j4, n4, got.data()});
+            ASSERT_EQ(got, want) << "p=" << p << " n4=" << n4;
+        }
     }
 }
 

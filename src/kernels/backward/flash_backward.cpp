@@ -94,6 +94,7 @@ const char* flash_backward(const BackwardProblem& bp) {
     // this local check is the same test (__builtin_cpu_supports avx2 && fma).
     const bool avx2 = flash_backward_has_avx2() && !force_portable;
     const TileFn tile = avx2 ? backward_tile_avx2 : backward_tile_portable;
+    const DropoutRowFn dropout_row = avx2 ? dropout_row_avx2 : dropout_row_portable;
 
     const std::int64_t B = p.B, Hq = p.Hq, Hkv = p.Hkv, Lq = p.Lq, Lk = p.Lk, Dk = p.Dk, Dv = p.Dv;
     const int Dkp = round8(Dk), Dvp = round8(Dv);
@@ -144,7 +145,8 @@ const char* flash_backward(const BackwardProblem& bp) {
         s.kp.assign(static_cast<std::size_t>(kBc * Dkp), 0.0f);
         s.dk.resize(static_cast<std::size_t>(kBc * Dkp));
         s.dv.resize(static_cast<std::size_t>(kBc * Dvp));
-        for (auto* t : {&s.S, &s.dP, &s.Pd, &s.bias, &s.drop}) t->resize(static_cast<std::size_t>(kBr * Bcp));
+        for (auto* t : {&s.S, &s.dP, &s.Pd, &s.bias}) t->resize(static_cast<std::size_t>(kBr * Bcp));
+        s.drop.resize(static_cast<std::size_t>(kBr * (Bcp + 3) / 4 * 4));  // whole Philox blocks
 
         // Each thread zeroes a slice of the dQ partials (first touch on the thread that uses it most).
 #pragma omp for schedule(static)
@@ -249,14 +251,13 @@ const char* flash_backward(const BackwardProblem& bp) {
                             t.bias = s.bias.data();
                         }
                         if (drop.active) {
-                            // Z/(1−p) for every (row, key) of the tile; j0 % 4 == 0, so keep4 lines up.
+                            // Z/(1−p) for every (row, key) of the tile; j0 % 4 == 0, so Philox counters line up.
                             for (int i = 0; i < br; ++i) {
-                                float* zrow = s.drop.data() + static_cast<std::ptrdiff_t>(i) * bcp;
-                                for (int j = 0; j < bcp; j += 4) {
-                                    const unsigned bits = drop.keep4(b, h, i0 + i, (j0 + j) / 4);
-                                    for (int r = 0; r < 4 && j + r < bcp; ++r)
-                                        zrow[j + r] = (bits >> r) & 1u ? drop_scale : 0.0f;
-                                }
+                                DropoutRowArgs da{drop.key[0], drop.key[1], drop.threshold, drop_scale,
+                                                  static_cast<std::uint32_t>(b), static_cast<std::uint32_t>(h),
+                                                  static_cast<std::uint32_t>(i0 + i), static_cast<std::uint32_t>(j0 / 4),
+                                                  (bcp + 3) / 4, s.drop.data() + static_cast<std::ptrdiff_t>(i) * bcp};
+                                dropout_row(da);
                             }
                             t.drop = s.drop.data();
                         }

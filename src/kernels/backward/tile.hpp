@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace attn::detail {
 
@@ -40,5 +41,19 @@ using TileFn = void (*)(const TileArgs&);
 
 void backward_tile_portable(const TileArgs& t);
 void backward_tile_avx2(const TileArgs& t);  // only call when the CPU has AVX2 and FMA
+
+// Dropout factors of 4·n4 consecutive keys 4·j4..4·j4+4·n4−1 of row (b, h, i):
+// out[k] = keep ? scale : 0, with keep as defined in src/core/dropout.hpp (Philox4x32-10,
+// counter (j4 + t, i, h, b), key = seed words, keep iff word >= threshold).
+struct DropoutRowArgs {
+    std::uint32_t key0, key1, threshold;
+    float scale;
+    std::uint32_t b, h, i, j4;
+    int n4;
+    float* out;
+};
+using DropoutRowFn = void (*)(const DropoutRowArgs&);
+void dropout_row_portable(const DropoutRowArgs& a);
+void dropout_row_avx2(const DropoutRowArgs& a);  // 8 Philox counters per AVX2 vector
 
 }  // namespace attn::detail

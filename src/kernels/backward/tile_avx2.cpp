@@ -136,4 +136,52 @@ void ds_row(const float* p, float* dp, int n, float D, float scale) {
 
 void backward_tile_avx2(const TileArgs& t) { tile_body(t); }
 
+// Philox4x32-10 on 8 counters at once (lanes = consecutive j4). The 32×32→64 products
+// come from _mm256_mul_epu32 on the even lanes and on the odd lanes shifted down.
+void dropout_row_avx2(const DropoutRowArgs& a) {
+    const __m256i m0 = _mm256_set1_epi32(static_cast<int>(0xD2511F53u));
+    const __m256i m1 = _mm256_set1_epi32(static_cast<int>(0xCD9E8D57u));
+    const __m256i w0 = _mm256_set1_epi32(static_cast<int>(0x9E3779B9u));
+    const __m256i w1 = _mm256_set1_epi32(static_cast<int>(0xBB67AE85u));
+    const __m256i thr = _mm256_set1_epi32(static_cast<int>(a.threshold));
+    const __m256 scale = _mm256_set1_ps(a.scale);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    auto mulhilo = [](__m256i x, __m256i m, __m256i& hi, __m256i& lo) {
+        const __m256i even = _mm256_mul_epu32(x, m);
+        const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(x, 32), m);
+        lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+        hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+    };
+    for (int t0 = 0; t0 < a.n4; t0 += 8) {
+        __m256i c0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(a.j4 + static_cast<std::uint32_t>(t0))), lane);
+        __m256i c1 = _mm256_set1_epi32(static_cast<int>(a.i));
+        __m256i c2 = _mm256_set1_epi32(static_cast<int>(a.h));
+        __m256i c3 = _mm256_set1_epi32(static_cast<int>(a.b));
+        __m256i k0 = _mm256_set1_epi32(static_cast<int>(a.key0)), k1 = _mm256_set1_epi32(static_cast<int>(a.key1));
+        for (int r = 0; r < 10; ++r) {
+            if (r > 0) {
+                k0 = _mm256_add_epi32(k0, w0);
+                k1 = _mm256_add_epi32(k1, w1);
+            }
+            __m256i hi0, lo0, hi1, lo1;
+            mulhilo(c0, m0, hi0, lo0);
+            mulhilo(c2, m1, hi1, lo1);
+            c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), k0);
+            c1 = lo1;
+            c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), k1);
+            c3 = lo0;
+        }
+        // keep iff word >= threshold (unsigned): max(word, thr) == word
+        alignas(32) float f[4][8];
+        const __m256i words[4] = {c0, c1, c2, c3};
+        for (int w = 0; w < 4; ++w) {
+            const __m256i keep = _mm256_cmpeq_epi32(_mm256_max_epu32(words[w], thr), words[w]);
+            _mm256_store_ps(f[w], _mm256_and_ps(_mm256_castsi256_ps(keep), scale));
+        }
+        const int n = a.n4 - t0 < 8 ? a.n4 - t0 : 8;
+        for (int t = 0; t < n; ++t)
+            for (int w = 0; w < 4; ++w) a.out[4 * (t0 + t) + w] = f[w][t];
+    }
+}
+
 }  // namespace attn::detail

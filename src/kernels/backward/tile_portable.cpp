@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstddef>
 
+#include "../../core/dropout.hpp"
 #include "tile.hpp"
 
 namespace attn::detail {
@@ -36,5 +37,12 @@ void ds_row(const float* p, float* dp, int n, float D, float scale) {
 }  // namespace
 
 void backward_tile_portable(const TileArgs& t) { tile_body(t); }
+
+void dropout_row_portable(const DropoutRowArgs& a) {
+    for (int t = 0; t < a.n4; ++t) {
+        const PhiloxCounter r = philox4x32_10({a.j4 + static_cast<std::uint32_t>(t), a.i, a.h, a.b}, {a.key0, a.key1});
+        for (int w = 0; w < 4; ++w) a.out[4 * t + w] = r[static_cast<std::size_t>(w)] >= a.threshold ? a.scale : 0.0f;
+    }
+}
 
 }  // namespace attn::detail
