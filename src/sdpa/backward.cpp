@@ -27,6 +27,17 @@ void require_like(const TensorView& t, const char* name, const Shape& expected, 
     }
 }
 
+// An output whose stride is 0 along a dimension of size > 1 would receive several
+// gradients in one element.
+void require_writable(const TensorView& t, const char* name) {
+    for (int d = 0; d < t.rank(); ++d) {
+        if (t.dim(d) > 1 && t.stride(d) == 0) {
+            fail(std::string(name) + ": stride 0 along dim " + std::to_string(d) + " of size " + std::to_string(t.dim(d)) +
+                 " (a broadcast view) cannot hold one gradient per element");
+        }
+    }
+}
+
 // Byte interval [lo, hi) a view can touch (strides may be negative or zero).
 struct Span {
     std::uintptr_t lo, hi;
@@ -64,8 +75,10 @@ void sdpa_backward(const TensorView& q, const TensorView& k, const TensorView& v
     const std::pair<const TensorView*, const char*> outs[] = {{&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}};
     const std::pair<const TensorView*, const char*> ins[] = {{&q, "q"},     {&k, "k"},   {&v, "v"},
                                                              {&out, "out"}, {&lse, "lse"}, {&grad_out, "grad_out"}};
-    for (const auto& [o, oname] : outs)
+    for (const auto& [o, oname] : outs) {
+        require_writable(*o, oname);
         for (const auto& [i, iname] : ins) require_disjoint(*o, oname, *i, iname);
+    }
     require_disjoint(dq, "dq", dk, "dk");
     require_disjoint(dq, "dq", dv, "dv");
     require_disjoint(dk, "dk", dv, "dv");

@@ -301,6 +301,9 @@ TEST(SdpaBackwardErrors, NameTheArgumentAndWriteNothing) {
     expect_error([&] { sdpa_backward(q, k, v, o, lse, dO, opt, q, dk, dv); }, "dq: must not share memory with q");
     expect_error([&] { sdpa_backward(q, k, v, o, lse, dO, opt, dq, dk, dk.view().slice(3, 0, 3)); },
                  "dk: must not share memory with dv");
+    Tensor one_row = poisoned(DType::f32, Shape{1, 2, 1, 4});
+    expect_error([&] { sdpa_backward(q, k, v, o, lse, dO, opt, one_row.view().broadcast_to(q.shape(), "dq"), dk, dv); },
+                 "dq: stride 0 along dim 2 of size 5 (a broadcast view) cannot hold one gradient per element");
     SdpaOptions bad = opt;
     bad.dropout_p = 1.0;
     expect_error([&] { sdpa_backward(q, k, v, o, lse, dO, bad, dq, dk, dv); }, "dropout_p: must be in [0, 1) but got 1");
