@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <functional>
+#include <ostream>
 
 #include "attn/error.hpp"
 #include "core/dropout.hpp"
@@ -34,6 +35,8 @@ struct FdCase {
     int mask;  // 0 none, 1 bool, 2 additive with −inf
     double dropout;
 };
+
+void PrintTo(const FdCase& c, std::ostream* os) { *os << c.name; }  // readable ctest names
 
 class FiniteDifferences : public ::testing::TestWithParam<FdCase> {};
 
