@@ -11,7 +11,7 @@ namespace attn {
 struct AttentionSteps {
     Tensor scores;         // (B, Hq, Lq, Lk)  S = Q·Kᵀ·scale
     Tensor masked_scores;  // (B, Hq, Lq, Lk)  S + additive mask; masked = −inf
-    Tensor weights;        // (B, Hq, Lq, Lk)  A
+    Tensor weights;        // (B, Hq, Lq, Lk)  A (with options.dropout_p > 0: A ∘ Z / (1 − p), what multiplies V)
     Tensor lse;            // (B, Hq, Lq)
     Tensor out;            // (B, Hq, Lq, Dv)  O
 };

@@ -48,6 +48,15 @@ struct SdpaOptions {
     std::optional<TensorView> additive_mask;  // dtype float32 or float64
     std::optional<TensorView> key_lengths;    // dtype int32 or int64, shape (B,)
     Impl impl = Impl::automatic;
+    // Dropout on the attention weights (training): each weight A[b,h,i,j] is kept with
+    // probability 1 − dropout_p and scaled by 1/(1 − dropout_p), else zeroed. The keep
+    // decision is a pure function of (dropout_seed, b, h, i, j) (Philox4x32-10, see
+    // src/core/dropout.hpp), so the backward regenerates it and no thread count changes
+    // it. 0 ≤ dropout_p < 1; dropout_p = 0 is exactly no dropout. lse is that of the
+    // undropped softmax; `weights`, when requested, are the dropped, rescaled weights
+    // that multiply V (as torch's MultiheadAttention returns them).
+    double dropout_p = 0.0;
+    std::uint64_t dropout_seed = 0;
 };
 
 // Filled by sdpa when asked: which kernel ran and why faster ones were declined.

@@ -31,6 +31,8 @@ struct SdpaProblem {
     double scale = 1.0;
     Causal causal = Causal::none;
     Window window{};
+    double dropout_p = 0.0;         // 0 ≤ p < 1; 0 = no dropout (src/core/dropout.hpp)
+    std::uint64_t dropout_seed = 0;
 
     // GQA head map: query head h reads KV head h / group (consecutive query heads share).
     std::int64_t kv_head(std::int64_t h) const { return h / group; }

@@ -154,6 +154,11 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
         fail("window: left and right must be >= 0, or -1 for unbounded, but got left=" + num(options.window.left) +
              " right=" + num(options.window.right));
     }
+    if (!(options.dropout_p >= 0.0 && options.dropout_p < 1.0)) {
+        fail("dropout_p: must be in [0, 1) but got " + std::to_string(options.dropout_p));
+    }
+    p.dropout_p = options.dropout_p;
+    p.dropout_seed = options.dropout_seed;
     p.causal = options.causal;
     p.window = options.window;
     // A bound of Lq + Lk or more excludes no key (|j − d| < Lq + Lk for every query i, key j and

@@ -1,5 +1,6 @@
 // attn sdpa --q Q.npy --k K.npy --v V.npy --out O.npy [--mask M.npy] [--causal top-left|bottom-right]
 //           [--scale S] [--weights W.npy] [--lse L.npy] [--impl auto|reference|flash] ...
+//           [--grad-out dO.npy --dq dQ.npy --dk dK.npy --dv dV.npy] [--dropout P --seed N]
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -9,6 +10,7 @@
 #include "attn/error.hpp"
 #include "attn/npy.hpp"
 #include "attn/sdpa.hpp"
+#include "attn/sdpa_backward.hpp"
 #include "commands.hpp"
 #include "output_files.hpp"
 
@@ -20,6 +22,9 @@ struct SdpaArgs {
     std::optional<double> scale;
     std::int64_t window_left = -1, window_right = -1;
     std::string window_align = "top-left";
+    std::string grad_out, dq, dk, dv;  // backward: gradients of <O, dO>
+    double dropout = 0.0;
+    std::uint64_t seed = 0;
     bool verbose = false;
 };
 
@@ -36,6 +41,16 @@ void run(const SdpaArgs& a) {
     outputs.add("--out", a.out);
     outputs.add("--weights", a.weights);
     outputs.add("--lse", a.lse);
+    outputs.add("--dq", a.dq);
+    outputs.add("--dk", a.dk);
+    outputs.add("--dv", a.dv);
+    const bool backward = !a.grad_out.empty();
+    if (backward && (a.dq.empty() || a.dk.empty() || a.dv.empty())) {
+        throw Error("--grad-out: needs --dq, --dk and --dv (where to write the gradients)");
+    }
+    if (!backward && (!a.dq.empty() || !a.dk.empty() || !a.dv.empty())) {
+        throw Error("--dq/--dk/--dv: need --grad-out dO.npy (the gradient of the loss with respect to O)");
+    }
     outputs.check();
 
     SdpaOptions opt;
@@ -48,6 +63,8 @@ void run(const SdpaArgs& a) {
         throw Error("--window-align: expected top-left or bottom-right but got '" + a.window_align + "'");
     }
     opt.window.align = a.window_align == "top-left" ? Align::top_left : Align::bottom_right;
+    opt.dropout_p = a.dropout;
+    opt.dropout_seed = a.seed;
 
     const Tensor q = read_input("--q", a.q);
     const Tensor k = read_input("--k", a.k);
@@ -74,23 +91,44 @@ void run(const SdpaArgs& a) {
     const std::int64_t Lk = k.shape().rank == 4 ? k.shape()[2] : 0, Dv = v.shape().rank == 4 ? v.shape()[3] : 0;
 
     Tensor o(DType::f32, Shape{B, Hq, Lq, Dv});
-    Tensor w, l;
+    Tensor w, l, dO, dq, dk, dv;
     TensorView wv, lv;
+    if (backward) {
+        dO = read_input("--grad-out", a.grad_out);
+        // The backward needs the forward's lse; keep it even when --lse is not written.
+        l = Tensor(DType::f32, Shape{B, Hq, Lq});
+        lv = l.view();
+    }
     if (!a.weights.empty()) {
         w = Tensor(DType::f32, Shape{B, Hq, Lq, Lk});
         wv = w.view();
     }
-    if (!a.lse.empty()) {
+    if (!a.lse.empty() && !backward) {
         l = Tensor(DType::f32, Shape{B, Hq, Lq});
         lv = l.view();
     }
     SdpaReport report;
-    sdpa(q, k, v, opt, o, a.lse.empty() ? nullptr : &lv, a.weights.empty() ? nullptr : &wv, &report);
+    sdpa(q, k, v, opt, o, lv.empty() ? nullptr : &lv, a.weights.empty() ? nullptr : &wv, &report);
     if (a.verbose) std::fprintf(stderr, "%s\n", report.explanation.c_str());
+    if (backward) {
+        // Gradients come out in the inputs' shapes; float64 inputs keep float64 gradients
+        // (the reference runs in double), float32 give float32.
+        dq = Tensor(q.dtype(), q.shape());
+        dk = Tensor(k.dtype(), k.shape());
+        dv = Tensor(v.dtype(), v.shape());
+        SdpaReport back;
+        sdpa_backward(q, k, v, o, l, dO, opt, dq, dk, dv, &back);
+        if (a.verbose) std::fprintf(stderr, "backward: %s\n", back.explanation.c_str());
+    }
 
     std::vector<std::pair<std::string, TensorView>> files{{a.out, o.view()}};
     if (!a.weights.empty()) files.emplace_back(a.weights, w.view());
     if (!a.lse.empty()) files.emplace_back(a.lse, l.view());
+    if (backward) {
+        files.emplace_back(a.dq, dq.view());
+        files.emplace_back(a.dk, dk.view());
+        files.emplace_back(a.dv, dv.view());
+    }
     OutputFiles::write_all(files);
 }
 
@@ -114,7 +152,14 @@ void add_sdpa_command(CLI::App& app) {
     cmd->add_option("--window-align", args->window_align, "diagonal of the window: top-left (default) or bottom-right");
     cmd->add_option("--weights", args->weights, "write attention weights A (B, Hq, Lq, Lk) as float32");
     cmd->add_option("--lse", args->lse, "write the row log-sum-exp (B, Hq, Lq) as float32");
-    cmd->add_option("--impl", args->impl, "kernel: auto, reference or flash");
+    cmd->add_option("--impl", args->impl, "kernel: auto, reference or flash (forward and backward)");
+    cmd->add_option("--grad-out", args->grad_out,
+                    "dO (B, Hq, Lq, Dv): also compute the gradients of <O, dO> (needs --dq, --dk, --dv)");
+    cmd->add_option("--dq", args->dq, "write dQ (B, Hq, Lq, Dk), in the dtype of Q");
+    cmd->add_option("--dk", args->dk, "write dK (B, Hkv, Lk, Dk), in the dtype of K");
+    cmd->add_option("--dv", args->dv, "write dV (B, Hkv, Lk, Dv), in the dtype of V");
+    cmd->add_option("--dropout", args->dropout, "dropout probability on the attention weights, 0 <= P < 1 (training)");
+    cmd->add_option("--seed", args->seed, "dropout seed (the same seed gives the same dropout mask)");
     cmd->add_flag("--verbose", args->verbose, "say which kernel ran and why others were declined");
     cmd->callback([args] { run(*args); });
 }

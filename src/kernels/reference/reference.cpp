@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 
+#include "../../core/dropout.hpp"
 #include "../../core/element_io.hpp"
 
 namespace attn::detail {
@@ -68,6 +69,15 @@ void softmax_rows(std::int64_t rows, std::int64_t cols, const std::vector<double
     }
 }
 
+// Step 3b — dropout (training only; added with the backward pass): A ← A ∘ Z / (1 − p),
+// Z[i][j] = the Philox keep decision of src/core/dropout.hpp. p = 0 leaves A untouched.
+void apply_dropout(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::vector<double>& A) {
+    const Dropout drop(p.dropout_p, p.dropout_seed);
+    if (!drop.active) return;
+    for (std::int64_t i = 0; i < p.Lq; ++i)
+        for (std::int64_t j = 0; j < p.Lk; ++j) A[static_cast<std::size_t>(i * p.Lk + j)] *= drop.factor(b, h, i, j);
+}
+
 // Step 4 — weighted sum of values: O[i] = Σ_j A[i][j]·V[j]
 void weighted_sum(const SdpaProblem& p, std::int64_t b, std::int64_t h, const std::vector<double>& A,
                   std::vector<double>& O) {
@@ -90,6 +100,7 @@ void reference_head(const SdpaProblem& p, std::int64_t b, std::int64_t h, HeadSt
     steps.masked_scores = steps.scores;
     apply_masks(p, b, h, steps.masked_scores);
     softmax_rows(p.Lq, p.Lk, steps.masked_scores, steps.weights, steps.lse);
+    apply_dropout(p, b, h, steps.weights);  // dropout: weights become the dropped, rescaled A
     weighted_sum(p, b, h, steps.weights, steps.out);
 }
 

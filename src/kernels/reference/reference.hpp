@@ -14,6 +14,7 @@ struct HeadSteps {
     std::vector<double> scores;         // S = Q·Kᵀ·scale
     std::vector<double> masked_scores;  // S + additive mask, masked positions = −inf
     std::vector<double> weights;        // A = softmax(masked S) by rows; a row with no key: 0
+                                        // (with dropout: A ∘ Z / (1 − p), what multiplies V)
     std::vector<double> lse;            // log Σ exp(masked S) per row; −inf for a row with no key
     std::vector<double> out;            // O = A·V
 };

@@ -1,0 +1,32 @@
+// attn::sdpa_backward — gradients of scaled dot-product attention (training).
+//
+// Given the forward's inputs and outputs and dO = ∂loss/∂O, computes
+//   dQ = ∂loss/∂Q, dK = ∂loss/∂K, dV = ∂loss/∂V
+// for O = dropout(softmax(Q·Kᵀ·scale + mask))·V with the same SdpaOptions as the forward
+// (masks, causal alignment, window, key lengths, scale, dropout_p/dropout_seed).
+//
+//   q: (B, Hq, Lq, Dk)   k: (B, Hkv, Lk, Dk)   v: (B, Hkv, Lk, Dv)      any strides
+//   out: (B, Hq, Lq, Dv) the forward's O         lse: (B, Hq, Lq) the forward's lse
+//   grad_out: (B, Hq, Lq, Dv) dO
+//   dq: like q, dk: like k, dv: like v           float32 or float64, written completely
+//
+// The fast kernel (Impl::flash, chosen by auto for float32 inputs) never stores the
+// Lq×Lk matrix: it recomputes P = exp(S − lse) tile by tile (FlashAttention-2's
+// backward). With GQA, dK and dV sum over the query heads sharing a KV head. A row with
+// no visible key contributes nothing (zero gradients, never NaN). The additive mask
+// gets no gradient. Results are bit-identical across runs and thread counts.
+// Impl::reference is the textbook gradient in double (it recomputes A from Q and K and
+// ignores out and lse, which are still checked).
+#pragma once
+
+#include "attn/sdpa.hpp"
+
+namespace attn {
+
+// Throws attn::Error (naming the argument, the expectation and what was given) before
+// writing anything. dq, dk and dv must not overlap each other or any input.
+void sdpa_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                   const TensorView& lse, const TensorView& grad_out, const SdpaOptions& options,
+                   const TensorView& dq, const TensorView& dk, const TensorView& dv, SdpaReport* report = nullptr);
+
+}  // namespace attn

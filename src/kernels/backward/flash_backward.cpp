@@ -1,0 +1,292 @@
+// Tiled fp32 backward of attention (FlashAttention-2's algorithm, on CPU threads).
+//
+// For each tile of query rows i and keys j it recomputes, never storing Lq×Lk:
+//   P  = exp(S·scale + bias − lseᵢ)         S = Q·Kᵀ, lse saved by the forward
+//   dP = dO·Vᵀ (∘ Z/(1−p) with dropout)     Dᵢ = rowsum(dO ∘ O), computed once
+//   dS = P ∘ (dP − Dᵢ)
+//   dV += P̂ᵀ·dO,  dK += scale·dSᵀ·Q,  dQ += scale·dS·K
+//
+// Work split (deterministic): one task = (batch, KV head, chunk of key blocks). A task
+// owns the dK/dV rows of its key blocks, summing over the query heads of its GQA group
+// in a fixed order, so no two tasks write the same dK/dV row. dQ gets contributions from
+// every key block: each chunk accumulates into its own dQ partial, and the partials are
+// added in chunk order at the end. The chunk count depends on the shape only, so the
+// result is bit-identical for any thread count and schedule.
+//
+// Tiles that the structural masks (causal, window, key lengths) hide completely are
+// skipped; tiles they cover completely run without a bias array.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include <omp.h>
+
+#include "../../core/dropout.hpp"
+#include "../../core/element_io.hpp"
+#include "backward.hpp"
+#include "tile.hpp"
+
+namespace attn::detail {
+namespace {
+
+constexpr int kBr = 64;  // query rows per tile
+constexpr int kBc = 64;  // keys per tile (a multiple of 4: dropout draws 4 keys per Philox call)
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+int round8(std::int64_t x) { return static_cast<int>((x + 7) / 8 * 8); }
+
+bool force_portable = false;
+
+// Rows of a (B, H, L, D) tensor as float32 rows with a padded width Dp: either the
+// caller's memory (float32, unit inner stride, D % 8 == 0) or a packed zero-padded copy.
+struct Rows {
+    const float* base = nullptr;
+    std::int64_t sb = 0, sh = 0, si = 0;
+    std::vector<float> storage;
+    const float* row(std::int64_t b, std::int64_t h, std::int64_t i) const { return base + b * sb + h * sh + i * si; }
+};
+
+// t: (B, H, L, D) → rows of width Dp
+void make_rows(const TensorView& t, int Dp, Rows& r) {
+    const std::int64_t B = t.dim(0), H = t.dim(1), L = t.dim(2), D = t.dim(3);
+    if (t.dtype() == DType::f32 && t.stride(3) == 1 && D == Dp) {
+        r.base = t.data_as<const float>();
+        r.sb = t.stride(0);
+        r.sh = t.stride(1);
+        r.si = t.stride(2);
+        return;
+    }
+    r.storage.assign(static_cast<std::size_t>(B * H * L * Dp), 0.0f);
+    r.si = Dp;
+    r.sh = L * Dp;
+    r.sb = H * L * Dp;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t bhi = 0; bhi < B * H * L; ++bhi) {
+        const std::int64_t b = bhi / (H * L), h = bhi / L % H, i = bhi % L;
+        float* dst = r.storage.data() + bhi * Dp;
+        for (std::int64_t d = 0; d < D; ++d) dst[d] = static_cast<float>(load(t, t.offset(b, h, i, d)));
+    }
+    r.base = r.storage.data();
+}
+
+struct Scratch {
+    std::vector<float> kt, vt, kp, dk, dv, S, dP, Pd, bias, drop;
+};
+
+}  // namespace
+
+bool flash_backward_has_avx2() {
+    static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return has;
+}
+
+// Tests call this to run the portable tile on an AVX2 machine.
+void flash_backward_force_portable(bool on) { force_portable = on; }
+
+// q: (B, Hq, Lq, Dk), k: (B, Hkv, Lk, Dk), v: (B, Hkv, Lk, Dv), out/grad_out: (B, Hq, Lq, Dv), lse: (B, Hq, Lq)
+const char* flash_backward(const BackwardProblem& bp) {
+    const SdpaProblem& p = bp.fwd;
+    // TODO(merge): use the shared src/core/cpu_features once the flash forward lands;
+    // this local check is the same test (__builtin_cpu_supports avx2 && fma).
+    const bool avx2 = flash_backward_has_avx2() && !force_portable;
+    const TileFn tile = avx2 ? backward_tile_avx2 : backward_tile_portable;
+    const DropoutRowFn dropout_row = avx2 ? dropout_row_avx2 : dropout_row_portable;
+
+    const std::int64_t B = p.B, Hq = p.Hq, Hkv = p.Hkv, Lq = p.Lq, Lk = p.Lk, Dk = p.Dk, Dv = p.Dv;
+    const int Dkp = round8(Dk), Dvp = round8(Dv);
+    const Dropout drop(p.dropout_p, p.dropout_seed);
+    const float scale = static_cast<float>(p.scale);
+    const float drop_scale = static_cast<float>(drop.scale);
+
+    Rows Q, dO;
+    make_rows(p.q, Dkp, Q);
+    make_rows(bp.grad_out, Dvp, dO);
+
+    // Per row: −lse (−inf for a row with no visible key) and D = rowsum(dO ∘ O).
+    const std::int64_t nrows = B * Hq * Lq;
+    std::vector<float> neg_lse(static_cast<std::size_t>(nrows)), Drow(static_cast<std::size_t>(nrows));
+#pragma omp parallel for schedule(static)
+    for (std::int64_t r = 0; r < nrows; ++r) {
+        const std::int64_t b = r / (Hq * Lq), h = r / Lq % Hq, i = r % Lq;
+        const double lse = load(*p.lse, p.lse->offset(b, h, i));
+        neg_lse[static_cast<std::size_t>(r)] = lse == -INFINITY ? kNegInf : static_cast<float>(-lse);
+        double acc = 0.0;
+        for (std::int64_t d = 0; d < Dv; ++d)
+            acc += load(bp.grad_out, bp.grad_out.offset(b, h, i, d)) * load(p.out, p.out.offset(b, h, i, d));
+        Drow[static_cast<std::size_t>(r)] = static_cast<float>(acc);
+    }
+    // Visible key interval of every query row (causal, window, key lengths).
+    std::vector<std::int64_t> lo(static_cast<std::size_t>(B * Lq)), hi(static_cast<std::size_t>(B * Lq));
+    for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t i = 0; i < Lq; ++i) {
+            const KeyRange kr = p.key_range(b, i);
+            lo[static_cast<std::size_t>(b * Lq + i)] = kr.lo;
+            hi[static_cast<std::size_t>(b * Lq + i)] = kr.hi;
+        }
+
+    // Chunks of key blocks per (b, KV head): enough tasks to keep 8 threads busy when
+    // B·Hkv is small. A function of the shape only (determinism).
+    const std::int64_t nkb = (Lk + kBc - 1) / kBc;
+    const std::int64_t nchunks = std::clamp<std::int64_t>((8 + B * Hkv - 1) / (B * Hkv), 1, nkb);
+    const std::size_t dq_part = static_cast<std::size_t>(B * Hq * Lq * Dkp);
+    std::unique_ptr<float[]> dq_ws(new float[dq_part * static_cast<std::size_t>(nchunks)]);
+    const std::int64_t tasks = B * Hkv * nchunks;
+
+#pragma omp parallel
+    {
+        Scratch s;
+        const int Bcp = round8(kBc);
+        s.kt.assign(static_cast<std::size_t>(Dk * Bcp), 0.0f);
+        s.vt.assign(static_cast<std::size_t>(Dv * Bcp), 0.0f);
+        s.kp.assign(static_cast<std::size_t>(kBc * Dkp), 0.0f);
+        s.dk.resize(static_cast<std::size_t>(kBc * Dkp));
+        s.dv.resize(static_cast<std::size_t>(kBc * Dvp));
+        for (auto* t : {&s.S, &s.dP, &s.Pd, &s.bias}) t->resize(static_cast<std::size_t>(kBr * Bcp));
+        s.drop.resize(static_cast<std::size_t>(kBr * (Bcp + 3) / 4 * 4));  // whole Philox blocks
+
+        // Each thread zeroes a slice of the dQ partials (first touch on the thread that uses it most).
+#pragma omp for schedule(static)
+        for (std::int64_t e = 0; e < static_cast<std::int64_t>(dq_part) * nchunks; e += 4096)
+            std::memset(dq_ws.get() + e, 0,
+                        sizeof(float) * static_cast<std::size_t>(std::min<std::int64_t>(4096, dq_part * nchunks - e)));
+
+#pragma omp for schedule(dynamic, 1)
+        for (std::int64_t task = 0; task < tasks; ++task) {
+            const std::int64_t b = task / (Hkv * nchunks), hk = task / nchunks % Hkv, c = task % nchunks;
+            float* dq_c = dq_ws.get() + static_cast<std::size_t>(c) * dq_part;
+            for (std::int64_t kb = c * nkb / nchunks; kb < (c + 1) * nkb / nchunks; ++kb) {
+                const std::int64_t j0 = kb * kBc;
+                const int bc = static_cast<int>(std::min<std::int64_t>(kBc, Lk - j0)), bcp = round8(bc);
+                // Pack Kᵀ, Vᵀ (d-major, keys contiguous, zero-padded to bcp) and K (key-major, padded to Dkp).
+                for (int j = 0; j < bc; ++j) {
+                    for (std::int64_t d = 0; d < Dk; ++d) {
+                        const float kv = static_cast<float>(load(p.k, p.k.offset(b, hk, j0 + j, d)));
+                        s.kt[static_cast<std::size_t>(d * bcp + j)] = kv;
+                        s.kp[static_cast<std::size_t>(j * Dkp + d)] = kv;
+                    }
+                    for (std::int64_t d = 0; d < Dv; ++d)
+                        s.vt[static_cast<std::size_t>(d * bcp + j)] = static_cast<float>(load(p.v, p.v.offset(b, hk, j0 + j, d)));
+                }
+                for (int j = bc; j < bcp; ++j) {
+                    for (std::int64_t d = 0; d < Dk; ++d) s.kt[static_cast<std::size_t>(d * bcp + j)] = 0.0f;
+                    for (std::int64_t d = 0; d < Dv; ++d) s.vt[static_cast<std::size_t>(d * bcp + j)] = 0.0f;
+                }
+                std::fill(s.dk.begin(), s.dk.end(), 0.0f);
+                std::fill(s.dv.begin(), s.dv.end(), 0.0f);
+
+                for (std::int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h) {
+                    for (std::int64_t i0 = 0; i0 < Lq; i0 += kBr) {
+                        const int br = static_cast<int>(std::min<std::int64_t>(kBr, Lq - i0));
+                        // Classify the tile by the structural masks: hidden, fully visible, or partial.
+                        bool any = false, full = !p.has_elementwise_mask();
+                        for (int i = 0; i < br; ++i) {
+                            const std::int64_t l = lo[static_cast<std::size_t>(b * Lq + i0 + i)];
+                            const std::int64_t u = hi[static_cast<std::size_t>(b * Lq + i0 + i)];
+                            any |= std::max(l, j0) < std::min(u, j0 + bc);
+                            full &= l <= j0 && u >= j0 + bc;
+                        }
+                        if (!any) continue;
+                        const std::size_t row0 = static_cast<std::size_t>((b * Hq + h) * Lq + i0);
+                        TileArgs t;
+                        t.br = br;
+                        t.bc = bc;
+                        t.bcp = bcp;
+                        t.Dk = static_cast<int>(Dk);
+                        t.Dv = static_cast<int>(Dv);
+                        t.Dkp = Dkp;
+                        t.Dvp = Dvp;
+                        t.q = Q.row(b, h, i0);
+                        t.ldq = Q.si;
+                        t.dO = dO.row(b, h, i0);
+                        t.ldo = dO.si;
+                        t.kt = s.kt.data();
+                        t.vt = s.vt.data();
+                        t.kp = s.kp.data();
+                        t.neg_lse = neg_lse.data() + row0;
+                        t.Drow = Drow.data() + row0;
+                        t.scale = scale;
+                        t.S = s.S.data();
+                        t.dP = s.dP.data();
+                        t.Pd = s.Pd.data();
+                        t.dq = dq_c + row0 * static_cast<std::size_t>(Dkp);
+                        t.lddq = Dkp;
+                        t.dk = s.dk.data();
+                        t.dv = s.dv.data();
+                        if (!full) {
+                            // bias = additive mask where visible, −inf where any mask hides the key.
+                            for (int i = 0; i < br; ++i) {
+                                const std::int64_t gi = i0 + i;
+                                const std::int64_t l = lo[static_cast<std::size_t>(b * Lq + gi)];
+                                const std::int64_t u = hi[static_cast<std::size_t>(b * Lq + gi)];
+                                float* brow = s.bias.data() + static_cast<std::ptrdiff_t>(i) * bcp;
+                                // Visible interval of this row within the tile; masks read by typed pointers.
+                                const int jl = static_cast<int>(std::clamp<std::int64_t>(l - j0, 0, bc));
+                                const int ju = static_cast<int>(std::clamp<std::int64_t>(u - j0, jl, bc));
+                                for (int j = 0; j < bc; ++j) brow[j] = j >= jl && j < ju ? 0.0f : kNegInf;
+                                if (p.additive_mask) {
+                                    const TensorView& m = *p.additive_mask;
+                                    const std::int64_t o = m.offset(b, h, gi, j0), sj = m.stride(3);
+                                    if (m.dtype() == DType::f32) {
+                                        const float* mp = m.data_as<const float>() + o;
+                                        for (int j = jl; j < ju; ++j) brow[j] = mp[j * sj];
+                                    } else {
+                                        const double* mp = m.data_as<const double>() + o;
+                                        for (int j = jl; j < ju; ++j) brow[j] = static_cast<float>(mp[j * sj]);
+                                    }
+                                }
+                                if (p.bool_mask) {
+                                    const TensorView& m = *p.bool_mask;
+                                    // bytes, not bool: any nonzero byte means "may attend"
+                                    const auto* mp = m.data_as<const std::uint8_t>() + m.offset(b, h, gi, j0);
+                                    const std::int64_t sj = m.stride(3);
+                                    for (int j = jl; j < ju; ++j)
+                                        if (mp[j * sj] == 0) brow[j] = kNegInf;
+                                }
+                                for (int j = bc; j < bcp; ++j) brow[j] = kNegInf;
+                            }
+                            t.bias = s.bias.data();
+                        }
+                        if (drop.active) {
+                            // Z/(1−p) for every (row, key) of the tile; j0 % 4 == 0, so Philox counters line up.
+                            for (int i = 0; i < br; ++i) {
+                                DropoutRowArgs da{drop.key[0], drop.key[1], drop.threshold, drop_scale,
+                                                  static_cast<std::uint32_t>(b), static_cast<std::uint32_t>(h),
+                                                  static_cast<std::uint32_t>(i0 + i), static_cast<std::uint32_t>(j0 / 4),
+                                                  (bcp + 3) / 4, s.drop.data() + static_cast<std::ptrdiff_t>(i) * bcp};
+                                dropout_row(da);
+                            }
+                            t.drop = s.drop.data();
+                        }
+                        tile(t);
+                    }
+                }
+                // This task owns dK/dV rows j0..j0+bc of KV head hk.
+                for (int j = 0; j < bc; ++j) {
+                    for (std::int64_t d = 0; d < Dk; ++d)
+                        store(bp.dk, bp.dk.offset(b, hk, j0 + j, d), s.dk[static_cast<std::size_t>(j * Dkp + d)]);
+                    for (std::int64_t d = 0; d < Dv; ++d)
+                        store(bp.dv, bp.dv.offset(b, hk, j0 + j, d), s.dv[static_cast<std::size_t>(j * Dvp + d)]);
+                }
+            }
+        }
+
+        // dQ = Σ over chunks, in chunk order.
+#pragma omp for schedule(static)
+        for (std::int64_t r = 0; r < nrows; ++r) {
+            const std::int64_t b = r / (Hq * Lq), h = r / Lq % Hq, i = r % Lq;
+            for (std::int64_t d = 0; d < Dk; ++d) {
+                float acc = dq_ws[static_cast<std::size_t>(r * Dkp + d)];
+                for (std::int64_t c = 1; c < nchunks; ++c)
+                    acc += dq_ws[static_cast<std::size_t>(c) * dq_part + static_cast<std::size_t>(r * Dkp + d)];
+                store(bp.dq, bp.dq.offset(b, h, i, d), acc);
+            }
+        }
+    }
+    return avx2 ? "avx2" : "portable";
+}
+
+}  // namespace attn::detail

@@ -1,0 +1,84 @@
+// The textbook gradient of attention, in double: the oracle the tiled backward is tested
+// against. It uses the softmax Jacobian directly (no saved lse, no Dᵢ trick), so the two
+// paths share only the forward's definition.
+#include <vector>
+
+#include "../../core/dropout.hpp"
+#include "../../core/element_io.hpp"
+#include "../reference/reference.hpp"
+#include "backward.hpp"
+
+namespace attn::detail {
+namespace {
+
+// Rows of a (B, H, L, D) view for one (b, h), as a dense L×D double matrix.
+std::vector<double> load_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t L, std::int64_t D) {
+    std::vector<double> m(static_cast<std::size_t>(L * D));
+    for (std::int64_t i = 0; i < L; ++i)
+        for (std::int64_t d = 0; d < D; ++d) m[static_cast<std::size_t>(i * D + d)] = load(t, t.offset(b, h, i, d));
+    return m;
+}
+
+void store_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t L, std::int64_t D,
+                const std::vector<double>& m) {
+    for (std::int64_t i = 0; i < L; ++i)
+        for (std::int64_t d = 0; d < D; ++d) store(t, t.offset(b, h, i, d), m[static_cast<std::size_t>(i * D + d)]);
+}
+
+}  // namespace
+
+// One task per (b, KV head): dK and dV sum over the `group` query heads reading it.
+void reference_backward(const BackwardProblem& bp) {
+    const SdpaProblem& p = bp.fwd;
+    SdpaProblem undropped = p;  // the reference forward's A before dropout
+    undropped.dropout_p = 0.0;
+    const Dropout drop(p.dropout_p, p.dropout_seed);
+    const std::int64_t Lq = p.Lq, Lk = p.Lk, Dk = p.Dk, Dv = p.Dv;
+    const std::int64_t tasks = p.B * p.Hkv;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (std::int64_t t = 0; t < tasks; ++t) {
+        const std::int64_t b = t / p.Hkv, hk = t % p.Hkv;
+        const std::vector<double> K = load_rows(p.k, b, hk, Lk, Dk);  // (Lk, Dk)
+        const std::vector<double> V = load_rows(p.v, b, hk, Lk, Dv);  // (Lk, Dv)
+        std::vector<double> dK(static_cast<std::size_t>(Lk * Dk), 0.0), dV(static_cast<std::size_t>(Lk * Dv), 0.0);
+        std::vector<double> dA(static_cast<std::size_t>(Lk));
+        for (std::int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h) {
+            HeadSteps s;
+            reference_head(undropped, b, h, s);  // s.weights = A (Lq, Lk)
+            const std::vector<double> Q = load_rows(p.q, b, h, Lq, Dk);         // (Lq, Dk)
+            const std::vector<double> dO = load_rows(bp.grad_out, b, h, Lq, Dv);  // (Lq, Dv)
+            std::vector<double> dQ(static_cast<std::size_t>(Lq * Dk), 0.0);
+            for (std::int64_t i = 0; i < Lq; ++i) {
+                const double* A = s.weights.data() + i * Lk;
+                const double* dOi = dO.data() + i * Dv;
+                // dA[j] = Z/(1−p) · dO[i]·V[j];  dV[j] += A[i][j]·Z/(1−p) · dO[i]
+                double r = 0.0;  // rowsum(A ∘ dA)
+                for (std::int64_t j = 0; j < Lk; ++j) {
+                    dA[static_cast<std::size_t>(j)] = 0.0;
+                    if (A[j] == 0.0) continue;  // masked: no gradient flows (even through an inf in V)
+                    const double f = drop.factor(b, h, i, j);
+                    double dot = 0.0;
+                    for (std::int64_t d = 0; d < Dv; ++d) dot += dOi[d] * V[static_cast<std::size_t>(j * Dv + d)];
+                    dA[static_cast<std::size_t>(j)] = f * dot;
+                    r += A[j] * dA[static_cast<std::size_t>(j)];
+                    const double w = A[j] * f;
+                    for (std::int64_t d = 0; d < Dv; ++d) dV[static_cast<std::size_t>(j * Dv + d)] += w * dOi[d];
+                }
+                // dS[j] = A[j]·(dA[j] − r);  dQ[i] += scale·dS[j]·K[j];  dK[j] += scale·dS[j]·Q[i]
+                for (std::int64_t j = 0; j < Lk; ++j) {
+                    if (A[j] == 0.0) continue;
+                    const double ds = p.scale * A[j] * (dA[static_cast<std::size_t>(j)] - r);
+                    for (std::int64_t d = 0; d < Dk; ++d) {
+                        dQ[static_cast<std::size_t>(i * Dk + d)] += ds * K[static_cast<std::size_t>(j * Dk + d)];
+                        dK[static_cast<std::size_t>(j * Dk + d)] += ds * Q[static_cast<std::size_t>(i * Dk + d)];
+                    }
+                }
+            }
+            store_rows(bp.dq, b, h, Lq, Dk, dQ);
+        }
+        store_rows(bp.dk, b, hk, Lk, Dk, dK);
+        store_rows(bp.dv, b, hk, Lk, Dv, dV);
+    }
+}
+
+}  // namespace attn::detail

@@ -1,0 +1,41 @@
+// The tile of the tiled backward, written once over two ISA hooks the including file
+// defines in its own anonymous namespace:
+//   gemm(M, N, K, a, a_rs, a_ks, b, ldb, c, ldc, accumulate)
+//       C(M×N) (+)= A(M×K)·B(K×N); A(r, k) = a[r·a_rs + k·a_ks]; B, C row-major; N % 8 == 0
+//   exp_row(s, n, scale, neg_lse, bias)      s[j] ← exp(s[j]·scale + bias[j] + neg_lse) (bias may be null)
+//   ds_row(p, dp, n, D, scale)               dp[j] ← p[j] = 0 ? 0 : scale·p[j]·(dp[j] − D)
+// Included inside an anonymous namespace; needs <cstddef>.
+
+void tile_body(const TileArgs& t) {
+    const int br = t.br, bc = t.bc, bcp = t.bcp;
+    // S = Q·Kᵀ  (br × bcp, inner Dk)
+    gemm(br, bcp, t.Dk, t.q, t.ldq, 1, t.kt, bcp, t.S, bcp, false);
+    // P = exp(S·scale + bias − lse)   (a dead row has −lse = −inf → 0); padded keys → 0
+    for (int i = 0; i < br; ++i) {
+        float* s = t.S + static_cast<std::ptrdiff_t>(i) * bcp;
+        exp_row(s, bcp, t.scale, t.neg_lse[i], t.bias ? t.bias + static_cast<std::ptrdiff_t>(i) * bcp : nullptr);
+        for (int j = bc; j < bcp; ++j) s[j] = 0.0f;
+    }
+    // dP = dO·Vᵀ  (br × bcp, inner Dv)
+    gemm(br, bcp, t.Dv, t.dO, t.ldo, 1, t.vt, bcp, t.dP, bcp, false);
+    // Dropout: O used P̂ = P∘Z/(1−p), so dV takes P̂ and dP picks up the same factor.
+    const float* pv = t.S;
+    if (t.drop) {
+        for (std::ptrdiff_t e = 0; e < static_cast<std::ptrdiff_t>(br) * bcp; ++e) {
+            t.Pd[e] = t.S[e] * t.drop[e];
+            t.dP[e] *= t.drop[e];
+        }
+        pv = t.Pd;
+    }
+    // dV += P̂ᵀ·dO  (bc × Dvp, inner br): A(r = key j, k = row i) = P̂[i][j]
+    gemm(bc, t.Dvp, br, pv, 1, bcp, t.dO, t.ldo, t.dv, t.Dvp, true);
+    // dS = scale · P∘(dP − Dᵢ)   (scale folded in once for dQ and dK)
+    for (int i = 0; i < br; ++i) {
+        const std::ptrdiff_t o = static_cast<std::ptrdiff_t>(i) * bcp;
+        ds_row(t.S + o, t.dP + o, bcp, t.Drow[i], t.scale);
+    }
+    // dK += dSᵀ·Q  (bc × Dkp, inner br)
+    gemm(bc, t.Dkp, br, t.dP, 1, bcp, t.q, t.ldq, t.dk, t.Dkp, true);
+    // dQ += dS·K  (br × Dkp, inner bc)
+    gemm(br, t.Dkp, bc, t.dP, bcp, 1, t.kp, t.Dkp, t.dq, t.lddq, true);
+}

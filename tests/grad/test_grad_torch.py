@@ -1,0 +1,214 @@
+"""attn sdpa --grad-out … against torch 1.13 autograd of the textbook expression, through
+the CLI. float32 inputs run the tiled backward; torch computes in float64 from the same
+float32 values. Dropout uses an independent numpy Philox4x32-10 of the documented keying.
+
+Tolerance (float32 kernel): max |attn − torch| ≤ 3e-5 · the case's largest gradient —
+fp32 rounding ε = 6e-8 over sums of up to ~2·10⁴ terms with random signs grows like
+√n·ε ≈ 1e-5; 3e-5 leaves room for cancellation. float64 inputs (the reference): 1e-10.
+"""
+import os
+import subprocess
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+
+ATTN = os.environ.get("ATTN_BIN", "attn")
+TOL32 = 3e-5
+TOL64 = 1e-10
+
+
+def philox4x32_10(ctr, key):
+    """ctr: 4 uint64 arrays holding uint32 values; key: 2 python ints. Vectorised."""
+    M0, M1, W0, W1 = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85
+    mask = np.uint64(0xFFFFFFFF)
+    c0, c1, c2, c3 = (np.asarray(c, dtype=np.uint64) for c in ctr)
+    k0, k1 = np.uint64(key[0]), np.uint64(key[1])
+    for r in range(10):
+        if r:
+            k0 = (k0 + np.uint64(W0)) & mask
+            k1 = (k1 + np.uint64(W1)) & mask
+        p0 = np.uint64(M0) * c0
+        p1 = np.uint64(M1) * c2
+        c0, c1, c2, c3 = ((p1 >> np.uint64(32)) ^ c1 ^ k0), (p1 & mask), ((p0 >> np.uint64(32)) ^ c3 ^ k1), (p0 & mask)
+    return c0, c1, c2, c3
+
+
+def test_philox_known_answers():
+    # Random123 tests/kat_vectors, the philox4x32 10 lines.
+    vecs = [((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+            ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+            ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+             (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1))]
+    for ctr, key, want in vecs:
+        got = philox4x32_10([np.array([c]) for c in ctr], key)
+        assert tuple(int(g[0]) for g in got) == want
+
+
+def dropout_factor(p, seed, B, H, Lq, Lk):
+    """(B, H, Lq, Lk) float64: 0 or 1/(1-p), from the keying documented in src/core/dropout.hpp."""
+    b, h, i, j = np.meshgrid(np.arange(B), np.arange(H), np.arange(Lq), np.arange(Lk), indexing="ij")
+    outs = philox4x32_10([j // 4, i, h, b], (seed & 0xFFFFFFFF, seed >> 32))
+    r = np.choose(j % 4, outs)
+    threshold = min(int(np.rint(p * 2.0**32)), 0xFFFFFFFF)
+    return np.where(r >= threshold, 1.0 / (1.0 - p), 0.0)
+
+
+def keep_mask(c, kl):
+    """Structural masks as the docs define them: (B, 1, Lq, Lk) bool, True = may attend."""
+    i = np.arange(c["Lq"])[:, None]
+    j = np.arange(c["Lk"])[None, :]
+    keep = np.ones((c["B"], 1, c["Lq"], c["Lk"]), dtype=bool)
+    if c["causal"] == "top-left":
+        keep &= j <= i
+    elif c["causal"] == "bottom-right":
+        keep &= j <= i + c["Lk"] - c["Lq"]
+    if c["window"] is not None:
+        left, right, align = c["window"]
+        d = i if align == "top-left" else i + c["Lk"] - c["Lq"]
+        if left >= 0:
+            keep &= j >= d - left
+        if right >= 0:
+            keep &= j <= d + right
+    if kl is not None:
+        keep &= (np.arange(c["Lk"])[None, None, None, :] < kl[:, None, None, None])
+    return keep
+
+
+def torch_grads(c, q, k, v, dO, mask, kl, drop):
+    """Textbook attention in float64 with autograd; returns O, dQ, dK, dV."""
+    q, k, v = (torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in (q, k, v))
+    g = c["Hq"] // c["Hkv"]
+    kk, vv = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    s = (q @ kk.transpose(-2, -1)) * (1.0 / np.sqrt(c["Dk"]))
+    keep = torch.tensor(keep_mask(c, kl))
+    if mask is not None and mask.dtype == np.bool_:
+        keep = keep & torch.tensor(mask)
+    elif mask is not None:
+        s = s + torch.tensor(mask, dtype=torch.float64)
+    keep = keep.expand(s.shape)
+    s = s.masked_fill(~keep, float("-inf"))
+    if mask is not None and mask.dtype != np.bool_:
+        keep = keep & torch.isfinite(s)
+    dead = ~keep.any(-1, keepdim=True)  # rows with no visible key: output 0, no gradient
+    a = torch.softmax(s.masked_fill(dead, 0.0), dim=-1) * (~dead)
+    if drop is not None:
+        a = a * torch.tensor(drop)
+    o = a @ vv
+    (o * torch.tensor(dO, dtype=torch.float64)).sum().backward()
+    return o.detach().numpy(), q.grad.numpy(), k.grad.numpy(), v.grad.numpy()
+
+
+def run_cli(tmp, c, q, k, v, dO, mask, kl):
+    files = {"q": q, "k": k, "v": v, "do": dO}
+    for n, x in files.items():
+        np.save(os.path.join(tmp, n + ".npy"), x)
+    cmd = [ATTN, "sdpa"] + [f"--{n}={os.path.join(tmp, n + '.npy')}" for n in "qkv"]
+    cmd += ["--out", os.path.join(tmp, "o.npy"), "--grad-out", os.path.join(tmp, "do.npy")]
+    cmd += [f"--{n}={os.path.join(tmp, n + '.npy')}" for n in ("dq", "dk", "dv")]
+    if mask is not None:
+        np.save(os.path.join(tmp, "mask.npy"), mask)
+        cmd += ["--mask", os.path.join(tmp, "mask.npy")]
+    if kl is not None:
+        np.save(os.path.join(tmp, "kl.npy"), kl)
+        cmd += ["--key-lengths", os.path.join(tmp, "kl.npy")]
+    if c["causal"] != "none":
+        cmd += ["--causal", c["causal"]]
+    if c["window"] is not None:
+        cmd += ["--window-left", str(c["window"][0]), "--window-right", str(c["window"][1]),
+                "--window-align", c["window"][2]]
+    if c["p"] > 0:
+        cmd += ["--dropout", str(c["p"]), "--seed", str(c["seed"])]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return [np.load(os.path.join(tmp, n + ".npy")) for n in ("o", "dq", "dk", "dv")]
+
+
+def random_case(rng, t):
+    Hkv = int(rng.choice([1, 2, 3]))
+    Dk = int(rng.choice([1, 3, 8, 16, 24, 40, 64]))
+    c = dict(B=int(rng.choice([1, 2])), Hkv=Hkv, Hq=Hkv * int(rng.choice([1, 2, 4])),
+             Lq=int(rng.choice([1, 2, 9, 31, 64, 65, 97])), Lk=int(rng.choice([1, 3, 17, 64, 65, 80, 150])),
+             Dk=Dk, Dv=Dk if rng.random() < 0.5 else int(rng.choice([1, 5, 16, 33])),
+             causal=["none", "top-left", "bottom-right"][t % 3],
+             mask=["none", "bool", "additive", "none"][(t // 3) % 4],
+             window=None, kl=rng.random() < 0.25, p=0.3 if rng.random() < 0.2 else 0.0,
+             seed=int(rng.integers(0, 2**63)))
+    if rng.random() < 0.15:
+        c["window"] = (int(rng.integers(0, 10)), int(rng.integers(-1, 4)), ["top-left", "bottom-right"][t % 2])
+    return c
+
+
+def make_inputs(c, rng, dtype):
+    q = rng.standard_normal((c["B"], c["Hq"], c["Lq"], c["Dk"])).astype(dtype)
+    k = rng.standard_normal((c["B"], c["Hkv"], c["Lk"], c["Dk"])).astype(dtype)
+    v = rng.standard_normal((c["B"], c["Hkv"], c["Lk"], c["Dv"])).astype(dtype)
+    dO = rng.standard_normal((c["B"], c["Hq"], c["Lq"], c["Dv"])).astype(dtype)
+    mask = None
+    if c["mask"] == "bool":  # broadcast from (Lq, Lk) or (B, Hq, Lq, Lk)
+        shape = (c["Lq"], c["Lk"]) if rng.random() < 0.5 else (c["B"], c["Hq"], c["Lq"], c["Lk"])
+        mask = rng.random(shape) > 0.3
+    elif c["mask"] == "additive":
+        mask = rng.standard_normal((c["B"], 1, c["Lq"], c["Lk"])).astype(dtype)
+        mask[rng.random(mask.shape) < 0.2] = -np.inf
+    kl = rng.integers(0, c["Lk"] + 1, size=c["B"]).astype(np.int64) if c["kl"] else None
+    return q, k, v, dO, mask, kl
+
+
+def check_case(c, dtype, tol, seed):
+    rng = np.random.default_rng(seed)
+    q, k, v, dO, mask, kl = make_inputs(c, rng, dtype)
+    drop = dropout_factor(c["p"], c["seed"], c["B"], c["Hq"], c["Lq"], c["Lk"]) if c["p"] > 0 else None
+    want = torch_grads(c, q, k, v, dO, mask, kl, drop)
+    with tempfile.TemporaryDirectory() as tmp:
+        got = run_cli(tmp, c, q, k, v, dO, mask, kl)
+    for g in got[1:]:  # gradients keep the inputs' dtype (O is always written as float32)
+        assert g.dtype == dtype
+        assert np.isfinite(g).all()
+    den = max(np.abs(w).max() for w in want[1:]) + 1e-300
+    errs = [np.abs(g - w).max() / den for g, w in zip(got[1:], want[1:])]
+    oerr = np.abs(got[0] - want[0]).max() / (np.abs(want[0]).max() + 1e-300)
+    assert max(errs) <= tol and oerr <= max(tol, 1e-6), f"{c}: relative errors dq/dk/dv {errs}, out {oerr}"
+    print(f"[grad-err] {np.dtype(dtype).name} {max(errs):.3e}")  # shown with pytest -s
+    return max(errs)
+
+
+CASES32 = [random_case(np.random.default_rng(1000 + t), t) for t in range(110)]
+
+
+@pytest.mark.parametrize("t", range(len(CASES32)))
+def test_float32_tiled_backward_matches_torch(t):
+    check_case(CASES32[t], np.float32, TOL32, 2000 + t)
+
+
+CASES64 = [random_case(np.random.default_rng(5000 + t), t) for t in range(24)]
+
+
+@pytest.mark.parametrize("t", range(len(CASES64)))
+def test_float64_reference_backward_matches_torch(t):
+    check_case(CASES64[t], np.float64, TOL64, 6000 + t)
+
+
+def test_grad_out_errors_leave_no_files(tmp_path):
+    rng = np.random.default_rng(0)
+    for n, s in [("q", (1, 2, 5, 4)), ("k", (1, 2, 6, 4)), ("v", (1, 2, 6, 3)), ("bad", (1, 2, 6, 3))]:
+        np.save(tmp_path / f"{n}.npy", rng.standard_normal(s).astype(np.float32))
+    base = [ATTN, "sdpa", "--q", str(tmp_path / "q.npy"), "--k", str(tmp_path / "k.npy"), "--v",
+            str(tmp_path / "v.npy"), "--out", str(tmp_path / "o.npy")]
+    grads = ["--dq", str(tmp_path / "dq.npy"), "--dk", str(tmp_path / "dk.npy"), "--dv", str(tmp_path / "dv.npy")]
+    cases = [
+        (["--grad-out", str(tmp_path / "bad.npy")] + grads, "grad_out: expected the shape of out (1, 2, 5, 3) but got (1, 2, 6, 3)"),
+        (["--grad-out", str(tmp_path / "bad.npy"), "--dq", str(tmp_path / "dq.npy")], "--grad-out: needs --dq, --dk and --dv"),
+        (grads, "need --grad-out"),
+        (["--grad-out", str(tmp_path / "bad.npy"), "--dq", str(tmp_path / "o.npy"), "--dk", str(tmp_path / "dk.npy"),
+          "--dv", str(tmp_path / "dv.npy")], ("--dq: path", "--out")),
+        (["--dropout", "1.5"], "dropout_p: must be in [0, 1) but got 1.5"),
+        (["--dropout", "-0.1"], "dropout_p: must be in [0, 1)"),
+    ]
+    for extra, msg in cases:
+        r = subprocess.run(base + extra, capture_output=True, text=True)
+        assert r.returncode == 2, (extra, r.stderr)
+        for part in (msg,) if isinstance(msg, str) else msg:  # the CLI's own wording may change
+            assert part in r.stderr, (extra, r.stderr)
+        assert not any((tmp_path / f).exists() for f in ("o.npy", "dq.npy", "dk.npy", "dv.npy")), extra
