@@ -1,0 +1,39 @@
+// Flash kernel front: what it supports, its tile sizes, and the ISA switch.
+#include "flash.hpp"
+
+#include <cstdlib>
+
+namespace attn::detail {
+
+FlashTiles flash_default_tiles(std::int64_t Dk, std::int64_t Dv) {
+    (void)Dk;
+    (void)Dv;
+    return FlashTiles{64, 64};
+}
+
+std::string flash_decline_reason(const SdpaProblem& p) {
+    auto not_f32 = [](const TensorView& t, const char* name) -> std::string {
+        if (t.dtype() == DType::f32) return {};
+        return std::string(name) + " is " + std::string(dtype_name(t.dtype())) +
+               ": the flash kernel reads float32 Q, K, V";
+    };
+    for (const auto& [t, name] : {std::pair{&p.q, "Q"}, std::pair{&p.k, "K"}, std::pair{&p.v, "V"}}) {
+        std::string r = not_f32(*t, name);
+        if (!r.empty()) return r;
+    }
+    return {};
+}
+
+void flash_forward(const SdpaProblem& p, Isa isa, int threads, const FlashTiles* tiles) {
+    const FlashTiles t = tiles != nullptr ? *tiles : flash_default_tiles(p.Dk, p.Dv);
+    if (threads <= 0) {
+        if (const char* env = std::getenv("ATTN_NUM_THREADS")) threads = std::atoi(env);
+    }
+    if (isa == Isa::avx2 && cpu_features().has_avx2_fma_f16c()) {
+        flash_forward_avx2(p, t, threads);
+    } else {
+        flash_forward_generic(p, t, threads);
+    }
+}
+
+}  // namespace attn::detail
