@@ -30,52 +30,75 @@ inline __m256 exp2_ps(__m256 x) {
     return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(kMin), _CMP_LT_OQ), r);
 }
 
+// Accumulators are named variables, not arrays: GCC kept arrays of __m256 on the stack
+// (a store per FMA pair; v1 of the lab ran at 36 GFLOP/s on S2 because of it).
+#define ATTN_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+
+// s[r][0..16) = c2 · Σ_d k[r][d]·qt[d][0..16)   for r < R     k: (R, ldk), qt: (Dk, 16)
 template <int R>
 inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, float c2, float* s, int ldS) {
-    __m256 a0[R], a1[R];
-    for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
-    const float* kr[R];
-    for (int r = 0; r < R; ++r) kr[r] = k + r * ldk;
+#define DECL(r)                                                      \
+    __m256 a##r##0 = _mm256_setzero_ps(), a##r##1 = _mm256_setzero_ps(); \
+    const float* k##r = k + (R > r ? r : 0) * ldk;
+    ATTN_ROWS(DECL)
+#undef DECL
     for (int d = 0; d < Dk; ++d) {
         const __m256 q0 = _mm256_load_ps(qt + d * kPanel);
         const __m256 q1 = _mm256_load_ps(qt + d * kPanel + 8);
-        for (int r = 0; r < R; ++r) {
-            const __m256 kb = _mm256_broadcast_ss(kr[r] + d);
-            a0[r] = _mm256_fmadd_ps(kb, q0, a0[r]);
-            a1[r] = _mm256_fmadd_ps(kb, q1, a1[r]);
-        }
+#define STEP(r)                                              \
+    if constexpr (R > r) {                                   \
+        const __m256 kb = _mm256_broadcast_ss(k##r + d);     \
+        a##r##0 = _mm256_fmadd_ps(kb, q0, a##r##0);          \
+        a##r##1 = _mm256_fmadd_ps(kb, q1, a##r##1);          \
+    }
+        ATTN_ROWS(STEP)
+#undef STEP
     }
     const __m256 vc = _mm256_set1_ps(c2);
-    for (int r = 0; r < R; ++r) {
-        _mm256_store_ps(s + r * ldS, _mm256_mul_ps(a0[r], vc));
-        _mm256_store_ps(s + r * ldS + 8, _mm256_mul_ps(a1[r], vc));
+#define STORE(r)                                                       \
+    if constexpr (R > r) {                                             \
+        _mm256_store_ps(s + r * ldS, _mm256_mul_ps(a##r##0, vc));      \
+        _mm256_store_ps(s + r * ldS + 8, _mm256_mul_ps(a##r##1, vc));  \
     }
+    ATTN_ROWS(STORE)
+#undef STORE
 }
 
+// ot[r][0..16) = alpha·ot[r] + Σ_j v[j][r]·p[j][0..16)   for r < R   v: (nk, ldv), p: (nk, ldP)
 template <int R>
 inline void pv_tile(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, float* ot, int ldO,
                     const float* alpha) {
     const __m256 al0 = _mm256_load_ps(alpha), al1 = _mm256_load_ps(alpha + 8);
-    __m256 a0[R], a1[R];
-    for (int r = 0; r < R; ++r) {
-        a0[r] = _mm256_mul_ps(_mm256_load_ps(ot + r * ldO), al0);
-        a1[r] = _mm256_mul_ps(_mm256_load_ps(ot + r * ldO + 8), al1);
+#define DECL(r)                                                                               \
+    __m256 a##r##0 = _mm256_setzero_ps(), a##r##1 = _mm256_setzero_ps();                      \
+    if constexpr (R > r) {                                                                    \
+        a##r##0 = _mm256_mul_ps(_mm256_load_ps(ot + r * ldO), al0);                           \
+        a##r##1 = _mm256_mul_ps(_mm256_load_ps(ot + r * ldO + 8), al1);                       \
     }
+    ATTN_ROWS(DECL)
+#undef DECL
     for (int j = 0; j < nk; ++j) {
         const __m256 p0 = _mm256_load_ps(p + j * ldP);
         const __m256 p1 = _mm256_load_ps(p + j * ldP + 8);
         const float* vj = v + j * ldv;
-        for (int r = 0; r < R; ++r) {
-            const __m256 vb = _mm256_broadcast_ss(vj + r);
-            a0[r] = _mm256_fmadd_ps(vb, p0, a0[r]);
-            a1[r] = _mm256_fmadd_ps(vb, p1, a1[r]);
-        }
+#define STEP(r)                                              \
+    if constexpr (R > r) {                                   \
+        const __m256 vb = _mm256_broadcast_ss(vj + r);       \
+        a##r##0 = _mm256_fmadd_ps(vb, p0, a##r##0);          \
+        a##r##1 = _mm256_fmadd_ps(vb, p1, a##r##1);          \
     }
-    for (int r = 0; r < R; ++r) {
-        _mm256_store_ps(ot + r * ldO, a0[r]);
-        _mm256_store_ps(ot + r * ldO + 8, a1[r]);
+        ATTN_ROWS(STEP)
+#undef STEP
     }
+#define STORE(r)                                        \
+    if constexpr (R > r) {                              \
+        _mm256_store_ps(ot + r * ldO, a##r##0);         \
+        _mm256_store_ps(ot + r * ldO + 8, a##r##1);     \
+    }
+    ATTN_ROWS(STORE)
+#undef STORE
 }
+#undef ATTN_ROWS
 
 struct Avx2Ops {
     static void qk(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s, int ldS) {

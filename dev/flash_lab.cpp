@@ -1,0 +1,177 @@
+// Kernel lab for the flash forward (STYLE.md habit 11): validate a slice against the
+// reference, then time. Not a benchmark (that is `attn bench`); a tool to choose tiles.
+//
+//   flash_lab [--shape S1..S4|S8] [B H Lq Lk D causal] [--mb N] [--nb N] [--isa generic|avx2]
+//             [--threads N] [--reps N] [--peak]
+//
+// Method: one warm-up run, then --reps runs; prints median and min time and GFLOP/s with
+// FLOPs = 4·B·H·Lq·Lk·D (causal: the visible pairs, ≈ half). --peak first measures the
+// AVX2 FMA peak (10 independent accumulator chains per thread) on the same threads.
+//
+// ── Changelog (2 threads, g++ 12 -O3, this machine; S2 = B1 H16 L4096 D64, S3 = L4096 D128 causal)
+// v1  transposed 6×16 micro-kernels, Mb = Nb = 64                      (numbers below)
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/sdpa.hpp"
+#include "attn/tensor.hpp"
+#include "kernels/flash/flash.hpp"
+#include "kernels/reference/reference.hpp"
+#include "sdpa/problem.hpp"
+
+using namespace attn;
+using namespace attn::detail;
+
+namespace {
+
+// CPU seconds of the whole process (all threads): on a shared machine, FLOPs per CPU
+// second per thread says what the code does when it runs, wall time what it got.
+double cpu_seconds() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+__attribute__((target("avx2,fma"))) double fma_peak(int threads, double& best_cpu) {
+    const long iters = 20'000'000;
+    double best = 0;
+    best_cpu = 0;
+    for (int rep = 0; rep < 3; ++rep) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const double c0 = cpu_seconds();
+        float sink = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+        {
+            __m256 a[10];
+            for (int i = 0; i < 10; ++i) a[i] = _mm256_set1_ps(1.0f + i * 1e-3f);
+            const __m256 x = _mm256_set1_ps(0.9999999f), y = _mm256_set1_ps(1e-7f);
+            for (long it = 0; it < iters; ++it) {
+                for (int i = 0; i < 10; ++i) a[i] = _mm256_fmadd_ps(a[i], x, y);
+                // keep the compiler from folding iterations: the values are opaque
+                asm volatile("" : "+x"(a[0]), "+x"(a[1]), "+x"(a[2]), "+x"(a[3]), "+x"(a[4]));
+                asm volatile("" : "+x"(a[5]), "+x"(a[6]), "+x"(a[7]), "+x"(a[8]), "+x"(a[9]));
+            }
+            for (int i = 0; i < 10; ++i) sink += _mm256_cvtss_f32(a[i]);
+        }
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double c = (cpu_seconds() - c0) / threads;
+        best = std::max(best, 2.0 * 8 * 10 * iters * threads / s / 1e9);
+        best_cpu = std::max(best_cpu, 2.0 * 8 * 10 * iters * threads / c / 1e9);
+        if (sink == 12345) std::puts("");
+    }
+    return best;
+}
+
+void fill(const Tensor& t, unsigned seed) {
+    std::mt19937 g(seed);
+    std::normal_distribution<float> n(0.f, 1.f);
+    float* p = t.data_as<float>();
+    for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = n(g);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::int64_t B = 1, H = 16, Lq = 4096, Lk = 4096, D = 64;
+    bool causal = false, peak = false;
+    FlashTiles tiles{};
+    bool tiles_set_mb = false, tiles_set_nb = false;
+    Isa isa = Isa::avx2;
+    int threads = 2, reps = 5;
+    std::vector<std::string> pos;
+    for (int i = 1; i < argc; ++i) {
+        std::string a = argv[i];
+        auto next = [&] { return std::string(argv[++i]); };
+        if (a == "--shape") {
+            std::string s = next();
+            if (s == "S1") { B = 1; H = 16; Lq = Lk = 1024; D = 64; causal = false; }
+            else if (s == "S2") { B = 1; H = 16; Lq = Lk = 4096; D = 64; causal = false; }
+            else if (s == "S3") { B = 1; H = 16; Lq = Lk = 4096; D = 128; causal = true; }
+            else if (s == "S4") { B = 2; H = 8; Lq = 512; Lk = 4096; D = 64; causal = false; }
+            else if (s == "S8") { B = 1; H = 8; Lq = Lk = 32768; D = 64; causal = true; }
+            else { std::fprintf(stderr, "unknown shape %s\n", s.c_str()); return 2; }
+        } else if (a == "--mb") { tiles.Mb = std::stoi(next()); tiles_set_mb = true; }
+        else if (a == "--nb") { tiles.Nb = std::stoi(next()); tiles_set_nb = true; }
+        else if (a == "--isa") isa = next() == "generic" ? Isa::generic : Isa::avx2;
+        else if (a == "--threads") threads = std::stoi(next());
+        else if (a == "--reps") reps = std::stoi(next());
+        else if (a == "--peak") peak = true;
+        else pos.push_back(a);
+    }
+    if (pos.size() == 6) {
+        B = std::stoll(pos[0]); H = std::stoll(pos[1]); Lq = std::stoll(pos[2]); Lk = std::stoll(pos[3]);
+        D = std::stoll(pos[4]); causal = pos[5] == "1";
+    }
+    const FlashTiles def = flash_default_tiles(D, D);
+    if (!tiles_set_mb) tiles.Mb = def.Mb;
+    if (!tiles_set_nb) tiles.Nb = def.Nb;
+    if (peak) {
+        double cpu = 0;
+        const double wall = fma_peak(threads, cpu);
+        std::printf("FMA peak (%d threads): %.1f GFLOP/s wall, %.1f per CPU-second x threads\n", threads, wall, cpu);
+    }
+
+    Tensor q(DType::f32, Shape{B, H, Lq, D}), k(DType::f32, Shape{B, H, Lk, D}), v(DType::f32, Shape{B, H, Lk, D}),
+        o(DType::f32, Shape{B, H, Lq, D});
+    fill(q, 1);
+    fill(k, 2);
+    fill(v, 3);
+    std::memset(o.data(), 0, o.nbytes());
+    SdpaOptions opt;
+    opt.causal = causal ? Causal::top_left : Causal::none;
+
+    // Validate: head 0, the first min(Lq, 192) queries (a slice view), against the reference.
+    {
+        const std::int64_t n = std::min<std::int64_t>(Lq, 192);
+        TensorView qs = q.view().slice(0, 0, 1).slice(1, 0, 1).slice(2, 0, n);
+        TensorView ks = k.view().slice(0, 0, 1).slice(1, 0, 1), vs = v.view().slice(0, 0, 1).slice(1, 0, 1);
+        Tensor of(DType::f32, Shape{1, 1, n, D}), orf(DType::f32, Shape{1, 1, n, D});
+        SdpaProblem pf = make_problem(qs, ks, vs, opt, of, nullptr, nullptr);
+        SdpaProblem pr = make_problem(qs, ks, vs, opt, orf, nullptr, nullptr);
+        flash_forward(pf, isa, threads, &tiles);
+        reference_forward(pr);
+        double worst = 0;
+        for (std::int64_t i = 0; i < of.numel(); ++i)
+            worst = std::max(worst, (double)std::fabs(of.data_as<float>()[i] - orf.data_as<float>()[i]));
+        std::printf("check vs reference (head 0, %lld queries): max |diff| = %.3g%s\n", (long long)n, worst,
+                    worst < 1e-4 ? "" : "  FAIL");
+        if (!(worst < 1e-4)) return 1;
+    }
+
+    SdpaProblem p = make_problem(q, k, v, opt, o, nullptr, nullptr);
+    double flops = 0;
+    for (std::int64_t i = 0; i < Lq; ++i) {
+        const KeyRange r = p.key_range(0, i);
+        flops += (double)std::max<std::int64_t>(0, r.hi - r.lo);
+    }
+    flops *= 4.0 * (double)B * (double)H * (double)D;
+    std::vector<double> t, ct;
+    for (int r = 0; r <= reps; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const double c0 = cpu_seconds();
+        flash_forward(p, isa, threads, &tiles);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (r > 0) t.push_back(s);  // the first run warms caches and pages
+        if (r > 0) ct.push_back((cpu_seconds() - c0) / threads);
+    }
+    std::sort(t.begin(), t.end());
+    std::sort(ct.begin(), ct.end());
+    const double med = t[t.size() / 2];
+    std::printf("B%lld H%lld Lq%lld Lk%lld D%lld %s isa=%s threads=%d Mb=%d Nb=%d: median %.4f s  min %.4f s  "
+                "%.1f GFLOP/s (min-time %.1f; per CPU-second x threads %.1f)\n",
+                (long long)B, (long long)H, (long long)Lq, (long long)Lk, (long long)D, causal ? "causal" : "full",
+                isa_name(isa), threads, tiles.Mb, tiles.Nb, med, t.front(), flops / med / 1e9, flops / t.front() / 1e9,
+                flops / ct[ct.size() / 2] / 1e9);
+    return 0;
+}
