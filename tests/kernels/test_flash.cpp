@@ -510,6 +510,8 @@ TEST(FlashFixed, NamedLengths) {
     Worst worst;
     for (std::int64_t L : {1, 7, 63, 65, 1000})
         for (Causal causal : {Causal::none, Causal::top_left, Causal::bottom_right}) {
+            // the reduced (sanitizer) run keeps one L = 1000 case: the reference is slow there
+            if (L == 1000 && causal != Causal::none && std::getenv("ATTN_FLASH_TEST_CASES_PER_SHARD") != nullptr) continue;
             Case c;
             c.Lq = L;
             c.Lk = L == 1000 ? 1000 : L + 3;
