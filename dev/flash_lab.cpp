@@ -9,7 +9,22 @@
 // AVX2 FMA peak (10 independent accumulator chains per thread) on the same threads.
 //
 // ── Changelog (2 threads, g++ 12 -O3, this machine; S2 = B1 H16 L4096 D64, S3 = L4096 D128 causal)
-// v1  transposed 6×16 micro-kernels, Mb = Nb = 64                      (numbers below)
+// The machine was shared and loaded (load average 5–16) throughout, so the comparable
+// number is FLOP per CPU-second per thread ("per CPU-second x threads"), next to the FMA
+// loop's figure from the same run (≈ 94 quiet, 73–80 under that load).
+// v1  transposed 6×16 micro-kernels, Mb = Nb = 64, accumulators in arrays:
+//     S2 36 GFLOP/s wall (2 threads, before the load). GCC kept the __m256 arrays on the
+//     stack: one store per FMA pair.
+// v2  named accumulators (macro-unrolled rows): 1 thread, B1 H4 L4096 D64: 63.9–66.5 per
+//     CPU-second (FMA loop 80 in the same run).
+// v3  softmax max with 4 independent chains, sum with 2 (the single max chain waited on
+//     vmaxps latency: 6 % of the time in one instruction): 65.1–65.5 (FMA loop 73–75).
+// Tiles (v3, 1 thread, B1 H2 L4096, per CPU-second; losing sizes kept, ± 5 noise):
+//     D64   Mb\Nb   32    64    128   256        D128  Mb\Nb   32    64    128   256
+//           32     44.0  64.4  64.3  62.6             32     69.9  68.0  63.9  61.0
+//           64     60.6  67.2  61.2  63.2             64     58.5  68.7  69.0  66.4
+//           128    61.9  60.2  66.3  65.9             128    63.3  67.3  67.1  68.7
+//     → Mb = Nb = 64 for every head dim (flat within the noise elsewhere).
 #include <immintrin.h>
 #include <omp.h>
 
