@@ -2,7 +2,7 @@
 // reference, then time. Not a benchmark (that is `attn bench`); a tool to choose tiles.
 //
 //   flash_lab [--shape S1..S4|S8] [B H Lq Lk D causal] [--mb N] [--nb N] [--isa generic|avx2]
-//             [--threads N] [--reps N] [--peak]
+//             [--threads N] [--reps N] [--peak] [--no-check] [--no-warmup]
 //
 // Method: one warm-up run, then --reps runs; prints median and min time and GFLOP/s with
 // FLOPs = 4·B·H·Lq·Lk·D (causal: the visible pairs, ≈ half). --peak first measures the
@@ -99,7 +99,7 @@ void fill(const Tensor& t, unsigned seed) {
 
 int main(int argc, char** argv) {
     std::int64_t B = 1, H = 16, Lq = 4096, Lk = 4096, D = 64;
-    bool causal = false, peak = false;
+    bool causal = false, peak = false, check = true, warmup = true;
     FlashTiles tiles{};
     bool tiles_set_mb = false, tiles_set_nb = false;
     Isa isa = Isa::avx2;
@@ -122,6 +122,8 @@ int main(int argc, char** argv) {
         else if (a == "--threads") threads = std::stoi(next());
         else if (a == "--reps") reps = std::stoi(next());
         else if (a == "--peak") peak = true;
+        else if (a == "--no-check") check = false;  // e.g. for peak RSS: the check's reference stores Lq×Lk
+        else if (a == "--no-warmup") warmup = false;
         else pos.push_back(a);
     }
     if (pos.size() == 6) {
@@ -147,7 +149,7 @@ int main(int argc, char** argv) {
     opt.causal = causal ? Causal::top_left : Causal::none;
 
     // Validate: head 0, the first min(Lq, 192) queries (a slice view), against the reference.
-    {
+    if (check) {
         const std::int64_t n = std::min<std::int64_t>(Lq, 192);
         TensorView qs = q.view().slice(0, 0, 1).slice(1, 0, 1).slice(2, 0, n);
         TensorView ks = k.view().slice(0, 0, 1).slice(1, 0, 1), vs = v.view().slice(0, 0, 1).slice(1, 0, 1);
@@ -172,7 +174,7 @@ int main(int argc, char** argv) {
     }
     flops *= 4.0 * (double)B * (double)H * (double)D;
     std::vector<double> t, ct;
-    for (int r = 0; r <= reps; ++r) {
+    for (int r = warmup ? 0 : 1; r <= reps; ++r) {
         const auto t0 = std::chrono::steady_clock::now();
         const double c0 = cpu_seconds();
         flash_forward(p, isa, threads, &tiles);
