@@ -8,7 +8,8 @@
 // program (COMDAT), and a CPU without AVX2 would then fault in generic code.
 //
 // ── The algorithm (FlashAttention-2, transposed for a CPU) ──────────────────────────
-// One task = (b, h, a block of Mb queries). For it:
+// One task = (b, h, a block of Mb queries) — or, for Lq < Mb, all queries of several
+// heads sharing a KV head (see run_flash). For it:
 //   Qᵀ  is packed once into panels of 16 queries: QT[panel][d][16] (zero-padded past Lq).
 //   for each block of ≤ Nb keys inside the union of the queries' visible key ranges:
 //     Sᵀ[j][i] = (K[j]·Q[i]) · scale·log2(e)              ← Sᵀ: (keys, queries)
@@ -84,8 +85,10 @@ struct Workspace {
     float* l = nullptr;      // (Mb) running sum
     float* alpha = nullptr;  // (Mb) rescale of this key block
     float* lse2 = nullptr;   // (Mb) log2(l), for the weights pass
-    std::int64_t* lo = nullptr;  // (Mb) visible key range of each query
+    std::int64_t* lo = nullptr;  // (Mb) visible key range of each column's query
     std::int64_t* hi = nullptr;
+    std::int64_t* ch = nullptr;  // (Mb) query head of each column
+    std::int64_t* ci = nullptr;  // (Mb) query index of each column
     void* block = nullptr;
 
     Workspace(const SdpaProblem& p, const FlashTiles& t, bool pack_k, bool pack_v) {
@@ -97,7 +100,7 @@ struct Workspace {
                                      pack_k ? round64(Nb * static_cast<std::size_t>(p.Dk)) : 0,
                                      pack_v ? round64(Nb * static_cast<std::size_t>(p.Dv)) : 0,
                                      round64(Mb), round64(Mb), round64(Mb), round64(Mb),
-                                     round64(2 * Mb), round64(2 * Mb)};
+                                     round64(2 * Mb), round64(2 * Mb), round64(2 * Mb), round64(2 * Mb)};
         std::size_t total = 0;
         for (std::size_t sz : sizes) total += sz;
         block = std::aligned_alloc(64, total);
@@ -109,19 +112,21 @@ struct Workspace {
             *floats[i] = sizes[i] ? reinterpret_cast<float*>(c) : nullptr;
             c += sizes[i];
         }
-        lo = reinterpret_cast<std::int64_t*>(c);
-        c += sizes[9];
-        hi = reinterpret_cast<std::int64_t*>(c);
+        std::int64_t** ints[] = {&lo, &hi, &ch, &ci};
+        for (std::int64_t** slot : ints) {
+            *slot = reinterpret_cast<std::int64_t*>(c);
+            c += sizes[i++];
+        }
     }
     ~Workspace() { std::free(block); }
     Workspace(const Workspace&) = delete;
     Workspace& operator=(const Workspace&) = delete;
 };
 
-// Qᵀ panels of one query block, zero past the last query.
+// Qᵀ panels of one block of columns (query head ch[c], query ci[c]), zero past the last.
 // q: (B, Hq, Lq, Dk) any strides  →  qt: (panels, Dk, 16)
-inline void pack_qt(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::int64_t i0, int nq, int panels,
-                    float* qt) {
+inline void pack_qt(const SdpaProblem& p, std::int64_t b, const std::int64_t* ch, const std::int64_t* ci, int nq,
+                    int panels, float* qt) {
     const float* q = p.q.data_as<const float>();
     const std::int64_t sd = p.q.stride(3);
     for (int pn = 0; pn < panels; ++pn) {
@@ -129,7 +134,7 @@ inline void pack_qt(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::i
         for (int c = 0; c < kPanel; ++c) {
             const int qi = pn * kPanel + c;
             if (qi < nq) {
-                const float* src = q + p.q.offset(b, h, i0 + qi, 0);
+                const float* src = q + p.q.offset(b, ch[qi], ci[qi], 0);
                 for (std::int64_t d = 0; d < p.Dk; ++d) dst[d * kPanel + c] = src[d * sd];
             } else {
                 for (std::int64_t d = 0; d < p.Dk; ++d) dst[d * kPanel + c] = 0.0f;
@@ -148,30 +153,30 @@ inline void pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::
 
 // The element-wise masks on one tile: Sᵀ[j][c] += additive·log2e; −inf where the bool
 // mask says false. Both are (B, Hq, Lq, Lk) views (broadcast dims have stride 0).
-// s: (nk, ldS) tile of keys j0.., queries i0..i0+nq
+// s: (nk, ldS) tile of keys j0.., columns 0..nq (query head ch[c], query ci[c])
 template <class A>
-void apply_additive(const TensorView& mask, std::int64_t b, std::int64_t h, std::int64_t i0, int nq, std::int64_t j0,
-                    std::int64_t nk, float* s, int ldS) {
+void apply_additive(const TensorView& mask, std::int64_t b, const std::int64_t* ch, const std::int64_t* ci, int nq,
+                    std::int64_t j0, std::int64_t nk, float* s, int ldS) {
     const A* base = mask.data_as<const A>();
     const std::int64_t sj = mask.stride(3);
     for (int c = 0; c < nq; ++c) {
-        const A* row = base + mask.offset(b, h, i0 + c, j0);
+        const A* row = base + mask.offset(b, ch[c], ci[c], j0);
         for (std::int64_t j = 0; j < nk; ++j) s[j * ldS + c] += static_cast<float>(row[j * sj]) * kLog2e;
     }
 }
 
-inline void apply_masks(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::int64_t i0, int nq, std::int64_t j0,
-                        std::int64_t nk, float* s, int ldS) {
+inline void apply_masks(const SdpaProblem& p, std::int64_t b, const std::int64_t* ch, const std::int64_t* ci, int nq,
+                        std::int64_t j0, std::int64_t nk, float* s, int ldS) {
     if (p.additive_mask) {
-        if (p.additive_mask->dtype() == DType::f32) apply_additive<float>(*p.additive_mask, b, h, i0, nq, j0, nk, s, ldS);
-        else apply_additive<double>(*p.additive_mask, b, h, i0, nq, j0, nk, s, ldS);
+        if (p.additive_mask->dtype() == DType::f32) apply_additive<float>(*p.additive_mask, b, ch, ci, nq, j0, nk, s, ldS);
+        else apply_additive<double>(*p.additive_mask, b, ch, ci, nq, j0, nk, s, ldS);
     }
     if (p.bool_mask) {
         const TensorView& mask = *p.bool_mask;
         const unsigned char* base = mask.data_as<const unsigned char>();
         const std::int64_t sj = mask.stride(3);
         for (int c = 0; c < nq; ++c) {
-            const unsigned char* row = base + mask.offset(b, h, i0 + c, j0);
+            const unsigned char* row = base + mask.offset(b, ch[c], ci[c], j0);
             for (std::int64_t j = 0; j < nk; ++j)
                 if (row[j * sj] == 0) s[j * ldS + c] = kNegInf;
         }
@@ -191,8 +196,7 @@ inline void apply_ranges(const std::int64_t* lo, const std::int64_t* hi, int nco
 
 // Sᵀ (scaled to base 2, masked) of keys [j0, j0+nk) against all panels of the block.
 template <class Ops>
-void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t h, std::int64_t hk,
-                std::int64_t i0, int nq, int panels, std::int64_t j0, std::int64_t nk, int ldS, float c2,
+void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t hk, int nq, int panels, std::int64_t j0, std::int64_t nk, int ldS, float c2,
                 bool ranges_partial) {
     const float* kp;
     std::int64_t ldk;
@@ -212,14 +216,19 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
                     ldS);
     }
     if (ranges_partial) apply_ranges(w.lo, w.hi, nq, j0, nk, w.s, ldS);
-    if (p.has_elementwise_mask()) apply_masks(p, b, h, i0, nq, j0, nk, w.s, ldS);
+    if (p.has_elementwise_mask()) apply_masks(p, b, w.ch, w.ci, nq, j0, nk, w.s, ldS);
 }
 
-// One task: queries [i0, i0+nq) of head (b, h).
+// One task: queries [i0, i0+nq) of the nh query heads h0.. (all reading KV head hk) of
+// batch b. Column c of the block is query i0 + c % nq of head h0 + c / nq.
 template <class Ops>
-void run_block(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::int64_t b, std::int64_t h,
-               std::int64_t i0, int nq) {
-    const std::int64_t hk = p.kv_head(h);
+void run_block(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::int64_t b, std::int64_t hk,
+               std::int64_t h0, int nh, std::int64_t i0, int nq_head) {
+    const int nq = nh * nq_head;
+    for (int c = 0; c < nq; ++c) {
+        w.ch[c] = h0 + c / nq_head;
+        w.ci[c] = i0 + c % nq_head;
+    }
     const int panels = (nq + kPanel - 1) / kPanel, ncols = panels * kPanel, ldS = t.Mb, ldO = t.Mb;
     const float c2 = static_cast<float>(p.scale * 1.4426950408889634);
 
@@ -227,7 +236,7 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::int
     std::int64_t ulo = p.Lk, uhi = 0;
     for (int c = 0; c < ncols; ++c) {
         KeyRange r{0, 0};
-        if (c < nq) r = p.key_range(b, i0 + c);
+        if (c < nq) r = p.key_range(b, w.ci[c]);
         if (r.empty()) r = KeyRange{0, 0};
         w.lo[c] = r.lo;
         w.hi[c] = r.hi;
@@ -237,7 +246,7 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::int
         }
     }
 
-    pack_qt(p, b, h, i0, nq, panels, w.qt);
+    pack_qt(p, b, w.ch, w.ci, nq, panels, w.qt);
     for (int c = 0; c < ncols; ++c) {
         w.m[c] = kNegInf;
         w.l[c] = 0.0f;
@@ -249,7 +258,7 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::int
         const std::int64_t nk = imin(t.Nb, uhi - j0);
         bool partial = false;
         for (int c = 0; c < nq && !partial; ++c) partial = w.lo[c] > j0 || w.hi[c] < j0 + nk;
-        score_tile<Ops>(p, w, b, h, hk, i0, nq, panels, j0, nk, ldS, c2, partial);
+        score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, c2, partial);
 
         Ops::softmax(w.s, ldS, static_cast<int>(nk), ncols, w.m, w.l, w.alpha);
 
@@ -274,7 +283,7 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::int
     for (int c = 0; c < nq; ++c) {
         const float l = w.l[c];
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        const std::int64_t base = p.out.offset(b, h, i0 + c, 0), sd = p.out.stride(3);
+        const std::int64_t base = p.out.offset(b, w.ch[c], w.ci[c], 0), sd = p.out.stride(3);
         if (out_f32) {
             float* o = p.out.data_as<float>() + base;
             for (std::int64_t d = 0; d < p.Dv; ++d) o[d * sd] = w.ot[d * ldO + c] * inv;
@@ -286,7 +295,7 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::int
         if (p.lse) {
             const double lse = l > 0.0f ? static_cast<double>(w.m[c]) * 0.6931471805599453 + std::log(static_cast<double>(l))
                                         : -std::numeric_limits<double>::infinity();
-            store(*p.lse, p.lse->offset(b, h, i0 + c), lse);
+            store(*p.lse, p.lse->offset(b, w.ch[c], w.ci[c]), lse);
         }
     }
 
@@ -302,7 +311,7 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::int
     const bool w_f32 = W.dtype() == DType::f32;
     const std::int64_t wj = W.stride(3);
     for (int c = 0; c < nq; ++c) {  // keys outside every tile: 0
-        const std::int64_t base = W.offset(b, h, i0 + c, 0);
+        const std::int64_t base = W.offset(b, w.ch[c], w.ci[c], 0);
         for (std::int64_t j = 0; j < p.Lk; ++j) {
             if (j == ulo && ulo < uhi) j = uhi;
             if (j >= p.Lk) break;
@@ -314,10 +323,10 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::int
         const std::int64_t nk = imin(t.Nb, uhi - j0);
         bool partial = false;
         for (int c = 0; c < nq && !partial; ++c) partial = w.lo[c] > j0 || w.hi[c] < j0 + nk;
-        score_tile<Ops>(p, w, b, h, hk, i0, nq, panels, j0, nk, ldS, c2, partial);
+        score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, c2, partial);
         Ops::weights_exp(w.s, ldS, static_cast<int>(nk), ncols, w.m, w.lse2);
         for (int c = 0; c < nq; ++c) {
-            const std::int64_t base = W.offset(b, h, i0 + c, j0);
+            const std::int64_t base = W.offset(b, w.ch[c], w.ci[c], j0);
             if (w_f32) {
                 float* o = W.data_as<float>() + base;
                 for (std::int64_t j = 0; j < nk; ++j) o[j * wj] = w.s[j * ldS + c];
@@ -334,8 +343,13 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::int
 // depend on the number of threads or the schedule.
 template <class Ops>
 void run_flash(const SdpaProblem& p, const FlashTiles& t, int threads) {
-    const std::int64_t blocks = (p.Lq + t.Mb - 1) / t.Mb;
-    const std::int64_t tasks = p.B * p.Hq * blocks;
+    // Blocks: Mb queries of one head; or, when Lq < Mb (decode, short queries), all Lq
+    // queries of up to Mb / Lq heads that share a KV head (GQA/MQA), so the 16-lane panels
+    // are not mostly padding and each K/V tile read serves every head of the group.
+    const std::int64_t qpb = p.Lq >= t.Mb ? t.Mb : p.Lq;           // queries per block
+    const std::int64_t hpb = imax(1, imin(p.group, t.Mb / qpb));    // heads per block
+    const std::int64_t qblocks = (p.Lq + qpb - 1) / qpb, hchunks = (p.group + hpb - 1) / hpb;
+    const std::int64_t tasks = p.B * p.Hkv * hchunks * qblocks;
     const bool pack_k = !(p.k.stride(3) == 1 || p.Dk == 1);
     const bool pack_v = !(p.v.stride(3) == 1 || p.Dv == 1);
     const int nthreads = threads > 0 ? threads : omp_get_max_threads();
@@ -350,9 +364,11 @@ void run_flash(const SdpaProblem& p, const FlashTiles& t, int threads) {
 #pragma omp for schedule(dynamic, 1)
         for (std::int64_t task = 0; task < tasks; ++task) {
             if (w.block == nullptr) continue;
-            const std::int64_t bh = task / blocks, qb = task % blocks;
-            const std::int64_t i0 = qb * t.Mb;
-            run_block<Ops>(p, t, w, bh / p.Hq, bh % p.Hq, i0, static_cast<int>(imin(t.Mb, p.Lq - i0)));
+            const std::int64_t qb = task % qblocks, hc = (task / qblocks) % hchunks;
+            const std::int64_t bk = task / (qblocks * hchunks), b = bk / p.Hkv, hk = bk % p.Hkv;
+            const std::int64_t h0 = hk * p.group + hc * hpb, i0 = qb * qpb;
+            run_block<Ops>(p, t, w, b, hk, h0, static_cast<int>(imin(hpb, p.group - hc * hpb)), i0,
+                           static_cast<int>(imin(qpb, p.Lq - i0)));
         }
     }
     if (alloc_failed) throw std::bad_alloc();
