@@ -31,12 +31,15 @@ inline constexpr float c6 = 0.0001535360497655347f;
 inline constexpr float kMin = -126.0f;  // below: result 0
 inline constexpr float kMax = 128.0f;   // at or above: +inf
 
-// Scalar version (the portable path).
+// Scalar version (the portable path). Written without branches or library calls
+// (rounding by the 1.5·2^23 trick instead of nearbyint, which is a libm call on baseline
+// x86-64) so the compiler can vectorise loops over it with the baseline ISA.
 inline float exp2_scalar(float x) {
-    if (x < kMin) return 0.0f;  // also −inf
-    if (!(x < kMax)) return x != x ? x : INFINITY;
-    const float n = std::nearbyint(x);  // ties to even, as the AVX2 round does
-    const float f = x - n;
+    // clamp (NaN passes: comparisons with NaN are false)
+    const float xc = x < -127.0f ? -127.0f : (x > kMax ? kMax : x);
+    const float magic = 12582912.0f;  // 1.5·2^23: adding it rounds to an integer (ties to even)
+    const float n = (xc + magic) - magic;
+    const float f = xc - n;
     float p = c6;
     p = p * f + c5;
     p = p * f + c4;
@@ -48,7 +51,7 @@ inline float exp2_scalar(float x) {
     std::memcpy(&bits, &p, sizeof bits);
     bits += static_cast<std::int32_t>(n) * (1 << 23);
     std::memcpy(&p, &bits, sizeof p);
-    return p;
+    return x < kMin ? 0.0f : (x != x ? x : p);
 }
 
 }  // namespace attn::detail::exp2poly
