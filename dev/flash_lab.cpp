@@ -2,7 +2,7 @@
 // reference, then time. Not a benchmark (that is `attn bench`); a tool to choose tiles.
 //
 //   flash_lab [--shape S1..S4|S8] [B H Lq Lk D causal] [--mb N] [--nb N] [--isa generic|avx2]
-//             [--threads N] [--reps N] [--peak] [--no-check] [--no-warmup]
+//             [--threads N] [--reps N] [--peak] [--no-check] [--no-warmup] [--paired N]
 //
 // Method: one warm-up run, then --reps runs; prints median and min time and GFLOP/s with
 // FLOPs = 4·B·H·Lq·Lk·D (causal: the visible pairs, ≈ half). --peak first measures the
@@ -58,11 +58,11 @@ double cpu_seconds() {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-__attribute__((target("avx2,fma"))) double fma_peak(int threads, double& best_cpu) {
-    const long iters = 20'000'000;
+__attribute__((target("avx2,fma"))) double fma_peak(int threads, double& best_cpu, long iters = 20'000'000,
+                                                     int reps = 3) {
     double best = 0;
     best_cpu = 0;
-    for (int rep = 0; rep < 3; ++rep) {
+    for (int rep = 0; rep < reps; ++rep) {
         const auto t0 = std::chrono::steady_clock::now();
         const double c0 = cpu_seconds();
         float sink = 0;
@@ -100,6 +100,7 @@ void fill(const Tensor& t, unsigned seed) {
 int main(int argc, char** argv) {
     std::int64_t B = 1, H = 16, Lq = 4096, Lk = 4096, D = 64;
     bool causal = false, peak = false, check = true, warmup = true;
+    int paired = 0;
     FlashTiles tiles{};
     bool tiles_set_mb = false, tiles_set_nb = false;
     Isa isa = Isa::avx2;
@@ -124,6 +125,9 @@ int main(int argc, char** argv) {
         else if (a == "--peak") peak = true;
         else if (a == "--no-check") check = false;  // e.g. for peak RSS: the check's reference stores Lq×Lk
         else if (a == "--no-warmup") warmup = false;
+        // N × (FMA loop, kernel) back to back: on a shared machine the ratio of two
+        // neighbouring runs is steadier than either number.
+        else if (a == "--paired") paired = std::stoi(next());
         else pos.push_back(a);
     }
     if (pos.size() == 6) {
@@ -184,6 +188,26 @@ int main(int argc, char** argv) {
     }
     std::sort(t.begin(), t.end());
     std::sort(ct.begin(), ct.end());
+    if (paired > 0) {
+        std::vector<double> ratio, pk, kr;
+        for (int r = 0; r < paired; ++r) {
+            double cpu = 0;
+            const double pw = fma_peak(threads, cpu, 10'000'000, 1);
+            const auto t0 = std::chrono::steady_clock::now();
+            flash_forward(p, isa, threads, &tiles);
+            const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            pk.push_back(pw);
+            kr.push_back(flops / s / 1e9);
+            ratio.push_back(flops / s / 1e9 / pw);
+        }
+        std::vector<double> rs = ratio;
+        std::sort(rs.begin(), rs.end());
+        std::printf("paired x%d: kernel/FMA-peak ratio median %.3f, max %.3f; best kernel %.1f GFLOP/s, best peak %.1f "
+                    "GFLOP/s (best/best %.3f)\n",
+                    paired, rs[rs.size() / 2], rs.back(), *std::max_element(kr.begin(), kr.end()),
+                    *std::max_element(pk.begin(), pk.end()),
+                    *std::max_element(kr.begin(), kr.end()) / *std::max_element(pk.begin(), pk.end()));
+    }
     const double med = t[t.size() / 2];
     std::printf("B%lld H%lld Lq%lld Lk%lld D%lld %s isa=%s threads=%d Mb=%d Nb=%d: median %.4f s  min %.4f s  "
                 "%.1f GFLOP/s (min-time %.1f; per CPU-second x threads %.1f)\n",
