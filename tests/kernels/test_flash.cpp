@@ -452,7 +452,8 @@ std::vector<Isa> isas() {
 }
 
 // Runs one case on every ISA × {1, 2} threads; returns the number of kernel runs checked.
-int run_case(const Case& c, Worst& worst) {
+// `tiles` (null: the defaults) lets a test move the block boundaries.
+int run_case(const Case& c, Worst& worst, const detail::FlashTiles* tiles = nullptr) {
     std::mt19937_64 rng(std::hash<std::string>{}(c.desc));
     Buffer q = make_buffer(DType::f32, c.B, c.Hq, c.Lq, c.Dk, c.lq, c.mq);
     Buffer k = make_buffer(DType::f32, c.B, c.Hkv, c.Lk, c.Dk, c.lk, c.mk);
@@ -469,7 +470,7 @@ int run_case(const Case& c, Worst& worst) {
             const TensorView lse = o.lse.view, w = o.weights.view;
             const detail::SdpaProblem p = detail::make_problem(q.view, k.view, v.view, c.opt, o.out.view,
                                                                c.want_lse ? &lse : nullptr, c.want_weights ? &w : nullptr);
-            detail::flash_forward(p, isa, threads);
+            detail::flash_forward(p, isa, threads, tiles);
             const std::string tag = std::string(" [") + detail::isa_name(isa) + ", " + std::to_string(threads) + " threads]";
             const std::string err = check_against_reference(c, q.view, k.view, v.view, ref, o, worst);
             EXPECT_EQ(err, "") << c.desc << tag;
@@ -505,6 +506,22 @@ TEST_P(FlashRandom, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Shards, FlashRandom, ::testing::Range(0, kShards));
 
+// Other block sizes move every tile boundary (partial causal/window tiles, key blocks
+// that end mid-range, several heads per block when Lq < Mb): 3 × 20 random cases.
+TEST(FlashFixed, OtherTileSizes) {
+    Worst worst;
+    const int n = std::min(20, cases_per_shard());
+    for (const detail::FlashTiles t : {detail::FlashTiles{16, 7}, detail::FlashTiles{32, 100}, detail::FlashTiles{128, 33}})
+        for (int i = 0; i < n; ++i) {
+            const Case c = random_case(900000 + static_cast<std::uint64_t>(i));
+            run_case(c, worst, &t);
+            if (HasFailure()) {
+                ADD_FAILURE() << "tiles Mb=" << t.Mb << " Nb=" << t.Nb;
+                return;
+            }
+        }
+}
+
 // The lengths the issue names, each on its own (no masks, then causal bottom-right), D = 64.
 TEST(FlashFixed, NamedLengths) {
     Worst worst;
@@ -521,7 +538,9 @@ TEST(FlashFixed, NamedLengths) {
             c.want_lse = true;
             c.want_weights = L < 1000;
             c.opt.causal = causal;
-            c.desc = "L" + std::to_string(L) + " causal " + std::to_string(static_cast<int>(causal));
+            char desc[64];  // (snprintf: GCC 12 warns falsely, -Wrestrict, on the string + chain here)
+            std::snprintf(desc, sizeof desc, "L%lld causal %d", static_cast<long long>(L), static_cast<int>(causal));
+            c.desc = desc;
             run_case(c, worst);
         }
 }

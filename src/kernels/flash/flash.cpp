@@ -3,6 +3,8 @@
 
 #include <cstdlib>
 
+#include "attn/error.hpp"
+
 namespace attn::detail {
 
 // 64 queries × 64 keys for every head dim: Qᵀ, Sᵀ and Oᵀ of a task are 16 KiB each at
@@ -30,6 +32,11 @@ std::string flash_decline_reason(const SdpaProblem& p) {
 
 void flash_forward(const SdpaProblem& p, Isa isa, int threads, const FlashTiles* tiles) {
     const FlashTiles t = tiles != nullptr ? *tiles : flash_default_tiles(p.Dk, p.Dv);
+    // Only the lab and tests pass tiles; the driver needs whole 16-query panels.
+    if (t.Mb < 16 || t.Mb % 16 != 0 || t.Mb > 4096 || t.Nb < 1 || t.Nb > 4096) {
+        throw Error("flash tiles: Mb must be a multiple of 16 in [16, 4096] and Nb in [1, 4096] but got Mb=" +
+                    std::to_string(t.Mb) + " Nb=" + std::to_string(t.Nb));
+    }
     if (threads <= 0) {
         if (const char* env = std::getenv("ATTN_NUM_THREADS")) threads = std::atoi(env);
     }
