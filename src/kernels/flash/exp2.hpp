@@ -35,8 +35,8 @@ inline constexpr float kMax = 128.0f;   // at or above: +inf
 // (rounding by the 1.5·2^23 trick instead of nearbyint, which is a libm call on baseline
 // x86-64) so the compiler can vectorise loops over it with the baseline ISA.
 inline float exp2_scalar(float x) {
-    // clamp (NaN passes: comparisons with NaN are false)
-    const float xc = x < -127.0f ? -127.0f : (x > kMax ? kMax : x);
+    // clamp; NaN becomes 0 here (float→int of NaN is undefined) and is restored at the end
+    const float xc = x < -127.0f ? -127.0f : (x > kMax ? kMax : (x == x ? x : 0.0f));
     const float magic = 12582912.0f;  // 1.5·2^23: adding it rounds to an integer (ties to even)
     const float n = (xc + magic) - magic;
     const float f = xc - n;
@@ -47,9 +47,9 @@ inline float exp2_scalar(float x) {
     p = p * f + c2;
     p = p * f + c1;
     p = p * f + 1.0f;
-    std::int32_t bits;
+    std::uint32_t bits;  // unsigned: the exponent add wraps by definition
     std::memcpy(&bits, &p, sizeof bits);
-    bits += static_cast<std::int32_t>(n) * (1 << 23);
+    bits += static_cast<std::uint32_t>(static_cast<std::int32_t>(n)) << 23;
     std::memcpy(&p, &bits, sizeof p);
     return x < kMin ? 0.0f : (x != x ? x : p);
 }
