@@ -41,8 +41,14 @@
 //
 // ── Tiles ────────────────────────────────────────────────────────────────────────────
 // Register tile 6 × 16: 12 accumulators + 2 panel vectors + 1 broadcast = 15 of 16 ymm.
-// Mb (queries per task) and Nb (keys per block): flash_default_tiles(); measured in
-// dev/flash_lab.cpp, whose header keeps the numbers of the sizes that lost.
+// Mb (queries per task) = Nb (keys per block) = 64 (flash_default_tiles): Qᵀ, Sᵀ and Oᵀ
+// of a task are 16 KiB each at D = 64, so the micro-kernels stream from L1/L2. Measured
+// in dev/flash_lab.cpp (1 thread, L = 4096, GFLOP per CPU-second on the shared machine,
+// ± 5; FMA loop 73–80 in the same runs). Losing sizes:
+//     D = 64:  Mb×Nb 32×32 44.0 | 32×64 64.4 | 64×32 60.6 | 64×128 61.2 | 128×64 60.2 | 128×128 66.3
+//              64×64 (kept) 67.2
+//     D = 128: 32×32 69.9 | 64×32 58.5 | 64×128 69.0 | 128×128 67.1 | 128×256 68.7 | 64×64 (kept) 68.7
+// i.e. flat within the noise except small key blocks; one size for every head dim.
 // The per-thread workspace is allocated once per call, before the task loop.
 #pragma once
 
