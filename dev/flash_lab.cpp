@@ -1,7 +1,7 @@
 // Kernel lab for the flash forward (STYLE.md habit 11): validate a slice against the
 // reference, then time. Not a benchmark (that is `attn bench`); a tool to choose tiles.
 //
-//   flash_lab [--shape S1..S4|S8] [B H Lq Lk D causal] [--mb N] [--nb N] [--isa generic|avx2]
+//   flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--isa generic|avx2]
 //             [--threads N] [--reps N] [--peak] [--no-check] [--no-warmup] [--paired N]
 //
 // Method: one warm-up run, then --reps runs; prints median and min time and GFLOP/s with
@@ -98,7 +98,7 @@ void fill(const Tensor& t, unsigned seed) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::int64_t B = 1, H = 16, Lq = 4096, Lk = 4096, D = 64;
+    std::int64_t B = 1, H = 16, Lq = 4096, Lk = 4096, D = 64, Hkv = 0;
     bool causal = false, peak = false, check = true, warmup = true;
     int paired = 0;
     FlashTiles tiles{};
@@ -116,6 +116,8 @@ int main(int argc, char** argv) {
             else if (s == "S3") { B = 1; H = 16; Lq = Lk = 4096; D = 128; causal = true; }
             else if (s == "S4") { B = 2; H = 8; Lq = 512; Lk = 4096; D = 64; causal = false; }
             else if (s == "S8") { B = 1; H = 8; Lq = Lk = 32768; D = 64; causal = true; }
+            else if (s == "S5") { B = 1; H = 32; Lq = 1; Lk = 16384; D = 128; causal = false; }
+            else if (s == "S7") { B = 1; H = 32; Hkv = 8; Lq = 1; Lk = 16384; D = 128; causal = false; }
             else { std::fprintf(stderr, "unknown shape %s\n", s.c_str()); return 2; }
         } else if (a == "--mb") { tiles.Mb = std::stoi(next()); tiles_set_mb = true; }
         else if (a == "--nb") { tiles.Nb = std::stoi(next()); tiles_set_nb = true; }
@@ -123,6 +125,7 @@ int main(int argc, char** argv) {
         else if (a == "--threads") threads = std::stoi(next());
         else if (a == "--reps") reps = std::stoi(next());
         else if (a == "--peak") peak = true;
+        else if (a == "--hkv") Hkv = std::stoll(next());  // GQA: KV heads (default H)
         else if (a == "--no-check") check = false;  // e.g. for peak RSS: the check's reference stores Lq×Lk
         else if (a == "--no-warmup") warmup = false;
         // N × (FMA loop, kernel) back to back: on a shared machine the ratio of two
@@ -143,7 +146,8 @@ int main(int argc, char** argv) {
         std::printf("FMA peak (%d threads): %.1f GFLOP/s wall, %.1f per CPU-second x threads\n", threads, wall, cpu);
     }
 
-    Tensor q(DType::f32, Shape{B, H, Lq, D}), k(DType::f32, Shape{B, H, Lk, D}), v(DType::f32, Shape{B, H, Lk, D}),
+    if (Hkv <= 0) Hkv = H;
+    Tensor q(DType::f32, Shape{B, H, Lq, D}), k(DType::f32, Shape{B, Hkv, Lk, D}), v(DType::f32, Shape{B, Hkv, Lk, D}),
         o(DType::f32, Shape{B, H, Lq, D});
     fill(q, 1);
     fill(k, 2);
