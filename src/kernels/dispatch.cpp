@@ -1,16 +1,41 @@
 #include "dispatch.hpp"
 
 #include "attn/error.hpp"
+#include "flash/flash.hpp"
 #include "reference/reference.hpp"
 
 namespace attn::detail {
 
+// Impl::flash    → the flash kernel, or an error saying why it cannot run this call.
+// Impl::automatic → flash when it supports the call, else the reference; the report
+//                   says which ran and why the other was declined.
+// Impl::reference → the textbook oracle (double accumulation).
 void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report) {
     std::string explanation;
+    const std::string decline = flash_decline_reason(problem);
+    bool use_flash = false;
     if (requested == Impl::flash) {
-        throw Error("impl: the flash kernel is not built into this version of attn; use auto or reference");
+        if (!decline.empty()) throw Error("impl: flash cannot run this call: " + decline + "; use auto or reference");
+        use_flash = true;
+    } else if (requested == Impl::automatic) {
+        use_flash = decline.empty();
+        explanation = use_flash ? "auto: flash supports this call (float32 Q, K, V)\n"
+                                : "auto: flash declined: " + decline + " → reference\n";
+    } else {
+        explanation = "reference requested: flash not considered\n";
     }
-    if (requested == Impl::automatic) explanation = "auto: reference (the only kernel in this build)\n";
+
+    if (use_flash) {
+        std::string why_isa;
+        const Isa isa = select_isa(&why_isa);
+        flash_forward(problem, isa);
+        if (report != nullptr) {
+            report->kernel = std::string("flash/") + isa_name(isa);
+            report->explanation = explanation + "ran: flash (fused tiled online softmax, " + isa_name(isa) + " path: " +
+                                  why_isa + ")" + (problem.weights ? "; weights from the saved lse in a second pass" : "");
+        }
+        return;
+    }
     reference_forward(problem);
     if (report != nullptr) {
         report->kernel = "reference";

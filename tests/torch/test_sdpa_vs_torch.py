@@ -12,6 +12,11 @@ NaN on a row with no visible key; attn's contract is out 0, weights 0, lse −in
 reference is corrected on exactly those rows.
 
 Tolerance: |got − ref| ≤ 1e-5·(1 + |ref|) (outputs are float32; their rounding alone is ~6e-8).
+When the default kernel choice runs on float32 inputs it is the flash kernel, which computes in
+float32: its scores carry the rounding of an fp32 dot product, up to (Dk+2)·u·|scale|·Σ_d|q·k|
+(u = 2^-24) — with scale 1 and Dk = 178 that alone is ~1e-4 on a score, more than 1e-5 on the
+output. Those runs get that derived term on top (fp32_terms below, the same first-order bound
+as tests/kernels/test_flash.cpp).
 Masked weights must be exactly 0. Failures print the case (seed and parameters) to reproduce:
     ATTN_BIN=build/tools/attn /usr/bin/python3 -m pytest tests/torch/test_sdpa_vs_torch.py -k 'case_017'
 """
@@ -153,20 +158,47 @@ def torch_reference(c):
     return out.numpy(), a.numpy(), lse.numpy(), zero_weight.numpy()
 
 
-def check_close(name, got, ref, c):
+def fp32_terms(c, a):
+    """Error terms of a float32 kernel (flash) → (out, lse, weights) arrays to add to the bound.
+    Per row: E = max over visible keys of (Dk+2)·u·|scale|·Σ_d|q·k| + 8u·(|S| + |bias|), n visible keys;
+    weights a·(2E + (n+16)u) + 2^-125; out (2E + (n+16)u)·Σ_j a·|v|; lse E + (n+16)u + u·|lse|."""
+    u = 2.0 ** -24
+    Hq, Hkv = c["Hq"], c["Hkv"]
+    q = torch.from_numpy(c["q"]).double()
+    k = torch.from_numpy(c["k"]).double().repeat_interleave(Hq // Hkv, dim=1)
+    v = torch.from_numpy(c["v"]).double().repeat_interleave(Hq // Hkv, dim=1)
+    scale = abs(c.get("scale", 1.0 / math.sqrt(c["Dk"])))
+    dot_abs = torch.matmul(q.abs(), k.abs().transpose(-1, -2))
+    s_abs = (torch.matmul(q, k.transpose(-1, -2)) * c.get("scale", 1.0 / math.sqrt(c["Dk"]))).abs()
+    if c["mask_kind"] == "additive":
+        bias = torch.from_numpy(c["mask"]).double().abs()
+        s_abs = s_abs + torch.where(torch.isinf(bias), torch.zeros_like(bias), bias)
+    at = torch.from_numpy(a)
+    visible = at > 0
+    per = (c["Dk"] + 2) * u * scale * dot_abs + 8 * u * s_abs
+    E = torch.where(visible, per, torch.zeros_like(per)).amax(dim=-1, keepdim=True)
+    n = visible.sum(dim=-1, keepdim=True).double()
+    rel = 2 * E + (n + 16) * u
+    return ((rel * torch.matmul(at, v.abs())).numpy(), (E + (n + 16) * u)[..., 0].numpy(),
+            (at * rel + 2.0 ** -125).numpy())
+
+
+def check_close(name, got, ref, c, extra=None):
     assert got.dtype == np.float32, f"{name}: dtype {got.dtype}, expected float32\ncase: {describe(c)}"
     assert got.shape == ref.shape, f"{name}: shape {got.shape}, expected {ref.shape}\ncase: {describe(c)}"
     ninf = np.isneginf(ref)
     bad_inf = ninf != np.isneginf(got)
     err = np.where(ninf, 0.0, np.abs(got.astype(np.float64) - np.where(ninf, 0.0, ref)))
     bound = RTOL * (1.0 + np.abs(np.where(ninf, 0.0, ref)))
+    if extra is not None:
+        bound = bound + np.where(ninf, 0.0, extra) + 2.0 ** -24 * np.abs(np.where(ninf, 0.0, ref))
     bad = bad_inf | ~(err <= bound)  # NaN in got fails here
     if bad.any():
         idx = tuple(int(x) for x in np.argwhere(bad)[0])
         worst = float(np.nanmax(np.where(ninf, 0.0, err / bound)))
         pytest.fail(f"{name}: {int(bad.sum())} of {bad.size} elements out of tolerance; first at {idx}: "
                     f"got {got[idx]!r}, ref {ref[idx]!r}; worst err/bound {worst:.3g}\ncase: {describe(c)}")
-    if err.size:
+    if err.size and extra is None:  # the fixed budget's record: runs without the fp32 term
         MAX_ERR[name] = max(MAX_ERR[name], float(np.max(err / (1.0 + np.abs(np.where(ninf, 0.0, ref))))))
 
 
@@ -203,12 +235,15 @@ def test_random_case(idx, tmp_path):
     assert r.stderr == "", f"unexpected stderr: {r.stderr}\ncase: {describe(c)}"
 
     out, w, lse, zero_weight = torch_reference(c)
-    check_close("out", np.load(tmp_path / "o.npy"), out, c)
+    # The default choice runs the float32 flash kernel when every input is float32.
+    flash = idx % 2 == 0 and c["dtype"] == "float32" and "kv_dtype" not in c
+    e_out, e_lse, e_w = fp32_terms(c, w) if flash else (None, None, None)
+    check_close("out", np.load(tmp_path / "o.npy"), out, c, e_out)
     if c["want_lse"]:
-        check_close("lse", np.load(tmp_path / "l.npy"), lse, c)
+        check_close("lse", np.load(tmp_path / "l.npy"), lse, c, e_lse)
     if c["want_weights"]:
         got_w = np.load(tmp_path / "w.npy")
-        check_close("weights", got_w, w, c)
+        check_close("weights", got_w, w, c, e_w)
         leaked = zero_weight & (got_w != 0.0)
         assert not leaked.any(), (f"weights: {int(leaked.sum())} masked positions have non-zero weight, first at "
                                   f"{tuple(int(x) for x in np.argwhere(leaked)[0])}\ncase: {describe(c)}")

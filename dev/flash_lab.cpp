@@ -1,0 +1,222 @@
+// Kernel lab for the flash forward (STYLE.md habit 11): validate a slice against the
+// reference, then time. Not a benchmark (that is `attn bench`); a tool to choose tiles.
+//
+//   flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--isa generic|avx2]
+//             [--threads N] [--reps N] [--peak] [--no-check] [--no-warmup] [--paired N]
+//
+// Method: one warm-up run, then --reps runs; prints median and min time and GFLOP/s with
+// FLOPs = 4·B·H·Lq·Lk·D (causal: the visible pairs, ≈ half). --peak first measures the
+// AVX2 FMA peak (10 independent accumulator chains per thread) on the same threads.
+//
+// ── Changelog (2 threads, g++ 12 -O3, this machine; S2 = B1 H16 L4096 D64, S3 = L4096 D128 causal)
+// The machine was shared and loaded (load average 5–16) throughout, so the comparable
+// number is FLOP per CPU-second per thread ("per CPU-second x threads"), next to the FMA
+// loop's figure from the same run (≈ 94 quiet, 73–80 under that load).
+// v1  transposed 6×16 micro-kernels, Mb = Nb = 64, accumulators in arrays:
+//     S2 36 GFLOP/s wall (2 threads, before the load). GCC kept the __m256 arrays on the
+//     stack: one store per FMA pair.
+// v2  named accumulators (macro-unrolled rows): 1 thread, B1 H4 L4096 D64: 63.9–66.5 per
+//     CPU-second (FMA loop 80 in the same run).
+// v3  softmax max with 4 independent chains, sum with 2 (the single max chain waited on
+//     vmaxps latency: 6 % of the time in one instruction): 65.1–65.5 (FMA loop 73–75).
+// Tiles (v3, 1 thread, B1 H2 L4096, per CPU-second; losing sizes kept, ± 5 noise):
+//     D64   Mb\Nb   32    64    128   256        D128  Mb\Nb   32    64    128   256
+//           32     44.0  64.4  64.3  62.6             32     69.9  68.0  63.9  61.0
+//           64     60.6  67.2  61.2  63.2             64     58.5  68.7  69.0  66.4
+//           128    61.9  60.2  66.3  65.9             128    63.3  67.3  67.1  68.7
+//     → Mb = Nb = 64 for every head dim (flat within the noise elsewhere).
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/sdpa.hpp"
+#include "attn/tensor.hpp"
+#include "kernels/flash/flash.hpp"
+#include "kernels/reference/reference.hpp"
+#include "sdpa/problem.hpp"
+
+using namespace attn;
+using namespace attn::detail;
+
+namespace {
+
+// CPU seconds of the whole process (all threads): on a shared machine, FLOPs per CPU
+// second per thread says what the code does when it runs, wall time what it got.
+double cpu_seconds() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+__attribute__((target("avx2,fma"))) double fma_peak(int threads, double& best_cpu, long iters = 20'000'000,
+                                                     int reps = 3) {
+    double best = 0;
+    best_cpu = 0;
+    for (int rep = 0; rep < reps; ++rep) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const double c0 = cpu_seconds();
+        float sink = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+        {
+            __m256 a[10];
+            for (int i = 0; i < 10; ++i) a[i] = _mm256_set1_ps(1.0f + i * 1e-3f);
+            const __m256 x = _mm256_set1_ps(0.9999999f), y = _mm256_set1_ps(1e-7f);
+            for (long it = 0; it < iters; ++it) {
+                for (int i = 0; i < 10; ++i) a[i] = _mm256_fmadd_ps(a[i], x, y);
+                // keep the compiler from folding iterations: the values are opaque
+                asm volatile("" : "+x"(a[0]), "+x"(a[1]), "+x"(a[2]), "+x"(a[3]), "+x"(a[4]));
+                asm volatile("" : "+x"(a[5]), "+x"(a[6]), "+x"(a[7]), "+x"(a[8]), "+x"(a[9]));
+            }
+            for (int i = 0; i < 10; ++i) sink += _mm256_cvtss_f32(a[i]);
+        }
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double c = (cpu_seconds() - c0) / threads;
+        best = std::max(best, 2.0 * 8 * 10 * iters * threads / s / 1e9);
+        best_cpu = std::max(best_cpu, 2.0 * 8 * 10 * iters * threads / c / 1e9);
+        if (sink == 12345) std::puts("");
+    }
+    return best;
+}
+
+void fill(const Tensor& t, unsigned seed) {
+    std::mt19937 g(seed);
+    std::normal_distribution<float> n(0.f, 1.f);
+    float* p = t.data_as<float>();
+    for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = n(g);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::int64_t B = 1, H = 16, Lq = 4096, Lk = 4096, D = 64, Hkv = 0;
+    bool causal = false, peak = false, check = true, warmup = true;
+    int paired = 0;
+    FlashTiles tiles{};
+    bool tiles_set_mb = false, tiles_set_nb = false;
+    Isa isa = Isa::avx2;
+    int threads = 2, reps = 5;
+    std::vector<std::string> pos;
+    for (int i = 1; i < argc; ++i) {
+        std::string a = argv[i];
+        auto next = [&] { return std::string(argv[++i]); };
+        if (a == "--shape") {
+            std::string s = next();
+            if (s == "S1") { B = 1; H = 16; Lq = Lk = 1024; D = 64; causal = false; }
+            else if (s == "S2") { B = 1; H = 16; Lq = Lk = 4096; D = 64; causal = false; }
+            else if (s == "S3") { B = 1; H = 16; Lq = Lk = 4096; D = 128; causal = true; }
+            else if (s == "S4") { B = 2; H = 8; Lq = 512; Lk = 4096; D = 64; causal = false; }
+            else if (s == "S8") { B = 1; H = 8; Lq = Lk = 32768; D = 64; causal = true; }
+            else if (s == "S5") { B = 1; H = 32; Lq = 1; Lk = 16384; D = 128; causal = false; }
+            else if (s == "S7") { B = 1; H = 32; Hkv = 8; Lq = 1; Lk = 16384; D = 128; causal = false; }
+            else { std::fprintf(stderr, "unknown shape %s\n", s.c_str()); return 2; }
+        } else if (a == "--mb") { tiles.Mb = std::stoi(next()); tiles_set_mb = true; }
+        else if (a == "--nb") { tiles.Nb = std::stoi(next()); tiles_set_nb = true; }
+        else if (a == "--isa") isa = next() == "generic" ? Isa::generic : Isa::avx2;
+        else if (a == "--threads") threads = std::stoi(next());
+        else if (a == "--reps") reps = std::stoi(next());
+        else if (a == "--peak") peak = true;
+        else if (a == "--hkv") Hkv = std::stoll(next());  // GQA: KV heads (default H)
+        else if (a == "--no-check") check = false;  // e.g. for peak RSS: the check's reference stores Lq×Lk
+        else if (a == "--no-warmup") warmup = false;
+        // N × (FMA loop, kernel) back to back: on a shared machine the ratio of two
+        // neighbouring runs is steadier than either number.
+        else if (a == "--paired") paired = std::stoi(next());
+        else pos.push_back(a);
+    }
+    if (pos.size() == 6) {
+        B = std::stoll(pos[0]); H = std::stoll(pos[1]); Lq = std::stoll(pos[2]); Lk = std::stoll(pos[3]);
+        D = std::stoll(pos[4]); causal = pos[5] == "1";
+    }
+    const FlashTiles def = flash_default_tiles(D, D);
+    if (!tiles_set_mb) tiles.Mb = def.Mb;
+    if (!tiles_set_nb) tiles.Nb = def.Nb;
+    if (peak) {
+        double cpu = 0;
+        const double wall = fma_peak(threads, cpu);
+        std::printf("FMA peak (%d threads): %.1f GFLOP/s wall, %.1f per CPU-second x threads\n", threads, wall, cpu);
+    }
+
+    if (Hkv <= 0) Hkv = H;
+    Tensor q(DType::f32, Shape{B, H, Lq, D}), k(DType::f32, Shape{B, Hkv, Lk, D}), v(DType::f32, Shape{B, Hkv, Lk, D}),
+        o(DType::f32, Shape{B, H, Lq, D});
+    fill(q, 1);
+    fill(k, 2);
+    fill(v, 3);
+    std::memset(o.data(), 0, o.nbytes());
+    SdpaOptions opt;
+    opt.causal = causal ? Causal::top_left : Causal::none;
+
+    // Validate: head 0, the first min(Lq, 192) queries (a slice view), against the reference.
+    if (check) {
+        const std::int64_t n = std::min<std::int64_t>(Lq, 192);
+        TensorView qs = q.view().slice(0, 0, 1).slice(1, 0, 1).slice(2, 0, n);
+        TensorView ks = k.view().slice(0, 0, 1).slice(1, 0, 1), vs = v.view().slice(0, 0, 1).slice(1, 0, 1);
+        Tensor of(DType::f32, Shape{1, 1, n, D}), orf(DType::f32, Shape{1, 1, n, D});
+        SdpaProblem pf = make_problem(qs, ks, vs, opt, of, nullptr, nullptr);
+        SdpaProblem pr = make_problem(qs, ks, vs, opt, orf, nullptr, nullptr);
+        flash_forward(pf, isa, threads, &tiles);
+        reference_forward(pr);
+        double worst = 0;
+        for (std::int64_t i = 0; i < of.numel(); ++i)
+            worst = std::max(worst, (double)std::fabs(of.data_as<float>()[i] - orf.data_as<float>()[i]));
+        std::printf("check vs reference (head 0, %lld queries): max |diff| = %.3g%s\n", (long long)n, worst,
+                    worst < 1e-4 ? "" : "  FAIL");
+        if (!(worst < 1e-4)) return 1;
+    }
+
+    SdpaProblem p = make_problem(q, k, v, opt, o, nullptr, nullptr);
+    double flops = 0;
+    for (std::int64_t i = 0; i < Lq; ++i) {
+        const KeyRange r = p.key_range(0, i);
+        flops += (double)std::max<std::int64_t>(0, r.hi - r.lo);
+    }
+    flops *= 4.0 * (double)B * (double)H * (double)D;
+    std::vector<double> t, ct;
+    for (int r = warmup ? 0 : 1; r <= reps; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const double c0 = cpu_seconds();
+        flash_forward(p, isa, threads, &tiles);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (r > 0) t.push_back(s);  // the first run warms caches and pages
+        if (r > 0) ct.push_back((cpu_seconds() - c0) / threads);
+    }
+    std::sort(t.begin(), t.end());
+    std::sort(ct.begin(), ct.end());
+    if (paired > 0) {
+        std::vector<double> ratio, pk, kr;
+        for (int r = 0; r < paired; ++r) {
+            double cpu = 0;
+            const double pw = fma_peak(threads, cpu, 10'000'000, 1);
+            const auto t0 = std::chrono::steady_clock::now();
+            flash_forward(p, isa, threads, &tiles);
+            const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            pk.push_back(pw);
+            kr.push_back(flops / s / 1e9);
+            ratio.push_back(flops / s / 1e9 / pw);
+        }
+        std::vector<double> rs = ratio;
+        std::sort(rs.begin(), rs.end());
+        std::printf("paired x%d: kernel/FMA-peak ratio median %.3f, max %.3f; best kernel %.1f GFLOP/s, best peak %.1f "
+                    "GFLOP/s (best/best %.3f)\n",
+                    paired, rs[rs.size() / 2], rs.back(), *std::max_element(kr.begin(), kr.end()),
+                    *std::max_element(pk.begin(), pk.end()),
+                    *std::max_element(kr.begin(), kr.end()) / *std::max_element(pk.begin(), pk.end()));
+    }
+    const double med = t[t.size() / 2];
+    std::printf("B%lld H%lld Lq%lld Lk%lld D%lld %s isa=%s threads=%d Mb=%d Nb=%d: median %.4f s  min %.4f s  "
+                "%.1f GFLOP/s (min-time %.1f; per CPU-second x threads %.1f)\n",
+                (long long)B, (long long)H, (long long)Lq, (long long)Lk, (long long)D, causal ? "causal" : "full",
+                isa_name(isa), threads, tiles.Mb, tiles.Nb, med, t.front(), flops / med / 1e9, flops / t.front() / 1e9,
+                flops / ct[ct.size() / 2] / 1e9);
+    return 0;
+}

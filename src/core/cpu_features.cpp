@@ -1,0 +1,50 @@
+#include "cpu_features.hpp"
+
+#include <cstdlib>
+#include <string_view>
+
+namespace attn::detail {
+
+const CpuFeatures& cpu_features() {
+    static const CpuFeatures features = [] {
+        CpuFeatures f;
+#if defined(__x86_64__) || defined(__i386__)
+        // libgcc's __builtin_cpu_supports also checks that the OS saves the YMM
+        // registers (XGETBV), so "avx2" here means usable, not only present.
+        __builtin_cpu_init();
+        f.avx2 = __builtin_cpu_supports("avx2");
+        f.fma = __builtin_cpu_supports("fma");
+        f.f16c = __builtin_cpu_supports("f16c");
+#endif
+        return f;
+    }();
+    return features;
+}
+
+const char* isa_name(Isa isa) { return isa == Isa::avx2 ? "avx2" : "generic"; }
+
+Isa select_isa(std::string* why) {
+    const bool avx2_ok = cpu_features().has_avx2_fma_f16c();
+    const char* env = std::getenv("ATTN_ISA");
+    const std::string_view want = env != nullptr ? std::string_view(env) : std::string_view();
+    auto say = [&](const std::string& s) {
+        if (why != nullptr) *why = s;
+    };
+    if (want == "generic") {
+        say("ATTN_ISA=generic forces the portable path");
+        return Isa::generic;
+    }
+    if (!want.empty() && want != "avx2" && want != "auto") {
+        say("ATTN_ISA='" + std::string(want) + "' is not one of generic, avx2, auto: ignored; " +
+            (avx2_ok ? "CPU has AVX2+FMA+F16C" : "CPU lacks AVX2+FMA+F16C"));
+        return avx2_ok ? Isa::avx2 : Isa::generic;
+    }
+    if (avx2_ok) {
+        say("CPU has AVX2+FMA+F16C");
+        return Isa::avx2;
+    }
+    say(want == "avx2" ? "ATTN_ISA=avx2 refused: CPU lacks AVX2+FMA+F16C" : "CPU lacks AVX2+FMA+F16C");
+    return Isa::generic;
+}
+
+}  // namespace attn::detail

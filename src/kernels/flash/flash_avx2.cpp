@@ -1,0 +1,202 @@
+// The AVX2 + FMA flash path. This file alone is compiled with -mavx2 -mfma -mf16c
+// (src/CMakeLists.txt); flash.cpp calls it only when cpu_features() says the CPU has
+// them. Micro-kernels: 6 rows × 16 queries of ymm accumulators (see flash_driver.hpp).
+#include <immintrin.h>
+
+#define ATTN_FLASH_NS flash_avx2_ns
+#include "exp2.hpp"
+#include "flash_driver.hpp"
+
+namespace attn::detail {
+namespace flash_avx2_ns {
+namespace {
+
+// 2^x, 8 lanes; the algorithm and its error are described in exp2.hpp.
+inline __m256 exp2_ps(__m256 x) {
+    using namespace exp2poly;
+    // max/min(const, x) return x when x is NaN, so NaN propagates.
+    const __m256 xc = _mm256_max_ps(_mm256_set1_ps(-127.0f), _mm256_min_ps(_mm256_set1_ps(kMax), x));
+    const __m256 n = _mm256_round_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_sub_ps(xc, n);
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(c6), f, _mm256_set1_ps(c5));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c4));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c3));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c2));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c1));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+    const __m256 r = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+    // Below −126 (and −inf): exactly 0.
+    return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(kMin), _CMP_LT_OQ), r);
+}
+
+// Accumulators are named variables, not arrays: GCC kept arrays of __m256 on the stack
+// (a store per FMA pair; v1 of the lab ran at 36 GFLOP/s on S2 because of it).
+#define ATTN_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+
+// s[r][0..16) = c2 · Σ_d k[r][d]·qt[d][0..16)   for r < R     k: (R, ldk), qt: (Dk, 16)
+template <int R>
+inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, float c2, float* s, int ldS) {
+#define DECL(r)                                                      \
+    __m256 a##r##0 = _mm256_setzero_ps(), a##r##1 = _mm256_setzero_ps(); \
+    const float* k##r = k + (R > r ? r : 0) * ldk;
+    ATTN_ROWS(DECL)
+#undef DECL
+    for (int d = 0; d < Dk; ++d) {
+        const __m256 q0 = _mm256_load_ps(qt + d * kPanel);
+        const __m256 q1 = _mm256_load_ps(qt + d * kPanel + 8);
+#define STEP(r)                                              \
+    if constexpr (R > r) {                                   \
+        const __m256 kb = _mm256_broadcast_ss(k##r + d);     \
+        a##r##0 = _mm256_fmadd_ps(kb, q0, a##r##0);          \
+        a##r##1 = _mm256_fmadd_ps(kb, q1, a##r##1);          \
+    }
+        ATTN_ROWS(STEP)
+#undef STEP
+    }
+    const __m256 vc = _mm256_set1_ps(c2);
+#define STORE(r)                                                       \
+    if constexpr (R > r) {                                             \
+        _mm256_store_ps(s + r * ldS, _mm256_mul_ps(a##r##0, vc));      \
+        _mm256_store_ps(s + r * ldS + 8, _mm256_mul_ps(a##r##1, vc));  \
+    }
+    ATTN_ROWS(STORE)
+#undef STORE
+}
+
+// ot[r][0..16) = alpha·ot[r] + Σ_j v[j][r]·p[j][0..16)   for r < R   v: (nk, ldv), p: (nk, ldP)
+template <int R>
+inline void pv_tile(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, float* ot, int ldO,
+                    const float* alpha) {
+    const __m256 al0 = _mm256_load_ps(alpha), al1 = _mm256_load_ps(alpha + 8);
+#define DECL(r)                                                                               \
+    __m256 a##r##0 = _mm256_setzero_ps(), a##r##1 = _mm256_setzero_ps();                      \
+    if constexpr (R > r) {                                                                    \
+        a##r##0 = _mm256_mul_ps(_mm256_load_ps(ot + r * ldO), al0);                           \
+        a##r##1 = _mm256_mul_ps(_mm256_load_ps(ot + r * ldO + 8), al1);                       \
+    }
+    ATTN_ROWS(DECL)
+#undef DECL
+    for (int j = 0; j < nk; ++j) {
+        const __m256 p0 = _mm256_load_ps(p + j * ldP);
+        const __m256 p1 = _mm256_load_ps(p + j * ldP + 8);
+        const float* vj = v + j * ldv;
+#define STEP(r)                                              \
+    if constexpr (R > r) {                                   \
+        const __m256 vb = _mm256_broadcast_ss(vj + r);       \
+        a##r##0 = _mm256_fmadd_ps(vb, p0, a##r##0);          \
+        a##r##1 = _mm256_fmadd_ps(vb, p1, a##r##1);          \
+    }
+        ATTN_ROWS(STEP)
+#undef STEP
+    }
+#define STORE(r)                                        \
+    if constexpr (R > r) {                              \
+        _mm256_store_ps(ot + r * ldO, a##r##0);         \
+        _mm256_store_ps(ot + r * ldO + 8, a##r##1);     \
+    }
+    ATTN_ROWS(STORE)
+#undef STORE
+}
+#undef ATTN_ROWS
+
+struct Avx2Ops {
+    static void qk(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s, int ldS) {
+        switch (rows) {
+            case 6: qk_tile<6>(qt, k, ldk, Dk, c2, s, ldS); break;
+            case 5: qk_tile<5>(qt, k, ldk, Dk, c2, s, ldS); break;
+            case 4: qk_tile<4>(qt, k, ldk, Dk, c2, s, ldS); break;
+            case 3: qk_tile<3>(qt, k, ldk, Dk, c2, s, ldS); break;
+            case 2: qk_tile<2>(qt, k, ldk, Dk, c2, s, ldS); break;
+            default: qk_tile<1>(qt, k, ldk, Dk, c2, s, ldS); break;
+        }
+    }
+
+    static void pv(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, int rows, float* ot, int ldO,
+                   const float* alpha) {
+        switch (rows) {
+            case 6: pv_tile<6>(p, ldP, v, ldv, nk, ot, ldO, alpha); break;
+            case 5: pv_tile<5>(p, ldP, v, ldv, nk, ot, ldO, alpha); break;
+            case 4: pv_tile<4>(p, ldP, v, ldv, nk, ot, ldO, alpha); break;
+            case 3: pv_tile<3>(p, ldP, v, ldv, nk, ot, ldO, alpha); break;
+            case 2: pv_tile<2>(p, ldP, v, ldv, nk, ot, ldO, alpha); break;
+            default: pv_tile<1>(p, ldP, v, ldv, nk, ot, ldO, alpha); break;
+        }
+    }
+
+    // Online-softmax update, 8 query columns at a time (vertical over the nk keys).
+    static void softmax(float* s, int ldS, int nk, int ncols, float* m, float* l, float* alpha) {
+        const __m256 ninf = _mm256_set1_ps(kNegInf);
+        for (int c = 0; c < ncols; c += 8) {
+            const __m256 mold = _mm256_load_ps(m + c);
+            // Four independent max chains and two sum chains: one chain would wait on the
+            // 4-cycle latency of every max/add (v1: the max loop alone took 6 % of the time).
+            __m256 x0 = mold, x1 = mold, x2 = mold, x3 = mold;
+            int j = 0;
+            for (; j + 4 <= nk; j += 4) {
+                x0 = _mm256_max_ps(x0, _mm256_load_ps(s + (j + 0) * ldS + c));
+                x1 = _mm256_max_ps(x1, _mm256_load_ps(s + (j + 1) * ldS + c));
+                x2 = _mm256_max_ps(x2, _mm256_load_ps(s + (j + 2) * ldS + c));
+                x3 = _mm256_max_ps(x3, _mm256_load_ps(s + (j + 3) * ldS + c));
+            }
+            for (; j < nk; ++j) x0 = _mm256_max_ps(x0, _mm256_load_ps(s + j * ldS + c));
+            const __m256 mx = _mm256_max_ps(_mm256_max_ps(x0, x1), _mm256_max_ps(x2, x3));
+            // A column with nothing visible yet keeps m = −inf; subtract 0 there so that
+            // 2^(−inf − 0) = 0 instead of 2^(−inf + inf) = NaN.
+            const __m256 use = _mm256_andnot_ps(_mm256_cmp_ps(mx, ninf, _CMP_EQ_OQ), mx);
+            const __m256 al = exp2_ps(_mm256_sub_ps(mold, use));
+            __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
+            j = 0;
+            for (; j + 2 <= nk; j += 2) {
+                float* s0 = s + j * ldS + c;
+                float* s1 = s0 + ldS;
+                const __m256 e0 = exp2_ps(_mm256_sub_ps(_mm256_load_ps(s0), use));
+                const __m256 e1 = exp2_ps(_mm256_sub_ps(_mm256_load_ps(s1), use));
+                _mm256_store_ps(s0, e0);
+                _mm256_store_ps(s1, e1);
+                sum0 = _mm256_add_ps(sum0, e0);
+                sum1 = _mm256_add_ps(sum1, e1);
+            }
+            if (j < nk) {
+                float* sj = s + j * ldS + c;
+                const __m256 e = exp2_ps(_mm256_sub_ps(_mm256_load_ps(sj), use));
+                _mm256_store_ps(sj, e);
+                sum0 = _mm256_add_ps(sum0, e);
+            }
+            sum0 = _mm256_add_ps(sum0, sum1);
+            _mm256_store_ps(alpha + c, al);
+            _mm256_store_ps(l + c, _mm256_fmadd_ps(_mm256_load_ps(l + c), al, sum0));
+            _mm256_store_ps(m + c, mx);
+        }
+    }
+
+    static void weights_exp(float* s, int ldS, int nk, int ncols, const float* m, const float* lse2) {
+        for (int c = 0; c < ncols; c += 8) {
+            const __m256 mv = _mm256_load_ps(m + c), lv = _mm256_load_ps(lse2 + c);
+            for (int j = 0; j < nk; ++j) {
+                float* sj = s + j * ldS + c;
+                _mm256_store_ps(sj, exp2_ps(_mm256_sub_ps(_mm256_sub_ps(_mm256_load_ps(sj), mv), lv)));
+            }
+        }
+    }
+};
+
+}  // namespace
+}  // namespace flash_avx2_ns
+
+void flash_forward_avx2(const SdpaProblem& p, const FlashTiles& tiles, int threads) {
+    flash_avx2_ns::run_flash<flash_avx2_ns::Avx2Ops>(p, tiles, threads);
+}
+
+void flash_exp2_avx2(const float* x, float* y, std::size_t n) {
+    std::size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, flash_avx2_ns::exp2_ps(_mm256_loadu_ps(x + i)));
+    if (i < n) {
+        float in[8] = {}, out[8];
+        for (std::size_t t = 0; i + t < n; ++t) in[t] = x[i + t];
+        _mm256_storeu_ps(out, flash_avx2_ns::exp2_ps(_mm256_loadu_ps(in)));
+        for (std::size_t t = 0; i + t < n; ++t) y[i + t] = out[t];
+    }
+}
+
+}  // namespace attn::detail

@@ -1,0 +1,383 @@
+// The flash forward driver: tiling, masks, online softmax, output. Included by one
+// .cpp per ISA (flash_generic.cpp, flash_avx2.cpp), each of which first defines
+// ATTN_FLASH_NS (a namespace of its own, so the two compilations never share a symbol)
+// and a struct of micro-kernels `Ops` (see the signatures in run_flash below).
+//
+// Do not use out-of-line std templates (std::vector, std::sort, ...) in this file: an
+// instantiation compiled with -mavx2 could be the copy the linker keeps for the whole
+// program (COMDAT), and a CPU without AVX2 would then fault in generic code.
+//
+// ── The algorithm (FlashAttention-2, transposed for a CPU) ──────────────────────────
+// One task = (b, h, a block of Mb queries) — or, for Lq < Mb, all queries of several
+// heads sharing a KV head (see run_flash). For it:
+//   Qᵀ  is packed once into panels of 16 queries: QT[panel][d][16] (zero-padded past Lq).
+//   for each block of ≤ Nb keys inside the union of the queries' visible key ranges:
+//     Sᵀ[j][i] = (K[j]·Q[i]) · scale·log2(e)              ← Sᵀ: (keys, queries)
+//     Sᵀ[j][i] += additive[i][j]·log2(e);  −inf where a mask forbids (i, j)
+//     m_new[i] = max(m[i], maxⱼ Sᵀ[j][i])                 (vertical: vectorised over i)
+//     α[i]     = 2^(m[i] − m_new[i])
+//     Pᵀ[j][i] = 2^(Sᵀ[j][i] − m_new[i]);   l[i] = α[i]·l[i] + Σⱼ Pᵀ[j][i]
+//     Oᵀ[d][i] = α[i]·Oᵀ[d][i] + Σⱼ V[j][d]·Pᵀ[j][i]       ← Oᵀ: (Dv, queries)
+//   O[i][d] = Oᵀ[d][i] / l[i];   lse[i] = ln2·m[i] + ln l[i]   (l = 0: O = 0, lse = −inf)
+// Working in base 2 (scale·log2 e folded into one multiply) turns every exp into exp2.
+//
+// Why transposed (keys × queries) rather than the usual (queries × keys): both
+// micro-kernels then read K and V by *broadcasting scalars* straight from the caller's
+// tensors — any row stride, no packing, no transpose — while the 16 queries of a panel
+// are the vector lanes. The row max, row sum and the α rescale become vertical vector
+// ops (no horizontal reductions), and α is applied for free when the Oᵀ accumulators
+// are loaded. Only Qᵀ (once per task) is packed. K or V whose head dim is not
+// contiguous (stride(3) != 1) are read into a packed tile buffer per key block — a tile
+// buffer for the micro-kernel, not a copy of the tensor.
+//
+// ── Where the FLOPs go (per visible (query, key) pair) ──────────────────────────────
+//   Q·Kᵀ: Dk FMAs (micro-kernel qk: 6 keys × 16 queries = 12 ymm accumulators; per d:
+//         2 vector loads of Qᵀ, 6 broadcasts of K, 12 FMAs)
+//   P·V:  Dv FMAs (micro-kernel pv: 6 head-dim rows × 16 queries; per key: 2 vector
+//         loads of Pᵀ, 6 broadcasts of V, 12 FMAs)
+//   softmax: 1 max, 1 sub, exp2 (6 FMAs + ~6 other ops), 1 add  — per 8 pairs, i.e.
+//         ≈ 15 vector ops against (Dk + Dv) FMAs: ≈ 12 % extra at D = 64, 6 % at 128.
+//   counted (the benchmark's formula): 2·Dk + 2·Dv FLOPs per pair = 4·D.
+//
+// ── Tiles ────────────────────────────────────────────────────────────────────────────
+// Register tile 6 × 16: 12 accumulators + 2 panel vectors + 1 broadcast = 15 of 16 ymm.
+// Mb (queries per task) = Nb (keys per block) = 64 (flash_default_tiles): Qᵀ, Sᵀ and Oᵀ
+// of a task are 16 KiB each at D = 64, so the micro-kernels stream from L1/L2. Measured
+// in dev/flash_lab.cpp (1 thread, L = 4096, GFLOP per CPU-second on the shared machine,
+// ± 5; FMA loop 73–80 in the same runs). Losing sizes:
+//     D = 64:  Mb×Nb 32×32 44.0 | 32×64 64.4 | 64×32 60.6 | 64×128 61.2 | 128×64 60.2 | 128×128 66.3
+//              64×64 (kept) 67.2
+//     D = 128: 32×32 69.9 | 64×32 58.5 | 64×128 69.0 | 128×128 67.1 | 128×256 68.7 | 64×64 (kept) 68.7
+// i.e. flat within the noise except small key blocks; one size for every head dim.
+// The per-thread workspace is allocated once per call, before the task loop.
+#pragma once
+
+#include <omp.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <new>
+
+#include "../../core/element_io.hpp"
+#include "../../sdpa/problem.hpp"
+#include "flash.hpp"
+
+#ifndef ATTN_FLASH_NS
+#error "define ATTN_FLASH_NS before including flash_driver.hpp"
+#endif
+
+namespace attn::detail::ATTN_FLASH_NS {
+
+inline constexpr int kPanel = 16;  // queries per panel = vector lanes of a micro-kernel tile
+inline constexpr int kRows = 6;    // keys (qk) or head-dim rows (pv) per micro-kernel tile
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+inline constexpr float kPosInf = std::numeric_limits<float>::infinity();
+
+inline std::int64_t imin(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
+inline std::int64_t imax(std::int64_t a, std::int64_t b) { return a > b ? a : b; }
+
+// Per-thread scratch, sized once per call from the tile sizes and head dims.
+struct Workspace {
+    float* qt = nullptr;     // (Mb/16 panels, Dk, 16)  packed Qᵀ
+    float* s = nullptr;      // (Nb, Mb)  Sᵀ then Pᵀ of one key block
+    float* ot = nullptr;     // (Dv, Mb)  unnormalised Oᵀ
+    float* kbuf = nullptr;   // (Nb, Dk)  only when K's head dim is strided
+    float* vbuf = nullptr;   // (Nb, Dv)  only when V's head dim is strided
+    float* m = nullptr;      // (Mb) running max (base 2)
+    float* l = nullptr;      // (Mb) running sum
+    float* alpha = nullptr;  // (Mb) rescale of this key block
+    float* lse2 = nullptr;   // (Mb) log2(l), for the weights pass
+    std::int64_t* lo = nullptr;  // (Mb) visible key range of each column's query
+    std::int64_t* hi = nullptr;
+    std::int64_t* ch = nullptr;  // (Mb) query head of each column
+    std::int64_t* ci = nullptr;  // (Mb) query index of each column
+    void* block = nullptr;
+
+    Workspace(const SdpaProblem& p, const FlashTiles& t, bool pack_k, bool pack_v) {
+        const std::size_t Mb = static_cast<std::size_t>(t.Mb), Nb = static_cast<std::size_t>(t.Nb);
+        auto round64 = [](std::size_t floats) { return (floats * sizeof(float) + 63) / 64 * 64; };
+        const std::size_t sizes[] = {round64(Mb * static_cast<std::size_t>(p.Dk)),
+                                     round64(Nb * Mb),
+                                     round64(static_cast<std::size_t>(p.Dv) * Mb),
+                                     pack_k ? round64(Nb * static_cast<std::size_t>(p.Dk)) : 0,
+                                     pack_v ? round64(Nb * static_cast<std::size_t>(p.Dv)) : 0,
+                                     round64(Mb), round64(Mb), round64(Mb), round64(Mb),
+                                     round64(2 * Mb), round64(2 * Mb), round64(2 * Mb), round64(2 * Mb)};
+        std::size_t total = 0;
+        for (std::size_t sz : sizes) total += sz;
+        block = std::aligned_alloc(64, total);
+        if (block == nullptr) return;
+        char* c = static_cast<char*>(block);
+        float** floats[] = {&qt, &s, &ot, &kbuf, &vbuf, &m, &l, &alpha, &lse2};
+        std::size_t i = 0;
+        for (; i < 9; ++i) {
+            *floats[i] = sizes[i] ? reinterpret_cast<float*>(c) : nullptr;
+            c += sizes[i];
+        }
+        std::int64_t** ints[] = {&lo, &hi, &ch, &ci};
+        for (std::int64_t** slot : ints) {
+            *slot = reinterpret_cast<std::int64_t*>(c);
+            c += sizes[i++];
+        }
+    }
+    ~Workspace() { std::free(block); }
+    Workspace(const Workspace&) = delete;
+    Workspace& operator=(const Workspace&) = delete;
+};
+
+// Qᵀ panels of one block of columns (query head ch[c], query ci[c]), zero past the last.
+// q: (B, Hq, Lq, Dk) any strides  →  qt: (panels, Dk, 16)
+inline void pack_qt(const SdpaProblem& p, std::int64_t b, const std::int64_t* ch, const std::int64_t* ci, int nq,
+                    int panels, float* qt) {
+    const float* q = p.q.data_as<const float>();
+    const std::int64_t sd = p.q.stride(3);
+    for (int pn = 0; pn < panels; ++pn) {
+        float* dst = qt + static_cast<std::int64_t>(pn) * p.Dk * kPanel;
+        for (int c = 0; c < kPanel; ++c) {
+            const int qi = pn * kPanel + c;
+            if (qi < nq) {
+                const float* src = q + p.q.offset(b, ch[qi], ci[qi], 0);
+                for (std::int64_t d = 0; d < p.Dk; ++d) dst[d * kPanel + c] = src[d * sd];
+            } else {
+                for (std::int64_t d = 0; d < p.Dk; ++d) dst[d * kPanel + c] = 0.0f;
+            }
+        }
+    }
+}
+
+// Rows [j0, j0+nk) of a (B, H, L, D) tensor whose head dim is strided, packed to (nk, D).
+inline void pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t j0, std::int64_t nk,
+                      std::int64_t D, float* dst) {
+    const float* src = t.data_as<const float>();
+    for (std::int64_t j = 0; j < nk; ++j)
+        for (std::int64_t d = 0; d < D; ++d) dst[j * D + d] = src[t.offset(b, h, j0 + j, d)];
+}
+
+// The element-wise masks on one tile: Sᵀ[j][c] += additive·log2e; −inf where the bool
+// mask says false. Both are (B, Hq, Lq, Lk) views (broadcast dims have stride 0).
+// s: (nk, ldS) tile of keys j0.., columns 0..nq (query head ch[c], query ci[c])
+template <class A>
+void apply_additive(const TensorView& mask, std::int64_t b, const std::int64_t* ch, const std::int64_t* ci, int nq,
+                    std::int64_t j0, std::int64_t nk, float* s, int ldS) {
+    const A* base = mask.data_as<const A>();
+    const std::int64_t sj = mask.stride(3);
+    for (int c = 0; c < nq; ++c) {
+        const A* row = base + mask.offset(b, ch[c], ci[c], j0);
+        for (std::int64_t j = 0; j < nk; ++j) s[j * ldS + c] += static_cast<float>(row[j * sj]) * kLog2e;
+    }
+}
+
+inline void apply_masks(const SdpaProblem& p, std::int64_t b, const std::int64_t* ch, const std::int64_t* ci, int nq,
+                        std::int64_t j0, std::int64_t nk, float* s, int ldS) {
+    if (p.additive_mask) {
+        if (p.additive_mask->dtype() == DType::f32) apply_additive<float>(*p.additive_mask, b, ch, ci, nq, j0, nk, s, ldS);
+        else apply_additive<double>(*p.additive_mask, b, ch, ci, nq, j0, nk, s, ldS);
+    }
+    if (p.bool_mask) {
+        const TensorView& mask = *p.bool_mask;
+        const unsigned char* base = mask.data_as<const unsigned char>();
+        const std::int64_t sj = mask.stride(3);
+        for (int c = 0; c < nq; ++c) {
+            const unsigned char* row = base + mask.offset(b, ch[c], ci[c], j0);
+            for (std::int64_t j = 0; j < nk; ++j)
+                if (row[j * sj] == 0) s[j * ldS + c] = kNegInf;
+        }
+    }
+}
+
+// −inf outside each query's structural key range [lo, hi) (causal, window, key lengths),
+// for a tile [j0, j0+nk) that some query does not see completely.
+inline void apply_ranges(const std::int64_t* lo, const std::int64_t* hi, int ncols, std::int64_t j0, std::int64_t nk,
+                         float* s, int ldS) {
+    for (int c = 0; c < ncols; ++c) {
+        const std::int64_t a = imax(0, imin(nk, lo[c] - j0)), z = imax(a, imin(nk, hi[c] - j0));
+        for (std::int64_t j = 0; j < a; ++j) s[j * ldS + c] = kNegInf;
+        for (std::int64_t j = z; j < nk; ++j) s[j * ldS + c] = kNegInf;
+    }
+}
+
+// Sᵀ (scaled to base 2, masked) of keys [j0, j0+nk) against all panels of the block.
+template <class Ops>
+void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t hk, int nq, int panels, std::int64_t j0, std::int64_t nk, int ldS, float c2,
+                bool ranges_partial) {
+    const float* kp;
+    std::int64_t ldk;
+    if (p.k.stride(3) == 1 || p.Dk == 1) {
+        kp = p.k.data_as<const float>() + p.k.offset(b, hk, j0, 0);
+        ldk = p.k.stride(2);
+    } else {
+        pack_rows(p.k, b, hk, j0, nk, p.Dk, w.kbuf);
+        kp = w.kbuf;
+        ldk = p.Dk;
+    }
+    const int Dk = static_cast<int>(p.Dk);
+    for (int pn = 0; pn < panels; ++pn) {
+        const float* qt = w.qt + static_cast<std::int64_t>(pn) * Dk * kPanel;
+        for (std::int64_t r = 0; r < nk; r += kRows)
+            Ops::qk(qt, kp + r * ldk, ldk, static_cast<int>(imin(kRows, nk - r)), Dk, c2, w.s + r * ldS + pn * kPanel,
+                    ldS);
+    }
+    if (ranges_partial) apply_ranges(w.lo, w.hi, nq, j0, nk, w.s, ldS);
+    if (p.has_elementwise_mask()) apply_masks(p, b, w.ch, w.ci, nq, j0, nk, w.s, ldS);
+}
+
+// One task: queries [i0, i0+nq) of the nh query heads h0.. (all reading KV head hk) of
+// batch b. Column c of the block is query i0 + c % nq of head h0 + c / nq.
+template <class Ops>
+void run_block(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::int64_t b, std::int64_t hk,
+               std::int64_t h0, int nh, std::int64_t i0, int nq_head) {
+    const int nq = nh * nq_head;
+    for (int c = 0; c < nq; ++c) {
+        w.ch[c] = h0 + c / nq_head;
+        w.ci[c] = i0 + c % nq_head;
+    }
+    const int panels = (nq + kPanel - 1) / kPanel, ncols = panels * kPanel, ldS = t.Mb, ldO = t.Mb;
+    const float c2 = static_cast<float>(p.scale * 1.4426950408889634);
+
+    // Visible key range of each query; padding columns see nothing.
+    std::int64_t ulo = p.Lk, uhi = 0;
+    for (int c = 0; c < ncols; ++c) {
+        KeyRange r{0, 0};
+        if (c < nq) r = p.key_range(b, w.ci[c]);
+        if (r.empty()) r = KeyRange{0, 0};
+        w.lo[c] = r.lo;
+        w.hi[c] = r.hi;
+        if (!r.empty()) {
+            ulo = imin(ulo, r.lo);
+            uhi = imax(uhi, r.hi);
+        }
+    }
+
+    pack_qt(p, b, w.ch, w.ci, nq, panels, w.qt);
+    for (int c = 0; c < ncols; ++c) {
+        w.m[c] = kNegInf;
+        w.l[c] = 0.0f;
+    }
+    std::memset(w.ot, 0, sizeof(float) * static_cast<std::size_t>(p.Dv) * static_cast<std::size_t>(ldO));
+
+    const bool pack_v = !(p.v.stride(3) == 1 || p.Dv == 1);
+    for (std::int64_t j0 = ulo; j0 < uhi; j0 += t.Nb) {
+        const std::int64_t nk = imin(t.Nb, uhi - j0);
+        bool partial = false;
+        for (int c = 0; c < nq && !partial; ++c) partial = w.lo[c] > j0 || w.hi[c] < j0 + nk;
+        score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, c2, partial);
+
+        Ops::softmax(w.s, ldS, static_cast<int>(nk), ncols, w.m, w.l, w.alpha);
+
+        const float* vp;
+        std::int64_t ldv;
+        if (!pack_v) {
+            vp = p.v.data_as<const float>() + p.v.offset(b, hk, j0, 0);
+            ldv = p.v.stride(2);
+        } else {
+            pack_rows(p.v, b, hk, j0, nk, p.Dv, w.vbuf);
+            vp = w.vbuf;
+            ldv = p.Dv;
+        }
+        for (int pn = 0; pn < panels; ++pn)
+            for (std::int64_t d = 0; d < p.Dv; d += kRows)
+                Ops::pv(w.s + pn * kPanel, ldS, vp + d, ldv, static_cast<int>(nk), static_cast<int>(imin(kRows, p.Dv - d)),
+                        w.ot + d * ldO + pn * kPanel, ldO, w.alpha + pn * kPanel);
+    }
+
+    // O = Oᵀ / l, transposed into the caller's layout; lse.
+    const bool out_f32 = p.out.dtype() == DType::f32;
+    for (int c = 0; c < nq; ++c) {
+        const float l = w.l[c];
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const std::int64_t base = p.out.offset(b, w.ch[c], w.ci[c], 0), sd = p.out.stride(3);
+        if (out_f32) {
+            float* o = p.out.data_as<float>() + base;
+            for (std::int64_t d = 0; d < p.Dv; ++d) o[d * sd] = w.ot[d * ldO + c] * inv;
+        } else {
+            double* o = p.out.data_as<double>() + base;
+            for (std::int64_t d = 0; d < p.Dv; ++d) o[d * sd] = static_cast<double>(w.ot[d * ldO + c] * inv);
+        }
+        w.lse2[c] = l > 0.0f ? std::log2(l) : 0.0f;
+        if (p.lse) {
+            const double lse = l > 0.0f ? static_cast<double>(w.m[c]) * 0.6931471805599453 + std::log(static_cast<double>(l))
+                                        : -std::numeric_limits<double>::infinity();
+            store(*p.lse, p.lse->offset(b, w.ch[c], w.ci[c]), lse);
+        }
+    }
+
+    if (!p.weights) return;
+    // Weights from the saved statistics, tile by tile: P = 2^(S₂ − m − log2 l) (= exp(S − lse));
+    // a row with no visible key gets m = +inf so every P is exactly 0.
+    for (int c = 0; c < ncols; ++c)
+        if (!(w.l[c] > 0.0f)) {
+            w.m[c] = kPosInf;
+            w.lse2[c] = 0.0f;
+        }
+    const TensorView& W = *p.weights;
+    const bool w_f32 = W.dtype() == DType::f32;
+    const std::int64_t wj = W.stride(3);
+    for (int c = 0; c < nq; ++c) {  // keys outside every tile: 0
+        const std::int64_t base = W.offset(b, w.ch[c], w.ci[c], 0);
+        for (std::int64_t j = 0; j < p.Lk; ++j) {
+            if (j == ulo && ulo < uhi) j = uhi;
+            if (j >= p.Lk) break;
+            if (w_f32) W.data_as<float>()[base + j * wj] = 0.0f;
+            else W.data_as<double>()[base + j * wj] = 0.0;
+        }
+    }
+    for (std::int64_t j0 = ulo; j0 < uhi; j0 += t.Nb) {
+        const std::int64_t nk = imin(t.Nb, uhi - j0);
+        bool partial = false;
+        for (int c = 0; c < nq && !partial; ++c) partial = w.lo[c] > j0 || w.hi[c] < j0 + nk;
+        score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, c2, partial);
+        Ops::weights_exp(w.s, ldS, static_cast<int>(nk), ncols, w.m, w.lse2);
+        for (int c = 0; c < nq; ++c) {
+            const std::int64_t base = W.offset(b, w.ch[c], w.ci[c], j0);
+            if (w_f32) {
+                float* o = W.data_as<float>() + base;
+                for (std::int64_t j = 0; j < nk; ++j) o[j * wj] = w.s[j * ldS + c];
+            } else {
+                double* o = W.data_as<double>() + base;
+                for (std::int64_t j = 0; j < nk; ++j) o[j * wj] = static_cast<double>(w.s[j * ldS + c]);
+            }
+        }
+    }
+}
+
+// The whole problem: tasks (b, h, query block) over OpenMP threads. Each task is
+// computed by one thread from start to end in a fixed order, so the result does not
+// depend on the number of threads or the schedule.
+template <class Ops>
+void run_flash(const SdpaProblem& p, const FlashTiles& t, int threads) {
+    // Blocks: Mb queries of one head; or, when Lq < Mb (decode, short queries), all Lq
+    // queries of up to Mb / Lq heads that share a KV head (GQA/MQA), so the 16-lane panels
+    // are not mostly padding and each K/V tile read serves every head of the group.
+    const std::int64_t qpb = p.Lq >= t.Mb ? t.Mb : p.Lq;           // queries per block
+    const std::int64_t hpb = imax(1, imin(p.group, t.Mb / qpb));    // heads per block
+    const std::int64_t qblocks = (p.Lq + qpb - 1) / qpb, hchunks = (p.group + hpb - 1) / hpb;
+    const std::int64_t tasks = p.B * p.Hkv * hchunks * qblocks;
+    const bool pack_k = !(p.k.stride(3) == 1 || p.Dk == 1);
+    const bool pack_v = !(p.v.stride(3) == 1 || p.Dv == 1);
+    const int nthreads = threads > 0 ? threads : omp_get_max_threads();
+    bool alloc_failed = false;
+#pragma omp parallel num_threads(nthreads) if (tasks > 1)
+    {
+        Workspace w(p, t, pack_k, pack_v);  // once per thread, before the task loop
+        if (w.block == nullptr) {
+#pragma omp atomic write
+            alloc_failed = true;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (std::int64_t task = 0; task < tasks; ++task) {
+            if (w.block == nullptr) continue;
+            const std::int64_t qb = task % qblocks, hc = (task / qblocks) % hchunks;
+            const std::int64_t bk = task / (qblocks * hchunks), b = bk / p.Hkv, hk = bk % p.Hkv;
+            const std::int64_t h0 = hk * p.group + hc * hpb, i0 = qb * qpb;
+            run_block<Ops>(p, t, w, b, hk, h0, static_cast<int>(imin(hpb, p.group - hc * hpb)), i0,
+                           static_cast<int>(imin(qpb, p.Lq - i0)));
+        }
+    }
+    if (alloc_failed) throw std::bad_alloc();
+}
+
+}  // namespace attn::detail::ATTN_FLASH_NS

@@ -1,0 +1,608 @@
+// The flash kernel against the reference (double) on random cases: odd lengths and head
+// dims, Dk != Dv, every mask kind and combination (bool, additive, causal both
+// alignments, sliding window, key lengths) with broadcasting, GQA/MQA, strided and
+// misaligned views, float32/float64 outputs poisoned with NaN first — on the portable
+// and the AVX2 path (when the CPU has it), with 1 and 2 threads (which must agree bit
+// for bit).
+//
+// Tolerance, derived from float32 rounding (u = 2^-24) for row i with n visible keys:
+//   score error      δs_ij ≤ (Dk+2)·u·scale·Σ_d|q_id·k_jd|  (fp32 dot product, γ_Dk)
+//                           + 8·u·(|s_ij| + |mask_ij|)        (scale, log2 e, mask add, − max)
+//   E_i = max_j δs_ij over visible keys
+//   weights  |ΔP_ij| ≤ P_ij·(2E_i + (n+16)u) + 2^-125      (exp2 ≤ 2u, sum of n terms γ_n,
+//                                                          rescales; 2^-125: exp2 flushes
+//                                                          results below 2^-126 to 0)
+//   out      |ΔO_id| ≤ (2E_i + (n+16)u)·Σ_j P_ij·|v_jd| + u·|O_id|   (P·V sum: γ_n)
+//   lse      |Δlse_i| ≤ E_i + (n+16)u + u·|lse_i|
+// These are first-order worst-case bounds (not fitted to the results); the test prints
+// how much of the bound the worst element used. Fully masked rows must be exactly
+// out = 0, lse = −inf, weights = 0; masked positions exactly 0.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/error.hpp"
+#include "attn/reference.hpp"
+#include "attn/sdpa.hpp"
+#include "attn/tensor.hpp"
+#include "core/cpu_features.hpp"
+#include "kernels/flash/flash.hpp"
+#include "sdpa/problem.hpp"
+
+namespace attn {
+namespace {
+
+using detail::Isa;
+
+constexpr double kU = 1.0 / 16777216.0;  // 2^-24
+const double kNaN = std::numeric_limits<double>::quiet_NaN();
+const double kInf = std::numeric_limits<double>::infinity();
+
+// Storage with slack around the view (so out-of-view writes are caught), plus a view.
+struct Buffer {
+    std::vector<unsigned char> bytes;
+    TensorView view;
+    DType dtype = DType::f32;
+    std::size_t offset = 0;  // bytes before the view's first element
+};
+
+enum class Layout { bhld, blhd, slice, strided_d };
+const char* layout_name(Layout l) {
+    switch (l) {
+        case Layout::bhld: return "BHLD";
+        case Layout::blhd: return "BLHD";
+        case Layout::slice: return "slice";
+        case Layout::strided_d: return "strided-D";
+    }
+    return "?";
+}
+
+// A (B, H, L, D) view in the given layout; `misalign` shifts the data by one element.
+Buffer make_buffer(DType dt, std::int64_t B, std::int64_t H, std::int64_t L, std::int64_t D, Layout layout,
+                   bool misalign) {
+    Buffer b;
+    b.dtype = dt;
+    const std::size_t es = dtype_size(dt);
+    Shape store;
+    Strides st{};
+    std::int64_t start = 0;  // element offset of (0,0,0,0) inside the store
+    switch (layout) {
+        case Layout::bhld:
+            store = Shape{B, H, L, D};
+            st = contiguous_strides(store);
+            break;
+        case Layout::blhd: {  // (B, L, H, D) buffer seen through transpose(1, 2)
+            store = Shape{B, L, H, D};
+            const Strides c = contiguous_strides(store);
+            st = {c[0], c[2], c[1], c[3]};
+            break;
+        }
+        case Layout::slice: {  // heads 1.., positions 3.. of a bigger (B, H+2, L+5, D+3) buffer
+            store = Shape{B, H + 2, L + 5, D + 3};
+            st = contiguous_strides(store);
+            start = st[1] * 1 + st[2] * 3 + 2;
+            break;
+        }
+        case Layout::strided_d:  // every other element of a (B, H, L, 2D) buffer
+            store = Shape{B, H, L, 2 * D};
+            st = contiguous_strides(store);
+            st[3] = 2;
+            break;
+    }
+    const std::size_t n = static_cast<std::size_t>(store.numel());
+    b.offset = (static_cast<std::size_t>(start) + (misalign ? 1 : 0)) * es;
+    b.bytes.assign((n + 2) * es + 64, 0);
+    // Keep the base 64-byte aligned in the vector's storage so "misaligned" really is.
+    const std::size_t align_pad = (64 - reinterpret_cast<std::uintptr_t>(b.bytes.data()) % 64) % 64;
+    b.offset += align_pad;
+    b.view = TensorView(b.bytes.data() + b.offset, dt, Shape{B, H, L, D}, st);
+    return b;
+}
+
+void fill_normal(Buffer& b, std::mt19937_64& rng, double sd) {
+    std::normal_distribution<double> nd(0.0, sd);
+    const TensorView& v = b.view;
+    for (std::int64_t i0 = 0; i0 < v.dim(0); ++i0)
+        for (std::int64_t i1 = 0; i1 < v.dim(1); ++i1)
+            for (std::int64_t i2 = 0; i2 < v.dim(2); ++i2)
+                for (std::int64_t i3 = 0; i3 < v.dim(3); ++i3) {
+                    const std::int64_t o = v.offset(i0, i1, i2, i3);
+                    if (b.dtype == DType::f32) v.data_as<float>()[o] = static_cast<float>(nd(rng));
+                    else v.data_as<double>()[o] = nd(rng);
+                }
+}
+
+// NaN over the whole storage (slack included).
+void poison(Buffer& b) {
+    if (b.dtype == DType::f32) {
+        float* p = reinterpret_cast<float*>(b.bytes.data());
+        for (std::size_t i = 0; i < b.bytes.size() / 4; ++i) p[i] = std::numeric_limits<float>::quiet_NaN();
+    } else {
+        for (std::size_t i = 0; i + 8 <= b.bytes.size(); i += 8) std::memcpy(b.bytes.data() + i, &kNaN, 8);
+    }
+}
+
+double get(const TensorView& v, std::int64_t o) { return v.load_as_double(o); }
+
+struct Case {
+    std::string desc;
+    std::int64_t B = 1, Hq = 1, Hkv = 1, Lq = 1, Lk = 1, Dk = 1, Dv = 1;
+    Layout lq = Layout::bhld, lk = Layout::bhld, lv = Layout::bhld, lo = Layout::bhld;
+    bool mq = false, mk = false, mv = false, mo = false;
+    DType out_dt = DType::f32;
+    bool want_lse = false, want_weights = false;
+    SdpaOptions opt;
+    // mask storage
+    std::vector<unsigned char> bool_store;
+    std::vector<float> add32;
+    std::vector<double> add64;
+    std::vector<std::int64_t> len64;
+    std::vector<std::int32_t> len32;
+};
+
+template <class T>
+T pick(std::mt19937_64& rng, std::initializer_list<T> xs) {
+    std::uniform_int_distribution<std::size_t> d(0, xs.size() - 1);
+    return *(xs.begin() + d(rng));
+}
+
+bool chance(std::mt19937_64& rng, double p) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; }
+
+// A mask shape broadcastable to (B, Hq, Lq, Lk): each dim full or 1, sometimes fewer dims.
+Shape mask_shape(std::mt19937_64& rng, const Case& c) {
+    const std::int64_t full[4] = {c.B, c.Hq, c.Lq, c.Lk};
+    std::int64_t d[4];
+    for (int i = 0; i < 4; ++i) d[i] = chance(rng, 0.6) ? full[i] : 1;
+    switch (pick(rng, {4, 4, 4, 2, 1})) {
+        case 2: return Shape{d[2], d[3]};
+        case 1: return Shape{d[3]};
+        default: return Shape{d[0], d[1], d[2], d[3]};
+    }
+}
+
+// Builds the random options and masks of a case (sizes already chosen).
+void random_masks(std::mt19937_64& rng, Case& c) {
+    std::string d;
+    if (chance(rng, 0.35)) {
+        const Shape s = mask_shape(rng, c);
+        c.bool_store.resize(static_cast<std::size_t>(s.numel()));
+        const double keep = pick(rng, {0.9, 0.6, 0.2, 0.02});
+        for (auto& x : c.bool_store) x = chance(rng, keep) ? 1 : 0;
+        c.opt.bool_mask = TensorView(c.bool_store.data(), DType::boolean, s);
+        d += " bool" + s.str();
+    }
+    if (chance(rng, 0.35)) {
+        const Shape s = mask_shape(rng, c);
+        const double ninf = pick(rng, {0.0, 0.1, 0.5});
+        std::normal_distribution<double> nd(0.0, 2.0);
+        if (chance(rng, 0.5)) {
+            c.add32.resize(static_cast<std::size_t>(s.numel()));
+            for (auto& x : c.add32) x = chance(rng, ninf) ? -std::numeric_limits<float>::infinity() : static_cast<float>(nd(rng));
+            c.opt.additive_mask = TensorView(c.add32.data(), DType::f32, s);
+            d += " add32" + s.str();
+        } else {
+            c.add64.resize(static_cast<std::size_t>(s.numel()));
+            for (auto& x : c.add64) x = chance(rng, ninf) ? -kInf : nd(rng);
+            c.opt.additive_mask = TensorView(c.add64.data(), DType::f64, s);
+            d += " add64" + s.str();
+        }
+    }
+    c.opt.causal = pick(rng, {Causal::none, Causal::none, Causal::top_left, Causal::bottom_right});
+    if (c.opt.causal != Causal::none) d += c.opt.causal == Causal::top_left ? " causal-TL" : " causal-BR";
+    if (chance(rng, 0.25)) {
+        c.opt.window.left = pick<std::int64_t>(rng, {-1, 0, 1, 5, 17, 70});
+        c.opt.window.right = pick<std::int64_t>(rng, {-1, 0, 2, 9, 64});
+        c.opt.window.align = chance(rng, 0.5) ? Align::top_left : Align::bottom_right;
+        d += " window(" + std::to_string(c.opt.window.left) + "," + std::to_string(c.opt.window.right) +
+             (c.opt.window.align == Align::top_left ? ",TL)" : ",BR)");
+    }
+    if (chance(rng, 0.25)) {
+        std::uniform_int_distribution<std::int64_t> ld(0, c.Lk);
+        if (chance(rng, 0.5)) {
+            for (std::int64_t b = 0; b < c.B; ++b) c.len64.push_back(chance(rng, 0.15) ? 0 : ld(rng));
+            c.opt.key_lengths = TensorView(c.len64.data(), DType::i64, Shape{c.B});
+        } else {
+            for (std::int64_t b = 0; b < c.B; ++b) c.len32.push_back(static_cast<std::int32_t>(ld(rng)));
+            c.opt.key_lengths = TensorView(c.len32.data(), DType::i32, Shape{c.B});
+        }
+        d += " key_lengths";
+    }
+    if (chance(rng, 0.2)) {
+        c.opt.scale = std::uniform_real_distribution<double>(0.02, 1.0)(rng);
+        d += " scale";
+    }
+    c.desc += d;
+}
+
+Case random_case(std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    Case c;
+    c.B = pick<std::int64_t>(rng, {1, 1, 2, 3});
+    c.Hkv = pick<std::int64_t>(rng, {1, 1, 2, 3});
+    c.Hq = c.Hkv * pick<std::int64_t>(rng, {1, 1, 2, 4});
+    const bool big = chance(rng, 0.025);  // L = 1000 sometimes, with one head
+    if (big) {
+        c.B = 1;
+        c.Hkv = 1;
+        c.Hq = pick<std::int64_t>(rng, {1, 2});
+        c.Lq = pick<std::int64_t>(rng, {1000, 65, 1});
+        c.Lk = pick<std::int64_t>(rng, {1000, 999});
+    } else {
+        c.Lq = pick<std::int64_t>(rng, {1, 2, 7, 15, 16, 17, 31, 63, 64, 65, 100, 129});
+        c.Lk = pick<std::int64_t>(rng, {1, 2, 7, 15, 16, 17, 31, 63, 64, 65, 100, 129, 200});
+    }
+    c.Dk = pick<std::int64_t>(rng, {1, 3, 8, 16, 17, 32, 63, 64, 80, 96, 128, 200, 256});
+    c.Dv = chance(rng, 0.6) ? c.Dk : pick<std::int64_t>(rng, {1, 5, 6, 7, 13, 64, 80, 130, 256});
+    auto layout = [&] { return pick(rng, {Layout::bhld, Layout::bhld, Layout::blhd, Layout::slice, Layout::strided_d}); };
+    c.lq = layout();
+    c.lk = layout();
+    c.lv = layout();
+    c.lo = pick(rng, {Layout::bhld, Layout::bhld, Layout::blhd, Layout::slice});
+    c.mq = chance(rng, 0.25);
+    c.mk = chance(rng, 0.25);
+    c.mv = chance(rng, 0.25);
+    c.mo = chance(rng, 0.25);
+    c.out_dt = chance(rng, 0.2) ? DType::f64 : DType::f32;
+    c.want_lse = chance(rng, 0.6);
+    c.want_weights = chance(rng, 0.4) && c.Lq * c.Lk * c.Hq * c.B <= 200000;
+    c.desc = "seed " + std::to_string(seed) + ": B" + std::to_string(c.B) + " Hq" + std::to_string(c.Hq) + " Hkv" +
+             std::to_string(c.Hkv) + " Lq" + std::to_string(c.Lq) + " Lk" + std::to_string(c.Lk) + " Dk" +
+             std::to_string(c.Dk) + " Dv" + std::to_string(c.Dv) + " Q:" + layout_name(c.lq) + (c.mq ? "+1" : "") +
+             " K:" + layout_name(c.lk) + (c.mk ? "+1" : "") + " V:" + layout_name(c.lv) + (c.mv ? "+1" : "") +
+             " O:" + layout_name(c.lo) + (c.mo ? "+1" : "") + (c.out_dt == DType::f64 ? " out64" : "") +
+             (c.want_lse ? " lse" : "") + (c.want_weights ? " weights" : "");
+    random_masks(rng, c);
+    return c;
+}
+
+struct Outputs {
+    Buffer out, lse, weights;
+};
+
+Outputs make_outputs(const Case& c) {
+    Outputs o;
+    o.out = make_buffer(c.out_dt, c.B, c.Hq, c.Lq, c.Dv, c.lo, c.mo);
+    if (c.want_lse) {
+        // (B, Hq, Lq): the first three dims of a (B, Hq, Lq, 1) buffer
+        Buffer b = make_buffer(c.out_dt, c.B, c.Hq, c.Lq, 1, c.lo == Layout::strided_d ? Layout::bhld : c.lo, c.mo);
+        const TensorView& v = b.view;
+        b.view = TensorView(v.data(), v.dtype(), Shape{c.B, c.Hq, c.Lq}, Strides{v.stride(0), v.stride(1), v.stride(2), 0});
+        o.lse = std::move(b);
+    }
+    if (c.want_weights) o.weights = make_buffer(c.out_dt, c.B, c.Hq, c.Lq, c.Lk, c.lo, c.mo);
+    poison(o.out);
+    if (c.want_lse) poison(o.lse);
+    if (c.want_weights) poison(o.weights);
+    return o;
+}
+
+// Everything outside the view must still be NaN: the kernel wrote only its outputs.
+std::int64_t slack_written(const Buffer& b) {
+    if (b.bytes.empty()) return 0;
+    std::vector<char> inside(b.bytes.size(), 0);
+    const TensorView& v = b.view;
+    const std::size_t es = dtype_size(b.dtype);
+    const std::int64_t d3 = v.rank() == 4 ? v.dim(3) : 1;
+    for (std::int64_t i0 = 0; i0 < v.dim(0); ++i0)
+        for (std::int64_t i1 = 0; i1 < v.dim(1); ++i1)
+            for (std::int64_t i2 = 0; i2 < v.dim(2); ++i2)
+                for (std::int64_t i3 = 0; i3 < d3; ++i3)
+                    inside[b.offset / es + static_cast<std::size_t>(v.offset(i0, i1, i2, i3))] = 1;
+    std::int64_t bad = 0;
+    for (std::size_t i = 0; i + es <= b.bytes.size(); i += es) {
+        if (inside[i / es] || i < b.offset % es) continue;
+        double x;
+        if (es == 4) {
+            float f;
+            std::memcpy(&f, b.bytes.data() + i, 4);
+            x = f;
+        } else {
+            std::memcpy(&x, b.bytes.data() + i, 8);
+        }
+        if (!std::isnan(x)) ++bad;
+    }
+    return bad;
+}
+
+// Bit-for-bit equality of two outputs' view elements (the storages may sit at different
+// offsets of their allocations).
+bool same_bits(const Buffer& a, const Buffer& b) {
+    if (a.bytes.empty() || b.bytes.empty()) return a.bytes.empty() == b.bytes.empty();
+    const TensorView &x = a.view, &y = b.view;
+    const std::size_t es = dtype_size(a.dtype);
+    const std::int64_t d3 = x.rank() == 4 ? x.dim(3) : 1;
+    for (std::int64_t i0 = 0; i0 < x.dim(0); ++i0)
+        for (std::int64_t i1 = 0; i1 < x.dim(1); ++i1)
+            for (std::int64_t i2 = 0; i2 < x.dim(2); ++i2)
+                for (std::int64_t i3 = 0; i3 < d3; ++i3) {
+                    const char* p = static_cast<const char*>(x.data()) + x.offset(i0, i1, i2, i3) * static_cast<std::int64_t>(es);
+                    const char* q = static_cast<const char*>(y.data()) + y.offset(i0, i1, i2, i3) * static_cast<std::int64_t>(es);
+                    if (std::memcmp(p, q, es) != 0) return false;
+                }
+    return true;
+}
+
+struct Worst {
+    double used = 0;  // max error / bound
+    std::string where;
+};
+
+// A (B, H, L, D) view copied to a dense double array (for the bound computations).
+std::vector<double> dense(const TensorView& t) {
+    std::vector<double> d;
+    d.reserve(static_cast<std::size_t>(t.numel()));
+    for (std::int64_t i0 = 0; i0 < t.dim(0); ++i0)
+        for (std::int64_t i1 = 0; i1 < t.dim(1); ++i1)
+            for (std::int64_t i2 = 0; i2 < t.dim(2); ++i2)
+                for (std::int64_t i3 = 0; i3 < t.dim(3); ++i3) d.push_back(get(t, t.offset(i0, i1, i2, i3)));
+    return d;
+}
+
+// Checks one kernel run against the reference steps; returns "" or the first failure.
+std::string check_against_reference(const Case& c, const TensorView& q, const TensorView& k, const TensorView& v,
+                                    const AttentionSteps& ref, const Outputs& got, Worst& worst) {
+    const double scale = c.opt.scale ? *c.opt.scale : 1.0 / std::sqrt(static_cast<double>(c.Dk));
+    const std::int64_t group = c.Hq / c.Hkv;
+    const std::vector<double> qd = dense(q), kd = dense(k), vd = dense(v);
+    // reference outputs are contiguous float64
+    const double* S = ref.scores.data_as<const double>();
+    const double* MS = ref.masked_scores.data_as<const double>();
+    const double* A = ref.weights.data_as<const double>();
+    const double* L = ref.lse.data_as<const double>();
+    const double* O = ref.out.data_as<const double>();
+    std::vector<double> av(static_cast<std::size_t>(c.Dv));
+    for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t h = 0; h < c.Hq; ++h)
+            for (std::int64_t i = 0; i < c.Lq; ++i) {
+                const std::int64_t hk = h / group;
+                const std::int64_t row = ((b * c.Hq + h) * c.Lq + i);
+                const double* qi = qd.data() + row * c.Dk;
+                const double* kh = kd.data() + (b * c.Hkv + hk) * c.Lk * c.Dk;
+                const double* vh = vd.data() + (b * c.Hkv + hk) * c.Lk * c.Dv;
+                double E = 0;
+                std::int64_t n = 0;
+                std::fill(av.begin(), av.end(), 0.0);
+                for (std::int64_t j = 0; j < c.Lk; ++j) {
+                    const double ms = MS[row * c.Lk + j];
+                    if (ms == -kInf) continue;
+                    ++n;
+                    double dot = 0;
+                    for (std::int64_t d = 0; d < c.Dk; ++d) dot += std::fabs(qi[d] * kh[j * c.Dk + d]);
+                    const double s = S[row * c.Lk + j];
+                    const double add = ms - s;
+                    E = std::max(E, static_cast<double>(c.Dk + 2) * kU * scale * dot + 8 * kU * (std::fabs(s) + std::fabs(add)));
+                    const double a = A[row * c.Lk + j];
+                    for (std::int64_t d = 0; d < c.Dv; ++d) av[static_cast<std::size_t>(d)] += a * std::fabs(vh[j * c.Dv + d]);
+                }
+                const double rel = 2 * E + static_cast<double>(n + 16) * kU;
+                const std::string at = " at (" + std::to_string(b) + "," + std::to_string(h) + "," + std::to_string(i);
+                auto track = [&](double err, double bound, const char* what) {
+                    if (bound > 0 && err / bound > worst.used) {
+                        worst.used = err / bound;
+                        worst.where = what + at + ")";
+                    }
+                };
+                // out
+                for (std::int64_t d = 0; d < c.Dv; ++d) {
+                    const double r = O[row * c.Dv + d];
+                    const double g = get(got.out.view, got.out.view.offset(b, h, i, d));
+                    if (n == 0) {
+                        if (g != 0.0) return "out" + at + "," + std::to_string(d) + "): fully masked row must be 0, got " + std::to_string(g);
+                        continue;
+                    }
+                    const double bound = rel * av[static_cast<std::size_t>(d)] + kU * std::fabs(r) + 1e-30;
+                    const double err = std::fabs(g - r);
+                    if (!(err <= bound))
+                        return "out" + at + "," + std::to_string(d) + "): got " + std::to_string(g) + " want " + std::to_string(r) +
+                               " |diff| " + std::to_string(err) + " > bound " + std::to_string(bound);
+                    track(err, bound, "out");
+                }
+                if (c.want_lse) {
+                    const double r = L[row];
+                    const double g = get(got.lse.view, got.lse.view.offset(b, h, i));
+                    if (n == 0) {
+                        if (g != -kInf) return "lse" + at + "): fully masked row must be -inf, got " + std::to_string(g);
+                    } else {
+                        const double bound = E + static_cast<double>(n + 16) * kU + kU * std::fabs(r);
+                        const double err = std::fabs(g - r);
+                        if (!(err <= bound))
+                            return "lse" + at + "): got " + std::to_string(g) + " want " + std::to_string(r) + " |diff| " +
+                                   std::to_string(err) + " > bound " + std::to_string(bound);
+                        track(err, bound, "lse");
+                    }
+                }
+                if (c.want_weights) {
+                    for (std::int64_t j = 0; j < c.Lk; ++j) {
+                        const double r = A[row * c.Lk + j];
+                        const double g = get(got.weights.view, got.weights.view.offset(b, h, i, j));
+                        if (MS[row * c.Lk + j] == -kInf) {
+                            if (g != 0.0) return "weights" + at + "," + std::to_string(j) + "): masked must be 0, got " + std::to_string(g);
+                            continue;
+                        }
+                        const double bound = r * rel + std::ldexp(1.0, -125);
+                        const double err = std::fabs(g - r);
+                        if (!(err <= bound))
+                            return "weights" + at + "," + std::to_string(j) + "): got " + std::to_string(g) + " want " +
+                                   std::to_string(r) + " |diff| " + std::to_string(err) + " > bound " + std::to_string(bound);
+                        track(err, bound, "weights");
+                    }
+                }
+            }
+    return "";
+}
+
+int cases_per_shard() {
+    if (const char* e = std::getenv("ATTN_FLASH_TEST_CASES_PER_SHARD")) return std::max(1, std::atoi(e));
+    return 26;
+}
+constexpr int kShards = 20;  // 20 × 26 = 520 random cases by default
+
+std::vector<Isa> isas() {
+    std::vector<Isa> v{Isa::generic};
+    if (detail::cpu_features().has_avx2_fma_f16c()) v.push_back(Isa::avx2);
+    return v;
+}
+
+// Runs one case on every ISA × {1, 2} threads; returns the number of kernel runs checked.
+// `tiles` (null: the defaults) lets a test move the block boundaries.
+int run_case(const Case& c, Worst& worst, const detail::FlashTiles* tiles = nullptr) {
+    std::mt19937_64 rng(std::hash<std::string>{}(c.desc));
+    Buffer q = make_buffer(DType::f32, c.B, c.Hq, c.Lq, c.Dk, c.lq, c.mq);
+    Buffer k = make_buffer(DType::f32, c.B, c.Hkv, c.Lk, c.Dk, c.lk, c.mk);
+    Buffer v = make_buffer(DType::f32, c.B, c.Hkv, c.Lk, c.Dv, c.lv, c.mv);
+    fill_normal(q, rng, 1.0);
+    fill_normal(k, rng, 1.0);
+    fill_normal(v, rng, 1.0);
+    const AttentionSteps ref = reference_steps(q.view, k.view, v.view, c.opt);
+    int runs = 0;
+    for (Isa isa : isas()) {
+        Outputs first;
+        for (int threads : {1, 2}) {
+            Outputs o = make_outputs(c);
+            const TensorView lse = o.lse.view, w = o.weights.view;
+            const detail::SdpaProblem p = detail::make_problem(q.view, k.view, v.view, c.opt, o.out.view,
+                                                               c.want_lse ? &lse : nullptr, c.want_weights ? &w : nullptr);
+            detail::flash_forward(p, isa, threads, tiles);
+            const std::string tag = std::string(" [") + detail::isa_name(isa) + ", " + std::to_string(threads) + " threads]";
+            const std::string err = check_against_reference(c, q.view, k.view, v.view, ref, o, worst);
+            EXPECT_EQ(err, "") << c.desc << tag;
+            EXPECT_EQ(slack_written(o.out) + slack_written(o.lse) + slack_written(o.weights), 0)
+                << c.desc << tag << ": wrote outside the output views";
+            if (threads == 1) {
+                first = std::move(o);
+            } else {
+                EXPECT_TRUE(same_bits(first.out, o.out) && same_bits(first.lse, o.lse) && same_bits(first.weights, o.weights))
+                    << c.desc << tag << ": results differ between 1 and 2 threads";
+            }
+            ++runs;
+            if (!err.empty()) return runs;
+        }
+    }
+    return runs;
+}
+
+class FlashRandom : public ::testing::TestWithParam<int> {};
+
+TEST_P(FlashRandom, MatchesReference) {
+    const int n = cases_per_shard();
+    Worst worst;
+    int runs = 0;
+    for (int i = 0; i < n; ++i) {
+        const Case c = random_case(static_cast<std::uint64_t>(GetParam()) * 1000 + static_cast<std::uint64_t>(i));
+        runs += run_case(c, worst);
+        if (HasFailure()) return;
+    }
+    std::printf("shard %d: %d cases, %d kernel runs; worst error used %.3f of its bound (%s)\n", GetParam(), n, runs,
+                worst.used, worst.where.c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(Shards, FlashRandom, ::testing::Range(0, kShards));
+
+// Other block sizes move every tile boundary (partial causal/window tiles, key blocks
+// that end mid-range, several heads per block when Lq < Mb): 3 × 20 random cases.
+TEST(FlashFixed, OtherTileSizes) {
+    Worst worst;
+    const int n = std::min(20, cases_per_shard());
+    for (const detail::FlashTiles t : {detail::FlashTiles{16, 7}, detail::FlashTiles{32, 100}, detail::FlashTiles{128, 33}})
+        for (int i = 0; i < n; ++i) {
+            const Case c = random_case(900000 + static_cast<std::uint64_t>(i));
+            run_case(c, worst, &t);
+            if (HasFailure()) {
+                ADD_FAILURE() << "tiles Mb=" << t.Mb << " Nb=" << t.Nb;
+                return;
+            }
+        }
+}
+
+// The lengths the issue names, each on its own (no masks, then causal bottom-right), D = 64.
+TEST(FlashFixed, NamedLengths) {
+    Worst worst;
+    for (std::int64_t L : {1, 7, 63, 65, 1000})
+        for (Causal causal : {Causal::none, Causal::top_left, Causal::bottom_right}) {
+            // the reduced (sanitizer) run keeps one L = 1000 case: the reference is slow there
+            if (L == 1000 && causal != Causal::none && std::getenv("ATTN_FLASH_TEST_CASES_PER_SHARD") != nullptr) continue;
+            Case c;
+            c.Lq = L;
+            c.Lk = L == 1000 ? 1000 : L + 3;
+            c.Dk = c.Dv = 64;
+            c.Hq = 2;
+            c.Hkv = 1;
+            c.want_lse = true;
+            c.want_weights = L < 1000;
+            c.opt.causal = causal;
+            char desc[64];  // (snprintf: GCC 12 warns falsely, -Wrestrict, on the string + chain here)
+            std::snprintf(desc, sizeof desc, "L%lld causal %d", static_cast<long long>(L), static_cast<int>(causal));
+            c.desc = desc;
+            run_case(c, worst);
+        }
+}
+
+// A row that sees no key: out 0, lse −inf, weights 0, never NaN (key length 0, and a bool
+// mask row of all false, and bottom-right causal with Lq > Lk).
+TEST(FlashFixed, FullyMaskedRows) {
+    Worst worst;
+    Case c;
+    c.B = 2;
+    c.Hq = c.Hkv = 2;
+    c.Lq = 40;
+    c.Lk = 20;
+    c.Dk = 32;
+    c.Dv = 24;
+    c.want_lse = c.want_weights = true;
+    c.len64 = {0, 13};
+    c.opt.key_lengths = TensorView(c.len64.data(), DType::i64, Shape{2});
+    c.bool_store.assign(static_cast<std::size_t>(c.Lq * c.Lk), 1);
+    for (std::int64_t j = 0; j < c.Lk; ++j) c.bool_store[static_cast<std::size_t>(5 * c.Lk + j)] = 0;
+    c.opt.bool_mask = TensorView(c.bool_store.data(), DType::boolean, Shape{c.Lq, c.Lk});
+    c.opt.causal = Causal::bottom_right;
+    c.desc = "fully masked rows";
+    run_case(c, worst);
+}
+
+// Through the public API: auto picks flash for float32 and says so; float64 goes to the
+// reference with a reason; an explicit flash on float64 is an error naming the tensor.
+TEST(FlashDispatch, AutoPicksFlashAndExplains) {
+    Tensor q(DType::f32, Shape{1, 2, 5, 8}, true), k(DType::f32, Shape{1, 2, 6, 8}, true), v(DType::f32, Shape{1, 2, 6, 8}, true);
+    Tensor o(DType::f32, Shape{1, 2, 5, 8});
+    SdpaReport rep;
+    sdpa(q, k, v, SdpaOptions{}, o, nullptr, nullptr, &rep);
+    EXPECT_EQ(rep.kernel.rfind("flash", 0), 0u) << rep.kernel;
+    EXPECT_NE(rep.explanation.find("ran: flash"), std::string::npos) << rep.explanation;
+
+    Tensor q64(DType::f64, Shape{1, 2, 5, 8}, true);
+    sdpa(q64, k, v, SdpaOptions{}, o, nullptr, nullptr, &rep);
+    EXPECT_EQ(rep.kernel, "reference");
+    EXPECT_NE(rep.explanation.find("flash declined: Q is float64"), std::string::npos) << rep.explanation;
+
+    SdpaOptions flash;
+    flash.impl = Impl::flash;
+    try {
+        sdpa(q64, k, v, flash, o);
+        FAIL() << "expected attn::Error";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("Q is float64"), std::string::npos) << e.what();
+    }
+}
+
+TEST(FlashDispatch, IsaEnvironmentOverride) {
+    Tensor q(DType::f32, Shape{1, 1, 3, 4}, true), k(DType::f32, Shape{1, 1, 3, 4}, true), v(DType::f32, Shape{1, 1, 3, 4}, true);
+    Tensor o(DType::f32, Shape{1, 1, 3, 4});
+    SdpaReport rep;
+    ::setenv("ATTN_ISA", "generic", 1);
+    sdpa(q, k, v, SdpaOptions{}, o, nullptr, nullptr, &rep);
+    ::unsetenv("ATTN_ISA");
+    EXPECT_EQ(rep.kernel, "flash/generic") << rep.explanation;
+    sdpa(q, k, v, SdpaOptions{}, o, nullptr, nullptr, &rep);
+    EXPECT_EQ(rep.kernel, detail::cpu_features().has_avx2_fma_f16c() ? "flash/avx2" : "flash/generic");
+}
+
+}  // namespace
+}  // namespace attn
