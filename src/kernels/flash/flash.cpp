@@ -27,6 +27,7 @@ std::string flash_decline_reason(const SdpaProblem& p) {
         std::string r = not_f32(*t, name);
         if (!r.empty()) return r;
     }
+    if (p.dropout_p > 0.0) return "dropout_p > 0: the flash forward does not apply dropout";
     return {};
 }
 
