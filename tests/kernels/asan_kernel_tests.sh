@@ -8,10 +8,9 @@ src=$1
 build=$2
 gen=Ninja
 command -v ninja >/dev/null 2>&1 || gen="Unix Makefiles"
-if [[ ! -f "$build/CMakeCache.txt" ]]; then
-  cmake -S "$src" -B "$build" -G "$gen" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_SANITIZE=ON \
-        -DATTN_BUILD_TOOLS=OFF -DATTN_BUILD_DEV=OFF >/dev/null
-fi
+# Configure every time: quick when nothing changed, and it repairs a half-configured dir.
+cmake -S "$src" -B "$build" -G "$gen" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_SANITIZE=ON \
+      -DATTN_BUILD_TOOLS=OFF -DATTN_BUILD_DEV=OFF >/dev/null
 cmake --build "$build" -j "$(nproc)" --target test_flash test_exp2
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
