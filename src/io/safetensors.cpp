@@ -86,31 +86,25 @@ Entry parse_entry(const std::string& name, const json& v, std::uint64_t data_siz
     if (sh.size() > static_cast<std::size_t>(kMaxRank)) {
         fail(what, "rank " + std::to_string(sh.size()) + " is not supported (at most " + std::to_string(kMaxRank) + ")");
     }
-    // numel · itemsize must fit the data section; checking each product against it keeps
-    // the arithmetic far from overflow.
+    // numel · itemsize, with overflow checked (it is compared with the offsets below).
     std::uint64_t bytes = dtype_size(e.dtype);
-    bool zero = false;
     for (std::size_t i = 0; i < sh.size(); ++i) {
         const std::uint64_t d = json_uint(sh[i], what, "shape[" + std::to_string(i) + "]");
         if (d > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
             fail(what, "shape[" + std::to_string(i) + "] = " + std::to_string(d) + " is too large");
         }
         e.shape.dims[i] = static_cast<std::int64_t>(d);
-        if (d == 0) zero = true;
     }
     e.shape.rank = static_cast<int>(sh.size());
-    if (zero) {
-        bytes = 0;
-    } else {
-        for (int i = 0; i < e.shape.rank; ++i) {
-            const auto d = static_cast<std::uint64_t>(e.shape[i]);
-            if (bytes > data_size / d + 1) {  // the product already exceeds any possible byte count
-                fail(what, "shape " + e.shape.str() + " needs more bytes than the file's data section holds (" +
-                               std::to_string(data_size) + ")");
-            }
-            bytes *= d;
-        }
+    bool overflow = false, zero = false;
+    for (int i = 0; i < e.shape.rank; ++i) {
+        overflow |= __builtin_mul_overflow(bytes, static_cast<std::uint64_t>(e.shape[i]), &bytes);
+        zero |= e.shape[i] == 0;
     }
+    if (overflow && !zero) {
+        fail(what, "shape " + e.shape.str() + " needs more bytes than a 64-bit size can count");
+    }
+    if (zero) bytes = 0;  // a zero dim makes the product 0 whatever the others are
 
     const json& off = v["data_offsets"];
     if (!off.is_array() || off.size() != 2) fail(what, "data_offsets must be [begin, end] but got " + off.dump());
@@ -145,6 +139,10 @@ std::vector<Entry> parse_header(std::string_view text, std::uint64_t data_size, 
         }
         return true;
     };
+    // nlohmann stops at a NUL byte as at the end of input; the format allows none.
+    if (const std::size_t z = text.find('\0'); z != std::string_view::npos) {
+        fail(file, "header is not valid JSON (NUL byte at header offset " + std::to_string(z) + ")");
+    }
     json header;
     try {
         header = json::parse(text.begin(), text.end(), watch);

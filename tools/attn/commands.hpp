@@ -8,5 +8,6 @@ namespace attn::cli {
 
 void add_sdpa_command(CLI::App& app);
 void add_demo_command(CLI::App& app);
+void add_mha_command(CLI::App& app);
 
 }  // namespace attn::cli
