@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -233,6 +234,38 @@ TEST(Safetensors, MalformedFilesGiveClearErrors) {
         }
     }
     std::filesystem::remove_all(dir);
+}
+
+// Random damage to a valid file — flipped bytes, truncation, a rewritten length — must give
+// a parsed file or an attn::Error, never a crash or a read past the image (run under
+// -DATTN_SANITIZE=ON to check the latter).
+TEST(Safetensors, RandomDamageNeverCrashes) {
+    const std::string good = image(kTwo + "   ", floats({1, 2, 3}));
+    std::mt19937 rng(42);
+    int parsed = 0, refused = 0;
+    for (int iter = 0; iter < 3000; ++iter) {
+        std::string img = good;
+        const int kind = iter % 3;
+        if (kind == 0) {
+            const int flips = 1 + static_cast<int>(rng() % 4);
+            for (int f = 0; f < flips; ++f) img[rng() % img.size()] = static_cast<char>(rng() & 0xff);
+        } else if (kind == 1) {
+            img.resize(rng() % img.size());
+        } else {
+            const std::uint64_t n = rng() % (img.size() + 16);
+            for (int i = 0; i < 8; ++i) img[static_cast<std::size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+        }
+        // A copy of exactly the damaged size, so a sanitizer sees any over-read.
+        std::vector<char> exact(img.begin(), img.end());
+        try {
+            attn::parse_safetensors(exact.data(), exact.size(), "w");
+            ++parsed;
+        } catch (const attn::Error&) {
+            ++refused;
+        }
+    }
+    EXPECT_EQ(parsed + refused, 3000);
+    EXPECT_GT(refused, 2000);
 }
 
 }  // namespace
