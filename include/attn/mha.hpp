@@ -24,8 +24,12 @@
 //   otherwise:          q_proj_weight (E, E), k_proj_weight (E_kv, kdim), v_proj_weight (E_kv, vdim)
 //   bias:               in_proj_bias (E + 2·E_kv), out_proj.bias (E)
 //   always:             out_proj.weight (E, E)
+//   add_bias_kv:        bias_k (1, 1, E_kv), bias_v (1, 1, E_kv)
 // num_kv_heads < num_heads (grouped-query attention) is an attn extension: query head j reads
-// KV head j / (num_heads / num_kv_heads). add_bias_kv and add_zero_attn are refused.
+// KV head j / (num_heads / num_kv_heads).
+// add_bias_kv appends a key/value (bias_k, bias_v) after the Lk keys, add_zero_attn then a zero
+// key/value, as PyTorch does: the masks allow them, the weights have Lk + 1 (+ 1) columns, and
+// is_causal is refused with them (pass a causal attn_mask).
 #pragma once
 
 #include <cstdint>
@@ -48,8 +52,8 @@ struct MhaConfig {
     std::int64_t num_kv_heads = 0;  // K/V heads (GQA); 0 means num_heads; must divide num_heads
     bool bias = true;               // in_proj_bias and out_proj.bias
     bool batch_first = false;       // (B, L, E) instead of (L, B, E)
-    bool add_bias_kv = false;       // PyTorch option, not supported: refused with an error
-    bool add_zero_attn = false;     // PyTorch option, not supported: refused with an error
+    bool add_bias_kv = false;       // append the key/value bias_k/bias_v (PyTorch's option)
+    bool add_zero_attn = false;     // append a zero key/value (PyTorch's option)
 };
 
 struct MhaForwardOptions {
@@ -77,8 +81,9 @@ public:
     // Checks the configuration (throws attn::Error) and allocates zeroed parameters.
     explicit MultiHeadAttention(const MhaConfig& config);
 
-    // Builds a layer from a PyTorch state_dict: E, kdim, vdim, bias and num_kv_heads are
-    // read from the tensors' shapes; the tensors are then loaded as by load_state_dict.
+    // Builds a layer from a PyTorch state_dict: E, kdim, vdim, bias, num_kv_heads and
+    // add_bias_kv are read from the tensors (add_zero_attn has no tensor: it is off); the
+    // tensors are then loaded as by load_state_dict.
     static MultiHeadAttention from_state_dict(const std::vector<std::pair<std::string, TensorView>>& tensors,
                                               std::int64_t num_heads, bool batch_first = false);
 

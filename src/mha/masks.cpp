@@ -49,6 +49,18 @@ Tensor sum_mask(const Shape& shape, const std::optional<TensorView>& a, const st
 
 }  // namespace
 
+Tensor pad_keys(const TensorView& mask, std::int64_t keys) {
+    const bool b = mask.dtype() == DType::boolean;
+    const Shape s{mask.dim(0), mask.dim(1), mask.dim(2), keys};
+    Tensor out(b ? DType::boolean : DType::f32, s);
+    for_each_4d(s, [&](std::int64_t o, std::int64_t n, std::int64_t h, std::int64_t i, std::int64_t j) {
+        const bool inside = j < mask.dim(3);
+        if (b) out.data_as<bool>()[o] = inside && mask.load_as_double(mask.offset(n, h, i, j)) != 0.0;
+        else out.data_as<float>()[o] = inside ? static_cast<float>(mask.load_as_double(mask.offset(n, h, i, j))) : 0.0f;
+    });
+    return out;
+}
+
 SdpaMasks to_sdpa_masks(const std::optional<TensorView>& attn, const std::optional<TensorView>& kpm) {
     SdpaMasks m;
     // Shape of a mask combining both: the larger of each dim (each is 1 or the full size).

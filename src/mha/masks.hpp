@@ -25,6 +25,11 @@ struct SdpaMasks {
 
 // attn: (1 or B, 1 or h, Lq, Lk)   kpm: (B or 1, 1, 1, Lk)   — 4-D views of the PyTorch
 // masks (bool or floating; checked by the caller).
+// A copy of a 4-D mask (.., .., Lq, Lk) with columns up to `keys`, the new ones allowed
+// (false for bool, 0 for float; floats become float32): PyTorch's pad for add_bias_kv and
+// add_zero_attn.
+Tensor pad_keys(const TensorView& mask, std::int64_t keys);
+
 SdpaMasks to_sdpa_masks(const std::optional<TensorView>& attn, const std::optional<TensorView>& kpm);
 
 }  // namespace attn::detail

@@ -77,8 +77,6 @@ MultiHeadAttention::MultiHeadAttention(const MhaConfig& config) : config_(config
     if (c.num_kv_heads < 1 || c.num_heads % c.num_kv_heads != 0) {
         fail("num_kv_heads must divide num_heads " + num(c.num_heads) + " but got " + num(c.num_kv_heads));
     }
-    if (c.add_bias_kv) fail("add_bias_kv is not supported (bias_k/bias_v); build the layer without it");
-    if (c.add_zero_attn) fail("add_zero_attn is not supported; build the layer without it");
     for (const auto& [name, shape] : parameter_shapes()) params_.emplace(name, Tensor(DType::f32, shape, true));
 }
 
@@ -94,6 +92,10 @@ std::vector<std::pair<std::string, Shape>> MultiHeadAttention::parameter_shapes(
         p.emplace_back("v_proj_weight", Shape{Ekv, c.vdim});
     }
     if (c.bias) p.emplace_back("in_proj_bias", Shape{E + 2 * Ekv});
+    if (c.add_bias_kv) {
+        p.emplace_back("bias_k", Shape{1, 1, Ekv});
+        p.emplace_back("bias_v", Shape{1, 1, Ekv});
+    }
     p.emplace_back("out_proj.weight", Shape{E, E});
     if (c.bias) p.emplace_back("out_proj.bias", Shape{E});
     return p;
@@ -133,7 +135,7 @@ void MultiHeadAttention::load_state_dict(const std::vector<std::pair<std::string
         const bool known = std::any_of(expected.begin(), expected.end(), [&](const auto& e) { return e.first == name; });
         if (!known) {
             std::string why;
-            if (name == "bias_k" || name == "bias_v") why = ", add_bias_kv is not supported";
+            if (name == "bias_k" || name == "bias_v") why = " (the layer was built without add_bias_kv)";
             add("unexpected tensor '" + name + "' with shape " + tensors[i].second.shape().str() + why);
         }
         for (std::size_t j = 0; j < i; ++j)
@@ -156,9 +158,6 @@ MultiHeadAttention MultiHeadAttention::from_state_dict(const std::vector<std::pa
             if (n == name) return &t;
         return nullptr;
     };
-    if (find("bias_k") != nullptr || find("bias_v") != nullptr) {
-        fail("state_dict has bias_k/bias_v: add_bias_kv is not supported");
-    }
     const TensorView* wo = find("out_proj.weight");
     if (wo == nullptr) fail("state_dict: missing tensor 'out_proj.weight' (expected shape (E, E); it gives embed_dim)");
     if (wo->rank() != 2 || wo->dim(0) != wo->dim(1) || wo->dim(0) < 1) {
@@ -200,6 +199,7 @@ MultiHeadAttention MultiHeadAttention::from_state_dict(const std::vector<std::pa
     }
     c.num_kv_heads = Ekv / dh;
     c.bias = find("in_proj_bias") != nullptr || find("out_proj.bias") != nullptr;
+    c.add_bias_kv = find("bias_k") != nullptr || find("bias_v") != nullptr;
     MultiHeadAttention layer(c);
     layer.load_state_dict(tensors);
     return layer;
@@ -214,7 +214,8 @@ Shape MultiHeadAttention::output_shape(const TensorView& query) const {
 Shape MultiHeadAttention::weights_shape(const TensorView& query, const TensorView& key, bool average) const {
     const bool batched = query.rank() == 3;
     const int ld = batched && !config_.batch_first ? 0 : (batched ? 1 : 0);
-    const std::int64_t Lq = query.dim(ld), Lk = key.dim(ld), h = config_.num_heads;
+    const std::int64_t Lq = query.dim(ld), h = config_.num_heads;
+    const std::int64_t Lk = key.dim(ld) + (config_.add_bias_kv ? 1 : 0) + (config_.add_zero_attn ? 1 : 0);
     if (!batched) return average ? Shape{Lq, Lk} : Shape{h, Lq, Lk};
     const std::int64_t B = config_.batch_first ? query.dim(0) : query.dim(1);
     return average ? Shape{B, Lq, Lk} : Shape{B, h, Lq, Lk};
@@ -274,6 +275,12 @@ void MultiHeadAttention::forward_into(const TensorView& query, const TensorView&
         fail("query and key must have at least one element in batch and length but got query " + query.shape().str() +
              ", key " + key.shape().str());
     }
+    // add_bias_kv appends the key/value bias_k/bias_v, add_zero_attn then a zero key/value
+    // (PyTorch's order); masks see them as allowed, weights have their columns.
+    const std::int64_t extra = (c.add_bias_kv ? 1 : 0) + (c.add_zero_attn ? 1 : 0), Lkx = Lk + extra;
+    if (extra > 0 && options.is_causal) {
+        fail("is_causal: not supported together with add_bias_kv / add_zero_attn; pass a causal attn_mask (Lq, Lk) instead");
+    }
     if (output.data() == nullptr || output.dtype() != DType::f32 || !output.is_contiguous() || !(output.shape() == os)) {
         fail("output: expected a contiguous float32 tensor of shape " + os.str() + " but got " +
              std::string(dtype_name(output.dtype())) + " " + output.shape().str());
@@ -321,6 +328,11 @@ void MultiHeadAttention::forward_into(const TensorView& query, const TensorView&
 
     MhaWorkspace local;
     MhaWorkspace& ws = workspace != nullptr ? *workspace : local;
+    Tensor attn_padded, kpm_padded;
+    if (extra > 0) {  // the appended keys are never masked (PyTorch pads the masks with 0 / False)
+        if (attn4) attn4 = (attn_padded = detail::pad_keys(*attn4, Lkx)).view();
+        if (kpm4) kpm4 = (kpm_padded = detail::pad_keys(*kpm4, Lkx)).view();
+    }
     const detail::SdpaMasks masks = detail::to_sdpa_masks(attn4, kpm4);
 
     // ---- projections: rows keep the input's order, heads are column blocks ----
@@ -334,7 +346,37 @@ void MultiHeadAttention::forward_into(const TensorView& query, const TensorView&
     const float* bq = bias, *bk = bias ? bias + E : nullptr, *bv = bias ? bias + E + Ekv : nullptr;
 
     TensorView Q, K, V;
-    if (packed && same_tensor(query, key) && same_tensor(key, value)) {
+    if (extra > 0) {
+        // K and V get Lk + extra rows per batch item: one GEMM per item into (B, Lkx, E_kv)
+        // buffers, then the appended rows. Rows of item b in the input: b·rb + l·rl.
+        float* q = ensure(ws.proj_q, Shape{Nq, E});
+        detail::linear(as_rows(query, ws.input_copy[0]), Nq, E, E, wq, E, bq, q, E);
+        Q = heads_view(q, E, 0, rq, B, h, Lq, dh);
+        float* k = ensure(ws.proj_kv, Shape{B * Lkx, Ekv});
+        float* v = ensure(ws.proj_v, Shape{B * Lkx, Ekv});
+        const float* xk = as_rows(key, ws.input_copy[1]);
+        const float* xv = as_rows(value, ws.input_copy[2]);
+        const float* bias_k = c.add_bias_kv ? parameter("bias_k").data_as<const float>() : nullptr;
+        const float* bias_v = c.add_bias_kv ? parameter("bias_v").data_as<const float>() : nullptr;
+        for (std::int64_t b = 0; b < B; ++b) {
+            detail::linear(xk + b * rk.rb * c.kdim, Lk, c.kdim, rk.rl * c.kdim, wk, Ekv, bk, k + b * Lkx * Ekv, Ekv);
+            detail::linear(xv + b * rk.rb * c.vdim, Lk, c.vdim, rk.rl * c.vdim, wv, Ekv, bv, v + b * Lkx * Ekv, Ekv);
+            std::int64_t row = b * Lkx + Lk;
+            const std::size_t bytes = static_cast<std::size_t>(Ekv) * sizeof(float);
+            if (c.add_bias_kv) {
+                std::memcpy(k + row * Ekv, bias_k, bytes);
+                std::memcpy(v + row * Ekv, bias_v, bytes);
+                ++row;
+            }
+            if (c.add_zero_attn) {
+                std::memset(k + row * Ekv, 0, bytes);
+                std::memset(v + row * Ekv, 0, bytes);
+            }
+        }
+        const Rows rkx{Lkx, 1};
+        K = heads_view(k, Ekv, 0, rkx, B, hkv, Lkx, dh);
+        V = heads_view(v, Ekv, 0, rkx, B, hkv, Lkx, dh);
+    } else if (packed && same_tensor(query, key) && same_tensor(key, value)) {
         // Self-attention: one GEMM X (N, E) · [W_Q; W_K; W_V]ᵀ → (N, E + 2·E_kv), i.e. per row
         // (3, h, d_h) without GQA; Q, K and V are strided views of it.
         const std::int64_t n = E + 2 * Ekv;
@@ -371,12 +413,12 @@ void MultiHeadAttention::forward_into(const TensorView& query, const TensorView&
     so.additive_mask = masks.add;
     float* o = ensure(ws.attn_out, Shape{Nq, E});
     const TensorView O = heads_view(o, E, 0, rq, B, h, Lq, dh);
-    TensorView per_head;  // (B, h, Lq, Lk)
+    TensorView per_head;  // (B, h, Lq, Lk + extra)
     if (weights != nullptr) {
         if (options.average_attn_weights) {
-            per_head = TensorView(ensure(ws.head_weights, Shape{B, h, Lq, Lk}), DType::f32, Shape{B, h, Lq, Lk});
+            per_head = TensorView(ensure(ws.head_weights, Shape{B, h, Lq, Lkx}), DType::f32, Shape{B, h, Lq, Lkx});
         } else {
-            per_head = TensorView(weights->data(), DType::f32, Shape{B, h, Lq, Lk});
+            per_head = TensorView(weights->data(), DType::f32, Shape{B, h, Lq, Lkx});
         }
     }
     sdpa(Q, K, V, so, O, nullptr, weights != nullptr ? &per_head : nullptr);
@@ -389,7 +431,7 @@ void MultiHeadAttention::forward_into(const TensorView& query, const TensorView&
         // PyTorch: weights.view(B, h, Lq, Lk).mean(dim=1)
         const float* src = per_head.data_as<const float>();
         float* dst = weights->data_as<float>();
-        const std::int64_t plane = Lq * Lk;
+        const std::int64_t plane = Lq * Lkx;
         const float inv = 1.0f / static_cast<float>(h);
 #pragma omp parallel for schedule(static)
         for (std::int64_t b = 0; b < B; ++b) {

@@ -59,7 +59,8 @@ double param(const MultiHeadAttention& m, const char* name, std::int64_t r, std:
 
 struct Expected {
     std::vector<double> out;  // (B, Lq, E) logical
-    std::vector<double> w;    // (B, h, Lq, Lk)
+    std::vector<double> w;    // (B, h, Lq, Lkx)
+    std::int64_t Lkx = 0;     // keys incl. those add_bias_kv / add_zero_attn append
 };
 
 // keep(b, head, i, j) and add(b, head, i, j) are the masks in plain words.
@@ -87,35 +88,53 @@ Expected textbook(const MultiHeadAttention& m, const Case& c, const TensorView& 
                 }
         return y;
     };
-    const auto Q = project(0, q, c.Lq, E, E), K = project(1, k, c.Lk, cf.kdim, Ekv), V = project(2, v, c.Lk, cf.vdim, Ekv);
+    const auto Q = project(0, q, c.Lq, E, E), K0 = project(1, k, c.Lk, cf.kdim, Ekv), V0 = project(2, v, c.Lk, cf.vdim, Ekv);
+    // PyTorch's add_bias_kv then add_zero_attn: one more key/value row each, never masked.
+    const std::int64_t Lkx = c.Lk + (cf.add_bias_kv ? 1 : 0) + (cf.add_zero_attn ? 1 : 0);
+    std::vector<double> K(static_cast<std::size_t>(c.B * Lkx * Ekv), 0.0), V(K.size(), 0.0);
+    for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t j = 0; j < Lkx; ++j)
+            for (std::int64_t r = 0; r < Ekv; ++r) {
+                const auto dst = static_cast<std::size_t>((b * Lkx + j) * Ekv + r);
+                if (j < c.Lk) {
+                    K[dst] = K0[static_cast<std::size_t>((b * c.Lk + j) * Ekv + r)];
+                    V[dst] = V0[static_cast<std::size_t>((b * c.Lk + j) * Ekv + r)];
+                } else if (j == c.Lk && cf.add_bias_kv) {
+                    K[dst] = m.parameter("bias_k").load_as_double(r);
+                    V[dst] = m.parameter("bias_v").load_as_double(r);
+                }  // else the zero key/value
+            }
     Expected ex;
-    ex.w.assign(static_cast<std::size_t>(c.B * h * c.Lq * c.Lk), 0.0);
+    ex.Lkx = Lkx;
+    ex.w.assign(static_cast<std::size_t>(c.B * h * c.Lq * Lkx), 0.0);
     std::vector<double> concat(static_cast<std::size_t>(c.B * c.Lq * E), 0.0);
     const std::int64_t group = h / cf.num_kv_heads;
     for (std::int64_t b = 0; b < c.B; ++b)
         for (std::int64_t hh = 0; hh < h; ++hh) {
             const std::int64_t g = hh / group;
             for (std::int64_t i = 0; i < c.Lq; ++i) {
-                std::vector<double> s(static_cast<std::size_t>(c.Lk));
+                std::vector<double> s(static_cast<std::size_t>(Lkx));
                 double mx = -std::numeric_limits<double>::infinity();
-                for (std::int64_t j = 0; j < c.Lk; ++j) {
+                for (std::int64_t j = 0; j < Lkx; ++j) {
                     double dot = 0;
                     for (std::int64_t d = 0; d < dh; ++d)
                         dot += Q[static_cast<std::size_t>((b * c.Lq + i) * E + hh * dh + d)] *
-                               K[static_cast<std::size_t>((b * c.Lk + j) * Ekv + g * dh + d)];
-                    s[static_cast<std::size_t>(j)] = keep(b, hh, i, j) ? dot / std::sqrt(static_cast<double>(dh)) + add(b, hh, i, j)
-                                                                       : -std::numeric_limits<double>::infinity();
+                               K[static_cast<std::size_t>((b * Lkx + j) * Ekv + g * dh + d)];
+                    const bool appended = j >= c.Lk;
+                    s[static_cast<std::size_t>(j)] = appended || keep(b, hh, i, j)
+                                                         ? dot / std::sqrt(static_cast<double>(dh)) + (appended ? 0.0 : add(b, hh, i, j))
+                                                         : -std::numeric_limits<double>::infinity();
                     mx = std::max(mx, s[static_cast<std::size_t>(j)]);
                 }
                 if (mx == -std::numeric_limits<double>::infinity()) continue;  // no key: weights 0, output 0
                 double sum = 0;
                 for (double& x : s) sum += (x = std::exp(x - mx));
-                for (std::int64_t j = 0; j < c.Lk; ++j) {
+                for (std::int64_t j = 0; j < Lkx; ++j) {
                     const double a = s[static_cast<std::size_t>(j)] / sum;
-                    ex.w[static_cast<std::size_t>(((b * h + hh) * c.Lq + i) * c.Lk + j)] = a;
+                    ex.w[static_cast<std::size_t>(((b * h + hh) * c.Lq + i) * Lkx + j)] = a;
                     for (std::int64_t d = 0; d < dh; ++d)
                         concat[static_cast<std::size_t>((b * c.Lq + i) * E + hh * dh + d)] +=
-                            a * V[static_cast<std::size_t>((b * c.Lk + j) * Ekv + g * dh + d)];
+                            a * V[static_cast<std::size_t>((b * Lkx + j) * Ekv + g * dh + d)];
                 }
             }
         }
@@ -146,19 +165,21 @@ void expect_close(const Case& c, const MultiHeadAttention& m, const attn::MhaOut
     EXPECT_LE(err / scale, tol) << "output relative error";
     if (got.weights.data() == nullptr) return;
     double werr = 0;
+    const std::int64_t Lkx = want.Lkx;
+    EXPECT_EQ(got.weights.numel(), c.B * (per_head ? h : 1) * c.Lq * Lkx);
     for (std::int64_t b = 0; b < c.B; ++b)
         for (std::int64_t i = 0; i < c.Lq; ++i)
-            for (std::int64_t j = 0; j < c.Lk; ++j) {
+            for (std::int64_t j = 0; j < Lkx; ++j) {
                 double avg = 0;
                 for (std::int64_t hh = 0; hh < h; ++hh) {
-                    const double w = want.w[static_cast<std::size_t>(((b * h + hh) * c.Lq + i) * c.Lk + j)];
+                    const double w = want.w[static_cast<std::size_t>(((b * h + hh) * c.Lq + i) * Lkx + j)];
                     avg += w / static_cast<double>(h);
                     if (per_head) {
-                        const std::int64_t idx = ((b * h + hh) * c.Lq + i) * c.Lk + j;  // (B, h, Lq, Lk) or (h, Lq, Lk)
+                        const std::int64_t idx = ((b * h + hh) * c.Lq + i) * Lkx + j;  // (B, h, Lq, Lkx) or (h, Lq, Lkx)
                         werr = std::max(werr, std::abs(got.weights.data_as<float>()[idx] - w));
                     }
                 }
-                if (!per_head) werr = std::max(werr, std::abs(got.weights.data_as<float>()[(b * c.Lq + i) * c.Lk + j] - avg));
+                if (!per_head) werr = std::max(werr, std::abs(got.weights.data_as<float>()[(b * c.Lq + i) * Lkx + j] - avg));
             }
     EXPECT_LE(werr, tol) << "weights error";
 }
@@ -234,6 +255,36 @@ TEST(Mha, UnbatchedFloatMasksCausalSharedKeyValue) {
         return static_cast<double>(am.data_as<float>()[(hh * 5 + i) * 8 + j] + kpm.data_as<float>()[j]);
     };
     expect_close(c, m, got, textbook(m, c, q, kv, kv, keep, add), true);
+}
+
+TEST(Mha, AddBiasKvAndZeroAttnWithMasks) {
+    // Both PyTorch extras, GQA, cross-attention with odd dims, a bool (Lq, Lk) mask and a
+    // float padding mask: the appended keys are visible to every query.
+    std::mt19937 rng(7);
+    for (const auto& [bias_kv, zero_attn] : {std::pair{true, false}, {false, true}, {true, true}}) {
+        MultiHeadAttention m(MhaConfig{.embed_dim = 8, .num_heads = 4, .kdim = 3, .vdim = 5, .num_kv_heads = 2,
+                                       .batch_first = false, .add_bias_kv = bias_kv, .add_zero_attn = zero_attn});
+        randomise(m, rng);
+        const Case c{.batched = true, .batch_first = false, .B = 2, .Lq = 4, .Lk = 5};
+        const Tensor q = random_tensor(layout(c, 4, 8), rng), k = random_tensor(layout(c, 5, 3), rng),
+                     v = random_tensor(layout(c, 5, 5), rng);
+        Tensor am(DType::boolean, Shape{4, 5}, true);
+        am.data_as<bool>()[1] = am.data_as<bool>()[7] = am.data_as<bool>()[19] = true;
+        Tensor kpm(DType::f32, Shape{2, 5}, true);
+        for (std::int64_t j = 0; j < 5; ++j) kpm.data_as<float>()[5 + j] = -std::numeric_limits<float>::infinity();  // item 1: all padded
+        MhaForwardOptions o;
+        o.attn_mask = am.view();
+        o.key_padding_mask = kpm.view();
+        o.average_attn_weights = false;
+        const auto got = m.forward(q, k, v, o);
+        auto keep = [&](std::int64_t, std::int64_t, std::int64_t i, std::int64_t j) { return !am.data_as<bool>()[i * 5 + j]; };
+        auto add = [&](std::int64_t b, std::int64_t, std::int64_t, std::int64_t j) {
+            return static_cast<double>(kpm.data_as<float>()[b * 5 + j]);
+        };
+        SCOPED_TRACE(std::string("bias_kv=") + (bias_kv ? "1" : "0") + " zero_attn=" + (zero_attn ? "1" : "0"));
+        EXPECT_EQ(got.weights.shape(), (Shape{2, 4, 4, 5 + (bias_kv ? 1 : 0) + (zero_attn ? 1 : 0)}));
+        expect_close(c, m, got, textbook(m, c, q, k, v, keep, add), true);
+    }
 }
 
 TEST(Mha, GroupedQueryHeadsEqualDuplicatedKvHeads) {
@@ -313,10 +364,11 @@ TEST(Mha, ConfigurationErrors) {
     expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = 10, .num_heads = 3}); }, "embed_dim 10 must be divisible by num_heads 3");
     expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = 12, .num_heads = 4, .num_kv_heads = 3}); },
                  "num_kv_heads must divide num_heads 4 but got 3");
-    expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = 4, .num_heads = 2, .add_bias_kv = true}); },
-                 "add_bias_kv is not supported");
-    expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = 4, .num_heads = 2, .add_zero_attn = true}); },
-                 "add_zero_attn is not supported");
+    MultiHeadAttention kv(MhaConfig{.embed_dim = 4, .num_heads = 2, .add_bias_kv = true});
+    const Tensor x(DType::f32, Shape{3, 1, 4}, true);
+    MhaForwardOptions o;
+    o.is_causal = true;
+    expect_error([&] { kv.forward(x, x, x, o); }, "is_causal: not supported together with add_bias_kv");
     expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = 0, .num_heads = 1}); }, "embed_dim must be >= 1");
 }
 

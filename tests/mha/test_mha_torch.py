@@ -93,13 +93,17 @@ def make_case(seed):
     c["per_head"] = c["need_weights"] and bool(rng.random() < 0.5)
     c["param_dtype"] = str(rng.choice(["F32"] * 6 + ["F16", "BF16"]))
     c["input_dtype"] = str(rng.choice(["float32"] * 4 + ["float64"]))
+    c["bias_kv"] = bool(rng.random() < 0.15)  # add_bias_kv: bias_k/bias_v in the file
+    if c["bias_kv"]:
+        c["causal"] = False  # attn refuses is_causal with appended keys (tested below)
     return c
 
 
 def case_id(c):
     return (f"s{c['seed']}-E{c['E']}h{c['h']}-{'x' if c['cross'] else 'self'}-k{c['kdim']}v{c['vdim']}"
             f"-{'ub' if c['unbatched'] else ('bf' if c['batch_first'] else 'sf')}-am_{c['attn_mask']}-kpm_{c['kpm']}"
-            f"{'-causal' if c['causal'] else ''}{'-w' if c['need_weights'] else ''}{'h' if c['per_head'] else ''}")
+            f"{'-causal' if c['causal'] else ''}{'-w' if c['need_weights'] else ''}{'h' if c['per_head'] else ''}"
+            f"{'-biaskv' if c['bias_kv'] else ''}")
 
 
 def random_masks(c, rng):
@@ -165,7 +169,8 @@ def torch_masks(c, am, kpm):
 def build_module(c, gen):
     kd = None if c["kdim"] == c["E"] else c["kdim"]
     vd = None if c["vdim"] == c["E"] else c["vdim"]
-    m = torch.nn.MultiheadAttention(c["E"], c["h"], bias=c["bias"], kdim=kd, vdim=vd, batch_first=c["batch_first"])
+    m = torch.nn.MultiheadAttention(c["E"], c["h"], bias=c["bias"], kdim=kd, vdim=vd, batch_first=c["batch_first"],
+                                    add_bias_kv=c.get("bias_kv", False))
     with torch.no_grad():
         for p in m.parameters():  # random biases too (torch initialises them to 0)
             p.copy_(torch.randn(p.shape, generator=gen) * (1.0 / np.sqrt(p.shape[-1])))
@@ -195,6 +200,7 @@ def test_case_coverage():
     assert keys(lambda c: c["causal"]) == {True, False}
     assert keys(lambda c: (c["need_weights"], c["per_head"])) == {(False, False), (True, False), (True, True)}
     assert keys(lambda c: c["param_dtype"]) == {"F32", "F16", "BF16"}
+    assert keys(lambda c: c["bias_kv"]) == {True, False}
 
 
 @pytest.mark.parametrize("c", CASES, ids=case_id)
@@ -326,12 +332,23 @@ def test_misshaped_in_proj_named(tmp_path):
     assert "'in_proj_weight'" in err and "(24, 8)" in err and "(24, 7)" in err
 
 
-def test_bias_kv_refused(tmp_path):
+def test_bias_k_without_bias_v_named(tmp_path):
+    sd = base_sd()
+    sd["bias_k"] = torch.zeros(1, 1, 8)
+    err = run_with_params(tmp_path, st_bytes(sd))
+    assert "missing tensor 'bias_v' (expected shape (1, 1, 8))" in err
+
+
+def test_causal_with_bias_kv_refused(tmp_path):
     sd = base_sd()
     sd["bias_k"] = torch.zeros(1, 1, 8)
     sd["bias_v"] = torch.zeros(1, 1, 8)
-    err = run_with_params(tmp_path, st_bytes(sd))
-    assert "add_bias_kv is not supported" in err
+    (tmp_path / "p.safetensors").write_bytes(st_bytes(sd))
+    np.save(tmp_path / "x.npy", np.ones((3, 1, 8), np.float32))
+    r = run_attn(tmp_path, ["--params", "p.safetensors", "--num-heads", "2", "--query", "x.npy", "--out", "o.npy",
+                            "--causal"], expect_ok=False)
+    assert r.returncode == 2 and "is_causal: not supported together with add_bias_kv" in r.stderr, r.stderr
+    assert not (tmp_path / "o.npy").exists()
 
 
 def test_heads_not_dividing(tmp_path):
