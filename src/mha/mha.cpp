@@ -206,14 +206,16 @@ MultiHeadAttention MultiHeadAttention::from_state_dict(const std::vector<std::pa
 }
 
 Shape MultiHeadAttention::output_shape(const TensorView& query) const {
+    // query (L, B, E) / (B, L, E) / (L, E) → the same with E = embed_dim
     if (query.rank() == 3) return Shape{query.dim(0), query.dim(1), config_.embed_dim};
     if (query.rank() == 2) return Shape{query.dim(0), config_.embed_dim};
     fail("query: expected a rank-3 tensor (L, B, E) / (B, L, E) or rank-2 (L, E) but got shape " + query.shape().str());
 }
 
 Shape MultiHeadAttention::weights_shape(const TensorView& query, const TensorView& key, bool average) const {
+    // weights: (B, Lq, Lk') averaged or (B, h, Lq, Lk') per head; unbatched without B.
     const bool batched = query.rank() == 3;
-    const int ld = batched && !config_.batch_first ? 0 : (batched ? 1 : 0);
+    const int ld = batched && config_.batch_first ? 1 : 0;  // the length dim
     const std::int64_t Lq = query.dim(ld), h = config_.num_heads;
     const std::int64_t Lk = key.dim(ld) + (config_.add_bias_kv ? 1 : 0) + (config_.add_zero_attn ? 1 : 0);
     if (!batched) return average ? Shape{Lq, Lk} : Shape{h, Lq, Lk};
@@ -223,13 +225,12 @@ Shape MultiHeadAttention::weights_shape(const TensorView& query, const TensorVie
 
 MhaOutput MultiHeadAttention::forward(const TensorView& query, const TensorView& key, const TensorView& value,
                                       const MhaForwardOptions& options, MhaWorkspace* workspace) const {
+    // Outputs sized from the inputs; forward_into checks everything (a key of the wrong
+    // rank gets no weights tensor here and its error there).
     MhaOutput r;
-    const Shape os = output_shape(query);
-    // Shapes only; forward_into checks everything else before writing.
-    const bool shapes_ok = key.rank() == query.rank();
-    r.output = Tensor(DType::f32, os);
+    r.output = Tensor(DType::f32, output_shape(query));
     TensorView wv;
-    if (options.need_weights && shapes_ok) {
+    if (options.need_weights && key.rank() == query.rank()) {
         r.weights = Tensor(DType::f32, weights_shape(query, key, options.average_attn_weights));
         wv = r.weights.view();
     }
