@@ -337,6 +337,26 @@ TEST(Mha, StridedInputsAndWorkspaceReuse) {
     }
 }
 
+TEST(Mha, FusedProjectionsAndNoInputCopies) {
+    // Self-attention: one (N, 3E) QKV buffer, no K/V buffers, no copy of a contiguous float32
+    // input. Cross-attention on one key/value tensor: one (Nk, 2E) KV buffer.
+    std::mt19937 rng(8);
+    MultiHeadAttention m(MhaConfig{.embed_dim = 8, .num_heads = 2});
+    randomise(m, rng);
+    const Tensor x = random_tensor(Shape{5, 3, 8}, rng), mem = random_tensor(Shape{7, 3, 8}, rng);
+    attn::MhaWorkspace self_ws, cross_ws;
+    m.forward(x, x, x, {}, &self_ws);
+    EXPECT_EQ(self_ws.proj_q.shape(), (Shape{15, 24}));
+    EXPECT_EQ(self_ws.proj_kv.data(), nullptr);
+    EXPECT_EQ(self_ws.proj_v.data(), nullptr);
+    for (const Tensor& t : self_ws.input_copy) EXPECT_EQ(t.data(), nullptr);
+    m.forward(x, mem, mem, {}, &cross_ws);
+    EXPECT_EQ(cross_ws.proj_q.shape(), (Shape{15, 8}));
+    EXPECT_EQ(cross_ws.proj_kv.shape(), (Shape{21, 16}));
+    EXPECT_EQ(cross_ws.proj_v.data(), nullptr);
+    for (const Tensor& t : cross_ws.input_copy) EXPECT_EQ(t.data(), nullptr);
+}
+
 TEST(Mha, ForwardIntoWritesEveryElement) {
     std::mt19937 rng(6);
     MultiHeadAttention m(MhaConfig{.embed_dim = 4, .num_heads = 2});
