@@ -7,7 +7,7 @@
 namespace attn::cli {
 
 void add_sdpa_command(CLI::App& app);
-void add_demo_command(CLI::App& app);
 void add_mha_command(CLI::App& app);
+void add_demo_command(CLI::App& app);
 
 }  // namespace attn::cli

@@ -12,8 +12,8 @@ int main(int argc, char** argv) {
     app.set_version_flag("--version", std::string("attn ") + attn::kVersion);
     app.require_subcommand(1);
     attn::cli::add_sdpa_command(app);
-    attn::cli::add_demo_command(app);
     attn::cli::add_mha_command(app);
+    attn::cli::add_demo_command(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {
