@@ -3,8 +3,10 @@
 // torch itself is the oracle of tests/mha/test_mha_torch.py (through the CLI); here the
 // cases torch cannot check: grouped-query heads, strided inputs, workspace reuse, errors.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
@@ -355,6 +357,23 @@ TEST(Mha, FusedProjectionsAndNoInputCopies) {
     EXPECT_EQ(cross_ws.proj_kv.shape(), (Shape{21, 16}));
     EXPECT_EQ(cross_ws.proj_v.data(), nullptr);
     for (const Tensor& t : cross_ws.input_copy) EXPECT_EQ(t.data(), nullptr);
+}
+
+TEST(Mha, ResultDoesNotDependOnThreadCount) {
+    // Big enough that OpenBLAS threads its GEMMs (512 × 384 × 128).
+    std::mt19937 rng(9);
+    MultiHeadAttention m(MhaConfig{.embed_dim = 128, .num_heads = 4, .batch_first = true});
+    randomise(m, rng);
+    const Tensor x = random_tensor(Shape{2, 256, 128}, rng);
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const auto one = m.forward(x, x, x);
+    omp_set_num_threads(2);
+    const auto two = m.forward(x, x, x);
+    omp_set_num_threads(before);
+    ASSERT_EQ(one.output.nbytes(), two.output.nbytes());
+    EXPECT_EQ(std::memcmp(one.output.data(), two.output.data(), one.output.nbytes()), 0);
+    EXPECT_EQ(std::memcmp(one.weights.data(), two.weights.data(), one.weights.nbytes()), 0);
 }
 
 TEST(Mha, ForwardIntoWritesEveryElement) {
