@@ -3,7 +3,7 @@
 # everything is present (one dpkg-query, no network). Usage: install-deps.sh build|test
 set -euo pipefail
 
-build_pkgs=(build-essential cmake ninja-build libcli11-dev libgtest-dev)
+build_pkgs=(build-essential cmake ninja-build libcli11-dev libgtest-dev libopenblas-dev nlohmann-json3-dev)
 test_pkgs=(python3 python3-numpy python3-torch python3-pytest)
 # Heatmaps (attn heatmap, attn demo): cairo + pango, fonts with CJK; tests decode/render them.
 build_pkgs+=(pkg-config libcairo2-dev libpango1.0-dev fonts-noto-cjk fonts-dejavu-core)

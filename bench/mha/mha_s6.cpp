@@ -1,0 +1,111 @@
+#include "mha_s6.hpp"
+
+#include <cblas.h>
+
+#include <cmath>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "mha/linear.hpp"
+
+namespace attn::bench {
+
+struct MhaS6::Buffers {
+    std::unique_ptr<MultiHeadAttention> layer;
+    MhaWorkspace ws;
+    Tensor x, out;     // the layer's input and output (B, L, E)
+    Tensor qkv, o;     // the parts' own buffers: (B·L, 3E) and (B·L, E)
+    Tensor sa, sb, sc; // square GEMM operands (n, n)
+    TensorView q, k, v, ov;
+    std::string kernel;
+};
+
+namespace {
+void fill(Tensor& t, std::mt19937& rng, float scale) {
+    std::normal_distribution<float> n(0.0f, scale);
+    for (std::int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = n(rng);
+}
+}  // namespace
+
+MhaS6::MhaS6(const MhaS6Shape& s) : shape_(s), b_(std::make_unique<Buffers>()) {
+    // x: (B, L, E) batch_first; weights random, scaled like PyTorch's init (1/sqrt(E)).
+    std::mt19937 rng(6);
+    const std::int64_t N = s.B * s.L, E = s.E, dh = s.E / s.h;
+    b_->layer = std::make_unique<MultiHeadAttention>(MhaConfig{.embed_dim = E, .num_heads = s.h, .batch_first = true});
+    std::vector<Tensor> params;
+    std::vector<std::pair<std::string, TensorView>> sd;
+    for (const auto& [name, shape] : b_->layer->parameter_shapes()) {
+        params.emplace_back(DType::f32, shape);
+        fill(params.back(), rng, 1.0f / std::sqrt(static_cast<float>(E)));
+        sd.emplace_back(name, params.back().view());
+    }
+    b_->layer->load_state_dict(sd);
+    b_->x = Tensor(DType::f32, Shape{s.B, s.L, E});
+    fill(b_->x, rng, 1.0f);
+    b_->out = Tensor(DType::f32, Shape{s.B, s.L, E}, true);
+    b_->qkv = Tensor(DType::f32, Shape{N, 3 * E}, true);
+    b_->o = Tensor(DType::f32, Shape{N, E}, true);
+    // The views the layer hands to sdpa: row b·L + l, columns (which, head, d).
+    auto view = [&](float* base, std::int64_t ld) {
+        return TensorView(base, DType::f32, Shape{s.B, s.h, s.L, dh}, Strides{s.L * ld, dh, ld, 1});
+    };
+    float* qkv = b_->qkv.data_as<float>();
+    b_->q = view(qkv, 3 * E);
+    b_->k = view(qkv + E, 3 * E);
+    b_->v = view(qkv + 2 * E, 3 * E);
+    b_->ov = view(b_->o.data_as<float>(), E);
+
+    // Square GEMM with the QKV GEMM's FLOPs: 2n³ = 2·N·E·3E.
+    square_n_ = static_cast<std::int64_t>(std::llround(std::cbrt(static_cast<double>(N) * E * 3 * E)));
+    for (Tensor* t : {&b_->sa, &b_->sb, &b_->sc}) {
+        *t = Tensor(DType::f32, Shape{square_n_, square_n_});
+        fill(*t, rng, 1.0f);
+    }
+    forward();  // touches the workspace once
+}
+
+MhaS6::~MhaS6() = default;
+
+void MhaS6::forward() {
+    MhaForwardOptions o;
+    o.need_weights = false;
+    o.impl = shape_.impl;
+    b_->layer->forward_into(b_->x, b_->x, b_->x, o, b_->out, nullptr, &b_->ws);
+}
+
+void MhaS6::qkv_projection() {
+    const std::int64_t N = shape_.B * shape_.L, E = shape_.E;
+    detail::linear(b_->x.data_as<float>(), N, E, E, b_->layer->parameter("in_proj_weight").data_as<float>(), 3 * E,
+                   b_->layer->parameter("in_proj_bias").data_as<float>(), b_->qkv.data_as<float>(), 3 * E);
+}
+
+void MhaS6::attention() {
+    SdpaOptions o;
+    o.impl = shape_.impl;
+    SdpaReport r;
+    sdpa(b_->q, b_->k, b_->v, o, b_->ov, nullptr, nullptr, &r);
+    b_->kernel = r.kernel;
+}
+
+void MhaS6::out_projection() {
+    const std::int64_t N = shape_.B * shape_.L, E = shape_.E;
+    detail::linear(b_->o.data_as<float>(), N, E, E, b_->layer->parameter("out_proj.weight").data_as<float>(), E,
+                   b_->layer->parameter("out_proj.bias").data_as<float>(), b_->out.data_as<float>(), E);
+}
+
+void MhaS6::square_gemm() {
+    const int n = static_cast<int>(square_n_);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, b_->sa.data_as<float>(), n,
+                b_->sb.data_as<float>(), n, 0.0f, b_->sc.data_as<float>(), n);
+}
+
+double MhaS6::flop_qkv() const { return 2.0 * static_cast<double>(shape_.B * shape_.L) * shape_.E * 3.0 * shape_.E; }
+double MhaS6::flop_out() const { return 2.0 * static_cast<double>(shape_.B * shape_.L) * shape_.E * shape_.E; }
+double MhaS6::flop_attention() const {
+    return 4.0 * static_cast<double>(shape_.B) * shape_.h * shape_.L * shape_.L * (shape_.E / shape_.h);
+}
+double MhaS6::flop_square() const { return 2.0 * std::pow(static_cast<double>(square_n_), 3.0); }
+std::string MhaS6::attention_kernel() const { return b_->kernel; }
+
+}  // namespace attn::bench

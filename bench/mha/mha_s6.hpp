@@ -1,0 +1,56 @@
+// S6 of ../shared/bench-shapes.md — the MHA layer, BERT-base: B=4, L=512, E=768, h=12
+// (d_h = 64), self-attention, batch_first, no mask, need_weights=false — split into the
+// parts a reader needs to judge it: the whole forward, the fused QKV GEMM, attention
+// (attn::sdpa on the stride views), the output GEMM, and the same BLAS on a square GEMM
+// of the QKV GEMM's FLOPs (the rate the projections are compared with).
+//
+// Each part is a callable with its FLOP count, so any timing harness (attn bench, or
+// mha_s6_main.cpp here) can time it. Buffers are allocated and touched once, in the
+// constructor, and reused: no call pays page faults.
+//
+// FLOP (counted by the written formula, multiply-add = 2):
+//   QKV   2·(B·L)·E·3E          out  2·(B·L)·E·E
+//   attention 4·B·h·L·L·d_h     forward = the sum of the three
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "attn/mha.hpp"
+
+namespace attn::bench {
+
+struct MhaS6Shape {
+    std::int64_t B = 4, L = 512, E = 768, h = 12;
+    Impl impl = Impl::automatic;  // the sdpa kernel
+};
+
+class MhaS6 {
+public:
+    explicit MhaS6(const MhaS6Shape& shape = {});
+    ~MhaS6();
+
+    void forward();         // MultiHeadAttention::forward_into, workspace reused
+    void qkv_projection();  // X (B·L, E) · in_proj_weightᵀ (E, 3E) + bias → (B·L, 3E)
+    void attention();       // attn::sdpa on the (B, h, L, d_h) stride views of that buffer
+    void out_projection();  // O (B·L, E) · out_proj.weightᵀ + bias → (B·L, E)
+    void square_gemm();     // cblas_sgemm n×n×n with 2n³ ≈ flop_qkv()
+
+    double flop_qkv() const;
+    double flop_attention() const;
+    double flop_out() const;
+    double flop_forward() const { return flop_qkv() + flop_attention() + flop_out(); }
+    double flop_square() const;
+    std::int64_t square_n() const { return square_n_; }
+    const MhaS6Shape& shape() const { return shape_; }
+    // Which kernel sdpa ran in attention() (its SdpaReport), e.g. "reference".
+    std::string attention_kernel() const;
+
+private:
+    struct Buffers;
+    MhaS6Shape shape_;
+    std::int64_t square_n_ = 0;
+    std::unique_ptr<Buffers> b_;
+};
+
+}  // namespace attn::bench

@@ -1,0 +1,125 @@
+// attn::MultiHeadAttention — the whole layer, with PyTorch nn.MultiheadAttention's weights
+// (state_dict names) and semantics (eval mode: no dropout).
+//
+//   Q = query·W_Qᵀ + b_Q    K = key·W_Kᵀ + b_K    V = value·W_Vᵀ + b_V      (projections, CBLAS sgemm)
+//   split into heads by strides: (B, L, h, d_h) seen as (B, h, L, d_h), d_h = E / h
+//   O_head = softmax(Q_head·K_headᵀ / √d_h + mask) · V_head                 (attn::sdpa)
+//   output = concat(O_heads)·W_Oᵀ + b_O                                      (sgemm)
+//
+// Shapes (E = embed_dim, h = num_heads; B batch, Lq/Lk query/key lengths):
+//   query (Lq, B, E), or (B, Lq, E) with batch_first, or unbatched (Lq, E)
+//   key   (Lk, B, kdim)   value (Lk, B, vdim)      same layout as query
+//   output like query; weights (B, Lq, Lk) averaged over heads or (B, h, Lq, Lk) per head
+//   (unbatched: without B)
+//
+// Masks use PyTorch's conventions here, converted once to attn::sdpa's (docs/conventions.md):
+//   attn_mask        (Lq, Lk) or (B·h, Lq, Lk) [unbatched (h, Lq, Lk)]; bool True = NOT allowed; float added
+//   key_padding_mask (B, Lk) [unbatched (Lk,)]; bool True = padding (ignored); float added
+//   is_causal        query i sees keys 0..i (top-left), combined with the masks above
+// A query that can see no key (e.g. every key of its batch item padded) gets attention
+// output 0 and weights 0 — the layer output is then out_proj.bias. PyTorch gives NaN.
+//
+// Parameters (float32, PyTorch names; E_kv = num_kv_heads · d_h, = E unless GQA):
+//   kdim == vdim == E:  in_proj_weight (E + 2·E_kv, E)     rows: W_Q, W_K, W_V
+//   otherwise:          q_proj_weight (E, E), k_proj_weight (E_kv, kdim), v_proj_weight (E_kv, vdim)
+//   bias:               in_proj_bias (E + 2·E_kv), out_proj.bias (E)
+//   always:             out_proj.weight (E, E)
+//   add_bias_kv:        bias_k (1, 1, E_kv), bias_v (1, 1, E_kv)
+// num_kv_heads < num_heads (grouped-query attention) is an attn extension: query head j reads
+// KV head j / (num_heads / num_kv_heads).
+// add_bias_kv appends a key/value (bias_k, bias_v) after the Lk keys, add_zero_attn then a zero
+// key/value, as PyTorch does: the masks allow them, the weights have Lk + 1 (+ 1) columns, and
+// is_causal is refused with them (pass a causal attn_mask).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "attn/sdpa.hpp"
+#include "attn/tensor.hpp"
+
+namespace attn {
+
+struct MhaConfig {
+    std::int64_t embed_dim = 0;     // E
+    std::int64_t num_heads = 0;     // h; E must be divisible by h
+    std::int64_t kdim = 0;          // key features; 0 means E
+    std::int64_t vdim = 0;          // value features; 0 means E
+    std::int64_t num_kv_heads = 0;  // K/V heads (GQA); 0 means num_heads; must divide num_heads
+    bool bias = true;               // in_proj_bias and out_proj.bias
+    bool batch_first = false;       // (B, L, E) instead of (L, B, E)
+    bool add_bias_kv = false;       // append the key/value bias_k/bias_v (PyTorch's option)
+    bool add_zero_attn = false;     // append a zero key/value (PyTorch's option)
+};
+
+struct MhaForwardOptions {
+    std::optional<TensorView> key_padding_mask;  // bool (True = padding) or float (added)
+    std::optional<TensorView> attn_mask;         // bool (True = not allowed) or float (added)
+    bool need_weights = true;                    // as PyTorch: weights are returned by default
+    bool average_attn_weights = true;            // (B, Lq, Lk) mean over heads; false: (B, h, Lq, Lk)
+    bool is_causal = false;                      // top-left causal mask
+    Impl impl = Impl::automatic;                 // passed to attn::sdpa
+};
+
+struct MhaOutput {
+    Tensor output;   // shaped like query, float32
+    Tensor weights;  // float32; empty unless need_weights
+};
+
+// Scratch buffers of a forward pass, kept between calls to avoid re-allocating (and
+// re-faulting) large buffers. Not shared between threads.
+struct MhaWorkspace {
+    Tensor proj_q, proj_kv, proj_v, attn_out, head_weights, input_copy[3];
+};
+
+class MultiHeadAttention {
+public:
+    // Checks the configuration (throws attn::Error) and allocates zeroed parameters.
+    explicit MultiHeadAttention(const MhaConfig& config);
+
+    // Builds a layer from a PyTorch state_dict: E, kdim, vdim, bias, num_kv_heads and
+    // add_bias_kv are read from the tensors (add_zero_attn has no tensor: it is off); the
+    // tensors are then loaded as by load_state_dict.
+    static MultiHeadAttention from_state_dict(const std::vector<std::pair<std::string, TensorView>>& tensors,
+                                              std::int64_t num_heads, bool batch_first = false);
+
+    const MhaConfig& config() const { return config_; }
+    std::int64_t head_dim() const { return config_.embed_dim / config_.num_heads; }
+
+    // Names and shapes of the parameters this configuration has, in state_dict order.
+    std::vector<std::pair<std::string, Shape>> parameter_shapes() const;
+    // A parameter's float32 storage (writable); throws attn::Error for an unknown name.
+    TensorView parameter(std::string_view name) const;
+
+    // Copies every tensor into the parameters (float16/bfloat16/float64 are converted).
+    // The set of names must match exactly: a missing, unexpected or mis-shaped tensor is
+    // an error naming it with the expected and the actual shape. Nothing changes on error.
+    void load_state_dict(const std::vector<std::pair<std::string, TensorView>>& tensors);
+    std::vector<std::pair<std::string, TensorView>> state_dict() const;
+
+    // key and value may be the query itself (self-attention: one fused QKV GEMM), one
+    // shared tensor (a fused KV GEMM) or two tensors. Inputs may be float32/64/16, bf16,
+    // any strides (non-contiguous or non-float32 inputs are copied once).
+    MhaOutput forward(const TensorView& query, const TensorView& key, const TensorView& value,
+                      const MhaForwardOptions& options = {}, MhaWorkspace* workspace = nullptr) const;
+
+    // The same into caller-owned float32 contiguous outputs (`weights` null unless
+    // options.need_weights). Everything is checked before anything is written.
+    void forward_into(const TensorView& query, const TensorView& key, const TensorView& value,
+                      const MhaForwardOptions& options, const TensorView& output, const TensorView* weights,
+                      MhaWorkspace* workspace = nullptr) const;
+
+    // Shapes forward() returns for these inputs (after checking them).
+    Shape output_shape(const TensorView& query) const;
+    Shape weights_shape(const TensorView& query, const TensorView& key, bool average_attn_weights) const;
+
+private:
+    MhaConfig config_;
+    std::map<std::string, Tensor, std::less<>> params_;
+};
+
+}  // namespace attn

@@ -1,0 +1,48 @@
+// safetensors files (https://huggingface.co/docs/safetensors): the weight format PyTorch
+// users share. Layout: 8 bytes little-endian u64 N, N bytes of JSON header, the data.
+//   header = { "<name>": {"dtype": "F32", "shape": [3, 4], "data_offsets": [begin, end]}, ...,
+//              "__metadata__": {"<key>": "<string>", ...} }   (offsets relative to the data)
+//
+// Reading: F32, F16 and BF16 tensors (kept in their dtype; attn::to_dtype converts).
+// Writing: F32 (any floating view is converted).
+//
+// Files are never trusted. Before anything is allocated or read, the header is checked
+// completely: its length against the file, the JSON syntax (nlohmann-json), duplicate
+// names, every entry's fields, the dtype, the shape (rank <= 4) against the byte count,
+// and the offsets — in range, not overlapping, and covering the data exactly (the format
+// forbids holes). Every error is an attn::Error that starts with the file name.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "attn/tensor.hpp"
+
+namespace attn {
+
+struct SafetensorsFile {
+    std::vector<std::pair<std::string, Tensor>> tensors;  // in the order of their data
+    std::map<std::string, std::string> metadata;          // "__metadata__", if any
+
+    // nullptr when the file has no tensor of that name.
+    const Tensor* find(std::string_view name) const;
+};
+
+// Header limit, as in the reference implementation: a larger header is refused unread.
+inline constexpr std::size_t kSafetensorsMaxHeader = 100u << 20;
+
+SafetensorsFile read_safetensors(const std::string& path);
+
+// The same checks on a file image already in memory; `what` names it in errors.
+SafetensorsFile parse_safetensors(const void* data, std::size_t size, const std::string& what);
+
+// Writes every tensor as F32, in the given order; names must be unique, non-empty and not
+// "__metadata__". The file appears complete or not at all (temporary file + rename).
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace attn

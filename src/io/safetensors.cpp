@@ -1,0 +1,298 @@
+// safetensors reader and writer. The reader validates the whole header (see
+// include/attn/safetensors.hpp) before it allocates a tensor or reads a data byte, so a
+// hostile file can cost at most the header it declares (capped) and an error.
+#include "attn/safetensors.hpp"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "attn/error.hpp"
+#include "atomic_file.hpp"
+
+static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes a little-endian host");
+
+namespace attn {
+namespace {
+
+using json = nlohmann::json;
+
+struct Entry {
+    std::string name;
+    DType dtype = DType::f32;
+    Shape shape;
+    std::uint64_t begin = 0, end = 0;  // relative to the data section
+};
+
+[[noreturn]] void fail(const std::string& what, const std::string& msg) { throw Error(what + ": " + msg); }
+
+// dtype strings of the format: the three attn reads, and the others it knows to refuse.
+bool parse_dtype(const std::string& s, DType& out) {
+    if (s == "F32") { out = DType::f32; return true; }
+    if (s == "F16") { out = DType::f16; return true; }
+    if (s == "BF16") { out = DType::bf16; return true; }
+    return false;
+}
+
+bool is_known_unsupported_dtype(const std::string& s) {
+    static const std::set<std::string> known = {"F64", "I64", "U64", "I32", "U32", "I16", "U16", "I8", "U8",
+                                                "BOOL", "F8_E4M3", "F8_E5M2"};
+    return known.count(s) != 0;
+}
+
+std::uint64_t json_uint(const json& v, const std::string& what, const std::string& field) {
+    if (!v.is_number_unsigned()) {
+        if (v.is_number_integer()) fail(what, field + " must be >= 0 but got " + v.dump());
+        fail(what, field + " must be a non-negative integer but got " + v.dump());
+    }
+    return v.get<std::uint64_t>();
+}
+
+Entry parse_entry(const std::string& name, const json& v, std::uint64_t data_size, const std::string& file) {
+    const std::string what = file + ": tensor '" + name + "'";
+    if (name.empty()) fail(file, "a tensor has an empty name");
+    if (!v.is_object()) fail(what, "entry must be a JSON object but got " + std::string(v.type_name()));
+    for (const auto& [key, _] : v.items()) {
+        if (key != "dtype" && key != "shape" && key != "data_offsets") {
+            fail(what, "unexpected field '" + key + "' (expected dtype, shape, data_offsets)");
+        }
+    }
+    for (const char* field : {"dtype", "shape", "data_offsets"}) {
+        if (!v.contains(field)) fail(what, std::string("missing field '") + field + "'");
+    }
+    Entry e;
+    e.name = name;
+
+    const json& dt = v["dtype"];
+    if (!dt.is_string()) fail(what, "dtype must be a string but got " + dt.dump());
+    const std::string ds = dt.get<std::string>();
+    if (!parse_dtype(ds, e.dtype)) {
+        if (is_known_unsupported_dtype(ds)) fail(what, "dtype " + ds + " is not supported (F32, F16 or BF16)");
+        fail(what, "unknown dtype '" + ds + "' (expected F32, F16 or BF16)");
+    }
+
+    const json& sh = v["shape"];
+    if (!sh.is_array()) fail(what, "shape must be an array but got " + sh.dump());
+    if (sh.size() > static_cast<std::size_t>(kMaxRank)) {
+        fail(what, "rank " + std::to_string(sh.size()) + " is not supported (at most " + std::to_string(kMaxRank) + ")");
+    }
+    // numel · itemsize, with overflow checked (it is compared with the offsets below).
+    std::uint64_t bytes = dtype_size(e.dtype);
+    for (std::size_t i = 0; i < sh.size(); ++i) {
+        const std::uint64_t d = json_uint(sh[i], what, "shape[" + std::to_string(i) + "]");
+        if (d > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+            fail(what, "shape[" + std::to_string(i) + "] = " + std::to_string(d) + " is too large");
+        }
+        e.shape.dims[i] = static_cast<std::int64_t>(d);
+    }
+    e.shape.rank = static_cast<int>(sh.size());
+    bool overflow = false, zero = false;
+    for (int i = 0; i < e.shape.rank; ++i) {
+        overflow |= __builtin_mul_overflow(bytes, static_cast<std::uint64_t>(e.shape[i]), &bytes);
+        zero |= e.shape[i] == 0;
+    }
+    if (overflow && !zero) {
+        fail(what, "shape " + e.shape.str() + " needs more bytes than a 64-bit size can count");
+    }
+    if (zero) bytes = 0;  // a zero dim makes the product 0 whatever the others are
+
+    const json& off = v["data_offsets"];
+    if (!off.is_array() || off.size() != 2) fail(what, "data_offsets must be [begin, end] but got " + off.dump());
+    e.begin = json_uint(off[0], what, "data_offsets[0]");
+    e.end = json_uint(off[1], what, "data_offsets[1]");
+    if (e.end < e.begin) {
+        fail(what, "data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + "] end before they begin");
+    }
+    if (e.end > data_size) {
+        fail(what, "data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
+                       "] run past the end of the data section (" + std::to_string(data_size) + " bytes)");
+    }
+    if (e.end - e.begin != bytes) {
+        fail(what, "shape " + e.shape.str() + " of " + ds + " needs " + std::to_string(bytes) +
+                       " bytes but data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
+                       "] hold " + std::to_string(e.end - e.begin));
+    }
+    return e;
+}
+
+// Parses and checks a header; `data_size` is the number of bytes after it.
+std::vector<Entry> parse_header(std::string_view text, std::uint64_t data_size, const std::string& file,
+                                std::map<std::string, std::string>& metadata) {
+    // nlohmann keeps the last of duplicate keys silently; the format forbids them, so the
+    // parser callback watches the top-level keys (depth 1) as they stream past.
+    std::set<std::string> seen;
+    std::string duplicate;
+    const json::parser_callback_t watch = [&](int depth, json::parse_event_t event, json& parsed) {
+        if (event == json::parse_event_t::key && depth == 1) {
+            const std::string key = parsed.get<std::string>();
+            if (!seen.insert(key).second && duplicate.empty()) duplicate = key;
+        }
+        return true;
+    };
+    // nlohmann stops at a NUL byte as at the end of input; the format allows none.
+    if (const std::size_t z = text.find('\0'); z != std::string_view::npos) {
+        fail(file, "header is not valid JSON (NUL byte at header offset " + std::to_string(z) + ")");
+    }
+    json header;
+    try {
+        header = json::parse(text.begin(), text.end(), watch);
+    } catch (const json::exception& e) {
+        fail(file, std::string("header is not valid JSON (") + e.what() + ")");
+    }
+    if (!duplicate.empty()) fail(file, "header names '" + duplicate + "' more than once");
+    if (!header.is_object()) fail(file, std::string("header must be a JSON object but is ") + header.type_name());
+
+    std::vector<Entry> entries;
+    for (const auto& [name, value] : header.items()) {
+        if (name == "__metadata__") {
+            if (!value.is_object()) fail(file, "__metadata__ must be an object of strings but got " + value.dump());
+            for (const auto& [k, s] : value.items()) {
+                if (!s.is_string()) fail(file, "__metadata__['" + k + "'] must be a string but got " + s.dump());
+                metadata[k] = s.get<std::string>();
+            }
+            continue;
+        }
+        entries.push_back(parse_entry(name, value, data_size, file));
+    }
+
+    // The data must be covered exactly: sorted by offset, each tensor starts where the
+    // previous one ended (a gap is a hole, an earlier start an overlap), the last ends at the end.
+    std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+        return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+    });
+    std::uint64_t pos = 0;
+    const Entry* prev = nullptr;
+    for (const Entry& e : entries) {
+        if (e.begin < pos) {
+            fail(file, "tensor '" + e.name + "' data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
+                           "] overlap tensor '" + prev->name + "' [" + std::to_string(prev->begin) + ", " +
+                           std::to_string(prev->end) + "]");
+        }
+        if (e.begin > pos) {
+            fail(file, "bytes [" + std::to_string(pos) + ", " + std::to_string(e.begin) +
+                           ") of the data section belong to no tensor (before tensor '" + e.name + "')");
+        }
+        pos = e.end;
+        prev = &e;
+    }
+    if (pos != data_size) {
+        fail(file, "bytes [" + std::to_string(pos) + ", " + std::to_string(data_size) +
+                       ") at the end of the data section belong to no tensor");
+    }
+    return entries;
+}
+
+// `read_raw(offset, dst, bytes)` copies bytes of the file; load() asks only for ranges it
+// has checked against `total`.
+SafetensorsFile load(std::uint64_t total, const std::function<void(std::uint64_t, void*, std::size_t)>& read_raw,
+                     const std::string& file) {
+    if (total < 8) fail(file, "file is " + std::to_string(total) + " bytes, too short for the 8-byte header length");
+    unsigned char len_bytes[8];
+    read_raw(0, len_bytes, 8);
+    std::uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
+    if (n > total - 8) {
+        fail(file, "header length " + std::to_string(n) + " runs past the end of the file (" +
+                       std::to_string(total - 8) + " bytes follow the length)");
+    }
+    if (n > kSafetensorsMaxHeader) {
+        fail(file, "header length " + std::to_string(n) + " exceeds the limit of " +
+                       std::to_string(kSafetensorsMaxHeader) + " bytes");
+    }
+    std::string text(static_cast<std::size_t>(n), '\0');
+    read_raw(8, text.data(), text.size());
+    const std::uint64_t data_start = 8 + n, data_size = total - data_start;
+
+    SafetensorsFile out;
+    const std::vector<Entry> entries = parse_header(text, data_size, file, out.metadata);
+    for (const Entry& e : entries) {
+        Tensor t(e.dtype, e.shape);
+        read_raw(data_start + e.begin, t.data(), static_cast<std::size_t>(e.end - e.begin));
+        out.tensors.emplace_back(e.name, std::move(t));
+    }
+    return out;
+}
+
+}  // namespace
+
+const Tensor* SafetensorsFile::find(std::string_view name) const {
+    for (const auto& [n, t] : tensors)
+        if (n == name) return &t;
+    return nullptr;
+}
+
+SafetensorsFile parse_safetensors(const void* data, std::size_t size, const std::string& what) {
+    const auto* bytes = static_cast<const unsigned char*>(data);
+    return load(size, [&](std::uint64_t off, void* dst, std::size_t n) { std::memcpy(dst, bytes + off, n); }, what);
+}
+
+SafetensorsFile read_safetensors(const std::string& path) {
+    struct Closer {
+        void operator()(std::FILE* f) const { std::fclose(f); }
+    };
+    std::unique_ptr<std::FILE, Closer> f(std::fopen(path.c_str(), "rb"));
+    if (!f) fail(path, std::string("cannot open (") + std::strerror(errno) + ")");
+    struct stat st {};
+    if (::fstat(::fileno(f.get()), &st) != 0) fail(path, std::string("cannot stat (") + std::strerror(errno) + ")");
+    if (!S_ISREG(st.st_mode)) fail(path, "is not a regular file");
+    const auto total = static_cast<std::uint64_t>(st.st_size);
+    auto read_raw = [&](std::uint64_t off, void* dst, std::size_t n) {
+        if (n == 0) return;
+        if (::fseeko(f.get(), static_cast<off_t>(off), SEEK_SET) != 0 || std::fread(dst, 1, n, f.get()) != n) {
+            fail(path, "read of " + std::to_string(n) + " bytes at offset " + std::to_string(off) +
+                           " failed (file changed while reading?)");
+        }
+    };
+    return load(total, read_raw, path);
+}
+
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+    json header = json::object();
+    std::set<std::string> names;
+    std::uint64_t offset = 0;
+    for (const auto& [name, view] : tensors) {
+        if (name.empty() || name == "__metadata__") {
+            throw Error(path + ": tensor name '" + name + "' is not allowed (empty or reserved)");
+        }
+        if (!names.insert(name).second) throw Error(path + ": tensor '" + name + "' is given more than once");
+        if (view.data() == nullptr && view.numel() != 0) throw Error(path + ": tensor '" + name + "' has no data");
+        if (!is_floating(view.dtype())) {
+            throw Error(path + ": tensor '" + name + "' must be floating to be written as F32 but is " +
+                        std::string(dtype_name(view.dtype())));
+        }
+        json shape = json::array();
+        for (int i = 0; i < view.rank(); ++i) shape.push_back(view.dim(i));
+        const std::uint64_t bytes = static_cast<std::uint64_t>(view.numel()) * 4;
+        header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
+        offset += bytes;
+    }
+    if (!metadata.empty()) header["__metadata__"] = metadata;
+    std::string text = header.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned, as the format suggests
+
+    detail::AtomicFile out(path);
+    unsigned char len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>((static_cast<std::uint64_t>(text.size()) >> (8 * i)) & 0xff);
+    out.write(len, 8);
+    out.write(text.data(), text.size());
+    for (const auto& [name, view] : tensors) {
+        // A strided or non-F32 view is first converted to a contiguous F32 copy.
+        const Tensor f = (view.dtype() == DType::f32 && view.is_contiguous()) ? Tensor() : to_dtype(view, DType::f32);
+        const void* src = f.data() != nullptr ? f.data() : view.data();
+        out.write(src, static_cast<std::size_t>(view.numel()) * 4);
+    }
+    out.commit();
+}
+
+}  // namespace attn

@@ -1,0 +1,461 @@
+// attn::MultiHeadAttention through the C++ API, against a textbook MHA written here in
+// double (loops straight from the formulas, PyTorch's mask conventions read directly).
+// torch itself is the oracle of tests/mha/test_mha_torch.py (through the CLI); here the
+// cases torch cannot check: grouped-query heads, strided inputs, workspace reuse, errors.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+
+#include "attn/error.hpp"
+#include "attn/mha.hpp"
+
+namespace {
+
+using attn::DType;
+using attn::MhaConfig;
+using attn::MhaForwardOptions;
+using attn::MultiHeadAttention;
+using attn::Shape;
+using attn::Tensor;
+using attn::TensorView;
+
+Tensor random_tensor(const Shape& s, std::mt19937& rng, double scale = 1.0) {
+    Tensor t(DType::f32, s);
+    std::normal_distribution<float> n(0.0f, static_cast<float>(scale));
+    for (std::int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = n(rng);
+    return t;
+}
+
+void randomise(MultiHeadAttention& m, std::mt19937& rng) {
+    std::vector<Tensor> keep;
+    std::vector<std::pair<std::string, TensorView>> sd;
+    for (const auto& [name, shape] : m.parameter_shapes()) {
+        keep.push_back(random_tensor(shape, rng, 1.0 / std::sqrt(static_cast<double>(shape[shape.rank - 1]))));
+        sd.emplace_back(name, keep.back().view());
+    }
+    m.load_state_dict(sd);
+}
+
+// ---- the textbook ---------------------------------------------------------------------
+struct Case {
+    bool batched = true, batch_first = false;
+    std::int64_t B = 2, Lq = 5, Lk = 5;
+};
+
+// Element (b, l, f) of an input in the layer's layout.
+double at(const TensorView& t, const Case& c, std::int64_t b, std::int64_t l, std::int64_t f) {
+    if (!c.batched) return t.load_as_double(t.offset(l, f));
+    return c.batch_first ? t.load_as_double(t.offset(b, l, f)) : t.load_as_double(t.offset(l, b, f));
+}
+
+double param(const MultiHeadAttention& m, const char* name, std::int64_t r, std::int64_t col = 0) {
+    const TensorView p = m.parameter(name);
+    return p.load_as_double(p.rank() == 1 ? r : p.offset(r, col));
+}
+
+struct Expected {
+    std::vector<double> out;  // (B, Lq, E) logical
+    std::vector<double> w;    // (B, h, Lq, Lkx)
+    std::int64_t Lkx = 0;     // keys incl. those add_bias_kv / add_zero_attn append
+};
+
+// keep(b, head, i, j) and add(b, head, i, j) are the masks in plain words.
+Expected textbook(const MultiHeadAttention& m, const Case& c, const TensorView& q, const TensorView& k,
+                  const TensorView& v, const std::function<bool(std::int64_t, std::int64_t, std::int64_t, std::int64_t)>& keep,
+                  const std::function<double(std::int64_t, std::int64_t, std::int64_t, std::int64_t)>& add) {
+    const MhaConfig& cf = m.config();
+    const std::int64_t E = cf.embed_dim, h = cf.num_heads, dh = E / h, Ekv = cf.num_kv_heads * dh;
+    const bool packed = cf.kdim == E && cf.vdim == E;
+    auto w_in = [&](int which, std::int64_t r, std::int64_t f) {  // which: 0 q, 1 k, 2 v
+        if (packed) return param(m, "in_proj_weight", (which == 0 ? 0 : E + (which - 1) * Ekv) + r, f);
+        return param(m, which == 0 ? "q_proj_weight" : which == 1 ? "k_proj_weight" : "v_proj_weight", r, f);
+    };
+    auto b_in = [&](int which, std::int64_t r) {
+        return cf.bias ? param(m, "in_proj_bias", (which == 0 ? 0 : E + (which - 1) * Ekv) + r) : 0.0;
+    };
+    auto project = [&](int which, const TensorView& x, std::int64_t L, std::int64_t F, std::int64_t rows) {
+        std::vector<double> y(static_cast<std::size_t>(c.B * L * rows));
+        for (std::int64_t b = 0; b < c.B; ++b)
+            for (std::int64_t l = 0; l < L; ++l)
+                for (std::int64_t r = 0; r < rows; ++r) {
+                    double s = b_in(which, r);
+                    for (std::int64_t f = 0; f < F; ++f) s += w_in(which, r, f) * at(x, c, b, l, f);
+                    y[static_cast<std::size_t>((b * L + l) * rows + r)] = s;
+                }
+        return y;
+    };
+    const auto Q = project(0, q, c.Lq, E, E), K0 = project(1, k, c.Lk, cf.kdim, Ekv), V0 = project(2, v, c.Lk, cf.vdim, Ekv);
+    // PyTorch's add_bias_kv then add_zero_attn: one more key/value row each, never masked.
+    const std::int64_t Lkx = c.Lk + (cf.add_bias_kv ? 1 : 0) + (cf.add_zero_attn ? 1 : 0);
+    std::vector<double> K(static_cast<std::size_t>(c.B * Lkx * Ekv), 0.0), V(K.size(), 0.0);
+    for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t j = 0; j < Lkx; ++j)
+            for (std::int64_t r = 0; r < Ekv; ++r) {
+                const auto dst = static_cast<std::size_t>((b * Lkx + j) * Ekv + r);
+                if (j < c.Lk) {
+                    K[dst] = K0[static_cast<std::size_t>((b * c.Lk + j) * Ekv + r)];
+                    V[dst] = V0[static_cast<std::size_t>((b * c.Lk + j) * Ekv + r)];
+                } else if (j == c.Lk && cf.add_bias_kv) {
+                    K[dst] = m.parameter("bias_k").load_as_double(r);
+                    V[dst] = m.parameter("bias_v").load_as_double(r);
+                }  // else the zero key/value
+            }
+    Expected ex;
+    ex.Lkx = Lkx;
+    ex.w.assign(static_cast<std::size_t>(c.B * h * c.Lq * Lkx), 0.0);
+    std::vector<double> concat(static_cast<std::size_t>(c.B * c.Lq * E), 0.0);
+    const std::int64_t group = h / cf.num_kv_heads;
+    for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t hh = 0; hh < h; ++hh) {
+            const std::int64_t g = hh / group;
+            for (std::int64_t i = 0; i < c.Lq; ++i) {
+                std::vector<double> s(static_cast<std::size_t>(Lkx));
+                double mx = -std::numeric_limits<double>::infinity();
+                for (std::int64_t j = 0; j < Lkx; ++j) {
+                    double dot = 0;
+                    for (std::int64_t d = 0; d < dh; ++d)
+                        dot += Q[static_cast<std::size_t>((b * c.Lq + i) * E + hh * dh + d)] *
+                               K[static_cast<std::size_t>((b * Lkx + j) * Ekv + g * dh + d)];
+                    const bool appended = j >= c.Lk;
+                    s[static_cast<std::size_t>(j)] = appended || keep(b, hh, i, j)
+                                                         ? dot / std::sqrt(static_cast<double>(dh)) + (appended ? 0.0 : add(b, hh, i, j))
+                                                         : -std::numeric_limits<double>::infinity();
+                    mx = std::max(mx, s[static_cast<std::size_t>(j)]);
+                }
+                if (mx == -std::numeric_limits<double>::infinity()) continue;  // no key: weights 0, output 0
+                double sum = 0;
+                for (double& x : s) sum += (x = std::exp(x - mx));
+                for (std::int64_t j = 0; j < Lkx; ++j) {
+                    const double a = s[static_cast<std::size_t>(j)] / sum;
+                    ex.w[static_cast<std::size_t>(((b * h + hh) * c.Lq + i) * Lkx + j)] = a;
+                    for (std::int64_t d = 0; d < dh; ++d)
+                        concat[static_cast<std::size_t>((b * c.Lq + i) * E + hh * dh + d)] +=
+                            a * V[static_cast<std::size_t>((b * Lkx + j) * Ekv + g * dh + d)];
+                }
+            }
+        }
+    ex.out.assign(static_cast<std::size_t>(c.B * c.Lq * E), 0.0);
+    for (std::int64_t r = 0; r < c.B * c.Lq; ++r)
+        for (std::int64_t e = 0; e < E; ++e) {
+            double s = cf.bias ? param(m, "out_proj.bias", e) : 0.0;
+            for (std::int64_t f = 0; f < E; ++f) s += param(m, "out_proj.weight", e, f) * concat[static_cast<std::size_t>(r * E + f)];
+            ex.out[static_cast<std::size_t>(r * E + e)] = s;
+        }
+    return ex;
+}
+
+// max |got − want| / max |want| over the output (in the layer's layout) and the weights.
+void expect_close(const Case& c, const MultiHeadAttention& m, const attn::MhaOutput& got, const Expected& want,
+                  bool per_head, double tol = 1e-5) {
+    const std::int64_t E = m.config().embed_dim, h = m.config().num_heads;
+    double err = 0, scale = 1e-30;
+    for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t l = 0; l < c.Lq; ++l)
+            for (std::int64_t e = 0; e < E; ++e) {
+                const double w = want.out[static_cast<std::size_t>((b * c.Lq + l) * E + e)];
+                const double g = at(got.output, c, b, l, e);
+                ASSERT_TRUE(std::isfinite(g)) << "output (" << b << ", " << l << ", " << e << ") = " << g;
+                err = std::max(err, std::abs(g - w));
+                scale = std::max(scale, std::abs(w));
+            }
+    EXPECT_LE(err / scale, tol) << "output relative error";
+    if (got.weights.data() == nullptr) return;
+    double werr = 0;
+    const std::int64_t Lkx = want.Lkx;
+    EXPECT_EQ(got.weights.numel(), c.B * (per_head ? h : 1) * c.Lq * Lkx);
+    for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t i = 0; i < c.Lq; ++i)
+            for (std::int64_t j = 0; j < Lkx; ++j) {
+                double avg = 0;
+                for (std::int64_t hh = 0; hh < h; ++hh) {
+                    const double w = want.w[static_cast<std::size_t>(((b * h + hh) * c.Lq + i) * Lkx + j)];
+                    avg += w / static_cast<double>(h);
+                    if (per_head) {
+                        const std::int64_t idx = ((b * h + hh) * c.Lq + i) * Lkx + j;  // (B, h, Lq, Lkx) or (h, Lq, Lkx)
+                        werr = std::max(werr, std::abs(got.weights.data_as<float>()[idx] - w));
+                    }
+                }
+                if (!per_head) werr = std::max(werr, std::abs(got.weights.data_as<float>()[(b * c.Lq + i) * Lkx + j] - avg));
+            }
+    EXPECT_LE(werr, tol) << "weights error";
+}
+
+Shape layout(const Case& c, std::int64_t L, std::int64_t F) {
+    if (!c.batched) return Shape{L, F};
+    return c.batch_first ? Shape{c.B, L, F} : Shape{L, c.B, F};
+}
+
+auto keep_all = [](std::int64_t, std::int64_t, std::int64_t, std::int64_t) { return true; };
+auto add_none = [](std::int64_t, std::int64_t, std::int64_t, std::int64_t) { return 0.0; };
+
+// ---- tests ----------------------------------------------------------------------------
+TEST(Mha, SelfAttentionBatchFirstPerHeadWeights) {
+    std::mt19937 rng(1);
+    MultiHeadAttention m(MhaConfig{.embed_dim = 12, .num_heads = 3, .batch_first = true});
+    randomise(m, rng);
+    const Case c{.batched = true, .batch_first = true, .B = 2, .Lq = 7, .Lk = 7};
+    const Tensor x = random_tensor(layout(c, 7, 12), rng);
+    MhaForwardOptions o;
+    o.average_attn_weights = false;
+    const auto got = m.forward(x, x, x, o);
+    EXPECT_EQ(got.output.shape(), (Shape{2, 7, 12}));
+    EXPECT_EQ(got.weights.shape(), (Shape{2, 3, 7, 7}));
+    expect_close(c, m, got, textbook(m, c, x, x, x, keep_all, add_none), true);
+}
+
+TEST(Mha, CrossAttentionOddDimsBoolMasksAveraged) {
+    std::mt19937 rng(2);
+    MultiHeadAttention m(MhaConfig{.embed_dim = 8, .num_heads = 2, .kdim = 5, .vdim = 3});
+    randomise(m, rng);
+    const Case c{.batched = true, .batch_first = false, .B = 3, .Lq = 4, .Lk = 6};
+    const Tensor q = random_tensor(layout(c, 4, 8), rng), k = random_tensor(layout(c, 6, 5), rng),
+                 v = random_tensor(layout(c, 6, 3), rng);
+    Tensor am(DType::boolean, Shape{3 * 2, 4, 6}), kpm(DType::boolean, Shape{3, 6});
+    std::bernoulli_distribution coin(0.3);
+    for (std::int64_t i = 0; i < am.numel(); ++i) am.data_as<bool>()[i] = coin(rng);
+    for (std::int64_t i = 0; i < kpm.numel(); ++i) kpm.data_as<bool>()[i] = coin(rng);
+    for (std::int64_t j = 0; j < 6; ++j) kpm.data_as<bool>()[2 * 6 + j] = true;  // item 2: every key padded
+    MhaForwardOptions o;
+    o.attn_mask = am.view();
+    o.key_padding_mask = kpm.view();
+    const auto got = m.forward(q, k, v, o);
+    EXPECT_EQ(got.weights.shape(), (Shape{3, 4, 6}));
+    auto keep = [&](std::int64_t b, std::int64_t hh, std::int64_t i, std::int64_t j) {
+        return !am.data_as<bool>()[((b * 2 + hh) * 4 + i) * 6 + j] && !kpm.data_as<bool>()[b * 6 + j];
+    };
+    expect_close(c, m, got, textbook(m, c, q, k, v, keep, add_none), false);
+    // The fully padded item: output = out_proj.bias exactly, weights 0.
+    for (std::int64_t l = 0; l < 4; ++l)
+        for (std::int64_t e = 0; e < 8; ++e)
+            EXPECT_EQ(got.output.data_as<float>()[(l * 3 + 2) * 8 + e], m.parameter("out_proj.bias").data_as<float>()[e]);
+}
+
+TEST(Mha, UnbatchedFloatMasksCausalSharedKeyValue) {
+    std::mt19937 rng(3);
+    MultiHeadAttention m(MhaConfig{.embed_dim = 6, .num_heads = 2, .bias = false});
+    randomise(m, rng);
+    const Case c{.batched = false, .B = 1, .Lq = 5, .Lk = 8};
+    const Tensor q = random_tensor(layout(c, 5, 6), rng), kv = random_tensor(layout(c, 8, 6), rng);
+    const Tensor am = random_tensor(Shape{2, 5, 8}, rng), kpm = random_tensor(Shape{8}, rng);
+    kpm.data_as<float>()[3] = -std::numeric_limits<float>::infinity();
+    MhaForwardOptions o;
+    o.attn_mask = am.view();
+    o.key_padding_mask = kpm.view();
+    o.is_causal = true;
+    o.average_attn_weights = false;
+    const auto got = m.forward(q, kv, kv, o);  // key is value: the fused KV projection
+    EXPECT_EQ(got.output.shape(), (Shape{5, 6}));
+    EXPECT_EQ(got.weights.shape(), (Shape{2, 5, 8}));
+    auto keep = [&](std::int64_t, std::int64_t, std::int64_t i, std::int64_t j) { return j <= i; };
+    auto add = [&](std::int64_t, std::int64_t hh, std::int64_t i, std::int64_t j) {
+        return static_cast<double>(am.data_as<float>()[(hh * 5 + i) * 8 + j] + kpm.data_as<float>()[j]);
+    };
+    expect_close(c, m, got, textbook(m, c, q, kv, kv, keep, add), true);
+}
+
+TEST(Mha, AddBiasKvAndZeroAttnWithMasks) {
+    // Both PyTorch extras, GQA, cross-attention with odd dims, a bool (Lq, Lk) mask and a
+    // float padding mask: the appended keys are visible to every query.
+    std::mt19937 rng(7);
+    for (const auto& [bias_kv, zero_attn] : {std::pair{true, false}, {false, true}, {true, true}}) {
+        MultiHeadAttention m(MhaConfig{.embed_dim = 8, .num_heads = 4, .kdim = 3, .vdim = 5, .num_kv_heads = 2,
+                                       .batch_first = false, .add_bias_kv = bias_kv, .add_zero_attn = zero_attn});
+        randomise(m, rng);
+        const Case c{.batched = true, .batch_first = false, .B = 2, .Lq = 4, .Lk = 5};
+        const Tensor q = random_tensor(layout(c, 4, 8), rng), k = random_tensor(layout(c, 5, 3), rng),
+                     v = random_tensor(layout(c, 5, 5), rng);
+        Tensor am(DType::boolean, Shape{4, 5}, true);
+        am.data_as<bool>()[1] = am.data_as<bool>()[7] = am.data_as<bool>()[19] = true;
+        Tensor kpm(DType::f32, Shape{2, 5}, true);
+        for (std::int64_t j = 0; j < 5; ++j) kpm.data_as<float>()[5 + j] = -std::numeric_limits<float>::infinity();  // item 1: all padded
+        MhaForwardOptions o;
+        o.attn_mask = am.view();
+        o.key_padding_mask = kpm.view();
+        o.average_attn_weights = false;
+        const auto got = m.forward(q, k, v, o);
+        auto keep = [&](std::int64_t, std::int64_t, std::int64_t i, std::int64_t j) { return !am.data_as<bool>()[i * 5 + j]; };
+        auto add = [&](std::int64_t b, std::int64_t, std::int64_t, std::int64_t j) {
+            return static_cast<double>(kpm.data_as<float>()[b * 5 + j]);
+        };
+        SCOPED_TRACE(std::string("bias_kv=") + (bias_kv ? "1" : "0") + " zero_attn=" + (zero_attn ? "1" : "0"));
+        EXPECT_EQ(got.weights.shape(), (Shape{2, 4, 4, 5 + (bias_kv ? 1 : 0) + (zero_attn ? 1 : 0)}));
+        expect_close(c, m, got, textbook(m, c, q, k, v, keep, add), true);
+    }
+}
+
+TEST(Mha, GroupedQueryHeadsEqualDuplicatedKvHeads) {
+    // num_kv_heads = 2 of 6 heads: query heads 0-2 read KV head 0, 3-5 KV head 1. The same
+    // layer with the K/V rows of each KV head copied to its query heads must agree.
+    std::mt19937 rng(4);
+    const std::int64_t E = 12, h = 6, hkv = 2, dh = 2;
+    MultiHeadAttention gqa(MhaConfig{.embed_dim = E, .num_heads = h, .num_kv_heads = hkv});
+    randomise(gqa, rng);
+    EXPECT_EQ(gqa.parameter("in_proj_weight").shape(), (Shape{E + 2 * hkv * dh, E}));
+    MultiHeadAttention full(MhaConfig{.embed_dim = E, .num_heads = h});
+    Tensor w(DType::f32, Shape{3 * E, E}), bias(DType::f32, Shape{3 * E});
+    const float* gw = gqa.parameter("in_proj_weight").data_as<float>();
+    const float* gb = gqa.parameter("in_proj_bias").data_as<float>();
+    for (std::int64_t r = 0; r < 3 * E; ++r) {
+        std::int64_t src = r;  // Q rows as they are
+        if (r >= E) {
+            const std::int64_t part = (r - E) / E, head = ((r - E) % E) / dh, d = (r - E) % dh;
+            src = E + part * hkv * dh + (head / (h / hkv)) * dh + d;
+        }
+        for (std::int64_t f = 0; f < E; ++f) w.data_as<float>()[r * E + f] = gw[src * E + f];
+        bias.data_as<float>()[r] = gb[src];
+    }
+    full.load_state_dict({{"in_proj_weight", w.view()}, {"in_proj_bias", bias.view()},
+                          {"out_proj.weight", gqa.parameter("out_proj.weight")}, {"out_proj.bias", gqa.parameter("out_proj.bias")}});
+    const Case c{.batched = true, .batch_first = false, .B = 2, .Lq = 9, .Lk = 9};
+    const Tensor x = random_tensor(layout(c, 9, E), rng);
+    MhaForwardOptions o;
+    o.is_causal = true;
+    o.average_attn_weights = false;
+    const auto a = gqa.forward(x, x, x, o), b = full.forward(x, x, x, o);
+    for (std::int64_t i = 0; i < a.output.numel(); ++i) EXPECT_NEAR(a.output.data_as<float>()[i], b.output.data_as<float>()[i], 1e-5);
+    for (std::int64_t i = 0; i < a.weights.numel(); ++i) EXPECT_NEAR(a.weights.data_as<float>()[i], b.weights.data_as<float>()[i], 1e-6);
+    auto keep = [](std::int64_t, std::int64_t, std::int64_t i, std::int64_t j) { return j <= i; };
+    expect_close(c, gqa, a, textbook(gqa, c, x, x, x, keep, add_none), true);
+}
+
+TEST(Mha, StridedInputsAndWorkspaceReuse) {
+    std::mt19937 rng(5);
+    MultiHeadAttention m(MhaConfig{.embed_dim = 8, .num_heads = 4, .batch_first = true});
+    randomise(m, rng);
+    attn::MhaWorkspace ws;
+    for (std::int64_t L : {6, 3, 6}) {  // shapes change between calls on one workspace
+        const Case c{.batched = true, .batch_first = true, .B = 2, .Lq = L, .Lk = L};
+        // (L, B, E) storage seen as (B, L, E): a non-contiguous query.
+        const Tensor store = random_tensor(Shape{L, 2, 8}, rng);
+        const TensorView x = store.view().transpose(0, 1);
+        const auto got = m.forward(x, x, x, {}, &ws);
+        expect_close(c, m, got, textbook(m, c, x, x, x, keep_all, add_none), false);
+    }
+}
+
+TEST(Mha, FusedProjectionsAndNoInputCopies) {
+    // Self-attention: one (N, 3E) QKV buffer, no K/V buffers, no copy of a contiguous float32
+    // input. Cross-attention on one key/value tensor: one (Nk, 2E) KV buffer.
+    std::mt19937 rng(8);
+    MultiHeadAttention m(MhaConfig{.embed_dim = 8, .num_heads = 2});
+    randomise(m, rng);
+    const Tensor x = random_tensor(Shape{5, 3, 8}, rng), mem = random_tensor(Shape{7, 3, 8}, rng);
+    attn::MhaWorkspace self_ws, cross_ws;
+    m.forward(x, x, x, {}, &self_ws);
+    EXPECT_EQ(self_ws.proj_q.shape(), (Shape{15, 24}));
+    EXPECT_EQ(self_ws.proj_kv.data(), nullptr);
+    EXPECT_EQ(self_ws.proj_v.data(), nullptr);
+    for (const Tensor& t : self_ws.input_copy) EXPECT_EQ(t.data(), nullptr);
+    m.forward(x, mem, mem, {}, &cross_ws);
+    EXPECT_EQ(cross_ws.proj_q.shape(), (Shape{15, 8}));
+    EXPECT_EQ(cross_ws.proj_kv.shape(), (Shape{21, 16}));
+    EXPECT_EQ(cross_ws.proj_v.data(), nullptr);
+    for (const Tensor& t : cross_ws.input_copy) EXPECT_EQ(t.data(), nullptr);
+}
+
+TEST(Mha, ResultDoesNotDependOnThreadCount) {
+    // Big enough that OpenBLAS threads its GEMMs (512 × 384 × 128).
+    std::mt19937 rng(9);
+    MultiHeadAttention m(MhaConfig{.embed_dim = 128, .num_heads = 4, .batch_first = true});
+    randomise(m, rng);
+    const Tensor x = random_tensor(Shape{2, 256, 128}, rng);
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const auto one = m.forward(x, x, x);
+    omp_set_num_threads(2);
+    const auto two = m.forward(x, x, x);
+    omp_set_num_threads(before);
+    ASSERT_EQ(one.output.nbytes(), two.output.nbytes());
+    EXPECT_EQ(std::memcmp(one.output.data(), two.output.data(), one.output.nbytes()), 0);
+    EXPECT_EQ(std::memcmp(one.weights.data(), two.weights.data(), one.weights.nbytes()), 0);
+}
+
+TEST(Mha, ForwardIntoWritesEveryElement) {
+    std::mt19937 rng(6);
+    MultiHeadAttention m(MhaConfig{.embed_dim = 4, .num_heads = 2});
+    randomise(m, rng);
+    const Tensor x = random_tensor(Shape{3, 2, 4}, rng);
+    Tensor out(DType::f32, Shape{3, 2, 4}), w(DType::f32, Shape{2, 3, 3});
+    for (std::int64_t i = 0; i < out.numel(); ++i) out.data_as<float>()[i] = std::numeric_limits<float>::quiet_NaN();
+    for (std::int64_t i = 0; i < w.numel(); ++i) w.data_as<float>()[i] = std::numeric_limits<float>::quiet_NaN();
+    const TensorView wv = w.view();
+    m.forward_into(x, x, x, {}, out, &wv);
+    for (std::int64_t i = 0; i < out.numel(); ++i) EXPECT_TRUE(std::isfinite(out.data_as<float>()[i]));
+    for (std::int64_t i = 0; i < w.numel(); ++i) EXPECT_TRUE(std::isfinite(w.data_as<float>()[i]));
+}
+
+void expect_error(const std::function<void()>& f, const std::string& expect) {
+    try {
+        f();
+        ADD_FAILURE() << "no error; expected: " << expect;
+    } catch (const attn::Error& e) {
+        EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << "message: " << e.what() << "\nexpected: " << expect;
+    }
+}
+
+TEST(Mha, ConfigurationErrors) {
+    expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = 10, .num_heads = 3}); }, "embed_dim 10 must be divisible by num_heads 3");
+    expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = 12, .num_heads = 4, .num_kv_heads = 3}); },
+                 "num_kv_heads must divide num_heads 4 but got 3");
+    MultiHeadAttention kv(MhaConfig{.embed_dim = 4, .num_heads = 2, .add_bias_kv = true});
+    const Tensor x(DType::f32, Shape{3, 1, 4}, true);
+    MhaForwardOptions o;
+    o.is_causal = true;
+    expect_error([&] { kv.forward(x, x, x, o); }, "is_causal: not supported together with add_bias_kv");
+    expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = 0, .num_heads = 1}); }, "embed_dim must be >= 1");
+}
+
+TEST(Mha, StateDictErrorsNameTheTensor) {
+    MultiHeadAttention m(MhaConfig{.embed_dim = 4, .num_heads = 2});
+    const Tensor wi(DType::f32, Shape{12, 4}, true), bi(DType::f32, Shape{12}, true), wo(DType::f32, Shape{4, 4}, true),
+        bo(DType::f32, Shape{4}, true), bad(DType::f32, Shape{4, 3}, true), extra(DType::f32, Shape{2}, true);
+    expect_error([&] { m.load_state_dict({{"in_proj_weight", wi.view()}, {"out_proj.weight", wo.view()}, {"out_proj.bias", bo.view()}}); },
+                 "missing tensor 'in_proj_bias' (expected shape (12,))");
+    expect_error([&] {
+        m.load_state_dict({{"in_proj_weight", wi.view()}, {"in_proj_bias", bi.view()}, {"out_proj.weight", bad.view()}, {"out_proj.bias", bo.view()}});
+    }, "tensor 'out_proj.weight': expected shape (4, 4) but got (4, 3)");
+    expect_error([&] {
+        m.load_state_dict({{"in_proj_weight", wi.view()}, {"in_proj_bias", bi.view()}, {"out_proj.weight", wo.view()},
+                           {"out_proj.bias", bo.view()}, {"decoder.scale", extra.view()}});
+    }, "unexpected tensor 'decoder.scale' with shape (2,)");
+    // from_state_dict infers the configuration, and names what it cannot infer from.
+    expect_error([&] { MultiHeadAttention::from_state_dict({{"in_proj_weight", wi.view()}}, 2); }, "missing tensor 'out_proj.weight'");
+    expect_error([&] { MultiHeadAttention::from_state_dict({{"out_proj.weight", wo.view()}}, 2); }, "missing tensor 'in_proj_weight'");
+    const auto ok = MultiHeadAttention::from_state_dict(
+        {{"in_proj_weight", wi.view()}, {"in_proj_bias", bi.view()}, {"out_proj.weight", wo.view()}, {"out_proj.bias", bo.view()}}, 2);
+    EXPECT_EQ(ok.config().embed_dim, 4);
+    EXPECT_TRUE(ok.config().bias);
+    const Tensor k(DType::f32, Shape{4, 7}, true), v(DType::f32, Shape{4, 3}, true), q(DType::f32, Shape{4, 4}, true);
+    const auto odd = MultiHeadAttention::from_state_dict(
+        {{"q_proj_weight", q.view()}, {"k_proj_weight", k.view()}, {"v_proj_weight", v.view()}, {"out_proj.weight", wo.view()}}, 2, true);
+    EXPECT_EQ(odd.config().kdim, 7);
+    EXPECT_EQ(odd.config().vdim, 3);
+    EXPECT_FALSE(odd.config().bias);
+    EXPECT_TRUE(odd.config().batch_first);
+}
+
+TEST(Mha, ForwardArgumentErrors) {
+    MultiHeadAttention m(MhaConfig{.embed_dim = 4, .num_heads = 2});
+    const Tensor x(DType::f32, Shape{3, 2, 4}, true), x5(DType::f32, Shape{3, 2, 5}, true), k(DType::f32, Shape{6, 1, 4}, true);
+    expect_error([&] { m.forward(x5, x5, x5); }, "query: expected (L, B, E) with E = embed_dim = 4 but got shape (3, 2, 5)");
+    expect_error([&] { m.forward(x, k, k); }, "key: expected shape (L, B, E) = (6, 2, 4)");
+    const Tensor am(DType::boolean, Shape{3, 4}, true), kpm(DType::boolean, Shape{3, 3}, true), ami(DType::i32, Shape{3, 3}, true);
+    MhaForwardOptions o;
+    o.attn_mask = am.view();
+    expect_error([&] { m.forward(x, x, x, o); }, "attn_mask: expected shape (Lq, Lk) = (3, 3) or (B·num_heads, Lq, Lk) = (4, 3, 3) but got (3, 4)");
+    o.attn_mask = ami.view();
+    expect_error([&] { m.forward(x, x, x, o); }, "attn_mask: dtype must be bool (True = not allowed) or floating");
+    o.attn_mask.reset();
+    o.key_padding_mask = kpm.view();
+    expect_error([&] { m.forward(x, x, x, o); }, "key_padding_mask: expected shape (B, Lk) = (2, 3) but got (3, 3)");
+    Tensor out(DType::f32, Shape{3, 2, 4});
+    expect_error([&] { m.forward_into(x, x, x, {}, out, nullptr); }, "need_weights is set but no weights tensor");
+}
+
+}  // namespace

@@ -1,0 +1,271 @@
+// safetensors reader/writer: round trips, the 16-bit dtypes, and every malformed-file case
+// (on in-memory images and on files), each with the error it must give.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "attn/error.hpp"
+#include "attn/half.hpp"
+#include "attn/safetensors.hpp"
+
+namespace {
+
+using attn::DType;
+using attn::Shape;
+using attn::Tensor;
+
+std::string image(const std::string& header, const std::string& data) {
+    std::string out(8, '\0');
+    const std::uint64_t n = header.size();
+    for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+    return out + header + data;
+}
+
+std::string floats(std::initializer_list<float> v) {
+    std::string s(v.size() * 4, '\0');
+    std::memcpy(s.data(), v.begin(), s.size());
+    return s;
+}
+
+// Expects parse_safetensors to throw attn::Error containing `expect`.
+void expect_error(const std::string& img, const std::string& expect) {
+    try {
+        attn::parse_safetensors(img.data(), img.size(), "w.safetensors");
+        FAIL() << "no error; expected: " << expect;
+    } catch (const attn::Error& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("w.safetensors"), std::string::npos) << msg;
+        EXPECT_NE(msg.find(expect), std::string::npos) << "message: " << msg << "\nexpected to contain: " << expect;
+    }
+}
+
+const std::string kTwo =
+    R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "b": {"dtype": "F32", "shape": [1, 1], "data_offsets": [8, 12]}})";
+
+TEST(Safetensors, ParsesValidImage) {
+    const auto f = attn::parse_safetensors(image(kTwo, floats({1.5f, -2.0f, 3.0f})).data(), 20 + kTwo.size(), "w");
+    ASSERT_EQ(f.tensors.size(), 2u);
+    const Tensor* a = f.find("a");
+    const Tensor* b = f.find("b");
+    ASSERT_NE(a, nullptr);
+    ASSERT_NE(b, nullptr);
+    EXPECT_EQ(a->shape(), (Shape{2}));
+    EXPECT_EQ(b->shape(), (Shape{1, 1}));
+    EXPECT_EQ(a->data_as<float>()[0], 1.5f);
+    EXPECT_EQ(a->data_as<float>()[1], -2.0f);
+    EXPECT_EQ(b->data_as<float>()[0], 3.0f);
+    EXPECT_EQ(f.find("c"), nullptr);
+}
+
+TEST(Safetensors, ReadsF16AndBF16) {
+    const std::uint16_t h[2] = {attn::float_to_f16(0.5f), attn::float_to_f16(-3.25f)};
+    const std::uint16_t bf[1] = {attn::float_to_bf16(1.0f / 3.0f)};
+    const std::string hdr =
+        R"({"__metadata__": {"format": "pt"}, "h": {"dtype": "F16", "shape": [2], "data_offsets": [0, 4]}, "bf": {"dtype": "BF16", "shape": [], "data_offsets": [4, 6]}})";
+    std::string data(6, '\0');
+    std::memcpy(data.data(), h, 4);
+    std::memcpy(data.data() + 4, bf, 2);
+    const std::string img = image(hdr, data);
+    const auto f = attn::parse_safetensors(img.data(), img.size(), "w");
+    EXPECT_EQ(f.metadata.at("format"), "pt");
+    const Tensor h32 = attn::to_dtype(*f.find("h"), DType::f32);
+    EXPECT_EQ(f.find("h")->dtype(), DType::f16);
+    EXPECT_EQ(h32.data_as<float>()[0], 0.5f);
+    EXPECT_EQ(h32.data_as<float>()[1], -3.25f);
+    EXPECT_EQ(f.find("bf")->dtype(), DType::bf16);
+    EXPECT_EQ(f.find("bf")->shape().rank, 0);
+    EXPECT_NEAR(attn::to_dtype(*f.find("bf"), DType::f32).data_as<float>()[0], 1.0f / 3.0f, 2e-3);
+}
+
+TEST(Safetensors, ZeroSizedTensorsAndEmptyFile) {
+    const std::string hdr =
+        R"({"z": {"dtype": "F32", "shape": [0, 3], "data_offsets": [0, 0]}, "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})";
+    const std::string img = image(hdr, floats({7.0f}));
+    const auto f = attn::parse_safetensors(img.data(), img.size(), "w");
+    EXPECT_EQ(f.find("z")->numel(), 0);
+    EXPECT_EQ(f.find("a")->data_as<float>()[0], 7.0f);
+    const std::string empty = image("{}", "");
+    EXPECT_TRUE(attn::parse_safetensors(empty.data(), empty.size(), "w").tensors.empty());
+}
+
+TEST(Safetensors, WriteReadRoundTripStridedAndHalf) {
+    const auto dir = std::filesystem::temp_directory_path() / ("attn_st_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    const std::string path = (dir / "rt.safetensors").string();
+    Tensor a(DType::f32, Shape{3, 4});
+    for (int i = 0; i < 12; ++i) a.data_as<float>()[i] = static_cast<float>(i) * 0.25f - 1.0f;
+    Tensor h(DType::f16, Shape{2});
+    h.data_as<std::uint16_t>()[0] = attn::float_to_f16(2.5f);
+    h.data_as<std::uint16_t>()[1] = attn::float_to_f16(-0.125f);
+    attn::write_safetensors(path, {{"a_t", a.view().transpose(0, 1)}, {"h", h.view()}}, {{"who", "test"}});
+    const auto f = attn::read_safetensors(path);
+    ASSERT_NE(f.find("a_t"), nullptr);
+    EXPECT_EQ(f.find("a_t")->shape(), (Shape{4, 3}));
+    EXPECT_EQ(f.find("a_t")->dtype(), DType::f32);
+    for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 3; ++j) EXPECT_EQ(f.find("a_t")->data_as<float>()[i * 3 + j], a.data_as<float>()[j * 4 + i]);
+    EXPECT_EQ(f.find("h")->data_as<float>()[0], 2.5f);
+    EXPECT_EQ(f.find("h")->data_as<float>()[1], -0.125f);
+    EXPECT_EQ(f.metadata.at("who"), "test");
+    // The data section starts 8-byte aligned.
+    std::ifstream in(path, std::ios::binary);
+    std::uint64_t n = 0;
+    in.read(reinterpret_cast<char*>(&n), 8);
+    EXPECT_EQ(n % 8, 0u);
+
+    EXPECT_THROW(attn::write_safetensors(path, {{"x", a.view()}, {"x", a.view()}}), attn::Error);
+    EXPECT_THROW(attn::write_safetensors(path, {{"__metadata__", a.view()}}), attn::Error);
+    std::filesystem::remove_all(dir);
+}
+
+TEST(Safetensors, FileErrors) {
+    EXPECT_THROW(attn::read_safetensors("/nonexistent/dir/w.safetensors"), attn::Error);
+    EXPECT_THROW(attn::read_safetensors("/tmp"), attn::Error);
+    // A truncated file: the header promises data the file does not hold.
+    const auto dir = std::filesystem::temp_directory_path() / ("attn_st_t_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    const std::string path = (dir / "t.safetensors").string();
+    const std::string img = image(kTwo, floats({1, 2, 3}));
+    std::ofstream(path, std::ios::binary).write(img.data(), static_cast<std::streamsize>(img.size() - 3));
+    try {
+        attn::read_safetensors(path);
+        FAIL() << "no error";
+    } catch (const attn::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("past the end of the data section"), std::string::npos) << e.what();
+    }
+    std::filesystem::remove_all(dir);
+}
+
+struct Bad {
+    const char* name;
+    std::string img;
+    const char* expect;
+};
+
+std::vector<Bad> malformed() {
+    const std::string d12 = floats({1, 2, 3});
+    auto one = [&](const std::string& entry, const std::string& data) {
+        return image(R"({"a": )" + entry + "}", data);
+    };
+    std::string huge_len = image(kTwo, d12);
+    for (int i = 0; i < 8; ++i) huge_len[static_cast<std::size_t>(i)] = static_cast<char>(0xff);
+    std::string past = image(kTwo, d12);
+    past[0] = static_cast<char>(past[0] + 13);  // header longer than the rest of the file
+    return {
+        {"empty", "", "too short"},
+        {"seven-bytes", std::string(7, '\0'), "too short"},
+        {"length-past-eof", past, "runs past the end of the file"},
+        {"length-2^64-1", huge_len, "runs past the end of the file"},
+        {"bad-json", image(R"({"a": {"dtype": "F32",)", ""), "not valid JSON"},
+        {"trailing-garbage", image(kTwo + "x", d12), "not valid JSON"},
+        {"nul-in-header", image(kTwo + std::string(3, '\0'), d12), "NUL byte"},
+        {"not-object", image("[1]", ""), "must be a JSON object"},
+        {"duplicate", image(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+                            floats({1, 2})), "'a' more than once"},
+        {"entry-not-object", one("3", ""), "must be a JSON object"},
+        {"missing-dtype", one(R"({"shape": [1], "data_offsets": [0, 4]})", floats({1})), "missing field 'dtype'"},
+        {"missing-shape", one(R"({"dtype": "F32", "data_offsets": [0, 4]})", floats({1})), "missing field 'shape'"},
+        {"missing-offsets", one(R"({"dtype": "F32", "shape": [1]})", floats({1})), "missing field 'data_offsets'"},
+        {"extra-field", one(R"({"dtype": "F32", "shape": [1], "data_offsets": [0, 4], "x": 1})", floats({1})), "unexpected field 'x'"},
+        {"unknown-dtype", one(R"({"dtype": "F31", "shape": [1], "data_offsets": [0, 4]})", floats({1})), "unknown dtype 'F31'"},
+        {"unsupported-dtype", one(R"({"dtype": "F64", "shape": [1], "data_offsets": [0, 8]})", floats({1, 2})), "F64 is not supported"},
+        {"dtype-number", one(R"({"dtype": 1, "shape": [1], "data_offsets": [0, 4]})", floats({1})), "dtype must be a string"},
+        {"shape-not-array", one(R"({"dtype": "F32", "shape": 1, "data_offsets": [0, 4]})", floats({1})), "shape must be an array"},
+        {"shape-negative", one(R"({"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]})", floats({1})), "must be >= 0"},
+        {"shape-fraction", one(R"({"dtype": "F32", "shape": [1.5], "data_offsets": [0, 4]})", floats({1})), "non-negative integer"},
+        {"shape-rank-5", one(R"({"dtype": "F32", "shape": [1, 1, 1, 1, 1], "data_offsets": [0, 4]})", floats({1})), "rank 5"},
+        {"shape-too-big", one(R"({"dtype": "F32", "shape": [4611686018427387904, 4611686018427387904], "data_offsets": [0, 4]})", floats({1})),
+         "more bytes than"},
+        {"shape-dim-2^64-1", one(R"({"dtype": "F32", "shape": [18446744073709551615], "data_offsets": [0, 4]})", floats({1})), "too large"},
+        {"bytes-mismatch", one(R"({"dtype": "F32", "shape": [2], "data_offsets": [0, 4]})", floats({1})), "needs 8 bytes"},
+        {"offsets-one", one(R"({"dtype": "F32", "shape": [1], "data_offsets": [4]})", floats({1})), "[begin, end]"},
+        {"offsets-reversed", one(R"({"dtype": "F32", "shape": [0], "data_offsets": [4, 0]})", floats({1})), "end before they begin"},
+        {"offsets-past-data", one(R"({"dtype": "F32", "shape": [2], "data_offsets": [0, 8]})", floats({1})), "past the end of the data"},
+        {"offsets-huge", one(R"({"dtype": "F32", "shape": [1], "data_offsets": [18446744073709551612, 18446744073709551615]})", floats({1})),
+         "past the end of the data"},
+        {"overlap", image(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+                          floats({1, 2})), "overlap"},
+        {"hole-between", image(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})",
+                               d12), "belong to no tensor"},
+        {"hole-at-start", one(R"({"dtype": "F32", "shape": [1], "data_offsets": [4, 8]})", floats({1, 2})), "belong to no tensor"},
+        {"trailing-bytes", one(R"({"dtype": "F32", "shape": [1], "data_offsets": [0, 4]})", floats({1, 2})), "at the end of the data section"},
+        {"metadata-not-object", image(R"({"__metadata__": 3})", ""), "__metadata__ must be an object"},
+        {"metadata-value-number", image(R"({"__metadata__": {"k": 3}})", ""), "__metadata__['k'] must be a string"},
+        {"empty-name", image(R"({"": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", floats({1})), "empty name"},
+    };
+}
+
+TEST(Safetensors, MalformedImagesGiveClearErrors) {
+    for (const Bad& b : malformed()) {
+        SCOPED_TRACE(b.name);
+        expect_error(b.img, b.expect);
+    }
+}
+
+TEST(Safetensors, HeaderOverTheLimitIsRefusedUnparsed) {
+    // A header of 100 MiB + 8 bytes that the file really holds (in memory only).
+    const std::uint64_t big = attn::kSafetensorsMaxHeader + 8;
+    std::string img(8, '\0');
+    for (int i = 0; i < 8; ++i) img[static_cast<std::size_t>(i)] = static_cast<char>((big >> (8 * i)) & 0xff);
+    img += std::string(big, ' ');
+    expect_error(img, "exceeds the limit");
+}
+
+// The same images as files (read through fseeko/fread rather than memory).
+TEST(Safetensors, MalformedFilesGiveClearErrors) {
+    const auto dir = std::filesystem::temp_directory_path() / ("attn_st_m_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    const std::string path = (dir / "w.safetensors").string();
+    for (const Bad& b : malformed()) {
+        SCOPED_TRACE(b.name);
+        std::ofstream(path, std::ios::binary | std::ios::trunc).write(b.img.data(), static_cast<std::streamsize>(b.img.size()));
+        try {
+            attn::read_safetensors(path);
+            ADD_FAILURE() << "no error";
+        } catch (const attn::Error& e) {
+            EXPECT_NE(std::string(e.what()).find(b.expect), std::string::npos) << e.what();
+        }
+    }
+    std::filesystem::remove_all(dir);
+}
+
+// Random damage to a valid file — flipped bytes, truncation, a rewritten length — must give
+// a parsed file or an attn::Error, never a crash or a read past the image (run under
+// -DATTN_SANITIZE=ON to check the latter).
+TEST(Safetensors, RandomDamageNeverCrashes) {
+    const std::string good = image(kTwo + "   ", floats({1, 2, 3}));
+    std::mt19937 rng(42);
+    int parsed = 0, refused = 0;
+    for (int iter = 0; iter < 3000; ++iter) {
+        std::string img = good;
+        const int kind = iter % 3;
+        if (kind == 0) {
+            const int flips = 1 + static_cast<int>(rng() % 4);
+            for (int f = 0; f < flips; ++f) img[rng() % img.size()] = static_cast<char>(rng() & 0xff);
+        } else if (kind == 1) {
+            img.resize(rng() % img.size());
+        } else {
+            const std::uint64_t n = rng() % (img.size() + 16);
+            for (int i = 0; i < 8; ++i) img[static_cast<std::size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+        }
+        // A copy of exactly the damaged size, so a sanitizer sees any over-read.
+        std::vector<char> exact(img.begin(), img.end());
+        try {
+            attn::parse_safetensors(exact.data(), exact.size(), "w");
+            ++parsed;
+        } catch (const attn::Error&) {
+            ++refused;
+        }
+    }
+    EXPECT_EQ(parsed + refused, 3000);
+    EXPECT_GT(refused, 2000);
+}
+
+}  // namespace

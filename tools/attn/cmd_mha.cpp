@@ -1,0 +1,104 @@
+// attn mha --params P.safetensors --num-heads H --query Q.npy [--key K.npy --value V.npy] --out O.npy
+//          [--batch-first] [--key-padding-mask M.npy] [--attn-mask A.npy] [--causal]
+//          [--weights W.npy] [--per-head-weights]
+// PyTorch nn.MultiheadAttention (eval mode) on .npy files, with its state_dict in safetensors.
+#include <map>
+#include <memory>
+
+#include "attn/error.hpp"
+#include "attn/mha.hpp"
+#include "attn/npy.hpp"
+#include "attn/safetensors.hpp"
+#include "commands.hpp"
+#include "output_files.hpp"
+
+namespace attn::cli {
+namespace {
+
+struct MhaArgs {
+    std::string params, query, key, value, out, key_padding_mask, attn_mask, weights;
+    std::int64_t num_heads = 0;
+    bool batch_first = false, causal = false, per_head = false;
+};
+
+void run(const MhaArgs& a) {
+    if (a.key.empty() != a.value.empty()) {
+        throw Error(a.key.empty() ? "--value: given without --key (give both, or neither for self-attention)"
+                                  : "--key: given without --value (give both, or neither for self-attention)");
+    }
+    if (a.per_head && a.weights.empty()) throw Error("--per-head-weights: needs --weights W.npy to write them to");
+    OutputFiles outputs;
+    outputs.add("--out", a.out);
+    outputs.add("--weights", a.weights);
+    outputs.check();
+
+    const SafetensorsFile params = read_safetensors(a.params);
+    std::vector<std::pair<std::string, TensorView>> state;
+    for (const auto& [name, t] : params.tensors) state.emplace_back(name, t.view());
+    const MultiHeadAttention layer = MultiHeadAttention::from_state_dict(state, a.num_heads, a.batch_first);
+
+    // Each distinct file is read once: key = value (one file) gets the fused KV projection,
+    // no --key/--value the fused QKV projection of self-attention.
+    std::map<std::string, Tensor> files;
+    auto input = [&](const std::string& flag, const std::string& path) -> TensorView {
+        auto it = files.find(path);
+        if (it == files.end()) {
+            Tensor t = read_npy(path);
+            if (!is_floating(t.dtype())) {
+                throw Error(flag + ": " + path + " must hold floating-point numbers but holds " + std::string(dtype_name(t.dtype())));
+            }
+            it = files.emplace(path, std::move(t)).first;
+        }
+        return it->second.view();
+    };
+    const TensorView q = input("--query", a.query);
+    const TensorView k = a.key.empty() ? q : input("--key", a.key);
+    const TensorView v = a.value.empty() ? q : input("--value", a.value);
+
+    MhaForwardOptions opt;
+    Tensor kpm, am;
+    if (!a.key_padding_mask.empty()) {
+        kpm = read_npy(a.key_padding_mask);
+        opt.key_padding_mask = kpm.view();
+    }
+    if (!a.attn_mask.empty()) {
+        am = read_npy(a.attn_mask);
+        opt.attn_mask = am.view();
+    }
+    opt.is_causal = a.causal;
+    opt.need_weights = !a.weights.empty();
+    opt.average_attn_weights = !a.per_head;
+    const MhaOutput r = layer.forward(q, k, v, opt);
+
+    std::vector<std::pair<std::string, TensorView>> out{{a.out, r.output.view()}};
+    if (opt.need_weights) out.emplace_back(a.weights, r.weights.view());
+    OutputFiles::write_all(out);
+}
+
+}  // namespace
+
+void add_mha_command(CLI::App& app) {
+    auto args = std::make_shared<MhaArgs>();
+    CLI::App* cmd = app.add_subcommand(
+        "mha", "Multi-head attention layer with PyTorch nn.MultiheadAttention weights and semantics (eval mode)");
+    cmd->add_option("--params", args->params,
+                    "PyTorch state_dict as safetensors (F32/F16/BF16): in_proj_weight, in_proj_bias, out_proj.weight, "
+                    "out_proj.bias (or q/k/v_proj_weight when kdim/vdim differ); E, kdim, vdim come from the shapes")
+        ->required();
+    cmd->add_option("--num-heads", args->num_heads, "number of heads h (embed_dim must be divisible by it)")->required();
+    cmd->add_option("--query", args->query, "query (Lq, B, E), (B, Lq, E) with --batch-first, or unbatched (Lq, E)")->required();
+    cmd->add_option("--key", args->key, "key (Lk, B, kdim) in the query's layout; default: the query (self-attention)");
+    cmd->add_option("--value", args->value, "value (Lk, B, vdim) in the query's layout; default: the query");
+    cmd->add_option("--out", args->out, "output, shaped like the query with E features, written as float32")->required();
+    cmd->add_flag("--batch-first", args->batch_first, "inputs and output are (B, L, E) instead of (L, B, E)");
+    cmd->add_option("--key-padding-mask", args->key_padding_mask,
+                    "(B, Lk) or unbatched (Lk,): bool True = padding (ignored key), or float added to the scores");
+    cmd->add_option("--attn-mask", args->attn_mask,
+                    "(Lq, Lk) or (B*h, Lq, Lk) (unbatched (h, Lq, Lk)): bool True = NOT allowed, or float added");
+    cmd->add_flag("--causal", args->causal, "causal mask: query i sees keys 0..i (combined with the other masks)");
+    cmd->add_option("--weights", args->weights, "write attention weights (B, Lq, Lk) averaged over heads, float32");
+    cmd->add_flag("--per-head-weights", args->per_head, "with --weights: write (B, h, Lq, Lk) per head instead");
+    cmd->callback([args] { run(*args); });
+}
+
+}  // namespace attn::cli
