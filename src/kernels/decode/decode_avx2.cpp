@@ -111,6 +111,18 @@ struct Avx2Ops {
         return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
     }
 
+    static float row_max(const float* s, i64 n) {
+        __m256 mv = _mm256_set1_ps(-INFINITY);
+        i64 j = 0;
+        for (; j + 8 <= n; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + j));
+        __m128 x = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+        x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+        x = _mm_max_ss(x, _mm_movehdup_ps(x));
+        float mx = _mm_cvtss_f32(x);
+        for (; j < n; ++j) mx = s[j] > mx ? s[j] : mx;
+        return mx;
+    }
+
     static float exp_shift(float* s, i64 n, float m) {
         const __m256 mv = _mm256_set1_ps(m), ninf = _mm256_set1_ps(-INFINITY);
         __m256 sum = _mm256_setzero_ps();

@@ -7,6 +7,7 @@
 //   template <class T> static void scores(const float* q, int64 qstride, int R,
 //       const T* k, int64 kstride, int64 n, int64 Dk, float* s, int64 sstride);
 //         // s[r][j] = q[r] · k[j] for r < R (R = 1, 2 or 4), j < n
+//   static float row_max(const float* s, int64 n);   // max_j s[j] (−inf when n = 0)
 //   static float exp_shift(float* s, int64 n, float m);
 //         // s[j] ← exp(s[j] − m), exactly 0 where s[j] = −inf; returns Σ_j s[j]
 //   template <class T> static void accumulate(float* o, int64 ostride, const float* alpha,
@@ -133,8 +134,7 @@ void run_item(const DecodeArgs& a, i64 b, i64 hk, i64 c0, i64 c1, const Scratch&
                 const i64 g = r / Lq, i = r % Lq;
                 apply_elementwise(a, b, hk * G + g, i, j0, n, s);
             }
-            float mx = -INFINITY;
-            for (i64 j = 0; j < n; ++j) mx = s[j] > mx ? s[j] : mx;
+            const float mx = Ops::row_max(s, n);
             const float m_new = mx > sc.m[r] ? mx : sc.m[r];
             if (m_new == -INFINITY) {  // nothing visible yet: p = 0, o and l stay 0
                 sc.alpha[r] = 1.0f;

@@ -33,6 +33,12 @@ struct PortableOps {
         }
     }
 
+    static float row_max(const float* s, i64 n) {
+        float mx = -INFINITY;
+        for (i64 j = 0; j < n; ++j) mx = s[j] > mx ? s[j] : mx;
+        return mx;
+    }
+
     static float exp_shift(float* s, i64 n, float m) {
         float total = 0.0f;
         for (i64 j = 0; j < n; ++j) {
