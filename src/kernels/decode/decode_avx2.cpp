@@ -57,14 +57,19 @@ struct Avx2Ops {
         const i64 Dk8 = Dk & ~i64{7};
         for (i64 j = 0; j < n; j += KT) {
             const T* kp[KT];
+#pragma GCC unroll 8
             for (int t = 0; t < KT; ++t) kp[t] = k + imin(j + t, n - 1) * kstride;
             __m256 acc[8];
+#pragma GCC unroll 8
             for (int x = 0; x < 8; ++x) acc[x] = _mm256_setzero_ps();
             for (i64 d = 0; d < Dk8; d += 8) {
                 __m256 qv[R];
+#pragma GCC unroll 8
                 for (int r = 0; r < R; ++r) qv[r] = _mm256_loadu_ps(q + r * qstride + d);
+#pragma GCC unroll 8
                 for (int t = 0; t < KT; ++t) {
                     const __m256 kv = load8(kp[t] + d);
+#pragma GCC unroll 8
                     for (int r = 0; r < R; ++r) acc[r * KT + t] = _mm256_fmadd_ps(qv[r], kv, acc[r * KT + t]);
                 }
             }
@@ -148,22 +153,32 @@ struct Avx2Ops {
     template <int R, int C, class T>
     static void acc_chunk(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, const T* v,
                           i64 vstride, i64 n, i64 d0) {
-        __m256 acc[R][C];
+        // One flat array, every loop fully unrolled: GCC then keeps it in registers (a 2-D
+        // array of vectors was kept in memory and stored back on every key).
+        __m256 acc[R * C];
+#pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
             const __m256 al = _mm256_set1_ps(alpha[r]);
-            for (int c = 0; c < C; ++c) acc[r][c] = _mm256_mul_ps(_mm256_loadu_ps(o + r * ostride + d0 + 8 * c), al);
+#pragma GCC unroll 8
+            for (int c = 0; c < C; ++c) acc[r * C + c] = _mm256_mul_ps(_mm256_loadu_ps(o + r * ostride + d0 + 8 * c), al);
         }
-        for (i64 j = 0; j < n; ++j) {
-            const T* vj = v + j * vstride + d0;
-            __m256 pj[R];
-            for (int r = 0; r < R; ++r) pj[r] = _mm256_broadcast_ss(p + r * pstride + j);
+        const float* pj = p;
+        const T* vj = v + d0;
+        for (i64 j = 0; j < n; ++j, ++pj, vj += vstride) {
+            __m256 pb[R];
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) pb[r] = _mm256_broadcast_ss(pj + r * pstride);
+#pragma GCC unroll 8
             for (int c = 0; c < C; ++c) {
                 const __m256 vv = load8(vj + 8 * c);
-                for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(pj[r], vv, acc[r][c]);
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) acc[r * C + c] = _mm256_fmadd_ps(pb[r], vv, acc[r * C + c]);
             }
         }
+#pragma GCC unroll 8
         for (int r = 0; r < R; ++r)
-            for (int c = 0; c < C; ++c) _mm256_storeu_ps(o + r * ostride + d0 + 8 * c, acc[r][c]);
+#pragma GCC unroll 8
+            for (int c = 0; c < C; ++c) _mm256_storeu_ps(o + r * ostride + d0 + 8 * c, acc[r * C + c]);
     }
 
     template <int R, class T>
