@@ -163,3 +163,42 @@ TEST(Incremental, WindowAndNonCausalMatchSdpa) {
 
 }  // namespace
 }  // namespace attn::test
+
+namespace attn::test {
+namespace {
+
+// What an MHA layer passes: Q and the output as (B, L, H, D) projection buffers seen
+// through transpose(1, 2). Same arithmetic as contiguous views, so the same bits.
+TEST(Incremental, StridedQueryAndOutputViews) {
+    std::mt19937 rng(9);
+    const std::int64_t B = 2, Hkv = 2, Hq = 4, L = 70, Lq = 3, D = 40;
+    KVCacheConfig cfg;
+    cfg.batch = B;
+    cfg.kv_heads = Hkv;
+    cfg.head_dim = D;
+    cfg.capacity = L;
+    cfg.storage = DType::bf16;
+    KVCache cache(cfg);
+    cache.append(random_f32(Shape{B, Hkv, L, D}, rng), random_f32(Shape{B, Hkv, L, D}, rng));
+    const Tensor q_blhd = random_f32(Shape{B, Lq, Hq, D}, rng);
+    Tensor q(DType::f32, Shape{B, Hq, Lq, D});
+    for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t h = 0; h < Hq; ++h)
+            for (std::int64_t i = 0; i < Lq; ++i)
+                for (std::int64_t d = 0; d < D; ++d)
+                    q.data_as<float>()[((b * Hq + h) * Lq + i) * D + d] = q_blhd.data_as<float>()[((b * Lq + i) * Hq + h) * D + d];
+    Tensor out(DType::f32, Shape{B, Hq, Lq, D}), out_blhd(DType::f32, Shape{B, Lq, Hq, D});
+    poison(out);
+    poison(out_blhd);
+    decode_attention(q, cache, DecodeOptions{}, out);
+    decode_attention(q_blhd.view().transpose(1, 2), cache, DecodeOptions{}, out_blhd.view().transpose(1, 2));
+    for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t h = 0; h < Hq; ++h)
+            for (std::int64_t i = 0; i < Lq; ++i)
+                for (std::int64_t d = 0; d < D; ++d)
+                    ASSERT_EQ(out.data_as<float>()[((b * Hq + h) * Lq + i) * D + d],
+                              out_blhd.data_as<float>()[((b * Lq + i) * Hq + h) * D + d]);
+}
+
+}  // namespace
+}  // namespace attn::test
