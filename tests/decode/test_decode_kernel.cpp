@@ -144,6 +144,8 @@ Case random_case(std::mt19937& rng, int n) {
     c.strided_q = coin(rng);
     c.cache_slice = coin(rng);
     c.split = pick({0, 0, 1, 2, 5});
+    // Keep the double-precision reference cheap (test runtime): at most ~1.5e7 MACs.
+    while (c.Lk > 1 && c.B * c.Hkv * c.group * c.Lq * c.Lk * (c.Dk + c.Dv) > 15'000'000) c.Lk = c.Lk / 3 + 1;
     return c;
 }
 
