@@ -1,5 +1,6 @@
 #include "decode_bench.hpp"
 
+#include <immintrin.h>
 #include <omp.h>
 #include <sys/mman.h>
 
@@ -46,11 +47,43 @@ struct Buffer {
     ~Buffer() { std::free(p); }
 };
 
+// Σ of words [lo, hi) with as few instructions per byte as the CPU allows (32-byte loads,
+// four independent sums), so that a slow or shared core still measures memory, not itself.
+__attribute__((target("avx2"))) std::uint64_t sum_avx2(const std::uint64_t* p, std::size_t lo, std::size_t hi) {
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    std::size_t i = lo;
+    for (; i + 16 <= hi; i += 16) {
+        a0 = _mm256_add_epi64(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
+        a1 = _mm256_add_epi64(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 4)));
+        a2 = _mm256_add_epi64(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 8)));
+        a3 = _mm256_add_epi64(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 12)));
+    }
+    alignas(32) std::uint64_t t[4];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(t), _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+    std::uint64_t s = t[0] + t[1] + t[2] + t[3];
+    for (; i < hi; ++i) s += p[i];
+    return s;
+}
+
+std::uint64_t sum_portable(const std::uint64_t* p, std::size_t lo, std::size_t hi) {
+    std::uint64_t s = 0;
+    for (std::size_t i = lo; i < hi; ++i) s += p[i];
+    return s;
+}
+
 // Σ of every word, each thread streaming one contiguous part (as decode's items do).
 std::uint64_t stream_sum(const Buffer& b) {
+    static const bool avx2 = __builtin_cpu_supports("avx2");
     std::uint64_t total = 0;
-#pragma omp parallel for schedule(static) reduction(+ : total)
-    for (std::size_t i = 0; i < b.words; ++i) total += b.p[i];
+#pragma omp parallel reduction(+ : total)
+    {
+        const std::size_t nt = static_cast<std::size_t>(omp_get_num_threads());
+        const std::size_t t = static_cast<std::size_t>(omp_get_thread_num());
+        // 64-byte aligned parts (the buffer is 2 MiB aligned).
+        const std::size_t part = (b.words / nt + 7) / 8 * 8;
+        const std::size_t lo = std::min(b.words, t * part), hi = std::min(b.words, lo + part);
+        total += avx2 ? sum_avx2(b.p, lo, hi) : sum_portable(b.p, lo, hi);
+    }
     return total;
 }
 
@@ -131,6 +164,41 @@ double measure_read_bandwidth(std::size_t bytes, int runs) {
     return median(gbps);
 }
 
+namespace {
+__attribute__((target("avx2,fma"))) float fma_loop(long n) {
+    __m256 a[8];
+    for (int i = 0; i < 8; ++i) a[i] = _mm256_set1_ps(0.001f * static_cast<float>(i));
+    const __m256 x = _mm256_set1_ps(0.999f), y = _mm256_set1_ps(1e-4f);
+    for (long k = 0; k < n; ++k) {
+        for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(a[i], x, y);
+        __asm__ volatile("" : "+x"(a[0]), "+x"(a[1]), "+x"(a[2]), "+x"(a[3]), "+x"(a[4]), "+x"(a[5]), "+x"(a[6]),
+                         "+x"(a[7]));
+    }
+    float s = 0;
+    for (int i = 0; i < 8; ++i) s += _mm256_cvtss_f32(a[i]);
+    return s;
+}
+volatile float g_fsink;
+}  // namespace
+
+double measure_fma_peak(int runs) {
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0.0;
+    constexpr long kIters = 20'000'000;  // 8 FMAs × 8 lanes × 2 flops each per iteration
+    std::vector<double> g;
+    for (int r = 0; r < runs; ++r) {
+        int nt = 1;
+        const auto t0 = Clock::now();
+#pragma omp parallel
+        {
+#pragma omp single
+            nt = omp_get_num_threads();
+            g_fsink = fma_loop(kIters);
+        }
+        g.push_back(128.0 * kIters * nt / (ms_since(t0) * 1e-3) / 1e9);
+    }
+    return median(g);
+}
+
 const DecodeTiming* DecodeBenchReport::find(const std::string& shape, DType storage) const {
     for (const auto& t : timings)
         if (t.shape == shape && t.storage == storage) return &t;
@@ -145,6 +213,7 @@ DecodeBenchReport run_decode_bench(int runs, bool cold) {
     rep.isa = detail::decode_isa();
     constexpr std::size_t kGiB = std::size_t{1} << 30;
     rep.read_gbps = measure_read_bandwidth(kGiB, 9);
+    rep.fma_gflops = measure_fma_peak(5);
     std::unique_ptr<Buffer> flush;
     if (cold) flush = std::make_unique<Buffer>(kGiB);
     for (DType st : {DType::f32, DType::f16}) {
@@ -153,25 +222,26 @@ DecodeBenchReport run_decode_bench(int runs, bool cold) {
     }
     // Bandwidth again at the end: the machine is shared, so bracket the kernel timings.
     rep.read_gbps = 0.5 * (rep.read_gbps + measure_read_bandwidth(kGiB, 9));
+    rep.fma_gflops = 0.5 * (rep.fma_gflops + measure_fma_peak(5));
     return rep;
 }
 
 std::string DecodeBenchReport::text() const {
-    char line[256];
+    char line[512];
     std::string s;
     std::snprintf(line, sizeof line,
                   "decode benchmark: %d threads, decode path %s, median of %d steps, %s caches\n"
-                  "read bandwidth (streaming sum over 1 GiB, same threads): %.1f GB/s\n\n",
-                  threads, isa.c_str(), runs, cold ? "cold (evicted before each step)" : "warm", read_gbps);
+                  "read bandwidth (streaming sum over 1 GiB, same threads): %.1f GB/s; fp32 FMA peak: %.1f GFLOP/s\n\n",
+                  threads, isa.c_str(), runs, cold ? "cold (evicted before each step)" : "warm", read_gbps, fma_gflops);
     s += line;
-    s += "| id | storage | B | Hq | Hkv | Lk | D | K+V bytes | median ms | min ms | GB/s | % of read BW | % of adjacent BW |\n";
-    s += "|----|---------|---|----|-----|----|---|-----------|-----------|--------|------|--------------|------------------|\n";
+    s += "| id | storage | B | Hq | Hkv | Lk | D | K+V bytes | median ms | min ms | GB/s | % of read BW | % of adjacent BW | GFLOP/s | % of FMA peak |\n";
+    s += "|----|---------|---|----|-----|----|---|-----------|-----------|--------|------|--------------|------------------|---------|---------------|\n";
     for (const auto& t : timings) {
         std::snprintf(line, sizeof line,
-                      "| %s | %s | %lld | %lld | %lld | %lld | %lld | %.0f MiB | %.2f | %.2f | %.1f | %.0f%% | %.0f%% |\n",
+                      "| %s | %s | %lld | %lld | %lld | %lld | %lld | %.0f MiB | %.2f | %.2f | %.1f | %.0f%% | %.0f%% | %.1f | %.0f%% |\n",
                       t.shape.c_str(), std::string(dtype_name(t.storage)).c_str(), t.B, t.Hq, t.Hkv, t.Lk, t.D,
                       t.bytes / (1 << 20), t.median_ms, t.min_ms, t.gbps(), 100.0 * t.gbps() / read_gbps,
-                      100.0 * t.median_bw_fraction);
+                      100.0 * t.median_bw_fraction, t.gflops(), fma_gflops > 0 ? 100.0 * t.gflops() / fma_gflops : 0.0);
         s += line;
     }
     const DecodeTiming *s5 = find("S5", DType::f32), *s5h = find("S5", DType::f16), *s7 = find("S7", DType::f32),

@@ -20,10 +20,13 @@ struct DecodeTiming {
     // ran just before it (the same 2 threads, the same moment): robust to a shared machine.
     double median_bw_fraction = 0;
     double gbps() const { return bytes / (median_ms * 1e-3) / 1e9; }
+    double flops() const { return 4.0 * B * Hq * Lk * D; }  // Lq = 1: QKᵀ and AV
+    double gflops() const { return flops() / (median_ms * 1e-3) / 1e9; }
 };
 
 struct DecodeBenchReport {
     double read_gbps = 0;        // streaming read bandwidth, same threads, median
+    double fma_gflops = 0;       // AVX2 FMA peak on the same threads, median (0 without AVX2)
     int threads = 0, runs = 0;
     std::string isa;             // decode path used: avx2 or portable
     bool cold = true;            // caches flushed before every timed step
@@ -35,6 +38,10 @@ struct DecodeBenchReport {
 // Streaming sum over `bytes` (>= 1 GiB advised), on the current OpenMP threads; median of
 // `runs`, GB/s. The buffer is allocated and touched before timing.
 double measure_read_bandwidth(std::size_t bytes, int runs);
+
+// fp32 FMA throughput (8 independent 256-bit chains per thread) on the current OpenMP
+// threads, wall time, median of `runs`, GFLOP/s; 0 when the CPU lacks AVX2+FMA.
+double measure_fma_peak(int runs);
 
 // S5 and S7 with float32 and float16 caches, `runs` timed steps each (median), caches
 // allocated and filled (touched) before timing. cold = evict the CPU caches before each
