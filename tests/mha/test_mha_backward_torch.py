@@ -5,8 +5,10 @@ fused KV, bias, batch_first/unbatched, bool/float attn_mask and key_padding_mask
 add_bias_kv) torch's nn.MultiheadAttention runs in float64 on the same float32 weights and
 inputs, output.backward(dO) gives the oracle gradients of every parameter and input. attn
 computes in float32 (projections, flash/reference backward, GEMMs), so per gradient tensor
-max|attn - torch| <= REL_TOL * max|torch|. Measured worst case over these cases: see the
-report (about 1e-6); REL_TOL = 1e-4. Runtime: a few seconds.
+max|attn - torch| <= REL_TOL * max|torch| + ABS_TOL. REL_TOL = 1e-4 (measured worst: about
+1e-6); ABS_TOL = 1e-6 only matters for gradients that are exactly 0 in exact arithmetic
+(e.g. dQuery with one key: the softmax is constant), where float32 leaves rounding noise
+of order eps32 * |terms| ~ 1e-8. Runtime: about 5 s.
 Dropout has no torch oracle (different RNG); it is checked by finite differences in
 tests/mha/test_mha_backward.cpp.
 """
@@ -24,6 +26,7 @@ from test_mha_torch import build_module, input_shape, make_case, random_masks, s
 
 ATTN = os.environ.get("ATTN_BIN", "attn")
 REL_TOL = 1e-4
+ABS_TOL = 1e-6
 N_CASES = 40
 
 
@@ -119,10 +122,11 @@ def test_grads_vs_torch(c, tmp_path):
     for n in ref:
         assert ours[n].shape == ref[n].shape, n
         assert np.all(np.isfinite(ours[n])), n
-        scale = max(np.abs(ref[n]).max(), 1e-30)
-        err = np.abs(ours[n] - ref[n]).max() / scale
-        print(f"{n}: rel err {err:.2e}")
-        assert err <= REL_TOL, f"{n}: max|attn - torch| / max|torch| = {err:.3e} > {REL_TOL}"
+        scale = np.abs(ref[n]).max()
+        diff = np.abs(ours[n] - ref[n]).max()
+        print(f"{n}: max diff {diff:.2e}, rel {diff / max(scale, 1e-30):.2e}")
+        assert diff <= REL_TOL * scale + ABS_TOL, \
+            f"{n}: max|attn - torch| = {diff:.3e} > {REL_TOL} * max|torch| ({scale:.3e}) + {ABS_TOL}"
 
 
 def test_grads_argument_errors(tmp_path):
