@@ -1,12 +1,13 @@
 # attn — the two commands of the README, plus the pieces they are made of.
 #   make demo   install what is missing, configure, build, run the demo
 #   make test   the same, then every test (ctest: unit, against PyTorch, install/consumer)
+#   make train-example  a tiny transformer learning with attn's MHA backward (examples/tiny_decoder)
 #   make bench  a Release build, `attn bench` on every shape id, results into BENCHMARKS.md
 BUILD    ?= build
 JOBS     ?= $(shell nproc)
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
 
-.PHONY: all demo test deps deps-test configure build bench clean
+.PHONY: all demo test deps deps-test configure build bench clean train-example
 
 all: build
 
@@ -43,6 +44,11 @@ bench: deps-test
 	cmake --build $(BUILD) -j $(JOBS) --target attn_cli
 	$(BUILD)/tools/attn bench --threads $(BENCH_THREADS) --json $(BUILD)/bench.json $(BENCH_ARGS)
 	/usr/bin/python3 scripts/bench-to-markdown.py $(BUILD)/bench.json BENCHMARKS.md
+
+# A tiny decoder-only transformer learning to reverse sequences with attn's causal MHA
+# (examples/tiny_decoder): prints the loss as it trains, then held-out accuracy.
+train-example: build
+	$(BUILD)/examples/tiny_decoder/tiny_decoder
 
 clean:
 	rm -rf $(BUILD)

@@ -76,6 +76,34 @@ struct MhaWorkspace {
     Tensor proj_q, proj_kv, proj_v, attn_out, head_weights, input_copy[3];
 };
 
+// Training (docs/mha-backward.md): forward_train keeps what backward needs — float32
+// copies of the inputs and masks, the projected Q, K, V (K/V with the appended bias_k /
+// zero rows), the attention output O before out_proj and the softmax lse — so the state
+// owns everything and the caller's tensors may change or die before backward.
+struct MhaTrainOptions {
+    double dropout_p = 0.0;          // dropout on the attention weights (0 ≤ p < 1), as PyTorch's
+    std::uint64_t dropout_seed = 0;  // the keep mask is a pure function of (seed, b, head, i, j)
+};
+
+struct MhaForwardState {
+    Shape query_shape, key_shape, value_shape;
+    std::int64_t B = 0, Lq = 0, Lk = 0, Lkx = 0;  // Lkx = Lk + appended keys
+    bool batched = true;
+    Tensor x[3];                 // query, key, value as contiguous float32 (the inputs' layout)
+    Tensor q, k, v;              // (Nq, E) rows in the query's row order; (B·Lkx, E_kv) batch-major
+    Tensor attn_out;             // (Nq, E) O before out_proj, heads concatenated
+    Tensor lse;                  // (B, h, Lq) float32
+    Tensor mask_store[4];        // owned masks the saved SdpaOptions point to
+    SdpaOptions sdpa;            // masks, causal, dropout — reused by the backward
+};
+
+// ∂loss/∂x for every parameter (state_dict names and order) and input.
+struct MhaGradients {
+    std::vector<std::pair<std::string, Tensor>> params;
+    Tensor query, key, value;  // shaped like the inputs, float32; for self-attention (the
+                               // same tensor passed 3×) the input's gradient is their sum
+};
+
 class MultiHeadAttention {
 public:
     // Checks the configuration (throws attn::Error) and allocates zeroed parameters.
@@ -112,6 +140,15 @@ public:
     void forward_into(const TensorView& query, const TensorView& key, const TensorView& value,
                       const MhaForwardOptions& options, const TensorView& output, const TensorView* weights,
                       MhaWorkspace* workspace = nullptr) const;
+
+    // Training forward: the same output as forward() (need_weights is ignored) with dropout
+    // on the attention weights, saving into `state` what backward() needs.
+    Tensor forward_train(const TensorView& query, const TensorView& key, const TensorView& value,
+                         const MhaForwardOptions& options, const MhaTrainOptions& train, MhaForwardState& state) const;
+    // Gradients for the forward_train call that filled `state`, given grad_output =
+    // ∂loss/∂output (shaped like the output, any floating dtype/strides). Parameters must
+    // not have changed since that forward.
+    MhaGradients backward(const MhaForwardState& state, const TensorView& grad_output) const;
 
     // Shapes forward() returns for these inputs (after checking them).
     Shape output_shape(const TensorView& query) const;

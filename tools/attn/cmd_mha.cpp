@@ -1,6 +1,7 @@
 // attn mha --params P.safetensors --num-heads H --query Q.npy [--key K.npy --value V.npy] --out O.npy
 //          [--batch-first] [--key-padding-mask M.npy] [--attn-mask A.npy] [--causal]
 //          [--weights W.npy] [--per-head-weights]
+//          [--grad-out dO.npy --grads G.safetensors [--dropout-p P --dropout-seed S]]   (training)
 // PyTorch nn.MultiheadAttention (eval mode) on .npy files, with its state_dict in safetensors.
 #include <map>
 #include <memory>
@@ -16,8 +17,10 @@ namespace attn::cli {
 namespace {
 
 struct MhaArgs {
-    std::string params, query, key, value, out, key_padding_mask, attn_mask, weights;
+    std::string params, query, key, value, out, key_padding_mask, attn_mask, weights, grad_out, grads;
     std::int64_t num_heads = 0;
+    double dropout_p = 0.0;
+    std::uint64_t dropout_seed = 0;
     bool batch_first = false, causal = false, per_head = false;
 };
 
@@ -27,8 +30,16 @@ void run(const MhaArgs& a) {
                                   : "--key: given without --value (give both, or neither for self-attention)");
     }
     if (a.per_head && a.weights.empty()) throw Error("--per-head-weights: needs --weights W.npy to write them to");
+    if (a.grad_out.empty() != a.grads.empty()) {
+        throw Error(a.grads.empty() ? "--grad-out: given without --grads (the file to write the gradients to)"
+                                    : "--grads: given without --grad-out (the upstream gradient dLoss/dOutput)");
+    }
+    const bool training = !a.grads.empty();
+    if (training && !a.weights.empty()) throw Error("--weights: not available with --grads (training mode)");
+    if (!training && a.dropout_p != 0.0) throw Error("--dropout-p: only with --grads (training mode); eval mode has no dropout");
     OutputFiles outputs;
     outputs.add("--out", a.out);
+    outputs.add("--grads", a.grads);
     outputs.add("--weights", a.weights);
     outputs.check();
 
@@ -68,6 +79,32 @@ void run(const MhaArgs& a) {
     opt.is_causal = a.causal;
     opt.need_weights = !a.weights.empty();
     opt.average_attn_weights = !a.per_head;
+    if (training) {
+        // Gradients under state_dict names, then one per distinct input file (self-attention:
+        // the query's gradient is the sum of the three uses, as autograd gives).
+        const Tensor dy = read_npy(a.grad_out);
+        if (!is_floating(dy.dtype())) throw Error("--grad-out: " + a.grad_out + " must hold floating-point numbers");
+        MhaForwardState saved;
+        const Tensor y = layer.forward_train(q, k, v, opt, MhaTrainOptions{a.dropout_p, a.dropout_seed}, saved);
+        MhaGradients g = layer.backward(saved, dy.view());
+        std::vector<std::pair<std::string, TensorView>> named;
+        for (const auto& [name, t] : g.params) named.emplace_back(name, t.view());
+        auto add_into = [](Tensor& dst, const Tensor& src) {
+            float* d = dst.data_as<float>();
+            const float* s = src.data_as<const float>();
+            for (std::int64_t i = 0; i < dst.numel(); ++i) d[i] += s[i];
+        };
+        const std::string kp = a.key.empty() ? a.query : a.key, vp = a.value.empty() ? a.query : a.value;
+        if (kp == a.query) add_into(g.query, g.key);
+        if (vp == a.query) add_into(g.query, g.value);
+        else if (vp == kp) add_into(g.key, g.value);
+        named.emplace_back("query", g.query.view());
+        if (kp != a.query) named.emplace_back("key", g.key.view());
+        if (vp != a.query && vp != kp) named.emplace_back("value", g.value.view());
+        write_safetensors(a.grads, named);
+        OutputFiles::write_all({{a.out, y.view()}});
+        return;
+    }
     const MhaOutput r = layer.forward(q, k, v, opt);
 
     std::vector<std::pair<std::string, TensorView>> out{{a.out, r.output.view()}};
@@ -98,6 +135,13 @@ void add_mha_command(CLI::App& app) {
     cmd->add_flag("--causal", args->causal, "causal mask: query i sees keys 0..i (combined with the other masks)");
     cmd->add_option("--weights", args->weights, "write attention weights (B, Lq, Lk) averaged over heads, float32");
     cmd->add_flag("--per-head-weights", args->per_head, "with --weights: write (B, h, Lq, Lk) per head instead");
+    cmd->add_option("--grad-out", args->grad_out, "training: dLoss/dOutput, shaped like the output; needs --grads");
+    cmd->add_option("--grads", args->grads,
+                    "training: write every gradient as F32 safetensors: the state_dict names, then 'query' (and 'key', "
+                    "'value' when they are other files; an input used twice gets the sum)");
+    cmd->add_option("--dropout-p", args->dropout_p, "training: dropout probability on the attention weights (0 <= p < 1)")
+        ->check(CLI::Range(0.0, 0.999999));
+    cmd->add_option("--dropout-seed", args->dropout_seed, "training: dropout seed (the keep mask is a function of it)");
     cmd->callback([args] { run(*args); });
 }
 

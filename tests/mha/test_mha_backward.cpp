@@ -1,0 +1,197 @@
+// MultiHeadAttention::forward_train / backward against central finite differences of the
+// layer itself, in the cases torch cannot check (dropout: torch's RNG differs; grouped-
+// query heads; add_zero_attn with bias_k) — tests/mha/test_mha_backward_torch.py compares
+// with torch autograd for the rest.
+//
+// The layer computes in float32, so the finite differences are of a float32 function:
+// loss = Σ output·R summed in double, step eps = 1e-2 (central). Truncation O(eps²) and
+// the float32 rounding of the loss (~1e-6 / eps) bound the difference; the bound used is
+// |fd − grad| ≤ 2e-3 + 1e-2·|grad| per element on these small cases (measured worst:
+// printed by the test). Dropout's keep mask depends only on (seed, b, head, i, j), so the
+// loss is a smooth function of every input for a fixed seed.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "attn/error.hpp"
+#include "attn/mha.hpp"
+
+namespace {
+
+using attn::DType;
+using attn::MhaConfig;
+using attn::MhaForwardOptions;
+using attn::MhaForwardState;
+using attn::MhaGradients;
+using attn::MhaTrainOptions;
+using attn::MultiHeadAttention;
+using attn::Shape;
+using attn::Tensor;
+using attn::TensorView;
+
+Tensor random_tensor(const Shape& s, std::mt19937& rng, double scale = 1.0) {
+    Tensor t(DType::f32, s);
+    std::normal_distribution<float> n(0.0f, static_cast<float>(scale));
+    for (std::int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = n(rng);
+    return t;
+}
+
+struct Case {
+    MhaConfig config;
+    std::int64_t B = 2, Lq = 3, Lk = 4;
+    bool self = false, causal = false, unbatched = false, kpm = false, attn_mask = false;
+    double dropout_p = 0.0;
+};
+
+void check_case(const Case& cs, unsigned seed) {
+    std::mt19937 rng(seed);
+    MultiHeadAttention m(cs.config);
+    const MhaConfig& c = m.config();
+    for (const auto& [name, shape] : m.parameter_shapes()) {
+        const Tensor t = random_tensor(shape, rng, 0.5);
+        std::memcpy(m.parameter(name).data(), t.data(), t.nbytes());
+    }
+    auto shape_of = [&](std::int64_t L, std::int64_t F) {
+        if (cs.unbatched) return Shape{L, F};
+        return c.batch_first ? Shape{cs.B, L, F} : Shape{L, cs.B, F};
+    };
+    Tensor q = random_tensor(shape_of(cs.Lq, c.embed_dim), rng);
+    Tensor k = random_tensor(shape_of(cs.Lk, c.kdim), rng);
+    Tensor v = random_tensor(shape_of(cs.Lk, c.vdim), rng);
+    const Tensor r = random_tensor(shape_of(cs.Lq, c.embed_dim), rng);
+    MhaForwardOptions opt;
+    opt.is_causal = cs.causal;
+    Tensor kpm, am;
+    if (cs.kpm) {  // last key of batch item 0 padded
+        kpm = Tensor(DType::boolean, cs.unbatched ? Shape{cs.Lk} : Shape{cs.B, cs.Lk}, true);
+        static_cast<bool*>(kpm.data())[cs.Lk - 1] = true;
+        opt.key_padding_mask = kpm.view();
+    }
+    if (cs.attn_mask) {
+        am = random_tensor(Shape{cs.Lq, cs.Lk}, rng);
+        opt.attn_mask = am.view();
+    }
+    const MhaTrainOptions train{cs.dropout_p, 1234 + seed};
+    auto loss = [&]() {
+        MhaForwardState st;
+        const TensorView kv = cs.self ? q.view() : k.view();
+        const TensorView vv = cs.self ? q.view() : v.view();
+        const Tensor y = m.forward_train(q, kv, vv, opt, train, st);
+        double s = 0;
+        for (std::int64_t i = 0; i < y.numel(); ++i) s += static_cast<double>(y.data_as<float>()[i]) * r.data_as<float>()[i];
+        return s;
+    };
+    MhaForwardState st;
+    const Tensor y = m.forward_train(q, cs.self ? q.view() : k.view(), cs.self ? q.view() : v.view(), opt, train, st);
+    MhaGradients g = m.backward(st, r);
+
+    // With dropout 0 the training forward is the eval forward.
+    if (cs.dropout_p == 0.0) {
+        const attn::MhaOutput ev = m.forward(q, cs.self ? q.view() : k.view(), cs.self ? q.view() : v.view(), [&] {
+            MhaForwardOptions o = opt;
+            o.need_weights = false;
+            return o;
+        }());
+        for (std::int64_t i = 0; i < y.numel(); ++i)
+            ASSERT_NEAR(y.data_as<float>()[i], ev.output.data_as<float>()[i], 1e-5) << i;
+    }
+
+    double worst = 0;
+    auto fd_check = [&](float* x, const Tensor& grad, std::int64_t n, const std::string& name) {
+        ASSERT_EQ(grad.numel(), n) << name;
+        const float eps = 1e-2f;
+        for (std::int64_t i = 0; i < n; ++i) {
+            const float keep = x[i];
+            x[i] = keep + eps;
+            const double lp = loss();
+            x[i] = keep - eps;
+            const double lm = loss();
+            x[i] = keep;
+            const double fd = (lp - lm) / (2.0 * static_cast<double>(eps));
+            const double an = grad.data_as<float>()[i];
+            ASSERT_TRUE(std::isfinite(an)) << name << "[" << i << "]";
+            const double err = std::abs(fd - an);
+            worst = std::max(worst, err / (2e-3 + 1e-2 * std::abs(an)));
+            ASSERT_LE(err, 2e-3 + 1e-2 * std::abs(an)) << name << "[" << i << "]: finite difference " << fd << ", backward " << an;
+        }
+    };
+    for (const auto& [name, t] : g.params) fd_check(m.parameter(name).data_as<float>(), t, t.numel(), name);
+    if (cs.self) {
+        // one input used three times: its gradient is the sum
+        Tensor sum(DType::f32, q.shape());
+        for (std::int64_t i = 0; i < q.numel(); ++i)
+            sum.data_as<float>()[i] = g.query.data_as<float>()[i] + g.key.data_as<float>()[i] + g.value.data_as<float>()[i];
+        fd_check(q.data_as<float>(), sum, q.numel(), "query");
+    } else {
+        fd_check(q.data_as<float>(), g.query, q.numel(), "query");
+        fd_check(k.data_as<float>(), g.key, k.numel(), "key");
+        fd_check(v.data_as<float>(), g.value, v.numel(), "value");
+    }
+    std::printf("worst |fd - grad| / bound = %.3f\n", worst);
+}
+
+TEST(MhaBackward, CrossKdimVdimBiasKvZeroAttnDropout) {
+    Case cs;
+    cs.config = MhaConfig{6, 2, 5, 3, 0, true, false, true, true};
+    cs.kpm = cs.attn_mask = true;
+    cs.dropout_p = 0.3;
+    check_case(cs, 1);
+}
+
+TEST(MhaBackward, SelfCausalGqaDropoutBatchFirst) {
+    Case cs;
+    cs.config = MhaConfig{8, 4, 0, 0, 2, true, true, false, false};
+    cs.self = cs.causal = true;
+    cs.Lq = cs.Lk = 5;
+    cs.dropout_p = 0.5;
+    check_case(cs, 2);
+}
+
+TEST(MhaBackward, UnbatchedNoBiasNoDropoutPadded) {
+    Case cs;
+    cs.config = MhaConfig{4, 1, 0, 0, 0, false, false, false, false};
+    cs.unbatched = cs.kpm = true;
+    check_case(cs, 3);
+}
+
+TEST(MhaBackward, DropoutIsReproducibleAndActive) {
+    std::mt19937 rng(9);
+    MultiHeadAttention m(MhaConfig{8, 2});
+    for (const auto& [name, shape] : m.parameter_shapes()) {
+        const Tensor t = random_tensor(shape, rng, 0.5);
+        std::memcpy(m.parameter(name).data(), t.data(), t.nbytes());
+    }
+    const Tensor x = random_tensor(Shape{6, 2, 8}, rng);
+    MhaForwardState s1, s2, s3;
+    const Tensor a = m.forward_train(x, x, x, {}, MhaTrainOptions{0.4, 7}, s1);
+    const Tensor b = m.forward_train(x, x, x, {}, MhaTrainOptions{0.4, 7}, s2);
+    const Tensor c = m.forward_train(x, x, x, {}, MhaTrainOptions{0.4, 8}, s3);
+    ASSERT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0);
+    ASSERT_NE(std::memcmp(a.data(), c.data(), a.nbytes()), 0);
+}
+
+TEST(MhaBackward, ArgumentErrors) {
+    MultiHeadAttention m(MhaConfig{4, 2});
+    const Tensor x(DType::f32, Shape{3, 1, 4}, true);
+    MhaForwardState st;
+    try {
+        m.forward_train(x, x, x, {}, MhaTrainOptions{1.0, 0}, st);
+        FAIL() << "dropout_p = 1 accepted";
+    } catch (const attn::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("dropout_p"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(m.backward(st, x), attn::Error);  // state never filled
+    m.forward_train(x, x, x, {}, {}, st);
+    const Tensor wrong(DType::f32, Shape{3, 2, 4}, true);
+    try {
+        m.backward(st, wrong);
+        FAIL() << "grad_output of the wrong shape accepted";
+    } catch (const attn::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("grad_output"), std::string::npos) << e.what();
+    }
+}
+
+}  // namespace
