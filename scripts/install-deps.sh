@@ -3,7 +3,7 @@
 # everything is present (one dpkg-query, no network). Usage: install-deps.sh build|test
 set -euo pipefail
 
-build_pkgs=(build-essential cmake ninja-build libcli11-dev libgtest-dev)
+build_pkgs=(build-essential cmake ninja-build libcli11-dev libgtest-dev libopenmpi-dev openmpi-bin)
 test_pkgs=(python3 python3-numpy python3-torch python3-pytest)
 
 case "${1:-build}" in

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
     app.require_subcommand(1);
     attn::cli::add_sdpa_command(app);
     attn::cli::add_demo_command(app);
+    attn::cli::add_ring_command(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {
