@@ -143,17 +143,25 @@ void check_across(const std::vector<Descriptor>& all, int P, std::int64_t& Lq, s
     if (Lq < 1) fail("the global query length (sum of the ranks' Q lengths) must be >= 1 but is 0");
     if (Lk < 1) fail("the global key length (sum of the ranks' K lengths) must be >= 1 but is 0");
     const Layout layout = static_cast<Layout>(d0.layout);
+    // Local lengths must be the layout's; name all of them, since one wrong rank also
+    // shifts the global length and so what every other rank should hold.
+    auto list = [&](auto value) {
+        std::string out = "(";
+        for (int r = 0; r < P; ++r) out += (r ? ", " : "") + num(value(r));
+        return out + ")";
+    };
+    const std::string cut = std::string(layout_name(layout)) + " layout over " + std::to_string(P) + " ranks";
     for (int r = 0; r < P; ++r) {
         const Descriptor& d = all[static_cast<std::size_t>(r)];
-        const std::int64_t wq = rank_length(Lq, P, r, layout), wk = rank_length(Lk, P, r, layout);
-        const std::string cut = std::string(layout_name(layout)) + " layout over " + std::to_string(P) + " ranks";
-        if (d.nq != wq) {
-            fail("rank " + std::to_string(r) + " holds " + num(d.nq) + " rows of Q but the " + cut + " of Lq = " + num(Lq) +
-                 " gives it " + num(wq));
+        if (d.nq != rank_length(Lq, P, r, layout)) {
+            fail("the ranks hold " + list([&](int i) { return all[static_cast<std::size_t>(i)].nq; }) +
+                 " rows of Q (Lq = " + num(Lq) + ") but the " + cut + " gives " +
+                 list([&](int i) { return rank_length(Lq, P, i, layout); }));
         }
-        if (d.nk != wk) {
-            fail("rank " + std::to_string(r) + " holds " + num(d.nk) + " rows of K/V but the " + cut + " of Lk = " + num(Lk) +
-                 " gives it " + num(wk));
+        if (d.nk != rank_length(Lk, P, r, layout)) {
+            fail("the ranks hold " + list([&](int i) { return all[static_cast<std::size_t>(i)].nk; }) +
+                 " rows of K/V (Lk = " + num(Lk) + ") but the " + cut + " gives " +
+                 list([&](int i) { return rank_length(Lk, P, i, layout); }));
         }
         // One K/V block travels as one message of floats; MPI counts are int.
         const std::int64_t words = d.B * d.Hkv * d.nk * (d.Dk + d.Dv);
@@ -235,9 +243,10 @@ void pack(const TensorView& src, float* dst) {
                 for (std::int64_t d = 0; d < D; ++d) *dst++ = s[src.offset(b, h, i, d)];
 }
 
-}  // namespace
-
-void run_collectively(MPI_Comm comm, const std::function<void()>& fn) {
+// run_collectively, optionally naming the failing rank when not every rank failed (a problem
+// only one rank has is found faster with its number): "ring_attention: rank 2: Q: …", the
+// rank inserted after `op` ("ring_attention: ") when the message starts with it.
+void agree(MPI_Comm comm, const std::function<void()>& fn, const std::string& op = {}, bool name_rank = false) {
     int P = 1, rank = 0;
     MPI_Comm_size(comm, &P);
     MPI_Comm_rank(comm, &rank);
@@ -253,17 +262,26 @@ void run_collectively(MPI_Comm comm, const std::function<void()>& fn) {
     } catch (...) {
         message = "unknown exception";
     }
-    const int mine = failed ? rank : P;
-    int first = P;
-    MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
+    // {lowest failing rank, number of failing ranks}
+    int mine[2] = {failed ? rank : P, failed ? 1 : 0}, first = P, count = 0;
+    MPI_Allreduce(&mine[0], &first, 1, MPI_INT, MPI_MIN, comm);
     if (first == P) return;
+    MPI_Allreduce(&mine[1], &count, 1, MPI_INT, MPI_SUM, comm);
     // Every rank throws the message of the lowest failing rank.
     long long length = rank == first ? static_cast<long long>(message.size()) : 0;
     MPI_Bcast(&length, 1, MPI_LONG_LONG, first, comm);
     message.resize(static_cast<std::size_t>(length));
     MPI_Bcast(message.data(), static_cast<int>(length), MPI_CHAR, first, comm);
+    if (name_rank && count < P) {
+        const std::size_t at = message.rfind(op, 0) == 0 ? op.size() : 0;
+        message.insert(at, "rank " + std::to_string(first) + ": ");
+    }
     throw Error(message);
 }
+
+}  // namespace
+
+void run_collectively(MPI_Comm comm, const std::function<void()>& fn) { agree(comm, fn); }
 
 void ring_attention(MPI_Comm comm, const TensorView& q, const TensorView& k, const TensorView& v,
                     const RingOptions& options, const TensorView& out, const TensorView* lse, RingStats* stats) {
@@ -274,7 +292,7 @@ void ring_attention(MPI_Comm comm, const TensorView& q, const TensorView& k, con
 
     // ---- phase 1: checks and allocations, agreed by all ranks ----
     Descriptor mine{};
-    run_collectively(comm, [&] { mine = check_local(q, k, v, options, out, lse); });
+    agree(comm, [&] { mine = check_local(q, k, v, options, out, lse); }, "ring_attention: ", true);
     std::vector<Descriptor> all(static_cast<std::size_t>(P));
     MPI_Allgather(&mine, kDescriptorWords, MPI_INT64_T, all.data(), kDescriptorWords, MPI_INT64_T, comm);
     std::int64_t Lq = 0, Lk = 0;
