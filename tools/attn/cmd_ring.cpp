@@ -5,8 +5,8 @@
 // run attn::dist::ring_attention, rank 0 gathers O and writes it atomically. The result equals
 // `attn sdpa` on the same inputs (with --causal top-left). Every fallible step runs inside
 // run_collectively, so on an error every rank takes the same branch: rank 0 alone prints
-// `attn: error: <message>` (main's handler), all ranks finalize MPI and exit with status 2, and
-// no output file appears. `mpirun -q` keeps mpirun's own exit summary quiet.
+// `attn: error: <message>` (as main does for other commands), all ranks finalize MPI and exit
+// with status 2, and no output file appears. `mpirun -q` keeps mpirun's own exit summary quiet.
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -50,9 +50,10 @@ Tensor read_input(const std::string& flag, const std::string& path) {
     return t;
 }
 
-// What rank 0 learned from the files; broadcast so every rank can size its buffers.
+// What rank 0 learned from the files; broadcast so every rank can size its buffers. Each
+// tensor's sizes come from its own file (Dk of Q and of K may differ: ring_attention says so).
 struct Header {
-    std::int64_t B = 0, Hq = 0, Hkv = 0, Lq = 0, Lk = 0, Dk = 0, Dv = 0;
+    std::int64_t B = 0, Hq = 0, Hkv = 0, Lq = 0, Lk = 0, Dq = 0, Dk = 0, Dv = 0;
 };
 
 void run_ring(MPI_Comm comm, const RingArgs& a) {
@@ -102,9 +103,9 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         if (q.dtype() != DType::f32) q = to_dtype(q, DType::f32);
         if (k.dtype() != DType::f32) k = to_dtype(k, DType::f32);
         if (v.dtype() != DType::f32) v = to_dtype(v, DType::f32);
-        h = Header{q.shape()[0], q.shape()[1], k.shape()[1], q.shape()[2], k.shape()[2], q.shape()[3], v.shape()[3]};
+        h = Header{q.shape()[0], q.shape()[1], k.shape()[1], q.shape()[2], k.shape()[2], q.shape()[3], k.shape()[3], v.shape()[3]};
     });
-    MPI_Bcast(&h, 7, MPI_INT64_T, 0, comm);
+    MPI_Bcast(&h, 8, MPI_INT64_T, 0, comm);
     std::vector<std::int64_t> kl;
     std::int64_t has_lengths = lengths.numel() > 0 && !a.key_lengths.empty() ? 1 : 0;
     MPI_Bcast(&has_lengths, 1, MPI_INT64_T, 0, comm);
@@ -122,7 +123,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     Tensor q_mine, k_mine, v_mine, o_mine;
     const std::int64_t nq = dist::rank_length(h.Lq, P, rank, opt.layout), nk = dist::rank_length(h.Lk, P, rank, opt.layout);
     dist::run_collectively(comm, [&] {
-        q_mine = Tensor(DType::f32, Shape{h.B, h.Hq, nq, h.Dk});
+        q_mine = Tensor(DType::f32, Shape{h.B, h.Hq, nq, h.Dq});
         k_mine = Tensor(DType::f32, Shape{h.B, h.Hkv, nk, h.Dk});
         v_mine = Tensor(DType::f32, Shape{h.B, h.Hkv, nk, h.Dv});
         o_mine = Tensor(DType::f32, Shape{h.B, h.Hq, nq, h.Dv});
@@ -131,7 +132,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         const Tensor* global;
         Tensor* mine;
         std::int64_t H, L, D;
-    } pieces[] = {{&q, &q_mine, h.Hq, h.Lq, h.Dk}, {&k, &k_mine, h.Hkv, h.Lk, h.Dk}, {&v, &v_mine, h.Hkv, h.Lk, h.Dv}};
+    } pieces[] = {{&q, &q_mine, h.Hq, h.Lq, h.Dq}, {&k, &k_mine, h.Hkv, h.Lk, h.Dk}, {&v, &v_mine, h.Hkv, h.Lk, h.Dv}};
     for (const auto& p : pieces) {
         if (rank == 0) {
             for (int r = 1; r < P; ++r) {
@@ -207,10 +208,19 @@ void run(const RingArgs& a) {
     } catch (const std::exception& e) {
         failure = e.what();  // the same message on every rank (run_collectively)
     }
+    if (failure.empty()) {
+        MPI_Finalize();
+        return;
+    }
+    // Rank 0 prints main's `attn: error: …` line itself, before MPI_Finalize: once one rank
+    // exits non-zero, mpirun kills the others, so a message printed after the finalize
+    // (on the way back through main) could be lost. Then every rank exits 2.
+    if (rank == 0) {
+        std::fprintf(stderr, "attn: error: %s\n", failure.c_str());
+        std::fflush(stderr);
+    }
     MPI_Finalize();
-    if (failure.empty()) return;
-    if (rank == 0) throw Error(failure);  // main prints `attn: error: …` once and exits 2
-    std::exit(2);                         // the other ranks stay silent
+    std::exit(2);
 }
 
 #else
