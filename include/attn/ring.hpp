@@ -71,6 +71,8 @@ struct RingOptions {
 struct RingStats {
     double total_seconds = 0;    // the whole call, including argument checks
     double compute_seconds = 0;  // attn::sdpa on the received blocks + the log-sum-exp merges
+    double compute_cpu_seconds = 0;  // the same span in process CPU time (all threads): the work
+                                     // itself, unaffected by other processes sharing the cores
     double wait_seconds = 0;     // blocked in MPI_Waitall for a K/V block not yet arrived
     std::int64_t sdpa_calls = 0;
     std::int64_t score_entries = 0;  // Σ visible-block rows × keys over sdpa calls (B·Hq units)

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <limits>
 #include <new>
 #include <string>
@@ -31,6 +32,11 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 constexpr int kTagKV = 7101;
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double cpu_now() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 std::string num(std::int64_t v) { return std::to_string(v); }
 [[noreturn]] void fail(const std::string& msg) { throw Error("ring_attention: " + msg); }
 
@@ -374,6 +380,7 @@ void ring_attention(MPI_Comm comm, const TensorView& q, const TensorView& k, con
                 st.bytes_sent += block_words(origin) * static_cast<std::int64_t>(sizeof(float));
             }
             const auto t_compute = Clock::now();
+            const double cpu_compute = cpu_now();
             const std::int64_t nk_o = all[static_cast<std::size_t>(origin)].nk;
             const TensorView kb = k_view(buf[cur], nk_o), vb = v_view(buf[cur], nk_o);
             for (const Placed& qs : q_segs) {
@@ -440,6 +447,7 @@ void ring_attention(MPI_Comm comm, const TensorView& q, const TensorView& k, con
                 }
             }
             st.compute_seconds += since(t_compute);
+            st.compute_cpu_seconds += cpu_now() - cpu_compute;
             if (nreq > 0) {
                 const auto t_wait = Clock::now();
                 MPI_Waitall(nreq, req, MPI_STATUSES_IGNORE);
