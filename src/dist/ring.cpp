@@ -114,6 +114,20 @@ Descriptor check_local(const TensorView& q, const TensorView& k, const TensorVie
             fail("key_lengths: expected shape (B,) = (" + num(d.B) + ",) but got " + kl.shape().str());
         }
     }
+    // The local kernel must accept these calls (Impl::flash may be missing or decline): probe it
+    // on one zero row now, so that it cannot refuse inside the ring, where no rank can back out.
+    {
+        Tensor pq(DType::f32, Shape{1, 1, 1, d.Dk}, true), pv(DType::f32, Shape{1, 1, 1, d.Dv}, true);
+        Tensor po(DType::f32, Shape{1, 1, 1, d.Dv}), pl(DType::f32, Shape{1, 1, 1});
+        const TensorView plv = pl.view();
+        SdpaOptions so;
+        so.impl = o.impl;
+        try {
+            sdpa(pq, pq, pv, so, po, &plv);
+        } catch (const Error& e) {
+            fail(e.what());
+        }
+    }
     d.causal = o.causal ? 1 : 0;
     d.layout = static_cast<std::int64_t>(o.layout);
     d.impl = static_cast<std::int64_t>(o.impl);

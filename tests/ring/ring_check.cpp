@@ -78,7 +78,7 @@ TensorView restride(const Tensor& src, std::vector<float>& storage) {
     return v;
 }
 
-void run_case(const Case& c) {
+void run_case(const Case& c, Impl impl = Impl::automatic) {
     std::mt19937 gen(1234);  // the same on every rank: every rank builds the same global tensors
     const Tensor q = random_tensor(gen, Shape{c.B, c.Hq, c.Lq, c.Dk}, 2.0f);
     const Tensor k = random_tensor(gen, Shape{c.B, c.Hkv, c.Lk, c.Dk}, 2.0f);
@@ -113,6 +113,7 @@ void run_case(const Case& c) {
     ro.causal = c.causal;
     ro.scale = c.scale;
     ro.layout = c.layout;
+    ro.impl = impl;
     if (!c.key_lengths.empty()) ro.key_lengths = lengths.view();
     Tensor o = poisoned(DType::f32, Shape{c.B, c.Hq, nq, c.Dv});
     Tensor l = poisoned(DType::f64, Shape{c.B, c.Hq, nq});
@@ -316,6 +317,31 @@ int main(int argc, char** argv) {
                        [&](Tensor&, Tensor&, Tensor&, RingOptions&, Tensor& kl) {
                            if (rank == last) kl.data_as<std::int64_t>()[0] = 5;
                        });
+    }
+
+    // Impl::flash: if single-process sdpa refuses it (a build without the flash kernel), the
+    // ring must refuse it on every rank with the same message, not abort inside the ring;
+    // otherwise it must give the single-process result.
+    {
+        std::string sdpa_message;
+        try {
+            Tensor z(DType::f32, Shape{1, 1, 1, 4}, true), zo(DType::f32, Shape{1, 1, 1, 4});
+            SdpaOptions so;
+            so.impl = Impl::flash;
+            sdpa(z, z, z, so, zo);
+        } catch (const attn::Error& e) {
+            sdpa_message = e.what();
+        }
+        if (sdpa_message.empty()) {
+            if (rank == 0) std::printf("  (this build has the flash kernel: Impl::flash checked for results)\n");
+            Case f;
+            f.name = "Impl::flash, causal GQA L=37";
+            f.B = 2, f.Hq = 4, f.Hkv = 2, f.Lq = 37, f.Lk = 37, f.causal = true;
+            run_case(f, Impl::flash);
+        } else {
+            run_error_case("Impl::flash refused by sdpa in this build", sdpa_message,
+                           [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) { o.impl = Impl::flash; });
+        }
     }
 
     if (rank == 0) std::printf("%d passed, %d failed\n", passed, failed);
