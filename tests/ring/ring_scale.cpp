@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -211,6 +212,43 @@ int main(int argc, char** argv) {
             std::printf("  transfer of one K/V block (%.2f MB) around the ring: median %.4g s over %d reps = %.3g GB/s per link; "
                         "ring-step compute (slowest rank) = %.4g s\n",
                         bytes * 1e-6, med, a.transfer_reps, bytes / med * 1e-9, step);
+        }
+    }
+
+    // ---- the model's unit of work, timed alone: one full chunk pair (c = L/2P queries × c keys,
+    // no mask) through single-process attn::sdpa on rank 0, median CPU time of 3. A causal zigzag
+    // rank computes 2P − 1 such pairs and 2 half-diagonals per ring (≈ 2P pairs), a full one 4P.
+    if (a.layout == dist::Layout::zigzag) {
+        double unit_cpu = 0;
+        const std::int64_t c = a.L / (2 * P);
+        if (rank == 0 && c > 0) {
+            const Tensor qc = generate(0, a.B, a.H, a.D, {{0, c}});
+            const Tensor kc = generate(1, a.B, a.Hkv, a.D, {{0, c}}), vc = generate(2, a.B, a.Hkv, a.D, {{0, c}});
+            Tensor oc(DType::f32, Shape{a.B, a.H, c, a.D}), lc(DType::f32, Shape{a.B, a.H, c});
+            const TensorView lcv = lc.view();
+            SdpaOptions so;
+            so.impl = a.impl;
+            std::vector<double> t;
+            for (int rep = 0; rep < 3; ++rep) {
+                timespec t0{}, t1{};
+                clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t0);
+                sdpa(qc, kc, vc, so, oc, &lcv);
+                clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t1);
+                t.push_back(static_cast<double>(t1.tv_sec - t0.tv_sec) + 1e-9 * static_cast<double>(t1.tv_nsec - t0.tv_nsec));
+            }
+            std::sort(t.begin(), t.end());
+            unit_cpu = t[1];
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (rank == 0 && c > 0) {
+            const double pairs = a.causal ? 2.0 * P : 4.0 * P;
+            double hi = 0;
+            for (int r = 0; r < P; ++r) hi = std::max(hi, all[static_cast<std::size_t>(kStats * r + 1)]);
+            const double flops = static_cast<double>(a.B * a.H * c * c) * flops_per_entry;
+            std::printf("  model: one chunk pair (%lld x %lld) alone: %.4g s CPU = %.3g GFLOP/s; predicted compute per rank "
+                        "%.0f pairs x that = %.4g s CPU; measured (slowest rank) %.4g s CPU, ratio %.3f\n",
+                        static_cast<long long>(c), static_cast<long long>(c), unit_cpu, flops / unit_cpu * 1e-9, pairs,
+                        pairs * unit_cpu, hi, hi / (pairs * unit_cpu));
         }
     }
 
