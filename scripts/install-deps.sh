@@ -3,7 +3,7 @@
 # everything is present (one dpkg-query, no network). Usage: install-deps.sh build|test
 set -euo pipefail
 
-build_pkgs=(build-essential cmake ninja-build libcli11-dev libgtest-dev libopenmpi-dev openmpi-bin)
+build_pkgs=(build-essential cmake ninja-build libcli11-dev libgtest-dev)
 test_pkgs=(python3 python3-numpy python3-torch python3-pytest)
 
 case "${1:-build}" in
@@ -12,6 +12,8 @@ case "${1:-build}" in
   *) echo "install-deps.sh: expected 'build' or 'test' but got '$1'" >&2; exit 2 ;;
 esac
 
+# OpenMPI: attn::dist and `attn ring` build against it (ATTN_WITH_MPI), the ring tests run mpirun.
+want+=(libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${want[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
