@@ -6,8 +6,8 @@
 
 namespace attn::cli {
 
-void add_ring_command(CLI::App& app);  // attn ring: ring attention over MPI (cmd_ring.cpp)
 void add_sdpa_command(CLI::App& app);
+void add_ring_command(CLI::App& app);  // attn ring: ring attention over MPI (cmd_ring.cpp)
 void add_demo_command(CLI::App& app);
 
 }  // namespace attn::cli

@@ -11,8 +11,8 @@ int main(int argc, char** argv) {
     CLI::App app{"attn: scaled dot-product attention, computed correctly on every input, as fast as the CPU allows"};
     app.set_version_flag("--version", std::string("attn ") + attn::kVersion);
     app.require_subcommand(1);
-    attn::cli::add_ring_command(app);
     attn::cli::add_sdpa_command(app);
+    attn::cli::add_ring_command(app);
     attn::cli::add_demo_command(app);
     try {
         app.parse(argc, argv);
