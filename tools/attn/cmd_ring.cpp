@@ -7,6 +7,8 @@
 // run_collectively, so on an error every rank takes the same branch: rank 0 alone prints
 // `attn: error: <message>` (as main does for other commands), all ranks finalize MPI and exit
 // with status 2, and no output file appears. `mpirun -q` keeps mpirun's own exit summary quiet.
+#include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -104,10 +106,17 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         if (k.dtype() != DType::f32) k = to_dtype(k, DType::f32);
         if (v.dtype() != DType::f32) v = to_dtype(v, DType::f32);
         h = Header{q.shape()[0], q.shape()[1], k.shape()[1], q.shape()[2], k.shape()[2], q.shape()[3], k.shape()[3], v.shape()[3]};
+        // Each rank's share of a tensor moves as one MPI message, whose count is an int.
+        const std::int64_t most_q = dist::rank_length(h.Lq, P, 0, opt.layout) + 2, most_k = dist::rank_length(h.Lk, P, 0, opt.layout) + 2;
+        const std::int64_t words = std::max({h.B * h.Hq * most_q * std::max(h.Dq, h.Dv), h.B * h.Hkv * most_k * std::max(h.Dk, h.Dv)});
+        if (words > INT_MAX) {
+            throw Error("ring: a rank's share of Q, K, V or O would have " + std::to_string(words) +
+                        " floats, more than one MPI message holds (" + std::to_string(INT_MAX) + "); use more ranks");
+        }
     });
     MPI_Bcast(&h, 8, MPI_INT64_T, 0, comm);
     std::vector<std::int64_t> kl;
-    std::int64_t has_lengths = lengths.numel() > 0 && !a.key_lengths.empty() ? 1 : 0;
+    std::int64_t has_lengths = rank == 0 && !a.key_lengths.empty() ? 1 : 0;
     MPI_Bcast(&has_lengths, 1, MPI_INT64_T, 0, comm);
     if (has_lengths) {
         kl.resize(static_cast<std::size_t>(h.B));
