@@ -16,6 +16,8 @@ case "${1:-build}" in
 esac
 want+=(nlohmann-json3-dev)  # attn bench --json, in both lists (a repeated package is harmless)
 
+# OpenMPI: attn::dist and `attn ring` build against it (ATTN_WITH_MPI), the ring tests run mpirun.
+want+=(libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${want[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)

@@ -9,6 +9,7 @@ namespace attn::cli {
 void add_bench_command(CLI::App& app);
 void add_sdpa_command(CLI::App& app);
 void add_mha_command(CLI::App& app);
+void add_ring_command(CLI::App& app);  // attn ring: ring attention over MPI (cmd_ring.cpp)
 void add_demo_command(CLI::App& app);
 void add_heatmap_command(CLI::App& app);
 

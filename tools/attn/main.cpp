@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
     attn::cli::add_bench_command(app);
     attn::cli::add_sdpa_command(app);
     attn::cli::add_mha_command(app);
+    attn::cli::add_ring_command(app);
     attn::cli::add_demo_command(app);
     attn::cli::add_heatmap_command(app);
     try {

@@ -1,0 +1,97 @@
+// attn::dist — sequence-parallel ring attention over MPI (docs/ring.md draws it).
+//
+// The sequence is split across the P ranks of a communicator: every rank keeps its own
+// query rows in place and its own key/value rows travel once around the ring, one hop per
+// step, with non-blocking MPI (double-buffered) while the block already received is
+// computed with attn::sdpa. Each rank merges the partial results of the P blocks exactly
+// by log-sum-exp, so the result equals single-process attention on the whole sequence.
+//
+//   rank r holds (local lengths nq_r, nk_r; global Lq = Σ nq_r, Lk = Σ nk_r):
+//   q:   (B, Hq,  nq_r, Dk)   float32, any strides
+//   k:   (B, Hkv, nk_r, Dk)   float32, any strides; Hq % Hkv == 0 (GQA)
+//   v:   (B, Hkv, nk_r, Dv)   float32, any strides
+//   out: (B, Hq,  nq_r, Dv)   float32, written completely
+//   lse: (B, Hq,  nq_r)       optional float32/float64: log-sum-exp of each row over all Lk keys
+//
+// Which global rows a rank holds is fixed by the Layout (rank_segments below); the local
+// tensors are the rank's segments concatenated in order (take_rows builds them).
+// Available only when attn is built with ATTN_WITH_MPI (target attn::dist).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "attn/sdpa.hpp"
+#include "attn/tensor.hpp"
+
+namespace attn::dist {
+
+// How a length-L sequence is cut over P ranks.
+//   contiguous: rank r holds chunk r of P equal chunks. Causal work grows with r
+//               (rank 0 sees one diagonal block, rank P−1 sees P of them).
+//   zigzag:     the sequence is cut into 2P chunks; rank r holds chunk r and chunk 2P−1−r
+//               (stored in that order). Every rank then does the same causal work.
+// Chunk c of n covers rows [c·L/n, (c+1)·L/n) (integer division): lengths differ by at most 1,
+// and a rank may hold no rows when L < n.
+enum class Layout { contiguous, zigzag };
+
+std::string_view layout_name(Layout layout);
+Layout parse_layout(std::string_view name);  // "contiguous" or "zigzag"; throws attn::Error otherwise
+
+// Global rows [start, start + length).
+struct Segment {
+    std::int64_t start = 0;
+    std::int64_t length = 0;
+};
+
+// The segments of a length-L sequence that `rank` of `P` holds, in local storage order.
+std::vector<Segment> rank_segments(std::int64_t L, int P, int rank, Layout layout);
+std::int64_t rank_length(std::int64_t L, int P, int rank, Layout layout);  // Σ segment lengths
+
+// Copy the rows of `segments` (dim 2 of a (B, H, L, D) view) into a new contiguous float32
+// tensor (B, H, Σ lengths, D), and back: put_rows writes local rows into `global`.
+Tensor take_rows(const TensorView& global, const std::vector<Segment>& segments);
+void put_rows(const TensorView& local, const std::vector<Segment>& segments, const TensorView& global);
+
+struct RingOptions {
+    std::optional<double> scale;             // default 1/sqrt(Dk); must be finite
+    bool causal = false;                     // on global positions, top-left: query i sees keys 0..i
+    Layout layout = Layout::zigzag;          // must match how q, k, v were cut
+    std::optional<TensorView> key_lengths;   // (B,) int32/int64: sequence b has valid keys 0..len−1
+                                             // (global positions; the same on every rank)
+    Impl impl = Impl::automatic;             // the local kernel (attn::sdpa's choice by default)
+};
+
+// What one rank measured in ring_attention (seconds, wall clock).
+struct RingStats {
+    double total_seconds = 0;    // the whole call, including argument checks
+    double compute_seconds = 0;  // attn::sdpa on the received blocks + the log-sum-exp merges
+    double compute_cpu_seconds = 0;  // the same span in process CPU time (all threads): the work
+                                     // itself, unaffected by other processes sharing the cores
+    double wait_seconds = 0;     // blocked in MPI_Waitall for a K/V block not yet arrived
+    std::int64_t sdpa_calls = 0;
+    std::int64_t score_entries = 0;  // Σ visible-block rows × keys over sdpa calls (B·Hq units)
+    std::int64_t bytes_sent = 0;     // K/V bytes this rank sent around the ring
+    int steps = 0;                   // = P
+    std::string kernel;              // attn::sdpa's kernel (last call)
+};
+
+// Runs on every rank of `comm` (collective). Every argument is checked on every rank and
+// across ranks (equal B, heads, head dims, options; local lengths as the layout gives them);
+// if any rank finds a problem, every rank throws attn::Error with the same message, before
+// any output is written.
+void ring_attention(MPI_Comm comm, const TensorView& q, const TensorView& k, const TensorView& v,
+                    const RingOptions& options, const TensorView& out, const TensorView* lse = nullptr,
+                    RingStats* stats = nullptr);
+
+// Runs `fn` on every rank of `comm` (collective). If it throws on any rank, every rank
+// throws attn::Error carrying the message of the lowest failing rank, so that all ranks
+// take the same branch afterwards and none waits forever for a failed peer.
+void run_collectively(MPI_Comm comm, const std::function<void()>& fn);
+
+}  // namespace attn::dist

@@ -1,0 +1,111 @@
+// Which global rows each rank holds (contiguous or zigzag), and copying them in and out.
+#include <string>
+
+#include "attn/error.hpp"
+#include "attn/ring.hpp"
+
+namespace attn::dist {
+namespace {
+
+// Chunk c of n over L rows: [c·L/n, (c+1)·L/n). Integer division spreads the remainder,
+// so chunk lengths differ by at most one.
+Segment chunk(std::int64_t L, std::int64_t n, std::int64_t c) {
+    const std::int64_t lo = c * L / n, hi = (c + 1) * L / n;
+    return Segment{lo, hi - lo};
+}
+
+// Copy rows between a (B, H, *, D) float view and another, row by row (any strides/dtypes).
+void copy_rows(const TensorView& src, std::int64_t src_row, const TensorView& dst, std::int64_t dst_row,
+               std::int64_t rows) {
+    const std::int64_t B = src.dim(0), H = src.dim(1), D = src.dim(3);
+    for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t h = 0; h < H; ++h)
+            for (std::int64_t i = 0; i < rows; ++i)
+                for (std::int64_t d = 0; d < D; ++d) {
+                    const double x = src.load_as_double(src.offset(b, h, src_row + i, d));
+                    const std::int64_t o = dst.offset(b, h, dst_row + i, d);
+                    if (dst.dtype() == DType::f32) dst.data_as<float>()[o] = static_cast<float>(x);
+                    else dst.data_as<double>()[o] = x;
+                }
+}
+
+void check_4d_float(const TensorView& t, const char* what) {
+    if (t.rank() != 4 || !is_floating(t.dtype())) {
+        throw Error(std::string(what) + ": expected a rank-4 floating tensor (B, H, L, D) but got " +
+                    std::string(dtype_name(t.dtype())) + " " + t.shape().str());
+    }
+}
+
+void check_segments(const std::vector<Segment>& segments, std::int64_t L, const char* what) {
+    for (const Segment& s : segments) {
+        if (s.start < 0 || s.length < 0 || s.start + s.length > L) {
+            throw Error(std::string(what) + ": segment [" + std::to_string(s.start) + ", " +
+                        std::to_string(s.start + s.length) + ") does not fit a sequence of length " + std::to_string(L));
+        }
+    }
+}
+
+}  // namespace
+
+std::string_view layout_name(Layout layout) { return layout == Layout::zigzag ? "zigzag" : "contiguous"; }
+
+Layout parse_layout(std::string_view name) {
+    if (name == "zigzag") return Layout::zigzag;
+    if (name == "contiguous") return Layout::contiguous;
+    throw Error("layout: expected zigzag or contiguous but got '" + std::string(name) + "'");
+}
+
+std::vector<Segment> rank_segments(std::int64_t L, int P, int rank, Layout layout) {
+    if (L < 0) throw Error("rank_segments: length must be >= 0 but got " + std::to_string(L));
+    if (P < 1 || rank < 0 || rank >= P) {
+        throw Error("rank_segments: expected 0 <= rank < P with P >= 1 but got rank " + std::to_string(rank) +
+                    " of P = " + std::to_string(P));
+    }
+    if (layout == Layout::contiguous) return {chunk(L, P, rank)};
+    return {chunk(L, 2 * P, rank), chunk(L, 2 * P, 2 * P - 1 - rank)};
+}
+
+std::int64_t rank_length(std::int64_t L, int P, int rank, Layout layout) {
+    std::int64_t n = 0;
+    for (const Segment& s : rank_segments(L, P, rank, layout)) n += s.length;
+    return n;
+}
+
+// global: (B, H, L, D) → (B, H, Σ lengths, D) float32
+Tensor take_rows(const TensorView& global, const std::vector<Segment>& segments) {
+    check_4d_float(global, "take_rows: global");
+    check_segments(segments, global.dim(2), "take_rows");
+    std::int64_t n = 0;
+    for (const Segment& s : segments) n += s.length;
+    Tensor local(DType::f32, Shape{global.dim(0), global.dim(1), n, global.dim(3)});
+    std::int64_t row = 0;
+    for (const Segment& s : segments) {
+        copy_rows(global, s.start, local, row, s.length);
+        row += s.length;
+    }
+    return local;
+}
+
+// local: (B, H, Σ lengths, D) → rows of global (B, H, L, D)
+void put_rows(const TensorView& local, const std::vector<Segment>& segments, const TensorView& global) {
+    check_4d_float(local, "put_rows: local");
+    check_4d_float(global, "put_rows: global");
+    if (global.dtype() != DType::f32 && global.dtype() != DType::f64) {
+        throw Error("put_rows: global must be float32 or float64 but got " + std::string(dtype_name(global.dtype())));
+    }
+    check_segments(segments, global.dim(2), "put_rows");
+    std::int64_t n = 0;
+    for (const Segment& s : segments) n += s.length;
+    if (local.dim(0) != global.dim(0) || local.dim(1) != global.dim(1) || local.dim(3) != global.dim(3) ||
+        local.dim(2) != n) {
+        throw Error("put_rows: local " + local.shape().str() + " does not hold the " + std::to_string(n) +
+                    " rows of the segments of global " + global.shape().str());
+    }
+    std::int64_t row = 0;
+    for (const Segment& s : segments) {
+        copy_rows(local, row, global, s.start, s.length);
+        row += s.length;
+    }
+}
+
+}  // namespace attn::dist

@@ -1,0 +1,350 @@
+// ring_check — attn::dist::ring_attention against single-process attn::sdpa (reference kernel),
+// run by ctest under `mpirun -np P` for P = 1..4. Every rank builds the same random global
+// Q, K, V (same seed), takes its rows, runs the ring into NaN-poisoned outputs and compares
+// its rows with the single-process result:  |O − O_ref| <= 1e-5 and lse likewise (−inf exactly).
+// The bound: O is a convex combination of V rows (|V| < 4), computed in float32 on both sides;
+// float32 rounding of the merge weights and the outputs stays near 1e-7 · |O|, two orders below.
+// Then the error cases: a bad argument on one rank must make every rank throw attn::Error with
+// the same message and leave the outputs unwritten. Rank 0 prints "N passed, M failed".
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/error.hpp"
+#include "attn/ring.hpp"
+#include "attn/sdpa.hpp"
+
+using namespace attn;
+
+namespace {
+
+int P = 1, rank = 0;
+int passed = 0, failed = 0;
+
+// Each rank reports its verdict; the case passes only if every rank agrees it passed.
+void verdict(const std::string& name, bool ok_here, const std::string& detail) {
+    int ok = ok_here ? 1 : 0, all_ok = 0;
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (!ok_here) std::fprintf(stderr, "  rank %d: %s: %s\n", rank, name.c_str(), detail.c_str());
+    if (rank == 0) std::printf("%s %s\n", all_ok ? "PASS" : "FAIL", name.c_str());
+    (all_ok ? passed : failed)++;
+}
+
+Tensor random_tensor(std::mt19937& gen, Shape s, float amplitude) {
+    Tensor t(DType::f32, s);
+    std::uniform_real_distribution<float> u(-amplitude, amplitude);
+    for (std::int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = u(gen);
+    return t;
+}
+
+Tensor poisoned(DType dt, Shape s) {
+    Tensor t(dt, s);
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+        if (dt == DType::f32) t.data_as<float>()[i] = std::numeric_limits<float>::quiet_NaN();
+        else t.data_as<double>()[i] = std::numeric_limits<double>::quiet_NaN();
+    }
+    return t;
+}
+
+struct Case {
+    std::string name;
+    std::int64_t B = 1, Hq = 1, Hkv = 1, Lq = 16, Lk = 16, Dk = 8, Dv = 8;
+    bool causal = false;
+    dist::Layout layout = dist::Layout::zigzag;
+    std::vector<std::int64_t> key_lengths;  // empty: none
+    std::optional<double> scale;
+    bool strided = false;  // Q, K, V local views are (B, L, H, D) buffers seen through transpose(1, 2)
+};
+
+// A contiguous (B, H, n, D) tensor re-laid as a (B, n, H, D) buffer, returned as its (B, H, n, D) view.
+TensorView restride(const Tensor& src, std::vector<float>& storage) {
+    const std::int64_t B = src.shape()[0], H = src.shape()[1], n = src.shape()[2], D = src.shape()[3];
+    storage.assign(static_cast<std::size_t>(std::max<std::int64_t>(1, src.numel())), 0.0f);
+    TensorView blhd(storage.data(), DType::f32, Shape{B, n, H, D});
+    TensorView v = blhd.transpose(1, 2);
+    for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t h = 0; h < H; ++h)
+            for (std::int64_t i = 0; i < n; ++i)
+                for (std::int64_t d = 0; d < D; ++d)
+                    storage[static_cast<std::size_t>(v.offset(b, h, i, d))] = src.data_as<float>()[src.view().offset(b, h, i, d)];
+    return v;
+}
+
+void run_case(const Case& c, Impl impl = Impl::automatic) {
+    std::mt19937 gen(1234);  // the same on every rank: every rank builds the same global tensors
+    const Tensor q = random_tensor(gen, Shape{c.B, c.Hq, c.Lq, c.Dk}, 2.0f);
+    const Tensor k = random_tensor(gen, Shape{c.B, c.Hkv, c.Lk, c.Dk}, 2.0f);
+    const Tensor v = random_tensor(gen, Shape{c.B, c.Hkv, c.Lk, c.Dv}, 4.0f);
+
+    // Single-process result, the oracle kernel.
+    SdpaOptions so;
+    so.causal = c.causal ? Causal::top_left : Causal::none;
+    so.scale = c.scale;
+    so.impl = Impl::reference;
+    Tensor lengths(DType::i64, Shape{c.B});
+    if (!c.key_lengths.empty()) {
+        for (std::int64_t b = 0; b < c.B; ++b) lengths.data_as<std::int64_t>()[b] = c.key_lengths[static_cast<std::size_t>(b)];
+        so.key_lengths = lengths.view();
+    }
+    Tensor ref_o = poisoned(DType::f32, Shape{c.B, c.Hq, c.Lq, c.Dv});
+    Tensor ref_l = poisoned(DType::f64, Shape{c.B, c.Hq, c.Lq});
+    TensorView ref_lv = ref_l.view();
+    sdpa(q, k, v, so, ref_o, &ref_lv);
+
+    const auto qseg = dist::rank_segments(c.Lq, P, rank, c.layout);
+    const auto kseg = dist::rank_segments(c.Lk, P, rank, c.layout);
+    const Tensor ql = dist::take_rows(q, qseg), kl = dist::take_rows(k, kseg), vl = dist::take_rows(v, kseg);
+    std::vector<float> sq, sk, sv;
+    const TensorView qv = c.strided ? restride(ql, sq) : ql.view();
+    const TensorView kv = c.strided ? restride(kl, sk) : kl.view();
+    const TensorView vv = c.strided ? restride(vl, sv) : vl.view();
+    const Tensor ref_mine = dist::take_rows(ref_o, qseg);
+    const std::int64_t nq = ql.shape()[2];
+
+    dist::RingOptions ro;
+    ro.causal = c.causal;
+    ro.scale = c.scale;
+    ro.layout = c.layout;
+    ro.impl = impl;
+    if (!c.key_lengths.empty()) ro.key_lengths = lengths.view();
+    Tensor o = poisoned(DType::f32, Shape{c.B, c.Hq, nq, c.Dv});
+    Tensor l = poisoned(DType::f64, Shape{c.B, c.Hq, nq});
+    TensorView lv = l.view();
+    std::string detail;
+    bool ok = true;
+    try {
+        dist::ring_attention(MPI_COMM_WORLD, qv, kv, vv, ro, o, &lv);
+    } catch (const std::exception& e) {
+        ok = false;
+        detail = std::string("threw: ") + e.what();
+    }
+    double worst_o = 0, worst_l = 0;
+    if (ok) {
+        for (std::int64_t i = 0; i < o.numel(); ++i) {
+            const double x = o.data_as<float>()[i], r = ref_mine.data_as<float>()[i];
+            const double e = std::fabs(x - r);
+            if (!(e <= 1e-5)) ok = false;  // NaN (an unwritten element) fails too
+            if (e > worst_o || std::isnan(e)) worst_o = std::isnan(e) ? INFINITY : e;
+        }
+        // lse: local row i of segment s is global row s.start + i.
+        std::int64_t local = 0;
+        for (const auto& s : qseg) {
+            for (std::int64_t i = 0; i < s.length; ++i, ++local)
+                for (std::int64_t bh = 0; bh < c.B * c.Hq; ++bh) {
+                    const double x = l.data_as<double>()[bh * nq + local];
+                    const double r = ref_l.data_as<double>()[bh * c.Lq + s.start + i];
+                    const bool same = (std::isinf(r) && x == r) || std::fabs(x - r) <= 1e-5 * std::max(1.0, std::fabs(r));
+                    if (!same) {
+                        ok = false;
+                        worst_l = INFINITY;
+                    } else if (!std::isinf(r)) {
+                        worst_l = std::max(worst_l, std::fabs(x - r));
+                    }
+                }
+        }
+        detail = "max |O - O_ref| = " + std::to_string(worst_o) + ", max |lse - lse_ref| = " + std::to_string(worst_l);
+    }
+    double w[2] = {worst_o, worst_l}, wmax[2];
+    MPI_Allreduce(w, wmax, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "  (max |dO| %.2e, max |dlse| %.2e)", wmax[0], wmax[1]);
+    verdict(c.name + " [" + std::string(dist::layout_name(c.layout)) + "]" + buf, ok, detail);
+}
+
+// Every rank must throw attn::Error containing `expect`, all with the same message, and the
+// poisoned outputs must stay untouched. `breaker` spoils the arguments on the ranks it chooses.
+void run_error_case(const std::string& name, const std::string& expect,
+                    const std::function<void(Tensor& q, Tensor& k, Tensor& v, dist::RingOptions& o, Tensor& kl)>& breaker) {
+    const std::int64_t B = 2, Hq = 2, Hkv = 1, L = 21, D = 4;
+    std::mt19937 gen(99);
+    const Tensor qg = random_tensor(gen, Shape{B, Hq, L, D}, 1.0f);
+    const Tensor kg = random_tensor(gen, Shape{B, Hkv, L, D}, 1.0f);
+    const Tensor vg = random_tensor(gen, Shape{B, Hkv, L, D}, 1.0f);
+    const auto seg = dist::rank_segments(L, P, rank, dist::Layout::zigzag);
+    Tensor q = dist::take_rows(qg, seg), k = dist::take_rows(kg, seg), v = dist::take_rows(vg, seg);
+    Tensor kl(DType::i64, Shape{B});
+    for (std::int64_t b = 0; b < B; ++b) kl.data_as<std::int64_t>()[b] = L;
+    dist::RingOptions o;
+    o.key_lengths = kl.view();
+    breaker(q, k, v, o, kl);
+    Tensor out = poisoned(DType::f32, Shape{B, Hq, q.shape()[2], D});
+    std::string message;
+    bool threw_error = false;
+    try {
+        dist::ring_attention(MPI_COMM_WORLD, q, k, v, o, out);
+    } catch (const attn::Error& e) {
+        threw_error = true;
+        message = e.what();
+    } catch (const std::exception& e) {
+        message = std::string("not an attn::Error: ") + e.what();
+    }
+    bool untouched = true;
+    for (std::int64_t i = 0; i < out.numel(); ++i) untouched &= std::isnan(out.data_as<float>()[i]);
+    // Compare with rank 0's message.
+    std::vector<char> m0(512, 0);
+    if (rank == 0) std::strncpy(m0.data(), message.c_str(), m0.size() - 1);
+    MPI_Bcast(m0.data(), static_cast<int>(m0.size()), MPI_CHAR, 0, MPI_COMM_WORLD);
+    const bool same = message.substr(0, m0.size() - 1) == std::string(m0.data());
+    const bool ok = threw_error && untouched && same && message.find(expect) != std::string::npos;
+    if (rank == 0 && threw_error) std::printf("  message: %s\n", message.c_str());
+    verdict("error: " + name, ok,
+            "threw attn::Error: " + std::to_string(threw_error) + ", outputs untouched: " + std::to_string(untouched) +
+                ", same message as rank 0: " + std::to_string(same) + ", message: '" + message + "', expected to contain '" +
+                expect + "'");
+}
+
+// The layouts cover every row exactly once, in increasing order within a segment.
+void check_partition() {
+    bool ok = true;
+    std::string detail;
+    for (const auto layout : {dist::Layout::contiguous, dist::Layout::zigzag})
+        for (int p = 1; p <= 9; ++p)
+            for (std::int64_t L = 0; L <= 40; ++L) {
+                std::vector<int> seen(static_cast<std::size_t>(L), 0);
+                std::int64_t lo = L, hi = 0;
+                for (int r = 0; r < p; ++r) {
+                    const std::int64_t n = dist::rank_length(L, p, r, layout);
+                    lo = std::min(lo, n);
+                    hi = std::max(hi, n);
+                    for (const auto& s : dist::rank_segments(L, p, r, layout))
+                        for (std::int64_t i = s.start; i < s.start + s.length; ++i) seen[static_cast<std::size_t>(i)]++;
+                }
+                for (int x : seen) ok &= x == 1;
+                // Balanced: rank lengths differ by at most the number of segments per rank.
+                ok &= hi - lo <= (layout == dist::Layout::zigzag ? 2 : 1);
+                if (!ok && detail.empty()) detail = "L = " + std::to_string(L) + ", P = " + std::to_string(p);
+            }
+    const auto z = dist::rank_segments(16, 4, 1, dist::Layout::zigzag);  // chunks 1 and 6 of 8
+    ok &= z.size() == 2 && z[0].start == 2 && z[0].length == 2 && z[1].start == 12 && z[1].length == 2;
+    verdict("partition: every row once, balanced, zigzag rank 1 of 4 holds chunks 1 and 6", ok, detail);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    MPI_Init(&argc, &argv);
+    MPI_Comm_size(MPI_COMM_WORLD, &P);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0) std::printf("ring_check on P = %d ranks\n", P);
+
+    check_partition();
+
+    std::vector<Case> cases;
+    for (const auto layout : {dist::Layout::zigzag, dist::Layout::contiguous}) {
+        for (bool causal : {false, true}) {
+            const std::string c = causal ? "causal" : "full";
+            Case a;
+            a.name = c + " L=16 D=8";
+            a.causal = causal;
+            a.layout = layout;
+            cases.push_back(a);
+            Case g;
+            g.name = c + " GQA Hq=6 Hkv=2 B=2 Dk=12 Dv=5 L=37";
+            g.B = 2, g.Hq = 6, g.Hkv = 2, g.Lq = 37, g.Lk = 37, g.Dk = 12, g.Dv = 5, g.causal = causal, g.layout = layout;
+            cases.push_back(g);
+            Case m;
+            m.name = c + " MQA Hq=3 Hkv=1 L=50 Dk=7 Dv=9 scale=0.3";
+            m.Hq = 3, m.Lq = 50, m.Lk = 50, m.Dk = 7, m.Dv = 9, m.scale = 0.3, m.causal = causal, m.layout = layout;
+            cases.push_back(m);
+            Case x;
+            x.name = c + " cross Lq=23 Lk=41 (top-left on global positions)";
+            x.Hq = 2, x.Hkv = 2, x.Lq = 23, x.Lk = 41, x.causal = causal, x.layout = layout;
+            cases.push_back(x);
+            Case y;
+            y.name = c + " cross Lq=45 Lk=19";
+            y.Lq = 45, y.Lk = 19, y.Dk = 5, y.Dv = 3, y.causal = causal, y.layout = layout;
+            cases.push_back(y);
+            Case p;
+            p.name = c + " key padding B=3 key_lengths=(29, 11, 0) L=29";
+            p.B = 3, p.Hq = 2, p.Lq = 29, p.Lk = 29, p.key_lengths = {29, 11, 0}, p.causal = causal, p.layout = layout;
+            cases.push_back(p);
+            Case t;
+            t.name = c + " tiny L=3 (ranks without rows)";
+            t.Lq = 3, t.Lk = 3, t.causal = causal, t.layout = layout;
+            cases.push_back(t);
+            Case s;
+            s.name = c + " strided (B, L, H, D) views, Hq=4 Hkv=2 L=33";
+            s.B = 2, s.Hq = 4, s.Hkv = 2, s.Lq = 33, s.Lk = 33, s.Dk = 6, s.Dv = 10, s.strided = true, s.causal = causal;
+            s.layout = layout;
+            cases.push_back(s);
+        }
+    }
+    for (const Case& c : cases) run_case(c);
+
+    const int last = P - 1;
+    using dist::RingOptions;
+    run_error_case("Q float64 on the last rank", std::string(P > 1 ? "ring_attention: rank " + std::to_string(P - 1) + ": Q: " : "ring_attention: Q: ") + "dtype must be float32",
+                   [&](Tensor& q, Tensor&, Tensor&, RingOptions&, Tensor&) {
+                       if (rank == last) q = to_dtype(q, DType::f64);
+                   });
+    run_error_case("K head dim differs on the last rank", "K: head dim 3 does not match Q's head dim 4",
+                   [&](Tensor&, Tensor& k, Tensor&, RingOptions&, Tensor&) {
+                       if (rank == last) k = Tensor(DType::f32, Shape{2, 1, k.shape()[2], 3});
+                   });
+    run_error_case("Q heads not a multiple of K/V heads", "Q: heads 3 must be a multiple of K/V's heads 2",
+                   [&](Tensor& q, Tensor& k, Tensor& v, RingOptions&, Tensor&) {
+                       q = Tensor(DType::f32, Shape{2, 3, q.shape()[2], 4});
+                       k = Tensor(DType::f32, Shape{2, 2, k.shape()[2], 4});
+                       v = Tensor(DType::f32, Shape{2, 2, v.shape()[2], 4});
+                   });
+    run_error_case("infinite scale", "scale: must be finite",
+                   [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) {
+                       if (rank == last) o.scale = INFINITY;
+                   });
+    run_error_case("key_lengths entry above Lk", "key_lengths: entry 1 must be in [0, Lk=21] but got 22",
+                   [&](Tensor&, Tensor&, Tensor&, RingOptions&, Tensor& kl) { kl.data_as<std::int64_t>()[1] = 22; });
+    if (P >= 2) {
+        run_error_case("causal on the last rank only", "was called with other options",
+                       [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) {
+                           if (rank == last) o.causal = true;
+                       });
+        run_error_case("last rank holds one K/V row too few", "rows of K/V (Lk = 20) but the zigzag layout over",
+                       [&](Tensor&, Tensor& k, Tensor& v, RingOptions&, Tensor&) {
+                           if (rank == last) {
+                               k = dist::take_rows(k, {{0, k.shape()[2] - 1}});
+                               v = dist::take_rows(v, {{0, v.shape()[2] - 1}});
+                           }
+                       });
+        run_error_case("key_lengths differ across ranks", "key_lengths: rank",
+                       [&](Tensor&, Tensor&, Tensor&, RingOptions&, Tensor& kl) {
+                           if (rank == last) kl.data_as<std::int64_t>()[0] = 5;
+                       });
+    }
+
+    // Impl::flash: if single-process sdpa refuses it (a build without the flash kernel), the
+    // ring must refuse it on every rank with the same message, not abort inside the ring;
+    // otherwise it must give the single-process result.
+    {
+        std::string sdpa_message;
+        try {
+            Tensor z(DType::f32, Shape{1, 1, 1, 4}, true), zo(DType::f32, Shape{1, 1, 1, 4});
+            SdpaOptions so;
+            so.impl = Impl::flash;
+            sdpa(z, z, z, so, zo);
+        } catch (const attn::Error& e) {
+            sdpa_message = e.what();
+        }
+        if (sdpa_message.empty()) {
+            if (rank == 0) std::printf("  (this build has the flash kernel: Impl::flash checked for results)\n");
+            Case f;
+            f.name = "Impl::flash, causal GQA L=37";
+            f.B = 2, f.Hq = 4, f.Hkv = 2, f.Lq = 37, f.Lk = 37, f.causal = true;
+            run_case(f, Impl::flash);
+        } else {
+            run_error_case("Impl::flash refused by sdpa in this build", sdpa_message,
+                           [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) { o.impl = Impl::flash; });
+        }
+    }
+
+    if (rank == 0) std::printf("%d passed, %d failed\n", passed, failed);
+    MPI_Finalize();
+    return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,264 @@
+// mpirun -np P attn ring --q Q.npy --k K.npy --v V.npy --out O.npy [--causal] [--scale S]
+//                       [--key-lengths KL.npy] [--layout zigzag|contiguous] [--impl ...] [--stats]
+//
+// Rank 0 reads the whole arrays, sends every rank its rows (the layout's segments), all ranks
+// run attn::dist::ring_attention, rank 0 gathers O and writes it atomically. The result equals
+// `attn sdpa` on the same inputs (with --causal top-left). Every fallible step runs inside
+// run_collectively, so on an error every rank takes the same branch: rank 0 alone prints
+// `attn: error: <message>` (as main does for other commands), all ranks finalize MPI and exit
+// with status 2, and no output file appears. `mpirun -q` keeps mpirun's own exit summary quiet.
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attn/error.hpp"
+#include "commands.hpp"
+
+#if ATTN_WITH_MPI
+#include <mpi.h>
+
+#include "attn/npy.hpp"
+#include "attn/ring.hpp"
+#include "output_files.hpp"
+#endif
+
+namespace attn::cli {
+namespace {
+
+struct RingArgs {
+    std::string q, k, v, out, key_lengths, layout = "zigzag", impl = "auto";
+    std::optional<double> scale;
+    bool causal = false;
+    bool stats = false;
+};
+
+#if ATTN_WITH_MPI
+
+constexpr int kTagRows = 7201;
+
+Tensor read_input(const std::string& flag, const std::string& path) {
+    Tensor t = read_npy(path);
+    if (t.dtype() != DType::f32 && t.dtype() != DType::f64) {
+        throw Error(flag + ": " + path + " must hold float32 or float64 but holds " + std::string(dtype_name(t.dtype())));
+    }
+    if (t.shape().rank != 4) {
+        throw Error(flag + ": " + path + " must hold a rank-4 array (B, H, L, D) but holds shape " + t.shape().str());
+    }
+    return t;
+}
+
+// What rank 0 learned from the files; broadcast so every rank can size its buffers. Each
+// tensor's sizes come from its own file (Dk of Q and of K may differ: ring_attention says so).
+struct Header {
+    std::int64_t B = 0, Hq = 0, Hkv = 0, Lq = 0, Lk = 0, Dq = 0, Dk = 0, Dv = 0;
+};
+
+void run_ring(MPI_Comm comm, const RingArgs& a) {
+    int P = 1, rank = 0;
+    MPI_Comm_size(comm, &P);
+    MPI_Comm_rank(comm, &rank);
+
+    dist::RingOptions opt;
+    opt.causal = a.causal;
+    opt.scale = a.scale;
+    Header h;
+    Tensor q, k, v, lengths;
+    OutputFiles outputs;
+    // Rank 0: flags, output path, files and their global shapes.
+    dist::run_collectively(comm, [&] {
+        opt.layout = dist::parse_layout(a.layout);
+        opt.impl = parse_impl(a.impl);
+        if (rank != 0) return;
+        outputs.add("--out", a.out);
+        outputs.check();
+        q = read_input("--q", a.q);
+        k = read_input("--k", a.k);
+        v = read_input("--v", a.v);
+        // What the scatter relies on; ring_attention checks everything else (heads, head dims, …).
+        if (v.shape()[2] != k.shape()[2]) {
+            throw Error("--v: " + a.v + " has length " + std::to_string(v.shape()[2]) + " but --k " + a.k + " has length " +
+                        std::to_string(k.shape()[2]));
+        }
+        if (k.shape()[0] != q.shape()[0] || v.shape()[0] != q.shape()[0]) {
+            throw Error("--k/--v: batch " + std::to_string(k.shape()[0]) + "/" + std::to_string(v.shape()[0]) +
+                        " does not match --q's batch " + std::to_string(q.shape()[0]));
+        }
+        if (v.shape()[1] != k.shape()[1]) {
+            throw Error("--v: " + a.v + " has " + std::to_string(v.shape()[1]) + " heads but --k " + a.k + " has " +
+                        std::to_string(k.shape()[1]));
+        }
+        if (!a.key_lengths.empty()) {
+            lengths = read_npy(a.key_lengths);
+            if ((lengths.dtype() != DType::i32 && lengths.dtype() != DType::i64) || lengths.shape().rank != 1 ||
+                lengths.shape()[0] != q.shape()[0]) {
+                throw Error("--key-lengths: " + a.key_lengths + " must hold int32/int64 of shape (B,) = (" +
+                            std::to_string(q.shape()[0]) + ",) but holds " + std::string(dtype_name(lengths.dtype())) + " " +
+                            lengths.shape().str());
+            }
+        }
+        // Ring attention runs in float32 (as `attn sdpa` writes O).
+        if (q.dtype() != DType::f32) q = to_dtype(q, DType::f32);
+        if (k.dtype() != DType::f32) k = to_dtype(k, DType::f32);
+        if (v.dtype() != DType::f32) v = to_dtype(v, DType::f32);
+        h = Header{q.shape()[0], q.shape()[1], k.shape()[1], q.shape()[2], k.shape()[2], q.shape()[3], k.shape()[3], v.shape()[3]};
+        // Each rank's share of a tensor moves as one MPI message, whose count is an int.
+        const std::int64_t most_q = dist::rank_length(h.Lq, P, 0, opt.layout) + 2, most_k = dist::rank_length(h.Lk, P, 0, opt.layout) + 2;
+        const std::int64_t words = std::max({h.B * h.Hq * most_q * std::max(h.Dq, h.Dv), h.B * h.Hkv * most_k * std::max(h.Dk, h.Dv)});
+        if (words > INT_MAX) {
+            throw Error("ring: a rank's share of Q, K, V or O would have " + std::to_string(words) +
+                        " floats, more than one MPI message holds (" + std::to_string(INT_MAX) + "); use more ranks");
+        }
+    });
+    MPI_Bcast(&h, 8, MPI_INT64_T, 0, comm);
+    std::vector<std::int64_t> kl;
+    std::int64_t has_lengths = rank == 0 && !a.key_lengths.empty() ? 1 : 0;
+    MPI_Bcast(&has_lengths, 1, MPI_INT64_T, 0, comm);
+    if (has_lengths) {
+        kl.resize(static_cast<std::size_t>(h.B));
+        if (rank == 0)
+            for (std::int64_t b = 0; b < h.B; ++b)
+                kl[static_cast<std::size_t>(b)] = static_cast<std::int64_t>(lengths.view().load_as_double(b));
+        MPI_Bcast(kl.data(), static_cast<int>(h.B), MPI_INT64_T, 0, comm);
+        opt.key_lengths = TensorView(kl.data(), DType::i64, Shape{h.B});
+    }
+
+    // Every rank allocates its rows (collectively: a failed allocation stops all ranks), then
+    // rank 0 sends them.
+    Tensor q_mine, k_mine, v_mine, o_mine;
+    const std::int64_t nq = dist::rank_length(h.Lq, P, rank, opt.layout), nk = dist::rank_length(h.Lk, P, rank, opt.layout);
+    dist::run_collectively(comm, [&] {
+        q_mine = Tensor(DType::f32, Shape{h.B, h.Hq, nq, h.Dq});
+        k_mine = Tensor(DType::f32, Shape{h.B, h.Hkv, nk, h.Dk});
+        v_mine = Tensor(DType::f32, Shape{h.B, h.Hkv, nk, h.Dv});
+        o_mine = Tensor(DType::f32, Shape{h.B, h.Hq, nq, h.Dv});
+    });
+    const struct {
+        const Tensor* global;
+        Tensor* mine;
+        std::int64_t H, L, D;
+    } pieces[] = {{&q, &q_mine, h.Hq, h.Lq, h.Dq}, {&k, &k_mine, h.Hkv, h.Lk, h.Dk}, {&v, &v_mine, h.Hkv, h.Lk, h.Dv}};
+    for (const auto& p : pieces) {
+        if (rank == 0) {
+            for (int r = 1; r < P; ++r) {
+                const Tensor part = dist::take_rows(*p.global, dist::rank_segments(p.L, P, r, opt.layout));
+                MPI_Send(part.data(), static_cast<int>(part.numel()), MPI_FLOAT, r, kTagRows, comm);
+            }
+            *p.mine = dist::take_rows(*p.global, dist::rank_segments(p.L, P, 0, opt.layout));
+        } else {
+            MPI_Recv(p.mine->data(), static_cast<int>(p.mine->numel()), MPI_FLOAT, 0, kTagRows, comm, MPI_STATUS_IGNORE);
+        }
+    }
+    q = Tensor();  // rank 0 no longer needs the global inputs
+    k = Tensor();
+    v = Tensor();
+
+    dist::RingStats st;
+    dist::ring_attention(comm, q_mine, k_mine, v_mine, opt, o_mine, nullptr, &st);
+
+    if (a.stats) {
+        // One line per rank, printed by rank 0 in rank order.
+        double mine_stats[6] = {st.compute_seconds, st.wait_seconds, st.total_seconds, static_cast<double>(st.score_entries),
+                                static_cast<double>(st.bytes_sent), st.compute_cpu_seconds};
+        std::vector<double> every(static_cast<std::size_t>(6 * P));
+        MPI_Gather(mine_stats, 6, MPI_DOUBLE, every.data(), 6, MPI_DOUBLE, 0, comm);
+        if (rank == 0) {
+            double lo = 1e300, hi = 0, lo_cpu = 1e300, hi_cpu = 0;
+            for (int r = 0; r < P; ++r) {
+                const double* s = &every[static_cast<std::size_t>(6 * r)];
+                std::fprintf(stderr,
+                             "ring: rank %d: compute %.4f s (cpu %.4f s), wait %.4f s, total %.4f s, score entries %.0f, sent %.0f bytes\n",
+                             r, s[0], s[5], s[1], s[2], s[3], s[4]);
+                lo = std::min(lo, s[0]), hi = std::max(hi, s[0]);
+                lo_cpu = std::min(lo_cpu, s[5]), hi_cpu = std::max(hi_cpu, s[5]);
+            }
+            std::fprintf(stderr, "ring: P = %d, layout %s, kernel %s, compute max/min = %.3f (cpu %.3f)\n", P,
+                         std::string(dist::layout_name(opt.layout)).c_str(), st.kernel.c_str(), lo > 0 ? hi / lo : 0.0,
+                         lo_cpu > 0 ? hi_cpu / lo_cpu : 0.0);
+        }
+    }
+
+    // Rank 0 gathers O (B, Hq, Lq, Dv) and writes it; a write failure is every rank's failure.
+    Tensor o;
+    dist::run_collectively(comm, [&] {
+        if (rank == 0) o = Tensor(DType::f32, Shape{h.B, h.Hq, h.Lq, h.Dv});
+    });
+    if (rank == 0) {
+        dist::put_rows(o_mine, dist::rank_segments(h.Lq, P, 0, opt.layout), o);
+        for (int r = 1; r < P; ++r) {
+            const std::int64_t n = dist::rank_length(h.Lq, P, r, opt.layout);
+            Tensor part(DType::f32, Shape{h.B, h.Hq, n, h.Dv});
+            MPI_Recv(part.data(), static_cast<int>(part.numel()), MPI_FLOAT, r, kTagRows, comm, MPI_STATUS_IGNORE);
+            dist::put_rows(part, dist::rank_segments(h.Lq, P, r, opt.layout), o);
+        }
+    } else {
+        MPI_Send(o_mine.data(), static_cast<int>(o_mine.numel()), MPI_FLOAT, 0, kTagRows, comm);
+    }
+    dist::run_collectively(comm, [&] {
+        if (rank == 0) OutputFiles::write_all({{a.out, o.view()}});
+    });
+}
+
+void run(const RingArgs& a) {
+    int already = 0;
+    MPI_Initialized(&already);
+    if (!already) {
+        int provided = 0;
+        // OpenMP threads compute; only the main thread calls MPI.
+        MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    }
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    std::string failure;
+    try {
+        run_ring(MPI_COMM_WORLD, a);
+    } catch (const std::exception& e) {
+        failure = e.what();  // the same message on every rank (run_collectively)
+    }
+    if (failure.empty()) {
+        MPI_Finalize();
+        return;
+    }
+    // Rank 0 prints main's `attn: error: …` line itself, before MPI_Finalize: once one rank
+    // exits non-zero, mpirun kills the others, so a message printed after the finalize
+    // (on the way back through main) could be lost. Then every rank exits 2.
+    if (rank == 0) {
+        std::fprintf(stderr, "attn: error: %s\n", failure.c_str());
+        std::fflush(stderr);
+    }
+    MPI_Finalize();
+    std::exit(2);
+}
+
+#else
+
+void run(const RingArgs&) {
+    throw Error("ring: this attn was built without MPI (configure with -DATTN_WITH_MPI=ON and libopenmpi-dev installed)");
+}
+
+#endif
+
+}  // namespace
+
+void add_ring_command(CLI::App& app) {
+    auto args = std::make_shared<RingArgs>();
+    CLI::App* cmd = app.add_subcommand(
+        "ring", "Ring attention over MPI (run under mpirun -np P): the same O as `attn sdpa`, sequence split over P ranks");
+    cmd->add_option("--q", args->q, "queries (B, Hq, Lq, Dk), float32 or float64 (computed in float32)")->required();
+    cmd->add_option("--k", args->k, "keys (B, Hkv, Lk, Dk); Hq must be a multiple of Hkv")->required();
+    cmd->add_option("--v", args->v, "values (B, Hkv, Lk, Dv)")->required();
+    cmd->add_option("--out", args->out, "output O (B, Hq, Lq, Dv), written as float32 by rank 0")->required();
+    cmd->add_flag("--causal", args->causal, "causal mask on global positions: query i sees keys 0..i (top-left)");
+    cmd->add_option("--scale", args->scale, "score scale (default 1/sqrt(Dk)); any finite number");
+    cmd->add_option("--key-lengths", args->key_lengths, "int32/int64 (B,): valid keys per sequence (padding at the end)");
+    cmd->add_option("--layout", args->layout, "how the sequence is cut over ranks: zigzag (default, balanced) or contiguous");
+    cmd->add_option("--impl", args->impl, "local kernel: auto, reference or flash");
+    cmd->add_flag("--stats", args->stats, "print per-rank compute/wait times and the compute max/min ratio on stderr");
+    cmd->callback([args] { run(*args); });
+}
+
+}  // namespace attn::cli
