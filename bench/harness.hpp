@@ -150,6 +150,10 @@ struct SdpaShape {
 };
 void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseResult>& out);
 BenchCase sdpa_forward_case(const SdpaShape& s);
+// The training step of the same shape (backward_cases.cpp): forward with lse + sdpa_backward
+// per timed call, vs torch autograd (--mode sdpa-backward); FLOPs (1 + 2.5) x forward.
+void run_sdpa_forward_backward(const Context& ctx, const SdpaShape& s, std::vector<CaseResult>& out);
+BenchCase sdpa_forward_backward_case(const SdpaShape& s);
 // Parses "B,Hq,Hkv,Lq,Lk,D,causal" (D may be Dk:Dv; causal 0/1/none/top-left/bottom-right).
 SdpaShape parse_custom_shape(const std::string& text);
 

@@ -19,14 +19,13 @@ BenchCase not_built(std::string id, std::string variant, std::string what, std::
 
 std::vector<BenchCase> all_cases() {
     std::vector<BenchCase> cases;
-    cases.push_back(sdpa_forward_case({"S1", "prefill", 1, 16, 16, 1024, 1024, 64, 64, Causal::none, false}));
-    cases.push_back(not_built("S1", "forward+backward", "prefill, training step", "B=1 Hq=16 Hkv=16 Lq=1024 Lk=1024 D=64",
-                              "needs the flash backward kernel (issue 5)"));
+    const SdpaShape s1{"S1", "prefill", 1, 16, 16, 1024, 1024, 64, 64, Causal::none, false};
+    const SdpaShape s3{"S3", "causal prefill", 1, 16, 16, 4096, 4096, 128, 128, Causal::top_left, false};
+    cases.push_back(sdpa_forward_case(s1));
+    cases.push_back(sdpa_forward_backward_case(s1));
     cases.push_back(sdpa_forward_case({"S2", "long prefill", 1, 16, 16, 4096, 4096, 64, 64, Causal::none, false}));
-    cases.push_back(sdpa_forward_case({"S3", "causal prefill", 1, 16, 16, 4096, 4096, 128, 128, Causal::top_left, false}));
-    cases.push_back(not_built("S3", "forward+backward", "causal prefill, training step",
-                              "B=1 Hq=16 Hkv=16 Lq=4096 Lk=4096 D=128 causal=top-left",
-                              "needs the flash backward kernel (issue 5)"));
+    cases.push_back(sdpa_forward_case(s3));
+    cases.push_back(sdpa_forward_backward_case(s3));
     cases.push_back(sdpa_forward_case({"S4", "cross-attention", 2, 8, 8, 512, 4096, 64, 64, Causal::none, false}));
     cases.push_back(not_built("S5", "", "decode step (KV cache)", "B=1 Hq=32 Hkv=32 Lq=1 Lk=16384 D=128",
                               "needs the KV cache and decode kernel (issue 6)"));

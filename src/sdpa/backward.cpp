@@ -114,7 +114,10 @@ void sdpa_backward(const TensorView& q, const TensorView& k, const TensorView& v
     }
     std::string ran;
     if (use_flash) {
-        ran = std::string("flash-backward-") + detail::flash_backward(p);
+        std::string why_isa;
+        const detail::Isa isa = detail::flash_backward(p, detail::select_isa(&why_isa));
+        ran = std::string("flash-backward-") + detail::isa_name(isa);
+        why += std::string("isa: ") + why_isa + "\n";
     } else {
         detail::reference_backward(p);
         ran = "reference-backward";

@@ -208,3 +208,26 @@ def test_missing_torch_is_said_not_faked(tmp_path):
     assert rows["torch"]["status"] == "unavailable" and "not installed" in rows["torch"]["note"]
     assert rows["torch"]["runs"] == 0 and rows["reference"]["speedup_vs_torch"] is None
     assert "not installed" in p.stdout
+
+
+def test_training_step_variant_of_s1(tmp_path):
+    # S1 forward+backward: attn's forward (with lse) + sdpa_backward per timed call, counted
+    # as (1 + 2.5) x the forward FLOPs of bench-shapes.md; the reference is over its budget
+    # here and must say so. Full S1 size (a few hundred ms per call on 2 cores).
+    out = tmp_path / "s1.json"
+    run("--quick", "--no-torch", "--impl", "flash,reference", "--shapes", "S1", "--json", str(out))
+    with open(out) as f:
+        d = json.load(f)
+    steps = [c for c in d["cases"] if c["id"] == "S1" and c["variant"] == "forward+backward"]
+    assert len(steps) == 1
+    c = steps[0]
+    assert c["status"] == "ok"
+    fwd = 4 * 1 * 16 * 1024 * 1024 * 64
+    assert c["flop"] == 3.5 * fwd
+    rows = {r["impl"]: r for r in c["rows"]}
+    fl = rows["flash"]
+    assert fl["status"] == "ok", fl["note"]
+    assert fl["kernel"].startswith("flash/") and "flash-backward-" in fl["kernel"]
+    assert fl["flop"] == 3.5 * fwd
+    assert close(fl["gflops"], 3.5 * fwd / fl["median_s"] / 1e9)
+    assert rows["reference"]["status"] == "skipped" and "--reference-max-gflop" in rows["reference"]["note"]

@@ -206,7 +206,7 @@ TEST(Dropout, RowGeneratorsMatchTheDefinition) {
         std::vector<float> want(static_cast<std::size_t>(4 * n4));
         for (int k = 0; k < 4 * n4; ++k) want[static_cast<std::size_t>(k)] = static_cast<float>(drop.factor(b, h, i, 4 * j4 + k)) ;
         std::vector<detail::DropoutRowFn> fns{detail::dropout_row_portable};
-        if (detail::flash_backward_has_avx2()) fns.push_back(detail::dropout_row_avx2);
+        if (detail::cpu_features().has_avx2_fma_f16c()) fns.push_back(detail::dropout_row_avx2);
         for (auto fn : fns) {
             std::vector<float> got(want.size(), -1.0f);
             fn({drop.key[0], drop.key[1], drop.threshold, static_cast<float>(drop.scale), b, h, i, j4, n4, got.data()});

@@ -567,6 +567,86 @@ TEST(FlashFixed, FullyMaskedRows) {
     run_case(c, worst);
 }
 
+// Dropout (docs/backward.md): the flash forward must drop exactly the weights the
+// reference drops — the same Philox keep decision of the global (b, h, i, j) — while m, l
+// and lse stay those of the undropped softmax. check_against_reference compares out,
+// lse and the (dropped, rescaled) weights with the reference's, so a wrong mask, a
+// missing 1/(1 − p) or a dropped lse fails it; run_case covers both ISAs × {1, 2} threads
+// (bit-identical). Random shapes, masks, layouts, GQA and decode blocks; p and the seed
+// vary (seeds above 2³² exercise the key's high word).
+TEST(FlashDropout, MatchesReference) {
+    Worst worst;
+    const int n = std::min(40, 2 * cases_per_shard());
+    int runs = 0;
+    std::mt19937_64 rng(77);
+    for (int i = 0; i < n; ++i) {
+        Case c = random_case(700000 + static_cast<std::uint64_t>(i));
+        c.opt.dropout_p = pick(rng, {0.1, 0.5, 0.9, 0.01});
+        c.opt.dropout_seed = rng();
+        c.desc += " dropout " + std::to_string(c.opt.dropout_p) + " seed " + std::to_string(c.opt.dropout_seed);
+        runs += run_case(c, worst);
+        if (HasFailure()) return;
+    }
+    std::printf("dropout: %d cases, %d kernel runs; worst error used %.3f of its bound (%s)\n", n, runs, worst.used,
+                worst.where.c_str());
+}
+
+// Dropout with tile sizes that put key-block starts off a multiple of 4 (Nb = 7, 33) and
+// several heads per block: the factor of key j must come from Philox word j % 4 of
+// counter j / 4 wherever the tile starts.
+TEST(FlashDropout, OddTileBoundaries) {
+    Worst worst;
+    const int n = std::min(10, cases_per_shard());
+    for (const detail::FlashTiles t : {detail::FlashTiles{16, 7}, detail::FlashTiles{128, 33}})
+        for (int i = 0; i < n; ++i) {
+            Case c = random_case(710000 + static_cast<std::uint64_t>(i));
+            c.opt.dropout_p = 0.3;
+            c.opt.dropout_seed = 0x123456789abcdefULL + static_cast<std::uint64_t>(i);
+            c.desc += " dropout 0.3";
+            run_case(c, worst, &t);
+            if (HasFailure()) {
+                ADD_FAILURE() << "tiles Mb=" << t.Mb << " Nb=" << t.Nb;
+                return;
+            }
+        }
+}
+
+// Through the public API: with dropout, auto now runs flash (it used to decline), the
+// same seed gives the same bits, another seed another mask, and the result equals the
+// reference's within float32 rounding.
+TEST(FlashDropout, AutoRunsFlashSeedDecides) {
+    const Shape qs{2, 3, 37, 16}, ks{2, 3, 41, 16};
+    Tensor q(DType::f32, qs), k(DType::f32, ks), v(DType::f32, ks);
+    std::mt19937_64 rng(5);
+    std::normal_distribution<float> nd;
+    for (Tensor* t : {&q, &k, &v})
+        for (std::int64_t e = 0; e < t->numel(); ++e) t->data_as<float>()[e] = nd(rng);
+    SdpaOptions opt;
+    opt.dropout_p = 0.25;
+    opt.dropout_seed = 42;
+    auto run = [&](const SdpaOptions& o, SdpaReport* rep) {
+        Tensor out(DType::f32, qs);
+        float* d = out.data_as<float>();
+        std::fill(d, d + out.numel(), std::numeric_limits<float>::quiet_NaN());
+        sdpa(q, k, v, o, out, nullptr, nullptr, rep);
+        return std::vector<float>(d, d + out.numel());
+    };
+    SdpaReport rep;
+    const std::vector<float> a = run(opt, &rep), b = run(opt, nullptr);
+    EXPECT_EQ(rep.kernel.rfind("flash", 0), 0u) << rep.explanation;
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "same seed, different result";
+    SdpaOptions other = opt;
+    other.dropout_seed = 43;
+    const std::vector<float> c = run(other, nullptr);
+    EXPECT_NE(std::memcmp(a.data(), c.data(), a.size() * sizeof(float)), 0) << "seed 42 and 43 gave the same output";
+    SdpaOptions ref = opt;
+    ref.impl = Impl::reference;
+    const std::vector<float> r = run(ref, nullptr);
+    double worst = 0;
+    for (std::size_t e = 0; e < a.size(); ++e) worst = std::max(worst, std::fabs(static_cast<double>(a[e]) - r[e]));
+    EXPECT_LT(worst, 1e-5) << "flash with dropout vs reference";
+}
+
 // Through the public API: auto picks flash for float32 prefill (Lq > 16; fewer queries go
 // to the decode kernel) and says so; float64 goes to the reference with a reason; an
 // explicit flash on float64 is an error naming the tensor.

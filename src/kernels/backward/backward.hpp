@@ -1,6 +1,7 @@
 // Backward kernels of attention. Both receive a validated BackwardProblem.
 #pragma once
 
+#include "../../core/cpu_features.hpp"
 #include "../../sdpa/problem.hpp"
 
 namespace attn::detail {
@@ -18,15 +19,9 @@ struct BackwardProblem {
 void reference_backward(const BackwardProblem& p);
 
 // Tiled fp32 backward (FlashAttention-2 style) from the saved lse; needs float32 q, k, v,
-// out, grad_out, lse. Picks the AVX2+FMA path at run time when the CPU has it.
-// Returns the name of the path that ran.
-const char* flash_backward(const BackwardProblem& p);
-
-// Which flash backward path this CPU runs ("avx2" or "portable").
-bool flash_backward_has_avx2();
-
-// Testing hook: run the portable tile even on an AVX2 CPU (not thread-safe; set it
-// between calls).
-void flash_backward_force_portable(bool on);
+// out, grad_out, lse. `isa` is the caller's choice (select_isa(): the CPU's best unless
+// ATTN_ISA=generic); avx2 on a CPU without AVX2+FMA+F16C runs the portable tile.
+// Returns the ISA that ran.
+Isa flash_backward(const BackwardProblem& p, Isa isa);
 
 }  // namespace attn::detail

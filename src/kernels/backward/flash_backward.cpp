@@ -39,8 +39,6 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 int round8(std::int64_t x) { return static_cast<int>((x + 7) / 8 * 8); }
 
-bool force_portable = false;
-
 // Rows of a (B, H, L, D) tensor as float32 rows with a padded width Dp: either the
 // caller's memory (float32, unit inner stride, D % 8 == 0) or a packed zero-padded copy.
 struct Rows {
@@ -79,20 +77,11 @@ struct Scratch {
 
 }  // namespace
 
-bool flash_backward_has_avx2() {
-    static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    return has;
-}
-
-// Tests call this to run the portable tile on an AVX2 machine.
-void flash_backward_force_portable(bool on) { force_portable = on; }
-
 // q: (B, Hq, Lq, Dk), k: (B, Hkv, Lk, Dk), v: (B, Hkv, Lk, Dv), out/grad_out: (B, Hq, Lq, Dv), lse: (B, Hq, Lq)
-const char* flash_backward(const BackwardProblem& bp) {
+Isa flash_backward(const BackwardProblem& bp, Isa isa) {
     const SdpaProblem& p = bp.fwd;
-    // TODO(merge): use the shared src/core/cpu_features once the flash forward lands;
-    // this local check is the same test (__builtin_cpu_supports avx2 && fma).
-    const bool avx2 = flash_backward_has_avx2() && !force_portable;
+    // The AVX2 tile only on a CPU that has what the *_avx2.cpp files are built for.
+    const bool avx2 = isa == Isa::avx2 && cpu_features().has_avx2_fma_f16c();
     const TileFn tile = avx2 ? backward_tile_avx2 : backward_tile_portable;
     const DropoutRowFn dropout_row = avx2 ? dropout_row_avx2 : dropout_row_portable;
 
@@ -286,7 +275,7 @@ const char* flash_backward(const BackwardProblem& bp) {
             }
         }
     }
-    return avx2 ? "avx2" : "portable";
+    return avx2 ? Isa::avx2 : Isa::generic;
 }
 
 }  // namespace attn::detail

@@ -27,7 +27,6 @@ std::string flash_decline_reason(const SdpaProblem& p) {
         std::string r = not_f32(*t, name);
         if (!r.empty()) return r;
     }
-    if (p.dropout_p > 0.0) return "dropout_p > 0: the flash forward does not apply dropout";
     return {};
 }
 
@@ -41,10 +40,11 @@ void flash_forward(const SdpaProblem& p, Isa isa, int threads, const FlashTiles*
     if (threads <= 0) {
         if (const char* env = std::getenv("ATTN_NUM_THREADS")) threads = std::atoi(env);
     }
+    const Dropout drop(p.dropout_p, p.dropout_seed);  // once per call; inactive when p = 0
     if (isa == Isa::avx2 && cpu_features().has_avx2_fma_f16c()) {
-        flash_forward_avx2(p, t, threads);
+        flash_forward_avx2(p, t, drop, threads);
     } else {
-        flash_forward_generic(p, t, threads);
+        flash_forward_generic(p, t, drop, threads);
     }
 }
 

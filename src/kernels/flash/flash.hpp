@@ -8,6 +8,7 @@
 #include <string>
 
 #include "../../core/cpu_features.hpp"
+#include "../../core/dropout.hpp"
 #include "../../sdpa/problem.hpp"
 
 namespace attn::detail {
@@ -32,9 +33,11 @@ std::string flash_decline_reason(const SdpaProblem& p);
 // flash_decline_reason(p) is empty (the dispatch checks it).
 void flash_forward(const SdpaProblem& p, Isa isa, int threads = 0, const FlashTiles* tiles = nullptr);
 
-// The per-ISA entry points (flash_generic.cpp, flash_avx2.cpp).
-void flash_forward_generic(const SdpaProblem& p, const FlashTiles& tiles, int threads);
-void flash_forward_avx2(const SdpaProblem& p, const FlashTiles& tiles, int threads);
+// The per-ISA entry points (flash_generic.cpp, flash_avx2.cpp). `drop` is built from
+// p.dropout_p / p.dropout_seed by flash_forward (outside the ISA files: its inline code
+// must not be compiled with AVX2 flags).
+void flash_forward_generic(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads);
+void flash_forward_avx2(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads);
 
 // The vectorised 2^x the kernels use, exposed so tests can measure its error:
 // y[i] = 2^x[i]; 0 for x < −126 (no subnormals; softmax weights that small are 0 in

@@ -170,6 +170,9 @@ struct Avx2Ops {
         }
     }
 
+    // Dropout factors of a row segment (Philox4x32-10; the backward's implementation).
+    static void dropout_row(const DropoutRowArgs& a) { dropout_row_avx2(a); }
+
     static void weights_exp(float* s, int ldS, int nk, int ncols, const float* m, const float* lse2) {
         for (int c = 0; c < ncols; c += 8) {
             const __m256 mv = _mm256_load_ps(m + c), lv = _mm256_load_ps(lse2 + c);
@@ -184,8 +187,8 @@ struct Avx2Ops {
 }  // namespace
 }  // namespace flash_avx2_ns
 
-void flash_forward_avx2(const SdpaProblem& p, const FlashTiles& tiles, int threads) {
-    flash_avx2_ns::run_flash<flash_avx2_ns::Avx2Ops>(p, tiles, threads);
+void flash_forward_avx2(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads) {
+    flash_avx2_ns::run_flash<flash_avx2_ns::Avx2Ops>(p, tiles, drop, threads);
 }
 
 void flash_exp2_avx2(const float* x, float* y, std::size_t n) {

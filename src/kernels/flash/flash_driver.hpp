@@ -1,7 +1,8 @@
 // The flash forward driver: tiling, masks, online softmax, output. Included by one
 // .cpp per ISA (flash_generic.cpp, flash_avx2.cpp), each of which first defines
 // ATTN_FLASH_NS (a namespace of its own, so the two compilations never share a symbol)
-// and a struct of micro-kernels `Ops` (see the signatures in run_flash below).
+// and a struct of micro-kernels `Ops` (see the signatures in run_flash below; Ops::dropout_row
+// fills the dropout factors of a row segment, see src/kernels/backward/tile.hpp).
 //
 // Do not use out-of-line std templates (std::vector, std::sort, ...) in this file: an
 // instantiation compiled with -mavx2 could be the copy the linker keeps for the whole
@@ -61,7 +62,9 @@
 #include <limits>
 #include <new>
 
+#include "../../core/dropout.hpp"
 #include "../../core/element_io.hpp"
+#include "../backward/tile.hpp"  // DropoutRowArgs: Philox keep factors of a row segment
 #include "../../sdpa/problem.hpp"
 #include "flash.hpp"
 
@@ -95,6 +98,7 @@ struct Workspace {
     std::int64_t* hi = nullptr;
     std::int64_t* ch = nullptr;  // (Mb) query head of each column
     std::int64_t* ci = nullptr;  // (Mb) query index of each column
+    float* drop = nullptr;       // (Nb + 8) dropout factors of one row segment (4-aligned)
     void* block = nullptr;
 
     Workspace(const SdpaProblem& p, const FlashTiles& t, bool pack_k, bool pack_v) {
@@ -106,7 +110,8 @@ struct Workspace {
                                      pack_k ? round64(Nb * static_cast<std::size_t>(p.Dk)) : 0,
                                      pack_v ? round64(Nb * static_cast<std::size_t>(p.Dv)) : 0,
                                      round64(Mb), round64(Mb), round64(Mb), round64(Mb),
-                                     round64(2 * Mb), round64(2 * Mb), round64(2 * Mb), round64(2 * Mb)};
+                                     round64(2 * Mb), round64(2 * Mb), round64(2 * Mb), round64(2 * Mb),
+                                     round64(Nb + 8)};
         std::size_t total = 0;
         for (std::size_t sz : sizes) total += sz;
         block = std::aligned_alloc(64, total);
@@ -123,6 +128,7 @@ struct Workspace {
             *slot = reinterpret_cast<std::int64_t*>(c);
             c += sizes[i++];
         }
+        drop = reinterpret_cast<float*>(c);
     }
     ~Workspace() { std::free(block); }
     Workspace(const Workspace&) = delete;
@@ -225,11 +231,30 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
     if (p.has_elementwise_mask()) apply_masks(p, b, w.ch, w.ci, nq, j0, nk, w.s, ldS);
 }
 
+// Dropout on one tile of weights: Pᵀ[j][c] *= (keep ? 1/(1−p) : 0) for the global indices
+// (b, ch[c], ci[c], j0 + j), as src/core/dropout.hpp defines them. Called after the
+// softmax has folded the undropped P into m and l, so lse stays the undropped one.
+// s: (nk, ldS) keys j0.., columns 0..nq
+template <class Ops>
+void apply_dropout(const Dropout& drop, Workspace& w, std::int64_t b, int nq, std::int64_t j0, std::int64_t nk,
+                   float* s, int ldS) {
+    const std::int64_t j4 = j0 / 4, n4 = (j0 + nk + 3) / 4 - j4, off = j0 - 4 * j4;
+    DropoutRowArgs a{drop.key[0], drop.key[1], drop.threshold, static_cast<float>(drop.scale),
+                     static_cast<std::uint32_t>(b), 0, 0, static_cast<std::uint32_t>(j4), static_cast<int>(n4), w.drop};
+    for (int c = 0; c < nq; ++c) {
+        a.h = static_cast<std::uint32_t>(w.ch[c]);
+        a.i = static_cast<std::uint32_t>(w.ci[c]);
+        Ops::dropout_row(a);
+        const float* f = w.drop + off;
+        for (std::int64_t j = 0; j < nk; ++j) s[j * ldS + c] *= f[j];
+    }
+}
+
 // One task: queries [i0, i0+nq) of the nh query heads h0.. (all reading KV head hk) of
 // batch b. Column c of the block is query i0 + c % nq of head h0 + c / nq.
 template <class Ops>
-void run_block(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::int64_t b, std::int64_t hk,
-               std::int64_t h0, int nh, std::int64_t i0, int nq_head) {
+void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, Workspace& w, std::int64_t b,
+               std::int64_t hk, std::int64_t h0, int nh, std::int64_t i0, int nq_head) {
     const int nq = nh * nq_head;
     for (int c = 0; c < nq; ++c) {
         w.ch[c] = h0 + c / nq_head;
@@ -267,6 +292,8 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::int
         score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, c2, partial);
 
         Ops::softmax(w.s, ldS, static_cast<int>(nk), ncols, w.m, w.l, w.alpha);
+        // One branch per tile: without dropout the tile goes straight to P·V.
+        if (drop.active) apply_dropout<Ops>(drop, w, b, nq, j0, nk, w.s, ldS);
 
         const float* vp;
         std::int64_t ldv;
@@ -331,6 +358,8 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::int
         for (int c = 0; c < nq && !partial; ++c) partial = w.lo[c] > j0 || w.hi[c] < j0 + nk;
         score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, c2, partial);
         Ops::weights_exp(w.s, ldS, static_cast<int>(nk), ncols, w.m, w.lse2);
+        // The weights that multiplied V: dropped and rescaled, as the reference returns them.
+        if (drop.active) apply_dropout<Ops>(drop, w, b, nq, j0, nk, w.s, ldS);
         for (int c = 0; c < nq; ++c) {
             const std::int64_t base = W.offset(b, w.ch[c], w.ci[c], j0);
             if (w_f32) {
@@ -348,7 +377,7 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::int
 // computed by one thread from start to end in a fixed order, so the result does not
 // depend on the number of threads or the schedule.
 template <class Ops>
-void run_flash(const SdpaProblem& p, const FlashTiles& t, int threads) {
+void run_flash(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, int threads) {
     // Blocks: Mb queries of one head; or, when Lq < Mb (decode, short queries), all Lq
     // queries of up to Mb / Lq heads that share a KV head (GQA/MQA), so the 16-lane panels
     // are not mostly padding and each K/V tile read serves every head of the group.
@@ -373,7 +402,7 @@ void run_flash(const SdpaProblem& p, const FlashTiles& t, int threads) {
             const std::int64_t qb = task % qblocks, hc = (task / qblocks) % hchunks;
             const std::int64_t bk = task / (qblocks * hchunks), b = bk / p.Hkv, hk = bk % p.Hkv;
             const std::int64_t h0 = hk * p.group + hc * hpb, i0 = qb * qpb;
-            run_block<Ops>(p, t, w, b, hk, h0, static_cast<int>(imin(hpb, p.group - hc * hpb)), i0,
+            run_block<Ops>(p, t, drop, w, b, hk, h0, static_cast<int>(imin(hpb, p.group - hc * hpb)), i0,
                            static_cast<int>(imin(qpb, p.Lq - i0)));
         }
     }

@@ -95,6 +95,9 @@ struct GenericOps {
     }
 
     // s[j][c] = 2^(s[j][c] − m[c] − lse2[c])
+    // Dropout factors of a row segment (Philox4x32-10; the backward's implementation).
+    static void dropout_row(const DropoutRowArgs& a) { dropout_row_portable(a); }
+
     static void weights_exp(float* s, int ldS, int nk, int ncols, const float* m, const float* lse2) {
         for (int j = 0; j < nk; ++j)
             for (int c = 0; c < ncols; ++c) s[j * ldS + c] = exp2poly::exp2_scalar(s[j * ldS + c] - m[c] - lse2[c]);
@@ -104,8 +107,8 @@ struct GenericOps {
 }  // namespace
 }  // namespace flash_generic_ns
 
-void flash_forward_generic(const SdpaProblem& p, const FlashTiles& tiles, int threads) {
-    flash_generic_ns::run_flash<flash_generic_ns::GenericOps>(p, tiles, threads);
+void flash_forward_generic(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads) {
+    flash_generic_ns::run_flash<flash_generic_ns::GenericOps>(p, tiles, drop, threads);
 }
 
 void flash_exp2_generic(const float* x, float* y, std::size_t n) {

@@ -1,0 +1,208 @@
+// The training-step variants (S1/S3 "forward+backward"): attn's forward (keeping lse) then
+// attn::sdpa_backward, timed together as one call, against torch autograd of the
+// hand-written attention doing the same forward + backward (torch_attention.py
+// --mode sdpa-backward). FLOPs by the formula of bench-shapes.md: backward = 2.5 × forward,
+// so a step counts (1 + 2.5) × forward; the kernel executes more (it recomputes S).
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <new>
+#include <sstream>
+
+#include "attn/sdpa_backward.hpp"
+#include "harness.hpp"
+
+namespace attn::bench {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string causal_word(Causal c) {
+    return c == Causal::none ? "none" : c == Causal::top_left ? "top-left" : "bottom-right";
+}
+
+// t: contiguous float32; uniform in [-1, 1), a pure function of (seed, index).
+void fill_uniform(const Tensor& t, std::uint64_t seed) {
+    float* p = t.data_as<float>();
+    const std::int64_t n = t.numel();
+#pragma omp parallel for schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) {
+        std::uint64_t z = seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(i);  // splitmix64
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        p[i] = static_cast<float>(static_cast<double>(z >> 40) * (1.0 / 8388608.0) - 1.0);
+    }
+}
+
+// Max |a − b| over the three gradients; NaN when any element is NaN (never written).
+double max_abs_diff(const Tensor* a, const Tensor* b) {
+    double m = 0.0;
+    for (int t = 0; t < 3; ++t) {
+        const float* x = a[t].data_as<float>();
+        const float* y = b[t].data_as<float>();
+        for (std::int64_t i = 0; i < a[t].numel(); ++i) {
+            const double d = std::fabs(static_cast<double>(x[i]) - static_cast<double>(y[i]));
+            if (std::isnan(d)) return std::numeric_limits<double>::quiet_NaN();
+            if (d > m) m = d;
+        }
+    }
+    return m;
+}
+
+}  // namespace
+
+// q: (B, Hq, Lq, Dk), k: (B, Hkv, Lk, Dk), v: (B, Hkv, Lk, Dv); one timed call = forward
+// (out, lse) + backward (dQ, dK, dV from dO).
+void run_sdpa_forward_backward(const Context& ctx, const SdpaShape& s, std::vector<CaseResult>& out) {
+    const Config& cfg = ctx.cfg;
+    CaseResult c;
+    c.id = s.id;
+    c.variant = "forward+backward";
+    c.what = s.what + ", training step";
+    {
+        std::ostringstream os;
+        os << "B=" << s.B << " Hq=" << s.Hq << " Hkv=" << s.Hkv << " Lq=" << s.Lq << " Lk=" << s.Lk << " D=" << s.Dk
+           << " causal=" << causal_word(s.causal) << " fp32";
+        c.shape = os.str();
+    }
+    c.params = {{"B", s.B},   {"Hq", s.Hq}, {"Hkv", s.Hkv}, {"Lq", s.Lq},        {"Lk", s.Lk},
+                {"Dk", s.Dk}, {"Dv", s.Dv}, {"causal", causal_word(s.causal)}, {"dtype", "float32"}};
+    c.flop = 3.5 * sdpa_forward_flop(s);
+    c.flop_formula = "forward + backward = (1 + 2.5) x forward, forward = 2*B*Hq*Lq*Lk*(Dk+Dv)" +
+                     std::string(s.causal == Causal::none ? "" : " / 2 (causal counts half)");
+    const std::int64_t q_n = s.B * s.Hq * s.Lq * s.Dk, k_n = s.B * s.Hkv * s.Lk * s.Dk;
+    const std::int64_t v_n = s.B * s.Hkv * s.Lk * s.Dv, o_n = s.B * s.Hq * s.Lq * s.Dv;
+    // Q, K, V, O, dO and dQ, dK, dV
+    c.io_bytes = 4 * (2 * (q_n + k_n + v_n) + 2 * o_n);
+    const double avail = static_cast<double>(mem_available());
+
+    const Tensor q(DType::f32, Shape{s.B, s.Hq, s.Lq, s.Dk}), k(DType::f32, Shape{s.B, s.Hkv, s.Lk, s.Dk});
+    const Tensor v(DType::f32, Shape{s.B, s.Hkv, s.Lk, s.Dv}), dO(DType::f32, Shape{s.B, s.Hq, s.Lq, s.Dv});
+    fill_uniform(q, 1);
+    fill_uniform(k, 2);
+    fill_uniform(v, 3);
+    fill_uniform(dO, 4);
+    const Tensor o(DType::f32, dO.shape()), lse(DType::f32, Shape{s.B, s.Hq, s.Lq});
+    const TensorView lse_view = lse.view();
+    const Tensor grads[3] = {Tensor(DType::f32, q.shape()), Tensor(DType::f32, k.shape()), Tensor(DType::f32, v.shape())};
+    Tensor ref_grads[3];
+
+    std::vector<Row> rows(cfg.impls.size());
+    std::vector<std::size_t> order;  // the reference first, so the others compare with it
+    for (std::size_t i = 0; i < cfg.impls.size(); ++i)
+        if (cfg.impls[i] == Impl::reference) order.push_back(i);
+    for (std::size_t i = 0; i < cfg.impls.size(); ++i)
+        if (cfg.impls[i] != Impl::reference) order.push_back(i);
+    bool have_ref = false;
+    for (std::size_t i : order) {
+        const Impl impl = cfg.impls[i];
+        Row& r = rows[i];
+        r.impl = std::string(impl_name(impl));
+        r.flop = c.flop;
+        if (impl == Impl::reference) {
+            // Every score in double, forward and backward (~ 3.5 x the full forward FLOPs), with
+            // several Lq x Lk double matrices per head in flight per thread.
+            const double full = 2.0 * static_cast<double>(s.B * s.Hq) * static_cast<double>(s.Lq) *
+                                static_cast<double>(s.Lk) * static_cast<double>(s.Dk + s.Dv);
+            const double ref_flop = 3.5 * full;
+            const double ref_bytes = 5.0 * 8.0 * static_cast<double>(s.Lq) * static_cast<double>(s.Lk) * cfg.threads;
+            char buf[200];
+            if (ref_flop > cfg.reference_max_gflop * 1e9) {
+                std::snprintf(buf, sizeof buf, "the reference computes %.0f GFLOP here (all scores, in double), above --reference-max-gflop %g",
+                              ref_flop / 1e9, cfg.reference_max_gflop);
+                r.status = "skipped";
+                r.note = buf;
+                continue;
+            }
+            if (avail > 0 && ref_bytes + static_cast<double>(c.io_bytes) > cfg.memory_fraction * avail) {
+                std::snprintf(buf, sizeof buf, "the reference would hold %.1f GiB of score matrices", ref_bytes / kGiB);
+                r.status = "skipped";
+                r.note = buf;
+                continue;
+            }
+        }
+        const Tensor* dst = grads;
+        if (impl == Impl::reference) {
+            for (int t = 0; t < 3; ++t) ref_grads[t] = Tensor(DType::f32, grads[t].shape());
+            dst = ref_grads;
+        }
+        for (int t = 0; t < 3; ++t) {
+            float* p = dst[t].data_as<float>();
+            for (std::int64_t e = 0; e < dst[t].numel(); ++e) p[e] = std::numeric_limits<float>::quiet_NaN();
+        }
+        SdpaOptions opt;
+        opt.impl = impl;
+        opt.causal = s.causal;
+        SdpaReport frep, brep;
+        RssProbe probe;
+        r.baseline_rss = probe.baseline();
+        r.peak_rss_reset = probe.was_reset();
+        try {
+            r.timing = time_calls(cfg, [&] {
+                sdpa(q, k, v, opt, o, &lse_view, nullptr, &frep);
+                sdpa_backward(q, k, v, o, lse, dO, opt, dst[0], dst[1], dst[2], &brep);
+            });
+            r.kernel = frep.kernel + " + " + brep.kernel;
+        } catch (const std::bad_alloc&) {
+            r.status = "error";
+            r.note = "out of memory";
+        } catch (const std::exception& e) {
+            r.status = "error";
+            r.note = e.what();
+        }
+        r.peak_rss = probe.peak();
+        if (r.status != "ok") continue;
+        if (r.timing.warmup_counted) r.note = "one call: the warm-up alone exceeded --max-seconds";
+        if (impl == Impl::reference) {
+            have_ref = true;
+        } else if (have_ref) {
+            r.max_abs_diff = max_abs_diff(grads, ref_grads);  // over dQ, dK, dV
+            if (std::isnan(*r.max_abs_diff)) r.note = "a gradient holds NaN where the reference does not";
+        }
+    }
+    for (Tensor& t : ref_grads) t = Tensor();
+
+    // Autograd keeps the scores, the softmax and their gradients: ~ five B·Hq·Lq·Lk fp32
+    // matrices at once, plus the inputs and gradients.
+    const double torch_bytes = 5.0 * 4.0 * static_cast<double>(s.B * s.Hq) * static_cast<double>(s.Lq) *
+                                   static_cast<double>(s.Lk) + 2.0 * static_cast<double>(c.io_bytes);
+    Row t;
+    if (cfg.torch && !ctx.torch_version.empty() && avail > 0 && torch_bytes > cfg.memory_fraction * avail) {
+        char buf[200];
+        std::snprintf(buf, sizeof buf, "autograd of the hand-written attention needs ~%.1f GiB; MemAvailable is %.1f GiB",
+                      torch_bytes / kGiB, avail / kGiB);
+        t.impl = "torch";
+        t.status = "skipped";
+        t.note = buf;
+    } else {
+        t = run_torch(ctx, {{"mode", "sdpa-backward"},
+                            {"B", std::to_string(s.B)},
+                            {"Hq", std::to_string(s.Hq)},
+                            {"Hkv", std::to_string(s.Hkv)},
+                            {"Lq", std::to_string(s.Lq)},
+                            {"Lk", std::to_string(s.Lk)},
+                            {"Dk", std::to_string(s.Dk)},
+                            {"Dv", std::to_string(s.Dv)},
+                            {"causal", causal_word(s.causal)}});
+    }
+    t.flop = c.flop;
+    rows.push_back(std::move(t));
+    c.rows = std::move(rows);
+    out.push_back(std::move(c));
+}
+
+BenchCase sdpa_forward_backward_case(const SdpaShape& s) {
+    BenchCase bc;
+    bc.id = s.id;
+    bc.variant = "forward+backward";
+    bc.what = s.what + ", training step";
+    std::ostringstream os;
+    os << "B=" << s.B << " Hq=" << s.Hq << " Hkv=" << s.Hkv << " Lq=" << s.Lq << " Lk=" << s.Lk << " D=" << s.Dk
+       << " causal=" << causal_word(s.causal);
+    bc.shape = os.str();
+    bc.run = [s](const Context& ctx, std::vector<CaseResult>& out) { run_sdpa_forward_backward(ctx, s, out); };
+    return bc;
+}
+
+}  // namespace attn::bench
