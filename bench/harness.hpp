@@ -157,6 +157,10 @@ BenchCase sdpa_forward_backward_case(const SdpaShape& s);
 // Parses "B,Hq,Hkv,Lq,Lk,D,causal" (D may be Dk:Dv; causal 0/1/none/top-left/bottom-right).
 SdpaShape parse_custom_shape(const std::string& text);
 
+// Decode steps S5 / S7 (decode_cases.cpp) and the MHA layer S6 (mha_cases.cpp).
+BenchCase decode_case(const std::string& id);
+BenchCase mha_s6_case();
+
 // FLOP of an attention forward by the written formula: 2·B·Hq·Lq·Lk·(Dk + Dv)
 // (= 4·B·H·Lq·Lk·D when Dk = Dv), halved when causal.
 double sdpa_forward_flop(const SdpaShape& s);

@@ -27,12 +27,10 @@ std::vector<BenchCase> all_cases() {
     cases.push_back(sdpa_forward_case(s3));
     cases.push_back(sdpa_forward_backward_case(s3));
     cases.push_back(sdpa_forward_case({"S4", "cross-attention", 2, 8, 8, 512, 4096, 64, 64, Causal::none, false}));
-    cases.push_back(not_built("S5", "", "decode step (KV cache)", "B=1 Hq=32 Hkv=32 Lq=1 Lk=16384 D=128",
-                              "needs the KV cache and decode kernel (issue 6)"));
-    cases.push_back(not_built("S6", "", "MHA module, BERT-base", "B=4 h=12 L=512 E=768 (with projections)",
-                              "needs attn::MultiHeadAttention (issue 4)"));
-    cases.push_back(not_built("S7", "", "GQA decode", "B=1 Hq=32 Hkv=8 Lq=1 Lk=16384 D=128",
-                              "needs the KV cache and decode kernel (issue 6)"));
+    // Decode (bench/decode_cases.cpp) and the MHA layer (bench/mha_cases.cpp).
+    cases.push_back(decode_case("S5"));
+    cases.push_back(mha_s6_case());
+    cases.push_back(decode_case("S7"));
     cases.push_back(sdpa_forward_case({"S8", "long causal memory", 1, 8, 8, 32768, 32768, 64, 64, Causal::top_left, true}));
     return cases;
 }

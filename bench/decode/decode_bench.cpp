@@ -12,6 +12,8 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <string>
+#include <vector>
 
 #include "attn/decode.hpp"
 #include "attn/kv_cache.hpp"
@@ -100,8 +102,19 @@ void fill(float* x, std::size_t n, std::uint64_t seed) {
     }
 }
 
-DecodeTiming time_shape(const char* name, std::int64_t Hq, std::int64_t Hkv, DType storage, int runs,
-                        const Buffer* flush) {
+}  // namespace
+
+struct FlushBuffer::Impl {
+    Buffer b;
+    explicit Impl(std::size_t bytes) : b(bytes) {}
+};
+FlushBuffer::FlushBuffer(std::size_t bytes) : impl_(std::make_unique<Impl>(bytes)) {}
+FlushBuffer::~FlushBuffer() = default;
+std::size_t FlushBuffer::bytes() const { return impl_->b.words * 8; }
+
+DecodeTiming time_decode_shape(const std::string& name, std::int64_t Hq, std::int64_t Hkv, DType storage, int runs,
+                               const FlushBuffer* flush_buffer) {
+    const Buffer* flush = flush_buffer != nullptr ? &flush_buffer->impl_->b : nullptr;
     constexpr std::int64_t B = 1, Lk = 16384, D = 128, kChunk = 1024;
     DecodeTiming t;
     t.shape = name;
@@ -144,122 +157,12 @@ DecodeTiming time_shape(const char* name, std::int64_t Hq, std::int64_t Hkv, DTy
         ms.push_back(ms_since(t0));
         if (flush != nullptr) frac.push_back(t.bytes / (ms.back() * 1e-3) / 1e9 / flush_gbps);
     }
+    t.samples_ms = ms;
     t.median_ms = median(ms);
     if (!frac.empty()) t.median_bw_fraction = median(frac);
     t.min_ms = *std::min_element(ms.begin(), ms.end());
     return t;
 }
 
-}  // namespace
-
-double measure_read_bandwidth(std::size_t bytes, int runs) {
-    const Buffer b(bytes);
-    g_sink = stream_sum(b);  // warm-up
-    std::vector<double> gbps;
-    for (int r = 0; r < runs; ++r) {
-        const auto t0 = Clock::now();
-        g_sink = stream_sum(b);
-        gbps.push_back(static_cast<double>(bytes) / (ms_since(t0) * 1e-3) / 1e9);
-    }
-    return median(gbps);
-}
-
-namespace {
-__attribute__((target("avx2,fma"))) float fma_loop(long n) {
-    __m256 a[8];
-    for (int i = 0; i < 8; ++i) a[i] = _mm256_set1_ps(0.001f * static_cast<float>(i));
-    const __m256 x = _mm256_set1_ps(0.999f), y = _mm256_set1_ps(1e-4f);
-    for (long k = 0; k < n; ++k) {
-        for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(a[i], x, y);
-        __asm__ volatile("" : "+x"(a[0]), "+x"(a[1]), "+x"(a[2]), "+x"(a[3]), "+x"(a[4]), "+x"(a[5]), "+x"(a[6]),
-                         "+x"(a[7]));
-    }
-    float s = 0;
-    for (int i = 0; i < 8; ++i) s += _mm256_cvtss_f32(a[i]);
-    return s;
-}
-volatile float g_fsink;
-}  // namespace
-
-double measure_fma_peak(int runs) {
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0.0;
-    constexpr long kIters = 20'000'000;  // 8 FMAs × 8 lanes × 2 flops each per iteration
-    std::vector<double> g;
-    for (int r = 0; r < runs; ++r) {
-        int nt = 1;
-        const auto t0 = Clock::now();
-#pragma omp parallel
-        {
-#pragma omp single
-            nt = omp_get_num_threads();
-            g_fsink = fma_loop(kIters);
-        }
-        g.push_back(128.0 * kIters * nt / (ms_since(t0) * 1e-3) / 1e9);
-    }
-    return median(g);
-}
-
-const DecodeTiming* DecodeBenchReport::find(const std::string& shape, DType storage) const {
-    for (const auto& t : timings)
-        if (t.shape == shape && t.storage == storage) return &t;
-    return nullptr;
-}
-
-DecodeBenchReport run_decode_bench(int runs, bool cold) {
-    DecodeBenchReport rep;
-    rep.threads = omp_get_max_threads();
-    rep.runs = runs;
-    rep.cold = cold;
-    rep.isa = detail::decode_isa();
-    constexpr std::size_t kGiB = std::size_t{1} << 30;
-    rep.read_gbps = measure_read_bandwidth(kGiB, 9);
-    rep.fma_gflops = measure_fma_peak(5);
-    std::unique_ptr<Buffer> flush;
-    if (cold) flush = std::make_unique<Buffer>(kGiB);
-    for (DType st : {DType::f32, DType::f16}) {
-        rep.timings.push_back(time_shape("S5", 32, 32, st, runs, flush.get()));
-        rep.timings.push_back(time_shape("S7", 32, 8, st, runs, flush.get()));
-    }
-    // Bandwidth again at the end: the machine is shared, so bracket the kernel timings.
-    rep.read_gbps = 0.5 * (rep.read_gbps + measure_read_bandwidth(kGiB, 9));
-    rep.fma_gflops = 0.5 * (rep.fma_gflops + measure_fma_peak(5));
-    return rep;
-}
-
-std::string DecodeBenchReport::text() const {
-    char line[512];
-    std::string s;
-    std::snprintf(line, sizeof line,
-                  "decode benchmark: %d threads, decode path %s, median of %d steps, %s caches\n"
-                  "read bandwidth (streaming sum over 1 GiB, same threads): %.1f GB/s; fp32 FMA peak: %.1f GFLOP/s\n\n",
-                  threads, isa.c_str(), runs, cold ? "cold (evicted before each step)" : "warm", read_gbps, fma_gflops);
-    s += line;
-    s += "| id | storage | B | Hq | Hkv | Lk | D | K+V bytes | median ms | min ms | GB/s | % of read BW | % of adjacent BW | GFLOP/s | % of FMA peak |\n";
-    s += "|----|---------|---|----|-----|----|---|-----------|-----------|--------|------|--------------|------------------|---------|---------------|\n";
-    for (const auto& t : timings) {
-        std::snprintf(line, sizeof line,
-                      "| %s | %s | %lld | %lld | %lld | %lld | %lld | %.0f MiB | %.2f | %.2f | %.1f | %.0f%% | %.0f%% | %.1f | %.0f%% |\n",
-                      t.shape.c_str(), std::string(dtype_name(t.storage)).c_str(), t.B, t.Hq, t.Hkv, t.Lk, t.D,
-                      t.bytes / (1 << 20), t.median_ms, t.min_ms, t.gbps(), 100.0 * t.gbps() / read_gbps,
-                      100.0 * t.median_bw_fraction, t.gflops(), fma_gflops > 0 ? 100.0 * t.gflops() / fma_gflops : 0.0);
-        s += line;
-    }
-    const DecodeTiming *s5 = find("S5", DType::f32), *s5h = find("S5", DType::f16), *s7 = find("S7", DType::f32),
-                       *s7h = find("S7", DType::f16);
-    if (s5 && s5h && s7 && s7h) {
-        std::snprintf(line, sizeof line,
-                      "\nS5 f32 at %.0f%% of read bandwidth, %.0f%% of the adjacent samples (target >= 80%%)\n",
-                      100.0 * s5->gbps() / read_gbps, 100.0 * s5->median_bw_fraction);
-        s += line;
-        std::snprintf(line, sizeof line, "f16 speed-up over f32: S5 %.2fx, S7 %.2fx (target >= 1.7x)\n",
-                      s5->median_ms / s5h->median_ms, s7->median_ms / s7h->median_ms);
-        s += line;
-        std::snprintf(line, sizeof line,
-                      "S7 time / (S5 time / 4): f32 %.2f, f16 %.2f (target <= 1.3)\n",
-                      s7->median_ms / (s5->median_ms / 4), s7h->median_ms / (s5h->median_ms / 4));
-        s += line;
-    }
-    return s;
-}
 
 }  // namespace attn::bench

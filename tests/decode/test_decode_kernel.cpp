@@ -6,7 +6,9 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <functional>
 #include <vector>
 
@@ -213,6 +215,20 @@ TEST(DecodeKernel, PlanDependsOnShapeOnly) {
     EXPECT_EQ(a.nsplit, b.nsplit);
     EXPECT_EQ(a.chunk % detail::kDecodeBlock, 0);
     EXPECT_EQ(detail::plan_decode(1, 1, 1, 1, 5, 8, 8, 0).nsplit, 1);  // too short to split
+}
+
+// The decode kernel takes the shared ISA choice: ATTN_ISA=generic sends it to the
+// portable path (as it does flash), the default uses AVX2 when the CPU has it.
+TEST(DecodeKernel, IsaChoiceFollowsAttnIsa) {
+    const char* old = std::getenv("ATTN_ISA");
+    const std::string saved = old != nullptr ? old : "";
+    setenv("ATTN_ISA", "generic", 1);
+    EXPECT_STREQ(detail::decode_isa(), "portable");
+    EXPECT_FALSE(detail::decode_uses_avx2());
+    unsetenv("ATTN_ISA");
+    EXPECT_STREQ(detail::decode_isa(), detail::decode_cpu_has_avx2() ? "avx2" : "portable");
+    EXPECT_STREQ(detail::decode_isa(DecodeTuning{0, true}), "portable");
+    if (old != nullptr) setenv("ATTN_ISA", saved.c_str(), 1);
 }
 
 // Results must be bit-identical whatever the thread count (DESIGN.md: numerics).

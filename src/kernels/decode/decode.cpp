@@ -9,24 +9,21 @@
 #include <vector>
 
 #include "attn/decode.hpp"
+#include "../../core/cpu_features.hpp"
 #include "../../sdpa/problem.hpp"
 #include "decode_core.hpp"
 
 namespace attn::detail {
 
-// AVX2 + FMA + F16C, detected once. A tiny local check: it should move to the shared
-// src/core/cpu_features once that is merged (the flash kernel's branch adds it).
-bool decode_cpu_has_avx2() {
-    static const bool has = [] {
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    }();
-    return has;
-}
+// What the CPU can run (tests use it to know whether the AVX2 path exists here).
+bool decode_cpu_has_avx2() { return cpu_features().has_avx2_fma_f16c(); }
 
-const char* decode_isa(const DecodeTuning& tuning) {
-    return !tuning.force_portable && decode_cpu_has_avx2() ? "avx2" : "portable";
-}
+// The path a call takes: the shared choice (select_isa: CPU detection and ATTN_ISA, so
+// ATTN_ISA=generic sends decode to the portable code like every other kernel), unless a
+// test forces the portable one.
+bool decode_uses_avx2(const DecodeTuning& tuning) { return !tuning.force_portable && select_isa() == Isa::avx2; }
+
+const char* decode_isa(const DecodeTuning& tuning) { return decode_uses_avx2(tuning) ? "avx2" : "portable"; }
 
 DecodePlan plan_decode(std::int64_t B, std::int64_t Hkv, std::int64_t group, std::int64_t Lq, std::int64_t Lk,
                        std::int64_t Dk, std::int64_t Dv, std::int64_t forced_split) {
@@ -72,7 +69,7 @@ void run_decode(DecodeArgs args, const DecodeTuning& tuning) {
     base += (16 - (reinterpret_cast<std::uintptr_t>(base) / sizeof(float)) % 16) % 16;  // 64-byte align
     args.work = base;
     args.partial = plan.partial_floats > 0 ? base + plan.work_per_thread * args.max_threads : nullptr;
-    if (!tuning.force_portable && decode_cpu_has_avx2()) decode_avx2(args);
+    if (decode_uses_avx2(tuning)) decode_avx2(args);
     else decode_portable(args);
 }
 

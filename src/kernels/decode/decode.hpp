@@ -81,14 +81,15 @@ void run_decode(DecodeArgs args, const DecodeTuning& tuning);
 // The two implementations (same algorithm; decode_core.hpp).
 void decode_portable(const DecodeArgs& args);
 void decode_avx2(const DecodeArgs& args);
-bool decode_cpu_has_avx2();  // AVX2 + FMA + F16C, checked once
+bool decode_cpu_has_avx2();  // the CPU has AVX2 + FMA + F16C (cpu_features)
+bool decode_uses_avx2(const DecodeTuning& tuning = {});  // ... and select_isa() (ATTN_ISA) picks it
 
 // sdpa path. decode_declines: empty when the decode kernel can run the problem,
 // otherwise why not (one short clause, for SdpaReport and error messages).
 std::string decode_declines(const SdpaProblem& p);
 void decode_forward(const SdpaProblem& p, const DecodeTuning& tuning = {});
 
-// Which implementation run_decode would use ("avx2" or "portable").
+// Which implementation run_decode would use ("avx2" or "portable"; ATTN_ISA=generic → portable).
 const char* decode_isa(const DecodeTuning& tuning = {});
 
 }  // namespace attn::detail

@@ -1,0 +1,99 @@
+// S6 of bench-shapes.md in `attn bench`: the MHA layer, BERT-base (B=4, L=512, E=768,
+// h=12, self-attention, batch_first, no mask, need_weights=false), timed through the
+// parts of bench/mha/mha_s6.hpp. Two entries: the forward beside torch's
+// nn.MultiheadAttention (bench/torch_attention.py --mode mha: eval, inference_mode, its
+// fused fast path), and the forward's parts — the QKV and output projection GEMMs, the
+// attention, and a square GEMM of the QKV GEMM's FLOPs on the same BLAS: the rate the
+// projections are judged against (a skinny GEMM below it is the BLAS's shape penalty).
+// FLOP (written formula, multiply-add = 2): projections 2·(B·L)·E·4E, attention 4·B·h·L²·d_h.
+#include <cstdio>
+#include <string>
+
+#include "harness.hpp"
+#include "mha_s6.hpp"
+
+namespace attn::bench {
+namespace {
+
+std::string fmt2(const char* f, double x) {
+    char b[96];
+    std::snprintf(b, sizeof b, f, x);
+    return b;
+}
+
+Row time_part(const Context& ctx, const std::string& name, double flop, const std::function<void()>& fn) {
+    Row r;
+    r.impl = name;
+    r.flop = flop;
+    RssProbe probe;
+    r.baseline_rss = probe.baseline();
+    r.peak_rss_reset = probe.was_reset();
+    try {
+        r.timing = time_calls(ctx.cfg, fn);
+    } catch (const std::exception& e) {
+        r.status = "error";
+        r.note = e.what();
+    }
+    r.peak_rss = probe.peak();
+    return r;
+}
+
+void run_s6(const Context& ctx, std::vector<CaseResult>& out) {
+    const MhaS6Shape shape;  // B=4 L=512 E=768 h=12
+    MhaS6 s6(shape);
+    const std::string sizes = "B=4 h=12 L=512 E=768";
+    nlohmann::json params = {{"B", shape.B}, {"L", shape.L}, {"E", shape.E}, {"heads", shape.h}};
+
+    CaseResult fwd;
+    fwd.id = "S6";
+    fwd.what = "MHA module, BERT-base";
+    fwd.shape = sizes + " (with projections)";
+    fwd.params = params;
+    fwd.flop = s6.flop_forward();
+    fwd.flop_formula = "2·(B·L)·E·3E (QKV) + 4·B·h·L²·d_h (attention) + 2·(B·L)·E·E (out)";
+    fwd.io_bytes = 2 * shape.B * shape.L * shape.E * 4;
+    Row attn = time_part(ctx, "attn", fwd.flop, [&] { s6.forward(); });
+    attn.kernel = s6.attention_kernel().empty() ? "" : "sdpa: " + s6.attention_kernel();
+    fwd.rows.push_back(std::move(attn));
+    Row torch = run_torch(ctx, {{"mode", "mha"}, {"B", std::to_string(shape.B)}, {"L", std::to_string(shape.L)},
+                                {"E", std::to_string(shape.E)}, {"heads", std::to_string(shape.h)}});
+    torch.flop = fwd.flop;
+    fwd.rows.push_back(std::move(torch));
+    out.push_back(std::move(fwd));
+
+    CaseResult parts;
+    parts.id = "S6";
+    parts.variant = "parts";
+    parts.what = "MHA forward's parts, and a square GEMM";
+    parts.shape = sizes + "; square n=" + std::to_string(s6.square_n());
+    parts.params = params;
+    parts.params["square_n"] = s6.square_n();
+    parts.flop_formula = "per row: its own count (QKV 2·(B·L)·E·3E, out 2·(B·L)·E·E, attention 4·B·h·L²·d_h, square 2n³)";
+    parts.rows.push_back(time_part(ctx, "qkv_gemm", s6.flop_qkv(), [&] { s6.qkv_projection(); }));
+    parts.rows.push_back(time_part(ctx, "out_gemm", s6.flop_out(), [&] { s6.out_projection(); }));
+    parts.rows.push_back(time_part(ctx, "square_gemm", s6.flop_square(), [&] { s6.square_gemm(); }));
+    Row att = time_part(ctx, "attention", s6.flop_attention(), [&] { s6.attention(); });
+    att.kernel = s6.attention_kernel();
+    parts.rows.push_back(std::move(att));
+    const Row &q = parts.rows[0], &o = parts.rows[1], &sq = parts.rows[2];
+    if (q.status == "ok" && o.status == "ok" && sq.status == "ok" && q.timing.median_s > 0 && o.timing.median_s > 0) {
+        const double proj_rate = (s6.flop_qkv() + s6.flop_out()) / (q.timing.median_s + o.timing.median_s);
+        const double sq_rate = s6.flop_square() / sq.timing.median_s;
+        parts.note = "projection GEMMs (QKV + out) at " + fmt2("%.1f GFLOP/s", proj_rate * 1e-9) + " = " +
+                     fmt2("%.2f", proj_rate / sq_rate) + "x the square GEMM's " + fmt2("%.1f GFLOP/s", sq_rate * 1e-9);
+    }
+    out.push_back(std::move(parts));
+}
+
+}  // namespace
+
+BenchCase mha_s6_case() {
+    BenchCase bc;
+    bc.id = "S6";
+    bc.what = "MHA module, BERT-base";
+    bc.shape = "B=4 h=12 L=512 E=768 (with projections)";
+    bc.run = [](const Context& ctx, std::vector<CaseResult>& out) { run_s6(ctx, out); };
+    return bc;
+}
+
+}  // namespace attn::bench
