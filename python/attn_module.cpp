@@ -73,7 +73,11 @@ attn::DType dtype_of(const py::array& a, const std::string& what) {
 }
 
 // Anything array-like → a NumPy array without copying one that already is (np.asarray).
-py::array as_array(const py::handle& obj) { return py::reinterpret_steal<py::array>(py::array::ensure(obj)); }
+py::array as_array(const py::handle& obj) {
+    py::array a = py::array::ensure(obj);
+    if (!a) throw py::error_already_set();
+    return a;
+}
 
 // A view of `a` (kept alive by the caller) with `rank` dims: leading size-1 dims are added when
 // a has fewer. Strides not divisible by the item size force one counted copy into `holder`.
@@ -90,6 +94,7 @@ attn::TensorView view_of(py::array& a, const std::string& what, int min_rank, in
         if (a.strides(i) % item != 0) {
             // Byte strides that no element stride can express: copy (counted, documented).
             a = py::array::ensure(a, py::array::c_style | py::array::forcecast);
+            if (!a) throw py::error_already_set();
             ++g_input_copies;
             break;
         }
