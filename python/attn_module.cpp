@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <cstdint>
 #include <mutex>
@@ -408,6 +409,27 @@ std::unique_ptr<PyMha> make_mha(std::int64_t embed_dim, std::int64_t num_heads, 
     return std::make_unique<PyMha>(attn::MultiHeadAttention(c));
 }
 
+// For bench/python_bench.py: the C++ call alone, timed in C++ on views built once — the
+// baseline the binding's overhead is measured against, in the same process and build.
+// q/k/v (B, H, L, D) float32; returns the seconds of each of `runs` calls.
+std::vector<double> time_cpp_sdpa(const py::object& query, const py::object& key, const py::object& value,
+                                  int runs) {
+    py::array qa = as_array(query), ka = as_array(key), va = as_array(value);
+    const attn::TensorView q = view_of(qa, "query", 4, 4, "(B, H, L, D)");
+    const attn::TensorView k = view_of(ka, "key", 4, 4, "(B, H, L, D)");
+    const attn::TensorView v = view_of(va, "value", 4, 4, "(B, H, L, D)");
+    py::array out = py::array_t<float>(std::vector<py::ssize_t>{q.dim(0), q.dim(1), q.dim(2), v.dim(3)});
+    const attn::TensorView ov = out_view(out, 0);
+    std::vector<double> seconds;
+    py::gil_scoped_release nogil;
+    for (int r = 0; r < runs; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        attn::sdpa(q, k, v, attn::SdpaOptions{}, ov);
+        seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return seconds;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(attn, m) {
@@ -447,6 +469,9 @@ PYBIND11_MODULE(attn, m) {
     m.def("_input_copies", [] { return g_input_copies.load(); },
           "How many input arrays the binding has copied so far (only strides that are not a multiple "
           "of the item size are copied).");
+
+    m.def("_time_cpp_sdpa", &time_cpp_sdpa, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("runs"),
+          "Benchmark helper: seconds of each of `runs` plain attn::sdpa calls made from C++.");
 
     py::class_<PyMha>(m, "MultiheadAttention",
                       "torch.nn.MultiheadAttention (eval mode) with attn's kernels; float32 parameters.")
