@@ -2,12 +2,15 @@
 """attn's Python module next to torch in one process, and the binding's overhead.
 
   PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py [--rounds 5] [--runs 5] [--threads 2]
+                                                               [--clock wall|cpu]
+  --threads 1 --clock cpu: everything on one thread timed by process CPU time — the numbers a
+  loaded shared machine cannot disturb much (set OMP_NUM_THREADS=1 too: attn uses OpenMP).
 
 S1: scaled dot-product attention (1, 16, 1024, 1024, 64) float32.
     attn.scaled_dot_product_attention vs torch's textbook softmax(Q·Kᵀ/√d)·V (torch 1.13
     has no F.scaled_dot_product_attention); and vs attn._time_cpp_sdpa, the same attn::sdpa
     call timed in C++ on views built once — the binding's overhead is attn.sdpa's median over
-    that median, minus 1.
+    that median, minus 1. The two are timed call by call in alternation.
 S6: MultiheadAttention(768, 12, batch_first=True), B=4, L=512, self-attention, eval mode,
     need_weights=False on both sides (torch under inference_mode).
 Rounds alternate the contenders so that a shared machine's noise falls on all of them;
@@ -23,13 +26,16 @@ import torch
 import attn
 
 
+CLOCK = time.perf_counter
+
+
 def median_time(fn, runs):
     fn()  # warm-up: page faults, thread pools
     ts = []
     for _ in range(runs):
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         fn()
-        ts.append(time.perf_counter() - t0)
+        ts.append(CLOCK() - t0)
     return statistics.median(ts)
 
 
@@ -38,7 +44,11 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall")
     a = ap.parse_args()
+    global CLOCK
+    cpu = a.clock == "cpu"
+    CLOCK = time.process_time if cpu else time.perf_counter
     torch.set_num_threads(a.threads)
     rng = np.random.default_rng(0)
 
@@ -52,9 +62,17 @@ def main():
 
     err = np.abs(attn.sdpa(q, k, v) - torch_s1().numpy()).max()
     s1 = {"attn.sdpa (Python)": [], "attn::sdpa (C++ timer)": [], "torch textbook": []}
+    attn.sdpa(q, k, v)
+    attn._time_cpp_sdpa(q, k, v, 1, cpu)
     for _ in range(a.rounds):
-        s1["attn.sdpa (Python)"].append(median_time(lambda: attn.sdpa(q, k, v), a.runs))
-        s1["attn::sdpa (C++ timer)"].append(statistics.median(attn._time_cpp_sdpa(q, k, v, a.runs + 1)[1:]))
+        py_t, cpp_t = [], []
+        for _ in range(a.runs):  # alternate call by call: the same noise on both
+            t0 = CLOCK()
+            attn.sdpa(q, k, v)
+            py_t.append(CLOCK() - t0)
+            cpp_t += attn._time_cpp_sdpa(q, k, v, 1, cpu)
+        s1["attn.sdpa (Python)"].append(statistics.median(py_t))
+        s1["attn::sdpa (C++ timer)"].append(statistics.median(cpp_t))
         s1["torch textbook"].append(median_time(torch_s1, a.runs))
 
     # S6
@@ -75,7 +93,7 @@ def main():
         s6["attn.MultiheadAttention"].append(median_time(lambda: m(x, x, x, need_weights=False), a.runs))
         s6["torch nn.MultiheadAttention"].append(median_time(torch_s6, a.runs))
 
-    print(f"threads {a.threads}, {a.rounds} rounds x {a.runs} runs; torch {torch.__version__}, attn {attn.__version__}")
+    print(f"threads {a.threads} ({a.clock} clock), {a.rounds} rounds x {a.runs} runs; torch {torch.__version__}, attn {attn.__version__}")
     for name, shape, res, e in (("S1", "(1,16,1024,1024,64)", s1, err), ("S6", "B=4 L=512 E=768 h=12", s6, err6)):
         print(f"{name} {shape}   max |attn - torch| = {e:.2e}")
         for who, ts in res.items():

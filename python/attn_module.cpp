@@ -18,7 +18,7 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
+#include <ctime>
 #include <memory>
 #include <cstdint>
 #include <mutex>
@@ -413,7 +413,7 @@ std::unique_ptr<PyMha> make_mha(std::int64_t embed_dim, std::int64_t num_heads, 
 // baseline the binding's overhead is measured against, in the same process and build.
 // q/k/v (B, H, L, D) float32; returns the seconds of each of `runs` calls.
 std::vector<double> time_cpp_sdpa(const py::object& query, const py::object& key, const py::object& value,
-                                  int runs) {
+                                  int runs, bool cpu_clock) {
     py::array qa = as_array(query), ka = as_array(key), va = as_array(value);
     const attn::TensorView q = view_of(qa, "query", 4, 4, "(B, H, L, D)");
     const attn::TensorView k = view_of(ka, "key", 4, 4, "(B, H, L, D)");
@@ -422,10 +422,17 @@ std::vector<double> time_cpp_sdpa(const py::object& query, const py::object& key
     const attn::TensorView ov = out_view(out, 0);
     std::vector<double> seconds;
     py::gil_scoped_release nogil;
+    // cpu_clock: the process's CPU time (all threads), like Python's time.process_time —
+    // robust to other processes on a loaded machine when attn runs on one thread.
+    const auto now = [cpu_clock] {
+        timespec ts{};
+        clock_gettime(cpu_clock ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
+        return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+    };
     for (int r = 0; r < runs; ++r) {
-        const auto t0 = std::chrono::steady_clock::now();
+        const double t0 = now();
         attn::sdpa(q, k, v, attn::SdpaOptions{}, ov);
-        seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        seconds.push_back(now() - t0);
     }
     return seconds;
 }
@@ -471,6 +478,7 @@ PYBIND11_MODULE(attn, m) {
           "of the item size are copied).");
 
     m.def("_time_cpp_sdpa", &time_cpp_sdpa, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("runs"),
+          py::arg("cpu_clock") = false,
           "Benchmark helper: seconds of each of `runs` plain attn::sdpa calls made from C++.");
 
     py::class_<PyMha>(m, "MultiheadAttention",
