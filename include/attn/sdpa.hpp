@@ -2,6 +2,8 @@
 //
 //   q: (B, Hq,  Lq, Dk)     any strides; float32 (float64 runs on the reference only)
 //   k: (B, Hkv, Lk, Dk)     Hq % Hkv == 0: query head h reads KV head h / (Hq / Hkv)  (GQA; Hkv = 1 is MQA)
+//                           K and V may be float16/bfloat16: the decode kernel (Lq <= 16) reads them
+//                           directly; the reference too; other kernels refuse them
 //   v: (B, Hkv, Lk, Dv)
 //   out: (B, Hq, Lq, Dv)    float32 or float64, written completely
 //   lse: (B, Hq, Lq)        optional: natural log-sum-exp of each row of scaled, masked scores
@@ -38,7 +40,7 @@ struct Window {
 };
 
 // Which kernel runs. `automatic` picks the fastest kernel that supports the call.
-enum class Impl { automatic, reference, flash };
+enum class Impl { automatic, reference, flash, decode };
 
 struct SdpaOptions {
     std::optional<double> scale;            // default 1/sqrt(Dk); must be finite

@@ -3,6 +3,7 @@
 #include "attn/error.hpp"
 #include "flash/flash.hpp"
 #include "reference/reference.hpp"
+#include "decode/decode.hpp"
 
 namespace attn::detail {
 
@@ -12,6 +13,8 @@ namespace attn::detail {
 // Impl::reference → the textbook oracle (double accumulation).
 void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report) {
     std::string explanation;
+    // Decode branch (issue 6): Lq <= 16, and every float16/bfloat16 K/V, are decided first.
+    if (dispatch_decode(problem, requested, report, explanation)) return;
     const std::string decline = flash_decline_reason(problem);
     bool use_flash = false;
     if (requested == Impl::flash) {
@@ -19,10 +22,10 @@ void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report)
         use_flash = true;
     } else if (requested == Impl::automatic) {
         use_flash = decline.empty();
-        explanation = use_flash ? "auto: flash supports this call (float32 Q, K, V)\n"
+        explanation += use_flash ? "auto: flash supports this call (float32 Q, K, V)\n"
                                 : "auto: flash declined: " + decline + " → reference\n";
     } else {
-        explanation = "reference requested: flash not considered\n";
+        explanation += "reference requested: flash not considered\n";
     }
 
     if (use_flash) {

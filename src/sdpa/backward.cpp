@@ -68,6 +68,10 @@ void sdpa_backward(const TensorView& q, const TensorView& k, const TensorView& v
                    const TensorView& dq, const TensorView& dk, const TensorView& dv, SdpaReport* report) {
     detail::BackwardProblem p;
     p.fwd = detail::make_problem(q, k, v, options, out, &lse, nullptr);
+    // make_problem admits float16/bfloat16 K/V for the forward decode path; gradients need
+    // float32 or float64 inputs.
+    if (!is_float(k.dtype())) fail("k: dtype must be float32 or float64 but got " + std::string(dtype_name(k.dtype())));
+    if (!is_float(v.dtype())) fail("v: dtype must be float32 or float64 but got " + std::string(dtype_name(v.dtype())));
     require_like(grad_out, "grad_out", out.shape(), "out");
     require_like(dq, "dq", q.shape(), "q");
     require_like(dk, "dk", k.shape(), "k");
@@ -102,6 +106,7 @@ void sdpa_backward(const TensorView& q, const TensorView& k, const TensorView& v
             }
             use_flash = true;
             break;
+        case Impl::decode: fail("impl: decode is a forward-only kernel; use auto, reference or flash");
         case Impl::automatic:
             use_flash = all_f32;
             if (!all_f32) why = "flash: declined, an input is float64 → reference\n";

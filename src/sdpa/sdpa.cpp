@@ -18,14 +18,15 @@ std::string_view impl_name(Impl impl) {
         case Impl::automatic: return "auto";
         case Impl::reference: return "reference";
         case Impl::flash: return "flash";
+        case Impl::decode: return "decode";
     }
     return "?";
 }
 
 Impl parse_impl(std::string_view name) {
-    for (Impl i : {Impl::automatic, Impl::reference, Impl::flash})
+    for (Impl i : {Impl::automatic, Impl::reference, Impl::flash, Impl::decode})
         if (name == impl_name(i)) return i;
-    throw Error("impl: expected one of auto, reference, flash but got '" + std::string(name) + "'");
+    throw Error("impl: expected one of auto, reference, flash, decode but got '" + std::string(name) + "'");
 }
 
 Causal parse_causal(std::string_view name) {

@@ -23,6 +23,15 @@ void require_rank(const TensorView& t, const char* name, int rank, const char* l
 
 bool is_compute_float(DType t) { return t == DType::f32 || t == DType::f64; }
 
+// K and V may also be stored in 16 bits: the decode kernel (Lq <= 16) and the reference
+// read them directly; kernels/dispatch.cpp refuses them for any other kernel, saying why.
+void require_kv_float(const TensorView& t, const char* name) {
+    if (!is_floating(t.dtype())) {
+        fail(std::string(name) + ": dtype must be float32, float64, float16 or bfloat16 but got " +
+             std::string(dtype_name(t.dtype())));
+    }
+}
+
 void require_float(const TensorView& t, const char* name) {
     if (!is_compute_float(t.dtype())) {
         fail(std::string(name) + ": dtype must be float32 or float64 but got " + std::string(dtype_name(t.dtype())));
@@ -62,8 +71,8 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
     require_rank(k, "K", 4, "(B, Hkv, Lk, Dk)");
     require_rank(v, "V", 4, "(B, Hkv, Lk, Dv)");
     require_float(q, "Q");
-    require_float(k, "K");
-    require_float(v, "V");
+    require_kv_float(k, "K");
+    require_kv_float(v, "V");
 
     SdpaProblem p;
     p.B = q.dim(0);

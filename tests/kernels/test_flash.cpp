@@ -567,17 +567,19 @@ TEST(FlashFixed, FullyMaskedRows) {
     run_case(c, worst);
 }
 
-// Through the public API: auto picks flash for float32 and says so; float64 goes to the
-// reference with a reason; an explicit flash on float64 is an error naming the tensor.
+// Through the public API: auto picks flash for float32 prefill (Lq > 16; fewer queries go
+// to the decode kernel) and says so; float64 goes to the reference with a reason; an
+// explicit flash on float64 is an error naming the tensor.
 TEST(FlashDispatch, AutoPicksFlashAndExplains) {
-    Tensor q(DType::f32, Shape{1, 2, 5, 8}, true), k(DType::f32, Shape{1, 2, 6, 8}, true), v(DType::f32, Shape{1, 2, 6, 8}, true);
-    Tensor o(DType::f32, Shape{1, 2, 5, 8});
+    Tensor q(DType::f32, Shape{1, 2, 17, 8}, true), k(DType::f32, Shape{1, 2, 6, 8}, true), v(DType::f32, Shape{1, 2, 6, 8}, true);
+    Tensor o(DType::f32, Shape{1, 2, 17, 8});
     SdpaReport rep;
     sdpa(q, k, v, SdpaOptions{}, o, nullptr, nullptr, &rep);
     EXPECT_EQ(rep.kernel.rfind("flash", 0), 0u) << rep.kernel;
     EXPECT_NE(rep.explanation.find("ran: flash"), std::string::npos) << rep.explanation;
+    EXPECT_NE(rep.explanation.find("decode: declined, Lq = 17 > 16"), std::string::npos) << rep.explanation;
 
-    Tensor q64(DType::f64, Shape{1, 2, 5, 8}, true);
+    Tensor q64(DType::f64, Shape{1, 2, 17, 8}, true);
     sdpa(q64, k, v, SdpaOptions{}, o, nullptr, nullptr, &rep);
     EXPECT_EQ(rep.kernel, "reference");
     EXPECT_NE(rep.explanation.find("flash declined: Q is float64"), std::string::npos) << rep.explanation;
@@ -593,8 +595,8 @@ TEST(FlashDispatch, AutoPicksFlashAndExplains) {
 }
 
 TEST(FlashDispatch, IsaEnvironmentOverride) {
-    Tensor q(DType::f32, Shape{1, 1, 3, 4}, true), k(DType::f32, Shape{1, 1, 3, 4}, true), v(DType::f32, Shape{1, 1, 3, 4}, true);
-    Tensor o(DType::f32, Shape{1, 1, 3, 4});
+    Tensor q(DType::f32, Shape{1, 1, 20, 4}, true), k(DType::f32, Shape{1, 1, 3, 4}, true), v(DType::f32, Shape{1, 1, 3, 4}, true);
+    Tensor o(DType::f32, Shape{1, 1, 20, 4});
     SdpaReport rep;
     ::setenv("ATTN_ISA", "generic", 1);
     sdpa(q, k, v, SdpaOptions{}, o, nullptr, nullptr, &rep);

@@ -1,5 +1,5 @@
 // attn sdpa --q Q.npy --k K.npy --v V.npy --out O.npy [--mask M.npy] [--causal top-left|bottom-right]
-//           [--scale S] [--weights W.npy] [--lse L.npy] [--impl auto|reference|flash] ...
+//           [--scale S] [--weights W.npy] [--lse L.npy] [--impl auto|reference|flash|decode] ...
 //           [--grad-out dO.npy --dq dQ.npy --dk dK.npy --dv dV.npy] [--dropout P --seed N]
 #include <cmath>
 #include <cstdio>
@@ -28,10 +28,13 @@ struct SdpaArgs {
     bool verbose = false;
 };
 
-Tensor read_input(const std::string& flag, const std::string& path) {
+// K and V may also be float16: they are passed through as they are (no float32 copy of
+// the whole tensor) and the decode kernel converts each row as it reads it.
+Tensor read_input(const std::string& flag, const std::string& path, bool allow_f16 = false) {
     Tensor t = read_npy(path);
-    if (t.dtype() != DType::f32 && t.dtype() != DType::f64) {
-        throw Error(flag + ": " + path + " must hold float32 or float64 but holds " + std::string(dtype_name(t.dtype())));
+    if (t.dtype() != DType::f32 && t.dtype() != DType::f64 && !(allow_f16 && t.dtype() == DType::f16)) {
+        throw Error(flag + ": " + path + " must hold float32 or float64" + (allow_f16 ? " (or float16)" : "") +
+                    " but holds " + std::string(dtype_name(t.dtype())));
     }
     return t;
 }
@@ -67,8 +70,8 @@ void run(const SdpaArgs& a) {
     opt.dropout_seed = a.seed;
 
     const Tensor q = read_input("--q", a.q);
-    const Tensor k = read_input("--k", a.k);
-    const Tensor v = read_input("--v", a.v);
+    const Tensor k = read_input("--k", a.k, true);
+    const Tensor v = read_input("--v", a.v, true);
     Tensor mask, lengths;
     if (!a.mask.empty()) {
         mask = read_npy(a.mask);
@@ -138,8 +141,8 @@ void add_sdpa_command(CLI::App& app) {
     auto args = std::make_shared<SdpaArgs>();
     CLI::App* cmd = app.add_subcommand("sdpa", "Scaled dot-product attention: O = softmax(Q·Kᵀ·scale + mask)·V on .npy files");
     cmd->add_option("--q", args->q, "queries (B, Hq, Lq, Dk), float32 or float64")->required();
-    cmd->add_option("--k", args->k, "keys (B, Hkv, Lk, Dk); Hq must be a multiple of Hkv")->required();
-    cmd->add_option("--v", args->v, "values (B, Hkv, Lk, Dv)")->required();
+    cmd->add_option("--k", args->k, "keys (B, Hkv, Lk, Dk); Hq must be a multiple of Hkv; float32, float64 or float16 (float16: decode kernel, Lq <= 16)")->required();
+    cmd->add_option("--v", args->v, "values (B, Hkv, Lk, Dv), same dtypes as --k")->required();
     cmd->add_option("--out", args->out, "output O (B, Hq, Lq, Dv), written as float32")->required();
     cmd->add_option("--mask", args->mask,
                     "bool keep-mask (true = may attend) or float additive mask, broadcastable to (B, Hq, Lq, Lk)");
@@ -152,7 +155,8 @@ void add_sdpa_command(CLI::App& app) {
     cmd->add_option("--window-align", args->window_align, "diagonal of the window: top-left (default) or bottom-right");
     cmd->add_option("--weights", args->weights, "write attention weights A (B, Hq, Lq, Lk) as float32");
     cmd->add_option("--lse", args->lse, "write the row log-sum-exp (B, Hq, Lq) as float32");
-    cmd->add_option("--impl", args->impl, "kernel: auto, reference or flash (forward and backward)");
+    cmd->add_option("--impl", args->impl,
+                    "kernel: auto, reference, flash or decode (Lq <= 16, forward only); backward: auto, reference or flash");
     cmd->add_option("--grad-out", args->grad_out,
                     "dO (B, Hq, Lq, Dv): also compute the gradients of <O, dO> (needs --dq, --dk, --dv)");
     cmd->add_option("--dq", args->dq, "write dQ (B, Hq, Lq, Dk), in the dtype of Q");

@@ -1,0 +1,185 @@
+// Decode kernel: planning, CPU choice and the sdpa glue (argument views → DecodeArgs).
+#include "decode.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "attn/decode.hpp"
+#include "../../sdpa/problem.hpp"
+#include "decode_core.hpp"
+
+namespace attn::detail {
+
+// AVX2 + FMA + F16C, detected once. A tiny local check: it should move to the shared
+// src/core/cpu_features once that is merged (the flash kernel's branch adds it).
+bool decode_cpu_has_avx2() {
+    static const bool has = [] {
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    }();
+    return has;
+}
+
+const char* decode_isa(const DecodeTuning& tuning) {
+    return !tuning.force_portable && decode_cpu_has_avx2() ? "avx2" : "portable";
+}
+
+DecodePlan plan_decode(std::int64_t B, std::int64_t Hkv, std::int64_t group, std::int64_t Lq, std::int64_t Lk,
+                       std::int64_t Dk, std::int64_t Dv, std::int64_t forced_split) {
+    DecodePlan plan;
+    const std::int64_t M = group * Lq;
+    // Enough items for every core to get four (dynamic scheduling evens out sequences of
+    // different lengths; S7's 8 KV heads on 2 cores need no split and no merge), but chunks of at least kMinChunk keys so the partials and
+    // the merge stay small next to the K/V bytes they summarise. The machine's core count
+    // (not the thread count) sets the target, so results do not change with threads.
+    constexpr std::int64_t kMinChunk = 256;
+    const std::int64_t target = std::max<std::int64_t>(4, 4 * static_cast<std::int64_t>(omp_get_num_procs()));
+    std::int64_t nsplit = 1;
+    if (forced_split > 0) {
+        nsplit = forced_split;
+    } else if (B * Hkv < target) {
+        nsplit = std::min((target + B * Hkv - 1) / (B * Hkv), (Lk + kMinChunk - 1) / kMinChunk);
+    }
+    nsplit = std::max<std::int64_t>(1, std::min(nsplit, Lk));
+    // Chunks start on block boundaries; recompute the count so no chunk is empty.
+    std::int64_t chunk = (Lk + nsplit - 1) / nsplit;
+    if (nsplit > 1 && chunk > kDecodeBlock) chunk = (chunk + kDecodeBlock - 1) / kDecodeBlock * kDecodeBlock;
+    nsplit = (Lk + chunk - 1) / chunk;
+    plan.nsplit = nsplit;
+    plan.chunk = chunk;
+    plan.work_per_thread = (scratch_floats(M, Dk, Dv) + 15) / 16 * 16;  // 64-byte multiples
+    plan.partial_floats = nsplit > 1 ? B * Hkv * nsplit * (M * Dv + 2 * M) : 0;
+    return plan;
+}
+
+void run_decode(DecodeArgs args, const DecodeTuning& tuning) {
+    const DecodePlan plan =
+        plan_decode(args.B, args.Hkv, args.group, args.Lq, args.Lk, args.Dk, args.Dv, tuning.split);
+    args.nsplit = plan.nsplit;
+    args.chunk = plan.chunk;
+    args.max_threads = std::max(1, omp_get_max_threads());
+    args.work_per_thread = plan.work_per_thread;
+    // One allocation for the per-thread scratch and the split partials (small: about
+    // M·(Dk+Dv+64) floats per thread and B·Hkv·nsplit·M·(Dv+2) floats).
+    const std::size_t floats =
+        static_cast<std::size_t>(plan.work_per_thread * args.max_threads + plan.partial_floats) + 16;
+    std::unique_ptr<float[]> buffer(new float[floats]);
+    float* base = buffer.get();
+    base += (16 - (reinterpret_cast<std::uintptr_t>(base) / sizeof(float)) % 16) % 16;  // 64-byte align
+    args.work = base;
+    args.partial = plan.partial_floats > 0 ? base + plan.work_per_thread * args.max_threads : nullptr;
+    if (!tuning.force_portable && decode_cpu_has_avx2()) decode_avx2(args);
+    else decode_portable(args);
+}
+
+std::string decode_declines(const SdpaProblem& p) {
+    auto is_store = [](DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; };
+    if (p.Lq > kMaxDecodeQueries) return "Lq = " + std::to_string(p.Lq) + " > 16 (decode is for a few new queries)";
+    if (p.weights) return "attention weights were requested (decode never forms them)";
+    if (p.dropout_p > 0.0) return "dropout was requested (decode applies none)";
+    if (p.q.dtype() != DType::f32) return "Q is " + std::string(dtype_name(p.q.dtype())) + ", decode takes float32";
+    if (p.out.dtype() != DType::f32 || (p.lse && p.lse->dtype() != DType::f32))
+        return "out/lse are float64, decode writes float32";
+    if (!is_store(p.k.dtype()) || p.k.dtype() != p.v.dtype())
+        return "K is " + std::string(dtype_name(p.k.dtype())) + " and V is " + std::string(dtype_name(p.v.dtype())) +
+               ", decode needs both float32, both float16 or both bfloat16";
+    if (p.k.stride(3) != 1 || p.v.stride(3) != 1) return "K or V is strided along the head dim (decode needs unit stride)";
+    return {};
+}
+
+namespace {
+void copy_strides(const TensorView& t, std::int64_t* s, int n) {
+    for (int i = 0; i < n; ++i) s[i] = t.stride(i);
+}
+}  // namespace
+
+void decode_forward(const SdpaProblem& p, const DecodeTuning& tuning) {
+    // Structural masks → one key interval per (b, i): decided by SdpaProblem::key_range,
+    // the single place for those rules.
+    std::vector<std::int64_t> range(static_cast<std::size_t>(2 * p.B * p.Lq));
+    for (std::int64_t b = 0; b < p.B; ++b)
+        for (std::int64_t i = 0; i < p.Lq; ++i) {
+            const KeyRange r = p.key_range(b, i);
+            range[static_cast<std::size_t>(2 * (b * p.Lq + i))] = r.lo;
+            range[static_cast<std::size_t>(2 * (b * p.Lq + i) + 1)] = std::max(r.lo, r.hi);
+        }
+    DecodeArgs a;
+    a.B = p.B;
+    a.Hq = p.Hq;
+    a.Hkv = p.Hkv;
+    a.Lq = p.Lq;
+    a.Lk = p.Lk;
+    a.Dk = p.Dk;
+    a.Dv = p.Dv;
+    a.group = p.group;
+    a.scale = static_cast<float>(p.scale);
+    a.q = p.q.data_as<const float>();
+    copy_strides(p.q, a.qs, 4);
+    a.kv = p.k.dtype();
+    a.k = p.k.data();
+    copy_strides(p.k, a.ks, 4);
+    a.v = p.v.data();
+    copy_strides(p.v, a.vs, 4);
+    a.out = p.out.data_as<float>();
+    copy_strides(p.out, a.os, 4);
+    if (p.lse) {
+        a.lse = p.lse->data_as<float>();
+        copy_strides(*p.lse, a.ls, 3);
+    }
+    a.range = range.data();
+    if (p.bool_mask) {
+        a.bool_mask = p.bool_mask->data_as<const unsigned char>();
+        copy_strides(*p.bool_mask, a.bms, 4);
+    }
+    if (p.additive_mask) {
+        a.add_mask = p.additive_mask->data();
+        a.add_mask_f64 = p.additive_mask->dtype() == DType::f64;
+        copy_strides(*p.additive_mask, a.ams, 4);
+    }
+    run_decode(a, tuning);
+}
+
+}  // namespace attn::detail
+
+#include "attn/error.hpp"
+#include "attn/sdpa.hpp"
+
+namespace attn::detail {
+
+bool dispatch_decode(const SdpaProblem& p, Impl requested, SdpaReport* report, std::string& explanation) {
+    auto is16 = [](DType t) { return t == DType::f16 || t == DType::bf16; };
+    const bool sixteen = is16(p.k.dtype()) || is16(p.v.dtype());
+    const std::string kv = "K is " + std::string(dtype_name(p.k.dtype())) + ", V is " + std::string(dtype_name(p.v.dtype()));
+    if (requested == Impl::reference) return false;  // the oracle reads every dtype
+    if (requested != Impl::decode && requested != Impl::automatic) {
+        if (!sixteen) return false;
+        throw Error("impl: the " + std::string(impl_name(requested)) + " kernel takes float32 K/V but " + kv +
+                    "; 16-bit K/V run on the decode kernel (Lq <= 16, impl auto or decode) or the reference "
+                    "(impl reference, exact but slow) — or convert K and V to float32");
+    }
+    const std::string why_not = decode_declines(p);
+    if (!why_not.empty()) {
+        if (requested == Impl::decode) throw Error("impl: the decode kernel cannot run this call: " + why_not);
+        if (sixteen) {
+            throw Error("sdpa: " + kv + ", which only the decode kernel runs fast, and it declined: " + why_not +
+                        "; use impl reference (exact but slow) or convert K and V to float32");
+        }
+        explanation += "decode: declined, " + why_not + "\n";
+        return false;
+    }
+    const DecodeTuning tuning{};
+    decode_forward(p, tuning);
+    if (report != nullptr) {
+        report->kernel = "decode";
+        report->explanation = explanation + (requested == Impl::automatic ? "auto: decode (Lq = " + std::to_string(p.Lq) + " <= 16)\n" : "") +
+                              "ran: decode (" + decode_isa(tuning) + ", K/V " + std::string(dtype_name(p.k.dtype())) +
+                              ", fp32 accumulation)";
+    }
+    return true;
+}
+
+}  // namespace attn::detail

@@ -1,0 +1,212 @@
+// The decode kernel with AVX2 + FMA + F16C. The only file of the decode kernel compiled
+// with -mavx2 -mfma -mf16c (src/CMakeLists.txt); run_decode calls it only after checking
+// the CPU (decode.cpp). To keep AVX2 code from leaking into the portable build, this file
+// defines everything with internal linkage and uses no inline C++ library templates
+// (std::min, std::vector, <cmath> wrappers): the linker could otherwise keep this file's
+// AVX2 copy of such a function for the whole program.
+#include <immintrin.h>
+
+#include "decode_core.hpp"
+
+namespace attn::detail {
+namespace {
+
+struct Avx2Ops {
+    struct Half { std::uint16_t bits; };   // IEEE float16
+    struct Brain { std::uint16_t bits; };  // bfloat16: the top half of a float32
+
+    static __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+    static __m256 load8(const Half* p) {
+        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    }
+    static __m256 load8(const Brain* p) {
+        const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+    }
+    static float load1(const float* p) { return *p; }
+    static float load1(const Half* p) { return _cvtsh_ss(p->bits); }
+    static float load1(const Brain* p) {
+        const std::uint32_t u = static_cast<std::uint32_t>(p->bits) << 16;
+        float f;
+        __builtin_memcpy(&f, &u, 4);
+        return f;
+    }
+
+    // Horizontal sums of 8 vectors: lane x of the result is the sum of the lanes of a[x].
+    static __m256 hsum8(const __m256* a) {
+        const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+        const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+        // t0 = [a0..a3 low-lane sums | a0..a3 high-lane sums], t1 the same for a4..a7.
+        return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+    }
+
+    static float hsum(__m256 v) {
+        __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+        x = _mm_add_ss(x, _mm_movehdup_ps(x));
+        return _mm_cvtss_f32(x);
+    }
+
+    // R query rows × 8/R keys per tile: exactly 8 independent accumulators, enough to hide
+    // the FMA latency even for one row (Lq = 1, no GQA), and each K vector loaded (and
+    // converted) once for the R rows. Keys past n repeat key n−1 and are discarded.
+    template <int R, class T>
+    static void score_tile(const float* q, i64 qstride, const T* k, i64 kstride, i64 n, i64 Dk, float* s,
+                           i64 sstride) {
+        constexpr int KT = 8 / R;
+        const i64 Dk8 = Dk & ~i64{7};
+        for (i64 j = 0; j < n; j += KT) {
+            const T* kp[KT];
+#pragma GCC unroll 8
+            for (int t = 0; t < KT; ++t) kp[t] = k + imin(j + t, n - 1) * kstride;
+            __m256 acc[8];
+#pragma GCC unroll 8
+            for (int x = 0; x < 8; ++x) acc[x] = _mm256_setzero_ps();
+            for (i64 d = 0; d < Dk8; d += 8) {
+                __m256 qv[R];
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) qv[r] = _mm256_loadu_ps(q + r * qstride + d);
+#pragma GCC unroll 8
+                for (int t = 0; t < KT; ++t) {
+                    const __m256 kv = load8(kp[t] + d);
+#pragma GCC unroll 8
+                    for (int r = 0; r < R; ++r) acc[r * KT + t] = _mm256_fmadd_ps(qv[r], kv, acc[r * KT + t]);
+                }
+            }
+            alignas(32) float tmp[8];
+            _mm256_store_ps(tmp, hsum8(acc));
+            for (i64 d = Dk8; d < Dk; ++d)
+                for (int t = 0; t < KT; ++t) {
+                    const float kd = load1(kp[t] + d);
+                    for (int r = 0; r < R; ++r) tmp[r * KT + t] += q[r * qstride + d] * kd;
+                }
+            for (int r = 0; r < R; ++r)
+                for (int t = 0; t < KT && j + t < n; ++t) s[r * sstride + j + t] = tmp[r * KT + t];
+        }
+    }
+
+    template <class T>
+    static void scores(const float* q, i64 qstride, int R, const T* k, i64 kstride, i64 n, i64 Dk, float* s,
+                       i64 sstride) {
+        if (R == 4) score_tile<4>(q, qstride, k, kstride, n, Dk, s, sstride);
+        else if (R == 2) score_tile<2>(q, qstride, k, kstride, n, Dk, s, sstride);
+        else score_tile<1>(q, qstride, k, kstride, n, Dk, s, sstride);
+    }
+
+    // exp(x) for x <= 0 (Cephes expf: range reduction by ln 2, degree-5 polynomial,
+    // about 1 ulp). NaN stays NaN: the clamps keep x as the operand that propagates.
+    static __m256 exp8(__m256 x) {
+        x = _mm256_min_ps(_mm256_set1_ps(88.3762626647949f), x);
+        x = _mm256_max_ps(_mm256_set1_ps(-88.3762626647949f), x);
+        __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+        fx = _mm256_floor_ps(fx);
+        x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+        x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+        const __m256 z = _mm256_mul_ps(x, x);
+        __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+        y = _mm256_fmadd_ps(y, z, x);
+        y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+        __m256i e = _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127));
+        e = _mm256_slli_epi32(e, 23);  // 2^fx (fx >= −127: 2^−127 encodes as 0)
+        return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    }
+
+    static float row_max(const float* s, i64 n) {
+        __m256 mv = _mm256_set1_ps(-INFINITY);
+        i64 j = 0;
+        for (; j + 8 <= n; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + j));
+        __m128 x = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+        x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+        x = _mm_max_ss(x, _mm_movehdup_ps(x));
+        float mx = _mm_cvtss_f32(x);
+        for (; j < n; ++j) mx = s[j] > mx ? s[j] : mx;
+        return mx;
+    }
+
+    static float exp_shift(float* s, i64 n, float m) {
+        const __m256 mv = _mm256_set1_ps(m), ninf = _mm256_set1_ps(-INFINITY);
+        __m256 sum = _mm256_setzero_ps();
+        i64 j = 0;
+        for (; j + 8 <= n; j += 8) {
+            const __m256 x = _mm256_loadu_ps(s + j);
+            // A masked score (−inf) gets weight exactly 0, not exp(−88).
+            const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(x, ninf, _CMP_EQ_OQ), exp8(_mm256_sub_ps(x, mv)));
+            _mm256_storeu_ps(s + j, e);
+            sum = _mm256_add_ps(sum, e);
+        }
+        float total = hsum(sum);
+        for (; j < n; ++j) {
+            const float e = s[j] == -INFINITY ? 0.0f : expf(s[j] - m);
+            s[j] = e;
+            total += e;
+        }
+        return total;
+    }
+
+    // o[r][d0 .. d0+8C) for R rows: R·C accumulators held in registers over the whole block;
+    // each V vector is loaded (and converted) once for the R rows.
+    template <int R, int C, class T>
+    static void acc_chunk(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, const T* v,
+                          i64 vstride, i64 n, i64 d0) {
+        // One flat array, every loop fully unrolled: GCC then keeps it in registers (a 2-D
+        // array of vectors was kept in memory and stored back on every key).
+        __m256 acc[R * C];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+            const __m256 al = _mm256_set1_ps(alpha[r]);
+#pragma GCC unroll 8
+            for (int c = 0; c < C; ++c) acc[r * C + c] = _mm256_mul_ps(_mm256_loadu_ps(o + r * ostride + d0 + 8 * c), al);
+        }
+        const float* pj = p;
+        const T* vj = v + d0;
+        for (i64 j = 0; j < n; ++j, ++pj, vj += vstride) {
+            __m256 pb[R];
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) pb[r] = _mm256_broadcast_ss(pj + r * pstride);
+#pragma GCC unroll 8
+            for (int c = 0; c < C; ++c) {
+                const __m256 vv = load8(vj + 8 * c);
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) acc[r * C + c] = _mm256_fmadd_ps(pb[r], vv, acc[r * C + c]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+            for (int c = 0; c < C; ++c) _mm256_storeu_ps(o + r * ostride + d0 + 8 * c, acc[r * C + c]);
+    }
+
+    template <int R, class T>
+    static void acc_tile(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, const T* v,
+                         i64 vstride, i64 n, i64 Dv) {
+        constexpr int C = 8 / R;
+        i64 d0 = 0;
+        for (; d0 + 8 * C <= Dv; d0 += 8 * C) acc_chunk<R, C>(o, ostride, alpha, p, pstride, v, vstride, n, d0);
+        for (; d0 + 8 <= Dv; d0 += 8) acc_chunk<R, 1>(o, ostride, alpha, p, pstride, v, vstride, n, d0);
+        for (int r = 0; r < R; ++r)
+            for (i64 d = d0; d < Dv; ++d) {
+                float a = o[r * ostride + d] * alpha[r];
+                for (i64 j = 0; j < n; ++j) a += p[r * pstride + j] * load1(v + j * vstride + d);
+                o[r * ostride + d] = a;
+            }
+    }
+
+    template <class T>
+    static void accumulate(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, int R, const T* v,
+                           i64 vstride, i64 n, i64 Dv) {
+        if (R == 4) acc_tile<4>(o, ostride, alpha, p, pstride, v, vstride, n, Dv);
+        else if (R == 2) acc_tile<2>(o, ostride, alpha, p, pstride, v, vstride, n, Dv);
+        else acc_tile<1>(o, ostride, alpha, p, pstride, v, vstride, n, Dv);
+    }
+};
+
+}  // namespace
+
+void decode_avx2(const DecodeArgs& args) { decode_entry<Avx2Ops>(args); }
+
+}  // namespace attn::detail

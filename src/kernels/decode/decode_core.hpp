@@ -1,0 +1,235 @@
+// The decode algorithm, written once and compiled twice: by decode_portable.cpp with
+// portable vector ops and by decode_avx2.cpp with AVX2/FMA/F16C ops. Everything here has
+// internal linkage (anonymous namespace): the two copies must never be merged by the
+// linker, or the portable build could end up running AVX2 code on an older CPU.
+//
+// The including file defines, before including this header, a struct `Ops` with:
+//   template <class T> static void scores(const float* q, int64 qstride, int R,
+//       const T* k, int64 kstride, int64 n, int64 Dk, float* s, int64 sstride);
+//         // s[r][j] = q[r] · k[j] for r < R (R = 1, 2 or 4), j < n
+//   static float row_max(const float* s, int64 n);   // max_j s[j] (−inf when n = 0)
+//   static float exp_shift(float* s, int64 n, float m);
+//         // s[j] ← exp(s[j] − m), exactly 0 where s[j] = −inf; returns Σ_j s[j]
+//   template <class T> static void accumulate(float* o, int64 ostride, const float* alpha,
+//       const float* p, int64 pstride, int R, const T* v, int64 vstride, int64 n, int64 Dv);
+//         // o[r] ← alpha[r]·o[r] + Σ_j p[r][j]·v[j]
+// and the storage tags Half / Brain (16-bit float16 / bfloat16 payloads).
+#pragma once
+
+#include <math.h>  // expf, logf, INFINITY: C functions, no inline C++ wrappers (see above)
+#include <omp.h>
+
+#include <cstdint>
+
+#include "decode.hpp"
+
+namespace attn::detail {
+namespace {
+
+using i64 = std::int64_t;
+
+inline i64 imin(i64 a, i64 b) { return a < b ? a : b; }
+inline i64 imax(i64 a, i64 b) { return a > b ? a : b; }
+
+// Scratch of one thread, carved from args.work. M = group·Lq rows.
+struct Scratch {
+    float* q;      // M × Dk: the rows' queries, pre-multiplied by scale
+    float* s;      // M × kDecodeBlock: scores, then probabilities, of the current block
+    float* o;      // M × Dv: unnormalised output accumulator
+    float* m;      // M: running max of the scaled scores
+    float* l;      // M: running Σ exp(score − m)
+    float* alpha;  // M: rescale factor of the current block
+    i64* lo;       // M: visible key range of the row, clipped to the chunk
+    i64* hi;
+};
+
+inline i64 scratch_floats(i64 M, i64 Dk, i64 Dv) {
+    // q, s, o, m, l, alpha, and lo/hi as two i64 (= 2 floats each) per row.
+    return M * Dk + M * kDecodeBlock + M * Dv + 3 * M + 4 * M + 16;
+}
+
+inline Scratch carve(float* base, i64 M, i64 Dk, i64 Dv) {
+    Scratch s;
+    s.q = base;
+    s.s = s.q + M * Dk;
+    s.o = s.s + M * kDecodeBlock;
+    s.m = s.o + M * Dv;
+    s.l = s.m + M;
+    s.alpha = s.l + M;
+    // i64 arrays need 8-byte alignment: round the offset up to an even float count.
+    i64 off = (s.alpha + M) - base;
+    off = (off + 1) & ~i64{1};
+    s.lo = reinterpret_cast<i64*>(base + off);
+    s.hi = s.lo + M;
+    return s;
+}
+
+// Element-wise masks of row (b, h, i) on keys j0 .. j0+n−1: s += bias; s = −inf where the
+// bool mask forbids. Only called when the problem has such masks.
+inline void apply_elementwise(const DecodeArgs& a, i64 b, i64 h, i64 i, i64 j0, i64 n, float* s) {
+    if (a.add_mask != nullptr) {
+        const i64 base = b * a.ams[0] + h * a.ams[1] + i * a.ams[2];
+        for (i64 j = 0; j < n; ++j) {
+            const i64 off = base + (j0 + j) * a.ams[3];
+            s[j] += a.add_mask_f64 ? static_cast<float>(static_cast<const double*>(a.add_mask)[off])
+                                   : static_cast<const float*>(a.add_mask)[off];
+        }
+    }
+    if (a.bool_mask != nullptr) {
+        const i64 base = b * a.bms[0] + h * a.bms[1] + i * a.bms[2];
+        for (i64 j = 0; j < n; ++j)
+            if (a.bool_mask[base + (j0 + j) * a.bms[3]] == 0) s[j] = -INFINITY;
+    }
+}
+
+// Calls f(r0, R) over the rows 0..M−1 in groups of 4, then 2, then 1.
+template <class F>
+inline void for_row_groups(i64 M, F&& f) {
+    i64 r = 0;
+    for (; r + 4 <= M; r += 4) f(r, 4);
+    for (; r + 2 <= M; r += 2) f(r, 2);
+    for (; r < M; ++r) f(r, 1);
+}
+
+// One work item: sequence b, KV head hk, keys [c0, c1). Leaves (o, m, l) per row in sc.
+template <class Ops, class T>
+void run_item(const DecodeArgs& a, i64 b, i64 hk, i64 c0, i64 c1, const Scratch& sc) {
+    const i64 G = a.group, Lq = a.Lq, M = G * Lq, Dk = a.Dk, Dv = a.Dv;
+    // Row r = g·Lq + i is query i of query head h = hk·G + g.
+    i64 klo = c1, khi = c0;
+    for (i64 r = 0; r < M; ++r) {
+        const i64 g = r / Lq, i = r % Lq, h = hk * G + g;
+        const float* qrow = a.q + b * a.qs[0] + h * a.qs[1] + i * a.qs[2];
+        for (i64 d = 0; d < Dk; ++d) sc.q[r * Dk + d] = qrow[d * a.qs[3]] * a.scale;
+        const i64* rg = a.range + 2 * (b * Lq + i);
+        sc.lo[r] = imax(rg[0], c0);
+        sc.hi[r] = imin(rg[1], c1);
+        if (sc.lo[r] < sc.hi[r]) {
+            klo = imin(klo, sc.lo[r]);
+            khi = imax(khi, sc.hi[r]);
+        }
+        sc.m[r] = -INFINITY;
+        sc.l[r] = 0.0f;
+        for (i64 d = 0; d < Dv; ++d) sc.o[r * Dv + d] = 0.0f;
+    }
+    const T* kbase = static_cast<const T*>(a.k) + b * a.ks[0] + hk * a.ks[1];
+    const T* vbase = static_cast<const T*>(a.v) + b * a.vs[0] + hk * a.vs[1];
+    const bool elementwise = a.bool_mask != nullptr || a.add_mask != nullptr;
+
+    for (i64 j0 = klo; j0 < khi; j0 += kDecodeBlock) {
+        const i64 n = imin(kDecodeBlock, khi - j0);
+        // S = (scale·Q) · K_blockᵀ — each K row is read from memory once for all M rows.
+        for_row_groups(M, [&](i64 r0, i64 R) {
+            Ops::template scores<T>(sc.q + r0 * Dk, Dk, static_cast<int>(R), kbase + j0 * a.ks[2], a.ks[2], n, Dk,
+                                    sc.s + r0 * kDecodeBlock, kDecodeBlock);
+        });
+        // Online softmax (per row):  m' = max(m, max_j s_j);  α = exp(m − m');
+        //   p_j = exp(s_j − m');  l' = α·l + Σ_j p_j;  o' = α·o + Σ_j p_j·v_j   (below)
+        for (i64 r = 0; r < M; ++r) {
+            float* s = sc.s + r * kDecodeBlock;
+            const i64 lo = sc.lo[r] - j0, hi = sc.hi[r] - j0;  // visible part of this block
+            for (i64 j = 0; j < imin(lo, n); ++j) s[j] = -INFINITY;
+            for (i64 j = imax(hi, 0); j < n; ++j) s[j] = -INFINITY;
+            if (elementwise && lo < n && hi > 0) {
+                const i64 g = r / Lq, i = r % Lq;
+                apply_elementwise(a, b, hk * G + g, i, j0, n, s);
+            }
+            const float mx = Ops::row_max(s, n);
+            const float m_new = mx > sc.m[r] ? mx : sc.m[r];
+            if (m_new == -INFINITY) {  // nothing visible yet: p = 0, o and l stay 0
+                sc.alpha[r] = 1.0f;
+                for (i64 j = 0; j < n; ++j) s[j] = 0.0f;
+                continue;
+            }
+            sc.alpha[r] = expf(sc.m[r] - m_new);  // exp(−inf) = 0 on the first visible block
+            sc.l[r] = sc.alpha[r] * sc.l[r] + Ops::exp_shift(s, n, m_new);
+            sc.m[r] = m_new;
+        }
+        // O = α·O + P · V_block — each V row is read from memory once for all M rows.
+        for_row_groups(M, [&](i64 r0, i64 R) {
+            Ops::template accumulate<T>(sc.o + r0 * Dv, Dv, sc.alpha + r0, sc.s + r0 * kDecodeBlock, kDecodeBlock,
+                                        static_cast<int>(R), vbase + j0 * a.vs[2], a.vs[2], n, Dv);
+        });
+    }
+}
+
+// Final output of one row from its (o, m, l): out = o / l, lse = m + log l.
+// A row that saw no key gives out = 0, lse = −inf (never NaN).
+inline void write_row(const DecodeArgs& a, i64 b, i64 h, i64 i, const float* o, float m, float l) {
+    float* out = a.out + b * a.os[0] + h * a.os[1] + i * a.os[2];
+    const bool empty = !(l > 0.0f);
+    const float inv = empty ? 0.0f : 1.0f / l;
+    for (i64 d = 0; d < a.Dv; ++d) out[d * a.os[3]] = empty ? 0.0f : o[d] * inv;
+    if (a.lse != nullptr) a.lse[b * a.ls[0] + h * a.ls[1] + i * a.ls[2]] = empty ? -INFINITY : m + logf(l);
+}
+
+template <class Ops, class T>
+void decode_impl(const DecodeArgs& a) {
+    const i64 M = a.group * a.Lq, Dk = a.Dk, Dv = a.Dv;
+    const i64 items = a.B * a.Hkv * a.nsplit;
+    const i64 part_stride = M * Dv + 2 * M;  // o (M × Dv), m (M), l (M) of one item
+
+#pragma omp parallel num_threads(a.max_threads)
+    {
+        const Scratch sc = carve(a.work + omp_get_thread_num() * a.work_per_thread, M, Dk, Dv);
+#pragma omp for schedule(dynamic, 1)
+        for (i64 it = 0; it < items; ++it) {
+            const i64 c = it % a.nsplit, bh = it / a.nsplit;
+            const i64 b = bh / a.Hkv, hk = bh % a.Hkv;
+            const i64 c0 = c * a.chunk, c1 = imin(a.Lk, c0 + a.chunk);
+            run_item<Ops, T>(a, b, hk, c0, c1, sc);
+            if (a.nsplit == 1) {
+                for (i64 r = 0; r < M; ++r)
+                    write_row(a, b, hk * a.group + r / a.Lq, r % a.Lq, sc.o + r * Dv, sc.m[r], sc.l[r]);
+            } else {
+                float* part = a.partial + it * part_stride;
+                for (i64 x = 0; x < M * Dv; ++x) part[x] = sc.o[x];
+                for (i64 r = 0; r < M; ++r) {
+                    part[M * Dv + r] = sc.m[r];
+                    part[M * Dv + M + r] = sc.l[r];
+                }
+            }
+        }
+        if (a.nsplit > 1) {
+            // Merge the chunks of each (b, hk) by their log-sum-exp, in chunk order.
+#pragma omp for schedule(static)
+            for (i64 bh = 0; bh < a.B * a.Hkv; ++bh) {
+                const i64 b = bh / a.Hkv, hk = bh % a.Hkv;
+                const float* parts = a.partial + bh * a.nsplit * part_stride;
+                for (i64 r = 0; r < M; ++r) {
+                    float mmax = -INFINITY;
+                    for (i64 c = 0; c < a.nsplit; ++c) {
+                        const float mc = parts[c * part_stride + M * Dv + r];
+                        mmax = mc > mmax ? mc : mmax;
+                    }
+                    float* o = sc.o;  // reuse the thread's accumulator for the merged row
+                    for (i64 d = 0; d < Dv; ++d) o[d] = 0.0f;
+                    float l = 0.0f;
+                    if (mmax != -INFINITY) {
+                        for (i64 c = 0; c < a.nsplit; ++c) {
+                            const float* pc = parts + c * part_stride;
+                            const float mc = pc[M * Dv + r];
+                            if (mc == -INFINITY) continue;  // chunk saw no key of this row
+                            const float w = expf(mc - mmax);
+                            l += w * pc[M * Dv + M + r];
+                            for (i64 d = 0; d < Dv; ++d) o[d] += w * pc[r * Dv + d];
+                        }
+                    }
+                    write_row(a, b, hk * a.group + r / a.Lq, r % a.Lq, o, mmax, l);
+                }
+            }
+        }
+    }
+}
+
+template <class Ops>
+void decode_entry(const DecodeArgs& a) {
+    switch (a.kv) {
+        case DType::f16: decode_impl<Ops, typename Ops::Half>(a); break;
+        case DType::bf16: decode_impl<Ops, typename Ops::Brain>(a); break;
+        default: decode_impl<Ops, float>(a); break;
+    }
+}
+
+}  // namespace
+}  // namespace attn::detail

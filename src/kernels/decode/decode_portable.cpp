@@ -1,0 +1,74 @@
+// The decode kernel in portable C++ (any x86-64 or other CPU): the same algorithm as
+// decode_avx2.cpp (decode_core.hpp), with scalar loops the compiler may vectorise for the
+// baseline ISA. Used when the CPU lacks AVX2/FMA/F16C, and by the tests as a second path.
+#include "attn/half.hpp"
+#include "decode_core.hpp"
+
+namespace attn::detail {
+namespace {
+
+struct PortableOps {
+    struct Half { std::uint16_t bits; };
+    struct Brain { std::uint16_t bits; };
+
+    static float load1(const float* p) { return *p; }
+    static float load1(const Half* p) { return f16_to_float(p->bits); }
+    static float load1(const Brain* p) { return bf16_to_float(p->bits); }
+
+    template <class T>
+    static void scores(const float* q, i64 qstride, int R, const T* k, i64 kstride, i64 n, i64 Dk, float* s,
+                       i64 sstride) {
+        for (i64 j = 0; j < n; ++j) {
+            const T* kj = k + j * kstride;
+            for (int r = 0; r < R; ++r) {
+                const float* qr = q + r * qstride;
+                // Four partial sums: shorter dependency chains, as the vector path has.
+                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                i64 d = 0;
+                for (; d + 4 <= Dk; d += 4)
+                    for (int x = 0; x < 4; ++x) acc[x] += qr[d + x] * load1(kj + d + x);
+                for (; d < Dk; ++d) acc[0] += qr[d] * load1(kj + d);
+                s[r * sstride + j] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+            }
+        }
+    }
+
+    static float row_max(const float* s, i64 n) {
+        float mx = -INFINITY;
+        for (i64 j = 0; j < n; ++j) mx = s[j] > mx ? s[j] : mx;
+        return mx;
+    }
+
+    static float exp_shift(float* s, i64 n, float m) {
+        float total = 0.0f;
+        for (i64 j = 0; j < n; ++j) {
+            const float e = s[j] == -INFINITY ? 0.0f : expf(s[j] - m);
+            s[j] = e;
+            total += e;
+        }
+        return total;
+    }
+
+    template <class T>
+    static void accumulate(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, int R, const T* v,
+                           i64 vstride, i64 n, i64 Dv) {
+        for (int r = 0; r < R; ++r) {
+            float* orow = o + r * ostride;
+            for (i64 d = 0; d < Dv; ++d) orow[d] *= alpha[r];
+        }
+        for (i64 j = 0; j < n; ++j) {
+            const T* vj = v + j * vstride;
+            for (int r = 0; r < R; ++r) {
+                const float pj = p[r * pstride + j];
+                float* orow = o + r * ostride;
+                for (i64 d = 0; d < Dv; ++d) orow[d] += pj * load1(vj + d);
+            }
+        }
+    }
+};
+
+}  // namespace
+
+void decode_portable(const DecodeArgs& args) { decode_entry<PortableOps>(args); }
+
+}  // namespace attn::detail

@@ -1,0 +1,391 @@
+// The decode kernel against the double-precision reference on random problems: every
+// storage type, Lq 1..16, odd head dims and lengths, GQA and MQA, per-sequence key
+// lengths (fully masked rows included), both causal alignments, windows, element-wise
+// masks, strided views, split-KV on and off, both ISA paths; then thread-count
+// determinism, the sdpa dispatch rules and the error against an fp32 cache.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "attn/error.hpp"
+#include "decode_util.hpp"
+#include "kernels/decode/decode.hpp"
+#include "kernels/reference/reference.hpp"
+#include "sdpa/problem.hpp"
+
+namespace attn::test {
+namespace {
+
+using detail::DecodeTuning;
+
+// fp32 accumulation against the double reference on N(0,1) data with Dk <= 128 and up to
+// ~1000 keys: the score error is a few ulp of scale·Σ|q·k| (≈ 1e-6), the output error a
+// few ulp of max|V| (≈ 1e-6). 1e-5 + 1e-5·|ref| leaves ~10× margin for that and is far
+// below what a wrong index, mask or merge gives (≈ 1e-1). The 16-bit storage types are
+// held to the same bound: the reference reads the very same 16-bit values, so only fp32
+// arithmetic separates them.
+constexpr double kAtol = 1e-5, kRtol = 1e-5;
+
+struct Case {
+    std::int64_t B, Hkv, group, Lq, Lk, Dk, Dv;
+    DType kv;
+    Causal causal;
+    bool lengths, window, bool_mask, add_mask, strided_q, cache_slice;
+    std::int64_t split;  // 0 auto, 1 off, n chunks
+    std::string str() const {
+        return "B=" + std::to_string(B) + " Hkv=" + std::to_string(Hkv) + " group=" + std::to_string(group) +
+               " Lq=" + std::to_string(Lq) + " Lk=" + std::to_string(Lk) + " Dk=" + std::to_string(Dk) +
+               " Dv=" + std::to_string(Dv) + " kv=" + std::string(dtype_name(kv)) + " causal=" +
+               std::to_string(static_cast<int>(causal)) + " lengths=" + std::to_string(lengths) +
+               " window=" + std::to_string(window) + " masks=" + std::to_string(bool_mask) + std::to_string(add_mask) +
+               " strided=" + std::to_string(strided_q) + std::to_string(cache_slice) + " split=" + std::to_string(split);
+    }
+};
+
+// Owns every buffer of one problem; views may be strided into bigger buffers.
+struct Problem {
+    Tensor q_buf, k32, v32, k_buf, v_buf, lengths, bmask, amask;
+    TensorView q, k, v;
+    SdpaOptions opt;
+};
+
+Problem build(const Case& c, std::mt19937& rng) {
+    Problem p;
+    const std::int64_t Hq = c.Hkv * c.group;
+    if (c.strided_q) {  // (B, Lq, Hq, Dk) buffer seen as (B, Hq, Lq, Dk): a projection's output
+        p.q_buf = random_f32(Shape{c.B, c.Lq, Hq, c.Dk}, rng);
+        p.q = p.q_buf.view().transpose(1, 2);
+    } else {
+        p.q_buf = random_f32(Shape{c.B, Hq, c.Lq, c.Dk}, rng);
+        p.q = p.q_buf.view();
+    }
+    // K/V as the first Lk positions of a bigger cache buffer, or exactly (B, Hkv, Lk, D).
+    const std::int64_t cap = c.cache_slice ? c.Lk + 5 : c.Lk;
+    p.k32 = random_f32(Shape{c.B, c.Hkv, cap, c.Dk}, rng);
+    p.v32 = random_f32(Shape{c.B, c.Hkv, cap, c.Dv}, rng);
+    p.k_buf = to_storage(p.k32, c.kv);
+    p.v_buf = to_storage(p.v32, c.kv);
+    p.k = p.k_buf.view().slice(2, 0, c.Lk);
+    p.v = p.v_buf.view().slice(2, 0, c.Lk);
+
+    std::uniform_int_distribution<std::int64_t> len(0, c.Lk);
+    if (c.lengths) {
+        p.lengths = Tensor(DType::i64, Shape{c.B});
+        for (std::int64_t b = 0; b < c.B; ++b) p.lengths.data_as<std::int64_t>()[b] = b == 0 ? c.Lk : len(rng);
+        p.opt.key_lengths = p.lengths.view();
+    }
+    p.opt.causal = c.causal;
+    if (c.window) {
+        p.opt.window.left = std::uniform_int_distribution<std::int64_t>(0, c.Lk)(rng);
+        p.opt.window.align = Align::bottom_right;
+    }
+    if (c.bool_mask) {  // (B, 1, 1, Lk) padding-style keep-mask, broadcast over heads and queries
+        p.bmask = Tensor(DType::boolean, Shape{c.B, 1, 1, c.Lk});
+        std::bernoulli_distribution keep(0.8);
+        for (std::int64_t i = 0; i < p.bmask.numel(); ++i) p.bmask.data_as<bool>()[i] = keep(rng);
+        p.opt.bool_mask = p.bmask.view();
+    }
+    if (c.add_mask) {  // (Lq, Lk) bias, broadcast over batch and heads
+        p.amask = random_f32(Shape{c.Lq, c.Lk}, rng, 0.5f);
+        p.opt.additive_mask = p.amask.view();
+    }
+    return p;
+}
+
+struct Result {
+    Tensor out, lse;
+};
+
+Result run_reference(const Problem& p, const Case& c) {
+    const std::int64_t Hq = c.Hkv * c.group;
+    Result r{Tensor(DType::f32, Shape{c.B, Hq, c.Lq, c.Dv}), Tensor(DType::f32, Shape{c.B, Hq, c.Lq})};
+    SdpaOptions o = p.opt;
+    o.impl = Impl::reference;
+    TensorView lse = r.lse.view();
+    sdpa(p.q, p.k, p.v, o, r.out, &lse);
+    return r;
+}
+
+Result run_decode(const Problem& p, const Case& c, const DecodeTuning& tuning) {
+    const std::int64_t Hq = c.Hkv * c.group;
+    Result r{Tensor(DType::f32, Shape{c.B, Hq, c.Lq, c.Dv}), Tensor(DType::f32, Shape{c.B, Hq, c.Lq})};
+    poison(r.out);
+    poison(r.lse);
+    TensorView lse = r.lse.view();
+    const detail::SdpaProblem prob = detail::make_problem(p.q, p.k, p.v, p.opt, r.out, &lse, nullptr);
+    EXPECT_EQ(detail::decode_declines(prob), "");
+    detail::decode_forward(prob, tuning);
+    return r;
+}
+
+Case random_case(std::mt19937& rng, int n) {
+    auto pick = [&](std::initializer_list<std::int64_t> v) {
+        return *(v.begin() + std::uniform_int_distribution<std::size_t>(0, v.size() - 1)(rng));
+    };
+    std::bernoulli_distribution coin(0.5), rare(0.2);
+    Case c{};
+    c.B = pick({1, 1, 2, 3});
+    c.Hkv = pick({1, 1, 2, 3});
+    c.group = pick({1, 1, 2, 3, 4, 8});  // Hkv = 1 with group > 1 is MQA
+    c.Lq = std::uniform_int_distribution<std::int64_t>(1, 16)(rng);
+    c.Lk = pick({1, 2, 7, 16, 63, 64, 65, 129, 300, 777});
+    c.Dk = pick({1, 3, 8, 16, 33, 64, 65, 128});
+    c.Dv = coin(rng) ? c.Dk : pick({1, 7, 8, 24, 64, 72});
+    c.kv = n % 3 == 0 ? DType::f32 : n % 3 == 1 ? DType::f16 : DType::bf16;
+    const int causal = static_cast<int>(pick({0, 1, 2, 2}));
+    c.causal = causal == 0 ? Causal::none : causal == 1 ? Causal::top_left : Causal::bottom_right;
+    c.lengths = coin(rng);
+    c.window = rare(rng);
+    c.bool_mask = rare(rng);
+    c.add_mask = rare(rng);
+    c.strided_q = coin(rng);
+    c.cache_slice = coin(rng);
+    c.split = pick({0, 0, 1, 2, 5});
+    // Keep the double-precision reference cheap (test runtime): at most ~1.5e7 MACs.
+    while (c.Lk > 1 && c.B * c.Hkv * c.group * c.Lq * c.Lk * (c.Dk + c.Dv) > 15'000'000) c.Lk = c.Lk / 3 + 1;
+    return c;
+}
+
+TEST(DecodeKernel, RandomCasesMatchReference) {
+    std::mt19937 rng(20261130);
+    const bool avx2 = detail::decode_cpu_has_avx2();
+    int cases = 0, runs = 0;
+    double worst_ratio = 0, worst_abs = 0;
+    for (int n = 0; n < 360; ++n) {
+        const Case c = random_case(rng, n);
+        const Problem p = build(c, rng);
+        const Result ref = run_reference(p, c);
+        for (bool portable : {false, true}) {
+            if (!portable && !avx2) continue;
+            const Result got = run_decode(p, c, DecodeTuning{c.split, portable});
+            const Diff dout = compare(got.out, ref.out, kAtol, kRtol);
+            const Diff dlse = compare(got.lse, ref.lse, kAtol, kRtol);
+            ASSERT_EQ(dout.bad, 0) << c.str() << (portable ? " portable" : " avx2") << ": out max err " << dout.max_abs
+                                   << " at " << dout.at;
+            ASSERT_EQ(dlse.bad, 0) << c.str() << (portable ? " portable" : " avx2") << ": lse max err " << dlse.max_abs
+                                   << " at " << dlse.at;
+            worst_ratio = std::max({worst_ratio, dout.worst_ratio, dlse.worst_ratio});
+            worst_abs = std::max(worst_abs, dout.max_abs);
+            ++runs;
+        }
+        ++cases;
+    }
+    std::printf("[decode] %d random cases, %d kernel runs, max |out err| %.3g, worst err/tol %.3f\n", cases, runs,
+                worst_abs, worst_ratio);
+}
+
+// Long keys with few heads: the automatic plan splits the keys (flash-decoding); forced
+// splits with uneven chunks and sequences shorter than some chunks must agree too.
+TEST(DecodeKernel, SplitKVLongSequences) {
+    std::mt19937 rng(7);
+    const DType kinds[] = {DType::f32, DType::f16, DType::bf16};
+    int k = 0;
+    for (std::int64_t split : {0, 1, 3, 16}) {
+        Case c{1, 2, 4, 3, 4099, 64, 64, kinds[k++ % 3], Causal::bottom_right, true, false, false, false, false, true, split};
+        c.B = 2;
+        const detail::DecodePlan plan = detail::plan_decode(c.B, c.Hkv, c.group, c.Lq, c.Lk, c.Dk, c.Dv, split);
+        if (split == 0) {
+            EXPECT_GT(plan.nsplit, 1) << "B·Hkv = 4 with 4099 keys should split";
+        }
+        const Problem p = build(c, rng);
+        const Result ref = run_reference(p, c);
+        for (bool portable : {false, true}) {
+            const Result got = run_decode(p, c, DecodeTuning{split, portable});
+            const Diff d = compare(got.out, ref.out, kAtol, kRtol);
+            EXPECT_EQ(d.bad, 0) << c.str() << " nsplit=" << plan.nsplit << " max err " << d.max_abs;
+            EXPECT_EQ(compare(got.lse, ref.lse, kAtol, kRtol).bad, 0) << c.str();
+        }
+    }
+}
+
+TEST(DecodeKernel, PlanDependsOnShapeOnly) {
+    // S5 (32 KV heads) has enough items without splitting; S7 (8 KV heads) and one
+    // sequence with one head split; the plan never reads the thread count.
+    EXPECT_EQ(detail::plan_decode(1, 32, 1, 1, 16384, 128, 128, 0).nsplit, 1);
+    omp_set_num_threads(1);
+    const auto a = detail::plan_decode(1, 1, 1, 1, 16384, 128, 128, 0);
+    omp_set_num_threads(2);
+    const auto b = detail::plan_decode(1, 1, 1, 1, 16384, 128, 128, 0);
+    EXPECT_GT(a.nsplit, 1);
+    EXPECT_EQ(a.nsplit, b.nsplit);
+    EXPECT_EQ(a.chunk % detail::kDecodeBlock, 0);
+    EXPECT_EQ(detail::plan_decode(1, 1, 1, 1, 5, 8, 8, 0).nsplit, 1);  // too short to split
+}
+
+// Results must be bit-identical whatever the thread count (DESIGN.md: numerics).
+TEST(DecodeKernel, ThreadCountDoesNotChangeBits) {
+    std::mt19937 rng(99);
+    int compared = 0;
+    for (int n = 0; n < 24; ++n) {
+        Case c = random_case(rng, n);
+        c.Lk = n % 2 ? 2000 : c.Lk;
+        const Problem p = build(c, rng);
+        for (bool portable : {false, true}) {
+            for (std::int64_t split : {0, 1, 4}) {
+                omp_set_num_threads(1);
+                const Result one = run_decode(p, c, DecodeTuning{split, portable});
+                omp_set_num_threads(2);
+                const Result two = run_decode(p, c, DecodeTuning{split, portable});
+                ASSERT_EQ(std::memcmp(one.out.data(), two.out.data(), one.out.nbytes()), 0) << c.str();
+                ASSERT_EQ(std::memcmp(one.lse.data(), two.lse.data(), one.lse.nbytes()), 0) << c.str();
+                ++compared;
+            }
+        }
+    }
+    std::printf("[decode] %d problems bit-identical on 1 and 2 threads\n", compared);
+}
+
+// The error of storing K/V in 16 bits, against the fp32 answer, is bounded by the data:
+// rounding each key changes each score by at most Δ = u·scale·max_j Σ_d |q_d·k_jd|,
+// which moves every softmax weight by a factor within e^{±2Δ}, and rounding V adds
+// u·|v|. So |O16 − O32| <= (e^{2Δ} − 1 + u)·max|V| (+ the fp32 tolerance), per row.
+TEST(DecodeKernel, SixteenBitErrorAgainstFp32IsWithinDerivedBound) {
+    std::mt19937 rng(5);
+    for (DType dt : {DType::f16, DType::bf16}) {
+        double worst = 0, worst_abs = 0;
+        for (int n = 0; n < 12; ++n) {
+            const std::int64_t B = 2, Hkv = 2, G = 2, Lq = 1 + n % 4, Lk = 257 + 100 * n, D = n % 2 ? 64 : 128;
+            const Tensor q = random_f32(Shape{B, Hkv * G, Lq, D}, rng);
+            const Tensor k = random_f32(Shape{B, Hkv, Lk, D}, rng), v = random_f32(Shape{B, Hkv, Lk, D}, rng);
+            const Tensor k16 = to_storage(k, dt), v16 = to_storage(v, dt);
+            SdpaOptions opt;
+            opt.causal = Causal::bottom_right;
+            Tensor o32(DType::f32, Shape{B, Hkv * G, Lq, D}), o16(DType::f32, Shape{B, Hkv * G, Lq, D});
+            opt.impl = Impl::reference;
+            sdpa(q, k, v, opt, o32);
+            poison(o16);
+            opt.impl = Impl::decode;
+            sdpa(q, k16, v16, opt, o16);
+            const double u = unit_roundoff(dt), scale = 1.0 / std::sqrt(static_cast<double>(D));
+            for (std::int64_t b = 0; b < B; ++b)
+                for (std::int64_t h = 0; h < Hkv * G; ++h) {
+                    const std::int64_t hk = h / G;
+                    double vmax = 0;
+                    for (std::int64_t j = 0; j < Lk; ++j)
+                        for (std::int64_t d = 0; d < D; ++d)
+                            vmax = std::max(vmax, std::fabs(double(v.data_as<float>()[((b * Hkv + hk) * Lk + j) * D + d])));
+                    for (std::int64_t i = 0; i < Lq; ++i) {
+                        double delta = 0;
+                        for (std::int64_t j = 0; j < Lk; ++j) {
+                            double s = 0;
+                            for (std::int64_t d = 0; d < D; ++d)
+                                s += std::fabs(double(q.data_as<float>()[(((b * Hkv * G) + h) * Lq + i) * D + d]) *
+                                               k.data_as<float>()[((b * Hkv + hk) * Lk + j) * D + d]);
+                            delta = std::max(delta, u * scale * s);
+                        }
+                        const double bound = (std::expm1(2 * delta) + u) * vmax + kAtol;
+                        for (std::int64_t d = 0; d < D; ++d) {
+                            const std::int64_t at = (((b * Hkv * G) + h) * Lq + i) * D + d;
+                            const double e = std::fabs(double(o16.data_as<float>()[at]) - o32.data_as<float>()[at]);
+                            ASSERT_LE(e, bound) << dtype_name(dt) << " b=" << b << " h=" << h << " i=" << i;
+                            worst = std::max(worst, e / bound);
+                            worst_abs = std::max(worst_abs, e);
+                        }
+                    }
+                }
+        }
+        std::printf("[decode] %s storage vs fp32: max |err| %.3g, worst err/bound %.3f\n",
+                    std::string(dtype_name(dt)).c_str(), worst_abs, worst);
+    }
+}
+
+// --- the dispatch rules through the public attn::sdpa ---
+
+struct Small {
+    Tensor q, k, v, out;
+    Small(std::int64_t Lq, DType kv, std::mt19937& rng)
+        : q(random_f32(Shape{1, 4, Lq, 8}, rng)),
+          k(to_storage(random_f32(Shape{1, 2, 40, 8}, rng), kv)),
+          v(to_storage(random_f32(Shape{1, 2, 40, 8}, rng), kv)),
+          out(DType::f32, Shape{1, 4, Lq, 8}) {}
+};
+
+std::string error_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "(no error)";
+}
+
+TEST(DecodeDispatch, AutoPicksDecodeForSmallLq) {
+    std::mt19937 rng(1);
+    for (std::int64_t Lq : {1, 16}) {
+        Small s(Lq, DType::f32, rng);
+        SdpaReport report;
+        sdpa(s.q, s.k, s.v, SdpaOptions{}, s.out, nullptr, nullptr, &report);
+        EXPECT_EQ(report.kernel, "decode") << report.explanation;
+        EXPECT_NE(report.explanation.find("auto: decode"), std::string::npos) << report.explanation;
+    }
+    Small big(17, DType::f32, rng);
+    SdpaReport report;
+    sdpa(big.q, big.k, big.v, SdpaOptions{}, big.out, nullptr, nullptr, &report);
+    EXPECT_NE(report.kernel, "decode");
+    EXPECT_NE(report.explanation.find("decode: declined, Lq = 17 > 16"), std::string::npos) << report.explanation;
+}
+
+TEST(DecodeDispatch, SixteenBitKVRulesAndMessages) {
+    std::mt19937 rng(2);
+    Small s(17, DType::f16, rng);
+    const std::string auto_err = error_of([&] { sdpa(s.q, s.k, s.v, SdpaOptions{}, s.out); });
+    EXPECT_NE(auto_err.find("Lq = 17 > 16"), std::string::npos) << auto_err;
+    EXPECT_NE(auto_err.find("impl reference"), std::string::npos) << auto_err;
+    EXPECT_NE(auto_err.find("convert K and V to float32"), std::string::npos) << auto_err;
+
+    SdpaOptions flash;
+    flash.impl = Impl::flash;
+    const std::string flash_err = error_of([&] { sdpa(s.q, s.k, s.v, flash, s.out); });
+    EXPECT_NE(flash_err.find("flash kernel takes float32 K/V but K is float16"), std::string::npos) << flash_err;
+
+    SdpaOptions dec;
+    dec.impl = Impl::decode;
+    const std::string dec_err = error_of([&] { sdpa(s.q, s.k, s.v, dec, s.out); });
+    EXPECT_NE(dec_err.find("decode kernel cannot run this call: Lq = 17 > 16"), std::string::npos) << dec_err;
+
+    // Weights are never formed by decode: with 16-bit K/V that is an error, not a slow path.
+    Small w(2, DType::bf16, rng);
+    Tensor weights(DType::f32, Shape{1, 4, 2, 40});
+    TensorView wv = weights.view();
+    const std::string w_err = error_of([&] { sdpa(w.q, w.k, w.v, SdpaOptions{}, w.out, nullptr, &wv); });
+    EXPECT_NE(w_err.find("attention weights were requested"), std::string::npos) << w_err;
+
+    // The reference reads 16-bit K/V too (the oracle), and agrees with decode.
+    Small r(3, DType::f16, rng);
+    SdpaOptions ref;
+    ref.impl = Impl::reference;
+    Tensor o_ref(DType::f32, r.out.shape());
+    sdpa(r.q, r.k, r.v, ref, o_ref);
+    SdpaReport report;
+    poison(r.out);
+    sdpa(r.q, r.k, r.v, SdpaOptions{}, r.out, nullptr, nullptr, &report);
+    EXPECT_EQ(report.kernel, "decode");
+    EXPECT_EQ(compare(r.out, o_ref, kAtol, kRtol).bad, 0);
+
+    // Validation: other dtypes for K/V still rejected, naming the argument.
+    Tensor ki(DType::i32, Shape{1, 2, 40, 8}, true);
+    const std::string v_err = error_of([&] { sdpa(r.q, ki, r.v, SdpaOptions{}, r.out); });
+    EXPECT_EQ(v_err, "sdpa: K: dtype must be float32, float64, float16 or bfloat16 but got int32");
+}
+
+TEST(DecodeDispatch, FullyMaskedRowsGiveZeroAndMinusInf) {
+    std::mt19937 rng(3);
+    Small s(4, DType::f16, rng);
+    Tensor lengths(DType::i32, Shape{1});
+    lengths.data_as<std::int32_t>()[0] = 0;
+    SdpaOptions opt;
+    opt.key_lengths = lengths.view();
+    Tensor lse(DType::f32, Shape{1, 4, 4});
+    TensorView lv = lse.view();
+    poison(s.out);
+    poison(lse);
+    sdpa(s.q, s.k, s.v, opt, s.out, &lv);
+    for (std::int64_t i = 0; i < s.out.numel(); ++i) ASSERT_EQ(s.out.data_as<float>()[i], 0.0f);
+    for (std::int64_t i = 0; i < lse.numel(); ++i) ASSERT_EQ(lse.data_as<float>()[i], -INFINITY);
+}
+
+}  // namespace
+}  // namespace attn::test

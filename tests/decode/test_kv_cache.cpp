@@ -1,0 +1,213 @@
+// KVCache bookkeeping: append (whole batch, one sequence, strided sources, every storage
+// type), overflow (error, nothing written) and growth, truncate, reset, and the messages.
+#include <cstring>
+#include <functional>
+
+#include "attn/decode.hpp"
+#include "attn/error.hpp"
+#include "attn/kv_cache.hpp"
+#include "decode_util.hpp"
+
+namespace attn::test {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "(no error)";
+}
+
+KVCacheConfig config(DType dt, std::int64_t cap, bool grow = false) {
+    KVCacheConfig c;
+    c.batch = 2;
+    c.kv_heads = 3;
+    c.head_dim = 5;
+    c.value_dim = 4;
+    c.capacity = cap;
+    c.storage = dt;
+    c.grow = grow;
+    return c;
+}
+
+// The stored element (b, h, pos, d) of keys or values, as float.
+float stored(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t pos, std::int64_t d) {
+    return static_cast<float>(t.load_as_double(t.offset(b, h, pos, d)));
+}
+
+// What storage type dt makes of x (the scalar conversions are the specification).
+float rounded(float x, DType dt) {
+    if (dt == DType::f16) return f16_to_float(float_to_f16(x));
+    if (dt == DType::bf16) return bf16_to_float(float_to_bf16(x));
+    return x;
+}
+
+// Checks positions [from, from+T) of sequence b hold src (Hkv, T, D) rounded to the storage.
+void expect_rows(const KVCache& c, const TensorView& stored_view, std::int64_t b, std::int64_t from,
+                 const Tensor& src, std::int64_t src_b) {
+    const std::int64_t T = src.shape()[2], D = src.shape()[3];
+    for (std::int64_t h = 0; h < c.kv_heads(); ++h)
+        for (std::int64_t t = 0; t < T; ++t)
+            for (std::int64_t d = 0; d < D; ++d) {
+                const float want = rounded(src.data_as<float>()[((src_b * c.kv_heads() + h) * T + t) * D + d], c.storage());
+                ASSERT_EQ(stored(stored_view, b, h, from + t, d), want) << "b=" << b << " h=" << h << " pos=" << from + t;
+            }
+}
+
+TEST(KVCache, AppendBatchAndSequenceEveryStorage) {
+    std::mt19937 rng(11);
+    for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+        KVCache c(config(dt, 16));
+        EXPECT_EQ(c.capacity(), 16);
+        EXPECT_EQ(c.max_length(), 0);
+        const Tensor k1 = random_f32(Shape{2, 3, 4, 5}, rng), v1 = random_f32(Shape{2, 3, 4, 4}, rng);
+        c.append(k1, v1);
+        EXPECT_EQ(c.length(0), 4);
+        EXPECT_EQ(c.length(1), 4);
+        // One sequence only: sequence 1 gets 3 more tokens, from a (B, T, H, D) buffer seen
+        // through a transpose — strided source rows.
+        const Tensor kt = random_f32(Shape{1, 3, 3, 5}, rng), vt = random_f32(Shape{1, 3, 3, 4}, rng);
+        const Tensor kbthd = random_f32(Shape{3, 3, 5}, rng);  // (T, H, D)
+        const TensorView k_seq = kbthd.view().transpose(0, 1);  // (H, T, D), strided
+        c.append(1, k_seq, TensorView(vt.data(), DType::f32, Shape{3, 3, 4}));
+        EXPECT_EQ(c.length(0), 4);
+        EXPECT_EQ(c.length(1), 7);
+        EXPECT_EQ(c.max_length(), 7);
+        expect_rows(c, c.keys(), 0, 0, k1, 0);
+        expect_rows(c, c.keys(), 1, 0, k1, 1);
+        expect_rows(c, c.values(), 1, 0, v1, 1);
+        expect_rows(c, c.values(), 1, 4, vt, 0);
+        for (std::int64_t h = 0; h < 3; ++h)
+            for (std::int64_t t = 0; t < 3; ++t)
+                for (std::int64_t d = 0; d < 5; ++d)
+                    ASSERT_EQ(stored(c.keys(), 1, h, 4 + t, d), rounded(kbthd.data_as<float>()[(t * 3 + h) * 5 + d], dt));
+        EXPECT_EQ(c.keys().shape(), (Shape{2, 3, 16, 5}));
+        EXPECT_EQ(c.values().dtype(), dt);
+    }
+}
+
+TEST(KVCache, OverflowThrowsAndWritesNothing) {
+    std::mt19937 rng(12);
+    KVCache c(config(DType::f16, 6));
+    const Tensor k1 = random_f32(Shape{2, 3, 4, 5}, rng), v1 = random_f32(Shape{2, 3, 4, 4}, rng);
+    c.append(k1, v1);
+    c.append(0, TensorView(random_f32(Shape{3, 2, 5}, rng).data(), DType::f32, Shape{3, 2, 5}),
+             TensorView(random_f32(Shape{3, 2, 4}, rng).data(), DType::f32, Shape{3, 2, 4}));
+    // Sequence 0 is full (6/6); sequence 1 has room for 2. A batch append of 1 must fail
+    // before touching sequence 1 either.
+    std::vector<char> before(static_cast<std::size_t>(2 * 3 * 6 * 5 * 2));
+    std::memcpy(before.data(), c.keys().data(), before.size());
+    const Tensor k2 = random_f32(Shape{2, 3, 1, 5}, rng), v2 = random_f32(Shape{2, 3, 1, 4}, rng);
+    const std::string err = error_of([&] { c.append(k2, v2); });
+    EXPECT_EQ(err,
+              "KVCache: append: sequence 0 holds 6 of 6 positions; 1 more need 7 (nothing was written; enable "
+              "growth, reserve() more, or truncate first)");
+    EXPECT_EQ(c.length(0), 6);
+    EXPECT_EQ(c.length(1), 4);
+    EXPECT_EQ(std::memcmp(before.data(), c.keys().data(), before.size()), 0);
+    // Sequence 1 alone still fits.
+    const Tensor k3 = random_f32(Shape{3, 2, 5}, rng);
+    c.append(1, k3, TensorView(random_f32(Shape{3, 2, 4}, rng).data(), DType::f32, Shape{3, 2, 4}));
+    EXPECT_EQ(c.length(1), 6);
+    EXPECT_NE(error_of([&] { c.append(1, k3, TensorView(k3.data(), DType::f32, Shape{3, 2, 4})); }).find("sequence 1 holds 6 of 6"),
+              std::string::npos);
+}
+
+TEST(KVCache, GrowthKeepsContentsAndRespectsLimit) {
+    std::mt19937 rng(13);
+    KVCacheConfig cfg = config(DType::bf16, 3, true);
+    cfg.max_capacity = 10;
+    KVCache c(cfg);
+    const Tensor k1 = random_f32(Shape{2, 3, 3, 5}, rng), v1 = random_f32(Shape{2, 3, 3, 4}, rng);
+    c.append(k1, v1);
+    const Tensor k2 = random_f32(Shape{2, 3, 2, 5}, rng), v2 = random_f32(Shape{2, 3, 2, 4}, rng);
+    c.append(k2, v2);  // 5 > 3: grows to max(5, 2·3) = 6
+    EXPECT_EQ(c.capacity(), 6);
+    expect_rows(c, c.keys(), 1, 0, k1, 1);
+    expect_rows(c, c.values(), 0, 0, v1, 0);
+    expect_rows(c, c.keys(), 0, 3, k2, 0);
+    const Tensor k3 = random_f32(Shape{2, 3, 4, 5}, rng), v3 = random_f32(Shape{2, 3, 4, 4}, rng);
+    c.append(k3, v3);  // 9: min(max(9, 12), 10) = 10
+    EXPECT_EQ(c.capacity(), 10);
+    expect_rows(c, c.keys(), 1, 5, k3, 1);
+    expect_rows(c, c.keys(), 1, 0, k1, 1);
+    const std::string err = error_of([&] { c.append(k2, v2); });
+    EXPECT_EQ(err, "KVCache: append: sequence 0 would need 11 positions but max_capacity is 10 (nothing was written)");
+    EXPECT_EQ(c.length(0), 9);
+    c.reserve(10);
+    EXPECT_NE(error_of([&] { c.reserve(11); }).find("exceeds max_capacity 10"), std::string::npos);
+}
+
+TEST(KVCache, TruncateAndResetRollBack) {
+    std::mt19937 rng(14);
+    KVCache c(config(DType::f32, 8));
+    const Tensor k1 = random_f32(Shape{2, 3, 5, 5}, rng), v1 = random_f32(Shape{2, 3, 5, 4}, rng);
+    c.append(k1, v1);
+    c.truncate(1, 2);  // reject 3 speculative tokens of sequence 1
+    EXPECT_EQ(c.length(0), 5);
+    EXPECT_EQ(c.length(1), 2);
+    const Tensor k2 = random_f32(Shape{2, 3, 3, 5}, rng), v2 = random_f32(Shape{2, 3, 3, 4}, rng);
+    c.append(k2, v2);  // each sequence continues at its own end
+    EXPECT_EQ(c.length(0), 8);
+    EXPECT_EQ(c.length(1), 5);
+    expect_rows(c, c.keys(), 1, 2, k2, 1);
+    expect_rows(c, c.keys(), 0, 5, k2, 0);
+    for (std::int64_t h = 0; h < 3; ++h)  // positions 0 and 1 of sequence 1 are kept
+        for (std::int64_t t = 0; t < 2; ++t)
+            for (std::int64_t d = 0; d < 5; ++d)
+                ASSERT_EQ(stored(c.keys(), 1, h, t, d), k1.data_as<float>()[((1 * 3 + h) * 5 + t) * 5 + d]);
+    EXPECT_EQ(error_of([&] { c.truncate(1, 6); }), "KVCache: truncate: new length of sequence 1 must be in [0, 5] but got 6");
+    EXPECT_EQ(error_of([&] { c.truncate(2, 0); }), "KVCache: sequence index must be in [0, 2) but got 2");
+    c.truncate_all(4);
+    EXPECT_EQ(c.length(0), 4);
+    EXPECT_EQ(c.length(1), 4);
+    c.reset(0);
+    EXPECT_EQ(c.length(0), 0);
+    EXPECT_EQ(c.length(1), 4);
+    c.reset();
+    EXPECT_EQ(c.max_length(), 0);
+    EXPECT_EQ(c.capacity(), 8);
+}
+
+TEST(KVCache, ArgumentErrorsNameTheArgument) {
+    KVCacheConfig bad = config(DType::f64, 4);
+    EXPECT_EQ(error_of([&] { KVCache c(bad); }), "KVCache: storage must be float32, float16 or bfloat16 but got float64");
+    bad = config(DType::f32, 0);
+    EXPECT_EQ(error_of([&] { KVCache c(bad); }), "KVCache: capacity must be >= 1 but got 0");
+    bad = config(DType::f32, 4);
+    bad.max_capacity = 2;
+    EXPECT_NE(error_of([&] { KVCache c(bad); }).find("max_capacity must be 0 (no limit) or >= capacity 4"), std::string::npos);
+
+    KVCache c(config(DType::f32, 4));
+    Tensor k(DType::f32, Shape{2, 3, 1, 6}, true), v(DType::f32, Shape{2, 3, 1, 4}, true);
+    EXPECT_EQ(error_of([&] { c.append(k, v); }),
+              "KVCache: append: k_new must have shape (B, Hkv, T, Dk) = (2, 3, 1, 5) but got (2, 3, 1, 6)");
+    Tensor k5(DType::f32, Shape{2, 3, 2, 5}, true);
+    EXPECT_EQ(error_of([&] { c.append(k5, v); }),
+              "KVCache: append: v_new must have shape (B, Hkv, T, Dv) = (2, 3, 2, 4) but got (2, 3, 1, 4)");
+    Tensor ki(DType::i32, Shape{2, 3, 1, 5}, true);
+    EXPECT_EQ(error_of([&] { c.append(ki, v); }), "KVCache: append: k_new dtype must be a float type but got int32");
+    EXPECT_EQ(c.max_length(), 0);
+
+    // decode_attention's checks.
+    std::mt19937 rng(15);
+    c.append(random_f32(Shape{2, 3, 2, 5}, rng), random_f32(Shape{2, 3, 2, 4}, rng));
+    Tensor q(DType::f32, Shape{2, 6, 3, 5}, true), out(DType::f32, Shape{2, 6, 3, 4});
+    EXPECT_EQ(error_of([&] { decode_attention(q, c, DecodeOptions{}, out); }),
+              "decode_attention: cache: sequence 0 holds 2 positions but there are 3 new queries; append the new "
+              "tokens' K and V to the cache before decode_attention");
+    Tensor q17(DType::f32, Shape{2, 6, 17, 5}, true), out17(DType::f32, Shape{2, 6, 17, 4});
+    EXPECT_NE(error_of([&] { decode_attention(q17, c, DecodeOptions{}, out17); }).find("must be in [1, 16] but got 17"),
+              std::string::npos);
+    Tensor q4(DType::f32, Shape{2, 4, 1, 5}, true), out4(DType::f32, Shape{2, 4, 1, 4});
+    EXPECT_EQ(error_of([&] { decode_attention(q4, c, DecodeOptions{}, out4); }),
+              "decode_attention: q: heads 4 must be a positive multiple of the cache's KV heads 3");
+    Tensor q1(DType::f32, Shape{2, 6, 1, 5}, true), bad_out(DType::f32, Shape{2, 6, 1, 5});
+    EXPECT_EQ(error_of([&] { decode_attention(q1, c, DecodeOptions{}, bad_out); }),
+              "decode_attention: out: expected shape (B, Hq, Lq, Dv) = (2, 6, 1, 4) but got (2, 6, 1, 5)");
+}
+
+}  // namespace
+}  // namespace attn::test
