@@ -27,7 +27,9 @@
 #include <utility>
 #include <vector>
 
+#include "attn/decode.hpp"
 #include "attn/error.hpp"
+#include "attn/kv_cache.hpp"
 #include "attn/mha.hpp"
 #include "attn/safetensors.hpp"
 #include "attn/sdpa.hpp"
@@ -409,6 +411,126 @@ std::unique_ptr<PyMha> make_mha(std::int64_t embed_dim, std::int64_t num_heads, 
     return std::make_unique<PyMha>(attn::MultiHeadAttention(c));
 }
 
+// attn::KVCache for Python: one operation at a time (a mutex, taken with the GIL released).
+class PyKVCache {
+public:
+    explicit PyKVCache(const attn::KVCacheConfig& c) : cache_(c) {}
+
+    // k_new (B, Hkv, T, Dk), v_new (B, Hkv, T, Dv); or one sequence's (Hkv, T, ·) with batch_index.
+    void append(const py::object& k_new, const py::object& v_new, const py::object& batch_index) {
+        py::array ka = as_array(k_new), va = as_array(v_new);
+        const bool one = !batch_index.is_none();
+        const int r = one ? 3 : 4;
+        const char* layout = one ? "(Hkv, T, D) with batch_index" : "(B, Hkv, T, D)";
+        const attn::TensorView k = view_of(ka, "k_new", r, r, layout);
+        const attn::TensorView v = view_of(va, "v_new", r, r, layout);
+        const std::int64_t b = one ? batch_index.cast<std::int64_t>() : 0;
+        py::gil_scoped_release nogil;
+        const std::lock_guard<std::mutex> lock(mutex);
+        if (one) {
+            cache_.append(b, k, v);
+        } else {
+            cache_.append(k, v);
+        }
+    }
+
+    void truncate(std::int64_t new_length, const py::object& batch_index) {
+        const std::lock_guard<std::mutex> lock(mutex);
+        if (batch_index.is_none()) {
+            cache_.truncate_all(new_length);
+        } else {
+            cache_.truncate(batch_index.cast<std::int64_t>(), new_length);
+        }
+    }
+
+    void reset(const py::object& batch_index) {
+        const std::lock_guard<std::mutex> lock(mutex);
+        if (batch_index.is_none()) {
+            cache_.reset();
+        } else {
+            cache_.reset(batch_index.cast<std::int64_t>());
+        }
+    }
+
+    void reserve(std::int64_t capacity) {
+        py::gil_scoped_release nogil;
+        const std::lock_guard<std::mutex> lock(mutex);
+        cache_.reserve(capacity);
+    }
+
+    // A float32 copy of the storage (B, Hkv, capacity, D): a view could dangle after growth.
+    py::array copy_of(bool keys) {
+        const std::lock_guard<std::mutex> lock(mutex);
+        const attn::TensorView src = keys ? cache_.keys() : cache_.values();
+        py::array out = py::array_t<float>(std::vector<py::ssize_t>{src.dim(0), src.dim(1), src.dim(2), src.dim(3)});
+        const attn::Tensor t = attn::to_dtype(src, attn::DType::f32);
+        std::copy_n(t.data_as<const float>(), t.numel(), static_cast<float*>(out.mutable_data()));
+        return out;
+    }
+
+    py::array lengths() {
+        const std::lock_guard<std::mutex> lock(mutex);
+        const auto& l = cache_.lengths();
+        py::array_t<std::int64_t> out(static_cast<py::ssize_t>(l.size()));
+        std::copy(l.begin(), l.end(), out.mutable_data());
+        return out;
+    }
+
+    const attn::KVCache& cache() const { return cache_; }
+    std::mutex mutex;
+
+private:
+    attn::KVCache cache_;
+};
+
+std::unique_ptr<PyKVCache> make_cache(std::int64_t batch, std::int64_t kv_heads, std::int64_t head_dim,
+                                      std::int64_t capacity, const py::object& value_dim, const std::string& dtype,
+                                      bool grow, std::int64_t max_capacity) {
+    attn::KVCacheConfig c;
+    c.batch = batch;
+    c.kv_heads = kv_heads;
+    c.head_dim = head_dim;
+    c.value_dim = value_dim.is_none() ? 0 : value_dim.cast<std::int64_t>();
+    c.capacity = capacity;
+    if (dtype == "float32") {
+        c.storage = attn::DType::f32;
+    } else if (dtype == "float16") {
+        c.storage = attn::DType::f16;
+    } else if (dtype == "bfloat16") {
+        c.storage = attn::DType::bf16;
+    } else {
+        type_error("dtype: the cache stores \"float32\", \"float16\" or \"bfloat16\" but got \"" + dtype + "\"");
+    }
+    c.grow = grow;
+    c.max_capacity = max_capacity;
+    return std::make_unique<PyKVCache>(c);
+}
+
+// query (B, Hq, Lq, Dk) float32, Lq <= 16 → out (B, Hq, Lq, Dv) [, lse (B, Hq, Lq)].
+py::object decode_py(const py::object& query, PyKVCache& cache, std::optional<double> scale, bool is_causal,
+                     std::int64_t window_left, bool return_lse) {
+    py::array qa = as_array(query);
+    const attn::TensorView q = view_of(qa, "query", 4, 4, "(B, Hq, Lq, Dk)");
+    attn::DecodeOptions o;
+    o.scale = scale;
+    o.causal = is_causal;
+    o.window_left = window_left;
+    const std::int64_t dv = cache.cache().value_dim() ? cache.cache().value_dim() : cache.cache().head_dim();
+    py::array out = py::array_t<float>(std::vector<py::ssize_t>{q.dim(0), q.dim(1), q.dim(2), dv});
+    py::array lse = return_lse ? py::array(py::array_t<float>(std::vector<py::ssize_t>{q.dim(0), q.dim(1), q.dim(2)}))
+                               : py::array();
+    const attn::TensorView ov = out_view(out, 0);
+    attn::TensorView lv;
+    if (return_lse) lv = out_view(lse, 0);
+    {
+        py::gil_scoped_release nogil;
+        const std::lock_guard<std::mutex> lock(cache.mutex);
+        attn::decode_attention(q, cache.cache(), o, ov, return_lse ? &lv : nullptr);
+    }
+    if (!return_lse) return out;
+    return py::make_tuple(out, lse);
+}
+
 // For bench/python_bench.py: the C++ call alone, timed in C++ on views built once — the
 // baseline the binding's overhead is measured against, in the same process and build.
 // q/k/v (B, H, L, D) float32; returns the seconds of each of `runs` calls.
@@ -480,6 +602,31 @@ PYBIND11_MODULE(attn, m) {
     m.def("_time_cpp_sdpa", &time_cpp_sdpa, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("runs"),
           py::arg("cpu_clock") = false,
           "Benchmark helper: seconds of each of `runs` plain attn::sdpa calls made from C++.");
+
+    py::class_<PyKVCache>(m, "KVCache",
+                          "Keys and values of earlier tokens for incremental decoding (attn::KVCache).\n"
+                          "Storage (B, Hkv, capacity, D) in float32, float16 or bfloat16.")
+        .def(py::init(&make_cache), py::arg("batch"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("capacity"),
+             py::kw_only(), py::arg("value_dim") = py::none(), py::arg("dtype") = "float32", py::arg("grow") = false,
+             py::arg("max_capacity") = 0)
+        .def("append", &PyKVCache::append, py::arg("k_new"), py::arg("v_new"), py::arg("batch_index") = py::none(),
+             "Appends T tokens: (B, Hkv, T, D) arrays, or (Hkv, T, D) for one sequence with batch_index.")
+        .def("truncate", &PyKVCache::truncate, py::arg("new_length"), py::arg("batch_index") = py::none())
+        .def("reset", &PyKVCache::reset, py::arg("batch_index") = py::none())
+        .def("reserve", &PyKVCache::reserve, py::arg("capacity"))
+        .def("keys", [](PyKVCache& c) { return c.copy_of(true); }, "A float32 copy of the key storage.")
+        .def("values", [](PyKVCache& c) { return c.copy_of(false); }, "A float32 copy of the value storage.")
+        .def_property_readonly("lengths", &PyKVCache::lengths)
+        .def_property_readonly("capacity", [](PyKVCache& c) { return c.cache().capacity(); })
+        .def_property_readonly("batch", [](PyKVCache& c) { return c.cache().batch(); })
+        .def_property_readonly("kv_heads", [](PyKVCache& c) { return c.cache().kv_heads(); })
+        .def_property_readonly("head_dim", [](PyKVCache& c) { return c.cache().head_dim(); })
+        .def_property_readonly("dtype", [](PyKVCache& c) { return std::string(attn::dtype_name(c.cache().storage())); });
+    m.def("decode_attention", &decode_py, py::arg("query"), py::arg("cache"), py::kw_only(),
+          py::arg("scale") = py::none(), py::arg("is_causal") = true, py::arg("window_left") = -1,
+          py::arg("return_lse") = false,
+          "One generation step: query (B, Hq, Lq <= 16, Dk) float32 against everything in the cache\n"
+          "(append the new tokens' keys/values first). Causal alignment is bottom-right per sequence.");
 
     py::class_<PyMha>(m, "MultiheadAttention",
                       "torch.nn.MultiheadAttention (eval mode) with attn's kernels; float32 parameters.")

@@ -451,3 +451,100 @@ def test_mha_bad_inputs_and_state_dicts():
         m.load_state_dict(sd)
     with pytest.raises(TypeError, match="str"):
         m.load_state_dict({1: np.zeros(3, np.float32)})
+
+
+# ---- KVCache and decode ----------------------------------------------------------------
+
+def decode_reference(q, keys, values, lengths, causal=True, scale=None):
+    """q (B, Hq, Lq, D); keys/values (B, Hkv, cap, ·) float64; sequence b sees its first
+    lengths[b] positions, new query i (bottom-right) positions 0 .. n_b − Lq + i."""
+    b_, hq, lq, _ = q.shape
+    outs, lses = [], []
+    for b in range(b_):
+        n = int(lengths[b])
+        keep = causal_keep(lq, n, True) if causal else np.ones((lq, n), bool)
+        o, lse, _ = textbook(q[b:b + 1], keys[b:b + 1, :, :n], values[b:b + 1, :, :n], keep, scale=scale)
+        outs.append(o)
+        lses.append(lse)
+    return np.concatenate(outs), np.concatenate(lses)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_kv_cache_decode_vs_torch(dtype):
+    rng = np.random.default_rng(300)
+    b, hkv, hq, d, dv = 2, 2, 4, 32, 16
+    cache = attn.KVCache(b, hkv, d, 8, value_dim=dv, dtype=dtype, grow=True)
+    assert cache.dtype == dtype and cache.capacity == 8
+    full_k = np.zeros((b, hkv, 64, d), np.float32)
+    full_v = np.zeros((b, hkv, 64, dv), np.float32)
+    lengths = np.zeros(b, np.int64)
+    # Prompts of different lengths, one sequence at a time (the second from a strided view).
+    for i, n in enumerate((13, 5)):
+        kn = rng.standard_normal((hkv, n, d), dtype=np.float32)
+        vn = rng.standard_normal((n, hkv, dv), dtype=np.float32).transpose(1, 0, 2)
+        cache.append(kn, vn, batch_index=i)
+        full_k[i, :, :n], full_v[i, :, :n] = kn, vn
+        lengths[i] = n
+    assert cache.lengths.tolist() == [13, 5] and cache.capacity >= 13
+    rd = (lambda x: x.astype(np.float16).astype(np.float64)) if dtype == "float16" else (lambda x: x.astype(np.float64))
+    for step, lq in enumerate((1, 3, 1)):
+        kn = rng.standard_normal((b, hkv, lq, d), dtype=np.float32)
+        vn = rng.standard_normal((b, hkv, lq, dv), dtype=np.float32)
+        cache.append(kn, vn)
+        for i in range(b):
+            full_k[i, :, lengths[i]:lengths[i] + lq] = kn[i]
+            full_v[i, :, lengths[i]:lengths[i] + lq] = vn[i]
+        lengths += lq
+        q = rng.standard_normal((b, hq, lq, d), dtype=np.float32)
+        o, lse = attn.decode_attention(q, cache, return_lse=True)
+        ref_o, ref_lse = decode_reference(q, rd(full_k), rd(full_v), lengths)
+        close(o, ref_o)
+        close(lse, ref_lse)
+    assert cache.lengths.tolist() == lengths.tolist()
+    close(cache.keys()[0, :, :lengths[0]], rd(full_k[0, :, :lengths[0]]), atol=0, rtol=0)
+    # Rolling back and resetting.
+    cache.truncate(10, batch_index=0)
+    cache.truncate(6)
+    assert cache.lengths.tolist() == [6, 6]
+    cache.reset(1)
+    assert cache.lengths.tolist() == [6, 0]
+    cache.reset()
+    assert cache.lengths.tolist() == [0, 0]
+
+
+def test_decode_non_causal_and_sdpa_with_float16_kv():
+    rng = np.random.default_rng(301)
+    cache = attn.KVCache(1, 1, 16, 32)
+    k = rng.standard_normal((1, 1, 20, 16), dtype=np.float32)
+    v = rng.standard_normal((1, 1, 20, 16), dtype=np.float32)
+    cache.append(k, v)
+    q = rng.standard_normal((1, 4, 2, 16), dtype=np.float32)
+    ref = textbook(q, k, v, scale=0.5)[0]
+    close(attn.decode_attention(q, cache, is_causal=False, scale=0.5), ref)
+    # sdpa's decode path takes float16 K/V directly (MQA: 4 query heads on 1 KV head).
+    o = attn.sdpa(q, k.astype(np.float16), v.astype(np.float16), scale=0.5)
+    close(o, textbook(q, k.astype(np.float16), v.astype(np.float16), scale=0.5)[0])
+
+
+def test_kv_cache_overflow_and_bad_inputs():
+    cache = attn.KVCache(1, 2, 8, 4)  # no growth
+    k = np.zeros((1, 2, 3, 8), np.float32)
+    cache.append(k, k)
+    with pytest.raises(ValueError, match="nothing was written"):
+        cache.append(k, k)
+    assert cache.lengths.tolist() == [3]  # nothing written on error
+    with pytest.raises(ValueError, match="k_new"):
+        cache.append(np.zeros((2, 3, 8), np.float32), np.zeros((2, 3, 8), np.float32))
+    with pytest.raises(TypeError, match="int8"):
+        attn.KVCache(1, 2, 8, 4, dtype="int8")
+    with pytest.raises(ValueError):
+        attn.KVCache(1, 0, 8, 4)
+    with pytest.raises(ValueError, match="query"):
+        attn.decode_attention(np.zeros((1, 2, 17, 8), np.float32), cache)
+    with pytest.raises(ValueError, match="query"):
+        attn.decode_attention(np.zeros((1, 3, 1, 8), np.float32), cache)
+    with pytest.raises(TypeError):
+        attn.decode_attention(np.zeros((1, 2, 1, 8), np.int32), cache)
+    grow = attn.KVCache(1, 1, 8, 2, grow=True)
+    grow.append(np.ones((1, 1, 9, 8), np.float32), np.ones((1, 1, 9, 8), np.float32))
+    assert grow.capacity >= 9 and grow.lengths.tolist() == [9]
