@@ -8,6 +8,8 @@ test_pkgs=(python3 python3-numpy python3-torch python3-pytest)
 # Heatmaps (attn heatmap, attn demo): cairo + pango, fonts with CJK; tests decode/render them.
 build_pkgs+=(pkg-config libcairo2-dev libpango1.0-dev fonts-noto-cjk fonts-dejavu-core)
 test_pkgs+=(python3-pil librsvg2-bin)
+# The Python module (python/): pybind11 and the headers of /usr/bin/python3.
+build_pkgs+=(pybind11-dev python3-dev)
 
 case "${1:-build}" in
   build) want=("${build_pkgs[@]}") ;;

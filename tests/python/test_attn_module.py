@@ -1,0 +1,550 @@
+# The `attn` Python module against torch 1.13 (float64 textbook attention and autograd,
+# nn.MultiheadAttention), on random cases, strided inputs and bad inputs.
+# Run by ctest with PYTHONPATH = the build's python dir (tests/python/CMakeLists.txt).
+import json
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import attn
+
+RNG_SEEDS = range(24)
+# float32 kernels against the float64 oracle: |err| <= ATOL + RTOL·|ref|. The float32
+# output of a softmax-weighted sum of O(1) values carries ~1e-7·sqrt(Lk) rounding.
+ATOL, RTOL = 2e-5, 2e-5
+
+
+def textbook(q, k, v, keep=None, bias=None, scale=None):
+    """softmax(q·kᵀ·scale + bias) masked by keep (True = may attend) · v, in float64 torch.
+    q (B, H, Lq, D), k/v (B, Hkv, Lk, ·); GQA by repeating KV heads. Rows without a visible key
+    give 0 (attn's convention). Returns out, lse, weights."""
+    q, k, v = (torch.from_numpy(np.asarray(x, dtype=np.float64)) for x in (q, k, v))
+    group = q.shape[-3] // k.shape[-3]
+    k = k.repeat_interleave(group, dim=-3)
+    v = v.repeat_interleave(group, dim=-3)
+    s = q @ k.transpose(-1, -2) * (scale if scale is not None else 1.0 / np.sqrt(q.shape[-1]))
+    if bias is not None:
+        s = s + torch.from_numpy(np.asarray(bias, dtype=np.float64))
+    if keep is not None:
+        s = s.masked_fill(~torch.from_numpy(np.array(keep)), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    w = torch.exp(s - lse.unsqueeze(-1))
+    w = torch.nan_to_num(w, nan=0.0)
+    return (w @ v).numpy(), lse.numpy(), w.numpy()
+
+
+def close(ours, ref, atol=ATOL, rtol=RTOL):
+    ours = np.asarray(ours, dtype=np.float64)
+    assert ours.shape == ref.shape
+    assert np.all(np.isfinite(ours) == np.isfinite(ref)) or np.array_equal(ours, ref)
+    fin = np.isfinite(ref)
+    err = np.abs(ours[fin] - ref[fin])
+    bound = atol + rtol * np.abs(ref[fin])
+    assert np.all(err <= bound), f"max err {err.max()} (worst excess {(err - bound).max()})"
+
+
+def causal_keep(lq, lk, bottom_right):
+    off = lk - lq if bottom_right else 0
+    return np.arange(lk)[None, :] <= np.arange(lq)[:, None] + off
+
+
+def make_case(seed):
+    rng = np.random.default_rng(seed)
+    b, hkv = int(rng.integers(1, 3)), int(rng.integers(1, 3))
+    hq = hkv * int(rng.choice([1, 2]))
+    lq, lk = int(rng.integers(1, 70)), int(rng.integers(1, 90))
+    d, dv = int(rng.choice([8, 16, 32, 64])), int(rng.choice([8, 16, 64]))
+    return dict(seed=seed, rng=rng, b=b, hq=hq, hkv=hkv, lq=lq, lk=lk, d=d, dv=dv,
+                mask=["none", "bool", "float", "bool_bcast"][seed % 4],
+                causal=[None, "top-left", "bottom-right"][seed % 3],
+                scale=None if seed % 5 else 0.3, rank3=(seed % 7 == 3))
+
+
+@pytest.mark.parametrize("seed", RNG_SEEDS)
+def test_sdpa_random_vs_torch(seed):
+    c = make_case(seed)
+    rng = c["rng"]
+    if c["rank3"]:
+        c["b"] = 1
+    q = rng.standard_normal((c["b"], c["hq"], c["lq"], c["d"]), dtype=np.float32)
+    k = rng.standard_normal((c["b"], c["hkv"], c["lk"], c["d"]), dtype=np.float32)
+    v = rng.standard_normal((c["b"], c["hkv"], c["lk"], c["dv"]), dtype=np.float32)
+    keep = np.ones((c["b"], c["hq"], c["lq"], c["lk"]), bool)
+    bias = None
+    mask_arg = None
+    if c["mask"] == "bool":
+        mask_arg = rng.random((c["b"], c["hq"], c["lq"], c["lk"])) < 0.8
+        keep &= mask_arg
+    elif c["mask"] == "bool_bcast":
+        mask_arg = rng.random((c["lq"], c["lk"])) < 0.7
+        keep &= mask_arg
+    elif c["mask"] == "float":
+        mask_arg = (rng.standard_normal((1, c["hq"], c["lq"], c["lk"])) * 2).astype(np.float32)
+        mask_arg[rng.random(mask_arg.shape) < 0.1] = -np.inf
+        bias = mask_arg
+    if c["causal"]:
+        keep &= causal_keep(c["lq"], c["lk"], c["causal"] == "bottom-right")
+    ref_o, ref_lse, ref_w = textbook(q, k, v, keep, bias, c["scale"])
+    args = (q, k, v)
+    if c["rank3"]:
+        args = (q[0], k[0], v[0])
+        if mask_arg is not None and mask_arg.ndim == 4:
+            mask_arg = mask_arg[0]
+        ref_o, ref_lse, ref_w = ref_o[0], ref_lse[0], ref_w[0]
+    o, lse, w = attn.scaled_dot_product_attention(
+        *args, attn_mask=mask_arg, is_causal=c["causal"] is not None, scale=c["scale"],
+        causal_alignment=c["causal"] or "top-left", return_lse=True, return_weights=True)
+    assert o.dtype == np.float32 and o.shape == ref_o.shape
+    close(o, ref_o)
+    close(w, ref_w)
+    close(lse, ref_lse)
+    # The plain call (no extra outputs, maybe another kernel) agrees too.
+    close(attn.sdpa(*args, attn_mask=mask_arg, is_causal=c["causal"] is not None, scale=c["scale"],
+                    causal_alignment=c["causal"] or "top-left"), ref_o)
+
+
+def test_matches_torch_sdpa_convention_on_torch_defaults():
+    # torch's default is_causal is top-left; a bool mask keeps True positions.
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((1, 2, 9, 8), dtype=np.float32) for _ in range(3))
+    m = rng.random((9, 9)) < 0.5
+    m[:, 0] = True
+    ref = torch.softmax(torch.from_numpy(q).double() @ torch.from_numpy(k).double().transpose(-1, -2) / np.sqrt(8)
+                        + torch.where(torch.from_numpy(m), 0.0, float("-inf")).double(), -1) @ torch.from_numpy(v).double()
+    close(attn.sdpa(q, k, v, m), ref.numpy())
+
+
+def test_float64_runs_on_reference_and_returns_float64():
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((2, 3, 11, 16)) for _ in range(3))
+    o = attn.sdpa(q, k, v, is_causal=True)
+    assert o.dtype == np.float64
+    ref, _, _ = textbook(q, k, v, causal_keep(11, 11, False))
+    assert np.abs(o - ref).max() < 1e-12
+
+
+def test_key_lengths_and_empty_rows():
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((3, 2, 7, 8), dtype=np.float32)
+    k = rng.standard_normal((3, 2, 10, 8), dtype=np.float32)
+    v = rng.standard_normal((3, 2, 10, 8), dtype=np.float32)
+    kl = np.array([10, 4, 0], dtype=np.int64)
+    keep = np.arange(10)[None, None, None, :] < kl[:, None, None, None]
+    keep = np.broadcast_to(keep, (3, 2, 7, 10))
+    o, lse = attn.sdpa(q, k, v, key_lengths=kl, return_lse=True)
+    ref_o, ref_lse, _ = textbook(q, k, v, keep)
+    close(o, ref_o)
+    assert np.all(o[2] == 0) and np.all(lse[2] == -np.inf)
+    close(lse[:2], ref_lse[:2])
+
+
+def test_strided_inputs_are_read_in_place():
+    rng = np.random.default_rng(3)
+    # (B, L, H, D) buffers seen as (B, H, L, D); a sliced head dim; a reversed key order.
+    qb = rng.standard_normal((2, 13, 4, 32), dtype=np.float32)
+    kb = rng.standard_normal((2, 4, 40, 48), dtype=np.float32)
+    vb = rng.standard_normal((4, 2, 20, 16), dtype=np.float32)
+    q = qb.transpose(0, 2, 1, 3)              # transposed view
+    k = kb[:, :, ::2, 8:40]                   # step slice and offset slice: (2, 4, 20, 32)
+    v = vb.transpose(1, 0, 2, 3)[:, :, ::-1]  # negative stride
+    assert not q.flags.c_contiguous and not k.flags.c_contiguous
+    before = attn._input_copies()
+    o, w = attn.sdpa(q, k, v, is_causal=True, causal_alignment="bottom-right", return_weights=True)
+    assert attn._input_copies() == before, "a strided view was copied"
+    ref_o, _, ref_w = textbook(q, k, v, causal_keep(13, 20, True))
+    close(o, ref_o)
+    close(w, ref_w)
+    # Broadcast (stride-0) key/value heads are fine as inputs as well.
+    k1 = np.broadcast_to(rng.standard_normal((2, 1, 20, 32), dtype=np.float32), (2, 4, 20, 32))
+    close(attn.sdpa(q, k1, v), textbook(q, k1, v)[0])
+    assert attn._input_copies() == before
+
+
+def test_unaligned_strides_are_copied_and_counted():
+    rng = np.random.default_rng(4)
+    rec = np.zeros((1, 2, 6, 8), dtype=[("x", "<f4"), ("pad", "u1")])  # 5-byte stride
+    rec["x"] = rng.standard_normal((1, 2, 6, 8))
+    q = rec["x"]
+    assert q.strides[-1] == 5
+    k = rng.standard_normal((1, 2, 6, 8), dtype=np.float32)
+    before = attn._input_copies()
+    o = attn.sdpa(q, k, k)
+    assert attn._input_copies() == before + 1
+    close(o, textbook(np.array(q), k, k)[0])
+
+
+def test_outputs_own_their_memory_and_inputs_stay_untouched():
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((1, 2, 5, 8), dtype=np.float32) for _ in range(3))
+    saved = [x.copy() for x in (q, k, v)]
+    o, lse, w = attn.sdpa(q, k, v, return_lse=True, return_weights=True)
+    for a in (o, lse, w):
+        assert a.flags.owndata and a.flags.c_contiguous
+        assert not any(np.shares_memory(a, x) for x in (q, k, v))
+    for x, s in zip((q, k, v), saved):
+        assert np.array_equal(x, s)
+    # Array-likes (lists) are converted like np.asarray.
+    close(attn.sdpa(q.tolist(), k, v), textbook(q, k, v)[0])
+
+
+def test_gil_is_released_during_compute():
+    # A Python thread keeps counting while a long sdpa runs on another thread.
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((1, 4, 256, 64), dtype=np.float32) for _ in range(3))
+    done = threading.Event()
+    ticks = []
+
+    def worker():
+        for _ in range(3):
+            attn.sdpa(q, k, v, impl="reference")
+        done.set()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    time.sleep(0.01)
+    while not done.is_set():
+        ticks.append(1)
+        time.sleep(0.001)
+    t.join()
+    assert len(ticks) > 20, f"main thread ran {len(ticks)} times while sdpa computed"
+
+
+def test_dropout_is_seeded():
+    rng = np.random.default_rng(8)
+    q, k, v = (rng.standard_normal((1, 2, 16, 8), dtype=np.float32) for _ in range(3))
+    a = attn.sdpa(q, k, v, dropout_p=0.5, dropout_seed=1)
+    assert np.array_equal(a, attn.sdpa(q, k, v, dropout_p=0.5, dropout_seed=1))
+    assert not np.array_equal(a, attn.sdpa(q, k, v, dropout_p=0.5, dropout_seed=2))
+    # The returned (dropped, rescaled) weights reproduce the output.
+    o, w = attn.sdpa(q, k, v, dropout_p=0.5, dropout_seed=1, return_weights=True)
+    close(o, (w.astype(np.float64) @ v.astype(np.float64)))
+
+
+@pytest.mark.parametrize("bad, exc, words", [
+    (dict(query=np.zeros((1, 2, 4, 8), np.int16)), TypeError, ["query", "int16"]),
+    (dict(query=np.zeros((1, 2, 4, 8), np.int32)), TypeError, ["Q", "dtype", "int32"]),
+    (dict(query=np.zeros((1, 1, 2, 4, 8), np.float32)), ValueError, ["query", "rank", "(1, 1, 2, 4, 8)"]),
+    (dict(query=np.zeros((8,), np.float32)), ValueError, ["query", "rank", "(8,)"]),
+    (dict(key=np.zeros((1, 2, 6, 4), np.float32)), ValueError, ["head dim", "4", "8"]),
+    (dict(value=np.zeros((1, 2, 5, 8), np.float32)), ValueError, ["V", "5", "6"]),
+    (dict(key=np.zeros((2, 6, 8), np.float32)), ValueError, ["rank"]),
+    (dict(attn_mask=np.zeros((4, 6), np.int8)), TypeError, ["attn_mask", "int8"]),
+    (dict(attn_mask=np.zeros((3, 6), bool)), ValueError, ["mask", "(3, 6)"]),
+    (dict(causal_alignment="middle"), ValueError, ["causal_alignment", "middle"]),
+    (dict(scale=float("nan")), ValueError, ["scale"]),
+    (dict(dropout_p=1.5), ValueError, ["dropout_p"]),
+    (dict(key_lengths=np.array([1.0])), TypeError, ["key_lengths", "float64"]),
+    (dict(key_lengths=np.array([3, 3])), ValueError, ["key_lengths"]),
+    (dict(impl="gpu"), ValueError, ["gpu"]),
+])
+def test_bad_inputs_raise_clear_errors(bad, exc, words):
+    args = dict(query=np.zeros((1, 2, 4, 8), np.float32), key=np.zeros((1, 2, 6, 8), np.float32),
+                value=np.zeros((1, 2, 6, 8), np.float32))
+    args.update(bad)
+    with pytest.raises(exc) as e:
+        attn.scaled_dot_product_attention(**args)
+    for w in words:
+        assert w in str(e.value), f"{w!r} not in {e.value}"
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_backward_vs_torch_autograd(seed):
+    rng = np.random.default_rng(100 + seed)
+    b, hkv = 2, 1 + seed % 2
+    hq = hkv * (1 + seed % 3 % 2)
+    lq, lk, d, dv = int(rng.integers(1, 50)), int(rng.integers(1, 60)), 16 * (1 + seed % 2), 16
+    q = rng.standard_normal((b, hq, lq, d), dtype=np.float32)
+    k = rng.standard_normal((b, hkv, lk, d), dtype=np.float32)
+    v = rng.standard_normal((b, hkv, lk, dv), dtype=np.float32)
+    g = rng.standard_normal((b, hq, lq, dv), dtype=np.float32)
+    causal = seed % 2 == 1
+    align = "bottom-right" if seed % 4 == 3 else "top-left"
+    mask = (rng.random((lq, lk)) < 0.8) if seed % 3 == 0 else None
+    keep = np.ones((lq, lk), bool)
+    if causal:
+        keep &= causal_keep(lq, lk, align == "bottom-right")
+    if mask is not None:
+        keep &= mask
+    tq, tk, tv = (torch.from_numpy(x).double().requires_grad_() for x in (q, k, v))
+    group = hq // hkv
+    s = tq @ tk.repeat_interleave(group, 1).transpose(-1, -2) / np.sqrt(d)
+    s = s.masked_fill(~torch.from_numpy(keep), float("-inf"))
+    w = torch.nan_to_num(torch.softmax(s, -1), nan=0.0)
+    (w @ tv.repeat_interleave(group, 1)).backward(torch.from_numpy(g).double())
+    o, lse = attn.sdpa(q, k, v, mask, is_causal=causal, causal_alignment=align, return_lse=True)
+    dq, dk, dv_ = attn.scaled_dot_product_attention_backward(q, k, v, o, lse, g, mask, is_causal=causal,
+                                                             causal_alignment=align)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv_.shape == v.shape
+    scale_ref = max(1.0, float(np.abs(tq.grad.numpy()).max()))
+    for ours, ref in ((dq, tq.grad), (dk, tk.grad), (dv_, tv.grad)):
+        close(ours, ref.numpy(), atol=1e-4 * scale_ref, rtol=1e-4)
+
+
+def test_backward_rank3_and_strided():
+    rng = np.random.default_rng(9)
+    qb = rng.standard_normal((10, 2, 8), dtype=np.float32)
+    q = qb.transpose(1, 0, 2)  # (H, L, D) from (L, H, D)
+    k, v, g = (rng.standard_normal((2, 10, 8), dtype=np.float32) for _ in range(3))
+    before = attn._input_copies()
+    o, lse = attn.sdpa(q, k, v, is_causal=True, return_lse=True)
+    dq, dk, dv = attn.sdpa_backward(q, k, v, o, lse, g, is_causal=True)
+    assert attn._input_copies() == before
+    tq, tk, tv = (torch.from_numpy(np.ascontiguousarray(x)).double().requires_grad_() for x in (q, k, v))
+    s = (tq @ tk.transpose(-1, -2) / np.sqrt(8)).masked_fill(~torch.from_numpy(causal_keep(10, 10, False)),
+                                                           float("-inf"))
+    (torch.softmax(s, -1) @ tv).backward(torch.from_numpy(g).double())
+    for ours, ref in ((dq, tq.grad), (dk, tk.grad), (dv, tv.grad)):
+        close(ours, ref.numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_backward_bad_inputs():
+    z = np.zeros((1, 2, 4, 8), np.float32)
+    with pytest.raises(ValueError, match="lse"):
+        attn.sdpa_backward(z, z, z, z, np.zeros((1, 2, 5), np.float32), z)
+    with pytest.raises(TypeError, match="dtype"):
+        attn.sdpa_backward(z, z, z, z, np.zeros((1, 2, 4), np.float32), z.astype(np.int32))
+
+
+# ---- MultiheadAttention ----------------------------------------------------------------
+
+def torch_mha(seed, e, h, kdim=None, vdim=None, bias=True, batch_first=False, add_bias_kv=False):
+    torch.manual_seed(seed)
+    t = torch.nn.MultiheadAttention(e, h, bias=bias, kdim=kdim, vdim=vdim, batch_first=batch_first,
+                                    add_bias_kv=add_bias_kv).eval()
+    with torch.no_grad():  # non-zero biases so that they are tested
+        for name, p in t.named_parameters():
+            if "bias" in name:
+                p.normal_()
+    ours = attn.MultiheadAttention(e, h, bias=bias, kdim=kdim, vdim=vdim, batch_first=batch_first,
+                                   add_bias_kv=add_bias_kv)
+    ours.load_state_dict({k: v.detach().numpy() for k, v in t.state_dict().items()})
+    return t, ours
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_mha_random_vs_torch(seed):
+    rng = np.random.default_rng(200 + seed)
+    h = int(rng.choice([1, 2, 4]))
+    e = h * int(rng.choice([4, 8, 16]))
+    cross = seed % 3 == 1
+    kdim, vdim = (e + 3, e + 5) if seed % 5 == 2 else (None, None)
+    batch_first = seed % 2 == 0
+    unbatched = seed % 7 == 6
+    b, lq, lk = int(rng.integers(1, 4)), int(rng.integers(1, 20)), int(rng.integers(1, 20))
+    if not (cross or kdim):
+        lk = lq
+    t, m = torch_mha(seed, e, h, kdim, vdim, batch_first=batch_first, add_bias_kv=seed == 4)
+
+    def shaped(l, f):
+        if unbatched:
+            return rng.standard_normal((l, f), dtype=np.float32)
+        return rng.standard_normal((b, l, f) if batch_first else (l, b, f), dtype=np.float32)
+
+    q = shaped(lq, e)
+    k = shaped(lk, kdim or e) if (cross or kdim) else q
+    v = shaped(lk, vdim or e) if (cross or kdim) else q
+    kpm = am = None
+    if seed % 3 == 0 and not unbatched:
+        kpm = rng.random((b, lk)) < 0.3
+        kpm[:, 0] = False
+    if seed % 4 == 1:
+        am = (rng.standard_normal((lq, lk)) * 0.5).astype(np.float32)
+    avg = seed % 2 == 1
+    with torch.no_grad():
+        to, tw = t(*(torch.from_numpy(x) for x in (q, k, v)),
+                   key_padding_mask=None if kpm is None else torch.from_numpy(kpm),
+                   attn_mask=None if am is None else torch.from_numpy(am), average_attn_weights=avg)
+    o, w = m(q, k, v, key_padding_mask=kpm, attn_mask=am, average_attn_weights=avg)
+    assert o.shape == tuple(to.shape) and w.shape == tuple(tw.shape)
+    close(o, to.double().numpy(), atol=1e-5, rtol=1e-4)
+    close(w, tw.double().numpy(), atol=1e-6, rtol=1e-4)
+    o2, w2 = m.forward(q, k, v, key_padding_mask=kpm, attn_mask=am, need_weights=False)
+    assert w2 is None
+    close(o2, to.double().numpy(), atol=1e-5, rtol=1e-4)
+
+
+def test_mha_state_dict_round_trip_and_properties():
+    t, m = torch_mha(0, 16, 4, kdim=8, vdim=12)
+    sd = m.state_dict()
+    assert list(sd) == list(t.state_dict())
+    for name, p in t.state_dict().items():
+        assert np.array_equal(sd[name], p.numpy())
+    sd["out_proj.weight"][:] = 0  # a copy: the layer is unchanged
+    assert not np.array_equal(m.state_dict()["out_proj.weight"], sd["out_proj.weight"])
+    assert (m.embed_dim, m.num_heads, m.head_dim, m.kdim, m.vdim, m.batch_first) == (16, 4, 4, 8, 12, False)
+
+
+def write_safetensors(path, tensors):
+    header, blobs, off = {}, [], 0
+    for name, a in tensors.items():
+        raw = np.ascontiguousarray(a, dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    path.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def test_mha_load_safetensors(tmp_path):
+    t, _ = torch_mha(3, 8, 2)
+    f = tmp_path / "w.safetensors"
+    write_safetensors(f, {k: v.numpy() for k, v in t.state_dict().items()})
+    m = attn.MultiheadAttention(8, 2)
+    m.load_safetensors(str(f))
+    x = np.random.default_rng(0).standard_normal((5, 2, 8), dtype=np.float32)
+    with torch.no_grad():
+        to, _ = t(*(torch.from_numpy(x),) * 3)
+    close(m(x, x, x)[0], to.double().numpy(), atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="missing.safetensors"):
+        m.load_safetensors(str(tmp_path / "missing.safetensors"))
+
+
+def test_mha_strided_inputs_and_no_copy_in_binding():
+    t, m = torch_mha(5, 16, 4, batch_first=True)
+    rng = np.random.default_rng(10)
+    xb = rng.standard_normal((7, 3, 16), dtype=np.float32)
+    x = xb.transpose(1, 0, 2)  # (B, L, E) view of an (L, B, E) buffer
+    before = attn._input_copies()
+    o, w = m(x, x, x, is_causal=False)
+    assert attn._input_copies() == before
+    with torch.no_grad():
+        to, tw = t(*(torch.from_numpy(np.ascontiguousarray(x)),) * 3)
+    close(o, to.double().numpy(), atol=1e-5, rtol=1e-4)
+    close(w, tw.double().numpy(), atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("make, exc, words", [
+    (lambda: attn.MultiheadAttention(10, 3), ValueError, ["10", "3"]),
+    (lambda: attn.MultiheadAttention(8, 2, dropout=0.1), ValueError, ["dropout"]),
+    (lambda: attn.MultiheadAttention(8, 2, dtype=np.float16), TypeError, ["dtype"]),
+])
+def test_mha_bad_config(make, exc, words):
+    with pytest.raises(exc) as e:
+        make()
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_mha_bad_inputs_and_state_dicts():
+    m = attn.MultiheadAttention(8, 2)
+    x = np.zeros((4, 2, 8), np.float32)
+    with pytest.raises(ValueError, match="query"):
+        m(np.zeros((4, 2, 6), np.float32), x, x)
+    with pytest.raises(ValueError, match="query"):
+        m(np.zeros((1, 4, 2, 8), np.float32), x, x)
+    with pytest.raises(TypeError, match="int16"):
+        m(x.astype(np.int16), x, x)
+    with pytest.raises(ValueError, match="key_padding_mask"):
+        m(x, x, x, key_padding_mask=np.zeros((3, 4), bool))
+    sd = m.state_dict()
+    del sd["in_proj_bias"]
+    with pytest.raises(ValueError, match="in_proj_bias"):
+        m.load_state_dict(sd)
+    sd = m.state_dict()
+    sd["out_proj.weight"] = np.zeros((8, 7), np.float32)
+    with pytest.raises(ValueError, match="out_proj.weight"):
+        m.load_state_dict(sd)
+    with pytest.raises(TypeError, match="str"):
+        m.load_state_dict({1: np.zeros(3, np.float32)})
+
+
+# ---- KVCache and decode ----------------------------------------------------------------
+
+def decode_reference(q, keys, values, lengths, causal=True, scale=None):
+    """q (B, Hq, Lq, D); keys/values (B, Hkv, cap, ·) float64; sequence b sees its first
+    lengths[b] positions, new query i (bottom-right) positions 0 .. n_b − Lq + i."""
+    b_, hq, lq, _ = q.shape
+    outs, lses = [], []
+    for b in range(b_):
+        n = int(lengths[b])
+        keep = causal_keep(lq, n, True) if causal else np.ones((lq, n), bool)
+        o, lse, _ = textbook(q[b:b + 1], keys[b:b + 1, :, :n], values[b:b + 1, :, :n], keep, scale=scale)
+        outs.append(o)
+        lses.append(lse)
+    return np.concatenate(outs), np.concatenate(lses)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_kv_cache_decode_vs_torch(dtype):
+    rng = np.random.default_rng(300)
+    b, hkv, hq, d, dv = 2, 2, 4, 32, 16
+    cache = attn.KVCache(b, hkv, d, 8, value_dim=dv, dtype=dtype, grow=True)
+    assert cache.dtype == dtype and cache.capacity == 8
+    full_k = np.zeros((b, hkv, 64, d), np.float32)
+    full_v = np.zeros((b, hkv, 64, dv), np.float32)
+    lengths = np.zeros(b, np.int64)
+    # Prompts of different lengths, one sequence at a time (the second from a strided view).
+    for i, n in enumerate((13, 5)):
+        kn = rng.standard_normal((hkv, n, d), dtype=np.float32)
+        vn = rng.standard_normal((n, hkv, dv), dtype=np.float32).transpose(1, 0, 2)
+        cache.append(kn, vn, batch_index=i)
+        full_k[i, :, :n], full_v[i, :, :n] = kn, vn
+        lengths[i] = n
+    assert cache.lengths.tolist() == [13, 5] and cache.capacity >= 13
+    rd = (lambda x: x.astype(np.float16).astype(np.float64)) if dtype == "float16" else (lambda x: x.astype(np.float64))
+    for step, lq in enumerate((1, 3, 1)):
+        kn = rng.standard_normal((b, hkv, lq, d), dtype=np.float32)
+        vn = rng.standard_normal((b, hkv, lq, dv), dtype=np.float32)
+        cache.append(kn, vn)
+        for i in range(b):
+            full_k[i, :, lengths[i]:lengths[i] + lq] = kn[i]
+            full_v[i, :, lengths[i]:lengths[i] + lq] = vn[i]
+        lengths += lq
+        q = rng.standard_normal((b, hq, lq, d), dtype=np.float32)
+        o, lse = attn.decode_attention(q, cache, return_lse=True)
+        ref_o, ref_lse = decode_reference(q, rd(full_k), rd(full_v), lengths)
+        close(o, ref_o)
+        close(lse, ref_lse)
+    assert cache.lengths.tolist() == lengths.tolist()
+    close(cache.keys()[0, :, :lengths[0]], rd(full_k[0, :, :lengths[0]]), atol=0, rtol=0)
+    # Rolling back and resetting.
+    cache.truncate(10, batch_index=0)
+    cache.truncate(6)
+    assert cache.lengths.tolist() == [6, 6]
+    cache.reset(1)
+    assert cache.lengths.tolist() == [6, 0]
+    cache.reset()
+    assert cache.lengths.tolist() == [0, 0]
+
+
+def test_decode_non_causal_and_sdpa_with_float16_kv():
+    rng = np.random.default_rng(301)
+    cache = attn.KVCache(1, 1, 16, 32)
+    k = rng.standard_normal((1, 1, 20, 16), dtype=np.float32)
+    v = rng.standard_normal((1, 1, 20, 16), dtype=np.float32)
+    cache.append(k, v)
+    q = rng.standard_normal((1, 4, 2, 16), dtype=np.float32)
+    ref = textbook(q, k, v, scale=0.5)[0]
+    close(attn.decode_attention(q, cache, is_causal=False, scale=0.5), ref)
+    # sdpa's decode path takes float16 K/V directly (MQA: 4 query heads on 1 KV head).
+    o = attn.sdpa(q, k.astype(np.float16), v.astype(np.float16), scale=0.5)
+    close(o, textbook(q, k.astype(np.float16), v.astype(np.float16), scale=0.5)[0])
+
+
+def test_kv_cache_overflow_and_bad_inputs():
+    cache = attn.KVCache(1, 2, 8, 4)  # no growth
+    k = np.zeros((1, 2, 3, 8), np.float32)
+    cache.append(k, k)
+    with pytest.raises(ValueError, match="nothing was written"):
+        cache.append(k, k)
+    assert cache.lengths.tolist() == [3]  # nothing written on error
+    with pytest.raises(ValueError, match="k_new"):
+        cache.append(np.zeros((2, 3, 8), np.float32), np.zeros((2, 3, 8), np.float32))
+    with pytest.raises(TypeError, match="int8"):
+        attn.KVCache(1, 2, 8, 4, dtype="int8")
+    with pytest.raises(ValueError):
+        attn.KVCache(1, 0, 8, 4)
+    with pytest.raises(ValueError, match="q: length .* 17"):
+        attn.decode_attention(np.zeros((1, 2, 17, 8), np.float32), cache)
+    with pytest.raises(ValueError, match="heads 3 .* KV heads 2"):
+        attn.decode_attention(np.zeros((1, 3, 1, 8), np.float32), cache)
+    with pytest.raises(TypeError):
+        attn.decode_attention(np.zeros((1, 2, 1, 8), np.int32), cache)
+    grow = attn.KVCache(1, 1, 8, 2, grow=True)
+    grow.append(np.ones((1, 1, 9, 8), np.float32), np.ones((1, 1, 9, 8), np.float32))
+    assert grow.capacity >= 9 and grow.lengths.tolist() == [9]
