@@ -1,22 +1,9 @@
-// The shape ids of ../shared/bench-shapes.md and what measures each. A feature that adds a
-// measurement replaces its "not available" entry here with a runner (see harness.hpp).
+// The shape ids of ../shared/bench-shapes.md and what measures each (runners: harness.hpp).
+// A shape whose feature is not built gets a BenchCase with `unavailable` set, which the
+// report prints as "not available in this build" instead of a number.
 #include "harness.hpp"
 
 namespace attn::bench {
-namespace {
-
-BenchCase not_built(std::string id, std::string variant, std::string what, std::string shape, std::string needs) {
-    BenchCase c;
-    c.id = std::move(id);
-    c.variant = std::move(variant);
-    c.what = std::move(what);
-    c.shape = std::move(shape);
-    c.unavailable = "not available in this build: " + std::move(needs);
-    return c;
-}
-
-}  // namespace
-
 std::vector<BenchCase> all_cases() {
     std::vector<BenchCase> cases;
     const SdpaShape s1{"S1", "prefill", 1, 16, 16, 1024, 1024, 64, 64, Causal::none, false};
