@@ -10,7 +10,8 @@ gen=Ninja
 command -v ninja >/dev/null 2>&1 || gen="Unix Makefiles"
 # Configure every time: quick when nothing changed, and it repairs a half-configured dir.
 cmake -S "$src" -B "$build" -G "$gen" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_SANITIZE=ON \
-      -DATTN_BUILD_TOOLS=OFF -DATTN_BUILD_DEV=OFF >/dev/null
+      -DATTN_BUILD_TOOLS=OFF -DATTN_BUILD_DEV=OFF -DATTN_BUILD_PYTHON=OFF -DATTN_BUILD_EXAMPLES=OFF \
+      -DATTN_WITH_MPI=OFF >/dev/null
 cmake --build "$build" -j "$(nproc)" --target test_flash test_exp2
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
