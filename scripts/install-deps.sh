@@ -10,16 +10,14 @@ build_pkgs+=(pkg-config libcairo2-dev libpango1.0-dev fonts-noto-cjk fonts-dejav
 test_pkgs+=(python3-pil librsvg2-bin)
 # The Python module (python/): pybind11 and the headers of /usr/bin/python3.
 build_pkgs+=(pybind11-dev python3-dev)
+# OpenMPI: attn::dist and `attn ring` build against it (ATTN_WITH_MPI), the ring tests run mpirun.
+build_pkgs+=(libopenmpi-dev openmpi-bin)
 
 case "${1:-build}" in
   build) want=("${build_pkgs[@]}") ;;
   test)  want=("${build_pkgs[@]}" "${test_pkgs[@]}") ;;
   *) echo "install-deps.sh: expected 'build' or 'test' but got '$1'" >&2; exit 2 ;;
 esac
-want+=(nlohmann-json3-dev)  # attn bench --json, in both lists (a repeated package is harmless)
-
-# OpenMPI: attn::dist and `attn ring` build against it (ATTN_WITH_MPI), the ring tests run mpirun.
-want+=(libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${want[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
