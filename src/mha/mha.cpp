@@ -7,11 +7,16 @@
 #include <string>
 
 #include "attn/error.hpp"
+#include "head_layout.hpp"
 #include "linear.hpp"
 #include "masks.hpp"
 
 namespace attn {
 namespace {
+
+using detail::heads_view;
+using detail::Rows;
+using detail::rows_of;
 
 std::string num(std::int64_t v) { return std::to_string(v); }
 
@@ -34,22 +39,6 @@ const float* as_rows(const TensorView& x, Tensor& copy) {
     if (x.dtype() == DType::f32 && x.is_contiguous()) return x.data_as<const float>();
     copy = to_dtype(x, DType::f32);
     return copy.data_as<const float>();
-}
-
-// Where (b, l) of a (L, B, F) / (B, L, F) / (L, F) input sits: row = b·rb + l·rl.
-struct Rows {
-    std::int64_t rb = 0, rl = 0;
-};
-
-Rows rows_of(bool batched, bool batch_first, std::int64_t B, std::int64_t L) {
-    if (!batched) return {0, 1};
-    return batch_first ? Rows{L, 1} : Rows{1, B};
-}
-
-// A (B, heads, L, d) view of columns [col, col + heads·d) of a (rows, ld) buffer.
-TensorView heads_view(float* buf, std::int64_t ld, std::int64_t col, Rows r, std::int64_t B, std::int64_t heads,
-                      std::int64_t L, std::int64_t d) {
-    return TensorView(buf + col, DType::f32, Shape{B, heads, L, d}, Strides{r.rb * ld, d, r.rl * ld, 1});
 }
 
 void check_mask_dtype(const TensorView& m, const char* name, const char* bool_meaning) {

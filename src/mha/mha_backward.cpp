@@ -20,11 +20,16 @@
 #include "attn/error.hpp"
 #include "attn/mha.hpp"
 #include "attn/sdpa_backward.hpp"
+#include "head_layout.hpp"
 #include "linear.hpp"
 #include "masks.hpp"
 
 namespace attn {
 namespace {
+
+using detail::heads_view;
+using detail::Rows;
+using detail::rows_of;
 
 std::string num(std::int64_t v) { return std::to_string(v); }
 
@@ -48,21 +53,6 @@ void sum_rows(const float* x, std::int64_t N, std::int64_t M, std::int64_t ld, f
     if (!accumulate) std::memset(acc, 0, static_cast<std::size_t>(M) * sizeof(float));
     for (std::int64_t n = 0; n < N; ++n)
         for (std::int64_t m = 0; m < M; ++m) acc[m] += x[n * ld + m];
-}
-
-struct Rows {
-    std::int64_t rb = 0, rl = 0;
-};
-
-Rows rows_of(bool batched, bool batch_first, std::int64_t B, std::int64_t L) {
-    if (!batched) return {0, 1};
-    return batch_first ? Rows{L, 1} : Rows{1, B};
-}
-
-// (B, heads, L, d) view of columns [col, col + heads·d) of a (rows, ld) buffer.
-TensorView heads_view(float* buf, std::int64_t ld, std::int64_t col, Rows r, std::int64_t B, std::int64_t heads,
-                      std::int64_t L, std::int64_t d) {
-    return TensorView(buf + col, DType::f32, Shape{B, heads, L, d}, Strides{r.rb * ld, d, r.rl * ld, 1});
 }
 
 // A contiguous owned copy of a mask (bool stays bool, floats become float32), so the

@@ -1,0 +1,29 @@
+// Where the rows and heads of an MHA layer's buffers sit — written once for the forward,
+// the backward and the incremental path. Inputs are (L, B, F), (B, L, F) with batch_first,
+// or unbatched (L, F); a projection writes (rows, ld) buffers in the input's row order, and
+// the heads are stride views of them (DESIGN.md: head split by strides, never a copy).
+#pragma once
+
+#include <cstdint>
+
+#include "attn/tensor.hpp"
+
+namespace attn::detail {
+
+// Row of (b, l) in a (L, B, F) / (B, L, F) / (L, F) input: row = b·rb + l·rl.
+struct Rows {
+    std::int64_t rb = 0, rl = 0;
+};
+
+inline Rows rows_of(bool batched, bool batch_first, std::int64_t B, std::int64_t L) {
+    if (!batched) return {0, 1};
+    return batch_first ? Rows{L, 1} : Rows{1, B};
+}
+
+// A (B, heads, L, d) view of columns [col, col + heads·d) of a (rows, ld) float32 buffer.
+inline TensorView heads_view(float* buf, std::int64_t ld, std::int64_t col, Rows r, std::int64_t B,
+                             std::int64_t heads, std::int64_t L, std::int64_t d) {
+    return TensorView(buf + col, DType::f32, Shape{B, heads, L, d}, Strides{r.rb * ld, d, r.rl * ld, 1});
+}
+
+}  // namespace attn::detail
