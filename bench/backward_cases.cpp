@@ -15,37 +15,13 @@
 namespace attn::bench {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-std::string causal_word(Causal c) {
-    return c == Causal::none ? "none" : c == Causal::top_left ? "top-left" : "bottom-right";
-}
-
-// t: contiguous float32; uniform in [-1, 1), a pure function of (seed, index).
-void fill_uniform(const Tensor& t, std::uint64_t seed) {
-    float* p = t.data_as<float>();
-    const std::int64_t n = t.numel();
-#pragma omp parallel for schedule(static)
-    for (std::int64_t i = 0; i < n; ++i) {
-        std::uint64_t z = seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(i);  // splitmix64
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
-        p[i] = static_cast<float>(static_cast<double>(z >> 40) * (1.0 / 8388608.0) - 1.0);
-    }
-}
-
 // Max |a − b| over the three gradients; NaN when any element is NaN (never written).
 double max_abs_diff(const Tensor* a, const Tensor* b) {
     double m = 0.0;
     for (int t = 0; t < 3; ++t) {
-        const float* x = a[t].data_as<float>();
-        const float* y = b[t].data_as<float>();
-        for (std::int64_t i = 0; i < a[t].numel(); ++i) {
-            const double d = std::fabs(static_cast<double>(x[i]) - static_cast<double>(y[i]));
-            if (std::isnan(d)) return std::numeric_limits<double>::quiet_NaN();
-            if (d > m) m = d;
-        }
+        const double d = bench::max_abs_diff(a[t], b[t]);
+        if (std::isnan(d)) return d;
+        m = std::max(m, d);
     }
     return m;
 }
@@ -116,9 +92,8 @@ void run_sdpa_forward_backward(const Context& ctx, const SdpaShape& s, std::vect
                 continue;
             }
             if (avail > 0 && ref_bytes + static_cast<double>(c.io_bytes) > cfg.memory_fraction * avail) {
-                std::snprintf(buf, sizeof buf, "the reference would hold %.1f GiB of score matrices", ref_bytes / kGiB);
                 r.status = "skipped";
-                r.note = buf;
+                r.note = "the reference would hold " + gib(ref_bytes) + " of score matrices";
                 continue;
             }
         }
@@ -167,25 +142,7 @@ void run_sdpa_forward_backward(const Context& ctx, const SdpaShape& s, std::vect
     // matrices at once, plus the inputs and gradients.
     const double torch_bytes = 5.0 * 4.0 * static_cast<double>(s.B * s.Hq) * static_cast<double>(s.Lq) *
                                    static_cast<double>(s.Lk) + 2.0 * static_cast<double>(c.io_bytes);
-    Row t;
-    if (cfg.torch && !ctx.torch_version.empty() && avail > 0 && torch_bytes > cfg.memory_fraction * avail) {
-        char buf[200];
-        std::snprintf(buf, sizeof buf, "autograd of the hand-written attention needs ~%.1f GiB; MemAvailable is %.1f GiB",
-                      torch_bytes / kGiB, avail / kGiB);
-        t.impl = "torch";
-        t.status = "skipped";
-        t.note = buf;
-    } else {
-        t = run_torch(ctx, {{"mode", "sdpa-backward"},
-                            {"B", std::to_string(s.B)},
-                            {"Hq", std::to_string(s.Hq)},
-                            {"Hkv", std::to_string(s.Hkv)},
-                            {"Lq", std::to_string(s.Lq)},
-                            {"Lk", std::to_string(s.Lk)},
-                            {"Dk", std::to_string(s.Dk)},
-                            {"Dv", std::to_string(s.Dv)},
-                            {"causal", causal_word(s.causal)}});
-    }
+    Row t = torch_sdpa_row(ctx, s, "sdpa-backward", torch_bytes, "autograd of the hand-written attention", "");
     t.flop = c.flop;
     rows.push_back(std::move(t));
     c.rows = std::move(rows);
@@ -197,10 +154,7 @@ BenchCase sdpa_forward_backward_case(const SdpaShape& s) {
     bc.id = s.id;
     bc.variant = "forward+backward";
     bc.what = s.what + ", training step";
-    std::ostringstream os;
-    os << "B=" << s.B << " Hq=" << s.Hq << " Hkv=" << s.Hkv << " Lq=" << s.Lq << " Lk=" << s.Lk << " D=" << s.Dk
-       << " causal=" << causal_word(s.causal);
-    bc.shape = os.str();
+    bc.shape = sdpa_shape_text(s);
     bc.run = [s](const Context& ctx, std::vector<CaseResult>& out) { run_sdpa_forward_backward(ctx, s, out); };
     return bc;
 }

@@ -154,6 +154,20 @@ BenchCase sdpa_forward_case(const SdpaShape& s);
 // per timed call, vs torch autograd (--mode sdpa-backward); FLOPs (1 + 2.5) x forward.
 void run_sdpa_forward_backward(const Context& ctx, const SdpaShape& s, std::vector<CaseResult>& out);
 BenchCase sdpa_forward_backward_case(const SdpaShape& s);
+// Shared by the sdpa runners (sdpa_cases.cpp): "none"/"top-left"/"bottom-right"; inputs
+// uniform in [-1, 1) as a pure function of (seed, index); NaN poison; max |a − b| (NaN when
+// either holds NaN); "12.3 GiB"; the shape as the report prints it.
+std::string causal_word(Causal c);
+void fill_uniform(const Tensor& t, std::uint64_t seed);
+void poison(const Tensor& t);
+double max_abs_diff(const Tensor& a, const Tensor& b);
+std::string gib(double bytes);
+std::string sdpa_shape_text(const SdpaShape& s);
+// torch's row for an sdpa shape (torch_attention.py --mode `mode`), or a skipped row when its
+// estimated memory `torch_bytes` exceeds --memory-fraction of MemAvailable; the note then
+// reads "<who> needs ~X GiB<for_what>; MemAvailable is Y GiB".
+Row torch_sdpa_row(const Context& ctx, const SdpaShape& s, const std::string& mode, double torch_bytes,
+                   const std::string& who, const std::string& for_what);
 // Parses "B,Hq,Hkv,Lq,Lk,D,causal" (D may be Dk:Dv; causal 0/1/none/top-left/bottom-right).
 SdpaShape parse_custom_shape(const std::string& text);
 

@@ -24,6 +24,8 @@ std::string fmt(const char* f, double x) {
     return buf;
 }
 
+}  // namespace
+
 std::string causal_word(Causal c) {
     return c == Causal::none ? "none" : c == Causal::top_left ? "top-left" : "bottom-right";
 }
@@ -67,7 +69,33 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
 
 std::string gib(double bytes) { return fmt("%.1f GiB", bytes / kGiB); }
 
-}  // namespace
+std::string sdpa_shape_text(const SdpaShape& s) {
+    std::ostringstream os;
+    os << "B=" << s.B << " Hq=" << s.Hq << " Hkv=" << s.Hkv << " Lq=" << s.Lq << " Lk=" << s.Lk << " D=" << s.Dk
+       << " causal=" << causal_word(s.causal);
+    return os.str();
+}
+
+Row torch_sdpa_row(const Context& ctx, const SdpaShape& s, const std::string& mode, double torch_bytes,
+                   const std::string& who, const std::string& for_what) {
+    const double avail = static_cast<double>(mem_available());
+    if (ctx.cfg.torch && !ctx.torch_version.empty() && avail > 0 && torch_bytes > ctx.cfg.memory_fraction * avail) {
+        Row t;
+        t.impl = "torch";
+        t.status = "skipped";
+        t.note = who + " needs ~" + gib(torch_bytes) + for_what + "; MemAvailable is " + gib(avail);
+        return t;
+    }
+    return run_torch(ctx, {{"mode", mode},
+                           {"B", std::to_string(s.B)},
+                           {"Hq", std::to_string(s.Hq)},
+                           {"Hkv", std::to_string(s.Hkv)},
+                           {"Lq", std::to_string(s.Lq)},
+                           {"Lk", std::to_string(s.Lk)},
+                           {"Dk", std::to_string(s.Dk)},
+                           {"Dv", std::to_string(s.Dv)},
+                           {"causal", causal_word(s.causal)}});
+}
 
 double sdpa_forward_flop(const SdpaShape& s) {
     const double full = 2.0 * static_cast<double>(s.B) * static_cast<double>(s.Hq) * static_cast<double>(s.Lq) *
@@ -190,23 +218,7 @@ void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseRe
     // (scores, scores + mask, softmax) plus its inputs.
     const double torch_bytes = 3.0 * 4.0 * static_cast<double>(s.B * s.Hq) * static_cast<double>(s.Lq) *
                                    static_cast<double>(s.Lk) + 2.0 * static_cast<double>(c.io_bytes);
-    Row t;
-    if (cfg.torch && !ctx.torch_version.empty() && avail > 0 && torch_bytes > cfg.memory_fraction * avail) {
-        t.impl = "torch";
-        t.status = "skipped";
-        t.note = "hand-written attention needs ~" + gib(torch_bytes) + " for its Lq x Lk matrices; MemAvailable is " +
-                 gib(avail);
-    } else {
-        t = run_torch(ctx, {{"mode", "sdpa"},
-                            {"B", std::to_string(s.B)},
-                            {"Hq", std::to_string(s.Hq)},
-                            {"Hkv", std::to_string(s.Hkv)},
-                            {"Lq", std::to_string(s.Lq)},
-                            {"Lk", std::to_string(s.Lk)},
-                            {"Dk", std::to_string(s.Dk)},
-                            {"Dv", std::to_string(s.Dv)},
-                            {"causal", causal_word(s.causal)}});
-    }
+    Row t = torch_sdpa_row(ctx, s, "sdpa", torch_bytes, "hand-written attention", " for its Lq x Lk matrices");
     t.flop = c.flop;
     rows.push_back(std::move(t));
     c.rows = std::move(rows);
@@ -217,10 +229,7 @@ BenchCase sdpa_forward_case(const SdpaShape& s) {
     BenchCase bc;
     bc.id = s.id;
     bc.what = s.what;
-    std::ostringstream os;
-    os << "B=" << s.B << " Hq=" << s.Hq << " Hkv=" << s.Hkv << " Lq=" << s.Lq << " Lk=" << s.Lk << " D=" << s.Dk
-       << " causal=" << causal_word(s.causal);
-    bc.shape = os.str();
+    bc.shape = sdpa_shape_text(s);
     bc.run = [s](const Context& ctx, std::vector<CaseResult>& out) { run_sdpa_forward(ctx, s, out); };
     return bc;
 }
