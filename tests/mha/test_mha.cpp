@@ -12,6 +12,7 @@
 #include <random>
 #include <string>
 
+#include "mha_test_util.hpp"
 #include "attn/error.hpp"
 #include "attn/mha.hpp"
 
@@ -24,23 +25,8 @@ using attn::MultiHeadAttention;
 using attn::Shape;
 using attn::Tensor;
 using attn::TensorView;
-
-Tensor random_tensor(const Shape& s, std::mt19937& rng, double scale = 1.0) {
-    Tensor t(DType::f32, s);
-    std::normal_distribution<float> n(0.0f, static_cast<float>(scale));
-    for (std::int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = n(rng);
-    return t;
-}
-
-void randomise(MultiHeadAttention& m, std::mt19937& rng) {
-    std::vector<Tensor> keep;
-    std::vector<std::pair<std::string, TensorView>> sd;
-    for (const auto& [name, shape] : m.parameter_shapes()) {
-        keep.push_back(random_tensor(shape, rng, 1.0 / std::sqrt(static_cast<double>(shape[shape.rank - 1]))));
-        sd.emplace_back(name, keep.back().view());
-    }
-    m.load_state_dict(sd);
-}
+using attn::mha_test::random_tensor;
+using attn::mha_test::randomise;
 
 // ---- the textbook ---------------------------------------------------------------------
 struct Case {

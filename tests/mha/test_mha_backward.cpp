@@ -16,6 +16,7 @@
 #include <random>
 #include <string>
 
+#include "mha_test_util.hpp"
 #include "attn/error.hpp"
 #include "attn/mha.hpp"
 
@@ -31,13 +32,7 @@ using attn::MultiHeadAttention;
 using attn::Shape;
 using attn::Tensor;
 using attn::TensorView;
-
-Tensor random_tensor(const Shape& s, std::mt19937& rng, double scale = 1.0) {
-    Tensor t(DType::f32, s);
-    std::normal_distribution<float> n(0.0f, static_cast<float>(scale));
-    for (std::int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = n(rng);
-    return t;
-}
+using attn::mha_test::random_tensor;
 
 struct Case {
     MhaConfig config;

@@ -1,0 +1,34 @@
+// Random inputs and parameters for the MHA layer's tests (forward, backward, incremental).
+#pragma once
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "attn/mha.hpp"
+#include "attn/tensor.hpp"
+
+namespace attn::mha_test {
+
+// Contiguous float32, normal(0, scale).
+inline Tensor random_tensor(const Shape& s, std::mt19937& rng, double scale = 1.0) {
+    Tensor t(DType::f32, s);
+    std::normal_distribution<float> n(0.0f, static_cast<float>(scale));
+    for (std::int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = n(rng);
+    return t;
+}
+
+// Every parameter normal(0, 1/√fan_in), loaded through the layer's own state_dict path.
+inline void randomise(MultiHeadAttention& m, std::mt19937& rng) {
+    std::vector<Tensor> keep;
+    std::vector<std::pair<std::string, TensorView>> sd;
+    for (const auto& [name, shape] : m.parameter_shapes()) {
+        keep.push_back(random_tensor(shape, rng, 1.0 / std::sqrt(static_cast<double>(shape[shape.rank - 1]))));
+        sd.emplace_back(name, keep.back().view());
+    }
+    m.load_state_dict(sd);
+}
+
+}  // namespace attn::mha_test
