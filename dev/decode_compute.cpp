@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
             for (int r = 0; r < reps; ++r) {
                 const double f = fma_ns();
                 const double t0 = cpu_ns();
-                decode_attention(q, cache, DecodeOptions{}, o);
+                decode_attention(q, cache, attn::SdpaOptions{.causal = attn::Causal::bottom_right}, o);
                 per.push_back((cpu_ns() - t0) / L);
                 slots.push_back(per.back() / G / f);
             }

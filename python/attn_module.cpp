@@ -511,10 +511,11 @@ py::object decode_py(const py::object& query, PyKVCache& cache, std::optional<do
                      std::int64_t window_left, bool return_lse) {
     py::array qa = as_array(query);
     const attn::TensorView q = view_of(qa, "query", 4, 4, "(B, Hq, Lq, Dk)");
-    attn::DecodeOptions o;
+    attn::SdpaOptions o;
     o.scale = scale;
-    o.causal = is_causal;
-    o.window_left = window_left;
+    o.causal = is_causal ? attn::Causal::bottom_right : attn::Causal::none;
+    o.window.left = window_left;
+    o.window.align = attn::Align::bottom_right;
     const std::int64_t dv = cache.cache().value_dim() ? cache.cache().value_dim() : cache.cache().head_dim();
     py::array out = py::array_t<float>(std::vector<py::ssize_t>{q.dim(0), q.dim(1), q.dim(2), dv});
     py::array lse = return_lse ? py::array(py::array_t<float>(std::vector<py::ssize_t>{q.dim(0), q.dim(1), q.dim(2)}))

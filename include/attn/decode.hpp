@@ -6,9 +6,10 @@
 //     in parallel and merged by their log-sum-exp (flash-decoding);
 //   * float16 / bfloat16 storage is converted on the fly (F16C) and accumulated in fp32.
 //
-// Causal alignment is bottom-right *per sequence*: the cache's new tokens are the last
-// Lq positions of each sequence, so new query i of sequence b (length n_b) sees cache
-// positions 0 .. n_b − Lq + i:
+// The call is attn::sdpa's problem with K and V the cache's rows and key_lengths the
+// cache's lengths, so every sdpa option means what it means there. With
+// causal = bottom_right, new query i of sequence b (length n_b) sees cache positions
+// 0 .. n_b − Lq + i — the rule of docs/conventions.md, per sequence:
 //
 //        cache positions →   0 1 2 3 4 5 6      (n_b = 7, Lq = 3)
 //        query 0             x x x x x . .
@@ -18,26 +19,25 @@
 //   q:   (B, Hq, Lq, Dk) float32, any strides; Hq a multiple of cache.kv_heads()
 //   out: (B, Hq, Lq, Dv) float32
 //   lse: (B, Hq, Lq) float32, optional: natural log-sum-exp of the scaled scores
-// Append the new tokens' K and V to the cache before calling. Results do not depend on
-// the thread count.
+//   options: scale, causal, window, query_offset, masks ((B, Hq, Lq, n) broadcastable,
+//            n = cache.max_length()); key_lengths come from the cache (must be unset);
+//            no dropout, no weights (decode never forms them)
+// Append the new tokens' K and V to the cache before calling: with causal masking, a
+// sequence holding fewer than Lq positions is an error. Results do not depend on the
+// thread count.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 
 #include "attn/kv_cache.hpp"
+#include "attn/sdpa.hpp"
 #include "attn/tensor.hpp"
 
 namespace attn {
 
-struct DecodeOptions {
-    std::optional<double> scale;  // default 1/sqrt(Dk); must be finite
-    bool causal = true;           // false: every query sees all n_b cached positions
-    std::int64_t window_left = -1;  // >= 0: query i also sees at most this many keys before its diagonal
-};
-
 // Throws attn::Error (naming the argument) before writing anything.
-void decode_attention(const TensorView& q, const KVCache& cache, const DecodeOptions& options,
+void decode_attention(const TensorView& q, const KVCache& cache, const SdpaOptions& options,
                       const TensorView& out, const TensorView* lse = nullptr);
 
 // Largest Lq the decode kernel takes; larger query blocks are prefill (sdpa's flash kernel).

@@ -12,11 +12,16 @@
 // Masks (docs/conventions.md draws them) are combined with AND; every one is optional:
 //   bool_mask      keep-mask, true = may attend, broadcastable to (B, Hq, Lq, Lk)
 //   additive_mask  float bias added to the scaled scores (−inf allowed), same broadcasting
-//   causal         top_left:     query i sees keys 0..i             (PyTorch's is_causal)
-//                  bottom_right: query i sees keys 0..i + Lk − Lq   (a KV cache's new tokens)
-//   window         sliding window around the same kind of diagonal:
-//                  query i sees keys d−left..d+right with d = i (top-left) or i + Lk − Lq
-//   key_lengths    (B,) int32/int64: sequence b has valid keys 0..key_lengths[b]−1
+//   key_lengths    (B,) int32/int64: sequence b has valid keys 0..n_b−1, n_b = key_lengths[b]
+//                  (n_b = Lk without key_lengths)
+//   causal         query i of sequence b sees keys 0..d_b(i), its diagonal:
+//                  top_left:     d_b(i) = i                 (PyTorch's is_causal)
+//                  bottom_right: d_b(i) = i + n_b − Lq      (the new tokens of a KV cache:
+//                                per sequence, as FlashAttention's cache_seqlens and ONNX's
+//                                nonpad_kv_seqlen; a row with d_b(i) < 0 sees no key)
+//   window         query i sees keys d_b(i)−left .. d_b(i)+right, d_b(i) as above for window.align
+//   query_offset   replaces both alignments by one number per sequence: d_b(i) = i + offset_b
+//                  (the position of query 0 among the keys; top-left = 0, bottom-right = n_b − Lq)
 // A masked position gets exactly zero weight. A row with no visible key gives
 // out = 0, weights = 0 and lse = −inf — never NaN.
 #pragma once
@@ -39,6 +44,21 @@ struct Window {
     bool active() const { return left >= 0 || right >= 0; }
 };
 
+// The position of query 0 among the keys, one number for every sequence or one per
+// sequence: query i of sequence b then has its diagonal at d_b(i) = i + offset_b, for
+// causal masking and for the window alike (docs/conventions.md draws it). It expresses
+// every alignment: top-left is 0, bottom-right is key_lengths[b] − Lq, and e.g. ONNX's
+// past-cache case (queries start at the past length while the new K block is longer than
+// Q) is offset = past length.
+struct QueryOffset {
+    std::int64_t value = 0;                  // every sequence; |value| <= 2^60
+    std::optional<TensorView> per_sequence;  // (B,) int32/int64; when set, replaces value
+
+    QueryOffset() = default;
+    QueryOffset(std::int64_t v) : value(v) {}                  // NOLINT(google-explicit-constructor)
+    QueryOffset(const TensorView& t) : per_sequence(t) {}      // NOLINT(google-explicit-constructor)
+};
+
 // Which kernel runs. `automatic` picks the fastest kernel that supports the call.
 enum class Impl { automatic, reference, flash, decode };
 
@@ -49,6 +69,9 @@ struct SdpaOptions {
     std::optional<TensorView> bool_mask;      // dtype bool
     std::optional<TensorView> additive_mask;  // dtype float32 or float64
     std::optional<TensorView> key_lengths;    // dtype int32 or int64, shape (B,)
+    // When set, causal (top_left and bottom_right alike) and the window align to
+    // d_b(i) = i + offset_b; causal and window.align then only say whether to mask.
+    std::optional<QueryOffset> query_offset;
     Impl impl = Impl::automatic;
     // Dropout on the attention weights (training): each weight A[b,h,i,j] is kept with
     // probability 1 − dropout_p and scaled by 1/(1 − dropout_p), else zeroed. The keep

@@ -112,7 +112,8 @@ void mha_forward_incremental_into(const MultiHeadAttention& layer, const TensorV
     const TensorView O = heads(o, E, 0, h);
     try {
         if (T <= kMaxDecodeQueries) {
-            DecodeOptions d;  // causal bottom-right per sequence: exactly the cache's new rows
+            SdpaOptions d;  // causal bottom-right per sequence: exactly the cache's new rows
+            d.causal = Causal::bottom_right;
             decode_attention(Q, cache, d, O);
         } else {
             // Prefill block: per sequence (lengths may differ, and sdpa's bottom-right

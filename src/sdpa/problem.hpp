@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <string_view>
 
 #include "attn/sdpa.hpp"
 
@@ -25,36 +26,46 @@ struct SdpaProblem {
     std::optional<TensorView> lse, weights;
     std::optional<TensorView> bool_mask;      // broadcast to (B, Hq, Lq, Lk)
     std::optional<TensorView> additive_mask;  // broadcast to (B, Hq, Lq, Lk)
-    std::optional<TensorView> key_lengths;    // (B,)
+    std::optional<TensorView> key_lengths;    // (B,) int32/int64
     std::int64_t B = 0, Hq = 0, Hkv = 0, Lq = 0, Lk = 0, Dk = 0, Dv = 0;
     std::int64_t group = 1;  // Hq / Hkv: query heads per KV head
     double scale = 1.0;
     Causal causal = Causal::none;
     Window window{};
+    // SdpaOptions::query_offset, when given: replaces both alignments (see diagonal_offset).
+    bool has_query_offset = false;
+    std::int64_t query_offset_value = 0;
+    std::optional<TensorView> query_offsets;  // (B,) int32/int64
     double dropout_p = 0.0;         // 0 ≤ p < 1; 0 = no dropout (src/core/dropout.hpp)
     std::uint64_t dropout_seed = 0;
 
     // GQA head map: query head h reads KV head h / group (consecutive query heads share).
     std::int64_t kv_head(std::int64_t h) const { return h / group; }
 
+    // n_b: keys 0..n_b−1 of sequence b exist (key_lengths[b], else Lk).
     std::int64_t key_length(std::int64_t b) const {
         if (!key_lengths) return Lk;
-        return static_cast<std::int64_t>(key_lengths->load_as_double(key_lengths->offset(b)));
+        return int_at(*key_lengths, b);
     }
 
-    // Diagonal of query i for an alignment: top-left → i, bottom-right → i + Lk − Lq.
-    std::int64_t diagonal(Align a, std::int64_t i) const {
-        return a == Align::top_left ? i : i + Lk - Lq;
+    // The one alignment rule (docs/conventions.md): query i of sequence b has its diagonal
+    // at d_b(i) = i + diagonal_offset(a, b), the position of query 0 among the keys —
+    //   query_offset given: offset_b, whatever the alignment;
+    //   top-left: 0;   bottom-right: n_b − Lq (per sequence, from key_lengths).
+    std::int64_t diagonal_offset(Align a, std::int64_t b) const {
+        if (has_query_offset) return query_offsets ? int_at(*query_offsets, b) : query_offset_value;
+        return a == Align::top_left ? 0 : key_length(b) - Lq;
     }
 
+    // Visible keys of query i of sequence b: [0, n_b) ∩ causal ∩ window.
     KeyRange key_range(std::int64_t b, std::int64_t i) const {
         KeyRange r{0, std::min(Lk, key_length(b))};
         if (causal != Causal::none) {
             const Align a = causal == Causal::top_left ? Align::top_left : Align::bottom_right;
-            r.hi = std::min(r.hi, diagonal(a, i) + 1);
+            r.hi = std::min(r.hi, i + diagonal_offset(a, b) + 1);
         }
         if (window.active()) {
-            const std::int64_t d = diagonal(window.align, i);
+            const std::int64_t d = i + diagonal_offset(window.align, b);
             if (window.left >= 0) r.lo = std::max(r.lo, d - window.left);
             if (window.right >= 0) r.hi = std::min(r.hi, d + window.right + 1);
         }
@@ -62,11 +73,18 @@ struct SdpaProblem {
     }
 
     bool has_elementwise_mask() const { return bool_mask.has_value() || additive_mask.has_value(); }
+
+private:
+    static std::int64_t int_at(const TensorView& t, std::int64_t b) {
+        const std::int64_t o = t.offset(b);
+        return t.dtype() == DType::i32 ? t.data_as<const std::int32_t>()[o] : t.data_as<const std::int64_t>()[o];
+    }
 };
 
-// Checks every argument (throws attn::Error naming it) and builds the problem.
+// Checks every argument (throws attn::Error naming it, prefixed by `op`: the public entry
+// point that was called) and builds the problem. Every entry point builds its problem here.
 SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorView& v,
                          const SdpaOptions& options, const TensorView& out, const TensorView* lse,
-                         const TensorView* weights);
+                         const TensorView* weights, std::string_view op = "sdpa");
 
 }  // namespace attn::detail

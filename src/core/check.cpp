@@ -1,0 +1,67 @@
+#include "check.hpp"
+
+namespace attn::detail {
+
+void require_rank(std::string_view op, const TensorView& t, std::string_view name, int rank, std::string_view layout) {
+    if (t.data() == nullptr) fail(op, name, ": data pointer is null");
+    if (t.rank() != rank) {
+        fail(op, name, ": expected a rank-", rank, " tensor ", layout, " but got shape ", t.shape());
+    }
+}
+
+void require_shape(std::string_view op, const TensorView& t, std::string_view name, const Shape& expected,
+                   std::string_view layout) {
+    if (!(t.shape() == expected)) fail(op, name, ": expected shape ", layout, " = ", expected, " but got ", t.shape());
+}
+
+void require_f32_or_f64(std::string_view op, const TensorView& t, std::string_view name) {
+    if (t.dtype() != DType::f32 && t.dtype() != DType::f64) {
+        fail(op, name, ": dtype must be float32 or float64 but got ", dtype_name(t.dtype()));
+    }
+}
+
+void require_distinct_elements(std::string_view op, const TensorView& t, std::string_view name) {
+    for (int d = 0; d < t.rank(); ++d) {
+        if (t.dim(d) > 1 && t.stride(d) == 0) {
+            fail(op, name, ": dimension ", d, " has stride 0 but size ", t.dim(d),
+                 "; an output cannot be a broadcast view");
+        }
+    }
+}
+
+namespace {
+
+// Byte interval [lo, hi) a view can touch (strides may be negative or zero).
+struct Span {
+    std::uintptr_t lo, hi;
+};
+
+Span span_of(const TensorView& t) {
+    std::int64_t lo = 0, hi = 0;
+    for (int d = 0; d < t.rank(); ++d) {
+        const std::int64_t reach = (t.dim(d) - 1) * t.stride(d);
+        (reach < 0 ? lo : hi) += reach;
+    }
+    const auto base = reinterpret_cast<std::uintptr_t>(t.data());
+    const auto size = static_cast<std::int64_t>(dtype_size(t.dtype()));
+    return {base + static_cast<std::uintptr_t>(lo * size), base + static_cast<std::uintptr_t>((hi + 1) * size)};
+}
+
+}  // namespace
+
+void require_disjoint(std::string_view op, const TensorView& out, std::string_view out_name, const TensorView& other,
+                      std::string_view other_name) {
+    if (out.numel() == 0 || other.numel() == 0) return;
+    const Span a = span_of(out), b = span_of(other);
+    if (a.lo < b.hi && b.lo < a.hi) {
+        fail(op, out_name, ": must not share memory with ", other_name, " (the kernel writes ", out_name,
+             " while it still reads ", other_name, ")");
+    }
+}
+
+std::int64_t load_int(const TensorView& t, std::int64_t offset) {
+    if (t.dtype() == DType::i32) return t.data_as<const std::int32_t>()[offset];
+    return t.data_as<const std::int64_t>()[offset];
+}
+
+}  // namespace attn::detail

@@ -1,0 +1,70 @@
+// The one place for argument checks and internal invariants (docs/conventions.md, "Errors").
+//
+// User input: every entry point checks each argument before it writes anything and throws
+// attn::Error through fail(), whose message is "<op>: <argument>: <expectation> but got <what>"
+// — op is the public function or class name (sdpa, sdpa_backward, decode_attention,
+// KVCache, MultiHeadAttention, ring_attention, ...), so a user can find the call at fault:
+//     fail("sdpa", "K: head dim ", k.dim(3), " does not match Q's head dim ", q.dim(3));
+// The require_* helpers are the checks that several entry points share.
+//
+// Internal invariants (a kernel's precondition that validation already guarantees) are
+// ATTN_DASSERT: checked in debug builds, free in release builds — never for user input.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <string_view>
+
+#include "attn/error.hpp"
+#include "attn/tensor.hpp"
+
+namespace attn {
+// Shapes stream as "(2, 8, 512, 64)" in messages (found by ADL from fail below).
+inline std::ostream& operator<<(std::ostream& s, const Shape& shape) { return s << shape.str(); }
+}  // namespace attn
+
+namespace attn::detail {
+
+// "op: " followed by the parts, streamed (numbers, strings, Shape via str()).
+template <class... Parts>
+[[noreturn]] void fail(std::string_view op, const Parts&... parts) {
+    std::ostringstream s;
+    s << op << ": ";
+    (s << ... << parts);
+    throw Error(s.str());
+}
+
+// t is non-null and has `rank` dimensions; `layout` names them, e.g. "(B, Hq, Lq, Dk)".
+void require_rank(std::string_view op, const TensorView& t, std::string_view name, int rank, std::string_view layout);
+
+// t has exactly `expected`.
+void require_shape(std::string_view op, const TensorView& t, std::string_view name, const Shape& expected,
+                   std::string_view layout);
+
+// t's dtype is float32 or float64 (what outputs and compute-precision inputs may be).
+void require_f32_or_f64(std::string_view op, const TensorView& t, std::string_view name);
+
+// An output needs its own memory for every element: a stride-0 (broadcast) dimension of
+// size > 1 would make several results land on one address.
+void require_distinct_elements(std::string_view op, const TensorView& t, std::string_view name);
+
+// An output must not share memory with a tensor the kernel still reads.
+void require_disjoint(std::string_view op, const TensorView& out, std::string_view out_name, const TensorView& other,
+                      std::string_view other_name);
+
+// An int32/int64 element, exactly (a double would round values above 2^53).
+std::int64_t load_int(const TensorView& t, std::int64_t offset);
+
+}  // namespace attn::detail
+
+#ifdef NDEBUG
+#define ATTN_DASSERT(cond) ((void)0)
+#else
+#define ATTN_DASSERT(cond)                                                                          \
+    ((cond) ? (void)0                                                                               \
+            : (std::fprintf(stderr, "%s:%d: internal invariant failed: %s\n", __FILE__, __LINE__, #cond), \
+               std::abort()))
+#endif
