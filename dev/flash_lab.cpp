@@ -42,6 +42,7 @@
 #include "attn/sdpa.hpp"
 #include "attn/tensor.hpp"
 #include "kernels/flash/flash.hpp"
+#include "kernels/isa.hpp"
 #include "kernels/reference/reference.hpp"
 #include "sdpa/problem.hpp"
 
@@ -121,7 +122,7 @@ int main(int argc, char** argv) {
             else { std::fprintf(stderr, "unknown shape %s\n", s.c_str()); return 2; }
         } else if (a == "--mb") { tiles.Mb = std::stoi(next()); tiles_set_mb = true; }
         else if (a == "--nb") { tiles.Nb = std::stoi(next()); tiles_set_nb = true; }
-        else if (a == "--isa") isa = next() == "generic" ? Isa::generic : Isa::avx2;
+        else if (a == "--isa") isa = (next() == "portable") ? Isa::portable : Isa::avx2;
         else if (a == "--threads") threads = std::stoi(next());
         else if (a == "--reps") reps = std::stoi(next());
         else if (a == "--peak") peak = true;
@@ -133,6 +134,11 @@ int main(int argc, char** argv) {
         else if (a == "--paired") paired = std::stoi(next());
         else pos.push_back(a);
     }
+    if (!cpu_supports(isa)) {
+        std::fprintf(stderr, "--isa %s: this CPU cannot run it\n", isa_name(isa));
+        return 2;
+    }
+    const KernelSet& kernels = *kernel_set_for(isa);
     if (pos.size() == 6) {
         B = std::stoll(pos[0]); H = std::stoll(pos[1]); Lq = std::stoll(pos[2]); Lk = std::stoll(pos[3]);
         D = std::stoll(pos[4]); causal = pos[5] == "1";
@@ -164,7 +170,7 @@ int main(int argc, char** argv) {
         Tensor of(DType::f32, Shape{1, 1, n, D}), orf(DType::f32, Shape{1, 1, n, D});
         SdpaProblem pf = make_problem(qs, ks, vs, opt, of, nullptr, nullptr);
         SdpaProblem pr = make_problem(qs, ks, vs, opt, orf, nullptr, nullptr);
-        flash_forward(pf, isa, threads, &tiles);
+        flash_forward(pf, kernels, threads, &tiles);
         reference_forward(pr);
         double worst = 0;
         for (std::int64_t i = 0; i < of.numel(); ++i)
@@ -185,7 +191,7 @@ int main(int argc, char** argv) {
     for (int r = warmup ? 0 : 1; r <= reps; ++r) {
         const auto t0 = std::chrono::steady_clock::now();
         const double c0 = cpu_seconds();
-        flash_forward(p, isa, threads, &tiles);
+        flash_forward(p, kernels, threads, &tiles);
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (r > 0) t.push_back(s);  // the first run warms caches and pages
         if (r > 0) ct.push_back((cpu_seconds() - c0) / threads);
@@ -198,7 +204,7 @@ int main(int argc, char** argv) {
             double cpu = 0;
             const double pw = fma_peak(threads, cpu, 10'000'000, 1);
             const auto t0 = std::chrono::steady_clock::now();
-            flash_forward(p, isa, threads, &tiles);
+            flash_forward(p, kernels, threads, &tiles);
             const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             pk.push_back(pw);
             kr.push_back(flops / s / 1e9);

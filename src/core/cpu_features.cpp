@@ -21,30 +21,32 @@ const CpuFeatures& cpu_features() {
     return features;
 }
 
-const char* isa_name(Isa isa) { return isa == Isa::avx2 ? "avx2" : "generic"; }
+const char* isa_name(Isa isa) { return isa == Isa::avx2 ? "avx2" : "portable"; }
+
+bool cpu_supports(Isa isa) { return isa == Isa::portable || cpu_features().has_avx2_fma_f16c(); }
 
 Isa select_isa(std::string* why) {
-    const bool avx2_ok = cpu_features().has_avx2_fma_f16c();
+    const bool avx2_ok = cpu_supports(Isa::avx2);
     const char* env = std::getenv("ATTN_ISA");
     const std::string_view want = env != nullptr ? std::string_view(env) : std::string_view();
     auto say = [&](const std::string& s) {
         if (why != nullptr) *why = s;
     };
-    if (want == "generic") {
-        say("ATTN_ISA=generic forces the portable path");
-        return Isa::generic;
+    if (want == "portable" || want == "generic") {
+        say("ATTN_ISA=" + std::string(want) + " forces the portable path");
+        return Isa::portable;
     }
     if (!want.empty() && want != "avx2" && want != "auto") {
-        say("ATTN_ISA='" + std::string(want) + "' is not one of generic, avx2, auto: ignored; " +
+        say("ATTN_ISA='" + std::string(want) + "' is not one of portable, avx2, auto: ignored; " +
             (avx2_ok ? "CPU has AVX2+FMA+F16C" : "CPU lacks AVX2+FMA+F16C"));
-        return avx2_ok ? Isa::avx2 : Isa::generic;
+        return avx2_ok ? Isa::avx2 : Isa::portable;
     }
     if (avx2_ok) {
         say("CPU has AVX2+FMA+F16C");
         return Isa::avx2;
     }
     say(want == "avx2" ? "ATTN_ISA=avx2 refused: CPU lacks AVX2+FMA+F16C" : "CPU lacks AVX2+FMA+F16C");
-    return Isa::generic;
+    return Isa::portable;
 }
 
 }  // namespace attn::detail

@@ -19,14 +19,19 @@ struct CpuFeatures {
 // Detected on first use (cached); thread-safe (a function-local static).
 const CpuFeatures& cpu_features();
 
-enum class Isa { generic, avx2 };
+// The instruction sets attn has kernels for; src/kernels/isa.cpp holds one row of kernels
+// per value. `portable` is plain C++ for any CPU.
+enum class Isa { portable, avx2 };
 
-const char* isa_name(Isa isa);
+const char* isa_name(Isa isa);  // "portable", "avx2"
 
-// The ISA a fast kernel should use: the best the CPU supports, unless the environment
-// variable ATTN_ISA says otherwise ("generic" forces the portable path, e.g. for tests;
-// "avx2" on a CPU without AVX2+FMA+F16C is refused and falls back to generic).
-// `why` (optional) gets a short explanation of the choice.
+// Whether this CPU can run the kernels compiled for `isa`.
+bool cpu_supports(Isa isa);
+
+// The ISA the kernels should use: the best the CPU supports, unless the environment
+// variable ATTN_ISA says otherwise ("portable" — or its old name "generic" — forces the
+// portable path, e.g. for tests; "avx2" on a CPU without AVX2+FMA+F16C is refused and falls
+// back to portable). `why` (optional) gets a short explanation of the choice.
 Isa select_isa(std::string* why = nullptr);
 
 }  // namespace attn::detail

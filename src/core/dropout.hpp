@@ -1,5 +1,5 @@
-// Dropout on attention weights, written once for every kernel (reference forward,
-// backward, and — once wired — the flash forward).
+// Dropout on attention weights, written once for every kernel (reference forward, flash
+// forward, backward).
 //
 // The keep decision for weight (b, h, i, j) — batch, query head, query row, key column —
 // is a pure function of (seed, b, h, i, j):
@@ -52,6 +52,18 @@ struct Dropout {
         if (!active) return 1.0;
         return keep(b, h, i, j) ? scale : 0.0;
     }
+};
+
+// What a kernel table's dropout_row fills (src/kernels/isa.hpp): the factors of 4·n4
+// consecutive keys 4·j4 .. 4·j4 + 4·n4 − 1 of row (b, h, i): out[k] = keep ? scale : 0,
+// keep as above (counter (j4 + t, i, h, b), key = seed words, keep iff word >= threshold).
+// Plain data: it crosses into the ISA translation units.
+struct DropoutRowArgs {
+    std::uint32_t key0, key1, threshold;
+    float scale;
+    std::uint32_t b, h, i, j4;
+    int n4;
+    float* out;
 };
 
 }  // namespace attn::detail

@@ -7,13 +7,14 @@
 
 namespace attn::detail {
 
+// Order: the decode kernel (decode/decode.cpp dispatch_decode), then flash, then the reference.
 // Impl::flash    → the flash kernel, or an error saying why it cannot run this call.
 // Impl::automatic → flash when it supports the call, else the reference; the report
 //                   says which ran and why the other was declined.
 // Impl::reference → the textbook oracle (double accumulation).
 void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report) {
     std::string explanation;
-    // Decode branch (issue 6): Lq <= 16, and every float16/bfloat16 K/V, are decided first.
+    // The decode kernel first: Lq <= 16, and every float16/bfloat16 K/V, are decided there.
     if (dispatch_decode(problem, requested, report, explanation)) return;
     const std::string decline = flash_decline_reason(problem);
     bool use_flash = false;
@@ -30,11 +31,12 @@ void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report)
 
     if (use_flash) {
         std::string why_isa;
-        const Isa isa = select_isa(&why_isa);
-        flash_forward(problem, isa);
+        const KernelSet& kernels = kernel_set(&why_isa);
+        flash_forward(problem, kernels);
         if (report != nullptr) {
-            report->kernel = std::string("flash/") + isa_name(isa);
-            report->explanation = explanation + "ran: flash (fused tiled online softmax, " + isa_name(isa) + " path: " +
+            const char* isa = isa_name(kernels.isa);
+            report->kernel = std::string("flash/") + isa;
+            report->explanation = explanation + "ran: flash (fused tiled online softmax, " + isa + " path: " +
                                   why_isa + ")" + (problem.weights ? "; weights from the saved lse in a second pass" : "");
         }
         return;

@@ -230,7 +230,7 @@ def test_training_step_variant_of_s1(tmp_path):
     rows = {r["impl"]: r for r in c["rows"]}
     fl = rows["flash"]
     assert fl["status"] == "ok", fl["note"]
-    assert fl["kernel"].startswith("flash/") and "flash-backward-" in fl["kernel"]
+    assert fl["kernel"].startswith("flash/") and "flash-backward/" in fl["kernel"]
     assert fl["flop"] == 3.5 * fwd
     assert close(fl["gflops"], 3.5 * fwd / fl["median_s"] / 1e9)
     assert rows["reference"]["status"] == "skipped" and "--reference-max-gflop" in rows["reference"]["note"]

@@ -15,13 +15,22 @@
 #include "attn/error.hpp"
 #include "decode_util.hpp"
 #include "kernels/decode/decode.hpp"
+#include "kernels/isa.hpp"
 #include "kernels/reference/reference.hpp"
 #include "sdpa/problem.hpp"
 
 namespace attn::test {
 namespace {
 
-using detail::DecodeTuning;
+// How a test runs the kernel: the key split (0 auto, 1 off, n chunks) and the kernel-table row.
+struct DecodeTuning {
+    std::int64_t split = 0;
+    const detail::KernelSet* kernels = nullptr;
+};
+
+// Every kernel-table row this CPU can run (portable always, AVX2 when present).
+std::vector<const detail::KernelSet*> rows() { return detail::runnable_kernel_sets(); }
+const char* row_name(const detail::KernelSet* k) { return detail::isa_name(k->isa); }
 
 // fp32 accumulation against the double reference on N(0,1) data with Dk <= 128 and up to
 // ~1000 keys: the score error is a few ulp of scale·Σ|q·k| (≈ 1e-6), the output error a
@@ -119,7 +128,7 @@ Result run_decode(const Problem& p, const Case& c, const DecodeTuning& tuning) {
     TensorView lse = r.lse.view();
     const detail::SdpaProblem prob = detail::make_problem(p.q, p.k, p.v, p.opt, r.out, &lse, nullptr);
     EXPECT_EQ(detail::decode_declines(prob), "");
-    detail::decode_forward(prob, tuning);
+    detail::decode_forward(prob, *tuning.kernels, tuning.split);
     return r;
 }
 
@@ -153,21 +162,19 @@ Case random_case(std::mt19937& rng, int n) {
 
 TEST(DecodeKernel, RandomCasesMatchReference) {
     std::mt19937 rng(20261130);
-    const bool avx2 = detail::decode_cpu_has_avx2();
     int cases = 0, runs = 0;
     double worst_ratio = 0, worst_abs = 0;
     for (int n = 0; n < 360; ++n) {
         const Case c = random_case(rng, n);
         const Problem p = build(c, rng);
         const Result ref = run_reference(p, c);
-        for (bool portable : {false, true}) {
-            if (!portable && !avx2) continue;
-            const Result got = run_decode(p, c, DecodeTuning{c.split, portable});
+        for (const detail::KernelSet* row : rows()) {
+            const Result got = run_decode(p, c, DecodeTuning{c.split, row});
             const Diff dout = compare(got.out, ref.out, kAtol, kRtol);
             const Diff dlse = compare(got.lse, ref.lse, kAtol, kRtol);
-            ASSERT_EQ(dout.bad, 0) << c.str() << (portable ? " portable" : " avx2") << ": out max err " << dout.max_abs
+            ASSERT_EQ(dout.bad, 0) << c.str() << " " << row_name(row) << ": out max err " << dout.max_abs
                                    << " at " << dout.at;
-            ASSERT_EQ(dlse.bad, 0) << c.str() << (portable ? " portable" : " avx2") << ": lse max err " << dlse.max_abs
+            ASSERT_EQ(dlse.bad, 0) << c.str() << " " << row_name(row) << ": lse max err " << dlse.max_abs
                                    << " at " << dlse.at;
             worst_ratio = std::max({worst_ratio, dout.worst_ratio, dlse.worst_ratio});
             worst_abs = std::max(worst_abs, dout.max_abs);
@@ -194,8 +201,8 @@ TEST(DecodeKernel, SplitKVLongSequences) {
         }
         const Problem p = build(c, rng);
         const Result ref = run_reference(p, c);
-        for (bool portable : {false, true}) {
-            const Result got = run_decode(p, c, DecodeTuning{split, portable});
+        for (const detail::KernelSet* row : rows()) {
+            const Result got = run_decode(p, c, DecodeTuning{split, row});
             const Diff d = compare(got.out, ref.out, kAtol, kRtol);
             EXPECT_EQ(d.bad, 0) << c.str() << " nsplit=" << plan.nsplit << " max err " << d.max_abs;
             EXPECT_EQ(compare(got.lse, ref.lse, kAtol, kRtol).bad, 0) << c.str();
@@ -217,18 +224,18 @@ TEST(DecodeKernel, PlanDependsOnShapeOnly) {
     EXPECT_EQ(detail::plan_decode(1, 1, 1, 1, 5, 8, 8, 0).nsplit, 1);  // too short to split
 }
 
-// The decode kernel takes the shared ISA choice: ATTN_ISA=generic sends it to the
-// portable path (as it does flash), the default uses AVX2 when the CPU has it.
-TEST(DecodeKernel, IsaChoiceFollowsAttnIsa) {
-    const char* old = std::getenv("ATTN_ISA");
-    const std::string saved = old != nullptr ? old : "";
-    setenv("ATTN_ISA", "generic", 1);
-    EXPECT_STREQ(detail::decode_isa(), "portable");
-    EXPECT_FALSE(detail::decode_uses_avx2());
-    unsetenv("ATTN_ISA");
-    EXPECT_STREQ(detail::decode_isa(), detail::decode_cpu_has_avx2() ? "avx2" : "portable");
-    EXPECT_STREQ(detail::decode_isa(DecodeTuning{0, true}), "portable");
-    if (old != nullptr) setenv("ATTN_ISA", saved.c_str(), 1);
+// The sdpa dispatch runs the decode kernel of the kernel table's chosen row, and says which.
+TEST(DecodeKernel, DispatchReportsTheKernelTableRow) {
+    std::mt19937 rng(3);
+    const Tensor q = random_f32(Shape{1, 2, 1, 8}, rng), k = random_f32(Shape{1, 2, 40, 8}, rng),
+                 v = random_f32(Shape{1, 2, 40, 8}, rng);
+    Tensor out(DType::f32, Shape{1, 2, 1, 8});
+    for (const detail::KernelSet* row : rows()) {
+        const detail::ScopedKernelSet use(*row);
+        SdpaReport rep;
+        sdpa(q, k, v, SdpaOptions{}, out, nullptr, nullptr, &rep);
+        EXPECT_EQ(rep.kernel, std::string("decode/") + row_name(row)) << rep.explanation;
+    }
 }
 
 // Results must be bit-identical whatever the thread count (DESIGN.md: numerics).
@@ -239,12 +246,12 @@ TEST(DecodeKernel, ThreadCountDoesNotChangeBits) {
         Case c = random_case(rng, n);
         c.Lk = n % 2 ? 2000 : c.Lk;
         const Problem p = build(c, rng);
-        for (bool portable : {false, true}) {
+        for (const detail::KernelSet* row : rows()) {
             for (std::int64_t split : {0, 1, 4}) {
                 omp_set_num_threads(1);
-                const Result one = run_decode(p, c, DecodeTuning{split, portable});
+                const Result one = run_decode(p, c, DecodeTuning{split, row});
                 omp_set_num_threads(2);
-                const Result two = run_decode(p, c, DecodeTuning{split, portable});
+                const Result two = run_decode(p, c, DecodeTuning{split, row});
                 ASSERT_EQ(std::memcmp(one.out.data(), two.out.data(), one.out.nbytes()), 0) << c.str();
                 ASSERT_EQ(std::memcmp(one.lse.data(), two.lse.data(), one.lse.nbytes()), 0) << c.str();
                 ++compared;
@@ -334,13 +341,13 @@ TEST(DecodeDispatch, AutoPicksDecodeForSmallLq) {
         Small s(Lq, DType::f32, rng);
         SdpaReport report;
         sdpa(s.q, s.k, s.v, SdpaOptions{}, s.out, nullptr, nullptr, &report);
-        EXPECT_EQ(report.kernel, "decode") << report.explanation;
+        EXPECT_EQ(report.kernel.rfind("decode/", 0), 0u) << report.explanation;
         EXPECT_NE(report.explanation.find("auto: decode"), std::string::npos) << report.explanation;
     }
     Small big(17, DType::f32, rng);
     SdpaReport report;
     sdpa(big.q, big.k, big.v, SdpaOptions{}, big.out, nullptr, nullptr, &report);
-    EXPECT_NE(report.kernel, "decode");
+    EXPECT_NE(report.kernel.rfind("decode/", 0), 0u) << report.explanation;
     EXPECT_NE(report.explanation.find("decode: declined, Lq = 17 > 16"), std::string::npos) << report.explanation;
 }
 
@@ -378,7 +385,7 @@ TEST(DecodeDispatch, SixteenBitKVRulesAndMessages) {
     SdpaReport report;
     poison(r.out);
     sdpa(r.q, r.k, r.v, SdpaOptions{}, r.out, nullptr, nullptr, &report);
-    EXPECT_EQ(report.kernel, "decode");
+    EXPECT_EQ(report.kernel.rfind("decode/", 0), 0u) << report.explanation;
     EXPECT_EQ(compare(r.out, o_ref, kAtol, kRtol).bad, 0);
 
     // Validation: other dtypes for K/V still rejected, naming the argument.

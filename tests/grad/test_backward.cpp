@@ -113,28 +113,18 @@ std::vector<Case> random_cases(int n, std::uint64_t seed) {
 // (the observed maximum, printed, is ≈ 1e-6).
 constexpr double kTol = 2e-5;
 
-// ATTN_ISA=generic for one scope (unset again even when an ASSERT returns early).
-struct ForceGeneric {
-    explicit ForceGeneric(bool on) : on_(on) {
-        if (on_) ::setenv("ATTN_ISA", "generic", 1);
-    }
-    ~ForceGeneric() {
-        if (on_) ::unsetenv("ATTN_ISA");
-    }
-    bool on_;
-};
-
-// `portable`: run under ATTN_ISA=generic, the switch the dispatch honours (select_isa),
-// so forward and backward both take their portable paths.
-void check_against_reference(bool portable, int ncases, std::uint64_t seed) {
-    const ForceGeneric force(portable);
+// Forward and backward both run the kernel table's `isa` row (ScopedKernelSet).
+void check_against_reference(detail::Isa isa, int ncases, std::uint64_t seed) {
+    const detail::KernelSet* row = detail::kernel_set_for(isa);
+    if (row == nullptr) GTEST_SKIP() << "skipped: CPU lacks " << detail::isa_name(isa);
+    const detail::ScopedKernelSet use(*row);
     double worst = 0.0;
     for (const Case& c : random_cases(ncases, seed)) {
         SCOPED_TRACE(c.str());
         const Inputs f = make_inputs(c, DType::f32, seed ^ 0x5eed);
         SdpaReport rep;
         const Grads got = forward_backward(f.q, f.k, f.v, f.dO, f.opt, Impl::flash, DType::f32, &rep);
-        ASSERT_EQ(rep.kernel, portable ? "flash-backward-generic" : "flash-backward-avx2") << rep.explanation;
+        ASSERT_EQ(rep.kernel, std::string("flash-backward/") + detail::isa_name(isa)) << rep.explanation;
         const Grads ref = forward_backward(f.q, f.k, f.v, f.dO, f.opt, Impl::reference, DType::f64);
         const double den = std::max({max_abs(ref.dq), max_abs(ref.dk), max_abs(ref.dv)});
         for (auto [g, r, name] : {std::tuple{&got.dq, &ref.dq, "dq"}, std::tuple{&got.dk, &ref.dk, "dk"},
@@ -145,15 +135,12 @@ void check_against_reference(bool portable, int ncases, std::uint64_t seed) {
         }
     }
     std::printf("[ info ] %d random cases, %s tile: worst relative error %.3g (tolerance %.0e)\n", ncases,
-                portable ? "portable" : "avx2", worst, kTol);
+                detail::isa_name(isa), worst, kTol);
 }
 
-TEST(FlashBackward, MatchesReferenceAvx2) {
-    if (!detail::cpu_features().has_avx2_fma_f16c()) GTEST_SKIP() << "CPU lacks AVX2+FMA+F16C";
-    check_against_reference(false, 120, 1);
-}
+TEST(FlashBackward, MatchesReferenceAvx2) { check_against_reference(detail::Isa::avx2, 120, 1); }
 
-TEST(FlashBackward, MatchesReferencePortable) { check_against_reference(true, 40, 2); }
+TEST(FlashBackward, MatchesReferencePortable) { check_against_reference(detail::Isa::portable, 40, 2); }
 
 }  // namespace
 }  // namespace attn::test

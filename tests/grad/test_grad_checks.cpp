@@ -205,11 +205,9 @@ TEST(Dropout, RowGeneratorsMatchTheDefinition) {
         const int n4 = 1 + static_cast<int>(rng() % 21);
         std::vector<float> want(static_cast<std::size_t>(4 * n4));
         for (int k = 0; k < 4 * n4; ++k) want[static_cast<std::size_t>(k)] = static_cast<float>(drop.factor(b, h, i, 4 * j4 + k)) ;
-        std::vector<detail::DropoutRowFn> fns{detail::dropout_row_portable};
-        if (detail::cpu_features().has_avx2_fma_f16c()) fns.push_back(detail::dropout_row_avx2);
-        for (auto fn : fns) {
+        for (const detail::KernelSet* k : detail::runnable_kernel_sets()) {
             std::vector<float> got(want.size(), -1.0f);
-            fn({drop.key[0], drop.key[1], drop.threshold, static_cast<float>(drop.scale), b, h, i, j4, n4, got.data()});
+            k->dropout_row({drop.key[0], drop.key[1], drop.threshold, static_cast<float>(drop.scale), b, h, i, j4, n4, got.data()});
             ASSERT_EQ(got, want) << "p=" << p << " n4=" << n4;
         }
     }
@@ -306,7 +304,7 @@ TEST(SdpaBackwardErrors, NameTheArgumentAndWriteNothing) {
                  "dk: must not share memory with dv");
     Tensor one_row = poisoned(DType::f32, Shape{1, 2, 1, 4});
     expect_error([&] { sdpa_backward(q, k, v, o, lse, dO, opt, one_row.view().broadcast_to(q.shape(), "dq"), dk, dv); },
-                 "dq: stride 0 along dim 2 of size 5 (a broadcast view) cannot hold one gradient per element");
+                 "sdpa_backward: dq: dimension 2 has stride 0 but size 5; an output cannot be a broadcast view");
     SdpaOptions bad = opt;
     bad.dropout_p = 1.0;
     expect_error([&] { sdpa_backward(q, k, v, o, lse, dO, bad, dq, dk, dv); }, "dropout_p: must be in [0, 1) but got 1");

@@ -1,4 +1,4 @@
-// The flash kernel's 2^x (kernels/flash/exp2.hpp): max relative error over a dense sweep
+// Every ISA's 2^x (kernels/simd/exp2.hpp), the one exp of its kernels: max relative error over a dense sweep
 // of its whole range, on the portable and (when the CPU has it) the AVX2 version, and its
 // special values. Bound: 2.5e-7 relative (≈ 2 ulp of float32; the fit itself is 7.9e-8
 // with FMA), against std::exp2 in double.
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/cpu_features.hpp"
-#include "kernels/flash/flash.hpp"
+#include "kernels/isa.hpp"
 
 namespace attn::detail {
 namespace {
@@ -62,9 +62,10 @@ Err sweep(Fn fn, float lo, float hi, std::uint32_t step) {
     return e;
 }
 
+// The exp2 of every kernel-table row this CPU can run: the one exp each ISA's kernels use.
 std::vector<std::pair<const char*, Fn>> fns() {
-    std::vector<std::pair<const char*, Fn>> v{{"generic", flash_exp2_generic}};
-    if (cpu_features().has_avx2_fma_f16c()) v.push_back({"avx2", flash_exp2_avx2});
+    std::vector<std::pair<const char*, Fn>> v;
+    for (const KernelSet* k : runnable_kernel_sets()) v.push_back({isa_name(k->isa), k->exp2});
     return v;
 }
 

@@ -445,11 +445,8 @@ int cases_per_shard() {
 }
 constexpr int kShards = 20;  // 20 × 26 = 520 random cases by default
 
-std::vector<Isa> isas() {
-    std::vector<Isa> v{Isa::generic};
-    if (detail::cpu_features().has_avx2_fma_f16c()) v.push_back(Isa::avx2);
-    return v;
-}
+// Every kernel-table row this CPU can run (portable always; AVX2 when present).
+std::vector<const detail::KernelSet*> isas() { return detail::runnable_kernel_sets(); }
 
 // Runs one case on every ISA × {1, 2} threads; returns the number of kernel runs checked.
 // `tiles` (null: the defaults) lets a test move the block boundaries.
@@ -463,15 +460,15 @@ int run_case(const Case& c, Worst& worst, const detail::FlashTiles* tiles = null
     fill_normal(v, rng, 1.0);
     const AttentionSteps ref = reference_steps(q.view, k.view, v.view, c.opt);
     int runs = 0;
-    for (Isa isa : isas()) {
+    for (const detail::KernelSet* isa : isas()) {
         Outputs first;
         for (int threads : {1, 2}) {
             Outputs o = make_outputs(c);
             const TensorView lse = o.lse.view, w = o.weights.view;
             const detail::SdpaProblem p = detail::make_problem(q.view, k.view, v.view, c.opt, o.out.view,
                                                                c.want_lse ? &lse : nullptr, c.want_weights ? &w : nullptr);
-            detail::flash_forward(p, isa, threads, tiles);
-            const std::string tag = std::string(" [") + detail::isa_name(isa) + ", " + std::to_string(threads) + " threads]";
+            detail::flash_forward(p, *isa, threads, tiles);
+            const std::string tag = std::string(" [") + detail::isa_name(isa->isa) + ", " + std::to_string(threads) + " threads]";
             const std::string err = check_against_reference(c, q.view, k.view, v.view, ref, o, worst);
             EXPECT_EQ(err, "") << c.desc << tag;
             EXPECT_EQ(slack_written(o.out) + slack_written(o.lse) + slack_written(o.weights), 0)
@@ -674,16 +671,29 @@ TEST(FlashDispatch, AutoPicksFlashAndExplains) {
     }
 }
 
+// ATTN_ISA picks the kernel-table row (portable, or its old name generic, forces the
+// portable one); the dispatch reports the row it ran.
 TEST(FlashDispatch, IsaEnvironmentOverride) {
+    const bool avx2 = detail::cpu_supports(detail::Isa::avx2);
+    ::setenv("ATTN_ISA", "portable", 1);
+    EXPECT_EQ(detail::select_isa(), detail::Isa::portable);
+    ::setenv("ATTN_ISA", "generic", 1);
+    EXPECT_EQ(detail::select_isa(), detail::Isa::portable);
+    ::setenv("ATTN_ISA", "avx2", 1);
+    EXPECT_EQ(detail::select_isa(), avx2 ? detail::Isa::avx2 : detail::Isa::portable);
+    ::unsetenv("ATTN_ISA");
+    EXPECT_EQ(detail::select_isa(), avx2 ? detail::Isa::avx2 : detail::Isa::portable);
+
     Tensor q(DType::f32, Shape{1, 1, 20, 4}, true), k(DType::f32, Shape{1, 1, 3, 4}, true), v(DType::f32, Shape{1, 1, 3, 4}, true);
     Tensor o(DType::f32, Shape{1, 1, 20, 4});
     SdpaReport rep;
-    ::setenv("ATTN_ISA", "generic", 1);
     sdpa(q, k, v, SdpaOptions{}, o, nullptr, nullptr, &rep);
-    ::unsetenv("ATTN_ISA");
-    EXPECT_EQ(rep.kernel, "flash/generic") << rep.explanation;
-    sdpa(q, k, v, SdpaOptions{}, o, nullptr, nullptr, &rep);
-    EXPECT_EQ(rep.kernel, detail::cpu_features().has_avx2_fma_f16c() ? "flash/avx2" : "flash/generic");
+    EXPECT_EQ(rep.kernel, std::string("flash/") + detail::isa_name(detail::kernel_set().isa)) << rep.explanation;
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+        const detail::ScopedKernelSet use(*row);
+        sdpa(q, k, v, SdpaOptions{}, o, nullptr, nullptr, &rep);
+        EXPECT_EQ(rep.kernel, std::string("flash/") + detail::isa_name(row->isa)) << rep.explanation;
+    }
 }
 
 }  // namespace

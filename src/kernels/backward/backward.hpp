@@ -1,7 +1,7 @@
 // Backward kernels of attention. Both receive a validated BackwardProblem.
 #pragma once
 
-#include "../../core/cpu_features.hpp"
+#include "../isa.hpp"
 #include "../../sdpa/problem.hpp"
 
 namespace attn::detail {
@@ -19,9 +19,8 @@ struct BackwardProblem {
 void reference_backward(const BackwardProblem& p);
 
 // Tiled fp32 backward (FlashAttention-2 style) from the saved lse; needs float32 q, k, v,
-// out, grad_out, lse. `isa` is the caller's choice (select_isa(): the CPU's best unless
-// ATTN_ISA=generic); avx2 on a CPU without AVX2+FMA+F16C runs the portable tile.
-// Returns the ISA that ran.
-Isa flash_backward(const BackwardProblem& p, Isa isa);
+// out, grad_out, lse. `kernels` is a row of the kernel table (the dispatch passes
+// kernel_set(); tests pass each row the CPU can run).
+void flash_backward(const BackwardProblem& p, const KernelSet& kernels);
 
 }  // namespace attn::detail

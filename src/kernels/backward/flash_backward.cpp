@@ -14,7 +14,8 @@
 // result is bit-identical for any thread count and schedule.
 //
 // Tiles that the structural masks (causal, window, key lengths) hide completely are
-// skipped; tiles they cover completely run without a bias array.
+// skipped; tiles they cover completely, with no element-wise rule, run without the score
+// rule (scores.hpp), which the others apply to each row through a callback.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -27,6 +28,8 @@
 
 #include "../../core/dropout.hpp"
 #include "../../core/element_io.hpp"
+#include "../isa.hpp"
+#include "../scores.hpp"
 #include "backward.hpp"
 #include "tile.hpp"
 
@@ -36,6 +39,7 @@ namespace {
 constexpr int kBr = 64;  // query rows per tile
 constexpr int kBc = 64;  // keys per tile (a multiple of 4: dropout draws 4 keys per Philox call)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr double kLog2e = 1.4426950408889634;
 
 int round8(std::int64_t x) { return static_cast<int>((x + 7) / 8 * 8); }
 
@@ -72,19 +76,32 @@ void make_rows(const TensorView& t, int Dp, Rows& r) {
 }
 
 struct Scratch {
-    std::vector<float> kt, vt, kp, dk, dv, S, dP, Pd, bias, drop;
+    std::vector<float> kt, vt, kp, dk, dv, S, dP, Pd, drop;
 };
+
+// What the score-rule callback of a partial tile needs: the tile's place in the problem.
+struct RuleContext {
+    const SdpaProblem* p;
+    std::int64_t b, h, i0, j0;
+    int bc, bcp;
+    const std::int64_t* lo;  // visible key interval of row i0 + row: [lo[row], hi[row])
+    const std::int64_t* hi;
+};
+
+// TileArgs::score_rule: S·scale, then the score rule, then −inf on the padded keys.
+void tile_score_rule(const void* ctx, int row, float* s) {
+    const RuleContext& c = *static_cast<const RuleContext*>(ctx);
+    const float scale = static_cast<float>(c.p->scale);
+    for (int j = 0; j < c.bc; ++j) s[j] *= scale;
+    apply_score_rule<float>(*c.p, c.b, c.h, c.i0 + row, c.j0, c.bc, s, 1, 1.0f, KeyRange{c.lo[row], c.hi[row]});
+    for (int j = c.bc; j < c.bcp; ++j) s[j] = kNegInf;
+}
 
 }  // namespace
 
 // q: (B, Hq, Lq, Dk), k: (B, Hkv, Lk, Dk), v: (B, Hkv, Lk, Dv), out/grad_out: (B, Hq, Lq, Dv), lse: (B, Hq, Lq)
-Isa flash_backward(const BackwardProblem& bp, Isa isa) {
+void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
     const SdpaProblem& p = bp.fwd;
-    // The AVX2 tile only on a CPU that has what the *_avx2.cpp files are built for.
-    const bool avx2 = isa == Isa::avx2 && cpu_features().has_avx2_fma_f16c();
-    const TileFn tile = avx2 ? backward_tile_avx2 : backward_tile_portable;
-    const DropoutRowFn dropout_row = avx2 ? dropout_row_avx2 : dropout_row_portable;
-
     const std::int64_t B = p.B, Hq = p.Hq, Hkv = p.Hkv, Lq = p.Lq, Lk = p.Lk, Dk = p.Dk, Dv = p.Dv;
     const int Dkp = round8(Dk), Dvp = round8(Dv);
     const Dropout drop(p.dropout_p, p.dropout_seed);
@@ -95,14 +112,14 @@ Isa flash_backward(const BackwardProblem& bp, Isa isa) {
     make_rows(p.q, Dkp, Q);
     make_rows(bp.grad_out, Dvp, dO);
 
-    // Per row: −lse (−inf for a row with no visible key) and D = rowsum(dO ∘ O).
+    // Per row: −lse·log2 e (−inf for a row with no visible key) and D = rowsum(dO ∘ O).
     const std::int64_t nrows = B * Hq * Lq;
-    std::vector<float> neg_lse(static_cast<std::size_t>(nrows)), Drow(static_cast<std::size_t>(nrows));
+    std::vector<float> neg_lse2(static_cast<std::size_t>(nrows)), Drow(static_cast<std::size_t>(nrows));
 #pragma omp parallel for schedule(static)
     for (std::int64_t r = 0; r < nrows; ++r) {
         const std::int64_t b = r / (Hq * Lq), h = r / Lq % Hq, i = r % Lq;
         const double lse = load(*p.lse, p.lse->offset(b, h, i));
-        neg_lse[static_cast<std::size_t>(r)] = lse == -INFINITY ? kNegInf : static_cast<float>(-lse);
+        neg_lse2[static_cast<std::size_t>(r)] = lse == -INFINITY ? kNegInf : static_cast<float>(-lse * kLog2e);
         double acc = 0.0;
         for (std::int64_t d = 0; d < Dv; ++d)
             acc += load(bp.grad_out, bp.grad_out.offset(b, h, i, d)) * load(p.out, p.out.offset(b, h, i, d));
@@ -134,7 +151,7 @@ Isa flash_backward(const BackwardProblem& bp, Isa isa) {
         s.kp.assign(static_cast<std::size_t>(kBc * Dkp), 0.0f);
         s.dk.resize(static_cast<std::size_t>(kBc * Dkp));
         s.dv.resize(static_cast<std::size_t>(kBc * Dvp));
-        for (auto* t : {&s.S, &s.dP, &s.Pd, &s.bias}) t->resize(static_cast<std::size_t>(kBr * Bcp));
+        for (auto* t : {&s.S, &s.dP, &s.Pd}) t->resize(static_cast<std::size_t>(kBr * Bcp));
         s.drop.resize(static_cast<std::size_t>(kBr * (Bcp + 3) / 4 * 4));  // whole Philox blocks
 
         // Each thread zeroes a slice of the dQ partials (first touch on the thread that uses it most).
@@ -171,7 +188,7 @@ Isa flash_backward(const BackwardProblem& bp, Isa isa) {
                     for (std::int64_t i0 = 0; i0 < Lq; i0 += kBr) {
                         const int br = static_cast<int>(std::min<std::int64_t>(kBr, Lq - i0));
                         // Classify the tile by the structural masks: hidden, fully visible, or partial.
-                        bool any = false, full = !p.has_elementwise_mask();
+                        bool any = false, full = !score_rule_has_elementwise(p);
                         for (int i = 0; i < br; ++i) {
                             const std::int64_t l = lo[static_cast<std::size_t>(b * Lq + i0 + i)];
                             const std::int64_t u = hi[static_cast<std::size_t>(b * Lq + i0 + i)];
@@ -195,7 +212,7 @@ Isa flash_backward(const BackwardProblem& bp, Isa isa) {
                         t.kt = s.kt.data();
                         t.vt = s.vt.data();
                         t.kp = s.kp.data();
-                        t.neg_lse = neg_lse.data() + row0;
+                        t.neg_lse2 = neg_lse2.data() + row0;
                         t.Drow = Drow.data() + row0;
                         t.scale = scale;
                         t.S = s.S.data();
@@ -205,39 +222,10 @@ Isa flash_backward(const BackwardProblem& bp, Isa isa) {
                         t.lddq = Dkp;
                         t.dk = s.dk.data();
                         t.dv = s.dv.data();
+                        const RuleContext rule{&p, b, h, i0, j0, bc, bcp, lo.data() + b * Lq + i0, hi.data() + b * Lq + i0};
                         if (!full) {
-                            // bias = additive mask where visible, −inf where any mask hides the key.
-                            for (int i = 0; i < br; ++i) {
-                                const std::int64_t gi = i0 + i;
-                                const std::int64_t l = lo[static_cast<std::size_t>(b * Lq + gi)];
-                                const std::int64_t u = hi[static_cast<std::size_t>(b * Lq + gi)];
-                                float* brow = s.bias.data() + static_cast<std::ptrdiff_t>(i) * bcp;
-                                // Visible interval of this row within the tile; masks read by typed pointers.
-                                const int jl = static_cast<int>(std::clamp<std::int64_t>(l - j0, 0, bc));
-                                const int ju = static_cast<int>(std::clamp<std::int64_t>(u - j0, jl, bc));
-                                for (int j = 0; j < bc; ++j) brow[j] = j >= jl && j < ju ? 0.0f : kNegInf;
-                                if (p.additive_mask) {
-                                    const TensorView& m = *p.additive_mask;
-                                    const std::int64_t o = m.offset(b, h, gi, j0), sj = m.stride(3);
-                                    if (m.dtype() == DType::f32) {
-                                        const float* mp = m.data_as<const float>() + o;
-                                        for (int j = jl; j < ju; ++j) brow[j] = mp[j * sj];
-                                    } else {
-                                        const double* mp = m.data_as<const double>() + o;
-                                        for (int j = jl; j < ju; ++j) brow[j] = static_cast<float>(mp[j * sj]);
-                                    }
-                                }
-                                if (p.bool_mask) {
-                                    const TensorView& m = *p.bool_mask;
-                                    // bytes, not bool: any nonzero byte means "may attend"
-                                    const auto* mp = m.data_as<const std::uint8_t>() + m.offset(b, h, gi, j0);
-                                    const std::int64_t sj = m.stride(3);
-                                    for (int j = jl; j < ju; ++j)
-                                        if (mp[j * sj] == 0) brow[j] = kNegInf;
-                                }
-                                for (int j = bc; j < bcp; ++j) brow[j] = kNegInf;
-                            }
-                            t.bias = s.bias.data();
+                            t.score_rule = tile_score_rule;
+                            t.rule_ctx = &rule;
                         }
                         if (drop.active) {
                             // Z/(1−p) for every (row, key) of the tile; j0 % 4 == 0, so Philox counters line up.
@@ -246,11 +234,11 @@ Isa flash_backward(const BackwardProblem& bp, Isa isa) {
                                                   static_cast<std::uint32_t>(b), static_cast<std::uint32_t>(h),
                                                   static_cast<std::uint32_t>(i0 + i), static_cast<std::uint32_t>(j0 / 4),
                                                   (bcp + 3) / 4, s.drop.data() + static_cast<std::ptrdiff_t>(i) * bcp};
-                                dropout_row(da);
+                                kernels.dropout_row(da);
                             }
                             t.drop = s.drop.data();
                         }
-                        tile(t);
+                        kernels.backward_tile(t);
                     }
                 }
                 // This task owns dK/dV rows j0..j0+bc of KV head hk.
@@ -275,7 +263,6 @@ Isa flash_backward(const BackwardProblem& bp, Isa isa) {
             }
         }
     }
-    return avx2 ? Isa::avx2 : Isa::generic;
 }
 
 }  // namespace attn::detail

@@ -1,7 +1,8 @@
 // The compute of one (query block × key block) tile of the tiled backward, for one ISA.
-// The driver (flash_backward.cpp, portable code) packs operands, resolves masks and
-// dropout into per-tile arrays and calls tile(); only tile() differs per ISA, so it is
-// the only code compiled with ISA flags.
+// The driver (flash_backward.cpp, portable code) packs operands and dropout factors and
+// calls the kernel table's backward_tile; only the tile differs per ISA, so it is the only
+// backward code compiled with ISA flags. The score rule (scores.hpp) reaches the tile as a
+// callback into the driver's portable code.
 #pragma once
 
 #include <cstddef>
@@ -23,11 +24,16 @@ struct TileArgs {
     const float* kt = nullptr;  // (Dk, bcp): Kᵀ of the key block
     const float* vt = nullptr;  // (Dv, bcp): Vᵀ of the key block
     const float* kp = nullptr;  // (bc, Dkp): K of the key block
-    const float* neg_lse = nullptr;  // (br): −lseᵢ; −inf for a row with no visible key
-    const float* Drow = nullptr;     // (br): Dᵢ = rowsum(dO ∘ O)
-    const float* bias = nullptr;  // (br, bcp) or null: additive mask, −inf where masked
+    const float* neg_lse2 = nullptr;  // (br): −lseᵢ·log2(e); −inf for a row with no visible key
+    const float* Drow = nullptr;      // (br): Dᵢ = rowsum(dO ∘ O)
     const float* drop = nullptr;  // (br, bcp) or null: dropout factor, 0 or 1/(1−p)
     float scale = 1.0f;
+    // Null when every key of the tile is visible to every row and no element-wise rule
+    // applies: P = 2^(S·scale·log2 e − lse·log2 e). Otherwise called on each row of
+    // S = Q·Kᵀ (bcp entries): it leaves the scaled scores after the score rule, in natural
+    // units, with −inf for masked and padded keys.
+    void (*score_rule)(const void* ctx, int row, float* s) = nullptr;
+    const void* rule_ctx = nullptr;
     float* S = nullptr;   // scratch (br, bcp): S, then P
     float* dP = nullptr;  // scratch (br, bcp): dP, then dS
     float* Pd = nullptr;  // scratch (br, bcp): P ∘ drop (used only with dropout)
@@ -36,24 +42,5 @@ struct TileArgs {
     float* dk = nullptr;  // (bc, Dkp): dK accumulator of the key block
     float* dv = nullptr;  // (bc, Dvp): dV accumulator of the key block
 };
-
-using TileFn = void (*)(const TileArgs&);
-
-void backward_tile_portable(const TileArgs& t);
-void backward_tile_avx2(const TileArgs& t);  // only call when the CPU has AVX2 and FMA
-
-// Dropout factors of 4·n4 consecutive keys 4·j4..4·j4+4·n4−1 of row (b, h, i):
-// out[k] = keep ? scale : 0, with keep as defined in src/core/dropout.hpp (Philox4x32-10,
-// counter (j4 + t, i, h, b), key = seed words, keep iff word >= threshold).
-struct DropoutRowArgs {
-    std::uint32_t key0, key1, threshold;
-    float scale;
-    std::uint32_t b, h, i, j4;
-    int n4;
-    float* out;
-};
-using DropoutRowFn = void (*)(const DropoutRowArgs&);
-void dropout_row_portable(const DropoutRowArgs& a);
-void dropout_row_avx2(const DropoutRowArgs& a);  // 8 Philox counters per AVX2 vector
 
 }  // namespace attn::detail

@@ -1,5 +1,6 @@
-// AVX2+FMA tile of the tiled backward. The only file of the backward compiled with
-// -mavx2 -mfma; the driver calls it only after a run-time CPU check.
+// AVX2+FMA tile of the tiled backward and the AVX2 dropout rows. The only backward file
+// compiled with the AVX2 flags (src/CMakeLists.txt: ATTN_AVX2_SOURCES); reached only through
+// the kernel table's AVX2 row (isa.cpp).
 //
 // GEMM micro-kernel: a 6×16 block of C in 12 ymm accumulators; per k, two loads of a B
 // row and six broadcasts of A feed 12 FMAs (Zen 3: 2 FMA + 3 loads per cycle → FMA-bound).
@@ -7,6 +8,9 @@
 
 #include <cstddef>
 
+#include "../../core/dropout.hpp"
+#include "../isa.hpp"
+#include "../simd/exp2_avx2.hpp"
 #include "tile.hpp"
 
 namespace attn::detail {
@@ -88,37 +92,10 @@ void gemm(int M, int N, int K, const float* a, std::ptrdiff_t a_rs, std::ptrdiff
                             ldc, accumulate);
 }
 
-// exp(x) for 8 floats (Cephes expf scheme): x = n·ln2 + r, |r| ≤ ln2/2, exp(r) by a
-// degree-7 polynomial, 2ⁿ built in the exponent bits. Max error ≈ 2 ulp. Inputs below
-// −87.3 (including −inf) give exactly 0, so masked scores carry no weight; NaN stays NaN.
-inline __m256 exp256(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.33654f);
-    const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_min_ps(_mm256_set1_ps(88.3762626647949f), x);  // NaN-preserving operand order
-    x = _mm256_max_ps(lo, x);
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507E-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073E-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894E-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459E-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201E-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-    return _mm256_andnot_ps(underflow, y);
-}
-
-void exp_row(float* s, int n, float scale, float neg_lse, const float* bias) {
-    const __m256 vs = _mm256_set1_ps(scale), vl = _mm256_set1_ps(neg_lse);
-    for (int j = 0; j < n; j += 8) {  // n % 8 == 0
-        __m256 x = _mm256_fmadd_ps(_mm256_loadu_ps(s + j), vs, vl);
-        if (bias) x = _mm256_add_ps(x, _mm256_loadu_ps(bias + j));
-        _mm256_storeu_ps(s + j, exp256(x));
-    }
+void exp_row(float* s, int n, float mult, float add) {
+    const __m256 vm = _mm256_set1_ps(mult), va = _mm256_set1_ps(add);
+    for (int j = 0; j < n; j += 8)  // n % 8 == 0
+        _mm256_storeu_ps(s + j, exp2_ps(_mm256_fmadd_ps(_mm256_loadu_ps(s + j), vm, va)));
 }
 
 void ds_row(const float* p, float* dp, int n, float D, float scale) {

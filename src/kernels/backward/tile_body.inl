@@ -2,7 +2,7 @@
 // defines in its own anonymous namespace:
 //   gemm(M, N, K, a, a_rs, a_ks, b, ldb, c, ldc, accumulate)
 //       C(M×N) (+)= A(M×K)·B(K×N); A(r, k) = a[r·a_rs + k·a_ks]; B, C row-major; N % 8 == 0
-//   exp_row(s, n, scale, neg_lse, bias)      s[j] ← exp(s[j]·scale + bias[j] + neg_lse) (bias may be null)
+//   exp_row(s, n, mult, add)                 s[j] ← 2^(s[j]·mult + add)   (the ISA's exp2)
 //   ds_row(p, dp, n, D, scale)               dp[j] ← p[j] = 0 ? 0 : scale·p[j]·(dp[j] − D)
 // Included inside an anonymous namespace; needs <cstddef>.
 
@@ -10,10 +10,17 @@ void tile_body(const TileArgs& t) {
     const int br = t.br, bc = t.bc, bcp = t.bcp;
     // S = Q·Kᵀ  (br × bcp, inner Dk)
     gemm(br, bcp, t.Dk, t.q, t.ldq, 1, t.kt, bcp, t.S, bcp, false);
-    // P = exp(S·scale + bias − lse)   (a dead row has −lse = −inf → 0); padded keys → 0
+    // P = exp(rule(S·scale) − lse) = 2^(rule(S·scale)·log2 e − lse·log2 e)
+    // (a dead row has −lse = −inf → 0); padded keys → 0
+    constexpr float kLog2e = 1.4426950408889634f;
     for (int i = 0; i < br; ++i) {
         float* s = t.S + static_cast<std::ptrdiff_t>(i) * bcp;
-        exp_row(s, bcp, t.scale, t.neg_lse[i], t.bias ? t.bias + static_cast<std::ptrdiff_t>(i) * bcp : nullptr);
+        if (t.score_rule) {
+            t.score_rule(t.rule_ctx, i, s);
+            exp_row(s, bcp, kLog2e, t.neg_lse2[i]);
+        } else {
+            exp_row(s, bcp, t.scale * kLog2e, t.neg_lse2[i]);
+        }
         for (int j = bc; j < bcp; ++j) s[j] = 0.0f;
     }
     // dP = dO·Vᵀ  (br × bcp, inner Dv)

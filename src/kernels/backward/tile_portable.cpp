@@ -1,9 +1,11 @@
-// Portable tile of the tiled backward: plain loops the compiler vectorises for the
-// baseline ISA. The fallback on CPUs without AVX2+FMA, and a second opinion in tests.
+// Portable tile of the tiled backward and the portable dropout rows: plain loops the
+// compiler vectorises for the baseline ISA. The kernel table's portable row.
 #include <cmath>
 #include <cstddef>
 
 #include "../../core/dropout.hpp"
+#include "../isa.hpp"
+#include "../simd/exp2.hpp"
 #include "tile.hpp"
 
 namespace attn::detail {
@@ -24,8 +26,8 @@ void gemm(int M, int N, int K, const float* a, std::ptrdiff_t a_rs, std::ptrdiff
     }
 }
 
-void exp_row(float* s, int n, float scale, float neg_lse, const float* bias) {
-    for (int j = 0; j < n; ++j) s[j] = std::exp(s[j] * scale + (bias ? bias[j] : 0.0f) + neg_lse);
+void exp_row(float* s, int n, float mult, float add) {
+    for (int j = 0; j < n; ++j) s[j] = exp2poly::exp2_scalar(s[j] * mult + add);
 }
 
 void ds_row(const float* p, float* dp, int n, float D, float scale) {

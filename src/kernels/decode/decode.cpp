@@ -1,4 +1,4 @@
-// Decode kernel: planning, CPU choice and the sdpa glue (argument views → DecodeArgs).
+// Decode kernel: planning, scratch and the sdpa dispatch branch.
 #include "decode.hpp"
 
 #include <omp.h>
@@ -9,21 +9,11 @@
 #include <vector>
 
 #include "attn/decode.hpp"
-#include "../../core/cpu_features.hpp"
+#include "../isa.hpp"
 #include "../../sdpa/problem.hpp"
 #include "decode_core.hpp"
 
 namespace attn::detail {
-
-// What the CPU can run (tests use it to know whether the AVX2 path exists here).
-bool decode_cpu_has_avx2() { return cpu_features().has_avx2_fma_f16c(); }
-
-// The path a call takes: the shared choice (select_isa: CPU detection and ATTN_ISA, so
-// ATTN_ISA=generic sends decode to the portable code like every other kernel), unless a
-// test forces the portable one.
-bool decode_uses_avx2(const DecodeTuning& tuning) { return !tuning.force_portable && select_isa() == Isa::avx2; }
-
-const char* decode_isa(const DecodeTuning& tuning) { return decode_uses_avx2(tuning) ? "avx2" : "portable"; }
 
 DecodePlan plan_decode(std::int64_t B, std::int64_t Hkv, std::int64_t group, std::int64_t Lq, std::int64_t Lk,
                        std::int64_t Dk, std::int64_t Dv, std::int64_t forced_split) {
@@ -53,26 +43,6 @@ DecodePlan plan_decode(std::int64_t B, std::int64_t Hkv, std::int64_t group, std
     return plan;
 }
 
-void run_decode(DecodeArgs args, const DecodeTuning& tuning) {
-    const DecodePlan plan =
-        plan_decode(args.B, args.Hkv, args.group, args.Lq, args.Lk, args.Dk, args.Dv, tuning.split);
-    args.nsplit = plan.nsplit;
-    args.chunk = plan.chunk;
-    args.max_threads = std::max(1, omp_get_max_threads());
-    args.work_per_thread = plan.work_per_thread;
-    // One allocation for the per-thread scratch and the split partials (small: about
-    // M·(Dk+Dv+64) floats per thread and B·Hkv·nsplit·M·(Dv+2) floats).
-    const std::size_t floats =
-        static_cast<std::size_t>(plan.work_per_thread * args.max_threads + plan.partial_floats) + 16;
-    std::unique_ptr<float[]> buffer(new float[floats]);
-    float* base = buffer.get();
-    base += (16 - (reinterpret_cast<std::uintptr_t>(base) / sizeof(float)) % 16) % 16;  // 64-byte align
-    args.work = base;
-    args.partial = plan.partial_floats > 0 ? base + plan.work_per_thread * args.max_threads : nullptr;
-    if (decode_uses_avx2(tuning)) decode_avx2(args);
-    else decode_portable(args);
-}
-
 std::string decode_declines(const SdpaProblem& p) {
     auto is_store = [](DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; };
     if (p.Lq > kMaxDecodeQueries) return "Lq = " + std::to_string(p.Lq) + " > 16 (decode is for a few new queries)";
@@ -88,15 +58,9 @@ std::string decode_declines(const SdpaProblem& p) {
     return {};
 }
 
-namespace {
-void copy_strides(const TensorView& t, std::int64_t* s, int n) {
-    for (int i = 0; i < n; ++i) s[i] = t.stride(i);
-}
-}  // namespace
-
-void decode_forward(const SdpaProblem& p, const DecodeTuning& tuning) {
-    // Structural masks → one key interval per (b, i): decided by SdpaProblem::key_range,
-    // the single place for those rules.
+void decode_forward(const SdpaProblem& p, const KernelSet& kernels, std::int64_t forced_split) {
+    const DecodePlan plan = plan_decode(p.B, p.Hkv, p.group, p.Lq, p.Lk, p.Dk, p.Dv, forced_split);
+    // The key interval of every (b, i), from the one alignment rule.
     std::vector<std::int64_t> range(static_cast<std::size_t>(2 * p.B * p.Lq));
     for (std::int64_t b = 0; b < p.B; ++b)
         for (std::int64_t i = 0; i < p.Lq; ++i) {
@@ -104,40 +68,22 @@ void decode_forward(const SdpaProblem& p, const DecodeTuning& tuning) {
             range[static_cast<std::size_t>(2 * (b * p.Lq + i))] = r.lo;
             range[static_cast<std::size_t>(2 * (b * p.Lq + i) + 1)] = std::max(r.lo, r.hi);
         }
-    DecodeArgs a;
-    a.B = p.B;
-    a.Hq = p.Hq;
-    a.Hkv = p.Hkv;
-    a.Lq = p.Lq;
-    a.Lk = p.Lk;
-    a.Dk = p.Dk;
-    a.Dv = p.Dv;
-    a.group = p.group;
-    a.scale = static_cast<float>(p.scale);
-    a.q = p.q.data_as<const float>();
-    copy_strides(p.q, a.qs, 4);
-    a.kv = p.k.dtype();
-    a.k = p.k.data();
-    copy_strides(p.k, a.ks, 4);
-    a.v = p.v.data();
-    copy_strides(p.v, a.vs, 4);
-    a.out = p.out.data_as<float>();
-    copy_strides(p.out, a.os, 4);
-    if (p.lse) {
-        a.lse = p.lse->data_as<float>();
-        copy_strides(*p.lse, a.ls, 3);
-    }
-    a.range = range.data();
-    if (p.bool_mask) {
-        a.bool_mask = p.bool_mask->data_as<const unsigned char>();
-        copy_strides(*p.bool_mask, a.bms, 4);
-    }
-    if (p.additive_mask) {
-        a.add_mask = p.additive_mask->data();
-        a.add_mask_f64 = p.additive_mask->dtype() == DType::f64;
-        copy_strides(*p.additive_mask, a.ams, 4);
-    }
-    run_decode(a, tuning);
+    DecodeWork w;
+    w.nsplit = plan.nsplit;
+    w.chunk = plan.chunk;
+    w.range = range.data();
+    w.max_threads = std::max(1, omp_get_max_threads());
+    w.work_per_thread = plan.work_per_thread;
+    // One allocation for the per-thread scratch and the split partials (small: about
+    // M·(Dk+Dv+64) floats per thread and B·Hkv·nsplit·M·(Dv+2) floats).
+    const std::size_t floats =
+        static_cast<std::size_t>(plan.work_per_thread * w.max_threads + plan.partial_floats) + 16;
+    std::unique_ptr<float[]> buffer(new float[floats]);
+    float* base = buffer.get();
+    base += (16 - (reinterpret_cast<std::uintptr_t>(base) / sizeof(float)) % 16) % 16;  // 64-byte align
+    w.work = base;
+    w.partial = plan.partial_floats > 0 ? base + plan.work_per_thread * w.max_threads : nullptr;
+    kernels.decode(p, w);
 }
 
 }  // namespace attn::detail
@@ -168,13 +114,15 @@ bool dispatch_decode(const SdpaProblem& p, Impl requested, SdpaReport* report, s
         explanation += "decode: declined, " + why_not + "\n";
         return false;
     }
-    const DecodeTuning tuning{};
-    decode_forward(p, tuning);
+    std::string why_isa;
+    const KernelSet& kernels = kernel_set(&why_isa);
+    decode_forward(p, kernels);
     if (report != nullptr) {
-        report->kernel = "decode";
-        report->explanation = explanation + (requested == Impl::automatic ? "auto: decode (Lq = " + std::to_string(p.Lq) + " <= 16)\n" : "") +
-                              "ran: decode (" + decode_isa(tuning) + ", K/V " + std::string(dtype_name(p.k.dtype())) +
-                              ", fp32 accumulation)";
+        report->kernel = std::string("decode/") + isa_name(kernels.isa);
+        report->explanation = explanation +
+                              (requested == Impl::automatic ? "auto: decode (Lq = " + std::to_string(p.Lq) + " <= 16)\n" : "") +
+                              "ran: decode (" + isa_name(kernels.isa) + " path: " + why_isa + "; K/V " +
+                              std::string(dtype_name(p.k.dtype())) + ", fp32 accumulation)";
     }
     return true;
 }

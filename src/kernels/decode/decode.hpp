@@ -23,34 +23,16 @@
 namespace attn::detail {
 
 struct SdpaProblem;
+struct KernelSet;
 
-// Plain pointers and element strides only: this struct crosses into the AVX2 translation
-// unit, which must not instantiate inline C++ library code (see decode_avx2.cpp).
-struct DecodeArgs {
-    std::int64_t B = 0, Hq = 0, Hkv = 0, Lq = 0, Lk = 0, Dk = 0, Dv = 0, group = 1;
-    float scale = 1.0f;
-    const float* q = nullptr;        // (B, Hq, Lq, Dk)
-    std::int64_t qs[4] = {};
-    DType kv = DType::f32;           // storage of K and V: f32, f16 or bf16
-    const void* k = nullptr;         // (B, Hkv, Lk, Dk), unit stride along Dk
-    std::int64_t ks[4] = {};
-    const void* v = nullptr;         // (B, Hkv, Lk, Dv), unit stride along Dv
-    std::int64_t vs[4] = {};
-    float* out = nullptr;            // (B, Hq, Lq, Dv)
-    std::int64_t os[4] = {};
-    float* lse = nullptr;            // (B, Hq, Lq) or null
-    std::int64_t ls[3] = {};
+// The plan and the caller-owned scratch of one decode call (decode.cpp fills it; the
+// kernel table's decode reads the problem itself). Plain data: it crosses into the ISA
+// translation units.
+struct DecodeWork {
+    std::int64_t nsplit = 1, chunk = 0;  // key chunks per (b, KV head) and their length
     // Visible keys [range[2·(b·Lq+i)], range[2·(b·Lq+i)+1]) of query i of sequence b:
-    // the structural masks (causal, window, lengths), decided by the caller.
+    // SdpaProblem::key_range, computed once per call.
     const std::int64_t* range = nullptr;
-    // Optional element-wise masks, already broadcast to (B, Hq, Lq, Lk) by strides.
-    const unsigned char* bool_mask = nullptr;  // nonzero = may attend
-    std::int64_t bms[4] = {};
-    const void* add_mask = nullptr;  // float32 or float64 bias
-    bool add_mask_f64 = false;
-    std::int64_t ams[4] = {};
-    // Plan (plan_decode) and the caller-owned scratch it sized.
-    std::int64_t nsplit = 1, chunk = 0;
     float* work = nullptr;           // per-thread scratch, work_per_thread floats each
     std::int64_t work_per_thread = 0;
     int max_threads = 1;             // threads the scratch was sized for
@@ -70,27 +52,13 @@ struct DecodePlan {
 DecodePlan plan_decode(std::int64_t B, std::int64_t Hkv, std::int64_t group, std::int64_t Lq, std::int64_t Lk,
                        std::int64_t Dk, std::int64_t Dv, std::int64_t forced_split);
 
-// Runs the plan: allocates the scratch, picks the AVX2+FMA+F16C path when the CPU has it
-// (unless force_portable), fills args.work/partial and calls the kernel.
-struct DecodeTuning {
-    std::int64_t split = 0;       // as forced_split above
-    bool force_portable = false;  // tests: run the portable path on an AVX2 machine
-};
-void run_decode(DecodeArgs args, const DecodeTuning& tuning);
-
-// The two implementations (same algorithm; decode_core.hpp).
-void decode_portable(const DecodeArgs& args);
-void decode_avx2(const DecodeArgs& args);
-bool decode_cpu_has_avx2();  // the CPU has AVX2 + FMA + F16C (cpu_features)
-bool decode_uses_avx2(const DecodeTuning& tuning = {});  // ... and select_isa() (ATTN_ISA) picks it
-
 // sdpa path. decode_declines: empty when the decode kernel can run the problem,
 // otherwise why not (one short clause, for SdpaReport and error messages).
 std::string decode_declines(const SdpaProblem& p);
-void decode_forward(const SdpaProblem& p, const DecodeTuning& tuning = {});
 
-// Which implementation run_decode would use ("avx2" or "portable"; ATTN_ISA=generic → portable).
-const char* decode_isa(const DecodeTuning& tuning = {});
+// Plans the call (forced_split as in plan_decode), allocates the scratch and runs the
+// kernel table row's decode. Precondition: decode_declines(p) is empty.
+void decode_forward(const SdpaProblem& p, const KernelSet& kernels, std::int64_t forced_split = 0);
 
 }  // namespace attn::detail
 

@@ -1,11 +1,13 @@
 // The decode kernel with AVX2 + FMA + F16C. The only file of the decode kernel compiled
-// with -mavx2 -mfma -mf16c (src/CMakeLists.txt); run_decode calls it only after checking
-// the CPU (decode.cpp). To keep AVX2 code from leaking into the portable build, this file
+// with the AVX2 flags (src/CMakeLists.txt: ATTN_AVX2_SOURCES); reached only through the
+// kernel table's AVX2 row (isa.cpp). To keep AVX2 code from leaking into the portable build, this file
 // defines everything with internal linkage and uses no inline C++ library templates
 // (std::min, std::vector, <cmath> wrappers): the linker could otherwise keep this file's
 // AVX2 copy of such a function for the whole program.
 #include <immintrin.h>
 
+#include "../isa.hpp"
+#include "../simd/exp2_avx2.hpp"
 #include "decode_core.hpp"
 
 namespace attn::detail {
@@ -93,28 +95,7 @@ struct Avx2Ops {
         else score_tile<1>(q, qstride, k, kstride, n, Dk, s, sstride);
     }
 
-    // exp(x) for x <= 0 (Cephes expf: range reduction by ln 2, degree-5 polynomial,
-    // about 1 ulp). NaN stays NaN: the clamps keep x as the operand that propagates.
-    static __m256 exp8(__m256 x) {
-        x = _mm256_min_ps(_mm256_set1_ps(88.3762626647949f), x);
-        x = _mm256_max_ps(_mm256_set1_ps(-88.3762626647949f), x);
-        __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
-        fx = _mm256_floor_ps(fx);
-        x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-        x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-        const __m256 z = _mm256_mul_ps(x, x);
-        __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-        y = _mm256_fmadd_ps(y, z, x);
-        y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
-        __m256i e = _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127));
-        e = _mm256_slli_epi32(e, 23);  // 2^fx (fx >= −127: 2^−127 encodes as 0)
-        return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-    }
+    static float exp2_1(float x) { return _mm_cvtss_f32(_mm256_castps256_ps128(exp2_ps(_mm256_set1_ps(x)))); }
 
     static float row_max(const float* s, i64 n) {
         __m256 mv = _mm256_set1_ps(-INFINITY);
@@ -129,19 +110,18 @@ struct Avx2Ops {
     }
 
     static float exp_shift(float* s, i64 n, float m) {
-        const __m256 mv = _mm256_set1_ps(m), ninf = _mm256_set1_ps(-INFINITY);
+        const __m256 mv = _mm256_set1_ps(m);
         __m256 sum = _mm256_setzero_ps();
         i64 j = 0;
         for (; j + 8 <= n; j += 8) {
-            const __m256 x = _mm256_loadu_ps(s + j);
-            // A masked score (−inf) gets weight exactly 0, not exp(−88).
-            const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(x, ninf, _CMP_EQ_OQ), exp8(_mm256_sub_ps(x, mv)));
+            // A masked score (−inf) gets weight exactly 0: exp2_ps gives 0 below −126.
+            const __m256 e = exp2_ps(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
             _mm256_storeu_ps(s + j, e);
             sum = _mm256_add_ps(sum, e);
         }
         float total = hsum(sum);
         for (; j < n; ++j) {
-            const float e = s[j] == -INFINITY ? 0.0f : expf(s[j] - m);
+            const float e = exp2_1(s[j] - m);
             s[j] = e;
             total += e;
         }
@@ -207,6 +187,6 @@ struct Avx2Ops {
 
 }  // namespace
 
-void decode_avx2(const DecodeArgs& args) { decode_entry<Avx2Ops>(args); }
+void decode_avx2(const SdpaProblem& p, const DecodeWork& w) { decode_entry<Avx2Ops>(p, w); }
 
 }  // namespace attn::detail

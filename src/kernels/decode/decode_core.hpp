@@ -9,11 +9,16 @@
 //         // s[r][j] = q[r] · k[j] for r < R (R = 1, 2 or 4), j < n
 //   static float row_max(const float* s, int64 n);   // max_j s[j] (−inf when n = 0)
 //   static float exp_shift(float* s, int64 n, float m);
-//         // s[j] ← exp(s[j] − m), exactly 0 where s[j] = −inf; returns Σ_j s[j]
+//         // s[j] ← 2^(s[j] − m), exactly 0 where s[j] = −inf; returns Σ_j s[j]
+//   static float exp2_1(float x);   // 2^x, the ISA's exp2 on one value
 //   template <class T> static void accumulate(float* o, int64 ostride, const float* alpha,
 //       const float* p, int64 pstride, int R, const T* v, int64 vstride, int64 n, int64 Dv);
 //         // o[r] ← alpha[r]·o[r] + Σ_j p[r][j]·v[j]
 // and the storage tags Half / Brain (16-bit float16 / bfloat16 payloads).
+//
+// Scores are kept in base 2 (Q is pre-multiplied by scale·log2 e, as in the flash kernel),
+// so every exponential is the ISA's exp2 (simd/exp2.hpp); the score rule (scores.hpp)
+// applies the masks and the key interval.
 #pragma once
 
 #include <math.h>  // expf, logf, INFINITY: C functions, no inline C++ wrappers (see above)
@@ -21,6 +26,8 @@
 
 #include <cstdint>
 
+#include "../../sdpa/problem.hpp"
+#include "../scores.hpp"
 #include "decode.hpp"
 
 namespace attn::detail {
@@ -30,6 +37,42 @@ using i64 = std::int64_t;
 
 inline i64 imin(i64 a, i64 b) { return a < b ? a : b; }
 inline i64 imax(i64 a, i64 b) { return a > b ? a : b; }
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// The problem's pointers and element strides, read once per call (decode_impl).
+struct DecodeView {
+    i64 B, Hq, Hkv, Lq, Lk, Dk, Dv, group;
+    float qscale;  // scale·log2 e: scores in base 2
+    const float* q;
+    i64 qs[4];
+    const void* k;
+    i64 ks[4];
+    const void* v;
+    i64 vs[4];
+    float* out;
+    i64 os[4];
+    float* lse;  // null when not requested
+    i64 ls[3];
+};
+
+inline DecodeView view_of(const SdpaProblem& p) {
+    DecodeView a{p.B, p.Hq, p.Hkv, p.Lq, p.Lk, p.Dk, p.Dv, p.group, static_cast<float>(p.scale) * kLog2e,
+                 p.q.data_as<const float>(), {}, p.k.data(), {}, p.v.data(), {}, p.out.data_as<float>(), {},
+                 nullptr, {}};
+    for (int d = 0; d < 4; ++d) {
+        a.qs[d] = p.q.stride(d);
+        a.ks[d] = p.k.stride(d);
+        a.vs[d] = p.v.stride(d);
+        a.os[d] = p.out.stride(d);
+    }
+    if (p.lse) {
+        a.lse = p.lse->data_as<float>();
+        for (int d = 0; d < 3; ++d) a.ls[d] = p.lse->stride(d);
+    }
+    return a;
+}
 
 // Scratch of one thread, carved from args.work. M = group·Lq rows.
 struct Scratch {
@@ -64,24 +107,6 @@ inline Scratch carve(float* base, i64 M, i64 Dk, i64 Dv) {
     return s;
 }
 
-// Element-wise masks of row (b, h, i) on keys j0 .. j0+n−1: s += bias; s = −inf where the
-// bool mask forbids. Only called when the problem has such masks.
-inline void apply_elementwise(const DecodeArgs& a, i64 b, i64 h, i64 i, i64 j0, i64 n, float* s) {
-    if (a.add_mask != nullptr) {
-        const i64 base = b * a.ams[0] + h * a.ams[1] + i * a.ams[2];
-        for (i64 j = 0; j < n; ++j) {
-            const i64 off = base + (j0 + j) * a.ams[3];
-            s[j] += a.add_mask_f64 ? static_cast<float>(static_cast<const double*>(a.add_mask)[off])
-                                   : static_cast<const float*>(a.add_mask)[off];
-        }
-    }
-    if (a.bool_mask != nullptr) {
-        const i64 base = b * a.bms[0] + h * a.bms[1] + i * a.bms[2];
-        for (i64 j = 0; j < n; ++j)
-            if (a.bool_mask[base + (j0 + j) * a.bms[3]] == 0) s[j] = -INFINITY;
-    }
-}
-
 // Calls f(r0, R) over the rows 0..M−1 in groups of 4, then 2, then 1.
 template <class F>
 inline void for_row_groups(i64 M, F&& f) {
@@ -93,15 +118,16 @@ inline void for_row_groups(i64 M, F&& f) {
 
 // One work item: sequence b, KV head hk, keys [c0, c1). Leaves (o, m, l) per row in sc.
 template <class Ops, class T>
-void run_item(const DecodeArgs& a, i64 b, i64 hk, i64 c0, i64 c1, const Scratch& sc) {
+void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i64 b, i64 hk, i64 c0, i64 c1,
+              const Scratch& sc) {
     const i64 G = a.group, Lq = a.Lq, M = G * Lq, Dk = a.Dk, Dv = a.Dv;
     // Row r = g·Lq + i is query i of query head h = hk·G + g.
     i64 klo = c1, khi = c0;
     for (i64 r = 0; r < M; ++r) {
         const i64 g = r / Lq, i = r % Lq, h = hk * G + g;
         const float* qrow = a.q + b * a.qs[0] + h * a.qs[1] + i * a.qs[2];
-        for (i64 d = 0; d < Dk; ++d) sc.q[r * Dk + d] = qrow[d * a.qs[3]] * a.scale;
-        const i64* rg = a.range + 2 * (b * Lq + i);
+        for (i64 d = 0; d < Dk; ++d) sc.q[r * Dk + d] = qrow[d * a.qs[3]] * a.qscale;
+        const i64* rg = w.range + 2 * (b * Lq + i);
         sc.lo[r] = imax(rg[0], c0);
         sc.hi[r] = imin(rg[1], c1);
         if (sc.lo[r] < sc.hi[r]) {
@@ -114,7 +140,7 @@ void run_item(const DecodeArgs& a, i64 b, i64 hk, i64 c0, i64 c1, const Scratch&
     }
     const T* kbase = static_cast<const T*>(a.k) + b * a.ks[0] + hk * a.ks[1];
     const T* vbase = static_cast<const T*>(a.v) + b * a.vs[0] + hk * a.vs[1];
-    const bool elementwise = a.bool_mask != nullptr || a.add_mask != nullptr;
+    const bool elementwise = score_rule_has_elementwise(p);
 
     for (i64 j0 = klo; j0 < khi; j0 += kDecodeBlock) {
         const i64 n = imin(kDecodeBlock, khi - j0);
@@ -123,16 +149,13 @@ void run_item(const DecodeArgs& a, i64 b, i64 hk, i64 c0, i64 c1, const Scratch&
             Ops::template scores<T>(sc.q + r0 * Dk, Dk, static_cast<int>(R), kbase + j0 * a.ks[2], a.ks[2], n, Dk,
                                     sc.s + r0 * kDecodeBlock, kDecodeBlock);
         });
-        // Online softmax (per row):  m' = max(m, max_j s_j);  α = exp(m − m');
-        //   p_j = exp(s_j − m');  l' = α·l + Σ_j p_j;  o' = α·o + Σ_j p_j·v_j   (below)
+        // Online softmax (per row, base 2):  m' = max(m, max_j s_j);  α = 2^(m − m');
+        //   p_j = 2^(s_j − m');  l' = α·l + Σ_j p_j;  o' = α·o + Σ_j p_j·v_j   (below)
         for (i64 r = 0; r < M; ++r) {
             float* s = sc.s + r * kDecodeBlock;
-            const i64 lo = sc.lo[r] - j0, hi = sc.hi[r] - j0;  // visible part of this block
-            for (i64 j = 0; j < imin(lo, n); ++j) s[j] = -INFINITY;
-            for (i64 j = imax(hi, 0); j < n; ++j) s[j] = -INFINITY;
-            if (elementwise && lo < n && hi > 0) {
-                const i64 g = r / Lq, i = r % Lq;
-                apply_elementwise(a, b, hk * G + g, i, j0, n, s);
+            // The score rule, unless the row sees this whole block and nothing element-wise applies.
+            if (elementwise || sc.lo[r] > j0 || sc.hi[r] < j0 + n) {
+                apply_score_rule<float>(p, b, hk * G + r / Lq, r % Lq, j0, n, s, 1, kLog2e, KeyRange{sc.lo[r], sc.hi[r]});
             }
             const float mx = Ops::row_max(s, n);
             const float m_new = mx > sc.m[r] ? mx : sc.m[r];
@@ -141,7 +164,7 @@ void run_item(const DecodeArgs& a, i64 b, i64 hk, i64 c0, i64 c1, const Scratch&
                 for (i64 j = 0; j < n; ++j) s[j] = 0.0f;
                 continue;
             }
-            sc.alpha[r] = expf(sc.m[r] - m_new);  // exp(−inf) = 0 on the first visible block
+            sc.alpha[r] = Ops::exp2_1(sc.m[r] - m_new);  // 2^(−inf) = 0 on the first visible block
             sc.l[r] = sc.alpha[r] * sc.l[r] + Ops::exp_shift(s, n, m_new);
             sc.m[r] = m_new;
         }
@@ -153,36 +176,37 @@ void run_item(const DecodeArgs& a, i64 b, i64 hk, i64 c0, i64 c1, const Scratch&
     }
 }
 
-// Final output of one row from its (o, m, l): out = o / l, lse = m + log l.
+// Final output of one row from its (o, m, l): out = o / l, lse = m·ln 2 + ln l (m in base 2).
 // A row that saw no key gives out = 0, lse = −inf (never NaN).
-inline void write_row(const DecodeArgs& a, i64 b, i64 h, i64 i, const float* o, float m, float l) {
+inline void write_row(const DecodeView& a, i64 b, i64 h, i64 i, const float* o, float m, float l) {
     float* out = a.out + b * a.os[0] + h * a.os[1] + i * a.os[2];
     const bool empty = !(l > 0.0f);
     const float inv = empty ? 0.0f : 1.0f / l;
     for (i64 d = 0; d < a.Dv; ++d) out[d * a.os[3]] = empty ? 0.0f : o[d] * inv;
-    if (a.lse != nullptr) a.lse[b * a.ls[0] + h * a.ls[1] + i * a.ls[2]] = empty ? -INFINITY : m + logf(l);
+    if (a.lse != nullptr) a.lse[b * a.ls[0] + h * a.ls[1] + i * a.ls[2]] = empty ? -INFINITY : m * kLn2 + logf(l);
 }
 
 template <class Ops, class T>
-void decode_impl(const DecodeArgs& a) {
+void decode_impl(const SdpaProblem& p, const DecodeWork& w) {
+    const DecodeView a = view_of(p);
     const i64 M = a.group * a.Lq, Dk = a.Dk, Dv = a.Dv;
-    const i64 items = a.B * a.Hkv * a.nsplit;
+    const i64 items = a.B * a.Hkv * w.nsplit;
     const i64 part_stride = M * Dv + 2 * M;  // o (M × Dv), m (M), l (M) of one item
 
-#pragma omp parallel num_threads(a.max_threads)
+#pragma omp parallel num_threads(w.max_threads)
     {
-        const Scratch sc = carve(a.work + omp_get_thread_num() * a.work_per_thread, M, Dk, Dv);
+        const Scratch sc = carve(w.work + omp_get_thread_num() * w.work_per_thread, M, Dk, Dv);
 #pragma omp for schedule(dynamic, 1)
         for (i64 it = 0; it < items; ++it) {
-            const i64 c = it % a.nsplit, bh = it / a.nsplit;
+            const i64 c = it % w.nsplit, bh = it / w.nsplit;
             const i64 b = bh / a.Hkv, hk = bh % a.Hkv;
-            const i64 c0 = c * a.chunk, c1 = imin(a.Lk, c0 + a.chunk);
-            run_item<Ops, T>(a, b, hk, c0, c1, sc);
-            if (a.nsplit == 1) {
+            const i64 c0 = c * w.chunk, c1 = imin(a.Lk, c0 + w.chunk);
+            run_item<Ops, T>(p, a, w, b, hk, c0, c1, sc);
+            if (w.nsplit == 1) {
                 for (i64 r = 0; r < M; ++r)
                     write_row(a, b, hk * a.group + r / a.Lq, r % a.Lq, sc.o + r * Dv, sc.m[r], sc.l[r]);
             } else {
-                float* part = a.partial + it * part_stride;
+                float* part = w.partial + it * part_stride;
                 for (i64 x = 0; x < M * Dv; ++x) part[x] = sc.o[x];
                 for (i64 r = 0; r < M; ++r) {
                     part[M * Dv + r] = sc.m[r];
@@ -190,15 +214,15 @@ void decode_impl(const DecodeArgs& a) {
                 }
             }
         }
-        if (a.nsplit > 1) {
-            // Merge the chunks of each (b, hk) by their log-sum-exp, in chunk order.
+        if (w.nsplit > 1) {
+            // Merge the chunks of each (b, hk) by their log-sum-exp (base 2), in chunk order.
 #pragma omp for schedule(static)
             for (i64 bh = 0; bh < a.B * a.Hkv; ++bh) {
                 const i64 b = bh / a.Hkv, hk = bh % a.Hkv;
-                const float* parts = a.partial + bh * a.nsplit * part_stride;
+                const float* parts = w.partial + bh * w.nsplit * part_stride;
                 for (i64 r = 0; r < M; ++r) {
                     float mmax = -INFINITY;
-                    for (i64 c = 0; c < a.nsplit; ++c) {
+                    for (i64 c = 0; c < w.nsplit; ++c) {
                         const float mc = parts[c * part_stride + M * Dv + r];
                         mmax = mc > mmax ? mc : mmax;
                     }
@@ -206,13 +230,13 @@ void decode_impl(const DecodeArgs& a) {
                     for (i64 d = 0; d < Dv; ++d) o[d] = 0.0f;
                     float l = 0.0f;
                     if (mmax != -INFINITY) {
-                        for (i64 c = 0; c < a.nsplit; ++c) {
+                        for (i64 c = 0; c < w.nsplit; ++c) {
                             const float* pc = parts + c * part_stride;
                             const float mc = pc[M * Dv + r];
                             if (mc == -INFINITY) continue;  // chunk saw no key of this row
-                            const float w = expf(mc - mmax);
-                            l += w * pc[M * Dv + M + r];
-                            for (i64 d = 0; d < Dv; ++d) o[d] += w * pc[r * Dv + d];
+                            const float wc = Ops::exp2_1(mc - mmax);
+                            l += wc * pc[M * Dv + M + r];
+                            for (i64 d = 0; d < Dv; ++d) o[d] += wc * pc[r * Dv + d];
                         }
                     }
                     write_row(a, b, hk * a.group + r / a.Lq, r % a.Lq, o, mmax, l);
@@ -223,11 +247,11 @@ void decode_impl(const DecodeArgs& a) {
 }
 
 template <class Ops>
-void decode_entry(const DecodeArgs& a) {
-    switch (a.kv) {
-        case DType::f16: decode_impl<Ops, typename Ops::Half>(a); break;
-        case DType::bf16: decode_impl<Ops, typename Ops::Brain>(a); break;
-        default: decode_impl<Ops, float>(a); break;
+void decode_entry(const SdpaProblem& p, const DecodeWork& w) {
+    switch (p.k.dtype()) {
+        case DType::f16: decode_impl<Ops, typename Ops::Half>(p, w); break;
+        case DType::bf16: decode_impl<Ops, typename Ops::Brain>(p, w); break;
+        default: decode_impl<Ops, float>(p, w); break;
     }
 }
 

@@ -1,7 +1,9 @@
 // The decode kernel in portable C++ (any x86-64 or other CPU): the same algorithm as
 // decode_avx2.cpp (decode_core.hpp), with scalar loops the compiler may vectorise for the
-// baseline ISA. Used when the CPU lacks AVX2/FMA/F16C, and by the tests as a second path.
+// baseline ISA. The kernel table's portable row.
 #include "attn/half.hpp"
+#include "../isa.hpp"
+#include "../simd/exp2.hpp"
 #include "decode_core.hpp"
 
 namespace attn::detail {
@@ -39,10 +41,12 @@ struct PortableOps {
         return mx;
     }
 
+    static float exp2_1(float x) { return exp2poly::exp2_scalar(x); }
+
     static float exp_shift(float* s, i64 n, float m) {
         float total = 0.0f;
         for (i64 j = 0; j < n; ++j) {
-            const float e = s[j] == -INFINITY ? 0.0f : expf(s[j] - m);
+            const float e = exp2poly::exp2_scalar(s[j] - m);  // 0 for s = −inf
             s[j] = e;
             total += e;
         }
@@ -69,6 +73,6 @@ struct PortableOps {
 
 }  // namespace
 
-void decode_portable(const DecodeArgs& args) { decode_entry<PortableOps>(args); }
+void decode_portable(const SdpaProblem& p, const DecodeWork& w) { decode_entry<PortableOps>(p, w); }
 
 }  // namespace attn::detail

@@ -30,7 +30,7 @@ std::string flash_decline_reason(const SdpaProblem& p) {
     return {};
 }
 
-void flash_forward(const SdpaProblem& p, Isa isa, int threads, const FlashTiles* tiles) {
+void flash_forward(const SdpaProblem& p, const KernelSet& kernels, int threads, const FlashTiles* tiles) {
     const FlashTiles t = tiles != nullptr ? *tiles : flash_default_tiles(p.Dk, p.Dv);
     // Only the lab and tests pass tiles; the driver needs whole 16-query panels.
     if (t.Mb < 16 || t.Mb % 16 != 0 || t.Mb > 4096 || t.Nb < 1 || t.Nb > 4096) {
@@ -41,11 +41,7 @@ void flash_forward(const SdpaProblem& p, Isa isa, int threads, const FlashTiles*
         if (const char* env = std::getenv("ATTN_NUM_THREADS")) threads = std::atoi(env);
     }
     const Dropout drop(p.dropout_p, p.dropout_seed);  // once per call; inactive when p = 0
-    if (isa == Isa::avx2 && cpu_features().has_avx2_fma_f16c()) {
-        flash_forward_avx2(p, t, drop, threads);
-    } else {
-        flash_forward_generic(p, t, drop, threads);
-    }
+    kernels.flash_forward(p, t, drop, threads);
 }
 
 }  // namespace attn::detail

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <string>
 
-#include "../../core/cpu_features.hpp"
 #include "../../core/dropout.hpp"
+#include "../isa.hpp"
 #include "../../sdpa/problem.hpp"
 
 namespace attn::detail {
@@ -27,22 +27,10 @@ FlashTiles flash_default_tiles(std::int64_t Dk, std::int64_t Dv);
 // (e.g. "Q is float64: the flash kernel computes in float32").
 std::string flash_decline_reason(const SdpaProblem& p);
 
-// Runs the kernel with the given ISA (tests call both; the dispatch uses select_isa()).
-// `threads` <= 0 means the OpenMP default (ATTN_NUM_THREADS, else OMP_NUM_THREADS, else
-// all cores). Results do not depend on the thread count. Precondition:
-// flash_decline_reason(p) is empty (the dispatch checks it).
-void flash_forward(const SdpaProblem& p, Isa isa, int threads = 0, const FlashTiles* tiles = nullptr);
-
-// The per-ISA entry points (flash_generic.cpp, flash_avx2.cpp). `drop` is built from
-// p.dropout_p / p.dropout_seed by flash_forward (outside the ISA files: its inline code
-// must not be compiled with AVX2 flags).
-void flash_forward_generic(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads);
-void flash_forward_avx2(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads);
-
-// The vectorised 2^x the kernels use, exposed so tests can measure its error:
-// y[i] = 2^x[i]; 0 for x < −126 (no subnormals; softmax weights that small are 0 in
-// float32 anyway), +inf for x >= 128, NaN stays NaN. Max relative error: see exp2.hpp.
-void flash_exp2_generic(const float* x, float* y, std::size_t n);
-void flash_exp2_avx2(const float* x, float* y, std::size_t n);  // only on a CPU with AVX2+FMA
+// Runs the kernel of the given kernel table row (tests pass each row; the dispatch passes
+// kernel_set()). `threads` <= 0 means the OpenMP default (ATTN_NUM_THREADS, else
+// OMP_NUM_THREADS, else all cores). Results do not depend on the thread count.
+// Precondition: flash_decline_reason(p) is empty (the dispatch checks it).
+void flash_forward(const SdpaProblem& p, const KernelSet& kernels, int threads = 0, const FlashTiles* tiles = nullptr);
 
 }  // namespace attn::detail

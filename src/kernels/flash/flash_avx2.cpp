@@ -1,34 +1,15 @@
 // The AVX2 + FMA flash path. This file alone is compiled with -mavx2 -mfma -mf16c
-// (src/CMakeLists.txt); flash.cpp calls it only when cpu_features() says the CPU has
-// them. Micro-kernels: 6 rows × 16 queries of ymm accumulators (see flash_driver.hpp).
+// (src/CMakeLists.txt: ATTN_AVX2_SOURCES); it is reached only through the kernel table
+// (isa.cpp), whose AVX2 row is used only on a CPU that has them. Micro-kernels: 6 rows × 16 queries of ymm accumulators (see flash_driver.hpp).
 #include <immintrin.h>
 
 #define ATTN_FLASH_NS flash_avx2_ns
-#include "exp2.hpp"
+#include "../simd/exp2_avx2.hpp"
 #include "flash_driver.hpp"
 
 namespace attn::detail {
 namespace flash_avx2_ns {
 namespace {
-
-// 2^x, 8 lanes; the algorithm and its error are described in exp2.hpp.
-inline __m256 exp2_ps(__m256 x) {
-    using namespace exp2poly;
-    // max/min(const, x) return x when x is NaN, so NaN propagates.
-    const __m256 xc = _mm256_max_ps(_mm256_set1_ps(-127.0f), _mm256_min_ps(_mm256_set1_ps(kMax), x));
-    const __m256 n = _mm256_round_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256 f = _mm256_sub_ps(xc, n);
-    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(c6), f, _mm256_set1_ps(c5));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c4));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c3));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c2));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c1));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-    const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
-    const __m256 r = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
-    // Below −126 (and −inf): exactly 0.
-    return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(kMin), _CMP_LT_OQ), r);
-}
 
 // Accumulators are named variables, not arrays: GCC kept arrays of __m256 on the stack
 // (a store per FMA pair; v1 of the lab ran at 36 GFLOP/s on S2 because of it).
@@ -189,17 +170,6 @@ struct Avx2Ops {
 
 void flash_forward_avx2(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads) {
     flash_avx2_ns::run_flash<flash_avx2_ns::Avx2Ops>(p, tiles, drop, threads);
-}
-
-void flash_exp2_avx2(const float* x, float* y, std::size_t n) {
-    std::size_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, flash_avx2_ns::exp2_ps(_mm256_loadu_ps(x + i)));
-    if (i < n) {
-        float in[8] = {}, out[8];
-        for (std::size_t t = 0; i + t < n; ++t) in[t] = x[i + t];
-        _mm256_storeu_ps(out, flash_avx2_ns::exp2_ps(_mm256_loadu_ps(in)));
-        for (std::size_t t = 0; i + t < n; ++t) y[i + t] = out[t];
-    }
 }
 
 }  // namespace attn::detail

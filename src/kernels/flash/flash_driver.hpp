@@ -1,8 +1,8 @@
-// The flash forward driver: tiling, masks, online softmax, output. Included by one
-// .cpp per ISA (flash_generic.cpp, flash_avx2.cpp), each of which first defines
+// The flash forward driver: tiling, the score rule, online softmax, output. Included by
+// one .cpp per ISA (flash_portable.cpp, flash_avx2.cpp), each of which first defines
 // ATTN_FLASH_NS (a namespace of its own, so the two compilations never share a symbol)
 // and a struct of micro-kernels `Ops` (see the signatures in run_flash below; Ops::dropout_row
-// fills the dropout factors of a row segment, see src/kernels/backward/tile.hpp).
+// fills the dropout factors of a row segment, see src/core/dropout.hpp).
 //
 // Do not use out-of-line std templates (std::vector, std::sort, ...) in this file: an
 // instantiation compiled with -mavx2 could be the copy the linker keeps for the whole
@@ -14,7 +14,7 @@
 //   Qᵀ  is packed once into panels of 16 queries: QT[panel][d][16] (zero-padded past Lq).
 //   for each block of ≤ Nb keys inside the union of the queries' visible key ranges:
 //     Sᵀ[j][i] = (K[j]·Q[i]) · scale·log2(e)              ← Sᵀ: (keys, queries)
-//     Sᵀ[j][i] += additive[i][j]·log2(e);  −inf where a mask forbids (i, j)
+//     Sᵀ[j][i] ← the score rule (scores.hpp) in base 2: masks, key interval → −inf
 //     m_new[i] = max(m[i], maxⱼ Sᵀ[j][i])                 (vertical: vectorised over i)
 //     α[i]     = 2^(m[i] − m_new[i])
 //     Pᵀ[j][i] = 2^(Sᵀ[j][i] − m_new[i]);   l[i] = α[i]·l[i] + Σⱼ Pᵀ[j][i]
@@ -64,8 +64,8 @@
 
 #include "../../core/dropout.hpp"
 #include "../../core/element_io.hpp"
-#include "../backward/tile.hpp"  // DropoutRowArgs: Philox keep factors of a row segment
 #include "../../sdpa/problem.hpp"
+#include "../scores.hpp"
 #include "flash.hpp"
 
 #ifndef ATTN_FLASH_NS
@@ -163,49 +163,6 @@ inline void pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::
         for (std::int64_t d = 0; d < D; ++d) dst[j * D + d] = src[t.offset(b, h, j0 + j, d)];
 }
 
-// The element-wise masks on one tile: Sᵀ[j][c] += additive·log2e; −inf where the bool
-// mask says false. Both are (B, Hq, Lq, Lk) views (broadcast dims have stride 0).
-// s: (nk, ldS) tile of keys j0.., columns 0..nq (query head ch[c], query ci[c])
-template <class A>
-void apply_additive(const TensorView& mask, std::int64_t b, const std::int64_t* ch, const std::int64_t* ci, int nq,
-                    std::int64_t j0, std::int64_t nk, float* s, int ldS) {
-    const A* base = mask.data_as<const A>();
-    const std::int64_t sj = mask.stride(3);
-    for (int c = 0; c < nq; ++c) {
-        const A* row = base + mask.offset(b, ch[c], ci[c], j0);
-        for (std::int64_t j = 0; j < nk; ++j) s[j * ldS + c] += static_cast<float>(row[j * sj]) * kLog2e;
-    }
-}
-
-inline void apply_masks(const SdpaProblem& p, std::int64_t b, const std::int64_t* ch, const std::int64_t* ci, int nq,
-                        std::int64_t j0, std::int64_t nk, float* s, int ldS) {
-    if (p.additive_mask) {
-        if (p.additive_mask->dtype() == DType::f32) apply_additive<float>(*p.additive_mask, b, ch, ci, nq, j0, nk, s, ldS);
-        else apply_additive<double>(*p.additive_mask, b, ch, ci, nq, j0, nk, s, ldS);
-    }
-    if (p.bool_mask) {
-        const TensorView& mask = *p.bool_mask;
-        const unsigned char* base = mask.data_as<const unsigned char>();
-        const std::int64_t sj = mask.stride(3);
-        for (int c = 0; c < nq; ++c) {
-            const unsigned char* row = base + mask.offset(b, ch[c], ci[c], j0);
-            for (std::int64_t j = 0; j < nk; ++j)
-                if (row[j * sj] == 0) s[j * ldS + c] = kNegInf;
-        }
-    }
-}
-
-// −inf outside each query's structural key range [lo, hi) (causal, window, key lengths),
-// for a tile [j0, j0+nk) that some query does not see completely.
-inline void apply_ranges(const std::int64_t* lo, const std::int64_t* hi, int ncols, std::int64_t j0, std::int64_t nk,
-                         float* s, int ldS) {
-    for (int c = 0; c < ncols; ++c) {
-        const std::int64_t a = imax(0, imin(nk, lo[c] - j0)), z = imax(a, imin(nk, hi[c] - j0));
-        for (std::int64_t j = 0; j < a; ++j) s[j * ldS + c] = kNegInf;
-        for (std::int64_t j = z; j < nk; ++j) s[j * ldS + c] = kNegInf;
-    }
-}
-
 // Sᵀ (scaled to base 2, masked) of keys [j0, j0+nk) against all panels of the block.
 template <class Ops>
 void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t hk, int nq, int panels, std::int64_t j0, std::int64_t nk, int ldS, float c2,
@@ -227,8 +184,12 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
             Ops::qk(qt, kp + r * ldk, ldk, static_cast<int>(imin(kRows, nk - r)), Dk, c2, w.s + r * ldS + pn * kPanel,
                     ldS);
     }
-    if (ranges_partial) apply_ranges(w.lo, w.hi, nq, j0, nk, w.s, ldS);
-    if (p.has_elementwise_mask()) apply_masks(p, b, w.ch, w.ci, nq, j0, nk, w.s, ldS);
+    // The score rule on each query's column, in base 2; skipped for a tile every query
+    // sees completely when nothing element-wise applies.
+    if (ranges_partial || score_rule_has_elementwise(p))
+        for (int c = 0; c < nq; ++c)
+            apply_score_rule<float>(p, b, w.ch[c], w.ci[c], j0, nk, w.s + c, ldS, kLog2e, KeyRange{w.lo[c], w.hi[c]});
+    // Padding columns (c >= nq) keep whatever they hold: their Q is 0 and no output reads them.
 }
 
 // Dropout on one tile of weights: Pᵀ[j][c] *= (keep ? 1/(1−p) : 0) for the global indices

@@ -1,4 +1,6 @@
-// 2^x for the flash kernel: both paths use the same range reduction and polynomial.
+// 2^x, the one exp of every kernel (flash forward, backward, decode all work in base 2 or
+// turn exp(x) into 2^(x·log2 e)); every ISA uses this range reduction and polynomial:
+// exp2_scalar below for the portable path, exp2_avx2.hpp for AVX2.
 //
 //   x = n + f,  n = round-to-nearest(x),  f in [−0.5, 0.5]
 //   2^x = 2^n · p(f),   p(f) = 1 + c1·f + … + c6·f⁶   (Horner)
@@ -7,8 +9,8 @@
 // The coefficients are a relative-error minimax fit of 2^f on [−0.5, 0.5] (iteratively
 // reweighted least squares in double, rounded to float). Evaluated in float32 with FMA
 // the max relative error is 7.9e-8 (≈ 1.3 units of 2^-24); the portable path without
-// FMA measures ≈ 1.2e-7. tests/kernels/test_exp2.cpp checks a bound of 2.5e-7
-// (≈ 2 ulp) on a dense sweep of [−126, 127.9]. In the softmax this error is far below
+// FMA measures ≈ 1.2e-7. tests/kernels/test_exp2.cpp checks every kernel table's exp2
+// against a bound of 2.5e-7 (≈ 2 ulp) on a dense sweep of [−126, 127.9]. In the softmax this error is far below
 // the rounding of the fp32 dot products that feed it.
 // Inputs below −126 give 0 (the result would be subnormal; a softmax weight below
 // 1.2e-38 is 0 for every purpose here, and exact 0 keeps 0·inf out of P·V for a

@@ -1,12 +1,12 @@
 // The portable flash path: the same driver and tiles as the AVX2 path, with micro-kernels
 // in plain C++ over 16-lane arrays (the compiler vectorises them with whatever the
 // baseline ISA offers, e.g. SSE2). No ISA flags: runs on any CPU.
-#define ATTN_FLASH_NS flash_generic_ns
-#include "exp2.hpp"
+#define ATTN_FLASH_NS flash_portable_ns
+#include "../simd/exp2.hpp"
 #include "flash_driver.hpp"
 
 namespace attn::detail {
-namespace flash_generic_ns {
+namespace flash_portable_ns {
 namespace {
 
 typedef float v4 __attribute__((vector_size(16)));
@@ -17,7 +17,7 @@ inline v4 load4(const float* p) {
 }
 inline void store4(float* p, v4 x) { std::memcpy(p, &x, sizeof x); }
 
-struct GenericOps {
+struct PortableOps {
     // s[r][0..16) = c2 · Σ_d k[r][d]·qt[d][0..16)      k: (rows, ldk), qt: (Dk, 16)
     // Explicit 4-lane vectors (GCC/Clang vector extension: SSE2 on x86-64, NEON on Arm,
     // scalar code elsewhere): left alone, GCC vectorised this loop along d with shuffles.
@@ -94,10 +94,10 @@ struct GenericOps {
         }
     }
 
-    // s[j][c] = 2^(s[j][c] − m[c] − lse2[c])
     // Dropout factors of a row segment (Philox4x32-10; the backward's implementation).
     static void dropout_row(const DropoutRowArgs& a) { dropout_row_portable(a); }
 
+    // s[j][c] = 2^(s[j][c] − m[c] − lse2[c])
     static void weights_exp(float* s, int ldS, int nk, int ncols, const float* m, const float* lse2) {
         for (int j = 0; j < nk; ++j)
             for (int c = 0; c < ncols; ++c) s[j * ldS + c] = exp2poly::exp2_scalar(s[j * ldS + c] - m[c] - lse2[c]);
@@ -105,14 +105,10 @@ struct GenericOps {
 };
 
 }  // namespace
-}  // namespace flash_generic_ns
+}  // namespace flash_portable_ns
 
-void flash_forward_generic(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads) {
-    flash_generic_ns::run_flash<flash_generic_ns::GenericOps>(p, tiles, drop, threads);
-}
-
-void flash_exp2_generic(const float* x, float* y, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) y[i] = exp2poly::exp2_scalar(x[i]);
+void flash_forward_portable(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads) {
+    flash_portable_ns::run_flash<flash_portable_ns::PortableOps>(p, tiles, drop, threads);
 }
 
 }  // namespace attn::detail

@@ -1,0 +1,46 @@
+// The kernel table: one row per ISA. The only place that names ISA-specific entry points.
+#include "isa.hpp"
+
+#include <atomic>
+
+namespace attn::detail {
+namespace {
+
+const KernelSet kRows[] = {
+    {Isa::portable, flash_forward_portable, backward_tile_portable, dropout_row_portable, decode_portable, exp2_portable},
+    {Isa::avx2, flash_forward_avx2, backward_tile_avx2, dropout_row_avx2, decode_avx2, exp2_avx2},
+};
+
+std::atomic<const KernelSet*> g_override{nullptr};  // ScopedKernelSet
+
+}  // namespace
+
+const KernelSet* kernel_set_for(Isa isa) {
+    if (!cpu_supports(isa)) return nullptr;
+    for (const KernelSet& k : kRows)
+        if (k.isa == isa) return &k;
+    return nullptr;
+}
+
+const KernelSet& kernel_set(std::string* why) {
+    if (const KernelSet* k = g_override.load(std::memory_order_acquire)) {
+        if (why != nullptr) *why = "set by a test";
+        return *k;
+    }
+    static std::string reason;
+    static const KernelSet& chosen = *kernel_set_for(select_isa(&reason));
+    if (why != nullptr) *why = reason;
+    return chosen;
+}
+
+ScopedKernelSet::ScopedKernelSet(const KernelSet& k) : saved_(g_override.exchange(&k)) {}
+ScopedKernelSet::~ScopedKernelSet() { g_override.store(saved_); }
+
+std::vector<const KernelSet*> runnable_kernel_sets() {
+    std::vector<const KernelSet*> v;
+    for (const KernelSet& k : kRows)
+        if (cpu_supports(k.isa)) v.push_back(&k);
+    return v;
+}
+
+}  // namespace attn::detail

@@ -1,0 +1,72 @@
+// One kernel table per instruction set. Each ISA's files (kernels/*/..._portable.cpp,
+// kernels/*/..._avx2.cpp) define the entry points below; src/kernels/isa.cpp lists them
+// as one row per ISA, and kernel_set() picks the row once per process (select_isa: the
+// CPU's best, or what ATTN_ISA says). Adding an ISA means: its files, one enum value in
+// core/cpu_features.hpp, one row in isa.cpp, its sources in src/CMakeLists.txt.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "../core/cpu_features.hpp"
+
+namespace attn::detail {
+
+struct SdpaProblem;
+struct FlashTiles;
+struct Dropout;
+struct DropoutRowArgs;
+struct TileArgs;
+struct DecodeWork;
+
+struct KernelSet {
+    Isa isa;
+    // Flash forward over the whole problem (flash/flash_driver.hpp); threads > 0.
+    void (*flash_forward)(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads);
+    // One (query block × key block) tile of the backward (backward/tile.hpp).
+    void (*backward_tile)(const TileArgs& t);
+    // Dropout factors of a row segment (core/dropout.hpp).
+    void (*dropout_row)(const DropoutRowArgs& a);
+    // The decode kernel over a planned problem (decode/decode.hpp).
+    void (*decode)(const SdpaProblem& p, const DecodeWork& w);
+    // y[i] = 2^x[i], the one vectorised exp of this ISA (simd/exp2.hpp states its error):
+    // 0 for x < −126, +inf for x >= 128, NaN stays NaN.
+    void (*exp2)(const float* x, float* y, std::size_t n);
+};
+
+// The row the library uses, chosen on first use (thread-safe); `why` (optional) says why.
+const KernelSet& kernel_set(std::string* why = nullptr);
+
+// The row of `isa`, or null when this CPU cannot run it (tests run every row it can).
+const KernelSet* kernel_set_for(Isa isa);
+
+// Every row this CPU can run, portable first.
+std::vector<const KernelSet*> runnable_kernel_sets();
+
+// Tests: while the guard lives, kernel_set() returns `k` (a runnable row), so the public
+// entry points run that ISA. Not for concurrent use with other guards.
+class ScopedKernelSet {
+public:
+    explicit ScopedKernelSet(const KernelSet& k);
+    ~ScopedKernelSet();
+    ScopedKernelSet(const ScopedKernelSet&) = delete;
+    ScopedKernelSet& operator=(const ScopedKernelSet&) = delete;
+
+private:
+    const KernelSet* saved_;
+};
+
+// The entry points, one set per ISA file.
+void flash_forward_portable(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads);
+void flash_forward_avx2(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads);
+void backward_tile_portable(const TileArgs& t);
+void backward_tile_avx2(const TileArgs& t);
+void dropout_row_portable(const DropoutRowArgs& a);
+void dropout_row_avx2(const DropoutRowArgs& a);
+void decode_portable(const SdpaProblem& p, const DecodeWork& w);
+void decode_avx2(const SdpaProblem& p, const DecodeWork& w);
+void exp2_portable(const float* x, float* y, std::size_t n);
+void exp2_avx2(const float* x, float* y, std::size_t n);
+
+}  // namespace attn::detail

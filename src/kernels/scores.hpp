@@ -1,0 +1,64 @@
+// The score rule, written once for every kernel (reference, flash forward, backward, decode).
+//
+// For query i of query head h of sequence b and keys j0 .. j0+n−1, the kernel has computed
+// s_j = unit · scale · q·k_j (unit = 1 for natural-log scores; log2(e) for kernels that
+// work in base 2 and use exp2). The rule then applies, in this order:
+//   1. score modifiers                       (none yet; softcap and ALiBi go here)
+//   2. + unit · additive_mask[b, h, i, j]
+//   3. −inf where bool_mask[b, h, i, j] is false
+//   4. −inf outside the key interval [lo, hi) of SdpaProblem::key_range (causal, window,
+//      key lengths — the one alignment rule)
+// Steps 3 and 4 assign (select, never multiply), so a masked key is −inf whatever its
+// score or mask value was: +inf in an additive mask on a masked key cannot become NaN.
+//
+// `s` is a row with a stride: flash passes a column of its transposed Sᵀ tile (stride =
+// the tile's leading dimension), backward and decode pass a row (stride 1).
+//
+// Internal linkage: each kernel translation unit (ISA files included) gets its own copy.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "../sdpa/problem.hpp"
+
+namespace attn::detail {
+namespace {
+
+// True when the rule can change a score whose key is inside the interval: kernels skip
+// the rule for tiles that are entirely visible when this is false.
+inline bool score_rule_has_elementwise(const SdpaProblem& p) { return p.has_elementwise_mask(); }
+
+template <class T>
+inline void apply_score_rule(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j0,
+                             std::int64_t n, T* s, std::ptrdiff_t stride, T unit, KeyRange visible) {
+    constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+    if (p.additive_mask) {
+        const TensorView& m = *p.additive_mask;
+        const std::int64_t o = m.offset(b, h, i, j0), sj = m.stride(3);
+        if (m.dtype() == DType::f32) {
+            const float* mp = m.data_as<const float>() + o;
+            for (std::int64_t j = 0; j < n; ++j) s[j * stride] += unit * static_cast<T>(mp[j * sj]);
+        } else {
+            const double* mp = m.data_as<const double>() + o;
+            for (std::int64_t j = 0; j < n; ++j) s[j * stride] += unit * static_cast<T>(mp[j * sj]);
+        }
+    }
+    if (p.bool_mask) {
+        const TensorView& m = *p.bool_mask;
+        // bytes, not bool: any nonzero byte means "may attend"
+        const auto* mp = m.data_as<const std::uint8_t>() + m.offset(b, h, i, j0);
+        const std::int64_t sj = m.stride(3);
+        for (std::int64_t j = 0; j < n; ++j)
+            if (mp[j * sj] == 0) s[j * stride] = kNegInf;
+    }
+    // Keys outside [lo, hi): the part of the segment before lo and after hi.
+    const std::int64_t a = visible.lo - j0 < 0 ? 0 : (visible.lo - j0 > n ? n : visible.lo - j0);
+    const std::int64_t z = visible.hi - j0 < a ? a : (visible.hi - j0 > n ? n : visible.hi - j0);
+    for (std::int64_t j = 0; j < a; ++j) s[j * stride] = kNegInf;
+    for (std::int64_t j = z; j < n; ++j) s[j * stride] = kNegInf;
+}
+
+}  // namespace
+}  // namespace attn::detail
