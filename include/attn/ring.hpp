@@ -58,13 +58,19 @@ std::int64_t rank_length(std::int64_t L, int P, int rank, Layout layout);  // Σ
 Tensor take_rows(const TensorView& global, const std::vector<Segment>& segments);
 void put_rows(const TensorView& local, const std::vector<Segment>& segments, const TensorView& global);
 
+// The masks mean what they mean in attn::sdpa (include/attn/sdpa.hpp), on global positions:
+// the answer is single-process sdpa on the whole sequence with the same options.
 struct RingOptions {
     std::optional<double> scale;             // default 1/sqrt(Dk); must be finite
-    bool causal = false;                     // on global positions, top-left: query i sees keys 0..i
+    Causal causal = Causal::none;            // top_left: query i sees keys 0..i; bottom_right: keys
+                                             // 0..i + n_b − Lq (n_b = key_lengths[b], else Lk)
+    Window window{};                         // sliding window around the same diagonal (window.align)
+    std::optional<QueryOffset> query_offset; // replaces both alignments: d_b(i) = i + offset_b
+                                             // (a (B,) view must hold the same values on every rank)
     Layout layout = Layout::zigzag;          // must match how q, k, v were cut
     std::optional<TensorView> key_lengths;   // (B,) int32/int64: sequence b has valid keys 0..len−1
                                              // (global positions; the same on every rank)
-    Impl impl = Impl::automatic;             // the local kernel (attn::sdpa's choice by default)
+    Impl impl = Impl::automatic;             // the local kernel: automatic, reference or flash
 };
 
 // What one rank measured in ring_attention (seconds, wall clock).

@@ -29,6 +29,15 @@ void require_distinct_elements(std::string_view op, const TensorView& t, std::st
     }
 }
 
+TensorView require_per_sequence(std::string_view op, const TensorView& t, std::string_view name, std::int64_t B) {
+    if (t.data() == nullptr) fail(op, name, ": data pointer is null");
+    if (t.dtype() != DType::i32 && t.dtype() != DType::i64) {
+        fail(op, name, ": dtype must be int32 or int64 but got ", dtype_name(t.dtype()));
+    }
+    if (t.rank() != 1 || t.dim(0) != B) fail(op, name, ": expected shape (B,) = (", B, ",) but got ", t.shape());
+    return t;
+}
+
 namespace {
 
 // Byte interval [lo, hi) a view can touch (strides may be negative or zero).

@@ -55,6 +55,9 @@ void require_distinct_elements(std::string_view op, const TensorView& t, std::st
 void require_disjoint(std::string_view op, const TensorView& out, std::string_view out_name, const TensorView& other,
                       std::string_view other_name);
 
+// A (B,) int32/int64 vector (key_lengths, query_offset); returns it.
+TensorView require_per_sequence(std::string_view op, const TensorView& t, std::string_view name, std::int64_t B);
+
 // An int32/int64 element, exactly (a double would round values above 2^53).
 std::int64_t load_int(const TensorView& t, std::int64_t offset);
 

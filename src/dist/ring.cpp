@@ -21,11 +21,16 @@
 #include <new>
 #include <string>
 
+#include "../core/check.hpp"
+#include "../sdpa/problem.hpp"
 #include "attn/error.hpp"
 #include "attn/ring.hpp"
+#include "block_plan.hpp"
 
 namespace attn::dist {
 namespace {
+
+using attn::detail::fail;
 
 using Clock = std::chrono::steady_clock;
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
@@ -37,43 +42,75 @@ double cpu_now() {
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
-std::string num(std::int64_t v) { return std::to_string(v); }
-[[noreturn]] void fail(const std::string& msg) { throw Error("ring_attention: " + msg); }
+constexpr std::string_view kOp = "ring_attention";
 
 // What every rank must agree on, plus its local lengths. Gathered from all ranks.
 struct Descriptor {
     std::int64_t B, Hq, Hkv, Dk, Dv, nq, nk;
-    std::int64_t causal, layout, impl, has_key_lengths, has_scale;
+    std::int64_t causal, window_left, window_right, window_align, has_offset, offset_per_sequence, offset_value;
+    std::int64_t layout, impl, has_key_lengths, has_scale;
     double scale;
 };
-constexpr int kDescriptorWords = 13;
+constexpr int kDescriptorWords = 19;
 static_assert(sizeof(Descriptor) == kDescriptorWords * sizeof(std::int64_t));
 
-void require_f32_rank4(const TensorView& t, const char* name, const char* layout) {
-    if (t.data() == nullptr) fail(std::string(name) + ": data pointer is null");
-    if (t.rank() != 4) {
-        fail(std::string(name) + ": expected a rank-4 tensor " + layout + " but got shape " + t.shape().str());
-    }
-    if (t.dtype() != DType::f32) {
-        fail(std::string(name) + ": dtype must be float32 (ring attention computes in float32) but got " +
-             std::string(dtype_name(t.dtype())));
-    }
+// make_problem wants every length >= 1, but a rank may hold no rows (L < chunks): its checks
+// then run on a zero-filled one-row stand-in with the same dtype and other sizes.
+TensorView one_row_if_empty(const TensorView& t, Tensor& storage) {
+    if (t.dim(2) != 0) return t;
+    Shape s = t.shape();
+    s.dims[2] = 1;
+    storage = Tensor(t.dtype(), s, true);
+    return storage.view();
 }
 
-// Phase 1a: this rank's arguments on their own (no communication).
-//   q: (B, Hq, nq, Dk)  k: (B, Hkv, nk, Dk)  v: (B, Hkv, nk, Dv)  out: (B, Hq, nq, Dv)  lse: (B, Hq, nq)
+// Phase 1a: this rank's arguments on their own (no communication): the local problem's checks
+// are sdpa's (make_problem), plus what only the ring requires. key_lengths are global
+// positions, checked against the global Lk once the ranks have agreed on it.
 Descriptor check_local(const TensorView& q, const TensorView& k, const TensorView& v, const RingOptions& o,
                        const TensorView& out, const TensorView* lse) {
-    require_f32_rank4(q, "Q", "(B, Hq, Lq_local, Dk)");
-    require_f32_rank4(k, "K", "(B, Hkv, Lk_local, Dk)");
-    require_f32_rank4(v, "V", "(B, Hkv, Lk_local, Dv)");
-    require_f32_rank4(out, "out", "(B, Hq, Lq_local, Dv)");
-    const char* names[] = {"batch", "heads", "length", "head dim"};
-    for (int i = 0; i < 4; ++i) {
-        const std::int64_t least = i == 2 ? 0 : 1;  // a rank may hold no rows when L < chunks
-        if (q.dim(i) < least) fail("Q: " + std::string(names[i]) + " must be >= " + num(least) + " but got " + num(q.dim(i)));
-        if (k.dim(i) < least) fail("K: " + std::string(names[i]) + " must be >= " + num(least) + " but got " + num(k.dim(i)));
-        if (v.dim(i) < least) fail("V: " + std::string(names[i]) + " must be >= " + num(least) + " but got " + num(v.dim(i)));
+    const struct {
+        const TensorView* t;
+        const char* name;
+        const char* layout;
+    } floats[] = {{&q, "Q", "(B, Hq, Lq_local, Dk)"}, {&k, "K", "(B, Hkv, Lk_local, Dk)"},
+                  {&v, "V", "(B, Hkv, Lk_local, Dv)"}, {&out, "out", "(B, Hq, Lq_local, Dv)"}};
+    for (const auto& f : floats) {
+        attn::detail::require_rank(kOp, *f.t, f.name, 4, f.layout);
+        if (f.t->dtype() != DType::f32) {
+            fail(kOp, f.name, ": dtype must be float32 (ring attention computes in float32) but got ",
+                               dtype_name(f.t->dtype()));
+        }
+    }
+    if (o.impl == Impl::decode) {
+        fail(kOp, "impl: must be automatic, reference or flash (a block may hold more rows than the "
+                                "decode kernel takes) but got decode");
+    }
+    SdpaOptions local;
+    local.scale = o.scale;
+    local.causal = o.causal;
+    local.window = o.window;
+    local.query_offset = o.query_offset;
+    Tensor stand_in[5];
+    const TensorView lse_view = lse != nullptr ? one_row_if_empty(*lse, stand_in[4]) : TensorView();
+    attn::detail::make_problem(one_row_if_empty(q, stand_in[0]), one_row_if_empty(k, stand_in[1]),
+                               one_row_if_empty(v, stand_in[2]), local, one_row_if_empty(out, stand_in[3]),
+                               lse != nullptr ? &lse_view : nullptr, nullptr, kOp);
+    // key_lengths are global positions: their values are checked once the global Lk is known.
+    if (o.key_lengths) attn::detail::require_per_sequence(kOp, *o.key_lengths, "key_lengths", q.dim(0));
+    // The local kernel must accept these calls (Impl::flash may be missing or decline): probe it
+    // on one zero row now, so that it cannot refuse inside the ring, where no rank can back out.
+    {
+        Tensor pq(DType::f32, Shape{1, 1, 1, q.dim(3)}, true), pv(DType::f32, Shape{1, 1, 1, v.dim(3)}, true);
+        Tensor po(DType::f32, Shape{1, 1, 1, v.dim(3)}), pl(DType::f32, Shape{1, 1, 1});
+        const TensorView plv = pl.view();
+        SdpaOptions so;
+        so.impl = o.impl;
+        try {
+            sdpa(pq, pq, pv, so, po, &plv);
+        } catch (const Error& e) {
+            fail(kOp, e.what());
+        }
     }
     Descriptor d{};
     d.B = q.dim(0);
@@ -83,52 +120,13 @@ Descriptor check_local(const TensorView& q, const TensorView& k, const TensorVie
     d.Hkv = k.dim(1);
     d.nk = k.dim(2);
     d.Dv = v.dim(3);
-    if (k.dim(0) != d.B) fail("K: batch " + num(k.dim(0)) + " does not match Q's batch " + num(d.B));
-    if (v.dim(0) != d.B) fail("V: batch " + num(v.dim(0)) + " does not match Q's batch " + num(d.B));
-    if (k.dim(3) != d.Dk) fail("K: head dim " + num(k.dim(3)) + " does not match Q's head dim " + num(d.Dk));
-    if (v.dim(1) != d.Hkv) fail("V: heads " + num(v.dim(1)) + " do not match K's heads " + num(d.Hkv));
-    if (v.dim(2) != d.nk) fail("V: local length " + num(v.dim(2)) + " does not match K's local length " + num(d.nk));
-    if (d.Hq % d.Hkv != 0) {
-        fail("Q: heads " + num(d.Hq) + " must be a multiple of K/V's heads " + num(d.Hkv) + " (grouped-query attention)");
-    }
-    const Shape want_out{d.B, d.Hq, d.nq, d.Dv};
-    if (!(out.shape() == want_out)) {
-        fail("out: expected shape (B, Hq, Lq_local, Dv) = " + want_out.str() + " but got " + out.shape().str());
-    }
-    if (lse != nullptr) {
-        if (lse->data() == nullptr) fail("lse: data pointer is null");
-        if (lse->dtype() != DType::f32 && lse->dtype() != DType::f64) {
-            fail("lse: dtype must be float32 or float64 but got " + std::string(dtype_name(lse->dtype())));
-        }
-        const Shape want{d.B, d.Hq, d.nq};
-        if (!(lse->shape() == want)) fail("lse: expected shape (B, Hq, Lq_local) = " + want.str() + " but got " + lse->shape().str());
-    }
-    if (o.scale && !std::isfinite(*o.scale)) fail("scale: must be finite but got " + std::to_string(*o.scale));
-    if (o.key_lengths) {
-        const TensorView& kl = *o.key_lengths;
-        if (kl.data() == nullptr) fail("key_lengths: data pointer is null");
-        if (kl.dtype() != DType::i32 && kl.dtype() != DType::i64) {
-            fail("key_lengths: dtype must be int32 or int64 but got " + std::string(dtype_name(kl.dtype())));
-        }
-        if (kl.rank() != 1 || kl.dim(0) != d.B) {
-            fail("key_lengths: expected shape (B,) = (" + num(d.B) + ",) but got " + kl.shape().str());
-        }
-    }
-    // The local kernel must accept these calls (Impl::flash may be missing or decline): probe it
-    // on one zero row now, so that it cannot refuse inside the ring, where no rank can back out.
-    {
-        Tensor pq(DType::f32, Shape{1, 1, 1, d.Dk}, true), pv(DType::f32, Shape{1, 1, 1, d.Dv}, true);
-        Tensor po(DType::f32, Shape{1, 1, 1, d.Dv}), pl(DType::f32, Shape{1, 1, 1});
-        const TensorView plv = pl.view();
-        SdpaOptions so;
-        so.impl = o.impl;
-        try {
-            sdpa(pq, pq, pv, so, po, &plv);
-        } catch (const Error& e) {
-            fail(e.what());
-        }
-    }
-    d.causal = o.causal ? 1 : 0;
+    d.causal = static_cast<std::int64_t>(o.causal);
+    d.window_left = o.window.left;
+    d.window_right = o.window.right;
+    d.window_align = static_cast<std::int64_t>(o.window.align);
+    d.has_offset = o.query_offset ? 1 : 0;
+    d.offset_per_sequence = o.query_offset && o.query_offset->per_sequence ? 1 : 0;
+    d.offset_value = o.query_offset && !o.query_offset->per_sequence ? o.query_offset->value : 0;
     d.layout = static_cast<std::int64_t>(o.layout);
     d.impl = static_cast<std::int64_t>(o.impl);
     d.has_key_lengths = o.key_lengths ? 1 : 0;
@@ -146,48 +144,52 @@ void check_across(const std::vector<Descriptor>& all, int P, std::int64_t& Lq, s
         const Descriptor& d = all[static_cast<std::size_t>(r)];
         const std::string who = "rank " + std::to_string(r) + " ";
         auto same = [&](std::int64_t a, std::int64_t b, const char* what) {
-            if (a != b) fail(who + "has " + what + " " + num(a) + " but rank 0 has " + num(b));
+            if (a != b) fail(kOp, who, "has ", what, " ", a, " but rank 0 has ", b);
         };
         same(d.B, d0.B, "batch");
         same(d.Hq, d0.Hq, "query heads");
         same(d.Hkv, d0.Hkv, "K/V heads");
         same(d.Dk, d0.Dk, "head dim Dk");
         same(d.Dv, d0.Dv, "head dim Dv");
-        if (d.causal != d0.causal || d.layout != d0.layout || d.impl != d0.impl || d.has_key_lengths != d0.has_key_lengths ||
-            d.has_scale != d0.has_scale || (d.has_scale && d.scale != d0.scale)) {
-            fail(who + "was called with other options (causal, layout, impl, scale or key_lengths) than rank 0");
+        const bool same_options =
+            d.causal == d0.causal && d.window_left == d0.window_left && d.window_right == d0.window_right &&
+            d.window_align == d0.window_align && d.has_offset == d0.has_offset &&
+            d.offset_per_sequence == d0.offset_per_sequence && d.offset_value == d0.offset_value &&
+            d.layout == d0.layout && d.impl == d0.impl && d.has_key_lengths == d0.has_key_lengths &&
+            d.has_scale == d0.has_scale && (!d.has_scale || d.scale == d0.scale);
+        if (!same_options) {
+            fail(kOp, who, "was called with other options (causal, window, query_offset, layout, impl, scale or "
+                           "key_lengths) than rank 0");
         }
         Lq += d.nq;
         Lk += d.nk;
     }
-    if (Lq < 1) fail("the global query length (sum of the ranks' Q lengths) must be >= 1 but is 0");
-    if (Lk < 1) fail("the global key length (sum of the ranks' K lengths) must be >= 1 but is 0");
+    if (Lq < 1) fail(kOp, "the global query length (sum of the ranks' Q lengths) must be >= 1 but is 0");
+    if (Lk < 1) fail(kOp, "the global key length (sum of the ranks' K lengths) must be >= 1 but is 0");
     const Layout layout = static_cast<Layout>(d0.layout);
     // Local lengths must be the layout's; name all of them, since one wrong rank also
     // shifts the global length and so what every other rank should hold.
     auto list = [&](auto value) {
         std::string out = "(";
-        for (int r = 0; r < P; ++r) out += (r ? ", " : "") + num(value(r));
+        for (int r = 0; r < P; ++r) out += (r ? ", " : "") + std::to_string(value(r));
         return out + ")";
     };
     const std::string cut = std::string(layout_name(layout)) + " layout over " + std::to_string(P) + " ranks";
     for (int r = 0; r < P; ++r) {
         const Descriptor& d = all[static_cast<std::size_t>(r)];
         if (d.nq != rank_length(Lq, P, r, layout)) {
-            fail("the ranks hold " + list([&](int i) { return all[static_cast<std::size_t>(i)].nq; }) +
-                 " rows of Q (Lq = " + num(Lq) + ") but the " + cut + " gives " +
-                 list([&](int i) { return rank_length(Lq, P, i, layout); }));
+            fail(kOp, "the ranks hold ", list([&](int i) { return all[static_cast<std::size_t>(i)].nq; }),
+                 " rows of Q (Lq = ", Lq, ") but the ", cut, " gives ", list([&](int i) { return rank_length(Lq, P, i, layout); }));
         }
         if (d.nk != rank_length(Lk, P, r, layout)) {
-            fail("the ranks hold " + list([&](int i) { return all[static_cast<std::size_t>(i)].nk; }) +
-                 " rows of K/V (Lk = " + num(Lk) + ") but the " + cut + " gives " +
-                 list([&](int i) { return rank_length(Lk, P, i, layout); }));
+            fail(kOp, "the ranks hold ", list([&](int i) { return all[static_cast<std::size_t>(i)].nk; }),
+                 " rows of K/V (Lk = ", Lk, ") but the ", cut, " gives ", list([&](int i) { return rank_length(Lk, P, i, layout); }));
         }
         // One K/V block travels as one message of floats; MPI counts are int.
         const std::int64_t words = d.B * d.Hkv * d.nk * (d.Dk + d.Dv);
         if (words > INT_MAX) {
-            fail("rank " + std::to_string(r) + "'s K/V block has " + num(words) + " floats, more than one MPI message holds (" +
-                 num(INT_MAX) + "); use more ranks");
+            fail(kOp, "rank ", r, "'s K/V block has ", words, " floats, more than one MPI message holds (", INT_MAX,
+                 "); use more ranks");
         }
     }
 }
@@ -215,51 +217,6 @@ std::vector<Placed> place(const std::vector<Segment>& segs) {
         at += s.length;
     }
     return out;
-}
-
-// One (query segment, key segment) pair under the causal rule on global positions
-// (query at global row i sees key j iff j <= i); docs/ring.md draws the three kinds.
-struct PairPlan {
-    bool skip = false;        // no query of the segment sees any key of the block
-    std::int64_t row0 = 0;    // first query row (within the segment) that sees a key
-    std::int64_t keys = 0;    // keys to pass: those after the last query are never visible
-    Causal causal = Causal::none;
-    Window window{};          // right = d > 0: local query a sees local keys 0..a+d
-};
-
-PairPlan plan_pair(const Segment& qs, const Segment& ks, bool causal) {
-    PairPlan p;
-    p.keys = ks.length;
-    if (!causal) return p;
-    const std::int64_t q_last = qs.start + qs.length - 1;
-    if (ks.start > q_last) {  // the whole block lies in the future of every query
-        p.skip = true;
-        return p;
-    }
-    if (ks.start + ks.length - 1 <= qs.start) return p;  // the whole block lies in the past: no mask
-    // Straddles the diagonal. Local query a (global qs.start + a) sees local key c iff
-    // ks.start + c <= qs.start + a, i.e. c <= a + d with d = qs.start − ks.start.
-    const std::int64_t d = qs.start - ks.start;
-    p.row0 = std::max<std::int64_t>(0, -d);      // rows a < −d see no key of this block
-    const std::int64_t d0 = std::max<std::int64_t>(0, d);  // d after dropping those rows
-    p.keys = std::min(ks.length, q_last - ks.start + 1);
-    if (d0 == 0) {
-        p.causal = Causal::top_left;  // equal offsets: plain top-left causal
-    } else {
-        p.window.left = -1;
-        p.window.right = d0;
-        p.window.align = Align::top_left;
-    }
-    return p;
-}
-
-// Visible score entries of a planned pair (rows × keys), for the work statistics.
-std::int64_t visible_entries(const PairPlan& p, std::int64_t rows) {
-    if (p.causal == Causal::none && !p.window.active()) return rows * p.keys;
-    const std::int64_t d = p.causal == Causal::top_left ? 0 : p.window.right;
-    std::int64_t n = 0;
-    for (std::int64_t a = 0; a < rows; ++a) n += std::min(p.keys, a + d + 1);
-    return n;
 }
 
 // Copy a (B, H, n, D) float32 view (any strides) into contiguous memory at dst.
@@ -312,6 +269,29 @@ void agree(MPI_Comm comm, const std::function<void()>& fn, const std::string& op
 
 void run_collectively(MPI_Comm comm, const std::function<void()>& fn) { agree(comm, fn); }
 
+namespace {
+
+// A (B,) option every rank passes: returns rank 0's values; every rank checks its own with
+// `check(b, value)` and against rank 0's, collectively.
+std::vector<std::int64_t> agreed_per_sequence(MPI_Comm comm, int rank, const TensorView& t, const char* name,
+                                              const std::function<void(std::int64_t, std::int64_t)>& check) {
+    const std::int64_t B = t.dim(0);
+    std::vector<std::int64_t> own(static_cast<std::size_t>(B));
+    for (std::int64_t b = 0; b < B; ++b) own[static_cast<std::size_t>(b)] = attn::detail::load_int(t, t.offset(b));
+    std::vector<std::int64_t> first = own;
+    MPI_Bcast(first.data(), static_cast<int>(B), MPI_INT64_T, 0, comm);
+    run_collectively(comm, [&] {
+        for (std::int64_t b = 0; b < B; ++b) {
+            const std::int64_t mine = own[static_cast<std::size_t>(b)], zero = first[static_cast<std::size_t>(b)];
+            check(b, mine);
+            if (mine != zero) fail(kOp, name, ": rank ", rank, " has entry ", b, " = ", mine, " but rank 0 has ", zero);
+        }
+    });
+    return first;
+}
+
+}  // namespace
+
 void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k, const TensorView& v,
                     const RingOptions& options, const TensorView& out, const TensorView* lse, RingStats* stats) {
     const auto t_start = Clock::now();
@@ -331,29 +311,32 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
     run_collectively(comm, [&] { check_across(all, P, Lq, Lk); });
 
     const std::int64_t B = mine.B, Hq = mine.Hq, Hkv = mine.Hkv, Dk = mine.Dk, Dv = mine.Dv, nq = mine.nq;
-    // key_lengths: rank 0's values go to everyone; each rank checks its own against them.
-    std::vector<std::int64_t> key_len(static_cast<std::size_t>(B), Lk);
+    // The global problem's per-sequence values: rank 0's go to everyone, each rank checks its own
+    // against them (a rank with other values would compute another problem).
+    std::vector<std::int64_t> key_len(static_cast<std::size_t>(B), Lk), offsets;
     if (options.key_lengths) {
-        std::vector<std::int64_t> own(static_cast<std::size_t>(B));
-        for (std::int64_t b = 0; b < B; ++b) {
-            own[static_cast<std::size_t>(b)] =
-                static_cast<std::int64_t>(options.key_lengths->load_as_double(options.key_lengths->offset(b)));
-        }
-        key_len = own;
-        MPI_Bcast(key_len.data(), static_cast<int>(B), MPI_INT64_T, 0, comm);
-        run_collectively(comm, [&] {
-            for (std::int64_t b = 0; b < B; ++b) {
-                const std::int64_t len = own[static_cast<std::size_t>(b)];
-                if (len < 0 || len > Lk) {
-                    fail("key_lengths: entry " + num(b) + " must be in [0, Lk=" + num(Lk) + "] but got " + num(len));
-                }
-                if (len != key_len[static_cast<std::size_t>(b)]) {
-                    fail("key_lengths: rank " + std::to_string(rank) + " has entry " + num(b) + " = " + num(len) +
-                         " but rank 0 has " + num(key_len[static_cast<std::size_t>(b)]));
-                }
-            }
+        key_len = agreed_per_sequence(comm, rank, *options.key_lengths, "key_lengths", [&](std::int64_t b, std::int64_t len) {
+            if (len < 0 || len > Lk) fail(kOp, "key_lengths: entry ", b, " must be in [0, Lk=", Lk, "] but got ", len);
         });
     }
+    if (options.query_offset && options.query_offset->per_sequence) {
+        offsets = agreed_per_sequence(comm, rank, *options.query_offset->per_sequence, "query_offset",
+                                      [](std::int64_t, std::int64_t) {});  // range: make_problem above
+    }
+    // The global problem, without tensors: its alignment rule (diagonal_offset) places the bands.
+    attn::detail::SdpaProblem global;
+    global.B = B;
+    global.Lq = Lq;
+    global.Lk = Lk;
+    global.causal = options.causal;
+    global.window = options.window;
+    if (options.key_lengths) global.key_lengths = TensorView(key_len.data(), DType::i64, Shape{B});
+    if (options.query_offset) {
+        global.has_query_offset = true;
+        global.query_offset_value = options.query_offset->value;
+        if (!offsets.empty()) global.query_offsets = TensorView(offsets.data(), DType::i64, Shape{B});
+    }
+    const std::vector<detail::Band> bands = detail::global_bands(global);
 
     const Layout layout = options.layout;
     const std::vector<Placed> q_segs = place(rank_segments(Lq, P, rank, layout));
@@ -365,14 +348,13 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
 
     Tensor buf[2];
     std::vector<double> acc_o, acc_lse;
-    Tensor tmp_o, tmp_lse, tmp_len;
+    Tensor tmp_o, tmp_lse;
     run_collectively(comm, [&] {
         for (Tensor& t : buf) t = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, nk_max * (k_words_per_row + v_words_per_row))});
         acc_o.assign(static_cast<std::size_t>(B * Hq * nq * Dv), 0.0);
         acc_lse.assign(static_cast<std::size_t>(B * Hq * nq), kNegInf);
         tmp_o = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hq * q_seg_max * Dv)});
         tmp_lse = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hq * q_seg_max)});
-        tmp_len = Tensor(DType::i64, Shape{B});
     });
 
     // ---- phase 2: the ring ----
@@ -413,54 +395,46 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
                 if (qs.g.length == 0) continue;
                 for (const Placed& ks : place(rank_segments(Lk, P, origin, layout))) {
                     if (ks.g.length == 0) continue;
-                    const PairPlan plan = plan_pair(qs.g, ks.g, options.causal);
-                    if (plan.skip) continue;
-                    // Key padding: sequence b's valid keys in this segment are 0..len_b−1.
-                    bool any_key = false, all_keys = true;
-                    for (std::int64_t b = 0; b < B; ++b) {
-                        const std::int64_t len = std::clamp<std::int64_t>(key_len[static_cast<std::size_t>(b)] - ks.g.start, 0, plan.keys);
-                        tmp_len.data_as<std::int64_t>()[b] = len;
-                        any_key |= len > 0;
-                        all_keys &= len == plan.keys;
-                    }
-                    if (!any_key) continue;
-                    const std::int64_t rows = qs.g.length - plan.row0;
-                    SdpaOptions o = sopt;
-                    o.causal = plan.causal;
-                    o.window = plan.window;
-                    if (!all_keys) o.key_lengths = tmp_len.view();
-                    const TensorView qv = q.slice(2, qs.local + plan.row0, rows);
-                    const TensorView kv = kb.slice(2, ks.local, plan.keys), vv = vb.slice(2, ks.local, plan.keys);
-                    const TensorView ov(tmp_o.data(), DType::f32, Shape{B, Hq, rows, Dv});
-                    const TensorView lv(tmp_lse.data(), DType::f32, Shape{B, Hq, rows});
-                    SdpaReport report;
-                    sdpa(qv, kv, vv, o, ov, &lv, nullptr, &report);
-                    st.kernel = report.kernel;
-                    ++st.sdpa_calls;
-                    st.score_entries += B * Hq * visible_entries(plan, rows);
+                    for (detail::BlockCall& c : detail::plan_block(bands, qs.g, ks.g)) {
+                        SdpaOptions o = sopt;
+                        o.causal = c.causal;
+                        o.window.left = c.window_left;
+                        if (c.has_offset) o.query_offset = TensorView(c.offset.data(), DType::i64, Shape{c.nb});
+                        if (c.has_key_lengths) o.key_lengths = TensorView(c.key_lengths.data(), DType::i64, Shape{c.nb});
+                        const TensorView qv = q.slice(0, c.b0, c.nb).slice(2, qs.local + c.row0, c.rows);
+                        const TensorView kv = kb.slice(0, c.b0, c.nb).slice(2, ks.local + c.key0, c.keys);
+                        const TensorView vv = vb.slice(0, c.b0, c.nb).slice(2, ks.local + c.key0, c.keys);
+                        const TensorView ov(tmp_o.data(), DType::f32, Shape{c.nb, Hq, c.rows, Dv});
+                        const TensorView lv(tmp_lse.data(), DType::f32, Shape{c.nb, Hq, c.rows});
+                        SdpaReport report;
+                        sdpa(qv, kv, vv, o, ov, &lv, nullptr, &report);
+                        st.kernel = report.kernel;
+                        ++st.sdpa_calls;
+                        st.score_entries += Hq * c.visible;
 
-                    // Merge by log-sum-exp: with m = max(ℓ, ℓ'),
-                    //   O ← (e^{ℓ−m}·O + e^{ℓ'−m}·O') / (e^{ℓ−m} + e^{ℓ'−m}),  ℓ ← m + log(e^{ℓ−m} + e^{ℓ'−m}).
-                    // A row that saw no key here has ℓ' = −inf and changes nothing.
-                    const float* po = tmp_o.data_as<const float>();
-                    const float* pl = tmp_lse.data_as<const float>();
-                    for (std::int64_t bh = 0; bh < B * Hq; ++bh) {
-                        for (std::int64_t a = 0; a < rows; ++a) {
-                            const double l_new = pl[bh * rows + a];
-                            if (l_new == kNegInf) continue;
-                            const std::int64_t row = bh * nq + qs.local + plan.row0 + a;
-                            double& l_acc = acc_lse[static_cast<std::size_t>(row)];
-                            double* o_acc = acc_o.data() + row * Dv;
-                            const float* o_new = po + (bh * rows + a) * Dv;
-                            if (l_acc == kNegInf) {
-                                for (std::int64_t d = 0; d < Dv; ++d) o_acc[d] = o_new[d];
-                                l_acc = l_new;
-                                continue;
+                        // Merge by log-sum-exp: with m = max(ℓ, ℓ'),
+                        //   O ← (e^{ℓ−m}·O + e^{ℓ'−m}·O') / (e^{ℓ−m} + e^{ℓ'−m}),  ℓ ← m + log(e^{ℓ−m} + e^{ℓ'−m}).
+                        // A row that saw no key here has ℓ' = −inf and changes nothing.
+                        const float* po = tmp_o.data_as<const float>();
+                        const float* pl = tmp_lse.data_as<const float>();
+                        for (std::int64_t bh = 0; bh < c.nb * Hq; ++bh) {
+                            for (std::int64_t a = 0; a < c.rows; ++a) {
+                                const double l_new = pl[bh * c.rows + a];
+                                if (l_new == kNegInf) continue;
+                                const std::int64_t row = (c.b0 * Hq + bh) * nq + qs.local + c.row0 + a;
+                                double& l_acc = acc_lse[static_cast<std::size_t>(row)];
+                                double* o_acc = acc_o.data() + row * Dv;
+                                const float* o_new = po + (bh * c.rows + a) * Dv;
+                                if (l_acc == kNegInf) {
+                                    for (std::int64_t d = 0; d < Dv; ++d) o_acc[d] = o_new[d];
+                                    l_acc = l_new;
+                                    continue;
+                                }
+                                const double m = std::max(l_acc, l_new);
+                                const double wa = std::exp(l_acc - m), wn = std::exp(l_new - m), sum = wa + wn;
+                                for (std::int64_t d = 0; d < Dv; ++d) o_acc[d] = (wa * o_acc[d] + wn * o_new[d]) / sum;
+                                l_acc = m + std::log(sum);
                             }
-                            const double m = std::max(l_acc, l_new);
-                            const double wa = std::exp(l_acc - m), wn = std::exp(l_new - m), sum = wa + wn;
-                            for (std::int64_t d = 0; d < Dv; ++d) o_acc[d] = (wa * o_acc[d] + wn * o_new[d]) / sum;
-                            l_acc = m + std::log(sum);
                         }
                     }
                     // Without a progress thread, MPI moves a large message only inside MPI calls:

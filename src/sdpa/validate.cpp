@@ -28,16 +28,6 @@ void require_output(std::string_view kOp, const TensorView& t, const char* name,
     require_distinct_elements(kOp, t, name);
 }
 
-// A (B,) int32/int64 vector (key_lengths, query_offset); returns it.
-TensorView require_per_sequence(std::string_view kOp, const TensorView& t, const char* name, std::int64_t B) {
-    if (t.data() == nullptr) fail(kOp, name, ": data pointer is null");
-    if (t.dtype() != DType::i32 && t.dtype() != DType::i64) {
-        fail(kOp, name, ": dtype must be int32 or int64 but got ", dtype_name(t.dtype()));
-    }
-    if (t.rank() != 1 || t.dim(0) != B) fail(kOp, name, ": expected shape (B,) = (", B, ",) but got ", t.shape());
-    return t;
-}
-
 // Offsets up to 2^60 keep every diagonal ± window bound far from the int64 limits.
 constexpr std::int64_t kMaxQueryOffset = std::int64_t{1} << 60;
 

@@ -57,7 +57,10 @@ Tensor poisoned(DType dt, Shape s) {
 struct Case {
     std::string name;
     std::int64_t B = 1, Hq = 1, Hkv = 1, Lq = 16, Lk = 16, Dk = 8, Dv = 8;
-    bool causal = false;
+    Causal causal = Causal::none;
+    Window window{};
+    std::optional<std::int64_t> query_offset;     // one value for every sequence
+    std::vector<std::int64_t> query_offsets;      // per sequence (empty: none); wins over query_offset
     dist::Layout layout = dist::Layout::zigzag;
     std::vector<std::int64_t> key_lengths;  // empty: none
     std::optional<double> scale;
@@ -78,6 +81,32 @@ TensorView restride(const Tensor& src, std::vector<float>& storage) {
     return v;
 }
 
+// The visible (b, i, j) triples of the global problem, counted from the rule as
+// include/attn/sdpa.hpp states it: n_b valid keys; query i's diagonal is d_b(i) = i + o_b with
+// o_b the query offset if given, else 0 (top-left) or n_b − Lq (bottom-right); causal keeps
+// j <= d_b(i), the window d − left <= j <= d + right.
+std::int64_t visible_pairs(const Case& c) {
+    std::int64_t n = 0;
+    for (std::int64_t b = 0; b < c.B; ++b) {
+        const std::int64_t keys = c.key_lengths.empty() ? c.Lk : c.key_lengths[static_cast<std::size_t>(b)];
+        auto offset = [&](bool bottom_right) -> std::int64_t {
+            if (!c.query_offsets.empty()) return c.query_offsets[static_cast<std::size_t>(b)];
+            if (c.query_offset) return *c.query_offset;
+            return bottom_right ? keys - c.Lq : 0;
+        };
+        for (std::int64_t i = 0; i < c.Lq; ++i)
+            for (std::int64_t j = 0; j < keys; ++j) {
+                bool see = true;
+                if (c.causal != Causal::none) see &= j <= i + offset(c.causal == Causal::bottom_right);
+                const std::int64_t d = i + offset(c.window.align == Align::bottom_right);
+                if (c.window.left >= 0) see &= j >= d - c.window.left;
+                if (c.window.right >= 0) see &= j <= d + c.window.right;
+                n += see ? 1 : 0;
+            }
+    }
+    return n;
+}
+
 void run_case(const Case& c, Impl impl = Impl::automatic) {
     std::mt19937 gen(1234);  // the same on every rank: every rank builds the same global tensors
     const Tensor q = random_tensor(gen, Shape{c.B, c.Hq, c.Lq, c.Dk}, 2.0f);
@@ -86,13 +115,22 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
 
     // Single-process result, the oracle kernel.
     SdpaOptions so;
-    so.causal = c.causal ? Causal::top_left : Causal::none;
+    so.causal = c.causal;
+    so.window = c.window;
     so.scale = c.scale;
     so.impl = Impl::reference;
-    Tensor lengths(DType::i64, Shape{c.B});
+    Tensor lengths(DType::i64, Shape{c.B}), offsets(DType::i32, Shape{c.B});
     if (!c.key_lengths.empty()) {
         for (std::int64_t b = 0; b < c.B; ++b) lengths.data_as<std::int64_t>()[b] = c.key_lengths[static_cast<std::size_t>(b)];
         so.key_lengths = lengths.view();
+    }
+    if (!c.query_offsets.empty()) {
+        for (std::int64_t b = 0; b < c.B; ++b) {
+            offsets.data_as<std::int32_t>()[b] = static_cast<std::int32_t>(c.query_offsets[static_cast<std::size_t>(b)]);
+        }
+        so.query_offset = offsets.view();
+    } else if (c.query_offset) {
+        so.query_offset = *c.query_offset;
     }
     Tensor ref_o = poisoned(DType::f32, Shape{c.B, c.Hq, c.Lq, c.Dv});
     Tensor ref_l = poisoned(DType::f64, Shape{c.B, c.Hq, c.Lq});
@@ -111,6 +149,8 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
 
     dist::RingOptions ro;
     ro.causal = c.causal;
+    ro.window = c.window;
+    ro.query_offset = so.query_offset;
     ro.scale = c.scale;
     ro.layout = c.layout;
     ro.impl = impl;
@@ -120,8 +160,9 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
     TensorView lv = l.view();
     std::string detail;
     bool ok = true;
+    dist::RingStats stats;
     try {
-        dist::ring_attention(MPI_COMM_WORLD, qv, kv, vv, ro, o, &lv);
+        dist::ring_attention(MPI_COMM_WORLD, qv, kv, vv, ro, o, &lv, &stats);
     } catch (const std::exception& e) {
         ok = false;
         detail = std::string("threw: ") + e.what();
@@ -151,6 +192,15 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
                 }
         }
         detail = "max |O - O_ref| = " + std::to_string(worst_o) + ", max |lse - lse_ref| = " + std::to_string(worst_l);
+    }
+    // The ranks together score exactly the visible (query, key) pairs: a block nobody sees is
+    // skipped, and no visible pair is left out or scored twice.
+    std::int64_t entries = stats.score_entries, total = 0;
+    MPI_Allreduce(&entries, &total, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+    const std::int64_t expected = c.Hq * visible_pairs(c);
+    if (ok && total != expected) {
+        ok = false;
+        detail += "; the ranks scored " + std::to_string(total) + " entries, the visible ones are " + std::to_string(expected);
     }
     double w[2] = {worst_o, worst_l}, wmax[2];
     MPI_Allreduce(w, wmax, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -239,8 +289,8 @@ int main(int argc, char** argv) {
 
     std::vector<Case> cases;
     for (const auto layout : {dist::Layout::zigzag, dist::Layout::contiguous}) {
-        for (bool causal : {false, true}) {
-            const std::string c = causal ? "causal" : "full";
+        for (Causal causal : {Causal::none, Causal::top_left}) {
+            const std::string c = causal == Causal::top_left ? "causal" : "full";
             Case a;
             a.name = c + " L=16 D=8";
             a.causal = causal;
@@ -277,6 +327,72 @@ int main(int argc, char** argv) {
             cases.push_back(s);
         }
     }
+    // The per-sequence alignment rule on global positions, named cases.
+    for (const auto layout : {dist::Layout::zigzag, dist::Layout::contiguous}) {
+        Case br;
+        br.name = "bottom-right, key_lengths (5, 40, 12, 0) around Lq=20, Lk=40";
+        br.B = 4, br.Hq = 2, br.Hkv = 1, br.Lq = 20, br.Lk = 40, br.key_lengths = {5, 40, 12, 0};
+        br.causal = Causal::bottom_right, br.layout = layout;
+        cases.push_back(br);
+        Case mixed;
+        mixed.name = "top-left causal + bottom-right window (3, 2) under key_lengths (31, 9, 17): per-sequence band widths";
+        mixed.B = 3, mixed.Lq = 25, mixed.Lk = 31, mixed.key_lengths = {31, 9, 17}, mixed.causal = Causal::top_left;
+        mixed.window = Window{3, 2, Align::bottom_right}, mixed.layout = layout;
+        cases.push_back(mixed);
+        Case far;
+        far.name = "query_offset 2^60 with causal and window left 2^60+5 (bounds far from the block)";
+        far.B = 2, far.Lq = 19, far.Lk = 23, far.causal = Causal::top_left, far.query_offset = std::int64_t{1} << 60;
+        far.window.left = (std::int64_t{1} << 60) + 5, far.window.right = std::int64_t{1} << 62, far.layout = layout;
+        cases.push_back(far);
+        Case per;
+        per.name = "per-sequence query_offset (-4, 7, 30), bottom-right causal, window left 6";
+        per.B = 3, per.Lq = 22, per.Lk = 27, per.query_offsets = {-4, 7, 30}, per.causal = Causal::bottom_right;
+        per.window.left = 6, per.key_lengths = {27, 20, 3}, per.layout = layout;
+        cases.push_back(per);
+    }
+    // Random cases: every causal alignment, key lengths (often < Lq), windows, offsets, GQA,
+    // lengths below the number of chunks. The same seed on every rank.
+    {
+        std::mt19937 rg(2024);
+        auto pick = [&](int lo, int hi) { return static_cast<std::int64_t>(std::uniform_int_distribution<int>(lo, hi)(rg)); };
+        const char* causal_names[] = {"none", "top-left", "bottom-right"};
+        for (int n = 0; n < 48; ++n) {
+            Case r;
+            r.B = pick(1, 3), r.Hkv = pick(1, 2), r.Hq = r.Hkv * pick(1, 2);
+            r.Lq = pick(1, 40), r.Lk = pick(1, 40), r.Dk = pick(1, 9), r.Dv = pick(1, 9);
+            r.causal = static_cast<Causal>(pick(0, 2));
+            r.layout = pick(0, 1) ? dist::Layout::zigzag : dist::Layout::contiguous;
+            std::string kl = "none", qo = "none", win = "none";
+            if (pick(0, 2) > 0) {
+                kl.clear();
+                for (std::int64_t b = 0; b < r.B; ++b) {
+                    r.key_lengths.push_back(pick(0, static_cast<int>(r.Lk)));
+                    kl += std::string(b ? "," : "") + std::to_string(r.key_lengths.back());
+                }
+            }
+            if (pick(0, 2) == 0) {
+                r.window = Window{pick(-1, 8), pick(-1, 8), pick(0, 1) ? Align::bottom_right : Align::top_left};
+                win = std::to_string(r.window.left) + "," + std::to_string(r.window.right) +
+                      (r.window.align == Align::bottom_right ? ",bottom-right" : ",top-left");
+            }
+            const std::int64_t kind = pick(0, 3);
+            if (kind == 1) {
+                r.query_offset = pick(-10, 40);
+                qo = std::to_string(*r.query_offset);
+            } else if (kind == 2) {
+                qo.clear();
+                for (std::int64_t b = 0; b < r.B; ++b) {
+                    r.query_offsets.push_back(pick(-10, 40));
+                    qo += std::string(b ? "," : "") + std::to_string(r.query_offsets.back());
+                }
+            }
+            r.name = "random " + std::to_string(n) + ": B=" + std::to_string(r.B) + " Hq/Hkv=" + std::to_string(r.Hq) + "/" +
+                     std::to_string(r.Hkv) + " Lq=" + std::to_string(r.Lq) + " Lk=" + std::to_string(r.Lk) + " causal=" +
+                     causal_names[static_cast<int>(r.causal)] + " key_lengths=(" + kl + ") window=(" + win +
+                     ") query_offset=(" + qo + ")";
+            cases.push_back(r);
+        }
+    }
     for (const Case& c : cases) run_case(c);
 
     const int last = P - 1;
@@ -301,10 +417,25 @@ int main(int argc, char** argv) {
                    });
     run_error_case("key_lengths entry above Lk", "key_lengths: entry 1 must be in [0, Lk=21] but got 22",
                    [&](Tensor&, Tensor&, Tensor&, RingOptions&, Tensor& kl) { kl.data_as<std::int64_t>()[1] = 22; });
+    run_error_case("window left below -1", "ring_attention: window: left and right must be >= 0, or -1",
+                   [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) { o.window.left = -2; });
+    run_error_case("Impl::decode", "ring_attention: impl: must be automatic, reference or flash",
+                   [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) { o.impl = Impl::decode; });
     if (P >= 2) {
+        run_error_case("window on the last rank only", "was called with other options",
+                       [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) {
+                           if (rank == last) o.window.left = 3;
+                       });
+        // A (B,) offset view that outlives the call: the breaker's own storage.
+        static std::int64_t offsets[2] = {0, 0};
+        run_error_case("per-sequence query_offset differs across ranks", "query_offset: rank " + std::to_string(last) + " has entry 1",
+                       [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) {
+                           offsets[1] = rank == last ? 4 : 0;
+                           o.query_offset = TensorView(offsets, DType::i64, Shape{2});
+                       });
         run_error_case("causal on the last rank only", "was called with other options",
                        [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) {
-                           if (rank == last) o.causal = true;
+                           if (rank == last) o.causal = Causal::top_left;
                        });
         run_error_case("last rank holds one K/V row too few", "rows of K/V (Lk = 20) but the zigzag layout over",
                        [&](Tensor&, Tensor& k, Tensor& v, RingOptions&, Tensor&) {
@@ -336,7 +467,7 @@ int main(int argc, char** argv) {
             if (rank == 0) std::printf("  (this build has the flash kernel: Impl::flash checked for results)\n");
             Case f;
             f.name = "Impl::flash, causal GQA L=37";
-            f.B = 2, f.Hq = 4, f.Hkv = 2, f.Lq = 37, f.Lk = 37, f.causal = true;
+            f.B = 2, f.Hq = 4, f.Hkv = 2, f.Lq = 37, f.Lk = 37, f.causal = Causal::top_left;
             run_case(f, Impl::flash);
         } else {
             run_error_case("Impl::flash refused by sdpa in this build", sdpa_message,

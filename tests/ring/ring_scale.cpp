@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
     for (std::int64_t i = 0; i < o.numel(); ++i) o.data_as<float>()[i] = std::nanf("");
 
     dist::RingOptions opt;
-    opt.causal = a.causal;
+    opt.causal = a.causal ? Causal::top_left : Causal::none;
     opt.layout = a.layout;
     opt.impl = a.impl;
     // --reps R: R rings; the times reported are per-rank medians (noisy shared machines).

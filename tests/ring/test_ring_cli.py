@@ -20,20 +20,41 @@ def mpirun(np_, *args):
     return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=120)
 
 
-def attention(q, k, v, causal=False, scale=None, key_lengths=None):
-    """q (B, Hq, Lq, Dk), k (B, Hkv, Lk, Dk), v (B, Hkv, Lk, Dv) → (B, Hq, Lq, Dv), float64."""
+def attention(q, k, v, causal=False, scale=None, key_lengths=None, window=None, query_offset=None):
+    """q (B, Hq, Lq, Dk), k (B, Hkv, Lk, Dk), v (B, Hkv, Lk, Dv) → (B, Hq, Lq, Dv), float64.
+
+    The masks as the docs state them: n_b valid keys (key_lengths, else Lk); query i's diagonal
+    is d_b(i) = i + o_b with o_b = query_offset if given, else 0 (top-left) or n_b − Lq
+    (bottom-right, per sequence); causal (True = "top-left", or "bottom-right") keeps j <= d_b(i),
+    window = (left, right, align) keeps d_b(i) − left <= j <= d_b(i) + right (−1 = unbounded)."""
     q, k, v = (x.astype(np.float64) for x in (q, k, v))
     B, Hq, Lq, Dk = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     k = np.repeat(k, Hq // Hkv, axis=1)
     v = np.repeat(v, Hq // Hkv, axis=1)
     s = q @ k.transpose(0, 1, 3, 2) * (1 / np.sqrt(Dk) if scale is None else scale)
-    keep = np.ones((B, 1, Lq, Lk), dtype=bool)
+    n = np.full(B, Lk) if key_lengths is None else np.asarray(key_lengths)
+    i = np.arange(Lq)[None, :, None]
+    j = np.arange(Lk)[None, None, :]
+
+    def diagonal(align):  # (B, Lq, 1)
+        if query_offset is not None:
+            o = np.broadcast_to(np.asarray(query_offset), (B,))
+        else:
+            o = n - Lq if align == "bottom-right" else np.zeros(B, dtype=np.int64)
+        return i + o[:, None, None]
+
+    keep = j < n[:, None, None]
     if causal:
-        keep &= np.tril(np.ones((Lq, Lk), dtype=bool))
-    if key_lengths is not None:
-        keep &= (np.arange(Lk)[None, :] < np.asarray(key_lengths)[:, None])[:, None, None, :]
-    s = np.where(keep, s, -np.inf)
+        keep = keep & (j <= diagonal("top-left" if causal is True else causal))
+    if window is not None:
+        left, right, align = window
+        d = diagonal(align)
+        if left >= 0:
+            keep = keep & (j >= d - left)
+        if right >= 0:
+            keep = keep & (j <= d + right)
+    s = np.where(keep[:, None], s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0)
     w = np.exp(s - m)
@@ -94,6 +115,61 @@ def test_equals_attn_sdpa_with_scale_key_lengths_and_contiguous_layout(tmp_path,
         assert np.abs(o - np.load(tmp_path / "s.npy")).max() <= 1e-5
         assert np.abs(o - ref).max() <= 1e-5
         assert np.all(o[2] == 0)  # a sequence with no valid key gives O = 0, never NaN
+
+
+@pytest.mark.parametrize("np_", [1, 2, 4])
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+def test_bottom_right_per_sequence_and_window(tmp_path, np_, layout):
+    """Bottom-right with key lengths aligns each sequence to its own length (lengths below Lq
+    leave rows with no key: O = 0), the window too; the same as `attn sdpa` on the same flags."""
+    arrays, p = make(tmp_path, 3, 2, 1, 18, 30, 6, 5, seed=11)
+    lengths = np.array([30, 7, 22], dtype=np.int64)
+    np.save(tmp_path / "kl.npy", lengths)
+    common = ["--q", p["q"], "--k", p["k"], "--v", p["v"], "--key-lengths", tmp_path / "kl.npy"]
+    results = []
+    for flags, ref_args in [
+        (["--causal", "bottom-right"], dict(causal="bottom-right")),
+        (["--causal", "bottom-right", "--window-left", "4", "--window-align", "bottom-right"],
+         dict(causal="bottom-right", window=(4, -1, "bottom-right"))),
+        (["--causal", "top-left", "--window-left", "3", "--window-right", "2", "--window-align", "bottom-right"],
+         dict(causal=True, window=(3, 2, "bottom-right"))),
+    ]:
+        ref = attention(arrays["q"], arrays["k"], arrays["v"], key_lengths=lengths, **ref_args)
+        sd = subprocess.run([ATTN, "sdpa", *map(str, common + flags), "--out", str(tmp_path / "s.npy")],
+                            capture_output=True, text=True, env=ENV)
+        assert sd.returncode == 0, sd.stderr
+        out = tmp_path / "o.npy"
+        r = mpirun(np_, *common, *flags, "--layout", layout, "--out", out)
+        assert r.returncode == 0, r.stderr
+        o = np.load(out)
+        assert np.abs(o - ref).max() <= 1e-5, (flags, np.abs(o - ref).max())
+        assert np.abs(o - np.load(tmp_path / "s.npy")).max() <= 1e-5, flags
+        results.append(o)
+    # Sequence 1 has 7 keys for 18 queries: under bottom-right its first 11 rows see none.
+    assert np.all(results[0][1, :, :11] == 0) and np.all(np.any(results[0][1, :, 11:] != 0, axis=-1))
+
+
+@pytest.mark.parametrize("np_", [1, 3])
+def test_query_offset(tmp_path, np_):
+    arrays, p = make(tmp_path, 2, 2, 2, 15, 26, 4, 4, seed=12)
+    out = tmp_path / "o.npy"
+    r = mpirun(np_, "--q", p["q"], "--k", p["k"], "--v", p["v"], "--out", out, "--causal", "--query-offset", "9",
+               "--window-left", "5")
+    assert r.returncode == 0, r.stderr
+    ref = attention(arrays["q"], arrays["k"], arrays["v"], causal=True, window=(5, -1, "top-left"), query_offset=9)
+    assert np.abs(np.load(out) - ref).max() <= 1e-5
+
+
+def test_bad_causal_and_window_align(tmp_path):
+    _, p = make(tmp_path, 1, 1, 1, 8, 8, 4, 4)
+    out = tmp_path / "o.npy"
+    base = ["--q", p["q"], "--k", p["k"], "--v", p["v"], "--out", out]
+    r = mpirun(2, *base, "--causal", "sideways")
+    assert r.returncode == 2 and len(error_lines(r)) == 1 and "sideways" in r.stderr, r.stderr
+    r = mpirun(2, *base, "--window-align", "middle")
+    assert r.returncode == 2 and error_lines(r) == [
+        "attn: error: --window-align: expected top-left or bottom-right but got 'middle'"], r.stderr
+    assert not out.exists()
 
 
 def test_float64_inputs_and_stats(tmp_path):

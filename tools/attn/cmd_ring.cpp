@@ -1,5 +1,6 @@
-// mpirun -np P attn ring --q Q.npy --k K.npy --v V.npy --out O.npy [--causal] [--scale S]
-//                       [--key-lengths KL.npy] [--layout zigzag|contiguous] [--impl ...] [--stats]
+// mpirun -np P attn ring --q Q.npy --k K.npy --v V.npy --out O.npy [--causal [top-left|bottom-right]]
+//                       [--window-left N] [--window-right N] [--window-align A] [--query-offset N]
+//                       [--scale S] [--key-lengths KL.npy] [--layout zigzag|contiguous] [--impl ...] [--stats]
 //
 // Rank 0 reads the whole arrays, sends every rank its rows (the layout's segments), all ranks
 // run attn::dist::ring_attention, rank 0 gathers O and writes it atomically. The result equals
@@ -31,9 +32,11 @@ namespace attn::cli {
 namespace {
 
 struct RingArgs {
-    std::string q, k, v, out, key_lengths, layout = "zigzag", impl = "auto";
+    std::string q, k, v, out, key_lengths, layout = "zigzag", impl = "auto", causal = "none";
+    std::int64_t window_left = -1, window_right = -1;
+    std::string window_align = "top-left";
+    std::optional<std::int64_t> query_offset;
     std::optional<double> scale;
-    bool causal = false;
     bool stats = false;
 };
 
@@ -64,8 +67,10 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     MPI_Comm_rank(comm, &rank);
 
     dist::RingOptions opt;
-    opt.causal = a.causal;
     opt.scale = a.scale;
+    opt.window.left = a.window_left;
+    opt.window.right = a.window_right;
+    if (a.query_offset) opt.query_offset = *a.query_offset;
     Header h;
     Tensor q, k, v, lengths;
     OutputFiles outputs;
@@ -73,6 +78,11 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     dist::run_collectively(comm, [&] {
         opt.layout = dist::parse_layout(a.layout);
         opt.impl = parse_impl(a.impl);
+        opt.causal = parse_causal(a.causal);
+        if (a.window_align != "top-left" && a.window_align != "bottom-right") {
+            throw Error("--window-align: expected top-left or bottom-right but got '" + a.window_align + "'");
+        }
+        opt.window.align = a.window_align == "top-left" ? Align::top_left : Align::bottom_right;
         if (rank != 0) return;
         outputs.add("--out", a.out);
         outputs.check();
@@ -252,7 +262,16 @@ void add_ring_command(CLI::App& app) {
     cmd->add_option("--k", args->k, "keys (B, Hkv, Lk, Dk); Hq must be a multiple of Hkv")->required();
     cmd->add_option("--v", args->v, "values (B, Hkv, Lk, Dv)")->required();
     cmd->add_option("--out", args->out, "output O (B, Hq, Lq, Dv), written as float32 by rank 0")->required();
-    cmd->add_flag("--causal", args->causal, "causal mask on global positions: query i sees keys 0..i (top-left)");
+    cmd->add_option("--causal", args->causal,
+                    "causal mask on global positions: top-left: query i sees keys 0..i; bottom-right: keys "
+                    "0..i+n-Lq (n = the sequence's key length, else Lk). --causal alone means top-left")
+        ->expected(0, 1)
+        ->default_str("top-left");
+    cmd->add_option("--window-left", args->window_left, "sliding window: keys a query sees before its diagonal (-1 = all)");
+    cmd->add_option("--window-right", args->window_right, "sliding window: keys a query sees after its diagonal (-1 = all)");
+    cmd->add_option("--window-align", args->window_align, "diagonal of the window: top-left (default) or bottom-right");
+    cmd->add_option("--query-offset", args->query_offset,
+                    "position of query 0 among the keys: causal and the window align to i + N for every sequence");
     cmd->add_option("--scale", args->scale, "score scale (default 1/sqrt(Dk)); any finite number");
     cmd->add_option("--key-lengths", args->key_lengths, "int32/int64 (B,): valid keys per sequence (padding at the end)");
     cmd->add_option("--layout", args->layout, "how the sequence is cut over ranks: zigzag (default, balanced) or contiguous");
