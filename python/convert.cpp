@@ -123,7 +123,12 @@ std::vector<py::ssize_t> dims_of(const attn::TensorView& t, int first) {
 }
 
 std::optional<std::int64_t> int_of(const py::handle& obj, const std::string& name) {
-    if (PyBool_Check(obj.ptr()) || !PyIndex_Check(obj.ptr())) return std::nullopt;
+    // Only ints and numpy integer scalars: arrays and tensors also have __index__ when they
+    // hold one integer, but a (1,) array is a per-sequence value, not a scalar.
+    if (PyBool_Check(obj.ptr())) return std::nullopt;
+    if (!PyLong_Check(obj.ptr()) && !py::isinstance(obj, py::module_::import("numpy").attr("integer"))) {
+        return std::nullopt;
+    }
     const py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(obj.ptr()));
     if (!i) throw py::error_already_set();
     int overflow = 0;

@@ -67,7 +67,8 @@ attn::TensorView output_view(py::array& a, int rank);
 // t's dims from `first` on, as array dims.
 std::vector<py::ssize_t> dims_of(const attn::TensorView& t, int first = 0);
 
-// A Python int (or numpy integer; not a bool) as int64; nullopt for anything else.
+// A Python int or numpy integer scalar (not a bool, not an array) as int64; nullopt for
+// anything else.
 // `name` is for the error when it does not fit in int64.
 std::optional<std::int64_t> int_of(const py::handle& obj, const std::string& name);
 
