@@ -11,45 +11,9 @@ import pytest
 import torch
 
 import attn
+from reference import causal_keep, close, textbook
 
 RNG_SEEDS = range(24)
-# float32 kernels against the float64 oracle: |err| <= ATOL + RTOL·|ref|. The float32
-# output of a softmax-weighted sum of O(1) values carries ~1e-7·sqrt(Lk) rounding.
-ATOL, RTOL = 2e-5, 2e-5
-
-
-def textbook(q, k, v, keep=None, bias=None, scale=None):
-    """softmax(q·kᵀ·scale + bias) masked by keep (True = may attend) · v, in float64 torch.
-    q (B, H, Lq, D), k/v (B, Hkv, Lk, ·); GQA by repeating KV heads. Rows without a visible key
-    give 0 (attn's convention). Returns out, lse, weights."""
-    q, k, v = (torch.from_numpy(np.asarray(x, dtype=np.float64)) for x in (q, k, v))
-    group = q.shape[-3] // k.shape[-3]
-    k = k.repeat_interleave(group, dim=-3)
-    v = v.repeat_interleave(group, dim=-3)
-    s = q @ k.transpose(-1, -2) * (scale if scale is not None else 1.0 / np.sqrt(q.shape[-1]))
-    if bias is not None:
-        s = s + torch.from_numpy(np.asarray(bias, dtype=np.float64))
-    if keep is not None:
-        s = s.masked_fill(~torch.from_numpy(np.array(keep)), float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    w = torch.exp(s - lse.unsqueeze(-1))
-    w = torch.nan_to_num(w, nan=0.0)
-    return (w @ v).numpy(), lse.numpy(), w.numpy()
-
-
-def close(ours, ref, atol=ATOL, rtol=RTOL):
-    ours = np.asarray(ours, dtype=np.float64)
-    assert ours.shape == ref.shape
-    assert np.all(np.isfinite(ours) == np.isfinite(ref)) or np.array_equal(ours, ref)
-    fin = np.isfinite(ref)
-    err = np.abs(ours[fin] - ref[fin])
-    bound = atol + rtol * np.abs(ref[fin])
-    assert np.all(err <= bound), f"max err {err.max()} (worst excess {(err - bound).max()})"
-
-
-def causal_keep(lq, lk, bottom_right):
-    off = lk - lq if bottom_right else 0
-    return np.arange(lk)[None, :] <= np.arange(lq)[:, None] + off
 
 
 def make_case(seed):
@@ -539,9 +503,10 @@ def test_kv_cache_overflow_and_bad_inputs():
         attn.KVCache(1, 2, 8, 4, dtype="int8")
     with pytest.raises(ValueError):
         attn.KVCache(1, 0, 8, 4)
-    with pytest.raises(ValueError, match="q: length .* 17"):
+    # Lq > 16 is no longer refused (it runs as prefill), but causal needs Lq cached positions.
+    with pytest.raises(ValueError, match="holds 3 positions .* 17 new queries"):
         attn.decode_attention(np.zeros((1, 2, 17, 8), np.float32), cache)
-    with pytest.raises(ValueError, match="heads 3 .* KV heads 2"):
+    with pytest.raises(ValueError, match="heads 3 .* heads 2"):
         attn.decode_attention(np.zeros((1, 3, 1, 8), np.float32), cache)
     with pytest.raises(TypeError):
         attn.decode_attention(np.zeros((1, 2, 1, 8), np.int32), cache)

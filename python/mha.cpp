@@ -1,0 +1,178 @@
+// MultiheadAttention: torch.nn.MultiheadAttention (eval mode) over attn::MultiHeadAttention,
+// with torch's constructor arguments, forward signature and state_dict names.
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "attn/mha.hpp"
+#include "attn/safetensors.hpp"
+#include "bind.hpp"
+#include "convert.hpp"
+
+namespace attn_py {
+
+namespace {
+
+// The named arrays of a state_dict as views; `keep` holds the arrays.
+std::vector<std::pair<std::string, attn::TensorView>> tensors_of(const py::dict& d, std::vector<Input>& keep) {
+    std::vector<std::pair<std::string, attn::TensorView>> out;
+    for (const auto& item : d) {
+        if (!py::isinstance<py::str>(item.first)) {
+            type_error("state_dict: keys must be str but got " + std::string(py::str(py::type::of(item.first))));
+        }
+        const std::string name = item.first.cast<std::string>();
+        keep.push_back(input(item.second, "state_dict['" + name + "']", 0, 4, "an array of rank <= 4"));
+        out.emplace_back(name, keep.back().view);
+    }
+    return out;
+}
+
+// nn.MultiheadAttention's Python face over attn::MultiHeadAttention (eval mode). One call at a
+// time per layer: its workspace is reused between calls.
+class PyMha {
+public:
+    explicit PyMha(attn::MultiHeadAttention layer) : layer_(std::move(layer)) {}
+
+    py::tuple forward(const py::object& query, const py::object& key, const py::object& value,
+                      const py::object& key_padding_mask, bool need_weights, const py::object& attn_mask,
+                      bool average_attn_weights, bool is_causal, const std::string& impl) {
+        const char* layout = "(L, B, E), (B, L, E) with batch_first, or unbatched (L, E)";
+        const Input q = input(query, "query", 2, 3, layout);
+        // The same object for query/key/value lets the layer fuse the projections.
+        const Input k = key.is(query) ? q : input(key, "key", 2, 3, layout);
+        const Input v = value.is(key) ? k : (value.is(query) ? q : input(value, "value", 2, 3, layout));
+        attn::MhaForwardOptions o;
+        Input kpm, am;
+        if (!key_padding_mask.is_none()) {
+            kpm = input(key_padding_mask, "key_padding_mask", 1, 2, "(B, Lk) or unbatched (Lk,)");
+            o.key_padding_mask = kpm.view;
+        }
+        if (!attn_mask.is_none()) {
+            am = input(attn_mask, "attn_mask", 2, 3, "(Lq, Lk) or (B*h, Lq, Lk)");
+            o.attn_mask = am.view;
+        }
+        o.need_weights = need_weights;
+        o.average_attn_weights = average_attn_weights;
+        o.is_causal = is_causal;
+        o.impl = attn::parse_impl(impl);
+        const attn::Shape os = layer_.output_shape(q.view);
+        py::array out = py::array_t<float>(std::vector<py::ssize_t>(os.dims.begin(), os.dims.begin() + os.rank));
+        const attn::TensorView ov = output_view(out, 0);
+        py::object weights = py::none();
+        attn::TensorView wv;
+        if (need_weights) {
+            const attn::Shape ws = layer_.weights_shape(q.view, k.view, average_attn_weights);
+            py::array w = py::array_t<float>(std::vector<py::ssize_t>(ws.dims.begin(), ws.dims.begin() + ws.rank));
+            wv = output_view(w, 0);
+            weights = w;
+        }
+        {
+            py::gil_scoped_release nogil;
+            const std::lock_guard<std::mutex> lock(mutex_);
+            layer_.forward_into(q.view, k.view, v.view, o, ov, need_weights ? &wv : nullptr, &workspace_);
+        }
+        return py::make_tuple(out, weights);
+    }
+
+    void load_state_dict(const py::dict& d) {
+        std::vector<Input> keep;
+        const auto tensors = tensors_of(d, keep);
+        py::gil_scoped_release nogil;
+        const std::lock_guard<std::mutex> lock(mutex_);
+        layer_.load_state_dict(tensors);
+    }
+
+    void load_safetensors(const std::string& path) {
+        py::gil_scoped_release nogil;
+        const attn::SafetensorsFile f = attn::read_safetensors(path);
+        std::vector<std::pair<std::string, attn::TensorView>> tensors;
+        for (const auto& [name, t] : f.tensors) tensors.emplace_back(name, t.view());
+        const std::lock_guard<std::mutex> lock(mutex_);
+        layer_.load_state_dict(tensors);
+    }
+
+    // Copies of the parameters, in torch's state_dict order (a dict keeps insertion order).
+    py::dict state_dict() const {
+        py::dict d;
+        for (const auto& [name, view] : layer_.state_dict()) {
+            std::vector<py::ssize_t> dims(view.shape().dims.begin(), view.shape().dims.begin() + view.rank());
+            py::array_t<float> a(dims);
+            std::copy_n(view.data_as<const float>(), view.numel(), a.mutable_data());
+            d[py::str(name)] = a;
+        }
+        return d;
+    }
+
+    const attn::MhaConfig& config() const { return layer_.config(); }
+    std::int64_t head_dim() const { return layer_.head_dim(); }
+
+private:
+    attn::MultiHeadAttention layer_;
+    attn::MhaWorkspace workspace_;
+    std::mutex mutex_;
+};
+
+std::unique_ptr<PyMha> make_mha(std::int64_t embed_dim, std::int64_t num_heads, double dropout, bool bias, bool add_bias_kv,
+               bool add_zero_attn, const py::object& kdim, const py::object& vdim, bool batch_first,
+               const py::object& device, const py::object& dtype, const py::object& num_kv_heads) {
+    if (dropout != 0.0) {
+        value_error("dropout: attn's MultiheadAttention is inference-only (eval mode); expected 0.0 but got " +
+                    std::to_string(dropout));
+    }
+    if (!device.is_none() && std::string(py::str(device)) != "cpu") {
+        value_error("device: only 'cpu' is supported but got " + std::string(py::str(device)));
+    }
+    if (!dtype.is_none() && !(py::dtype::from_args(dtype).kind() == 'f' && py::dtype::from_args(dtype).itemsize() == 4)) {
+        type_error("dtype: parameters are float32 but got " + std::string(py::str(dtype)));
+    }
+    attn::MhaConfig c;
+    c.embed_dim = embed_dim;
+    c.num_heads = num_heads;
+    c.kdim = kdim.is_none() ? 0 : kdim.cast<std::int64_t>();
+    c.vdim = vdim.is_none() ? 0 : vdim.cast<std::int64_t>();
+    c.num_kv_heads = num_kv_heads.is_none() ? 0 : num_kv_heads.cast<std::int64_t>();
+    c.bias = bias;
+    c.batch_first = batch_first;
+    c.add_bias_kv = add_bias_kv;
+    c.add_zero_attn = add_zero_attn;
+    return std::make_unique<PyMha>(attn::MultiHeadAttention(c));
+}
+
+}  // namespace
+
+void bind_mha(py::module_& m) {
+    py::class_<PyMha>(m, "MultiheadAttention",
+                      "torch.nn.MultiheadAttention (eval mode) with attn's kernels; float32 parameters.")
+        .def(py::init(&make_mha), py::arg("embed_dim"), py::arg("num_heads"), py::arg("dropout") = 0.0,
+             py::arg("bias") = true, py::arg("add_bias_kv") = false, py::arg("add_zero_attn") = false,
+             py::arg("kdim") = py::none(), py::arg("vdim") = py::none(), py::arg("batch_first") = false,
+             py::arg("device") = py::none(), py::arg("dtype") = py::none(), py::kw_only(),
+             py::arg("num_kv_heads") = py::none())
+        .def("forward", &PyMha::forward, py::arg("query"), py::arg("key"), py::arg("value"),
+             py::arg("key_padding_mask") = py::none(), py::arg("need_weights") = true,
+             py::arg("attn_mask") = py::none(), py::arg("average_attn_weights") = true, py::arg("is_causal") = false,
+             py::kw_only(), py::arg("impl") = "auto", "Returns (output, weights or None), as torch.")
+        .def("__call__", &PyMha::forward, py::arg("query"), py::arg("key"), py::arg("value"),
+             py::arg("key_padding_mask") = py::none(), py::arg("need_weights") = true,
+             py::arg("attn_mask") = py::none(), py::arg("average_attn_weights") = true, py::arg("is_causal") = false,
+             py::kw_only(), py::arg("impl") = "auto")
+        .def("load_state_dict", &PyMha::load_state_dict, py::arg("state_dict"),
+             "Copies the arrays (torch names; float32/float64/float16) into the parameters; the names "
+             "must match exactly.")
+        .def("load_safetensors", &PyMha::load_safetensors, py::arg("path"))
+        .def("state_dict", &PyMha::state_dict, "Copies of the parameters as float32 arrays.")
+        .def_property_readonly("embed_dim", [](const PyMha& s) { return s.config().embed_dim; })
+        .def_property_readonly("num_heads", [](const PyMha& s) { return s.config().num_heads; })
+        .def_property_readonly("head_dim", &PyMha::head_dim)
+        .def_property_readonly("kdim", [](const PyMha& s) { return s.config().kdim ? s.config().kdim : s.config().embed_dim; })
+        .def_property_readonly("vdim", [](const PyMha& s) { return s.config().vdim ? s.config().vdim : s.config().embed_dim; })
+        .def_property_readonly("batch_first", [](const PyMha& s) { return s.config().batch_first; });
+}
+
+}  // namespace attn_py

@@ -1,0 +1,41 @@
+// The `attn` Python module: attn::sdpa, attn::sdpa_backward, attn::MultiHeadAttention and the
+// KV cache on NumPy arrays, with PyTorch's names and conventions (README.md, "Python").
+// Each concept has its file (bind.hpp); conversions are convert.hpp's, keyword → option
+// mapping is options.hpp's.
+// Errors: attn::Error becomes TypeError when it is about a dtype (or raised as PyTypeError),
+// ValueError otherwise, with the same message.
+#include <pybind11/pybind11.h>
+
+#include <exception>
+#include <string>
+
+#include "attn/error.hpp"
+#include "attn/version.hpp"
+#include "bind.hpp"
+#include "convert.hpp"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(attn, m) {
+    m.doc() = "attn: scaled dot-product attention for CPUs, on NumPy arrays with PyTorch's names";
+    m.attr("__version__") = attn::kVersion;
+
+    py::register_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) std::rethrow_exception(p);
+        } catch (const attn_py::PyTypeError& e) {
+            PyErr_SetString(PyExc_TypeError, e.what());
+        } catch (const attn::Error& e) {
+            // The C++ layer names dtype problems "…: dtype must be …".
+            const std::string msg = e.what();
+            PyErr_SetString(msg.find("dtype") != std::string::npos ? PyExc_TypeError : PyExc_ValueError, e.what());
+        }
+    });
+
+    m.def("_input_copies", &attn_py::input_copies,
+          "How many input arrays the binding has copied so far (only strides that are not a multiple "
+          "of the item size are copied).");
+    attn_py::bind_sdpa(m);
+    attn_py::bind_kv_cache(m);
+    attn_py::bind_mha(m);
+}

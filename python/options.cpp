@@ -1,0 +1,86 @@
+#include "options.hpp"
+
+#include "convert.hpp"
+
+namespace attn_py {
+
+namespace {
+
+attn::Align align_of(const std::string& alignment, const char* name) {
+    if (alignment == "top-left") return attn::Align::top_left;
+    if (alignment == "bottom-right") return attn::Align::bottom_right;
+    value_error(std::string(name) + ": expected \"top-left\" or \"bottom-right\" but got \"" + alignment + "\"");
+}
+
+// window=(left, right): each side an int >= 0, or −1 / None for unbounded (attn::sdpa checks
+// the range and names the values).
+attn::Window window_of(const py::object& window, const std::string& alignment) {
+    attn::Window w;
+    w.align = align_of(alignment, "window_alignment");
+    if (window.is_none()) return w;
+    const char* expected = "window: expected (left, right), each an int >= 0 or -1/None for unbounded, but got ";
+    if (!py::isinstance<py::sequence>(window) || py::isinstance<py::str>(window) || py::len(window) != 2) {
+        type_error(expected + std::string(py::repr(window)));
+    }
+    const auto side = [&](const py::handle& h) -> std::int64_t {
+        if (h.is_none()) return -1;
+        const std::optional<std::int64_t> v = int_of(h, "window");
+        if (!v) type_error(expected + std::string(py::repr(window)));
+        return *v;
+    };
+    const py::sequence s = window.cast<py::sequence>();
+    w.left = side(s[0]);
+    w.right = side(s[1]);
+    return w;
+}
+
+// An int for every sequence, or a (B,) int32/int64 array (one per sequence).
+std::optional<attn::QueryOffset> query_offset_of(const py::object& offset, py::array& keep) {
+    if (offset.is_none()) return std::nullopt;
+    if (const std::optional<std::int64_t> v = int_of(offset, "query_offset")) return attn::QueryOffset(*v);
+    keep = as_array(offset, "query_offset");
+    if (keep.ndim() == 0) {
+        type_error("query_offset: expected an int or a (B,) int32/int64 array but got " +
+                   std::string(py::str(keep.dtype())) + " scalar");
+    }
+    return attn::QueryOffset(view_of(keep, "query_offset", 1, 1, "an int or shape (B,)"));
+}
+
+}  // namespace
+
+void set_alignment(const AlignmentArgs& args, CallOptions& out) {
+    const attn::Align causal = align_of(args.causal_alignment, "causal_alignment");
+    out.sdpa.causal = !args.is_causal                         ? attn::Causal::none
+                      : causal == attn::Align::top_left ? attn::Causal::top_left
+                                                        : attn::Causal::bottom_right;
+    out.sdpa.window = window_of(args.window, args.window_alignment);
+    out.sdpa.query_offset = query_offset_of(args.query_offset, out.query_offset);
+}
+
+CallOptions make_options(const SdpaArgs& args) {
+    CallOptions o;
+    o.sdpa.scale = args.scale;
+    o.sdpa.dropout_p = args.dropout_p;
+    o.sdpa.dropout_seed = args.dropout_seed;
+    o.sdpa.impl = attn::parse_impl(args.impl);
+    set_alignment(args.alignment, o);
+    if (!args.attn_mask.is_none()) {
+        o.mask = as_array(args.attn_mask, "attn_mask");
+        const attn::TensorView m = view_of(o.mask, "attn_mask", 0, 4, "a mask broadcastable to (B, H, Lq, Lk)");
+        if (m.dtype() == attn::DType::boolean) {
+            o.sdpa.bool_mask = m;
+        } else if (m.dtype() == attn::DType::f32 || m.dtype() == attn::DType::f64) {
+            o.sdpa.additive_mask = m;
+        } else {
+            type_error("attn_mask: dtype must be bool (True = may attend) or float32/float64 (added) but got " +
+                       std::string(attn::dtype_name(m.dtype())));
+        }
+    }
+    if (!args.key_lengths.is_none()) {
+        o.key_lengths = as_array(args.key_lengths, "key_lengths");
+        o.sdpa.key_lengths = view_of(o.key_lengths, "key_lengths", 1, 1, "shape (B,)");
+    }
+    return o;
+}
+
+}  // namespace attn_py

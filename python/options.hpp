@@ -1,0 +1,55 @@
+// Python keyword arguments → attn::SdpaOptions, shared by scaled_dot_product_attention, its
+// backward and decode_attention so that each keyword means the same everywhere:
+//   is_causal + causal_alignment   "top-left" (torch's is_causal) or "bottom-right"
+//   window=(left, right)           keys d−left .. d+right around the diagonal d; −1 or None =
+//                                  unbounded on that side; window=None = no window
+//   window_alignment               where the window's diagonal sits, like causal_alignment
+//   query_offset                   an int, or a (B,) int32/int64 array: d_b(i) = i + offset_b
+//                                  for causal and window alike (include/attn/sdpa.hpp)
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "attn/sdpa.hpp"
+
+namespace attn_py {
+
+namespace py = pybind11;
+
+// The masking keywords every attention call takes.
+struct AlignmentArgs {
+    bool is_causal = false;
+    std::string causal_alignment;
+    py::object window;
+    std::string window_alignment;
+    py::object query_offset;
+};
+
+// The keywords of scaled_dot_product_attention and its backward.
+struct SdpaArgs {
+    py::object attn_mask;
+    double dropout_p = 0.0;
+    std::optional<double> scale;
+    py::object key_lengths;
+    AlignmentArgs alignment;
+    std::uint64_t dropout_seed = 0;
+    std::string impl;
+};
+
+// Options whose views point into arrays held here, alive as long as this object.
+struct CallOptions {
+    attn::SdpaOptions sdpa;
+    py::array mask, key_lengths, query_offset;
+};
+
+// Sets causal, window and query_offset of `out` (arrays kept in `out`).
+void set_alignment(const AlignmentArgs& args, CallOptions& out);
+
+CallOptions make_options(const SdpaArgs& args);
+
+}  // namespace attn_py

@@ -1,0 +1,161 @@
+// scaled_dot_product_attention and its backward: attn::sdpa / attn::sdpa_backward on arrays
+// of rank 2..4 — (B, H, L, D), (H, L, D) or (L, D) — seen as rank 4 by leading size-1 dims.
+#include <pybind11/stl.h>
+
+#include <ctime>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attn/sdpa.hpp"
+#include "attn/sdpa_backward.hpp"
+#include "bind.hpp"
+#include "convert.hpp"
+#include "options.hpp"
+
+namespace attn_py {
+
+namespace {
+
+const char* const kLayout = "(B, H, L, D), (H, L, D) or (L, D)";
+
+// Outputs follow the query's dtype (float32 → float32; float64 → float64).
+attn::DType output_dtype(const attn::TensorView& q) {
+    return q.dtype() == attn::DType::f64 ? attn::DType::f64 : attn::DType::f32;
+}
+
+py::object sdpa_py(const py::object& query, const py::object& key, const py::object& value,
+                   const py::object& attn_mask, double dropout_p, bool is_causal, std::optional<double> scale,
+                   const std::string& causal_alignment, const py::object& key_lengths, const py::object& window,
+                   const std::string& window_alignment, const py::object& query_offset, bool return_lse,
+                   bool return_weights, std::uint64_t dropout_seed, const std::string& impl) {
+    const Input q = input(query, "query", 2, 4, kLayout);
+    const Input k = input(key, "key", 2, 4, kLayout);
+    const Input v = input(value, "value", 2, 4, kLayout);
+    const int rank = q.view.rank();
+    if (k.view.rank() != rank || v.view.rank() != rank) {
+        value_error("key/value: expected the rank of query (" + std::to_string(rank) + ") but got key " +
+                    shape_str(k.array) + " and value " + shape_str(v.array));
+    }
+    const CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
+                                          {is_causal, causal_alignment, window, window_alignment, query_offset},
+                                          dropout_seed, impl});
+    const attn::DType odt = output_dtype(q.view);
+    std::vector<py::ssize_t> od = dims_of(q.view);
+    od.back() = v.view.dim(rank - 1);
+    const std::vector<py::ssize_t> ld(od.begin(), od.end() - 1);
+    std::vector<py::ssize_t> wd = ld;
+    wd.push_back(k.view.dim(rank - 2));
+    py::array out = new_array(odt, od);
+    py::array lse = return_lse ? new_array(odt, ld) : py::array();
+    py::array w = return_weights ? new_array(odt, wd) : py::array();
+    const attn::TensorView ov = output_view(out, 4);
+    attn::TensorView lv, wv;
+    if (return_lse) lv = output_view(lse, 3);
+    if (return_weights) wv = output_view(w, 4);
+    {
+        py::gil_scoped_release nogil;
+        attn::sdpa(expand_rank(q.view, 4), expand_rank(k.view, 4), expand_rank(v.view, 4), opt.sdpa, ov,
+                   return_lse ? &lv : nullptr, return_weights ? &wv : nullptr);
+    }
+    if (!return_lse && !return_weights) return out;
+    py::list r;
+    r.append(out);
+    if (return_lse) r.append(lse);
+    if (return_weights) r.append(w);
+    return py::tuple(r);
+}
+
+py::tuple sdpa_backward_py(const py::object& query, const py::object& key, const py::object& value,
+                           const py::object& out, const py::object& lse, const py::object& grad_out,
+                           const py::object& attn_mask, double dropout_p, bool is_causal, std::optional<double> scale,
+                           const std::string& causal_alignment, const py::object& key_lengths,
+                           const py::object& window, const std::string& window_alignment,
+                           const py::object& query_offset, std::uint64_t dropout_seed, const std::string& impl) {
+    const Input q = input(query, "query", 2, 4, kLayout);
+    const int r = q.view.rank();
+    const Input k = input(key, "key", r, r, "the query's rank");
+    const Input v = input(value, "value", r, r, "the query's rank");
+    const Input o = input(out, "out", r, r, "the query's rank");
+    const Input l = input(lse, "lse", r - 1, r - 1, "the query's shape without D");
+    const Input g = input(grad_out, "grad_out", r, r, "the query's rank");
+    const CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
+                                          {is_causal, causal_alignment, window, window_alignment, query_offset},
+                                          dropout_seed, impl});
+    const attn::DType odt = output_dtype(q.view);
+    py::array dq = new_array(odt, dims_of(q.view));
+    py::array dk = new_array(odt, dims_of(k.view));
+    py::array dv = new_array(odt, dims_of(v.view));
+    const attn::TensorView dqv = output_view(dq, 4), dkv = output_view(dk, 4), dvv = output_view(dv, 4);
+    {
+        py::gil_scoped_release nogil;
+        attn::sdpa_backward(expand_rank(q.view, 4), expand_rank(k.view, 4), expand_rank(v.view, 4),
+                            expand_rank(o.view, 4), expand_rank(l.view, 3), expand_rank(g.view, 4), opt.sdpa, dqv,
+                            dkv, dvv);
+    }
+    return py::make_tuple(dq, dk, dv);
+}
+
+// For bench/python_bench.py: the C++ call alone, timed in C++ on views built once — the
+// baseline the binding's overhead is measured against, in the same process and build.
+// q/k/v (B, H, L, D) float32; returns the seconds of each of `runs` calls.
+std::vector<double> time_cpp_sdpa(const py::object& query, const py::object& key, const py::object& value,
+                                  int runs, bool cpu_clock) {
+    const Input q = input(query, "query", 4, 4, "(B, H, L, D)");
+    const Input k = input(key, "key", 4, 4, "(B, H, L, D)");
+    const Input v = input(value, "value", 4, 4, "(B, H, L, D)");
+    py::array out = new_array(attn::DType::f32, {q.view.dim(0), q.view.dim(1), q.view.dim(2), v.view.dim(3)});
+    const attn::TensorView ov = output_view(out, 4);
+    std::vector<double> seconds;
+    py::gil_scoped_release nogil;
+    // cpu_clock: the process's CPU time (all threads), like Python's time.process_time —
+    // robust to other processes on a loaded machine when attn runs on one thread.
+    const auto now = [cpu_clock] {
+        timespec ts{};
+        clock_gettime(cpu_clock ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
+        return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+    };
+    for (int i = 0; i < runs; ++i) {
+        const double t0 = now();
+        attn::sdpa(q.view, k.view, v.view, attn::SdpaOptions{}, ov);
+        seconds.push_back(now() - t0);
+    }
+    return seconds;
+}
+
+}  // namespace
+
+void bind_sdpa(py::module_& m) {
+    m.def("scaled_dot_product_attention", &sdpa_py, py::arg("query"), py::arg("key"), py::arg("value"),
+          py::arg("attn_mask") = py::none(), py::arg("dropout_p") = 0.0, py::arg("is_causal") = false,
+          py::arg("scale") = py::none(), py::kw_only(), py::arg("causal_alignment") = "top-left",
+          py::arg("key_lengths") = py::none(), py::arg("window") = py::none(),
+          py::arg("window_alignment") = "top-left", py::arg("query_offset") = py::none(),
+          py::arg("return_lse") = false, py::arg("return_weights") = false, py::arg("dropout_seed") = 0,
+          py::arg("impl") = "auto",
+          "softmax(query·keyᵀ·scale + mask)·value, as torch.nn.functional.scaled_dot_product_attention.\n"
+          "query (B, H, Lq, D), (H, Lq, D) or (Lq, D); key/value of the same rank (Hq % Hkv == 0: GQA).\n"
+          "attn_mask: bool (True = may attend) or float (added), broadcastable to (B, H, Lq, Lk).\n"
+          "key_lengths (B,): sequence b has keys 0..key_lengths[b]-1.\n"
+          "window=(left, right): query i sees keys d-left .. d+right around its diagonal d (-1 or None:\n"
+          "unbounded on that side); window_alignment places d like causal_alignment: top-left d = i,\n"
+          "bottom-right d = i + n_b - Lq (n_b = key_lengths[b], else Lk).\n"
+          "query_offset: an int or a (B,) int32/int64 array; d = i + query_offset[b] for causal and window.\n"
+          "A row with no visible key gives 0 (lse -inf).\n"
+          "Returns out, or (out[, lse][, weights]) when return_lse / return_weights.");
+    m.def("scaled_dot_product_attention_backward", &sdpa_backward_py, py::arg("query"), py::arg("key"),
+          py::arg("value"), py::arg("out"), py::arg("lse"), py::arg("grad_out"), py::arg("attn_mask") = py::none(),
+          py::arg("dropout_p") = 0.0, py::arg("is_causal") = false, py::arg("scale") = py::none(), py::kw_only(),
+          py::arg("causal_alignment") = "top-left", py::arg("key_lengths") = py::none(),
+          py::arg("window") = py::none(), py::arg("window_alignment") = "top-left",
+          py::arg("query_offset") = py::none(), py::arg("dropout_seed") = 0, py::arg("impl") = "auto",
+          "Gradients (dq, dk, dv) of scaled_dot_product_attention given the forward's out and lse\n"
+          "(return_lse=True) and grad_out = dLoss/dout; the same options as the forward.");
+    m.attr("sdpa") = m.attr("scaled_dot_product_attention");
+    m.attr("sdpa_backward") = m.attr("scaled_dot_product_attention_backward");
+    m.def("_time_cpp_sdpa", &time_cpp_sdpa, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("runs"),
+          py::arg("cpu_clock") = false,
+          "Benchmark helper: seconds of each of `runs` plain attn::sdpa calls made from C++.");
+}
+
+}  // namespace attn_py

@@ -1,0 +1,74 @@
+# The oracles of the Python tests: textbook attention in float64 torch, the visibility rule
+# of docs/conventions.md written from its definition, and the tolerance check.
+import numpy as np
+import torch
+
+# float32 kernels against the float64 oracle: |err| <= ATOL + RTOL·|ref|. The float32
+# output of a softmax-weighted sum of O(1) values carries ~1e-7·sqrt(Lk) rounding.
+ATOL, RTOL = 2e-5, 2e-5
+
+
+def textbook(q, k, v, keep=None, bias=None, scale=None):
+    """softmax(q·kᵀ·scale + bias) masked by keep (True = may attend) · v, in float64 torch.
+    q (B, H, Lq, D), k/v (B, Hkv, Lk, ·); GQA by repeating KV heads. Rows without a visible key
+    give 0 (attn's convention). Returns out, lse, weights."""
+    q, k, v = (torch.from_numpy(np.asarray(x, dtype=np.float64)) for x in (q, k, v))
+    group = q.shape[-3] // k.shape[-3]
+    k = k.repeat_interleave(group, dim=-3)
+    v = v.repeat_interleave(group, dim=-3)
+    s = q @ k.transpose(-1, -2) * (scale if scale is not None else 1.0 / np.sqrt(q.shape[-1]))
+    if bias is not None:
+        s = s + torch.from_numpy(np.asarray(bias, dtype=np.float64))
+    if keep is not None:
+        s = s.masked_fill(~torch.from_numpy(np.array(keep)), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    w = torch.exp(s - lse.unsqueeze(-1))
+    w = torch.nan_to_num(w, nan=0.0)
+    return (w @ v).numpy(), lse.numpy(), w.numpy()
+
+
+def close(ours, ref, atol=ATOL, rtol=RTOL):
+    ours = np.asarray(ours, dtype=np.float64)
+    assert ours.shape == ref.shape
+    assert np.all(np.isfinite(ours) == np.isfinite(ref)) or np.array_equal(ours, ref)
+    fin = np.isfinite(ref)
+    err = np.abs(ours[fin] - ref[fin])
+    bound = atol + rtol * np.abs(ref[fin])
+    assert np.all(err <= bound), f"max err {err.max()} (worst excess {(err - bound).max()})"
+
+
+def causal_keep(lq, lk, bottom_right):
+    off = lk - lq if bottom_right else 0
+    return np.arange(lk)[None, :] <= np.arange(lq)[:, None] + off
+
+
+def visible(b, lq, lk, key_lengths=None, causal=None, window=None, window_alignment="top-left",
+            query_offset=None):
+    """keep (B, 1, Lq, Lk), True = query i of sequence b may see key j, from the definition
+    (DESIGN.md, "Alignment is one number per sequence"): n_b = key_lengths[b] (else Lk); the
+    diagonal is d_b(i) = i + offset_b with offset_b = query_offset (an int or one per sequence)
+    when given, else 0 (top-left) or n_b − Lq (bottom-right). Keys j < n_b are visible; causal
+    keeps j <= d_b(i); window (left, right) keeps d_b(i) − left <= j <= d_b(i) + right, −1 or
+    None = unbounded on that side."""
+    n = np.full(b, lk) if key_lengths is None else np.asarray(key_lengths, dtype=np.int64)
+    i = np.arange(lq)[None, :, None]
+    j = np.arange(lk)[None, None, :]
+
+    def diagonal(alignment):
+        if query_offset is not None:
+            off = np.broadcast_to(np.asarray(query_offset, dtype=np.int64), (b,))
+        else:
+            off = np.zeros(b, np.int64) if alignment == "top-left" else n - lq
+        return i + off[:, None, None]
+
+    keep = j < n[:, None, None]
+    if causal is not None:
+        keep = keep & (j <= diagonal(causal))
+    if window is not None:
+        left, right = (-1 if x is None else x for x in window)
+        d = diagonal(window_alignment)
+        if left >= 0:
+            keep = keep & (j >= d - left)
+        if right >= 0:
+            keep = keep & (j <= d + right)
+    return keep[:, None]

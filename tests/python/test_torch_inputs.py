@@ -1,0 +1,83 @@
+# torch tensors as inputs: read in place like numpy arrays when they can be; a tensor that
+# requires grad is a TypeError naming the argument and the way out (.detach()) wherever it is
+# passed — attn has no autograd yet — rather than torch's RuntimeError (or pybind11's
+# "error indicator not set").
+import numpy as np
+import pytest
+import torch
+
+import attn
+from reference import close, textbook
+
+
+def grad_tensor(shape, dtype=torch.float32):
+    return torch.randn(shape, dtype=dtype).requires_grad_()
+
+
+def expect_detach_error(name, call):
+    with pytest.raises(TypeError) as e:
+        call()
+    msg = str(e.value)
+    assert name in msg and "requires_grad" in msg and ".detach()" in msg, msg
+
+
+@pytest.mark.parametrize("name", ["query", "key", "value", "attn_mask"])
+def test_sdpa_arguments(name):
+    args = dict(query=torch.randn(1, 2, 4, 8), key=torch.randn(1, 2, 6, 8), value=torch.randn(1, 2, 6, 8),
+                attn_mask=torch.zeros(4, 6))
+    args[name] = args[name].requires_grad_()
+    expect_detach_error(name, lambda: attn.scaled_dot_product_attention(**args))
+
+
+@pytest.mark.parametrize("name", ["query", "out", "lse", "grad_out"])
+def test_sdpa_backward_arguments(name):
+    q = np.random.default_rng(0).standard_normal((1, 2, 4, 8), dtype=np.float32)
+    o, lse = attn.sdpa(q, q, q, return_lse=True)
+    args = dict(query=q, key=q, value=q, out=o, lse=lse, grad_out=np.ones_like(o))
+    args[name] = torch.from_numpy(args[name].copy()).requires_grad_()
+    expect_detach_error(name, lambda: attn.sdpa_backward(**args))
+
+
+def test_mha_forward_and_state_dict():
+    m = attn.MultiheadAttention(8, 2)
+    x = grad_tensor((5, 1, 8))
+    expect_detach_error("query", lambda: m(x, x, x))
+    expect_detach_error("key", lambda: m(x.detach(), x, x.detach()))
+    expect_detach_error("key_padding_mask", lambda: m(x.detach(), x.detach(), x.detach(),
+                                                      key_padding_mask=grad_tensor((1, 5))))
+    t = torch.nn.MultiheadAttention(8, 2)
+    # named_parameters() are leaves that require grad; state_dict() detaches them.
+    expect_detach_error("state_dict['in_proj_weight']", lambda: m.load_state_dict(dict(t.named_parameters())))
+    m.load_state_dict(t.state_dict())
+    ref, _ = t.eval()(x, x, x)
+    close(m(x.detach(), x.detach(), x.detach())[0], ref.detach().double().numpy(), atol=1e-5, rtol=1e-5)
+
+
+def test_kv_cache_and_decode():
+    cache = attn.KVCache(1, 2, 8, 16)
+    k = grad_tensor((1, 2, 3, 8))
+    expect_detach_error("k_new", lambda: cache.append(k, k.detach()))
+    expect_detach_error("v_new", lambda: cache.append(k.detach(), k))
+    assert cache.lengths.tolist() == [0]  # nothing written
+    cache.append(k.detach(), k.detach())
+    expect_detach_error("query", lambda: attn.decode_attention(grad_tensor((1, 2, 1, 8)), cache))
+
+
+def test_detached_tensors_are_read_in_place():
+    q, k, v = (grad_tensor((1, 2, 7, 16)) for _ in range(3))
+    qt = q.detach().transpose(1, 2).contiguous().transpose(1, 2)  # (B, L, H, D) memory seen as (B, H, L, D)
+    before = attn._input_copies()
+    o = attn.sdpa(qt, k.detach(), v.detach(), is_causal=True)
+    assert attn._input_copies() == before
+    keep = np.tril(np.ones((7, 7), bool))
+    close(o, textbook(qt.numpy(), k.detach().numpy(), v.detach().numpy(), keep)[0])
+
+
+def test_unconvertible_objects_are_a_type_error_with_numpy_reason():
+    class Bad:
+        def __array__(self, dtype=None):
+            raise RuntimeError("no array here")
+
+    z = np.zeros((1, 1, 2, 4), np.float32)
+    with pytest.raises(TypeError, match="key: expected an array .* Bad: .*no array here"):
+        attn.sdpa(z, Bad(), z)
