@@ -13,7 +13,7 @@ namespace attn::detail {
 // Impl::reference → the textbook oracle (double accumulation).
 void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report) {
     std::string explanation;
-    // Decode branch (issue 6): Lq <= 16, and every float16/bfloat16 K/V, are decided first.
+    // Decode branch: Lq <= 16, and every float16/bfloat16 K/V, are decided first.
     if (dispatch_decode(problem, requested, report, explanation)) return;
     const std::string decline = flash_decline_reason(problem);
     bool use_flash = false;
