@@ -24,7 +24,8 @@
 //   Error                               the one exception type for bad arguments and files     attn/error.hpp
 //   kVersion                            the library's version string                            attn/version.hpp
 //
-// Not included here, because each needs an optional library (include them directly):
+// Not included here: each lives in its own target with its own dependency (include it
+// directly and link that target):
 //   attn/ring.hpp     attn::dist::ring_attention, sequence-parallel attention over MPI
 //                     (target attn::dist, needs MPI)
 //   attn/heatmap.hpp  attn::write_heatmap, attention weights drawn as PNG/SVG
