@@ -1,9 +1,12 @@
 """attn sdpa (the CLI) against ONNX `Attention`'s masking rules, on random cases.
 
-ONNX's rules, written here in NumPy float64 (our own code; the rules are those of
-onnx/onnx onnx/reference/ops/op_attention.py, `_compute_attention` / `_apply_causal`, opset 24,
-and of the opset-25 window attributes of onnx/onnx pull request 8108). Every rule measures
-from one number per sequence, the position of query 0 among the keys:
+ONNX's rules, written here in NumPy float64 (our own code). Sources: onnx/onnx
+onnx/reference/ops/op_attention.py (`_compute_attention`, `_apply_causal`; the version read,
+commit 04138e07, covers opset 24 and has no window yet) for causal + nonpad_kv_seqlen and the
+past cache; for windows, the opset-25 `left_window_size`/`right_window_size` attributes as
+onnx/onnx pull request 8108 (merged) states them: "a query at absolute position p = offset + i
+attends key j iff p − left <= j <= p + right", offset being the same per-batch offset as causal
+masking. Every rule measures from one number per sequence, the position of query 0 among the keys:
     offset_b = past_len                     when past_key is given (K = past ++ new keys),
              = nonpad_kv_seqlen[b] − Lq     when only nonpad_kv_seqlen is given (a static cache),
              = 0                            otherwise.
