@@ -1,6 +1,6 @@
 // attn::KVCache — the keys and values a decoder has already computed, kept so that each
-// generation step only computes K and V for its new tokens (seed 003: a decoder-only
-// model sees itself and earlier tokens, so earlier K and V never change).
+// generation step only computes K and V for its new tokens (a decoder-only model lets each
+// token see itself and earlier tokens, so earlier K and V never change).
 //
 //   keys:   (B, Hkv, capacity, Dk)   storage float32, float16 or bfloat16
 //   values: (B, Hkv, capacity, Dv)

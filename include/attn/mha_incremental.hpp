@@ -1,6 +1,7 @@
 // Incremental (KV-cached) self-attention through a MultiHeadAttention layer: a decoder
 // feeds its tokens a few at a time, and the keys/values of earlier tokens come from an
-// attn::KVCache instead of being projected again (seed 003).
+// attn::KVCache instead of being projected again (earlier tokens never see later ones,
+// so their K and V never change).
 //
 //   x_new (T, B, E), or (B, T, E) with batch_first, or unbatched (T, E) (cache batch 1)
 //   [Q K V] = x_new · [W_Q; W_K; W_V]ᵀ + b            one fused GEMM, as forward() does

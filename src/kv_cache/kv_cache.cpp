@@ -25,7 +25,7 @@ std::string num(std::int64_t v) { return std::to_string(v); }
 // One of K or V: (B, Hkv, capacity, D) in the storage dtype, C order. Large buffers are
 // 2 MiB aligned and advised to use transparent huge pages: decode streams the whole cache
 // every step, and first-touch faults on 4 KiB pages cost far more than the kernel
-// (DESIGN.md: ≈ 2 GB/s with 4 KiB pages against ≈ 12 GB/s with huge pages).
+// (measured: ≈ 2 GB/s with 4 KiB pages against ≈ 12 GB/s with huge pages).
 struct KVCache::Buffer {
     void* data = nullptr;
     std::size_t bytes = 0;

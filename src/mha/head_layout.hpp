@@ -1,7 +1,7 @@
 // Where the rows and heads of an MHA layer's buffers sit — written once for the forward,
 // the backward and the incremental path. Inputs are (L, B, F), (B, L, F) with batch_first,
 // or unbatched (L, F); a projection writes (rows, ld) buffers in the input's row order, and
-// the heads are stride views of them (DESIGN.md: head split by strides, never a copy).
+// the heads are stride views of them (docs/conventions.md: the head split is a stride view, never a copy).
 #pragma once
 
 #include <cstdint>

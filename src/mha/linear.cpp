@@ -14,7 +14,7 @@
 namespace attn::detail {
 namespace {
 
-// DESIGN.md: OpenMP's thread count (ATTN_NUM_THREADS / OMP_NUM_THREADS) is attn's. OpenBLAS
+// OpenMP's thread count (ATTN_NUM_THREADS / OMP_NUM_THREADS) is attn's. OpenBLAS
 // (pthreads build) has its own pool sized at load time, so the GEMMs follow OpenMP's count
 // here — unless the user sized OpenBLAS explicitly with OPENBLAS_NUM_THREADS.
 void match_blas_threads() {

@@ -55,34 +55,40 @@ def dropout_factor(p, seed, B, H, Lq, Lk):
     return np.where(r >= threshold, 1.0 / (1.0 - p), 0.0)
 
 
-def keep_mask(c, kl):
-    """Structural masks as the docs define them: (B, 1, Lq, Lk) bool, True = may attend."""
-    i = np.arange(c["Lq"])[:, None]
-    j = np.arange(c["Lk"])[None, :]
-    keep = np.ones((c["B"], 1, c["Lq"], c["Lk"]), dtype=bool)
-    if c["causal"] == "top-left":
-        keep &= j <= i
-    elif c["causal"] == "bottom-right":
-        keep &= j <= i + c["Lk"] - c["Lq"]
+def keep_mask(c, kl, qo):
+    """Structural masks as the docs define them: (B, 1, Lq, Lk) bool, True = may attend.
+    Query i of sequence b has its diagonal at d_b(i) = i + offset_b: the query offset qo ((B,))
+    when given, else 0 (top-left) or n_b − Lq (bottom-right), n_b = kl[b] (Lk without kl)."""
+    B, Lq, Lk = c["B"], c["Lq"], c["Lk"]
+    i = np.arange(Lq)[None, None, :, None]
+    j = np.arange(Lk)[None, None, None, :]
+    n = (kl if kl is not None else np.full(B, Lk)).astype(np.int64)[:, None, None, None]
+
+    def diagonal(align):
+        if qo is not None:
+            return i + qo.astype(np.int64)[:, None, None, None]
+        return i + 0 * n if align == "top-left" else i + n - Lq
+
+    keep = np.broadcast_to(j < n, (B, 1, Lq, Lk)).copy()
+    if c["causal"] != "none":
+        keep &= j <= diagonal(c["causal"])
     if c["window"] is not None:
         left, right, align = c["window"]
-        d = i if align == "top-left" else i + c["Lk"] - c["Lq"]
+        d = diagonal(align)
         if left >= 0:
             keep &= j >= d - left
         if right >= 0:
             keep &= j <= d + right
-    if kl is not None:
-        keep &= (np.arange(c["Lk"])[None, None, None, :] < kl[:, None, None, None])
     return keep
 
 
-def torch_grads(c, q, k, v, dO, mask, kl, drop):
+def torch_grads(c, q, k, v, dO, mask, kl, qo, drop):
     """Textbook attention in float64 with autograd; returns O, dQ, dK, dV."""
     q, k, v = (torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in (q, k, v))
     g = c["Hq"] // c["Hkv"]
     kk, vv = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
     s = (q @ kk.transpose(-2, -1)) * (1.0 / np.sqrt(c["Dk"]))
-    keep = torch.tensor(keep_mask(c, kl))
+    keep = torch.tensor(keep_mask(c, kl, qo))
     if mask is not None and mask.dtype == np.bool_:
         keep = keep & torch.tensor(mask)
     elif mask is not None:
@@ -100,7 +106,7 @@ def torch_grads(c, q, k, v, dO, mask, kl, drop):
     return o.detach().numpy(), q.grad.numpy(), k.grad.numpy(), v.grad.numpy()
 
 
-def run_cli(tmp, c, q, k, v, dO, mask, kl):
+def run_cli(tmp, c, q, k, v, dO, mask, kl, qo):
     files = {"q": q, "k": k, "v": v, "do": dO}
     for n, x in files.items():
         np.save(os.path.join(tmp, n + ".npy"), x)
@@ -113,6 +119,9 @@ def run_cli(tmp, c, q, k, v, dO, mask, kl):
     if kl is not None:
         np.save(os.path.join(tmp, "kl.npy"), kl)
         cmd += ["--key-lengths", os.path.join(tmp, "kl.npy")]
+    if qo is not None:
+        np.save(os.path.join(tmp, "qo.npy"), qo)
+        cmd += ["--query-offsets", os.path.join(tmp, "qo.npy")]
     if c["causal"] != "none":
         cmd += ["--causal", c["causal"]]
     if c["window"] is not None:
@@ -137,6 +146,11 @@ def random_case(rng, t):
              seed=int(rng.integers(0, 2**63)))
     if rng.random() < 0.15:
         c["window"] = (int(rng.integers(0, 10)), int(rng.integers(-1, 4)), ["top-left", "bottom-right"][t % 2])
+    # Drawn after the rest so the earlier parameters of each seed stay what they were.
+    c["kl_below_lq"] = rng.random() < 0.5  # key lengths up to Lq − 1: bottom-right rows with no key
+    c["qo"] = rng.random() < 0.15  # a per-sequence query offset
+    if t % 9 == 2:  # every ninth case: bottom-right with per-sequence key lengths, maybe a window
+        c.update(causal="bottom-right", kl=True, qo=False)
     return c
 
 
@@ -152,17 +166,19 @@ def make_inputs(c, rng, dtype):
     elif c["mask"] == "additive":
         mask = rng.standard_normal((c["B"], 1, c["Lq"], c["Lk"])).astype(dtype)
         mask[rng.random(mask.shape) < 0.2] = -np.inf
-    kl = rng.integers(0, c["Lk"] + 1, size=c["B"]).astype(np.int64) if c["kl"] else None
-    return q, k, v, dO, mask, kl
+    hi = min(c["Lk"], c["Lq"] - 1) if c["kl_below_lq"] else c["Lk"]
+    kl = rng.integers(0, max(hi, 0) + 1, size=c["B"]).astype(np.int64) if c["kl"] else None
+    qo = rng.integers(-c["Lq"], c["Lk"] + 2, size=c["B"]).astype(np.int32) if c["qo"] else None
+    return q, k, v, dO, mask, kl, qo
 
 
 def check_case(c, dtype, tol, seed):
     rng = np.random.default_rng(seed)
-    q, k, v, dO, mask, kl = make_inputs(c, rng, dtype)
+    q, k, v, dO, mask, kl, qo = make_inputs(c, rng, dtype)
     drop = dropout_factor(c["p"], c["seed"], c["B"], c["Hq"], c["Lq"], c["Lk"]) if c["p"] > 0 else None
-    want = torch_grads(c, q, k, v, dO, mask, kl, drop)
+    want = torch_grads(c, q, k, v, dO, mask, kl, qo, drop)
     with tempfile.TemporaryDirectory() as tmp:
-        got = run_cli(tmp, c, q, k, v, dO, mask, kl)
+        got = run_cli(tmp, c, q, k, v, dO, mask, kl, qo)
     for g in got[1:]:  # gradients keep the inputs' dtype (O is always written as float32)
         assert g.dtype == dtype
         assert np.isfinite(g).all()
@@ -183,6 +199,15 @@ def test_float32_tiled_backward_matches_torch(t):
 
 
 CASES64 = [random_case(np.random.default_rng(5000 + t), t) for t in range(24)]
+
+
+def test_cases_exercise_the_per_sequence_rule():
+    """Guards the generator: bottom-right with key lengths (some below Lq), query offsets."""
+    cases = CASES32 + CASES64
+    assert sum(c["causal"] == "bottom-right" and c["kl"] for c in cases) >= 15
+    assert sum(c["causal"] == "bottom-right" and c["kl"] and c["kl_below_lq"] and c["Lq"] > 1 for c in cases) >= 5
+    assert sum(c["qo"] and (c["causal"] != "none" or c["window"] is not None) for c in cases) >= 8
+    assert sum(c["window"] is not None and c["kl"] for c in cases) >= 2
 
 
 @pytest.mark.parametrize("t", range(len(CASES64)))

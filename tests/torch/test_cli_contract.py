@@ -1,4 +1,4 @@
-"""The attn CLI's contract (issue 2, item 7), which other tools depend on:
+"""The attn CLI's contract, which other tools depend on:
   - `attn --help`, `attn --version`, `attn sdpa --help` exit 0;
   - on any error: exactly one stderr line `attn: error: …`, nothing on stdout, exit status 2,
     and no output file created (nor a temporary file left beside it);
@@ -61,7 +61,8 @@ def test_help_version_and_sdpa_help():
     assert r.returncode == 0 and re.fullmatch(r"attn \d+\.\d+\.\d+\n", r.stdout), repr(r.stdout)
     r = run_attn("sdpa", "--help")
     assert r.returncode == 0
-    for flag in ("--q", "--k", "--v", "--out", "--mask", "--causal", "--scale", "--weights", "--lse", "--impl"):
+    for flag in ("--q", "--k", "--v", "--out", "--mask", "--causal", "--scale", "--weights", "--lse", "--impl",
+                 "--key-lengths", "--query-offset", "--query-offsets", "--window-align"):
         assert flag in r.stdout, flag
 
 
@@ -113,6 +114,18 @@ def test_bad_key_lengths(work):
     expect_error(work, sdpa_args(work, key_lengths=work / "kl.npy"), "key_lengths", "entry 1 must be in [0, Lk=7] but got 9")
     np.save(work / "kf.npy", np.array([3, 4], dtype=np.float32))
     expect_error(work, sdpa_args(work, key_lengths=work / "kf.npy"), "key_lengths", "int32 or int64", "float32")
+
+
+def test_bad_query_offsets(work):
+    # The library names the option (query_offset) and the function (sdpa); the CLI adds nothing.
+    np.save(work / "qf.npy", np.array([1, 2], dtype=np.float32))
+    msg = expect_error(work, sdpa_args(work, query_offsets=work / "qf.npy"), "query_offset", "int32 or int64", "float32")
+    assert msg.startswith("attn: error: sdpa: "), msg
+    np.save(work / "q3.npy", np.array([1, 2, 3], dtype=np.int64))
+    expect_error(work, sdpa_args(work, query_offsets=work / "q3.npy"), "query_offset", "(B,)")
+    expect_error(work, sdpa_args(work, query_offset=2 ** 61), "query_offset", "2^60")
+    np.save(work / "qo.npy", np.array([1, 2], dtype=np.int32))
+    expect_error(work, sdpa_args(work, query_offset=1, query_offsets=work / "qo.npy"), "--query-offset")
 
 
 @pytest.mark.parametrize("which,shape,fragment", [

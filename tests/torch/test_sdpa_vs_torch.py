@@ -3,8 +3,14 @@
 Every case draws its own sizes from a fixed seed: B, Hkv, Hq = group * Hkv, Lq, Lk in 1..300
 (never a power of two above 1), Dk, Dv in 1..256; float32 or float64 inputs; any combination of
 a bool keep-mask or an additive float mask (with -inf entries) of various broadcast shapes,
-causal in both alignments, key lengths (including 0), a sliding window in both alignments,
-custom scales; --weights and --lse on most cases.
+causal in both alignments, key lengths (including 0 and lengths shorter than Lq), a sliding
+window in both alignments, a query offset (one for every sequence or one per sequence), custom
+scales; --weights and --lse on most cases.
+
+The alignment rule (docs/conventions.md): query i of sequence b has its diagonal at
+d_b(i) = i + offset_b, with offset_b = the query offset when given (either alignment), else 0
+(top-left) or n_b − Lq (bottom-right), n_b = key_lengths[b] (Lk without key lengths). Causal
+keeps j <= d_b(i); the window keeps d_b(i) − left <= j <= d_b(i) + right; key lengths keep j < n_b.
 
 The reference is the textbook expression written here with torch ops in float64 from the very
 values the CLI reads (S = Q Kᵀ·scale + bias, masked_fill(−inf), softmax, A·V). torch 1.13 gives
@@ -15,8 +21,8 @@ Tolerance: |got − ref| ≤ 1e-5·(1 + |ref|) (outputs are float32; their round
 When the default kernel choice runs on float32 inputs it is the flash kernel, which computes in
 float32: its scores carry the rounding of an fp32 dot product, up to (Dk+2)·u·|scale|·Σ_d|q·k|
 (u = 2^-24) — with scale 1 and Dk = 178 that alone is ~1e-4 on a score, more than 1e-5 on the
-output. Those runs get that derived term on top (fp32_terms below, the same first-order bound
-as tests/kernels/test_flash.cpp).
+output. Those runs get that derived term on top (fp32_bound.py: the same first-order bound as
+tests/kernels/test_flash.cpp).
 Masked weights must be exactly 0. Failures print the case (seed and parameters) to reproduce:
     ATTN_BIN=build/tools/attn /usr/bin/python3 -m pytest tests/torch/test_sdpa_vs_torch.py -k 'case_017'
 """
@@ -26,6 +32,7 @@ import numpy as np
 import pytest
 import torch
 
+import fp32_bound
 from cli_util import listing, run_attn
 
 N_CASES = 240
@@ -93,7 +100,9 @@ def make_case(idx):
             c["mask_dtype"] = np.dtype(mdt).name
     c["causal"] = str(rng.choice(["none", "top-left", "bottom-right"], p=[0.4, 0.3, 0.3]))
     if rng.random() < 0.35:
-        lens = rng.integers(0, Lk + 1, size=B)
+        # Now and then every length is below Lq: bottom-right rows with nothing visible.
+        hi = Lk if rng.random() < 0.6 else min(Lk, max(Lq - 1, 0))
+        lens = rng.integers(0, hi + 1, size=B)
         if rng.random() < 0.3:
             lens[rng.integers(0, B)] = 0
         c["key_lengths"] = lens.astype(np.int32 if rng.random() < 0.5 else np.int64)
@@ -103,6 +112,13 @@ def make_case(idx):
         if left < 0 and right < 0:
             left = int(rng.integers(0, Lk + 1))
         c["window"] = (left, right, str(rng.choice(["top-left", "bottom-right"])))
+    if rng.random() < 0.2:
+        # The position of query 0 among the keys: negative, inside, or past the last key.
+        lo, hi = -Lq - 2, Lk + 2
+        if rng.random() < 0.5:
+            c["query_offset"] = int(rng.integers(lo, hi + 1))
+        else:
+            c["query_offsets"] = rng.integers(lo, hi + 1, size=B).astype(np.int32 if rng.random() < 0.5 else np.int64)
     if rng.random() < 0.4:
         c["scale"] = float(rng.choice([rng.uniform(-2.0, 2.0), rng.uniform(0.0, 0.1), 1.0, 0.0]))
     c["want_weights"] = B * Hq * Lq * Lk <= 400_000 and rng.random() < 0.8
@@ -112,10 +128,12 @@ def make_case(idx):
 
 def describe(c):
     keys = ["idx", "seed", "B", "Hq", "Hkv", "Lq", "Lk", "Dk", "Dv", "dtype", "kv_dtype", "mask_kind", "mask_shape", "mask_dtype",
-            "causal", "window", "scale", "want_weights", "want_lse"]
+            "causal", "window", "query_offset", "scale", "want_weights", "want_lse"]
     d = {k: c[k] for k in keys if k in c}
     if "key_lengths" in c:
         d["key_lengths"] = c["key_lengths"].tolist()
+    if "query_offsets" in c:
+        d["query_offsets"] = c["query_offsets"].tolist()
     return str(d)
 
 
@@ -132,22 +150,29 @@ def torch_reference(c):
         s = s + torch.from_numpy(c["mask"]).double()
     elif c["mask_kind"] == "bool":
         keep = keep & torch.from_numpy(c["mask"])
-    i = torch.arange(Lq).view(Lq, 1)
-    j = torch.arange(Lk).view(1, Lk)
-    if c["causal"] == "top-left":  # query i sees keys 0..i
-        keep = keep & (j <= i)
-    elif c["causal"] == "bottom-right":  # query i sees keys 0..i + Lk − Lq
-        keep = keep & (j <= i + Lk - Lq)
+    i = torch.arange(Lq).view(1, 1, Lq, 1)
+    j = torch.arange(Lk).view(1, 1, 1, Lk)
+    # n_b: sequence b's valid keys; every diagonal below is per sequence, shape (B, 1, Lq, 1).
+    n = torch.from_numpy(c["key_lengths"].astype(np.int64)) if "key_lengths" in c else torch.full((B,), Lk)
+    n = n.view(B, 1, 1, 1)
+    keep = keep & (j < n)
+
+    def diagonal(align):
+        if "query_offset" in c:
+            return i + c["query_offset"]
+        if "query_offsets" in c:
+            return i + torch.from_numpy(c["query_offsets"].astype(np.int64)).view(B, 1, 1, 1)
+        return i + 0 * n if align == "top-left" else i + n - Lq
+
+    if c["causal"] != "none":  # query i sees keys 0..d_b(i)
+        keep = keep & (j <= diagonal(c["causal"]))
     if "window" in c:
         left, right, align = c["window"]
-        d = i if align == "top-left" else i + Lk - Lq
+        d = diagonal(align)
         if left >= 0:
             keep = keep & (j >= d - left)
         if right >= 0:
             keep = keep & (j <= d + right)
-    if "key_lengths" in c:
-        lens = torch.from_numpy(c["key_lengths"].astype(np.int64)).view(B, 1, 1, 1)
-        keep = keep & (j.view(1, 1, 1, Lk) < lens)
     s = s.masked_fill(~keep, -math.inf)
     a = torch.softmax(s, dim=-1)
     empty = torch.isneginf(s).all(dim=-1)  # no visible key: torch gives NaN, attn gives 0 / −inf
@@ -159,28 +184,14 @@ def torch_reference(c):
 
 
 def fp32_terms(c, a):
-    """Error terms of a float32 kernel (flash) → (out, lse, weights) arrays to add to the bound.
-    Per row: E = max over visible keys of (Dk+2)·u·|scale|·Σ_d|q·k| + 8u·(|S| + |bias|), n visible keys;
-    weights a·(2E + (n+16)u) + 2^-125; out (2E + (n+16)u)·Σ_j a·|v|; lse E + (n+16)u + u·|lse|."""
-    u = 2.0 ** -24
-    Hq, Hkv = c["Hq"], c["Hkv"]
-    q = torch.from_numpy(c["q"]).double()
-    k = torch.from_numpy(c["k"]).double().repeat_interleave(Hq // Hkv, dim=1)
-    v = torch.from_numpy(c["v"]).double().repeat_interleave(Hq // Hkv, dim=1)
-    scale = abs(c.get("scale", 1.0 / math.sqrt(c["Dk"])))
-    dot_abs = torch.matmul(q.abs(), k.abs().transpose(-1, -2))
-    s_abs = (torch.matmul(q, k.transpose(-1, -2)) * c.get("scale", 1.0 / math.sqrt(c["Dk"]))).abs()
-    if c["mask_kind"] == "additive":
-        bias = torch.from_numpy(c["mask"]).double().abs()
-        s_abs = s_abs + torch.where(torch.isinf(bias), torch.zeros_like(bias), bias)
-    at = torch.from_numpy(a)
-    visible = at > 0
-    per = (c["Dk"] + 2) * u * scale * dot_abs + 8 * u * s_abs
-    E = torch.where(visible, per, torch.zeros_like(per)).amax(dim=-1, keepdim=True)
-    n = visible.sum(dim=-1, keepdim=True).double()
-    rel = 2 * E + (n + 16) * u
-    return ((rel * torch.matmul(at, v.abs())).numpy(), (E + (n + 16) * u)[..., 0].numpy(),
-            (at * rel + 2.0 ** -125).numpy())
+    """Error terms of a float32 kernel (flash, decode) → (out, lse, weights) arrays to add to the
+    bound (fp32_bound.py derives them)."""
+    g = c["Hq"] // c["Hkv"]
+    q = c["q"].astype(np.float64)
+    k = np.repeat(c["k"].astype(np.float64), g, axis=1)
+    v = np.repeat(c["v"].astype(np.float64), g, axis=1)
+    bias = c["mask"] if c["mask_kind"] == "additive" else None
+    return fp32_bound.fp32_terms(q, k, v, c.get("scale", 1.0 / math.sqrt(c["Dk"])), a, bias)
 
 
 def check_close(name, got, ref, c, extra=None):
@@ -223,6 +234,11 @@ def test_random_case(idx, tmp_path):
     if "window" in c:
         left, right, align = c["window"]
         args += ["--window-left", left, "--window-right", right, "--window-align", align]
+    if "query_offset" in c:
+        args += ["--query-offset", c["query_offset"]]
+    if "query_offsets" in c:
+        np.save(tmp_path / "qo.npy", c["query_offsets"])
+        args += ["--query-offsets", tmp_path / "qo.npy"]
     if "scale" in c:
         args += ["--scale", repr(c["scale"])]
     if c["want_weights"]:
@@ -249,7 +265,8 @@ def test_random_case(idx, tmp_path):
                                   f"{tuple(int(x) for x in np.argwhere(leaked)[0])}\ncase: {describe(c)}")
     # Only the requested outputs exist: no temporary files left behind.
     expected = {"q.npy", "k.npy", "v.npy", "o.npy"} | ({"m.npy"} if c["mask_kind"] != "none" else set()) \
-        | ({"kl.npy"} if "key_lengths" in c else set()) | ({"w.npy"} if c["want_weights"] else set()) \
+        | ({"kl.npy"} if "key_lengths" in c else set()) | ({"qo.npy"} if "query_offsets" in c else set()) \
+        | ({"w.npy"} if c["want_weights"] else set()) \
         | ({"l.npy"} if c["want_lse"] else set())
     assert set(listing(tmp_path)) == expected
 
@@ -265,6 +282,16 @@ def test_case_mix_covers_every_feature():
     assert seen(lambda c: c["causal"] == "bottom-right" and c["Lq"] > c["Lk"]) >= 5
     assert seen(lambda c: "key_lengths" in c) >= 30
     assert seen(lambda c: "key_lengths" in c and (c["key_lengths"] == 0).any()) >= 5
+    # The per-sequence bottom-right rule: lengths that differ and lengths below Lq (empty rows).
+    bottom_right_by_lengths = lambda c: (c["causal"] == "bottom-right" and "key_lengths" in c  # noqa: E731
+                                         and "query_offset" not in c and "query_offsets" not in c)
+    assert seen(lambda c: bottom_right_by_lengths(c) and (c["key_lengths"] < c["Lq"]).any()) >= 10
+    assert seen(lambda c: bottom_right_by_lengths(c) and len(set(c["key_lengths"].tolist())) > 1) >= 3
+    assert seen(lambda c: "window" in c and c["window"][2] == "bottom-right" and "key_lengths" in c) >= 5
+    assert seen(lambda c: "query_offset" in c) >= 10
+    assert seen(lambda c: "query_offsets" in c and c["B"] > 1) >= 5
+    assert seen(lambda c: ("query_offset" in c or "query_offsets" in c) and c["causal"] != "none") >= 10
+    assert seen(lambda c: ("query_offset" in c or "query_offsets" in c) and "window" in c) >= 3
     assert seen(lambda c: "window" in c and c["window"][2] == "top-left") >= 10
     assert seen(lambda c: "window" in c and c["window"][2] == "bottom-right") >= 10
     assert seen(lambda c: "scale" in c) >= 30

@@ -12,9 +12,11 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <random>
 #include <vector>
 
+#include "attn/sdpa.hpp"
 #include "attn/tensor.hpp"
 
 namespace attn_test {
@@ -94,6 +96,36 @@ struct NaiveResult {
     }
     double l(std::int64_t b, std::int64_t h, std::int64_t i) const {
         return lse[static_cast<std::size_t>((b * Hq + h) * Lq + i)];
+    }
+};
+
+// The structural mask rule as docs/conventions.md states it, for one sequence (written here
+// again on purpose, not shared with src/): the sequence has n valid keys (key_lengths[b], or
+// Lk without key lengths) and query i has its diagonal at
+//     d(i) = i + offset      when query_offset is given (either alignment),
+//     d(i) = i               top-left,
+//     d(i) = i + n − Lq      bottom-right (per sequence: n is this sequence's own length).
+// Query i sees key j when j < n, j <= d(i) under causal, and d(i) − left <= j <= d(i) + right
+// under a window (−1 = unbounded on that side; causal and window.align may differ).
+struct SequenceRule {
+    attn::Causal causal = attn::Causal::none;
+    attn::Window window{};
+    std::int64_t n = 0, Lq = 0;
+    std::optional<std::int64_t> offset;
+
+    std::int64_t diagonal(attn::Align a, std::int64_t i) const {
+        if (offset) return i + *offset;
+        return a == attn::Align::top_left ? i : i + n - Lq;
+    }
+    bool keep(std::int64_t i, std::int64_t j) const {
+        if (j >= n) return false;
+        if (causal != attn::Causal::none &&
+            j > diagonal(causal == attn::Causal::top_left ? attn::Align::top_left : attn::Align::bottom_right, i))
+            return false;
+        const std::int64_t d = diagonal(window.align, i);
+        if (window.left >= 0 && j < d - window.left) return false;
+        if (window.right >= 0 && j > d + window.right) return false;
+        return true;
     }
 };
 

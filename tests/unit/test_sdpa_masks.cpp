@@ -230,7 +230,8 @@ TEST(SdpaAdditiveMask, CombinedWithBoolMask) {
 
 // ---- causal ----------------------------------------------------------------------------------
 
-// Top-left: query i sees keys 0..i.  Bottom-right: keys 0..i + Lk − Lq.
+// Top-left: query i sees keys 0..i.  Bottom-right: keys 0..i + Lk − Lq (no key lengths here:
+// every sequence has n = Lk keys).
 TEST(SdpaCausal, BothAlignmentsWithLqBelowEqualAndAboveLk) {
     for (const auto& [lq, lk] : {std::pair<std::int64_t, std::int64_t>{4, 11}, {7, 7}, {11, 4}, {1, 9}, {9, 1}}) {
         const Dims d{2, 2, 1, lq, lk, 5, 3};
@@ -265,10 +266,49 @@ TEST(SdpaCausal, WithKeyLengthsAndGqa) {
     SdpaOptions opt;
     opt.causal = Causal::bottom_right;
     opt.key_lengths = len.view();
-    expect_matches(run_sdpa(in.q, in.k, in.v, opt),
+    // Bottom-right aligns per sequence: query i of sequence b sees keys 0..i + lens[b] − Lq, so
+    // sequence 2 (4 keys for 5 queries) has a first row with nothing visible.
+    const Outputs got = run_sdpa(in.q, in.k, in.v, opt);
+    expect_matches(got,
                    naive_attention(in.q, in.k, in.v, default_scale(d),
-                                   [&](auto b, auto, auto i, auto j) { return j <= i + 9 - 5 && j < lens[b]; }),
+                                   [&](auto b, auto, auto i, auto j) { return j <= i + lens[b] - 5 && j < lens[b]; }),
                    kTol64, "causal + key lengths");
+    EXPECT_EQ(at(got.lse, 2, 3, 0), -kInf);
+    EXPECT_GT(at(got.weights, 2, 3, 1, 0), 0.0);
+}
+
+// The picture in docs/conventions.md: a padded batch of two sequences, Lq = 3, key lengths 5
+// and 7 (Lk = 7), bottom-right causal. Each query's last visible key, drawn by hand:
+//   sequence 0 (5 keys): queries 0, 1, 2 see keys 0..2, 0..3, 0..4
+//   sequence 1 (7 keys): queries 0, 1, 2 see keys 0..4, 0..5, 0..6
+TEST(SdpaCausal, BottomRightIsPerSequenceWithKeyLengths) {
+    const Dims d{2, 1, 1, 3, 7, 4, 3};
+    const Inputs in = make_inputs(d, 133);
+    Tensor len(DType::i32, Shape{2});
+    len.data_as<std::int32_t>()[0] = 5;
+    len.data_as<std::int32_t>()[1] = 7;
+    const std::int64_t last[2][3] = {{2, 3, 4}, {4, 5, 6}};
+    SdpaOptions opt;
+    opt.causal = Causal::bottom_right;
+    opt.key_lengths = len.view();
+    const Outputs got = run_sdpa(in.q, in.k, in.v, opt);
+    for (std::int64_t b = 0; b < 2; ++b)
+        for (std::int64_t i = 0; i < 3; ++i)
+            for (std::int64_t j = 0; j < 7; ++j) {
+                if (j <= last[b][i]) EXPECT_GT(at(got.weights, b, 0, i, j), 0.0) << "b=" << b << " i=" << i << " j=" << j;
+                else EXPECT_EQ(at(got.weights, b, 0, i, j), 0.0) << "b=" << b << " i=" << i << " j=" << j;
+            }
+    // The same problem through an explicit per-sequence query_offset (n_b − Lq = 2 and 4).
+    Tensor off(DType::i64, Shape{2});
+    off.data_as<std::int64_t>()[0] = 2;
+    off.data_as<std::int64_t>()[1] = 4;
+    SdpaOptions by_offset;
+    by_offset.causal = Causal::top_left;  // with query_offset the alignment no longer matters
+    by_offset.key_lengths = len.view();
+    by_offset.query_offset = off.view();
+    const Outputs same = run_sdpa(in.q, in.k, in.v, by_offset);
+    for (std::int64_t n = 0; n < got.out.numel(); ++n) EXPECT_EQ(flat(same.out, n), flat(got.out, n));
+    for (std::int64_t n = 0; n < got.weights.numel(); ++n) EXPECT_EQ(flat(same.weights, n), flat(got.weights, n));
 }
 
 // ---- key lengths -----------------------------------------------------------------------------
@@ -320,7 +360,8 @@ TEST(SdpaKeyLengths, NonFiniteValuesInPaddedKeysDoNotLeak) {
 
 // ---- sliding window --------------------------------------------------------------------------
 
-// Query i sees keys d−left..d+right, d = i (top-left) or i + Lk − Lq (bottom-right); −1 = unbounded.
+// Query i sees keys d−left..d+right, d = i (top-left) or i + Lk − Lq (bottom-right, no key
+// lengths); −1 = unbounded.
 TEST(SdpaWindow, LeftRightBothAlignments) {
     struct W {
         std::int64_t left, right;
@@ -381,10 +422,69 @@ TEST(SdpaWindow, CombinedWithCausalBoolAndKeyLengths) {
     opt.key_lengths = len.view();
     opt.scale = 0.6;
     auto keep = [&](std::int64_t b, auto, std::int64_t i, std::int64_t j) {
-        const std::int64_t diag = i + 12 - 9;
-        return j <= diag && j >= diag - 3 && j < (b == 0 ? 12 : 5) && m.data_as<std::uint8_t>()[(b * 9 + i) * 12 + j] != 0;
+        const std::int64_t n = b == 0 ? 12 : 5;
+        const std::int64_t diag = i + n - 9;  // per sequence: sequence 1's first 4 rows see nothing
+        return j <= diag && j >= diag - 3 && j < n && m.data_as<std::uint8_t>()[(b * 9 + i) * 12 + j] != 0;
     };
     expect_matches(run_sdpa(in.q, in.k, in.v, opt), naive_attention(in.q, in.k, in.v, 0.6, keep), kTol64, "all masks");
+}
+
+// ---- alignment sweep: key lengths, query_offset, causal and window together -------------------
+
+// Every combination of causal, window alignment and bounds, with and without key lengths
+// (some shorter than Lq), with no query_offset, one offset for all (negative, zero, beyond
+// Lk) or one per sequence (int32 and int64), against SequenceRule (naive_attention.hpp).
+TEST(SdpaAlignment, KeyLengthsAndQueryOffsetsAgainstTheWrittenRule) {
+    const Dims d{3, 2, 1, 4, 9, 3, 2};
+    const Inputs in = make_inputs(d, 191);
+    const std::int64_t lens[3] = {9, 2, 6};
+    const std::int64_t per_seq[3] = {-2, 5, 0};
+    Tensor len(DType::i64, Shape{3});
+    Tensor off32(DType::i32, Shape{3}), off64(DType::i64, Shape{3});
+    for (int b = 0; b < 3; ++b) {
+        len.data_as<std::int64_t>()[b] = lens[b];
+        off32.data_as<std::int32_t>()[b] = static_cast<std::int32_t>(per_seq[b]);
+        off64.data_as<std::int64_t>()[b] = per_seq[b];
+    }
+    enum class Off { none, minus3, zero, beyond, per_seq32, per_seq64 };
+    struct W {
+        std::int64_t left, right;
+    };
+    int cases = 0;
+    for (bool with_lengths : {false, true})
+        for (Off o : {Off::none, Off::minus3, Off::zero, Off::beyond, Off::per_seq32, Off::per_seq64})
+            for (Causal c : {Causal::none, Causal::top_left, Causal::bottom_right})
+                for (const W w : {W{-1, -1}, W{1, 0}, W{0, 2}, W{2, -1}})
+                    for (Align wa : {Align::top_left, Align::bottom_right}) {
+                        if (w.left < 0 && w.right < 0 && wa == Align::bottom_right) continue;  // no window
+                        SdpaOptions opt;
+                        opt.causal = c;
+                        opt.window = {w.left, w.right, wa};
+                        if (with_lengths) opt.key_lengths = len.view();
+                        if (o == Off::minus3) opt.query_offset = -3;
+                        if (o == Off::zero) opt.query_offset = 0;
+                        if (o == Off::beyond) opt.query_offset = 11;
+                        if (o == Off::per_seq32) opt.query_offset = off32.view();
+                        if (o == Off::per_seq64) opt.query_offset = off64.view();
+                        auto rule = [&](std::int64_t b) {
+                            SequenceRule r{c, opt.window, with_lengths ? lens[b] : d.Lk, d.Lq, std::nullopt};
+                            if (o == Off::minus3) r.offset = -3;
+                            if (o == Off::zero) r.offset = 0;
+                            if (o == Off::beyond) r.offset = 11;
+                            if (o == Off::per_seq32 || o == Off::per_seq64) r.offset = per_seq[b];
+                            return r;
+                        };
+                        auto keep = [&](std::int64_t b, auto, std::int64_t i, std::int64_t j) { return rule(b).keep(i, j); };
+                        expect_matches(run_sdpa(in.q, in.k, in.v, opt),
+                                       naive_attention(in.q, in.k, in.v, default_scale(d), keep), kTol64,
+                                       "lengths=" + std::to_string(with_lengths) + " offset#" +
+                                           std::to_string(static_cast<int>(o)) + " causal#" +
+                                           std::to_string(static_cast<int>(c)) + " window l=" + std::to_string(w.left) +
+                                           " r=" + std::to_string(w.right) +
+                                           (wa == Align::top_left ? " top-left" : " bottom-right"));
+                        ++cases;
+                    }
+    EXPECT_EQ(cases, 2 * 6 * 3 * 7);
 }
 
 // ---- rows with nothing to attend to, non-finite inputs ---------------------------------------

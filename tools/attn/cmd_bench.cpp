@@ -58,7 +58,7 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
     if (a.threads < 0) throw Error("--threads: expected a positive count but got " + std::to_string(a.threads));
     cfg.threads = a.threads > 0 ? a.threads : omp_get_max_threads();
     if (a.threads == 0) {
-        // DESIGN.md: ATTN_NUM_THREADS (else OMP_NUM_THREADS, which OpenMP already read) sets the count.
+        // ATTN_NUM_THREADS (else OMP_NUM_THREADS, which OpenMP already read) sets the count.
         const char* env = std::getenv("ATTN_NUM_THREADS");
         if (env != nullptr && *env != '\0') {
             char* end = nullptr;

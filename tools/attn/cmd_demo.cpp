@@ -1,6 +1,6 @@
-// attn demo — seed 003's example (一只 / 蓝色 / 怪兽 / 走进 / 森林) step by step:
+// attn demo — the tutorial's example sentence (一只 / 蓝色 / 怪兽 / 走进 / 森林) step by step:
 // X → Q, K, V → S = Q·Kᵀ/√d_k → causal mask → A = softmax → O = A·V, each with its shape,
-// then seed 003's point: a masked score set to 0 still gets weight, −inf gets none.
+// then the tutorial's point: a masked score set to 0 still gets weight, −inf gets none.
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -103,7 +103,7 @@ void run_demo(const std::string& heatmap_path) {
         out.add("--heatmap", heatmap_path);
         out.check();
     }
-    std::printf("attn demo: self-attention step by step, on seed 003's sentence\n");
+    std::printf("attn demo: self-attention step by step, on the tutorial's sentence\n");
     std::printf("tokens: 一只 / 蓝色 / 怪兽 / 走进 / 森林  (L = %d, d_model = %d, d_k = d_v = %d, one head, causal)\n",
                 kL, kModel, kHead);
     const Matrix X = make(kL, kModel, 0.9, 0.4);
@@ -136,7 +136,7 @@ void run_demo(const std::string& heatmap_path) {
     for (int i = 0; i < kL * kHead; ++i) worst = std::max(worst, std::fabs(out.data_as<float>()[i] - steps.out.data_as<double>()[i]));
     std::printf("\nattn::sdpa (kernel: %s) gives the same O: max |difference| = %.1e\n", report.kernel.c_str(), worst);
 
-    std::printf("\nWhy -inf and not 0 (seed 003): the softmax turns 0 into a real weight.\n");
+    std::printf("\nWhy -inf and not 0: the softmax turns 0 into a real weight.\n");
     print_row("scores", {2.0, 0.0, 0.0});
     print_row("softmax, masked set to 0", softmax({2.0, 0.0, 0.0}));
     print_row("softmax, masked set to -inf", softmax({2.0, -INFINITY, -INFINITY}));
@@ -151,7 +151,7 @@ void run_demo(const std::string& heatmap_path) {
     if (!heatmap_path.empty()) {  // A as a picture: the same matrix as the printout above
         HeatmapOptions hm;
         hm.key_tokens.assign(kTokens, kTokens + kL);
-        hm.title = "attn demo: A = softmax(masked S), seed 003's sentence";
+        hm.title = "attn demo: A = softmax(masked S), the tutorial's sentence";
         hm.subtitle = "one head, causal: each query sees itself and the tokens before it";
         write_heatmap(heatmap_path, TensorView(steps.weights.data(), DType::f64, Shape{kL, kL}), hm);
         std::printf("\nHeatmap of A (rows = queries, columns = keys; hatched grey = masked future): %s%s\n",
@@ -162,7 +162,7 @@ void run_demo(const std::string& heatmap_path) {
 }  // namespace
 
 void add_demo_command(CLI::App& app) {
-    CLI::App* cmd = app.add_subcommand("demo", "Walk through seed 003's example step by step, printing every shape");
+    CLI::App* cmd = app.add_subcommand("demo", "Walk through self-attention on a five-token sentence step by step, printing every shape");
     auto heatmap = std::make_shared<std::string>("attn-demo-heatmap.png");
     cmd->add_option("--heatmap", *heatmap, "where to draw A as a heatmap (.png or .svg; '' = none)")->capture_default_str();
     cmd->callback([heatmap] { run_demo(*heatmap); });

@@ -1,5 +1,7 @@
 // attn sdpa --q Q.npy --k K.npy --v V.npy --out O.npy [--mask M.npy] [--causal top-left|bottom-right]
 //           [--scale S] [--weights W.npy] [--lse L.npy] [--impl auto|reference|flash|decode] ...
+//           [--key-lengths N.npy] [--query-offset N | --query-offsets F.npy]
+//           [--window-left L --window-right R --window-align top-left|bottom-right]
 //           [--grad-out dO.npy --dq dQ.npy --dk dK.npy --dv dV.npy] [--dropout P --seed N]
 #include <cmath>
 #include <cstdio>
@@ -20,6 +22,8 @@ namespace {
 struct SdpaArgs {
     std::string q, k, v, out, mask, key_lengths, weights, lse, causal = "none", impl = "auto";
     std::optional<double> scale;
+    std::optional<std::int64_t> query_offset;  // --query-offset: every sequence
+    std::string query_offsets;                 // --query-offsets: a (B,) .npy, one per sequence
     std::int64_t window_left = -1, window_right = -1;
     std::string window_align = "top-left";
     std::string grad_out, dq, dk, dv;  // backward: gradients of <O, dO>
@@ -72,7 +76,7 @@ void run(const SdpaArgs& a) {
     const Tensor q = read_input("--q", a.q);
     const Tensor k = read_input("--k", a.k, true);
     const Tensor v = read_input("--v", a.v, true);
-    Tensor mask, lengths;
+    Tensor mask, lengths, offsets;
     if (!a.mask.empty()) {
         mask = read_npy(a.mask);
         if (mask.dtype() == DType::boolean) {
@@ -87,6 +91,12 @@ void run(const SdpaArgs& a) {
     if (!a.key_lengths.empty()) {
         lengths = read_npy(a.key_lengths);
         opt.key_lengths = lengths.view();
+    }
+    // sdpa checks the offsets (dtype, shape, range) and names them query_offset.
+    if (a.query_offset) opt.query_offset = *a.query_offset;
+    if (!a.query_offsets.empty()) {
+        offsets = read_npy(a.query_offsets);
+        opt.query_offset = offsets.view();
     }
     // Output shapes come from the inputs; if those are malformed, sdpa names the bad one.
     const std::int64_t B = q.shape().rank == 4 ? q.shape()[0] : 0, Hq = q.shape().rank == 4 ? q.shape()[1] : 0;
@@ -147,9 +157,18 @@ void add_sdpa_command(CLI::App& app) {
     cmd->add_option("--mask", args->mask,
                     "bool keep-mask (true = may attend) or float additive mask, broadcastable to (B, Hq, Lq, Lk)");
     cmd->add_option("--causal", args->causal,
-                    "top-left: query i sees keys 0..i; bottom-right: keys 0..i+Lk-Lq (KV cache)");
+                    "top-left: query i sees keys 0..i; bottom-right: keys 0..i+n-Lq, n = the sequence's key length "
+                    "(--key-lengths, else Lk; the new tokens of a KV cache)");
     cmd->add_option("--scale", args->scale, "score scale (default 1/sqrt(Dk)); any finite number");
-    cmd->add_option("--key-lengths", args->key_lengths, "int32/int64 (B,): valid keys per sequence");
+    cmd->add_option("--key-lengths", args->key_lengths,
+                    "int32/int64 (B,): sequence b has valid keys 0..n_b-1; bottom-right aligns to n_b per sequence");
+    CLI::Option* one_offset = cmd->add_option(
+        "--query-offset", args->query_offset,
+        "position of query 0 among the keys, every sequence: causal and the window (either alignment) "
+        "then put query i's diagonal at i+N (top-left = 0, bottom-right = n-Lq; a past cache: N = past length)");
+    cmd->add_option("--query-offsets", args->query_offsets,
+                    "int32/int64 (B,) .npy: --query-offset per sequence")
+        ->excludes(one_offset);
     cmd->add_option("--window-left", args->window_left, "sliding window: keys a query sees before its diagonal (-1 = all)");
     cmd->add_option("--window-right", args->window_right, "sliding window: keys a query sees after its diagonal (-1 = all)");
     cmd->add_option("--window-align", args->window_align, "diagonal of the window: top-left (default) or bottom-right");

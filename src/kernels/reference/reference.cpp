@@ -28,7 +28,7 @@ void compute_scores(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::v
 }
 
 // Step 2 — masks: add the additive bias, then set every position a mask forbids to −inf.
-// (Seed 003: setting it to 0 would still give it weight after the softmax; −inf gives none.)
+// (Setting it to 0 would still give it weight after the softmax; −inf gives none.)
 void apply_masks(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::vector<double>& S) {
     for (std::int64_t i = 0; i < p.Lq; ++i) {
         const KeyRange r = p.key_range(b, i);
