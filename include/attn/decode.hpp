@@ -1,6 +1,6 @@
-// attn::decode_attention — one generation step: Lq = 1..16 new queries per sequence
-// against everything in a KVCache. The step's cost is reading the cache (memory
-// bandwidth, not FLOPs), so the kernel reads each K and V byte once:
+// attn::decode_attention — attention of Lq new queries per sequence against everything in a
+// KVCache. For a generation step (Lq <= 16) it runs the decode kernel, whose cost is reading
+// the cache (memory bandwidth, not FLOPs), so it reads each K and V byte once:
 //   * GQA/MQA: every query head that shares a KV head is computed in the same pass;
 //   * split-KV: when B·Hkv is small, each sequence's keys are split into chunks processed
 //     in parallel and merged by their log-sum-exp (flash-decoding);
