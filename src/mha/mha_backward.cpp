@@ -9,9 +9,6 @@
 //             appended bias_k/bias_v rows give their gradients, the zero rows none)
 // K and V always live in batch-major (B·Lkx, E_kv) buffers here (one GEMM per batch item),
 // which covers add_bias_kv / add_zero_attn and every input layout with one code path.
-#include <cblas.h>
-
-#include <climits>
 #include <cstring>
 #include <map>
 #include <vector>
@@ -30,23 +27,11 @@ namespace {
 using detail::heads_view;
 using detail::Rows;
 using detail::rows_of;
+using detail::gemm;  // thread-count independent, like the forward projections
 
 std::string num(std::int64_t v) { return std::to_string(v); }
 
 [[noreturn]] void fail(const std::string& msg) { throw Error("MultiheadAttention: " + msg); }
-
-int blas_int(std::int64_t v) {
-    if (v > INT_MAX) fail("size " + num(v) + " exceeds the BLAS's int range");
-    return static_cast<int>(v);
-}
-
-// C (M, N) ldc = alpha·op(A)·op(B) + beta·C, row-major.
-void gemm(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, const float* A, std::int64_t lda,
-          const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
-    if (M == 0 || N == 0) return;
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_int(M), blas_int(N),
-                blas_int(K), 1.0f, A, blas_int(lda), B, blas_int(ldb), beta, C, blas_int(ldc));
-}
 
 // acc (M,) (+)= Σ over N rows of x (N, M) row stride ld.
 void sum_rows(const float* x, std::int64_t N, std::int64_t M, std::int64_t ld, float* acc, bool accumulate) {

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "mha_test_util.hpp"
+#include "mha/linear.hpp"
 #include "attn/error.hpp"
 #include "attn/mha.hpp"
 
@@ -346,11 +347,13 @@ TEST(Mha, FusedProjectionsAndNoInputCopies) {
 }
 
 TEST(Mha, ResultDoesNotDependOnThreadCount) {
-    // Big enough that OpenBLAS threads its GEMMs (512 × 384 × 128).
+    // 1024 rows: the projection GEMMs have 2 row blocks, so 2 threads really split them
+    // (src/mha/linear.hpp), as they split the attention's (batch, head) work.
     std::mt19937 rng(9);
     MultiHeadAttention m(MhaConfig{.embed_dim = 128, .num_heads = 4, .batch_first = true});
     randomise(m, rng);
-    const Tensor x = random_tensor(Shape{2, 256, 128}, rng);
+    const Tensor x = random_tensor(Shape{4, 256, 128}, rng);
+    ASSERT_LT(attn::detail::gemm_blocks(4 * 256, 3 * 128).rows, 4 * 256);
     const int before = omp_get_max_threads();
     omp_set_num_threads(1);
     const auto one = m.forward(x, x, x);
