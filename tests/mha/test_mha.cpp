@@ -389,7 +389,9 @@ void expect_error(const std::function<void()>& f, const std::string& expect) {
 }
 
 TEST(Mha, ConfigurationErrors) {
-    expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = 10, .num_heads = 3}); }, "embed_dim 10 must be divisible by num_heads 3");
+    // The prefix is the class name (docs/conventions.md, "Errors").
+    expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = 10, .num_heads = 3}); },
+                 "MultiHeadAttention: embed_dim 10 must be divisible by num_heads 3");
     expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = 12, .num_heads = 4, .num_kv_heads = 3}); },
                  "num_kv_heads must divide num_heads 4 but got 3");
     MultiHeadAttention kv(MhaConfig{.embed_dim = 4, .num_heads = 2, .add_bias_kv = true});
@@ -432,12 +434,12 @@ TEST(Mha, StateDictErrorsNameTheTensor) {
 TEST(Mha, ForwardArgumentErrors) {
     MultiHeadAttention m(MhaConfig{.embed_dim = 4, .num_heads = 2});
     const Tensor x(DType::f32, Shape{3, 2, 4}, true), x5(DType::f32, Shape{3, 2, 5}, true), k(DType::f32, Shape{6, 1, 4}, true);
-    expect_error([&] { m.forward(x5, x5, x5); }, "query: expected (L, B, E) with E = embed_dim = 4 but got shape (3, 2, 5)");
+    expect_error([&] { m.forward(x5, x5, x5); }, "MultiHeadAttention: query: expected (L, B, E) with E = embed_dim = 4 but got shape (3, 2, 5)");
     expect_error([&] { m.forward(x, k, k); }, "key: expected shape (L, B, E) = (6, 2, 4)");
     const Tensor am(DType::boolean, Shape{3, 4}, true), kpm(DType::boolean, Shape{3, 3}, true), ami(DType::i32, Shape{3, 3}, true);
     MhaForwardOptions o;
     o.attn_mask = am.view();
-    expect_error([&] { m.forward(x, x, x, o); }, "attn_mask: expected shape (Lq, Lk) = (3, 3) or (B·num_heads, Lq, Lk) = (4, 3, 3) but got (3, 4)");
+    expect_error([&] { m.forward(x, x, x, o); }, "MultiHeadAttention: attn_mask: expected shape (Lq, Lk) = (3, 3) or (B·num_heads, Lq, Lk) = (4, 3, 3) but got (3, 4)");
     o.attn_mask = ami.view();
     expect_error([&] { m.forward(x, x, x, o); }, "attn_mask: dtype must be bool (True = not allowed) or floating");
     o.attn_mask.reset();
