@@ -44,6 +44,8 @@
 
 namespace attn {
 
+class KVCache;  // include/attn/kv_cache.hpp
+
 struct MhaConfig {
     std::int64_t embed_dim = 0;     // E
     std::int64_t num_heads = 0;     // h; E must be divisible by h
@@ -149,6 +151,15 @@ public:
     // ∂loss/∂output (shaped like the output, any floating dtype/strides). Parameters must
     // not have changed since that forward.
     MhaGradients backward(const MhaForwardState& state, const TensorView& grad_output) const;
+
+    // Incremental (KV-cached) self-attention, for a decoder fed a few tokens at a time
+    // (include/attn/mha_incremental.hpp describes it): projects x_new's T tokens, appends
+    // their K, V to `cache` and attends over each sequence's cache rows, causal bottom-right
+    // per sequence. Returns the output, shaped like x_new.
+    Tensor forward_incremental(const TensorView& x_new, KVCache& cache, MhaWorkspace* workspace = nullptr) const;
+    // The same into a caller-owned float32 contiguous output shaped like x_new.
+    void forward_incremental_into(const TensorView& x_new, KVCache& cache, const TensorView& output,
+                                  MhaWorkspace* workspace = nullptr) const;
 
     // Shapes forward() returns for these inputs (after checking them).
     Shape output_shape(const TensorView& query) const;

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "../core/check.hpp"
+#include "inputs.hpp"
+
 namespace attn::detail {
 namespace {
 
@@ -59,6 +62,52 @@ Tensor pad_keys(const TensorView& mask, std::int64_t keys) {
         else out.data_as<float>()[o] = inside ? static_cast<float>(mask.load_as_double(mask.offset(n, h, i, j))) : 0.0f;
     });
     return out;
+}
+
+namespace {
+void check_mask_dtype(const TensorView& m, const char* name, const char* bool_meaning) {
+    if (m.data() == nullptr) fail(kMha, name, ": data pointer is null");
+    if (m.dtype() != DType::boolean && !is_floating(m.dtype())) {
+        fail(kMha, name, ": dtype must be bool (True = ", bool_meaning, ") or floating (added to the scores) but got ",
+             dtype_name(m.dtype()));
+    }
+}
+}  // namespace
+
+PytorchMasks pytorch_masks_4d(const std::optional<TensorView>& attn_mask, const std::optional<TensorView>& key_padding_mask,
+                              bool batched, std::int64_t B, std::int64_t h, std::int64_t Lq, std::int64_t Lk) {
+    PytorchMasks r;
+    if (attn_mask) {
+        const TensorView& m = *attn_mask;
+        check_mask_dtype(m, "attn_mask", "not allowed");
+        const Shape s2{Lq, Lk}, s3{batched ? B * h : h, Lq, Lk};
+        if (m.shape() == s2) {
+            r.attn = TensorView(m.data(), m.dtype(), Shape{1, 1, Lq, Lk}, Strides{0, 0, m.stride(0), m.stride(1)});
+        } else if (m.shape() == s3) {
+            // (B·h, Lq, Lk): index b·h + head, so b strides h rows of dim 0.
+            r.attn = TensorView(m.data(), m.dtype(), Shape{B, h, Lq, Lk},
+                                Strides{h * m.stride(0), m.stride(0), m.stride(1), m.stride(2)});
+        } else {
+            fail(kMha, "attn_mask: expected shape (Lq, Lk) = ", s2, " or ",
+                 batched ? "(B·num_heads, Lq, Lk) = " : "(num_heads, Lq, Lk) = ", s3, " but got ", m.shape());
+        }
+    }
+    if (key_padding_mask) {
+        const TensorView& m = *key_padding_mask;
+        check_mask_dtype(m, "key_padding_mask", "padding");
+        const Shape want = batched ? Shape{B, Lk} : Shape{Lk};
+        if (!(m.shape() == want)) {
+            fail(kMha, "key_padding_mask: expected shape ", batched ? "(B, Lk) = " : "(Lk,) = ", want, " but got ", m.shape());
+        }
+        r.kpm = batched ? TensorView(m.data(), m.dtype(), Shape{B, 1, 1, Lk}, Strides{m.stride(0), 0, 0, m.stride(1)})
+                        : TensorView(m.data(), m.dtype(), Shape{1, 1, 1, Lk}, Strides{0, 0, 0, m.stride(0)});
+    }
+    return r;
+}
+
+void pad_masks(PytorchMasks& m, std::int64_t keys) {
+    if (m.attn) m.attn = (m.attn_store = pad_keys(*m.attn, keys)).view();
+    if (m.kpm) m.kpm = (m.kpm_store = pad_keys(*m.kpm, keys)).view();
 }
 
 SdpaMasks to_sdpa_masks(const std::optional<TensorView>& attn, const std::optional<TensorView>& kpm) {

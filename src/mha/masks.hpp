@@ -11,11 +11,31 @@
 // A float mask already in float32/float64 is passed through without a copy.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 
 #include "attn/tensor.hpp"
 
 namespace attn::detail {
+
+// PyTorch's two masks as 4-D views (b, head, i, j), stride 0 where broadcast:
+//   attn_mask (Lq, Lk) → (1, 1, Lq, Lk);  (B·h, Lq, Lk) [unbatched (h, Lq, Lk)] → (B, h, Lq, Lk)
+//   key_padding_mask (B, Lk) [unbatched (Lk,)] → (B, 1, 1, Lk)
+// store_* own the masks once pad_masks has copied them.
+struct PytorchMasks {
+    std::optional<TensorView> attn, kpm;
+    Tensor attn_store, kpm_store;
+};
+
+// Checks each given mask's dtype and shape (attn::Error naming it, prefixed by the class
+// MultiHeadAttention) and views it as 4-D; the data stays the caller's.
+PytorchMasks pytorch_masks_4d(const std::optional<TensorView>& attn_mask, const std::optional<TensorView>& key_padding_mask,
+                              bool batched, std::int64_t B, std::int64_t heads, std::int64_t Lq, std::int64_t Lk);
+
+// Replaces each mask by an owned contiguous copy with `keys` columns (pad_keys below): for
+// the appended keys of add_bias_kv / add_zero_attn, and for a training state that must not
+// point into the caller's memory.
+void pad_masks(PytorchMasks& m, std::int64_t keys);
 
 struct SdpaMasks {
     std::optional<TensorView> keep;  // sdpa bool_mask (true = may attend)

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "mha_test_util.hpp"
+#include "mha/linear.hpp"
 #include "attn/error.hpp"
 #include "attn/mha.hpp"
 
@@ -346,11 +347,13 @@ TEST(Mha, FusedProjectionsAndNoInputCopies) {
 }
 
 TEST(Mha, ResultDoesNotDependOnThreadCount) {
-    // Big enough that OpenBLAS threads its GEMMs (512 × 384 × 128).
+    // 1024 rows: the projection GEMMs have 2 row blocks, so 2 threads really split them
+    // (src/mha/linear.hpp), as they split the attention's (batch, head) work.
     std::mt19937 rng(9);
     MultiHeadAttention m(MhaConfig{.embed_dim = 128, .num_heads = 4, .batch_first = true});
     randomise(m, rng);
-    const Tensor x = random_tensor(Shape{2, 256, 128}, rng);
+    const Tensor x = random_tensor(Shape{4, 256, 128}, rng);
+    ASSERT_LT(attn::detail::gemm_blocks(4 * 256, 3 * 128).rows, 4 * 256);
     const int before = omp_get_max_threads();
     omp_set_num_threads(1);
     const auto one = m.forward(x, x, x);
@@ -386,7 +389,9 @@ void expect_error(const std::function<void()>& f, const std::string& expect) {
 }
 
 TEST(Mha, ConfigurationErrors) {
-    expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = 10, .num_heads = 3}); }, "embed_dim 10 must be divisible by num_heads 3");
+    // The prefix is the class name (docs/conventions.md, "Errors").
+    expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = 10, .num_heads = 3}); },
+                 "MultiHeadAttention: embed_dim 10 must be divisible by num_heads 3");
     expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = 12, .num_heads = 4, .num_kv_heads = 3}); },
                  "num_kv_heads must divide num_heads 4 but got 3");
     MultiHeadAttention kv(MhaConfig{.embed_dim = 4, .num_heads = 2, .add_bias_kv = true});
@@ -429,12 +434,12 @@ TEST(Mha, StateDictErrorsNameTheTensor) {
 TEST(Mha, ForwardArgumentErrors) {
     MultiHeadAttention m(MhaConfig{.embed_dim = 4, .num_heads = 2});
     const Tensor x(DType::f32, Shape{3, 2, 4}, true), x5(DType::f32, Shape{3, 2, 5}, true), k(DType::f32, Shape{6, 1, 4}, true);
-    expect_error([&] { m.forward(x5, x5, x5); }, "query: expected (L, B, E) with E = embed_dim = 4 but got shape (3, 2, 5)");
+    expect_error([&] { m.forward(x5, x5, x5); }, "MultiHeadAttention: query: expected (L, B, E) with E = embed_dim = 4 but got shape (3, 2, 5)");
     expect_error([&] { m.forward(x, k, k); }, "key: expected shape (L, B, E) = (6, 2, 4)");
     const Tensor am(DType::boolean, Shape{3, 4}, true), kpm(DType::boolean, Shape{3, 3}, true), ami(DType::i32, Shape{3, 3}, true);
     MhaForwardOptions o;
     o.attn_mask = am.view();
-    expect_error([&] { m.forward(x, x, x, o); }, "attn_mask: expected shape (Lq, Lk) = (3, 3) or (B·num_heads, Lq, Lk) = (4, 3, 3) but got (3, 4)");
+    expect_error([&] { m.forward(x, x, x, o); }, "MultiHeadAttention: attn_mask: expected shape (Lq, Lk) = (3, 3) or (B·num_heads, Lq, Lk) = (4, 3, 3) but got (3, 4)");
     o.attn_mask = ami.view();
     expect_error([&] { m.forward(x, x, x, o); }, "attn_mask: dtype must be bool (True = not allowed) or floating");
     o.attn_mask.reset();

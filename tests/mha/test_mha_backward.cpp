@@ -13,8 +13,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
+#include <tuple>
 
 #include "mha_test_util.hpp"
 #include "attn/error.hpp"
@@ -186,6 +188,28 @@ TEST(MhaBackward, ArgumentErrors) {
         FAIL() << "grad_output of the wrong shape accepted";
     } catch (const attn::Error& e) {
         EXPECT_NE(std::string(e.what()).find("grad_output"), std::string::npos) << e.what();
+    }
+}
+
+// forward_train checks its inputs with forward's own checks: the same message, word for word.
+TEST(MhaBackward, ForwardTrainErrorsAreForwardErrors) {
+    MultiHeadAttention m(MhaConfig{4, 2});
+    const Tensor x(DType::f32, Shape{3, 2, 4}, true), k(DType::f32, Shape{5, 1, 4}, true), am(DType::boolean, Shape{3, 4}, true);
+    auto message = [](const std::function<void()>& f) -> std::string {
+        try {
+            f();
+        } catch (const attn::Error& e) {
+            return e.what();
+        }
+        return "no error";
+    };
+    attn::MhaForwardOptions o;
+    o.attn_mask = am.view();
+    MhaForwardState st;
+    for (const auto& [q, kv, opt] : {std::tuple{&x, &x, o}, std::tuple{&x, &k, attn::MhaForwardOptions{}}}) {
+        const std::string train = message([&] { m.forward_train(*q, *kv, *kv, opt, {}, st); });
+        EXPECT_EQ(train.rfind("MultiHeadAttention: ", 0), 0u) << train;
+        EXPECT_EQ(train, message([&] { m.forward(*q, *kv, *kv, opt); }));
     }
 }
 

@@ -1,4 +1,5 @@
-// mha_forward_incremental: a sequence fed through a KV cache in any split equals one causal
+// MultiHeadAttention::forward_incremental (and its mha_forward_incremental wrappers, used at
+// lines marked "wrapper"): a sequence fed through a KV cache in any split equals one causal
 // forward of the layer over the whole sequence (fp32 ≤ 1e-5; 16-bit storage within a bound
 // derived below from the rounding of K and V).
 #include <gtest/gtest.h>
@@ -50,7 +51,7 @@ Tensor feed(const MultiHeadAttention& m, const Tensor& x, const Shapes& s, KVCac
     std::int64_t start = 0;
     attn::MhaWorkspace ws;
     for (std::int64_t T : chunks) {
-        Tensor o = attn::mha_forward_incremental(m, x.view().slice(ldim, start, T), cache, &ws);
+        Tensor o = m.forward_incremental(x.view().slice(ldim, start, T), cache, &ws);
         const TensorView dst = out.view().slice(ldim, start, T);
         for (std::int64_t a = 0; a < o.view().dim(0); ++a)
             for (std::int64_t b = 0; b < o.view().dim(1); ++b)
@@ -228,7 +229,7 @@ TEST(MhaIncremental, UnbatchedInputUsesABatchOneCache) {
     kc.head_dim = 8;
     kc.capacity = 24;
     KVCache cache(kc);
-    Tensor a = attn::mha_forward_incremental(m, x.view().slice(0, 0, 18), cache);
+    Tensor a = attn::mha_forward_incremental(m, x.view().slice(0, 0, 18), cache);  // wrapper
     Tensor b = attn::mha_forward_incremental(m, x.view().slice(0, 18, 6), cache);
     double err = 0;
     for (std::int64_t i = 0; i < 24 * 16; ++i) {
@@ -267,18 +268,18 @@ TEST(MhaIncremental, SequencesOfDifferentLengths) {
                 first.data_as<float>()[t * E + e] = y0.data_as<float>()[t * E + e];
                 first.data_as<float>()[(L0 + t) * E + e] = t < L1 ? y1.data_as<float>()[t * E + e] : junk.data_as<float>()[(t - L1) * E + e];
             }
-        attn::mha_forward_incremental(m, first.view(), cache);
+        m.forward_incremental(first.view(), cache);
         cache.truncate(1, L1);
         std::vector<float> got0, got1;
         std::int64_t done = 0;
-        for (std::int64_t T : {1, 18, 3}) {  // decode, prefill (per-sequence sdpa), decode
+        for (std::int64_t T : {1, 18, 3}) {  // decode, prefill (one call, lengths differ), decode
             Tensor xn(DType::f32, Shape{2, T, E});
             for (std::int64_t t = 0; t < T; ++t)
                 for (std::int64_t e = 0; e < E; ++e) {
                     xn.data_as<float>()[t * E + e] = y0.data_as<float>()[(L0 + done + t) * E + e];
                     xn.data_as<float>()[(T + t) * E + e] = y1.data_as<float>()[(L1 + done + t) * E + e];
                 }
-            Tensor o = attn::mha_forward_incremental(m, xn.view(), cache);
+            Tensor o = m.forward_incremental(xn.view(), cache);
             got0.insert(got0.end(), o.data_as<float>(), o.data_as<float>() + T * E);
             got1.insert(got1.end(), o.data_as<float>() + T * E, o.data_as<float>() + 2 * T * E);
             done += T;
@@ -315,7 +316,7 @@ TEST(MhaIncremental, MismatchesAreErrorsBeforeAnythingIsWritten) {
         KVCache cache(kc);
         Tensor out = nan_tensor(Shape{2, 3, 16});
         try {
-            attn::mha_forward_incremental_into(m, x.view(), cache, out.view());
+            attn::mha_forward_incremental_into(m, x.view(), cache, out.view());  // wrapper
             ADD_FAILURE() << "no error for " << part;
         } catch (const attn::Error& e) {
             EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
@@ -330,28 +331,28 @@ TEST(MhaIncremental, MismatchesAreErrorsBeforeAnythingIsWritten) {
     ok.capacity = 8;
     KVCacheConfig bad = ok;
     bad.kv_heads = 1;
-    expect_error(bad, "kv_heads");
+    expect_error(bad, "MultiHeadAttention: cache: kv_heads");
     bad = ok;
     bad.head_dim = 4;
-    expect_error(bad, "head_dim");
+    expect_error(bad, "MultiHeadAttention: cache: head_dim");
     bad = ok;
     bad.value_dim = 16;
-    expect_error(bad, "value_dim");
+    expect_error(bad, "MultiHeadAttention: cache: value_dim");
     bad = ok;
     bad.batch = 3;
-    expect_error(bad, "batch");
+    expect_error(bad, "MultiHeadAttention: cache: batch");
     bad = ok;
     bad.capacity = 2;  // 3 tokens do not fit, growth off
     expect_error(bad, "");
 
     KVCache cache(ok);
-    EXPECT_THROW(attn::mha_forward_incremental(m, random_tensor(Shape{2, 3, 8}, rng).view(), cache), attn::Error);
+    EXPECT_THROW(m.forward_incremental(random_tensor(Shape{2, 3, 8}, rng).view(), cache), attn::Error);
     MhaConfig cross = c;
     cross.kdim = 8;
-    EXPECT_THROW(attn::mha_forward_incremental(MultiHeadAttention(cross), x.view(), cache), attn::Error);
+    EXPECT_THROW(MultiHeadAttention(cross).forward_incremental(x.view(), cache), attn::Error);
     MhaConfig extra = c;
     extra.add_bias_kv = true;
-    EXPECT_THROW(attn::mha_forward_incremental(MultiHeadAttention(extra), x.view(), cache), attn::Error);
+    EXPECT_THROW(MultiHeadAttention(extra).forward_incremental(x.view(), cache), attn::Error);
     EXPECT_EQ(cache.length(0), 0);
 }
 

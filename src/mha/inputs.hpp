@@ -1,0 +1,29 @@
+// The checks of a MultiHeadAttention call's query/key/value, written once for forward_into
+// and forward_train: they return the sizes every later step needs.
+#pragma once
+
+#include <cstdint>
+
+#include "attn/mha.hpp"
+#include "head_layout.hpp"
+
+namespace attn::detail {
+
+// The public class name: every message of the layer starts with it.
+inline constexpr const char* kMha = "MultiHeadAttention";
+
+struct MhaShapes {
+    bool batched = true;           // rank 3 (else unbatched (L, F), B = 1)
+    std::int64_t B = 1, Lq = 0, Lk = 0;
+    std::int64_t extra = 0;        // keys appended by add_bias_kv / add_zero_attn
+    std::int64_t Lkx = 0;          // Lk + extra
+    Rows rq, rk;                   // rows of (b, l) in the query's / key's layout
+    const char* layout = "";       // "(L, B, E)", "(B, L, E)" or "(L, E)", for messages
+};
+
+// query (Lq, B, E) | (B, Lq, E) | (Lq, E);  key (Lk, B, kdim) ...;  value (Lk, B, vdim) ...
+// Throws attn::Error naming the argument, what was expected and what was given.
+MhaShapes check_inputs(const MhaConfig& c, const TensorView& query, const TensorView& key, const TensorView& value,
+                       const MhaForwardOptions& options);
+
+}  // namespace attn::detail

@@ -1,0 +1,144 @@
+// MultiHeadAttention::forward: projections (sgemm) → heads by strides → attn::sdpa → out
+// projection (sgemm). The checks, the PyTorch masks and the projections are shared with
+// forward_train (inputs.hpp, masks.hpp, projection.hpp).
+#include <cstring>
+
+#include "../core/check.hpp"
+#include "attn/mha.hpp"
+#include "inputs.hpp"
+#include "linear.hpp"
+#include "masks.hpp"
+#include "projection.hpp"
+
+namespace attn {
+namespace {
+
+using detail::fail;
+using detail::kMha;
+
+bool same_tensor(const TensorView& a, const TensorView& b) {
+    return a.data() == b.data() && a.dtype() == b.dtype() && a.shape() == b.shape() && a.strides() == b.strides();
+}
+
+// The caller's outputs: contiguous float32 of the shapes forward() would allocate.
+void check_outputs(const MultiHeadAttention& m, const TensorView& query, const TensorView& key,
+                   const MhaForwardOptions& options, const TensorView& output, const TensorView* weights) {
+    const Shape os = m.output_shape(query);
+    if (output.data() == nullptr || output.dtype() != DType::f32 || !output.is_contiguous() || !(output.shape() == os)) {
+        fail(kMha, "output: expected a contiguous float32 tensor of shape ", os, " but got ", dtype_name(output.dtype()), " ",
+             output.shape());
+    }
+    if (options.need_weights != (weights != nullptr)) {
+        fail(kMha, "weights: ", options.need_weights ? "need_weights is set but no weights tensor was given"
+                                                      : "a weights tensor was given but need_weights is not set");
+    }
+    if (weights != nullptr) {
+        const Shape ws = m.weights_shape(query, key, options.average_attn_weights);
+        if (weights->data() == nullptr || weights->dtype() != DType::f32 || !weights->is_contiguous() || !(weights->shape() == ws)) {
+            fail(kMha, "weights: expected a contiguous float32 tensor of shape ", ws, " but got ", dtype_name(weights->dtype()),
+                 " ", weights->shape());
+        }
+    }
+}
+
+// PyTorch: weights.view(B, h, Lq, Lk).mean(dim=1)
+void average_heads(const float* per_head, std::int64_t B, std::int64_t h, std::int64_t plane, float* dst) {
+    const float inv = 1.0f / static_cast<float>(h);
+#pragma omp parallel for schedule(static)
+    for (std::int64_t b = 0; b < B; ++b) {
+        float* d = dst + b * plane;
+        std::memcpy(d, per_head + b * h * plane, static_cast<std::size_t>(plane) * sizeof(float));
+        for (std::int64_t j = 1; j < h; ++j) {
+            const float* s = per_head + (b * h + j) * plane;
+            for (std::int64_t x = 0; x < plane; ++x) d[x] += s[x];
+        }
+        for (std::int64_t x = 0; x < plane; ++x) d[x] *= inv;
+    }
+}
+
+}  // namespace
+
+Shape MultiHeadAttention::output_shape(const TensorView& query) const {
+    // query (L, B, E) / (B, L, E) / (L, E) → the same with E = embed_dim
+    if (query.rank() == 3) return Shape{query.dim(0), query.dim(1), config_.embed_dim};
+    if (query.rank() == 2) return Shape{query.dim(0), config_.embed_dim};
+    fail(kMha, "query: expected a rank-3 tensor (L, B, E) / (B, L, E) or rank-2 (L, E) but got shape ", query.shape());
+}
+
+Shape MultiHeadAttention::weights_shape(const TensorView& query, const TensorView& key, bool average) const {
+    // weights: (B, Lq, Lk') averaged or (B, h, Lq, Lk') per head; unbatched without B.
+    const bool batched = query.rank() == 3;
+    const int ld = batched && config_.batch_first ? 1 : 0;  // the length dim
+    const std::int64_t Lq = query.dim(ld), h = config_.num_heads;
+    const std::int64_t Lk = key.dim(ld) + (config_.add_bias_kv ? 1 : 0) + (config_.add_zero_attn ? 1 : 0);
+    if (!batched) return average ? Shape{Lq, Lk} : Shape{h, Lq, Lk};
+    const std::int64_t B = config_.batch_first ? query.dim(0) : query.dim(1);
+    return average ? Shape{B, Lq, Lk} : Shape{B, h, Lq, Lk};
+}
+
+MhaOutput MultiHeadAttention::forward(const TensorView& query, const TensorView& key, const TensorView& value,
+                                      const MhaForwardOptions& options, MhaWorkspace* workspace) const {
+    // Outputs sized from the inputs; forward_into checks everything (a key of the wrong
+    // rank gets no weights tensor here and its error there).
+    MhaOutput r;
+    r.output = Tensor(DType::f32, output_shape(query));
+    TensorView wv;
+    if (options.need_weights && key.rank() == query.rank()) {
+        r.weights = Tensor(DType::f32, weights_shape(query, key, options.average_attn_weights));
+        wv = r.weights.view();
+    }
+    forward_into(query, key, value, options, r.output, options.need_weights ? &wv : nullptr, workspace);
+    return r;
+}
+
+void MultiHeadAttention::forward_into(const TensorView& query, const TensorView& key, const TensorView& value,
+                                      const MhaForwardOptions& options, const TensorView& output,
+                                      const TensorView* weights, MhaWorkspace* workspace) const {
+    const MhaConfig& c = config_;
+    const std::int64_t E = c.embed_dim, h = c.num_heads, dh = head_dim();
+    // ---- checks (nothing is written before they all pass) ----
+    const detail::MhaShapes s = detail::check_inputs(c, query, key, value, options);
+    check_outputs(*this, query, key, options, output, weights);
+    detail::PytorchMasks pt = detail::pytorch_masks_4d(options.attn_mask, options.key_padding_mask, s.batched, s.B, h, s.Lq, s.Lk);
+    // The appended keys are never masked (PyTorch pads the masks with 0 / False).
+    if (s.extra > 0) detail::pad_masks(pt, s.Lkx);
+    const detail::SdpaMasks masks = detail::to_sdpa_masks(pt.attn, pt.kpm);
+
+    // ---- projections: rows keep the input's order, heads are column blocks ----
+    MhaWorkspace local;
+    MhaWorkspace& ws = workspace != nullptr ? *workspace : local;
+    detail::ProjectionPlan plan;
+    plan.self_attention = same_tensor(query, key) && same_tensor(key, value);
+    plan.shared_kv = same_tensor(key, value);
+    plan.batch_major = s.extra > 0;
+    const float* xq = detail::as_rows(query, ws.input_copy[0]);
+    const float* xk = plan.self_attention ? xq : detail::as_rows(key, ws.input_copy[1]);
+    const float* xv = plan.shared_kv ? xk : detail::as_rows(value, ws.input_copy[2]);
+    const detail::Projected p = detail::project_qkv(*this, s, xq, xk, xv, plan, ws);
+
+    // ---- attention: O written as (rows of query, h, d_h) — the merge of heads is free ----
+    SdpaOptions so;
+    so.impl = options.impl;
+    so.causal = options.is_causal ? Causal::top_left : Causal::none;
+    so.bool_mask = masks.keep;
+    so.additive_mask = masks.add;
+    const std::int64_t Nq = s.B * s.Lq;
+    float* o = detail::ensure(ws.attn_out, Shape{Nq, E});
+    const Shape per_head_shape{s.B, h, s.Lq, s.Lkx};
+    TensorView per_head;
+    if (weights != nullptr) {
+        per_head = options.average_attn_weights ? TensorView(detail::ensure(ws.head_weights, per_head_shape), DType::f32, per_head_shape)
+                                                : TensorView(weights->data(), DType::f32, per_head_shape);
+    }
+    sdpa(p.Q, p.K, p.V, so, detail::heads_view(o, E, 0, s.rq, s.B, h, s.Lq, dh), nullptr,
+         weights != nullptr ? &per_head : nullptr);
+
+    // ---- out projection straight into the output (same row order as the query) ----
+    detail::linear(o, Nq, E, E, parameter("out_proj.weight").data_as<const float>(), E,
+                   c.bias ? parameter("out_proj.bias").data_as<const float>() : nullptr, output.data_as<float>(), E);
+    if (weights != nullptr && options.average_attn_weights) {
+        average_heads(per_head.data_as<const float>(), s.B, h, s.Lq * s.Lkx, weights->data_as<float>());
+    }
+}
+
+}  // namespace attn

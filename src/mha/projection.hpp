@@ -1,0 +1,45 @@
+// The input projections of the MHA layer (Q = x_q·W_Qᵀ + b_Q, K, V likewise), written once
+// for forward_into, forward_train and the incremental path. Rows keep the input's order;
+// heads are column blocks, seen through stride views (head_layout.hpp).
+#pragma once
+
+#include "attn/mha.hpp"
+#include "inputs.hpp"
+
+namespace attn::detail {
+
+// A float32 workspace tensor of `shape`, re-allocated only when the shape changes, so
+// repeated calls reuse memory that is already faulted in.
+float* ensure(Tensor& t, const Shape& shape);
+
+// Rows of an input as a (rows, features) float32 matrix with unit column stride: the input
+// itself when it is contiguous float32, else a copy kept in `copy`.
+const float* as_rows(const TensorView& x, Tensor& copy);
+
+// The layer's input weights and biases: W_Q (E, E), W_K (E_kv, kdim), W_V (E_kv, vdim), the
+// rows of in_proj_weight when kdim == vdim == E (so W_Q, W_K, W_V are contiguous: wq is the
+// fused (E + 2·E_kv, E) matrix); biases null without bias.
+struct InputWeights {
+    bool packed = false;
+    const float *wq = nullptr, *wk = nullptr, *wv = nullptr, *bias = nullptr, *bq = nullptr, *bk = nullptr, *bv = nullptr;
+};
+InputWeights input_weights(const MultiHeadAttention& layer);
+
+// Q (B, h, Lq, d_h), K and V (B, h_kv, Lkx, d_h): views of ws.proj_q / proj_kv / proj_v.
+struct Projected {
+    TensorView Q, K, V;
+};
+
+// How the inputs relate: key and value are the query itself (self-attention: one fused
+// QKV GEMM) or one shared tensor (one fused KV GEMM); batch_major puts K and V in
+// (B·Lkx, E_kv) buffers with the appended bias_k / zero rows — required when
+// s.extra > 0, and what the backward reads.
+struct ProjectionPlan {
+    bool self_attention = false, shared_kv = false, batch_major = false;
+};
+
+// xq, xk, xv: the inputs' rows (as_rows). Writes only ws.
+Projected project_qkv(const MultiHeadAttention& layer, const MhaShapes& s, const float* xq, const float* xk,
+                      const float* xv, ProjectionPlan plan, MhaWorkspace& ws);
+
+}  // namespace attn::detail
