@@ -14,8 +14,9 @@
 //   decode_attention                    one generation step: new queries against a KVCache,    attn/decode.hpp
 //                                       sdpa's options, each sequence at its own length
 //   MultiHeadAttention                  PyTorch's nn.MultiheadAttention: projections, heads,    attn/mha.hpp
-//                                       masks, forward, forward_train/backward
-//   mha_forward_incremental             the MHA layer for new tokens, K/V through a KVCache    attn/mha_incremental.hpp
+//                                       masks, forward, forward_train/backward, and
+//                                       forward_incremental (new tokens, K/V through a KVCache;
+//                                       attn/mha_incremental.hpp)
 //   read_safetensors, write_safetensors PyTorch/Hugging Face weight files                       attn/safetensors.hpp
 //   read_npy, write_npy                 NumPy .npy files                                       attn/npy.hpp
 //   Tensor, TensorView                  owning, aligned tensor; non-owning strided view         attn/tensor.hpp

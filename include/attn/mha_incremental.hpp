@@ -24,17 +24,7 @@
 #include "attn/mha.hpp"
 #include "attn/tensor.hpp"
 
-namespace attn {
-
-// The free functions below are one-line wrappers of the members, kept while the Python
-// module still calls them; they will be removed — call layer.forward_incremental(...).
-
-// Returns the output (shaped like x_new); appends x_new's keys/values to the cache.
-Tensor mha_forward_incremental(const MultiHeadAttention& layer, const TensorView& x_new, KVCache& cache,
-                               MhaWorkspace* workspace = nullptr);
-
-// The same into a caller-owned float32 contiguous output shaped like x_new.
-void mha_forward_incremental_into(const MultiHeadAttention& layer, const TensorView& x_new, KVCache& cache,
-                                  const TensorView& output, MhaWorkspace* workspace = nullptr);
-
-}  // namespace attn
+// The entry points are members of attn::MultiHeadAttention (attn/mha.hpp):
+//   Tensor layer.forward_incremental(x_new, cache, workspace = nullptr)
+//   void   layer.forward_incremental_into(x_new, cache, output, workspace = nullptr)
+// This header documents them and brings in KVCache beside the layer.

@@ -131,14 +131,4 @@ Tensor MultiHeadAttention::forward_incremental(const TensorView& x_new, KVCache&
     return out;
 }
 
-Tensor mha_forward_incremental(const MultiHeadAttention& layer, const TensorView& x_new, KVCache& cache,
-                               MhaWorkspace* workspace) {
-    return layer.forward_incremental(x_new, cache, workspace);
-}
-
-void mha_forward_incremental_into(const MultiHeadAttention& layer, const TensorView& x_new, KVCache& cache,
-                                  const TensorView& output, MhaWorkspace* workspace) {
-    layer.forward_incremental_into(x_new, cache, output, workspace);
-}
-
 }  // namespace attn

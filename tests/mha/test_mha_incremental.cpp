@@ -1,5 +1,4 @@
-// MultiHeadAttention::forward_incremental (and its mha_forward_incremental wrappers, used at
-// lines marked "wrapper"): a sequence fed through a KV cache in any split equals one causal
+// MultiHeadAttention::forward_incremental: a sequence fed through a KV cache in any split equals one causal
 // forward of the layer over the whole sequence (fp32 ≤ 1e-5; 16-bit storage within a bound
 // derived below from the rounding of K and V).
 #include <gtest/gtest.h>
@@ -229,8 +228,8 @@ TEST(MhaIncremental, UnbatchedInputUsesABatchOneCache) {
     kc.head_dim = 8;
     kc.capacity = 24;
     KVCache cache(kc);
-    Tensor a = attn::mha_forward_incremental(m, x.view().slice(0, 0, 18), cache);  // wrapper
-    Tensor b = attn::mha_forward_incremental(m, x.view().slice(0, 18, 6), cache);
+    Tensor a = m.forward_incremental(x.view().slice(0, 0, 18), cache);
+    Tensor b = m.forward_incremental(x.view().slice(0, 18, 6), cache);
     double err = 0;
     for (std::int64_t i = 0; i < 24 * 16; ++i) {
         const float got = i < 18 * 16 ? a.data_as<float>()[i] : b.data_as<float>()[i - 18 * 16];
@@ -316,7 +315,7 @@ TEST(MhaIncremental, MismatchesAreErrorsBeforeAnythingIsWritten) {
         KVCache cache(kc);
         Tensor out = nan_tensor(Shape{2, 3, 16});
         try {
-            attn::mha_forward_incremental_into(m, x.view(), cache, out.view());  // wrapper
+            m.forward_incremental_into(x.view(), cache, out.view());
             ADD_FAILURE() << "no error for " << part;
         } catch (const attn::Error& e) {
             EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
