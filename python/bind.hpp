@@ -3,10 +3,18 @@
 
 #include <pybind11/pybind11.h>
 
+#include <mutex>
+
+#include "attn/kv_cache.hpp"
+
 namespace attn_py {
 
 void bind_sdpa(pybind11::module_& m);      // sdpa.cpp: scaled_dot_product_attention (+ backward)
 void bind_mha(pybind11::module_& m);       // mha.cpp: MultiheadAttention
 void bind_kv_cache(pybind11::module_& m);  // kv_cache.cpp: KVCache, decode_attention
+
+// kv_cache.cpp: the attn::KVCache inside a Python attn.KVCache (TypeError naming `name` for
+// any other object), locked by `lock` for as long as the caller holds it.
+attn::KVCache& kv_cache_of(const pybind11::handle& obj, const char* name, std::unique_lock<std::mutex>& lock);
 
 }  // namespace attn_py

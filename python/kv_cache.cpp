@@ -87,6 +87,7 @@ public:
     }
 
     const attn::KVCache& cache() const { return cache_; }
+    attn::KVCache& cache() { return cache_; }
     std::mutex mutex;
 
 private:
@@ -149,6 +150,15 @@ py::object decode_py(const py::object& query, PyKVCache& cache, std::optional<do
 
 }  // namespace
 
+attn::KVCache& kv_cache_of(const py::handle& obj, const char* name, std::unique_lock<std::mutex>& lock) {
+    if (!py::isinstance<PyKVCache>(obj)) {
+        type_error(std::string(name) + ": expected an attn.KVCache but got " + std::string(py::str(py::type::of(obj))));
+    }
+    PyKVCache& c = obj.cast<PyKVCache&>();
+    lock = std::unique_lock<std::mutex>(c.mutex);
+    return c.cache();
+}
+
 void bind_kv_cache(py::module_& m) {
     py::class_<PyKVCache>(m, "KVCache",
                           "Keys and values of earlier tokens for incremental decoding (attn::KVCache).\n"
@@ -174,8 +184,8 @@ void bind_kv_cache(py::module_& m) {
           py::arg("causal_alignment") = "bottom-right", py::arg("window") = py::none(),
           py::arg("window_alignment") = "bottom-right", py::arg("query_offset") = py::none(),
           py::arg("return_lse") = false,
-          "One generation step: query (B, Hq, Lq <= 16, Dk) float32 against everything in the cache\n"
-          "(append the new tokens' keys/values first). Causal and window align bottom-right per\n"
+          "New queries (B, Hq, Lq, Dk) float32 against everything in the cache (the decode kernel for\n"
+          "Lq <= 16, flash above; append the new tokens' keys/values first). Causal and window align bottom-right per\n"
           "sequence by default: new query i of sequence b (length n_b) has its diagonal at\n"
           "i + n_b - Lq. window=(left, right), window_alignment, causal_alignment and query_offset\n"
           "mean what they mean in scaled_dot_product_attention; window_left=w is window=(w, None).");

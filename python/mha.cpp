@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "attn/kv_cache.hpp"
 #include "attn/mha.hpp"
 #include "attn/safetensors.hpp"
 #include "bind.hpp"
@@ -78,6 +79,21 @@ public:
             layer_.forward_into(q.view, k.view, v.view, o, ov, need_weights ? &wv : nullptr, &workspace_);
         }
         return py::make_tuple(out, weights);
+    }
+
+    // New tokens of every sequence through the layer, their K/V appended to `cache`
+    // (MultiHeadAttention::forward_incremental): causal, bottom-right per sequence.
+    py::array forward_incremental(const py::object& x_new, const py::object& cache) {
+        const Input x = input(x_new, "x_new", 2, 3, "(T, B, E), (B, T, E) with batch_first, or unbatched (T, E)");
+        const attn::Shape xs = x.view.shape();
+        py::array out = py::array_t<float>(std::vector<py::ssize_t>(xs.dims.begin(), xs.dims.begin() + xs.rank));
+        const attn::TensorView ov = output_view(out, 0);
+        std::unique_lock<std::mutex> cache_lock;
+        attn::KVCache& c = kv_cache_of(cache, "cache", cache_lock);
+        py::gil_scoped_release nogil;
+        const std::lock_guard<std::mutex> lock(mutex_);
+        layer_.forward_incremental_into(x.view, c, ov, &workspace_);
+        return out;
     }
 
     void load_state_dict(const py::dict& d) {
@@ -162,6 +178,11 @@ void bind_mha(py::module_& m) {
              py::arg("key_padding_mask") = py::none(), py::arg("need_weights") = true,
              py::arg("attn_mask") = py::none(), py::arg("average_attn_weights") = true, py::arg("is_causal") = false,
              py::kw_only(), py::arg("impl") = "auto")
+        .def("forward_incremental", &PyMha::forward_incremental, py::arg("x_new"), py::arg("cache"),
+             "Self-attention of new tokens against a KVCache: projects x_new, appends its keys and values\n"
+             "to every sequence of the cache, attends causally (each sequence at its own length) and\n"
+             "returns the output shaped like x_new. Feeding a sequence in any split equals one causal\n"
+             "forward over the whole sequence.")
         .def("load_state_dict", &PyMha::load_state_dict, py::arg("state_dict"),
              "Copies the arrays (torch names; float32/float64/float16) into the parameters; the names "
              "must match exactly.")
