@@ -6,6 +6,7 @@
 
 #include "../../core/dropout.hpp"
 #include "../../core/element_io.hpp"
+#include "../scores.hpp"
 
 namespace attn::detail {
 namespace {
@@ -27,19 +28,13 @@ void compute_scores(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::v
     }
 }
 
-// Step 2 — masks: add the additive bias, then set every position a mask forbids to −inf.
+// Step 2 — masks: the score rule every kernel applies (scores.hpp), here in double: add the
+// additive bias, then set every position a mask forbids — the keep-mask, and the key
+// interval of causal, window and key lengths — to −inf.
 // (Setting it to 0 would still give it weight after the softmax; −inf gives none.)
 void apply_masks(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::vector<double>& S) {
-    for (std::int64_t i = 0; i < p.Lq; ++i) {
-        const KeyRange r = p.key_range(b, i);
-        double* row = S.data() + i * p.Lk;
-        for (std::int64_t j = 0; j < p.Lk; ++j) {
-            if (p.additive_mask) row[j] += p.additive_mask->load_as_double(p.additive_mask->offset(b, h, i, j));
-            const bool keep = j >= r.lo && j < r.hi &&
-                              (!p.bool_mask || p.bool_mask->load_as_double(p.bool_mask->offset(b, h, i, j)) != 0.0);
-            if (!keep) row[j] = kNegInf;
-        }
-    }
+    for (std::int64_t i = 0; i < p.Lq; ++i)
+        apply_score_rule<double>(p, b, h, i, 0, p.Lk, S.data() + i * p.Lk, 1, 1.0, p.key_range(b, i));
 }
 
 // Step 3 — softmax by rows, shifted by the row max for stability. A row whose every
