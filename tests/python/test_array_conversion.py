@@ -432,12 +432,14 @@ HUGE = 2**50  # elements: ~4 PiB of float32, more than any machine here
 
 @pytest.mark.parametrize("what", ["big-endian query copy", "misaligned key copy", "output"])
 def test_allocation_failure_is_memory_error_with_the_size(what):
+    # A later argument is unconvertible, so that a conversion that did not copy fails at once
+    # (TypeError) instead of computing attention over 2**47 keys.
     if what == "big-endian query copy":
         q = np.broadcast_to(np.zeros((1, 1, 1, 1), ">f4"), (1, 1, HUGE // D, D))  # zero strides: no memory
-        call = lambda: attn.sdpa(q, K[:1, :1], V[:1, :1])  # noqa: E731
+        call = lambda: attn.sdpa(q, RAGGED, V[:1, :1])  # noqa: E731
     elif what == "misaligned key copy":
         k = np.broadcast_to(misaligned(np.zeros((1, 1, 1, D), np.float32)), (1, 1, HUGE // D, D))
-        call = lambda: attn.sdpa(Q[:1, :1], k, k)  # noqa: E731
+        call = lambda: attn.sdpa(Q[:1, :1], k, RAGGED)  # noqa: E731
     else:
         q = np.broadcast_to(np.zeros((1, 1, 1, 1), np.float32), (1, 1, HUGE // D, D))
         call = lambda: attn.sdpa(q, K[:1, :1], V[:1, :1])  # noqa: E731
