@@ -1,7 +1,6 @@
 #include "convert.hpp"
 
 #include <atomic>
-#include <new>
 
 namespace attn_py {
 
@@ -9,6 +8,17 @@ namespace {
 std::atomic<std::int64_t> g_input_copies{0};
 
 std::string type_name(const py::handle& obj) { return py::str(py::type::of(obj).attr("__name__")); }
+
+// "str 'x'": what was given, for messages; long reprs (arrays) are cut.
+std::string given(const py::handle& obj) {
+    std::string r = py::repr(obj);
+    if (r.size() > 60) r = r.substr(0, 57) + "...";
+    return type_name(obj) + " " + r;
+}
+
+bool is_numpy(const py::handle& obj, const char* type) {
+    return py::isinstance(obj, py::module_::import("numpy").attr(type));
+}
 
 // numpy dtype → attn dtype; unsupported dtypes are a TypeError naming the argument.
 attn::DType dtype_of(const py::array& a, const std::string& name) {
@@ -62,6 +72,21 @@ py::array as_array(const py::handle& obj, const std::string& name) {
                reason);
 }
 
+namespace {
+// Whether the kernels can read `a` in place as native typed elements: native byte order, the
+// data pointer and every byte stride a multiple of the element's alignment and size. Any other
+// layout (negative, zero and large strides, read-only buffers) is read in place.
+bool readable_in_place(const py::array& a) {
+    if (!py::bool_(a.dtype().attr("isnative"))) return false;
+    if ((a.flags() & py::detail::npy_api::NPY_ARRAY_ALIGNED_) == 0) return false;
+    const auto item = static_cast<py::ssize_t>(a.itemsize());
+    for (py::ssize_t i = 0; i < a.ndim(); ++i) {
+        if (a.strides(i) % item != 0) return false;
+    }
+    return true;
+}
+}  // namespace
+
 attn::TensorView view_of(py::array& a, const std::string& name, int min_rank, int max_rank, const char* layout) {
     if (a.ndim() < min_rank || a.ndim() > max_rank) {
         value_error(name + ": expected " + layout + " (rank " + std::to_string(min_rank) +
@@ -69,16 +94,13 @@ attn::TensorView view_of(py::array& a, const std::string& name, int min_rank, in
                     shape_str(a));
     }
     const attn::DType dt = dtype_of(a, name);
-    const auto item = static_cast<py::ssize_t>(a.itemsize());
-    for (py::ssize_t i = 0; i < a.ndim(); ++i) {
-        if (a.strides(i) % item != 0) {
-            // Byte strides that no element stride can express: copy (counted, documented).
-            a = py::array::ensure(a, py::array::c_style | py::array::forcecast);
-            if (!a) throw std::bad_alloc();
-            ++g_input_copies;
-            break;
-        }
+    if (!readable_in_place(a)) {
+        // One native, aligned, C-contiguous copy (byte-swapped when the order is not native),
+        // made by numpy so that an allocation failure is numpy's MemoryError with the size.
+        a = a.attr("astype")(a.dtype().attr("newbyteorder")("="), "C");
+        ++g_input_copies;
     }
+    const auto item = static_cast<py::ssize_t>(a.itemsize());
     attn::Shape shape;
     attn::Strides strides{};
     shape.rank = static_cast<int>(a.ndim());
@@ -126,7 +148,7 @@ std::optional<std::int64_t> int_of(const py::handle& obj, const std::string& nam
     // Only ints and numpy integer scalars: arrays and tensors also have __index__ when they
     // hold one integer, but a (1,) array is a per-sequence value, not a scalar.
     if (PyBool_Check(obj.ptr())) return std::nullopt;
-    if (!PyLong_Check(obj.ptr()) && !py::isinstance(obj, py::module_::import("numpy").attr("integer"))) {
+    if (!PyLong_Check(obj.ptr()) && !is_numpy(obj, "integer")) {
         return std::nullopt;
     }
     const py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(obj.ptr()));
@@ -135,6 +157,71 @@ std::optional<std::int64_t> int_of(const py::handle& obj, const std::string& nam
     const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
     if (overflow != 0) value_error(name + ": expected an int64 but got " + std::string(py::repr(i)));
     return static_cast<std::int64_t>(v);
+}
+
+std::int64_t int_arg(const py::handle& obj, const std::string& name) {
+    const std::optional<std::int64_t> v = int_of(obj, name);
+    if (!v) type_error(name + ": expected an int but got " + given(obj));
+    return *v;
+}
+
+std::optional<std::int64_t> optional_int_arg(const py::handle& obj, const std::string& name) {
+    if (obj.is_none()) return std::nullopt;
+    const std::optional<std::int64_t> v = int_of(obj, name);
+    if (!v) type_error(name + ": expected an int or None but got " + given(obj));
+    return v;
+}
+
+std::uint64_t uint_arg(const py::handle& obj, const std::string& name) {
+    if (PyBool_Check(obj.ptr()) || (!PyLong_Check(obj.ptr()) && !is_numpy(obj, "integer"))) {
+        type_error(name + ": expected an int but got " + given(obj));
+    }
+    const py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(obj.ptr()));
+    if (!i) throw py::error_already_set();
+    const unsigned long long v = PyLong_AsUnsignedLongLong(i.ptr());
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        value_error(name + ": expected an int in [0, 2**64) but got " + std::string(py::repr(i)));
+    }
+    return static_cast<std::uint64_t>(v);
+}
+
+double float_arg(const py::handle& obj, const std::string& name) {
+    // Numbers only: a str, a bool or a sequence is a mistake, not a value.
+    const bool zero_dim = py::isinstance<py::array>(obj) && py::reinterpret_borrow<py::array>(obj).ndim() == 0 &&
+                          std::string("fiu").find(py::reinterpret_borrow<py::array>(obj).dtype().kind()) !=
+                              std::string::npos;
+    const bool number = !PyBool_Check(obj.ptr()) && !is_numpy(obj, "bool_") &&
+                        (PyFloat_Check(obj.ptr()) || PyLong_Check(obj.ptr()) || is_numpy(obj, "number") || zero_dim);
+    if (!number) type_error(name + ": expected a float but got " + given(obj));
+    const double v = PyFloat_AsDouble(obj.ptr());
+    if (PyErr_Occurred()) {
+        PyErr_Clear();  // an int too large for a double
+        value_error(name + ": expected a float but got " + given(obj) + " (out of range)");
+    }
+    return v;
+}
+
+std::optional<double> optional_float_arg(const py::handle& obj, const std::string& name) {
+    if (obj.is_none()) return std::nullopt;
+    return float_arg(obj, name);
+}
+
+bool bool_arg(const py::handle& obj, const std::string& name) {
+    if (PyBool_Check(obj.ptr())) return obj.ptr() == Py_True;
+    if (is_numpy(obj, "bool_")) return PyObject_IsTrue(obj.ptr()) == 1;
+    type_error(name + ": expected True or False but got " + given(obj));
+}
+
+std::string str_arg(const py::handle& obj, const std::string& name) {
+    if (!PyUnicode_Check(obj.ptr())) type_error(name + ": expected a str but got " + given(obj));
+    Py_ssize_t size = 0;
+    const char* utf8 = PyUnicode_AsUTF8AndSize(obj.ptr(), &size);
+    if (utf8 == nullptr) {
+        PyErr_Clear();  // lone surrogates
+        value_error(name + ": expected a str encodable as UTF-8 but got " + given(obj));
+    }
+    return std::string(utf8, static_cast<std::size_t>(size));
 }
 
 }  // namespace attn_py

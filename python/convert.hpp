@@ -1,11 +1,14 @@
 // NumPy ↔ attn::TensorView, written once for every binding of the `attn` module.
 //
 // Zero-copy: an input array becomes an attn::TensorView over its own buffer — numpy's byte
-// strides divided by the item size, negative and zero strides included — so transposed views
-// and slices are read in place. The one case that copies is a stride that is not a multiple
-// of the item size (e.g. a field of a structured array): that input is copied once to a
-// contiguous array and the copy is counted (input_copies(), attn._input_copies() in Python;
-// tests use it to check that no copy happens where none is promised).
+// strides divided by the item size, negative and zero strides included — so transposed views,
+// slices, broadcasts and read-only arrays are read in place. An array the kernels cannot read
+// as native typed elements is copied once to a native-order, aligned, C-contiguous array, and
+// the copy is counted (input_copies(), attn._input_copies() in Python; tests use it to check
+// that no copy happens where none is promised). That is the one rule for every array argument:
+//   - a non-native byte order ('>f4', '>i8', ...) is read correctly: the copy is byte-swapped;
+//   - a data pointer or stride not aligned to the element (np.frombuffer at offset 1) and a
+//     stride that is not a multiple of the item size (a field of a structured array) are copied.
 // Outputs are fresh NumPy arrays (owning their memory) that the kernels write directly.
 // The arrays are held by the caller for the whole call, so every view built from them stays
 // valid; the GIL is released only around the C++ computation.
@@ -72,7 +75,20 @@ std::vector<py::ssize_t> dims_of(const attn::TensorView& t, int first = 0);
 // `name` is for the error when it does not fit in int64.
 std::optional<std::int64_t> int_of(const py::handle& obj, const std::string& name);
 
-// How many inputs have been copied (strides not a multiple of the item size).
+// How many inputs have been copied (byte order, alignment or strides the kernels cannot read).
 std::int64_t input_copies();
+
+// Scalar arguments, converted here rather than by pybind11's casters so that a wrong type is
+// a TypeError naming the argument and what was given, and a value out of range a ValueError
+// (pybind11's own failure prints the whole signature with every array's repr, and .cast<>()
+// says only "Unable to cast Python instance to C++ type"). Bindings take such arguments as
+// py::object and convert them with these.
+std::int64_t int_arg(const py::handle& obj, const std::string& name);                  // int, numpy integer
+std::optional<std::int64_t> optional_int_arg(const py::handle& obj, const std::string& name);  // or None
+std::uint64_t uint_arg(const py::handle& obj, const std::string& name);                // int in [0, 2**64)
+double float_arg(const py::handle& obj, const std::string& name);                      // float, int, numpy number
+std::optional<double> optional_float_arg(const py::handle& obj, const std::string& name);      // or None
+bool bool_arg(const py::handle& obj, const std::string& name);                         // bool, numpy.bool_
+std::string str_arg(const py::handle& obj, const std::string& name);
 
 }  // namespace attn_py

@@ -29,12 +29,13 @@ public:
 
     // k_new (B, Hkv, T, Dk), v_new (B, Hkv, T, Dv); or one sequence's (Hkv, T, ·) with batch_index.
     void append(const py::object& k_new, const py::object& v_new, const py::object& batch_index) {
-        const bool one = !batch_index.is_none();
+        const std::optional<std::int64_t> index = optional_int_arg(batch_index, "batch_index");
+        const bool one = index.has_value();
         const int r = one ? 3 : 4;
         const char* layout = one ? "(Hkv, T, D) with batch_index" : "(B, Hkv, T, D)";
         const Input k = input(k_new, "k_new", r, r, layout);
         const Input v = input(v_new, "v_new", r, r, layout);
-        const std::int64_t b = one ? batch_index.cast<std::int64_t>() : 0;
+        const std::int64_t b = index.value_or(0);
         py::gil_scoped_release nogil;
         const std::lock_guard<std::mutex> lock(mutex);
         if (one) {
@@ -44,25 +45,29 @@ public:
         }
     }
 
-    void truncate(std::int64_t new_length, const py::object& batch_index) {
+    void truncate(const py::object& new_length_arg, const py::object& batch_index) {
+        const std::int64_t new_length = int_arg(new_length_arg, "new_length");
+        const std::optional<std::int64_t> index = optional_int_arg(batch_index, "batch_index");
         const std::lock_guard<std::mutex> lock(mutex);
-        if (batch_index.is_none()) {
+        if (!index) {
             cache_.truncate_all(new_length);
         } else {
-            cache_.truncate(batch_index.cast<std::int64_t>(), new_length);
+            cache_.truncate(*index, new_length);
         }
     }
 
     void reset(const py::object& batch_index) {
+        const std::optional<std::int64_t> index = optional_int_arg(batch_index, "batch_index");
         const std::lock_guard<std::mutex> lock(mutex);
-        if (batch_index.is_none()) {
+        if (!index) {
             cache_.reset();
         } else {
-            cache_.reset(batch_index.cast<std::int64_t>());
+            cache_.reset(*index);
         }
     }
 
-    void reserve(std::int64_t capacity) {
+    void reserve(const py::object& capacity_arg) {
+        const std::int64_t capacity = int_arg(capacity_arg, "capacity");
         py::gil_scoped_release nogil;
         const std::lock_guard<std::mutex> lock(mutex);
         cache_.reserve(capacity);
@@ -94,15 +99,18 @@ private:
     attn::KVCache cache_;
 };
 
-std::unique_ptr<PyKVCache> make_cache(std::int64_t batch, std::int64_t kv_heads, std::int64_t head_dim,
-                                      std::int64_t capacity, const py::object& value_dim, const std::string& dtype,
-                                      bool grow, std::int64_t max_capacity) {
+// Arguments as given, converted by name (convert.hpp's scalar arguments).
+std::unique_ptr<PyKVCache> make_cache(const py::object& batch, const py::object& kv_heads, const py::object& head_dim,
+                                      const py::object& capacity, const py::object& value_dim,
+                                      const py::object& dtype_arg, const py::object& grow,
+                                      const py::object& max_capacity) {
     attn::KVCacheConfig c;
-    c.batch = batch;
-    c.kv_heads = kv_heads;
-    c.head_dim = head_dim;
-    c.value_dim = value_dim.is_none() ? 0 : value_dim.cast<std::int64_t>();
-    c.capacity = capacity;
+    c.batch = int_arg(batch, "batch");
+    c.kv_heads = int_arg(kv_heads, "kv_heads");
+    c.head_dim = int_arg(head_dim, "head_dim");
+    c.value_dim = optional_int_arg(value_dim, "value_dim").value_or(0);
+    c.capacity = int_arg(capacity, "capacity");
+    const std::string dtype = str_arg(dtype_arg, "dtype");
     if (dtype == "float32") {
         c.storage = attn::DType::f32;
     } else if (dtype == "float16") {
@@ -112,17 +120,20 @@ std::unique_ptr<PyKVCache> make_cache(std::int64_t batch, std::int64_t kv_heads,
     } else {
         type_error("dtype: the cache stores \"float32\", \"float16\" or \"bfloat16\" but got \"" + dtype + "\"");
     }
-    c.grow = grow;
-    c.max_capacity = max_capacity;
+    c.grow = bool_arg(grow, "grow");
+    c.max_capacity = int_arg(max_capacity, "max_capacity");
     return std::make_unique<PyKVCache>(c);
 }
 
 // query (B, Hq, Lq, Dk) float32, Lq <= 16 (decode kernel; more runs as prefill)
 // → out (B, Hq, Lq, Dv) [, lse (B, Hq, Lq)]. window_left = w is the older spelling of
 // window=(w, None).
-py::object decode_py(const py::object& query, PyKVCache& cache, std::optional<double> scale, bool is_causal,
-                     std::int64_t window_left, const std::string& causal_alignment, const py::object& window,
-                     const std::string& window_alignment, const py::object& query_offset, bool return_lse) {
+py::object decode_py(const py::object& query, PyKVCache& cache, const py::object& scale, const py::object& is_causal,
+                     const py::object& window_left_arg, const py::object& causal_alignment, const py::object& window,
+                     const py::object& window_alignment, const py::object& query_offset,
+                     const py::object& return_lse_arg) {
+    const std::int64_t window_left = int_arg(window_left_arg, "window_left");
+    const bool return_lse = bool_arg(return_lse_arg, "return_lse");
     const Input q = input(query, "query", 4, 4, "(B, Hq, Lq, Dk)");
     if (window_left != -1 && !window.is_none()) {
         value_error("window_left: give window=(left, right) or window_left, not both (got window_left=" +
@@ -130,7 +141,7 @@ py::object decode_py(const py::object& query, PyKVCache& cache, std::optional<do
     }
     const py::object win = window_left != -1 ? py::object(py::make_tuple(window_left, -1)) : window;
     CallOptions o;
-    o.sdpa.scale = scale;
+    o.sdpa.scale = optional_float_arg(scale, "scale");
     set_alignment({is_causal, causal_alignment, win, window_alignment, query_offset}, o);
     const std::int64_t dv = cache.cache().value_dim() ? cache.cache().value_dim() : cache.cache().head_dim();
     const attn::TensorView& qv = q.view;

@@ -40,9 +40,13 @@ class PyMha {
 public:
     explicit PyMha(attn::MultiHeadAttention layer) : layer_(std::move(layer)) {}
 
+    // Scalar keywords as given, converted by name (convert.hpp).
     py::tuple forward(const py::object& query, const py::object& key, const py::object& value,
-                      const py::object& key_padding_mask, bool need_weights, const py::object& attn_mask,
-                      bool average_attn_weights, bool is_causal, const std::string& impl) {
+                      const py::object& key_padding_mask, const py::object& need_weights_arg,
+                      const py::object& attn_mask, const py::object& average_attn_weights_arg,
+                      const py::object& is_causal, const py::object& impl) {
+        const bool need_weights = bool_arg(need_weights_arg, "need_weights");
+        const bool average_attn_weights = bool_arg(average_attn_weights_arg, "average_attn_weights");
         const char* layout = "(L, B, E), (B, L, E) with batch_first, or unbatched (L, E)";
         const Input q = input(query, "query", 2, 3, layout);
         // The same object for query/key/value lets the layer fuse the projections.
@@ -60,8 +64,8 @@ public:
         }
         o.need_weights = need_weights;
         o.average_attn_weights = average_attn_weights;
-        o.is_causal = is_causal;
-        o.impl = attn::parse_impl(impl);
+        o.is_causal = bool_arg(is_causal, "is_causal");
+        o.impl = attn::parse_impl(str_arg(impl, "impl"));
         const attn::Shape os = layer_.output_shape(q.view);
         py::array out = py::array_t<float>(std::vector<py::ssize_t>(os.dims.begin(), os.dims.begin() + os.rank));
         const attn::TensorView ov = output_view(out, 0);
@@ -96,15 +100,24 @@ public:
         return out;
     }
 
-    void load_state_dict(const py::dict& d) {
+    void load_state_dict(const py::object& state_dict) {
+        if (!py::isinstance<py::dict>(state_dict)) {
+            type_error("state_dict: expected a dict of name -> array but got " +
+                       std::string(py::str(py::type::of(state_dict).attr("__name__"))));
+        }
         std::vector<Input> keep;
-        const auto tensors = tensors_of(d, keep);
+        const auto tensors = tensors_of(py::reinterpret_borrow<py::dict>(state_dict), keep);
         py::gil_scoped_release nogil;
         const std::lock_guard<std::mutex> lock(mutex_);
         layer_.load_state_dict(tensors);
     }
 
-    void load_safetensors(const std::string& path) {
+    void load_safetensors(const py::object& path_arg) {
+        // A str or an os.PathLike (pathlib.Path).
+        const py::object p = !PyUnicode_Check(path_arg.ptr()) && py::hasattr(path_arg, "__fspath__")
+                                 ? path_arg.attr("__fspath__")()
+                                 : path_arg;
+        const std::string path = str_arg(p, "path");
         py::gil_scoped_release nogil;
         const attn::SafetensorsFile f = attn::read_safetensors(path);
         std::vector<std::pair<std::string, attn::TensorView>> tensors;
@@ -134,9 +147,24 @@ private:
     std::mutex mutex_;
 };
 
-std::unique_ptr<PyMha> make_mha(std::int64_t embed_dim, std::int64_t num_heads, double dropout, bool bias, bool add_bias_kv,
-               bool add_zero_attn, const py::object& kdim, const py::object& vdim, bool batch_first,
-               const py::object& device, const py::object& dtype, const py::object& num_kv_heads) {
+// torch's float32 (torch.float32) or anything numpy reads as float32.
+bool is_float32(const py::object& dtype) {
+    if (std::string(py::str(dtype)) == "torch.float32") return true;
+    try {
+        const py::dtype dt = py::dtype::from_args(dtype);
+        return dt.kind() == 'f' && dt.itemsize() == 4;
+    } catch (py::error_already_set&) {
+        return false;  // not a dtype at all: the caller's TypeError names the argument
+    }
+}
+
+// torch's constructor arguments as given, converted by name (convert.hpp's scalar arguments).
+std::unique_ptr<PyMha> make_mha(const py::object& embed_dim, const py::object& num_heads, const py::object& dropout_arg,
+                                const py::object& bias, const py::object& add_bias_kv,
+                                const py::object& add_zero_attn, const py::object& kdim, const py::object& vdim,
+                                const py::object& batch_first, const py::object& device, const py::object& dtype,
+                                const py::object& num_kv_heads) {
+    const double dropout = float_arg(dropout_arg, "dropout");
     if (dropout != 0.0) {
         value_error("dropout: attn's MultiheadAttention is inference-only (eval mode); expected 0.0 but got " +
                     std::to_string(dropout));
@@ -144,19 +172,19 @@ std::unique_ptr<PyMha> make_mha(std::int64_t embed_dim, std::int64_t num_heads, 
     if (!device.is_none() && std::string(py::str(device)) != "cpu") {
         value_error("device: only 'cpu' is supported but got " + std::string(py::str(device)));
     }
-    if (!dtype.is_none() && !(py::dtype::from_args(dtype).kind() == 'f' && py::dtype::from_args(dtype).itemsize() == 4)) {
+    if (!dtype.is_none() && !is_float32(dtype)) {
         type_error("dtype: parameters are float32 but got " + std::string(py::str(dtype)));
     }
     attn::MhaConfig c;
-    c.embed_dim = embed_dim;
-    c.num_heads = num_heads;
-    c.kdim = kdim.is_none() ? 0 : kdim.cast<std::int64_t>();
-    c.vdim = vdim.is_none() ? 0 : vdim.cast<std::int64_t>();
-    c.num_kv_heads = num_kv_heads.is_none() ? 0 : num_kv_heads.cast<std::int64_t>();
-    c.bias = bias;
-    c.batch_first = batch_first;
-    c.add_bias_kv = add_bias_kv;
-    c.add_zero_attn = add_zero_attn;
+    c.embed_dim = int_arg(embed_dim, "embed_dim");
+    c.num_heads = int_arg(num_heads, "num_heads");
+    c.kdim = optional_int_arg(kdim, "kdim").value_or(0);
+    c.vdim = optional_int_arg(vdim, "vdim").value_or(0);
+    c.num_kv_heads = optional_int_arg(num_kv_heads, "num_kv_heads").value_or(0);
+    c.bias = bool_arg(bias, "bias");
+    c.batch_first = bool_arg(batch_first, "batch_first");
+    c.add_bias_kv = bool_arg(add_bias_kv, "add_bias_kv");
+    c.add_zero_attn = bool_arg(add_zero_attn, "add_zero_attn");
     return std::make_unique<PyMha>(attn::MultiHeadAttention(c));
 }
 

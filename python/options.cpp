@@ -6,7 +6,8 @@ namespace attn_py {
 
 namespace {
 
-attn::Align align_of(const std::string& alignment, const char* name) {
+attn::Align align_of(const py::object& given, const char* name) {
+    const std::string alignment = str_arg(given, name);
     if (alignment == "top-left") return attn::Align::top_left;
     if (alignment == "bottom-right") return attn::Align::bottom_right;
     value_error(std::string(name) + ": expected \"top-left\" or \"bottom-right\" but got \"" + alignment + "\"");
@@ -14,7 +15,7 @@ attn::Align align_of(const std::string& alignment, const char* name) {
 
 // window=(left, right): each side an int >= 0, or −1 / None for unbounded (attn::sdpa checks
 // the range and names the values).
-attn::Window window_of(const py::object& window, const std::string& alignment) {
+attn::Window window_of(const py::object& window, const py::object& alignment) {
     attn::Window w;
     w.align = align_of(alignment, "window_alignment");
     if (window.is_none()) return w;
@@ -50,7 +51,7 @@ std::optional<attn::QueryOffset> query_offset_of(const py::object& offset, py::a
 
 void set_alignment(const AlignmentArgs& args, CallOptions& out) {
     const attn::Align causal = align_of(args.causal_alignment, "causal_alignment");
-    out.sdpa.causal = !args.is_causal                         ? attn::Causal::none
+    out.sdpa.causal = !bool_arg(args.is_causal, "is_causal")                         ? attn::Causal::none
                       : causal == attn::Align::top_left ? attn::Causal::top_left
                                                         : attn::Causal::bottom_right;
     out.sdpa.window = window_of(args.window, args.window_alignment);
@@ -59,10 +60,10 @@ void set_alignment(const AlignmentArgs& args, CallOptions& out) {
 
 CallOptions make_options(const SdpaArgs& args) {
     CallOptions o;
-    o.sdpa.scale = args.scale;
-    o.sdpa.dropout_p = args.dropout_p;
-    o.sdpa.dropout_seed = args.dropout_seed;
-    o.sdpa.impl = attn::parse_impl(args.impl);
+    o.sdpa.scale = optional_float_arg(args.scale, "scale");
+    o.sdpa.dropout_p = float_arg(args.dropout_p, "dropout_p");
+    o.sdpa.dropout_seed = uint_arg(args.dropout_seed, "dropout_seed");
+    o.sdpa.impl = attn::parse_impl(str_arg(args.impl, "impl"));
     set_alignment(args.alignment, o);
     if (!args.attn_mask.is_none()) {
         o.mask = as_array(args.attn_mask, "attn_mask");

@@ -21,24 +21,25 @@ namespace attn_py {
 
 namespace py = pybind11;
 
-// The masking keywords every attention call takes.
+// The masking keywords every attention call takes, as given (converted by set_alignment, so
+// that a wrong type is a TypeError naming the keyword: convert.hpp's scalar arguments).
 struct AlignmentArgs {
-    bool is_causal = false;
-    std::string causal_alignment;
+    py::object is_causal;
+    py::object causal_alignment;
     py::object window;
-    std::string window_alignment;
+    py::object window_alignment;
     py::object query_offset;
 };
 
-// The keywords of scaled_dot_product_attention and its backward.
+// The keywords of scaled_dot_product_attention and its backward, as given.
 struct SdpaArgs {
     py::object attn_mask;
-    double dropout_p = 0.0;
-    std::optional<double> scale;
+    py::object dropout_p;
+    py::object scale;
     py::object key_lengths;
     AlignmentArgs alignment;
-    std::uint64_t dropout_seed = 0;
-    std::string impl;
+    py::object dropout_seed;
+    py::object impl;
 };
 
 // Options whose views point into arrays held here, alive as long as this object.

@@ -3,7 +3,6 @@
 #include <pybind11/stl.h>
 
 #include <ctime>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,11 +23,15 @@ attn::DType output_dtype(const attn::TensorView& q) {
     return q.dtype() == attn::DType::f64 ? attn::DType::f64 : attn::DType::f32;
 }
 
+// Scalar keywords arrive as py::object and are converted by name (convert.hpp).
 py::object sdpa_py(const py::object& query, const py::object& key, const py::object& value,
-                   const py::object& attn_mask, double dropout_p, bool is_causal, std::optional<double> scale,
-                   const std::string& causal_alignment, const py::object& key_lengths, const py::object& window,
-                   const std::string& window_alignment, const py::object& query_offset, bool return_lse,
-                   bool return_weights, std::uint64_t dropout_seed, const std::string& impl) {
+                   const py::object& attn_mask, const py::object& dropout_p, const py::object& is_causal,
+                   const py::object& scale, const py::object& causal_alignment, const py::object& key_lengths,
+                   const py::object& window, const py::object& window_alignment, const py::object& query_offset,
+                   const py::object& return_lse_arg, const py::object& return_weights_arg,
+                   const py::object& dropout_seed, const py::object& impl) {
+    const bool return_lse = bool_arg(return_lse_arg, "return_lse");
+    const bool return_weights = bool_arg(return_weights_arg, "return_weights");
     const Input q = input(query, "query", 2, 4, kLayout);
     const Input k = input(key, "key", 2, 4, kLayout);
     const Input v = input(value, "value", 2, 4, kLayout);
@@ -68,10 +71,11 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
 
 py::tuple sdpa_backward_py(const py::object& query, const py::object& key, const py::object& value,
                            const py::object& out, const py::object& lse, const py::object& grad_out,
-                           const py::object& attn_mask, double dropout_p, bool is_causal, std::optional<double> scale,
-                           const std::string& causal_alignment, const py::object& key_lengths,
-                           const py::object& window, const std::string& window_alignment,
-                           const py::object& query_offset, std::uint64_t dropout_seed, const std::string& impl) {
+                           const py::object& attn_mask, const py::object& dropout_p, const py::object& is_causal,
+                           const py::object& scale, const py::object& causal_alignment,
+                           const py::object& key_lengths, const py::object& window,
+                           const py::object& window_alignment, const py::object& query_offset,
+                           const py::object& dropout_seed, const py::object& impl) {
     const Input q = input(query, "query", 2, 4, kLayout);
     const int r = q.view.rank();
     const Input k = input(key, "key", r, r, "the query's rank");
@@ -100,7 +104,9 @@ py::tuple sdpa_backward_py(const py::object& query, const py::object& key, const
 // baseline the binding's overhead is measured against, in the same process and build.
 // q/k/v (B, H, L, D) float32; returns the seconds of each of `runs` calls.
 std::vector<double> time_cpp_sdpa(const py::object& query, const py::object& key, const py::object& value,
-                                  int runs, bool cpu_clock) {
+                                  const py::object& runs_arg, const py::object& cpu_clock_arg) {
+    const std::int64_t runs = int_arg(runs_arg, "runs");
+    const bool cpu_clock = bool_arg(cpu_clock_arg, "cpu_clock");
     const Input q = input(query, "query", 4, 4, "(B, H, L, D)");
     const Input k = input(key, "key", 4, 4, "(B, H, L, D)");
     const Input v = input(value, "value", 4, 4, "(B, H, L, D)");
@@ -115,7 +121,7 @@ std::vector<double> time_cpp_sdpa(const py::object& query, const py::object& key
         clock_gettime(cpu_clock ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
         return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
     };
-    for (int i = 0; i < runs; ++i) {
+    for (std::int64_t i = 0; i < runs; ++i) {
         const double t0 = now();
         attn::sdpa(q.view, k.view, v.view, attn::SdpaOptions{}, ov);
         seconds.push_back(now() - t0);
