@@ -29,12 +29,17 @@ void compute_scores(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::v
 
 // Step 2 — masks: add the additive bias, then set every position a mask forbids to −inf.
 // (Setting it to 0 would still give it weight after the softmax; −inf gives none.)
+// An additive −inf forbids too, by selection: a NaN or +inf score plus −inf is −inf, not
+// NaN. A finite bias, however negative (−FLT_MAX), is added: a finite score.
 void apply_masks(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::vector<double>& S) {
     for (std::int64_t i = 0; i < p.Lq; ++i) {
         const KeyRange r = p.key_range(b, i);
         double* row = S.data() + i * p.Lk;
         for (std::int64_t j = 0; j < p.Lk; ++j) {
-            if (p.additive_mask) row[j] += p.additive_mask->load_as_double(p.additive_mask->offset(b, h, i, j));
+            if (p.additive_mask) {
+                const double a = p.additive_mask->load_as_double(p.additive_mask->offset(b, h, i, j));
+                row[j] = a == kNegInf ? kNegInf : row[j] + a;
+            }
             const bool keep = j >= r.lo && j < r.hi &&
                               (!p.bool_mask || p.bool_mask->load_as_double(p.bool_mask->offset(b, h, i, j)) != 0.0);
             if (!keep) row[j] = kNegInf;
@@ -87,7 +92,9 @@ void weighted_sum(const SdpaProblem& p, std::int64_t b, std::int64_t h, const st
         double* o = O.data() + i * p.Dv;
         for (std::int64_t j = 0; j < p.Lk; ++j) {
             const double a = A[static_cast<std::size_t>(i * p.Lk + j)];
-            if (a == 0.0) continue;  // masked keys contribute nothing (even if V holds inf)
+            // A weight of exactly 0 (masked key, dropped, or empty row) selects: the key
+            // contributes nothing even if V holds NaN/inf there (0·inf would be NaN).
+            if (a == 0.0) continue;
             for (std::int64_t d = 0; d < p.Dv; ++d) o[d] += a * load(p.v, p.v.offset(b, hk, j, d));
         }
     }
