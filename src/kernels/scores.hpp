@@ -1,15 +1,18 @@
 // The score rule, written once for every kernel (reference, flash forward, backward, decode).
 //
 // For query i of query head h of sequence b and keys j0 .. j0+n−1, the kernel has computed
-// s_j = unit · scale · q·k_j (unit = 1 for natural-log scores; log2(e) for kernels that
-// work in base 2 and use exp2). The rule then applies, in this order:
+// s_j = scale · q·k_j in natural units (every kernel: base-2 scores would overflow for a
+// finite mask value below −FLT_MAX/log2 e, e.g. Hugging Face's −FLT_MAX, and turn a
+// finite score into −inf). The rule then applies, in this order:
 //   1. score modifiers                       (none yet; softcap and ALiBi go here)
-//   2. + unit · additive_mask[b, h, i, j]
+//   2. + additive_mask[b, h, i, j]; an additive −inf selects −inf (a masked key), so a
+//      NaN or +inf score plus −inf is −inf, not NaN; a float64 mask value beyond the
+//      float32 range saturates to ±FLT_MAX (a finite mask value is a finite score)
 //   3. −inf where bool_mask[b, h, i, j] is false
 //   4. −inf outside the key interval [lo, hi) of SdpaProblem::key_range (causal, window,
 //      key lengths — the one alignment rule)
-// Steps 3 and 4 assign (select, never multiply), so a masked key is −inf whatever its
-// score or mask value was: +inf in an additive mask on a masked key cannot become NaN.
+// Steps 2 (for −inf), 3 and 4 assign (select, never multiply), so a masked key is −inf
+// whatever its score or mask value was: NaN in K or +inf in a mask cannot leak through.
 //
 // `s` is a row with a stride: flash passes a column of its transposed Sᵀ tile (stride =
 // the tile's leading dimension), backward and decode pass a row (stride 1).
@@ -30,19 +33,41 @@ namespace {
 // the rule for tiles that are entirely visible when this is false.
 inline bool score_rule_has_elementwise(const SdpaProblem& p) { return p.has_elementwise_mask(); }
 
+// s + a for an additive mask value a: −inf selects.
+template <class T>
+inline T add_mask_value(T s, T a) {
+    return a == -std::numeric_limits<T>::infinity() ? a : s + a;
+}
+
+// A mask value in the kernel's precision. Into float32, finite float64 values saturate at
+// ±FLT_MAX instead of overflowing to ±inf (which would turn a finite score into a masked key).
+template <class T>
+inline T mask_value(double a) {
+    if constexpr (sizeof(T) == sizeof(double)) {
+        return a;
+    } else {
+        constexpr double kMax = static_cast<double>(std::numeric_limits<float>::max());
+        if (a < -kMax && a != -std::numeric_limits<double>::infinity()) return -std::numeric_limits<float>::max();
+        if (a > kMax && a != std::numeric_limits<double>::infinity()) return std::numeric_limits<float>::max();
+        return static_cast<float>(a);
+    }
+}
+
+// The rule on keys [j0, j0+n) of query i of head h of sequence b: s[j·stride], T = float in
+// the kernels, double in the reference.
 template <class T>
 inline void apply_score_rule(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j0,
-                             std::int64_t n, T* s, std::ptrdiff_t stride, T unit, KeyRange visible) {
+                             std::int64_t n, T* s, std::ptrdiff_t stride, KeyRange visible) {
     constexpr T kNegInf = -std::numeric_limits<T>::infinity();
     if (p.additive_mask) {
         const TensorView& m = *p.additive_mask;
         const std::int64_t o = m.offset(b, h, i, j0), sj = m.stride(3);
         if (m.dtype() == DType::f32) {
             const float* mp = m.data_as<const float>() + o;
-            for (std::int64_t j = 0; j < n; ++j) s[j * stride] += unit * static_cast<T>(mp[j * sj]);
+            for (std::int64_t j = 0; j < n; ++j) s[j * stride] = add_mask_value<T>(s[j * stride], static_cast<T>(mp[j * sj]));
         } else {
             const double* mp = m.data_as<const double>() + o;
-            for (std::int64_t j = 0; j < n; ++j) s[j * stride] += unit * static_cast<T>(mp[j * sj]);
+            for (std::int64_t j = 0; j < n; ++j) s[j * stride] = add_mask_value<T>(s[j * stride], mask_value<T>(mp[j * sj]));
         }
     }
     if (p.bool_mask) {

@@ -79,7 +79,10 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
     }
 
     if (options.scale) {
-        if (!std::isfinite(*options.scale)) fail(kOp, "scale: must be finite but got ", std::to_string(*options.scale));
+        // Finite in float32, where every fast kernel multiplies by it (1e39 is finite as a
+        // double but inf as a float: scores would become ±inf or NaN).
+        if (!std::isfinite(*options.scale) || !std::isfinite(static_cast<float>(*options.scale)))
+            fail(kOp, "scale: must be finite in float32 (|scale| <= 3.4028235e38) but got ", *options.scale);
         p.scale = *options.scale;
     } else {
         p.scale = 1.0 / std::sqrt(static_cast<double>(p.Dk));

@@ -143,8 +143,8 @@ TEST(SdpaErrors, OutputShapes) {
 }
 
 TEST(SdpaErrors, Scale) {
-    expect_error([](Call& c) { c.opt.scale = std::numeric_limits<double>::quiet_NaN(); }, {"sdpa: scale: must be finite but got nan"});
-    expect_error([](Call& c) { c.opt.scale = -kInf; }, {"sdpa: scale: must be finite but got -inf"});
+    expect_error([](Call& c) { c.opt.scale = std::numeric_limits<double>::quiet_NaN(); }, {"sdpa: scale: must be finite in float32 (|scale| <= 3.4028235e38) but got nan"});
+    expect_error([](Call& c) { c.opt.scale = -kInf; }, {"sdpa: scale: must be finite in float32 (|scale| <= 3.4028235e38) but got -inf"});
 }
 
 TEST(SdpaErrors, BoolMask) {

@@ -16,7 +16,16 @@
 // Tiles that the structural masks (causal, window, key lengths) hide completely are
 // skipped; tiles they cover completely, with no element-wise rule, run without the score
 // rule (scores.hpp), which the others apply to each row through a callback.
+//
+// Non-finite values (kernels/finite.hpp): where P (or dS) is exactly 0 — a masked key, a
+// row with no visible key, a dropped weight — the products below must select, not
+// multiply. dS·K and dSᵀ·Q run on copies of K and Q with NaN/±inf entries 0: a key
+// (query) holding one has a NaN or ±inf score wherever it is visible, so its P, hence dS,
+// is NaN or 0 there — zeroing changes no product that is not 0·x. P̂ᵀ·dO runs on a copy
+// of dO with those entries 0 and the tile adds each back where P̂ is not 0. dO·Vᵀ needs
+// nothing: dS = P∘(dP − D) is 0 wherever P is 0 (ds_row selects).
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -28,6 +37,7 @@
 
 #include "../../core/dropout.hpp"
 #include "../../core/element_io.hpp"
+#include "../finite.hpp"
 #include "../isa.hpp"
 #include "../scores.hpp"
 #include "backward.hpp"
@@ -75,6 +85,26 @@ void make_rows(const TensorView& t, int Dp, Rows& r) {
     r.base = r.storage.data();
 }
 
+// `r` with every NaN/±inf entry 0, when it has any (then `out` owns the copy and true
+// is returned); otherwise `out` is left empty. Rows of B·H·L, width Dp.
+bool finite_copy(const Rows& r, std::int64_t B, std::int64_t H, std::int64_t L, int Dp, Rows& out) {
+    bool any = false;
+    for (std::int64_t bh = 0; bh < B * H && !any; ++bh)
+        any = any_nonfinite(r.row(bh / H, bh % H, 0), r.si, L, Dp);
+    if (!any) return false;
+    out.storage.assign(static_cast<std::size_t>(B * H * L * Dp), 0.0f);
+    out.si = Dp;
+    out.sh = L * Dp;
+    out.sb = H * L * Dp;
+    for (std::int64_t bhi = 0; bhi < B * H * L; ++bhi) {
+        const float* src = r.row(bhi / (H * L), bhi / L % H, bhi % L);
+        float* dst = out.storage.data() + bhi * Dp;
+        for (int d = 0; d < Dp; ++d) dst[d] = nonfinite_f32(src[d]) ? 0.0f : src[d];
+    }
+    out.base = out.storage.data();
+    return true;
+}
+
 struct Scratch {
     std::vector<float> kt, vt, kp, dk, dv, S, dP, Pd, drop;
 };
@@ -93,7 +123,7 @@ void tile_score_rule(const void* ctx, int row, float* s) {
     const RuleContext& c = *static_cast<const RuleContext*>(ctx);
     const float scale = static_cast<float>(c.p->scale);
     for (int j = 0; j < c.bc; ++j) s[j] *= scale;
-    apply_score_rule<float>(*c.p, c.b, c.h, c.i0 + row, c.j0, c.bc, s, 1, 1.0f, KeyRange{c.lo[row], c.hi[row]});
+    apply_score_rule(*c.p, c.b, c.h, c.i0 + row, c.j0, c.bc, s, 1, KeyRange{c.lo[row], c.hi[row]});
     for (int j = c.bc; j < c.bcp; ++j) s[j] = kNegInf;
 }
 
@@ -111,6 +141,10 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
     Rows Q, dO;
     make_rows(p.q, Dkp, Q);
     make_rows(bp.grad_out, Dvp, dO);
+    // Q and dO with their NaN/±inf entries 0, for dSᵀ·Q and P̂ᵀ·dO (see the top).
+    Rows Qz, dOz;
+    const bool q_nonfinite = finite_copy(Q, B, Hq, Lq, Dkp, Qz);
+    const bool do_nonfinite = finite_copy(dO, B, Hq, Lq, Dvp, dOz);
 
     // Per row: −lse·log2 e (−inf for a row with no visible key) and D = rowsum(dO ∘ O).
     const std::int64_t nrows = B * Hq * Lq;
@@ -119,7 +153,10 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
     for (std::int64_t r = 0; r < nrows; ++r) {
         const std::int64_t b = r / (Hq * Lq), h = r / Lq % Hq, i = r % Lq;
         const double lse = load(*p.lse, p.lse->offset(b, h, i));
-        neg_lse2[static_cast<std::size_t>(r)] = lse == -INFINITY ? kNegInf : static_cast<float>(-lse * kLog2e);
+        // Saturated at ±FLT_MAX: an lse near −FLT_MAX (a row "masked" only by −FLT_MAX)
+        // times log2 e would overflow to +inf, and −inf + inf = NaN in the exponent.
+        const double nl = std::clamp(-lse * kLog2e, -static_cast<double>(FLT_MAX), static_cast<double>(FLT_MAX));
+        neg_lse2[static_cast<std::size_t>(r)] = lse == -INFINITY ? kNegInf : static_cast<float>(std::isnan(lse) ? lse : nl);
         double acc = 0.0;
         for (std::int64_t d = 0; d < Dv; ++d)
             acc += load(bp.grad_out, bp.grad_out.offset(b, h, i, d)) * load(p.out, p.out.offset(b, h, i, d));
@@ -172,7 +209,7 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                     for (std::int64_t d = 0; d < Dk; ++d) {
                         const float kv = static_cast<float>(load(p.k, p.k.offset(b, hk, j0 + j, d)));
                         s.kt[static_cast<std::size_t>(d * bcp + j)] = kv;
-                        s.kp[static_cast<std::size_t>(j * Dkp + d)] = kv;
+                        s.kp[static_cast<std::size_t>(j * Dkp + d)] = nonfinite_f32(kv) ? 0.0f : kv;  // for dS·K
                     }
                     for (std::int64_t d = 0; d < Dv; ++d)
                         s.vt[static_cast<std::size_t>(d * bcp + j)] = static_cast<float>(load(p.v, p.v.offset(b, hk, j0 + j, d)));
@@ -209,6 +246,11 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                         t.ldq = Q.si;
                         t.dO = dO.row(b, h, i0);
                         t.ldo = dO.si;
+                        t.q_dk = q_nonfinite ? Qz.row(b, h, i0) : t.q;
+                        t.ldq_dk = q_nonfinite ? Qz.si : t.ldq;
+                        t.dO_dv = do_nonfinite ? dOz.row(b, h, i0) : t.dO;
+                        t.ldo_dv = do_nonfinite ? dOz.si : t.ldo;
+                        t.dO_nonfinite = do_nonfinite;
                         t.kt = s.kt.data();
                         t.vt = s.vt.data();
                         t.kp = s.kp.data();

@@ -21,6 +21,14 @@ struct TileArgs {
     std::ptrdiff_t ldq = 0;
     const float* dO = nullptr;  // (br, Dvp) row stride ldo: dO rows of the block
     std::ptrdiff_t ldo = 0;
+    // The operands of dK += dSᵀ·Q and dV += P̂ᵀ·dO: q and dO, or copies with their NaN/±inf
+    // entries 0 (flash_backward.cpp says why). With dO_nonfinite the tile adds each such
+    // dO entry back as P̂·dO where P̂ is not 0.
+    const float* q_dk = nullptr;
+    std::ptrdiff_t ldq_dk = 0;
+    const float* dO_dv = nullptr;
+    std::ptrdiff_t ldo_dv = 0;
+    bool dO_nonfinite = false;
     const float* kt = nullptr;  // (Dk, bcp): Kᵀ of the key block
     const float* vt = nullptr;  // (Dv, bcp): Vᵀ of the key block
     const float* kp = nullptr;  // (bc, Dkp): K of the key block

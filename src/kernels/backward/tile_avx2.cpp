@@ -9,6 +9,7 @@
 #include <cstddef>
 
 #include "../../core/dropout.hpp"
+#include "../finite.hpp"
 #include "../isa.hpp"
 #include "../simd/exp2_avx2.hpp"
 #include "tile.hpp"

@@ -35,14 +35,25 @@ void tile_body(const TileArgs& t) {
         pv = t.Pd;
     }
     // dV += P̂ᵀ·dO  (bc × Dvp, inner br): A(r = key j, k = row i) = P̂[i][j]
-    gemm(bc, t.Dvp, br, pv, 1, bcp, t.dO, t.ldo, t.dv, t.Dvp, true);
+    gemm(bc, t.Dvp, br, pv, 1, bcp, t.dO_dv, t.ldo_dv, t.dv, t.Dvp, true);
+    if (t.dO_nonfinite) {  // the NaN/±inf entries of dO, where P̂ is not 0 (select, not 0·inf)
+        for (int i = 0; i < br; ++i)
+            for (int d = 0; d < t.Dv; ++d) {
+                const float x = t.dO[static_cast<std::ptrdiff_t>(i) * t.ldo + d];
+                if (nonfinite_f32(x))
+                    for (int j = 0; j < bc; ++j) {
+                        const float pij = pv[static_cast<std::ptrdiff_t>(i) * bcp + j];
+                        if (pij != 0.0f) t.dv[static_cast<std::ptrdiff_t>(j) * t.Dvp + d] += pij * x;
+                    }
+            }
+    }
     // dS = scale · P∘(dP − Dᵢ)   (scale folded in once for dQ and dK)
     for (int i = 0; i < br; ++i) {
         const std::ptrdiff_t o = static_cast<std::ptrdiff_t>(i) * bcp;
         ds_row(t.S + o, t.dP + o, bcp, t.Drow[i], t.scale);
     }
     // dK += dSᵀ·Q  (bc × Dkp, inner br)
-    gemm(bc, t.Dkp, br, t.dP, 1, bcp, t.q, t.ldq, t.dk, t.Dkp, true);
+    gemm(bc, t.Dkp, br, t.dP, 1, bcp, t.q_dk, t.ldq_dk, t.dk, t.Dkp, true);
     // dQ += dS·K  (br × Dkp, inner bc)
     gemm(br, t.Dkp, bc, t.dP, bcp, 1, t.kp, t.Dkp, t.dq, t.lddq, true);
 }

@@ -4,6 +4,7 @@
 #include <cstddef>
 
 #include "../../core/dropout.hpp"
+#include "../finite.hpp"
 #include "../isa.hpp"
 #include "../simd/exp2.hpp"
 #include "tile.hpp"

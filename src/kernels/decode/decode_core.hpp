@@ -9,16 +9,18 @@
 //         // s[r][j] = q[r] · k[j] for r < R (R = 1, 2 or 4), j < n
 //   static float row_max(const float* s, int64 n);   // max_j s[j] (−inf when n = 0)
 //   static float exp_shift(float* s, int64 n, float m);
-//         // s[j] ← 2^(s[j] − m), exactly 0 where s[j] = −inf; returns Σ_j s[j]
+//         // s[j] ← e^(s[j] − m) = 2^((s[j] − m)·log2 e), exactly 0 where s[j] = −inf;
+//         // returns Σ_j s[j]
 //   static float exp2_1(float x);   // 2^x, the ISA's exp2 on one value
 //   template <class T> static void accumulate(float* o, int64 ostride, const float* alpha,
 //       const float* p, int64 pstride, int R, const T* v, int64 vstride, int64 n, int64 Dv);
 //         // o[r] ← alpha[r]·o[r] + Σ_j p[r][j]·v[j]
 // and the storage tags Half / Brain (16-bit float16 / bfloat16 payloads).
 //
-// Scores are kept in base 2 (Q is pre-multiplied by scale·log2 e, as in the flash kernel),
-// so every exponential is the ISA's exp2 (simd/exp2.hpp); the score rule (scores.hpp)
-// applies the masks and the key interval.
+// Scores are in natural units (Q is pre-multiplied by scale; scores.hpp says why not base
+// 2); every exponential is the ISA's exp2 of a difference times log2 e (simd/exp2.hpp);
+// the score rule (scores.hpp) applies the masks and the key interval. A NaN/±inf in V at
+// a key some row gives weight 0 takes the selecting path of kernels/finite.hpp.
 #pragma once
 
 #include <math.h>  // expf, logf, INFINITY: C functions, no inline C++ wrappers (see above)
@@ -27,6 +29,7 @@
 #include <cstdint>
 
 #include "../../sdpa/problem.hpp"
+#include "../finite.hpp"
 #include "../scores.hpp"
 #include "decode.hpp"
 
@@ -39,12 +42,11 @@ inline i64 imin(i64 a, i64 b) { return a < b ? a : b; }
 inline i64 imax(i64 a, i64 b) { return a > b ? a : b; }
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 // The problem's pointers and element strides, read once per call (decode_impl).
 struct DecodeView {
     i64 B, Hq, Hkv, Lq, Lk, Dk, Dv, group;
-    float qscale;  // scale·log2 e: scores in base 2
+    float qscale;  // scale
     const float* q;
     i64 qs[4];
     const void* k;
@@ -58,7 +60,7 @@ struct DecodeView {
 };
 
 inline DecodeView view_of(const SdpaProblem& p) {
-    DecodeView a{p.B, p.Hq, p.Hkv, p.Lq, p.Lk, p.Dk, p.Dv, p.group, static_cast<float>(p.scale) * kLog2e,
+    DecodeView a{p.B, p.Hq, p.Hkv, p.Lq, p.Lk, p.Dk, p.Dv, p.group, static_cast<float>(p.scale),
                  p.q.data_as<const float>(), {}, p.k.data(), {}, p.v.data(), {}, p.out.data_as<float>(), {},
                  nullptr, {}};
     for (int d = 0; d < 4; ++d) {
@@ -82,13 +84,14 @@ struct Scratch {
     float* m;      // M: running max of the scaled scores
     float* l;      // M: running Σ exp(score − m)
     float* alpha;  // M: rescale factor of the current block
+    float* vt;     // kDecodeBlock × Dv: V block with non-finite entries 0 (selecting path)
     i64* lo;       // M: visible key range of the row, clipped to the chunk
     i64* hi;
 };
 
 inline i64 scratch_floats(i64 M, i64 Dk, i64 Dv) {
-    // q, s, o, m, l, alpha, and lo/hi as two i64 (= 2 floats each) per row.
-    return M * Dk + M * kDecodeBlock + M * Dv + 3 * M + 4 * M + 16;
+    // q, s, o, m, l, alpha, vt, and lo/hi as two i64 (= 2 floats each) per row.
+    return M * Dk + M * kDecodeBlock + M * Dv + 3 * M + kDecodeBlock * Dv + 4 * M + 16;
 }
 
 inline Scratch carve(float* base, i64 M, i64 Dk, i64 Dv) {
@@ -99,8 +102,9 @@ inline Scratch carve(float* base, i64 M, i64 Dk, i64 Dv) {
     s.m = s.o + M * Dv;
     s.l = s.m + M;
     s.alpha = s.l + M;
+    s.vt = s.alpha + M;
     // i64 arrays need 8-byte alignment: round the offset up to an even float count.
-    i64 off = (s.alpha + M) - base;
+    i64 off = (s.vt + kDecodeBlock * Dv) - base;
     off = (off + 1) & ~i64{1};
     s.lo = reinterpret_cast<i64*>(base + off);
     s.hi = s.lo + M;
@@ -141,6 +145,7 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
     const T* kbase = static_cast<const T*>(a.k) + b * a.ks[0] + hk * a.ks[1];
     const T* vbase = static_cast<const T*>(a.v) + b * a.vs[0] + hk * a.vs[1];
     const bool elementwise = score_rule_has_elementwise(p);
+    const std::uint16_t exp16 = p.v.dtype() == DType::f16 ? kF16Exponent : kBF16Exponent;
 
     for (i64 j0 = klo; j0 < khi; j0 += kDecodeBlock) {
         const i64 n = imin(kDecodeBlock, khi - j0);
@@ -151,39 +156,76 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
         });
         // Online softmax (per row, base 2):  m' = max(m, max_j s_j);  α = 2^(m − m');
         //   p_j = 2^(s_j − m');  l' = α·l + Σ_j p_j;  o' = α·o + Σ_j p_j·v_j   (below)
+        bool ruled = false;  // some row has weights exactly 0 in this block
         for (i64 r = 0; r < M; ++r) {
             float* s = sc.s + r * kDecodeBlock;
             // The score rule, unless the row sees this whole block and nothing element-wise applies.
             if (elementwise || sc.lo[r] > j0 || sc.hi[r] < j0 + n) {
-                apply_score_rule<float>(p, b, hk * G + r / Lq, r % Lq, j0, n, s, 1, kLog2e, KeyRange{sc.lo[r], sc.hi[r]});
+                apply_score_rule(p, b, hk * G + r / Lq, r % Lq, j0, n, s, 1, KeyRange{sc.lo[r], sc.hi[r]});
+                ruled = true;
             }
             const float mx = Ops::row_max(s, n);
             const float m_new = mx > sc.m[r] ? mx : sc.m[r];
-            if (m_new == -INFINITY) {  // nothing visible yet: p = 0, o and l stay 0
+            if (m_new == -INFINITY) {
+                // Nothing finite visible yet: p = 0 for −inf, NaN for a NaN score (row_max
+                // skips NaN, which must still reach l and o); m stays −inf.
                 sc.alpha[r] = 1.0f;
-                for (i64 j = 0; j < n; ++j) s[j] = 0.0f;
+                sc.l[r] += Ops::exp_shift(s, n, 0.0f);
                 continue;
             }
-            sc.alpha[r] = Ops::exp2_1(sc.m[r] - m_new);  // 2^(−inf) = 0 on the first visible block
+            sc.alpha[r] = Ops::exp2_1((sc.m[r] - m_new) * kLog2e);  // 2^(−inf) = 0 on the first visible block
             sc.l[r] = sc.alpha[r] * sc.l[r] + Ops::exp_shift(s, n, m_new);
             sc.m[r] = m_new;
         }
         // O = α·O + P · V_block — each V row is read from memory once for all M rows.
-        for_row_groups(M, [&](i64 r0, i64 R) {
-            Ops::template accumulate<T>(sc.o + r0 * Dv, Dv, sc.alpha + r0, sc.s + r0 * kDecodeBlock, kDecodeBlock,
-                                        static_cast<int>(R), vbase + j0 * a.vs[2], a.vs[2], n, Dv);
-        });
+        const T* vblock = vbase + j0 * a.vs[2];
+        bool select = false;
+        if (ruled) {
+            if (sizeof(T) == sizeof(float)) {
+                select = any_nonfinite(reinterpret_cast<const float*>(vblock), a.vs[2], n, Dv);
+            } else {
+                select = any_nonfinite16(reinterpret_cast<const std::uint16_t*>(vblock), a.vs[2], n, Dv, exp16);
+            }
+        }
+        if (!select) {
+            for_row_groups(M, [&](i64 r0, i64 R) {
+                Ops::template accumulate<T>(sc.o + r0 * Dv, Dv, sc.alpha + r0, sc.s + r0 * kDecodeBlock, kDecodeBlock,
+                                            static_cast<int>(R), vblock, a.vs[2], n, Dv);
+            });
+        } else {
+            // Selecting path (finite.hpp): P·V on V with its NaN/±inf entries 0, then each
+            // of them added back as p·x to the rows whose weight p is not 0.
+            for (i64 j = 0; j < n; ++j)
+                for (i64 d = 0; d < Dv; ++d) {
+                    const float x = Ops::load1(vblock + j * a.vs[2] + d);
+                    sc.vt[j * Dv + d] = nonfinite_f32(x) ? 0.0f : x;
+                }
+            for_row_groups(M, [&](i64 r0, i64 R) {
+                Ops::template accumulate<float>(sc.o + r0 * Dv, Dv, sc.alpha + r0, sc.s + r0 * kDecodeBlock,
+                                                kDecodeBlock, static_cast<int>(R), sc.vt, Dv, n, Dv);
+            });
+            for (i64 j = 0; j < n; ++j)
+                for (i64 d = 0; d < Dv; ++d) {
+                    const float x = Ops::load1(vblock + j * a.vs[2] + d);
+                    if (!nonfinite_f32(x)) continue;
+                    for (i64 r = 0; r < M; ++r) {
+                        const float pr = sc.s[r * kDecodeBlock + j];
+                        if (pr != 0.0f) sc.o[r * Dv + d] += pr * x;
+                    }
+                }
+        }
     }
 }
 
-// Final output of one row from its (o, m, l): out = o / l, lse = m·ln 2 + ln l (m in base 2).
-// A row that saw no key gives out = 0, lse = −inf (never NaN).
+// Final output of one row from its (o, m, l): out = o / l, lse = m + ln l.
+// A row that saw no key (l = 0) gives out = 0, lse = −inf (never NaN); a row that saw a
+// NaN/±inf score (l NaN) gives NaN in both.
 inline void write_row(const DecodeView& a, i64 b, i64 h, i64 i, const float* o, float m, float l) {
     float* out = a.out + b * a.os[0] + h * a.os[1] + i * a.os[2];
-    const bool empty = !(l > 0.0f);
+    const bool empty = l == 0.0f;
     const float inv = empty ? 0.0f : 1.0f / l;
     for (i64 d = 0; d < a.Dv; ++d) out[d * a.os[3]] = empty ? 0.0f : o[d] * inv;
-    if (a.lse != nullptr) a.lse[b * a.ls[0] + h * a.ls[1] + i * a.ls[2]] = empty ? -INFINITY : m * kLn2 + logf(l);
+    if (a.lse != nullptr) a.lse[b * a.ls[0] + h * a.ls[1] + i * a.ls[2]] = empty ? -INFINITY : m + logf(l);
 }
 
 template <class Ops, class T>
@@ -229,15 +271,18 @@ void decode_impl(const SdpaProblem& p, const DecodeWork& w) {
                     float* o = sc.o;  // reuse the thread's accumulator for the merged row
                     for (i64 d = 0; d < Dv; ++d) o[d] = 0.0f;
                     float l = 0.0f;
-                    if (mmax != -INFINITY) {
-                        for (i64 c = 0; c < w.nsplit; ++c) {
-                            const float* pc = parts + c * part_stride;
-                            const float mc = pc[M * Dv + r];
-                            if (mc == -INFINITY) continue;  // chunk saw no key of this row
-                            const float wc = Ops::exp2_1(mc - mmax);
-                            l += wc * pc[M * Dv + M + r];
-                            for (i64 d = 0; d < Dv; ++d) o[d] += wc * pc[r * Dv + d];
+                    for (i64 c = 0; c < w.nsplit; ++c) {
+                        const float* pc = parts + c * part_stride;
+                        const float mc = pc[M * Dv + r];
+                        if (mc == -INFINITY) {
+                            // The chunk saw no finite score of this row: l_c is 0 (nothing
+                            // visible) or NaN (a NaN score), which must reach the row.
+                            if (pc[M * Dv + M + r] != 0.0f) l = pc[M * Dv + M + r];
+                            continue;
                         }
+                        const float wc = Ops::exp2_1((mc - mmax) * kLog2e);
+                        l += wc * pc[M * Dv + M + r];
+                        for (i64 d = 0; d < Dv; ++d) o[d] += wc * pc[r * Dv + d];
                     }
                     write_row(a, b, hk * a.group + r / a.Lq, r % a.Lq, o, mmax, l);
                 }

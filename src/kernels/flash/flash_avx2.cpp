@@ -107,7 +107,7 @@ struct Avx2Ops {
 
     // Online-softmax update, 8 query columns at a time (vertical over the nk keys).
     static void softmax(float* s, int ldS, int nk, int ncols, float* m, float* l, float* alpha) {
-        const __m256 ninf = _mm256_set1_ps(kNegInf);
+        const __m256 ninf = _mm256_set1_ps(kNegInf), l2e = _mm256_set1_ps(kLog2e);
         for (int c = 0; c < ncols; c += 8) {
             const __m256 mold = _mm256_load_ps(m + c);
             // Four independent max chains and two sum chains: one chain would wait on the
@@ -125,14 +125,15 @@ struct Avx2Ops {
             // A column with nothing visible yet keeps m = −inf; subtract 0 there so that
             // 2^(−inf − 0) = 0 instead of 2^(−inf + inf) = NaN.
             const __m256 use = _mm256_andnot_ps(_mm256_cmp_ps(mx, ninf, _CMP_EQ_OQ), mx);
-            const __m256 al = exp2_ps(_mm256_sub_ps(mold, use));
+            // Natural-unit scores: 2^((s − max)·log2 e) (flash_driver.hpp says why).
+            const __m256 al = exp2_ps(_mm256_mul_ps(_mm256_sub_ps(mold, use), l2e));
             __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
             j = 0;
             for (; j + 2 <= nk; j += 2) {
                 float* s0 = s + j * ldS + c;
                 float* s1 = s0 + ldS;
-                const __m256 e0 = exp2_ps(_mm256_sub_ps(_mm256_load_ps(s0), use));
-                const __m256 e1 = exp2_ps(_mm256_sub_ps(_mm256_load_ps(s1), use));
+                const __m256 e0 = exp2_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_load_ps(s0), use), l2e));
+                const __m256 e1 = exp2_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_load_ps(s1), use), l2e));
                 _mm256_store_ps(s0, e0);
                 _mm256_store_ps(s1, e1);
                 sum0 = _mm256_add_ps(sum0, e0);
@@ -140,7 +141,7 @@ struct Avx2Ops {
             }
             if (j < nk) {
                 float* sj = s + j * ldS + c;
-                const __m256 e = exp2_ps(_mm256_sub_ps(_mm256_load_ps(sj), use));
+                const __m256 e = exp2_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_load_ps(sj), use), l2e));
                 _mm256_store_ps(sj, e);
                 sum0 = _mm256_add_ps(sum0, e);
             }
@@ -155,11 +156,13 @@ struct Avx2Ops {
     static void dropout_row(const DropoutRowArgs& a) { dropout_row_avx2(a); }
 
     static void weights_exp(float* s, int ldS, int nk, int ncols, const float* m, const float* lse2) {
+        const __m256 l2e = _mm256_set1_ps(kLog2e);
         for (int c = 0; c < ncols; c += 8) {
             const __m256 mv = _mm256_load_ps(m + c), lv = _mm256_load_ps(lse2 + c);
             for (int j = 0; j < nk; ++j) {
                 float* sj = s + j * ldS + c;
-                _mm256_store_ps(sj, exp2_ps(_mm256_sub_ps(_mm256_sub_ps(_mm256_load_ps(sj), mv), lv)));
+                // 2^((s − m)·log2 e − log2 l)
+                _mm256_store_ps(sj, exp2_ps(_mm256_fmsub_ps(_mm256_sub_ps(_mm256_load_ps(sj), mv), l2e, lv)));
             }
         }
     }

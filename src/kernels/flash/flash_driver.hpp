@@ -13,14 +13,22 @@
 // heads sharing a KV head (see run_flash). For it:
 //   Qᵀ  is packed once into panels of 16 queries: QT[panel][d][16] (zero-padded past Lq).
 //   for each block of ≤ Nb keys inside the union of the queries' visible key ranges:
-//     Sᵀ[j][i] = (K[j]·Q[i]) · scale·log2(e)              ← Sᵀ: (keys, queries)
-//     Sᵀ[j][i] ← the score rule (scores.hpp) in base 2: masks, key interval → −inf
+//     Sᵀ[j][i] = (K[j]·Q[i]) · scale                       ← Sᵀ: (keys, queries)
+//     Sᵀ[j][i] ← the score rule (scores.hpp): masks, key interval → −inf
 //     m_new[i] = max(m[i], maxⱼ Sᵀ[j][i])                 (vertical: vectorised over i)
-//     α[i]     = 2^(m[i] − m_new[i])
-//     Pᵀ[j][i] = 2^(Sᵀ[j][i] − m_new[i]);   l[i] = α[i]·l[i] + Σⱼ Pᵀ[j][i]
+//     α[i]     = 2^((m[i] − m_new[i])·log2 e)
+//     Pᵀ[j][i] = 2^((Sᵀ[j][i] − m_new[i])·log2 e);   l[i] = α[i]·l[i] + Σⱼ Pᵀ[j][i]
 //     Oᵀ[d][i] = α[i]·Oᵀ[d][i] + Σⱼ V[j][d]·Pᵀ[j][i]       ← Oᵀ: (Dv, queries)
-//   O[i][d] = Oᵀ[d][i] / l[i];   lse[i] = ln2·m[i] + ln l[i]   (l = 0: O = 0, lse = −inf)
-// Working in base 2 (scale·log2 e folded into one multiply) turns every exp into exp2.
+//   O[i][d] = Oᵀ[d][i] / l[i];   lse[i] = m[i] + ln l[i]   (l = 0: O = 0, lse = −inf;
+//                                                          l NaN: O and lse NaN)
+// Every exp is the ISA's exp2 of a difference times log2 e. Scores stay in natural units
+// (not pre-multiplied by log2 e): a finite mask value of −FLT_MAX times log2 e would
+// overflow to −inf and turn a finite score into a masked key.
+//
+// Non-finite values (kernels/finite.hpp): a key a column cannot see has Pᵀ = 0 exactly,
+// but 0·NaN in P·V is NaN. Where a tile can hold zeros of P (the score rule or dropout
+// ran on it), the V rows of its key block are checked once; only if one holds NaN/±inf
+// does P·V run on a copy with those entries 0, adding each back where P is not 0.
 //
 // Why transposed (keys × queries) rather than the usual (queries × keys): both
 // micro-kernels then read K and V by *broadcasting scalars* straight from the caller's
@@ -65,6 +73,7 @@
 #include "../../core/dropout.hpp"
 #include "../../core/element_io.hpp"
 #include "../../sdpa/problem.hpp"
+#include "../finite.hpp"
 #include "../scores.hpp"
 #include "flash.hpp"
 
@@ -89,7 +98,7 @@ struct Workspace {
     float* s = nullptr;      // (Nb, Mb)  Sᵀ then Pᵀ of one key block
     float* ot = nullptr;     // (Dv, Mb)  unnormalised Oᵀ
     float* kbuf = nullptr;   // (Nb, Dk)  only when K's head dim is strided
-    float* vbuf = nullptr;   // (Nb, Dv)  only when V's head dim is strided
+    float* vbuf = nullptr;   // (Nb, Dv)  V packed: strided head dim, or non-finite entries zeroed
     float* m = nullptr;      // (Mb) running max (base 2)
     float* l = nullptr;      // (Mb) running sum
     float* alpha = nullptr;  // (Mb) rescale of this key block
@@ -101,14 +110,14 @@ struct Workspace {
     float* drop = nullptr;       // (Nb + 8) dropout factors of one row segment (4-aligned)
     void* block = nullptr;
 
-    Workspace(const SdpaProblem& p, const FlashTiles& t, bool pack_k, bool pack_v) {
+    Workspace(const SdpaProblem& p, const FlashTiles& t, bool pack_k) {
         const std::size_t Mb = static_cast<std::size_t>(t.Mb), Nb = static_cast<std::size_t>(t.Nb);
         auto round64 = [](std::size_t floats) { return (floats * sizeof(float) + 63) / 64 * 64; };
         const std::size_t sizes[] = {round64(Mb * static_cast<std::size_t>(p.Dk)),
                                      round64(Nb * Mb),
                                      round64(static_cast<std::size_t>(p.Dv) * Mb),
                                      pack_k ? round64(Nb * static_cast<std::size_t>(p.Dk)) : 0,
-                                     pack_v ? round64(Nb * static_cast<std::size_t>(p.Dv)) : 0,
+                                     round64(Nb * static_cast<std::size_t>(p.Dv)),
                                      round64(Mb), round64(Mb), round64(Mb), round64(Mb),
                                      round64(2 * Mb), round64(2 * Mb), round64(2 * Mb), round64(2 * Mb),
                                      round64(Nb + 8)};
@@ -163,9 +172,9 @@ inline void pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::
         for (std::int64_t d = 0; d < D; ++d) dst[j * D + d] = src[t.offset(b, h, j0 + j, d)];
 }
 
-// Sᵀ (scaled to base 2, masked) of keys [j0, j0+nk) against all panels of the block.
+// Sᵀ (scaled, masked) of keys [j0, j0+nk) against all panels of the block.
 template <class Ops>
-void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t hk, int nq, int panels, std::int64_t j0, std::int64_t nk, int ldS, float c2,
+void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t hk, int nq, int panels, std::int64_t j0, std::int64_t nk, int ldS, float scale,
                 bool ranges_partial) {
     const float* kp;
     std::int64_t ldk;
@@ -181,14 +190,14 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
     for (int pn = 0; pn < panels; ++pn) {
         const float* qt = w.qt + static_cast<std::int64_t>(pn) * Dk * kPanel;
         for (std::int64_t r = 0; r < nk; r += kRows)
-            Ops::qk(qt, kp + r * ldk, ldk, static_cast<int>(imin(kRows, nk - r)), Dk, c2, w.s + r * ldS + pn * kPanel,
+            Ops::qk(qt, kp + r * ldk, ldk, static_cast<int>(imin(kRows, nk - r)), Dk, scale, w.s + r * ldS + pn * kPanel,
                     ldS);
     }
-    // The score rule on each query's column, in base 2; skipped for a tile every query
-    // sees completely when nothing element-wise applies.
+    // The score rule on each query's column; skipped for a tile every query sees
+    // completely when nothing element-wise applies.
     if (ranges_partial || score_rule_has_elementwise(p))
         for (int c = 0; c < nq; ++c)
-            apply_score_rule<float>(p, b, w.ch[c], w.ci[c], j0, nk, w.s + c, ldS, kLog2e, KeyRange{w.lo[c], w.hi[c]});
+            apply_score_rule(p, b, w.ch[c], w.ci[c], j0, nk, w.s + c, ldS, KeyRange{w.lo[c], w.hi[c]});
     // Padding columns (c >= nq) keep whatever they hold: their Q is 0 and no output reads them.
 }
 
@@ -211,6 +220,24 @@ void apply_dropout(const Dropout& drop, Workspace& w, std::int64_t b, int nq, st
     }
 }
 
+// The selecting path's second half: each NaN/±inf entry V[j][d] of keys [j0, j0+nk)
+// (read through the view) is added as Pᵀ[j][c]·V[j][d] to the columns whose weight is
+// not 0; P·V already ran with these entries 0. For an affected (d, c) the sum is NaN or
+// ±inf whatever the order, so adding them last changes nothing else.
+inline void add_nonfinite_v(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t hk, std::int64_t j0,
+                            std::int64_t nk, int ncols, int ldS, int ldO) {
+    const float* v = p.v.data_as<const float>();
+    for (std::int64_t j = 0; j < nk; ++j)
+        for (std::int64_t d = 0; d < p.Dv; ++d) {
+            const float x = v[p.v.offset(b, hk, j0 + j, d)];
+            if (!nonfinite_f32(x)) continue;
+            const float* pj = w.s + j * ldS;
+            float* od = w.ot + d * ldO;
+            for (int c = 0; c < ncols; ++c)
+                if (pj[c] != 0.0f) od[c] += pj[c] * x;
+        }
+}
+
 // One task: queries [i0, i0+nq) of the nh query heads h0.. (all reading KV head hk) of
 // batch b. Column c of the block is query i0 + c % nq of head h0 + c / nq.
 template <class Ops>
@@ -222,7 +249,7 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
         w.ci[c] = i0 + c % nq_head;
     }
     const int panels = (nq + kPanel - 1) / kPanel, ncols = panels * kPanel, ldS = t.Mb, ldO = t.Mb;
-    const float c2 = static_cast<float>(p.scale * 1.4426950408889634);
+    const float scale = static_cast<float>(p.scale);
 
     // Visible key range of each query; padding columns see nothing.
     std::int64_t ulo = p.Lk, uhi = 0;
@@ -250,7 +277,7 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
         const std::int64_t nk = imin(t.Nb, uhi - j0);
         bool partial = false;
         for (int c = 0; c < nq && !partial; ++c) partial = w.lo[c] > j0 || w.hi[c] < j0 + nk;
-        score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, c2, partial);
+        score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, scale, partial);
 
         Ops::softmax(w.s, ldS, static_cast<int>(nk), ncols, w.m, w.l, w.alpha);
         // One branch per tile: without dropout the tile goes straight to P·V.
@@ -266,17 +293,29 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
             vp = w.vbuf;
             ldv = p.Dv;
         }
+        // Zeros of P only where the score rule or dropout ran: check V there (finite.hpp).
+        const bool select = (partial || score_rule_has_elementwise(p) || drop.active) &&
+                            any_nonfinite(vp, ldv, nk, p.Dv);
+        if (select) {
+            if (vp != w.vbuf) pack_rows(p.v, b, hk, j0, nk, p.Dv, w.vbuf);
+            for (std::int64_t e = 0; e < nk * p.Dv; ++e)
+                if (nonfinite_f32(w.vbuf[e])) w.vbuf[e] = 0.0f;
+            vp = w.vbuf;
+            ldv = p.Dv;
+        }
         for (int pn = 0; pn < panels; ++pn)
             for (std::int64_t d = 0; d < p.Dv; d += kRows)
                 Ops::pv(w.s + pn * kPanel, ldS, vp + d, ldv, static_cast<int>(nk), static_cast<int>(imin(kRows, p.Dv - d)),
                         w.ot + d * ldO + pn * kPanel, ldO, w.alpha + pn * kPanel);
+        if (select) add_nonfinite_v(p, w, b, hk, j0, nk, ncols, ldS, ldO);
     }
 
-    // O = Oᵀ / l, transposed into the caller's layout; lse.
+    // O = Oᵀ / l, transposed into the caller's layout; lse. l = 0: no visible key (O = 0,
+    // lse = −inf); l NaN (a visible NaN/±inf score): O and lse NaN.
     const bool out_f32 = p.out.dtype() == DType::f32;
     for (int c = 0; c < nq; ++c) {
         const float l = w.l[c];
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const float inv = l == 0.0f ? 0.0f : 1.0f / l;
         const std::int64_t base = p.out.offset(b, w.ch[c], w.ci[c], 0), sd = p.out.stride(3);
         if (out_f32) {
             float* o = p.out.data_as<float>() + base;
@@ -285,19 +324,19 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
             double* o = p.out.data_as<double>() + base;
             for (std::int64_t d = 0; d < p.Dv; ++d) o[d * sd] = static_cast<double>(w.ot[d * ldO + c] * inv);
         }
-        w.lse2[c] = l > 0.0f ? std::log2(l) : 0.0f;
+        w.lse2[c] = l == 0.0f ? 0.0f : std::log2(l);
         if (p.lse) {
-            const double lse = l > 0.0f ? static_cast<double>(w.m[c]) * 0.6931471805599453 + std::log(static_cast<double>(l))
-                                        : -std::numeric_limits<double>::infinity();
+            const double lse = l == 0.0f ? -std::numeric_limits<double>::infinity()
+                                         : static_cast<double>(w.m[c]) + std::log(static_cast<double>(l));
             store(*p.lse, p.lse->offset(b, w.ch[c], w.ci[c]), lse);
         }
     }
 
     if (!p.weights) return;
-    // Weights from the saved statistics, tile by tile: P = 2^(S₂ − m − log2 l) (= exp(S − lse));
-    // a row with no visible key gets m = +inf so every P is exactly 0.
+    // Weights from the saved statistics, tile by tile: P = 2^((S − m)·log2 e − log2 l)
+    // (= exp(S − lse)); a row with no visible key gets m = +inf so every P is exactly 0.
     for (int c = 0; c < ncols; ++c)
-        if (!(w.l[c] > 0.0f)) {
+        if (w.l[c] == 0.0f) {
             w.m[c] = kPosInf;
             w.lse2[c] = 0.0f;
         }
@@ -317,7 +356,7 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
         const std::int64_t nk = imin(t.Nb, uhi - j0);
         bool partial = false;
         for (int c = 0; c < nq && !partial; ++c) partial = w.lo[c] > j0 || w.hi[c] < j0 + nk;
-        score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, c2, partial);
+        score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, scale, partial);
         Ops::weights_exp(w.s, ldS, static_cast<int>(nk), ncols, w.m, w.lse2);
         // The weights that multiplied V: dropped and rescaled, as the reference returns them.
         if (drop.active) apply_dropout<Ops>(drop, w, b, nq, j0, nk, w.s, ldS);
@@ -347,12 +386,11 @@ void run_flash(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, i
     const std::int64_t qblocks = (p.Lq + qpb - 1) / qpb, hchunks = (p.group + hpb - 1) / hpb;
     const std::int64_t tasks = p.B * p.Hkv * hchunks * qblocks;
     const bool pack_k = !(p.k.stride(3) == 1 || p.Dk == 1);
-    const bool pack_v = !(p.v.stride(3) == 1 || p.Dv == 1);
     const int nthreads = threads > 0 ? threads : omp_get_max_threads();
     bool alloc_failed = false;
 #pragma omp parallel num_threads(nthreads) if (tasks > 1)
     {
-        Workspace w(p, t, pack_k, pack_v);  // once per thread, before the task loop
+        Workspace w(p, t, pack_k);  // once per thread, before the task loop
         if (w.block == nullptr) {
 #pragma omp atomic write
             alloc_failed = true;

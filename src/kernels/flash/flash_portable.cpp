@@ -43,7 +43,7 @@ struct PortableOps {
 
     // Online-softmax update of one key block, vertical over keys; loops run along the
     // columns (contiguous) so the compiler can vectorise them.
-    // s: (nk, ldS) scores in base 2 → probabilities; m, l, alpha: (ncols)
+    // s: (nk, ldS) scores → probabilities; m, l, alpha: (ncols)
     static void softmax(float* s, int ldS, int nk, int ncols, float* m, float* l, float* alpha) {
         float mx[kPanel], use[kPanel], sum[kPanel];
         for (int c0 = 0; c0 < ncols; c0 += kPanel) {
@@ -59,13 +59,13 @@ struct PortableOps {
             for (int j = 0; j < nk; ++j) {
                 float* sj = s + j * ldS + c0;
                 for (int c = 0; c < kPanel; ++c) {
-                    const float e = exp2poly::exp2_scalar(sj[c] - use[c]);
+                    const float e = exp2poly::exp2_scalar((sj[c] - use[c]) * kLog2e);
                     sj[c] = e;
                     sum[c] += e;
                 }
             }
             for (int c = 0; c < kPanel; ++c) {
-                alpha[c0 + c] = exp2poly::exp2_scalar(m[c0 + c] - use[c]);
+                alpha[c0 + c] = exp2poly::exp2_scalar((m[c0 + c] - use[c]) * kLog2e);
                 l[c0 + c] = l[c0 + c] * alpha[c0 + c] + sum[c];
                 m[c0 + c] = mx[c];
             }
@@ -97,10 +97,11 @@ struct PortableOps {
     // Dropout factors of a row segment (Philox4x32-10; the backward's implementation).
     static void dropout_row(const DropoutRowArgs& a) { dropout_row_portable(a); }
 
-    // s[j][c] = 2^(s[j][c] − m[c] − lse2[c])
+    // s[j][c] = 2^((s[j][c] − m[c])·log2 e − lse2[c])
     static void weights_exp(float* s, int ldS, int nk, int ncols, const float* m, const float* lse2) {
         for (int j = 0; j < nk; ++j)
-            for (int c = 0; c < ncols; ++c) s[j * ldS + c] = exp2poly::exp2_scalar(s[j * ldS + c] - m[c] - lse2[c]);
+            for (int c = 0; c < ncols; ++c)
+                s[j * ldS + c] = exp2poly::exp2_scalar((s[j * ldS + c] - m[c]) * kLog2e - lse2[c]);
     }
 };
 

@@ -32,9 +32,11 @@ void compute_scores(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::v
 // additive bias, then set every position a mask forbids — the keep-mask, and the key
 // interval of causal, window and key lengths — to −inf.
 // (Setting it to 0 would still give it weight after the softmax; −inf gives none.)
+// An additive −inf forbids too, by selection: a NaN or +inf score plus −inf is −inf, not
+// NaN. A finite bias, however negative (−FLT_MAX), is added: a finite score.
 void apply_masks(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::vector<double>& S) {
     for (std::int64_t i = 0; i < p.Lq; ++i)
-        apply_score_rule<double>(p, b, h, i, 0, p.Lk, S.data() + i * p.Lk, 1, 1.0, p.key_range(b, i));
+        apply_score_rule<double>(p, b, h, i, 0, p.Lk, S.data() + i * p.Lk, 1, p.key_range(b, i));
 }
 
 // Step 3 — softmax by rows, shifted by the row max for stability. A row whose every
@@ -82,7 +84,9 @@ void weighted_sum(const SdpaProblem& p, std::int64_t b, std::int64_t h, const st
         double* o = O.data() + i * p.Dv;
         for (std::int64_t j = 0; j < p.Lk; ++j) {
             const double a = A[static_cast<std::size_t>(i * p.Lk + j)];
-            if (a == 0.0) continue;  // masked keys contribute nothing (even if V holds inf)
+            // A weight of exactly 0 (masked key, dropped, or empty row) selects: the key
+            // contributes nothing even if V holds NaN/inf there (0·inf would be NaN).
+            if (a == 0.0) continue;
             for (std::int64_t d = 0; d < p.Dv; ++d) o[d] += a * load(p.v, p.v.offset(b, hk, j, d));
         }
     }
