@@ -8,16 +8,13 @@
 #include <vector>
 
 #include "attn/mha.hpp"
-#include "attn/tensor.hpp"
+#include "common/util.hpp"
 
 namespace attn::mha_test {
 
-// Contiguous float32, normal(0, scale).
+// Contiguous float32, normal(0, scale), drawn in float (the stream these tests were written with).
 inline Tensor random_tensor(const Shape& s, std::mt19937& rng, double scale = 1.0) {
-    Tensor t(DType::f32, s);
-    std::normal_distribution<float> n(0.0f, static_cast<float>(scale));
-    for (std::int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = n(rng);
-    return t;
+    return test::randn<float>(DType::f32, s, rng, scale);
 }
 
 // Every parameter normal(0, 1/√fan_in), loaded through the layer's own state_dict path.

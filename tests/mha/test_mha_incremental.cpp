@@ -26,6 +26,7 @@ using attn::Tensor;
 using attn::TensorView;
 using attn::mha_test::random_tensor;
 using attn::mha_test::randomise;
+using attn::test::max_abs_diff;
 
 Tensor nan_tensor(const Shape& s) {
     Tensor t(DType::f32, s);
@@ -61,15 +62,6 @@ Tensor feed(const MultiHeadAttention& m, const Tensor& x, const Shapes& s, KVCac
     }
     EXPECT_EQ(start, s.L);
     return out;
-}
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-    double m = 0;
-    for (std::int64_t i = 0; i < a.numel(); ++i) {
-        const double d = std::fabs(static_cast<double>(a.data_as<float>()[i]) - b.data_as<float>()[i]);
-        if (!(d <= m)) m = std::isnan(d) ? std::numeric_limits<double>::infinity() : d;
-    }
-    return m;
 }
 
 // Per-element bound on |incremental − full| when the cache rounds K and V with unit

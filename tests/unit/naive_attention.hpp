@@ -1,5 +1,5 @@
-// Test-only helpers: random tensors, NaN poisoning, and an independent naive attention in
-// double that the unit tests compare attn::sdpa against.
+// An independent naive attention in double that the unit tests compare attn::sdpa against,
+// and the seeded random tensors those tests draw (the rest is common/util.hpp's).
 //
 // The naive attention deliberately shares no code with src/: it reads elements through its
 // own stride arithmetic, and each test states its mask rule as a plain predicate
@@ -9,7 +9,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -17,7 +16,7 @@
 #include <vector>
 
 #include "attn/sdpa.hpp"
-#include "attn/tensor.hpp"
+#include "common/util.hpp"
 
 namespace attn_test {
 
@@ -28,44 +27,22 @@ using attn::TensorView;
 
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// Element (i0, i1, i2, i3) of a float32/float64 view, by explicit stride arithmetic.
-inline double at(const TensorView& t, std::int64_t i0, std::int64_t i1 = 0, std::int64_t i2 = 0,
-                 std::int64_t i3 = 0) {
-    const std::int64_t off = i0 * t.stride(0) + i1 * t.stride(1) + i2 * t.stride(2) + i3 * t.stride(3);
-    if (t.dtype() == DType::f32) return static_cast<const float*>(t.data())[off];
-    return static_cast<const double*>(t.data())[off];
-}
+using attn::test::at;  // element access by explicit stride arithmetic, no code from src/
+using attn::test::is_poison;
+using attn::test::poison;
+using attn::test::still_poisoned;
+using attn::test::written_nan;
 
 // A float tensor with uniform values in [lo, hi), from a fixed seed.
 inline Tensor random_tensor(DType dtype, Shape shape, std::uint32_t seed, double lo = -1.0, double hi = 1.0) {
-    Tensor t(dtype, shape);
     std::mt19937 gen(seed);
-    std::uniform_real_distribution<double> u(lo, hi);
-    for (std::int64_t i = 0; i < t.numel(); ++i) {
-        if (dtype == DType::f32) t.data_as<float>()[i] = static_cast<float>(u(gen));
-        else t.data_as<double>()[i] = u(gen);
-    }
-    return t;
+    return attn::test::rand_uniform(dtype, shape, gen, lo, hi);
 }
 
-// A bool tensor, each element true with probability p_true.
+// A bool tensor, each element true with probability p_true, from a fixed seed.
 inline Tensor random_bool(Shape shape, std::uint32_t seed, double p_true) {
-    Tensor t(DType::boolean, shape);
     std::mt19937 gen(seed);
-    std::bernoulli_distribution d(p_true);
-    for (std::int64_t i = 0; i < t.numel(); ++i) t.data_as<std::uint8_t>()[i] = d(gen) ? 1 : 0;
-    return t;
-}
-
-// Fills every byte with a NaN pattern (0x7f…): an element a kernel forgot to write stays NaN
-// and cannot pass a comparison; a check that outputs are untouched compares the bytes.
-inline void poison(const Tensor& t) { std::memset(t.data(), 0x7f, t.nbytes()); }
-
-inline bool still_poisoned(const Tensor& t) {
-    const auto* p = static_cast<const unsigned char*>(t.data());
-    for (std::size_t i = 0; i < t.nbytes(); ++i)
-        if (p[i] != 0x7f) return false;
-    return true;
+    return attn::test::random_bool(shape, gen, p_true);
 }
 
 // numpy broadcasting written out: the C-order element offset, in a contiguous tensor of
