@@ -40,6 +40,8 @@ static double cpu_ns() {
 }
 
 int main(int argc, char** argv) {
+    attn::SdpaOptions step;  // a generation step: causal, bottom-right per sequence
+    step.causal = attn::Causal::bottom_right;
     omp_set_num_threads(1);
     // One KV head of L keys: 512 KiB (f32, L = 1024) fits L2. argv: [L] [reps]
     const std::int64_t L = argc > 1 ? std::atoll(argv[1]) : 1024, D = 128;
@@ -61,7 +63,7 @@ int main(int argc, char** argv) {
             for (int r = 0; r < reps; ++r) {
                 const double f = fma_ns();
                 const double t0 = cpu_ns();
-                decode_attention(q, cache, attn::SdpaOptions{.causal = attn::Causal::bottom_right}, o);
+                decode_attention(q, cache, step, o);
                 per.push_back((cpu_ns() - t0) / L);
                 slots.push_back(per.back() / G / f);
             }

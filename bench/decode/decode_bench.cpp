@@ -142,7 +142,8 @@ DecodeTiming time_decode_shape(const std::string& name, std::int64_t Hq, std::in
     }
     Tensor q(DType::f32, Shape{B, Hq, 1, D}), out(DType::f32, Shape{B, Hq, 1, D});
     fill(q.data_as<float>(), static_cast<std::size_t>(q.numel()), 77);
-    const SdpaOptions opt{.causal = Causal::bottom_right};
+    SdpaOptions opt;  // a generation step: causal, bottom-right per sequence
+    opt.causal = Causal::bottom_right;
     for (int w = 0; w < 2; ++w) decode_attention(q, cache, opt, out);  // warm-up (workspace pages, code)
     std::vector<double> ms, frac;
     for (int r = 0; r < runs; ++r) {

@@ -12,4 +12,11 @@ namespace attn::test {
 // Contiguous float32, normal(0, sd), drawn in float (the stream the decode bounds were measured with).
 inline Tensor random_f32(const Shape& s, std::mt19937& rng, float sd = 1.0f) { return randn<float>(DType::f32, s, rng, sd); }
 
+// Options of a generation step: causal, bottom-right per sequence (the cache's new tokens last).
+inline SdpaOptions causal_bottom_right() {
+    SdpaOptions o;
+    o.causal = Causal::bottom_right;
+    return o;
+}
+
 }  // namespace attn::test

@@ -85,7 +85,7 @@ void run_generation(DType storage) {
             const Tensor kd = random_f32(Shape{B, Hkv, 3, Dk}, rng), vd = random_f32(Shape{B, Hkv, 3, Dv}, rng);
             cache.append(kd, vd);
             Tensor qd = random_f32(Shape{B, Hq, 3, Dk}, rng), od(DType::f32, Shape{B, Hq, 3, Dv});
-            decode_attention(qd, cache, attn::SdpaOptions{.causal = attn::Causal::bottom_right}, od);
+            decode_attention(qd, cache, causal_bottom_right(), od);
             for (std::int64_t b = 0; b < B; ++b) cache.truncate(b, before[static_cast<std::size_t>(b)]);
         }
         Tensor q(DType::f32, Shape{B, Hq, Lq, Dk}), out(DType::f32, Shape{B, Hq, Lq, Dv});
@@ -97,7 +97,7 @@ void run_generation(DType storage) {
             std::copy(qb.data_as<float>(), qb.data_as<float>() + qb.numel(), q.data_as<float>() + b * Hq * Lq * Dk);
         }
         poison(out);
-        decode_attention(q, cache, attn::SdpaOptions{.causal = attn::Causal::bottom_right}, out);
+        decode_attention(q, cache, causal_bottom_right(), out);
         for (std::int64_t b = 0; b < B; ++b) {
             const std::int64_t N = O_ref[b].shape()[2];
             for (std::int64_t h = 0; h < Hq; ++h)
@@ -189,8 +189,8 @@ TEST(Incremental, StridedQueryAndOutputViews) {
     Tensor out(DType::f32, Shape{B, Hq, Lq, D}), out_blhd(DType::f32, Shape{B, Lq, Hq, D});
     poison(out);
     poison(out_blhd);
-    decode_attention(q, cache, attn::SdpaOptions{.causal = attn::Causal::bottom_right}, out);
-    decode_attention(q_blhd.view().transpose(1, 2), cache, attn::SdpaOptions{.causal = attn::Causal::bottom_right}, out_blhd.view().transpose(1, 2));
+    decode_attention(q, cache, causal_bottom_right(), out);
+    decode_attention(q_blhd.view().transpose(1, 2), cache, causal_bottom_right(), out_blhd.view().transpose(1, 2));
     for (std::int64_t b = 0; b < B; ++b)
         for (std::int64_t h = 0; h < Hq; ++h)
             for (std::int64_t i = 0; i < Lq; ++i)

@@ -195,14 +195,14 @@ TEST(KVCache, ArgumentErrorsNameTheArgument) {
     std::mt19937 rng(15);
     c.append(random_f32(Shape{2, 3, 2, 5}, rng), random_f32(Shape{2, 3, 2, 4}, rng));
     Tensor q(DType::f32, Shape{2, 6, 3, 5}, true), out(DType::f32, Shape{2, 6, 3, 4});
-    EXPECT_EQ(error_of([&] { decode_attention(q, c, attn::SdpaOptions{.causal = attn::Causal::bottom_right}, out); }),
+    EXPECT_EQ(error_of([&] { decode_attention(q, c, causal_bottom_right(), out); }),
               "decode_attention: cache: sequence 0 holds 2 positions but there are 3 new queries; append the new "
               "tokens' K and V to the cache before decode_attention");
     Tensor q4(DType::f32, Shape{2, 4, 1, 5}, true), out4(DType::f32, Shape{2, 4, 1, 4});
-    EXPECT_EQ(error_of([&] { decode_attention(q4, c, attn::SdpaOptions{.causal = attn::Causal::bottom_right}, out4); }),
+    EXPECT_EQ(error_of([&] { decode_attention(q4, c, causal_bottom_right(), out4); }),
               "decode_attention: Q: heads 4 must be a multiple of K/V's heads 3 (grouped-query attention)");
     Tensor q1(DType::f32, Shape{2, 6, 1, 5}, true), bad_out(DType::f32, Shape{2, 6, 1, 5});
-    EXPECT_EQ(error_of([&] { decode_attention(q1, c, attn::SdpaOptions{.causal = attn::Causal::bottom_right}, bad_out); }),
+    EXPECT_EQ(error_of([&] { decode_attention(q1, c, causal_bottom_right(), bad_out); }),
               "decode_attention: out: expected shape (B, Hq, Lq, Dv) = (2, 6, 1, 4) but got (2, 6, 1, 5)");
 }
 
