@@ -68,15 +68,16 @@ std::optional<std::int64_t> shape_bytes(const Shape& shape, std::size_t elem_siz
 std::int64_t checked_bytes(std::string_view op, std::string_view what, const Shape& shape, std::size_t elem_size) {
     if (const auto r = shape_bytes(shape, elem_size)) return *r;
     require_non_negative(op, what, shape);
-    fail(op, what, " of shape ", shape, " with ", elem_size, "-byte elements needs ", factors(shape, elem_size, true),
-         " bytes, more than a 64-bit size can count (at most ", kMax, ")");
+    fail(op, what, " of shape ", shape, " with ", elem_size,
+         "-byte elements needs more bytes than a 64-bit size can count (", factors(shape, elem_size, true), " > ", kMax,
+         ")");
 }
 
 std::int64_t checked_numel(std::string_view op, std::string_view what, const Shape& shape) {
     if (const auto r = shape_bytes(shape, 1)) return *r;
     require_non_negative(op, what, shape);
-    fail(op, what, " ", shape, " has ", factors(shape, 1, false),
-         " elements, more than a 64-bit count can hold (at most ", kMax, ")");
+    fail(op, what, " ", shape, " has more elements than a 64-bit count can hold (", factors(shape, 1, false), " > ",
+         kMax, ")");
 }
 
 }  // namespace attn::detail

@@ -30,11 +30,12 @@ std::int64_t checked_add(std::string_view op, std::string_view what, std::int64_
 // or nullopt when the product of its non-zero dims × elem_size exceeds INT64_MAX.
 std::optional<std::int64_t> shape_bytes(const Shape& shape, std::size_t elem_size);
 
-// The same, throwing "<op>: <what> of shape (…) with <n>-byte elements needs
-// d0 × d1 × … × n bytes, more than a 64-bit size can count (at most 9223372036854775807)".
+// The same, throwing "<op>: <what> of shape (…) with <n>-byte elements needs more bytes than
+// a 64-bit size can count (d0 × d1 × … × n > 9223372036854775807)".
 std::int64_t checked_bytes(std::string_view op, std::string_view what, const Shape& shape, std::size_t elem_size);
 
-// Elements of `shape` (0 when a dim is 0); throws "<op>: <what> (…): …" as checked_bytes.
+// Elements of `shape` (0 when a dim is 0); throws "<op>: <what> (…) has more elements than a
+// 64-bit count can hold (d0 × d1 × … > 9223372036854775807)".
 std::int64_t checked_numel(std::string_view op, std::string_view what, const Shape& shape);
 
 }  // namespace attn::detail
