@@ -56,8 +56,8 @@ KVCache::KVCache(const KVCacheConfig& config) : config_(config) {
     }
     // A limit the cache could never reach is as wrong as a capacity it cannot hold.
     if (config_.max_capacity > 0) (void)storage_bytes("max_capacity", config_.max_capacity);
+    grow_to("capacity", config_.capacity);  // first: it checks the sizes, batch included
     lengths_.assign(static_cast<std::size_t>(config_.batch), 0);
-    grow_to("capacity", config_.capacity);
 }
 
 KVCache::KVCache(KVCache&&) noexcept = default;
