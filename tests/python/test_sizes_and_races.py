@@ -7,7 +7,9 @@
   truncated sequence, uninitialised rows after growth): those positions are 0.
 - MultiheadAttention.state_dict() takes the lock load_state_dict takes: never a torn copy.
 """
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -112,6 +114,9 @@ def test_keys_and_values_are_zero_beyond_each_length(dtype):
     assert not np.any(c.keys()) and not np.any(c.values())
 
 
+N_COPIES, SECONDS = 100, 5.0  # without the lock, about 40% of the copies were torn
+
+
 def test_state_dict_is_never_torn_by_a_concurrent_load():
     m = attn.MultiheadAttention(256, 4)
     names = list(m.state_dict())
@@ -126,10 +131,13 @@ def test_state_dict_is_never_torn_by_a_concurrent_load():
             m.load_state_dict(twos)
 
     t = threading.Thread(target=writer)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)  # hand the GIL over often: the threads interleave more, and faster
     t.start()
-    torn = []
+    torn, copies, end = [], 0, time.monotonic() + SECONDS
     try:
-        for _ in range(400):
+        while copies < N_COPIES and time.monotonic() < end:
+            copies += 1
             sd = m.state_dict()
             assert list(sd) == names
             seen = np.unique(np.concatenate([a.ravel() for a in sd.values()]))
@@ -138,4 +146,6 @@ def test_state_dict_is_never_torn_by_a_concurrent_load():
     finally:
         stop.set()
         t.join()
-    assert not torn, f"{len(torn)} of 400 state_dict() copies mixed two loads, e.g. values {torn[0]}"
+        sys.setswitchinterval(interval)
+    assert copies >= 10, f"only {copies} copies in {SECONDS} s: too few to tell"
+    assert not torn, f"{len(torn)} of {copies} state_dict() copies mixed two loads, e.g. values {torn[0]}"
