@@ -74,12 +74,23 @@ public:
     }
 
     // A float32 copy of the storage (B, Hkv, capacity, D): a view could dangle after growth.
+    // Only each sequence's written rows are copied; positions at or beyond its length are 0,
+    // never the stale or uninitialised storage behind them.
     py::array copy_of(bool keys) {
         const std::lock_guard<std::mutex> lock(mutex);
         const attn::TensorView src = keys ? cache_.keys() : cache_.values();
-        py::array out = py::array_t<float>(std::vector<py::ssize_t>{src.dim(0), src.dim(1), src.dim(2), src.dim(3)});
-        const attn::Tensor t = attn::to_dtype(src, attn::DType::f32);
-        std::copy_n(t.data_as<const float>(), t.numel(), static_cast<float*>(out.mutable_data()));
+        const std::int64_t B = src.dim(0), H = src.dim(1), cap = src.dim(2), D = src.dim(3);
+        py::array_t<float> out(std::vector<py::ssize_t>{B, H, cap, D});
+        float* dst = out.mutable_data();
+        std::fill_n(dst, out.size(), 0.0f);
+        for (std::int64_t b = 0; b < B; ++b) {
+            const std::int64_t len = cache_.length(b);
+            if (len == 0) continue;
+            const attn::Tensor rows = attn::to_dtype(src.slice(0, b, 1).slice(2, 0, len), attn::DType::f32);  // (1, H, len, D)
+            for (std::int64_t h = 0; h < H; ++h) {
+                std::copy_n(rows.data_as<const float>() + h * len * D, len * D, dst + ((b * H + h) * cap) * D);
+            }
+        }
         return out;
     }
 
@@ -182,8 +193,12 @@ void bind_kv_cache(py::module_& m) {
         .def("truncate", &PyKVCache::truncate, py::arg("new_length"), py::arg("batch_index") = py::none())
         .def("reset", &PyKVCache::reset, py::arg("batch_index") = py::none())
         .def("reserve", &PyKVCache::reserve, py::arg("capacity"))
-        .def("keys", [](PyKVCache& c) { return c.copy_of(true); }, "A float32 copy of the key storage.")
-        .def("values", [](PyKVCache& c) { return c.copy_of(false); }, "A float32 copy of the value storage.")
+        .def("keys", [](PyKVCache& c) { return c.copy_of(true); },
+             "A float32 copy of the keys, (B, Hkv, capacity, Dk). Sequence b's positions at or beyond\n"
+             "lengths[b] hold no token and are 0 (never the stale or uninitialised storage there).")
+        .def("values", [](PyKVCache& c) { return c.copy_of(false); },
+             "A float32 copy of the values, (B, Hkv, capacity, Dv). Sequence b's positions at or beyond\n"
+             "lengths[b] hold no token and are 0 (never the stale or uninitialised storage there).")
         .def_property_readonly("lengths", &PyKVCache::lengths)
         .def_property_readonly("capacity", [](PyKVCache& c) { return c.cache().capacity(); })
         .def_property_readonly("batch", [](PyKVCache& c) { return c.cache().batch(); })

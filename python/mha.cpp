@@ -126,15 +126,27 @@ public:
         layer_.load_state_dict(tensors);
     }
 
-    // Copies of the parameters, in torch's state_dict order (a dict keeps insertion order).
-    py::dict state_dict() const {
-        py::dict d;
-        for (const auto& [name, view] : layer_.state_dict()) {
-            std::vector<py::ssize_t> dims(view.shape().dims.begin(), view.shape().dims.begin() + view.rank());
-            py::array_t<float> a(dims);
-            std::copy_n(view.data_as<const float>(), view.numel(), a.mutable_data());
-            d[py::str(name)] = a;
+    // Copies of the parameters, in torch's state_dict order (a dict keeps insertion order),
+    // taken under the lock load_state_dict and forward take: a concurrent load cannot tear
+    // them. The parameters' shapes and addresses are fixed at construction, so the arrays are
+    // made first (with the GIL) and filled under the lock (without it).
+    py::dict state_dict() {
+        const auto params = layer_.state_dict();
+        std::vector<py::array_t<float>> arrays;
+        for (const auto& [name, view] : params) {
+            arrays.emplace_back(std::vector<py::ssize_t>(view.shape().dims.begin(), view.shape().dims.begin() + view.rank()));
         }
+        std::vector<float*> dst;
+        for (auto& a : arrays) dst.push_back(a.mutable_data());
+        {
+            py::gil_scoped_release nogil;
+            const std::lock_guard<std::mutex> lock(mutex_);
+            for (std::size_t i = 0; i < params.size(); ++i) {
+                std::copy_n(params[i].second.data_as<const float>(), params[i].second.numel(), dst[i]);
+            }
+        }
+        py::dict d;
+        for (std::size_t i = 0; i < params.size(); ++i) d[py::str(params[i].first)] = arrays[i];
         return d;
     }
 

@@ -1,8 +1,13 @@
 // attn::Error — the one exception type for user errors (bad arguments, bad files).
 // Internal invariants are debug asserts; user input is always checked and reported
 // with a message that names the argument, the expectation and what was given.
+//
+// attn::OutOfMemory — a valid size that the system could not allocate. It is a
+// std::bad_alloc (code that handles running out of memory keeps working; Python raises
+// MemoryError) whose message names what was being allocated and how many bytes.
 #pragma once
 
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -11,6 +16,15 @@ namespace attn {
 class Error : public std::runtime_error {
 public:
     explicit Error(const std::string& message) : std::runtime_error(message) {}
+};
+
+class OutOfMemory : public std::bad_alloc {
+public:
+    explicit OutOfMemory(std::string message) : message_(std::move(message)) {}
+    const char* what() const noexcept override { return message_.c_str(); }
+
+private:
+    std::string message_;
 };
 
 }  // namespace attn

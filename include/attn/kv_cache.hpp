@@ -14,14 +14,19 @@
 // (rejected speculative tokens); reset() empties it. When an append does not fit, the
 // cache grows (doubling, up to max_capacity) if growth is on, and otherwise throws
 // attn::Error before writing anything — it never overwrites a position silently.
+// Sizes: a capacity (or max_capacity, or a growth) whose keys or values would need more
+// bytes than a 64-bit size can count is an attn::Error; one the system cannot allocate is
+// attn::OutOfMemory naming the buffer and the bytes. Either way the cache is unchanged.
 // Growing reallocates: views from keys()/values() taken before an append are then stale.
 //
 // decode_attention() runs the bandwidth-bound decode kernel for Lq new queries per
 // sequence against the cache (see include/attn/decode.hpp).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "attn/tensor.hpp"
@@ -77,8 +82,10 @@ public:
     TensorView values() const;
 
 private:
-    void grow_to(std::int64_t capacity);
-    void check_fits(const char* op, std::int64_t b, std::int64_t extra) const;
+    std::array<std::int64_t, 2> storage_bytes(std::string_view arg, std::int64_t capacity) const;
+    void grow_to(std::string_view arg, std::int64_t capacity);
+    void grow_for(const char* op, std::int64_t need);
+    std::int64_t check_fits(const char* op, std::int64_t b, std::int64_t extra) const;
     void write_rows(std::int64_t b, const TensorView& k, const TensorView& v, std::int64_t kb_dim);
 
     struct Buffer;

@@ -28,6 +28,8 @@ struct Shape {
     Shape(std::initializer_list<std::int64_t> d);  // throws attn::Error when rank > 4 or a dim < 0
 
     std::int64_t operator[](int i) const { return dims[static_cast<std::size_t>(i)]; }
+    // Throws attn::Error when the product of the non-zero dims exceeds INT64_MAX: such a
+    // shape has no addressable layout even when a zero dim makes it empty.
     std::int64_t numel() const;
     std::string str() const;  // "(2, 8, 512, 64)"
     bool operator==(const Shape& o) const;
@@ -82,10 +84,12 @@ private:
 
 // Owning, C-contiguous, 64-byte aligned. Move-only. Contents are uninitialised unless
 // `fill_zero` is set (kernels write every element; tests poison before they run).
+// A shape whose byte count exceeds INT64_MAX throws attn::Error; an allocation the system
+// refuses throws attn::OutOfMemory naming `name`, the shape and the bytes.
 class Tensor {
 public:
     Tensor() = default;
-    Tensor(DType dtype, Shape shape, bool fill_zero = false);
+    Tensor(DType dtype, Shape shape, bool fill_zero = false, std::string_view name = "a tensor");
 
     TensorView view() const { return view_; }
     operator TensorView() const { return view_; }  // NOLINT(google-explicit-constructor)

@@ -5,8 +5,10 @@
 #include <new>
 #include <sstream>
 
+#include "allocate.hpp"
 #include "attn/error.hpp"
 #include "attn/half.hpp"
+#include "checked_size.hpp"
 
 namespace attn {
 
@@ -20,11 +22,8 @@ Shape::Shape(std::initializer_list<std::int64_t> d) {
     }
 }
 
-std::int64_t Shape::numel() const {
-    std::int64_t n = 1;
-    for (int i = 0; i < rank; ++i) n *= dims[static_cast<std::size_t>(i)];
-    return n;
-}
+// Dims may also be set directly (readers, bindings), so the count is checked here too.
+std::int64_t Shape::numel() const { return detail::checked_numel("shape", "shape", *this); }
 
 std::string Shape::str() const {
     std::ostringstream s;
@@ -43,6 +42,9 @@ bool Shape::operator==(const Shape& o) const {
 }
 
 Strides contiguous_strides(const Shape& shape) {
+    // Each stride is a product of trailing dims, so it fits whenever the element count does
+    // (numpy's rule for zero dims: the non-zero dims' product must fit; see checked_size.hpp).
+    (void)shape.numel();
     Strides s{};
     std::int64_t acc = 1;
     for (int i = shape.rank - 1; i >= 0; --i) {
@@ -86,9 +88,16 @@ TensorView TensorView::transpose(int a, int b) const {
 
 TensorView TensorView::slice(int d, std::int64_t start, std::int64_t length) const {
     check_dim(*this, d, "slice");
-    if (start < 0 || length < 0 || start + length > dim(d)) {
-        throw Error("slice: range [" + std::to_string(start) + ", " + std::to_string(start + length) +
-                    ") does not fit dimension " + std::to_string(d) + " of size " + std::to_string(dim(d)));
+    const std::string where = " does not fit dimension " + std::to_string(d) + " of size " + std::to_string(dim(d));
+    if (start < 0 || length < 0) {
+        throw Error("slice: start " + std::to_string(start) + " and length " + std::to_string(length) +
+                    " must be >= 0; the range" + where);
+    }
+    const auto end = detail::size_add(start, length);  // start + length may overflow
+    if (!end || *end > dim(d)) {
+        throw Error("slice: range [" + std::to_string(start) + ", " +
+                    (end ? std::to_string(*end) : std::to_string(start) + " + " + std::to_string(length)) + ")" +
+                    where);
     }
     Shape s = shape_;
     s.dims[static_cast<std::size_t>(d)] = length;
@@ -136,13 +145,11 @@ double TensorView::load_as_double(std::int64_t i) const {
 
 void Tensor::Free::operator()(void* p) const { std::free(p); }
 
-Tensor::Tensor(DType dtype, Shape shape, bool fill_zero) {
-    const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
-    // aligned_alloc needs a size that is a multiple of the alignment; never ask for 0.
-    const std::size_t padded = ((bytes + 63) / 64) * 64 + (bytes == 0 ? 64 : 0);
-    void* p = std::aligned_alloc(64, padded);
-    if (p == nullptr) throw std::bad_alloc();
-    if (fill_zero) std::memset(p, 0, padded);
+Tensor::Tensor(DType dtype, Shape shape, bool fill_zero, std::string_view name) {
+    const std::string what = std::string(name) + " (" + std::string(dtype_name(dtype)) + ")";
+    const std::int64_t bytes = detail::checked_bytes("Tensor", what, shape, dtype_size(dtype));
+    void* p = detail::allocate_aligned(bytes, 64, what + " of shape " + shape.str());
+    if (fill_zero) std::memset(p, 0, static_cast<std::size_t>(bytes));
     storage_.reset(p);
     view_ = TensorView(p, dtype, shape);
 }

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../core/checked_size.hpp"
 #include "attn/error.hpp"
 #include "atomic_file.hpp"
 
@@ -196,23 +197,18 @@ Tensor read_npy(const std::string& path) {
     if (h.shape.size() > static_cast<std::size_t>(kMaxRank)) {
         throw Error(path + ": rank " + std::to_string(h.shape.size()) + " is more than attn's maximum of 4");
     }
-    // Count the bytes the shape claims without overflowing, then compare with the file.
+    // Count the bytes the shape claims (checked: a zero-size shape like (0, 10^12, 10^14) is
+    // refused too, its strides would overflow), then compare with the file.
     const std::uint64_t available = static_cast<std::uint64_t>(file_size - prelude) - header_len;
-    std::uint64_t need = dtype_size(dtype);
-    bool overflow = false;
-    for (std::int64_t d : h.shape) {
-        if (d != 0 && need > std::numeric_limits<std::uint64_t>::max() / static_cast<std::uint64_t>(d)) overflow = true;
-        need *= static_cast<std::uint64_t>(d);
-    }
     Shape shape;
     shape.rank = static_cast<int>(h.shape.size());
     for (std::size_t i = 0; i < h.shape.size(); ++i) shape.dims[i] = h.shape[i];
-    if (overflow || need != available) {
+    const auto need = static_cast<std::uint64_t>(detail::checked_bytes(path, "the array", shape, dtype_size(dtype)));
+    if (need != available) {
         throw Error(path + ": shape " + shape.str() + " of " + std::string(dtype_name(dtype)) + " needs " +
-                    (overflow ? std::string("more than 2^64") : std::to_string(need)) + " bytes of data but the file holds " +
-                    std::to_string(available));
+                    std::to_string(need) + " bytes of data but the file holds " + std::to_string(available));
     }
-    Tensor t(dtype, shape);
+    Tensor t(dtype, shape, false, path);
     f.read(static_cast<char*>(t.data()), static_cast<std::streamsize>(need));
     if (!f) throw Error(path + ": could not read " + std::to_string(need) + " bytes of data");
     if (dtype == DType::boolean) {  // numpy accepts any non-zero byte as True

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "../core/checked_size.hpp"
 #include "attn/error.hpp"
 #include "atomic_file.hpp"
 
@@ -86,8 +87,8 @@ Entry parse_entry(const std::string& name, const json& v, std::uint64_t data_siz
     if (sh.size() > static_cast<std::size_t>(kMaxRank)) {
         fail(what, "rank " + std::to_string(sh.size()) + " is not supported (at most " + std::to_string(kMaxRank) + ")");
     }
-    // numel · itemsize, with overflow checked (it is compared with the offsets below).
-    std::uint64_t bytes = dtype_size(e.dtype);
+    // numel · itemsize, checked (it is compared with the offsets below); a zero-size shape
+    // whose other dims overflow is refused too, its strides would.
     for (std::size_t i = 0; i < sh.size(); ++i) {
         const std::uint64_t d = json_uint(sh[i], what, "shape[" + std::to_string(i) + "]");
         if (d > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
@@ -96,15 +97,7 @@ Entry parse_entry(const std::string& name, const json& v, std::uint64_t data_siz
         e.shape.dims[i] = static_cast<std::int64_t>(d);
     }
     e.shape.rank = static_cast<int>(sh.size());
-    bool overflow = false, zero = false;
-    for (int i = 0; i < e.shape.rank; ++i) {
-        overflow |= __builtin_mul_overflow(bytes, static_cast<std::uint64_t>(e.shape[i]), &bytes);
-        zero |= e.shape[i] == 0;
-    }
-    if (overflow && !zero) {
-        fail(what, "shape " + e.shape.str() + " needs more bytes than a 64-bit size can count");
-    }
-    if (zero) bytes = 0;  // a zero dim makes the product 0 whatever the others are
+    const auto bytes = static_cast<std::uint64_t>(detail::checked_bytes(what, "data", e.shape, dtype_size(e.dtype)));
 
     const json& off = v["data_offsets"];
     if (!off.is_array() || off.size() != 2) fail(what, "data_offsets must be [begin, end] but got " + off.dump());
@@ -216,7 +209,7 @@ SafetensorsFile load(std::uint64_t total, const std::function<void(std::uint64_t
     SafetensorsFile out;
     const std::vector<Entry> entries = parse_header(text, data_size, file, out.metadata);
     for (const Entry& e : entries) {
-        Tensor t(e.dtype, e.shape);
+        Tensor t(e.dtype, e.shape, false, file + ": tensor '" + e.name + "'");
         read_raw(data_start + e.begin, t.data(), static_cast<std::size_t>(e.end - e.begin));
         out.tensors.emplace_back(e.name, std::move(t));
     }

@@ -7,36 +7,32 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <new>
 #include <string>
 
-#include "attn/error.hpp"
 #include "attn/half.hpp"
+#include "../core/allocate.hpp"
+#include "../core/check.hpp"
+#include "../core/checked_size.hpp"
 
 namespace attn {
-namespace {
 
-std::string num(std::int64_t v) { return std::to_string(v); }
-
-[[noreturn]] void fail(const std::string& msg) { throw Error("KVCache: " + msg); }
-
-}  // namespace
+constexpr std::string_view kOp = "KVCache";
 
 // One of K or V: (B, Hkv, capacity, D) in the storage dtype, C order. Large buffers are
 // 2 MiB aligned and advised to use transparent huge pages: decode streams the whole cache
 // every step, and first-touch faults on 4 KiB pages cost far more than the kernel
 // (measured: ≈ 2 GB/s with 4 KiB pages against ≈ 12 GB/s with huge pages).
+// `bytes` is a checked size (KVCache::storage_bytes); `what` names the buffer when the
+// system refuses it.
 struct KVCache::Buffer {
     void* data = nullptr;
-    std::size_t bytes = 0;
 
-    explicit Buffer(std::size_t n) : bytes(n) {
-        constexpr std::size_t kHuge = std::size_t{2} << 20;
-        const std::size_t align = n >= kHuge ? kHuge : 64;
-        const std::size_t padded = std::max<std::size_t>(align, (n + align - 1) / align * align);
-        data = std::aligned_alloc(align, padded);
-        if (data == nullptr) throw std::bad_alloc();
-        if (align == kHuge) madvise(data, padded, MADV_HUGEPAGE);  // advice only: failure is harmless
+    Buffer(std::int64_t bytes, const std::string& what) {
+        constexpr std::int64_t kHuge = std::int64_t{2} << 20;
+        const bool huge = bytes >= kHuge;
+        data = detail::allocate_aligned(bytes, huge ? kHuge : 64, what);
+        // Advice only: failure is harmless. Whole huge pages of the buffer.
+        if (huge) madvise(data, static_cast<std::size_t>(bytes / kHuge * kHuge), MADV_HUGEPAGE);
     }
     ~Buffer() { std::free(data); }
     Buffer(const Buffer&) = delete;
@@ -44,21 +40,24 @@ struct KVCache::Buffer {
 };
 
 KVCache::KVCache(const KVCacheConfig& config) : config_(config) {
+    using detail::fail;
     if (config_.value_dim == 0) config_.value_dim = config_.head_dim;
-    if (config_.batch < 1) fail("batch must be >= 1 but got " + num(config_.batch));
-    if (config_.kv_heads < 1) fail("kv_heads must be >= 1 but got " + num(config_.kv_heads));
-    if (config_.head_dim < 1) fail("head_dim must be >= 1 but got " + num(config_.head_dim));
-    if (config_.value_dim < 1) fail("value_dim must be >= 1 (or 0 = head_dim) but got " + num(config_.value_dim));
-    if (config_.capacity < 1) fail("capacity must be >= 1 but got " + num(config_.capacity));
+    if (config_.batch < 1) fail(kOp, "batch must be >= 1 but got ", config_.batch);
+    if (config_.kv_heads < 1) fail(kOp, "kv_heads must be >= 1 but got ", config_.kv_heads);
+    if (config_.head_dim < 1) fail(kOp, "head_dim must be >= 1 but got ", config_.head_dim);
+    if (config_.value_dim < 1) fail(kOp, "value_dim must be >= 1 (or 0 = head_dim) but got ", config_.value_dim);
+    if (config_.capacity < 1) fail(kOp, "capacity must be >= 1 but got ", config_.capacity);
     if (config_.storage != DType::f32 && config_.storage != DType::f16 && config_.storage != DType::bf16) {
-        fail("storage must be float32, float16 or bfloat16 but got " + std::string(dtype_name(config_.storage)));
+        fail(kOp, "storage must be float32, float16 or bfloat16 but got ", dtype_name(config_.storage));
     }
     if (config_.max_capacity < 0 || (config_.max_capacity > 0 && config_.max_capacity < config_.capacity)) {
-        fail("max_capacity must be 0 (no limit) or >= capacity " + num(config_.capacity) + " but got " +
-             num(config_.max_capacity));
+        fail(kOp, "max_capacity must be 0 (no limit) or >= capacity ", config_.capacity, " but got ",
+             config_.max_capacity);
     }
+    // A limit the cache could never reach is as wrong as a capacity it cannot hold.
+    if (config_.max_capacity > 0) (void)storage_bytes("max_capacity", config_.max_capacity);
+    grow_to("capacity", config_.capacity);  // first: it checks the sizes, batch included
     lengths_.assign(static_cast<std::size_t>(config_.batch), 0);
-    grow_to(config_.capacity);
 }
 
 KVCache::KVCache(KVCache&&) noexcept = default;
@@ -66,7 +65,7 @@ KVCache& KVCache::operator=(KVCache&&) noexcept = default;
 KVCache::~KVCache() = default;
 
 std::int64_t KVCache::length(std::int64_t b) const {
-    if (b < 0 || b >= config_.batch) fail("sequence index must be in [0, " + num(config_.batch) + ") but got " + num(b));
+    if (b < 0 || b >= config_.batch) detail::fail(kOp, "sequence index must be in [0, ", config_.batch, ") but got ", b);
     return lengths_[static_cast<std::size_t>(b)];
 }
 
@@ -80,13 +79,35 @@ TensorView KVCache::values() const {
     return {v_->data, config_.storage, Shape{config_.batch, config_.kv_heads, capacity_, config_.value_dim}};
 }
 
-// Reallocate to `cap` positions per sequence, keeping every sequence's written prefix.
-void KVCache::grow_to(std::int64_t cap) {
+// Bytes of the keys and of the values at `cap` positions per sequence. Every size the cache
+// allocates or indexes is below these, so this is the one overflow check it needs; `arg`
+// names the user's argument ("capacity", "reserve: capacity", ...) in the error.
+std::array<std::int64_t, 2> KVCache::storage_bytes(std::string_view arg, std::int64_t cap) const {
     const std::size_t es = dtype_size(config_.storage);
-    const std::int64_t rows = config_.batch * config_.kv_heads;
-    auto nk = std::make_unique<Buffer>(static_cast<std::size_t>(rows * cap * config_.head_dim) * es);
-    auto nv = std::make_unique<Buffer>(static_cast<std::size_t>(rows * cap * config_.value_dim) * es);
+    const std::string a(arg);
+    const std::int64_t k = detail::checked_bytes(
+        kOp, a + " " + std::to_string(cap) + ": keys (B, Hkv, capacity, Dk)",
+        Shape{config_.batch, config_.kv_heads, cap, config_.head_dim}, es);
+    const std::int64_t v = detail::checked_bytes(
+        kOp, a + " " + std::to_string(cap) + ": values (B, Hkv, capacity, Dv)",
+        Shape{config_.batch, config_.kv_heads, cap, config_.value_dim}, es);
+    return {k, v};
+}
+
+// Reallocate to `cap` positions per sequence, keeping every sequence's written prefix. Both
+// buffers are allocated before anything changes, so a failure leaves the cache as it was.
+void KVCache::grow_to(std::string_view arg, std::int64_t cap) {
+    const auto [kbytes, vbytes] = storage_bytes(arg, cap);
+    const std::string shape = " = (" + std::to_string(config_.batch) + ", " + std::to_string(config_.kv_heads) + ", " +
+                              std::to_string(cap) + ", ";
+    const std::string dtype = ") " + std::string(dtype_name(config_.storage));
+    auto nk = std::make_unique<Buffer>(kbytes, "KVCache keys (B, Hkv, capacity, Dk)" + shape +
+                                                   std::to_string(config_.head_dim) + dtype);
+    auto nv = std::make_unique<Buffer>(vbytes, "KVCache values (B, Hkv, capacity, Dv)" + shape +
+                                                   std::to_string(config_.value_dim) + dtype);
     if (k_) {
+        const std::size_t es = dtype_size(config_.storage);
+        const std::int64_t rows = config_.batch * config_.kv_heads;  // <= the checked byte counts
         for (std::int64_t bh = 0; bh < rows; ++bh) {
             const std::int64_t len = lengths_[static_cast<std::size_t>(bh / config_.kv_heads)];
             std::memcpy(static_cast<char*>(nk->data) + static_cast<std::size_t>(bh * cap * config_.head_dim) * es,
@@ -103,26 +124,43 @@ void KVCache::grow_to(std::int64_t cap) {
 }
 
 void KVCache::reserve(std::int64_t cap) {
-    if (cap < 1) fail("reserve: capacity must be >= 1 but got " + num(cap));
+    if (cap < 1) detail::fail(kOp, "reserve: capacity must be >= 1 but got ", cap);
     if (config_.max_capacity > 0 && cap > config_.max_capacity) {
-        fail("reserve: capacity " + num(cap) + " exceeds max_capacity " + num(config_.max_capacity));
+        detail::fail(kOp, "reserve: capacity ", cap, " exceeds max_capacity ", config_.max_capacity);
     }
-    if (cap > capacity_) grow_to(cap);
+    if (cap > capacity_) grow_to("reserve: capacity", cap);
 }
 
-// Throws unless `extra` more tokens fit sequence b (growing first when allowed).
-void KVCache::check_fits(const char* op, std::int64_t b, std::int64_t extra) const {
-    const std::int64_t need = lengths_[static_cast<std::size_t>(b)] + extra;
-    if (need <= capacity_) return;
+// The positions sequence b needs for `extra` more tokens; throws unless they fit (growing
+// first when allowed).
+std::int64_t KVCache::check_fits(const char* op, std::int64_t b, std::int64_t extra) const {
+    const std::int64_t len = lengths_[static_cast<std::size_t>(b)];
+    const std::int64_t need =
+        detail::checked_add(kOp, std::string(op) + ": length of sequence " + std::to_string(b) + " + new tokens", len, extra);
+    if (need <= capacity_) return need;
     if (!config_.grow) {
-        fail(std::string(op) + ": sequence " + num(b) + " holds " + num(lengths_[static_cast<std::size_t>(b)]) +
-             " of " + num(capacity_) + " positions; " + num(extra) + " more need " + num(need) +
-             " (nothing was written; enable growth, reserve() more, or truncate first)");
+        detail::fail(kOp, op, ": sequence ", b, " holds ", len, " of ", capacity_, " positions; ", extra, " more need ",
+                     need, " (nothing was written; enable growth, reserve() more, or truncate first)");
     }
     if (config_.max_capacity > 0 && need > config_.max_capacity) {
-        fail(std::string(op) + ": sequence " + num(b) + " would need " + num(need) + " positions but max_capacity is " +
-             num(config_.max_capacity) + " (nothing was written)");
+        detail::fail(kOp, op, ": sequence ", b, " would need ", need, " positions but max_capacity is ",
+                     config_.max_capacity, " (nothing was written)");
     }
+    return need;
+}
+
+// Growth doubles the capacity (amortised O(1) appends) but never beyond max_capacity or a
+// size that cannot be counted; never less than `need`, which check_fits has allowed.
+void KVCache::grow_for(const char* op, std::int64_t need) {
+    if (need <= capacity_) return;
+    std::int64_t cap = need;
+    if (const auto doubled = detail::size_mul(capacity_, 2); doubled && *doubled > need) {
+        const std::int64_t limited = config_.max_capacity > 0 ? std::min(*doubled, config_.max_capacity) : *doubled;
+        const std::size_t es = dtype_size(config_.storage);
+        const std::int64_t dmax = std::max(config_.head_dim, config_.value_dim);
+        if (detail::shape_bytes(Shape{config_.batch, config_.kv_heads, limited, dmax}, es)) cap = limited;
+    }
+    grow_to(std::string(op) + ": capacity", cap);
 }
 
 namespace {
@@ -150,13 +188,12 @@ void convert_row(const TensorView& src, std::int64_t offset, std::int64_t stride
 
 void check_new(const TensorView& t, const char* op, const char* name, int rank, const Shape& expected,
                const char* layout) {
-    if (t.data() == nullptr) fail(std::string(op) + ": " + name + " data pointer is null");
+    if (t.data() == nullptr) detail::fail(kOp, op, ": ", name, " data pointer is null");
     if (!is_floating(t.dtype())) {
-        fail(std::string(op) + ": " + name + " dtype must be a float type but got " + std::string(dtype_name(t.dtype())));
+        detail::fail(kOp, op, ": ", name, " dtype must be a float type but got ", dtype_name(t.dtype()));
     }
     if (t.rank() != rank || !(t.shape() == expected)) {
-        fail(std::string(op) + ": " + name + " must have shape " + layout + " = " + expected.str() + " but got " +
-             t.shape().str());
+        detail::fail(kOp, op, ": ", name, " must have shape ", layout, " = ", expected, " but got ", t.shape());
     }
 }
 
@@ -191,15 +228,8 @@ void KVCache::append(const TensorView& k_new, const TensorView& v_new) {
     check_new(v_new, "append", "v_new", 4, Shape{config_.batch, config_.kv_heads, T, config_.value_dim},
               "(B, Hkv, T, Dv)");
     std::int64_t need = 0;
-    for (std::int64_t b = 0; b < config_.batch; ++b) {
-        check_fits("append", b, T);
-        need = std::max(need, lengths_[static_cast<std::size_t>(b)] + T);
-    }
-    if (need > capacity_) {
-        std::int64_t cap = std::max(need, 2 * capacity_);
-        if (config_.max_capacity > 0) cap = std::min(cap, config_.max_capacity);
-        grow_to(cap);
-    }
+    for (std::int64_t b = 0; b < config_.batch; ++b) need = std::max(need, check_fits("append", b, T));
+    grow_for("append", need);
     for (std::int64_t b = 0; b < config_.batch; ++b) {
         write_rows(b, k_new, v_new, b);
         lengths_[static_cast<std::size_t>(b)] += T;
@@ -208,19 +238,13 @@ void KVCache::append(const TensorView& k_new, const TensorView& v_new) {
 
 void KVCache::append(std::int64_t b, const TensorView& k_new, const TensorView& v_new) {
     if (b < 0 || b >= config_.batch) {
-        fail("append: sequence index must be in [0, " + num(config_.batch) + ") but got " + num(b));
+        detail::fail(kOp, "append: sequence index must be in [0, ", config_.batch, ") but got ", b);
     }
     const std::int64_t T = k_new.rank() == 3 ? k_new.dim(1) : -1;
     check_new(k_new, "append", "k_new", 3, Shape{config_.kv_heads, std::max<std::int64_t>(T, 0), config_.head_dim},
               "(Hkv, T, Dk)");
     check_new(v_new, "append", "v_new", 3, Shape{config_.kv_heads, T, config_.value_dim}, "(Hkv, T, Dv)");
-    check_fits("append", b, T);
-    const std::int64_t need = lengths_[static_cast<std::size_t>(b)] + T;
-    if (need > capacity_) {
-        std::int64_t cap = std::max(need, 2 * capacity_);
-        if (config_.max_capacity > 0) cap = std::min(cap, config_.max_capacity);
-        grow_to(cap);
-    }
+    grow_for("append", check_fits("append", b, T));
     write_rows(b, k_new, v_new, 0);
     lengths_[static_cast<std::size_t>(b)] += T;
 }
@@ -228,14 +252,13 @@ void KVCache::append(std::int64_t b, const TensorView& k_new, const TensorView& 
 void KVCache::truncate(std::int64_t b, std::int64_t new_length) {
     const std::int64_t len = length(b);
     if (new_length < 0 || new_length > len) {
-        fail("truncate: new length of sequence " + num(b) + " must be in [0, " + num(len) + "] but got " +
-             num(new_length));
+        detail::fail(kOp, "truncate: new length of sequence ", b, " must be in [0, ", len, "] but got ", new_length);
     }
     lengths_[static_cast<std::size_t>(b)] = new_length;
 }
 
 void KVCache::truncate_all(std::int64_t new_length) {
-    if (new_length < 0) fail("truncate_all: new length must be >= 0 but got " + num(new_length));
+    if (new_length < 0) detail::fail(kOp, "truncate_all: new length must be >= 0 but got ", new_length);
     for (auto& len : lengths_) len = std::min(len, new_length);
 }
 

@@ -2,11 +2,18 @@
 // type), overflow (error, nothing written) and growth, truncate, reset, and the messages.
 #include <cstring>
 #include <functional>
+#include <limits>
+#include <string>
+#include <vector>
 
 #include "attn/decode.hpp"
 #include "attn/error.hpp"
 #include "attn/kv_cache.hpp"
 #include "decode_util.hpp"
+
+// Under ASan, an allocation above its limit aborts unless it may return null; the size tests
+// below exercise exactly that path (a harmless unused symbol in a normal build).
+extern "C" const char* __asan_default_options() { return "allocator_may_return_null=1"; }
 
 namespace attn::test {
 namespace {
@@ -204,6 +211,139 @@ TEST(KVCache, ArgumentErrorsNameTheArgument) {
     Tensor q1(DType::f32, Shape{2, 6, 1, 5}, true), bad_out(DType::f32, Shape{2, 6, 1, 5});
     EXPECT_EQ(error_of([&] { decode_attention(q1, c, causal_bottom_right(), bad_out); }),
               "decode_attention: out: expected shape (B, Hq, Lq, Dv) = (2, 6, 1, 4) but got (2, 6, 1, 5)");
+}
+
+// ---- sizes (issue 19, class 1) ------------------------------------------------------------
+// Capacities, limits, batch × heads and growth whose bytes cannot be counted are an attn::Error
+// before anything is allocated; a countable size the system refuses is attn::OutOfMemory
+// naming the buffer and the bytes. Either way the cache is left as it was. (This binary also
+// runs under ASan + UBSan: tests/kernels/asan_kernel_tests.sh.)
+
+constexpr std::int64_t kBig = std::int64_t{1} << 62;
+
+KVCacheConfig single(std::int64_t cap, std::int64_t head_dim = 64, DType dt = DType::f32, bool grow = false) {
+    KVCacheConfig c;
+    c.head_dim = head_dim;
+    c.capacity = cap;
+    c.storage = dt;
+    c.grow = grow;
+    return c;
+}
+
+template <class F>
+std::string oom_of(F&& f) {
+    try {
+        f();
+    } catch (const OutOfMemory& e) {
+        return e.what();
+    }
+    return "(no OutOfMemory)";
+}
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+TEST(KVCacheSizes, UncountableSizesAreErrorsBeforeAllocating) {
+    EXPECT_EQ(error_of([] { KVCache c(single(kBig)); }),
+              "KVCache: capacity 4611686018427387904: keys (B, Hkv, capacity, Dk) of shape (1, 1, 4611686018427387904, "
+              "64) with 4-byte elements needs more bytes than a 64-bit size can count (1 × 1 × 4611686018427387904 × 64 × "
+              "4 > 9223372036854775807)");
+    KVCacheConfig values_only = single(std::int64_t{1} << 30, 1);
+    values_only.value_dim = std::int64_t{1} << 40;
+    KVCacheConfig heads = single(1, 1);
+    heads.batch = heads.kv_heads = std::int64_t{1} << 40;  // batch × heads alone overflows
+    KVCacheConfig heads16 = single(1, 1, DType::f16);
+    heads16.batch = heads16.kv_heads = std::int64_t{1} << 31;  // fits as elements, not as bytes
+    KVCacheConfig limit = single(4, 64, DType::f32, true);
+    limit.max_capacity = kBig;  // a limit the cache could never reach
+    const std::vector<std::pair<KVCacheConfig, std::string>> cases = {
+        {single(kBig, 64, DType::f32, true), "capacity 4611686018427387904: keys"},
+        {single(std::int64_t{1} << 58, 64, DType::bf16), "keys (B, Hkv, capacity, Dk) of shape (1, 1, 288230376151711744, 64)"},
+        {single(std::numeric_limits<std::int64_t>::max(), 1, DType::f16), "capacity 9223372036854775807: keys"},
+        {values_only, "capacity 1073741824: values (B, Hkv, capacity, Dv) of shape (1, 1, 1073741824, 1099511627776)"},
+        {heads, "keys (B, Hkv, capacity, Dk) of shape (1099511627776, 1099511627776, 1, 1)"},
+        {heads16, "(2147483648 × 2147483648 × 1 × 1 × 2 > 9223372036854775807)"},
+        {limit, "KVCache: max_capacity 4611686018427387904: keys"},
+    };
+    for (const auto& [cfg, expect] : cases) {
+        const std::string e = error_of([&] { KVCache c(cfg); });
+        EXPECT_TRUE(has(e, expect)) << e;
+        EXPECT_TRUE(has(e, "more bytes than a 64-bit size can count")) << e;
+    }
+}
+
+TEST(KVCacheSizes, RefusedAllocationNamesTheBufferAndTheBytes) {
+    // 2^40 positions × 64 × 4 bytes = 256 TiB: countable, more than any address space gives.
+    for (bool grow : {false, true}) {
+        const std::string e = oom_of([&] { KVCache c(single(std::int64_t{1} << 40, 64, DType::f32, grow)); });
+        EXPECT_EQ(e, "out of memory: cannot allocate 281474976710656 bytes (256.0 TiB) for KVCache keys (B, Hkv, "
+                     "capacity, Dk) = (1, 1, 1099511627776, 64) float32");
+    }
+    // Keys fit, values do not: the keys buffer is released (ASan's leak check), values named.
+    KVCacheConfig cfg = single(std::int64_t{1} << 20, 1);
+    cfg.value_dim = std::int64_t{1} << 26;
+    EXPECT_TRUE(has(oom_of([&] { KVCache c(cfg); }), "for KVCache values (B, Hkv, capacity, Dv) = (1, 1, 1048576, 67108864)"));
+}
+
+TEST(KVCacheSizes, FailedReserveOrGrowthLeavesTheCacheAsItWas) {
+    std::mt19937 rng(16);
+    KVCache c(config(DType::f16, 4, true));
+    const Tensor k1 = random_f32(Shape{2, 3, 3, 5}, rng), v1 = random_f32(Shape{2, 3, 3, 4}, rng);
+    c.append(k1, v1);
+    const auto unchanged = [&] {
+        EXPECT_EQ(c.capacity(), 4);
+        EXPECT_EQ(c.length(0), 3);
+        EXPECT_EQ(c.length(1), 3);
+        expect_rows(c, c.keys(), 1, 0, k1, 1);
+        expect_rows(c, c.values(), 0, 0, v1, 0);
+    };
+    EXPECT_TRUE(has(error_of([&] { c.reserve(kBig); }), "KVCache: reserve: capacity 4611686018427387904: keys"));
+    unchanged();
+    EXPECT_TRUE(has(oom_of([&] { c.reserve(std::int64_t{1} << 50); }), "out of memory: cannot allocate"));
+    unchanged();
+    // Appends of T tokens from a broadcast view (stride 0: any T costs no memory).
+    const float zero[5] = {};
+    const auto kview = [&](std::int64_t T) {
+        return TensorView(const_cast<float*>(zero), DType::f32, Shape{2, 3, T, 5}, Strides{0, 0, 0, 1});
+    };
+    const auto vview = [&](std::int64_t T) {
+        return TensorView(const_cast<float*>(zero), DType::f32, Shape{2, 3, T, 4}, Strides{0, 0, 0, 1});
+    };
+    EXPECT_TRUE(has(error_of([&] { c.append(kview(kBig), vview(kBig)); }),
+                    "KVCache: append: capacity 4611686018427387907: keys (B, Hkv, capacity, Dk)"));
+    unchanged();
+    EXPECT_TRUE(has(oom_of([&] { c.append(kview(std::int64_t{1} << 42), vview(std::int64_t{1} << 42)); }),
+                    "out of memory: cannot allocate"));
+    unchanged();
+    const std::int64_t max = std::numeric_limits<std::int64_t>::max();
+    EXPECT_EQ(error_of([&] { c.append(kview(max), vview(max)); }),
+              "KVCache: append: length of sequence 0 + new tokens: 3 + 9223372036854775807 exceeds 9223372036854775807");
+    const TensorView k_seq(const_cast<float*>(zero), DType::f32, Shape{3, max, 5}, Strides{0, 0, 1});
+    const TensorView v_seq(const_cast<float*>(zero), DType::f32, Shape{3, max, 4}, Strides{0, 0, 1});
+    EXPECT_EQ(error_of([&] { c.append(1, k_seq, v_seq); }),
+              "KVCache: append: length of sequence 1 + new tokens: 3 + 9223372036854775807 exceeds 9223372036854775807");
+    unchanged();
+    // And the cache still works: 2 more tokens grow it by doubling, contents kept.
+    const Tensor k2 = random_f32(Shape{2, 3, 2, 5}, rng), v2 = random_f32(Shape{2, 3, 2, 4}, rng);
+    c.append(k2, v2);
+    EXPECT_EQ(c.capacity(), 8);
+    expect_rows(c, c.keys(), 1, 0, k1, 1);
+    expect_rows(c, c.keys(), 0, 3, k2, 0);
+    expect_rows(c, c.values(), 1, 3, v2, 1);
+}
+
+TEST(KVCacheSizes, WithoutGrowthAHugeAppendIsRefused) {
+    // Before the checks, 1 + INT64_MAX wrapped negative, "fitted", and the append wrote far
+    // past the buffer.
+    KVCache c(config(DType::f32, 4));
+    std::mt19937 rng(17);
+    c.append(random_f32(Shape{2, 3, 1, 5}, rng), random_f32(Shape{2, 3, 1, 4}, rng));
+    const float zero[5] = {};
+    for (std::int64_t T : {std::numeric_limits<std::int64_t>::max(), kBig, std::int64_t{1} << 40}) {
+        const TensorView k(const_cast<float*>(zero), DType::f32, Shape{2, 3, T, 5}, Strides{0, 0, 0, 1});
+        const TensorView v(const_cast<float*>(zero), DType::f32, Shape{2, 3, T, 4}, Strides{0, 0, 0, 1});
+        EXPECT_NE(error_of([&] { c.append(k, v); }), "(no error)") << T;
+        EXPECT_EQ(c.max_length(), 1);
+    }
 }
 
 }  // namespace

@@ -31,6 +31,9 @@ int main(int argc, char** argv) {
     } catch (const attn::Error& e) {
         std::fprintf(stderr, "attn: error: %s\n", e.what());
         return 2;
+    } catch (const attn::OutOfMemory& e) {  // names the buffer and the bytes
+        std::fprintf(stderr, "attn: error: %s\n", e.what());
+        return 2;
     } catch (const std::bad_alloc&) {
         std::fprintf(stderr, "attn: error: out of memory\n");
         return 2;

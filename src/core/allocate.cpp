@@ -1,0 +1,47 @@
+#include "allocate.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <string>
+
+#include "attn/error.hpp"
+#include "check.hpp"
+
+namespace attn::detail {
+namespace {
+
+// "281474976710656 bytes (256.0 TiB)": the exact count for scripts, a readable one for people.
+std::string describe_bytes(std::int64_t bytes) {
+    static const char* const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    double v = static_cast<double>(bytes);
+    int u = 0;
+    while (v >= 1024.0 && u < 6) {
+        v /= 1024.0;
+        ++u;
+    }
+    std::string s = std::to_string(bytes) + " bytes";
+    if (u > 0) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, " (%.1f %s)", v, units[u]);
+        s += buf;
+    }
+    return s;
+}
+
+}  // namespace
+
+void* allocate_aligned(std::int64_t bytes, std::size_t align, std::string_view what) {
+    ATTN_DASSERT(bytes >= 0 && align > 0 && (align & (align - 1)) == 0);
+    // aligned_alloc wants a multiple of the alignment, and never 0. The rounding is done in
+    // size_t, which holds any int64 byte count plus one alignment.
+    const std::size_t n = static_cast<std::size_t>(bytes);
+    const std::size_t padded = n == 0 ? align : (n + align - 1) / align * align;
+    void* p = std::aligned_alloc(align, padded);
+    if (p == nullptr) {
+        throw OutOfMemory("out of memory: cannot allocate " + describe_bytes(bytes) + " for " + std::string(what));
+    }
+    return p;
+}
+
+}  // namespace attn::detail
