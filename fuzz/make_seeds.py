@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Writes the seed corpora of fuzz/corpus/ (small valid and invalid inputs per target).
 Re-run after changing it; the seeds are checked in, so the fuzz runs need no Python.
-Regression inputs (files named regress-*) are never written or removed here."""
+regress-* files are inputs that found a bug: the ones written here are the examples of
+issue 19; one found by the fuzzer is added by hand and kept (never removed by this script)."""
 import io, json, os, struct, sys
 import numpy as np
 
@@ -41,7 +42,7 @@ put("fuzz_npy", "bad-big-endian.npy", npy(np.ones((2,), ">f4")))
 put("fuzz_npy", "bad-fortran.npy", npy(np.asfortranarray(np.ones((2, 3), np.float32))))
 put("fuzz_npy", "bad-rank5.npy", npy(np.ones((1, 1, 1, 1, 2), np.float32)))
 hdr = "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 1000000000000, 100000000000000), }"
-put("fuzz_npy", "bad-zero-huge-shape.npy", b"\x93NUMPY\x01\x00" + struct.pack("<H", len(hdr) + 1) + hdr.encode() + b"\n")
+put("fuzz_npy", "regress-zero-huge-shape.npy", b"\x93NUMPY\x01\x00" + struct.pack("<H", len(hdr) + 1) + hdr.encode() + b"\n")
 hdr = "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296, 16), }"
 put("fuzz_npy", "bad-overflow-shape.npy", b"\x93NUMPY\x01\x00" + struct.pack("<H", len(hdr) + 1) + hdr.encode() + b"\n")
 put("fuzz_npy", "bad-header-len.npy", good[:8] + b"\xff\xff" + good[10:])
@@ -71,7 +72,7 @@ put("fuzz_safetensors", "bad-overlap.safetensors",
         "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, f32[:12]))
 put("fuzz_safetensors", "bad-hole.safetensors", st({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, f32[:8]))
 put("fuzz_safetensors", "bad-dtype.safetensors", st({"a": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}}, f32[:8]))
-put("fuzz_safetensors", "bad-zero-huge-shape.safetensors",
+put("fuzz_safetensors", "regress-zero-huge-shape.safetensors",
     st({"a": {"dtype": "F32", "shape": [0, 10**12, 10**14], "data_offsets": [0, 0]}}))
 put("fuzz_safetensors", "bad-overflow-shape.safetensors",
     st({"a": {"dtype": "F32", "shape": [2**32, 2**32, 16], "data_offsets": [0, 8]}}, f32[:8]))
