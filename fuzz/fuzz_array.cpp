@@ -62,7 +62,10 @@ std::int64_t stride_value(FuzzedDataProvider& p, std::int64_t contiguous, std::i
         case 1: return -contiguous;                                              // reversed
         case 2: return p.ConsumeIntegralInRange<std::int64_t>(-64, 64);          // anything small
         case 3: return p.ConsumeIntegral<std::int64_t>();                        // anything
-        case 4: return contiguous * p.ConsumeIntegralInRange<std::int64_t>(1, 4) + itemsize;  // padded
+        case 4: {  // padded rows
+            const __int128 padded = static_cast<__int128>(contiguous) * p.ConsumeIntegralInRange<std::int64_t>(1, 4) + itemsize;
+            return padded > INT64_MAX ? INT64_MAX : static_cast<std::int64_t>(padded);
+        }
         default: return contiguous;
     }
 }
@@ -104,6 +107,7 @@ std::optional<Array> make_array(FuzzedDataProvider& p, const char* name, int min
     const attn_py::ArrayLayout l = attn_py::layout_of(raw, name, min_rank, max_rank, "an array");
     if (l.refusal != attn_py::ArrayLayout::Refusal::none) return std::nullopt;
     if (l.needs_copy) {  // np.ascontiguousarray: element by element, in C order
+        if (mul(numel, raw.itemsize) > kMaxBuffer) return std::nullopt;  // a MemoryError in Python, or just slow
         std::vector<unsigned char> copy(static_cast<std::size_t>(numel * raw.itemsize));
         std::int64_t idx[attn::kMaxRank] = {};
         for (std::size_t e = 0; e < static_cast<std::size_t>(numel); ++e) {

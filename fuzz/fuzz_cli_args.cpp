@@ -1,7 +1,10 @@
 // libFuzzer target: the attn command line, parsed and not run. The input is the argument
 // list, arguments separated by NUL bytes (argv cannot hold a NUL): "sdpa\0--q\0q.npy\0...".
-// The app is built by the CLI's own attn::cli::add_commands; each subcommand's callback (the
-// computation) is replaced by nothing. Parsing may accept, or refuse with CLI11's ParseError
+// The app is built by the CLI's own attn::cli::add_commands. Nothing runs: CLI11 calls the
+// top app's parse-complete callback after every option is converted and every requirement
+// checked, before any subcommand's callback (the computation), and that callback stops the
+// parse. (Replacing the subcommands' callbacks instead would free their arguments, which the
+// callbacks own.) Parsing may accept, or refuse with CLI11's ParseError
 // or an attn::Error — anything else (a crash, a sanitizer report, another exception, which
 // the CLI would print as a message the user cannot act on) is a finding.
 #include <cstdint>
@@ -15,14 +18,7 @@
 #include "scratch.hpp"
 
 namespace {
-
-void disarm(CLI::App& app) {
-    for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
-        sub->callback([] {});
-        disarm(*sub);
-    }
-}
-
+struct Parsed {};  // thrown once parsing is complete, so that no subcommand runs
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -44,9 +40,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
     CLI::App app{"attn"};
     attn::cli::add_commands(app);
-    disarm(app);
+    app.parse_complete_callback([] { throw Parsed{}; });
     try {
         app.parse(static_cast<int>(args.size()), argv.data());
+    } catch (const Parsed&) {
     } catch (const CLI::ParseError&) {  // also --help and --version (CLI::Success)
     } catch (const attn::Error&) {
     } catch (const std::exception& e) {
