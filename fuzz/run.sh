@@ -46,9 +46,9 @@ for t in "${targets[@]}"; do
   if ! "$build/fuzz/$t" "$learnt" "$src/fuzz/corpus/$t" -max_total_time="$seconds" -timeout=10 \
        -rss_limit_mb=2048 -max_len=8192 -print_final_stats=1 -artifact_prefix="$found/" >"$log" 2>&1; then
     echo "fuzz: $t FOUND A BUG — input in $found, report:" >&2
-    grep -E -A30 "ERROR: |FINDING|runtime error|deadly signal" "$log" | head -60 >&2 || tail -40 "$log" >&2
+    grep -m1 -E -A30 "ERROR: |FINDING|runtime error|deadly signal" "$log" >&2 || tail -40 "$log" >&2
     status=1
   fi
-  grep -E "stat::number_of_executed_units|stat::new_units_added" "$log" | sed "s/^/fuzz: $t: /" || true
+  grep -E "stat::number_of_executed_units|stat::new_units_added" "$log" | sort -u | sed "s/^/fuzz: $t: /" || true
 done
 exit $status
