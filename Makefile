@@ -3,11 +3,12 @@
 #   make test   the same, then every test (ctest: unit, against PyTorch, install/consumer)
 #   make train-example  a tiny transformer learning with attn's MHA backward (examples/tiny_decoder)
 #   make bench  a Release build, `attn bench` on every shape id, results into BENCHMARKS.md
+#   make fuzz   the libFuzzer targets (clang, ASan + UBSan), each for FUZZ_SECONDS (fuzz/README.md)
 BUILD    ?= build
 JOBS     ?= $(shell nproc)
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
 
-.PHONY: all demo test deps deps-test configure build bench clean train-example
+.PHONY: all demo test deps deps-test configure build bench clean train-example fuzz
 
 all: build
 
@@ -49,6 +50,15 @@ bench: deps-test
 # (examples/tiny_decoder): prints the loss as it trains, then held-out accuracy.
 train-example: build
 	$(BUILD)/examples/tiny_decoder/tiny_decoder
+
+# The parsers under libFuzzer: .npy, safetensors, the CLI's arguments, the Python array
+# conversion. Their own clang build dir ($(BUILD)/fuzz; the main build stays g++); what the
+# fuzzer learns is kept there, findings land in $(BUILD)/fuzz/findings/<target>/.
+# One target: make fuzz FUZZ_TARGETS=fuzz_npy. `make test` runs each for 15 s.
+FUZZ_SECONDS ?= 300
+FUZZ_TARGETS ?=
+fuzz: deps-test
+	bash fuzz/run.sh . $(BUILD)/fuzz $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 clean:
 	rm -rf $(BUILD)

@@ -3,6 +3,10 @@
 #include <cstdlib>
 #include <string_view>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 namespace attn::detail {
 
 const CpuFeatures& cpu_features() {
@@ -14,7 +18,10 @@ const CpuFeatures& cpu_features() {
         __builtin_cpu_init();
         f.avx2 = __builtin_cpu_supports("avx2");
         f.fma = __builtin_cpu_supports("fma");
-        f.f16c = __builtin_cpu_supports("f16c");
+        // clang 14's __builtin_cpu_supports does not know "f16c": read CPUID.1:ECX itself
+        // (the YMM state F16C needs is already required by "avx2" above).
+        unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+        f.f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
 #endif
         return f;
     }();

@@ -71,7 +71,7 @@ void MultiHeadAttention::load_state_dict(const std::vector<std::pair<std::string
     auto add = [&](const std::string& p) { problems += (problems.empty() ? "" : "; ") + p; };
     const auto expected = parameter_shapes();
     for (const auto& [name, shape] : expected) {
-        const auto it = std::find_if(tensors.begin(), tensors.end(), [&](const auto& t) { return t.first == name; });
+        const auto it = std::find_if(tensors.begin(), tensors.end(), [&n = name](const auto& t) { return t.first == n; });
         if (it == tensors.end()) {
             add("missing tensor '" + name + "' (expected shape " + shape.str() + ")");
         } else if (!(it->second.shape() == shape)) {

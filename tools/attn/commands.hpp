@@ -6,6 +6,9 @@
 
 namespace attn::cli {
 
+// Every subcommand below, the version flag and "exactly one subcommand" (commands.cpp).
+void add_commands(CLI::App& app);
+
 void add_bench_command(CLI::App& app);
 void add_sdpa_command(CLI::App& app);
 void add_mha_command(CLI::App& app);

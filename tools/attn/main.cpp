@@ -4,19 +4,11 @@
 #include <new>
 
 #include "attn/error.hpp"
-#include "attn/version.hpp"
 #include "commands.hpp"
 
 int main(int argc, char** argv) {
     CLI::App app{"attn: scaled dot-product attention, computed correctly on every input, as fast as the CPU allows"};
-    app.set_version_flag("--version", std::string("attn ") + attn::kVersion);
-    app.require_subcommand(1);
-    attn::cli::add_bench_command(app);
-    attn::cli::add_sdpa_command(app);
-    attn::cli::add_mha_command(app);
-    attn::cli::add_ring_command(app);
-    attn::cli::add_demo_command(app);
-    attn::cli::add_heatmap_command(app);
+    attn::cli::add_commands(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {
