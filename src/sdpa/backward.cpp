@@ -15,8 +15,6 @@ namespace {
 
 constexpr std::string_view kOp = "sdpa_backward";
 
-bool is_float(DType t) { return t == DType::f32 || t == DType::f64; }
-
 // A gradient input or output with the shape of `like`.
 void require_like(const TensorView& t, const char* name, const Shape& expected, const char* what) {
     if (t.data() == nullptr) detail::fail(kOp, name, ": data pointer is null");
