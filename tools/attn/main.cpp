@@ -6,6 +6,8 @@
 #include "attn/error.hpp"
 #include "attn/version.hpp"
 #include "commands.hpp"
+#include "signals.hpp"
+#include "strict_options.hpp"
 
 int main(int argc, char** argv) {
     CLI::App app{"attn: scaled dot-product attention, computed correctly on every input, as fast as the CPU allows"};
@@ -17,6 +19,8 @@ int main(int argc, char** argv) {
     attn::cli::add_ring_command(app);
     attn::cli::add_demo_command(app);
     attn::cli::add_heatmap_command(app);
+    attn::cli::make_options_strict(app);  // every option declared above: no empty values, strict numbers
+    attn::cli::install_signal_handlers();
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {
