@@ -157,6 +157,19 @@ def test_a_character_device_output_is_written_into_never_replaced(work):
     assert "o.npy" not in listing(work)
 
 
+def test_a_failing_device_write_is_the_one_line_error_and_leaves_no_regular_output(work):
+    """/dev/full (every write: ENOSPC). The device cannot be unwritten, but the regular --lse
+    output, written first to its staging file, must not appear."""
+    if os.geteuid() == 0:
+        dev = str(work / "full")
+        os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 7))
+    else:
+        dev = "/dev/full"
+    err = expect_error(work, sdpa(work, "--lse", work / "lse.npy", out=dev), dev, "No space left on device")
+    assert "write failed" in err
+    assert stat.S_ISCHR(os.lstat(dev).st_mode)
+
+
 def test_a_block_device_output_is_refused(work):
     if os.geteuid() != 0:
         pytest.skip("creating a block device node needs root")
