@@ -1,12 +1,15 @@
 #include "atomic_file.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
 #include <vector>
 
 #include "attn/error.hpp"
@@ -79,10 +82,18 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), target_(resol
         }
     } else {
         std::string name = staging_template(target_.file);
+        // Termination signals wait while the file is created and recorded, so that none can
+        // arrive between the two and leave an unrecorded staging file behind.
+        sigset_t block, old;
+        sigemptyset(&block);
+        for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&block, sig);
+        ::pthread_sigmask(SIG_BLOCK, &block, &old);
         fd = ::mkstemp(name.data());
-        if (fd < 0) fail("cannot create output file", errno);
+        const int err = errno;
+        if (fd >= 0) slot_ = track_staging_file(name.c_str());
+        ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+        if (fd < 0) fail("cannot create output file", err);
         stage_ = std::move(name);
-        slot_ = track_staging_file(stage_.c_str());
     }
     file_ = ::fdopen(fd, "wb");
     if (file_ == nullptr) {

@@ -434,7 +434,9 @@ def test_bad_numbers_are_errors_naming_the_option(work, command, option, value, 
         args[args.index(option) + 1] = value
     else:
         args += [option, value]
-    expect_error(work, args, option + ": ", fragment)
+    err = expect_error(work, args, option + ": ", fragment)
+    if fragment == "out of range":
+        assert value in err, f"the message must quote what was given, not a clamped value: {err!r}"
 
 
 def numeric_options():
