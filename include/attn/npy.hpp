@@ -12,10 +12,13 @@
 
 namespace attn {
 
+// Reads a regular file only: a FIFO, a device or a directory is refused before it is read.
 Tensor read_npy(const std::string& path);
 
-// Writes any view (strided or not) in C order. The file appears complete or not at all:
-// the data goes to a temporary file in the same directory that is then renamed.
+// Writes any view (strided or not) in C order. A regular file appears complete or not at
+// all: the data goes to a temporary file in the same directory that is then renamed. A
+// character device or FIFO (/dev/null, a named pipe) is written into, never replaced.
+// (docs/conventions.md, "Files".)
 void write_npy(const std::string& path, const TensorView& tensor);
 
 }  // namespace attn

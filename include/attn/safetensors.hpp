@@ -35,13 +35,14 @@ struct SafetensorsFile {
 // Header limit, as in the reference implementation: a larger header is refused unread.
 inline constexpr std::size_t kSafetensorsMaxHeader = 100u << 20;
 
-SafetensorsFile read_safetensors(const std::string& path);
+SafetensorsFile read_safetensors(const std::string& path);  // regular files only (not a FIFO or device)
 
 // The same checks on a file image already in memory; `what` names it in errors.
 SafetensorsFile parse_safetensors(const void* data, std::size_t size, const std::string& what);
 
 // Writes every tensor as F32, in the given order; names must be unique, non-empty and not
-// "__metadata__". The file appears complete or not at all (temporary file + rename).
+// "__metadata__". The file appears complete or not at all (temporary file + rename); a
+// character device or FIFO is written into instead (docs/conventions.md, "Files").
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 

@@ -1,68 +1,164 @@
 #include "atomic_file.hpp"
 
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <initializer_list>
 #include <vector>
 
 #include "attn/error.hpp"
+#include "file_kind.hpp"
+#include "staging_files.hpp"
 
 namespace attn::detail {
+namespace {
 
-AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
-    const std::size_t slash = path_.find_last_of('/');
-    const std::string dir = slash == std::string::npos ? "" : path_.substr(0, slash + 1);
-    const std::string base = slash == std::string::npos ? path_ : path_.substr(slash + 1);
-    if (base.empty()) throw Error(path_ + ": output path names a directory, not a file");
-    std::vector<char> tmpl(dir.begin(), dir.end());
-    const std::string tail = "." + base + ".tmp.XXXXXX";
-    tmpl.insert(tmpl.end(), tail.begin(), tail.end());
-    tmpl.push_back('\0');
-    const int fd = ::mkstemp(tmpl.data());
-    if (fd < 0) throw Error(path_ + ": cannot create output file (" + std::strerror(errno) + ")");
-    temp_ = tmpl.data();
+std::string in_quotes(const std::string& s) { return "'" + s + "'"; }
+
+// "a/b/c.npy" → ("a/b/", "c.npy"); "c.npy" → ("", "c.npy").
+std::pair<std::string, std::string> split_dir(const std::string& path) {
+    const std::size_t slash = path.find_last_of('/');
+    if (slash == std::string::npos) return {"", path};
+    return {path.substr(0, slash + 1), path.substr(slash + 1)};
+}
+
+// The staging file's name: hidden, beside the target (rename stays on one file system), and
+// within NAME_MAX however long the target's name is — the target's name is cut, not the suffix.
+std::string staging_template(const std::string& file) {
+    const auto [dir, base] = split_dir(file);
+    const std::string suffix = ".tmp.XXXXXX";
+    const long limit = ::pathconf(dir.empty() ? "." : dir.c_str(), _PC_NAME_MAX);
+    const std::size_t name_max = limit > 0 ? static_cast<std::size_t>(limit) : 255;
+    const std::size_t room = name_max > suffix.size() + 2 ? name_max - suffix.size() - 1 : 1;
+    return dir + "." + base.substr(0, room) + suffix;
+}
+
+}  // namespace
+
+OutputTarget resolve_output(const std::string& path) {
+    if (path.empty()) throw Error("an empty path names no file");
+    OutputTarget t{path, false};
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+        // Follow the link, so that the rename replaces the file it points to and not the link
+        // (and /dev/stdout → /proc/self/fd/1 → a terminal or pipe is seen as what it is).
+        std::error_code ec;
+        const std::filesystem::path real = std::filesystem::canonical(path, ec);
+        if (!ec) t.file = real.string();
+    }
+    if (::stat(t.file.c_str(), &st) == 0) {
+        if (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode)) {
+            t.direct = true;
+            return t;
+        }
+        if (S_ISDIR(st.st_mode)) throw Error(in_quotes(path) + " is a directory, not a file");
+        if (!S_ISREG(st.st_mode)) {
+            throw Error(in_quotes(path) + " is " + describe_file_kind(st.st_mode) +
+                        "; outputs may be regular files (replaced whole), character devices or FIFOs (written into)");
+        }
+    }
+    if (split_dir(t.file).second.empty()) throw Error(in_quotes(path) + " names a directory, not a file");
+    return t;
+}
+
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), target_(resolve_output(path_)) {
+    int fd = -1;
+    if (target_.direct) {
+        // No O_CREAT, no O_TRUNC: a device or FIFO is written into, never created or replaced.
+        // A FIFO's open waits for a reader, as `cmd > fifo` does.
+        do fd = ::open(target_.file.c_str(), O_WRONLY | O_NOCTTY | O_CLOEXEC);
+        while (fd < 0 && errno == EINTR);
+        if (fd < 0) fail("cannot open for writing", errno);
+        struct stat st {};
+        if (::fstat(fd, &st) != 0 || !(S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
+            ::close(fd);
+            throw Error(path_ + ": changed from a device or FIFO to something else while being opened");
+        }
+    } else {
+        std::string name = staging_template(target_.file);
+        // Termination signals wait while the file is created and recorded, so that none can
+        // arrive between the two and leave an unrecorded staging file behind.
+        sigset_t block, old;
+        sigemptyset(&block);
+        for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&block, sig);
+        ::pthread_sigmask(SIG_BLOCK, &block, &old);
+        fd = ::mkstemp(name.data());
+        const int err = errno;
+        if (fd >= 0) slot_ = track_staging_file(name.c_str());
+        ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+        if (fd < 0) fail("cannot create output file", err);
+        stage_ = std::move(name);
+    }
     file_ = ::fdopen(fd, "wb");
     if (file_ == nullptr) {
+        const int e = errno;
         ::close(fd);
-        ::unlink(temp_.c_str());
-        throw Error(path_ + ": cannot open output file (" + std::strerror(errno) + ")");
+        fail("cannot open output file", e);
     }
 }
 
-AtomicFile::~AtomicFile() {
+AtomicFile::~AtomicFile() { discard(); }
+
+void AtomicFile::discard() noexcept {
     if (file_ != nullptr) {
         std::fclose(file_);
-        ::unlink(temp_.c_str());
+        file_ = nullptr;
     }
+    if (!stage_.empty()) {
+        ::unlink(stage_.c_str());
+        untrack_staging_file(slot_);
+        slot_ = -1;
+        stage_.clear();
+    }
+}
+
+void AtomicFile::fail(const std::string& what, int err) {
+    discard();
+    throw Error(path_ + ": " + what + " (" + std::strerror(err) + ")");
 }
 
 void AtomicFile::write(const void* data, std::size_t bytes) {
-    if (bytes != 0 && std::fwrite(data, 1, bytes, file_) != bytes) {
-        throw Error(path_ + ": write failed (" + std::strerror(errno) + ")");
-    }
+    if (file_ == nullptr) throw Error(path_ + ": write after the file was finished");
+    if (bytes != 0 && std::fwrite(data, 1, bytes, file_) != bytes) fail("write failed", errno);
 }
 
-void AtomicFile::commit() {
+void AtomicFile::finish() {
+    if (file_ == nullptr) return;
     std::FILE* f = file_;
     file_ = nullptr;
-    const bool ok = std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
-    const int err = errno;
-    if (std::fclose(f) != 0 || !ok) {
-        ::unlink(temp_.c_str());
-        throw Error(path_ + ": write failed (" + std::strerror(err) + ")");
+    bool ok = std::fflush(f) == 0;
+    if (ok && !target_.direct) ok = ::fsync(::fileno(f)) == 0;  // a device or pipe has nothing to sync
+    int err = errno;
+    if (std::fclose(f) != 0 && ok) {
+        ok = false;
+        err = errno;
     }
+    if (!ok) fail("write failed", err);
+}
+
+void AtomicFile::publish() {
+    finish();
+    if (stage_.empty()) return;  // direct, or already published
     // mkstemp creates 0600; give the output the usual permissions (0666 & ~umask).
     const mode_t mask = ::umask(0);
     ::umask(mask);
-    ::chmod(temp_.c_str(), 0666 & ~mask);
-    if (std::rename(temp_.c_str(), path_.c_str()) != 0) {
-        const int e = errno;
-        ::unlink(temp_.c_str());
-        throw Error(path_ + ": cannot move the finished file into place (" + std::strerror(e) + ")");
+    ::chmod(stage_.c_str(), 0666 & ~mask);
+    // The target may have changed since resolve_output: never rename over anything but a file.
+    struct stat st {};
+    if (::stat(target_.file.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+        discard();
+        throw Error(in_quotes(path_) + " became " + describe_file_kind(st.st_mode) + " while it was being written; left untouched");
     }
+    if (std::rename(stage_.c_str(), target_.file.c_str()) != 0) fail("cannot move the finished file into place", errno);
+    untrack_staging_file(slot_);
+    slot_ = -1;
+    stage_.clear();
 }
 
 }  // namespace attn::detail

@@ -1,6 +1,16 @@
-// A file that appears complete or not at all: bytes go to a temporary file beside the
-// target, which commit() renames into place. Destroyed without commit(), it removes
-// the temporary — so an error half-way leaves no half-written output.
+// An output file: the one way attn writes what a user names (write_npy, write_safetensors,
+// heatmaps, the CLI's outputs). What a path gets depends on what it names (docs/conventions.md,
+// "Files"):
+//  - a regular file, or a name that does not exist yet: the bytes go to a hidden staging file
+//    beside it (`.NAME.tmp.XXXXXX`, NAME shortened so the whole stays within NAME_MAX) that
+//    publish() renames into place; destroyed before that, the staging file is removed, so an
+//    error half-way leaves no half-written output. A symbolic link is followed: the file it
+//    points to is replaced, the link stays.
+//  - a character device or a FIFO (/dev/null, a terminal, a named pipe, /dev/stdout on a pipe):
+//    the bytes are written straight into it, as a shell redirect would. It is never replaced,
+//    whoever runs attn (root included). Opening a FIFO waits for its reader.
+//  - anything else (a directory, a block device, a socket, an empty path): refused.
+// Live staging files are tracked (staging_files.hpp), so a signal handler can remove them.
 #pragma once
 
 #include <cstddef>
@@ -9,18 +19,37 @@
 
 namespace attn::detail {
 
+struct OutputTarget {
+    std::string file;     // where the bytes end up: the path with symbolic links resolved
+    bool direct = false;  // a character device or FIFO: written in place, never staged or replaced
+};
+
+// Decides how `path` is written, or throws attn::Error with a reason that quotes the path
+// (e.g. "'out' is a directory, not a file"); callers add the option name. Whether the
+// directory is writable is left to the creation (or to a caller's earlier check).
+OutputTarget resolve_output(const std::string& path);
+
 class AtomicFile {
 public:
-    explicit AtomicFile(std::string path);  // throws attn::Error if the directory is not writable
+    explicit AtomicFile(std::string path);  // throws attn::Error (see resolve_output)
     ~AtomicFile();
     AtomicFile(const AtomicFile&) = delete;
     AtomicFile& operator=(const AtomicFile&) = delete;
 
-    void write(const void* data, std::size_t bytes);  // throws attn::Error (e.g. disk full)
-    void commit();                                    // flush, close, rename into place
+    void write(const void* data, std::size_t bytes);  // throws attn::Error (e.g. disk full, EFBIG)
+    void finish();   // every byte flushed (and synced when staged); nothing visible yet
+    void publish();  // staged: rename into place; direct: nothing left to do
+    void commit() { finish(); publish(); }
+    bool direct() const { return target_.direct; }
 
 private:
-    std::string path_, temp_;
+    [[noreturn]] void fail(const std::string& what, int err);
+    void discard() noexcept;
+
+    std::string path_;  // as the user gave it: every error names this, never the staging file
+    OutputTarget target_;
+    std::string stage_;  // staged only
+    int slot_ = -1;      // in the staging-file registry
     std::FILE* file_ = nullptr;
 };
 

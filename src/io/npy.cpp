@@ -1,11 +1,8 @@
 #include "attn/npy.hpp"
 
-#include <sys/stat.h>
 
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <string_view>
 #include <vector>
@@ -13,6 +10,8 @@
 #include "../core/checked_size.hpp"
 #include "attn/error.hpp"
 #include "atomic_file.hpp"
+#include "input_file.hpp"
+#include "npy_writer.hpp"
 
 namespace attn {
 namespace {
@@ -151,32 +150,24 @@ std::string descr_of(DType t) {
 }  // namespace
 
 Tensor read_npy(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw Error(path + ": cannot open for reading (" + std::strerror(errno) + ")");
-    // A directory opens fine on Linux and then reads as garbage; a pipe has no size to check
-    // the header against. Only regular files are .npy files.
-    struct stat st {};
-    if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
-        throw Error(path + (S_ISDIR(st.st_mode) ? ": is a directory, not a .npy file" : ": is not a regular file"));
-    }
-    f.seekg(0, std::ios::end);
-    const std::streamoff file_size = f.tellg();
-    if (file_size < 0) throw Error(path + ": cannot determine the file size");
-    f.seekg(0, std::ios::beg);
+    // Only regular files are .npy files: the open refuses FIFOs, devices and directories
+    // (a FIFO would block, /dev/zero never ends, and neither has a size to check against).
+    const detail::InputFile f(path);
+    const auto file_size = static_cast<std::int64_t>(f.size());
     if (file_size < 10) throw Error(path + ": not a .npy file (only " + std::to_string(file_size) + " bytes)");
 
     char pre[12] = {};
-    f.read(pre, 10);
+    f.read_at(0, pre, 10);
     if (std::memcmp(pre, kMagic, kMagicLen) != 0) throw Error(path + ": not a .npy file (bad magic bytes)");
     const int major = static_cast<unsigned char>(pre[6]);
     std::uint64_t header_len = 0;
-    std::streamoff prelude = 0;
+    std::int64_t prelude = 0;
     if (major == 1) {
         header_len = static_cast<unsigned char>(pre[8]) | (static_cast<std::uint64_t>(static_cast<unsigned char>(pre[9])) << 8);
         prelude = 10;
     } else if (major == 2 || major == 3) {
         if (file_size < 12) throw Error(path + ": truncated .npy preamble");
-        f.read(pre + 10, 2);
+        f.read_at(10, pre + 10, 2);
         for (int i = 0; i < 4; ++i) header_len |= static_cast<std::uint64_t>(static_cast<unsigned char>(pre[8 + i])) << (8 * i);
         prelude = 12;
     } else {
@@ -188,8 +179,7 @@ Tensor read_npy(const std::string& path) {
                     std::to_string(file_size) + " bytes)");
     }
     std::string text(header_len, '\0');
-    f.read(text.data(), static_cast<std::streamsize>(header_len));
-    if (!f) throw Error(path + ": could not read the .npy header");
+    f.read_at(static_cast<std::uint64_t>(prelude), text.data(), header_len);
     const Header h = DictParser(text, path).parse();
 
     const DType dtype = dtype_from_descr(h.descr, path);
@@ -209,8 +199,7 @@ Tensor read_npy(const std::string& path) {
                     std::to_string(need) + " bytes of data but the file holds " + std::to_string(available));
     }
     Tensor t(dtype, shape, false, path);
-    f.read(static_cast<char*>(t.data()), static_cast<std::streamsize>(need));
-    if (!f) throw Error(path + ": could not read " + std::to_string(need) + " bytes of data");
+    f.read_at(static_cast<std::uint64_t>(prelude) + header_len, t.data(), need);
     if (dtype == DType::boolean) {  // numpy accepts any non-zero byte as True
         auto* p = static_cast<unsigned char*>(t.data());
         for (std::uint64_t i = 0; i < need; ++i) p[i] = p[i] != 0;
@@ -218,7 +207,9 @@ Tensor read_npy(const std::string& path) {
     return t;
 }
 
-void write_npy(const std::string& path, const TensorView& t) {
+namespace detail {
+
+void write_npy_into(AtomicFile& out, const TensorView& t) {
     const std::string descr = descr_of(t.dtype());
     std::string dict = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (";
     for (int i = 0; i < t.rank(); ++i) dict += std::to_string(t.dim(i)) + (t.rank() == 1 || i + 1 < t.rank() ? "," : "") + (i + 1 < t.rank() ? " " : "");
@@ -237,7 +228,6 @@ void write_npy(const std::string& path, const TensorView& t) {
     for (std::size_t i = 0; i < (v1 ? 2u : 4u); ++i) head += static_cast<char>((hl >> (8 * i)) & 0xffu);
     head += dict;
 
-    detail::AtomicFile out(path);
     out.write(head.data(), head.size());
     // Contiguous data goes out in one piece; a strided view row by row along its last dim.
     const std::size_t es = dtype_size(t.dtype());
@@ -253,6 +243,13 @@ void write_npy(const std::string& path, const TensorView& t) {
                     for (std::int64_t d = 0; d < n[3]; ++d)
                         out.write(base + t.offset(a, b, c, d) * static_cast<std::int64_t>(es), es);
     }
+}
+
+}  // namespace detail
+
+void write_npy(const std::string& path, const TensorView& t) {
+    detail::AtomicFile out(path);
+    detail::write_npy_into(out, t);
     out.commit();
 }
 

@@ -3,11 +3,9 @@
 // hostile file can cost at most the header it declares (capped) and an error.
 #include "attn/safetensors.hpp"
 
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <bit>
-#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -20,6 +18,7 @@
 #include "../core/checked_size.hpp"
 #include "attn/error.hpp"
 #include "atomic_file.hpp"
+#include "input_file.hpp"
 
 static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes a little-endian host");
 
@@ -230,23 +229,8 @@ SafetensorsFile parse_safetensors(const void* data, std::size_t size, const std:
 }
 
 SafetensorsFile read_safetensors(const std::string& path) {
-    struct Closer {
-        void operator()(std::FILE* f) const { std::fclose(f); }
-    };
-    std::unique_ptr<std::FILE, Closer> f(std::fopen(path.c_str(), "rb"));
-    if (!f) fail(path, std::string("cannot open (") + std::strerror(errno) + ")");
-    struct stat st {};
-    if (::fstat(::fileno(f.get()), &st) != 0) fail(path, std::string("cannot stat (") + std::strerror(errno) + ")");
-    if (!S_ISREG(st.st_mode)) fail(path, "is not a regular file");
-    const auto total = static_cast<std::uint64_t>(st.st_size);
-    auto read_raw = [&](std::uint64_t off, void* dst, std::size_t n) {
-        if (n == 0) return;
-        if (::fseeko(f.get(), static_cast<off_t>(off), SEEK_SET) != 0 || std::fread(dst, 1, n, f.get()) != n) {
-            fail(path, "read of " + std::to_string(n) + " bytes at offset " + std::to_string(off) +
-                           " failed (file changed while reading?)");
-        }
-    };
-    return load(total, read_raw, path);
+    const detail::InputFile f(path);  // regular files only; never blocks on a FIFO
+    return load(f.size(), [&f](std::uint64_t off, void* dst, std::size_t n) { f.read_at(off, dst, n); }, path);
 }
 
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,

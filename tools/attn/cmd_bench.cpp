@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <set>
 
@@ -23,8 +24,8 @@ namespace {
 struct BenchArgs {
     std::string shapes = "all";
     std::string impls = "flash,reference";
-    int runs = 5;
-    int threads = 0;
+    std::int64_t runs = 5;  // int64: the CLI's strict integer rule (strict_options.hpp)
+    std::int64_t threads = 0;
     std::string json;
     bool torch = true, quick = false, list = false;
     double max_seconds = 15.0;
@@ -55,8 +56,10 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
     }
     bench::Report rep;
     bench::Config& cfg = rep.cfg;
-    if (a.threads < 0) throw Error("--threads: expected a positive count but got " + std::to_string(a.threads));
-    cfg.threads = a.threads > 0 ? a.threads : omp_get_max_threads();
+    if (a.threads < 0 || a.threads > 4096) {
+        throw Error("--threads: expected a thread count from 1 to 4096 (0 = default) but got " + std::to_string(a.threads));
+    }
+    cfg.threads = a.threads > 0 ? static_cast<int>(a.threads) : omp_get_max_threads();
     if (a.threads == 0) {
         // ATTN_NUM_THREADS (else OMP_NUM_THREADS, which OpenMP already read) sets the count.
         const char* env = std::getenv("ATTN_NUM_THREADS");
@@ -68,10 +71,12 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
             cfg.threads = static_cast<int>(n);
         }
     }
-    if (a.runs < 1) throw Error("--runs: expected at least 1 but got " + std::to_string(a.runs));
+    if (a.runs < 1 || a.runs > std::numeric_limits<int>::max()) {
+        throw Error("--runs: expected 1 to " + std::to_string(std::numeric_limits<int>::max()) + " but got " + std::to_string(a.runs));
+    }
     if (!(a.max_seconds > 0)) throw Error("--max-seconds: expected a positive number of seconds");
     cfg.quick = a.quick;
-    cfg.runs = a.quick && !runs_given ? 2 : a.runs;
+    cfg.runs = a.quick && !runs_given ? 2 : static_cast<int>(a.runs);
     cfg.max_seconds = a.quick && !max_seconds_given ? 2.0 : a.max_seconds;
     cfg.torch = a.torch;
     cfg.python = a.python;

@@ -164,8 +164,10 @@ void run_demo(const std::string& heatmap_path) {
 void add_demo_command(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand("demo", "Walk through self-attention on a five-token sentence step by step, printing every shape");
     auto heatmap = std::make_shared<std::string>("attn-demo-heatmap.png");
-    cmd->add_option("--heatmap", *heatmap, "where to draw A as a heatmap (.png or .svg; '' = none)")->capture_default_str();
-    cmd->callback([heatmap] { run_demo(*heatmap); });
+    auto no_heatmap = std::make_shared<bool>(false);
+    auto* path = cmd->add_option("--heatmap", *heatmap, "where to draw A as a heatmap (.png or .svg)")->capture_default_str();
+    cmd->add_flag("--no-heatmap", *no_heatmap, "draw no heatmap")->excludes(path);
+    cmd->callback([heatmap, no_heatmap] { run_demo(*no_heatmap ? std::string() : *heatmap); });
 }
 
 }  // namespace attn::cli

@@ -3,7 +3,6 @@
 //               [--batch N] [--title T] [--vmax V]
 // W is what `attn sdpa --weights` writes: (Lq, Lk), (H, Lq, Lk) or (B, H, Lq, Lk).
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -14,6 +13,7 @@
 #include "attn/heatmap.hpp"
 #include "attn/npy.hpp"
 #include "commands.hpp"
+#include "io/input_file.hpp"
 #include "output_files.hpp"
 
 namespace attn::cli {
@@ -43,10 +43,20 @@ std::vector<std::string> split_commas(const std::string& flag, const std::string
 }
 
 // One token per line (so tokens may contain commas); a final newline and CRs are ignored.
+// The file is opened like every input (regular files only: not a FIFO, not /dev/zero) and
+// may hold at most kMaxTokensFileBytes: far more than any picture can label, far less than
+// what would exhaust memory.
+constexpr std::size_t kMaxTokensFileBytes = 16u << 20;
+
 std::vector<std::string> read_lines(const std::string& flag, const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw Error(flag + ": cannot open '" + path + "'");
+    std::string text;
+    try {
+        text = detail::read_text_file(path, kMaxTokensFileBytes);
+    } catch (const Error& e) {
+        throw Error(flag + ": " + e.what());
+    }
     std::vector<std::string> out;
+    std::istringstream in(text);
     std::string line;
     while (std::getline(in, line)) {
         if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -179,10 +189,10 @@ void add_heatmap_command(CLI::App& app) {
     cmd->add_option("weights", args->weights, "attention weights .npy: (Lq, Lk), (H, Lq, Lk) or (B, H, Lq, Lk)")->required();
     cmd->add_option("--out", args->out, "output picture: FILE.png or FILE.svg")->required();
     auto* tokens = cmd->add_option("--tokens", args->tokens, "key tokens (columns), comma-separated; also the query tokens when Lq = Lk");
-    auto* tokens_file = cmd->add_option("--tokens-file", args->tokens_file, "key tokens, one per line");
+    auto* tokens_file = cmd->add_option("--tokens-file", args->tokens_file, "key tokens, one per line (a regular file of at most 16 MiB)");
     tokens->excludes(tokens_file);
     auto* qtokens = cmd->add_option("--query-tokens", args->query_tokens, "query tokens (rows), comma-separated");
-    auto* qtokens_file = cmd->add_option("--query-tokens-file", args->query_tokens_file, "query tokens, one per line");
+    auto* qtokens_file = cmd->add_option("--query-tokens-file", args->query_tokens_file, "query tokens, one per line (a regular file of at most 16 MiB)");
     qtokens->excludes(qtokens_file);
     auto* head = cmd->add_option("--head", args->head, "head to draw (default 0)");
     auto* mean = cmd->add_flag("--mean", args->mean, "draw the mean over heads");

@@ -4,6 +4,7 @@
 
 #include "attn/version.hpp"
 #include "commands.hpp"
+#include "strict_options.hpp"
 
 namespace attn::cli {
 
@@ -16,6 +17,7 @@ void add_commands(CLI::App& app) {
     add_ring_command(app);
     add_demo_command(app);
     add_heatmap_command(app);
+    make_options_strict(app);  // every option declared above: no empty values, strict numbers
 }
 
 }  // namespace attn::cli

@@ -5,10 +5,12 @@
 
 #include "attn/error.hpp"
 #include "commands.hpp"
+#include "signals.hpp"
 
 int main(int argc, char** argv) {
     CLI::App app{"attn: scaled dot-product attention, computed correctly on every input, as fast as the CPU allows"};
-    attn::cli::add_commands(app);
+    attn::cli::add_commands(app);  // every option strict: no empty values, strict numbers
+    attn::cli::install_signal_handlers();
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {

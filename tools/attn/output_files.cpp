@@ -3,13 +3,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
+#include <memory>
 
 #include "attn/error.hpp"
-#include "attn/npy.hpp"
+#include "io/atomic_file.hpp"
+#include "io/npy_writer.hpp"
 
 namespace attn::cli {
 namespace {
@@ -29,65 +28,50 @@ void OutputFiles::add(const std::string& flag, const std::string& path) {
 }
 
 void OutputFiles::check() const {
+    std::vector<detail::OutputTarget> targets;
+    for (const auto& [flag, p] : files_) {
+        try {
+            targets.push_back(detail::resolve_output(p));
+        } catch (const Error& e) {
+            throw Error(flag + ": " + e.what());
+        }
+    }
     for (std::size_t i = 0; i < files_.size(); ++i) {
         const auto& [flag, p] = files_[i];
-        for (std::size_t j = 0; j < i; ++j) {
+        // Two outputs into one device or FIFO (say /dev/null) just write one after the other;
+        // two onto one regular file would lose one of them.
+        for (std::size_t j = 0; j < i && !targets[i].direct; ++j) {
             if (identity(p) == identity(files_[j].second)) {
                 throw Error(flag + ": path '" + p + "' names the same file as " + files_[j].first + " ('" +
                             files_[j].second + "')");
             }
         }
-        struct stat st {};
-        if (::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-            throw Error(flag + ": '" + p + "' is a directory, not a file");
-        }
-        const std::size_t slash = p.find_last_of('/');
-        const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : p.substr(0, slash));
+        if (targets[i].direct) continue;  // written in place: its directory is not touched
+        const std::string& file = targets[i].file;
+        const std::size_t slash = file.find_last_of('/');
+        const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : file.substr(0, slash));
         if (::access(dir.c_str(), W_OK) != 0) {
             throw Error(flag + ": directory '" + dir + "' does not exist or is not writable");
         }
     }
 }
 
-// All or nothing, as far as the file system allows: every output is first written completely
-// to a staging file beside its target (write_npy is itself atomic), and only when all of them
-// exist are they renamed into place. A failure while writing (disk full, a target that turned
-// into a directory) removes the staging files and leaves every target untouched.
+// All or nothing, as far as the file system allows: every regular output is first written
+// completely to its staging file, then devices and FIFOs get their bytes (those cannot be
+// taken back), and only then are the staging files renamed into place. A failure before the
+// renames (disk full, EFBIG, a reader that went away) removes every staging file and leaves
+// every regular target untouched.
 void OutputFiles::write_all(const std::vector<std::pair<std::string, TensorView>>& outputs) {
-    std::vector<std::string> staged;
-    auto discard = [&staged] {
-        for (const std::string& s : staged) ::unlink(s.c_str());
-    };
-    try {
+    std::vector<std::unique_ptr<detail::AtomicFile>> files;
+    for (int pass = 0; pass < 2; ++pass) {  // pass 0: staged files; pass 1: devices and FIFOs
         for (const auto& [path, view] : outputs) {
-            const std::size_t slash = path.find_last_of('/');
-            const std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
-            const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
-            std::string name = dir + "." + base + ".stage.XXXXXX";
-            const int fd = ::mkstemp(name.data());
-            if (fd < 0) throw Error(path + ": cannot create output file (" + std::strerror(errno) + ")");
-            ::close(fd);
-            staged.push_back(name);
-            write_npy(name, view);
-        }
-        for (std::size_t i = 0; i < outputs.size(); ++i) {
-            struct stat st {};
-            if (::stat(outputs[i].first.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-                throw Error(outputs[i].first + ": is a directory, not a file");
-            }
-        }
-    } catch (...) {
-        discard();
-        throw;
-    }
-    for (std::size_t i = 0; i < outputs.size(); ++i) {
-        if (std::rename(staged[i].c_str(), outputs[i].first.c_str()) != 0) {
-            const int e = errno;
-            staged.erase(staged.begin(), staged.begin() + static_cast<std::ptrdiff_t>(i));
-            discard();
-            throw Error(outputs[i].first + ": cannot move the finished file into place (" + std::strerror(e) + ")");
+            if (detail::resolve_output(path).direct != (pass == 1)) continue;
+            files.push_back(std::make_unique<detail::AtomicFile>(path));
+            detail::write_npy_into(*files.back(), view);
+            files.back()->finish();
         }
     }
+    for (auto& f : files) f->publish();
 }
 
 }  // namespace attn::cli

@@ -1,5 +1,7 @@
-// Output files of a CLI command: every path is checked (distinct, creatable) before any
-// compute, and each file is renamed into place only after all results exist.
+// Output files of a CLI command: every path is checked (distinct, of a kind attn writes,
+// in a writable directory) before any compute, and each file is published only after all
+// results are written. How one path is written (staged and renamed, or straight into a
+// device/FIFO) is decided by detail::AtomicFile (src/io/atomic_file.hpp).
 #pragma once
 
 #include <string>
@@ -12,12 +14,15 @@ namespace attn::cli {
 
 class OutputFiles {
 public:
-    // `flag` names the option in errors, e.g. "--weights". Empty paths are ignored.
+    // `flag` names the option in errors, e.g. "--weights". Empty paths mean "not requested"
+    // (an empty value given on the command line is refused earlier, by the parser).
     void add(const std::string& flag, const std::string& path);
-    // Throws attn::Error if two outputs share a path or a directory is not writable.
+    // Throws attn::Error naming the flag if two outputs share a path, a path names something
+    // attn does not write (a directory, a block device, ...) or its directory is not writable.
     void check() const;
-    // Writes each (path, tensor) as .npy: all are written to staging files first, then renamed,
-    // so an error while writing leaves none of them behind.
+    // Writes each (path, tensor) as .npy: all regular files are written completely to staging
+    // files, then devices/FIFOs are written into, then the staging files are renamed into
+    // place — so an error while writing leaves none of the regular files behind.
     static void write_all(const std::vector<std::pair<std::string, TensorView>>& outputs);
 
 private:

@@ -1,0 +1,491 @@
+"""The CLI against inputs an attacker would try (issue 19, classes 2, 3 and 7):
+  - files that are not files: FIFOs and devices as inputs (refused at once, never a hang or an
+    endless read), devices and FIFOs as outputs (written into, never replaced, also as root);
+  - signals and limits: SIGINT/SIGTERM/SIGHUP during a write leave no staging file, `ulimit -f`
+    gives the one-line error instead of death by SIGXFSZ, errors name the user's path, empty
+    output names are refused, names up to NAME_MAX work;
+  - numbers: out-of-range, negative-for-unsigned, empty and malformed values are errors naming
+    the option, on every numeric option of every command.
+Every run has a timeout, so a hang fails the test instead of stalling the suite.
+"""
+import io
+import json
+import os
+import re
+import resource
+import signal
+import stat
+import struct
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from cli_util import attn_bin, listing
+
+B, HQ, HKV, LQ, LK, DK, DV = 2, 4, 2, 5, 7, 8, 6
+TIMEOUT = 30
+
+
+@pytest.fixture
+def work(tmp_path):
+    rng = np.random.default_rng(11)
+    np.save(tmp_path / "q.npy", rng.standard_normal((B, HQ, LQ, DK)).astype(np.float32))
+    np.save(tmp_path / "k.npy", rng.standard_normal((B, HKV, LK, DK)).astype(np.float32))
+    np.save(tmp_path / "v.npy", rng.standard_normal((B, HKV, LK, DV)).astype(np.float32))
+    np.save(tmp_path / "w.npy", rng.random((3, 4)).astype(np.float32))  # heatmap weights
+    return tmp_path
+
+
+def sdpa(d, *extra, out="o.npy"):
+    args = ["sdpa", "--q", d / "q.npy", "--k", d / "k.npy", "--v", d / "v.npy"]
+    if out is not None:
+        args += ["--out", out if os.path.isabs(str(out)) else d / out]
+    return args + list(extra)
+
+
+def run(args, cwd=None, preexec_fn=None, timeout=TIMEOUT):
+    return subprocess.run([attn_bin(), *map(str, args)], capture_output=True, cwd=cwd, preexec_fn=preexec_fn,
+                          timeout=timeout)
+
+
+def expect_error(d, args, *fragments, preexec_fn=None):
+    """exit 2, one stderr line `attn: error: ` holding each fragment, no stdout, no new file in d,
+    and never the name of a staging file."""
+    before = listing(d)
+    r = run(args, preexec_fn=preexec_fn)
+    err = r.stderr.decode()
+    assert r.returncode == 2, f"exit {r.returncode}, stderr: {err!r}"
+    assert len(err.splitlines()) == 1 and err.startswith("attn: error: "), err
+    assert r.stdout == b"", r.stdout[:200]
+    for f in fragments:
+        assert f in err, f"{f!r} not in {err!r}"
+    assert ".tmp." not in err and ".stage." not in err, f"an error names a staging file: {err!r}"
+    assert listing(d) == before, f"files appeared: {sorted(set(listing(d)) - set(before))}"
+    return err
+
+
+def staging_files(d):
+    return [n for n in os.listdir(d) if ".tmp." in n or ".stage." in n]
+
+
+def reference_output(d, *extra):
+    """The bytes a successful run writes to a regular file (the oracle for device/FIFO outputs)."""
+    r = run(sdpa(d, *extra, out=d / "ref.npy"))
+    assert r.returncode == 0, r.stderr
+    data = (d / "ref.npy").read_bytes()
+    os.remove(d / "ref.npy")
+    return data
+
+
+# ---- class 2: inputs that are not regular files -------------------------------------------------
+
+@pytest.mark.parametrize("flag", ["--q", "--k", "--mask", "--key-lengths", "--query-offsets"])
+def test_a_fifo_as_an_input_is_refused_at_once(work, flag):
+    os.mkfifo(work / "pipe")
+    args = sdpa(work, out="o.npy")
+    if flag in ("--q", "--k"):
+        args[args.index(flag) + 1] = work / "pipe"
+    else:
+        args += [flag, work / "pipe"]
+    t0 = time.monotonic()
+    expect_error(work, args, "pipe", "FIFO", "regular file")
+    assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/null", "/dev/urandom"])
+def test_a_device_as_an_input_is_refused(work, device):
+    expect_error(work, sdpa(work, "--mask", device), device, "character device")
+
+
+def test_a_directory_as_an_input_is_refused(work):
+    (work / "adir").mkdir()
+    expect_error(work, sdpa(work, "--key-lengths", work / "adir"), "adir", "directory")
+
+
+def test_other_readers_refuse_fifos_and_devices(work):
+    """The heatmap's weights (.npy), the MHA's params (safetensors) and the tokens files all go
+    through the same opening helper."""
+    os.mkfifo(work / "pipe")
+    for bad in (work / "pipe", "/dev/zero"):
+        expect_error(work, ["heatmap", bad, "--out", work / "h.png"], str(bad), "not a regular file")
+        expect_error(work, ["mha", "--params", bad, "--num-heads", "1", "--query", work / "q.npy", "--out", work / "o.npy"],
+                     str(bad), "not a regular file")
+        expect_error(work, ["heatmap", work / "w.npy", "--out", work / "h.png", "--tokens-file", bad],
+                     "--tokens-file", str(bad), "not a regular file")
+        expect_error(work, ["heatmap", work / "w.npy", "--out", work / "h.png", "--query-tokens-file", bad],
+                     "--query-tokens-file", str(bad), "not a regular file")
+
+
+def test_a_tokens_file_is_bounded(work):
+    """A 17 MiB tokens file (sparse: nothing is really stored) is refused before it is read."""
+    big = work / "tokens.txt"
+    with open(big, "wb") as f:
+        f.truncate(17 << 20)
+    expect_error(work, ["heatmap", work / "w.npy", "--out", work / "h.png", "--tokens-file", big],
+                 "--tokens-file", "17825792 bytes", "16777216")
+    # and a real tokens file of the right length still works
+    (work / "t.txt").write_text("a\nb\nc\nd\n")
+    r = run(["heatmap", work / "w.npy", "--out", work / "h.png", "--tokens-file", work / "t.txt"])
+    assert r.returncode == 0, r.stderr
+    assert (work / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---- class 2: outputs that are devices or FIFOs -------------------------------------------------
+
+def null_device(d):
+    """A character device to write into. As root, a private node with /dev/null's numbers (so a
+    broken attn could only replace that one, never the system's /dev/null); else /dev/null."""
+    if os.geteuid() != 0:
+        return "/dev/null"
+    node = d / "null"
+    os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    return str(node)
+
+
+def test_a_character_device_output_is_written_into_never_replaced(work):
+    dev = null_device(work)
+    before = os.stat(dev)
+    for extra in ([], ["--weights", dev, "--lse", dev]):  # several outputs into one device are fine
+        r = run(sdpa(work, *extra, out=dev))
+        assert r.returncode == 0, r.stderr
+        after = os.stat(dev)
+        assert stat.S_ISCHR(after.st_mode) and after.st_rdev == before.st_rdev and after.st_ino == before.st_ino
+        assert staging_files(work) == [] and staging_files(os.path.dirname(dev)) == []
+    assert "o.npy" not in listing(work)
+
+
+def test_a_failing_device_write_is_the_one_line_error_and_leaves_no_regular_output(work):
+    """/dev/full (every write: ENOSPC). The device cannot be unwritten, but the regular --lse
+    output, written first to its staging file, must not appear."""
+    if os.geteuid() == 0:
+        dev = str(work / "full")
+        os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 7))
+    else:
+        dev = "/dev/full"
+    err = expect_error(work, sdpa(work, "--lse", work / "lse.npy", out=dev), dev, "No space left on device")
+    assert "write failed" in err
+    assert stat.S_ISCHR(os.lstat(dev).st_mode)
+
+
+def test_a_block_device_output_is_refused(work):
+    if os.geteuid() != 0:
+        pytest.skip("creating a block device node needs root")
+    node = work / "blk"
+    os.mknod(node, 0o600 | stat.S_IFBLK, os.makedev(7, 200))  # a loop device number; never opened
+    expect_error(work, sdpa(work, out=node), "--out", "block device")
+    assert stat.S_ISBLK(os.lstat(node).st_mode)
+
+
+def test_stdout_as_the_output(work):
+    """--out /dev/stdout on a pipe: the .npy goes down the pipe, nothing is created. (Spelled
+    /proc/self/fd/1, the link /dev/stdout points to: were attn ever to stage and rename again,
+    it could not replace anything in /proc, whereas as root it could replace /dev/stdout.)"""
+    expected = reference_output(work)
+    r = run(sdpa(work, out="/proc/self/fd/1"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == expected
+    np.load(io.BytesIO(r.stdout))
+    assert "o.npy" not in listing(work)
+
+
+def test_a_fifo_output_is_written_into(work):
+    expected = reference_output(work, "--lse", work / "ref_lse.npy")
+    os.remove(work / "ref_lse.npy")
+    os.mkfifo(work / "pipe")
+    got = {}
+
+    def reader():
+        with open(work / "pipe", "rb") as f:
+            got["bytes"] = f.read()
+
+    t = threading.Thread(target=reader)
+    t.start()
+    r = run(sdpa(work, "--lse", work / "lse.npy", out=work / "pipe"))
+    t.join(TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    assert got["bytes"] == expected
+    assert stat.S_ISFIFO(os.lstat(work / "pipe").st_mode)
+    assert np.load(work / "lse.npy").shape == (B, HQ, LQ)
+    assert staging_files(work) == []
+
+
+def test_a_fifo_whose_reader_leaves_is_an_error_not_a_silent_death(work):
+    """The reader closes at once: write() gets EPIPE (SIGPIPE is ignored), the one error line names
+    the FIFO, and the other (regular) output is not left behind."""
+    os.mkfifo(work / "pipe")
+    big = ["--weights", work / "pipe"]  # weights: large enough to outlast the pipe buffer
+    np.save(work / "q.npy", np.ones((1, 1, 600, DK), np.float32))
+    np.save(work / "k.npy", np.ones((1, 1, 600, DK), np.float32))
+    np.save(work / "v.npy", np.ones((1, 1, 600, DV), np.float32))
+
+    def reader():
+        with open(work / "pipe", "rb") as f:
+            f.read(10)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    err = expect_error(work, sdpa(work, *big, out="o.npy"), "pipe", "write failed")
+    t.join(TIMEOUT)
+    assert "Broken pipe" in err
+
+
+def test_a_symlink_output_replaces_its_target_not_the_link(work):
+    (work / "real.npy").write_bytes(b"old")
+    os.symlink("real.npy", work / "link.npy")
+    r = run(sdpa(work, out=work / "link.npy"))
+    assert r.returncode == 0, r.stderr
+    assert os.path.islink(work / "link.npy")
+    assert np.load(work / "real.npy").shape == (B, HQ, LQ, DV)
+    assert staging_files(work) == []
+
+
+# ---- class 3: signals, limits, names ------------------------------------------------------------
+
+def start_blocked_on_a_fifo(work):
+    """sdpa with two regular outputs and a FIFO output nobody reads: attn writes the regular ones
+    to staging files, then blocks opening the FIFO. Returns the process once the staging files exist."""
+    os.mkfifo(work / "pipe")
+    p = subprocess.Popen([attn_bin(), *map(str, sdpa(work, "--lse", work / "lse.npy", "--weights", work / "pipe"))],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + TIMEOUT
+    while len(staging_files(work)) < 2:
+        assert p.poll() is None, p.stderr.read()
+        assert time.monotonic() < deadline, "the staging files never appeared"
+        time.sleep(0.01)
+    return p
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_termination_signal_removes_the_staging_files(work, sig):
+    before = listing(work)
+    p = start_blocked_on_a_fifo(work)
+    p.send_signal(sig)
+    p.wait(TIMEOUT)
+    assert p.returncode == -sig, f"expected death by {sig!r}, got exit {p.returncode}"
+    assert staging_files(work) == [], staging_files(work)
+    assert listing(work) == sorted(before + ["pipe"])
+
+
+def test_sigterm_during_a_large_write_leaves_nothing(work):
+    """A 160 MB --weights file: SIGTERM as soon as its staging file appears (mid-write, or at worst
+    just before the rename); no staging file may survive, and no half file appear."""
+    L = 4500
+    rng = np.random.default_rng(0)
+    for n, dd in (("q", DK), ("k", DK), ("v", DV)):
+        np.save(work / f"{n}.npy", rng.standard_normal((1, 2, L, dd)).astype(np.float32))
+    before = listing(work)
+    p = subprocess.Popen([attn_bin(), *map(str, sdpa(work, "--weights", work / "big.npy"))],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + TIMEOUT
+    while not staging_files(work) and p.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    p.send_signal(signal.SIGTERM)
+    p.wait(TIMEOUT)
+    assert staging_files(work) == []
+    if p.returncode == 0:  # finished before the signal: then both outputs are complete
+        assert np.load(work / "big.npy").shape == (1, 2, L, L)
+    else:
+        assert p.returncode == -signal.SIGTERM
+        assert listing(work) == before
+
+
+def limit_file_size(nbytes):
+    # SIGXFSZ keeps its default action (death): attn itself must ignore it.
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, resource.RLIM_INFINITY))
+
+
+@pytest.mark.parametrize("which", ["--out", "--weights", "--lse"])
+def test_ulimit_f_gives_the_one_line_error(work, which):
+    paths = {"--out": work / "o.npy", "--weights": work / "big.npy", "--lse": work / "l.npy"}
+    args = sdpa(work, "--weights", paths["--weights"], "--lse", paths["--lse"], out=paths["--out"])
+    # every output above 128 bytes (the .npy header) fails; the first written fails first
+    err = expect_error(work, args, "write failed", "File too large", preexec_fn=limit_file_size(100))
+    assert any(str(p) in err for p in paths.values()), err
+
+
+def save_f32_safetensors(path, tensors):
+    """A minimal safetensors file (F32 only), enough for the CLI's --params."""
+    header, blobs, off = {}, [], 0
+    for name, a in tensors.items():
+        b = np.ascontiguousarray(a, dtype=np.float32).tobytes()
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def test_ulimit_f_on_other_writers(work):
+    """The heatmap (PNG through cairo) and the MHA output die neither of SIGXFSZ."""
+    expect_error(work, ["heatmap", work / "w.npy", "--out", work / "h.png"], "h.png", "File too large",
+                 preexec_fn=limit_file_size(64))
+    E = 4
+    rng = np.random.default_rng(1)
+    np.save(work / "x.npy", rng.standard_normal((3, 1, E)).astype(np.float32))
+    save_f32_safetensors(work / "p.safetensors", {
+        "in_proj_weight": rng.standard_normal((3 * E, E)), "in_proj_bias": rng.standard_normal(3 * E),
+        "out_proj.weight": rng.standard_normal((E, E)), "out_proj.bias": rng.standard_normal(E)})
+    args = ["mha", "--params", work / "p.safetensors", "--num-heads", "1", "--query", work / "x.npy", "--out", work / "y.npy"]
+    r = run(args)
+    assert r.returncode == 0, r.stderr  # the arguments are good: only the limit makes it fail
+    os.remove(work / "y.npy")
+    expect_error(work, args, "y.npy", "File too large", preexec_fn=limit_file_size(100))
+
+
+def test_an_empty_output_name_is_refused_before_anything_is_read(work):
+    """The inputs do not even exist: the empty name is refused first, so nothing was computed."""
+    for flag in ("--out", "--weights", "--lse"):
+        args = ["sdpa", "--q", work / "nope.npy", "--k", work / "k.npy", "--v", work / "v.npy", "--out", work / "o.npy"]
+        if flag == "--out":
+            args[args.index("--out") + 1] = ""
+        else:
+            args += [flag, ""]
+        expect_error(work, args, flag, "empty")
+    expect_error(work, ["heatmap", work / "nope.npy", "--out", ""], "--out", "empty")
+    expect_error(work, ["demo", "--heatmap", ""], "--heatmap", "empty")
+    expect_error(work, ["bench", "--json", "", "--list"], "--json", "empty")
+
+
+@pytest.mark.parametrize("length", [200, 243, 244, 250, 254, 255])
+def test_output_names_up_to_name_max(work, length):
+    name = ("n" * (length - 4)) + ".npy"
+    lse = ("l" * (length - 4)) + ".npy"
+    r = run(sdpa(work, "--lse", work / lse, out=work / name))
+    assert r.returncode == 0, r.stderr
+    assert np.load(work / name).shape == (B, HQ, LQ, DV)
+    assert np.load(work / lse).shape == (B, HQ, LQ)
+    assert staging_files(work) == []
+
+
+def test_a_name_over_name_max_names_the_users_path(work):
+    name = "x" * 256 + ".npy"
+    err = expect_error(work, sdpa(work, out=work / name), name[:40], "File name too long")
+    assert ".tmp." not in err
+
+
+# ---- class 7: numbers ---------------------------------------------------------------------------
+
+BIG = "99999999999999999999"
+
+
+def mha_args(d):
+    x = np.random.default_rng(2).standard_normal((3, 1, 4)).astype(np.float32)
+    np.save(d / "x.npy", x)
+    return ["mha", "--params", d / "missing.safetensors", "--query", d / "x.npy", "--out", d / "y.npy"]
+
+
+BAD_NUMBERS = [
+    # (command, option, value, fragment of the message)
+    ("sdpa", "--window-left", BIG, "out of range"),
+    ("sdpa", "--window-left", "-" + BIG, "out of range"),
+    ("sdpa", "--window-right", "9223372036854775808", "out of range"),
+    ("sdpa", "--window-left", "", "empty"),
+    ("sdpa", "--window-left", "1.5", "expected an integer"),
+    ("sdpa", "--window-left", "0x10", "expected an integer"),
+    ("sdpa", "--window-left", " 3", "expected an integer"),
+    ("sdpa", "--window-left", "3 ", "expected an integer"),
+    ("sdpa", "--window-left", "true", "expected an integer"),
+    ("sdpa", "--query-offset", BIG, "out of range"),
+    ("sdpa", "--seed", "-1", "non-negative"),
+    ("sdpa", "--seed", "18446744073709551616", "out of range"),
+    ("sdpa", "--seed", "", "empty"),
+    ("sdpa", "--scale", "", "empty"),
+    ("sdpa", "--scale", "nan", "finite"),
+    ("sdpa", "--scale", "inf", "finite"),
+    ("sdpa", "--scale", "-inf", "finite"),
+    ("sdpa", "--scale", "1e999", "out of the range"),
+    ("sdpa", "--scale", "0.5x", "expected a number"),
+    ("sdpa", "--scale", "0x1p3", "expected a number"),
+    ("sdpa", "--dropout", "", "empty"),
+    ("mha", "--num-heads", BIG, "out of range"),
+    ("mha", "--num-heads", "", "empty"),
+    ("mha", "--num-heads", "2.0", "expected an integer"),
+    ("mha", "--dropout-seed", "-1", "non-negative"),
+    ("mha", "--dropout-p", "nan", "finite"),
+    ("heatmap", "--head", BIG, "out of range"),
+    ("heatmap", "--batch", "-" + BIG, "out of range"),
+    ("heatmap", "--vmax", "", "empty"),
+    ("heatmap", "--vmax", "inf", "finite"),
+    ("bench", "--runs", BIG, "out of range"),
+    ("bench", "--threads", "", "empty"),
+    ("bench", "--max-seconds", "nan", "finite"),
+]
+
+
+def command_args(d, command):
+    if command == "sdpa":
+        return sdpa(d)
+    if command == "mha":
+        return mha_args(d) + ["--num-heads", "1"]
+    if command == "heatmap":
+        return ["heatmap", d / "w.npy", "--out", d / "h.png"]
+    return ["bench", "--list"]
+
+
+@pytest.mark.parametrize("command,option,value,fragment", BAD_NUMBERS)
+def test_bad_numbers_are_errors_naming_the_option(work, command, option, value, fragment):
+    args = command_args(work, command)
+    if option in args:
+        args[args.index(option) + 1] = value
+    else:
+        args += [option, value]
+    err = expect_error(work, args, option + ": ", fragment)
+    if fragment == "out of range":
+        assert value in err, f"the message must quote what was given, not a clamped value: {err!r}"
+
+
+def numeric_options():
+    """Every (command, option, type) the CLI's help lists as INT, UINT or FLOAT: a new option is
+    covered without editing this file."""
+    found = []
+    for command in ("sdpa", "mha", "heatmap", "bench", "ring", "demo"):
+        r = run([command, "--help"])
+        for line in r.stdout.decode().splitlines():
+            m = re.match(r"^\s+((?:-\S+,\s*)*--?[\w-]+)\s+(INT|UINT|FLOAT)\b", line)
+            if m:
+                found.append((command, m.group(1).split(",")[-1].strip(), m.group(2)))
+    return found
+
+
+def test_every_numeric_option_is_strict(work):
+    options = numeric_options()
+    names = {o for _, o, _ in options}
+    assert {"--window-left", "--seed", "--scale", "--num-heads", "--head", "--runs"} <= names, options
+    for command, option, kind in options:
+        if kind == "FLOAT":
+            bad = ["", "1e999", "-1e999", "nan", "inf", "1,5", "x"]
+        else:
+            bad = ["", BIG, "-" + BIG, "1.5", "1,5", "nan", "0x10"] + (["-1"] if kind == "UINT" else [])
+        for value in bad:
+            args = command_args(work, command) if command in ("sdpa", "mha", "heatmap", "bench") else [command]
+            args = args + [option, value]
+            r = run(args)
+            err = r.stderr.decode()
+            assert r.returncode == 2 and err.startswith("attn: error: ") and len(err.splitlines()) == 1, (command, option, value, err)
+            assert option in err, (command, option, value, err)
+
+
+def test_valid_edge_numbers_are_accepted(work):
+    """The largest seed, a '+' sign and a leading zero (decimal, not octal) are values."""
+    for extra in (["--dropout", "0.25", "--seed", "18446744073709551615"],
+                  ["--causal", "top-left", "--window-left", "+3"],
+                  ["--scale", "+0.125"]):
+        r = run(sdpa(work, *extra))
+        assert r.returncode == 0, (extra, r.stderr)
+    # "010" is ten (decimal), not eight (octal): a window of 10 keys differs from one of 8 on L = 20
+    rng = np.random.default_rng(5)
+    for n, dd in (("q", DK), ("k", DK), ("v", DV)):
+        np.save(work / f"{n}20.npy", rng.standard_normal((1, 1, 20, dd)).astype(np.float32))
+    outs = {}
+    for v in ("010", "10", "8"):
+        r = run(["sdpa", "--q", work / "q20.npy", "--k", work / "k20.npy", "--v", work / "v20.npy",
+                 "--causal", "top-left", "--window-left", v, "--out", work / f"o{v}.npy"])
+        assert r.returncode == 0, r.stderr
+        outs[v] = np.load(work / f"o{v}.npy")
+    assert not np.array_equal(outs["10"], outs["8"])  # the check below can fail
+    assert np.array_equal(outs["010"], outs["10"])

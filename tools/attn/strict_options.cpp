@@ -1,0 +1,113 @@
+#include "strict_options.hpp"
+
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+
+#include "attn/error.hpp"
+
+namespace attn::cli {
+namespace {
+
+// One leading '+' is allowed ("+3"); from_chars itself takes only '-'.
+std::string_view digits_of(std::string_view s) { return s.size() > 1 && s[0] == '+' && s[1] != '-' ? s.substr(1) : s; }
+
+// Each reader returns why the text is not a value ("" when it is one) and stores the value.
+template <class T>
+std::string read_integer(const std::string& text, T& value) {
+    const char* what = std::is_signed_v<T> ? "an integer" : "a non-negative integer";
+    if (text.empty()) return std::string("expected ") + what + " but got an empty string";
+    if (!std::is_signed_v<T> && text[0] == '-') return std::string("expected ") + what + " but got '" + text + "'";
+    const std::string_view s = digits_of(text);
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value, 10);
+    if (ec == std::errc::result_out_of_range && end == s.data() + s.size()) {
+        return text + " is out of range (" + std::to_string(std::numeric_limits<T>::min()) + " to " +
+               std::to_string(std::numeric_limits<T>::max()) + ")";
+    }
+    if (ec != std::errc() || end != s.data() + s.size()) return std::string("expected ") + what + " but got '" + text + "'";
+    return {};
+}
+
+std::string read_finite_double(const std::string& text, double& value) {
+    if (text.empty()) return "expected a number but got an empty string";
+    const std::string_view s = digits_of(text);
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value, std::chars_format::general);
+    if (ec == std::errc::result_out_of_range && end == s.data() + s.size()) return text + " is out of the range of a double";
+    if (ec != std::errc() || end != s.data() + s.size()) return "expected a number but got '" + text + "'";
+    if (!std::isfinite(value)) return "expected a finite number but got '" + text + "'";
+    return {};
+}
+
+template <class T, class Read>
+T parse_or_throw(const std::string& flag, const std::string& text, Read read) {
+    T value{};
+    const std::string why = read(text, value);
+    if (!why.empty()) throw Error(flag + ": " + why);
+    return value;
+}
+
+// A CLI11 check that runs one reader and hands CLI11 the value's canonical text to convert
+// (CLI11 converts integers with base 0, so "010" would otherwise become 8). CLI11 prefixes
+// the message with the option's name.
+template <class T>
+CLI::Validator strict(const char* name, std::string (*read)(const std::string&, T&)) {
+    return CLI::Validator(
+        [read](std::string& text) -> std::string {
+            T value{};
+            std::string why = read(text, value);
+            if (!why.empty()) return why;
+            if constexpr (std::is_floating_point_v<T>) {
+                char buf[32];
+                text.assign(buf, std::to_chars(buf, buf + sizeof buf, value).ptr);  // shortest text that reads back as value
+            } else {
+                text = std::to_string(value);
+            }
+            return {};
+        },
+        "", name);
+}
+
+void apply(CLI::App& app) {
+    const CLI::Validator not_empty(
+        [](std::string& text) -> std::string {
+            return text.empty() ? "an empty value is not allowed (give a value, or leave the option out)" : "";
+        },
+        "", "NOT_EMPTY");
+    const CLI::Validator int64 = strict<std::int64_t>("STRICT_INT", read_integer<std::int64_t>);
+    const CLI::Validator uint64 = strict<std::uint64_t>("STRICT_UINT", read_integer<std::uint64_t>);
+    const CLI::Validator real = strict<double>("STRICT_FLOAT", read_finite_double);
+    for (CLI::Option* opt : app.get_options()) {
+        if (opt->get_type_size_max() == 0) continue;  // a flag: no value to check
+        opt->check(not_empty);
+        // "FLOAT:FLOAT in [0 - 1]" once a command's own Range check is attached: the type comes first.
+        const std::string full = opt->get_type_name();
+        const std::string type = full.substr(0, full.find(':'));
+        // transform, not check: CLI11 copies the text for a check, and the canonical text must
+        // reach the conversion. (A transform runs first, before the command's own checks.)
+        if (type == "INT") opt->transform(int64);
+        else if (type == "UINT") opt->transform(uint64);
+        else if (type == "FLOAT") opt->transform(real);
+    }
+    for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) apply(*sub);
+}
+
+}  // namespace
+
+std::int64_t parse_int64(const std::string& flag, const std::string& text) {
+    return parse_or_throw<std::int64_t>(flag, text, read_integer<std::int64_t>);
+}
+
+std::uint64_t parse_uint64(const std::string& flag, const std::string& text) {
+    return parse_or_throw<std::uint64_t>(flag, text, read_integer<std::uint64_t>);
+}
+
+double parse_finite_double(const std::string& flag, const std::string& text) {
+    return parse_or_throw<double>(flag, text, read_finite_double);
+}
+
+void make_options_strict(CLI::App& app) { apply(app); }
+
+}  // namespace attn::cli

@@ -1,0 +1,25 @@
+// One rule for every option value of the CLI, applied to the whole command tree at once (so
+// a new option cannot forget it): an empty value is an error, never "the default"; a number
+// is parsed strictly — decimal, the whole text, in range, finite — or refused with a message
+// naming the option. CLI11 alone clamps (99999999999999999999 → INT64_MAX), wraps (-1 as an
+// unsigned → 2^64 − 1), reads "010" as octal and takes "" as "not given".
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace attn::cli {
+
+// The strict parsers (also used directly by the fuzzer). Throw attn::Error "FLAG: ...".
+std::int64_t parse_int64(const std::string& flag, const std::string& text);
+std::uint64_t parse_uint64(const std::string& flag, const std::string& text);
+double parse_finite_double(const std::string& flag, const std::string& text);
+
+// Attaches the rule to every option of app and its subcommands, by CLI11 type: INT options
+// must hold std::int64_t, UINT options std::uint64_t, FLOAT options double (so the ranges
+// checked here are the ranges stored). Call after every option is declared.
+void make_options_strict(CLI::App& app);
+
+}  // namespace attn::cli
