@@ -14,16 +14,34 @@ namespace attn::detail {
 namespace {
 
 // Each block must be one single-threaded BLAS call. OpenBLAS's pthreads build keeps its own
-// pool, used by every call unless its count is 1 (set once here; attn's parallelism is
-// OpenMP's, over the blocks). Its OpenMP build (openblas_get_parallel() == 2) already runs
-// single-threaded inside a parallel region, and its setter would change OpenMP's count, so
-// it is left alone; so are sequential builds (0) and other BLASes (MKL runs sequentially in
-// a parallel region; BLIS is single-threaded unless asked).
-void single_threaded_blas() {
+// pool, used by every call unless its count is 1: the guard sets it to 1 for the blocks
+// (attn's parallelism is OpenMP's, over the blocks) and gives the program its own count back
+// afterwards, so a caller's BLAS calls outside attn keep their threads. OpenBLAS's OpenMP
+// build (openblas_get_parallel() == 2) already runs single-threaded inside a parallel region,
+// and its setter would change OpenMP's count, so it is left alone; so are sequential builds
+// (0) and other BLASes (MKL runs sequentially in a parallel region; BLIS is single-threaded
+// unless asked).
+class SingleThreadedBlas {
+public:
+    SingleThreadedBlas() {
 #ifdef ATTN_HAVE_OPENBLAS_THREADS
-    if (openblas_get_parallel() == 1 && openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+        if (openblas_get_parallel() == 1) {
+            saved_ = openblas_get_num_threads();
+            if (saved_ != 1) openblas_set_num_threads(1);
+        }
 #endif
-}
+    }
+    ~SingleThreadedBlas() {
+#ifdef ATTN_HAVE_OPENBLAS_THREADS
+        if (saved_ > 1) openblas_set_num_threads(saved_);
+#endif
+    }
+    SingleThreadedBlas(const SingleThreadedBlas&) = delete;
+    SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
+
+private:
+    int saved_ = 0;
+};
 
 int blas_int(std::int64_t v) {
     if (v > INT_MAX) fail("MultiHeadAttention", "GEMM size ", v, " exceeds the BLAS's int range (", INT_MAX, ")");
@@ -54,7 +72,7 @@ void gemm(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, cons
             for (std::int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
         return;
     }
-    single_threaded_blas();
+    const SingleThreadedBlas one_thread;
     const GemmBlocks bs = gemm_blocks(M, N);
     const std::int64_t nr = ceil_div(M, bs.rows), nc = ceil_div(N, bs.cols);
 #pragma omp parallel for schedule(static)
