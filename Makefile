@@ -34,7 +34,7 @@ test: deps-test configure
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 # The benchmark: Release build (the build dir is reconfigured as Release), `attn bench` over
-# every shape id of bench-shapes.md on BENCH_THREADS threads beside the reference and torch,
+# every shape id of bench/shapes.md on BENCH_THREADS threads beside the reference and torch,
 # the JSON kept in $(BUILD)/bench.json and its section of BENCHMARKS.md refreshed.
 # Extra options: make bench BENCH_ARGS="--shapes S1,S2 --runs 7".
 BENCH_THREADS ?= $(shell nproc)

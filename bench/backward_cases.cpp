@@ -1,7 +1,7 @@
 // The training-step variants (S1/S3 "forward+backward"): attn's forward (keeping lse) then
 // attn::sdpa_backward, timed together as one call, against torch autograd of the
 // hand-written attention doing the same forward + backward (torch_attention.py
-// --mode sdpa-backward). FLOPs by the formula of bench-shapes.md: backward = 2.5 × forward,
+// --mode sdpa-backward). FLOPs by the formula of bench/shapes.md: backward = 2.5 × forward,
 // so a step counts (1 + 2.5) × forward; the kernel executes more (it recomputes S).
 #include <cmath>
 #include <cstdio>

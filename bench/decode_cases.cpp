@@ -1,4 +1,4 @@
-// S5 and S7 of bench-shapes.md in `attn bench`: one decode step (Lq = 1) against a KV cache
+// S5 and S7 of bench/shapes.md in `attn bench`: one decode step (Lq = 1) against a KV cache
 // of Lk = 16384 positions, float32 and float16 storage, timed cold by bench/decode/
 // (time_decode_shape: caches evicted before each step). Rows report the K/V bytes a step
 // reads as GB/s and % of the read bandwidth the bench measured in this run (finish_case);
@@ -85,7 +85,7 @@ void run_decode_shape(const Context& ctx, const std::string& id, std::int64_t Hk
         c.rows.push_back(std::move(torch));
         out.push_back(std::move(c));
     }
-    // Targets of bench-shapes.md: f16 >= 1.7x over f32; S7 / (S5 / 4) <= 1.3.
+    // Targets of bench/shapes.md: f16 >= 1.7x over f32; S7 / (S5 / 4) <= 1.3.
     std::string note;
     if (medians.count(DType::f32) && medians.count(DType::f16)) {
         note = "f16 speed-up over f32: " + fmt2("%.2fx", medians[DType::f32] / medians[DType::f16]) + " (target >= 1.7x)";

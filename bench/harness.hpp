@@ -136,6 +136,7 @@ struct BenchCase {
     std::string shape;
     std::function<void(const Context&, std::vector<CaseResult>&)> run;
     std::string unavailable;
+    bool slow = false;  // minutes per call: `--quick` leaves it out unless --shapes names it
 };
 
 // Every shape id known to this build, in report order (registry.cpp).

@@ -1,4 +1,4 @@
-// S6 of bench-shapes.md in `attn bench`: the MHA layer, BERT-base (B=4, L=512, E=768,
+// S6 of bench/shapes.md in `attn bench`: the MHA layer, BERT-base (B=4, L=512, E=768,
 // h=12, self-attention, batch_first, no mask, need_weights=false), timed through the
 // parts of bench/mha/mha_s6.hpp. Two entries: the forward beside torch's
 // nn.MultiheadAttention (bench/torch_attention.py --mode mha: eval, inference_mode, its

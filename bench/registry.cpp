@@ -1,4 +1,4 @@
-// The shape ids of ../shared/bench-shapes.md and what measures each (runners: harness.hpp).
+// The shape ids of bench/shapes.md and what measures each (runners: harness.hpp).
 // A shape whose feature is not built gets a BenchCase with `unavailable` set, which the
 // report prints as "not available in this build" instead of a number.
 #include "harness.hpp"
@@ -19,6 +19,7 @@ std::vector<BenchCase> all_cases() {
     cases.push_back(mha_s6_case());
     cases.push_back(decode_case("S7"));
     cases.push_back(sdpa_forward_case({"S8", "long causal memory", 1, 8, 8, 32768, 32768, 64, 64, Causal::top_left, true}));
+    cases.back().slow = true;
     return cases;
 }
 

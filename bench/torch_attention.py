@@ -5,7 +5,7 @@ Prints one JSON object on its last line of stdout:
   {"status": "ok", "samples": [seconds, ...], "warmup_s": s, "peak_rss": bytes, ...}
 or {"status": "unavailable"|"error", "note": "..."}.
 
-Modes (the arguments are the sizes of ../shared/bench-shapes.md):
+Modes (the arguments are the sizes of bench/shapes.md):
   sdpa           hand-written attention, as the tutorials write it and users run it:
                  softmax(q @ k.transpose(-2, -1) * scale + mask) @ v   (no_grad)
   sdpa-backward  the same expression, forward + backward through autograd

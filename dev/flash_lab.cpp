@@ -1,4 +1,4 @@
-// Kernel lab for the flash forward (STYLE.md habit 11): validate a slice against the
+// Kernel lab for the flash forward (docs/design.md, "The kernel lab"): validate a slice against the
 // reference, then time. Not a benchmark (that is `attn bench`); a tool to choose tiles.
 //
 //   flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--isa generic|avx2]

@@ -224,4 +224,14 @@ std::string str_arg(const py::handle& obj, const std::string& name) {
     return std::string(utf8, static_cast<std::size_t>(size));
 }
 
+int threads_arg(const py::handle& obj) {
+    const std::optional<std::int64_t> n = optional_int_arg(obj, "threads");
+    if (!n) return 0;
+    if (*n < 1 || *n > 4096) {
+        throw attn::Error("threads: expected a thread count from 1 to 4096 (or None: attn.get_num_threads()) but got " +
+                          std::to_string(*n));
+    }
+    return static_cast<int>(*n);
+}
+
 }  // namespace attn_py

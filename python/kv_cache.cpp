@@ -14,6 +14,7 @@
 
 #include "attn/decode.hpp"
 #include "attn/kv_cache.hpp"
+#include "attn/threads.hpp"
 #include "bind.hpp"
 #include "convert.hpp"
 #include "options.hpp"
@@ -142,7 +143,8 @@ std::unique_ptr<PyKVCache> make_cache(const py::object& batch, const py::object&
 py::object decode_py(const py::object& query, PyKVCache& cache, const py::object& scale, const py::object& is_causal,
                      const py::object& window_left_arg, const py::object& causal_alignment, const py::object& window,
                      const py::object& window_alignment, const py::object& query_offset,
-                     const py::object& return_lse_arg) {
+                     const py::object& return_lse_arg, const py::object& threads_obj) {
+    const int threads = threads_arg(threads_obj);
     const std::int64_t window_left = int_arg(window_left_arg, "window_left");
     const bool return_lse = bool_arg(return_lse_arg, "return_lse");
     const Input q = input(query, "query", 4, 4, "(B, Hq, Lq, Dk)");
@@ -164,6 +166,7 @@ py::object decode_py(const py::object& query, PyKVCache& cache, const py::object
     {
         py::gil_scoped_release nogil;
         const std::lock_guard<std::mutex> lock(cache.mutex);
+        const attn::ScopedNumThreads scoped_threads(threads);
         attn::decode_attention(qv, cache.cache(), o.sdpa, ov, return_lse ? &lv : nullptr);
     }
     if (!return_lse) return out;
@@ -209,7 +212,7 @@ void bind_kv_cache(py::module_& m) {
           py::arg("scale") = py::none(), py::arg("is_causal") = true, py::arg("window_left") = -1,
           py::arg("causal_alignment") = "bottom-right", py::arg("window") = py::none(),
           py::arg("window_alignment") = "bottom-right", py::arg("query_offset") = py::none(),
-          py::arg("return_lse") = false,
+          py::arg("return_lse") = false, py::arg("threads") = py::none(),
           "New queries (B, Hq, Lq, Dk) float32 against everything in the cache (the decode kernel for\n"
           "Lq <= 16, flash above; append the new tokens' keys/values first). Causal and window align bottom-right per\n"
           "sequence by default: new query i of sequence b (length n_b) has its diagonal at\n"

@@ -13,6 +13,7 @@
 #include "attn/kv_cache.hpp"
 #include "attn/mha.hpp"
 #include "attn/safetensors.hpp"
+#include "attn/threads.hpp"
 #include "bind.hpp"
 #include "convert.hpp"
 
@@ -44,7 +45,8 @@ public:
     py::tuple forward(const py::object& query, const py::object& key, const py::object& value,
                       const py::object& key_padding_mask, const py::object& need_weights_arg,
                       const py::object& attn_mask, const py::object& average_attn_weights_arg,
-                      const py::object& is_causal, const py::object& impl) {
+                      const py::object& is_causal, const py::object& impl, const py::object& threads_obj) {
+        const int threads = threads_arg(threads_obj);
         const bool need_weights = bool_arg(need_weights_arg, "need_weights");
         const bool average_attn_weights = bool_arg(average_attn_weights_arg, "average_attn_weights");
         const char* layout = "(L, B, E), (B, L, E) with batch_first, or unbatched (L, E)";
@@ -80,6 +82,7 @@ public:
         {
             py::gil_scoped_release nogil;
             const std::lock_guard<std::mutex> lock(mutex_);
+            const attn::ScopedNumThreads scoped_threads(threads);
             layer_.forward_into(q.view, k.view, v.view, o, ov, need_weights ? &wv : nullptr, &workspace_);
         }
         return py::make_tuple(out, weights);
@@ -87,7 +90,8 @@ public:
 
     // New tokens of every sequence through the layer, their K/V appended to `cache`
     // (MultiHeadAttention::forward_incremental): causal, bottom-right per sequence.
-    py::array forward_incremental(const py::object& x_new, const py::object& cache) {
+    py::array forward_incremental(const py::object& x_new, const py::object& cache, const py::object& threads_obj) {
+        const int threads = threads_arg(threads_obj);
         const Input x = input(x_new, "x_new", 2, 3, "(T, B, E), (B, T, E) with batch_first, or unbatched (T, E)");
         const attn::Shape xs = x.view.shape();
         py::array out = py::array_t<float>(std::vector<py::ssize_t>(xs.dims.begin(), xs.dims.begin() + xs.rank));
@@ -96,6 +100,7 @@ public:
         attn::KVCache& c = kv_cache_of(cache, "cache", cache_lock);
         py::gil_scoped_release nogil;
         const std::lock_guard<std::mutex> lock(mutex_);
+        const attn::ScopedNumThreads scoped_threads(threads);
         layer_.forward_incremental_into(x.view, c, ov, &workspace_);
         return out;
     }
@@ -213,12 +218,14 @@ void bind_mha(py::module_& m) {
         .def("forward", &PyMha::forward, py::arg("query"), py::arg("key"), py::arg("value"),
              py::arg("key_padding_mask") = py::none(), py::arg("need_weights") = true,
              py::arg("attn_mask") = py::none(), py::arg("average_attn_weights") = true, py::arg("is_causal") = false,
-             py::kw_only(), py::arg("impl") = "auto", "Returns (output, weights or None), as torch.")
+             py::kw_only(), py::arg("impl") = "auto", py::arg("threads") = py::none(),
+             "Returns (output, weights or None), as torch. threads: None = attn.get_num_threads().")
         .def("__call__", &PyMha::forward, py::arg("query"), py::arg("key"), py::arg("value"),
              py::arg("key_padding_mask") = py::none(), py::arg("need_weights") = true,
              py::arg("attn_mask") = py::none(), py::arg("average_attn_weights") = true, py::arg("is_causal") = false,
-             py::kw_only(), py::arg("impl") = "auto")
-        .def("forward_incremental", &PyMha::forward_incremental, py::arg("x_new"), py::arg("cache"),
+             py::kw_only(), py::arg("impl") = "auto", py::arg("threads") = py::none())
+        .def("forward_incremental", &PyMha::forward_incremental, py::arg("x_new"), py::arg("cache"), py::kw_only(),
+             py::arg("threads") = py::none(),
              "Self-attention of new tokens against a KVCache: projects x_new, appends its keys and values\n"
              "to every sequence of the cache, attends causally (each sequence at its own length) and\n"
              "returns the output shaped like x_new. Feeding a sequence in any split equals one causal\n"

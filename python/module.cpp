@@ -10,6 +10,7 @@
 #include <string>
 
 #include "attn/error.hpp"
+#include "attn/threads.hpp"
 #include "attn/version.hpp"
 #include "bind.hpp"
 #include "convert.hpp"
@@ -35,6 +36,10 @@ PYBIND11_MODULE(attn, m) {
     m.def("_input_copies", &attn_py::input_copies,
           "How many input arrays the binding has copied so far (only strides that are not a multiple "
           "of the item size are copied).");
+    m.def("set_num_threads", &attn::set_num_threads, py::arg("n"),
+          "Threads every attn call computes on (process-wide); 0 = the default: ATTN_NUM_THREADS, else\n"
+          "OMP_NUM_THREADS, else every CPU. A call's threads= keyword overrides it for that call.");
+    m.def("get_num_threads", [] { return attn::num_threads(); }, "The thread count attn's next call will use.");
     attn_py::bind_sdpa(m);
     attn_py::bind_kv_cache(m);
     attn_py::bind_mha(m);

@@ -8,6 +8,7 @@
 
 #include "attn/sdpa.hpp"
 #include "attn/sdpa_backward.hpp"
+#include "attn/threads.hpp"
 #include "bind.hpp"
 #include "convert.hpp"
 #include "options.hpp"
@@ -29,7 +30,8 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
                    const py::object& scale, const py::object& causal_alignment, const py::object& key_lengths,
                    const py::object& window, const py::object& window_alignment, const py::object& query_offset,
                    const py::object& return_lse_arg, const py::object& return_weights_arg,
-                   const py::object& dropout_seed, const py::object& impl) {
+                   const py::object& dropout_seed, const py::object& impl, const py::object& threads_obj) {
+    const int threads = threads_arg(threads_obj);
     const bool return_lse = bool_arg(return_lse_arg, "return_lse");
     const bool return_weights = bool_arg(return_weights_arg, "return_weights");
     const Input q = input(query, "query", 2, 4, kLayout);
@@ -58,6 +60,7 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
     if (return_weights) wv = output_view(w, 4);
     {
         py::gil_scoped_release nogil;
+        const attn::ScopedNumThreads scoped_threads(threads);
         attn::sdpa(expand_rank(q.view, 4), expand_rank(k.view, 4), expand_rank(v.view, 4), opt.sdpa, ov,
                    return_lse ? &lv : nullptr, return_weights ? &wv : nullptr);
     }
@@ -75,7 +78,8 @@ py::tuple sdpa_backward_py(const py::object& query, const py::object& key, const
                            const py::object& scale, const py::object& causal_alignment,
                            const py::object& key_lengths, const py::object& window,
                            const py::object& window_alignment, const py::object& query_offset,
-                           const py::object& dropout_seed, const py::object& impl) {
+                           const py::object& dropout_seed, const py::object& impl, const py::object& threads_obj) {
+    const int threads = threads_arg(threads_obj);
     const Input q = input(query, "query", 2, 4, kLayout);
     const int r = q.view.rank();
     const Input k = input(key, "key", r, r, "the query's rank");
@@ -93,6 +97,7 @@ py::tuple sdpa_backward_py(const py::object& query, const py::object& key, const
     const attn::TensorView dqv = output_view(dq, 4), dkv = output_view(dk, 4), dvv = output_view(dv, 4);
     {
         py::gil_scoped_release nogil;
+        const attn::ScopedNumThreads scoped_threads(threads);
         attn::sdpa_backward(expand_rank(q.view, 4), expand_rank(k.view, 4), expand_rank(v.view, 4),
                             expand_rank(o.view, 4), expand_rank(l.view, 3), expand_rank(g.view, 4), opt.sdpa, dqv,
                             dkv, dvv);
@@ -138,7 +143,7 @@ void bind_sdpa(py::module_& m) {
           py::arg("key_lengths") = py::none(), py::arg("window") = py::none(),
           py::arg("window_alignment") = "top-left", py::arg("query_offset") = py::none(),
           py::arg("return_lse") = false, py::arg("return_weights") = false, py::arg("dropout_seed") = 0,
-          py::arg("impl") = "auto",
+          py::arg("impl") = "auto", py::arg("threads") = py::none(),
           "softmax(query·keyᵀ·scale + mask)·value, as torch.nn.functional.scaled_dot_product_attention.\n"
           "query (B, H, Lq, D), (H, Lq, D) or (Lq, D); key/value of the same rank (Hq % Hkv == 0: GQA).\n"
           "attn_mask: bool (True = may attend) or float (added), broadcastable to (B, H, Lq, Lk).\n"
@@ -148,6 +153,7 @@ void bind_sdpa(py::module_& m) {
           "bottom-right d = i + n_b - Lq (n_b = key_lengths[b], else Lk).\n"
           "query_offset: an int or a (B,) int32/int64 array; d = i + query_offset[b] for causal and window.\n"
           "A row with no visible key gives 0 (lse -inf).\n"
+          "threads: compute on this many threads (default None: attn.get_num_threads()).\n"
           "Returns out, or (out[, lse][, weights]) when return_lse / return_weights.");
     m.def("scaled_dot_product_attention_backward", &sdpa_backward_py, py::arg("query"), py::arg("key"),
           py::arg("value"), py::arg("out"), py::arg("lse"), py::arg("grad_out"), py::arg("attn_mask") = py::none(),
@@ -155,6 +161,7 @@ void bind_sdpa(py::module_& m) {
           py::arg("causal_alignment") = "top-left", py::arg("key_lengths") = py::none(),
           py::arg("window") = py::none(), py::arg("window_alignment") = "top-left",
           py::arg("query_offset") = py::none(), py::arg("dropout_seed") = 0, py::arg("impl") = "auto",
+          py::arg("threads") = py::none(),
           "Gradients (dq, dk, dv) of scaled_dot_product_attention given the forward's out and lse\n"
           "(return_lse=True) and grad_out = dLoss/dout; the same options as the forward.");
     m.attr("sdpa") = m.attr("scaled_dot_product_attention");

@@ -1,4 +1,4 @@
-// Decode steps of bench-shapes.md S5 and S7 (B = 1, Hq = 32, Lk = 16384, D = 128, Lq = 1;
+// Decode steps of bench/shapes.md S5 and S7 (B = 1, Hq = 32, Lk = 16384, D = 128, Lq = 1;
 // Hkv = 32 or 8), timed cold: before every timed step a streaming sum over a large buffer
 // evicts the CPU caches (this CPU's L3 could otherwise hold a 64–256 MiB cache that a
 // model's many layers would not keep there) and samples the read bandwidth at that

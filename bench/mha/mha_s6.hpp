@@ -1,4 +1,4 @@
-// S6 of ../shared/bench-shapes.md — the MHA layer, BERT-base: B=4, L=512, E=768, h=12
+// S6 of bench/shapes.md — the MHA layer, BERT-base: B=4, L=512, E=768, h=12
 // (d_h = 64), self-attention, batch_first, no mask, need_weights=false — split into the
 // parts a reader needs to judge it: the whole forward, the fused QKV GEMM, attention
 // (attn::sdpa on the stride views), the output GEMM, and the same BLAS on a square GEMM

@@ -23,6 +23,7 @@
 //   DType, dtype_name                   element types                                          attn/dtype.hpp
 //   f16_to_float, float_to_bf16, ...    float16/bfloat16 conversions                           attn/half.hpp
 //   Error                               the one exception type for bad arguments and files     attn/error.hpp
+//   set_num_threads, num_threads        the one thread setting of every kernel                 attn/threads.hpp
 //   kVersion                            the library's version string                            attn/version.hpp
 //
 // Not included here: each lives in its own target with its own dependency (include it
@@ -48,4 +49,5 @@
 #include "attn/sdpa.hpp"
 #include "attn/sdpa_backward.hpp"
 #include "attn/tensor.hpp"
+#include "attn/threads.hpp"
 #include "attn/version.hpp"

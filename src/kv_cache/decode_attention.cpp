@@ -10,11 +10,13 @@
 #include "../core/check.hpp"
 #include "../kernels/dispatch.hpp"
 #include "../sdpa/problem.hpp"
+#include "../core/threads.hpp"
 
 namespace attn {
 
 void decode_attention(const TensorView& q, const KVCache& cache, const SdpaOptions& options, const TensorView& out,
                       const TensorView* lse) {
+    const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
     constexpr std::string_view op = "decode_attention";
     if (options.key_lengths) {
         detail::fail(op, "options.key_lengths: must be unset (the cache's lengths are the key lengths)");

@@ -22,6 +22,7 @@
 #include "linear.hpp"
 #include "masks.hpp"
 #include "projection.hpp"
+#include "../core/threads.hpp"
 
 namespace attn {
 namespace {
@@ -45,6 +46,7 @@ void sum_rows(const float* x, std::int64_t N, std::int64_t M, std::int64_t ld, f
 Tensor MultiHeadAttention::forward_train(const TensorView& query, const TensorView& key, const TensorView& value,
                                          const MhaForwardOptions& options, const MhaTrainOptions& train,
                                          MhaForwardState& st) const {
+    const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
     const MhaConfig& c = config_;
     const std::int64_t E = c.embed_dim, h = c.num_heads, dh = head_dim();
     const detail::MhaShapes sh = detail::check_inputs(c, query, key, value, options);
@@ -98,6 +100,7 @@ Tensor MultiHeadAttention::forward_train(const TensorView& query, const TensorVi
 }
 
 MhaGradients MultiHeadAttention::backward(const MhaForwardState& s, const TensorView& grad_output) const {
+    const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
     // grad_output like the output (Lq, B, E) | (B, Lq, E) | (Lq, E)
     const MhaConfig& c = config_;
     const std::int64_t E = c.embed_dim, h = c.num_heads, hkv = c.num_kv_heads, dh = head_dim(), Ekv = hkv * dh;

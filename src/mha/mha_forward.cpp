@@ -9,6 +9,7 @@
 #include "linear.hpp"
 #include "masks.hpp"
 #include "projection.hpp"
+#include "../core/threads.hpp"
 
 namespace attn {
 namespace {
@@ -94,6 +95,7 @@ MhaOutput MultiHeadAttention::forward(const TensorView& query, const TensorView&
 void MultiHeadAttention::forward_into(const TensorView& query, const TensorView& key, const TensorView& value,
                                       const MhaForwardOptions& options, const TensorView& output,
                                       const TensorView* weights, MhaWorkspace* workspace) const {
+    const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
     const MhaConfig& c = config_;
     const std::int64_t E = c.embed_dim, h = c.num_heads, dh = head_dim();
     // ---- checks (nothing is written before they all pass) ----

@@ -11,6 +11,7 @@
 #include "inputs.hpp"
 #include "linear.hpp"
 #include "projection.hpp"
+#include "../core/threads.hpp"
 
 namespace attn {
 namespace {
@@ -88,6 +89,7 @@ void attend(const TensorView& Q, const KVCache& cache, const TensorView& O) {
 // x_new (T, B, E) | (B, T, E) | (T, E)  →  output the same shape, float32.
 void MultiHeadAttention::forward_incremental_into(const TensorView& x_new, KVCache& cache, const TensorView& output,
                                                   MhaWorkspace* workspace) const {
+    const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
     const Layout l = check_input(*this, x_new);
     check_cache(*this, cache, l);
     if (output.data() == nullptr || output.dtype() != DType::f32 || !output.is_contiguous() || !(output.shape() == x_new.shape())) {

@@ -9,6 +9,7 @@
 #include "../core/check.hpp"
 #include "../kernels/backward/backward.hpp"
 #include "problem.hpp"
+#include "../core/threads.hpp"
 
 namespace attn {
 namespace {
@@ -29,6 +30,7 @@ void require_like(const TensorView& t, const char* name, const Shape& expected, 
 void sdpa_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                    const TensorView& lse, const TensorView& grad_out, const SdpaOptions& options,
                    const TensorView& dq, const TensorView& dk, const TensorView& dv, SdpaReport* report) {
+    const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
     detail::BackwardProblem p;
     p.fwd = detail::make_problem(q, k, v, options, out, &lse, nullptr, kOp);
     // make_problem admits float16/bfloat16 K/V for the forward decode path; gradients need

@@ -4,11 +4,13 @@
 #include "attn/error.hpp"
 #include "../kernels/dispatch.hpp"
 #include "problem.hpp"
+#include "../core/threads.hpp"
 
 namespace attn {
 
 void sdpa(const TensorView& q, const TensorView& k, const TensorView& v, const SdpaOptions& options,
           const TensorView& out, const TensorView* lse, const TensorView* weights, SdpaReport* report) {
+    const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
     const detail::SdpaProblem problem = detail::make_problem(q, k, v, options, out, lse, weights);
     detail::run_forward(problem, options.impl, report);
 }

@@ -238,7 +238,7 @@ TEST(DecodeKernel, DispatchReportsTheKernelTableRow) {
     }
 }
 
-// Results must be bit-identical whatever the thread count (DESIGN.md: numerics).
+// Results must be bit-identical whatever the thread count (docs/design.md).
 TEST(DecodeKernel, ThreadCountDoesNotChangeBits) {
     std::mt19937 rng(99);
     int compared = 0;

@@ -45,7 +45,7 @@ def causal_keep(lq, lk, bottom_right):
 def visible(b, lq, lk, key_lengths=None, causal=None, window=None, window_alignment="top-left",
             query_offset=None):
     """keep (B, 1, Lq, Lk), True = query i of sequence b may see key j, from the definition
-    (DESIGN.md, "Alignment is one number per sequence"): n_b = key_lengths[b] (else Lk); the
+    (docs/conventions.md, "Alignment"): n_b = key_lengths[b] (else Lk); the
     diagonal is d_b(i) = i + offset_b with offset_b = query_offset (an int or one per sequence)
     when given, else 0 (top-left) or n_b − Lq (bottom-right). Keys j < n_b are visible; causal
     keeps j <= d_b(i); window (left, right) keeps d_b(i) − left <= j <= d_b(i) + right, −1 or

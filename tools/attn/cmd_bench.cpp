@@ -1,7 +1,7 @@
 // attn bench [--shapes S1,S2,...|all] [--impl flash,reference] [--runs N] [--threads N]
 //            [--json FILE] [--torch|--no-torch] [--quick]
 // Measures the machine's FMA peak and read bandwidth, then every selected shape id of
-// ../shared/bench-shapes.md on attn's kernels and on PyTorch's hand-written attention, in
+// bench/shapes.md on attn's kernels and on PyTorch's hand-written attention, in
 // the same run; prints a table and, with --json, writes the same data for tools.
 #include <omp.h>
 
@@ -13,6 +13,7 @@
 #include <set>
 
 #include "attn/error.hpp"
+#include "attn/threads.hpp"
 #include "commands.hpp"
 #include "harness.hpp"
 #include "output_files.hpp"
@@ -104,8 +105,12 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
                 throw Error("--shapes: unknown shape id '" + id + "'; known: " + list + " (or all)");
             }
         }
-        for (const auto& c : registry)
-            if (all || std::find(ids.begin(), ids.end(), c.id) != ids.end()) selected.push_back(c);
+        for (const auto& c : registry) {
+            const bool named = std::find(ids.begin(), ids.end(), c.id) != ids.end();
+            if (named || (all && !(a.quick && c.slow))) selected.push_back(c);
+            else if (all) std::fprintf(stderr, "bench: --quick leaves out %s (%s: minutes per call; --shapes %s runs it)\n",
+                                       c.id.c_str(), c.what.c_str(), c.id.c_str());
+        }
     }
     if (!a.custom.empty()) selected.push_back(bench::sdpa_forward_case(bench::parse_custom_shape(a.custom)));
     if (a.list) {
@@ -121,6 +126,7 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
     }
 
     omp_set_num_threads(cfg.threads);
+    attn::set_num_threads(cfg.threads);  // the library's own setting (it would otherwise follow ATTN_NUM_THREADS)
     rep.machine = bench::describe_machine();
     rep.command = bench::command_line();
     if (cfg.torch) rep.torch_version = bench::probe_torch(cfg, rep.torch_note);
@@ -194,7 +200,7 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
 void add_bench_command(CLI::App& app) {
     auto args = std::make_shared<BenchArgs>();
     CLI::App* cmd = app.add_subcommand(
-        "bench", "Benchmark attn on the shapes of bench-shapes.md beside the reference and PyTorch, in the same run");
+        "bench", "Benchmark attn on the shapes of bench/shapes.md beside the reference and PyTorch, in the same run");
     auto* shapes = cmd->add_option("--shapes", args->shapes, "shape ids, comma-separated (S1,S2,...) or all")
                        ->capture_default_str();
     cmd->add_option("--impl", args->impls, "attn kernels to time, comma-separated: auto, reference, flash")->capture_default_str();
@@ -202,7 +208,9 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("--threads", args->threads, "threads (default: ATTN_NUM_THREADS, else OMP_NUM_THREADS, else all CPUs)");
     cmd->add_option("--json", args->json, "also write the results as JSON to this file");
     cmd->add_flag("--torch,!--no-torch", args->torch, "run PyTorch's hand-written attention beside attn (default on)");
-    cmd->add_flag("--quick", args->quick, "smoke test: 2 runs, short peak loops, a small bandwidth buffer");
+    cmd->add_flag("--quick", args->quick,
+                  "smoke test: 2 runs, short peak loops, a small bandwidth buffer, and without the slow shapes (S8) "
+                  "unless --shapes names them");
     auto* maxs = cmd->add_option("--max-seconds", args->max_seconds, "stop timing a (shape, impl) after this many seconds of timed calls")
                      ->capture_default_str();
     cmd->add_option("--reference-max-gflop", args->reference_max_gflop,

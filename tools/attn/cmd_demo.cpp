@@ -13,6 +13,7 @@
 #include "attn/sdpa.hpp"
 #include "commands.hpp"
 #include "output_files.hpp"
+#include "threads_option.hpp"
 
 namespace attn::cli {
 namespace {
@@ -167,6 +168,7 @@ void add_demo_command(CLI::App& app) {
     auto no_heatmap = std::make_shared<bool>(false);
     auto* path = cmd->add_option("--heatmap", *heatmap, "where to draw A as a heatmap (.png or .svg)")->capture_default_str();
     cmd->add_flag("--no-heatmap", *no_heatmap, "draw no heatmap")->excludes(path);
+    add_threads_option(cmd);
     cmd->callback([heatmap, no_heatmap] { run_demo(*no_heatmap ? std::string() : *heatmap); });
 }
 

@@ -79,6 +79,11 @@ std::string basename(const std::string& path) {
 }
 
 void run(const HeatmapArgs& a) {
+    if (a.weights.empty()) {
+        throw Error("heatmap: which weights? give the .npy file first: attn heatmap W.npy --out W.png "
+                    "(W.npy as written by attn sdpa --weights)");
+    }
+    if (a.out.empty()) throw Error("--out: required: the picture to write, FILE.png or FILE.svg");
     // Output first: a bad name or directory fails before any reading or drawing.
     try {
         image_format_for_path(a.out);
@@ -186,8 +191,10 @@ void run(const HeatmapArgs& a) {
 void add_heatmap_command(CLI::App& app) {
     auto args = std::make_shared<HeatmapArgs>();
     CLI::App* cmd = app.add_subcommand("heatmap", "Draw attention weights as a labelled heatmap (PNG or SVG)");
-    cmd->add_option("weights", args->weights, "attention weights .npy: (Lq, Lk), (H, Lq, Lk) or (B, H, Lq, Lk)")->required();
-    cmd->add_option("--out", args->out, "output picture: FILE.png or FILE.svg")->required();
+    // Both required; checked in run() so that the message says what to give (CLI11 would say
+    // only "weights is required").
+    cmd->add_option("weights", args->weights, "attention weights .npy: (Lq, Lk), (H, Lq, Lk) or (B, H, Lq, Lk) (required)");
+    cmd->add_option("--out", args->out, "output picture: FILE.png or FILE.svg (required)");
     auto* tokens = cmd->add_option("--tokens", args->tokens, "key tokens (columns), comma-separated; also the query tokens when Lq = Lk");
     auto* tokens_file = cmd->add_option("--tokens-file", args->tokens_file, "key tokens, one per line (a regular file of at most 16 MiB)");
     tokens->excludes(tokens_file);

@@ -4,6 +4,7 @@
 //          [--grad-out dO.npy --grads G.safetensors [--dropout-p P --dropout-seed S]]   (training)
 // PyTorch nn.MultiheadAttention (eval mode) on .npy files, with its state_dict in safetensors.
 #include <map>
+#include <sstream>
 #include <memory>
 
 #include "attn/error.hpp"
@@ -12,6 +13,7 @@
 #include "attn/safetensors.hpp"
 #include "commands.hpp"
 #include "output_files.hpp"
+#include "threads_option.hpp"
 
 namespace attn::cli {
 namespace {
@@ -36,6 +38,11 @@ void run(const MhaArgs& a) {
     }
     const bool training = !a.grads.empty();
     if (training && !a.weights.empty()) throw Error("--weights: not available with --grads (training mode)");
+    if (!(a.dropout_p >= 0.0 && a.dropout_p < 1.0)) {
+        std::ostringstream given;
+        given << a.dropout_p;
+        throw Error("--dropout-p: expected a probability 0 <= p < 1 but got " + given.str());
+    }
     if (!training && a.dropout_p != 0.0) throw Error("--dropout-p: only with --grads (training mode); eval mode has no dropout");
     OutputFiles outputs;
     outputs.add("--out", a.out);
@@ -139,9 +146,10 @@ void add_mha_command(CLI::App& app) {
     cmd->add_option("--grads", args->grads,
                     "training: write every gradient as F32 safetensors: the state_dict names, then 'query' (and 'key', "
                     "'value' when they are other files; an input used twice gets the sum)");
-    cmd->add_option("--dropout-p", args->dropout_p, "training: dropout probability on the attention weights (0 <= p < 1)")
-        ->check(CLI::Range(0.0, 0.999999));
+    // The range is checked in run(), in attn's words (a CLI11 Range check would word it its way).
+    cmd->add_option("--dropout-p", args->dropout_p, "training: dropout probability on the attention weights (0 <= p < 1)");
     cmd->add_option("--dropout-seed", args->dropout_seed, "training: dropout seed (the keep mask is a function of it)");
+    add_threads_option(cmd);
     cmd->callback([args] { run(*args); });
 }
 

@@ -26,6 +26,7 @@
 #include "attn/npy.hpp"
 #include "attn/ring.hpp"
 #include "output_files.hpp"
+#include "threads_option.hpp"
 #endif
 
 namespace attn::cli {
@@ -275,8 +276,11 @@ void add_ring_command(CLI::App& app) {
     cmd->add_option("--scale", args->scale, "score scale (default 1/sqrt(Dk)); any finite number");
     cmd->add_option("--key-lengths", args->key_lengths, "int32/int64 (B,): valid keys per sequence (padding at the end)");
     cmd->add_option("--layout", args->layout, "how the sequence is cut over ranks: zigzag (default, balanced) or contiguous");
-    cmd->add_option("--impl", args->impl, "local kernel: auto, reference or flash");
+    cmd->add_option("--impl", args->impl,
+                    "local kernel of each block: auto (what attn::sdpa picks: flash, or decode for a block of at most 16 "
+                    "queries), reference or flash");
     cmd->add_flag("--stats", args->stats, "print per-rank compute/wait times and the compute max/min ratio on stderr");
+    add_threads_option(cmd);
     cmd->callback([args] { run(*args); });
 }
 

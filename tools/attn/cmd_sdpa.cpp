@@ -15,6 +15,7 @@
 #include "attn/sdpa_backward.hpp"
 #include "commands.hpp"
 #include "output_files.hpp"
+#include "threads_option.hpp"
 
 namespace attn::cli {
 namespace {
@@ -184,6 +185,7 @@ void add_sdpa_command(CLI::App& app) {
     cmd->add_option("--dropout", args->dropout, "dropout probability on the attention weights, 0 <= P < 1 (training)");
     cmd->add_option("--seed", args->seed, "dropout seed (the same seed gives the same dropout mask)");
     cmd->add_flag("--verbose", args->verbose, "say which kernel ran and why others were declined");
+    add_threads_option(cmd);
     cmd->callback([args] { run(*args); });
 }
 

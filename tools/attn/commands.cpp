@@ -20,4 +20,18 @@ void add_commands(CLI::App& app) {
     make_options_strict(app);  // every option declared above: no empty values, strict numbers
 }
 
+std::string unknown_command(const CLI::App& app, int argc, const char* const* argv) {
+    std::string names;
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+        names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (argc < 2) return "a command is required: one of " + names + " (attn --help)";
+    const std::string first = argv[1];
+    if (!first.empty() && first[0] == '-') return "";  // --help, --version, or an option CLI11 names
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+        if (sub->check_name(first)) return "";
+    }
+    return "unknown command '" + first + "': expected one of " + names + " (attn --help)";
+}
+
 }  // namespace attn::cli

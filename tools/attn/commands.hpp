@@ -3,11 +3,16 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
 
 namespace attn::cli {
 
 // Every subcommand below, the version flag and "exactly one subcommand" (commands.cpp).
 void add_commands(CLI::App& app);
+
+// "" when argv names a command (or asks for --help/--version); else the one-line error naming
+// what was given and the commands there are (the first argument that is not an option).
+std::string unknown_command(const CLI::App& app, int argc, const char* const* argv);
 
 void add_bench_command(CLI::App& app);
 void add_sdpa_command(CLI::App& app);

@@ -12,6 +12,11 @@ int main(int argc, char** argv) {
     attn::cli::add_commands(app);  // every option strict: no empty values, strict numbers
     attn::cli::install_signal_handlers();
     try {
+        // CLI11 would say only "A subcommand is required" for `attn bogus`: name the word.
+        if (const std::string unknown = attn::cli::unknown_command(app, argc, argv); !unknown.empty()) {
+            std::fprintf(stderr, "attn: error: %s\n", unknown.c_str());
+            return 2;
+        }
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {
         return app.exit(e);

@@ -1,0 +1,74 @@
+#include "attn/threads.hpp"
+
+#include <omp.h>
+
+#include <atomic>
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "attn/error.hpp"
+#include "core/threads.hpp"
+
+namespace attn {
+namespace {
+
+constexpr int kMaxThreads = 4096;
+
+std::atomic<int> g_threads{0};      // set_num_threads; 0 = default
+thread_local int t_override = 0;    // ScopedNumThreads on this thread; 0 = none
+
+// ATTN_NUM_THREADS when it is an integer in 1..4096, else 0 (the variable is ignored, as
+// OpenMP ignores a malformed OMP_NUM_THREADS).
+int env_threads() {
+    static const int value = [] {
+        const char* env = std::getenv("ATTN_NUM_THREADS");
+        if (env == nullptr) return 0;
+        int n = 0;
+        const char* end = env + std::strlen(env);
+        const auto [p, ec] = std::from_chars(env, end, n);
+        return ec == std::errc() && p == end && n >= 1 && n <= kMaxThreads ? n : 0;
+    }();
+    return value;
+}
+
+
+void check_count(int n, const char* what) {
+    if (n < 0 || n > kMaxThreads) {
+        throw Error(std::string(what) + ": expected a thread count from 1 to " + std::to_string(kMaxThreads) +
+                    " (0 = the default) but got " + std::to_string(n));
+    }
+}
+
+}  // namespace
+
+void set_num_threads(int n) {
+    check_count(n, "set_num_threads");
+    g_threads.store(n, std::memory_order_relaxed);
+}
+
+int num_threads() {
+    if (t_override > 0) return t_override;
+    if (const int g = g_threads.load(std::memory_order_relaxed); g > 0) return g;
+    if (const int e = env_threads(); e > 0) return e;
+    return omp_get_max_threads();
+}
+
+ScopedNumThreads::ScopedNumThreads(int n) : previous_(t_override) {
+    check_count(n, "threads");
+    if (n > 0) t_override = n;
+}
+
+ScopedNumThreads::~ScopedNumThreads() { t_override = previous_; }
+
+namespace detail {
+
+// omp_get_max_threads() is read before the count is changed, so num_threads()'s OpenMP
+// default is the caller's own setting, and a nested scope (sdpa inside an MHA call) keeps it.
+ComputeThreads::ComputeThreads() : previous_(omp_get_max_threads()) { omp_set_num_threads(num_threads()); }
+
+ComputeThreads::~ComputeThreads() { omp_set_num_threads(previous_); }
+
+}  // namespace detail
+}  // namespace attn
