@@ -9,7 +9,7 @@
 #include <string>
 
 #include "attn/error.hpp"
-#include "core/threads.hpp"
+#include "threads.hpp"
 
 namespace attn {
 namespace {

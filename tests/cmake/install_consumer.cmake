@@ -28,6 +28,7 @@ step("cmake --install" ${CMAKE_COMMAND} --install "${ATTN_BUILD_DIR}" --prefix "
 # The installed tree has what a consumer needs (lib may be lib/ or lib64/).
 file(GLOB config "${prefix}/lib*/cmake/attn/attnConfig.cmake")
 foreach(f "${prefix}/include/attn/sdpa.hpp" "${prefix}/include/attn/tensor.hpp" "${prefix}/include/attn/version.hpp"
+          "${prefix}/include/attn/heatmap.hpp" "${prefix}/include/attn/threads.hpp"
           "${prefix}/bin/attn")
   if(NOT EXISTS "${f}")
     file(REMOVE_RECURSE "${WORK_DIR}")
@@ -48,6 +49,26 @@ message(STATUS "consumer says: ${step_output}")
 if(NOT step_output MATCHES "consumer: attn [0-9]+\\.[0-9]+\\.[0-9]+ ok")
   file(REMOVE_RECURSE "${WORK_DIR}")
   message(FATAL_ERROR "unexpected consumer output: ${step_output}")
+endif()
+# attn::viz links and draws (its header, attn/heatmap.hpp, is installed).
+step("run the heatmap consumer" "${build}/attn_consumer_viz")
+if(NOT step_output MATCHES "consumer_viz: png [0-9]+x[0-9]+ ok")
+  file(REMOVE_RECURSE "${WORK_DIR}")
+  message(FATAL_ERROR "unexpected consumer_viz output: ${step_output}")
+endif()
+# attn/ring.hpp is installed exactly when attn::dist is, and then it links and runs (one rank,
+# no mpirun; OpenMPI wants the two variables when the test runs as root).
+set(ring_header "${prefix}/include/attn/ring.hpp")
+if(EXISTS "${build}/attn_consumer_ring")
+  step("run the ring consumer" ${CMAKE_COMMAND} -E env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+       "${build}/attn_consumer_ring")
+  if(NOT step_output MATCHES "consumer_ring: ok")
+    file(REMOVE_RECURSE "${WORK_DIR}")
+    message(FATAL_ERROR "unexpected consumer_ring output: ${step_output}")
+  endif()
+elseif(EXISTS "${ring_header}")
+  file(REMOVE_RECURSE "${WORK_DIR}")
+  message(FATAL_ERROR "attn/ring.hpp is installed but find_package(attn) has no attn::dist to link it")
 endif()
 # The installed CLI runs too.
 step("run the installed attn" "${prefix}/bin/attn" --version)

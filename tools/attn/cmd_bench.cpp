@@ -118,8 +118,12 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
         for (const auto& c : registry) {
             std::printf("%-4s %-18s %-32s %s\n", c.id.c_str(), c.variant.c_str(), c.what.c_str(),
                         c.run ? c.shape.c_str() : c.unavailable.c_str());
+            // "selected": whether this command line (--shapes, --quick) would run it.
+            const bool chosen = std::any_of(selected.begin(), selected.end(), [&](const bench::BenchCase& x) {
+                return x.id == c.id && x.variant == c.variant;
+            });
             list.push_back({{"id", c.id}, {"variant", c.variant}, {"what", c.what}, {"shape", c.shape},
-                            {"available", static_cast<bool>(c.run)}, {"note", c.unavailable}});
+                            {"available", static_cast<bool>(c.run)}, {"selected", chosen}, {"note", c.unavailable}});
         }
         if (!a.json.empty()) bench::write_json(a.json, {{"schema", "attn-bench-list/1"}, {"cases", list}});
         return;
@@ -207,7 +211,7 @@ void add_bench_command(CLI::App& app) {
     auto* runs = cmd->add_option("--runs", args->runs, "timed calls per (shape, impl) after one warm-up")->capture_default_str();
     cmd->add_option("--threads", args->threads, "threads (default: ATTN_NUM_THREADS, else OMP_NUM_THREADS, else all CPUs)");
     cmd->add_option("--json", args->json, "also write the results as JSON to this file");
-    cmd->add_flag("--torch,!--no-torch", args->torch, "run PyTorch's hand-written attention beside attn (default on)");
+    cmd->add_flag("--torch,!--no-torch", args->torch, "run PyTorch's hand-written attention beside attn (default on; --no-torch turns it off)");
     cmd->add_flag("--quick", args->quick,
                   "smoke test: 2 runs, short peak loops, a small bandwidth buffer, and without the slow shapes (S8) "
                   "unless --shapes names them");

@@ -1,0 +1,96 @@
+"""The CLI as a newcomer meets it: what it says when a word, an option or a file is wrong, what
+its help says about defaults, --threads everywhere it computes, and `attn bench --quick`
+leaving out the minutes-long shape. Every error is one line `attn: error: …`, exit status 2."""
+import json
+import os
+import subprocess
+
+import pytest
+
+ATTN = os.environ["ATTN_BIN"]
+COMMANDS = ["bench", "sdpa", "mha", "ring", "demo", "heatmap"]
+
+
+def attn(*args, cwd=None):
+    return subprocess.run([ATTN, *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def one_error_line(p):
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    lines = p.stderr.strip().split("\n")
+    assert len(lines) == 1 and lines[0].startswith("attn: error: "), p.stderr
+    return lines[0]
+
+
+def test_unknown_command_is_named_with_the_choices():
+    line = one_error_line(attn("bogus"))
+    assert "unknown command 'bogus'" in line
+    for c in COMMANDS:
+        assert c in line
+
+
+def test_no_command_lists_the_choices():
+    line = one_error_line(attn())
+    assert "a command is required" in line and "sdpa" in line
+
+
+def test_unknown_option_is_named():
+    line = one_error_line(attn("sdpa", "--q", "Q.npy", "--k", "K.npy", "--v", "V.npy", "--out", "O.npy", "--bogus", "1"))
+    assert "--bogus" in line
+
+
+def test_heatmap_without_a_file_says_what_to_give(tmp_path):
+    line = one_error_line(attn("heatmap", cwd=tmp_path))
+    assert "W.npy" in line and "weights is required" not in line
+    line = one_error_line(attn("heatmap", "W.npy", cwd=tmp_path))
+    assert "--out" in line
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("p", ["1", "1.5", "-0.1"])
+def test_dropout_p_range_in_attns_words(tmp_path, p):
+    line = one_error_line(attn("mha", "--params", "P.safetensors", "--num-heads", "2", "--query", "Q.npy",
+                               "--out", "O.npy", "--grad-out", "dO.npy", "--grads", "G.safetensors",
+                               "--dropout-p", p, cwd=tmp_path))
+    assert line == f"attn: error: --dropout-p: expected a probability 0 <= p < 1 but got {float(p):g}"
+
+
+def test_torch_flag_help_does_not_say_off():
+    out = attn("bench", "--help").stdout
+    torch_line = next(l for l in out.split("\n") if "--torch" in l)
+    assert "{false}" not in torch_line and "default on" in torch_line, torch_line
+
+
+def test_ring_impl_help_says_what_auto_runs():
+    out = attn("ring", "--help").stdout
+    assert "decode" in out and "auto" in out
+
+
+@pytest.mark.parametrize("cmd", ["sdpa", "mha", "ring", "demo", "bench"])
+def test_every_compute_command_takes_threads(cmd):
+    assert "--threads" in attn(cmd, "--help").stdout
+
+
+def test_threads_out_of_range_is_one_line(tmp_path):
+    line = one_error_line(attn("sdpa", "--q", "Q.npy", "--k", "K.npy", "--v", "V.npy", "--out", "O.npy",
+                               "--threads", "0", cwd=tmp_path))
+    assert "--threads" in line and "got 0" in line
+
+
+def bench_list(tmp_path, *args):
+    out = tmp_path / "list.json"
+    p = attn("bench", "--no-torch", "--list", "--json", str(out), *args)
+    assert p.returncode == 0, p.stderr
+    with open(out) as f:
+        return {(e["id"], e["variant"]): e["selected"] for e in json.load(f)["cases"]}, p.stderr
+
+
+def test_bench_quick_leaves_out_the_32k_shape(tmp_path):
+    quick, note = bench_list(tmp_path, "--quick")
+    assert not any(sel for (i, _), sel in quick.items() if i == "S8"), quick
+    assert quick[("S1", "")] and "S8" in note
+    full, _ = bench_list(tmp_path)
+    assert all(full.values()), full
+    # Named, it runs even with --quick.
+    named, _ = bench_list(tmp_path, "--quick", "--shapes", "S8")
+    assert named[("S8", "")] and not named[("S1", "")]
