@@ -57,8 +57,11 @@ def test_dropout_p_range_in_attns_words(tmp_path, p):
 
 def test_torch_flag_help_does_not_say_off():
     out = attn("bench", "--help").stdout
-    torch_line = next(l for l in out.split("\n") if "--torch" in l)
-    assert "{false}" not in torch_line and "default on" in torch_line, torch_line
+    lines = [l for l in out.split("\n") if "-torch " in l or "-torch{" in l]
+    assert not any("{false}" in l for l in lines), lines
+    torch_line = next(l for l in lines if l.strip().startswith("--torch"))
+    assert "(the default)" in torch_line, torch_line
+    assert any(l.strip().startswith("--no-torch") for l in lines), lines
 
 
 def test_ring_impl_help_says_what_auto_runs():

@@ -211,7 +211,11 @@ void add_bench_command(CLI::App& app) {
     auto* runs = cmd->add_option("--runs", args->runs, "timed calls per (shape, impl) after one warm-up")->capture_default_str();
     cmd->add_option("--threads", args->threads, "threads (default: ATTN_NUM_THREADS, else OMP_NUM_THREADS, else all CPUs)");
     cmd->add_option("--json", args->json, "also write the results as JSON to this file");
-    cmd->add_flag("--torch,!--no-torch", args->torch, "run PyTorch's hand-written attention beside attn (default on; --no-torch turns it off)");
+    // Two flags rather than CLI11's "--torch,!--no-torch", whose help reads "--no-torch{false}" as
+    // if torch were off by default.
+    auto* torch_on = cmd->add_flag("--torch", args->torch, "run PyTorch's hand-written attention beside attn (the default)");
+    cmd->add_flag_callback("--no-torch", [args] { args->torch = false; }, "do not run PyTorch beside attn")
+        ->excludes(torch_on);
     cmd->add_flag("--quick", args->quick,
                   "smoke test: 2 runs, short peak loops, a small bandwidth buffer, and without the slow shapes (S8) "
                   "unless --shapes names them");
