@@ -33,7 +33,6 @@ int env_threads() {
     return value;
 }
 
-
 void check_count(int n, const char* what) {
     if (n < 0 || n > kMaxThreads) {
         throw Error(std::string(what) + ": expected a thread count from 1 to " + std::to_string(kMaxThreads) +
