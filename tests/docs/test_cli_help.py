@@ -25,14 +25,14 @@ def one_error_line(p):
 
 def test_unknown_command_is_named_with_the_choices():
     line = one_error_line(attn("bogus"))
-    assert "unknown command 'bogus'" in line
+    assert "unknown subcommand 'bogus'" in line
     for c in COMMANDS:
         assert c in line
 
 
 def test_no_command_lists_the_choices():
     line = one_error_line(attn())
-    assert "a command is required" in line and "sdpa" in line
+    assert "a subcommand is required" in line and "sdpa" in line
 
 
 def test_unknown_option_is_named():

@@ -25,13 +25,13 @@ std::string unknown_command(const CLI::App& app, int argc, const char* const* ar
     for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
         names += (names.empty() ? "" : ", ") + sub->get_name();
     }
-    if (argc < 2) return "a command is required: one of " + names + " (attn --help)";
+    if (argc < 2) return "a subcommand is required: one of " + names + " (attn --help)";
     const std::string first = argv[1];
     if (!first.empty() && first[0] == '-') return "";  // --help, --version, or an option CLI11 names
     for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
         if (sub->check_name(first)) return "";
     }
-    return "unknown command '" + first + "': expected one of " + names + " (attn --help)";
+    return "unknown subcommand '" + first + "': expected one of " + names + " (attn --help)";
 }
 
 }  // namespace attn::cli
