@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "attn/error.hpp"
+#include "attn/threads.hpp"
 
 namespace attn::detail {
 
@@ -37,9 +38,7 @@ void flash_forward(const SdpaProblem& p, const KernelSet& kernels, int threads, 
         throw Error("flash tiles: Mb must be a multiple of 16 in [16, 4096] and Nb in [1, 4096] but got Mb=" +
                     std::to_string(t.Mb) + " Nb=" + std::to_string(t.Nb));
     }
-    if (threads <= 0) {
-        if (const char* env = std::getenv("ATTN_NUM_THREADS")) threads = std::atoi(env);
-    }
+    if (threads <= 0) threads = num_threads();  // the one thread setting (attn/threads.hpp)
     const Dropout drop(p.dropout_p, p.dropout_seed);  // once per call; inactive when p = 0
     kernels.flash_forward(p, t, drop, threads);
 }
