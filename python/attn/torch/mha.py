@@ -158,6 +158,7 @@ def replace_attention(model):
     for module in model.modules():
         if type(module) is nn.MultiheadAttention:
             module.__class__ = MultiheadAttention
+    for module in model.modules():  # after the swap: modules() lists a layer before its self_attn
         if isinstance(module, nn.TransformerEncoderLayer) and isinstance(module.self_attn, MultiheadAttention):
             module.activation_relu_or_gelu = 0
     return model
