@@ -7,6 +7,7 @@ softmax weights and W the dropped, rescaled ones that multiply V (both from attn
 with return_weights): that materializes (N, H, L, S), so it is done only when asked for.
 """
 import torch
+from torch.autograd.function import once_differentiable
 
 from .. import _attn
 from . import _convert
@@ -41,6 +42,7 @@ class SdpaFunction(torch.autograd.Function):
         return _convert.tensor(out)
 
     @staticmethod
+    @once_differentiable  # attn has no double backward: create_graph=True through it is an error
     def backward(ctx, grad_out):
         query, key, value, float_mask = ctx.saved_tensors
         out, lse, bool_mask = ctx.arrays
