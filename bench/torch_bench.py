@@ -125,6 +125,20 @@ def s1(a):
     med = statistics.median(res["attn.torch.sdpa (Python)"]) / statistics.median(res["attn::sdpa (C++ timer)"]) - 1
     print(f"  binding overhead: median {100 * med:+.2f}% (per round "
           + ", ".join(f"{100 * r:+.1f}%" for r in ratios) + ")")
+    # The same overhead measured where the noise cannot hide it: the binding's fixed cost per
+    # call (a (1, 1, 4, 8) problem, Python call vs the C++ call), as a fraction of S1's C++ time.
+    tq, tk, tv = (torch.randn(1, 1, 4, 8, generator=g) for _ in range(3))
+    tn = [x.numpy() for x in (tq, tk, tv)]
+    py_tiny, cpp_tiny = [], []
+    for _ in range(a.rounds):
+        t0 = CLOCK()
+        for _ in range(2000):
+            attn.torch.sdpa(tq, tk, tv)
+        py_tiny.append((CLOCK() - t0) / 2000)
+        cpp_tiny.append(statistics.median(attn._time_cpp_sdpa(*tn, 2000, cpu)))
+    fixed = statistics.median(py_tiny) - statistics.median(cpp_tiny)
+    print(f"  fixed cost per call {fixed * 1e6:.1f} us (tiny problem: Python {statistics.median(py_tiny) * 1e6:.1f} us, "
+          f"C++ {statistics.median(cpp_tiny) * 1e6:.1f} us) = {100 * fixed / statistics.median(res['attn::sdpa (C++ timer)']):.3f}% of S1")
 
 
 def main():
