@@ -200,3 +200,28 @@ def test_errors_name_the_argument(call, error, words):
         call(q, k, v)
     for w in words:
         assert w in str(e.value), str(e.value)
+
+
+def test_thread_count_in_effect_during_the_call(monkeypatch):
+    # What attn's kernels see (the calling thread's OpenMP count) while the extension runs:
+    # torch.get_num_threads() by default, `threads=` when given; the previous count after.
+    seen = []
+    real = attn._attn.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(attn._get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attn._attn, "scaled_dot_product_attention", spy)
+    q, k, v = inputs(torch.float32, grad=False)
+    torch_threads = torch.get_num_threads()
+    before = attn._get_num_threads()
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            at.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            assert seen[-1] == n
+    finally:
+        torch.set_num_threads(torch_threads)
+    at.scaled_dot_product_attention(q, k, v, enable_gqa=True, threads=5)
+    assert seen[-1] == 5 and attn._get_num_threads() == before
