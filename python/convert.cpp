@@ -55,8 +55,8 @@ py::array as_array(const py::handle& obj, const std::string& name) {
     // torch refuses numpy() on a tensor that requires grad; asked first so that the message
     // names the argument and the way out rather than torch's RuntimeError.
     if (py::hasattr(obj, "requires_grad") && py::bool_(obj.attr("requires_grad"))) {
-        type_error(name + ": a tensor with requires_grad=True cannot be read (attn has no autograd); pass " + name +
-                   ".detach()");
+        type_error(name + ": a tensor with requires_grad=True cannot be read (attn's NumPy functions have no "
+                   "autograd); pass " + name + ".detach(), or use attn.torch for gradients");
     }
     py::array a = py::array::ensure(obj);
     if (a) return a;

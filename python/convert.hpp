@@ -43,7 +43,7 @@ std::string shape_str(const py::array& a);
 
 // Anything array-like → a NumPy array, without copying one that already is (np.asarray).
 // `name` is the Python argument, for the TypeError when that is impossible — e.g. a torch
-// tensor with requires_grad=True (attn has no autograd yet: pass .detach()).
+// tensor with requires_grad=True (no autograd here: pass .detach(), or use attn.torch).
 py::array as_array(const py::handle& obj, const std::string& name);
 
 // A view of `a` with its own rank, which must lie in [min_rank, max_rank] (`layout` names the

@@ -17,7 +17,8 @@
 
 namespace py = pybind11;
 
-PYBIND11_MODULE(attn, m) {
+PYBIND11_MODULE(_attn, m) {
+    // The package `attn` (python/attn/__init__.py) re-exports everything defined here.
     m.doc() = "attn: scaled dot-product attention for CPUs, on NumPy arrays with PyTorch's names";
     m.attr("__version__") = attn::kVersion;
 
@@ -43,4 +44,5 @@ PYBIND11_MODULE(attn, m) {
     attn_py::bind_sdpa(m);
     attn_py::bind_kv_cache(m);
     attn_py::bind_mha(m);
+    attn_py::bind_threads(m);
 }

@@ -5,6 +5,8 @@ set -euo pipefail
 
 build_pkgs=(build-essential cmake ninja-build libcli11-dev libgtest-dev libopenblas-dev nlohmann-json3-dev)
 test_pkgs=(python3 python3-numpy python3-torch python3-pytest)
+# pip install --no-build-isolation . (setup.py) and its test in a venv: Debian's, no download.
+test_pkgs+=(python3-pip python3-setuptools python3-wheel python3-venv)
 # Heatmaps (attn heatmap, attn demo): cairo + pango, fonts with CJK; tests decode/render them.
 build_pkgs+=(pkg-config libcairo2-dev libpango1.0-dev fonts-noto-cjk fonts-dejavu-core)
 test_pkgs+=(python3-pil librsvg2-bin)

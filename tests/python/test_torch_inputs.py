@@ -1,7 +1,7 @@
 # torch tensors as inputs: read in place like numpy arrays when they can be; a tensor that
-# requires grad is a TypeError naming the argument and the way out (.detach()) wherever it is
-# passed — attn has no autograd yet — rather than torch's RuntimeError (or pybind11's
-# "error indicator not set").
+# requires grad is a TypeError naming the argument and the ways out (.detach(), attn.torch)
+# wherever it is passed — the NumPy functions have no autograd; attn.torch has — rather than
+# torch's RuntimeError (or pybind11's "error indicator not set").
 import numpy as np
 import pytest
 import torch
@@ -18,7 +18,7 @@ def expect_detach_error(name, call):
     with pytest.raises(TypeError) as e:
         call()
     msg = str(e.value)
-    assert name in msg and "requires_grad" in msg and ".detach()" in msg, msg
+    assert name in msg and "requires_grad" in msg and ".detach()" in msg and "attn.torch" in msg, msg
 
 
 @pytest.mark.parametrize("name", ["query", "key", "value", "attn_mask"])

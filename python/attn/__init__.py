@@ -1,0 +1,11 @@
+"""attn: scaled dot-product attention for CPUs, on NumPy arrays with PyTorch's names.
+
+Everything is defined by the extension attn._attn (python/*.cpp) and re-exported here;
+`import attn.torch` adds torch tensors, autograd and nn.Module wrappers (python/attn/torch/).
+"""
+from . import _attn
+
+# Every name of the extension, the private helpers (_input_copies, ...) included.
+globals().update({k: v for k, v in vars(_attn).items() if not (k.startswith("__") and k.endswith("__"))})
+__version__ = _attn.__version__
+__doc__ = _attn.__doc__

@@ -1,0 +1,60 @@
+"""torch tensors ↔ the NumPy arrays attn's extension reads, without copying.
+
+A CPU tensor's .numpy() is a NumPy array over the same memory with the same strides, so
+attn reads permuted, sliced and expanded tensors in place (the extension counts the inputs
+it must copy in attn._input_copies(); for torch tensors that is none). Outputs are the
+extension's fresh arrays, wrapped by torch.from_numpy (no copy either).
+"""
+import numbers
+
+import torch
+
+from .. import _attn
+
+
+def array(t, name):
+    """The NumPy view of tensor `t`; TypeError/ValueError naming `name` for what attn cannot read."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor but got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{name}: attn runs on the CPU but got a tensor on device '{t.device}' "
+                         "(move it with .cpu())")
+    if t.layout != torch.strided or t.is_nested or t.is_quantized:
+        raise TypeError(f"{name}: expected a dense tensor but got layout {t.layout}"
+                        + (" (nested)" if t.is_nested else " (quantized)" if t.is_quantized else ""))
+    try:
+        return t.detach().resolve_conj().resolve_neg().numpy()
+    except TypeError:  # a dtype NumPy does not have (bfloat16, ...)
+        raise TypeError(f"{name}: unsupported dtype {t.dtype} (expected torch.float32 or torch.float64)") from None
+
+
+def maybe_array(x, name):
+    """A tensor as array(); anything else (None, int, list, NumPy array) as given."""
+    return array(x, name) if isinstance(x, torch.Tensor) else x
+
+
+def tensor(a):
+    return torch.from_numpy(a)
+
+
+def check_real(x, name, what):
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{name}: expected {what} but got {x!r}")
+
+
+class Threads:
+    """Runs attn on `threads` threads (default torch.get_num_threads()) for one call, then
+    gives the calling thread's previous OpenMP count back."""
+
+    def __init__(self, threads):
+        self.n = torch.get_num_threads() if threads is None else threads
+
+    def __enter__(self):
+        self.prev = _attn._get_num_threads()
+        if self.n != self.prev:
+            _attn._set_num_threads(self.n)  # TypeError/ValueError naming `threads`
+
+    def __exit__(self, *exc):
+        if self.n != self.prev:
+            _attn._set_num_threads(self.prev)
+        return False

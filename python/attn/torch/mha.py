@@ -1,0 +1,164 @@
+"""attn.torch.MultiheadAttention and replace_attention.
+
+MultiheadAttention *is* an nn.MultiheadAttention (a subclass adding no state): the same
+constructor, parameters, buffers and state_dict, so weights load both ways and
+replace_attention can swap the class of an existing module in place. Only forward differs:
+the projections stay torch's (F.linear, autograd as usual) and the attention itself is
+attn.torch.scaled_dot_product_attention on (N, H, L, Dh) views of the projections (read in
+place: no copies), differentiable, with attention-weight dropout in training mode.
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import _attn
+from . import _convert
+from .functional import scaled_dot_product_attention
+
+
+def _mask_kind(m, name):
+    if m is None:
+        return None
+    if not isinstance(m, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor or None but got {type(m).__name__}")
+    if m.dtype == torch.bool or m.is_floating_point():
+        return m
+    if m.dtype == torch.uint8:  # torch's deprecated byte masks: nonzero = masked, like True
+        return m.bool()
+    raise TypeError(f"{name}: dtype must be bool or floating point but got {m.dtype}")
+
+
+def _combined_mask(attn_mask, key_padding_mask, n, h, lq, lk, dtype):
+    """torch's MultiheadAttention masks (True = masked out) → one sdpa mask (True = may attend,
+    or added) broadcastable to (N, H, L, S). Unmaterialized when there is only one."""
+    parts = []
+    if attn_mask is not None:
+        if attn_mask.dim() == 2:
+            if attn_mask.shape != (lq, lk):
+                raise ValueError(f"attn_mask: expected shape {(lq, lk)} but got {tuple(attn_mask.shape)}")
+            parts.append(attn_mask.view(1, 1, lq, lk))
+        elif attn_mask.dim() == 3:
+            if attn_mask.shape != (n * h, lq, lk):
+                raise ValueError(f"attn_mask: expected shape {(n * h, lq, lk)} but got {tuple(attn_mask.shape)}")
+            parts.append(attn_mask.view(n, h, lq, lk))
+        else:
+            raise ValueError(f"attn_mask: expected a 2-D or 3-D mask but got shape {tuple(attn_mask.shape)}")
+    if key_padding_mask is not None:
+        if key_padding_mask.shape != (n, lk):
+            raise ValueError(f"key_padding_mask: expected shape {(n, lk)} but got {tuple(key_padding_mask.shape)}")
+        parts.append(key_padding_mask.view(n, 1, 1, lk))
+    if not parts:
+        return None
+    if all(p.dtype == torch.bool for p in parts):
+        keep = ~parts[0]
+        for p in parts[1:]:
+            keep = keep & ~p
+        return keep
+    total = None
+    for p in parts:
+        add = (torch.zeros((), dtype=dtype).masked_fill(p, float("-inf")) if p.dtype == torch.bool else p.to(dtype))
+        total = add if total is None else total + add
+    return total
+
+
+class MultiheadAttention(nn.MultiheadAttention):
+    """nn.MultiheadAttention (same constructor, parameters and forward) computed by attn.
+
+    Differences: a query row whose keys are all masked gives 0 (torch: NaN); the returned
+    attention weights (need_weights=True) carry no gradient. forward also takes torch 2.x's
+    is_causal (a causal mask without materializing it) and attn's `threads`.
+    """
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True, is_causal=False, threads=None):
+        for t, name in ((query, "query"), (key, "key"), (value, "value")):
+            _convert.array(t, name)  # the device/type errors, named
+        batched = query.dim() == 3
+        if query.dim() not in (2, 3) or key.dim() != query.dim() or value.dim() != query.dim():
+            raise ValueError(f"query/key/value: expected (L, N, E), (N, L, E) with batch_first or unbatched (L, E) "
+                             f"but got {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
+        key_padding_mask = _mask_kind(key_padding_mask, "key_padding_mask")
+        attn_mask = _mask_kind(attn_mask, "attn_mask")
+        # Work batch-first, (N, L, E): views only.
+        if not batched:
+            query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask.unsqueeze(0)
+        elif not self.batch_first:
+            query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
+        n, lq, e = query.shape
+        if e != self.embed_dim:
+            raise ValueError(f"query: expected embedding dim {self.embed_dim} but got {e}")
+        h = self.num_heads
+        dh = e // h
+        q, k, v = self._project(query, key, value)
+        if self.bias_k is not None:
+            k = torch.cat([k, self.bias_k.view(1, 1, e).expand(n, 1, e)], 1)
+            v = torch.cat([v, self.bias_v.view(1, 1, e).expand(n, 1, e)], 1)
+            attn_mask = None if attn_mask is None else F.pad(attn_mask, (0, 1))
+            key_padding_mask = None if key_padding_mask is None else F.pad(key_padding_mask, (0, 1))
+        if self.add_zero_attn:
+            k = torch.cat([k, k.new_zeros(n, 1, e)], 1)
+            v = torch.cat([v, v.new_zeros(n, 1, e)], 1)
+            attn_mask = None if attn_mask is None else F.pad(attn_mask, (0, 1))
+            key_padding_mask = None if key_padding_mask is None else F.pad(key_padding_mask, (0, 1))
+        lk = k.size(1)
+        # (N, L, H, Dh) → (N, H, L, Dh): a strided view attn reads in place.
+        q = q.view(n, lq, h, dh).transpose(1, 2)
+        k = k.view(n, lk, h, dh).transpose(1, 2)
+        v = v.view(n, lk, h, dh).transpose(1, 2)
+        mask = _combined_mask(attn_mask, key_padding_mask, n, h, lq, lk, q.dtype)
+        p = self.dropout if self.training else 0.0
+        seed = int(torch.randint(0, 2**62, ()).item()) if p > 0 else None
+        out = scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal,
+                                           dropout_seed=seed, threads=threads)
+        out = F.linear(out.transpose(1, 2).reshape(n, lq, e), self.out_proj.weight, self.out_proj.bias)
+        weights = None
+        if need_weights:
+            with torch.no_grad(), _convert.Threads(threads):
+                arrays = [_convert.array(t, name) for t, name in ((q, "query"), (k, "key"), (v, "value"))]
+                weights = _convert.tensor(_attn.scaled_dot_product_attention(
+                    *arrays, attn_mask=None if mask is None else _convert.array(mask, "attn_mask"), dropout_p=p,
+                    is_causal=is_causal, dropout_seed=seed or 0, return_weights=True)[1])
+            if average_attn_weights:
+                weights = weights.mean(1)
+            if not batched:
+                weights = weights.squeeze(0)
+        if not batched:
+            out = out.squeeze(0)
+        elif not self.batch_first:
+            out = out.transpose(0, 1)
+        return out, weights
+
+    def _project(self, query, key, value):
+        e = self.embed_dim
+        if self._qkv_same_embed_dim:
+            w, b = self.in_proj_weight, self.in_proj_bias
+            if query is key and key is value:  # self-attention: one GEMM, split as views
+                return F.linear(query, w, b).chunk(3, dim=-1)
+            ws = w.split(e)
+            wq, wk, wv = ws
+        else:
+            wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
+            b = self.in_proj_bias
+        bq, bk, bv = (None, None, None) if b is None else b.split(e)
+        return F.linear(query, wq, bq), F.linear(key, wk, bk), F.linear(value, wv, bv)
+
+
+def replace_attention(model):
+    """Makes every nn.MultiheadAttention inside `model` (itself included) an attn.torch.MultiheadAttention,
+    in place, keeping its parameters, buffers and hooks; returns `model`.
+
+    nn.TransformerEncoderLayer (torch 1.13) skips its self_attn's forward in eval mode through
+    a fused native "fast path"; that path is switched off for the layers whose attention was
+    replaced (their activation_relu_or_gelu flag, which only selects that path, is cleared).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module but got {type(model).__name__}")
+    for module in model.modules():
+        if type(module) is nn.MultiheadAttention:
+            module.__class__ = MultiheadAttention
+    for module in model.modules():  # after the swap: modules() lists a layer before its self_attn
+        if isinstance(module, nn.TransformerEncoderLayer) and isinstance(module.self_attn, MultiheadAttention):
+            module.activation_relu_or_gelu = 0
+    return model

@@ -1,0 +1,227 @@
+# attn.torch.scaled_dot_product_attention against the float64 textbook: forward and
+# gradients (torch.autograd.gradcheck in float64; attn's float32 against the float64
+# reference), every mask kind, GQA, Lq != Lk, strided inputs read in place, dropout.
+import pytest
+import torch
+
+import attn
+import attn.torch as at
+from torch_textbook import causal_keep, lengths_keep, textbook, window_keep
+
+
+def rand(*shape, dtype=torch.float64, grad=True):
+    return torch.randn(*shape, dtype=dtype).requires_grad_(grad)
+
+
+# name → (attn keywords, textbook keep/bias) for q (B=2, H=2, Lq=3), k/v (B=2, Hkv=1, Lk=5):
+# small, for gradcheck's numerical Jacobian.
+def cases():
+    lq, lk = 3, 5
+    bool_mask = torch.rand(2, 1, lq, lk) > 0.4
+    bool_mask[..., 0] = True  # every row sees a key
+    lengths = torch.tensor([2, 5])
+    return {
+        "none": ({}, None, None),
+        "bool mask": ({"attn_mask": bool_mask}, bool_mask, None),
+        "float mask": ({"attn_mask": "float"}, None, "float"),
+        "causal": ({"is_causal": True}, causal_keep(lq, lk), None),
+        "causal bottom-right": ({"is_causal": True, "causal_alignment": "bottom-right"},
+                                causal_keep(lq, lk, True), None),
+        "window": ({"window": (1, 2)}, window_keep(lq, lk, 1, 2), None),
+        "key_lengths": ({"key_lengths": lengths}, lengths_keep(lengths, lq, lk), None),
+        "causal + float mask": ({"is_causal": True}, causal_keep(lq, lk), "float"),
+    }
+
+
+def inputs(dtype, grad=True):
+    torch.manual_seed(0)
+    return rand(2, 2, 3, 4, dtype=dtype, grad=grad), rand(2, 1, 5, 4, dtype=dtype, grad=grad), \
+        rand(2, 1, 5, 3, dtype=dtype, grad=grad)
+
+
+def resolve(kw, bias_kind, dtype):
+    """The float mask (requires grad) for the cases that use one."""
+    kw = dict(kw)
+    bias = None
+    if bias_kind == "float":
+        bias = torch.randn(1, 2, 3, 5, dtype=dtype).requires_grad_()
+        kw["attn_mask"] = bias
+    return kw, bias
+
+
+@pytest.mark.parametrize("name", list(cases()))
+def test_gradcheck_float64(name):
+    kw, keep, bias_kind = cases()[name]
+    q, k, v = inputs(torch.float64)
+    kw, bias = resolve(kw, bias_kind, torch.float64)
+    args = (q, k, v) + ((bias,) if bias is not None else ())
+
+    def f(q, k, v, *b):
+        extra = dict(kw)
+        if b:
+            extra["attn_mask"] = b[0]
+        # One thread: gradcheck makes hundreds of tiny calls, and a 2-thread OpenMP region costs
+        # milliseconds on a loaded machine. Thread counts are covered below.
+        return at.scaled_dot_product_attention(q, k, v, enable_gqa=True, threads=1, **extra)
+
+    ours = f(*args)
+    ref = textbook(q, k, v, keep, bias)
+    assert torch.allclose(ours, ref, atol=1e-12, rtol=1e-12), (ours - ref).abs().max()
+    assert torch.autograd.gradcheck(f, args)
+    # and the gradients against the textbook's
+    g = torch.randn_like(ref)
+    ours_g = torch.autograd.grad(ours, args, g)
+    ref_g = torch.autograd.grad(ref, args, g)
+    for a, b in zip(ours_g, ref_g):
+        assert torch.allclose(a, b, atol=1e-11, rtol=1e-11), (a - b).abs().max()
+
+
+@pytest.mark.parametrize("name", list(cases()))
+def test_float32_against_float64(name):
+    kw, keep, bias_kind = cases()[name]
+    q, k, v = inputs(torch.float32)
+    kw, bias = resolve(kw, bias_kind, torch.float32)
+    ours = at.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
+    assert ours.dtype == torch.float32
+    ref = textbook(q, k, v, keep, bias)
+    assert torch.allclose(ours.double(), ref, atol=2e-5, rtol=2e-5), (ours.double() - ref).abs().max()
+    g = torch.randn_like(ref)
+    args = (q, k, v) + ((bias,) if bias is not None else ())
+    ours_g = torch.autograd.grad(ours, args, g.float())
+    ref_g = torch.autograd.grad(ref, args, g)
+    for a, b in zip(ours_g, ref_g):
+        assert a.dtype == torch.float32
+        assert torch.allclose(a.double(), b.double(), atol=1e-4, rtol=1e-4), (a.double() - b).abs().max()
+
+
+def test_bool_and_float_mask_together():
+    # A float mask holding -inf where a bool mask would say False: the same result.
+    q, k, v = inputs(torch.float64, grad=False)
+    keep = torch.rand(3, 5) > 0.5
+    keep[:, 0] = True
+    added = torch.zeros(3, 5, dtype=torch.float64).masked_fill(~keep, float("-inf"))
+    a = at.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
+    b = at.scaled_dot_product_attention(q, k, v, attn_mask=added, enable_gqa=True)
+    assert torch.allclose(a, b, atol=1e-14) and torch.allclose(a, textbook(q, k, v, keep), atol=1e-12)
+
+
+def test_ranks_and_lq_ne_lk():
+    for shape_q, shape_k in (((5, 8), (9, 8)), ((3, 5, 8), (3, 9, 8)), ((2, 3, 1, 8), (2, 3, 9, 8))):
+        q, k, v = rand(*shape_q), rand(*shape_k), rand(*shape_k)
+        out = at.scaled_dot_product_attention(q, k, v)
+        assert out.shape == shape_q
+        ref = textbook(q, k, v)
+        assert torch.allclose(out, ref, atol=1e-12)
+        for a, b in zip(torch.autograd.grad(out.sum(), (q, k, v)), torch.autograd.grad(ref.sum(), (q, k, v))):
+            assert torch.allclose(a, b, atol=1e-11)
+
+
+def test_strided_inputs_read_in_place():
+    # Projections laid out (B, L, H, D) seen as (B, H, L, D), a sliced key, an expanded mask.
+    x = torch.randn(2, 7, 3, 4, 8)
+    q, k, v = (x[:, :, i].transpose(1, 2) for i in range(3))
+    k = k[:, :, ::1]
+    mask = (torch.rand(1, 1, 1, 7) > 0.3).expand(2, 4, 7, 7)
+    mask = mask | torch.eye(7, dtype=torch.bool)
+    before = attn._input_copies()
+    out = at.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert attn._input_copies() == before
+    assert not q.is_contiguous()
+    assert torch.allclose(out.double(), textbook(q, k, v, mask), atol=2e-5)
+    # and in the backward (grad_out from a transpose is strided too)
+    qg = q.clone().requires_grad_()
+    before = attn._input_copies()
+    at.scaled_dot_product_attention(qg, k, v).transpose(1, 2).sum().backward()
+    assert attn._input_copies() == before
+
+
+def test_scale():
+    q, k, v = inputs(torch.float64, grad=False)
+    out = at.scaled_dot_product_attention(q, k, v, scale=0.3, enable_gqa=True)
+    assert torch.allclose(out, textbook(q, k, v, scale=0.3), atol=1e-12)
+
+
+def test_dropout_seeded_by_torch():
+    q, k, v = inputs(torch.float64)
+    torch.manual_seed(5)
+    a = at.scaled_dot_product_attention(q, k, v, dropout_p=0.3, enable_gqa=True)
+    b = at.scaled_dot_product_attention(q, k, v, dropout_p=0.3, enable_gqa=True)
+    torch.manual_seed(5)
+    c = at.scaled_dot_product_attention(q, k, v, dropout_p=0.3, enable_gqa=True)
+    assert torch.equal(a, c) and not torch.equal(a, b)
+    assert not torch.allclose(a, at.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+    # The backward uses the forward's mask: gradcheck of one fixed seed.
+    f = lambda q, k, v: at.scaled_dot_product_attention(q, k, v, dropout_p=0.3, dropout_seed=11,  # noqa: E731
+                                                         enable_gqa=True, threads=1)
+    assert torch.autograd.gradcheck(f, (q, k, v))
+    bias = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    g = lambda q, k, v, b: at.scaled_dot_product_attention(q, k, v, b, dropout_p=0.3, dropout_seed=11,  # noqa: E731
+                                                            enable_gqa=True, threads=1)
+    assert torch.autograd.gradcheck(g, (q, k, v, bias))
+
+
+def test_no_grad_needed_gives_no_graph():
+    q, k, v = inputs(torch.float32)
+    with torch.no_grad():
+        assert at.scaled_dot_product_attention(q, k, v, enable_gqa=True).grad_fn is None
+    assert at.scaled_dot_product_attention(q, k, v, enable_gqa=True).grad_fn is not None
+
+
+def test_threads_follow_torch_and_are_given_back():
+    q, k, v = inputs(torch.float32, grad=False)
+    before = attn._get_num_threads()
+    ref = at.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    for n in (1, 2, 3):
+        out = at.scaled_dot_product_attention(q, k, v, enable_gqa=True, threads=n)
+        assert torch.equal(out, ref)
+        assert attn._get_num_threads() == before
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda q, k, v: at.sdpa(q.to("meta"), k, v), ValueError, ["query", "CPU", "meta"]),
+    (lambda q, k, v: at.sdpa(q, k.int(), v), TypeError, ["dtype", "int32"]),
+    (lambda q, k, v: at.sdpa(q, k, v.to(torch.bfloat16)), TypeError, ["value", "bfloat16"]),
+    (lambda q, k, v: at.sdpa(q, k, v[..., :6, :]), ValueError, ["V"]),
+    (lambda q, k, v: at.sdpa(q, k[:, :1], v[:, :1]), ValueError, ["enable_gqa"]),
+    (lambda q, k, v: at.sdpa(q.numpy(), k, v), TypeError, ["query", "torch.Tensor", "ndarray"]),
+    (lambda q, k, v: at.sdpa(q, k, v, attn_mask=torch.ones(3, 3)), ValueError, ["mask"]),
+    (lambda q, k, v: at.sdpa(q, k, v, attn_mask=torch.ones(5, 7, dtype=torch.int64)), TypeError, ["attn_mask"]),
+    (lambda q, k, v: at.sdpa(q, k, v, dropout_p="0.1"), TypeError, ["dropout_p"]),
+    (lambda q, k, v: at.sdpa(q, k, v, dropout_p=1.5), ValueError, ["dropout_p"]),
+    (lambda q, k, v: at.sdpa(q, k, v, is_causal="yes"), TypeError, ["is_causal"]),
+    (lambda q, k, v: at.sdpa(q, k, v, threads="2"), TypeError, ["threads"]),
+    (lambda q, k, v: at.sdpa(q, k, v, threads=0), ValueError, ["threads"]),
+    (lambda q, k, v: at.sdpa(q, k, v, no_such_keyword=1), TypeError, ["no_such_keyword"]),
+    (lambda q, k, v: at.sdpa(q, k, v, enable_gqa=1), TypeError, ["enable_gqa"]),
+])
+def test_errors_name_the_argument(call, error, words):
+    q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 4, 7, 8), torch.randn(2, 4, 7, 8)
+    with pytest.raises(error) as e:
+        call(q, k, v)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
+def test_thread_count_in_effect_during_the_call(monkeypatch):
+    # What attn's kernels see (the calling thread's OpenMP count) while the extension runs:
+    # torch.get_num_threads() by default, `threads=` when given; the previous count after.
+    seen = []
+    real = attn._attn.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(attn._get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attn._attn, "scaled_dot_product_attention", spy)
+    q, k, v = inputs(torch.float32, grad=False)
+    torch_threads = torch.get_num_threads()
+    before = attn._get_num_threads()
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            at.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            assert seen[-1] == n
+    finally:
+        torch.set_num_threads(torch_threads)
+    at.scaled_dot_product_attention(q, k, v, enable_gqa=True, threads=5)
+    assert seen[-1] == 5 and attn._get_num_threads() == before

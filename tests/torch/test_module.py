@@ -1,0 +1,218 @@
+# attn.torch.MultiheadAttention against torch.nn.MultiheadAttention (float64, the same weights
+# through state_dict both ways): outputs, attention weights and every gradient, for each
+# constructor option and mask kind; training-mode dropout; replace_attention inside
+# nn.TransformerEncoder, whose eval-mode fast path would otherwise bypass it.
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import attn.torch as at
+
+
+def pair(**kw):
+    torch.manual_seed(0)
+    ref = nn.MultiheadAttention(dtype=torch.float64, **kw)
+    if kw.get("add_bias_kv"):  # torch initializes them with xavier_normal_; make them matter
+        with torch.no_grad():
+            ref.bias_k.normal_()
+            ref.bias_v.normal_()
+    ours = at.MultiheadAttention(dtype=torch.float64, **kw)
+    assert list(ours.state_dict()) == list(ref.state_dict())
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+def padding(n, s, kind):
+    pad = torch.zeros(n, s, dtype=torch.bool)
+    pad[0, s - 2:] = True  # sequence 0 has two padded keys
+    return pad if kind == "bool" else torch.zeros(n, s, dtype=torch.float64).masked_fill(pad, -1e4)
+
+
+def attn_mask(lq, s, kind, n_h=None):
+    keep = torch.rand(lq, s) > 0.3
+    keep[:, 0] = True
+    masked = ~keep if n_h is None else (~keep).expand(n_h, lq, s).clone()
+    return masked if kind == "bool" else torch.randn(masked.shape, dtype=torch.float64)
+
+
+CONFIGS = {
+    "self": dict(ctor={}, cross=False),
+    "batch_first": dict(ctor={"batch_first": True}, cross=False),
+    "cross": dict(ctor={}, cross=True),
+    "kdim/vdim": dict(ctor={"kdim": 6, "vdim": 5}, cross=True),
+    "no bias": dict(ctor={"bias": False}, cross=False),
+    "bias_kv": dict(ctor={"add_bias_kv": True}, cross=False),
+    "zero_attn": dict(ctor={"add_zero_attn": True}, cross=True),
+}
+MASKS = {
+    "none": {},
+    "padding bool": {"key_padding_mask": "bool"},
+    "padding float": {"key_padding_mask": "float"},
+    "attn_mask 2-D bool": {"attn_mask": "bool"},
+    "attn_mask 3-D float": {"attn_mask": "float3"},
+    "both bool": {"key_padding_mask": "bool", "attn_mask": "bool"},
+}
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("average", [True, False])
+def test_against_torch(config, mask, average):
+    c = CONFIGS[config]
+    e, h, n, lq, lk = 8, 2, 3, 4, 6
+    ref, ours = pair(embed_dim=e, num_heads=h, **c["ctor"])
+    bf = c["ctor"].get("batch_first", False)
+    shape = (lambda L, d: (n, L, d)) if bf else (lambda L, d: (L, n, d))
+    x = torch.randn(shape(lq, e), dtype=torch.float64, requires_grad=True)
+    if c["cross"]:
+        k = torch.randn(shape(lk, c["ctor"].get("kdim", e)), dtype=torch.float64, requires_grad=True)
+        v = torch.randn(shape(lk, c["ctor"].get("vdim", e)), dtype=torch.float64, requires_grad=True)
+        args = (x, k, v)
+    else:
+        lk = lq
+        args = (x, x, x)
+    s = lk + (1 if c["ctor"].get("add_bias_kv") else 0) + (1 if c["ctor"].get("add_zero_attn") else 0)
+    kw = {}
+    m = MASKS[mask]
+    if "key_padding_mask" in m:
+        kw["key_padding_mask"] = padding(n, lk, m["key_padding_mask"])
+    if m.get("attn_mask") == "bool":
+        kw["attn_mask"] = attn_mask(lq, lk, "bool")
+    elif m.get("attn_mask") == "float3":
+        kw["attn_mask"] = attn_mask(lq, lk, "float", n * h)
+    del s
+    r_out, r_w = ref(*args, average_attn_weights=average, **kw)
+    o_out, o_w = ours(*args, average_attn_weights=average, **kw)
+    assert o_out.shape == r_out.shape and o_w.shape == r_w.shape
+    assert torch.allclose(o_out, r_out, atol=1e-12, rtol=1e-10), (o_out - r_out).abs().max()
+    assert torch.allclose(o_w, r_w, atol=1e-12), (o_w - r_w).abs().max()
+    g = torch.randn_like(r_out)
+    leaves = list(dict.fromkeys(args))
+    r_grads = torch.autograd.grad(r_out, leaves + list(ref.parameters()), g)
+    o_grads = torch.autograd.grad(o_out, leaves + list(ours.parameters()), g)
+    for (name, _), a, b in zip([("input", None)] * len(leaves) + list(ref.named_parameters()), o_grads, r_grads):
+        assert torch.allclose(a, b, atol=1e-11, rtol=1e-9), (name, (a - b).abs().max())
+
+
+def test_unbatched_and_need_weights_false():
+    ref, ours = pair(embed_dim=8, num_heads=4)
+    x = torch.randn(5, 8, dtype=torch.float64)
+    pad = torch.tensor([False, False, False, True, False])
+    r, rw = ref(x, x, x, key_padding_mask=pad)
+    o, ow = ours(x, x, x, key_padding_mask=pad)
+    assert o.shape == (5, 8) and ow.shape == (5, 5)
+    assert torch.allclose(o, r, atol=1e-12) and torch.allclose(ow, rw, atol=1e-12)
+    o2, none = ours(x, x, x, key_padding_mask=pad, need_weights=False)
+    assert none is None and torch.allclose(o2, r, atol=1e-12)
+
+
+def test_state_dict_loads_both_ways():
+    torch.manual_seed(1)
+    ours = at.MultiheadAttention(8, 2, kdim=4, vdim=3, add_bias_kv=True)
+    ref = nn.MultiheadAttention(8, 2, kdim=4, vdim=3, add_bias_kv=True)
+    ref.load_state_dict(ours.state_dict())
+    for (a, x), (b, y) in zip(ours.state_dict().items(), ref.state_dict().items()):
+        assert a == b and torch.equal(x, y)
+    assert all(isinstance(p, nn.Parameter) for p in ours.parameters())
+
+
+def test_training_dropout():
+    torch.manual_seed(0)
+    m = at.MultiheadAttention(16, 4, dropout=0.5, batch_first=True)
+    x = torch.randn(2, 9, 16)
+    m.train()
+    torch.manual_seed(3)
+    a, wa = m(x, x, x)
+    torch.manual_seed(3)
+    b, wb = m(x, x, x)
+    c, _ = m(x, x, x)
+    assert torch.equal(a, b) and torch.equal(wa, wb) and not torch.equal(a, c)
+    # The returned weights are the dropped ones: per head a kept weight is scaled by 2, a dropped one is 0.
+    _, w_heads = m(x, x, x, average_attn_weights=False)
+    m.eval()
+    e, we = m(x, x, x, average_attn_weights=False)
+    assert not torch.allclose(a, e)
+    assert ((w_heads == 0) | torch.isclose(w_heads, 2 * we)).all()
+    assert 0.3 < (w_heads == 0).float().mean() < 0.7
+    a.sum().backward()
+    assert m.in_proj_weight.grad is not None and torch.isfinite(m.in_proj_weight.grad).all()
+
+
+def encoder(dropout):
+    layer = nn.TransformerEncoderLayer(128, 4, dim_feedforward=256, dropout=dropout, batch_first=True)
+    return nn.TransformerEncoder(layer, 2)
+
+
+def test_replace_attention_in_an_encoder_eval_fast_path():
+    torch.manual_seed(0)
+    ref = encoder(0.0).eval()
+    ours = at.replace_attention(copy.deepcopy(ref))
+    calls = []
+    for layer in ours.layers:
+        assert type(layer.self_attn) is at.MultiheadAttention
+        layer.self_attn.register_forward_hook(lambda *a: calls.append(1))
+    x = torch.randn(2, 10, 128)
+    pad = torch.zeros(2, 10, dtype=torch.bool)
+    pad[1, 7:] = True
+    with torch.inference_mode():
+        for kw in ({}, {"src_key_padding_mask": pad}):
+            r, o = ref(x, **kw), ours(x, **kw)
+            if kw:  # torch's nested-tensor fast path gives 0 at padded positions; compare the rest
+                r, o = r[~pad], o[~pad]
+            assert torch.allclose(o, r, atol=2e-5, rtol=1e-4), (o - r).abs().max()
+    assert len(calls) == 4  # attn ran in both layers, both calls: the fast path was not taken
+
+
+def reverse_task(steps, dropout, attention, seed=0, lr=1e-3):
+    """An encoder learning to output its input reversed (position i must read L-1-i: only
+    attention can); returns the loss of each step."""
+    torch.manual_seed(seed)
+    vocab, length = 16, 12
+    emb, pos, head = nn.Embedding(vocab, 128), nn.Parameter(torch.randn(length, 128)), nn.Linear(128, vocab)
+    enc = encoder(dropout)
+    if attention == "attn":
+        at.replace_attention(enc)
+    params = list(emb.parameters()) + [pos] + list(enc.parameters()) + list(head.parameters())
+    opt = torch.optim.Adam(params, lr=lr)
+    gen = torch.Generator().manual_seed(seed + 1)
+    losses = []
+    enc.train()
+    for _ in range(steps):
+        x = torch.randint(0, vocab, (16, length), generator=gen)
+        logits = head(enc(emb(x) + pos))
+        loss = nn.functional.cross_entropy(logits.reshape(-1, vocab), x.flip(1).reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.fixture
+def one_thread():
+    """Training runs hundreds of small ops: on a loaded 2-core machine each 2-thread OpenMP
+    region waits for a core, which makes a 2-second run take minutes."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_training_matches_torch(one_thread):
+    torch_losses = reverse_task(50, 0.0, "torch")
+    attn_losses = reverse_task(50, 0.0, "attn")
+    assert torch_losses[-1] < 0.5 * torch_losses[0]  # the task is being learnt
+    # Same seed, same data, same math: the curves differ only by float32 rounding (~1e-7
+    # relative per op), which 50 Adam steps grow but keep far below 1e-4 of the loss.
+    for i, (a, b) in enumerate(zip(torch_losses, attn_losses)):
+        assert abs(a - b) <= 1e-4 * abs(a), (i, a, b)
+    assert torch_losses != attn_losses  # attn really ran: bit-identical curves would mean torch's path
+
+
+def test_training_with_dropout_learns(one_thread):
+    for attention in ("torch", "attn"):
+        losses = reverse_task(100, 0.1, attention)
+        first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+        assert first > 2.5 and last < 0.1, (attention, first, last)  # chance: ln 16 = 2.77
