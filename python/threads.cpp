@@ -1,24 +1,40 @@
-// The OpenMP thread count attn's kernels use when called from this Python thread (an
-// OpenMP ICV of the calling thread): attn.torch sets it to torch.get_num_threads(), or to
-// the caller's `threads=`, around each call and gives the previous count back.
-#include <omp.h>
+// attn._ScopedThreads(n): a context manager holding attn::ScopedNumThreads, so a block of
+// Python code (attn.torch: torch.get_num_threads() or the caller's threads=) runs attn's
+// calls on n threads — the one thread setting of attn/threads.hpp, not a second one. The
+// setting is per OS thread, and a with-block enters and leaves on the same thread.
+#include <memory>
 
+#include "attn/threads.hpp"
 #include "bind.hpp"
 #include "convert.hpp"
 
 namespace attn_py {
+namespace {
+
+struct ScopedThreads {
+    int n;
+    std::unique_ptr<attn::ScopedNumThreads> scope;
+};
+
+}  // namespace
 
 void bind_threads(py::module_& m) {
-    m.def("_get_num_threads", [] { return omp_get_max_threads(); },
-          "The number of threads attn's kernels use when called from this thread.");
-    m.def(
-        "_set_num_threads",
-        [](const py::object& n_arg) {
-            const std::int64_t n = int_arg(n_arg, "threads");
-            if (n < 1 || n > 4096) value_error("threads: expected an int in [1, 4096] but got " + std::to_string(n));
-            omp_set_num_threads(static_cast<int>(n));
-        },
-        py::arg("threads"), "Sets the number of threads attn's kernels use when called from this thread.");
+    py::class_<ScopedThreads>(m, "_ScopedThreads")
+        .def(py::init([](const py::object& n_arg) {
+                 const std::int64_t n = int_arg(n_arg, "threads");
+                 if (n < 1 || n > 4096) value_error("threads: expected an int in [1, 4096] but got " + std::to_string(n));
+                 return ScopedThreads{static_cast<int>(n), nullptr};
+             }),
+             py::arg("threads"))
+        .def("__enter__",
+             [](ScopedThreads& s) {
+                 if (s.scope) value_error("_ScopedThreads: already entered");
+                 s.scope = std::make_unique<attn::ScopedNumThreads>(s.n);
+             })
+        .def("__exit__", [](ScopedThreads& s, const py::args&) {
+            s.scope.reset();
+            return false;
+        });
 }
 
 }  // namespace attn_py

@@ -169,12 +169,12 @@ def test_no_grad_needed_gives_no_graph():
 
 def test_threads_follow_torch_and_are_given_back():
     q, k, v = inputs(torch.float32, grad=False)
-    before = attn._get_num_threads()
+    before = attn.get_num_threads()
     ref = at.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     for n in (1, 2, 3):
         out = at.scaled_dot_product_attention(q, k, v, enable_gqa=True, threads=n)
         assert torch.equal(out, ref)
-        assert attn._get_num_threads() == before
+        assert attn.get_num_threads() == before
 
 
 @pytest.mark.parametrize("call, error, words", [
@@ -203,19 +203,19 @@ def test_errors_name_the_argument(call, error, words):
 
 
 def test_thread_count_in_effect_during_the_call(monkeypatch):
-    # What attn's kernels see (the calling thread's OpenMP count) while the extension runs:
+    # The count attn's next call uses (attn.get_num_threads()) while the extension runs:
     # torch.get_num_threads() by default, `threads=` when given; the previous count after.
     seen = []
     real = attn._attn.scaled_dot_product_attention
 
     def spy(*args, **kwargs):
-        seen.append(attn._get_num_threads())
+        seen.append(attn.get_num_threads())
         return real(*args, **kwargs)
 
     monkeypatch.setattr(attn._attn, "scaled_dot_product_attention", spy)
     q, k, v = inputs(torch.float32, grad=False)
     torch_threads = torch.get_num_threads()
-    before = attn._get_num_threads()
+    before = attn.get_num_threads()
     try:
         for n in (1, 3):
             torch.set_num_threads(n)
@@ -224,4 +224,4 @@ def test_thread_count_in_effect_during_the_call(monkeypatch):
     finally:
         torch.set_num_threads(torch_threads)
     at.scaled_dot_product_attention(q, k, v, enable_gqa=True, threads=5)
-    assert seen[-1] == 5 and attn._get_num_threads() == before
+    assert seen[-1] == 5 and attn.get_num_threads() == before

@@ -43,18 +43,15 @@ def check_real(x, name, what):
 
 
 class Threads:
-    """Runs attn on `threads` threads (default torch.get_num_threads()) for one call, then
-    gives the calling thread's previous OpenMP count back."""
+    """Runs attn's calls inside the block on `threads` threads (default torch.get_num_threads()):
+    attn's own per-thread setting (attn/threads.hpp), restored when the block ends."""
 
     def __init__(self, threads):
-        self.n = torch.get_num_threads() if threads is None else threads
+        n = torch.get_num_threads() if threads is None else threads
+        self.scope = _attn._ScopedThreads(n)  # TypeError/ValueError naming `threads`
 
     def __enter__(self):
-        self.prev = _attn._get_num_threads()
-        if self.n != self.prev:
-            _attn._set_num_threads(self.n)  # TypeError/ValueError naming `threads`
+        self.scope.__enter__()
 
     def __exit__(self, *exc):
-        if self.n != self.prev:
-            _attn._set_num_threads(self.prev)
-        return False
+        return self.scope.__exit__(*exc)
