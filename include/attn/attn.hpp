@@ -7,6 +7,8 @@
 //   sdpa                                O = softmax(Q·Kᵀ·scale + masks)·V, optional lse and     attn/sdpa.hpp
 //                                       weights; picks the decode, flash or reference kernel
 //   sdpa_backward                       dQ, dK, dV of sdpa from O, lse and dO (dropout too)    attn/sdpa_backward.hpp
+//   sdpa_varlen, sdpa_varlen_backward  sdpa over sequences packed without padding           attn/sdpa_varlen.hpp
+//                                       ((T, H, D) + cu_seqlens, FlashAttention's varlen)
 //   reference_steps                     the textbook's intermediates S, masked S, A, O, lse    attn/reference.hpp
 //                                       in double (for learning and checking)
 //   KVCache                             per-sequence K/V storage for generation                attn/kv_cache.hpp
@@ -47,5 +49,6 @@
 #include "attn/safetensors.hpp"
 #include "attn/sdpa.hpp"
 #include "attn/sdpa_backward.hpp"
+#include "attn/sdpa_varlen.hpp"
 #include "attn/tensor.hpp"
 #include "attn/version.hpp"
