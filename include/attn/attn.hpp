@@ -15,6 +15,9 @@
 //                                       (float32/float16/bfloat16, growth, truncate)
 //   decode_attention                    one generation step: new queries against a KVCache,    attn/decode.hpp
 //                                       sdpa's options, each sequence at its own length
+//   PagedKVCache, paged_attention      a page pool shared by many sequences (add, append,      attn/paged_kv_cache.hpp
+//                                       fork with copy-on-write, truncate, free) and the
+//                                       decode kernel reading the pages directly
 //   MultiHeadAttention                  PyTorch's nn.MultiheadAttention: projections, heads,    attn/mha.hpp
 //                                       masks, forward, forward_train/backward, and
 //                                       forward_incremental (new tokens, K/V through a KVCache;
@@ -45,6 +48,7 @@
 #include "attn/mha.hpp"
 #include "attn/mha_incremental.hpp"
 #include "attn/npy.hpp"
+#include "attn/paged_kv_cache.hpp"
 #include "attn/reference.hpp"
 #include "attn/safetensors.hpp"
 #include "attn/sdpa.hpp"

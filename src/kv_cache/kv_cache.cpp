@@ -13,6 +13,7 @@
 #include "../core/allocate.hpp"
 #include "../core/check.hpp"
 #include "../core/checked_size.hpp"
+#include "rows.hpp"
 
 namespace attn {
 
@@ -165,27 +166,6 @@ void KVCache::grow_for(const char* op, std::int64_t need) {
 
 namespace {
 
-// Converts `count` elements of a row (stride `stride` elements, any float dtype) into the
-// storage type at dst. The common cases (same dtype, float32 source) avoid the generic load.
-void convert_row(const TensorView& src, std::int64_t offset, std::int64_t stride, std::int64_t count, DType dst_type,
-                 void* dst) {
-    const DType st = src.dtype();
-    if (st == dst_type && stride == 1) {
-        std::memcpy(dst, static_cast<const char*>(src.data()) + offset * static_cast<std::int64_t>(dtype_size(st)),
-                    static_cast<std::size_t>(count) * dtype_size(st));
-        return;
-    }
-    for (std::int64_t d = 0; d < count; ++d) {
-        const std::int64_t off = offset + d * stride;
-        const float x = st == DType::f32 ? src.data_as<const float>()[off] : static_cast<float>(src.load_as_double(off));
-        switch (dst_type) {
-            case DType::f32: static_cast<float*>(dst)[d] = x; break;
-            case DType::f16: static_cast<std::uint16_t*>(dst)[d] = float_to_f16(x); break;
-            default: static_cast<std::uint16_t*>(dst)[d] = float_to_bf16(x); break;
-        }
-    }
-}
-
 void check_new(const TensorView& t, const char* op, const char* name, int rank, const Shape& expected,
                const char* layout) {
     if (t.data() == nullptr) detail::fail(kOp, op, ": ", name, " data pointer is null");
@@ -215,8 +195,8 @@ void KVCache::write_rows(std::int64_t b, const TensorView& k, const TensorView& 
                        static_cast<std::size_t>((bh * capacity_ + len + t) * config_.head_dim) * es;
             char* vd = static_cast<char*>(v_->data) +
                        static_cast<std::size_t>((bh * capacity_ + len + t) * config_.value_dim) * es;
-            convert_row(k, kofs, k.stride(lead + 2), config_.head_dim, config_.storage, kd);
-            convert_row(v, vofs, v.stride(lead + 2), config_.value_dim, config_.storage, vd);
+            detail::convert_row(k, kofs, k.stride(lead + 2), config_.head_dim, config_.storage, kd);
+            detail::convert_row(v, vofs, v.stride(lead + 2), config_.value_dim, config_.storage, vd);
         }
     }
 }
