@@ -36,6 +36,8 @@ PYBIND11_MODULE(attn, m) {
           "How many input arrays the binding has copied so far (only strides that are not a multiple "
           "of the item size are copied).");
     attn_py::bind_sdpa(m);
+    attn_py::bind_varlen(m);
     attn_py::bind_kv_cache(m);
+    attn_py::bind_paged_kv_cache(m);
     attn_py::bind_mha(m);
 }
