@@ -3,8 +3,10 @@
 // Sequences are added, grown, forked, truncated and freed independently; memory follows the
 // tokens actually held, not B × the longest sequence.
 //
-//   pool:   keys (num_pages, Hkv, page_size, Dk), values (num_pages, Hkv, page_size, Dv),
-//           storage float32, float16 or bfloat16; page_size a power of two (16, 32, ...)
+//   pool:   keys (Hkv, num_pages, page_size, Dk), values (Hkv, num_pages, page_size, Dv),
+//           storage float32, float16 or bfloat16; page_size a power of two (16, 32, ...).
+//           Head-major, so that a sequence whose pages were handed out in order reads each
+//           head's keys as one stream (pages are taken lowest-numbered first).
 //   sequence s: positions 0 .. length(s)−1; position j is row j % page_size of page
 //           page_table(s)[j / page_size]
 //
@@ -79,7 +81,7 @@ public:
     std::int64_t pool_bytes() const;  // K and V pools together
     std::int64_t shared_pages() const;  // pages held by more than one sequence
 
-    // The pools, (num_pages, Hkv, page_size, Dk) and (num_pages, Hkv, page_size, Dv).
+    // The pools, (Hkv, num_pages, page_size, Dk) and (Hkv, num_pages, page_size, Dv).
     TensorView key_pages() const;
     TensorView value_pages() const;
 
@@ -93,8 +95,9 @@ private:
     std::int32_t take_page();
     void release_page(std::int32_t page);
 
+    struct Pool;  // huge-page-advised storage (src/kv_cache/huge_buffer.hpp)
     PagedKVCacheConfig config_;
-    Tensor keys_, values_;
+    std::unique_ptr<Pool> keys_, values_;
     std::vector<std::int32_t> refcount_;  // sequences holding each page
     std::vector<std::int32_t> free_list_;
     std::vector<Seq> seqs_;

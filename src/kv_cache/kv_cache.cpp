@@ -13,31 +13,16 @@
 #include "../core/allocate.hpp"
 #include "../core/check.hpp"
 #include "../core/checked_size.hpp"
+#include "huge_buffer.hpp"
 #include "rows.hpp"
 
 namespace attn {
 
 constexpr std::string_view kOp = "KVCache";
 
-// One of K or V: (B, Hkv, capacity, D) in the storage dtype, C order. Large buffers are
-// 2 MiB aligned and advised to use transparent huge pages: decode streams the whole cache
-// every step, and first-touch faults on 4 KiB pages cost far more than the kernel
-// (measured: ≈ 2 GB/s with 4 KiB pages against ≈ 12 GB/s with huge pages).
-// `bytes` is a checked size (KVCache::storage_bytes); `what` names the buffer when the
-// system refuses it.
-struct KVCache::Buffer {
-    void* data = nullptr;
-
-    Buffer(std::int64_t bytes, const std::string& what) {
-        constexpr std::int64_t kHuge = std::int64_t{2} << 20;
-        const bool huge = bytes >= kHuge;
-        data = detail::allocate_aligned(bytes, huge ? kHuge : 64, what);
-        // Advice only: failure is harmless. Whole huge pages of the buffer.
-        if (huge) madvise(data, static_cast<std::size_t>(bytes / kHuge * kHuge), MADV_HUGEPAGE);
-    }
-    ~Buffer() { std::free(data); }
-    Buffer(const Buffer&) = delete;
-    Buffer& operator=(const Buffer&) = delete;
+// One of K or V: (B, Hkv, capacity, D) in the storage dtype, C order (huge_buffer.hpp).
+struct KVCache::Buffer : detail::HugeBuffer {
+    using HugeBuffer::HugeBuffer;
 };
 
 KVCache::KVCache(const KVCacheConfig& config) : config_(config) {

@@ -59,12 +59,13 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
     rows.table_stride = pages;
     rows.page_size = ps;
     while ((std::int64_t{1} << rows.page_shift) < ps) ++rows.page_shift;
-    rows.k_page_stride = Hkv * ps * Dk;
-    rows.v_page_stride = Hkv * ps * Dv;
-    // K/V as the kernel sees them inside one page: (B, Hkv, n, D) with the head and row
-    // strides of a page; rows are found through `rows`, never through these views' batch dim.
-    const TensorView k(cache.key_pages().data(), cache.storage(), Shape{B, Hkv, n, Dk}, Strides{0, ps * Dk, Dk, 1});
-    const TensorView v(cache.value_pages().data(), cache.storage(), Shape{B, Hkv, n, Dv}, Strides{0, ps * Dv, Dv, 1});
+    rows.k_page_stride = ps * Dk;
+    rows.v_page_stride = ps * Dv;
+    // K/V as the kernel sees them: (B, Hkv, n, D) with the pools' head stride and a page's row
+    // stride; rows are found through `rows`, never through these views' batch dim.
+    const std::int64_t P = cache.num_pages();
+    const TensorView k(cache.key_pages().data(), cache.storage(), Shape{B, Hkv, n, Dk}, Strides{0, P * ps * Dk, Dk, 1});
+    const TensorView v(cache.value_pages().data(), cache.storage(), Shape{B, Hkv, n, Dv}, Strides{0, P * ps * Dv, Dv, 1});
     SdpaOptions o = options;
     o.key_lengths = TensorView(lengths.data(), DType::i64, Shape{B});
     const detail::SdpaProblem p = detail::make_problem(q, k, v, o, out, lse, nullptr, kOp);

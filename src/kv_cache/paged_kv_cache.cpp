@@ -7,6 +7,8 @@
 #include <string>
 
 #include "../core/check.hpp"
+#include "../core/checked_size.hpp"
+#include "huge_buffer.hpp"
 #include "rows.hpp"
 
 namespace attn {
@@ -17,6 +19,10 @@ constexpr std::string_view kOp = "PagedKVCache";
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
+
+struct PagedKVCache::Pool : detail::HugeBuffer {
+    using HugeBuffer::HugeBuffer;
+};
 
 PagedKVCache::PagedKVCache(const PagedKVCacheConfig& config) : config_(config) {
     using detail::fail;
@@ -33,11 +39,14 @@ PagedKVCache::PagedKVCache(const PagedKVCacheConfig& config) : config_(config) {
     if (config_.storage != DType::f32 && config_.storage != DType::f16 && config_.storage != DType::bf16) {
         fail(kOp, "storage must be float32, float16 or bfloat16 but got ", dtype_name(config_.storage));
     }
-    // Tensor checks the byte counts (attn::Error) and names the buffer if the system refuses it.
-    keys_ = Tensor(config_.storage, Shape{config_.num_pages, config_.kv_heads, config_.page_size, config_.head_dim},
-                   false, "PagedKVCache key pages");
-    values_ = Tensor(config_.storage, Shape{config_.num_pages, config_.kv_heads, config_.page_size, config_.value_dim},
-                     false, "PagedKVCache value pages");
+    const auto pool_bytes = [&](std::int64_t D) {
+        std::int64_t n = detail::checked_mul(kOp, "pool size", config_.kv_heads, config_.num_pages);
+        n = detail::checked_mul(kOp, "pool size", n, config_.page_size);
+        n = detail::checked_mul(kOp, "pool size", n, D);
+        return detail::checked_mul(kOp, "pool bytes", n, static_cast<std::int64_t>(dtype_size(config_.storage)));
+    };
+    keys_ = std::make_unique<Pool>(pool_bytes(config_.head_dim), "PagedKVCache key pages");
+    values_ = std::make_unique<Pool>(pool_bytes(config_.value_dim), "PagedKVCache value pages");
     refcount_.assign(static_cast<std::size_t>(config_.num_pages), 0);
     // Taken from the back: pages 0, 1, 2, ... in order.
     for (std::int64_t p = config_.num_pages - 1; p >= 0; --p) free_list_.push_back(static_cast<std::int32_t>(p));
@@ -122,16 +131,20 @@ void PagedKVCache::append(SeqId s, const TensorView& k_new, const TensorView& v_
     Seq& q = seqs_[static_cast<std::size_t>(s)];
     const std::int64_t ps = config_.page_size, Hkv = config_.kv_heads, Dk = config_.head_dim, Dv = config_.value_dim;
     const std::size_t es = dtype_size(config_.storage);
-    const std::int64_t kpage = Hkv * ps * Dk, vpage = Hkv * ps * Dv;  // elements per page
-    auto* kpool = static_cast<char*>(keys_.data());
-    auto* vpool = static_cast<char*>(values_.data());
+    // Element offsets in the (Hkv, num_pages, page_size, D) pools.
+    const std::int64_t khead = config_.num_pages * ps * Dk, vhead = config_.num_pages * ps * Dv;
+    auto* kpool = static_cast<char*>(keys_->data);
+    auto* vpool = static_cast<char*>(values_->data);
+    const auto at = [es](char* pool, std::int64_t elements) { return pool + static_cast<std::size_t>(elements) * es; };
     if (q.length % ps != 0 && refcount_[static_cast<std::size_t>(q.pages.back())] > 1) {
         // Copy-on-write: this sequence's own copy of the shared last page.
         const std::int32_t old = q.pages.back(), copy = take_page();
-        std::memcpy(kpool + static_cast<std::size_t>(copy * kpage) * es, kpool + static_cast<std::size_t>(old * kpage) * es,
-                    static_cast<std::size_t>(kpage) * es);
-        std::memcpy(vpool + static_cast<std::size_t>(copy * vpage) * es, vpool + static_cast<std::size_t>(old * vpage) * es,
-                    static_cast<std::size_t>(vpage) * es);
+        for (std::int64_t h = 0; h < Hkv; ++h) {
+            std::memcpy(at(kpool, h * khead + copy * ps * Dk), at(kpool, h * khead + old * ps * Dk),
+                        static_cast<std::size_t>(ps * Dk) * es);
+            std::memcpy(at(vpool, h * vhead + copy * ps * Dv), at(vpool, h * vhead + old * ps * Dv),
+                        static_cast<std::size_t>(ps * Dv) * es);
+        }
         release_page(old);
         q.pages.back() = copy;
     }
@@ -140,10 +153,10 @@ void PagedKVCache::append(SeqId s, const TensorView& k_new, const TensorView& v_
         const std::int64_t j = q.length + t;
         const std::int64_t page = q.pages[static_cast<std::size_t>(j / ps)], row = j % ps;
         for (std::int64_t h = 0; h < Hkv; ++h) {
-            char* kd = kpool + static_cast<std::size_t>(page * kpage + (h * ps + row) * Dk) * es;
-            char* vd = vpool + static_cast<std::size_t>(page * vpage + (h * ps + row) * Dv) * es;
-            detail::convert_row(k_new, k_new.offset(h, t, 0), k_new.stride(2), Dk, config_.storage, kd);
-            detail::convert_row(v_new, v_new.offset(h, t, 0), v_new.stride(2), Dv, config_.storage, vd);
+            detail::convert_row(k_new, k_new.offset(h, t, 0), k_new.stride(2), Dk, config_.storage,
+                                at(kpool, h * khead + (page * ps + row) * Dk));
+            detail::convert_row(v_new, v_new.offset(h, t, 0), v_new.stride(2), Dv, config_.storage,
+                                at(vpool, h * vhead + (page * ps + row) * Dv));
         }
     }
     q.length += T;
@@ -194,7 +207,8 @@ const std::vector<std::int32_t>& PagedKVCache::page_table(SeqId s) const { retur
 std::int64_t PagedKVCache::free_pages() const { return static_cast<std::int64_t>(free_list_.size()); }
 
 std::int64_t PagedKVCache::pool_bytes() const {
-    return static_cast<std::int64_t>(keys_.nbytes() + values_.nbytes());
+    return config_.kv_heads * config_.num_pages * config_.page_size * (config_.head_dim + config_.value_dim) *
+           static_cast<std::int64_t>(dtype_size(config_.storage));
 }
 
 std::int64_t PagedKVCache::shared_pages() const {
@@ -203,7 +217,13 @@ std::int64_t PagedKVCache::shared_pages() const {
     return n;
 }
 
-TensorView PagedKVCache::key_pages() const { return keys_.view(); }
-TensorView PagedKVCache::value_pages() const { return values_.view(); }
+TensorView PagedKVCache::key_pages() const {
+    return TensorView(keys_->data, config_.storage,
+                      Shape{config_.kv_heads, config_.num_pages, config_.page_size, config_.head_dim});
+}
+TensorView PagedKVCache::value_pages() const {
+    return TensorView(values_->data, config_.storage,
+                      Shape{config_.kv_heads, config_.num_pages, config_.page_size, config_.value_dim});
+}
 
 }  // namespace attn

@@ -195,7 +195,7 @@ std::vector<float> key_row(const PagedKVCache& c, SeqId s, std::int64_t j) {
     const TensorView kp = c.key_pages();
     std::vector<float> r;
     for (std::int64_t h = 0; h < c.kv_heads(); ++h)
-        for (std::int64_t d = 0; d < c.head_dim(); ++d) r.push_back(static_cast<float>(at(kp, page, h, j % c.page_size(), d)));
+        for (std::int64_t d = 0; d < c.head_dim(); ++d) r.push_back(static_cast<float>(at(kp, h, page, j % c.page_size(), d)));
     return r;
 }
 
