@@ -59,7 +59,10 @@ void run_varlen(const Context& ctx, std::vector<CaseResult>& out) {
     c.id = "V1";
     c.what = "varlen prefill (mixed batch)";
     std::string lens;
-    for (auto l : len) lens += (lens.empty() ? "" : ",") + std::to_string(l);
+    for (auto l : len) {
+        if (!lens.empty()) lens += ',';
+        lens += std::to_string(l);
+    }
     c.shape = "16 seqs, lengths " + lens + " (total " + std::to_string(T) + "), H=16 D=64 causal fp32";
     c.params = {{"N", N}, {"H", H}, {"D", D}, {"lengths", len}, {"total_tokens", T}, {"max_length", Lmax}};
     double useful = 0.0;
@@ -212,7 +215,7 @@ std::vector<BenchCase> serving_cases() {
         BenchCase p;
         p.id = id;
         p.what = "paged decode step";
-        p.shape = "S" + id.substr(1) + " sizes: contiguous vs pages of 16 / 32";
+        p.shape = std::string("S").append(id, 1) + " sizes: contiguous vs pages of 16 / 32 (and fragmented)";
         p.run = [id = id, hkv = hkv](const Context& ctx, std::vector<CaseResult>& out) { run_paged_decode(ctx, id, hkv, out); };
         cases.push_back(p);
     }
