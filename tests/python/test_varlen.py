@@ -122,3 +122,24 @@ def test_cli_cu_seqlens(tmp_path):
     assert res.returncode == 2
     assert "sdpa_varlen: cu_seqlens_q: must be non-decreasing" in res.stderr
     assert not os.path.exists(tmp_path / "o2.npy")
+
+
+@pytest.mark.skipif(not os.environ.get("ATTN_BIN"), reason="the attn CLI is not built")
+def test_cli_cu_seqlens_backward(tmp_path):
+    lq, lk = [4, 20], [9, 20]
+    q, k, v, cq, ck = packed_case(8, lq, lk)
+    g = np.random.default_rng(9).standard_normal((q.shape[0], q.shape[1], v.shape[2])).astype(np.float32)
+    files = {}
+    for name, arr in (("q", q), ("k", k), ("v", v), ("cq", cq), ("ck", ck), ("g", g)):
+        files[name] = str(tmp_path / f"{name}.npy")
+        np.save(files[name], arr)
+    outs = {n: str(tmp_path / f"{n}.npy") for n in ("o", "dq", "dk", "dv")}
+    res = subprocess.run([os.environ["ATTN_BIN"], "sdpa", "--q", files["q"], "--k", files["k"], "--v", files["v"],
+                          "--cu-seqlens-q", files["cq"], "--cu-seqlens-k", files["ck"], "--causal", "top-left",
+                          "--out", outs["o"], "--grad-out", files["g"], "--dq", outs["dq"], "--dk", outs["dk"],
+                          "--dv", outs["dv"]], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    out, lse = attn.sdpa_varlen(q, k, v, cq, ck, is_causal=True, return_lse=True)
+    want = attn.sdpa_varlen_backward(q, k, v, cq, ck, out, lse, g, is_causal=True)
+    for name, w in zip(("dq", "dk", "dv"), want):
+        np.testing.assert_array_equal(np.load(outs[name]), w)
