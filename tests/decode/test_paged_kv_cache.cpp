@@ -115,10 +115,8 @@ void random_history(World& w, std::mt19937& rng, int steps) {
     }
 }
 
-void paged_vs_contiguous(detail::Isa isa, std::uint32_t seed, int worlds) {
-    const detail::KernelSet* row = detail::kernel_set_for(isa);
-    if (row == nullptr) GTEST_SKIP() << "CPU lacks " << detail::isa_name(isa);
-    const detail::ScopedKernelSet use(*row);
+void paged_vs_contiguous(const detail::KernelSet& row, std::uint32_t seed, int worlds) {
+    const detail::ScopedKernelSet use(row);
     std::mt19937 rng(seed);
     for (int wi = 0; wi < worlds; ++wi) {
         PagedKVCacheConfig cfg;
@@ -163,14 +161,23 @@ void paged_vs_contiguous(detail::Isa isa, std::uint32_t seed, int worlds) {
     }
 }
 
-TEST(PagedKVCache, BitIdenticalToContiguousPortable) { paged_vs_contiguous(detail::Isa::portable, 1, 40); }
-TEST(PagedKVCache, BitIdenticalToContiguousAvx2) { paged_vs_contiguous(detail::Isa::avx2, 2, 40); }
+// Every kernel-table row this CPU has (portable, AVX2, and any row added later).
+TEST(PagedKVCache, BitIdenticalToContiguousEveryKernelRow) {
+    std::uint32_t seed = 1;
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+        SCOPED_TRACE(std::string("kernel row ") + detail::isa_name(row->isa));
+        paged_vs_contiguous(*row, seed++, 40);
+        if (::testing::Test::HasFatalFailure()) return;
+    }
+}
 
 // Long sequences: the decode kernel splits the keys over the cores (flash-decoding), chunks
 // crossing pages.
 TEST(PagedKVCache, SplitKVLongSequenceBitIdentical) {
     std::mt19937 rng(3);
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets())
     for (std::int64_t ps : {16, 32}) {
+        const detail::ScopedKernelSet use(*row);
         PagedKVCacheConfig cfg;
         cfg.page_size = ps;
         cfg.kv_heads = 2;
@@ -185,7 +192,7 @@ TEST(PagedKVCache, SplitKVLongSequenceBitIdentical) {
         const Tensor out_p = poisoned(DType::f32, Shape{2, 8, 1, 64}), out_c = poisoned(DType::f32, Shape{2, 8, 1, 64});
         paged_attention(q, w.cache, ids, causal_bottom_right(), out_p);
         decode_attention(q, contiguous(w, ids), causal_bottom_right(), out_c);
-        EXPECT_TRUE(bit_equal(out_p, out_c)) << "page size " << ps;
+        EXPECT_TRUE(bit_equal(out_p, out_c)) << "page size " << ps << ", kernel row " << detail::isa_name(row->isa);
     }
 }
 

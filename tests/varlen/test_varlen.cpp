@@ -9,7 +9,7 @@
 //      a subset of the backward's).
 // Lengths include 0 (a sequence without queries or without keys), GQA, every causal
 // alignment, windows, query offsets (one and per sequence), dropout (one-by-one oracle only:
-// its stream is per sequence), on every kernel-table row the CPU has.
+// its stream is per sequence), on every kernel-table row the CPU has (runnable_kernel_sets).
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -194,10 +194,8 @@ void check_padded(const Packed& p, const Forward& f) {
 
 const std::vector<std::int64_t> kLens = {0, 1, 3, 7, 16, 17, 63, 64, 65, 130};
 
-void forward_cases(detail::Isa isa, int n, std::uint64_t seed) {
-    const detail::KernelSet* row = detail::kernel_set_for(isa);
-    if (row == nullptr) GTEST_SKIP() << "CPU lacks " << detail::isa_name(isa);
-    const detail::ScopedKernelSet use(*row);
+void forward_cases(const detail::KernelSet& row, int n, std::uint64_t seed) {
+    const detail::ScopedKernelSet use(row);
     std::mt19937_64 rng(seed);
     for (int t = 0; t < n; ++t) {
         const VarlenCase c = random_varlen_case(rng, kLens, true);
@@ -210,8 +208,15 @@ void forward_cases(detail::Isa isa, int n, std::uint64_t seed) {
     }
 }
 
-TEST(Varlen, ForwardPortable) { forward_cases(detail::Isa::portable, 60, 1); }
-TEST(Varlen, ForwardAvx2) { forward_cases(detail::Isa::avx2, 60, 2); }
+// Every kernel-table row this CPU has (portable, AVX2, and any row added later).
+TEST(Varlen, ForwardEveryKernelRow) {
+    std::uint64_t seed = 1;
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+        SCOPED_TRACE(std::string("kernel row ") + detail::isa_name(row->isa));
+        forward_cases(*row, 60, seed++);
+        if (::testing::Test::HasFatalFailure()) return;
+    }
+}
 
 // Many short sequences take the across-sequences path (run_sequences.hpp); 1 and 2 threads
 // must give the same bits, equal to one by one.
@@ -251,10 +256,8 @@ struct Backward {
     Tensor dq, dk, dv;
 };
 
-void backward_cases(detail::Isa isa, int n, std::uint64_t seed) {
-    const detail::KernelSet* row = detail::kernel_set_for(isa);
-    if (row == nullptr) GTEST_SKIP() << "CPU lacks " << detail::isa_name(isa);
-    const detail::ScopedKernelSet use(*row);
+void backward_cases(const detail::KernelSet& row, int n, std::uint64_t seed) {
+    const detail::ScopedKernelSet use(row);
     std::mt19937_64 rng(seed);
     for (int t = 0; t < n; ++t) {
         const VarlenCase c = random_varlen_case(rng, kLens, true);
@@ -325,8 +328,14 @@ void backward_cases(detail::Isa isa, int n, std::uint64_t seed) {
     }
 }
 
-TEST(VarlenBackward, Portable) { backward_cases(detail::Isa::portable, 30, 11); }
-TEST(VarlenBackward, Avx2) { backward_cases(detail::Isa::avx2, 30, 12); }
+TEST(VarlenBackward, EveryKernelRow) {
+    std::uint64_t seed = 11;
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+        SCOPED_TRACE(std::string("kernel row ") + detail::isa_name(row->isa));
+        backward_cases(*row, 30, seed++);
+        if (::testing::Test::HasFatalFailure()) return;
+    }
+}
 
 // ---- bad input: a clear error, nothing written --------------------------------------------
 
