@@ -1,7 +1,5 @@
+// Packed batches: cu_seqlens checks and per-sequence views (packed.hpp).
 #include "packed.hpp"
-
-#include <cmath>
-#include <limits>
 
 #include "attn/sdpa_varlen.hpp"
 #include "../core/check.hpp"

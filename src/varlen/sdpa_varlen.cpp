@@ -3,9 +3,8 @@
 // padding. Every problem is built (and so checked) before the first is run.
 #include "attn/sdpa_varlen.hpp"
 
-#include <omp.h>
 
-#include <exception>
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
