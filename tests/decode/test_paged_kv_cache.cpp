@@ -9,6 +9,7 @@
 // test, independent of the page bookkeeping under test.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <random>
@@ -193,6 +194,40 @@ TEST(PagedKVCache, SplitKVLongSequenceBitIdentical) {
         paged_attention(q, w.cache, ids, causal_bottom_right(), out_p);
         decode_attention(q, contiguous(w, ids), causal_bottom_right(), out_c);
         EXPECT_TRUE(bit_equal(out_p, out_c)) << "page size " << ps << ", kernel row " << detail::isa_name(row->isa);
+    }
+}
+
+// Non-finite values in V: the kernel's selecting path (kernels/finite.hpp) reads the block's
+// rows page by page too. An inf/NaN at a key the window hides contributes nothing; one a row
+// sees propagates — the same bits as the contiguous cache either way.
+TEST(PagedKVCache, NonFiniteValuesSameAsContiguous) {
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+        const detail::ScopedKernelSet use(*row);
+        std::mt19937 rng(8);
+        PagedKVCacheConfig cfg;
+        cfg.page_size = 4;
+        cfg.head_dim = 8;
+        cfg.num_pages = 64;
+        World w(cfg);
+        const SeqId a = w.cache.add_sequence();
+        Tensor k = random_f32(Shape{1, 100, 8}, rng), v = random_f32(Shape{1, 100, 8}, rng);
+        v.data_as<float>()[10 * 8 + 3] = INFINITY;   // key 10: hidden by the window below
+        v.data_as<float>()[97 * 8 + 5] = NAN;        // key 97: visible
+        w.cache.append(a, k, v);
+        Shadow& sh = w.shadow[a];
+        for (std::int64_t t = 0; t < 100; ++t) {
+            sh.k.emplace_back(k.data_as<float>() + t * 8, k.data_as<float>() + t * 8 + 8);
+            sh.v.emplace_back(v.data_as<float>() + t * 8, v.data_as<float>() + t * 8 + 8);
+        }
+        SdpaOptions opt = causal_bottom_right();
+        opt.window = Window{40, -1, Align::bottom_right};
+        const Tensor q = random_f32(Shape{1, 2, 3, 8}, rng);
+        const Tensor out_p = poisoned(DType::f32, Shape{1, 2, 3, 8}), out_c = poisoned(DType::f32, Shape{1, 2, 3, 8});
+        paged_attention(q, w.cache, {a}, opt, out_p);
+        decode_attention(q, contiguous(w, {a}), opt, out_c);
+        EXPECT_TRUE(bit_equal(out_p, out_c)) << detail::isa_name(row->isa);
+        EXPECT_TRUE(written_nan(at(out_p, 0, 0, 0, 5)));   // the visible NaN reaches its column
+        EXPECT_TRUE(std::isfinite(at(out_p, 0, 0, 0, 3)));  // the hidden inf does not
     }
 }
 
