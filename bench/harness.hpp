@@ -175,6 +175,8 @@ SdpaShape parse_custom_shape(const std::string& text);
 // Decode steps S5 / S7 (decode_cases.cpp) and the MHA layer S6 (mha_cases.cpp).
 BenchCase decode_case(const std::string& id);
 BenchCase mha_s6_case();
+// Serving (issue 18, serving_cases.cpp): V1 varlen vs padded prefill; P5/P7 paged vs contiguous decode.
+std::vector<BenchCase> serving_cases();
 
 // FLOP of an attention forward by the written formula: 2·B·Hq·Lq·Lk·(Dk + Dv)
 // (= 4·B·H·Lq·Lk·D when Dk = Dv), halved when causal.

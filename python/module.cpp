@@ -42,7 +42,9 @@ PYBIND11_MODULE(_attn, m) {
           "OMP_NUM_THREADS, else every CPU. A call's threads= keyword overrides it for that call.");
     m.def("get_num_threads", [] { return attn::num_threads(); }, "The thread count attn's next call will use.");
     attn_py::bind_sdpa(m);
+    attn_py::bind_varlen(m);
     attn_py::bind_kv_cache(m);
+    attn_py::bind_paged_kv_cache(m);
     attn_py::bind_mha(m);
     attn_py::bind_threads(m);
 }

@@ -7,12 +7,17 @@
 //   sdpa                                O = softmax(Q·Kᵀ·scale + masks)·V, optional lse and     attn/sdpa.hpp
 //                                       weights; picks the decode, flash or reference kernel
 //   sdpa_backward                       dQ, dK, dV of sdpa from O, lse and dO (dropout too)    attn/sdpa_backward.hpp
+//   sdpa_varlen, sdpa_varlen_backward  sdpa over sequences packed without padding           attn/sdpa_varlen.hpp
+//                                       ((T, H, D) + cu_seqlens, FlashAttention's varlen)
 //   reference_steps                     the textbook's intermediates S, masked S, A, O, lse    attn/reference.hpp
 //                                       in double (for learning and checking)
 //   KVCache                             per-sequence K/V storage for generation                attn/kv_cache.hpp
 //                                       (float32/float16/bfloat16, growth, truncate)
 //   decode_attention                    one generation step: new queries against a KVCache,    attn/decode.hpp
 //                                       sdpa's options, each sequence at its own length
+//   PagedKVCache, paged_attention      a page pool shared by many sequences (add, append,      attn/paged_kv_cache.hpp
+//                                       fork with copy-on-write, truncate, free) and the
+//                                       decode kernel reading the pages directly
 //   MultiHeadAttention                  PyTorch's nn.MultiheadAttention: projections, heads,    attn/mha.hpp
 //                                       masks, forward, forward_train/backward, and
 //                                       forward_incremental (new tokens, K/V through a KVCache;
@@ -44,10 +49,12 @@
 #include "attn/mha.hpp"
 #include "attn/mha_incremental.hpp"
 #include "attn/npy.hpp"
+#include "attn/paged_kv_cache.hpp"
 #include "attn/reference.hpp"
 #include "attn/safetensors.hpp"
 #include "attn/sdpa.hpp"
 #include "attn/sdpa_backward.hpp"
+#include "attn/sdpa_varlen.hpp"
 #include "attn/tensor.hpp"
 #include "attn/threads.hpp"
 #include "attn/version.hpp"

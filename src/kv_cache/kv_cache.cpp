@@ -13,30 +13,16 @@
 #include "../core/allocate.hpp"
 #include "../core/check.hpp"
 #include "../core/checked_size.hpp"
+#include "huge_buffer.hpp"
+#include "rows.hpp"
 
 namespace attn {
 
 constexpr std::string_view kOp = "KVCache";
 
-// One of K or V: (B, Hkv, capacity, D) in the storage dtype, C order. Large buffers are
-// 2 MiB aligned and advised to use transparent huge pages: decode streams the whole cache
-// every step, and first-touch faults on 4 KiB pages cost far more than the kernel
-// (measured: ≈ 2 GB/s with 4 KiB pages against ≈ 12 GB/s with huge pages).
-// `bytes` is a checked size (KVCache::storage_bytes); `what` names the buffer when the
-// system refuses it.
-struct KVCache::Buffer {
-    void* data = nullptr;
-
-    Buffer(std::int64_t bytes, const std::string& what) {
-        constexpr std::int64_t kHuge = std::int64_t{2} << 20;
-        const bool huge = bytes >= kHuge;
-        data = detail::allocate_aligned(bytes, huge ? kHuge : 64, what);
-        // Advice only: failure is harmless. Whole huge pages of the buffer.
-        if (huge) madvise(data, static_cast<std::size_t>(bytes / kHuge * kHuge), MADV_HUGEPAGE);
-    }
-    ~Buffer() { std::free(data); }
-    Buffer(const Buffer&) = delete;
-    Buffer& operator=(const Buffer&) = delete;
+// One of K or V: (B, Hkv, capacity, D) in the storage dtype, C order (huge_buffer.hpp).
+struct KVCache::Buffer : detail::HugeBuffer {
+    using HugeBuffer::HugeBuffer;
 };
 
 KVCache::KVCache(const KVCacheConfig& config) : config_(config) {
@@ -165,27 +151,6 @@ void KVCache::grow_for(const char* op, std::int64_t need) {
 
 namespace {
 
-// Converts `count` elements of a row (stride `stride` elements, any float dtype) into the
-// storage type at dst. The common cases (same dtype, float32 source) avoid the generic load.
-void convert_row(const TensorView& src, std::int64_t offset, std::int64_t stride, std::int64_t count, DType dst_type,
-                 void* dst) {
-    const DType st = src.dtype();
-    if (st == dst_type && stride == 1) {
-        std::memcpy(dst, static_cast<const char*>(src.data()) + offset * static_cast<std::int64_t>(dtype_size(st)),
-                    static_cast<std::size_t>(count) * dtype_size(st));
-        return;
-    }
-    for (std::int64_t d = 0; d < count; ++d) {
-        const std::int64_t off = offset + d * stride;
-        const float x = st == DType::f32 ? src.data_as<const float>()[off] : static_cast<float>(src.load_as_double(off));
-        switch (dst_type) {
-            case DType::f32: static_cast<float*>(dst)[d] = x; break;
-            case DType::f16: static_cast<std::uint16_t*>(dst)[d] = float_to_f16(x); break;
-            default: static_cast<std::uint16_t*>(dst)[d] = float_to_bf16(x); break;
-        }
-    }
-}
-
 void check_new(const TensorView& t, const char* op, const char* name, int rank, const Shape& expected,
                const char* layout) {
     if (t.data() == nullptr) detail::fail(kOp, op, ": ", name, " data pointer is null");
@@ -215,8 +180,8 @@ void KVCache::write_rows(std::int64_t b, const TensorView& k, const TensorView& 
                        static_cast<std::size_t>((bh * capacity_ + len + t) * config_.head_dim) * es;
             char* vd = static_cast<char*>(v_->data) +
                        static_cast<std::size_t>((bh * capacity_ + len + t) * config_.value_dim) * es;
-            convert_row(k, kofs, k.stride(lead + 2), config_.head_dim, config_.storage, kd);
-            convert_row(v, vofs, v.stride(lead + 2), config_.value_dim, config_.storage, vd);
+            detail::convert_row(k, kofs, k.stride(lead + 2), config_.head_dim, config_.storage, kd);
+            detail::convert_row(v, vofs, v.stride(lead + 2), config_.value_dim, config_.storage, vd);
         }
     }
 }

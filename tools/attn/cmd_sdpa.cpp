@@ -3,6 +3,7 @@
 //           [--key-lengths N.npy] [--query-offset N | --query-offsets F.npy]
 //           [--window-left L --window-right R --window-align top-left|bottom-right]
 //           [--grad-out dO.npy --dq dQ.npy --dk dK.npy --dv dV.npy] [--dropout P --seed N]
+//           [--cu-seqlens-q CQ.npy --cu-seqlens-k CK.npy]   (packed (T, H, D) inputs: attn::sdpa_varlen)
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -13,6 +14,7 @@
 #include "attn/npy.hpp"
 #include "attn/sdpa.hpp"
 #include "attn/sdpa_backward.hpp"
+#include "attn/sdpa_varlen.hpp"
 #include "commands.hpp"
 #include "output_files.hpp"
 #include "threads_option.hpp"
@@ -28,6 +30,7 @@ struct SdpaArgs {
     std::int64_t window_left = -1, window_right = -1;
     std::string window_align = "top-left";
     std::string grad_out, dq, dk, dv;  // backward: gradients of <O, dO>
+    std::string cu_seqlens_q, cu_seqlens_k;  // packed sequences (sdpa_varlen)
     double dropout = 0.0;
     std::uint64_t seed = 0;
     bool verbose = false;
@@ -42,6 +45,41 @@ Tensor read_input(const std::string& flag, const std::string& path, bool allow_f
                     " but holds " + std::string(dtype_name(t.dtype())));
     }
     return t;
+}
+
+// Packed sequences: q (Tq, Hq, Dk), k/v (Tk, Hkv, D), out (Tq, Hq, Dv), lse (Tq, Hq).
+void run_packed(const SdpaArgs& a, const SdpaOptions& opt, const Tensor& q, const Tensor& k, const Tensor& v,
+                bool backward) {
+    if (a.cu_seqlens_q.empty() || a.cu_seqlens_k.empty()) {
+        throw Error("--cu-seqlens-q/--cu-seqlens-k: packed inputs need both (the (N+1,) offsets of the queries and "
+                    "of the keys)");
+    }
+    if (!a.weights.empty()) throw Error("--weights: not available for packed sequences (their weights are ragged)");
+    const Tensor cq = read_npy(a.cu_seqlens_q), ck = read_npy(a.cu_seqlens_k);
+    // Output shapes come from the inputs; if those are malformed, sdpa_varlen names the bad one.
+    const std::int64_t Tq = q.shape().rank == 3 ? q.shape()[0] : 0, Hq = q.shape().rank == 3 ? q.shape()[1] : 0;
+    const std::int64_t Dv = v.shape().rank == 3 ? v.shape()[2] : 0;
+    const Tensor o(DType::f32, Shape{Tq, Hq, Dv}), l(DType::f32, Shape{Tq, Hq});
+    const TensorView lv = l.view();
+    SdpaReport report;
+    sdpa_varlen(q, k, v, cq, ck, opt, o, &lv, &report);
+    if (a.verbose) std::fprintf(stderr, "%s\n", report.explanation.c_str());
+    std::vector<std::pair<std::string, TensorView>> files{{a.out, o.view()}};
+    if (!a.lse.empty()) files.emplace_back(a.lse, l.view());
+    Tensor dO, dq, dk, dv;
+    if (backward) {
+        dO = read_input("--grad-out", a.grad_out);
+        dq = Tensor(q.dtype(), q.shape());
+        dk = Tensor(k.dtype(), k.shape());
+        dv = Tensor(v.dtype(), v.shape());
+        SdpaReport back;
+        sdpa_varlen_backward(q, k, v, cq, ck, o, l, dO, opt, dq, dk, dv, &back);
+        if (a.verbose) std::fprintf(stderr, "backward: %s\n", back.explanation.c_str());
+        files.emplace_back(a.dq, dq.view());
+        files.emplace_back(a.dk, dk.view());
+        files.emplace_back(a.dv, dv.view());
+    }
+    OutputFiles::write_all(files);
 }
 
 void run(const SdpaArgs& a) {
@@ -99,6 +137,7 @@ void run(const SdpaArgs& a) {
         offsets = read_npy(a.query_offsets);
         opt.query_offset = offsets.view();
     }
+    if (!a.cu_seqlens_q.empty() || !a.cu_seqlens_k.empty()) return run_packed(a, opt, q, k, v, backward);
     // Output shapes come from the inputs; if those are malformed, sdpa names the bad one.
     const std::int64_t B = q.shape().rank == 4 ? q.shape()[0] : 0, Hq = q.shape().rank == 4 ? q.shape()[1] : 0;
     const std::int64_t Lq = q.shape().rank == 4 ? q.shape()[2] : 0;
@@ -184,6 +223,13 @@ void add_sdpa_command(CLI::App& app) {
     cmd->add_option("--dv", args->dv, "write dV (B, Hkv, Lk, Dv), in the dtype of V");
     cmd->add_option("--dropout", args->dropout, "dropout probability on the attention weights, 0 <= P < 1 (training)");
     cmd->add_option("--seed", args->seed, "dropout seed (the same seed gives the same dropout mask)");
+    cmd->add_option("--cu-seqlens-q", args->cu_seqlens_q,
+                    "int32/int64 (N+1,) .npy: --q is packed (Tq, Hq, Dk), sequence b's queries are rows "
+                    "cu[b]..cu[b+1]-1 (FlashAttention's varlen layout; needs --cu-seqlens-k); out (Tq, Hq, Dv), "
+                    "lse (Tq, Hq); causal, window and query offsets apply per sequence (no --mask, --key-lengths)");
+    cmd->add_option("--cu-seqlens-k", args->cu_seqlens_k,
+                    "int32/int64 (N+1,) .npy: --k and --v are packed (Tk, Hkv, D), sequence b's keys are rows "
+                    "cu[b]..cu[b+1]-1");
     cmd->add_flag("--verbose", args->verbose, "say which kernel ran and why others were declined");
     add_threads_option(cmd);
     cmd->callback([args] { run(*args); });

@@ -58,7 +58,7 @@ std::string decode_declines(const SdpaProblem& p) {
     return {};
 }
 
-void decode_forward(const SdpaProblem& p, const KernelSet& kernels, std::int64_t forced_split) {
+void decode_forward(const SdpaProblem& p, const KernelSet& kernels, std::int64_t forced_split, const PagedRows* paged) {
     const DecodePlan plan = plan_decode(p.B, p.Hkv, p.group, p.Lq, p.Lk, p.Dk, p.Dv, forced_split);
     // The key interval of every (b, i), from the one alignment rule.
     std::vector<std::int64_t> range(static_cast<std::size_t>(2 * p.B * p.Lq));
@@ -72,6 +72,7 @@ void decode_forward(const SdpaProblem& p, const KernelSet& kernels, std::int64_t
     w.nsplit = plan.nsplit;
     w.chunk = plan.chunk;
     w.range = range.data();
+    w.paged = paged;
     w.max_threads = std::max(1, omp_get_max_threads());
     w.work_per_thread = plan.work_per_thread;
     // One allocation for the per-thread scratch and the split partials (small: about

@@ -25,6 +25,18 @@ namespace attn::detail {
 struct SdpaProblem;
 struct KernelSet;
 
+// Paged K/V (PagedKVCache, src/kv_cache/paged_kv_cache.cpp): key row j of sequence b is row
+// j % page_size of page table[b·table_stride + j / page_size]; the problem's K/V views then
+// start at the pools (k/v.data()) with the head and row strides inside a page (stride(1),
+// stride(2)), and a page is k_page_stride / v_page_stride elements. Plain data.
+struct PagedRows {
+    const std::int32_t* table = nullptr;
+    std::int64_t table_stride = 0;
+    std::int64_t page_size = 0;  // a power of two
+    int page_shift = 0;          // log2(page_size)
+    std::int64_t k_page_stride = 0, v_page_stride = 0;
+};
+
 // The plan and the caller-owned scratch of one decode call (decode.cpp fills it; the
 // kernel table's decode reads the problem itself). Plain data: it crosses into the ISA
 // translation units.
@@ -37,6 +49,7 @@ struct DecodeWork {
     std::int64_t work_per_thread = 0;
     int max_threads = 1;             // threads the scratch was sized for
     float* partial = nullptr;        // B·Hkv·nsplit·(M·Dv + 2·M) floats when nsplit > 1
+    const PagedRows* paged = nullptr;  // null: K/V rows are the problem's views
 };
 
 // Keys processed per block (K block then V block, each read once from memory).
@@ -58,7 +71,9 @@ std::string decode_declines(const SdpaProblem& p);
 
 // Plans the call (forced_split as in plan_decode), allocates the scratch and runs the
 // kernel table row's decode. Precondition: decode_declines(p) is empty.
-void decode_forward(const SdpaProblem& p, const KernelSet& kernels, std::int64_t forced_split = 0);
+// `paged`: K/V rows live in pages (PagedRows); null for the problem's own K/V views.
+void decode_forward(const SdpaProblem& p, const KernelSet& kernels, std::int64_t forced_split = 0,
+                    const PagedRows* paged = nullptr);
 
 }  // namespace attn::detail
 

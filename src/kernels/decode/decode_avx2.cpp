@@ -170,8 +170,12 @@ struct Avx2Ops {
         for (; d0 + 8 <= Dv; d0 += 8) acc_chunk<R, 1>(o, ostride, alpha, p, pstride, v, vstride, n, d0);
         for (int r = 0; r < R; ++r)
             for (i64 d = d0; d < Dv; ++d) {
+                // An explicit fma chain: left to contraction, the compiler fused o·alpha with
+                // the first product (fma(o, alpha, p·v), p·v rounded on its own), and a block
+                // read in runs (pages: decode_core.hpp for_key_runs), which continues its sums
+                // with alpha = 1, must give the bits of one unbroken chain.
                 float a = o[r * ostride + d] * alpha[r];
-                for (i64 j = 0; j < n; ++j) a += p[r * pstride + j] * load1(v + j * vstride + d);
+                for (i64 j = 0; j < n; ++j) a = __builtin_fmaf(p[r * pstride + j], load1(v + j * vstride + d), a);
                 o[r * ostride + d] = a;
             }
     }

@@ -120,6 +120,29 @@ inline void for_row_groups(i64 M, F&& f) {
     for (; r < M; ++r) f(r, 1);
 }
 
+// Key-row addressing: rows [j0, j0 + n) of sequence b, KV head hk, as runs of rows at one
+// row stride (a.ks[2] / a.vs[2]) — one run for K/V views, one per page for a paged cache
+// (w.paged). f(t, len, krow, vrow): rows j0 + t .. j0 + t + len − 1 start at krow / vrow.
+// Scores are per key and P·V sums each output element over the keys in order, so a block
+// split into runs gives the same bits as the block in one piece (paged == contiguous).
+template <class T, class F>
+inline void for_key_runs(const DecodeView& a, const DecodeWork& w, i64 b, i64 hk, i64 j0, i64 n, F&& f) {
+    const T* k = static_cast<const T*>(a.k) + hk * a.ks[1];
+    const T* v = static_cast<const T*>(a.v) + hk * a.vs[1];
+    if (w.paged == nullptr) {
+        f(i64{0}, n, k + b * a.ks[0] + j0 * a.ks[2], v + b * a.vs[0] + j0 * a.vs[2]);
+        return;
+    }
+    const PagedRows& pg = *w.paged;
+    const std::int32_t* table = pg.table + b * pg.table_stride;
+    for (i64 t = 0; t < n;) {
+        const i64 j = j0 + t, page = table[j >> pg.page_shift], row = j & (pg.page_size - 1);
+        const i64 len = imin(n - t, pg.page_size - row);
+        f(t, len, k + page * pg.k_page_stride + row * a.ks[2], v + page * pg.v_page_stride + row * a.vs[2]);
+        t += len;
+    }
+}
+
 // One work item: sequence b, KV head hk, keys [c0, c1). Leaves (o, m, l) per row in sc.
 template <class Ops, class T>
 void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i64 b, i64 hk, i64 c0, i64 c1,
@@ -142,8 +165,6 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
         sc.l[r] = 0.0f;
         for (i64 d = 0; d < Dv; ++d) sc.o[r * Dv + d] = 0.0f;
     }
-    const T* kbase = static_cast<const T*>(a.k) + b * a.ks[0] + hk * a.ks[1];
-    const T* vbase = static_cast<const T*>(a.v) + b * a.vs[0] + hk * a.vs[1];
     const bool elementwise = score_rule_has_elementwise(p);
     const std::uint16_t exp16 = p.v.dtype() == DType::f16 ? kF16Exponent : kBF16Exponent;
 
@@ -151,8 +172,10 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
         const i64 n = imin(kDecodeBlock, khi - j0);
         // S = (scale·Q) · K_blockᵀ — each K row is read from memory once for all M rows.
         for_row_groups(M, [&](i64 r0, i64 R) {
-            Ops::template scores<T>(sc.q + r0 * Dk, Dk, static_cast<int>(R), kbase + j0 * a.ks[2], a.ks[2], n, Dk,
-                                    sc.s + r0 * kDecodeBlock, kDecodeBlock);
+            for_key_runs<T>(a, w, b, hk, j0, n, [&](i64 t, i64 len, const T* krow, const T*) {
+                Ops::template scores<T>(sc.q + r0 * Dk, Dk, static_cast<int>(R), krow, a.ks[2], len, Dk,
+                                        sc.s + r0 * kDecodeBlock + t, kDecodeBlock);
+            });
         });
         // Online softmax (per row, base 2):  m' = max(m, max_j s_j);  α = 2^(m − m');
         //   p_j = 2^(s_j − m');  l' = α·l + Σ_j p_j;  o' = α·o + Σ_j p_j·v_j   (below)
@@ -178,41 +201,51 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
             sc.m[r] = m_new;
         }
         // O = α·O + P · V_block — each V row is read from memory once for all M rows.
-        const T* vblock = vbase + j0 * a.vs[2];
         bool select = false;
         if (ruled) {
-            if (sizeof(T) == sizeof(float)) {
-                select = any_nonfinite(reinterpret_cast<const float*>(vblock), a.vs[2], n, Dv);
-            } else {
-                select = any_nonfinite16(reinterpret_cast<const std::uint16_t*>(vblock), a.vs[2], n, Dv, exp16);
-            }
+            for_key_runs<T>(a, w, b, hk, j0, n, [&](i64, i64 len, const T*, const T* vrow) {
+                if (sizeof(T) == sizeof(float)) {
+                    select = select || any_nonfinite(reinterpret_cast<const float*>(vrow), a.vs[2], len, Dv);
+                } else {
+                    select = select ||
+                             any_nonfinite16(reinterpret_cast<const std::uint16_t*>(vrow), a.vs[2], len, Dv, exp16);
+                }
+            });
         }
         if (!select) {
-            for_row_groups(M, [&](i64 r0, i64 R) {
-                Ops::template accumulate<T>(sc.o + r0 * Dv, Dv, sc.alpha + r0, sc.s + r0 * kDecodeBlock, kDecodeBlock,
-                                            static_cast<int>(R), vblock, a.vs[2], n, Dv);
+            // Runs after the first continue the sums: α = 1 (exact) for them.
+            for_key_runs<T>(a, w, b, hk, j0, n, [&](i64 t, i64 len, const T*, const T* vrow) {
+                for_row_groups(M, [&](i64 r0, i64 R) {
+                    Ops::template accumulate<T>(sc.o + r0 * Dv, Dv, sc.alpha + r0, sc.s + r0 * kDecodeBlock + t,
+                                                kDecodeBlock, static_cast<int>(R), vrow, a.vs[2], len, Dv);
+                });
+                for (i64 r = 0; r < M; ++r) sc.alpha[r] = 1.0f;
             });
         } else {
             // Selecting path (finite.hpp): P·V on V with its NaN/±inf entries 0, then each
             // of them added back as p·x to the rows whose weight p is not 0.
-            for (i64 j = 0; j < n; ++j)
-                for (i64 d = 0; d < Dv; ++d) {
-                    const float x = Ops::load1(vblock + j * a.vs[2] + d);
-                    sc.vt[j * Dv + d] = nonfinite_f32(x) ? 0.0f : x;
-                }
+            for_key_runs<T>(a, w, b, hk, j0, n, [&](i64 t, i64 len, const T*, const T* vrow) {
+                for (i64 j = 0; j < len; ++j)
+                    for (i64 d = 0; d < Dv; ++d) {
+                        const float x = Ops::load1(vrow + j * a.vs[2] + d);
+                        sc.vt[(t + j) * Dv + d] = nonfinite_f32(x) ? 0.0f : x;
+                    }
+            });
             for_row_groups(M, [&](i64 r0, i64 R) {
                 Ops::template accumulate<float>(sc.o + r0 * Dv, Dv, sc.alpha + r0, sc.s + r0 * kDecodeBlock,
                                                 kDecodeBlock, static_cast<int>(R), sc.vt, Dv, n, Dv);
             });
-            for (i64 j = 0; j < n; ++j)
-                for (i64 d = 0; d < Dv; ++d) {
-                    const float x = Ops::load1(vblock + j * a.vs[2] + d);
-                    if (!nonfinite_f32(x)) continue;
-                    for (i64 r = 0; r < M; ++r) {
-                        const float pr = sc.s[r * kDecodeBlock + j];
-                        if (pr != 0.0f) sc.o[r * Dv + d] += pr * x;
+            for_key_runs<T>(a, w, b, hk, j0, n, [&](i64 t, i64 len, const T*, const T* vrow) {
+                for (i64 j = 0; j < len; ++j)
+                    for (i64 d = 0; d < Dv; ++d) {
+                        const float x = Ops::load1(vrow + j * a.vs[2] + d);
+                        if (!nonfinite_f32(x)) continue;
+                        for (i64 r = 0; r < M; ++r) {
+                            const float pr = sc.s[r * kDecodeBlock + t + j];
+                            if (pr != 0.0f) sc.o[r * Dv + d] += pr * x;
+                        }
                     }
-                }
+            });
         }
     }
 }

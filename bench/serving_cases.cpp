@@ -1,0 +1,225 @@
+// Serving shapes of issue 18 in `attn bench`:
+//   V1  a mixed prefill batch: 16 causal sequences with lengths uniform in 64..4096 (fixed
+//       seed), H = 16, D = 64 — sdpa_varlen on the packed tokens against sdpa on the batch
+//       padded to the longest with key_lengths. Both rows count the same useful FLOPs (the
+//       varlen work), so their GFLOP/s compare useful throughput. The note gives the memory
+//       a PagedKVCache (page 16) needs for these sequences against a contiguous cache at the
+//       longest length.
+//   P5 / P7  one decode step at the S5 / S7 sizes (B = 1, Hq = 32, Hkv = 32 / 8, Lk = 16384,
+//       D = 128, float32) from a contiguous KVCache and from a PagedKVCache with pages of 16
+//       and 32 tokens (pages in order), and of 16 with the sequence on every other page
+//       (fragmented); rows report GB/s of the K/V bytes read. Timed warm, all rows the same
+//       way (the cache is 16–64x the last-level cache, so a step streams it from memory).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/decode.hpp"
+#include "attn/kv_cache.hpp"
+#include "attn/paged_kv_cache.hpp"
+#include "attn/sdpa_varlen.hpp"
+#include "harness.hpp"
+
+namespace attn::bench {
+namespace {
+
+std::string fmt(const char* f, double x) {
+    char b[96];
+    std::snprintf(b, sizeof b, f, x);
+    return b;
+}
+
+Row timed(const Config& cfg, const std::string& impl, const std::function<void()>& fn) {
+    Row r;
+    r.impl = impl;
+    RssProbe probe;
+    r.baseline_rss = probe.baseline();
+    r.peak_rss_reset = probe.was_reset();
+    try {
+        r.timing = time_calls(cfg, fn);
+    } catch (const std::exception& e) {
+        r.status = "error";
+        r.note = e.what();
+    }
+    r.peak_rss = probe.peak();
+    return r;
+}
+
+void run_varlen(const Context& ctx, std::vector<CaseResult>& out) {
+    constexpr std::int64_t N = 16, H = 16, D = 64;
+    std::mt19937_64 rng(18);
+    std::vector<std::int64_t> len(N);
+    for (auto& l : len) l = 64 + static_cast<std::int64_t>(rng() % (4096 - 64 + 1));
+    const std::int64_t T = [&] { std::int64_t s = 0; for (auto l : len) s += l; return s; }();
+    const std::int64_t Lmax = *std::max_element(len.begin(), len.end());
+    CaseResult c;
+    c.id = "V1";
+    c.what = "varlen prefill (mixed batch)";
+    std::string lens;
+    for (auto l : len) {
+        if (!lens.empty()) lens += ',';
+        lens += std::to_string(l);
+    }
+    c.shape = "16 seqs, lengths " + lens + " (total " + std::to_string(T) + "), H=16 D=64 causal fp32";
+    c.params = {{"N", N}, {"H", H}, {"D", D}, {"lengths", len}, {"total_tokens", T}, {"max_length", Lmax}};
+    double useful = 0.0;
+    for (auto l : len) useful += 2.0 * H * static_cast<double>(l) * static_cast<double>(l) * 2.0 * D / 2.0;
+    c.flop = useful;
+    c.flop_formula = "sum_b 2*H*L_b^2*(Dk+Dv)/2 (the varlen work; the padded row is charged the same)";
+    c.io_bytes = 4 * 4 * T * H * D;
+
+    const Tensor q(DType::f32, Shape{T, H, D}), k(DType::f32, Shape{T, H, D}), v(DType::f32, Shape{T, H, D});
+    fill_uniform(q, 1);
+    fill_uniform(k, 2);
+    fill_uniform(v, 3);
+    Tensor o(DType::f32, Shape{T, H, D}), cq(DType::i64, Shape{N + 1}), ck(DType::i64, Shape{N + 1});
+    cq.data_as<std::int64_t>()[0] = 0;
+    for (std::int64_t b = 0; b < N; ++b) cq.data_as<std::int64_t>()[b + 1] = cq.data_as<std::int64_t>()[b] + len[static_cast<std::size_t>(b)];
+    std::copy_n(cq.data_as<std::int64_t>(), N + 1, ck.data_as<std::int64_t>());
+    SdpaOptions opt;
+    opt.causal = Causal::top_left;
+    SdpaReport rep;
+    Row rv = timed(ctx.cfg, "varlen", [&] { sdpa_varlen(q, k, v, cq, ck, opt, o, nullptr, &rep); });
+    rv.kernel = rep.kernel;
+    rv.flop = useful;
+    c.rows.push_back(std::move(rv));
+    {
+        // The padded batch: (N, H, Lmax, D) with the same tokens, key_lengths = L_b.
+        const Tensor pq(DType::f32, Shape{N, H, Lmax, D}, true), pk(DType::f32, Shape{N, H, Lmax, D}, true),
+            pv(DType::f32, Shape{N, H, Lmax, D}, true), po(DType::f32, Shape{N, H, Lmax, D});
+        Tensor kl(DType::i64, Shape{N});
+        for (std::int64_t b = 0; b < N; ++b) {
+            const std::int64_t t0 = cq.data_as<std::int64_t>()[b], L = len[static_cast<std::size_t>(b)];
+            kl.data_as<std::int64_t>()[b] = L;
+            for (const auto& [src, dst] : {std::pair{&q, &pq}, std::pair{&k, &pk}, std::pair{&v, &pv}})
+                for (std::int64_t t = 0; t < L; ++t)
+                    for (std::int64_t h = 0; h < H; ++h)
+                        std::copy_n(src->data_as<float>() + ((t0 + t) * H + h) * D, D,
+                                    dst->data_as<float>() + ((b * H + h) * Lmax + t) * D);
+        }
+        SdpaOptions po_opt = opt;
+        po_opt.key_lengths = kl.view();
+        Row rp = timed(ctx.cfg, "padded", [&] { sdpa(pq, pk, pv, po_opt, po, nullptr, nullptr, &rep); });
+        rp.kernel = rep.kernel;
+        rp.flop = useful;
+        rp.note = "padded to L=" + std::to_string(Lmax) + " with key_lengths";
+        // The varlen output against the padded one on the real rows.
+        double m = 0.0;
+        for (std::int64_t b = 0; b < N; ++b)
+            for (std::int64_t t = 0; t < len[static_cast<std::size_t>(b)]; ++t)
+                for (std::int64_t h = 0; h < H; ++h)
+                    for (std::int64_t d = 0; d < D; ++d) {
+                        const float x = o.data_as<float>()[((cq.data_as<std::int64_t>()[b] + t) * H + h) * D + d];
+                        const float y = po.data_as<float>()[((b * H + h) * Lmax + t) * D + d];
+                        m = std::max(m, static_cast<double>(std::fabs(x - y)));
+                    }
+        rp.max_abs_diff = m;
+        c.rows.push_back(std::move(rp));
+    }
+    const double tv = c.rows[0].timing.median_s, tp = c.rows[1].timing.median_s;
+    // KV memory of these sequences: pages of 16 tokens against B x the longest length.
+    std::int64_t pages = 0;
+    for (auto l : len) pages += (l + 15) / 16;
+    const double per_token = 2.0 * H * D * 4.0;
+    c.note = "varlen speed-up over padded: " + fmt("%.2fx", tp / tv) + " (target >= 1.8x); KV memory for these sequences: " +
+             fmt("%.0f MiB", static_cast<double>(pages * 16) * per_token / (1 << 20)) + " paged (page 16) vs " +
+             fmt("%.0f MiB", static_cast<double>(N * Lmax) * per_token / (1 << 20)) + " contiguous at L=" +
+             std::to_string(Lmax) + " (" + fmt("%.2fx", static_cast<double>(N * Lmax) / static_cast<double>(pages * 16)) +
+             ")";
+    out.push_back(std::move(c));
+}
+
+void run_paged_decode(const Context& ctx, const std::string& id, std::int64_t Hkv, std::vector<CaseResult>& out) {
+    constexpr std::int64_t Hq = 32, Lk = 16384, D = 128, chunk = 1024;
+    CaseResult c;
+    c.id = id;
+    c.what = "paged decode step";
+    c.shape = "B=1 Hq=32 Hkv=" + std::to_string(Hkv) + " Lq=1 Lk=16384 D=128 f32, contiguous vs pages of 16 / 32";
+    c.params = {{"B", 1}, {"Hq", Hq}, {"Hkv", Hkv}, {"Lq", 1}, {"Lk", Lk}, {"D", D}, {"storage", "float32"}};
+    c.bytes = 2.0 * Hkv * Lk * D * 4.0;
+    c.io_bytes = static_cast<std::int64_t>(c.bytes);
+    const Tensor q(DType::f32, Shape{1, Hq, 1, D}), o(DType::f32, Shape{1, Hq, 1, D});
+    fill_uniform(q, 7);
+    const SdpaOptions opt = [] { SdpaOptions s; s.causal = Causal::bottom_right; return s; }();
+    // The same tokens for every cache, appended in chunks (a prefill's K/V).
+    const Tensor kc(DType::f32, Shape{Hkv, chunk, D}), vc(DType::f32, Shape{Hkv, chunk, D});
+    fill_uniform(kc, 8);
+    fill_uniform(vc, 9);
+    std::vector<double> medians;
+    {
+        KVCacheConfig cc;
+        cc.kv_heads = Hkv;
+        cc.head_dim = D;
+        cc.capacity = Lk;
+        KVCache kv(cc);
+        for (std::int64_t t = 0; t < Lk; t += chunk) kv.append(0, kc, vc);
+        Row r = timed(ctx.cfg, "contiguous", [&] { decode_attention(q, kv, opt, o); });
+        r.bytes = c.bytes;
+        r.kernel = "decode";
+        medians.push_back(r.timing.median_s);
+        c.rows.push_back(std::move(r));
+    }
+    for (std::int64_t ps : {16, 32}) {
+        PagedKVCacheConfig pc;
+        pc.kv_heads = Hkv;
+        pc.head_dim = D;
+        pc.page_size = ps;
+        pc.num_pages = Lk / ps;
+        PagedKVCache cache(pc);
+        const PagedKVCache::SeqId s = cache.add_sequence();
+        for (std::int64_t t = 0; t < Lk; t += chunk) cache.append(s, kc, vc);
+        Row r = timed(ctx.cfg, "paged" + std::to_string(ps), [&] { paged_attention(q, cache, {s}, opt, o); });
+        r.bytes = c.bytes;
+        r.kernel = "decode (pages)";
+        medians.push_back(r.timing.median_s);
+        c.rows.push_back(std::move(r));
+    }
+    {
+        // Fragmented: two sequences appended a page at a time in turn, so the measured one
+        // holds every other page (its runs of 16 rows are not adjacent in memory).
+        PagedKVCacheConfig pc;
+        pc.kv_heads = Hkv;
+        pc.head_dim = D;
+        pc.page_size = 16;
+        pc.num_pages = 2 * Lk / 16;
+        PagedKVCache cache(pc);
+        const PagedKVCache::SeqId s = cache.add_sequence(), other = cache.add_sequence();
+        for (std::int64_t t = 0; t < Lk; t += 16)
+            for (PagedKVCache::SeqId x : {s, other}) cache.append(x, kc.view().slice(1, t % chunk, 16), vc.view().slice(1, t % chunk, 16));
+        Row r = timed(ctx.cfg, "paged16-frag", [&] { paged_attention(q, cache, {s}, opt, o); });
+        r.bytes = c.bytes;
+        r.kernel = "decode (pages)";
+        r.note = "every other page";
+        medians.push_back(r.timing.median_s);
+        c.rows.push_back(std::move(r));
+    }
+    c.note = "paged / contiguous time: page 16 " + fmt("%.3f", medians[1] / medians[0]) + ", page 32 " +
+             fmt("%.3f", medians[2] / medians[0]) + ", page 16 fragmented " + fmt("%.3f", medians[3] / medians[0]) +
+             " (target <= 1.10)";
+    out.push_back(std::move(c));
+}
+
+}  // namespace
+
+std::vector<BenchCase> serving_cases() {
+    BenchCase v;
+    v.id = "V1";
+    v.what = "varlen prefill (mixed batch)";
+    v.shape = "16 causal sequences, lengths uniform in 64..4096, H=16 D=64: packed vs padded";
+    v.run = [](const Context& ctx, std::vector<CaseResult>& out) { run_varlen(ctx, out); };
+    std::vector<BenchCase> cases{v};
+    for (const auto& [id, hkv] : {std::pair<std::string, std::int64_t>{"P5", 32}, {"P7", 8}}) {
+        BenchCase p;
+        p.id = id;
+        p.what = "paged decode step";
+        p.shape = std::string("S").append(id, 1) + " sizes: contiguous vs pages of 16 / 32 (and fragmented)";
+        p.run = [id = id, hkv = hkv](const Context& ctx, std::vector<CaseResult>& out) { run_paged_decode(ctx, id, hkv, out); };
+        cases.push_back(p);
+    }
+    return cases;
+}
+
+}  // namespace attn::bench

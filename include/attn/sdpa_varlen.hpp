@@ -1,0 +1,51 @@
+// attn::sdpa_varlen — attention over variable-length sequences packed without padding
+// (FlashAttention's flash_attn_varlen_func layout), forward and backward.
+//
+// N sequences are concatenated along the token axis:
+//   q: (Tq, Hq,  Dk)   rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]−1 are sequence b's queries
+//   k: (Tk, Hkv, Dk)   rows cu_seqlens_k[b] .. cu_seqlens_k[b+1]−1 are sequence b's keys
+//   v: (Tk, Hkv, Dv)
+//   out: (Tq, Hq, Dv)  float32 or float64, written completely
+//   lse: (Tq, Hq)      optional (an (Hq, Tq) buffer, FlashAttention's layout, is lse.transpose(0, 1))
+//   cu_seqlens_q, cu_seqlens_k: (N+1,) int32/int64, cu[0] = 0, non-decreasing,
+//                      cu_seqlens_q[N] = Tq, cu_seqlens_k[N] = Tk.  Any strides everywhere.
+//
+// Sequence b is exactly attn::sdpa on its own (1, Hq, Lq_b, Dk) × (1, Hkv, Lk_b, Dk) slice
+// with the same SdpaOptions — scale, causal (top-left, or bottom-right = each sequence's own
+// Lk_b − Lq_b), window, query_offset (one number, or (N,) per sequence), GQA, impl — so it is
+// also the same as a batch padded to the longest sequence with key_lengths = Lk_b.
+// Not accepted (they have no packed meaning): bool_mask, additive_mask (broadcast to a ragged
+// shape) and key_lengths (cu_seqlens_k gives every sequence's keys).
+// A sequence with Lq_b = 0 writes nothing; one with Lk_b = 0 < Lq_b sees no key: out 0, lse −inf.
+// Dropout: sequence b uses the Philox stream of seed varlen_dropout_seed(dropout_seed, b)
+// at batch index 0 (so it differs from a padded batch's stream, where b is in the counter).
+//
+// Every argument, and all of cu_seqlens, is checked before anything is written (attn::Error
+// naming the argument, the expectation and what was given).
+#pragma once
+
+#include <cstdint>
+
+#include "attn/sdpa.hpp"
+
+namespace attn {
+
+void sdpa_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& cu_seqlens_q,
+                 const TensorView& cu_seqlens_k, const SdpaOptions& options, const TensorView& out,
+                 const TensorView* lse = nullptr, SdpaReport* report = nullptr);
+
+// Gradients of sdpa_varlen, per sequence exactly sdpa_backward (dK/dV sum over the query
+// heads sharing a KV head within the sequence). out and lse are the forward's, in the packed
+// layout; dq like q, dk like k, dv like v. A sequence with Lq_b = 0 gets dK = dV = 0 for its
+// keys; one with Lk_b = 0 gets dQ = 0.
+void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, const TensorView& out,
+                          const TensorView& lse, const TensorView& grad_out, const SdpaOptions& options,
+                          const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                          SdpaReport* report = nullptr);
+
+// The dropout seed of sequence b: splitmix64(seed + b·golden ratio) — a documented mix, so
+// another implementation can reproduce the mask.
+std::uint64_t varlen_dropout_seed(std::uint64_t seed, std::int64_t b);
+
+}  // namespace attn

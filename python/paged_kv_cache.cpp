@@ -1,0 +1,159 @@
+// PagedKVCache and paged_attention: attn::PagedKVCache (a page pool shared by sequences that
+// are added, appended, forked copy-on-write, truncated and freed) and attention reading its
+// pages directly. The masking keywords mean what they mean in decode_attention (options.hpp),
+// bottom-right by default. One operation at a time per cache (a mutex, taken with the GIL
+// released), so Python threads may share a cache.
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "attn/paged_kv_cache.hpp"
+#include "bind.hpp"
+#include "convert.hpp"
+#include "options.hpp"
+
+namespace attn_py {
+namespace {
+
+struct PyPagedKVCache {
+    explicit PyPagedKVCache(const attn::PagedKVCacheConfig& c) : cache(c) {}
+    attn::PagedKVCache cache;
+    std::mutex mutex;
+};
+
+attn::DType storage_of(const std::string& dtype) {
+    if (dtype == "float32") return attn::DType::f32;
+    if (dtype == "float16") return attn::DType::f16;
+    if (dtype == "bfloat16") return attn::DType::bf16;
+    type_error("dtype: the cache stores \"float32\", \"float16\" or \"bfloat16\" but got \"" + dtype + "\"");
+}
+
+std::unique_ptr<PyPagedKVCache> make_cache(const py::object& kv_heads, const py::object& head_dim,
+                                           const py::object& num_pages, const py::object& page_size,
+                                           const py::object& value_dim, const py::object& dtype) {
+    attn::PagedKVCacheConfig c;
+    c.kv_heads = int_arg(kv_heads, "kv_heads");
+    c.head_dim = int_arg(head_dim, "head_dim");
+    c.num_pages = int_arg(num_pages, "num_pages");
+    c.page_size = int_arg(page_size, "page_size");
+    c.value_dim = optional_int_arg(value_dim, "value_dim").value_or(0);
+    c.storage = storage_of(str_arg(dtype, "dtype"));
+    return std::make_unique<PyPagedKVCache>(c);
+}
+
+py::object paged_attention_py(const py::object& query, PyPagedKVCache& c, const py::object& seqs_arg,
+                              const py::object& scale, const py::object& is_causal, const py::object& causal_alignment,
+                              const py::object& window, const py::object& window_alignment,
+                              const py::object& query_offset, const py::object& return_lse_arg) {
+    const bool return_lse = bool_arg(return_lse_arg, "return_lse");
+    const Input q = input(query, "query", 4, 4, "(B, Hq, Lq, Dk)");
+    std::vector<attn::PagedKVCache::SeqId> seqs;
+    for (const py::handle& s : py::iterable(seqs_arg)) seqs.push_back(int_arg(py::reinterpret_borrow<py::object>(s), "seqs"));
+    CallOptions o;
+    o.sdpa.scale = optional_float_arg(scale, "scale");
+    set_alignment({is_causal, causal_alignment, window, window_alignment, query_offset}, o);
+    const attn::TensorView& qv = q.view;
+    py::array out = new_array(attn::DType::f32, {qv.dim(0), qv.dim(1), qv.dim(2), c.cache.value_dim()});
+    py::array lse = return_lse ? new_array(attn::DType::f32, {qv.dim(0), qv.dim(1), qv.dim(2)}) : py::array();
+    const attn::TensorView ov = output_view(out, 4);
+    attn::TensorView lv;
+    if (return_lse) lv = output_view(lse, 3);
+    {
+        py::gil_scoped_release nogil;
+        const std::lock_guard<std::mutex> lock(c.mutex);
+        attn::paged_attention(qv, c.cache, seqs, o.sdpa, ov, return_lse ? &lv : nullptr);
+    }
+    if (!return_lse) return out;
+    return py::make_tuple(out, lse);
+}
+
+}  // namespace
+
+void bind_paged_kv_cache(py::module_& m) {
+    using Seq = attn::PagedKVCache::SeqId;
+    py::class_<PyPagedKVCache>(m, "PagedKVCache",
+                               "A pool of num_pages pages of page_size tokens (a power of two) shared by sequences\n"
+                               "(attn::PagedKVCache): add_sequence, append, fork (copy-on-write), truncate, free.\n"
+                               "Storage float32, float16 or bfloat16. A full pool is a ValueError; nothing is written.")
+        .def(py::init(&make_cache), py::arg("kv_heads"), py::arg("head_dim"), py::arg("num_pages"), py::kw_only(),
+             py::arg("page_size") = 16, py::arg("value_dim") = py::none(), py::arg("dtype") = "float32")
+        .def("add_sequence", [](PyPagedKVCache& c) {
+            const std::lock_guard<std::mutex> lock(c.mutex);
+            return c.cache.add_sequence();
+        })
+        .def("append",
+             [](PyPagedKVCache& c, const py::object& seq, const py::object& k_new, const py::object& v_new) {
+                 const Seq s = int_arg(seq, "seq");
+                 const Input k = input(k_new, "k_new", 3, 3, "(Hkv, T, Dk)");
+                 const Input v = input(v_new, "v_new", 3, 3, "(Hkv, T, Dv)");
+                 py::gil_scoped_release nogil;
+                 const std::lock_guard<std::mutex> lock(c.mutex);
+                 c.cache.append(s, k.view, v.view);
+             },
+             py::arg("seq"), py::arg("k_new"), py::arg("v_new"), "Appends T tokens (Hkv, T, D) to sequence seq.")
+        .def("fork",
+             [](PyPagedKVCache& c, const py::object& seq) {
+                 const Seq s = int_arg(seq, "seq");
+                 const std::lock_guard<std::mutex> lock(c.mutex);
+                 return c.cache.fork(s);
+             },
+             py::arg("seq"), "A new sequence sharing seq's pages (copied only when written).")
+        .def("truncate",
+             [](PyPagedKVCache& c, const py::object& seq, const py::object& n) {
+                 const Seq s = int_arg(seq, "seq");
+                 const std::int64_t len = int_arg(n, "new_length");
+                 const std::lock_guard<std::mutex> lock(c.mutex);
+                 c.cache.truncate(s, len);
+             },
+             py::arg("seq"), py::arg("new_length"))
+        .def("free",
+             [](PyPagedKVCache& c, const py::object& seq) {
+                 const Seq s = int_arg(seq, "seq");
+                 const std::lock_guard<std::mutex> lock(c.mutex);
+                 c.cache.free(s);
+             },
+             py::arg("seq"))
+        .def("length",
+             [](PyPagedKVCache& c, const py::object& seq) {
+                 const Seq s = int_arg(seq, "seq");
+                 const std::lock_guard<std::mutex> lock(c.mutex);
+                 return c.cache.length(s);
+             },
+             py::arg("seq"))
+        .def("page_table",
+             [](PyPagedKVCache& c, const py::object& seq) {
+                 const Seq s = int_arg(seq, "seq");
+                 const std::lock_guard<std::mutex> lock(c.mutex);
+                 return c.cache.page_table(s);
+             },
+             py::arg("seq"))
+        .def("pages_needed",
+             [](PyPagedKVCache& c, const py::object& seq, const py::object& tokens) {
+                 const Seq s = int_arg(seq, "seq");
+                 const std::int64_t t = int_arg(tokens, "tokens");
+                 const std::lock_guard<std::mutex> lock(c.mutex);
+                 return c.cache.pages_needed(s, t);
+             },
+             py::arg("seq"), py::arg("tokens"))
+        .def_property_readonly("free_pages", [](PyPagedKVCache& c) {
+            const std::lock_guard<std::mutex> lock(c.mutex);
+            return c.cache.free_pages();
+        })
+        .def_property_readonly("num_pages", [](PyPagedKVCache& c) { return c.cache.num_pages(); })
+        .def_property_readonly("page_size", [](PyPagedKVCache& c) { return c.cache.page_size(); })
+        .def_property_readonly("pool_bytes", [](PyPagedKVCache& c) { return c.cache.pool_bytes(); })
+        .def_property_readonly("dtype", [](PyPagedKVCache& c) { return std::string(attn::dtype_name(c.cache.storage())); });
+    m.def("paged_attention", &paged_attention_py, py::arg("query"), py::arg("cache"), py::arg("seqs"), py::kw_only(),
+          py::arg("scale") = py::none(), py::arg("is_causal") = true, py::arg("causal_alignment") = "bottom-right",
+          py::arg("window") = py::none(), py::arg("window_alignment") = "bottom-right",
+          py::arg("query_offset") = py::none(), py::arg("return_lse") = false,
+          "query (B, Hq, Lq, Dk) float32, batch row b = sequence seqs[b], against the cache's pages (decode\n"
+          "kernel; Lq > 16 runs as blocks of 16: chunked prefill). Append the new tokens first. Keywords as\n"
+          "decode_attention's. Returns out (B, Hq, Lq, Dv) [, lse].");
+}
+
+}  // namespace attn_py

@@ -1,0 +1,109 @@
+// sdpa_varlen and its backward: attn::sdpa_varlen / sdpa_varlen_backward on packed arrays
+// (total_tokens, H, D) + cu_seqlens (N+1,), FlashAttention's flash_attn_varlen_func layout.
+// The keywords are scaled_dot_product_attention's, with the same meanings, applied per
+// sequence (options.hpp); attn_mask and key_lengths are refused by the C++ layer, which says why.
+#include <pybind11/stl.h>
+
+#include <string>
+#include <vector>
+
+#include "attn/sdpa_varlen.hpp"
+#include "bind.hpp"
+#include "convert.hpp"
+#include "options.hpp"
+
+namespace attn_py {
+namespace {
+
+const char* const kPacked = "(total_tokens, H, D)";
+
+attn::DType output_dtype(const attn::TensorView& q) {
+    return q.dtype() == attn::DType::f64 ? attn::DType::f64 : attn::DType::f32;
+}
+
+py::object sdpa_varlen_py(const py::object& query, const py::object& key, const py::object& value,
+                          const py::object& cu_seqlens_q, const py::object& cu_seqlens_k, const py::object& attn_mask,
+                          const py::object& dropout_p, const py::object& is_causal, const py::object& scale,
+                          const py::object& causal_alignment, const py::object& key_lengths, const py::object& window,
+                          const py::object& window_alignment, const py::object& query_offset,
+                          const py::object& return_lse_arg, const py::object& dropout_seed, const py::object& impl) {
+    const bool return_lse = bool_arg(return_lse_arg, "return_lse");
+    const Input q = input(query, "query", 3, 3, kPacked);
+    const Input k = input(key, "key", 3, 3, kPacked);
+    const Input v = input(value, "value", 3, 3, kPacked);
+    const Input cq = input(cu_seqlens_q, "cu_seqlens_q", 1, 1, "(N+1,)");
+    const Input ck = input(cu_seqlens_k, "cu_seqlens_k", 1, 1, "(N+1,)");
+    const CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
+                                          {is_causal, causal_alignment, window, window_alignment, query_offset},
+                                          dropout_seed, impl});
+    const attn::DType odt = output_dtype(q.view);
+    py::array out = new_array(odt, {q.view.dim(0), q.view.dim(1), v.view.dim(2)});
+    py::array lse = new_array(odt, {q.view.dim(0), q.view.dim(1)});
+    const attn::TensorView ov = output_view(out, 3), lv = output_view(lse, 2);
+    {
+        py::gil_scoped_release nogil;
+        attn::sdpa_varlen(q.view, k.view, v.view, cq.view, ck.view, opt.sdpa, ov, &lv);
+    }
+    if (!return_lse) return out;
+    return py::make_tuple(out, lse);
+}
+
+py::tuple sdpa_varlen_backward_py(const py::object& query, const py::object& key, const py::object& value,
+                                  const py::object& cu_seqlens_q, const py::object& cu_seqlens_k,
+                                  const py::object& out, const py::object& lse, const py::object& grad_out,
+                                  const py::object& attn_mask, const py::object& dropout_p,
+                                  const py::object& is_causal, const py::object& scale,
+                                  const py::object& causal_alignment, const py::object& key_lengths,
+                                  const py::object& window, const py::object& window_alignment,
+                                  const py::object& query_offset, const py::object& dropout_seed,
+                                  const py::object& impl) {
+    const Input q = input(query, "query", 3, 3, kPacked);
+    const Input k = input(key, "key", 3, 3, kPacked);
+    const Input v = input(value, "value", 3, 3, kPacked);
+    const Input cq = input(cu_seqlens_q, "cu_seqlens_q", 1, 1, "(N+1,)");
+    const Input ck = input(cu_seqlens_k, "cu_seqlens_k", 1, 1, "(N+1,)");
+    const Input o = input(out, "out", 3, 3, kPacked);
+    const Input l = input(lse, "lse", 2, 2, "(total_tokens, H)");
+    const Input g = input(grad_out, "grad_out", 3, 3, kPacked);
+    const CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
+                                          {is_causal, causal_alignment, window, window_alignment, query_offset},
+                                          dropout_seed, impl});
+    const attn::DType odt = output_dtype(q.view);
+    py::array dq = new_array(odt, dims_of(q.view));
+    py::array dk = new_array(odt, dims_of(k.view));
+    py::array dv = new_array(odt, dims_of(v.view));
+    const attn::TensorView dqv = output_view(dq, 3), dkv = output_view(dk, 3), dvv = output_view(dv, 3);
+    {
+        py::gil_scoped_release nogil;
+        attn::sdpa_varlen_backward(q.view, k.view, v.view, cq.view, ck.view, o.view, l.view, g.view, opt.sdpa, dqv,
+                                   dkv, dvv);
+    }
+    return py::make_tuple(dq, dk, dv);
+}
+
+}  // namespace
+
+void bind_varlen(py::module_& m) {
+    m.def("sdpa_varlen", &sdpa_varlen_py, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("cu_seqlens_q"),
+          py::arg("cu_seqlens_k"), py::kw_only(), py::arg("attn_mask") = py::none(), py::arg("dropout_p") = 0.0,
+          py::arg("is_causal") = false, py::arg("scale") = py::none(), py::arg("causal_alignment") = "top-left",
+          py::arg("key_lengths") = py::none(), py::arg("window") = py::none(),
+          py::arg("window_alignment") = "top-left", py::arg("query_offset") = py::none(),
+          py::arg("return_lse") = false, py::arg("dropout_seed") = 0, py::arg("impl") = "auto",
+          "scaled_dot_product_attention over sequences packed without padding (flash_attn_varlen_func's layout).\n"
+          "query (Tq, Hq, D), key/value (Tk, Hkv, D); cu_seqlens_q/cu_seqlens_k (N+1,) int32/int64 offsets:\n"
+          "sequence b is rows cu[b]..cu[b+1]-1. Every keyword means what it means in\n"
+          "scaled_dot_product_attention, per sequence: bottom-right aligns to each sequence's own lengths;\n"
+          "query_offset is an int or an (N,) array. attn_mask and key_lengths are not accepted.\n"
+          "Returns out (Tq, Hq, Dv), or (out, lse (Tq, Hq)) when return_lse.");
+    m.def("sdpa_varlen_backward", &sdpa_varlen_backward_py, py::arg("query"), py::arg("key"), py::arg("value"),
+          py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"), py::arg("out"), py::arg("lse"), py::arg("grad_out"),
+          py::kw_only(), py::arg("attn_mask") = py::none(), py::arg("dropout_p") = 0.0, py::arg("is_causal") = false,
+          py::arg("scale") = py::none(), py::arg("causal_alignment") = "top-left", py::arg("key_lengths") = py::none(),
+          py::arg("window") = py::none(), py::arg("window_alignment") = "top-left",
+          py::arg("query_offset") = py::none(), py::arg("dropout_seed") = 0, py::arg("impl") = "auto",
+          "Gradients (dq, dk, dv) of sdpa_varlen given its out and lse (return_lse=True) and grad_out;\n"
+          "the same options as the forward.");
+}
+
+}  // namespace attn_py

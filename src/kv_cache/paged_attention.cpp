@@ -1,0 +1,117 @@
+// paged_attention: decode_attention's problem (make_problem: the same checks, the same
+// alignment rule, key_lengths = the sequences' lengths) with K/V rows addressed through the
+// page tables (decode.hpp PagedRows) instead of a contiguous view. Only the decode kernel
+// reads pages; a query block longer than 16 runs as blocks of 16 (chunked prefill), each an
+// exact slice of the problem: its queries keep their diagonals through query_offset.
+#include <algorithm>
+#include <vector>
+
+#include "attn/decode.hpp"
+#include "attn/paged_kv_cache.hpp"
+#include "../core/check.hpp"
+#include "../kernels/decode/decode.hpp"
+#include "../kernels/isa.hpp"
+#include "../sdpa/problem.hpp"
+
+namespace attn {
+namespace {
+
+constexpr std::string_view kOp = "paged_attention";
+
+}  // namespace
+
+void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::vector<PagedKVCache::SeqId>& seqs,
+                     const SdpaOptions& options, const TensorView& out, const TensorView* lse) {
+    if (options.key_lengths) detail::fail(kOp, "options.key_lengths: must be unset (the sequences' lengths are the key lengths)");
+    if (options.impl != Impl::automatic && options.impl != Impl::decode) {
+        detail::fail(kOp, "impl: only the decode kernel reads pages; use auto or decode but got ", impl_name(options.impl));
+    }
+    detail::require_rank(kOp, q, "Q", 4, "(B, Hq, Lq, Dk)");
+    const std::int64_t B = q.dim(0), Lq = q.dim(2);
+    if (static_cast<std::int64_t>(seqs.size()) != B) {
+        detail::fail(kOp, "seqs: has ", seqs.size(), " sequence ids but Q's batch is ", B);
+    }
+    std::vector<std::int64_t> lengths(seqs.size());
+    std::int64_t n = 1, pages = 1;
+    for (std::size_t b = 0; b < seqs.size(); ++b) {
+        if (!cache.contains(seqs[b])) {
+            detail::fail(kOp, "seqs: entry ", b, " = ", seqs[b], " is not a sequence of the cache (never added, or freed)");
+        }
+        lengths[b] = cache.length(seqs[b]);
+        n = std::max(n, lengths[b]);
+        pages = std::max(pages, static_cast<std::int64_t>(cache.page_table(seqs[b]).size()));
+        if (options.causal != Causal::none && !options.query_offset && lengths[b] < Lq) {
+            detail::fail(kOp, "seqs: sequence ", seqs[b], " (entry ", b, ") holds ", lengths[b],
+                         " positions but there are ", Lq, " new queries; append the new tokens' K and V before "
+                         "paged_attention");
+        }
+    }
+    // The page tables, one row per batch entry (unused entries point at page 0, never read:
+    // every row's keys stop at its sequence's length).
+    std::vector<std::int32_t> table(static_cast<std::size_t>(B * pages), 0);
+    for (std::size_t b = 0; b < seqs.size(); ++b) {
+        const std::vector<std::int32_t>& t = cache.page_table(seqs[b]);
+        std::copy(t.begin(), t.end(), table.begin() + static_cast<std::ptrdiff_t>(b) * pages);
+    }
+    const std::int64_t ps = cache.page_size(), Hkv = cache.kv_heads(), Dk = cache.head_dim(), Dv = cache.value_dim();
+    detail::PagedRows rows;
+    rows.table = table.data();
+    rows.table_stride = pages;
+    rows.page_size = ps;
+    while ((std::int64_t{1} << rows.page_shift) < ps) ++rows.page_shift;
+    rows.k_page_stride = ps * Dk;
+    rows.v_page_stride = ps * Dv;
+    // K/V as the kernel sees them: (B, Hkv, n, D) with the pools' head stride and a page's row
+    // stride; rows are found through `rows`, never through these views' batch dim.
+    const std::int64_t P = cache.num_pages();
+    const TensorView k(cache.key_pages().data(), cache.storage(), Shape{B, Hkv, n, Dk}, Strides{0, P * ps * Dk, Dk, 1});
+    const TensorView v(cache.value_pages().data(), cache.storage(), Shape{B, Hkv, n, Dv}, Strides{0, P * ps * Dv, Dv, 1});
+    SdpaOptions o = options;
+    o.key_lengths = TensorView(lengths.data(), DType::i64, Shape{B});
+    const detail::SdpaProblem p = detail::make_problem(q, k, v, o, out, lse, nullptr, kOp);
+
+    // Blocks of at most 16 queries; query i0 + i of a block keeps its diagonal d_b(i0 + i)
+    // through a per-sequence query_offset (one number: causal and window must then share
+    // an alignment, unless query_offset was given).
+    const std::int64_t block = kMaxDecodeQueries;
+    const bool sliced = Lq > block;
+    Align align = Align::top_left;
+    if (sliced && !p.has_query_offset) {
+        const bool causal = p.causal != Causal::none;
+        const Align ca = p.causal == Causal::bottom_right ? Align::bottom_right : Align::top_left;
+        if (causal && p.window.active() && ca != p.window.align) {
+            detail::fail(kOp, "window: with Lq = ", Lq, " > 16 (chunked prefill) causal and window need the same "
+                         "alignment, or an explicit query_offset");
+        }
+        align = causal ? ca : p.window.align;
+    }
+    std::vector<std::int64_t> offsets(static_cast<std::size_t>(B));
+    std::vector<detail::SdpaProblem> parts;
+    for (std::int64_t i0 = 0; i0 < Lq; i0 += block) {
+        detail::SdpaProblem s = p;
+        if (sliced) {
+            const std::int64_t len = std::min(block, Lq - i0);
+            s.Lq = len;
+            s.q = p.q.slice(2, i0, len);
+            s.out = p.out.slice(2, i0, len);
+            if (p.lse) s.lse = p.lse->slice(2, i0, len);
+            if (p.bool_mask) s.bool_mask = p.bool_mask->slice(2, i0, len);
+            if (p.additive_mask) s.additive_mask = p.additive_mask->slice(2, i0, len);
+            s.has_query_offset = true;
+            s.query_offsets = TensorView(offsets.data(), DType::i64, Shape{B});
+        }
+        const std::string why = detail::decode_declines(s);
+        if (!why.empty()) detail::fail(kOp, "the decode kernel, which reads the pages, declines this call: ", why);
+        parts.push_back(s);
+    }
+    const detail::KernelSet& kernels = detail::kernel_set();
+    for (std::size_t c = 0; c < parts.size(); ++c) {
+        if (sliced) {
+            const auto i0 = static_cast<std::int64_t>(c) * block;
+            for (std::int64_t b = 0; b < B; ++b) offsets[static_cast<std::size_t>(b)] = p.diagonal_offset(align, b) + i0;
+        }
+        detail::decode_forward(parts[c], kernels, 0, &rows);
+    }
+}
+
+}  // namespace attn

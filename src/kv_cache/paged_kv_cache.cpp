@@ -1,0 +1,229 @@
+// PagedKVCache: the page pool, reference counts and page tables. Every operation checks its
+// arguments, and that the pool can supply the pages it needs, before it changes anything.
+#include "attn/paged_kv_cache.hpp"
+
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "../core/check.hpp"
+#include "../core/checked_size.hpp"
+#include "huge_buffer.hpp"
+#include "rows.hpp"
+
+namespace attn {
+namespace {
+
+constexpr std::string_view kOp = "PagedKVCache";
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+struct PagedKVCache::Pool : detail::HugeBuffer {
+    using HugeBuffer::HugeBuffer;
+};
+
+PagedKVCache::PagedKVCache(const PagedKVCacheConfig& config) : config_(config) {
+    using detail::fail;
+    if (config_.value_dim == 0) config_.value_dim = config_.head_dim;
+    if (config_.kv_heads < 1) fail(kOp, "kv_heads must be >= 1 but got ", config_.kv_heads);
+    if (config_.head_dim < 1) fail(kOp, "head_dim must be >= 1 but got ", config_.head_dim);
+    if (config_.value_dim < 1) fail(kOp, "value_dim must be >= 1 (or 0 = head_dim) but got ", config_.value_dim);
+    if (config_.page_size < 1 || (config_.page_size & (config_.page_size - 1)) != 0 || config_.page_size > (1 << 20)) {
+        fail(kOp, "page_size must be a power of two in [1, 2^20] but got ", config_.page_size);
+    }
+    if (config_.num_pages < 1 || config_.num_pages > std::numeric_limits<std::int32_t>::max()) {
+        fail(kOp, "num_pages must be in [1, 2^31 - 1] but got ", config_.num_pages);
+    }
+    if (config_.storage != DType::f32 && config_.storage != DType::f16 && config_.storage != DType::bf16) {
+        fail(kOp, "storage must be float32, float16 or bfloat16 but got ", dtype_name(config_.storage));
+    }
+    const auto pool_bytes = [&](std::int64_t D) {
+        std::int64_t n = detail::checked_mul(kOp, "pool size", config_.kv_heads, config_.num_pages);
+        n = detail::checked_mul(kOp, "pool size", n, config_.page_size);
+        n = detail::checked_mul(kOp, "pool size", n, D);
+        return detail::checked_mul(kOp, "pool bytes", n, static_cast<std::int64_t>(dtype_size(config_.storage)));
+    };
+    keys_ = std::make_unique<Pool>(pool_bytes(config_.head_dim), "PagedKVCache key pages");
+    values_ = std::make_unique<Pool>(pool_bytes(config_.value_dim), "PagedKVCache value pages");
+    refcount_.assign(static_cast<std::size_t>(config_.num_pages), 0);
+    // Taken from the back: pages 0, 1, 2, ... in order.
+    for (std::int64_t p = config_.num_pages - 1; p >= 0; --p) free_list_.push_back(static_cast<std::int32_t>(p));
+}
+
+PagedKVCache::PagedKVCache(PagedKVCache&&) noexcept = default;
+PagedKVCache& PagedKVCache::operator=(PagedKVCache&&) noexcept = default;
+PagedKVCache::~PagedKVCache() = default;
+
+const PagedKVCache::Seq& PagedKVCache::seq(const char* op, SeqId s) const {
+    if (s < 0 || s >= static_cast<SeqId>(seqs_.size()) || !seqs_[static_cast<std::size_t>(s)].live) {
+        detail::fail(kOp, op, ": sequence ", s, " does not exist (never added, or freed)");
+    }
+    return seqs_[static_cast<std::size_t>(s)];
+}
+
+std::int32_t PagedKVCache::take_page() {
+    const std::int32_t p = free_list_.back();  // the caller checked free_pages()
+    free_list_.pop_back();
+    refcount_[static_cast<std::size_t>(p)] = 1;
+    return p;
+}
+
+void PagedKVCache::release_page(std::int32_t page) {
+    if (--refcount_[static_cast<std::size_t>(page)] == 0) free_list_.push_back(page);
+}
+
+PagedKVCache::SeqId PagedKVCache::add_sequence() {
+    SeqId id;
+    if (!free_ids_.empty()) {
+        id = free_ids_.back();
+        free_ids_.pop_back();
+    } else {
+        id = static_cast<SeqId>(seqs_.size());
+        seqs_.emplace_back();
+    }
+    Seq& s = seqs_[static_cast<std::size_t>(id)];
+    s.live = true;
+    s.length = 0;
+    s.pages.clear();
+    return id;
+}
+
+std::int64_t PagedKVCache::pages_needed(SeqId s, std::int64_t tokens) const {
+    const Seq& q = seq("pages_needed", s);
+    if (tokens < 0) detail::fail(kOp, "pages_needed: tokens must be >= 0 but got ", tokens);
+    const std::int64_t ps = config_.page_size;
+    const std::int64_t fresh = ceil_div(q.length + tokens, ps) - ceil_div(q.length, ps);
+    // Writing into a shared, partly filled last page copies it first.
+    const bool cow = tokens > 0 && q.length % ps != 0 && refcount_[static_cast<std::size_t>(q.pages.back())] > 1;
+    return fresh + (cow ? 1 : 0);
+}
+
+void PagedKVCache::append(SeqId s, const TensorView& k_new, const TensorView& v_new) {
+    const Seq& cur = seq("append", s);
+    const auto check = [&](const TensorView& t, const char* name, std::int64_t D, const char* layout) {
+        if (t.data() == nullptr) detail::fail(kOp, "append: ", name, " data pointer is null");
+        if (!is_floating(t.dtype())) {
+            detail::fail(kOp, "append: ", name, " dtype must be a float type but got ", dtype_name(t.dtype()));
+        }
+        if (t.rank() != 3 || t.dim(0) != config_.kv_heads || t.dim(2) != D) {
+            detail::fail(kOp, "append: ", name, " must have shape ", layout, " = (", config_.kv_heads, ", T, ", D,
+                         ") but got ", t.shape());
+        }
+    };
+    check(k_new, "k_new", config_.head_dim, "(Hkv, T, Dk)");
+    check(v_new, "v_new", config_.value_dim, "(Hkv, T, Dv)");
+    const std::int64_t T = k_new.dim(1);
+    if (v_new.dim(1) != T) detail::fail(kOp, "append: v_new has ", v_new.dim(1), " tokens but k_new has ", T);
+    if (T > std::numeric_limits<std::int64_t>::max() / 2 - cur.length) {
+        detail::fail(kOp, "append: ", T, " tokens do not fit a length counter");
+    }
+    const std::int64_t need = pages_needed(s, T);
+    if (need > free_pages()) {
+        detail::fail(kOp, "append: the page pool is exhausted: sequence ", s, " needs ", need, " more page",
+                     need == 1 ? "" : "s", " for ", T, " token", T == 1 ? "" : "s", " but ", free_pages(), " of ",
+                     config_.num_pages, " are free (free or truncate sequences, or use a larger pool); nothing was "
+                     "written");
+    }
+    if (T == 0) return;
+
+    Seq& q = seqs_[static_cast<std::size_t>(s)];
+    const std::int64_t ps = config_.page_size, Hkv = config_.kv_heads, Dk = config_.head_dim, Dv = config_.value_dim;
+    const std::size_t es = dtype_size(config_.storage);
+    // Element offsets in the (Hkv, num_pages, page_size, D) pools.
+    const std::int64_t khead = config_.num_pages * ps * Dk, vhead = config_.num_pages * ps * Dv;
+    auto* kpool = static_cast<char*>(keys_->data);
+    auto* vpool = static_cast<char*>(values_->data);
+    const auto at = [es](char* pool, std::int64_t elements) { return pool + static_cast<std::size_t>(elements) * es; };
+    if (q.length % ps != 0 && refcount_[static_cast<std::size_t>(q.pages.back())] > 1) {
+        // Copy-on-write: this sequence's own copy of the shared last page.
+        const std::int32_t old = q.pages.back(), copy = take_page();
+        for (std::int64_t h = 0; h < Hkv; ++h) {
+            std::memcpy(at(kpool, h * khead + copy * ps * Dk), at(kpool, h * khead + old * ps * Dk),
+                        static_cast<std::size_t>(ps * Dk) * es);
+            std::memcpy(at(vpool, h * vhead + copy * ps * Dv), at(vpool, h * vhead + old * ps * Dv),
+                        static_cast<std::size_t>(ps * Dv) * es);
+        }
+        release_page(old);
+        q.pages.back() = copy;
+    }
+    while (static_cast<std::int64_t>(q.pages.size()) < ceil_div(q.length + T, ps)) q.pages.push_back(take_page());
+    for (std::int64_t t = 0; t < T; ++t) {
+        const std::int64_t j = q.length + t;
+        const std::int64_t page = q.pages[static_cast<std::size_t>(j / ps)], row = j % ps;
+        for (std::int64_t h = 0; h < Hkv; ++h) {
+            detail::convert_row(k_new, k_new.offset(h, t, 0), k_new.stride(2), Dk, config_.storage,
+                                at(kpool, h * khead + (page * ps + row) * Dk));
+            detail::convert_row(v_new, v_new.offset(h, t, 0), v_new.stride(2), Dv, config_.storage,
+                                at(vpool, h * vhead + (page * ps + row) * Dv));
+        }
+    }
+    q.length += T;
+}
+
+PagedKVCache::SeqId PagedKVCache::fork(SeqId s) {
+    (void)seq("fork", s);
+    const SeqId id = add_sequence();  // may reallocate seqs_: index again below
+    const Seq& parent = seqs_[static_cast<std::size_t>(s)];
+    Seq& child = seqs_[static_cast<std::size_t>(id)];
+    child.length = parent.length;
+    child.pages = parent.pages;
+    for (std::int32_t p : child.pages) ++refcount_[static_cast<std::size_t>(p)];
+    return id;
+}
+
+void PagedKVCache::truncate(SeqId s, std::int64_t new_length) {
+    const Seq& cur = seq("truncate", s);
+    if (new_length < 0 || new_length > cur.length) {
+        detail::fail(kOp, "truncate: new_length must be in [0, ", cur.length, "] (sequence ", s, "'s length) but got ",
+                     new_length);
+    }
+    Seq& q = seqs_[static_cast<std::size_t>(s)];
+    const auto keep = static_cast<std::size_t>(ceil_div(new_length, config_.page_size));
+    for (std::size_t i = keep; i < q.pages.size(); ++i) release_page(q.pages[i]);
+    q.pages.resize(keep);
+    q.length = new_length;
+}
+
+void PagedKVCache::free(SeqId s) {
+    (void)seq("free", s);
+    Seq& q = seqs_[static_cast<std::size_t>(s)];
+    for (std::int32_t p : q.pages) release_page(p);
+    q.pages.clear();
+    q.length = 0;
+    q.live = false;
+    free_ids_.push_back(s);
+}
+
+bool PagedKVCache::contains(SeqId s) const {
+    return s >= 0 && s < static_cast<SeqId>(seqs_.size()) && seqs_[static_cast<std::size_t>(s)].live;
+}
+
+std::int64_t PagedKVCache::length(SeqId s) const { return seq("length", s).length; }
+
+const std::vector<std::int32_t>& PagedKVCache::page_table(SeqId s) const { return seq("page_table", s).pages; }
+
+std::int64_t PagedKVCache::free_pages() const { return static_cast<std::int64_t>(free_list_.size()); }
+
+std::int64_t PagedKVCache::pool_bytes() const {
+    return config_.kv_heads * config_.num_pages * config_.page_size * (config_.head_dim + config_.value_dim) *
+           static_cast<std::int64_t>(dtype_size(config_.storage));
+}
+
+std::int64_t PagedKVCache::shared_pages() const {
+    std::int64_t n = 0;
+    for (std::int32_t r : refcount_) n += r > 1;
+    return n;
+}
+
+TensorView PagedKVCache::key_pages() const {
+    return TensorView(keys_->data, config_.storage,
+                      Shape{config_.kv_heads, config_.num_pages, config_.page_size, config_.head_dim});
+}
+TensorView PagedKVCache::value_pages() const {
+    return TensorView(values_->data, config_.storage,
+                      Shape{config_.kv_heads, config_.num_pages, config_.page_size, config_.value_dim});
+}
+
+}  // namespace attn

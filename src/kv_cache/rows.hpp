@@ -1,0 +1,34 @@
+// Writing K/V rows into cache storage, shared by KVCache and PagedKVCache (the same rounding
+// to float16/bfloat16, so both caches hold the same bits for the same tokens).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "attn/half.hpp"
+#include "attn/tensor.hpp"
+
+namespace attn::detail {
+
+// Converts `count` elements of a row (stride `stride` elements, any float dtype) into the
+// storage type at dst. The common cases (same dtype, float32 source) avoid the generic load.
+inline void convert_row(const TensorView& src, std::int64_t offset, std::int64_t stride, std::int64_t count, DType dst_type,
+                 void* dst) {
+    const DType st = src.dtype();
+    if (st == dst_type && stride == 1) {
+        std::memcpy(dst, static_cast<const char*>(src.data()) + offset * static_cast<std::int64_t>(dtype_size(st)),
+                    static_cast<std::size_t>(count) * dtype_size(st));
+        return;
+    }
+    for (std::int64_t d = 0; d < count; ++d) {
+        const std::int64_t off = offset + d * stride;
+        const float x = st == DType::f32 ? src.data_as<const float>()[off] : static_cast<float>(src.load_as_double(off));
+        switch (dst_type) {
+            case DType::f32: static_cast<float*>(dst)[d] = x; break;
+            case DType::f16: static_cast<std::uint16_t*>(dst)[d] = float_to_f16(x); break;
+            default: static_cast<std::uint16_t*>(dst)[d] = float_to_bf16(x); break;
+        }
+    }
+}
+
+}  // namespace attn::detail

@@ -1,0 +1,147 @@
+// Packed batches: cu_seqlens checks and per-sequence views (packed.hpp).
+#include "packed.hpp"
+
+#include "attn/sdpa_varlen.hpp"
+#include "../core/check.hpp"
+
+namespace attn::detail {
+namespace {
+
+// The offsets of one cu_seqlens vector, checked: (N+1,) int32/int64, cu[0] = 0,
+// non-decreasing, cu[N] = T (the packed tensor's token count, named by `tensor`).
+std::vector<std::int64_t> read_cu_seqlens(std::string_view op, const TensorView& cu, const char* name,
+                                          std::int64_t T, const char* tensor) {
+    if (cu.data() == nullptr) fail(op, name, ": data pointer is null");
+    if (cu.dtype() != DType::i32 && cu.dtype() != DType::i64) {
+        fail(op, name, ": dtype must be int32 or int64 but got ", dtype_name(cu.dtype()));
+    }
+    if (cu.rank() != 1 || cu.dim(0) < 1) {
+        fail(op, name, ": expected shape (N+1,) with N >= 0 sequences but got ", cu.shape());
+    }
+    std::vector<std::int64_t> off(static_cast<std::size_t>(cu.dim(0)));
+    for (std::int64_t i = 0; i < cu.dim(0); ++i) off[static_cast<std::size_t>(i)] = load_int(cu, cu.offset(i));
+    if (off[0] != 0) fail(op, name, ": entry 0 must be 0 but got ", off[0]);
+    for (std::size_t i = 1; i < off.size(); ++i) {
+        if (off[i] < off[i - 1]) {
+            fail(op, name, ": must be non-decreasing but entry ", i, " = ", off[i], " < entry ", i - 1, " = ",
+                 off[i - 1]);
+        }
+        if (off[i] > T) {
+            fail(op, name, ": entry ", i, " = ", off[i], " is beyond ", tensor, "'s ", T, " tokens");
+        }
+    }
+    if (off.back() != T) {
+        fail(op, name, ": last entry must equal ", tensor, "'s token count ", T, " but got ", off.back(),
+             " (every packed token belongs to one sequence)");
+    }
+    return off;
+}
+
+void require_packed(std::string_view op, const TensorView& t, const char* name, const char* layout) {
+    require_rank(op, t, name, 3, layout);
+    for (int d = 1; d < 3; ++d) {
+        if (t.dim(d) < 1) fail(op, name, ": ", d == 1 ? "heads" : "head dim", " must be >= 1 but got ", t.dim(d));
+    }
+}
+
+}  // namespace
+
+PackedBatch check_packed(std::string_view op, const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, const SdpaOptions& options,
+                         const TensorView& out, const TensorView* lse) {
+    require_packed(op, q, "q", "(Tq, Hq, Dk)");
+    require_packed(op, k, "k", "(Tk, Hkv, Dk)");
+    require_packed(op, v, "v", "(Tk, Hkv, Dv)");
+    PackedBatch p;
+    p.Tq = q.dim(0), p.Hq = q.dim(1), p.Dk = q.dim(2);
+    p.Tk = k.dim(0), p.Hkv = k.dim(1), p.Dv = v.dim(2);
+    if (k.dim(2) != p.Dk) fail(op, "k: head dim ", k.dim(2), " does not match q's head dim ", p.Dk);
+    if (v.dim(0) != p.Tk) fail(op, "v: tokens ", v.dim(0), " do not match k's tokens ", p.Tk);
+    if (v.dim(1) != p.Hkv) fail(op, "v: heads ", v.dim(1), " do not match k's heads ", p.Hkv);
+    if (p.Hq % p.Hkv != 0) {
+        fail(op, "q: heads ", p.Hq, " must be a multiple of k/v's heads ", p.Hkv, " (grouped-query attention)");
+    }
+    require_rank(op, out, "out", 3, "(Tq, Hq, Dv)");
+    require_shape(op, out, "out", Shape{p.Tq, p.Hq, p.Dv}, "(Tq, Hq, Dv)");
+    require_f32_or_f64(op, out, "out");
+    require_distinct_elements(op, out, "out");
+    if (lse != nullptr) {
+        require_rank(op, *lse, "lse", 2, "(Tq, Hq)");
+        require_shape(op, *lse, "lse", Shape{p.Tq, p.Hq}, "(Tq, Hq)");
+        require_f32_or_f64(op, *lse, "lse");
+        require_distinct_elements(op, *lse, "lse");
+    }
+
+    const std::vector<std::int64_t> cq = read_cu_seqlens(op, cu_seqlens_q, "cu_seqlens_q", p.Tq, "q");
+    const std::vector<std::int64_t> ck = read_cu_seqlens(op, cu_seqlens_k, "cu_seqlens_k", p.Tk, "k");
+    if (cq.size() != ck.size()) {
+        fail(op, "cu_seqlens_k: has ", ck.size(), " entries (", ck.size() - 1, " sequences) but cu_seqlens_q has ",
+             cq.size(), " (", cq.size() - 1, " sequences)");
+    }
+    const auto N = static_cast<std::int64_t>(cq.size()) - 1;
+
+    if (options.bool_mask) fail(op, "bool_mask: not supported for packed sequences (use causal, window, query_offset)");
+    if (options.additive_mask) {
+        fail(op, "additive_mask: not supported for packed sequences (use causal, window, query_offset)");
+    }
+    if (options.key_lengths) {
+        fail(op, "key_lengths: not accepted for packed sequences: cu_seqlens_k gives every sequence's keys");
+    }
+    if (options.query_offset && options.query_offset->per_sequence) {
+        require_per_sequence(op, *options.query_offset->per_sequence, "query_offset", N);
+    }
+
+    p.seqs.resize(static_cast<std::size_t>(N));
+    for (std::size_t b = 0; b < p.seqs.size(); ++b) {
+        p.seqs[b] = {cq[b], cq[b + 1] - cq[b], ck[b], ck[b + 1] - ck[b]};
+    }
+    return p;
+}
+
+TensorView sequence_rows(const TensorView& packed, std::int64_t start, std::int64_t len) {
+    const TensorView rows = packed.slice(0, start, len);
+    return TensorView(rows.data(), rows.dtype(), Shape{1, rows.dim(1), len, rows.dim(2)},
+                      Strides{0, rows.stride(1), rows.stride(0), rows.stride(2)});
+}
+
+TensorView sequence_lse(const TensorView& packed_lse, std::int64_t start, std::int64_t len) {
+    const TensorView rows = packed_lse.slice(0, start, len);
+    return TensorView(rows.data(), rows.dtype(), Shape{1, rows.dim(1), len}, Strides{0, rows.stride(1), rows.stride(0), 0});
+}
+
+SdpaOptions sequence_options(const SdpaOptions& options, std::int64_t b) {
+    SdpaOptions o = options;
+    if (o.query_offset && o.query_offset->per_sequence) {
+        o.query_offset = QueryOffset(o.query_offset->per_sequence->slice(0, b, 1));
+    }
+    o.dropout_seed = varlen_dropout_seed(options.dropout_seed, b);
+    return o;
+}
+
+void fill(const TensorView& t, double value) {
+    const Shape& s = t.shape();
+    std::int64_t n[kMaxRank] = {1, 1, 1, 1};
+    for (int a = 0; a < s.rank; ++a) n[a] = s[a];
+    for (std::int64_t i0 = 0; i0 < n[0]; ++i0)
+        for (std::int64_t i1 = 0; i1 < n[1]; ++i1)
+            for (std::int64_t i2 = 0; i2 < n[2]; ++i2)
+                for (std::int64_t i3 = 0; i3 < n[3]; ++i3) {
+                    const std::int64_t o = t.offset(i0, i1, i2, i3);
+                    if (t.dtype() == DType::f32) t.data_as<float>()[o] = static_cast<float>(value);
+                    else t.data_as<double>()[o] = value;
+                }
+}
+
+}  // namespace attn::detail
+
+namespace attn {
+
+std::uint64_t varlen_dropout_seed(std::uint64_t seed, std::int64_t b) {
+    // splitmix64 (Steele, Lea, Flood 2014) of seed + (b + 1)·φ·2^64.
+    std::uint64_t z = seed + (static_cast<std::uint64_t>(b) + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+}  // namespace attn

@@ -1,0 +1,96 @@
+// attn::sdpa_varlen_backward: sdpa_backward per sequence, on strided views of the packed
+// tensors. Every check of sdpa_backward is made on the packed tensors (and every sequence's
+// problem built) before the first gradient is written.
+#include <cmath>
+
+#include "attn/sdpa_backward.hpp"
+#include "attn/sdpa_varlen.hpp"
+#include "../core/check.hpp"
+#include "../sdpa/problem.hpp"
+#include "packed.hpp"
+
+namespace attn {
+namespace {
+
+constexpr std::string_view kOp = "sdpa_varlen_backward";
+
+void require_like(const TensorView& t, const char* name, const TensorView& like, const char* what) {
+    if (t.data() == nullptr) detail::fail(kOp, name, ": data pointer is null");
+    detail::require_f32_or_f64(kOp, t, name);
+    if (!(t.shape() == like.shape())) {
+        detail::fail(kOp, name, ": expected the shape of ", what, " ", like.shape(), " but got ", t.shape());
+    }
+}
+
+}  // namespace
+
+void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, const TensorView& out,
+                          const TensorView& lse, const TensorView& grad_out, const SdpaOptions& options,
+                          const TensorView& dq, const TensorView& dk, const TensorView& dv, SdpaReport* report) {
+    const detail::PackedBatch pb = detail::check_packed(kOp, q, k, v, cu_seqlens_q, cu_seqlens_k, options, out, &lse);
+    detail::require_f32_or_f64(kOp, q, "q");
+    detail::require_f32_or_f64(kOp, k, "k");
+    detail::require_f32_or_f64(kOp, v, "v");
+    require_like(grad_out, "grad_out", out, "out");
+    require_like(dq, "dq", q, "q");
+    require_like(dk, "dk", k, "k");
+    require_like(dv, "dv", v, "v");
+    const std::pair<const TensorView*, const char*> outs[] = {{&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}};
+    const std::pair<const TensorView*, const char*> ins[] = {{&q, "q"},     {&k, "k"},     {&v, "v"},
+                                                             {&out, "out"}, {&lse, "lse"}, {&grad_out, "grad_out"}};
+    for (const auto& [o, oname] : outs) {
+        detail::require_distinct_elements(kOp, *o, oname);
+        for (const auto& [i, iname] : ins) detail::require_disjoint(kOp, *o, oname, *i, iname);
+    }
+    detail::require_disjoint(kOp, dq, "dq", dk, "dk");
+    detail::require_disjoint(kOp, dq, "dq", dv, "dv");
+    detail::require_disjoint(kOp, dk, "dk", dv, "dv");
+    if (options.impl == Impl::decode) {
+        detail::fail(kOp, "impl: decode is a forward-only kernel; use auto, reference or flash");
+    }
+    const bool all_f32 = q.dtype() == DType::f32 && k.dtype() == DType::f32 && v.dtype() == DType::f32 &&
+                         out.dtype() == DType::f32 && lse.dtype() == DType::f32 && grad_out.dtype() == DType::f32;
+    if (options.impl == Impl::flash && !all_f32) {
+        detail::fail(kOp, "impl: the flash backward needs float32 q, k, v, out, lse and grad_out; use auto or "
+                     "reference for float64");
+    }
+    // Every sequence's problem, checked before anything is written.
+    for (std::size_t b = 0; b < pb.seqs.size(); ++b) {
+        const detail::PackedSequence& s = pb.seqs[b];
+        if (s.lq == 0 || s.lk == 0) continue;
+        const TensorView lse_b = detail::sequence_lse(lse, s.q0, s.lq);
+        (void)detail::make_problem(detail::sequence_rows(q, s.q0, s.lq), detail::sequence_rows(k, s.k0, s.lk),
+                                   detail::sequence_rows(v, s.k0, s.lk),
+                                   detail::sequence_options(options, static_cast<std::int64_t>(b)),
+                                   detail::sequence_rows(out, s.q0, s.lq), &lse_b, nullptr, kOp);
+    }
+
+    // Sequences run one after another: each backward spreads its (head, key block) tasks
+    // over all threads.
+    SdpaReport last;
+    for (std::size_t b = 0; b < pb.seqs.size(); ++b) {
+        const detail::PackedSequence& s = pb.seqs[b];
+        if (s.lk == 0) {  // no key: its queries get no gradient
+            detail::fill(dq.slice(0, s.q0, s.lq), 0.0);
+            continue;
+        }
+        if (s.lq == 0) {  // no query reads these keys
+            detail::fill(dk.slice(0, s.k0, s.lk), 0.0);
+            detail::fill(dv.slice(0, s.k0, s.lk), 0.0);
+            continue;
+        }
+        const auto rows_q = [&](const TensorView& t) { return detail::sequence_rows(t, s.q0, s.lq); };
+        const auto rows_k = [&](const TensorView& t) { return detail::sequence_rows(t, s.k0, s.lk); };
+        sdpa_backward(rows_q(q), rows_k(k), rows_k(v), rows_q(out), detail::sequence_lse(lse, s.q0, s.lq),
+                      rows_q(grad_out), detail::sequence_options(options, static_cast<std::int64_t>(b)), rows_q(dq),
+                      rows_k(dk), rows_k(dv), report ? &last : nullptr);
+    }
+    if (report != nullptr) {
+        report->kernel = last.kernel;
+        report->explanation = std::to_string(pb.seqs.size()) + " packed sequences, each through sdpa_backward\n" +
+                              last.explanation;
+    }
+}
+
+}  // namespace attn

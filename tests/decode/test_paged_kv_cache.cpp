@@ -1,0 +1,428 @@
+// PagedKVCache and paged_attention:
+//   * bit-identical to decode_attention on a contiguous KVCache holding the same tokens, for
+//     random page sizes, storages, GQA, lengths, forks and truncations, on every kernel row;
+//   * fork is copy-on-write: neither side ever sees the other's later tokens, pages are
+//     shared until written;
+//   * chunked prefill (Lq > 16) against the double reference on the same tokens;
+//   * pool exhaustion and every bad argument: a clear attn::Error, nothing changed/written.
+// The oracle side keeps each sequence's tokens in a plain "shadow" tensor list written by the
+// test, independent of the page bookkeeping under test.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/decode.hpp"
+#include "attn/error.hpp"
+#include "attn/kv_cache.hpp"
+#include "attn/paged_kv_cache.hpp"
+#include "decode/decode_util.hpp"
+#include "kernels/isa.hpp"
+
+namespace attn::test {
+namespace {
+
+using SeqId = PagedKVCache::SeqId;
+
+// The tokens of one sequence, as the test wrote them: rows of (Hkv, ·, D) float32.
+struct Shadow {
+    std::vector<std::vector<float>> k, v;  // per token: Hkv·Dk / Hkv·Dv values
+};
+
+struct World {
+    PagedKVCacheConfig cfg;
+    PagedKVCache cache;
+    std::map<SeqId, Shadow> shadow;
+    explicit World(const PagedKVCacheConfig& c) : cfg(c), cache(c) { cfg.value_dim = cache.value_dim(); }
+};
+
+void append_random(World& w, SeqId s, std::int64_t T, std::mt19937& rng) {
+    const Tensor k = random_f32(Shape{w.cfg.kv_heads, T, w.cfg.head_dim}, rng);
+    const Tensor v = random_f32(Shape{w.cfg.kv_heads, T, w.cfg.value_dim}, rng);
+    w.cache.append(s, k, v);
+    Shadow& sh = w.shadow[s];
+    for (std::int64_t t = 0; t < T; ++t) {
+        std::vector<float> kr, vr;
+        for (std::int64_t h = 0; h < w.cfg.kv_heads; ++h) {
+            for (std::int64_t d = 0; d < w.cfg.head_dim; ++d) kr.push_back(static_cast<float>(at(k, h, t, d)));
+            for (std::int64_t d = 0; d < w.cfg.value_dim; ++d) vr.push_back(static_cast<float>(at(v, h, t, d)));
+        }
+        sh.k.push_back(kr);
+        sh.v.push_back(vr);
+    }
+}
+
+// A contiguous KVCache with batch row b = sequence ids[b]'s shadow tokens.
+KVCache contiguous(const World& w, const std::vector<SeqId>& ids) {
+    std::int64_t cap = 1;
+    for (SeqId s : ids) cap = std::max<std::int64_t>(cap, static_cast<std::int64_t>(w.shadow.at(s).k.size()));
+    KVCacheConfig c;
+    c.batch = static_cast<std::int64_t>(ids.size());
+    c.kv_heads = w.cfg.kv_heads;
+    c.head_dim = w.cfg.head_dim;
+    c.value_dim = w.cfg.value_dim;
+    c.capacity = cap;
+    c.storage = w.cfg.storage;
+    KVCache kv(c);
+    for (std::size_t b = 0; b < ids.size(); ++b) {
+        const Shadow& sh = w.shadow.at(ids[b]);
+        const auto T = static_cast<std::int64_t>(sh.k.size());
+        if (T == 0) continue;
+        Tensor k(DType::f32, Shape{c.kv_heads, T, c.head_dim}), v(DType::f32, Shape{c.kv_heads, T, c.value_dim});
+        for (std::int64_t t = 0; t < T; ++t)
+            for (std::int64_t h = 0; h < c.kv_heads; ++h) {
+                for (std::int64_t d = 0; d < c.head_dim; ++d)
+                    store(k, offset_of(k, Index{h, t, d, 0}), sh.k[static_cast<std::size_t>(t)][static_cast<std::size_t>(h * c.head_dim + d)]);
+                for (std::int64_t d = 0; d < c.value_dim; ++d)
+                    store(v, offset_of(v, Index{h, t, d, 0}), sh.v[static_cast<std::size_t>(t)][static_cast<std::size_t>(h * c.value_dim + d)]);
+            }
+        kv.append(static_cast<std::int64_t>(b), k, v);
+    }
+    return kv;
+}
+
+// Random life of a cache: adds, appends of 1..40 tokens, forks, truncations, frees.
+void random_history(World& w, std::mt19937& rng, int steps) {
+    std::vector<SeqId> live;
+    for (int i = 0; i < steps; ++i) {
+        const unsigned r = rng() % 10;
+        if (live.empty() || r < 2) {
+            live.push_back(w.cache.add_sequence());
+            w.shadow[live.back()] = {};
+            append_random(w, live.back(), 1 + static_cast<std::int64_t>(rng() % 40), rng);
+        } else if (r < 6) {
+            append_random(w, live[rng() % live.size()], 1 + static_cast<std::int64_t>(rng() % (rng() % 2 ? 3 : 40)), rng);
+        } else if (r < 8) {
+            const SeqId parent = live[rng() % live.size()];
+            const SeqId child = w.cache.fork(parent);
+            w.shadow[child] = w.shadow[parent];
+            live.push_back(child);
+        } else if (r < 9) {
+            const SeqId s = live[rng() % live.size()];
+            const auto n = static_cast<std::int64_t>(rng() % (w.shadow[s].k.size() + 1));
+            w.cache.truncate(s, n);
+            w.shadow[s].k.resize(static_cast<std::size_t>(n));
+            w.shadow[s].v.resize(static_cast<std::size_t>(n));
+        } else if (live.size() > 2) {
+            const std::size_t i2 = rng() % live.size();
+            w.cache.free(live[i2]);
+            w.shadow.erase(live[i2]);
+            live.erase(live.begin() + static_cast<std::ptrdiff_t>(i2));
+        }
+    }
+}
+
+void paged_vs_contiguous(const detail::KernelSet& row, std::uint32_t seed, int worlds) {
+    const detail::ScopedKernelSet use(row);
+    std::mt19937 rng(seed);
+    for (int wi = 0; wi < worlds; ++wi) {
+        PagedKVCacheConfig cfg;
+        const std::int64_t sizes[] = {1, 2, 4, 16, 32, 64};
+        cfg.page_size = sizes[rng() % 6];
+        cfg.kv_heads = 1 + static_cast<std::int64_t>(rng() % 2);
+        cfg.head_dim = std::vector<std::int64_t>{8, 16, 64, 13}[rng() % 4];
+        cfg.value_dim = rng() % 3 ? cfg.head_dim : 24;
+        cfg.num_pages = 4096;
+        cfg.storage = std::vector<DType>{DType::f32, DType::f16, DType::bf16}[rng() % 3];
+        World w(cfg);
+        random_history(w, rng, 30);
+        // Attention for a random subset of the live sequences (in random order).
+        std::vector<SeqId> ids;
+        for (const auto& [s, sh] : w.shadow)
+            if (!sh.k.empty() && rng() % 3) ids.push_back(s);
+        if (ids.empty()) ids.push_back(w.shadow.begin()->first);
+        std::shuffle(ids.begin(), ids.end(), rng);
+        std::int64_t shortest = 1 << 30;
+        for (SeqId s : ids) shortest = std::min<std::int64_t>(shortest, static_cast<std::int64_t>(w.shadow[s].k.size()));
+        SdpaOptions opt;
+        if (shortest > 0 && rng() % 3) opt.causal = Causal::bottom_right;
+        if (rng() % 4 == 0) opt.window = Window{static_cast<std::int64_t>(rng() % 50), -1, Align::bottom_right};
+        const std::int64_t Lq = std::max<std::int64_t>(1, std::min<std::int64_t>(
+                                                              opt.causal == Causal::none ? 16 : shortest,
+                                                              std::vector<std::int64_t>{1, 1, 3, 16}[rng() % 4]));
+        const std::int64_t Hq = cfg.kv_heads * (1 + static_cast<std::int64_t>(rng() % 4));
+        const auto B = static_cast<std::int64_t>(ids.size());
+        SCOPED_TRACE("world " + std::to_string(wi) + ": page " + std::to_string(cfg.page_size) + " " +
+                     std::string(dtype_name(cfg.storage)) + " B=" + std::to_string(B) + " Hq=" + std::to_string(Hq) +
+                     " Lq=" + std::to_string(Lq) + " causal=" + std::to_string(static_cast<int>(opt.causal)));
+        const Tensor q = random_f32(Shape{B, Hq, Lq, cfg.head_dim}, rng);
+        const Tensor out_p = poisoned(DType::f32, Shape{B, Hq, Lq, cfg.value_dim});
+        const Tensor lse_p = poisoned(DType::f32, Shape{B, Hq, Lq});
+        const Tensor out_c = poisoned(DType::f32, out_p.shape()), lse_c = poisoned(DType::f32, lse_p.shape());
+        const TensorView lpv = lse_p.view(), lcv = lse_c.view();
+        paged_attention(q, w.cache, ids, opt, out_p, &lpv);
+        const KVCache kv = contiguous(w, ids);
+        decode_attention(q, kv, opt, out_c, &lcv);
+        ASSERT_TRUE(bit_equal(out_p, out_c)) << compare(out_p, out_c, 0, 0).message();
+        ASSERT_TRUE(bit_equal(lse_p, lse_c)) << compare(lse_p, lse_c, 0, 0).message();
+    }
+}
+
+// Every kernel-table row this CPU has (portable, AVX2, and any row added later).
+TEST(PagedKVCache, BitIdenticalToContiguousEveryKernelRow) {
+    std::uint32_t seed = 1;
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+        SCOPED_TRACE(std::string("kernel row ") + detail::isa_name(row->isa));
+        paged_vs_contiguous(*row, seed++, 40);
+        if (::testing::Test::HasFatalFailure()) return;
+    }
+}
+
+// Long sequences: the decode kernel splits the keys over the cores (flash-decoding), chunks
+// crossing pages.
+TEST(PagedKVCache, SplitKVLongSequenceBitIdentical) {
+    std::mt19937 rng(3);
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets())
+    for (std::int64_t ps : {16, 32}) {
+        const detail::ScopedKernelSet use(*row);
+        PagedKVCacheConfig cfg;
+        cfg.page_size = ps;
+        cfg.kv_heads = 2;
+        cfg.head_dim = 64;
+        cfg.num_pages = 4096 / ps * 2 + 8;
+        World w(cfg);
+        const SeqId a = w.cache.add_sequence(), b = w.cache.add_sequence();
+        append_random(w, a, 3000, rng);
+        append_random(w, b, 1234, rng);
+        const std::vector<SeqId> ids = {b, a};
+        const Tensor q = random_f32(Shape{2, 8, 1, 64}, rng);
+        const Tensor out_p = poisoned(DType::f32, Shape{2, 8, 1, 64}), out_c = poisoned(DType::f32, Shape{2, 8, 1, 64});
+        paged_attention(q, w.cache, ids, causal_bottom_right(), out_p);
+        decode_attention(q, contiguous(w, ids), causal_bottom_right(), out_c);
+        EXPECT_TRUE(bit_equal(out_p, out_c)) << "page size " << ps << ", kernel row " << detail::isa_name(row->isa);
+    }
+}
+
+// Non-finite values in V: the kernel's selecting path (kernels/finite.hpp) reads the block's
+// rows page by page too. An inf/NaN at a key the window hides contributes nothing; one a row
+// sees propagates — the same bits as the contiguous cache either way.
+TEST(PagedKVCache, NonFiniteValuesSameAsContiguous) {
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+        const detail::ScopedKernelSet use(*row);
+        std::mt19937 rng(8);
+        PagedKVCacheConfig cfg;
+        cfg.page_size = 4;
+        cfg.head_dim = 8;
+        cfg.num_pages = 64;
+        World w(cfg);
+        const SeqId a = w.cache.add_sequence();
+        Tensor k = random_f32(Shape{1, 100, 8}, rng), v = random_f32(Shape{1, 100, 8}, rng);
+        v.data_as<float>()[10 * 8 + 3] = INFINITY;   // key 10: hidden by the window below
+        v.data_as<float>()[97 * 8 + 5] = NAN;        // key 97: visible
+        w.cache.append(a, k, v);
+        Shadow& sh = w.shadow[a];
+        for (std::int64_t t = 0; t < 100; ++t) {
+            sh.k.emplace_back(k.data_as<float>() + t * 8, k.data_as<float>() + t * 8 + 8);
+            sh.v.emplace_back(v.data_as<float>() + t * 8, v.data_as<float>() + t * 8 + 8);
+        }
+        SdpaOptions opt = causal_bottom_right();
+        opt.window = Window{40, -1, Align::bottom_right};
+        const Tensor q = random_f32(Shape{1, 2, 3, 8}, rng);
+        const Tensor out_p = poisoned(DType::f32, Shape{1, 2, 3, 8}), out_c = poisoned(DType::f32, Shape{1, 2, 3, 8});
+        paged_attention(q, w.cache, {a}, opt, out_p);
+        decode_attention(q, contiguous(w, {a}), opt, out_c);
+        EXPECT_TRUE(bit_equal(out_p, out_c)) << detail::isa_name(row->isa);
+        EXPECT_TRUE(written_nan(at(out_p, 0, 0, 0, 5)));   // the visible NaN reaches its column
+        EXPECT_TRUE(std::isfinite(at(out_p, 0, 0, 0, 3)));  // the hidden inf does not
+    }
+}
+
+// Key rows of sequence s as the pages hold them (float32 storage).
+std::vector<float> key_row(const PagedKVCache& c, SeqId s, std::int64_t j) {
+    const std::int32_t page = c.page_table(s)[static_cast<std::size_t>(j / c.page_size())];
+    const TensorView kp = c.key_pages();
+    std::vector<float> r;
+    for (std::int64_t h = 0; h < c.kv_heads(); ++h)
+        for (std::int64_t d = 0; d < c.head_dim(); ++d) r.push_back(static_cast<float>(at(kp, h, page, j % c.page_size(), d)));
+    return r;
+}
+
+TEST(PagedKVCache, ForkIsCopyOnWriteAndIsolated) {
+    std::mt19937 rng(4);
+    PagedKVCacheConfig cfg;
+    cfg.page_size = 16;
+    cfg.kv_heads = 2;
+    cfg.head_dim = 8;
+    cfg.num_pages = 16;
+    World w(cfg);
+    const SeqId parent = w.cache.add_sequence();
+    append_random(w, parent, 40, rng);  // pages: 16 + 16 + 8 (last page partly filled)
+    EXPECT_EQ(w.cache.free_pages(), 13);
+    const SeqId child = w.cache.fork(parent);
+    w.shadow[child] = w.shadow[parent];
+    EXPECT_EQ(w.cache.free_pages(), 13) << "fork copies nothing";
+    EXPECT_EQ(w.cache.shared_pages(), 3);
+    EXPECT_EQ(w.cache.pages_needed(child, 1), 1) << "the shared, partly filled last page is copied first";
+    append_random(w, child, 5, rng);
+    EXPECT_EQ(w.cache.free_pages(), 12);
+    EXPECT_EQ(w.cache.shared_pages(), 2);
+    EXPECT_NE(w.cache.page_table(child)[2], w.cache.page_table(parent)[2]);
+    append_random(w, parent, 30, rng);  // its own last page now: no copy, then new pages
+    // Every position of each sequence holds exactly what that sequence appended.
+    for (SeqId s : {parent, child})
+        for (std::int64_t j = 0; j < w.cache.length(s); ++j)
+            ASSERT_EQ(key_row(w.cache, s, j), w.shadow[s].k[static_cast<std::size_t>(j)]) << "sequence " << s << " position " << j;
+    EXPECT_EQ(w.cache.length(child), 45);
+    EXPECT_EQ(w.cache.length(parent), 70);
+    // Truncating into a shared page, then appending: copy-on-write again.
+    const SeqId c2 = w.cache.fork(child);
+    w.shadow[c2] = w.shadow[child];
+    w.cache.truncate(c2, 20);
+    w.shadow[c2].k.resize(20), w.shadow[c2].v.resize(20);
+    append_random(w, c2, 3, rng);
+    for (SeqId s : {parent, child, c2})
+        for (std::int64_t j = 0; j < w.cache.length(s); ++j)
+            ASSERT_EQ(key_row(w.cache, s, j), w.shadow[s].k[static_cast<std::size_t>(j)]) << "sequence " << s << " position " << j;
+    // Freeing returns exactly the pages no one else holds.
+    const std::int64_t before = w.cache.free_pages();
+    w.cache.free(c2);
+    EXPECT_EQ(w.cache.free_pages(), before + 1);  // its own copy of page 1; page 0 is shared
+    w.cache.free(parent);
+    w.cache.free(child);
+    EXPECT_EQ(w.cache.free_pages(), 16);
+    EXPECT_EQ(w.cache.shared_pages(), 0);
+}
+
+TEST(PagedKVCache, PoolExhaustedChangesNothing) {
+    std::mt19937 rng(5);
+    PagedKVCacheConfig cfg;
+    cfg.page_size = 4;
+    cfg.head_dim = 4;
+    cfg.num_pages = 3;
+    World w(cfg);
+    const SeqId a = w.cache.add_sequence();
+    append_random(w, a, 10, rng);  // 3 pages, last one half full
+    const SeqId b = w.cache.fork(a);
+    const std::vector<unsigned char> before(static_cast<const unsigned char*>(w.cache.key_pages().data()),
+                                            static_cast<const unsigned char*>(w.cache.key_pages().data()) + 3 * 4 * 4 * 4);
+    const auto table = w.cache.page_table(a);
+    const Tensor k = random_f32(Shape{1, 1, 4}, rng), v = random_f32(Shape{1, 1, 4}, rng);
+    for (SeqId s : {a, b}) {
+        try {
+            w.cache.append(s, k, v);  // needs a copy of the shared last page: none free
+            ADD_FAILURE() << "no error";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("PagedKVCache: append: the page pool is exhausted: sequence " +
+                                                 std::to_string(s) + " needs 1 more page for 1 token but 0 of 3 are free"),
+                      std::string::npos)
+                << e.what();
+        }
+        EXPECT_EQ(w.cache.length(s), 10);
+        EXPECT_EQ(w.cache.page_table(s), table);
+    }
+    EXPECT_EQ(0, std::memcmp(before.data(), w.cache.key_pages().data(), before.size()));
+    w.cache.truncate(b, 8);  // b now ends on a page boundary, but a new page is still needed
+    EXPECT_THROW(w.cache.append(b, k, v), Error);
+    w.cache.free(b);
+    EXPECT_THROW(w.cache.append(a, random_f32(Shape{1, 3, 4}, rng), random_f32(Shape{1, 3, 4}, rng)), Error);
+    EXPECT_EQ(w.cache.length(a), 10);
+    w.cache.append(a, random_f32(Shape{1, 2, 4}, rng), random_f32(Shape{1, 2, 4}, rng));  // fits the last page
+    EXPECT_EQ(w.cache.length(a), 12);
+}
+
+TEST(PagedKVCache, ChunkedPrefillMatchesReference) {
+    std::mt19937 rng(6);
+    PagedKVCacheConfig cfg;
+    cfg.page_size = 16;
+    cfg.kv_heads = 2;
+    cfg.head_dim = 32;
+    cfg.num_pages = 64;
+    World w(cfg);
+    const SeqId a = w.cache.add_sequence(), b = w.cache.add_sequence();
+    append_random(w, a, 100, rng);  // a prompt already in the cache, then a 45-token chunk
+    append_random(w, a, 45, rng);
+    append_random(w, b, 60, rng);
+    const std::vector<SeqId> ids = {a, b};
+    for (int variant = 0; variant < 2; ++variant) {
+        SdpaOptions opt = causal_bottom_right();
+        if (variant == 1) opt.window = Window{20, -1, Align::bottom_right};
+        const Tensor q = random_f32(Shape{2, 4, 45, 32}, rng);
+        const Tensor out = poisoned(DType::f32, Shape{2, 4, 45, 32}), lse = poisoned(DType::f32, Shape{2, 4, 45});
+        const TensorView lv = lse.view();
+        paged_attention(q, w.cache, ids, opt, out, &lv);
+        // The reference on the contiguous copy, in double.
+        const KVCache kv = contiguous(w, ids);
+        const Tensor kd = to_dtype(kv.keys(), DType::f64), vd = to_dtype(kv.values(), DType::f64);
+        const Tensor kl(DType::i64, Shape{2});
+        kl.data_as<std::int64_t>()[0] = 145, kl.data_as<std::int64_t>()[1] = 60;
+        SdpaOptions ro = opt;
+        ro.key_lengths = kl.view();
+        ro.impl = Impl::reference;
+        const Tensor want = poisoned(DType::f64, out.shape()), want_lse = poisoned(DType::f64, lse.shape());
+        const TensorView wl = want_lse.view();
+        sdpa(to_dtype(q, DType::f64), kd, vd, ro, want, &wl);
+        // fp32 kernel vs double: the error budget of tests/grad/test_backward.cpp (2e-5 of the
+        // largest value; these sums are shorter).
+        EXPECT_LE(max_abs_diff(out, want) / max_abs(want), 2e-5) << "variant " << variant;
+        EXPECT_LE(max_abs_diff(lse, want_lse), 2e-5 * max_abs(want_lse)) << "variant " << variant;
+    }
+}
+
+TEST(PagedKVCache, BadArgumentsAreClearErrors) {
+    auto error_of = [](auto&& f) -> std::string {
+        try {
+            f();
+        } catch (const Error& e) {
+            return e.what();
+        }
+        return "no error";
+    };
+    PagedKVCacheConfig bad;
+    bad.page_size = 24;
+    bad.num_pages = 4;
+    EXPECT_NE(error_of([&] { PagedKVCache c(bad); }).find("PagedKVCache: page_size must be a power of two"), std::string::npos);
+    bad.page_size = 16;
+    bad.num_pages = 0;
+    EXPECT_NE(error_of([&] { PagedKVCache c(bad); }).find("num_pages must be in [1, 2^31 - 1] but got 0"), std::string::npos);
+
+    std::mt19937 rng(7);
+    PagedKVCacheConfig cfg;
+    cfg.page_size = 8;
+    cfg.head_dim = 4;
+    cfg.num_pages = 8;
+    World w(cfg);
+    const SeqId a = w.cache.add_sequence();
+    append_random(w, a, 5, rng);
+    EXPECT_NE(error_of([&] { w.cache.length(7); }).find("PagedKVCache: length: sequence 7 does not exist"), std::string::npos);
+    EXPECT_NE(error_of([&] { w.cache.truncate(a, 6); }).find("truncate: new_length must be in [0, 5]"), std::string::npos);
+    EXPECT_NE(error_of([&] { w.cache.append(a, random_f32(Shape{1, 2, 5}, rng), random_f32(Shape{1, 2, 4}, rng)); })
+                  .find("append: k_new must have shape (Hkv, T, Dk) = (1, T, 4) but got (1, 2, 5)"),
+              std::string::npos);
+    EXPECT_NE(error_of([&] { w.cache.append(a, random_f32(Shape{1, 2, 4}, rng), random_f32(Shape{1, 3, 4}, rng)); })
+                  .find("append: v_new has 3 tokens but k_new has 2"),
+              std::string::npos);
+    EXPECT_EQ(w.cache.length(a), 5);
+
+    const Tensor q = random_f32(Shape{1, 1, 1, 4}, rng);
+    const Tensor out = poisoned(DType::f32, Shape{1, 1, 1, 4});
+    const SeqId freed = w.cache.add_sequence();
+    w.cache.free(freed);
+    EXPECT_NE(error_of([&] { paged_attention(q, w.cache, {a, a}, {}, out); }).find("paged_attention: seqs: has 2 sequence ids but Q's batch is 1"),
+              std::string::npos);
+    EXPECT_NE(error_of([&] { paged_attention(q, w.cache, {freed}, {}, out); }).find("seqs: entry 0 = 1 is not a sequence of the cache"),
+              std::string::npos);
+    SdpaOptions o;
+    o.impl = Impl::flash;
+    EXPECT_NE(error_of([&] { paged_attention(q, w.cache, {a}, o, out); }).find("impl: only the decode kernel reads pages"),
+              std::string::npos);
+    const Tensor kl(DType::i64, Shape{1});
+    o = {};
+    o.key_lengths = kl.view();
+    EXPECT_NE(error_of([&] { paged_attention(q, w.cache, {a}, o, out); }).find("options.key_lengths: must be unset"), std::string::npos);
+    const Tensor q6 = random_f32(Shape{1, 1, 6, 4}, rng), out6 = poisoned(DType::f32, Shape{1, 1, 6, 4});
+    EXPECT_NE(error_of([&] { paged_attention(q6, w.cache, {a}, causal_bottom_right(), out6); })
+                  .find("holds 5 positions but there are 6 new queries"),
+              std::string::npos);
+    o = {};
+    o.dropout_p = 0.5;
+    EXPECT_NE(error_of([&] { paged_attention(q, w.cache, {a}, o, out); }).find("declines this call: dropout"), std::string::npos);
+    EXPECT_TRUE(still_poisoned(out));
+    EXPECT_TRUE(still_poisoned(out6));
+}
+
+}  // namespace
+}  // namespace attn::test

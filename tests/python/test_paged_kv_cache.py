@@ -1,0 +1,51 @@
+# attn.PagedKVCache / attn.paged_attention: the same bits as attn.KVCache / decode_attention for
+# the same tokens, fork isolation, and a full pool as a ValueError that changes nothing.
+import numpy as np
+import pytest
+
+import attn
+
+
+def tokens(rng, hkv, t, d):
+    return rng.standard_normal((hkv, t, d), dtype=np.float32)
+
+
+@pytest.mark.parametrize("page_size,dtype", [(16, "float32"), (32, "float16"), (1, "bfloat16")])
+def test_paged_equals_contiguous(page_size, dtype):
+    rng = np.random.default_rng(page_size)
+    hkv, d, lengths = 2, 32, [50, 7, 130]
+    paged = attn.PagedKVCache(hkv, d, 256, page_size=page_size, dtype=dtype)
+    contiguous = attn.KVCache(len(lengths), hkv, d, max(lengths), dtype=dtype)
+    seqs = []
+    for b, n in enumerate(lengths):
+        k, v = tokens(rng, hkv, n, d), tokens(rng, hkv, n, d)
+        s = paged.add_sequence()
+        paged.append(s, k[:, : n // 2], v[:, : n // 2])  # two appends: pages fill across calls
+        paged.append(s, k[:, n // 2 :], v[:, n // 2 :])
+        contiguous.append(k, v, batch_index=b)
+        seqs.append(s)
+    q = rng.standard_normal((3, 4, 1, d), dtype=np.float32)
+    out, lse = attn.paged_attention(q, paged, seqs, return_lse=True)
+    want, want_lse = attn.decode_attention(q, contiguous, return_lse=True)
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(lse, want_lse)
+
+
+def test_fork_isolation_and_full_pool():
+    rng = np.random.default_rng(0)
+    c = attn.PagedKVCache(1, 8, 3, page_size=4)
+    a = c.add_sequence()
+    c.append(a, tokens(rng, 1, 10, 8), tokens(rng, 1, 10, 8))
+    b = c.fork(a)
+    assert c.free_pages == 0 and c.pages_needed(b, 1) == 1
+    with pytest.raises(ValueError, match="page pool is exhausted"):
+        c.append(b, tokens(rng, 1, 1, 8), tokens(rng, 1, 1, 8))
+    assert c.length(b) == 10 and c.page_table(b) == c.page_table(a)
+    c.truncate(b, 7)  # b's last page is shared: writing into it copies it
+    c.free(a)
+    kb, vb = tokens(rng, 1, 1, 8), tokens(rng, 1, 1, 8)
+    c.append(b, kb, vb)
+    q = rng.standard_normal((1, 1, 1, 8), dtype=np.float32)
+    # b's 8th token is its own: attention with only that key visible returns its value.
+    out = attn.paged_attention(q, c, [b], window=(0, 0))
+    np.testing.assert_array_equal(out[0, 0, 0], vb[0, 0])

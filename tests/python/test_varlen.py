@@ -1,0 +1,145 @@
+# attn.sdpa_varlen (and its backward, and `attn sdpa --cu-seqlens-q/-k`) on packed
+# (total_tokens, H, D) arrays: every sequence against float64 torch textbook attention on that
+# sequence alone (reference.py), with the same keywords as scaled_dot_product_attention.
+import os
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+import attn
+from reference import causal_keep, close, textbook
+
+
+def packed_case(seed, lens_q, lens_k, hq=4, hkv=2, d=16, dv=8):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((sum(lens_q), hq, d), dtype=np.float32)
+    k = rng.standard_normal((sum(lens_k), hkv, d), dtype=np.float32)
+    v = rng.standard_normal((sum(lens_k), hkv, dv), dtype=np.float32)
+    cq = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    ck = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int64)
+    return q, k, v, cq, ck
+
+
+def per_sequence(x, cu, b):
+    """Sequence b of a packed (T, H, D) array as (1, H, L, D)."""
+    return np.ascontiguousarray(x[cu[b]:cu[b + 1]].transpose(1, 0, 2))[None]
+
+
+CASES = [([5, 1, 17, 40], [9, 30, 17, 40]), ([3, 0, 20], [3, 7, 25]), ([64, 65], [100, 65])]
+
+
+@pytest.mark.parametrize("lens", CASES)
+@pytest.mark.parametrize("alignment", ["top-left", "bottom-right", None])
+def test_forward_matches_each_sequence(lens, alignment):
+    lq, lk = lens
+    q, k, v, cq, ck = packed_case(1, lq, lk)
+    kw = {} if alignment is None else {"is_causal": True, "causal_alignment": alignment}
+    out, lse = attn.sdpa_varlen(q, k, v, cq, ck, return_lse=True, **kw)
+    assert out.shape == (q.shape[0], q.shape[1], v.shape[2]) and lse.shape == q.shape[:2]
+    for b in range(len(lq)):
+        if lq[b] == 0:
+            continue
+        keep = None if alignment is None else causal_keep(lq[b], lk[b], alignment == "bottom-right")
+        want_o, want_l, _ = textbook(per_sequence(q, cq, b), per_sequence(k, ck, b), per_sequence(v, ck, b), keep)
+        close(out[cq[b]:cq[b + 1]].transpose(1, 0, 2)[None], want_o)
+        close(lse[cq[b]:cq[b + 1]].T[None], want_l)
+
+
+def test_scale_window_and_per_sequence_offsets():
+    lq, lk = [4, 12, 7], [20, 12, 9]
+    q, k, v, cq, ck = packed_case(2, lq, lk)
+    offsets = np.array([16, 0, -3], dtype=np.int64)
+    out = attn.sdpa_varlen(q, k, v, cq, ck, is_causal=True, window=(3, None), query_offset=offsets, scale=0.3)
+    for b in range(3):
+        i = np.arange(lq[b])[:, None] + offsets[b]
+        j = np.arange(lk[b])[None, :]
+        keep = (j <= i) & (j >= i - 3)
+        want, _, _ = textbook(per_sequence(q, cq, b), per_sequence(k, ck, b), per_sequence(v, ck, b), keep, scale=0.3)
+        close(out[cq[b]:cq[b + 1]].transpose(1, 0, 2)[None], want)
+
+
+def test_backward_matches_torch_autograd():
+    lq, lk = [6, 0, 30], [10, 4, 30]
+    q, k, v, cq, ck = packed_case(3, lq, lk)
+    out, lse = attn.sdpa_varlen(q, k, v, cq, ck, is_causal=True, causal_alignment="bottom-right", return_lse=True)
+    g = np.random.default_rng(4).standard_normal(out.shape).astype(np.float32)
+    dq, dk, dv = attn.sdpa_varlen_backward(q, k, v, cq, ck, out, lse, g, is_causal=True,
+                                           causal_alignment="bottom-right")
+    for b in range(3):
+        tq, tk, tv = (torch.tensor(per_sequence(x, cu, b), dtype=torch.float64, requires_grad=True)
+                      for x, cu in ((q, cq), (k, ck), (v, ck)))
+        keep = torch.from_numpy(causal_keep(lq[b], lk[b], True))
+        kk, vv = (t.repeat_interleave(2, dim=1) for t in (tk, tv))
+        s = (tq @ kk.transpose(-1, -2) / np.sqrt(q.shape[-1])).masked_fill(~keep, float("-inf"))
+        o = torch.nan_to_num(torch.softmax(s, -1)) @ vv
+        o.backward(torch.tensor(per_sequence(g, cq, b), dtype=torch.float64))
+        for got, t, cu in ((dq, tq, cq), (dk, tk, ck), (dv, tv, ck)):
+            want = t.grad.numpy() if t.grad is not None else np.zeros(t.shape)
+            close(got[cu[b]:cu[b + 1]].transpose(1, 0, 2)[None], want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("cq,msg", [([0, 5, 3], "non-decreasing"), ([1, 3, 8], "entry 0 must be 0"),
+                                    ([0, 3, 7], "last entry must equal q's token count 8"),
+                                    ([0, 3, 5, 8], "has 3 sequences|cu_seqlens_k: has 3 entries")])
+def test_bad_cu_seqlens_is_a_value_error(cq, msg):
+    q, k, v, _, ck = packed_case(5, [3, 5], [4, 6])
+    with pytest.raises(ValueError, match=msg):
+        attn.sdpa_varlen(q, k, v, np.array(cq, dtype=np.int32), ck)
+
+
+def test_masks_and_key_lengths_are_refused():
+    q, k, v, cq, ck = packed_case(6, [3, 5], [4, 6])
+    with pytest.raises(ValueError, match="key_lengths: not accepted for packed sequences"):
+        attn.sdpa_varlen(q, k, v, cq, ck, key_lengths=np.array([4, 6]))
+    with pytest.raises(ValueError, match="bool_mask: not supported for packed sequences"):
+        attn.sdpa_varlen(q, k, v, cq, ck, attn_mask=np.ones((8, 10), dtype=bool))
+
+
+@pytest.mark.skipif(not os.environ.get("ATTN_BIN"), reason="the attn CLI is not built")
+def test_cli_cu_seqlens(tmp_path):
+    lq, lk = [5, 1, 17], [9, 30, 17]
+    q, k, v, cq, ck = packed_case(7, lq, lk)
+    files = {}
+    for name, arr in (("q", q), ("k", k), ("v", v), ("cq", cq), ("ck", ck)):
+        files[name] = str(tmp_path / f"{name}.npy")
+        np.save(files[name], arr)
+    o, l = str(tmp_path / "o.npy"), str(tmp_path / "l.npy")
+    res = subprocess.run([os.environ["ATTN_BIN"], "sdpa", "--q", files["q"], "--k", files["k"], "--v", files["v"],
+                          "--cu-seqlens-q", files["cq"], "--cu-seqlens-k", files["ck"], "--causal", "bottom-right",
+                          "--out", o, "--lse", l], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    want_o, want_l = attn.sdpa_varlen(q, k, v, cq, ck, is_causal=True, causal_alignment="bottom-right",
+                                      return_lse=True)
+    np.testing.assert_array_equal(np.load(o), want_o)
+    np.testing.assert_array_equal(np.load(l), want_l)
+    bad = str(tmp_path / "bad.npy")
+    np.save(bad, np.array([0, 4, 2, 23], dtype=np.int32))
+    res = subprocess.run([os.environ["ATTN_BIN"], "sdpa", "--q", files["q"], "--k", files["k"], "--v", files["v"],
+                          "--cu-seqlens-q", bad, "--cu-seqlens-k", files["ck"], "--out", str(tmp_path / "o2.npy")],
+                         capture_output=True, text=True)
+    assert res.returncode == 2
+    assert "sdpa_varlen: cu_seqlens_q: must be non-decreasing" in res.stderr
+    assert not os.path.exists(tmp_path / "o2.npy")
+
+
+@pytest.mark.skipif(not os.environ.get("ATTN_BIN"), reason="the attn CLI is not built")
+def test_cli_cu_seqlens_backward(tmp_path):
+    lq, lk = [4, 20], [9, 20]
+    q, k, v, cq, ck = packed_case(8, lq, lk)
+    g = np.random.default_rng(9).standard_normal((q.shape[0], q.shape[1], v.shape[2])).astype(np.float32)
+    files = {}
+    for name, arr in (("q", q), ("k", k), ("v", v), ("cq", cq), ("ck", ck), ("g", g)):
+        files[name] = str(tmp_path / f"{name}.npy")
+        np.save(files[name], arr)
+    outs = {n: str(tmp_path / f"{n}.npy") for n in ("o", "dq", "dk", "dv")}
+    res = subprocess.run([os.environ["ATTN_BIN"], "sdpa", "--q", files["q"], "--k", files["k"], "--v", files["v"],
+                          "--cu-seqlens-q", files["cq"], "--cu-seqlens-k", files["ck"], "--causal", "top-left",
+                          "--out", outs["o"], "--grad-out", files["g"], "--dq", outs["dq"], "--dk", outs["dk"],
+                          "--dv", outs["dv"]], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    out, lse = attn.sdpa_varlen(q, k, v, cq, ck, is_causal=True, return_lse=True)
+    want = attn.sdpa_varlen_backward(q, k, v, cq, ck, out, lse, g, is_causal=True)
+    for name, w in zip(("dq", "dk", "dv"), want):
+        np.testing.assert_array_equal(np.load(outs[name]), w)

@@ -1,0 +1,461 @@
+// sdpa_varlen / sdpa_varlen_backward against two oracles:
+//   1. each sequence run on its own through attn::sdpa / sdpa_backward on contiguous copies:
+//      must agree bit for bit (varlen is that computation on strided views; the kernels'
+//      results depend on neither the strides nor the thread count — docs/kernels.md);
+//   2. the padded batch (N, H, Lmax, D) with key_lengths = Lk_b (and query_offset = Lk_b − Lq_b
+//      for bottom-right, which in a padded batch would be Lk_b − Lmax) through the double
+//      reference: the fp32 kernels' error budget of tests/grad/test_backward.cpp (√n·ε growth
+//      over ≤ 2·10⁴-term sums: 2e-5 of the largest reference value; the forward's sums are
+//      a subset of the backward's).
+// Lengths include 0 (a sequence without queries or without keys), GQA, every causal
+// alignment, windows, query offsets (one and per sequence), dropout (one-by-one oracle only:
+// its stream is per sequence), on every kernel-table row the CPU has (runnable_kernel_sets).
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+
+#include "attn/error.hpp"
+#include "attn/sdpa_backward.hpp"
+#include "attn/sdpa_varlen.hpp"
+#include "kernels/isa.hpp"
+#include "varlen/varlen_util.hpp"
+
+namespace attn::test {
+namespace {
+
+constexpr double kTol = 2e-5;  // see the header
+
+struct Packed {
+    VarlenCase c;
+    Tensor q, k, v, cq, ck, offsets;
+    SdpaOptions opt;
+};
+
+Packed make_packed(const VarlenCase& c, std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    Packed p;
+    p.c = c;
+    p.q = randn(DType::f32, Shape{c.Tq(), c.Hq, c.Dk}, rng);
+    p.k = randn(DType::f32, Shape{c.Tk(), c.Hkv, c.Dk}, rng);
+    p.v = randn(DType::f32, Shape{c.Tk(), c.Hkv, c.Dv}, rng);
+    p.cq = cu_seqlens(c.lq, rng() % 2 ? DType::i32 : DType::i64);
+    p.ck = cu_seqlens(c.lk, rng() % 2 ? DType::i32 : DType::i64);
+    p.opt.causal = c.causal;
+    p.opt.window = c.window;
+    p.opt.dropout_p = c.dropout;
+    p.opt.dropout_seed = seed * 31 + 7;
+    if (c.offsets == 1) p.opt.query_offset = QueryOffset(c.offset_value);
+    if (c.offsets == 2) {
+        p.offsets = Tensor(DType::i64, Shape{c.N()});
+        for (std::int64_t b = 0; b < c.N(); ++b) p.offsets.data_as<std::int64_t>()[b] = static_cast<std::int64_t>(rng() % 9) - 2;
+        p.opt.query_offset = QueryOffset(p.offsets.view());
+    }
+    return p;
+}
+
+// Sequence b's diagonal offset as one number (what the per-sequence oracles pass).
+std::optional<QueryOffset> offset_of_sequence(const Packed& p, std::int64_t b) {
+    if (p.c.offsets == 1) return QueryOffset(p.c.offset_value);
+    if (p.c.offsets == 2) return QueryOffset(p.offsets.data_as<std::int64_t>()[b]);
+    return std::nullopt;
+}
+
+// Rows [start, start + len) of packed (T, H[, D]) equal, bit for bit, to a (1, H, len[, D]) tensor.
+::testing::AssertionResult rows_bit_equal(const TensorView& packed, std::int64_t start, const TensorView& seq) {
+    const std::int64_t D = seq.rank() == 4 ? seq.dim(3) : 1;
+    for (std::int64_t h = 0; h < seq.dim(1); ++h)
+        for (std::int64_t t = 0; t < seq.dim(2); ++t)
+            for (std::int64_t d = 0; d < D; ++d) {
+                const float got = static_cast<float>(load(packed, offset_of(packed, Index{start + t, h, seq.rank() == 4 ? d : 0, 0})));
+                const float want = static_cast<float>(load(seq, offset_of(seq, Index{0, h, t, d})));
+                if (std::memcmp(&got, &want, 4) != 0) {
+                    return ::testing::AssertionFailure() << "row " << start + t << " head " << h << " d " << d << ": got "
+                                                         << got << ", one-by-one " << want;
+                }
+            }
+    return ::testing::AssertionSuccess();
+}
+
+// Every element of rows [start, start + len) of a packed view equals x.
+bool rows_equal(const TensorView& packed, std::int64_t start, std::int64_t len, double x) {
+    bool ok = true;
+    for_each_offset(packed.slice(0, start, len), [&](std::int64_t off) {
+        ok = ok && load(packed.slice(0, start, len), off) == x;
+    });
+    return ok;
+}
+
+struct Forward {
+    Tensor out, lse_storage;
+    TensorView lse;
+};
+
+// The varlen forward, outputs poisoned; lse in FlashAttention's (H, T) buffer seen transposed
+// when `transposed_lse`.
+Forward run_varlen(const Packed& p, bool transposed_lse, SdpaReport* report = nullptr) {
+    Forward f;
+    f.out = poisoned(DType::f32, Shape{p.c.Tq(), p.c.Hq, p.c.Dv});
+    if (transposed_lse) {
+        f.lse_storage = poisoned(DType::f32, Shape{p.c.Hq, p.c.Tq()});
+        f.lse = f.lse_storage.view().transpose(0, 1);
+    } else {
+        f.lse_storage = poisoned(DType::f32, Shape{p.c.Tq(), p.c.Hq});
+        f.lse = f.lse_storage.view();
+    }
+    sdpa_varlen(p.q, p.k, p.v, p.cq, p.ck, p.opt, f.out, &f.lse, report);
+    return f;
+}
+
+void check_one_by_one(const Packed& p, const Forward& f) {
+    std::int64_t q0 = 0, k0 = 0;
+    for (std::int64_t b = 0; b < p.c.N(); ++b) {
+        const std::int64_t lq = p.c.lq[b], lk = p.c.lk[b];
+        SCOPED_TRACE("sequence " + std::to_string(b));
+        if (lq > 0 && lk == 0) {
+            EXPECT_TRUE(rows_equal(f.out, q0, lq, 0.0));
+            EXPECT_TRUE(rows_equal(f.lse, q0, lq, -INFINITY));
+        } else if (lq > 0) {
+            SdpaOptions o = p.opt;
+            o.query_offset = offset_of_sequence(p, b);
+            o.dropout_seed = varlen_dropout_seed(p.opt.dropout_seed, b);
+            const Tensor out = poisoned(DType::f32, Shape{1, p.c.Hq, lq, p.c.Dv});
+            const Tensor lse = poisoned(DType::f32, Shape{1, p.c.Hq, lq});
+            const TensorView lv = lse.view();
+            sdpa(rows_of(p.q, q0, lq), rows_of(p.k, k0, lk), rows_of(p.v, k0, lk), o, out, &lv);
+            EXPECT_TRUE(rows_bit_equal(f.out, q0, out));
+            EXPECT_TRUE(rows_bit_equal(f.lse, q0, lse));
+        }
+        q0 += lq, k0 += lk;
+    }
+}
+
+// The padded batch's options: key_lengths = Lk_b; bottom-right (and any given offsets) as
+// query_offset per sequence, since a padded batch aligns to Lk_b − Lmax.
+struct Padded {
+    Tensor q, k, v, kl, off;
+    SdpaOptions opt;
+    std::int64_t Lq = 0, Lk = 0;
+};
+
+Padded make_padded(const Packed& p) {
+    Padded d;
+    const VarlenCase& c = p.c;
+    for (std::int64_t b = 0; b < c.N(); ++b) d.Lq = std::max(d.Lq, c.lq[b]), d.Lk = std::max(d.Lk, c.lk[b]);
+    d.q = Tensor(DType::f64, Shape{c.N(), c.Hq, d.Lq, c.Dk}, true);
+    d.k = Tensor(DType::f64, Shape{c.N(), c.Hkv, d.Lk, c.Dk}, true);
+    d.v = Tensor(DType::f64, Shape{c.N(), c.Hkv, d.Lk, c.Dv}, true);
+    d.kl = Tensor(DType::i64, Shape{c.N()});
+    d.off = Tensor(DType::i64, Shape{c.N()});
+    std::int64_t q0 = 0, k0 = 0;
+    for (std::int64_t b = 0; b < c.N(); ++b) {
+        copy_rows_into(p.q, q0, c.lq[b], d.q, b);
+        copy_rows_into(p.k, k0, c.lk[b], d.k, b);
+        copy_rows_into(p.v, k0, c.lk[b], d.v, b);
+        d.kl.data_as<std::int64_t>()[b] = c.lk[b];
+        const auto given = offset_of_sequence(p, b);
+        const bool bottom_right = c.causal == Causal::bottom_right || (c.window.active() && c.window.align == Align::bottom_right);
+        d.off.data_as<std::int64_t>()[b] = given ? given->value : bottom_right ? c.lk[b] - c.lq[b] : 0;
+        q0 += c.lq[b], k0 += c.lk[b];
+    }
+    d.opt = p.opt;
+    d.opt.key_lengths = d.kl.view();
+    d.opt.query_offset = QueryOffset(d.off.view());
+    d.opt.impl = Impl::reference;
+    return d;
+}
+
+void check_padded(const Packed& p, const Forward& f) {
+    const Padded d = make_padded(p);
+    const Tensor out = poisoned(DType::f64, Shape{p.c.N(), p.c.Hq, d.Lq, p.c.Dv});
+    const Tensor lse = poisoned(DType::f64, Shape{p.c.N(), p.c.Hq, d.Lq});
+    const TensorView lv = lse.view();
+    sdpa(d.q, d.k, d.v, d.opt, out, &lv);
+    const double den = max_abs(out) + 1e-30;
+    std::int64_t q0 = 0;
+    for (std::int64_t b = 0; b < p.c.N(); ++b) {
+        for (std::int64_t h = 0; h < p.c.Hq; ++h)
+            for (std::int64_t t = 0; t < p.c.lq[b]; ++t) {
+                for (std::int64_t e = 0; e < p.c.Dv; ++e) {
+                    const double got = at(f.out, q0 + t, h, e), want = at(out, b, h, t, e);
+                    ASSERT_LE(std::fabs(got - want) / den, kTol) << "out seq " << b << " head " << h << " row " << t;
+                }
+                const double got = at(f.lse, q0 + t, h), want = at(lse, b, h, t);
+                if (std::isinf(want)) ASSERT_EQ(got, want) << "lse seq " << b << " row " << t;
+                else ASSERT_LE(std::fabs(got - want), kTol * std::max(1.0, std::fabs(want))) << "lse seq " << b << " row " << t;
+            }
+        q0 += p.c.lq[b];
+    }
+}
+
+const std::vector<std::int64_t> kLens = {0, 1, 3, 7, 16, 17, 63, 64, 65, 130};
+
+void forward_cases(const detail::KernelSet& row, int n, std::uint64_t seed) {
+    const detail::ScopedKernelSet use(row);
+    std::mt19937_64 rng(seed);
+    for (int t = 0; t < n; ++t) {
+        const VarlenCase c = random_varlen_case(rng, kLens, true);
+        SCOPED_TRACE(c.str());
+        const Packed p = make_packed(c, seed + static_cast<std::uint64_t>(t));
+        const Forward f = run_varlen(p, t % 2 == 1);
+        check_one_by_one(p, f);
+        if (c.dropout == 0.0) check_padded(p, f);
+        if (::testing::Test::HasFatalFailure()) return;
+    }
+}
+
+// Every kernel-table row this CPU has (portable, AVX2, and any row added later).
+TEST(Varlen, ForwardEveryKernelRow) {
+    std::uint64_t seed = 1;
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+        SCOPED_TRACE(std::string("kernel row ") + detail::isa_name(row->isa));
+        forward_cases(*row, 60, seed++);
+        if (::testing::Test::HasFatalFailure()) return;
+    }
+}
+
+// Many short sequences take the across-sequences path (run_sequences.hpp); 1 and 2 threads
+// must give the same bits, equal to one by one.
+TEST(Varlen, ShortSequencesSideBySide) {
+    std::mt19937_64 rng(3);
+    VarlenCase c;
+    for (int b = 0; b < 40; ++b) c.lq.push_back(static_cast<std::int64_t>(rng() % 12)), c.lk.push_back(static_cast<std::int64_t>(1 + rng() % 90));
+    c.causal = Causal::bottom_right;
+    c.Dk = c.Dv = 16;
+    const Packed p = make_packed(c, 3);
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const Forward one = run_varlen(p, false);
+    omp_set_num_threads(2);
+    const Forward two = run_varlen(p, false);
+    omp_set_num_threads(saved);
+    EXPECT_TRUE(bit_equal(one.out, two.out));
+    EXPECT_TRUE(bit_equal(one.lse_storage, two.lse_storage));
+    check_one_by_one(p, two);
+    check_padded(p, two);
+}
+
+TEST(Varlen, ReportCountsKernels) {
+    VarlenCase c;
+    c.lq = {1, 100, 0};
+    c.lk = {50, 100, 4};
+    const Packed p = make_packed(c, 4);
+    SdpaReport rep;
+    run_varlen(p, false, &rep);
+    EXPECT_NE(rep.kernel.find("decode/"), std::string::npos) << rep.kernel;
+    EXPECT_NE(rep.kernel.find("flash/"), std::string::npos) << rep.kernel;
+}
+
+// ---- backward ----------------------------------------------------------------------------
+
+struct Backward {
+    Tensor dq, dk, dv;
+};
+
+void backward_cases(const detail::KernelSet& row, int n, std::uint64_t seed) {
+    const detail::ScopedKernelSet use(row);
+    std::mt19937_64 rng(seed);
+    for (int t = 0; t < n; ++t) {
+        const VarlenCase c = random_varlen_case(rng, kLens, true);
+        SCOPED_TRACE(c.str());
+        const Packed p = make_packed(c, seed + static_cast<std::uint64_t>(t));
+        const Forward f = run_varlen(p, false);
+        const Tensor dO = randn(DType::f32, Shape{c.Tq(), c.Hq, c.Dv}, rng);
+        Backward g{poisoned(DType::f32, p.q.shape()), poisoned(DType::f32, p.k.shape()), poisoned(DType::f32, p.v.shape())};
+        sdpa_varlen_backward(p.q, p.k, p.v, p.cq, p.ck, f.out, f.lse, dO, p.opt, g.dq, g.dk, g.dv);
+
+        // One by one, bit for bit.
+        std::int64_t q0 = 0, k0 = 0;
+        for (std::int64_t b = 0; b < c.N(); ++b) {
+            const std::int64_t lq = c.lq[b], lk = c.lk[b];
+            SCOPED_TRACE("sequence " + std::to_string(b));
+            if (lk == 0) {
+                EXPECT_TRUE(rows_equal(g.dq, q0, lq, 0.0));
+            } else if (lq == 0) {
+                EXPECT_TRUE(rows_equal(g.dk, k0, lk, 0.0));
+                EXPECT_TRUE(rows_equal(g.dv, k0, lk, 0.0));
+            } else {
+                SdpaOptions o = p.opt;
+                o.query_offset = offset_of_sequence(p, b);
+                o.dropout_seed = varlen_dropout_seed(p.opt.dropout_seed, b);
+                const Tensor lse(DType::f32, Shape{1, c.Hq, lq});
+                for (std::int64_t h = 0; h < c.Hq; ++h)
+                    for (std::int64_t i = 0; i < lq; ++i) store(lse, offset_of(lse, Index{0, h, i, 0}), at(f.lse, q0 + i, h));
+                const Tensor dq = poisoned(DType::f32, Shape{1, c.Hq, lq, c.Dk});
+                const Tensor dk = poisoned(DType::f32, Shape{1, c.Hkv, lk, c.Dk});
+                const Tensor dv = poisoned(DType::f32, Shape{1, c.Hkv, lk, c.Dv});
+                sdpa_backward(rows_of(p.q, q0, lq), rows_of(p.k, k0, lk), rows_of(p.v, k0, lk), rows_of(f.out, q0, lq), lse,
+                              rows_of(dO, q0, lq), o, dq, dk, dv);
+                EXPECT_TRUE(rows_bit_equal(g.dq, q0, dq));
+                EXPECT_TRUE(rows_bit_equal(g.dk, k0, dk));
+                EXPECT_TRUE(rows_bit_equal(g.dv, k0, dv));
+            }
+            q0 += lq, k0 += lk;
+        }
+        if (c.dropout > 0.0) continue;
+
+        // The padded batch through the double reference (forward and backward); padding
+        // queries get dO = 0, so they add nothing to dK, dV.
+        const Padded d = make_padded(p);
+        const Tensor pout = poisoned(DType::f64, Shape{c.N(), c.Hq, d.Lq, c.Dv});
+        const Tensor plse = poisoned(DType::f64, Shape{c.N(), c.Hq, d.Lq});
+        const TensorView plv = plse.view();
+        sdpa(d.q, d.k, d.v, d.opt, pout, &plv);
+        const Tensor pdO(DType::f64, pout.shape(), true);
+        q0 = 0;
+        for (std::int64_t b = 0; b < c.N(); ++b) copy_rows_into(dO, q0, c.lq[b], pdO, b), q0 += c.lq[b];
+        const Tensor pdq = poisoned(DType::f64, d.q.shape()), pdk = poisoned(DType::f64, d.k.shape()),
+                     pdv = poisoned(DType::f64, d.v.shape());
+        sdpa_backward(d.q, d.k, d.v, pout, plse, pdO, d.opt, pdq, pdk, pdv);
+        const double den = std::max({max_abs(pdq), max_abs(pdk), max_abs(pdv)}) + 1e-30;
+        q0 = 0, k0 = 0;
+        for (std::int64_t b = 0; b < c.N(); ++b) {
+            for (auto [got, want, start, len, H, D, name] :
+                 {std::tuple{&g.dq, &pdq, q0, c.lq[b], c.Hq, c.Dk, "dq"}, std::tuple{&g.dk, &pdk, k0, c.lk[b], c.Hkv, c.Dk, "dk"},
+                  std::tuple{&g.dv, &pdv, k0, c.lk[b], c.Hkv, c.Dv, "dv"}})
+                for (std::int64_t h = 0; h < H; ++h)
+                    for (std::int64_t r = 0; r < len; ++r)
+                        for (std::int64_t e = 0; e < D; ++e)
+                            ASSERT_LE(std::fabs(at(*got, start + r, h, e) - at(*want, b, h, r, e)) / den, kTol)
+                                << name << " seq " << b << " head " << h << " row " << r << " col " << e;
+            q0 += c.lq[b], k0 += c.lk[b];
+        }
+        if (::testing::Test::HasFatalFailure()) return;
+    }
+}
+
+TEST(VarlenBackward, EveryKernelRow) {
+    std::uint64_t seed = 11;
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+        SCOPED_TRACE(std::string("kernel row ") + detail::isa_name(row->isa));
+        backward_cases(*row, 30, seed++);
+        if (::testing::Test::HasFatalFailure()) return;
+    }
+}
+
+// ---- bad input: a clear error, nothing written --------------------------------------------
+
+TEST(VarlenErrors, BadCuSeqlensAndTensors) {
+    VarlenCase c;
+    c.lq = {3, 5};
+    c.lk = {4, 6};
+    const Packed p = make_packed(c, 5);
+    auto i32 = [](std::initializer_list<std::int32_t> xs) {
+        Tensor t(DType::i32, Shape{static_cast<std::int64_t>(xs.size())});
+        std::int64_t i = 0;
+        for (auto x : xs) t.data_as<std::int32_t>()[i++] = x;
+        return t;
+    };
+    const Tensor non_monotonic = i32({0, 5, 3}), first_not_zero = i32({1, 3, 8}), short_last = i32({0, 3, 7}),
+                 beyond = i32({0, 9, 8}), three_seqs = i32({0, 3, 5, 10}), empty = Tensor(DType::i32, Shape{0});
+    const Tensor as_float(DType::f32, Shape{3}), as_2d(DType::i32, Shape{1, 3});
+    const Tensor kl(DType::i32, Shape{2}), bad_offsets(DType::i64, Shape{3});
+    const Tensor q_2d(DType::f32, Shape{8, 4}), k_bad_d(DType::f32, Shape{10, 1, 9}), q_f16(DType::f16, Shape{8, 1, 8});
+    const Tensor q_heads3(DType::f32, Shape{8, 3, 8}), k_heads2(DType::f32, Shape{10, 2, 8});
+    struct Bad {
+        std::string expect;
+        std::function<void(TensorView&, TensorView&, TensorView&, TensorView&, TensorView&, SdpaOptions&, TensorView&)> edit;
+    };
+    using TV = TensorView;
+    const std::vector<Bad> cases = {
+        {"cu_seqlens_q: must be non-decreasing but entry 2 = 3 < entry 1 = 5",
+         [&](TV&, TV&, TV&, TV& cq, TV&, SdpaOptions&, TV&) { cq = non_monotonic; }},
+        {"cu_seqlens_k: entry 0 must be 0 but got 1", [&](TV&, TV&, TV&, TV&, TV& ck, SdpaOptions&, TV&) { ck = first_not_zero; }},
+        {"cu_seqlens_q: last entry must equal q's token count 8 but got 7",
+         [&](TV&, TV&, TV&, TV& cq, TV&, SdpaOptions&, TV&) { cq = short_last; }},
+        {"cu_seqlens_q: entry 1 = 9 is beyond q's 8 tokens", [&](TV&, TV&, TV&, TV& cq, TV&, SdpaOptions&, TV&) { cq = beyond; }},
+        {"cu_seqlens_k: has 4 entries (3 sequences) but cu_seqlens_q has 3 (2 sequences)",
+         [&](TV&, TV&, TV&, TV&, TV& ck, SdpaOptions&, TV&) { ck = TensorView(three_seqs); }},
+        {"cu_seqlens_q: expected shape (N+1,)", [&](TV&, TV&, TV&, TV& cq, TV&, SdpaOptions&, TV&) { cq = empty; }},
+        {"cu_seqlens_q: expected shape (N+1,)", [&](TV&, TV&, TV&, TV& cq, TV&, SdpaOptions&, TV&) { cq = as_2d; }},
+        {"cu_seqlens_k: dtype must be int32 or int64 but got float32",
+         [&](TV&, TV&, TV&, TV&, TV& ck, SdpaOptions&, TV&) { ck = as_float; }},
+        {"q: expected a rank-3 tensor (Tq, Hq, Dk)", [&](TV& q, TV&, TV&, TV&, TV&, SdpaOptions&, TV&) { q = q_2d; }},
+        {"k: head dim 9 does not match q's head dim 8", [&](TV&, TV& k, TV&, TV&, TV&, SdpaOptions&, TV&) { k = k_bad_d; }},
+        {"q: heads 3 must be a multiple of k/v's heads 2",
+         [&](TV& q, TV& k, TV& v, TV&, TV&, SdpaOptions&, TV&) { q = q_heads3, k = k_heads2, v = k_heads2; }},
+        {"v: heads 2 do not match k's heads 1", [&](TV&, TV&, TV& v, TV&, TV&, SdpaOptions&, TV&) { v = k_heads2; }},
+        {"q: dtype must be float32 or float64", [&](TV& q, TV&, TV&, TV&, TV&, SdpaOptions&, TV&) { q = q_f16; }},
+        {"key_lengths: not accepted for packed sequences",
+         [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.key_lengths = kl.view(); }},
+        {"bool_mask: not supported", [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.bool_mask = kl.view(); }},
+        {"additive_mask: not supported", [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.additive_mask = kl.view(); }},
+        {"query_offset: expected shape (B,) = (2,)",
+         [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.query_offset = QueryOffset(bad_offsets.view()); }},
+        {"out: expected shape (Tq, Hq, Dv) = (8, 1, 8) but got (7, 1, 8)",
+         [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions&, TV& out) { out = out.slice(0, 0, 7); }},
+    };
+    for (const Bad& bad : cases) {
+        SCOPED_TRACE(bad.expect);
+        TV q = p.q, k = p.k, v = p.v, cq = p.cq, ck = p.ck;
+        SdpaOptions o = p.opt;
+        const Tensor out_t = poisoned(DType::f32, Shape{8, 1, 8});
+        TV out = out_t;
+        bad.edit(q, k, v, cq, ck, o, out);
+        const Tensor lse = poisoned(DType::f32, Shape{8, 1});
+        const TensorView lv = lse.view();
+        try {
+            sdpa_varlen(q, k, v, cq, ck, o, out, &lv);
+            ADD_FAILURE() << "no error";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("sdpa_varlen: " + bad.expect), std::string::npos) << e.what();
+        }
+        EXPECT_TRUE(still_poisoned(out_t));
+        EXPECT_TRUE(still_poisoned(lse));
+    }
+}
+
+// An explicit kernel that cannot run a later sequence is an error before the first is run.
+TEST(VarlenErrors, KernelDeclinesLaterSequence) {
+    VarlenCase c;
+    c.lq = {3, 40};
+    c.lk = {9, 40};
+    const Packed p = make_packed(c, 6);
+    SdpaOptions o = p.opt;
+    o.impl = Impl::decode;
+    const Tensor out = poisoned(DType::f32, Shape{43, 1, 8});
+    try {
+        sdpa_varlen(p.q, p.k, p.v, p.cq, p.ck, o, out);
+        ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("sdpa_varlen: impl: the decode kernel cannot run sequence 1"), std::string::npos)
+            << e.what();
+    }
+    EXPECT_TRUE(still_poisoned(out));
+}
+
+TEST(VarlenErrors, BackwardChecksBeforeWriting) {
+    VarlenCase c;
+    c.lq = {3, 5};
+    c.lk = {4, 6};
+    const Packed p = make_packed(c, 7);
+    const Forward f = run_varlen(p, false);
+    const Tensor dO = poisoned(DType::f32, f.out.shape());
+    const Tensor dq = poisoned(DType::f32, p.q.shape()), dk = poisoned(DType::f32, p.k.shape()),
+                 dv_bad = poisoned(DType::f32, Shape{10, 1, 7});
+    const Tensor bad_cu(DType::i64, Shape{3});
+    bad_cu.data_as<std::int64_t>()[0] = 0, bad_cu.data_as<std::int64_t>()[1] = 6, bad_cu.data_as<std::int64_t>()[2] = 4;
+    const Tensor dv = poisoned(DType::f32, p.v.shape());
+    EXPECT_THROW(
+        {
+            try {
+                sdpa_varlen_backward(p.q, p.k, p.v, p.cq, p.ck, f.out, f.lse, dO, p.opt, dq, dk, dv_bad);
+            } catch (const Error& e) {
+                EXPECT_NE(std::string(e.what()).find("sdpa_varlen_backward: dv: expected the shape of v"), std::string::npos)
+                    << e.what();
+                throw;
+            }
+        },
+        Error);
+    EXPECT_THROW(sdpa_varlen_backward(p.q, p.k, p.v, p.cq, bad_cu, f.out, f.lse, dO, p.opt, dq, dk, dv), Error);
+    EXPECT_TRUE(still_poisoned(dq));
+    EXPECT_TRUE(still_poisoned(dk));
+    EXPECT_TRUE(still_poisoned(dv));
+}
+
+}  // namespace
+}  // namespace attn::test
