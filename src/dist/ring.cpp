@@ -295,7 +295,7 @@ std::vector<std::int64_t> agreed_per_sequence(MPI_Comm comm, int rank, const Ten
 
 void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k, const TensorView& v,
                     const RingOptions& options, const TensorView& out, const TensorView* lse, RingStats* stats) {
-    const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
+    const attn::detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
     const auto t_start = Clock::now();
     // Our own communicator, so that no message of ours can match one of the caller's.
     const PrivateComm private_comm(user_comm);
