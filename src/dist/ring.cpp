@@ -4,7 +4,7 @@
 //   1. checks, all inside run_collectively so every rank agrees before anything is written
 //      (ring_setup.cpp, shared with the backward); the K/V ring buffers and accumulators are
 //      allocated here too;
-//   2. the ring: P steps; at step s the rank holds the K/V block of rank (r − s) mod P, posts
+//   2. the ring: P steps (fewer when no rank sees a block further away: ctx.steps); at step s the rank holds the K/V block of rank (r − s) mod P, posts
 //      MPI_Irecv (next block, from the left) and MPI_Isend (this block, to the right) into
 //      the other of two buffers, computes this block with attn::sdpa per (query segment,
 //      key segment) pair, merges by log-sum-exp, then waits for the transfer;
@@ -77,14 +77,14 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
         sopt.scale = options.scale;
         sopt.impl = options.impl;
         RingStats st;
-        st.steps = P;
+        st.steps = ctx.steps;
         const int right = (rank + 1) % P, left = (rank - 1 + P) % P;
         int cur = 0;
-        for (int s = 0; s < P; ++s) {
+        for (int s = 0; s < ctx.steps; ++s) {
             const int origin = (rank - s + P) % P;  // whose K/V block this rank holds at step s
             MPI_Request req[2];
             int nreq = 0;
-            if (s + 1 < P) {
+            if (s + 1 < ctx.steps) {
                 const int next_origin = (rank - s - 1 + P) % P;  // = the left neighbour's block now
                 MPI_Irecv(buf[1 - cur].data(), static_cast<int>(block_words(next_origin)), MPI_FLOAT, left, kTagKV, comm, &req[nreq++]);
                 MPI_Isend(buf[cur].data(), static_cast<int>(block_words(origin)), MPI_FLOAT, right, kTagKV, comm, &req[nreq++]);

@@ -9,13 +9,13 @@
 //
 // Per rank, in three phases:
 //   1. the forward's checks (ring_setup.cpp) plus the gradients', agreed by every rank;
-//   2. the ring: P steps; at step s the rank holds the K/V block of rank o = (r − s) mod P.
+//   2. the ring: S = ctx.steps <= P steps (fewer under a narrow window); at step s the rank holds the K/V block of rank o = (r − s) mod P.
 //      K/V travel as in the forward (Isend right / Irecv left at the start of the step, into
 //      the other of two buffers). The block's dK/dV accumulator follows one step behind: the
 //      rank computes its share of block o into a zeroed buffer `part` while the accumulator
 //      that ranks o .. r−1 have summed arrives from the left; then acc += part and acc goes on
-//      to the right (double-buffered). After step P−1 the accumulator has visited every rank
-//      and its last hop (to the right = o) brings it home.
+//      to the right (double-buffered). After step S−1 the accumulator has visited every rank that
+//      sees the block and its last hop brings it home (to the right = o when S = P).
 //   3. writes dQ (summed in double, in step order) and the own block's dK/dV.
 // Accumulation order is fixed by the ring (block o: ranks o, o+1, …, o+P−1), so a given P gives
 // bit-identical results on every run; different P sum in different orders (float32 for the
@@ -138,7 +138,8 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
         sopt.scale = options.scale;
         sopt.impl = options.impl;
         RingStats st;
-        st.steps = P;
+        st.steps = ctx.steps;
+        const int S = ctx.steps;
         const int right = (rank + 1) % P, left = (rank - 1 + P) % P;
         // req: 0 next K/V block (recv), 1 this K/V block (send), 2 this block's dK/dV
         // accumulator (recv), 3 the previous step's accumulator (send).
@@ -153,11 +154,11 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
             st.wait_seconds += detail::since(t);
         };
         int cur = 0;
-        for (int s = 0; s < P; ++s) {
+        for (int s = 0; s < S; ++s) {
             const int origin = (rank - s + P) % P;
             const int g = s % 2;
             const std::int64_t words = ctx.block_words(origin), nk_o = ctx.nk(origin);
-            if (s + 1 < P) {
+            if (s + 1 < S) {
                 const int next_origin = (rank - s - 1 + P) % P;
                 MPI_Irecv(buf[1 - cur].data(), static_cast<int>(ctx.block_words(next_origin)), MPI_FLOAT, left, kTagKV, comm,
                           &req[0]);
@@ -223,19 +224,22 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
                 std::copy(pk, pk + words, acc);
             }
             wait(3);  // grad[1 − g] (sent last step) is received into next step
-            if (P > 1) {
-                MPI_Isend(acc, static_cast<int>(words), MPI_FLOAT, right, kTagGrad, comm, &req[3]);
+            // On to the next rank holding this block, or home from the last one (the right
+            // neighbour when the ring runs all P steps).
+            if (S > 1) {
+                MPI_Isend(acc, static_cast<int>(words), MPI_FLOAT, s + 1 < S ? right : origin, kTagGrad, comm, &req[3]);
                 st.bytes_sent += words * static_cast<std::int64_t>(sizeof(float));
             }
             wait(0);
             wait(1);
             cur = 1 - cur;
         }
-        // The own block's accumulator comes home from the left (it was its last stop).
+        // The own block's accumulator comes home from its last stop, rank r + S − 1 (the left
+        // neighbour when S = P).
         const float* home = grad[0].data_as<const float>();
-        if (P > 1) {
-            const int g = P % 2;
-            MPI_Irecv(grad[g].data(), static_cast<int>(ctx.block_words(rank)), MPI_FLOAT, left, kTagGrad, comm, &req[2]);
+        if (S > 1) {
+            const int g = S % 2, last = (rank + S - 1) % P;
+            MPI_Irecv(grad[g].data(), static_cast<int>(ctx.block_words(rank)), MPI_FLOAT, last, kTagGrad, comm, &req[2]);
             wait(2);
             wait(3);
             home = grad[g].data_as<const float>();

@@ -299,6 +299,14 @@ void setup_ring(RingContext& ctx, std::string_view op, const TensorView& q, cons
     ctx.q_seg_max = 0;
     for (int r = 0; r < P; ++r) ctx.nk_max = std::max(ctx.nk_max, ctx.nk(r));
     for (const Placed& s : ctx.q_segs) ctx.q_seg_max = std::max(ctx.q_seg_max, s.g.length);
+    ctx.steps = 1;
+    for (int r = 0; r < P; ++r) {
+        const std::vector<Segment> qs = rank_segments(ctx.Lq, P, r, options.layout);
+        for (int s = ctx.steps; s < P; ++s)
+            for (const Segment& q_seg : qs)
+                for (const Segment& k_seg : rank_segments(Lk, P, (r - s + P) % P, options.layout))
+                    if (!plan_block(ctx.bands, q_seg, k_seg).empty()) ctx.steps = s + 1;
+    }
     ctx.k_words_per_row = B * ctx.mine.Hkv * ctx.mine.Dk;
     ctx.v_words_per_row = B * ctx.mine.Hkv * ctx.mine.Dv;
 }

@@ -67,6 +67,11 @@ struct RingContext {
     std::vector<Placed> q_segs;                  // this rank's query segments
     std::int64_t nk_max = 0, q_seg_max = 0;
     std::int64_t k_words_per_row = 0, v_words_per_row = 0;  // B·Hkv·Dk, B·Hkv·Dv
+    // Ring steps that any rank computes something in: 1 + the largest s such that some rank r
+    // sees a key of rank (r − s) mod P's block. A K/V block never needs to travel further, so
+    // the ring stops after `steps` steps (< P under a window narrower than the chunks, with the
+    // contiguous layout: docs/ring.md, "Windows on the ring"). The same on every rank.
+    int steps = 1;
 
     std::int64_t nk(int origin) const { return all[static_cast<std::size_t>(origin)].nk; }
     // A ring buffer holds one rank's block: K (B, Hkv, nk, Dk) then V (B, Hkv, nk, Dv), contiguous.

@@ -210,6 +210,12 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
         ok = false;
         detail += "the ranks scored " + std::to_string(total) + " entries, the visible ones are " + std::to_string(expected);
     }
+    // The ring runs exactly the steps some rank computes in (fewer than P under a narrow window).
+    if (ok && stats.steps != expected_steps(c, P)) {
+        ok = false;
+        detail += "; the ring ran " + std::to_string(stats.steps) + " steps, the visible pairs need " +
+                  std::to_string(expected_steps(c, P));
+    }
     char buf[128];
     std::snprintf(buf, sizeof buf, "  (relative dQ %.1e, dK %.1e, dV %.1e)", rel[0], rel[1], rel[2]);
     verdict("backward " + c.name + " [" + std::string(dist::layout_name(c.layout)) + "]" + buf, ok, detail);

@@ -123,6 +123,12 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
         ok = false;
         detail += "; the ranks scored " + std::to_string(total) + " entries, the visible ones are " + std::to_string(expected);
     }
+    // The ring runs exactly the steps some rank computes in (fewer than P under a narrow window).
+    if (ok && stats.steps != expected_steps(c, P)) {
+        ok = false;
+        detail += "; the ring ran " + std::to_string(stats.steps) + " steps, the visible pairs need " +
+                  std::to_string(expected_steps(c, P));
+    }
     double w[2] = {worst_o, worst_l}, wmax[2];
     MPI_Allreduce(w, wmax, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     char buf[96];
@@ -260,6 +266,10 @@ int main(int argc, char** argv) {
         mixed.B = 3, mixed.Lq = 25, mixed.Lk = 31, mixed.key_lengths = {31, 9, 17}, mixed.causal = Causal::top_left;
         mixed.window = Window{3, 2, Align::bottom_right}, mixed.layout = layout;
         cases.push_back(mixed);
+        Case win;
+        win.name = "causal sliding window left 5, L=64 (the ring stops after 2 steps when contiguous)";
+        win.B = 2, win.Hq = 2, win.Lq = 64, win.Lk = 64, win.causal = Causal::top_left, win.window.left = 5, win.layout = layout;
+        cases.push_back(win);
         Case far;
         far.name = "query_offset 2^60 with causal and window left 2^60+5 (bounds far from the block)";
         far.B = 2, far.Lq = 19, far.Lk = 23, far.causal = Causal::top_left, far.query_offset = std::int64_t{1} << 60;

@@ -75,30 +75,53 @@ inline TensorView restride(const Tensor& src, std::vector<float>& storage) {
     return v;
 }
 
-// The visible (b, i, j) triples of the global problem, counted from the rule as
-// include/attn/sdpa.hpp states it: n_b valid keys; query i's diagonal is d_b(i) = i + o_b with
-// o_b the query offset if given, else 0 (top-left) or n_b − Lq (bottom-right); causal keeps
-// j <= d_b(i), the window d − left <= j <= d + right.
+// Whether query i of sequence b sees key j, from the rule as include/attn/sdpa.hpp states it:
+// n_b valid keys; query i's diagonal is d_b(i) = i + o_b with o_b the query offset if given,
+// else 0 (top-left) or n_b − Lq (bottom-right); causal keeps j <= d_b(i), the window
+// d − left <= j <= d + right.
+inline bool sees(const Case& c, std::int64_t b, std::int64_t i, std::int64_t j) {
+    const std::int64_t keys = c.key_lengths.empty() ? c.Lk : c.key_lengths[static_cast<std::size_t>(b)];
+    auto offset = [&](bool bottom_right) -> std::int64_t {
+        if (!c.query_offsets.empty()) return c.query_offsets[static_cast<std::size_t>(b)];
+        if (c.query_offset) return *c.query_offset;
+        return bottom_right ? keys - c.Lq : 0;
+    };
+    bool see = j < keys;
+    if (c.causal != Causal::none) see &= j <= i + offset(c.causal == Causal::bottom_right);
+    const std::int64_t d = i + offset(c.window.align == Align::bottom_right);
+    if (c.window.left >= 0) see &= j >= d - c.window.left;
+    if (c.window.right >= 0) see &= j <= d + c.window.right;
+    return see;
+}
+
+// The visible (b, i, j) triples of the global problem.
 inline std::int64_t visible_pairs(const Case& c) {
     std::int64_t n = 0;
-    for (std::int64_t b = 0; b < c.B; ++b) {
-        const std::int64_t keys = c.key_lengths.empty() ? c.Lk : c.key_lengths[static_cast<std::size_t>(b)];
-        auto offset = [&](bool bottom_right) -> std::int64_t {
-            if (!c.query_offsets.empty()) return c.query_offsets[static_cast<std::size_t>(b)];
-            if (c.query_offset) return *c.query_offset;
-            return bottom_right ? keys - c.Lq : 0;
-        };
+    for (std::int64_t b = 0; b < c.B; ++b)
         for (std::int64_t i = 0; i < c.Lq; ++i)
-            for (std::int64_t j = 0; j < keys; ++j) {
-                bool see = true;
-                if (c.causal != Causal::none) see &= j <= i + offset(c.causal == Causal::bottom_right);
-                const std::int64_t d = i + offset(c.window.align == Align::bottom_right);
-                if (c.window.left >= 0) see &= j >= d - c.window.left;
-                if (c.window.right >= 0) see &= j <= d + c.window.right;
-                n += see ? 1 : 0;
-            }
-    }
+            for (std::int64_t j = 0; j < c.Lk; ++j) n += sees(c, b, i, j) ? 1 : 0;
     return n;
+}
+
+// The ring steps needed on P ranks: 1 + the largest s at which some rank r sees a key of the
+// block of rank (r − s) mod P (brute force over every visible pair).
+inline int expected_steps(const Case& c, int ranks) {
+    std::vector<int> owner_q(static_cast<std::size_t>(c.Lq)), owner_k(static_cast<std::size_t>(c.Lk));
+    for (int r = 0; r < ranks; ++r) {
+        for (const auto& s : dist::rank_segments(c.Lq, ranks, r, c.layout))
+            for (std::int64_t i = s.start; i < s.start + s.length; ++i) owner_q[static_cast<std::size_t>(i)] = r;
+        for (const auto& s : dist::rank_segments(c.Lk, ranks, r, c.layout))
+            for (std::int64_t j = s.start; j < s.start + s.length; ++j) owner_k[static_cast<std::size_t>(j)] = r;
+    }
+    int steps = 1;
+    for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t i = 0; i < c.Lq; ++i)
+            for (std::int64_t j = 0; j < c.Lk; ++j)
+                if (sees(c, b, i, j)) {
+                    const int s = (owner_q[static_cast<std::size_t>(i)] - owner_k[static_cast<std::size_t>(j)] + ranks) % ranks;
+                    steps = std::max(steps, s + 1);
+                }
+    return steps;
 }
 
 // Random cases: every causal alignment, key lengths (often < Lq), windows, offsets, GQA,
