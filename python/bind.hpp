@@ -12,6 +12,7 @@ namespace attn_py {
 void bind_sdpa(pybind11::module_& m);      // sdpa.cpp: scaled_dot_product_attention (+ backward)
 void bind_mha(pybind11::module_& m);       // mha.cpp: MultiheadAttention
 void bind_kv_cache(pybind11::module_& m);  // kv_cache.cpp: KVCache, decode_attention
+void bind_dist(pybind11::module_& m);      // dist.cpp: attn.dist (ring attention, MPI builds only)
 
 // kv_cache.cpp: the attn::KVCache inside a Python attn.KVCache (TypeError naming `name` for
 // any other object), locked by `lock` for as long as the caller holds it.

@@ -38,4 +38,7 @@ PYBIND11_MODULE(attn, m) {
     attn_py::bind_sdpa(m);
     attn_py::bind_kv_cache(m);
     attn_py::bind_mha(m);
+#if ATTN_PY_WITH_MPI
+    attn_py::bind_dist(m);
+#endif
 }
