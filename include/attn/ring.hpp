@@ -83,7 +83,8 @@ struct RingStats {
     std::int64_t sdpa_calls = 0;
     std::int64_t score_entries = 0;  // Σ visible-block rows × keys over sdpa calls (B·Hq units)
     std::int64_t bytes_sent = 0;     // K/V bytes this rank sent around the ring
-    int steps = 0;                   // = P
+    int steps = 0;                   // ring steps run: P, fewer when a window leaves the farther
+                                     // blocks unseen (docs/ring.md, "Windows on the ring")
     std::string kernel;              // attn::sdpa's kernel (last call)
 };
 

@@ -110,3 +110,21 @@ def test_flag_and_shape_errors_on_all_ranks_without_output(tmp_path, np_):
     r = mpirun(np_, *base, "--grad-out", p["do"], "--dq", out, "--dk", dk, "--dv", dv)
     assert r.returncode == 2 and len(error_lines(r)) == 1, r.stderr
     assert [f for f in (out, dq, dk, dv) if f.exists()] == [] and list(tmp_path.glob("*.npy.*")) == []
+
+
+@pytest.mark.parametrize("np_", [1, 3])
+def test_shard_outputs_hold_each_ranks_rows(tmp_path, np_):
+    arrays, p = make(tmp_path, 1, 2, 1, 29, 29, 8, 4, seed=2)
+    with_grad_out(tmp_path, arrays, p)
+    whole = run_backward(tmp_path, np_, p, "--causal")
+    names = {n: tmp_path / f"s{n}.npy" for n in ("o", "dq", "dk", "dv")}
+    r = mpirun(np_, "--q", p["q"], "--k", p["k"], "--v", p["v"], "--out", names["o"], "--grad-out", p["do"],
+               "--dq", names["dq"], "--dk", names["dk"], "--dv", names["dv"], "--causal", "--shard-outputs")
+    assert r.returncode == 0, r.stderr
+    assert not any(f.exists() for f in names.values())  # only the shards
+    for rank in range(np_):
+        # zigzag: rank r holds chunks r and 2P-1-r of 2P (chunk c: rows [c*L/2P, (c+1)*L/2P))
+        rows = np.concatenate([np.arange(c * 29 // (2 * np_), (c + 1) * 29 // (2 * np_)) for c in (rank, 2 * np_ - 1 - rank)])
+        for name, g in zip(("dq", "dk", "dv"), whole):
+            shard = np.load(tmp_path / f"s{name}.rank{rank}.npy")
+            assert np.array_equal(shard, g[:, :, rows]), (rank, name)

@@ -1,7 +1,7 @@
 // mpirun -np P attn ring --q Q.npy --k K.npy --v V.npy --out O.npy [--causal [top-left|bottom-right]]
 //                       [--window-left N] [--window-right N] [--window-align A] [--query-offset N]
 //                       [--scale S] [--key-lengths KL.npy] [--layout zigzag|contiguous] [--impl ...] [--stats]
-//                       [--grad-out dO.npy --dq dQ.npy --dk dK.npy --dv dV.npy]
+//                       [--grad-out dO.npy --dq dQ.npy --dk dK.npy --dv dV.npy] [--shard-outputs]
 //
 // Rank 0 reads the whole arrays, sends every rank its rows (the layout's segments), all ranks
 // run attn::dist::ring_attention, rank 0 gathers O and writes it atomically. The result equals
@@ -42,11 +42,19 @@ struct RingArgs {
     std::optional<std::int64_t> query_offset;
     std::optional<double> scale;
     bool stats = false;
+    bool shard_outputs = false;  // each rank writes its own rows (shard_path) instead of rank 0 gathering
 };
 
 #if ATTN_WITH_MPI
 
 constexpr int kTagRows = 7201;
+
+// --shard-outputs: rank r's file for `path`: "o.npy" → "o.rank<r>.npy" (else "<path>.rank<r>").
+std::string shard_path(const std::string& path, int rank) {
+    const std::string tag = ".rank" + std::to_string(rank);
+    if (path.size() > 4 && path.compare(path.size() - 4, 4, ".npy") == 0) return path.substr(0, path.size() - 4) + tag + ".npy";
+    return path + tag;
+}
 
 Tensor read_input(const std::string& flag, const std::string& path) {
     Tensor t = read_npy(path);
@@ -94,12 +102,15 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         if (!backward && (!a.dq.empty() || !a.dk.empty() || !a.dv.empty())) {
             throw Error("--dq/--dk/--dv: need --grad-out dO.npy (the gradient of the loss with respect to O)");
         }
-        if (rank != 0) return;
-        outputs.add("--out", a.out);
-        outputs.add("--dq", a.dq);
-        outputs.add("--dk", a.dk);
-        outputs.add("--dv", a.dv);
+        // Every rank checks the files it will write: rank 0 all of them, or each rank its shards.
+        auto out_path = [&](const std::string& p) { return a.shard_outputs && !p.empty() ? shard_path(p, rank) : p; };
+        if (rank != 0 && !a.shard_outputs) return;
+        outputs.add("--out", out_path(a.out));
+        outputs.add("--dq", out_path(a.dq));
+        outputs.add("--dk", out_path(a.dk));
+        outputs.add("--dv", out_path(a.dv));
         outputs.check();
+        if (rank != 0) return;
         q = read_input("--q", a.q);
         k = read_input("--k", a.k);
         v = read_input("--v", a.v);
@@ -237,6 +248,19 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         if (backward) print_stats(st_back, " backward");
     }
 
+    // --shard-outputs: every rank writes its own rows (its segments, concatenated in local order).
+    if (a.shard_outputs) {
+        dist::run_collectively(comm, [&] {
+            std::vector<std::pair<std::string, TensorView>> files{{shard_path(a.out, rank), o_mine.view()}};
+            if (backward) {
+                files.emplace_back(shard_path(a.dq, rank), dq_mine.view());
+                files.emplace_back(shard_path(a.dk, rank), dk_mine.view());
+                files.emplace_back(shard_path(a.dv, rank), dv_mine.view());
+            }
+            OutputFiles::write_all(files);
+        });
+        return;
+    }
     // Rank 0 gathers O (B, Hq, Lq, Dv) and the gradients, then writes them all; an allocation
     // or write failure is every rank's failure.
     auto gather = [&](const Tensor& mine, std::int64_t H, std::int64_t L, std::int64_t D) {
@@ -344,6 +368,9 @@ void add_ring_command(CLI::App& app) {
     cmd->add_option("--dq", args->dq, "output dQ (B, Hq, Lq, Dk), float32, gathered and written by rank 0");
     cmd->add_option("--dk", args->dk, "output dK (B, Hkv, Lk, Dk), float32, gathered and written by rank 0");
     cmd->add_option("--dv", args->dv, "output dV (B, Hkv, Lk, Dv), float32, gathered and written by rank 0");
+    cmd->add_flag("--shard-outputs", args->shard_outputs,
+                  "each rank r writes its own rows of every output to <name>.rank<r>.npy (its layout segments, "
+                  "concatenated) instead of rank 0 gathering the whole arrays");
     cmd->add_flag("--stats", args->stats, "print per-rank compute/wait times and the compute max/min ratio on stderr");
     cmd->callback([args] { run(*args); });
 }
