@@ -14,6 +14,8 @@ test_pkgs+=(python3-pil librsvg2-bin)
 build_pkgs+=(pybind11-dev python3-dev)
 # OpenMPI: attn::dist and `attn ring` build against it (ATTN_WITH_MPI), the ring tests run mpirun.
 build_pkgs+=(libopenmpi-dev openmpi-bin)
+# mpi4py: attn.dist's communicators from Python (tests/ring/test_ring_python.py, examples/ring_train.py).
+test_pkgs+=(python3-mpi4py)
 # Fuzzing (fuzz/, run by `make test` and `make fuzz`): clang 14, its libFuzzer and sanitizer
 # runtimes (libclang-rt-14-dev) and its OpenMP (libomp-14-dev), since the fuzz build is all clang.
 test_pkgs+=(clang-14 libclang-rt-14-dev libomp-14-dev)

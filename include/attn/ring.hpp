@@ -83,7 +83,8 @@ struct RingStats {
     std::int64_t sdpa_calls = 0;
     std::int64_t score_entries = 0;  // Σ visible-block rows × keys over sdpa calls (B·Hq units)
     std::int64_t bytes_sent = 0;     // K/V bytes this rank sent around the ring
-    int steps = 0;                   // = P
+    int steps = 0;                   // ring steps run: P, fewer when a window leaves the farther
+                                     // blocks unseen (docs/ring.md, "Windows on the ring")
     std::string kernel;              // attn::sdpa's kernel (last call)
 };
 
@@ -94,6 +95,19 @@ struct RingStats {
 void ring_attention(MPI_Comm comm, const TensorView& q, const TensorView& k, const TensorView& v,
                     const RingOptions& options, const TensorView& out, const TensorView* lse = nullptr,
                     RingStats* stats = nullptr);
+
+// The gradients of ring_attention (training), collective like it: from the forward's local
+// out and lse rows and dO = ∂loss/∂O (grad_out, this rank's rows), every rank writes
+//   dq: like q (its query rows), dk: like k, dv: like v (its own K/V rows), float32, any strides.
+// Equal to single-process attn::sdpa_backward on the whole sequence with the same options. Each
+// rank recomputes its blocks with the backward kernel from the global lse; dK/dV partial sums
+// travel around the ring with their K/V block and come home to the block's owner. The sums run in
+// an order fixed by the ring: bit-identical across runs for a given P (docs/ring.md, "Backward").
+// lse: (B, Hq, nq_r) float32 or float64. out/lse must be ring_attention's with the same options.
+void ring_attention_backward(MPI_Comm comm, const TensorView& q, const TensorView& k, const TensorView& v,
+                             const TensorView& out, const TensorView& lse, const TensorView& grad_out,
+                             const RingOptions& options, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                             RingStats* stats = nullptr);
 
 // Runs `fn` on every rank of `comm` (collective). If it throws on any rank, every rank
 // throws attn::Error carrying the message of the lowest failing rank, so that all ranks

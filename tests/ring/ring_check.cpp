@@ -21,91 +21,12 @@
 #include "attn/error.hpp"
 #include "attn/ring.hpp"
 #include "attn/sdpa.hpp"
+#include "ring_test_util.hpp"
 
 using namespace attn;
+using namespace ring_test;
 
 namespace {
-
-int P = 1, rank = 0;
-int passed = 0, failed = 0;
-
-// Each rank reports its verdict; the case passes only if every rank agrees it passed.
-void verdict(const std::string& name, bool ok_here, const std::string& detail) {
-    int ok = ok_here ? 1 : 0, all_ok = 0;
-    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (!ok_here) std::fprintf(stderr, "  rank %d: %s: %s\n", rank, name.c_str(), detail.c_str());
-    if (rank == 0) std::printf("%s %s\n", all_ok ? "PASS" : "FAIL", name.c_str());
-    (all_ok ? passed : failed)++;
-}
-
-Tensor random_tensor(std::mt19937& gen, Shape s, float amplitude) {
-    Tensor t(DType::f32, s);
-    std::uniform_real_distribution<float> u(-amplitude, amplitude);
-    for (std::int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = u(gen);
-    return t;
-}
-
-Tensor poisoned(DType dt, Shape s) {
-    Tensor t(dt, s);
-    for (std::int64_t i = 0; i < t.numel(); ++i) {
-        if (dt == DType::f32) t.data_as<float>()[i] = std::numeric_limits<float>::quiet_NaN();
-        else t.data_as<double>()[i] = std::numeric_limits<double>::quiet_NaN();
-    }
-    return t;
-}
-
-struct Case {
-    std::string name;
-    std::int64_t B = 1, Hq = 1, Hkv = 1, Lq = 16, Lk = 16, Dk = 8, Dv = 8;
-    Causal causal = Causal::none;
-    Window window{};
-    std::optional<std::int64_t> query_offset;     // one value for every sequence
-    std::vector<std::int64_t> query_offsets;      // per sequence (empty: none); wins over query_offset
-    dist::Layout layout = dist::Layout::zigzag;
-    std::vector<std::int64_t> key_lengths;  // empty: none
-    std::optional<double> scale;
-    bool strided = false;  // Q, K, V local views are (B, L, H, D) buffers seen through transpose(1, 2)
-};
-
-// A contiguous (B, H, n, D) tensor re-laid as a (B, n, H, D) buffer, returned as its (B, H, n, D) view.
-TensorView restride(const Tensor& src, std::vector<float>& storage) {
-    const std::int64_t B = src.shape()[0], H = src.shape()[1], n = src.shape()[2], D = src.shape()[3];
-    storage.assign(static_cast<std::size_t>(std::max<std::int64_t>(1, src.numel())), 0.0f);
-    TensorView blhd(storage.data(), DType::f32, Shape{B, n, H, D});
-    TensorView v = blhd.transpose(1, 2);
-    for (std::int64_t b = 0; b < B; ++b)
-        for (std::int64_t h = 0; h < H; ++h)
-            for (std::int64_t i = 0; i < n; ++i)
-                for (std::int64_t d = 0; d < D; ++d)
-                    storage[static_cast<std::size_t>(v.offset(b, h, i, d))] = src.data_as<float>()[src.view().offset(b, h, i, d)];
-    return v;
-}
-
-// The visible (b, i, j) triples of the global problem, counted from the rule as
-// include/attn/sdpa.hpp states it: n_b valid keys; query i's diagonal is d_b(i) = i + o_b with
-// o_b the query offset if given, else 0 (top-left) or n_b − Lq (bottom-right); causal keeps
-// j <= d_b(i), the window d − left <= j <= d + right.
-std::int64_t visible_pairs(const Case& c) {
-    std::int64_t n = 0;
-    for (std::int64_t b = 0; b < c.B; ++b) {
-        const std::int64_t keys = c.key_lengths.empty() ? c.Lk : c.key_lengths[static_cast<std::size_t>(b)];
-        auto offset = [&](bool bottom_right) -> std::int64_t {
-            if (!c.query_offsets.empty()) return c.query_offsets[static_cast<std::size_t>(b)];
-            if (c.query_offset) return *c.query_offset;
-            return bottom_right ? keys - c.Lq : 0;
-        };
-        for (std::int64_t i = 0; i < c.Lq; ++i)
-            for (std::int64_t j = 0; j < keys; ++j) {
-                bool see = true;
-                if (c.causal != Causal::none) see &= j <= i + offset(c.causal == Causal::bottom_right);
-                const std::int64_t d = i + offset(c.window.align == Align::bottom_right);
-                if (c.window.left >= 0) see &= j >= d - c.window.left;
-                if (c.window.right >= 0) see &= j <= d + c.window.right;
-                n += see ? 1 : 0;
-            }
-    }
-    return n;
-}
 
 void run_case(const Case& c, Impl impl = Impl::automatic) {
     std::mt19937 gen(1234);  // the same on every rank: every rank builds the same global tensors
@@ -201,6 +122,12 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
     if (ok && total != expected) {
         ok = false;
         detail += "; the ranks scored " + std::to_string(total) + " entries, the visible ones are " + std::to_string(expected);
+    }
+    // The ring runs exactly the steps some rank computes in (fewer than P under a narrow window).
+    if (ok && stats.steps != expected_steps(c, P)) {
+        ok = false;
+        detail += "; the ring ran " + std::to_string(stats.steps) + " steps, the visible pairs need " +
+                  std::to_string(expected_steps(c, P));
     }
     double w[2] = {worst_o, worst_l}, wmax[2];
     MPI_Allreduce(w, wmax, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -339,6 +266,10 @@ int main(int argc, char** argv) {
         mixed.B = 3, mixed.Lq = 25, mixed.Lk = 31, mixed.key_lengths = {31, 9, 17}, mixed.causal = Causal::top_left;
         mixed.window = Window{3, 2, Align::bottom_right}, mixed.layout = layout;
         cases.push_back(mixed);
+        Case win;
+        win.name = "causal sliding window left 5, L=64 (the ring stops after 2 steps when contiguous)";
+        win.B = 2, win.Hq = 2, win.Lq = 64, win.Lk = 64, win.causal = Causal::top_left, win.window.left = 5, win.layout = layout;
+        cases.push_back(win);
         Case far;
         far.name = "query_offset 2^60 with causal and window left 2^60+5 (bounds far from the block)";
         far.B = 2, far.Lq = 19, far.Lk = 23, far.causal = Causal::top_left, far.query_offset = std::int64_t{1} << 60;
@@ -352,47 +283,7 @@ int main(int argc, char** argv) {
     }
     // Random cases: every causal alignment, key lengths (often < Lq), windows, offsets, GQA,
     // lengths below the number of chunks. The same seed on every rank.
-    {
-        std::mt19937 rg(2024);
-        auto pick = [&](int lo, int hi) { return static_cast<std::int64_t>(std::uniform_int_distribution<int>(lo, hi)(rg)); };
-        const char* causal_names[] = {"none", "top-left", "bottom-right"};
-        for (int n = 0; n < 48; ++n) {
-            Case r;
-            r.B = pick(1, 3), r.Hkv = pick(1, 2), r.Hq = r.Hkv * pick(1, 2);
-            r.Lq = pick(1, 40), r.Lk = pick(1, 40), r.Dk = pick(1, 9), r.Dv = pick(1, 9);
-            r.causal = static_cast<Causal>(pick(0, 2));
-            r.layout = pick(0, 1) ? dist::Layout::zigzag : dist::Layout::contiguous;
-            std::string kl = "none", qo = "none", win = "none";
-            if (pick(0, 2) > 0) {
-                kl.clear();
-                for (std::int64_t b = 0; b < r.B; ++b) {
-                    r.key_lengths.push_back(pick(0, static_cast<int>(r.Lk)));
-                    kl += std::string(b ? "," : "") + std::to_string(r.key_lengths.back());
-                }
-            }
-            if (pick(0, 2) == 0) {
-                r.window = Window{pick(-1, 8), pick(-1, 8), pick(0, 1) ? Align::bottom_right : Align::top_left};
-                win = std::to_string(r.window.left) + "," + std::to_string(r.window.right) +
-                      (r.window.align == Align::bottom_right ? ",bottom-right" : ",top-left");
-            }
-            const std::int64_t kind = pick(0, 3);
-            if (kind == 1) {
-                r.query_offset = pick(-10, 40);
-                qo = std::to_string(*r.query_offset);
-            } else if (kind == 2) {
-                qo.clear();
-                for (std::int64_t b = 0; b < r.B; ++b) {
-                    r.query_offsets.push_back(pick(-10, 40));
-                    qo += std::string(b ? "," : "") + std::to_string(r.query_offsets.back());
-                }
-            }
-            r.name = "random " + std::to_string(n) + ": B=" + std::to_string(r.B) + " Hq/Hkv=" + std::to_string(r.Hq) + "/" +
-                     std::to_string(r.Hkv) + " Lq=" + std::to_string(r.Lq) + " Lk=" + std::to_string(r.Lk) + " causal=" +
-                     causal_names[static_cast<int>(r.causal)] + " key_lengths=(" + kl + ") window=(" + win +
-                     ") query_offset=(" + qo + ")";
-            cases.push_back(r);
-        }
-    }
+    for (Case& r : random_cases(48, 2024)) cases.push_back(r);
     for (const Case& c : cases) run_case(c);
 
     const int last = P - 1;

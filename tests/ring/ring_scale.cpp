@@ -2,7 +2,7 @@
 //
 //   mpirun -np 4 ring_scale --length 131072 [--heads 1] [--kv-heads 1] [--dim 64] [--batch 1]
 //                           [--full] [--layout zigzag|contiguous] [--samples 16] [--impl auto]
-//                           [--transfer-reps 5] [--reps 1]
+//                           [--transfer-reps 5] [--reps 1] [--backward]
 //
 // With --reps R the ring runs R times and every time printed is a per-rank median.
 // Every rank generates its own rows of Q, K, V from a counter-based hash of (tensor, b, h, row, d),
@@ -14,6 +14,13 @@
 //   * sampled query rows (first, last, chunk edges, spread) checked against single-process
 //     attn::sdpa (reference kernel, on rank 0, keys 0..i for a causal row i):
 //     |O − O_ref| <= 1e-5 per element (kTolerance below says why).
+// With --backward, the ring forward keeps lse and ring_attention_backward runs on a generated
+// dO (tensor 3 of the hash), with per-rank times; then sampled gradient rows are checked:
+//   * dQ rows against single-process attn::sdpa_backward (reference kernel, in double, keys 0..i);
+//   * dK/dV rows j: the sums over every query i that sees key j, computed here in double from
+//     the ring's O and lse (gathered on rank 0; the forward rows themselves are checked above):
+//       P_ij = exp(scale·q_i·k_j − lse_i), dV_j = Σ_i P_ij·dO_i, dK_j = scale·Σ_i P_ij·(dO_i·v_j − dO_i·O_i)·q_i
+//   per gradient over the sampled rows: max |g − g_ref| <= 1e-5 · max |g_ref|.
 // Exit status 0 when every sampled row matches, 1 otherwise; "N passed, M failed" on the last line.
 #include <mpi.h>
 
@@ -29,6 +36,7 @@
 #include "attn/error.hpp"
 #include "attn/ring.hpp"
 #include "attn/sdpa.hpp"
+#include "attn/sdpa_backward.hpp"
 
 using namespace attn;
 
@@ -47,6 +55,7 @@ struct Args {
     int transfer_reps = 5;
     int reps = 1;
     Impl impl = Impl::automatic;
+    bool backward = false;
 };
 
 std::uint64_t splitmix64(std::uint64_t x) {
@@ -56,7 +65,7 @@ std::uint64_t splitmix64(std::uint64_t x) {
     return x ^ (x >> 31);
 }
 
-// Element (b, h, row, d) of tensor `which` (0 = Q, 1 = K, 2 = V), uniform in [−1, 1).
+// Element (b, h, row, d) of tensor `which` (0 = Q, 1 = K, 2 = V, 3 = dO), uniform in [−1, 1).
 float value(int which, std::int64_t b, std::int64_t h, std::int64_t row, std::int64_t d) {
     const std::uint64_t key = ((((static_cast<std::uint64_t>(which) * 1000003u + b) * 1000003u + h) << 32) ^
                                (static_cast<std::uint64_t>(row) << 8)) + static_cast<std::uint64_t>(d);
@@ -96,9 +105,146 @@ Args parse(int argc, char** argv) {
         else if (f == "--transfer-reps") a.transfer_reps = std::stoi(next());
         else if (f == "--reps") a.reps = std::max(1, std::stoi(next()));
         else if (f == "--impl") a.impl = parse_impl(next());
+        else if (f == "--backward") a.backward = true;
         else throw Error("ring_scale: unknown argument '" + f + "'");
     }
     return a;
+}
+
+// --backward: run ring_attention_backward on a generated dO, print per-rank times, check sampled
+// gradient rows (see the top of the file). Returns the number of failed checks (on rank 0).
+int check_backward(const Args& a, int P, int rank, const std::vector<dist::Segment>& seg, const Tensor& q, const Tensor& k,
+                   const Tensor& v, const Tensor& o, const Tensor& lse, const dist::RingOptions& opt,
+                   const std::vector<std::int64_t>& rows, double forward_cpu) {
+    const Tensor dout = generate(3, a.B, a.H, a.D, seg);
+    const std::int64_t n = q.shape()[2];
+    Tensor dq(DType::f32, q.shape()), dk(DType::f32, k.shape()), dv(DType::f32, v.shape());
+    dist::RingStats st;
+    MPI_Barrier(MPI_COMM_WORLD);
+    dist::ring_attention_backward(MPI_COMM_WORLD, q, k, v, o, lse, dout, opt, dq, dk, dv, &st);
+    constexpr int kStats = 6;
+    const double mine[kStats] = {st.compute_seconds, st.compute_cpu_seconds, st.wait_seconds, st.total_seconds,
+                                 static_cast<double>(st.bytes_sent), static_cast<double>(st.steps)};
+    std::vector<double> all(static_cast<std::size_t>(kStats * P));
+    MPI_Gather(mine, kStats, MPI_DOUBLE, all.data(), kStats, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    double forward_cpus = 0;
+    MPI_Reduce(&forward_cpu, &forward_cpus, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+    if (rank == 0) {
+        std::printf("backward: kernel %s, %d steps\n", st.kernel.c_str(), st.steps);
+        double cpus = 0, lo = 1e300, hi = 0;
+        for (int r = 0; r < P; ++r) {
+            const double* s = &all[static_cast<std::size_t>(kStats * r)];
+            std::printf("  rank %d: compute %.4g s (cpu %.4g s), wait %.3g s, total %.4g s, sent %.1f MB\n", r, s[0], s[1], s[2],
+                        s[3], s[4] * 1e-6);
+            cpus += s[1];
+            lo = std::min(lo, s[1]), hi = std::max(hi, s[1]);
+        }
+        std::printf("  backward/forward compute cpu = %.2f (the model: 2.5), cpu max/min = %.3f\n", cpus / forward_cpus, hi / lo);
+    }
+
+    // Global O and lse, and the sampled rows of dQ (query rows) and dK/dV (the same indices as
+    // key rows): summed over ranks onto rank 0 (each rank fills only what it owns).
+    const std::int64_t L = a.L, B = a.B, H = a.H, Hkv = a.Hkv, D = a.D, S = static_cast<std::int64_t>(rows.size());
+    std::vector<double> og(static_cast<std::size_t>(B * H * L * D), 0.0), lg(static_cast<std::size_t>(B * H * L), 0.0);
+    std::vector<double> gq(static_cast<std::size_t>(S * B * H * D), 0.0), gk(static_cast<std::size_t>(S * B * Hkv * D), 0.0),
+        gv(gk.size(), 0.0);
+    std::int64_t local = 0;
+    for (const auto& sg : seg) {
+        for (std::int64_t i = 0; i < sg.length; ++i)
+            for (std::int64_t b = 0; b < B; ++b)
+                for (std::int64_t h = 0; h < H; ++h) {
+                    lg[static_cast<std::size_t>((b * H + h) * L + sg.start + i)] = lse.data_as<float>()[(b * H + h) * n + local + i];
+                    for (std::int64_t d = 0; d < D; ++d)
+                        og[static_cast<std::size_t>(((b * H + h) * L + sg.start + i) * D + d)] =
+                            o.data_as<float>()[((b * H + h) * n + local + i) * D + d];
+                }
+        for (std::int64_t s = 0; s < S; ++s) {
+            const std::int64_t r = rows[static_cast<std::size_t>(s)];
+            if (r < sg.start || r >= sg.start + sg.length) continue;
+            const std::int64_t at = local + r - sg.start;
+            for (std::int64_t b = 0; b < B; ++b)
+                for (std::int64_t d = 0; d < D; ++d) {
+                    for (std::int64_t h = 0; h < H; ++h)
+                        gq[static_cast<std::size_t>(((s * B + b) * H + h) * D + d)] = dq.data_as<float>()[((b * H + h) * n + at) * D + d];
+                    for (std::int64_t h = 0; h < Hkv; ++h) {
+                        gk[static_cast<std::size_t>(((s * B + b) * Hkv + h) * D + d)] = dk.data_as<float>()[((b * Hkv + h) * n + at) * D + d];
+                        gv[static_cast<std::size_t>(((s * B + b) * Hkv + h) * D + d)] = dv.data_as<float>()[((b * Hkv + h) * n + at) * D + d];
+                    }
+                }
+        }
+        local += sg.length;
+    }
+    auto reduce = [&](std::vector<double>& x) {
+        std::vector<double> sum(rank == 0 ? x.size() : 1);
+        MPI_Reduce(x.data(), sum.data(), static_cast<int>(x.size()), MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+        if (rank == 0) x.swap(sum);
+    };
+    reduce(og), reduce(lg), reduce(gq), reduce(gk), reduce(gv);
+    if (rank != 0) return 0;
+
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    const Tensor qf = generate(0, B, H, D, {{0, L}}), kf = generate(1, B, Hkv, D, {{0, L}}), vf = generate(2, B, Hkv, D, {{0, L}}),
+                 df = generate(3, B, H, D, {{0, L}});
+    auto row = [](const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t i) {
+        const Shape& s = t.shape();
+        return t.data_as<float>() + ((b * s[1] + h) * s[2] + i) * s[3];
+    };
+    double err[3] = {0, 0, 0}, ref_max[3] = {0, 0, 0};
+    for (std::int64_t s = 0; s < S; ++s) {
+        const std::int64_t r = rows[static_cast<std::size_t>(s)];
+        // dQ row r: single-process sdpa_backward (reference, double) on query r and its keys.
+        const std::int64_t keys = a.causal ? r + 1 : L;
+        Tensor q1 = to_dtype(generate(0, B, H, D, {{r, 1}}), DType::f64), d1 = to_dtype(generate(3, B, H, D, {{r, 1}}), DType::f64);
+        Tensor kk = to_dtype(kf.view().slice(2, 0, keys), DType::f64), vv = to_dtype(vf.view().slice(2, 0, keys), DType::f64);
+        Tensor o1(DType::f64, Shape{B, H, 1, D}), l1(DType::f64, Shape{B, H, 1}), g1(DType::f64, Shape{B, H, 1, D}),
+            gk1(DType::f64, kk.shape()), gv1(DType::f64, vv.shape());
+        SdpaOptions so;
+        so.impl = Impl::reference;
+        const TensorView l1v = l1.view();
+        sdpa(q1, kk, vv, so, o1, &l1v);
+        sdpa_backward(q1, kk, vv, o1, l1, d1, so, g1, gk1, gv1);
+        for (std::int64_t i = 0; i < B * H * D; ++i) {
+            const double x = gq[static_cast<std::size_t>(s * B * H * D + i)], ref = g1.data_as<double>()[i];
+            err[0] = std::isnan(x) ? INFINITY : std::max(err[0], std::fabs(x - ref));
+            ref_max[0] = std::max(ref_max[0], std::fabs(ref));
+        }
+        // dK/dV row r (as a key): every query i that sees it, from the ring's O and lse.
+        const std::int64_t group = H / Hkv;
+        for (std::int64_t b = 0; b < B; ++b)
+            for (std::int64_t hk = 0; hk < Hkv; ++hk) {
+                std::vector<double> rk(static_cast<std::size_t>(D), 0.0), rv(static_cast<std::size_t>(D), 0.0);
+                const float* kj = row(kf, b, hk, r);
+                const float* vj = row(vf, b, hk, r);
+                for (std::int64_t h = hk * group; h < (hk + 1) * group; ++h)
+                    for (std::int64_t i = a.causal ? r : 0; i < L; ++i) {
+                        const float* qi = row(qf, b, h, i);
+                        const float* di = row(df, b, h, i);
+                        const double* oi = og.data() + ((b * H + h) * L + i) * D;
+                        double sc = 0, dp = 0, dd = 0;
+                        for (std::int64_t d = 0; d < D; ++d) sc += double(qi[d]) * kj[d], dp += double(di[d]) * vj[d], dd += di[d] * oi[d];
+                        const double pij = std::exp(sc * scale - lg[static_cast<std::size_t>((b * H + h) * L + i)]);
+                        const double ds = pij * (dp - dd) * scale;
+                        for (std::int64_t d = 0; d < D; ++d) rk[static_cast<std::size_t>(d)] += ds * qi[d], rv[static_cast<std::size_t>(d)] += pij * di[d];
+                    }
+                for (std::int64_t d = 0; d < D; ++d) {
+                    const std::size_t at = static_cast<std::size_t>(((s * B + b) * Hkv + hk) * D + d);
+                    err[1] = std::isnan(gk[at]) ? INFINITY : std::max(err[1], std::fabs(gk[at] - rk[static_cast<std::size_t>(d)]));
+                    err[2] = std::isnan(gv[at]) ? INFINITY : std::max(err[2], std::fabs(gv[at] - rv[static_cast<std::size_t>(d)]));
+                    ref_max[1] = std::max(ref_max[1], std::fabs(rk[static_cast<std::size_t>(d)]));
+                    ref_max[2] = std::max(ref_max[2], std::fabs(rv[static_cast<std::size_t>(d)]));
+                }
+            }
+    }
+    int failed = 0;
+    const char* names[3] = {"dQ", "dK", "dV"};
+    for (int t = 0; t < 3; ++t) {
+        const double rel = err[t] / ref_max[t];
+        std::printf("  sampled %s rows: %lld, max |g - g_ref| = %.3g of max |g_ref| %.3g: relative %.2e (<= 1e-5: %s)\n", names[t],
+                    static_cast<long long>(S), err[t], ref_max[t], rel, rel <= 1e-5 ? "pass" : "FAIL");
+        failed += rel <= 1e-5 ? 0 : 1;
+    }
+    std::printf("backward: %d passed, %d failed\n", 3 - failed, failed);
+    return failed;
 }
 
 }  // namespace
@@ -126,6 +272,8 @@ int main(int argc, char** argv) {
     Tensor o(DType::f32, Shape{a.B, a.H, n, a.D});
     for (std::int64_t i = 0; i < o.numel(); ++i) o.data_as<float>()[i] = std::nanf("");
 
+    Tensor lse(DType::f32, Shape{a.B, a.H, n});
+
     dist::RingOptions opt;
     opt.causal = a.causal ? Causal::top_left : Causal::none;
     opt.layout = a.layout;
@@ -136,7 +284,8 @@ int main(int argc, char** argv) {
     for (int rep = 0; rep < a.reps; ++rep) {
         dist::RingStats one;
         MPI_Barrier(MPI_COMM_WORLD);
-        dist::ring_attention(MPI_COMM_WORLD, q, k, v, opt, o, nullptr, &one);
+        const TensorView lse_view = lse.view();
+        dist::ring_attention(MPI_COMM_WORLD, q, k, v, opt, o, &lse_view, &one);
         double slowest = 0;
         MPI_Allreduce(&one.total_seconds, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         runs.push_back(one);
@@ -309,6 +458,7 @@ int main(int argc, char** argv) {
                     static_cast<long long>(S), worst);
         std::printf("%d passed, %d failed\n", passed, failed);
     }
+    if (a.backward) failed += check_backward(a, P, rank, qseg, q, k, v, o, lse, opt, rows, st.compute_cpu_seconds);
     MPI_Bcast(&failed, 1, MPI_INT, 0, MPI_COMM_WORLD);
     MPI_Finalize();
     return failed == 0 ? 0 : 1;

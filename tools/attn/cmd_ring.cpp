@@ -1,10 +1,13 @@
 // mpirun -np P attn ring --q Q.npy --k K.npy --v V.npy --out O.npy [--causal [top-left|bottom-right]]
 //                       [--window-left N] [--window-right N] [--window-align A] [--query-offset N]
 //                       [--scale S] [--key-lengths KL.npy] [--layout zigzag|contiguous] [--impl ...] [--stats]
+//                       [--grad-out dO.npy --dq dQ.npy --dk dK.npy --dv dV.npy] [--shard-outputs]
 //
 // Rank 0 reads the whole arrays, sends every rank its rows (the layout's segments), all ranks
 // run attn::dist::ring_attention, rank 0 gathers O and writes it atomically. The result equals
-// `attn sdpa` on the same inputs (with --causal top-left). Every fallible step runs inside
+// `attn sdpa` on the same inputs (with --causal top-left). With --grad-out, every rank then runs
+// ring_attention_backward on its rows of dO and rank 0 gathers and writes dQ, dK, dV too (all
+// outputs together, after everything is computed). Every fallible step runs inside
 // run_collectively, so on an error every rank takes the same branch: rank 0 alone prints
 // `attn: error: <message>` (as main does for other commands), all ranks finalize MPI and exit
 // with status 2, and no output file appears. `mpirun -q` keeps mpirun's own exit summary quiet.
@@ -34,16 +37,25 @@ namespace {
 
 struct RingArgs {
     std::string q, k, v, out, key_lengths, layout = "zigzag", impl = "auto", causal = "none";
+    std::string grad_out, dq, dk, dv;  // backward: gradients of <O, dO>
     std::int64_t window_left = -1, window_right = -1;
     std::string window_align = "top-left";
     std::optional<std::int64_t> query_offset;
     std::optional<double> scale;
     bool stats = false;
+    bool shard_outputs = false;  // each rank writes its own rows (shard_path) instead of rank 0 gathering
 };
 
 #if ATTN_WITH_MPI
 
 constexpr int kTagRows = 7201;
+
+// --shard-outputs: rank r's file for `path`: "o.npy" → "o.rank<r>.npy" (else "<path>.rank<r>").
+std::string shard_path(const std::string& path, int rank) {
+    const std::string tag = ".rank" + std::to_string(rank);
+    if (path.size() > 4 && path.compare(path.size() - 4, 4, ".npy") == 0) return path.substr(0, path.size() - 4) + tag + ".npy";
+    return path + tag;
+}
 
 Tensor read_input(const std::string& flag, const std::string& path) {
     Tensor t = read_npy(path);
@@ -72,8 +84,9 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     opt.window.left = a.window_left;
     opt.window.right = a.window_right;
     if (a.query_offset) opt.query_offset = *a.query_offset;
+    const bool backward = !a.grad_out.empty();
     Header h;
-    Tensor q, k, v, lengths;
+    Tensor q, k, v, dO, lengths;
     OutputFiles outputs;
     // Rank 0: flags, output path, files and their global shapes.
     dist::run_collectively(comm, [&] {
@@ -84,9 +97,21 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
             throw Error("--window-align: expected top-left or bottom-right but got '" + a.window_align + "'");
         }
         opt.window.align = a.window_align == "top-left" ? Align::top_left : Align::bottom_right;
-        if (rank != 0) return;
-        outputs.add("--out", a.out);
+        if (backward && (a.dq.empty() || a.dk.empty() || a.dv.empty())) {
+            throw Error("--grad-out: needs --dq, --dk and --dv (where to write the gradients)");
+        }
+        if (!backward && (!a.dq.empty() || !a.dk.empty() || !a.dv.empty())) {
+            throw Error("--dq/--dk/--dv: need --grad-out dO.npy (the gradient of the loss with respect to O)");
+        }
+        // Every rank checks the files it will write: rank 0 all of them, or each rank its shards.
+        auto out_path = [&](const std::string& p) { return a.shard_outputs && !p.empty() ? shard_path(p, rank) : p; };
+        if (rank != 0 && !a.shard_outputs) return;
+        outputs.add("--out", out_path(a.out));
+        outputs.add("--dq", out_path(a.dq));
+        outputs.add("--dk", out_path(a.dk));
+        outputs.add("--dv", out_path(a.dv));
         outputs.check();
+        if (rank != 0) return;
         q = read_input("--q", a.q);
         k = read_input("--k", a.k);
         v = read_input("--v", a.v);
@@ -111,6 +136,15 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
                             std::to_string(q.shape()[0]) + ",) but holds " + std::string(dtype_name(lengths.dtype())) + " " +
                             lengths.shape().str());
             }
+        }
+        if (backward) {
+            dO = read_input("--grad-out", a.grad_out);
+            const Shape want{q.shape()[0], q.shape()[1], q.shape()[2], v.shape()[3]};
+            if (!(dO.shape() == want)) {
+                throw Error("--grad-out: " + a.grad_out + " must have O's shape (B, Hq, Lq, Dv) = " + want.str() +
+                            " but has " + dO.shape().str());
+            }
+            if (dO.dtype() != DType::f32) dO = to_dtype(dO, DType::f32);
         }
         // Ring attention runs in float32 (as `attn sdpa` writes O).
         if (q.dtype() != DType::f32) q = to_dtype(q, DType::f32);
@@ -140,20 +174,31 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
 
     // Every rank allocates its rows (collectively: a failed allocation stops all ranks), then
     // rank 0 sends them.
-    Tensor q_mine, k_mine, v_mine, o_mine;
+    Tensor q_mine, k_mine, v_mine, o_mine, do_mine, lse_mine, dq_mine, dk_mine, dv_mine;
     const std::int64_t nq = dist::rank_length(h.Lq, P, rank, opt.layout), nk = dist::rank_length(h.Lk, P, rank, opt.layout);
     dist::run_collectively(comm, [&] {
         q_mine = Tensor(DType::f32, Shape{h.B, h.Hq, nq, h.Dq});
         k_mine = Tensor(DType::f32, Shape{h.B, h.Hkv, nk, h.Dk});
         v_mine = Tensor(DType::f32, Shape{h.B, h.Hkv, nk, h.Dv});
         o_mine = Tensor(DType::f32, Shape{h.B, h.Hq, nq, h.Dv});
+        if (backward) {
+            do_mine = Tensor(DType::f32, Shape{h.B, h.Hq, nq, h.Dv});
+            lse_mine = Tensor(DType::f32, Shape{h.B, h.Hq, nq});
+            dq_mine = Tensor(DType::f32, Shape{h.B, h.Hq, nq, h.Dq});
+            dk_mine = Tensor(DType::f32, Shape{h.B, h.Hkv, nk, h.Dk});
+            dv_mine = Tensor(DType::f32, Shape{h.B, h.Hkv, nk, h.Dv});
+        }
     });
     const struct {
         const Tensor* global;
         Tensor* mine;
         std::int64_t H, L, D;
-    } pieces[] = {{&q, &q_mine, h.Hq, h.Lq, h.Dq}, {&k, &k_mine, h.Hkv, h.Lk, h.Dk}, {&v, &v_mine, h.Hkv, h.Lk, h.Dv}};
+    } pieces[] = {{&q, &q_mine, h.Hq, h.Lq, h.Dq},
+                  {&k, &k_mine, h.Hkv, h.Lk, h.Dk},
+                  {&v, &v_mine, h.Hkv, h.Lk, h.Dv},
+                  {&dO, &do_mine, h.Hq, h.Lq, h.Dv}};
     for (const auto& p : pieces) {
+        if (p.mine == &do_mine && !backward) continue;
         if (rank == 0) {
             for (int r = 1; r < P; ++r) {
                 const Tensor part = dist::take_rows(*p.global, dist::rank_segments(p.L, P, r, opt.layout));
@@ -167,14 +212,21 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     q = Tensor();  // rank 0 no longer needs the global inputs
     k = Tensor();
     v = Tensor();
+    dO = Tensor();
 
-    dist::RingStats st;
-    dist::ring_attention(comm, q_mine, k_mine, v_mine, opt, o_mine, nullptr, &st);
+    dist::RingStats st, st_back;
+    TensorView lse_view;  // the backward needs the forward's lse
+    if (backward) lse_view = lse_mine.view();
+    dist::ring_attention(comm, q_mine, k_mine, v_mine, opt, o_mine, backward ? &lse_view : nullptr, &st);
+    if (backward) {
+        dist::ring_attention_backward(comm, q_mine, k_mine, v_mine, o_mine, lse_mine, do_mine, opt, dq_mine, dk_mine, dv_mine,
+                                      &st_back);
+    }
 
-    if (a.stats) {
-        // One line per rank, printed by rank 0 in rank order.
-        double mine_stats[6] = {st.compute_seconds, st.wait_seconds, st.total_seconds, static_cast<double>(st.score_entries),
-                                static_cast<double>(st.bytes_sent), st.compute_cpu_seconds};
+    // One line per rank, printed by rank 0 in rank order.
+    auto print_stats = [&](const dist::RingStats& r_st, const char* what) {
+        double mine_stats[6] = {r_st.compute_seconds, r_st.wait_seconds, r_st.total_seconds, static_cast<double>(r_st.score_entries),
+                                static_cast<double>(r_st.bytes_sent), r_st.compute_cpu_seconds};
         std::vector<double> every(static_cast<std::size_t>(6 * P));
         MPI_Gather(mine_stats, 6, MPI_DOUBLE, every.data(), 6, MPI_DOUBLE, 0, comm);
         if (rank == 0) {
@@ -182,35 +234,70 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
             for (int r = 0; r < P; ++r) {
                 const double* s = &every[static_cast<std::size_t>(6 * r)];
                 std::fprintf(stderr,
-                             "ring: rank %d: compute %.4f s (cpu %.4f s), wait %.4f s, total %.4f s, score entries %.0f, sent %.0f bytes\n",
-                             r, s[0], s[5], s[1], s[2], s[3], s[4]);
+                             "ring%s: rank %d: compute %.4f s (cpu %.4f s), wait %.4f s, total %.4f s, score entries %.0f, sent %.0f bytes\n",
+                             what, r, s[0], s[5], s[1], s[2], s[3], s[4]);
                 lo = std::min(lo, s[0]), hi = std::max(hi, s[0]);
                 lo_cpu = std::min(lo_cpu, s[5]), hi_cpu = std::max(hi_cpu, s[5]);
             }
-            std::fprintf(stderr, "ring: P = %d, layout %s, kernel %s, compute max/min = %.3f (cpu %.3f)\n", P,
-                         std::string(dist::layout_name(opt.layout)).c_str(), st.kernel.c_str(), lo > 0 ? hi / lo : 0.0,
+            std::fprintf(stderr, "ring%s: P = %d, layout %s, kernel %s, compute max/min = %.3f (cpu %.3f)\n", what, P,
+                         std::string(dist::layout_name(opt.layout)).c_str(), r_st.kernel.c_str(), lo > 0 ? hi / lo : 0.0,
                          lo_cpu > 0 ? hi_cpu / lo_cpu : 0.0);
         }
+    };
+    if (a.stats) {
+        print_stats(st, "");
+        if (backward) print_stats(st_back, " backward");
     }
 
-    // Rank 0 gathers O (B, Hq, Lq, Dv) and writes it; a write failure is every rank's failure.
-    Tensor o;
-    dist::run_collectively(comm, [&] {
-        if (rank == 0) o = Tensor(DType::f32, Shape{h.B, h.Hq, h.Lq, h.Dv});
-    });
-    if (rank == 0) {
-        dist::put_rows(o_mine, dist::rank_segments(h.Lq, P, 0, opt.layout), o);
-        for (int r = 1; r < P; ++r) {
-            const std::int64_t n = dist::rank_length(h.Lq, P, r, opt.layout);
-            Tensor part(DType::f32, Shape{h.B, h.Hq, n, h.Dv});
-            MPI_Recv(part.data(), static_cast<int>(part.numel()), MPI_FLOAT, r, kTagRows, comm, MPI_STATUS_IGNORE);
-            dist::put_rows(part, dist::rank_segments(h.Lq, P, r, opt.layout), o);
+    // --shard-outputs: every rank writes its own rows (its segments, concatenated in local order).
+    if (a.shard_outputs) {
+        dist::run_collectively(comm, [&] {
+            std::vector<std::pair<std::string, TensorView>> files{{shard_path(a.out, rank), o_mine.view()}};
+            if (backward) {
+                files.emplace_back(shard_path(a.dq, rank), dq_mine.view());
+                files.emplace_back(shard_path(a.dk, rank), dk_mine.view());
+                files.emplace_back(shard_path(a.dv, rank), dv_mine.view());
+            }
+            OutputFiles::write_all(files);
+        });
+        return;
+    }
+    // Rank 0 gathers O (B, Hq, Lq, Dv) and the gradients, then writes them all; an allocation
+    // or write failure is every rank's failure.
+    auto gather = [&](const Tensor& mine, std::int64_t H, std::int64_t L, std::int64_t D) {
+        Tensor whole;
+        dist::run_collectively(comm, [&] {
+            if (rank == 0) whole = Tensor(DType::f32, Shape{h.B, H, L, D});
+        });
+        if (rank == 0) {
+            dist::put_rows(mine, dist::rank_segments(L, P, 0, opt.layout), whole);
+            for (int r = 1; r < P; ++r) {
+                const std::int64_t n = dist::rank_length(L, P, r, opt.layout);
+                Tensor part(DType::f32, Shape{h.B, H, n, D});
+                MPI_Recv(part.data(), static_cast<int>(part.numel()), MPI_FLOAT, r, kTagRows, comm, MPI_STATUS_IGNORE);
+                dist::put_rows(part, dist::rank_segments(L, P, r, opt.layout), whole);
+            }
+        } else {
+            MPI_Send(mine.data(), static_cast<int>(mine.numel()), MPI_FLOAT, 0, kTagRows, comm);
         }
-    } else {
-        MPI_Send(o_mine.data(), static_cast<int>(o_mine.numel()), MPI_FLOAT, 0, kTagRows, comm);
+        return whole;
+    };
+    const Tensor o = gather(o_mine, h.Hq, h.Lq, h.Dv);
+    Tensor dq, dk, dv;
+    if (backward) {
+        dq = gather(dq_mine, h.Hq, h.Lq, h.Dq);
+        dk = gather(dk_mine, h.Hkv, h.Lk, h.Dk);
+        dv = gather(dv_mine, h.Hkv, h.Lk, h.Dv);
     }
     dist::run_collectively(comm, [&] {
-        if (rank == 0) OutputFiles::write_all({{a.out, o.view()}});
+        if (rank != 0) return;
+        std::vector<std::pair<std::string, TensorView>> files{{a.out, o.view()}};
+        if (backward) {
+            files.emplace_back(a.dq, dq.view());
+            files.emplace_back(a.dk, dk.view());
+            files.emplace_back(a.dv, dv.view());
+        }
+        OutputFiles::write_all(files);
     });
 }
 
@@ -279,6 +366,14 @@ void add_ring_command(CLI::App& app) {
     cmd->add_option("--impl", args->impl,
                     "local kernel of each block: auto (what attn::sdpa picks: flash, or decode for a block of at most 16 "
                     "queries), reference or flash");
+    cmd->add_option("--grad-out", args->grad_out,
+                    "dO (B, Hq, Lq, Dv): also compute the gradients of <O, dO> through the ring (needs --dq, --dk, --dv)");
+    cmd->add_option("--dq", args->dq, "output dQ (B, Hq, Lq, Dk), float32, gathered and written by rank 0");
+    cmd->add_option("--dk", args->dk, "output dK (B, Hkv, Lk, Dk), float32, gathered and written by rank 0");
+    cmd->add_option("--dv", args->dv, "output dV (B, Hkv, Lk, Dv), float32, gathered and written by rank 0");
+    cmd->add_flag("--shard-outputs", args->shard_outputs,
+                  "each rank r writes its own rows of every output to <name>.rank<r>.npy (its layout segments, "
+                  "concatenated) instead of rank 0 gathering the whole arrays");
     cmd->add_flag("--stats", args->stats, "print per-rank compute/wait times and the compute max/min ratio on stderr");
     add_threads_option(cmd);
     cmd->callback([args] { run(*args); });

@@ -1,0 +1,274 @@
+// Ring attention backward over MPI. docs/ring.md ("Backward") draws it.
+//
+// The forward's global O and lse are all a block needs: for query rows i and a block of keys,
+//   P_ij = exp(S_ij·scale − lse_i)            (lse_i over ALL keys: these are the global weights)
+//   dS_ij = P_ij·(dP_ij − D_i),  D_i = rowsum(dO_i ∘ O_i)   (O_i the global output row)
+// so single-process attn::sdpa_backward on (query rows, key block) with the forward's O and lse
+// rows gives exactly that block's share: dQ_i += scale·Σ_j dS_ij·K_j (this rank's rows, kept
+// here) and dK_j, dV_j += their sums over this rank's rows (the block's owner needs them).
+//
+// Per rank, in three phases:
+//   1. the forward's checks (ring_setup.cpp) plus the gradients', agreed by every rank;
+//   2. the ring: S = ctx.steps <= P steps (fewer under a narrow window); at step s the rank holds the K/V block of rank o = (r − s) mod P.
+//      K/V travel as in the forward (Isend right / Irecv left at the start of the step, into
+//      the other of two buffers). The block's dK/dV accumulator follows one step behind: the
+//      rank computes its share of block o into a zeroed buffer `part` while the accumulator
+//      that ranks o .. r−1 have summed arrives from the left; then acc += part and acc goes on
+//      to the right (double-buffered). After step S−1 the accumulator has visited every rank that
+//      sees the block and its last hop brings it home (to the right = o when S = P).
+//   3. writes dQ (summed in double, in step order) and the own block's dK/dV.
+// Accumulation order is fixed by the ring (block o: ranks o, o+1, …, o+P−1), so a given P gives
+// bit-identical results on every run; different P sum in different orders (float32 for the
+// travelling dK/dV, double for dQ): equal within the bound tests/ring states, not bit for bit.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "../core/check.hpp"
+#include "../core/threads.hpp"
+#include "attn/error.hpp"
+#include "attn/ring.hpp"
+#include "attn/sdpa_backward.hpp"
+#include "block_plan.hpp"
+#include "ring_setup.hpp"
+
+namespace attn::dist {
+namespace {
+
+using attn::detail::fail;
+constexpr std::string_view kOp = "ring_attention_backward";
+constexpr int kTagKV = 7102, kTagGrad = 7103;
+
+// The gradients' checks on this rank (the forward's run first, in setup_ring).
+void check_gradients(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                     const TensorView& lse, const TensorView& grad_out, const RingOptions& o, const TensorView& dq,
+                     const TensorView& dk, const TensorView& dv) {
+    const struct {
+        const TensorView* t;
+        const char* name;
+        const TensorView* like;
+        const char* like_name;
+    } grads[] = {{&grad_out, "grad_out", &out, "out"}, {&dq, "dq", &q, "Q"}, {&dk, "dk", &k, "K"}, {&dv, "dv", &v, "V"}};
+    for (const auto& g : grads) {
+        if (g.t->data() == nullptr && g.t->numel() > 0) fail(kOp, g.name, ": data pointer is null");
+        if (g.t->dtype() != DType::f32) {
+            fail(kOp, g.name, ": dtype must be float32 (ring attention computes in float32) but got ", dtype_name(g.t->dtype()));
+        }
+        if (!(g.t->shape() == g.like->shape())) {
+            fail(kOp, g.name, ": expected the shape of ", g.like_name, " ", g.like->shape(), " but got ", g.t->shape());
+        }
+    }
+    const std::pair<const TensorView*, const char*> outs[] = {{&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}};
+    const std::pair<const TensorView*, const char*> ins[] = {{&q, "Q"},     {&k, "K"},     {&v, "V"},
+                                                             {&out, "out"}, {&lse, "lse"}, {&grad_out, "grad_out"}};
+    // A rank without rows has empty gradients (zero strides): nothing to overlap.
+    for (const auto& [t, name] : outs) {
+        if (t->numel() == 0) continue;
+        attn::detail::require_distinct_elements(kOp, *t, name);
+        for (const auto& [i, iname] : ins)
+            if (i->numel() > 0) attn::detail::require_disjoint(kOp, *t, name, *i, iname);
+    }
+    if (dq.numel() > 0 && dk.numel() > 0) attn::detail::require_disjoint(kOp, dq, "dq", dk, "dk");
+    if (dq.numel() > 0 && dv.numel() > 0) attn::detail::require_disjoint(kOp, dq, "dq", dv, "dv");
+    if (dk.numel() > 0 && dv.numel() > 0) attn::detail::require_disjoint(kOp, dk, "dk", dv, "dv");
+    // The local backward kernel must accept these calls: probe it on one zero row now, so that it
+    // cannot refuse inside the ring.
+    Tensor z(DType::f32, Shape{1, 1, 1, q.dim(3)}, true), zv(DType::f32, Shape{1, 1, 1, v.dim(3)}, true);
+    Tensor zl(DType::f32, Shape{1, 1, 1}, true), gq(DType::f32, Shape{1, 1, 1, q.dim(3)}),
+        gk(DType::f32, Shape{1, 1, 1, q.dim(3)}), gv(DType::f32, Shape{1, 1, 1, v.dim(3)});
+    SdpaOptions so;
+    so.impl = o.impl;
+    try {
+        sdpa_backward(z, z, zv, zv, zl, zv, so, gq, gk, gv);
+    } catch (const Error& e) {
+        fail(kOp, e.what());
+    }
+}
+
+}  // namespace
+
+void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const TensorView& k, const TensorView& v,
+                             const TensorView& out, const TensorView& lse, const TensorView& grad_out,
+                             const RingOptions& options, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                             RingStats* stats) {
+    const attn::detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
+    const auto t_start = detail::Clock::now();
+    const detail::PrivateComm private_comm(user_comm);
+    detail::RingContext ctx;
+    ctx.comm = private_comm.comm;
+    // ---- phase 1: checks, agreed by all ranks ----
+    detail::setup_ring(ctx, kOp, q, k, v, options, out, &lse,
+                       [&] { check_gradients(q, k, v, out, lse, grad_out, options, dq, dk, dv); });
+    const MPI_Comm comm = ctx.comm;
+    const int P = ctx.P, rank = ctx.rank;
+    const std::int64_t B = ctx.mine.B, Hq = ctx.mine.Hq, Hkv = ctx.mine.Hkv, Dk = ctx.mine.Dk, Dv = ctx.mine.Dv,
+                       nq = ctx.mine.nq;
+    const std::int64_t kw = ctx.k_words_per_row;
+
+    // Buffers (collectively: an allocation failure is every rank's error): K/V blocks and dK/dV
+    // accumulators, two each; this step's share `part`; dQ in double; lse as float32 rows (the
+    // flash backward reads float32); one call's gradients.
+    Tensor buf[2], grad[2], part, lse32, tq, tk, tv;
+    std::vector<double> acc_dq;
+    run_collectively(comm, [&] {
+        const std::int64_t words = std::max<std::int64_t>(1, ctx.nk_max * (ctx.k_words_per_row + ctx.v_words_per_row));
+        for (Tensor& t : buf) t = Tensor(DType::f32, Shape{words});
+        for (Tensor& t : grad) t = Tensor(DType::f32, Shape{words});
+        part = Tensor(DType::f32, Shape{words});
+        acc_dq.assign(static_cast<std::size_t>(B * Hq * nq * Dk), 0.0);
+        lse32 = Tensor(DType::f32, Shape{B, Hq, nq});
+        tq = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hq * ctx.q_seg_max * Dk)});
+        tk = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hkv * ctx.nk_max * Dk)});
+        tv = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hkv * ctx.nk_max * Dv)});
+    });
+    for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t h = 0; h < Hq; ++h)
+            for (std::int64_t i = 0; i < nq; ++i)
+                lse32.data_as<float>()[(b * Hq + h) * nq + i] = static_cast<float>(lse.load_as_double(lse.offset(b, h, i)));
+
+    auto k_view = [&](const Tensor& t, std::int64_t n) { return TensorView(t.data(), DType::f32, Shape{B, Hkv, n, Dk}); };
+    auto v_view = [&](const Tensor& t, std::int64_t n) {
+        return TensorView(t.data_as<float>() + n * kw, DType::f32, Shape{B, Hkv, n, Dv});
+    };
+    detail::pack(k, buf[0].data_as<float>());
+    detail::pack(v, buf[0].data_as<float>() + ctx.mine.nk * kw);
+
+    // ---- phase 2: the ring (a failure here cannot be agreed on: it aborts, as in the forward) ----
+    try {
+        SdpaOptions sopt;
+        sopt.scale = options.scale;
+        sopt.impl = options.impl;
+        RingStats st;
+        st.steps = ctx.steps;
+        const int S = ctx.steps;
+        const int right = (rank + 1) % P, left = (rank - 1 + P) % P;
+        // req: 0 next K/V block (recv), 1 this K/V block (send), 2 this block's dK/dV
+        // accumulator (recv), 3 the previous step's accumulator (send).
+        MPI_Request req[4] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+        auto poke = [&] {
+            int done = 0;  // without a progress thread MPI moves large messages only inside MPI calls
+            MPI_Testall(4, req, &done, MPI_STATUSES_IGNORE);
+        };
+        auto wait = [&](int i) {
+            const auto t = detail::Clock::now();
+            MPI_Wait(&req[i], MPI_STATUS_IGNORE);
+            st.wait_seconds += detail::since(t);
+        };
+        int cur = 0;
+        for (int s = 0; s < S; ++s) {
+            const int origin = (rank - s + P) % P;
+            const int g = s % 2;
+            const std::int64_t words = ctx.block_words(origin), nk_o = ctx.nk(origin);
+            if (s + 1 < S) {
+                const int next_origin = (rank - s - 1 + P) % P;
+                MPI_Irecv(buf[1 - cur].data(), static_cast<int>(ctx.block_words(next_origin)), MPI_FLOAT, left, kTagKV, comm,
+                          &req[0]);
+                MPI_Isend(buf[cur].data(), static_cast<int>(words), MPI_FLOAT, right, kTagKV, comm, &req[1]);
+                st.bytes_sent += words * static_cast<std::int64_t>(sizeof(float));
+            }
+            if (s > 0) MPI_Irecv(grad[g].data(), static_cast<int>(words), MPI_FLOAT, left, kTagGrad, comm, &req[2]);
+
+            const auto t_compute = detail::Clock::now();
+            const double cpu_compute = detail::cpu_now();
+            float* pk = part.data_as<float>();
+            std::fill(pk, pk + words, 0.0f);
+            float* pv = pk + nk_o * kw;
+            const TensorView kb = k_view(buf[cur], nk_o), vb = v_view(buf[cur], nk_o);
+            for (const detail::Placed& qs : ctx.q_segs) {
+                if (qs.g.length == 0) continue;
+                for (const detail::Placed& ks : ctx.k_segs(origin)) {
+                    if (ks.g.length == 0) continue;
+                    for (const detail::BlockCall& c : detail::plan_block(ctx.bands, qs.g, ks.g)) {
+                        const SdpaOptions o = detail::block_options(sopt, c);
+                        const std::int64_t row = qs.local + c.row0, key = ks.local + c.key0;
+                        auto rows = [&](const TensorView& t) { return t.slice(0, c.b0, c.nb).slice(2, row, c.rows); };
+                        auto keys = [&](const TensorView& t) { return t.slice(0, c.b0, c.nb).slice(2, key, c.keys); };
+                        const TensorView gq(tq.data(), DType::f32, Shape{c.nb, Hq, c.rows, Dk});
+                        const TensorView gk(tk.data(), DType::f32, Shape{c.nb, Hkv, c.keys, Dk});
+                        const TensorView gv(tv.data(), DType::f32, Shape{c.nb, Hkv, c.keys, Dv});
+                        SdpaReport report;
+                        sdpa_backward(rows(q), keys(kb), keys(vb), rows(out), rows(lse32.view()), rows(grad_out), o, gq, gk,
+                                      gv, &report);
+                        st.kernel = report.kernel;
+                        ++st.sdpa_calls;
+                        st.score_entries += Hq * c.visible;
+                        // dQ rows: this rank's, summed in double in (step, segment, call) order.
+                        const float* sq = tq.data_as<const float>();
+                        for (std::int64_t bh = 0; bh < c.nb * Hq; ++bh)
+                            for (std::int64_t a = 0; a < c.rows; ++a) {
+                                double* d = acc_dq.data() + ((c.b0 * Hq + bh) * nq + row + a) * Dk;
+                                const float* x = sq + (bh * c.rows + a) * Dk;
+                                for (std::int64_t e = 0; e < Dk; ++e) d[e] += x[e];
+                            }
+                        // dK/dV rows of the block (laid out like the K/V buffer).
+                        const float* sk = tk.data_as<const float>();
+                        const float* sv = tv.data_as<const float>();
+                        for (std::int64_t bh = 0; bh < c.nb * Hkv; ++bh)
+                            for (std::int64_t j = 0; j < c.keys; ++j) {
+                                const std::int64_t r = (c.b0 * Hkv + bh) * nk_o + key + j;
+                                for (std::int64_t e = 0; e < Dk; ++e) pk[r * Dk + e] += sk[(bh * c.keys + j) * Dk + e];
+                                for (std::int64_t e = 0; e < Dv; ++e) pv[r * Dv + e] += sv[(bh * c.keys + j) * Dv + e];
+                            }
+                        poke();
+                    }
+                }
+            }
+            st.compute_seconds += detail::since(t_compute);
+            st.compute_cpu_seconds += detail::cpu_now() - cpu_compute;
+
+            // The accumulator: ranks origin .. r−1 summed so far (from the left) + this rank's part.
+            float* acc = grad[g].data_as<float>();
+            if (s > 0) {
+                wait(2);
+                for (std::int64_t i = 0; i < words; ++i) acc[i] += pk[i];
+            } else {
+                std::copy(pk, pk + words, acc);
+            }
+            wait(3);  // grad[1 − g] (sent last step) is received into next step
+            // On to the next rank holding this block, or home from the last one (the right
+            // neighbour when the ring runs all P steps).
+            if (S > 1) {
+                MPI_Isend(acc, static_cast<int>(words), MPI_FLOAT, s + 1 < S ? right : origin, kTagGrad, comm, &req[3]);
+                st.bytes_sent += words * static_cast<std::int64_t>(sizeof(float));
+            }
+            wait(0);
+            wait(1);
+            cur = 1 - cur;
+        }
+        // The own block's accumulator comes home from its last stop, rank r + S − 1 (the left
+        // neighbour when S = P).
+        const float* home = grad[0].data_as<const float>();
+        if (S > 1) {
+            const int g = S % 2, last = (rank + S - 1) % P;
+            MPI_Irecv(grad[g].data(), static_cast<int>(ctx.block_words(rank)), MPI_FLOAT, last, kTagGrad, comm, &req[2]);
+            wait(2);
+            wait(3);
+            home = grad[g].data_as<const float>();
+        }
+
+        // ---- phase 3: results ----
+        for (std::int64_t b = 0; b < B; ++b)
+            for (std::int64_t h = 0; h < Hq; ++h)
+                for (std::int64_t i = 0; i < nq; ++i) {
+                    const double* x = acc_dq.data() + ((b * Hq + h) * nq + i) * Dk;
+                    for (std::int64_t e = 0; e < Dk; ++e) dq.data_as<float>()[dq.offset(b, h, i, e)] = static_cast<float>(x[e]);
+                }
+        const std::int64_t nk = ctx.mine.nk;
+        for (std::int64_t b = 0; b < B; ++b)
+            for (std::int64_t h = 0; h < Hkv; ++h)
+                for (std::int64_t j = 0; j < nk; ++j) {
+                    const std::int64_t r = (b * Hkv + h) * nk + j;
+                    for (std::int64_t e = 0; e < Dk; ++e) dk.data_as<float>()[dk.offset(b, h, j, e)] = home[r * Dk + e];
+                    for (std::int64_t e = 0; e < Dv; ++e) dv.data_as<float>()[dv.offset(b, h, j, e)] = home[nk * kw + r * Dv + e];
+                }
+        st.total_seconds = detail::since(t_start);
+        if (stats != nullptr) *stats = st;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "attn: error: %s: rank %d failed inside the ring: %s (aborting all ranks)\n",
+                     std::string(kOp).c_str(), rank, e.what());
+        MPI_Abort(comm, 2);
+    }
+}
+
+}  // namespace attn::dist

@@ -1,0 +1,323 @@
+// Phase 1 of the ring, shared by the forward (ring.cpp) and the backward (ring_backward.cpp):
+// checks, all inside run_collectively so every rank agrees before anything is written — local
+// arguments, then the local descriptors of all ranks (shapes, options, lengths) and the
+// per-sequence options — and the global problem's bands.
+#include "ring_setup.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <ctime>
+#include <new>
+#include <string>
+
+#include "../core/check.hpp"
+#include "../sdpa/problem.hpp"
+#include "attn/error.hpp"
+
+namespace attn::dist::detail {
+
+using attn::detail::fail;
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double cpu_now() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+std::vector<Placed> place(const std::vector<Segment>& segs) {
+    std::vector<Placed> out;
+    std::int64_t at = 0;
+    for (const Segment& s : segs) {
+        out.push_back({s, at});
+        at += s.length;
+    }
+    return out;
+}
+
+void pack(const TensorView& src, float* dst) {
+    const std::int64_t B = src.dim(0), H = src.dim(1), n = src.dim(2), D = src.dim(3);
+    const float* s = src.data_as<const float>();
+    for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t h = 0; h < H; ++h)
+            for (std::int64_t i = 0; i < n; ++i)
+                for (std::int64_t d = 0; d < D; ++d) *dst++ = s[src.offset(b, h, i, d)];
+}
+
+namespace {
+
+// make_problem wants every length >= 1, but a rank may hold no rows (L < chunks): its checks
+// then run on a zero-filled one-row stand-in with the same dtype and other sizes.
+TensorView one_row_if_empty(const TensorView& t, Tensor& storage) {
+    if (t.dim(2) != 0) return t;
+    Shape s = t.shape();
+    s.dims[2] = 1;
+    storage = Tensor(t.dtype(), s, true);
+    return storage.view();
+}
+
+// Phase 1a: this rank's arguments on their own (no communication): the local problem's checks
+// are sdpa's (make_problem), plus what only the ring requires. key_lengths are global
+// positions, checked against the global Lk once the ranks have agreed on it.
+Descriptor check_local(std::string_view kOp, const TensorView& q, const TensorView& k, const TensorView& v, const RingOptions& o,
+                       const TensorView& out, const TensorView* lse) {
+    const struct {
+        const TensorView* t;
+        const char* name;
+        const char* layout;
+    } floats[] = {{&q, "Q", "(B, Hq, Lq_local, Dk)"}, {&k, "K", "(B, Hkv, Lk_local, Dk)"},
+                  {&v, "V", "(B, Hkv, Lk_local, Dv)"}, {&out, "out", "(B, Hq, Lq_local, Dv)"}};
+    for (const auto& f : floats) {
+        attn::detail::require_rank(kOp, *f.t, f.name, 4, f.layout);
+        if (f.t->dtype() != DType::f32) {
+            fail(kOp, f.name, ": dtype must be float32 (ring attention computes in float32) but got ",
+                               dtype_name(f.t->dtype()));
+        }
+    }
+    if (o.impl == Impl::decode) {
+        fail(kOp, "impl: must be automatic, reference or flash (a block may hold more rows than the "
+                                "decode kernel takes) but got decode");
+    }
+    SdpaOptions local;
+    local.scale = o.scale;
+    local.causal = o.causal;
+    local.window = o.window;
+    local.query_offset = o.query_offset;
+    Tensor stand_in[5];
+    const TensorView lse_view = lse != nullptr ? one_row_if_empty(*lse, stand_in[4]) : TensorView();
+    attn::detail::make_problem(one_row_if_empty(q, stand_in[0]), one_row_if_empty(k, stand_in[1]),
+                               one_row_if_empty(v, stand_in[2]), local, one_row_if_empty(out, stand_in[3]),
+                               lse != nullptr ? &lse_view : nullptr, nullptr, kOp);
+    // key_lengths are global positions: their values are checked once the global Lk is known.
+    if (o.key_lengths) attn::detail::require_per_sequence(kOp, *o.key_lengths, "key_lengths", q.dim(0));
+    // The local kernel must accept these calls (Impl::flash may be missing or decline): probe it
+    // on one zero row now, so that it cannot refuse inside the ring, where no rank can back out.
+    {
+        Tensor pq(DType::f32, Shape{1, 1, 1, q.dim(3)}, true), pv(DType::f32, Shape{1, 1, 1, v.dim(3)}, true);
+        Tensor po(DType::f32, Shape{1, 1, 1, v.dim(3)}), pl(DType::f32, Shape{1, 1, 1});
+        const TensorView plv = pl.view();
+        SdpaOptions so;
+        so.impl = o.impl;
+        try {
+            sdpa(pq, pq, pv, so, po, &plv);
+        } catch (const Error& e) {
+            fail(kOp, e.what());
+        }
+    }
+    Descriptor d{};
+    d.B = q.dim(0);
+    d.Hq = q.dim(1);
+    d.nq = q.dim(2);
+    d.Dk = q.dim(3);
+    d.Hkv = k.dim(1);
+    d.nk = k.dim(2);
+    d.Dv = v.dim(3);
+    d.causal = static_cast<std::int64_t>(o.causal);
+    d.window_left = o.window.left;
+    d.window_right = o.window.right;
+    d.window_align = static_cast<std::int64_t>(o.window.align);
+    d.has_offset = o.query_offset ? 1 : 0;
+    d.offset_per_sequence = o.query_offset && o.query_offset->per_sequence ? 1 : 0;
+    d.offset_value = o.query_offset && !o.query_offset->per_sequence ? o.query_offset->value : 0;
+    d.layout = static_cast<std::int64_t>(o.layout);
+    d.impl = static_cast<std::int64_t>(o.impl);
+    d.has_key_lengths = o.key_lengths ? 1 : 0;
+    d.has_scale = o.scale ? 1 : 0;
+    d.scale = o.scale.value_or(0.0);
+    return d;
+}
+
+// Phase 1b: the descriptors of all ranks, checked identically on every rank.
+void check_across(std::string_view kOp, const std::vector<Descriptor>& all, int P, std::int64_t& Lq, std::int64_t& Lk) {
+    const Descriptor& d0 = all[0];
+    Lq = 0;
+    Lk = 0;
+    for (int r = 0; r < P; ++r) {
+        const Descriptor& d = all[static_cast<std::size_t>(r)];
+        const std::string who = "rank " + std::to_string(r) + " ";
+        auto same = [&](std::int64_t a, std::int64_t b, const char* what) {
+            if (a != b) fail(kOp, who, "has ", what, " ", a, " but rank 0 has ", b);
+        };
+        same(d.B, d0.B, "batch");
+        same(d.Hq, d0.Hq, "query heads");
+        same(d.Hkv, d0.Hkv, "K/V heads");
+        same(d.Dk, d0.Dk, "head dim Dk");
+        same(d.Dv, d0.Dv, "head dim Dv");
+        const bool same_options =
+            d.causal == d0.causal && d.window_left == d0.window_left && d.window_right == d0.window_right &&
+            d.window_align == d0.window_align && d.has_offset == d0.has_offset &&
+            d.offset_per_sequence == d0.offset_per_sequence && d.offset_value == d0.offset_value &&
+            d.layout == d0.layout && d.impl == d0.impl && d.has_key_lengths == d0.has_key_lengths &&
+            d.has_scale == d0.has_scale && (!d.has_scale || d.scale == d0.scale);
+        if (!same_options) {
+            fail(kOp, who, "was called with other options (causal, window, query_offset, layout, impl, scale or "
+                           "key_lengths) than rank 0");
+        }
+        Lq += d.nq;
+        Lk += d.nk;
+    }
+    if (Lq < 1) fail(kOp, "the global query length (sum of the ranks' Q lengths) must be >= 1 but is 0");
+    if (Lk < 1) fail(kOp, "the global key length (sum of the ranks' K lengths) must be >= 1 but is 0");
+    const Layout layout = static_cast<Layout>(d0.layout);
+    // Local lengths must be the layout's; name all of them, since one wrong rank also
+    // shifts the global length and so what every other rank should hold.
+    auto list = [&](auto value) {
+        std::string out = "(";
+        for (int r = 0; r < P; ++r) out += (r ? ", " : "") + std::to_string(value(r));
+        return out + ")";
+    };
+    const std::string cut = std::string(layout_name(layout)) + " layout over " + std::to_string(P) + " ranks";
+    for (int r = 0; r < P; ++r) {
+        const Descriptor& d = all[static_cast<std::size_t>(r)];
+        if (d.nq != rank_length(Lq, P, r, layout)) {
+            fail(kOp, "the ranks hold ", list([&](int i) { return all[static_cast<std::size_t>(i)].nq; }),
+                 " rows of Q (Lq = ", Lq, ") but the ", cut, " gives ", list([&](int i) { return rank_length(Lq, P, i, layout); }));
+        }
+        if (d.nk != rank_length(Lk, P, r, layout)) {
+            fail(kOp, "the ranks hold ", list([&](int i) { return all[static_cast<std::size_t>(i)].nk; }),
+                 " rows of K/V (Lk = ", Lk, ") but the ", cut, " gives ", list([&](int i) { return rank_length(Lk, P, i, layout); }));
+        }
+        // One K/V block travels as one message of floats; MPI counts are int.
+        const std::int64_t words = d.B * d.Hkv * d.nk * (d.Dk + d.Dv);
+        if (words > INT_MAX) {
+            fail(kOp, "rank ", r, "'s K/V block has ", words, " floats, more than one MPI message holds (", INT_MAX,
+                 "); use more ranks");
+        }
+    }
+}
+
+// run_collectively, optionally naming the failing rank when not every rank failed (a problem
+// only one rank has is found faster with its number): "ring_attention: rank 2: Q: …", the
+// rank inserted after `op` ("ring_attention: ") when the message starts with it.
+}  // namespace
+
+void agree(MPI_Comm comm, const std::function<void()>& fn, const std::string& op, bool name_rank) {
+    int P = 1, rank = 0;
+    MPI_Comm_size(comm, &P);
+    MPI_Comm_rank(comm, &rank);
+    bool failed = true;
+    std::string message;
+    try {
+        fn();
+        failed = false;
+    } catch (const std::bad_alloc&) {
+        message = "out of memory";
+    } catch (const std::exception& e) {
+        message = e.what();
+    } catch (...) {
+        message = "unknown exception";
+    }
+    // {lowest failing rank, number of failing ranks}
+    int mine[2] = {failed ? rank : P, failed ? 1 : 0}, first = P, count = 0;
+    MPI_Allreduce(&mine[0], &first, 1, MPI_INT, MPI_MIN, comm);
+    if (first == P) return;
+    MPI_Allreduce(&mine[1], &count, 1, MPI_INT, MPI_SUM, comm);
+    // Every rank throws the message of the lowest failing rank.
+    long long length = rank == first ? static_cast<long long>(message.size()) : 0;
+    MPI_Bcast(&length, 1, MPI_LONG_LONG, first, comm);
+    message.resize(static_cast<std::size_t>(length));
+    MPI_Bcast(message.data(), static_cast<int>(length), MPI_CHAR, first, comm);
+    if (name_rank && count < P) {
+        const std::size_t at = message.rfind(op, 0) == 0 ? op.size() : 0;
+        message.insert(at, "rank " + std::to_string(first) + ": ");
+    }
+    throw Error(message);
+}
+
+namespace {
+
+// A (B,) option every rank passes: returns rank 0's values; every rank checks its own with
+// `check(b, value)` and against rank 0's, collectively.
+std::vector<std::int64_t> agreed_per_sequence(std::string_view kOp, MPI_Comm comm, int rank, const TensorView& t, const char* name,
+                                              const std::function<void(std::int64_t, std::int64_t)>& check) {
+    const std::int64_t B = t.dim(0);
+    std::vector<std::int64_t> own(static_cast<std::size_t>(B));
+    for (std::int64_t b = 0; b < B; ++b) own[static_cast<std::size_t>(b)] = attn::detail::load_int(t, t.offset(b));
+    std::vector<std::int64_t> first = own;
+    MPI_Bcast(first.data(), static_cast<int>(B), MPI_INT64_T, 0, comm);
+    agree(comm, [&] {
+        for (std::int64_t b = 0; b < B; ++b) {
+            const std::int64_t mine = own[static_cast<std::size_t>(b)], zero = first[static_cast<std::size_t>(b)];
+            check(b, mine);
+            if (mine != zero) fail(kOp, name, ": rank ", rank, " has entry ", b, " = ", mine, " but rank 0 has ", zero);
+        }
+    });
+    return first;
+}
+
+}  // namespace
+
+void setup_ring(RingContext& ctx, std::string_view op, const TensorView& q, const TensorView& k, const TensorView& v,
+                const RingOptions& options, const TensorView& out, const TensorView* lse,
+                const std::function<void()>& extra) {
+    const std::string kOp(op);
+    MPI_Comm comm = ctx.comm;
+    MPI_Comm_size(comm, &ctx.P);
+    MPI_Comm_rank(comm, &ctx.rank);
+    const int P = ctx.P, rank = ctx.rank;
+    agree(
+        comm,
+        [&] {
+            ctx.mine = check_local(op, q, k, v, options, out, lse);
+            if (extra) extra();
+        },
+        kOp + ": ", true);
+    ctx.all.assign(static_cast<std::size_t>(P), Descriptor{});
+    MPI_Allgather(&ctx.mine, kDescriptorWords, MPI_INT64_T, ctx.all.data(), kDescriptorWords, MPI_INT64_T, comm);
+    agree(comm, [&] { check_across(op, ctx.all, P, ctx.Lq, ctx.Lk); });
+
+    const std::int64_t B = ctx.mine.B, Lk = ctx.Lk;
+    // The global problem's per-sequence values: rank 0's go to everyone, each rank checks its own
+    // against them (a rank with other values would compute another problem).
+    ctx.key_len.assign(static_cast<std::size_t>(B), Lk);
+    if (options.key_lengths) {
+        ctx.key_len = agreed_per_sequence(op, comm, rank, *options.key_lengths, "key_lengths", [&](std::int64_t b, std::int64_t len) {
+            if (len < 0 || len > Lk) fail(op, "key_lengths: entry ", b, " must be in [0, Lk=", Lk, "] but got ", len);
+        });
+    }
+    if (options.query_offset && options.query_offset->per_sequence) {
+        ctx.offsets = agreed_per_sequence(op, comm, rank, *options.query_offset->per_sequence, "query_offset",
+                                          [](std::int64_t, std::int64_t) {});  // range: make_problem above
+    }
+    // The global problem, without tensors: its alignment rule (diagonal_offset) places the bands.
+    attn::detail::SdpaProblem global;
+    global.B = B;
+    global.Lq = ctx.Lq;
+    global.Lk = Lk;
+    global.causal = options.causal;
+    global.window = options.window;
+    if (options.key_lengths) global.key_lengths = TensorView(ctx.key_len.data(), DType::i64, Shape{B});
+    if (options.query_offset) {
+        global.has_query_offset = true;
+        global.query_offset_value = options.query_offset->value;
+        if (!ctx.offsets.empty()) global.query_offsets = TensorView(ctx.offsets.data(), DType::i64, Shape{B});
+    }
+    ctx.bands = global_bands(global);
+
+    ctx.q_segs = place(rank_segments(ctx.Lq, P, rank, options.layout));
+    ctx.nk_max = 0;
+    ctx.q_seg_max = 0;
+    for (int r = 0; r < P; ++r) ctx.nk_max = std::max(ctx.nk_max, ctx.nk(r));
+    for (const Placed& s : ctx.q_segs) ctx.q_seg_max = std::max(ctx.q_seg_max, s.g.length);
+    ctx.steps = 1;
+    for (int r = 0; r < P; ++r) {
+        const std::vector<Segment> qs = rank_segments(ctx.Lq, P, r, options.layout);
+        for (int s = ctx.steps; s < P; ++s)
+            for (const Segment& q_seg : qs)
+                for (const Segment& k_seg : rank_segments(Lk, P, (r - s + P) % P, options.layout))
+                    if (!plan_block(ctx.bands, q_seg, k_seg).empty()) ctx.steps = s + 1;
+    }
+    ctx.k_words_per_row = B * ctx.mine.Hkv * ctx.mine.Dk;
+    ctx.v_words_per_row = B * ctx.mine.Hkv * ctx.mine.Dv;
+}
+
+SdpaOptions block_options(const SdpaOptions& base, const BlockCall& c) {
+    SdpaOptions o = base;
+    o.causal = c.causal;
+    o.window.left = c.window_left;
+    if (c.has_offset) o.query_offset = TensorView(const_cast<std::int64_t*>(c.offset.data()), DType::i64, Shape{c.nb});
+    if (c.has_key_lengths) o.key_lengths = TensorView(const_cast<std::int64_t*>(c.key_lengths.data()), DType::i64, Shape{c.nb});
+    return o;
+}
+
+}  // namespace attn::dist::detail

@@ -1,0 +1,98 @@
+// What ring_attention and ring_attention_backward share: the collective checks (phase 1),
+// the global problem's bands, where a rank's segments sit in its local rows, packing a block
+// into a ring buffer, and the per-call sdpa options of a block (BlockCall → SdpaOptions).
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "attn/ring.hpp"
+#include "block_plan.hpp"
+
+namespace attn::dist::detail {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0);
+double cpu_now();  // process CPU time (all threads), seconds
+
+// What every rank must agree on, plus its local lengths. Gathered from all ranks.
+struct Descriptor {
+    std::int64_t B, Hq, Hkv, Dk, Dv, nq, nk;
+    std::int64_t causal, window_left, window_right, window_align, has_offset, offset_per_sequence, offset_value;
+    std::int64_t layout, impl, has_key_lengths, has_scale;
+    double scale;
+};
+inline constexpr int kDescriptorWords = 19;
+static_assert(sizeof(Descriptor) == kDescriptorWords * sizeof(std::int64_t));
+
+// A duplicate of the caller's communicator for the duration of one call (collective), so that
+// no message of ours can match one of the caller's.
+struct PrivateComm {
+    MPI_Comm comm = MPI_COMM_NULL;
+    explicit PrivateComm(MPI_Comm c) { MPI_Comm_dup(c, &comm); }
+    ~PrivateComm() { MPI_Comm_free(&comm); }
+    PrivateComm(const PrivateComm&) = delete;
+    PrivateComm& operator=(const PrivateComm&) = delete;
+};
+
+// A segment with where it starts in the rank's local rows.
+struct Placed {
+    Segment g;
+    std::int64_t local = 0;
+};
+std::vector<Placed> place(const std::vector<Segment>& segs);
+
+// Copy a (B, H, n, D) float32 view (any strides) into contiguous memory at dst.
+void pack(const TensorView& src, float* dst);
+
+// run_collectively, optionally naming the failing rank when not every rank failed:
+// "ring_attention: rank 2: Q: …", the rank inserted after `op` when the message starts with it.
+void agree(MPI_Comm comm, const std::function<void()>& fn, const std::string& op = {}, bool name_rank = false);
+
+// Everything phase 1 establishes, the same on every rank (except the rank's own values).
+struct RingContext {
+    MPI_Comm comm = MPI_COMM_NULL;
+    int P = 1, rank = 0;
+    Descriptor mine{};
+    std::vector<Descriptor> all;
+    std::int64_t Lq = 0, Lk = 0;
+    std::vector<std::int64_t> key_len, offsets;  // agreed per-sequence values (rank 0's)
+    std::vector<Band> bands;                     // the global problem's band per sequence
+    std::vector<Placed> q_segs;                  // this rank's query segments
+    std::int64_t nk_max = 0, q_seg_max = 0;
+    std::int64_t k_words_per_row = 0, v_words_per_row = 0;  // B·Hkv·Dk, B·Hkv·Dv
+    // Ring steps that any rank computes something in: 1 + the largest s such that some rank r
+    // sees a key of rank (r − s) mod P's block. A K/V block never needs to travel further, so
+    // the ring stops after `steps` steps (< P under a window narrower than the chunks, with the
+    // contiguous layout: docs/ring.md, "Windows on the ring"). The same on every rank.
+    int steps = 1;
+
+    std::int64_t nk(int origin) const { return all[static_cast<std::size_t>(origin)].nk; }
+    // A ring buffer holds one rank's block: K (B, Hkv, nk, Dk) then V (B, Hkv, nk, Dv), contiguous.
+    std::int64_t block_words(int origin) const { return nk(origin) * (k_words_per_row + v_words_per_row); }
+    std::vector<Placed> k_segs(int origin) const { return place(rank_segments(Lk, P, origin, static_cast<Layout>(mine.layout))); }
+};
+
+// Phase 1 on every rank of ctx.comm (already set): this rank's arguments (sdpa's checks through
+// make_problem with op name `op`, plus what only the ring requires, plus `extra` — the
+// backward's gradients), then the descriptors of all ranks and the per-sequence options, all
+// agreed. On any failure every rank throws the same attn::Error; nothing has been written.
+void setup_ring(RingContext& ctx, std::string_view op, const TensorView& q, const TensorView& k, const TensorView& v,
+                const RingOptions& options, const TensorView& out, const TensorView* lse,
+                const std::function<void()>& extra);
+
+// The sdpa options of one block call: the caller's scale and impl, the call's band as causal +
+// query_offset + window.left, and its key lengths. `call` must outlive the result (views).
+// This is the one place a per-block option is derived, and so the hook for the score
+// modifiers of branch `modifiers` (softcap carries over as is; ALiBi needs the call's global
+// query/key positions — qs.start + row0, ks.start + key0 — as its offset; sinks belong to
+// exactly one block per row, e.g. the step-0 block): both directions of the ring call it.
+SdpaOptions block_options(const SdpaOptions& base, const BlockCall& call);
+
+}  // namespace attn::dist::detail

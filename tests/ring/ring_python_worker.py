@@ -1,0 +1,37 @@
+"""Run under mpirun by test_ring_python.py: attn.dist.ring_attention and its backward from
+Python with an mpi4py communicator. Every rank builds the same global arrays (seed), takes its
+rows (attn.dist.rank_segments), runs the ring; rank 0 gathers O, dQ, dK, dV into OUTDIR.
+
+usage: ring_python_worker.py OUTDIR B Hq Hkv L Dk Dv causal(0|1) layout"""
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import attn
+
+outdir, B, Hq, Hkv, L, Dk, Dv, causal, layout = sys.argv[1], *map(int, sys.argv[2:9]), sys.argv[9]
+comm = MPI.COMM_WORLD
+P, rank = comm.Get_size(), comm.Get_rank()
+glob = np.load(f"{outdir}/inputs.npz")
+segs = attn.dist.rank_segments(L, P, rank, layout)
+
+
+def mine(a):
+    return np.ascontiguousarray(np.concatenate([a[:, :, s:s + n] for s, n in segs], axis=2))
+
+
+q, k, v, do = (mine(glob[n]) for n in ("q", "k", "v", "do"))
+o, lse = attn.dist.ring_attention(q, k, v, comm, is_causal=bool(causal), layout=layout)
+dq, dk, dv = attn.dist.ring_attention_backward(q, k, v, o, lse, do, comm, is_causal=bool(causal), layout=layout)
+parts = comm.gather((segs, o, dq, dk, dv), root=0)
+if rank == 0:
+    full = {"o": np.zeros((B, Hq, L, Dv), np.float32), "dq": np.zeros((B, Hq, L, Dk), np.float32),
+            "dk": np.zeros((B, Hkv, L, Dk), np.float32), "dv": np.zeros((B, Hkv, L, Dv), np.float32)}
+    for segs_r, *arrays in parts:
+        for name, a in zip(("o", "dq", "dk", "dv"), arrays):
+            at = 0
+            for s, n in segs_r:
+                full[name][:, :, s:s + n] = a[:, :, at:at + n]
+                at += n
+    np.savez(f"{outdir}/python_{P}.npz", **full)
