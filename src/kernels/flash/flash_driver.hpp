@@ -84,7 +84,8 @@
 namespace attn::detail::ATTN_FLASH_NS {
 
 inline constexpr int kPanel = 16;  // queries per panel = vector lanes of a micro-kernel tile
-inline constexpr int kRows = 6;    // keys (qk) or head-dim rows (pv) per micro-kernel tile
+// Keys (qk) or head-dim rows (pv) per micro-kernel tile: Ops::kRows, per ISA (AVX2 6 rows ×
+// 2 ymm, AVX-512 16 rows × 1 zmm; see the Ops of each flash_<isa>.cpp).
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 inline constexpr float kPosInf = std::numeric_limits<float>::infinity();
@@ -189,8 +190,8 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
     const int Dk = static_cast<int>(p.Dk);
     for (int pn = 0; pn < panels; ++pn) {
         const float* qt = w.qt + static_cast<std::int64_t>(pn) * Dk * kPanel;
-        for (std::int64_t r = 0; r < nk; r += kRows)
-            Ops::qk(qt, kp + r * ldk, ldk, static_cast<int>(imin(kRows, nk - r)), Dk, scale, w.s + r * ldS + pn * kPanel,
+        for (std::int64_t r = 0; r < nk; r += Ops::kRows)
+            Ops::qk(qt, kp + r * ldk, ldk, static_cast<int>(imin(Ops::kRows, nk - r)), Dk, scale, w.s + r * ldS + pn * kPanel,
                     ldS);
     }
     // The score rule on each query's column; skipped for a tile every query sees
@@ -304,8 +305,8 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
             ldv = p.Dv;
         }
         for (int pn = 0; pn < panels; ++pn)
-            for (std::int64_t d = 0; d < p.Dv; d += kRows)
-                Ops::pv(w.s + pn * kPanel, ldS, vp + d, ldv, static_cast<int>(nk), static_cast<int>(imin(kRows, p.Dv - d)),
+            for (std::int64_t d = 0; d < p.Dv; d += Ops::kRows)
+                Ops::pv(w.s + pn * kPanel, ldS, vp + d, ldv, static_cast<int>(nk), static_cast<int>(imin(Ops::kRows, p.Dv - d)),
                         w.ot + d * ldO + pn * kPanel, ldO, w.alpha + pn * kPanel);
         if (select) add_nonfinite_v(p, w, b, hk, j0, nk, ncols, ldS, ldO);
     }
