@@ -109,7 +109,7 @@ void print_case(const Context& ctx, const CaseResult& c) {
         any_diff |= r.max_abs_diff.has_value();
     }
     const bool wide = (ctx.cfg.threads == 1 ? ctx.ceilings.fma512_1t : ctx.ceilings.fma512_nt).measured;
-    std::printf("  %-10s %-10s %4s %11s %11s %9s %6s", "impl", "kernel", "runs", "median ms", "min ms", "GFLOP/s", "%peak");
+    std::printf("  %-10s %-12s %4s %11s %11s %9s %6s", "impl", "kernel", "runs", "median ms", "min ms", "GFLOP/s", "%peak");
     if (wide) std::printf(" %6s", "%avx2");
     if (any_bytes) std::printf(" %7s %5s", "GB/s", "%bw");
     std::printf(" %10s %9s %5s %6s", "peak RSS", "vs torch", "cpu%", "adj%pk");
@@ -121,8 +121,9 @@ void print_case(const Context& ctx, const CaseResult& c) {
             continue;
         }
         // torch rows describe their expression in the header and the JSON, not in this column.
-        std::string kernel = r.impl.rfind("torch", 0) == 0 ? "-" : r.kernel.substr(0, 10);
-        std::printf("  %-10s %-10s %4d %11.2f %11.2f", r.impl.c_str(), kernel.c_str(), r.timing.runs, r.timing.median_s * 1e3,
+        // 12 characters: "flash/avx512" whole.
+        std::string kernel = r.impl.rfind("torch", 0) == 0 ? "-" : r.kernel.substr(0, 12);
+        std::printf("  %-10s %-12s %4d %11.2f %11.2f", r.impl.c_str(), kernel.c_str(), r.timing.runs, r.timing.median_s * 1e3,
                     r.timing.min_s * 1e3);
         std::printf(" %9s %6s", r.flop > 0 ? f("%.1f", r.gflops).c_str() : "-",
                     r.pct_peak > 0 ? f("%.1f%%", r.pct_peak).c_str() : "-");
