@@ -3,13 +3,14 @@
 // the kernel table (isa.cpp), whose avx512 row is used only on a CPU that has AVX-512
 // F+VL+BW+DQ with OS-saved ZMM state.
 //
-// Micro-kernels: 16 rows × 16 queries — one zmm per row holds the 16 queries of a panel.
-// The AVX2 tile (6 rows × 2 ymm) has 12 accumulators; with one zmm per row, 6 rows would
-// be only 6 independent FMA chains, fewer than the 2 FMA pipes × 4 cycles of latency need,
-// and would reload the Qᵀ/Pᵀ vector for every 6 FMAs. 16 rows: 16 accumulators + the panel
-// vector of 32 zmm; per inner step 1 vector load and 16 FMAs whose K/V operand is a
-// broadcast straight from memory (the {1to16} embedded-broadcast form: no shuffle uop).
-// 16 divides the usual head dims (64, 128: pv has no ragged tile) and the 64-key block.
+// Micro-kernels: 8 rows × 32 queries — a 32-query panel is 2 zmm, so each row has two
+// accumulators: 16 accumulators + the 2 panel vectors of 32 zmm; per inner step 2 vector loads
+// and 16 FMAs whose K/V operand is one scalar per row, broadcast straight from memory (the
+// {1to16} embedded-broadcast form: no shuffle uop, no broadcast register), each used twice.
+// Measured hot in L1 on Zen 5 (docs/kernels.md): 16 rows × 1 zmm (16 queries, the first
+// version) ran at 52–59 % of the register-only FMA loop, 32 queries × 8/12/14 rows at 61–65 %:
+// half the broadcasts per FMA. 8 rows divide the usual head dims (64, 128) and the 64-key
+// block, so pv has no ragged tile; 12 or 14 rows measured the same and would leave one.
 #include <immintrin.h>
 
 #define ATTN_FLASH_NS flash_avx512_ns
@@ -22,58 +23,76 @@ namespace {
 
 // Accumulators are named variables, not arrays (GCC kept arrays of vectors on the stack in
 // the AVX2 kernel: a store per FMA).
-#define ATTN_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
+#define ATTN_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
 
-// s[r][0..16) = c2 · Σ_d k[r][d]·qt[d][0..16)   for r < R     k: (R, ldk), qt: (Dk, 16)
+// s[r][0..32) = c2 · Σ_d k[r][d]·qt[d][0..32)   for r < R     k: (R, ldk), qt: (Dk, 32)
 template <int R>
 inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, float c2, float* s, int ldS) {
-#define DECL(r) __m512 a##r = _mm512_setzero_ps();
+#define DECL(r) __m512 a##r##0 = _mm512_setzero_ps(), a##r##1 = _mm512_setzero_ps();
     ATTN_ROWS(DECL)
 #undef DECL
     for (int d = 0; d < Dk; ++d) {
-        const __m512 q = _mm512_load_ps(qt + d * kPanel);
+        const __m512 q0 = _mm512_load_ps(qt + d * 32), q1 = _mm512_load_ps(qt + d * 32 + 16);
         const float* kd = k + d;
-#define STEP(r) \
-    if constexpr (R > r) a##r = _mm512_fmadd_ps(_mm512_set1_ps(kd[r * ldk]), q, a##r);
+#define STEP(r)                                               \
+    if constexpr (R > r) {                                    \
+        const __m512 kb = _mm512_set1_ps(kd[r * ldk]);        \
+        a##r##0 = _mm512_fmadd_ps(kb, q0, a##r##0);           \
+        a##r##1 = _mm512_fmadd_ps(kb, q1, a##r##1);           \
+    }
         ATTN_ROWS(STEP)
 #undef STEP
     }
     const __m512 vc = _mm512_set1_ps(c2);
-#define STORE(r) \
-    if constexpr (R > r) _mm512_store_ps(s + r * ldS, _mm512_mul_ps(a##r, vc));
+#define STORE(r)                                                          \
+    if constexpr (R > r) {                                                \
+        _mm512_store_ps(s + r * ldS, _mm512_mul_ps(a##r##0, vc));         \
+        _mm512_store_ps(s + r * ldS + 16, _mm512_mul_ps(a##r##1, vc));    \
+    }
     ATTN_ROWS(STORE)
 #undef STORE
 }
 
-// ot[r][0..16) = alpha·ot[r] + Σ_j v[j][r]·p[j][0..16)   for r < R   v: (nk, ldv), p: (nk, ldP)
+// ot[r][0..32) = alpha·ot[r] + Σ_j v[j][r]·p[j][0..32)   for r < R   v: (nk, ldv), p: (nk, ldP)
 template <int R>
 inline void pv_tile(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, float* ot, int ldO,
                     const float* alpha) {
-    const __m512 al = _mm512_load_ps(alpha);
-#define DECL(r) \
-    __m512 a##r = _mm512_setzero_ps(); \
-    if constexpr (R > r) a##r = _mm512_mul_ps(_mm512_load_ps(ot + r * ldO), al);
+    const __m512 al0 = _mm512_load_ps(alpha), al1 = _mm512_load_ps(alpha + 16);
+#define DECL(r)                                                                   \
+    __m512 a##r##0 = _mm512_setzero_ps(), a##r##1 = _mm512_setzero_ps();          \
+    if constexpr (R > r) {                                                        \
+        a##r##0 = _mm512_mul_ps(_mm512_load_ps(ot + r * ldO), al0);               \
+        a##r##1 = _mm512_mul_ps(_mm512_load_ps(ot + r * ldO + 16), al1);          \
+    }
     ATTN_ROWS(DECL)
 #undef DECL
     for (int j = 0; j < nk; ++j) {
-        const __m512 pj = _mm512_load_ps(p + j * ldP);
+        const __m512 p0 = _mm512_load_ps(p + j * ldP), p1 = _mm512_load_ps(p + j * ldP + 16);
         const float* vj = v + j * ldv;
-#define STEP(r) \
-    if constexpr (R > r) a##r = _mm512_fmadd_ps(_mm512_set1_ps(vj[r]), pj, a##r);
+#define STEP(r)                                               \
+    if constexpr (R > r) {                                    \
+        const __m512 vb = _mm512_set1_ps(vj[r]);              \
+        a##r##0 = _mm512_fmadd_ps(vb, p0, a##r##0);           \
+        a##r##1 = _mm512_fmadd_ps(vb, p1, a##r##1);           \
+    }
         ATTN_ROWS(STEP)
 #undef STEP
     }
-#define STORE(r) \
-    if constexpr (R > r) _mm512_store_ps(ot + r * ldO, a##r);
+#define STORE(r)                                              \
+    if constexpr (R > r) {                                    \
+        _mm512_store_ps(ot + r * ldO, a##r##0);               \
+        _mm512_store_ps(ot + r * ldO + 16, a##r##1);          \
+    }
     ATTN_ROWS(STORE)
 #undef STORE
 }
 #undef ATTN_ROWS
 
-#define ATTN_CASES(X) X(16) X(15) X(14) X(13) X(12) X(11) X(10) X(9) X(8) X(7) X(6) X(5) X(4) X(3) X(2)
+#define ATTN_CASES(X) X(8) X(7) X(6) X(5) X(4) X(3) X(2)
 
 struct Avx512Ops {
-    static constexpr int kRows = 16;  // keys (qk) / head-dim rows (pv) per call: the 16 × 16 tile
+    static constexpr int kPanel = 32;  // queries per panel: 2 zmm
+    static constexpr int kRows = 8;    // keys (qk) / head-dim rows (pv) per call: the 8 × 32 tile
 
     static void qk(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s, int ldS) {
         switch (rows) {
