@@ -40,16 +40,18 @@
 // buffer for the micro-kernel, not a copy of the tensor.
 //
 // ── Where the FLOPs go (per visible (query, key) pair) ──────────────────────────────
-//   Q·Kᵀ: Dk FMAs (micro-kernel qk: 6 keys × 16 queries = 12 ymm accumulators; per d:
-//         2 vector loads of Qᵀ, 6 broadcasts of K, 12 FMAs)
-//   P·V:  Dv FMAs (micro-kernel pv: 6 head-dim rows × 16 queries; per key: 2 vector
-//         loads of Pᵀ, 6 broadcasts of V, 12 FMAs)
+//   Q·Kᵀ: Dk FMAs (micro-kernel qk, AVX2: 6 keys × 16 queries = 12 ymm accumulators; per d:
+//         2 vector loads of Qᵀ, 6 broadcasts of K, 12 FMAs. AVX-512: 8 keys × 32 queries =
+//         16 zmm; per d: 2 loads, 8 broadcasts, 16 FMAs)
+//   P·V:  Dv FMAs (micro-kernel pv: the same tiles over head-dim rows; per key: 2 vector
+//         loads of Pᵀ, 6 (8) broadcasts of V, 12 (16) FMAs)
 //   softmax: 1 max, 1 sub, exp2 (6 FMAs + ~6 other ops), 1 add  — per 8 pairs, i.e.
 //         ≈ 15 vector ops against (Dk + Dv) FMAs: ≈ 12 % extra at D = 64, 6 % at 128.
 //   counted (the benchmark's formula): 2·Dk + 2·Dv FLOPs per pair = 4·D.
 //
 // ── Tiles ────────────────────────────────────────────────────────────────────────────
-// Register tile 6 × 16: 12 accumulators + 2 panel vectors + 1 broadcast = 15 of 16 ymm.
+// Register tile 6 × 16 (AVX2): 12 accumulators + 2 panel vectors + 1 broadcast = 15 of 16 ymm;
+// 8 × 32 (AVX-512): 16 + 2 of 32 zmm. Panel width and rows are Ops::kPanel / Ops::kRows.
 // Mb (queries per task) = Nb (keys per block) = 64 (flash_default_tiles): Qᵀ, Sᵀ and Oᵀ
 // of a task are 16 KiB each at D = 64, so the micro-kernels stream from L1/L2. Measured
 // in dev/flash_lab.cpp (1 thread, L = 4096, GFLOP per CPU-second on the shared machine,
