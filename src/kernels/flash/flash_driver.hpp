@@ -89,7 +89,7 @@ namespace attn::detail::ATTN_FLASH_NS {
 // portable and AVX2 paths; 32 = 2 zmm: AVX-512). kPanel is the 16-query default.
 inline constexpr int kPanel = 16;
 // Keys (qk) or head-dim rows (pv) per micro-kernel tile: Ops::kRows, per ISA (AVX2 6 rows ×
-// 2 ymm, AVX-512 16 rows × 1 zmm; see the Ops of each flash_<isa>.cpp).
+// 2 ymm, AVX-512 8 rows × 2 zmm; see the Ops of each flash_<isa>.cpp).
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 inline constexpr float kPosInf = std::numeric_limits<float>::infinity();
