@@ -75,7 +75,8 @@ void finish_case(const Context& ctx, CaseResult& c) {
     const Row* torch = nullptr;
     for (const Row& r : c.rows)
         if (r.impl == "torch" && r.status == "ok" && r.timing.runs > 0) torch = &r;
-    const Ceiling& fma = ctx.cfg.threads == 1 ? ctx.ceilings.fma_1t : ctx.ceilings.fma_nt;
+    const Ceiling& fma = ctx.ceilings.widest_fma(ctx.cfg.threads);
+    const Ceiling& fma2 = ctx.cfg.threads == 1 ? ctx.ceilings.fma_1t : ctx.ceilings.fma_nt;
     const Ceiling& bw = ctx.cfg.threads == 1 ? ctx.ceilings.bw_1t : ctx.ceilings.bw_nt;
     for (Row& r : c.rows) {
         if (r.status != "ok" || r.timing.runs == 0 || r.timing.median_s <= 0.0) continue;
@@ -83,6 +84,7 @@ void finish_case(const Context& ctx, CaseResult& c) {
             r.gflops = r.flop / r.timing.median_s / 1e9;
             r.gflops_best = r.flop / r.timing.min_s / 1e9;
             if (fma.measured && fma.value > 0.0) r.pct_peak = 100.0 * r.gflops / fma.value;
+            if (fma2.measured && fma2.value > 0.0) r.pct_peak_avx2 = 100.0 * r.gflops / fma2.value;
             if (fma.measured && fma.per_cpu > 0.0 && r.timing.cpu_share > 0.0)
                 r.pct_peak_cpu_adjusted = 100.0 * r.gflops / std::min(1.0, r.timing.cpu_share) / fma.per_cpu;
         }

@@ -45,7 +45,14 @@ struct Config {
 
 // What the driver measured before the shapes: the ceilings every row is compared with.
 struct Ceilings {
-    Ceiling fma_1t, fma_nt;   // GFLOP/s on 1 and on Config::threads threads
+    Ceiling fma_1t, fma_nt;   // GFLOP/s on 1 and on Config::threads threads: AVX2 (256-bit) FMA
+    Ceiling fma512_1t, fma512_nt;  // the same with 512-bit FMA (not measured without AVX-512)
+    // The widest FMA ceiling the CPU has on `threads` threads (AVX-512 when measured): the
+    // %peak of every row. The AVX2 one stays in the report beside it (%avx2).
+    const Ceiling& widest_fma(int threads) const {
+        const Ceiling& w = threads == 1 ? fma512_1t : fma512_nt;
+        return w.measured ? w : (threads == 1 ? fma_1t : fma_nt);
+    }
     Ceiling bw_1t, bw_nt;     // GB/s
 };
 
@@ -102,7 +109,9 @@ struct Row {
     bool peak_rss_reset = false; // false: the process-wide high-water mark
     std::optional<double> max_abs_diff;  // vs the reference output of the same inputs
     // Filled by finish_case():
-    double gflops = 0.0, gflops_best = 0.0, pct_peak = 0.0, gbs = 0.0, pct_bw = 0.0;
+    // pct_peak: of the widest FMA peak (Ceilings::widest_fma); pct_peak_avx2: of the AVX2 one
+    // (equal on a CPU without AVX-512).
+    double gflops = 0.0, gflops_best = 0.0, pct_peak = 0.0, pct_peak_avx2 = 0.0, gbs = 0.0, pct_bw = 0.0;
     // An estimate for a shared machine: this row's rate per unit of CPU share against the
     // FMA ceiling's (Ceiling::per_cpu) — what % peak would be with the CPUs alone. 0 if unknown.
     double pct_peak_cpu_adjusted = 0.0;

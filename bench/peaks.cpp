@@ -4,6 +4,8 @@
 
 #include "machine.hpp"
 
+#include "core/cpu_features.hpp"
+
 #include <emmintrin.h>
 #include <omp.h>
 #include <sys/mman.h>
@@ -68,21 +70,30 @@ bool cpu_has_avx2_fma() {
 #endif
 }
 
-Ceiling measure_fma_peak(int threads, double seconds, int repeats) {
+bool cpu_has_avx512() { return attn::detail::cpu_supports(attn::detail::Isa::avx512); }
+
+Ceiling measure_fma_peak(int threads, double seconds, int repeats, FmaWidth width) {
     Ceiling c;
     c.threads = threads;
     c.repeats = repeats;
-    if (!cpu_has_avx2_fma()) {
+    const bool wide = width == FmaWidth::avx512;
+    if (!wide && !cpu_has_avx2_fma()) {
         c.note = "not measured: this CPU (or OS) lacks AVX2+FMA, the ISA attn's fast kernels use";
         return c;
     }
-    constexpr double kFlopPerIter = 12.0 * 8.0 * 2.0;  // 12 chains x 8 lanes x (mul + add)
+    if (wide && !cpu_has_avx512()) {
+        c.note = "not measured: this CPU (or OS) lacks " + attn::detail::missing_features(attn::detail::Isa::avx512);
+        return c;
+    }
+    float (*const chains)(long) = wide ? detail::fma_chains_avx512 : detail::fma_chains_avx2;
+    // 12 chains x 8 or 16 lanes x (mul + add)
+    const double kFlopPerIter = 12.0 * (wide ? 16.0 : 8.0) * 2.0;
     // Calibrate on one thread: iterations per second of one chain set.
     long iters = 1L << 20;
     int got = 0;
     double t = 0.0;
     for (;;) {
-        t = timed_parallel(1, got, [&](int, int) { return detail::fma_chains_avx2(iters); });
+        t = timed_parallel(1, got, [&](int, int) { return chains(iters); });
         if (t > 0.02 || iters > (1L << 34)) break;
         iters *= 4;
     }
@@ -90,7 +101,7 @@ Ceiling measure_fma_peak(int threads, double seconds, int repeats) {
     std::vector<double> rates;
     for (int r = 0; r < repeats; ++r) {
         const double cpu0 = process_cpu_seconds();
-        const double dt = timed_parallel(threads, got, [&](int, int) { return detail::fma_chains_avx2(iters); });
+        const double dt = timed_parallel(threads, got, [&](int, int) { return chains(iters); });
         rates.push_back(kFlopPerIter * static_cast<double>(iters) * got / dt / 1e9);
         c.cpu_shares.push_back((process_cpu_seconds() - cpu0) / (dt * got));
     }
@@ -99,7 +110,8 @@ Ceiling measure_fma_peak(int threads, double seconds, int repeats) {
     c.median = median_of(rates);
     c.trials = rates;
     c.per_cpu = per_cpu_best(rates, c.cpu_shares);
-    c.method = "12 independent 256-bit FMA chains per thread (AVX2, -mavx2 -mfma), ~" +
+    c.method = std::string(wide ? "12 independent 512-bit FMA chains per thread (AVX-512, -mavx512f), ~"
+                                : "12 independent 256-bit FMA chains per thread (AVX2, -mavx2 -mfma), ~") +
                std::to_string(static_cast<int>(seconds * 1000)) + " ms per trial";
     if (got != threads) c.note = "OpenMP gave " + std::to_string(got) + " threads instead of " + std::to_string(threads);
     c.threads = got;

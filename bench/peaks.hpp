@@ -33,8 +33,14 @@ Ceiling merge(const Ceiling& a, const Ceiling& b, const std::string& what);
 // True when this CPU (and the OS, for the YMM state) supports AVX2 and FMA.
 bool cpu_has_avx2_fma();
 
-// fp32 FMA peak: every thread runs independent 256-bit FMA chains for about `seconds`.
-Ceiling measure_fma_peak(int threads, double seconds, int repeats);
+// True when this CPU (and the OS, for the ZMM state) can run attn's avx512 kernel row
+// (attn::detail::cpu_supports(Isa::avx512): AVX-512 F+VL+BW+DQ and AVX2+FMA+F16C).
+bool cpu_has_avx512();
+
+// fp32 FMA peak: every thread runs independent FMA chains for about `seconds`, on 256-bit
+// (avx2) or 512-bit (avx512) vectors — the widths of attn's avx2 and avx512 kernel rows.
+enum class FmaWidth { avx2, avx512 };
+Ceiling measure_fma_peak(int threads, double seconds, int repeats, FmaWidth width = FmaWidth::avx2);
 
 // Read bandwidth: `threads` threads sum disjoint parts of a `bytes` buffer, `repeats` passes.
 Ceiling measure_read_bandwidth(int threads, std::size_t bytes, int repeats);
@@ -45,6 +51,8 @@ namespace detail {
 // 12 chains of 8-lane FMAs, `iters` times: 192·iters FLOP. Returns a value that depends on
 // every chain so the loop cannot be removed.
 float fma_chains_avx2(long iters);
+// The same on 16-lane vectors (peaks_avx512.cpp, -mavx512f): 384·iters FLOP.
+float fma_chains_avx512(long iters);
 // Sum of n floats (n a multiple of 64, p 32-byte aligned) with 8 independent accumulators.
 float sum_floats_avx2(const float* p, std::size_t n);
 float sum_floats_sse2(const float* p, std::size_t n);

@@ -1,12 +1,13 @@
 // Kernel lab for the flash forward (docs/design.md, "The kernel lab"): validate a slice against the
 // reference, then time. Not a benchmark (that is `attn bench`); a tool to choose tiles.
 //
-//   flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--isa generic|avx2]
+//   flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--isa portable|avx2|avx512]
 //             [--threads N] [--reps N] [--peak] [--no-check] [--no-warmup] [--paired N]
 //
 // Method: one warm-up run, then --reps runs; prints median and min time and GFLOP/s with
 // FLOPs = 4·B·H·Lq·Lk·D (causal: the visible pairs, ≈ half). --peak first measures the
-// AVX2 FMA peak (10 independent accumulator chains per thread) on the same threads.
+// FMA peak of the chosen ISA's width (10 independent accumulator chains per thread, ymm
+// for avx2/portable, zmm for avx512) on the same threads.
 //
 // ── Changelog (2 threads, g++ 12 -O3, this machine; S2 = B1 H16 L4096 D64, S3 = L4096 D128 causal)
 // The machine was shared and loaded (load average 5–16) throughout, so the comparable
@@ -89,6 +90,36 @@ __attribute__((target("avx2,fma"))) double fma_peak(int threads, double& best_cp
     return best;
 }
 
+// The same loop on zmm (the avx512 row's width).
+__attribute__((target("avx512f"))) double fma_peak512(int threads, double& best_cpu, long iters = 20'000'000,
+                                                      int reps = 3) {
+    double best = 0;
+    best_cpu = 0;
+    for (int rep = 0; rep < reps; ++rep) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const double c0 = cpu_seconds();
+        float sink = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+        {
+            __m512 a[10];
+            for (int i = 0; i < 10; ++i) a[i] = _mm512_set1_ps(1.0f + i * 1e-3f);
+            const __m512 x = _mm512_set1_ps(0.9999999f), y = _mm512_set1_ps(1e-7f);
+            for (long it = 0; it < iters; ++it) {
+                for (int i = 0; i < 10; ++i) a[i] = _mm512_fmadd_ps(a[i], x, y);
+                asm volatile("" : "+v"(a[0]), "+v"(a[1]), "+v"(a[2]), "+v"(a[3]), "+v"(a[4]));
+                asm volatile("" : "+v"(a[5]), "+v"(a[6]), "+v"(a[7]), "+v"(a[8]), "+v"(a[9]));
+            }
+            for (int i = 0; i < 10; ++i) sink += _mm512_cvtss_f32(a[i]);
+        }
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double c = (cpu_seconds() - c0) / threads;
+        best = std::max(best, 2.0 * 16 * 10 * iters * threads / s / 1e9);
+        best_cpu = std::max(best_cpu, 2.0 * 16 * 10 * iters * threads / c / 1e9);
+        if (sink == 12345) std::puts("");
+    }
+    return best;
+}
+
 void fill(const Tensor& t, unsigned seed) {
     std::mt19937 g(seed);
     std::normal_distribution<float> n(0.f, 1.f);
@@ -122,7 +153,10 @@ int main(int argc, char** argv) {
             else { std::fprintf(stderr, "unknown shape %s\n", s.c_str()); return 2; }
         } else if (a == "--mb") { tiles.Mb = std::stoi(next()); tiles_set_mb = true; }
         else if (a == "--nb") { tiles.Nb = std::stoi(next()); tiles_set_nb = true; }
-        else if (a == "--isa") isa = (next() == "portable") ? Isa::portable : Isa::avx2;
+        else if (a == "--isa") {
+            const std::string n = next();
+            isa = n == "portable" ? Isa::portable : n == "avx512" ? Isa::avx512 : Isa::avx2;
+        }
         else if (a == "--threads") threads = std::stoi(next());
         else if (a == "--reps") reps = std::stoi(next());
         else if (a == "--peak") peak = true;
@@ -148,8 +182,8 @@ int main(int argc, char** argv) {
     if (!tiles_set_nb) tiles.Nb = def.Nb;
     if (peak) {
         double cpu = 0;
-        const double wall = fma_peak(threads, cpu);
-        std::printf("FMA peak (%d threads): %.1f GFLOP/s wall, %.1f per CPU-second x threads\n", threads, wall, cpu);
+        const double wall = isa == Isa::avx512 ? fma_peak512(threads, cpu) : fma_peak(threads, cpu);
+        std::printf("FMA peak %s (%d threads): %.1f GFLOP/s wall, %.1f per CPU-second x threads\n", isa == Isa::avx512 ? "zmm" : "ymm", threads, wall, cpu);
     }
 
     if (Hkv <= 0) Hkv = H;

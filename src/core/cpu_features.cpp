@@ -3,11 +3,47 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "check.hpp"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
 
 namespace attn::detail {
+
+namespace {
+
+#if defined(__x86_64__) || defined(__i386__)
+// XCR0 (the OS-enabled register state): bits 1–2 SSE/AVX (XMM, YMM upper halves), 5–7
+// AVX-512 (opmask, ZMM0–15 upper halves, ZMM16–31). Read with the xgetbv opcode bytes so
+// this file needs no -mxsave.
+unsigned long long read_xcr0() {
+    unsigned eax = 0, edx = 0;
+    __asm__ volatile(".byte 0x0f, 0x01, 0xd0" : "=a"(eax), "=d"(edx) : "c"(0));
+    return (static_cast<unsigned long long>(edx) << 32) | eax;
+}
+#endif
+
+}  // namespace
+
+std::string missing_features(Isa isa) {
+    const CpuFeatures& f = cpu_features();
+    std::string m;
+    auto need = [&](bool ok, const char* name) {
+        if (!ok) m += (m.empty() ? "" : ", ") + std::string(name);
+    };
+    if (isa == Isa::portable) return m;
+    need(f.avx2, "avx2");
+    need(f.fma, "fma");
+    need(f.f16c, "f16c");
+    if (isa == Isa::avx512) {
+        need(f.avx512f, "avx512f");
+        need(f.avx512vl, "avx512vl");
+        need(f.avx512bw, "avx512bw");
+        need(f.avx512dq, "avx512dq");
+    }
+    return m;
+}
 
 const CpuFeatures& cpu_features() {
     static const CpuFeatures features = [] {
@@ -22,37 +58,74 @@ const CpuFeatures& cpu_features() {
         // (the YMM state F16C needs is already required by "avx2" above).
         unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
         f.f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+        // AVX-512: the CPUID.7.0 bits, and only if OSXSAVE is set and XCR0 has the XMM, YMM,
+        // opmask and both ZMM state components enabled (0xE6) — a hypervisor or kernel may
+        // hide the ZMM state while CPUID still reports the instructions.
+        const bool osxsave = (ecx & bit_OSXSAVE) != 0;
+        unsigned a7 = 0, b7 = 0, c7 = 0, d7 = 0;
+        if (osxsave && __get_cpuid_count(7, 0, &a7, &b7, &c7, &d7) != 0 && (read_xcr0() & 0xE6) == 0xE6) {
+            f.avx512f = (b7 & bit_AVX512F) != 0;
+            f.avx512dq = (b7 & bit_AVX512DQ) != 0;
+            f.avx512bw = (b7 & bit_AVX512BW) != 0;
+            f.avx512vl = (b7 & bit_AVX512VL) != 0;
+        }
 #endif
         return f;
     }();
     return features;
 }
 
-const char* isa_name(Isa isa) { return isa == Isa::avx2 ? "avx2" : "portable"; }
+const char* isa_name(Isa isa) {
+    switch (isa) {
+        case Isa::avx512: return "avx512";
+        case Isa::avx2: return "avx2";
+        default: return "portable";
+    }
+}
 
-bool cpu_supports(Isa isa) { return isa == Isa::portable || cpu_features().has_avx2_fma_f16c(); }
+const char* isa_requirement(Isa isa) {
+    switch (isa) {
+        case Isa::avx512: return "AVX-512 F+VL+BW+DQ (with OS-saved ZMM state) and AVX2+FMA+F16C";
+        case Isa::avx2: return "AVX2+FMA+F16C";
+        default: return "nothing";
+    }
+}
+
+bool cpu_supports(Isa isa) {
+    switch (isa) {
+        case Isa::avx512: return cpu_features().has_avx512();
+        case Isa::avx2: return cpu_features().has_avx2_fma_f16c();
+        default: return true;
+    }
+}
 
 Isa select_isa(std::string* why) {
-    const bool avx2_ok = cpu_supports(Isa::avx2);
     const char* env = std::getenv("ATTN_ISA");
     const std::string_view want = env != nullptr ? std::string_view(env) : std::string_view();
     auto say = [&](const std::string& s) {
         if (why != nullptr) *why = s;
     };
+    auto has = [](Isa isa) { return std::string("CPU has ") + isa_requirement(isa); };
     if (want == "portable" || want == "generic") {
         say("ATTN_ISA=" + std::string(want) + " forces the portable path");
         return Isa::portable;
     }
-    if (!want.empty() && want != "avx2" && want != "auto") {
-        say("ATTN_ISA='" + std::string(want) + "' is not one of portable, avx2, auto: ignored; " +
-            (avx2_ok ? "CPU has AVX2+FMA+F16C" : "CPU lacks AVX2+FMA+F16C"));
-        return avx2_ok ? Isa::avx2 : Isa::portable;
+    if (want == "avx2" || want == "avx512") {
+        const Isa isa = want == "avx2" ? Isa::avx2 : Isa::avx512;
+        if (!cpu_supports(isa))
+            fail("ATTN_ISA", "'", want, "' needs a CPU with ", isa_requirement(isa), " but this CPU lacks ",
+                 missing_features(isa), " (unset ATTN_ISA to use the widest row this CPU has)");
+        say("ATTN_ISA=" + std::string(want) + " forces the " + isa_name(isa) + " path; " + has(isa));
+        return isa;
     }
-    if (avx2_ok) {
-        say("CPU has AVX2+FMA+F16C");
-        return Isa::avx2;
-    }
-    say(want == "avx2" ? "ATTN_ISA=avx2 refused: CPU lacks AVX2+FMA+F16C" : "CPU lacks AVX2+FMA+F16C");
+    if (!want.empty() && want != "auto")
+        fail("ATTN_ISA", "expected one of auto, avx512, avx2, portable (or its old name generic) but got '", want, "'");
+    for (Isa isa : {Isa::avx512, Isa::avx2})
+        if (cpu_supports(isa)) {
+            say(has(isa));
+            return isa;
+        }
+    say("CPU lacks AVX2+FMA+F16C");
     return Isa::portable;
 }
 

@@ -12,26 +12,45 @@ struct CpuFeatures {
     bool avx2 = false;
     bool fma = false;
     bool f16c = false;
+    // AVX-512 foundation + vector-length, byte/word and dword/qword extensions, each set
+    // only when the OS also saves the opmask and ZMM registers (XGETBV, see cpu_features.cpp).
+    bool avx512f = false;
+    bool avx512vl = false;
+    bool avx512bw = false;
+    bool avx512dq = false;
     // Everything the *_avx2.cpp files are compiled for (-mavx2 -mfma -mf16c).
     bool has_avx2_fma_f16c() const { return avx2 && fma && f16c; }
+    // Everything the *_avx512.cpp files are compiled for (ATTN_AVX512_FLAGS: the AVX2 set
+    // plus -mavx512f -mavx512vl -mavx512bw -mavx512dq); the AVX-512 row also reuses AVX2 code.
+    bool has_avx512() const { return has_avx2_fma_f16c() && avx512f && avx512vl && avx512bw && avx512dq; }
 };
 
 // Detected on first use (cached); thread-safe (a function-local static).
 const CpuFeatures& cpu_features();
 
 // The instruction sets attn has kernels for; src/kernels/isa.cpp holds one row of kernels
-// per value. `portable` is plain C++ for any CPU.
-enum class Isa { portable, avx2 };
+// per value. `portable` is plain C++ for any CPU. Ordered from narrowest to widest.
+enum class Isa { portable, avx2, avx512 };
 
-const char* isa_name(Isa isa);  // "portable", "avx2"
+const char* isa_name(Isa isa);  // "portable", "avx2", "avx512"
+
+// What the CPU must have for `isa`, as the messages say it: "AVX2+FMA+F16C",
+// "AVX-512 F+VL+BW+DQ (with OS-saved ZMM state) and AVX2+FMA+F16C".
+const char* isa_requirement(Isa isa);
+
+// The features `isa` needs that this CPU (or OS) lacks, e.g. "avx512f, avx512bw"; empty
+// when it has them all.
+std::string missing_features(Isa isa);
 
 // Whether this CPU can run the kernels compiled for `isa`.
 bool cpu_supports(Isa isa);
 
-// The ISA the kernels should use: the best the CPU supports, unless the environment
-// variable ATTN_ISA says otherwise ("portable" — or its old name "generic" — forces the
-// portable path, e.g. for tests; "avx2" on a CPU without AVX2+FMA+F16C is refused and falls
-// back to portable). `why` (optional) gets a short explanation of the choice.
+// The ISA the kernels should use: the widest the CPU supports, unless the environment
+// variable ATTN_ISA names one ("portable" — or its old name "generic" —, "avx2", "avx512";
+// "auto" or unset: the widest). A name that is not one of these, or a row this CPU cannot
+// run, is an attn::Error naming ATTN_ISA, what it accepts and what it got — never a silent
+// fallback, so a benchmark or test never measures another row than the one it asked for.
+// `why` (optional) gets a short explanation of the choice.
 Isa select_isa(std::string* why = nullptr);
 
 }  // namespace attn::detail

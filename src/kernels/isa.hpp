@@ -1,5 +1,5 @@
 // One kernel table per instruction set. Each ISA's files (kernels/*/..._portable.cpp,
-// kernels/*/..._avx2.cpp) define the entry points below; src/kernels/isa.cpp lists them
+// kernels/*/..._avx2.cpp, kernels/*/..._avx512.cpp) define the entry points below; src/kernels/isa.cpp lists them
 // as one row per ISA, and kernel_set() picks the row once per process (select_isa: the
 // CPU's best, or what ATTN_ISA says). Adding an ISA means: its files, one enum value in
 // core/cpu_features.hpp, one row in isa.cpp, its sources in src/CMakeLists.txt.
@@ -41,7 +41,7 @@ const KernelSet& kernel_set(std::string* why = nullptr);
 // The row of `isa`, or null when this CPU cannot run it (tests run every row it can).
 const KernelSet* kernel_set_for(Isa isa);
 
-// Every row this CPU can run, portable first.
+// Every row this CPU can run, portable first (narrowest to widest).
 std::vector<const KernelSet*> runnable_kernel_sets();
 
 // Tests: while the guard lives, kernel_set() returns `k` (a runnable row), so the public
@@ -60,13 +60,17 @@ private:
 // The entry points, one set per ISA file.
 void flash_forward_portable(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads);
 void flash_forward_avx2(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads);
+void flash_forward_avx512(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads);
 void backward_tile_portable(const TileArgs& t);
 void backward_tile_avx2(const TileArgs& t);
+void backward_tile_avx512(const TileArgs& t);
 void dropout_row_portable(const DropoutRowArgs& a);
 void dropout_row_avx2(const DropoutRowArgs& a);
 void decode_portable(const SdpaProblem& p, const DecodeWork& w);
 void decode_avx2(const SdpaProblem& p, const DecodeWork& w);
+void decode_avx512(const SdpaProblem& p, const DecodeWork& w);
 void exp2_portable(const float* x, float* y, std::size_t n);
 void exp2_avx2(const float* x, float* y, std::size_t n);
+void exp2_avx512(const float* x, float* y, std::size_t n);
 
 }  // namespace attn::detail

@@ -116,7 +116,7 @@ constexpr double kTol = 2e-5;
 // Forward and backward both run the kernel table's `isa` row (ScopedKernelSet).
 void check_against_reference(detail::Isa isa, int ncases, std::uint64_t seed) {
     const detail::KernelSet* row = detail::kernel_set_for(isa);
-    if (row == nullptr) GTEST_SKIP() << "skipped: CPU lacks " << detail::isa_name(isa);
+    if (row == nullptr) GTEST_SKIP() << "skipped: CPU lacks " << detail::missing_features(isa);
     const detail::ScopedKernelSet use(*row);
     double worst = 0.0;
     for (const Case& c : random_cases(ncases, seed)) {
@@ -137,6 +137,8 @@ void check_against_reference(detail::Isa isa, int ncases, std::uint64_t seed) {
     std::printf("[ info ] %d random cases, %s tile: worst relative error %.3g (tolerance %.0e)\n", ncases,
                 detail::isa_name(isa), worst, kTol);
 }
+
+TEST(FlashBackward, MatchesReferenceAvx512) { check_against_reference(detail::Isa::avx512, 120, 3); }
 
 TEST(FlashBackward, MatchesReferenceAvx2) { check_against_reference(detail::Isa::avx2, 120, 1); }
 

@@ -27,6 +27,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attn/error.hpp"
@@ -672,17 +673,46 @@ TEST(FlashDispatch, AutoPicksFlashAndExplains) {
 }
 
 // ATTN_ISA picks the kernel-table row (portable, or its old name generic, forces the
-// portable one); the dispatch reports the row it ran.
+// portable one; avx2 / avx512 force that row); unset or auto picks the widest row the CPU
+// has; an unknown name or a row this CPU lacks is an error that names ATTN_ISA. The
+// dispatch reports the row it ran.
 TEST(FlashDispatch, IsaEnvironmentOverride) {
-    const bool avx2 = detail::cpu_supports(detail::Isa::avx2);
+    const bool avx2 = detail::cpu_supports(detail::Isa::avx2), avx512 = detail::cpu_supports(detail::Isa::avx512);
+    const detail::Isa widest = avx512 ? detail::Isa::avx512 : avx2 ? detail::Isa::avx2 : detail::Isa::portable;
     ::setenv("ATTN_ISA", "portable", 1);
     EXPECT_EQ(detail::select_isa(), detail::Isa::portable);
     ::setenv("ATTN_ISA", "generic", 1);
     EXPECT_EQ(detail::select_isa(), detail::Isa::portable);
-    ::setenv("ATTN_ISA", "avx2", 1);
-    EXPECT_EQ(detail::select_isa(), avx2 ? detail::Isa::avx2 : detail::Isa::portable);
+    for (const auto& [name, isa, has] : {std::tuple{"avx2", detail::Isa::avx2, avx2},
+                                         std::tuple{"avx512", detail::Isa::avx512, avx512}}) {
+        ::setenv("ATTN_ISA", name, 1);
+        if (has) {
+            EXPECT_EQ(detail::select_isa(), isa) << name;
+        } else {
+            try {
+                detail::select_isa();
+                ADD_FAILURE() << "ATTN_ISA=" << name << " on a CPU without it: expected attn::Error";
+            } catch (const Error& e) {
+                const std::string m = e.what();
+                EXPECT_NE(m.find("ATTN_ISA: '" + std::string(name) + "' needs a CPU with"), std::string::npos) << m;
+                EXPECT_NE(m.find("but this CPU lacks " + detail::missing_features(isa)), std::string::npos) << m;
+            }
+        }
+    }
+    ::setenv("ATTN_ISA", "avx1024", 1);
+    try {
+        detail::select_isa();
+        ADD_FAILURE() << "ATTN_ISA=avx1024: expected attn::Error";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("ATTN_ISA: expected one of auto, avx512, avx2, portable"),
+                  std::string::npos)
+            << e.what();
+        EXPECT_NE(std::string(e.what()).find("but got 'avx1024'"), std::string::npos) << e.what();
+    }
+    ::setenv("ATTN_ISA", "auto", 1);
+    EXPECT_EQ(detail::select_isa(), widest);
     ::unsetenv("ATTN_ISA");
-    EXPECT_EQ(detail::select_isa(), avx2 ? detail::Isa::avx2 : detail::Isa::portable);
+    EXPECT_EQ(detail::select_isa(), widest);
 
     Tensor q(DType::f32, Shape{1, 1, 20, 4}, true), k(DType::f32, Shape{1, 1, 3, 4}, true), v(DType::f32, Shape{1, 1, 3, 4}, true);
     Tensor o(DType::f32, Shape{1, 1, 20, 4});
@@ -694,6 +724,19 @@ TEST(FlashDispatch, IsaEnvironmentOverride) {
         sdpa(q, k, v, SdpaOptions{}, o, nullptr, nullptr, &rep);
         EXPECT_EQ(rep.kernel, std::string("flash/") + detail::isa_name(row->isa)) << rep.explanation;
     }
+}
+
+// The avx512 row exists exactly when the CPU (and OS) has AVX-512 F+VL+BW+DQ, and then it
+// is among the rows every test above runs; elsewhere this says so.
+TEST(FlashDispatch, Avx512RowWhenCpuHasIt) {
+    const detail::KernelSet* row = detail::kernel_set_for(detail::Isa::avx512);
+    bool listed = false;
+    for (const detail::KernelSet* k : detail::runnable_kernel_sets()) listed |= k->isa == detail::Isa::avx512;
+    EXPECT_EQ(listed, row != nullptr);
+    if (row == nullptr) GTEST_SKIP() << "skipped: CPU lacks " << detail::missing_features(detail::Isa::avx512);
+    EXPECT_EQ(row->isa, detail::Isa::avx512);
+    EXPECT_TRUE(detail::cpu_features().avx512f && detail::cpu_features().avx512vl &&
+                detail::cpu_features().avx512bw && detail::cpu_features().avx512dq);
 }
 
 }  // namespace

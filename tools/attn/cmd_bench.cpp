@@ -149,6 +149,9 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
     auto measure = [&](bench::Ceilings& ce) {
         ce.fma_1t = bench::measure_fma_peak(1, peak_s, repeats);
         ce.fma_nt = cfg.threads == 1 ? ce.fma_1t : bench::measure_fma_peak(cfg.threads, peak_s, repeats);
+        const auto w512 = bench::FmaWidth::avx512;
+        ce.fma512_1t = bench::measure_fma_peak(1, peak_s, repeats, w512);
+        ce.fma512_nt = cfg.threads == 1 ? ce.fma512_1t : bench::measure_fma_peak(cfg.threads, peak_s, repeats, w512);
         ce.bw_1t = bench::measure_read_bandwidth(1, bw_bytes, repeats);
         ce.bw_nt = cfg.threads == 1 ? ce.bw_1t : bench::measure_read_bandwidth(cfg.threads, bw_bytes, repeats);
     };
@@ -182,6 +185,11 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
     measure(after);
     ce.fma_1t = bench::merge(ce.fma_1t, after.fma_1t, "measured before and after the shapes");
     ce.fma_nt = cfg.threads == 1 ? ce.fma_1t : bench::merge(ce.fma_nt, after.fma_nt, "measured before and after the shapes");
+    if (ce.fma512_1t.measured) {
+        ce.fma512_1t = bench::merge(ce.fma512_1t, after.fma512_1t, "measured before and after the shapes");
+        ce.fma512_nt = cfg.threads == 1 ? ce.fma512_1t
+                                        : bench::merge(ce.fma512_nt, after.fma512_nt, "measured before and after the shapes");
+    }
     ce.bw_1t = bench::merge(ce.bw_1t, after.bw_1t, "measured before and after the shapes");
     ce.bw_nt = cfg.threads == 1 ? ce.bw_1t : bench::merge(ce.bw_nt, after.bw_nt, "measured before and after the shapes");
     if (a.quick) ce.bw_1t.note = ce.bw_nt.note = "quick: a cache-sized buffer, not a memory bandwidth";

@@ -82,6 +82,8 @@ inline void pv_tile(const float* p, int ldP, const float* v, std::int64_t ldv, i
 #undef ATTN_ROWS
 
 struct Avx2Ops {
+    static constexpr int kPanel = 16;  // queries per panel: 2 ymm / four 4-lane vectors
+    static constexpr int kRows = 6;  // keys (qk) / head-dim rows (pv) per call: the 6 × 16 tile
     static void qk(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s, int ldS) {
         switch (rows) {
             case 6: qk_tile<6>(qt, k, ldk, Dk, c2, s, ldS); break;

@@ -40,16 +40,18 @@
 // buffer for the micro-kernel, not a copy of the tensor.
 //
 // ── Where the FLOPs go (per visible (query, key) pair) ──────────────────────────────
-//   Q·Kᵀ: Dk FMAs (micro-kernel qk: 6 keys × 16 queries = 12 ymm accumulators; per d:
-//         2 vector loads of Qᵀ, 6 broadcasts of K, 12 FMAs)
-//   P·V:  Dv FMAs (micro-kernel pv: 6 head-dim rows × 16 queries; per key: 2 vector
-//         loads of Pᵀ, 6 broadcasts of V, 12 FMAs)
+//   Q·Kᵀ: Dk FMAs (micro-kernel qk, AVX2: 6 keys × 16 queries = 12 ymm accumulators; per d:
+//         2 vector loads of Qᵀ, 6 broadcasts of K, 12 FMAs. AVX-512: 8 keys × 32 queries =
+//         16 zmm; per d: 2 loads, 8 broadcasts, 16 FMAs)
+//   P·V:  Dv FMAs (micro-kernel pv: the same tiles over head-dim rows; per key: 2 vector
+//         loads of Pᵀ, 6 (8) broadcasts of V, 12 (16) FMAs)
 //   softmax: 1 max, 1 sub, exp2 (6 FMAs + ~6 other ops), 1 add  — per 8 pairs, i.e.
 //         ≈ 15 vector ops against (Dk + Dv) FMAs: ≈ 12 % extra at D = 64, 6 % at 128.
 //   counted (the benchmark's formula): 2·Dk + 2·Dv FLOPs per pair = 4·D.
 //
 // ── Tiles ────────────────────────────────────────────────────────────────────────────
-// Register tile 6 × 16: 12 accumulators + 2 panel vectors + 1 broadcast = 15 of 16 ymm.
+// Register tile 6 × 16 (AVX2): 12 accumulators + 2 panel vectors + 1 broadcast = 15 of 16 ymm;
+// 8 × 32 (AVX-512): 16 + 2 of 32 zmm. Panel width and rows are Ops::kPanel / Ops::kRows.
 // Mb (queries per task) = Nb (keys per block) = 64 (flash_default_tiles): Qᵀ, Sᵀ and Oᵀ
 // of a task are 16 KiB each at D = 64, so the micro-kernels stream from L1/L2. Measured
 // in dev/flash_lab.cpp (1 thread, L = 4096, GFLOP per CPU-second on the shared machine,
@@ -83,8 +85,11 @@
 
 namespace attn::detail::ATTN_FLASH_NS {
 
-inline constexpr int kPanel = 16;  // queries per panel = vector lanes of a micro-kernel tile
-inline constexpr int kRows = 6;    // keys (qk) or head-dim rows (pv) per micro-kernel tile
+// Queries per panel (the vector lanes of a micro-kernel tile): Ops::kPanel, per ISA (16: the
+// portable and AVX2 paths; 32 = 2 zmm: AVX-512). kPanel is the 16-query default.
+inline constexpr int kPanel = 16;
+// Keys (qk) or head-dim rows (pv) per micro-kernel tile: Ops::kRows, per ISA (AVX2 6 rows ×
+// 2 ymm, AVX-512 8 rows × 2 zmm; see the Ops of each flash_<isa>.cpp).
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 inline constexpr float kPosInf = std::numeric_limits<float>::infinity();
@@ -144,21 +149,21 @@ struct Workspace {
     Workspace& operator=(const Workspace&) = delete;
 };
 
-// Qᵀ panels of one block of columns (query head ch[c], query ci[c]), zero past the last.
-// q: (B, Hq, Lq, Dk) any strides  →  qt: (panels, Dk, 16)
+// Qᵀ panels of `panel` queries of one block of columns (query head ch[c], query ci[c]),
+// zero past the last.  q: (B, Hq, Lq, Dk) any strides  →  qt: (panels, Dk, panel)
 inline void pack_qt(const SdpaProblem& p, std::int64_t b, const std::int64_t* ch, const std::int64_t* ci, int nq,
-                    int panels, float* qt) {
+                    int panels, int panel, float* qt) {
     const float* q = p.q.data_as<const float>();
     const std::int64_t sd = p.q.stride(3);
     for (int pn = 0; pn < panels; ++pn) {
-        float* dst = qt + static_cast<std::int64_t>(pn) * p.Dk * kPanel;
-        for (int c = 0; c < kPanel; ++c) {
-            const int qi = pn * kPanel + c;
+        float* dst = qt + static_cast<std::int64_t>(pn) * p.Dk * panel;
+        for (int c = 0; c < panel; ++c) {
+            const int qi = pn * panel + c;
             if (qi < nq) {
                 const float* src = q + p.q.offset(b, ch[qi], ci[qi], 0);
-                for (std::int64_t d = 0; d < p.Dk; ++d) dst[d * kPanel + c] = src[d * sd];
+                for (std::int64_t d = 0; d < p.Dk; ++d) dst[d * panel + c] = src[d * sd];
             } else {
-                for (std::int64_t d = 0; d < p.Dk; ++d) dst[d * kPanel + c] = 0.0f;
+                for (std::int64_t d = 0; d < p.Dk; ++d) dst[d * panel + c] = 0.0f;
             }
         }
     }
@@ -188,9 +193,9 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
     }
     const int Dk = static_cast<int>(p.Dk);
     for (int pn = 0; pn < panels; ++pn) {
-        const float* qt = w.qt + static_cast<std::int64_t>(pn) * Dk * kPanel;
-        for (std::int64_t r = 0; r < nk; r += kRows)
-            Ops::qk(qt, kp + r * ldk, ldk, static_cast<int>(imin(kRows, nk - r)), Dk, scale, w.s + r * ldS + pn * kPanel,
+        const float* qt = w.qt + static_cast<std::int64_t>(pn) * Dk * Ops::kPanel;
+        for (std::int64_t r = 0; r < nk; r += Ops::kRows)
+            Ops::qk(qt, kp + r * ldk, ldk, static_cast<int>(imin(Ops::kRows, nk - r)), Dk, scale, w.s + r * ldS + pn * Ops::kPanel,
                     ldS);
     }
     // The score rule on each query's column; skipped for a tile every query sees
@@ -248,7 +253,7 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
         w.ch[c] = h0 + c / nq_head;
         w.ci[c] = i0 + c % nq_head;
     }
-    const int panels = (nq + kPanel - 1) / kPanel, ncols = panels * kPanel, ldS = t.Mb, ldO = t.Mb;
+    const int panels = (nq + Ops::kPanel - 1) / Ops::kPanel, ncols = panels * Ops::kPanel, ldS = t.Mb, ldO = t.Mb;
     const float scale = static_cast<float>(p.scale);
 
     // Visible key range of each query; padding columns see nothing.
@@ -265,7 +270,7 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
         }
     }
 
-    pack_qt(p, b, w.ch, w.ci, nq, panels, w.qt);
+    pack_qt(p, b, w.ch, w.ci, nq, panels, Ops::kPanel, w.qt);
     for (int c = 0; c < ncols; ++c) {
         w.m[c] = kNegInf;
         w.l[c] = 0.0f;
@@ -304,9 +309,9 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
             ldv = p.Dv;
         }
         for (int pn = 0; pn < panels; ++pn)
-            for (std::int64_t d = 0; d < p.Dv; d += kRows)
-                Ops::pv(w.s + pn * kPanel, ldS, vp + d, ldv, static_cast<int>(nk), static_cast<int>(imin(kRows, p.Dv - d)),
-                        w.ot + d * ldO + pn * kPanel, ldO, w.alpha + pn * kPanel);
+            for (std::int64_t d = 0; d < p.Dv; d += Ops::kRows)
+                Ops::pv(w.s + pn * Ops::kPanel, ldS, vp + d, ldv, static_cast<int>(nk), static_cast<int>(imin(Ops::kRows, p.Dv - d)),
+                        w.ot + d * ldO + pn * Ops::kPanel, ldO, w.alpha + pn * Ops::kPanel);
         if (select) add_nonfinite_v(p, w, b, hk, j0, nk, ncols, ldS, ldO);
     }
 
@@ -377,7 +382,11 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
 // computed by one thread from start to end in a fixed order, so the result does not
 // depend on the number of threads or the schedule.
 template <class Ops>
-void run_flash(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, int threads) {
+void run_flash(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads) {
+    // A block holds whole panels: Mb rounded up to a multiple of this ISA's panel (only a
+    // test's or the lab's Mb = 16 changes, to 32 on the AVX-512 path).
+    FlashTiles t = tiles;
+    t.Mb = (t.Mb + Ops::kPanel - 1) / Ops::kPanel * Ops::kPanel;
     // Blocks: Mb queries of one head; or, when Lq < Mb (decode, short queries), all Lq
     // queries of up to Mb / Lq heads that share a KV head (GQA/MQA), so the 16-lane panels
     // are not mostly padding and each K/V tile read serves every head of the group.

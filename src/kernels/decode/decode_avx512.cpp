@@ -1,0 +1,209 @@
+// The decode kernel with AVX-512 (F+VL+BW+DQ; the algorithm is decode_core.hpp). The only
+// decode file compiled with the AVX-512 flags (src/CMakeLists.txt: ATTN_AVX512_SOURCES);
+// reached only through the kernel table's avx512 row (isa.cpp). Everything has internal
+// linkage and no inline C++ library templates are used (decode_avx2.cpp says why).
+//
+// Decode is bound by reading K and V once: the point of zmm here is 64-byte loads (one per
+// cache line), float16 → float32 with one vcvtph2ps per 16 values, and the head-dim edge
+// (D % 16) as a masked load instead of a scalar loop.
+#include <immintrin.h>
+
+#include "../isa.hpp"
+#include "../simd/exp2_avx512.hpp"
+#include "decode_core.hpp"
+
+namespace attn::detail {
+namespace {
+
+inline __mmask16 lanes(i64 n) { return static_cast<__mmask16>(n >= 16 ? 0xFFFFu : (1u << n) - 1u); }
+
+struct Avx512Ops {
+    struct Half { std::uint16_t bits; };   // IEEE float16
+    struct Brain { std::uint16_t bits; };  // bfloat16: the top half of a float32
+
+    // 16 values (lanes past `m` read nothing and are 0).
+    static __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+    static __m512 load16(const Half* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+    static __m512 load16(const Brain* p, __mmask16 m) {
+        const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    }
+    static __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+    static __m512 load16(const Half* p) {
+        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    }
+    static __m512 load16(const Brain* p) {
+        const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    }
+    static float load1(const float* p) { return *p; }
+    static float load1(const Half* p) { return _cvtsh_ss(p->bits); }
+    static float load1(const Brain* p) {
+        const std::uint32_t u = static_cast<std::uint32_t>(p->bits) << 16;
+        float f;
+        __builtin_memcpy(&f, &u, 4);
+        return f;
+    }
+
+    // Lane x of the result is the sum of the 16 lanes of a[x], x < 8.
+    static __m256 hsum8(const __m512* a) {
+        __m256 h[8];
+#pragma GCC unroll 8
+        for (int x = 0; x < 8; ++x) h[x] = _mm256_add_ps(_mm512_castps512_ps256(a[x]), _mm512_extractf32x8_ps(a[x], 1));
+        const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
+        const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(h[4], h[5]), _mm256_hadd_ps(h[6], h[7]));
+        return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+    }
+
+    // R query rows × 8/R keys per tile: 8 independent accumulators (the AVX2 kernel's
+    // shape), each K vector of 16 loaded (and converted) once for the R rows; the head-dim
+    // edge is a masked load of Q and K. Keys past n repeat key n−1 and are discarded.
+    template <int R, class T>
+    static void score_tile(const float* q, i64 qstride, const T* k, i64 kstride, i64 n, i64 Dk, float* s,
+                           i64 sstride) {
+        constexpr int KT = 8 / R;
+        const i64 Dk16 = Dk & ~i64{15};
+        const __mmask16 edge = lanes(Dk - Dk16);
+        for (i64 j = 0; j < n; j += KT) {
+            const T* kp[KT];
+#pragma GCC unroll 8
+            for (int t = 0; t < KT; ++t) kp[t] = k + imin(j + t, n - 1) * kstride;
+            __m512 acc[8];
+#pragma GCC unroll 8
+            for (int x = 0; x < 8; ++x) acc[x] = _mm512_setzero_ps();
+            for (i64 d = 0; d < Dk16; d += 16) {
+                __m512 qv[R];
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) qv[r] = _mm512_loadu_ps(q + r * qstride + d);
+#pragma GCC unroll 8
+                for (int t = 0; t < KT; ++t) {
+                    const __m512 kv = load16(kp[t] + d);
+#pragma GCC unroll 8
+                    for (int r = 0; r < R; ++r) acc[r * KT + t] = _mm512_fmadd_ps(qv[r], kv, acc[r * KT + t]);
+                }
+            }
+            if (edge != 0) {
+                __m512 qv[R];
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) qv[r] = _mm512_maskz_loadu_ps(edge, q + r * qstride + Dk16);
+#pragma GCC unroll 8
+                for (int t = 0; t < KT; ++t) {
+                    const __m512 kv = load16(kp[t] + Dk16, edge);
+#pragma GCC unroll 8
+                    for (int r = 0; r < R; ++r) acc[r * KT + t] = _mm512_fmadd_ps(qv[r], kv, acc[r * KT + t]);
+                }
+            }
+            alignas(32) float tmp[8];
+            _mm256_store_ps(tmp, hsum8(acc));
+            for (int r = 0; r < R; ++r)
+                for (int t = 0; t < KT && j + t < n; ++t) s[r * sstride + j + t] = tmp[r * KT + t];
+        }
+    }
+
+    template <class T>
+    static void scores(const float* q, i64 qstride, int R, const T* k, i64 kstride, i64 n, i64 Dk, float* s,
+                       i64 sstride) {
+        if (R == 4) score_tile<4>(q, qstride, k, kstride, n, Dk, s, sstride);
+        else if (R == 2) score_tile<2>(q, qstride, k, kstride, n, Dk, s, sstride);
+        else score_tile<1>(q, qstride, k, kstride, n, Dk, s, sstride);
+    }
+
+    static float exp2_1(float x) { return _mm512_cvtss_f32(exp2_ps512(_mm512_set1_ps(x))); }
+
+    static float row_max(const float* s, i64 n) {
+        const __m512 ninf = _mm512_set1_ps(-INFINITY);
+        __m512 mv = ninf;
+        // max(x, mv) returns mv when x is NaN: NaN scores are skipped here (decode_core.hpp
+        // sends them to l and o through exp_shift).
+        for (i64 j = 0; j < n; j += 16) mv = _mm512_max_ps(_mm512_mask_loadu_ps(ninf, lanes(n - j), s + j), mv);
+        return _mm512_reduce_max_ps(mv);
+    }
+
+    static float exp_shift(float* s, i64 n, float m) {
+        const __m512 mv = _mm512_set1_ps(m), l2e = _mm512_set1_ps(kLog2e);
+        __m512 sum = _mm512_setzero_ps();
+        for (i64 j = 0; j < n; j += 16) {
+            const __mmask16 k = lanes(n - j);
+            // A masked score (−inf) gets weight exactly 0: exp2_ps512 gives 0 below −126.
+            const __m512 e = exp2_ps512(_mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mv), l2e));
+            _mm512_mask_storeu_ps(s + j, k, e);
+            sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, e));
+        }
+        return _mm512_reduce_add_ps(sum);
+    }
+
+    // o[r][d0 .. d0+16C) for R rows: R·C accumulators held in registers over the whole
+    // block; each V vector is loaded (and converted) once for the R rows. The last vector
+    // of the chunk runs under `last` (the head-dim edge, or all lanes).
+    template <int R, int C, class T>
+    static void acc_chunk(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, const T* v,
+                          i64 vstride, i64 n, i64 d0, __mmask16 last) {
+        // One flat array, every loop fully unrolled: GCC then keeps it in registers.
+        __m512 acc[R * C];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+            const __m512 al = _mm512_set1_ps(alpha[r]);
+#pragma GCC unroll 8
+            for (int c = 0; c < C; ++c)
+                acc[r * C + c] = _mm512_mul_ps(
+                    _mm512_maskz_loadu_ps(c == C - 1 ? last : static_cast<__mmask16>(0xFFFF), o + r * ostride + d0 + 16 * c),
+                    al);
+        }
+        const float* pj = p;
+        const T* vj = v + d0;
+        for (i64 j = 0; j < n; ++j, ++pj, vj += vstride) {
+            __m512 pb[R];
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) pb[r] = _mm512_set1_ps(pj[r * pstride]);
+#pragma GCC unroll 8
+            for (int c = 0; c < C; ++c) {
+                const __m512 vv = c == C - 1 ? load16(vj + 16 * c, last) : load16(vj + 16 * c);
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) acc[r * C + c] = _mm512_fmadd_ps(pb[r], vv, acc[r * C + c]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+            for (int c = 0; c < C; ++c)
+                _mm512_mask_storeu_ps(o + r * ostride + d0 + 16 * c, c == C - 1 ? last : static_cast<__mmask16>(0xFFFF),
+                                      acc[r * C + c]);
+    }
+
+    // Chunks of up to 8/R vectors of 16 head-dim entries (at most 8 accumulators), as wide
+    // as Dv allows, so that one row (R = 1) at Dv = 64 still has 4 independent chains.
+    template <int R, class T>
+    static void acc_tile(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, const T* v,
+                         i64 vstride, i64 n, i64 Dv) {
+        constexpr int Cmax = 8 / R;
+        for (i64 d0 = 0; d0 < Dv; d0 += 16 * Cmax) {
+            const i64 rest = Dv - d0;
+            const i64 nv = (rest + 15) / 16;
+            const int C = nv < Cmax ? static_cast<int>(nv) : Cmax;
+            const __mmask16 last = lanes(rest - 16 * (C - 1));
+            switch (C) {
+#define ATTN_C(c)                                                                                        \
+    case c:                                                                                              \
+        if constexpr (c <= Cmax) acc_chunk<R, c>(o, ostride, alpha, p, pstride, v, vstride, n, d0, last); \
+        break;
+                ATTN_C(8) ATTN_C(7) ATTN_C(6) ATTN_C(5) ATTN_C(4) ATTN_C(3) ATTN_C(2)
+#undef ATTN_C
+                default: acc_chunk<R, 1>(o, ostride, alpha, p, pstride, v, vstride, n, d0, last); break;
+            }
+        }
+    }
+
+    template <class T>
+    static void accumulate(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, int R, const T* v,
+                           i64 vstride, i64 n, i64 Dv) {
+        if (R == 4) acc_tile<4>(o, ostride, alpha, p, pstride, v, vstride, n, Dv);
+        else if (R == 2) acc_tile<2>(o, ostride, alpha, p, pstride, v, vstride, n, Dv);
+        else acc_tile<1>(o, ostride, alpha, p, pstride, v, vstride, n, Dv);
+    }
+};
+
+}  // namespace
+
+void decode_avx512(const SdpaProblem& p, const DecodeWork& w) { decode_entry<Avx512Ops>(p, w); }
+
+}  // namespace attn::detail

@@ -1,0 +1,33 @@
+// 2^x on 16 float lanes with AVX-512F: the same range reduction and polynomial as
+// exp2_avx2.hpp (algorithm and error in exp2.hpp). Internal linkage (anonymous
+// namespace): each AVX-512 translation unit gets its own copy, so the linker never shares
+// it with portable or AVX2 code. Include only from *_avx512.cpp files.
+#pragma once
+
+#include <immintrin.h>
+
+#include "exp2.hpp"
+
+namespace attn::detail {
+namespace {
+
+inline __m512 exp2_ps512(__m512 x) {
+    using namespace exp2poly;
+    // max/min(const, x) return x when x is NaN, so NaN propagates.
+    const __m512 xc = _mm512_max_ps(_mm512_set1_ps(-127.0f), _mm512_min_ps(_mm512_set1_ps(kMax), x));
+    const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(xc, n);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(c6), f, _mm512_set1_ps(c5));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c4));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c3));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c2));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c1));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    const __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(n), 23);
+    const __m512 r = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e));
+    // Below −126 (and −inf): exactly 0 (a zeroing mask: lanes where x < −126 get 0).
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(kMin), _CMP_NLT_UQ), r);
+}
+
+}  // namespace
+}  // namespace attn::detail
