@@ -42,6 +42,9 @@ struct TileArgs {
     // units, with −inf for masked and padded keys.
     void (*score_rule)(const void* ctx, int row, float* s) = nullptr;
     const void* rule_ctx = nullptr;
+    // (br, bcp) or null: 1 − tanh²(s/c) of the softcap (0 where masked), filled by score_rule;
+    // dS is multiplied by it (the chain rule through c·tanh(s/c)).
+    const float* softcap_grad = nullptr;
     float* S = nullptr;   // scratch (br, bcp): S, then P
     float* dP = nullptr;  // scratch (br, bcp): dP, then dS
     float* Pd = nullptr;  // scratch (br, bcp): P ∘ drop (used only with dropout)

@@ -52,6 +52,9 @@ void tile_body(const TileArgs& t) {
         const std::ptrdiff_t o = static_cast<std::ptrdiff_t>(i) * bcp;
         ds_row(t.S + o, t.dP + o, bcp, t.Drow[i], t.scale);
     }
+    // Softcap: ∂(c·tanh(s/c))/∂s = 1 − tanh²(s/c)
+    if (t.softcap_grad)
+        for (std::ptrdiff_t e = 0; e < static_cast<std::ptrdiff_t>(br) * bcp; ++e) t.dP[e] *= t.softcap_grad[e];
     // dK += dSᵀ·Q  (bc × Dkp, inner br)
     gemm(bc, t.Dkp, br, t.dP, 1, bcp, t.q_dk, t.ldq_dk, t.dk, t.Dkp, true);
     // dQ += dS·K  (br × Dkp, inner bc)

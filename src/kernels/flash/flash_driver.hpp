@@ -14,13 +14,18 @@
 //   Qᵀ  is packed once into panels of 16 queries: QT[panel][d][16] (zero-padded past Lq).
 //   for each block of ≤ Nb keys inside the union of the queries' visible key ranges:
 //     Sᵀ[j][i] = (K[j]·Q[i]) · scale                       ← Sᵀ: (keys, queries)
-//     Sᵀ[j][i] ← the score rule (scores.hpp): masks, key interval → −inf
+//     Sᵀ[j][i] ← the score rule (scores.hpp): softcap and ALiBi over the whole tile
+//                (tile_modifiers, vectorised along the contiguous query columns), then
+//                masks, key interval → −inf
 //     m_new[i] = max(m[i], maxⱼ Sᵀ[j][i])                 (vertical: vectorised over i)
 //     α[i]     = 2^((m[i] − m_new[i])·log2 e)
 //     Pᵀ[j][i] = 2^((Sᵀ[j][i] − m_new[i])·log2 e);   l[i] = α[i]·l[i] + Σⱼ Pᵀ[j][i]
 //     Oᵀ[d][i] = α[i]·Oᵀ[d][i] + Σⱼ V[j][d]·Pᵀ[j][i]       ← Oᵀ: (Dv, queries)
 //   O[i][d] = Oᵀ[d][i] / l[i];   lse[i] = m[i] + ln l[i]   (l = 0: O = 0, lse = −inf;
 //                                                          l NaN: O and lse NaN)
+// Sinks: a row starts at m = σ_h, l = 1 (= e^{σ_h − m}), Oᵀ = 0 — the sink is one more
+// logit with value 0, and the online softmax rescales it like any key. A row with no
+// visible key then ends with O = 0 and lse = σ_h.
 // Every exp is the ISA's exp2 of a difference times log2 e. Scores stay in natural units
 // (not pre-multiplied by log2 e): a finite mask value of −FLT_MAX times log2 e would
 // overflow to −inf and turn a finite score into a masked key.
@@ -103,6 +108,8 @@ struct Workspace {
     float* l = nullptr;      // (Mb) running sum
     float* alpha = nullptr;  // (Mb) rescale of this key block
     float* lse2 = nullptr;   // (Mb) log2(l), for the weights pass
+    float* aslope = nullptr; // (Mb) ALiBi slope of each column
+    float* abase = nullptr;  // (Mb) ALiBi: d(column) − j0 of the current key block
     std::int64_t* lo = nullptr;  // (Mb) visible key range of each column's query
     std::int64_t* hi = nullptr;
     std::int64_t* ch = nullptr;  // (Mb) query head of each column
@@ -118,7 +125,7 @@ struct Workspace {
                                      round64(static_cast<std::size_t>(p.Dv) * Mb),
                                      pack_k ? round64(Nb * static_cast<std::size_t>(p.Dk)) : 0,
                                      round64(Nb * static_cast<std::size_t>(p.Dv)),
-                                     round64(Mb), round64(Mb), round64(Mb), round64(Mb),
+                                     round64(Mb), round64(Mb), round64(Mb), round64(Mb), round64(Mb), round64(Mb),
                                      round64(2 * Mb), round64(2 * Mb), round64(2 * Mb), round64(2 * Mb),
                                      round64(Nb + 8)};
         std::size_t total = 0;
@@ -126,9 +133,9 @@ struct Workspace {
         block = std::aligned_alloc(64, total);
         if (block == nullptr) return;
         char* c = static_cast<char*>(block);
-        float** floats[] = {&qt, &s, &ot, &kbuf, &vbuf, &m, &l, &alpha, &lse2};
+        float** floats[] = {&qt, &s, &ot, &kbuf, &vbuf, &m, &l, &alpha, &lse2, &aslope, &abase};
         std::size_t i = 0;
-        for (; i < 9; ++i) {
+        for (; i < 11; ++i) {
             *floats[i] = sizes[i] ? reinterpret_cast<float*>(c) : nullptr;
             c += sizes[i];
         }
@@ -172,7 +179,46 @@ inline void pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::
         for (std::int64_t d = 0; d < D; ++d) dst[j * D + d] = src[t.offset(b, h, j0 + j, d)];
 }
 
-// Sᵀ (scaled, masked) of keys [j0, j0+nk) against all panels of the block.
+// Step 1 of the score rule (scores.hpp) on the whole Sᵀ tile of keys [j0, j0+nk), row by
+// row along the contiguous columns so the loops vectorise with this file's ISA: softcap
+// c·tanh(s/c) (tanh_f32 over the ISA's exp2), then ALiBi −m·|d − j|. The distance is
+// computed in float from abase = d − j0, exact while |d − j0| + nk <= 2^24; beyond that
+// (offsets or lengths past 16 M) each column takes the int64 path of apply_alibi.
+// Padding columns hold Q = 0 and are never read; they get slope 0.
+inline void tile_modifiers(const SdpaProblem& p, Workspace& w, std::int64_t b, int nq, int ncols, std::int64_t j0,
+                           std::int64_t nk, int ldS) {
+    if (p.softcap > 0.0) {
+        const float c = static_cast<float>(p.softcap), inv_c = static_cast<float>(1.0 / p.softcap);
+        for (std::int64_t j = 0; j < nk; ++j) {
+            float* sj = w.s + j * ldS;
+            for (int col = 0; col < ncols; ++col) sj[col] = c * tanh_f32(sj[col] * inv_c);
+        }
+    }
+    if (!p.alibi_slopes) return;
+    constexpr std::int64_t kExact = std::int64_t{1} << 24;
+    const std::int64_t off = p.alibi_offset(b);
+    bool exact = true;
+    for (int col = 0; col < ncols; ++col) {
+        const std::int64_t rel = col < nq ? w.ci[col] + off - j0 : 0;
+        exact &= (rel < 0 ? -rel : rel) + nk <= kExact;
+        w.aslope[col] = col < nq ? p.alibi_slope(b, w.ch[col]) : 0.0f;
+        w.abase[col] = static_cast<float>(rel);
+    }
+    if (exact) {
+        for (std::int64_t j = 0; j < nk; ++j) {
+            float* sj = w.s + j * ldS;
+            const float jf = static_cast<float>(j);
+            for (int col = 0; col < ncols; ++col) {
+                const float d = w.abase[col] - jf;
+                sj[col] -= w.aslope[col] * (d < 0.0f ? -d : d);
+            }
+        }
+    } else {
+        for (int col = 0; col < nq; ++col) apply_alibi(p, b, w.ch[col], w.ci[col], j0, nk, w.s + col, ldS);
+    }
+}
+
+// Sᵀ (scaled, modified, masked) of keys [j0, j0+nk) against all panels of the block.
 template <class Ops>
 void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t hk, int nq, int panels, std::int64_t j0, std::int64_t nk, int ldS, float scale,
                 bool ranges_partial) {
@@ -193,11 +239,12 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
             Ops::qk(qt, kp + r * ldk, ldk, static_cast<int>(imin(kRows, nk - r)), Dk, scale, w.s + r * ldS + pn * kPanel,
                     ldS);
     }
-    // The score rule on each query's column; skipped for a tile every query sees
-    // completely when nothing element-wise applies.
-    if (ranges_partial || score_rule_has_elementwise(p))
+    // The score rule: the modifiers on the whole tile, then the masks on each query's
+    // column — skipped for a tile every query sees completely when no mask is element-wise.
+    if (p.has_score_modifiers()) tile_modifiers(p, w, b, nq, panels * kPanel, j0, nk, ldS);
+    if (ranges_partial || p.has_elementwise_mask())
         for (int c = 0; c < nq; ++c)
-            apply_score_rule(p, b, w.ch[c], w.ci[c], j0, nk, w.s + c, ldS, KeyRange{w.lo[c], w.hi[c]});
+            apply_mask_rule(p, b, w.ch[c], w.ci[c], j0, nk, w.s + c, ldS, KeyRange{w.lo[c], w.hi[c]});
     // Padding columns (c >= nq) keep whatever they hold: their Q is 0 and no output reads them.
 }
 
@@ -266,9 +313,10 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     }
 
     pack_qt(p, b, w.ch, w.ci, nq, panels, w.qt);
-    for (int c = 0; c < ncols; ++c) {
-        w.m[c] = kNegInf;
-        w.l[c] = 0.0f;
+    for (int c = 0; c < ncols; ++c) {  // a sink is the row's first logit: m = σ_h, l = 1
+        const bool sink = p.sinks && c < nq;
+        w.m[c] = sink ? p.sink(w.ch[c]) : kNegInf;
+        w.l[c] = sink ? 1.0f : 0.0f;
     }
     std::memset(w.ot, 0, sizeof(float) * static_cast<std::size_t>(p.Dv) * static_cast<std::size_t>(ldO));
 
@@ -293,8 +341,9 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
             vp = w.vbuf;
             ldv = p.Dv;
         }
-        // Zeros of P only where the score rule or dropout ran: check V there (finite.hpp).
-        const bool select = (partial || score_rule_has_elementwise(p) || drop.active) &&
+        // Zeros of P only where a mask, ALiBi (a score that overflows to −inf) or dropout
+        // ran: check V there (finite.hpp). Softcap keeps every score finite.
+        const bool select = (partial || p.has_elementwise_mask() || p.alibi_slopes || drop.active) &&
                             any_nonfinite(vp, ldv, nk, p.Dv);
         if (select) {
             if (vp != w.vbuf) pack_rows(p.v, b, hk, j0, nk, p.Dv, w.vbuf);
