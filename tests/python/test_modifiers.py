@@ -126,3 +126,39 @@ def test_bad_modifiers_are_value_errors():
         attn.sdpa(q, q, q, alibi_slopes=np.ones(3, np.float32))
     with pytest.raises(Exception, match="sinks: dtype must be float32 but got float64"):
         attn.sdpa(q, q, q, sinks=np.ones(2))
+
+
+def test_cli_flags_match_torch(tmp_path):
+    """attn sdpa --softcap --alibi --sinks --grad-out … --dsinks against the torch textbook."""
+    import os
+    import subprocess
+    bin_ = os.environ.get("ATTN_BIN", "")
+    assert bin_ and os.path.exists(bin_), f"ATTN_BIN must name the attn binary, got {bin_!r}"
+    rng = np.random.default_rng(7)
+    b, h, lq, lk, d = 2, 4, 9, 21, 16
+    q = rng.standard_normal((b, h, lq, d)).astype(np.float32) * 2
+    k = rng.standard_normal((b, h, lk, d)).astype(np.float32) * 2
+    v = rng.standard_normal((b, h, lk, d)).astype(np.float32)
+    g = rng.standard_normal((b, h, lq, d)).astype(np.float32)
+    sinks = rng.standard_normal(h).astype(np.float32)
+    for name, x in dict(q=q, k=k, v=v, g=g, s=sinks).items():
+        np.save(tmp_path / f"{name}.npy", x)
+    p = lambda n: str(tmp_path / n)  # noqa: E731
+    r = subprocess.run([bin_, "sdpa", "--q", p("q.npy"), "--k", p("k.npy"), "--v", p("v.npy"), "--out", p("o.npy"),
+                        "--lse", p("l.npy"), "--causal", "bottom-right", "--softcap", "3", "--alibi", "--sinks", p("s.npy"),
+                        "--grad-out", p("g.npy"), "--dq", p("dq.npy"), "--dk", p("dk.npy"), "--dv", p("dv.npy"),
+                        "--dsinks", p("ds.npy")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    keep = visible(b, lq, lk, causal="bottom-right")
+    diag = np.arange(lq)[None, :] + np.full((b, 1), lk - lq)
+    out_t, lse_t, leaves = textbook(q, k, v, keep, softcap=3.0, slopes=attn.alibi_slopes(h), sinks=sinks, diag=diag)
+    close(np.load(p("o.npy")), out_t.detach().numpy())
+    close(np.load(p("l.npy")), lse_t.detach().numpy())
+    (out_t * torch.from_numpy(g.astype(np.float64))).sum().backward()
+    scale = max(float(np.abs(t.grad.numpy()).max()) for t in leaves)
+    for f, leaf in zip(("dq", "dk", "dv", "ds"), leaves):
+        close(np.load(p(f + ".npy")) / scale, leaf.grad.numpy() / scale, atol=2e-5, rtol=0)
+    bad = subprocess.run([bin_, "sdpa", "--q", p("q.npy"), "--k", p("k.npy"), "--v", p("v.npy"), "--out", p("o2.npy"),
+                          "--softcap", "-1"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "softcap: must be 0 (off)" in bad.stderr, bad.stderr
+    assert not os.path.exists(p("o2.npy"))

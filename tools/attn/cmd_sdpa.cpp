@@ -2,7 +2,8 @@
 //           [--scale S] [--weights W.npy] [--lse L.npy] [--impl auto|reference|flash|decode] ...
 //           [--key-lengths N.npy] [--query-offset N | --query-offsets F.npy]
 //           [--window-left L --window-right R --window-align top-left|bottom-right]
-//           [--grad-out dO.npy --dq dQ.npy --dk dK.npy --dv dV.npy] [--dropout P --seed N]
+//           [--grad-out dO.npy --dq dQ.npy --dk dK.npy --dv dV.npy [--dsinks dS.npy]] [--dropout P --seed N]
+//           [--softcap C] [--alibi-slopes A.npy | --alibi] [--sinks S.npy]
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -26,7 +27,10 @@ struct SdpaArgs {
     std::string query_offsets;                 // --query-offsets: a (B,) .npy, one per sequence
     std::int64_t window_left = -1, window_right = -1;
     std::string window_align = "top-left";
-    std::string grad_out, dq, dk, dv;  // backward: gradients of <O, dO>
+    std::string grad_out, dq, dk, dv, dsinks;  // backward: gradients of <O, dO>
+    double softcap = 0.0;
+    std::string alibi_slopes, sinks;
+    bool alibi = false;  // the standard slopes (attn::alibi_slopes)
     double dropout = 0.0;
     std::uint64_t seed = 0;
     bool verbose = false;
@@ -51,6 +55,7 @@ void run(const SdpaArgs& a) {
     outputs.add("--dq", a.dq);
     outputs.add("--dk", a.dk);
     outputs.add("--dv", a.dv);
+    outputs.add("--dsinks", a.dsinks);
     const bool backward = !a.grad_out.empty();
     if (backward && (a.dq.empty() || a.dk.empty() || a.dv.empty())) {
         throw Error("--grad-out: needs --dq, --dk and --dv (where to write the gradients)");
@@ -58,6 +63,9 @@ void run(const SdpaArgs& a) {
     if (!backward && (!a.dq.empty() || !a.dk.empty() || !a.dv.empty())) {
         throw Error("--dq/--dk/--dv: need --grad-out dO.npy (the gradient of the loss with respect to O)");
     }
+    if (!a.dsinks.empty() && (!backward || a.sinks.empty()))
+        throw Error("--dsinks: needs --grad-out and --sinks (the gradient of the sink logits)");
+    if (a.alibi && !a.alibi_slopes.empty()) throw Error("--alibi: give either --alibi or --alibi-slopes, not both");
     outputs.check();
 
     SdpaOptions opt;
@@ -88,6 +96,19 @@ void run(const SdpaArgs& a) {
                         std::string(dtype_name(mask.dtype())));
         }
     }
+    opt.softcap = a.softcap;  // sdpa checks it (0 = off)
+    Tensor slopes, sinks;
+    if (!a.alibi_slopes.empty()) {
+        slopes = read_npy(a.alibi_slopes);
+        opt.alibi_slopes = slopes.view();
+    } else if (a.alibi) {
+        slopes = alibi_slopes(q.shape().rank == 4 ? q.shape()[1] : 1);
+        opt.alibi_slopes = slopes.view();
+    }
+    if (!a.sinks.empty()) {
+        sinks = read_npy(a.sinks);
+        opt.sinks = sinks.view();
+    }
     if (!a.key_lengths.empty()) {
         lengths = read_npy(a.key_lengths);
         opt.key_lengths = lengths.view();
@@ -104,7 +125,7 @@ void run(const SdpaArgs& a) {
     const std::int64_t Lk = k.shape().rank == 4 ? k.shape()[2] : 0, Dv = v.shape().rank == 4 ? v.shape()[3] : 0;
 
     Tensor o(DType::f32, Shape{B, Hq, Lq, Dv});
-    Tensor w, l, dO, dq, dk, dv;
+    Tensor w, l, dO, dq, dk, dv, ds;
     TensorView wv, lv;
     if (backward) {
         dO = read_input("--grad-out", a.grad_out);
@@ -130,7 +151,12 @@ void run(const SdpaArgs& a) {
         dk = Tensor(k.dtype(), k.shape());
         dv = Tensor(v.dtype(), v.shape());
         SdpaReport back;
-        sdpa_backward(q, k, v, o, l, dO, opt, dq, dk, dv, &back);
+        TensorView dsv;
+        if (!a.dsinks.empty()) {
+            ds = Tensor(DType::f32, Shape{Hq});
+            dsv = ds.view();
+        }
+        sdpa_backward(q, k, v, o, l, dO, opt, dq, dk, dv, &back, a.dsinks.empty() ? nullptr : &dsv);
         if (a.verbose) std::fprintf(stderr, "backward: %s\n", back.explanation.c_str());
     }
 
@@ -141,6 +167,7 @@ void run(const SdpaArgs& a) {
         files.emplace_back(a.dq, dq.view());
         files.emplace_back(a.dk, dk.view());
         files.emplace_back(a.dv, dv.view());
+        if (!a.dsinks.empty()) files.emplace_back(a.dsinks, ds.view());
     }
     OutputFiles::write_all(files);
 }
@@ -183,6 +210,11 @@ void add_sdpa_command(CLI::App& app) {
     cmd->add_option("--dv", args->dv, "write dV (B, Hkv, Lk, Dv), in the dtype of V");
     cmd->add_option("--dropout", args->dropout, "dropout probability on the attention weights, 0 <= P < 1 (training)");
     cmd->add_option("--seed", args->seed, "dropout seed (the same seed gives the same dropout mask)");
+    cmd->add_option("--softcap", args->softcap, "logit soft-cap C > 0: scores C*tanh(s/C) before any mask (0 = off)");
+    cmd->add_option("--alibi-slopes", args->alibi_slopes, "ALiBi slopes (Hq,) or (B, Hq) float32: s -= m_h*|d - j| (bottom-right diagonal d)");
+    cmd->add_flag("--alibi", args->alibi, "ALiBi with the standard slopes of the ALiBi paper for Hq heads");
+    cmd->add_option("--sinks", args->sinks, "attention sink logits (Hq,) float32: softmax mass without a value");
+    cmd->add_option("--dsinks", args->dsinks, "with --grad-out and --sinks: write d loss / d sinks (Hq,) as float32");
     cmd->add_flag("--verbose", args->verbose, "say which kernel ran and why others were declined");
     cmd->callback([args] { run(*args); });
 }
