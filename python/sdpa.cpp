@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include <ctime>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,8 +31,17 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
                    const py::object& window, const py::object& window_alignment, const py::object& query_offset,
                    const py::object& return_lse_arg, const py::object& return_weights_arg,
                    const py::object& dropout_seed, const py::object& impl, const py::object& softcap,
-                   const py::object& alibi_slopes, const py::object& sinks) {
+                   const py::object& alibi_slopes, const py::object& sinks, const py::object& return_scores) {
     const bool return_lse = bool_arg(return_lse_arg, "return_lse");
+    std::optional<attn::ScoreStage> stage;
+    if (!return_scores.is_none()) {
+        try {
+            stage = attn::parse_score_stage(str_arg(return_scores, "return_scores"));
+        } catch (const attn::Error&) {
+            value_error("return_scores: expected \"scaled\", \"softcapped\" or \"masked\" (or None) but got " +
+                        std::string(py::repr(return_scores)));
+        }
+    }
     const bool return_weights = bool_arg(return_weights_arg, "return_weights");
     const Input q = input(query, "query", 2, 4, kLayout);
     const Input k = input(key, "key", 2, 4, kLayout);
@@ -54,6 +64,9 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
     py::array out = new_array(odt, od);
     py::array lse = return_lse ? new_array(odt, ld) : py::array();
     py::array w = return_weights ? new_array(odt, wd) : py::array();
+    py::array sc = stage ? new_array(odt, wd) : py::array();
+    attn::ScoresOutput so;
+    if (stage) so = attn::ScoresOutput{output_view(sc, 4), *stage};
     const attn::TensorView ov = output_view(out, 4);
     attn::TensorView lv, wv;
     if (return_lse) lv = output_view(lse, 3);
@@ -61,13 +74,14 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
     {
         py::gil_scoped_release nogil;
         attn::sdpa(expand_rank(q.view, 4), expand_rank(k.view, 4), expand_rank(v.view, 4), opt.sdpa, ov,
-                   return_lse ? &lv : nullptr, return_weights ? &wv : nullptr);
+                   return_lse ? &lv : nullptr, return_weights ? &wv : nullptr, nullptr, stage ? &so : nullptr);
     }
-    if (!return_lse && !return_weights) return out;
+    if (!return_lse && !return_weights && !stage) return out;
     py::list r;
     r.append(out);
     if (return_lse) r.append(lse);
     if (return_weights) r.append(w);
+    if (stage) r.append(sc);
     return py::tuple(r);
 }
 
@@ -148,7 +162,7 @@ void bind_sdpa(py::module_& m) {
           py::arg("window_alignment") = "top-left", py::arg("query_offset") = py::none(),
           py::arg("return_lse") = false, py::arg("return_weights") = false, py::arg("dropout_seed") = 0,
           py::arg("impl") = "auto", py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(),
-          py::arg("sinks") = py::none(),
+          py::arg("sinks") = py::none(), py::arg("return_scores") = py::none(),
           "softmax(query·keyᵀ·scale + mask)·value, as torch.nn.functional.scaled_dot_product_attention.\n"
           "query (B, H, Lq, D), (H, Lq, D) or (Lq, D); key/value of the same rank (Hq % Hkv == 0: GQA).\n"
           "attn_mask: bool (True = may attend) or float (added), broadcastable to (B, H, Lq, Lk).\n"
@@ -161,7 +175,9 @@ void bind_sdpa(py::module_& m) {
           "(the standard slopes): s -= m_h*|d - j| from the bottom-right diagonal d; sinks (Hq,) float32:\n"
           "a per-head logit in the softmax with no value (lse includes it).\n"
           "A row with no visible key gives 0 (lse -inf; with a sink: lse = sink).\n"
-          "Returns out, or (out[, lse][, weights]) when return_lse / return_weights.");
+          "return_scores=\"scaled\"|\"softcapped\"|\"masked\": the score matrix at that stage (ONNX\n"
+          "qk_matmul_output_mode 0/1/2), not with dropout.\n"
+          "Returns out, or (out[, lse][, weights][, scores]) when return_lse / return_weights / return_scores.");
     m.def("scaled_dot_product_attention_backward", &sdpa_backward_py, py::arg("query"), py::arg("key"),
           py::arg("value"), py::arg("out"), py::arg("lse"), py::arg("grad_out"), py::arg("attn_mask") = py::none(),
           py::arg("dropout_p") = 0.0, py::arg("is_causal") = false, py::arg("scale") = py::none(), py::kw_only(),

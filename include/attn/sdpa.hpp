@@ -106,6 +106,21 @@ struct SdpaOptions {
 // every other slope of 2n' (2^(−4(2k+1)/n'), k = 0, 1, …). heads >= 1.
 Tensor alibi_slopes(std::int64_t heads);
 
+// The score matrix at one stage of the score rule (ONNX Attention's qk_matmul_output_mode
+// 0, 1, 2; the weights are mode 3): scaled = scale·q·k, softcapped = after the softcap (=
+// scaled without one), masked = after ALiBi and every mask (masked keys −inf).
+enum class ScoreStage { scaled, softcapped, masked };
+std::string_view score_stage_name(ScoreStage s);
+ScoreStage parse_score_stage(std::string_view name);  // "scaled", "softcapped", "masked"
+
+// An optional output of sdpa: (B, Hq, Lq, Lk) float32/float64, written completely. O(Lq·Lk)
+// like weights: the flash kernel computes it tile by tile in its second pass. Refused
+// together with dropout.
+struct ScoresOutput {
+    TensorView view;
+    ScoreStage stage = ScoreStage::masked;
+};
+
 // Filled by sdpa when asked: which kernel ran and why faster ones were declined.
 struct SdpaReport {
     std::string kernel;       // e.g. "reference"
@@ -116,7 +131,7 @@ struct SdpaReport {
 // writing anything. lse and weights may be null.
 void sdpa(const TensorView& q, const TensorView& k, const TensorView& v, const SdpaOptions& options,
           const TensorView& out, const TensorView* lse = nullptr, const TensorView* weights = nullptr,
-          SdpaReport* report = nullptr);
+          SdpaReport* report = nullptr, const ScoresOutput* scores = nullptr);
 
 std::string_view impl_name(Impl impl);
 Impl parse_impl(std::string_view name);        // throws attn::Error on an unknown name

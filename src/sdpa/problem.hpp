@@ -25,6 +25,8 @@ struct KeyRange {
 struct SdpaProblem {
     TensorView q, k, v, out;
     std::optional<TensorView> lse, weights;
+    std::optional<TensorView> scores;  // (B, Hq, Lq, Lk) at scores_stage (attn::ScoresOutput)
+    ScoreStage scores_stage = ScoreStage::masked;
     std::optional<TensorView> bool_mask;      // broadcast to (B, Hq, Lq, Lk)
     std::optional<TensorView> additive_mask;  // broadcast to (B, Hq, Lq, Lk)
     std::optional<TensorView> key_lengths;    // (B,) int32/int64
@@ -105,5 +107,8 @@ private:
 SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorView& v,
                          const SdpaOptions& options, const TensorView& out, const TensorView* lse,
                          const TensorView* weights, std::string_view op = "sdpa");
+
+// Adds the scores output to a problem (checks it: shape, dtype, no dropout, no overlap).
+void attach_scores(SdpaProblem& p, const ScoresOutput& scores, std::string_view op = "sdpa");
 
 }  // namespace attn::detail

@@ -207,4 +207,16 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
     return p;
 }
 
+void attach_scores(SdpaProblem& p, const ScoresOutput& s, std::string_view kOp) {
+    require_output(kOp, s.view, "scores", Shape{p.B, p.Hq, p.Lq, p.Lk}, "(B, Hq, Lq, Lk)");
+    if (p.dropout_p > 0.0)
+        fail(kOp, "scores: not available together with dropout (dropout_p = ", std::to_string(p.dropout_p),
+             "): the scores are those of the undropped softmax's input; run without dropout");
+    require_disjoint(kOp, s.view, "scores", p.out, "out");
+    if (p.lse) require_disjoint(kOp, s.view, "scores", *p.lse, "lse");
+    if (p.weights) require_disjoint(kOp, s.view, "scores", *p.weights, "weights");
+    p.scores = s.view;
+    p.scores_stage = s.stage;
+}
+
 }  // namespace attn::detail

@@ -136,7 +136,7 @@ struct Bound {
     double out = 0, lse = 0;
 };
 Bound bound_for(const Inputs& in, const Result& ref) {
-    const TensorView q = in.q, k = in.k, v = in.v;
+    const TensorView q = in.q, k = in.k;
     const std::int64_t B = q.dim(0), Hq = q.dim(1), Lq = q.dim(2), Dk = q.dim(3), Lk = k.dim(2), G = Hq / k.dim(1);
     const double scale = 1.0 / std::sqrt(static_cast<double>(Dk));
     double dot_abs = 0, s_abs = 0;

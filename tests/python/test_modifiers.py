@@ -162,3 +162,41 @@ def test_cli_flags_match_torch(tmp_path):
                           "--softcap", "-1"], capture_output=True, text=True)
     assert bad.returncode == 2 and "softcap: must be 0 (off)" in bad.stderr, bad.stderr
     assert not os.path.exists(p("o2.npy"))
+
+
+def textbook_scores(q, k, keep, softcap=None, slopes=None, diag=None, **_):
+    """The three ONNX stages, float64: scaled (mode 0), softcapped (1), masked (2)."""
+    q, k = (torch.from_numpy(np.asarray(x, np.float64)) for x in (q, k))
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    scaled = q @ k.transpose(-1, -2) / np.sqrt(q.shape[-1])
+    capped = softcap * torch.tanh(scaled / softcap) if softcap else scaled
+    s = capped
+    if slopes is not None:
+        m = torch.tensor(np.broadcast_to(np.asarray(slopes, np.float64), (q.shape[0], q.shape[1])).copy())
+        dist = torch.tensor(np.abs(diag[:, None, :, None] - np.arange(k.shape[2])[None, None, None, :]), dtype=torch.float64)
+        s = s - m[:, :, None, None] * dist
+    masked = s.masked_fill(~torch.from_numpy(np.array(keep)), float("-inf"))
+    return {"scaled": scaled.numpy(), "softcapped": capped.numpy(), "masked": masked.numpy()}
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("stage", ["scaled", "softcapped", "masked"])
+@pytest.mark.parametrize("impl", ["auto", "flash", "reference"])
+def test_scores_output_at_each_stage(seed, stage, impl):
+    (q, k, v), keep, kw, mk, tk = random_case(seed)
+    want = textbook_scores(q, k, keep, **tk)[stage]
+    out, lse, scores = attn.sdpa(q, k, v, **kw, **mk, return_lse=True, return_scores=stage, impl=impl)
+    # |s| up to ~50 here: scores carry fp32 dot-product rounding, (D+2)·u·Σ|q·k|·scale <= 1e-5·|s|-ish
+    close(scores, want, atol=1e-4, rtol=1e-5)
+    if stage == "masked":
+        assert np.array_equal(np.isneginf(scores), np.isneginf(want))
+    out_t, lse_t, _ = textbook(q, k, v, keep, **tk)
+    close(out, out_t.detach().numpy())
+
+
+def test_scores_refused_with_dropout_and_bad_stage():
+    q = np.ones((1, 2, 3, 8), np.float32)
+    with pytest.raises(Exception, match="scores: not available together with dropout"):
+        attn.sdpa(q, q, q, dropout_p=0.1, return_scores="masked")
+    with pytest.raises(ValueError, match="return_scores: expected"):
+        attn.sdpa(q, q, q, return_scores="raw")

@@ -4,6 +4,7 @@
 //           [--window-left L --window-right R --window-align top-left|bottom-right]
 //           [--grad-out dO.npy --dq dQ.npy --dk dK.npy --dv dV.npy [--dsinks dS.npy]] [--dropout P --seed N]
 //           [--softcap C] [--alibi-slopes A.npy | --alibi] [--sinks S.npy]
+//           [--scores S.npy --scores-stage scaled|softcapped|masked]
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -31,6 +32,7 @@ struct SdpaArgs {
     double softcap = 0.0;
     std::string alibi_slopes, sinks;
     bool alibi = false;  // the standard slopes (attn::alibi_slopes)
+    std::string scores, scores_stage = "masked";
     double dropout = 0.0;
     std::uint64_t seed = 0;
     bool verbose = false;
@@ -56,6 +58,8 @@ void run(const SdpaArgs& a) {
     outputs.add("--dk", a.dk);
     outputs.add("--dv", a.dv);
     outputs.add("--dsinks", a.dsinks);
+    outputs.add("--scores", a.scores);
+    const ScoreStage stage = parse_score_stage(a.scores_stage);
     const bool backward = !a.grad_out.empty();
     if (backward && (a.dq.empty() || a.dk.empty() || a.dv.empty())) {
         throw Error("--grad-out: needs --dq, --dk and --dv (where to write the gradients)");
@@ -125,7 +129,12 @@ void run(const SdpaArgs& a) {
     const std::int64_t Lk = k.shape().rank == 4 ? k.shape()[2] : 0, Dv = v.shape().rank == 4 ? v.shape()[3] : 0;
 
     Tensor o(DType::f32, Shape{B, Hq, Lq, Dv});
-    Tensor w, l, dO, dq, dk, dv, ds;
+    Tensor w, l, dO, dq, dk, dv, ds, sc;
+    ScoresOutput so;
+    if (!a.scores.empty()) {
+        sc = Tensor(DType::f32, Shape{B, Hq, Lq, Lk});
+        so = ScoresOutput{sc.view(), stage};
+    }
     TensorView wv, lv;
     if (backward) {
         dO = read_input("--grad-out", a.grad_out);
@@ -142,7 +151,8 @@ void run(const SdpaArgs& a) {
         lv = l.view();
     }
     SdpaReport report;
-    sdpa(q, k, v, opt, o, lv.empty() ? nullptr : &lv, a.weights.empty() ? nullptr : &wv, &report);
+    sdpa(q, k, v, opt, o, lv.empty() ? nullptr : &lv, a.weights.empty() ? nullptr : &wv, &report,
+         a.scores.empty() ? nullptr : &so);
     if (a.verbose) std::fprintf(stderr, "%s\n", report.explanation.c_str());
     if (backward) {
         // Gradients come out in the inputs' shapes; float64 inputs keep float64 gradients
@@ -162,6 +172,7 @@ void run(const SdpaArgs& a) {
 
     std::vector<std::pair<std::string, TensorView>> files{{a.out, o.view()}};
     if (!a.weights.empty()) files.emplace_back(a.weights, w.view());
+    if (!a.scores.empty()) files.emplace_back(a.scores, sc.view());
     if (!a.lse.empty()) files.emplace_back(a.lse, l.view());
     if (backward) {
         files.emplace_back(a.dq, dq.view());
@@ -214,6 +225,9 @@ void add_sdpa_command(CLI::App& app) {
     cmd->add_option("--alibi-slopes", args->alibi_slopes, "ALiBi slopes (Hq,) or (B, Hq) float32: s -= m_h*|d - j| (bottom-right diagonal d)");
     cmd->add_flag("--alibi", args->alibi, "ALiBi with the standard slopes of the ALiBi paper for Hq heads");
     cmd->add_option("--sinks", args->sinks, "attention sink logits (Hq,) float32: softmax mass without a value");
+    cmd->add_option("--scores", args->scores, "write the scores (B, Hq, Lq, Lk) as float32 at --scores-stage (not with --dropout)");
+    cmd->add_option("--scores-stage", args->scores_stage,
+                    "scaled (scale*q.k), softcapped (after --softcap) or masked (after ALiBi and masks; default)");
     cmd->add_option("--dsinks", args->dsinks, "with --grad-out and --sinks: write d loss / d sinks (Hq,) as float32");
     cmd->add_flag("--verbose", args->verbose, "say which kernel ran and why others were declined");
     cmd->callback([args] { run(*args); });

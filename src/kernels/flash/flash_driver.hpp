@@ -186,15 +186,20 @@ inline void pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::
 // (offsets or lengths past 16 M) each column takes the int64 path of apply_alibi.
 // Padding columns hold Q = 0 and are never read; they get slope 0.
 inline void tile_modifiers(const SdpaProblem& p, Workspace& w, std::int64_t b, int nq, int ncols, std::int64_t j0,
-                           std::int64_t nk, int ldS) {
+                           std::int64_t nk, int ldS, bool with_alibi = true) {
     if (p.softcap > 0.0) {
         const float c = static_cast<float>(p.softcap), inv_c = static_cast<float>(1.0 / p.softcap);
-        for (std::int64_t j = 0; j < nk; ++j) {
+        for (std::int64_t j = 0; j < nk; ++j) {  // ncols is a multiple of 16: whole vectors
             float* sj = w.s + j * ldS;
-            for (int col = 0; col < ncols; ++col) sj[col] = c * tanh_f32(sj[col] * inv_c);
+            for (int col = 0; col < ncols; col += kTanhLanes) {
+                vfloat v;
+                std::memcpy(&v, sj + col, sizeof v);
+                v = tanh_vec(v * inv_c) * c;
+                std::memcpy(sj + col, &v, sizeof v);
+            }
         }
     }
-    if (!p.alibi_slopes) return;
+    if (!p.alibi_slopes || !with_alibi) return;
     constexpr std::int64_t kExact = std::int64_t{1} << 24;
     const std::int64_t off = p.alibi_offset(b);
     bool exact = true;
@@ -209,8 +214,7 @@ inline void tile_modifiers(const SdpaProblem& p, Workspace& w, std::int64_t b, i
             float* sj = w.s + j * ldS;
             const float jf = static_cast<float>(j);
             for (int col = 0; col < ncols; ++col) {
-                const float d = w.abase[col] - jf;
-                sj[col] -= w.aslope[col] * (d < 0.0f ? -d : d);
+                sj[col] -= w.aslope[col] * std::fabs(w.abase[col] - jf);  // fabs: a branch would not vectorise
             }
         }
     } else {
@@ -219,9 +223,10 @@ inline void tile_modifiers(const SdpaProblem& p, Workspace& w, std::int64_t b, i
 }
 
 // Sᵀ (scaled, modified, masked) of keys [j0, j0+nk) against all panels of the block.
+// `stage` < masked (the scores output): stop after the scale or after the softcap.
 template <class Ops>
 void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t hk, int nq, int panels, std::int64_t j0, std::int64_t nk, int ldS, float scale,
-                bool ranges_partial) {
+                bool ranges_partial, ScoreStage stage = ScoreStage::masked) {
     const float* kp;
     std::int64_t ldk;
     if (p.k.stride(3) == 1 || p.Dk == 1) {
@@ -241,6 +246,11 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
     }
     // The score rule: the modifiers on the whole tile, then the masks on each query's
     // column — skipped for a tile every query sees completely when no mask is element-wise.
+    if (stage == ScoreStage::scaled) return;
+    if (stage == ScoreStage::softcapped) {
+        if (p.softcap > 0.0) tile_modifiers(p, w, b, nq, panels * kPanel, j0, nk, ldS, false);
+        return;
+    }
     if (p.has_score_modifiers()) tile_modifiers(p, w, b, nq, panels * kPanel, j0, nk, ldS);
     if (ranges_partial || p.has_elementwise_mask())
         for (int c = 0; c < nq; ++c)
@@ -283,6 +293,32 @@ inline void add_nonfinite_v(const SdpaProblem& p, Workspace& w, std::int64_t b, 
             for (int c = 0; c < ncols; ++c)
                 if (pj[c] != 0.0f) od[c] += pj[c] * x;
         }
+}
+
+// The scores output (attn::ScoresOutput) of the block's columns, every key, tile by tile:
+// the same score_tile as the softmax, stopped at the requested stage.
+template <class Ops>
+void write_scores(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::int64_t b, std::int64_t hk, int nq,
+                  int panels, int ldS, float scale) {
+    const TensorView& S = *p.scores;
+    const bool f32 = S.dtype() == DType::f32;
+    const std::int64_t sj = S.stride(3);
+    for (std::int64_t j0 = 0; j0 < p.Lk; j0 += t.Nb) {
+        const std::int64_t nk = imin(t.Nb, p.Lk - j0);
+        bool partial = false;
+        for (int c = 0; c < nq && !partial; ++c) partial = w.lo[c] > j0 || w.hi[c] < j0 + nk;
+        score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, scale, partial, p.scores_stage);
+        for (int c = 0; c < nq; ++c) {
+            const std::int64_t base = S.offset(b, w.ch[c], w.ci[c], j0);
+            if (f32) {
+                float* o = S.data_as<float>() + base;
+                for (std::int64_t j = 0; j < nk; ++j) o[j * sj] = w.s[j * ldS + c];
+            } else {
+                double* o = S.data_as<double>() + base;
+                for (std::int64_t j = 0; j < nk; ++j) o[j * sj] = static_cast<double>(w.s[j * ldS + c]);
+            }
+        }
+    }
 }
 
 // One task: queries [i0, i0+nq) of the nh query heads h0.. (all reading KV head hk) of
@@ -381,6 +417,7 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
         }
     }
 
+    if (p.scores) write_scores<Ops>(p, t, w, b, hk, nq, panels, ldS, scale);
     if (!p.weights) return;
     // Weights from the saved statistics, tile by tile: P = 2^((S − m)·log2 e − log2 l)
     // (= exp(S − lse)); a row with no visible key gets m = +inf so every P is exactly 0.

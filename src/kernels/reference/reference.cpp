@@ -123,6 +123,13 @@ void reference_forward(const SdpaProblem& p) {
             if (p.weights)
                 for (std::int64_t j = 0; j < p.Lk; ++j)
                     store(*p.weights, p.weights->offset(b, h, i, j), s.weights[static_cast<std::size_t>(i * p.Lk + j)]);
+            if (p.scores) {
+                const std::vector<double>& S = p.scores_stage == ScoreStage::scaled       ? s.scores
+                                               : p.scores_stage == ScoreStage::softcapped ? s.softcapped_scores
+                                                                                          : s.masked_scores;
+                for (std::int64_t j = 0; j < p.Lk; ++j)
+                    store(*p.scores, p.scores->offset(b, h, i, j), S[static_cast<std::size_t>(i * p.Lk + j)]);
+            }
         }
     }
 }
