@@ -181,7 +181,9 @@ TEST(ModifierGrads, TiledMatchesReferenceEveryRowAndThreadCount) {
                     }
                     EXPECT_TRUE(bit_equal(g1.g.dq, g2.g.dq) && bit_equal(g1.g.dk, g2.g.dk) && bit_equal(g1.g.dv, g2.g.dv))
                         << "thread count changed the result: " << what;
-                    if (c.opt.sinks) EXPECT_TRUE(bit_equal(g1.dsinks, g2.dsinks)) << what;
+                    if (c.opt.sinks) {
+                        EXPECT_TRUE(bit_equal(g1.dsinks, g2.dsinks)) << what;
+                    }
                 }
     }
     omp_set_num_threads(2);

@@ -119,13 +119,21 @@ struct RuleContext {
     float* softcap_grad;  // (br, bcp) or null
 };
 
-// TileArgs::score_rule: S·scale, then the score rule, then −inf on the padded keys.
+// TileArgs::score_rule: S·scale, then the score rule, then −inf on the padded keys. With a
+// softcap the tile has scaled and capped the row already (tile.hpp): ALiBi and masks only.
 void tile_score_rule(const void* ctx, int row, float* s) {
     const RuleContext& c = *static_cast<const RuleContext*>(ctx);
-    const float scale = static_cast<float>(c.p->scale);
-    for (int j = 0; j < c.bc; ++j) s[j] *= scale;
+    const SdpaProblem& p = *c.p;
+    const std::int64_t i = c.i0 + row;
     float* g = c.softcap_grad ? c.softcap_grad + static_cast<std::ptrdiff_t>(row) * c.bcp : nullptr;
-    apply_score_rule(*c.p, c.b, c.h, c.i0 + row, c.j0, c.bc, s, 1, KeyRange{c.lo[row], c.hi[row]}, g);
+    if (p.softcap > 0.0) {
+        if (p.alibi_slopes) apply_alibi(p, c.b, c.h, i, c.j0, c.bc, s, 1);
+        apply_mask_rule(p, c.b, c.h, i, c.j0, c.bc, s, 1, KeyRange{c.lo[row], c.hi[row]});
+    } else {
+        const float scale = static_cast<float>(p.scale);
+        for (int j = 0; j < c.bc; ++j) s[j] *= scale;
+        apply_score_rule(p, c.b, c.h, i, c.j0, c.bc, s, 1, KeyRange{c.lo[row], c.hi[row]});
+    }
     for (int j = c.bc; j < c.bcp; ++j) s[j] = kNegInf;
     if (g)  // a masked key gets no gradient, even where its score was NaN (select, not 0·NaN)
         for (int j = 0; j < c.bcp; ++j)
@@ -245,7 +253,8 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                     for (std::int64_t i0 = 0; i0 < Lq; i0 += kBr) {
                         const int br = static_cast<int>(std::min<std::int64_t>(kBr, Lq - i0));
                         // Classify the tile by the structural masks: hidden, fully visible, or partial.
-                        bool any = false, full = !score_rule_has_elementwise(p);
+                        // (the softcap is the tile's own step, not the callback's)
+                        bool any = false, full = !(p.has_elementwise_mask() || p.alibi_slopes);
                         for (int i = 0; i < br; ++i) {
                             const std::int64_t l = lo[static_cast<std::size_t>(b * Lq + i0 + i)];
                             const std::int64_t u = hi[static_cast<std::size_t>(b * Lq + i0 + i)];
@@ -289,6 +298,10 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                         if (!full) {
                             t.score_rule = tile_score_rule;
                             t.rule_ctx = &rule;
+                        }
+                        if (cg) {
+                            t.softcap = static_cast<float>(p.softcap);
+                            t.softcap_inv = static_cast<float>(1.0 / p.softcap);
                             t.softcap_grad = cg;
                         }
                         if (drop.active) {
