@@ -58,6 +58,7 @@ void sdpa_backward(const TensorView& q, const TensorView& k, const TensorView& v
         detail::require_distinct_elements(kOp, *dsinks, "dsinks");
         for (const auto& [i, iname] : ins) detail::require_disjoint(kOp, *dsinks, "dsinks", *i, iname);
         for (const auto& [o, oname] : outs) detail::require_disjoint(kOp, *dsinks, "dsinks", *o, oname);
+        detail::require_disjoint(kOp, *dsinks, "dsinks", *options.sinks, "sinks");
         p.dsinks = *dsinks;
     }
     p.grad_out = grad_out;
