@@ -2,6 +2,8 @@
 
 #include "convert.hpp"
 
+#include <algorithm>
+
 namespace attn_py {
 
 namespace {
@@ -56,6 +58,26 @@ void set_alignment(const AlignmentArgs& args, CallOptions& out) {
                                                         : attn::Causal::bottom_right;
     out.sdpa.window = window_of(args.window, args.window_alignment);
     out.sdpa.query_offset = query_offset_of(args.query_offset, out.query_offset);
+}
+
+void set_modifiers(const ModifierArgs& args, std::int64_t heads, CallOptions& out) {
+    if (!args.softcap.is_none()) out.sdpa.softcap = float_arg(args.softcap, "softcap");
+    if (py::isinstance<py::bool_>(args.alibi_slopes)) {
+        if (args.alibi_slopes.cast<bool>()) {
+            const attn::Tensor s = attn::alibi_slopes(heads);
+            py::array_t<float> a(static_cast<py::ssize_t>(heads));
+            std::copy(s.data_as<float>(), s.data_as<float>() + heads, a.mutable_data());
+            out.alibi_slopes = a;
+            out.sdpa.alibi_slopes = view_of(out.alibi_slopes, "alibi_slopes", 1, 2, "(Hq,) or (B, Hq)");
+        }
+    } else if (!args.alibi_slopes.is_none()) {
+        out.alibi_slopes = as_array(args.alibi_slopes, "alibi_slopes");
+        out.sdpa.alibi_slopes = view_of(out.alibi_slopes, "alibi_slopes", 1, 2, "(Hq,) or (B, Hq)");
+    }
+    if (!args.sinks.is_none()) {
+        out.sinks = as_array(args.sinks, "sinks");
+        out.sdpa.sinks = view_of(out.sinks, "sinks", 1, 1, "(Hq,)");
+    }
 }
 
 CallOptions make_options(const SdpaArgs& args) {

@@ -45,8 +45,20 @@ struct SdpaArgs {
 // Options whose views point into arrays held here, alive as long as this object.
 struct CallOptions {
     attn::SdpaOptions sdpa;
-    py::array mask, key_lengths, query_offset;
+    py::array mask, key_lengths, query_offset, alibi_slopes, sinks;
 };
+
+// The score modifiers, as given: softcap (float, 0/None = off), alibi_slopes ((Hq,) or
+// (B, Hq) float32 array, or True for attn.alibi_slopes(Hq)), sinks ((Hq,) float32 array).
+struct ModifierArgs {
+    py::object softcap;
+    py::object alibi_slopes;
+    py::object sinks;
+};
+
+// Sets softcap, alibi_slopes and sinks of `out` (arrays kept in `out`); `heads` = Hq, for
+// alibi_slopes=True.
+void set_modifiers(const ModifierArgs& args, std::int64_t heads, CallOptions& out);
 
 // Sets causal, window and query_offset of `out` (arrays kept in `out`).
 void set_alignment(const AlignmentArgs& args, CallOptions& out);

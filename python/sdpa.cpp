@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include <ctime>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,9 +31,20 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
                    const py::object& scale, const py::object& causal_alignment, const py::object& key_lengths,
                    const py::object& window, const py::object& window_alignment, const py::object& query_offset,
                    const py::object& return_lse_arg, const py::object& return_weights_arg,
-                   const py::object& dropout_seed, const py::object& impl, const py::object& threads_obj) {
+                   const py::object& dropout_seed, const py::object& impl, const py::object& softcap,
+                   const py::object& alibi_slopes, const py::object& sinks, const py::object& return_scores,
+                   const py::object& threads_obj) {
     const int threads = threads_arg(threads_obj);
     const bool return_lse = bool_arg(return_lse_arg, "return_lse");
+    std::optional<attn::ScoreStage> stage;
+    if (!return_scores.is_none()) {
+        try {
+            stage = attn::parse_score_stage(str_arg(return_scores, "return_scores"));
+        } catch (const attn::Error&) {
+            value_error("return_scores: expected \"scaled\", \"softcapped\" or \"masked\" (or None) but got " +
+                        std::string(py::repr(return_scores)));
+        }
+    }
     const bool return_weights = bool_arg(return_weights_arg, "return_weights");
     const Input q = input(query, "query", 2, 4, kLayout);
     const Input k = input(key, "key", 2, 4, kLayout);
@@ -42,9 +54,10 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
         value_error("key/value: expected the rank of query (" + std::to_string(rank) + ") but got key " +
                     shape_str(k.array) + " and value " + shape_str(v.array));
     }
-    const CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
+    CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
                                           {is_causal, causal_alignment, window, window_alignment, query_offset},
                                           dropout_seed, impl});
+    set_modifiers({softcap, alibi_slopes, sinks}, rank >= 3 ? q.view.dim(rank - 3) : 1, opt);
     const attn::DType odt = output_dtype(q.view);
     std::vector<py::ssize_t> od = dims_of(q.view);
     od.back() = v.view.dim(rank - 1);
@@ -54,6 +67,9 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
     py::array out = new_array(odt, od);
     py::array lse = return_lse ? new_array(odt, ld) : py::array();
     py::array w = return_weights ? new_array(odt, wd) : py::array();
+    py::array sc = stage ? new_array(odt, wd) : py::array();
+    attn::ScoresOutput so;
+    if (stage) so = attn::ScoresOutput{output_view(sc, 4), *stage};
     const attn::TensorView ov = output_view(out, 4);
     attn::TensorView lv, wv;
     if (return_lse) lv = output_view(lse, 3);
@@ -62,13 +78,14 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
         py::gil_scoped_release nogil;
         const attn::ScopedNumThreads scoped_threads(threads);
         attn::sdpa(expand_rank(q.view, 4), expand_rank(k.view, 4), expand_rank(v.view, 4), opt.sdpa, ov,
-                   return_lse ? &lv : nullptr, return_weights ? &wv : nullptr);
+                   return_lse ? &lv : nullptr, return_weights ? &wv : nullptr, nullptr, stage ? &so : nullptr);
     }
-    if (!return_lse && !return_weights) return out;
+    if (!return_lse && !return_weights && !stage) return out;
     py::list r;
     r.append(out);
     if (return_lse) r.append(lse);
     if (return_weights) r.append(w);
+    if (stage) r.append(sc);
     return py::tuple(r);
 }
 
@@ -78,7 +95,8 @@ py::tuple sdpa_backward_py(const py::object& query, const py::object& key, const
                            const py::object& scale, const py::object& causal_alignment,
                            const py::object& key_lengths, const py::object& window,
                            const py::object& window_alignment, const py::object& query_offset,
-                           const py::object& dropout_seed, const py::object& impl, const py::object& threads_obj) {
+                           const py::object& dropout_seed, const py::object& impl, const py::object& softcap,
+                           const py::object& alibi_slopes, const py::object& sinks, const py::object& threads_obj) {
     const int threads = threads_arg(threads_obj);
     const Input q = input(query, "query", 2, 4, kLayout);
     const int r = q.view.rank();
@@ -87,21 +105,27 @@ py::tuple sdpa_backward_py(const py::object& query, const py::object& key, const
     const Input o = input(out, "out", r, r, "the query's rank");
     const Input l = input(lse, "lse", r - 1, r - 1, "the query's shape without D");
     const Input g = input(grad_out, "grad_out", r, r, "the query's rank");
-    const CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
+    CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
                                           {is_causal, causal_alignment, window, window_alignment, query_offset},
                                           dropout_seed, impl});
+    set_modifiers({softcap, alibi_slopes, sinks}, r >= 3 ? q.view.dim(r - 3) : 1, opt);
     const attn::DType odt = output_dtype(q.view);
     py::array dq = new_array(odt, dims_of(q.view));
     py::array dk = new_array(odt, dims_of(k.view));
     py::array dv = new_array(odt, dims_of(v.view));
     const attn::TensorView dqv = output_view(dq, 4), dkv = output_view(dk, 4), dvv = output_view(dv, 4);
+    const bool with_sinks = opt.sdpa.sinks.has_value();
+    py::array ds = with_sinks ? new_array(odt, {static_cast<py::ssize_t>(opt.sdpa.sinks->dim(0))}) : py::array();
+    attn::TensorView dsv;
+    if (with_sinks) dsv = output_view(ds, 1);
     {
         py::gil_scoped_release nogil;
         const attn::ScopedNumThreads scoped_threads(threads);
         attn::sdpa_backward(expand_rank(q.view, 4), expand_rank(k.view, 4), expand_rank(v.view, 4),
                             expand_rank(o.view, 4), expand_rank(l.view, 3), expand_rank(g.view, 4), opt.sdpa, dqv,
-                            dkv, dvv);
+                            dkv, dvv, nullptr, with_sinks ? &dsv : nullptr);
     }
+    if (with_sinks) return py::make_tuple(dq, dk, dv, ds);
     return py::make_tuple(dq, dk, dv);
 }
 
@@ -143,7 +167,8 @@ void bind_sdpa(py::module_& m) {
           py::arg("key_lengths") = py::none(), py::arg("window") = py::none(),
           py::arg("window_alignment") = "top-left", py::arg("query_offset") = py::none(),
           py::arg("return_lse") = false, py::arg("return_weights") = false, py::arg("dropout_seed") = 0,
-          py::arg("impl") = "auto", py::arg("threads") = py::none(),
+          py::arg("impl") = "auto", py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(),
+          py::arg("sinks") = py::none(), py::arg("return_scores") = py::none(), py::arg("threads") = py::none(),
           "softmax(query·keyᵀ·scale + mask)·value, as torch.nn.functional.scaled_dot_product_attention.\n"
           "query (B, H, Lq, D), (H, Lq, D) or (Lq, D); key/value of the same rank (Hq % Hkv == 0: GQA).\n"
           "attn_mask: bool (True = may attend) or float (added), broadcastable to (B, H, Lq, Lk).\n"
@@ -152,18 +177,34 @@ void bind_sdpa(py::module_& m) {
           "unbounded on that side); window_alignment places d like causal_alignment: top-left d = i,\n"
           "bottom-right d = i + n_b - Lq (n_b = key_lengths[b], else Lk).\n"
           "query_offset: an int or a (B,) int32/int64 array; d = i + query_offset[b] for causal and window.\n"
-          "A row with no visible key gives 0 (lse -inf).\n"
+          "softcap=c: scores c*tanh(s/c) before any mask; alibi_slopes (Hq,)/(B, Hq) float32 or True\n"
+          "(the standard slopes): s -= m_h*|d - j| from the bottom-right diagonal d; sinks (Hq,) float32:\n"
+          "a per-head logit in the softmax with no value (lse includes it).\n"
+          "A row with no visible key gives 0 (lse -inf; with a sink: lse = sink).\n"
+          "return_scores=\"scaled\"|\"softcapped\"|\"masked\": the score matrix at that stage (ONNX\n"
+          "qk_matmul_output_mode 0/1/2), not with dropout.\n"
           "threads: compute on this many threads (default None: attn.get_num_threads()).\n"
-          "Returns out, or (out[, lse][, weights]) when return_lse / return_weights.");
+          "Returns out, or (out[, lse][, weights][, scores]) when return_lse / return_weights / return_scores.");
     m.def("scaled_dot_product_attention_backward", &sdpa_backward_py, py::arg("query"), py::arg("key"),
           py::arg("value"), py::arg("out"), py::arg("lse"), py::arg("grad_out"), py::arg("attn_mask") = py::none(),
           py::arg("dropout_p") = 0.0, py::arg("is_causal") = false, py::arg("scale") = py::none(), py::kw_only(),
           py::arg("causal_alignment") = "top-left", py::arg("key_lengths") = py::none(),
           py::arg("window") = py::none(), py::arg("window_alignment") = "top-left",
           py::arg("query_offset") = py::none(), py::arg("dropout_seed") = 0, py::arg("impl") = "auto",
+          py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
           py::arg("threads") = py::none(),
           "Gradients (dq, dk, dv) of scaled_dot_product_attention given the forward's out and lse\n"
-          "(return_lse=True) and grad_out = dLoss/dout; the same options as the forward.");
+          "(return_lse=True) and grad_out = dLoss/dout; the same options as the forward.\n"
+          "With sinks: (dq, dk, dv, dsinks). ALiBi slopes get no gradient.");
+    m.def(
+        "alibi_slopes",
+        [](std::int64_t heads) {
+            const attn::Tensor s = attn::alibi_slopes(heads);
+            py::array_t<float> a(static_cast<py::ssize_t>(heads));
+            std::copy(s.data_as<float>(), s.data_as<float>() + heads, a.mutable_data());
+            return a;
+        },
+        py::arg("heads"), "The ALiBi paper's slopes for `heads` heads, float32 (heads,).");
     m.attr("sdpa") = m.attr("scaled_dot_product_attention");
     m.attr("sdpa_backward") = m.attr("scaled_dot_product_attention_backward");
     m.def("_time_cpp_sdpa", &time_cpp_sdpa, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("runs"),

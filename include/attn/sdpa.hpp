@@ -22,6 +22,12 @@
 //   window         query i sees keys d_b(i)−left .. d_b(i)+right, d_b(i) as above for window.align
 //   query_offset   replaces both alignments by one number per sequence: d_b(i) = i + offset_b
 //                  (the position of query 0 among the keys; top-left = 0, bottom-right = n_b − Lq)
+// Score modifiers (docs/conventions.md, "Score modifiers"), applied in this order, before the masks:
+//   softcap        c > 0: s = c·tanh(s / c) (Gemma 2); masked keys stay −inf
+//   alibi_slopes   s += −m_h·|d_b(i) − j|, d_b(i) the bottom-right diagonal (or query_offset)
+// and in the softmax:
+//   sinks          per-head logit σ_h that takes probability mass but adds no value; lse
+//                  includes it; a row with no visible key then gives out = 0, lse = σ_h
 // A masked position gets exactly zero weight. A row with no visible key gives
 // out = 0, weights = 0 and lse = −inf — never NaN.
 #pragma once
@@ -82,6 +88,37 @@ struct SdpaOptions {
     // that multiply V (as torch's MultiheadAttention returns them).
     double dropout_p = 0.0;
     std::uint64_t dropout_seed = 0;
+    // Logit soft-capping: s ← softcap·tanh(s / softcap) right after the scale, before any
+    // mask or bias. 0 = off; otherwise a finite float32 >= FLT_MIN.
+    double softcap = 0.0;
+    // ALiBi slopes m_h, float32, shape (Hq,) or (B, Hq), finite: s ← s − m_h·|d_b(i) − j|
+    // (FlashAttention's convention: measured from the bottom-right diagonal d_b(i) =
+    // i + n_b − Lq, or from query_offset when given). attn::alibi_slopes(H) gives the
+    // standard ones. No gradient.
+    std::optional<TensorView> alibi_slopes;
+    // Attention sinks σ_h, float32, shape (Hq,), finite: one extra softmax logit per head
+    // with no value (gpt-oss, StreamingLLM): p_j = e^{s_j} / (e^{σ_h} + Σ_k e^{s_k}).
+    std::optional<TensorView> sinks;
+};
+
+// The ALiBi paper's slopes for `heads` heads, float32 (heads,): for n a power of two,
+// m_h = 2^(−8(h+1)/n); otherwise those of the largest power of two n' < heads followed by
+// every other slope of 2n' (2^(−4(2k+1)/n'), k = 0, 1, …). heads >= 1.
+Tensor alibi_slopes(std::int64_t heads);
+
+// The score matrix at one stage of the score rule (ONNX Attention's qk_matmul_output_mode
+// 0, 1, 2; the weights are mode 3): scaled = scale·q·k, softcapped = after the softcap (=
+// scaled without one), masked = after ALiBi and every mask (masked keys −inf).
+enum class ScoreStage { scaled, softcapped, masked };
+std::string_view score_stage_name(ScoreStage s);
+ScoreStage parse_score_stage(std::string_view name);  // "scaled", "softcapped", "masked"
+
+// An optional output of sdpa: (B, Hq, Lq, Lk) float32/float64, written completely. O(Lq·Lk)
+// like weights: the flash kernel computes it tile by tile in its second pass. Refused
+// together with dropout.
+struct ScoresOutput {
+    TensorView view;
+    ScoreStage stage = ScoreStage::masked;
 };
 
 // Filled by sdpa when asked: which kernel ran and why faster ones were declined.
@@ -94,7 +131,7 @@ struct SdpaReport {
 // writing anything. lse and weights may be null.
 void sdpa(const TensorView& q, const TensorView& k, const TensorView& v, const SdpaOptions& options,
           const TensorView& out, const TensorView* lse = nullptr, const TensorView* weights = nullptr,
-          SdpaReport* report = nullptr);
+          SdpaReport* report = nullptr, const ScoresOutput* scores = nullptr);
 
 std::string_view impl_name(Impl impl);
 Impl parse_impl(std::string_view name);        // throws attn::Error on an unknown name

@@ -9,6 +9,9 @@
 //   out: (B, Hq, Lq, Dv) the forward's O         lse: (B, Hq, Lq) the forward's lse
 //   grad_out: (B, Hq, Lq, Dv) dO
 //   dq: like q, dk: like k, dv: like v           float32 or float64, written completely
+//   dsinks: (Hq,) float32/float64, optional, only with options.sinks: ∂loss/∂σ_h =
+//           −Σ_{b,i} e^{σ_h − lse}·rowsum(dO ∘ O). Softcap is differentiated through
+//           (dS ∘= 1 − tanh²(s/c)); ALiBi slopes get no gradient.
 //
 // The fast kernel (Impl::flash, chosen by auto for float32 inputs) never stores the
 // Lq×Lk matrix: it recomputes P = exp(S − lse) tile by tile (FlashAttention-2's
@@ -27,6 +30,7 @@ namespace attn {
 // writing anything. dq, dk and dv must not overlap each other or any input.
 void sdpa_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                    const TensorView& lse, const TensorView& grad_out, const SdpaOptions& options,
-                   const TensorView& dq, const TensorView& dk, const TensorView& dv, SdpaReport* report = nullptr);
+                   const TensorView& dq, const TensorView& dk, const TensorView& dv, SdpaReport* report = nullptr,
+                   const TensorView* dsinks = nullptr);
 
 }  // namespace attn

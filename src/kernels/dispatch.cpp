@@ -37,7 +37,8 @@ void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report)
             const char* isa = isa_name(kernels.isa);
             report->kernel = std::string("flash/") + isa;
             report->explanation = explanation + "ran: flash (fused tiled online softmax, " + isa + " path: " +
-                                  why_isa + ")" + (problem.weights ? "; weights from the saved lse in a second pass" : "");
+                                  why_isa + ")" + (problem.weights ? "; weights from the saved lse in a second pass" : "") +
+                                  (problem.scores ? "; scores tile by tile in a second pass" : "");
         }
         return;
     }

@@ -29,7 +29,8 @@ void require_like(const TensorView& t, const char* name, const Shape& expected, 
 
 void sdpa_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                    const TensorView& lse, const TensorView& grad_out, const SdpaOptions& options,
-                   const TensorView& dq, const TensorView& dk, const TensorView& dv, SdpaReport* report) {
+                   const TensorView& dq, const TensorView& dk, const TensorView& dv, SdpaReport* report,
+                   const TensorView* dsinks) {
     const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
     detail::BackwardProblem p;
     p.fwd = detail::make_problem(q, k, v, options, out, &lse, nullptr, kOp);
@@ -51,6 +52,17 @@ void sdpa_backward(const TensorView& q, const TensorView& k, const TensorView& v
     detail::require_disjoint(kOp, dq, "dq", dk, "dk");
     detail::require_disjoint(kOp, dq, "dq", dv, "dv");
     detail::require_disjoint(kOp, dk, "dk", dv, "dv");
+    if (dsinks != nullptr) {
+        if (!options.sinks) detail::fail(kOp, "dsinks: given but options.sinks is not set (no sink to differentiate)");
+        detail::require_rank(kOp, *dsinks, "dsinks", 1, "(Hq,)");
+        detail::require_f32_or_f64(kOp, *dsinks, "dsinks");
+        detail::require_shape(kOp, *dsinks, "dsinks", Shape{p.fwd.Hq}, "(Hq,)");
+        detail::require_distinct_elements(kOp, *dsinks, "dsinks");
+        for (const auto& [i, iname] : ins) detail::require_disjoint(kOp, *dsinks, "dsinks", *i, iname);
+        for (const auto& [o, oname] : outs) detail::require_disjoint(kOp, *dsinks, "dsinks", *o, oname);
+        detail::require_disjoint(kOp, *dsinks, "dsinks", *options.sinks, "sinks");
+        p.dsinks = *dsinks;
+    }
     p.grad_out = grad_out;
     p.dq = dq;
     p.dk = dk;

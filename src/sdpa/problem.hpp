@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string_view>
 
@@ -24,6 +25,8 @@ struct KeyRange {
 struct SdpaProblem {
     TensorView q, k, v, out;
     std::optional<TensorView> lse, weights;
+    std::optional<TensorView> scores;  // (B, Hq, Lq, Lk) at scores_stage (attn::ScoresOutput)
+    ScoreStage scores_stage = ScoreStage::masked;
     std::optional<TensorView> bool_mask;      // broadcast to (B, Hq, Lq, Lk)
     std::optional<TensorView> additive_mask;  // broadcast to (B, Hq, Lq, Lk)
     std::optional<TensorView> key_lengths;    // (B,) int32/int64
@@ -38,6 +41,11 @@ struct SdpaProblem {
     std::optional<TensorView> query_offsets;  // (B,) int32/int64
     double dropout_p = 0.0;         // 0 ≤ p < 1; 0 = no dropout (src/core/dropout.hpp)
     std::uint64_t dropout_seed = 0;
+    // Score modifiers (scores.hpp applies them): softcap c (0 = off), ALiBi slopes broadcast
+    // to (B, Hq) float32, sinks (Hq,) float32.
+    double softcap = 0.0;
+    std::optional<TensorView> alibi_slopes;
+    std::optional<TensorView> sinks;
 
     // GQA head map: query head h reads KV head h / group (consecutive query heads share).
     std::int64_t kv_head(std::int64_t h) const { return h / group; }
@@ -73,6 +81,19 @@ struct SdpaProblem {
     }
 
     bool has_elementwise_mask() const { return bool_mask.has_value() || additive_mask.has_value(); }
+    // Softcap or ALiBi: they change every visible score.
+    bool has_score_modifiers() const { return softcap > 0.0 || alibi_slopes.has_value(); }
+
+    // m_h of sequence b (0 without ALiBi).
+    float alibi_slope(std::int64_t b, std::int64_t h) const {
+        return alibi_slopes ? alibi_slopes->data_as<const float>()[alibi_slopes->offset(b, h)] : 0.0f;
+    }
+    // σ_h; −inf without sinks (a sink of logit −inf takes no mass).
+    float sink(std::int64_t h) const {
+        return sinks ? sinks->data_as<const float>()[sinks->offset(h)] : -std::numeric_limits<float>::infinity();
+    }
+    // ALiBi measures |d_b(i) − j| from the bottom-right diagonal (query_offset when given).
+    std::int64_t alibi_offset(std::int64_t b) const { return diagonal_offset(Align::bottom_right, b); }
 
 private:
     static std::int64_t int_at(const TensorView& t, std::int64_t b) {
@@ -86,5 +107,8 @@ private:
 SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorView& v,
                          const SdpaOptions& options, const TensorView& out, const TensorView* lse,
                          const TensorView* weights, std::string_view op = "sdpa");
+
+// Adds the scores output to a problem (checks it: shape, dtype, no dropout, no overlap).
+void attach_scores(SdpaProblem& p, const ScoresOutput& scores, std::string_view op = "sdpa");
 
 }  // namespace attn::detail

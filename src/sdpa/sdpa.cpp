@@ -9,9 +9,11 @@
 namespace attn {
 
 void sdpa(const TensorView& q, const TensorView& k, const TensorView& v, const SdpaOptions& options,
-          const TensorView& out, const TensorView* lse, const TensorView* weights, SdpaReport* report) {
+          const TensorView& out, const TensorView* lse, const TensorView* weights, SdpaReport* report,
+          const ScoresOutput* scores) {
     const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
-    const detail::SdpaProblem problem = detail::make_problem(q, k, v, options, out, lse, weights);
+    detail::SdpaProblem problem = detail::make_problem(q, k, v, options, out, lse, weights);
+    if (scores != nullptr) detail::attach_scores(problem, *scores);
     detail::run_forward(problem, options.impl, report);
 }
 
@@ -29,6 +31,21 @@ Impl parse_impl(std::string_view name) {
     for (Impl i : {Impl::automatic, Impl::reference, Impl::flash, Impl::decode})
         if (name == impl_name(i)) return i;
     throw Error("impl: expected one of auto, reference, flash, decode but got '" + std::string(name) + "'");
+}
+
+std::string_view score_stage_name(ScoreStage s) {
+    switch (s) {
+        case ScoreStage::scaled: return "scaled";
+        case ScoreStage::softcapped: return "softcapped";
+        case ScoreStage::masked: return "masked";
+    }
+    return "?";
+}
+
+ScoreStage parse_score_stage(std::string_view name) {
+    for (ScoreStage s : {ScoreStage::scaled, ScoreStage::softcapped, ScoreStage::masked})
+        if (name == score_stage_name(s)) return s;
+    throw Error("scores stage: expected one of scaled, softcapped, masked but got '" + std::string(name) + "'");
 }
 
 Causal parse_causal(std::string_view name) {

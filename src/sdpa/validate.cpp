@@ -2,6 +2,7 @@
 // what was expected and what was given; nothing is written before they all pass.
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 #include "../core/check.hpp"
@@ -30,6 +31,52 @@ void require_output(std::string_view kOp, const TensorView& t, const char* name,
 
 // Offsets up to 2^60 keep every diagonal ± window bound far from the int64 limits.
 constexpr std::int64_t kMaxQueryOffset = std::int64_t{1} << 60;
+
+// A float32 vector/matrix of per-head values, every one finite.
+void require_finite_f32(std::string_view kOp, const TensorView& t, const char* name) {
+    if (t.data() == nullptr) fail(kOp, name, ": data pointer is null");
+    if (t.dtype() != DType::f32) fail(kOp, name, ": dtype must be float32 but got ", dtype_name(t.dtype()));
+    const float* d = t.data_as<const float>();
+    const std::int64_t rows = t.rank() == 2 ? t.dim(0) : 1, cols = t.dim(t.rank() - 1);
+    for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t c = 0; c < cols; ++c) {
+            const float x = d[t.rank() == 2 ? t.offset(r, c) : t.offset(c)];
+            if (!std::isfinite(x)) {
+                if (t.rank() == 2) fail(kOp, name, ": values must be finite but entry (", r, ", ", c, ") is ", x);
+                fail(kOp, name, ": values must be finite but entry ", c, " is ", x);
+            }
+        }
+}
+
+// softcap, alibi_slopes, sinks (docs/conventions.md, "Score modifiers").
+void check_modifiers(std::string_view kOp, const SdpaOptions& o, SdpaProblem& p) {
+    if (o.softcap != 0.0) {
+        // Kernels compute s·(1/c) and c·tanh in float32: c must be a normal float32.
+        const double kMin = static_cast<double>(std::numeric_limits<float>::min());
+        const double kMax = static_cast<double>(std::numeric_limits<float>::max());
+        if (!(o.softcap >= kMin && o.softcap <= kMax))
+            fail(kOp, "softcap: must be 0 (off) or a finite float32 in [1.1754944e-38, 3.4028235e38] but got ",
+                 o.softcap);
+        p.softcap = o.softcap;
+    }
+    if (o.alibi_slopes) {
+        const TensorView& a = *o.alibi_slopes;
+        const bool per_head = a.rank() == 1 && a.dim(0) == p.Hq;
+        const bool per_seq = a.rank() == 2 && a.dim(0) == p.B && a.dim(1) == p.Hq;
+        if (!per_head && !per_seq)
+            fail(kOp, "alibi_slopes: shape must be (Hq,) = (", p.Hq, ",) or (B, Hq) = (", p.B, ", ", p.Hq,
+                 ") but got ", a.shape());
+        require_finite_f32(kOp, a, "alibi_slopes");
+        p.alibi_slopes = a.broadcast_to(Shape{p.B, p.Hq}, std::string(kOp) + ": alibi_slopes");
+    }
+    if (o.sinks) {
+        const TensorView& s = *o.sinks;
+        if (!(s.rank() == 1 && s.dim(0) == p.Hq))
+            fail(kOp, "sinks: shape must be (Hq,) = (", p.Hq, ",) but got ", s.shape());
+        require_finite_f32(kOp, s, "sinks");
+        p.sinks = s;
+    }
+}
 
 }  // namespace
 
@@ -143,6 +190,7 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
     }
     p.dropout_p = options.dropout_p;
     p.dropout_seed = options.dropout_seed;
+    check_modifiers(kOp, options, p);
     p.causal = options.causal;
     p.window = options.window;
     // A bound that excludes no key is stored as unbounded, so key_range never computes
@@ -157,6 +205,18 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
     p.v = v;
     p.out = out;
     return p;
+}
+
+void attach_scores(SdpaProblem& p, const ScoresOutput& s, std::string_view kOp) {
+    require_output(kOp, s.view, "scores", Shape{p.B, p.Hq, p.Lq, p.Lk}, "(B, Hq, Lq, Lk)");
+    if (p.dropout_p > 0.0)
+        fail(kOp, "scores: not available together with dropout (dropout_p = ", std::to_string(p.dropout_p),
+             "): the scores are those of the undropped softmax's input; run without dropout");
+    require_disjoint(kOp, s.view, "scores", p.out, "out");
+    if (p.lse) require_disjoint(kOp, s.view, "scores", *p.lse, "lse");
+    if (p.weights) require_disjoint(kOp, s.view, "scores", *p.weights, "weights");
+    p.scores = s.view;
+    p.scores_stage = s.stage;
 }
 
 }  // namespace attn::detail

@@ -87,6 +87,13 @@ PackedBatch check_packed(std::string_view op, const TensorView& q, const TensorV
     if (options.key_lengths) {
         fail(op, "key_lengths: not accepted for packed sequences: cu_seqlens_k gives every sequence's keys");
     }
+    // Softcap and per-head ALiBi slopes apply per sequence unchanged; sinks (the keyless
+    // sequences' lse and the dsinks sum over sequences) are not wired through the packed path yet.
+    if (options.sinks) fail(op, "sinks: not supported for packed sequences yet (run the sequences with attn::sdpa)");
+    if (options.alibi_slopes && options.alibi_slopes->rank() != 1) {
+        fail(op, "alibi_slopes: packed sequences take per-head slopes (Hq,) but got rank ",
+             options.alibi_slopes->rank());
+    }
     if (options.query_offset && options.query_offset->per_sequence) {
         require_per_sequence(op, *options.query_offset->per_sequence, "query_offset", N);
     }

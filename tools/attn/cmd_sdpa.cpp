@@ -2,7 +2,9 @@
 //           [--scale S] [--weights W.npy] [--lse L.npy] [--impl auto|reference|flash|decode] ...
 //           [--key-lengths N.npy] [--query-offset N | --query-offsets F.npy]
 //           [--window-left L --window-right R --window-align top-left|bottom-right]
-//           [--grad-out dO.npy --dq dQ.npy --dk dK.npy --dv dV.npy] [--dropout P --seed N]
+//           [--grad-out dO.npy --dq dQ.npy --dk dK.npy --dv dV.npy [--dsinks dS.npy]] [--dropout P --seed N]
+//           [--softcap C] [--alibi-slopes A.npy | --alibi] [--sinks S.npy]
+//           [--scores S.npy --scores-stage scaled|softcapped|masked]
 //           [--cu-seqlens-q CQ.npy --cu-seqlens-k CK.npy]   (packed (T, H, D) inputs: attn::sdpa_varlen)
 #include <cmath>
 #include <cstdio>
@@ -29,7 +31,11 @@ struct SdpaArgs {
     std::string query_offsets;                 // --query-offsets: a (B,) .npy, one per sequence
     std::int64_t window_left = -1, window_right = -1;
     std::string window_align = "top-left";
-    std::string grad_out, dq, dk, dv;  // backward: gradients of <O, dO>
+    std::string grad_out, dq, dk, dv, dsinks;  // backward: gradients of <O, dO>
+    double softcap = 0.0;
+    std::string alibi_slopes, sinks;
+    bool alibi = false;  // the standard slopes (attn::alibi_slopes)
+    std::string scores, scores_stage = "masked";
     std::string cu_seqlens_q, cu_seqlens_k;  // packed sequences (sdpa_varlen)
     double dropout = 0.0;
     std::uint64_t seed = 0;
@@ -55,6 +61,8 @@ void run_packed(const SdpaArgs& a, const SdpaOptions& opt, const Tensor& q, cons
                     "of the keys)");
     }
     if (!a.weights.empty()) throw Error("--weights: not available for packed sequences (their weights are ragged)");
+    if (!a.scores.empty()) throw Error("--scores: not available for packed sequences (their scores are ragged)");
+    if (!a.dsinks.empty()) throw Error("--dsinks: not available for packed sequences (sinks are not supported there)");
     const Tensor cq = read_npy(a.cu_seqlens_q), ck = read_npy(a.cu_seqlens_k);
     // Output shapes come from the inputs; if those are malformed, sdpa_varlen names the bad one.
     const std::int64_t Tq = q.shape().rank == 3 ? q.shape()[0] : 0, Hq = q.shape().rank == 3 ? q.shape()[1] : 0;
@@ -90,6 +98,9 @@ void run(const SdpaArgs& a) {
     outputs.add("--dq", a.dq);
     outputs.add("--dk", a.dk);
     outputs.add("--dv", a.dv);
+    outputs.add("--dsinks", a.dsinks);
+    outputs.add("--scores", a.scores);
+    const ScoreStage stage = parse_score_stage(a.scores_stage);
     const bool backward = !a.grad_out.empty();
     if (backward && (a.dq.empty() || a.dk.empty() || a.dv.empty())) {
         throw Error("--grad-out: needs --dq, --dk and --dv (where to write the gradients)");
@@ -97,6 +108,9 @@ void run(const SdpaArgs& a) {
     if (!backward && (!a.dq.empty() || !a.dk.empty() || !a.dv.empty())) {
         throw Error("--dq/--dk/--dv: need --grad-out dO.npy (the gradient of the loss with respect to O)");
     }
+    if (!a.dsinks.empty() && (!backward || a.sinks.empty()))
+        throw Error("--dsinks: needs --grad-out and --sinks (the gradient of the sink logits)");
+    if (a.alibi && !a.alibi_slopes.empty()) throw Error("--alibi: give either --alibi or --alibi-slopes, not both");
     outputs.check();
 
     SdpaOptions opt;
@@ -127,6 +141,19 @@ void run(const SdpaArgs& a) {
                         std::string(dtype_name(mask.dtype())));
         }
     }
+    opt.softcap = a.softcap;  // sdpa checks it (0 = off)
+    Tensor slopes, sinks;
+    if (!a.alibi_slopes.empty()) {
+        slopes = read_npy(a.alibi_slopes);
+        opt.alibi_slopes = slopes.view();
+    } else if (a.alibi) {
+        slopes = alibi_slopes(q.shape().rank == 4 ? q.shape()[1] : 1);
+        opt.alibi_slopes = slopes.view();
+    }
+    if (!a.sinks.empty()) {
+        sinks = read_npy(a.sinks);
+        opt.sinks = sinks.view();
+    }
     if (!a.key_lengths.empty()) {
         lengths = read_npy(a.key_lengths);
         opt.key_lengths = lengths.view();
@@ -144,7 +171,12 @@ void run(const SdpaArgs& a) {
     const std::int64_t Lk = k.shape().rank == 4 ? k.shape()[2] : 0, Dv = v.shape().rank == 4 ? v.shape()[3] : 0;
 
     Tensor o(DType::f32, Shape{B, Hq, Lq, Dv});
-    Tensor w, l, dO, dq, dk, dv;
+    Tensor w, l, dO, dq, dk, dv, ds, sc;
+    ScoresOutput so;
+    if (!a.scores.empty()) {
+        sc = Tensor(DType::f32, Shape{B, Hq, Lq, Lk});
+        so = ScoresOutput{sc.view(), stage};
+    }
     TensorView wv, lv;
     if (backward) {
         dO = read_input("--grad-out", a.grad_out);
@@ -161,7 +193,8 @@ void run(const SdpaArgs& a) {
         lv = l.view();
     }
     SdpaReport report;
-    sdpa(q, k, v, opt, o, lv.empty() ? nullptr : &lv, a.weights.empty() ? nullptr : &wv, &report);
+    sdpa(q, k, v, opt, o, lv.empty() ? nullptr : &lv, a.weights.empty() ? nullptr : &wv, &report,
+         a.scores.empty() ? nullptr : &so);
     if (a.verbose) std::fprintf(stderr, "%s\n", report.explanation.c_str());
     if (backward) {
         // Gradients come out in the inputs' shapes; float64 inputs keep float64 gradients
@@ -170,17 +203,24 @@ void run(const SdpaArgs& a) {
         dk = Tensor(k.dtype(), k.shape());
         dv = Tensor(v.dtype(), v.shape());
         SdpaReport back;
-        sdpa_backward(q, k, v, o, l, dO, opt, dq, dk, dv, &back);
+        TensorView dsv;
+        if (!a.dsinks.empty()) {
+            ds = Tensor(DType::f32, Shape{Hq});
+            dsv = ds.view();
+        }
+        sdpa_backward(q, k, v, o, l, dO, opt, dq, dk, dv, &back, a.dsinks.empty() ? nullptr : &dsv);
         if (a.verbose) std::fprintf(stderr, "backward: %s\n", back.explanation.c_str());
     }
 
     std::vector<std::pair<std::string, TensorView>> files{{a.out, o.view()}};
     if (!a.weights.empty()) files.emplace_back(a.weights, w.view());
+    if (!a.scores.empty()) files.emplace_back(a.scores, sc.view());
     if (!a.lse.empty()) files.emplace_back(a.lse, l.view());
     if (backward) {
         files.emplace_back(a.dq, dq.view());
         files.emplace_back(a.dk, dk.view());
         files.emplace_back(a.dv, dv.view());
+        if (!a.dsinks.empty()) files.emplace_back(a.dsinks, ds.view());
     }
     OutputFiles::write_all(files);
 }
@@ -230,6 +270,14 @@ void add_sdpa_command(CLI::App& app) {
     cmd->add_option("--cu-seqlens-k", args->cu_seqlens_k,
                     "int32/int64 (N+1,) .npy: --k and --v are packed (Tk, Hkv, D), sequence b's keys are rows "
                     "cu[b]..cu[b+1]-1");
+    cmd->add_option("--softcap", args->softcap, "logit soft-cap C > 0: scores C*tanh(s/C) before any mask (0 = off)");
+    cmd->add_option("--alibi-slopes", args->alibi_slopes, "ALiBi slopes (Hq,) or (B, Hq) float32: s -= m_h*|d - j| (bottom-right diagonal d)");
+    cmd->add_flag("--alibi", args->alibi, "ALiBi with the standard slopes of the ALiBi paper for Hq heads");
+    cmd->add_option("--sinks", args->sinks, "attention sink logits (Hq,) float32: softmax mass without a value");
+    cmd->add_option("--scores", args->scores, "write the scores (B, Hq, Lq, Lk) as float32 at --scores-stage (not with --dropout)");
+    cmd->add_option("--scores-stage", args->scores_stage,
+                    "scaled (scale*q.k), softcapped (after --softcap) or masked (after ALiBi and masks; default)");
+    cmd->add_option("--dsinks", args->dsinks, "with --grad-out and --sinks: write d loss / d sinks (Hq,) as float32");
     cmd->add_flag("--verbose", args->verbose, "say which kernel ran and why others were declined");
     add_threads_option(cmd);
     cmd->callback([args] { run(*args); });

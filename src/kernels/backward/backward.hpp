@@ -10,11 +10,15 @@ struct BackwardProblem {
     SdpaProblem fwd;  // q, k, v, out, lse (always present), masks, scale, dropout
     TensorView grad_out;          // (B, Hq, Lq, Dv)
     TensorView dq, dk, dv;        // like q, k, v
+    std::optional<TensorView> dsinks;  // (Hq,), only with fwd.sinks: ∂loss/∂σ_h
 };
 
 // Textbook gradient in double, the oracle: recomputes A, then
 //   dV = Âᵀ·dO, dÂ = dO·Vᵀ, dA = dÂ∘Z/(1−p), dS = A∘(dA − rowsum(A∘dA)),
 //   dQ = scale·dS·K, dK = scale·dSᵀ·Q   (Â = A∘Z/(1−p), the dropped weights).
+// Softcap: dS ∘= 1 − tanh²(s/c) (s the scaled score). Sinks: the sink is a softmax entry
+// with dA = 0, so ∂loss/∂σ_h = P_sink·(0 − rowsum(A∘dA)) summed over rows:
+//   dσ_h = −Σ_{b,i} e^{σ_h − lse_{b,h,i}}·D_{b,h,i},   D = rowsum(A∘dA) = rowsum(dO∘O).
 // O(Lq·Lk) memory per (b, h); threads over KV heads (deterministic).
 void reference_backward(const BackwardProblem& p);
 

@@ -106,7 +106,7 @@ bool finite_copy(const Rows& r, std::int64_t B, std::int64_t H, std::int64_t L, 
 }
 
 struct Scratch {
-    std::vector<float> kt, vt, kp, dk, dv, S, dP, Pd, drop;
+    std::vector<float> kt, vt, kp, dk, dv, S, dP, Pd, drop, cg;
 };
 
 // What the score-rule callback of a partial tile needs: the tile's place in the problem.
@@ -116,15 +116,28 @@ struct RuleContext {
     int bc, bcp;
     const std::int64_t* lo;  // visible key interval of row i0 + row: [lo[row], hi[row])
     const std::int64_t* hi;
+    float* softcap_grad;  // (br, bcp) or null
 };
 
-// TileArgs::score_rule: S·scale, then the score rule, then −inf on the padded keys.
+// TileArgs::score_rule: S·scale, then the score rule, then −inf on the padded keys. With a
+// softcap the tile has scaled and capped the row already (tile.hpp): ALiBi and masks only.
 void tile_score_rule(const void* ctx, int row, float* s) {
     const RuleContext& c = *static_cast<const RuleContext*>(ctx);
-    const float scale = static_cast<float>(c.p->scale);
-    for (int j = 0; j < c.bc; ++j) s[j] *= scale;
-    apply_score_rule(*c.p, c.b, c.h, c.i0 + row, c.j0, c.bc, s, 1, KeyRange{c.lo[row], c.hi[row]});
+    const SdpaProblem& p = *c.p;
+    const std::int64_t i = c.i0 + row;
+    float* g = c.softcap_grad ? c.softcap_grad + static_cast<std::ptrdiff_t>(row) * c.bcp : nullptr;
+    if (p.softcap > 0.0) {
+        if (p.alibi_slopes) apply_alibi(p, c.b, c.h, i, c.j0, c.bc, s, 1);
+        apply_mask_rule(p, c.b, c.h, i, c.j0, c.bc, s, 1, KeyRange{c.lo[row], c.hi[row]});
+    } else {
+        const float scale = static_cast<float>(p.scale);
+        for (int j = 0; j < c.bc; ++j) s[j] *= scale;
+        apply_score_rule(p, c.b, c.h, i, c.j0, c.bc, s, 1, KeyRange{c.lo[row], c.hi[row]});
+    }
     for (int j = c.bc; j < c.bcp; ++j) s[j] = kNegInf;
+    if (g)  // a masked key gets no gradient, even where its score was NaN (select, not 0·NaN)
+        for (int j = 0; j < c.bcp; ++j)
+            if (s[j] == kNegInf) g[j] = 0.0f;
 }
 
 }  // namespace
@@ -162,6 +175,20 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
             acc += load(bp.grad_out, bp.grad_out.offset(b, h, i, d)) * load(p.out, p.out.offset(b, h, i, d));
         Drow[static_cast<std::size_t>(r)] = static_cast<float>(acc);
     }
+    // Sinks: dσ_h = −Σ_{b,i} e^{σ_h − lse}·D (backward.hpp), summed in double in row order.
+    if (bp.dsinks) {
+        for (std::int64_t h = 0; h < Hq; ++h) {
+            const double sigma = p.sink(h);
+            double acc = 0.0;
+            for (std::int64_t b = 0; b < B; ++b)
+                for (std::int64_t i = 0; i < Lq; ++i) {
+                    const double lse = load(*p.lse, p.lse->offset(b, h, i));
+                    const double d = Drow[static_cast<std::size_t>((b * Hq + h) * Lq + i)];
+                    if (d != 0.0) acc -= std::exp(sigma - lse) * d;
+                }
+            store(*bp.dsinks, bp.dsinks->offset(h), acc);
+        }
+    }
     // Visible key interval of every query row (causal, window, key lengths).
     std::vector<std::int64_t> lo(static_cast<std::size_t>(B * Lq)), hi(static_cast<std::size_t>(B * Lq));
     for (std::int64_t b = 0; b < B; ++b)
@@ -189,6 +216,7 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
         s.dk.resize(static_cast<std::size_t>(kBc * Dkp));
         s.dv.resize(static_cast<std::size_t>(kBc * Dvp));
         for (auto* t : {&s.S, &s.dP, &s.Pd}) t->resize(static_cast<std::size_t>(kBr * Bcp));
+        if (p.softcap > 0.0) s.cg.resize(static_cast<std::size_t>(kBr * Bcp));
         s.drop.resize(static_cast<std::size_t>(kBr * (Bcp + 3) / 4 * 4));  // whole Philox blocks
 
         // Each thread zeroes a slice of the dQ partials (first touch on the thread that uses it most).
@@ -225,7 +253,8 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                     for (std::int64_t i0 = 0; i0 < Lq; i0 += kBr) {
                         const int br = static_cast<int>(std::min<std::int64_t>(kBr, Lq - i0));
                         // Classify the tile by the structural masks: hidden, fully visible, or partial.
-                        bool any = false, full = !score_rule_has_elementwise(p);
+                        // (the softcap is the tile's own step, not the callback's)
+                        bool any = false, full = !(p.has_elementwise_mask() || p.alibi_slopes);
                         for (int i = 0; i < br; ++i) {
                             const std::int64_t l = lo[static_cast<std::size_t>(b * Lq + i0 + i)];
                             const std::int64_t u = hi[static_cast<std::size_t>(b * Lq + i0 + i)];
@@ -264,10 +293,16 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                         t.lddq = Dkp;
                         t.dk = s.dk.data();
                         t.dv = s.dv.data();
-                        const RuleContext rule{&p, b, h, i0, j0, bc, bcp, lo.data() + b * Lq + i0, hi.data() + b * Lq + i0};
+                        float* cg = p.softcap > 0.0 ? s.cg.data() : nullptr;
+                        const RuleContext rule{&p, b, h, i0, j0, bc, bcp, lo.data() + b * Lq + i0, hi.data() + b * Lq + i0, cg};
                         if (!full) {
                             t.score_rule = tile_score_rule;
                             t.rule_ctx = &rule;
+                        }
+                        if (cg) {
+                            t.softcap = static_cast<float>(p.softcap);
+                            t.softcap_inv = static_cast<float>(1.0 / p.softcap);
+                            t.softcap_grad = cg;
                         }
                         if (drop.active) {
                             // Z/(1−p) for every (row, key) of the tile; j0 % 4 == 0, so Philox counters line up.

@@ -35,9 +35,12 @@ void reference_backward(const BackwardProblem& bp) {
     const Dropout drop(p.dropout_p, p.dropout_seed);
     const std::int64_t Lq = p.Lq, Lk = p.Lk, Dk = p.Dk, Dv = p.Dv;
     const std::int64_t tasks = p.B * p.Hkv;
+    // dσ per (b, h), summed over b at the end in order (deterministic).
+    std::vector<double> dsinks(static_cast<std::size_t>(p.B * p.Hq), 0.0);
 #pragma omp parallel for schedule(dynamic, 1)
     for (std::int64_t t = 0; t < tasks; ++t) {
         const std::int64_t b = t / p.Hkv, hk = t % p.Hkv;
+        double* dsig = dsinks.data() + b * p.Hq;
         const std::vector<double> K = load_rows(p.k, b, hk, Lk, Dk);  // (Lk, Dk)
         const std::vector<double> V = load_rows(p.v, b, hk, Lk, Dv);  // (Lk, Dv)
         std::vector<double> dK(static_cast<std::size_t>(Lk * Dk), 0.0), dV(static_cast<std::size_t>(Lk * Dv), 0.0);
@@ -64,10 +67,17 @@ void reference_backward(const BackwardProblem& bp) {
                     const double w = A[j] * f;
                     for (std::int64_t d = 0; d < Dv; ++d) dV[static_cast<std::size_t>(j * Dv + d)] += w * dOi[d];
                 }
-                // dS[j] = A[j]·(dA[j] − r);  dQ[i] += scale·dS[j]·K[j];  dK[j] += scale·dS[j]·Q[i]
+                // Sinks: the sink's weight e^{σ − lse} with dA = 0 (backward.hpp)
+                if (p.sinks) dsig[static_cast<std::size_t>(h)] -= std::exp(static_cast<double>(p.sink(h)) - s.lse[static_cast<std::size_t>(i)]) * r;
+                // dS[j] = A[j]·(dA[j] − r)·(1 − tanh²(s/c));  dQ[i] += scale·dS[j]·K[j];  dK[j] += scale·dS[j]·Q[i]
+                const double* capped = s.softcapped_scores.data() + i * Lk;
                 for (std::int64_t j = 0; j < Lk; ++j) {
                     if (A[j] == 0.0) continue;
-                    const double ds = p.scale * A[j] * (dA[static_cast<std::size_t>(j)] - r);
+                    double ds = p.scale * A[j] * (dA[static_cast<std::size_t>(j)] - r);
+                    if (p.softcap > 0.0) {
+                        const double th = capped[j] / p.softcap;
+                        ds *= 1.0 - th * th;
+                    }
                     for (std::int64_t d = 0; d < Dk; ++d) {
                         dQ[static_cast<std::size_t>(i * Dk + d)] += ds * K[static_cast<std::size_t>(j * Dk + d)];
                         dK[static_cast<std::size_t>(j * Dk + d)] += ds * Q[static_cast<std::size_t>(i * Dk + d)];
@@ -79,6 +89,12 @@ void reference_backward(const BackwardProblem& bp) {
         store_rows(bp.dk, b, hk, Lk, Dk, dK);
         store_rows(bp.dv, b, hk, Lk, Dv, dV);
     }
+    if (bp.dsinks)
+        for (std::int64_t h = 0; h < p.Hq; ++h) {
+            double acc = 0.0;
+            for (std::int64_t b = 0; b < p.B; ++b) acc += dsinks[static_cast<std::size_t>(b * p.Hq + h)];
+            store(*bp.dsinks, bp.dsinks->offset(h), acc);
+        }
 }
 
 }  // namespace attn::detail

@@ -42,6 +42,12 @@ struct TileArgs {
     // units, with −inf for masked and padded keys.
     void (*score_rule)(const void* ctx, int row, float* s) = nullptr;
     const void* rule_ctx = nullptr;
+    // Softcap c > 0 (0 = off): the tile itself scales and caps each row of S (vectorised with
+    // its ISA) before score_rule, which then applies only ALiBi and the masks; softcap_grad
+    // (br, bcp) keeps 1 − tanh²(s/c), zeroed by score_rule where masked, and dS is
+    // multiplied by it (the chain rule through c·tanh(s/c)).
+    float softcap = 0.0f, softcap_inv = 0.0f;  // c and float(1/c), as the forward rounds them
+    float* softcap_grad = nullptr;
     float* S = nullptr;   // scratch (br, bcp): S, then P
     float* dP = nullptr;  // scratch (br, bcp): dP, then dS
     float* Pd = nullptr;  // scratch (br, bcp): P ∘ drop (used only with dropout)

@@ -11,6 +11,7 @@
 #include "../../core/dropout.hpp"
 #include "../finite.hpp"
 #include "../isa.hpp"
+#include "../simd/tanh.hpp"
 #include "../simd/exp2_avx2.hpp"
 #include "tile.hpp"
 

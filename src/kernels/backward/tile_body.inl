@@ -15,7 +15,12 @@ void tile_body(const TileArgs& t) {
     constexpr float kLog2e = 1.4426950408889634f;
     for (int i = 0; i < br; ++i) {
         float* s = t.S + static_cast<std::ptrdiff_t>(i) * bcp;
-        if (t.score_rule) {
+        if (t.softcap > 0.0f) {  // scale, cap (keeping 1 − tanh²), then ALiBi and masks
+            for (int j = 0; j < bcp; ++j) s[j] *= t.scale;
+            softcap_f32(s, 1, bcp, t.softcap, t.softcap_inv, t.softcap_grad + static_cast<std::ptrdiff_t>(i) * bcp);
+            if (t.score_rule) t.score_rule(t.rule_ctx, i, s);
+            exp_row(s, bcp, kLog2e, t.neg_lse2[i]);
+        } else if (t.score_rule) {
             t.score_rule(t.rule_ctx, i, s);
             exp_row(s, bcp, kLog2e, t.neg_lse2[i]);
         } else {
@@ -52,6 +57,9 @@ void tile_body(const TileArgs& t) {
         const std::ptrdiff_t o = static_cast<std::ptrdiff_t>(i) * bcp;
         ds_row(t.S + o, t.dP + o, bcp, t.Drow[i], t.scale);
     }
+    // Softcap: ∂(c·tanh(s/c))/∂s = 1 − tanh²(s/c)
+    if (t.softcap_grad)
+        for (std::ptrdiff_t e = 0; e < static_cast<std::ptrdiff_t>(br) * bcp; ++e) t.dP[e] *= t.softcap_grad[e];
     // dK += dSᵀ·Q  (bc × Dkp, inner br)
     gemm(bc, t.Dkp, br, t.dP, 1, bcp, t.q_dk, t.ldq_dk, t.dk, t.Dkp, true);
     // dQ += dS·K  (br × Dkp, inner bc)

@@ -6,6 +6,7 @@
 #include "../../core/dropout.hpp"
 #include "../finite.hpp"
 #include "../isa.hpp"
+#include "../simd/tanh.hpp"
 #include "../simd/exp2.hpp"
 #include "tile.hpp"
 

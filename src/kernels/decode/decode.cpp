@@ -47,6 +47,7 @@ std::string decode_declines(const SdpaProblem& p) {
     auto is_store = [](DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; };
     if (p.Lq > kMaxDecodeQueries) return "Lq = " + std::to_string(p.Lq) + " > 16 (decode is for a few new queries)";
     if (p.weights) return "attention weights were requested (decode never forms them)";
+    if (p.scores) return "scores were requested (decode never forms them)";
     if (p.dropout_p > 0.0) return "dropout was requested (decode applies none)";
     if (p.q.dtype() != DType::f32) return "Q is " + std::string(dtype_name(p.q.dtype())) + ", decode takes float32";
     if (p.out.dtype() != DType::f32 || (p.lse && p.lse->dtype() != DType::f32))

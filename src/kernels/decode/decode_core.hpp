@@ -161,8 +161,10 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
             klo = imin(klo, sc.lo[r]);
             khi = imax(khi, sc.hi[r]);
         }
-        sc.m[r] = -INFINITY;
-        sc.l[r] = 0.0f;
+        // A sink is one more logit with value 0 (scores.hpp), counted once: by the first chunk.
+        const bool sink = p.sinks && c0 == 0;
+        sc.m[r] = sink ? p.sink(h) : -INFINITY;
+        sc.l[r] = sink ? 1.0f : 0.0f;
         for (i64 d = 0; d < Dv; ++d) sc.o[r * Dv + d] = 0.0f;
     }
     const bool elementwise = score_rule_has_elementwise(p);

@@ -14,13 +14,18 @@
 //   Qᵀ  is packed once into panels of 16 queries: QT[panel][d][16] (zero-padded past Lq).
 //   for each block of ≤ Nb keys inside the union of the queries' visible key ranges:
 //     Sᵀ[j][i] = (K[j]·Q[i]) · scale                       ← Sᵀ: (keys, queries)
-//     Sᵀ[j][i] ← the score rule (scores.hpp): masks, key interval → −inf
+//     Sᵀ[j][i] ← the score rule (scores.hpp): softcap and ALiBi over the whole tile
+//                (tile_modifiers, vectorised along the contiguous query columns), then
+//                masks, key interval → −inf
 //     m_new[i] = max(m[i], maxⱼ Sᵀ[j][i])                 (vertical: vectorised over i)
 //     α[i]     = 2^((m[i] − m_new[i])·log2 e)
 //     Pᵀ[j][i] = 2^((Sᵀ[j][i] − m_new[i])·log2 e);   l[i] = α[i]·l[i] + Σⱼ Pᵀ[j][i]
 //     Oᵀ[d][i] = α[i]·Oᵀ[d][i] + Σⱼ V[j][d]·Pᵀ[j][i]       ← Oᵀ: (Dv, queries)
 //   O[i][d] = Oᵀ[d][i] / l[i];   lse[i] = m[i] + ln l[i]   (l = 0: O = 0, lse = −inf;
 //                                                          l NaN: O and lse NaN)
+// Sinks: a row starts at m = σ_h, l = 1 (= e^{σ_h − m}), Oᵀ = 0 — the sink is one more
+// logit with value 0, and the online softmax rescales it like any key. A row with no
+// visible key then ends with O = 0 and lse = σ_h.
 // Every exp is the ISA's exp2 of a difference times log2 e. Scores stay in natural units
 // (not pre-multiplied by log2 e): a finite mask value of −FLT_MAX times log2 e would
 // overflow to −inf and turn a finite score into a masked key.
@@ -108,6 +113,8 @@ struct Workspace {
     float* l = nullptr;      // (Mb) running sum
     float* alpha = nullptr;  // (Mb) rescale of this key block
     float* lse2 = nullptr;   // (Mb) log2(l), for the weights pass
+    float* aslope = nullptr; // (Mb) ALiBi slope of each column
+    float* abase = nullptr;  // (Mb) ALiBi: d(column) − j0 of the current key block
     std::int64_t* lo = nullptr;  // (Mb) visible key range of each column's query
     std::int64_t* hi = nullptr;
     std::int64_t* ch = nullptr;  // (Mb) query head of each column
@@ -123,7 +130,7 @@ struct Workspace {
                                      round64(static_cast<std::size_t>(p.Dv) * Mb),
                                      pack_k ? round64(Nb * static_cast<std::size_t>(p.Dk)) : 0,
                                      round64(Nb * static_cast<std::size_t>(p.Dv)),
-                                     round64(Mb), round64(Mb), round64(Mb), round64(Mb),
+                                     round64(Mb), round64(Mb), round64(Mb), round64(Mb), round64(Mb), round64(Mb),
                                      round64(2 * Mb), round64(2 * Mb), round64(2 * Mb), round64(2 * Mb),
                                      round64(Nb + 8)};
         std::size_t total = 0;
@@ -131,9 +138,9 @@ struct Workspace {
         block = std::aligned_alloc(64, total);
         if (block == nullptr) return;
         char* c = static_cast<char*>(block);
-        float** floats[] = {&qt, &s, &ot, &kbuf, &vbuf, &m, &l, &alpha, &lse2};
+        float** floats[] = {&qt, &s, &ot, &kbuf, &vbuf, &m, &l, &alpha, &lse2, &aslope, &abase};
         std::size_t i = 0;
-        for (; i < 9; ++i) {
+        for (; i < 11; ++i) {
             *floats[i] = sizes[i] ? reinterpret_cast<float*>(c) : nullptr;
             c += sizes[i];
         }
@@ -177,10 +184,54 @@ inline void pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::
         for (std::int64_t d = 0; d < D; ++d) dst[j * D + d] = src[t.offset(b, h, j0 + j, d)];
 }
 
-// Sᵀ (scaled, masked) of keys [j0, j0+nk) against all panels of the block.
+// Step 1 of the score rule (scores.hpp) on the whole Sᵀ tile of keys [j0, j0+nk), row by
+// row along the contiguous columns so the loops vectorise with this file's ISA: softcap
+// c·tanh(s/c) (tanh_f32 over the ISA's exp2), then ALiBi −m·|d − j|. The distance is
+// computed in float from abase = d − j0, exact while |d − j0| + nk <= 2^24; beyond that
+// (offsets or lengths past 16 M) each column takes the int64 path of apply_alibi.
+// Padding columns hold Q = 0 and are never read; they get slope 0.
+inline void tile_modifiers(const SdpaProblem& p, Workspace& w, std::int64_t b, int nq, int ncols, std::int64_t j0,
+                           std::int64_t nk, int ldS, bool with_alibi = true) {
+    if (p.softcap > 0.0) {
+        const float c = static_cast<float>(p.softcap), inv_c = static_cast<float>(1.0 / p.softcap);
+        for (std::int64_t j = 0; j < nk; ++j) {  // ncols is a multiple of 16: whole vectors
+            float* sj = w.s + j * ldS;
+            for (int col = 0; col < ncols; col += kTanhLanes) {
+                vfloat v;
+                std::memcpy(&v, sj + col, sizeof v);
+                v = tanh_vec(v * inv_c) * c;
+                std::memcpy(sj + col, &v, sizeof v);
+            }
+        }
+    }
+    if (!p.alibi_slopes || !with_alibi) return;
+    constexpr std::int64_t kExact = std::int64_t{1} << 24;
+    const std::int64_t off = p.alibi_offset(b);
+    bool exact = true;
+    for (int col = 0; col < ncols; ++col) {
+        const std::int64_t rel = col < nq ? w.ci[col] + off - j0 : 0;
+        exact &= (rel < 0 ? -rel : rel) + nk <= kExact;
+        w.aslope[col] = col < nq ? p.alibi_slope(b, w.ch[col]) : 0.0f;
+        w.abase[col] = static_cast<float>(rel);
+    }
+    if (exact) {
+        for (std::int64_t j = 0; j < nk; ++j) {
+            float* sj = w.s + j * ldS;
+            const float jf = static_cast<float>(j);
+            for (int col = 0; col < ncols; ++col) {
+                sj[col] -= w.aslope[col] * std::fabs(w.abase[col] - jf);  // fabs: a branch would not vectorise
+            }
+        }
+    } else {
+        for (int col = 0; col < nq; ++col) apply_alibi(p, b, w.ch[col], w.ci[col], j0, nk, w.s + col, ldS);
+    }
+}
+
+// Sᵀ (scaled, modified, masked) of keys [j0, j0+nk) against all panels of the block.
+// `stage` < masked (the scores output): stop after the scale or after the softcap.
 template <class Ops>
 void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t hk, int nq, int panels, std::int64_t j0, std::int64_t nk, int ldS, float scale,
-                bool ranges_partial) {
+                bool ranges_partial, ScoreStage stage = ScoreStage::masked) {
     const float* kp;
     std::int64_t ldk;
     if (p.k.stride(3) == 1 || p.Dk == 1) {
@@ -198,11 +249,17 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
             Ops::qk(qt, kp + r * ldk, ldk, static_cast<int>(imin(Ops::kRows, nk - r)), Dk, scale, w.s + r * ldS + pn * Ops::kPanel,
                     ldS);
     }
-    // The score rule on each query's column; skipped for a tile every query sees
-    // completely when nothing element-wise applies.
-    if (ranges_partial || score_rule_has_elementwise(p))
+    // The score rule: the modifiers on the whole tile, then the masks on each query's
+    // column — skipped for a tile every query sees completely when no mask is element-wise.
+    if (stage == ScoreStage::scaled) return;
+    if (stage == ScoreStage::softcapped) {
+        if (p.softcap > 0.0) tile_modifiers(p, w, b, nq, panels * Ops::kPanel, j0, nk, ldS, false);
+        return;
+    }
+    if (p.has_score_modifiers()) tile_modifiers(p, w, b, nq, panels * Ops::kPanel, j0, nk, ldS);
+    if (ranges_partial || p.has_elementwise_mask())
         for (int c = 0; c < nq; ++c)
-            apply_score_rule(p, b, w.ch[c], w.ci[c], j0, nk, w.s + c, ldS, KeyRange{w.lo[c], w.hi[c]});
+            apply_mask_rule(p, b, w.ch[c], w.ci[c], j0, nk, w.s + c, ldS, KeyRange{w.lo[c], w.hi[c]});
     // Padding columns (c >= nq) keep whatever they hold: their Q is 0 and no output reads them.
 }
 
@@ -243,6 +300,32 @@ inline void add_nonfinite_v(const SdpaProblem& p, Workspace& w, std::int64_t b, 
         }
 }
 
+// The scores output (attn::ScoresOutput) of the block's columns, every key, tile by tile:
+// the same score_tile as the softmax, stopped at the requested stage.
+template <class Ops>
+void write_scores(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::int64_t b, std::int64_t hk, int nq,
+                  int panels, int ldS, float scale) {
+    const TensorView& S = *p.scores;
+    const bool f32 = S.dtype() == DType::f32;
+    const std::int64_t sj = S.stride(3);
+    for (std::int64_t j0 = 0; j0 < p.Lk; j0 += t.Nb) {
+        const std::int64_t nk = imin(t.Nb, p.Lk - j0);
+        bool partial = false;
+        for (int c = 0; c < nq && !partial; ++c) partial = w.lo[c] > j0 || w.hi[c] < j0 + nk;
+        score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, scale, partial, p.scores_stage);
+        for (int c = 0; c < nq; ++c) {
+            const std::int64_t base = S.offset(b, w.ch[c], w.ci[c], j0);
+            if (f32) {
+                float* o = S.data_as<float>() + base;
+                for (std::int64_t j = 0; j < nk; ++j) o[j * sj] = w.s[j * ldS + c];
+            } else {
+                double* o = S.data_as<double>() + base;
+                for (std::int64_t j = 0; j < nk; ++j) o[j * sj] = static_cast<double>(w.s[j * ldS + c]);
+            }
+        }
+    }
+}
+
 // One task: queries [i0, i0+nq) of the nh query heads h0.. (all reading KV head hk) of
 // batch b. Column c of the block is query i0 + c % nq of head h0 + c / nq.
 template <class Ops>
@@ -271,9 +354,10 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     }
 
     pack_qt(p, b, w.ch, w.ci, nq, panels, Ops::kPanel, w.qt);
-    for (int c = 0; c < ncols; ++c) {
-        w.m[c] = kNegInf;
-        w.l[c] = 0.0f;
+    for (int c = 0; c < ncols; ++c) {  // a sink is the row's first logit: m = σ_h, l = 1
+        const bool sink = p.sinks && c < nq;
+        w.m[c] = sink ? p.sink(w.ch[c]) : kNegInf;
+        w.l[c] = sink ? 1.0f : 0.0f;
     }
     std::memset(w.ot, 0, sizeof(float) * static_cast<std::size_t>(p.Dv) * static_cast<std::size_t>(ldO));
 
@@ -298,8 +382,9 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
             vp = w.vbuf;
             ldv = p.Dv;
         }
-        // Zeros of P only where the score rule or dropout ran: check V there (finite.hpp).
-        const bool select = (partial || score_rule_has_elementwise(p) || drop.active) &&
+        // Zeros of P only where a mask, ALiBi (a score that overflows to −inf) or dropout
+        // ran: check V there (finite.hpp). Softcap keeps every score finite.
+        const bool select = (partial || p.has_elementwise_mask() || p.alibi_slopes || drop.active) &&
                             any_nonfinite(vp, ldv, nk, p.Dv);
         if (select) {
             if (vp != w.vbuf) pack_rows(p.v, b, hk, j0, nk, p.Dv, w.vbuf);
@@ -337,6 +422,7 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
         }
     }
 
+    if (p.scores) write_scores<Ops>(p, t, w, b, hk, nq, panels, ldS, scale);
     if (!p.weights) return;
     // Weights from the saved statistics, tile by tile: P = 2^((S − m)·log2 e − log2 l)
     // (= exp(S − lse)); a row with no visible key gets m = +inf so every P is exactly 0.

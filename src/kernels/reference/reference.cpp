@@ -28,8 +28,8 @@ void compute_scores(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::v
     }
 }
 
-// Step 2 — masks: the score rule every kernel applies (scores.hpp), here in double: add the
-// additive bias, then set every position a mask forbids — the keep-mask, and the key
+// Step 2 — modifiers and masks: the score rule every kernel applies (scores.hpp), here in
+// double: softcap c·tanh(s/c), ALiBi −m_h·|d_b(i) − j|, add the additive bias, then set every position a mask forbids — the keep-mask, and the key
 // interval of causal, window and key lengths — to −inf.
 // (Setting it to 0 would still give it weight after the softmax; −inf gives none.)
 // An additive −inf forbids too, by selection: a NaN or +inf score plus −inf is −inf, not
@@ -41,14 +41,17 @@ void apply_masks(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::vect
 
 // Step 3 — softmax by rows, shifted by the row max for stability. A row whose every
 // score is −inf has no key to attend to: weights 0 and lse −inf (never 0/0 = NaN).
+// With a sink σ (−inf = none) the row has one more logit with no value:
+//   A_j = e^{s_j − m} / (e^{σ − m} + Σ_k e^{s_k − m}),  m = max(σ, max s),  lse includes σ;
+// a row with no visible key then gives weights 0 and lse = σ.
 void softmax_rows(std::int64_t rows, std::int64_t cols, const std::vector<double>& S, std::vector<double>& A,
-                  std::vector<double>& lse) {
+                  std::vector<double>& lse, double sink) {
     A.assign(S.size(), 0.0);
     lse.assign(static_cast<std::size_t>(rows), kNegInf);
     for (std::int64_t i = 0; i < rows; ++i) {
         const double* s = S.data() + i * cols;
         double* a = A.data() + i * cols;
-        double m = kNegInf;
+        double m = sink;
         bool any_nan = false;
         for (std::int64_t j = 0; j < cols; ++j) {
             any_nan |= std::isnan(s[j]);
@@ -56,7 +59,7 @@ void softmax_rows(std::int64_t rows, std::int64_t cols, const std::vector<double
         }
         if (m == kNegInf && !any_nan) continue;  // fully masked row
         if (any_nan) m = std::numeric_limits<double>::quiet_NaN();  // NaN propagates as IEEE does
-        double sum = 0.0;
+        double sum = sink == kNegInf ? 0.0 : std::exp(sink - m);
         for (std::int64_t j = 0; j < cols; ++j) {
             a[j] = std::exp(s[j] - m);
             sum += a[j];
@@ -96,9 +99,12 @@ void weighted_sum(const SdpaProblem& p, std::int64_t b, std::int64_t h, const st
 
 void reference_head(const SdpaProblem& p, std::int64_t b, std::int64_t h, HeadSteps& steps) {
     compute_scores(p, b, h, steps.scores);
+    steps.softcapped_scores = steps.scores;
+    if (p.softcap > 0.0)
+        for (double& x : steps.softcapped_scores) x = softcap_value<double>(x, p.softcap, 1.0 / p.softcap);
     steps.masked_scores = steps.scores;
     apply_masks(p, b, h, steps.masked_scores);
-    softmax_rows(p.Lq, p.Lk, steps.masked_scores, steps.weights, steps.lse);
+    softmax_rows(p.Lq, p.Lk, steps.masked_scores, steps.weights, steps.lse, static_cast<double>(p.sink(h)));
     apply_dropout(p, b, h, steps.weights);  // dropout: weights become the dropped, rescaled A
     weighted_sum(p, b, h, steps.weights, steps.out);
 }
@@ -117,6 +123,13 @@ void reference_forward(const SdpaProblem& p) {
             if (p.weights)
                 for (std::int64_t j = 0; j < p.Lk; ++j)
                     store(*p.weights, p.weights->offset(b, h, i, j), s.weights[static_cast<std::size_t>(i * p.Lk + j)]);
+            if (p.scores) {
+                const std::vector<double>& S = p.scores_stage == ScoreStage::scaled       ? s.scores
+                                               : p.scores_stage == ScoreStage::softcapped ? s.softcapped_scores
+                                                                                          : s.masked_scores;
+                for (std::int64_t j = 0; j < p.Lk; ++j)
+                    store(*p.scores, p.scores->offset(b, h, i, j), S[static_cast<std::size_t>(i * p.Lk + j)]);
+            }
         }
     }
 }

@@ -12,10 +12,12 @@ namespace attn::detail {
 // Lq × Lk (scores, weights) and Lq × Dv (out), all double.
 struct HeadSteps {
     std::vector<double> scores;         // S = Q·Kᵀ·scale
-    std::vector<double> masked_scores;  // S + additive mask, masked positions = −inf
+    std::vector<double> softcapped_scores;  // c·tanh(S / c) (= S without softcap)
+    std::vector<double> masked_scores;  // the score rule: softcap, ALiBi, + additive mask, masked = −inf
     std::vector<double> weights;        // A = softmax(masked S) by rows; a row with no key: 0
                                         // (with dropout: A ∘ Z / (1 − p), what multiplies V)
-    std::vector<double> lse;            // log Σ exp(masked S) per row; −inf for a row with no key
+    std::vector<double> lse;            // log(e^σ + Σ exp(masked S)) per row (σ = sink, −inf without);
+                                        // −inf for a row with no key and no sink
     std::vector<double> out;            // O = A·V
 };
 

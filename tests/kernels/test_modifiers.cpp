@@ -1,0 +1,468 @@
+// Score modifiers (softcap, ALiBi, sinks; docs/conventions.md "Score modifiers").
+//
+// 1. The reference (the oracle) against constructions that do not share its code:
+//    - softcap: a naive loop here, c·tanh(scale·q·k) → softmax → ·V, in double;
+//    - ALiBi: the reference with an additive mask −m_h·|d_b(i) − j| that this test builds;
+//    - sinks: the reference without sinks on Lk + 1 keys, the extra key having K = 0, V = 0
+//      and an additive mask σ_h (its score is then exactly σ_h and its value 0).
+// 2. Flash (every kernel table row, 1 and 2 threads, bit-identical) and the decode kernel
+//    (every row, with and without split chunks) against the reference on random cases: every
+//    modifier alone and combined, with every mask kind, GQA, Lq ≠ Lk, key lengths, windows.
+// 3. tanh_f32 (the kernels' tanh) against std::tanh on a dense sweep, per ISA row.
+//
+// Tolerance of a fast kernel against the reference, from float32 rounding (u = 2^-24),
+// worst case over the case (first order, as in test_flash.cpp):
+//   score error  E = (Dk+2)·u·scale·max_ij Σ_d|q_id k_jd|   fp32 dot product
+//                  + c·(1.5e-7 + 4u)                        softcap: tanh_f32 error (measured
+//                                                           bound, test 3) and c·t rounding
+//                  + 4u·max_h m_h·(Lq + Lk + |offset|)      ALiBi: distance·slope, subtraction
+//                  + 8u·(max|s| + max|mask|)                scale, mask add, − max
+//   out  |ΔO| ≤ (2E + (Lk+16)u)·max|V|,   lse |Δlse| ≤ E + (Lk+16)u + u·max|lse|.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/error.hpp"
+#include "attn/reference.hpp"
+#include "attn/sdpa.hpp"
+#include "common/util.hpp"
+#include "kernels/decode/decode.hpp"
+#include "kernels/flash/flash.hpp"
+#include "kernels/isa.hpp"
+#include "kernels/scores.hpp"
+#include "sdpa/problem.hpp"
+
+namespace attn {
+namespace {
+
+using test::at;
+using test::poisoned;
+constexpr double kU = 1.0 / 16777216.0;
+
+struct Inputs {
+    Tensor q, k, v, bool_mask, add_mask, key_lengths, slopes, sinks;
+    SdpaOptions opt;
+    std::string desc;
+};
+
+// A random case; `kind` picks the mask, the modifiers are drawn.
+Inputs random_case(std::mt19937_64& rng, int kind, bool short_q) {
+    auto pick = [&](std::initializer_list<std::int64_t> xs) {
+        std::vector<std::int64_t> v(xs);
+        return v[std::uniform_int_distribution<std::size_t>(0, v.size() - 1)(rng)];
+    };
+    const std::int64_t B = pick({1, 2}), Hkv = pick({1, 2}), G = pick({1, 3}), Hq = Hkv * G;
+    const std::int64_t Lq = short_q ? pick({1, 2, 5}) : pick({1, 7, 33, 70});
+    const std::int64_t Lk = pick({1, 8, 64, 100, 130}), Dk = pick({8, 17, 64}), Dv = pick({8, 16, 33});
+    Inputs in;
+    in.q = test::randn(DType::f32, Shape{B, Hq, Lq, Dk}, rng);
+    in.k = test::randn(DType::f32, Shape{B, Hkv, Lk, Dk}, rng);
+    in.v = test::randn(DType::f32, Shape{B, Hkv, Lk, Dv}, rng);
+    SdpaOptions& o = in.opt;
+    in.desc = "B=" + std::to_string(B) + " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) +
+              " Lq=" + std::to_string(Lq) + " Lk=" + std::to_string(Lk) + " Dk=" + std::to_string(Dk) +
+              " Dv=" + std::to_string(Dv) + " mask=" + std::to_string(kind);
+    switch (kind) {
+        case 0: break;
+        case 1: o.causal = Causal::top_left; break;
+        case 2: o.causal = Causal::bottom_right; break;
+        case 3: o.window = Window{pick({0, 3, 20}), pick({-1, 0, 5}), Align::bottom_right}; break;
+        case 4: {
+            in.key_lengths = Tensor(DType::i64, Shape{B});
+            for (std::int64_t b = 0; b < B; ++b)
+                in.key_lengths.data_as<std::int64_t>()[b] = std::uniform_int_distribution<std::int64_t>(0, Lk)(rng);
+            o.key_lengths = in.key_lengths;
+            o.causal = Causal::bottom_right;
+            break;
+        }
+        case 5:
+            in.bool_mask = test::random_bool(Shape{B, 1, Lq, Lk}, rng, 0.7);
+            o.bool_mask = in.bool_mask;
+            break;
+        case 6:
+            in.add_mask = test::randn(DType::f32, Shape{1, Hq, Lq, Lk}, rng, 2.0);
+            o.additive_mask = in.add_mask;
+            break;
+        case 7:
+            o.query_offset = QueryOffset(pick({-3, 0, 40}));
+            o.causal = Causal::top_left;
+            o.window = Window{10, -1, Align::top_left};
+            break;
+    }
+    const int mods = std::uniform_int_distribution<int>(1, 7)(rng);  // bit 0 softcap, 1 ALiBi, 2 sinks
+    if (mods & 1) {
+        o.softcap = static_cast<double>(pick({1, 5, 30}));
+        if (o.softcap == 1.0) o.softcap = 0.75;
+        in.desc += " softcap=" + std::to_string(o.softcap);
+    }
+    if (mods & 2) {
+        if (pick({0, 1}) == 0) {
+            in.slopes = alibi_slopes(Hq);
+        } else {
+            in.slopes = test::rand_uniform(DType::f32, Shape{B, Hq}, rng, 0.0, 0.5);
+        }
+        o.alibi_slopes = in.slopes;
+        in.desc += " alibi" + in.slopes.shape().str();
+    }
+    if (mods & 4) {
+        in.sinks = test::randn(DType::f32, Shape{Hq}, rng, 2.0);
+        o.sinks = in.sinks;
+        in.desc += " sinks";
+    }
+    return in;
+}
+
+struct Result {
+    Tensor out, lse;
+};
+
+Result run_reference(const Inputs& in) {
+    const TensorView q = in.q, v = in.v;
+    Result r{poisoned(DType::f64, Shape{q.dim(0), q.dim(1), q.dim(2), v.dim(3)}),
+             poisoned(DType::f64, Shape{q.dim(0), q.dim(1), q.dim(2)})};
+    SdpaOptions o = in.opt;
+    o.impl = Impl::reference;
+    TensorView l = r.lse;
+    sdpa(in.q, in.k, in.v, o, r.out, &l);
+    return r;
+}
+
+// The bound of the header for this case.
+struct Bound {
+    double out = 0, lse = 0;
+};
+Bound bound_for(const Inputs& in, const Result& ref) {
+    const TensorView q = in.q, k = in.k;
+    const std::int64_t B = q.dim(0), Hq = q.dim(1), Lq = q.dim(2), Dk = q.dim(3), Lk = k.dim(2), G = Hq / k.dim(1);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(Dk));
+    double dot_abs = 0, s_abs = 0;
+    for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t h = 0; h < Hq; ++h)
+            for (std::int64_t i = 0; i < Lq; ++i)
+                for (std::int64_t j = 0; j < Lk; ++j) {
+                    double a = 0, s = 0;
+                    for (std::int64_t d = 0; d < Dk; ++d) {
+                        a += std::abs(at(q, b, h, i, d) * at(k, b, h / G, j, d));
+                        s += at(q, b, h, i, d) * at(k, b, h / G, j, d);
+                    }
+                    dot_abs = std::max(dot_abs, a);
+                    s_abs = std::max(s_abs, std::abs(s) * scale);
+                }
+    double E = static_cast<double>(Dk + 2) * kU * scale * dot_abs + 8 * kU * s_abs;
+    if (in.opt.softcap > 0) E += in.opt.softcap * (1.5e-7 + 4 * kU);
+    if (in.opt.alibi_slopes) {
+        double mmax = 0;
+        test::for_each_offset(in.slopes, [&](std::int64_t o) { mmax = std::max(mmax, test::load(in.slopes, o)); });
+        const double reach = static_cast<double>(Lq + Lk + 64);
+        E += 4 * kU * mmax * reach + 8 * kU * mmax * reach;  // the distance term is part of |s| too
+    }
+    if (in.opt.additive_mask) E += 8 * kU * test::max_abs(in.add_mask);
+    double lse_abs = 0;
+    test::for_each_offset(ref.lse, [&](std::int64_t o) {
+        const double x = test::load(ref.lse, o);
+        if (std::isfinite(x)) lse_abs = std::max(lse_abs, std::abs(x));
+    });
+    const double n = static_cast<double>(Lk + 16);
+    return Bound{(2 * E + n * kU) * test::max_abs(in.v) + 1e-30, E + n * kU + kU * lse_abs};
+}
+
+// ---- 1. the reference against independent constructions ---------------------------------
+
+TEST(ModifiersReference, SoftcapMatchesNaiveLoop) {
+    std::mt19937_64 rng(11);
+    for (double c : {0.5, 3.0, 50.0}) {
+        const std::int64_t B = 2, H = 3, Lq = 6, Lk = 9, D = 5;
+        Tensor q = test::randn(DType::f64, Shape{B, H, Lq, D}, rng, 2.0), k = test::randn(DType::f64, Shape{B, H, Lk, D}, rng, 2.0);
+        Tensor v = test::randn(DType::f64, Shape{B, H, Lk, D}, rng);
+        SdpaOptions o;
+        o.softcap = c;
+        o.impl = Impl::reference;
+        Tensor out = poisoned(DType::f64, Shape{B, H, Lq, D}), want(DType::f64, Shape{B, H, Lq, D});
+        sdpa(q, k, v, o, out);
+        const double scale = 1.0 / std::sqrt(5.0);
+        for (std::int64_t b = 0; b < B; ++b)
+            for (std::int64_t h = 0; h < H; ++h)
+                for (std::int64_t i = 0; i < Lq; ++i) {
+                    std::vector<double> e(Lk);
+                    double z = 0;
+                    for (std::int64_t j = 0; j < Lk; ++j) {
+                        double s = 0;
+                        for (std::int64_t d = 0; d < D; ++d) s += at(q, b, h, i, d) * at(k, b, h, j, d);
+                        e[j] = std::exp(c * std::tanh(s * scale / c));  // |s| <= c: no overflow
+                        z += e[j];
+                    }
+                    for (std::int64_t d = 0; d < D; ++d) {
+                        double acc = 0;
+                        for (std::int64_t j = 0; j < Lk; ++j) acc += e[j] / z * at(v, b, h, j, d);
+                        want.data_as<double>()[want.view().offset(b, h, i, d)] = acc;
+                    }
+                }
+        EXPECT_TRUE(test::all_close(out, want, 1e-14, 1e-12)) << "softcap " << c;
+    }
+}
+
+TEST(ModifiersReference, AlibiEqualsAdditiveBiasFromBottomRightDiagonal) {
+    std::mt19937_64 rng(12);
+    const std::int64_t B = 2, H = 3, Lq = 5, Lk = 11, D = 4;
+    Tensor q = test::randn(DType::f32, Shape{B, H, Lq, D}, rng), k = test::randn(DType::f32, Shape{B, H, Lk, D}, rng);
+    Tensor v = test::randn(DType::f32, Shape{B, H, Lk, D}, rng);
+    Tensor slopes = test::rand_uniform(DType::f32, Shape{B, H}, rng, 0.0, 1.0);
+    Tensor kl(DType::i32, Shape{B});
+    kl.data_as<std::int32_t>()[0] = 11;
+    kl.data_as<std::int32_t>()[1] = 7;
+    for (int with_offset = 0; with_offset < 2; ++with_offset) {
+        Tensor bias(DType::f64, Shape{B, H, Lq, Lk});
+        for (std::int64_t b = 0; b < B; ++b)
+            for (std::int64_t h = 0; h < H; ++h)
+                for (std::int64_t i = 0; i < Lq; ++i)
+                    for (std::int64_t j = 0; j < Lk; ++j) {
+                        // d_b(i): bottom-right per sequence (n_b − Lq), or the explicit offset 2
+                        const std::int64_t d = i + (with_offset ? 2 : kl.data_as<std::int32_t>()[b] - Lq);
+                        bias.data_as<double>()[bias.view().offset(b, h, i, j)] =
+                            -static_cast<double>(at(slopes, b, h)) * static_cast<double>(std::abs(d - j));
+                    }
+        SdpaOptions base;
+        base.impl = Impl::reference;
+        base.key_lengths = kl;
+        base.causal = Causal::bottom_right;
+        if (with_offset) base.query_offset = QueryOffset(2);
+        SdpaOptions a = base, m = base;
+        a.alibi_slopes = slopes;
+        m.additive_mask = bias;
+        Tensor o1 = poisoned(DType::f64, Shape{B, H, Lq, D}), o2 = poisoned(DType::f64, Shape{B, H, Lq, D});
+        sdpa(q, k, v, a, o1);
+        sdpa(q, k, v, m, o2);
+        EXPECT_TRUE(test::all_close(o1, o2, 1e-15, 1e-13)) << "offset " << with_offset;
+    }
+}
+
+TEST(ModifiersReference, SinkEqualsExtraKeyWithZeroValue) {
+    std::mt19937_64 rng(13);
+    const std::int64_t B = 2, H = 4, Hkv = 2, Lq = 6, Lk = 9, D = 5;
+    Tensor q = test::randn(DType::f32, Shape{B, H, Lq, D}, rng), k = test::randn(DType::f32, Shape{B, Hkv, Lk, D}, rng);
+    Tensor v = test::randn(DType::f32, Shape{B, Hkv, Lk, D}, rng), sinks = test::randn(DType::f32, Shape{H}, rng, 2.0);
+    Tensor bm = test::random_bool(Shape{B, H, Lq, Lk}, rng, 0.5);
+    for (std::int64_t i = 0; i < Lk; ++i) bm.data_as<bool>()[bm.view().offset(0, 1, 2, i)] = false;  // a row with no key
+    Tensor k2(DType::f32, Shape{B, Hkv, Lk + 1, D}, true), v2(DType::f32, Shape{B, Hkv, Lk + 1, D}, true);
+    Tensor bias(DType::f32, Shape{B, H, Lq, Lk + 1}, true), bm2(DType::boolean, Shape{B, H, Lq, Lk + 1});
+    test::for_each_index(k.shape(), [&](const test::Index& x) {
+        test::store(k2, k2.view().offset(x[0], x[1], x[2], x[3]), at(k, x[0], x[1], x[2], x[3]));
+        test::store(v2, v2.view().offset(x[0], x[1], x[2], x[3]), at(v, x[0], x[1], x[2], x[3]));
+    });
+    test::for_each_index(bias.shape(), [&](const test::Index& x) {
+        const bool sink = x[3] == Lk;
+        bias.data_as<float>()[bias.view().offset(x[0], x[1], x[2], x[3])] = sink ? sinks.data_as<float>()[x[1]] : 0.0f;
+        bm2.data_as<bool>()[bm2.view().offset(x[0], x[1], x[2], x[3])] =
+            sink || bm.data_as<bool>()[bm.view().offset(x[0], x[1], x[2], x[3])];
+    });
+    SdpaOptions a, e;
+    a.impl = e.impl = Impl::reference;
+    a.sinks = sinks;
+    a.bool_mask = bm;
+    e.additive_mask = bias;
+    e.bool_mask = bm2;
+    Tensor o1 = poisoned(DType::f64, Shape{B, H, Lq, D}), o2 = poisoned(DType::f64, Shape{B, H, Lq, D});
+    Tensor l1 = poisoned(DType::f64, Shape{B, H, Lq}), l2 = poisoned(DType::f64, Shape{B, H, Lq});
+    TensorView lv1 = l1, lv2 = l2;
+    sdpa(q, k, v, a, o1, &lv1);
+    sdpa(q, k2, v2, e, o2, &lv2);
+    EXPECT_TRUE(test::all_close(o1, o2, 1e-15, 1e-13));
+    EXPECT_TRUE(test::all_close(l1, l2, 1e-15, 1e-13));
+    // the row with no key: all mass on the sink
+    EXPECT_EQ(at(o1, 0, 1, 2, 0), 0.0);
+    EXPECT_EQ(at(l1, 0, 1, 2), static_cast<double>(sinks.data_as<float>()[1]));
+}
+
+TEST(ModifiersReference, StandardAlibiSlopes) {
+    // The ALiBi paper's get_slopes, written out: 8 heads 2^-1..2^-8; 6 heads: 4 heads'
+    // 2^-2, 2^-4, 2^-6, 2^-8, then 8 heads' odd ones 2^-1, 2^-3.
+    const Tensor s8 = alibi_slopes(8), s6 = alibi_slopes(6), s1 = alibi_slopes(1);
+    for (int h = 0; h < 8; ++h) EXPECT_EQ(s8.data_as<float>()[h], std::ldexp(1.0f, -(h + 1)));
+    const float want6[] = {0.25f, 0.0625f, 0.015625f, 0.00390625f, 0.5f, 0.125f};
+    for (int h = 0; h < 6; ++h) EXPECT_EQ(s6.data_as<float>()[h], want6[h]) << h;
+    EXPECT_EQ(s1.data_as<float>()[0], std::ldexp(1.0f, -8));
+    EXPECT_THROW(alibi_slopes(0), Error);
+}
+
+// ---- 2. fast kernels against the reference -----------------------------------------------
+
+void expect_close(const Result& got, const Result& ref, const Bound& bd, const std::string& what) {
+    EXPECT_TRUE(test::all_close(got.out, ref.out, bd.out, 0)) << what;
+    EXPECT_TRUE(test::all_close(got.lse, ref.lse, bd.lse, 0)) << what;
+}
+
+TEST(ModifiersKernels, FlashMatchesReferenceEveryRowAndThreadCount) {
+    std::mt19937_64 rng(21);
+    int cases = 0;
+    for (int rep = 0; rep < 10; ++rep)
+        for (int kind = 0; kind < 8; ++kind) {
+            const Inputs in = random_case(rng, kind, false);
+            const Result ref = run_reference(in);
+            const Bound bd = bound_for(in, ref);
+            for (const detail::KernelSet* ks : detail::runnable_kernel_sets()) {
+                Result first;
+                for (int threads : {1, 2}) {
+                    const TensorView q = in.q, v = in.v;
+                    Result r{poisoned(DType::f32, Shape{q.dim(0), q.dim(1), q.dim(2), v.dim(3)}),
+                             poisoned(DType::f32, Shape{q.dim(0), q.dim(1), q.dim(2)})};
+                    TensorView l = r.lse;
+                    const detail::SdpaProblem p = detail::make_problem(in.q, in.k, in.v, in.opt, r.out, &l, nullptr);
+                    detail::flash_forward(p, *ks, threads);
+                    const std::string what = in.desc + " isa=" + detail::isa_name(ks->isa) + " threads=" + std::to_string(threads);
+                    expect_close(r, ref, bd, what);
+                    if (threads == 1) first = std::move(r);
+                    else EXPECT_TRUE(test::bit_equal(first.out, r.out) && test::bit_equal(first.lse, r.lse)) << what;
+                }
+            }
+            ++cases;
+        }
+    EXPECT_EQ(cases, 80);
+}
+
+TEST(ModifiersKernels, DecodeMatchesReferenceEveryRowAndSplit) {
+    std::mt19937_64 rng(22);
+    for (int rep = 0; rep < 8; ++rep)
+        for (int kind = 0; kind < 8; ++kind) {
+            const Inputs in = random_case(rng, kind, true);
+            const Result ref = run_reference(in);
+            const Bound bd = bound_for(in, ref);
+            for (const detail::KernelSet* ks : detail::runnable_kernel_sets())
+                for (std::int64_t split : {0, 1, 3}) {
+                    const TensorView q = in.q, v = in.v;
+                    Result r{poisoned(DType::f32, Shape{q.dim(0), q.dim(1), q.dim(2), v.dim(3)}),
+                             poisoned(DType::f32, Shape{q.dim(0), q.dim(1), q.dim(2)})};
+                    TensorView l = r.lse;
+                    const detail::SdpaProblem p = detail::make_problem(in.q, in.k, in.v, in.opt, r.out, &l, nullptr);
+                    ASSERT_EQ(detail::decode_declines(p), "") << in.desc;
+                    detail::decode_forward(p, *ks, split);
+                    expect_close(r, ref, bd, in.desc + " isa=" + detail::isa_name(ks->isa) + " split=" + std::to_string(split));
+                }
+        }
+}
+
+// Tiles that every query sees completely skip the mask rule; with softcap/ALiBi they must
+// still get the modifiers (a 64-multiple shape with no mask has only such tiles).
+TEST(ModifiersKernels, FullyVisibleTilesGetTheModifiers) {
+    std::mt19937_64 rng(23);
+    Inputs in;
+    in.q = test::randn(DType::f32, Shape{1, 2, 128, 32}, rng, 3.0);
+    in.k = test::randn(DType::f32, Shape{1, 2, 128, 32}, rng, 3.0);
+    in.v = test::randn(DType::f32, Shape{1, 2, 128, 32}, rng);
+    in.slopes = alibi_slopes(2);
+    in.opt.softcap = 2.0;
+    in.opt.alibi_slopes = in.slopes;
+    const Result ref = run_reference(in);
+    const Bound bd = bound_for(in, ref);
+    for (const detail::KernelSet* ks : detail::runnable_kernel_sets()) {
+        Result r{poisoned(DType::f32, Shape{1, 2, 128, 32}), poisoned(DType::f32, Shape{1, 2, 128})};
+        TensorView l = r.lse;
+        detail::flash_forward(detail::make_problem(in.q, in.k, in.v, in.opt, r.out, &l, nullptr), *ks, 1);
+        expect_close(r, ref, bd, detail::isa_name(ks->isa));
+    }
+}
+
+// The scores output at each stage: flash (every row) against the reference; masked keys are
+// −inf in both; bound E of the header on every finite score (the reference's are exact).
+TEST(ModifiersKernels, FlashScoresOutputMatchesReference) {
+    std::mt19937_64 rng(24);
+    for (int rep = 0; rep < 3; ++rep)
+        for (int kind = 0; kind < 8; ++kind) {
+            const Inputs in = random_case(rng, kind, false);
+            const Result ref = run_reference(in);
+            const Bound bd = bound_for(in, ref);
+            const TensorView q = in.q, k = in.k;
+            const Shape ss{q.dim(0), q.dim(1), q.dim(2), k.dim(2)};
+            for (ScoreStage st : {ScoreStage::scaled, ScoreStage::softcapped, ScoreStage::masked}) {
+                Tensor want = poisoned(DType::f64, ss), dummy(DType::f64, Shape{q.dim(0), q.dim(1), q.dim(2), in.v.shape()[3]});
+                SdpaOptions o = in.opt;
+                o.impl = Impl::reference;
+                const ScoresOutput wso{want, st};
+                sdpa(in.q, in.k, in.v, o, dummy, nullptr, nullptr, nullptr, &wso);
+                for (const detail::KernelSet* ks : detail::runnable_kernel_sets()) {
+                    Tensor got = poisoned(DType::f32, ss), out = poisoned(DType::f32, dummy.shape());
+                    detail::SdpaProblem p = detail::make_problem(in.q, in.k, in.v, in.opt, out, nullptr, nullptr);
+                    detail::attach_scores(p, ScoresOutput{got, st});
+                    detail::flash_forward(p, *ks, 2);
+                    // the score bound E is bd.lse minus the (Lk+16)u and u·|lse| terms: use bd.lse, which contains it
+                    EXPECT_TRUE(test::all_close(got, want, bd.lse, 0))
+                        << in.desc << " stage=" << score_stage_name(st) << " isa=" << detail::isa_name(ks->isa);
+                }
+            }
+        }
+}
+
+// ---- 3. tanh_f32 ---------------------------------------------------------------------------
+
+// Bound of tanh_f32: absolute error <= 1.5e-7 (measured 8.3e-8: the cancellation of
+// 1 − 2/(e+1) near |x| = 1/8 costs ulps of 1, not of tanh), relative <= 1e-6 (measured
+// 6.1e-7; the Taylor branch below 1/8 is within a few ulp). The portable copy here is the one every
+// kernel's translation unit compiles (an inline function of scores.hpp over exp2.hpp).
+TEST(ModifiersTanh, ErrorOnDenseSweep) {
+    double max_abs = 0, max_rel = 0;
+    for (double x = -20.0; x <= 20.0; x += 1.0 / 4096) {
+        for (double y : {x, x * 1e-3, x * 1e-6}) {
+            const float xf = static_cast<float>(y);
+            const double want = std::tanh(static_cast<double>(xf));
+            const double got = detail::tanh_f32(xf);
+            max_abs = std::max(max_abs, std::abs(got - want));
+            if (want != 0) max_rel = std::max(max_rel, std::abs(got - want) / std::abs(want));
+        }
+    }
+    EXPECT_LE(max_abs, 1.5e-7);
+    EXPECT_LE(max_rel, 1e-6);
+    EXPECT_EQ(detail::tanh_f32(std::numeric_limits<float>::infinity()), 1.0f);
+    EXPECT_EQ(detail::tanh_f32(-std::numeric_limits<float>::infinity()), -1.0f);
+    EXPECT_TRUE(std::isnan(detail::tanh_f32(std::numeric_limits<float>::quiet_NaN())));
+    std::printf("tanh_f32: max abs error %.3g, max rel error %.3g\n", max_abs, max_rel);
+}
+
+// ---- errors -------------------------------------------------------------------------------
+
+TEST(ModifiersErrors, BadArgumentsAreRefusedBeforeWriting) {
+    std::mt19937_64 rng(31);
+    Tensor q = test::randn(DType::f32, Shape{2, 4, 3, 8}, rng), k = test::randn(DType::f32, Shape{2, 2, 5, 8}, rng);
+    Tensor v = test::randn(DType::f32, Shape{2, 2, 5, 8}, rng);
+    Tensor out = poisoned(DType::f32, Shape{2, 4, 3, 8});
+    auto expect_error = [&](const SdpaOptions& o, const std::string& needle) {
+        try {
+            sdpa(q, k, v, o, out);
+            ADD_FAILURE() << "no error for " << needle;
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+        }
+        EXPECT_TRUE(test::still_poisoned(out)) << needle;
+    };
+    SdpaOptions o;
+    o.softcap = -1;
+    expect_error(o, "softcap: must be 0 (off) or a finite float32");
+    o.softcap = std::numeric_limits<double>::infinity();
+    expect_error(o, "softcap");
+    o.softcap = 1e39;
+    expect_error(o, "softcap");
+    o.softcap = 0;
+    Tensor s3(DType::f32, Shape{3}, true);
+    o.alibi_slopes = s3;
+    expect_error(o, "alibi_slopes: shape must be (Hq,) = (4,) or (B, Hq) = (2, 4) but got (3,)");
+    Tensor s64(DType::f64, Shape{4}, true);
+    o.alibi_slopes = s64;
+    expect_error(o, "alibi_slopes: dtype must be float32 but got float64");
+    Tensor snan(DType::f32, Shape{2, 4}, true);
+    snan.data_as<float>()[5] = std::nanf("");
+    o.alibi_slopes = snan;
+    expect_error(o, "alibi_slopes: values must be finite but entry (1, 1) is nan");
+    o.alibi_slopes.reset();
+    Tensor sk(DType::f32, Shape{2}, true);
+    o.sinks = sk;
+    expect_error(o, "sinks: shape must be (Hq,) = (4,) but got (2,)");
+    Tensor sinf(DType::f32, Shape{4}, true);
+    sinf.data_as<float>()[3] = -std::numeric_limits<float>::infinity();
+    o.sinks = sinf;
+    expect_error(o, "sinks: values must be finite but entry 3 is -inf");
+}
+
+}  // namespace
+}  // namespace attn

@@ -1,0 +1,202 @@
+# softcap=, alibi_slopes=, sinks= in Python (forward with every kernel, backward with dsinks)
+# against torch 1.13 autograd of the textbook formula in float64 (written here from the issue's
+# definition, not from attn's code):
+#   s = scale·q·kᵀ;  s = c·tanh(s/c);  s −= m_h·|d_b(i) − j| (d_b bottom-right, or query_offset);
+#   masked → −inf;  p = softmax over [s, σ_h] without σ's column;  out = p·v.
+import numpy as np
+import pytest
+import torch
+
+import attn
+from reference import close, visible
+
+
+def textbook(q, k, v, keep, softcap=None, slopes=None, sinks=None, diag=None):
+    """Returns out, lse and the float64 leaf tensors (q, k, v, sinks) for autograd."""
+    q, k, v = (torch.tensor(np.asarray(x, np.float64), requires_grad=True) for x in (q, k, v))
+    sk = None if sinks is None else torch.tensor(np.asarray(sinks, np.float64), requires_grad=True)
+    group = q.shape[1] // k.shape[1]
+    kk, vv = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    s = q @ kk.transpose(-1, -2) / np.sqrt(q.shape[-1])
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if slopes is not None:
+        m = torch.tensor(np.broadcast_to(np.asarray(slopes, np.float64), (q.shape[0], q.shape[1])).copy())
+        dist = torch.tensor(np.abs(diag[:, None, :, None] - np.arange(k.shape[2])[None, None, None, :]), dtype=torch.float64)
+        s = s - m[:, :, None, None] * dist
+    s = s.masked_fill(~torch.from_numpy(np.array(keep)), float("-inf"))
+    if sk is not None:
+        col = sk[None, :, None, None].expand(s.shape[0], s.shape[1], s.shape[2], 1)
+        full = torch.cat([s, col], dim=-1)
+        lse = torch.logsumexp(full, dim=-1)
+        p = torch.exp(s - lse[..., None])
+    else:
+        lse = torch.logsumexp(s, dim=-1)
+        p = torch.nan_to_num(torch.exp(s - lse[..., None]), nan=0.0)
+    return p @ vv, lse, (q, k, v, sk)
+
+
+def random_case(seed):
+    rng = np.random.default_rng(500 + seed)
+    b, hkv = int(rng.integers(1, 3)), int(rng.integers(1, 3))
+    hq = hkv * int(rng.choice([1, 2]))
+    lq = int(rng.choice([1, 3, 16, 40, 70]))
+    lk = int(rng.choice([1, 9, 64, 90]))
+    d = int(rng.choice([8, 16, 32]))
+    q = rng.standard_normal((b, hq, lq, d)).astype(np.float32) * 2
+    k = rng.standard_normal((b, hkv, lk, d)).astype(np.float32) * 2
+    v = rng.standard_normal((b, hkv, lk, d)).astype(np.float32)
+    kw, vis = {}, {}
+    kl = None
+    if rng.random() < 0.4:
+        kl = rng.integers(0, lk + 1, size=b).astype(np.int64)
+        kw["key_lengths"] = vis["key_lengths"] = kl
+    r = rng.random()
+    if r < 0.3:
+        kw["is_causal"] = True
+        kw["causal_alignment"] = vis["causal"] = str(rng.choice(["top-left", "bottom-right"]))
+    elif r < 0.5:
+        w = (int(rng.integers(0, 10)), int(rng.integers(-1, 4)))
+        kw["window"] = vis["window"] = w
+        kw["window_alignment"] = vis["window_alignment"] = "bottom-right"
+    qo = None
+    if rng.random() < 0.2:
+        qo = int(rng.integers(-2, 5))
+        kw["query_offset"] = vis["query_offset"] = qo
+        kw.setdefault("is_causal", True)
+        vis.setdefault("causal", "top-left")
+    keep = visible(b, lq, lk, **vis)
+    bool_mask = None
+    if rng.random() < 0.3:
+        bool_mask = rng.random((b, 1, lq, lk)) < 0.7
+        kw["attn_mask"] = bool_mask
+        keep = keep & bool_mask
+    n = np.full(b, lk) if kl is None else kl
+    diag = np.arange(lq)[None, :] + (np.full((b, 1), qo) if qo is not None else (n - lq)[:, None])
+    mods = int(rng.integers(1, 8))
+    mk, tk = {}, {"diag": diag}
+    if mods & 1:
+        mk["softcap"] = tk["softcap"] = float(rng.choice([0.8, 5.0, 30.0]))
+    if mods & 2:
+        if rng.random() < 0.5:
+            mk["alibi_slopes"] = True
+            tk["slopes"] = attn.alibi_slopes(hq)
+        else:
+            tk["slopes"] = mk["alibi_slopes"] = rng.uniform(0, 0.5, size=(b, hq)).astype(np.float32)
+    if mods & 4:
+        tk["sinks"] = mk["sinks"] = (rng.standard_normal(hq) * 2).astype(np.float32)
+    return (q, k, v), keep, kw, mk, tk
+
+
+@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("impl", ["auto", "reference"])
+def test_forward_and_gradients_match_torch_autograd(seed, impl):
+    (q, k, v), keep, kw, mk, tk = random_case(seed)
+    out_t, lse_t, leaves = textbook(q, k, v, keep, **tk)
+    out, lse = attn.sdpa(q, k, v, **kw, **mk, return_lse=True, impl=impl)
+    close(out, out_t.detach().numpy())
+    close(lse, lse_t.detach().numpy())
+
+    g = np.random.default_rng(seed).standard_normal(out.shape).astype(np.float32)
+    (out_t * torch.from_numpy(g.astype(np.float64))).sum().backward()
+    grads = attn.sdpa_backward(q, k, v, out, lse, g, **kw, **mk, impl="auto" if impl == "auto" else "reference")
+    assert len(grads) == (4 if "sinks" in mk else 3)
+    scale = max(float(np.abs(t.grad.numpy()).max()) for t in leaves if t is not None) + 1e-30
+    for got, leaf in zip(grads, leaves):
+        # fp32 gradients: the budget of tests/grad (2e-5 of the largest gradient)
+        close(np.asarray(got) / scale, leaf.grad.numpy() / scale, atol=2e-5, rtol=0)
+
+
+def test_sink_takes_all_mass_of_an_empty_row():
+    q = np.ones((1, 2, 3, 8), np.float32)
+    k = np.ones((1, 2, 4, 8), np.float32)
+    v = np.ones((1, 2, 4, 8), np.float32)
+    sinks = np.array([0.5, -1.0], np.float32)
+    for impl in ("auto", "reference", "flash"):
+        out, lse = attn.sdpa(q, k, v, key_lengths=np.array([0]), sinks=sinks, return_lse=True, impl=impl)
+        assert np.all(out == 0), impl
+        assert np.array_equal(lse, np.broadcast_to(sinks[None, :, None], (1, 2, 3))), impl
+
+
+def test_bad_modifiers_are_value_errors():
+    q = np.ones((1, 2, 3, 8), np.float32)
+    with pytest.raises(Exception, match="softcap: must be 0 \\(off\\) or a finite float32"):
+        attn.sdpa(q, q, q, softcap=-2.0)
+    with pytest.raises(Exception, match="alibi_slopes: shape must be"):
+        attn.sdpa(q, q, q, alibi_slopes=np.ones(3, np.float32))
+    with pytest.raises(Exception, match="sinks: dtype must be float32 but got float64"):
+        attn.sdpa(q, q, q, sinks=np.ones(2))
+
+
+def test_cli_flags_match_torch(tmp_path):
+    """attn sdpa --softcap --alibi --sinks --grad-out … --dsinks against the torch textbook."""
+    import os
+    import subprocess
+    bin_ = os.environ.get("ATTN_BIN", "")
+    assert bin_ and os.path.exists(bin_), f"ATTN_BIN must name the attn binary, got {bin_!r}"
+    rng = np.random.default_rng(7)
+    b, h, lq, lk, d = 2, 4, 9, 21, 16
+    q = rng.standard_normal((b, h, lq, d)).astype(np.float32) * 2
+    k = rng.standard_normal((b, h, lk, d)).astype(np.float32) * 2
+    v = rng.standard_normal((b, h, lk, d)).astype(np.float32)
+    g = rng.standard_normal((b, h, lq, d)).astype(np.float32)
+    sinks = rng.standard_normal(h).astype(np.float32)
+    for name, x in dict(q=q, k=k, v=v, g=g, s=sinks).items():
+        np.save(tmp_path / f"{name}.npy", x)
+    p = lambda n: str(tmp_path / n)  # noqa: E731
+    r = subprocess.run([bin_, "sdpa", "--q", p("q.npy"), "--k", p("k.npy"), "--v", p("v.npy"), "--out", p("o.npy"),
+                        "--lse", p("l.npy"), "--causal", "bottom-right", "--softcap", "3", "--alibi", "--sinks", p("s.npy"),
+                        "--grad-out", p("g.npy"), "--dq", p("dq.npy"), "--dk", p("dk.npy"), "--dv", p("dv.npy"),
+                        "--dsinks", p("ds.npy")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    keep = visible(b, lq, lk, causal="bottom-right")
+    diag = np.arange(lq)[None, :] + np.full((b, 1), lk - lq)
+    out_t, lse_t, leaves = textbook(q, k, v, keep, softcap=3.0, slopes=attn.alibi_slopes(h), sinks=sinks, diag=diag)
+    close(np.load(p("o.npy")), out_t.detach().numpy())
+    close(np.load(p("l.npy")), lse_t.detach().numpy())
+    (out_t * torch.from_numpy(g.astype(np.float64))).sum().backward()
+    scale = max(float(np.abs(t.grad.numpy()).max()) for t in leaves)
+    for f, leaf in zip(("dq", "dk", "dv", "ds"), leaves):
+        close(np.load(p(f + ".npy")) / scale, leaf.grad.numpy() / scale, atol=2e-5, rtol=0)
+    bad = subprocess.run([bin_, "sdpa", "--q", p("q.npy"), "--k", p("k.npy"), "--v", p("v.npy"), "--out", p("o2.npy"),
+                          "--softcap", "-1"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "softcap: must be 0 (off)" in bad.stderr, bad.stderr
+    assert not os.path.exists(p("o2.npy"))
+
+
+def textbook_scores(q, k, keep, softcap=None, slopes=None, diag=None, **_):
+    """The three ONNX stages, float64: scaled (mode 0), softcapped (1), masked (2)."""
+    q, k = (torch.from_numpy(np.asarray(x, np.float64)) for x in (q, k))
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    scaled = q @ k.transpose(-1, -2) / np.sqrt(q.shape[-1])
+    capped = softcap * torch.tanh(scaled / softcap) if softcap else scaled
+    s = capped
+    if slopes is not None:
+        m = torch.tensor(np.broadcast_to(np.asarray(slopes, np.float64), (q.shape[0], q.shape[1])).copy())
+        dist = torch.tensor(np.abs(diag[:, None, :, None] - np.arange(k.shape[2])[None, None, None, :]), dtype=torch.float64)
+        s = s - m[:, :, None, None] * dist
+    masked = s.masked_fill(~torch.from_numpy(np.array(keep)), float("-inf"))
+    return {"scaled": scaled.numpy(), "softcapped": capped.numpy(), "masked": masked.numpy()}
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("stage", ["scaled", "softcapped", "masked"])
+@pytest.mark.parametrize("impl", ["auto", "flash", "reference"])
+def test_scores_output_at_each_stage(seed, stage, impl):
+    (q, k, v), keep, kw, mk, tk = random_case(seed)
+    want = textbook_scores(q, k, keep, **tk)[stage]
+    out, lse, scores = attn.sdpa(q, k, v, **kw, **mk, return_lse=True, return_scores=stage, impl=impl)
+    # |s| up to ~50 here: scores carry fp32 dot-product rounding, (D+2)·u·Σ|q·k|·scale <= 1e-5·|s|-ish
+    close(scores, want, atol=1e-4, rtol=1e-5)
+    if stage == "masked":
+        assert np.array_equal(np.isneginf(scores), np.isneginf(want))
+    out_t, lse_t, _ = textbook(q, k, v, keep, **tk)
+    close(out, out_t.detach().numpy())
+
+
+def test_scores_refused_with_dropout_and_bad_stage():
+    q = np.ones((1, 2, 3, 8), np.float32)
+    with pytest.raises(Exception, match="scores: not available together with dropout"):
+        attn.sdpa(q, q, q, dropout_p=0.1, return_scores="masked")
+    with pytest.raises(ValueError, match="return_scores: expected"):
+        attn.sdpa(q, q, q, return_scores="raw")
