@@ -14,6 +14,7 @@
 #include "../finite.hpp"
 #include "../isa.hpp"
 #include "../simd/exp2_avx512.hpp"
+#include "../simd/tanh.hpp"
 #include "tile.hpp"
 
 namespace attn::detail {
