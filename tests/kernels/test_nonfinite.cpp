@@ -479,6 +479,13 @@ std::vector<std::pair<Problem, LargeV>> large_v_problems(std::int64_t Lq, std::i
     P.name = "causal top-left";
     P.opt.causal = Causal::top_left;
     out.push_back({P, {"huge keys from the middle", Lk / 2, true, 1e-30f}});
+    // Rows that see only tiny V next to rows that see huge V, in every task (decode too).
+    P.name = "bool mask hides the huge keys from even rows";
+    P.opt.causal = Causal::none;
+    P.bools.assign(static_cast<std::size_t>(Lq * Lk), 1);
+    for (std::int64_t i = 0; i < Lq; i += 2)
+        for (std::int64_t j = Lk - 40; j < Lk; ++j) P.bools[static_cast<std::size_t>(i * Lk + j)] = 0;
+    out.push_back({P, {"huge last 40 keys, tiny others", Lk - 40, false, 1e-30f}});
     return out;
 }
 
