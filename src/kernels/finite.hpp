@@ -90,10 +90,23 @@ inline bool split_large(float x, float& ordinary, float& large) {
     return false;
 }
 
+// A weighted mean of finite values is at most their largest magnitude ≤ FLT_MAX; computed in
+// fp32 it can still round past FLT_MAX (V = FLT_MAX everywhere: Σ p·v and l = Σ p round
+// differently). Such an overflow of a mean of finite values is a rounding artefact of a few
+// ulps, and FLT_MAX (with its sign) is then the correctly rounded answer. Not for dropout,
+// whose 1/(1−p) factor can take the true value past FLT_MAX.
+inline float saturate_mean(float x) {
+    constexpr float kMax = 3.40282347e38f;
+    return x > kMax ? kMax : (x < -kMax ? -kMax : x);
+}
+
 // o/l of the careful path from the two accumulators and inv = 1/l. inv·2^64 is exact and
 // finite: l ≥ 1 whenever a key is visible (the key with the maximum score has p = 1).
-inline float combine_large(float ordinary, float large, float inv) {
-    return ordinary * inv + large * (inv * kLargeUp);
+// `mean`: no dropout, so the result of finite parts is a mean (saturate_mean).
+inline float combine_large(float ordinary, float large, float inv, bool mean) {
+    const float r = ordinary * inv + large * (inv * kLargeUp);
+    const bool finite_parts = !nonfinite_f32(ordinary) && !nonfinite_f32(large) && !nonfinite_f32(inv);
+    return mean && finite_parts ? saturate_mean(r) : r;
 }
 
 }  // namespace

@@ -421,6 +421,7 @@ struct LargeV {
     std::int64_t first_large;
     bool positive;
     float tiny;
+    float constant = 0.0f;  // not 0: every huge entry is exactly this
 };
 
 Tensor make_large_v(const Problem& P, const LargeV& how, std::uint32_t seed) {
@@ -436,6 +437,7 @@ Tensor make_large_v(const Problem& P, const LargeV& how, std::uint32_t seed) {
                     if (j >= how.first_large) {
                         x = mag(rng) * FLT_MAX;
                         if (!how.positive && n(rng) < 0.0f) x = -x;
+                        if (how.constant != 0.0f) x = how.constant;
                     }
                     put(v, b, h, j, d, x);
                 }
@@ -472,6 +474,9 @@ std::vector<std::pair<Problem, LargeV>> large_v_problems(std::int64_t Lq, std::i
     P.name = "no mask";
     out.push_back({P, {"all huge, random signs", 0, false, 1e-30f}});
     out.push_back({P, {"all huge, positive", 0, true, 1e-30f}});
+    // The mean of equal values is that value: exactly ±FLT_MAX, not a rounding past it to ±inf.
+    out.push_back({P, {"all = FLT_MAX", 0, true, 0.0f, FLT_MAX}});
+    out.push_back({P, {"all = -FLT_MAX", 0, true, 0.0f, -FLT_MAX}});
     P.name = "causal bottom-right";
     P.opt.causal = Causal::bottom_right;  // the last keys are seen by the last rows only
     out.push_back({P, {"huge last keys, tiny others", Lk - 5, false, 1e-30f}});

@@ -236,7 +236,7 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
 // l = 0 (no visible key): 0; l NaN (a NaN/±inf score): NaN.
 inline void normalise_row(float* o, const float* ob, float l, i64 Dv, bool careful) {
     const float inv = l == 0.0f ? 0.0f : 1.0f / l;
-    for (i64 d = 0; d < Dv; ++d) o[d] = careful ? combine_large(o[d], ob[d], inv) : o[d] * inv;
+    for (i64 d = 0; d < Dv; ++d) o[d] = careful ? combine_large(o[d], ob[d], inv, true) : o[d] * inv;
 }
 
 // Final output of one row from its normalised o (o / l) and (m, l): lse = m + ln l.
@@ -317,6 +317,16 @@ void decode_impl(const SdpaProblem& p, const DecodeWork& w) {
                         if (mc == -INFINITY) continue;
                         const float f = Ops::exp2_1((mc - mmax) * kLog2e) * pc[M * Dv + M + r] * inv;
                         for (i64 d = 0; d < Dv; ++d) o[d] += f * pc[r * Dv + d];
+                    }
+                    // A mean of finite partials that rounded past FLT_MAX (finite.hpp, saturate_mean).
+                    for (i64 d = 0; d < Dv; ++d) {
+                        if (!nonfinite_f32(o[d]) || l != l) continue;
+                        bool finite_parts = true;
+                        for (i64 c = 0; c < w.nsplit; ++c) {
+                            const float* pc = parts + c * part_stride;
+                            if (pc[M * Dv + r] != -INFINITY) finite_parts = finite_parts && !nonfinite_f32(pc[r * Dv + d]);
+                        }
+                        if (finite_parts) o[d] = saturate_mean(o[d]);
                     }
                     write_row(a, b, hk * a.group + r / a.Lq, r % a.Lq, o, mmax, l);
                 }

@@ -359,7 +359,7 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
         const std::int64_t base = p.out.offset(b, w.ch[c], w.ci[c], 0), sd = p.out.stride(3);
         if (careful)  // fold the large part back in (finite.hpp), then the same stores
             for (std::int64_t d = 0; d < p.Dv; ++d)
-                w.ot[d * ldO + c] = combine_large(w.ot[d * ldO + c], w.bigot[d * ldO + c], inv);
+                w.ot[d * ldO + c] = combine_large(w.ot[d * ldO + c], w.bigot[d * ldO + c], inv, !drop.active);
         const float f = careful ? 1.0f : inv;
         if (out_f32) {
             float* o = p.out.data_as<float>() + base;
