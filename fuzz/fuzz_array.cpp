@@ -4,8 +4,9 @@
 //
 // Every array is one numpy could hand over: its dims and strides only address bytes inside
 // its buffer (which the target allocates to fit, so ASan sees any read outside). Strides may
-// be negative, zero (broadcast) or not a multiple of the item size (then copied to C order,
-// as view_of does). Values are raw bytes: NaN, Inf, huge lengths. The call may succeed or
+// be negative, zero (broadcast) or not a multiple of the item size; the byte order may be
+// swapped and the data pointer misaligned (all three are copied to C order, as view_of does:
+// the copy's byte swap is not modelled — it only changes which values the bytes are). Values are raw bytes: NaN, Inf, huge lengths. The call may succeed or
 // throw attn::Error; a crash, a sanitizer report or any other exception is a finding.
 #include <fuzzer/FuzzedDataProvider.h>
 
@@ -78,6 +79,9 @@ std::optional<Array> make_array(FuzzedDataProvider& p, const char* name, int min
     raw.kind = p.PickValueInArray(kinds);
     raw.itemsize = p.PickValueInArray({1, 2, 4, 8, 16, 3});
     raw.dtype_name = std::string(1, raw.kind) + std::to_string(raw.itemsize);
+    raw.native_order = p.ConsumeIntegralInRange(0, 3) != 0;  // mostly native: strides read in place
+    const bool misalign = raw.itemsize > 1 && p.ConsumeIntegralInRange(0, 3) == 0;  // np.frombuffer(b, offset=1)
+    raw.aligned = !misalign;
     const int ndim = p.ConsumeIntegralInRange(0, 5);
     for (int i = 0; i < ndim; ++i) raw.shape.push_back(dim_value(p));
     raw.byte_strides.assign(raw.shape.size(), 0);
@@ -97,8 +101,8 @@ std::optional<Array> make_array(FuzzedDataProvider& p, const char* name, int min
     std::size_t base = 0;
     if (numel != 0) {
         if (hi - lo + raw.itemsize > kMaxBuffer) return std::nullopt;
-        a.memory.resize(static_cast<std::size_t>(hi - lo + raw.itemsize));
-        base = static_cast<std::size_t>(-lo);
+        a.memory.resize(static_cast<std::size_t>(hi - lo + raw.itemsize) + (misalign ? 1 : 0));
+        base = static_cast<std::size_t>(-lo) + (misalign ? 1 : 0);
         const std::vector<std::uint8_t> bytes = p.ConsumeBytes<std::uint8_t>(a.memory.size());
         std::copy(bytes.begin(), bytes.end(), a.memory.begin());
     } else {
@@ -123,19 +127,6 @@ std::optional<Array> make_array(FuzzedDataProvider& p, const char* name, int min
         a.view = attn::TensorView(a.memory.data() + base, l.dtype, l.shape, l.strides);
     }
     return a;
-}
-
-attn::TensorView expand_rank(const attn::TensorView& t, int rank) {  // as convert.cpp's expand_rank
-    if (t.rank() >= rank) return t;
-    attn::Shape s;
-    attn::Strides st{};
-    s.rank = rank;
-    const int pad = rank - t.rank();
-    for (int i = 0; i < rank; ++i) {
-        s.dims[static_cast<std::size_t>(i)] = i < pad ? 1 : t.dim(i - pad);
-        st[static_cast<std::size_t>(i)] = i < pad ? 0 : t.stride(i - pad);
-    }
-    return attn::TensorView(t.data(), t.dtype(), s, st);
 }
 
 void run(FuzzedDataProvider& p) {
@@ -181,6 +172,7 @@ void run(FuzzedDataProvider& p) {
     opt.dropout_seed = p.ConsumeIntegral<std::uint64_t>();
 
     // The outputs, shaped as python/sdpa.cpp shapes them (before sdpa checks anything).
+    using attn_py::expand_rank;
     const attn::TensorView qv = expand_rank(q->view, 4), kv = expand_rank(k->view, 4), vv = expand_rank(v->view, 4);
     const i128 B = qv.dim(0), H = qv.dim(1), Lq = qv.dim(2), Lk = kv.dim(2), Dk = qv.dim(3), Dv = vv.dim(3);
     if (mul(mul(mul(B, H), mul(Lq, std::max<i128>(Lk, 1))), Dk + Dv + 1) > kMaxWork) return;

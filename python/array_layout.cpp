@@ -40,14 +40,31 @@ ArrayLayout layout_of(const RawArray& a, const std::string& name, int min_rank, 
         return r;
     }
     r.shape.rank = static_cast<int>(ndim);
+    // Byte order and alignment first: a swapped or misaligned element cannot be read in place
+    // whatever the strides are (the caller copies; counted, documented in convert.hpp).
+    r.needs_copy = !a.native_order || !a.aligned;
     for (int i = 0; i < r.shape.rank; ++i) {
         const auto u = static_cast<std::size_t>(i);
         r.shape.dims[u] = a.shape[u];
-        // Byte strides that no element stride can express: the caller copies (counted, documented).
+        // Byte strides that no element stride can express: copied too.
         if (a.byte_strides[u] % a.itemsize != 0) r.needs_copy = true;
         r.strides[u] = a.byte_strides[u] / a.itemsize;
     }
     return r;
+}
+
+attn::TensorView expand_rank(const attn::TensorView& t, int rank) {
+    if (t.rank() >= rank) return t;
+    attn::Shape s;
+    attn::Strides st{};
+    s.rank = rank;
+    const int pad = rank - t.rank();
+    for (int i = 0; i < rank; ++i) {
+        const auto u = static_cast<std::size_t>(i);
+        s.dims[u] = i < pad ? 1 : t.dim(i - pad);
+        st[u] = i < pad ? 0 : t.stride(i - pad);
+    }
+    return attn::TensorView(t.data(), t.dtype(), s, st);
 }
 
 }  // namespace attn_py

@@ -1,6 +1,7 @@
-// numpy's description of an array → how attn sees it: the decisions of view_of
-// (convert.cpp) on plain numbers, without pybind11 or a Python runtime, so that the
-// conversion's checks can be fuzzed on any dtype/shape/strides (fuzz/fuzz_array.cpp).
+// numpy's description of an array → how attn sees it: every decision of view_of
+// (convert.cpp), which only reads the array's description into a RawArray and acts on the
+// answer, made here on plain numbers, without pybind11 or a Python runtime, so that the
+// fuzzer (fuzz/fuzz_array.cpp) runs the very rules Python runs on any dtype/shape/strides.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,8 @@ struct RawArray {
     std::int64_t itemsize = 4;
     std::string dtype_name = "float32";
     std::vector<std::int64_t> shape, byte_strides;
+    bool native_order = true;  // dtype.isnative: false for '>f4' on a little-endian machine
+    bool aligned = true;       // numpy's ALIGNED flag: data pointer and strides fit the element
 };
 
 struct ArrayLayout {
@@ -27,10 +30,17 @@ struct ArrayLayout {
     attn::DType dtype = attn::DType::f32;
     attn::Shape shape;
     attn::Strides strides{};   // in elements
-    bool needs_copy = false;   // a byte stride that no element stride expresses: copy to C order first
+    // The kernels cannot read the array in place as native typed elements — a non-native
+    // byte order, a misaligned pointer or stride, a byte stride that no element stride
+    // expresses: copy it to a native-order, aligned, C-contiguous array first (and take the
+    // layout of the copy). `strides` are then meaningless.
+    bool needs_copy = false;
 };
 
 // The array's rank must lie in [min_rank, max_rank] (`layout` names the dims for the message).
 ArrayLayout layout_of(const RawArray& a, const std::string& name, int min_rank, int max_rank, const char* layout);
+
+// `t` seen with `rank` dims by adding leading size-1 (stride-0) dims: (L, D) → (1, 1, L, D).
+attn::TensorView expand_rank(const attn::TensorView& t, int rank);
 
 }  // namespace attn_py

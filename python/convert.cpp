@@ -20,20 +20,6 @@ bool is_numpy(const py::handle& obj, const char* type) {
     return py::isinstance(obj, py::module_::import("numpy").attr(type));
 }
 
-// numpy dtype → attn dtype; unsupported dtypes are a TypeError naming the argument.
-attn::DType dtype_of(const py::array& a, const std::string& name) {
-    const py::dtype dt = a.dtype();
-    const char kind = dt.kind();
-    const auto size = dt.itemsize();
-    if (kind == 'f' && size == 4) return attn::DType::f32;
-    if (kind == 'f' && size == 8) return attn::DType::f64;
-    if (kind == 'f' && size == 2) return attn::DType::f16;
-    if (kind == 'b' && size == 1) return attn::DType::boolean;
-    if (kind == 'i' && size == 4) return attn::DType::i32;
-    if (kind == 'i' && size == 8) return attn::DType::i64;
-    type_error(name + ": unsupported dtype " + dt.attr("name").cast<std::string>() +
-               " (expected float32, float64, float16, bool, int32 or int64)");
-}
 }  // namespace
 
 void type_error(const std::string& msg) { throw PyTypeError(msg); }
@@ -73,62 +59,42 @@ py::array as_array(const py::handle& obj, const std::string& name) {
 }
 
 namespace {
-// Whether the kernels can read `a` in place as native typed elements: native byte order, the
-// data pointer and every byte stride a multiple of the element's alignment and size. Any other
-// layout (negative, zero and large strides, read-only buffers) is read in place.
-bool readable_in_place(const py::array& a) {
-    if (!py::bool_(a.dtype().attr("isnative"))) return false;
-    if ((a.flags() & py::detail::npy_api::NPY_ARRAY_ALIGNED_) == 0) return false;
-    const auto item = static_cast<py::ssize_t>(a.itemsize());
+// What numpy says about `a`, for layout_of.
+RawArray raw_of(const py::array& a) {
+    const py::dtype dt = a.dtype();
+    RawArray r;
+    r.kind = dt.kind();
+    r.itemsize = static_cast<std::int64_t>(dt.itemsize());
+    r.dtype_name = dt.attr("name").cast<std::string>();
     for (py::ssize_t i = 0; i < a.ndim(); ++i) {
-        if (a.strides(i) % item != 0) return false;
+        r.shape.push_back(static_cast<std::int64_t>(a.shape(i)));
+        r.byte_strides.push_back(static_cast<std::int64_t>(a.strides(i)));
     }
-    return true;
+    r.native_order = py::bool_(dt.attr("isnative"));
+    r.aligned = (a.flags() & py::detail::npy_api::NPY_ARRAY_ALIGNED_) != 0;
+    return r;
 }
 }  // namespace
 
 attn::TensorView view_of(py::array& a, const std::string& name, int min_rank, int max_rank, const char* layout) {
-    if (a.ndim() < min_rank || a.ndim() > max_rank) {
-        value_error(name + ": expected " + layout + " (rank " + std::to_string(min_rank) +
-                    (min_rank == max_rank ? "" : " to " + std::to_string(max_rank)) + ") but got shape " +
-                    shape_str(a));
-    }
-    const attn::DType dt = dtype_of(a, name);
-    if (!readable_in_place(a)) {
+    ArrayLayout l = layout_of(raw_of(a), name, min_rank, max_rank, layout);
+    if (l.refusal == ArrayLayout::Refusal::rank) value_error(l.message);
+    if (l.refusal == ArrayLayout::Refusal::dtype) type_error(l.message);
+    if (l.needs_copy) {
         // One native, aligned, C-contiguous copy (byte-swapped when the order is not native),
         // made by numpy so that an allocation failure is numpy's MemoryError with the size.
         a = a.attr("astype")(a.dtype().attr("newbyteorder")("="), "C");
         ++g_input_copies;
+        l = layout_of(raw_of(a), name, min_rank, max_rank, layout);
+        if (l.needs_copy) value_error(name + ": numpy's copy of the array is still not readable in place");
     }
-    const auto item = static_cast<py::ssize_t>(a.itemsize());
-    attn::Shape shape;
-    attn::Strides strides{};
-    shape.rank = static_cast<int>(a.ndim());
-    for (int i = 0; i < shape.rank; ++i) {
-        shape.dims[static_cast<std::size_t>(i)] = a.shape(i);
-        strides[static_cast<std::size_t>(i)] = a.strides(i) / item;
-    }
-    return attn::TensorView(const_cast<void*>(a.data()), dt, shape, strides);
+    return attn::TensorView(const_cast<void*>(a.data()), l.dtype, l.shape, l.strides);
 }
 
 Input input(const py::handle& obj, const std::string& name, int min_rank, int max_rank, const char* layout) {
     Input in{as_array(obj, name), {}};
     in.view = view_of(in.array, name, min_rank, max_rank, layout);
     return in;
-}
-
-attn::TensorView expand_rank(const attn::TensorView& t, int rank) {
-    if (t.rank() >= rank) return t;
-    attn::Shape s;
-    attn::Strides st{};
-    s.rank = rank;
-    const int pad = rank - t.rank();
-    for (int i = 0; i < rank; ++i) {
-        const auto u = static_cast<std::size_t>(i);
-        s.dims[u] = i < pad ? 1 : t.dim(i - pad);
-        st[u] = i < pad ? 0 : t.stride(i - pad);
-    }
-    return attn::TensorView(t.data(), t.dtype(), s, st);
 }
 
 py::array new_array(attn::DType dt, const std::vector<py::ssize_t>& dims) {

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "array_layout.hpp"  // layout_of, expand_rank
 #include "attn/error.hpp"
 #include "attn/tensor.hpp"
 
@@ -47,8 +48,8 @@ std::string shape_str(const py::array& a);
 py::array as_array(const py::handle& obj, const std::string& name);
 
 // A view of `a` with its own rank, which must lie in [min_rank, max_rank] (`layout` names the
-// dims for the error). A stride that is not a multiple of the item size replaces `a` by a
-// contiguous copy (counted).
+// dims for the error). The rules are layout_of's (array_layout.hpp): an array the kernels
+// cannot read in place replaces `a` by a native, aligned, C-contiguous copy (counted).
 attn::TensorView view_of(py::array& a, const std::string& name, int min_rank, int max_rank, const char* layout);
 
 // One array argument: the array, which keeps the memory alive for the call, and its view.
@@ -58,8 +59,6 @@ struct Input {
 };
 Input input(const py::handle& obj, const std::string& name, int min_rank, int max_rank, const char* layout);
 
-// `t` seen with `rank` dims by adding leading size-1 (stride-0) dims: (L, D) → (1, 1, L, D).
-attn::TensorView expand_rank(const attn::TensorView& t, int rank);
 
 // A new C-contiguous float64 array when dt is f64, else float32.
 py::array new_array(attn::DType dt, const std::vector<py::ssize_t>& dims);

@@ -58,5 +58,56 @@ inline bool any_nonfinite16(const std::uint16_t* x, std::int64_t ld, std::int64_
     return worst == exponent;
 }
 
+// ── Large finite V ──────────────────────────────────────────────────────────────────
+// A row's output is a weighted mean of V rows, at most max|v|, but kernels accumulate the
+// unnormalised Σ p·v with p ≤ 1 and l = Σ p ≤ Lk: with |v| near FLT_MAX (or above
+// FLT_MAX / Lk) that sum overflows fp32 although the mean does not. Kernels therefore
+// accumulate unchecked (the common path pays nothing) and, only when a task's accumulator
+// ends non-finite, compute that task again on the *careful path*: every V entry with
+// |v| ≥ 2^64 is taken out of the ordinary sum (set to 0 there, like a non-finite entry)
+// and summed, scaled by 2^-64, into a second accumulator. The scaling is by a power of two
+// on a normal number, so exact; both sums stay below Lk·2^64 < 2^127 for Lk < 2^63, and
+// the ordinary entries keep exactly the rounding they have on the common path. The output
+// is ordinary/l + large·(2^64/l). A non-finite entry is 0 in both parts and added back
+// as p·x where p is not 0 (the selecting path above), so a visible NaN/±inf still gives a
+// NaN/±inf row after the careful pass — which is then only wasted work, never a different result.
+inline constexpr std::uint32_t kF32Large = (127u + 64u) << 23;  // exponent field of 2^64
+inline constexpr float kLargeDown = 0x1p-64f;
+inline constexpr float kLargeUp = 0x1p64f;
+
+// x → (ordinary part, large part scaled by 2^-64); non-finite x: both 0, returns true.
+inline bool split_large(float x, float& ordinary, float& large) {
+    std::uint32_t u;
+    std::memcpy(&u, &x, sizeof u);
+    u &= kF32Exponent;
+    if (u == kF32Exponent) {
+        ordinary = large = 0.0f;
+        return true;
+    }
+    const bool big = u >= kF32Large;
+    ordinary = big ? 0.0f : x;
+    large = big ? x * kLargeDown : 0.0f;
+    return false;
+}
+
+// A weighted mean of finite values is at most their largest magnitude ≤ FLT_MAX; computed in
+// fp32 it can still round past FLT_MAX (V = FLT_MAX everywhere: Σ p·v and l = Σ p round
+// differently). Such an overflow of a mean of finite values is a rounding artefact of a few
+// ulps, and FLT_MAX (with its sign) is then the correctly rounded answer. Not for dropout,
+// whose 1/(1−p) factor can take the true value past FLT_MAX.
+inline float saturate_mean(float x) {
+    constexpr float kMax = 3.40282347e38f;
+    return x > kMax ? kMax : (x < -kMax ? -kMax : x);
+}
+
+// o/l of the careful path from the two accumulators and inv = 1/l. inv·2^64 is exact and
+// finite: l ≥ 1 whenever a key is visible (the key with the maximum score has p = 1).
+// `mean`: no dropout, so the result of finite parts is a mean (saturate_mean).
+inline float combine_large(float ordinary, float large, float inv, bool mean) {
+    const float r = ordinary * inv + large * (inv * kLargeUp);
+    const bool finite_parts = !nonfinite_f32(ordinary) && !nonfinite_f32(large) && !nonfinite_f32(inv);
+    return mean && finite_parts ? saturate_mean(r) : r;
+}
+
 }  // namespace
 }  // namespace attn::detail

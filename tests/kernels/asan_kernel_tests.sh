@@ -1,18 +1,13 @@
 #!/usr/bin/env bash
 # The kernel tests under AddressSanitizer + UndefinedBehaviorSanitizer, run by ctest
-# (`make test`): configures its own build dir with ATTN_SANITIZE=ON, builds only the
+# (`make test`): configures the sanitizer build dir (tests/common/configure_asan.sh), builds only the
 # kernel test binaries (and the size tests of the KV cache and the readers), and runs them on
 # a reduced number of random cases.
 #   asan_kernel_tests.sh <source dir> <build dir>
 set -euo pipefail
 src=$1
 build=$2
-gen=Ninja
-command -v ninja >/dev/null 2>&1 || gen="Unix Makefiles"
-# Configure every time: quick when nothing changed, and it repairs a half-configured dir.
-cmake -S "$src" -B "$build" -G "$gen" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_SANITIZE=ON \
-      -DATTN_BUILD_TOOLS=OFF -DATTN_BUILD_DEV=OFF -DATTN_BUILD_PYTHON=OFF -DATTN_BUILD_EXAMPLES=OFF \
-      -DATTN_WITH_MPI=OFF >/dev/null
+"$src/tests/common/configure_asan.sh" "$src" "$build"
 cmake --build "$build" -j "$(nproc)" --target test_flash test_exp2 test_nonfinite unit_sizes decode_tests
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

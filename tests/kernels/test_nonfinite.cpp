@@ -407,6 +407,135 @@ TEST(NonFinite, MinusFltMaxIsAFiniteScore) {
     }
 }
 
+// ── Large finite V ──────────────────────────────────────────────────────────────────
+// V near ±FLT_MAX: the output is a weighted mean of V rows (at most max|v|), so it must be
+// finite and as accurate as for ordinary V, although the kernels' unnormalised Σ p·v
+// overflows fp32. The error scale of each element is the reference run on |V| (Σ p·|v|):
+// rows that see only tiny V next to a block of huge V (masked for them) must keep their
+// relative accuracy, so scaling all of V down to avoid the overflow would fail here.
+
+// How V is filled: huge magnitudes at keys ≥ first_large (random sign unless positive),
+// tiny ones (1e-30·randn) before it.
+struct LargeV {
+    std::string name;
+    std::int64_t first_large;
+    bool positive;
+    float tiny;
+    float constant = 0.0f;  // not 0: every huge entry is exactly this
+};
+
+Tensor make_large_v(const Problem& P, const LargeV& how, std::uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    std::uniform_real_distribution<float> mag(0.5f, 0.99f);
+    Tensor v(DType::f32, {P.B, P.Hkv, P.Lk, P.Dv});
+    for (std::int64_t b = 0; b < P.B; ++b)
+        for (std::int64_t h = 0; h < P.Hkv; ++h)
+            for (std::int64_t j = 0; j < P.Lk; ++j)
+                for (std::int64_t d = 0; d < P.Dv; ++d) {
+                    float x = how.tiny * n(rng);
+                    if (j >= how.first_large) {
+                        x = mag(rng) * FLT_MAX;
+                        if (!how.positive && n(rng) < 0.0f) x = -x;
+                        if (how.constant != 0.0f) x = how.constant;
+                    }
+                    put(v, b, h, j, d, x);
+                }
+    return v;
+}
+
+void check_large_v(const Problem& P, const LargeV& how, const Runner& kernel, const std::string& tag) {
+    std::mt19937 rng(21);
+    const Tensor q = randn({P.B, P.Hq, P.Lq, P.Dk}, rng), k = randn({P.B, P.Hkv, P.Lk, P.Dk}, rng);
+    const Tensor v = make_large_v(P, how, 5);
+    Tensor vabs = clone(v);
+    for (std::int64_t e = 0; e < vabs.numel(); ++e) vabs.data_as<float>()[e] = std::fabs(vabs.data_as<float>()[e]);
+    const Fwd ref = reference(P, q, k, v), ref_abs = reference(P, q, k, vabs);
+    const Fwd got = run(P, q, k, v, kernel);
+    const double tol = 64.0 * static_cast<double>(P.Dk + P.Lk) / 16777216.0;
+    const std::string where = P.name + " " + how.name + " [" + tag + "]: ";
+    for (std::int64_t e = 0; e < got.out.numel(); ++e) {
+        const double g = got.out.data_as<float>()[e], r = ref.out.data_as<double>()[e];
+        const double bound = tol * ref_abs.out.data_as<double>()[e];
+        if (!(std::isfinite(g) && std::fabs(g - r) <= bound)) {
+            ADD_FAILURE() << where << "out[" << e << "] = " << g << ", reference " << r << ", allowed error " << bound;
+            return;
+        }
+    }
+    EXPECT_EQ(close("lse", got.lse, ref.lse, tol), "") << where;  // V does not enter lse
+}
+
+std::vector<std::pair<Problem, LargeV>> large_v_problems(std::int64_t Lq, std::int64_t Lk) {
+    std::vector<std::pair<Problem, LargeV>> out;
+    Problem P;
+    P.B = 2;
+    P.Lq = Lq;
+    P.Lk = Lk;
+    P.name = "no mask";
+    out.push_back({P, {"all huge, random signs", 0, false, 1e-30f}});
+    out.push_back({P, {"all huge, positive", 0, true, 1e-30f}});
+    // The mean of equal values is that value: exactly ±FLT_MAX, not a rounding past it to ±inf.
+    out.push_back({P, {"all = FLT_MAX", 0, true, 0.0f, FLT_MAX}});
+    out.push_back({P, {"all = -FLT_MAX", 0, true, 0.0f, -FLT_MAX}});
+    P.name = "causal bottom-right";
+    P.opt.causal = Causal::bottom_right;  // the last keys are seen by the last rows only
+    out.push_back({P, {"huge last keys, tiny others", Lk - 5, false, 1e-30f}});
+    out.push_back({P, {"huge last keys, positive", Lk - 5, true, 1.0f}});
+    P.name = "causal top-left";
+    P.opt.causal = Causal::top_left;
+    out.push_back({P, {"huge keys from the middle", Lk / 2, true, 1e-30f}});
+    // Rows that see only tiny V next to rows that see huge V, in every task (decode too).
+    P.name = "bool mask hides the huge keys from even rows";
+    P.opt.causal = Causal::none;
+    P.bools.assign(static_cast<std::size_t>(Lq * Lk), 1);
+    for (std::int64_t i = 0; i < Lq; i += 2)
+        for (std::int64_t j = Lk - 40; j < Lk; ++j) P.bools[static_cast<std::size_t>(i * Lk + j)] = 0;
+    out.push_back({P, {"huge last 40 keys, tiny others", Lk - 40, false, 1e-30f}});
+    return out;
+}
+
+TEST(LargeV, FlashEveryRowAndThreads) {
+    for (const auto& [P, how] : large_v_problems(130, 150))
+        for (const detail::KernelSet* row : detail::runnable_kernel_sets())
+            for (int threads : {1, 2})
+                for (const detail::FlashTiles& t : kTileSets) {
+                    const std::string tag = std::string(detail::isa_name(row->isa)) + ", " + std::to_string(threads) +
+                                            " threads, tiles " + std::to_string(t.Mb) + "x" + std::to_string(t.Nb);
+                    check_large_v(P, how, [&](const detail::SdpaProblem& p) { detail::flash_forward(p, *row, threads, &t); }, tag);
+                    if (HasFailure()) return;
+                }
+}
+
+TEST(LargeV, FlashShortQueriesAndDropout) {
+    for (auto [P, how] : large_v_problems(20, 150)) {
+        for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+            check_large_v(P, how, [&](const detail::SdpaProblem& p) { detail::flash_forward(p, *row, 2, nullptr); },
+                          detail::isa_name(row->isa));
+            if (HasFailure()) return;
+        }
+        if (how.positive) continue;  // dropout's 1/(1−p) may take a mean of huge positives past FLT_MAX
+        P.opt.dropout_p = 0.3;
+        P.opt.dropout_seed = 4;
+        P.name += ", dropout";
+        check_large_v(P, how, [&](const detail::SdpaProblem& p) { detail::flash_forward(p, detail::kernel_set(), 1, nullptr); },
+                      "dropout");
+        if (HasFailure()) return;
+    }
+}
+
+TEST(LargeV, DecodeEveryRowAndSplit) {
+    for (auto [P, how] : large_v_problems(3, 700)) {
+        P.Hq = 4;
+        P.Hkv = 2;
+        for (const detail::KernelSet* row : detail::runnable_kernel_sets())
+            for (std::int64_t split : {1, 3}) {
+                check_large_v(P, how, [&](const detail::SdpaProblem& p) { detail::decode_forward(p, *row, split); },
+                              std::string(detail::isa_name(row->isa)) + ", split " + std::to_string(split));
+                if (HasFailure()) return;
+            }
+    }
+}
+
 // scale must be finite as a float32: 1e39 is finite as a double only.
 TEST(NonFinite, ScaleMustBeFiniteInFloat32) {
     Tensor q(DType::f32, {1, 1, 2, 4}), k(DType::f32, {1, 1, 3, 4}), v(DType::f32, {1, 1, 3, 4}), o(DType::f32, {1, 1, 2, 4});

@@ -20,7 +20,10 @@
 // Scores are in natural units (Q is pre-multiplied by scale; scores.hpp says why not base
 // 2); every exponential is the ISA's exp2 of a difference times log2 e (simd/exp2.hpp);
 // the score rule (scores.hpp) applies the masks and the key interval. A NaN/±inf in V at
-// a key some row gives weight 0 takes the selecting path of kernels/finite.hpp.
+// a key some row gives weight 0 takes the selecting path of kernels/finite.hpp. A work item
+// whose accumulator ends non-finite (Σ p·v overflowed on large finite V, or a visible
+// NaN/±inf) is computed again on finite.hpp's careful path; split partials are stored
+// normalised (o/l) so that merging them is a weighted mean, which cannot overflow either.
 #pragma once
 
 #include <math.h>  // expf, logf, INFINITY: C functions, no inline C++ wrappers (see above)
@@ -84,14 +87,16 @@ struct Scratch {
     float* m;      // M: running max of the scaled scores
     float* l;      // M: running Σ exp(score − m)
     float* alpha;  // M: rescale factor of the current block
-    float* vt;     // kDecodeBlock × Dv: V block with non-finite entries 0 (selecting path)
+    float* vt;     // kDecodeBlock × Dv: V block with non-finite (careful path: and large) entries 0
+    float* ob;     // M × Dv: careful path: accumulator of V's large entries, scaled by 2^-64
+    float* vb;     // kDecodeBlock × Dv: careful path: V's large entries scaled by 2^-64, others 0
     i64* lo;       // M: visible key range of the row, clipped to the chunk
     i64* hi;
 };
 
 inline i64 scratch_floats(i64 M, i64 Dk, i64 Dv) {
-    // q, s, o, m, l, alpha, vt, and lo/hi as two i64 (= 2 floats each) per row.
-    return M * Dk + M * kDecodeBlock + M * Dv + 3 * M + kDecodeBlock * Dv + 4 * M + 16;
+    // q, s, o, m, l, alpha, vt, ob, vb, and lo/hi as two i64 (= 2 floats each) per row.
+    return M * Dk + M * kDecodeBlock + M * Dv + 3 * M + kDecodeBlock * Dv + M * Dv + kDecodeBlock * Dv + 4 * M + 16;
 }
 
 inline Scratch carve(float* base, i64 M, i64 Dk, i64 Dv) {
@@ -103,8 +108,10 @@ inline Scratch carve(float* base, i64 M, i64 Dk, i64 Dv) {
     s.l = s.m + M;
     s.alpha = s.l + M;
     s.vt = s.alpha + M;
+    s.ob = s.vt + kDecodeBlock * Dv;
+    s.vb = s.ob + M * Dv;
     // i64 arrays need 8-byte alignment: round the offset up to an even float count.
-    i64 off = (s.vt + kDecodeBlock * Dv) - base;
+    i64 off = (s.vb + kDecodeBlock * Dv) - base;
     off = (off + 1) & ~i64{1};
     s.lo = reinterpret_cast<i64*>(base + off);
     s.hi = s.lo + M;
@@ -143,10 +150,11 @@ inline void for_key_runs(const DecodeView& a, const DecodeWork& w, i64 b, i64 hk
     }
 }
 
-// One work item: sequence b, KV head hk, keys [c0, c1). Leaves (o, m, l) per row in sc.
+// One work item: sequence b, KV head hk, keys [c0, c1). Leaves (o, m, l) per row in sc
+// (careful: and ob, the large part; finite.hpp).
 template <class Ops, class T>
 void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i64 b, i64 hk, i64 c0, i64 c1,
-              const Scratch& sc) {
+              const Scratch& sc, bool careful) {
     const i64 G = a.group, Lq = a.Lq, M = G * Lq, Dk = a.Dk, Dv = a.Dv;
     // Row r = g·Lq + i is query i of query head h = hk·G + g.
     i64 klo = c1, khi = c0;
@@ -166,6 +174,8 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
         sc.m[r] = sink ? p.sink(h) : -INFINITY;
         sc.l[r] = sink ? 1.0f : 0.0f;
         for (i64 d = 0; d < Dv; ++d) sc.o[r * Dv + d] = 0.0f;
+        if (careful)
+            for (i64 d = 0; d < Dv; ++d) sc.ob[r * Dv + d] = 0.0f;
     }
     const bool elementwise = score_rule_has_elementwise(p);
     const std::uint16_t exp16 = p.v.dtype() == DType::f16 ? kF16Exponent : kBF16Exponent;
@@ -203,8 +213,8 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
             sc.m[r] = m_new;
         }
         // O = α·O + P · V_block — each V row is read from memory once for all M rows.
-        bool select = false;
-        if (ruled) {
+        bool select = careful;
+        if (ruled && !careful) {
             for_key_runs<T>(a, w, b, hk, j0, n, [&](i64, i64 len, const T*, const T* vrow) {
                 if (sizeof(T) == sizeof(float)) {
                     select = select || any_nonfinite(reinterpret_cast<const float*>(vrow), a.vs[2], len, Dv);
@@ -225,17 +235,23 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
             });
         } else {
             // Selecting path (finite.hpp): P·V on V with its NaN/±inf entries 0, then each
-            // of them added back as p·x to the rows whose weight p is not 0.
+            // of them added back as p·x to the rows whose weight p is not 0. Careful path:
+            // the large entries are 0 there too and summed, scaled, into ob.
             for_key_runs<T>(a, w, b, hk, j0, n, [&](i64 t, i64 len, const T*, const T* vrow) {
                 for (i64 j = 0; j < len; ++j)
                     for (i64 d = 0; d < Dv; ++d) {
                         const float x = Ops::load1(vrow + j * a.vs[2] + d);
-                        sc.vt[(t + j) * Dv + d] = nonfinite_f32(x) ? 0.0f : x;
+                        float& ordinary = sc.vt[(t + j) * Dv + d];
+                        if (careful) split_large(x, ordinary, sc.vb[(t + j) * Dv + d]);
+                        else ordinary = nonfinite_f32(x) ? 0.0f : x;
                     }
             });
             for_row_groups(M, [&](i64 r0, i64 R) {
                 Ops::template accumulate<float>(sc.o + r0 * Dv, Dv, sc.alpha + r0, sc.s + r0 * kDecodeBlock,
                                                 kDecodeBlock, static_cast<int>(R), sc.vt, Dv, n, Dv);
+                if (careful)
+                    Ops::template accumulate<float>(sc.ob + r0 * Dv, Dv, sc.alpha + r0, sc.s + r0 * kDecodeBlock,
+                                                    kDecodeBlock, static_cast<int>(R), sc.vb, Dv, n, Dv);
             });
             for_key_runs<T>(a, w, b, hk, j0, n, [&](i64 t, i64 len, const T*, const T* vrow) {
                 for (i64 j = 0; j < len; ++j)
@@ -252,14 +268,21 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
     }
 }
 
-// Final output of one row from its (o, m, l): out = o / l, lse = m + ln l.
+// o / l of one row, in place, from the item's accumulators (careful: with the large part ob).
+// l = 0 (no visible key): 0; l NaN (a NaN/±inf score): NaN.
+inline void normalise_row(float* o, const float* ob, float l, i64 Dv, bool careful) {
+    const float inv = l == 0.0f ? 0.0f : 1.0f / l;
+    for (i64 d = 0; d < Dv; ++d) o[d] = careful ? combine_large(o[d], ob[d], inv, true) : o[d] * inv;
+}
+
+// Final output of one row from its normalised o (o / l) and (m, l): lse = m + ln l.
 // A row that saw no key (l = 0) gives out = 0, lse = −inf (never NaN); a row that saw a
 // NaN/±inf score (l NaN) gives NaN in both.
 inline void write_row(const DecodeView& a, i64 b, i64 h, i64 i, const float* o, float m, float l) {
     float* out = a.out + b * a.os[0] + h * a.os[1] + i * a.os[2];
     const bool empty = l == 0.0f;
-    const float inv = empty ? 0.0f : 1.0f / l;
-    for (i64 d = 0; d < a.Dv; ++d) out[d * a.os[3]] = empty ? 0.0f : o[d] * inv;
+    const float f = l == l ? 1.0f : NAN;  // a merged row whose NaN came from a chunk it skipped
+    for (i64 d = 0; d < a.Dv; ++d) out[d * a.os[3]] = empty ? 0.0f : o[d] * f;
     if (a.lse != nullptr) a.lse[b * a.ls[0] + h * a.ls[1] + i * a.ls[2]] = empty ? -INFINITY : m + logf(l);
 }
 
@@ -278,7 +301,11 @@ void decode_impl(const SdpaProblem& p, const DecodeWork& w) {
             const i64 c = it % w.nsplit, bh = it / w.nsplit;
             const i64 b = bh / a.Hkv, hk = bh % a.Hkv;
             const i64 c0 = c * w.chunk, c1 = imin(a.Lk, c0 + w.chunk);
-            run_item<Ops, T>(p, a, w, b, hk, c0, c1, sc);
+            run_item<Ops, T>(p, a, w, b, hk, c0, c1, sc, false);
+            // Σ p·v overflowed (large finite V) or a visible NaN/±inf: again, carefully.
+            const bool careful = any_nonfinite(sc.o, Dv, M, Dv);
+            if (careful) run_item<Ops, T>(p, a, w, b, hk, c0, c1, sc, true);
+            for (i64 r = 0; r < M; ++r) normalise_row(sc.o + r * Dv, sc.ob + r * Dv, sc.l[r], Dv, careful);
             if (w.nsplit == 1) {
                 for (i64 r = 0; r < M; ++r)
                     write_row(a, b, hk * a.group + r / a.Lq, r % a.Lq, sc.o + r * Dv, sc.m[r], sc.l[r]);
@@ -292,7 +319,9 @@ void decode_impl(const SdpaProblem& p, const DecodeWork& w) {
             }
         }
         if (w.nsplit > 1) {
-            // Merge the chunks of each (b, hk) by their log-sum-exp (base 2), in chunk order.
+            // Merge the chunks of each (b, hk) by their log-sum-exp (base 2), in chunk order:
+            // l = Σ_c w_c·l_c, out = Σ_c (w_c·l_c / l)·(o_c / l_c) — a weighted mean of the
+            // normalised partials (weights summing to 1), so large V cannot overflow it.
 #pragma omp for schedule(static)
             for (i64 bh = 0; bh < a.B * a.Hkv; ++bh) {
                 const i64 b = bh / a.Hkv, hk = bh % a.Hkv;
@@ -315,9 +344,25 @@ void decode_impl(const SdpaProblem& p, const DecodeWork& w) {
                             if (pc[M * Dv + M + r] != 0.0f) l = pc[M * Dv + M + r];
                             continue;
                         }
-                        const float wc = Ops::exp2_1((mc - mmax) * kLog2e);
-                        l += wc * pc[M * Dv + M + r];
-                        for (i64 d = 0; d < Dv; ++d) o[d] += wc * pc[r * Dv + d];
+                        l += Ops::exp2_1((mc - mmax) * kLog2e) * pc[M * Dv + M + r];
+                    }
+                    const float inv = l == 0.0f ? 0.0f : 1.0f / l;
+                    for (i64 c = 0; c < w.nsplit; ++c) {
+                        const float* pc = parts + c * part_stride;
+                        const float mc = pc[M * Dv + r];
+                        if (mc == -INFINITY) continue;
+                        const float f = Ops::exp2_1((mc - mmax) * kLog2e) * pc[M * Dv + M + r] * inv;
+                        for (i64 d = 0; d < Dv; ++d) o[d] += f * pc[r * Dv + d];
+                    }
+                    // A mean of finite partials that rounded past FLT_MAX (finite.hpp, saturate_mean).
+                    for (i64 d = 0; d < Dv; ++d) {
+                        if (!nonfinite_f32(o[d]) || l != l) continue;
+                        bool finite_parts = true;
+                        for (i64 c = 0; c < w.nsplit; ++c) {
+                            const float* pc = parts + c * part_stride;
+                            if (pc[M * Dv + r] != -INFINITY) finite_parts = finite_parts && !nonfinite_f32(pc[r * Dv + d]);
+                        }
+                        if (finite_parts) o[d] = saturate_mean(o[d]);
                     }
                     write_row(a, b, hk * a.group + r / a.Lq, r % a.Lq, o, mmax, l);
                 }

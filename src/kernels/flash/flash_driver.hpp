@@ -34,6 +34,10 @@
 // but 0·NaN in P·V is NaN. Where a tile can hold zeros of P (the score rule or dropout
 // ran on it), the V rows of its key block are checked once; only if one holds NaN/±inf
 // does P·V run on a copy with those entries 0, adding each back where P is not 0.
+// Large finite V (|v| near FLT_MAX) can overflow the unnormalised Oᵀ although O cannot:
+// a task whose Oᵀ ends non-finite is computed again on finite.hpp's careful path (large
+// entries in a second accumulator scaled by 2^-64), so the common path pays one check of
+// Oᵀ per task.
 //
 // Why transposed (keys × queries) rather than the usual (queries × keys): both
 // micro-kernels then read K and V by *broadcasting scalars* straight from the caller's
@@ -109,6 +113,8 @@ struct Workspace {
     float* ot = nullptr;     // (Dv, Mb)  unnormalised Oᵀ
     float* kbuf = nullptr;   // (Nb, Dk)  only when K's head dim is strided
     float* vbuf = nullptr;   // (Nb, Dv)  V packed: strided head dim, or non-finite entries zeroed
+    float* bigot = nullptr;  // (Dv, Mb)  careful path: Oᵀ of V's large entries, scaled by 2^-64
+    float* vbig = nullptr;   // (Nb, Dv)  careful path: V's large entries scaled by 2^-64, others 0
     float* m = nullptr;      // (Mb) running max (base 2)
     float* l = nullptr;      // (Mb) running sum
     float* alpha = nullptr;  // (Mb) rescale of this key block
@@ -130,6 +136,8 @@ struct Workspace {
                                      round64(static_cast<std::size_t>(p.Dv) * Mb),
                                      pack_k ? round64(Nb * static_cast<std::size_t>(p.Dk)) : 0,
                                      round64(Nb * static_cast<std::size_t>(p.Dv)),
+                                     round64(static_cast<std::size_t>(p.Dv) * Mb),
+                                     round64(Nb * static_cast<std::size_t>(p.Dv)),
                                      round64(Mb), round64(Mb), round64(Mb), round64(Mb), round64(Mb), round64(Mb),
                                      round64(2 * Mb), round64(2 * Mb), round64(2 * Mb), round64(2 * Mb),
                                      round64(Nb + 8)};
@@ -138,9 +146,9 @@ struct Workspace {
         block = std::aligned_alloc(64, total);
         if (block == nullptr) return;
         char* c = static_cast<char*>(block);
-        float** floats[] = {&qt, &s, &ot, &kbuf, &vbuf, &m, &l, &alpha, &lse2, &aslope, &abase};
+        float** floats[] = {&qt, &s, &ot, &kbuf, &vbuf, &bigot, &vbig, &m, &l, &alpha, &lse2, &aslope, &abase};
         std::size_t i = 0;
-        for (; i < 11; ++i) {
+        for (; i < sizeof floats / sizeof floats[0]; ++i) {
             *floats[i] = sizes[i] ? reinterpret_cast<float*>(c) : nullptr;
             c += sizes[i];
         }
@@ -227,21 +235,26 @@ inline void tile_modifiers(const SdpaProblem& p, Workspace& w, std::int64_t b, i
     }
 }
 
+// Rows [j0, j0+nk) of K or V (kv head h) for a micro-kernel: in place when the head dim is
+// contiguous, else packed into buf. Returns the rows, their stride in ld.
+inline const float* tile_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t j0, std::int64_t nk,
+                              std::int64_t D, float* buf, std::int64_t& ld) {
+    if (t.stride(3) == 1 || D == 1) {
+        ld = t.stride(2);
+        return t.data_as<const float>() + t.offset(b, h, j0, 0);
+    }
+    pack_rows(t, b, h, j0, nk, D, buf);
+    ld = D;
+    return buf;
+}
+
 // Sᵀ (scaled, modified, masked) of keys [j0, j0+nk) against all panels of the block.
 // `stage` < masked (the scores output): stop after the scale or after the softcap.
 template <class Ops>
 void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t hk, int nq, int panels, std::int64_t j0, std::int64_t nk, int ldS, float scale,
                 bool ranges_partial, ScoreStage stage = ScoreStage::masked) {
-    const float* kp;
     std::int64_t ldk;
-    if (p.k.stride(3) == 1 || p.Dk == 1) {
-        kp = p.k.data_as<const float>() + p.k.offset(b, hk, j0, 0);
-        ldk = p.k.stride(2);
-    } else {
-        pack_rows(p.k, b, hk, j0, nk, p.Dk, w.kbuf);
-        kp = w.kbuf;
-        ldk = p.Dk;
-    }
+    const float* kp = tile_rows(p.k, b, hk, j0, nk, p.Dk, w.kbuf, ldk);
     const int Dk = static_cast<int>(p.Dk);
     for (int pn = 0; pn < panels; ++pn) {
         const float* qt = w.qt + static_cast<std::int64_t>(pn) * Dk * Ops::kPanel;
@@ -326,6 +339,74 @@ void write_scores(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::
     }
 }
 
+// Oᵀ (acc) ← α·Oᵀ + Σⱼ V[j]·Pᵀ[j] for all panels: V rows vp (row stride ldv), Pᵀ in w.s.
+template <class Ops>
+void pv_tile(const SdpaProblem& p, const Workspace& w, int panels, std::int64_t nk, int ldS, const float* vp,
+             std::int64_t ldv, float* acc, int ldO) {
+    for (int pn = 0; pn < panels; ++pn)
+        for (std::int64_t d = 0; d < p.Dv; d += Ops::kRows)
+            Ops::pv(w.s + pn * Ops::kPanel, ldS, vp + d, ldv, static_cast<int>(nk), static_cast<int>(imin(Ops::kRows, p.Dv - d)),
+                    acc + d * ldO + pn * Ops::kPanel, ldO, w.alpha + pn * Ops::kPanel);
+}
+
+// The key loop of one task: (m, l, Oᵀ) of the block's columns from keys [ulo, uhi).
+// careful (finite.hpp): V's large entries go to bigot, scaled by 2^-64, and every key block
+// takes the selecting path for non-finite entries.
+template <class Ops>
+void accumulate_keys(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, Workspace& w, std::int64_t b,
+                     std::int64_t hk, int nq, int panels, std::int64_t ulo, std::int64_t uhi, bool careful) {
+    const int ncols = panels * Ops::kPanel, ldS = t.Mb, ldO = t.Mb;
+    const float scale = static_cast<float>(p.scale);
+    for (int c = 0; c < ncols; ++c) {  // a sink is the row's first logit: m = σ_h, l = 1
+        const bool sink = p.sinks && c < nq;
+        w.m[c] = sink ? p.sink(w.ch[c]) : kNegInf;
+        w.l[c] = sink ? 1.0f : 0.0f;
+    }
+    const std::size_t acc_bytes = sizeof(float) * static_cast<std::size_t>(p.Dv) * static_cast<std::size_t>(ldO);
+    std::memset(w.ot, 0, acc_bytes);
+    if (careful) std::memset(w.bigot, 0, acc_bytes);
+
+    for (std::int64_t j0 = ulo; j0 < uhi; j0 += t.Nb) {
+        const std::int64_t nk = imin(t.Nb, uhi - j0);
+        bool partial = false;
+        for (int c = 0; c < nq && !partial; ++c) partial = w.lo[c] > j0 || w.hi[c] < j0 + nk;
+        score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, scale, partial);
+
+        Ops::softmax(w.s, ldS, static_cast<int>(nk), ncols, w.m, w.l, w.alpha);
+        // One branch per tile: without dropout the tile goes straight to P·V.
+        if (drop.active) apply_dropout<Ops>(drop, w, b, nq, j0, nk, w.s, ldS);
+
+        const float* vp;
+        std::int64_t ldv;
+        bool select;
+        if (careful) {
+            const float* v = p.v.data_as<const float>();
+            select = false;
+            for (std::int64_t j = 0; j < nk; ++j)
+                for (std::int64_t d = 0; d < p.Dv; ++d)
+                    select |= split_large(v[p.v.offset(b, hk, j0 + j, d)], w.vbuf[j * p.Dv + d], w.vbig[j * p.Dv + d]);
+            vp = w.vbuf;
+            ldv = p.Dv;
+            pv_tile<Ops>(p, w, panels, nk, ldS, w.vbig, ldv, w.bigot, ldO);
+        } else {
+            vp = tile_rows(p.v, b, hk, j0, nk, p.Dv, w.vbuf, ldv);
+            // Zeros of P only where a mask, ALiBi (a score that overflows to −inf) or dropout
+            // ran: check V there (finite.hpp). Softcap keeps every score finite.
+            select = (partial || p.has_elementwise_mask() || p.alibi_slopes || drop.active) &&
+                     any_nonfinite(vp, ldv, nk, p.Dv);
+            if (select) {
+                if (vp != w.vbuf) pack_rows(p.v, b, hk, j0, nk, p.Dv, w.vbuf);
+                for (std::int64_t e = 0; e < nk * p.Dv; ++e)
+                    if (nonfinite_f32(w.vbuf[e])) w.vbuf[e] = 0.0f;
+                vp = w.vbuf;
+                ldv = p.Dv;
+            }
+        }
+        pv_tile<Ops>(p, w, panels, nk, ldS, vp, ldv, w.ot, ldO);
+        if (select) add_nonfinite_v(p, w, b, hk, j0, nk, ncols, ldS, ldO);
+    }
+}
+
 // One task: queries [i0, i0+nq) of the nh query heads h0.. (all reading KV head hk) of
 // batch b. Column c of the block is query i0 + c % nq of head h0 + c / nq.
 template <class Ops>
@@ -337,7 +418,7 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
         w.ci[c] = i0 + c % nq_head;
     }
     const int panels = (nq + Ops::kPanel - 1) / Ops::kPanel, ncols = panels * Ops::kPanel, ldS = t.Mb, ldO = t.Mb;
-    const float scale = static_cast<float>(p.scale);
+    const float scale = static_cast<float>(p.scale);  // the weights and scores passes
 
     // Visible key range of each query; padding columns see nothing.
     std::int64_t ulo = p.Lk, uhi = 0;
@@ -354,51 +435,11 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     }
 
     pack_qt(p, b, w.ch, w.ci, nq, panels, Ops::kPanel, w.qt);
-    for (int c = 0; c < ncols; ++c) {  // a sink is the row's first logit: m = σ_h, l = 1
-        const bool sink = p.sinks && c < nq;
-        w.m[c] = sink ? p.sink(w.ch[c]) : kNegInf;
-        w.l[c] = sink ? 1.0f : 0.0f;
-    }
-    std::memset(w.ot, 0, sizeof(float) * static_cast<std::size_t>(p.Dv) * static_cast<std::size_t>(ldO));
-
-    const bool pack_v = !(p.v.stride(3) == 1 || p.Dv == 1);
-    for (std::int64_t j0 = ulo; j0 < uhi; j0 += t.Nb) {
-        const std::int64_t nk = imin(t.Nb, uhi - j0);
-        bool partial = false;
-        for (int c = 0; c < nq && !partial; ++c) partial = w.lo[c] > j0 || w.hi[c] < j0 + nk;
-        score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, scale, partial);
-
-        Ops::softmax(w.s, ldS, static_cast<int>(nk), ncols, w.m, w.l, w.alpha);
-        // One branch per tile: without dropout the tile goes straight to P·V.
-        if (drop.active) apply_dropout<Ops>(drop, w, b, nq, j0, nk, w.s, ldS);
-
-        const float* vp;
-        std::int64_t ldv;
-        if (!pack_v) {
-            vp = p.v.data_as<const float>() + p.v.offset(b, hk, j0, 0);
-            ldv = p.v.stride(2);
-        } else {
-            pack_rows(p.v, b, hk, j0, nk, p.Dv, w.vbuf);
-            vp = w.vbuf;
-            ldv = p.Dv;
-        }
-        // Zeros of P only where a mask, ALiBi (a score that overflows to −inf) or dropout
-        // ran: check V there (finite.hpp). Softcap keeps every score finite.
-        const bool select = (partial || p.has_elementwise_mask() || p.alibi_slopes || drop.active) &&
-                            any_nonfinite(vp, ldv, nk, p.Dv);
-        if (select) {
-            if (vp != w.vbuf) pack_rows(p.v, b, hk, j0, nk, p.Dv, w.vbuf);
-            for (std::int64_t e = 0; e < nk * p.Dv; ++e)
-                if (nonfinite_f32(w.vbuf[e])) w.vbuf[e] = 0.0f;
-            vp = w.vbuf;
-            ldv = p.Dv;
-        }
-        for (int pn = 0; pn < panels; ++pn)
-            for (std::int64_t d = 0; d < p.Dv; d += Ops::kRows)
-                Ops::pv(w.s + pn * Ops::kPanel, ldS, vp + d, ldv, static_cast<int>(nk), static_cast<int>(imin(Ops::kRows, p.Dv - d)),
-                        w.ot + d * ldO + pn * Ops::kPanel, ldO, w.alpha + pn * Ops::kPanel);
-        if (select) add_nonfinite_v(p, w, b, hk, j0, nk, ncols, ldS, ldO);
-    }
+    accumulate_keys<Ops>(p, t, drop, w, b, hk, nq, panels, ulo, uhi, false);
+    // Overflow of Σ p·v (large finite V) or a visible NaN/±inf: compute again carefully.
+    // Padding columns (c ≥ nq) are not looked at: they accumulate V too but nothing reads them.
+    const bool careful = any_nonfinite(w.ot, ldO, p.Dv, nq);
+    if (careful) accumulate_keys<Ops>(p, t, drop, w, b, hk, nq, panels, ulo, uhi, true);
 
     // O = Oᵀ / l, transposed into the caller's layout; lse. l = 0: no visible key (O = 0,
     // lse = −inf); l NaN (a visible NaN/±inf score): O and lse NaN.
@@ -407,12 +448,16 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
         const float l = w.l[c];
         const float inv = l == 0.0f ? 0.0f : 1.0f / l;
         const std::int64_t base = p.out.offset(b, w.ch[c], w.ci[c], 0), sd = p.out.stride(3);
+        if (careful)  // fold the large part back in (finite.hpp), then the same stores
+            for (std::int64_t d = 0; d < p.Dv; ++d)
+                w.ot[d * ldO + c] = combine_large(w.ot[d * ldO + c], w.bigot[d * ldO + c], inv, !drop.active);
+        const float f = careful ? 1.0f : inv;
         if (out_f32) {
             float* o = p.out.data_as<float>() + base;
-            for (std::int64_t d = 0; d < p.Dv; ++d) o[d * sd] = w.ot[d * ldO + c] * inv;
+            for (std::int64_t d = 0; d < p.Dv; ++d) o[d * sd] = w.ot[d * ldO + c] * f;
         } else {
             double* o = p.out.data_as<double>() + base;
-            for (std::int64_t d = 0; d < p.Dv; ++d) o[d * sd] = static_cast<double>(w.ot[d * ldO + c] * inv);
+            for (std::int64_t d = 0; d < p.Dv; ++d) o[d * sd] = static_cast<double>(w.ot[d * ldO + c] * f);
         }
         w.lse2[c] = l == 0.0f ? 0.0f : std::log2(l);
         if (p.lse) {

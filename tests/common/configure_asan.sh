@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Configures the sanitizer build dir shared by the ASan/UBSan ctests (kernels_asan,
+# python_asan): one configuration, so that whichever runs first builds the library once and
+# the other reuses it (the tests hold the RESOURCE_LOCK asan_build, never building at once).
+# Configured every time: quick when nothing changed, and it repairs a half-configured dir.
+#   configure_asan.sh <source dir> <build dir>
+set -euo pipefail
+src=$1
+build=$2
+gen=Ninja
+command -v ninja >/dev/null 2>&1 || gen="Unix Makefiles"
+cmake -S "$src" -B "$build" -G "$gen" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_SANITIZE=ON \
+      -DATTN_BUILD_TOOLS=OFF -DATTN_BUILD_DEV=OFF -DATTN_BUILD_PYTHON=ON -DATTN_BUILD_EXAMPLES=OFF \
+      -DATTN_WITH_MPI=OFF >/dev/null
