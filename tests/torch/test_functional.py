@@ -225,3 +225,110 @@ def test_thread_count_in_effect_during_the_call(monkeypatch):
         torch.set_num_threads(torch_threads)
     at.scaled_dot_product_attention(q, k, v, enable_gqa=True, threads=5)
     assert seen[-1] == 5 and attn.get_num_threads() == before
+
+
+# Score modifiers through the autograd Function (docs/conventions.md, "Score modifiers"): sinks
+# get a gradient, softcap and ALiBi shape the scores. Sinks and slopes are dyadic and gradcheck's
+# step is 2^-12: the core keeps both in float32, so σ ± eps must be exact there for the numerical
+# Jacobian to see the float64 function (a rounded step would be noise of ~1e-8/eps).
+SINKS = (0.5, -1.25)
+SLOPES = (0.5, 0.25)
+EPS = 2.0 ** -12
+
+
+def modifier_cases():
+    lq, lk = 3, 5
+    return {  # name → (attn keywords, textbook keywords, keep)
+        "sinks": ({}, {}, None),
+        "sinks + softcap": ({"softcap": 2.0}, {"softcap": 2.0}, None),
+        "sinks + alibi": ({"alibi": True}, {"alibi": True}, None),
+        "sinks + causal": ({"is_causal": True}, {}, causal_keep(lq, lk)),
+        "sinks + softcap + alibi + causal bottom-right": (
+            {"softcap": 2.0, "alibi": True, "is_causal": True, "causal_alignment": "bottom-right"},
+            {"softcap": 2.0, "alibi": True}, causal_keep(lq, lk, True)),
+        "softcap + alibi, no sinks": ({"softcap": 2.0, "alibi": True, "no_sinks": True},
+                                      {"softcap": 2.0, "alibi": True}, None),
+    }
+
+
+def modifier_call(name):
+    """(f, args, reference) for a case: f(q, k, v[, sinks]) through attn.torch, the textbook's output."""
+    kw, ref_kw, keep = (dict(x) if isinstance(x, dict) else x for x in modifier_cases()[name])
+    q, k, v = inputs(torch.float64)
+    with_sinks = not kw.pop("no_sinks", False)
+    if kw.pop("alibi", False):
+        kw["alibi_slopes"] = torch.tensor(SLOPES, dtype=torch.float64)
+        ref_kw["alibi"] = kw["alibi_slopes"]
+    args = (q, k, v)
+    if with_sinks:
+        args += (torch.tensor(SINKS, dtype=torch.float64, requires_grad=True),)
+
+    def f(q, k, v, *s):
+        extra = dict(kw, sinks=s[0]) if s else kw
+        return at.scaled_dot_product_attention(q, k, v, enable_gqa=True, threads=1, **extra)
+
+    ref = textbook(q, k, v, keep, sinks=args[3] if with_sinks else None, **ref_kw)
+    return f, args, ref
+
+
+@pytest.mark.parametrize("name", list(modifier_cases()))
+def test_modifiers_gradcheck_float64(name):
+    f, args, ref = modifier_call(name)
+    ours = f(*args)
+    assert torch.allclose(ours, ref, atol=1e-12, rtol=1e-12), (ours - ref).abs().max()
+    assert torch.autograd.gradcheck(f, args, eps=EPS)
+    g = torch.randn_like(ref)
+    for a, b in zip(torch.autograd.grad(ours, args, g), torch.autograd.grad(ref, args, g)):
+        assert a.dtype == b.dtype
+        assert torch.allclose(a, b, atol=1e-11, rtol=1e-11), (a - b).abs().max()
+
+
+def test_sinks_float32_against_float64():
+    q, k, v = inputs(torch.float32)
+    sinks = torch.tensor(SINKS, dtype=torch.float32, requires_grad=True)
+    ours = at.scaled_dot_product_attention(q, k, v, enable_gqa=True, sinks=sinks, softcap=2.0, is_causal=True)
+    ref = textbook(q, k, v, causal_keep(3, 5), sinks=sinks, softcap=2.0)
+    assert ours.dtype == torch.float32
+    assert torch.allclose(ours.double(), ref, atol=2e-5, rtol=2e-5), (ours.double() - ref).abs().max()
+    g = torch.randn_like(ref)
+    args = (q, k, v, sinks)
+    for a, b in zip(torch.autograd.grad(ours, args, g.float()), torch.autograd.grad(ref, args, g)):
+        assert a.dtype == torch.float32
+        assert torch.allclose(a.double(), b.double(), atol=1e-4, rtol=1e-4), (a.double() - b).abs().max()
+
+
+def test_sink_gradient_alone_and_without_grad():
+    # Only the sinks require grad: the Function still runs, and .grad lands on them alone.
+    q, k, v = inputs(torch.float64, grad=False)
+    sinks = torch.tensor(SINKS, dtype=torch.float64, requires_grad=True)
+    out = at.scaled_dot_product_attention(q, k, v, enable_gqa=True, sinks=sinks)
+    assert out.grad_fn is not None
+    out.sum().backward()
+    ref_sinks = sinks.detach().clone().requires_grad_()
+    textbook(q, k, v, sinks=ref_sinks).sum().backward()
+    assert torch.allclose(sinks.grad, ref_sinks.grad, atol=1e-12), (sinks.grad, ref_sinks.grad)
+    # Detached sinks: the plain call, the same output, no graph.
+    plain = at.scaled_dot_product_attention(q, k, v, enable_gqa=True, sinks=sinks.detach())
+    assert plain.grad_fn is None and torch.allclose(plain, out, atol=1e-14)
+
+
+def test_sinks_with_float_mask_gradient():
+    # A float mask's gradient with a sink in the softmax: the sink takes mass, the formula holds.
+    q, k, v = inputs(torch.float64)
+    bias = torch.randn(1, 2, 3, 5, dtype=torch.float64).requires_grad_()
+    sinks = torch.tensor(SINKS, dtype=torch.float64, requires_grad=True)
+    f = lambda q, k, v, b, s: at.scaled_dot_product_attention(q, k, v, b, enable_gqa=True, threads=1,  # noqa: E731
+                                                              sinks=s, softcap=2.0)
+    args = (q, k, v, bias, sinks)
+    assert torch.allclose(f(*args), textbook(q, k, v, bias=bias, sinks=sinks, softcap=2.0), atol=1e-12)
+    assert torch.autograd.gradcheck(f, args, eps=EPS)
+
+
+def test_alibi_slopes_requiring_grad_are_refused():
+    q, k, v = inputs(torch.float64)
+    slopes = torch.tensor(SLOPES, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(ValueError) as e:
+        at.scaled_dot_product_attention(q, k, v, enable_gqa=True, alibi_slopes=slopes)
+    assert "alibi_slopes" in str(e.value) and "detach" in str(e.value)
+    with torch.no_grad():  # no gradient wanted: allowed
+        at.scaled_dot_product_attention(q, k, v, enable_gqa=True, alibi_slopes=slopes)

@@ -33,6 +33,14 @@ def maybe_array(x, name):
     return array(x, name) if isinstance(x, torch.Tensor) else x
 
 
+def modifier_array(x, name):
+    """alibi_slopes / sinks as maybe_array(), a float64 tensor rounded to float32 first: attn's
+    core keeps them in float32 whatever the dtype of q (docs/conventions.md, "Score modifiers")."""
+    if isinstance(x, torch.Tensor) and x.dtype == torch.float64:
+        x = x.detach().float()
+    return maybe_array(x, name)
+
+
 def tensor(a):
     return torch.from_numpy(a)
 

@@ -1,7 +1,9 @@
 """The autograd Function of attn.torch.scaled_dot_product_attention.
 
 forward keeps out, lse and the options (the dropout seed among them: attn regenerates the
-dropout mask from it); backward calls attn's backward for dq, dk, dv. A float attn_mask that
+dropout mask from it); backward calls attn's backward for dq, dk, dv, and dsinks when sinks
+are given (softcap and ALiBi are options like any other: attn's backward applies them; ALiBi
+slopes have no gradient, functional.py refuses slopes that require one). A float attn_mask that
 requires grad gets dS = W∘(dO·Vᵀ) − P∘rowsum(dO∘O) summed to its shape, where P are the
 softmax weights and W the dropped, rescaled ones that multiply V (both from attn's forward
 with return_weights): that materializes (N, H, L, S), so it is done only when asked for.
@@ -31,12 +33,15 @@ def _mask_grad(q, k, v, float_mask, out, grad_out, opts):
 
 class SdpaFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, query, key, value, float_mask, bool_mask, opts, threads):
+    def forward(ctx, query, key, value, float_mask, sinks, bool_mask, opts, threads):
         q, k, v = _convert.array(query, "query"), _convert.array(key, "key"), _convert.array(value, "value")
         mask = _convert.array(float_mask, "attn_mask") if float_mask is not None else bool_mask
+        if sinks is not None:  # an input of the Function (for its gradient), an option of attn
+            opts = dict(opts, sinks=_convert.modifier_array(sinks, "sinks"))
         with _convert.Threads(threads):
             out, lse = _attn.scaled_dot_product_attention(q, k, v, attn_mask=mask, return_lse=True, **opts)
         ctx.save_for_backward(query, key, value, float_mask)
+        ctx.sinks_dtype = None if sinks is None else sinks.dtype
         ctx.arrays = (out, lse, bool_mask)
         ctx.opts, ctx.threads = opts, threads
         return _convert.tensor(out)
@@ -50,10 +55,13 @@ class SdpaFunction(torch.autograd.Function):
         mask = _convert.array(float_mask, "attn_mask") if float_mask is not None else bool_mask
         g = _convert.array(grad_out, "grad_out")
         with _convert.Threads(ctx.threads):
-            dq, dk, dv = _attn.scaled_dot_product_attention_backward(q, k, v, out, lse, g, attn_mask=mask,
-                                                                    **ctx.opts)
+            grads = _attn.scaled_dot_product_attention_backward(q, k, v, out, lse, g, attn_mask=mask, **ctx.opts)
+            dq, dk, dv = grads[:3]
+            dsinks = None
+            if ctx.needs_input_grad[4]:  # attn's dsinks has q's dtype; the gradient has the sinks'
+                dsinks = _convert.tensor(grads[3]).to(ctx.sinks_dtype)
             dmask = None
             if ctx.needs_input_grad[3]:
                 dmask = _mask_grad(q, k, v, mask, torch.from_numpy(out), grad_out, ctx.opts)
                 dmask = dmask.sum_to_size(float_mask.shape)
-        return _convert.tensor(dq), _convert.tensor(dk), _convert.tensor(dv), dmask, None, None, None
+        return _convert.tensor(dq), _convert.tensor(dk), _convert.tensor(dv), dmask, dsinks, None, None, None

@@ -17,6 +17,8 @@ from .autograd import SdpaFunction
 _CORE_KEYWORDS = frozenset(re.findall(r"(\w+): ", _attn.scaled_dot_product_attention.__doc__.split("\n")[0]))
 _OWN_KEYWORDS = frozenset({"query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
                            "return_lse", "return_weights", "dropout_seed"})
+# Per-head float32 tensors of the core (a float64 tensor is rounded to float32).
+_MODIFIER_TENSORS = frozenset({"alibi_slopes", "sinks"})
 
 
 def _check_heads(query, key, value, enable_gqa):
@@ -38,8 +40,11 @@ def core_options(extras, causal_alignment, window, window_alignment, key_lengths
             raise TypeError(f"scaled_dot_product_attention() got an unexpected keyword argument '{name}' "
                             f"(this build of attn takes {', '.join(known)})")
         if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
-            raise ValueError(f"{name}: attn gives no gradient for {name} yet; pass {name}.detach()")
-    opts = {name: _convert.maybe_array(x, name) for name, x in extras.items()}
+            # sinks never get here (the autograd Function takes them); ALiBi slopes are fixed
+            # by design: a silent None gradient would let an optimizer think it trains them.
+            raise ValueError(f"{name}: attn gives no gradient for {name}; pass {name}.detach()")
+    opts = {name: _convert.modifier_array(x, name) if name in _MODIFIER_TENSORS else _convert.maybe_array(x, name)
+            for name, x in extras.items()}
     opts.update(causal_alignment=causal_alignment, window=window, window_alignment=window_alignment,
                 key_lengths=_convert.maybe_array(key_lengths, "key_lengths"),
                 query_offset=_convert.maybe_array(query_offset, "query_offset"), impl=impl)
@@ -61,22 +66,28 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     training) with a seed drawn from torch's generator (reproducible under torch.manual_seed),
     or dropout_seed= when given.
     attn's keywords: window=(left, right), window_alignment, key_lengths (N,), query_offset,
-    impl, threads (default torch.get_num_threads()), and any keyword this build's core takes
-    (e.g. softcap, alibi_slopes, sinks once built in: passed through as given).
+    impl, threads (default torch.get_num_threads()), and any keyword this build's core takes:
+    softcap=c; alibi_slopes (H,)/(N, H) or True (no gradient: slopes that require grad are a
+    ValueError); sinks (H,) (with a gradient). The core keeps slopes and sinks in float32: a
+    float64 tensor is rounded to float32 (a sink's gradient comes back in its dtype).
     A query row that sees no key gives 0 (torch gives NaN).
     """
     q, k, v = (_convert.array(t, n) for t, n in ((query, "query"), (key, "key"), (value, "value")))
     _check_heads(query, key, value, enable_gqa)
     _convert.check_real(dropout_p, "dropout_p", "a float in [0, 1)")
     mask = None if attn_mask is None else _convert.array(attn_mask, "attn_mask")
+    # A sinks tensor is an input of the autograd Function (it has a gradient), not an option.
+    sinks = extras.pop("sinks") if isinstance(extras.get("sinks"), torch.Tensor) else None
     opts = core_options(extras, causal_alignment, window, window_alignment, key_lengths, query_offset, impl)
     opts.update(is_causal=is_causal, scale=scale, dropout_p=dropout_p)
     if dropout_p > 0:
         opts["dropout_seed"] = (int(torch.randint(0, 2**62, ()).item()) if dropout_seed is None else dropout_seed)
     float_mask = attn_mask is not None and attn_mask.is_floating_point()
-    differentiable = (query, key, value) + ((attn_mask,) if float_mask else ())
+    differentiable = [query, key, value] + ([attn_mask] if float_mask else []) + ([sinks] if sinks is not None else [])
     if torch.is_grad_enabled() and any(t.requires_grad for t in differentiable):
-        return SdpaFunction.apply(query, key, value, attn_mask if float_mask else None,
+        return SdpaFunction.apply(query, key, value, attn_mask if float_mask else None, sinks,
                                   None if float_mask else mask, opts, threads)
+    if sinks is not None:
+        opts["sinks"] = _convert.modifier_array(sinks, "sinks")
     with _convert.Threads(threads):
         return _convert.tensor(_attn.scaled_dot_product_attention(q, k, v, attn_mask=mask, **opts))
