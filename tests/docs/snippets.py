@@ -322,8 +322,9 @@ def main():
             if rc != 0:
                 raise Failure(f"cmake --install {a.build} failed:\n{tail(out)}")
             env["PATH"] = os.path.join(prefix, "bin") + os.pathsep + env.get("PATH", "")
-            pydirs = [os.path.join(dp) for dp, dn, fn in os.walk(prefix) if any(f.startswith("attn.") and
-                      f.endswith(".so") for f in fn)]
+            # The installed package: the directory that holds attn/__init__.py.
+            pydirs = [dp for dp, dn, fn in os.walk(prefix)
+                      if "attn" in dn and os.path.isfile(os.path.join(dp, "attn", "__init__.py"))]
             env["PYTHONPATH"] = os.pathsep.join(pydirs + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         fixture = os.path.join(work, "fixture")
         make_fixture(fixture, a.python)
