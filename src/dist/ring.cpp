@@ -58,6 +58,11 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
         for (Tensor& t : buf) t = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, ctx.nk_max * (ctx.k_words_per_row + ctx.v_words_per_row))});
         acc_o.assign(static_cast<std::size_t>(B * Hq * nq * Dv), 0.0);
         acc_lse.assign(static_cast<std::size_t>(B * Hq * nq), kNegInf);
+        // A sink is one more softmax entry with logit σ_h and value 0: it starts every row's
+        // accumulator (O = 0, ℓ = σ_h), so the merges below count it exactly once per row.
+        if (!ctx.sinks.empty())
+            for (std::int64_t bh = 0; bh < B * Hq; ++bh)
+                std::fill_n(acc_lse.begin() + bh * nq, nq, ctx.sinks[static_cast<std::size_t>(bh % Hq)]);
         tmp_o = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hq * ctx.q_seg_max * Dv)});
         tmp_lse = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hq * ctx.q_seg_max)});
     });
@@ -78,6 +83,7 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
         SdpaOptions sopt;
         sopt.scale = options.scale;
         sopt.impl = options.impl;
+        sopt.softcap = options.softcap;  // per score: every block as is (sinks: the merge, above)
         RingStats st;
         st.steps = ctx.steps;
         const int right = (rank + 1) % P, left = (rank - 1 + P) % P;

@@ -83,6 +83,8 @@ Descriptor check_local(std::string_view kOp, const TensorView& q, const TensorVi
     local.causal = o.causal;
     local.window = o.window;
     local.query_offset = o.query_offset;
+    local.softcap = o.softcap;  // make_problem checks the modifiers as sdpa does
+    local.sinks = o.sinks;
     Tensor stand_in[5];
     const TensorView lse_view = lse != nullptr ? one_row_if_empty(*lse, stand_in[4]) : TensorView();
     attn::detail::make_problem(one_row_if_empty(q, stand_in[0]), one_row_if_empty(k, stand_in[1]),
@@ -124,6 +126,8 @@ Descriptor check_local(std::string_view kOp, const TensorView& q, const TensorVi
     d.has_key_lengths = o.key_lengths ? 1 : 0;
     d.has_scale = o.scale ? 1 : 0;
     d.scale = o.scale.value_or(0.0);
+    d.has_sinks = o.sinks ? 1 : 0;
+    d.softcap = o.softcap;
     return d;
 }
 
@@ -148,10 +152,11 @@ void check_across(std::string_view kOp, const std::vector<Descriptor>& all, int 
             d.window_align == d0.window_align && d.has_offset == d0.has_offset &&
             d.offset_per_sequence == d0.offset_per_sequence && d.offset_value == d0.offset_value &&
             d.layout == d0.layout && d.impl == d0.impl && d.has_key_lengths == d0.has_key_lengths &&
-            d.has_scale == d0.has_scale && (!d.has_scale || d.scale == d0.scale);
+            d.has_scale == d0.has_scale && (!d.has_scale || d.scale == d0.scale) && d.softcap == d0.softcap &&
+            d.has_sinks == d0.has_sinks;
         if (!same_options) {
-            fail(kOp, who, "was called with other options (causal, window, query_offset, layout, impl, scale or "
-                           "key_lengths) than rank 0");
+            fail(kOp, who, "was called with other options (causal, window, query_offset, layout, impl, scale, "
+                           "key_lengths, softcap or sinks) than rank 0");
         }
         Lq += d.nq;
         Lk += d.nk;
@@ -278,6 +283,21 @@ void setup_ring(RingContext& ctx, std::string_view op, const TensorView& q, cons
     if (options.query_offset && options.query_offset->per_sequence) {
         ctx.offsets = agreed_per_sequence(op, comm, rank, *options.query_offset->per_sequence, "query_offset",
                                           [](std::int64_t, std::int64_t) {});  // range: make_problem above
+    }
+    if (options.sinks) {
+        // The sinks' values, like the per-sequence options: rank 0's go to everyone.
+        const TensorView& t = *options.sinks;
+        const std::int64_t Hq = ctx.mine.Hq;
+        std::vector<double> own(static_cast<std::size_t>(Hq));
+        for (std::int64_t h = 0; h < Hq; ++h) own[static_cast<std::size_t>(h)] = t.load_as_double(t.offset(h));
+        ctx.sinks = own;
+        MPI_Bcast(ctx.sinks.data(), static_cast<int>(Hq), MPI_DOUBLE, 0, comm);
+        agree(comm, [&] {
+            for (std::int64_t h = 0; h < Hq; ++h) {
+                const double mine = own[static_cast<std::size_t>(h)], zero = ctx.sinks[static_cast<std::size_t>(h)];
+                if (mine != zero) fail(op, "sinks: rank ", rank, " has entry ", h, " = ", mine, " but rank 0 has ", zero);
+            }
+        });
     }
     // The global problem, without tensors: its alignment rule (diagonal_offset) places the bands.
     attn::detail::SdpaProblem global;

@@ -25,10 +25,10 @@ double cpu_now();  // process CPU time (all threads), seconds
 struct Descriptor {
     std::int64_t B, Hq, Hkv, Dk, Dv, nq, nk;
     std::int64_t causal, window_left, window_right, window_align, has_offset, offset_per_sequence, offset_value;
-    std::int64_t layout, impl, has_key_lengths, has_scale;
-    double scale;
+    std::int64_t layout, impl, has_key_lengths, has_scale, has_sinks;
+    double scale, softcap;
 };
-inline constexpr int kDescriptorWords = 19;
+inline constexpr int kDescriptorWords = 21;
 static_assert(sizeof(Descriptor) == kDescriptorWords * sizeof(std::int64_t));
 
 // A duplicate of the caller's communicator for the duration of one call (collective), so that
@@ -63,6 +63,7 @@ struct RingContext {
     std::vector<Descriptor> all;
     std::int64_t Lq = 0, Lk = 0;
     std::vector<std::int64_t> key_len, offsets;  // agreed per-sequence values (rank 0's)
+    std::vector<double> sinks;                   // σ_h (Hq,), agreed (rank 0's); empty without sinks
     std::vector<Band> bands;                     // the global problem's band per sequence
     std::vector<Placed> q_segs;                  // this rank's query segments
     std::int64_t nk_max = 0, q_seg_max = 0;

@@ -59,7 +59,25 @@ struct Case {
     std::vector<std::int64_t> key_lengths;  // empty: none
     std::optional<double> scale;
     bool strided = false;  // Q, K, V local views are (B, L, H, D) buffers seen through transpose(1, 2)
+    double softcap = 0.0;  // score modifiers (0: off)
+    bool sinks = false;    // σ_h = sink_logit(h)
 };
+
+// The sinks of the modifier cases: mixed signs, one large enough to dominate short rows.
+inline float sink_logit(std::int64_t h) { return static_cast<float>(0.9 * static_cast<double>(h % 4) - 1.1); }
+inline Tensor sink_tensor(std::int64_t Hq) {
+    Tensor t(DType::f32, Shape{Hq});
+    for (std::int64_t h = 0; h < Hq; ++h) t.data_as<float>()[h] = sink_logit(h);
+    return t;
+}
+
+// A copy of `c` with score modifiers: kind 0 softcap, 1 sinks, 2 both.
+inline Case with_modifiers(Case c, int kind) {
+    c.softcap = kind == 1 ? 0.0 : 2.5;
+    c.sinks = kind >= 1;
+    c.name += kind == 0 ? " +softcap 2.5" : kind == 1 ? " +sinks" : " +softcap 2.5 +sinks";
+    return c;
+}
 
 // A contiguous (B, H, n, D) tensor re-laid as a (B, n, H, D) buffer, returned as its (B, H, n, D) view.
 inline TensorView restride(const Tensor& src, std::vector<float>& storage) {
