@@ -71,9 +71,11 @@ struct RingOptions {
     std::optional<TensorView> key_lengths;   // (B,) int32/int64: sequence b has valid keys 0..len−1
                                              // (global positions; the same on every rank)
     Impl impl = Impl::automatic;             // the local kernel: automatic, reference or flash
-    // Score modifiers, as in SdpaOptions (docs/conventions.md, "Score modifiers"), the same on
-    // every rank. ALiBi is not supported on the ring yet (docs/ring.md, "Score modifiers").
+    // Score modifiers, as in SdpaOptions (docs/conventions.md, "Score modifiers") on the whole
+    // sequence, the same on every rank (docs/ring.md, "Score modifiers").
     double softcap = 0.0;                    // c > 0: s = c·tanh(s / c) in every block
+    std::optional<TensorView> alibi_slopes;  // (Hq,) or (B, Hq) float32: s −= m_h·|d_b(i) − j| on
+                                             // global positions (d_b: bottom-right, or query_offset)
     std::optional<TensorView> sinks;         // (Hq,) float32, finite: one extra logit per head,
                                              // counted once per row (in the log-sum-exp merge)
 };

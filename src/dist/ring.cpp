@@ -84,6 +84,7 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
         sopt.scale = options.scale;
         sopt.impl = options.impl;
         sopt.softcap = options.softcap;  // per score: every block as is (sinks: the merge, above)
+        sopt.alibi_slopes = ctx.slopes_view();  // (B, Hq); block_options slices and places it
         RingStats st;
         st.steps = ctx.steps;
         const int right = (rank + 1) % P, left = (rank - 1 + P) % P;
@@ -126,7 +127,9 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
                         const float* pl = tmp_lse.data_as<const float>();
                         for (std::int64_t bh = 0; bh < c.nb * Hq; ++bh) {
                             for (std::int64_t a = 0; a < c.rows; ++a) {
-                                const double l_new = pl[bh * c.rows + a];
+                                // ALiBi measured from the band's edge: the block's lse is too high by
+                                // m·alibi_shift (block_plan.hpp), its output is right.
+                                const double l_new = pl[bh * c.rows + a] - ctx.alibi_excess(c, c.b0 + bh / Hq, bh % Hq);
                                 if (l_new == kNegInf) continue;
                                 const std::int64_t row = (c.b0 * Hq + bh) * nq + qs.local + c.row0 + a;
                                 double& l_acc = acc_lse[static_cast<std::size_t>(row)];

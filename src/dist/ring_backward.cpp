@@ -123,7 +123,7 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
     // Buffers (collectively: an allocation failure is every rank's error): K/V blocks and dK/dV
     // accumulators, two each; this step's share `part`; dQ in double; lse as float32 rows (the
     // flash backward reads float32); one call's gradients.
-    Tensor buf[2], grad[2], part, lse32, tq, tk, tv;
+    Tensor buf[2], grad[2], part, lse32, tq, tk, tv, tl;
     std::vector<double> acc_dq;
     run_collectively(comm, [&] {
         const std::int64_t words = std::max<std::int64_t>(1, ctx.nk_max * (ctx.k_words_per_row + ctx.v_words_per_row));
@@ -135,6 +135,7 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
         tq = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hq * ctx.q_seg_max * Dk)});
         tk = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hkv * ctx.nk_max * Dk)});
         tv = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hkv * ctx.nk_max * Dv)});
+        if (!ctx.slopes.empty()) tl = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hq * ctx.q_seg_max)});
     });
     for (std::int64_t b = 0; b < B; ++b)
         for (std::int64_t h = 0; h < Hq; ++h)
@@ -157,6 +158,7 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
         // them (P_ij = e^{s_ij − lse_i} are the global weights), so the blocks need no sink; the
         // sink's own gradient is summed over the ranks below.
         sopt.softcap = options.softcap;
+        sopt.alibi_slopes = ctx.slopes_view();  // (B, Hq); block_options slices and places it
         RingStats st;
         st.steps = ctx.steps;
         const int S = ctx.steps;
@@ -206,8 +208,20 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
                         const TensorView gk(tk.data(), DType::f32, Shape{c.nb, Hkv, c.keys, Dk});
                         const TensorView gv(tv.data(), DType::f32, Shape{c.nb, Hkv, c.keys, Dv});
                         SdpaReport report;
-                        sdpa_backward(rows(q), keys(kb), keys(vb), rows(out), rows(lse32.view()), rows(grad_out), o, gq, gk,
-                                      gv, &report);
+                        // ALiBi measured from the band's edge: the call's scores are too high by
+                        // m·alibi_shift (block_plan.hpp), so it gets the lse raised by as much.
+                        TensorView lse_rows = rows(lse32.view());
+                        if (!ctx.slopes.empty()) {
+                            float* d = tl.data_as<float>();
+                            for (std::int64_t bh = 0; bh < c.nb * Hq; ++bh)
+                                for (std::int64_t a = 0; a < c.rows; ++a)
+                                    d[bh * c.rows + a] = static_cast<float>(
+                                        static_cast<double>(lse32.data_as<const float>()[(c.b0 * Hq + bh) * nq + row + a]) +
+                                        ctx.alibi_excess(c, c.b0 + bh / Hq, bh % Hq));
+                            lse_rows = TensorView(tl.data(), DType::f32, Shape{c.nb, Hq, c.rows});
+                        }
+                        sdpa_backward(rows(q), keys(kb), keys(vb), rows(out), lse_rows, rows(grad_out), o, gq, gk, gv,
+                                      &report);
                         st.kernel = report.kernel;
                         ++st.sdpa_calls;
                         st.score_entries += Hq * c.visible;

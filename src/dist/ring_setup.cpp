@@ -85,6 +85,7 @@ Descriptor check_local(std::string_view kOp, const TensorView& q, const TensorVi
     local.query_offset = o.query_offset;
     local.softcap = o.softcap;  // make_problem checks the modifiers as sdpa does
     local.sinks = o.sinks;
+    local.alibi_slopes = o.alibi_slopes;
     Tensor stand_in[5];
     const TensorView lse_view = lse != nullptr ? one_row_if_empty(*lse, stand_in[4]) : TensorView();
     attn::detail::make_problem(one_row_if_empty(q, stand_in[0]), one_row_if_empty(k, stand_in[1]),
@@ -126,7 +127,7 @@ Descriptor check_local(std::string_view kOp, const TensorView& q, const TensorVi
     d.has_key_lengths = o.key_lengths ? 1 : 0;
     d.has_scale = o.scale ? 1 : 0;
     d.scale = o.scale.value_or(0.0);
-    d.has_sinks = o.sinks ? 1 : 0;
+    d.tensor_modifiers = (o.sinks ? 1 : 0) | (o.alibi_slopes ? 2 : 0);
     d.softcap = o.softcap;
     return d;
 }
@@ -153,10 +154,10 @@ void check_across(std::string_view kOp, const std::vector<Descriptor>& all, int 
             d.offset_per_sequence == d0.offset_per_sequence && d.offset_value == d0.offset_value &&
             d.layout == d0.layout && d.impl == d0.impl && d.has_key_lengths == d0.has_key_lengths &&
             d.has_scale == d0.has_scale && (!d.has_scale || d.scale == d0.scale) && d.softcap == d0.softcap &&
-            d.has_sinks == d0.has_sinks;
+            d.tensor_modifiers == d0.tensor_modifiers;
         if (!same_options) {
             fail(kOp, who, "was called with other options (causal, window, query_offset, layout, impl, scale, "
-                           "key_lengths, softcap or sinks) than rank 0");
+                           "key_lengths, softcap, alibi_slopes or sinks) than rank 0");
         }
         Lq += d.nq;
         Lk += d.nk;
@@ -299,6 +300,25 @@ void setup_ring(RingContext& ctx, std::string_view op, const TensorView& q, cons
             }
         });
     }
+    if (options.alibi_slopes) {
+        // The slopes broadcast to (B, Hq), rank 0's to everyone, checked like the sinks.
+        const TensorView& t = *options.alibi_slopes;
+        const std::int64_t Hq = ctx.mine.Hq;
+        std::vector<float> own(static_cast<std::size_t>(B * Hq));
+        for (std::int64_t b = 0; b < B; ++b)
+            for (std::int64_t h = 0; h < Hq; ++h)
+                own[static_cast<std::size_t>(b * Hq + h)] =
+                    t.data_as<const float>()[t.shape().rank == 1 ? t.offset(h) : t.offset(b, h)];
+        ctx.slopes = own;
+        MPI_Bcast(ctx.slopes.data(), static_cast<int>(B * Hq), MPI_FLOAT, 0, comm);
+        agree(comm, [&] {
+            for (std::size_t x = 0; x < own.size(); ++x)
+                if (own[x] != ctx.slopes[x]) {
+                    fail(op, "alibi_slopes: rank ", rank, " has slope ", own[x], " for (b, h) = (", x / Hq, ", ", x % Hq,
+                         ") but rank 0 has ", ctx.slopes[x]);
+                }
+        });
+    }
     // The global problem, without tensors: its alignment rule (diagonal_offset) places the bands.
     attn::detail::SdpaProblem global;
     global.B = B;
@@ -312,7 +332,7 @@ void setup_ring(RingContext& ctx, std::string_view op, const TensorView& q, cons
         global.query_offset_value = options.query_offset->value;
         if (!ctx.offsets.empty()) global.query_offsets = TensorView(ctx.offsets.data(), DType::i64, Shape{B});
     }
-    ctx.bands = global_bands(global);
+    ctx.bands = global_bands(global, options.alibi_slopes.has_value());
 
     ctx.q_segs = place(rank_segments(ctx.Lq, P, rank, options.layout));
     ctx.nk_max = 0;
@@ -335,6 +355,9 @@ SdpaOptions block_options(const SdpaOptions& base, const BlockCall& c) {
     SdpaOptions o = base;
     o.causal = c.causal;
     o.window.left = c.window_left;
+    o.window.right = c.window_right;
+    // base carries the agreed (B, Hq) slopes: the call's sequences, measured from its offset.
+    if (base.alibi_slopes) o.alibi_slopes = base.alibi_slopes->slice(0, c.b0, c.nb);
     if (c.has_offset) o.query_offset = TensorView(const_cast<std::int64_t*>(c.offset.data()), DType::i64, Shape{c.nb});
     if (c.has_key_lengths) o.key_lengths = TensorView(const_cast<std::int64_t*>(c.key_lengths.data()), DType::i64, Shape{c.nb});
     return o;

@@ -39,7 +39,7 @@ namespace {
 
 struct Global {
     Tensor q, k, v, dout;
-    Tensor lengths{DType::i64, Shape{1}}, offsets{DType::i64, Shape{1}}, sinks{DType::f32, Shape{1}};
+    Tensor lengths{DType::i64, Shape{1}}, offsets{DType::i64, Shape{1}}, sinks{DType::f32, Shape{1}}, slopes{DType::f32, Shape{1}};
     SdpaOptions so;  // the single-process options
 };
 
@@ -56,6 +56,8 @@ Global make_global(const Case& c) {
     g.so.softcap = c.softcap;
     g.sinks = sink_tensor(c.Hq);
     if (c.sinks) g.so.sinks = g.sinks.view();
+    g.slopes = slope_tensor(c);
+    if (c.alibi) g.so.alibi_slopes = g.slopes.view();
     g.lengths = Tensor(DType::i64, Shape{c.B});
     g.offsets = Tensor(DType::i64, Shape{c.B});
     if (!c.key_lengths.empty()) {
@@ -81,6 +83,7 @@ dist::RingOptions ring_options(const Case& c, const Global& g, Impl impl) {
     ro.impl = impl;
     ro.softcap = g.so.softcap;
     ro.sinks = g.so.sinks;
+    ro.alibi_slopes = g.so.alibi_slopes;
     if (!c.key_lengths.empty()) ro.key_lengths = g.lengths.view();
     return ro;
 }
@@ -372,7 +375,12 @@ int main(int argc, char** argv) {
     // Softcap (differentiated per block) and sinks (dσ summed over the ranks) on every named case.
     const std::size_t named = cases.size();
     for (std::size_t i = 0; i < named; ++i) cases.push_back(with_modifiers(cases[i], static_cast<int>(i % 3)));
-    for (Case& r : random_cases(32, 77)) cases.push_back(r);
+    for (std::size_t i = 0; i < named; ++i) cases.push_back(with_alibi(cases[i], static_cast<int>(i % 2)));
+    std::size_t n_random = 0;
+    for (Case& r : random_cases(32, 77)) {
+        cases.push_back(r);
+        if (n_random++ % 2 == 1) cases.push_back(with_alibi(r, static_cast<int>(n_random / 2 % 2)));
+    }
     for (const Case& c : cases) run_case(c);
 
     const int last = P - 1;

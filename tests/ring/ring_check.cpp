@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -43,6 +44,8 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
     so.softcap = c.softcap;
     const Tensor sinks = sink_tensor(c.Hq);
     if (c.sinks) so.sinks = sinks.view();
+    const Tensor slopes = slope_tensor(c);
+    if (c.alibi) so.alibi_slopes = slopes.view();
     Tensor lengths(DType::i64, Shape{c.B}), offsets(DType::i32, Shape{c.B});
     if (!c.key_lengths.empty()) {
         for (std::int64_t b = 0; b < c.B; ++b) lengths.data_as<std::int64_t>()[b] = c.key_lengths[static_cast<std::size_t>(b)];
@@ -80,6 +83,7 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
     ro.impl = impl;
     ro.softcap = c.softcap;
     ro.sinks = so.sinks;
+    ro.alibi_slopes = so.alibi_slopes;
     if (!c.key_lengths.empty()) ro.key_lengths = lengths.view();
     Tensor o = poisoned(DType::f32, Shape{c.B, c.Hq, nq, c.Dv});
     Tensor l = poisoned(DType::f64, Shape{c.B, c.Hq, nq});
@@ -292,7 +296,20 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < named; ++i) cases.push_back(with_modifiers(cases[i], static_cast<int>(i % 3)));
     // Random cases: every causal alignment, key lengths (often < Lq), windows, offsets, GQA,
     // lengths below the number of chunks. The same seed on every rank.
-    for (Case& r : random_cases(48, 2024)) cases.push_back(r);
+    // ALiBi on the named cases, except query_offset 2^60: there |d − j| ≈ 2^60 is not
+    // representable to the key in float or double, so single-process sdpa's scores all round to
+    // the same value (uniform weights) while the ring's blocks measure the exact distances from
+    // the band's edge: no oracle to compare with.
+    for (std::size_t i = 0; i < named; ++i)
+        if (!cases[i].query_offset || std::llabs(*cases[i].query_offset) < (std::int64_t{1} << 20))
+            cases.push_back(with_alibi(cases[i], static_cast<int>(i % 2)));
+    // ALiBi on the random cases too: its diagonal (bottom-right or query_offset) against every
+    // causal/window alignment, key lengths and offsets the blocks meet.
+    std::size_t n_random = 0;
+    for (Case& r : random_cases(48, 2024)) {
+        cases.push_back(r);
+        if (n_random++ % 2 == 1) cases.push_back(with_alibi(r, static_cast<int>(n_random / 2 % 2)));
+    }
     for (const Case& c : cases) run_case(c);
 
     const int last = P - 1;

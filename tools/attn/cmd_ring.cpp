@@ -2,7 +2,7 @@
 //                       [--window-left N] [--window-right N] [--window-align A] [--query-offset N]
 //                       [--scale S] [--key-lengths KL.npy] [--layout zigzag|contiguous] [--impl ...] [--stats]
 //                       [--grad-out dO.npy --dq dQ.npy --dk dK.npy --dv dV.npy [--dsinks dS.npy]] [--shard-outputs]
-//                       [--softcap C] [--sinks S.npy]
+//                       [--softcap C] [--alibi-slopes A.npy | --alibi] [--sinks S.npy]
 //
 // Rank 0 reads the whole arrays, sends every rank its rows (the layout's segments), all ranks
 // run attn::dist::ring_attention, rank 0 gathers O and writes it atomically. The result equals
@@ -40,7 +40,8 @@ struct RingArgs {
     std::string q, k, v, out, key_lengths, layout = "zigzag", impl = "auto", causal = "none";
     std::string grad_out, dq, dk, dv, dsinks;  // backward: gradients of <O, dO>
     double softcap = 0.0;                      // score modifiers, as `attn sdpa`
-    std::string sinks;
+    std::string sinks, alibi_slopes;
+    bool alibi = false;  // the standard slopes (attn::alibi_slopes) for Hq heads
     std::int64_t window_left = -1, window_right = -1;
     std::string window_align = "top-left";
     std::optional<std::int64_t> query_offset;
@@ -90,7 +91,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     opt.softcap = a.softcap;  // ring_attention checks it (0 = off)
     const bool backward = !a.grad_out.empty();
     Header h;
-    Tensor q, k, v, dO, lengths, sinks;
+    Tensor q, k, v, dO, lengths, sinks, slopes;
     OutputFiles outputs;
     // Rank 0: flags, output path, files and their global shapes.
     dist::run_collectively(comm, [&] {
@@ -113,6 +114,11 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         if (!a.sinks.empty()) {
             sinks = read_npy(a.sinks);
             opt.sinks = sinks.view();
+        }
+        if (a.alibi && !a.alibi_slopes.empty()) throw Error("--alibi: give either --alibi or --alibi-slopes, not both");
+        if (!a.alibi_slopes.empty()) {
+            slopes = read_npy(a.alibi_slopes);
+            opt.alibi_slopes = slopes.view();
         }
         // Every rank checks the files it will write: rank 0 all of them, or each rank its shards.
         auto out_path = [&](const std::string& p) { return a.shard_outputs && !p.empty() ? shard_path(p, rank) : p; };
@@ -172,6 +178,10 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         }
     });
     MPI_Bcast(&h, 8, MPI_INT64_T, 0, comm);
+    if (a.alibi) {
+        dist::run_collectively(comm, [&] { slopes = alibi_slopes(h.Hq); });
+        opt.alibi_slopes = slopes.view();
+    }
     std::vector<std::int64_t> kl;
     std::int64_t has_lengths = rank == 0 && !a.key_lengths.empty() ? 1 : 0;
     MPI_Bcast(&has_lengths, 1, MPI_INT64_T, 0, comm);
@@ -391,6 +401,10 @@ void add_ring_command(CLI::App& app) {
                     "output dsinks (Hq,), float32: the gradient of the sink logits (needs --grad-out and --sinks), "
                     "written by rank 0");
     cmd->add_option("--softcap", args->softcap, "logit soft-capping: s = C*tanh(s/C) in every block (0 = off)");
+    cmd->add_option("--alibi-slopes", args->alibi_slopes,
+                    "float32 (Hq,) or (B, Hq): ALiBi slopes m_h, s -= m_h*|d(i) - j| on global positions (d: the "
+                    "bottom-right diagonal, or --query-offset)");
+    cmd->add_flag("--alibi", args->alibi, "ALiBi with the paper's slopes for Hq heads (attn::alibi_slopes)");
     cmd->add_option("--sinks", args->sinks,
                     "float32 (Hq,): one attention-sink logit per head, counted once per row over the whole sequence");
     cmd->add_flag("--shard-outputs", args->shard_outputs,
