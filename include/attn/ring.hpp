@@ -71,6 +71,13 @@ struct RingOptions {
     std::optional<TensorView> key_lengths;   // (B,) int32/int64: sequence b has valid keys 0..len−1
                                              // (global positions; the same on every rank)
     Impl impl = Impl::automatic;             // the local kernel: automatic, reference or flash
+    // Score modifiers, as in SdpaOptions (docs/conventions.md, "Score modifiers") on the whole
+    // sequence, the same on every rank (docs/ring.md, "Score modifiers").
+    double softcap = 0.0;                    // c > 0: s = c·tanh(s / c) in every block
+    std::optional<TensorView> alibi_slopes;  // (Hq,) or (B, Hq) float32: s −= m_h·|d_b(i) − j| on
+                                             // global positions (d_b: bottom-right, or query_offset)
+    std::optional<TensorView> sinks;         // (Hq,) float32, finite: one extra logit per head,
+                                             // counted once per row (in the log-sum-exp merge)
 };
 
 // What one rank measured in ring_attention (seconds, wall clock).
@@ -104,10 +111,12 @@ void ring_attention(MPI_Comm comm, const TensorView& q, const TensorView& k, con
 // travel around the ring with their K/V block and come home to the block's owner. The sums run in
 // an order fixed by the ring: bit-identical across runs for a given P (docs/ring.md, "Backward").
 // lse: (B, Hq, nq_r) float32 or float64. out/lse must be ring_attention's with the same options.
+// dsinks: (Hq,) float32/float64, optional, only with options.sinks: ∂loss/∂σ_h over the WHOLE
+// sequence (every rank gets the same values: the ranks' partial sums added in rank order).
 void ring_attention_backward(MPI_Comm comm, const TensorView& q, const TensorView& k, const TensorView& v,
                              const TensorView& out, const TensorView& lse, const TensorView& grad_out,
                              const RingOptions& options, const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                             RingStats* stats = nullptr);
+                             RingStats* stats = nullptr, const TensorView* dsinks = nullptr);
 
 // Runs `fn` on every rank of `comm` (collective). If it throws on any rank, every rank
 // throws attn::Error carrying the message of the lowest failing rank, so that all ranks

@@ -8,11 +8,12 @@
 
 namespace attn::dist::detail {
 
-std::vector<Band> global_bands(const attn::detail::SdpaProblem& g) {
+std::vector<Band> global_bands(const attn::detail::SdpaProblem& g, bool alibi) {
     std::vector<Band> bands(static_cast<std::size_t>(g.B));
     for (std::int64_t b = 0; b < g.B; ++b) {
         Band& band = bands[static_cast<std::size_t>(b)];
         band.keys = std::min(g.Lk, g.key_length(b));
+        if (alibi) band.alibi = g.alibi_offset(b);
         if (g.causal != Causal::none) {
             const Align a = g.causal == Causal::top_left ? Align::top_left : Align::bottom_right;
             band.hi = g.diagonal_offset(a, b);
@@ -82,6 +83,10 @@ std::vector<BlockCall> plan_block(const std::vector<Band>& bands, const Segment&
         upper |= band.hi.has_value();
         lower |= band.lo.has_value();
     }
+    // ALiBi: a window (left, right) around the edge E_b nearest the ALiBi diagonal (BlockCall).
+    const bool alibi = bands.front().alibi.has_value();
+    std::vector<std::int64_t> edge(static_cast<std::size_t>(B), 0), shift(static_cast<std::size_t>(B), 0);
+    std::int64_t a_left = -1, a_right = -1;
     for (std::int64_t b = 0; b < B; ++b) {
         const Local l = localise(bands[static_cast<std::size_t>(b)], qs, ks);
         loc[static_cast<std::size_t>(b)] = l;
@@ -94,6 +99,16 @@ std::vector<BlockCall> plan_block(const std::vector<Band>& bands, const Segment&
         // the upper diagonal) is the same for all of them.
         if (upper && lower && any && l.hi - l.lo != width) uniform = false;
         width = l.hi - l.lo;
+        if (alibi) {
+            // The diagonal in block coordinates: key − query = A_b + s, s = qs.start − ks.start.
+            const std::int64_t A = *bands[static_cast<std::size_t>(b)].alibi + (qs.start - ks.start);
+            const std::int64_t E = std::clamp(A, l.lo, l.hi);
+            edge[static_cast<std::size_t>(b)] = E;
+            shift[static_cast<std::size_t>(b)] = std::abs(A - E);
+            if (any && (E - l.lo != a_left || l.hi - E != a_right)) uniform = false;
+            a_left = E - l.lo;
+            a_right = l.hi - E;
+        }
         any = true;
     }
     if (!any) return {};
@@ -119,6 +134,23 @@ std::vector<BlockCall> plan_block(const std::vector<Band>& bands, const Segment&
         if (upper) c.causal = Causal::top_left;
         if (!upper && lower) c.window_left = 0;  // only a lower side: the diagonal is lo itself
         c.has_offset = upper || lower;
+        if (alibi) {
+            // The band as a window around E_b (sides clamped to the block: finite, >= 0).
+            c.causal = Causal::none;
+            c.window_left = a_left;
+            c.window_right = a_right;
+            c.has_offset = true;
+            for (std::int64_t b = b0; b < b0 + nb; ++b) {
+                const bool vis = loc[static_cast<std::size_t>(b)].visible;
+                c.offset[static_cast<std::size_t>(b - b0)] = vis ? edge[static_cast<std::size_t>(b)] + r0 - k0 : 0;
+                c.alibi_shift.push_back(vis ? shift[static_cast<std::size_t>(b)] : 0);
+            }
+            if (nb == 1) {  // one sequence: its own sides
+                const Local& l = loc[static_cast<std::size_t>(b0)];
+                c.window_left = edge[static_cast<std::size_t>(b0)] - l.lo;
+                c.window_right = l.hi - edge[static_cast<std::size_t>(b0)];
+            }
+        }
         return c;
     };
     if (uniform) return {make_call(0, B)};

@@ -24,11 +24,13 @@ namespace attn::dist::detail {
 struct Band {
     std::int64_t keys = 0;  // n_b
     std::optional<std::int64_t> lo, hi;
+    std::optional<std::int64_t> alibi;  // with ALiBi: its diagonal, key − query = alibi (alibi_offset)
 };
 
 // The bands of every sequence, from the global problem's rule. `global` carries Lq, Lk,
 // key_lengths, the query offset, causal and window of the whole sequence (no tensors).
-std::vector<Band> global_bands(const attn::detail::SdpaProblem& global);
+// With `alibi`, each band also carries the ALiBi diagonal (SdpaProblem::alibi_offset).
+std::vector<Band> global_bands(const attn::detail::SdpaProblem& global, bool alibi = false);
 
 // One sdpa call of a block: batch [b0, b0 + nb), the segment's query rows [row0, row0 + rows),
 // the key segment's keys [key0, key0 + keys).
@@ -36,11 +38,20 @@ struct BlockCall {
     std::int64_t b0 = 0, nb = 0, row0 = 0, rows = 0, key0 = 0, keys = 0;
     Causal causal = Causal::none;           // top_left with query_offset when the band has an upper side
     std::int64_t window_left = -1;          // the lower side, relative to the same diagonal
+    std::int64_t window_right = -1;         // with ALiBi: the upper side (no causal), see below
     bool has_offset = false;
     std::vector<std::int64_t> offset;       // (nb,) query_offset per sequence
     bool has_key_lengths = false;
     std::vector<std::int64_t> key_lengths;  // (nb,) valid keys of the trimmed block
     std::int64_t visible = 0;               // visible (row, key) pairs summed over the nb sequences
+    // With ALiBi, sdpa measures |d − j| from the call's query_offset, so the offset must be the
+    // ALiBi diagonal A and the band becomes a window (left, right) around it. When A lies outside
+    // the block's band, the offset is the band's nearest edge E instead: every visible key is on
+    // one side of both, so each score is exactly m_h·|A − E| higher than the global one and the
+    // block's lse too (its output is unchanged). alibi_shift[b] = |A − E| (0 when A is inside);
+    // the caller subtracts m_h·alibi_shift from the block's lse (forward) or adds it to the
+    // lse it passes (backward).
+    std::vector<std::int64_t> alibi_shift;  // (nb,), only with ALiBi
 };
 
 // The calls for the block (query segment qs, key segment ks): none when no query sees a key,

@@ -58,6 +58,11 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
         for (Tensor& t : buf) t = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, ctx.nk_max * (ctx.k_words_per_row + ctx.v_words_per_row))});
         acc_o.assign(static_cast<std::size_t>(B * Hq * nq * Dv), 0.0);
         acc_lse.assign(static_cast<std::size_t>(B * Hq * nq), kNegInf);
+        // A sink is one more softmax entry with logit σ_h and value 0: it starts every row's
+        // accumulator (O = 0, ℓ = σ_h), so the merges below count it exactly once per row.
+        if (!ctx.sinks.empty())
+            for (std::int64_t bh = 0; bh < B * Hq; ++bh)
+                std::fill_n(acc_lse.begin() + bh * nq, nq, ctx.sinks[static_cast<std::size_t>(bh % Hq)]);
         tmp_o = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hq * ctx.q_seg_max * Dv)});
         tmp_lse = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hq * ctx.q_seg_max)});
     });
@@ -78,6 +83,8 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
         SdpaOptions sopt;
         sopt.scale = options.scale;
         sopt.impl = options.impl;
+        sopt.softcap = options.softcap;  // per score: every block as is (sinks: the merge, above)
+        sopt.alibi_slopes = ctx.slopes_view();  // (B, Hq); block_options slices and places it
         RingStats st;
         st.steps = ctx.steps;
         const int right = (rank + 1) % P, left = (rank - 1 + P) % P;
@@ -120,7 +127,9 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
                         const float* pl = tmp_lse.data_as<const float>();
                         for (std::int64_t bh = 0; bh < c.nb * Hq; ++bh) {
                             for (std::int64_t a = 0; a < c.rows; ++a) {
-                                const double l_new = pl[bh * c.rows + a];
+                                // ALiBi measured from the band's edge: the block's lse is too high by
+                                // m·alibi_shift (block_plan.hpp), its output is right.
+                                const double l_new = pl[bh * c.rows + a] - ctx.alibi_excess(c, c.b0 + bh / Hq, bh % Hq);
                                 if (l_new == kNegInf) continue;
                                 const std::int64_t row = (c.b0 * Hq + bh) * nq + qs.local + c.row0 + a;
                                 double& l_acc = acc_lse[static_cast<std::size_t>(row)];

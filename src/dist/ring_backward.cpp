@@ -21,9 +21,11 @@
 // bit-identical results on every run; different P sum in different orders (float32 for the
 // travelling dK/dV, double for dQ): equal within the bound tests/ring states, not bit for bit.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "../core/check.hpp"
 #include "../core/threads.hpp"
@@ -43,7 +45,7 @@ constexpr int kTagKV = 7102, kTagGrad = 7103;
 // The gradients' checks on this rank (the forward's run first, in setup_ring).
 void check_gradients(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                      const TensorView& lse, const TensorView& grad_out, const RingOptions& o, const TensorView& dq,
-                     const TensorView& dk, const TensorView& dv) {
+                     const TensorView& dk, const TensorView& dv, const TensorView* dsinks) {
     const struct {
         const TensorView* t;
         const char* name;
@@ -72,6 +74,18 @@ void check_gradients(const TensorView& q, const TensorView& k, const TensorView&
     if (dq.numel() > 0 && dk.numel() > 0) attn::detail::require_disjoint(kOp, dq, "dq", dk, "dk");
     if (dq.numel() > 0 && dv.numel() > 0) attn::detail::require_disjoint(kOp, dq, "dq", dv, "dv");
     if (dk.numel() > 0 && dv.numel() > 0) attn::detail::require_disjoint(kOp, dk, "dk", dv, "dv");
+    if (dsinks != nullptr) {
+        if (!o.sinks) fail(kOp, "dsinks: given but options.sinks is not set (no sink to differentiate)");
+        attn::detail::require_rank(kOp, *dsinks, "dsinks", 1, "(Hq,)");
+        attn::detail::require_f32_or_f64(kOp, *dsinks, "dsinks");
+        attn::detail::require_shape(kOp, *dsinks, "dsinks", Shape{q.dim(1)}, "(Hq,)");
+        attn::detail::require_distinct_elements(kOp, *dsinks, "dsinks");
+        for (const auto& [i, iname] : ins)
+            if (i->numel() > 0) attn::detail::require_disjoint(kOp, *dsinks, "dsinks", *i, iname);
+        for (const auto& [t, name] : outs)
+            if (t->numel() > 0) attn::detail::require_disjoint(kOp, *dsinks, "dsinks", *t, name);
+        attn::detail::require_disjoint(kOp, *dsinks, "dsinks", *o.sinks, "sinks");
+    }
     // The local backward kernel must accept these calls: probe it on one zero row now, so that it
     // cannot refuse inside the ring.
     Tensor z(DType::f32, Shape{1, 1, 1, q.dim(3)}, true), zv(DType::f32, Shape{1, 1, 1, v.dim(3)}, true);
@@ -91,7 +105,7 @@ void check_gradients(const TensorView& q, const TensorView& k, const TensorView&
 void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const TensorView& k, const TensorView& v,
                              const TensorView& out, const TensorView& lse, const TensorView& grad_out,
                              const RingOptions& options, const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                             RingStats* stats) {
+                             RingStats* stats, const TensorView* dsinks) {
     const attn::detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
     const auto t_start = detail::Clock::now();
     const detail::PrivateComm private_comm(user_comm);
@@ -99,7 +113,7 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
     ctx.comm = private_comm.comm;
     // ---- phase 1: checks, agreed by all ranks ----
     detail::setup_ring(ctx, kOp, q, k, v, options, out, &lse,
-                       [&] { check_gradients(q, k, v, out, lse, grad_out, options, dq, dk, dv); });
+                       [&] { check_gradients(q, k, v, out, lse, grad_out, options, dq, dk, dv, dsinks); });
     const MPI_Comm comm = ctx.comm;
     const int P = ctx.P, rank = ctx.rank;
     const std::int64_t B = ctx.mine.B, Hq = ctx.mine.Hq, Hkv = ctx.mine.Hkv, Dk = ctx.mine.Dk, Dv = ctx.mine.Dv,
@@ -109,7 +123,7 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
     // Buffers (collectively: an allocation failure is every rank's error): K/V blocks and dK/dV
     // accumulators, two each; this step's share `part`; dQ in double; lse as float32 rows (the
     // flash backward reads float32); one call's gradients.
-    Tensor buf[2], grad[2], part, lse32, tq, tk, tv;
+    Tensor buf[2], grad[2], part, lse32, tq, tk, tv, tl;
     std::vector<double> acc_dq;
     run_collectively(comm, [&] {
         const std::int64_t words = std::max<std::int64_t>(1, ctx.nk_max * (ctx.k_words_per_row + ctx.v_words_per_row));
@@ -121,6 +135,7 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
         tq = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hq * ctx.q_seg_max * Dk)});
         tk = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hkv * ctx.nk_max * Dk)});
         tv = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hkv * ctx.nk_max * Dv)});
+        if (!ctx.slopes.empty()) tl = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hq * ctx.q_seg_max)});
     });
     for (std::int64_t b = 0; b < B; ++b)
         for (std::int64_t h = 0; h < Hq; ++h)
@@ -139,6 +154,11 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
         SdpaOptions sopt;
         sopt.scale = options.scale;
         sopt.impl = options.impl;
+        // Softcap: every block differentiates through it. Sinks: the global lse already holds
+        // them (P_ij = e^{s_ij − lse_i} are the global weights), so the blocks need no sink; the
+        // sink's own gradient is summed over the ranks below.
+        sopt.softcap = options.softcap;
+        sopt.alibi_slopes = ctx.slopes_view();  // (B, Hq); block_options slices and places it
         RingStats st;
         st.steps = ctx.steps;
         const int S = ctx.steps;
@@ -188,8 +208,20 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
                         const TensorView gk(tk.data(), DType::f32, Shape{c.nb, Hkv, c.keys, Dk});
                         const TensorView gv(tv.data(), DType::f32, Shape{c.nb, Hkv, c.keys, Dv});
                         SdpaReport report;
-                        sdpa_backward(rows(q), keys(kb), keys(vb), rows(out), rows(lse32.view()), rows(grad_out), o, gq, gk,
-                                      gv, &report);
+                        // ALiBi measured from the band's edge: the call's scores are too high by
+                        // m·alibi_shift (block_plan.hpp), so it gets the lse raised by as much.
+                        TensorView lse_rows = rows(lse32.view());
+                        if (!ctx.slopes.empty()) {
+                            float* d = tl.data_as<float>();
+                            for (std::int64_t bh = 0; bh < c.nb * Hq; ++bh)
+                                for (std::int64_t a = 0; a < c.rows; ++a)
+                                    d[bh * c.rows + a] = static_cast<float>(
+                                        static_cast<double>(lse32.data_as<const float>()[(c.b0 * Hq + bh) * nq + row + a]) +
+                                        ctx.alibi_excess(c, c.b0 + bh / Hq, bh % Hq));
+                            lse_rows = TensorView(tl.data(), DType::f32, Shape{c.nb, Hq, c.rows});
+                        }
+                        sdpa_backward(rows(q), keys(kb), keys(vb), rows(out), lse_rows, rows(grad_out), o, gq, gk, gv,
+                                      &report);
                         st.kernel = report.kernel;
                         ++st.sdpa_calls;
                         st.score_entries += Hq * c.visible;
@@ -247,7 +279,33 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
             home = grad[g].data_as<const float>();
         }
 
+        // dσ_h = −Σ_{b,i} e^{σ_h − lse_{b,h,i}}·rowsum(dO ∘ O) over the whole sequence: each rank
+        // sums its rows in double, then every rank adds the P partial sums in rank order (not
+        // MPI_Allreduce, whose order is the library's): the same bits on every rank and run.
+        std::vector<double> dsink;
+        if (dsinks != nullptr) {
+            std::vector<double> mine(static_cast<std::size_t>(Hq), 0.0), all(static_cast<std::size_t>(P * Hq));
+            for (std::int64_t b = 0; b < B; ++b)
+                for (std::int64_t h = 0; h < Hq; ++h)
+                    for (std::int64_t i = 0; i < nq; ++i) {
+                        double D = 0;
+                        for (std::int64_t e = 0; e < Dv; ++e)
+                            D += static_cast<double>(grad_out.data_as<const float>()[grad_out.offset(b, h, i, e)]) *
+                                 out.data_as<const float>()[out.offset(b, h, i, e)];
+                        const double l = lse.load_as_double(lse.offset(b, h, i));
+                        mine[static_cast<std::size_t>(h)] -= std::exp(ctx.sinks[static_cast<std::size_t>(h)] - l) * D;
+                    }
+            MPI_Allgather(mine.data(), static_cast<int>(Hq), MPI_DOUBLE, all.data(), static_cast<int>(Hq), MPI_DOUBLE, comm);
+            dsink.assign(static_cast<std::size_t>(Hq), 0.0);
+            for (int r = 0; r < P; ++r)
+                for (std::int64_t h = 0; h < Hq; ++h) dsink[static_cast<std::size_t>(h)] += all[static_cast<std::size_t>(r * Hq + h)];
+        }
+
         // ---- phase 3: results ----
+        for (std::int64_t h = 0; h < static_cast<std::int64_t>(dsink.size()); ++h) {
+            if (dsinks->dtype() == DType::f32) dsinks->data_as<float>()[dsinks->offset(h)] = static_cast<float>(dsink[static_cast<std::size_t>(h)]);
+            else dsinks->data_as<double>()[dsinks->offset(h)] = dsink[static_cast<std::size_t>(h)];
+        }
         for (std::int64_t b = 0; b < B; ++b)
             for (std::int64_t h = 0; h < Hq; ++h)
                 for (std::int64_t i = 0; i < nq; ++i) {

@@ -83,6 +83,9 @@ Descriptor check_local(std::string_view kOp, const TensorView& q, const TensorVi
     local.causal = o.causal;
     local.window = o.window;
     local.query_offset = o.query_offset;
+    local.softcap = o.softcap;  // make_problem checks the modifiers as sdpa does
+    local.sinks = o.sinks;
+    local.alibi_slopes = o.alibi_slopes;
     Tensor stand_in[5];
     const TensorView lse_view = lse != nullptr ? one_row_if_empty(*lse, stand_in[4]) : TensorView();
     attn::detail::make_problem(one_row_if_empty(q, stand_in[0]), one_row_if_empty(k, stand_in[1]),
@@ -124,6 +127,8 @@ Descriptor check_local(std::string_view kOp, const TensorView& q, const TensorVi
     d.has_key_lengths = o.key_lengths ? 1 : 0;
     d.has_scale = o.scale ? 1 : 0;
     d.scale = o.scale.value_or(0.0);
+    d.tensor_modifiers = (o.sinks ? 1 : 0) | (o.alibi_slopes ? 2 : 0);
+    d.softcap = o.softcap;
     return d;
 }
 
@@ -148,10 +153,11 @@ void check_across(std::string_view kOp, const std::vector<Descriptor>& all, int 
             d.window_align == d0.window_align && d.has_offset == d0.has_offset &&
             d.offset_per_sequence == d0.offset_per_sequence && d.offset_value == d0.offset_value &&
             d.layout == d0.layout && d.impl == d0.impl && d.has_key_lengths == d0.has_key_lengths &&
-            d.has_scale == d0.has_scale && (!d.has_scale || d.scale == d0.scale);
+            d.has_scale == d0.has_scale && (!d.has_scale || d.scale == d0.scale) && d.softcap == d0.softcap &&
+            d.tensor_modifiers == d0.tensor_modifiers;
         if (!same_options) {
-            fail(kOp, who, "was called with other options (causal, window, query_offset, layout, impl, scale or "
-                           "key_lengths) than rank 0");
+            fail(kOp, who, "was called with other options (causal, window, query_offset, layout, impl, scale, "
+                           "key_lengths, softcap, alibi_slopes or sinks) than rank 0");
         }
         Lq += d.nq;
         Lk += d.nk;
@@ -279,6 +285,40 @@ void setup_ring(RingContext& ctx, std::string_view op, const TensorView& q, cons
         ctx.offsets = agreed_per_sequence(op, comm, rank, *options.query_offset->per_sequence, "query_offset",
                                           [](std::int64_t, std::int64_t) {});  // range: make_problem above
     }
+    if (options.sinks) {
+        // The sinks' values, like the per-sequence options: rank 0's go to everyone.
+        const TensorView& t = *options.sinks;
+        const std::int64_t Hq = ctx.mine.Hq;
+        std::vector<double> own(static_cast<std::size_t>(Hq));
+        for (std::int64_t h = 0; h < Hq; ++h) own[static_cast<std::size_t>(h)] = t.load_as_double(t.offset(h));
+        ctx.sinks = own;
+        MPI_Bcast(ctx.sinks.data(), static_cast<int>(Hq), MPI_DOUBLE, 0, comm);
+        agree(comm, [&] {
+            for (std::int64_t h = 0; h < Hq; ++h) {
+                const double mine = own[static_cast<std::size_t>(h)], zero = ctx.sinks[static_cast<std::size_t>(h)];
+                if (mine != zero) fail(op, "sinks: rank ", rank, " has entry ", h, " = ", mine, " but rank 0 has ", zero);
+            }
+        });
+    }
+    if (options.alibi_slopes) {
+        // The slopes broadcast to (B, Hq), rank 0's to everyone, checked like the sinks.
+        const TensorView& t = *options.alibi_slopes;
+        const std::int64_t Hq = ctx.mine.Hq;
+        std::vector<float> own(static_cast<std::size_t>(B * Hq));
+        for (std::int64_t b = 0; b < B; ++b)
+            for (std::int64_t h = 0; h < Hq; ++h)
+                own[static_cast<std::size_t>(b * Hq + h)] =
+                    t.data_as<const float>()[t.shape().rank == 1 ? t.offset(h) : t.offset(b, h)];
+        ctx.slopes = own;
+        MPI_Bcast(ctx.slopes.data(), static_cast<int>(B * Hq), MPI_FLOAT, 0, comm);
+        agree(comm, [&] {
+            for (std::size_t x = 0; x < own.size(); ++x)
+                if (own[x] != ctx.slopes[x]) {
+                    fail(op, "alibi_slopes: rank ", rank, " has slope ", own[x], " for (b, h) = (", x / Hq, ", ", x % Hq,
+                         ") but rank 0 has ", ctx.slopes[x]);
+                }
+        });
+    }
     // The global problem, without tensors: its alignment rule (diagonal_offset) places the bands.
     attn::detail::SdpaProblem global;
     global.B = B;
@@ -292,7 +332,7 @@ void setup_ring(RingContext& ctx, std::string_view op, const TensorView& q, cons
         global.query_offset_value = options.query_offset->value;
         if (!ctx.offsets.empty()) global.query_offsets = TensorView(ctx.offsets.data(), DType::i64, Shape{B});
     }
-    ctx.bands = global_bands(global);
+    ctx.bands = global_bands(global, options.alibi_slopes.has_value());
 
     ctx.q_segs = place(rank_segments(ctx.Lq, P, rank, options.layout));
     ctx.nk_max = 0;
@@ -315,6 +355,9 @@ SdpaOptions block_options(const SdpaOptions& base, const BlockCall& c) {
     SdpaOptions o = base;
     o.causal = c.causal;
     o.window.left = c.window_left;
+    o.window.right = c.window_right;
+    // base carries the agreed (B, Hq) slopes: the call's sequences, measured from its offset.
+    if (base.alibi_slopes) o.alibi_slopes = base.alibi_slopes->slice(0, c.b0, c.nb);
     if (c.has_offset) o.query_offset = TensorView(const_cast<std::int64_t*>(c.offset.data()), DType::i64, Shape{c.nb});
     if (c.has_key_lengths) o.key_lengths = TensorView(const_cast<std::int64_t*>(c.key_lengths.data()), DType::i64, Shape{c.nb});
     return o;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,10 +26,10 @@ double cpu_now();  // process CPU time (all threads), seconds
 struct Descriptor {
     std::int64_t B, Hq, Hkv, Dk, Dv, nq, nk;
     std::int64_t causal, window_left, window_right, window_align, has_offset, offset_per_sequence, offset_value;
-    std::int64_t layout, impl, has_key_lengths, has_scale;
-    double scale;
+    std::int64_t layout, impl, has_key_lengths, has_scale, tensor_modifiers;  // 1: sinks, 2: alibi_slopes
+    double scale, softcap;
 };
-inline constexpr int kDescriptorWords = 19;
+inline constexpr int kDescriptorWords = 21;
 static_assert(sizeof(Descriptor) == kDescriptorWords * sizeof(std::int64_t));
 
 // A duplicate of the caller's communicator for the duration of one call (collective), so that
@@ -63,6 +64,18 @@ struct RingContext {
     std::vector<Descriptor> all;
     std::int64_t Lq = 0, Lk = 0;
     std::vector<std::int64_t> key_len, offsets;  // agreed per-sequence values (rank 0's)
+    std::vector<double> sinks;                   // σ_h (Hq,), agreed (rank 0's); empty without sinks
+    std::vector<float> slopes;                   // ALiBi m_{b,h} as (B, Hq), agreed; empty without ALiBi
+    std::optional<TensorView> slopes_view() const {
+        if (slopes.empty()) return std::nullopt;
+        return TensorView(const_cast<float*>(slopes.data()), DType::f32, Shape{mine.B, mine.Hq});
+    }
+    // m_{b,h}·alibi_shift[b − c.b0]: what a call's scores (and lse) exceed the global ones by.
+    double alibi_excess(const BlockCall& c, std::int64_t b, std::int64_t h) const {
+        if (slopes.empty()) return 0.0;
+        return static_cast<double>(slopes[static_cast<std::size_t>(b * mine.Hq + h)]) *
+               static_cast<double>(c.alibi_shift[static_cast<std::size_t>(b - c.b0)]);
+    }
     std::vector<Band> bands;                     // the global problem's band per sequence
     std::vector<Placed> q_segs;                  // this rank's query segments
     std::int64_t nk_max = 0, q_seg_max = 0;
@@ -89,10 +102,10 @@ void setup_ring(RingContext& ctx, std::string_view op, const TensorView& q, cons
 
 // The sdpa options of one block call: the caller's scale and impl, the call's band as causal +
 // query_offset + window.left, and its key lengths. `call` must outlive the result (views).
-// This is the one place a per-block option is derived, and so the hook for the score
-// modifiers of branch `modifiers` (softcap carries over as is; ALiBi needs the call's global
-// query/key positions — qs.start + row0, ks.start + key0 — as its offset; sinks belong to
-// exactly one block per row, e.g. the step-0 block): both directions of the ring call it.
+// This is the one place a per-block option is derived: softcap carries over as is; ALiBi's
+// base.alibi_slopes is the agreed (B, Hq), sliced to the call's sequences and measured from the
+// call's offset (BlockCall::alibi_shift says by how much the call's lse is then too high); sinks
+// are not per block (the forward's merge and the global lse carry them). Both directions call it.
 SdpaOptions block_options(const SdpaOptions& base, const BlockCall& call);
 
 }  // namespace attn::dist::detail

@@ -39,7 +39,7 @@ namespace {
 
 struct Global {
     Tensor q, k, v, dout;
-    Tensor lengths{DType::i64, Shape{1}}, offsets{DType::i64, Shape{1}};
+    Tensor lengths{DType::i64, Shape{1}}, offsets{DType::i64, Shape{1}}, sinks{DType::f32, Shape{1}}, slopes{DType::f32, Shape{1}};
     SdpaOptions so;  // the single-process options
 };
 
@@ -53,6 +53,11 @@ Global make_global(const Case& c) {
     g.so.causal = c.causal;
     g.so.window = c.window;
     g.so.scale = c.scale;
+    g.so.softcap = c.softcap;
+    g.sinks = sink_tensor(c.Hq);
+    if (c.sinks) g.so.sinks = g.sinks.view();
+    g.slopes = slope_tensor(c);
+    if (c.alibi) g.so.alibi_slopes = g.slopes.view();
     g.lengths = Tensor(DType::i64, Shape{c.B});
     g.offsets = Tensor(DType::i64, Shape{c.B});
     if (!c.key_lengths.empty()) {
@@ -76,6 +81,9 @@ dist::RingOptions ring_options(const Case& c, const Global& g, Impl impl) {
     ro.scale = c.scale;
     ro.layout = c.layout;
     ro.impl = impl;
+    ro.softcap = g.so.softcap;
+    ro.sinks = g.so.sinks;
+    ro.alibi_slopes = g.so.alibi_slopes;
     if (!c.key_lengths.empty()) ro.key_lengths = g.lengths.view();
     return ro;
 }
@@ -117,7 +125,26 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
     const TensorView l64v = l64.view();
     sdpa(q64, k64, v64, so, o64, &l64v);
     Tensor rdq = poisoned(DType::f64, q64.shape()), rdk = poisoned(DType::f64, k64.shape()), rdv = poisoned(DType::f64, v64.shape());
-    sdpa_backward(q64, k64, v64, o64, l64, do64, so, rdq, rdk, rdv);
+    Tensor rds(DType::f64, Shape{c.Hq}, true);
+    const TensorView rdsv = rds.view();
+    sdpa_backward(q64, k64, v64, o64, l64, do64, so, rdq, rdk, rdv, nullptr, c.sinks ? &rdsv : nullptr);
+    // The sink gradient's terms: m_σ = max_h Σ_{b,i} e^{σ_h − lse}·|D_i| (dσ is their signed sum).
+    double mag_sink = 0;
+    if (c.sinks) {
+        for (std::int64_t h = 0; h < c.Hq; ++h) {
+            double m = 0;
+            for (std::int64_t b = 0; b < c.B; ++b)
+                for (std::int64_t i = 0; i < c.Lq; ++i) {
+                    double D = 0;
+                    for (std::int64_t d = 0; d < c.Dv; ++d) {
+                        const std::int64_t x = ((b * c.Hq + h) * c.Lq + i) * c.Dv + d;
+                        D += do64.data_as<double>()[x] * o64.data_as<double>()[x];
+                    }
+                    m += std::exp(sink_logit(h) - l64.data_as<double>()[(b * c.Hq + h) * c.Lq + i]) * std::fabs(D);
+                }
+            mag_sink = std::max(mag_sink, m);
+        }
+    }
     double mag[3] = {0, 0, 0};
     {
         Tensor a64(DType::f64, Shape{c.B, c.Hq, c.Lq, c.Lk});
@@ -161,7 +188,7 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
     std::string detail;
     bool ok = true;
     Tensor o(DType::f32, Shape{c.B, c.Hq, nq, c.Dv}), l(DType::f32, Shape{c.B, c.Hq, nq});
-    Tensor dq[2], dk[2], dv[2];
+    Tensor dq[2], dk[2], dv[2], ds[2];
     dist::RingStats stats;
     try {
         const TensorView lv = l.view();
@@ -170,7 +197,10 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
             dq[run] = poisoned(DType::f32, Shape{c.B, c.Hq, nq, c.Dk});
             dk[run] = poisoned(DType::f32, Shape{c.B, c.Hkv, nk, c.Dk});
             dv[run] = poisoned(DType::f32, Shape{c.B, c.Hkv, nk, c.Dv});
-            dist::ring_attention_backward(MPI_COMM_WORLD, qv, kv, vv, o, l, dov, ro, dq[run], dk[run], dv[run], &stats);
+            ds[run] = poisoned(DType::f64, Shape{c.Hq});
+            const TensorView dsv = ds[run].view();
+            dist::ring_attention_backward(MPI_COMM_WORLD, qv, kv, vv, o, l, dov, ro, dq[run], dk[run], dv[run], &stats,
+                                          c.sinks ? &dsv : nullptr);
         }
     } catch (const std::exception& e) {
         ok = false;
@@ -187,6 +217,25 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
             if (!same) {
                 ok = false;
                 detail = "a second run gave other bits; ";
+            }
+        }
+        // dσ: the whole sequence's gradient on every rank, bit-identical in a second run.
+        if (c.sinks) {
+            double err = 0, ref = 0;
+            for (std::int64_t h = 0; h < c.Hq; ++h) {
+                const double x = ds[0].data_as<double>()[h], r = rds.data_as<double>()[h];
+                err = std::isnan(x) ? INFINITY : std::max(err, std::fabs(x - r));
+                ref = std::max(ref, std::fabs(r));
+                if (std::memcmp(&x, ds[1].data_as<double>() + h, sizeof x) != 0) {
+                    ok = false;
+                    detail += "dsinks: a second run gave other bits; ";
+                }
+            }
+            const double denominator = std::max(ref, mag_sink);
+            if (!(err <= 1e-5 * denominator) && !(err == 0)) {
+                ok = false;
+                detail += "dsinks: max error " + std::to_string(err) + " of max |ref| " + std::to_string(ref) + ", m " +
+                          std::to_string(mag_sink) + "; ";
             }
         }
     } else {
@@ -227,6 +276,8 @@ struct Args {
     Tensor q, k, v, o, lse, dout, dq, dk, dv;
     dist::RingOptions opt;
     bool dv_is_v = false;  // pass V itself as dv
+    Tensor dsinks{DType::f32, Shape{1}};
+    bool pass_dsinks = false;
 };
 void run_error_case(const std::string& name, const std::string& expect, const std::function<void(Args&)>& breaker) {
     const std::int64_t B = 2, Hq = 2, Hkv = 1, L = 21, D = 4;
@@ -246,8 +297,9 @@ void run_error_case(const std::string& name, const std::string& expect, const st
     std::string message;
     bool threw_error = false;
     try {
+        const TensorView dsv = a.dsinks.view();
         dist::ring_attention_backward(MPI_COMM_WORLD, a.q, a.k, a.v, a.o, a.lse, a.dout, a.opt, a.dq, a.dk,
-                                            a.dv_is_v ? a.v.view() : a.dv.view());
+                                      a.dv_is_v ? a.v.view() : a.dv.view(), nullptr, a.pass_dsinks ? &dsv : nullptr);
     } catch (const attn::Error& e) {
         threw_error = true;
         message = e.what();
@@ -320,7 +372,15 @@ int main(int argc, char** argv) {
         mixed.window = Window{3, 2, Align::bottom_right}, mixed.layout = layout;
         cases.push_back(mixed);
     }
-    for (Case& r : random_cases(32, 77)) cases.push_back(r);
+    // Softcap (differentiated per block) and sinks (dσ summed over the ranks) on every named case.
+    const std::size_t named = cases.size();
+    for (std::size_t i = 0; i < named; ++i) cases.push_back(with_modifiers(cases[i], static_cast<int>(i % 3)));
+    for (std::size_t i = 0; i < named; ++i) cases.push_back(with_alibi(cases[i], static_cast<int>(i % 2)));
+    std::size_t n_random = 0;
+    for (Case& r : random_cases(32, 77)) {
+        cases.push_back(r);
+        if (n_random++ % 2 == 1) cases.push_back(with_alibi(r, static_cast<int>(n_random / 2 % 2)));
+    }
     for (const Case& c : cases) run_case(c);
 
     const int last = P - 1;
@@ -333,6 +393,17 @@ int main(int argc, char** argv) {
                    [&](Args& a) { a.dk = poisoned(DType::f64, a.k.shape()); });
     run_error_case("dv aliases V", "dv", [&](Args& a) { a.dv_is_v = true; });
     run_error_case("lse with a wrong shape", "lse", [&](Args& a) { a.lse = Tensor(DType::f32, Shape{2, 1, a.q.shape()[2]}, true); });
+    run_error_case("dsinks without sinks", "ring_attention_backward: dsinks: given but options.sinks is not set",
+                   [&](Args& a) {
+                       a.dsinks = Tensor(DType::f32, Shape{2});
+                       a.pass_dsinks = true;
+                   });
+    static float sinks[2] = {0.5f, -0.5f};
+    run_error_case("dsinks of the wrong shape", "ring_attention_backward: dsinks", [&](Args& a) {
+        a.opt.sinks = TensorView(sinks, DType::f32, Shape{2});
+        a.dsinks = Tensor(DType::f32, Shape{3});
+        a.pass_dsinks = true;
+    });
     run_error_case("Impl::decode", "ring_attention_backward: impl: must be automatic, reference or flash",
                    [&](Args& a) { a.opt.impl = Impl::decode; });
     if (P >= 2) {

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -40,6 +41,11 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
     so.window = c.window;
     so.scale = c.scale;
     so.impl = Impl::reference;
+    so.softcap = c.softcap;
+    const Tensor sinks = sink_tensor(c.Hq);
+    if (c.sinks) so.sinks = sinks.view();
+    const Tensor slopes = slope_tensor(c);
+    if (c.alibi) so.alibi_slopes = slopes.view();
     Tensor lengths(DType::i64, Shape{c.B}), offsets(DType::i32, Shape{c.B});
     if (!c.key_lengths.empty()) {
         for (std::int64_t b = 0; b < c.B; ++b) lengths.data_as<std::int64_t>()[b] = c.key_lengths[static_cast<std::size_t>(b)];
@@ -75,6 +81,9 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
     ro.scale = c.scale;
     ro.layout = c.layout;
     ro.impl = impl;
+    ro.softcap = c.softcap;
+    ro.sinks = so.sinks;
+    ro.alibi_slopes = so.alibi_slopes;
     if (!c.key_lengths.empty()) ro.key_lengths = lengths.view();
     Tensor o = poisoned(DType::f32, Shape{c.B, c.Hq, nq, c.Dv});
     Tensor l = poisoned(DType::f64, Shape{c.B, c.Hq, nq});
@@ -281,9 +290,26 @@ int main(int argc, char** argv) {
         per.window.left = 6, per.key_lengths = {27, 20, 3}, per.layout = layout;
         cases.push_back(per);
     }
+    // Score modifiers (softcap per block, sinks once per row in the merge) on every named case:
+    // the blocks, alignments and rows without keys (lse = σ_h) above, against single-process sdpa.
+    const std::size_t named = cases.size();
+    for (std::size_t i = 0; i < named; ++i) cases.push_back(with_modifiers(cases[i], static_cast<int>(i % 3)));
     // Random cases: every causal alignment, key lengths (often < Lq), windows, offsets, GQA,
     // lengths below the number of chunks. The same seed on every rank.
-    for (Case& r : random_cases(48, 2024)) cases.push_back(r);
+    // ALiBi on the named cases, except query_offset 2^60: there |d − j| ≈ 2^60 is not
+    // representable to the key in float or double, so single-process sdpa's scores all round to
+    // the same value (uniform weights) while the ring's blocks measure the exact distances from
+    // the band's edge: no oracle to compare with.
+    for (std::size_t i = 0; i < named; ++i)
+        if (!cases[i].query_offset || std::llabs(*cases[i].query_offset) < (std::int64_t{1} << 20))
+            cases.push_back(with_alibi(cases[i], static_cast<int>(i % 2)));
+    // ALiBi on the random cases too: its diagonal (bottom-right or query_offset) against every
+    // causal/window alignment, key lengths and offsets the blocks meet.
+    std::size_t n_random = 0;
+    for (Case& r : random_cases(48, 2024)) {
+        cases.push_back(r);
+        if (n_random++ % 2 == 1) cases.push_back(with_alibi(r, static_cast<int>(n_random / 2 % 2)));
+    }
     for (const Case& c : cases) run_case(c);
 
     const int last = P - 1;
@@ -310,6 +336,11 @@ int main(int argc, char** argv) {
                    [&](Tensor&, Tensor&, Tensor&, RingOptions&, Tensor& kl) { kl.data_as<std::int64_t>()[1] = 22; });
     run_error_case("window left below -1", "ring_attention: window: left and right must be >= 0, or -1",
                    [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) { o.window.left = -2; });
+    run_error_case("negative softcap", "ring_attention: softcap",
+                   [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) { o.softcap = -1.0; });
+    static float sinks3[3] = {0, 0, 0};
+    run_error_case("sinks of the wrong shape", "ring_attention: sinks",
+                   [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) { o.sinks = TensorView(sinks3, DType::f32, Shape{3}); });
     run_error_case("Impl::decode", "ring_attention: impl: must be automatic, reference or flash",
                    [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) { o.impl = Impl::decode; });
     if (P >= 2) {
@@ -323,6 +354,16 @@ int main(int argc, char** argv) {
                        [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) {
                            offsets[1] = rank == last ? 4 : 0;
                            o.query_offset = TensorView(offsets, DType::i64, Shape{2});
+                       });
+        run_error_case("softcap on the last rank only", "was called with other options",
+                       [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) {
+                           if (rank == last) o.softcap = 2.0;
+                       });
+        static float sinks[2] = {0.5f, 0.5f};
+        run_error_case("sinks differ across ranks", "sinks: rank " + std::to_string(last) + " has entry 1",
+                       [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) {
+                           sinks[1] = rank == last ? 1.5f : 0.5f;
+                           o.sinks = TensorView(sinks, DType::f32, Shape{2});
                        });
         run_error_case("causal on the last rank only", "was called with other options",
                        [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) {

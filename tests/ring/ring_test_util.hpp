@@ -59,7 +59,48 @@ struct Case {
     std::vector<std::int64_t> key_lengths;  // empty: none
     std::optional<double> scale;
     bool strided = false;  // Q, K, V local views are (B, L, H, D) buffers seen through transpose(1, 2)
+    double softcap = 0.0;  // score modifiers (0: off)
+    bool sinks = false;    // σ_h = sink_logit(h)
+    int alibi = 0;         // ALiBi slopes: 0 none, 1 (Hq,), 2 (B, Hq) (slope_tensor)
 };
+
+// The sinks of the modifier cases: mixed signs, one large enough to dominate short rows.
+inline float sink_logit(std::int64_t h) { return static_cast<float>(0.9 * static_cast<double>(h % 4) - 1.1); }
+inline Tensor sink_tensor(std::int64_t Hq) {
+    Tensor t(DType::f32, Shape{Hq});
+    for (std::int64_t h = 0; h < Hq; ++h) t.data_as<float>()[h] = sink_logit(h);
+    return t;
+}
+
+// ALiBi slopes large enough that |d − j| over a few dozen keys moves the weights a lot:
+// (Hq,) m_h = 0.3·(h + 1)/Hq, or (B, Hq) m_bh = 0.05 + 0.2·((b + 2h) mod 4).
+inline Tensor slope_tensor(const Case& c) {
+    if (c.alibi == 2) {
+        Tensor t(DType::f32, Shape{c.B, c.Hq});
+        for (std::int64_t b = 0; b < c.B; ++b)
+            for (std::int64_t h = 0; h < c.Hq; ++h) t.data_as<float>()[b * c.Hq + h] = 0.05f + 0.2f * static_cast<float>((b + 2 * h) % 4);
+        return t;
+    }
+    Tensor t(DType::f32, Shape{c.Hq});
+    for (std::int64_t h = 0; h < c.Hq; ++h) t.data_as<float>()[h] = 0.3f * static_cast<float>(h + 1) / static_cast<float>(c.Hq);
+    return t;
+}
+
+// A copy of `c` with ALiBi: kind 0 (Hq,) slopes, 1 (B, Hq) slopes with softcap and sinks.
+inline Case with_alibi(Case c, int kind) {
+    c.alibi = kind == 0 ? 1 : 2;
+    if (kind == 1) c.softcap = 4.0, c.sinks = true;
+    c.name += kind == 0 ? " +alibi (Hq,)" : " +alibi (B, Hq) +softcap 4 +sinks";
+    return c;
+}
+
+// A copy of `c` with score modifiers: kind 0 softcap, 1 sinks, 2 both.
+inline Case with_modifiers(Case c, int kind) {
+    c.softcap = kind == 1 ? 0.0 : 2.5;
+    c.sinks = kind >= 1;
+    c.name += kind == 0 ? " +softcap 2.5" : kind == 1 ? " +sinks" : " +softcap 2.5 +sinks";
+    return c;
+}
 
 // A contiguous (B, H, n, D) tensor re-laid as a (B, n, H, D) buffer, returned as its (B, H, n, D) view.
 inline TensorView restride(const Tensor& src, std::vector<float>& storage) {

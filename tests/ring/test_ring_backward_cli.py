@@ -128,3 +128,28 @@ def test_shard_outputs_hold_each_ranks_rows(tmp_path, np_):
         for name, g in zip(("dq", "dk", "dv"), whole):
             shard = np.load(tmp_path / f"s{name}.rank{rank}.npy")
             assert np.array_equal(shard, g[:, :, rows]), (rank, name)
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+def test_score_modifiers_equal_attn_sdpa(tmp_path, np_, layout):
+    """--softcap, --alibi, --sinks (and --dsinks) through the ring give `attn sdpa`'s O and
+    gradients on the whole sequence. Top-left causal with key lengths below Lk puts the ALiBi
+    (bottom-right) diagonal away from the causal one, so blocks exercise the edge shift."""
+    arrays, p = make(tmp_path, 2, 4, 2, 33, 33, 8, 6, seed=9)
+    with_grad_out(tmp_path, arrays, p)
+    np.save(tmp_path / "kl.npy", np.array([33, 19], dtype=np.int64))
+    np.save(tmp_path / "sinks.npy", np.array([0.5, -1.0, 2.0, 0.0], dtype=np.float32))
+    common = ["--q", p["q"], "--k", p["k"], "--v", p["v"], "--key-lengths", tmp_path / "kl.npy", "--causal", "top-left",
+              "--softcap", "3.0", "--alibi", "--sinks", tmp_path / "sinks.npy"]
+    sd = subprocess.run([ATTN, "sdpa", *map(str, common), "--out", str(tmp_path / "so.npy"), "--grad-out", str(p["do"]),
+                         "--dq", str(tmp_path / "sdq.npy"), "--dk", str(tmp_path / "sdk.npy"),
+                         "--dv", str(tmp_path / "sdv.npy"), "--dsinks", str(tmp_path / "sds.npy")],
+                        capture_output=True, text=True, env=ENV)
+    assert sd.returncode == 0, sd.stderr
+    got = run_backward(tmp_path, np_, p, *common[6:], "--layout", layout, "--dsinks", tmp_path / "rds.npy")
+    check(got, [np.load(tmp_path / f"sd{n}.npy") for n in ("q", "k", "v")])
+    o, so = np.load(tmp_path / f"o_{np_}.npy"), np.load(tmp_path / "so.npy")
+    assert np.abs(o - so).max() <= 1e-5 * np.abs(so).max()
+    ds, sds = np.load(tmp_path / "rds.npy"), np.load(tmp_path / "sds.npy")
+    assert ds.shape == (4,) and np.abs(ds - sds).max() <= 1e-5 * np.abs(sds).max()

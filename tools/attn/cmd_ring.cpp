@@ -1,7 +1,8 @@
 // mpirun -np P attn ring --q Q.npy --k K.npy --v V.npy --out O.npy [--causal [top-left|bottom-right]]
 //                       [--window-left N] [--window-right N] [--window-align A] [--query-offset N]
 //                       [--scale S] [--key-lengths KL.npy] [--layout zigzag|contiguous] [--impl ...] [--stats]
-//                       [--grad-out dO.npy --dq dQ.npy --dk dK.npy --dv dV.npy] [--shard-outputs]
+//                       [--grad-out dO.npy --dq dQ.npy --dk dK.npy --dv dV.npy [--dsinks dS.npy]] [--shard-outputs]
+//                       [--softcap C] [--alibi-slopes A.npy | --alibi] [--sinks S.npy]
 //
 // Rank 0 reads the whole arrays, sends every rank its rows (the layout's segments), all ranks
 // run attn::dist::ring_attention, rank 0 gathers O and writes it atomically. The result equals
@@ -37,7 +38,10 @@ namespace {
 
 struct RingArgs {
     std::string q, k, v, out, key_lengths, layout = "zigzag", impl = "auto", causal = "none";
-    std::string grad_out, dq, dk, dv;  // backward: gradients of <O, dO>
+    std::string grad_out, dq, dk, dv, dsinks;  // backward: gradients of <O, dO>
+    double softcap = 0.0;                      // score modifiers, as `attn sdpa`
+    std::string sinks, alibi_slopes;
+    bool alibi = false;  // the standard slopes (attn::alibi_slopes) for Hq heads
     std::int64_t window_left = -1, window_right = -1;
     std::string window_align = "top-left";
     std::optional<std::int64_t> query_offset;
@@ -84,9 +88,10 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     opt.window.left = a.window_left;
     opt.window.right = a.window_right;
     if (a.query_offset) opt.query_offset = *a.query_offset;
+    opt.softcap = a.softcap;  // ring_attention checks it (0 = off)
     const bool backward = !a.grad_out.empty();
     Header h;
-    Tensor q, k, v, dO, lengths;
+    Tensor q, k, v, dO, lengths, sinks, slopes;
     OutputFiles outputs;
     // Rank 0: flags, output path, files and their global shapes.
     dist::run_collectively(comm, [&] {
@@ -103,6 +108,18 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         if (!backward && (!a.dq.empty() || !a.dk.empty() || !a.dv.empty())) {
             throw Error("--dq/--dk/--dv: need --grad-out dO.npy (the gradient of the loss with respect to O)");
         }
+        if (!a.dsinks.empty() && (!backward || a.sinks.empty()))
+            throw Error("--dsinks: needs --grad-out and --sinks (the gradient of the sink logits)");
+        // Every rank reads the (Hq,) sinks itself; ring_attention checks them and that the ranks agree.
+        if (!a.sinks.empty()) {
+            sinks = read_npy(a.sinks);
+            opt.sinks = sinks.view();
+        }
+        if (a.alibi && !a.alibi_slopes.empty()) throw Error("--alibi: give either --alibi or --alibi-slopes, not both");
+        if (!a.alibi_slopes.empty()) {
+            slopes = read_npy(a.alibi_slopes);
+            opt.alibi_slopes = slopes.view();
+        }
         // Every rank checks the files it will write: rank 0 all of them, or each rank its shards.
         auto out_path = [&](const std::string& p) { return a.shard_outputs && !p.empty() ? shard_path(p, rank) : p; };
         if (rank != 0 && !a.shard_outputs) return;
@@ -110,6 +127,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         outputs.add("--dq", out_path(a.dq));
         outputs.add("--dk", out_path(a.dk));
         outputs.add("--dv", out_path(a.dv));
+        if (rank == 0) outputs.add("--dsinks", a.dsinks);  // the same on every rank: rank 0 writes it
         outputs.check();
         if (rank != 0) return;
         q = read_input("--q", a.q);
@@ -160,6 +178,10 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         }
     });
     MPI_Bcast(&h, 8, MPI_INT64_T, 0, comm);
+    if (a.alibi) {
+        dist::run_collectively(comm, [&] { slopes = alibi_slopes(h.Hq); });
+        opt.alibi_slopes = slopes.view();
+    }
     std::vector<std::int64_t> kl;
     std::int64_t has_lengths = rank == 0 && !a.key_lengths.empty() ? 1 : 0;
     MPI_Bcast(&has_lengths, 1, MPI_INT64_T, 0, comm);
@@ -174,7 +196,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
 
     // Every rank allocates its rows (collectively: a failed allocation stops all ranks), then
     // rank 0 sends them.
-    Tensor q_mine, k_mine, v_mine, o_mine, do_mine, lse_mine, dq_mine, dk_mine, dv_mine;
+    Tensor q_mine, k_mine, v_mine, o_mine, do_mine, lse_mine, dq_mine, dk_mine, dv_mine, dsinks;
     const std::int64_t nq = dist::rank_length(h.Lq, P, rank, opt.layout), nk = dist::rank_length(h.Lk, P, rank, opt.layout);
     dist::run_collectively(comm, [&] {
         q_mine = Tensor(DType::f32, Shape{h.B, h.Hq, nq, h.Dq});
@@ -187,6 +209,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
             dq_mine = Tensor(DType::f32, Shape{h.B, h.Hq, nq, h.Dq});
             dk_mine = Tensor(DType::f32, Shape{h.B, h.Hkv, nk, h.Dk});
             dv_mine = Tensor(DType::f32, Shape{h.B, h.Hkv, nk, h.Dv});
+            if (!a.dsinks.empty()) dsinks = Tensor(DType::f32, Shape{h.Hq});
         }
     });
     const struct {
@@ -219,8 +242,9 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     if (backward) lse_view = lse_mine.view();
     dist::ring_attention(comm, q_mine, k_mine, v_mine, opt, o_mine, backward ? &lse_view : nullptr, &st);
     if (backward) {
+        const TensorView dsinks_view = !a.dsinks.empty() ? dsinks.view() : TensorView();
         dist::ring_attention_backward(comm, q_mine, k_mine, v_mine, o_mine, lse_mine, do_mine, opt, dq_mine, dk_mine, dv_mine,
-                                      &st_back);
+                                      &st_back, a.dsinks.empty() ? nullptr : &dsinks_view);
     }
 
     // One line per rank, printed by rank 0 in rank order.
@@ -257,6 +281,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
                 files.emplace_back(shard_path(a.dq, rank), dq_mine.view());
                 files.emplace_back(shard_path(a.dk, rank), dk_mine.view());
                 files.emplace_back(shard_path(a.dv, rank), dv_mine.view());
+                if (rank == 0 && !a.dsinks.empty()) files.emplace_back(a.dsinks, dsinks.view());
             }
             OutputFiles::write_all(files);
         });
@@ -296,6 +321,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
             files.emplace_back(a.dq, dq.view());
             files.emplace_back(a.dk, dk.view());
             files.emplace_back(a.dv, dv.view());
+            if (!a.dsinks.empty()) files.emplace_back(a.dsinks, dsinks.view());
         }
         OutputFiles::write_all(files);
     });
@@ -371,6 +397,16 @@ void add_ring_command(CLI::App& app) {
     cmd->add_option("--dq", args->dq, "output dQ (B, Hq, Lq, Dk), float32, gathered and written by rank 0");
     cmd->add_option("--dk", args->dk, "output dK (B, Hkv, Lk, Dk), float32, gathered and written by rank 0");
     cmd->add_option("--dv", args->dv, "output dV (B, Hkv, Lk, Dv), float32, gathered and written by rank 0");
+    cmd->add_option("--dsinks", args->dsinks,
+                    "output dsinks (Hq,), float32: the gradient of the sink logits (needs --grad-out and --sinks), "
+                    "written by rank 0");
+    cmd->add_option("--softcap", args->softcap, "logit soft-capping: s = C*tanh(s/C) in every block (0 = off)");
+    cmd->add_option("--alibi-slopes", args->alibi_slopes,
+                    "float32 (Hq,) or (B, Hq): ALiBi slopes m_h, s -= m_h*|d(i) - j| on global positions (d: the "
+                    "bottom-right diagonal, or --query-offset)");
+    cmd->add_flag("--alibi", args->alibi, "ALiBi with the paper's slopes for Hq heads (attn::alibi_slopes)");
+    cmd->add_option("--sinks", args->sinks,
+                    "float32 (Hq,): one attention-sink logit per head, counted once per row over the whole sequence");
     cmd->add_flag("--shard-outputs", args->shard_outputs,
                   "each rank r writes its own rows of every output to <name>.rank<r>.npy (its layout segments, "
                   "concatenated) instead of rank 0 gathering the whole arrays");
