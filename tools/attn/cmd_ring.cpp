@@ -23,6 +23,7 @@
 
 #include "attn/error.hpp"
 #include "commands.hpp"
+#include "threads_option.hpp"
 
 #if ATTN_WITH_MPI
 #include <mpi.h>
@@ -30,7 +31,6 @@
 #include "attn/npy.hpp"
 #include "attn/ring.hpp"
 #include "output_files.hpp"
-#include "threads_option.hpp"
 #endif
 
 namespace attn::cli {
