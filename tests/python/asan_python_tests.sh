@@ -14,7 +14,7 @@ build=$2
 python=$3
 "$src/tests/common/configure_asan.sh" "$src" "$build"
 cmake --build "$build" -j "$(nproc)" --target attn_python
-module=$(ls "$build"/python/attn*.so)
+module=$(ls "$build"/python/attn/_attn*.so)  # the extension inside the attn package
 libasan=$(ldd "$module" | awk '/libasan/ { print $3 }')
 libstdcxx=$(ldd "$module" | awk '/libstdc\+\+/ { print $3 }')
 if [ -z "$libasan" ] || [ -z "$libstdcxx" ]; then
