@@ -15,6 +15,8 @@ namespace {
 // (a store per FMA pair; v1 of the lab ran at 36 GFLOP/s on S2 because of it).
 #define ATTN_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
 
+constexpr int kPanel = 16;  // queries per panel: 2 ymm (Avx2Ops::kPanel)
+
 // s[r][0..16) = c2 · Σ_d k[r][d]·qt[d][0..16)   for r < R     k: (R, ldk), qt: (Dk, 16)
 template <int R>
 inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, float c2, float* s, int ldS) {
@@ -82,7 +84,7 @@ inline void pv_tile(const float* p, int ldP, const float* v, std::int64_t ldv, i
 #undef ATTN_ROWS
 
 struct Avx2Ops {
-    static constexpr int kPanel = 16;  // queries per panel: 2 ymm / four 4-lane vectors
+    static constexpr int kPanel = flash_avx2_ns::kPanel;  // queries per panel: 2 ymm
     static constexpr int kRows = 6;  // keys (qk) / head-dim rows (pv) per call: the 6 × 16 tile
     static void qk(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s, int ldS) {
         switch (rows) {

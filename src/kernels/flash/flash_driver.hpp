@@ -95,8 +95,8 @@
 namespace attn::detail::ATTN_FLASH_NS {
 
 // Queries per panel (the vector lanes of a micro-kernel tile): Ops::kPanel, per ISA (16: the
-// portable and AVX2 paths; 32 = 2 zmm: AVX-512). kPanel is the 16-query default.
-inline constexpr int kPanel = 16;
+// portable and AVX2 paths; 32 = 2 zmm: AVX-512). Deliberately no global default: the driver
+// must use Ops::kPanel everywhere (a 16-query default once covered half of an AVX-512 panel).
 // Keys (qk) or head-dim rows (pv) per micro-kernel tile: Ops::kRows, per ISA (AVX2 6 rows ×
 // 2 ymm, AVX-512 8 rows × 2 zmm; see the Ops of each flash_<isa>.cpp).
 inline constexpr float kLog2e = 1.4426950408889634f;
