@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "attn/half.hpp"
 #include "attn/tensor.hpp"
 
 namespace attn::detail {
@@ -14,10 +15,16 @@ inline double load(const TensorView& t, std::int64_t offset) {
     return t.load_as_double(offset);
 }
 
-// Writes a float32 or float64 element (validated by the caller).
+// Writes a float32, float64, float16 or bfloat16 element (validated by the caller). A
+// 16-bit element is the float32 value rounded once more (round to nearest even): the
+// stated bound of a 16-bit output is "one rounding of the float32 result".
 inline void store(const TensorView& t, std::int64_t offset, double value) {
-    if (t.dtype() == DType::f32) t.data_as<float>()[offset] = static_cast<float>(value);
-    else t.data_as<double>()[offset] = value;
+    switch (t.dtype()) {
+        case DType::f32: t.data_as<float>()[offset] = static_cast<float>(value); break;
+        case DType::f16: t.data_as<std::uint16_t>()[offset] = float_to_f16(static_cast<float>(value)); break;
+        case DType::bf16: t.data_as<std::uint16_t>()[offset] = float_to_bf16(static_cast<float>(value)); break;
+        default: t.data_as<double>()[offset] = value; break;
+    }
 }
 
 }  // namespace attn::detail

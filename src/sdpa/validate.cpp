@@ -13,18 +13,21 @@ namespace {
 
 bool is_compute_float(DType t) { return t == DType::f32 || t == DType::f64; }
 
-// K and V may also be stored in 16 bits: the decode kernel (Lq <= 16) and the reference
-// read them directly; kernels/dispatch.cpp refuses them for any other kernel, saying why.
-void require_kv_float(std::string_view kOp, const TensorView& t, const char* name) {
+// Q, K, V and out may be float32, float64, float16 or bfloat16 (any combination); which
+// kernel reads which is decided in kernels/dispatch.cpp, which says why when one declines.
+void require_float(std::string_view kOp, const TensorView& t, const char* name) {
     if (!is_floating(t.dtype())) {
         fail(kOp, name, ": dtype must be float32, float64, float16 or bfloat16 but got ", dtype_name(t.dtype()));
     }
 }
 
-// An optional output: rank, float dtype, exact shape, one address per element.
-void require_output(std::string_view kOp, const TensorView& t, const char* name, const Shape& expected, const char* layout) {
+// An output: rank, float dtype (16-bit only where `sixteen_ok`: out, not lse or weights),
+// exact shape, one address per element.
+void require_output(std::string_view kOp, const TensorView& t, const char* name, const Shape& expected, const char* layout,
+                    bool sixteen_ok = false) {
     require_rank(kOp, t, name, expected.rank, layout);
-    require_f32_or_f64(kOp, t, name);
+    if (sixteen_ok) require_float(kOp, t, name);
+    else require_f32_or_f64(kOp, t, name);
     require_shape(kOp, t, name, expected, layout);
     require_distinct_elements(kOp, t, name);
 }
@@ -86,9 +89,9 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
     require_rank(kOp, q, "Q", 4, "(B, Hq, Lq, Dk)");
     require_rank(kOp, k, "K", 4, "(B, Hkv, Lk, Dk)");
     require_rank(kOp, v, "V", 4, "(B, Hkv, Lk, Dv)");
-    require_f32_or_f64(kOp, q, "Q");
-    require_kv_float(kOp, k, "K");
-    require_kv_float(kOp, v, "V");
+    require_float(kOp, q, "Q");
+    require_float(kOp, k, "K");
+    require_float(kOp, v, "V");
 
     SdpaProblem p;
     p.B = q.dim(0);
@@ -115,7 +118,7 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
     }
     p.group = p.Hq / p.Hkv;
 
-    require_output(kOp, out, "out", Shape{p.B, p.Hq, p.Lq, p.Dv}, "(B, Hq, Lq, Dv)");
+    require_output(kOp, out, "out", Shape{p.B, p.Hq, p.Lq, p.Dv}, "(B, Hq, Lq, Dv)", true);
     if (lse != nullptr) {
         require_output(kOp, *lse, "lse", Shape{p.B, p.Hq, p.Lq}, "(B, Hq, Lq)");
         p.lse = *lse;

@@ -95,8 +95,8 @@ TEST(SdpaErrors, Ranks) {
 }
 
 TEST(SdpaErrors, Dtypes) {
-    expect_error([](Call& c) { c.qv = TensorView(c.q.data(), DType::f16, Shape{2, 4, 5, 8}); },
-                 {"sdpa: Q: dtype must be float32 or float64 but got float16"});
+    expect_error([](Call& c) { c.qv = TensorView(c.q.data(), DType::i64, Shape{2, 4, 5, 8}); },
+                 {"sdpa: Q: dtype must be float32, float64, float16 or bfloat16 but got int64"});
     expect_error([](Call& c) { c.kv = TensorView(c.k.data(), DType::i32, Shape{2, 2, 7, 8}); },
                  {"sdpa: K: dtype must be float32, float64, float16 or bfloat16 but got int32"});
     // 16-bit K/V are storage for the decode kernel (the reference reads them too), and
@@ -106,8 +106,10 @@ TEST(SdpaErrors, Dtypes) {
                      c.opt.impl = Impl::automatic;
                  },
                  {"V is bfloat16, which only the decode kernel runs fast", "use impl reference"});
-    expect_error([](Call& c) { c.outv = TensorView(c.out.data(), DType::f16, Shape{2, 4, 5, 6}); },
-                 {"sdpa: out: dtype must be float32 or float64 but got float16"});
+    expect_error([](Call& c) { c.outv = TensorView(c.out.data(), DType::i32, Shape{2, 4, 5, 6}); },
+                 {"sdpa: out: dtype must be float32, float64, float16 or bfloat16 but got int32"});
+    expect_error([](Call& c) { c.lsev = TensorView(c.lse.data(), DType::f16, Shape{2, 4, 5}); },
+                 {"sdpa: lse: dtype must be float32 or float64 but got float16"});
     expect_error([](Call& c) { c.lsev = TensorView(c.lse.data(), DType::i32, Shape{2, 4, 5}); },
                  {"sdpa: lse: dtype must be float32 or float64 but got int32"});
     expect_error([](Call& c) { c.wv = TensorView(c.weights.data(), DType::boolean, Shape{2, 4, 5, 7}); },

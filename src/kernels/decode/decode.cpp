@@ -51,7 +51,8 @@ std::string decode_declines(const SdpaProblem& p) {
     if (p.dropout_p > 0.0) return "dropout was requested (decode applies none)";
     if (p.q.dtype() != DType::f32) return "Q is " + std::string(dtype_name(p.q.dtype())) + ", decode takes float32";
     if (p.out.dtype() != DType::f32 || (p.lse && p.lse->dtype() != DType::f32))
-        return "out/lse are float64, decode writes float32";
+        return "out/lse are " + std::string(dtype_name(p.out.dtype())) + "/" +
+               std::string(p.lse ? dtype_name(p.lse->dtype()) : "none") + ", decode writes float32";
     if (!is_store(p.k.dtype()) || p.k.dtype() != p.v.dtype())
         return "K is " + std::string(dtype_name(p.k.dtype())) + " and V is " + std::string(dtype_name(p.v.dtype())) +
                ", decode needs both float32, both float16 or both bfloat16";

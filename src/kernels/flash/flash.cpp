@@ -28,6 +28,8 @@ std::string flash_decline_reason(const SdpaProblem& p) {
         std::string r = not_f32(*t, name);
         if (!r.empty()) return r;
     }
+    if (p.out.dtype() != DType::f32 && p.out.dtype() != DType::f64)
+        return "out is " + std::string(dtype_name(p.out.dtype())) + ": the flash kernel writes float32 or float64";
     return {};
 }
 
