@@ -7,6 +7,11 @@
 
 namespace attn::detail {
 
+std::string dtypes_of(const SdpaProblem& p) {
+    return "Q " + std::string(dtype_name(p.q.dtype())) + ", K " + std::string(dtype_name(p.k.dtype())) + ", V " +
+           std::string(dtype_name(p.v.dtype())) + ", out " + std::string(dtype_name(p.out.dtype()));
+}
+
 // Order: the decode kernel (decode/decode.cpp dispatch_decode), then flash, then the reference.
 // Impl::flash    → the flash kernel, or an error saying why it cannot run this call.
 // Impl::automatic → flash when it supports the call, else the reference; the report
@@ -14,7 +19,8 @@ namespace attn::detail {
 // Impl::reference → the textbook oracle (double accumulation).
 void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report) {
     std::string explanation;
-    // The decode kernel first: Lq <= 16, and every float16/bfloat16 K/V, are decided there.
+    // The decode kernel first (Lq <= 16); then flash, which reads float16/bfloat16 Q, K, V
+    // per tile and writes any output dtype.
     if (dispatch_decode(problem, requested, report, explanation)) return;
     const std::string decline = flash_decline_reason(problem);
     bool use_flash = false;
@@ -23,7 +29,7 @@ void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report)
         use_flash = true;
     } else if (requested == Impl::automatic) {
         use_flash = decline.empty();
-        explanation += use_flash ? "auto: flash supports this call (float32 Q, K, V)\n"
+        explanation += use_flash ? "auto: flash supports this call (" + dtypes_of(problem) + ")\n"
                                 : "auto: flash declined: " + decline + " → reference\n";
     } else {
         explanation += "reference requested: flash not considered\n";
@@ -37,7 +43,7 @@ void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report)
             const char* isa = isa_name(kernels.isa);
             report->kernel = std::string("flash/") + isa;
             report->explanation = explanation + "ran: flash (fused tiled online softmax, " + isa + " path: " +
-                                  why_isa + ")" + (problem.weights ? "; weights from the saved lse in a second pass" : "") +
+                                  why_isa + "; " + dtypes_of(problem) + ", fp32 accumulation)" + (problem.weights ? "; weights from the saved lse in a second pass" : "") +
                                   (problem.scores ? "; scores tile by tile in a second pass" : "");
         }
         return;

@@ -8,4 +8,7 @@ namespace attn::detail {
 
 void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report);
 
+// "Q float16, K float32, V float32, out float16": the dtypes a report's explanation names.
+std::string dtypes_of(const SdpaProblem& p);
+
 }  // namespace attn::detail

@@ -23,24 +23,17 @@ namespace {
 constexpr std::string_view kOp = "sdpa_varlen";
 
 // The errors run_forward (kernels/dispatch.cpp) would throw for this problem, raised before
-// any sequence is run: an explicit kernel that declines it, or 16-bit K/V no kernel asked
-// for can run. Built from the kernels' own decline reasons.
+// any sequence is run: an explicit kernel that declines it. Built from the kernels' own
+// decline reasons. (16-bit K/V need no check: flash reads them for any Lq.)
 void require_runnable(const detail::SdpaProblem& p, Impl impl, std::int64_t b) {
-    const bool sixteen = p.k.dtype() == DType::f16 || p.k.dtype() == DType::bf16 || p.v.dtype() == DType::f16 ||
-                         p.v.dtype() == DType::bf16;
-    if (impl == Impl::reference) return;
     if (impl == Impl::flash) {
-        const std::string why = sixteen ? std::string("K/V are 16-bit") : detail::flash_decline_reason(p);
+        const std::string why = detail::flash_decline_reason(p);
         if (!why.empty()) detail::fail(kOp, "impl: flash cannot run sequence ", b, ": ", why, "; use auto or reference");
         return;
     }
-    const std::string why = detail::decode_declines(p);
-    if (impl == Impl::decode && !why.empty()) {
-        detail::fail(kOp, "impl: the decode kernel cannot run sequence ", b, ": ", why);
-    }
-    if (sixteen && !why.empty()) {
-        detail::fail(kOp, "k/v: 16-bit K/V run only on the decode kernel, which declines sequence ", b, ": ", why,
-                     "; use impl reference or float32 K/V");
+    if (impl == Impl::decode) {
+        const std::string why = detail::decode_declines(p);
+        if (!why.empty()) detail::fail(kOp, "impl: the decode kernel cannot run sequence ", b, ": ", why);
     }
 }
 

@@ -49,10 +49,8 @@ std::string decode_declines(const SdpaProblem& p) {
     if (p.weights) return "attention weights were requested (decode never forms them)";
     if (p.scores) return "scores were requested (decode never forms them)";
     if (p.dropout_p > 0.0) return "dropout was requested (decode applies none)";
-    if (p.q.dtype() != DType::f32) return "Q is " + std::string(dtype_name(p.q.dtype())) + ", decode takes float32";
-    if (p.out.dtype() != DType::f32 || (p.lse && p.lse->dtype() != DType::f32))
-        return "out/lse are " + std::string(dtype_name(p.out.dtype())) + "/" +
-               std::string(p.lse ? dtype_name(p.lse->dtype()) : "none") + ", decode writes float32";
+    // Q: float32 or 16-bit (converted while it is scaled); out: any output dtype (store_row).
+    if (p.q.dtype() == DType::f64) return "Q is float64, decode reads float32, float16 or bfloat16";
     if (!is_store(p.k.dtype()) || p.k.dtype() != p.v.dtype())
         return "K is " + std::string(dtype_name(p.k.dtype())) + " and V is " + std::string(dtype_name(p.v.dtype())) +
                ", decode needs both float32, both float16 or both bfloat16";
@@ -93,27 +91,16 @@ void decode_forward(const SdpaProblem& p, const KernelSet& kernels, std::int64_t
 
 #include "attn/error.hpp"
 #include "attn/sdpa.hpp"
+#include "../dispatch.hpp"
 
 namespace attn::detail {
 
 bool dispatch_decode(const SdpaProblem& p, Impl requested, SdpaReport* report, std::string& explanation) {
-    auto is16 = [](DType t) { return t == DType::f16 || t == DType::bf16; };
-    const bool sixteen = is16(p.k.dtype()) || is16(p.v.dtype());
-    const std::string kv = "K is " + std::string(dtype_name(p.k.dtype())) + ", V is " + std::string(dtype_name(p.v.dtype()));
-    if (requested == Impl::reference) return false;  // the oracle reads every dtype
-    if (requested != Impl::decode && requested != Impl::automatic) {
-        if (!sixteen) return false;
-        throw Error("impl: the " + std::string(impl_name(requested)) + " kernel takes float32 K/V but " + kv +
-                    "; 16-bit K/V run on the decode kernel (Lq <= 16, impl auto or decode) or the reference "
-                    "(impl reference, exact but slow) — or convert K and V to float32");
-    }
+    // The reference reads every dtype; flash reads float32/float16/bfloat16 Q, K, V itself.
+    if (requested == Impl::reference || requested == Impl::flash) return false;
     const std::string why_not = decode_declines(p);
     if (!why_not.empty()) {
         if (requested == Impl::decode) throw Error("impl: the decode kernel cannot run this call: " + why_not);
-        if (sixteen) {
-            throw Error("sdpa: " + kv + ", which only the decode kernel runs fast, and it declined: " + why_not +
-                        "; use impl reference (exact but slow) or convert K and V to float32");
-        }
         explanation += "decode: declined, " + why_not + "\n";
         return false;
     }
@@ -124,8 +111,8 @@ bool dispatch_decode(const SdpaProblem& p, Impl requested, SdpaReport* report, s
         report->kernel = std::string("decode/") + isa_name(kernels.isa);
         report->explanation = explanation +
                               (requested == Impl::automatic ? "auto: decode (Lq = " + std::to_string(p.Lq) + " <= 16)\n" : "") +
-                              "ran: decode (" + isa_name(kernels.isa) + " path: " + why_isa + "; K/V " +
-                              std::string(dtype_name(p.k.dtype())) + ", fp32 accumulation)";
+                              "ran: decode (" + isa_name(kernels.isa) + " path: " + why_isa + "; " + dtypes_of(p) +
+                              ", fp32 accumulation)";
     }
     return true;
 }

@@ -8,6 +8,7 @@
 
 #include "../isa.hpp"
 #include "../simd/exp2_avx2.hpp"
+#include "../simd/half_avx2.hpp"
 #include "decode_core.hpp"
 
 namespace attn::detail {
@@ -17,22 +18,13 @@ struct Avx2Ops {
     struct Half { std::uint16_t bits; };   // IEEE float16
     struct Brain { std::uint16_t bits; };  // bfloat16: the top half of a float32
 
+    // The 16-bit loaders are simd/half_avx2.hpp's (shared with flash_avx2.cpp).
     static __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-    static __m256 load8(const Half* p) {
-        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    }
-    static __m256 load8(const Brain* p) {
-        const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-    }
+    static __m256 load8(const Half* p) { return f16x8_to_ps(&p->bits); }
+    static __m256 load8(const Brain* p) { return bf16x8_to_ps(&p->bits); }
     static float load1(const float* p) { return *p; }
-    static float load1(const Half* p) { return _cvtsh_ss(p->bits); }
-    static float load1(const Brain* p) {
-        const std::uint32_t u = static_cast<std::uint32_t>(p->bits) << 16;
-        float f;
-        __builtin_memcpy(&f, &u, 4);
-        return f;
-    }
+    static float load1(const Half* p) { return f16_to_ps1(p->bits); }
+    static float load1(const Brain* p) { return bf16_to_ps1(p->bits); }
 
     // Horizontal sums of 8 vectors: lane x of the result is the sum of the lanes of a[x].
     static __m256 hsum8(const __m256* a) {
@@ -80,7 +72,10 @@ struct Avx2Ops {
             for (i64 d = Dk8; d < Dk; ++d)
                 for (int t = 0; t < KT; ++t) {
                     const float kd = load1(kp[t] + d);
-                    for (int r = 0; r < R; ++r) tmp[r * KT + t] += q[r * qstride + d] * kd;
+                    // An explicit fma (as acc_tile's edge): left to contraction, GCC fused the
+                    // float32 and the 16-bit instantiations differently, so the same values
+                    // stored in 16 bits gave other bits than in float32.
+                    for (int r = 0; r < R; ++r) tmp[r * KT + t] = __builtin_fmaf(q[r * qstride + d], kd, tmp[r * KT + t]);
                 }
             for (int r = 0; r < R; ++r)
                 for (int t = 0; t < KT && j + t < n; ++t) s[r * sstride + j + t] = tmp[r * KT + t];

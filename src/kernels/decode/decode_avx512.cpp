@@ -10,6 +10,7 @@
 
 #include "../isa.hpp"
 #include "../simd/exp2_avx512.hpp"
+#include "../simd/half_avx512.hpp"
 #include "decode_core.hpp"
 
 namespace attn::detail {
@@ -21,29 +22,17 @@ struct Avx512Ops {
     struct Half { std::uint16_t bits; };   // IEEE float16
     struct Brain { std::uint16_t bits; };  // bfloat16: the top half of a float32
 
-    // 16 values (lanes past `m` read nothing and are 0).
+    // 16 values (lanes past `m` read nothing and are 0). The 16-bit loaders are
+    // simd/half_avx512.hpp's (shared with flash_avx512.cpp).
     static __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-    static __m512 load16(const Half* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
-    static __m512 load16(const Brain* p, __mmask16 m) {
-        const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
-        return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-    }
+    static __m512 load16(const Half* p, __mmask16 m) { return f16x16_to_ps(&p->bits, m); }
+    static __m512 load16(const Brain* p, __mmask16 m) { return bf16x16_to_ps(&p->bits, m); }
     static __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-    static __m512 load16(const Half* p) {
-        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    }
-    static __m512 load16(const Brain* p) {
-        const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-        return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-    }
+    static __m512 load16(const Half* p) { return f16x16_to_ps(&p->bits); }
+    static __m512 load16(const Brain* p) { return bf16x16_to_ps(&p->bits); }
     static float load1(const float* p) { return *p; }
-    static float load1(const Half* p) { return _cvtsh_ss(p->bits); }
-    static float load1(const Brain* p) {
-        const std::uint32_t u = static_cast<std::uint32_t>(p->bits) << 16;
-        float f;
-        __builtin_memcpy(&f, &u, 4);
-        return f;
-    }
+    static float load1(const Half* p) { return f16_to_ps1(p->bits); }
+    static float load1(const Brain* p) { return bf16_to_ps1(p->bits); }
 
     // Lane x of the result is the sum of the 16 lanes of a[x], x < 8.
     static __m256 hsum8(const __m512* a) {

@@ -34,6 +34,7 @@
 #include "../../sdpa/problem.hpp"
 #include "../finite.hpp"
 #include "../scores.hpp"
+#include "../store_row.hpp"
 #include "decode.hpp"
 
 namespace attn::detail {
@@ -50,21 +51,22 @@ constexpr float kLog2e = 1.4426950408889634f;
 struct DecodeView {
     i64 B, Hq, Hkv, Lq, Lk, Dk, Dv, group;
     float qscale;  // scale
-    const float* q;
+    const void* q;  // float32, float16 or bfloat16 (qtype)
+    DType qtype;
     i64 qs[4];
     const void* k;
     i64 ks[4];
     const void* v;
     i64 vs[4];
-    float* out;
+    const TensorView* out;  // float32, float64, float16 or bfloat16: written by store_row
     i64 os[4];
-    float* lse;  // null when not requested
+    const TensorView* lse;  // float32 or float64; null when not requested
     i64 ls[3];
 };
 
 inline DecodeView view_of(const SdpaProblem& p) {
     DecodeView a{p.B, p.Hq, p.Hkv, p.Lq, p.Lk, p.Dk, p.Dv, p.group, static_cast<float>(p.scale),
-                 p.q.data_as<const float>(), {}, p.k.data(), {}, p.v.data(), {}, p.out.data_as<float>(), {},
+                 p.q.data(), p.q.dtype(), {}, p.k.data(), {}, p.v.data(), {}, &p.out, {},
                  nullptr, {}};
     for (int d = 0; d < 4; ++d) {
         a.qs[d] = p.q.stride(d);
@@ -73,7 +75,7 @@ inline DecodeView view_of(const SdpaProblem& p) {
         a.os[d] = p.out.stride(d);
     }
     if (p.lse) {
-        a.lse = p.lse->data_as<float>();
+        a.lse = &*p.lse;
         for (int d = 0; d < 3; ++d) a.ls[d] = p.lse->stride(d);
     }
     return a;
@@ -150,6 +152,17 @@ inline void for_key_runs(const DecodeView& a, const DecodeWork& w, i64 b, i64 hk
     }
 }
 
+// Element x of Q as float32 (a 16-bit Q through the Ops' loaders): M·Dk loads per item,
+// against the item's Lk·(Dk+Dv) K/V loads.
+template <class Ops>
+inline float load_q(const DecodeView& a, i64 x) {
+    switch (a.qtype) {
+        case DType::f16: return Ops::load1(static_cast<const typename Ops::Half*>(a.q) + x);
+        case DType::bf16: return Ops::load1(static_cast<const typename Ops::Brain*>(a.q) + x);
+        default: return static_cast<const float*>(a.q)[x];
+    }
+}
+
 // One work item: sequence b, KV head hk, keys [c0, c1). Leaves (o, m, l) per row in sc
 // (careful: and ob, the large part; finite.hpp).
 template <class Ops, class T>
@@ -160,8 +173,8 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
     i64 klo = c1, khi = c0;
     for (i64 r = 0; r < M; ++r) {
         const i64 g = r / Lq, i = r % Lq, h = hk * G + g;
-        const float* qrow = a.q + b * a.qs[0] + h * a.qs[1] + i * a.qs[2];
-        for (i64 d = 0; d < Dk; ++d) sc.q[r * Dk + d] = qrow[d * a.qs[3]] * a.qscale;
+        const i64 qrow = b * a.qs[0] + h * a.qs[1] + i * a.qs[2];
+        for (i64 d = 0; d < Dk; ++d) sc.q[r * Dk + d] = load_q<Ops>(a, qrow + d * a.qs[3]) * a.qscale;
         const i64* rg = w.range + 2 * (b * Lq + i);
         sc.lo[r] = imax(rg[0], c0);
         sc.hi[r] = imin(rg[1], c1);
@@ -278,12 +291,19 @@ inline void normalise_row(float* o, const float* ob, float l, i64 Dv, bool caref
 // Final output of one row from its normalised o (o / l) and (m, l): lse = m + ln l.
 // A row that saw no key (l = 0) gives out = 0, lse = −inf (never NaN); a row that saw a
 // NaN/±inf score (l NaN) gives NaN in both.
-inline void write_row(const DecodeView& a, i64 b, i64 h, i64 i, const float* o, float m, float l) {
-    float* out = a.out + b * a.os[0] + h * a.os[1] + i * a.os[2];
+// out in its dtype through store_row (the flash kernel's too): 16-bit rounds the float32 value once.
+inline void write_row(const DecodeView& a, i64 b, i64 h, i64 i, float* o, float m, float l) {
     const bool empty = l == 0.0f;
+    if (empty)
+        for (i64 d = 0; d < a.Dv; ++d) o[d] = 0.0f;
     const float f = l == l ? 1.0f : NAN;  // a merged row whose NaN came from a chunk it skipped
-    for (i64 d = 0; d < a.Dv; ++d) out[d * a.os[3]] = empty ? 0.0f : o[d] * f;
-    if (a.lse != nullptr) a.lse[b * a.ls[0] + h * a.ls[1] + i * a.ls[2]] = empty ? -INFINITY : m + logf(l);
+    store_row(*a.out, b * a.os[0] + h * a.os[1] + i * a.os[2], a.os[3], o, 1, a.Dv, f);
+    if (a.lse != nullptr) {
+        const float lse = empty ? -INFINITY : m + logf(l);
+        const i64 at = b * a.ls[0] + h * a.ls[1] + i * a.ls[2];
+        if (a.lse->dtype() == DType::f32) a.lse->data_as<float>()[at] = lse;
+        else a.lse->data_as<double>()[at] = static_cast<double>(lse);
+    }
 }
 
 template <class Ops, class T>

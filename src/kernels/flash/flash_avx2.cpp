@@ -6,6 +6,7 @@
 #define ATTN_FLASH_NS flash_avx2_ns
 #include "../simd/exp2_avx2.hpp"
 #include "flash_driver.hpp"
+#include "../simd/half_avx2.hpp"
 
 namespace attn::detail {
 namespace flash_avx2_ns {
@@ -154,6 +155,12 @@ struct Avx2Ops {
             _mm256_store_ps(l + c, _mm256_fmadd_ps(_mm256_load_ps(l + c), al, sum0));
             _mm256_store_ps(m + c, mx);
         }
+    }
+
+    // n float16/bfloat16 values (element stride `stride`) → float32: simd/half_*.hpp, the
+    // loaders the decode kernel of this ISA uses too.
+    static void widen(const std::uint16_t* src, std::int64_t stride, std::int64_t n, bool is_f16, float* dst) {
+        widen_row_avx2(src, stride, n, is_f16, dst);
     }
 
     // Dropout factors of a row segment (Philox4x32-10; the backward's implementation).

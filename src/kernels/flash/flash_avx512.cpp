@@ -16,6 +16,7 @@
 #define ATTN_FLASH_NS flash_avx512_ns
 #include "../simd/exp2_avx512.hpp"
 #include "flash_driver.hpp"
+#include "../simd/half_avx512.hpp"
 
 namespace attn::detail {
 namespace flash_avx512_ns {
@@ -159,6 +160,12 @@ struct Avx512Ops {
             _mm512_store_ps(l + c, _mm512_fmadd_ps(_mm512_load_ps(l + c), al, sum0));
             _mm512_store_ps(m + c, mx);
         }
+    }
+
+    // n float16/bfloat16 values (element stride `stride`) → float32: simd/half_*.hpp, the
+    // loaders the decode kernel of this ISA uses too.
+    static void widen(const std::uint16_t* src, std::int64_t stride, std::int64_t n, bool is_f16, float* dst) {
+        widen_row_avx512(src, stride, n, is_f16, dst);
     }
 
     // Dropout factors of a row segment: the AVX2 Philox (isa.cpp's avx512 row says why).

@@ -2,7 +2,8 @@
 // one .cpp per ISA (flash_portable.cpp, flash_avx2.cpp), each of which first defines
 // ATTN_FLASH_NS (a namespace of its own, so the two compilations never share a symbol)
 // and a struct of micro-kernels `Ops` (see the signatures in run_flash below; Ops::dropout_row
-// fills the dropout factors of a row segment, see src/core/dropout.hpp).
+// fills the dropout factors of a row segment, see src/core/dropout.hpp; Ops::widen(src,
+// stride, n, is_f16, dst) converts n float16/bfloat16 values at an element stride to float32).
 //
 // Do not use out-of-line std templates (std::vector, std::sort, ...) in this file: an
 // instantiation compiled with -mavx2 could be the copy the linker keeps for the whole
@@ -45,8 +46,9 @@
 // are the vector lanes. The row max, row sum and the α rescale become vertical vector
 // ops (no horizontal reductions), and α is applied for free when the Oᵀ accumulators
 // are loaded. Only Qᵀ (once per task) is packed. K or V whose head dim is not
-// contiguous (stride(3) != 1) are read into a packed tile buffer per key block — a tile
-// buffer for the micro-kernel, not a copy of the tensor.
+// contiguous (stride(3) != 1), or that is float16/bfloat16, are read (converted) into a
+// packed tile buffer per key block — a tile buffer for the micro-kernel, not a copy of
+// the tensor; the conversion costs Nb·D loads per key block against Nb·D·Mb FMAs.
 //
 // ── Where the FLOPs go (per visible (query, key) pair) ──────────────────────────────
 //   Q·Kᵀ: Dk FMAs (micro-kernel qk, AVX2: 6 keys × 16 queries = 12 ymm accumulators; per d:
@@ -82,10 +84,10 @@
 #include <new>
 
 #include "../../core/dropout.hpp"
-#include "../../core/element_io.hpp"
 #include "../../sdpa/problem.hpp"
 #include "../finite.hpp"
 #include "../scores.hpp"
+#include "../store_row.hpp"
 #include "flash.hpp"
 
 #ifndef ATTN_FLASH_NS
@@ -111,8 +113,8 @@ struct Workspace {
     float* qt = nullptr;     // (Mb/16 panels, Dk, 16)  packed Qᵀ
     float* s = nullptr;      // (Nb, Mb)  Sᵀ then Pᵀ of one key block
     float* ot = nullptr;     // (Dv, Mb)  unnormalised Oᵀ
-    float* kbuf = nullptr;   // (Nb, Dk)  only when K's head dim is strided
-    float* vbuf = nullptr;   // (Nb, Dv)  V packed: strided head dim, or non-finite entries zeroed
+    float* kbuf = nullptr;   // (Nb, Dk)  only when K is 16-bit or its head dim is strided
+    float* vbuf = nullptr;   // (Nb, Dv)  V packed: 16-bit, strided head dim, or non-finite entries zeroed
     float* bigot = nullptr;  // (Dv, Mb)  careful path: Oᵀ of V's large entries, scaled by 2^-64
     float* vbig = nullptr;   // (Nb, Dv)  careful path: V's large entries scaled by 2^-64, others 0
     float* m = nullptr;      // (Mb) running max (base 2)
@@ -126,6 +128,7 @@ struct Workspace {
     std::int64_t* ch = nullptr;  // (Mb) query head of each column
     std::int64_t* ci = nullptr;  // (Mb) query index of each column
     float* drop = nullptr;       // (Nb + 8) dropout factors of one row segment (4-aligned)
+    float* qrow = nullptr;       // (Dk) one 16-bit query row, widened, before it is transposed
     void* block = nullptr;
 
     Workspace(const SdpaProblem& p, const FlashTiles& t, bool pack_k) {
@@ -140,7 +143,7 @@ struct Workspace {
                                      round64(Nb * static_cast<std::size_t>(p.Dv)),
                                      round64(Mb), round64(Mb), round64(Mb), round64(Mb), round64(Mb), round64(Mb),
                                      round64(2 * Mb), round64(2 * Mb), round64(2 * Mb), round64(2 * Mb),
-                                     round64(Nb + 8)};
+                                     round64(Nb + 8), round64(static_cast<std::size_t>(p.Dk))};
         std::size_t total = 0;
         for (std::size_t sz : sizes) total += sz;
         block = std::aligned_alloc(64, total);
@@ -158,24 +161,48 @@ struct Workspace {
             c += sizes[i++];
         }
         drop = reinterpret_cast<float*>(c);
+        qrow = reinterpret_cast<float*>(c + sizes[i]);
     }
     ~Workspace() { std::free(block); }
     Workspace(const Workspace&) = delete;
     Workspace& operator=(const Workspace&) = delete;
 };
 
+// ── 16-bit inputs ───────────────────────────────────────────────────────────────────
+// A float16/bfloat16 Q, K or V is converted where it is read, tile by tile, never as a
+// whole tensor: a query row while Qᵀ is packed, K/V rows into kbuf/vbuf (pack_rows). The
+// conversion is exact (every 16-bit value is a float32) and is Ops::widen (F16C / AVX-512
+// vcvtph2ps for float16, a 16-bit shift for bfloat16; portable: attn/half.hpp), so every
+// later step — micro-kernels, the non-finite checks (finite.hpp), the careful path — sees
+// the same float32 values as for a float32 tensor holding them.
+inline bool is16(const TensorView& t) { return t.dtype() == DType::f16 || t.dtype() == DType::bf16; }
+
+// Element `off` of a float32 or 16-bit tensor, as float32 (the scalar paths: non-finite V).
+template <class Ops>
+inline float load_elem(const TensorView& t, std::int64_t off) {
+    if (!is16(t)) return t.data_as<const float>()[off];
+    float x;
+    Ops::widen(t.data_as<const std::uint16_t>() + off, 1, 1, t.dtype() == DType::f16, &x);
+    return x;
+}
+
 // Qᵀ panels of `panel` queries of one block of columns (query head ch[c], query ci[c]),
 // zero past the last.  q: (B, Hq, Lq, Dk) any strides  →  qt: (panels, Dk, panel)
-inline void pack_qt(const SdpaProblem& p, std::int64_t b, const std::int64_t* ch, const std::int64_t* ci, int nq,
-                    int panels, int panel, float* qt) {
-    const float* q = p.q.data_as<const float>();
+// A 16-bit query row is widened into qrow (Dk floats) first.
+template <class Ops>
+void pack_qt(const SdpaProblem& p, std::int64_t b, const std::int64_t* ch, const std::int64_t* ci, int nq,
+             int panels, int panel, float* qt, float* qrow) {
+    const bool sixteen = is16(p.q), f16 = p.q.dtype() == DType::f16;
     const std::int64_t sd = p.q.stride(3);
     for (int pn = 0; pn < panels; ++pn) {
         float* dst = qt + static_cast<std::int64_t>(pn) * p.Dk * panel;
         for (int c = 0; c < panel; ++c) {
             const int qi = pn * panel + c;
-            if (qi < nq) {
-                const float* src = q + p.q.offset(b, ch[qi], ci[qi], 0);
+            if (qi < nq && sixteen) {
+                Ops::widen(p.q.data_as<const std::uint16_t>() + p.q.offset(b, ch[qi], ci[qi], 0), sd, p.Dk, f16, qrow);
+                for (std::int64_t d = 0; d < p.Dk; ++d) dst[d * panel + c] = qrow[d];
+            } else if (qi < nq) {
+                const float* src = p.q.data_as<const float>() + p.q.offset(b, ch[qi], ci[qi], 0);
                 for (std::int64_t d = 0; d < p.Dk; ++d) dst[d * panel + c] = src[d * sd];
             } else {
                 for (std::int64_t d = 0; d < p.Dk; ++d) dst[d * panel + c] = 0.0f;
@@ -184,9 +211,17 @@ inline void pack_qt(const SdpaProblem& p, std::int64_t b, const std::int64_t* ch
     }
 }
 
-// Rows [j0, j0+nk) of a (B, H, L, D) tensor whose head dim is strided, packed to (nk, D).
-inline void pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t j0, std::int64_t nk,
-                      std::int64_t D, float* dst) {
+// Rows [j0, j0+nk) of a (B, H, L, D) tensor, packed to (nk, D) float32: a 16-bit tensor
+// (any strides) row by row through Ops::widen, a float32 one with a strided head dim.
+template <class Ops>
+void pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t j0, std::int64_t nk,
+               std::int64_t D, float* dst) {
+    if (is16(t)) {
+        const std::uint16_t* src = t.data_as<const std::uint16_t>();
+        const bool f16 = t.dtype() == DType::f16;
+        for (std::int64_t j = 0; j < nk; ++j) Ops::widen(src + t.offset(b, h, j0 + j, 0), t.stride(3), D, f16, dst + j * D);
+        return;
+    }
     const float* src = t.data_as<const float>();
     for (std::int64_t j = 0; j < nk; ++j)
         for (std::int64_t d = 0; d < D; ++d) dst[j * D + d] = src[t.offset(b, h, j0 + j, d)];
@@ -235,15 +270,19 @@ inline void tile_modifiers(const SdpaProblem& p, Workspace& w, std::int64_t b, i
     }
 }
 
-// Rows [j0, j0+nk) of K or V (kv head h) for a micro-kernel: in place when the head dim is
-// contiguous, else packed into buf. Returns the rows, their stride in ld.
-inline const float* tile_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t j0, std::int64_t nk,
-                              std::int64_t D, float* buf, std::int64_t& ld) {
-    if (t.stride(3) == 1 || D == 1) {
+// True when a tile of t can be read in place (float32 with a contiguous head dim).
+inline bool in_place(const TensorView& t, std::int64_t D) { return !is16(t) && (t.stride(3) == 1 || D == 1); }
+
+// Rows [j0, j0+nk) of K or V (kv head h) for a micro-kernel: in place when float32 with a
+// contiguous head dim, else packed (16-bit: converted) into buf. Returns the rows, their stride in ld.
+template <class Ops>
+const float* tile_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t j0, std::int64_t nk,
+                       std::int64_t D, float* buf, std::int64_t& ld) {
+    if (in_place(t, D)) {
         ld = t.stride(2);
         return t.data_as<const float>() + t.offset(b, h, j0, 0);
     }
-    pack_rows(t, b, h, j0, nk, D, buf);
+    pack_rows<Ops>(t, b, h, j0, nk, D, buf);
     ld = D;
     return buf;
 }
@@ -254,7 +293,7 @@ template <class Ops>
 void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t hk, int nq, int panels, std::int64_t j0, std::int64_t nk, int ldS, float scale,
                 bool ranges_partial, ScoreStage stage = ScoreStage::masked) {
     std::int64_t ldk;
-    const float* kp = tile_rows(p.k, b, hk, j0, nk, p.Dk, w.kbuf, ldk);
+    const float* kp = tile_rows<Ops>(p.k, b, hk, j0, nk, p.Dk, w.kbuf, ldk);
     const int Dk = static_cast<int>(p.Dk);
     for (int pn = 0; pn < panels; ++pn) {
         const float* qt = w.qt + static_cast<std::int64_t>(pn) * Dk * Ops::kPanel;
@@ -299,12 +338,12 @@ void apply_dropout(const Dropout& drop, Workspace& w, std::int64_t b, int nq, st
 // (read through the view) is added as Pᵀ[j][c]·V[j][d] to the columns whose weight is
 // not 0; P·V already ran with these entries 0. For an affected (d, c) the sum is NaN or
 // ±inf whatever the order, so adding them last changes nothing else.
-inline void add_nonfinite_v(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t hk, std::int64_t j0,
-                            std::int64_t nk, int ncols, int ldS, int ldO) {
-    const float* v = p.v.data_as<const float>();
+template <class Ops>
+void add_nonfinite_v(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t hk, std::int64_t j0,
+                     std::int64_t nk, int ncols, int ldS, int ldO) {
     for (std::int64_t j = 0; j < nk; ++j)
         for (std::int64_t d = 0; d < p.Dv; ++d) {
-            const float x = v[p.v.offset(b, hk, j0 + j, d)];
+            const float x = load_elem<Ops>(p.v, p.v.offset(b, hk, j0 + j, d));
             if (!nonfinite_f32(x)) continue;
             const float* pj = w.s + j * ldS;
             float* od = w.ot + d * ldO;
@@ -380,22 +419,24 @@ void accumulate_keys(const SdpaProblem& p, const FlashTiles& t, const Dropout& d
         std::int64_t ldv;
         bool select;
         if (careful) {
-            const float* v = p.v.data_as<const float>();
+            // V's rows as float32 (16-bit: converted into vbuf; splitting in place is safe,
+            // each entry is read before its two parts are written).
+            const float* v = tile_rows<Ops>(p.v, b, hk, j0, nk, p.Dv, w.vbuf, ldv);
             select = false;
             for (std::int64_t j = 0; j < nk; ++j)
                 for (std::int64_t d = 0; d < p.Dv; ++d)
-                    select |= split_large(v[p.v.offset(b, hk, j0 + j, d)], w.vbuf[j * p.Dv + d], w.vbig[j * p.Dv + d]);
+                    select |= split_large(v[j * ldv + d], w.vbuf[j * p.Dv + d], w.vbig[j * p.Dv + d]);
             vp = w.vbuf;
             ldv = p.Dv;
             pv_tile<Ops>(p, w, panels, nk, ldS, w.vbig, ldv, w.bigot, ldO);
         } else {
-            vp = tile_rows(p.v, b, hk, j0, nk, p.Dv, w.vbuf, ldv);
+            vp = tile_rows<Ops>(p.v, b, hk, j0, nk, p.Dv, w.vbuf, ldv);
             // Zeros of P only where a mask, ALiBi (a score that overflows to −inf) or dropout
             // ran: check V there (finite.hpp). Softcap keeps every score finite.
             select = (partial || p.has_elementwise_mask() || p.alibi_slopes || drop.active) &&
                      any_nonfinite(vp, ldv, nk, p.Dv);
             if (select) {
-                if (vp != w.vbuf) pack_rows(p.v, b, hk, j0, nk, p.Dv, w.vbuf);
+                if (vp != w.vbuf) pack_rows<Ops>(p.v, b, hk, j0, nk, p.Dv, w.vbuf);
                 for (std::int64_t e = 0; e < nk * p.Dv; ++e)
                     if (nonfinite_f32(w.vbuf[e])) w.vbuf[e] = 0.0f;
                 vp = w.vbuf;
@@ -403,7 +444,7 @@ void accumulate_keys(const SdpaProblem& p, const FlashTiles& t, const Dropout& d
             }
         }
         pv_tile<Ops>(p, w, panels, nk, ldS, vp, ldv, w.ot, ldO);
-        if (select) add_nonfinite_v(p, w, b, hk, j0, nk, ncols, ldS, ldO);
+        if (select) add_nonfinite_v<Ops>(p, w, b, hk, j0, nk, ncols, ldS, ldO);
     }
 }
 
@@ -434,7 +475,7 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
         }
     }
 
-    pack_qt(p, b, w.ch, w.ci, nq, panels, Ops::kPanel, w.qt);
+    pack_qt<Ops>(p, b, w.ch, w.ci, nq, panels, Ops::kPanel, w.qt, w.qrow);
     accumulate_keys<Ops>(p, t, drop, w, b, hk, nq, panels, ulo, uhi, false);
     // Overflow of Σ p·v (large finite V) or a visible NaN/±inf: compute again carefully.
     // Padding columns (c ≥ nq) are not looked at: they accumulate V too but nothing reads them.
@@ -442,8 +483,8 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     if (careful) accumulate_keys<Ops>(p, t, drop, w, b, hk, nq, panels, ulo, uhi, true);
 
     // O = Oᵀ / l, transposed into the caller's layout; lse. l = 0: no visible key (O = 0,
-    // lse = −inf); l NaN (a visible NaN/±inf score): O and lse NaN.
-    const bool out_f32 = p.out.dtype() == DType::f32;
+    // lse = −inf); l NaN (a visible NaN/±inf score): O and lse NaN. O in out's dtype
+    // (store_row: 16-bit rounds the float32 value once); lse float32 or float64.
     for (int c = 0; c < nq; ++c) {
         const float l = w.l[c];
         const float inv = l == 0.0f ? 0.0f : 1.0f / l;
@@ -451,19 +492,14 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
         if (careful)  // fold the large part back in (finite.hpp), then the same stores
             for (std::int64_t d = 0; d < p.Dv; ++d)
                 w.ot[d * ldO + c] = combine_large(w.ot[d * ldO + c], w.bigot[d * ldO + c], inv, !drop.active);
-        const float f = careful ? 1.0f : inv;
-        if (out_f32) {
-            float* o = p.out.data_as<float>() + base;
-            for (std::int64_t d = 0; d < p.Dv; ++d) o[d * sd] = w.ot[d * ldO + c] * f;
-        } else {
-            double* o = p.out.data_as<double>() + base;
-            for (std::int64_t d = 0; d < p.Dv; ++d) o[d * sd] = static_cast<double>(w.ot[d * ldO + c] * f);
-        }
+        store_row(p.out, base, sd, w.ot + c, ldO, p.Dv, careful ? 1.0f : inv);
         w.lse2[c] = l == 0.0f ? 0.0f : std::log2(l);
         if (p.lse) {
             const double lse = l == 0.0f ? -std::numeric_limits<double>::infinity()
                                          : static_cast<double>(w.m[c]) + std::log(static_cast<double>(l));
-            store(*p.lse, p.lse->offset(b, w.ch[c], w.ci[c]), lse);
+            const std::int64_t at = p.lse->offset(b, w.ch[c], w.ci[c]);
+            if (p.lse->dtype() == DType::f32) p.lse->data_as<float>()[at] = static_cast<float>(lse);
+            else p.lse->data_as<double>()[at] = lse;
         }
     }
 
@@ -525,7 +561,7 @@ void run_flash(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& dro
     const std::int64_t hpb = imax(1, imin(p.group, t.Mb / qpb));    // heads per block
     const std::int64_t qblocks = (p.Lq + qpb - 1) / qpb, hchunks = (p.group + hpb - 1) / hpb;
     const std::int64_t tasks = p.B * p.Hkv * hchunks * qblocks;
-    const bool pack_k = !(p.k.stride(3) == 1 || p.Dk == 1);
+    const bool pack_k = !in_place(p.k, p.Dk);
     const int nthreads = threads > 0 ? threads : omp_get_max_threads();
     bool alloc_failed = false;
 #pragma omp parallel num_threads(nthreads) if (tasks > 1)

@@ -2,6 +2,7 @@
 // in plain C++ over 16-lane arrays (the compiler vectorises them with whatever the
 // baseline ISA offers, e.g. SSE2). No ISA flags: runs on any CPU.
 #define ATTN_FLASH_NS flash_portable_ns
+#include "attn/half.hpp"
 #include "../simd/exp2.hpp"
 #include "flash_driver.hpp"
 
@@ -94,6 +95,12 @@ struct PortableOps {
             store4(o + 8, a2);
             store4(o + 12, a3);
         }
+    }
+
+    // n float16/bfloat16 values (element stride `stride`) → float32, exactly (attn/half.hpp,
+    // the conversions the decode kernel's portable row uses too).
+    static void widen(const std::uint16_t* src, std::int64_t stride, std::int64_t n, bool is_f16, float* dst) {
+        for (std::int64_t i = 0; i < n; ++i) dst[i] = is_f16 ? f16_to_float(src[i * stride]) : bf16_to_float(src[i * stride]);
     }
 
     // Dropout factors of a row segment (Philox4x32-10; the backward's implementation).

@@ -1,0 +1,49 @@
+// float16 / bfloat16 → float32 with AVX-512 (F+BW): the one set of 16-bit loaders of the
+// AVX-512 kernels (decode_avx512.cpp, flash_avx512.cpp). float16: vcvtph2ps on 16 values;
+// bfloat16: a 16-bit shift; a row's edge is a masked load. Scalars reuse the AVX2 helpers
+// (F16C is part of the AVX-512 row's flags). Internal linkage: include only from *_avx512.cpp.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "half_avx2.hpp"
+
+namespace attn::detail {
+namespace {
+
+// 16 values; lanes outside m read nothing and are 0.
+inline __m512 f16x16_to_ps(const std::uint16_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+inline __m512 bf16x16_to_ps(const std::uint16_t* p, __mmask16 m) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+inline __m512 f16x16_to_ps(const std::uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 bf16x16_to_ps(const std::uint16_t* p) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+// dst[i] = src[i·stride] for i < n, src float16 (is_f16) or bfloat16.
+inline void widen_row_avx512(const std::uint16_t* src, std::int64_t stride, std::int64_t n, bool is_f16, float* dst) {
+    if (stride != 1) {
+        for (std::int64_t i = 0; i < n; ++i) dst[i] = is_f16 ? f16_to_ps1(src[i * stride]) : bf16_to_ps1(src[i * stride]);
+        return;
+    }
+    std::int64_t i = 0;
+    if (is_f16) {
+        for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, f16x16_to_ps(src + i));
+    } else {
+        for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, bf16x16_to_ps(src + i));
+    }
+    if (i < n) {
+        const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+        _mm512_mask_storeu_ps(dst + i, m, is_f16 ? f16x16_to_ps(src + i, m) : bf16x16_to_ps(src + i, m));
+    }
+}
+
+}  // namespace
+}  // namespace attn::detail

@@ -1,0 +1,33 @@
+#include "store_row.hpp"
+
+#include "attn/half.hpp"
+
+namespace attn::detail {
+
+void store_row(const TensorView& out, std::int64_t offset, std::int64_t stride, const float* src,
+               std::int64_t src_stride, std::int64_t n, float f) {
+    switch (out.dtype()) {
+        case DType::f32: {
+            float* o = out.data_as<float>() + offset;
+            for (std::int64_t i = 0; i < n; ++i) o[i * stride] = src[i * src_stride] * f;
+            break;
+        }
+        case DType::f64: {
+            double* o = out.data_as<double>() + offset;
+            for (std::int64_t i = 0; i < n; ++i) o[i * stride] = static_cast<double>(src[i * src_stride] * f);
+            break;
+        }
+        case DType::f16: {
+            std::uint16_t* o = out.data_as<std::uint16_t>() + offset;
+            for (std::int64_t i = 0; i < n; ++i) o[i * stride] = float_to_f16(src[i * src_stride] * f);
+            break;
+        }
+        default: {  // bfloat16 (make_problem admits no other output dtype)
+            std::uint16_t* o = out.data_as<std::uint16_t>() + offset;
+            for (std::int64_t i = 0; i < n; ++i) o[i * stride] = float_to_bf16(src[i * src_stride] * f);
+            break;
+        }
+    }
+}
+
+}  // namespace attn::detail

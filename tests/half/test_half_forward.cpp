@@ -1,0 +1,390 @@
+// float16 / bfloat16 Q, K, V and out on the forward kernels (flash, decode, the KV-cache and
+// paged paths), against the bounds docs/conventions.md states ("16-bit inputs and outputs"):
+//   * float32 out: within 1e-5·(1 + |ref|) of the double reference computed on the same
+//     16-bit-rounded inputs (lse and weights too), for unit-scale inputs;
+//   * float16 / bfloat16 out: exactly the float32 result of the same call rounded once
+//     (round to nearest even) — hence within one rounding of it — and within the float32
+//     bound plus half an ulp (u·|ref|) of the reference; float64 out: the float32 result widened.
+// Independently of the bound, the conversion itself is checked bit for bit: a call on 16-bit
+// inputs gives exactly the bits of the same kernel on float32 tensors (same layout) holding
+// the widened values — including NaN/±inf inputs (16-bit inf/NaN behave like float32 ones)
+// and huge bfloat16 V (the careful path of finite.hpp).
+// Every case runs on every kernel row the CPU has (runnable_kernel_sets), with 1 and 2
+// threads (bit-identical), every Q/K/V dtype combination and every output dtype; outputs
+// are poisoned first.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "attn/decode.hpp"
+#include "attn/error.hpp"
+#include "attn/kv_cache.hpp"
+#include "attn/paged_kv_cache.hpp"
+#include "attn/sdpa.hpp"
+#include "attn/sdpa_varlen.hpp"
+#include "attn/threads.hpp"
+#include "common/util.hpp"
+#include "kernels/isa.hpp"
+
+namespace attn {
+namespace {
+
+using test::load;
+using test::poison;
+using test::store;
+
+constexpr DType kIn[] = {DType::f32, DType::f16, DType::bf16};
+constexpr double kTol = 1e-5;  // docs/conventions.md: float32 out vs the double reference
+
+const char* dn(DType t) { return dtype_name(t).data(); }
+
+// A (B, H, L, D) tensor of dtype dt holding `values` (rounded to dt), either contiguous or
+// strided: a (B, L, H, 2D) buffer seen as (B, H, L, D) with head-dim stride 2.
+struct Placed {
+    Tensor storage;
+    TensorView view;
+};
+
+Placed place(const TensorView& values, DType dt, bool strided) {
+    const Shape s = values.shape();
+    Placed p;
+    if (!strided) {
+        p.storage = test::to_storage(values, dt);
+        p.view = p.storage.view();
+        return p;
+    }
+    p.storage = Tensor(dt, Shape{s[0], s[2], s[1], 2 * s[3]});
+    poison(p.storage);  // the gaps: a kernel reading them would see NaN
+    const Strides c = contiguous_strides(p.storage.shape());
+    p.view = TensorView(p.storage.data(), dt, s, Strides{c[0], c[2], c[1], 2});
+    test::for_each_index(s, [&](const test::Index& i) {
+        store(p.view, test::offset_of(p.view, i), load(values, test::offset_of(values, i)));
+    });
+    return p;
+}
+
+struct Case {
+    std::string desc;
+    std::int64_t B, Hq, Hkv, Lq, Lk, Dk, Dv;
+    SdpaOptions opt;
+    std::vector<Tensor> keep;  // masks, lengths, slopes, sinks the options view
+    bool want_lse = false, want_weights = false, strided = false;
+    bool nonfinite = false;  // NaN/±inf in Q, K, V: only the bit-identity checks apply
+    bool huge_v = false;     // |V| ~ 1e37 (bf16/f32 finite; f16 inf): the careful path
+};
+
+Case random_case(std::mt19937_64& rng, int n) {
+    auto pick = [&](std::int64_t lo, std::int64_t hi) {
+        return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+    };
+    Case c;
+    c.B = pick(1, 2);
+    c.Hkv = pick(1, 2);
+    c.Hq = c.Hkv * pick(1, 3);
+    // Short query blocks (the decode kernel) and long ones (flash), odd sizes.
+    c.Lq = n % 3 == 0 ? pick(1, 16) : pick(17, 80);
+    c.Lk = pick(1, 150);
+    c.Dk = pick(1, 48);
+    c.Dv = n % 2 ? c.Dk : pick(1, 40);
+    c.strided = n % 4 == 1;
+    c.want_lse = n % 2 == 0;
+    c.want_weights = n % 5 == 2;
+    std::ostringstream d;
+    d << "case " << n << ": B=" << c.B << " Hq=" << c.Hq << " Hkv=" << c.Hkv << " Lq=" << c.Lq << " Lk=" << c.Lk
+      << " Dk=" << c.Dk << " Dv=" << c.Dv << (c.strided ? " strided" : "");
+    switch (n % 6) {  // the mask kinds
+        case 1: c.opt.causal = Causal::top_left, d << " causal=top-left"; break;
+        case 2: c.opt.causal = Causal::bottom_right, d << " causal=bottom-right"; break;
+        case 3: c.opt.window = Window{pick(0, 20), pick(0, 10), Align::bottom_right}, d << " window"; break;
+        case 4: {
+            c.keep.push_back(test::random_bool(Shape{c.B, 1, c.Lq, c.Lk}, rng, 0.7));
+            c.opt.bool_mask = c.keep.back().view();
+            d << " bool-mask";
+            break;
+        }
+        case 5: {
+            c.keep.push_back(test::randn(DType::f32, Shape{1, c.Hq, c.Lq, c.Lk}, rng));
+            c.opt.additive_mask = c.keep.back().view();
+            d << " additive-mask";
+            break;
+        }
+        default: break;
+    }
+    if (n % 4 == 3) {  // key lengths
+        Tensor kl(DType::i64, Shape{c.B});
+        for (std::int64_t b = 0; b < c.B; ++b) kl.data_as<std::int64_t>()[b] = pick(0, c.Lk);
+        c.keep.push_back(std::move(kl));
+        c.opt.key_lengths = c.keep.back().view();
+        d << " key-lengths";
+    }
+    switch (n % 7) {  // the modifiers
+        case 1: c.opt.softcap = 5.0, d << " softcap"; break;
+        case 2: {
+            c.keep.push_back(alibi_slopes(c.Hq));
+            c.opt.alibi_slopes = c.keep.back().view();
+            d << " alibi";
+            break;
+        }
+        case 3: {
+            c.keep.push_back(test::randn(DType::f32, Shape{c.Hq}, rng));
+            c.opt.sinks = c.keep.back().view();
+            d << " sinks";
+            break;
+        }
+        case 4: c.opt.dropout_p = 0.25, c.opt.dropout_seed = 1234 + n, d << " dropout"; break;
+        default: break;
+    }
+    c.nonfinite = n % 8 == 5;
+    c.huge_v = n % 8 == 6;
+    d << (c.nonfinite ? " nonfinite" : "") << (c.huge_v ? " huge-V" : "") << (c.want_lse ? " +lse" : "")
+      << (c.want_weights ? " +weights" : "");
+    c.desc = d.str();
+    return c;
+}
+
+struct Result {
+    Tensor out, lse, weights;
+    std::string kernel;
+};
+
+// One sdpa call with poisoned outputs; every output element must be written.
+Result run(const Case& c, const TensorView& q, const TensorView& k, const TensorView& v, DType out_dt, Impl impl,
+           DType stat_dt = DType::f32) {
+    Result r;
+    r.out = test::poisoned(out_dt, Shape{c.B, c.Hq, c.Lq, c.Dv});
+    if (c.want_lse) r.lse = test::poisoned(stat_dt, Shape{c.B, c.Hq, c.Lq});
+    if (c.want_weights) r.weights = test::poisoned(stat_dt, Shape{c.B, c.Hq, c.Lq, c.Lk});
+    SdpaOptions o = c.opt;
+    o.impl = impl;
+    SdpaReport rep;
+    const TensorView lse = r.lse.view(), w = r.weights.view();
+    sdpa(q, k, v, o, r.out.view(), c.want_lse ? &lse : nullptr, c.want_weights ? &w : nullptr, &rep);
+    r.kernel = rep.kernel;
+    bool unwritten = false;
+    test::for_each_offset(r.out.view(), [&](std::int64_t i) { unwritten = unwritten || test::is_poison(load(r.out, i)); });
+    EXPECT_FALSE(unwritten) << "out not written by " << rep.kernel;
+    return r;
+}
+
+Impl impl_of(const std::string& kernel) { return kernel.rfind("decode", 0) == 0 ? Impl::decode : Impl::flash; }
+
+// The float32 result of a kernel, rounded once to dt (the expected bits of a dt output).
+Tensor rounded(const Tensor& f32, DType dt) { return test::to_storage(f32.view(), dt); }
+
+struct Worst {
+    double out = 0, lse = 0, weights = 0;  // worst |error| / bound
+    void take(double& slot, const test::Diff& d) { slot = std::max(slot, d.worst_ratio); }
+};
+
+void check_case(Case& c, std::mt19937_64& rng, Worst& worst) {
+    SCOPED_TRACE(c.desc);
+    // Master values (double → rounded per dtype by place()).
+    Tensor qm = test::randn(DType::f64, Shape{c.B, c.Hq, c.Lq, c.Dk}, rng);
+    Tensor km = test::randn(DType::f64, Shape{c.B, c.Hkv, c.Lk, c.Dk}, rng);
+    Tensor vm = test::randn(DType::f64, Shape{c.B, c.Hkv, c.Lk, c.Dv}, rng);
+    if (c.huge_v)
+        for (std::int64_t i = 0; i < vm.numel(); ++i) store(vm, i, load(vm, i) * 1e37);
+    if (c.nonfinite) {  // a NaN/±inf in V at the first and last key, a NaN in K, +inf in Q
+        store(vm, 0, INFINITY);
+        store(vm, vm.numel() - 1, NAN);
+        store(km, km.numel() / 2, NAN);
+        if (c.Lq > 1) store(qm, qm.numel() - 1, -INFINITY);
+    }
+    const auto sets = detail::runnable_kernel_sets();
+    // The bound's absolute part is in units of V: out is a weighted mean of V rows, and with
+    // |V| ~ 1e37 its cancellation error is relative to |V|, not to |out|.
+    const double vscale = c.huge_v ? 1e37 : 1.0;
+    for (DType qt : kIn)
+        for (DType kt : kIn)
+            for (DType vt : kIn) {
+                SCOPED_TRACE(std::string("Q ") + dn(qt) + ", K " + dn(kt) + ", V " + dn(vt));
+                const Placed q = place(qm.view(), qt, c.strided), k = place(km.view(), kt, c.strided),
+                             v = place(vm.view(), vt, c.strided);
+                // The same values (exactly) in float32 tensors of the same layout.
+                const Placed q32 = place(q.view, DType::f32, c.strided), k32 = place(k.view, DType::f32, c.strided),
+                             v32 = place(v.view, DType::f32, c.strided);
+                const bool compare_ref = !c.nonfinite && !(c.huge_v && vt == DType::f16);
+                Result ref;
+                if (compare_ref) ref = run(c, q.view, k.view, v.view, DType::f64, Impl::reference, DType::f64);
+                for (const detail::KernelSet* ks : sets) {
+                    detail::ScopedKernelSet scoped(*ks);
+                    SCOPED_TRACE(std::string("isa ") + detail::isa_name(ks->isa));
+                    Result first;
+                    for (int threads : {1, 2}) {
+                        ScopedNumThreads nt(threads);
+                        Result r = run(c, q.view, k.view, v.view, DType::f32, Impl::automatic);
+                        ASSERT_EQ(r.kernel.find("reference"), std::string::npos) << r.kernel;
+                        if (threads == 2) {
+                            EXPECT_TRUE(test::bit_equal(r.out, first.out)) << "1 vs 2 threads, " << r.kernel;
+                        }
+                        // The conversion: bit-identical to float32 tensors holding the same values.
+                        const Result w32 = run(c, q32.view, k32.view, v32.view, DType::f32, impl_of(r.kernel));
+                        EXPECT_TRUE(test::bit_equal(r.out, w32.out)) << "16-bit inputs vs their float32 values, " << r.kernel;
+                        if (c.want_lse) {
+                            EXPECT_TRUE(test::bit_equal(r.lse, w32.lse)) << "lse, " << r.kernel;
+                        }
+                        if (c.want_weights) {
+                            EXPECT_TRUE(test::bit_equal(r.weights, w32.weights)) << "weights";
+                        }
+                        if (compare_ref) {
+                            const test::Diff d = test::compare(r.out.view(), ref.out.view(), kTol * vscale, kTol);
+                            EXPECT_EQ(d.bad, 0) << "out (float32) vs reference, " << r.kernel << ": " << d.message();
+                            worst.take(worst.out, d);
+                            if (c.want_lse) {
+                                const test::Diff dl = test::compare(r.lse.view(), ref.lse.view(), kTol, kTol);
+                                EXPECT_EQ(dl.bad, 0) << "lse vs reference: " << dl.message();
+                                worst.take(worst.lse, dl);
+                            }
+                            if (c.want_weights) {
+                                const test::Diff dw = test::compare(r.weights.view(), ref.weights.view(), kTol, kTol);
+                                EXPECT_EQ(dw.bad, 0) << "weights vs reference: " << dw.message();
+                                worst.take(worst.weights, dw);
+                            }
+                        }
+                        if (threads == 1) first = std::move(r);
+                    }
+                    // Output dtypes: one rounding of the float32 result (bit for bit), float64 its widening.
+                    for (DType ot : {DType::f16, DType::bf16, DType::f64}) {
+                        SCOPED_TRACE(std::string("out ") + dn(ot));
+                        const Result r = run(c, q.view, k.view, v.view, ot, Impl::automatic);
+                        EXPECT_TRUE(test::bit_equal(r.out, rounded(first.out, ot)))
+                            << "not the float32 result rounded once, " << r.kernel;
+                        // (huge V: a float16 out overflows to ±inf, which is then its correct rounding)
+                        if (compare_ref && ot != DType::f64 && !(c.huge_v && ot == DType::f16)) {
+                            // Bound: the float32 one plus half an ulp of the 16-bit format.
+                            const test::Diff d =
+                                test::compare(r.out.view(), ref.out.view(), kTol * vscale, kTol + test::unit_roundoff(ot));
+                            EXPECT_EQ(d.bad, 0) << "out (" << dn(ot) << ") vs reference: " << d.message();
+                        }
+                    }
+                }
+            }
+}
+
+TEST(HalfForward, RandomCasesEveryDtypeIsaAndThreadCount) {
+    std::mt19937_64 rng(20261201);
+    Worst worst;
+    for (int n = 0; n < 24; ++n) {
+        Case c = random_case(rng, n);
+        check_case(c, rng, worst);
+        if (HasFatalFailure() || HasFailure()) break;
+    }
+    std::printf("worst error / bound (1e-5·(1+|ref|)): out %.3g, lse %.3g, weights %.3g\n", worst.out, worst.lse,
+                worst.weights);
+}
+
+// A call the decode kernel used to refuse with "only the decode kernel runs fast": chunked
+// prefill (Lq = 64) against float16 K/V, and weights with bfloat16 K/V. Flash runs them, and
+// the report names the dtypes.
+TEST(HalfForward, FlashRunsSixteenBitCallsDecodeDeclines) {
+    std::mt19937_64 rng(7);
+    const Tensor q = test::randn(DType::f32, Shape{1, 4, 64, 32}, rng);
+    const Tensor k = test::to_storage(test::randn(DType::f32, Shape{1, 4, 100, 32}, rng).view(), DType::f16);
+    const Tensor v = test::to_storage(test::randn(DType::f32, Shape{1, 4, 100, 32}, rng).view(), DType::f16);
+    Tensor out = test::poisoned(DType::f16, Shape{1, 4, 64, 32});
+    SdpaReport rep;
+    SdpaOptions o;
+    o.causal = Causal::bottom_right;
+    sdpa(q, k, v, o, out, nullptr, nullptr, &rep);
+    EXPECT_EQ(rep.kernel.rfind("flash/", 0), 0u) << rep.kernel;
+    EXPECT_NE(rep.explanation.find("Q float32, K float16, V float16, out float16"), std::string::npos)
+        << rep.explanation;
+    EXPECT_FALSE(test::still_poisoned(out));
+    // Lq = 1 with weights: decode declines, flash takes it.
+    const Tensor q1 = test::to_storage(test::randn(DType::f32, Shape{1, 4, 1, 32}, rng).view(), DType::bf16);
+    Tensor out1 = test::poisoned(DType::bf16, Shape{1, 4, 1, 32});
+    Tensor w1 = test::poisoned(DType::f32, Shape{1, 4, 1, 100});
+    const TensorView wv = w1.view();
+    sdpa(q1, k, v, SdpaOptions{}, out1, nullptr, &wv, &rep);
+    EXPECT_EQ(rep.kernel.rfind("flash/", 0), 0u) << rep.kernel;
+    EXPECT_NE(rep.explanation.find("decode: declined"), std::string::npos) << rep.explanation;
+    // Lq = 3, bfloat16 Q and out, float16 K/V: the decode kernel, dtypes named.
+    const Tensor q3 = test::to_storage(test::randn(DType::f32, Shape{1, 4, 3, 32}, rng).view(), DType::bf16);
+    Tensor out3 = test::poisoned(DType::bf16, Shape{1, 4, 3, 32});
+    sdpa(q3, k, v, SdpaOptions{}, out3, nullptr, nullptr, &rep);
+    EXPECT_EQ(rep.kernel.rfind("decode/", 0), 0u) << rep.kernel;
+    EXPECT_NE(rep.explanation.find("Q bfloat16, K float16, V float16, out bfloat16"), std::string::npos)
+        << rep.explanation;
+}
+
+// The KV-cache and paged paths (16-bit storage) with 16-bit Q and out: the out bits are the
+// float32-Q call's, rounded once; Lq = 20 > 16 runs as blocks on the paged path.
+TEST(HalfForward, CacheAndPagedPathsTakeSixteenBitQueryAndOut) {
+    std::mt19937_64 rng(11);
+    for (DType storage : {DType::f16, DType::bf16})
+        for (DType qt : {DType::f16, DType::bf16})
+            for (std::int64_t Lq : {1, 5, 20}) {
+                SCOPED_TRACE(std::string("storage ") + dn(storage) + ", Q " + dn(qt) + ", Lq " + std::to_string(Lq));
+                const std::int64_t Hkv = 2, Hq = 4, D = 24, T = 70;
+                KVCacheConfig cfg;
+                cfg.batch = 1, cfg.kv_heads = Hkv, cfg.head_dim = D, cfg.capacity = 128, cfg.storage = storage;
+                KVCache cache(cfg);
+                const Tensor kn = test::randn(DType::f32, Shape{Hkv, T, D}, rng);
+                const Tensor vn = test::randn(DType::f32, Shape{Hkv, T, D}, rng);
+                cache.append(TensorView(kn.data(), DType::f32, Shape{1, Hkv, T, D}),
+                             TensorView(vn.data(), DType::f32, Shape{1, Hkv, T, D}));
+                PagedKVCacheConfig pc;
+                pc.kv_heads = Hkv, pc.head_dim = D, pc.page_size = 16, pc.num_pages = 8, pc.storage = storage;
+                PagedKVCache paged(pc);
+                const PagedKVCache::SeqId s = paged.add_sequence();
+                paged.append(s, kn, vn);
+                const Tensor q = test::to_storage(test::randn(DType::f32, Shape{1, Hq, Lq, D}, rng).view(), qt);
+                const Tensor q32 = test::to_storage(q.view(), DType::f32);
+                SdpaOptions o;
+                o.causal = Causal::bottom_right;
+                for (const detail::KernelSet* ks : detail::runnable_kernel_sets()) {
+                    detail::ScopedKernelSet scoped(*ks);
+                    Tensor want = test::poisoned(DType::f32, Shape{1, Hq, Lq, D});
+                    decode_attention(q32, cache, o, want);
+                    Tensor got = test::poisoned(qt, Shape{1, Hq, Lq, D});
+                    decode_attention(q, cache, o, got);
+                    EXPECT_TRUE(test::bit_equal(got, rounded(want, qt))) << "decode_attention, " << detail::isa_name(ks->isa);
+                    Tensor pwant = test::poisoned(DType::f32, Shape{1, Hq, Lq, D});
+                    paged_attention(q32, paged, {s}, o, pwant);
+                    Tensor pgot = test::poisoned(qt, Shape{1, Hq, Lq, D});
+                    paged_attention(q, paged, {s}, o, pgot);
+                    EXPECT_TRUE(test::bit_equal(pgot, rounded(pwant, qt))) << "paged_attention";
+                    // Lq <= 16: both run the decode kernel (pages give the bits of a contiguous
+                    // cache); beyond, the contiguous cache goes to flash, the pages to decode blocks.
+                    if (Lq <= 16) {
+                        EXPECT_TRUE(test::bit_equal(pwant, want)) << "paged vs contiguous cache";
+                    }
+                }
+            }
+}
+
+// sdpa_varlen with 16-bit K/V and sequences longer than 16 queries: no refusal, the flash
+// kernel runs every sequence, and each matches the reference within the float32 bound.
+TEST(HalfForward, VarlenSixteenBitKeysAndValues) {
+    std::mt19937_64 rng(5);
+    const std::int64_t H = 2, D = 16, Tq = 40, Tk = 60;
+    Tensor cq(DType::i64, Shape{3}), ck(DType::i64, Shape{3});
+    const std::int64_t cuq[] = {0, 30, 40}, cuk[] = {0, 35, 60};
+    for (int i = 0; i < 3; ++i) cq.data_as<std::int64_t>()[i] = cuq[i], ck.data_as<std::int64_t>()[i] = cuk[i];
+    const Tensor q = test::randn(DType::f32, Shape{Tq, H, D}, rng);
+    for (DType kv : {DType::f16, DType::bf16}) {
+        const Tensor k = test::to_storage(test::randn(DType::f32, Shape{Tk, H, D}, rng).view(), kv);
+        const Tensor v = test::to_storage(test::randn(DType::f32, Shape{Tk, H, D}, rng).view(), kv);
+        SdpaOptions o;
+        o.causal = Causal::bottom_right;
+        Tensor got = test::poisoned(DType::f32, Shape{Tq, H, D});
+        sdpa_varlen(q, k, v, cq, ck, o, got);
+        o.impl = Impl::reference;
+        Tensor want = test::poisoned(DType::f64, Shape{Tq, H, D});
+        sdpa_varlen(q, k, v, cq, ck, o, want);
+        EXPECT_TRUE(test::all_close(got, want, kTol, kTol)) << dn(kv);
+        o.impl = Impl::flash;  // explicitly: no "K/V are 16-bit" refusal any more
+        Tensor got2 = test::poisoned(DType::f32, Shape{Tq, H, D});
+        sdpa_varlen(q, k, v, cq, ck, o, got2);
+        EXPECT_TRUE(test::all_close(got2, want, kTol, kTol)) << dn(kv) << ", impl flash";
+    }
+}
+
+}  // namespace
+}  // namespace attn
