@@ -1,4 +1,7 @@
 // Tiled fp32 backward of attention (FlashAttention-2's algorithm, on CPU threads).
+// Q, K, V, O, dO may be float32, float16 or bfloat16: they are widened to float32 as each
+// tile is packed (K/V once per key block, Q/dO per tile), never as whole tensors; dQ, dK,
+// dV accumulate in float32 and are rounded once to their own dtype when stored.
 //
 // For each tile of query rows i and keys j it recomputes, never storing Lq×Lk:
 //   P  = exp(S·scale + bias − lseᵢ)         S = Q·Kᵀ, lse saved by the forward
@@ -40,6 +43,7 @@
 #include "../finite.hpp"
 #include "../isa.hpp"
 #include "../scores.hpp"
+#include "../simd/convert.hpp"
 #include "backward.hpp"
 #include "tile.hpp"
 
@@ -53,8 +57,10 @@ constexpr double kLog2e = 1.4426950408889634;
 
 int round8(std::int64_t x) { return static_cast<int>((x + 7) / 8 * 8); }
 
-// Rows of a (B, H, L, D) tensor as float32 rows with a padded width Dp: either the
-// caller's memory (float32, unit inner stride, D % 8 == 0) or a packed zero-padded copy.
+// Rows of a (B, H, L, D) tensor read in place as float32 rows of padded width Dp: only
+// when the caller's memory already is that (float32, unit inner stride, D % 8 == 0).
+// Anything else (16-bit, strided, odd D) is widened per tile by pack_rows below: never a
+// whole-tensor copy.
 struct Rows {
     const float* base = nullptr;
     std::int64_t sb = 0, sh = 0, si = 0;
@@ -62,27 +68,26 @@ struct Rows {
     const float* row(std::int64_t b, std::int64_t h, std::int64_t i) const { return base + b * sb + h * sh + i * si; }
 };
 
-// t: (B, H, L, D) → rows of width Dp
-void make_rows(const TensorView& t, int Dp, Rows& r) {
-    const std::int64_t B = t.dim(0), H = t.dim(1), L = t.dim(2), D = t.dim(3);
-    if (t.dtype() == DType::f32 && t.stride(3) == 1 && D == Dp) {
-        r.base = t.data_as<const float>();
-        r.sb = t.stride(0);
-        r.sh = t.stride(1);
-        r.si = t.stride(2);
-        return;
-    }
-    r.storage.assign(static_cast<std::size_t>(B * H * L * Dp), 0.0f);
-    r.si = Dp;
-    r.sh = L * Dp;
-    r.sb = H * L * Dp;
-#pragma omp parallel for schedule(static)
-    for (std::int64_t bhi = 0; bhi < B * H * L; ++bhi) {
-        const std::int64_t b = bhi / (H * L), h = bhi / L % H, i = bhi % L;
-        float* dst = r.storage.data() + bhi * Dp;
-        for (std::int64_t d = 0; d < D; ++d) dst[d] = static_cast<float>(load(t, t.offset(b, h, i, d)));
-    }
-    r.base = r.storage.data();
+// t: (B, H, L, D) → true and `r` pointing at the caller's rows when they can be read in place.
+bool direct_rows(const TensorView& t, int Dp, Rows& r) {
+    if (!(t.dtype() == DType::f32 && t.stride(3) == 1 && t.dim(3) == Dp)) return false;
+    r.base = t.data_as<const float>();
+    r.sb = t.stride(0);
+    r.sh = t.stride(1);
+    r.si = t.stride(2);
+    return true;
+}
+
+// Rows i0..i0+br of (b, h) widened to float32 into dst (row stride Dp; the padding columns
+// D..Dp stay as the caller zeroed them). When they hold a NaN/±inf, dst_z gets the same rows
+// with those entries 0 (for dSᵀ·Q and P̂ᵀ·dO, see the top) and true is returned.
+bool pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t i0, int br, int Dp, float* dst,
+               float* dst_z) {
+    const std::int64_t D = t.dim(3);
+    for (int i = 0; i < br; ++i) widen_row(t, t.offset(b, h, i0 + i, 0), t.stride(3), D, dst + static_cast<std::ptrdiff_t>(i) * Dp);
+    if (!any_nonfinite(dst, Dp, br, Dp)) return false;
+    for (std::ptrdiff_t e = 0; e < static_cast<std::ptrdiff_t>(br) * Dp; ++e) dst_z[e] = nonfinite_f32(dst[e]) ? 0.0f : dst[e];
+    return true;
 }
 
 // `r` with every NaN/±inf entry 0, when it has any (then `out` owns the copy and true
@@ -106,7 +111,8 @@ bool finite_copy(const Rows& r, std::int64_t B, std::int64_t H, std::int64_t L, 
 }
 
 struct Scratch {
-    std::vector<float> kt, vt, kp, dk, dv, S, dP, Pd, drop, cg;
+    std::vector<float> kt, vt, kp, vrow, dk, dv, S, dP, Pd, drop, cg;
+    std::vector<float> q, qz, dO, dOz;  // per-tile widened Q and dO rows (when not read in place)
 };
 
 // What the score-rule callback of a partial tile needs: the tile's place in the problem.
@@ -151,13 +157,15 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
     const float scale = static_cast<float>(p.scale);
     const float drop_scale = static_cast<float>(drop.scale);
 
+    // Q and dO read in place when they are float32 rows of the padded width, else widened
+    // per tile (pack_rows). In place, a copy with their NaN/±inf entries 0 serves dSᵀ·Q and
+    // P̂ᵀ·dO when there is any (see the top); the per-tile packer makes that copy itself.
     Rows Q, dO;
-    make_rows(p.q, Dkp, Q);
-    make_rows(bp.grad_out, Dvp, dO);
-    // Q and dO with their NaN/±inf entries 0, for dSᵀ·Q and P̂ᵀ·dO (see the top).
+    const bool q_direct = direct_rows(p.q, Dkp, Q);
+    const bool do_direct = direct_rows(bp.grad_out, Dvp, dO);
     Rows Qz, dOz;
-    const bool q_nonfinite = finite_copy(Q, B, Hq, Lq, Dkp, Qz);
-    const bool do_nonfinite = finite_copy(dO, B, Hq, Lq, Dvp, dOz);
+    const bool q_nonfinite = q_direct && finite_copy(Q, B, Hq, Lq, Dkp, Qz);
+    const bool do_nonfinite = do_direct && finite_copy(dO, B, Hq, Lq, Dvp, dOz);
 
     // Per row: −lse·log2 e (−inf for a row with no visible key) and D = rowsum(dO ∘ O).
     const std::int64_t nrows = B * Hq * Lq;
@@ -213,6 +221,15 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
         s.kt.assign(static_cast<std::size_t>(Dk * Bcp), 0.0f);
         s.vt.assign(static_cast<std::size_t>(Dv * Bcp), 0.0f);
         s.kp.assign(static_cast<std::size_t>(kBc * Dkp), 0.0f);
+        s.vrow.resize(static_cast<std::size_t>(Dv));
+        if (!q_direct) {
+            s.q.assign(static_cast<std::size_t>(kBr * Dkp), 0.0f);
+            s.qz.assign(static_cast<std::size_t>(kBr * Dkp), 0.0f);
+        }
+        if (!do_direct) {
+            s.dO.assign(static_cast<std::size_t>(kBr * Dvp), 0.0f);
+            s.dOz.assign(static_cast<std::size_t>(kBr * Dvp), 0.0f);
+        }
         s.dk.resize(static_cast<std::size_t>(kBc * Dkp));
         s.dv.resize(static_cast<std::size_t>(kBc * Dvp));
         for (auto* t : {&s.S, &s.dP, &s.Pd}) t->resize(static_cast<std::size_t>(kBr * Bcp));
@@ -233,14 +250,16 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                 const std::int64_t j0 = kb * kBc;
                 const int bc = static_cast<int>(std::min<std::int64_t>(kBc, Lk - j0)), bcp = round8(bc);
                 // Pack Kᵀ, Vᵀ (d-major, keys contiguous, zero-padded to bcp) and K (key-major, padded to Dkp).
+                // K and V rows are widened to float32 here, once per key block (convert.hpp).
                 for (int j = 0; j < bc; ++j) {
+                    float* kr = s.kp.data() + static_cast<std::ptrdiff_t>(j) * Dkp;
+                    widen_row(p.k, p.k.offset(b, hk, j0 + j, 0), p.k.stride(3), Dk, kr);
                     for (std::int64_t d = 0; d < Dk; ++d) {
-                        const float kv = static_cast<float>(load(p.k, p.k.offset(b, hk, j0 + j, d)));
-                        s.kt[static_cast<std::size_t>(d * bcp + j)] = kv;
-                        s.kp[static_cast<std::size_t>(j * Dkp + d)] = nonfinite_f32(kv) ? 0.0f : kv;  // for dS·K
+                        s.kt[static_cast<std::size_t>(d * bcp + j)] = kr[d];
+                        if (nonfinite_f32(kr[d])) kr[d] = 0.0f;  // for dS·K
                     }
-                    for (std::int64_t d = 0; d < Dv; ++d)
-                        s.vt[static_cast<std::size_t>(d * bcp + j)] = static_cast<float>(load(p.v, p.v.offset(b, hk, j0 + j, d)));
+                    widen_row(p.v, p.v.offset(b, hk, j0 + j, 0), p.v.stride(3), Dv, s.vrow.data());
+                    for (std::int64_t d = 0; d < Dv; ++d) s.vt[static_cast<std::size_t>(d * bcp + j)] = s.vrow[static_cast<std::size_t>(d)];
                 }
                 for (int j = bc; j < bcp; ++j) {
                     for (std::int64_t d = 0; d < Dk; ++d) s.kt[static_cast<std::size_t>(d * bcp + j)] = 0.0f;
@@ -271,15 +290,31 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                         t.Dv = static_cast<int>(Dv);
                         t.Dkp = Dkp;
                         t.Dvp = Dvp;
-                        t.q = Q.row(b, h, i0);
-                        t.ldq = Q.si;
-                        t.dO = dO.row(b, h, i0);
-                        t.ldo = dO.si;
-                        t.q_dk = q_nonfinite ? Qz.row(b, h, i0) : t.q;
-                        t.ldq_dk = q_nonfinite ? Qz.si : t.ldq;
-                        t.dO_dv = do_nonfinite ? dOz.row(b, h, i0) : t.dO;
-                        t.ldo_dv = do_nonfinite ? dOz.si : t.ldo;
-                        t.dO_nonfinite = do_nonfinite;
+                        if (q_direct) {
+                            t.q = Q.row(b, h, i0);
+                            t.ldq = Q.si;
+                            t.q_dk = q_nonfinite ? Qz.row(b, h, i0) : t.q;
+                            t.ldq_dk = q_nonfinite ? Qz.si : t.ldq;
+                        } else {
+                            const bool nf = pack_rows(p.q, b, h, i0, br, Dkp, s.q.data(), s.qz.data());
+                            t.q = s.q.data();
+                            t.ldq = Dkp;
+                            t.q_dk = nf ? s.qz.data() : t.q;
+                            t.ldq_dk = Dkp;
+                        }
+                        if (do_direct) {
+                            t.dO = dO.row(b, h, i0);
+                            t.ldo = dO.si;
+                            t.dO_dv = do_nonfinite ? dOz.row(b, h, i0) : t.dO;
+                            t.ldo_dv = do_nonfinite ? dOz.si : t.ldo;
+                            t.dO_nonfinite = do_nonfinite;
+                        } else {
+                            t.dO_nonfinite = pack_rows(bp.grad_out, b, h, i0, br, Dvp, s.dO.data(), s.dOz.data());
+                            t.dO = s.dO.data();
+                            t.ldo = Dvp;
+                            t.dO_dv = t.dO_nonfinite ? s.dOz.data() : t.dO;
+                            t.ldo_dv = Dvp;
+                        }
                         t.kt = s.kt.data();
                         t.vt = s.vt.data();
                         t.kp = s.kp.data();
