@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <tuple>
@@ -16,6 +18,7 @@
 #include "common/util.hpp"
 #include "grad/grad_util.hpp"
 #include "kernels/isa.hpp"
+#include "kernels/simd/convert.hpp"
 
 namespace attn::test {
 namespace {
@@ -343,6 +346,26 @@ TEST(HalfBackward, VarlenBf16MatchesReference) {
             << e.what();
     }
     EXPECT_TRUE(still_poisoned(dq) && still_poisoned(dv));
+}
+
+// The packers' widening (kernels/simd/convert.hpp) against half.hpp's conversions: every
+// float16 and bfloat16 bit pattern, contiguous and strided.
+TEST(HalfBackward, WidenRowIsExact) {
+    for (DType dt : {DType::f16, DType::bf16}) {
+        Tensor t(dt, Shape{65536});
+        for (std::int64_t e = 0; e < 65536; ++e) t.data_as<std::uint16_t>()[e] = static_cast<std::uint16_t>(e);
+        std::vector<float> got(65536);
+        for (std::int64_t stride : {1, 3}) {
+            const std::int64_t n = 65536 / stride;
+            detail::widen_row(t, 0, stride, n, got.data());
+            for (std::int64_t e = 0; e < n; ++e) {
+                const std::uint16_t h = static_cast<std::uint16_t>(e * stride);
+                const float want = dt == DType::f16 ? f16_to_float(h) : bf16_to_float(h);
+                if (std::isnan(want)) ASSERT_TRUE(std::isnan(got[static_cast<std::size_t>(e)])) << std::hex << h;
+                else ASSERT_EQ(std::memcmp(&got[static_cast<std::size_t>(e)], &want, 4), 0) << name(dt) << " " << std::hex << h;
+            }
+        }
+    }
 }
 
 void expect_error(const std::function<void()>& f, const std::string& text) {

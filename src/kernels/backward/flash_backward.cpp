@@ -1,6 +1,7 @@
 // Tiled fp32 backward of attention (FlashAttention-2's algorithm, on CPU threads).
-// Q, K, V, O, dO may be float32, float16 or bfloat16: they are widened to float32 as each
-// tile is packed (K/V once per key block, Q/dO per tile), never as whole tensors; dQ, dK,
+// Q, K, V, O, dO may be float32, float16 or bfloat16: they are widened to float32 as they
+// are packed (K/V once per key block, Q/dO once per task for its query heads), never as
+// whole tensors; dQ, dK,
 // dV accumulate in float32 and are rounded once to their own dtype when stored.
 //
 // For each tile of query rows i and keys j it recomputes, never storing Lq×Lk:
@@ -59,8 +60,8 @@ int round8(std::int64_t x) { return static_cast<int>((x + 7) / 8 * 8); }
 
 // Rows of a (B, H, L, D) tensor read in place as float32 rows of padded width Dp: only
 // when the caller's memory already is that (float32, unit inner stride, D % 8 == 0).
-// Anything else (16-bit, strided, odd D) is widened per tile by pack_rows below: never a
-// whole-tensor copy.
+// Anything else (16-bit, strided, odd D) is widened by pack_rows below, one (b, head) at a
+// time inside the task that reads it: never a whole-tensor copy.
 struct Rows {
     const float* base = nullptr;
     std::int64_t sb = 0, sh = 0, si = 0;
@@ -78,15 +79,17 @@ bool direct_rows(const TensorView& t, int Dp, Rows& r) {
     return true;
 }
 
-// Rows i0..i0+br of (b, h) widened to float32 into dst (row stride Dp; the padding columns
-// D..Dp stay as the caller zeroed them). When they hold a NaN/±inf, dst_z gets the same rows
-// with those entries 0 (for dSᵀ·Q and P̂ᵀ·dO, see the top) and true is returned.
-bool pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t i0, int br, int Dp, float* dst,
-               float* dst_z) {
+// The L rows of (b, h) widened to float32 into dst (row stride Dp; the padding columns D..Dp
+// stay as the caller zeroed them). When they hold a NaN/±inf, z (allocated then, `total`
+// floats) gets the same rows from z_at on with those entries 0 (for dSᵀ·Q and P̂ᵀ·dO, see
+// the top) and true is returned.
+bool pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t L, int Dp, float* dst,
+               std::vector<float>& z, std::size_t z_at, std::size_t total) {
     const std::int64_t D = t.dim(3);
-    for (int i = 0; i < br; ++i) widen_row(t, t.offset(b, h, i0 + i, 0), t.stride(3), D, dst + static_cast<std::ptrdiff_t>(i) * Dp);
-    if (!any_nonfinite(dst, Dp, br, Dp)) return false;
-    for (std::ptrdiff_t e = 0; e < static_cast<std::ptrdiff_t>(br) * Dp; ++e) dst_z[e] = nonfinite_f32(dst[e]) ? 0.0f : dst[e];
+    for (std::int64_t i = 0; i < L; ++i) widen_row(t, t.offset(b, h, i, 0), t.stride(3), D, dst + i * Dp);
+    if (!any_nonfinite(dst, Dp, L, Dp)) return false;
+    if (z.size() < total) z.assign(total, 0.0f);
+    for (std::int64_t e = 0; e < L * Dp; ++e) z[z_at + static_cast<std::size_t>(e)] = nonfinite_f32(dst[e]) ? 0.0f : dst[e];
     return true;
 }
 
@@ -112,7 +115,11 @@ bool finite_copy(const Rows& r, std::int64_t B, std::int64_t H, std::int64_t L, 
 
 struct Scratch {
     std::vector<float> kt, vt, kp, vrow, dk, dv, S, dP, Pd, drop, cg;
-    std::vector<float> q, qz, dO, dOz;  // per-tile widened Q and dO rows (when not read in place)
+    // Q and dO rows of the task's query heads widened to float32 (when not read in place):
+    // group × Lq rows each, packed once per task and read by every key block, so the
+    // conversion costs 1/Lk of the tile work; qz/dOz only when a head holds a NaN/±inf.
+    std::vector<float> q, qz, dO, dOz;
+    std::vector<char> q_nf, dO_nf;  // per query head of the group: it has a NaN/±inf
 };
 
 // What the score-rule callback of a partial tile needs: the tile's place in the problem.
@@ -158,8 +165,8 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
     const float drop_scale = static_cast<float>(drop.scale);
 
     // Q and dO read in place when they are float32 rows of the padded width, else widened
-    // per tile (pack_rows). In place, a copy with their NaN/±inf entries 0 serves dSᵀ·Q and
-    // P̂ᵀ·dO when there is any (see the top); the per-tile packer makes that copy itself.
+    // per task (pack_rows). In place, a copy with their NaN/±inf entries 0 serves dSᵀ·Q and
+    // P̂ᵀ·dO when there is any (see the top); pack_rows makes that copy itself.
     Rows Q, dO;
     const bool q_direct = direct_rows(p.q, Dkp, Q);
     const bool do_direct = direct_rows(bp.grad_out, Dvp, dO);
@@ -222,14 +229,10 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
         s.vt.assign(static_cast<std::size_t>(Dv * Bcp), 0.0f);
         s.kp.assign(static_cast<std::size_t>(kBc * Dkp), 0.0f);
         s.vrow.resize(static_cast<std::size_t>(Dv));
-        if (!q_direct) {
-            s.q.assign(static_cast<std::size_t>(kBr * Dkp), 0.0f);
-            s.qz.assign(static_cast<std::size_t>(kBr * Dkp), 0.0f);
-        }
-        if (!do_direct) {
-            s.dO.assign(static_cast<std::size_t>(kBr * Dvp), 0.0f);
-            s.dOz.assign(static_cast<std::size_t>(kBr * Dvp), 0.0f);
-        }
+        const std::size_t q_head = static_cast<std::size_t>(Lq * Dkp), do_head = static_cast<std::size_t>(Lq * Dvp);
+        const std::size_t group = static_cast<std::size_t>(p.group);
+        if (!q_direct) s.q.assign(group * q_head, 0.0f), s.q_nf.assign(group, 0);
+        if (!do_direct) s.dO.assign(group * do_head, 0.0f), s.dO_nf.assign(group, 0);
         s.dk.resize(static_cast<std::size_t>(kBc * Dkp));
         s.dv.resize(static_cast<std::size_t>(kBc * Dvp));
         for (auto* t : {&s.S, &s.dP, &s.Pd}) t->resize(static_cast<std::size_t>(kBr * Bcp));
@@ -246,6 +249,12 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
         for (std::int64_t task = 0; task < tasks; ++task) {
             const std::int64_t b = task / (Hkv * nchunks), hk = task / nchunks % Hkv, c = task % nchunks;
             float* dq_c = dq_ws.get() + static_cast<std::size_t>(c) * dq_part;
+            for (std::size_t g = 0; g < group; ++g) {  // widen this task's Q and dO rows once
+                const std::int64_t h = hk * p.group + static_cast<std::int64_t>(g);
+                if (!q_direct) s.q_nf[g] = pack_rows(p.q, b, h, Lq, Dkp, s.q.data() + g * q_head, s.qz, g * q_head, group * q_head);
+                if (!do_direct)
+                    s.dO_nf[g] = pack_rows(bp.grad_out, b, h, Lq, Dvp, s.dO.data() + g * do_head, s.dOz, g * do_head, group * do_head);
+            }
             for (std::int64_t kb = c * nkb / nchunks; kb < (c + 1) * nkb / nchunks; ++kb) {
                 const std::int64_t j0 = kb * kBc;
                 const int bc = static_cast<int>(std::min<std::int64_t>(kBc, Lk - j0)), bcp = round8(bc);
@@ -296,10 +305,10 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                             t.q_dk = q_nonfinite ? Qz.row(b, h, i0) : t.q;
                             t.ldq_dk = q_nonfinite ? Qz.si : t.ldq;
                         } else {
-                            const bool nf = pack_rows(p.q, b, h, i0, br, Dkp, s.q.data(), s.qz.data());
-                            t.q = s.q.data();
+                            const std::size_t at = static_cast<std::size_t>(h - hk * p.group) * q_head + static_cast<std::size_t>(i0 * Dkp);
+                            t.q = s.q.data() + at;
                             t.ldq = Dkp;
-                            t.q_dk = nf ? s.qz.data() : t.q;
+                            t.q_dk = s.q_nf[static_cast<std::size_t>(h - hk * p.group)] ? s.qz.data() + at : t.q;
                             t.ldq_dk = Dkp;
                         }
                         if (do_direct) {
@@ -309,10 +318,11 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                             t.ldo_dv = do_nonfinite ? dOz.si : t.ldo;
                             t.dO_nonfinite = do_nonfinite;
                         } else {
-                            t.dO_nonfinite = pack_rows(bp.grad_out, b, h, i0, br, Dvp, s.dO.data(), s.dOz.data());
-                            t.dO = s.dO.data();
+                            const std::size_t at = static_cast<std::size_t>(h - hk * p.group) * do_head + static_cast<std::size_t>(i0 * Dvp);
+                            t.dO_nonfinite = s.dO_nf[static_cast<std::size_t>(h - hk * p.group)] != 0;
+                            t.dO = s.dO.data() + at;
                             t.ldo = Dvp;
-                            t.dO_dv = t.dO_nonfinite ? s.dOz.data() : t.dO;
+                            t.dO_dv = t.dO_nonfinite ? s.dOz.data() + at : t.dO;
                             t.ldo_dv = Dvp;
                         }
                         t.kt = s.kt.data();
