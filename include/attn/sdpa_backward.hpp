@@ -8,12 +8,16 @@
 //   q: (B, Hq, Lq, Dk)   k: (B, Hkv, Lk, Dk)   v: (B, Hkv, Lk, Dv)      any strides
 //   out: (B, Hq, Lq, Dv) the forward's O         lse: (B, Hq, Lq) the forward's lse
 //   grad_out: (B, Hq, Lq, Dv) dO
-//   dq: like q, dk: like k, dv: like v           float32 or float64, written completely
+//   dq: like q, dk: like k, dv: like v           written completely
+//   q, k, v, out, grad_out, dq, dk, dv: float32, float64, float16 or bfloat16, any mix (a
+//   16-bit gradient is the float32 one rounded once); lse float32 or float64
+//   (docs/conventions.md, "Backward with 16-bit tensors").
 //   dsinks: (Hq,) float32/float64, optional, only with options.sinks: ∂loss/∂σ_h =
 //           −Σ_{b,i} e^{σ_h − lse}·rowsum(dO ∘ O). Softcap is differentiated through
 //           (dS ∘= 1 − tanh²(s/c)); ALiBi slopes get no gradient.
 //
-// The fast kernel (Impl::flash, chosen by auto for float32 inputs) never stores the
+// The fast kernel (Impl::flash, chosen by auto unless an input or lse is float64; it widens
+// 16-bit inputs to float32 as it packs them and sums in float32) never stores the
 // Lq×Lk matrix: it recomputes P = exp(S − lse) tile by tile (FlashAttention-2's
 // backward). With GQA, dK and dV sum over the query heads sharing a KV head. A row with
 // no visible key contributes nothing (zero gradients, never NaN). The additive mask

@@ -36,7 +36,8 @@ void sdpa_varlen(const TensorView& q, const TensorView& k, const TensorView& v, 
 
 // Gradients of sdpa_varlen, per sequence exactly sdpa_backward (dK/dV sum over the query
 // heads sharing a KV head within the sequence). out and lse are the forward's, in the packed
-// layout; dq like q, dk like k, dv like v. A sequence with Lq_b = 0 gets dK = dV = 0 for its
+// layout (out may be float16/bfloat16 here, as in sdpa_backward); dq like q, dk like k, dv
+// like v, each float32, float64, float16 or bfloat16. A sequence with Lq_b = 0 gets dK = dV = 0 for its
 // keys; one with Lk_b = 0 gets dQ = 0.
 void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, const TensorView& out,

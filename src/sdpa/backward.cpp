@@ -16,10 +16,18 @@ namespace {
 
 constexpr std::string_view kOp = "sdpa_backward";
 
-// A gradient input or output with the shape of `like`.
+// float32, float64, float16 or bfloat16 (q, k, v, out, grad_out and the gradients).
+void require_float(const TensorView& t, const char* name) {
+    if (!is_floating(t.dtype())) {
+        detail::fail(kOp, name, ": dtype must be float32, float64, float16 or bfloat16 but got ", dtype_name(t.dtype()));
+    }
+}
+
+// A gradient input or output with the shape of `like`; any floating dtype (a 16-bit
+// gradient is the float32 result rounded once).
 void require_like(const TensorView& t, const char* name, const Shape& expected, const char* what) {
     if (t.data() == nullptr) detail::fail(kOp, name, ": data pointer is null");
-    detail::require_f32_or_f64(kOp, t, name);
+    require_float(t, name);
     if (!(t.shape() == expected)) {
         detail::fail(kOp, name, ": expected the shape of ", what, " ", expected, " but got ", t.shape());
     }
@@ -34,10 +42,8 @@ void sdpa_backward(const TensorView& q, const TensorView& k, const TensorView& v
     const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
     detail::BackwardProblem p;
     p.fwd = detail::make_problem(q, k, v, options, out, &lse, nullptr, kOp);
-    // make_problem admits float16/bfloat16 K/V for the forward decode path; gradients need
-    // float32 or float64 inputs.
-    detail::require_f32_or_f64(kOp, k, "k");
-    detail::require_f32_or_f64(kOp, v, "v");
+    // make_problem admits q, k, v, out in float32, float64, float16 or bfloat16; lse stays
+    // float32/float64 (its check).
     require_like(grad_out, "grad_out", out.shape(), "out");
     require_like(dq, "dq", q.shape(), "q");
     require_like(dk, "dk", k.shape(), "k");
@@ -68,25 +74,25 @@ void sdpa_backward(const TensorView& q, const TensorView& k, const TensorView& v
     p.dk = dk;
     p.dv = dv;
 
-    // The fast kernel reads float32 inputs (the storage type it computes in); float64
-    // inputs are the reference's, as in the forward.
-    const bool all_f32 = q.dtype() == DType::f32 && k.dtype() == DType::f32 && v.dtype() == DType::f32 &&
-                         out.dtype() == DType::f32 && lse.dtype() == DType::f32 && grad_out.dtype() == DType::f32;
+    // The fast kernel computes in float32: it widens float32, float16 and bfloat16 inputs per
+    // tile; float64 inputs (and a float64 lse) are the reference's, as in the forward. The
+    // gradients may have any floating dtype: each is rounded once from the float32 sums.
+    const bool flash_reads = detail::flash_backward_reads(q, k, v, out, lse, grad_out);
     std::string why;
     bool use_flash = false;
     switch (options.impl) {
         case Impl::reference: why = "reference: requested\n"; break;
         case Impl::flash:
-            if (!all_f32) {
-                detail::fail(kOp, "impl: the flash backward needs float32 q, k, v, out, lse and grad_out; use auto "
-                             "or reference for float64");
+            if (!flash_reads) {
+                detail::fail(kOp, "impl: the flash backward needs q, k, v, out and grad_out in float32, float16 or "
+                             "bfloat16 and a float32 lse; use auto or reference for float64");
             }
             use_flash = true;
             break;
         case Impl::decode: detail::fail(kOp, "impl: decode is a forward-only kernel; use auto, reference or flash");
         case Impl::automatic:
-            use_flash = all_f32;
-            if (!all_f32) why = "flash: declined, an input is float64 → reference\n";
+            use_flash = flash_reads;
+            if (!flash_reads) why = "flash: declined, an input is float64 → reference\n";
             break;
     }
     std::string ran;

@@ -3,6 +3,7 @@
 
 #include "attn/sdpa_varlen.hpp"
 #include "../core/check.hpp"
+#include "../core/element_io.hpp"
 
 namespace attn::detail {
 namespace {
@@ -48,7 +49,7 @@ void require_packed(std::string_view op, const TensorView& t, const char* name, 
 
 PackedBatch check_packed(std::string_view op, const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, const SdpaOptions& options,
-                         const TensorView& out, const TensorView* lse) {
+                         const TensorView& out, const TensorView* lse, bool sixteen_bit_out) {
     require_packed(op, q, "q", "(Tq, Hq, Dk)");
     require_packed(op, k, "k", "(Tk, Hkv, Dk)");
     require_packed(op, v, "v", "(Tk, Hkv, Dv)");
@@ -63,7 +64,9 @@ PackedBatch check_packed(std::string_view op, const TensorView& q, const TensorV
     }
     require_rank(op, out, "out", 3, "(Tq, Hq, Dv)");
     require_shape(op, out, "out", Shape{p.Tq, p.Hq, p.Dv}, "(Tq, Hq, Dv)");
-    require_f32_or_f64(op, out, "out");
+    if (!sixteen_bit_out) require_f32_or_f64(op, out, "out");
+    else if (!is_floating(out.dtype()))
+        fail(op, "out: dtype must be float32, float64, float16 or bfloat16 but got ", dtype_name(out.dtype()));
     require_distinct_elements(op, out, "out");
     if (lse != nullptr) {
         require_rank(op, *lse, "lse", 2, "(Tq, Hq)");
@@ -134,8 +137,7 @@ void fill(const TensorView& t, double value) {
             for (std::int64_t i2 = 0; i2 < n[2]; ++i2)
                 for (std::int64_t i3 = 0; i3 < n[3]; ++i3) {
                     const std::int64_t o = t.offset(i0, i1, i2, i3);
-                    if (t.dtype() == DType::f32) t.data_as<float>()[o] = static_cast<float>(value);
-                    else t.data_as<double>()[o] = value;
+                    store(t, o, value);  // any float dtype (16-bit gradients too)
                 }
 }
 

@@ -6,6 +6,7 @@
 #include "attn/sdpa_backward.hpp"
 #include "attn/sdpa_varlen.hpp"
 #include "../core/check.hpp"
+#include "../kernels/backward/backward.hpp"
 #include "../sdpa/problem.hpp"
 #include "packed.hpp"
 
@@ -14,9 +15,16 @@ namespace {
 
 constexpr std::string_view kOp = "sdpa_varlen_backward";
 
+// float32, float64, float16 or bfloat16 (q, k, v, out, grad_out and the gradients).
+void require_float(const TensorView& t, const char* name) {
+    if (!is_floating(t.dtype())) {
+        detail::fail(kOp, name, ": dtype must be float32, float64, float16 or bfloat16 but got ", dtype_name(t.dtype()));
+    }
+}
+
 void require_like(const TensorView& t, const char* name, const TensorView& like, const char* what) {
     if (t.data() == nullptr) detail::fail(kOp, name, ": data pointer is null");
-    detail::require_f32_or_f64(kOp, t, name);
+    require_float(t, name);
     if (!(t.shape() == like.shape())) {
         detail::fail(kOp, name, ": expected the shape of ", what, " ", like.shape(), " but got ", t.shape());
     }
@@ -28,10 +36,11 @@ void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const Tensor
                           const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, const TensorView& out,
                           const TensorView& lse, const TensorView& grad_out, const SdpaOptions& options,
                           const TensorView& dq, const TensorView& dk, const TensorView& dv, SdpaReport* report) {
-    const detail::PackedBatch pb = detail::check_packed(kOp, q, k, v, cu_seqlens_q, cu_seqlens_k, options, out, &lse);
-    detail::require_f32_or_f64(kOp, q, "q");
-    detail::require_f32_or_f64(kOp, k, "k");
-    detail::require_f32_or_f64(kOp, v, "v");
+    const detail::PackedBatch pb = detail::check_packed(kOp, q, k, v, cu_seqlens_q, cu_seqlens_k, options, out, &lse,
+                                                           /*sixteen_bit_out=*/true);
+    require_float(q, "q");
+    require_float(k, "k");
+    require_float(v, "v");
     require_like(grad_out, "grad_out", out, "out");
     require_like(dq, "dq", q, "q");
     require_like(dk, "dk", k, "k");
@@ -49,11 +58,11 @@ void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const Tensor
     if (options.impl == Impl::decode) {
         detail::fail(kOp, "impl: decode is a forward-only kernel; use auto, reference or flash");
     }
-    const bool all_f32 = q.dtype() == DType::f32 && k.dtype() == DType::f32 && v.dtype() == DType::f32 &&
-                         out.dtype() == DType::f32 && lse.dtype() == DType::f32 && grad_out.dtype() == DType::f32;
-    if (options.impl == Impl::flash && !all_f32) {
-        detail::fail(kOp, "impl: the flash backward needs float32 q, k, v, out, lse and grad_out; use auto or "
-                     "reference for float64");
+    // The flash backward's inputs (sdpa_backward's rule), checked here before any sequence runs.
+    const bool flash_reads = detail::flash_backward_reads(q, k, v, out, lse, grad_out);
+    if (options.impl == Impl::flash && !flash_reads) {
+        detail::fail(kOp, "impl: the flash backward needs q, k, v, out and grad_out in float32, float16 or bfloat16 "
+                     "and a float32 lse; use auto or reference for float64");
     }
     // Every sequence's problem, checked before anything is written.
     for (std::size_t b = 0; b < pb.seqs.size(); ++b) {

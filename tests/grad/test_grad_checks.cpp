@@ -294,7 +294,7 @@ TEST(SdpaBackwardErrors, NameTheArgumentAndWriteNothing) {
     expect_error([&] { sdpa_backward(q, k, v, o, lse, bad_dO, opt, dq, dk, dv); },
                  "grad_out: expected the shape of out (1, 2, 5, 3) but got (1, 2, 5, 4)");
     expect_error([&] { sdpa_backward(q, k, v, o, lse, bool_dO, opt, dq, dk, dv); },
-                 "grad_out: dtype must be float32 or float64 but got bool");
+                 "grad_out: dtype must be float32, float64, float16 or bfloat16 but got bool");
     expect_error([&] { sdpa_backward(q, k, v, o, lse, dO, opt, dq, bad_dk, dv); },
                  "dk: expected the shape of k (1, 2, 6, 4) but got (1, 2, 6, 3)");
     expect_error([&] { sdpa_backward(q, k, v, o, lse, dO, opt, dq, dk, dO.view().slice(2, 0, 5).transpose(0, 0)); },
@@ -311,7 +311,7 @@ TEST(SdpaBackwardErrors, NameTheArgumentAndWriteNothing) {
     Tensor q64 = randn(DType::f64, q.shape(), rng);
     bad = opt;
     bad.impl = Impl::flash;
-    expect_error([&] { sdpa_backward(q64, k, v, o, lse, dO, bad, dq, dk, dv); }, "flash backward needs float32");
+    expect_error([&] { sdpa_backward(q64, k, v, o, lse, dO, bad, dq, dk, dv); }, "flash backward needs q, k, v, out and grad_out in float32, float16 or bfloat16 and a float32 lse");
 }
 
 }  // namespace

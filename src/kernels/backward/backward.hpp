@@ -22,8 +22,16 @@ struct BackwardProblem {
 // O(Lq·Lk) memory per (b, h); threads over KV heads (deterministic).
 void reference_backward(const BackwardProblem& p);
 
-// Tiled fp32 backward (FlashAttention-2 style) from the saved lse; needs float32 q, k, v,
-// out, grad_out, lse. `kernels` is a row of the kernel table (the dispatch passes
+// True when flash_backward can read these inputs: q, k, v, out, grad_out float32, float16
+// or bfloat16 (widened per tile) and a float32 lse. The gradients may be any float dtype.
+inline bool flash_backward_reads(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                                 const TensorView& lse, const TensorView& grad_out) {
+    const auto ok = [](const TensorView& t) { return t.dtype() == DType::f32 || t.dtype() == DType::f16 || t.dtype() == DType::bf16; };
+    return ok(q) && ok(k) && ok(v) && ok(out) && ok(grad_out) && lse.dtype() == DType::f32;
+}
+
+// Tiled fp32 backward (FlashAttention-2 style) from the saved lse; reads what
+// flash_backward_reads accepts. `kernels` is a row of the kernel table (the dispatch passes
 // kernel_set(); tests pass each row the CPU can run).
 void flash_backward(const BackwardProblem& p, const KernelSet& kernels);
 

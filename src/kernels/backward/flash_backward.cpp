@@ -1,4 +1,8 @@
 // Tiled fp32 backward of attention (FlashAttention-2's algorithm, on CPU threads).
+// Q, K, V, O, dO may be float32, float16 or bfloat16: they are widened to float32 as they
+// are packed (K/V once per key block, Q/dO once per task for its query heads), never as
+// whole tensors; dQ, dK,
+// dV accumulate in float32 and are rounded once to their own dtype when stored.
 //
 // For each tile of query rows i and keys j it recomputes, never storing Lq×Lk:
 //   P  = exp(S·scale + bias − lseᵢ)         S = Q·Kᵀ, lse saved by the forward
@@ -40,6 +44,7 @@
 #include "../finite.hpp"
 #include "../isa.hpp"
 #include "../scores.hpp"
+#include "../simd/convert.hpp"
 #include "backward.hpp"
 #include "tile.hpp"
 
@@ -53,8 +58,10 @@ constexpr double kLog2e = 1.4426950408889634;
 
 int round8(std::int64_t x) { return static_cast<int>((x + 7) / 8 * 8); }
 
-// Rows of a (B, H, L, D) tensor as float32 rows with a padded width Dp: either the
-// caller's memory (float32, unit inner stride, D % 8 == 0) or a packed zero-padded copy.
+// Rows of a (B, H, L, D) tensor read in place as float32 rows of padded width Dp: only
+// when the caller's memory already is that (float32, unit inner stride, D % 8 == 0).
+// Anything else (16-bit, strided, odd D) is widened by pack_rows below, one (b, head) at a
+// time inside the task that reads it: never a whole-tensor copy.
 struct Rows {
     const float* base = nullptr;
     std::int64_t sb = 0, sh = 0, si = 0;
@@ -62,27 +69,28 @@ struct Rows {
     const float* row(std::int64_t b, std::int64_t h, std::int64_t i) const { return base + b * sb + h * sh + i * si; }
 };
 
-// t: (B, H, L, D) → rows of width Dp
-void make_rows(const TensorView& t, int Dp, Rows& r) {
-    const std::int64_t B = t.dim(0), H = t.dim(1), L = t.dim(2), D = t.dim(3);
-    if (t.dtype() == DType::f32 && t.stride(3) == 1 && D == Dp) {
-        r.base = t.data_as<const float>();
-        r.sb = t.stride(0);
-        r.sh = t.stride(1);
-        r.si = t.stride(2);
-        return;
-    }
-    r.storage.assign(static_cast<std::size_t>(B * H * L * Dp), 0.0f);
-    r.si = Dp;
-    r.sh = L * Dp;
-    r.sb = H * L * Dp;
-#pragma omp parallel for schedule(static)
-    for (std::int64_t bhi = 0; bhi < B * H * L; ++bhi) {
-        const std::int64_t b = bhi / (H * L), h = bhi / L % H, i = bhi % L;
-        float* dst = r.storage.data() + bhi * Dp;
-        for (std::int64_t d = 0; d < D; ++d) dst[d] = static_cast<float>(load(t, t.offset(b, h, i, d)));
-    }
-    r.base = r.storage.data();
+// t: (B, H, L, D) → true and `r` pointing at the caller's rows when they can be read in place.
+bool direct_rows(const TensorView& t, int Dp, Rows& r) {
+    if (!(t.dtype() == DType::f32 && t.stride(3) == 1 && t.dim(3) == Dp)) return false;
+    r.base = t.data_as<const float>();
+    r.sb = t.stride(0);
+    r.sh = t.stride(1);
+    r.si = t.stride(2);
+    return true;
+}
+
+// The L rows of (b, h) widened to float32 into dst (row stride Dp; the padding columns D..Dp
+// stay as the caller zeroed them). When they hold a NaN/±inf, z (allocated then, `total`
+// floats) gets the same rows from z_at on with those entries 0 (for dSᵀ·Q and P̂ᵀ·dO, see
+// the top) and true is returned.
+bool pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t L, int Dp, float* dst,
+               std::vector<float>& z, std::size_t z_at, std::size_t total) {
+    const std::int64_t D = t.dim(3);
+    for (std::int64_t i = 0; i < L; ++i) widen_row(t, t.offset(b, h, i, 0), t.stride(3), D, dst + i * Dp);
+    if (!any_nonfinite(dst, Dp, L, Dp)) return false;
+    if (z.size() < total) z.assign(total, 0.0f);
+    for (std::int64_t e = 0; e < L * Dp; ++e) z[z_at + static_cast<std::size_t>(e)] = nonfinite_f32(dst[e]) ? 0.0f : dst[e];
+    return true;
 }
 
 // `r` with every NaN/±inf entry 0, when it has any (then `out` owns the copy and true
@@ -106,7 +114,12 @@ bool finite_copy(const Rows& r, std::int64_t B, std::int64_t H, std::int64_t L, 
 }
 
 struct Scratch {
-    std::vector<float> kt, vt, kp, dk, dv, S, dP, Pd, drop, cg;
+    std::vector<float> kt, vt, kp, vrow, dk, dv, S, dP, Pd, drop, cg;
+    // Q and dO rows of the task's query heads widened to float32 (when not read in place):
+    // group × Lq rows each, packed once per task and read by every key block, so the
+    // conversion costs 1/Lk of the tile work; qz/dOz only when a head holds a NaN/±inf.
+    std::vector<float> q, qz, dO, dOz;
+    std::vector<char> q_nf, dO_nf;  // per query head of the group: it has a NaN/±inf
 };
 
 // What the score-rule callback of a partial tile needs: the tile's place in the problem.
@@ -151,13 +164,15 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
     const float scale = static_cast<float>(p.scale);
     const float drop_scale = static_cast<float>(drop.scale);
 
+    // Q and dO read in place when they are float32 rows of the padded width, else widened
+    // per task (pack_rows). In place, a copy with their NaN/±inf entries 0 serves dSᵀ·Q and
+    // P̂ᵀ·dO when there is any (see the top); pack_rows makes that copy itself.
     Rows Q, dO;
-    make_rows(p.q, Dkp, Q);
-    make_rows(bp.grad_out, Dvp, dO);
-    // Q and dO with their NaN/±inf entries 0, for dSᵀ·Q and P̂ᵀ·dO (see the top).
+    const bool q_direct = direct_rows(p.q, Dkp, Q);
+    const bool do_direct = direct_rows(bp.grad_out, Dvp, dO);
     Rows Qz, dOz;
-    const bool q_nonfinite = finite_copy(Q, B, Hq, Lq, Dkp, Qz);
-    const bool do_nonfinite = finite_copy(dO, B, Hq, Lq, Dvp, dOz);
+    const bool q_nonfinite = q_direct && finite_copy(Q, B, Hq, Lq, Dkp, Qz);
+    const bool do_nonfinite = do_direct && finite_copy(dO, B, Hq, Lq, Dvp, dOz);
 
     // Per row: −lse·log2 e (−inf for a row with no visible key) and D = rowsum(dO ∘ O).
     const std::int64_t nrows = B * Hq * Lq;
@@ -213,6 +228,11 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
         s.kt.assign(static_cast<std::size_t>(Dk * Bcp), 0.0f);
         s.vt.assign(static_cast<std::size_t>(Dv * Bcp), 0.0f);
         s.kp.assign(static_cast<std::size_t>(kBc * Dkp), 0.0f);
+        s.vrow.resize(static_cast<std::size_t>(Dv));
+        const std::size_t q_head = static_cast<std::size_t>(Lq * Dkp), do_head = static_cast<std::size_t>(Lq * Dvp);
+        const std::size_t group = static_cast<std::size_t>(p.group);
+        if (!q_direct) s.q.assign(group * q_head, 0.0f), s.q_nf.assign(group, 0);
+        if (!do_direct) s.dO.assign(group * do_head, 0.0f), s.dO_nf.assign(group, 0);
         s.dk.resize(static_cast<std::size_t>(kBc * Dkp));
         s.dv.resize(static_cast<std::size_t>(kBc * Dvp));
         for (auto* t : {&s.S, &s.dP, &s.Pd}) t->resize(static_cast<std::size_t>(kBr * Bcp));
@@ -229,18 +249,26 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
         for (std::int64_t task = 0; task < tasks; ++task) {
             const std::int64_t b = task / (Hkv * nchunks), hk = task / nchunks % Hkv, c = task % nchunks;
             float* dq_c = dq_ws.get() + static_cast<std::size_t>(c) * dq_part;
+            for (std::size_t g = 0; g < group; ++g) {  // widen this task's Q and dO rows once
+                const std::int64_t h = hk * p.group + static_cast<std::int64_t>(g);
+                if (!q_direct) s.q_nf[g] = pack_rows(p.q, b, h, Lq, Dkp, s.q.data() + g * q_head, s.qz, g * q_head, group * q_head);
+                if (!do_direct)
+                    s.dO_nf[g] = pack_rows(bp.grad_out, b, h, Lq, Dvp, s.dO.data() + g * do_head, s.dOz, g * do_head, group * do_head);
+            }
             for (std::int64_t kb = c * nkb / nchunks; kb < (c + 1) * nkb / nchunks; ++kb) {
                 const std::int64_t j0 = kb * kBc;
                 const int bc = static_cast<int>(std::min<std::int64_t>(kBc, Lk - j0)), bcp = round8(bc);
                 // Pack Kᵀ, Vᵀ (d-major, keys contiguous, zero-padded to bcp) and K (key-major, padded to Dkp).
+                // K and V rows are widened to float32 here, once per key block (convert.hpp).
                 for (int j = 0; j < bc; ++j) {
+                    float* kr = s.kp.data() + static_cast<std::ptrdiff_t>(j) * Dkp;
+                    widen_row(p.k, p.k.offset(b, hk, j0 + j, 0), p.k.stride(3), Dk, kr);
                     for (std::int64_t d = 0; d < Dk; ++d) {
-                        const float kv = static_cast<float>(load(p.k, p.k.offset(b, hk, j0 + j, d)));
-                        s.kt[static_cast<std::size_t>(d * bcp + j)] = kv;
-                        s.kp[static_cast<std::size_t>(j * Dkp + d)] = nonfinite_f32(kv) ? 0.0f : kv;  // for dS·K
+                        s.kt[static_cast<std::size_t>(d * bcp + j)] = kr[d];
+                        if (nonfinite_f32(kr[d])) kr[d] = 0.0f;  // for dS·K
                     }
-                    for (std::int64_t d = 0; d < Dv; ++d)
-                        s.vt[static_cast<std::size_t>(d * bcp + j)] = static_cast<float>(load(p.v, p.v.offset(b, hk, j0 + j, d)));
+                    widen_row(p.v, p.v.offset(b, hk, j0 + j, 0), p.v.stride(3), Dv, s.vrow.data());
+                    for (std::int64_t d = 0; d < Dv; ++d) s.vt[static_cast<std::size_t>(d * bcp + j)] = s.vrow[static_cast<std::size_t>(d)];
                 }
                 for (int j = bc; j < bcp; ++j) {
                     for (std::int64_t d = 0; d < Dk; ++d) s.kt[static_cast<std::size_t>(d * bcp + j)] = 0.0f;
@@ -271,15 +299,32 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                         t.Dv = static_cast<int>(Dv);
                         t.Dkp = Dkp;
                         t.Dvp = Dvp;
-                        t.q = Q.row(b, h, i0);
-                        t.ldq = Q.si;
-                        t.dO = dO.row(b, h, i0);
-                        t.ldo = dO.si;
-                        t.q_dk = q_nonfinite ? Qz.row(b, h, i0) : t.q;
-                        t.ldq_dk = q_nonfinite ? Qz.si : t.ldq;
-                        t.dO_dv = do_nonfinite ? dOz.row(b, h, i0) : t.dO;
-                        t.ldo_dv = do_nonfinite ? dOz.si : t.ldo;
-                        t.dO_nonfinite = do_nonfinite;
+                        if (q_direct) {
+                            t.q = Q.row(b, h, i0);
+                            t.ldq = Q.si;
+                            t.q_dk = q_nonfinite ? Qz.row(b, h, i0) : t.q;
+                            t.ldq_dk = q_nonfinite ? Qz.si : t.ldq;
+                        } else {
+                            const std::size_t at = static_cast<std::size_t>(h - hk * p.group) * q_head + static_cast<std::size_t>(i0 * Dkp);
+                            t.q = s.q.data() + at;
+                            t.ldq = Dkp;
+                            t.q_dk = s.q_nf[static_cast<std::size_t>(h - hk * p.group)] ? s.qz.data() + at : t.q;
+                            t.ldq_dk = Dkp;
+                        }
+                        if (do_direct) {
+                            t.dO = dO.row(b, h, i0);
+                            t.ldo = dO.si;
+                            t.dO_dv = do_nonfinite ? dOz.row(b, h, i0) : t.dO;
+                            t.ldo_dv = do_nonfinite ? dOz.si : t.ldo;
+                            t.dO_nonfinite = do_nonfinite;
+                        } else {
+                            const std::size_t at = static_cast<std::size_t>(h - hk * p.group) * do_head + static_cast<std::size_t>(i0 * Dvp);
+                            t.dO_nonfinite = s.dO_nf[static_cast<std::size_t>(h - hk * p.group)] != 0;
+                            t.dO = s.dO.data() + at;
+                            t.ldo = Dvp;
+                            t.dO_dv = t.dO_nonfinite ? s.dOz.data() + at : t.dO;
+                            t.ldo_dv = Dvp;
+                        }
                         t.kt = s.kt.data();
                         t.vt = s.vt.data();
                         t.kp = s.kp.data();

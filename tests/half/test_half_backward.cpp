@@ -1,0 +1,405 @@
+// attn::sdpa_backward and sdpa_varlen_backward with float16 / bfloat16 tensors: the tiled
+// kernel (every ISA row the CPU runs) against the double reference backward on the same
+// 16-bit inputs (docs/conventions.md, "Backward with 16-bit tensors"); 16-bit gradients as
+// one rounding of the float32 ones; thread-count independence; the dispatch and the errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <tuple>
+
+#include "attn/error.hpp"
+#include "attn/sdpa_varlen.hpp"
+#include "attn/threads.hpp"
+#include "common/util.hpp"
+#include "grad/grad_util.hpp"
+#include "kernels/isa.hpp"
+#include "kernels/simd/convert.hpp"
+
+namespace attn::test {
+namespace {
+
+// The dtypes of one call: q; k and v; grad_out; out (the forward's output the backward
+// reads for D = rowsum(dO∘O)); the gradients dq, dk, dv.
+struct Dtypes {
+    DType q, kv, dO, out, grad;
+};
+
+std::string name(DType t) { return std::string(dtype_name(t)); }
+
+std::string str(const Dtypes& d) {
+    return "q=" + name(d.q) + " kv=" + name(d.kv) + " dO=" + name(d.dO) + " out=" + name(d.out) + " grads=" + name(d.grad);
+}
+
+struct Case {
+    std::int64_t B, Hq, Hkv, Lq, Lk, Dk, Dv;
+    Causal causal = Causal::none;
+    Window window{};
+    int mask = 0;  // 0 none, 1 bool (Lq, Lk), 2 additive float32 (B, 1, Lq, Lk) with −inf
+    bool key_lengths = false, strided = false, softcap = false, sinks = false;
+    double dropout = 0.0;
+    std::string str() const {
+        char buf[256];
+        std::snprintf(buf, sizeof buf,
+                      "B=%ld Hq=%ld Hkv=%ld Lq=%ld Lk=%ld Dk=%ld Dv=%ld causal=%d win=(%ld,%ld) mask=%d kl=%d strided=%d "
+                      "softcap=%d sinks=%d p=%.2f",
+                      (long)B, (long)Hq, (long)Hkv, (long)Lq, (long)Lk, (long)Dk, (long)Dv, (int)causal,
+                      (long)window.left, (long)window.right, mask, (int)key_lengths, (int)strided, (int)softcap,
+                      (int)sinks, dropout);
+        return buf;
+    }
+};
+
+std::vector<Case> random_cases(int n, std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    auto pick = [&](std::initializer_list<std::int64_t> xs) { return *(xs.begin() + rng() % xs.size()); };
+    std::vector<Case> cases;
+    for (int t = 0; t < n; ++t) {
+        Case c;
+        c.B = pick({1, 2});
+        c.Hkv = pick({1, 2});
+        c.Hq = c.Hkv * pick({1, 2, 3});
+        c.Lq = pick({1, 7, 63, 65, 100});
+        c.Lk = pick({1, 5, 64, 65, 129});
+        c.Dk = pick({1, 8, 13, 32, 64});
+        c.Dv = rng() % 3 == 0 ? pick({1, 8, 20}) : c.Dk;
+        c.causal = static_cast<Causal>(rng() % 3);
+        if (rng() % 5 == 0) c.window = Window{static_cast<std::int64_t>(rng() % 20), static_cast<std::int64_t>(rng() % 4) - 1,
+                                              rng() % 2 ? Align::top_left : Align::bottom_right};
+        c.mask = static_cast<int>(rng() % 3);
+        c.key_lengths = rng() % 4 == 0;
+        c.strided = rng() % 3 == 0;
+        c.softcap = rng() % 4 == 0;
+        c.sinks = rng() % 4 == 0;
+        c.dropout = rng() % 4 == 0 ? 0.25 : 0.0;
+        cases.push_back(c);
+    }
+    return cases;
+}
+
+// One case's tensors in their dtypes (random normal values rounded once into the dtype);
+// masks, key lengths and sinks are owned here and the options point at them.
+struct Inputs {
+    Tensor q_buf, dO_buf, k, v, mask, kl, sinks;
+    TensorView q, dO;
+    SdpaOptions opt;
+};
+
+Inputs make_inputs(const Case& c, const Dtypes& dt, std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    Inputs in;
+    if (c.strided) {  // q and dO as transposed (B, L, H, D) buffers
+        in.q_buf = randn(dt.q, Shape{c.B, c.Lq, c.Hq, c.Dk}, rng);
+        in.dO_buf = randn(dt.dO, Shape{c.B, c.Lq, c.Hq, c.Dv}, rng);
+        in.q = in.q_buf.view().transpose(1, 2);
+        in.dO = in.dO_buf.view().transpose(1, 2);
+    } else {
+        in.q_buf = randn(dt.q, Shape{c.B, c.Hq, c.Lq, c.Dk}, rng);
+        in.dO_buf = randn(dt.dO, Shape{c.B, c.Hq, c.Lq, c.Dv}, rng);
+        in.q = in.q_buf.view();
+        in.dO = in.dO_buf.view();
+    }
+    in.k = randn(dt.kv, Shape{c.B, c.Hkv, c.Lk, c.Dk}, rng);
+    in.v = randn(dt.kv, Shape{c.B, c.Hkv, c.Lk, c.Dv}, rng);
+    if (c.mask == 1) {
+        in.mask = random_bool(Shape{c.Lq, c.Lk}, rng, 0.7);
+        in.opt.bool_mask = in.mask.view();
+    } else if (c.mask == 2) {
+        in.mask = randn(DType::f32, Shape{c.B, 1, c.Lq, c.Lk}, rng);
+        std::uniform_real_distribution<double> u(0.0, 1.0);
+        for (std::int64_t i = 0; i < in.mask.numel(); ++i)
+            if (u(rng) < 0.2) in.mask.data_as<float>()[i] = -INFINITY;
+        in.opt.additive_mask = in.mask.view();
+    }
+    if (c.key_lengths) {
+        in.kl = Tensor(DType::i64, Shape{c.B});
+        for (std::int64_t b = 0; b < c.B; ++b) in.kl.data_as<std::int64_t>()[b] = static_cast<std::int64_t>(rng() % (c.Lk + 1));
+        in.opt.key_lengths = in.kl.view();
+    }
+    if (c.softcap) in.opt.softcap = 3.0;
+    if (c.sinks) {
+        in.sinks = randn(DType::f32, Shape{c.Hq}, rng);
+        in.opt.sinks = in.sinks.view();
+    }
+    in.opt.causal = c.causal;
+    in.opt.window = c.window;
+    in.opt.dropout_p = c.dropout;
+    in.opt.dropout_seed = seed * 7919 + 1;
+    return in;
+}
+
+struct Result {
+    Tensor out, lse, dq, dk, dv, dsinks;
+    std::string kernel;
+};
+
+// Forward by the reference (out in dt.out, lse float32; both kernels read the same ones),
+// then the backward with `impl` into poisoned gradients of dtype `grad`.
+Result run(const Inputs& in, const Dtypes& dt, Impl impl, DType grad) {
+    Result r;
+    const std::int64_t B = in.q.dim(0), Hq = in.q.dim(1), Lq = in.q.dim(2);
+    r.out = poisoned(dt.out, Shape{B, Hq, Lq, in.v.shape()[3]});
+    r.lse = poisoned(DType::f32, Shape{B, Hq, Lq});
+    SdpaOptions o = in.opt;
+    o.impl = Impl::reference;
+    TensorView lv = r.lse.view();
+    sdpa(in.q, in.k, in.v, o, r.out, &lv);
+    r.dq = poisoned(grad, in.q.shape());
+    r.dk = poisoned(grad, in.k.shape());
+    r.dv = poisoned(grad, in.v.shape());
+    r.dsinks = poisoned(DType::f64, Shape{Hq});
+    const TensorView ds = r.dsinks.view();
+    o.impl = impl;
+    SdpaReport rep;
+    sdpa_backward(in.q, in.k, in.v, r.out, r.lse, in.dO, o, r.dq, r.dk, r.dv, &rep, in.opt.sinks ? &ds : nullptr);
+    r.kernel = rep.kernel;
+    return r;
+}
+
+// The bound (docs/conventions.md, "Backward with 16-bit tensors"). The 16-bit inputs are
+// exact float32 values, so the tiled kernel's float32 error budget is the float32 one
+// (tests/grad/test_backward.cpp): 2e-5 of the largest reference gradient. A 16-bit out adds
+// its own rounding through Dᵢ = rowsum(dO∘O): |ΔDᵢ| <= u_out·Σ_d|dO·O| =: δ, which moves
+// dS by scale·P·ΔD, so dQᵢ by at most scale·δ·max|K| (Σ_j P = 1) and dKⱼ by at most
+// scale·δ·max|Q|·(group·Lq) (Σ over the rows reading key j of P <= group·Lq); dV not at all.
+// A 16-bit gradient adds one rounding of the float32 value (tested exactly below).
+constexpr double kTol = 2e-5;
+
+struct Bounds {
+    double dq, dk, dv;
+    double dsinks;  // per head: B·Lq rows, each term e^{σ−lse}·Dᵢ with weight <= 1, D off by kTol·S + ΔD
+};
+
+Bounds bounds(const Case& c, const Inputs& in, const Result& got, double den, const Dtypes& dt) {
+    double delta = 0.0;
+    for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t h = 0; h < c.Hq; ++h)
+            for (std::int64_t i = 0; i < c.Lq; ++i) {
+                double s = 0.0;
+                for (std::int64_t d = 0; d < c.Dv; ++d) s += std::fabs(at(in.dO, b, h, i, d) * at(got.out, b, h, i, d));
+                delta = std::max(delta, s);
+            }
+    const double S = delta;  // max over rows of Σ_d |dO·O|
+    delta *= dt.out == DType::f32 ? 0.0 : unit_roundoff(dt.out);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.Dk));
+    const double base = kTol * den;
+    return {base + scale * delta * max_abs(in.k), base + scale * delta * max_abs(in.q) * static_cast<double>(c.Hq / c.Hkv * c.Lq),
+            base, static_cast<double>(c.B * c.Lq) * (kTol * S + delta)};
+}
+
+const std::vector<Dtypes>& dtype_mixes() {
+    using D = DType;
+    static const std::vector<Dtypes> mixes = {
+        {D::bf16, D::bf16, D::bf16, D::f32, D::f32},   // all-bf16 inputs, f32 out and gradients: the tight bound
+        {D::f16, D::f16, D::f16, D::f32, D::f32},      // all-f16
+        {D::f32, D::f16, D::f32, D::f32, D::f32},      // f32 queries against an f16 cache
+        {D::bf16, D::f32, D::f16, D::f32, D::f32},     // every storage type at once
+        {D::bf16, D::bf16, D::bf16, D::bf16, D::f32},  // bf16 out: D carries its rounding
+        {D::f16, D::f16, D::f16, D::f16, D::f32},      // f16 out
+    };
+    return mixes;
+}
+
+void check_against_reference(detail::Isa isa, int ncases, std::uint64_t seed) {
+    const detail::KernelSet* row = detail::kernel_set_for(isa);
+    if (row == nullptr) GTEST_SKIP() << "skipped: CPU lacks " << detail::missing_features(isa);
+    const detail::ScopedKernelSet use(*row);
+    int n = 0;
+    for (const Dtypes& dt : dtype_mixes()) {
+        double worst = 0.0, worst_rel = 0.0;  // error / bound; error / largest reference gradient
+        for (const Case& c : random_cases(ncases, seed++)) {
+            SCOPED_TRACE(str(dt) + " " + c.str());
+            const Inputs in = make_inputs(c, dt, seed * 131 + static_cast<std::uint64_t>(n++));
+            const Result got = run(in, dt, Impl::flash, DType::f32);
+            ASSERT_EQ(got.kernel, std::string("flash-backward/") + detail::isa_name(isa));
+            const Result ref = run(in, dt, Impl::reference, DType::f64);
+            const double den = std::max({max_abs(ref.dq), max_abs(ref.dk), max_abs(ref.dv)}) + 1e-30;
+            const Bounds bd = bounds(c, in, got, den, dt);
+            for (auto [g, r, name, bound] : {std::tuple{&got.dq, &ref.dq, "dq", bd.dq}, std::tuple{&got.dk, &ref.dk, "dk", bd.dk},
+                                             std::tuple{&got.dv, &ref.dv, "dv", bd.dv}}) {
+                const double e = max_abs_diff(*g, *r);
+                worst = std::max(worst, e / bound);
+                worst_rel = std::max(worst_rel, e / den);
+                EXPECT_LE(e, bound) << name << " (largest reference gradient " << den << ")";
+            }
+            if (c.sinks) {  // dσ: a sum over rows of e^{σ−lse}·D, float32 D against the reference's double
+                EXPECT_LE(max_abs_diff(got.dsinks, ref.dsinks), bd.dsinks) << "dsinks";
+            }
+        }
+        std::printf("[ info ] %s, %d cases, %s tile: worst error / bound %.3g, / largest gradient %.3g\n", str(dt).c_str(),
+                    ncases, detail::isa_name(isa), worst, worst_rel);
+    }
+}
+
+TEST(HalfBackward, MatchesReferenceAvx512) { check_against_reference(detail::Isa::avx512, 20, 11); }
+TEST(HalfBackward, MatchesReferenceAvx2) { check_against_reference(detail::Isa::avx2, 20, 21); }
+TEST(HalfBackward, MatchesReferencePortable) { check_against_reference(detail::Isa::portable, 8, 31); }
+
+// A 16-bit gradient is the float32 gradient rounded once (round to nearest even): bit for
+// bit the float32 run's values through half.hpp's rounding, on every ISA row, 1 and 2 threads.
+TEST(HalfBackward, SixteenBitGradientsAreOneRoundingOfFloat32) {
+    const Dtypes dt{DType::bf16, DType::bf16, DType::bf16, DType::bf16, DType::f32};
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+        const detail::ScopedKernelSet use(*row);
+        int n = 0;
+        for (const Case& c : random_cases(6, 41)) {
+            SCOPED_TRACE(std::string(detail::isa_name(row->isa)) + " " + c.str());
+            const Inputs in = make_inputs(c, dt, 4100 + static_cast<std::uint64_t>(n++));
+            const Result f32 = run(in, dt, Impl::flash, DType::f32);
+            for (DType g : {DType::bf16, DType::f16}) {
+                for (int threads : {1, 2}) {
+                    const ScopedNumThreads nt(threads);
+                    const Result r16 = run(in, dt, Impl::flash, g);
+                    for (auto [got, want] : {std::pair{&r16.dq, &f32.dq}, std::pair{&r16.dk, &f32.dk}, std::pair{&r16.dv, &f32.dv}}) {
+                        const Tensor rounded = to_storage(*want, g);
+                        ASSERT_TRUE(bit_equal(*got, rounded)) << name(g) << " gradients, " << threads << " threads";
+                    }
+                }
+            }
+        }
+    }
+}
+
+// The tiled backward's result does not depend on the thread count with 16-bit inputs either
+// (the per-tile widening is inside each task).
+TEST(HalfBackward, ThreadCountIndependent) {
+    const Dtypes dt{DType::f16, DType::bf16, DType::f16, DType::f32, DType::f32};
+    for (const Case& c : random_cases(6, 51)) {
+        SCOPED_TRACE(c.str());
+        const Inputs in = make_inputs(c, dt, 51);
+        Result one, two;
+        {
+            const ScopedNumThreads nt(1);
+            one = run(in, dt, Impl::flash, DType::f32);
+        }
+        {
+            const ScopedNumThreads nt(2);
+            two = run(in, dt, Impl::flash, DType::f32);
+        }
+        EXPECT_TRUE(bit_equal(one.dq, two.dq) && bit_equal(one.dk, two.dk) && bit_equal(one.dv, two.dv));
+    }
+}
+
+// Automatic dispatch picks the tiled kernel for 16-bit inputs (it declines only float64).
+TEST(HalfBackward, AutoRunsFlashFor16Bit) {
+    Case c{1, 2, 1, 9, 11, 8, 8};
+    const Dtypes dt{DType::bf16, DType::f16, DType::bf16, DType::bf16, DType::bf16};
+    const Inputs in = make_inputs(c, dt, 61);
+    const Result r = run(in, dt, Impl::automatic, DType::bf16);
+    EXPECT_EQ(r.kernel.rfind("flash-backward/", 0), 0u) << r.kernel;
+}
+
+// sdpa_varlen_backward with bf16 packed tensors and bf16 gradients: per sequence the same
+// as sdpa_backward on that sequence's (1, H, L, D) view — against the double reference.
+TEST(HalfBackward, VarlenBf16MatchesReference) {
+    std::mt19937_64 rng(71);
+    // Three sequences; the last has no key (its dq rows are written as 0 in bf16).
+    const std::int64_t Hq = 2, Hkv = 1, D = 16, Tq = 3 + 70 + 2, Tk = 5 + 80;
+    const Tensor q = randn(DType::bf16, Shape{Tq, Hq, D}, rng), k = randn(DType::bf16, Shape{Tk, Hkv, D}, rng),
+                 v = randn(DType::bf16, Shape{Tk, Hkv, D}, rng), dO = randn(DType::bf16, Shape{Tq, Hq, D}, rng);
+    Tensor cq(DType::i32, Shape{4}), ck(DType::i32, Shape{4});
+    const std::int32_t cqv[] = {0, 3, 73, 75}, ckv[] = {0, 5, 85, 85};
+    std::copy(cqv, cqv + 4, cq.data_as<std::int32_t>());
+    std::copy(ckv, ckv + 4, ck.data_as<std::int32_t>());
+    SdpaOptions o;
+    o.causal = Causal::bottom_right;
+    const Tensor out = poisoned(DType::f32, Shape{Tq, Hq, D}), lse = poisoned(DType::f32, Shape{Tq, Hq});
+    TensorView lv = lse.view();
+    // The forward on float32 copies (the same values: bf16 widens exactly); the packed
+    // forward's 16-bit inputs are not this test's subject.
+    sdpa_varlen(to_storage(q, DType::f32), to_storage(k, DType::f32), to_storage(v, DType::f32), cq, ck, o, out, &lv);
+    auto grads = [&](Impl impl, DType g, std::string* kernel) {
+        std::vector<Tensor> t;
+        for (const Tensor* like : {&q, &k, &v}) t.push_back(poisoned(g, like->shape()));
+        SdpaOptions ob = o;
+        ob.impl = impl;
+        SdpaReport rep;
+        sdpa_varlen_backward(q, k, v, cq, ck, out, lse, dO, ob, t[0], t[1], t[2], &rep);
+        *kernel = rep.kernel;
+        return t;
+    };
+    std::string kf, kr;
+    const std::vector<Tensor> got = grads(Impl::flash, DType::bf16, &kf), ref = grads(Impl::reference, DType::f64, &kr);
+    EXPECT_EQ(kf.rfind("flash-backward/", 0), 0u) << kf;
+    const double den = std::max({max_abs(ref[0]), max_abs(ref[1]), max_abs(ref[2])});
+    for (int i = 0; i < 3; ++i) {
+        // the float32 bound plus one bf16 rounding of each gradient (|x|·2⁻⁸ <= den·2⁻⁸)
+        EXPECT_LE(max_abs_diff(got[static_cast<std::size_t>(i)], ref[static_cast<std::size_t>(i)]),
+                  (kTol + unit_roundoff(DType::bf16)) * den)
+            << "gradient " << i;
+    }
+    for (std::int64_t t = 73; t < 75; ++t)
+        for (std::int64_t d = 0; d < D; ++d) ASSERT_EQ(at(got[0], t, 0, d), 0.0);
+    // dtype errors name the argument and the four accepted dtypes; nothing is written.
+    const Tensor dk_i32(DType::i32, k.shape()), dq = poisoned(DType::bf16, q.shape()), dv = poisoned(DType::bf16, v.shape());
+    try {
+        sdpa_varlen_backward(q, k, v, cq, ck, out, lse, dO, o, dq, dk_i32, dv);
+        ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(
+                      "sdpa_varlen_backward: dk: dtype must be float32, float64, float16 or bfloat16 but got int32"),
+                  std::string::npos)
+            << e.what();
+    }
+    EXPECT_TRUE(still_poisoned(dq) && still_poisoned(dv));
+}
+
+// The packers' widening (kernels/simd/convert.hpp) against half.hpp's conversions: every
+// float16 and bfloat16 bit pattern, contiguous and strided.
+TEST(HalfBackward, WidenRowIsExact) {
+    for (DType dt : {DType::f16, DType::bf16}) {
+        Tensor t(dt, Shape{65536});
+        for (std::int64_t e = 0; e < 65536; ++e) t.data_as<std::uint16_t>()[e] = static_cast<std::uint16_t>(e);
+        std::vector<float> got(65536);
+        for (std::int64_t stride : {1, 3}) {
+            const std::int64_t n = 65536 / stride;
+            detail::widen_row(t, 0, stride, n, got.data());
+            for (std::int64_t e = 0; e < n; ++e) {
+                const std::uint16_t h = static_cast<std::uint16_t>(e * stride);
+                const float want = dt == DType::f16 ? f16_to_float(h) : bf16_to_float(h);
+                if (std::isnan(want)) ASSERT_TRUE(std::isnan(got[static_cast<std::size_t>(e)])) << std::hex << h;
+                else ASSERT_EQ(std::memcmp(&got[static_cast<std::size_t>(e)], &want, 4), 0) << name(dt) << " " << std::hex << h;
+            }
+        }
+    }
+}
+
+void expect_error(const std::function<void()>& f, const std::string& text) {
+    try {
+        f();
+        ADD_FAILURE() << "no error; expected: " << text;
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+}
+
+// The dtype checks name the argument, the four accepted dtypes and what was given; lse
+// stays float32/float64; nothing is written.
+TEST(HalfBackward, DtypeErrors) {
+    std::mt19937_64 rng(81);
+    const Tensor q = randn(DType::bf16, Shape{1, 1, 4, 8}, rng), k = randn(DType::bf16, Shape{1, 1, 5, 8}, rng);
+    const Tensor v = randn(DType::bf16, Shape{1, 1, 5, 8}, rng), dO = randn(DType::bf16, Shape{1, 1, 4, 8}, rng);
+    const Tensor out = randn(DType::bf16, Shape{1, 1, 4, 8}, rng), lse = randn(DType::f32, Shape{1, 1, 4}, rng);
+    const Tensor lse16 = randn(DType::f16, Shape{1, 1, 4}, rng), dO_i32(DType::i32, Shape{1, 1, 4, 8});
+    const Tensor q64 = randn(DType::f64, Shape{1, 1, 4, 8}, rng);
+    const Tensor dq = poisoned(DType::bf16, q.shape()), dk = poisoned(DType::bf16, k.shape()), dv = poisoned(DType::bf16, v.shape());
+    const Tensor dv_i32(DType::i32, v.shape());
+    SdpaOptions o;
+    expect_error([&] { sdpa_backward(q, k, v, out, lse, dO_i32, o, dq, dk, dv); },
+                 "sdpa_backward: grad_out: dtype must be float32, float64, float16 or bfloat16 but got int32");
+    expect_error([&] { sdpa_backward(q, k, v, out, lse, dO, o, dq, dk, dv_i32); },
+                 "sdpa_backward: dv: dtype must be float32, float64, float16 or bfloat16 but got int32");
+    expect_error([&] { sdpa_backward(q, k, v, out, lse16, dO, o, dq, dk, dv); },
+                 "sdpa_backward: lse: dtype must be float32 or float64 but got float16");
+    o.impl = Impl::flash;
+    expect_error([&] { sdpa_backward(q64, k, v, out, lse, dO, o, dq, dk, dv); },
+                 "sdpa_backward: impl: the flash backward needs q, k, v, out and grad_out in float32, float16 or bfloat16");
+    EXPECT_TRUE(still_poisoned(dq) && still_poisoned(dk) && still_poisoned(dv));
+}
+
+}  // namespace
+}  // namespace attn::test
