@@ -259,7 +259,13 @@ struct Avx512Bf16Ops : Avx512Ops {
         for (std::int64_t j = 0; j < nk; ++j) {
             const std::uint16_t* src = v + p.v.offset(b, hk, j0 + j, 0);
             float* dst = vbuf + j * p.Dv;
-            for (std::int64_t d = 0; d < p.Dv; ++d) {
+            std::int64_t d = 0;
+            if (sd == 1)  // 16 at a time: zero-extend to 32 bits, shift into the high half
+                for (; d + 16 <= p.Dv; d += 16) {
+                    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + d));
+                    _mm512_storeu_ps(dst + d, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+                }
+            for (; d < p.Dv; ++d) {
                 const std::uint32_t bits = static_cast<std::uint32_t>(src[d * sd]) << 16;
                 std::memcpy(dst + d, &bits, sizeof bits);
             }
