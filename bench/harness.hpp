@@ -47,6 +47,7 @@ struct Config {
 struct Ceilings {
     Ceiling fma_1t, fma_nt;   // GFLOP/s on 1 and on Config::threads threads: AVX2 (256-bit) FMA
     Ceiling fma512_1t, fma512_nt;  // the same with 512-bit FMA (not measured without AVX-512)
+    Ceiling bf16_1t, bf16_nt;      // vdpbf16ps, GFLOP/s (bf16 compute's ceiling; AVX-512 BF16 only)
     // The widest FMA ceiling the CPU has on `threads` threads (AVX-512 when measured): the
     // %peak of every row. The AVX2 one stays in the report beside it (%avx2).
     const Ceiling& widest_fma(int threads) const {

@@ -72,11 +72,14 @@ bool cpu_has_avx2_fma() {
 
 bool cpu_has_avx512() { return attn::detail::cpu_supports(attn::detail::Isa::avx512); }
 
+bool cpu_has_avx512_bf16() { return attn::detail::cpu_features().has_avx512_bf16(); }
+
 Ceiling measure_fma_peak(int threads, double seconds, int repeats, FmaWidth width) {
     Ceiling c;
     c.threads = threads;
     c.repeats = repeats;
-    const bool wide = width == FmaWidth::avx512;
+    const bool bf16 = width == FmaWidth::avx512_bf16;
+    const bool wide = width == FmaWidth::avx512 || bf16;
     if (!wide && !cpu_has_avx2_fma()) {
         c.note = "not measured: this CPU (or OS) lacks AVX2+FMA, the ISA attn's fast kernels use";
         return c;
@@ -85,9 +88,14 @@ Ceiling measure_fma_peak(int threads, double seconds, int repeats, FmaWidth widt
         c.note = "not measured: this CPU (or OS) lacks " + attn::detail::missing_features(attn::detail::Isa::avx512);
         return c;
     }
-    float (*const chains)(long) = wide ? detail::fma_chains_avx512 : detail::fma_chains_avx2;
-    // 12 chains x 8 or 16 lanes x (mul + add)
-    const double kFlopPerIter = 12.0 * (wide ? 16.0 : 8.0) * 2.0;
+    if (bf16 && !cpu_has_avx512_bf16()) {
+        c.note = "not measured: this CPU lacks avx512_bf16";
+        return c;
+    }
+    float (*const chains)(long) =
+        bf16 ? detail::dpbf16_chains_avx512 : wide ? detail::fma_chains_avx512 : detail::fma_chains_avx2;
+    // 12 chains x 8 or 16 lanes x (mul + add); vdpbf16ps: 2 products + 2 adds per lane
+    const double kFlopPerIter = 12.0 * (wide ? 16.0 : 8.0) * (bf16 ? 4.0 : 2.0);
     // Calibrate on one thread: iterations per second of one chain set.
     long iters = 1L << 20;
     int got = 0;
@@ -110,8 +118,9 @@ Ceiling measure_fma_peak(int threads, double seconds, int repeats, FmaWidth widt
     c.median = median_of(rates);
     c.trials = rates;
     c.per_cpu = per_cpu_best(rates, c.cpu_shares);
-    c.method = std::string(wide ? "12 independent 512-bit FMA chains per thread (AVX-512, -mavx512f), ~"
-                                : "12 independent 256-bit FMA chains per thread (AVX2, -mavx2 -mfma), ~") +
+    c.method = std::string(bf16   ? "12 independent 512-bit vdpbf16ps chains per thread (AVX-512 BF16, 64 FLOP each), ~"
+                           : wide ? "12 independent 512-bit FMA chains per thread (AVX-512, -mavx512f), ~"
+                                  : "12 independent 256-bit FMA chains per thread (AVX2, -mavx2 -mfma), ~") +
                std::to_string(static_cast<int>(seconds * 1000)) + " ms per trial";
     if (got != threads) c.note = "OpenMP gave " + std::to_string(got) + " threads instead of " + std::to_string(threads);
     c.threads = got;

@@ -37,9 +37,14 @@ bool cpu_has_avx2_fma();
 // (attn::detail::cpu_supports(Isa::avx512): AVX-512 F+VL+BW+DQ and AVX2+FMA+F16C).
 bool cpu_has_avx512();
 
+// True when the avx512 row can also use AVX-512 BF16 (vdpbf16ps; bf16 compute, isa.hpp).
+bool cpu_has_avx512_bf16();
+
 // fp32 FMA peak: every thread runs independent FMA chains for about `seconds`, on 256-bit
 // (avx2) or 512-bit (avx512) vectors — the widths of attn's avx2 and avx512 kernel rows.
-enum class FmaWidth { avx2, avx512 };
+// avx512_bf16: the same loop with vdpbf16ps (bf16 pairs into float32, 64 FLOP per
+// instruction) — the ceiling of the flash forward's bf16 compute.
+enum class FmaWidth { avx2, avx512, avx512_bf16 };
 Ceiling measure_fma_peak(int threads, double seconds, int repeats, FmaWidth width = FmaWidth::avx2);
 
 // Read bandwidth: `threads` threads sum disjoint parts of a `bytes` buffer, `repeats` passes.
@@ -53,6 +58,8 @@ namespace detail {
 float fma_chains_avx2(long iters);
 // The same on 16-lane vectors (peaks_avx512.cpp, -mavx512f): 384·iters FLOP.
 float fma_chains_avx512(long iters);
+// 12 chains of vdpbf16ps (peaks_avx512_bf16.cpp, -mavx512bf16): 768·iters FLOP.
+float dpbf16_chains_avx512(long iters);
 // Sum of n floats (n a multiple of 64, p 32-byte aligned) with 8 independent accumulators.
 float sum_floats_avx2(const float* p, std::size_t n);
 float sum_floats_sse2(const float* p, std::size_t n);

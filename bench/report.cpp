@@ -86,6 +86,11 @@ void print_ceilings(const Report& r) {
     if (c.fma512_nt.measured)
         std::printf("            best of %d trials per thread count; %s; %%peak uses this one\n", c.fma512_nt.repeats,
                     c.fma512_nt.method.c_str());
+    std::printf("bf16 dot  : %s; %s\n", ceiling_line(c.bf16_1t, "GFLOP/s").c_str(),
+                ceiling_line(c.bf16_nt, "GFLOP/s").c_str());
+    if (c.bf16_nt.measured)
+        std::printf("            best of %d trials per thread count; %s; the ceiling of bf16 compute\n",
+                    c.bf16_nt.repeats, c.bf16_nt.method.c_str());
     std::printf("read BW   : %s; %s\n", ceiling_line(c.bw_1t, "GB/s").c_str(), ceiling_line(c.bw_nt, "GB/s").c_str());
     if (c.bw_nt.measured)
         std::printf("            best of %d trials per thread count; %s\n", c.bw_nt.repeats, c.bw_nt.method.c_str());
@@ -177,6 +182,7 @@ nlohmann::json to_json(const Report& r) {
                   {"note", r.torch_note}};
     j["ceilings"] = {{"fma_peak_gflops", {ceiling_json(r.ceilings.fma_1t), ceiling_json(r.ceilings.fma_nt)}},
                      {"fma512_peak_gflops", {ceiling_json(r.ceilings.fma512_1t), ceiling_json(r.ceilings.fma512_nt)}},
+                     {"bf16_dot_peak_gflops", {ceiling_json(r.ceilings.bf16_1t), ceiling_json(r.ceilings.bf16_nt)}},
                      {"read_bandwidth_gbs", {ceiling_json(r.ceilings.bw_1t), ceiling_json(r.ceilings.bw_nt)}},
                      {"threads_for_percentages", r.cfg.threads}};
     nlohmann::json cases = nlohmann::json::array();

@@ -68,6 +68,9 @@ const CpuFeatures& cpu_features() {
             f.avx512dq = (b7 & bit_AVX512DQ) != 0;
             f.avx512bw = (b7 & bit_AVX512BW) != 0;
             f.avx512vl = (b7 & bit_AVX512VL) != 0;
+            // Sub-leaf 1 exists when leaf 7's EAX (the highest sub-leaf) is at least 1.
+            unsigned a71 = 0, b71 = 0, c71 = 0, d71 = 0;
+            if (a7 >= 1 && __get_cpuid_count(7, 1, &a71, &b71, &c71, &d71) != 0) f.avx512_bf16 = (a71 & (1u << 5)) != 0;
         }
 #endif
         return f;

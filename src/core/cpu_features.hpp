@@ -18,11 +18,17 @@ struct CpuFeatures {
     bool avx512vl = false;
     bool avx512bw = false;
     bool avx512dq = false;
+    // AVX-512 BF16 (vdpbf16ps, vcvtne2ps2bf16; CPUID.(EAX=7,ECX=1):EAX bit 5), under the same
+    // OS-state condition. Not a row: the avx512 row's flash forward uses it for all-bf16
+    // Q, K, V when has_avx512_bf16() (kernels/isa.hpp says why).
+    bool avx512_bf16 = false;
     // Everything the *_avx2.cpp files are compiled for (-mavx2 -mfma -mf16c).
     bool has_avx2_fma_f16c() const { return avx2 && fma && f16c; }
     // Everything the *_avx512.cpp files are compiled for (ATTN_AVX512_FLAGS: the AVX2 set
     // plus -mavx512f -mavx512vl -mavx512bw -mavx512dq); the AVX-512 row also reuses AVX2 code.
     bool has_avx512() const { return has_avx2_fma_f16c() && avx512f && avx512vl && avx512bw && avx512dq; }
+    // Everything the *_avx512_bf16.cpp files are compiled for (ATTN_AVX512_BF16_FLAGS).
+    bool has_avx512_bf16() const { return has_avx512() && avx512_bf16; }
 };
 
 // Detected on first use (cached); thread-safe (a function-local static).

@@ -3,6 +3,16 @@
 // as one row per ISA, and kernel_set() picks the row once per process (select_isa: the
 // CPU's best, or what ATTN_ISA says). Adding an ISA means: its files, one enum value in
 // core/cpu_features.hpp, one row in isa.cpp, its sources in src/CMakeLists.txt.
+//
+// bf16 compute (AVX-512 BF16, vdpbf16ps) is a member of the avx512 row, not a row of its own:
+// KernelSet::flash_forward_bf16, null on the portable and avx2 rows, and called by
+// flash_forward() (flash/flash.cpp) only when Q, K and V are all bfloat16 *and*
+// cpu_features().has_avx512_bf16(). Why not an `avx512_bf16` row: it would differ from the
+// avx512 row in that one entry (backward, decode, dropout and exp2 are the same code), yet
+// every test that runs each row would run the avx512 kernels twice on a shared machine, and
+// every float32 call would report a new kernel name. Why not fold it into the avx512 row's
+// flash_forward: AVX-512 CPUs without BF16 (Skylake-SP, Ice Lake) exist, and the row must run
+// there; so the check is one branch at the front, outside any file with ISA flags.
 #pragma once
 
 #include <cstddef>
@@ -33,6 +43,9 @@ struct KernelSet {
     // y[i] = 2^x[i], the one vectorised exp of this ISA (simd/exp2.hpp states its error):
     // 0 for x < −126, +inf for x >= 128, NaN stays NaN.
     void (*exp2)(const float* x, float* y, std::size_t n);
+    // Flash forward with the two products on bf16 pairs (flash/bf16_dot.hpp) for all-bfloat16
+    // Q, K, V; null on rows without it. Only on a CPU with AVX-512 BF16 (see above).
+    void (*flash_forward_bf16)(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads) = nullptr;
 };
 
 // The row the library uses, chosen on first use (thread-safe); `why` (optional) says why.
@@ -61,6 +74,7 @@ private:
 void flash_forward_portable(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads);
 void flash_forward_avx2(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads);
 void flash_forward_avx512(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads);
+void flash_forward_avx512_bf16(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads);
 void backward_tile_portable(const TileArgs& t);
 void backward_tile_avx2(const TileArgs& t);
 void backward_tile_avx512(const TileArgs& t);

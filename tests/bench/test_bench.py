@@ -40,6 +40,11 @@ def cpu_has_avx512():
     return cpu_has_avx2_fma() and all(x in flags for x in ("avx512f", "avx512vl", "avx512bw", "avx512dq", "f16c"))
 
 
+def cpu_has_flag(name):
+    with open("/proc/cpuinfo") as f:
+        return name in next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
+
+
 def close(a, b, rel=1e-9):
     return abs(a - b) <= rel * max(abs(a), abs(b))
 
@@ -93,6 +98,14 @@ def test_ceilings(custom_run):
             assert x["measured"] and x["best"] >= x["median"] > 0
     else:
         assert not w1["measured"] and "lacks" in w1["note"] and "avx512" in w1["note"]
+    # The bf16 dot-product ceiling (vdpbf16ps): measured where the CPU has avx512_bf16, else
+    # the note says the CPU lacks it.
+    b1, bn = c["bf16_dot_peak_gflops"]
+    if cpu_has_avx512() and cpu_has_flag("avx512_bf16"):
+        for x in (b1, bn):
+            assert x["measured"] and x["best"] >= x["median"] > 0
+    else:
+        assert not b1["measured"] and "lacks avx512_bf16" in b1["note"]
     for x in c["read_bandwidth_gbs"]:
         assert x["measured"] and x["best"] >= x["median"] > 0
 

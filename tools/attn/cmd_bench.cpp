@@ -152,6 +152,9 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
         const auto w512 = bench::FmaWidth::avx512;
         ce.fma512_1t = bench::measure_fma_peak(1, peak_s, repeats, w512);
         ce.fma512_nt = cfg.threads == 1 ? ce.fma512_1t : bench::measure_fma_peak(cfg.threads, peak_s, repeats, w512);
+        const auto wbf16 = bench::FmaWidth::avx512_bf16;
+        ce.bf16_1t = bench::measure_fma_peak(1, peak_s, repeats, wbf16);
+        ce.bf16_nt = cfg.threads == 1 ? ce.bf16_1t : bench::measure_fma_peak(cfg.threads, peak_s, repeats, wbf16);
         ce.bw_1t = bench::measure_read_bandwidth(1, bw_bytes, repeats);
         ce.bw_nt = cfg.threads == 1 ? ce.bw_1t : bench::measure_read_bandwidth(cfg.threads, bw_bytes, repeats);
     };
@@ -189,6 +192,11 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
         ce.fma512_1t = bench::merge(ce.fma512_1t, after.fma512_1t, "measured before and after the shapes");
         ce.fma512_nt = cfg.threads == 1 ? ce.fma512_1t
                                         : bench::merge(ce.fma512_nt, after.fma512_nt, "measured before and after the shapes");
+    }
+    if (ce.bf16_1t.measured) {
+        ce.bf16_1t = bench::merge(ce.bf16_1t, after.bf16_1t, "measured before and after the shapes");
+        ce.bf16_nt = cfg.threads == 1 ? ce.bf16_1t
+                                      : bench::merge(ce.bf16_nt, after.bf16_nt, "measured before and after the shapes");
     }
     ce.bw_1t = bench::merge(ce.bw_1t, after.bw_1t, "measured before and after the shapes");
     ce.bw_nt = cfg.threads == 1 ? ce.bw_1t : bench::merge(ce.bw_nt, after.bw_nt, "measured before and after the shapes");

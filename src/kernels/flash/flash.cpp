@@ -38,7 +38,18 @@ void flash_forward(const SdpaProblem& p, const KernelSet& kernels, int threads, 
     }
     if (threads <= 0) threads = num_threads();  // the one thread setting (attn/threads.hpp)
     const Dropout drop(p.dropout_p, p.dropout_seed);  // once per call; inactive when p = 0
+    // bf16 compute (isa.hpp: a member of the avx512 row, not a row): Q, K, V all bfloat16 on
+    // a CPU with AVX-512 BF16. Any other mix runs the row's float32 path.
+    if (kernels.flash_forward_bf16 != nullptr && flash_bf16_compute(p)) {
+        kernels.flash_forward_bf16(p, t, drop, threads);
+        return;
+    }
     kernels.flash_forward(p, t, drop, threads);
+}
+
+bool flash_bf16_compute(const SdpaProblem& p) {
+    return p.q.dtype() == DType::bf16 && p.k.dtype() == DType::bf16 && p.v.dtype() == DType::bf16 &&
+           cpu_features().has_avx512_bf16();
 }
 
 }  // namespace attn::detail

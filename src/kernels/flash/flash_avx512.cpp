@@ -15,6 +15,7 @@
 
 #define ATTN_FLASH_NS flash_avx512_ns
 #include "../simd/exp2_avx512.hpp"
+#include "bf16_dot.hpp"
 #include "flash_driver.hpp"
 #include "../simd/half_avx512.hpp"
 
@@ -185,11 +186,128 @@ struct Avx512Ops {
 };
 #undef ATTN_CASES
 
+// bf16 compute for all-bfloat16 Q, K, V: the driver's operand hooks (flash_driver.hpp) with
+// the bf16 pair micro-kernels of bf16_dot.hpp (flash_avx512_bf16.cpp, -mavx512bf16); the
+// score rule, softmax, dropout and outputs are Avx512Ops' float32 code. What it adds to the
+// error: Pᵀ is rounded to bf16 before P·V (relative 2^-8 per weight; docs/conventions.md,
+// "bf16 compute"); Q·Kᵀ of bf16 inputs is exact products in float32 sums as before.
+// This file has no bf16 instruction: packing bf16 pairs is integer moves.
+struct Avx512Bf16Ops : Avx512Ops {
+    using Pair = std::uint32_t;  // two bf16, the first in the low half
+    static std::int64_t half_up(std::int64_t n) { return (n + 1) / 2; }
+    static std::size_t round64(std::int64_t bytes) { return static_cast<std::size_t>((bytes + 63) / 64 * 64); }
+    // Scratch (Workspace::extra): Pᵀ pairs (⌈Nb/2⌉, Mb), V pairs (⌈Nb/2⌉, Dv), K rows padded
+    // to an even length (Nb, 2⌈Dk/2⌉ bf16) — in that order, laid out from the workspace's tiles.
+    static std::size_t p_bytes(std::int64_t Mb, std::int64_t Nb) { return round64(4 * half_up(Nb) * Mb); }
+    static std::size_t v_bytes(const SdpaProblem& p, std::int64_t Nb) { return round64(4 * half_up(Nb) * p.Dv); }
+    static std::size_t scratch_bytes(const SdpaProblem& p, const FlashTiles& t) {
+        return p_bytes(t.Mb, t.Nb) + v_bytes(p, t.Nb) + round64(4 * t.Nb * half_up(p.Dk));
+    }
+    static Pair* p_pairs(const Workspace& w) { return static_cast<Pair*>(w.extra); }
+    static Pair* v_pairs(const Workspace& w) {
+        return reinterpret_cast<Pair*>(static_cast<char*>(w.extra) + p_bytes(w.tile_mb, w.tile_nb));
+    }
+    static std::uint16_t* k_rows(const SdpaProblem& p, const Workspace& w) {
+        return reinterpret_cast<std::uint16_t*>(static_cast<char*>(w.extra) + p_bytes(w.tile_mb, w.tile_nb) + v_bytes(p, w.tile_nb));
+    }
+
+    // Qᵀ as pair words: qt[panel][d/2][32], zero past Dk and past the last query (w.qt holds
+    // Mb·Dk floats ≥ Mb·⌈Dk/2⌉ words).
+    static void pack_q(const SdpaProblem& p, Workspace& w, std::int64_t b, int nq, int panels) {
+        const std::uint16_t* q = p.q.data_as<const std::uint16_t>();
+        const std::int64_t sd = p.q.stride(3), Dp = half_up(p.Dk);
+        Pair* qt = reinterpret_cast<Pair*>(w.qt);
+        for (int c = 0; c < panels * kPanel; ++c) {
+            Pair* dst = qt + (c / kPanel) * Dp * kPanel + c % kPanel;
+            if (c >= nq) {
+                for (std::int64_t d2 = 0; d2 < Dp; ++d2) dst[d2 * kPanel] = 0;
+                continue;
+            }
+            const std::uint16_t* src = q + p.q.offset(b, w.ch[c], w.ci[c], 0);
+            for (std::int64_t d2 = 0; d2 < Dp; ++d2) {
+                const Pair hi = 2 * d2 + 1 < p.Dk ? src[(2 * d2 + 1) * sd] : 0;
+                dst[d2 * kPanel] = src[2 * d2 * sd] | hi << 16;
+            }
+        }
+    }
+
+    static void qk_block(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t hk, int panels, std::int64_t j0,
+                         std::int64_t nk, int ldS, float scale) {
+        const std::int64_t Dp = half_up(p.Dk);
+        const std::uint16_t* k = p.k.data_as<const std::uint16_t>();
+        const std::uint16_t* kp;
+        std::int64_t ldk;
+        if (p.k.stride(3) == 1 && p.Dk % 2 == 0) {  // the rows as they are: pairs are adjacent
+            kp = k + p.k.offset(b, hk, j0, 0);
+            ldk = p.k.stride(2);
+        } else {  // strided head dim, or odd Dk (the last pair needs a zero, not the next element)
+            std::uint16_t* buf = k_rows(p, w);
+            ldk = 2 * Dp;
+            for (std::int64_t j = 0; j < nk; ++j) {
+                for (std::int64_t d = 0; d < p.Dk; ++d) buf[j * ldk + d] = k[p.k.offset(b, hk, j0 + j, d)];
+                if (p.Dk % 2 != 0) buf[j * ldk + p.Dk] = 0;
+            }
+            kp = buf;
+        }
+        const Pair* qt = reinterpret_cast<const Pair*>(w.qt);
+        for (int pn = 0; pn < panels; ++pn)
+            for (std::int64_t r = 0; r < nk; r += kRows)
+                flash_bf16_avx512_ns::qk_bf16(qt + pn * Dp * kPanel, kp + r * ldk, ldk,
+                                              static_cast<int>(imin(kRows, nk - r)), static_cast<int>(Dp), scale,
+                                              w.s + r * ldS + pn * kPanel, ldS);
+    }
+
+    // V rows of the key block as float32 (bf16 → f32 is exact: a shift), for the driver's
+    // non-finite checks; pv_block packs them into pairs again.
+    static const float* v_rows(const SdpaProblem& p, std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t nk,
+                               float* vbuf, std::int64_t& ldv) {
+        const std::uint16_t* v = p.v.data_as<const std::uint16_t>();
+        const std::int64_t sd = p.v.stride(3);
+        for (std::int64_t j = 0; j < nk; ++j) {
+            const std::uint16_t* src = v + p.v.offset(b, hk, j0 + j, 0);
+            float* dst = vbuf + j * p.Dv;
+            std::int64_t d = 0;
+            if (sd == 1)  // 16 at a time: zero-extend to 32 bits, shift into the high half
+                for (; d + 16 <= p.Dv; d += 16) {
+                    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + d));
+                    _mm512_storeu_ps(dst + d, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+                }
+            for (; d < p.Dv; ++d) {
+                const std::uint32_t bits = static_cast<std::uint32_t>(src[d * sd]) << 16;
+                std::memcpy(dst + d, &bits, sizeof bits);
+            }
+        }
+        ldv = p.Dv;
+        return vbuf;
+    }
+
+    // Pᵀ (rounded to bf16 here: the one rounding this path adds) and V rows as key pairs,
+    // then Oᵀ += V·Pᵀ on the pairs.
+    static void pv_block(const SdpaProblem& p, const Workspace& w, int panels, std::int64_t nk, int ldS, const float* vp,
+                         std::int64_t ldv, float* acc, int ldO) {
+        Pair* pp = p_pairs(w);
+        Pair* vv = v_pairs(w);
+        flash_bf16_avx512_ns::pack_pairs_bf16(w.s, ldS, nk, panels * kPanel, pp, w.tile_mb);
+        flash_bf16_avx512_ns::pack_pairs_bf16(vp, ldv, nk, p.Dv, vv, p.Dv);
+        const int Jp = static_cast<int>(half_up(nk));
+        for (int pn = 0; pn < panels; ++pn)
+            for (std::int64_t d = 0; d < p.Dv; d += kRows)
+                flash_bf16_avx512_ns::pv_bf16(pp + pn * kPanel, w.tile_mb, vv + d, p.Dv, Jp,
+                                              static_cast<int>(imin(kRows, p.Dv - d)), acc + d * ldO + pn * kPanel, ldO,
+                                              w.alpha + pn * kPanel);
+    }
+};
+
 }  // namespace
 }  // namespace flash_avx512_ns
 
 void flash_forward_avx512(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads) {
     flash_avx512_ns::run_flash<flash_avx512_ns::Avx512Ops>(p, tiles, drop, threads);
+}
+
+// Q, K, V all bfloat16, on a CPU with AVX-512 BF16 (flash.cpp checks both).
+void flash_forward_avx512_bf16(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads) {
+    flash_avx512_ns::run_flash<flash_avx512_ns::Avx512Bf16Ops>(p, tiles, drop, threads);
 }
 
 }  // namespace attn::detail

@@ -72,6 +72,18 @@
 //     D = 128: 32×32 69.9 | 64×32 58.5 | 64×128 69.0 | 128×128 67.1 | 128×256 68.7 | 64×64 (kept) 68.7
 // i.e. flat within the noise except small key blocks; one size for every head dim.
 // The per-thread workspace is allocated once per call, before the task loop.
+//
+// ── Operand hooks (bf16 compute) ────────────────────────────────────────────────────
+// An Ops may take over how Q, K and V are read and how the two products run, by defining
+// (all or none; flash_avx512.cpp's Avx512Bf16Ops does, with bf16 pairs for vdpbf16ps):
+//   scratch_bytes(p, t)           bytes of per-thread scratch it needs (Workspace::extra)
+//   pack_q(p, w, b, nq, panels)   its own packed Qᵀ into w.qt (which holds Mb·Dk floats)
+//   qk_block(p, w, b, hk, panels, j0, nk, ldS, scale)   Sᵀ of keys [j0, j0+nk), all panels
+//   v_rows(p, b, hk, j0, nk, vbuf, ldv)   V rows of the key block as float32 (nk × Dv)
+//   pv_block(p, w, panels, nk, ldS, vp, ldv, acc, ldO)  acc ← α·acc + V·Pᵀ (V float32 rows)
+// Without them the driver runs the float32 code below (pack_qt, tile_rows, Ops::qk, Ops::pv).
+// Everything else (score rule, softmax, non-finite handling, outputs) sees float32 Sᵀ,
+// Pᵀ and V rows either way.
 #pragma once
 
 #include <omp.h>
@@ -108,6 +120,10 @@ inline constexpr float kPosInf = std::numeric_limits<float>::infinity();
 inline std::int64_t imin(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
 inline std::int64_t imax(std::int64_t a, std::int64_t b) { return a > b ? a : b; }
 
+// Whether Ops defines the operand hooks (see the header).
+template <class Ops>
+inline constexpr bool kOpsOwnOperands = requires { &Ops::qk_block; };
+
 // Per-thread scratch, sized once per call from the tile sizes and head dims.
 struct Workspace {
     float* qt = nullptr;     // (Mb/16 panels, Dk, 16)  packed Qᵀ
@@ -129,9 +145,13 @@ struct Workspace {
     std::int64_t* ci = nullptr;  // (Mb) query index of each column
     float* drop = nullptr;       // (Nb + 8) dropout factors of one row segment (4-aligned)
     float* qrow = nullptr;       // (Dk) one 16-bit query row, widened, before it is transposed
+    void* extra = nullptr;       // (extra_bytes, 64-aligned) an Ops' own scratch (operand hooks)
+    int tile_mb = 0, tile_nb = 0;  // the tiles it was sized for (the hooks lay out `extra` by them)
     void* block = nullptr;
 
-    Workspace(const SdpaProblem& p, const FlashTiles& t, bool pack_k) {
+    Workspace(const SdpaProblem& p, const FlashTiles& t, bool pack_k, std::size_t extra_bytes = 0) {
+        tile_mb = t.Mb;
+        tile_nb = t.Nb;
         const std::size_t Mb = static_cast<std::size_t>(t.Mb), Nb = static_cast<std::size_t>(t.Nb);
         auto round64 = [](std::size_t floats) { return (floats * sizeof(float) + 63) / 64 * 64; };
         const std::size_t sizes[] = {round64(Mb * static_cast<std::size_t>(p.Dk)),
@@ -144,7 +164,7 @@ struct Workspace {
                                      round64(Mb), round64(Mb), round64(Mb), round64(Mb), round64(Mb), round64(Mb),
                                      round64(2 * Mb), round64(2 * Mb), round64(2 * Mb), round64(2 * Mb),
                                      round64(Nb + 8), round64(static_cast<std::size_t>(p.Dk))};
-        std::size_t total = 0;
+        std::size_t total = (extra_bytes + 63) / 64 * 64;
         for (std::size_t sz : sizes) total += sz;
         block = std::aligned_alloc(64, total);
         if (block == nullptr) return;
@@ -162,6 +182,7 @@ struct Workspace {
         }
         drop = reinterpret_cast<float*>(c);
         qrow = reinterpret_cast<float*>(c + sizes[i]);
+        if (extra_bytes > 0) extra = c + sizes[i] + sizes[i + 1];
     }
     ~Workspace() { std::free(block); }
     Workspace(const Workspace&) = delete;
@@ -292,6 +313,9 @@ const float* tile_rows(const TensorView& t, std::int64_t b, std::int64_t h, std:
 template <class Ops>
 void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t hk, int nq, int panels, std::int64_t j0, std::int64_t nk, int ldS, float scale,
                 bool ranges_partial, ScoreStage stage = ScoreStage::masked) {
+    if constexpr (kOpsOwnOperands<Ops>) {
+        Ops::qk_block(p, w, b, hk, panels, j0, nk, ldS, scale);
+    } else {
     std::int64_t ldk;
     const float* kp = tile_rows<Ops>(p.k, b, hk, j0, nk, p.Dk, w.kbuf, ldk);
     const int Dk = static_cast<int>(p.Dk);
@@ -300,6 +324,7 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
         for (std::int64_t r = 0; r < nk; r += Ops::kRows)
             Ops::qk(qt, kp + r * ldk, ldk, static_cast<int>(imin(Ops::kRows, nk - r)), Dk, scale, w.s + r * ldS + pn * Ops::kPanel,
                     ldS);
+    }
     }
     // The score rule: the modifiers on the whole tile, then the masks on each query's
     // column — skipped for a tile every query sees completely when no mask is element-wise.
@@ -382,6 +407,10 @@ void write_scores(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::
 template <class Ops>
 void pv_tile(const SdpaProblem& p, const Workspace& w, int panels, std::int64_t nk, int ldS, const float* vp,
              std::int64_t ldv, float* acc, int ldO) {
+    if constexpr (kOpsOwnOperands<Ops>) {
+        Ops::pv_block(p, w, panels, nk, ldS, vp, ldv, acc, ldO);
+        return;
+    }
     for (int pn = 0; pn < panels; ++pn)
         for (std::int64_t d = 0; d < p.Dv; d += Ops::kRows)
             Ops::pv(w.s + pn * Ops::kPanel, ldS, vp + d, ldv, static_cast<int>(nk), static_cast<int>(imin(Ops::kRows, p.Dv - d)),
@@ -430,13 +459,15 @@ void accumulate_keys(const SdpaProblem& p, const FlashTiles& t, const Dropout& d
             ldv = p.Dv;
             pv_tile<Ops>(p, w, panels, nk, ldS, w.vbig, ldv, w.bigot, ldO);
         } else {
-            vp = tile_rows<Ops>(p.v, b, hk, j0, nk, p.Dv, w.vbuf, ldv);
+            if constexpr (kOpsOwnOperands<Ops>) vp = Ops::v_rows(p, b, hk, j0, nk, w.vbuf, ldv);
+            else vp = tile_rows<Ops>(p.v, b, hk, j0, nk, p.Dv, w.vbuf, ldv);
             // Zeros of P only where a mask, ALiBi (a score that overflows to −inf) or dropout
             // ran: check V there (finite.hpp). Softcap keeps every score finite.
             select = (partial || p.has_elementwise_mask() || p.alibi_slopes || drop.active) &&
                      any_nonfinite(vp, ldv, nk, p.Dv);
             if (select) {
-                if (vp != w.vbuf) pack_rows<Ops>(p.v, b, hk, j0, nk, p.Dv, w.vbuf);
+            if constexpr (kOpsOwnOperands<Ops>) vp = Ops::v_rows(p, b, hk, j0, nk, w.vbuf, ldv);
+            else vp = tile_rows<Ops>(p.v, b, hk, j0, nk, p.Dv, w.vbuf, ldv);
                 for (std::int64_t e = 0; e < nk * p.Dv; ++e)
                     if (nonfinite_f32(w.vbuf[e])) w.vbuf[e] = 0.0f;
                 vp = w.vbuf;
@@ -475,7 +506,8 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
         }
     }
 
-    pack_qt<Ops>(p, b, w.ch, w.ci, nq, panels, Ops::kPanel, w.qt, w.qrow);
+    if constexpr (kOpsOwnOperands<Ops>) Ops::pack_q(p, w, b, nq, panels);
+    else pack_qt<Ops>(p, b, w.ch, w.ci, nq, panels, Ops::kPanel, w.qt, w.qrow);
     accumulate_keys<Ops>(p, t, drop, w, b, hk, nq, panels, ulo, uhi, false);
     // Overflow of Σ p·v (large finite V) or a visible NaN/±inf: compute again carefully.
     // Padding columns (c ≥ nq) are not looked at: they accumulate V too but nothing reads them.
@@ -566,7 +598,9 @@ void run_flash(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& dro
     bool alloc_failed = false;
 #pragma omp parallel num_threads(nthreads) if (tasks > 1)
     {
-        Workspace w(p, t, pack_k);  // once per thread, before the task loop
+        std::size_t extra = 0;
+        if constexpr (kOpsOwnOperands<Ops>) extra = Ops::scratch_bytes(p, t);
+        Workspace w(p, t, pack_k, extra);  // once per thread, before the task loop
         if (w.block == nullptr) {
 #pragma omp atomic write
             alloc_failed = true;

@@ -1,0 +1,42 @@
+// The bf16 dot-product micro-kernels of the flash forward (flash_avx512_bf16.cpp, compiled
+// with ATTN_AVX512_BF16_FLAGS): Sᵀ = K·Qᵀ and Oᵀ += V·Pᵀ on *pairs* of bf16 with float32
+// accumulation, one `vdpbf16ps` (_mm512_dpbf16_ps) per 16 lanes × 2 products.
+//
+// vdpbf16ps multiplies the two bf16 halves of each 32-bit lane of one operand with the two
+// halves of the same lane of the other and adds both products to the float32 lane. So both
+// operands hold pairs of adjacent elements *along the reduction dimension*:
+//   Q·Kᵀ reduces over d:   Q packed as pair words qp[d/2][query] = (Q[q][d], Q[q][d+1]),
+//                          K rows read in place (K[j][d], K[j][d+1] are adjacent already).
+//   P·V  reduces over keys: Pᵀ packed as pp[j/2][query] = (P[j][q], P[j+1][q]),
+//                          V as vp[j/2][d] = (V[j][d], V[j+1][d]).
+// A pair word holds the first element in its low 16 bits (little-endian memory order). An
+// odd length is padded with a zero element. The tiles are those of the AVX-512 f32 path
+// (flash_avx512.cpp): 8 rows × 32 queries = 16 zmm accumulators, 2 pair vectors per step.
+//
+// Only flash_avx512.cpp's bf16 Ops call these, and only on a CPU with AVX-512 BF16
+// (flash.cpp checks cpu_features().avx512_bf16). Denormal bf16 inputs count as 0 in
+// vdpbf16ps, and a denormal result is flushed to 0.
+#pragma once
+
+#include <cstdint>
+
+namespace attn::detail::flash_bf16_avx512_ns {
+
+// s[r][0..32) = c2 · Σ_{p < Dp} dot2(k[r] pair p, qp[p][0..32))  for r < rows (1..8).
+// qp: (Dp, 32) pair words, 64-byte aligned; k: bf16 rows, row r at k + r·ldk (elements),
+// pair p at element 2p (2·Dp elements readable per row); s: (rows, ldS) floats, aligned.
+void qk_bf16(const std::uint32_t* qp, const std::uint16_t* k, std::int64_t ldk, int rows, int Dp, float c2, float* s,
+             int ldS);
+
+// ot[r][0..32) = alpha·ot[r] + Σ_{p < Jp} dot2(v[p][r], pp[p][0..32))  for r < rows (1..8).
+// pp: (Jp, ldP) pair words (64-byte aligned rows); v: (Jp, ldv) pair words; ot: (rows, ldO).
+void pv_bf16(const std::uint32_t* pp, int ldP, const std::uint32_t* v, std::int64_t ldv, int Jp, int rows, float* ot,
+             int ldO, const float* alpha);
+
+// dst[p][c] = (bf16(src[2p][c]), bf16(src[2p+1][c])) for p < ⌈n/2⌉, c < cols, each rounded
+// to nearest even (NaN stays NaN); the row past an odd n is 0. src: (n, ld) floats, any
+// alignment; dst: rows of ld_dst words.
+void pack_pairs_bf16(const float* src, std::int64_t ld, std::int64_t n, std::int64_t cols, std::uint32_t* dst,
+                     std::int64_t ld_dst);
+
+}  // namespace attn::detail::flash_bf16_avx512_ns

@@ -1,0 +1,315 @@
+// bf16 compute (docs/conventions.md, "bf16 compute"): the flash forward with all-bfloat16
+// Q, K, V on a CPU with AVX-512 BF16 runs Q·Kᵀ and P·V as vdpbf16ps on bf16 pairs
+// (kernels/flash/bf16_dot.hpp), Pᵀ rounded to bf16. Checked against the double reference on
+// the same bf16 inputs (the reference reads them exactly), on random shapes (odd head dims,
+// odd key blocks, GQA, Lq < and > the 64-query block), every mask kind, softcap / ALiBi /
+// sinks, dropout, a strided K head dim, lse and weights; 1 and 2 threads bit-identical.
+//
+// Bound, per element (first order; u = 2^-24, the float32 terms as in test_modifiers.cpp):
+//   E       = (Dk+2)·u·scale·max_ij Σ_d|q_id k_jd| + c·(1.5e-7 + 4u) + 4u·max m_h·(Lq+Lk+64+|offset|)
+//             + 8u·(S + max|mask| + max|σ|)      S = scale·max Σ|qk| + max m_h·(Lq+Lk+64+|offset|)
+//   out     |ΔO_id| ≤ 2^-8·(1 + 2^-7)·Σ_j w_ij|v_jd|        ← Pᵀ rounded to bf16 (the new term)
+//                     + (2E + (Lk+16)u)·max|V| + Lk·2^-125·max|V|   (float32; bf16 denormals → 0)
+//   lse     |Δlse| ≤ E + (Lk+16)u + u·max|lse|                  (l sums the unrounded P)
+//   weights |ΔP_ij| ≤ P_ij·(2E + (Lk+16)u) + 2^-125                (the f32 pass, unchanged)
+// w_ij are the reference's weights (after dropout, as they multiplied V).
+//
+// Skipped with "skipped: CPU lacks avx512_bf16" where the CPU lacks it.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/sdpa.hpp"
+#include "common/util.hpp"
+#include "core/cpu_features.hpp"
+#include "kernels/flash/flash.hpp"
+#include "kernels/isa.hpp"
+#include "sdpa/problem.hpp"
+
+namespace attn {
+namespace {
+
+constexpr double kU = 1.0 / 16777216.0;
+
+const detail::KernelSet* bf16_row() {
+    if (!detail::cpu_features().has_avx512_bf16()) return nullptr;
+    return detail::kernel_set_for(detail::Isa::avx512);
+}
+
+#define ATTN_NEED_BF16()                                                                   \
+    const detail::KernelSet* row = bf16_row();                                             \
+    if (row == nullptr) GTEST_SKIP() << "skipped: CPU lacks avx512_bf16";                  \
+    ASSERT_NE(row->flash_forward_bf16, nullptr)
+
+struct Case {
+    Tensor q, k, v, kstore, bool_mask, add_mask, key_lengths, slopes, sinks;
+    TensorView kview;
+    SdpaOptions opt;
+    std::int64_t offset = 0;
+    bool want_weights = false;
+    std::string desc;
+};
+
+Case random_case(std::mt19937_64& rng) {
+    auto pick = [&](std::initializer_list<std::int64_t> xs) {
+        std::vector<std::int64_t> v(xs);
+        return v[std::uniform_int_distribution<std::size_t>(0, v.size() - 1)(rng)];
+    };
+    auto chance = [&](double p) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; };
+    const std::int64_t B = pick({1, 2}), Hkv = pick({1, 2}), G = pick({1, 3}), Hq = Hkv * G;
+    const std::int64_t Lq = pick({1, 7, 33, 70, 130}), Lk = pick({1, 8, 63, 100, 130});
+    const std::int64_t Dk = pick({1, 8, 17, 64}), Dv = pick({1, 8, 16, 33, 64});
+    Case c;
+    c.q = test::to_storage(test::randn(DType::f32, Shape{B, Hq, Lq, Dk}, rng), DType::bf16);
+    c.v = test::to_storage(test::randn(DType::f32, Shape{B, Hkv, Lk, Dv}, rng), DType::bf16);
+    const bool strided_k = chance(0.25);
+    if (strided_k) {  // K's head dim strided: stored (B, Hkv, Dk, Lk), viewed transposed
+        c.kstore = test::to_storage(test::randn(DType::f32, Shape{B, Hkv, Dk, Lk}, rng), DType::bf16);
+        c.kview = c.kstore.view().transpose(2, 3);
+    } else {
+        c.kstore = test::to_storage(test::randn(DType::f32, Shape{B, Hkv, Lk, Dk}, rng), DType::bf16);
+        c.kview = c.kstore.view();
+    }
+    SdpaOptions& o = c.opt;
+    const int kind = static_cast<int>(pick({0, 1, 2, 3, 4, 5, 6, 7}));
+    c.desc = "B=" + std::to_string(B) + " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) +
+             " Lq=" + std::to_string(Lq) + " Lk=" + std::to_string(Lk) + " Dk=" + std::to_string(Dk) +
+             " Dv=" + std::to_string(Dv) + " mask=" + std::to_string(kind) + (strided_k ? " strided-K" : "");
+    switch (kind) {
+        case 0: break;
+        case 1: o.causal = Causal::top_left; break;
+        case 2: o.causal = Causal::bottom_right; break;
+        case 3: o.window = Window{pick({0, 3, 20}), pick({-1, 0, 5}), Align::bottom_right}; break;
+        case 4:
+            c.key_lengths = Tensor(DType::i64, Shape{B});
+            for (std::int64_t b = 0; b < B; ++b)
+                c.key_lengths.data_as<std::int64_t>()[b] = std::uniform_int_distribution<std::int64_t>(0, Lk)(rng);
+            o.key_lengths = c.key_lengths;
+            o.causal = Causal::bottom_right;
+            break;
+        case 5:
+            c.bool_mask = test::random_bool(Shape{B, 1, Lq, Lk}, rng, 0.7);
+            o.bool_mask = c.bool_mask;
+            break;
+        case 6:
+            c.add_mask = test::randn(DType::f32, Shape{1, Hq, Lq, Lk}, rng, 2.0);
+            o.additive_mask = c.add_mask;
+            break;
+        case 7:
+            c.offset = pick({-3, 0, 40});
+            o.query_offset = QueryOffset(c.offset);
+            o.causal = Causal::top_left;
+            o.window = Window{10, -1, Align::top_left};
+            break;
+    }
+    if (chance(0.3)) {
+        o.softcap = static_cast<double>(pick({1, 5, 30}));
+        c.desc += " softcap=" + std::to_string(o.softcap);
+    }
+    if (chance(0.3)) {
+        c.slopes = test::rand_uniform(DType::f32, Shape{B, Hq}, rng, 0.0, 0.5);
+        o.alibi_slopes = c.slopes;
+        c.desc += " alibi";
+    }
+    if (chance(0.3)) {
+        c.sinks = test::randn(DType::f32, Shape{Hq}, rng, 2.0);
+        o.sinks = c.sinks;
+        c.desc += " sinks";
+    }
+    if (chance(0.2)) {
+        o.dropout_p = 0.2;
+        o.dropout_seed = 1234 + static_cast<std::uint64_t>(Lq);
+        c.desc += " dropout";
+    }
+    c.want_weights = chance(0.5);
+    if (c.want_weights) c.desc += " weights";
+    return c;
+}
+
+struct Out {
+    Tensor out, lse, weights;
+};
+
+// The double reference on the same bf16 inputs.
+Out reference(const Case& c) {
+    const std::int64_t B = c.q.view().dim(0), Hq = c.q.view().dim(1), Lq = c.q.view().dim(2), Lk = c.kview.dim(2), Dv = c.v.view().dim(3);
+    Out r{test::poisoned(DType::f64, Shape{B, Hq, Lq, Dv}), test::poisoned(DType::f64, Shape{B, Hq, Lq}),
+          test::poisoned(DType::f64, Shape{B, Hq, Lq, Lk})};
+    SdpaOptions o = c.opt;
+    o.impl = Impl::reference;
+    TensorView l = r.lse, w = r.weights;
+    sdpa(c.q, c.kview, c.v, o, r.out, &l, &w);
+    return r;
+}
+
+// The bf16-compute flash forward (the avx512 row, which must pick bf16 compute here).
+Out run_flash(const Case& c, const detail::KernelSet& row, int threads) {
+    const std::int64_t B = c.q.view().dim(0), Hq = c.q.view().dim(1), Lq = c.q.view().dim(2), Lk = c.kview.dim(2), Dv = c.v.view().dim(3);
+    Out r{test::poisoned(DType::f32, Shape{B, Hq, Lq, Dv}), test::poisoned(DType::f32, Shape{B, Hq, Lq}),
+          test::poisoned(DType::f32, Shape{B, Hq, Lq, Lk})};
+    const TensorView l = r.lse, w = r.weights;
+    const detail::SdpaProblem p =
+        detail::make_problem(c.q, c.kview, c.v, c.opt, r.out, &l, c.want_weights ? &w : nullptr);
+    EXPECT_TRUE(detail::flash_bf16_compute(p)) << c.desc;
+    detail::flash_forward(p, row, threads, nullptr);
+    return r;
+}
+
+double max_abs(const TensorView& t) { return test::max_abs(t); }
+
+// The header's bound, checked element by element; returns the worst error/bound ratio.
+double check(const Case& c, const Out& got, const Out& ref) {
+    const TensorView q = c.q, k = c.kview, v = c.v;
+    const std::int64_t B = q.dim(0), Hq = q.dim(1), Lq = q.dim(2), Dk = q.dim(3), Lk = k.dim(2), Dv = v.dim(3);
+    const std::int64_t G = Hq / k.dim(1);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(Dk));
+    double qk = 0;  // max_ij Σ_d |q k|
+    for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t h = 0; h < Hq; ++h)
+            for (std::int64_t i = 0; i < Lq; ++i)
+                for (std::int64_t j = 0; j < Lk; ++j) {
+                    double s = 0;
+                    for (std::int64_t d = 0; d < Dk; ++d)
+                        s += std::fabs(test::at(q, b, h, i, d) * test::at(k, b, h / G, j, d));
+                    qk = std::max(qk, s);
+                }
+    const double slope = !c.slopes.view().empty() ? max_abs(c.slopes) : 0.0;
+    const double dist = static_cast<double>(Lq + Lk + 64 + std::llabs(c.offset));  // as test_modifiers.cpp
+    const double mask = !c.add_mask.view().empty() ? max_abs(c.add_mask) : 0.0;
+    const double sink = !c.sinks.view().empty() ? max_abs(c.sinks) : 0.0;
+    const double S = scale * qk + slope * dist;
+    const double E = (Dk + 2) * kU * scale * qk + (c.opt.softcap > 0 ? c.opt.softcap * (1.5e-7 + 4 * kU) : 0.0) +
+                     4 * kU * slope * dist + 8 * kU * (S + mask + sink);
+    const double vmax = max_abs(v), lsemax = max_abs(ref.lse);
+    const double n = static_cast<double>(Lk);
+    double worst = 0;
+    auto track = [&](double err, double bound, const std::string& what) {
+        const double ratio = err / bound;
+        if (!(ratio <= 1.0)) ADD_FAILURE() << c.desc << ": " << what << " error " << err << " > bound " << bound;
+        worst = std::max(worst, std::isnan(ratio) ? 1e9 : ratio);
+    };
+    // The weights that multiplied V, for the P-rounding term: the reference's (returned).
+    for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t h = 0; h < Hq; ++h)
+            for (std::int64_t i = 0; i < Lq; ++i) {
+                const std::string at = "(" + std::to_string(b) + "," + std::to_string(h) + "," + std::to_string(i);
+                const double rl = test::at(ref.lse, b, h, i), gl = test::at(got.lse, b, h, i);
+                if (std::isinf(rl)) {
+                    EXPECT_EQ(gl, rl) << c.desc << " lse" << at;
+                } else {
+                    track(std::fabs(gl - rl), E + (n + 16) * kU + kU * lsemax, "lse" + at + ")");
+                }
+                for (std::int64_t d = 0; d < Dv; ++d) {
+                    double a = 0;
+                    for (std::int64_t j = 0; j < Lk; ++j)
+                        a += std::fabs(test::at(ref.weights, b, h, i, j) * test::at(v, b, h / G, j, d));
+                    const double bound =
+                        std::ldexp(1.0, -8) * (1 + std::ldexp(1.0, -7)) * a + (2 * E + (n + 16) * kU) * vmax +
+                        n * std::ldexp(1.0, -125) * vmax;
+                    const double err = std::fabs(test::at(got.out, b, h, i, d) - test::at(ref.out, b, h, i, d));
+                    if (std::isinf(rl)) {
+                        EXPECT_EQ(test::at(got.out, b, h, i, d), 0.0) << c.desc << " out" << at << "," << d << ")";
+                    } else {
+                        track(err, bound, "out" + at + "," + std::to_string(d) + ")");
+                    }
+                }
+                if (!c.want_weights) continue;
+                for (std::int64_t j = 0; j < Lk; ++j) {
+                    const double w = test::at(ref.weights, b, h, i, j), g = test::at(got.weights, b, h, i, j);
+                    track(std::fabs(g - w), w * (2 * E + (n + 16) * kU) + std::ldexp(1.0, -125),
+                          "weights" + at + "," + std::to_string(j) + ")");
+                }
+            }
+    return worst;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) { return test::bit_equal(a, b); }
+
+TEST(Bf16Compute, RandomCasesMatchReference) {
+    ATTN_NEED_BF16();
+    std::mt19937_64 rng(20261201);
+    double worst = 0;
+    for (int n = 0; n < 60; ++n) {
+        const Case c = random_case(rng);
+        const Out ref = reference(c);
+        const Out one = run_flash(c, *row, 1);
+        worst = std::max(worst, check(c, one, ref));
+        const Out two = run_flash(c, *row, 2);
+        EXPECT_TRUE(same_bits(one.out, two.out) && same_bits(one.lse, two.lse)) << c.desc << ": 1 vs 2 threads";
+        if (HasFailure()) break;
+    }
+    std::printf("worst error / bound over the cases: %.3g\n", worst);
+}
+
+// The P rounding is there (a kernel that silently ran the float32 products would pass the
+// test above too): three keys with scores m, 0, 0 and V = 0, 1, 1. The softmax subtracts
+// the max m, so P = 1, e^-m, e^-m and O = 2·e^-m / (1 + 2e^-m) — with e^-m rounded to bf16
+// in the numerator only (l sums the float32 P).
+TEST(Bf16Compute, RoundsPToBf16) {
+    ATTN_NEED_BF16();
+    const std::int64_t Lq = 64, Lk = 3, D = 8;
+    Tensor q = test::poisoned(DType::bf16, Shape{1, 1, Lq, D}), k = test::poisoned(DType::bf16, Shape{1, 1, Lk, D});
+    Tensor v = test::poisoned(DType::bf16, Shape{1, 1, Lk, D});
+    for (std::int64_t i = 0; i < q.numel(); ++i) test::store(q, i, 0.0);  // every product 0
+    for (std::int64_t i = 0; i < k.numel(); ++i) test::store(k, i, 1.0);
+    for (std::int64_t j = 0; j < Lk; ++j)
+        for (std::int64_t d = 0; d < D; ++d) test::store(v, j * D + d, j == 0 ? 0.0 : 1.0);
+    Tensor mask(DType::f32, Shape{1, 1, Lq, Lk});  // key 0's score m_i = 0.05·i (a float)
+    for (std::int64_t i = 0; i < Lq; ++i)
+        for (std::int64_t j = 0; j < Lk; ++j) mask.data_as<float>()[i * Lk + j] = j == 0 ? 0.05f * static_cast<float>(i) : 0.0f;
+    SdpaOptions o;
+    o.additive_mask = mask;
+    Tensor out = test::poisoned(DType::f32, Shape{1, 1, Lq, D});
+    const detail::SdpaProblem p = detail::make_problem(q, k, v, o, out, nullptr, nullptr);
+    ASSERT_TRUE(detail::flash_bf16_compute(p));
+    detail::flash_forward(p, *row, 1, nullptr);
+    double worst_rel = 0;
+    int off_model = 0;
+    for (std::int64_t i = 1; i < Lq; ++i) {
+        const double e = std::exp(-static_cast<double>(mask.data_as<float>()[i * Lk]));
+        const double want = 2 * e / (1 + 2 * e);
+        const double eb = static_cast<double>(bf16_to_float(float_to_bf16(static_cast<float>(e))));
+        const double got = test::at(out, 0, 0, i, 0);
+        // The model 2·bf16(e)/(1 + 2e); the kernel's e (its exp2) may sit on the other side of a
+        // bf16 rounding boundary in a rare row: count those instead of failing on them.
+        if (std::fabs(got - 2 * eb / (1 + 2 * e)) > 1e-6) ++off_model;
+        worst_rel = std::max(worst_rel, std::fabs(got - want) / want);
+    }
+    EXPECT_LE(off_model, 2) << "rows whose O is not 2·bf16(e^-m)/(1 + 2e^-m)";
+    EXPECT_GT(worst_rel, 1e-4) << "P was not rounded to bf16: is this the float32 path?";
+    EXPECT_LE(worst_rel, std::ldexp(1.0, -8) * 1.01);
+}
+
+// Non-finite V at masked keys and large finite V (the careful path) with bf16 compute.
+TEST(Bf16Compute, NonFiniteAndLargeV) {
+    ATTN_NEED_BF16();
+    const std::int64_t Lq = 40, Lk = 70, D = 16;
+    std::mt19937_64 rng(7);
+    Case c;
+    c.q = test::to_storage(test::randn(DType::f32, Shape{1, 2, Lq, D}, rng), DType::bf16);
+    c.kstore = test::to_storage(test::randn(DType::f32, Shape{1, 2, Lk, D}, rng), DType::bf16);
+    c.kview = c.kstore.view();
+    c.v = test::to_storage(test::randn(DType::f32, Shape{1, 2, Lk, D}, rng), DType::bf16);
+    c.opt.causal = Causal::top_left;
+    c.desc = "non-finite/large V";
+    // Keys past the last query (Lk > Lq, top-left causal: masked for every row) hold NaN/inf;
+    // a visible key holds a value near the bf16 maximum.
+    test::store(c.v, c.v.view().offset(0, 0, Lk - 1, 3), std::nan(""));
+    test::store(c.v, c.v.view().offset(0, 1, Lk - 2, 0), INFINITY);
+    test::store(c.v, c.v.view().offset(0, 1, 0, 5), 3.0e38);  // two: Σ p·v can overflow float32
+    test::store(c.v, c.v.view().offset(0, 1, 1, 5), 3.0e38);
+    const Out ref = reference(c);
+    const Out got = run_flash(c, *row, 2);
+    for (std::int64_t i = 0; i < got.out.numel(); ++i) {
+        const double g = test::load(got.out, i), r = test::load(ref.out, i);
+        ASSERT_TRUE(std::isfinite(g)) << "out[" << i << "] = " << g;
+        EXPECT_NEAR(g, r, std::ldexp(1.0, -7) * std::max(1.0, std::fabs(r))) << "out[" << i << "]";
+    }
+}
+
+}  // namespace
+}  // namespace attn
