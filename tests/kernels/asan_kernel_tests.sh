@@ -8,13 +8,14 @@ set -euo pipefail
 src=$1
 build=$2
 "$src/tests/common/configure_asan.sh" "$src" "$build"
-cmake --build "$build" -j "$(nproc)" --target test_flash test_exp2 test_nonfinite unit_sizes decode_tests
+cmake --build "$build" -j "$(nproc)" --target test_flash test_exp2 test_nonfinite test_bf16_compute unit_sizes decode_tests
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # 20 shards × 3 cases (each on every ISA, 1 and 2 threads) plus the fixed cases.
 ATTN_FLASH_TEST_CASES_PER_SHARD=3 "$build/tests/kernels/test_flash"
 "$build/tests/kernels/test_exp2"
 "$build/tests/kernels/test_nonfinite"
+"$build/tests/kernels/test_bf16_compute"
 # Sizes from user input: overflowing shapes, file headers, KV-cache capacities and appends.
 "$build/tests/unit/unit_sizes"
 "$build/tests/decode/decode_tests" --gtest_filter='KVCache*'
