@@ -1,8 +1,8 @@
 // Tiled fp32 backward of attention (FlashAttention-2's algorithm, on CPU threads).
 // Q, K, V, O, dO may be float32, float16 or bfloat16: they are widened to float32 as they
-// are packed (K/V once per key block, Q/dO once per task for its query heads), never as
-// whole tensors; dQ, dK,
-// dV accumulate in float32 and are rounded once to their own dtype when stored.
+// are packed (K/V once per key block, Q/dO once per task for its query heads: a per-thread
+// buffer of group·Lq rows, never a whole-tensor copy); dQ, dK, dV accumulate in float32 and
+// are rounded once to their own dtype when stored.
 //
 // For each tile of query rows i and keys j it recomputes, never storing Lq×Lk:
 //   P  = exp(S·scale + bias − lseᵢ)         S = Q·Kᵀ, lse saved by the forward
