@@ -31,6 +31,7 @@
 #include "attn/npy.hpp"
 #include "attn/ring.hpp"
 #include "output_files.hpp"
+#include "tensor_args.hpp"
 #endif
 
 namespace attn::cli {
@@ -61,11 +62,10 @@ std::string shard_path(const std::string& path, int rank) {
     return path + tag;
 }
 
+// A .npy or FILE.safetensors:NAME (tensor_args.hpp). Ring blocks compute in float32/float64:
+// 16-bit inputs wait for the ring's 16-bit path (issue 14).
 Tensor read_input(const std::string& flag, const std::string& path) {
-    Tensor t = read_npy(path);
-    if (t.dtype() != DType::f32 && t.dtype() != DType::f64) {
-        throw Error(flag + ": " + path + " must hold float32 or float64 but holds " + std::string(dtype_name(t.dtype())));
-    }
+    Tensor t = read_tensor_arg(flag, path, {DType::f32, DType::f64});
     if (t.shape().rank != 4) {
         throw Error(flag + ": " + path + " must hold a rank-4 array (B, H, L, D) but holds shape " + t.shape().str());
     }
@@ -112,12 +112,12 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
             throw Error("--dsinks: needs --grad-out and --sinks (the gradient of the sink logits)");
         // Every rank reads the (Hq,) sinks itself; ring_attention checks them and that the ranks agree.
         if (!a.sinks.empty()) {
-            sinks = read_npy(a.sinks);
+            sinks = read_tensor_arg("--sinks", a.sinks);
             opt.sinks = sinks.view();
         }
         if (a.alibi && !a.alibi_slopes.empty()) throw Error("--alibi: give either --alibi or --alibi-slopes, not both");
         if (!a.alibi_slopes.empty()) {
-            slopes = read_npy(a.alibi_slopes);
+            slopes = read_tensor_arg("--alibi-slopes", a.alibi_slopes);
             opt.alibi_slopes = slopes.view();
         }
         // Every rank checks the files it will write: rank 0 all of them, or each rank its shards.
@@ -147,7 +147,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
                         std::to_string(k.shape()[1]));
         }
         if (!a.key_lengths.empty()) {
-            lengths = read_npy(a.key_lengths);
+            lengths = read_tensor_arg("--key-lengths", a.key_lengths);
             if ((lengths.dtype() != DType::i32 && lengths.dtype() != DType::i64) || lengths.shape().rank != 1 ||
                 lengths.shape()[0] != q.shape()[0]) {
                 throw Error("--key-lengths: " + a.key_lengths + " must hold int32/int64 of shape (B,) = (" +
