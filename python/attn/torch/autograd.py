@@ -14,6 +14,8 @@ from torch.autograd.function import once_differentiable
 from .. import _attn
 from . import _convert
 
+_HALF = {"torch.float16", "torch.bfloat16"}
+
 
 def _mask_grad(q, k, v, float_mask, out, grad_out, opts):
     weights = _attn.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, return_weights=True, **opts)[1]
@@ -58,7 +60,15 @@ class SdpaFunction(torch.autograd.Function):
             # The gradients in q's dtype (the core's out_dtype is for out and dq/dk/dv alike),
             # then each in its input's dtype, as autograd requires.
             back_opts = {n: x for n, x in ctx.opts.items() if n != "out_dtype"}
-            grads = _attn.scaled_dot_product_attention_backward(q, k, v, out, lse, g, attn_mask=mask, **back_opts)
+            try:
+                grads = _attn.scaled_dot_product_attention_backward(q, k, v, out, lse, g, attn_mask=mask, **back_opts)
+            except TypeError as e:
+                half = sorted({str(t.dtype) for t in (query, key, value, grad_out)} & _HALF)
+                if half and "must be float32 or float64" in str(e):
+                    raise TypeError(f"attn.torch: the gradients of {', '.join(half)} inputs need attn's 16-bit "
+                                    f"backward, which this build's core does not have yet ({e}); compute in "
+                                    "float32 for training") from None
+                raise
             dq, dk, dv = (_convert.tensor(x).to(t.dtype) for x, t in zip(grads[:3], (query, key, value)))
             dsinks = None
             if ctx.needs_input_grad[4]:  # attn's dsinks has q's dtype; the gradient has the sinks'
