@@ -134,3 +134,28 @@ def test_bad_inputs_write_nothing(files, args, fragments):
     before = sorted(os.listdir(files))
     fails(run(*args, cwd=files), *fragments)
     assert sorted(os.listdir(files)) == before  # not even a staging file
+
+
+def test_mha_reads_safetensors_arguments_and_names_its_outputs(tmp_path):
+    import torch
+    torch.manual_seed(0)
+    m = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    write_safetensors(tmp_path / "p.safetensors", {n: (t.detach().numpy(), "float32") for n, t in m.state_dict().items()})
+    x = torch.randn(2, 5, 16)
+    np.save(tmp_path / "x.npy", x.numpy())
+    write_safetensors(tmp_path / "x.safetensors", {"x": (x.numpy(), "float32")})
+    common = ["--params", "p.safetensors", "--num-heads", "4", "--batch-first"]
+    for query, out in (("x.npy", "o.npy"), ("x.safetensors:x", "o.safetensors")):
+        r = subprocess.run([ATTN_BIN, "mha", *common, "--query", query, "--out", out], capture_output=True, text=True,
+                           cwd=tmp_path, timeout=120)
+        assert r.returncode == 0, r.stderr
+    o = read_safetensors(tmp_path / "o.safetensors")
+    assert list(o) == ["out"] and o["out"][1] == "float32"
+    np.testing.assert_array_equal(o["out"][0], np.load(tmp_path / "o.npy"))  # the same input, read two ways
+    with torch.no_grad():
+        ref = m.double()(x.double(), x.double(), x.double(), need_weights=False)[0].numpy()
+    check(o["out"][0], ref, "float32")
+    r = subprocess.run([ATTN_BIN, "mha", *common, "--query", "x.safetensors:y", "--out", "o2.npy"], capture_output=True,
+                       text=True, cwd=tmp_path, timeout=120)
+    fails(r, "--query: x.safetensors: has no tensor named 'y' (it holds 1: 'x')")
+    assert not (tmp_path / "o2.npy").exists()

@@ -106,13 +106,13 @@ void run(const MhaArgs& a) {
         if (kp != a.query) named.emplace_back("key", g.key.view());
         if (vp != a.query && vp != kp) named.emplace_back("value", g.value.view());
         write_safetensors(a.grads, named);
-        OutputFiles::write_all({{a.out, y.view()}});
+        OutputFiles::write_all(std::vector<OutputFiles::Output>{{"--out", a.out, y.view()}});
         return;
     }
     const MhaOutput r = layer.forward(q, k, v, opt);
 
-    std::vector<std::pair<std::string, TensorView>> out{{a.out, r.output.view()}};
-    if (opt.need_weights) out.emplace_back(a.weights, r.weights.view());
+    std::vector<OutputFiles::Output> out{{"--out", a.out, r.output.view()}};
+    if (opt.need_weights) out.push_back({"--weights", a.weights, r.weights.view()});
     OutputFiles::write_all(out);
 }
 

@@ -55,10 +55,14 @@ struct RingArgs {
 
 constexpr int kTagRows = 7201;
 
-// --shard-outputs: rank r's file for `path`: "o.npy" → "o.rank<r>.npy" (else "<path>.rank<r>").
+// --shard-outputs: rank r's file for `path`: "o.npy" → "o.rank<r>.npy", "o.safetensors" →
+// "o.rank<r>.safetensors" (else "<path>.rank<r>").
 std::string shard_path(const std::string& path, int rank) {
     const std::string tag = ".rank" + std::to_string(rank);
-    if (path.size() > 4 && path.compare(path.size() - 4, 4, ".npy") == 0) return path.substr(0, path.size() - 4) + tag + ".npy";
+    for (const std::string ext : {".npy", ".safetensors"}) {
+        if (path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0)
+            return path.substr(0, path.size() - ext.size()) + tag + ext;
+    }
     return path + tag;
 }
 
@@ -276,12 +280,12 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     // --shard-outputs: every rank writes its own rows (its segments, concatenated in local order).
     if (a.shard_outputs) {
         dist::run_collectively(comm, [&] {
-            std::vector<std::pair<std::string, TensorView>> files{{shard_path(a.out, rank), o_mine.view()}};
+            std::vector<OutputFiles::Output> files{{"--out", shard_path(a.out, rank), o_mine.view()}};
             if (backward) {
-                files.emplace_back(shard_path(a.dq, rank), dq_mine.view());
-                files.emplace_back(shard_path(a.dk, rank), dk_mine.view());
-                files.emplace_back(shard_path(a.dv, rank), dv_mine.view());
-                if (rank == 0 && !a.dsinks.empty()) files.emplace_back(a.dsinks, dsinks.view());
+                files.push_back({"--dq", shard_path(a.dq, rank), dq_mine.view()});
+                files.push_back({"--dk", shard_path(a.dk, rank), dk_mine.view()});
+                files.push_back({"--dv", shard_path(a.dv, rank), dv_mine.view()});
+                if (rank == 0 && !a.dsinks.empty()) files.push_back({"--dsinks", a.dsinks, dsinks.view()});
             }
             OutputFiles::write_all(files);
         });
@@ -316,12 +320,12 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     }
     dist::run_collectively(comm, [&] {
         if (rank != 0) return;
-        std::vector<std::pair<std::string, TensorView>> files{{a.out, o.view()}};
+        std::vector<OutputFiles::Output> files{{"--out", a.out, o.view()}};
         if (backward) {
-            files.emplace_back(a.dq, dq.view());
-            files.emplace_back(a.dk, dk.view());
-            files.emplace_back(a.dv, dv.view());
-            if (!a.dsinks.empty()) files.emplace_back(a.dsinks, dsinks.view());
+            files.push_back({"--dq", a.dq, dq.view()});
+            files.push_back({"--dk", a.dk, dk.view()});
+            files.push_back({"--dv", a.dv, dv.view()});
+            if (!a.dsinks.empty()) files.push_back({"--dsinks", a.dsinks, dsinks.view()});
         }
         OutputFiles::write_all(files);
     });

@@ -26,9 +26,9 @@ bool is_safetensors(const std::string& path) {
     return path.size() >= kExt.size() && path.compare(path.size() - kExt.size(), kExt.size(), kExt) == 0;
 }
 
-std::string tensor_name(const std::string& flag) {
+std::string tensor_name(const std::string& flag) {  // "--out" → "out"
     const std::size_t start = flag.find_first_not_of('-');
-    return flag.empty() || start == std::string::npos ? "tensor" : flag.substr(start);
+    return start == std::string::npos ? "tensor" : flag.substr(start);
 }
 
 }  // namespace
@@ -85,7 +85,7 @@ void OutputFiles::check_dtype(const std::string& flag, const std::string& path, 
 // renames (disk full, EFBIG, a reader that went away) removes every staging file and leaves
 // every regular target untouched.
 void OutputFiles::write_all(const std::vector<Output>& outputs) {
-    for (const Output& o : outputs) check_dtype(o.flag.empty() ? o.path : o.flag, o.path, o.view.dtype());
+    for (const Output& o : outputs) check_dtype(o.flag, o.path, o.view.dtype());
     std::vector<std::unique_ptr<detail::AtomicFile>> files;
     for (int pass = 0; pass < 2; ++pass) {  // pass 0: staged files; pass 1: devices and FIFOs
         for (const Output& o : outputs) {
@@ -103,12 +103,6 @@ void OutputFiles::write_all(const std::vector<Output>& outputs) {
         }
     }
     for (auto& f : files) f->publish();
-}
-
-void OutputFiles::write_all(const std::vector<std::pair<std::string, TensorView>>& outputs) {
-    std::vector<Output> named;
-    for (const auto& [path, view] : outputs) named.push_back({"", path, view});
-    write_all(named);
 }
 
 }  // namespace attn::cli

@@ -35,9 +35,8 @@ public:
     // Writes every output: all regular files are written completely to staging files, then
     // devices/FIFOs are written into, then the staging files are renamed into place — so an
     // error while writing leaves none of the regular files behind.
+    // A dtype the path cannot hold is refused here too, before any file is opened.
     static void write_all(const std::vector<Output>& outputs);
-    // The same, for outputs given as (path, tensor): a safetensors tensor is named "tensor".
-    static void write_all(const std::vector<std::pair<std::string, TensorView>>& outputs);
 
 private:
     std::vector<std::pair<std::string, std::string>> files_;
