@@ -10,8 +10,9 @@ std::string shape_str(const std::vector<std::int64_t>& shape) {
     return s + (shape.size() == 1 ? ",)" : ")");
 }
 
-bool dtype_of(char kind, std::int64_t size, attn::DType& out) {
-    if (kind == 'f' && size == 4) out = attn::DType::f32;
+bool dtype_of(char kind, std::int64_t size, bool uint16_is_bf16, attn::DType& out) {
+    if (kind == 'u' && size == 2 && uint16_is_bf16) out = attn::DType::bf16;
+    else if (kind == 'f' && size == 4) out = attn::DType::f32;
     else if (kind == 'f' && size == 8) out = attn::DType::f64;
     else if (kind == 'f' && size == 2) out = attn::DType::f16;
     else if (kind == 'b' && size == 1) out = attn::DType::boolean;
@@ -33,10 +34,12 @@ ArrayLayout layout_of(const RawArray& a, const std::string& name, int min_rank, 
                     shape_str(a.shape);
         return r;
     }
-    if (!dtype_of(a.kind, a.itemsize, r.dtype)) {
+    if (!dtype_of(a.kind, a.itemsize, a.uint16_is_bf16, r.dtype)) {
         r.refusal = ArrayLayout::Refusal::dtype;
         r.message = name + ": unsupported dtype " + a.dtype_name +
-                    " (expected float32, float64, float16, bool, int32 or int64)";
+                    " (expected float32, float64, float16, bool, int32 or int64" +
+                    (a.kind == 'u' && a.itemsize == 2 ? "; a uint16 array of bfloat16 bits needs dtype=\"bfloat16\")"
+                                                      : ")");
         return r;
     }
     r.shape.rank = static_cast<int>(ndim);

@@ -20,6 +20,9 @@ struct RawArray {
     std::vector<std::int64_t> shape, byte_strides;
     bool native_order = true;  // dtype.isnative: false for '>f4' on a little-endian machine
     bool aligned = true;       // numpy's ALIGNED flag: data pointer and strides fit the element
+    // NumPy has no bfloat16: a uint16 array holds bfloat16 bit patterns when the caller says so
+    // (dtype="bfloat16"); otherwise uint16 is refused like any other unsupported dtype.
+    bool uint16_is_bf16 = false;
 };
 
 struct ArrayLayout {

@@ -60,9 +60,10 @@ py::array as_array(const py::handle& obj, const std::string& name) {
 
 namespace {
 // What numpy says about `a`, for layout_of.
-RawArray raw_of(const py::array& a) {
+RawArray raw_of(const py::array& a, bool uint16_is_bf16) {
     const py::dtype dt = a.dtype();
     RawArray r;
+    r.uint16_is_bf16 = uint16_is_bf16;
     r.kind = dt.kind();
     r.itemsize = static_cast<std::int64_t>(dt.itemsize());
     r.dtype_name = dt.attr("name").cast<std::string>();
@@ -76,8 +77,9 @@ RawArray raw_of(const py::array& a) {
 }
 }  // namespace
 
-attn::TensorView view_of(py::array& a, const std::string& name, int min_rank, int max_rank, const char* layout) {
-    ArrayLayout l = layout_of(raw_of(a), name, min_rank, max_rank, layout);
+attn::TensorView view_of(py::array& a, const std::string& name, int min_rank, int max_rank, const char* layout,
+                         bool uint16_is_bf16) {
+    ArrayLayout l = layout_of(raw_of(a, uint16_is_bf16), name, min_rank, max_rank, layout);
     if (l.refusal == ArrayLayout::Refusal::rank) value_error(l.message);
     if (l.refusal == ArrayLayout::Refusal::dtype) type_error(l.message);
     if (l.needs_copy) {
@@ -85,24 +87,56 @@ attn::TensorView view_of(py::array& a, const std::string& name, int min_rank, in
         // made by numpy so that an allocation failure is numpy's MemoryError with the size.
         a = a.attr("astype")(a.dtype().attr("newbyteorder")("="), "C");
         ++g_input_copies;
-        l = layout_of(raw_of(a), name, min_rank, max_rank, layout);
+        l = layout_of(raw_of(a, uint16_is_bf16), name, min_rank, max_rank, layout);
         if (l.needs_copy) value_error(name + ": numpy's copy of the array is still not readable in place");
     }
     return attn::TensorView(const_cast<void*>(a.data()), l.dtype, l.shape, l.strides);
 }
 
-Input input(const py::handle& obj, const std::string& name, int min_rank, int max_rank, const char* layout) {
+Input input(const py::handle& obj, const std::string& name, int min_rank, int max_rank, const char* layout,
+            bool uint16_is_bf16) {
     Input in{as_array(obj, name), {}};
-    in.view = view_of(in.array, name, min_rank, max_rank, layout);
+    in.view = view_of(in.array, name, min_rank, max_rank, layout, uint16_is_bf16);
     return in;
 }
 
 py::array new_array(attn::DType dt, const std::vector<py::ssize_t>& dims) {
     if (dt == attn::DType::f64) return py::array_t<double>(dims);
+    if (dt == attn::DType::f16) return py::array(py::dtype("float16"), dims);
+    if (dt == attn::DType::bf16) return py::array_t<std::uint16_t>(dims);
     return py::array_t<float>(dims);
 }
 
-attn::TensorView output_view(py::array& a, int rank) { return expand_rank(view_of(a, "output", 0, 4, "an array"), rank); }
+attn::TensorView output_view(py::array& a, int rank) {
+    return expand_rank(view_of(a, "output", 0, 4, "an array", true), rank);
+}
+
+bool uint16_is_bf16_arg(const py::handle& obj) {
+    if (obj.is_none()) return false;
+    if (PyUnicode_Check(obj.ptr()) && str_arg(obj, "dtype") == "bfloat16") return true;
+    value_error("dtype: says how to read uint16 inputs: expected \"bfloat16\" (their bits are bfloat16) or None but got " +
+                given(obj));
+}
+
+attn::DType out_dtype_arg(const py::handle& obj, attn::DType fallback) {
+    if (obj.is_none()) return fallback;
+    std::string name;
+    if (PyUnicode_Check(obj.ptr())) {
+        name = str_arg(obj, "out_dtype");
+    } else {
+        try {  // np.float16, np.dtype("float32"), ...
+            name = py::str(py::module_::import("numpy").attr("dtype")(obj).attr("name"));
+        } catch (py::error_already_set&) {
+            type_error("out_dtype: expected \"float32\", \"float16\", \"bfloat16\" or None but got " + given(obj));
+        }
+    }
+    if (name == "float32") return attn::DType::f32;
+    if (name == "float16") return attn::DType::f16;
+    if (name == "bfloat16") return attn::DType::bf16;
+    value_error("out_dtype: expected \"float32\", \"float16\", \"bfloat16\" or None but got " + given(obj));
+}
+
+attn::DType stat_dtype(attn::DType q) { return q == attn::DType::f64 ? attn::DType::f64 : attn::DType::f32; }
 
 std::vector<py::ssize_t> dims_of(const attn::TensorView& t, int first) {
     std::vector<py::ssize_t> d;

@@ -50,21 +50,32 @@ py::array as_array(const py::handle& obj, const std::string& name);
 // A view of `a` with its own rank, which must lie in [min_rank, max_rank] (`layout` names the
 // dims for the error). The rules are layout_of's (array_layout.hpp): an array the kernels
 // cannot read in place replaces `a` by a native, aligned, C-contiguous copy (counted).
-attn::TensorView view_of(py::array& a, const std::string& name, int min_rank, int max_rank, const char* layout);
+// uint16_is_bf16: a uint16 array holds bfloat16 bits (the dtype="bfloat16" keyword).
+attn::TensorView view_of(py::array& a, const std::string& name, int min_rank, int max_rank, const char* layout,
+                         bool uint16_is_bf16 = false);
 
 // One array argument: the array, which keeps the memory alive for the call, and its view.
 struct Input {
     py::array array;
     attn::TensorView view;
 };
-Input input(const py::handle& obj, const std::string& name, int min_rank, int max_rank, const char* layout);
+Input input(const py::handle& obj, const std::string& name, int min_rank, int max_rank, const char* layout,
+            bool uint16_is_bf16 = false);
 
-
-// A new C-contiguous float64 array when dt is f64, else float32.
+// A new C-contiguous array of dtype dt: float64, float32, float16, or for bfloat16 a uint16
+// array holding the bits (NumPy has no bfloat16).
 py::array new_array(attn::DType dt, const std::vector<py::ssize_t>& dims);
 
-// A fresh output array's view, expanded to `rank` dims.
+// A fresh output array's view (a uint16 one is bfloat16), expanded to `rank` dims.
 attn::TensorView output_view(py::array& a, int rank);
+
+// dtype= (how to read uint16 inputs): None → false (uint16 refused), "bfloat16" → true.
+bool uint16_is_bf16_arg(const py::handle& obj);
+// out_dtype=: None → `fallback`; "float32", "float16", "bfloat16" (or numpy's float32/float16
+// dtype or type) → that dtype.
+attn::DType out_dtype_arg(const py::handle& obj, attn::DType fallback);
+// Outputs that stay float (lse, weights, scores, dsinks): float64 for float64 q, else float32.
+attn::DType stat_dtype(attn::DType q);
 
 // t's dims from `first` on, as array dims.
 std::vector<py::ssize_t> dims_of(const attn::TensorView& t, int first = 0);

@@ -20,10 +20,9 @@ namespace {
 
 const char* const kLayout = "(B, H, L, D), (H, L, D) or (L, D)";
 
-// Outputs follow the query's dtype (float32 → float32; float64 → float64).
-attn::DType output_dtype(const attn::TensorView& q) {
-    return q.dtype() == attn::DType::f64 ? attn::DType::f64 : attn::DType::f32;
-}
+// out (and the gradients) follow the query's dtype unless out_dtype= says otherwise: float16 →
+// a float16 array, bfloat16 → a uint16 array of bfloat16 bits. lse, weights, scores and
+// dsinks stay float: float64 for a float64 query, else float32 (stat_dtype).
 
 // Scalar keywords arrive as py::object and are converted by name (convert.hpp).
 py::object sdpa_py(const py::object& query, const py::object& key, const py::object& value,
@@ -33,8 +32,9 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
                    const py::object& return_lse_arg, const py::object& return_weights_arg,
                    const py::object& dropout_seed, const py::object& impl, const py::object& softcap,
                    const py::object& alibi_slopes, const py::object& sinks, const py::object& return_scores,
-                   const py::object& threads_obj) {
+                   const py::object& threads_obj, const py::object& dtype, const py::object& out_dtype) {
     const int threads = threads_arg(threads_obj);
+    const bool bf16 = uint16_is_bf16_arg(dtype);
     const bool return_lse = bool_arg(return_lse_arg, "return_lse");
     std::optional<attn::ScoreStage> stage;
     if (!return_scores.is_none()) {
@@ -46,9 +46,9 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
         }
     }
     const bool return_weights = bool_arg(return_weights_arg, "return_weights");
-    const Input q = input(query, "query", 2, 4, kLayout);
-    const Input k = input(key, "key", 2, 4, kLayout);
-    const Input v = input(value, "value", 2, 4, kLayout);
+    const Input q = input(query, "query", 2, 4, kLayout, bf16);
+    const Input k = input(key, "key", 2, 4, kLayout, bf16);
+    const Input v = input(value, "value", 2, 4, kLayout, bf16);
     const int rank = q.view.rank();
     if (k.view.rank() != rank || v.view.rank() != rank) {
         value_error("key/value: expected the rank of query (" + std::to_string(rank) + ") but got key " +
@@ -58,16 +58,16 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
                                           {is_causal, causal_alignment, window, window_alignment, query_offset},
                                           dropout_seed, impl});
     set_modifiers({softcap, alibi_slopes, sinks}, rank >= 3 ? q.view.dim(rank - 3) : 1, opt);
-    const attn::DType odt = output_dtype(q.view);
+    const attn::DType odt = out_dtype_arg(out_dtype, q.view.dtype()), sdt = stat_dtype(q.view.dtype());
     std::vector<py::ssize_t> od = dims_of(q.view);
     od.back() = v.view.dim(rank - 1);
     const std::vector<py::ssize_t> ld(od.begin(), od.end() - 1);
     std::vector<py::ssize_t> wd = ld;
     wd.push_back(k.view.dim(rank - 2));
     py::array out = new_array(odt, od);
-    py::array lse = return_lse ? new_array(odt, ld) : py::array();
-    py::array w = return_weights ? new_array(odt, wd) : py::array();
-    py::array sc = stage ? new_array(odt, wd) : py::array();
+    py::array lse = return_lse ? new_array(sdt, ld) : py::array();
+    py::array w = return_weights ? new_array(sdt, wd) : py::array();
+    py::array sc = stage ? new_array(sdt, wd) : py::array();
     attn::ScoresOutput so;
     if (stage) so = attn::ScoresOutput{output_view(sc, 4), *stage};
     const attn::TensorView ov = output_view(out, 4);
@@ -96,26 +96,29 @@ py::tuple sdpa_backward_py(const py::object& query, const py::object& key, const
                            const py::object& key_lengths, const py::object& window,
                            const py::object& window_alignment, const py::object& query_offset,
                            const py::object& dropout_seed, const py::object& impl, const py::object& softcap,
-                           const py::object& alibi_slopes, const py::object& sinks, const py::object& threads_obj) {
+                           const py::object& alibi_slopes, const py::object& sinks, const py::object& threads_obj,
+                           const py::object& dtype, const py::object& out_dtype) {
     const int threads = threads_arg(threads_obj);
-    const Input q = input(query, "query", 2, 4, kLayout);
+    const bool bf16 = uint16_is_bf16_arg(dtype);
+    const Input q = input(query, "query", 2, 4, kLayout, bf16);
     const int r = q.view.rank();
-    const Input k = input(key, "key", r, r, "the query's rank");
-    const Input v = input(value, "value", r, r, "the query's rank");
-    const Input o = input(out, "out", r, r, "the query's rank");
+    const Input k = input(key, "key", r, r, "the query's rank", bf16);
+    const Input v = input(value, "value", r, r, "the query's rank", bf16);
+    const Input o = input(out, "out", r, r, "the query's rank", bf16);
     const Input l = input(lse, "lse", r - 1, r - 1, "the query's shape without D");
-    const Input g = input(grad_out, "grad_out", r, r, "the query's rank");
+    const Input g = input(grad_out, "grad_out", r, r, "the query's rank", bf16);
     CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
                                           {is_causal, causal_alignment, window, window_alignment, query_offset},
                                           dropout_seed, impl});
     set_modifiers({softcap, alibi_slopes, sinks}, r >= 3 ? q.view.dim(r - 3) : 1, opt);
-    const attn::DType odt = output_dtype(q.view);
+    const attn::DType odt = out_dtype_arg(out_dtype, q.view.dtype());
     py::array dq = new_array(odt, dims_of(q.view));
     py::array dk = new_array(odt, dims_of(k.view));
     py::array dv = new_array(odt, dims_of(v.view));
     const attn::TensorView dqv = output_view(dq, 4), dkv = output_view(dk, 4), dvv = output_view(dv, 4);
     const bool with_sinks = opt.sdpa.sinks.has_value();
-    py::array ds = with_sinks ? new_array(odt, {static_cast<py::ssize_t>(opt.sdpa.sinks->dim(0))}) : py::array();
+    py::array ds = with_sinks ? new_array(stat_dtype(q.view.dtype()), {static_cast<py::ssize_t>(opt.sdpa.sinks->dim(0))})
+                              : py::array();
     attn::TensorView dsv;
     if (with_sinks) dsv = output_view(ds, 1);
     {
@@ -169,6 +172,7 @@ void bind_sdpa(py::module_& m) {
           py::arg("return_lse") = false, py::arg("return_weights") = false, py::arg("dropout_seed") = 0,
           py::arg("impl") = "auto", py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(),
           py::arg("sinks") = py::none(), py::arg("return_scores") = py::none(), py::arg("threads") = py::none(),
+          py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none(),
           "softmax(query·keyᵀ·scale + mask)·value, as torch.nn.functional.scaled_dot_product_attention.\n"
           "query (B, H, Lq, D), (H, Lq, D) or (Lq, D); key/value of the same rank (Hq % Hkv == 0: GQA).\n"
           "attn_mask: bool (True = may attend) or float (added), broadcastable to (B, H, Lq, Lk).\n"
@@ -184,6 +188,11 @@ void bind_sdpa(py::module_& m) {
           "return_scores=\"scaled\"|\"softcapped\"|\"masked\": the score matrix at that stage (ONNX\n"
           "qk_matmul_output_mode 0/1/2), not with dropout.\n"
           "threads: compute on this many threads (default None: attn.get_num_threads()).\n"
+          "query/key/value: float32, float64, float16, or uint16 arrays of bfloat16 bits with\n"
+          "dtype=\"bfloat16\" (NumPy has no bfloat16; dtype says how to read every uint16 input).\n"
+          "out_dtype=\"float32\"|\"float16\"|\"bfloat16\": the dtype of out (default: query's); float16\n"
+          "is a float16 array, bfloat16 a uint16 array of its bits. lse/weights/scores: float32\n"
+          "(float64 for a float64 query).\n"
           "Returns out, or (out[, lse][, weights][, scores]) when return_lse / return_weights / return_scores.");
     m.def("scaled_dot_product_attention_backward", &sdpa_backward_py, py::arg("query"), py::arg("key"),
           py::arg("value"), py::arg("out"), py::arg("lse"), py::arg("grad_out"), py::arg("attn_mask") = py::none(),
@@ -192,10 +201,11 @@ void bind_sdpa(py::module_& m) {
           py::arg("window") = py::none(), py::arg("window_alignment") = "top-left",
           py::arg("query_offset") = py::none(), py::arg("dropout_seed") = 0, py::arg("impl") = "auto",
           py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
-          py::arg("threads") = py::none(),
+          py::arg("threads") = py::none(), py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none(),
           "Gradients (dq, dk, dv) of scaled_dot_product_attention given the forward's out and lse\n"
           "(return_lse=True) and grad_out = dLoss/dout; the same options as the forward.\n"
-          "With sinks: (dq, dk, dv, dsinks). ALiBi slopes get no gradient.");
+          "With sinks: (dq, dk, dv, dsinks). ALiBi slopes get no gradient.\n"
+          "dtype=\"bfloat16\": uint16 inputs hold bfloat16 bits; dq/dk/dv in out_dtype (default query's).");
     m.def(
         "alibi_slopes",
         [](std::int64_t heads) {

@@ -4,7 +4,7 @@
 //              "__metadata__": {"<key>": "<string>", ...} }   (offsets relative to the data)
 //
 // Reading: F32, F16 and BF16 tensors (kept in their dtype; attn::to_dtype converts).
-// Writing: F32 (any floating view is converted).
+// Writing: F32 (any floating view is converted; the CLI's outputs keep F16/BF16).
 //
 // Files are never trusted. Before anything is allocated or read, the header is checked
 // completely: its length against the file, the JSON syntax (nlohmann-json), duplicate
@@ -36,6 +36,10 @@ struct SafetensorsFile {
 inline constexpr std::size_t kSafetensorsMaxHeader = 100u << 20;
 
 SafetensorsFile read_safetensors(const std::string& path);  // regular files only (not a FIFO or device)
+
+// One tensor of a file: the header is checked whole as above, only that tensor's data is read.
+// A name the file does not hold is an attn::Error listing the names it does hold.
+Tensor read_safetensors_tensor(const std::string& path, const std::string& name);
 
 // The same checks on a file image already in memory; `what` names it in errors.
 SafetensorsFile parse_safetensors(const void* data, std::size_t size, const std::string& what);

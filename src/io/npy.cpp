@@ -11,7 +11,7 @@
 #include "attn/error.hpp"
 #include "atomic_file.hpp"
 #include "input_file.hpp"
-#include "npy_writer.hpp"
+#include "tensor_writers.hpp"
 
 namespace attn {
 namespace {
@@ -229,7 +229,11 @@ void write_npy_into(AtomicFile& out, const TensorView& t) {
     head += dict;
 
     out.write(head.data(), head.size());
-    // Contiguous data goes out in one piece; a strided view row by row along its last dim.
+    write_elements_into(out, t);
+}
+
+void write_elements_into(AtomicFile& out, const TensorView& t) {
+    // Contiguous data goes out in one piece; a strided view element by element.
     const std::size_t es = dtype_size(t.dtype());
     if (t.is_contiguous()) {
         out.write(t.data(), static_cast<std::size_t>(t.numel()) * es);

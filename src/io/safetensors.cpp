@@ -19,6 +19,7 @@
 #include "attn/error.hpp"
 #include "atomic_file.hpp"
 #include "input_file.hpp"
+#include "tensor_writers.hpp"
 
 static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes a little-endian host");
 
@@ -186,8 +187,10 @@ std::vector<Entry> parse_header(std::string_view text, std::uint64_t data_size, 
 
 // `read_raw(offset, dst, bytes)` copies bytes of the file; load() asks only for ranges it
 // has checked against `total`.
+// `only`: read the data of that tensor alone (the header is still checked whole; a missing
+// name is an error listing the names the file has).
 SafetensorsFile load(std::uint64_t total, const std::function<void(std::uint64_t, void*, std::size_t)>& read_raw,
-                     const std::string& file) {
+                     const std::string& file, const std::string* only = nullptr) {
     if (total < 8) fail(file, "file is " + std::to_string(total) + " bytes, too short for the 8-byte header length");
     unsigned char len_bytes[8];
     read_raw(0, len_bytes, 8);
@@ -207,7 +210,17 @@ SafetensorsFile load(std::uint64_t total, const std::function<void(std::uint64_t
 
     SafetensorsFile out;
     const std::vector<Entry> entries = parse_header(text, data_size, file, out.metadata);
+    if (only != nullptr && std::none_of(entries.begin(), entries.end(), [&](const Entry& e) { return e.name == *only; })) {
+        std::string names;
+        for (const Entry& e : entries) {
+            if (names.size() > 200) { names += ", ..."; break; }
+            names += (names.empty() ? "'" : ", '") + e.name + "'";
+        }
+        fail(file, "has no tensor named '" + *only + "' (it holds " +
+                       (entries.empty() ? std::string("no tensors") : std::to_string(entries.size()) + ": " + names) + ")");
+    }
     for (const Entry& e : entries) {
+        if (only != nullptr && e.name != *only) continue;
         Tensor t(e.dtype, e.shape, false, file + ": tensor '" + e.name + "'");
         read_raw(data_start + e.begin, t.data(), static_cast<std::size_t>(e.end - e.begin));
         out.tensors.emplace_back(e.name, std::move(t));
@@ -233,8 +246,26 @@ SafetensorsFile read_safetensors(const std::string& path) {
     return load(f.size(), [&f](std::uint64_t off, void* dst, std::size_t n) { f.read_at(off, dst, n); }, path);
 }
 
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+Tensor read_safetensors_tensor(const std::string& path, const std::string& name) {
+    const detail::InputFile f(path);
+    SafetensorsFile one =
+        load(f.size(), [&f](std::uint64_t off, void* dst, std::size_t n) { f.read_at(off, dst, n); }, path, &name);
+    return std::move(one.tensors.front().second);
+}
+
+namespace detail {
+
+namespace {
+// What a view is stored as: F16/BF16 kept when asked, everything else F32.
+const char* stored_dtype(DType t, bool keep_16bit) {
+    if (keep_16bit && t == DType::f16) return "F16";
+    if (keep_16bit && t == DType::bf16) return "BF16";
+    return "F32";
+}
+}  // namespace
+
+std::string safetensors_header(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
+                               const std::map<std::string, std::string>& metadata, bool keep_16bit) {
     json header = json::object();
     std::set<std::string> names;
     std::uint64_t offset = 0;
@@ -248,27 +279,44 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
             throw Error(path + ": tensor '" + name + "' must be floating to be written as F32 but is " +
                         std::string(dtype_name(view.dtype())));
         }
+        const std::string dt = stored_dtype(view.dtype(), keep_16bit);
         json shape = json::array();
         for (int i = 0; i < view.rank(); ++i) shape.push_back(view.dim(i));
-        const std::uint64_t bytes = static_cast<std::uint64_t>(view.numel()) * 4;
-        header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
+        const std::uint64_t bytes = static_cast<std::uint64_t>(view.numel()) * (dt == "F32" ? 4u : 2u);
+        header[name] = {{"dtype", dt}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
         offset += bytes;
     }
     if (!metadata.empty()) header["__metadata__"] = metadata;
     std::string text = header.dump();
     text.append((8 - text.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned, as the format suggests
+    return text;
+}
 
-    detail::AtomicFile out(path);
+void write_safetensors_into(AtomicFile& out, const std::string& header,
+                            const std::vector<std::pair<std::string, TensorView>>& tensors, bool keep_16bit) {
     unsigned char len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>((static_cast<std::uint64_t>(text.size()) >> (8 * i)) & 0xff);
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>((static_cast<std::uint64_t>(header.size()) >> (8 * i)) & 0xff);
     out.write(len, 8);
-    out.write(text.data(), text.size());
+    out.write(header.data(), header.size());
     for (const auto& [name, view] : tensors) {
+        if (std::string_view(stored_dtype(view.dtype(), keep_16bit)) != "F32") {
+            write_elements_into(out, view);  // 16 bits kept as they are
+            continue;
+        }
         // A strided or non-F32 view is first converted to a contiguous F32 copy.
         const Tensor f = (view.dtype() == DType::f32 && view.is_contiguous()) ? Tensor() : to_dtype(view, DType::f32);
         const void* src = f.data() != nullptr ? f.data() : view.data();
         out.write(src, static_cast<std::size_t>(view.numel()) * 4);
     }
+}
+
+}  // namespace detail
+
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+    const std::string header = detail::safetensors_header(path, tensors, metadata, false);
+    detail::AtomicFile out(path);
+    detail::write_safetensors_into(out, header, tensors, false);
     out.commit();
 }
 

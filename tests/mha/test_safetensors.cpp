@@ -125,6 +125,35 @@ TEST(Safetensors, WriteReadRoundTripStridedAndHalf) {
     std::filesystem::remove_all(dir);
 }
 
+// One tensor by name (the CLI's FILE.safetensors:NAME): only its data is read, the header is
+// still checked whole, and a missing name lists the names the file holds.
+TEST(Safetensors, ReadsOneTensorByName) {
+    const auto dir = std::filesystem::temp_directory_path() / ("attn_st_one_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    const std::string path = (dir / "two.safetensors").string();
+    const std::string img = image(kTwo, floats({1, 2, 3}));
+    std::ofstream(path, std::ios::binary).write(img.data(), static_cast<std::streamsize>(img.size()));
+    const attn::SafetensorsFile all = attn::read_safetensors(path);
+    for (const auto& [name, t] : all.tensors) {
+        const Tensor one = attn::read_safetensors_tensor(path, name);
+        ASSERT_EQ(one.shape(), t.shape());
+        ASSERT_EQ(one.dtype(), t.dtype());
+        EXPECT_EQ(std::memcmp(one.data(), t.data(), t.nbytes()), 0) << name;
+    }
+    try {
+        attn::read_safetensors_tensor(path, "nope");
+        FAIL() << "no error";
+    } catch (const attn::Error& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find(path + ": has no tensor named 'nope' (it holds 2: "), std::string::npos) << m;
+    }
+    // A damaged header is refused even though the named tensor's own entry is fine.
+    const std::string bad = image(kTwo, floats({1, 2, 3, 4}));  // a hole at the end of the data
+    std::ofstream(path, std::ios::binary | std::ios::trunc).write(bad.data(), static_cast<std::streamsize>(bad.size()));
+    EXPECT_THROW(attn::read_safetensors_tensor(path, all.tensors.front().first), attn::Error);
+    std::filesystem::remove_all(dir);
+}
+
 TEST(Safetensors, FileErrors) {
     EXPECT_THROW(attn::read_safetensors("/nonexistent/dir/w.safetensors"), attn::Error);
     EXPECT_THROW(attn::read_safetensors("/tmp"), attn::Error);

@@ -97,10 +97,11 @@ def test_no_subcommand_and_unknown_option(work):
     expect_error(work, sdpa_args(work) + ["--frobnicate", "1"], "--frobnicate")
 
 
-@pytest.mark.parametrize("dtype", [np.int32, np.float16, np.bool_, np.int64])
+# float16 is an input dtype since issue 14 (tests/python/test_half_cli.py); these are not.
+@pytest.mark.parametrize("dtype", [np.int32, np.bool_, np.int64])
 def test_bad_input_dtype(work, dtype):
     np.save(work / "qi.npy", np.ones((B, HQ, LQ, DK), dtype=dtype))
-    expect_error(work, sdpa_args(work, q=work / "qi.npy"), "--q", "qi.npy", "float32 or float64",
+    expect_error(work, sdpa_args(work, q=work / "qi.npy"), "--q", "qi.npy", "float32, float64, float16 or bfloat16",
                  np.dtype(dtype).name if dtype is not np.bool_ else "bool")
 
 

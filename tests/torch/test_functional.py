@@ -180,7 +180,7 @@ def test_threads_follow_torch_and_are_given_back():
 @pytest.mark.parametrize("call, error, words", [
     (lambda q, k, v: at.sdpa(q.to("meta"), k, v), ValueError, ["query", "CPU", "meta"]),
     (lambda q, k, v: at.sdpa(q, k.int(), v), TypeError, ["dtype", "int32"]),
-    (lambda q, k, v: at.sdpa(q, k, v.to(torch.bfloat16)), TypeError, ["value", "bfloat16"]),
+    (lambda q, k, v: at.sdpa(q, k, v.to(torch.complex64)), TypeError, ["value", "complex64"]),  # bfloat16 is read since issue 14
     (lambda q, k, v: at.sdpa(q, k, v[..., :6, :]), ValueError, ["V"]),
     (lambda q, k, v: at.sdpa(q, k[:, :1], v[:, :1]), ValueError, ["enable_gqa"]),
     (lambda q, k, v: at.sdpa(q.numpy(), k, v), TypeError, ["query", "torch.Tensor", "ndarray"]),

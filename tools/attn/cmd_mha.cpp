@@ -13,6 +13,7 @@
 #include "attn/safetensors.hpp"
 #include "commands.hpp"
 #include "output_files.hpp"
+#include "tensor_args.hpp"
 #include "threads_option.hpp"
 
 namespace attn::cli {
@@ -61,10 +62,7 @@ void run(const MhaArgs& a) {
     auto input = [&](const std::string& flag, const std::string& path) -> TensorView {
         auto it = files.find(path);
         if (it == files.end()) {
-            Tensor t = read_npy(path);
-            if (!is_floating(t.dtype())) {
-                throw Error(flag + ": " + path + " must hold floating-point numbers but holds " + std::string(dtype_name(t.dtype())));
-            }
+            Tensor t = read_float_arg(flag, path);
             it = files.emplace(path, std::move(t)).first;
         }
         return it->second.view();
@@ -76,11 +74,11 @@ void run(const MhaArgs& a) {
     MhaForwardOptions opt;
     Tensor kpm, am;
     if (!a.key_padding_mask.empty()) {
-        kpm = read_npy(a.key_padding_mask);
+        kpm = read_tensor_arg("--key-padding-mask", a.key_padding_mask);
         opt.key_padding_mask = kpm.view();
     }
     if (!a.attn_mask.empty()) {
-        am = read_npy(a.attn_mask);
+        am = read_tensor_arg("--attn-mask", a.attn_mask);
         opt.attn_mask = am.view();
     }
     opt.is_causal = a.causal;
@@ -89,8 +87,7 @@ void run(const MhaArgs& a) {
     if (training) {
         // Gradients under state_dict names, then one per distinct input file (self-attention:
         // the query's gradient is the sum of the three uses, as autograd gives).
-        const Tensor dy = read_npy(a.grad_out);
-        if (!is_floating(dy.dtype())) throw Error("--grad-out: " + a.grad_out + " must hold floating-point numbers");
+        const Tensor dy = read_float_arg("--grad-out", a.grad_out);
         MhaForwardState saved;
         const Tensor y = layer.forward_train(q, k, v, opt, MhaTrainOptions{a.dropout_p, a.dropout_seed}, saved);
         MhaGradients g = layer.backward(saved, dy.view());
@@ -109,13 +106,13 @@ void run(const MhaArgs& a) {
         if (kp != a.query) named.emplace_back("key", g.key.view());
         if (vp != a.query && vp != kp) named.emplace_back("value", g.value.view());
         write_safetensors(a.grads, named);
-        OutputFiles::write_all({{a.out, y.view()}});
+        OutputFiles::write_all(std::vector<OutputFiles::Output>{{"--out", a.out, y.view()}});
         return;
     }
     const MhaOutput r = layer.forward(q, k, v, opt);
 
-    std::vector<std::pair<std::string, TensorView>> out{{a.out, r.output.view()}};
-    if (opt.need_weights) out.emplace_back(a.weights, r.weights.view());
+    std::vector<OutputFiles::Output> out{{"--out", a.out, r.output.view()}};
+    if (opt.need_weights) out.push_back({"--weights", a.weights, r.weights.view()});
     OutputFiles::write_all(out);
 }
 

@@ -31,6 +31,7 @@
 #include "attn/npy.hpp"
 #include "attn/ring.hpp"
 #include "output_files.hpp"
+#include "tensor_args.hpp"
 #endif
 
 namespace attn::cli {
@@ -54,18 +55,21 @@ struct RingArgs {
 
 constexpr int kTagRows = 7201;
 
-// --shard-outputs: rank r's file for `path`: "o.npy" → "o.rank<r>.npy" (else "<path>.rank<r>").
+// --shard-outputs: rank r's file for `path`: "o.npy" → "o.rank<r>.npy", "o.safetensors" →
+// "o.rank<r>.safetensors" (else "<path>.rank<r>").
 std::string shard_path(const std::string& path, int rank) {
     const std::string tag = ".rank" + std::to_string(rank);
-    if (path.size() > 4 && path.compare(path.size() - 4, 4, ".npy") == 0) return path.substr(0, path.size() - 4) + tag + ".npy";
+    for (const std::string ext : {".npy", ".safetensors"}) {
+        if (path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0)
+            return path.substr(0, path.size() - ext.size()) + tag + ext;
+    }
     return path + tag;
 }
 
+// A .npy or FILE.safetensors:NAME (tensor_args.hpp). Ring blocks compute in float32/float64:
+// 16-bit inputs wait for the ring's 16-bit path (issue 14).
 Tensor read_input(const std::string& flag, const std::string& path) {
-    Tensor t = read_npy(path);
-    if (t.dtype() != DType::f32 && t.dtype() != DType::f64) {
-        throw Error(flag + ": " + path + " must hold float32 or float64 but holds " + std::string(dtype_name(t.dtype())));
-    }
+    Tensor t = read_tensor_arg(flag, path, {DType::f32, DType::f64});
     if (t.shape().rank != 4) {
         throw Error(flag + ": " + path + " must hold a rank-4 array (B, H, L, D) but holds shape " + t.shape().str());
     }
@@ -112,12 +116,12 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
             throw Error("--dsinks: needs --grad-out and --sinks (the gradient of the sink logits)");
         // Every rank reads the (Hq,) sinks itself; ring_attention checks them and that the ranks agree.
         if (!a.sinks.empty()) {
-            sinks = read_npy(a.sinks);
+            sinks = read_tensor_arg("--sinks", a.sinks);
             opt.sinks = sinks.view();
         }
         if (a.alibi && !a.alibi_slopes.empty()) throw Error("--alibi: give either --alibi or --alibi-slopes, not both");
         if (!a.alibi_slopes.empty()) {
-            slopes = read_npy(a.alibi_slopes);
+            slopes = read_tensor_arg("--alibi-slopes", a.alibi_slopes);
             opt.alibi_slopes = slopes.view();
         }
         // Every rank checks the files it will write: rank 0 all of them, or each rank its shards.
@@ -147,7 +151,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
                         std::to_string(k.shape()[1]));
         }
         if (!a.key_lengths.empty()) {
-            lengths = read_npy(a.key_lengths);
+            lengths = read_tensor_arg("--key-lengths", a.key_lengths);
             if ((lengths.dtype() != DType::i32 && lengths.dtype() != DType::i64) || lengths.shape().rank != 1 ||
                 lengths.shape()[0] != q.shape()[0]) {
                 throw Error("--key-lengths: " + a.key_lengths + " must hold int32/int64 of shape (B,) = (" +
@@ -276,12 +280,12 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     // --shard-outputs: every rank writes its own rows (its segments, concatenated in local order).
     if (a.shard_outputs) {
         dist::run_collectively(comm, [&] {
-            std::vector<std::pair<std::string, TensorView>> files{{shard_path(a.out, rank), o_mine.view()}};
+            std::vector<OutputFiles::Output> files{{"--out", shard_path(a.out, rank), o_mine.view()}};
             if (backward) {
-                files.emplace_back(shard_path(a.dq, rank), dq_mine.view());
-                files.emplace_back(shard_path(a.dk, rank), dk_mine.view());
-                files.emplace_back(shard_path(a.dv, rank), dv_mine.view());
-                if (rank == 0 && !a.dsinks.empty()) files.emplace_back(a.dsinks, dsinks.view());
+                files.push_back({"--dq", shard_path(a.dq, rank), dq_mine.view()});
+                files.push_back({"--dk", shard_path(a.dk, rank), dk_mine.view()});
+                files.push_back({"--dv", shard_path(a.dv, rank), dv_mine.view()});
+                if (rank == 0 && !a.dsinks.empty()) files.push_back({"--dsinks", a.dsinks, dsinks.view()});
             }
             OutputFiles::write_all(files);
         });
@@ -316,12 +320,12 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     }
     dist::run_collectively(comm, [&] {
         if (rank != 0) return;
-        std::vector<std::pair<std::string, TensorView>> files{{a.out, o.view()}};
+        std::vector<OutputFiles::Output> files{{"--out", a.out, o.view()}};
         if (backward) {
-            files.emplace_back(a.dq, dq.view());
-            files.emplace_back(a.dk, dk.view());
-            files.emplace_back(a.dv, dv.view());
-            if (!a.dsinks.empty()) files.emplace_back(a.dsinks, dsinks.view());
+            files.push_back({"--dq", a.dq, dq.view()});
+            files.push_back({"--dk", a.dk, dk.view()});
+            files.push_back({"--dv", a.dv, dv.view()});
+            if (!a.dsinks.empty()) files.push_back({"--dsinks", a.dsinks, dsinks.view()});
         }
         OutputFiles::write_all(files);
     });

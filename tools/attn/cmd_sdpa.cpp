@@ -1,4 +1,6 @@
 // attn sdpa --q Q.npy --k K.npy --v V.npy --out O.npy [--mask M.npy] [--causal top-left|bottom-right]
+//           [--out-dtype float16|bfloat16|float32]   (every tensor argument may be FILE.safetensors:NAME,
+//                                                     every output path may end in .safetensors)
 //           [--scale S] [--weights W.npy] [--lse L.npy] [--impl auto|reference|flash|decode] ...
 //           [--key-lengths N.npy] [--query-offset N | --query-offsets F.npy]
 //           [--window-left L --window-right R --window-align top-left|bottom-right]
@@ -19,6 +21,7 @@
 #include "attn/sdpa_varlen.hpp"
 #include "commands.hpp"
 #include "output_files.hpp"
+#include "tensor_args.hpp"
 #include "threads_option.hpp"
 
 namespace attn::cli {
@@ -26,6 +29,7 @@ namespace {
 
 struct SdpaArgs {
     std::string q, k, v, out, mask, key_lengths, weights, lse, causal = "none", impl = "auto";
+    std::string out_dtype;  // --out-dtype: "" = the dtype of Q
     std::optional<double> scale;
     std::optional<std::int64_t> query_offset;  // --query-offset: every sequence
     std::string query_offsets;                 // --query-offsets: a (B,) .npy, one per sequence
@@ -42,15 +46,14 @@ struct SdpaArgs {
     bool verbose = false;
 };
 
-// K and V may also be float16: they are passed through as they are (no float32 copy of
-// the whole tensor) and the decode kernel converts each row as it reads it.
-Tensor read_input(const std::string& flag, const std::string& path, bool allow_f16 = false) {
-    Tensor t = read_npy(path);
-    if (t.dtype() != DType::f32 && t.dtype() != DType::f64 && !(allow_f16 && t.dtype() == DType::f16)) {
-        throw Error(flag + ": " + path + " must hold float32 or float64" + (allow_f16 ? " (or float16)" : "") +
-                    " but holds " + std::string(dtype_name(t.dtype())));
-    }
-    return t;
+// Q, K, V and dO are passed to the core in their own dtype (float16/bfloat16 included: no
+// float32 copy of the whole tensor; the kernels convert what they read). Which kernel reads
+// which dtype is the core's decision, and its error says why when none does.
+Tensor read_input(const std::string& flag, const std::string& path) { return read_float_arg(flag, path); }
+
+// Every output's dtype against its path (bfloat16 needs .safetensors), before any compute.
+void check_output_dtypes(const std::vector<OutputFiles::Output>& outputs) {
+    for (const auto& o : outputs) OutputFiles::check_dtype(o.flag, o.path, o.view.dtype());
 }
 
 // Packed sequences: q (Tq, Hq, Dk), k/v (Tk, Hkv, D), out (Tq, Hq, Dv), lse (Tq, Hq).
@@ -63,17 +66,23 @@ void run_packed(const SdpaArgs& a, const SdpaOptions& opt, const Tensor& q, cons
     if (!a.weights.empty()) throw Error("--weights: not available for packed sequences (their weights are ragged)");
     if (!a.scores.empty()) throw Error("--scores: not available for packed sequences (their scores are ragged)");
     if (!a.dsinks.empty()) throw Error("--dsinks: not available for packed sequences (sinks are not supported there)");
-    const Tensor cq = read_npy(a.cu_seqlens_q), ck = read_npy(a.cu_seqlens_k);
+    const Tensor cq = read_tensor_arg("--cu-seqlens-q", a.cu_seqlens_q), ck = read_tensor_arg("--cu-seqlens-k", a.cu_seqlens_k);
     // Output shapes come from the inputs; if those are malformed, sdpa_varlen names the bad one.
     const std::int64_t Tq = q.shape().rank == 3 ? q.shape()[0] : 0, Hq = q.shape().rank == 3 ? q.shape()[1] : 0;
     const std::int64_t Dv = v.shape().rank == 3 ? v.shape()[2] : 0;
-    const Tensor o(DType::f32, Shape{Tq, Hq, Dv}), l(DType::f32, Shape{Tq, Hq});
+    const Tensor o(parse_out_dtype(a.out_dtype, q.dtype()), Shape{Tq, Hq, Dv}), l(DType::f32, Shape{Tq, Hq});
     const TensorView lv = l.view();
+    OutputFiles::check_dtype("--out", a.out, o.dtype());
+    if (backward) {
+        OutputFiles::check_dtype("--dq", a.dq, q.dtype());
+        OutputFiles::check_dtype("--dk", a.dk, k.dtype());
+        OutputFiles::check_dtype("--dv", a.dv, v.dtype());
+    }
     SdpaReport report;
     sdpa_varlen(q, k, v, cq, ck, opt, o, &lv, &report);
     if (a.verbose) std::fprintf(stderr, "%s\n", report.explanation.c_str());
-    std::vector<std::pair<std::string, TensorView>> files{{a.out, o.view()}};
-    if (!a.lse.empty()) files.emplace_back(a.lse, l.view());
+    std::vector<OutputFiles::Output> files{{"--out", a.out, o.view()}};
+    if (!a.lse.empty()) files.push_back({"--lse", a.lse, l.view()});
     Tensor dO, dq, dk, dv;
     if (backward) {
         dO = read_input("--grad-out", a.grad_out);
@@ -83,9 +92,9 @@ void run_packed(const SdpaArgs& a, const SdpaOptions& opt, const Tensor& q, cons
         SdpaReport back;
         sdpa_varlen_backward(q, k, v, cq, ck, o, l, dO, opt, dq, dk, dv, &back);
         if (a.verbose) std::fprintf(stderr, "backward: %s\n", back.explanation.c_str());
-        files.emplace_back(a.dq, dq.view());
-        files.emplace_back(a.dk, dk.view());
-        files.emplace_back(a.dv, dv.view());
+        files.push_back({"--dq", a.dq, dq.view()});
+        files.push_back({"--dk", a.dk, dk.view()});
+        files.push_back({"--dv", a.dv, dv.view()});
     }
     OutputFiles::write_all(files);
 }
@@ -127,11 +136,13 @@ void run(const SdpaArgs& a) {
     opt.dropout_seed = a.seed;
 
     const Tensor q = read_input("--q", a.q);
-    const Tensor k = read_input("--k", a.k, true);
-    const Tensor v = read_input("--v", a.v, true);
+    const Tensor k = read_input("--k", a.k);
+    const Tensor v = read_input("--v", a.v);
+    const DType out_dtype = parse_out_dtype(a.out_dtype, q.dtype());
     Tensor mask, lengths, offsets;
     if (!a.mask.empty()) {
-        mask = read_npy(a.mask);
+        // Masks stay float32/float64 (added) or bool: a 16-bit additive mask is refused.
+        mask = read_tensor_arg("--mask", a.mask);
         if (mask.dtype() == DType::boolean) {
             opt.bool_mask = mask.view();
         } else if (mask.dtype() == DType::f32 || mask.dtype() == DType::f64) {
@@ -144,24 +155,24 @@ void run(const SdpaArgs& a) {
     opt.softcap = a.softcap;  // sdpa checks it (0 = off)
     Tensor slopes, sinks;
     if (!a.alibi_slopes.empty()) {
-        slopes = read_npy(a.alibi_slopes);
+        slopes = read_tensor_arg("--alibi-slopes", a.alibi_slopes);
         opt.alibi_slopes = slopes.view();
     } else if (a.alibi) {
         slopes = alibi_slopes(q.shape().rank == 4 ? q.shape()[1] : 1);
         opt.alibi_slopes = slopes.view();
     }
     if (!a.sinks.empty()) {
-        sinks = read_npy(a.sinks);
+        sinks = read_tensor_arg("--sinks", a.sinks);
         opt.sinks = sinks.view();
     }
     if (!a.key_lengths.empty()) {
-        lengths = read_npy(a.key_lengths);
+        lengths = read_tensor_arg("--key-lengths", a.key_lengths);
         opt.key_lengths = lengths.view();
     }
     // sdpa checks the offsets (dtype, shape, range) and names them query_offset.
     if (a.query_offset) opt.query_offset = *a.query_offset;
     if (!a.query_offsets.empty()) {
-        offsets = read_npy(a.query_offsets);
+        offsets = read_tensor_arg("--query-offsets", a.query_offsets);
         opt.query_offset = offsets.view();
     }
     if (!a.cu_seqlens_q.empty() || !a.cu_seqlens_k.empty()) return run_packed(a, opt, q, k, v, backward);
@@ -170,7 +181,7 @@ void run(const SdpaArgs& a) {
     const std::int64_t Lq = q.shape().rank == 4 ? q.shape()[2] : 0;
     const std::int64_t Lk = k.shape().rank == 4 ? k.shape()[2] : 0, Dv = v.shape().rank == 4 ? v.shape()[3] : 0;
 
-    Tensor o(DType::f32, Shape{B, Hq, Lq, Dv});
+    Tensor o(out_dtype, Shape{B, Hq, Lq, Dv});
     Tensor w, l, dO, dq, dk, dv, ds, sc;
     ScoresOutput so;
     if (!a.scores.empty()) {
@@ -192,6 +203,14 @@ void run(const SdpaArgs& a) {
         l = Tensor(DType::f32, Shape{B, Hq, Lq});
         lv = l.view();
     }
+    // Every output against its path's format before any compute (gradients: the inputs' dtypes).
+    check_output_dtypes({{"--out", a.out, o.view()}, {"--weights", a.weights, w.view()}, {"--lse", a.lse, l.view()},
+                         {"--scores", a.scores, sc.view()}});
+    if (backward) {
+        OutputFiles::check_dtype("--dq", a.dq, q.dtype());
+        OutputFiles::check_dtype("--dk", a.dk, k.dtype());
+        OutputFiles::check_dtype("--dv", a.dv, v.dtype());
+    }
     SdpaReport report;
     sdpa(q, k, v, opt, o, lv.empty() ? nullptr : &lv, a.weights.empty() ? nullptr : &wv, &report,
          a.scores.empty() ? nullptr : &so);
@@ -212,15 +231,15 @@ void run(const SdpaArgs& a) {
         if (a.verbose) std::fprintf(stderr, "backward: %s\n", back.explanation.c_str());
     }
 
-    std::vector<std::pair<std::string, TensorView>> files{{a.out, o.view()}};
-    if (!a.weights.empty()) files.emplace_back(a.weights, w.view());
-    if (!a.scores.empty()) files.emplace_back(a.scores, sc.view());
-    if (!a.lse.empty()) files.emplace_back(a.lse, l.view());
+    std::vector<OutputFiles::Output> files{{"--out", a.out, o.view()}};
+    if (!a.weights.empty()) files.push_back({"--weights", a.weights, w.view()});
+    if (!a.scores.empty()) files.push_back({"--scores", a.scores, sc.view()});
+    if (!a.lse.empty()) files.push_back({"--lse", a.lse, l.view()});
     if (backward) {
-        files.emplace_back(a.dq, dq.view());
-        files.emplace_back(a.dk, dk.view());
-        files.emplace_back(a.dv, dv.view());
-        if (!a.dsinks.empty()) files.emplace_back(a.dsinks, ds.view());
+        files.push_back({"--dq", a.dq, dq.view()});
+        files.push_back({"--dk", a.dk, dk.view()});
+        files.push_back({"--dv", a.dv, dv.view()});
+        if (!a.dsinks.empty()) files.push_back({"--dsinks", a.dsinks, ds.view()});
     }
     OutputFiles::write_all(files);
 }
@@ -230,10 +249,15 @@ void run(const SdpaArgs& a) {
 void add_sdpa_command(CLI::App& app) {
     auto args = std::make_shared<SdpaArgs>();
     CLI::App* cmd = app.add_subcommand("sdpa", "Scaled dot-product attention: O = softmax(Q·Kᵀ·scale + mask)·V on .npy files");
-    cmd->add_option("--q", args->q, "queries (B, Hq, Lq, Dk), float32 or float64")->required();
-    cmd->add_option("--k", args->k, "keys (B, Hkv, Lk, Dk); Hq must be a multiple of Hkv; float32, float64 or float16 (float16: decode kernel, Lq <= 16)")->required();
+    cmd->add_option("--q", args->q, "queries (B, Hq, Lq, Dk): float32, float64, float16 (.npy) or bfloat16 (FILE.safetensors:NAME, "
+                    "which any tensor option accepts)")->required();
+    cmd->add_option("--k", args->k, "keys (B, Hkv, Lk, Dk); Hq must be a multiple of Hkv; float32, float64, float16 or bfloat16")->required();
     cmd->add_option("--v", args->v, "values (B, Hkv, Lk, Dv), same dtypes as --k")->required();
-    cmd->add_option("--out", args->out, "output O (B, Hq, Lq, Dv), written as float32")->required();
+    cmd->add_option("--out", args->out, "output O (B, Hq, Lq, Dv), in --out-dtype; a path ending in .safetensors gets a safetensors file "
+                    "(one tensor named after the option: out, lse, dq, ...), any other path a .npy")->required();
+    cmd->add_option("--out-dtype", args->out_dtype,
+                    "dtype of O: float16, bfloat16 (only into .safetensors) or float32 (default: the dtype of Q; "
+                    "lse, weights and scores stay float32)");
     cmd->add_option("--mask", args->mask,
                     "bool keep-mask (true = may attend) or float additive mask, broadcastable to (B, Hq, Lq, Lk)");
     cmd->add_option("--causal", args->causal,

@@ -8,7 +8,7 @@
 
 #include "attn/error.hpp"
 #include "io/atomic_file.hpp"
-#include "io/npy_writer.hpp"
+#include "io/tensor_writers.hpp"
 
 namespace attn::cli {
 namespace {
@@ -19,6 +19,16 @@ std::string identity(const std::string& path) {
     std::error_code ec;
     const std::filesystem::path p = std::filesystem::weakly_canonical(std::filesystem::absolute(path, ec), ec);
     return ec ? path : p.string();
+}
+
+bool is_safetensors(const std::string& path) {
+    constexpr std::string_view kExt = ".safetensors";
+    return path.size() >= kExt.size() && path.compare(path.size() - kExt.size(), kExt.size(), kExt) == 0;
+}
+
+std::string tensor_name(const std::string& flag) {  // "--out" → "out"
+    const std::size_t start = flag.find_first_not_of('-');
+    return start == std::string::npos ? "tensor" : flag.substr(start);
 }
 
 }  // namespace
@@ -56,18 +66,39 @@ void OutputFiles::check() const {
     }
 }
 
+void OutputFiles::check_dtype(const std::string& flag, const std::string& path, DType dtype) {
+    if (path.empty()) return;
+    if (is_safetensors(path)) {
+        if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16) {
+            throw Error(flag + ": " + path + " would hold " + std::string(dtype_name(dtype)) +
+                        ", but attn writes safetensors as float32, float16 or bfloat16 (use a .npy path)");
+        }
+    } else if (dtype == DType::bf16) {
+        throw Error(flag + ": " + path + " would hold bfloat16, which .npy cannot store: give a path ending in "
+                    ".safetensors, or --out-dtype float16 or float32");
+    }
+}
+
 // All or nothing, as far as the file system allows: every regular output is first written
 // completely to its staging file, then devices and FIFOs get their bytes (those cannot be
 // taken back), and only then are the staging files renamed into place. A failure before the
 // renames (disk full, EFBIG, a reader that went away) removes every staging file and leaves
 // every regular target untouched.
-void OutputFiles::write_all(const std::vector<std::pair<std::string, TensorView>>& outputs) {
+void OutputFiles::write_all(const std::vector<Output>& outputs) {
+    for (const Output& o : outputs) check_dtype(o.flag, o.path, o.view.dtype());
     std::vector<std::unique_ptr<detail::AtomicFile>> files;
     for (int pass = 0; pass < 2; ++pass) {  // pass 0: staged files; pass 1: devices and FIFOs
-        for (const auto& [path, view] : outputs) {
-            if (detail::resolve_output(path).direct != (pass == 1)) continue;
-            files.push_back(std::make_unique<detail::AtomicFile>(path));
-            detail::write_npy_into(*files.back(), view);
+        for (const Output& o : outputs) {
+            if (detail::resolve_output(o.path).direct != (pass == 1)) continue;
+            if (is_safetensors(o.path)) {
+                const std::vector<std::pair<std::string, TensorView>> one{{tensor_name(o.flag), o.view}};
+                const std::string header = detail::safetensors_header(o.path, one, {}, true);
+                files.push_back(std::make_unique<detail::AtomicFile>(o.path));
+                detail::write_safetensors_into(*files.back(), header, one, true);
+            } else {
+                files.push_back(std::make_unique<detail::AtomicFile>(o.path));
+                detail::write_npy_into(*files.back(), o.view);
+            }
             files.back()->finish();
         }
     }

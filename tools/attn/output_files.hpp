@@ -20,10 +20,23 @@ public:
     // Throws attn::Error naming the flag if two outputs share a path, a path names something
     // attn does not write (a directory, a block device, ...) or its directory is not writable.
     void check() const;
-    // Writes each (path, tensor) as .npy: all regular files are written completely to staging
-    // files, then devices/FIFOs are written into, then the staging files are renamed into
-    // place — so an error while writing leaves none of the regular files behind.
-    static void write_all(const std::vector<std::pair<std::string, TensorView>>& outputs);
+    // Throws attn::Error naming the flag when `path` cannot hold `dtype`: bfloat16 has no .npy
+    // form (a path ending in .safetensors can hold it), and attn writes no F64 safetensors.
+    // Call it for every output before any compute.
+    static void check_dtype(const std::string& flag, const std::string& path, DType dtype);
+
+    // One output: a path ending in ".safetensors" gets a safetensors file with one tensor named
+    // after the flag without its dashes ("--out" → "out"), in the tensor's own dtype (float32,
+    // float16, bfloat16); any other path a .npy.
+    struct Output {
+        std::string flag, path;
+        TensorView view;
+    };
+    // Writes every output: all regular files are written completely to staging files, then
+    // devices/FIFOs are written into, then the staging files are renamed into place — so an
+    // error while writing leaves none of the regular files behind.
+    // A dtype the path cannot hold is refused here too, before any file is opened.
+    static void write_all(const std::vector<Output>& outputs);
 
 private:
     std::vector<std::pair<std::string, std::string>> files_;

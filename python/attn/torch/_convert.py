@@ -4,9 +4,14 @@ A CPU tensor's .numpy() is a NumPy array over the same memory with the same stri
 attn reads permuted, sliced and expanded tensors in place (the extension counts the inputs
 it must copy in attn._input_copies(); for torch tensors that is none). Outputs are the
 extension's fresh arrays, wrapped by torch.from_numpy (no copy either).
+
+bfloat16, which NumPy lacks, crosses as its bits: a bfloat16 tensor is seen as a uint16 array
+over the same memory (the extension reads uint16 as bfloat16 under dtype="bfloat16", which
+every call from attn.torch passes), and a uint16 result array becomes a bfloat16 tensor.
 """
 import numbers
 
+import numpy as np
 import torch
 
 from .. import _attn
@@ -22,10 +27,14 @@ def array(t, name):
     if t.layout != torch.strided or t.is_nested or t.is_quantized:
         raise TypeError(f"{name}: expected a dense tensor but got layout {t.layout}"
                         + (" (nested)" if t.is_nested else " (quantized)" if t.is_quantized else ""))
+    t = t.detach().resolve_conj().resolve_neg()
+    if t.dtype == torch.bfloat16:  # same memory and strides, read as its bits
+        return t.view(torch.int16).numpy().view(np.uint16)
     try:
-        return t.detach().resolve_conj().resolve_neg().numpy()
-    except TypeError:  # a dtype NumPy does not have (bfloat16, ...)
-        raise TypeError(f"{name}: unsupported dtype {t.dtype} (expected torch.float32 or torch.float64)") from None
+        return t.numpy()
+    except TypeError:  # a dtype NumPy does not have (complex32, ...)
+        raise TypeError(f"{name}: unsupported dtype {t.dtype} (expected torch.float32, torch.float64, "
+                        "torch.float16 or torch.bfloat16)") from None
 
 
 def maybe_array(x, name):
@@ -42,7 +51,21 @@ def modifier_array(x, name):
 
 
 def tensor(a):
+    if a.dtype == np.uint16:  # bfloat16 bits (the extension's bfloat16 results)
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)
+
+
+_OUT_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def out_dtype_name(out_dtype, query):
+    """out_dtype= as the extension takes it: None → query's dtype (float64 stays float64)."""
+    if out_dtype is None:
+        return None
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"out_dtype: expected torch.float32, torch.float16, torch.bfloat16 or None but got {out_dtype!r}")
+    return _OUT_DTYPES[out_dtype]
 
 
 def check_real(x, name, what):

@@ -14,6 +14,8 @@ from torch.autograd.function import once_differentiable
 from .. import _attn
 from . import _convert
 
+_HALF = {"torch.float16", "torch.bfloat16"}
+
 
 def _mask_grad(q, k, v, float_mask, out, grad_out, opts):
     weights = _attn.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, return_weights=True, **opts)[1]
@@ -23,7 +25,7 @@ def _mask_grad(q, k, v, float_mask, out, grad_out, opts):
             q, k, v, attn_mask=float_mask, return_weights=True, **dict(opts, dropout_p=0.0))[1])
     else:
         p = w
-    value = torch.from_numpy(v)
+    value = _convert.tensor(v)
     if value.dim() >= 3 and value.size(-3) != w.size(-3):  # GQA: each KV head serves H/Hkv query heads
         value = value.repeat_interleave(w.size(-3) // value.size(-3), dim=-3)
     d_weights = grad_out @ value.transpose(-1, -2)
@@ -55,13 +57,24 @@ class SdpaFunction(torch.autograd.Function):
         mask = _convert.array(float_mask, "attn_mask") if float_mask is not None else bool_mask
         g = _convert.array(grad_out, "grad_out")
         with _convert.Threads(ctx.threads):
-            grads = _attn.scaled_dot_product_attention_backward(q, k, v, out, lse, g, attn_mask=mask, **ctx.opts)
-            dq, dk, dv = grads[:3]
+            # The gradients in q's dtype (the core's out_dtype is for out and dq/dk/dv alike),
+            # then each in its input's dtype, as autograd requires.
+            back_opts = {n: x for n, x in ctx.opts.items() if n != "out_dtype"}
+            try:
+                grads = _attn.scaled_dot_product_attention_backward(q, k, v, out, lse, g, attn_mask=mask, **back_opts)
+            except TypeError as e:
+                half = sorted({str(t.dtype) for t in (query, key, value, grad_out)} & _HALF)
+                if half and "must be float32 or float64" in str(e):
+                    raise TypeError(f"attn.torch: the gradients of {', '.join(half)} inputs need attn's 16-bit "
+                                    f"backward, which this build's core does not have yet ({e}); compute in "
+                                    "float32 for training") from None
+                raise
+            dq, dk, dv = (_convert.tensor(x).to(t.dtype) for x, t in zip(grads[:3], (query, key, value)))
             dsinks = None
             if ctx.needs_input_grad[4]:  # attn's dsinks has q's dtype; the gradient has the sinks'
                 dsinks = _convert.tensor(grads[3]).to(ctx.sinks_dtype)
             dmask = None
             if ctx.needs_input_grad[3]:
-                dmask = _mask_grad(q, k, v, mask, torch.from_numpy(out), grad_out, ctx.opts)
+                dmask = _mask_grad(q, k, v, mask, _convert.tensor(out), grad_out, ctx.opts)
                 dmask = dmask.sum_to_size(float_mask.shape)
-        return _convert.tensor(dq), _convert.tensor(dk), _convert.tensor(dv), dmask, dsinks, None, None, None
+        return dq, dk, dv, dmask, dsinks, None, None, None

@@ -16,7 +16,7 @@ from .autograd import SdpaFunction
 # `**extras` keyword is a TypeError naming it rather than pybind11's dump of the signature.
 _CORE_KEYWORDS = frozenset(re.findall(r"(\w+): ", _attn.scaled_dot_product_attention.__doc__.split("\n")[0]))
 _OWN_KEYWORDS = frozenset({"query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
-                           "return_lse", "return_weights", "dropout_seed"})
+                           "return_lse", "return_weights", "dropout_seed", "dtype", "out_dtype"})
 # Per-head float32 tensors of the core (a float64 tensor is rounded to float32).
 _MODIFIER_TENSORS = frozenset({"alibi_slopes", "sinks"})
 
@@ -36,7 +36,7 @@ def core_options(extras, causal_alignment, window, window_alignment, key_lengths
     """attn's keywords (beyond torch's) as the extension takes them: tensors as arrays."""
     for name, x in extras.items():
         if name in _OWN_KEYWORDS or name not in _CORE_KEYWORDS:
-            known = sorted(_CORE_KEYWORDS - _OWN_KEYWORDS) + ["threads", "enable_gqa"]
+            known = sorted(_CORE_KEYWORDS - _OWN_KEYWORDS) + ["threads", "enable_gqa", "out_dtype"]
             raise TypeError(f"scaled_dot_product_attention() got an unexpected keyword argument '{name}' "
                             f"(this build of attn takes {', '.join(known)})")
         if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
@@ -48,17 +48,22 @@ def core_options(extras, causal_alignment, window, window_alignment, key_lengths
     opts.update(causal_alignment=causal_alignment, window=window, window_alignment=window_alignment,
                 key_lengths=_convert.maybe_array(key_lengths, "key_lengths"),
                 query_offset=_convert.maybe_array(query_offset, "query_offset"), impl=impl)
+    if "dtype" in _CORE_KEYWORDS:  # bfloat16 tensors arrive as uint16 arrays of their bits (_convert)
+        opts["dtype"] = "bfloat16"
     return opts
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False, *, causal_alignment="top-left", window=None,
                                  window_alignment="top-left", key_lengths=None, query_offset=None,
-                                 dropout_seed=None, threads=None, impl="auto", **extras):
+                                 dropout_seed=None, threads=None, impl="auto", out_dtype=None, **extras):
     """softmax(query·keyᵀ·scale + mask)·value with torch 2.x's signature and semantics, on the CPU.
 
     query (N, H, L, E), (H, L, E) or (L, E); key/value of the same rank with S keys. Any
-    strides are read in place. float32 or float64; the result has query's dtype.
+    strides are read in place. float32, float64, float16 or bfloat16 (any mix the core takes);
+    the result has query's dtype, or out_dtype= (torch.float32, torch.float16, torch.bfloat16).
+    Gradients come back in each input's dtype; 16-bit gradients need a core whose backward
+    takes 16-bit inputs (else its error, at backward time, names the dtype).
     attn_mask: bool (True = may attend) or float (added), broadcastable to (N, H, L, S); a
     float mask that requires grad gets its gradient. is_causal: top-left (torch's), or
     causal_alignment="bottom-right". enable_gqa=True: key/value may have fewer heads (H % Hkv == 0).
@@ -80,6 +85,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     sinks = extras.pop("sinks") if isinstance(extras.get("sinks"), torch.Tensor) else None
     opts = core_options(extras, causal_alignment, window, window_alignment, key_lengths, query_offset, impl)
     opts.update(is_causal=is_causal, scale=scale, dropout_p=dropout_p)
+    if out_dtype is not None:
+        opts["out_dtype"] = _convert.out_dtype_name(out_dtype, query)
     if dropout_p > 0:
         opts["dropout_seed"] = (int(torch.randint(0, 2**62, ()).item()) if dropout_seed is None else dropout_seed)
     float_mask = attn_mask is not None and attn_mask.is_floating_point()

@@ -1,0 +1,161 @@
+# float16 / bfloat16 through the CLI (issue 14): float16 .npy inputs, FILE.safetensors:NAME for
+# tensor arguments, --out-dtype, .safetensors outputs; bad files and bad dtypes give one clear
+# error naming the option and write nothing. Oracle: the float64 textbook on the rounded inputs.
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from half_reference import check, oracle, read_safetensors, rounded, values, write_safetensors
+
+ATTN_BIN = os.environ.get("ATTN_BIN", "")
+pytestmark = pytest.mark.skipif(not ATTN_BIN, reason="ATTN_BIN is not set (the CLI is not built)")
+
+
+def run(*args, cwd):
+    return subprocess.run([ATTN_BIN, "sdpa", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def problem(seed, lq=6, lk=20, d=8):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((1, 2, lq, d)).astype(np.float32), rng.standard_normal((1, 2, lk, d)).astype(np.float32),
+            rng.standard_normal((1, 2, lk, d)).astype(np.float32))
+
+
+def fails(r, *fragments):
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    err = r.stderr.strip()
+    assert err.startswith("attn: error: ") and err.count("\n") == 0, err
+    for f in fragments:
+        assert f in err, (f, err)
+
+
+def test_float16_npy_inputs_default_out_float16(tmp_path):
+    q32, k32, v32 = problem(1)
+    arrays = [rounded(x, "float16") for x in (q32, k32, v32)]
+    for name, (a, _) in zip("qkv", arrays):
+        np.save(tmp_path / f"{name}.npy", a)
+    r = run("--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--out", "o.npy", "--lse", "l.npy", "--impl", "reference",
+            "--causal", "top-left", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    ref_out, ref_lse, _ = oracle(*(x for _, x in arrays), keep=np.tril(np.ones((6, 20), bool)))
+    o = np.load(tmp_path / "o.npy")
+    check(values(o, "float16"), ref_out, "float16")
+    lse = np.load(tmp_path / "l.npy")
+    assert lse.dtype == np.float32
+    check(lse, ref_lse, "float32")
+
+
+@pytest.mark.parametrize("out_dtype", ["float32", "float16", "bfloat16"])
+def test_bfloat16_safetensors_round_trip(tmp_path, out_dtype):
+    q32, k32, v32 = problem(2)
+    arrays = {n: rounded(x, "bfloat16") for n, x in zip("qkv", (q32, k32, v32))}
+    # Several tensors in one file, plus one that is not read (only the named one is).
+    write_safetensors(tmp_path / "in.safetensors", {**{n: (a, "bfloat16") for n, (a, _) in arrays.items()},
+                                                    "other": (np.zeros(3, np.float32), "float32")})
+    r = run("--q", "in.safetensors:q", "--k", "in.safetensors:k", "--v", "in.safetensors:v", "--impl", "reference",
+            "--out", "o.safetensors", "--out-dtype", out_dtype, "--weights", "w.safetensors", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    ref_out, _, ref_w = oracle(*(arrays[n][1] for n in "qkv"))
+    o = read_safetensors(tmp_path / "o.safetensors")
+    assert list(o) == ["out"] and o["out"][1] == out_dtype
+    check(values(o["out"][0], out_dtype), ref_out, out_dtype)
+    w = read_safetensors(tmp_path / "w.safetensors")
+    assert list(w) == ["weights"] and w["weights"][1] == "float32"
+    check(w["weights"][0], ref_w, "float32")
+    # What attn wrote, attn reads back (a .safetensors output is a valid tensor argument).
+    r = run("--q", "o.safetensors:out", "--k", "in.safetensors:k", "--v", "in.safetensors:v", "--impl", "reference",
+            "--out", "o2.npy", "--out-dtype", "float32", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+
+
+def test_float32_query_against_float16_cache_runs_auto(tmp_path):
+    q32, k32, v32 = problem(3, lq=2, lk=200, d=32)
+    (k, kr), (v, vr) = rounded(k32, "float16"), rounded(v32, "float16")
+    np.save(tmp_path / "q.npy", q32)
+    np.save(tmp_path / "k.npy", k)
+    np.save(tmp_path / "v.npy", v)
+    r = run("--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--out", "o.npy", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    o = np.load(tmp_path / "o.npy")
+    check(values(o, "float32"), oracle(q32, kr, vr)[0], "float32")
+
+
+def test_float64_query_keeps_float64(tmp_path):
+    q32, k32, v32 = problem(4, lq=3, lk=4)
+    for n, x in zip("qkv", (q32, k32, v32)):
+        np.save(tmp_path / f"{n}.npy", x.astype(np.float64))
+    r = run("--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--out", "o.npy", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert np.load(tmp_path / "o.npy").dtype == np.float64
+    r = run("--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--out", "o.safetensors", cwd=tmp_path)
+    fails(r, "--out: o.safetensors would hold float64")
+
+
+@pytest.fixture
+def files(tmp_path):
+    q32, k32, v32 = problem(5, lq=3, lk=4)
+    np.save(tmp_path / "q.npy", q32)
+    np.save(tmp_path / "k.npy", k32)
+    np.save(tmp_path / "v.npy", v32)
+    write_safetensors(tmp_path / "kv.safetensors", {"k": (k32, "float32"), "v": (v32, "float32")})
+    data = (tmp_path / "kv.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[:-5])
+    bad = data.replace(b'"F32"', b'"I32"', 1)
+    (tmp_path / "i32.safetensors").write_bytes(bad)
+    np.save(tmp_path / "mask16.npy", np.zeros((3, 4), np.float16))
+    np.save(tmp_path / "qi.npy", np.zeros((1, 2, 3, 8), np.int32))
+    return tmp_path
+
+
+BASE = ["--q", "q.npy", "--k", "k.npy", "--v", "v.npy"]
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--q", "q.npy", "--k", "kv.safetensors:nope", "--v", "v.npy", "--out", "o.npy"],
+     ["--k: kv.safetensors: has no tensor named 'nope' (it holds 2: 'k', 'v')"]),
+    (["--q", "q.npy", "--k", "kv.safetensors", "--v", "v.npy", "--out", "o.npy"],
+     ["--k: kv.safetensors is a safetensors file: name the tensor as kv.safetensors:NAME"]),
+    (["--q", "q.npy", "--k", "kv.safetensors:", "--v", "v.npy", "--out", "o.npy"], ["--k: ", "name after ':' is empty"]),
+    (["--q", "q.npy", "--k", "kv.safetensors:k", "--v", "cut.safetensors:v", "--out", "o.npy"],
+     ["--v: cut.safetensors: "]),
+    (["--q", "q.npy", "--k", "i32.safetensors:k", "--v", "v.npy", "--out", "o.npy"],
+     ["--k: i32.safetensors: tensor 'k': dtype I32 is not supported"]),
+    (["--q", "missing.safetensors:q", "--k", "k.npy", "--v", "v.npy", "--out", "o.npy"], ["--q: missing.safetensors: "]),
+    (["--q", "qi.npy", "--k", "k.npy", "--v", "v.npy", "--out", "o.npy"],
+     ["--q: qi.npy must hold float32, float64, float16 or bfloat16 but holds int32"]),
+    (BASE + ["--out", "o.npy", "--mask", "mask16.npy"], ["--mask: mask16.npy must hold bool", "but holds float16"]),
+    (BASE + ["--out", "o.npy", "--out-dtype", "bfloat16"], ["--out: o.npy would hold bfloat16", ".safetensors"]),
+    (BASE + ["--out", "o.npy", "--out-dtype", "float8"], ["--out-dtype: expected float16, bfloat16 or float32"]),
+    (BASE + ["--out", "o.safetensors", "--lse", "l.npy", "--key-lengths", "kv.safetensors:zz"], ["--key-lengths: "]),
+])
+def test_bad_inputs_write_nothing(files, args, fragments):
+    before = sorted(os.listdir(files))
+    fails(run(*args, cwd=files), *fragments)
+    assert sorted(os.listdir(files)) == before  # not even a staging file
+
+
+def test_mha_reads_safetensors_arguments_and_names_its_outputs(tmp_path):
+    import torch
+    torch.manual_seed(0)
+    m = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    write_safetensors(tmp_path / "p.safetensors", {n: (t.detach().numpy(), "float32") for n, t in m.state_dict().items()})
+    x = torch.randn(2, 5, 16)
+    np.save(tmp_path / "x.npy", x.numpy())
+    write_safetensors(tmp_path / "x.safetensors", {"x": (x.numpy(), "float32")})
+    common = ["--params", "p.safetensors", "--num-heads", "4", "--batch-first"]
+    for query, out in (("x.npy", "o.npy"), ("x.safetensors:x", "o.safetensors")):
+        r = subprocess.run([ATTN_BIN, "mha", *common, "--query", query, "--out", out], capture_output=True, text=True,
+                           cwd=tmp_path, timeout=120)
+        assert r.returncode == 0, r.stderr
+    o = read_safetensors(tmp_path / "o.safetensors")
+    assert list(o) == ["out"] and o["out"][1] == "float32"
+    np.testing.assert_array_equal(o["out"][0], np.load(tmp_path / "o.npy"))  # the same input, read two ways
+    with torch.no_grad():
+        ref = m.double()(x.double(), x.double(), x.double(), need_weights=False)[0].numpy()
+    check(o["out"][0], ref, "float32")
+    r = subprocess.run([ATTN_BIN, "mha", *common, "--query", "x.safetensors:y", "--out", "o2.npy"], capture_output=True,
+                       text=True, cwd=tmp_path, timeout=120)
+    fails(r, "--query: x.safetensors: has no tensor named 'y' (it holds 1: 'x')")
+    assert not (tmp_path / "o2.npy").exists()

@@ -1,0 +1,71 @@
+#include "tensor_args.hpp"
+
+#include <new>
+
+#include "attn/error.hpp"
+#include "attn/npy.hpp"
+#include "attn/safetensors.hpp"
+
+namespace attn::cli {
+namespace {
+
+constexpr std::string_view kSafetensors = ".safetensors";
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string dtype_list(std::initializer_list<DType> allowed) {
+    std::string s;
+    std::size_t i = 0;
+    for (const DType d : allowed) {
+        s += (i == 0 ? "" : (i + 1 == allowed.size() ? " or " : ", ")) + std::string(dtype_name(d));
+        ++i;
+    }
+    return s;
+}
+
+Tensor read_spec(const std::string& spec) {
+    if (ends_with(spec, kSafetensors)) {
+        throw Error(spec + " is a safetensors file: name the tensor as " + spec + ":NAME");
+    }
+    const std::size_t colon = spec.rfind(':');
+    if (colon != std::string::npos && ends_with(spec.substr(0, colon), kSafetensors)) {
+        const std::string file = spec.substr(0, colon), name = spec.substr(colon + 1);
+        if (name.empty()) throw Error(spec + ": the tensor name after ':' is empty (FILE.safetensors:NAME)");
+        return read_safetensors_tensor(file, name);
+    }
+    return read_npy(spec);
+}
+
+}  // namespace
+
+Tensor read_tensor_arg(const std::string& flag, const std::string& spec) {
+    try {
+        return read_spec(spec);
+    } catch (const Error& e) {  // the file's own message, prefixed with the option it was given to
+        throw Error(flag + ": " + e.what());
+    }
+}
+
+Tensor read_tensor_arg(const std::string& flag, const std::string& spec, std::initializer_list<DType> allowed) {
+    Tensor t = read_tensor_arg(flag, spec);
+    for (const DType d : allowed)
+        if (t.dtype() == d) return t;
+    throw Error(flag + ": " + spec + " must hold " + dtype_list(allowed) + " but holds " +
+                std::string(dtype_name(t.dtype())));
+}
+
+Tensor read_float_arg(const std::string& flag, const std::string& spec) {
+    return read_tensor_arg(flag, spec, {DType::f32, DType::f64, DType::f16, DType::bf16});
+}
+
+DType parse_out_dtype(const std::string& text, DType q_dtype) {
+    if (text.empty()) return q_dtype;
+    if (text == "float32") return DType::f32;
+    if (text == "float16") return DType::f16;
+    if (text == "bfloat16") return DType::bf16;
+    throw Error("--out-dtype: expected float16, bfloat16 or float32 but got '" + text + "'");
+}
+
+}  // namespace attn::cli

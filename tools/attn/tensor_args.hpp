@@ -1,0 +1,30 @@
+// Tensor arguments of the CLI, read one way for every command: a path is a .npy file, or
+// `FILE.safetensors:NAME` names one tensor of a safetensors file (the only way to give
+// bfloat16, which .npy cannot hold). Files are never trusted (src/io checks them whole);
+// every error starts with the option ("--k: ...") and is raised before any output is written.
+#pragma once
+
+#include <initializer_list>
+#include <string>
+
+#include "attn/dtype.hpp"
+#include "attn/tensor.hpp"
+
+namespace attn::cli {
+
+// Reads `spec` for option `flag`: "x.npy" (any path not naming a safetensors tensor) or
+// "w.safetensors:name" (split at the last ':'; the part before it must end in .safetensors).
+// A bare "w.safetensors" is refused with the way to name a tensor.
+Tensor read_tensor_arg(const std::string& flag, const std::string& spec);
+
+// read_tensor_arg, then the dtype must be one of `allowed` (else "--q: SPEC must hold
+// float32, ... but holds int32").
+Tensor read_tensor_arg(const std::string& flag, const std::string& spec, std::initializer_list<DType> allowed);
+
+// Q, K, V, dO: float32, float64, float16 or bfloat16.
+Tensor read_float_arg(const std::string& flag, const std::string& spec);
+
+// --out-dtype: "" → the dtype of Q (float64 Q keeps float64); else float16, bfloat16 or float32.
+DType parse_out_dtype(const std::string& text, DType q_dtype);
+
+}  // namespace attn::cli
