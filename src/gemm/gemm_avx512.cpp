@@ -4,7 +4,7 @@
 // kMR rows × kNV·16 columns of accumulators: per k, kNV vector loads of packed B and kMR
 // scalars of packed A, each broadcast from memory into kNV FMAs (the {1to16} form).
 // 12 × 32: 24 accumulators + 2 B vectors of the 32 zmm; 14 loads per 24 FMAs.
-// (Measured against 8 × 48 and 14 × 32 in docs/kernels.md, "The projection GEMM".)
+// (8 × 48 and 14 × 32 measured the same on a busy machine: docs/kernels.md, "The projection GEMM".)
 #include <immintrin.h>
 
 #include "../kernels/isa.hpp"
@@ -50,10 +50,11 @@ struct Micro {
     }
 };
 
-#ifndef ATTN_GEMM512_SHAPE
-#define ATTN_GEMM512_SHAPE 12, 2, 256, 240, 4096
-#endif
-using Avx512Micro = Micro<ATTN_GEMM512_SHAPE>;
+// KC = 1024: S6's K = 768 is one chunk, so C is read and written once per element; the KC × 32
+// B sliver (128 KiB) streams from L2 beside the 144 × 1024 A block (576 KiB of Zen 5's 1 MiB L2).
+// Measured on Zen 5 (docs/kernels.md): KC = 256 → 144–151 GFLOP/s per core, 768 → 159–179,
+// 1024 → 171–181.
+using Avx512Micro = Micro<12, 2, 1024, 144, 4096>;
 
 }  // namespace
 }  // namespace gemm_avx512_ns

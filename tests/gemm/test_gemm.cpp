@@ -124,8 +124,8 @@ TEST(Gemm, RandomShapesMatchDoubleReferenceOnEveryRow) {
         for (int trial = 0; trial < 24; ++trial) {
             const bool ta = trial & 1, tb = (trial >> 1) & 1;
             const float beta = trial % 3 == 0 ? 0.0f : trial % 3 == 1 ? 1.0f : 0.5f;
-            // Every 4th trial deep enough for several K chunks (KC is 256 on every row).
-            const std::int64_t M = small(rng), N = small(rng), K = trial % 4 == 3 ? 256 + deep(rng) : small(rng);
+            // Every 4th trial deep enough for several K chunks on every row (KC <= 1024).
+            const std::int64_t M = small(rng), N = small(rng), K = trial % 4 == 3 ? 1024 + deep(rng) : small(rng);
             const Problem p = make(ta, tb, M, N, K, beta, rng);
             bool padding_kept = false;
             const double w = worst_ratio(p, run(*row, p, 2), &padding_kept);
@@ -146,7 +146,7 @@ TEST(Gemm, LargeBlocksMatchDoubleReferenceOnEveryRow) {
     };
     for (const KernelSet* row : rows_or_skip()) {
         SCOPED_TRACE(isa_name(row->isa));
-        for (const Shape s : {Shape{false, true, 517, 203, 301}, Shape{true, false, 13, 4133, 290}, Shape{false, false, 3, 1000, 513}}) {
+        for (const Shape s : {Shape{false, true, 517, 203, 1101}, Shape{true, false, 13, 4133, 290}, Shape{false, false, 3, 1000, 513}}) {
             for (float beta : {0.0f, 1.0f}) {
                 const Problem p = make(s.ta, s.tb, s.M, s.N, s.K, beta, rng);
                 bool padding_kept = false;
@@ -162,10 +162,11 @@ TEST(Gemm, OneAndTwoThreadsBitIdenticalOnEveryRow) {
     struct Shape {
         std::int64_t M, N, K;
     };
-    // Row split (many rows), column split (few rows), several K chunks each.
+    // Row split (many rows), column split (few rows); several K chunks on every row (KC <= 1024)
+    // but the last.
     for (const KernelSet* row : rows_or_skip()) {
         SCOPED_TRACE(isa_name(row->isa));
-        for (const Shape s : {Shape{301, 77, 700}, Shape{5, 999, 600}, Shape{64, 64, 1000}}) {
+        for (const Shape s : {Shape{301, 77, 1100}, Shape{5, 999, 2100}, Shape{64, 64, 1000}}) {
             for (bool tb : {false, true}) {
                 const Problem p = make(false, tb, s.M, s.N, s.K, 1.0f, rng);
                 const std::vector<float> one = run(*row, p, 1), two = run(*row, p, 2);
