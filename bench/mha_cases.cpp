@@ -3,8 +3,9 @@
 // parts of bench/mha/mha_s6.hpp. Two entries: the forward beside torch's
 // nn.MultiheadAttention (bench/torch_attention.py --mode mha: eval, inference_mode, its
 // fused fast path), and the forward's parts — the QKV and output projection GEMMs, the
-// attention, and a square GEMM of the QKV GEMM's FLOPs on the same BLAS: the rate the
-// projections are judged against (a skinny GEMM below it is the BLAS's shape penalty).
+// attention, and a square GEMM of the QKV GEMM's FLOPs on the same GEMM (src/gemm): the rate
+// the projections are judged against (a skinny GEMM below it is the GEMM's shape penalty);
+// and OpenBLAS on the QKV and square GEMMs in the same process, the former path's yardstick.
 // FLOP (written formula, multiply-add = 2): projections 2·(B·L)·E·4E, attention 4·B·h·L²·d_h.
 #include <cstdio>
 #include <string>
@@ -72,6 +73,8 @@ void run_s6(const Context& ctx, std::vector<CaseResult>& out) {
     parts.rows.push_back(time_part(ctx, "qkv_gemm", s6.flop_qkv(), [&] { s6.qkv_projection(); }));
     parts.rows.push_back(time_part(ctx, "out_gemm", s6.flop_out(), [&] { s6.out_projection(); }));
     parts.rows.push_back(time_part(ctx, "square_gemm", s6.flop_square(), [&] { s6.square_gemm(); }));
+    parts.rows.push_back(time_part(ctx, "qkv_blas", s6.flop_qkv(), [&] { s6.qkv_gemm_openblas(); }));
+    parts.rows.push_back(time_part(ctx, "square_blas", s6.flop_square(), [&] { s6.square_gemm_openblas(); }));
     Row att = time_part(ctx, "attention", s6.flop_attention(), [&] { s6.attention(); });
     att.kernel = s6.attention_kernel();
     parts.rows.push_back(std::move(att));
@@ -81,6 +84,9 @@ void run_s6(const Context& ctx, std::vector<CaseResult>& out) {
         const double sq_rate = s6.flop_square() / sq.timing.median_s;
         parts.note = "projection GEMMs (QKV + out) at " + fmt2("%.1f GFLOP/s", proj_rate * 1e-9) + " = " +
                      fmt2("%.2f", proj_rate / sq_rate) + "x the square GEMM's " + fmt2("%.1f GFLOP/s", sq_rate * 1e-9);
+        const Row& qb = parts.rows[3];
+        if (qb.status == "ok" && qb.timing.median_s > 0)
+            parts.note += "; QKV GEMM " + fmt2("%.2f", qb.timing.median_s / q.timing.median_s) + "x OpenBLAS's speed";
     }
     out.push_back(std::move(parts));
 }

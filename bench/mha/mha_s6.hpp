@@ -1,8 +1,9 @@
 // S6 of bench/shapes.md — the MHA layer, BERT-base: B=4, L=512, E=768, h=12
 // (d_h = 64), self-attention, batch_first, no mask, need_weights=false — split into the
 // parts a reader needs to judge it: the whole forward, the fused QKV GEMM, attention
-// (attn::sdpa on the stride views), the output GEMM, and the same BLAS on a square GEMM
-// of the QKV GEMM's FLOPs (the rate the projections are compared with).
+// (attn::sdpa on the stride views), the output GEMM, and the same GEMM on a square problem
+// of the QKV GEMM's FLOPs (the rate the projections are compared with), and OpenBLAS on
+// the QKV and square GEMMs.
 //
 // Each part is a callable with its FLOP count, so any timing harness (attn bench, or
 // mha_s6_main.cpp here) can time it. Buffers are allocated and touched once, in the
@@ -34,7 +35,11 @@ public:
     void qkv_projection();  // X (B·L, E) · in_proj_weightᵀ (E, 3E) + bias → (B·L, 3E)
     void attention();       // attn::sdpa on the (B, h, L, d_h) stride views of that buffer
     void out_projection();  // O (B·L, E) · out_proj.weightᵀ + bias → (B·L, E)
-    void square_gemm();     // cblas_sgemm n×n×n with 2n³ ≈ flop_qkv()
+    void square_gemm();     // attn's GEMM (src/gemm) n×n×n with 2n³ ≈ flop_qkv()
+    // OpenBLAS (one multi-threaded cblas_sgemm, the library's former path) on the same
+    // operands as qkv_projection (no bias) and square_gemm: the yardstick in the same process.
+    void qkv_gemm_openblas();
+    void square_gemm_openblas();
 
     double flop_qkv() const;
     double flop_attention() const;

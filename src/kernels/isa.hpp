@@ -1,5 +1,5 @@
 // One kernel table per instruction set. Each ISA's files (kernels/*/..._portable.cpp,
-// kernels/*/..._avx2.cpp, kernels/*/..._avx512.cpp) define the entry points below; src/kernels/isa.cpp lists them
+// kernels/*/..._avx2.cpp, kernels/*/..._avx512.cpp, gemm/gemm_*.cpp) define the entry points below; src/kernels/isa.cpp lists them
 // as one row per ISA, and kernel_set() picks the row once per process (select_isa: the
 // CPU's best, or what ATTN_ISA says). Adding an ISA means: its files, one enum value in
 // core/cpu_features.hpp, one row in isa.cpp, its sources in src/CMakeLists.txt.
@@ -29,6 +29,7 @@ struct Dropout;
 struct DropoutRowArgs;
 struct TileArgs;
 struct DecodeWork;
+struct GemmArgs;
 
 struct KernelSet {
     Isa isa;
@@ -43,6 +44,8 @@ struct KernelSet {
     // y[i] = 2^x[i], the one vectorised exp of this ISA (simd/exp2.hpp states its error):
     // 0 for x < −126, +inf for x >= 128, NaN stays NaN.
     void (*exp2)(const float* x, float* y, std::size_t n);
+    // The packed GEMM (gemm/gemm.hpp) for K > 0, M > 0, N > 0; OpenMP's thread count.
+    void (*gemm)(const GemmArgs& g);
     // Flash forward with the two products on bf16 pairs (flash/bf16_dot.hpp) for all-bfloat16
     // Q, K, V; null on rows without it. Only on a CPU with AVX-512 BF16 (see above).
     void (*flash_forward_bf16)(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads) = nullptr;
@@ -86,5 +89,8 @@ void decode_avx512(const SdpaProblem& p, const DecodeWork& w);
 void exp2_portable(const float* x, float* y, std::size_t n);
 void exp2_avx2(const float* x, float* y, std::size_t n);
 void exp2_avx512(const float* x, float* y, std::size_t n);
+void gemm_portable(const GemmArgs& g);
+void gemm_avx2(const GemmArgs& g);
+void gemm_avx512(const GemmArgs& g);
 
 }  // namespace attn::detail

@@ -1,0 +1,50 @@
+// attn's own single-precision GEMM (the MHA projections and their gradients):
+//
+//   C (M, N), row stride ldc  =  op(A) · op(B)  +  beta · C        row-major throughout;
+//   op(A) is (M, K): A (M, K) row stride lda, or with ta its transpose (A is (K, M));
+//   op(B) is (K, N): B (K, N) row stride ldb, or with tb its transpose (B is (N, K)).
+//
+// beta = 0 never reads C (NaN or poison there does not leak into the result).
+//
+// Deterministic: the result does not depend on the thread count. Every element of C is one
+// chain of FMAs over k = 0, 1, …, K−1 in KC-sized chunks whose bounds depend only on K
+// (gemm_driver.hpp); threads only split the (M, N) plane, never K. It does depend on the
+// ISA row (the portable, AVX2 and AVX-512 micro-kernels use other chunkings).
+//
+// The structure (GotoBLAS/BLIS): per (NC columns, KC depth) block, op(B) is packed once into
+// NR-column slivers shared by all threads; each thread packs MC rows of op(A) into MR-row
+// panels of its own and runs the ISA's MR × NR micro-kernel over them (docs/kernels.md,
+// "The projection GEMM").
+#pragma once
+
+#include <cstdint>
+
+namespace attn::detail {
+
+struct KernelSet;
+
+struct GemmArgs {
+    bool ta = false, tb = false;
+    std::int64_t M = 0, N = 0, K = 0;
+    const float* A = nullptr;
+    std::int64_t lda = 0;
+    const float* B = nullptr;
+    std::int64_t ldb = 0;
+    float beta = 0.0f;
+    float* C = nullptr;
+    std::int64_t ldc = 0;
+};
+
+// On the kernel table's row (kernel_set()), OpenMP's current thread count. Throws attn::Error
+// ("gemm: ...") for negative sizes or a leading dimension narrower than its row.
+void sgemm(const GemmArgs& g);
+
+// The same on a given row (tests and benchmarks compare rows).
+void sgemm(const KernelSet& row, const GemmArgs& g);
+
+// A per-thread scratch buffer of at least `floats` floats, 64-byte aligned, kept between
+// calls (so a GEMM does not page-fault its packing buffers in every call). Slot 0: the packed
+// A panels of the calling thread; slot 1: the packed B block shared by a call's threads.
+float* gemm_workspace(int slot, std::int64_t floats);
+
+}  // namespace attn::detail

@@ -1,0 +1,64 @@
+// The AVX-512 row's GEMM micro-kernel (gemm_driver.hpp does the rest). Compiled with
+// ATTN_AVX512_FLAGS; reached only through the kernel table's avx512 row.
+//
+// kMR rows × kNV·16 columns of accumulators: per k, kNV vector loads of packed B and kMR
+// scalars of packed A, each broadcast from memory into kNV FMAs (the {1to16} form).
+// 12 × 32: 24 accumulators + 2 B vectors of the 32 zmm; 14 loads per 24 FMAs.
+// (8 × 48 and 14 × 32 measured the same on a busy machine: docs/kernels.md, "The projection GEMM".)
+#include <immintrin.h>
+
+#include "../kernels/isa.hpp"
+#define ATTN_GEMM_NS gemm_avx512_ns
+#include "gemm_driver.hpp"
+
+namespace attn::detail {
+namespace gemm_avx512_ns {
+namespace {
+
+template <int MR, int NV, int KC, int MC, int NC>
+struct Micro {
+    static constexpr std::int64_t kMR = MR, kNR = 16 * NV, kKC = KC, kMC = MC, kNC = NC;
+
+    static void tile(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc, float beta) {
+        __m512 acc[MR][NV];
+        for (int r = 0; r < MR; ++r)
+            for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+        // C's rows are needed only after the K loop; fetching them now hides their miss
+        // (C of S6's QKV GEMM is 19 MB: from L3 or memory, once per K chunk).
+        for (int r = 0; r < MR; ++r)
+            for (int v = 0; v < kNR; v += 16) _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + v), _MM_HINT_T0);
+#pragma GCC unroll 4
+        for (std::int64_t k = 0; k < kc; ++k, a += MR, b += kNR) {
+            __m512 bv[NV];
+            for (int v = 0; v < NV; ++v) bv[v] = _mm512_load_ps(b + 16 * v);
+            for (int r = 0; r < MR; ++r) {
+                const __m512 av = _mm512_set1_ps(a[r]);
+                for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
+            }
+        }
+        if (beta == 0.0f) {
+            for (int r = 0; r < MR; ++r)
+                for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
+        } else {
+            const __m512 bt = _mm512_set1_ps(beta);
+            for (int r = 0; r < MR; ++r)
+                for (int v = 0; v < NV; ++v) {
+                    float* p = c + r * ldc + 16 * v;
+                    _mm512_storeu_ps(p, _mm512_fmadd_ps(bt, _mm512_loadu_ps(p), acc[r][v]));
+                }
+        }
+    }
+};
+
+// KC = 1024: S6's K = 768 is one chunk, so C is read and written once per element; the KC × 32
+// B sliver (128 KiB) streams from L2 beside the 144 × 1024 A block (576 KiB of Zen 5's 1 MiB L2).
+// Measured on Zen 5 (docs/kernels.md): KC = 256 → 144–151 GFLOP/s per core, 768 → 159–179,
+// 1024 → 171–181.
+using Avx512Micro = Micro<12, 2, 1024, 144, 4096>;
+
+}  // namespace
+}  // namespace gemm_avx512_ns
+
+void gemm_avx512(const GemmArgs& g) { gemm_avx512_ns::gemm_driver<gemm_avx512_ns::Avx512Micro>(g); }
+
+}  // namespace attn::detail

@@ -1,0 +1,154 @@
+// The GEMM driver, templated on an ISA's micro-kernel U (included by gemm_portable.cpp,
+// gemm_avx2.cpp, gemm_avx512.cpp inside their own namespace, so each is compiled with its
+// ISA's flags and nothing is shared between them: instantiations on a type of an unnamed
+// namespace have internal linkage).
+//
+// U provides:  kMR, kNR (the micro-tile), kKC, kMC, kNC (the cache blocks: a KC × NR sliver of
+// packed B stays in L1 while the MC × KC panels of packed A stream from L2; the KC × NC block
+// of B sits in L2/L3), and
+//   tile(kc, a, b, c, ldc, beta): c (kMR × kNR) = Σ_k a[k·MR + r] · b[k·NR + j]  +  beta · c,
+//   one FMA chain per element in k order; beta = 0 does not read c, beta = 1 adds exactly.
+//
+// Loops (BLIS order): jc (NC columns) → pc (KC depth, in order) → [all threads pack B] →
+// each thread: ic (MC rows of its share) → pack A → jr (NR slivers of its share) → ir (MR).
+// Determinism: an element's K loop is the pc chunks in order, each one FMA chain in the
+// micro-kernel, added to C (beta = 1 after the first chunk); the chunk bounds depend on K
+// alone. Threads split rows (or, when there are few rows, columns) — which thread computes
+// an element never changes its arithmetic, and a partial edge tile goes through a scratch
+// tile with the same micro-kernel.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "gemm.hpp"
+
+namespace attn::detail {
+namespace ATTN_GEMM_NS {
+namespace {
+
+inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// dst: kc × NR (k-major) = op(B)[k0.., j..j+n), columns n..NR zero.
+template <class U>
+void pack_b(const GemmArgs& g, std::int64_t k0, std::int64_t kc, std::int64_t j, std::int64_t n, float* dst) {
+    constexpr std::int64_t NR = U::kNR;
+    if (!g.tb) {
+        for (std::int64_t k = 0; k < kc; ++k) {
+            const float* src = g.B + (k0 + k) * g.ldb + j;
+            float* d = dst + k * NR;
+            if (n == NR) {
+                for (std::int64_t c = 0; c < NR; ++c) d[c] = src[c];
+            } else {
+                for (std::int64_t c = 0; c < n; ++c) d[c] = src[c];
+                for (std::int64_t c = n; c < NR; ++c) d[c] = 0.0f;
+            }
+        }
+    } else {  // op(B)[k][j] = B[j·ldb + k]: read each of the n rows of B contiguously
+        for (std::int64_t c = 0; c < n; ++c) {
+            const float* src = g.B + (j + c) * g.ldb + k0;
+            for (std::int64_t k = 0; k < kc; ++k) dst[k * NR + c] = src[k];
+        }
+        for (std::int64_t c = n; c < NR; ++c)
+            for (std::int64_t k = 0; k < kc; ++k) dst[k * NR + c] = 0.0f;
+    }
+}
+
+// dst: panels of MR rows, each kc × MR (k-major) = op(A)[i.., k0..], rows past m zero.
+template <class U>
+void pack_a(const GemmArgs& g, std::int64_t i, std::int64_t m, std::int64_t k0, std::int64_t kc, float* dst) {
+    constexpr std::int64_t MR = U::kMR;
+    for (std::int64_t p = 0; p < m; p += MR, dst += MR * kc) {
+        const std::int64_t rows = std::min(MR, m - p);
+        if (!g.ta) {  // op(A)[r][k] = A[r·lda + k]: read each row contiguously
+            for (std::int64_t r = 0; r < rows; ++r) {
+                const float* src = g.A + (i + p + r) * g.lda + k0;
+                for (std::int64_t k = 0; k < kc; ++k) dst[k * MR + r] = src[k];
+            }
+            for (std::int64_t r = rows; r < MR; ++r)
+                for (std::int64_t k = 0; k < kc; ++k) dst[k * MR + r] = 0.0f;
+        } else {  // op(A)[r][k] = A[k·lda + r]
+            for (std::int64_t k = 0; k < kc; ++k) {
+                const float* src = g.A + (k0 + k) * g.lda + i + p;
+                float* d = dst + k * MR;
+                for (std::int64_t r = 0; r < rows; ++r) d[r] = src[r];
+                for (std::int64_t r = rows; r < MR; ++r) d[r] = 0.0f;
+            }
+        }
+    }
+}
+
+// One micro-tile at C row i, column j; m × n of it inside C.
+template <class U>
+void tile_at(const GemmArgs& g, std::int64_t kc, const float* a, const float* b, std::int64_t i, std::int64_t j,
+             std::int64_t m, std::int64_t n, float beta) {
+    constexpr std::int64_t MR = U::kMR, NR = U::kNR;
+    float* c = g.C + i * g.ldc + j;
+    if (m == MR && n == NR) {
+        U::tile(kc, a, b, c, g.ldc, beta);
+        return;
+    }
+    // The edge: the same micro-kernel on a scratch tile, so these elements get the same
+    // arithmetic as full tiles; only the m × n part is read from and written to C.
+    alignas(64) float t[MR * NR];
+    if (beta != 0.0f)
+        for (std::int64_t r = 0; r < m; ++r) std::memcpy(t + r * NR, c + r * g.ldc, static_cast<std::size_t>(n) * sizeof(float));
+    U::tile(kc, a, b, t, NR, beta);
+    for (std::int64_t r = 0; r < m; ++r) std::memcpy(c + r * g.ldc, t + r * NR, static_cast<std::size_t>(n) * sizeof(float));
+}
+
+template <class U>
+void gemm_driver(const GemmArgs& g) {
+    constexpr std::int64_t MR = U::kMR, NR = U::kNR;
+    // K in equal chunks of at most KC (a function of K only: the determinism contract).
+    const std::int64_t nk = ceil_div(g.K, U::kKC), kc_max = ceil_div(g.K, nk);
+    const std::int64_t nn = ceil_div(g.N, U::kNC), nc_max = ceil_div(ceil_div(g.N, nn), NR) * NR;
+    const std::int64_t mc_max = std::min<std::int64_t>(U::kMC, ceil_div(g.M, MR) * MR);
+    const std::int64_t m_panels = ceil_div(g.M, MR);
+    float* const bbuf = gemm_workspace(1, kc_max * nc_max);
+    const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+#pragma omp parallel num_threads(threads)
+    {
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        // The thread grid: rows in MR panels when every thread gets a few panels, else
+        // columns (few rows, e.g. a decode step's projections).
+        const bool by_rows = m_panels >= 4 * static_cast<std::int64_t>(nt);
+        const std::int64_t tm = by_rows ? nt : 1, tn = by_rows ? 1 : nt;
+        const std::int64_t ti = by_rows ? t : 0, tj = by_rows ? 0 : t;
+        const std::int64_t i_begin = std::min(g.M, (ti * m_panels / tm) * MR);
+        const std::int64_t i_end = std::min(g.M, ((ti + 1) * m_panels / tm) * MR);
+        float* const abuf = gemm_workspace(0, mc_max * kc_max);
+        for (std::int64_t jc = 0; jc < nn; ++jc) {
+            const std::int64_t j0 = jc * nc_max, nc = std::min(nc_max, g.N - j0), nq = ceil_div(nc, NR);
+            const std::int64_t q_begin = tj * nq / tn, q_end = (tj + 1) * nq / tn;
+            for (std::int64_t pc = 0; pc < nk; ++pc) {
+                const std::int64_t k0 = pc * kc_max, kc = std::min(kc_max, g.K - k0);
+                const float beta = pc == 0 ? g.beta : 1.0f;
+#pragma omp for schedule(static)
+                for (std::int64_t q = 0; q < nq; ++q)
+                    pack_b<U>(g, k0, kc, j0 + q * NR, std::min(NR, nc - q * NR), bbuf + q * NR * kc);
+                // (the loop's barrier: B is packed before anyone reads it)
+                for (std::int64_t i0 = i_begin; i0 < i_end; i0 += mc_max) {
+                    const std::int64_t mc = std::min(mc_max, i_end - i0);
+                    if (q_begin == q_end) break;
+                    pack_a<U>(g, i0, mc, k0, kc, abuf);
+                    for (std::int64_t q = q_begin; q < q_end; ++q) {
+                        const float* b = bbuf + q * NR * kc;
+                        const std::int64_t j = j0 + q * NR, n = std::min(NR, g.N - j);
+                        for (std::int64_t p = 0; p < mc; p += MR)
+                            tile_at<U>(g, kc, abuf + p * kc, b, i0 + p, j, std::min(MR, mc - p), n, beta);
+                    }
+                }
+#pragma omp barrier
+                // (nobody repacks B while another thread still reads it)
+            }
+        }
+    }
+}
+
+}  // namespace
+}  // namespace ATTN_GEMM_NS
+}  // namespace attn::detail

@@ -1,0 +1,227 @@
+// attn's packed GEMM (src/gemm/gemm.hpp) on every kernel-table row this CPU runs (the others
+// are reported as skipped): random shapes with odd M, N, K (edge micro-tiles, several K
+// chunks, several column blocks), every transpose, padded leading dimensions, beta 0 and 1
+// (and 0.5), against a double-precision reference; C is NaN-poisoned when beta = 0 and its
+// padding columns always are. And the determinism contract: 1 and 2 threads bit-identical.
+//
+// Bound: each element is a chain of rounded float operations — K FMAs, at most one addition
+// per K chunk (fewer than K), the beta term — so at most 2K + 2 roundings of unit 2^-24, and
+// |computed − exact| <= (2K + 2)·2^-24·(Σ_k |a·b| + |beta·c|) (plus the reference's own
+// double rounding, ~1e-16 relative: nothing at this scale).
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/error.hpp"
+#include "core/cpu_features.hpp"
+#include "gemm/gemm.hpp"
+#include "kernels/isa.hpp"
+
+namespace attn::detail {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+struct Problem {
+    bool ta = false, tb = false;
+    std::int64_t M = 0, N = 0, K = 0, lda = 0, ldb = 0, ldc = 0;
+    float beta = 0.0f;
+    std::vector<float> a, b, c0;  // c0: C before the call
+};
+
+Problem make(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, float beta, std::mt19937& rng) {
+    std::normal_distribution<float> nd;
+    std::uniform_int_distribution<int> pad(0, 9);
+    Problem p;
+    p.ta = ta;
+    p.tb = tb;
+    p.M = M;
+    p.N = N;
+    p.K = K;
+    p.beta = beta;
+    p.lda = (ta ? M : K) + pad(rng);
+    p.ldb = (tb ? K : N) + pad(rng);
+    p.ldc = N + pad(rng);
+    p.a.resize(static_cast<std::size_t>((ta ? K : M) * p.lda));
+    p.b.resize(static_cast<std::size_t>((tb ? N : K) * p.ldb));
+    p.c0.assign(static_cast<std::size_t>(M * p.ldc), kNaN);
+    // A's and B's padding is NaN too: a GEMM that read it would show it.
+    for (std::int64_t r = 0; r < (ta ? K : M); ++r)
+        for (std::int64_t k = 0; k < p.lda; ++k) p.a[static_cast<std::size_t>(r * p.lda + k)] = k < (ta ? M : K) ? nd(rng) : kNaN;
+    for (std::int64_t r = 0; r < (tb ? N : K); ++r)
+        for (std::int64_t k = 0; k < p.ldb; ++k) p.b[static_cast<std::size_t>(r * p.ldb + k)] = k < (tb ? K : N) ? nd(rng) : kNaN;
+    if (beta != 0.0f)  // beta = 0: C stays NaN, which must not reach the result
+        for (std::int64_t i = 0; i < M; ++i)
+            for (std::int64_t j = 0; j < N; ++j) p.c0[static_cast<std::size_t>(i * p.ldc + j)] = nd(rng);
+    return p;
+}
+
+std::vector<float> run(const KernelSet& row, const Problem& p, int threads) {
+    std::vector<float> c = p.c0;
+    GemmArgs g;
+    g.ta = p.ta;
+    g.tb = p.tb;
+    g.M = p.M;
+    g.N = p.N;
+    g.K = p.K;
+    g.A = p.a.data();
+    g.lda = p.lda;
+    g.B = p.b.data();
+    g.ldb = p.ldb;
+    g.beta = p.beta;
+    g.C = c.data();
+    g.ldc = p.ldc;
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    sgemm(row, g);
+    omp_set_num_threads(before);
+    return c;
+}
+
+// The worst |error| / bound over C, and whether every padding column is still NaN.
+double worst_ratio(const Problem& p, const std::vector<float>& c, bool* padding_kept) {
+    double worst = 0.0;
+    *padding_kept = true;
+    for (std::int64_t i = 0; i < p.M; ++i) {
+        for (std::int64_t j = 0; j < p.N; ++j) {
+            const double c0 = p.beta == 0.0f ? 0.0 : p.c0[static_cast<std::size_t>(i * p.ldc + j)];
+            double ref = p.beta * c0, mag = std::abs(ref);
+            for (std::int64_t k = 0; k < p.K; ++k) {
+                const double x = p.a[static_cast<std::size_t>(p.ta ? k * p.lda + i : i * p.lda + k)];
+                const double y = p.b[static_cast<std::size_t>(p.tb ? j * p.ldb + k : k * p.ldb + j)];
+                ref += x * y;
+                mag += std::abs(x * y);
+            }
+            const double got = c[static_cast<std::size_t>(i * p.ldc + j)];
+            const double bound = (2.0 * static_cast<double>(p.K) + 2.0) * 0x1p-24 * mag + 1e-37;
+            const double r = std::abs(got - ref) / bound;
+            worst = std::isnan(r) ? std::numeric_limits<double>::infinity() : std::max(worst, r);
+        }
+        for (std::int64_t j = p.N; j < p.ldc; ++j)
+            if (!std::isnan(c[static_cast<std::size_t>(i * p.ldc + j)])) *padding_kept = false;
+    }
+    return worst;
+}
+
+std::vector<const KernelSet*> rows_or_skip() {
+    for (Isa isa : {Isa::avx2, Isa::avx512})
+        if (kernel_set_for(isa) == nullptr)
+            std::printf("skipped: CPU lacks %s (%s)\n", isa_name(isa), missing_features(isa).c_str());
+    return runnable_kernel_sets();
+}
+
+TEST(Gemm, RandomShapesMatchDoubleReferenceOnEveryRow) {
+    std::mt19937 rng(16);
+    std::uniform_int_distribution<std::int64_t> small(1, 97), deep(1, 700);
+    for (const KernelSet* row : rows_or_skip()) {
+        SCOPED_TRACE(isa_name(row->isa));
+        for (int trial = 0; trial < 24; ++trial) {
+            const bool ta = trial & 1, tb = (trial >> 1) & 1;
+            const float beta = trial % 3 == 0 ? 0.0f : trial % 3 == 1 ? 1.0f : 0.5f;
+            // Every 4th trial deep enough for several K chunks on every row (KC <= 1024).
+            const std::int64_t M = small(rng), N = small(rng), K = trial % 4 == 3 ? 1024 + deep(rng) : small(rng);
+            const Problem p = make(ta, tb, M, N, K, beta, rng);
+            bool padding_kept = false;
+            const double w = worst_ratio(p, run(*row, p, 2), &padding_kept);
+            EXPECT_LE(w, 1.0) << "M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb << " beta=" << beta;
+            EXPECT_TRUE(padding_kept) << "a padding column of C was written";
+        }
+    }
+}
+
+TEST(Gemm, LargeBlocksMatchDoubleReferenceOnEveryRow) {
+    // Several MC row blocks per thread and several NC column blocks (NC = 4096) with ragged
+    // ends, the projection layout (B transposed), and a few rows with many columns (the
+    // split over columns).
+    std::mt19937 rng(17);
+    struct Shape {
+        bool ta, tb;
+        std::int64_t M, N, K;
+    };
+    for (const KernelSet* row : rows_or_skip()) {
+        SCOPED_TRACE(isa_name(row->isa));
+        for (const Shape s : {Shape{false, true, 517, 203, 1101}, Shape{true, false, 13, 4133, 290}, Shape{false, false, 3, 1000, 513}}) {
+            for (float beta : {0.0f, 1.0f}) {
+                const Problem p = make(s.ta, s.tb, s.M, s.N, s.K, beta, rng);
+                bool padding_kept = false;
+                EXPECT_LE(worst_ratio(p, run(*row, p, 2), &padding_kept), 1.0) << "M=" << s.M << " N=" << s.N << " K=" << s.K;
+                EXPECT_TRUE(padding_kept);
+            }
+        }
+    }
+}
+
+TEST(Gemm, OneAndTwoThreadsBitIdenticalOnEveryRow) {
+    std::mt19937 rng(18);
+    struct Shape {
+        std::int64_t M, N, K;
+    };
+    // Row split (many rows), column split (few rows); several K chunks on every row (KC <= 1024)
+    // but the last.
+    for (const KernelSet* row : rows_or_skip()) {
+        SCOPED_TRACE(isa_name(row->isa));
+        for (const Shape s : {Shape{301, 77, 1100}, Shape{5, 999, 2100}, Shape{64, 64, 1000}}) {
+            for (bool tb : {false, true}) {
+                const Problem p = make(false, tb, s.M, s.N, s.K, 1.0f, rng);
+                const std::vector<float> one = run(*row, p, 1), two = run(*row, p, 2);
+                EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0)
+                    << "M=" << s.M << " N=" << s.N << " K=" << s.K << " tb=" << tb;
+            }
+        }
+    }
+}
+
+TEST(Gemm, ZeroReductionScalesCWithoutReadingAOrB) {
+    for (const KernelSet* row : runnable_kernel_sets()) {
+        std::vector<float> c{1.0f, 2.0f, kNaN, 4.0f};
+        GemmArgs g;
+        g.M = 2;
+        g.N = 2;
+        g.lda = 1;
+        g.ldb = 2;
+        g.ldc = 2;
+        g.C = c.data();
+        sgemm(*row, g);  // beta = 0: NaN in C does not survive
+        EXPECT_EQ(c, (std::vector<float>{0, 0, 0, 0}));
+        c = {1.0f, 2.0f, 3.0f, 4.0f};
+        g.beta = 1.0f;
+        sgemm(*row, g);
+        EXPECT_EQ(c, (std::vector<float>{1, 2, 3, 4}));
+    }
+}
+
+TEST(Gemm, RejectsNarrowLeadingDimensionsBeforeWriting) {
+    std::vector<float> a(6, 1.0f), b(6, 1.0f), c(4, kNaN);
+    GemmArgs g;
+    g.M = 2;
+    g.N = 2;
+    g.K = 3;
+    g.A = a.data();
+    g.lda = 3;
+    g.B = b.data();
+    g.ldb = 2;
+    g.C = c.data();
+    g.ldc = 1;  // narrower than N = 2
+    try {
+        sgemm(g);
+        FAIL() << "no error";
+    } catch (const attn::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("ldc 1"), std::string::npos) << e.what();
+    }
+    g.ldc = 2;
+    g.lda = 2;  // narrower than K = 3
+    EXPECT_THROW(sgemm(g), attn::Error);
+    g.lda = 3;
+    g.M = -1;
+    EXPECT_THROW(sgemm(g), attn::Error);
+    for (float x : c) EXPECT_TRUE(std::isnan(x));
+}
+
+}  // namespace
+}  // namespace attn::detail
