@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "attn/error.hpp"
+#include "attn/half.hpp"
 #include "harness.hpp"
 
 namespace attn::bench {
@@ -147,7 +148,13 @@ void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseRe
     auto input = [](DType dt, Shape sh, std::uint64_t seed) {
         Tensor t(DType::f32, sh);
         fill_uniform(t, seed);
-        return dt == DType::f32 ? std::move(t) : to_dtype(t, dt);
+        if (dt == DType::f32) return t;
+        Tensor h(dt, sh);  // round to nearest even (attn/half.hpp), as every 16-bit conversion of attn
+        const float* src = t.data_as<const float>();
+        std::uint16_t* dst = h.data_as<std::uint16_t>();
+        for (std::int64_t i = 0; i < t.numel(); ++i)
+            dst[i] = dt == DType::f16 ? float_to_f16(src[i]) : float_to_bf16(src[i]);
+        return h;
     };
     const Tensor q = input(s.q_dtype, Shape{s.B, s.Hq, s.Lq, s.Dk}, 1);
     const Tensor k = input(s.kv_dtype, Shape{s.B, s.Hkv, s.Lk, s.Dk}, 2);
