@@ -1,5 +1,5 @@
 // S5 and S7 of bench/shapes.md in `attn bench`: one decode step (Lq = 1) against a KV cache
-// of Lk = 16384 positions, float32 and float16 storage, timed cold by bench/decode/
+// of Lk = 16384 positions, float32, float16 and bfloat16 storage, timed cold by bench/decode/
 // (time_decode_shape: caches evicted before each step). Rows report the K/V bytes a step
 // reads as GB/s and % of the read bandwidth the bench measured in this run (finish_case);
 // the notes add each variant's % of the bandwidth sampled right before its steps, the f16
@@ -37,7 +37,7 @@ void run_decode_shape(const Context& ctx, const std::string& id, std::int64_t Hk
     // 64 MiB — a smoke test, not an eviction.
     const std::size_t flush_bytes = cfg.quick ? (std::size_t{64} << 20) : (std::size_t{1} << 30);
     std::map<DType, double> medians;
-    for (DType st : {DType::f32, DType::f16}) {
+    for (DType st : {DType::f32, DType::f16, DType::bf16}) {
         CaseResult c;
         c.id = id;
         c.variant = std::string(dtype_name(st)) + " cache";
@@ -90,11 +90,15 @@ void run_decode_shape(const Context& ctx, const std::string& id, std::int64_t Hk
     if (medians.count(DType::f32) && medians.count(DType::f16)) {
         note = "f16 speed-up over f32: " + fmt2("%.2fx", medians[DType::f32] / medians[DType::f16]) + " (target >= 1.7x)";
     }
+    if (medians.count(DType::f32) && medians.count(DType::bf16)) {
+        note += std::string(note.empty() ? "" : "; ") + "bf16 speed-up over f32: " +
+                fmt2("%.2fx", medians[DType::f32] / medians[DType::bf16]);
+    }
     if (id == "S5") {
         s5_medians() = medians;
     } else {
         const auto& s5 = s5_medians();
-        for (DType st : {DType::f32, DType::f16}) {
+        for (DType st : {DType::f32, DType::f16, DType::bf16}) {
             if (!medians.count(st)) continue;
             const std::string name(dtype_name(st));
             note += "; S7 time / (S5 time / 4), " + name + ": " +
@@ -113,7 +117,7 @@ BenchCase decode_case(const std::string& id) {
     bc.id = id;
     const std::int64_t Hkv = id == "S5" ? 32 : 8;
     bc.what = id == "S5" ? "decode step (KV cache)" : "GQA decode";
-    bc.shape = "B=1 Hq=32 Hkv=" + std::to_string(Hkv) + " Lq=1 Lk=16384 D=128, f32 and f16 cache";
+    bc.shape = "B=1 Hq=32 Hkv=" + std::to_string(Hkv) + " Lq=1 Lk=16384 D=128, f32, f16 and bf16 cache";
     bc.run = [id, Hkv](const Context& ctx, std::vector<CaseResult>& out) { run_decode_shape(ctx, id, Hkv, out); };
     return bc;
 }

@@ -158,6 +158,9 @@ struct SdpaShape {
     std::int64_t B = 1, Hq = 1, Hkv = 1, Lq = 1, Lk = 1, Dk = 1, Dv = 1;
     Causal causal = Causal::none;
     bool report_rss_target = false;  // compare peak RSS with 1.25 x bytes(Q,K,V,O) + 100 MiB
+    // Storage of Q (and out) and of K/V: float32, float16 or bfloat16 (the 16-bit rows of
+    // docs/BENCHMARKS: the kernels convert per tile). Not f32: no torch row (see the f32 one).
+    DType q_dtype = DType::f32, kv_dtype = DType::f32;
 };
 void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseResult>& out);
 BenchCase sdpa_forward_case(const SdpaShape& s);

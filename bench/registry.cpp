@@ -1,6 +1,8 @@
 // The shape ids of bench/shapes.md and what measures each (runners: harness.hpp).
 // A shape whose feature is not built gets a BenchCase with `unavailable` set, which the
 // report prints as "not available in this build" instead of a number.
+#include <utility>
+
 #include "harness.hpp"
 
 namespace attn::bench {
@@ -10,9 +12,20 @@ std::vector<BenchCase> all_cases() {
     const SdpaShape s3{"S3", "causal prefill", 1, 16, 16, 4096, 4096, 128, 128, Causal::top_left, false};
     cases.push_back(sdpa_forward_case(s1));
     cases.push_back(sdpa_forward_backward_case(s1));
-    cases.push_back(sdpa_forward_case({"S2", "long prefill", 1, 16, 16, 4096, 4096, 64, 64, Causal::none, false}));
+    const SdpaShape s2{"S2", "long prefill", 1, 16, 16, 4096, 4096, 64, 64, Causal::none, false};
+    cases.push_back(sdpa_forward_case(s2));
     cases.push_back(sdpa_forward_case(s3));
     cases.push_back(sdpa_forward_backward_case(s3));
+    // 16-bit storage on S2/S3 (issue 14): f16 / bf16 K/V with f32 Q (a 16-bit cache), and all-bf16;
+    // read with the f32 rows above (target: f16/bf16 K/V <= 1.10x the f32 time on AVX2).
+    for (const SdpaShape& base : {s2, s3})
+        for (auto [qd, kvd] : {std::pair{DType::f32, DType::f16}, std::pair{DType::f32, DType::bf16},
+                               std::pair{DType::bf16, DType::bf16}}) {
+            SdpaShape x = base;
+            x.q_dtype = qd;
+            x.kv_dtype = kvd;
+            cases.push_back(sdpa_forward_case(x));
+        }
     cases.push_back(sdpa_forward_case({"S4", "cross-attention", 2, 8, 8, 512, 4096, 64, 64, Causal::none, false}));
     // Decode (bench/decode_cases.cpp) and the MHA layer (bench/mha_cases.cpp).
     cases.push_back(decode_case("S5"));

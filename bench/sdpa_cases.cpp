@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "attn/error.hpp"
+#include "attn/half.hpp"
 #include "harness.hpp"
 
 namespace attn::bench {
@@ -108,22 +109,28 @@ void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseRe
     CaseResult c;
     c.id = s.id;
     c.what = s.what;
+    const bool sixteen = s.q_dtype != DType::f32 || s.kv_dtype != DType::f32;
     {
         std::ostringstream os;
         os << "B=" << s.B << " Hq=" << s.Hq << " Hkv=" << s.Hkv << " Lq=" << s.Lq << " Lk=" << s.Lk;
         if (s.Dk == s.Dv) os << " D=" << s.Dk;
         else os << " Dk=" << s.Dk << " Dv=" << s.Dv;
-        os << " causal=" << causal_word(s.causal) << " fp32";
+        os << " causal=" << causal_word(s.causal);
+        if (!sixteen) os << " fp32";
         c.shape = os.str();
     }
+    if (sixteen)
+        c.variant = "Q/out " + std::string(dtype_name(s.q_dtype)) + ", K/V " + std::string(dtype_name(s.kv_dtype));
     c.params = {{"B", s.B},   {"Hq", s.Hq}, {"Hkv", s.Hkv}, {"Lq", s.Lq},
-                {"Lk", s.Lk}, {"Dk", s.Dk}, {"Dv", s.Dv},   {"causal", causal_word(s.causal)}, {"dtype", "float32"}};
+                {"Lk", s.Lk}, {"Dk", s.Dk}, {"Dv", s.Dv},   {"causal", causal_word(s.causal)},
+                {"dtype", dtype_name(s.q_dtype)}, {"kv_dtype", dtype_name(s.kv_dtype)}};
     c.flop = sdpa_forward_flop(s);
     c.flop_formula = s.causal == Causal::none ? "2*B*Hq*Lq*Lk*(Dk+Dv)  (= 4*B*H*Lq*Lk*D)"
                                               : "2*B*Hq*Lq*Lk*(Dk+Dv) / 2  (causal counts half)";
     const std::int64_t q_n = s.B * s.Hq * s.Lq * s.Dk, k_n = s.B * s.Hkv * s.Lk * s.Dk;
     const std::int64_t v_n = s.B * s.Hkv * s.Lk * s.Dv, o_n = s.B * s.Hq * s.Lq * s.Dv;
-    c.io_bytes = 4 * (q_n + k_n + v_n + o_n);
+    const auto qsz = static_cast<std::int64_t>(dtype_size(s.q_dtype)), kvsz = static_cast<std::int64_t>(dtype_size(s.kv_dtype));
+    c.io_bytes = qsz * (q_n + o_n) + kvsz * (k_n + v_n);
     if (s.report_rss_target) {
         c.rss_limit = static_cast<std::int64_t>(1.25 * static_cast<double>(c.io_bytes) + 100.0 * kMiB);
         c.rss_limit_formula = "1.25 x bytes(Q,K,V,O) + 100 MiB";
@@ -137,13 +144,22 @@ void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseRe
         out.push_back(std::move(c));
         return;
     }
-    const Tensor q(DType::f32, Shape{s.B, s.Hq, s.Lq, s.Dk});
-    const Tensor k(DType::f32, Shape{s.B, s.Hkv, s.Lk, s.Dk});
-    const Tensor v(DType::f32, Shape{s.B, s.Hkv, s.Lk, s.Dv});
-    fill_uniform(q, 1);
-    fill_uniform(k, 2);
-    fill_uniform(v, 3);
-    Tensor o(DType::f32, Shape{s.B, s.Hq, s.Lq, s.Dv});
+    // 16-bit rows: the same uniform values, rounded once to the row's storage.
+    auto input = [](DType dt, Shape sh, std::uint64_t seed) {
+        Tensor t(DType::f32, sh);
+        fill_uniform(t, seed);
+        if (dt == DType::f32) return t;
+        Tensor h(dt, sh);  // round to nearest even (attn/half.hpp), as every 16-bit conversion of attn
+        const float* src = t.data_as<const float>();
+        std::uint16_t* dst = h.data_as<std::uint16_t>();
+        for (std::int64_t i = 0; i < t.numel(); ++i)
+            dst[i] = dt == DType::f16 ? float_to_f16(src[i]) : float_to_bf16(src[i]);
+        return h;
+    };
+    const Tensor q = input(s.q_dtype, Shape{s.B, s.Hq, s.Lq, s.Dk}, 1);
+    const Tensor k = input(s.kv_dtype, Shape{s.B, s.Hkv, s.Lk, s.Dk}, 2);
+    const Tensor v = input(s.kv_dtype, Shape{s.B, s.Hkv, s.Lk, s.Dv}, 3);
+    Tensor o(s.q_dtype, Shape{s.B, s.Hq, s.Lq, s.Dv});
     Tensor o_ref;  // allocated only when the reference runs, so it is not in the others' peak RSS
 
     // The reference first (when asked and affordable), so the others can be compared with it;
@@ -180,10 +196,10 @@ void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseRe
         }
         const Tensor* dst = &o;
         if (impl == Impl::reference) {
-            o_ref = Tensor(DType::f32, o.shape());
+            o_ref = Tensor(o.dtype(), o.shape());
             dst = &o_ref;
         }
-        poison(*dst);
+        if (dst->dtype() == DType::f32) poison(*dst);
         SdpaOptions opt;
         opt.impl = impl;
         opt.causal = s.causal;
@@ -207,7 +223,7 @@ void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseRe
         if (r.timing.warmup_counted) r.note = "one call: the warm-up alone exceeded --max-seconds";
         if (impl == Impl::reference) {
             have_ref = true;
-        } else if (have_ref) {
+        } else if (have_ref && o.dtype() == DType::f32) {
             r.max_abs_diff = max_abs_diff(o, o_ref);
             if (std::isnan(*r.max_abs_diff)) r.note = "output holds NaN where the reference does not";
         }
@@ -218,9 +234,11 @@ void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseRe
     // (scores, scores + mask, softmax) plus its inputs.
     const double torch_bytes = 3.0 * 4.0 * static_cast<double>(s.B * s.Hq) * static_cast<double>(s.Lq) *
                                    static_cast<double>(s.Lk) + 2.0 * static_cast<double>(c.io_bytes);
-    Row t = torch_sdpa_row(ctx, s, "sdpa", torch_bytes, "hand-written attention", " for its Lq x Lk matrices");
-    t.flop = c.flop;
-    rows.push_back(std::move(t));
+    if (!sixteen) {  // torch's hand-written attention is float32 (a 16-bit row compares with the f32 one)
+        Row t = torch_sdpa_row(ctx, s, "sdpa", torch_bytes, "hand-written attention", " for its Lq x Lk matrices");
+        t.flop = c.flop;
+        rows.push_back(std::move(t));
+    }
     c.rows = std::move(rows);
     out.push_back(std::move(c));
 }

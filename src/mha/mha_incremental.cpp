@@ -70,18 +70,8 @@ void check_cache(const MultiHeadAttention& layer, const KVCache& cache, const La
 void attend(const TensorView& Q, const KVCache& cache, const TensorView& O) {
     SdpaOptions o;
     o.causal = Causal::bottom_right;
-    if (Q.dim(2) <= kMaxDecodeQueries || cache.storage() == DType::f32) {
-        decode_attention(Q, cache, o, O);  // the decode kernel for T <= 16, else flash
-        return;
-    }
-    // A prefill block on 16-bit storage: the flash kernel reads float32, so the filled rows
-    // are converted once (n·d values, small next to the block's T·n·d multiply-adds).
-    const std::int64_t n = cache.max_length();
-    const Tensor k32 = to_dtype(cache.keys().slice(2, 0, n), DType::f32);
-    const Tensor v32 = to_dtype(cache.values().slice(2, 0, n), DType::f32);
-    std::vector<std::int64_t> lengths = cache.lengths();
-    o.key_lengths = TensorView(lengths.data(), DType::i64, Shape{static_cast<std::int64_t>(lengths.size())});
-    sdpa(Q, k32, v32, o, O);
+    // The decode kernel for T <= 16, else flash; both read 16-bit storage per tile.
+    decode_attention(Q, cache, o, O);
 }
 
 }  // namespace

@@ -353,28 +353,32 @@ TEST(DecodeDispatch, AutoPicksDecodeForSmallLq) {
 
 TEST(DecodeDispatch, SixteenBitKVRulesAndMessages) {
     std::mt19937 rng(2);
+    // Lq = 17 > 16 with float16 K/V: decode declines and flash runs it (no error, no
+    // "convert K and V"); impl flash takes it directly; impl decode says why not.
     Small s(17, DType::f16, rng);
-    const std::string auto_err = error_of([&] { sdpa(s.q, s.k, s.v, SdpaOptions{}, s.out); });
-    EXPECT_NE(auto_err.find("Lq = 17 > 16"), std::string::npos) << auto_err;
-    EXPECT_NE(auto_err.find("impl reference"), std::string::npos) << auto_err;
-    EXPECT_NE(auto_err.find("convert K and V to float32"), std::string::npos) << auto_err;
+    SdpaReport auto_rep;
+    sdpa(s.q, s.k, s.v, SdpaOptions{}, s.out, nullptr, nullptr, &auto_rep);
+    EXPECT_EQ(auto_rep.kernel.rfind("flash/", 0), 0u) << auto_rep.explanation;
+    EXPECT_NE(auto_rep.explanation.find("decode: declined, Lq = 17 > 16"), std::string::npos) << auto_rep.explanation;
+    EXPECT_NE(auto_rep.explanation.find("K float16, V float16"), std::string::npos) << auto_rep.explanation;
 
     SdpaOptions flash;
     flash.impl = Impl::flash;
-    const std::string flash_err = error_of([&] { sdpa(s.q, s.k, s.v, flash, s.out); });
-    EXPECT_NE(flash_err.find("flash kernel takes float32 K/V but K is float16"), std::string::npos) << flash_err;
+    EXPECT_EQ(error_of([&] { sdpa(s.q, s.k, s.v, flash, s.out); }), "(no error)");
 
     SdpaOptions dec;
     dec.impl = Impl::decode;
     const std::string dec_err = error_of([&] { sdpa(s.q, s.k, s.v, dec, s.out); });
     EXPECT_NE(dec_err.find("decode kernel cannot run this call: Lq = 17 > 16"), std::string::npos) << dec_err;
 
-    // Weights are never formed by decode: with 16-bit K/V that is an error, not a slow path.
+    // Weights are never formed by decode: with 16-bit K/V, flash forms them.
     Small w(2, DType::bf16, rng);
     Tensor weights(DType::f32, Shape{1, 4, 2, 40});
     TensorView wv = weights.view();
-    const std::string w_err = error_of([&] { sdpa(w.q, w.k, w.v, SdpaOptions{}, w.out, nullptr, &wv); });
-    EXPECT_NE(w_err.find("attention weights were requested"), std::string::npos) << w_err;
+    SdpaReport w_rep;
+    sdpa(w.q, w.k, w.v, SdpaOptions{}, w.out, nullptr, &wv, &w_rep);
+    EXPECT_EQ(w_rep.kernel.rfind("flash/", 0), 0u) << w_rep.explanation;
+    EXPECT_NE(w_rep.explanation.find("attention weights were requested"), std::string::npos) << w_rep.explanation;
 
     // The reference reads 16-bit K/V too (the oracle), and agrees with decode.
     Small r(3, DType::f16, rng);
