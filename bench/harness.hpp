@@ -26,6 +26,7 @@
 
 #include "attn/sdpa.hpp"
 #include "machine.hpp"
+#include "modifiers.hpp"
 #include "peaks.hpp"
 
 namespace attn::bench {
@@ -116,6 +117,11 @@ struct Row {
     // FMA ceiling's (Ceiling::per_cpu) — what % peak would be with the CPUs alone. 0 if unknown.
     double pct_peak_cpu_adjusted = 0.0;
     std::optional<double> speedup_vs_torch;  // torch median / this median
+    // A score-modifier row (modifiers.hpp): the impl of its plain row in the same case, the
+    // target on the ratio; finish_case fills median/median and min/min.
+    std::string ratio_to;
+    double ratio_target = 0.0;
+    std::optional<double> ratio, ratio_min;
 };
 
 struct CaseResult {
@@ -157,6 +163,7 @@ struct SdpaShape {
     std::int64_t B = 1, Hq = 1, Hkv = 1, Lq = 1, Lk = 1, Dk = 1, Dv = 1;
     Causal causal = Causal::none;
     bool report_rss_target = false;  // compare peak RSS with 1.25 x bytes(Q,K,V,O) + 100 MiB
+    std::vector<ModifierRow> modifier_rows = {};  // timed again with these modifiers (fast kernel only)
 };
 void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseResult>& out);
 BenchCase sdpa_forward_case(const SdpaShape& s);
