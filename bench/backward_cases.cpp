@@ -192,6 +192,42 @@ void run_sdpa_forward_backward(const Context& ctx, const SdpaShape& s, std::vect
     }
     for (Tensor& t : ref_grads) t = Tensor();
 
+    // Score-modifier rows: the first fast impl that ran, its training step with each modifier.
+    const Row* plain = nullptr;
+    for (std::size_t i = 0; i < rows.size() && plain == nullptr; ++i)
+        if (cfg.impls[i] != Impl::reference && rows[i].status == "ok") plain = &rows[i];
+    if (plain != nullptr) {
+        const std::string plain_impl = plain->impl;
+        for (const ModifierRow& m : s.modifier_rows) {
+            Row r;
+            r.impl = plain_impl + "+" + m.name;
+            r.flop = c.flop;
+            r.ratio_to = plain_impl;
+            r.ratio_target = m.target;
+            SdpaOptions opt;
+            opt.impl = parse_impl(plain_impl);
+            opt.causal = s.causal;
+            ModifierTensors keep;
+            set_modifiers(m.name, s.Hq, opt, keep);
+            SdpaReport frep, brep;
+            RssProbe probe;
+            r.baseline_rss = probe.baseline();
+            r.peak_rss_reset = probe.was_reset();
+            try {
+                r.timing = time_calls(cfg, [&] {
+                    sdpa(q, k, v, opt, o, &lse_view, nullptr, &frep);
+                    sdpa_backward(q, k, v, o, lse, dO, opt, grads[0], grads[1], grads[2], &brep);
+                });
+                r.kernel = frep.kernel + " + " + brep.kernel;
+            } catch (const std::exception& e) {
+                r.status = "error";
+                r.note = e.what();
+            }
+            r.peak_rss = probe.peak();
+            rows.push_back(std::move(r));
+        }
+    }
+
     // Autograd keeps the scores, the softmax and their gradients: ~ five B·Hq·Lq·Lk fp32
     // matrices at once, plus the inputs and gradients.
     const double torch_bytes = 5.0 * 4.0 * static_cast<double>(s.B * s.Hq) * static_cast<double>(s.Lq) *

@@ -56,29 +56,41 @@ void run_decode_shape(const Context& ctx, const std::string& id, std::int64_t Hk
             out.push_back(std::move(c));
             continue;
         }
-        Row r;
-        r.impl = "decode";
-        r.flop = 0.0;  // bandwidth-bound: GB/s, not GFLOP/s, is the measure
-        r.bytes = c.bytes;
-        RssProbe probe;
-        r.baseline_rss = probe.baseline();
-        r.peak_rss_reset = probe.was_reset();
-        try {
-            const FlushBuffer flush(flush_bytes);
-            const DecodeTiming t = time_decode_shape(id, Hq, Hkv, st, cfg.runs, &flush);
-            std::vector<double> seconds;
-            for (double ms : t.samples_ms) seconds.push_back(ms * 1e-3);
-            r.timing = timing_from_samples(std::move(seconds), 0.0);
-            r.kernel = "decode";
-            r.note = fmt2("%.0f%% of the bandwidth sampled just before each step (median)", 100 * t.median_bw_fraction) +
-                     (cfg.quick ? "; quick: 64 MiB eviction buffer, caches not really cold" : "");
-            medians[st] = r.timing.median_s;
-        } catch (const std::exception& e) {
-            r.status = "error";
-            r.note = e.what();
-        }
-        r.peak_rss = probe.peak();
-        c.rows.push_back(std::move(r));
+        // The plain step, then (S5) the step with sinks and ALiBi as a ratio to it (issue 13).
+        auto time_row = [&](const std::string& modifiers, double target) {
+            Row r;
+            r.impl = modifiers.empty() ? "decode" : "decode+" + modifiers;
+            r.flop = 0.0;  // bandwidth-bound: GB/s, not GFLOP/s, is the measure
+            r.bytes = c.bytes;
+            RssProbe probe;
+            r.baseline_rss = probe.baseline();
+            r.peak_rss_reset = probe.was_reset();
+            try {
+                SdpaOptions mods;
+                ModifierTensors keep;
+                if (!modifiers.empty()) {
+                    set_modifiers(modifiers, Hq, mods, keep);
+                    r.ratio_to = "decode";
+                    r.ratio_target = target;
+                }
+                const FlushBuffer flush(flush_bytes);
+                const DecodeTiming t = time_decode_shape(id, Hq, Hkv, st, cfg.runs, &flush, mods);
+                std::vector<double> seconds;
+                for (double ms : t.samples_ms) seconds.push_back(ms * 1e-3);
+                r.timing = timing_from_samples(std::move(seconds), 0.0);
+                r.kernel = "decode";
+                r.note = fmt2("%.0f%% of the bandwidth sampled just before each step (median)", 100 * t.median_bw_fraction) +
+                         (cfg.quick ? "; quick: 64 MiB eviction buffer, caches not really cold" : "");
+                if (modifiers.empty()) medians[st] = r.timing.median_s;
+            } catch (const std::exception& e) {
+                r.status = "error";
+                r.note = e.what();
+            }
+            r.peak_rss = probe.peak();
+            c.rows.push_back(std::move(r));
+        };
+        time_row("", 0.0);
+        if (id == "S5") time_row("sinks+alibi", 1.05);
         Row torch = run_torch(ctx, {{"mode", "sdpa"}, {"B", "1"}, {"Hq", "32"}, {"Hkv", std::to_string(Hkv)}, {"Lq", "1"},
                                     {"Lk", "16384"}, {"Dk", "128"}, {"Dv", "128"}, {"causal", "bottom-right"}});
         torch.bytes = 2.0 * B * Hkv * Lk * D * 4.0;  // torch reads float32 K/V

@@ -1,6 +1,7 @@
 #include "harness.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 
 #if defined(__GLIBC__)
@@ -93,6 +94,18 @@ void finish_case(const Context& ctx, CaseResult& c) {
             if (bw.measured && bw.value > 0.0) r.pct_bw = 100.0 * r.gbs / bw.value;
         }
         if (torch != nullptr && &r != torch) r.speedup_vs_torch = torch->timing.median_s / r.timing.median_s;
+    }
+    for (Row& r : c.rows) {
+        if (r.ratio_to.empty() || r.status != "ok" || r.timing.runs == 0) continue;
+        for (const Row& p : c.rows) {
+            if (&p == &r || p.impl != r.ratio_to || p.status != "ok" || p.timing.median_s <= 0.0) continue;
+            r.ratio = r.timing.median_s / p.timing.median_s;
+            r.ratio_min = r.timing.min_s / p.timing.min_s;
+            char buf[160];
+            std::snprintf(buf, sizeof buf, "%.3fx the %s row (min/min %.3fx; target <= %.2fx)", *r.ratio, p.impl.c_str(),
+                          *r.ratio_min, r.ratio_target);
+            r.note = r.note.empty() ? buf : std::string(buf) + "; " + r.note;
+        }
     }
 }
 

@@ -26,6 +26,7 @@
 
 #include "attn/sdpa.hpp"
 #include "machine.hpp"
+#include "modifiers.hpp"
 #include "peaks.hpp"
 
 namespace attn::bench {
@@ -117,6 +118,11 @@ struct Row {
     // FMA ceiling's (Ceiling::per_cpu) — what % peak would be with the CPUs alone. 0 if unknown.
     double pct_peak_cpu_adjusted = 0.0;
     std::optional<double> speedup_vs_torch;  // torch median / this median
+    // A score-modifier row (modifiers.hpp): the impl of its plain row in the same case, the
+    // target on the ratio; finish_case fills median/median and min/min.
+    std::string ratio_to;
+    double ratio_target = 0.0;
+    std::optional<double> ratio, ratio_min;
 };
 
 struct CaseResult {
@@ -161,6 +167,7 @@ struct SdpaShape {
     // Storage of Q (and out) and of K/V: float32, float16 or bfloat16 (the 16-bit rows of
     // docs/BENCHMARKS: the kernels convert per tile). Not f32: no torch row (see the f32 one).
     DType q_dtype = DType::f32, kv_dtype = DType::f32;
+    std::vector<ModifierRow> modifier_rows = {};  // timed again with these modifiers (fast kernel only)
 };
 void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseResult>& out);
 BenchCase sdpa_forward_case(const SdpaShape& s);

@@ -8,11 +8,14 @@
 namespace attn::bench {
 std::vector<BenchCase> all_cases() {
     std::vector<BenchCase> cases;
-    const SdpaShape s1{"S1", "prefill", 1, 16, 16, 1024, 1024, 64, 64, Causal::none, false};
+    SdpaShape s1{"S1", "prefill", 1, 16, 16, 1024, 1024, 64, 64, Causal::none, false};
     const SdpaShape s3{"S3", "causal prefill", 1, 16, 16, 4096, 4096, 128, 128, Causal::top_left, false};
     cases.push_back(sdpa_forward_case(s1));
+    // Score modifiers (issue 13) beside the plain rows, as ratios with the issue's targets.
+    s1.modifier_rows = {{"softcap", 1.2}};
     cases.push_back(sdpa_forward_backward_case(s1));
-    const SdpaShape s2{"S2", "long prefill", 1, 16, 16, 4096, 4096, 64, 64, Causal::none, false};
+    SdpaShape s2{"S2", "long prefill", 1, 16, 16, 4096, 4096, 64, 64, Causal::none, false};
+    s2.modifier_rows = {{"softcap", 1.15}, {"alibi", 1.10}, {"sinks", 1.02}};
     cases.push_back(sdpa_forward_case(s2));
     cases.push_back(sdpa_forward_case(s3));
     cases.push_back(sdpa_forward_backward_case(s3));
@@ -24,6 +27,7 @@ std::vector<BenchCase> all_cases() {
             SdpaShape x = base;
             x.q_dtype = qd;
             x.kv_dtype = kvd;
+            x.modifier_rows = {};  // the modifier ratios are read on the f32 rows
             cases.push_back(sdpa_forward_case(x));
         }
     cases.push_back(sdpa_forward_case({"S4", "cross-attention", 2, 8, 8, 512, 4096, 64, 64, Causal::none, false}));

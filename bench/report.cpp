@@ -219,6 +219,12 @@ nlohmann::json to_json(const Report& r) {
                                  {"peak_rss_reset", w.peak_rss_reset},
                                  {"speedup_vs_torch", opt(w.speedup_vs_torch)},
                                  {"max_abs_diff_vs_reference", opt(w.max_abs_diff)}};
+            if (!w.ratio_to.empty()) {
+                rj["ratio_to"] = w.ratio_to;
+                rj["ratio_target"] = w.ratio_target;
+                rj["ratio_median"] = opt(w.ratio);
+                rj["ratio_min"] = opt(w.ratio_min);
+            }
             if (c.rss_limit && w.status == "ok" && w.impl.rfind("torch", 0) != 0)
                 rj["rss_target_met"] = w.peak_rss >= 0 && w.peak_rss <= *c.rss_limit;
             rows.push_back(std::move(rj));

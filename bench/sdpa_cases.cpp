@@ -230,6 +230,42 @@ void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseRe
     }
     o_ref = Tensor();
 
+    // Score-modifier rows: the first fast impl that ran, again with each modifier set.
+    const Row* plain = nullptr;
+    for (std::size_t i = 0; i < rows.size() && plain == nullptr; ++i)
+        if (cfg.impls[i] != Impl::reference && rows[i].status == "ok") plain = &rows[i];
+    if (plain != nullptr) {
+        const std::string plain_impl = plain->impl;
+        const Impl impl = parse_impl(plain_impl);
+        for (const ModifierRow& m : s.modifier_rows) {
+            Row r;
+            r.impl = plain_impl + "+" + m.name;
+            r.flop = c.flop;
+            r.ratio_to = plain_impl;
+            r.ratio_target = m.target;
+            SdpaOptions opt;
+            opt.impl = impl;
+            opt.causal = s.causal;
+            ModifierTensors keep;
+            set_modifiers(m.name, s.Hq, opt, keep);
+            SdpaReport rep;
+            const TensorView dst_view = o.view();
+            poison(o);
+            RssProbe probe;
+            r.baseline_rss = probe.baseline();
+            r.peak_rss_reset = probe.was_reset();
+            try {
+                r.timing = time_calls(cfg, [&] { sdpa(q, k, v, opt, dst_view, nullptr, nullptr, &rep); });
+                r.kernel = rep.kernel;
+            } catch (const std::exception& e) {
+                r.status = "error";
+                r.note = e.what();
+            }
+            r.peak_rss = probe.peak();
+            rows.push_back(std::move(r));
+        }
+    }
+
     // PyTorch's hand-written attention holds about three B·Hq·Lq·Lk fp32 matrices at once
     // (scores, scores + mask, softmax) plus its inputs.
     const double torch_bytes = 3.0 * 4.0 * static_cast<double>(s.B * s.Hq) * static_cast<double>(s.Lq) *

@@ -3,8 +3,12 @@
 // MPI_Comm_f2c, so no mpi4py header is needed at build time). Every function is collective.
 //
 //   out, lse = attn.dist.ring_attention(q_local, k_local, v_local, comm, is_causal=False, scale=None,
-//                                       layout="zigzag")
-//   dq, dk, dv = attn.dist.ring_attention_backward(q_local, k_local, v_local, out, lse, grad_out, comm, ...)
+//                                       layout="zigzag", <masking and modifier keywords>)
+//   dq, dk, dv[, dsinks] = attn.dist.ring_attention_backward(q_local, k_local, v_local, out, lse, grad_out,
+//                                                            comm, ...)   (dsinks when sinks is given)
+// The masking and modifier keywords mean what they mean for scaled_dot_product_attention
+// (options.hpp: causal_alignment, window, window_alignment, query_offset; key_lengths; softcap,
+// alibi_slopes, sinks), on global positions, and must be the same on every rank.
 //   attn.dist.rank_segments(L, P, rank, layout="zigzag") -> [(start, length), ...]
 // Arrays: (B, H, L_local, D) float32, the rank's rows as rank_segments gives them, concatenated.
 #include <mpi.h>
@@ -14,6 +18,7 @@
 #include "attn/ring.hpp"
 #include "bind.hpp"
 #include "convert.hpp"
+#include "options.hpp"
 
 namespace attn_py {
 namespace {
@@ -26,49 +31,88 @@ MPI_Comm comm_of(const py::handle& comm) {
     return MPI_Comm_f2c(comm.attr("py2f")().cast<MPI_Fint>());
 }
 
-attn::dist::RingOptions options(bool is_causal, const py::handle& scale, const std::string& layout) {
-    attn::dist::RingOptions o;
-    o.causal = is_causal ? attn::Causal::top_left : attn::Causal::none;
-    o.scale = optional_float_arg(scale, "scale");
-    o.layout = attn::dist::parse_layout(layout);
-    return o;
+// The keywords both directions take, as given.
+struct RingArgs {
+    AlignmentArgs alignment;
+    py::object scale, layout, key_lengths;
+    ModifierArgs modifiers;
+};
+
+// RingOptions whose views point into arrays held here.
+struct RingCall {
+    attn::dist::RingOptions ring;
+    CallOptions keep;
+};
+
+RingCall options(const RingArgs& a, std::int64_t heads) {
+    RingCall c;
+    set_alignment(a.alignment, c.keep);
+    set_modifiers(a.modifiers, heads, c.keep);
+    if (!a.key_lengths.is_none()) {
+        c.keep.key_lengths = as_array(a.key_lengths, "key_lengths");
+        c.ring.key_lengths = view_of(c.keep.key_lengths, "key_lengths", 1, 1, "shape (B,)");
+    }
+    const attn::SdpaOptions& s = c.keep.sdpa;
+    c.ring.causal = s.causal;
+    c.ring.window = s.window;
+    c.ring.query_offset = s.query_offset;
+    c.ring.softcap = s.softcap;
+    c.ring.alibi_slopes = s.alibi_slopes;
+    c.ring.sinks = s.sinks;
+    c.ring.scale = optional_float_arg(a.scale, "scale");
+    c.ring.layout = attn::dist::parse_layout(str_arg(a.layout, "layout"));
+    return c;
 }
 
 py::tuple ring_forward(const py::handle& query, const py::handle& key, const py::handle& value, const py::handle& comm,
-                       bool is_causal, const py::handle& scale, const std::string& layout) {
+                       const py::object& is_causal, const py::object& scale, const py::object& layout,
+                       const py::object& causal_alignment, const py::object& window, const py::object& window_alignment,
+                       const py::object& query_offset, const py::object& key_lengths, const py::object& softcap,
+                       const py::object& alibi_slopes, const py::object& sinks) {
     const char* kLayout = "(B, H, L_local, D)";
     const Input q = input(query, "query", 4, 4, kLayout), k = input(key, "key", 4, 4, kLayout),
                 v = input(value, "value", 4, 4, kLayout);
     const MPI_Comm c = comm_of(comm);
-    const attn::dist::RingOptions o = options(is_causal, scale, layout);
+    const RingCall o = options({{is_causal, causal_alignment, window, window_alignment, query_offset}, scale, layout,
+                                key_lengths, {softcap, alibi_slopes, sinks}},
+                               q.view.dim(1));
     py::array out = new_array(attn::DType::f32, {q.view.dim(0), q.view.dim(1), q.view.dim(2), v.view.dim(3)});
     py::array lse = new_array(attn::DType::f32, {q.view.dim(0), q.view.dim(1), q.view.dim(2)});
     const attn::TensorView ov = output_view(out, 4), lv = output_view(lse, 3);
     {
         py::gil_scoped_release release;
-        attn::dist::ring_attention(c, q.view, k.view, v.view, o, ov, &lv);
+        attn::dist::ring_attention(c, q.view, k.view, v.view, o.ring, ov, &lv);
     }
     return py::make_tuple(out, lse);
 }
 
 py::tuple ring_backward(const py::handle& query, const py::handle& key, const py::handle& value, const py::handle& out,
-                        const py::handle& lse, const py::handle& grad_out, const py::handle& comm, bool is_causal,
-                        const py::handle& scale, const std::string& layout) {
+                        const py::handle& lse, const py::handle& grad_out, const py::handle& comm,
+                        const py::object& is_causal, const py::object& scale, const py::object& layout,
+                        const py::object& causal_alignment, const py::object& window, const py::object& window_alignment,
+                        const py::object& query_offset, const py::object& key_lengths, const py::object& softcap,
+                        const py::object& alibi_slopes, const py::object& sinks) {
     const char* kLayout = "(B, H, L_local, D)";
     const Input q = input(query, "query", 4, 4, kLayout), k = input(key, "key", 4, 4, kLayout),
                 v = input(value, "value", 4, 4, kLayout), o = input(out, "out", 4, 4, kLayout),
                 l = input(lse, "lse", 3, 3, "(B, H, L_local)"), g = input(grad_out, "grad_out", 4, 4, kLayout);
     const MPI_Comm c = comm_of(comm);
-    const attn::dist::RingOptions opt = options(is_causal, scale, layout);
+    const RingCall opt = options({{is_causal, causal_alignment, window, window_alignment, query_offset}, scale, layout,
+                                  key_lengths, {softcap, alibi_slopes, sinks}},
+                                 q.view.dim(1));
     py::array dq = new_array(attn::DType::f32, dims_of(q.view));
     py::array dk = new_array(attn::DType::f32, dims_of(k.view));
     py::array dv = new_array(attn::DType::f32, dims_of(v.view));
+    const bool with_sinks = opt.ring.sinks.has_value();
+    py::array ds = new_array(attn::DType::f32, {with_sinks ? q.view.dim(1) : 0});
     const attn::TensorView dqv = output_view(dq, 4), dkv = output_view(dk, 4), dvv = output_view(dv, 4);
+    const attn::TensorView dsv = output_view(ds, 1);
     {
         py::gil_scoped_release release;
-        attn::dist::ring_attention_backward(c, q.view, k.view, v.view, o.view, l.view, g.view, opt, dqv, dkv, dvv);
+        attn::dist::ring_attention_backward(c, q.view, k.view, v.view, o.view, l.view, g.view, opt.ring, dqv, dkv, dvv,
+                                            nullptr, with_sinks ? &dsv : nullptr);
     }
-    return py::make_tuple(dq, dk, dv);
+    return with_sinks ? py::make_tuple(dq, dk, dv, ds) : py::make_tuple(dq, dk, dv);
 }
 
 }  // namespace
@@ -77,11 +121,21 @@ void bind_dist(py::module_& m) {
     py::module_ d = m.def_submodule("dist", "Ring attention over MPI (mpi4py communicators); docs/ring.md");
     d.def("ring_attention", &ring_forward, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("comm"),
           py::kw_only(), py::arg("is_causal") = false, py::arg("scale") = py::none(), py::arg("layout") = "zigzag",
-          "Collective: this rank's rows of O and lse for the sequence split over comm's ranks (float32).");
+          py::arg("causal_alignment") = "top-left", py::arg("window") = py::none(),
+          py::arg("window_alignment") = "top-left", py::arg("query_offset") = py::none(),
+          py::arg("key_lengths") = py::none(), py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(),
+          py::arg("sinks") = py::none(),
+          "Collective: this rank's rows of O and lse for the sequence split over comm's ranks (float32).\n"
+          "The masking and modifier keywords are scaled_dot_product_attention's, on global positions,\n"
+          "the same on every rank.");
     d.def("ring_attention_backward", &ring_backward, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("out"),
           py::arg("lse"), py::arg("grad_out"), py::arg("comm"), py::kw_only(), py::arg("is_causal") = false,
-          py::arg("scale") = py::none(), py::arg("layout") = "zigzag",
-          "Collective: this rank's rows of dQ, dK, dV (the gradients of <O, dO>), from ring_attention's out and lse.");
+          py::arg("scale") = py::none(), py::arg("layout") = "zigzag", py::arg("causal_alignment") = "top-left",
+          py::arg("window") = py::none(), py::arg("window_alignment") = "top-left",
+          py::arg("query_offset") = py::none(), py::arg("key_lengths") = py::none(), py::arg("softcap") = py::none(),
+          py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
+          "Collective: this rank's rows of dQ, dK, dV (the gradients of <O, dO>), from ring_attention's out and lse;\n"
+          "with sinks also dsinks (Hq,), the gradient over the whole sequence (the same on every rank).");
     d.def(
         "rank_segments",
         [](std::int64_t L, int P, int rank, const std::string& layout) {

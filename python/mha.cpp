@@ -180,7 +180,8 @@ std::unique_ptr<PyMha> make_mha(const py::object& embed_dim, const py::object& n
                                 const py::object& bias, const py::object& add_bias_kv,
                                 const py::object& add_zero_attn, const py::object& kdim, const py::object& vdim,
                                 const py::object& batch_first, const py::object& device, const py::object& dtype,
-                                const py::object& num_kv_heads) {
+                                const py::object& num_kv_heads, const py::object& sinks, const py::object& softcap,
+                                const py::object& alibi_slopes) {
     const double dropout = float_arg(dropout_arg, "dropout");
     if (dropout != 0.0) {
         value_error("dropout: attn's MultiheadAttention is inference-only (eval mode); expected 0.0 but got " +
@@ -202,6 +203,21 @@ std::unique_ptr<PyMha> make_mha(const py::object& embed_dim, const py::object& n
     c.batch_first = bool_arg(batch_first, "batch_first");
     c.add_bias_kv = bool_arg(add_bias_kv, "add_bias_kv");
     c.add_zero_attn = bool_arg(add_zero_attn, "add_zero_attn");
+    c.sinks = bool_arg(sinks, "sinks");
+    c.softcap = float_arg(softcap, "softcap");
+    // alibi_slopes: None (off), True (attn.alibi_slopes(num_heads)), or an array (num_heads,);
+    // the layer checks the count and the values.
+    if (py::isinstance<py::bool_>(alibi_slopes)) {
+        if (alibi_slopes.cast<bool>()) {
+            if (c.num_heads < 1) value_error("num_heads must be >= 1 but got " + std::to_string(c.num_heads));
+            const attn::Tensor std_slopes = attn::alibi_slopes(c.num_heads);
+            c.alibi_slopes.assign(std_slopes.data_as<const float>(), std_slopes.data_as<const float>() + c.num_heads);
+        }
+    } else if (!alibi_slopes.is_none()) {
+        const Input a = input(alibi_slopes, "alibi_slopes", 1, 1, "(num_heads,)");
+        const attn::Tensor f = attn::to_dtype(a.view, attn::DType::f32);
+        c.alibi_slopes.assign(f.data_as<const float>(), f.data_as<const float>() + f.numel());
+    }
     return std::make_unique<PyMha>(attn::MultiHeadAttention(c));
 }
 
@@ -214,7 +230,11 @@ void bind_mha(py::module_& m) {
              py::arg("bias") = true, py::arg("add_bias_kv") = false, py::arg("add_zero_attn") = false,
              py::arg("kdim") = py::none(), py::arg("vdim") = py::none(), py::arg("batch_first") = false,
              py::arg("device") = py::none(), py::arg("dtype") = py::none(), py::kw_only(),
-             py::arg("num_kv_heads") = py::none())
+             py::arg("num_kv_heads") = py::none(), py::arg("sinks") = false, py::arg("softcap") = 0.0,
+             py::arg("alibi_slopes") = py::none(),
+             "attn extensions (keyword-only): num_kv_heads (GQA); sinks=True adds the parameter 'sinks'\n"
+             "(num_heads,), a sink logit per head (gpt-oss); softcap=c caps every score to c*tanh(s/c)\n"
+             "(0 = off); alibi_slopes=True (attn.alibi_slopes(num_heads)) or an array (num_heads,).")
         .def("forward", &PyMha::forward, py::arg("query"), py::arg("key"), py::arg("value"),
              py::arg("key_padding_mask") = py::none(), py::arg("need_weights") = true,
              py::arg("attn_mask") = py::none(), py::arg("average_attn_weights") = true, py::arg("is_causal") = false,
@@ -240,7 +260,9 @@ void bind_mha(py::module_& m) {
         .def_property_readonly("head_dim", &PyMha::head_dim)
         .def_property_readonly("kdim", [](const PyMha& s) { return s.config().kdim ? s.config().kdim : s.config().embed_dim; })
         .def_property_readonly("vdim", [](const PyMha& s) { return s.config().vdim ? s.config().vdim : s.config().embed_dim; })
-        .def_property_readonly("batch_first", [](const PyMha& s) { return s.config().batch_first; });
+        .def_property_readonly("batch_first", [](const PyMha& s) { return s.config().batch_first; })
+        .def_property_readonly("softcap", [](const PyMha& s) { return s.config().softcap; })
+        .def_property_readonly("has_sinks", [](const PyMha& s) { return s.config().sinks; });
 }
 
 }  // namespace attn_py

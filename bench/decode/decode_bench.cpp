@@ -113,7 +113,7 @@ FlushBuffer::~FlushBuffer() = default;
 std::size_t FlushBuffer::bytes() const { return impl_->b.words * 8; }
 
 DecodeTiming time_decode_shape(const std::string& name, std::int64_t Hq, std::int64_t Hkv, DType storage, int runs,
-                               const FlushBuffer* flush_buffer) {
+                               const FlushBuffer* flush_buffer, const SdpaOptions& modifiers) {
     const Buffer* flush = flush_buffer != nullptr ? &flush_buffer->impl_->b : nullptr;
     constexpr std::int64_t B = 1, Lk = 16384, D = 128, kChunk = 1024;
     DecodeTiming t;
@@ -144,6 +144,9 @@ DecodeTiming time_decode_shape(const std::string& name, std::int64_t Hq, std::in
     fill(q.data_as<float>(), static_cast<std::size_t>(q.numel()), 77);
     SdpaOptions opt;  // a generation step: causal, bottom-right per sequence
     opt.causal = Causal::bottom_right;
+    opt.softcap = modifiers.softcap;
+    opt.alibi_slopes = modifiers.alibi_slopes;
+    opt.sinks = modifiers.sinks;
     for (int w = 0; w < 2; ++w) decode_attention(q, cache, opt, out);  // warm-up (workspace pages, code)
     std::vector<double> ms, frac;
     for (int r = 0; r < runs; ++r) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attn/dtype.hpp"
+#include "attn/sdpa.hpp"
 
 namespace attn::bench {
 
@@ -39,12 +40,15 @@ public:
 private:
     struct Impl;
     std::unique_ptr<Impl> impl_;
-    friend DecodeTiming time_decode_shape(const std::string&, std::int64_t, std::int64_t, DType, int, const FlushBuffer*);
+    friend DecodeTiming time_decode_shape(const std::string&, std::int64_t, std::int64_t, DType, int, const FlushBuffer*,
+                                          const SdpaOptions&);
 };
 
 // One shape and storage: the cache is allocated and filled (touched) first, two warm-up
 // steps, then `runs` timed steps, each after a flush when `flush` is given (else warm).
+// `modifiers`: its softcap, alibi_slopes and sinks are set on every step (the rest is the
+// step's own: causal bottom-right).
 DecodeTiming time_decode_shape(const std::string& name, std::int64_t Hq, std::int64_t Hkv, DType storage, int runs,
-                               const FlushBuffer* flush);
+                               const FlushBuffer* flush, const SdpaOptions& modifiers = {});
 
 }  // namespace attn::bench

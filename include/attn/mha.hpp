@@ -30,6 +30,15 @@
 // add_bias_kv appends a key/value (bias_k, bias_v) after the Lk keys, add_zero_attn then a zero
 // key/value, as PyTorch does: the masks allow them, the weights have Lk + 1 (+ 1) columns, and
 // is_causal is refused with them (pass a causal attn_mask).
+//
+// Score modifiers (docs/conventions.md "Score modifiers"; attn extensions, not in PyTorch):
+//   sinks          a learned sink logit per head: parameter `sinks` (h,) — gpt-oss's state_dict
+//                  name; from_state_dict turns it on when the tensor is there. It gets a gradient.
+//   softcap        c > 0: every score s ← c·tanh(s/c) (Gemma 2). 0 = off.
+//   alibi_slopes   (h,) ALiBi slopes: s −= m_h·|d(i) − j| (attn::alibi_slopes(h) gives the
+//                  standard ones). d(i) is sdpa's bottom-right diagonal i + Lk − Lq (= i for
+//                  self-attention, and the token's cache position in forward_incremental).
+//                  Refused with add_bias_kv / add_zero_attn (their extra key has no position).
 #pragma once
 
 #include <cstdint>
@@ -56,6 +65,9 @@ struct MhaConfig {
     bool batch_first = false;       // (B, L, E) instead of (L, B, E)
     bool add_bias_kv = false;       // append the key/value bias_k/bias_v (PyTorch's option)
     bool add_zero_attn = false;     // append a zero key/value (PyTorch's option)
+    bool sinks = false;             // parameter `sinks` (h,): a sink logit per head (gpt-oss)
+    double softcap = 0.0;           // logit softcap c (0 = off); finite, >= FLT_MIN
+    std::vector<float> alibi_slopes = {};  // (h,) finite ALiBi slopes; empty = no ALiBi
 };
 
 struct MhaForwardOptions {
@@ -96,7 +108,8 @@ struct MhaForwardState {
     Tensor attn_out;             // (Nq, E) O before out_proj, heads concatenated
     Tensor lse;                  // (B, h, Lq) float32
     Tensor mask_store[4];        // owned masks the saved SdpaOptions point to
-    SdpaOptions sdpa;            // masks, causal, dropout — reused by the backward
+    Tensor sinks, alibi;         // owned copies of the score modifiers the saved options use
+    SdpaOptions sdpa;            // masks, causal, dropout, modifiers — reused by the backward
 };
 
 // ∂loss/∂x for every parameter (state_dict names and order) and input.
@@ -113,9 +126,11 @@ public:
 
     // Builds a layer from a PyTorch state_dict: E, kdim, vdim, bias, num_kv_heads and
     // add_bias_kv are read from the tensors (add_zero_attn has no tensor: it is off); the
-    // tensors are then loaded as by load_state_dict.
+    // tensors are then loaded as by load_state_dict. A `sinks` tensor turns on config.sinks;
+    // softcap and ALiBi slopes have no tensor and are given here.
     static MultiHeadAttention from_state_dict(const std::vector<std::pair<std::string, TensorView>>& tensors,
-                                              std::int64_t num_heads, bool batch_first = false);
+                                              std::int64_t num_heads, bool batch_first = false, double softcap = 0.0,
+                                              std::vector<float> alibi_slopes = {});
 
     const MhaConfig& config() const { return config_; }
     std::int64_t head_dim() const { return config_.embed_dim / config_.num_heads; }
@@ -165,8 +180,13 @@ public:
     Shape output_shape(const TensorView& query) const;
     Shape weights_shape(const TensorView& query, const TensorView& key, bool average_attn_weights) const;
 
+    // config's softcap, ALiBi slopes and sinks set on an sdpa call's options (views into
+    // this layer: valid while it lives and its parameters do not change).
+    void score_modifiers(SdpaOptions& options) const;
+
 private:
     MhaConfig config_;
+    Tensor alibi_;  // config_.alibi_slopes as a float32 (h,) tensor, empty without ALiBi
     std::map<std::string, Tensor, std::less<>> params_;
 };
 

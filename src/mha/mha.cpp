@@ -3,6 +3,8 @@
 #include "attn/mha.hpp"
 
 #include <algorithm>
+#include <cfloat>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -29,6 +31,22 @@ MultiHeadAttention::MultiHeadAttention(const MhaConfig& config) : config_(config
     if (c.num_kv_heads < 1 || c.num_heads % c.num_kv_heads != 0) {
         fail(kMha, "num_kv_heads must divide num_heads ", c.num_heads, " but got ", c.num_kv_heads);
     }
+    if (c.softcap != 0.0 && !(c.softcap >= FLT_MIN && c.softcap <= FLT_MAX)) {
+        fail(kMha, "softcap must be 0 (off) or a finite float32 >= FLT_MIN but got ", c.softcap);
+    }
+    if (!c.alibi_slopes.empty()) {
+        if (static_cast<std::int64_t>(c.alibi_slopes.size()) != c.num_heads) {
+            fail(kMha, "alibi_slopes: expected one slope per head (", c.num_heads, ") but got ", c.alibi_slopes.size());
+        }
+        for (std::size_t i = 0; i < c.alibi_slopes.size(); ++i)
+            if (!std::isfinite(c.alibi_slopes[i])) fail(kMha, "alibi_slopes: must be finite but slope ", i, " is ", c.alibi_slopes[i]);
+        if (c.add_bias_kv || c.add_zero_attn) {
+            fail(kMha, "alibi_slopes: not with add_bias_kv or add_zero_attn (their appended key has no position to measure "
+                       "a distance from)");
+        }
+        alibi_ = Tensor(DType::f32, Shape{c.num_heads});
+        std::copy(c.alibi_slopes.begin(), c.alibi_slopes.end(), alibi_.data_as<float>());
+    }
     for (const auto& [name, shape] : parameter_shapes()) params_.emplace(name, Tensor(DType::f32, shape, true));
 }
 
@@ -50,7 +68,14 @@ std::vector<std::pair<std::string, Shape>> MultiHeadAttention::parameter_shapes(
     }
     p.emplace_back("out_proj.weight", Shape{E, E});
     if (c.bias) p.emplace_back("out_proj.bias", Shape{E});
+    if (c.sinks) p.emplace_back("sinks", Shape{c.num_heads});
     return p;
+}
+
+void MultiHeadAttention::score_modifiers(SdpaOptions& o) const {
+    o.softcap = config_.softcap;
+    if (alibi_.data() != nullptr) o.alibi_slopes = alibi_.view();
+    if (config_.sinks) o.sinks = parameter("sinks");
 }
 
 TensorView MultiHeadAttention::parameter(std::string_view name) const {
@@ -88,6 +113,7 @@ void MultiHeadAttention::load_state_dict(const std::vector<std::pair<std::string
         if (!known) {
             std::string why;
             if (name == "bias_k" || name == "bias_v") why = " (the layer was built without add_bias_kv)";
+            if (name == "sinks") why = " (the layer was built without sinks)";
             add("unexpected tensor '" + name + "' with shape " + tensors[i].second.shape().str() + why);
         }
         for (std::size_t j = 0; j < i; ++j)
@@ -106,7 +132,8 @@ void MultiHeadAttention::load_state_dict(const std::vector<std::pair<std::string
 }
 
 MultiHeadAttention MultiHeadAttention::from_state_dict(const std::vector<std::pair<std::string, TensorView>>& tensors,
-                                                       std::int64_t num_heads, bool batch_first) {
+                                                       std::int64_t num_heads, bool batch_first, double softcap,
+                                                       std::vector<float> alibi_slopes) {
     auto find = [&](const char* name) -> const TensorView* {
         for (const auto& [n, t] : tensors)
             if (n == name) return &t;
@@ -154,6 +181,9 @@ MultiHeadAttention MultiHeadAttention::from_state_dict(const std::vector<std::pa
     c.num_kv_heads = Ekv / dh;
     c.bias = find("in_proj_bias") != nullptr || find("out_proj.bias") != nullptr;
     c.add_bias_kv = find("bias_k") != nullptr || find("bias_v") != nullptr;
+    c.sinks = find("sinks") != nullptr;
+    c.softcap = softcap;
+    c.alibi_slopes = std::move(alibi_slopes);
     MultiHeadAttention layer(c);
     layer.load_state_dict(tensors);
     return layer;

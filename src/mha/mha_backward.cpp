@@ -70,6 +70,16 @@ Tensor MultiHeadAttention::forward_train(const TensorView& query, const TensorVi
     s.sdpa.additive_mask = masks.add;
     s.sdpa.dropout_p = train.dropout_p;
     s.sdpa.dropout_seed = train.dropout_seed;
+    // Score modifiers: owned copies, like the masks.
+    score_modifiers(s.sdpa);
+    if (s.sdpa.alibi_slopes) {
+        s.alibi = to_dtype(*s.sdpa.alibi_slopes, DType::f32);
+        s.sdpa.alibi_slopes = s.alibi.view();
+    }
+    if (s.sdpa.sinks) {
+        s.sinks = to_dtype(*s.sdpa.sinks, DType::f32);
+        s.sdpa.sinks = s.sinks.view();
+    }
 
     s.query_shape = query.shape();
     s.key_shape = key.shape();
@@ -134,12 +144,13 @@ MhaGradients MultiHeadAttention::backward(const MhaForwardState& s, const Tensor
     // Attention.
     Tensor dq(DType::f32, Shape{Nq, E}), dk(DType::f32, Shape{B * Lkx, Ekv}), dv(DType::f32, Shape{B * Lkx, Ekv});
     const Rows rkx{Lkx, 1};
+    const TensorView dsinks = c.sinks ? pg.at("sinks").view() : TensorView();  // ∂loss/∂σ_h
     sdpa_backward(heads_view(s.q.data_as<float>(), E, 0, rq, B, h, Lq, dh), heads_view(s.k.data_as<float>(), Ekv, 0, rkx, B, hkv, Lkx, dh),
                   heads_view(s.v.data_as<float>(), Ekv, 0, rkx, B, hkv, Lkx, dh),
                   heads_view(s.attn_out.data_as<float>(), E, 0, rq, B, h, Lq, dh), s.lse.view(),
                   heads_view(d_o.data_as<float>(), E, 0, rq, B, h, Lq, dh), s.sdpa,
                   heads_view(dq.data_as<float>(), E, 0, rq, B, h, Lq, dh), heads_view(dk.data_as<float>(), Ekv, 0, rkx, B, hkv, Lkx, dh),
-                  heads_view(dv.data_as<float>(), Ekv, 0, rkx, B, hkv, Lkx, dh));
+                  heads_view(dv.data_as<float>(), Ekv, 0, rkx, B, hkv, Lkx, dh), nullptr, c.sinks ? &dsinks : nullptr);
 
     // Input projections. dW for packed weights are row blocks of in_proj_weight.
     float* dwq = packed ? pg.at("in_proj_weight").data_as<float>() : pg.at("q_proj_weight").data_as<float>();

@@ -124,6 +124,7 @@ void MultiHeadAttention::forward_into(const TensorView& query, const TensorView&
     so.causal = options.is_causal ? Causal::top_left : Causal::none;
     so.bool_mask = masks.keep;
     so.additive_mask = masks.add;
+    score_modifiers(so);
     const std::int64_t Nq = s.B * s.Lq;
     float* o = detail::ensure(ws.attn_out, Shape{Nq, E});
     const Shape per_head_shape{s.B, h, s.Lq, s.Lkx};

@@ -67,9 +67,11 @@ void check_cache(const MultiHeadAttention& layer, const KVCache& cache, const La
 // sequence (new token t of sequence b, at position n_b − T + t, sees positions 0 .. n_b − T + t):
 // the rule of docs/conventions.md with key_lengths = the cache's lengths, one call for all
 // sequences whatever their lengths.
-void attend(const TensorView& Q, const KVCache& cache, const TensorView& O) {
+// The layer's score modifiers ride along (ALiBi measures from the token's cache position).
+void attend(const MultiHeadAttention& layer, const TensorView& Q, const KVCache& cache, const TensorView& O) {
     SdpaOptions o;
     o.causal = Causal::bottom_right;
+    layer.score_modifiers(o);
     // The decode kernel for T <= 16, else flash; both read 16-bit storage per tile.
     decode_attention(Q, cache, o, O);
 }
@@ -104,7 +106,7 @@ void MultiHeadAttention::forward_incremental_into(const TensorView& x_new, KVCac
     cache.append(K, V);  // throws before writing when T tokens do not fit
     float* o = detail::ensure(ws.attn_out, Shape{N, E});
     try {
-        attend(Q, cache, detail::heads_view(o, E, 0, l.rows, B, h, T, dh));
+        attend(*this, Q, cache, detail::heads_view(o, E, 0, l.rows, B, h, T, dh));
     } catch (...) {
         // Leave the cache as it was: the step did not happen.
         for (std::int64_t b = 0; b < B; ++b) cache.truncate(b, old_len[static_cast<std::size_t>(b)]);

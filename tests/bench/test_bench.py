@@ -267,3 +267,24 @@ def test_training_step_variant_of_s1(tmp_path):
     assert fl["flop"] == 3.5 * fwd
     assert close(fl["gflops"], 3.5 * fwd / fl["median_s"] / 1e9)
     assert rows["reference"]["status"] == "skipped" and "--reference-max-gflop" in rows["reference"]["note"]
+
+
+def test_score_modifier_rows_are_ratios_to_their_plain_row(tmp_path):
+    # S1 forward+backward has a "flash+softcap" row beside "flash" (issue 13's S1 target 1.2):
+    # its ratio is this row's median over the plain row's, its min/min likewise, and the
+    # report prints both with the target.
+    out = tmp_path / "s1.json"
+    p = run("--quick", "--no-torch", "--impl", "flash", "--shapes", "S1", "--json", str(out))
+    with open(out) as f:
+        d = json.load(f)
+    c = next(c for c in d["cases"] if c["id"] == "S1" and c["variant"] == "forward+backward")
+    rows = {r["impl"]: r for r in c["rows"]}
+    plain, cap = rows["flash"], rows["flash+softcap"]
+    assert cap["status"] == "ok", cap["note"]
+    assert cap["ratio_to"] == "flash" and cap["ratio_target"] == 1.2
+    assert close(cap["ratio_median"], cap["median_s"] / plain["median_s"])
+    assert close(cap["ratio_min"], cap["min_s"] / plain["min_s"])
+    assert "the flash row" in p.stdout and "target <= 1.20x" in p.stdout
+    assert "ratio_to" not in plain
+    fwd = next(c for c in d["cases"] if c["id"] == "S1" and c["variant"] == "")
+    assert [r["impl"] for r in fwd["rows"]] == ["flash", "torch"]  # S1 forward: no modifier rows

@@ -2,7 +2,12 @@
 Python with an mpi4py communicator. Every rank builds the same global arrays (seed), takes its
 rows (attn.dist.rank_segments), runs the ring; rank 0 gathers O, dQ, dK, dV into OUTDIR.
 
-usage: ring_python_worker.py OUTDIR B Hq Hkv L Dk Dv causal(0|1) layout"""
+usage: ring_python_worker.py OUTDIR B Hq Hkv L Dk Dv causal(0|1) layout
+OUTDIR/kwargs.json, when there, holds more keywords for both calls (lists become float32 arrays,
+key_lengths int64); with "sinks" the backward's dsinks is saved too (rank 0's; every rank's
+must be equal, which is checked here)."""
+import json
+import os
 import sys
 
 import numpy as np
@@ -22,8 +27,27 @@ def mine(a):
 
 
 q, k, v, do = (mine(glob[n]) for n in ("q", "k", "v", "do"))
-o, lse = attn.dist.ring_attention(q, k, v, comm, is_causal=bool(causal), layout=layout)
-dq, dk, dv = attn.dist.ring_attention_backward(q, k, v, o, lse, do, comm, is_causal=bool(causal), layout=layout)
+kw = {}
+if os.path.exists(f"{outdir}/kwargs.json"):
+    for name, val in json.load(open(f"{outdir}/kwargs.json")).items():
+        if name == "key_lengths":
+            val = np.asarray(val, np.int64)
+        elif name in ("alibi_slopes", "sinks") and val is not True:
+            val = np.asarray(val, np.float32)
+        kw[name] = val
+if kw.get("alibi_slopes") is True and rank == 0:  # the standard slopes, for the test's oracle
+    np.save(f"{outdir}/alibi_slopes.npy", attn.alibi_slopes(Hq))
+o, lse = attn.dist.ring_attention(q, k, v, comm, is_causal=bool(causal), layout=layout, **kw)
+grads = attn.dist.ring_attention_backward(q, k, v, o, lse, do, comm, is_causal=bool(causal), layout=layout, **kw)
+dq, dk, dv = grads[:3]
+if "sinks" in kw:
+    assert len(grads) == 4
+    every = comm.allgather(grads[3])
+    assert all(np.array_equal(every[0], d) for d in every), "dsinks differs between ranks"
+    if rank == 0:
+        np.save(f"{outdir}/dsinks_{P}.npy", grads[3])
+else:
+    assert len(grads) == 3
 parts = comm.gather((segs, o, dq, dk, dv), root=0)
 if rank == 0:
     full = {"o": np.zeros((B, Hq, L, Dv), np.float32), "dq": np.zeros((B, Hq, L, Dk), np.float32),

@@ -46,3 +46,99 @@ def test_python_ring_matches_torch_and_cli(tmp_path, np_, causal):
     assert r.returncode == 0, r.stderr
     for n in ("o", "dq", "dk", "dv"):
         assert np.array_equal(np.load(files[n]), got[n]), n
+
+
+def textbook_grads(q, k, v, do, *, causal=False, alignment="top-left", key_lengths=None, window=None,
+                   query_offset=None, softcap=None, alibi=None, sinks=None):
+    """O, dQ, dK, dV (and dsinks) by torch autograd in float64 of the rule of
+    docs/conventions.md: diagonal d_b(i) = i (top-left), i + n_b − Lq (bottom-right) or
+    i + query_offset; s = scale·q·k → c·tanh(s/c) → − m_h·|d_br(i) − j| (ALiBi measured from the
+    bottom-right diagonal, or query_offset) → causal j <= d, window d − left <= j <= d + right,
+    key lengths j < n_b → softmax with the sink σ_h as one more logit without a value."""
+    import torch
+    q, k, v, do = (torch.tensor(x, dtype=torch.float64) for x in (q, k, v, do))
+    leaves = [q, k, v]
+    sk = None
+    if sinks is not None:
+        sk = torch.tensor(np.asarray(sinks, np.float32), dtype=torch.float64)
+        leaves.append(sk)
+    for t in leaves:
+        t.requires_grad_(True)
+    B, Hq, Lq, Dk = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    kk, vv = (x.repeat_interleave(Hq // Hkv, dim=1) for x in (k, v))
+    s = q @ kk.transpose(-1, -2) * Dk ** -0.5
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(Lq)[None, :, None]
+    j = torch.arange(Lk)[None, None, :]
+    n = torch.full((B,), Lk) if key_lengths is None else torch.tensor(key_lengths)
+    br = i + (n - Lq)[:, None, None]  # (B, Lq, 1)
+    if query_offset is not None:
+        d = d_alibi = i + query_offset
+    else:
+        d = i if alignment == "top-left" else br
+        d_alibi = br
+    if alibi is not None:
+        m = torch.tensor(np.asarray(alibi, np.float32), dtype=torch.float64)
+        s = s - m.view(1, Hq, 1, 1) * (d_alibi - j).abs()[:, None].to(torch.float64)
+    keep = (j < n[:, None, None]).expand(B, Lq, Lk)
+    if causal:
+        keep = keep & (j <= d)
+    if window is not None:
+        left, right = window
+        if left >= 0:
+            keep = keep & (j >= d - left)
+        if right >= 0:
+            keep = keep & (j <= d + right)
+    s = s.masked_fill(~keep[:, None], float("-inf"))
+    if sk is not None:
+        col = sk.view(1, Hq, 1, 1).expand(B, Hq, Lq, 1)
+        a = torch.softmax(torch.cat([s, col], dim=-1), dim=-1)[..., :-1]
+    else:
+        a = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    o = a @ vv
+    o.backward(do)
+    return [o.detach().numpy()] + [t.grad.numpy() for t in leaves[:3]] + ([sk.grad.numpy()] if sk is not None else [])
+
+
+MOD_CASES = {
+    "softcap-alibi-sinks-causal": dict(causal=1, kw={"softcap": 2.0, "alibi_slopes": True, "sinks": [0.5, -1.0, 2.0, 0.0]}),
+    "bottom-right-lengths-sinks": dict(causal=1, kw={"causal_alignment": "bottom-right", "key_lengths": [37, 20],
+                                                      "sinks": [1.0, 0.0, -0.5, 3.0], "alibi_slopes": [0.1, 0.2, 0.3, 0.4]}),
+    "window-offset-softcap": dict(causal=0, kw={"window": [5, 3], "query_offset": 4, "softcap": 1.5}),
+}
+
+
+@pytest.mark.parametrize("np_", [1, 3])
+@pytest.mark.parametrize("name", list(MOD_CASES))
+def test_python_ring_modifier_keywords_match_torch(tmp_path, np_, name):
+    import json
+    case = MOD_CASES[name]
+    B, Hq, Hkv, L, Dk, Dv = 2, 4, 2, 37, 12, 5
+    rng = np.random.default_rng(11)
+    arrays = {"q": rng.uniform(-2, 2, (B, Hq, L, Dk)), "k": rng.uniform(-2, 2, (B, Hkv, L, Dk)),
+              "v": rng.uniform(-2, 2, (B, Hkv, L, Dv)), "do": rng.uniform(-1, 1, (B, Hq, L, Dv))}
+    arrays = {n: a.astype(np.float32) for n, a in arrays.items()}
+    np.savez(tmp_path / "inputs.npz", **arrays)
+    kw = dict(case["kw"])
+    (tmp_path / "kwargs.json").write_text(json.dumps(kw))
+    env = dict(ENV, PYTHONPATH=PYPATH)
+    r = subprocess.run([MPIEXEC, "-q", "--oversubscribe", "-np", str(np_), sys.executable,
+                        os.path.join(HERE, "ring_python_worker.py"), str(tmp_path), str(B), str(Hq), str(Hkv), str(L),
+                        str(Dk), str(Dv), str(case["causal"]), "zigzag"], capture_output=True, text=True, env=env,
+                        timeout=120)
+    assert r.returncode == 0, r.stderr
+    got = np.load(tmp_path / f"python_{np_}.npz")
+    alibi = kw.get("alibi_slopes")
+    if alibi is True:  # attn.alibi_slopes(Hq), saved by the worker (this process has no attn)
+        alibi = np.load(tmp_path / "alibi_slopes.npy")
+    ref = textbook_grads(arrays["q"], arrays["k"], arrays["v"], arrays["do"], causal=bool(case["causal"]),
+                         alignment=kw.get("causal_alignment", "top-left"), key_lengths=kw.get("key_lengths"),
+                         window=kw.get("window"), query_offset=kw.get("query_offset"), softcap=kw.get("softcap"),
+                         alibi=alibi, sinks=kw.get("sinks"))
+    names = ["o", "dq", "dk", "dv"] + (["dsinks"] if "sinks" in kw else [])
+    ours = [got[n] for n in names[:4]] + ([np.load(tmp_path / f"dsinks_{np_}.npy")] if "sinks" in kw else [])
+    for n, g, want in zip(names, ours, ref):
+        err = np.abs(g - want).max() / np.abs(want).max()
+        assert err <= 1e-5, f"{n}: {err:.2e}"

@@ -4,6 +4,7 @@
 // written out below as a predicate from the documented semantics.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -626,6 +627,33 @@ TEST(ReferenceSteps, IntermediatesMatchTheTextbook) {
             EXPECT_NEAR(at(s.lse, 0, h, i), want.l(0, h, i), 1e-13);
             for (std::int64_t x = 0; x < 2; ++x) EXPECT_NEAR(at(s.out, 0, h, i, x), want.o(0, h, i, x), 1e-13);
         }
+}
+
+TEST(ReferenceSteps, SoftcappedStageSitsBetweenScaledAndMasked) {
+    // softcapped = c·tanh(scaled / c), computed here from the scaled stage; masked = the
+    // softcapped one where visible (no ALiBi, no additive mask), −inf elsewhere.
+    const Dims d{1, 2, 1, 4, 5, 3, 2};
+    const Inputs in = make_inputs(d, 222);
+    SdpaOptions opt;
+    opt.causal = Causal::top_left;
+    opt.softcap = 0.3;  // small: the inputs' scores reach past it, so the stage differs from S
+    const attn::AttentionSteps s = attn::reference_steps(in.q, in.k, in.v, opt);
+    ASSERT_EQ(s.softcapped_scores.shape(), s.scores.shape());
+    double moved = 0;
+    for (std::int64_t h = 0; h < 2; ++h)
+        for (std::int64_t i = 0; i < 4; ++i)
+            for (std::int64_t j = 0; j < 5; ++j) {
+                const double sc = at(s.scores, 0, h, i, j), capped = at(s.softcapped_scores, 0, h, i, j);
+                EXPECT_NEAR(capped, 0.3 * std::tanh(sc / 0.3), 1e-15);
+                moved = std::max(moved, std::fabs(capped - sc));
+                if (j <= i) EXPECT_EQ(at(s.masked_scores, 0, h, i, j), capped);
+                else EXPECT_EQ(at(s.masked_scores, 0, h, i, j), -kInf);
+            }
+    EXPECT_GT(moved, 0.01);
+    opt.softcap = 0.0;  // off: the stage is S itself
+    const attn::AttentionSteps off = attn::reference_steps(in.q, in.k, in.v, opt);
+    for (std::int64_t n = 0; n < off.scores.numel(); ++n)
+        EXPECT_EQ(off.softcapped_scores.data_as<double>()[n], off.scores.data_as<double>()[n]);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 //          [--batch-first] [--key-padding-mask M.npy] [--attn-mask A.npy] [--causal]
 //          [--weights W.npy] [--per-head-weights]
 //          [--grad-out dO.npy --grads G.safetensors [--dropout-p P --dropout-seed S]]   (training)
+//          [--softcap C] [--alibi | --alibi-slopes A.npy]      (a `sinks` tensor in the params: sinks)
 // PyTorch nn.MultiheadAttention (eval mode) on .npy files, with its state_dict in safetensors.
 #include <map>
 #include <sstream>
@@ -11,6 +12,7 @@
 #include "attn/mha.hpp"
 #include "attn/npy.hpp"
 #include "attn/safetensors.hpp"
+#include "attn/sdpa.hpp"
 #include "commands.hpp"
 #include "output_files.hpp"
 #include "tensor_args.hpp"
@@ -20,7 +22,9 @@ namespace attn::cli {
 namespace {
 
 struct MhaArgs {
-    std::string params, query, key, value, out, key_padding_mask, attn_mask, weights, grad_out, grads;
+    std::string params, query, key, value, out, key_padding_mask, attn_mask, weights, grad_out, grads, alibi_slopes;
+    double softcap = 0.0;
+    bool alibi = false;
     std::int64_t num_heads = 0;
     double dropout_p = 0.0;
     std::uint64_t dropout_seed = 0;
@@ -54,7 +58,21 @@ void run(const MhaArgs& a) {
     const SafetensorsFile params = read_safetensors(a.params);
     std::vector<std::pair<std::string, TensorView>> state;
     for (const auto& [name, t] : params.tensors) state.emplace_back(name, t.view());
-    const MultiHeadAttention layer = MultiHeadAttention::from_state_dict(state, a.num_heads, a.batch_first);
+    std::vector<float> slopes;
+    if (a.alibi && a.num_heads >= 1) {
+        const Tensor t = alibi_slopes(a.num_heads);
+        slopes.assign(t.data_as<const float>(), t.data_as<const float>() + t.numel());
+    } else if (!a.alibi_slopes.empty()) {
+        const Tensor t = read_npy(a.alibi_slopes);
+        if (!is_floating(t.dtype()) || t.shape().rank != 1) {
+            throw Error("--alibi-slopes: " + a.alibi_slopes + " must hold a floating (num_heads,) array but holds " +
+                        std::string(dtype_name(t.dtype())) + " " + t.shape().str());
+        }
+        const Tensor f = to_dtype(t.view(), DType::f32);
+        slopes.assign(f.data_as<const float>(), f.data_as<const float>() + f.numel());
+    }
+    const MultiHeadAttention layer =
+        MultiHeadAttention::from_state_dict(state, a.num_heads, a.batch_first, a.softcap, std::move(slopes));
 
     // Each distinct file is read once: key = value (one file) gets the fused KV projection,
     // no --key/--value the fused QKV projection of self-attention.
@@ -146,6 +164,9 @@ void add_mha_command(CLI::App& app) {
     // The range is checked in run(), in attn's words (a CLI11 Range check would word it its way).
     cmd->add_option("--dropout-p", args->dropout_p, "training: dropout probability on the attention weights (0 <= p < 1)");
     cmd->add_option("--dropout-seed", args->dropout_seed, "training: dropout seed (the keep mask is a function of it)");
+    cmd->add_option("--softcap", args->softcap, "logit softcap c: every score becomes c*tanh(s/c) (Gemma 2); 0 = off");
+    auto* alibi = cmd->add_flag("--alibi", args->alibi, "ALiBi with the standard slopes for --num-heads heads");
+    cmd->add_option("--alibi-slopes", args->alibi_slopes, "ALiBi with these slopes, (num_heads,) .npy")->excludes(alibi);
     add_threads_option(cmd);
     cmd->callback([args] { run(*args); });
 }

@@ -15,6 +15,7 @@ AttentionSteps reference_steps(const TensorView& q, const TensorView& k, const T
     s.out = Tensor(DType::f64, Shape{B, Hq, Lq, Dv});
     const detail::SdpaProblem p = detail::make_problem(q, k, v, options, s.out, nullptr, nullptr);
     s.scores = Tensor(DType::f64, Shape{B, Hq, Lq, Lk});
+    s.softcapped_scores = Tensor(DType::f64, Shape{B, Hq, Lq, Lk});
     s.masked_scores = Tensor(DType::f64, Shape{B, Hq, Lq, Lk});
     s.weights = Tensor(DType::f64, Shape{B, Hq, Lq, Lk});
     s.lse = Tensor(DType::f64, Shape{B, Hq, Lq});
@@ -24,6 +25,8 @@ AttentionSteps reference_steps(const TensorView& q, const TensorView& k, const T
             detail::reference_head(p, b, h, hs);
             const std::int64_t head = b * Hq + h;
             std::copy(hs.scores.begin(), hs.scores.end(), s.scores.data_as<double>() + head * Lq * Lk);
+            std::copy(hs.softcapped_scores.begin(), hs.softcapped_scores.end(),
+                      s.softcapped_scores.data_as<double>() + head * Lq * Lk);
             std::copy(hs.masked_scores.begin(), hs.masked_scores.end(), s.masked_scores.data_as<double>() + head * Lq * Lk);
             std::copy(hs.weights.begin(), hs.weights.end(), s.weights.data_as<double>() + head * Lq * Lk);
             std::copy(hs.lse.begin(), hs.lse.end(), s.lse.data_as<double>() + head * Lq);

@@ -20,9 +20,13 @@ namespace {
 //   |x| <  1/8: x − x³/3 + 2x⁵/15 − 17x⁷/315            (the formula above cancels there;
 //               the first omitted term is < 1.6e-10 relative)
 // NaN stays NaN. tests/kernels/test_modifiers.cpp measures the error.
-// The width follows the translation unit's ISA: 8 lanes where AVX is enabled, 4 (SSE2,
-// the x86-64 baseline) elsewhere — so no 32-byte vector is ever passed without AVX.
-#ifdef __AVX__
+// The width follows the translation unit's ISA: 16 lanes with AVX-512 (the flash_avx512 file:
+// one zmm per op, half the instructions of two ymm — the softcap pass is compute-bound there),
+// 8 where AVX is enabled, 4 (SSE2, the x86-64 baseline) elsewhere — so no 32-byte vector is
+// ever passed without AVX, and no 64-byte one without AVX-512. Every lane computes the same.
+#if defined(__AVX512F__)
+inline constexpr int kTanhLanes = 16;
+#elif defined(__AVX__)
 inline constexpr int kTanhLanes = 8;
 #else
 inline constexpr int kTanhLanes = 4;
