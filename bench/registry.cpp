@@ -35,7 +35,7 @@ std::vector<BenchCase> all_cases() {
     cases.push_back(decode_case("S5"));
     cases.push_back(mha_s6_case());
     cases.push_back(decode_case("S7"));
-    for (BenchCase& c : serving_cases()) cases.push_back(std::move(c));  // V1, P5, P7 (bench/serving_cases.cpp)
+    for (BenchCase& c : serving_cases()) cases.push_back(std::move(c));  // V1, P5, P7, P2 (bench/serving_cases.cpp)
     cases.push_back(sdpa_forward_case({"S8", "long causal memory", 1, 8, 8, 32768, 32768, 64, 64, Causal::top_left, true}));
     cases.back().slow = true;
     return cases;

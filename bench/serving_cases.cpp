@@ -10,6 +10,12 @@
 //       and 32 tokens (pages in order), and of 16 with the sequence on every other page
 //       (fragmented); rows report GB/s of the K/V bytes read. Timed warm, all rows the same
 //       way (the cache is 16–64x the last-level cache, so a step streams it from memory).
+//   P2  chunked prefill: 512 new causal queries on a sequence of 4096 cached tokens (the chunk
+//       included), Hq = 16, Hkv = 4, D = 128, float32 — the flash kernel on a contiguous
+//       KVCache against flash reading a PagedKVCache (pages of 16, 32, 128, and 16 with the
+//       sequence on every other page), and the paged decode kernel in blocks of 16 queries
+//       (impl = decode, the path a float16/bfloat16 pool takes). The paged flash rows must
+//       give the contiguous row's bits (max_abs_diff 0).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -202,6 +208,75 @@ void run_paged_decode(const Context& ctx, const std::string& id, std::int64_t Hk
     out.push_back(std::move(c));
 }
 
+void run_chunked_prefill(const Context& ctx, std::vector<CaseResult>& out) {
+    constexpr std::int64_t Hq = 16, Hkv = 4, n = 4096, Lq = 512, D = 128, chunk = 256;
+    CaseResult c;
+    c.id = "P2";
+    c.what = "chunked prefill on a paged cache";
+    c.shape = "B=1 Hq=16 Hkv=4 Lq=512 new of n=4096 cached, D=128 f32 causal: contiguous vs pages (flash) vs decode blocks";
+    c.params = {{"B", 1}, {"Hq", Hq}, {"Hkv", Hkv}, {"Lq", Lq}, {"n", n}, {"D", D}, {"storage", "float32"}};
+    // Visible pairs: query i (of the chunk) sees n − Lq + i + 1 keys.
+    const double pairs = static_cast<double>(Lq) * static_cast<double>(n - Lq) + Lq * (Lq + 1) / 2.0;
+    c.flop = 4.0 * D * Hq * pairs;
+    c.flop_formula = "4*D*Hq*sum_i (n - Lq + i + 1)";
+    c.io_bytes = 4 * (2 * Hq * Lq * D + 2 * Hkv * n * D);
+    const Tensor q(DType::f32, Shape{1, Hq, Lq, D});
+    fill_uniform(q, 11);
+    SdpaOptions opt;
+    opt.causal = Causal::bottom_right;
+    const Tensor kc(DType::f32, Shape{Hkv, chunk, D}), vc(DType::f32, Shape{Hkv, chunk, D});
+    fill_uniform(kc, 12);
+    fill_uniform(vc, 13);
+    const Tensor want(DType::f32, Shape{1, Hq, Lq, D});
+    std::vector<double> medians;
+    auto add = [&](Row r, const Tensor& o, const std::string& kernel, const std::string& note) {
+        r.kernel = kernel;
+        r.flop = c.flop;
+        r.note = note;
+        if (!medians.empty()) r.max_abs_diff = max_abs_diff(o, want);
+        medians.push_back(r.timing.median_s);
+        c.rows.push_back(std::move(r));
+    };
+    {
+        KVCacheConfig cc;
+        cc.kv_heads = Hkv;
+        cc.head_dim = D;
+        cc.capacity = n;
+        KVCache kv(cc);
+        for (std::int64_t t = 0; t < n; t += chunk) kv.append(0, kc, vc);
+        SdpaOptions fo = opt;
+        fo.impl = Impl::flash;
+        add(timed(ctx.cfg, "contiguous", [&] { decode_attention(q, kv, fo, want); }), want, "flash", "");
+    }
+    // pages: {page size, interleave with a second sequence, impl}
+    struct Variant { std::int64_t ps; bool frag; Impl impl; const char* name; };
+    for (const Variant& x : {Variant{16, false, Impl::automatic, "paged16"}, Variant{32, false, Impl::automatic, "paged32"},
+                             Variant{128, false, Impl::automatic, "paged128"}, Variant{16, true, Impl::automatic, "paged16-frag"},
+                             Variant{16, false, Impl::decode, "paged16-decode"}}) {
+        PagedKVCacheConfig pc;
+        pc.kv_heads = Hkv;
+        pc.head_dim = D;
+        pc.page_size = x.ps;
+        pc.num_pages = (x.frag ? 2 : 1) * n / x.ps;
+        PagedKVCache cache(pc);
+        const PagedKVCache::SeqId s = cache.add_sequence(), other = cache.add_sequence();
+        for (std::int64_t t = 0; t < n; t += x.ps)
+            for (PagedKVCache::SeqId id : {s, other})
+                if (id == s || x.frag)
+                    cache.append(id, kc.view().slice(1, t % chunk, x.ps), vc.view().slice(1, t % chunk, x.ps));
+        SdpaOptions po = opt;
+        po.impl = x.impl;
+        const Tensor o(DType::f32, Shape{1, Hq, Lq, D});
+        add(timed(ctx.cfg, x.name, [&] { paged_attention(q, cache, {s}, po, o); }), o,
+            x.impl == Impl::decode ? "decode (pages, blocks of 16)" : "flash (pages)", x.frag ? "every other page" : "");
+    }
+    c.note = "time / contiguous: paged16 " + fmt("%.3f", medians[1] / medians[0]) + ", paged32 " +
+             fmt("%.3f", medians[2] / medians[0]) + ", paged128 " + fmt("%.3f", medians[3] / medians[0]) +
+             ", paged16 fragmented " + fmt("%.3f", medians[4] / medians[0]) + "; decode blocks " +
+             fmt("%.3f", medians[5] / medians[0]);
+    out.push_back(std::move(c));
+}
+
 }  // namespace
 
 std::vector<BenchCase> serving_cases() {
@@ -219,6 +294,12 @@ std::vector<BenchCase> serving_cases() {
         p.run = [id = id, hkv = hkv](const Context& ctx, std::vector<CaseResult>& out) { run_paged_decode(ctx, id, hkv, out); };
         cases.push_back(p);
     }
+    BenchCase cp;
+    cp.id = "P2";
+    cp.what = "chunked prefill on a paged cache";
+    cp.shape = "512 new causal queries on 4096 cached tokens, Hq=16 Hkv=4 D=128: contiguous vs paged flash vs decode blocks";
+    cp.run = [](const Context& ctx, std::vector<CaseResult>& out) { run_chunked_prefill(ctx, out); };
+    cases.push_back(cp);
     return cases;
 }
 

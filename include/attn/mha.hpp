@@ -79,6 +79,13 @@ struct MhaForwardOptions {
     Impl impl = Impl::automatic;                 // passed to attn::sdpa
 };
 
+// Packed input (forward_packed): sequences of different lengths concatenated along the token
+// axis, as attn::sdpa_varlen takes them (include/attn/sdpa_varlen.hpp).
+struct MhaPackedOptions {
+    Causal causal = Causal::none;  // per sequence; bottom-right aligns to each sequence's own lengths
+    Impl impl = Impl::automatic;   // passed to attn::sdpa_varlen
+};
+
 struct MhaOutput {
     Tensor output;   // shaped like query, float32
     Tensor weights;  // float32; empty unless need_weights
@@ -157,6 +164,15 @@ public:
     void forward_into(const TensorView& query, const TensorView& key, const TensorView& value,
                       const MhaForwardOptions& options, const TensorView& output, const TensorView* weights,
                       MhaWorkspace* workspace = nullptr) const;
+
+    // Packed variable-length input (no padding): query (Tq, E), key (Tk, kdim), value (Tk, vdim)
+    // float32/64/16/bf16, any strides; cu_seqlens_q / cu_seqlens_k (N+1,) int32/int64 as in
+    // sdpa_varlen. Sequence b's output rows are exactly what forward() gives that sequence
+    // alone (batch of one, no mask; is_causal = causal top-left), up to the GEMMs' rounding.
+    // Returns (Tq, E) float32. add_bias_kv / add_zero_attn are refused (no packed meaning yet).
+    Tensor forward_packed(const TensorView& query, const TensorView& key, const TensorView& value,
+                          const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
+                          const MhaPackedOptions& options = {}) const;
 
     // Training forward: the same output as forward() (need_weights is ignored) with dropout
     // on the attention weights, saving into `state` what backward() needs.

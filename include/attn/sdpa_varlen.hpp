@@ -14,9 +14,12 @@
 // with the same SdpaOptions — scale, causal (top-left, or bottom-right = each sequence's own
 // Lk_b − Lq_b), window, query_offset (one number, or (N,) per sequence), GQA, impl — so it is
 // also the same as a batch padded to the longest sequence with key_lengths = Lk_b.
+// Score modifiers: softcap and sinks (Hq,) apply to every sequence; alibi_slopes are (Hq,)
+// for every sequence or (N, Hq), row b for sequence b.
 // Not accepted (they have no packed meaning): bool_mask, additive_mask (broadcast to a ragged
 // shape) and key_lengths (cu_seqlens_k gives every sequence's keys).
-// A sequence with Lq_b = 0 writes nothing; one with Lk_b = 0 < Lq_b sees no key: out 0, lse −inf.
+// A sequence with Lq_b = 0 writes nothing; one with Lk_b = 0 < Lq_b sees no key: out 0, lse −inf
+// (σ_h with sinks: the sink is the row's only logit).
 // Dropout: sequence b uses the Philox stream of seed varlen_dropout_seed(dropout_seed, b)
 // at batch index 0 (so it differs from a padded batch's stream, where b is in the counter).
 //
@@ -38,12 +41,13 @@ void sdpa_varlen(const TensorView& q, const TensorView& k, const TensorView& v, 
 // heads sharing a KV head within the sequence). out and lse are the forward's, in the packed
 // layout (out may be float16/bfloat16 here, as in sdpa_backward); dq like q, dk like k, dv
 // like v, each float32, float64, float16 or bfloat16. A sequence with Lq_b = 0 gets dK = dV = 0 for its
-// keys; one with Lk_b = 0 gets dQ = 0.
+// keys; one with Lk_b = 0 gets dQ = 0. dsinks (Hq,) (only with options.sinks): the sum over
+// the sequences of sdpa_backward's dsinks, in sequence order (a sequence without keys adds 0).
 void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, const TensorView& out,
                           const TensorView& lse, const TensorView& grad_out, const SdpaOptions& options,
                           const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                          SdpaReport* report = nullptr);
+                          SdpaReport* report = nullptr, const TensorView* dsinks = nullptr);
 
 // The dropout seed of sequence b: splitmix64(seed + b·golden ratio) — a documented mix, so
 // another implementation can reproduce the mask.

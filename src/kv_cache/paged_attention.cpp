@@ -1,8 +1,11 @@
 // paged_attention: decode_attention's problem (make_problem: the same checks, the same
 // alignment rule, key_lengths = the sequences' lengths) with K/V rows addressed through the
-// page tables (decode.hpp PagedRows) instead of a contiguous view. Only the decode kernel
-// reads pages; a query block longer than 16 runs as blocks of 16 (chunked prefill), each an
-// exact slice of the problem: its queries keep their diagonals through query_offset.
+// page tables (kernels/paged_rows.hpp) instead of a contiguous view. Two kernels read pages:
+// decode (Lq <= 16) and, for chunked prefill (Lq > 16) of a float32 pool, flash (its key
+// tiles read in place or packed page by page: the bits of flash on the contiguous cache).
+// A float16/bfloat16 pool, or impl = decode, runs a long query block as blocks of 16 through
+// the decode kernel, each an exact slice of the problem: its queries keep their diagonals
+// through query_offset.
 #include <algorithm>
 #include <vector>
 
@@ -10,6 +13,7 @@
 #include "attn/paged_kv_cache.hpp"
 #include "../core/check.hpp"
 #include "../kernels/decode/decode.hpp"
+#include "../kernels/flash/flash.hpp"
 #include "../kernels/isa.hpp"
 #include "../sdpa/problem.hpp"
 
@@ -23,8 +27,9 @@ constexpr std::string_view kOp = "paged_attention";
 void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::vector<PagedKVCache::SeqId>& seqs,
                      const SdpaOptions& options, const TensorView& out, const TensorView* lse) {
     if (options.key_lengths) detail::fail(kOp, "options.key_lengths: must be unset (the sequences' lengths are the key lengths)");
-    if (options.impl != Impl::automatic && options.impl != Impl::decode) {
-        detail::fail(kOp, "impl: only the decode kernel reads pages; use auto or decode but got ", impl_name(options.impl));
+    if (options.impl != Impl::automatic && options.impl != Impl::decode && options.impl != Impl::flash) {
+        detail::fail(kOp, "impl: only the decode and flash kernels read pages; use auto, decode or flash but got ",
+                     impl_name(options.impl));
     }
     detail::require_rank(kOp, q, "Q", 4, "(B, Hq, Lq, Dk)");
     const std::int64_t B = q.dim(0), Lq = q.dim(2);
@@ -69,6 +74,17 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
     SdpaOptions o = options;
     o.key_lengths = TensorView(lengths.data(), DType::i64, Shape{B});
     const detail::SdpaProblem p = detail::make_problem(q, k, v, o, out, lse, nullptr, kOp);
+    const detail::KernelSet& kernels = detail::kernel_set();
+
+    // Chunked prefill through flash: automatic for Lq > 16 when flash takes the problem.
+    const std::string flash_declines = detail::flash_decline_reason(p);
+    if (options.impl == Impl::flash || (options.impl == Impl::automatic && Lq > kMaxDecodeQueries && flash_declines.empty())) {
+        if (!flash_declines.empty()) detail::fail(kOp, "impl: the flash kernel declines this call: ", flash_declines);
+        detail::SdpaProblem fp = p;
+        fp.paged = &rows;
+        detail::flash_forward(fp, kernels);
+        return;
+    }
 
     // Blocks of at most 16 queries; query i0 + i of a block keeps its diagonal d_b(i0 + i)
     // through a per-sequence query_offset (one number: causal and window must then share
@@ -104,7 +120,6 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
         if (!why.empty()) detail::fail(kOp, "the decode kernel, which reads the pages, declines this call: ", why);
         parts.push_back(s);
     }
-    const detail::KernelSet& kernels = detail::kernel_set();
     for (std::size_t c = 0; c < parts.size(); ++c) {
         if (sliced) {
             const auto i0 = static_cast<std::int64_t>(c) * block;

@@ -13,6 +13,8 @@
 
 namespace attn::detail {
 
+struct PagedRows;  // kernels/paged_rows.hpp
+
 // Half-open interval of key indices [lo, hi) that the structural masks (causal,
 // window, key lengths) leave visible to one query. Every structural mask is an
 // interval, so their intersection is one too; kernels use it to skip whole tiles.
@@ -46,6 +48,9 @@ struct SdpaProblem {
     double softcap = 0.0;
     std::optional<TensorView> alibi_slopes;
     std::optional<TensorView> sinks;
+    // Set only by paged_attention for the flash kernel (chunked prefill): K/V rows live in
+    // the pages of a PagedKVCache (kernels/paged_rows.hpp), not at k/v.offset(b, h, j, d).
+    const PagedRows* paged = nullptr;
 
     // GQA head map: query head h reads KV head h / group (consecutive query heads share).
     std::int64_t kv_head(std::int64_t h) const { return h / group; }

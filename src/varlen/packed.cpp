@@ -1,6 +1,8 @@
 // Packed batches: cu_seqlens checks and per-sequence views (packed.hpp).
 #include "packed.hpp"
 
+#include <cmath>
+
 #include "attn/sdpa_varlen.hpp"
 #include "../core/check.hpp"
 #include "../core/element_io.hpp"
@@ -90,12 +92,23 @@ PackedBatch check_packed(std::string_view op, const TensorView& q, const TensorV
     if (options.key_lengths) {
         fail(op, "key_lengths: not accepted for packed sequences: cu_seqlens_k gives every sequence's keys");
     }
-    // Softcap and per-head ALiBi slopes apply per sequence unchanged; sinks (the keyless
-    // sequences' lse and the dsinks sum over sequences) are not wired through the packed path yet.
-    if (options.sinks) fail(op, "sinks: not supported for packed sequences yet (run the sequences with attn::sdpa)");
-    if (options.alibi_slopes && options.alibi_slopes->rank() != 1) {
-        fail(op, "alibi_slopes: packed sequences take per-head slopes (Hq,) but got rank ",
+    // Softcap, sinks (Hq,) and per-head ALiBi slopes (Hq,) apply per sequence unchanged;
+    // per-sequence slopes are (N, Hq): row b is sequence b's (sequence_options). make_problem
+    // checks dtype and values per sequence.
+    if (options.alibi_slopes && options.alibi_slopes->rank() == 2) {
+        require_shape(op, *options.alibi_slopes, "alibi_slopes", Shape{N, p.Hq}, "(N, Hq): one row per sequence");
+    } else if (options.alibi_slopes && options.alibi_slopes->rank() != 1) {
+        fail(op, "alibi_slopes: packed sequences take (Hq,) or (N, Hq) slopes but got rank ",
              options.alibi_slopes->rank());
+    }
+    if (options.sinks) {  // also the lse of sequences without keys (fill_keyless), which build no problem
+        const TensorView& sk = *options.sinks;
+        if (!(sk.rank() == 1 && sk.dim(0) == p.Hq)) fail(op, "sinks: shape must be (Hq,) = (", p.Hq, ",) but got ", sk.shape());
+        if (sk.data() == nullptr) fail(op, "sinks: data pointer is null");
+        if (sk.dtype() != DType::f32) fail(op, "sinks: dtype must be float32 but got ", dtype_name(sk.dtype()));
+        for (std::int64_t h = 0; h < p.Hq; ++h)
+            if (!std::isfinite(sk.load_as_double(sk.offset(h))))
+                fail(op, "sinks: values must be finite but entry ", h, " is ", sk.load_as_double(sk.offset(h)));
     }
     if (options.query_offset && options.query_offset->per_sequence) {
         require_per_sequence(op, *options.query_offset->per_sequence, "query_offset", N);
@@ -124,8 +137,18 @@ SdpaOptions sequence_options(const SdpaOptions& options, std::int64_t b) {
     if (o.query_offset && o.query_offset->per_sequence) {
         o.query_offset = QueryOffset(o.query_offset->per_sequence->slice(0, b, 1));
     }
+    if (o.alibi_slopes && o.alibi_slopes->rank() == 2) o.alibi_slopes = o.alibi_slopes->slice(0, b, 1);  // (1, Hq)
     o.dropout_seed = varlen_dropout_seed(options.dropout_seed, b);
     return o;
+}
+
+void fill_keyless(const SdpaOptions& options, const TensorView& out_rows, const TensorView* lse_rows) {
+    fill(out_rows, 0.0);
+    if (lse_rows == nullptr) return;
+    for (std::int64_t h = 0; h < lse_rows->dim(1); ++h) {
+        const double sink = options.sinks ? options.sinks->load_as_double(options.sinks->offset(h)) : -INFINITY;
+        fill(lse_rows->slice(1, h, 1), sink);
+    }
 }
 
 void fill(const TensorView& t, double value) {

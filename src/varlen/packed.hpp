@@ -24,8 +24,9 @@ struct PackedBatch {
 // Checks q (Tq, Hq, Dk), k (Tk, Hkv, Dk), v (Tk, Hkv, Dv), out (Tq, Hq, Dv), lse (Tq, Hq),
 // both cu_seqlens ((N+1,) int32/int64, cu[0] = 0, non-decreasing, last = T) and the options a
 // packed batch cannot take (bool_mask, additive_mask, key_lengths; query_offset per sequence
-// must be (N,)). out is float32/float64, or also float16/bfloat16 with sixteen_bit_out (the
-// backward, which reads it). Throws attn::Error prefixed by `op`; reads nothing but the cu_seqlens values.
+// must be (N,), per-sequence alibi_slopes (N, Hq)). out is float32/float64, or also
+// float16/bfloat16 with sixteen_bit_out (the backward, which reads it). Throws attn::Error
+// prefixed by `op`; reads nothing but the cu_seqlens values.
 PackedBatch check_packed(std::string_view op, const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, const SdpaOptions& options,
                          const TensorView& out, const TensorView* lse, bool sixteen_bit_out = false);
@@ -35,9 +36,14 @@ TensorView sequence_rows(const TensorView& packed, std::int64_t start, std::int6
 // Rows [start, start + len) of a packed (T, H) lse as a (1, H, len) view.
 TensorView sequence_lse(const TensorView& packed_lse, std::int64_t start, std::int64_t len);
 
-// Sequence b's options: the caller's, with a per-sequence query_offset narrowed to entry b
-// and the dropout seed of sequence b (varlen_dropout_seed).
+// Sequence b's options: the caller's, with a per-sequence query_offset narrowed to entry b,
+// per-sequence ALiBi slopes narrowed to row b ((1, Hq)) and the dropout seed of sequence b
+// (varlen_dropout_seed).
 SdpaOptions sequence_options(const SdpaOptions& options, std::int64_t b);
+
+// The rows of a sequence without keys: out 0, lse −inf — or σ_h in head h with sinks (the
+// sink is then the row's only logit: scores.hpp).
+void fill_keyless(const SdpaOptions& options, const TensorView& out_rows, const TensorView* lse_rows);
 
 // Writes `value` to every element of a float32/float64 view (out = 0, lse = −inf, zero
 // gradients for the rows a sequence without keys or queries owns).

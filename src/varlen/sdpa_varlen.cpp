@@ -63,10 +63,10 @@ void sdpa_varlen(const TensorView& q, const TensorView& k, const TensorView& v, 
         require_runnable(problems.back(), options.impl, static_cast<std::int64_t>(b));
     }
 
-    for (std::int64_t b : keyless) {  // the fully-masked-row rule: out 0, lse −inf
+    for (std::int64_t b : keyless) {  // the fully-masked-row rule: out 0, lse −inf (σ_h with sinks)
         const detail::PackedSequence& s = pb.seqs[static_cast<std::size_t>(b)];
-        detail::fill(out.slice(0, s.q0, s.lq), 0.0);
-        if (lse) detail::fill(lse->slice(0, s.q0, s.lq), -INFINITY);
+        const TensorView lse_rows = lse ? lse->slice(0, s.q0, s.lq) : TensorView{};
+        detail::fill_keyless(options, out.slice(0, s.q0, s.lq), lse ? &lse_rows : nullptr);
     }
 
     std::vector<SdpaReport> reports(problems.size());

@@ -2,11 +2,13 @@
 // tensors. Every check of sdpa_backward is made on the packed tensors (and every sequence's
 // problem built) before the first gradient is written.
 #include <cmath>
+#include <vector>
 
 #include "attn/sdpa_backward.hpp"
 #include "attn/sdpa_varlen.hpp"
 #include "../core/check.hpp"
 #include "../kernels/backward/backward.hpp"
+#include "../core/element_io.hpp"
 #include "../sdpa/problem.hpp"
 #include "packed.hpp"
 
@@ -35,7 +37,8 @@ void require_like(const TensorView& t, const char* name, const TensorView& like,
 void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, const TensorView& out,
                           const TensorView& lse, const TensorView& grad_out, const SdpaOptions& options,
-                          const TensorView& dq, const TensorView& dk, const TensorView& dv, SdpaReport* report) {
+                          const TensorView& dq, const TensorView& dk, const TensorView& dv, SdpaReport* report,
+                          const TensorView* dsinks) {
     const detail::PackedBatch pb = detail::check_packed(kOp, q, k, v, cu_seqlens_q, cu_seqlens_k, options, out, &lse,
                                                            /*sixteen_bit_out=*/true);
     require_float(q, "q");
@@ -55,6 +58,16 @@ void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const Tensor
     detail::require_disjoint(kOp, dq, "dq", dk, "dk");
     detail::require_disjoint(kOp, dq, "dq", dv, "dv");
     detail::require_disjoint(kOp, dk, "dk", dv, "dv");
+    if (dsinks != nullptr) {  // sdpa_backward's checks, on the packed tensors
+        if (!options.sinks) detail::fail(kOp, "dsinks: given but options.sinks is not set (no sink to differentiate)");
+        detail::require_rank(kOp, *dsinks, "dsinks", 1, "(Hq,)");
+        detail::require_f32_or_f64(kOp, *dsinks, "dsinks");
+        detail::require_shape(kOp, *dsinks, "dsinks", Shape{pb.Hq}, "(Hq,)");
+        detail::require_distinct_elements(kOp, *dsinks, "dsinks");
+        for (const auto& [i, iname] : ins) detail::require_disjoint(kOp, *dsinks, "dsinks", *i, iname);
+        for (const auto& [o, oname] : outs) detail::require_disjoint(kOp, *dsinks, "dsinks", *o, oname);
+        detail::require_disjoint(kOp, *dsinks, "dsinks", *options.sinks, "sinks");
+    }
     if (options.impl == Impl::decode) {
         detail::fail(kOp, "impl: decode is a forward-only kernel; use auto, reference or flash");
     }
@@ -78,6 +91,10 @@ void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const Tensor
     // Sequences run one after another: each backward spreads its (head, key block) tasks
     // over all threads.
     SdpaReport last;
+    // dsinks: each sequence's into a float64 scratch, summed here in sequence order.
+    const Tensor dsinks_b(DType::f64, Shape{dsinks ? pb.Hq : 1});
+    const TensorView dsinks_bv = dsinks_b.view();
+    std::vector<double> dsinks_sum(static_cast<std::size_t>(pb.Hq), 0.0);
     for (std::size_t b = 0; b < pb.seqs.size(); ++b) {
         const detail::PackedSequence& s = pb.seqs[b];
         if (s.lk == 0) {  // no key: its queries get no gradient
@@ -93,8 +110,13 @@ void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const Tensor
         const auto rows_k = [&](const TensorView& t) { return detail::sequence_rows(t, s.k0, s.lk); };
         sdpa_backward(rows_q(q), rows_k(k), rows_k(v), rows_q(out), detail::sequence_lse(lse, s.q0, s.lq),
                       rows_q(grad_out), detail::sequence_options(options, static_cast<std::int64_t>(b)), rows_q(dq),
-                      rows_k(dk), rows_k(dv), report ? &last : nullptr);
+                      rows_k(dk), rows_k(dv), report ? &last : nullptr, dsinks ? &dsinks_bv : nullptr);
+        if (dsinks)
+            for (std::int64_t h = 0; h < pb.Hq; ++h) dsinks_sum[static_cast<std::size_t>(h)] += dsinks_b.data_as<double>()[h];
     }
+    if (dsinks)
+        for (std::int64_t h = 0; h < pb.Hq; ++h)
+            detail::store(*dsinks, dsinks->offset(h), dsinks_sum[static_cast<std::size_t>(h)]);
     if (report != nullptr) {
         report->kernel = last.kernel;
         report->explanation = std::to_string(pb.seqs.size()) + " packed sequences, each through sdpa_backward\n" +

@@ -3,7 +3,8 @@
 //     random page sizes, storages, GQA, lengths, forks and truncations, on every kernel row;
 //   * fork is copy-on-write: neither side ever sees the other's later tokens, pages are
 //     shared until written;
-//   * chunked prefill (Lq > 16) against the double reference on the same tokens;
+//   * chunked prefill (Lq > 16): through flash on the pages, bit-identical to flash on the
+//     contiguous cache; both paths (flash, decode blocks) against the double reference;
 //   * pool exhaustion and every bad argument: a clear attn::Error, nothing changed/written.
 // The oracle side keeps each sequence's tokens in a plain "shadow" tensor list written by the
 // test, independent of the page bookkeeping under test.
@@ -194,6 +195,128 @@ TEST(PagedKVCache, SplitKVLongSequenceBitIdentical) {
         paged_attention(q, w.cache, ids, causal_bottom_right(), out_p);
         decode_attention(q, contiguous(w, ids), causal_bottom_right(), out_c);
         EXPECT_TRUE(bit_equal(out_p, out_c)) << "page size " << ps << ", kernel row " << detail::isa_name(row->isa);
+    }
+}
+
+// Chunked prefill through the flash kernel reading pages (float32 pool, Lq > 16, or impl =
+// flash): bit-identical to flash on the contiguous cache (same tiles, same values) for random
+// page sizes (smaller, equal and larger than the 64-key tile), histories with forks and
+// truncations, GQA, masks, modifiers, and V holding NaN/inf/huge values (finite.hpp paths).
+void chunked_prefill_vs_contiguous(const detail::KernelSet& row, std::uint32_t seed, int worlds) {
+    const detail::ScopedKernelSet use(row);
+    std::mt19937 rng(seed);
+    for (int wi = 0; wi < worlds; ++wi) {
+        PagedKVCacheConfig cfg;
+        const std::int64_t sizes[] = {1, 4, 16, 32, 64, 128, 256};
+        cfg.page_size = sizes[rng() % 7];
+        cfg.kv_heads = 1 + static_cast<std::int64_t>(rng() % 2);
+        cfg.head_dim = std::vector<std::int64_t>{8, 16, 64, 13}[rng() % 4];
+        cfg.value_dim = rng() % 3 ? cfg.head_dim : 24;
+        cfg.num_pages = 8192;
+        World w(cfg);
+        random_history(w, rng, 20);
+        std::vector<SeqId> ids;
+        for (const auto& [s, sh] : w.shadow)
+            if (rng() % 3) ids.push_back(s);
+        if (ids.empty()) ids.push_back(w.shadow.begin()->first);
+        std::shuffle(ids.begin(), ids.end(), rng);
+        // The chunk: Lq new tokens appended to every sequence of the call (a fork may appear
+        // twice in ids only through distinct ids, so each sequence gets its chunk once).
+        const std::int64_t Lq = std::vector<std::int64_t>{5, 17, 40, 64, 100, 150}[rng() % 6];
+        for (SeqId s : ids) append_random(w, s, Lq, rng);
+        const bool nonfinite = rng() % 4 == 0;
+        if (nonfinite) {  // through the pages' bits and the shadow alike
+            const SeqId s = ids[rng() % ids.size()];
+            const auto n = static_cast<std::int64_t>(w.shadow[s].v.size());
+            const float bad[] = {NAN, INFINITY, -INFINITY, 3e38f};
+            for (int e = 0; e < 3; ++e) {
+                const std::int64_t j = static_cast<std::int64_t>(rng()) % n, h = static_cast<std::int64_t>(rng() % cfg.kv_heads);
+                const std::int64_t d = static_cast<std::int64_t>(rng() % cfg.value_dim);
+                const float x = bad[rng() % 4];
+                const std::int32_t page = w.cache.page_table(s)[static_cast<std::size_t>(j / cfg.page_size)];
+                const TensorView vp = w.cache.value_pages();
+                vp.data_as<float>()[vp.offset(h, page, j % cfg.page_size, d)] = x;  // pages (Hkv, P, page, Dv)
+                // Forks share pages: every sequence holding this page sees the new value.
+                for (auto& [o, sh] : w.shadow) {
+                    const std::vector<std::int32_t>& t = w.cache.page_table(o);
+                    for (std::size_t i = 0; i < t.size(); ++i) {
+                        const auto tok = static_cast<std::size_t>(static_cast<std::int64_t>(i) * cfg.page_size + j % cfg.page_size);
+                        if (t[i] == page && tok < sh.v.size()) sh.v[tok][static_cast<std::size_t>(h * cfg.value_dim + d)] = x;
+                    }
+                }
+            }
+        }
+        SdpaOptions opt;
+        const unsigned mode = rng() % 4;
+        if (mode < 2) opt.causal = Causal::bottom_right;
+        if (mode == 2) opt.causal = Causal::top_left;
+        if (rng() % 4 == 0) opt.window = Window{static_cast<std::int64_t>(rng() % 70), -1, Align::bottom_right};
+        if (opt.causal == Causal::top_left && opt.window.active()) opt.window.align = Align::top_left;
+        if (rng() % 5 == 0) opt.softcap = 5.0f;
+        const std::int64_t Hq = cfg.kv_heads * (1 + static_cast<std::int64_t>(rng() % 4));
+        Tensor sinks(DType::f32, Shape{Hq});
+        for (std::int64_t h = 0; h < Hq; ++h) sinks.data_as<float>()[h] = 0.5f * static_cast<float>(h) - 1.0f;
+        if (rng() % 5 == 0) opt.sinks = sinks.view();
+        if (Lq <= 16) opt.impl = Impl::flash;  // the automatic choice there is decode
+        const auto B = static_cast<std::int64_t>(ids.size());
+        SCOPED_TRACE("world " + std::to_string(wi) + ": page " + std::to_string(cfg.page_size) + " B=" +
+                     std::to_string(B) + " Hq=" + std::to_string(Hq) + " Lq=" + std::to_string(Lq) + " Dk=" +
+                     std::to_string(cfg.head_dim) + " causal=" + std::to_string(static_cast<int>(opt.causal)) +
+                     " nonfinite=" + std::to_string(nonfinite));
+        const Tensor q = random_f32(Shape{B, Hq, Lq, cfg.head_dim}, rng);
+        const Tensor out_p = poisoned(DType::f32, Shape{B, Hq, Lq, cfg.value_dim});
+        const Tensor lse_p = poisoned(DType::f32, Shape{B, Hq, Lq});
+        const Tensor out_c = poisoned(DType::f32, out_p.shape()), lse_c = poisoned(DType::f32, lse_p.shape());
+        const TensorView lpv = lse_p.view(), lcv = lse_c.view();
+        paged_attention(q, w.cache, ids, opt, out_p, &lpv);
+        SdpaOptions co = opt;
+        co.impl = Impl::flash;
+        decode_attention(q, contiguous(w, ids), co, out_c, &lcv);
+        ASSERT_TRUE(bit_equal(out_p, out_c)) << compare(out_p, out_c, 0, 0).message();
+        ASSERT_TRUE(bit_equal(lse_p, lse_c)) << compare(lse_p, lse_c, 0, 0).message();
+    }
+}
+
+TEST(PagedKVCache, ChunkedPrefillThroughFlashBitIdentical) {
+    std::uint32_t seed = 100;
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+        SCOPED_TRACE(std::string("kernel row ") + detail::isa_name(row->isa));
+        chunked_prefill_vs_contiguous(*row, seed++, 40);
+        if (::testing::Test::HasFatalFailure()) return;
+    }
+}
+
+// A chunk of 512 new queries on a long sequence, pages of 16 and 32 (every key tile packed
+// from 4 or 2 pages) and 128 (tiles in place): the flash path against the decode path on the
+// same pages (impl = decode: blocks of 16 queries), which are different float32 sums, and both
+// against the double reference.
+TEST(PagedKVCache, LongChunkFlashAgreesWithDecodeBlocksAndReference) {
+    std::mt19937 rng(9);
+    for (std::int64_t ps : {16, 32, 128}) {
+        PagedKVCacheConfig cfg;
+        cfg.page_size = ps;
+        cfg.kv_heads = 2;
+        cfg.head_dim = 32;
+        cfg.num_pages = 3000 / ps + 800 / ps + 16;
+        World w(cfg);
+        const SeqId a = w.cache.add_sequence(), other = w.cache.add_sequence();
+        for (int part = 0; part < 20; ++part) {  // interleaved: a's pages are not consecutive
+            append_random(w, a, 100, rng);
+            append_random(w, other, 37, rng);
+        }
+        const Tensor q = random_f32(Shape{1, 4, 512, 32}, rng);
+        const Tensor out_f = poisoned(DType::f32, Shape{1, 4, 512, 32}), out_d = poisoned(DType::f32, out_f.shape());
+        paged_attention(q, w.cache, {a}, causal_bottom_right(), out_f);
+        SdpaOptions dec = causal_bottom_right();
+        dec.impl = Impl::decode;
+        paged_attention(q, w.cache, {a}, dec, out_d);
+        const KVCache kv = contiguous(w, {a});
+        SdpaOptions ro = causal_bottom_right();
+        ro.impl = Impl::reference;
+        const Tensor want = poisoned(DType::f64, out_f.shape());
+        sdpa(to_dtype(q, DType::f64), to_dtype(kv.keys(), DType::f64), to_dtype(kv.values(), DType::f64), ro, want);
+        EXPECT_LE(max_abs_diff(out_f, want) / max_abs(want), 2e-5) << "page " << ps;
+        EXPECT_LE(max_abs_diff(out_d, want) / max_abs(want), 2e-5) << "page " << ps;
     }
 }
 
@@ -406,8 +529,9 @@ TEST(PagedKVCache, BadArgumentsAreClearErrors) {
     EXPECT_NE(error_of([&] { paged_attention(q, w.cache, {freed}, {}, out); }).find("seqs: entry 0 = 1 is not a sequence of the cache"),
               std::string::npos);
     SdpaOptions o;
-    o.impl = Impl::flash;
-    EXPECT_NE(error_of([&] { paged_attention(q, w.cache, {a}, o, out); }).find("impl: only the decode kernel reads pages"),
+    o.impl = Impl::reference;
+    EXPECT_NE(error_of([&] { paged_attention(q, w.cache, {a}, o, out); })
+                  .find("impl: only the decode and flash kernels read pages; use auto, decode or flash but got reference"),
               std::string::npos);
     const Tensor kl(DType::i64, Shape{1});
     o = {};

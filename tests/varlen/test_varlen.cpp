@@ -32,7 +32,7 @@ constexpr double kTol = 2e-5;  // see the header
 
 struct Packed {
     VarlenCase c;
-    Tensor q, k, v, cq, ck, offsets;
+    Tensor q, k, v, cq, ck, offsets, sinks, slopes;
     SdpaOptions opt;
 };
 
@@ -55,14 +55,37 @@ Packed make_packed(const VarlenCase& c, std::uint64_t seed) {
         for (std::int64_t b = 0; b < c.N(); ++b) p.offsets.data_as<std::int64_t>()[b] = static_cast<std::int64_t>(rng() % 9) - 2;
         p.opt.query_offset = QueryOffset(p.offsets.view());
     }
+    if (c.sinks) {
+        p.sinks = randn(DType::f32, Shape{c.Hq}, rng);
+        p.opt.sinks = p.sinks.view();
+    }
+    p.opt.softcap = c.softcap;
+    if (c.alibi != 0) {  // positive slopes, different per head (and per sequence)
+        p.slopes = Tensor(DType::f32, c.alibi == 1 ? Shape{c.Hq} : Shape{c.N(), c.Hq});
+        for (std::int64_t i = 0; i < p.slopes.numel(); ++i)
+            p.slopes.data_as<float>()[i] = 0.05f + 0.3f * static_cast<float>(rng() % 1000) / 1000.0f;
+        p.opt.alibi_slopes = p.slopes.view();
+    }
     return p;
 }
+
+// Sequence b's options for the one-by-one oracle: its offset, its dropout seed, its row of
+// per-sequence ALiBi slopes ((1, Hq): a batch of one).
+SdpaOptions options_of_sequence(const Packed& p, std::int64_t b);
 
 // Sequence b's diagonal offset as one number (what the per-sequence oracles pass).
 std::optional<QueryOffset> offset_of_sequence(const Packed& p, std::int64_t b) {
     if (p.c.offsets == 1) return QueryOffset(p.c.offset_value);
     if (p.c.offsets == 2) return QueryOffset(p.offsets.data_as<std::int64_t>()[b]);
     return std::nullopt;
+}
+
+SdpaOptions options_of_sequence(const Packed& p, std::int64_t b) {
+    SdpaOptions o = p.opt;
+    o.query_offset = offset_of_sequence(p, b);
+    o.dropout_seed = varlen_dropout_seed(p.opt.dropout_seed, b);
+    if (p.c.alibi == 2) o.alibi_slopes = p.slopes.view().slice(0, b, 1);
+    return o;
 }
 
 // Rows [start, start + len) of packed (T, H[, D]) equal, bit for bit, to a (1, H, len[, D]) tensor.
@@ -118,11 +141,10 @@ void check_one_by_one(const Packed& p, const Forward& f) {
         SCOPED_TRACE("sequence " + std::to_string(b));
         if (lq > 0 && lk == 0) {
             EXPECT_TRUE(rows_equal(f.out, q0, lq, 0.0));
-            EXPECT_TRUE(rows_equal(f.lse, q0, lq, -INFINITY));
+            for (std::int64_t h = 0; h < p.c.Hq; ++h)  // no key: the sink is the only logit
+                EXPECT_TRUE(rows_equal(f.lse.slice(1, h, 1), q0, lq, p.c.sinks ? at(p.sinks, h) : -INFINITY)) << "head " << h;
         } else if (lq > 0) {
-            SdpaOptions o = p.opt;
-            o.query_offset = offset_of_sequence(p, b);
-            o.dropout_seed = varlen_dropout_seed(p.opt.dropout_seed, b);
+            const SdpaOptions o = options_of_sequence(p, b);
             const Tensor out = poisoned(DType::f32, Shape{1, p.c.Hq, lq, p.c.Dv});
             const Tensor lse = poisoned(DType::f32, Shape{1, p.c.Hq, lq});
             const TensorView lv = lse.view();
@@ -194,11 +216,11 @@ void check_padded(const Packed& p, const Forward& f) {
 
 const std::vector<std::int64_t> kLens = {0, 1, 3, 7, 16, 17, 63, 64, 65, 130};
 
-void forward_cases(const detail::KernelSet& row, int n, std::uint64_t seed) {
+void forward_cases(const detail::KernelSet& row, int n, std::uint64_t seed, bool modifiers = false) {
     const detail::ScopedKernelSet use(row);
     std::mt19937_64 rng(seed);
     for (int t = 0; t < n; ++t) {
-        const VarlenCase c = random_varlen_case(rng, kLens, true);
+        const VarlenCase c = modifiers ? random_modifier_case(rng, kLens, true) : random_varlen_case(rng, kLens, true);
         SCOPED_TRACE(c.str());
         const Packed p = make_packed(c, seed + static_cast<std::uint64_t>(t));
         const Forward f = run_varlen(p, t % 2 == 1);
@@ -256,17 +278,22 @@ struct Backward {
     Tensor dq, dk, dv;
 };
 
-void backward_cases(const detail::KernelSet& row, int n, std::uint64_t seed) {
+void backward_cases(const detail::KernelSet& row, int n, std::uint64_t seed, bool modifiers = false) {
     const detail::ScopedKernelSet use(row);
     std::mt19937_64 rng(seed);
     for (int t = 0; t < n; ++t) {
-        const VarlenCase c = random_varlen_case(rng, kLens, true);
+        const VarlenCase c = modifiers ? random_modifier_case(rng, kLens, true) : random_varlen_case(rng, kLens, true);
         SCOPED_TRACE(c.str());
         const Packed p = make_packed(c, seed + static_cast<std::uint64_t>(t));
         const Forward f = run_varlen(p, false);
         const Tensor dO = randn(DType::f32, Shape{c.Tq(), c.Hq, c.Dv}, rng);
         Backward g{poisoned(DType::f32, p.q.shape()), poisoned(DType::f32, p.k.shape()), poisoned(DType::f32, p.v.shape())};
-        sdpa_varlen_backward(p.q, p.k, p.v, p.cq, p.ck, f.out, f.lse, dO, p.opt, g.dq, g.dk, g.dv);
+        // dsinks: the sum over sequences of their own dsinks (float64, in sequence order).
+        const Tensor dsinks = poisoned(DType::f64, Shape{c.Hq});
+        const TensorView dsv = dsinks.view();
+        std::vector<double> dsinks_want(static_cast<std::size_t>(c.Hq), 0.0);
+        sdpa_varlen_backward(p.q, p.k, p.v, p.cq, p.ck, f.out, f.lse, dO, p.opt, g.dq, g.dk, g.dv, nullptr,
+                             c.sinks ? &dsv : nullptr);
 
         // One by one, bit for bit.
         std::int64_t q0 = 0, k0 = 0;
@@ -279,22 +306,27 @@ void backward_cases(const detail::KernelSet& row, int n, std::uint64_t seed) {
                 EXPECT_TRUE(rows_equal(g.dk, k0, lk, 0.0));
                 EXPECT_TRUE(rows_equal(g.dv, k0, lk, 0.0));
             } else {
-                SdpaOptions o = p.opt;
-                o.query_offset = offset_of_sequence(p, b);
-                o.dropout_seed = varlen_dropout_seed(p.opt.dropout_seed, b);
+                const SdpaOptions o = options_of_sequence(p, b);
                 const Tensor lse(DType::f32, Shape{1, c.Hq, lq});
                 for (std::int64_t h = 0; h < c.Hq; ++h)
                     for (std::int64_t i = 0; i < lq; ++i) store(lse, offset_of(lse, Index{0, h, i, 0}), at(f.lse, q0 + i, h));
                 const Tensor dq = poisoned(DType::f32, Shape{1, c.Hq, lq, c.Dk});
                 const Tensor dk = poisoned(DType::f32, Shape{1, c.Hkv, lk, c.Dk});
                 const Tensor dv = poisoned(DType::f32, Shape{1, c.Hkv, lk, c.Dv});
+                const Tensor ds = poisoned(DType::f64, Shape{c.Hq});
+                const TensorView dsb = ds.view();
                 sdpa_backward(rows_of(p.q, q0, lq), rows_of(p.k, k0, lk), rows_of(p.v, k0, lk), rows_of(f.out, q0, lq), lse,
-                              rows_of(dO, q0, lq), o, dq, dk, dv);
+                              rows_of(dO, q0, lq), o, dq, dk, dv, nullptr, c.sinks ? &dsb : nullptr);
+                if (c.sinks)
+                    for (std::int64_t h = 0; h < c.Hq; ++h) dsinks_want[static_cast<std::size_t>(h)] += at(ds, h);
                 EXPECT_TRUE(rows_bit_equal(g.dq, q0, dq));
                 EXPECT_TRUE(rows_bit_equal(g.dk, k0, dk));
                 EXPECT_TRUE(rows_bit_equal(g.dv, k0, dv));
             }
             q0 += lq, k0 += lk;
+        }
+        if (c.sinks) {
+            for (std::int64_t h = 0; h < c.Hq; ++h) EXPECT_EQ(at(dsinks, h), dsinks_want[static_cast<std::size_t>(h)]) << "dsinks " << h;
         }
         if (c.dropout > 0.0) continue;
 
@@ -310,8 +342,15 @@ void backward_cases(const detail::KernelSet& row, int n, std::uint64_t seed) {
         for (std::int64_t b = 0; b < c.N(); ++b) copy_rows_into(dO, q0, c.lq[b], pdO, b), q0 += c.lq[b];
         const Tensor pdq = poisoned(DType::f64, d.q.shape()), pdk = poisoned(DType::f64, d.k.shape()),
                      pdv = poisoned(DType::f64, d.v.shape());
-        sdpa_backward(d.q, d.k, d.v, pout, plse, pdO, d.opt, pdq, pdk, pdv);
+        const Tensor pds = poisoned(DType::f64, Shape{c.Hq});
+        const TensorView pdsv = pds.view();
+        sdpa_backward(d.q, d.k, d.v, pout, plse, pdO, d.opt, pdq, pdk, pdv, nullptr, c.sinks ? &pdsv : nullptr);
         const double den = std::max({max_abs(pdq), max_abs(pdk), max_abs(pdv)}) + 1e-30;
+        if (c.sinks) {
+            const double dden = max_abs(pds) + 1e-30;
+            for (std::int64_t h = 0; h < c.Hq; ++h)
+                ASSERT_LE(std::fabs(at(dsinks, h) - at(pds, h)) / dden, kTol) << "dsinks " << h << " vs the padded reference";
+        }
         q0 = 0, k0 = 0;
         for (std::int64_t b = 0; b < c.N(); ++b) {
             for (auto [got, want, start, len, H, D, name] :
@@ -326,6 +365,54 @@ void backward_cases(const detail::KernelSet& row, int n, std::uint64_t seed) {
         }
         if (::testing::Test::HasFatalFailure()) return;
     }
+}
+
+// Sinks, softcap and ALiBi (per head and per sequence) on packed sequences.
+TEST(VarlenModifiers, ForwardEveryKernelRow) {
+    std::uint64_t seed = 300;
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+        SCOPED_TRACE(std::string("kernel row ") + detail::isa_name(row->isa));
+        forward_cases(*row, 40, seed++, true);
+        if (::testing::Test::HasFatalFailure()) return;
+    }
+}
+
+TEST(VarlenModifiers, BackwardEveryKernelRow) {
+    std::uint64_t seed = 400;
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+        SCOPED_TRACE(std::string("kernel row ") + detail::isa_name(row->isa));
+        backward_cases(*row, 25, seed++, true);
+        if (::testing::Test::HasFatalFailure()) return;
+    }
+}
+
+TEST(VarlenModifiers, DsinksChecksBeforeWriting) {
+    VarlenCase c;
+    c.lq = {3, 5};
+    c.lk = {4, 6};
+    c.sinks = true;
+    const Packed p = make_packed(c, 6);
+    const Forward f = run_varlen(p, false);
+    std::mt19937_64 rng(6);
+    const Tensor dO = randn(DType::f32, Shape{8, 1, 8}, rng);
+    const Tensor dq = poisoned(DType::f32, p.q.shape()), dk = poisoned(DType::f32, p.k.shape()),
+                 dv = poisoned(DType::f32, p.v.shape()), ds2 = poisoned(DType::f32, Shape{2}), ds = poisoned(DType::f32, Shape{1});
+    const TensorView ds2v = ds2.view(), dsv = ds.view();
+    auto message = [&](const SdpaOptions& o, const TensorView* d) -> std::string {
+        try {
+            sdpa_varlen_backward(p.q, p.k, p.v, p.cq, p.ck, f.out, f.lse, dO, o, dq, dk, dv, nullptr, d);
+        } catch (const Error& e) {
+            return e.what();
+        }
+        return "no error";
+    };
+    EXPECT_NE(message(p.opt, &ds2v).find("sdpa_varlen_backward: dsinks: expected shape (Hq,) = (1,) but got (2,)"),
+              std::string::npos);
+    SdpaOptions no_sinks = p.opt;
+    no_sinks.sinks.reset();
+    EXPECT_NE(message(no_sinks, &dsv).find("sdpa_varlen_backward: dsinks: given but options.sinks is not set"),
+              std::string::npos);
+    for (const Tensor* t : {&dq, &dk, &dv, &ds2, &ds}) EXPECT_TRUE(still_poisoned(*t));
 }
 
 TEST(VarlenBackward, EveryKernelRow) {
@@ -356,6 +443,9 @@ TEST(VarlenErrors, BadCuSeqlensAndTensors) {
     const Tensor kl(DType::i32, Shape{2}), bad_offsets(DType::i64, Shape{3});
     const Tensor q_2d(DType::f32, Shape{8, 4}), k_bad_d(DType::f32, Shape{10, 1, 9}), q_f16(DType::f16, Shape{8, 1, 8});
     const Tensor q_heads3(DType::f32, Shape{8, 3, 8}), k_heads2(DType::f32, Shape{10, 2, 8});
+    const Tensor slopes_3x1(DType::f32, Shape{3, 1}, true), slopes_3d(DType::f32, Shape{2, 1, 1}, true),
+        sinks_2(DType::f32, Shape{2}, true), sinks_f64(DType::f64, Shape{1}, true), sinks_nan(DType::f32, Shape{1});
+    sinks_nan.data_as<float>()[0] = NAN;
     struct Bad {
         std::string expect;
         std::function<void(TensorView&, TensorView&, TensorView&, TensorView&, TensorView&, SdpaOptions&, TensorView&)> edit;
@@ -386,6 +476,16 @@ TEST(VarlenErrors, BadCuSeqlensAndTensors) {
         {"additive_mask: not supported", [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.additive_mask = kl.view(); }},
         {"query_offset: expected shape (B,) = (2,)",
          [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.query_offset = QueryOffset(bad_offsets.view()); }},
+        {"alibi_slopes: expected shape (N, Hq): one row per sequence = (2, 1) but got (3, 1)",
+         [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.alibi_slopes = slopes_3x1.view(); }},
+        {"alibi_slopes: packed sequences take (Hq,) or (N, Hq) slopes but got rank 3",
+         [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.alibi_slopes = slopes_3d.view(); }},
+        {"sinks: shape must be (Hq,) = (1,) but got (2,)",
+         [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.sinks = sinks_2.view(); }},
+        {"sinks: dtype must be float32 but got float64",
+         [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.sinks = sinks_f64.view(); }},
+        {"sinks: values must be finite but entry 0 is nan",
+         [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.sinks = sinks_nan.view(); }},
         {"out: expected shape (Tq, Hq, Dv) = (8, 1, 8) but got (7, 1, 8)",
          [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions&, TV& out) { out = out.slice(0, 0, 7); }},
     };

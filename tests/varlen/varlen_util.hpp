@@ -23,6 +23,11 @@ struct VarlenCase {
     int offsets = 0;  // 0: none, 1: one query_offset for all, 2: one per sequence
     std::int64_t offset_value = 0;
     double dropout = 0.0;
+    // Score modifiers: sinks (Hq,), softcap, ALiBi slopes (0 none, 1 per head (Hq,), 2 per
+    // sequence (N, Hq)).
+    bool sinks = false;
+    double softcap = 0.0;
+    int alibi = 0;
 
     std::int64_t N() const { return static_cast<std::int64_t>(lq.size()); }
     std::int64_t Tq() const { return sum(lq); }
@@ -36,7 +41,8 @@ struct VarlenCase {
         std::ostringstream s;
         s << "N=" << N() << " Hq=" << Hq << " Hkv=" << Hkv << " Dk=" << Dk << " Dv=" << Dv
           << " causal=" << static_cast<int>(causal) << " window=(" << window.left << "," << window.right << ","
-          << static_cast<int>(window.align) << ") offsets=" << offsets << " dropout=" << dropout << " lq/lk=";
+          << static_cast<int>(window.align) << ") offsets=" << offsets << " dropout=" << dropout << " sinks=" << sinks
+          << " softcap=" << softcap << " alibi=" << alibi << " lq/lk=";
         for (std::size_t b = 0; b < lq.size(); ++b) s << (b ? " " : "") << lq[b] << "/" << lk[b];
         return s.str();
     }
@@ -94,6 +100,23 @@ VarlenCase random_varlen_case(Rng& rng, const std::vector<std::int64_t>& lens, b
     c.offsets = rng() % 4 == 0 ? static_cast<int>(1 + rng() % 2) : 0;
     c.offset_value = static_cast<std::int64_t>(rng() % 9) - 2;
     if (allow_dropout && rng() % 4 == 0) c.dropout = 0.2;
+    return c;
+}
+
+// random_varlen_case with score modifiers: sinks, softcap, ALiBi per head or per sequence.
+// With ALiBi every sequence has Lk_b = Lq_b, so that the padded oracle's one query_offset
+// per sequence (0 for top-left) is also the ALiBi diagonal varlen uses (Lk_b − Lq_b).
+template <class Rng>
+VarlenCase random_modifier_case(Rng& rng, const std::vector<std::int64_t>& lens, bool allow_dropout) {
+    VarlenCase c = random_varlen_case(rng, lens, allow_dropout);
+    c.sinks = rng() % 3 != 0;
+    if (rng() % 3 == 0) c.softcap = 4.0;
+    c.alibi = static_cast<int>(rng() % 3);
+    if (!c.sinks && c.softcap == 0.0 && c.alibi == 0) c.sinks = true;
+    if (c.alibi != 0) {
+        c.lk = c.lq;
+        if (c.Tk() == 0) c.lq[0] = c.lk[0] = 1;
+    }
     return c;
 }
 

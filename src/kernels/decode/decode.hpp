@@ -19,23 +19,12 @@
 #include <string>
 
 #include "attn/dtype.hpp"
+#include "../paged_rows.hpp"
 
 namespace attn::detail {
 
 struct SdpaProblem;
 struct KernelSet;
-
-// Paged K/V (PagedKVCache, src/kv_cache/paged_kv_cache.cpp): key row j of sequence b is row
-// j % page_size of page table[b·table_stride + j / page_size]; the problem's K/V views then
-// start at the pools (k/v.data()) with the head and row strides inside a page (stride(1),
-// stride(2)), and a page is k_page_stride / v_page_stride elements. Plain data.
-struct PagedRows {
-    const std::int32_t* table = nullptr;
-    std::int64_t table_stride = 0;
-    std::int64_t page_size = 0;  // a power of two
-    int page_shift = 0;          // log2(page_size)
-    std::int64_t k_page_stride = 0, v_page_stride = 0;
-};
 
 // The plan and the caller-owned scratch of one decode call (decode.cpp fills it; the
 // kernel table's decode reads the problem itself). Plain data: it crosses into the ISA

@@ -98,6 +98,7 @@
 #include "../../core/dropout.hpp"
 #include "../../sdpa/problem.hpp"
 #include "../finite.hpp"
+#include "../paged_rows.hpp"
 #include "../scores.hpp"
 #include "../store_row.hpp"
 #include "flash.hpp"
@@ -308,6 +309,60 @@ const float* tile_rows(const TensorView& t, std::int64_t b, std::int64_t h, std:
     return buf;
 }
 
+// ── Paged K/V (p.paged: paged_attention's chunked prefill) ──────────────────────────
+// K/V row j of (b, h) is row j % page_size of page table[b][j / page_size] (paged_rows.hpp).
+// A key tile of nk rows spans ⌈nk / page_size⌉ + 1 pages at most: it is read in place when it
+// lies inside one page (page_size ≥ Nb, tiles aligned) and copied page run by page run into
+// buf otherwise. The micro-kernels see the same values either way, so the result has the
+// bits of the contiguous cache. Defined here (in the ISA namespace), not in paged_rows.hpp:
+// an inline function shared by the ISA files could be linked as another ISA's copy.
+
+// Element offset of K (value = false) or V row (b, h, j), element 0.
+inline std::int64_t kv_row_offset(const SdpaProblem& p, bool value, std::int64_t b, std::int64_t h, std::int64_t j) {
+    const TensorView& t = value ? p.v : p.k;
+    if (p.paged == nullptr) return t.offset(b, h, j, 0);
+    const PagedRows& pg = *p.paged;
+    const std::int64_t page = pg.table[b * pg.table_stride + (j >> pg.page_shift)];
+    return page * (value ? pg.v_page_stride : pg.k_page_stride) + h * t.stride(1) +
+           (j & (pg.page_size - 1)) * t.stride(2);
+}
+
+// tile_rows for paged K/V: rows [j0, j0+nk) in place or packed to (nk, D) in buf.
+inline const float* paged_tile_rows(const SdpaProblem& p, bool value, std::int64_t b, std::int64_t h, std::int64_t j0,
+                                    std::int64_t nk, std::int64_t D, float* buf, std::int64_t& ld) {
+    const TensorView& t = value ? p.v : p.k;
+    const float* base = t.data_as<const float>();
+    const std::int64_t ps = p.paged->page_size, sr = t.stride(2), sd = t.stride(3);
+    const bool dense = sd == 1 || D == 1;
+    if (dense && j0 >> p.paged->page_shift == (j0 + nk - 1) >> p.paged->page_shift) {
+        ld = sr;
+        return base + kv_row_offset(p, value, b, h, j0);
+    }
+    for (std::int64_t j = 0; j < nk;) {  // one run of rows per page
+        const std::int64_t len = imin(nk - j, ps - ((j0 + j) & (ps - 1)));
+        const float* src = base + kv_row_offset(p, value, b, h, j0 + j);
+        if (dense && sr == D) {
+            std::memcpy(buf + j * D, src, static_cast<std::size_t>(len * D) * sizeof(float));
+        } else {
+            for (std::int64_t r = 0; r < len; ++r)
+                for (std::int64_t d = 0; d < D; ++d) buf[(j + r) * D + d] = src[r * sr + d * sd];
+        }
+        j += len;
+    }
+    ld = D;
+    return buf;
+}
+
+// K (value = false) or V rows [j0, j0+nk) of kv head h for a micro-kernel, as float32: through
+// the page table when the problem is paged (paged_attention sends float32 pools only), else
+// through the view (16-bit rows widened into buf).
+template <class Ops>
+const float* kv_tile_rows(const SdpaProblem& p, bool value, std::int64_t b, std::int64_t h, std::int64_t j0,
+                          std::int64_t nk, std::int64_t D, float* buf, std::int64_t& ld) {
+    if (p.paged != nullptr) return paged_tile_rows(p, value, b, h, j0, nk, D, buf, ld);
+    return tile_rows<Ops>(value ? p.v : p.k, b, h, j0, nk, D, buf, ld);
+}
+
 // Sᵀ (scaled, modified, masked) of keys [j0, j0+nk) against all panels of the block.
 // `stage` < masked (the scores output): stop after the scale or after the softcap.
 template <class Ops>
@@ -317,7 +372,7 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
         Ops::qk_block(p, w, b, hk, panels, j0, nk, ldS, scale);
     } else {
     std::int64_t ldk;
-    const float* kp = tile_rows<Ops>(p.k, b, hk, j0, nk, p.Dk, w.kbuf, ldk);
+    const float* kp = kv_tile_rows<Ops>(p, false, b, hk, j0, nk, p.Dk, w.kbuf, ldk);
     const int Dk = static_cast<int>(p.Dk);
     for (int pn = 0; pn < panels; ++pn) {
         const float* qt = w.qt + static_cast<std::int64_t>(pn) * Dk * Ops::kPanel;
@@ -368,7 +423,7 @@ void add_nonfinite_v(const SdpaProblem& p, Workspace& w, std::int64_t b, std::in
                      std::int64_t nk, int ncols, int ldS, int ldO) {
     for (std::int64_t j = 0; j < nk; ++j)
         for (std::int64_t d = 0; d < p.Dv; ++d) {
-            const float x = load_elem<Ops>(p.v, p.v.offset(b, hk, j0 + j, d));
+            const float x = load_elem<Ops>(p.v, kv_row_offset(p, true, b, hk, j0 + j) + d * p.v.stride(3));
             if (!nonfinite_f32(x)) continue;
             const float* pj = w.s + j * ldS;
             float* od = w.ot + d * ldO;
@@ -450,7 +505,7 @@ void accumulate_keys(const SdpaProblem& p, const FlashTiles& t, const Dropout& d
         if (careful) {
             // V's rows as float32 (16-bit: converted into vbuf; splitting in place is safe,
             // each entry is read before its two parts are written).
-            const float* v = tile_rows<Ops>(p.v, b, hk, j0, nk, p.Dv, w.vbuf, ldv);
+            const float* v = kv_tile_rows<Ops>(p, true, b, hk, j0, nk, p.Dv, w.vbuf, ldv);
             select = false;
             for (std::int64_t j = 0; j < nk; ++j)
                 for (std::int64_t d = 0; d < p.Dv; ++d)
@@ -460,14 +515,14 @@ void accumulate_keys(const SdpaProblem& p, const FlashTiles& t, const Dropout& d
             pv_tile<Ops>(p, w, panels, nk, ldS, w.vbig, ldv, w.bigot, ldO);
         } else {
             if constexpr (kOpsOwnOperands<Ops>) vp = Ops::v_rows(p, b, hk, j0, nk, w.vbuf, ldv);
-            else vp = tile_rows<Ops>(p.v, b, hk, j0, nk, p.Dv, w.vbuf, ldv);
+            else vp = kv_tile_rows<Ops>(p, true, b, hk, j0, nk, p.Dv, w.vbuf, ldv);
             // Zeros of P only where a mask, ALiBi (a score that overflows to −inf) or dropout
             // ran: check V there (finite.hpp). Softcap keeps every score finite.
             select = (partial || p.has_elementwise_mask() || p.alibi_slopes || drop.active) &&
                      any_nonfinite(vp, ldv, nk, p.Dv);
             if (select) {
-            if constexpr (kOpsOwnOperands<Ops>) vp = Ops::v_rows(p, b, hk, j0, nk, w.vbuf, ldv);
-            else vp = tile_rows<Ops>(p.v, b, hk, j0, nk, p.Dv, w.vbuf, ldv);
+                if (vp != w.vbuf)  // rows in place (view or page): their head dim is contiguous
+                    for (std::int64_t j = 0; j < nk; ++j) std::memcpy(w.vbuf + j * p.Dv, vp + j * ldv, sizeof(float) * static_cast<std::size_t>(p.Dv));
                 for (std::int64_t e = 0; e < nk * p.Dv; ++e)
                     if (nonfinite_f32(w.vbuf[e])) w.vbuf[e] = 0.0f;
                 vp = w.vbuf;
@@ -593,7 +648,7 @@ void run_flash(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& dro
     const std::int64_t hpb = imax(1, imin(p.group, t.Mb / qpb));    // heads per block
     const std::int64_t qblocks = (p.Lq + qpb - 1) / qpb, hchunks = (p.group + hpb - 1) / hpb;
     const std::int64_t tasks = p.B * p.Hkv * hchunks * qblocks;
-    const bool pack_k = !in_place(p.k, p.Dk);
+    const bool pack_k = p.paged != nullptr || !in_place(p.k, p.Dk);  // paged: tiles across pages
     const int nthreads = threads > 0 ? threads : omp_get_max_threads();
     bool alloc_failed = false;
 #pragma omp parallel num_threads(nthreads) if (tasks > 1)

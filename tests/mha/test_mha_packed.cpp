@@ -1,0 +1,150 @@
+// MultiHeadAttention::forward_packed (packed (T, E) input with cu_seqlens, sdpa_varlen inside)
+// against two oracles built from forward(): each sequence alone (a batch of one), and the
+// batch padded to the longest sequence with key_padding_mask. The GEMMs see other row blocks
+// (linear.hpp blocks by shape), so the budget is fp32 rounding: 1e-5 of the largest output.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mha_test_util.hpp"
+#include "attn/error.hpp"
+
+namespace {
+
+using namespace attn;
+using attn::mha_test::random_tensor;
+using attn::mha_test::randomise;
+
+Tensor cu(const std::vector<std::int64_t>& len) {
+    Tensor t(DType::i64, Shape{static_cast<std::int64_t>(len.size()) + 1});
+    std::int64_t acc = 0;
+    t.data_as<std::int64_t>()[0] = 0;
+    for (std::size_t i = 0; i < len.size(); ++i) t.data_as<std::int64_t>()[i + 1] = acc += len[i];
+    return t;
+}
+
+double max_abs(const TensorView& t) {
+    double m = 0;
+    for (std::int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t.load_as_double(i)));
+    return m;
+}
+
+struct Config {
+    std::int64_t E, h, hkv, kdim;
+    bool causal;
+};
+
+void check(const Config& cfg, std::uint32_t seed) {
+    std::mt19937 rng(seed);
+    MhaConfig mc;
+    mc.embed_dim = cfg.E;
+    mc.num_heads = cfg.h;
+    mc.num_kv_heads = cfg.hkv;
+    mc.kdim = mc.vdim = cfg.kdim;
+    MultiHeadAttention m(mc);
+    randomise(m, rng);
+    const std::vector<std::int64_t> len = {5, 1, 17, 40, 3};
+    const auto N = static_cast<std::int64_t>(len.size());
+    std::int64_t T = 0, Lmax = 0;
+    for (auto l : len) T += l, Lmax = std::max(Lmax, l);
+    const bool self = cfg.kdim == cfg.E;
+    const Tensor x = random_tensor(Shape{T, cfg.E}, rng);
+    const Tensor kx_own = self ? Tensor() : random_tensor(Shape{T, cfg.kdim}, rng);
+    const Tensor vx_own = self ? Tensor() : random_tensor(Shape{T, cfg.kdim}, rng);
+    const TensorView kx = self ? x.view() : kx_own.view(), vx = self ? x.view() : vx_own.view();
+    const Tensor c = cu(len);
+    MhaPackedOptions po;
+    po.causal = cfg.causal ? Causal::top_left : Causal::none;
+    const Tensor got = m.forward_packed(x, kx, vx, c, c, po);
+    ASSERT_EQ(got.shape(), (Shape{T, cfg.E}));
+    const double den = max_abs(got) + 1e-30;
+
+    // Oracle 1: each sequence alone, (L, 1, E).
+    MhaForwardOptions fo;
+    fo.need_weights = false;
+    fo.is_causal = cfg.causal;
+    std::int64_t t0 = 0;
+    for (std::int64_t b = 0; b < N; ++b) {
+        const std::int64_t L = len[static_cast<std::size_t>(b)];
+        auto seq = [&](const TensorView& t) {
+            const TensorView r = t.slice(0, t0, L);
+            return TensorView(r.data(), r.dtype(), Shape{L, 1, r.dim(1)}, Strides{r.stride(0), 0, r.stride(1)});
+        };
+        const MhaOutput want = m.forward(seq(x), seq(kx), seq(vx), fo);
+        for (std::int64_t i = 0; i < L; ++i)
+            for (std::int64_t e = 0; e < cfg.E; ++e)
+                ASSERT_LE(std::fabs(got.data_as<float>()[(t0 + i) * cfg.E + e] - want.output.data_as<float>()[i * cfg.E + e]) / den, 1e-5)
+                    << "sequence " << b << " row " << i << " col " << e;
+        t0 += L;
+    }
+
+    // Oracle 2: the padded batch (Lmax, N, E), key_padding_mask True on the padding keys.
+    const Tensor px(DType::f32, Shape{Lmax, N, cfg.E}, true), pk(DType::f32, Shape{Lmax, N, cfg.kdim}, true),
+        pv(DType::f32, Shape{Lmax, N, cfg.kdim}, true), kpm(DType::boolean, Shape{N, Lmax}, true);
+    t0 = 0;
+    for (std::int64_t b = 0; b < N; ++b) {
+        const std::int64_t L = len[static_cast<std::size_t>(b)];
+        for (std::int64_t i = 0; i < Lmax; ++i) kpm.data_as<bool>()[b * Lmax + i] = i >= L;
+        for (std::int64_t i = 0; i < L; ++i) {
+            for (std::int64_t e = 0; e < cfg.E; ++e) px.data_as<float>()[(i * N + b) * cfg.E + e] = x.data_as<float>()[(t0 + i) * cfg.E + e];
+            for (std::int64_t e = 0; e < cfg.kdim; ++e) {
+                pk.data_as<float>()[(i * N + b) * cfg.kdim + e] = kx.data_as<float>()[(t0 + i) * cfg.kdim + e];
+                pv.data_as<float>()[(i * N + b) * cfg.kdim + e] = vx.data_as<float>()[(t0 + i) * cfg.kdim + e];
+            }
+        }
+        t0 += L;
+    }
+    fo.key_padding_mask = kpm.view();
+    const MhaOutput pad = self ? m.forward(px, px, px, fo) : m.forward(px, pk, pv, fo);
+    t0 = 0;
+    for (std::int64_t b = 0; b < N; ++b) {
+        for (std::int64_t i = 0; i < len[static_cast<std::size_t>(b)]; ++i)
+            for (std::int64_t e = 0; e < cfg.E; ++e)
+                ASSERT_LE(std::fabs(got.data_as<float>()[(t0 + i) * cfg.E + e] - pad.output.data_as<float>()[(i * N + b) * cfg.E + e]) / den,
+                          1e-5)
+                    << "padded: sequence " << b << " row " << i << " col " << e;
+        t0 += len[static_cast<std::size_t>(b)];
+    }
+}
+
+TEST(MhaPacked, MatchesSequencesAloneAndPaddedBatch) {
+    const Config configs[] = {{32, 4, 4, 32, true}, {32, 4, 2, 32, false}, {48, 6, 3, 20, true}, {16, 2, 1, 16, true}};
+    std::uint32_t seed = 1;
+    for (const Config& c : configs) {
+        SCOPED_TRACE("E=" + std::to_string(c.E) + " h=" + std::to_string(c.h) + " hkv=" + std::to_string(c.hkv) +
+                     " kdim=" + std::to_string(c.kdim) + " causal=" + std::to_string(c.causal));
+        check(c, seed++);
+        if (::testing::Test::HasFatalFailure()) return;
+    }
+}
+
+TEST(MhaPacked, BadInputIsAClearError) {
+    MhaConfig mc;
+    mc.embed_dim = 8;
+    mc.num_heads = 2;
+    MultiHeadAttention m(mc);
+    const Tensor x(DType::f32, Shape{6, 8}, true), bad(DType::f32, Shape{6, 7}, true);
+    const Tensor c = cu({2, 4}), c_short = cu({2, 3});
+    auto message = [&](auto&& f) -> std::string {
+        try {
+            f();
+        } catch (const Error& e) {
+            return e.what();
+        }
+        return "no error";
+    };
+    EXPECT_NE(message([&] { (void)m.forward_packed(bad, x, x, c, c); })
+                  .find("MultiHeadAttention.forward_packed: query: expected 8 features (embed_dim) but got 7"),
+              std::string::npos);
+    EXPECT_NE(message([&] { (void)m.forward_packed(x, x, x, c_short, c); }).find("cu_seqlens_q: last entry must equal q's token count 6 but got 5"),
+              std::string::npos);
+    mc.add_bias_kv = true;
+    MultiHeadAttention mb(mc);
+    EXPECT_NE(message([&] { (void)mb.forward_packed(x, x, x, c, c); }).find("add_bias_kv / add_zero_attn: not supported"),
+              std::string::npos);
+}
+
+}  // namespace
