@@ -41,7 +41,7 @@ void flash_forward(const SdpaProblem& p, const KernelSet& kernels, int threads, 
                     std::to_string(t.Mb) + " Nb=" + std::to_string(t.Nb));
     }
     if (threads <= 0) threads = num_threads();  // the one thread setting (attn/threads.hpp)
-    const Dropout drop(p.dropout_p, p.dropout_seed);  // once per call; inactive when p = 0
+    const Dropout drop = p.dropout();  // once per call; inactive when p = 0
     kernels.flash_forward(p, t, drop, threads);
 }
 
