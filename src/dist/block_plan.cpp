@@ -121,6 +121,8 @@ std::vector<BlockCall> plan_block(const std::vector<Band>& bands, const Segment&
         c.rows = r1 - r0;
         c.key0 = k0;
         c.keys = k1 - k0;
+        c.global_row0 = qs.start + r0;
+        c.global_key0 = ks.start + k0;
         for (std::int64_t b = b0; b < b0 + nb; ++b) {
             const Local& l = loc[static_cast<std::size_t>(b)];
             const std::int64_t n = l.visible ? std::clamp<std::int64_t>(l.keys - k0, 0, c.keys) : 0;

@@ -36,6 +36,7 @@ std::vector<Band> global_bands(const attn::detail::SdpaProblem& global, bool ali
 // the key segment's keys [key0, key0 + keys).
 struct BlockCall {
     std::int64_t b0 = 0, nb = 0, row0 = 0, rows = 0, key0 = 0, keys = 0;
+    std::int64_t global_row0 = 0, global_key0 = 0;  // qs.start + row0, ks.start + key0 (dropout's origin)
     Causal causal = Causal::none;           // top_left with query_offset when the band has an upper side
     std::int64_t window_left = -1;          // the lower side, relative to the same diagonal
     std::int64_t window_right = -1;         // with ALiBi: the upper side (no causal), see below

@@ -84,6 +84,11 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
         sopt.scale = options.scale;
         sopt.impl = options.impl;
         sopt.softcap = options.softcap;  // per score: every block as is (sinks: the merge, above)
+        // Dropout comes after the softmax and the merge is linear in each block's dropped output
+        // (its lse is the undropped one): the blocks, each at its origin (block_options), give
+        // exactly single-process sdpa's dropped O.
+        sopt.dropout_p = options.dropout_p;
+        sopt.dropout_seed = options.dropout_seed;
         sopt.alibi_slopes = ctx.slopes_view();  // (B, Hq); block_options slices and places it
         RingStats st;
         st.steps = ctx.steps;

@@ -62,6 +62,8 @@ struct Case {
     double softcap = 0.0;  // score modifiers (0: off)
     bool sinks = false;    // σ_h = sink_logit(h)
     int alibi = 0;         // ALiBi slopes: 0 none, 1 (Hq,), 2 (B, Hq) (slope_tensor)
+    double dropout_p = 0.0;  // dropout on the weights (0: off), keep rule on global positions
+    std::uint64_t dropout_seed = 0;
 };
 
 // The sinks of the modifier cases: mixed signs, one large enough to dominate short rows.
@@ -99,6 +101,14 @@ inline Case with_modifiers(Case c, int kind) {
     c.softcap = kind == 1 ? 0.0 : 2.5;
     c.sinks = kind >= 1;
     c.name += kind == 0 ? " +softcap 2.5" : kind == 1 ? " +sinks" : " +softcap 2.5 +sinks";
+    return c;
+}
+
+// A copy of `c` with dropout: p = 0.3 or 0.6 (by `kind`), a seed that sets high bits too.
+inline Case with_dropout(Case c, int kind) {
+    c.dropout_p = kind % 2 == 0 ? 0.3 : 0.6;
+    c.dropout_seed = 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(kind);
+    c.name += kind % 2 == 0 ? " +dropout 0.3" : " +dropout 0.6";
     return c;
 }
 
