@@ -3,8 +3,11 @@
 // MPI_Comm_f2c, so no mpi4py header is needed at build time). Every function is collective.
 //
 //   out, lse = attn.dist.ring_attention(q_local, k_local, v_local, comm, is_causal=False, scale=None,
-//                                       layout="zigzag")
+//                                       layout="zigzag", causal_alignment=..., window=..., window_alignment=...,
+//                                       query_offset=..., key_lengths=..., dropout_p=0.0, dropout_seed=0)
 //   dq, dk, dv = attn.dist.ring_attention_backward(q_local, k_local, v_local, out, lse, grad_out, comm, ...)
+// The masking keywords mean what they mean in attn.scaled_dot_product_attention (options.hpp),
+// on global positions; key_lengths and a (B,) query_offset are the same arrays on every rank.
 //   attn.dist.rank_segments(L, P, rank, layout="zigzag") -> [(start, length), ...]
 // Arrays: (B, H, L_local, D) float32, the rank's rows as rank_segments gives them, concatenated.
 #include <mpi.h>
@@ -14,6 +17,7 @@
 #include "attn/ring.hpp"
 #include "bind.hpp"
 #include "convert.hpp"
+#include "options.hpp"
 
 namespace attn_py {
 namespace {
@@ -26,21 +30,48 @@ MPI_Comm comm_of(const py::handle& comm) {
     return MPI_Comm_f2c(comm.attr("py2f")().cast<MPI_Fint>());
 }
 
-attn::dist::RingOptions options(bool is_causal, const py::handle& scale, const std::string& layout) {
-    attn::dist::RingOptions o;
-    o.causal = is_causal ? attn::Causal::top_left : attn::Causal::none;
-    o.scale = optional_float_arg(scale, "scale");
-    o.layout = attn::dist::parse_layout(layout);
-    return o;
+// The keywords both calls take, as given (converted by ring_options: a wrong type is a
+// TypeError naming the keyword).
+struct RingArgs {
+    AlignmentArgs alignment;  // is_causal, causal_alignment, window, window_alignment, query_offset
+    py::object scale, layout, key_lengths, dropout_p, dropout_seed;
+};
+
+// RingOptions whose views point into arrays held in `keep` (alive as long as it is).
+struct RingCall {
+    CallOptions keep;  // the sdpa keywords' conversion (options.hpp), and the arrays
+    attn::dist::RingOptions ring;
+};
+
+RingCall ring_options(const RingArgs& a) {
+    RingCall c;
+    set_alignment(a.alignment, c.keep);
+    if (!a.key_lengths.is_none()) {
+        c.keep.key_lengths = as_array(a.key_lengths, "key_lengths");
+        c.ring.key_lengths = view_of(c.keep.key_lengths, "key_lengths", 1, 1, "shape (B,)");
+    }
+    c.ring.causal = c.keep.sdpa.causal;
+    c.ring.window = c.keep.sdpa.window;
+    c.ring.query_offset = c.keep.sdpa.query_offset;
+    c.ring.scale = optional_float_arg(a.scale, "scale");
+    c.ring.layout = attn::dist::parse_layout(str_arg(a.layout, "layout"));
+    c.ring.dropout_p = float_arg(a.dropout_p, "dropout_p");  // the range: ring_attention, collectively
+    c.ring.dropout_seed = uint_arg(a.dropout_seed, "dropout_seed");
+    return c;
 }
 
 py::tuple ring_forward(const py::handle& query, const py::handle& key, const py::handle& value, const py::handle& comm,
-                       bool is_causal, const py::handle& scale, const std::string& layout) {
+                       const py::object& is_causal, const py::object& scale, const py::object& layout,
+                       const py::object& causal_alignment, const py::object& window, const py::object& window_alignment,
+                       const py::object& query_offset, const py::object& key_lengths, const py::object& dropout_p,
+                       const py::object& dropout_seed) {
     const char* kLayout = "(B, H, L_local, D)";
     const Input q = input(query, "query", 4, 4, kLayout), k = input(key, "key", 4, 4, kLayout),
                 v = input(value, "value", 4, 4, kLayout);
     const MPI_Comm c = comm_of(comm);
-    const attn::dist::RingOptions o = options(is_causal, scale, layout);
+    const RingCall call = ring_options({{is_causal, causal_alignment, window, window_alignment, query_offset}, scale, layout,
+                                        key_lengths, dropout_p, dropout_seed});
+    const attn::dist::RingOptions& o = call.ring;
     py::array out = new_array(attn::DType::f32, {q.view.dim(0), q.view.dim(1), q.view.dim(2), v.view.dim(3)});
     py::array lse = new_array(attn::DType::f32, {q.view.dim(0), q.view.dim(1), q.view.dim(2)});
     const attn::TensorView ov = output_view(out, 4), lv = output_view(lse, 3);
@@ -52,14 +83,19 @@ py::tuple ring_forward(const py::handle& query, const py::handle& key, const py:
 }
 
 py::tuple ring_backward(const py::handle& query, const py::handle& key, const py::handle& value, const py::handle& out,
-                        const py::handle& lse, const py::handle& grad_out, const py::handle& comm, bool is_causal,
-                        const py::handle& scale, const std::string& layout) {
+                        const py::handle& lse, const py::handle& grad_out, const py::handle& comm,
+                        const py::object& is_causal, const py::object& scale, const py::object& layout,
+                        const py::object& causal_alignment, const py::object& window, const py::object& window_alignment,
+                        const py::object& query_offset, const py::object& key_lengths, const py::object& dropout_p,
+                        const py::object& dropout_seed) {
     const char* kLayout = "(B, H, L_local, D)";
     const Input q = input(query, "query", 4, 4, kLayout), k = input(key, "key", 4, 4, kLayout),
                 v = input(value, "value", 4, 4, kLayout), o = input(out, "out", 4, 4, kLayout),
                 l = input(lse, "lse", 3, 3, "(B, H, L_local)"), g = input(grad_out, "grad_out", 4, 4, kLayout);
     const MPI_Comm c = comm_of(comm);
-    const attn::dist::RingOptions opt = options(is_causal, scale, layout);
+    const RingCall call = ring_options({{is_causal, causal_alignment, window, window_alignment, query_offset}, scale, layout,
+                                        key_lengths, dropout_p, dropout_seed});
+    const attn::dist::RingOptions& opt = call.ring;
     py::array dq = new_array(attn::DType::f32, dims_of(q.view));
     py::array dk = new_array(attn::DType::f32, dims_of(k.view));
     py::array dv = new_array(attn::DType::f32, dims_of(v.view));
@@ -75,13 +111,23 @@ py::tuple ring_backward(const py::handle& query, const py::handle& key, const py
 
 void bind_dist(py::module_& m) {
     py::module_ d = m.def_submodule("dist", "Ring attention over MPI (mpi4py communicators); docs/ring.md");
+    // The keywords after comm, shared by both calls (the defaults of attn.scaled_dot_product_attention).
+#define ATTN_RING_KEYWORDS                                                                                           \
+    py::kw_only(), py::arg("is_causal") = false, py::arg("scale") = py::none(), py::arg("layout") = "zigzag",        \
+        py::arg("causal_alignment") = "top-left", py::arg("window") = py::none(),                                  \
+        py::arg("window_alignment") = "top-left", py::arg("query_offset") = py::none(),                            \
+        py::arg("key_lengths") = py::none(), py::arg("dropout_p") = 0.0, py::arg("dropout_seed") = 0
     d.def("ring_attention", &ring_forward, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("comm"),
-          py::kw_only(), py::arg("is_causal") = false, py::arg("scale") = py::none(), py::arg("layout") = "zigzag",
-          "Collective: this rank's rows of O and lse for the sequence split over comm's ranks (float32).");
+          ATTN_RING_KEYWORDS,
+          "Collective: this rank's rows of O and lse for the sequence split over comm's ranks (float32).\n"
+          "The masking keywords are attn.scaled_dot_product_attention's on global positions (key_lengths\n"
+          "and a (B,) query_offset: the same arrays on every rank); dropout_p/dropout_seed drop exactly\n"
+          "what single-process attention drops with the same seed.");
     d.def("ring_attention_backward", &ring_backward, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("out"),
-          py::arg("lse"), py::arg("grad_out"), py::arg("comm"), py::kw_only(), py::arg("is_causal") = false,
-          py::arg("scale") = py::none(), py::arg("layout") = "zigzag",
-          "Collective: this rank's rows of dQ, dK, dV (the gradients of <O, dO>), from ring_attention's out and lse.");
+          py::arg("lse"), py::arg("grad_out"), py::arg("comm"), ATTN_RING_KEYWORDS,
+          "Collective: this rank's rows of dQ, dK, dV (the gradients of <O, dO>), from ring_attention's out and lse\n"
+          "(the same keywords as the forward).");
+#undef ATTN_RING_KEYWORDS
     d.def(
         "rank_segments",
         [](std::int64_t L, int P, int rank, const std::string& layout) {

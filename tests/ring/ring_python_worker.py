@@ -2,7 +2,10 @@
 Python with an mpi4py communicator. Every rank builds the same global arrays (seed), takes its
 rows (attn.dist.rank_segments), runs the ring; rank 0 gathers O, dQ, dK, dV into OUTDIR.
 
-usage: ring_python_worker.py OUTDIR B Hq Hkv L Dk Dv causal(0|1) layout"""
+usage: ring_python_worker.py OUTDIR B Hq Hkv L Dk Dv causal(0|1) layout [KEYWORDS_JSON]
+KEYWORDS_JSON: more keywords for both calls (window, key_lengths, query_offset, dropout_p, ...);
+a string value "@name" stands for the array `name` of inputs.npz."""
+import json
 import sys
 
 import numpy as np
@@ -21,9 +24,11 @@ def mine(a):
     return np.ascontiguousarray(np.concatenate([a[:, :, s:s + n] for s, n in segs], axis=2))
 
 
+extra = json.loads(sys.argv[10]) if len(sys.argv) > 10 else {}
+extra = {n: glob[x[1:]] if isinstance(x, str) and x.startswith("@") else x for n, x in extra.items()}
 q, k, v, do = (mine(glob[n]) for n in ("q", "k", "v", "do"))
-o, lse = attn.dist.ring_attention(q, k, v, comm, is_causal=bool(causal), layout=layout)
-dq, dk, dv = attn.dist.ring_attention_backward(q, k, v, o, lse, do, comm, is_causal=bool(causal), layout=layout)
+o, lse = attn.dist.ring_attention(q, k, v, comm, is_causal=bool(causal), layout=layout, **extra)
+dq, dk, dv = attn.dist.ring_attention_backward(q, k, v, o, lse, do, comm, is_causal=bool(causal), layout=layout, **extra)
 parts = comm.gather((segs, o, dq, dk, dv), root=0)
 if rank == 0:
     full = {"o": np.zeros((B, Hq, L, Dv), np.float32), "dq": np.zeros((B, Hq, L, Dk), np.float32),
