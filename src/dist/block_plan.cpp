@@ -162,4 +162,20 @@ std::vector<BlockCall> plan_block(const std::vector<Band>& bands, const Segment&
     return calls;
 }
 
+std::vector<BlockCall> split_rows(const BlockCall& c, std::int64_t max_rows) {
+    if (c.rows <= max_rows) return {c};
+    std::vector<BlockCall> pieces;
+    for (std::int64_t a0 = 0; a0 < c.rows; a0 += max_rows) {
+        BlockCall p = c;
+        p.row0 = c.row0 + a0;
+        p.rows = std::min(max_rows, c.rows - a0);
+        p.global_row0 = c.global_row0 + a0;
+        // The piece's query a'' is the call's a0 + a'': d(a'') = a0 + a'' + offset.
+        for (std::int64_t& o : p.offset) o += a0;
+        p.visible = a0 == 0 ? c.visible : 0;
+        pieces.push_back(std::move(p));
+    }
+    return pieces;
+}
+
 }  // namespace attn::dist::detail

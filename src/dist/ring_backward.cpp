@@ -204,7 +204,9 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
                 if (qs.g.length == 0) continue;
                 for (const detail::Placed& ks : ctx.k_segs(origin)) {
                     if (ks.g.length == 0) continue;
-                    for (const detail::BlockCall& c : detail::plan_block(ctx.bands, qs.g, ks.g)) {
+                    // Pieces of at most kPokeRows rows: poke() between them moves the transfers on.
+                    for (const detail::BlockCall& whole : detail::plan_block(ctx.bands, qs.g, ks.g))
+                    for (const detail::BlockCall& c : detail::split_rows(whole, detail::kPokeRows)) {
                         const SdpaOptions o = detail::block_options(sopt, c);
                         const std::int64_t row = qs.local + c.row0, key = ks.local + c.key0;
                         auto rows = [&](const TensorView& t) { return t.slice(0, c.b0, c.nb).slice(2, row, c.rows); };

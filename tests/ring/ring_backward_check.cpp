@@ -384,6 +384,7 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < named; ++i) cases.push_back(with_dropout(cases[i], static_cast<int>(i)));
     cases.push_back(with_dropout(with_modifiers(cases[0], 2), 1));
     cases.push_back(with_dropout(with_alibi(cases[3], 1), 0));
+    for (const Case& c : piece_cases()) cases.push_back(c);
     std::size_t n_random = 0;
     for (Case& r : random_cases(32, 77)) {
         cases.push_back(r);

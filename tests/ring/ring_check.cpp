@@ -385,6 +385,7 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < named; ++i) cases.push_back(with_dropout(cases[i], static_cast<int>(i)));
     cases.push_back(with_dropout(with_modifiers(cases[1], 2), 1));
     cases.push_back(with_dropout(with_alibi(cases[1], 1), 0));
+    for (const Case& c : piece_cases()) cases.push_back(c);
     for (const Case& c : cases) run_case(c);
     // The keep mask itself, bit for bit, read through one-hot values.
     for (const auto layout : {dist::Layout::zigzag, dist::Layout::contiguous}) {

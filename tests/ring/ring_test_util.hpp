@@ -112,6 +112,19 @@ inline Case with_dropout(Case c, int kind) {
     return c;
 }
 
+// Cases long enough that the ring cuts its block calls into pieces of kPokeRows = 2048 rows
+// (split_rows): L = 2600 with the contiguous layout gives P = 1 one segment of 2600 rows (pieces
+// of 2048 and 552); at P >= 2 the same cases run unsplit. A window with causal, and again with
+// dropout (the origin moves with the piece) and with ALiBi + softcap + sinks (so do the offsets).
+// Kept to one layout and L = 2600: the double-precision oracle is O(L²) per case.
+inline std::vector<Case> piece_cases() {
+    Case c;
+    c.name = "L=2600 causal window left 1500 (P = 1: calls cut into 2048 + 552 rows)";
+    c.Lq = 2600, c.Lk = 2600, c.Dk = 8, c.Dv = 8, c.causal = Causal::top_left, c.window.left = 1500;
+    c.layout = dist::Layout::contiguous;
+    return {c, with_dropout(c, 0), with_alibi(c, 1)};
+}
+
 // A contiguous (B, H, n, D) tensor re-laid as a (B, n, H, D) buffer, returned as its (B, H, n, D) view.
 inline TensorView restride(const Tensor& src, std::vector<float>& storage) {
     const std::int64_t B = src.shape()[0], H = src.shape()[1], n = src.shape()[2], D = src.shape()[3];
