@@ -3,12 +3,14 @@
 // MPI_Comm_f2c, so no mpi4py header is needed at build time). Every function is collective.
 //
 //   out, lse = attn.dist.ring_attention(q_local, k_local, v_local, comm, is_causal=False, scale=None,
-//                                       layout="zigzag", <masking and modifier keywords>)
+//                                       layout="zigzag", <masking, modifier and dropout keywords>)
 //   dq, dk, dv[, dsinks] = attn.dist.ring_attention_backward(q_local, k_local, v_local, out, lse, grad_out,
 //                                                            comm, ...)   (dsinks when sinks is given)
-// The masking and modifier keywords mean what they mean for scaled_dot_product_attention
+// The masking, modifier and dropout keywords mean what they mean for scaled_dot_product_attention
 // (options.hpp: causal_alignment, window, window_alignment, query_offset; key_lengths; softcap,
-// alibi_slopes, sinks), on global positions, and must be the same on every rank.
+// alibi_slopes, sinks; dropout_p, dropout_seed), on global positions, and must be the same on every
+// rank (key_lengths and a (B,) query_offset: the same arrays); dropout drops exactly what
+// single-process attention drops with the same seed.
 //   attn.dist.rank_segments(L, P, rank, layout="zigzag") -> [(start, length), ...]
 // Arrays: (B, H, L_local, D) float32, the rank's rows as rank_segments gives them, concatenated.
 #include <mpi.h>
@@ -31,20 +33,22 @@ MPI_Comm comm_of(const py::handle& comm) {
     return MPI_Comm_f2c(comm.attr("py2f")().cast<MPI_Fint>());
 }
 
-// The keywords both directions take, as given.
+// The keywords both calls take, as given (converted by ring_options: a wrong type is a
+// TypeError naming the keyword).
 struct RingArgs {
-    AlignmentArgs alignment;
+    AlignmentArgs alignment;  // is_causal, causal_alignment, window, window_alignment, query_offset
     py::object scale, layout, key_lengths;
-    ModifierArgs modifiers;
+    ModifierArgs modifiers;  // softcap, alibi_slopes, sinks
+    py::object dropout_p, dropout_seed;
 };
 
-// RingOptions whose views point into arrays held here.
+// RingOptions whose views point into arrays held in `keep` (alive as long as it is).
 struct RingCall {
+    CallOptions keep;  // the sdpa keywords' conversion (options.hpp), and the arrays
     attn::dist::RingOptions ring;
-    CallOptions keep;
 };
 
-RingCall options(const RingArgs& a, std::int64_t heads) {
+RingCall ring_options(const RingArgs& a, std::int64_t heads) {
     RingCall c;
     set_alignment(a.alignment, c.keep);
     set_modifiers(a.modifiers, heads, c.keep);
@@ -61,6 +65,8 @@ RingCall options(const RingArgs& a, std::int64_t heads) {
     c.ring.sinks = s.sinks;
     c.ring.scale = optional_float_arg(a.scale, "scale");
     c.ring.layout = attn::dist::parse_layout(str_arg(a.layout, "layout"));
+    c.ring.dropout_p = float_arg(a.dropout_p, "dropout_p");  // the range: ring_attention, collectively
+    c.ring.dropout_seed = uint_arg(a.dropout_seed, "dropout_seed");
     return c;
 }
 
@@ -68,20 +74,22 @@ py::tuple ring_forward(const py::handle& query, const py::handle& key, const py:
                        const py::object& is_causal, const py::object& scale, const py::object& layout,
                        const py::object& causal_alignment, const py::object& window, const py::object& window_alignment,
                        const py::object& query_offset, const py::object& key_lengths, const py::object& softcap,
-                       const py::object& alibi_slopes, const py::object& sinks) {
+                       const py::object& alibi_slopes, const py::object& sinks, const py::object& dropout_p,
+                        const py::object& dropout_seed) {
     const char* kLayout = "(B, H, L_local, D)";
     const Input q = input(query, "query", 4, 4, kLayout), k = input(key, "key", 4, 4, kLayout),
                 v = input(value, "value", 4, 4, kLayout);
     const MPI_Comm c = comm_of(comm);
-    const RingCall o = options({{is_causal, causal_alignment, window, window_alignment, query_offset}, scale, layout,
-                                key_lengths, {softcap, alibi_slopes, sinks}},
-                               q.view.dim(1));
+    const RingCall call = ring_options({{is_causal, causal_alignment, window, window_alignment, query_offset}, scale, layout,
+                                        key_lengths, {softcap, alibi_slopes, sinks}, dropout_p, dropout_seed},
+                                       q.view.dim(1));
+    const attn::dist::RingOptions& o = call.ring;
     py::array out = new_array(attn::DType::f32, {q.view.dim(0), q.view.dim(1), q.view.dim(2), v.view.dim(3)});
     py::array lse = new_array(attn::DType::f32, {q.view.dim(0), q.view.dim(1), q.view.dim(2)});
     const attn::TensorView ov = output_view(out, 4), lv = output_view(lse, 3);
     {
         py::gil_scoped_release release;
-        attn::dist::ring_attention(c, q.view, k.view, v.view, o.ring, ov, &lv);
+        attn::dist::ring_attention(c, q.view, k.view, v.view, o, ov, &lv);
     }
     return py::make_tuple(out, lse);
 }
@@ -91,25 +99,27 @@ py::tuple ring_backward(const py::handle& query, const py::handle& key, const py
                         const py::object& is_causal, const py::object& scale, const py::object& layout,
                         const py::object& causal_alignment, const py::object& window, const py::object& window_alignment,
                         const py::object& query_offset, const py::object& key_lengths, const py::object& softcap,
-                        const py::object& alibi_slopes, const py::object& sinks) {
+                        const py::object& alibi_slopes, const py::object& sinks, const py::object& dropout_p,
+                        const py::object& dropout_seed) {
     const char* kLayout = "(B, H, L_local, D)";
     const Input q = input(query, "query", 4, 4, kLayout), k = input(key, "key", 4, 4, kLayout),
                 v = input(value, "value", 4, 4, kLayout), o = input(out, "out", 4, 4, kLayout),
                 l = input(lse, "lse", 3, 3, "(B, H, L_local)"), g = input(grad_out, "grad_out", 4, 4, kLayout);
     const MPI_Comm c = comm_of(comm);
-    const RingCall opt = options({{is_causal, causal_alignment, window, window_alignment, query_offset}, scale, layout,
-                                  key_lengths, {softcap, alibi_slopes, sinks}},
-                                 q.view.dim(1));
+    const RingCall call = ring_options({{is_causal, causal_alignment, window, window_alignment, query_offset}, scale, layout,
+                                        key_lengths, {softcap, alibi_slopes, sinks}, dropout_p, dropout_seed},
+                                       q.view.dim(1));
+    const attn::dist::RingOptions& opt = call.ring;
     py::array dq = new_array(attn::DType::f32, dims_of(q.view));
     py::array dk = new_array(attn::DType::f32, dims_of(k.view));
     py::array dv = new_array(attn::DType::f32, dims_of(v.view));
-    const bool with_sinks = opt.ring.sinks.has_value();
+    const bool with_sinks = opt.sinks.has_value();
     py::array ds = new_array(attn::DType::f32, {with_sinks ? q.view.dim(1) : 0});
     const attn::TensorView dqv = output_view(dq, 4), dkv = output_view(dk, 4), dvv = output_view(dv, 4);
     const attn::TensorView dsv = output_view(ds, 1);
     {
         py::gil_scoped_release release;
-        attn::dist::ring_attention_backward(c, q.view, k.view, v.view, o.view, l.view, g.view, opt.ring, dqv, dkv, dvv,
+        attn::dist::ring_attention_backward(c, q.view, k.view, v.view, o.view, l.view, g.view, opt, dqv, dkv, dvv,
                                             nullptr, with_sinks ? &dsv : nullptr);
     }
     return with_sinks ? py::make_tuple(dq, dk, dv, ds) : py::make_tuple(dq, dk, dv);
@@ -119,23 +129,25 @@ py::tuple ring_backward(const py::handle& query, const py::handle& key, const py
 
 void bind_dist(py::module_& m) {
     py::module_ d = m.def_submodule("dist", "Ring attention over MPI (mpi4py communicators); docs/ring.md");
+    // The keywords after comm, shared by both calls (the defaults of attn.scaled_dot_product_attention).
+#define ATTN_RING_KEYWORDS                                                                                           \
+    py::kw_only(), py::arg("is_causal") = false, py::arg("scale") = py::none(), py::arg("layout") = "zigzag",        \
+        py::arg("causal_alignment") = "top-left", py::arg("window") = py::none(),                                  \
+        py::arg("window_alignment") = "top-left", py::arg("query_offset") = py::none(),                            \
+        py::arg("key_lengths") = py::none(), py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(), \
+        py::arg("sinks") = py::none(), py::arg("dropout_p") = 0.0, py::arg("dropout_seed") = 0
     d.def("ring_attention", &ring_forward, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("comm"),
-          py::kw_only(), py::arg("is_causal") = false, py::arg("scale") = py::none(), py::arg("layout") = "zigzag",
-          py::arg("causal_alignment") = "top-left", py::arg("window") = py::none(),
-          py::arg("window_alignment") = "top-left", py::arg("query_offset") = py::none(),
-          py::arg("key_lengths") = py::none(), py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(),
-          py::arg("sinks") = py::none(),
+          ATTN_RING_KEYWORDS,
           "Collective: this rank's rows of O and lse for the sequence split over comm's ranks (float32).\n"
-          "The masking and modifier keywords are scaled_dot_product_attention's, on global positions,\n"
-          "the same on every rank.");
+          "The masking, modifier and dropout keywords are attn.scaled_dot_product_attention's, on global\n"
+          "positions, the same on every rank (key_lengths and a (B,) query_offset: the same arrays);\n"
+          "dropout_p/dropout_seed drop exactly what single-process attention drops with the same seed.");
     d.def("ring_attention_backward", &ring_backward, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("out"),
-          py::arg("lse"), py::arg("grad_out"), py::arg("comm"), py::kw_only(), py::arg("is_causal") = false,
-          py::arg("scale") = py::none(), py::arg("layout") = "zigzag", py::arg("causal_alignment") = "top-left",
-          py::arg("window") = py::none(), py::arg("window_alignment") = "top-left",
-          py::arg("query_offset") = py::none(), py::arg("key_lengths") = py::none(), py::arg("softcap") = py::none(),
-          py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
-          "Collective: this rank's rows of dQ, dK, dV (the gradients of <O, dO>), from ring_attention's out and lse;\n"
-          "with sinks also dsinks (Hq,), the gradient over the whole sequence (the same on every rank).");
+          py::arg("lse"), py::arg("grad_out"), py::arg("comm"), ATTN_RING_KEYWORDS,
+          "Collective: this rank's rows of dQ, dK, dV (the gradients of <O, dO>), from ring_attention's out and lse\n"
+          "(the same keywords as the forward); with sinks also dsinks (Hq,), the gradient over the whole\n"
+          "sequence (the same on every rank).");
+#undef ATTN_RING_KEYWORDS
     d.def(
         "rank_segments",
         [](std::int64_t L, int P, int rank, const std::string& layout) {

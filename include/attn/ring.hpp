@@ -78,6 +78,12 @@ struct RingOptions {
                                              // global positions (d_b: bottom-right, or query_offset)
     std::optional<TensorView> sinks;         // (Hq,) float32, finite: one extra logit per head,
                                              // counted once per row (in the log-sum-exp merge)
+    // Dropout on the attention weights (training), as SdpaOptions::dropout_p/dropout_seed on the
+    // whole sequence: weight (b, h, i, j) of GLOBAL positions i, j is kept or dropped exactly as
+    // single-process sdpa keeps it with the same seed (each block call carries its place as
+    // SdpaOptions::dropout_origin), whatever P and the layout. The backward must get the same two.
+    double dropout_p = 0.0;                  // 0 <= p < 1; the same on every rank
+    std::uint64_t dropout_seed = 0;          // the same on every rank
 };
 
 // What one rank measured in ring_attention (seconds, wall clock).

@@ -65,6 +65,17 @@ struct QueryOffset {
     QueryOffset(const TensorView& t) : per_sequence(t) {}      // NOLINT(google-explicit-constructor)
 };
 
+// Where a call sits in a larger problem, for dropout's keep rule only: the call's weight
+// (b, h, i, j) takes the keep decision of (batch + b, head + h, row + i, key + j) of the
+// whole, so the pieces of a split problem (the blocks of ring attention: rows and keys of one
+// rank, a slice of the batch) drop exactly what the whole problem drops with the same seed.
+// Every field >= 0; batch + B, head + Hq and row + Lq at most 2^32, key + Lk at most 2^34 (the
+// Philox counter's words, src/core/dropout.hpp). Masks, alignment and the other options keep
+// their own meaning; only the random numbers move.
+struct DropoutOrigin {
+    std::int64_t batch = 0, head = 0, row = 0, key = 0;
+};
+
 // Which kernel runs. `automatic` picks the fastest kernel that supports the call.
 enum class Impl { automatic, reference, flash, decode };
 
@@ -88,6 +99,7 @@ struct SdpaOptions {
     // that multiply V (as torch's MultiheadAttention returns them).
     double dropout_p = 0.0;
     std::uint64_t dropout_seed = 0;
+    DropoutOrigin dropout_origin{};  // (0, 0, 0, 0) = the call is the whole problem
     // Logit soft-capping: s ← softcap·tanh(s / softcap) right after the scale, before any
     // mask or bias. 0 = off; otherwise a finite float32 >= FLT_MIN.
     double softcap = 0.0;

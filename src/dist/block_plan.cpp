@@ -121,6 +121,8 @@ std::vector<BlockCall> plan_block(const std::vector<Band>& bands, const Segment&
         c.rows = r1 - r0;
         c.key0 = k0;
         c.keys = k1 - k0;
+        c.global_row0 = qs.start + r0;
+        c.global_key0 = ks.start + k0;
         for (std::int64_t b = b0; b < b0 + nb; ++b) {
             const Local& l = loc[static_cast<std::size_t>(b)];
             const std::int64_t n = l.visible ? std::clamp<std::int64_t>(l.keys - k0, 0, c.keys) : 0;
@@ -158,6 +160,22 @@ std::vector<BlockCall> plan_block(const std::vector<Band>& bands, const Segment&
     for (std::int64_t b = 0; b < B; ++b)
         if (loc[static_cast<std::size_t>(b)].visible) calls.push_back(make_call(b, 1));
     return calls;
+}
+
+std::vector<BlockCall> split_rows(const BlockCall& c, std::int64_t max_rows) {
+    if (c.rows <= max_rows) return {c};
+    std::vector<BlockCall> pieces;
+    for (std::int64_t a0 = 0; a0 < c.rows; a0 += max_rows) {
+        BlockCall p = c;
+        p.row0 = c.row0 + a0;
+        p.rows = std::min(max_rows, c.rows - a0);
+        p.global_row0 = c.global_row0 + a0;
+        // The piece's query a'' is the call's a0 + a'': d(a'') = a0 + a'' + offset.
+        for (std::int64_t& o : p.offset) o += a0;
+        p.visible = a0 == 0 ? c.visible : 0;
+        pieces.push_back(std::move(p));
+    }
+    return pieces;
 }
 
 }  // namespace attn::dist::detail

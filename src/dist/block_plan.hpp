@@ -36,6 +36,7 @@ std::vector<Band> global_bands(const attn::detail::SdpaProblem& global, bool ali
 // the key segment's keys [key0, key0 + keys).
 struct BlockCall {
     std::int64_t b0 = 0, nb = 0, row0 = 0, rows = 0, key0 = 0, keys = 0;
+    std::int64_t global_row0 = 0, global_key0 = 0;  // qs.start + row0, ks.start + key0 (dropout's origin)
     Causal causal = Causal::none;           // top_left with query_offset when the band has an upper side
     std::int64_t window_left = -1;          // the lower side, relative to the same diagonal
     std::int64_t window_right = -1;         // with ALiBi: the upper side (no causal), see below
@@ -58,5 +59,18 @@ struct BlockCall {
 // one in general, one per sequence when the band's width differs between sequences (a window
 // and causal with different alignments under key lengths).
 std::vector<BlockCall> plan_block(const std::vector<Band>& bands, const Segment& qs, const Segment& ks);
+
+// The call cut into consecutive pieces of at most max_rows query rows (just the call when it has
+// no more): each piece is the same band on its own rows — query offsets and the dropout origin
+// move with the piece's first row; keys, key lengths, window and ALiBi shift stay — so the pieces
+// compute exactly the call's rows. The ring computes a large block in pieces to call MPI_Testall
+// between them: without an MPI progress thread a large message moves only inside MPI calls.
+// `visible` (a count for RingStats) stays whole on the first piece.
+std::vector<BlockCall> split_rows(const BlockCall& c, std::int64_t max_rows);
+
+// Query rows per piece of a block call in the ring (split_rows): small enough that a step's
+// compute pokes MPI often (≈ 8 times per call at 131072 tokens on 4 ranks), large enough that a
+// piece's fixed costs (packing the keys, a thread team) stay well under 1 % of its work.
+inline constexpr std::int64_t kPokeRows = 2048;
 
 }  // namespace attn::dist::detail

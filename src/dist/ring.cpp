@@ -84,6 +84,11 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
         sopt.scale = options.scale;
         sopt.impl = options.impl;
         sopt.softcap = options.softcap;  // per score: every block as is (sinks: the merge, above)
+        // Dropout comes after the softmax and the merge is linear in each block's dropped output
+        // (its lse is the undropped one): the blocks, each at its origin (block_options), give
+        // exactly single-process sdpa's dropped O.
+        sopt.dropout_p = options.dropout_p;
+        sopt.dropout_seed = options.dropout_seed;
         sopt.alibi_slopes = ctx.slopes_view();  // (B, Hq); block_options slices and places it
         RingStats st;
         st.steps = ctx.steps;
@@ -107,7 +112,8 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
                 if (qs.g.length == 0) continue;
                 for (const detail::Placed& ks : ctx.k_segs(origin)) {
                     if (ks.g.length == 0) continue;
-                    for (const detail::BlockCall& c : detail::plan_block(ctx.bands, qs.g, ks.g)) {
+                    for (const detail::BlockCall& whole : detail::plan_block(ctx.bands, qs.g, ks.g))
+                    for (const detail::BlockCall& c : detail::split_rows(whole, detail::kPokeRows)) {
                         const SdpaOptions o = detail::block_options(sopt, c);
                         const TensorView qv = q.slice(0, c.b0, c.nb).slice(2, qs.local + c.row0, c.rows);
                         const TensorView kv = kb.slice(0, c.b0, c.nb).slice(2, ks.local + c.key0, c.keys);
@@ -146,13 +152,14 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
                                 l_acc = m + std::log(sum);
                             }
                         }
-                    }
-                    // Without a progress thread, MPI moves a large message only inside MPI calls:
-                    // poke it between blocks so the transfer overlaps this step's compute.
-                    if (nreq > 0) {
-                        int done = 0;
-                        MPI_Testall(nreq, req, &done, MPI_STATUSES_IGNORE);
-                        if (done) nreq = 0;
+                        // Without a progress thread, MPI moves a large message only inside MPI calls:
+                        // poke it between calls (pieces of at most kPokeRows rows) so the transfer
+                        // overlaps this step's compute.
+                        if (nreq > 0) {
+                            int done = 0;
+                            MPI_Testall(nreq, req, &done, MPI_STATUSES_IGNORE);
+                            if (done) nreq = 0;
+                        }
                     }
                 }
             }

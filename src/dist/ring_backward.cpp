@@ -159,6 +159,11 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
         // sink's own gradient is summed over the ranks below.
         sopt.softcap = options.softcap;
         sopt.alibi_slopes = ctx.slopes_view();  // (B, Hq); block_options slices and places it
+        // Dropout: each block regenerates the forward's keep mask at its origin (block_options);
+        // D_i = rowsum(dO ∘ O) with the global dropped O is what FlashAttention-2's dropout
+        // backward uses, so the blocks' shares add up to sdpa_backward's.
+        sopt.dropout_p = options.dropout_p;
+        sopt.dropout_seed = options.dropout_seed;
         RingStats st;
         st.steps = ctx.steps;
         const int S = ctx.steps;
@@ -199,7 +204,9 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
                 if (qs.g.length == 0) continue;
                 for (const detail::Placed& ks : ctx.k_segs(origin)) {
                     if (ks.g.length == 0) continue;
-                    for (const detail::BlockCall& c : detail::plan_block(ctx.bands, qs.g, ks.g)) {
+                    // Pieces of at most kPokeRows rows: poke() between them moves the transfers on.
+                    for (const detail::BlockCall& whole : detail::plan_block(ctx.bands, qs.g, ks.g))
+                    for (const detail::BlockCall& c : detail::split_rows(whole, detail::kPokeRows)) {
                         const SdpaOptions o = detail::block_options(sopt, c);
                         const std::int64_t row = qs.local + c.row0, key = ks.local + c.key0;
                         auto rows = [&](const TensorView& t) { return t.slice(0, c.b0, c.nb).slice(2, row, c.rows); };

@@ -86,6 +86,8 @@ Descriptor check_local(std::string_view kOp, const TensorView& q, const TensorVi
     local.softcap = o.softcap;  // make_problem checks the modifiers as sdpa does
     local.sinks = o.sinks;
     local.alibi_slopes = o.alibi_slopes;
+    local.dropout_p = o.dropout_p;  // its range, as sdpa checks it
+    local.dropout_seed = o.dropout_seed;
     Tensor stand_in[5];
     const TensorView lse_view = lse != nullptr ? one_row_if_empty(*lse, stand_in[4]) : TensorView();
     attn::detail::make_problem(one_row_if_empty(q, stand_in[0]), one_row_if_empty(k, stand_in[1]),
@@ -129,6 +131,8 @@ Descriptor check_local(std::string_view kOp, const TensorView& q, const TensorVi
     d.scale = o.scale.value_or(0.0);
     d.tensor_modifiers = (o.sinks ? 1 : 0) | (o.alibi_slopes ? 2 : 0);
     d.softcap = o.softcap;
+    d.dropout_p = o.dropout_p;
+    d.dropout_seed = static_cast<std::int64_t>(o.dropout_seed);
     return d;
 }
 
@@ -154,10 +158,11 @@ void check_across(std::string_view kOp, const std::vector<Descriptor>& all, int 
             d.offset_per_sequence == d0.offset_per_sequence && d.offset_value == d0.offset_value &&
             d.layout == d0.layout && d.impl == d0.impl && d.has_key_lengths == d0.has_key_lengths &&
             d.has_scale == d0.has_scale && (!d.has_scale || d.scale == d0.scale) && d.softcap == d0.softcap &&
-            d.tensor_modifiers == d0.tensor_modifiers;
+            d.tensor_modifiers == d0.tensor_modifiers && d.dropout_p == d0.dropout_p &&
+            d.dropout_seed == d0.dropout_seed;
         if (!same_options) {
             fail(kOp, who, "was called with other options (causal, window, query_offset, layout, impl, scale, "
-                           "key_lengths, softcap, alibi_slopes or sinks) than rank 0");
+                           "key_lengths, softcap, alibi_slopes, sinks, dropout_p or dropout_seed) than rank 0");
         }
         Lq += d.nq;
         Lk += d.nk;
@@ -360,6 +365,7 @@ SdpaOptions block_options(const SdpaOptions& base, const BlockCall& c) {
     if (base.alibi_slopes) o.alibi_slopes = base.alibi_slopes->slice(0, c.b0, c.nb);
     if (c.has_offset) o.query_offset = TensorView(const_cast<std::int64_t*>(c.offset.data()), DType::i64, Shape{c.nb});
     if (c.has_key_lengths) o.key_lengths = TensorView(const_cast<std::int64_t*>(c.key_lengths.data()), DType::i64, Shape{c.nb});
+    o.dropout_origin = {c.b0, 0, c.global_row0, c.global_key0};
     return o;
 }
 

@@ -27,9 +27,10 @@ struct Descriptor {
     std::int64_t B, Hq, Hkv, Dk, Dv, nq, nk;
     std::int64_t causal, window_left, window_right, window_align, has_offset, offset_per_sequence, offset_value;
     std::int64_t layout, impl, has_key_lengths, has_scale, tensor_modifiers;  // 1: sinks, 2: alibi_slopes
-    double scale, softcap;
+    std::int64_t dropout_seed;  // the seed's bits
+    double scale, softcap, dropout_p;
 };
-inline constexpr int kDescriptorWords = 21;
+inline constexpr int kDescriptorWords = 23;
 static_assert(sizeof(Descriptor) == kDescriptorWords * sizeof(std::int64_t));
 
 // A duplicate of the caller's communicator for the duration of one call (collective), so that
@@ -101,7 +102,9 @@ void setup_ring(RingContext& ctx, std::string_view op, const TensorView& q, cons
                 const std::function<void()>& extra);
 
 // The sdpa options of one block call: the caller's scale and impl, the call's band as causal +
-// query_offset + window.left, and its key lengths. `call` must outlive the result (views).
+// query_offset + window.left, and its key lengths. Dropout (p, seed from base) gets the call's
+// place in the global problem as its origin (sequence c.b0, global row and key of the call's
+// first row and key), so every block drops what single-process sdpa drops. `call` must outlive the result (views).
 // This is the one place a per-block option is derived: softcap carries over as is; ALiBi's
 // base.alibi_slopes is the agreed (B, Hq), sliced to the call's sequences and measured from the
 // call's offset (BlockCall::alibi_shift says by how much the call's lse is then too high); sinks

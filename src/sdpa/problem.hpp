@@ -9,6 +9,7 @@
 #include <optional>
 #include <string_view>
 
+#include "../core/dropout.hpp"
 #include "attn/sdpa.hpp"
 
 namespace attn::detail {
@@ -43,6 +44,7 @@ struct SdpaProblem {
     std::optional<TensorView> query_offsets;  // (B,) int32/int64
     double dropout_p = 0.0;         // 0 ≤ p < 1; 0 = no dropout (src/core/dropout.hpp)
     std::uint64_t dropout_seed = 0;
+    DropoutOrigin dropout_origin{};  // SdpaOptions::dropout_origin (checked)
     // Score modifiers (scores.hpp applies them): softcap c (0 = off), ALiBi slopes broadcast
     // to (B, Hq) float32, sinks (Hq,) float32.
     double softcap = 0.0;
@@ -83,6 +85,12 @@ struct SdpaProblem {
             if (window.right >= 0) r.hi = std::min(r.hi, d + window.right + 1);
         }
         return r;
+    }
+
+    // The keep rule of this call (inactive when dropout_p = 0), with its origin: every kernel's.
+    Dropout dropout() const {
+        return Dropout(dropout_p, dropout_seed, dropout_origin.batch, dropout_origin.head, dropout_origin.row,
+                       dropout_origin.key);
     }
 
     bool has_elementwise_mask() const { return bool_mask.has_value() || additive_mask.has_value(); }

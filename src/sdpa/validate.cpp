@@ -193,6 +193,24 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
     }
     p.dropout_p = options.dropout_p;
     p.dropout_seed = options.dropout_seed;
+    {
+        // The origin plus the call's extent must stay inside the Philox counter's 32-bit words.
+        const DropoutOrigin& o = options.dropout_origin;
+        constexpr std::int64_t k32 = std::int64_t{1} << 32;
+        const struct {
+            const char* name;
+            std::int64_t at, extent, limit;
+            const char* extent_name;
+        } parts[] = {{"batch", o.batch, p.B, k32, "B"}, {"head", o.head, p.Hq, k32, "Hq"},
+                     {"row", o.row, p.Lq, k32, "Lq"}, {"key", o.key, p.Lk, 4 * k32, "Lk"}};
+        for (const auto& x : parts) {
+            if (x.at < 0 || x.at > x.limit - x.extent) {
+                fail(kOp, "dropout_origin.", x.name, ": must be >= 0 with ", x.name, " + ", x.extent_name, " <= ",
+                     x.limit == k32 ? "2^32" : "2^34", " (", x.extent_name, " = ", x.extent, ") but got ", x.at);
+            }
+        }
+        p.dropout_origin = o;
+    }
     check_modifiers(kOp, options, p);
     p.causal = options.causal;
     p.window = options.window;

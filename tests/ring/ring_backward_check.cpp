@@ -54,6 +54,8 @@ Global make_global(const Case& c) {
     g.so.window = c.window;
     g.so.scale = c.scale;
     g.so.softcap = c.softcap;
+    g.so.dropout_p = c.dropout_p;
+    g.so.dropout_seed = c.dropout_seed;
     g.sinks = sink_tensor(c.Hq);
     if (c.sinks) g.so.sinks = g.sinks.view();
     g.slopes = slope_tensor(c);
@@ -84,6 +86,8 @@ dist::RingOptions ring_options(const Case& c, const Global& g, Impl impl) {
     ro.softcap = g.so.softcap;
     ro.sinks = g.so.sinks;
     ro.alibi_slopes = g.so.alibi_slopes;
+    ro.dropout_p = c.dropout_p;
+    ro.dropout_seed = c.dropout_seed;
     if (!c.key_lengths.empty()) ro.key_lengths = g.lengths.view();
     return ro;
 }
@@ -376,6 +380,11 @@ int main(int argc, char** argv) {
     const std::size_t named = cases.size();
     for (std::size_t i = 0; i < named; ++i) cases.push_back(with_modifiers(cases[i], static_cast<int>(i % 3)));
     for (std::size_t i = 0; i < named; ++i) cases.push_back(with_alibi(cases[i], static_cast<int>(i % 2)));
+    // Dropout: every block regenerates single-process sdpa's keep mask at its global origin.
+    for (std::size_t i = 0; i < named; ++i) cases.push_back(with_dropout(cases[i], static_cast<int>(i)));
+    cases.push_back(with_dropout(with_modifiers(cases[0], 2), 1));
+    cases.push_back(with_dropout(with_alibi(cases[3], 1), 0));
+    for (const Case& c : piece_cases()) cases.push_back(c);
     std::size_t n_random = 0;
     for (Case& r : random_cases(32, 77)) {
         cases.push_back(r);

@@ -42,6 +42,8 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
     so.scale = c.scale;
     so.impl = Impl::reference;
     so.softcap = c.softcap;
+    so.dropout_p = c.dropout_p;
+    so.dropout_seed = c.dropout_seed;
     const Tensor sinks = sink_tensor(c.Hq);
     if (c.sinks) so.sinks = sinks.view();
     const Tensor slopes = slope_tensor(c);
@@ -84,6 +86,8 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
     ro.softcap = c.softcap;
     ro.sinks = so.sinks;
     ro.alibi_slopes = so.alibi_slopes;
+    ro.dropout_p = c.dropout_p;
+    ro.dropout_seed = c.dropout_seed;
     if (!c.key_lengths.empty()) ro.key_lengths = lengths.view();
     Tensor o = poisoned(DType::f32, Shape{c.B, c.Hq, nq, c.Dv});
     Tensor l = poisoned(DType::f64, Shape{c.B, c.Hq, nq});
@@ -143,6 +147,73 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
     char buf[96];
     std::snprintf(buf, sizeof buf, "  (max |dO| %.2e, max |dlse| %.2e)", wmax[0], wmax[1]);
     verdict(c.name + " [" + std::string(dist::layout_name(c.layout)) + "]" + buf, ok, detail);
+}
+
+// The ring's keep mask bit for bit: with V one-hot (Dv = Lk, V[j] = e_j) the output is the
+// dropped weights themselves, O[i][j] = A_ij·Z_ij/(1 − p), so O[i][j] == 0 exactly where a key
+// is dropped or masked (A_ij > 0 where visible: the scores are small). The ring's zero pattern
+// must equal single-process sdpa's (reference) at every element, and differ from the pattern of
+// another seed (so that the comparison can fail).
+void check_keep_mask(Case c) {
+    c.Dv = c.Lk;
+    std::mt19937 gen(555);
+    const Tensor q = random_tensor(gen, Shape{c.B, c.Hq, c.Lq, c.Dk}, 0.5f);
+    const Tensor k = random_tensor(gen, Shape{c.B, c.Hkv, c.Lk, c.Dk}, 0.5f);
+    Tensor v(DType::f32, Shape{c.B, c.Hkv, c.Lk, c.Dv}, true);
+    for (std::int64_t bh = 0; bh < c.B * c.Hkv; ++bh)
+        for (std::int64_t j = 0; j < c.Lk; ++j) v.data_as<float>()[(bh * c.Lk + j) * c.Dv + j] = 1.0f;
+    Tensor lengths(DType::i64, Shape{c.B});
+    SdpaOptions so;
+    so.causal = c.causal;
+    so.window = c.window;
+    so.impl = Impl::reference;
+    if (!c.key_lengths.empty()) {
+        for (std::int64_t b = 0; b < c.B; ++b) lengths.data_as<std::int64_t>()[b] = c.key_lengths[static_cast<std::size_t>(b)];
+        so.key_lengths = lengths.view();
+    }
+    so.dropout_p = c.dropout_p;
+    so.dropout_seed = c.dropout_seed;
+    auto zeros_of = [&](std::uint64_t seed) {
+        SdpaOptions s = so;
+        s.dropout_seed = seed;
+        Tensor o = poisoned(DType::f32, Shape{c.B, c.Hq, c.Lq, c.Dv});
+        sdpa(q, k, v, s, o);
+        return dist::take_rows(o, dist::rank_segments(c.Lq, P, rank, c.layout));
+    };
+    const Tensor ref = zeros_of(c.dropout_seed), other = zeros_of(c.dropout_seed + 1);
+    const auto qseg = dist::rank_segments(c.Lq, P, rank, c.layout);
+    const auto kseg = dist::rank_segments(c.Lk, P, rank, c.layout);
+    const Tensor ql = dist::take_rows(q, qseg), kl = dist::take_rows(k, kseg), vl = dist::take_rows(v, kseg);
+    dist::RingOptions ro;
+    ro.causal = c.causal;
+    ro.window = c.window;
+    ro.layout = c.layout;
+    ro.dropout_p = c.dropout_p;
+    ro.dropout_seed = c.dropout_seed;
+    if (!c.key_lengths.empty()) ro.key_lengths = lengths.view();
+    Tensor o = poisoned(DType::f32, ref.shape());
+    bool ok = true;
+    std::string detail;
+    try {
+        dist::ring_attention(MPI_COMM_WORLD, ql, kl, vl, ro, o);
+    } catch (const std::exception& e) {
+        ok = false;
+        detail = std::string("threw: ") + e.what();
+    }
+    std::int64_t counts[3] = {0, 0, 0}, totals[3];  // mismatches vs ref, zeros in ref, mismatches ref vs other seed
+    for (std::int64_t e = 0; ok && e < o.numel(); ++e) {
+        const float x = o.data_as<float>()[e], r = ref.data_as<float>()[e], s = other.data_as<float>()[e];
+        counts[0] += std::isnan(x) || (x == 0.0f) != (r == 0.0f);
+        counts[1] += r == 0.0f;
+        counts[2] += (s == 0.0f) != (r == 0.0f);
+    }
+    MPI_Allreduce(counts, totals, 3, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+    if (totals[0] != 0 || totals[2] == 0) ok = false;
+    detail += std::to_string(totals[0]) + " elements differ from sdpa's keep pattern; another seed changes " +
+              std::to_string(totals[2]);
+    verdict(c.name + " [" + std::string(dist::layout_name(c.layout)) + "]  (" + std::to_string(totals[1]) +
+                " zeros, bit-for-bit; seed+1 differs in " + std::to_string(totals[2]) + ")",
+            ok, detail);
 }
 
 // Every rank must throw attn::Error containing `expect`, all with the same message, and the
@@ -310,7 +381,24 @@ int main(int argc, char** argv) {
         cases.push_back(r);
         if (n_random++ % 2 == 1) cases.push_back(with_alibi(r, static_cast<int>(n_random / 2 % 2)));
     }
+    // Dropout on every named case (and with modifiers): the blocks drop what sdpa drops.
+    for (std::size_t i = 0; i < named; ++i) cases.push_back(with_dropout(cases[i], static_cast<int>(i)));
+    cases.push_back(with_dropout(with_modifiers(cases[1], 2), 1));
+    cases.push_back(with_dropout(with_alibi(cases[1], 1), 0));
+    for (const Case& c : piece_cases()) cases.push_back(c);
     for (const Case& c : cases) run_case(c);
+    // The keep mask itself, bit for bit, read through one-hot values.
+    for (const auto layout : {dist::Layout::zigzag, dist::Layout::contiguous}) {
+        Case m;
+        m.name = "dropout keep mask: causal GQA B=2 Hq=4 Hkv=2 Lq=Lk=45";
+        m.B = 2, m.Hq = 4, m.Hkv = 2, m.Lq = 45, m.Lk = 45, m.causal = Causal::top_left, m.layout = layout;
+        check_keep_mask(with_dropout(m, 0));
+        Case x;
+        x.name = "dropout keep mask: window (7, 3) bottom-right, key_lengths (38, 20), Lq=29 Lk=38";
+        x.B = 2, x.Hq = 2, x.Lq = 29, x.Lk = 38, x.key_lengths = {38, 20}, x.window = Window{7, 3, Align::bottom_right};
+        x.layout = layout;
+        check_keep_mask(with_dropout(x, 1));
+    }
 
     const int last = P - 1;
     using dist::RingOptions;
@@ -341,6 +429,8 @@ int main(int argc, char** argv) {
     static float sinks3[3] = {0, 0, 0};
     run_error_case("sinks of the wrong shape", "ring_attention: sinks",
                    [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) { o.sinks = TensorView(sinks3, DType::f32, Shape{3}); });
+    run_error_case("dropout_p = 1", "ring_attention: dropout_p: must be in [0, 1)",
+                   [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) { o.dropout_p = 1.0; });
     run_error_case("Impl::decode", "ring_attention: impl: must be automatic, reference or flash",
                    [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) { o.impl = Impl::decode; });
     if (P >= 2) {
@@ -364,6 +454,11 @@ int main(int argc, char** argv) {
                        [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) {
                            sinks[1] = rank == last ? 1.5f : 0.5f;
                            o.sinks = TensorView(sinks, DType::f32, Shape{2});
+                       });
+        run_error_case("dropout seed differs on the last rank", "was called with other options",
+                       [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) {
+                           o.dropout_p = 0.5;
+                           o.dropout_seed = rank == last ? 8 : 7;
                        });
         run_error_case("causal on the last rank only", "was called with other options",
                        [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) {

@@ -2,10 +2,12 @@
 Python with an mpi4py communicator. Every rank builds the same global arrays (seed), takes its
 rows (attn.dist.rank_segments), runs the ring; rank 0 gathers O, dQ, dK, dV into OUTDIR.
 
-usage: ring_python_worker.py OUTDIR B Hq Hkv L Dk Dv causal(0|1) layout
-OUTDIR/kwargs.json, when there, holds more keywords for both calls (lists become float32 arrays,
-key_lengths int64); with "sinks" the backward's dsinks is saved too (rank 0's; every rank's
-must be equal, which is checked here)."""
+usage: ring_python_worker.py OUTDIR B Hq Hkv L Dk Dv causal(0|1) layout [KEYWORDS_JSON]
+More keywords for both calls come from two places:
+- OUTDIR/kwargs.json, when there (lists become float32 arrays, key_lengths int64); with "sinks"
+  the backward's dsinks is saved too (rank 0's; every rank's must be equal, which is checked here);
+- KEYWORDS_JSON (window, key_lengths, query_offset, dropout_p, ...): a string value "@name"
+  stands for the array `name` of inputs.npz."""
 import json
 import os
 import sys
@@ -27,7 +29,8 @@ def mine(a):
 
 
 q, k, v, do = (mine(glob[n]) for n in ("q", "k", "v", "do"))
-kw = {}
+kw = json.loads(sys.argv[10]) if len(sys.argv) > 10 else {}
+kw = {n: glob[x[1:]] if isinstance(x, str) and x.startswith("@") else x for n, x in kw.items()}
 if os.path.exists(f"{outdir}/kwargs.json"):
     for name, val in json.load(open(f"{outdir}/kwargs.json")).items():
         if name == "key_lengths":

@@ -62,6 +62,8 @@ struct Case {
     double softcap = 0.0;  // score modifiers (0: off)
     bool sinks = false;    // σ_h = sink_logit(h)
     int alibi = 0;         // ALiBi slopes: 0 none, 1 (Hq,), 2 (B, Hq) (slope_tensor)
+    double dropout_p = 0.0;  // dropout on the weights (0: off), keep rule on global positions
+    std::uint64_t dropout_seed = 0;
 };
 
 // The sinks of the modifier cases: mixed signs, one large enough to dominate short rows.
@@ -100,6 +102,27 @@ inline Case with_modifiers(Case c, int kind) {
     c.sinks = kind >= 1;
     c.name += kind == 0 ? " +softcap 2.5" : kind == 1 ? " +sinks" : " +softcap 2.5 +sinks";
     return c;
+}
+
+// A copy of `c` with dropout: p = 0.3 or 0.6 (by `kind`), a seed that sets high bits too.
+inline Case with_dropout(Case c, int kind) {
+    c.dropout_p = kind % 2 == 0 ? 0.3 : 0.6;
+    c.dropout_seed = 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(kind);
+    c.name += kind % 2 == 0 ? " +dropout 0.3" : " +dropout 0.6";
+    return c;
+}
+
+// Cases long enough that the ring cuts its block calls into pieces of kPokeRows = 2048 rows
+// (split_rows): L = 2600 with the contiguous layout gives P = 1 one segment of 2600 rows (pieces
+// of 2048 and 552); at P >= 2 the same cases run unsplit. A window with causal, and again with
+// dropout (the origin moves with the piece) and with ALiBi + softcap + sinks (so do the offsets).
+// Kept to one layout and L = 2600: the double-precision oracle is O(L²) per case.
+inline std::vector<Case> piece_cases() {
+    Case c;
+    c.name = "L=2600 causal window left 1500 (P = 1: calls cut into 2048 + 552 rows)";
+    c.Lq = 2600, c.Lk = 2600, c.Dk = 8, c.Dv = 8, c.causal = Causal::top_left, c.window.left = 1500;
+    c.layout = dist::Layout::contiguous;
+    return {c, with_dropout(c, 0), with_alibi(c, 1)};
 }
 
 // A contiguous (B, H, n, D) tensor re-laid as a (B, n, H, D) buffer, returned as its (B, H, n, D) view.

@@ -153,3 +153,30 @@ def test_score_modifiers_equal_attn_sdpa(tmp_path, np_, layout):
     assert np.abs(o - so).max() <= 1e-5 * np.abs(so).max()
     ds, sds = np.load(tmp_path / "rds.npy"), np.load(tmp_path / "sds.npy")
     assert ds.shape == (4,) and np.abs(ds - sds).max() <= 1e-5 * np.abs(sds).max()
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+def test_dropout_equals_attn_sdpa(tmp_path, np_, layout):
+    """--dropout P --seed N through the ring drops what `attn sdpa --dropout P --seed N` drops on
+    the whole sequence: O and the gradients agree, while sdpa with seed N+1 is far from both
+    (the comparison sees the mask)."""
+    arrays, p = make(tmp_path, 2, 4, 2, 35, 35, 8, 6, seed=12)
+    with_grad_out(tmp_path, arrays, p)
+    common = ["--q", p["q"], "--k", p["k"], "--v", p["v"], "--causal", "top-left", "--dropout", "0.3"]
+
+    def sdpa(seed, tag):
+        r = subprocess.run([ATTN, "sdpa", *map(str, common), "--seed", str(seed), "--out", str(tmp_path / f"{tag}o.npy"),
+                            "--grad-out", str(p["do"]), "--dq", str(tmp_path / f"{tag}dq.npy"),
+                            "--dk", str(tmp_path / f"{tag}dk.npy"), "--dv", str(tmp_path / f"{tag}dv.npy")],
+                           capture_output=True, text=True, env=ENV)
+        assert r.returncode == 0, r.stderr
+        return [np.load(tmp_path / f"{tag}{n}.npy") for n in ("o", "dq", "dk", "dv")]
+
+    want, other = sdpa(77, "s"), sdpa(78, "x")
+    got = run_backward(tmp_path, np_, p, *common[6:], "--seed", "77", "--layout", layout)
+    o = np.load(tmp_path / f"o_{np_}.npy")
+    check(got, want[1:])
+    assert np.abs(o - want[0]).max() <= 1e-5 * np.abs(want[0]).max()
+    assert np.abs(o - other[0]).max() > 1e-2 * np.abs(want[0]).max()
+    assert np.abs(got[2] - other[3]).max() > 1e-2 * np.abs(want[3]).max()

@@ -142,3 +142,68 @@ def test_python_ring_modifier_keywords_match_torch(tmp_path, np_, name):
     for n, g, want in zip(names, ours, ref):
         err = np.abs(g - want).max() / np.abs(want).max()
         assert err <= 1e-5, f"{n}: {err:.2e}"
+
+
+# Keyword cases (json for the worker; "@name" = an array of inputs.npz): the masks on global
+# positions, per-sequence arrays, and dropout.
+KEYWORD_CASES = {
+    "window bottom-right + key_lengths": dict(
+        causal=1, layout="contiguous",
+        keywords={"window": [5, 2], "window_alignment": "bottom-right", "key_lengths": "@key_lengths"}),
+    "bottom-right causal + per-sequence query_offset + window": dict(
+        causal=1, layout="zigzag",
+        keywords={"causal_alignment": "bottom-right", "query_offset": "@offsets", "window": [6, None]}),
+    "dropout 0.3 causal": dict(causal=1, layout="zigzag", keywords={"dropout_p": 0.3, "dropout_seed": 2**40 + 123}),
+    "dropout 0.5 + query_offset 4 + key_lengths": dict(
+        causal=1, layout="contiguous",
+        keywords={"dropout_p": 0.5, "dropout_seed": 9, "query_offset": 4, "key_lengths": "@key_lengths"}),
+}
+
+
+@pytest.mark.parametrize("np_", [1, 2, 3, 4])
+@pytest.mark.parametrize("case", sorted(KEYWORD_CASES))
+def test_python_ring_keywords_match_sdpa(tmp_path, np_, case):
+    """window, key_lengths, query_offset (int and (B,) array), causal_alignment and
+    dropout_p/dropout_seed through attn.dist against single-process
+    attn.scaled_dot_product_attention and its backward with the same keywords on the whole
+    sequence (<= 1e-5 relative per tensor); with dropout, sdpa with another seed must be far
+    from the ring (the comparison sees the mask)."""
+    import json
+    sys.path.insert(0, PYPATH)
+    import attn
+    spec = KEYWORD_CASES[case]
+    B, Hq, Hkv, L, Dk, Dv = 2, 4, 2, 37, 8, 6
+    rng = np.random.default_rng(11)
+    arrays = {"q": rng.uniform(-2, 2, (B, Hq, L, Dk)), "k": rng.uniform(-2, 2, (B, Hkv, L, Dk)),
+              "v": rng.uniform(-2, 2, (B, Hkv, L, Dv)), "do": rng.uniform(-1, 1, (B, Hq, L, Dv))}
+    arrays = {n: a.astype(np.float32) for n, a in arrays.items()}
+    arrays["key_lengths"] = np.array([37, 21], dtype=np.int64)
+    arrays["offsets"] = np.array([3, -2], dtype=np.int32)
+    np.savez(tmp_path / "inputs.npz", **arrays)
+    env = dict(ENV, PYTHONPATH=PYPATH)
+    r = subprocess.run([MPIEXEC, "-q", "--oversubscribe", "-np", str(np_), sys.executable,
+                        os.path.join(HERE, "ring_python_worker.py"), str(tmp_path), str(B), str(Hq), str(Hkv), str(L),
+                        str(Dk), str(Dv), str(spec["causal"]), spec["layout"], json.dumps(spec["keywords"])],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    got = np.load(tmp_path / f"python_{np_}.npz")
+    kw = {n: arrays[x[1:]] if isinstance(x, str) and x.startswith("@") else x for n, x in spec["keywords"].items()}
+    dropout_p = kw.pop("dropout_p", 0.0)
+
+    def single(seed):
+        o, lse = attn.scaled_dot_product_attention(arrays["q"], arrays["k"], arrays["v"], dropout_p=dropout_p,
+                                                   is_causal=bool(spec["causal"]), return_lse=True,
+                                                   **dict(kw, dropout_seed=seed))
+        grads = attn.scaled_dot_product_attention_backward(arrays["q"], arrays["k"], arrays["v"], o, lse, arrays["do"],
+                                                           dropout_p=dropout_p, is_causal=bool(spec["causal"]),
+                                                           **dict(kw, dropout_seed=seed))
+        return [o, *grads]
+
+    seed = kw.pop("dropout_seed", 0)
+    want = single(seed)
+    for name, g, w in zip(("o", "dq", "dk", "dv"), (got["o"], got["dq"], got["dk"], got["dv"]), want):
+        err = np.abs(g - w).max() / np.abs(w).max()
+        assert err <= 1e-5, f"{name}: {err:.2e}"
+    if dropout_p > 0:
+        other = single(seed + 1)
+        assert np.abs(got["o"] - other[0]).max() > 1e-2 * np.abs(want[0]).max()

@@ -2,7 +2,7 @@
 //                       [--window-left N] [--window-right N] [--window-align A] [--query-offset N]
 //                       [--scale S] [--key-lengths KL.npy] [--layout zigzag|contiguous] [--impl ...] [--stats]
 //                       [--grad-out dO.npy --dq dQ.npy --dk dK.npy --dv dV.npy [--dsinks dS.npy]] [--shard-outputs]
-//                       [--softcap C] [--alibi-slopes A.npy | --alibi] [--sinks S.npy]
+//                       [--softcap C] [--alibi-slopes A.npy | --alibi] [--sinks S.npy] [--dropout P --seed N]
 //
 // Rank 0 reads the whole arrays, sends every rank its rows (the layout's segments), all ranks
 // run attn::dist::ring_attention, rank 0 gathers O and writes it atomically. The result equals
@@ -43,6 +43,8 @@ struct RingArgs {
     double softcap = 0.0;                      // score modifiers, as `attn sdpa`
     std::string sinks, alibi_slopes;
     bool alibi = false;  // the standard slopes (attn::alibi_slopes) for Hq heads
+    double dropout = 0.0;    // as `attn sdpa`: the same keep mask on global positions
+    std::uint64_t seed = 0;
     std::int64_t window_left = -1, window_right = -1;
     std::string window_align = "top-left";
     std::optional<std::int64_t> query_offset;
@@ -93,6 +95,8 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     opt.window.right = a.window_right;
     if (a.query_offset) opt.query_offset = *a.query_offset;
     opt.softcap = a.softcap;  // ring_attention checks it (0 = off)
+    opt.dropout_p = a.dropout;  // ring_attention checks it: 0 <= p < 1
+    opt.dropout_seed = a.seed;
     const bool backward = !a.grad_out.empty();
     Header h;
     Tensor q, k, v, dO, lengths, sinks, slopes;
@@ -411,6 +415,10 @@ void add_ring_command(CLI::App& app) {
     cmd->add_flag("--alibi", args->alibi, "ALiBi with the paper's slopes for Hq heads (attn::alibi_slopes)");
     cmd->add_option("--sinks", args->sinks,
                     "float32 (Hq,): one attention-sink logit per head, counted once per row over the whole sequence");
+    cmd->add_option("--dropout", args->dropout,
+                    "dropout probability on the attention weights, 0 <= P < 1 (training): the keep mask of `attn sdpa "
+                    "--dropout P --seed N` on global positions, whatever the number of ranks");
+    cmd->add_option("--seed", args->seed, "dropout seed (the same seed gives the same dropout mask)");
     cmd->add_flag("--shard-outputs", args->shard_outputs,
                   "each rank r writes its own rows of every output to <name>.rank<r>.npy (its layout segments, "
                   "concatenated) instead of rank 0 gathering the whole arrays");

@@ -114,7 +114,7 @@ bool finite_copy(const Rows& r, std::int64_t B, std::int64_t H, std::int64_t L, 
 }
 
 struct Scratch {
-    std::vector<float> kt, vt, kp, vrow, dk, dv, S, dP, Pd, drop, cg;
+    std::vector<float> kt, vt, kp, vrow, dk, dv, S, dP, Pd, drop, drow, cg;
     // Q and dO rows of the task's query heads widened to float32 (when not read in place):
     // group × Lq rows each, packed once per task and read by every key block, so the
     // conversion costs 1/Lk of the tile work; qz/dOz only when a head holds a NaN/±inf.
@@ -160,9 +160,8 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
     const SdpaProblem& p = bp.fwd;
     const std::int64_t B = p.B, Hq = p.Hq, Hkv = p.Hkv, Lq = p.Lq, Lk = p.Lk, Dk = p.Dk, Dv = p.Dv;
     const int Dkp = round8(Dk), Dvp = round8(Dv);
-    const Dropout drop(p.dropout_p, p.dropout_seed);
+    const Dropout drop = p.dropout();
     const float scale = static_cast<float>(p.scale);
-    const float drop_scale = static_cast<float>(drop.scale);
 
     // Q and dO read in place when they are float32 rows of the padded width, else widened
     // per task (pack_rows). In place, a copy with their NaN/±inf entries 0 serves dSᵀ·Q and
@@ -237,7 +236,8 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
         s.dv.resize(static_cast<std::size_t>(kBc * Dvp));
         for (auto* t : {&s.S, &s.dP, &s.Pd}) t->resize(static_cast<std::size_t>(kBr * Bcp));
         if (p.softcap > 0.0) s.cg.resize(static_cast<std::size_t>(kBr * Bcp));
-        s.drop.resize(static_cast<std::size_t>(kBr * (Bcp + 3) / 4 * 4));  // whole Philox blocks
+        s.drop.resize(static_cast<std::size_t>(kBr * Bcp));
+        s.drow.resize(static_cast<std::size_t>(Bcp + 6));  // one row's whole Philox blocks (Dropout::fill_row)
 
         // Each thread zeroes a slice of the dQ partials (first touch on the thread that uses it most).
 #pragma omp for schedule(static)
@@ -350,13 +350,12 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                             t.softcap_grad = cg;
                         }
                         if (drop.active) {
-                            // Z/(1−p) for every (row, key) of the tile; j0 % 4 == 0, so Philox counters line up.
+                            // Z/(1−p) for every (row, key) of the tile. The call's origin may put key
+                            // j0 anywhere in a Philox block, so each row is filled whole blocks at a
+                            // time into drow and the tile's bcp factors copied out.
                             for (int i = 0; i < br; ++i) {
-                                DropoutRowArgs da{drop.key[0], drop.key[1], drop.threshold, drop_scale,
-                                                  static_cast<std::uint32_t>(b), static_cast<std::uint32_t>(h),
-                                                  static_cast<std::uint32_t>(i0 + i), static_cast<std::uint32_t>(j0 / 4),
-                                                  (bcp + 3) / 4, s.drop.data() + static_cast<std::ptrdiff_t>(i) * bcp};
-                                kernels.dropout_row(da);
+                                const float* f = drop.fill_row(kernels.dropout_row, b, h, i0 + i, j0, bcp, s.drow.data());
+                                std::copy_n(f, bcp, s.drop.data() + static_cast<std::ptrdiff_t>(i) * bcp);
                             }
                             t.drop = s.drop.data();
                         }

@@ -32,7 +32,7 @@ void reference_backward(const BackwardProblem& bp) {
     const SdpaProblem& p = bp.fwd;
     SdpaProblem undropped = p;  // the reference forward's A before dropout
     undropped.dropout_p = 0.0;
-    const Dropout drop(p.dropout_p, p.dropout_seed);
+    const Dropout drop = p.dropout();
     const std::int64_t Lq = p.Lq, Lk = p.Lk, Dk = p.Dk, Dv = p.Dv;
     const std::int64_t tasks = p.B * p.Hkv;
     // dσ per (b, h), summed over b at the end in order (deterministic).

@@ -37,7 +37,7 @@ void flash_forward(const SdpaProblem& p, const KernelSet& kernels, int threads, 
                     std::to_string(t.Mb) + " Nb=" + std::to_string(t.Nb));
     }
     if (threads <= 0) threads = num_threads();  // the one thread setting (attn/threads.hpp)
-    const Dropout drop(p.dropout_p, p.dropout_seed);  // once per call; inactive when p = 0
+    const Dropout drop = p.dropout();  // once per call; inactive when p = 0
     // bf16 compute (isa.hpp: a member of the avx512 row, not a row): Q, K, V all bfloat16 on
     // a CPU with AVX-512 BF16. Any other mix runs the row's float32 path.
     if (kernels.flash_forward_bf16 != nullptr && flash_bf16_compute(p)) {

@@ -395,21 +395,16 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
     // Padding columns (c >= nq) keep whatever they hold: their Q is 0 and no output reads them.
 }
 
-// Dropout on one tile of weights: Pᵀ[j][c] *= (keep ? 1/(1−p) : 0) for the global indices
-// (b, ch[c], ci[c], j0 + j), as src/core/dropout.hpp defines them. Called after the
+// Dropout on one tile of weights: Pᵀ[j][c] *= (keep ? 1/(1−p) : 0) for the call's indices
+// (b, ch[c], ci[c], j0 + j), as src/core/dropout.hpp defines them (plus the call's origin,
+// Dropout::fill_row). Called after the
 // softmax has folded the undropped P into m and l, so lse stays the undropped one.
 // s: (nk, ldS) keys j0.., columns 0..nq
 template <class Ops>
 void apply_dropout(const Dropout& drop, Workspace& w, std::int64_t b, int nq, std::int64_t j0, std::int64_t nk,
                    float* s, int ldS) {
-    const std::int64_t j4 = j0 / 4, n4 = (j0 + nk + 3) / 4 - j4, off = j0 - 4 * j4;
-    DropoutRowArgs a{drop.key[0], drop.key[1], drop.threshold, static_cast<float>(drop.scale),
-                     static_cast<std::uint32_t>(b), 0, 0, static_cast<std::uint32_t>(j4), static_cast<int>(n4), w.drop};
     for (int c = 0; c < nq; ++c) {
-        a.h = static_cast<std::uint32_t>(w.ch[c]);
-        a.i = static_cast<std::uint32_t>(w.ci[c]);
-        Ops::dropout_row(a);
-        const float* f = w.drop + off;
+        const float* f = drop.fill_row(Ops::dropout_row, b, w.ch[c], w.ci[c], j0, nk, w.drop);
         for (std::int64_t j = 0; j < nk; ++j) s[j * ldS + c] *= f[j];
     }
 }

@@ -72,7 +72,7 @@ void softmax_rows(std::int64_t rows, std::int64_t cols, const std::vector<double
 // Step 3b — dropout (training only; added with the backward pass): A ← A ∘ Z / (1 − p),
 // Z[i][j] = the Philox keep decision of src/core/dropout.hpp. p = 0 leaves A untouched.
 void apply_dropout(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::vector<double>& A) {
-    const Dropout drop(p.dropout_p, p.dropout_seed);
+    const Dropout drop = p.dropout();
     if (!drop.active) return;
     for (std::int64_t i = 0; i < p.Lq; ++i)
         for (std::int64_t j = 0; j < p.Lk; ++j) A[static_cast<std::size_t>(i * p.Lk + j)] *= drop.factor(b, h, i, j);
