@@ -77,7 +77,11 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
     const detail::KernelSet& kernels = detail::kernel_set();
 
     // Chunked prefill through flash: automatic for Lq > 16 when flash takes the problem.
-    const std::string flash_declines = detail::flash_decline_reason(p);
+    // The driver reads float32 pages (paged_tile_rows); a 16-bit pool goes to decode blocks.
+    std::string flash_declines = detail::flash_decline_reason(p);
+    if (flash_declines.empty() && p.k.dtype() != DType::f32)
+        flash_declines = std::string("the pool stores ") + std::string(dtype_name(p.k.dtype())) +
+                         " and flash reads float32 pages (decode blocks read 16-bit pages)";
     if (options.impl == Impl::flash || (options.impl == Impl::automatic && Lq > kMaxDecodeQueries && flash_declines.empty())) {
         if (!flash_declines.empty()) detail::fail(kOp, "impl: the flash kernel declines this call: ", flash_declines);
         detail::SdpaProblem fp = p;

@@ -40,6 +40,11 @@ struct SdpaProblem {
     Window window{};
     // SdpaOptions::query_offset, when given: replaces both alignments (see diagonal_offset).
     bool has_query_offset = false;
+    // The caller asked for bfloat16 all through (Q, K, V and out): the flash forward may then run
+    // its products on bf16 pairs where the CPU has them ("bf16 compute", docs/conventions.md),
+    // which rounds P to bf16 — an error of the order of out's own rounding. A float32 out keeps
+    // the float32 products and their bound. (Tests set it by hand to measure P's rounding alone.)
+    bool bf16_products = false;
     std::int64_t query_offset_value = 0;
     std::optional<TensorView> query_offsets;  // (B,) int32/int64
     double dropout_p = 0.0;         // 0 ≤ p < 1; 0 = no dropout (src/core/dropout.hpp)

@@ -225,6 +225,8 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
     p.k = k;
     p.v = v;
     p.out = out;
+    p.bf16_products = q.dtype() == DType::bf16 && k.dtype() == DType::bf16 && v.dtype() == DType::bf16 &&
+                      out.dtype() == DType::bf16;
     return p;
 }
 

@@ -117,7 +117,7 @@ def test_custom_case_arithmetic(custom_run):
     c = cases[0]
     assert c["status"] == "ok"
     assert c["params"] == {"B": B, "Hq": HQ, "Hkv": HKV, "Lq": LQ, "Lk": LK, "Dk": DK, "Dv": DV,
-                           "causal": "bottom-right", "dtype": "float32"}
+                           "causal": "bottom-right", "dtype": "float32", "kv_dtype": "float32"}
     # The written formula, 4*B*H*Lq*Lk*D with D split as (Dk + Dv)/2; causal counts half.
     flop = 2 * B * HQ * LQ * LK * (DK + DV) / 2
     assert c["flop"] == flop

@@ -82,15 +82,16 @@ def test_float32_query_against_float16_cache_runs_auto(tmp_path):
     check(values(o, "float32"), oracle(q32, kr, vr)[0], "float32")
 
 
-def test_float64_query_keeps_float64(tmp_path):
+def test_float64_query_writes_float32_by_default(tmp_path):
+    # The CLI's contract since its first version (tests/torch): float64 inputs, float32 outputs.
     q32, k32, v32 = problem(4, lq=3, lk=4)
     for n, x in zip("qkv", (q32, k32, v32)):
         np.save(tmp_path / f"{n}.npy", x.astype(np.float64))
     r = run("--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--out", "o.npy", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert np.load(tmp_path / "o.npy").dtype == np.float64
-    r = run("--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--out", "o.safetensors", cwd=tmp_path)
-    fails(r, "--out: o.safetensors would hold float64")
+    o = np.load(tmp_path / "o.npy")
+    assert o.dtype == np.float32
+    check(o, oracle(q32, k32, v32)[0], "float32")
 
 
 @pytest.fixture

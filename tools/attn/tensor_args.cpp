@@ -61,7 +61,9 @@ Tensor read_float_arg(const std::string& flag, const std::string& spec) {
 }
 
 DType parse_out_dtype(const std::string& text, DType q_dtype) {
-    if (text.empty()) return q_dtype;
+    // The default: a 16-bit Q's dtype; float32 for float32 and float64 Q (the CLI has written
+    // float32 outputs for float64 inputs since its first version: tests/torch's contract).
+    if (text.empty()) return q_dtype == DType::f16 || q_dtype == DType::bf16 ? q_dtype : DType::f32;
     if (text == "float32") return DType::f32;
     if (text == "float16") return DType::f16;
     if (text == "bfloat16") return DType::bf16;

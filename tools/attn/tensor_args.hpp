@@ -24,7 +24,8 @@ Tensor read_tensor_arg(const std::string& flag, const std::string& spec, std::in
 // Q, K, V, dO: float32, float64, float16 or bfloat16.
 Tensor read_float_arg(const std::string& flag, const std::string& spec);
 
-// --out-dtype: "" → the dtype of Q (float64 Q keeps float64); else float16, bfloat16 or float32.
+// --out-dtype: "" → the dtype of a 16-bit Q, else float32 (float64 Q too); else float16,
+// bfloat16 or float32.
 DType parse_out_dtype(const std::string& text, DType q_dtype);
 
 }  // namespace attn::cli

@@ -48,8 +48,8 @@ void flash_forward(const SdpaProblem& p, const KernelSet& kernels, int threads, 
 }
 
 bool flash_bf16_compute(const SdpaProblem& p) {
-    return p.q.dtype() == DType::bf16 && p.k.dtype() == DType::bf16 && p.v.dtype() == DType::bf16 &&
-           cpu_features().has_avx512_bf16();
+    return p.bf16_products && p.q.dtype() == DType::bf16 && p.k.dtype() == DType::bf16 &&
+           p.v.dtype() == DType::bf16 && cpu_features().has_avx512_bf16();
 }
 
 }  // namespace attn::detail

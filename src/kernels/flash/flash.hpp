@@ -34,7 +34,8 @@ std::string flash_decline_reason(const SdpaProblem& p);
 void flash_forward(const SdpaProblem& p, const KernelSet& kernels, int threads = 0, const FlashTiles* tiles = nullptr);
 
 // Whether flash_forward runs the products on bf16 pairs (KernelSet::flash_forward_bf16) on a
-// row that has them: Q, K and V all bfloat16 and the CPU has AVX-512 BF16. Pᵀ is then rounded
+// row that has them: Q, K, V and out all bfloat16 (SdpaProblem::bf16_products) and the CPU
+// has AVX-512 BF16. Pᵀ is then rounded
 // to bf16 before P·V (docs/conventions.md, "bf16 compute", states the error this adds).
 bool flash_bf16_compute(const SdpaProblem& p);
 
