@@ -33,6 +33,27 @@ double max_abs_diff(const Tensor* a, const Tensor* b) {
 
 // q: (B, Hq, Lq, Dk), k: (B, Hkv, Lk, Dk), v: (B, Hkv, Lk, Dv); one timed call = forward
 // (out, lse) + backward (dQ, dK, dV from dO).
+// One timed training step into r: its timing, the kernels of the two reports, the peak RSS;
+// an exception becomes the row's error. step(frep, brep) runs the forward and the backward.
+template <class Step>
+void time_step(const Config& cfg, Row& r, Step step) {
+    SdpaReport frep, brep;
+    RssProbe probe;
+    r.baseline_rss = probe.baseline();
+    r.peak_rss_reset = probe.was_reset();
+    try {
+        r.timing = time_calls(cfg, [&] { step(frep, brep); });
+        r.kernel = frep.kernel + " + " + brep.kernel;
+    } catch (const std::bad_alloc&) {
+        r.status = "error";
+        r.note = "out of memory";
+    } catch (const std::exception& e) {
+        r.status = "error";
+        r.note = e.what();
+    }
+    r.peak_rss = probe.peak();
+}
+
 void run_sdpa_forward_backward(const Context& ctx, const SdpaShape& s, std::vector<CaseResult>& out) {
     const Config& cfg = ctx.cfg;
     CaseResult c;
@@ -112,24 +133,10 @@ void run_sdpa_forward_backward(const Context& ctx, const SdpaShape& s, std::vect
         SdpaOptions opt;
         opt.impl = impl;
         opt.causal = s.causal;
-        SdpaReport frep, brep;
-        RssProbe probe;
-        r.baseline_rss = probe.baseline();
-        r.peak_rss_reset = probe.was_reset();
-        try {
-            r.timing = time_calls(cfg, [&] {
-                sdpa(q, k, v, opt, o, &lse_view, nullptr, &frep);
-                sdpa_backward(q, k, v, o, lse, dO, opt, dst[0], dst[1], dst[2], &brep);
-            });
-            r.kernel = frep.kernel + " + " + brep.kernel;
-        } catch (const std::bad_alloc&) {
-            r.status = "error";
-            r.note = "out of memory";
-        } catch (const std::exception& e) {
-            r.status = "error";
-            r.note = e.what();
-        }
-        r.peak_rss = probe.peak();
+        time_step(cfg, r, [&](SdpaReport& frep, SdpaReport& brep) {
+            sdpa(q, k, v, opt, o, &lse_view, nullptr, &frep);
+            sdpa_backward(q, k, v, o, lse, dO, opt, dst[0], dst[1], dst[2], &brep);
+        });
         if (r.status != "ok") continue;
         if (r.timing.warmup_counted) r.note = "one call: the warm-up alone exceeded --max-seconds";
         if (impl == Impl::reference) {
@@ -160,24 +167,10 @@ void run_sdpa_forward_backward(const Context& ctx, const SdpaShape& s, std::vect
         SdpaOptions opt;
         opt.impl = Impl::flash;
         opt.causal = s.causal;
-        SdpaReport frep, brep;
-        RssProbe probe;
-        r.baseline_rss = probe.baseline();
-        r.peak_rss_reset = probe.was_reset();
-        try {
-            r.timing = time_calls(cfg, [&] {
-                sdpa(qb, kb, vb, opt, ob, &lse_view, nullptr, &frep);
-                sdpa_backward(qb, kb, vb, ob, lse, dOb, opt, gb[0], gb[1], gb[2], &brep);
-            });
-            r.kernel = frep.kernel + " + " + brep.kernel;
-        } catch (const std::bad_alloc&) {
-            r.status = "error";
-            r.note = "out of memory";
-        } catch (const std::exception& e) {
-            r.status = "error";
-            r.note = e.what();
-        }
-        r.peak_rss = probe.peak();
+        time_step(cfg, r, [&](SdpaReport& frep, SdpaReport& brep) {
+            sdpa(qb, kb, vb, opt, ob, &lse_view, nullptr, &frep);
+            sdpa_backward(qb, kb, vb, ob, lse, dOb, opt, gb[0], gb[1], gb[2], &brep);
+        });
         if (r.status == "ok" && have_ref) {
             double m = 0.0;
             for (int t = 0; t < 3; ++t) {
@@ -194,7 +187,7 @@ void run_sdpa_forward_backward(const Context& ctx, const SdpaShape& s, std::vect
 
     // Score-modifier rows: the first fast impl that ran, its training step with each modifier.
     const Row* plain = nullptr;
-    for (std::size_t i = 0; i < rows.size() && plain == nullptr; ++i)
+    for (std::size_t i = 0; i < cfg.impls.size() && plain == nullptr; ++i)
         if (cfg.impls[i] != Impl::reference && rows[i].status == "ok") plain = &rows[i];
     if (plain != nullptr) {
         const std::string plain_impl = plain->impl;
@@ -209,21 +202,10 @@ void run_sdpa_forward_backward(const Context& ctx, const SdpaShape& s, std::vect
             opt.causal = s.causal;
             ModifierTensors keep;
             set_modifiers(m.name, s.Hq, opt, keep);
-            SdpaReport frep, brep;
-            RssProbe probe;
-            r.baseline_rss = probe.baseline();
-            r.peak_rss_reset = probe.was_reset();
-            try {
-                r.timing = time_calls(cfg, [&] {
-                    sdpa(q, k, v, opt, o, &lse_view, nullptr, &frep);
-                    sdpa_backward(q, k, v, o, lse, dO, opt, grads[0], grads[1], grads[2], &brep);
-                });
-                r.kernel = frep.kernel + " + " + brep.kernel;
-            } catch (const std::exception& e) {
-                r.status = "error";
-                r.note = e.what();
-            }
-            r.peak_rss = probe.peak();
+            time_step(cfg, r, [&](SdpaReport& frep, SdpaReport& brep) {
+                sdpa(q, k, v, opt, o, &lse_view, nullptr, &frep);
+                sdpa_backward(q, k, v, o, lse, dO, opt, grads[0], grads[1], grads[2], &brep);
+            });
             rows.push_back(std::move(r));
         }
     }
