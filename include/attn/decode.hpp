@@ -16,8 +16,9 @@
 //        query 1             x x x x x x .
 //        query 2             x x x x x x x
 //
-//   q:   (B, Hq, Lq, Dk) float32, any strides; Hq a multiple of cache.kv_heads()
-//   out: (B, Hq, Lq, Dv) float32
+//   q:   (B, Hq, Lq, Dk) float32, float64, float16 or bfloat16, any strides; Hq a multiple
+//        of cache.kv_heads()
+//   out: (B, Hq, Lq, Dv) any of the four float dtypes, rounded once from the float32 result
 //   lse: (B, Hq, Lq) float32, optional: natural log-sum-exp of the scaled scores
 //   options: scale, causal, window, query_offset, masks ((B, Hq, Lq, n) broadcastable,
 //            n = cache.max_length()); key_lengths come from the cache (must be unset);

@@ -315,7 +315,7 @@ TEST(NonFinite, BackwardEveryRow) {
             for (const Tensor* t : {&in.q, &k, &v}) g.push_back(poisoned_f32(t->shape()));
             const TensorView lse = lse32.view();
             detail::BackwardProblem bp{detail::make_problem(in.q.view(), k.view(), v.view(), P.opts(), out32.view(), &lse, nullptr),
-                                       dO.view(), g[0].view(), g[1].view(), g[2].view()};
+                                       dO.view(), g[0].view(), g[1].view(), g[2].view(), std::nullopt};
             if (reference_kernel) detail::reference_backward(bp);
             else detail::flash_backward(bp, *row);
             return g;
