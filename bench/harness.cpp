@@ -94,6 +94,13 @@ void finish_case(const Context& ctx, CaseResult& c) {
             if (bw.measured && bw.value > 0.0) r.pct_bw = 100.0 * r.gbs / bw.value;
         }
         if (torch != nullptr && &r != torch) r.speedup_vs_torch = torch->timing.median_s / r.timing.median_s;
+        if (r.one_thread_median_s && ctx.cfg.threads > 1) {
+            r.scaling_efficiency = *r.one_thread_median_s / (ctx.cfg.threads * r.timing.median_s);
+            char buf[120];
+            std::snprintf(buf, sizeof buf, "%d-thread efficiency %.2f (1 thread %.2f ms)", ctx.cfg.threads,
+                          *r.scaling_efficiency, 1e3 * *r.one_thread_median_s);
+            r.note = r.note.empty() ? buf : r.note + "; " + buf;
+        }
     }
     for (Row& r : c.rows) {
         if (r.ratio_to.empty() || r.status != "ok" || r.timing.runs == 0) continue;

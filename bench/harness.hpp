@@ -42,6 +42,7 @@ struct Config {
     std::string torch_script;          // bench/torch_attention.py
     double reference_max_gflop = 10.0; // the reference runs only where its full FLOPs are below this
     double memory_fraction = 0.6;      // skip a run whose estimated memory exceeds this share of MemAvailable
+    bool scaling = false;              // --scaling: time every attn row on 1 thread too (target 6 of issue 16)
 };
 
 // What the driver measured before the shapes: the ceilings every row is compared with.
@@ -123,6 +124,9 @@ struct Row {
     std::string ratio_to;
     double ratio_target = 0.0;
     std::optional<double> ratio, ratio_min;
+    // --scaling: the same row timed again on 1 thread (median, seconds), and the parallel
+    // efficiency T1 / (threads · Tthreads) that finish_case derives from it (1 = perfect).
+    std::optional<double> one_thread_median_s, scaling_efficiency;
 };
 
 struct CaseResult {

@@ -219,6 +219,10 @@ nlohmann::json to_json(const Report& r) {
                                  {"peak_rss_reset", w.peak_rss_reset},
                                  {"speedup_vs_torch", opt(w.speedup_vs_torch)},
                                  {"max_abs_diff_vs_reference", opt(w.max_abs_diff)}};
+            if (w.scaling_efficiency) {
+                rj["one_thread_median_ms"] = 1e3 * *w.one_thread_median_s;
+                rj["scaling_efficiency"] = *w.scaling_efficiency;
+            }
             if (!w.ratio_to.empty()) {
                 rj["ratio_to"] = w.ratio_to;
                 rj["ratio_target"] = w.ratio_target;

@@ -28,12 +28,45 @@ struct BenchArgs {
     std::int64_t runs = 5;  // int64: the CLI's strict integer rule (strict_options.hpp)
     std::int64_t threads = 0;
     std::string json;
-    bool torch = true, quick = false, list = false;
+    bool torch = true, quick = false, list = false, scaling = false;
     double max_seconds = 15.0;
     double reference_max_gflop = 10.0;
     std::string torch_script = ATTN_BENCH_TORCH_SCRIPT, python = ATTN_BENCH_PYTHON;
     std::string custom;
 };
+
+// --scaling: the case again on 1 thread (attn's kernels only: no torch, no reference), each
+// row's 1-thread median kept on the matching row of the n-thread run (same case id, variant
+// and impl); finish_case turns it into the efficiency. The thread setting is restored after.
+void time_on_one_thread(const bench::Context& ctx, const bench::BenchCase& bc, std::vector<bench::CaseResult>& results) {
+    bench::Config one = ctx.cfg;
+    one.threads = 1;
+    one.torch = false;
+    one.impls.erase(std::remove(one.impls.begin(), one.impls.end(), Impl::reference), one.impls.end());
+    if (one.impls.empty()) return;
+    std::fprintf(stderr, "attn bench: %s again on 1 thread (--scaling)\n", bc.id.c_str());
+    const bench::Context ctx1{one, ctx.machine, ctx.ceilings, ctx.torch_version, ctx.torch_note};
+    std::vector<bench::CaseResult> single;
+    omp_set_num_threads(1);
+    attn::set_num_threads(1);
+    try {
+        bc.run(ctx1, single);
+    } catch (...) {
+        omp_set_num_threads(ctx.cfg.threads);
+        attn::set_num_threads(ctx.cfg.threads);
+        throw;
+    }
+    omp_set_num_threads(ctx.cfg.threads);
+    attn::set_num_threads(ctx.cfg.threads);
+    for (bench::CaseResult& c : results)
+        for (const bench::CaseResult& c1 : single) {
+            if (c1.id != c.id || c1.variant != c.variant) continue;
+            for (bench::Row& r : c.rows)
+                for (const bench::Row& r1 : c1.rows)
+                    if (r1.impl == r.impl && r1.status == "ok" && r.status == "ok" && r1.timing.median_s > 0.0)
+                        r.one_thread_median_s = r1.timing.median_s;
+        }
+}
 
 std::vector<std::string> split(const std::string& s) {
     std::vector<std::string> out;
@@ -83,6 +116,7 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
     cfg.python = a.python;
     cfg.torch_script = a.torch_script;
     cfg.reference_max_gflop = a.reference_max_gflop;
+    cfg.scaling = a.scaling;
     for (const std::string& name : split(a.impls)) {
         const Impl i = parse_impl(name);
         if (std::find(cfg.impls.begin(), cfg.impls.end(), i) == cfg.impls.end()) cfg.impls.push_back(i);
@@ -177,6 +211,7 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
             results.push_back(std::move(c));
         } else {
             bc.run(ctx, results);
+            if (cfg.scaling && cfg.threads > 1) time_on_one_thread(ctx, bc, results);
         }
         for (bench::CaseResult& c : results) {
             if (c.variant.empty()) c.variant = bc.variant;
@@ -232,6 +267,9 @@ void add_bench_command(CLI::App& app) {
     auto* torch_on = cmd->add_flag("--torch", args->torch, "run PyTorch's hand-written attention beside attn (the default)");
     cmd->add_flag_callback("--no-torch", [args] { args->torch = false; }, "do not run PyTorch beside attn")
         ->excludes(torch_on);
+    cmd->add_flag("--scaling", args->scaling,
+                  "time every attn row on 1 thread too and report the parallel efficiency T1 / (threads x T) beside it "
+                  "(about doubles the run time; torch and the reference are not repeated)");
     cmd->add_flag("--quick", args->quick,
                   "smoke test: 2 runs, short peak loops, a small bandwidth buffer, and without the slow shapes (S8) "
                   "unless --shapes names them");

@@ -163,6 +163,36 @@ struct Avx512Ops {
         }
     }
 
+    // 16 × 16 transpose (the driver's per-task Qᵀ pack and O store, flash_driver.hpp
+    // "Per-task work"): out[r][c] = in[c][r] · scale[r] (scale null: a copy, bit for bit; with
+    // scale, the same single multiply as store_row). Rows are 16 contiguous floats each.
+    static void transpose16(const float* const* in, float* const* out, const float* scale) {
+        __m512 r[16], t[16];
+        for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(in[i]);
+        // 32-bit, then 64-bit interleaves inside 128-bit lanes, then 128-bit lane shuffles.
+        for (int i = 0; i < 16; i += 2) {
+            t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+            t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+        }
+        for (int i = 0; i < 16; i += 4) {
+            r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+            r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+            r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+            r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+        }
+        // r[4q + k] holds element 4·(lane) + k of rows 4q..4q+3 per 128-bit lane; gather lanes.
+        for (int k = 0; k < 4; ++k) {
+            const __m512 a = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x88), b = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xdd);
+            const __m512 c = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x88), d = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xdd);
+            t[k] = _mm512_shuffle_f32x4(a, c, 0x88);       // lane 0 of each row group → column k
+            t[8 + k] = _mm512_shuffle_f32x4(a, c, 0xdd);   // lane 2 → column 8 + k
+            t[4 + k] = _mm512_shuffle_f32x4(b, d, 0x88);   // lane 1 → column 4 + k
+            t[12 + k] = _mm512_shuffle_f32x4(b, d, 0xdd);  // lane 3 → column 12 + k
+        }
+        for (int i = 0; i < 16; ++i)
+            _mm512_storeu_ps(out[i], scale ? _mm512_mul_ps(t[i], _mm512_set1_ps(scale[i])) : t[i]);
+    }
+
     // n float16/bfloat16 values (element stride `stride`) → float32: simd/half_*.hpp, the
     // loaders the decode kernel of this ISA uses too.
     static void widen(const std::uint16_t* src, std::int64_t stride, std::int64_t n, bool is_f16, float* dst) {

@@ -208,6 +208,38 @@ inline float load_elem(const TensorView& t, std::int64_t off) {
     return x;
 }
 
+// ── Per-task work: the Qᵀ pack and the O store ─────────────────────────────────────
+// Both are transposes of Mb × D floats per task, against Mb·Lk·D FMAs: a term of 1/Lk, which
+// the short shapes feel (docs/kernels.md, "Short sequences": about 5 % of a task's time at
+// Lk = 512 done one scalar at a time, the Q read included). An Ops may define
+//   transpose16(in, out, scale)   out[r][c] = in[c][r] (· scale[r] when scale is not null),
+//                                 16 × 16 floats, in/out: 16 row pointers (avx512's does)
+// and then a float32 Q or out whose head dim is contiguous moves 16 × 16 blocks at a time.
+// The values are the same bits either way (a copy; the store's one multiply by 1/l).
+template <class Ops>
+inline constexpr bool kOpsTranspose = requires { &Ops::transpose16; };
+
+// The fast Qᵀ pack: float32 Q with a contiguous head dim, Dk a multiple of 16 (padding
+// columns read the zero row `zeros`, Dk floats).
+template <class Ops>
+void pack_qt_blocks(const SdpaProblem& p, std::int64_t b, const std::int64_t* ch, const std::int64_t* ci, int nq,
+                    int panels, int panel, float* qt, const float* zeros) {
+    const float* q = p.q.data_as<const float>();
+    const float* in[16];
+    float* out[16];
+    for (int c0 = 0; c0 < panels * panel; c0 += 16) {
+        const int pn = c0 / panel, lane0 = c0 % panel;
+        for (int c = 0; c < 16; ++c)
+            in[c] = c0 + c < nq ? q + p.q.offset(b, ch[c0 + c], ci[c0 + c], 0) : zeros;
+        float* dst = qt + static_cast<std::int64_t>(pn) * p.Dk * panel + lane0;
+        for (std::int64_t d0 = 0; d0 < p.Dk; d0 += 16) {
+            for (int r = 0; r < 16; ++r) out[r] = dst + (d0 + r) * panel;
+            Ops::transpose16(in, out, nullptr);
+            for (int c = 0; c < 16; ++c) in[c] += 16;
+        }
+    }
+}
+
 // Qᵀ panels of `panel` queries of one block of columns (query head ch[c], query ci[c]),
 // zero past the last.  q: (B, Hq, Lq, Dk) any strides  →  qt: (panels, Dk, panel)
 // A 16-bit query row is widened into qrow (Dk floats) first.
@@ -216,6 +248,13 @@ void pack_qt(const SdpaProblem& p, std::int64_t b, const std::int64_t* ch, const
              int panels, int panel, float* qt, float* qrow) {
     const bool sixteen = is16(p.q), f16 = p.q.dtype() == DType::f16;
     const std::int64_t sd = p.q.stride(3);
+    if constexpr (kOpsTranspose<Ops>) {
+        if (!sixteen && sd == 1 && p.Dk % 16 == 0 && panel % 16 == 0) {
+            for (std::int64_t d = 0; d < p.Dk; ++d) qrow[d] = 0.0f;
+            pack_qt_blocks<Ops>(p, b, ch, ci, nq, panels, panel, qt, qrow);
+            return;
+        }
+    }
     for (int pn = 0; pn < panels; ++pn) {
         float* dst = qt + static_cast<std::int64_t>(pn) * p.Dk * panel;
         for (int c = 0; c < panel; ++c) {
@@ -567,6 +606,28 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     // O = Oᵀ / l, transposed into the caller's layout; lse. l = 0: no visible key (O = 0,
     // lse = −inf); l NaN (a visible NaN/±inf score): O and lse NaN. O in out's dtype
     // (store_row: 16-bit rounds the float32 value once); lse float32 or float64.
+    // Whole groups of 16 columns of a float32 out with a contiguous head dim go 16 × 16 at a
+    // time (transpose16, "Per-task work" above); the rest column by column.
+    int stored = 0;
+    if constexpr (kOpsTranspose<Ops>) {
+        if (!careful && p.out.dtype() == DType::f32 && p.out.stride(3) == 1 && p.Dv % 16 == 0) {
+            float* o = p.out.data_as<float>();
+            const float* in[16];
+            float* out[16];
+            for (; stored + 16 <= nq; stored += 16) {
+                for (int c = 0; c < 16; ++c) {
+                    const float l = w.l[stored + c];
+                    w.alpha[stored + c] = l == 0.0f ? 0.0f : 1.0f / l;  // α is free after the key loop
+                    out[c] = o + p.out.offset(b, w.ch[stored + c], w.ci[stored + c], 0);
+                }
+                for (std::int64_t d0 = 0; d0 < p.Dv; d0 += 16) {
+                    for (int r = 0; r < 16; ++r) in[r] = w.ot + (d0 + r) * ldO + stored;
+                    Ops::transpose16(in, out, w.alpha + stored);
+                    for (int c = 0; c < 16; ++c) out[c] += 16;
+                }
+            }
+        }
+    }
     for (int c = 0; c < nq; ++c) {
         const float l = w.l[c];
         const float inv = l == 0.0f ? 0.0f : 1.0f / l;
@@ -574,8 +635,8 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
         if (careful)  // fold the large part back in (finite.hpp), then the same stores
             for (std::int64_t d = 0; d < p.Dv; ++d)
                 w.ot[d * ldO + c] = combine_large(w.ot[d * ldO + c], w.bigot[d * ldO + c], inv, !drop.active);
-        store_row(p.out, base, sd, w.ot + c, ldO, p.Dv, careful ? 1.0f : inv);
-        w.lse2[c] = l == 0.0f ? 0.0f : std::log2(l);
+        if (c >= stored) store_row(p.out, base, sd, w.ot + c, ldO, p.Dv, careful ? 1.0f : inv);
+        if (p.weights) w.lse2[c] = l == 0.0f ? 0.0f : std::log2(l);  // only the weights pass reads it
         if (p.lse) {
             const double lse = l == 0.0f ? -std::numeric_limits<double>::infinity()
                                          : static_cast<double>(w.m[c]) + std::log(static_cast<double>(l));
@@ -629,7 +690,8 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
 
 // The whole problem: tasks (b, h, query block) over OpenMP threads. Each task is
 // computed by one thread from start to end in a fixed order, so the result does not
-// depend on the number of threads or the schedule.
+// depend on the number of threads or the schedule. How this split behaves on 2 to 64
+// cores: docs/kernels.md, "Parallel split and scaling".
 template <class Ops>
 void run_flash(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads) {
     // A block holds whole panels: Mb rounded up to a multiple of this ISA's panel (only a
@@ -658,7 +720,10 @@ void run_flash(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& dro
 #pragma omp for schedule(dynamic, 1)
         for (std::int64_t task = 0; task < tasks; ++task) {
             if (w.block == nullptr) continue;
-            const std::int64_t qb = task % qblocks, hc = (task / qblocks) % hchunks;
+            // Query blocks last to first: under a causal mask (either alignment) a later block
+            // sees more keys, so the longest tasks go first and the dynamic schedule ends on
+            // short ones (longest-first; the order changes no result: tasks are independent).
+            const std::int64_t qb = qblocks - 1 - task % qblocks, hc = (task / qblocks) % hchunks;
             const std::int64_t bk = task / (qblocks * hchunks), b = bk / p.Hkv, hk = bk % p.Hkv;
             const std::int64_t h0 = hk * p.group + hc * hpb, i0 = qb * qpb;
             run_block<Ops>(p, t, drop, w, b, hk, h0, static_cast<int>(imin(hpb, p.group - hc * hpb)), i0,
