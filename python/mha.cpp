@@ -160,7 +160,8 @@ public:
         {
             py::gil_scoped_release nogil;
             const std::lock_guard<std::mutex> lock(mutex_);
-            for (std::size_t i = 0; i < params.size(); ++i) std::memcpy(dst[i], params[i].second.data(), params[i].second.nbytes());
+            for (std::size_t i = 0; i < params.size(); ++i) std::memcpy(dst[i], params[i].second.data(),
+                                                                           static_cast<std::size_t>(params[i].second.numel()) * attn::dtype_size(params[i].second.dtype()));
         }
         py::dict d;
         for (std::size_t i = 0; i < params.size(); ++i) d[py::str(params[i].first)] = arrays[i];
