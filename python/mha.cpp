@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -22,18 +23,22 @@ namespace attn_py {
 namespace {
 
 // The named arrays of a state_dict as views; `keep` holds the arrays.
-std::vector<std::pair<std::string, attn::TensorView>> tensors_of(const py::dict& d, std::vector<Input>& keep) {
+std::vector<std::pair<std::string, attn::TensorView>> tensors_of(const py::dict& d, std::vector<Input>& keep,
+                                                                 bool uint16_is_bf16) {
     std::vector<std::pair<std::string, attn::TensorView>> out;
     for (const auto& item : d) {
         if (!py::isinstance<py::str>(item.first)) {
             type_error("state_dict: keys must be str but got " + std::string(py::str(py::type::of(item.first))));
         }
         const std::string name = item.first.cast<std::string>();
-        keep.push_back(input(item.second, "state_dict['" + name + "']", 0, 4, "an array of rank <= 4"));
+        keep.push_back(input(item.second, "state_dict['" + name + "']", 0, 4, "an array of rank <= 4", uint16_is_bf16));
         out.emplace_back(name, keep.back().view);
     }
     return out;
 }
+
+// The layer's default output dtype: a float16/bfloat16 input's, else float32 (as the C++ layer).
+attn::DType default_out(attn::DType x) { return x == attn::DType::f16 || x == attn::DType::bf16 ? x : attn::DType::f32; }
 
 // nn.MultiheadAttention's Python face over attn::MultiHeadAttention (eval mode). One call at a
 // time per layer: its workspace is reused between calls.
@@ -45,15 +50,17 @@ public:
     py::tuple forward(const py::object& query, const py::object& key, const py::object& value,
                       const py::object& key_padding_mask, const py::object& need_weights_arg,
                       const py::object& attn_mask, const py::object& average_attn_weights_arg,
-                      const py::object& is_causal, const py::object& impl, const py::object& threads_obj) {
+                      const py::object& is_causal, const py::object& impl, const py::object& threads_obj,
+                      const py::object& dtype, const py::object& out_dtype) {
         const int threads = threads_arg(threads_obj);
+        const bool bf16 = uint16_is_bf16_arg(dtype);
         const bool need_weights = bool_arg(need_weights_arg, "need_weights");
         const bool average_attn_weights = bool_arg(average_attn_weights_arg, "average_attn_weights");
         const char* layout = "(L, B, E), (B, L, E) with batch_first, or unbatched (L, E)";
-        const Input q = input(query, "query", 2, 3, layout);
+        const Input q = input(query, "query", 2, 3, layout, bf16);
         // The same object for query/key/value lets the layer fuse the projections.
-        const Input k = key.is(query) ? q : input(key, "key", 2, 3, layout);
-        const Input v = value.is(key) ? k : (value.is(query) ? q : input(value, "value", 2, 3, layout));
+        const Input k = key.is(query) ? q : input(key, "key", 2, 3, layout, bf16);
+        const Input v = value.is(key) ? k : (value.is(query) ? q : input(value, "value", 2, 3, layout, bf16));
         attn::MhaForwardOptions o;
         Input kpm, am;
         if (!key_padding_mask.is_none()) {
@@ -68,8 +75,9 @@ public:
         o.average_attn_weights = average_attn_weights;
         o.is_causal = bool_arg(is_causal, "is_causal");
         o.impl = attn::parse_impl(str_arg(impl, "impl"));
+        o.out_dtype = out_dtype_arg(out_dtype, default_out(q.view.dtype()));
         const attn::Shape os = layer_.output_shape(q.view);
-        py::array out = py::array_t<float>(std::vector<py::ssize_t>(os.dims.begin(), os.dims.begin() + os.rank));
+        py::array out = new_array(*o.out_dtype, std::vector<py::ssize_t>(os.dims.begin(), os.dims.begin() + os.rank));
         const attn::TensorView ov = output_view(out, 0);
         py::object weights = py::none();
         attn::TensorView wv;
@@ -90,11 +98,14 @@ public:
 
     // New tokens of every sequence through the layer, their K/V appended to `cache`
     // (MultiHeadAttention::forward_incremental): causal, bottom-right per sequence.
-    py::array forward_incremental(const py::object& x_new, const py::object& cache, const py::object& threads_obj) {
+    py::array forward_incremental(const py::object& x_new, const py::object& cache, const py::object& threads_obj,
+                                  const py::object& dtype, const py::object& out_dtype) {
         const int threads = threads_arg(threads_obj);
-        const Input x = input(x_new, "x_new", 2, 3, "(T, B, E), (B, T, E) with batch_first, or unbatched (T, E)");
+        const Input x = input(x_new, "x_new", 2, 3, "(T, B, E), (B, T, E) with batch_first, or unbatched (T, E)",
+                              uint16_is_bf16_arg(dtype));
         const attn::Shape xs = x.view.shape();
-        py::array out = py::array_t<float>(std::vector<py::ssize_t>(xs.dims.begin(), xs.dims.begin() + xs.rank));
+        py::array out = new_array(out_dtype_arg(out_dtype, default_out(x.view.dtype())),
+                                  std::vector<py::ssize_t>(xs.dims.begin(), xs.dims.begin() + xs.rank));
         const attn::TensorView ov = output_view(out, 0);
         std::unique_lock<std::mutex> cache_lock;
         attn::KVCache& c = kv_cache_of(cache, "cache", cache_lock);
@@ -105,13 +116,13 @@ public:
         return out;
     }
 
-    void load_state_dict(const py::object& state_dict) {
+    void load_state_dict(const py::object& state_dict, const py::object& dtype) {
         if (!py::isinstance<py::dict>(state_dict)) {
             type_error("state_dict: expected a dict of name -> array but got " +
                        std::string(py::str(py::type::of(state_dict).attr("__name__"))));
         }
         std::vector<Input> keep;
-        const auto tensors = tensors_of(py::reinterpret_borrow<py::dict>(state_dict), keep);
+        const auto tensors = tensors_of(py::reinterpret_borrow<py::dict>(state_dict), keep, uint16_is_bf16_arg(dtype));
         py::gil_scoped_release nogil;
         const std::lock_guard<std::mutex> lock(mutex_);
         layer_.load_state_dict(tensors);
@@ -135,20 +146,22 @@ public:
     // taken under the lock load_state_dict and forward take: a concurrent load cannot tear
     // them. The parameters' shapes and addresses are fixed at construction, so the arrays are
     // made first (with the GIL) and filled under the lock (without it).
+    // Each array has its parameter's storage dtype (16-bit weight matrices: float16, or uint16
+    // bfloat16 bits).
     py::dict state_dict() {
         const auto params = layer_.state_dict();
-        std::vector<py::array_t<float>> arrays;
+        std::vector<py::array> arrays;
         for (const auto& [name, view] : params) {
-            arrays.emplace_back(std::vector<py::ssize_t>(view.shape().dims.begin(), view.shape().dims.begin() + view.rank()));
+            arrays.push_back(new_array(view.dtype(), std::vector<py::ssize_t>(view.shape().dims.begin(),
+                                                                              view.shape().dims.begin() + view.rank())));
         }
-        std::vector<float*> dst;
+        std::vector<void*> dst;
         for (auto& a : arrays) dst.push_back(a.mutable_data());
         {
             py::gil_scoped_release nogil;
             const std::lock_guard<std::mutex> lock(mutex_);
-            for (std::size_t i = 0; i < params.size(); ++i) {
-                std::copy_n(params[i].second.data_as<const float>(), params[i].second.numel(), dst[i]);
-            }
+            for (std::size_t i = 0; i < params.size(); ++i) std::memcpy(dst[i], params[i].second.data(),
+                                                                           static_cast<std::size_t>(params[i].second.numel()) * attn::dtype_size(params[i].second.dtype()));
         }
         py::dict d;
         for (std::size_t i = 0; i < params.size(); ++i) d[py::str(params[i].first)] = arrays[i];
@@ -164,15 +177,22 @@ private:
     std::mutex mutex_;
 };
 
-// torch's float32 (torch.float32) or anything numpy reads as float32.
-bool is_float32(const py::object& dtype) {
-    if (std::string(py::str(dtype)) == "torch.float32") return true;
+// The weight matrices' storage: None / float32 → float32, float16 (NumPy's or torch's) →
+// float16, "bfloat16" / torch.bfloat16 → bfloat16; anything else a TypeError.
+attn::DType param_dtype_arg(const py::object& dtype) {
+    if (dtype.is_none()) return attn::DType::f32;
+    const std::string s = py::str(dtype);
+    if (s == "torch.float32") return attn::DType::f32;
+    if (s == "torch.float16") return attn::DType::f16;
+    if (s == "torch.bfloat16" || s == "bfloat16") return attn::DType::bf16;
     try {
         const py::dtype dt = py::dtype::from_args(dtype);
-        return dt.kind() == 'f' && dt.itemsize() == 4;
+        if (dt.kind() == 'f' && dt.itemsize() == 4) return attn::DType::f32;
+        if (dt.kind() == 'f' && dt.itemsize() == 2) return attn::DType::f16;
     } catch (py::error_already_set&) {
-        return false;  // not a dtype at all: the caller's TypeError names the argument
+        // not a dtype at all: the TypeError below names the argument
     }
+    type_error("dtype: parameters are float32, float16 or bfloat16 but got " + s);
 }
 
 // torch's constructor arguments as given, converted by name (convert.hpp's scalar arguments).
@@ -190,10 +210,8 @@ std::unique_ptr<PyMha> make_mha(const py::object& embed_dim, const py::object& n
     if (!device.is_none() && std::string(py::str(device)) != "cpu") {
         value_error("device: only 'cpu' is supported but got " + std::string(py::str(device)));
     }
-    if (!dtype.is_none() && !is_float32(dtype)) {
-        type_error("dtype: parameters are float32 but got " + std::string(py::str(dtype)));
-    }
     attn::MhaConfig c;
+    c.param_dtype = param_dtype_arg(dtype);
     c.embed_dim = int_arg(embed_dim, "embed_dim");
     c.num_heads = int_arg(num_heads, "num_heads");
     c.kdim = optional_int_arg(kdim, "kdim").value_or(0);
@@ -225,7 +243,8 @@ std::unique_ptr<PyMha> make_mha(const py::object& embed_dim, const py::object& n
 
 void bind_mha(py::module_& m) {
     py::class_<PyMha>(m, "MultiheadAttention",
-                      "torch.nn.MultiheadAttention (eval mode) with attn's kernels; float32 parameters.")
+                      "torch.nn.MultiheadAttention (eval mode) with attn's kernels; weight matrices stored in\n"
+                      "dtype= (float32 default, float16, \"bfloat16\"), biases float32.")
         .def(py::init(&make_mha), py::arg("embed_dim"), py::arg("num_heads"), py::arg("dropout") = 0.0,
              py::arg("bias") = true, py::arg("add_bias_kv") = false, py::arg("add_zero_attn") = false,
              py::arg("kdim") = py::none(), py::arg("vdim") = py::none(), py::arg("batch_first") = false,
@@ -238,23 +257,31 @@ void bind_mha(py::module_& m) {
         .def("forward", &PyMha::forward, py::arg("query"), py::arg("key"), py::arg("value"),
              py::arg("key_padding_mask") = py::none(), py::arg("need_weights") = true,
              py::arg("attn_mask") = py::none(), py::arg("average_attn_weights") = true, py::arg("is_causal") = false,
-             py::kw_only(), py::arg("impl") = "auto", py::arg("threads") = py::none(),
-             "Returns (output, weights or None), as torch. threads: None = attn.get_num_threads().")
+             py::kw_only(), py::arg("impl") = "auto", py::arg("threads") = py::none(), py::arg("dtype") = py::none(),
+             py::arg("out_dtype") = py::none(),
+             "Returns (output, weights or None), as torch. threads: None = attn.get_num_threads().\n"
+             "query/key/value: float32, float64, float16, or uint16 bfloat16 bits with dtype=\"bfloat16\".\n"
+             "out_dtype=\"float32\"|\"float16\"|\"bfloat16\": the output's dtype (default: the query's when\n"
+             "16-bit, else float32; bfloat16 is returned as uint16 bits). Weights are float32.")
         .def("__call__", &PyMha::forward, py::arg("query"), py::arg("key"), py::arg("value"),
              py::arg("key_padding_mask") = py::none(), py::arg("need_weights") = true,
              py::arg("attn_mask") = py::none(), py::arg("average_attn_weights") = true, py::arg("is_causal") = false,
-             py::kw_only(), py::arg("impl") = "auto", py::arg("threads") = py::none())
+             py::kw_only(), py::arg("impl") = "auto", py::arg("threads") = py::none(), py::arg("dtype") = py::none(),
+             py::arg("out_dtype") = py::none())
         .def("forward_incremental", &PyMha::forward_incremental, py::arg("x_new"), py::arg("cache"), py::kw_only(),
-             py::arg("threads") = py::none(),
+             py::arg("threads") = py::none(), py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none(),
              "Self-attention of new tokens against a KVCache: projects x_new, appends its keys and values\n"
              "to every sequence of the cache, attends causally (each sequence at its own length) and\n"
              "returns the output shaped like x_new. Feeding a sequence in any split equals one causal\n"
              "forward over the whole sequence.")
-        .def("load_state_dict", &PyMha::load_state_dict, py::arg("state_dict"),
-             "Copies the arrays (torch names; float32/float64/float16) into the parameters; the names "
+        .def("load_state_dict", &PyMha::load_state_dict, py::arg("state_dict"), py::kw_only(), py::arg("dtype") = py::none(),
+             "Copies the arrays (torch names; float32/float64/float16, uint16 bfloat16 bits with\n"
+             "dtype=\"bfloat16\") into the parameters, converted to their storage dtype; the names\n"
              "must match exactly.")
         .def("load_safetensors", &PyMha::load_safetensors, py::arg("path"))
-        .def("state_dict", &PyMha::state_dict, "Copies of the parameters as float32 arrays.")
+        .def("state_dict", &PyMha::state_dict,
+             "Copies of the parameters in their storage dtype (bfloat16: uint16 bits).")
+        .def_property_readonly("param_dtype", [](const PyMha& s) { return std::string(attn::dtype_name(s.config().param_dtype)); })
         .def_property_readonly("embed_dim", [](const PyMha& s) { return s.config().embed_dim; })
         .def_property_readonly("num_heads", [](const PyMha& s) { return s.config().num_heads; })
         .def_property_readonly("head_dim", &PyMha::head_dim)

@@ -4,6 +4,10 @@
 // every contender once), so a busy machine slows them alike; prints min / median / max.
 //
 //   attn_gemm_bench [--rounds R] [--threads T] [--clock wall|cpu]
+// The 16-bit rows ("attn ISA bf16" / "f16"): the same GEMM with A and B stored in 16 bits,
+// widened while packing (GemmArgs::a16/b16: the MHA layer's 16-bit weights and activations).
+// OpenBLAS's cblas_sbgemm would be their yardstick, but Debian's 0.3.21 is built without it
+// (the header declares it; libopenblas.so exports no sbgemm symbol), so it is not timed.
 // --clock cpu: the process's CPU seconds instead of wall seconds — on a shared machine, with
 // --threads 1, the rate of the core while it ran this (spinning thread pools make it
 // meaningless for more threads).
@@ -21,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/half.hpp"
 #include "gemm/gemm.hpp"
 #include "kernels/isa.hpp"
 
@@ -85,12 +90,24 @@ int main(int argc, char** argv) {
         g.ldb = c.tb ? c.K : c.N;
         g.C = out.data();
         g.ldc = c.N;
+        std::vector<std::uint16_t> a16(a.size()), b16(b.size()), a_bf(a.size()), b_bf(b.size());
+        for (std::size_t i = 0; i < a.size(); ++i) a16[i] = attn::float_to_f16(a[i]), a_bf[i] = attn::float_to_bf16(a[i]);
+        for (std::size_t i = 0; i < b.size(); ++i) b16[i] = attn::float_to_f16(b[i]), b_bf[i] = attn::float_to_bf16(b[i]);
         std::vector<std::string> names;
         std::vector<std::function<void()>> runs;
         for (const attn::detail::KernelSet* row : attn::detail::runnable_kernel_sets()) {
             if (row->isa == attn::detail::Isa::portable) continue;  // minutes, and nobody's target
             names.push_back(std::string("attn ") + attn::detail::isa_name(row->isa));
             runs.push_back([row, g] { attn::detail::sgemm(*row, g); });
+            for (const auto half : {attn::detail::GemmHalf::bf16, attn::detail::GemmHalf::f16}) {
+                GemmArgs h = g;
+                const bool bf = half == attn::detail::GemmHalf::bf16;
+                h.a16 = h.b16 = half;
+                h.A16 = bf ? a_bf.data() : a16.data();
+                h.B16 = bf ? b_bf.data() : b16.data();
+                names.push_back(std::string("attn ") + attn::detail::isa_name(row->isa) + (bf ? " bf16" : " f16"));
+                runs.push_back([row, h] { attn::detail::sgemm(*row, h); });
+            }
         }
         names.push_back("OpenBLAS");
         runs.push_back([&] {
@@ -106,7 +123,7 @@ int main(int argc, char** argv) {
         std::printf("%s\n", c.name);
         for (std::size_t j = 0; j < runs.size(); ++j) {
             std::sort(t[j].begin(), t[j].end());
-            std::printf("  %-12s %7.1f / %7.1f / %7.1f\n", names[j].c_str(), flop / t[j].back() * 1e-9,
+            std::printf("  %-18s %7.1f / %7.1f / %7.1f\n", names[j].c_str(), flop / t[j].back() * 1e-9,
                         flop / t[j][t[j].size() / 2] * 1e-9, flop / t[j].front() * 1e-9);
         }
     }

@@ -68,6 +68,11 @@ struct MhaConfig {
     bool sinks = false;             // parameter `sinks` (h,): a sink logit per head (gpt-oss)
     double softcap = 0.0;           // logit softcap c (0 = off); finite, >= FLT_MIN
     std::vector<float> alibi_slopes = {};  // (h,) finite ALiBi slopes; empty = no ALiBi
+    // Storage of the weight matrices (in_proj_weight or q/k/v_proj_weight, out_proj.weight):
+    // float32, float16 or bfloat16. 16-bit weights are widened exactly inside the projection
+    // GEMM (fp32 accumulation). Biases, bias_k/bias_v and sinks stay float32 (E-sized; they
+    // are added in float32 anyway). Training (forward_train/backward) needs float32.
+    DType param_dtype = DType::f32;
 };
 
 struct MhaForwardOptions {
@@ -77,6 +82,9 @@ struct MhaForwardOptions {
     bool average_attn_weights = true;            // (B, Lq, Lk) mean over heads; false: (B, h, Lq, Lk)
     bool is_causal = false;                      // top-left causal mask
     Impl impl = Impl::automatic;                 // passed to attn::sdpa
+    // dtype of `output` (float32, float16 or bfloat16); unset: the query's dtype when it is
+    // float16/bfloat16, else float32. The weights are always float32.
+    std::optional<DType> out_dtype;
 };
 
 // Packed input (forward_packed): sequences of different lengths concatenated along the token
@@ -87,14 +95,14 @@ struct MhaPackedOptions {
 };
 
 struct MhaOutput {
-    Tensor output;   // shaped like query, float32
+    Tensor output;   // shaped like query, float32 (or out_dtype: the query's when 16-bit)
     Tensor weights;  // float32; empty unless need_weights
 };
 
 // Scratch buffers of a forward pass, kept between calls to avoid re-allocating (and
 // re-faulting) large buffers. Not shared between threads.
 struct MhaWorkspace {
-    Tensor proj_q, proj_kv, proj_v, attn_out, head_weights, input_copy[3];
+    Tensor proj_q, proj_kv, proj_v, attn_out, head_weights, input_copy[3], out_f32;
 };
 
 // Training (docs/mha-backward.md): forward_train keeps what backward needs — float32
@@ -135,19 +143,28 @@ public:
     // add_bias_kv are read from the tensors (add_zero_attn has no tensor: it is off); the
     // tensors are then loaded as by load_state_dict. A `sinks` tensor turns on config.sinks;
     // softcap and ALiBi slopes have no tensor and are given here.
+    // The weight matrices keep their 16-bit dtype when every one of them is float16 (or every
+    // one bfloat16) — a 16-bit checkpoint stays 16-bit in memory — else they are float32;
+    // `param_dtype` overrides (converting on load).
     static MultiHeadAttention from_state_dict(const std::vector<std::pair<std::string, TensorView>>& tensors,
                                               std::int64_t num_heads, bool batch_first = false, double softcap = 0.0,
-                                              std::vector<float> alibi_slopes = {});
+                                              std::vector<float> alibi_slopes = {},
+                                              std::optional<DType> param_dtype = std::nullopt);
 
     const MhaConfig& config() const { return config_; }
     std::int64_t head_dim() const { return config_.embed_dim / config_.num_heads; }
 
     // Names and shapes of the parameters this configuration has, in state_dict order.
     std::vector<std::pair<std::string, Shape>> parameter_shapes() const;
-    // A parameter's float32 storage (writable); throws attn::Error for an unknown name.
+    // A parameter's storage (writable): the weight matrices in config().param_dtype, the
+    // others float32; throws attn::Error for an unknown name.
     TensorView parameter(std::string_view name) const;
 
-    // Copies every tensor into the parameters (float16/bfloat16/float64 are converted).
+    // Converts the weight matrices' storage to float32, float16 or bfloat16 (to 16 bits:
+    // rounded to nearest even; back to float32: exact).
+    void set_param_dtype(DType dtype);
+
+    // Copies every tensor into the parameters (converted to each parameter's dtype).
     // The set of names must match exactly: a missing, unexpected or mis-shaped tensor is
     // an error naming it with the expected and the actual shape. Nothing changes on error.
     void load_state_dict(const std::vector<std::pair<std::string, TensorView>>& tensors);
@@ -159,7 +176,8 @@ public:
     MhaOutput forward(const TensorView& query, const TensorView& key, const TensorView& value,
                       const MhaForwardOptions& options = {}, MhaWorkspace* workspace = nullptr) const;
 
-    // The same into caller-owned float32 contiguous outputs (`weights` null unless
+    // The same into caller-owned contiguous outputs: output float32, float16 or bfloat16 (its
+    // dtype is the one written; options.out_dtype, if set, must match it), weights float32 (null unless
     // options.need_weights). Everything is checked before anything is written.
     void forward_into(const TensorView& query, const TensorView& key, const TensorView& value,
                       const MhaForwardOptions& options, const TensorView& output, const TensorView* weights,
@@ -169,7 +187,7 @@ public:
     // float32/64/16/bf16, any strides; cu_seqlens_q / cu_seqlens_k (N+1,) int32/int64 as in
     // sdpa_varlen. Sequence b's output rows are exactly what forward() gives that sequence
     // alone (batch of one, no mask; is_causal = causal top-left), up to the GEMMs' rounding.
-    // Returns (Tq, E) float32. add_bias_kv / add_zero_attn are refused (no packed meaning yet).
+    // Returns (Tq, E) in the query's dtype when 16-bit, else float32. add_bias_kv / add_zero_attn are refused (no packed meaning yet).
     Tensor forward_packed(const TensorView& query, const TensorView& key, const TensorView& value,
                           const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
                           const MhaPackedOptions& options = {}) const;
@@ -186,9 +204,9 @@ public:
     // Incremental (KV-cached) self-attention, for a decoder fed a few tokens at a time
     // (include/attn/mha_incremental.hpp describes it): projects x_new's T tokens, appends
     // their K, V to `cache` and attends over each sequence's cache rows, causal bottom-right
-    // per sequence. Returns the output, shaped like x_new.
+    // per sequence. Returns the output, shaped like x_new, in x_new's dtype when 16-bit (else float32).
     Tensor forward_incremental(const TensorView& x_new, KVCache& cache, MhaWorkspace* workspace = nullptr) const;
-    // The same into a caller-owned float32 contiguous output shaped like x_new.
+    // The same into a caller-owned contiguous output shaped like x_new: float32, float16 or bfloat16.
     void forward_incremental_into(const TensorView& x_new, KVCache& cache, const TensorView& output,
                                   MhaWorkspace* workspace = nullptr) const;
 
@@ -199,6 +217,9 @@ public:
     // config's softcap, ALiBi slopes and sinks set on an sdpa call's options (views into
     // this layer: valid while it lives and its parameters do not change).
     void score_modifiers(SdpaOptions& options) const;
+
+    // in_proj_weight, q/k/v_proj_weight, out_proj.weight: the parameters stored in param_dtype.
+    static bool is_weight_matrix(std::string_view name);
 
 private:
     MhaConfig config_;

@@ -109,8 +109,8 @@ private:
     TensorView view_;
 };
 
-// Copy any floating view into a new contiguous float32 / float64 tensor (rounding as
-// the target type does). Used at boundaries (the CLI, tests), never in a kernel.
+// Copy any floating view into a new contiguous tensor of a floating dtype (rounding as
+// the target type does; float16/bfloat16 through float32, to nearest even). Used at boundaries (the CLI, tests), never in a kernel.
 Tensor to_dtype(const TensorView& src, DType dst);
 
 }  // namespace attn

@@ -1,5 +1,7 @@
 #include "attn/tensor.hpp"
 
+#include "element_io.hpp"
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -155,8 +157,8 @@ Tensor::Tensor(DType dtype, Shape shape, bool fill_zero, std::string_view name) 
 }
 
 Tensor to_dtype(const TensorView& src, DType dst) {
-    if (!is_floating(src.dtype()) || (dst != DType::f32 && dst != DType::f64)) {
-        throw Error("to_dtype: can only convert floating tensors to float32 or float64, got " +
+    if (!is_floating(src.dtype()) || !is_floating(dst)) {
+        throw Error("to_dtype: can only convert floating tensors to a floating dtype, got " +
                     std::string(dtype_name(src.dtype())) + " -> " + std::string(dtype_name(dst)));
     }
     Tensor out(dst, src.shape());
@@ -169,8 +171,7 @@ Tensor to_dtype(const TensorView& src, DType dst) {
             for (std::int64_t c = 0; c < n[2]; ++c)
                 for (std::int64_t d = 0; d < n[3]; ++d, ++k) {
                     const double v = src.load_as_double(src.offset(a, b, c, d));
-                    if (dst == DType::f32) out.data_as<float>()[k] = static_cast<float>(v);
-                    else out.data_as<double>()[k] = v;
+                    detail::store(out.view(), k, v);  // 16 bits: via float32, rounded to nearest even
                 }
     return out;
 }

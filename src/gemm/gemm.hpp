@@ -23,6 +23,11 @@ namespace attn::detail {
 
 struct KernelSet;
 
+// The element type of a 16-bit operand: widened to float32 while packing (exactly: every
+// f16 and bf16 value is a float32), so the micro-kernels and the fp32 accumulation are the
+// float32 GEMM's. (half_mha, issue 14: the MHA layer's 16-bit weights and activations.)
+enum class GemmHalf : std::uint8_t { none, f16, bf16 };
+
 struct GemmArgs {
     bool ta = false, tb = false;
     std::int64_t M = 0, N = 0, K = 0;
@@ -33,6 +38,11 @@ struct GemmArgs {
     float beta = 0.0f;
     float* C = nullptr;
     std::int64_t ldc = 0;
+    // A 16-bit A or B: with a16 (b16) not none, A16 (B16) is read instead of A (B), in the same
+    // layout (ta/tb, lda/ldb in elements). C stays float32.
+    GemmHalf a16 = GemmHalf::none, b16 = GemmHalf::none;
+    const std::uint16_t* A16 = nullptr;
+    const std::uint16_t* B16 = nullptr;
 };
 
 // On the kernel table's row (kernel_set()), OpenMP's current thread count. Throws attn::Error

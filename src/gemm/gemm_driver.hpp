@@ -24,7 +24,12 @@
 #include <cstdint>
 #include <cstring>
 
+#include "attn/half.hpp"
 #include "gemm.hpp"
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 namespace attn::detail {
 namespace ATTN_GEMM_NS {
@@ -32,53 +37,99 @@ namespace {
 
 inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
+// An operand's element at `index` (float32 or 16-bit, widened exactly): the packing
+// routines below are templated on it, so the float32 GEMM's loops are unchanged.
+struct F32Src {
+    const float* p;
+    float operator[](std::int64_t i) const { return p[i]; }
+};
+struct F16Src {
+    const std::uint16_t* p;
+    float operator[](std::int64_t i) const {
+#if defined(__F16C__)
+        return _cvtsh_ss(p[i]);
+#else
+        return f16_to_float(p[i]);
+#endif
+    }
+};
+struct Bf16Src {
+    const std::uint16_t* p;
+    float operator[](std::int64_t i) const {
+        const std::uint32_t bits = static_cast<std::uint32_t>(p[i]) << 16;
+        float f;
+        std::memcpy(&f, &bits, sizeof f);
+        return f;
+    }
+};
+
+// Calls f(src) with the operand's element reader.
+template <class F>
+void with_src(GemmHalf t, const float* p, const std::uint16_t* p16, F&& f) {
+    switch (t) {
+        case GemmHalf::none: f(F32Src{p}); break;
+        case GemmHalf::f16: f(F16Src{p16}); break;
+        case GemmHalf::bf16: f(Bf16Src{p16}); break;
+    }
+}
+
 // dst: kc × NR (k-major) = op(B)[k0.., j..j+n), columns n..NR zero.
-template <class U>
-void pack_b(const GemmArgs& g, std::int64_t k0, std::int64_t kc, std::int64_t j, std::int64_t n, float* dst) {
+template <class U, class S>
+void pack_b_from(const GemmArgs& g, S B, std::int64_t k0, std::int64_t kc, std::int64_t j, std::int64_t n, float* dst) {
     constexpr std::int64_t NR = U::kNR;
     if (!g.tb) {
         for (std::int64_t k = 0; k < kc; ++k) {
-            const float* src = g.B + (k0 + k) * g.ldb + j;
+            const std::int64_t src = (k0 + k) * g.ldb + j;
             float* d = dst + k * NR;
             if (n == NR) {
-                for (std::int64_t c = 0; c < NR; ++c) d[c] = src[c];
+                for (std::int64_t c = 0; c < NR; ++c) d[c] = B[src + c];
             } else {
-                for (std::int64_t c = 0; c < n; ++c) d[c] = src[c];
+                for (std::int64_t c = 0; c < n; ++c) d[c] = B[src + c];
                 for (std::int64_t c = n; c < NR; ++c) d[c] = 0.0f;
             }
         }
     } else {  // op(B)[k][j] = B[j·ldb + k]: read each of the n rows of B contiguously
         for (std::int64_t c = 0; c < n; ++c) {
-            const float* src = g.B + (j + c) * g.ldb + k0;
-            for (std::int64_t k = 0; k < kc; ++k) dst[k * NR + c] = src[k];
+            const std::int64_t src = (j + c) * g.ldb + k0;
+            for (std::int64_t k = 0; k < kc; ++k) dst[k * NR + c] = B[src + k];
         }
         for (std::int64_t c = n; c < NR; ++c)
             for (std::int64_t k = 0; k < kc; ++k) dst[k * NR + c] = 0.0f;
     }
 }
 
-// dst: panels of MR rows, each kc × MR (k-major) = op(A)[i.., k0..], rows past m zero.
 template <class U>
-void pack_a(const GemmArgs& g, std::int64_t i, std::int64_t m, std::int64_t k0, std::int64_t kc, float* dst) {
+void pack_b(const GemmArgs& g, std::int64_t k0, std::int64_t kc, std::int64_t j, std::int64_t n, float* dst) {
+    with_src(g.b16, g.B, g.B16, [&](auto B) { pack_b_from<U>(g, B, k0, kc, j, n, dst); });
+}
+
+// dst: panels of MR rows, each kc × MR (k-major) = op(A)[i.., k0..], rows past m zero.
+template <class U, class S>
+void pack_a_from(const GemmArgs& g, S A, std::int64_t i, std::int64_t m, std::int64_t k0, std::int64_t kc, float* dst) {
     constexpr std::int64_t MR = U::kMR;
     for (std::int64_t p = 0; p < m; p += MR, dst += MR * kc) {
         const std::int64_t rows = std::min(MR, m - p);
         if (!g.ta) {  // op(A)[r][k] = A[r·lda + k]: read each row contiguously
             for (std::int64_t r = 0; r < rows; ++r) {
-                const float* src = g.A + (i + p + r) * g.lda + k0;
-                for (std::int64_t k = 0; k < kc; ++k) dst[k * MR + r] = src[k];
+                const std::int64_t src = (i + p + r) * g.lda + k0;
+                for (std::int64_t k = 0; k < kc; ++k) dst[k * MR + r] = A[src + k];
             }
             for (std::int64_t r = rows; r < MR; ++r)
                 for (std::int64_t k = 0; k < kc; ++k) dst[k * MR + r] = 0.0f;
         } else {  // op(A)[r][k] = A[k·lda + r]
             for (std::int64_t k = 0; k < kc; ++k) {
-                const float* src = g.A + (k0 + k) * g.lda + i + p;
+                const std::int64_t src = (k0 + k) * g.lda + i + p;
                 float* d = dst + k * MR;
-                for (std::int64_t r = 0; r < rows; ++r) d[r] = src[r];
+                for (std::int64_t r = 0; r < rows; ++r) d[r] = A[src + r];
                 for (std::int64_t r = rows; r < MR; ++r) d[r] = 0.0f;
             }
         }
     }
+}
+
+template <class U>
+void pack_a(const GemmArgs& g, std::int64_t i, std::int64_t m, std::int64_t k0, std::int64_t kc, float* dst) {
+    with_src(g.a16, g.A, g.A16, [&](auto A) { pack_a_from<U>(g, A, i, m, k0, kc, dst); });
 }
 
 // One micro-tile at C row i, column j; m × n of it inside C.

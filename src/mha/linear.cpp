@@ -24,7 +24,14 @@ void gemm(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, cons
     sgemm(g);
 }
 
-void linear(const float* x, std::int64_t N, std::int64_t K, std::int64_t ldx, const float* w, std::int64_t M,
+namespace {
+
+// Points g's A (B) at the operand: float32 directly, 16-bit through A16 (B16).
+GemmHalf half_of(DType dt) { return dt == DType::f16 ? GemmHalf::f16 : dt == DType::bf16 ? GemmHalf::bf16 : GemmHalf::none; }
+
+}  // namespace
+
+void linear(Operand x, std::int64_t N, std::int64_t K, std::int64_t ldx, Operand w, std::int64_t M,
             const float* bias, float* y, std::int64_t ldy) {
     // y: (N, M) = x: (N, K) · w: (M, K)ᵀ + bias
     if (N == 0 || M == 0) return;
@@ -36,7 +43,23 @@ void linear(const float* x, std::int64_t N, std::int64_t K, std::int64_t ldx, co
         for (std::int64_t n = 0; n < N; ++n) std::memcpy(y + n * ldy, bias, static_cast<std::size_t>(M) * sizeof(float));
         beta = 1.0f;
     }
-    gemm(false, true, N, M, K, x, ldx, w, K, beta, y, ldy);
+    GemmArgs g;
+    g.tb = true;
+    g.M = N;
+    g.N = M;
+    g.K = K;
+    g.lda = ldx;
+    g.ldb = K;
+    g.beta = beta;
+    g.C = y;
+    g.ldc = ldy;
+    g.a16 = half_of(x.dtype);
+    g.b16 = half_of(w.dtype);
+    if (g.a16 == GemmHalf::none) g.A = static_cast<const float*>(x.data);
+    else g.A16 = static_cast<const std::uint16_t*>(x.data);
+    if (g.b16 == GemmHalf::none) g.B = static_cast<const float*>(w.data);
+    else g.B16 = static_cast<const std::uint16_t*>(w.data);
+    sgemm(g);
 }
 
 }  // namespace attn::detail

@@ -8,7 +8,24 @@
 
 #include <cstdint>
 
+#include "attn/tensor.hpp"
+
 namespace attn::detail {
+
+// A row-major matrix operand of the projections: float32, or float16/bfloat16 (16-bit weights
+// or activations), which the GEMM widens exactly while packing — fp32 accumulation, no
+// whole-matrix copy. A const float* converts implicitly (the float32 call sites).
+struct Operand {
+    const void* data = nullptr;
+    DType dtype = DType::f32;
+    Operand() = default;
+    Operand(const float* p) : data(p) {}  // NOLINT(google-explicit-constructor): float32 is the common case
+    Operand(const void* p, DType dt) : data(p), dtype(dt) {}
+    // The operand `elements` elements further on (a row or column block).
+    Operand offset(std::int64_t elements) const {
+        return Operand(static_cast<const char*>(data) + elements * static_cast<std::int64_t>(dtype_size(dtype)), dtype);
+    }
+};
 
 // C (M, N) row stride ldc  =  op(A) · op(B)  +  beta · C, row-major; op(A) is (M, K),
 // op(B) is (K, N); ta/tb transpose. beta = 0 does not read C.
@@ -17,7 +34,8 @@ void gemm(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, cons
 
 // y: (N, M) row stride ldy  =  x: (N, K) row stride ldx  ·  wᵀ,  w: (M, K) contiguous  (+ bias (M,) per row)
 // This is torch.nn.functional.linear.
-void linear(const float* x, std::int64_t N, std::int64_t K, std::int64_t ldx, const float* w, std::int64_t M,
+// x and w may each be float32, float16 or bfloat16; y, bias and the accumulation are float32.
+void linear(Operand x, std::int64_t N, std::int64_t K, std::int64_t ldx, Operand w, std::int64_t M,
             const float* bias, float* y, std::int64_t ldy);
 
 }  // namespace attn::detail

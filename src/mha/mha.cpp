@@ -47,7 +47,25 @@ MultiHeadAttention::MultiHeadAttention(const MhaConfig& config) : config_(config
         alibi_ = Tensor(DType::f32, Shape{c.num_heads});
         std::copy(c.alibi_slopes.begin(), c.alibi_slopes.end(), alibi_.data_as<float>());
     }
-    for (const auto& [name, shape] : parameter_shapes()) params_.emplace(name, Tensor(DType::f32, shape, true));
+    if (c.param_dtype != DType::f32 && c.param_dtype != DType::f16 && c.param_dtype != DType::bf16) {
+        fail(kMha, "param_dtype: expected float32, float16 or bfloat16 but got ", dtype_name(c.param_dtype));
+    }
+    for (const auto& [name, shape] : parameter_shapes())
+        params_.emplace(name, Tensor(is_weight_matrix(name) ? c.param_dtype : DType::f32, shape, true));
+}
+
+bool MultiHeadAttention::is_weight_matrix(std::string_view name) {
+    return name == "in_proj_weight" || name == "q_proj_weight" || name == "k_proj_weight" || name == "v_proj_weight" ||
+           name == "out_proj.weight";
+}
+
+void MultiHeadAttention::set_param_dtype(DType dtype) {
+    if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16) {
+        fail(kMha, "set_param_dtype: expected float32, float16 or bfloat16 but got ", dtype_name(dtype));
+    }
+    for (auto& [name, t] : params_)
+        if (is_weight_matrix(name) && t.dtype() != dtype) t = to_dtype(t.view(), dtype);
+    config_.param_dtype = dtype;
 }
 
 std::vector<std::pair<std::string, Shape>> MultiHeadAttention::parameter_shapes() const {
@@ -126,14 +144,14 @@ void MultiHeadAttention::load_state_dict(const std::vector<std::pair<std::string
     }
     for (const auto& [name, view] : tensors) {
         Tensor& dst = params_.at(name);
-        const Tensor f = to_dtype(view, DType::f32);
+        const Tensor f = to_dtype(view, dst.dtype());
         std::memcpy(dst.data(), f.data(), dst.nbytes());
     }
 }
 
 MultiHeadAttention MultiHeadAttention::from_state_dict(const std::vector<std::pair<std::string, TensorView>>& tensors,
                                                        std::int64_t num_heads, bool batch_first, double softcap,
-                                                       std::vector<float> alibi_slopes) {
+                                                       std::vector<float> alibi_slopes, std::optional<DType> param_dtype) {
     auto find = [&](const char* name) -> const TensorView* {
         for (const auto& [n, t] : tensors)
             if (n == name) return &t;
@@ -184,6 +202,16 @@ MultiHeadAttention MultiHeadAttention::from_state_dict(const std::vector<std::pa
     c.sinks = find("sinks") != nullptr;
     c.softcap = softcap;
     c.alibi_slopes = std::move(alibi_slopes);
+    // A 16-bit checkpoint stays 16-bit: the weight matrices' common 16-bit dtype, if any.
+    std::optional<DType> common;
+    bool mixed = false;
+    for (const auto& [n, t] : tensors) {
+        if (!is_weight_matrix(n)) continue;
+        if (common && *common != t.dtype()) mixed = true;
+        common = t.dtype();
+    }
+    c.param_dtype = !mixed && common && (*common == DType::f16 || *common == DType::bf16) ? *common : DType::f32;
+    if (param_dtype) c.param_dtype = *param_dtype;
     MultiHeadAttention layer(c);
     layer.load_state_dict(tensors);
     return layer;

@@ -49,6 +49,10 @@ Tensor MultiHeadAttention::forward_train(const TensorView& query, const TensorVi
     const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
     const MhaConfig& c = config_;
     const std::int64_t E = c.embed_dim, h = c.num_heads, dh = head_dim();
+    if (c.param_dtype != DType::f32) {
+        fail(kMha, "forward_train: the weight matrices are stored in ", dtype_name(c.param_dtype),
+             "; training needs float32 parameters (set_param_dtype(float32) first; the gradient GEMMs read float32 weights)");
+    }
     const detail::MhaShapes sh = detail::check_inputs(c, query, key, value, options);
     if (!(train.dropout_p >= 0.0 && train.dropout_p < 1.0)) {
         fail(kMha, "dropout_p: expected 0 <= dropout_p < 1 but got ", train.dropout_p);
@@ -91,6 +95,7 @@ Tensor MultiHeadAttention::forward_train(const TensorView& query, const TensorVi
     MhaWorkspace ws;
     const detail::Projected p = detail::project_qkv(*this, sh, s.x[0].data_as<const float>(), s.x[1].data_as<const float>(),
                                                     s.x[2].data_as<const float>(), {.batch_major = true}, ws);
+    // (the saved inputs are float32 copies: the backward's weight-gradient GEMMs read them)
     s.q = std::move(ws.proj_q);
     s.k = std::move(ws.proj_kv);
     s.v = std::move(ws.proj_v);
@@ -114,6 +119,9 @@ MhaGradients MultiHeadAttention::backward(const MhaForwardState& s, const Tensor
     // grad_output like the output (Lq, B, E) | (B, Lq, E) | (Lq, E)
     const MhaConfig& c = config_;
     const std::int64_t E = c.embed_dim, h = c.num_heads, hkv = c.num_kv_heads, dh = head_dim(), Ekv = hkv * dh;
+    if (c.param_dtype != DType::f32) {
+        fail(kMha, "backward: the weight matrices are stored in ", dtype_name(c.param_dtype), "; training needs float32 parameters");
+    }
     if (s.q.data() == nullptr || s.q.shape()[1] != E || s.k.shape()[1] != Ekv) {
         fail(kMha, "backward: the state was not filled by forward_train of this layer");
     }
@@ -126,7 +134,9 @@ MhaGradients MultiHeadAttention::backward(const MhaForwardState& s, const Tensor
     const Rows rq = rows_of(s.batched, c.batch_first, B, Lq), rk = rows_of(s.batched, c.batch_first, B, Lk);
     const detail::InputWeights w_in = detail::input_weights(*this);
     const bool packed = w_in.packed;
-    const float *wq = w_in.wq, *wk = w_in.wk, *wv = w_in.wv;
+    // float32 (checked above)
+    const float *wq = static_cast<const float*>(w_in.wq.data), *wk = static_cast<const float*>(w_in.wk.data),
+                *wv = static_cast<const float*>(w_in.wv.data);
     const float* wo = parameter("out_proj.weight").data_as<const float>();
 
     MhaGradients g;

@@ -21,13 +21,13 @@ bool same_tensor(const TensorView& a, const TensorView& b) {
     return a.data() == b.data() && a.dtype() == b.dtype() && a.shape() == b.shape() && a.strides() == b.strides();
 }
 
-// The caller's outputs: contiguous float32 of the shapes forward() would allocate.
+// The caller's outputs: contiguous, of the shapes forward() would allocate; output float32,
+// float16 or bfloat16 (out_dtype, when set, names the one expected), weights float32.
 void check_outputs(const MultiHeadAttention& m, const TensorView& query, const TensorView& key,
                    const MhaForwardOptions& options, const TensorView& output, const TensorView* weights) {
-    const Shape os = m.output_shape(query);
-    if (output.data() == nullptr || output.dtype() != DType::f32 || !output.is_contiguous() || !(output.shape() == os)) {
-        fail(kMha, "output: expected a contiguous float32 tensor of shape ", os, " but got ", dtype_name(output.dtype()), " ",
-             output.shape());
+    detail::check_output("output", output, m.output_shape(query));
+    if (options.out_dtype && detail::output_dtype(options.out_dtype, query.dtype()) != output.dtype()) {
+        fail(kMha, "output: out_dtype is ", dtype_name(*options.out_dtype), " but the output tensor is ", dtype_name(output.dtype()));
     }
     if (options.need_weights != (weights != nullptr)) {
         fail(kMha, "weights: ", options.need_weights ? "need_weights is set but no weights tensor was given"
@@ -82,7 +82,7 @@ MhaOutput MultiHeadAttention::forward(const TensorView& query, const TensorView&
     // Outputs sized from the inputs; forward_into checks everything (a key of the wrong
     // rank gets no weights tensor here and its error there).
     MhaOutput r;
-    r.output = Tensor(DType::f32, output_shape(query));
+    r.output = Tensor(detail::output_dtype(options.out_dtype, query.dtype()), output_shape(query));
     TensorView wv;
     if (options.need_weights && key.rank() == query.rank()) {
         r.weights = Tensor(DType::f32, weights_shape(query, key, options.average_attn_weights));
@@ -113,9 +113,9 @@ void MultiHeadAttention::forward_into(const TensorView& query, const TensorView&
     plan.self_attention = same_tensor(query, key) && same_tensor(key, value);
     plan.shared_kv = same_tensor(key, value);
     plan.batch_major = s.extra > 0;
-    const float* xq = detail::as_rows(query, ws.input_copy[0]);
-    const float* xk = plan.self_attention ? xq : detail::as_rows(key, ws.input_copy[1]);
-    const float* xv = plan.shared_kv ? xk : detail::as_rows(value, ws.input_copy[2]);
+    const detail::Operand xq = detail::as_rows(query, ws.input_copy[0]);
+    const detail::Operand xk = plan.self_attention ? xq : detail::as_rows(key, ws.input_copy[1]);
+    const detail::Operand xv = plan.shared_kv ? xk : detail::as_rows(value, ws.input_copy[2]);
     const detail::Projected p = detail::project_qkv(*this, s, xq, xk, xv, plan, ws);
 
     // ---- attention: O written as (rows of query, h, d_h) — the merge of heads is free ----
@@ -136,9 +136,13 @@ void MultiHeadAttention::forward_into(const TensorView& query, const TensorView&
     sdpa(p.Q, p.K, p.V, so, detail::heads_view(o, E, 0, s.rq, s.B, h, s.Lq, dh), nullptr,
          weights != nullptr ? &per_head : nullptr);
 
-    // ---- out projection straight into the output (same row order as the query) ----
-    detail::linear(o, Nq, E, E, parameter("out_proj.weight").data_as<const float>(), E,
-                   c.bias ? parameter("out_proj.bias").data_as<const float>() : nullptr, output.data_as<float>(), E);
+    // ---- out projection straight into the output (same row order as the query); a 16-bit
+    // output gets the float32 rows rounded once ----
+    const bool f32_out = output.dtype() == DType::f32;
+    float* y = f32_out ? output.data_as<float>() : detail::ensure(ws.out_f32, Shape{Nq, E});
+    detail::linear(o, Nq, E, E, detail::out_weight(*this), E, c.bias ? parameter("out_proj.bias").data_as<const float>() : nullptr,
+                   y, E);
+    if (!f32_out) detail::store_output(y, output);
     if (weights != nullptr && options.average_attn_weights) {
         average_heads(per_head.data_as<const float>(), s.B, h, s.Lq * s.Lkx, weights->data_as<float>());
     }

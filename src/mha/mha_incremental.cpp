@@ -84,10 +84,7 @@ void MultiHeadAttention::forward_incremental_into(const TensorView& x_new, KVCac
     const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
     const Layout l = check_input(*this, x_new);
     check_cache(*this, cache, l);
-    if (output.data() == nullptr || output.dtype() != DType::f32 || !output.is_contiguous() || !(output.shape() == x_new.shape())) {
-        fail(kMha, "output: expected contiguous float32 of shape ", x_new.shape(), " but got ", dtype_name(output.dtype()), " ",
-             output.shape(), output.is_contiguous() ? "" : " (non-contiguous)");
-    }
+    detail::check_output("output", output, x_new.shape());
     const MhaConfig& c = config_;
     const std::int64_t E = c.embed_dim, h = c.num_heads, dh = head_dim(), hkv = c.num_kv_heads, Ekv = hkv * dh;
     const std::int64_t B = l.B, T = l.T, N = B * T, n = E + 2 * Ekv;
@@ -114,13 +111,16 @@ void MultiHeadAttention::forward_incremental_into(const TensorView& x_new, KVCac
     }
 
     // ---- out projection straight into the output (x_new's row order) ----
-    detail::linear(o, N, E, E, parameter("out_proj.weight").data_as<const float>(), E,
-                   c.bias ? parameter("out_proj.bias").data_as<const float>() : nullptr, output.data_as<float>(), E);
+    const bool f32_out = output.dtype() == DType::f32;
+    float* y = f32_out ? output.data_as<float>() : detail::ensure(ws.out_f32, Shape{N, E});
+    detail::linear(o, N, E, E, detail::out_weight(*this), E, c.bias ? parameter("out_proj.bias").data_as<const float>() : nullptr,
+                   y, E);
+    if (!f32_out) detail::store_output(y, output);
 }
 
 Tensor MultiHeadAttention::forward_incremental(const TensorView& x_new, KVCache& cache, MhaWorkspace* workspace) const {
     check_input(*this, x_new);
-    Tensor out(DType::f32, x_new.shape());
+    Tensor out(detail::output_dtype(std::nullopt, x_new.dtype()), x_new.shape());
     forward_incremental_into(x_new, cache, out.view(), workspace);
     return out;
 }

@@ -37,9 +37,9 @@ Tensor MultiHeadAttention::forward_packed(const TensorView& query, const TensorV
     const std::int64_t Tq = query.dim(0), Tk = key.dim(0);
 
     Tensor copies[3];
-    const float* xq = detail::as_rows(query, copies[0]);
-    const float* xk = detail::as_rows(key, copies[1]);
-    const float* xv = detail::as_rows(value, copies[2]);
+    const detail::Operand xq = detail::as_rows(query, copies[0]);
+    const detail::Operand xk = detail::as_rows(key, copies[1]);
+    const detail::Operand xv = detail::as_rows(value, copies[2]);
     const detail::InputWeights w = detail::input_weights(*this);
     Tensor q(DType::f32, Shape{Tq, E}), k(DType::f32, Shape{Tk, Ekv}), v(DType::f32, Shape{Tk, Ekv});
     detail::linear(xq, Tq, E, E, w.wq, E, w.bq, q.data_as<float>(), E);
@@ -57,10 +57,13 @@ Tensor MultiHeadAttention::forward_packed(const TensorView& query, const TensorV
     sdpa_varlen(heads(q, h), heads(k, hkv), heads(v, hkv), cu_seqlens_q, cu_seqlens_k, o, heads(attn_out, h));
 
     Tensor out(DType::f32, Shape{Tq, E});
-    const TensorView ow = parameter("out_proj.weight");
     const float* ob = c.bias ? parameter("out_proj.bias").data_as<const float>() : nullptr;
-    detail::linear(attn_out.data_as<const float>(), Tq, E, E, ow.data_as<const float>(), E, ob, out.data_as<float>(), E);
-    return out;
+    detail::linear(attn_out.data_as<const float>(), Tq, E, E, detail::out_weight(*this), E, ob, out.data_as<float>(), E);
+    const DType out_dtype = detail::output_dtype(std::nullopt, query.dtype());
+    if (out_dtype == DType::f32) return out;
+    Tensor narrow(out_dtype, Shape{Tq, E});
+    detail::store_output(out.data_as<const float>(), narrow.view());
+    return narrow;
 }
 
 }  // namespace attn

@@ -1,7 +1,10 @@
 #include "projection.hpp"
 
+#include <algorithm>
 #include <cstring>
 
+#include "../core/check.hpp"
+#include "../kernels/store_row.hpp"
 #include "linear.hpp"
 
 namespace attn::detail {
@@ -11,31 +14,75 @@ float* ensure(Tensor& t, const Shape& shape) {
     return t.data_as<float>();
 }
 
-const float* as_rows(const TensorView& x, Tensor& copy) {
-    if (x.dtype() == DType::f32 && x.is_contiguous()) return x.data_as<const float>();
-    copy = to_dtype(x, DType::f32);
-    return copy.data_as<const float>();
+namespace {
+bool gemm_dtype(DType dt) { return dt == DType::f32 || dt == DType::f16 || dt == DType::bf16; }
+}  // namespace
+
+Operand as_rows(const TensorView& x, Tensor& copy) {
+    if (gemm_dtype(x.dtype()) && x.is_contiguous()) return Operand(x.data(), x.dtype());
+    copy = to_dtype(x, gemm_dtype(x.dtype()) ? x.dtype() : DType::f32);
+    return Operand(copy.data(), copy.dtype());
+}
+
+DType output_dtype(const std::optional<DType>& requested, DType input) {
+    if (requested) {
+        if (!gemm_dtype(*requested)) {
+            fail(kMha, "out_dtype: expected float32, float16 or bfloat16 but got ", dtype_name(*requested));
+        }
+        return *requested;
+    }
+    return input == DType::f16 || input == DType::bf16 ? input : DType::f32;
+}
+
+void store_output(const float* src, const TensorView& out) {
+    const std::int64_t n = out.numel();
+    if (out.dtype() == DType::f32) {
+        if (out.data() != src) std::memcpy(out.data(), src, static_cast<std::size_t>(n) * sizeof(float));
+        return;
+    }
+    // Rounded in row-sized pieces over the threads (the one rounding rule: store_row).
+    const std::int64_t piece = 4096, pieces = (n + piece - 1) / piece;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t p = 0; p < pieces; ++p) {
+        const std::int64_t begin = p * piece;
+        store_row(out, begin, 1, src + begin, 1, std::min(piece, n - begin), 1.0f);
+    }
+}
+
+void check_output(const char* name, const TensorView& out, const Shape& shape) {
+    if (out.data() == nullptr || !gemm_dtype(out.dtype()) || !out.is_contiguous() || !(out.shape() == shape)) {
+        fail(kMha, name, ": expected a contiguous float32, float16 or bfloat16 tensor of shape ", shape, " but got ",
+             dtype_name(out.dtype()), " ", out.shape(), out.is_contiguous() ? "" : " (non-contiguous)");
+    }
 }
 
 InputWeights input_weights(const MultiHeadAttention& layer) {
     const MhaConfig& c = layer.config();
     const std::int64_t E = c.embed_dim, Ekv = c.num_kv_heads * layer.head_dim();
-    auto p = [&](const char* name) { return layer.parameter(name).data_as<const float>(); };
+    auto p = [&](const char* name) {
+        const TensorView t = layer.parameter(name);
+        return Operand(t.data(), t.dtype());
+    };
     InputWeights w;
     w.packed = c.kdim == E && c.vdim == E;  // in_proj_weight holds W_Q, W_K, W_V
     w.wq = w.packed ? p("in_proj_weight") : p("q_proj_weight");
-    w.wk = w.packed ? w.wq + E * E : p("k_proj_weight");
-    w.wv = w.packed ? w.wk + Ekv * E : p("v_proj_weight");
+    w.wk = w.packed ? w.wq.offset(E * E) : p("k_proj_weight");
+    w.wv = w.packed ? w.wk.offset(Ekv * E) : p("v_proj_weight");
     if (c.bias) {
-        w.bias = w.bq = p("in_proj_bias");
+        w.bias = w.bq = layer.parameter("in_proj_bias").data_as<const float>();
         w.bk = w.bias + E;
         w.bv = w.bias + E + Ekv;
     }
     return w;
 }
 
-Projected project_qkv(const MultiHeadAttention& layer, const MhaShapes& s, const float* xq, const float* xk,
-                      const float* xv, ProjectionPlan plan, MhaWorkspace& ws) {
+Operand out_weight(const MultiHeadAttention& layer) {
+    const TensorView t = layer.parameter("out_proj.weight");
+    return Operand(t.data(), t.dtype());
+}
+
+Projected project_qkv(const MultiHeadAttention& layer, const MhaShapes& s, Operand xq, Operand xk, Operand xv,
+                      ProjectionPlan plan, MhaWorkspace& ws) {
     const MhaConfig& c = layer.config();
     const std::int64_t E = c.embed_dim, h = c.num_heads, hkv = c.num_kv_heads, dh = layer.head_dim(), Ekv = hkv * dh;
     const std::int64_t B = s.B, Lq = s.Lq, Lk = s.Lk, Lkx = s.Lkx, Nq = B * Lq, Nk = B * Lk;
@@ -64,8 +111,8 @@ Projected project_qkv(const MultiHeadAttention& layer, const MhaShapes& s, const
         const float* bias_v = c.add_bias_kv ? layer.parameter("bias_v").data_as<const float>() : nullptr;
         const std::size_t bytes = static_cast<std::size_t>(Ekv) * sizeof(float);
         for (std::int64_t b = 0; b < B; ++b) {
-            linear(xk + b * s.rk.rb * c.kdim, Lk, c.kdim, s.rk.rl * c.kdim, w.wk, Ekv, w.bk, k + b * Lkx * Ekv, Ekv);
-            linear(xv + b * s.rk.rb * c.vdim, Lk, c.vdim, s.rk.rl * c.vdim, w.wv, Ekv, w.bv, v + b * Lkx * Ekv, Ekv);
+            linear(xk.offset(b * s.rk.rb * c.kdim), Lk, c.kdim, s.rk.rl * c.kdim, w.wk, Ekv, w.bk, k + b * Lkx * Ekv, Ekv);
+            linear(xv.offset(b * s.rk.rb * c.vdim), Lk, c.vdim, s.rk.rl * c.vdim, w.wv, Ekv, w.bv, v + b * Lkx * Ekv, Ekv);
             std::int64_t row = b * Lkx + Lk;
             if (c.add_bias_kv) {
                 std::memcpy(k + row * Ekv, bias_k, bytes);

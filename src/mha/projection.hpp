@@ -5,6 +5,7 @@
 
 #include "attn/mha.hpp"
 #include "inputs.hpp"
+#include "linear.hpp"
 
 namespace attn::detail {
 
@@ -12,18 +13,35 @@ namespace attn::detail {
 // repeated calls reuse memory that is already faulted in.
 float* ensure(Tensor& t, const Shape& shape);
 
-// Rows of an input as a (rows, features) float32 matrix with unit column stride: the input
-// itself when it is contiguous float32, else a copy kept in `copy`.
-const float* as_rows(const TensorView& x, Tensor& copy);
+// Rows of an input as a (rows, features) matrix with unit column stride, for the projection
+// GEMM: the input itself when it is contiguous float32, float16 or bfloat16 (the GEMM widens
+// 16-bit rows while packing), else a copy kept in `copy` (float64 → float32; a strided
+// 16-bit input stays 16-bit).
+Operand as_rows(const TensorView& x, Tensor& copy);
+
+// The dtype of a layer output: `requested` if set (float32, float16 or bfloat16), else the
+// input's when it is 16-bit, else float32. `what` names the option in the error.
+DType output_dtype(const std::optional<DType>& requested, DType input);
+
+// The float32 result rows `src` (rows, cols) contiguous written to `out` (contiguous, same
+// element count) in its dtype: a copy for float32, one rounding to nearest even for 16 bits.
+void store_output(const float* src, const TensorView& out);
+
+// A layer's output tensor argument: contiguous, of `shape`, float32/float16/bfloat16.
+void check_output(const char* name, const TensorView& out, const Shape& shape);
 
 // The layer's input weights and biases: W_Q (E, E), W_K (E_kv, kdim), W_V (E_kv, vdim), the
 // rows of in_proj_weight when kdim == vdim == E (so W_Q, W_K, W_V are contiguous: wq is the
 // fused (E + 2·E_kv, E) matrix); biases null without bias.
 struct InputWeights {
     bool packed = false;
-    const float *wq = nullptr, *wk = nullptr, *wv = nullptr, *bias = nullptr, *bq = nullptr, *bk = nullptr, *bv = nullptr;
+    Operand wq, wk, wv;  // in config().param_dtype
+    const float *bias = nullptr, *bq = nullptr, *bk = nullptr, *bv = nullptr;
 };
 InputWeights input_weights(const MultiHeadAttention& layer);
+
+// out_proj.weight as a GEMM operand (its storage dtype).
+Operand out_weight(const MultiHeadAttention& layer);
 
 // Q (B, h, Lq, d_h), K and V (B, h_kv, Lkx, d_h): views of ws.proj_q / proj_kv / proj_v.
 struct Projected {
@@ -39,7 +57,7 @@ struct ProjectionPlan {
 };
 
 // xq, xk, xv: the inputs' rows (as_rows). Writes only ws.
-Projected project_qkv(const MultiHeadAttention& layer, const MhaShapes& s, const float* xq, const float* xk,
-                      const float* xv, ProjectionPlan plan, MhaWorkspace& ws);
+Projected project_qkv(const MultiHeadAttention& layer, const MhaShapes& s, Operand xq, Operand xk, Operand xv,
+                      ProjectionPlan plan, MhaWorkspace& ws);
 
 }  // namespace attn::detail

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "attn/error.hpp"
+#include "attn/half.hpp"
 #include "core/cpu_features.hpp"
 #include "gemm/gemm.hpp"
 #include "kernels/isa.hpp"
@@ -173,6 +174,69 @@ TEST(Gemm, OneAndTwoThreadsBitIdenticalOnEveryRow) {
                 EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0)
                     << "M=" << s.M << " N=" << s.N << " K=" << s.K << " tb=" << tb;
             }
+        }
+    }
+}
+
+// 16-bit A and/or B (GemmArgs::a16/b16, the MHA layer's f16/bf16 weights and activations):
+// the packing widens them exactly, so the result must be bit-identical to the float32 GEMM
+// on the widened values — and within the float32 bound of the double reference on them.
+// The NaN padding of A and B is kept through the rounding (NaN stays NaN).
+TEST(Gemm, HalfOperandsAreWidenedExactlyOnEveryRow) {
+    std::mt19937 rng(19);
+    std::uniform_int_distribution<std::int64_t> small(1, 97);
+    for (const KernelSet* row : rows_or_skip()) {
+        SCOPED_TRACE(isa_name(row->isa));
+        for (int trial = 0; trial < 16; ++trial) {
+            const GemmHalf t = trial % 2 == 0 ? GemmHalf::f16 : GemmHalf::bf16;
+            const bool half_a = (trial >> 1) % 3 != 1, half_b = (trial >> 1) % 3 != 0;  // A, B, or both
+            const bool ta = (trial >> 2) & 1, tb = (trial >> 3) & 1;
+            const std::int64_t K = trial % 5 == 4 ? 1100 : small(rng);
+            Problem p = make(ta, tb, small(rng), small(rng), K, trial % 3 == 0 ? 0.0f : 1.0f, rng);
+            auto narrow = [&](std::vector<float>& v) {  // v rounded in place; its 16-bit words returned
+                std::vector<std::uint16_t> h(v.size());
+                for (std::size_t i = 0; i < v.size(); ++i) {
+                    h[i] = t == GemmHalf::f16 ? float_to_f16(v[i]) : float_to_bf16(v[i]);
+                    v[i] = t == GemmHalf::f16 ? f16_to_float(h[i]) : bf16_to_float(h[i]);
+                }
+                return h;
+            };
+            std::vector<std::uint16_t> a16, b16;
+            if (half_a) a16 = narrow(p.a);
+            if (half_b) b16 = narrow(p.b);
+            const std::vector<float> want = run(*row, p, 2);  // float32 GEMM on the widened values
+            std::vector<float> got = p.c0;
+            GemmArgs g;
+            g.ta = p.ta;
+            g.tb = p.tb;
+            g.M = p.M;
+            g.N = p.N;
+            g.K = p.K;
+            g.lda = p.lda;
+            g.ldb = p.ldb;
+            g.beta = p.beta;
+            g.C = got.data();
+            g.ldc = p.ldc;
+            // The float32 pointer of a 16-bit operand is poison: the GEMM must not read it.
+            std::vector<float> nan_a(p.a.size(), kNaN), nan_b(p.b.size(), kNaN);
+            g.A = half_a ? nan_a.data() : p.a.data();
+            g.B = half_b ? nan_b.data() : p.b.data();
+            if (half_a) {
+                g.a16 = t;
+                g.A16 = a16.data();
+            }
+            if (half_b) {
+                g.b16 = t;
+                g.B16 = b16.data();
+            }
+            sgemm(*row, g);
+            const std::string what = std::string(t == GemmHalf::f16 ? "f16" : "bf16") + (half_a ? " A" : "") + (half_b ? " B" : "") +
+                                     " M=" + std::to_string(p.M) + " N=" + std::to_string(p.N) + " K=" + std::to_string(p.K) +
+                                     " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb);
+            EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << what;
+            bool padding_kept = false;
+            EXPECT_LE(worst_ratio(p, got, &padding_kept), 1.0) << what;
+            EXPECT_TRUE(padding_kept) << what;
         }
     }
 }

@@ -16,6 +16,7 @@
 #include "mha/linear.hpp"
 #include "attn/error.hpp"
 #include "attn/mha.hpp"
+#include "attn/kv_cache.hpp"
 
 namespace {
 
@@ -446,6 +447,151 @@ TEST(Mha, ForwardArgumentErrors) {
     expect_error([&] { m.forward(x, x, x, o); }, "key_padding_mask: expected shape (B, Lk) = (2, 3) but got (3, 3)");
     Tensor out(DType::f32, Shape{3, 2, 4});
     expect_error([&] { m.forward_into(x, x, x, {}, out, nullptr); }, "need_weights is set but no weights tensor");
+}
+
+// ---- 16-bit weights and activations (issue 14) -------------------------------------------
+// The layer with float16 / bfloat16 weight matrices and inputs: the projections widen them
+// exactly (fp32 accumulation), so with a float32 output the result is within the float32
+// path's bound (1e-5 of the textbook in double on the same rounded weights and inputs); the
+// default 16-bit output is that float32 result rounded once (bit-exact check).
+Tensor rounded(const Tensor& x, DType dt) { return attn::to_dtype(x.view(), dt); }
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+    return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+TEST(Mha, HalfWeightsAndActivationsMatchTextbook) {
+    for (const DType dt : {DType::f16, DType::bf16}) {
+        SCOPED_TRACE(attn::dtype_name(dt));
+        std::mt19937 rng(31);
+        // Self-attention (fused QKV GEMM), cross-attention with GQA and odd dims (three GEMMs).
+        MultiHeadAttention self(MhaConfig{.embed_dim = 24, .num_heads = 4, .param_dtype = dt});
+        MultiHeadAttention cross(MhaConfig{.embed_dim = 16, .num_heads = 4, .kdim = 7, .vdim = 5, .num_kv_heads = 2, .param_dtype = dt});
+        for (MultiHeadAttention* m : {&self, &cross}) {
+            randomise(*m, rng);  // float32 values, rounded on load into the 16-bit storage
+            EXPECT_EQ(m->parameter("out_proj.weight").dtype(), dt);
+            EXPECT_EQ(m->parameter("in_proj_bias").dtype(), DType::f32);
+        }
+        EXPECT_EQ(self.parameter("in_proj_weight").dtype(), dt);
+        EXPECT_EQ(cross.parameter("k_proj_weight").dtype(), dt);
+
+        const Case cs{.batched = true, .batch_first = false, .B = 3, .Lq = 9, .Lk = 9};
+        const Tensor x = rounded(random_tensor(layout(cs, 9, 24), rng), dt);
+        MhaForwardOptions o;
+        o.out_dtype = DType::f32;
+        attn::MhaWorkspace ws;
+        const auto f32 = self.forward(x, x, x, o, &ws);
+        for (const Tensor& t : ws.input_copy) EXPECT_EQ(t.data(), nullptr) << "a contiguous 16-bit input was copied";
+        expect_close(cs, self, f32, textbook(self, cs, x, x, x, keep_all, add_none), false);
+        const auto half = self.forward(x, x, x);  // out_dtype unset: the query's dtype
+        EXPECT_EQ(half.output.dtype(), dt);
+        EXPECT_EQ(half.weights.dtype(), DType::f32);
+        EXPECT_TRUE(same_bits(half.output, rounded(f32.output, dt))) << "16-bit output is not the float32 result rounded once";
+
+        const Case cc{.batched = true, .batch_first = false, .B = 2, .Lq = 6, .Lk = 11};
+        const Tensor q = rounded(random_tensor(layout(cc, 6, 16), rng), dt);
+        const Tensor k = rounded(random_tensor(layout(cc, 11, 7), rng), dt);
+        const Tensor v = random_tensor(layout(cc, 11, 5), rng);  // a float32 value beside 16-bit q, k
+        const auto cf = cross.forward(q, k, v, o);
+        expect_close(cc, cross, cf, textbook(cross, cc, q, k, v, keep_all, add_none), false);
+        // A strided 16-bit query (copied once, staying 16-bit) and a bf16 output request.
+        const Tensor qt_store = rounded(random_tensor(Shape{2, 6, 16}, rng), dt);
+        const TensorView qt = qt_store.view().transpose(0, 1);  // (6, 2, 16) non-contiguous
+        MhaForwardOptions ob;
+        ob.out_dtype = DType::bf16;
+        const auto strided = cross.forward(qt, k, v, ob);
+        EXPECT_EQ(strided.output.dtype(), DType::bf16);
+        o.need_weights = true;
+        expect_close(cc, cross, cross.forward(qt, k, v, o), textbook(cross, cc, qt, k, v, keep_all, add_none), false);
+    }
+}
+
+TEST(Mha, HalfStateDictKeepsItsDtypeAndConverts) {
+    std::mt19937 rng(32);
+    MultiHeadAttention f32(MhaConfig{.embed_dim = 8, .num_heads = 2});
+    randomise(f32, rng);
+    std::vector<Tensor> keep;
+    std::vector<std::pair<std::string, TensorView>> sd;
+    for (const auto& [name, t] : f32.state_dict()) {
+        keep.push_back(attn::to_dtype(t, DType::bf16));
+        sd.emplace_back(name, keep.back().view());
+    }
+    const MultiHeadAttention bf = MultiHeadAttention::from_state_dict(sd, 2);
+    EXPECT_EQ(bf.config().param_dtype, DType::bf16);
+    EXPECT_EQ(bf.parameter("in_proj_weight").dtype(), DType::bf16);
+    EXPECT_TRUE(same_bits(Tensor(attn::to_dtype(bf.parameter("out_proj.weight"), DType::bf16)), keep[2]));
+    EXPECT_EQ(MultiHeadAttention::from_state_dict(sd, 2, false, 0.0, {}, DType::f32).config().param_dtype, DType::f32);
+    // A mix of weight dtypes loads as float32.
+    keep[0] = attn::to_dtype(keep[0].view(), DType::f16);
+    sd[0].second = keep[0].view();
+    EXPECT_EQ(MultiHeadAttention::from_state_dict(sd, 2).config().param_dtype, DType::f32);
+    // set_param_dtype: to 16 bits rounds (as a rounded load would), back to float32 is exact.
+    MultiHeadAttention m = MultiHeadAttention::from_state_dict(f32.state_dict(), 2);
+    m.set_param_dtype(DType::f16);
+    EXPECT_EQ(m.parameter("in_proj_weight").dtype(), DType::f16);
+    EXPECT_TRUE(same_bits(Tensor(attn::to_dtype(m.parameter("in_proj_weight"), DType::f16)),
+                          attn::to_dtype(f32.parameter("in_proj_weight"), DType::f16)));
+    m.set_param_dtype(DType::f32);
+    EXPECT_TRUE(same_bits(attn::to_dtype(m.parameter("in_proj_weight"), DType::f32),
+                          attn::to_dtype(attn::to_dtype(f32.parameter("in_proj_weight"), DType::f16).view(), DType::f32)));
+}
+
+TEST(Mha, HalfIncrementalAndPackedOutputsAreTheFloat32ResultRounded) {
+    std::mt19937 rng(33);
+    for (const DType dt : {DType::f16, DType::bf16}) {
+        SCOPED_TRACE(attn::dtype_name(dt));
+        MultiHeadAttention m(MhaConfig{.embed_dim = 16, .num_heads = 2, .batch_first = true, .param_dtype = dt});
+        randomise(m, rng);
+        const Tensor x = rounded(random_tensor(Shape{2, 3, 16}, rng), dt);
+        attn::KVCacheConfig kc{.batch = 2, .kv_heads = 2, .head_dim = 8, .capacity = 8};
+        attn::KVCache c1(kc), c2(kc);
+        const Tensor half = m.forward_incremental(x, c1);
+        EXPECT_EQ(half.dtype(), dt);
+        Tensor f32(DType::f32, x.shape());
+        m.forward_incremental_into(x, c2, f32.view());
+        EXPECT_TRUE(same_bits(half, rounded(f32, dt)));
+        // Against forward() on the same tokens (causal self-attention: the cache was empty).
+        MhaForwardOptions o;
+        o.is_causal = true;
+        o.need_weights = false;
+        o.out_dtype = DType::f32;
+        const auto full = m.forward(x, x, x, o);
+        EXPECT_LE(attn::test::max_abs_diff(f32.view(), full.output.view()), 1e-5 * (1.0 + attn::test::max_abs(full.output.view())));
+
+        const Tensor packed = rounded(random_tensor(Shape{7, 16}, rng), dt);
+        Tensor cu(DType::i32, Shape{3});
+        cu.data_as<std::int32_t>()[0] = 0;
+        cu.data_as<std::int32_t>()[1] = 3;
+        cu.data_as<std::int32_t>()[2] = 7;
+        const Tensor p = m.forward_packed(packed, packed, packed, cu, cu);
+        EXPECT_EQ(p.dtype(), dt);
+        const Tensor wide = rounded(packed, DType::f32);  // the same values in float32: a float32 result
+        const Tensor pw = m.forward_packed(wide, wide, wide, cu, cu);
+        EXPECT_TRUE(same_bits(p, rounded(pw, dt)));
+    }
+}
+
+TEST(Mha, HalfErrors) {
+    expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = 4, .num_heads = 2, .param_dtype = DType::f64}); },
+                 "MultiHeadAttention: param_dtype: expected float32, float16 or bfloat16 but got float64");
+    MultiHeadAttention m(MhaConfig{.embed_dim = 4, .num_heads = 2, .param_dtype = DType::bf16});
+    const Tensor x(DType::f32, Shape{3, 2, 4}, true);
+    attn::MhaForwardState st;
+    expect_error([&] { m.forward_train(x, x, x, {}, {}, st); },
+                 "MultiHeadAttention: forward_train: the weight matrices are stored in bfloat16; training needs float32 parameters");
+    MhaForwardOptions o;
+    o.need_weights = false;
+    o.out_dtype = DType::f16;
+    Tensor out(DType::f32, Shape{3, 2, 4});
+    attn::test::poison(out.view());
+    expect_error([&] { m.forward_into(x, x, x, o, out, nullptr); }, "output: out_dtype is float16 but the output tensor is float32");
+    o.out_dtype = DType::f64;
+    expect_error([&] { m.forward(x, x, x, o); }, "out_dtype: expected float32, float16 or bfloat16 but got float64");
+    o.out_dtype.reset();
+    Tensor out64(DType::f64, Shape{3, 2, 4});
+    expect_error([&] { m.forward_into(x, x, x, o, out64, nullptr); },
+                 "output: expected a contiguous float32, float16 or bfloat16 tensor of shape (3, 2, 4) but got float64");
+    EXPECT_TRUE(attn::test::still_poisoned(out.view()));
 }
 
 }  // namespace

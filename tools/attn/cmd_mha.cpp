@@ -3,8 +3,10 @@
 //          [--weights W.npy] [--per-head-weights]
 //          [--grad-out dO.npy --grads G.safetensors [--dropout-p P --dropout-seed S]]   (training)
 //          [--softcap C] [--alibi | --alibi-slopes A.npy]      (a `sinks` tensor in the params: sinks)
+//          [--out-dtype float32|float16|bfloat16] [--param-dtype float32|float16|bfloat16]
 // PyTorch nn.MultiheadAttention (eval mode) on .npy files, with its state_dict in safetensors.
 #include <map>
+#include <optional>
 #include <sstream>
 #include <memory>
 
@@ -23,6 +25,7 @@ namespace {
 
 struct MhaArgs {
     std::string params, query, key, value, out, key_padding_mask, attn_mask, weights, grad_out, grads, alibi_slopes;
+    std::string out_dtype, param_dtype;  // "" = the query's 16-bit dtype / the checkpoint's
     double softcap = 0.0;
     bool alibi = false;
     std::int64_t num_heads = 0;
@@ -71,8 +74,19 @@ void run(const MhaArgs& a) {
         const Tensor f = to_dtype(t.view(), DType::f32);
         slopes.assign(f.data_as<const float>(), f.data_as<const float>() + f.numel());
     }
+    // Weight matrices: as stored (a 16-bit checkpoint stays 16-bit) unless --param-dtype says;
+    // training reads float32 weights.
+    std::optional<DType> param_dtype;
+    if (!a.param_dtype.empty()) {
+        if (a.param_dtype == "float32") param_dtype = DType::f32;
+        else if (a.param_dtype == "float16") param_dtype = DType::f16;
+        else if (a.param_dtype == "bfloat16") param_dtype = DType::bf16;
+        else throw Error("--param-dtype: expected float32, float16 or bfloat16 but got '" + a.param_dtype + "'");
+        if (training && *param_dtype != DType::f32) throw Error("--param-dtype: training (--grads) needs float32 parameters");
+    }
+    if (training) param_dtype = DType::f32;
     const MultiHeadAttention layer =
-        MultiHeadAttention::from_state_dict(state, a.num_heads, a.batch_first, a.softcap, std::move(slopes));
+        MultiHeadAttention::from_state_dict(state, a.num_heads, a.batch_first, a.softcap, std::move(slopes), param_dtype);
 
     // Each distinct file is read once: key = value (one file) gets the fused KV projection,
     // no --key/--value the fused QKV projection of self-attention.
@@ -102,6 +116,8 @@ void run(const MhaArgs& a) {
     opt.is_causal = a.causal;
     opt.need_weights = !a.weights.empty();
     opt.average_attn_weights = !a.per_head;
+    if (!a.out_dtype.empty() && training) throw Error("--out-dtype: not with --grads (training writes float32)");
+    opt.out_dtype = parse_out_dtype(a.out_dtype, q.dtype());
     if (training) {
         // Gradients under state_dict names, then one per distinct input file (self-attention:
         // the query's gradient is the sum of the three uses, as autograd gives).
@@ -148,7 +164,16 @@ void add_mha_command(CLI::App& app) {
     cmd->add_option("--query", args->query, "query (Lq, B, E), (B, Lq, E) with --batch-first, or unbatched (Lq, E)")->required();
     cmd->add_option("--key", args->key, "key (Lk, B, kdim) in the query's layout; default: the query (self-attention)");
     cmd->add_option("--value", args->value, "value (Lk, B, vdim) in the query's layout; default: the query");
-    cmd->add_option("--out", args->out, "output, shaped like the query with E features, written as float32")->required();
+    cmd->add_option("--out", args->out,
+                    "output, shaped like the query with E features, in --out-dtype (a path ending in .safetensors gets a "
+                    "safetensors file)")->required();
+    cmd->add_option("--out-dtype", args->out_dtype,
+                    "dtype of the output: float32, float16 or bfloat16 (only into .safetensors); default: the query's "
+                    "when 16-bit, else float32. Weights stay float32");
+    cmd->add_option("--param-dtype", args->param_dtype,
+                    "storage of the weight matrices: float32, float16 or bfloat16 (16-bit: widened inside the projection "
+                    "GEMM, fp32 accumulation); default: the checkpoint's when all its weight matrices share a 16-bit "
+                    "dtype, else float32");
     cmd->add_flag("--batch-first", args->batch_first, "inputs and output are (B, L, E) instead of (L, B, E)");
     cmd->add_option("--key-padding-mask", args->key_padding_mask,
                     "(B, Lk) or unbatched (Lk,): bool True = padding (ignored key), or float added to the scores");
