@@ -129,6 +129,9 @@ inline void for_row_groups(i64 M, F&& f) {
     for (; r < M; ++r) f(r, 1);
 }
 
+// Bytes of the next page's K and V requested ahead on a fragmented pool (for_key_runs).
+constexpr i64 kPageLead = 1024;
+
 // Key-row addressing: rows [j0, j0 + n) of sequence b, KV head hk, as runs of rows at one
 // row stride (a.ks[2] / a.vs[2]) — one run for K/V views, one per page for a paged cache
 // (w.paged). f(t, len, krow, vrow): rows j0 + t .. j0 + t + len − 1 start at krow / vrow.
@@ -145,8 +148,20 @@ inline void for_key_runs(const DecodeView& a, const DecodeWork& w, i64 b, i64 hk
     const PagedRows& pg = *w.paged;
     const std::int32_t* table = pg.table + b * pg.table_stride;
     for (i64 t = 0; t < n;) {
-        const i64 j = j0 + t, page = table[j >> pg.page_shift], row = j & (pg.page_size - 1);
+        const i64 j = j0 + t, slot = j >> pg.page_shift, page = table[slot], row = j & (pg.page_size - 1);
         const i64 len = imin(n - t, pg.page_size - row);
+        // Entering a page whose successor is not the adjacent page: request the start of the
+        // successor's K and V (kPageLead bytes each), so the hardware prefetcher, which
+        // stops at the gap, finds that stream already started (fragmented pools). A prefetch
+        // never faults, so a page shorter than kPageLead needs no clamp.
+        if (row == 0 && slot + 1 < pg.table_stride && table[slot + 1] != page + 1) {
+            const char* nk = reinterpret_cast<const char*>(k + table[slot + 1] * pg.k_page_stride);
+            const char* nv = reinterpret_cast<const char*>(v + table[slot + 1] * pg.v_page_stride);
+            for (i64 x = 0; x < kPageLead; x += 64) {
+                __builtin_prefetch(nk + x, 0, 3);
+                __builtin_prefetch(nv + x, 0, 3);
+            }
+        }
         f(t, len, k + page * pg.k_page_stride + row * a.ks[2], v + page * pg.v_page_stride + row * a.vs[2]);
         t += len;
     }
