@@ -365,6 +365,34 @@ TEST(ModifiersKernels, FullyVisibleTilesGetTheModifiers) {
     }
 }
 
+// The decode kernel skips the mask rule on blocks a row sees completely and then applies
+// only the modifiers (decode_core.hpp block_modifiers): no mask, non-causal, keys over several
+// blocks and a ragged last one, every row, with and without a key split.
+TEST(ModifiersKernels, DecodeFullyVisibleBlocksGetTheModifiers) {
+    std::mt19937_64 rng(24);
+    for (int mods = 0; mods < 3; ++mods) {
+        Inputs in;
+        in.q = test::randn(DType::f32, Shape{1, 4, 3, 32}, rng, 3.0);
+        in.k = test::randn(DType::f32, Shape{1, 2, 200, 32}, rng, 3.0);
+        in.v = test::randn(DType::f32, Shape{1, 2, 200, 32}, rng);
+        in.slopes = alibi_slopes(4);
+        if (mods != 1) in.opt.softcap = 2.0;
+        if (mods != 0) in.opt.alibi_slopes = in.slopes;
+        const Result ref = run_reference(in);
+        const Bound bd = bound_for(in, ref);
+        for (const detail::KernelSet* ks : detail::runnable_kernel_sets())
+            for (std::int64_t split : {1, 3}) {
+                Result r{poisoned(DType::f32, Shape{1, 4, 3, 32}), poisoned(DType::f32, Shape{1, 4, 3})};
+                TensorView l = r.lse;
+                const detail::SdpaProblem p = detail::make_problem(in.q, in.k, in.v, in.opt, r.out, &l, nullptr);
+                ASSERT_EQ(detail::decode_declines(p), "");
+                detail::decode_forward(p, *ks, split);
+                expect_close(r, ref, bd, std::string(detail::isa_name(ks->isa)) + " mods=" + std::to_string(mods) +
+                                             " split=" + std::to_string(split));
+            }
+    }
+}
+
 // The scores output at each stage: flash (every row) against the reference; masked keys are
 // −inf in both; bound E of the header on every finite score (the reference's are exact).
 TEST(ModifiersKernels, FlashScoresOutputMatchesReference) {

@@ -129,6 +129,9 @@ inline void for_row_groups(i64 M, F&& f) {
     for (; r < M; ++r) f(r, 1);
 }
 
+// Bytes of the next page's K and V requested ahead on a fragmented pool (for_key_runs).
+constexpr i64 kPageLead = 1024;
+
 // Key-row addressing: rows [j0, j0 + n) of sequence b, KV head hk, as runs of rows at one
 // row stride (a.ks[2] / a.vs[2]) — one run for K/V views, one per page for a paged cache
 // (w.paged). f(t, len, krow, vrow): rows j0 + t .. j0 + t + len − 1 start at krow / vrow.
@@ -145,8 +148,20 @@ inline void for_key_runs(const DecodeView& a, const DecodeWork& w, i64 b, i64 hk
     const PagedRows& pg = *w.paged;
     const std::int32_t* table = pg.table + b * pg.table_stride;
     for (i64 t = 0; t < n;) {
-        const i64 j = j0 + t, page = table[j >> pg.page_shift], row = j & (pg.page_size - 1);
+        const i64 j = j0 + t, slot = j >> pg.page_shift, page = table[slot], row = j & (pg.page_size - 1);
         const i64 len = imin(n - t, pg.page_size - row);
+        // Entering a page whose successor is not the adjacent page: request the start of the
+        // successor's K and V (kPageLead bytes each), so the hardware prefetcher, which
+        // stops at the gap, finds that stream already started (fragmented pools). A prefetch
+        // never faults, so a page shorter than kPageLead needs no clamp.
+        if (row == 0 && slot + 1 < pg.table_stride && table[slot + 1] != page + 1) {
+            const char* nk = reinterpret_cast<const char*>(k + table[slot + 1] * pg.k_page_stride);
+            const char* nv = reinterpret_cast<const char*>(v + table[slot + 1] * pg.v_page_stride);
+            for (i64 x = 0; x < kPageLead; x += 64) {
+                __builtin_prefetch(nk + x, 0, 3);
+                __builtin_prefetch(nv + x, 0, 3);
+            }
+        }
         f(t, len, k + page * pg.k_page_stride + row * a.ks[2], v + page * pg.v_page_stride + row * a.vs[2]);
         t += len;
     }
@@ -161,6 +176,28 @@ inline float load_q(const DecodeView& a, i64 x) {
         case DType::bf16: return Ops::load1(static_cast<const typename Ops::Brain*>(a.q) + x);
         default: return static_cast<const float*>(a.q)[x];
     }
+}
+
+// Step 1 of the score rule (scores.hpp's apply_score_modifiers) on one row's block of keys
+// [j0, j0+n), stride 1, as loops this file's ISA vectorises: softcap through softcap_f32,
+// then ALiBi −m·|d − j| with the distance in float from abase = d − j0 (flash's
+// tile_modifiers does the same) — exact, so the same bits as the int64 path, while
+// |d − j0| + n <= 2^24; past that (offsets or lengths beyond 16 M) apply_alibi's int64 path.
+// No abs() or int64 conversion per key: a convert, a subtract, an and and an FMA per 16 keys.
+inline void block_modifiers(const SdpaProblem& p, i64 b, i64 h, i64 i, i64 j0, i64 n, float* s) {
+    if (p.softcap > 0.0) {
+        softcap_f32(s, 1, n, static_cast<float>(p.softcap), static_cast<float>(1.0 / p.softcap), nullptr);
+    }
+    if (!p.alibi_slopes) return;
+    constexpr i64 kExact = i64{1} << 24;
+    const i64 rel = i + p.alibi_offset(b) - j0;
+    if ((rel < 0 ? -rel : rel) + n > kExact) {
+        apply_alibi<float>(p, b, h, i, j0, n, s, 1);
+        return;
+    }
+    const float m = p.alibi_slope(b, h), abase = static_cast<float>(rel);
+    const int nn = static_cast<int>(n);
+    for (int j = 0; j < nn; ++j) s[j] -= m * fabsf(abase - static_cast<float>(j));
 }
 
 // One work item: sequence b, KV head hk, keys [c0, c1). Leaves (o, m, l) per row in sc
@@ -190,7 +227,7 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
         if (careful)
             for (i64 d = 0; d < Dv; ++d) sc.ob[r * Dv + d] = 0.0f;
     }
-    const bool elementwise = score_rule_has_elementwise(p);
+    const bool masks = p.has_elementwise_mask(), modifiers = p.has_score_modifiers();
     const std::uint16_t exp16 = p.v.dtype() == DType::f16 ? kF16Exponent : kBF16Exponent;
 
     for (i64 j0 = klo; j0 < khi; j0 += kDecodeBlock) {
@@ -207,9 +244,13 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
         bool ruled = false;  // some row has weights exactly 0 in this block
         for (i64 r = 0; r < M; ++r) {
             float* s = sc.s + r * kDecodeBlock;
-            // The score rule, unless the row sees this whole block and nothing element-wise applies.
-            if (elementwise || sc.lo[r] > j0 || sc.hi[r] < j0 + n) {
-                apply_score_rule(p, b, hk * G + r / Lq, r % Lq, j0, n, s, 1, KeyRange{sc.lo[r], sc.hi[r]});
+            // The score rule: the modifiers on every block (vectorised, block_modifiers), the
+            // masks and the key interval unless the row sees this whole block and has no mask.
+            // Only the masks give weights exactly 0 (softcap and ALiBi keep a finite score
+            // finite), so only they send V to the non-finite scan below.
+            if (modifiers) block_modifiers(p, b, hk * G + r / Lq, r % Lq, j0, n, s);
+            if (masks || sc.lo[r] > j0 || sc.hi[r] < j0 + n) {
+                apply_mask_rule(p, b, hk * G + r / Lq, r % Lq, j0, n, s, 1, KeyRange{sc.lo[r], sc.hi[r]});
                 ruled = true;
             }
             const float mx = Ops::row_max(s, n);
