@@ -294,7 +294,7 @@ TEST(HalfBackward, Bf16ComputeMatchesReference) {
         SCOPED_TRACE(c.str());
         const Inputs in = make_inputs(c, dt, 8100 + static_cast<std::uint64_t>(n++));
         const Result got = run(in, dt, Impl::flash, DType::bf16);
-        ASSERT_EQ(got.kernel, "flash-backward/avx512");
+        ASSERT_EQ(got.kernel, "flash-backward/avx512_bf16");
         const Result ref = run(in, dt, Impl::reference, DType::f64);
         const Result f32 = run(in, Dtypes{dt.q, dt.kv, dt.dO, dt.out, DType::f32}, Impl::flash, DType::f32);
         // P from the reference forward (the same options; float64 weights)

@@ -154,6 +154,12 @@ struct Scratch {
     // block, and the tile's P̂/dS scratch (tile.hpp, TileBf16).
     std::vector<std::uint16_t> q16, dO16, ds16;
     std::vector<std::uint32_t> qp, dOp, ktp, vtp, kpp, pp;
+    // Bytes held by the per-task buffers (the ones that grow with Lq).
+    std::size_t task_bytes() const {
+        return 4 * (q.capacity() + qz.capacity() + dO.capacity() + dOz.capacity() + dqb.capacity() + qp.capacity() +
+                    dOp.capacity()) +
+               2 * (q16.capacity() + dO16.capacity());
+    }
     std::vector<char> q_nf, dO_nf;  // per query head of the group: it has a NaN/±inf
 };
 
@@ -279,7 +285,11 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
 
 #pragma omp parallel
     {
-        Scratch s;
+        // Per-thread buffers kept from call to call (as gemm.cpp's workspace): allocating
+        // them afresh put page faults on every call — up to ~10 MB per thread on S3
+        // (Q/dO rows of a task, the task's dQ), ~10 % of S1's bf16 backward.
+        thread_local Scratch t_scratch;
+        Scratch& s = t_scratch;
         const int Bcp = round8(kBc);
         s.kt.assign(static_cast<std::size_t>(Dk * Bcp), 0.0f);
         s.vt.assign(static_cast<std::size_t>(Dv * Bcp), 0.0f);
@@ -489,6 +499,9 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                         store_row(bp.dq, bp.dq.offset(b, hk * p.group + static_cast<std::int64_t>(g), i, 0), bp.dq.stride(3),
                                   s.dqb.data() + g * q_head + static_cast<std::size_t>(i * Dkp), 1, Dk, 1.0f);
         }
+
+        // Kept for the next call unless a long sequence made them large (32 MiB per thread).
+        if (s.task_bytes() > (std::size_t{32} << 20)) s = Scratch{};
 
         // dQ = Σ over chunks, in chunk order.
 #pragma omp for schedule(static)
