@@ -34,6 +34,14 @@ namespace {
 
 inline __m512bh pairs(__m512i x) { return (__m512bh)x; }
 
+// One pair word broadcast to 16 lanes; memcpy because A may be a bf16 (uint16) array read
+// as words (Q/dO/dS rows), which a uint32 load would read through the wrong type.
+inline __m512bh bcast(const std::uint32_t* p) {
+    int w;
+    std::memcpy(&w, p, sizeof w);
+    return pairs(_mm512_set1_epi32(w));
+}
+
 // C(MR × 16·NV) (+)= Σ_{p < KP} A(r, p) ·pair B(p, ·); A(r, p) = a[r·a_rs + p·a_ks] (one pair
 // word), B rows of pair words with stride ldb; the last vector under `last`.
 template <int MR, int NV>
@@ -54,7 +62,7 @@ inline void ukernel(int KP, const std::uint32_t* a, std::ptrdiff_t a_rs, std::pt
     if (accumulate) { ATTN_ROWS(ATTN_LOAD) }
 #define ATTN_DOT(r, x0, x1)                                                              \
     if constexpr (MR > r) {                                                              \
-        const __m512bh av = pairs(_mm512_set1_epi32(static_cast<int>(a[r * a_rs + o]))); \
+        const __m512bh av = bcast(a + r * a_rs + o);                                      \
         x0 = _mm512_dpbf16_ps(x0, av, b0);                                               \
         if constexpr (NV == 2) x1 = _mm512_dpbf16_ps(x1, av, b1);                        \
     }
