@@ -13,8 +13,9 @@
 // Work split (deterministic): one task = (batch, KV head, chunk of key blocks). A task
 // owns the dK/dV rows of its key blocks, summing over the query heads of its GQA group
 // in a fixed order, so no two tasks write the same dK/dV row. dQ gets contributions from
-// every key block: each chunk accumulates into its own dQ partial, and the partials are
-// added in chunk order at the end. The chunk count depends on the shape only, so the
+// every key block: with one chunk (B·Hkv >= 8) a task owns all dQ rows of its heads and
+// accumulates them itself; otherwise each chunk accumulates into its own dQ partial, and the
+// partials are added in chunk order at the end. The chunk count depends on the shape only, so the
 // result is bit-identical for any thread count and schedule.
 //
 // Tiles that the structural masks (causal, window, key lengths) hide completely are
@@ -229,7 +230,7 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
     std::vector<float> neg_lse2(static_cast<std::size_t>(nrows)), Drow(static_cast<std::size_t>(nrows));
 #pragma omp parallel
     {
-    std::vector<float> w(static_cast<std::size_t>(2 * Dv));
+    std::vector<float> w(static_cast<std::size_t>(2 * Dv));  // this row's dO and O, widened
 #pragma omp for schedule(static)
     for (std::int64_t r = 0; r < nrows; ++r) {
         const std::int64_t b = r / (Hq * Lq), h = r / Lq % Hq, i = r % Lq;
