@@ -49,6 +49,9 @@ struct KernelSet {
     // Flash forward with the two products on bf16 pairs (flash/bf16_dot.hpp) for all-bfloat16
     // Q, K, V; null on rows without it. Only on a CPU with AVX-512 BF16 (see above).
     void (*flash_forward_bf16)(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads) = nullptr;
+    // The backward tile with its five products on bf16 pairs (backward/tile_avx512_bf16.cpp),
+    // null on rows without it; flash_backward.cpp calls it under the same rule (bf16 compute).
+    void (*backward_tile_bf16)(const TileArgs& t) = nullptr;
 };
 
 // The row the library uses, chosen on first use (thread-safe); `why` (optional) says why.
@@ -81,6 +84,7 @@ void flash_forward_avx512_bf16(const SdpaProblem& p, const FlashTiles& tiles, co
 void backward_tile_portable(const TileArgs& t);
 void backward_tile_avx2(const TileArgs& t);
 void backward_tile_avx512(const TileArgs& t);
+void backward_tile_avx512_bf16(const TileArgs& t);
 void dropout_row_portable(const DropoutRowArgs& a);
 void dropout_row_avx2(const DropoutRowArgs& a);
 void decode_portable(const SdpaProblem& p, const DecodeWork& w);

@@ -23,6 +23,9 @@
 namespace attn::test {
 namespace {
 
+// x rounded to bf16 (round to nearest even), as a double.
+double float_to_bf16_value(double x) { return static_cast<double>(bf16_to_float(float_to_bf16(static_cast<float>(x)))); }
+
 // The dtypes of one call: q; k and v; grad_out; out (the forward's output the backward
 // reads for D = rowsum(dO∘O)); the gradients dq, dk, dv.
 struct Dtypes {
@@ -241,8 +244,10 @@ TEST(HalfBackward, MatchesReferencePortable) { check_against_reference(detail::I
 
 // A 16-bit gradient is the float32 gradient rounded once (round to nearest even): bit for
 // bit the float32 run's values through half.hpp's rounding, on every ISA row, 1 and 2 threads.
+// (out is float32: with Q, K, V, O, dO and the gradients all bf16 the avx512 row would run
+// the bf16 products instead — Bf16ComputeMatchesReference below.)
 TEST(HalfBackward, SixteenBitGradientsAreOneRoundingOfFloat32) {
-    const Dtypes dt{DType::bf16, DType::bf16, DType::bf16, DType::bf16, DType::f32};
+    const Dtypes dt{DType::bf16, DType::bf16, DType::bf16, DType::f32, DType::f32};
     for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
         const detail::ScopedKernelSet use(*row);
         int n = 0;
@@ -262,6 +267,106 @@ TEST(HalfBackward, SixteenBitGradientsAreOneRoundingOfFloat32) {
             }
         }
     }
+}
+
+// bf16 compute (docs/conventions.md "bf16 compute"): Q, K, V, O, dO and the gradients all
+// bf16 on a CPU with AVX-512 BF16 run the five products on bf16 pairs. Against the double
+// reference on the same inputs, per element, on top of the bound above (float32 budget +
+// bf16 O through D) and the gradient's own rounding u·|x| (u = 2⁻⁸):
+//   dV_jd: u·Σ_i P̂_ij·|dO_id|          (P̂ rounded to bf16)
+//   dK_jd: u·scale·Σ_i |dS_ij|·|Q_id|   (dS rounded)       dQ_id: u·scale·Σ_j |dS_ij|·|K_jd|
+// each times (1 + 2⁻⁷) for the rounding of the float32 operand itself, with |dS_ij| bounded
+// by P_ij·(Σ_d |dO_id·V_jd| + |D_i|) (softcap only shrinks it). P from the reference forward's
+// weights; no dropout here (P̂ = P). The run must differ from the float32 products somewhere,
+// or this test would not be testing them.
+TEST(HalfBackward, Bf16ComputeMatchesReference) {
+    const detail::KernelSet* row = detail::kernel_set_for(detail::Isa::avx512);
+    if (row == nullptr || !detail::cpu_features().has_avx512_bf16())
+        GTEST_SKIP() << "skipped: CPU lacks avx512_bf16";
+    const detail::ScopedKernelSet use(*row);
+    const Dtypes dt{DType::bf16, DType::bf16, DType::bf16, DType::bf16, DType::bf16};
+    const double u = unit_roundoff(DType::bf16), uu = u * (1.0 + std::ldexp(1.0, -7));
+    double worst = 0.0, worst_products = 0.0;  // error / bound; the products' share of the bound
+    bool differs = false;
+    int n = 0;
+    for (Case c : random_cases(30, 81)) {
+        c.dropout = 0.0;
+        SCOPED_TRACE(c.str());
+        const Inputs in = make_inputs(c, dt, 8100 + static_cast<std::uint64_t>(n++));
+        const Result got = run(in, dt, Impl::flash, DType::bf16);
+        ASSERT_EQ(got.kernel, "flash-backward/avx512_bf16");
+        if (n % 3 == 0) {  // the bf16 products do not depend on the thread count either
+            const ScopedNumThreads one(1);
+            const Result r1 = run(in, dt, Impl::flash, DType::bf16);
+            EXPECT_TRUE(bit_equal(r1.dq, got.dq) && bit_equal(r1.dk, got.dk) && bit_equal(r1.dv, got.dv)) << "1 thread";
+        }
+        const Result ref = run(in, dt, Impl::reference, DType::f64);
+        const Result f32 = run(in, Dtypes{dt.q, dt.kv, dt.dO, dt.out, DType::f32}, Impl::flash, DType::f32);
+        // P from the reference forward (the same options; float64 weights)
+        Tensor w(DType::f64, Shape{c.B, c.Hq, c.Lq, c.Lk}), o64(DType::f64, Shape{c.B, c.Hq, c.Lq, c.Dv});
+        SdpaOptions ow = in.opt;
+        ow.impl = Impl::reference;
+        const TensorView wv = w.view();
+        sdpa(in.q, in.k, in.v, ow, o64, nullptr, &wv);
+        const double den = std::max({max_abs(ref.dq), max_abs(ref.dk), max_abs(ref.dv)}) + 1e-30;
+        const Bounds bd = bounds(c, in, got, den, dt);
+        const double scale = 1.0 / std::sqrt(static_cast<double>(c.Dk));
+        const std::int64_t G = c.Hq / c.Hkv;
+        // |dS| bound per (b, h, i, j)
+        std::vector<double> ds(static_cast<std::size_t>(c.B * c.Hq * c.Lq * c.Lk));
+        for (std::int64_t b = 0; b < c.B; ++b)
+            for (std::int64_t h = 0; h < c.Hq; ++h)
+                for (std::int64_t i = 0; i < c.Lq; ++i) {
+                    double D = 0.0;
+                    for (std::int64_t d = 0; d < c.Dv; ++d) D += at(in.dO, b, h, i, d) * at(o64, b, h, i, d);
+                    for (std::int64_t j = 0; j < c.Lk; ++j) {
+                        double dp = 0.0;
+                        for (std::int64_t d = 0; d < c.Dv; ++d) dp += std::fabs(at(in.dO, b, h, i, d) * at(in.v, b, h / G, j, d));
+                        ds[static_cast<std::size_t>(((b * c.Hq + h) * c.Lq + i) * c.Lk + j)] = at(w, b, h, i, j) * (dp + std::fabs(D));
+                    }
+                }
+        const auto dsb = [&](std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
+            return ds[static_cast<std::size_t>(((b * c.Hq + h) * c.Lq + i) * c.Lk + j)];
+        };
+        const auto check = [&](const Tensor& g, const Tensor& r, const Tensor& f, double base, auto products, const char* name) {
+            for (std::int64_t b = 0; b < g.shape()[0]; ++b)
+                for (std::int64_t h = 0; h < g.shape()[1]; ++h)
+                    for (std::int64_t x = 0; x < g.shape()[2]; ++x)
+                        for (std::int64_t d = 0; d < g.shape()[3]; ++d) {
+                            const double e = std::fabs(at(g, b, h, x, d) - at(r, b, h, x, d));
+                            const double pr = uu * products(b, h, x, d);
+                            const double bound = base + pr + u * (std::fabs(at(r, b, h, x, d)) + base + pr);
+                            worst = std::max(worst, e / bound);
+                            worst_products = std::max(worst_products, pr / bound);
+                            differs |= at(g, b, h, x, d) != static_cast<double>(float_to_bf16_value(at(f, b, h, x, d)));
+                            if (!(e <= bound)) {
+                                ADD_FAILURE() << name << "[" << b << "," << h << "," << x << "," << d << "] error " << e
+                                              << " > bound " << bound;
+                                return;
+                            }
+                        }
+        };
+        check(got.dv, ref.dv, f32.dv, bd.dv, [&](std::int64_t b, std::int64_t hk, std::int64_t j, std::int64_t d) {
+            double acc = 0.0;
+            for (std::int64_t h = hk * G; h < (hk + 1) * G; ++h)
+                for (std::int64_t i = 0; i < c.Lq; ++i) acc += at(w, b, h, i, j) * std::fabs(at(in.dO, b, h, i, d));
+            return acc;
+        }, "dv");
+        check(got.dk, ref.dk, f32.dk, bd.dk, [&](std::int64_t b, std::int64_t hk, std::int64_t j, std::int64_t d) {
+            double acc = 0.0;
+            for (std::int64_t h = hk * G; h < (hk + 1) * G; ++h)
+                for (std::int64_t i = 0; i < c.Lq; ++i) acc += dsb(b, h, i, j) * std::fabs(at(in.q, b, h, i, d));
+            return scale * acc;
+        }, "dk");
+        check(got.dq, ref.dq, f32.dq, bd.dq, [&](std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t d) {
+            double acc = 0.0;
+            for (std::int64_t j = 0; j < c.Lk; ++j) acc += dsb(b, h, i, j) * std::fabs(at(in.k, b, h / G, j, d));
+            return scale * acc;
+        }, "dq");
+    }
+    EXPECT_TRUE(differs) << "every gradient equals the float32 products' rounded: the bf16 products did not run";
+    std::printf("[ info ] bf16 compute backward, 30 cases: worst error / bound %.3g (the products' terms up to %.3g of a bound)\n",
+                worst, worst_products);
 }
 
 // The tiled backward's result does not depend on the thread count with 16-bit inputs either

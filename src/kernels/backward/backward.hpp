@@ -30,6 +30,12 @@ inline bool flash_backward_reads(const TensorView& q, const TensorView& k, const
     return ok(q) && ok(k) && ok(v) && ok(out) && ok(grad_out) && lse.dtype() == DType::f32;
 }
 
+// True when flash_backward runs its products on bf16 pairs (KernelSet::backward_tile_bf16,
+// docs/conventions.md "bf16 compute"): the forward's rule (Q, K, V and O bfloat16:
+// SdpaProblem::bf16_products) with dO and the three gradients bfloat16 too — a float32
+// gradient asks for float32 accuracy — on a CPU with AVX-512 BF16.
+bool backward_bf16_compute(const BackwardProblem& p);
+
 // Tiled fp32 backward (FlashAttention-2 style) from the saved lse; reads what
 // flash_backward_reads accepts. `kernels` is a row of the kernel table (the dispatch passes
 // kernel_set(); tests pass each row the CPU can run).

@@ -13,8 +13,9 @@
 // Work split (deterministic): one task = (batch, KV head, chunk of key blocks). A task
 // owns the dK/dV rows of its key blocks, summing over the query heads of its GQA group
 // in a fixed order, so no two tasks write the same dK/dV row. dQ gets contributions from
-// every key block: each chunk accumulates into its own dQ partial, and the partials are
-// added in chunk order at the end. The chunk count depends on the shape only, so the
+// every key block: with one chunk (B·Hkv >= 8) a task owns all dQ rows of its heads and
+// accumulates them itself; otherwise each chunk accumulates into its own dQ partial, and the
+// partials are added in chunk order at the end. The chunk count depends on the shape only, so the
 // result is bit-identical for any thread count and schedule.
 //
 // Tiles that the structural masks (causal, window, key lengths) hide completely are
@@ -45,6 +46,7 @@
 #include "../isa.hpp"
 #include "../scores.hpp"
 #include "../simd/convert.hpp"
+#include "../store_row.hpp"
 #include "backward.hpp"
 #include "tile.hpp"
 
@@ -113,12 +115,52 @@ bool finite_copy(const Rows& r, std::int64_t B, std::int64_t H, std::int64_t L, 
     return true;
 }
 
+// Σ a[d]·b[d] in double: 8 partial sums (d mod 8) added in a fixed order, so the compiler
+// vectorises it and the result depends on n only.
+double dot_f64(const float* a, const float* b, std::int64_t n) {
+    double acc[8] = {};
+    std::int64_t d = 0;
+    for (; d + 8 <= n; d += 8)
+        for (int l = 0; l < 8; ++l) acc[l] += static_cast<double>(a[d + l]) * static_cast<double>(b[d + l]);
+    for (int l = 0; d < n; ++d, ++l) acc[l] += static_cast<double>(a[d]) * static_cast<double>(b[d]);
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+// bf16 compute (tile.hpp, TileBf16): the operands packed from float32 rows that hold bf16
+// values (the inputs are bf16, so attn/half.hpp's rounding is exact here); once per task
+// (Q, dO) or key block (K, V), so this scalar packing costs ~1/Lq of the tile work.
+// dst rows (n of them, ld_dst elements apart) = bf16 of src's first `cols` columns.
+void bf16_rows(const float* src, std::ptrdiff_t ld, std::int64_t n, int cols, std::uint16_t* dst, std::ptrdiff_t ld_dst) {
+    for (std::int64_t i = 0; i < n; ++i)
+        for (int c = 0; c < cols; ++c) dst[i * ld_dst + c] = float_to_bf16(src[i * ld + c]);
+}
+// dst[p][c] = (bf16 src[2p][c], bf16 src[2p+1][c]) for p < ⌈n/2⌉; the row past an odd n is 0.
+void bf16_pairs(const float* src, std::ptrdiff_t ld, std::int64_t n, int cols, std::uint32_t* dst, std::ptrdiff_t ld_dst) {
+    for (std::int64_t r = 0; r < n; r += 2)
+        for (int c = 0; c < cols; ++c) {
+            const std::uint32_t lo = float_to_bf16(src[r * ld + c]);
+            const std::uint32_t hi = r + 1 < n ? float_to_bf16(src[(r + 1) * ld + c]) : 0u;
+            dst[r / 2 * ld_dst + c] = lo | hi << 16;
+        }
+}
+
 struct Scratch {
     std::vector<float> kt, vt, kp, vrow, dk, dv, S, dP, Pd, drop, drow, cg;
     // Q and dO rows of the task's query heads widened to float32 (when not read in place):
     // group × Lq rows each, packed once per task and read by every key block, so the
     // conversion costs 1/Lk of the tile work; qz/dOz only when a head holds a NaN/±inf.
     std::vector<float> q, qz, dO, dOz;
+    std::vector<float> dqb;  // the task's dQ rows (group × Lq, width Dkp) when it owns them (one chunk)
+    // bf16 compute only: Q/dO rows and row pairs of the task's heads, Kᵀ/Vᵀ/K pairs of the key
+    // block, and the tile's P̂/dS scratch (tile.hpp, TileBf16).
+    std::vector<std::uint16_t> q16, dO16, ds16;
+    std::vector<std::uint32_t> qp, dOp, ktp, vtp, kpp, pp;
+    // Bytes held by the per-task buffers (the ones that grow with Lq).
+    std::size_t task_bytes() const {
+        return 4 * (q.capacity() + qz.capacity() + dO.capacity() + dOz.capacity() + dqb.capacity() + qp.capacity() +
+                    dOp.capacity()) +
+               2 * (q16.capacity() + dO16.capacity());
+    }
     std::vector<char> q_nf, dO_nf;  // per query head of the group: it has a NaN/±inf
 };
 
@@ -155,6 +197,13 @@ void tile_score_rule(const void* ctx, int row, float* s) {
 
 }  // namespace
 
+bool backward_bf16_compute(const BackwardProblem& bp) {
+    const SdpaProblem& p = bp.fwd;
+    const auto bf = [](const TensorView& t) { return t.dtype() == DType::bf16; };
+    return p.bf16_products && bf(p.q) && bf(p.k) && bf(p.v) && bf(p.out) && bf(bp.grad_out) && bf(bp.dq) && bf(bp.dk) &&
+           bf(bp.dv) && cpu_features().has_avx512_bf16();
+}
+
 // q: (B, Hq, Lq, Dk), k: (B, Hkv, Lk, Dk), v: (B, Hkv, Lk, Dv), out/grad_out: (B, Hq, Lq, Dv), lse: (B, Hq, Lq)
 void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
     const SdpaProblem& p = bp.fwd;
@@ -162,6 +211,9 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
     const int Dkp = round8(Dk), Dvp = round8(Dv);
     const Dropout drop = p.dropout();
     const float scale = static_cast<float>(p.scale);
+    const bool bf16 = kernels.backward_tile_bf16 != nullptr && backward_bf16_compute(bp);
+    void (*const tile)(const TileArgs&) = bf16 ? kernels.backward_tile_bf16 : kernels.backward_tile;
+    const std::int64_t Lq2 = (Lq + 1) / 2;  // query row pairs per head (bf16 compute)
 
     // Q and dO read in place when they are float32 rows of the padded width, else widened
     // per task (pack_rows). In place, a copy with their NaN/±inf entries 0 serves dSᵀ·Q and
@@ -176,7 +228,10 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
     // Per row: −lse·log2 e (−inf for a row with no visible key) and D = rowsum(dO ∘ O).
     const std::int64_t nrows = B * Hq * Lq;
     std::vector<float> neg_lse2(static_cast<std::size_t>(nrows)), Drow(static_cast<std::size_t>(nrows));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel
+    {
+    std::vector<float> w(static_cast<std::size_t>(2 * Dv));  // this row's dO and O, widened
+#pragma omp for schedule(static)
     for (std::int64_t r = 0; r < nrows; ++r) {
         const std::int64_t b = r / (Hq * Lq), h = r / Lq % Hq, i = r % Lq;
         const double lse = load(*p.lse, p.lse->offset(b, h, i));
@@ -184,10 +239,13 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
         // times log2 e would overflow to +inf, and −inf + inf = NaN in the exponent.
         const double nl = std::clamp(-lse * kLog2e, -static_cast<double>(FLT_MAX), static_cast<double>(FLT_MAX));
         neg_lse2[static_cast<std::size_t>(r)] = lse == -INFINITY ? kNegInf : static_cast<float>(std::isnan(lse) ? lse : nl);
-        double acc = 0.0;
-        for (std::int64_t d = 0; d < Dv; ++d)
-            acc += load(bp.grad_out, bp.grad_out.offset(b, h, i, d)) * load(p.out, p.out.offset(b, h, i, d));
-        Drow[static_cast<std::size_t>(r)] = static_cast<float>(acc);
+        // Both rows widened to float32 (exact), then summed in double in 8 fixed lanes: a
+        // per-element load() and one serial double chain cost ~10 % of S1's backward.
+        float* const wo = w.data() + Dv;
+        widen_row(bp.grad_out, bp.grad_out.offset(b, h, i, 0), bp.grad_out.stride(3), Dv, w.data());
+        widen_row(p.out, p.out.offset(b, h, i, 0), p.out.stride(3), Dv, wo);
+        Drow[static_cast<std::size_t>(r)] = static_cast<float>(dot_f64(w.data(), wo, Dv));
+    }
     }
     // Sinks: dσ_h = −Σ_{b,i} e^{σ_h − lse}·D (backward.hpp), summed in double in row order.
     if (bp.dsinks) {
@@ -216,13 +274,23 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
     // B·Hkv is small. A function of the shape only (determinism).
     const std::int64_t nkb = (Lk + kBc - 1) / kBc;
     const std::int64_t nchunks = std::clamp<std::int64_t>((8 + B * Hkv - 1) / (B * Hkv), 1, nkb);
+    // With one chunk a task owns every dQ row of its query heads: it accumulates them in
+    // the caller's float32 rows (zeroed by the task) or in a per-thread buffer rounded out
+    // at the task's end. Only several chunks need the shared partials (B·Hq·Lq·Dkp floats
+    // per chunk, 32 MiB on S3: allocating and faulting them in cost ~8 % of S1).
+    const bool dq_own = nchunks == 1;
+    const bool dq_direct = dq_own && bp.dq.dtype() == DType::f32 && bp.dq.stride(3) == 1 && Dk == Dkp;
     const std::size_t dq_part = static_cast<std::size_t>(B * Hq * Lq * Dkp);
-    std::unique_ptr<float[]> dq_ws(new float[dq_part * static_cast<std::size_t>(nchunks)]);
+    std::unique_ptr<float[]> dq_ws(dq_own ? nullptr : new float[dq_part * static_cast<std::size_t>(nchunks)]);
     const std::int64_t tasks = B * Hkv * nchunks;
 
 #pragma omp parallel
     {
-        Scratch s;
+        // Per-thread buffers kept from call to call (as gemm.cpp's workspace): allocating
+        // them afresh put page faults on every call — up to ~10 MB per thread on S3
+        // (Q/dO rows of a task, the task's dQ), ~10 % of S1's bf16 backward.
+        thread_local Scratch t_scratch;
+        Scratch& s = t_scratch;
         const int Bcp = round8(kBc);
         s.kt.assign(static_cast<std::size_t>(Dk * Bcp), 0.0f);
         s.vt.assign(static_cast<std::size_t>(Dv * Bcp), 0.0f);
@@ -238,22 +306,53 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
         if (p.softcap > 0.0) s.cg.resize(static_cast<std::size_t>(kBr * Bcp));
         s.drop.resize(static_cast<std::size_t>(kBr * Bcp));
         s.drow.resize(static_cast<std::size_t>(Bcp + 6));  // one row's whole Philox blocks (Dropout::fill_row)
+        if (bf16) {
+            s.q16.assign(group * q_head, 0);
+            s.dO16.assign(group * do_head, 0);
+            s.qp.resize(group * static_cast<std::size_t>(Lq2 * Dkp));
+            s.dOp.resize(group * static_cast<std::size_t>(Lq2 * Dvp));
+            s.ktp.resize(static_cast<std::size_t>((Dk + 1) / 2 * Bcp));
+            s.vtp.resize(static_cast<std::size_t>((Dv + 1) / 2 * Bcp));
+            s.kpp.resize(static_cast<std::size_t>((kBc + 1) / 2 * Dkp));
+            s.pp.resize(static_cast<std::size_t>((kBr + 1) / 2 * Bcp));
+            s.ds16.resize(static_cast<std::size_t>(kBr * Bcp));
+        }
 
+        if (dq_own && !dq_direct) s.dqb.resize(group * q_head);
         // Each thread zeroes a slice of the dQ partials (first touch on the thread that uses it most).
 #pragma omp for schedule(static)
-        for (std::int64_t e = 0; e < static_cast<std::int64_t>(dq_part) * nchunks; e += 4096)
+        for (std::int64_t e = 0; e < (dq_own ? 0 : static_cast<std::int64_t>(dq_part) * nchunks); e += 4096)
             std::memset(dq_ws.get() + e, 0,
                         sizeof(float) * static_cast<std::size_t>(std::min<std::int64_t>(4096, dq_part * nchunks - e)));
 
 #pragma omp for schedule(dynamic, 1)
         for (std::int64_t task = 0; task < tasks; ++task) {
             const std::int64_t b = task / (Hkv * nchunks), hk = task / nchunks % Hkv, c = task % nchunks;
-            float* dq_c = dq_ws.get() + static_cast<std::size_t>(c) * dq_part;
+            float* dq_c = dq_own ? nullptr : dq_ws.get() + static_cast<std::size_t>(c) * dq_part;
+            if (dq_direct)
+                for (std::int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h)
+                    for (std::int64_t i = 0; i < Lq; ++i) std::memset(bp.dq.data_as<float>() + bp.dq.offset(b, h, i, 0), 0, sizeof(float) * static_cast<std::size_t>(Dk));
+            else if (dq_own)
+                std::fill(s.dqb.begin(), s.dqb.end(), 0.0f);
             for (std::size_t g = 0; g < group; ++g) {  // widen this task's Q and dO rows once
                 const std::int64_t h = hk * p.group + static_cast<std::int64_t>(g);
                 if (!q_direct) s.q_nf[g] = pack_rows(p.q, b, h, Lq, Dkp, s.q.data() + g * q_head, s.qz, g * q_head, group * q_head);
                 if (!do_direct)
                     s.dO_nf[g] = pack_rows(bp.grad_out, b, h, Lq, Dvp, s.dO.data() + g * do_head, s.dOz, g * do_head, group * do_head);
+                if (bf16) {  // their bf16 rows (for S, dP) and row pairs (for dK, dV: the zeroed copies)
+                    const float* qs = q_direct ? Q.row(b, h, 0) : s.q.data() + g * q_head;
+                    const std::ptrdiff_t lq = q_direct ? Q.si : Dkp;
+                    const float* qz = q_direct ? (q_nonfinite ? Qz.row(b, h, 0) : qs) : (s.q_nf[g] ? s.qz.data() + g * q_head : qs);
+                    const std::ptrdiff_t lqz = q_direct && q_nonfinite ? Qz.si : lq;
+                    const float* ds = do_direct ? dO.row(b, h, 0) : s.dO.data() + g * do_head;
+                    const std::ptrdiff_t ldo = do_direct ? dO.si : Dvp;
+                    const float* dz = do_direct ? (do_nonfinite ? dOz.row(b, h, 0) : ds) : (s.dO_nf[g] ? s.dOz.data() + g * do_head : ds);
+                    const std::ptrdiff_t ldz = do_direct && do_nonfinite ? dOz.si : ldo;
+                    bf16_rows(qs, lq, Lq, Dkp, s.q16.data() + g * q_head, Dkp);
+                    bf16_rows(ds, ldo, Lq, Dvp, s.dO16.data() + g * do_head, Dvp);
+                    bf16_pairs(qz, lqz, Lq, Dkp, s.qp.data() + g * static_cast<std::size_t>(Lq2 * Dkp), Dkp);
+                    bf16_pairs(dz, ldz, Lq, Dvp, s.dOp.data() + g * static_cast<std::size_t>(Lq2 * Dvp), Dvp);
+                }
             }
             for (std::int64_t kb = c * nkb / nchunks; kb < (c + 1) * nkb / nchunks; ++kb) {
                 const std::int64_t j0 = kb * kBc;
@@ -273,6 +372,11 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                 for (int j = bc; j < bcp; ++j) {
                     for (std::int64_t d = 0; d < Dk; ++d) s.kt[static_cast<std::size_t>(d * bcp + j)] = 0.0f;
                     for (std::int64_t d = 0; d < Dv; ++d) s.vt[static_cast<std::size_t>(d * bcp + j)] = 0.0f;
+                }
+                if (bf16) {  // Kᵀ and Vᵀ pairs along d (for S, dP), K pairs along keys (for dQ)
+                    bf16_pairs(s.kt.data(), bcp, Dk, bcp, s.ktp.data(), bcp);
+                    bf16_pairs(s.vt.data(), bcp, Dv, bcp, s.vtp.data(), bcp);
+                    bf16_pairs(s.kp.data(), Dkp, bc, Dkp, s.kpp.data(), Dkp);
                 }
                 std::fill(s.dk.begin(), s.dk.end(), 0.0f);
                 std::fill(s.dv.begin(), s.dv.end(), 0.0f);
@@ -334,8 +438,14 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                         t.S = s.S.data();
                         t.dP = s.dP.data();
                         t.Pd = s.Pd.data();
-                        t.dq = dq_c + row0 * static_cast<std::size_t>(Dkp);
-                        t.lddq = Dkp;
+                        if (dq_direct) {
+                            t.dq = bp.dq.data_as<float>() + bp.dq.offset(b, h, i0, 0);
+                            t.lddq = bp.dq.stride(2);
+                        } else {
+                            t.dq = dq_own ? s.dqb.data() + static_cast<std::size_t>(h - hk * p.group) * q_head + static_cast<std::size_t>(i0 * Dkp)
+                                          : dq_c + row0 * static_cast<std::size_t>(Dkp);
+                            t.lddq = Dkp;
+                        }
                         t.dk = s.dk.data();
                         t.dv = s.dv.data();
                         float* cg = p.softcap > 0.0 ? s.cg.data() : nullptr;
@@ -359,22 +469,44 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                             }
                             t.drop = s.drop.data();
                         }
-                        kernels.backward_tile(t);
+                        TileBf16 z;
+                        if (bf16) {
+                            const std::size_t g = static_cast<std::size_t>(h - hk * p.group);
+                            z.q = s.q16.data() + g * q_head + static_cast<std::size_t>(i0 * Dkp);
+                            z.ldq = Dkp;
+                            z.dO = s.dO16.data() + g * do_head + static_cast<std::size_t>(i0 * Dvp);
+                            z.ldo = Dvp;
+                            z.q_pairs = s.qp.data() + g * static_cast<std::size_t>(Lq2 * Dkp) + static_cast<std::size_t>(i0 / 2 * Dkp);
+                            z.dO_pairs = s.dOp.data() + g * static_cast<std::size_t>(Lq2 * Dvp) + static_cast<std::size_t>(i0 / 2 * Dvp);
+                            z.kt_pairs = s.ktp.data();
+                            z.vt_pairs = s.vtp.data();
+                            z.k_pairs = s.kpp.data();
+                            z.p_pairs = s.pp.data();
+                            z.ds_rows = s.ds16.data();
+                            t.bf16 = &z;
+                        }
+                        tile(t);
                     }
                 }
                 // This task owns dK/dV rows j0..j0+bc of KV head hk.
                 for (int j = 0; j < bc; ++j) {
-                    for (std::int64_t d = 0; d < Dk; ++d)
-                        store(bp.dk, bp.dk.offset(b, hk, j0 + j, d), s.dk[static_cast<std::size_t>(j * Dkp + d)]);
-                    for (std::int64_t d = 0; d < Dv; ++d)
-                        store(bp.dv, bp.dv.offset(b, hk, j0 + j, d), s.dv[static_cast<std::size_t>(j * Dvp + d)]);
+                    store_row(bp.dk, bp.dk.offset(b, hk, j0 + j, 0), bp.dk.stride(3), s.dk.data() + j * Dkp, 1, Dk, 1.0f);
+                    store_row(bp.dv, bp.dv.offset(b, hk, j0 + j, 0), bp.dv.stride(3), s.dv.data() + j * Dvp, 1, Dv, 1.0f);
                 }
             }
+            if (dq_own && !dq_direct)  // this task owns these dQ rows: round them out once
+                for (std::size_t g = 0; g < group; ++g)
+                    for (std::int64_t i = 0; i < Lq; ++i)
+                        store_row(bp.dq, bp.dq.offset(b, hk * p.group + static_cast<std::int64_t>(g), i, 0), bp.dq.stride(3),
+                                  s.dqb.data() + g * q_head + static_cast<std::size_t>(i * Dkp), 1, Dk, 1.0f);
         }
+
+        // Kept for the next call unless a long sequence made them large (32 MiB per thread).
+        if (s.task_bytes() > (std::size_t{32} << 20)) s = Scratch{};
 
         // dQ = Σ over chunks, in chunk order.
 #pragma omp for schedule(static)
-        for (std::int64_t r = 0; r < nrows; ++r) {
+        for (std::int64_t r = 0; r < (dq_own ? 0 : nrows); ++r) {  // (one chunk: the tasks stored dQ)
             const std::int64_t b = r / (Hq * Lq), h = r / Lq % Hq, i = r % Lq;
             for (std::int64_t d = 0; d < Dk; ++d) {
                 float acc = dq_ws[static_cast<std::size_t>(r * Dkp + d)];

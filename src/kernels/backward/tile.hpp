@@ -10,6 +10,24 @@
 
 namespace attn::detail {
 
+// The operands of the bf16 products (tile_avx512_bf16.cpp; flash_backward.cpp packs them
+// when bf16 compute runs, docs/conventions.md "bf16 compute"). A pair word holds two bf16
+// adjacent along the product's reduction dimension, the first in its low half (what
+// vdpbf16ps multiplies lane by lane); an odd length ends with a zero element.
+struct TileBf16 {
+    const std::uint16_t* q = nullptr;   // (br, Dkp) bf16 Q rows, row stride ldq (even): pairs along d
+    std::ptrdiff_t ldq = 0;
+    const std::uint16_t* dO = nullptr;  // (br, Dvp) bf16 dO rows, row stride ldo (even)
+    std::ptrdiff_t ldo = 0;
+    const std::uint32_t* q_pairs = nullptr;   // (⌈br/2⌉, Dkp) words (Q[2r][d], Q[2r+1][d]), from q_dk
+    const std::uint32_t* dO_pairs = nullptr;  // (⌈br/2⌉, Dvp) words, from dO_dv
+    const std::uint32_t* kt_pairs = nullptr;  // (⌈Dk/2⌉, bcp) words (K[j][2p], K[j][2p+1])
+    const std::uint32_t* vt_pairs = nullptr;  // (⌈Dv/2⌉, bcp) words
+    const std::uint32_t* k_pairs = nullptr;   // (⌈bc/2⌉, Dkp) words (K[2p][d], K[2p+1][d]), from kp
+    std::uint32_t* p_pairs = nullptr;   // scratch (⌈br/2⌉, bcp): P̂, then dS, as pairs along rows
+    std::uint16_t* ds_rows = nullptr;   // scratch (br, bcp): dS rows in bf16
+};
+
 // Sizes in elements; "padded" widths are multiples of 8 with zero padding, so the
 // GEMMs never need column edges. All float32.
 struct TileArgs {
@@ -55,6 +73,7 @@ struct TileArgs {
     std::ptrdiff_t lddq = 0;
     float* dk = nullptr;  // (bc, Dkp): dK accumulator of the key block
     float* dv = nullptr;  // (bc, Dvp): dV accumulator of the key block
+    const TileBf16* bf16 = nullptr;  // the bf16 operands; only KernelSet::backward_tile_bf16 reads them
 };
 
 }  // namespace attn::detail

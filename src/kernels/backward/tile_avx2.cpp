@@ -109,6 +109,7 @@ void ds_row(const float* p, float* dp, int n, float D, float scale) {
     }
 }
 
+#include "tile_products_f32.inl"
 #include "tile_body.inl"
 
 }  // namespace

@@ -20,6 +20,8 @@
 namespace attn::detail {
 namespace {
 
+#include "tile_avx512_rows.inl"
+
 // Accumulators are named variables, not an array (the AVX2 tile's comment says why).
 // NV vectors of 16 columns; the last one under `last` (all ones, or the N edge).
 template <int MR, int NV>
@@ -77,7 +79,6 @@ inline void ukernel_rows(int mr, int K, const float* a, std::ptrdiff_t a_rs, std
     }
 }
 
-inline __mmask16 lanes(int n) { return static_cast<__mmask16>(n >= 16 ? 0xFFFFu : (1u << n) - 1u); }
 
 // C(M×N) (+)= A(M×K)·B(K×N), N % 8 == 0. Column panels of 32 outermost so a K×32 panel
 // of B stays in L1 while the row blocks stream past it; the last panel (8, 16 or 24
@@ -98,25 +99,7 @@ void gemm(int M, int N, int K, const float* a, std::ptrdiff_t a_rs, std::ptrdiff
     }
 }
 
-void exp_row(float* s, int n, float mult, float add) {
-    const __m512 vm = _mm512_set1_ps(mult), va = _mm512_set1_ps(add);
-    for (int j = 0; j < n; j += 16) {  // n % 8 == 0: the last step may be 8 lanes
-        const __mmask16 m = lanes(n - j);
-        _mm512_mask_storeu_ps(s + j, m, exp2_ps512(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, s + j), vm, va)));
-    }
-}
-
-void ds_row(const float* p, float* dp, int n, float D, float scale) {
-    const __m512 vd = _mm512_set1_ps(D), vs = _mm512_set1_ps(scale), zero = _mm512_setzero_ps();
-    for (int j = 0; j < n; j += 16) {
-        const __mmask16 m = lanes(n - j);
-        const __m512 pv = _mm512_maskz_loadu_ps(m, p + j);
-        const __m512 ds = _mm512_mul_ps(_mm512_mul_ps(vs, pv), _mm512_sub_ps(_mm512_maskz_loadu_ps(m, dp + j), vd));
-        // p = 0 → exactly 0 (a masked key: select, never 0·inf)
-        _mm512_mask_storeu_ps(dp + j, m, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(pv, zero, _CMP_NEQ_UQ), ds));
-    }
-}
-
+#include "tile_products_f32.inl"
 #include "tile_body.inl"
 
 }  // namespace

@@ -1,7 +1,8 @@
-// The tile of the tiled backward, written once over two ISA hooks the including file
-// defines in its own anonymous namespace:
-//   gemm(M, N, K, a, a_rs, a_ks, b, ldb, c, ldc, accumulate)
-//       C(M×N) (+)= A(M×K)·B(K×N); A(r, k) = a[r·a_rs + k·a_ks]; B, C row-major; N % 8 == 0
+// The tile of the tiled backward, written once over ISA hooks the including file defines
+// in its own anonymous namespace:
+//   the five products (tile_products_f32.inl over the ISA's float32 gemm, or the bf16 ones
+//   of tile_avx512_bf16.cpp): scores_product(t): S = Q·Kᵀ; dp_product(t): dP = dO·Vᵀ;
+//   dv_product(t, pv): dV += P̂ᵀ·dO; dk_product(t): dK += dSᵀ·Q; dq_product(t): dQ += dS·K
 //   exp_row(s, n, mult, add)                 s[j] ← 2^(s[j]·mult + add)   (the ISA's exp2)
 //   ds_row(p, dp, n, D, scale)               dp[j] ← p[j] = 0 ? 0 : scale·p[j]·(dp[j] − D)
 // Included inside an anonymous namespace; needs <cstddef>.
@@ -9,7 +10,7 @@
 void tile_body(const TileArgs& t) {
     const int br = t.br, bc = t.bc, bcp = t.bcp;
     // S = Q·Kᵀ  (br × bcp, inner Dk)
-    gemm(br, bcp, t.Dk, t.q, t.ldq, 1, t.kt, bcp, t.S, bcp, false);
+    scores_product(t);
     // P = exp(rule(S·scale) − lse) = 2^(rule(S·scale)·log2 e − lse·log2 e)
     // (a dead row has −lse = −inf → 0); padded keys → 0
     constexpr float kLog2e = 1.4426950408889634f;
@@ -29,7 +30,7 @@ void tile_body(const TileArgs& t) {
         for (int j = bc; j < bcp; ++j) s[j] = 0.0f;
     }
     // dP = dO·Vᵀ  (br × bcp, inner Dv)
-    gemm(br, bcp, t.Dv, t.dO, t.ldo, 1, t.vt, bcp, t.dP, bcp, false);
+    dp_product(t);
     // Dropout: O used P̂ = P∘Z/(1−p), so dV takes P̂ and dP picks up the same factor.
     const float* pv = t.S;
     if (t.drop) {
@@ -40,7 +41,7 @@ void tile_body(const TileArgs& t) {
         pv = t.Pd;
     }
     // dV += P̂ᵀ·dO  (bc × Dvp, inner br): A(r = key j, k = row i) = P̂[i][j]
-    gemm(bc, t.Dvp, br, pv, 1, bcp, t.dO_dv, t.ldo_dv, t.dv, t.Dvp, true);
+    dv_product(t, pv);
     if (t.dO_nonfinite) {  // the NaN/±inf entries of dO, where P̂ is not 0 (select, not 0·inf)
         for (int i = 0; i < br; ++i)
             for (int d = 0; d < t.Dv; ++d) {
@@ -61,7 +62,7 @@ void tile_body(const TileArgs& t) {
     if (t.softcap_grad)
         for (std::ptrdiff_t e = 0; e < static_cast<std::ptrdiff_t>(br) * bcp; ++e) t.dP[e] *= t.softcap_grad[e];
     // dK += dSᵀ·Q  (bc × Dkp, inner br)
-    gemm(bc, t.Dkp, br, t.dP, 1, bcp, t.q_dk, t.ldq_dk, t.dk, t.Dkp, true);
+    dk_product(t);
     // dQ += dS·K  (br × Dkp, inner bc)
-    gemm(br, t.Dkp, bc, t.dP, bcp, 1, t.kp, t.Dkp, t.dq, t.lddq, true);
+    dq_product(t);
 }

@@ -36,6 +36,7 @@ void ds_row(const float* p, float* dp, int n, float D, float scale) {
     for (int j = 0; j < n; ++j) dp[j] = p[j] == 0.0f ? 0.0f : scale * p[j] * (dp[j] - D);
 }
 
+#include "tile_products_f32.inl"
 #include "tile_body.inl"
 
 }  // namespace
