@@ -32,6 +32,14 @@ namespace {
 
 inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
+// The transposing copies (op(B) = Bᵀ, the projections' weights; op(A) = A, their inputs) write
+// with a stride of NR (MR) floats. Column by column over a whole kc, every store of a column
+// lands on another cache line of a kc × NR block larger than L1 (96 KiB at kc = 768, NR = 32),
+// evicted again before the next column comes back to it: each store was an L1 miss (perf: the
+// packing's stores were its hottest instructions, ~10 % of the AVX-512 GEMM). In kKB-deep
+// pieces the destination piece (8 KiB) stays in L1 while all its columns fill it.
+constexpr std::int64_t kKB = 64;
+
 // dst: kc × NR (k-major) = op(B)[k0.., j..j+n), columns n..NR zero.
 template <class U>
 void pack_b(const GemmArgs& g, std::int64_t k0, std::int64_t kc, std::int64_t j, std::int64_t n, float* dst) {
@@ -47,13 +55,17 @@ void pack_b(const GemmArgs& g, std::int64_t k0, std::int64_t kc, std::int64_t j,
                 for (std::int64_t c = n; c < NR; ++c) d[c] = 0.0f;
             }
         }
-    } else {  // op(B)[k][j] = B[j·ldb + k]: read each of the n rows of B contiguously
-        for (std::int64_t c = 0; c < n; ++c) {
-            const float* src = g.B + (j + c) * g.ldb + k0;
-            for (std::int64_t k = 0; k < kc; ++k) dst[k * NR + c] = src[k];
+    } else {  // op(B)[k][j] = B[j·ldb + k]: read the n rows of B contiguously, kKB at a time
+        for (std::int64_t kb = 0; kb < kc; kb += kKB) {
+            const std::int64_t kn = std::min(kKB, kc - kb);
+            float* d = dst + kb * NR;
+            for (std::int64_t c = 0; c < n; ++c) {
+                const float* src = g.B + (j + c) * g.ldb + k0 + kb;
+                for (std::int64_t k = 0; k < kn; ++k) d[k * NR + c] = src[k];
+            }
+            for (std::int64_t c = n; c < NR; ++c)
+                for (std::int64_t k = 0; k < kn; ++k) d[k * NR + c] = 0.0f;
         }
-        for (std::int64_t c = n; c < NR; ++c)
-            for (std::int64_t k = 0; k < kc; ++k) dst[k * NR + c] = 0.0f;
     }
 }
 
@@ -62,13 +74,17 @@ template <std::int64_t MR>
 void pack_a(const GemmArgs& g, std::int64_t i, std::int64_t m, std::int64_t k0, std::int64_t kc, float* dst) {
     for (std::int64_t p = 0; p < m; p += MR, dst += MR * kc) {
         const std::int64_t rows = std::min(MR, m - p);
-        if (!g.ta) {  // op(A)[r][k] = A[r·lda + k]: read each row contiguously
-            for (std::int64_t r = 0; r < rows; ++r) {
-                const float* src = g.A + (i + p + r) * g.lda + k0;
-                for (std::int64_t k = 0; k < kc; ++k) dst[k * MR + r] = src[k];
+        if (!g.ta) {  // op(A)[r][k] = A[r·lda + k]: read each row contiguously, kKB at a time
+            for (std::int64_t kb = 0; kb < kc; kb += kKB) {
+                const std::int64_t kn = std::min(kKB, kc - kb);
+                float* d = dst + kb * MR;
+                for (std::int64_t r = 0; r < rows; ++r) {
+                    const float* src = g.A + (i + p + r) * g.lda + k0 + kb;
+                    for (std::int64_t k = 0; k < kn; ++k) d[k * MR + r] = src[k];
+                }
+                for (std::int64_t r = rows; r < MR; ++r)
+                    for (std::int64_t k = 0; k < kn; ++k) d[k * MR + r] = 0.0f;
             }
-            for (std::int64_t r = rows; r < MR; ++r)
-                for (std::int64_t k = 0; k < kc; ++k) dst[k * MR + r] = 0.0f;
         } else {  // op(A)[r][k] = A[k·lda + r]
             for (std::int64_t k = 0; k < kc; ++k) {
                 const float* src = g.A + (k0 + k) * g.lda + i + p;
