@@ -56,7 +56,18 @@ void pack_b(const GemmArgs& g, std::int64_t k0, std::int64_t kc, std::int64_t j,
             }
         }
     } else {  // op(B)[k][j] = B[j·ldb + k]: read the n rows of B contiguously, kKB at a time
-        for (std::int64_t kb = 0; kb < kc; kb += kKB) {
+        std::int64_t k_done = 0;
+        if constexpr (requires { U::kTransposeBlock; }) {
+            // The ISA's register transpose of T × T blocks (a full sliver; the rest below).
+            constexpr std::int64_t T = U::kTransposeBlock;
+            static_assert(NR % T == 0, "whole transpose blocks per sliver");
+            if (n == NR) {
+                for (; k_done + T <= kc; k_done += T)
+                    for (std::int64_t c = 0; c < NR; c += T)
+                        U::transpose_block(g.B + (j + c) * g.ldb + k0 + k_done, g.ldb, dst + k_done * NR + c, NR);
+            }
+        }
+        for (std::int64_t kb = k_done; kb < kc; kb += kKB) {
             const std::int64_t kn = std::min(kKB, kc - kb);
             float* d = dst + kb * NR;
             for (std::int64_t c = 0; c < n; ++c) {
