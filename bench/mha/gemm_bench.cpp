@@ -69,7 +69,10 @@ int main(int argc, char** argv) {
     // (x · Wᵀ: B transposed), and n = 1536 (2n³ ≈ the QKV GEMM's FLOPs) without transposes.
     const Case cases[] = {{"S6 qkv 2048x2304x768 (B^T)", false, true, 2048, 2304, 768},
                           {"S6 out 2048x768x768 (B^T)", false, true, 2048, 768, 768},
-                          {"square 1536^3", false, false, 1536, 1536, 1536}};
+                          {"square 1536^3", false, false, 1536, 1536, 1536},
+                          // A decode step of S6's layer (B = 1 and 4 sequences, one token each).
+                          {"decode qkv 1x2304x768 (B^T)", false, true, 1, 2304, 768},
+                          {"decode qkv 4x2304x768 (B^T)", false, true, 4, 2304, 768}};
     std::mt19937 rng(1);
     std::normal_distribution<float> nd;
     std::printf("threads %d, %d rounds, %s clock; GFLOP/s min / median / max\n", threads, rounds, g_cpu_clock ? "cpu" : "wall");

@@ -14,7 +14,8 @@
 // The structure (GotoBLAS/BLIS): per (NC columns, KC depth) block, op(B) is packed once into
 // NR-column slivers shared by all threads; each thread packs MC rows of op(A) into MR-row
 // panels of its own and runs the ISA's MR × NR micro-kernel over them (docs/kernels.md,
-// "The projection GEMM").
+// "The projection GEMM"). M <= 4 (a decode step) skips the shared B block: each thread packs
+// one B sliver at a time for an M-row instance of the micro-kernel, same arithmetic per element.
 #pragma once
 
 #include <cstdint>

@@ -16,6 +16,8 @@ namespace {
 template <int MR, int NV, int KC, int MC, int NC>
 struct Micro {
     static constexpr std::int64_t kMR = MR, kNR = 8 * NV, kKC = KC, kMC = MC, kNC = NC;
+    template <int R>
+    using WithRows = Micro<R, NV, KC, MC, NC>;  // the few-row path (gemm_driver.hpp)
 
     static void tile(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc, float beta) {
         __m256 acc[MR][NV];

@@ -15,9 +15,41 @@ namespace attn::detail {
 namespace gemm_avx512_ns {
 namespace {
 
+// dst[k·ldd + c] = src[c·lds + k] for c, k < 16: a 16 × 16 block of a row-major matrix,
+// transposed in registers (the projections' op(B) = Wᵀ: 16 loads, 64 shuffles and 16 stores
+// instead of 256 scalar loads and stores).
+inline void transpose16(const float* src, std::int64_t lds, float* dst, std::int64_t ldd) {
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+    for (int i = 0; i < 16; i += 2) {  // per 128-bit lane: [a0 b0 a1 b1], [a2 b2 a3 b3]
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {  // r[4g + j], lane L: element 4L + j of rows 4g .. 4g+3
+        r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int j = 0; j < 4; ++j) {  // gather lane L of r[j], r[4+j], r[8+j], r[12+j]: dst row 4L + j
+        const __m512 u0 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x44), u1 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xEE);
+        const __m512 u2 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x44), u3 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xEE);
+        _mm512_storeu_ps(dst + (0 + j) * ldd, _mm512_shuffle_f32x4(u0, u2, 0x88));
+        _mm512_storeu_ps(dst + (4 + j) * ldd, _mm512_shuffle_f32x4(u0, u2, 0xDD));
+        _mm512_storeu_ps(dst + (8 + j) * ldd, _mm512_shuffle_f32x4(u1, u3, 0x88));
+        _mm512_storeu_ps(dst + (12 + j) * ldd, _mm512_shuffle_f32x4(u1, u3, 0xDD));
+    }
+}
+
 template <int MR, int NV, int KC, int MC, int NC>
 struct Micro {
     static constexpr std::int64_t kMR = MR, kNR = 16 * NV, kKC = KC, kMC = MC, kNC = NC;
+    template <int R>
+    using WithRows = Micro<R, NV, KC, MC, NC>;  // the few-row path (gemm_driver.hpp)
+    static constexpr std::int64_t kTransposeBlock = 16;  // pack_b's Bᵀ copy (gemm_driver.hpp)
+    static void transpose_block(const float* src, std::int64_t lds, float* dst, std::int64_t ldd) {
+        transpose16(src, lds, dst, ldd);
+    }
 
     static void tile(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc, float beta) {
         __m512 acc[MR][NV];

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "attn/half.hpp"
 #include "gemm.hpp"
@@ -73,6 +74,14 @@ void with_src(GemmHalf t, const float* p, const std::uint16_t* p16, F&& f) {
     }
 }
 
+// The transposing copies (op(B) = Bᵀ, the projections' weights; op(A) = A, their inputs) write
+// with a stride of NR (MR) floats. Column by column over a whole kc, every store of a column
+// lands on another cache line of a kc × NR block larger than L1 (96 KiB at kc = 768, NR = 32),
+// evicted again before the next column comes back to it: each store was an L1 miss (perf: the
+// packing's stores were its hottest instructions, ~10 % of the AVX-512 GEMM). In kKB-deep
+// pieces the destination piece (8 KiB) stays in L1 while all its columns fill it.
+constexpr std::int64_t kKB = 64;
+
 // dst: kc × NR (k-major) = op(B)[k0.., j..j+n), columns n..NR zero.
 template <class U, class S>
 void pack_b_from(const GemmArgs& g, S B, std::int64_t k0, std::int64_t kc, std::int64_t j, std::int64_t n, float* dst) {
@@ -88,13 +97,29 @@ void pack_b_from(const GemmArgs& g, S B, std::int64_t k0, std::int64_t kc, std::
                 for (std::int64_t c = n; c < NR; ++c) d[c] = 0.0f;
             }
         }
-    } else {  // op(B)[k][j] = B[j·ldb + k]: read each of the n rows of B contiguously
-        for (std::int64_t c = 0; c < n; ++c) {
-            const std::int64_t src = (j + c) * g.ldb + k0;
-            for (std::int64_t k = 0; k < kc; ++k) dst[k * NR + c] = B[src + k];
+    } else {  // op(B)[k][j] = B[j·ldb + k]: read the n rows of B contiguously, kKB at a time
+        std::int64_t k_done = 0;
+        if constexpr (requires { U::kTransposeBlock; } && std::is_same_v<S, F32Src>) {
+            // The ISA's register transpose of T × T float32 blocks (a full sliver; the rest,
+            // and 16-bit operands, below).
+            constexpr std::int64_t T = U::kTransposeBlock;
+            static_assert(NR % T == 0, "whole transpose blocks per sliver");
+            if (n == NR) {
+                for (; k_done + T <= kc; k_done += T)
+                    for (std::int64_t c = 0; c < NR; c += T)
+                        U::transpose_block(B.p + (j + c) * g.ldb + k0 + k_done, g.ldb, dst + k_done * NR + c, NR);
+            }
         }
-        for (std::int64_t c = n; c < NR; ++c)
-            for (std::int64_t k = 0; k < kc; ++k) dst[k * NR + c] = 0.0f;
+        for (std::int64_t kb = k_done; kb < kc; kb += kKB) {
+            const std::int64_t kn = std::min(kKB, kc - kb);
+            float* d = dst + kb * NR;
+            for (std::int64_t c = 0; c < n; ++c) {
+                const std::int64_t src = (j + c) * g.ldb + k0 + kb;
+                for (std::int64_t k = 0; k < kn; ++k) d[k * NR + c] = B[src + k];
+            }
+            for (std::int64_t c = n; c < NR; ++c)
+                for (std::int64_t k = 0; k < kn; ++k) d[k * NR + c] = 0.0f;
+        }
     }
 }
 
@@ -104,18 +129,21 @@ void pack_b(const GemmArgs& g, std::int64_t k0, std::int64_t kc, std::int64_t j,
 }
 
 // dst: panels of MR rows, each kc × MR (k-major) = op(A)[i.., k0..], rows past m zero.
-template <class U, class S>
+template <std::int64_t MR, class S>
 void pack_a_from(const GemmArgs& g, S A, std::int64_t i, std::int64_t m, std::int64_t k0, std::int64_t kc, float* dst) {
-    constexpr std::int64_t MR = U::kMR;
     for (std::int64_t p = 0; p < m; p += MR, dst += MR * kc) {
         const std::int64_t rows = std::min(MR, m - p);
-        if (!g.ta) {  // op(A)[r][k] = A[r·lda + k]: read each row contiguously
-            for (std::int64_t r = 0; r < rows; ++r) {
-                const std::int64_t src = (i + p + r) * g.lda + k0;
-                for (std::int64_t k = 0; k < kc; ++k) dst[k * MR + r] = A[src + k];
+        if (!g.ta) {  // op(A)[r][k] = A[r·lda + k]: read each row contiguously, kKB at a time
+            for (std::int64_t kb = 0; kb < kc; kb += kKB) {
+                const std::int64_t kn = std::min(kKB, kc - kb);
+                float* d = dst + kb * MR;
+                for (std::int64_t r = 0; r < rows; ++r) {
+                    const std::int64_t src = (i + p + r) * g.lda + k0 + kb;
+                    for (std::int64_t k = 0; k < kn; ++k) d[k * MR + r] = A[src + k];
+                }
+                for (std::int64_t r = rows; r < MR; ++r)
+                    for (std::int64_t k = 0; k < kn; ++k) d[k * MR + r] = 0.0f;
             }
-            for (std::int64_t r = rows; r < MR; ++r)
-                for (std::int64_t k = 0; k < kc; ++k) dst[k * MR + r] = 0.0f;
         } else {  // op(A)[r][k] = A[k·lda + r]
             for (std::int64_t k = 0; k < kc; ++k) {
                 const std::int64_t src = (k0 + k) * g.lda + i + p;
@@ -127,12 +155,13 @@ void pack_a_from(const GemmArgs& g, S A, std::int64_t i, std::int64_t m, std::in
     }
 }
 
-template <class U>
+template <std::int64_t MR>
 void pack_a(const GemmArgs& g, std::int64_t i, std::int64_t m, std::int64_t k0, std::int64_t kc, float* dst) {
-    with_src(g.a16, g.A, g.A16, [&](auto A) { pack_a_from<U>(g, A, i, m, k0, kc, dst); });
+    with_src(g.a16, g.A, g.A16, [&](auto A) { pack_a_from<MR>(g, A, i, m, k0, kc, dst); });
 }
 
-// One micro-tile at C row i, column j; m × n of it inside C.
+// One micro-tile at C row i, column j; m × n of it inside C. (U: a micro-kernel, or one of
+// its few-row variants U::WithRows<R>.)
 template <class U>
 void tile_at(const GemmArgs& g, std::int64_t kc, const float* a, const float* b, std::int64_t i, std::int64_t j,
              std::int64_t m, std::int64_t n, float beta) {
@@ -151,9 +180,56 @@ void tile_at(const GemmArgs& g, std::int64_t kc, const float* a, const float* b,
     for (std::int64_t r = 0; r < m; ++r) std::memcpy(c + r * g.ldc, t + r * NR, static_cast<std::size_t>(n) * sizeof(float));
 }
 
+// Few rows (M = R <= kSmallRows: a decode step's projections). The padded path would compute
+// MR rows for R, and pack all of op(B) (the weight: S6's 7 MB) into a shared block, written out
+// to memory and read back, behind a barrier. Here each thread takes its share of NR-column
+// slivers and, per sliver and K chunk, packs just that kc × NR sliver into a buffer of its own
+// (L2-resident) right before the R-row micro-kernel reads it: op(B) is read once, nothing is
+// written back, no thread waits for another. The arithmetic of every element is the padded
+// path's (the same K chunks, the same micro-kernel FMA chain, only fewer rows of it), so a row's
+// result does not depend on how many rows share the call, nor on the thread count.
+constexpr std::int64_t kSmallRows = 4;
+
+template <class U, int R>
+void gemm_few_rows(const GemmArgs& g) {
+    using T = typename U::template WithRows<R>;
+    constexpr std::int64_t NR = U::kNR;
+    static_assert(T::kMR == R && T::kNR == NR, "a few-row variant keeps the micro-kernel's columns");
+    const std::int64_t nk = ceil_div(g.K, U::kKC), kc_max = ceil_div(g.K, nk);
+    const std::int64_t nq = ceil_div(g.N, NR);
+    const int threads = omp_in_parallel() ? 1 : static_cast<int>(std::min<std::int64_t>(omp_get_max_threads(), nq));
+#pragma omp parallel num_threads(threads)
+    {
+        const std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+        // op(A)'s R rows, every K chunk (R·K floats: tiny), packed by each thread for itself.
+        float* const abuf = gemm_workspace(0, R * nk * kc_max);
+        float* const bbuf = gemm_workspace(1, kc_max * NR);
+        for (std::int64_t pc = 0; pc < nk; ++pc) {
+            const std::int64_t k0 = pc * kc_max, kc = std::min(kc_max, g.K - k0);
+            pack_a<R>(g, 0, R, k0, kc, abuf + pc * R * kc_max);
+        }
+        for (std::int64_t q = t * nq / nt; q < (t + 1) * nq / nt; ++q) {
+            const std::int64_t j = q * NR, n = std::min(NR, g.N - j);
+            for (std::int64_t pc = 0; pc < nk; ++pc) {  // in order: an element's chunks add up in K order
+                const std::int64_t k0 = pc * kc_max, kc = std::min(kc_max, g.K - k0);
+                pack_b<U>(g, k0, kc, j, n, bbuf);
+                tile_at<T>(g, kc, abuf + pc * R * kc_max, bbuf, 0, j, R, n, pc == 0 ? g.beta : 1.0f);
+            }
+        }
+    }
+}
+
 template <class U>
 void gemm_driver(const GemmArgs& g) {
     constexpr std::int64_t MR = U::kMR, NR = U::kNR;
+    if (g.M <= kSmallRows && g.M < MR) {
+        switch (g.M) {
+            case 1: return gemm_few_rows<U, 1>(g);
+            case 2: return gemm_few_rows<U, 2>(g);
+            case 3: return gemm_few_rows<U, 3>(g);
+            default: return gemm_few_rows<U, 4>(g);
+        }
+    }
     // K in equal chunks of at most KC (a function of K only: the determinism contract).
     const std::int64_t nk = ceil_div(g.K, U::kKC), kc_max = ceil_div(g.K, nk);
     const std::int64_t nn = ceil_div(g.N, U::kNC), nc_max = ceil_div(ceil_div(g.N, nn), NR) * NR;
@@ -185,7 +261,7 @@ void gemm_driver(const GemmArgs& g) {
                 for (std::int64_t i0 = i_begin; i0 < i_end; i0 += mc_max) {
                     const std::int64_t mc = std::min(mc_max, i_end - i0);
                     if (q_begin == q_end) break;
-                    pack_a<U>(g, i0, mc, k0, kc, abuf);
+                    pack_a<MR>(g, i0, mc, k0, kc, abuf);
                     for (std::int64_t q = q_begin; q < q_end; ++q) {
                         const float* b = bbuf + q * NR * kc;
                         const std::int64_t j = j0 + q * NR, n = std::min(NR, g.N - j);

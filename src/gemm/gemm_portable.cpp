@@ -9,8 +9,11 @@ namespace attn::detail {
 namespace gemm_portable_ns {
 namespace {
 
-struct PortableMicro {
-    static constexpr std::int64_t kMR = 4, kNR = 16, kKC = 256, kMC = 128, kNC = 4096;
+template <int MR>
+struct Micro {
+    static constexpr std::int64_t kMR = MR, kNR = 16, kKC = 256, kMC = 128, kNC = 4096;
+    template <int R>
+    using WithRows = Micro<R>;  // the few-row path (gemm_driver.hpp)
 
     static void tile(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc, float beta) {
         float acc[kMR][kNR] = {};
@@ -28,6 +31,6 @@ struct PortableMicro {
 }  // namespace
 }  // namespace gemm_portable_ns
 
-void gemm_portable(const GemmArgs& g) { gemm_portable_ns::gemm_driver<gemm_portable_ns::PortableMicro>(g); }
+void gemm_portable(const GemmArgs& g) { gemm_portable_ns::gemm_driver<gemm_portable_ns::Micro<4>>(g); }
 
 }  // namespace attn::detail

@@ -163,11 +163,11 @@ TEST(Gemm, OneAndTwoThreadsBitIdenticalOnEveryRow) {
     struct Shape {
         std::int64_t M, N, K;
     };
-    // Row split (many rows), column split (few rows); several K chunks on every row (KC <= 1024)
+    // Row split (many rows), column split (few rows), the few-row path (M <= 4); several K chunks on every row (KC <= 1024)
     // but the last.
     for (const KernelSet* row : rows_or_skip()) {
         SCOPED_TRACE(isa_name(row->isa));
-        for (const Shape s : {Shape{301, 77, 1100}, Shape{5, 999, 2100}, Shape{64, 64, 1000}}) {
+        for (const Shape s : {Shape{301, 77, 1100}, Shape{5, 999, 2100}, Shape{64, 64, 1000}, Shape{3, 999, 2100}}) {
             for (bool tb : {false, true}) {
                 const Problem p = make(false, tb, s.M, s.N, s.K, 1.0f, rng);
                 const std::vector<float> one = run(*row, p, 1), two = run(*row, p, 2);
@@ -237,6 +237,39 @@ TEST(Gemm, HalfOperandsAreWidenedExactlyOnEveryRow) {
             bool padding_kept = false;
             EXPECT_LE(worst_ratio(p, got, &padding_kept), 1.0) << what;
             EXPECT_TRUE(padding_kept) << what;
+
+TEST(Gemm, FewRowsMatchReferenceAndTheirRowsOfALargerCall) {
+    // M <= 4 takes its own path (gemm_driver.hpp, gemm_few_rows): within the bound, C's padding
+    // untouched, and bit-identical to the same rows computed among 40 (the padded path: a
+    // decode step's projection gives what the prefill gives for that row). Several K chunks
+    // (K > 1024) and an edge sliver (N % 32 != 0) on every row; every transpose, beta 0 and 1.
+    std::mt19937 rng(19);
+    for (const KernelSet* row : rows_or_skip()) {
+        SCOPED_TRACE(isa_name(row->isa));
+        for (std::int64_t M = 1; M <= 4; ++M) {
+            for (int variant = 0; variant < 8; ++variant) {
+                const bool ta = variant & 1, tb = (variant >> 1) & 1;
+                const float beta = (variant >> 2) & 1 ? 1.0f : 0.0f;
+                const std::int64_t N = 203, K = 1100;
+                Problem big = make(ta, tb, 40, N, K, beta, rng);
+                // The same first M rows of op(A) and of C, with the big call's leading dimensions.
+                Problem few = big;
+                few.M = M;
+                few.c0.resize(static_cast<std::size_t>(M * big.ldc));
+                if (ta) {  // A is (K, M): the first M columns of each row, the rest of the row NaN
+                    for (std::int64_t k = 0; k < K; ++k)
+                        for (std::int64_t i = M; i < big.lda; ++i) few.a[static_cast<std::size_t>(k * big.lda + i)] = kNaN;
+                } else {
+                    few.a.resize(static_cast<std::size_t>(M * big.lda));
+                }
+                bool padding_kept = false;
+                const std::vector<float> got = run(*row, few, 2), all = run(*row, big, 2);
+                EXPECT_LE(worst_ratio(few, got, &padding_kept), 1.0) << "M=" << M << " ta=" << ta << " tb=" << tb;
+                EXPECT_TRUE(padding_kept);
+                EXPECT_EQ(std::memcmp(got.data(), all.data(), got.size() * sizeof(float)), 0)
+                    << "M=" << M << " ta=" << ta << " tb=" << tb << " beta=" << beta;
+                EXPECT_EQ(std::memcmp(got.data(), run(*row, few, 1).data(), got.size() * sizeof(float)), 0);
+            }
         }
     }
 }
