@@ -2,13 +2,14 @@
 #   make demo   install what is missing, configure, build, run the demo
 #   make test   the same, then every test (ctest: unit, against PyTorch, install/consumer)
 #   make train-example  a tiny transformer learning with attn's MHA backward (examples/tiny_decoder)
+#   make serve-example  continuous batching over the paged KV cache with fork (examples/paged_server)
 #   make bench  a Release build, `attn bench` on every shape id, results into BENCHMARKS.md
 #   make fuzz   the libFuzzer targets (clang, ASan + UBSan), each for FUZZ_SECONDS (fuzz/README.md)
 BUILD    ?= build
 JOBS     ?= $(shell nproc)
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
 
-.PHONY: all demo test deps deps-test configure build bench clean train-example fuzz
+.PHONY: all demo test deps deps-test configure build bench clean train-example serve-example fuzz
 
 all: build
 
@@ -50,6 +51,9 @@ bench: deps-test
 # (examples/tiny_decoder): prints the loss as it trains, then held-out accuracy.
 train-example: build
 	$(BUILD)/examples/tiny_decoder/tiny_decoder
+
+serve-example: build
+	$(BUILD)/examples/paged_server/paged_server
 
 # The parsers under libFuzzer: .npy, safetensors, the CLI's arguments, the Python array
 # conversion. Their own clang build dir ($(BUILD)/fuzz; the main build stays g++); what the

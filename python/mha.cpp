@@ -116,6 +116,36 @@ public:
         return out;
     }
 
+    // Packed variable-length input (MultiHeadAttention::forward_packed): query (Tq, E) rows of
+    // N sequences back to back, cu_seqlens (N+1,) their offsets; key/value None = self-attention
+    // (key = query, value = key), cu_seqlens_k None = cu_seqlens. Returns (Tq, E) in the query's
+    // dtype when it is 16-bit (bfloat16 as uint16 bits), else float32 — as forward_packed.
+    py::array forward_packed(const py::object& query, const py::object& cu_seqlens, const py::object& key,
+                             const py::object& value, const py::object& cu_seqlens_k, const py::object& is_causal,
+                             const py::object& impl, const py::object& threads_obj, const py::object& dtype) {
+        const int threads = threads_arg(threads_obj);
+        const bool bf16 = uint16_is_bf16_arg(dtype);
+        const Input q = input(query, "query", 2, 2, "(Tq, E)", bf16);
+        const Input k = key.is_none() || key.is(query) ? q : input(key, "key", 2, 2, "(Tk, kdim)", bf16);
+        const Input v = value.is_none() || value.is(key) ? k
+                        : (value.is(query) ? q : input(value, "value", 2, 2, "(Tk, vdim)", bf16));
+        const Input cq = input(cu_seqlens, "cu_seqlens", 1, 1, "(N+1,)");
+        const Input ck = cu_seqlens_k.is_none() ? cq : input(cu_seqlens_k, "cu_seqlens_k", 1, 1, "(N+1,)");
+        attn::MhaPackedOptions o;
+        o.causal = bool_arg(is_causal, "is_causal") ? attn::Causal::top_left : attn::Causal::none;
+        o.impl = attn::parse_impl(str_arg(impl, "impl"));
+        attn::Tensor out;
+        {
+            py::gil_scoped_release nogil;
+            const std::lock_guard<std::mutex> lock(mutex_);
+            const attn::ScopedNumThreads scoped_threads(threads);
+            out = layer_.forward_packed(q.view, k.view, v.view, cq.view, ck.view, o);
+        }
+        py::array a = new_array(out.dtype(), dims_of(out.view()));
+        std::memcpy(a.mutable_data(), out.data(), static_cast<std::size_t>(out.numel()) * attn::dtype_size(out.dtype()));
+        return a;
+    }
+
     void load_state_dict(const py::object& state_dict, const py::object& dtype) {
         if (!py::isinstance<py::dict>(state_dict)) {
             type_error("state_dict: expected a dict of name -> array but got " +
@@ -274,6 +304,16 @@ void bind_mha(py::module_& m) {
              "to every sequence of the cache, attends causally (each sequence at its own length) and\n"
              "returns the output shaped like x_new. Feeding a sequence in any split equals one causal\n"
              "forward over the whole sequence.")
+        .def("forward_packed", &PyMha::forward_packed, py::arg("query"), py::arg("cu_seqlens"),
+             py::arg("key") = py::none(), py::arg("value") = py::none(), py::kw_only(),
+             py::arg("cu_seqlens_k") = py::none(), py::arg("is_causal") = false, py::arg("impl") = "auto",
+             py::arg("threads") = py::none(), py::arg("dtype") = py::none(),
+             "Packed variable-length input without padding (attn.sdpa_varlen inside): query (Tq, E) holds\n"
+             "N sequences back to back, cu_seqlens (N+1,) int32/int64 their offsets (cu[0] = 0, last = Tq).\n"
+             "key (Tk, kdim) / value (Tk, vdim) default to query (self-attention), cu_seqlens_k to\n"
+             "cu_seqlens. Sequence b's rows are what forward() gives that sequence alone (is_causal:\n"
+             "top-left causal per sequence). Returns (Tq, E): float32, or a 16-bit query's dtype\n"
+             "(dtype=\"bfloat16\": uint16 arrays are bfloat16 bits).")
         .def("load_state_dict", &PyMha::load_state_dict, py::arg("state_dict"), py::kw_only(), py::arg("dtype") = py::none(),
              "Copies the arrays (torch names; float32/float64/float16, uint16 bfloat16 bits with\n"
              "dtype=\"bfloat16\") into the parameters, converted to their storage dtype; the names\n"

@@ -125,6 +125,9 @@ struct MhaForwardState {
     Tensor mask_store[4];        // owned masks the saved SdpaOptions point to
     Tensor sinks, alibi;         // owned copies of the score modifiers the saved options use
     SdpaOptions sdpa;            // masks, causal, dropout, modifiers — reused by the backward
+    // forward_packed_train only (empty otherwise; backward() branches on them): int64 copies
+    // of cu_seqlens. x, q, k, v, attn_out are then packed rows (T, ·) and lse is (Tq, h).
+    Tensor cu_seqlens_q, cu_seqlens_k;
 };
 
 // ∂loss/∂x for every parameter (state_dict names and order) and input.
@@ -191,6 +194,15 @@ public:
     Tensor forward_packed(const TensorView& query, const TensorView& key, const TensorView& value,
                           const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
                           const MhaPackedOptions& options = {}) const;
+
+    // Training on packed input: forward_packed's output, with dropout on the attention weights
+    // (sequence b's keep mask is sdpa_varlen's: seed varlen_dropout_seed(dropout_seed, b)),
+    // saving into `state` what backward() needs. backward() then returns the gradients of the
+    // parameters and of the packed query (Tq, E), key (Tk, kdim) and value (Tk, vdim).
+    Tensor forward_packed_train(const TensorView& query, const TensorView& key, const TensorView& value,
+                                const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
+                                const MhaPackedOptions& options, const MhaTrainOptions& train,
+                                MhaForwardState& state) const;
 
     // Training forward: the same output as forward() (need_weights is ignored) with dropout
     // on the attention weights, saving into `state` what backward() needs.

@@ -62,4 +62,10 @@ void linear(Operand x, std::int64_t N, std::int64_t K, std::int64_t ldx, Operand
     sgemm(g);
 }
 
+void sum_rows(const float* x, std::int64_t N, std::int64_t M, std::int64_t ld, float* acc, bool accumulate) {
+    if (!accumulate) std::memset(acc, 0, static_cast<std::size_t>(M) * sizeof(float));
+    for (std::int64_t n = 0; n < N; ++n)
+        for (std::int64_t m = 0; m < M; ++m) acc[m] += x[n * ld + m];
+}
+
 }  // namespace attn::detail

@@ -38,4 +38,8 @@ void gemm(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, cons
 void linear(Operand x, std::int64_t N, std::int64_t K, std::int64_t ldx, Operand w, std::int64_t M,
             const float* bias, float* y, std::int64_t ldy);
 
+// acc (M,) (+)= Σ over N rows of x (N, M) row stride ld: a bias gradient (accumulate = false
+// overwrites acc).
+void sum_rows(const float* x, std::int64_t N, std::int64_t M, std::int64_t ld, float* acc, bool accumulate);
+
 }  // namespace attn::detail

@@ -21,6 +21,7 @@
 #include "inputs.hpp"
 #include "linear.hpp"
 #include "masks.hpp"
+#include "packed_backward.hpp"
 #include "projection.hpp"
 #include "../core/threads.hpp"
 
@@ -33,13 +34,7 @@ using detail::rows_of;
 using detail::fail;
 using detail::kMha;
 using detail::gemm;  // thread-count independent, like the forward projections
-
-// acc (M,) (+)= Σ over N rows of x (N, M) row stride ld.
-void sum_rows(const float* x, std::int64_t N, std::int64_t M, std::int64_t ld, float* acc, bool accumulate) {
-    if (!accumulate) std::memset(acc, 0, static_cast<std::size_t>(M) * sizeof(float));
-    for (std::int64_t n = 0; n < N; ++n)
-        for (std::int64_t m = 0; m < M; ++m) acc[m] += x[n * ld + m];
-}
+using detail::sum_rows;
 
 }  // namespace
 
@@ -115,6 +110,7 @@ Tensor MultiHeadAttention::forward_train(const TensorView& query, const TensorVi
 }
 
 MhaGradients MultiHeadAttention::backward(const MhaForwardState& s, const TensorView& grad_output) const {
+    if (s.cu_seqlens_q.data() != nullptr) return detail::packed_backward(*this, s, grad_output);  // forward_packed_train
     const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
     // grad_output like the output (Lq, B, E) | (B, Lq, E) | (Lq, E)
     const MhaConfig& c = config_;

@@ -1,30 +1,54 @@
-// MultiHeadAttention::forward_packed: the layer on packed variable-length input. The three
-// projections and out_proj are row-wise (linear.hpp), so they run on the packed rows as they
-// are; between them attn::sdpa_varlen attends within each sequence, its heads seen through
-// stride views of the projected rows ((T, E) as (T, h, d_h)) — no padding, no copy.
+// MultiHeadAttention::forward_packed / forward_packed_train: the layer on packed
+// variable-length input. The three projections and out_proj are row-wise (linear.hpp), so they
+// run on the packed rows as they are; between them attn::sdpa_varlen attends within each
+// sequence, its heads seen through stride views of the projected rows ((T, E) as (T, h, d_h))
+// — no padding, no copy. The training variant keeps what packed_backward.cpp needs.
 #include <cmath>
 
 #include "attn/mha.hpp"
 #include "attn/sdpa_varlen.hpp"
 #include "../core/check.hpp"
+#include "../core/threads.hpp"
 #include "linear.hpp"
+#include "packed_backward.hpp"
 #include "projection.hpp"
 
 namespace attn {
+namespace detail {
+
+TensorView packed_heads(const Tensor& rows, std::int64_t heads, std::int64_t dh) {
+    return TensorView(rows.data(), DType::f32, Shape{rows.shape()[0], heads, dh}, Strides{heads * dh, dh, 1});
+}
+
+}  // namespace detail
+
 namespace {
 
 constexpr std::string_view kOp = "MultiHeadAttention.forward_packed";
 
-}  // namespace
+// An owned int64 copy of a cu_seqlens argument for the training state. Only its dtype and rank
+// are checked here; sdpa_varlen checks the values (before anything is written).
+Tensor owned_offsets(const TensorView& cu, const char* name) {
+    if (cu.data() == nullptr || (cu.dtype() != DType::i32 && cu.dtype() != DType::i64) || cu.rank() != 1) {
+        detail::fail(kOp, name, ": expected an (N+1,) int32 or int64 tensor but got ",
+                     cu.data() == nullptr ? "no data" : dtype_name(cu.dtype()), " ", cu.shape());
+    }
+    Tensor t(DType::i64, cu.shape());
+    for (std::int64_t i = 0; i < cu.dim(0); ++i) t.data_as<std::int64_t>()[i] = detail::load_int(cu, cu.offset(i));
+    return t;
+}
 
-Tensor MultiHeadAttention::forward_packed(const TensorView& query, const TensorView& key, const TensorView& value,
-                                          const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
-                                          const MhaPackedOptions& options) const {
-    const MhaConfig& c = config_;
+// The packed forward. `keep` (training) receives float32 copies of the inputs, Q, K, V, O, lse
+// and the options; without it nothing is kept.
+Tensor run_packed(const MultiHeadAttention& layer, const TensorView& query, const TensorView& key,
+                  const TensorView& value, const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
+                  const SdpaOptions& options, MhaForwardState* keep) {
+    const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
+    const MhaConfig& c = layer.config();
     if (c.add_bias_kv || c.add_zero_attn) {
         detail::fail(kOp, "add_bias_kv / add_zero_attn: not supported for packed input (they append keys per sequence)");
     }
-    const std::int64_t E = c.embed_dim, h = c.num_heads, hkv = c.num_kv_heads, dh = head_dim(), Ekv = hkv * dh;
+    const std::int64_t E = c.embed_dim, h = c.num_heads, hkv = c.num_kv_heads, dh = layer.head_dim(), Ekv = hkv * dh;
     detail::require_rank(kOp, query, "query", 2, "(Tq, E)");
     detail::require_rank(kOp, key, "key", 2, "(Tk, kdim)");
     detail::require_rank(kOp, value, "value", 2, "(Tk, vdim)");
@@ -37,33 +61,92 @@ Tensor MultiHeadAttention::forward_packed(const TensorView& query, const TensorV
     const std::int64_t Tq = query.dim(0), Tk = key.dim(0);
 
     Tensor copies[3];
-    const detail::Operand xq = detail::as_rows(query, copies[0]);
-    const detail::Operand xk = detail::as_rows(key, copies[1]);
-    const detail::Operand xv = detail::as_rows(value, copies[2]);
-    const detail::InputWeights w = detail::input_weights(*this);
+    if (keep != nullptr) {  // owned float32 rows: the state outlives the caller's tensors
+        copies[0] = to_dtype(query, DType::f32);
+        copies[1] = to_dtype(key, DType::f32);
+        copies[2] = to_dtype(value, DType::f32);
+    }
+    const detail::Operand xq = detail::as_rows(keep ? copies[0].view() : query, copies[0]);
+    const detail::Operand xk = detail::as_rows(keep ? copies[1].view() : key, copies[1]);
+    const detail::Operand xv = detail::as_rows(keep ? copies[2].view() : value, copies[2]);
+    const detail::InputWeights w = detail::input_weights(layer);
     Tensor q(DType::f32, Shape{Tq, E}), k(DType::f32, Shape{Tk, Ekv}), v(DType::f32, Shape{Tk, Ekv});
     detail::linear(xq, Tq, E, E, w.wq, E, w.bq, q.data_as<float>(), E);
     detail::linear(xk, Tk, c.kdim, c.kdim, w.wk, Ekv, w.bk, k.data_as<float>(), Ekv);
     detail::linear(xv, Tk, c.vdim, c.vdim, w.wv, Ekv, w.bv, v.data_as<float>(), Ekv);
 
-    // (T, E) rows as (T, heads, d_h): head j is columns j·d_h .. j·d_h + d_h − 1.
-    auto heads = [&](const Tensor& t, std::int64_t H) {
-        return TensorView(t.data(), DType::f32, Shape{t.shape()[0], H, dh}, Strides{H * dh, dh, 1});
-    };
     Tensor attn_out(DType::f32, Shape{Tq, E});
-    SdpaOptions o;
-    o.causal = options.causal;
-    o.impl = options.impl;  // scale: sdpa's default 1/√d_h, as the layer's
-    sdpa_varlen(heads(q, h), heads(k, hkv), heads(v, hkv), cu_seqlens_q, cu_seqlens_k, o, heads(attn_out, h));
+    Tensor lse = keep ? Tensor(DType::f32, Shape{Tq, h}) : Tensor();
+    const TensorView lse_view = lse.view();
+    sdpa_varlen(detail::packed_heads(q, h, dh), detail::packed_heads(k, hkv, dh), detail::packed_heads(v, hkv, dh),
+                cu_seqlens_q, cu_seqlens_k, options, detail::packed_heads(attn_out, h, dh), keep ? &lse_view : nullptr);
 
     Tensor out(DType::f32, Shape{Tq, E});
-    const float* ob = c.bias ? parameter("out_proj.bias").data_as<const float>() : nullptr;
-    detail::linear(attn_out.data_as<const float>(), Tq, E, E, detail::out_weight(*this), E, ob, out.data_as<float>(), E);
+    const float* ob = c.bias ? layer.parameter("out_proj.bias").data_as<const float>() : nullptr;
+    detail::linear(attn_out.data_as<const float>(), Tq, E, E, detail::out_weight(layer), E, ob, out.data_as<float>(), E);
+    if (keep != nullptr) {
+        MhaForwardState& s = *keep;
+        s.query_shape = query.shape();
+        s.key_shape = key.shape();
+        s.value_shape = value.shape();
+        for (int i = 0; i < 3; ++i) s.x[i] = std::move(copies[i]);
+        s.q = std::move(q);
+        s.k = std::move(k);
+        s.v = std::move(v);
+        s.attn_out = std::move(attn_out);
+        s.lse = std::move(lse);
+        return out;  // training: float32, as forward_train's output
+    }
     const DType out_dtype = detail::output_dtype(std::nullopt, query.dtype());
     if (out_dtype == DType::f32) return out;
     Tensor narrow(out_dtype, Shape{Tq, E});
     detail::store_output(out.data_as<const float>(), narrow.view());
     return narrow;
+}
+
+}  // namespace
+
+Tensor MultiHeadAttention::forward_packed(const TensorView& query, const TensorView& key, const TensorView& value,
+                                          const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
+                                          const MhaPackedOptions& options) const {
+    SdpaOptions o;
+    o.causal = options.causal;
+    o.impl = options.impl;  // scale: sdpa's default 1/√d_h, as the layer's
+    score_modifiers(o);     // the layer's softcap, ALiBi and sinks, as forward() applies them
+    return run_packed(*this, query, key, value, cu_seqlens_q, cu_seqlens_k, o, nullptr);
+}
+
+Tensor MultiHeadAttention::forward_packed_train(const TensorView& query, const TensorView& key,
+                                                const TensorView& value, const TensorView& cu_seqlens_q,
+                                                const TensorView& cu_seqlens_k, const MhaPackedOptions& options,
+                                                const MhaTrainOptions& train, MhaForwardState& state) const {
+    if (!(train.dropout_p >= 0.0 && train.dropout_p < 1.0)) {
+        detail::fail(kOp, "dropout_p: expected 0 <= dropout_p < 1 but got ", train.dropout_p);
+    }
+    if (config().param_dtype != DType::f32) {
+        detail::fail(kOp, "forward_packed_train: the weight matrices are stored in ", dtype_name(config().param_dtype),
+                     "; training needs float32 parameters (set_param_dtype(float32) first)");
+    }
+    MhaForwardState s;
+    s.sdpa.causal = options.causal;
+    s.sdpa.impl = options.impl;
+    s.sdpa.dropout_p = train.dropout_p;
+    s.sdpa.dropout_seed = train.dropout_seed;
+    score_modifiers(s.sdpa);
+    // Owned copies of everything the saved options point to (the state outlives this layer's views).
+    if (s.sdpa.alibi_slopes) {
+        s.alibi = to_dtype(*s.sdpa.alibi_slopes, DType::f32);
+        s.sdpa.alibi_slopes = s.alibi.view();
+    }
+    if (s.sdpa.sinks) {
+        s.sinks = to_dtype(*s.sdpa.sinks, DType::f32);
+        s.sdpa.sinks = s.sinks.view();
+    }
+    s.cu_seqlens_q = owned_offsets(cu_seqlens_q, "cu_seqlens_q");
+    s.cu_seqlens_k = owned_offsets(cu_seqlens_k, "cu_seqlens_k");
+    Tensor out = run_packed(*this, query, key, value, s.cu_seqlens_q, s.cu_seqlens_k, s.sdpa, &s);
+    state = std::move(s);
+    return out;
 }
 
 }  // namespace attn

@@ -4,6 +4,8 @@
 #include "attn/sdpa_varlen.hpp"
 
 
+#include <omp.h>
+
 #include <cmath>
 #include <map>
 #include <string>
@@ -14,6 +16,7 @@
 #include "../kernels/dispatch.hpp"
 #include "../kernels/flash/flash.hpp"
 #include "../sdpa/problem.hpp"
+#include "head_major.hpp"
 #include "packed.hpp"
 #include "run_sequences.hpp"
 
@@ -70,9 +73,21 @@ void sdpa_varlen(const TensorView& q, const TensorView& k, const TensorView& v, 
     }
 
     std::vector<SdpaReport> reports(problems.size());
+    detail::HeadMajorScratch scratch;  // one allocation, for the largest sequence that is copied
+    for (const detail::SdpaProblem& p : problems)
+        if (detail::head_major_pays(p)) scratch.reserve(p);
     detail::run_sequences(
         problems.size(), [&](std::size_t i) { return problems[i].Hq * ((problems[i].Lq + 63) / 64); },
-        [&](std::size_t i) { detail::run_forward(problems[i], options.impl, report ? &reports[i] : nullptr); });
+        [&](std::size_t i) {
+            SdpaReport* r = report ? &reports[i] : nullptr;
+            // A long sequence runs alone with every thread (run_sequences.hpp): its K/V are
+            // read head-major from one reused scratch (head_major.hpp: ~14 % faster on V1).
+            if (options.impl != Impl::reference && !omp_in_parallel() && detail::head_major_pays(problems[i])) {
+                detail::run_forward(detail::head_major_kv(problems[i], scratch), options.impl, r);
+            } else {
+                detail::run_forward(problems[i], options.impl, r);
+            }
+        });
 
     if (report != nullptr) {
         std::map<std::string, int> count;

@@ -261,6 +261,41 @@ TEST(Varlen, ShortSequencesSideBySide) {
     check_padded(p, two);
 }
 
+// Sequences of >= 256 queries and keys run on head-major copies of their K/V
+// (src/varlen/head_major.hpp): the same bits as each sequence alone, on every kernel row, with
+// GQA, causal alignments and a window, one and two threads; sequences of different sizes
+// reuse one scratch (the 300-key sequence after the 520-key one).
+TEST(Varlen, LongSequencesHeadMajor) {
+    std::uint64_t seed = 40;
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+        SCOPED_TRACE(std::string("kernel row ") + detail::isa_name(row->isa));
+        const detail::ScopedKernelSet use(*row);
+        VarlenCase c;
+        c.lq = {520, 40, 300, 257};
+        c.lk = {520, 300, 300, 600};
+        c.Hq = 4;
+        c.Hkv = 2;
+        c.Dk = 32;
+        c.Dv = 16;
+        for (const Causal causal : {Causal::top_left, Causal::bottom_right, Causal::none}) {
+            c.causal = causal;
+            c.window = causal == Causal::none ? Window{100, 50, Align::top_left} : Window{};
+            SCOPED_TRACE(c.str());
+            const Packed p = make_packed(c, seed++);
+            const int saved = omp_get_max_threads();
+            omp_set_num_threads(1);
+            const Forward one = run_varlen(p, false);
+            omp_set_num_threads(2);
+            const Forward two = run_varlen(p, false);
+            omp_set_num_threads(saved);
+            EXPECT_TRUE(bit_equal(one.out, two.out));
+            check_one_by_one(p, two);
+            check_padded(p, two);
+            if (::testing::Test::HasFatalFailure()) return;
+        }
+    }
+}
+
 TEST(Varlen, ReportCountsKernels) {
     VarlenCase c;
     c.lq = {1, 100, 0};
