@@ -28,8 +28,12 @@ namespace {
 #define ATTN_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
 
 // s[r][0..32) = c2 · Σ_d k[r][d]·qt[d][0..32)   for r < R     k: (R, ldk), qt: (Dk, 32)
-template <int R>
-inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, float c2, float* s, int ldS) {
+// M (QkModifiers, flash_driver.hpp) applied in registers before the store: bit 0 the softcap
+// c·tanh(s/c) (tanh_vec, the function tile_modifiers runs), bit 1 ALiBi s − slope·|rel − j|
+// with j = j_first + r — no second pass over the tile.
+template <int R, int M = 0>
+inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, float c2, float* s, int ldS,
+                    const QkModifiers* mods = nullptr, float j_first = 0.0f) {
 #define DECL(r) __m512 a##r##0 = _mm512_setzero_ps(), a##r##1 = _mm512_setzero_ps();
     ATTN_ROWS(DECL)
 #undef DECL
@@ -46,10 +50,29 @@ inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, f
 #undef STEP
     }
     const __m512 vc = _mm512_set1_ps(c2);
-#define STORE(r)                                                          \
-    if constexpr (R > r) {                                                \
-        _mm512_store_ps(s + r * ldS, _mm512_mul_ps(a##r##0, vc));         \
-        _mm512_store_ps(s + r * ldS + 16, _mm512_mul_ps(a##r##1, vc));    \
+    [[maybe_unused]] __m512 cap, icap, sl0, sl1, re0, re1;
+    if constexpr ((M & 1) != 0) {
+        cap = _mm512_set1_ps(mods->cap);
+        icap = _mm512_set1_ps(mods->inv_cap);
+    }
+    if constexpr ((M & 2) != 0) {
+        sl0 = _mm512_loadu_ps(mods->slope);
+        sl1 = _mm512_loadu_ps(mods->slope + 16);
+        re0 = _mm512_loadu_ps(mods->rel);
+        re1 = _mm512_loadu_ps(mods->rel + 16);
+    }
+    auto finish = [&](__m512 x, int r, [[maybe_unused]] __m512 sl, [[maybe_unused]] __m512 re) {
+        if constexpr ((M & 1) != 0) x = _mm512_mul_ps(tanh_vec(_mm512_mul_ps(x, icap)), cap);
+        if constexpr ((M & 2) != 0) {
+            const __m512 dist = _mm512_abs_ps(_mm512_sub_ps(re, _mm512_set1_ps(j_first + static_cast<float>(r))));
+            x = _mm512_fnmadd_ps(sl, dist, x);
+        }
+        return x;
+    };
+#define STORE(r)                                                                          \
+    if constexpr (R > r) {                                                                \
+        _mm512_store_ps(s + r * ldS, finish(_mm512_mul_ps(a##r##0, vc), r, sl0, re0));      \
+        _mm512_store_ps(s + r * ldS + 16, finish(_mm512_mul_ps(a##r##1, vc), r, sl1, re1)); \
     }
     ATTN_ROWS(STORE)
 #undef STORE
@@ -104,6 +127,27 @@ struct Avx512Ops {
 #undef CASE
             default: qk_tile<1>(qt, k, ldk, Dk, c2, s, ldS); break;
         }
+    }
+
+    // qk with step 1 of the score rule in the store (flash_driver.hpp, QkModifiers).
+    template <int M>
+    static void qk_mod(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s, int ldS,
+                       const QkModifiers& m, float j_first) {
+        switch (rows) {
+#define CASE(n) \
+    case n: qk_tile<n, M>(qt, k, ldk, Dk, c2, s, ldS, &m, j_first); break;
+            ATTN_CASES(CASE)
+#undef CASE
+            default: qk_tile<1, M>(qt, k, ldk, Dk, c2, s, ldS, &m, j_first); break;
+        }
+    }
+    static void qk_modified(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s,
+                            int ldS, const QkModifiers& m, float j_first) {
+        const int mode = (m.cap > 0.0f ? 1 : 0) | (m.slope != nullptr ? 2 : 0);
+        if (mode == 1) qk_mod<1>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first);
+        else if (mode == 2) qk_mod<2>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first);
+        else if (mode == 3) qk_mod<3>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first);
+        else qk(qt, k, ldk, rows, Dk, c2, s, ldS);
     }
 
     static void pv(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, int rows, float* ot, int ldO,
