@@ -80,7 +80,9 @@
 //   pack_q(p, w, b, nq, panels)   its own packed Qᵀ into w.qt (which holds Mb·Dk floats)
 //   qk_block(p, w, b, hk, panels, j0, nk, ldS, scale)   Sᵀ of keys [j0, j0+nk), all panels
 //   v_rows(p, b, hk, j0, nk, vbuf, ldv)   V rows of the key block as float32 (nk × Dv)
-//   pv_block(p, w, panels, nk, ldS, vp, ldv, acc, ldO)  acc ← α·acc + V·Pᵀ (V float32 rows)
+//   pv_block(p, w, b, hk, j0, panels, nk, ldS, vp, ldv, acc, ldO)  acc ← α·acc + V·Pᵀ: V float32
+//                                 rows vp, or vp = nullptr: keys [j0, j0+nk) of V read by the Ops
+//                                 itself (the driver then calls v_rows only where it checks V)
 // Without them the driver runs the float32 code below (pack_qt, tile_rows, Ops::qk, Ops::pv).
 // Everything else (score rule, softmax, non-finite handling, outputs) sees float32 Sᵀ,
 // Pᵀ and V rows either way.
@@ -501,11 +503,12 @@ void write_scores(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::
 }
 
 // Oᵀ (acc) ← α·Oᵀ + Σⱼ V[j]·Pᵀ[j] for all panels: V rows vp (row stride ldv), Pᵀ in w.s.
+// (b, hk, j0): where the key block's V rows are, for an Ops that reads them itself (vp = nullptr).
 template <class Ops>
-void pv_tile(const SdpaProblem& p, const Workspace& w, int panels, std::int64_t nk, int ldS, const float* vp,
-             std::int64_t ldv, float* acc, int ldO) {
+void pv_tile(const SdpaProblem& p, const Workspace& w, std::int64_t b, std::int64_t hk, std::int64_t j0, int panels,
+             std::int64_t nk, int ldS, const float* vp, std::int64_t ldv, float* acc, int ldO) {
     if constexpr (kOpsOwnOperands<Ops>) {
-        Ops::pv_block(p, w, panels, nk, ldS, vp, ldv, acc, ldO);
+        Ops::pv_block(p, w, b, hk, j0, panels, nk, ldS, vp, ldv, acc, ldO);
         return;
     }
     for (int pn = 0; pn < panels; ++pn)
@@ -568,14 +571,17 @@ void accumulate_keys(const SdpaProblem& p, const FlashTiles& t, const Dropout& d
                     select |= split_large(v[j * ldv + d], w.vbuf[j * p.Dv + d], w.vbig[j * p.Dv + d]);
             vp = w.vbuf;
             ldv = p.Dv;
-            pv_tile<Ops>(p, w, panels, nk, ldS, w.vbig, ldv, w.bigot, ldO);
+            pv_tile<Ops>(p, w, b, hk, j0, panels, nk, ldS, w.vbig, ldv, w.bigot, ldO);
         } else {
-            if constexpr (kOpsOwnOperands<Ops>) vp = Ops::v_rows(p, b, hk, j0, nk, w.vbuf, ldv);
-            else vp = kv_tile_rows<Ops>(p, true, b, hk, j0, nk, p.Dv, w.vbuf, ldv);
             // Zeros of P only where a mask, ALiBi (a score that overflows to −inf: alibi_zeros) or
             // dropout ran: check V there (finite.hpp). Softcap keeps every score finite.
-            select = (partial || p.has_elementwise_mask() || alibi_zeros || drop.active) &&
-                     any_nonfinite(vp, ldv, nk, p.Dv);
+            const bool check = partial || p.has_elementwise_mask() || alibi_zeros || drop.active;
+            ldv = 0;
+            if constexpr (kOpsOwnOperands<Ops>)  // float32 rows only to check them; else the Ops reads V
+                vp = check ? Ops::v_rows(p, b, hk, j0, nk, w.vbuf, ldv) : nullptr;
+            else
+                vp = kv_tile_rows<Ops>(p, true, b, hk, j0, nk, p.Dv, w.vbuf, ldv);
+            select = check && any_nonfinite(vp, ldv, nk, p.Dv);
             if (select) {
                 if (vp != w.vbuf)  // rows in place (view or page): their head dim is contiguous
                     for (std::int64_t j = 0; j < nk; ++j) std::memcpy(w.vbuf + j * p.Dv, vp + j * ldv, sizeof(float) * static_cast<std::size_t>(p.Dv));
@@ -585,7 +591,7 @@ void accumulate_keys(const SdpaProblem& p, const FlashTiles& t, const Dropout& d
                 ldv = p.Dv;
             }
         }
-        pv_tile<Ops>(p, w, panels, nk, ldS, vp, ldv, w.ot, ldO);
+        pv_tile<Ops>(p, w, b, hk, j0, panels, nk, ldS, vp, ldv, w.ot, ldO);
         if (select) add_nonfinite_v<Ops>(p, w, b, hk, j0, nk, ncols, ldS, ldO);
     }
 }

@@ -38,7 +38,9 @@ inline constexpr int kTanhLanes = 4;
 typedef float vfloat __attribute__((vector_size(4 * kTanhLanes)));
 typedef std::int32_t vint __attribute__((vector_size(4 * kTanhLanes)));
 
-inline vfloat tanh_vec(vfloat x) {
+// always_inline: GCC kept it out of line (one call per vector), and a call clobbers every
+// vector register — the flash micro-kernel's 16 accumulators were spilled around each call.
+__attribute__((always_inline)) inline vfloat tanh_vec(vfloat x) {
     constexpr float kTwoLog2e = 2.8853900817779268f;  // 2·log2 e
     vint xi;
     std::memcpy(&xi, &x, sizeof xi);
