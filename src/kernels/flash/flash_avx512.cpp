@@ -61,7 +61,9 @@ inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, f
         re0 = _mm512_loadu_ps(mods->rel);
         re1 = _mm512_loadu_ps(mods->rel + 16);
     }
-    auto finish = [&](__m512 x, int r, [[maybe_unused]] __m512 sl, [[maybe_unused]] __m512 re) {
+    // always_inline: out of line (as GCC left it), each call spilled the live accumulators.
+    auto finish = [&](__m512 x, int r, [[maybe_unused]] __m512 sl, [[maybe_unused]] __m512 re)
+                      __attribute__((always_inline)) {
         if constexpr ((M & 1) != 0) x = _mm512_mul_ps(tanh_vec(_mm512_mul_ps(x, icap)), cap);
         if constexpr ((M & 2) != 0) {
             const __m512 dist = _mm512_abs_ps(_mm512_sub_ps(re, _mm512_set1_ps(j_first + static_cast<float>(r))));
