@@ -47,7 +47,7 @@ const detail::KernelSet* bf16_row() {
 
 struct Case {
     Tensor q, k, v, kstore, bool_mask, add_mask, key_lengths, slopes, sinks;
-    TensorView kview;
+    TensorView kview, vview;
     SdpaOptions opt;
     std::int64_t offset = 0;
     bool want_weights = false;
@@ -65,7 +65,14 @@ Case random_case(std::mt19937_64& rng) {
     const std::int64_t Dk = pick({1, 8, 17, 64}), Dv = pick({1, 8, 16, 33, 64});
     Case c;
     c.q = test::to_storage(test::randn(DType::f32, Shape{B, Hq, Lq, Dk}, rng), DType::bf16);
-    c.v = test::to_storage(test::randn(DType::f32, Shape{B, Hkv, Lk, Dv}, rng), DType::bf16);
+    const bool strided_v = chance(0.25);
+    if (strided_v) {  // V's head dim strided (the bf16 V pairs' scalar path): stored (B, Hkv, Dv, Lk)
+        c.v = test::to_storage(test::randn(DType::f32, Shape{B, Hkv, Dv, Lk}, rng), DType::bf16);
+        c.vview = c.v.view().transpose(2, 3);
+    } else {
+        c.v = test::to_storage(test::randn(DType::f32, Shape{B, Hkv, Lk, Dv}, rng), DType::bf16);
+        c.vview = c.v.view();
+    }
     const bool strided_k = chance(0.25);
     if (strided_k) {  // K's head dim strided: stored (B, Hkv, Dk, Lk), viewed transposed
         c.kstore = test::to_storage(test::randn(DType::f32, Shape{B, Hkv, Dk, Lk}, rng), DType::bf16);
@@ -78,7 +85,7 @@ Case random_case(std::mt19937_64& rng) {
     const int kind = static_cast<int>(pick({0, 1, 2, 3, 4, 5, 6, 7}));
     c.desc = "B=" + std::to_string(B) + " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) +
              " Lq=" + std::to_string(Lq) + " Lk=" + std::to_string(Lk) + " Dk=" + std::to_string(Dk) +
-             " Dv=" + std::to_string(Dv) + " mask=" + std::to_string(kind) + (strided_k ? " strided-K" : "");
+             " Dv=" + std::to_string(Dv) + " mask=" + std::to_string(kind) + (strided_k ? " strided-K" : "") + (strided_v ? " strided-V" : "");
     switch (kind) {
         case 0: break;
         case 1: o.causal = Causal::top_left; break;
@@ -136,23 +143,23 @@ struct Out {
 
 // The double reference on the same bf16 inputs.
 Out reference(const Case& c) {
-    const std::int64_t B = c.q.view().dim(0), Hq = c.q.view().dim(1), Lq = c.q.view().dim(2), Lk = c.kview.dim(2), Dv = c.v.view().dim(3);
+    const std::int64_t B = c.q.view().dim(0), Hq = c.q.view().dim(1), Lq = c.q.view().dim(2), Lk = c.kview.dim(2), Dv = c.vview.dim(3);
     Out r{test::poisoned(DType::f64, Shape{B, Hq, Lq, Dv}), test::poisoned(DType::f64, Shape{B, Hq, Lq}),
           test::poisoned(DType::f64, Shape{B, Hq, Lq, Lk})};
     SdpaOptions o = c.opt;
     o.impl = Impl::reference;
     TensorView l = r.lse, w = r.weights;
-    sdpa(c.q, c.kview, c.v, o, r.out, &l, &w);
+    sdpa(c.q, c.kview, c.vview, o, r.out, &l, &w);
     return r;
 }
 
 // The bf16-compute flash forward (the avx512 row, which must pick bf16 compute here).
 Out run_flash(const Case& c, const detail::KernelSet& row, int threads) {
-    const std::int64_t B = c.q.view().dim(0), Hq = c.q.view().dim(1), Lq = c.q.view().dim(2), Lk = c.kview.dim(2), Dv = c.v.view().dim(3);
+    const std::int64_t B = c.q.view().dim(0), Hq = c.q.view().dim(1), Lq = c.q.view().dim(2), Lk = c.kview.dim(2), Dv = c.vview.dim(3);
     Out r{test::poisoned(DType::f32, Shape{B, Hq, Lq, Dv}), test::poisoned(DType::f32, Shape{B, Hq, Lq}),
           test::poisoned(DType::f32, Shape{B, Hq, Lq, Lk})};
     const TensorView l = r.lse, w = r.weights;
-    detail::SdpaProblem p = detail::make_problem(c.q, c.kview, c.v, c.opt, r.out, &l, c.want_weights ? &w : nullptr);
+    detail::SdpaProblem p = detail::make_problem(c.q, c.kview, c.vview, c.opt, r.out, &l, c.want_weights ? &w : nullptr);
     p.bf16_products = true;  // a float32 out, so that P's rounding is measured alone
     EXPECT_TRUE(detail::flash_bf16_compute(p)) << c.desc;
     detail::flash_forward(p, row, threads, nullptr);
@@ -163,7 +170,7 @@ double max_abs(const TensorView& t) { return test::max_abs(t); }
 
 // The header's bound, checked element by element; returns the worst error/bound ratio.
 double check(const Case& c, const Out& got, const Out& ref) {
-    const TensorView q = c.q, k = c.kview, v = c.v;
+    const TensorView q = c.q, k = c.kview, v = c.vview;
     const std::int64_t B = q.dim(0), Hq = q.dim(1), Lq = q.dim(2), Dk = q.dim(3), Lk = k.dim(2), Dv = v.dim(3);
     const std::int64_t G = Hq / k.dim(1);
     const double scale = 1.0 / std::sqrt(static_cast<double>(Dk));
@@ -295,6 +302,7 @@ TEST(Bf16Compute, NonFiniteAndLargeV) {
     c.kstore = test::to_storage(test::randn(DType::f32, Shape{1, 2, Lk, D}, rng), DType::bf16);
     c.kview = c.kstore.view();
     c.v = test::to_storage(test::randn(DType::f32, Shape{1, 2, Lk, D}, rng), DType::bf16);
+    c.vview = c.v.view();
     c.opt.causal = Causal::top_left;
     c.desc = "non-finite/large V";
     // Keys past the last query (Lk > Lq, top-left causal: masked for every row) hold NaN/inf;

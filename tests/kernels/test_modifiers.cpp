@@ -448,6 +448,45 @@ TEST(ModifiersTanh, ErrorOnDenseSweep) {
     std::printf("tanh_f32: max abs error %.3g, max rel error %.3g\n", max_abs, max_rel);
 }
 
+// The same bound for the tanh each ISA row's flash kernel compiles (the AVX-512 one replaces
+// the division by rcp14 and a Newton step): Dk = 1, q = 1, scale 1 and c = 1 make the score of
+// key j exactly k[j], so the scores output is that row's tanh of k[j]. Stage softcapped is the
+// tile pass; stage masked (no mask) is the step the AVX-512 micro-kernel applies in its store.
+TEST(ModifiersTanh, EveryIsaRowErrorOnDenseSweep) {
+    std::vector<float> xs;
+    for (double x = -20.0; x <= 20.0; x += 1.0 / 1024)
+        for (double y : {x, x * 1e-3, x * 1e-6}) xs.push_back(static_cast<float>(y));
+    xs.push_back(std::numeric_limits<float>::infinity());
+    xs.push_back(-std::numeric_limits<float>::infinity());
+    const std::int64_t Lk = static_cast<std::int64_t>(xs.size());
+    Tensor q(DType::f32, Shape{1, 1, 1, 1}), k(DType::f32, Shape{1, 1, Lk, 1}), v(DType::f32, Shape{1, 1, Lk, 1}, true);
+    q.data_as<float>()[0] = 1.0f;
+    std::copy(xs.begin(), xs.end(), k.data_as<float>());
+    SdpaOptions o;
+    o.scale = 1.0;
+    o.softcap = 1.0;
+    for (const detail::KernelSet* ks : detail::runnable_kernel_sets())
+        for (ScoreStage st : {ScoreStage::softcapped, ScoreStage::masked}) {
+            Tensor got = poisoned(DType::f32, Shape{1, 1, 1, Lk}), out = poisoned(DType::f32, Shape{1, 1, 1, 1});
+            detail::SdpaProblem p = detail::make_problem(q, k, v, o, out, nullptr, nullptr);
+            detail::attach_scores(p, ScoresOutput{got, st});
+            detail::flash_forward(p, *ks, 1);
+            double max_abs = 0, max_rel = 0;
+            const float* g = got.data_as<float>();
+            for (std::int64_t j = 0; j + 2 < Lk; ++j) {
+                const double want = std::tanh(static_cast<double>(xs[j]));
+                max_abs = std::max(max_abs, std::abs(g[j] - want));
+                if (want != 0) max_rel = std::max(max_rel, std::abs(g[j] - want) / std::abs(want));
+            }
+            const std::string where = std::string(detail::isa_name(ks->isa)) + " stage=" + std::string(score_stage_name(st));
+            EXPECT_LE(max_abs, 1.5e-7) << where;
+            EXPECT_LE(max_rel, 1e-6) << where;
+            EXPECT_EQ(g[Lk - 2], 1.0f) << where;
+            EXPECT_EQ(g[Lk - 1], -1.0f) << where;
+            std::printf("tanh %s: max abs error %.3g, max rel error %.3g\n", where.c_str(), max_abs, max_rel);
+        }
+}
+
 // ---- errors -------------------------------------------------------------------------------
 
 TEST(ModifiersErrors, BadArgumentsAreRefusedBeforeWriting) {

@@ -28,8 +28,12 @@ namespace {
 #define ATTN_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
 
 // s[r][0..32) = c2 · Σ_d k[r][d]·qt[d][0..32)   for r < R     k: (R, ldk), qt: (Dk, 32)
-template <int R>
-inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, float c2, float* s, int ldS) {
+// M (QkModifiers, flash_driver.hpp) applied in registers before the store: bit 0 the softcap
+// c·tanh(s/c) (tanh_vec, the function tile_modifiers runs), bit 1 ALiBi s − slope·|rel − j|
+// with j = j_first + r — no second pass over the tile.
+template <int R, int M = 0>
+inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, float c2, float* s, int ldS,
+                    const QkModifiers* mods = nullptr, float j_first = 0.0f) {
 #define DECL(r) __m512 a##r##0 = _mm512_setzero_ps(), a##r##1 = _mm512_setzero_ps();
     ATTN_ROWS(DECL)
 #undef DECL
@@ -46,10 +50,31 @@ inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, f
 #undef STEP
     }
     const __m512 vc = _mm512_set1_ps(c2);
-#define STORE(r)                                                          \
-    if constexpr (R > r) {                                                \
-        _mm512_store_ps(s + r * ldS, _mm512_mul_ps(a##r##0, vc));         \
-        _mm512_store_ps(s + r * ldS + 16, _mm512_mul_ps(a##r##1, vc));    \
+    [[maybe_unused]] __m512 cap, icap, sl0, sl1, re0, re1;
+    if constexpr ((M & 1) != 0) {
+        cap = _mm512_set1_ps(mods->cap);
+        icap = _mm512_set1_ps(mods->inv_cap);
+    }
+    if constexpr ((M & 2) != 0) {
+        sl0 = _mm512_loadu_ps(mods->slope);
+        sl1 = _mm512_loadu_ps(mods->slope + 16);
+        re0 = _mm512_loadu_ps(mods->rel);
+        re1 = _mm512_loadu_ps(mods->rel + 16);
+    }
+    // always_inline: out of line (as GCC left it), each call spilled the live accumulators.
+    auto finish = [&](__m512 x, int r, [[maybe_unused]] __m512 sl, [[maybe_unused]] __m512 re)
+                      __attribute__((always_inline)) {
+        if constexpr ((M & 1) != 0) x = _mm512_mul_ps(tanh_vec(_mm512_mul_ps(x, icap)), cap);
+        if constexpr ((M & 2) != 0) {
+            const __m512 dist = _mm512_abs_ps(_mm512_sub_ps(re, _mm512_set1_ps(j_first + static_cast<float>(r))));
+            x = _mm512_fnmadd_ps(sl, dist, x);
+        }
+        return x;
+    };
+#define STORE(r)                                                                          \
+    if constexpr (R > r) {                                                                \
+        _mm512_store_ps(s + r * ldS, finish(_mm512_mul_ps(a##r##0, vc), r, sl0, re0));      \
+        _mm512_store_ps(s + r * ldS + 16, finish(_mm512_mul_ps(a##r##1, vc), r, sl1, re1)); \
     }
     ATTN_ROWS(STORE)
 #undef STORE
@@ -104,6 +129,27 @@ struct Avx512Ops {
 #undef CASE
             default: qk_tile<1>(qt, k, ldk, Dk, c2, s, ldS); break;
         }
+    }
+
+    // qk with step 1 of the score rule in the store (flash_driver.hpp, QkModifiers).
+    template <int M>
+    static void qk_mod(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s, int ldS,
+                       const QkModifiers& m, float j_first) {
+        switch (rows) {
+#define CASE(n) \
+    case n: qk_tile<n, M>(qt, k, ldk, Dk, c2, s, ldS, &m, j_first); break;
+            ATTN_CASES(CASE)
+#undef CASE
+            default: qk_tile<1, M>(qt, k, ldk, Dk, c2, s, ldS, &m, j_first); break;
+        }
+    }
+    static void qk_modified(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s,
+                            int ldS, const QkModifiers& m, float j_first) {
+        const int mode = (m.cap > 0.0f ? 1 : 0) | (m.slope != nullptr ? 2 : 0);
+        if (mode == 1) qk_mod<1>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first);
+        else if (mode == 2) qk_mod<2>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first);
+        else if (mode == 3) qk_mod<3>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first);
+        else qk(qt, k, ldk, rows, Dk, c2, s, ldS);
     }
 
     static void pv(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, int rows, float* ot, int ldO,
@@ -311,14 +357,50 @@ struct Avx512Bf16Ops : Avx512Ops {
         return vbuf;
     }
 
+    // V pair words of keys [j0, j0+nk) straight from the bf16 tensor: word (key pair q, d) =
+    // V[j0+2q][d] | V[j0+2q+1][d] << 16 (0 past the last key) — the bits pack_pairs_bf16 makes
+    // from the widened rows (bf16 → f32 → bf16 is exact), without the float32 round trip. A
+    // contiguous head dim interleaves 32 values of two rows with two vpermt2w.
+    static void v_pairs_direct(const SdpaProblem& p, std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t nk,
+                               Pair* dst) {
+        alignas(64) static constexpr short kLo[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                                                      8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+        alignas(64) static constexpr short kHi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                                      24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+        const __m512i lo = _mm512_load_si512(kLo), hi = _mm512_load_si512(kHi);
+        const std::uint16_t* v = p.v.data_as<const std::uint16_t>();
+        const std::int64_t Dv = p.Dv, sd = p.v.stride(3);
+        for (std::int64_t q = 0; q < half_up(nk); ++q) {
+            const std::uint16_t* r0 = v + p.v.offset(b, hk, j0 + 2 * q, 0);
+            const std::uint16_t* r1 = 2 * q + 1 < nk ? v + p.v.offset(b, hk, j0 + 2 * q + 1, 0) : nullptr;
+            Pair* d = dst + q * Dv;
+            if (sd != 1) {
+                for (std::int64_t e = 0; e < Dv; ++e)
+                    d[e] = r0[e * sd] | (r1 ? static_cast<Pair>(r1[e * sd]) << 16 : 0u);
+                continue;
+            }
+            for (std::int64_t e = 0; e < Dv; e += 32) {
+                const std::int64_t n = imin(32, Dv - e);
+                const __mmask32 m = n == 32 ? ~__mmask32(0) : (__mmask32(1) << n) - 1;
+                const __m512i a = _mm512_maskz_loadu_epi16(m, r0 + e);
+                const __m512i c = r1 ? _mm512_maskz_loadu_epi16(m, r1 + e) : _mm512_setzero_si512();
+                const __mmask16 m0 = n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+                const __mmask16 m1 = n >= 32 ? __mmask16(0xFFFF) : n > 16 ? __mmask16((1u << (n - 16)) - 1) : __mmask16(0);
+                _mm512_mask_storeu_epi32(d + e, m0, _mm512_permutex2var_epi16(a, lo, c));
+                _mm512_mask_storeu_epi32(d + e + 16, m1, _mm512_permutex2var_epi16(a, hi, c));
+            }
+        }
+    }
+
     // Pᵀ (rounded to bf16 here: the one rounding this path adds) and V rows as key pairs,
-    // then Oᵀ += V·Pᵀ on the pairs.
-    static void pv_block(const SdpaProblem& p, const Workspace& w, int panels, std::int64_t nk, int ldS, const float* vp,
-                         std::int64_t ldv, float* acc, int ldO) {
+    // then Oᵀ += V·Pᵀ on the pairs. vp = nullptr: V's pairs straight from the tensor.
+    static void pv_block(const SdpaProblem& p, const Workspace& w, std::int64_t b, std::int64_t hk, std::int64_t j0,
+                         int panels, std::int64_t nk, int ldS, const float* vp, std::int64_t ldv, float* acc, int ldO) {
         Pair* pp = p_pairs(w);
         Pair* vv = v_pairs(w);
         flash_bf16_avx512_ns::pack_pairs_bf16(w.s, ldS, nk, panels * kPanel, pp, w.tile_mb);
-        flash_bf16_avx512_ns::pack_pairs_bf16(vp, ldv, nk, p.Dv, vv, p.Dv);
+        if (vp != nullptr) flash_bf16_avx512_ns::pack_pairs_bf16(vp, ldv, nk, p.Dv, vv, p.Dv);
+        else v_pairs_direct(p, b, hk, j0, nk, vv);
         const int Jp = static_cast<int>(half_up(nk));
         for (int pn = 0; pn < panels; ++pn)
             for (std::int64_t d = 0; d < p.Dv; d += kRows)

@@ -80,7 +80,9 @@
 //   pack_q(p, w, b, nq, panels)   its own packed Qᵀ into w.qt (which holds Mb·Dk floats)
 //   qk_block(p, w, b, hk, panels, j0, nk, ldS, scale)   Sᵀ of keys [j0, j0+nk), all panels
 //   v_rows(p, b, hk, j0, nk, vbuf, ldv)   V rows of the key block as float32 (nk × Dv)
-//   pv_block(p, w, panels, nk, ldS, vp, ldv, acc, ldO)  acc ← α·acc + V·Pᵀ (V float32 rows)
+//   pv_block(p, w, b, hk, j0, panels, nk, ldS, vp, ldv, acc, ldO)  acc ← α·acc + V·Pᵀ: V float32
+//                                 rows vp, or vp = nullptr: keys [j0, j0+nk) of V read by the Ops
+//                                 itself (the driver then calls v_rows only where it checks V)
 // Without them the driver runs the float32 code below (pack_qt, tile_rows, Ops::qk, Ops::pv).
 // Everything else (score rule, softmax, non-finite handling, outputs) sees float32 Sᵀ,
 // Pᵀ and V rows either way.
@@ -120,6 +122,19 @@ inline constexpr float kPosInf = std::numeric_limits<float>::infinity();
 
 inline std::int64_t imin(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
 inline std::int64_t imax(std::int64_t a, std::int64_t b) { return a > b ? a : b; }
+
+// Step 1 of the score rule for an Ops that applies it in its Q·Kᵀ micro-kernel's store
+// (Ops::qk_modified; AVX-512): each score s = c2·acc becomes c·tanh(s·inv_cap) when cap > 0,
+// then s − slope[col]·|rel[col] − j| for key j of the tile when slope is set — the same
+// operations as tile_modifiers, without a second pass over the Sᵀ tile. slope/rel point at the
+// micro-kernel's panel (w.aslope/w.abase from alibi_columns).
+struct QkModifiers {
+    float cap = 0.0f, inv_cap = 0.0f;
+    const float* slope = nullptr;
+    const float* rel = nullptr;
+};
+template <class Ops>
+inline constexpr bool kOpsFuseModifiers = requires { &Ops::qk_modified; };
 
 // Whether Ops defines the operand hooks (see the header).
 template <class Ops>
@@ -294,6 +309,23 @@ void pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t
 // computed in float from abase = d − j0, exact while |d − j0| + nk <= 2^24; beyond that
 // (offsets or lengths past 16 M) each column takes the int64 path of apply_alibi.
 // Padding columns hold Q = 0 and are never read; they get slope 0.
+// ALiBi's per-column terms of the key block starting at j0 into w.aslope (the slope; 0 for
+// padding columns) and w.abase (d(column) − j0, as float). False when some distance is not
+// exact in float (|d − j0| + nk > 2^24): the caller then takes apply_alibi's int64 path.
+inline bool alibi_columns(const SdpaProblem& p, Workspace& w, std::int64_t b, int nq, int ncols, std::int64_t j0,
+                          std::int64_t nk) {
+    constexpr std::int64_t kExact = std::int64_t{1} << 24;
+    const std::int64_t off = p.alibi_offset(b);
+    bool exact = true;
+    for (int col = 0; col < ncols; ++col) {
+        const std::int64_t rel = col < nq ? w.ci[col] + off - j0 : 0;
+        exact &= (rel < 0 ? -rel : rel) + nk <= kExact;
+        w.aslope[col] = col < nq ? p.alibi_slope(b, w.ch[col]) : 0.0f;
+        w.abase[col] = static_cast<float>(rel);
+    }
+    return exact;
+}
+
 inline void tile_modifiers(const SdpaProblem& p, Workspace& w, std::int64_t b, int nq, int ncols, std::int64_t j0,
                            std::int64_t nk, int ldS, bool with_alibi = true) {
     if (p.softcap > 0.0) {
@@ -309,16 +341,7 @@ inline void tile_modifiers(const SdpaProblem& p, Workspace& w, std::int64_t b, i
         }
     }
     if (!p.alibi_slopes || !with_alibi) return;
-    constexpr std::int64_t kExact = std::int64_t{1} << 24;
-    const std::int64_t off = p.alibi_offset(b);
-    bool exact = true;
-    for (int col = 0; col < ncols; ++col) {
-        const std::int64_t rel = col < nq ? w.ci[col] + off - j0 : 0;
-        exact &= (rel < 0 ? -rel : rel) + nk <= kExact;
-        w.aslope[col] = col < nq ? p.alibi_slope(b, w.ch[col]) : 0.0f;
-        w.abase[col] = static_cast<float>(rel);
-    }
-    if (exact) {
+    if (alibi_columns(p, w, b, nq, ncols, j0, nk)) {
         for (std::int64_t j = 0; j < nk; ++j) {
             float* sj = w.s + j * ldS;
             const float jf = static_cast<float>(j);
@@ -413,6 +436,32 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
     std::int64_t ldk;
     const float* kp = kv_tile_rows<Ops>(p, false, b, hk, j0, nk, p.Dk, w.kbuf, ldk);
     const int Dk = static_cast<int>(p.Dk);
+    if constexpr (kOpsFuseModifiers<Ops>) {
+        // Softcap and ALiBi in the micro-kernel's store (see QkModifiers), when that is the
+        // whole of step 1 and ALiBi's distances are exact in float; masks follow below as usual.
+        if (stage == ScoreStage::masked && p.has_score_modifiers() &&
+            (!p.alibi_slopes || alibi_columns(p, w, b, nq, panels * Ops::kPanel, j0, nk))) {
+            QkModifiers m;
+            if (p.softcap > 0.0) {
+                m.cap = static_cast<float>(p.softcap);
+                m.inv_cap = static_cast<float>(1.0 / p.softcap);
+            }
+            for (int pn = 0; pn < panels; ++pn) {
+                const float* qt = w.qt + static_cast<std::int64_t>(pn) * Dk * Ops::kPanel;
+                if (p.alibi_slopes) {
+                    m.slope = w.aslope + pn * Ops::kPanel;
+                    m.rel = w.abase + pn * Ops::kPanel;
+                }
+                for (std::int64_t r = 0; r < nk; r += Ops::kRows)
+                    Ops::qk_modified(qt, kp + r * ldk, ldk, static_cast<int>(imin(Ops::kRows, nk - r)), Dk, scale,
+                                     w.s + r * ldS + pn * Ops::kPanel, ldS, m, static_cast<float>(r));
+            }
+            if (ranges_partial || p.has_elementwise_mask())
+                for (int c = 0; c < nq; ++c)
+                    apply_mask_rule(p, b, w.ch[c], w.ci[c], j0, nk, w.s + c, ldS, KeyRange{w.lo[c], w.hi[c]});
+            return;
+        }
+    }
     for (int pn = 0; pn < panels; ++pn) {
         const float* qt = w.qt + static_cast<std::int64_t>(pn) * Dk * Ops::kPanel;
         for (std::int64_t r = 0; r < nk; r += Ops::kRows)
@@ -493,11 +542,12 @@ void write_scores(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::
 }
 
 // Oᵀ (acc) ← α·Oᵀ + Σⱼ V[j]·Pᵀ[j] for all panels: V rows vp (row stride ldv), Pᵀ in w.s.
+// (b, hk, j0): where the key block's V rows are, for an Ops that reads them itself (vp = nullptr).
 template <class Ops>
-void pv_tile(const SdpaProblem& p, const Workspace& w, int panels, std::int64_t nk, int ldS, const float* vp,
-             std::int64_t ldv, float* acc, int ldO) {
+void pv_tile(const SdpaProblem& p, const Workspace& w, std::int64_t b, std::int64_t hk, std::int64_t j0, int panels,
+             std::int64_t nk, int ldS, const float* vp, std::int64_t ldv, float* acc, int ldO) {
     if constexpr (kOpsOwnOperands<Ops>) {
-        Ops::pv_block(p, w, panels, nk, ldS, vp, ldv, acc, ldO);
+        Ops::pv_block(p, w, b, hk, j0, panels, nk, ldS, vp, ldv, acc, ldO);
         return;
     }
     for (int pn = 0; pn < panels; ++pn)
@@ -518,6 +568,20 @@ void accumulate_keys(const SdpaProblem& p, const FlashTiles& t, const Dropout& d
         const bool sink = p.sinks && c < nq;
         w.m[c] = sink ? p.sink(w.ch[c]) : kNegInf;
         w.l[c] = sink ? 1.0f : 0.0f;
+    }
+    // ALiBi turns a finite score into −inf (a zero of P that V's NaN/inf must not meet) only
+    // when a bias slope·|d − j| reaches 2^103: below that, s − bias rounds to a finite value
+    // for every finite s (half an ulp of FLT_MAX is 2^103). Bound the block's biases once.
+    bool alibi_zeros = false;
+    if (p.alibi_slopes) {
+        const std::int64_t off = p.alibi_offset(b);
+        double smax = 0.0, dmax = 0.0;
+        for (int c = 0; c < nq; ++c) {
+            smax = std::fmax(smax, std::fabs(static_cast<double>(p.alibi_slope(b, w.ch[c]))));
+            const std::int64_t d = w.ci[c] + off;
+            dmax = std::fmax(dmax, static_cast<double>(imax(d - ulo, uhi - 1 - d)));
+        }
+        alibi_zeros = smax * dmax >= 0x1p100;
     }
     const std::size_t acc_bytes = sizeof(float) * static_cast<std::size_t>(p.Dv) * static_cast<std::size_t>(ldO);
     std::memset(w.ot, 0, acc_bytes);
@@ -546,14 +610,17 @@ void accumulate_keys(const SdpaProblem& p, const FlashTiles& t, const Dropout& d
                     select |= split_large(v[j * ldv + d], w.vbuf[j * p.Dv + d], w.vbig[j * p.Dv + d]);
             vp = w.vbuf;
             ldv = p.Dv;
-            pv_tile<Ops>(p, w, panels, nk, ldS, w.vbig, ldv, w.bigot, ldO);
+            pv_tile<Ops>(p, w, b, hk, j0, panels, nk, ldS, w.vbig, ldv, w.bigot, ldO);
         } else {
-            if constexpr (kOpsOwnOperands<Ops>) vp = Ops::v_rows(p, b, hk, j0, nk, w.vbuf, ldv);
-            else vp = kv_tile_rows<Ops>(p, true, b, hk, j0, nk, p.Dv, w.vbuf, ldv);
-            // Zeros of P only where a mask, ALiBi (a score that overflows to −inf) or dropout
-            // ran: check V there (finite.hpp). Softcap keeps every score finite.
-            select = (partial || p.has_elementwise_mask() || p.alibi_slopes || drop.active) &&
-                     any_nonfinite(vp, ldv, nk, p.Dv);
+            // Zeros of P only where a mask, ALiBi (a score that overflows to −inf: alibi_zeros) or
+            // dropout ran: check V there (finite.hpp). Softcap keeps every score finite.
+            const bool check = partial || p.has_elementwise_mask() || alibi_zeros || drop.active;
+            ldv = 0;
+            if constexpr (kOpsOwnOperands<Ops>)  // float32 rows only to check them; else the Ops reads V
+                vp = check ? Ops::v_rows(p, b, hk, j0, nk, w.vbuf, ldv) : nullptr;
+            else
+                vp = kv_tile_rows<Ops>(p, true, b, hk, j0, nk, p.Dv, w.vbuf, ldv);
+            select = check && any_nonfinite(vp, ldv, nk, p.Dv);
             if (select) {
                 if (vp != w.vbuf)  // rows in place (view or page): their head dim is contiguous
                     for (std::int64_t j = 0; j < nk; ++j) std::memcpy(w.vbuf + j * p.Dv, vp + j * ldv, sizeof(float) * static_cast<std::size_t>(p.Dv));
@@ -563,7 +630,7 @@ void accumulate_keys(const SdpaProblem& p, const FlashTiles& t, const Dropout& d
                 ldv = p.Dv;
             }
         }
-        pv_tile<Ops>(p, w, panels, nk, ldS, vp, ldv, w.ot, ldO);
+        pv_tile<Ops>(p, w, b, hk, j0, panels, nk, ldS, vp, ldv, w.ot, ldO);
         if (select) add_nonfinite_v<Ops>(p, w, b, hk, j0, nk, ncols, ldS, ldO);
     }
 }

@@ -10,6 +10,10 @@
 
 #include "exp2.hpp"
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace attn::detail {
 namespace {
 
@@ -34,7 +38,9 @@ inline constexpr int kTanhLanes = 4;
 typedef float vfloat __attribute__((vector_size(4 * kTanhLanes)));
 typedef std::int32_t vint __attribute__((vector_size(4 * kTanhLanes)));
 
-inline vfloat tanh_vec(vfloat x) {
+// always_inline: GCC kept it out of line (one call per vector), and a call clobbers every
+// vector register — the flash micro-kernel's 16 accumulators were spilled around each call.
+__attribute__((always_inline)) inline vfloat tanh_vec(vfloat x) {
     constexpr float kTwoLog2e = 2.8853900817779268f;  // 2·log2 e
     vint xi;
     std::memcpy(&xi, &x, sizeof xi);
@@ -43,7 +49,9 @@ inline vfloat tanh_vec(vfloat x) {
     vfloat ax;
     std::memcpy(&ax, &axi, sizeof ax);
     vfloat y = ax * kTwoLog2e;
-    y = y < 128.0f ? y : vfloat{} + 128.0f;  // NaN → 128 here; restored below
+    // Clamped at 64 (NaN → 64 here; restored below): 2^64 keeps e + 1 finite for the
+    // reciprocal below, and 1 − 2/(2^64 + 1) is 1 in float32 already (from |x| ≈ 9 on).
+    y = y < 64.0f ? y : vfloat{} + 64.0f;
     const vfloat n = (y + 12582912.0f) - 12582912.0f;  // round to nearest (1.5·2^23 trick)
     const vfloat f = y - n;
     vfloat pe = f * exp2poly::c6 + exp2poly::c5;
@@ -57,7 +65,17 @@ inline vfloat tanh_vec(vfloat x) {
     bits += __builtin_convertvector(n, vint) << 23;
     vfloat e;
     std::memcpy(&e, &bits, sizeof e);
+#if defined(__AVX512F__)
+    // 2/(e+1) without a division (vdivps zmm is the softcap pass's slowest instruction):
+    // rcp14 (relative error < 2^-14) and one Newton step, rc·(1 + (1 − d·rc)), error ~2^-28 + 1 ulp,
+    // below the bound tests/kernels/test_modifiers.cpp checks on this ISA.
+    const vfloat d = e + 1.0f;
+    vfloat rc = _mm512_rcp14_ps(d);
+    rc = rc + rc * (1.0f - d * rc);
+    const vfloat big = 1.0f - 2.0f * rc;
+#else
     const vfloat big = 1.0f - 2.0f / (e + 1.0f);
+#endif
     const vfloat x2 = ax * ax;
     const vfloat small = ax * (1.0f + x2 * (-0.33333334f + x2 * (0.13333334f + x2 * -0.05396825f)));
     const vfloat t = ax < 0.125f ? small : big;
