@@ -413,8 +413,10 @@ int main(int argc, char** argv) {
     {
         const DType f32 = DType::f32, f16 = DType::f16, bf16 = DType::bf16;
         const DType combos[][3] = {{bf16, bf16, bf16}, {f16, f16, f16}, {f32, bf16, f32}, {f32, f16, f32}, {bf16, bf16, f32}};
-        for (std::size_t i = 0; i < named; ++i) {
-            const DType* d = combos[i % std::size(combos)];
+        // Every third named case (the double-precision oracle dominates the test's time; the
+        // forward's ring_check covers every named case in 16 bits).
+        for (std::size_t i = 0; i < named; i += 3) {
+            const DType* d = combos[i / 3 % std::size(combos)];
             cases.push_back(with_dtypes(cases[i], d[0], d[1], d[2]));
         }
         cases.push_back(with_dtypes(with_modifiers(cases[1], 0), bf16, bf16, bf16));
