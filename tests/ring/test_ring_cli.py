@@ -250,8 +250,12 @@ def test_float16_inputs_out_dtype_and_gradients_equal_attn_sdpa(tmp_path, np_):
             a, b = np.load(ring[n]), np.load(single[n])
             assert a.dtype == want and b.dtype == want, (n, a.dtype, b.dtype)
             a, b = a.astype(np.float64), b.astype(np.float64)
-            # both within 1e-5-ish of the float32 result, each rounded once: two half-ulps apart at most
+            # both within 1e-5-ish of the float32 result, each rounded once: two half-ulps apart at most;
+            # float16 gradients come from each run's own float16 O, whose roundings may differ
+            # (docs/conventions.md, "Backward with 16-bit tensors"): 2^-7 of the largest gradient.
             bound = 2e-5 * max(1.0, np.abs(b).max()) + 2 * half_ulp * np.abs(b)
+            if n != "out" and half_ulp:
+                bound = bound + 2.0 ** -7 * np.abs(b).max()
             assert np.all(np.abs(a - b) <= bound), (n, np.abs(a - b).max())
             assert np.abs(b).max() > 0.1  # not a comparison of zeros
 
