@@ -118,6 +118,10 @@ bool uint16_is_bf16_arg(const py::handle& obj) {
                 given(obj));
 }
 
+attn::DType sixteen_bit_or_f32(attn::DType q) {
+    return q == attn::DType::f16 || q == attn::DType::bf16 ? q : attn::DType::f32;
+}
+
 attn::DType out_dtype_arg(const py::handle& obj, attn::DType fallback) {
     if (obj.is_none()) return fallback;
     std::string name;

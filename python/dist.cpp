@@ -75,16 +75,19 @@ py::tuple ring_forward(const py::handle& query, const py::handle& key, const py:
                        const py::object& causal_alignment, const py::object& window, const py::object& window_alignment,
                        const py::object& query_offset, const py::object& key_lengths, const py::object& softcap,
                        const py::object& alibi_slopes, const py::object& sinks, const py::object& dropout_p,
-                        const py::object& dropout_seed) {
+                        const py::object& dropout_seed, const py::object& dtype, const py::object& out_dtype) {
     const char* kLayout = "(B, H, L_local, D)";
-    const Input q = input(query, "query", 4, 4, kLayout), k = input(key, "key", 4, 4, kLayout),
-                v = input(value, "value", 4, 4, kLayout);
+    const bool bf16 = uint16_is_bf16_arg(dtype);
+    const Input q = input(query, "query", 4, 4, kLayout, bf16), k = input(key, "key", 4, 4, kLayout, bf16),
+                v = input(value, "value", 4, 4, kLayout, bf16);
     const MPI_Comm c = comm_of(comm);
     const RingCall call = ring_options({{is_causal, causal_alignment, window, window_alignment, query_offset}, scale, layout,
                                         key_lengths, {softcap, alibi_slopes, sinks}, dropout_p, dropout_seed},
                                        q.view.dim(1));
     const attn::dist::RingOptions& o = call.ring;
-    py::array out = new_array(attn::DType::f32, {q.view.dim(0), q.view.dim(1), q.view.dim(2), v.view.dim(3)});
+    // out in out_dtype (default: a 16-bit query's dtype, else float32); lse float32.
+    const attn::DType odt = out_dtype_arg(out_dtype, sixteen_bit_or_f32(q.view.dtype()));
+    py::array out = new_array(odt, {q.view.dim(0), q.view.dim(1), q.view.dim(2), v.view.dim(3)});
     py::array lse = new_array(attn::DType::f32, {q.view.dim(0), q.view.dim(1), q.view.dim(2)});
     const attn::TensorView ov = output_view(out, 4), lv = output_view(lse, 3);
     {
@@ -100,19 +103,22 @@ py::tuple ring_backward(const py::handle& query, const py::handle& key, const py
                         const py::object& causal_alignment, const py::object& window, const py::object& window_alignment,
                         const py::object& query_offset, const py::object& key_lengths, const py::object& softcap,
                         const py::object& alibi_slopes, const py::object& sinks, const py::object& dropout_p,
-                        const py::object& dropout_seed) {
+                        const py::object& dropout_seed, const py::object& dtype, const py::object& out_dtype) {
     const char* kLayout = "(B, H, L_local, D)";
-    const Input q = input(query, "query", 4, 4, kLayout), k = input(key, "key", 4, 4, kLayout),
-                v = input(value, "value", 4, 4, kLayout), o = input(out, "out", 4, 4, kLayout),
-                l = input(lse, "lse", 3, 3, "(B, H, L_local)"), g = input(grad_out, "grad_out", 4, 4, kLayout);
+    const bool bf16 = uint16_is_bf16_arg(dtype);
+    const Input q = input(query, "query", 4, 4, kLayout, bf16), k = input(key, "key", 4, 4, kLayout, bf16),
+                v = input(value, "value", 4, 4, kLayout, bf16), o = input(out, "out", 4, 4, kLayout, bf16),
+                l = input(lse, "lse", 3, 3, "(B, H, L_local)"), g = input(grad_out, "grad_out", 4, 4, kLayout, bf16);
     const MPI_Comm c = comm_of(comm);
     const RingCall call = ring_options({{is_causal, causal_alignment, window, window_alignment, query_offset}, scale, layout,
                                         key_lengths, {softcap, alibi_slopes, sinks}, dropout_p, dropout_seed},
                                        q.view.dim(1));
     const attn::dist::RingOptions& opt = call.ring;
-    py::array dq = new_array(attn::DType::f32, dims_of(q.view));
-    py::array dk = new_array(attn::DType::f32, dims_of(k.view));
-    py::array dv = new_array(attn::DType::f32, dims_of(v.view));
+    // dq/dk/dv in out_dtype (default: a 16-bit query's dtype, else float32), as the forward's out.
+    const attn::DType gdt = out_dtype_arg(out_dtype, sixteen_bit_or_f32(q.view.dtype()));
+    py::array dq = new_array(gdt, dims_of(q.view));
+    py::array dk = new_array(gdt, dims_of(k.view));
+    py::array dv = new_array(gdt, dims_of(v.view));
     const bool with_sinks = opt.sinks.has_value();
     py::array ds = new_array(attn::DType::f32, {with_sinks ? q.view.dim(1) : 0});
     const attn::TensorView dqv = output_view(dq, 4), dkv = output_view(dk, 4), dvv = output_view(dv, 4);
@@ -135,17 +141,21 @@ void bind_dist(py::module_& m) {
         py::arg("causal_alignment") = "top-left", py::arg("window") = py::none(),                                  \
         py::arg("window_alignment") = "top-left", py::arg("query_offset") = py::none(),                            \
         py::arg("key_lengths") = py::none(), py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(), \
-        py::arg("sinks") = py::none(), py::arg("dropout_p") = 0.0, py::arg("dropout_seed") = 0
+        py::arg("sinks") = py::none(), py::arg("dropout_p") = 0.0, py::arg("dropout_seed") = 0,                   \
+        py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none()
     d.def("ring_attention", &ring_forward, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("comm"),
           ATTN_RING_KEYWORDS,
-          "Collective: this rank's rows of O and lse for the sequence split over comm's ranks (float32).\n"
+          "Collective: this rank's rows of O and lse (float32) for the sequence split over comm's ranks.\n"
+          "query/key/value float32, float16, or uint16 bfloat16 bits with dtype=\"bfloat16\" (16-bit K/V travel\n"
+          "in 16 bits); out in out_dtype (default: a 16-bit query's dtype, else float32).\n"
           "The masking, modifier and dropout keywords are attn.scaled_dot_product_attention's, on global\n"
           "positions, the same on every rank (key_lengths and a (B,) query_offset: the same arrays);\n"
           "dropout_p/dropout_seed drop exactly what single-process attention drops with the same seed.");
     d.def("ring_attention_backward", &ring_backward, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("out"),
           py::arg("lse"), py::arg("grad_out"), py::arg("comm"), ATTN_RING_KEYWORDS,
           "Collective: this rank's rows of dQ, dK, dV (the gradients of <O, dO>), from ring_attention's out and lse\n"
-          "(the same keywords as the forward); with sinks also dsinks (Hq,), the gradient over the whole\n"
+          "(the same keywords as the forward; dq/dk/dv in out_dtype, default a 16-bit query's dtype, else\n"
+          "float32); with sinks also dsinks (Hq,), the gradient over the whole\n"
           "sequence (the same on every rank).");
 #undef ATTN_RING_KEYWORDS
     d.def(

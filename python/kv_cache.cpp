@@ -29,13 +29,15 @@ public:
     explicit PyKVCache(const attn::KVCacheConfig& c) : cache_(c) {}
 
     // k_new (B, Hkv, T, Dk), v_new (B, Hkv, T, Dv); or one sequence's (Hkv, T, ·) with batch_index.
-    void append(const py::object& k_new, const py::object& v_new, const py::object& batch_index) {
+    // dtype="bfloat16": uint16 k_new/v_new hold bfloat16 bits (sdpa's dtype= keyword).
+    void append(const py::object& k_new, const py::object& v_new, const py::object& batch_index, const py::object& dtype) {
+        const bool bf16 = uint16_is_bf16_arg(dtype);
         const std::optional<std::int64_t> index = optional_int_arg(batch_index, "batch_index");
         const bool one = index.has_value();
         const int r = one ? 3 : 4;
         const char* layout = one ? "(Hkv, T, D) with batch_index" : "(B, Hkv, T, D)";
-        const Input k = input(k_new, "k_new", r, r, layout);
-        const Input v = input(v_new, "v_new", r, r, layout);
+        const Input k = input(k_new, "k_new", r, r, layout, bf16);
+        const Input v = input(v_new, "v_new", r, r, layout, bf16);
         const std::int64_t b = index.value_or(0);
         py::gil_scoped_release nogil;
         const std::lock_guard<std::mutex> lock(mutex);
@@ -137,17 +139,19 @@ std::unique_ptr<PyKVCache> make_cache(const py::object& batch, const py::object&
     return std::make_unique<PyKVCache>(c);
 }
 
-// query (B, Hq, Lq, Dk) float32, Lq <= 16 (decode kernel; more runs as prefill)
-// → out (B, Hq, Lq, Dv) [, lse (B, Hq, Lq)]. window_left = w is the older spelling of
-// window=(w, None).
+// query (B, Hq, Lq, Dk) float32, float16 or bfloat16 (uint16 bits with dtype="bfloat16"),
+// Lq <= 16 (decode kernel; more runs as prefill) → out (B, Hq, Lq, Dv) [, lse (B, Hq, Lq)
+// float32]. out follows a 16-bit query's dtype unless out_dtype= says otherwise (float32 for a
+// float32 or float64 query, as before). window_left = w is the older spelling of window=(w, None).
 py::object decode_py(const py::object& query, PyKVCache& cache, const py::object& scale, const py::object& is_causal,
                      const py::object& window_left_arg, const py::object& causal_alignment, const py::object& window,
                      const py::object& window_alignment, const py::object& query_offset,
-                     const py::object& return_lse_arg, const py::object& threads_obj) {
+                     const py::object& return_lse_arg, const py::object& threads_obj, const py::object& dtype,
+                     const py::object& out_dtype) {
     const int threads = threads_arg(threads_obj);
     const std::int64_t window_left = int_arg(window_left_arg, "window_left");
     const bool return_lse = bool_arg(return_lse_arg, "return_lse");
-    const Input q = input(query, "query", 4, 4, "(B, Hq, Lq, Dk)");
+    const Input q = input(query, "query", 4, 4, "(B, Hq, Lq, Dk)", uint16_is_bf16_arg(dtype));
     if (window_left != -1 && !window.is_none()) {
         value_error("window_left: give window=(left, right) or window_left, not both (got window_left=" +
                     std::to_string(window_left) + " and window=" + std::string(py::repr(window)) + ")");
@@ -158,7 +162,8 @@ py::object decode_py(const py::object& query, PyKVCache& cache, const py::object
     set_alignment({is_causal, causal_alignment, win, window_alignment, query_offset}, o);
     const std::int64_t dv = cache.cache().value_dim() ? cache.cache().value_dim() : cache.cache().head_dim();
     const attn::TensorView& qv = q.view;
-    py::array out = new_array(attn::DType::f32, {qv.dim(0), qv.dim(1), qv.dim(2), dv});
+    const attn::DType odt = out_dtype_arg(out_dtype, sixteen_bit_or_f32(qv.dtype()));
+    py::array out = new_array(odt, {qv.dim(0), qv.dim(1), qv.dim(2), dv});
     py::array lse = return_lse ? new_array(attn::DType::f32, {qv.dim(0), qv.dim(1), qv.dim(2)}) : py::array();
     const attn::TensorView ov = output_view(out, 4);
     attn::TensorView lv;
@@ -192,7 +197,9 @@ void bind_kv_cache(py::module_& m) {
              py::kw_only(), py::arg("value_dim") = py::none(), py::arg("dtype") = "float32", py::arg("grow") = false,
              py::arg("max_capacity") = 0)
         .def("append", &PyKVCache::append, py::arg("k_new"), py::arg("v_new"), py::arg("batch_index") = py::none(),
-             "Appends T tokens: (B, Hkv, T, D) arrays, or (Hkv, T, D) for one sequence with batch_index.")
+             py::kw_only(), py::arg("dtype") = py::none(),
+             "Appends T tokens: (B, Hkv, T, D) arrays, or (Hkv, T, D) for one sequence with batch_index.\n"
+             "Any float dtype (rounded to the storage dtype); dtype=\"bfloat16\": uint16 arrays hold bfloat16 bits.")
         .def("truncate", &PyKVCache::truncate, py::arg("new_length"), py::arg("batch_index") = py::none())
         .def("reset", &PyKVCache::reset, py::arg("batch_index") = py::none())
         .def("reserve", &PyKVCache::reserve, py::arg("capacity"))
@@ -212,12 +219,15 @@ void bind_kv_cache(py::module_& m) {
           py::arg("scale") = py::none(), py::arg("is_causal") = true, py::arg("window_left") = -1,
           py::arg("causal_alignment") = "bottom-right", py::arg("window") = py::none(),
           py::arg("window_alignment") = "bottom-right", py::arg("query_offset") = py::none(),
-          py::arg("return_lse") = false, py::arg("threads") = py::none(),
-          "New queries (B, Hq, Lq, Dk) float32 against everything in the cache (the decode kernel for\n"
+          py::arg("return_lse") = false, py::arg("threads") = py::none(), py::arg("dtype") = py::none(),
+          py::arg("out_dtype") = py::none(),
+          "New queries (B, Hq, Lq, Dk) float32, float16 or bfloat16 (uint16 bits with dtype=\"bfloat16\") against everything in the cache (the decode kernel for\n"
           "Lq <= 16, flash above; append the new tokens' keys/values first). Causal and window align bottom-right per\n"
           "sequence by default: new query i of sequence b (length n_b) has its diagonal at\n"
           "i + n_b - Lq. window=(left, right), window_alignment, causal_alignment and query_offset\n"
-          "mean what they mean in scaled_dot_product_attention; window_left=w is window=(w, None).");
+          "mean what they mean in scaled_dot_product_attention; window_left=w is window=(w, None).\n"
+          "out_dtype=\"float32\"|\"float16\"|\"bfloat16\": out's dtype (default: a 16-bit query's, else float32);\n"
+          "bfloat16 is a uint16 array of its bits. lse is float32.");
 }
 
 }  // namespace attn_py

@@ -48,16 +48,18 @@ std::unique_ptr<PyPagedKVCache> make_cache(const py::object& kv_heads, const py:
 py::object paged_attention_py(const py::object& query, PyPagedKVCache& c, const py::object& seqs_arg,
                               const py::object& scale, const py::object& is_causal, const py::object& causal_alignment,
                               const py::object& window, const py::object& window_alignment,
-                              const py::object& query_offset, const py::object& return_lse_arg) {
+                              const py::object& query_offset, const py::object& return_lse_arg,
+                              const py::object& dtype, const py::object& out_dtype) {
     const bool return_lse = bool_arg(return_lse_arg, "return_lse");
-    const Input q = input(query, "query", 4, 4, "(B, Hq, Lq, Dk)");
+    const Input q = input(query, "query", 4, 4, "(B, Hq, Lq, Dk)", uint16_is_bf16_arg(dtype));
     std::vector<attn::PagedKVCache::SeqId> seqs;
     for (const py::handle& s : py::iterable(seqs_arg)) seqs.push_back(int_arg(py::reinterpret_borrow<py::object>(s), "seqs"));
     CallOptions o;
     o.sdpa.scale = optional_float_arg(scale, "scale");
     set_alignment({is_causal, causal_alignment, window, window_alignment, query_offset}, o);
     const attn::TensorView& qv = q.view;
-    py::array out = new_array(attn::DType::f32, {qv.dim(0), qv.dim(1), qv.dim(2), c.cache.value_dim()});
+    const attn::DType odt = out_dtype_arg(out_dtype, sixteen_bit_or_f32(qv.dtype()));
+    py::array out = new_array(odt, {qv.dim(0), qv.dim(1), qv.dim(2), c.cache.value_dim()});
     py::array lse = return_lse ? new_array(attn::DType::f32, {qv.dim(0), qv.dim(1), qv.dim(2)}) : py::array();
     const attn::TensorView ov = output_view(out, 4);
     attn::TensorView lv;
@@ -86,15 +88,19 @@ void bind_paged_kv_cache(py::module_& m) {
             return c.cache.add_sequence();
         })
         .def("append",
-             [](PyPagedKVCache& c, const py::object& seq, const py::object& k_new, const py::object& v_new) {
+             [](PyPagedKVCache& c, const py::object& seq, const py::object& k_new, const py::object& v_new,
+                const py::object& dtype) {
                  const Seq s = int_arg(seq, "seq");
-                 const Input k = input(k_new, "k_new", 3, 3, "(Hkv, T, Dk)");
-                 const Input v = input(v_new, "v_new", 3, 3, "(Hkv, T, Dv)");
+                 const bool bf16 = uint16_is_bf16_arg(dtype);
+                 const Input k = input(k_new, "k_new", 3, 3, "(Hkv, T, Dk)", bf16);
+                 const Input v = input(v_new, "v_new", 3, 3, "(Hkv, T, Dv)", bf16);
                  py::gil_scoped_release nogil;
                  const std::lock_guard<std::mutex> lock(c.mutex);
                  c.cache.append(s, k.view, v.view);
              },
-             py::arg("seq"), py::arg("k_new"), py::arg("v_new"), "Appends T tokens (Hkv, T, D) to sequence seq.")
+             py::arg("seq"), py::arg("k_new"), py::arg("v_new"), py::kw_only(), py::arg("dtype") = py::none(),
+             "Appends T tokens (Hkv, T, D) to sequence seq (any float dtype, rounded to the pool's;\n"
+             "dtype=\"bfloat16\": uint16 arrays hold bfloat16 bits).")
         .def("fork",
              [](PyPagedKVCache& c, const py::object& seq) {
                  const Seq s = int_arg(seq, "seq");
@@ -150,10 +156,12 @@ void bind_paged_kv_cache(py::module_& m) {
     m.def("paged_attention", &paged_attention_py, py::arg("query"), py::arg("cache"), py::arg("seqs"), py::kw_only(),
           py::arg("scale") = py::none(), py::arg("is_causal") = true, py::arg("causal_alignment") = "bottom-right",
           py::arg("window") = py::none(), py::arg("window_alignment") = "bottom-right",
-          py::arg("query_offset") = py::none(), py::arg("return_lse") = false,
-          "query (B, Hq, Lq, Dk) float32, batch row b = sequence seqs[b], against the cache's pages (decode\n"
+          py::arg("query_offset") = py::none(), py::arg("return_lse") = false, py::arg("dtype") = py::none(),
+          py::arg("out_dtype") = py::none(),
+          "query (B, Hq, Lq, Dk) float32, float16 or bfloat16 (uint16 bits with dtype=\"bfloat16\"), batch row b = sequence seqs[b], against the cache's pages (decode\n"
           "kernel; Lq > 16 runs as blocks of 16: chunked prefill). Append the new tokens first. Keywords as\n"
-          "decode_attention's. Returns out (B, Hq, Lq, Dv) [, lse].");
+          "decode_attention's, and so are dtype= and out_dtype= (default: a 16-bit query's dtype, else float32).\n"
+          "Returns out (B, Hq, Lq, Dv) [, lse float32].");
 }
 
 }  // namespace attn_py

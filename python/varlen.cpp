@@ -17,28 +17,28 @@ namespace {
 
 const char* const kPacked = "(total_tokens, H, D)";
 
-attn::DType output_dtype(const attn::TensorView& q) {
-    return q.dtype() == attn::DType::f64 ? attn::DType::f64 : attn::DType::f32;
-}
 
 py::object sdpa_varlen_py(const py::object& query, const py::object& key, const py::object& value,
                           const py::object& cu_seqlens_q, const py::object& cu_seqlens_k, const py::object& attn_mask,
                           const py::object& dropout_p, const py::object& is_causal, const py::object& scale,
                           const py::object& causal_alignment, const py::object& key_lengths, const py::object& window,
                           const py::object& window_alignment, const py::object& query_offset,
-                          const py::object& return_lse_arg, const py::object& dropout_seed, const py::object& impl) {
+                          const py::object& return_lse_arg, const py::object& dropout_seed, const py::object& impl,
+                          const py::object& dtype, const py::object& out_dtype) {
     const bool return_lse = bool_arg(return_lse_arg, "return_lse");
-    const Input q = input(query, "query", 3, 3, kPacked);
-    const Input k = input(key, "key", 3, 3, kPacked);
-    const Input v = input(value, "value", 3, 3, kPacked);
+    const bool bf16 = uint16_is_bf16_arg(dtype);
+    const Input q = input(query, "query", 3, 3, kPacked, bf16);
+    const Input k = input(key, "key", 3, 3, kPacked, bf16);
+    const Input v = input(value, "value", 3, 3, kPacked, bf16);
     const Input cq = input(cu_seqlens_q, "cu_seqlens_q", 1, 1, "(N+1,)");
     const Input ck = input(cu_seqlens_k, "cu_seqlens_k", 1, 1, "(N+1,)");
     const CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
                                           {is_causal, causal_alignment, window, window_alignment, query_offset},
                                           dropout_seed, impl});
-    const attn::DType odt = output_dtype(q.view);
+    // As sdpa's: out in out_dtype (default the query's), lse float (stat_dtype).
+    const attn::DType odt = out_dtype_arg(out_dtype, q.view.dtype());
     py::array out = new_array(odt, {q.view.dim(0), q.view.dim(1), v.view.dim(2)});
-    py::array lse = new_array(odt, {q.view.dim(0), q.view.dim(1)});
+    py::array lse = new_array(stat_dtype(q.view.dtype()), {q.view.dim(0), q.view.dim(1)});
     const attn::TensorView ov = output_view(out, 3), lv = output_view(lse, 2);
     {
         py::gil_scoped_release nogil;
@@ -56,19 +56,20 @@ py::tuple sdpa_varlen_backward_py(const py::object& query, const py::object& key
                                   const py::object& causal_alignment, const py::object& key_lengths,
                                   const py::object& window, const py::object& window_alignment,
                                   const py::object& query_offset, const py::object& dropout_seed,
-                                  const py::object& impl) {
-    const Input q = input(query, "query", 3, 3, kPacked);
-    const Input k = input(key, "key", 3, 3, kPacked);
-    const Input v = input(value, "value", 3, 3, kPacked);
+                                  const py::object& impl, const py::object& dtype, const py::object& out_dtype) {
+    const bool bf16 = uint16_is_bf16_arg(dtype);
+    const Input q = input(query, "query", 3, 3, kPacked, bf16);
+    const Input k = input(key, "key", 3, 3, kPacked, bf16);
+    const Input v = input(value, "value", 3, 3, kPacked, bf16);
     const Input cq = input(cu_seqlens_q, "cu_seqlens_q", 1, 1, "(N+1,)");
     const Input ck = input(cu_seqlens_k, "cu_seqlens_k", 1, 1, "(N+1,)");
-    const Input o = input(out, "out", 3, 3, kPacked);
+    const Input o = input(out, "out", 3, 3, kPacked, bf16);
     const Input l = input(lse, "lse", 2, 2, "(total_tokens, H)");
-    const Input g = input(grad_out, "grad_out", 3, 3, kPacked);
+    const Input g = input(grad_out, "grad_out", 3, 3, kPacked, bf16);
     const CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
                                           {is_causal, causal_alignment, window, window_alignment, query_offset},
                                           dropout_seed, impl});
-    const attn::DType odt = output_dtype(q.view);
+    const attn::DType odt = out_dtype_arg(out_dtype, q.view.dtype());  // dq/dk/dv, as sdpa_backward's
     py::array dq = new_array(odt, dims_of(q.view));
     py::array dk = new_array(odt, dims_of(k.view));
     py::array dv = new_array(odt, dims_of(v.view));
@@ -90,20 +91,25 @@ void bind_varlen(py::module_& m) {
           py::arg("key_lengths") = py::none(), py::arg("window") = py::none(),
           py::arg("window_alignment") = "top-left", py::arg("query_offset") = py::none(),
           py::arg("return_lse") = false, py::arg("dropout_seed") = 0, py::arg("impl") = "auto",
+          py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none(),
           "scaled_dot_product_attention over sequences packed without padding (flash_attn_varlen_func's layout).\n"
           "query (Tq, Hq, D), key/value (Tk, Hkv, D); cu_seqlens_q/cu_seqlens_k (N+1,) int32/int64 offsets:\n"
           "sequence b is rows cu[b]..cu[b+1]-1. Every keyword means what it means in\n"
           "scaled_dot_product_attention, per sequence: bottom-right aligns to each sequence's own lengths;\n"
           "query_offset is an int or an (N,) array. attn_mask and key_lengths are not accepted.\n"
-          "Returns out (Tq, Hq, Dv), or (out, lse (Tq, Hq)) when return_lse.");
+          "query/key/value: float32, float64, float16, or uint16 bfloat16 bits with dtype=\"bfloat16\".\n"
+          "out_dtype=\"float32\"|\"float16\"|\"bfloat16\": out's dtype (default: query's); lse float32\n"
+          "(float64 for a float64 query). Returns out (Tq, Hq, Dv), or (out, lse (Tq, Hq)) when return_lse.");
     m.def("sdpa_varlen_backward", &sdpa_varlen_backward_py, py::arg("query"), py::arg("key"), py::arg("value"),
           py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"), py::arg("out"), py::arg("lse"), py::arg("grad_out"),
           py::kw_only(), py::arg("attn_mask") = py::none(), py::arg("dropout_p") = 0.0, py::arg("is_causal") = false,
           py::arg("scale") = py::none(), py::arg("causal_alignment") = "top-left", py::arg("key_lengths") = py::none(),
           py::arg("window") = py::none(), py::arg("window_alignment") = "top-left",
           py::arg("query_offset") = py::none(), py::arg("dropout_seed") = 0, py::arg("impl") = "auto",
+          py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none(),
           "Gradients (dq, dk, dv) of sdpa_varlen given its out and lse (return_lse=True) and grad_out;\n"
-          "the same options as the forward.");
+          "the same options as the forward. dtype=\"bfloat16\": uint16 inputs hold bfloat16 bits; dq/dk/dv\n"
+          "in out_dtype (default: query's).");
 }
 
 }  // namespace attn_py

@@ -7,11 +7,15 @@
 // by log-sum-exp, so the result equals single-process attention on the whole sequence.
 //
 //   rank r holds (local lengths nq_r, nk_r; global Lq = Σ nq_r, Lk = Σ nk_r):
-//   q:   (B, Hq,  nq_r, Dk)   float32, any strides
-//   k:   (B, Hkv, nk_r, Dk)   float32, any strides; Hq % Hkv == 0 (GQA)
-//   v:   (B, Hkv, nk_r, Dv)   float32, any strides
-//   out: (B, Hq,  nq_r, Dv)   float32, written completely
+//   q:   (B, Hq,  nq_r, Dk)   float32, float16 or bfloat16, any strides
+//   k:   (B, Hkv, nk_r, Dk)   float32, float16 or bfloat16, any strides; Hq % Hkv == 0 (GQA)
+//   v:   (B, Hkv, nk_r, Dv)   float32, float16 or bfloat16, any strides
+//   out: (B, Hq,  nq_r, Dv)   float32, float16 or bfloat16, written completely (a 16-bit out is
+//                             the float32 result rounded once more)
 //   lse: (B, Hq,  nq_r)       optional float32/float64: log-sum-exp of each row over all Lk keys
+// The K/V blocks travel around the ring in their own dtype (16-bit: half the bytes of float32)
+// and the local kernels read them as they are (per tile, fp32 accumulation); the merge runs in
+// double. Every rank must pass K and V in the same dtypes.
 //
 // Which global rows a rank holds is fixed by the Layout (rank_segments below); the local
 // tensors are the rank's segments concatenated in order (take_rows builds them).
@@ -53,8 +57,10 @@ struct Segment {
 std::vector<Segment> rank_segments(std::int64_t L, int P, int rank, Layout layout);
 std::int64_t rank_length(std::int64_t L, int P, int rank, Layout layout);  // Σ segment lengths
 
-// Copy the rows of `segments` (dim 2 of a (B, H, L, D) view) into a new contiguous float32
-// tensor (B, H, Σ lengths, D), and back: put_rows writes local rows into `global`.
+// Copy the rows of `segments` (dim 2 of a (B, H, L, D) view) into a new contiguous tensor
+// (B, H, Σ lengths, D) — float32, or the global's dtype when that is float16/bfloat16 (copied
+// exactly) — and back: put_rows writes local rows into `global` (any float dtype; a 16-bit
+// global gets each value rounded to nearest even).
 Tensor take_rows(const TensorView& global, const std::vector<Segment>& segments);
 void put_rows(const TensorView& local, const std::vector<Segment>& segments, const TensorView& global);
 
@@ -111,7 +117,10 @@ void ring_attention(MPI_Comm comm, const TensorView& q, const TensorView& k, con
 
 // The gradients of ring_attention (training), collective like it: from the forward's local
 // out and lse rows and dO = ∂loss/∂O (grad_out, this rank's rows), every rank writes
-//   dq: like q (its query rows), dk: like k, dv: like v (its own K/V rows), float32, any strides.
+//   dq: like q (its query rows), dk: like k, dv: like v (its own K/V rows), each float32, float16
+//   or bfloat16 (16-bit: the float32 gradient rounded once), any strides; out and grad_out
+//   float32, float16 or bfloat16. K/V travel in their dtype; the dK/dV partial sums travel in
+//   float32 (rounded once, at home).
 // Equal to single-process attn::sdpa_backward on the whole sequence with the same options. Each
 // rank recomputes its blocks with the backward kernel from the global lse; dK/dV partial sums
 // travel around the ring with their K/V block and come home to the block's owner. The sums run in

@@ -5,7 +5,8 @@
 //   q: (Tq, Hq,  Dk)   rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]−1 are sequence b's queries
 //   k: (Tk, Hkv, Dk)   rows cu_seqlens_k[b] .. cu_seqlens_k[b+1]−1 are sequence b's keys
 //   v: (Tk, Hkv, Dv)
-//   out: (Tq, Hq, Dv)  float32 or float64, written completely
+//   q, k, v: float32, float64, float16 or bfloat16 (as in sdpa, any mix)
+//   out: (Tq, Hq, Dv)  float32, float64, float16 or bfloat16, written completely (16-bit: rounded once)
 //   lse: (Tq, Hq)      optional (an (Hq, Tq) buffer, FlashAttention's layout, is lse.transpose(0, 1))
 //   cu_seqlens_q, cu_seqlens_k: (N+1,) int32/int64, cu[0] = 0, non-decreasing,
 //                      cu_seqlens_q[N] = Tq, cu_seqlens_k[N] = Tk.  Any strides everywhere.

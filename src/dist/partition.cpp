@@ -3,6 +3,7 @@
 
 #include "attn/error.hpp"
 #include "attn/ring.hpp"
+#include "../core/element_io.hpp"
 
 namespace attn::dist {
 namespace {
@@ -22,10 +23,8 @@ void copy_rows(const TensorView& src, std::int64_t src_row, const TensorView& ds
         for (std::int64_t h = 0; h < H; ++h)
             for (std::int64_t i = 0; i < rows; ++i)
                 for (std::int64_t d = 0; d < D; ++d) {
-                    const double x = src.load_as_double(src.offset(b, h, src_row + i, d));
-                    const std::int64_t o = dst.offset(b, h, dst_row + i, d);
-                    if (dst.dtype() == DType::f32) dst.data_as<float>()[o] = static_cast<float>(x);
-                    else dst.data_as<double>()[o] = x;
+                    // 16-bit → 16-bit of the same dtype goes through double exactly.
+                    attn::detail::store(dst, dst.offset(b, h, dst_row + i, d), src.load_as_double(src.offset(b, h, src_row + i, d)));
                 }
 }
 
@@ -71,13 +70,14 @@ std::int64_t rank_length(std::int64_t L, int P, int rank, Layout layout) {
     return n;
 }
 
-// global: (B, H, L, D) → (B, H, Σ lengths, D) float32
+// global: (B, H, L, D) → (B, H, Σ lengths, D) float32, or global's dtype when it is 16-bit
 Tensor take_rows(const TensorView& global, const std::vector<Segment>& segments) {
     check_4d_float(global, "take_rows: global");
     check_segments(segments, global.dim(2), "take_rows");
     std::int64_t n = 0;
     for (const Segment& s : segments) n += s.length;
-    Tensor local(DType::f32, Shape{global.dim(0), global.dim(1), n, global.dim(3)});
+    const bool sixteen = global.dtype() == DType::f16 || global.dtype() == DType::bf16;
+    Tensor local(sixteen ? global.dtype() : DType::f32, Shape{global.dim(0), global.dim(1), n, global.dim(3)});
     std::int64_t row = 0;
     for (const Segment& s : segments) {
         copy_rows(global, s.start, local, row, s.length);
@@ -90,9 +90,6 @@ Tensor take_rows(const TensorView& global, const std::vector<Segment>& segments)
 void put_rows(const TensorView& local, const std::vector<Segment>& segments, const TensorView& global) {
     check_4d_float(local, "put_rows: local");
     check_4d_float(global, "put_rows: global");
-    if (global.dtype() != DType::f32 && global.dtype() != DType::f64) {
-        throw Error("put_rows: global must be float32 or float64 but got " + std::string(dtype_name(global.dtype())));
-    }
     check_segments(segments, global.dim(2), "put_rows");
     std::int64_t n = 0;
     for (const Segment& s : segments) n += s.length;

@@ -18,6 +18,7 @@
 #include "attn/error.hpp"
 #include "attn/ring.hpp"
 #include "block_plan.hpp"
+#include "../core/element_io.hpp"
 #include "../core/threads.hpp"
 #include "ring_setup.hpp"
 
@@ -43,11 +44,9 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
     detail::setup_ring(ctx, kOp, q, k, v, options, out, lse, nullptr);
     const MPI_Comm comm = ctx.comm;
     const int P = ctx.P, rank = ctx.rank;
-    const std::int64_t B = ctx.mine.B, Hq = ctx.mine.Hq, Hkv = ctx.mine.Hkv, Dk = ctx.mine.Dk, Dv = ctx.mine.Dv,
+    const std::int64_t B = ctx.mine.B, Hq = ctx.mine.Hq, Dv = ctx.mine.Dv,
                        nq = ctx.mine.nq;
-    const std::int64_t k_words_per_row = ctx.k_words_per_row;
     const auto& q_segs = ctx.q_segs;
-    auto block_words = [&](int origin) { return ctx.block_words(origin); };
 
     // The K/V ring buffers and accumulators, allocated collectively (an allocation failure is
     // an argument problem for the caller, not a hang for the other ranks).
@@ -55,7 +54,8 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
     std::vector<double> acc_o, acc_lse;
     Tensor tmp_o, tmp_lse;
     run_collectively(comm, [&] {
-        for (Tensor& t : buf) t = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, ctx.nk_max * (ctx.k_words_per_row + ctx.v_words_per_row))});
+        // K/V in their own dtypes (16-bit blocks: half the bytes on the wire); kernels read them as they are.
+        for (Tensor& t : buf) t = Tensor(DType::f32, Shape{(ctx.buffer_bytes() + 3) / 4});
         acc_o.assign(static_cast<std::size_t>(B * Hq * nq * Dv), 0.0);
         acc_lse.assign(static_cast<std::size_t>(B * Hq * nq), kNegInf);
         // A sink is one more softmax entry with logit σ_h and value 0: it starts every row's
@@ -68,13 +68,9 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
     });
 
     // ---- phase 2: the ring ----
-    // A buffer holds one rank's block: K (B, Hkv, nk, Dk) then V (B, Hkv, nk, Dv), contiguous.
-    auto k_view = [&](const Tensor& t, std::int64_t n) { return TensorView(t.data(), DType::f32, Shape{B, Hkv, n, Dk}); };
-    auto v_view = [&](const Tensor& t, std::int64_t n) {
-        return TensorView(t.data_as<float>() + n * k_words_per_row, DType::f32, Shape{B, Hkv, n, Dv});
-    };
-    detail::pack(k, buf[0].data_as<float>());
-    detail::pack(v, buf[0].data_as<float>() + ctx.mine.nk * k_words_per_row);
+    // A buffer holds one rank's block: K (B, Hkv, nk, Dk) then V (B, Hkv, nk, Dv), contiguous,
+    // each in its dtype (ctx.k_view / ctx.v_view).
+    detail::pack(v, static_cast<char*>(buf[0].data()) + detail::pack(k, buf[0].data()));
 
     // From here on every rank is inside the ring: a failure on one rank cannot be agreed on
     // (its peers wait in MPI calls), so it aborts the job. The checks above make this a
@@ -100,14 +96,14 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
             int nreq = 0;
             if (s + 1 < ctx.steps) {
                 const int next_origin = (rank - s - 1 + P) % P;  // = the left neighbour's block now
-                MPI_Irecv(buf[1 - cur].data(), static_cast<int>(block_words(next_origin)), MPI_FLOAT, left, kTagKV, comm, &req[nreq++]);
-                MPI_Isend(buf[cur].data(), static_cast<int>(block_words(origin)), MPI_FLOAT, right, kTagKV, comm, &req[nreq++]);
-                st.bytes_sent += block_words(origin) * static_cast<std::int64_t>(sizeof(float));
+                MPI_Irecv(buf[1 - cur].data(), static_cast<int>(ctx.block_units(next_origin)), ctx.unit.type, left, kTagKV, comm,
+                          &req[nreq++]);
+                MPI_Isend(buf[cur].data(), static_cast<int>(ctx.block_units(origin)), ctx.unit.type, right, kTagKV, comm, &req[nreq++]);
+                st.bytes_sent += ctx.block_bytes(origin);
             }
             const auto t_compute = detail::Clock::now();
             const double cpu_compute = detail::cpu_now();
-            const std::int64_t nk_o = ctx.nk(origin);
-            const TensorView kb = k_view(buf[cur], nk_o), vb = v_view(buf[cur], nk_o);
+            const TensorView kb = ctx.k_view(buf[cur].data(), origin), vb = ctx.v_view(buf[cur].data(), origin);
             for (const detail::Placed& qs : q_segs) {
                 if (qs.g.length == 0) continue;
                 for (const detail::Placed& ks : ctx.k_segs(origin)) {
@@ -179,8 +175,8 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
                 for (std::int64_t i = 0; i < nq; ++i) {
                     const std::int64_t row = (b * Hq + h) * nq + i;
                     const double* o = acc_o.data() + row * Dv;
-                    float* dst = out.data_as<float>();
-                    for (std::int64_t d = 0; d < Dv; ++d) dst[out.offset(b, h, i, d)] = static_cast<float>(o[d]);
+                    // A 16-bit out is the float32 result rounded once more (detail::store).
+                    for (std::int64_t d = 0; d < Dv; ++d) attn::detail::store(out, out.offset(b, h, i, d), o[d]);
                     if (lse != nullptr) {
                         const double l = acc_lse[static_cast<std::size_t>(row)];
                         if (lse->dtype() == DType::f32) lse->data_as<float>()[lse->offset(b, h, i)] = static_cast<float>(l);

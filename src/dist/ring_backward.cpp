@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "../core/check.hpp"
+#include "../core/element_io.hpp"
 #include "../core/threads.hpp"
 #include "attn/error.hpp"
 #include "attn/ring.hpp"
@@ -54,8 +55,10 @@ void check_gradients(const TensorView& q, const TensorView& k, const TensorView&
     } grads[] = {{&grad_out, "grad_out", &out, "out"}, {&dq, "dq", &q, "Q"}, {&dk, "dk", &k, "K"}, {&dv, "dv", &v, "V"}};
     for (const auto& g : grads) {
         if (g.t->data() == nullptr && g.t->numel() > 0) fail(kOp, g.name, ": data pointer is null");
-        if (g.t->dtype() != DType::f32) {
-            fail(kOp, g.name, ": dtype must be float32 (ring attention computes in float32) but got ", dtype_name(g.t->dtype()));
+        const DType t = g.t->dtype();
+        if (t != DType::f32 && t != DType::f16 && t != DType::bf16) {
+            fail(kOp, g.name, ": dtype must be float32, float16 or bfloat16 (ring attention computes in float32) but got ",
+                 dtype_name(t));
         }
         if (!(g.t->shape() == g.like->shape())) {
             fail(kOp, g.name, ": expected the shape of ", g.like_name, " ", g.like->shape(), " but got ", g.t->shape());
@@ -88,13 +91,17 @@ void check_gradients(const TensorView& q, const TensorView& k, const TensorView&
     }
     // The local backward kernel must accept these calls: probe it on one zero row now, so that it
     // cannot refuse inside the ring.
-    Tensor z(DType::f32, Shape{1, 1, 1, q.dim(3)}, true), zv(DType::f32, Shape{1, 1, 1, v.dim(3)}, true);
-    Tensor zl(DType::f32, Shape{1, 1, 1}, true), gq(DType::f32, Shape{1, 1, 1, q.dim(3)}),
-        gk(DType::f32, Shape{1, 1, 1, q.dim(3)}), gv(DType::f32, Shape{1, 1, 1, v.dim(3)});
+    // The inputs' own dtypes; float32 gradients, as the ring's block calls write them.
+    const std::int64_t Dk = q.dim(3), Dv = v.dim(3);
+    Tensor zq(q.dtype(), Shape{1, 1, 1, Dk}, true), zk(k.dtype(), Shape{1, 1, 1, Dk}, true),
+        zv(v.dtype(), Shape{1, 1, 1, Dv}, true), zo(out.dtype(), Shape{1, 1, 1, Dv}, true),
+        zg(grad_out.dtype(), Shape{1, 1, 1, Dv}, true);
+    Tensor zl(DType::f32, Shape{1, 1, 1}, true), gq(DType::f32, Shape{1, 1, 1, Dk}), gk(DType::f32, Shape{1, 1, 1, Dk}),
+        gv(DType::f32, Shape{1, 1, 1, Dv});
     SdpaOptions so;
     so.impl = o.impl;
     try {
-        sdpa_backward(z, z, zv, zv, zl, zv, so, gq, gk, gv);
+        sdpa_backward(zq, zk, zv, zo, zl, zg, so, gq, gk, gv);
     } catch (const Error& e) {
         fail(kOp, e.what());
     }
@@ -127,7 +134,7 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
     std::vector<double> acc_dq;
     run_collectively(comm, [&] {
         const std::int64_t words = std::max<std::int64_t>(1, ctx.nk_max * (ctx.k_words_per_row + ctx.v_words_per_row));
-        for (Tensor& t : buf) t = Tensor(DType::f32, Shape{words});
+        for (Tensor& t : buf) t = Tensor(DType::f32, Shape{(ctx.buffer_bytes() + 3) / 4});  // K/V in their dtypes
         for (Tensor& t : grad) t = Tensor(DType::f32, Shape{words});
         part = Tensor(DType::f32, Shape{words});
         acc_dq.assign(static_cast<std::size_t>(B * Hq * nq * Dk), 0.0);
@@ -142,12 +149,7 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
             for (std::int64_t i = 0; i < nq; ++i)
                 lse32.data_as<float>()[(b * Hq + h) * nq + i] = static_cast<float>(lse.load_as_double(lse.offset(b, h, i)));
 
-    auto k_view = [&](const Tensor& t, std::int64_t n) { return TensorView(t.data(), DType::f32, Shape{B, Hkv, n, Dk}); };
-    auto v_view = [&](const Tensor& t, std::int64_t n) {
-        return TensorView(t.data_as<float>() + n * kw, DType::f32, Shape{B, Hkv, n, Dv});
-    };
-    detail::pack(k, buf[0].data_as<float>());
-    detail::pack(v, buf[0].data_as<float>() + ctx.mine.nk * kw);
+    detail::pack(v, static_cast<char*>(buf[0].data()) + detail::pack(k, buf[0].data()));
 
     // ---- phase 2: the ring (a failure here cannot be agreed on: it aborts, as in the forward) ----
     try {
@@ -187,10 +189,12 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
             const std::int64_t words = ctx.block_words(origin), nk_o = ctx.nk(origin);
             if (s + 1 < S) {
                 const int next_origin = (rank - s - 1 + P) % P;
-                MPI_Irecv(buf[1 - cur].data(), static_cast<int>(ctx.block_words(next_origin)), MPI_FLOAT, left, kTagKV, comm,
-                          &req[0]);
-                MPI_Isend(buf[cur].data(), static_cast<int>(words), MPI_FLOAT, right, kTagKV, comm, &req[1]);
-                st.bytes_sent += words * static_cast<std::int64_t>(sizeof(float));
+                // K/V in their own dtypes (16-bit: half the bytes); the dK/dV sums below stay float32.
+                MPI_Irecv(buf[1 - cur].data(), static_cast<int>(ctx.block_units(next_origin)), ctx.unit.type, left, kTagKV,
+                          comm, &req[0]);
+                MPI_Isend(buf[cur].data(), static_cast<int>(ctx.block_units(origin)), ctx.unit.type, right, kTagKV, comm,
+                          &req[1]);
+                st.bytes_sent += ctx.block_bytes(origin);
             }
             if (s > 0) MPI_Irecv(grad[g].data(), static_cast<int>(words), MPI_FLOAT, left, kTagGrad, comm, &req[2]);
 
@@ -199,7 +203,7 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
             float* pk = part.data_as<float>();
             std::fill(pk, pk + words, 0.0f);
             float* pv = pk + nk_o * kw;
-            const TensorView kb = k_view(buf[cur], nk_o), vb = v_view(buf[cur], nk_o);
+            const TensorView kb = ctx.k_view(buf[cur].data(), origin), vb = ctx.v_view(buf[cur].data(), origin);
             for (const detail::Placed& qs : ctx.q_segs) {
                 if (qs.g.length == 0) continue;
                 for (const detail::Placed& ks : ctx.k_segs(origin)) {
@@ -297,8 +301,8 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
                     for (std::int64_t i = 0; i < nq; ++i) {
                         double D = 0;
                         for (std::int64_t e = 0; e < Dv; ++e)
-                            D += static_cast<double>(grad_out.data_as<const float>()[grad_out.offset(b, h, i, e)]) *
-                                 out.data_as<const float>()[out.offset(b, h, i, e)];
+                            D += attn::detail::load(grad_out, grad_out.offset(b, h, i, e)) *
+                                 attn::detail::load(out, out.offset(b, h, i, e));
                         const double l = lse.load_as_double(lse.offset(b, h, i));
                         mine[static_cast<std::size_t>(h)] -= std::exp(ctx.sinks[static_cast<std::size_t>(h)] - l) * D;
                     }
@@ -317,15 +321,16 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
             for (std::int64_t h = 0; h < Hq; ++h)
                 for (std::int64_t i = 0; i < nq; ++i) {
                     const double* x = acc_dq.data() + ((b * Hq + h) * nq + i) * Dk;
-                    for (std::int64_t e = 0; e < Dk; ++e) dq.data_as<float>()[dq.offset(b, h, i, e)] = static_cast<float>(x[e]);
+                    // 16-bit gradients: the float32 one rounded once more (detail::store).
+                    for (std::int64_t e = 0; e < Dk; ++e) attn::detail::store(dq, dq.offset(b, h, i, e), x[e]);
                 }
         const std::int64_t nk = ctx.mine.nk;
         for (std::int64_t b = 0; b < B; ++b)
             for (std::int64_t h = 0; h < Hkv; ++h)
                 for (std::int64_t j = 0; j < nk; ++j) {
                     const std::int64_t r = (b * Hkv + h) * nk + j;
-                    for (std::int64_t e = 0; e < Dk; ++e) dk.data_as<float>()[dk.offset(b, h, j, e)] = home[r * Dk + e];
-                    for (std::int64_t e = 0; e < Dv; ++e) dv.data_as<float>()[dv.offset(b, h, j, e)] = home[nk * kw + r * Dv + e];
+                    for (std::int64_t e = 0; e < Dk; ++e) attn::detail::store(dk, dk.offset(b, h, j, e), home[r * Dk + e]);
+                    for (std::int64_t e = 0; e < Dv; ++e) attn::detail::store(dv, dv.offset(b, h, j, e), home[nk * kw + r * Dv + e]);
                 }
         st.total_seconds = detail::since(t_start);
         if (stats != nullptr) *stats = st;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <ctime>
 #include <new>
 #include <string>
@@ -35,13 +36,28 @@ std::vector<Placed> place(const std::vector<Segment>& segs) {
     return out;
 }
 
-void pack(const TensorView& src, float* dst) {
+std::int64_t pack(const TensorView& src, void* dst) {
     const std::int64_t B = src.dim(0), H = src.dim(1), n = src.dim(2), D = src.dim(3);
-    const float* s = src.data_as<const float>();
+    const std::size_t size = dtype_size(src.dtype());
+    const char* s = static_cast<const char*>(src.data());
+    char* d = static_cast<char*>(dst);
     for (std::int64_t b = 0; b < B; ++b)
         for (std::int64_t h = 0; h < H; ++h)
             for (std::int64_t i = 0; i < n; ++i)
-                for (std::int64_t d = 0; d < D; ++d) *dst++ = s[src.offset(b, h, i, d)];
+                for (std::int64_t e = 0; e < D; ++e, d += size)
+                    std::memcpy(d, s + src.offset(b, h, i, e) * static_cast<std::int64_t>(size), size);
+    return d - static_cast<char*>(dst);
+}
+
+WireUnit wire_unit(DType k, DType v) {
+    if (k == DType::f32 && v == DType::f32) return {MPI_FLOAT, 4};
+    return {MPI_UINT16_T, 2};
+}
+
+std::int64_t RingContext::buffer_bytes() const {
+    std::int64_t most = 1;
+    for (int r = 0; r < P; ++r) most = std::max(most, block_bytes(r));
+    return most;
 }
 
 namespace {
@@ -69,9 +85,10 @@ Descriptor check_local(std::string_view kOp, const TensorView& q, const TensorVi
                   {&v, "V", "(B, Hkv, Lk_local, Dv)"}, {&out, "out", "(B, Hq, Lq_local, Dv)"}};
     for (const auto& f : floats) {
         attn::detail::require_rank(kOp, *f.t, f.name, 4, f.layout);
-        if (f.t->dtype() != DType::f32) {
-            fail(kOp, f.name, ": dtype must be float32 (ring attention computes in float32) but got ",
-                               dtype_name(f.t->dtype()));
+        const DType t = f.t->dtype();
+        if (t != DType::f32 && t != DType::f16 && t != DType::bf16) {
+            fail(kOp, f.name, ": dtype must be float32, float16 or bfloat16 (ring attention computes in float32; "
+                              "16-bit K/V travel as they are) but got ", dtype_name(t));
         }
     }
     if (o.impl == Impl::decode) {
@@ -98,13 +115,15 @@ Descriptor check_local(std::string_view kOp, const TensorView& q, const TensorVi
     // The local kernel must accept these calls (Impl::flash may be missing or decline): probe it
     // on one zero row now, so that it cannot refuse inside the ring, where no rank can back out.
     {
-        Tensor pq(DType::f32, Shape{1, 1, 1, q.dim(3)}, true), pv(DType::f32, Shape{1, 1, 1, v.dim(3)}, true);
+        // The blocks' own dtypes, and float32 out/lse as the ring's block calls write them.
+        Tensor pq(q.dtype(), Shape{1, 1, 1, q.dim(3)}, true), pk(k.dtype(), Shape{1, 1, 1, q.dim(3)}, true),
+            pv(v.dtype(), Shape{1, 1, 1, v.dim(3)}, true);
         Tensor po(DType::f32, Shape{1, 1, 1, v.dim(3)}), pl(DType::f32, Shape{1, 1, 1});
         const TensorView plv = pl.view();
         SdpaOptions so;
         so.impl = o.impl;
         try {
-            sdpa(pq, pq, pv, so, po, &plv);
+            sdpa(pq, pk, pv, so, po, &plv);
         } catch (const Error& e) {
             fail(kOp, e.what());
         }
@@ -133,6 +152,8 @@ Descriptor check_local(std::string_view kOp, const TensorView& q, const TensorVi
     d.softcap = o.softcap;
     d.dropout_p = o.dropout_p;
     d.dropout_seed = static_cast<std::int64_t>(o.dropout_seed);
+    d.k_dtype = static_cast<std::int64_t>(k.dtype());
+    d.v_dtype = static_cast<std::int64_t>(v.dtype());
     return d;
 }
 
@@ -152,6 +173,11 @@ void check_across(std::string_view kOp, const std::vector<Descriptor>& all, int 
         same(d.Hkv, d0.Hkv, "K/V heads");
         same(d.Dk, d0.Dk, "head dim Dk");
         same(d.Dv, d0.Dv, "head dim Dv");
+        if (d.k_dtype != d0.k_dtype || d.v_dtype != d0.v_dtype) {
+            fail(kOp, who, "has K/V dtypes ", dtype_name(static_cast<DType>(d.k_dtype)), "/",
+                 dtype_name(static_cast<DType>(d.v_dtype)), " but rank 0 has ", dtype_name(static_cast<DType>(d0.k_dtype)),
+                 "/", dtype_name(static_cast<DType>(d0.v_dtype)), " (the K/V blocks travel between them as they are)");
+        }
         const bool same_options =
             d.causal == d0.causal && d.window_left == d0.window_left && d.window_right == d0.window_right &&
             d.window_align == d0.window_align && d.has_offset == d0.has_offset &&
@@ -188,11 +214,17 @@ void check_across(std::string_view kOp, const std::vector<Descriptor>& all, int 
             fail(kOp, "the ranks hold ", list([&](int i) { return all[static_cast<std::size_t>(i)].nk; }),
                  " rows of K/V (Lk = ", Lk, ") but the ", cut, " gives ", list([&](int i) { return rank_length(Lk, P, i, layout); }));
         }
-        // One K/V block travels as one message of floats; MPI counts are int.
+        // One K/V block travels as one message (of wire units: wire_unit); MPI counts are int.
+        // The dK/dV accumulators travel as float32 words: the same count or fewer.
+        const WireUnit unit = wire_unit(static_cast<DType>(d.k_dtype), static_cast<DType>(d.v_dtype));
+        const std::int64_t units =
+            d.B * d.Hkv * d.nk *
+            (d.Dk * static_cast<std::int64_t>(dtype_size(static_cast<DType>(d.k_dtype))) +
+             d.Dv * static_cast<std::int64_t>(dtype_size(static_cast<DType>(d.v_dtype)))) / unit.bytes;
         const std::int64_t words = d.B * d.Hkv * d.nk * (d.Dk + d.Dv);
-        if (words > INT_MAX) {
-            fail(kOp, "rank ", r, "'s K/V block has ", words, " floats, more than one MPI message holds (", INT_MAX,
-                 "); use more ranks");
+        if (std::max(units, words) > INT_MAX) {
+            fail(kOp, "rank ", r, "'s K/V block has ", std::max(units, words), " elements, more than one MPI message holds (",
+                 INT_MAX, "); use more ranks");
         }
     }
 }
@@ -352,6 +384,9 @@ void setup_ring(RingContext& ctx, std::string_view op, const TensorView& q, cons
                 for (const Segment& k_seg : rank_segments(Lk, P, (r - s + P) % P, options.layout))
                     if (!plan_block(ctx.bands, q_seg, k_seg).empty()) ctx.steps = s + 1;
     }
+    ctx.k_dtype = static_cast<DType>(ctx.mine.k_dtype);
+    ctx.v_dtype = static_cast<DType>(ctx.mine.v_dtype);
+    ctx.unit = wire_unit(ctx.k_dtype, ctx.v_dtype);
     ctx.k_words_per_row = B * ctx.mine.Hkv * ctx.mine.Dk;
     ctx.v_words_per_row = B * ctx.mine.Hkv * ctx.mine.Dv;
 }

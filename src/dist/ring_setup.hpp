@@ -28,9 +28,10 @@ struct Descriptor {
     std::int64_t causal, window_left, window_right, window_align, has_offset, offset_per_sequence, offset_value;
     std::int64_t layout, impl, has_key_lengths, has_scale, tensor_modifiers;  // 1: sinks, 2: alibi_slopes
     std::int64_t dropout_seed;  // the seed's bits
+    std::int64_t k_dtype, v_dtype;  // the K/V blocks travel in these (every rank's must match)
     double scale, softcap, dropout_p;
 };
-inline constexpr int kDescriptorWords = 23;
+inline constexpr int kDescriptorWords = 25;
 static_assert(sizeof(Descriptor) == kDescriptorWords * sizeof(std::int64_t));
 
 // A duplicate of the caller's communicator for the duration of one call (collective), so that
@@ -50,8 +51,17 @@ struct Placed {
 };
 std::vector<Placed> place(const std::vector<Segment>& segs);
 
-// Copy a (B, H, n, D) float32 view (any strides) into contiguous memory at dst.
-void pack(const TensorView& src, float* dst);
+// Copy a (B, H, n, D) view (any strides) into contiguous memory at dst, element by element in
+// its own dtype (a 16-bit K/V block travels in 16 bits); returns the bytes written.
+std::int64_t pack(const TensorView& src, void* dst);
+
+// The unit a K/V ring message is counted in: float32 words when K and V are both float32, else
+// 16-bit halfwords (MPI counts are int: the unit keeps a float32 block's limit where it was).
+struct WireUnit {
+    MPI_Datatype type = MPI_FLOAT;
+    std::int64_t bytes = 4;
+};
+WireUnit wire_unit(DType k, DType v);
 
 // run_collectively, optionally naming the failing rank when not every rank failed:
 // "ring_attention: rank 2: Q: …", the rank inserted after `op` when the message starts with it.
@@ -80,7 +90,9 @@ struct RingContext {
     std::vector<Band> bands;                     // the global problem's band per sequence
     std::vector<Placed> q_segs;                  // this rank's query segments
     std::int64_t nk_max = 0, q_seg_max = 0;
-    std::int64_t k_words_per_row = 0, v_words_per_row = 0;  // B·Hkv·Dk, B·Hkv·Dv
+    std::int64_t k_words_per_row = 0, v_words_per_row = 0;  // B·Hkv·Dk, B·Hkv·Dv (elements)
+    DType k_dtype = DType::f32, v_dtype = DType::f32;       // the K/V blocks' dtypes (agreed)
+    WireUnit unit;                                          // wire_unit(k_dtype, v_dtype)
     // Ring steps that any rank computes something in: 1 + the largest s such that some rank r
     // sees a key of rank (r − s) mod P's block. A K/V block never needs to travel further, so
     // the ring stops after `steps` steps (< P under a window narrower than the chunks, with the
@@ -88,8 +100,22 @@ struct RingContext {
     int steps = 1;
 
     std::int64_t nk(int origin) const { return all[static_cast<std::size_t>(origin)].nk; }
-    // A ring buffer holds one rank's block: K (B, Hkv, nk, Dk) then V (B, Hkv, nk, Dv), contiguous.
+    // A ring buffer holds one rank's block: K (B, Hkv, nk, Dk) then V (B, Hkv, nk, Dv), contiguous,
+    // each in its own dtype. block_words: its elements (the float32 dK/dV accumulators' size).
     std::int64_t block_words(int origin) const { return nk(origin) * (k_words_per_row + v_words_per_row); }
+    std::int64_t k_bytes(int origin) const { return nk(origin) * k_words_per_row * static_cast<std::int64_t>(dtype_size(k_dtype)); }
+    std::int64_t block_bytes(int origin) const {
+        return k_bytes(origin) + nk(origin) * v_words_per_row * static_cast<std::int64_t>(dtype_size(v_dtype));
+    }
+    std::int64_t block_units(int origin) const { return block_bytes(origin) / unit.bytes; }  // the K/V message's count
+    // Views of a ring buffer holding origin's block.
+    TensorView k_view(void* buf, int origin) const {
+        return TensorView(buf, k_dtype, Shape{mine.B, mine.Hkv, nk(origin), mine.Dk});
+    }
+    TensorView v_view(void* buf, int origin) const {
+        return TensorView(static_cast<char*>(buf) + k_bytes(origin), v_dtype, Shape{mine.B, mine.Hkv, nk(origin), mine.Dv});
+    }
+    std::int64_t buffer_bytes() const;  // the largest block's bytes (>= 1)
     std::vector<Placed> k_segs(int origin) const { return place(rank_segments(Lk, P, origin, static_cast<Layout>(mine.layout))); }
 };
 

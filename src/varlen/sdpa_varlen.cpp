@@ -45,8 +45,12 @@ void require_runnable(const detail::SdpaProblem& p, Impl impl, std::int64_t b) {
 void sdpa_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& cu_seqlens_q,
                  const TensorView& cu_seqlens_k, const SdpaOptions& options, const TensorView& out,
                  const TensorView* lse, SdpaReport* report) {
-    const detail::PackedBatch pb = detail::check_packed(kOp, q, k, v, cu_seqlens_q, cu_seqlens_k, options, out, lse);
-    detail::require_f32_or_f64(kOp, q, "q");
+    // 16-bit q/k/v and out as in sdpa (make_problem per sequence; a 16-bit out is rounded once).
+    const detail::PackedBatch pb =
+        detail::check_packed(kOp, q, k, v, cu_seqlens_q, cu_seqlens_k, options, out, lse, /*sixteen_bit_out=*/true);
+    if (!is_floating(q.dtype())) {
+        detail::fail(kOp, "q: dtype must be float32, float64, float16 or bfloat16 but got ", dtype_name(q.dtype()));
+    }
 
     // Build every sequence's problem first: nothing is written until all are valid.
     std::vector<detail::SdpaProblem> problems;

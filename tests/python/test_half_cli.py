@@ -160,3 +160,32 @@ def test_mha_reads_safetensors_arguments_and_names_its_outputs(tmp_path):
                        text=True, cwd=tmp_path, timeout=120)
     fails(r, "--query: x.safetensors: has no tensor named 'y' (it holds 1: 'x')")
     assert not (tmp_path / "o2.npy").exists()
+
+
+@pytest.mark.parametrize("out_dtype", [None, "float32", "float16"])
+def test_gradients_follow_out_dtype(tmp_path, out_dtype):
+    """--grad-out: dq/dk/dv in --out-dtype, by default in Q's dtype (here float16, though K/V are
+    float32); float32 gradients equal the --out-dtype float32 run's bit for bit."""
+    q32, k32, v32 = problem(4)
+    np.save(tmp_path / "q.npy", rounded(q32, "float16")[0])
+    np.save(tmp_path / "k.npy", k32)
+    np.save(tmp_path / "v.npy", v32)
+    np.save(tmp_path / "do.npy", np.random.default_rng(2).standard_normal((1, 2, 6, 8)).astype(np.float32))
+    base = ["--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--grad-out", "do.npy", "--out-dtype"]
+    outs = lambda tag: ["--out", f"o{tag}.npy", "--dq", f"dq{tag}.npy", "--dk", f"dk{tag}.npy", "--dv", f"dv{tag}.npy"]  # noqa: E731
+    r32 = run(*base, "float32", *outs("32"), cwd=tmp_path)
+    assert r32.returncode == 0, r32.stderr
+    args = base[:-1] + (["--out-dtype", out_dtype] if out_dtype else [])
+    r = run(*args, *outs("x"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    want = out_dtype or "float16"
+    for g in ("dq", "dk", "dv"):
+        a, ref = np.load(tmp_path / f"{g}x.npy"), np.load(tmp_path / f"{g}32.npy")
+        assert a.dtype == np.dtype(want), (g, a.dtype)
+        assert np.abs(ref).max() > 0
+        if want == "float32":
+            np.testing.assert_array_equal(a, ref)
+        else:
+            # This run's backward reads its float16 O (D = rowsum(dO∘O) moves by the O rounding,
+            # docs/conventions.md), then rounds each gradient once: near the float32-O gradients.
+            assert np.abs(a.astype(np.float64) - ref).max() <= 2.0 ** -7 * np.abs(ref).max(), g

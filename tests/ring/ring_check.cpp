@@ -31,9 +31,10 @@ namespace {
 
 void run_case(const Case& c, Impl impl = Impl::automatic) {
     std::mt19937 gen(1234);  // the same on every rank: every rank builds the same global tensors
-    const Tensor q = random_tensor(gen, Shape{c.B, c.Hq, c.Lq, c.Dk}, 2.0f);
-    const Tensor k = random_tensor(gen, Shape{c.B, c.Hkv, c.Lk, c.Dk}, 2.0f);
-    const Tensor v = random_tensor(gen, Shape{c.B, c.Hkv, c.Lk, c.Dv}, 4.0f);
+    // 16-bit cases round the random inputs once; the oracle reads the rounded values exactly.
+    const Tensor q = in_dtype(random_tensor(gen, Shape{c.B, c.Hq, c.Lq, c.Dk}, 2.0f), c.q_dtype);
+    const Tensor k = in_dtype(random_tensor(gen, Shape{c.B, c.Hkv, c.Lk, c.Dk}, 2.0f), c.kv_dtype);
+    const Tensor v = in_dtype(random_tensor(gen, Shape{c.B, c.Hkv, c.Lk, c.Dv}, 4.0f), c.kv_dtype);
 
     // Single-process result, the oracle kernel.
     SdpaOptions so;
@@ -89,12 +90,17 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
     ro.dropout_p = c.dropout_p;
     ro.dropout_seed = c.dropout_seed;
     if (!c.key_lengths.empty()) ro.key_lengths = lengths.view();
-    Tensor o = poisoned(DType::f32, Shape{c.B, c.Hq, nq, c.Dv});
+    Tensor o = poisoned(c.out_dtype, Shape{c.B, c.Hq, nq, c.Dv});
     Tensor l = poisoned(DType::f64, Shape{c.B, c.Hq, nq});
     TensorView lv = l.view();
     std::string detail;
     bool ok = true;
     dist::RingStats stats;
+    // The K/V bytes on the wire: each travelling block in its own dtype (half of float32's for 16-bit).
+    std::int64_t expected_bytes = 0;
+    for (int s = 0; s + 1 < expected_steps(c, P); ++s)
+        expected_bytes += dist::rank_length(c.Lk, P, (rank - s + P) % P, c.layout) * c.B * c.Hkv * (c.Dk + c.Dv) *
+                          static_cast<std::int64_t>(dtype_size(c.kv_dtype));
     try {
         dist::ring_attention(MPI_COMM_WORLD, qv, kv, vv, ro, o, &lv, &stats);
     } catch (const std::exception& e) {
@@ -104,9 +110,9 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
     double worst_o = 0, worst_l = 0;
     if (ok) {
         for (std::int64_t i = 0; i < o.numel(); ++i) {
-            const double x = o.data_as<float>()[i], r = ref_mine.data_as<float>()[i];
+            const double x = o.view().load_as_double(i), r = ref_mine.data_as<float>()[i];
             const double e = std::fabs(x - r);
-            if (!(e <= 1e-5)) ok = false;  // NaN (an unwritten element) fails too
+            if (!(e <= output_bound(c.out_dtype, r, 1e-5))) ok = false;  // NaN (an unwritten element) fails too
             if (e > worst_o || std::isnan(e)) worst_o = std::isnan(e) ? INFINITY : e;
         }
         // lse: local row i of segment s is global row s.start + i.
@@ -135,6 +141,10 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
     if (ok && total != expected) {
         ok = false;
         detail += "; the ranks scored " + std::to_string(total) + " entries, the visible ones are " + std::to_string(expected);
+    }
+    if (ok && stats.bytes_sent != expected_bytes) {
+        ok = false;
+        detail += "; sent " + std::to_string(stats.bytes_sent) + " K/V bytes, expected " + std::to_string(expected_bytes);
     }
     // The ring runs exactly the steps some rank computes in (fewer than P under a narrow window).
     if (ok && stats.steps != expected_steps(c, P)) {
@@ -386,6 +396,24 @@ int main(int argc, char** argv) {
     cases.push_back(with_dropout(with_modifiers(cases[1], 2), 1));
     cases.push_back(with_dropout(with_alibi(cases[1], 1), 0));
     for (const Case& c : piece_cases()) cases.push_back(c);
+    // 16-bit Q/K/V and out (K/V travel in 16 bits, kernels read them directly): named cases,
+    // a few with modifiers and dropout, and strided views, over the dtype combinations.
+    {
+        const DType f32 = DType::f32, f16 = DType::f16, bf16 = DType::bf16;
+        const DType combos[][3] = {{bf16, bf16, bf16}, {f16, f16, f16}, {f32, f16, f32}, {f32, bf16, f32},
+                                   {bf16, bf16, f32}, {f16, f16, bf16}};
+        for (std::size_t i = 0; i < named; ++i) {
+            const DType* d = combos[i % std::size(combos)];
+            cases.push_back(with_dtypes(cases[i], d[0], d[1], d[2]));
+        }
+        for (std::size_t i = 0; i < 4; ++i) {
+            Case m = i % 2 == 0 ? with_modifiers(cases[i + 1], 2) : with_dropout(with_alibi(cases[i + 1], 1), 1);
+            m.strided = i >= 2;
+            if (m.strided) m.name += " strided";
+            const DType* d = combos[i];
+            cases.push_back(with_dtypes(m, d[0], d[1], d[2]));
+        }
+    }
     for (const Case& c : cases) run_case(c);
     // The keep mask itself, bit for bit, read through one-hot values.
     for (const auto layout : {dist::Layout::zigzag, dist::Layout::contiguous}) {

@@ -7,12 +7,14 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "attn/half.hpp"
 #include "attn/ring.hpp"
 #include "attn/sdpa.hpp"
 
@@ -39,10 +41,24 @@ inline Tensor random_tensor(std::mt19937& gen, Shape s, float amplitude) {
     return t;
 }
 
+// A contiguous float32 tensor in dtype dt (16-bit: rounded to nearest even, attn/half.hpp), for
+// the 16-bit cases. (tests/common/util.hpp's to_storage does this for gtest tests; the MPI tests
+// do not link gtest.)
+inline Tensor in_dtype(const Tensor& src, DType dt) {
+    if (dt == DType::f32) return to_dtype(src, DType::f32);
+    Tensor out(dt, src.shape());
+    const float* x = src.data_as<const float>();
+    auto* y = out.data_as<std::uint16_t>();
+    for (std::int64_t i = 0; i < src.numel(); ++i) y[i] = dt == DType::f16 ? float_to_f16(x[i]) : float_to_bf16(x[i]);
+    return out;
+}
+
 inline Tensor poisoned(DType dt, Shape s) {
     Tensor t(dt, s);
     for (std::int64_t i = 0; i < t.numel(); ++i) {
         if (dt == DType::f32) t.data_as<float>()[i] = std::numeric_limits<float>::quiet_NaN();
+        else if (dt == DType::f16) t.data_as<std::uint16_t>()[i] = 0x7e00;   // quiet NaN
+        else if (dt == DType::bf16) t.data_as<std::uint16_t>()[i] = 0x7fc0;  // quiet NaN
         else t.data_as<double>()[i] = std::numeric_limits<double>::quiet_NaN();
     }
     return t;
@@ -64,7 +80,26 @@ struct Case {
     int alibi = 0;         // ALiBi slopes: 0 none, 1 (Hq,), 2 (B, Hq) (slope_tensor)
     double dropout_p = 0.0;  // dropout on the weights (0: off), keep rule on global positions
     std::uint64_t dropout_seed = 0;
+    // 16-bit cases: Q, K/V and out dtypes (the reference reads the same 16-bit inputs exactly).
+    DType q_dtype = DType::f32, kv_dtype = DType::f32, out_dtype = DType::f32;
 };
+
+// A copy of `c` with Q in q, K/V in kv, out in o.
+inline Case with_dtypes(Case c, DType q, DType kv, DType o) {
+    c.q_dtype = q, c.kv_dtype = kv, c.out_dtype = o;
+    c.name += std::string(" [Q ") + std::string(dtype_name(q)) + ", K/V " + std::string(dtype_name(kv)) + ", out " +
+              std::string(dtype_name(o)) + "]";
+    return c;
+}
+
+// The bound of an output in dtype dt against the double reference r of the same (16-bit)
+// inputs: the float32 bound `abs` plus one rounding to dt (half an ulp: 2^-11·|r| for float16,
+// 2^-8·|r| for bfloat16; float16's subnormal half-ulp 2^-25 is inside `abs`).
+inline double output_bound(DType dt, double r, double abs) {
+    if (dt == DType::f16) return abs + std::ldexp(std::fabs(r), -11);
+    if (dt == DType::bf16) return abs + std::ldexp(std::fabs(r), -8);
+    return abs;
+}
 
 // The sinks of the modifier cases: mixed signs, one large enough to dominate short rows.
 inline float sink_logit(std::int64_t h) { return static_cast<float>(0.9 * static_cast<double>(h % 4) - 1.1); }
@@ -128,14 +163,17 @@ inline std::vector<Case> piece_cases() {
 // A contiguous (B, H, n, D) tensor re-laid as a (B, n, H, D) buffer, returned as its (B, H, n, D) view.
 inline TensorView restride(const Tensor& src, std::vector<float>& storage) {
     const std::int64_t B = src.shape()[0], H = src.shape()[1], n = src.shape()[2], D = src.shape()[3];
-    storage.assign(static_cast<std::size_t>(std::max<std::int64_t>(1, src.numel())), 0.0f);
-    TensorView blhd(storage.data(), DType::f32, Shape{B, n, H, D});
+    storage.assign(static_cast<std::size_t>(std::max<std::int64_t>(1, src.numel())), 0.0f);  // >= the bytes of any dtype but f64
+    TensorView blhd(storage.data(), src.dtype(), Shape{B, n, H, D});
     TensorView v = blhd.transpose(1, 2);
+    const std::int64_t size = static_cast<std::int64_t>(dtype_size(src.dtype()));
     for (std::int64_t b = 0; b < B; ++b)
         for (std::int64_t h = 0; h < H; ++h)
             for (std::int64_t i = 0; i < n; ++i)
                 for (std::int64_t d = 0; d < D; ++d)
-                    storage[static_cast<std::size_t>(v.offset(b, h, i, d))] = src.data_as<float>()[src.view().offset(b, h, i, d)];
+                    std::memcpy(static_cast<char*>(v.data()) + v.offset(b, h, i, d) * size,
+                                static_cast<const char*>(src.data()) + src.view().offset(b, h, i, d) * size,
+                                static_cast<std::size_t>(size));
     return v;
 }
 

@@ -222,3 +222,47 @@ def test_v_length_mismatch_and_bad_layout(tmp_path):
     r = mpirun(2, "--q", p["q"], "--k", p["k"], "--v", p["v"], "--out", tmp_path / "no_dir" / "o.npy")
     assert r.returncode == 2 and len(error_lines(r)) == 1 and "not writable" in r.stderr, r.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("np_", [1, 2, 3])
+def test_float16_inputs_out_dtype_and_gradients_equal_attn_sdpa(tmp_path, np_):
+    """float16 .npy Q/K/V/dO (K/V travel the ring in 16 bits): O and dQ/dK/dV come out in float16
+    by default and in float32 with --out-dtype float32, within the float32 bound (+ one float16
+    rounding) of `attn sdpa` on the same files with the same --out-dtype."""
+    arrays, p = make(tmp_path, 2, 4, 2, 29, 29, 8, 8, seed=5, dtype=np.float16)
+    rng = np.random.default_rng(6)
+    np.save(tmp_path / "do.npy", rng.uniform(-1, 1, (2, 4, 29, 8)).astype(np.float16))
+    common = ["--q", p["q"], "--k", p["k"], "--v", p["v"], "--causal", "top-left", "--grad-out", tmp_path / "do.npy"]
+    for out_dtype in [None, "float32"]:
+        extra = ["--out-dtype", out_dtype] if out_dtype else []
+        names = {"out": "o", "dq": "dq", "dk": "dk", "dv": "dv"}
+        ring = {n: tmp_path / f"r_{f}_{out_dtype}.npy" for n, f in names.items()}
+        single = {n: tmp_path / f"s_{f}_{out_dtype}.npy" for n, f in names.items()}
+        flags = lambda paths: sum([[f"--{n}", paths[n]] for n in names], [])  # noqa: E731
+        sd = subprocess.run([ATTN, "sdpa", *map(str, common + extra + flags(single))], capture_output=True, text=True,
+                            env=ENV)
+        assert sd.returncode == 0, sd.stderr
+        r = mpirun(np_, *common, *extra, *flags(ring))
+        assert r.returncode == 0, r.stderr
+        want = np.float32 if out_dtype else np.float16
+        half_ulp = 0.0 if out_dtype else 2.0 ** -11
+        for n in names:
+            a, b = np.load(ring[n]), np.load(single[n])
+            assert a.dtype == want and b.dtype == want, (n, a.dtype, b.dtype)
+            a, b = a.astype(np.float64), b.astype(np.float64)
+            # both within 1e-5-ish of the float32 result, each rounded once: two half-ulps apart at most;
+            # float16 gradients come from each run's own float16 O, whose roundings may differ
+            # (docs/conventions.md, "Backward with 16-bit tensors"): 2^-7 of the largest gradient.
+            bound = 2e-5 * max(1.0, np.abs(b).max()) + 2 * half_ulp * np.abs(b)
+            if n != "out" and half_ulp:
+                bound = bound + 2.0 ** -7 * np.abs(b).max()
+            assert np.all(np.abs(a - b) <= bound), (n, np.abs(a - b).max())
+            assert np.abs(b).max() > 0.1  # not a comparison of zeros
+
+
+def test_bfloat16_out_into_npy_is_refused_before_compute(tmp_path):
+    _, p = make(tmp_path, 1, 1, 1, 8, 8, 4, 4)
+    out = tmp_path / "o.npy"
+    r = mpirun(2, "--q", p["q"], "--k", p["k"], "--v", p["v"], "--out", out, "--out-dtype", "bfloat16")
+    assert r.returncode == 2 and "--out" in r.stderr and "bfloat16" in r.stderr, r.stderr
+    assert not out.exists()

@@ -207,3 +207,14 @@ def test_python_ring_keywords_match_sdpa(tmp_path, np_, case):
     if dropout_p > 0:
         other = single(seed + 1)
         assert np.abs(got["o"] - other[0]).max() > 1e-2 * np.abs(want[0]).max()
+
+
+@pytest.mark.parametrize("np_", [1, 2, 3, 4])
+def test_python_ring_float16(np_):
+    """float16 Q/K/V/dO through attn.dist (out and gradients float16 by default, float32 with
+    out_dtype=): ring_python_half_worker.py checks every rank's rows against single-process attn."""
+    env = dict(ENV, PYTHONPATH=PYPATH)
+    r = subprocess.run([MPIEXEC, "-q", "--oversubscribe", "-np", str(np_), sys.executable,
+                        os.path.join(HERE, "ring_python_half_worker.py")], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr

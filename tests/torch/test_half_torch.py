@@ -94,3 +94,39 @@ def test_autograd(dtype):
     for t, r in zip((q, k, v), refs):
         # The gradient in the input's dtype: fp32 math rounded once into it.
         check(t.grad, r.grad, dtype)
+
+
+@pytest.mark.parametrize("mask_kind", ["float32", "bfloat16", "bool", "float32+padding"])
+def test_multihead_attention_bfloat16_with_masks(mask_kind):
+    """bf16 activations and weights with a float (float32 or bf16) or bool attn_mask, as torch 1.13's
+    nn.MultiheadAttention takes them: the additive mask reaches attn in float32 (attn refuses 16-bit
+    masks), the weights come back in bf16. Oracle: the same module in float64 on the bf16 values;
+    bound: bf16 projections (torch's) dominate, a few bf16 ulps of the output's scale. The masks move
+    the output by far more than the bound (checked), so a dropped or mis-cast mask fails."""
+    torch.manual_seed(3)
+    e, h, n, lq = 32, 4, 2, 9
+    ours = at.MultiheadAttention(e, h, batch_first=True).to(torch.bfloat16).eval()
+    ref = torch.nn.MultiheadAttention(e, h, batch_first=True).double().eval()
+    ref.load_state_dict({k: v.double() for k, v in ours.state_dict().items()})
+    x = torch.randn(n, lq, e).to(torch.bfloat16)
+    float_mask = torch.randn(lq, lq) * 4.0
+    float_mask[0, 1:] = float("-inf")  # a row that sees one key
+    padding = None
+    if mask_kind == "bool":
+        mask = torch.rand(lq, lq) > 0.6
+        mask.fill_diagonal_(False)
+    else:
+        mask = float_mask.to(torch.bfloat16) if mask_kind == "bfloat16" else float_mask
+        if mask_kind == "float32+padding":
+            padding = torch.zeros(n, lq, dtype=torch.bool)
+            padding[1, 5:] = True
+    out, w = ours(x, x, x, attn_mask=mask, key_padding_mask=padding)
+    ref_mask = mask if mask.dtype == torch.bool else mask.double()
+    ref_out, ref_w = ref(x.double(), x.double(), x.double(), attn_mask=ref_mask, key_padding_mask=padding)
+    unmasked, _ = ref(x.double(), x.double(), x.double())
+    assert out.dtype == torch.bfloat16 and w.dtype == torch.bfloat16
+    scale = ref_out.abs().max().item()
+    err = (out.double() - ref_out).abs().max().item()
+    assert err <= 2.0 ** -5 * scale, (err, scale)
+    assert (w.double() - ref_w).abs().max().item() <= 2.0 ** -6
+    assert (unmasked - ref_out).abs().max().item() > 8 * 2.0 ** -5 * scale  # the mask matters

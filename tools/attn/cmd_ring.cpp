@@ -1,6 +1,6 @@
 // mpirun -np P attn ring --q Q.npy --k K.npy --v V.npy --out O.npy [--causal [top-left|bottom-right]]
 //                       [--window-left N] [--window-right N] [--window-align A] [--query-offset N]
-//                       [--scale S] [--key-lengths KL.npy] [--layout zigzag|contiguous] [--impl ...] [--stats]
+//                       [--scale S] [--key-lengths KL.npy] [--layout zigzag|contiguous] [--impl ...] [--stats] [--out-dtype T]
 //                       [--grad-out dO.npy --dq dQ.npy --dk dK.npy --dv dV.npy [--dsinks dS.npy]] [--shard-outputs]
 //                       [--softcap C] [--alibi-slopes A.npy | --alibi] [--sinks S.npy] [--dropout P --seed N]
 //
@@ -51,6 +51,7 @@ struct RingArgs {
     std::optional<double> scale;
     bool stats = false;
     bool shard_outputs = false;  // each rank writes its own rows (shard_path) instead of rank 0 gathering
+    std::string out_dtype;       // --out-dtype: O and dQ/dK/dV ("" = a 16-bit Q's dtype, else float32)
 };
 
 #if ATTN_WITH_MPI
@@ -68,10 +69,9 @@ std::string shard_path(const std::string& path, int rank) {
     return path + tag;
 }
 
-// A .npy or FILE.safetensors:NAME (tensor_args.hpp). Ring blocks compute in float32/float64:
-// 16-bit inputs wait for the ring's 16-bit path (issue 14).
+// A .npy or FILE.safetensors:NAME (tensor_args.hpp): float32, float64, float16 or bfloat16.
 Tensor read_input(const std::string& flag, const std::string& path) {
-    Tensor t = read_tensor_arg(flag, path, {DType::f32, DType::f64});
+    Tensor t = read_tensor_arg(flag, path, {DType::f32, DType::f64, DType::f16, DType::bf16});
     if (t.shape().rank != 4) {
         throw Error(flag + ": " + path + " must hold a rank-4 array (B, H, L, D) but holds shape " + t.shape().str());
     }
@@ -82,7 +82,17 @@ Tensor read_input(const std::string& flag, const std::string& path) {
 // tensor's sizes come from its own file (Dk of Q and of K may differ: ring_attention says so).
 struct Header {
     std::int64_t B = 0, Hq = 0, Hkv = 0, Lq = 0, Lk = 0, Dq = 0, Dk = 0, Dv = 0;
+    // The dtypes the rows travel and are written in: Q, K, V, dO as read (float64 → float32),
+    // out for O and the gradients (--out-dtype).
+    std::int64_t q_dtype = 0, k_dtype = 0, v_dtype = 0, do_dtype = 0, out_dtype = 0;
 };
+constexpr int kHeaderWords = sizeof(Header) / sizeof(std::int64_t);
+
+// A tensor's rows as one MPI message: float32 words or 16-bit halfwords.
+MPI_Datatype mpi_type(DType t) { return t == DType::f32 ? MPI_FLOAT : MPI_UINT16_T; }
+// Ring attention computes in float32: a float64 input becomes float32, a 16-bit one stays
+// (its K/V rows travel the ring in 16 bits).
+Tensor ring_dtype(Tensor t) { return t.dtype() == DType::f64 ? to_dtype(t, DType::f32) : std::move(t); }
 
 void run_ring(MPI_Comm comm, const RingArgs& a) {
     int P = 1, rank = 0;
@@ -170,13 +180,19 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
                 throw Error("--grad-out: " + a.grad_out + " must have O's shape (B, Hq, Lq, Dv) = " + want.str() +
                             " but has " + dO.shape().str());
             }
-            if (dO.dtype() != DType::f32) dO = to_dtype(dO, DType::f32);
+            dO = ring_dtype(std::move(dO));
         }
-        // Ring attention runs in float32 (as `attn sdpa` writes O).
-        if (q.dtype() != DType::f32) q = to_dtype(q, DType::f32);
-        if (k.dtype() != DType::f32) k = to_dtype(k, DType::f32);
-        if (v.dtype() != DType::f32) v = to_dtype(v, DType::f32);
+        // O and the gradients: --out-dtype, default a 16-bit Q's dtype, else float32 (as `attn sdpa`).
+        const DType out_dtype = parse_out_dtype(a.out_dtype, q.dtype());
+        q = ring_dtype(std::move(q));
+        k = ring_dtype(std::move(k));
+        v = ring_dtype(std::move(v));
         h = Header{q.shape()[0], q.shape()[1], k.shape()[1], q.shape()[2], k.shape()[2], q.shape()[3], k.shape()[3], v.shape()[3]};
+        h.q_dtype = static_cast<std::int64_t>(q.dtype());
+        h.k_dtype = static_cast<std::int64_t>(k.dtype());
+        h.v_dtype = static_cast<std::int64_t>(v.dtype());
+        h.do_dtype = static_cast<std::int64_t>(backward ? dO.dtype() : DType::f32);
+        h.out_dtype = static_cast<std::int64_t>(out_dtype);
         // Each rank's share of a tensor moves as one MPI message, whose count is an int.
         const std::int64_t most_q = dist::rank_length(h.Lq, P, 0, opt.layout) + 2, most_k = dist::rank_length(h.Lk, P, 0, opt.layout) + 2;
         const std::int64_t words = std::max({h.B * h.Hq * most_q * std::max(h.Dq, h.Dv), h.B * h.Hkv * most_k * std::max(h.Dk, h.Dv)});
@@ -185,7 +201,18 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
                         " floats, more than one MPI message holds (" + std::to_string(INT_MAX) + "); use more ranks");
         }
     });
-    MPI_Bcast(&h, 8, MPI_INT64_T, 0, comm);
+    MPI_Bcast(&h, kHeaderWords, MPI_INT64_T, 0, comm);
+    const DType odt = static_cast<DType>(h.out_dtype);
+    // The output files' formats against the out dtype (bfloat16 only into .safetensors), by the
+    // ranks that write them, before any compute.
+    dist::run_collectively(comm, [&] {
+        if (rank != 0 && !a.shard_outputs) return;
+        auto out_path = [&](const std::string& p) { return a.shard_outputs ? shard_path(p, rank) : p; };
+        OutputFiles::check_dtype("--out", out_path(a.out), odt);
+        if (backward)
+            for (const auto& [flag, path] : {std::pair{"--dq", a.dq}, std::pair{"--dk", a.dk}, std::pair{"--dv", a.dv}})
+                OutputFiles::check_dtype(flag, out_path(path), odt);
+    });
     if (a.alibi) {
         dist::run_collectively(comm, [&] { slopes = alibi_slopes(h.Hq); });
         opt.alibi_slopes = slopes.view();
@@ -207,16 +234,16 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     Tensor q_mine, k_mine, v_mine, o_mine, do_mine, lse_mine, dq_mine, dk_mine, dv_mine, dsinks;
     const std::int64_t nq = dist::rank_length(h.Lq, P, rank, opt.layout), nk = dist::rank_length(h.Lk, P, rank, opt.layout);
     dist::run_collectively(comm, [&] {
-        q_mine = Tensor(DType::f32, Shape{h.B, h.Hq, nq, h.Dq});
-        k_mine = Tensor(DType::f32, Shape{h.B, h.Hkv, nk, h.Dk});
-        v_mine = Tensor(DType::f32, Shape{h.B, h.Hkv, nk, h.Dv});
-        o_mine = Tensor(DType::f32, Shape{h.B, h.Hq, nq, h.Dv});
+        q_mine = Tensor(static_cast<DType>(h.q_dtype), Shape{h.B, h.Hq, nq, h.Dq});
+        k_mine = Tensor(static_cast<DType>(h.k_dtype), Shape{h.B, h.Hkv, nk, h.Dk});
+        v_mine = Tensor(static_cast<DType>(h.v_dtype), Shape{h.B, h.Hkv, nk, h.Dv});
+        o_mine = Tensor(odt, Shape{h.B, h.Hq, nq, h.Dv});
         if (backward) {
-            do_mine = Tensor(DType::f32, Shape{h.B, h.Hq, nq, h.Dv});
+            do_mine = Tensor(static_cast<DType>(h.do_dtype), Shape{h.B, h.Hq, nq, h.Dv});
             lse_mine = Tensor(DType::f32, Shape{h.B, h.Hq, nq});
-            dq_mine = Tensor(DType::f32, Shape{h.B, h.Hq, nq, h.Dq});
-            dk_mine = Tensor(DType::f32, Shape{h.B, h.Hkv, nk, h.Dk});
-            dv_mine = Tensor(DType::f32, Shape{h.B, h.Hkv, nk, h.Dv});
+            dq_mine = Tensor(odt, Shape{h.B, h.Hq, nq, h.Dq});
+            dk_mine = Tensor(odt, Shape{h.B, h.Hkv, nk, h.Dk});
+            dv_mine = Tensor(odt, Shape{h.B, h.Hkv, nk, h.Dv});
             if (!a.dsinks.empty()) dsinks = Tensor(DType::f32, Shape{h.Hq});
         }
     });
@@ -233,11 +260,12 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         if (rank == 0) {
             for (int r = 1; r < P; ++r) {
                 const Tensor part = dist::take_rows(*p.global, dist::rank_segments(p.L, P, r, opt.layout));
-                MPI_Send(part.data(), static_cast<int>(part.numel()), MPI_FLOAT, r, kTagRows, comm);
+                MPI_Send(part.data(), static_cast<int>(part.numel()), mpi_type(part.dtype()), r, kTagRows, comm);
             }
             *p.mine = dist::take_rows(*p.global, dist::rank_segments(p.L, P, 0, opt.layout));
         } else {
-            MPI_Recv(p.mine->data(), static_cast<int>(p.mine->numel()), MPI_FLOAT, 0, kTagRows, comm, MPI_STATUS_IGNORE);
+            MPI_Recv(p.mine->data(), static_cast<int>(p.mine->numel()), mpi_type(p.mine->dtype()), 0, kTagRows, comm,
+                     MPI_STATUS_IGNORE);
         }
     }
     q = Tensor();  // rank 0 no longer needs the global inputs
@@ -300,18 +328,18 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     auto gather = [&](const Tensor& mine, std::int64_t H, std::int64_t L, std::int64_t D) {
         Tensor whole;
         dist::run_collectively(comm, [&] {
-            if (rank == 0) whole = Tensor(DType::f32, Shape{h.B, H, L, D});
+            if (rank == 0) whole = Tensor(mine.dtype(), Shape{h.B, H, L, D});
         });
         if (rank == 0) {
             dist::put_rows(mine, dist::rank_segments(L, P, 0, opt.layout), whole);
             for (int r = 1; r < P; ++r) {
                 const std::int64_t n = dist::rank_length(L, P, r, opt.layout);
-                Tensor part(DType::f32, Shape{h.B, H, n, D});
-                MPI_Recv(part.data(), static_cast<int>(part.numel()), MPI_FLOAT, r, kTagRows, comm, MPI_STATUS_IGNORE);
+                Tensor part(mine.dtype(), Shape{h.B, H, n, D});
+                MPI_Recv(part.data(), static_cast<int>(part.numel()), mpi_type(part.dtype()), r, kTagRows, comm, MPI_STATUS_IGNORE);
                 dist::put_rows(part, dist::rank_segments(L, P, r, opt.layout), whole);
             }
         } else {
-            MPI_Send(mine.data(), static_cast<int>(mine.numel()), MPI_FLOAT, 0, kTagRows, comm);
+            MPI_Send(mine.data(), static_cast<int>(mine.numel()), mpi_type(mine.dtype()), 0, kTagRows, comm);
         }
         return whole;
     };
@@ -380,10 +408,14 @@ void add_ring_command(CLI::App& app) {
     auto args = std::make_shared<RingArgs>();
     CLI::App* cmd = app.add_subcommand(
         "ring", "Ring attention over MPI (run under mpirun -np P): the same O as `attn sdpa`, sequence split over P ranks");
-    cmd->add_option("--q", args->q, "queries (B, Hq, Lq, Dk), float32 or float64 (computed in float32)")->required();
-    cmd->add_option("--k", args->k, "keys (B, Hkv, Lk, Dk); Hq must be a multiple of Hkv")->required();
+    cmd->add_option("--q", args->q, "queries (B, Hq, Lq, Dk): float32, float64 (read as float32), float16 (.npy) or bfloat16 "
+                    "(FILE.safetensors:NAME, which every tensor option accepts); computed in float32")->required();
+    cmd->add_option("--k", args->k, "keys (B, Hkv, Lk, Dk); Hq must be a multiple of Hkv; 16-bit K/V travel the ring in 16 bits")->required();
     cmd->add_option("--v", args->v, "values (B, Hkv, Lk, Dv)")->required();
-    cmd->add_option("--out", args->out, "output O (B, Hq, Lq, Dv), written as float32 by rank 0")->required();
+    cmd->add_option("--out", args->out, "output O (B, Hq, Lq, Dv) in --out-dtype, written by rank 0")->required();
+    cmd->add_option("--out-dtype", args->out_dtype,
+                    "dtype of O and dQ/dK/dV: float16, bfloat16 (only into .safetensors) or float32 (default: a 16-bit "
+                    "Q's dtype, else float32)");
     cmd->add_option("--causal", args->causal,
                     "causal mask on global positions: top-left: query i sees keys 0..i; bottom-right: keys "
                     "0..i+n-Lq (n = the sequence's key length, else Lk). --causal alone means top-left")
@@ -402,9 +434,9 @@ void add_ring_command(CLI::App& app) {
                     "queries), reference or flash");
     cmd->add_option("--grad-out", args->grad_out,
                     "dO (B, Hq, Lq, Dv): also compute the gradients of <O, dO> through the ring (needs --dq, --dk, --dv)");
-    cmd->add_option("--dq", args->dq, "output dQ (B, Hq, Lq, Dk), float32, gathered and written by rank 0");
-    cmd->add_option("--dk", args->dk, "output dK (B, Hkv, Lk, Dk), float32, gathered and written by rank 0");
-    cmd->add_option("--dv", args->dv, "output dV (B, Hkv, Lk, Dv), float32, gathered and written by rank 0");
+    cmd->add_option("--dq", args->dq, "output dQ (B, Hq, Lq, Dk) in --out-dtype, gathered and written by rank 0");
+    cmd->add_option("--dk", args->dk, "output dK (B, Hkv, Lk, Dk) in --out-dtype, gathered and written by rank 0");
+    cmd->add_option("--dv", args->dv, "output dV (B, Hkv, Lk, Dv) in --out-dtype, gathered and written by rank 0");
     cmd->add_option("--dsinks", args->dsinks,
                     "output dsinks (Hq,), float32: the gradient of the sink logits (needs --grad-out and --sinks), "
                     "written by rank 0");

@@ -57,6 +57,10 @@ void check_output_dtypes(const std::vector<OutputFiles::Output>& outputs) {
 }
 
 // Packed sequences: q (Tq, Hq, Dk), k/v (Tk, Hkv, D), out (Tq, Hq, Dv), lse (Tq, Hq).
+// dQ/dK/dV (--grad-out): all three in --out-dtype when given, else in Q's dtype, like O (a
+// float64 Q keeps float64 gradients: the reference backward runs in double).
+DType gradient_dtype(const SdpaArgs& a, DType q_dtype) { return a.out_dtype.empty() ? q_dtype : parse_out_dtype(a.out_dtype, q_dtype); }
+
 void run_packed(const SdpaArgs& a, const SdpaOptions& opt, const Tensor& q, const Tensor& k, const Tensor& v,
                 bool backward) {
     if (a.cu_seqlens_q.empty() || a.cu_seqlens_k.empty()) {
@@ -73,10 +77,11 @@ void run_packed(const SdpaArgs& a, const SdpaOptions& opt, const Tensor& q, cons
     const Tensor o(parse_out_dtype(a.out_dtype, q.dtype()), Shape{Tq, Hq, Dv}), l(DType::f32, Shape{Tq, Hq});
     const TensorView lv = l.view();
     OutputFiles::check_dtype("--out", a.out, o.dtype());
+    const DType gdt = gradient_dtype(a, q.dtype());
     if (backward) {
-        OutputFiles::check_dtype("--dq", a.dq, q.dtype());
-        OutputFiles::check_dtype("--dk", a.dk, k.dtype());
-        OutputFiles::check_dtype("--dv", a.dv, v.dtype());
+        OutputFiles::check_dtype("--dq", a.dq, gdt);
+        OutputFiles::check_dtype("--dk", a.dk, gdt);
+        OutputFiles::check_dtype("--dv", a.dv, gdt);
     }
     SdpaReport report;
     sdpa_varlen(q, k, v, cq, ck, opt, o, &lv, &report);
@@ -86,9 +91,9 @@ void run_packed(const SdpaArgs& a, const SdpaOptions& opt, const Tensor& q, cons
     Tensor dO, dq, dk, dv;
     if (backward) {
         dO = read_input("--grad-out", a.grad_out);
-        dq = Tensor(q.dtype(), q.shape());
-        dk = Tensor(k.dtype(), k.shape());
-        dv = Tensor(v.dtype(), v.shape());
+        dq = Tensor(gdt, q.shape());
+        dk = Tensor(gdt, k.shape());
+        dv = Tensor(gdt, v.shape());
         SdpaReport back;
         sdpa_varlen_backward(q, k, v, cq, ck, o, l, dO, opt, dq, dk, dv, &back);
         if (a.verbose) std::fprintf(stderr, "backward: %s\n", back.explanation.c_str());
@@ -203,24 +208,24 @@ void run(const SdpaArgs& a) {
         l = Tensor(DType::f32, Shape{B, Hq, Lq});
         lv = l.view();
     }
-    // Every output against its path's format before any compute (gradients: the inputs' dtypes).
+    // Every output against its path's format before any compute (gradients: gradient_dtype).
     check_output_dtypes({{"--out", a.out, o.view()}, {"--weights", a.weights, w.view()}, {"--lse", a.lse, l.view()},
                          {"--scores", a.scores, sc.view()}});
+    const DType gdt = gradient_dtype(a, q.dtype());
     if (backward) {
-        OutputFiles::check_dtype("--dq", a.dq, q.dtype());
-        OutputFiles::check_dtype("--dk", a.dk, k.dtype());
-        OutputFiles::check_dtype("--dv", a.dv, v.dtype());
+        OutputFiles::check_dtype("--dq", a.dq, gdt);
+        OutputFiles::check_dtype("--dk", a.dk, gdt);
+        OutputFiles::check_dtype("--dv", a.dv, gdt);
     }
     SdpaReport report;
     sdpa(q, k, v, opt, o, lv.empty() ? nullptr : &lv, a.weights.empty() ? nullptr : &wv, &report,
          a.scores.empty() ? nullptr : &so);
     if (a.verbose) std::fprintf(stderr, "%s\n", report.explanation.c_str());
     if (backward) {
-        // Gradients come out in the inputs' shapes; float64 inputs keep float64 gradients
-        // (the reference runs in double), float32 give float32.
-        dq = Tensor(q.dtype(), q.shape());
-        dk = Tensor(k.dtype(), k.shape());
-        dv = Tensor(v.dtype(), v.shape());
+        // Gradients come out in the inputs' shapes, in gradient_dtype.
+        dq = Tensor(gdt, q.shape());
+        dk = Tensor(gdt, k.shape());
+        dv = Tensor(gdt, v.shape());
         SdpaReport back;
         TensorView dsv;
         if (!a.dsinks.empty()) {
@@ -256,8 +261,9 @@ void add_sdpa_command(CLI::App& app) {
     cmd->add_option("--out", args->out, "output O (B, Hq, Lq, Dv), in --out-dtype; a path ending in .safetensors gets a safetensors file "
                     "(one tensor named after the option: out, lse, dq, ...), any other path a .npy")->required();
     cmd->add_option("--out-dtype", args->out_dtype,
-                    "dtype of O: float16, bfloat16 (only into .safetensors) or float32 (default: the dtype of Q; "
-                    "lse, weights and scores stay float32)");
+                    "dtype of O and, with --grad-out, of dQ/dK/dV: float16, bfloat16 (only into .safetensors) or float32 "
+                    "(default: the dtype of Q — float32 O for float64 Q, float64 gradients; lse, weights, scores "
+                    "and dsinks stay float32)");
     cmd->add_option("--mask", args->mask,
                     "bool keep-mask (true = may attend) or float additive mask, broadcastable to (B, Hq, Lq, Lk)");
     cmd->add_option("--causal", args->causal,

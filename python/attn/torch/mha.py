@@ -54,6 +54,11 @@ def _combined_mask(attn_mask, key_padding_mask, n, h, lq, lk, dtype):
         for p in parts[1:]:
             keep = keep & ~p
         return keep
+    # An additive mask is summed in float32 for 16-bit activations: attn adds masks in float32 or
+    # float64 only (a 16-bit mask is refused), and a float32 mask given with bfloat16 inputs keeps its
+    # values (torch 1.13 adds a float mask to the scores as given; a 16-bit mask widens exactly).
+    if dtype in (torch.float16, torch.bfloat16):
+        dtype = torch.float32
     total = None
     for p in parts:
         add = (torch.zeros((), dtype=dtype).masked_fill(p, float("-inf")) if p.dtype == torch.bool else p.to(dtype))
@@ -119,7 +124,9 @@ class MultiheadAttention(nn.MultiheadAttention):
                 arrays = [_convert.array(t, name) for t, name in ((q, "query"), (k, "key"), (v, "value"))]
                 weights = _convert.tensor(_attn.scaled_dot_product_attention(
                     *arrays, attn_mask=None if mask is None else _convert.array(mask, "attn_mask"), dropout_p=p,
-                    is_causal=is_causal, dropout_seed=seed or 0, return_weights=True)[1])
+                    is_causal=is_causal, dropout_seed=seed or 0, return_weights=True,
+                    dtype="bfloat16")[1])  # bfloat16 q/k/v arrive as uint16 bits (_convert)
+            weights = weights.to(q.dtype)  # torch returns the weights in the activations' dtype
             if average_attn_weights:
                 weights = weights.mean(1)
             if not batched:
