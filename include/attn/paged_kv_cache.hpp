@@ -107,16 +107,20 @@ private:
 // Attention of Lq new queries per sequence against sequences of a PagedKVCache, reading the
 // pages directly (no gather into a contiguous copy) with the decode kernel: split-KV over
 // the pages, every query head sharing a KV head in one pass (GQA), float16/bfloat16 pages
-// converted on the fly. Lq <= 16 is a decode step; a longer query block (chunked prefill:
-// the block's K/V appended first) runs as blocks of 16 queries, each reading the pages once.
+// converted on the fly. Lq <= 16 is a decode step. A longer query block (chunked prefill:
+// the block's K/V appended first) on a float32 pool runs the flash kernel, its key tiles read
+// through the page table; on a 16-bit pool (or impl = decode) it runs as blocks of 16
+// queries, each reading the pages once.
 //
-//   q:    (B, Hq, Lq, Dk) float32; batch row b is sequence seqs[b]; Hq a multiple of Hkv
-//   out:  (B, Hq, Lq, Dv) float32;  lse: (B, Hq, Lq) float32, optional
+//   q:    (B, Hq, Lq, Dk) float32, float64, float16 or bfloat16; batch row b is sequence
+//         seqs[b]; Hq a multiple of Hkv
+//   out:  (B, Hq, Lq, Dv) any float dtype (rounded once);  lse: (B, Hq, Lq) float32, optional
 //   options: exactly decode_attention's (scale, causal — bottom-right per sequence —, window,
-//            query_offset, masks broadcastable to (B, Hq, Lq, max length)); key_lengths come
-//            from the cache. impl must be auto or decode; no dropout, no weights.
+//            query_offset, masks broadcastable to (B, Hq, Lq, max length), modifiers);
+//            key_lengths come from the cache. impl must be auto, decode or flash; no dropout,
+//            no weights.
 // The result is bit-identical to decode_attention on a contiguous KVCache holding the same
-// tokens (Lq <= 16, float32 or the same 16-bit storage).
+// tokens (float32 or the same 16-bit storage), and to flash on it for chunked prefill.
 void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::vector<PagedKVCache::SeqId>& seqs,
                      const SdpaOptions& options, const TensorView& out, const TensorView* lse = nullptr);
 
