@@ -110,14 +110,14 @@ Tensor MultiHeadAttention::forward_train(const TensorView& query, const TensorVi
 }
 
 MhaGradients MultiHeadAttention::backward(const MhaForwardState& s, const TensorView& grad_output) const {
-    if (s.cu_seqlens_q.data() != nullptr) return detail::packed_backward(*this, s, grad_output);  // forward_packed_train
-    const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
-    // grad_output like the output (Lq, B, E) | (B, Lq, E) | (Lq, E)
     const MhaConfig& c = config_;
-    const std::int64_t E = c.embed_dim, h = c.num_heads, hkv = c.num_kv_heads, dh = head_dim(), Ekv = hkv * dh;
     if (c.param_dtype != DType::f32) {
         fail(kMha, "backward: the weight matrices are stored in ", dtype_name(c.param_dtype), "; training needs float32 parameters");
     }
+    if (s.cu_seqlens_q.data() != nullptr) return detail::packed_backward(*this, s, grad_output);  // forward_packed_train
+    const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
+    // grad_output like the output (Lq, B, E) | (B, Lq, E) | (Lq, E)
+    const std::int64_t E = c.embed_dim, h = c.num_heads, hkv = c.num_kv_heads, dh = head_dim(), Ekv = hkv * dh;
     if (s.q.data() == nullptr || s.q.shape()[1] != E || s.k.shape()[1] != Ekv) {
         fail(kMha, "backward: the state was not filled by forward_train of this layer");
     }

@@ -70,10 +70,15 @@ MhaGradients packed_backward(const MultiHeadAttention& layer, const MhaForwardSt
         Tensor& dx;
         float* db;
     };
+    // Training holds float32 weights (backward() checks param_dtype before this runs).
+    const auto f32 = [](const Operand& o) {
+        ATTN_DASSERT(o.dtype == DType::f32);
+        return static_cast<const float*>(o.data);
+    };
     const Part parts[3] = {
-        {dq, s.x[0], w.wq, Tq, E, E, dwq, g.query, dbias},
-        {dk, s.x[1], w.wk, Tk, Ekv, c.kdim, dwk, g.key, dbias ? dbias + E : nullptr},
-        {dv, s.x[2], w.wv, Tk, Ekv, c.vdim, dwv, g.value, dbias ? dbias + E + Ekv : nullptr},
+        {dq, s.x[0], f32(w.wq), Tq, E, E, dwq, g.query, dbias},
+        {dk, s.x[1], f32(w.wk), Tk, Ekv, c.kdim, dwk, g.key, dbias ? dbias + E : nullptr},
+        {dv, s.x[2], f32(w.wv), Tk, Ekv, c.vdim, dwv, g.value, dbias ? dbias + E + Ekv : nullptr},
     };
     for (const Part& p : parts) {
         const float* d = p.d.data_as<const float>();

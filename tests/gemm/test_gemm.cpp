@@ -237,6 +237,9 @@ TEST(Gemm, HalfOperandsAreWidenedExactlyOnEveryRow) {
             bool padding_kept = false;
             EXPECT_LE(worst_ratio(p, got, &padding_kept), 1.0) << what;
             EXPECT_TRUE(padding_kept) << what;
+        }
+    }
+}
 
 TEST(Gemm, FewRowsMatchReferenceAndTheirRowsOfALargerCall) {
     // M <= 4 takes its own path (gemm_driver.hpp, gemm_few_rows): within the bound, C's padding
