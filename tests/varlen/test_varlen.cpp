@@ -476,7 +476,7 @@ TEST(VarlenErrors, BadCuSeqlensAndTensors) {
                  beyond = i32({0, 9, 8}), three_seqs = i32({0, 3, 5, 10}), empty = Tensor(DType::i32, Shape{0});
     const Tensor as_float(DType::f32, Shape{3}), as_2d(DType::i32, Shape{1, 3});
     const Tensor kl(DType::i32, Shape{2}), bad_offsets(DType::i64, Shape{3});
-    const Tensor q_2d(DType::f32, Shape{8, 4}), k_bad_d(DType::f32, Shape{10, 1, 9}), q_f16(DType::f16, Shape{8, 1, 8});
+    const Tensor q_2d(DType::f32, Shape{8, 4}), k_bad_d(DType::f32, Shape{10, 1, 9}), q_int(DType::i32, Shape{8, 1, 8});
     const Tensor q_heads3(DType::f32, Shape{8, 3, 8}), k_heads2(DType::f32, Shape{10, 2, 8});
     const Tensor slopes_3x1(DType::f32, Shape{3, 1}, true), slopes_3d(DType::f32, Shape{2, 1, 1}, true),
         sinks_2(DType::f32, Shape{2}, true), sinks_f64(DType::f64, Shape{1}, true), sinks_nan(DType::f32, Shape{1});
@@ -504,7 +504,7 @@ TEST(VarlenErrors, BadCuSeqlensAndTensors) {
         {"q: heads 3 must be a multiple of k/v's heads 2",
          [&](TV& q, TV& k, TV& v, TV&, TV&, SdpaOptions&, TV&) { q = q_heads3, k = k_heads2, v = k_heads2; }},
         {"v: heads 2 do not match k's heads 1", [&](TV&, TV&, TV& v, TV&, TV&, SdpaOptions&, TV&) { v = k_heads2; }},
-        {"q: dtype must be float32 or float64", [&](TV& q, TV&, TV&, TV&, TV&, SdpaOptions&, TV&) { q = q_f16; }},
+        {"q: dtype must be float32, float64, float16 or bfloat16", [&](TV& q, TV&, TV&, TV&, TV&, SdpaOptions&, TV&) { q = q_int; }},
         {"key_lengths: not accepted for packed sequences",
          [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.key_lengths = kl.view(); }},
         {"bool_mask: not supported", [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.bool_mask = kl.view(); }},
