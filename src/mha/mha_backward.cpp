@@ -38,6 +38,21 @@ using detail::sum_rows;
 
 }  // namespace
 
+namespace detail {
+
+void own_score_modifiers(MhaForwardState& s) {
+    if (s.sdpa.alibi_slopes) {
+        s.alibi = to_dtype(*s.sdpa.alibi_slopes, DType::f32);
+        s.sdpa.alibi_slopes = s.alibi.view();
+    }
+    if (s.sdpa.sinks) {
+        s.sinks = to_dtype(*s.sdpa.sinks, DType::f32);
+        s.sdpa.sinks = s.sinks.view();
+    }
+}
+
+}  // namespace detail
+
 Tensor MultiHeadAttention::forward_train(const TensorView& query, const TensorView& key, const TensorView& value,
                                          const MhaForwardOptions& options, const MhaTrainOptions& train,
                                          MhaForwardState& st) const {
@@ -71,14 +86,7 @@ Tensor MultiHeadAttention::forward_train(const TensorView& query, const TensorVi
     s.sdpa.dropout_seed = train.dropout_seed;
     // Score modifiers: owned copies, like the masks.
     score_modifiers(s.sdpa);
-    if (s.sdpa.alibi_slopes) {
-        s.alibi = to_dtype(*s.sdpa.alibi_slopes, DType::f32);
-        s.sdpa.alibi_slopes = s.alibi.view();
-    }
-    if (s.sdpa.sinks) {
-        s.sinks = to_dtype(*s.sdpa.sinks, DType::f32);
-        s.sdpa.sinks = s.sinks.view();
-    }
+    detail::own_score_modifiers(s);
 
     s.query_shape = query.shape();
     s.key_shape = key.shape();

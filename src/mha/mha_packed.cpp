@@ -133,15 +133,7 @@ Tensor MultiHeadAttention::forward_packed_train(const TensorView& query, const T
     s.sdpa.dropout_p = train.dropout_p;
     s.sdpa.dropout_seed = train.dropout_seed;
     score_modifiers(s.sdpa);
-    // Owned copies of everything the saved options point to (the state outlives this layer's views).
-    if (s.sdpa.alibi_slopes) {
-        s.alibi = to_dtype(*s.sdpa.alibi_slopes, DType::f32);
-        s.sdpa.alibi_slopes = s.alibi.view();
-    }
-    if (s.sdpa.sinks) {
-        s.sinks = to_dtype(*s.sdpa.sinks, DType::f32);
-        s.sdpa.sinks = s.sinks.view();
-    }
+    detail::own_score_modifiers(s);  // the state outlives this layer's views
     s.cu_seqlens_q = owned_offsets(cu_seqlens_q, "cu_seqlens_q");
     s.cu_seqlens_k = owned_offsets(cu_seqlens_k, "cu_seqlens_k");
     Tensor out = run_packed(*this, query, key, value, s.cu_seqlens_q, s.cu_seqlens_k, s.sdpa, &s);
