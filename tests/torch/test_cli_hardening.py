@@ -293,6 +293,45 @@ def test_sigterm_during_a_large_write_leaves_nothing(work):
         assert listing(work) == before
 
 
+def tgkill(pid, tid, sig):
+    """Send `sig` to one thread (tgkill(2); Python's os.kill is process-directed)."""
+    import ctypes
+    SYS_tgkill = {"x86_64": 234, "aarch64": 131}[os.uname().machine]
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(SYS_tgkill, pid, tid, sig) != 0:
+        raise OSError(ctypes.get_errno(), "tgkill")
+
+
+def test_sigterm_on_a_worker_thread_ends_the_process_and_leaves_nothing(work):
+    """A termination signal can land on any thread of the process, e.g. an idle OpenMP worker:
+    it must be passed to the main thread (which creates the staging files), so the process
+    still dies of SIGTERM with no staging file left and no half file published."""
+    L = 4500
+    rng = np.random.default_rng(1)
+    for n, dd in (("q", DK), ("k", DK), ("v", DV)):
+        np.save(work / f"{n}.npy", rng.standard_normal((1, 2, L, dd)).astype(np.float32))
+    before = listing(work)
+    p = subprocess.Popen([attn_bin(), *map(str, sdpa(work, "--weights", work / "big.npy"))],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    deadline = time.monotonic() + TIMEOUT
+    while not staging_files(work) and p.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    workers = [int(t) for t in os.listdir(f"/proc/{p.pid}/task") if int(t) != p.pid] if p.poll() is None else []
+    if not workers:
+        p.wait(TIMEOUT)
+        pytest.skip("the process finished or had no second thread by the time its output was staged")
+    both_published = (work / "big.npy").exists() and (work / "o.npy").exists()
+    tgkill(p.pid, workers[0], signal.SIGTERM)
+    p.wait(TIMEOUT)
+    assert staging_files(work) == []
+    if both_published:  # finished before the signal: then both outputs are complete
+        assert np.load(work / "big.npy").shape == (1, 2, L, L)
+    else:  # a signal the worker swallowed would let the process finish with status 0
+        assert p.returncode == -signal.SIGTERM
+        assert listing(work) == before
+
+
 def limit_file_size(nbytes):
     # SIGXFSZ keeps its default action (death): attn itself must ignore it.
     return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, resource.RLIM_INFINITY))
