@@ -24,6 +24,32 @@ unsigned long long read_xcr0() {
 }
 #endif
 
+// ATTN_CPU_HIDE=avx512,avx512_bf16,avx2 (any of them, comma-separated): run as if the CPU
+// lacked those features, so one machine can run the whole suite as an older CPU would — e.g.
+// `ATTN_CPU_HIDE=avx512` on Sapphire Rapids or Zen 4/5 for an AVX2-only Zen 3: the avx512 row
+// leaves runnable_kernel_sets(), its tests say "skipped: CPU lacks …", bf16 compute is off.
+// Hiding can only take features away, never add one the CPU lacks.
+void hide_features(CpuFeatures& f) {
+    const char* env = std::getenv("ATTN_CPU_HIDE");
+    if (env == nullptr) return;
+    std::string_view rest(env);
+    while (!rest.empty()) {
+        const std::size_t comma = rest.find(',');
+        const std::string_view name = rest.substr(0, comma);
+        rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+        if (name == "avx512") {
+            f.avx512f = f.avx512vl = f.avx512bw = f.avx512dq = f.avx512_bf16 = false;
+        } else if (name == "avx512_bf16") {
+            f.avx512_bf16 = false;
+        } else if (name == "avx2") {  // every row above portable needs AVX2+FMA+F16C
+            f.avx2 = f.fma = f.f16c = false;
+        } else {
+            fail("ATTN_CPU_HIDE", "expected a comma-separated list of avx512, avx512_bf16, avx2 but got '", env,
+                 "' (unknown item '", name, "')");
+        }
+    }
+}
+
 }  // namespace
 
 std::string missing_features(Isa isa) {
@@ -73,6 +99,7 @@ const CpuFeatures& cpu_features() {
             if (a7 >= 1 && __get_cpuid_count(7, 1, &a71, &b71, &c71, &d71) != 0) f.avx512_bf16 = (a71 & (1u << 5)) != 0;
         }
 #endif
+        hide_features(f);
         return f;
     }();
     return features;

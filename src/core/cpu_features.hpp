@@ -31,7 +31,9 @@ struct CpuFeatures {
     bool has_avx512_bf16() const { return has_avx512() && avx512_bf16; }
 };
 
-// Detected on first use (cached); thread-safe (a function-local static).
+// Detected on first use (cached); thread-safe (a function-local static). The environment
+// variable ATTN_CPU_HIDE (e.g. "avx512" or "avx512_bf16,avx2") removes features, to run the
+// library and its tests as on an older CPU; an unknown item is an attn::Error naming it.
 const CpuFeatures& cpu_features();
 
 // The instruction sets attn has kernels for; src/kernels/isa.cpp holds one row of kernels

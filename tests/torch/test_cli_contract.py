@@ -258,3 +258,32 @@ def test_a_failing_write_leaves_no_output_and_no_temporary(tmp_path):
     assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith("attn: error: "), r.stderr
     assert "w.npy" in r.stderr and "write failed" in r.stderr, r.stderr
     assert listing(tmp_path) == before
+
+
+# ---- ATTN_CPU_HIDE: run as an older CPU would ------------------------------------------------
+
+def ran_line(r):
+    lines = [l for l in r.stderr.splitlines() if l.startswith("ran: ")]
+    assert r.returncode == 0 and len(lines) == 1, r.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("hide, forbidden, expected", [
+    ("avx512", "avx512 path", None),               # the avx2 row where the CPU has AVX2, else portable
+    ("avx512_bf16,avx2", "avx2 path", "portable path"),
+])
+def test_cpu_hide_takes_rows_away_and_keeps_the_result(work, monkeypatch, hide, forbidden, expected):
+    base = run_attn(*sdpa_args(work), "--verbose")
+    o_base = np.load(work / "o.npy")
+    monkeypatch.setenv("ATTN_CPU_HIDE", hide)
+    line = ran_line(run_attn(*sdpa_args(work, out=work / "o_hidden.npy"), "--verbose"))
+    assert forbidden not in line, line
+    if expected:
+        assert expected in line, line
+    ran_line(base)
+    np.testing.assert_allclose(np.load(work / "o_hidden.npy"), o_base, rtol=1e-5, atol=1e-6)
+
+
+def test_cpu_hide_unknown_item_is_an_error(work, monkeypatch):
+    monkeypatch.setenv("ATTN_CPU_HIDE", "avx512,sse9")
+    expect_error(work, sdpa_args(work), "ATTN_CPU_HIDE", "avx512, avx512_bf16, avx2", "'sse9'")
