@@ -14,12 +14,14 @@
 #include <exception>
 #include <vector>
 
+#include "attn/threads.hpp"
+
 namespace attn::detail {
 
 // tasks(i): the parallel tasks sequence i offers its kernel; run(i) runs it.
 template <class Tasks, class Run>
 void run_sequences(std::size_t n, Tasks&& tasks, Run&& run) {
-    const int threads = omp_get_max_threads();
+    const int threads = attn::num_threads();  // the one thread setting (attn/threads.hpp)
     std::vector<std::size_t> shorts, longs;
     for (std::size_t i = 0; i < n; ++i) (tasks(i) < 4 * std::int64_t{threads} ? shorts : longs).push_back(i);
     if (threads > 1 && shorts.size() > 1 && omp_get_max_active_levels() <= 1 && !omp_in_parallel()) {
