@@ -25,10 +25,12 @@
 #include "attn/sdpa_varlen.hpp"
 #include "attn/tensor.hpp"
 #include "attn/threads.hpp"
+#ifndef LAB_PUBLIC_ONLY  // -DLAB_PUBLIC_ONLY: build against an older libattn (A/B of varlen and padded)
 #include "kernels/flash/flash.hpp"
 #include "kernels/isa.hpp"
 #include "sdpa/problem.hpp"
 #include "varlen/head_major.hpp"
+#endif
 
 using namespace attn;
 
@@ -111,12 +113,14 @@ int main(int argc, char** argv) {
         time_it("seq_hm", runs, [&] {
             for (std::int64_t b = 0; b < N; ++b) sdpa(hq[b], hk[b], hv[b], opt, ho[b], nullptr, nullptr, nullptr);
         });
+#ifndef LAB_PUBLIC_ONLY
     if (want("batch_hm")) {  // flash_forward_batch on the contiguous head-major sequences
         std::vector<detail::SdpaProblem> ps;
         for (std::int64_t b = 0; b < N; ++b)
             ps.push_back(detail::make_problem(hq[b], hk[b], hv[b], opt, ho[b], nullptr, nullptr, "lab"));
         time_it("batch_hm", runs, [&] { detail::flash_forward_batch(ps.data(), ps.size(), detail::kernel_set()); });
     }
+#endif
     auto rows = [&](const Tensor& t, std::int64_t b) {
         return TensorView(t.data_as<float>() + start[b] * H * D, DType::f32, Shape{1, H, len[b], D},
                           Strides{len[b] * H * D, D, H * D, 1});
@@ -126,6 +130,7 @@ int main(int argc, char** argv) {
             for (std::int64_t b = 0; b < N; ++b)
                 sdpa(rows(q, b), rows(k, b), rows(v, b), opt, rows(o, b), nullptr, nullptr, nullptr);
         });
+#ifndef LAB_PUBLIC_ONLY
     if (want("batch_pk") || want("hm_copy")) {  // the same on the packed views, without / with the copies
         std::vector<detail::SdpaProblem> ps;
         for (std::int64_t b = 0; b < N; ++b)
@@ -133,6 +138,7 @@ int main(int argc, char** argv) {
         if (want("batch_pk")) time_it("batch_pk", runs, [&] { detail::flash_forward_batch(ps.data(), ps.size(), detail::kernel_set()); });
         if (want("hm_copy")) time_it("hm_copy", runs, [&] { std::vector<detail::SdpaProblem> c = ps; const auto t = detail::head_major_kv(c); });
     }
+#endif
     if (want("copy")) {
         Tensor scratch(DType::f32, Shape{2 * H * Lmax * D});
         time_it("copy", runs, [&] {
