@@ -17,6 +17,13 @@ std::string dtypes_of(const SdpaProblem& p) {
 // Impl::automatic → flash when it supports the call, else the reference; the report
 //                   says which ran and why the other was declined.
 // Impl::reference → the textbook oracle (double accumulation).
+bool runs_flash(const SdpaProblem& problem, Impl requested) {
+    // run_forward's order: decode (automatic only, when it accepts the problem), then flash.
+    if (requested != Impl::flash && requested != Impl::automatic) return false;
+    if (requested == Impl::automatic && decode_declines(problem).empty()) return false;
+    return flash_decline_reason(problem).empty();
+}
+
 void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report) {
     std::string explanation;
     // The decode kernel first (Lq <= 16); then flash, which reads float16/bfloat16 Q, K, V

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@ namespace attn::detail {
 
 struct SdpaProblem;
 struct FlashTiles;
+struct FlashJob;
 struct Dropout;
 struct DropoutRowArgs;
 struct TileArgs;
@@ -33,8 +35,8 @@ struct GemmArgs;
 
 struct KernelSet {
     Isa isa;
-    // Flash forward over the whole problem (flash/flash_driver.hpp); threads > 0.
-    void (*flash_forward)(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads);
+    // Flash forward over n whole problems in one task list (flash/flash_driver.hpp); threads > 0.
+    void (*flash_forward)(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, int threads);
     // One (query block × key block) tile of the backward (backward/tile.hpp).
     void (*backward_tile)(const TileArgs& t);
     // Dropout factors of a row segment (core/dropout.hpp).
@@ -48,7 +50,7 @@ struct KernelSet {
     void (*gemm)(const GemmArgs& g);
     // Flash forward with the two products on bf16 pairs (flash/bf16_dot.hpp) for all-bfloat16
     // Q, K, V; null on rows without it. Only on a CPU with AVX-512 BF16 (see above).
-    void (*flash_forward_bf16)(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads) = nullptr;
+    void (*flash_forward_bf16)(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, int threads) = nullptr;
     // The backward tile with its five products on bf16 pairs (backward/tile_avx512_bf16.cpp),
     // null on rows without it; flash_backward.cpp calls it under the same rule (bf16 compute).
     void (*backward_tile_bf16)(const TileArgs& t) = nullptr;
@@ -77,10 +79,10 @@ private:
 };
 
 // The entry points, one set per ISA file.
-void flash_forward_portable(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads);
-void flash_forward_avx2(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads);
-void flash_forward_avx512(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads);
-void flash_forward_avx512_bf16(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads);
+void flash_forward_portable(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, int threads);
+void flash_forward_avx2(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, int threads);
+void flash_forward_avx512(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, int threads);
+void flash_forward_avx512_bf16(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, int threads);
 void backward_tile_portable(const TileArgs& t);
 void backward_tile_avx2(const TileArgs& t);
 void backward_tile_avx512(const TileArgs& t);

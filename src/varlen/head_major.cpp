@@ -19,6 +19,9 @@ bool strided_f32(const TensorView& t) {
     return t.dtype() == DType::f32 && t.stride(3) == 1 && t.stride(2) != t.dim(3);
 }
 
+// Floats of p's K and V (no overflow: these elements already exist in the packed K and V).
+std::int64_t kv_floats(const SdpaProblem& p) { return p.Hkv * p.Lk * (p.Dk + p.Dv); }
+
 }  // namespace
 
 bool head_major_pays(const SdpaProblem& p) {
@@ -26,35 +29,50 @@ bool head_major_pays(const SdpaProblem& p) {
            strided_f32(p.v);
 }
 
-void HeadMajorScratch::reserve(const SdpaProblem& p) {
-    // No overflow: these elements already exist in the packed K and V.
-    need = std::max(need, p.Hkv * p.Lk * (p.Dk + p.Dv));
-}
-
-SdpaProblem head_major_kv(const SdpaProblem& p, HeadMajorScratch& scratch) {
-    const std::int64_t H = p.Hkv, L = p.Lk;
-    // No overflow: nk + nv elements already exist in the packed K and V.
-    const std::int64_t nk = H * L * p.Dk, nv = H * L * p.Dv, need = nk + nv;
-    scratch.reserve(p);
-    if (scratch.buf.data() == nullptr || scratch.buf.numel() < need) {
-        scratch.buf = Tensor();  // free first: never two buffers at once
-        scratch.buf = Tensor(DType::f32, Shape{scratch.need}, false, "sdpa_varlen head-major K/V");
+std::unique_ptr<HugeBuffer> head_major_kv(std::vector<SdpaProblem>& ps) {
+    std::vector<std::size_t> copy;
+    for (std::size_t i = 0; i < ps.size(); ++i)
+        if (head_major_pays(ps[i])) copy.push_back(i);
+    std::stable_sort(copy.begin(), copy.end(), [&](std::size_t a, std::size_t b) { return ps[a].Lk > ps[b].Lk; });
+    std::vector<std::int64_t> at;  // float offset of each copied problem's K in the buffer
+    std::int64_t total = 0;
+    for (std::size_t n = 0; n < copy.size(); ++n) {
+        const std::int64_t need = kv_floats(ps[copy[n]]);
+        if ((total + need) * static_cast<std::int64_t>(sizeof(float)) > kHeadMajorBudget) {
+            copy.resize(n);  // the rest (shorter ones) are read in place
+            break;
+        }
+        at.push_back(total);
+        total += need;
     }
-    float* kd = scratch.buf.data_as<float>();
-    float* vd = kd + nk;
-    const float* ks = p.k.data_as<const float>();
-    const float* vs = p.v.data_as<const float>();
-    const std::int64_t rows = H * L;
-#pragma omp parallel for schedule(static) num_threads(num_threads()) if (rows >= 1024)
-    for (std::int64_t r = 0; r < rows; ++r) {
-        const std::int64_t h = r / L, j = r % L;
-        std::memcpy(kd + r * p.Dk, ks + p.k.offset(0, h, j, 0), sizeof(float) * static_cast<std::size_t>(p.Dk));
-        std::memcpy(vd + r * p.Dv, vs + p.v.offset(0, h, j, 0), sizeof(float) * static_cast<std::size_t>(p.Dv));
+    if (copy.empty()) return nullptr;
+    // No overflow: total floats already exist in the packed K and V.
+    auto buf = std::make_unique<HugeBuffer>(total * static_cast<std::int64_t>(sizeof(float)), "sdpa_varlen head-major K/V");
+    float* base = static_cast<float*>(buf->data);
+    const auto ncopy = static_cast<std::int64_t>(copy.size());
+#pragma omp parallel num_threads(num_threads())
+    for (std::int64_t n = 0; n < ncopy; ++n) {
+        const SdpaProblem& p = ps[copy[static_cast<std::size_t>(n)]];
+        const std::int64_t L = p.Lk, rows = p.Hkv * L, nk = rows * p.Dk;
+        float* kd = base + at[static_cast<std::size_t>(n)];
+        float* vd = kd + nk;
+        const float* ks = p.k.data_as<const float>();
+        const float* vs = p.v.data_as<const float>();
+#pragma omp for schedule(static) nowait
+        for (std::int64_t r = 0; r < rows; ++r) {
+            const std::int64_t h = r / L, j = r % L;
+            std::memcpy(kd + r * p.Dk, ks + p.k.offset(0, h, j, 0), sizeof(float) * static_cast<std::size_t>(p.Dk));
+            std::memcpy(vd + r * p.Dv, vs + p.v.offset(0, h, j, 0), sizeof(float) * static_cast<std::size_t>(p.Dv));
+        }
     }
-    SdpaProblem hm = p;
-    hm.k = TensorView(kd, DType::f32, Shape{1, H, L, p.Dk}, Strides{nk, L * p.Dk, p.Dk, 1});
-    hm.v = TensorView(vd, DType::f32, Shape{1, H, L, p.Dv}, Strides{nv, L * p.Dv, p.Dv, 1});
-    return hm;
+    for (std::size_t n = 0; n < copy.size(); ++n) {
+        SdpaProblem& p = ps[copy[n]];
+        const std::int64_t H = p.Hkv, L = p.Lk, nk = H * L * p.Dk, nv = H * L * p.Dv;
+        float* kd = base + at[n];
+        p.k = TensorView(kd, DType::f32, Shape{1, H, L, p.Dk}, Strides{nk, L * p.Dk, p.Dk, 1});
+        p.v = TensorView(kd + nk, DType::f32, Shape{1, H, L, p.Dv}, Strides{nv, L * p.Dv, p.Dv, 1});
+    }
+    return buf;
 }
 
 }  // namespace attn::detail

@@ -4,8 +4,6 @@
 #include "attn/sdpa_varlen.hpp"
 
 
-#include <omp.h>
-
 #include <cmath>
 #include <map>
 #include <string>
@@ -15,6 +13,7 @@
 #include "../kernels/decode/decode.hpp"
 #include "../kernels/dispatch.hpp"
 #include "../kernels/flash/flash.hpp"
+#include "../kernels/isa.hpp"
 #include "../sdpa/problem.hpp"
 #include "head_major.hpp"
 #include "packed.hpp"
@@ -76,22 +75,34 @@ void sdpa_varlen(const TensorView& q, const TensorView& k, const TensorView& v, 
         detail::fill_keyless(options, out.slice(0, s.q0, s.lq), lse ? &lse_rows : nullptr);
     }
 
+    // The sequences the dispatch gives to flash run as one batch: one task list over
+    // (sequence, head, query block), longest first, in one parallel region (flash.hpp
+    // flash_forward_batch), the long ones on head-major copies of their K/V (head_major.hpp).
+    // The others (decode, reference) run one by one or side by side (run_sequences.hpp).
     std::vector<SdpaReport> reports(problems.size());
-    detail::HeadMajorScratch scratch;  // one allocation, for the largest sequence that is copied
-    for (const detail::SdpaProblem& p : problems)
-        if (detail::head_major_pays(p)) scratch.reserve(p);
+    std::vector<detail::SdpaProblem> batch;
+    std::vector<std::size_t> others;
+    for (std::size_t i = 0; i < problems.size(); ++i) {
+        if (detail::runs_flash(problems[i], options.impl)) batch.push_back(problems[i]);
+        else others.push_back(i);
+    }
     detail::run_sequences(
-        problems.size(), [&](std::size_t i) { return problems[i].Hq * ((problems[i].Lq + 63) / 64); },
-        [&](std::size_t i) {
-            SdpaReport* r = report ? &reports[i] : nullptr;
-            // A long sequence runs alone with every thread (run_sequences.hpp): its K/V are
-            // read head-major from one reused scratch (head_major.hpp: ~14 % faster on V1).
-            if (options.impl != Impl::reference && !omp_in_parallel() && detail::head_major_pays(problems[i])) {
-                detail::run_forward(detail::head_major_kv(problems[i], scratch), options.impl, r);
-            } else {
-                detail::run_forward(problems[i], options.impl, r);
+        others.size(), [&](std::size_t n) { return problems[others[n]].Hq * ((problems[others[n]].Lq + 63) / 64); },
+        [&](std::size_t n) { detail::run_forward(problems[others[n]], options.impl, report ? &reports[others[n]] : nullptr); });
+    if (!batch.empty()) {
+        const auto copies = detail::head_major_kv(batch);
+        std::string why_isa;
+        const detail::KernelSet& kernels = detail::kernel_set(&why_isa);
+        detail::flash_forward_batch(batch.data(), batch.size(), kernels);
+        const std::string name = std::string("flash/") + detail::isa_name(kernels.isa) +
+                                 (kernels.flash_forward_bf16 != nullptr && detail::flash_bf16_compute(batch[0]) ? "_bf16" : "");
+        for (std::size_t i = 0; i < problems.size(); ++i)
+            if (detail::runs_flash(problems[i], options.impl)) {
+                reports[i].kernel = name;
+                reports[i].explanation = "ran: flash (" + name + ", " + why_isa + "; " + detail::dtypes_of(problems[i]) +
+                                         ") in one task list with the other flash sequences";
             }
-        });
+    }
 
     if (report != nullptr) {
         std::map<std::string, int> count;

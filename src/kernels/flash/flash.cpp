@@ -1,7 +1,9 @@
 // Flash kernel front: what it supports, its tile sizes, and the ISA switch.
 #include "flash.hpp"
 
+#include <algorithm>
 #include <cstdlib>
+#include <vector>
 
 #include "attn/error.hpp"
 #include "attn/threads.hpp"
@@ -30,21 +32,35 @@ std::string flash_decline_reason(const SdpaProblem& p) {
 }
 
 void flash_forward(const SdpaProblem& p, const KernelSet& kernels, int threads, const FlashTiles* tiles) {
-    const FlashTiles t = tiles != nullptr ? *tiles : flash_default_tiles(p.Dk, p.Dv);
+    flash_forward_batch(&p, 1, kernels, threads, tiles);
+}
+
+void flash_forward_batch(const SdpaProblem* ps, std::size_t n, const KernelSet& kernels, int threads,
+                         const FlashTiles* tiles) {
+    if (n == 0) return;
+    const FlashTiles t = tiles != nullptr ? *tiles : flash_default_tiles(ps[0].Dk, ps[0].Dv);
     // Only the lab and tests pass tiles; the driver needs whole 16-query panels.
     if (t.Mb < 16 || t.Mb % 16 != 0 || t.Mb > 4096 || t.Nb < 1 || t.Nb > 4096) {
         throw Error("flash tiles: Mb must be a multiple of 16 in [16, 4096] and Nb in [1, 4096] but got Mb=" +
                     std::to_string(t.Mb) + " Nb=" + std::to_string(t.Nb));
     }
     if (threads <= 0) threads = num_threads();  // the one thread setting (attn/threads.hpp)
-    const Dropout drop = p.dropout();  // once per call; inactive when p = 0
     // bf16 compute (isa.hpp: a member of the avx512 row, not a row): Q, K, V all bfloat16 on
     // a CPU with AVX-512 BF16. Any other mix runs the row's float32 path.
-    if (kernels.flash_forward_bf16 != nullptr && flash_bf16_compute(p)) {
-        kernels.flash_forward_bf16(p, t, drop, threads);
-        return;
+    const bool bf16 = kernels.flash_forward_bf16 != nullptr && flash_bf16_compute(ps[0]);
+    std::vector<FlashJob> jobs(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        // One workspace per thread serves every problem: the same head dims and operand path.
+        if (ps[i].Dk != ps[0].Dk || ps[i].Dv != ps[0].Dv || flash_bf16_compute(ps[i]) != flash_bf16_compute(ps[0]))
+            throw Error("flash batch: problem " + std::to_string(i) + " differs from problem 0 in its head dims or bf16 compute");
+        jobs[i] = FlashJob{&ps[i], ps[i].dropout()};  // once per call; inactive when p = 0
     }
-    kernels.flash_forward(p, t, drop, threads);
+    // Longest tasks first (a task walks up to Lk keys), so the one dynamic schedule ends on
+    // the short problems' tasks; stable: equal problems keep the caller's order.
+    std::stable_sort(jobs.begin(), jobs.end(), [](const FlashJob& a, const FlashJob& b) { return a.p->Lk > b.p->Lk; });
+    const auto count = static_cast<std::int64_t>(n);
+    if (bf16) kernels.flash_forward_bf16(jobs.data(), count, t, threads);
+    else kernels.flash_forward(jobs.data(), count, t, threads);
 }
 
 bool flash_bf16_compute(const SdpaProblem& p) {

@@ -20,6 +20,13 @@ struct FlashTiles {
     int Nb = 64;
 };
 
+// One problem of a flash call with its dropout (SdpaProblem::dropout()): the unit the ISA
+// kernels (KernelSet::flash_forward) take, a batch of them at once (flash_driver.hpp run_flash).
+struct FlashJob {
+    const SdpaProblem* p = nullptr;
+    Dropout drop;
+};
+
 // The tile sizes the dispatch uses for these head dims (measured in dev/flash_lab.cpp).
 FlashTiles flash_default_tiles(std::int64_t Dk, std::int64_t Dv);
 
@@ -32,6 +39,14 @@ std::string flash_decline_reason(const SdpaProblem& p);
 // OMP_NUM_THREADS, else all cores). Results do not depend on the thread count.
 // Precondition: flash_decline_reason(p) is empty (the dispatch checks it).
 void flash_forward(const SdpaProblem& p, const KernelSet& kernels, int threads = 0, const FlashTiles* tiles = nullptr);
+
+// n problems (sdpa_varlen's sequences) in one parallel region over one task list, the
+// problems with the most keys first (their tasks are the longest): one fork/join and one
+// tail for the batch. Each problem's result is the one flash_forward gives it alone.
+// Preconditions: flash_decline_reason is empty for each; throws attn::Error unless all have
+// the same head dims (Dk, Dv) and the same choice of bf16 compute (flash_bf16_compute).
+void flash_forward_batch(const SdpaProblem* ps, std::size_t n, const KernelSet& kernels, int threads = 0,
+                         const FlashTiles* tiles = nullptr);
 
 // Whether flash_forward runs the products on bf16 pairs (KernelSet::flash_forward_bf16) on a
 // row that has them: Q, K, V and out all bfloat16 (SdpaProblem::bf16_products) and the CPU

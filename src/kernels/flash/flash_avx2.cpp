@@ -182,8 +182,8 @@ struct Avx2Ops {
 }  // namespace
 }  // namespace flash_avx2_ns
 
-void flash_forward_avx2(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads) {
-    flash_avx2_ns::run_flash<flash_avx2_ns::Avx2Ops>(p, tiles, drop, threads);
+void flash_forward_avx2(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, int threads) {
+    flash_avx2_ns::run_flash<flash_avx2_ns::Avx2Ops>(jobs, n, tiles, threads);
 }
 
 }  // namespace attn::detail

@@ -413,13 +413,13 @@ struct Avx512Bf16Ops : Avx512Ops {
 }  // namespace
 }  // namespace flash_avx512_ns
 
-void flash_forward_avx512(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads) {
-    flash_avx512_ns::run_flash<flash_avx512_ns::Avx512Ops>(p, tiles, drop, threads);
+void flash_forward_avx512(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, int threads) {
+    flash_avx512_ns::run_flash<flash_avx512_ns::Avx512Ops>(jobs, n, tiles, threads);
 }
 
 // Q, K, V all bfloat16, on a CPU with AVX-512 BF16 (flash.cpp checks both).
-void flash_forward_avx512_bf16(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads) {
-    flash_avx512_ns::run_flash<flash_avx512_ns::Avx512Bf16Ops>(p, tiles, drop, threads);
+void flash_forward_avx512_bf16(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, int threads) {
+    flash_avx512_ns::run_flash<flash_avx512_ns::Avx512Bf16Ops>(jobs, n, tiles, threads);
 }
 
 }  // namespace attn::detail

@@ -755,31 +755,76 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     }
 }
 
-// The whole problem: tasks (b, h, query block) over OpenMP threads. Each task is
-// computed by one thread from start to end in a fixed order, so the result does not
-// depend on the number of threads or the schedule. How this split behaves on 2 to 64
-// cores: docs/kernels.md, "Parallel split and scaling".
+// How one problem splits into tasks. Blocks: Mb queries of one head; or, when Lq < Mb
+// (decode, short queries), all Lq queries of up to Mb / Lq heads that share a KV head
+// (GQA/MQA), so the 16-lane panels are not mostly padding and each K/V tile read serves every
+// head of the group.
+struct TaskGrid {
+    std::int64_t qpb = 0, hpb = 0, qblocks = 0, hchunks = 0, tasks = 0;
+};
+inline TaskGrid task_grid(const SdpaProblem& p, const FlashTiles& t) {
+    TaskGrid g;
+    g.qpb = p.Lq >= t.Mb ? t.Mb : p.Lq;                   // queries per block
+    g.hpb = imax(1, imin(p.group, t.Mb / g.qpb));         // heads per block
+    g.qblocks = (p.Lq + g.qpb - 1) / g.qpb;
+    g.hchunks = (p.group + g.hpb - 1) / g.hpb;
+    g.tasks = p.B * p.Hkv * g.hchunks * g.qblocks;
+    return g;
+}
+
+// Task `task` of problem p (0 <= task < g.tasks).
 template <class Ops>
-void run_flash(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads) {
+void run_task(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, Workspace& w, const TaskGrid& g,
+              std::int64_t task) {
+    // Query blocks last to first: under a causal mask (either alignment) a later block
+    // sees more keys, so the longest tasks go first and the dynamic schedule ends on
+    // short ones (longest-first; the order changes no result: tasks are independent).
+    const std::int64_t qb = g.qblocks - 1 - task % g.qblocks, hc = (task / g.qblocks) % g.hchunks;
+    const std::int64_t bk = task / (g.qblocks * g.hchunks), b = bk / p.Hkv, hk = bk % p.Hkv;
+    const std::int64_t h0 = hk * p.group + hc * g.hpb, i0 = qb * g.qpb;
+    run_block<Ops>(p, t, drop, w, b, hk, h0, static_cast<int>(imin(g.hpb, p.group - hc * g.hpb)), i0,
+                   static_cast<int>(imin(g.qpb, p.Lq - i0)));
+}
+
+// A batch of problems (FlashJob: sdpa_varlen's sequences, or one problem): the tasks
+// (problem, b, h, query block) of all of them in one list over OpenMP threads, in the
+// order given (flash_forward_batch puts the problems with the longest tasks first), so a
+// batch pays one fork/join and one tail instead of one per problem. Each task is computed
+// by one thread from start to end in a fixed order, so the result does not depend on the
+// number of threads, the schedule or which problems share the batch. How this split behaves
+// on 2 to 64 cores: docs/kernels.md, "Parallel split and scaling".
+// Precondition (flash.cpp checks it): every problem has the head dims of jobs[0].
+template <class Ops>
+void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, int threads) {
     // A block holds whole panels: Mb rounded up to a multiple of this ISA's panel (only a
     // test's or the lab's Mb = 16 changes, to 32 on the AVX-512 path).
     FlashTiles t = tiles;
     t.Mb = (t.Mb + Ops::kPanel - 1) / Ops::kPanel * Ops::kPanel;
-    // Blocks: Mb queries of one head; or, when Lq < Mb (decode, short queries), all Lq
-    // queries of up to Mb / Lq heads that share a KV head (GQA/MQA), so the 16-lane panels
-    // are not mostly padding and each K/V tile read serves every head of the group.
-    const std::int64_t qpb = p.Lq >= t.Mb ? t.Mb : p.Lq;           // queries per block
-    const std::int64_t hpb = imax(1, imin(p.group, t.Mb / qpb));    // heads per block
-    const std::int64_t qblocks = (p.Lq + qpb - 1) / qpb, hchunks = (p.group + hpb - 1) / hpb;
-    const std::int64_t tasks = p.B * p.Hkv * hchunks * qblocks;
-    const bool pack_k = p.paged != nullptr || !in_place(p.k, p.Dk);  // paged: tiles across pages
+    // grids[i] and first[i] (the first task of problem i in the list; first[n] = all tasks).
+    // malloc, not std::vector: see the note at the top of this file.
+    TaskGrid* grids = static_cast<TaskGrid*>(std::malloc(sizeof(TaskGrid) * static_cast<std::size_t>(n)));
+    std::int64_t* first = static_cast<std::int64_t*>(std::malloc(sizeof(std::int64_t) * static_cast<std::size_t>(n + 1)));
+    if (grids == nullptr || first == nullptr) {
+        std::free(grids);
+        std::free(first);
+        throw std::bad_alloc();
+    }
+    bool pack_k = false;
+    std::size_t extra = 0;
+    first[0] = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+        const SdpaProblem& p = *jobs[i].p;
+        grids[i] = task_grid(p, t);
+        first[i + 1] = first[i] + grids[i].tasks;
+        pack_k = pack_k || p.paged != nullptr || !in_place(p.k, p.Dk);  // paged: tiles across pages
+        if constexpr (kOpsOwnOperands<Ops>) extra = extra > Ops::scratch_bytes(p, t) ? extra : Ops::scratch_bytes(p, t);
+    }
+    const std::int64_t tasks = first[n];
     const int nthreads = threads > 0 ? threads : omp_get_max_threads();
     bool alloc_failed = false;
 #pragma omp parallel num_threads(nthreads) if (tasks > 1)
     {
-        std::size_t extra = 0;
-        if constexpr (kOpsOwnOperands<Ops>) extra = Ops::scratch_bytes(p, t);
-        Workspace w(p, t, pack_k, extra);  // once per thread, before the task loop
+        Workspace w(*jobs[0].p, t, pack_k, extra);  // once per thread, before the task loop
         if (w.block == nullptr) {
 #pragma omp atomic write
             alloc_failed = true;
@@ -787,16 +832,17 @@ void run_flash(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& dro
 #pragma omp for schedule(dynamic, 1)
         for (std::int64_t task = 0; task < tasks; ++task) {
             if (w.block == nullptr) continue;
-            // Query blocks last to first: under a causal mask (either alignment) a later block
-            // sees more keys, so the longest tasks go first and the dynamic schedule ends on
-            // short ones (longest-first; the order changes no result: tasks are independent).
-            const std::int64_t qb = qblocks - 1 - task % qblocks, hc = (task / qblocks) % hchunks;
-            const std::int64_t bk = task / (qblocks * hchunks), b = bk / p.Hkv, hk = bk % p.Hkv;
-            const std::int64_t h0 = hk * p.group + hc * hpb, i0 = qb * qpb;
-            run_block<Ops>(p, t, drop, w, b, hk, h0, static_cast<int>(imin(hpb, p.group - hc * hpb)), i0,
-                           static_cast<int>(imin(qpb, p.Lq - i0)));
+            std::int64_t lo = 0, hi = n - 1;  // the problem i with first[i] <= task < first[i + 1]
+            while (lo < hi) {
+                const std::int64_t mid = (lo + hi + 1) / 2;
+                if (first[mid] <= task) lo = mid;
+                else hi = mid - 1;
+            }
+            run_task<Ops>(*jobs[lo].p, t, jobs[lo].drop, w, grids[lo], task - first[lo]);
         }
     }
+    std::free(grids);
+    std::free(first);
     if (alloc_failed) throw std::bad_alloc();
 }
 

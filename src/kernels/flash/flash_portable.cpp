@@ -117,8 +117,8 @@ struct PortableOps {
 }  // namespace
 }  // namespace flash_portable_ns
 
-void flash_forward_portable(const SdpaProblem& p, const FlashTiles& tiles, const Dropout& drop, int threads) {
-    flash_portable_ns::run_flash<flash_portable_ns::PortableOps>(p, tiles, drop, threads);
+void flash_forward_portable(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, int threads) {
+    flash_portable_ns::run_flash<flash_portable_ns::PortableOps>(jobs, n, tiles, threads);
 }
 
 }  // namespace attn::detail

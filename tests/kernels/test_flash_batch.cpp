@@ -1,0 +1,102 @@
+// flash_forward_batch (flash.hpp): problems of different sizes in one task list give each
+// problem the bits flash_forward gives it alone — on every kernel row, with 1 and 2 threads,
+// with GQA, both causal alignments and dropout (a seed per problem) — and a batch whose
+// problems differ in head dims is refused before anything is written.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/error.hpp"
+#include "attn/sdpa.hpp"
+#include "common/util.hpp"
+#include "kernels/flash/flash.hpp"
+#include "kernels/isa.hpp"
+#include "sdpa/problem.hpp"
+
+namespace attn {
+namespace {
+
+using test::bit_equal;
+using test::poisoned;
+using test::randn;
+using test::still_poisoned;
+
+struct One {
+    Tensor q, k, v, out, lse;
+    SdpaOptions opt;
+};
+
+// (Lq, Lk) pairs: long and short, Lq < Mb (heads grouped per block) and Lq > Lk.
+std::vector<One> make_batch(std::uint64_t seed, std::int64_t Dk, std::int64_t Dv) {
+    std::mt19937_64 rng(seed);
+    const std::int64_t sizes[][2] = {{7, 30}, {200, 200}, {65, 130}, {1, 9}, {130, 64}, {96, 300}};
+    std::vector<One> batch;
+    int i = 0;
+    for (const auto& s : sizes) {
+        One o;
+        o.q = randn(DType::f32, Shape{1, 4, s[0], Dk}, rng);
+        o.k = randn(DType::f32, Shape{1, 2, s[1], Dk}, rng);
+        o.v = randn(DType::f32, Shape{1, 2, s[1], Dv}, rng);
+        o.opt.causal = i % 3 == 0 ? Causal::none : i % 3 == 1 ? Causal::top_left : Causal::bottom_right;
+        if (i % 2 == 1) {
+            o.opt.dropout_p = 0.25;
+            o.opt.dropout_seed = 100 + static_cast<std::uint64_t>(i);
+        }
+        batch.push_back(std::move(o));
+        ++i;
+    }
+    return batch;
+}
+
+std::vector<detail::SdpaProblem> problems(std::vector<One>& batch) {
+    std::vector<detail::SdpaProblem> ps;
+    for (One& o : batch) {
+        o.out = poisoned(DType::f32, Shape{1, o.q.view().dim(1), o.q.view().dim(2), o.v.view().dim(3)});
+        o.lse = poisoned(DType::f32, Shape{1, o.q.view().dim(1), o.q.view().dim(2)});
+        const TensorView lse = o.lse.view();
+        ps.push_back(detail::make_problem(o.q, o.k, o.v, o.opt, o.out, &lse, nullptr));
+    }
+    return ps;
+}
+
+TEST(FlashBatch, EachProblemAsAlone) {
+    std::uint64_t seed = 1;
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+        for (int threads : {1, 2}) {
+            SCOPED_TRACE(std::string(detail::isa_name(row->isa)) + ", " + std::to_string(threads) + " threads");
+            std::vector<One> batch = make_batch(seed++, 32, 16);
+            std::vector<detail::SdpaProblem> ps = problems(batch);
+            detail::flash_forward_batch(ps.data(), ps.size(), *row, threads);
+            for (std::size_t i = 0; i < batch.size(); ++i) {
+                SCOPED_TRACE("problem " + std::to_string(i));
+                One& o = batch[i];
+                const Tensor out = poisoned(DType::f32, o.out.shape()), lse = poisoned(DType::f32, o.lse.shape());
+                const TensorView lv = lse.view();
+                detail::flash_forward(detail::make_problem(o.q, o.k, o.v, o.opt, out, &lv, nullptr), *row, threads);
+                EXPECT_FALSE(still_poisoned(out));
+                EXPECT_TRUE(bit_equal(o.out, out));
+                EXPECT_TRUE(bit_equal(o.lse, lse));
+            }
+        }
+    }
+}
+
+TEST(FlashBatch, DifferentHeadDimsRefused) {
+    std::vector<One> batch = make_batch(7, 32, 16);
+    std::mt19937_64 rng(8);
+    batch[3].v = randn(DType::f32, Shape{1, 2, batch[3].k.view().dim(2), 32}, rng);  // Dv 32, not 16
+    std::vector<detail::SdpaProblem> ps = problems(batch);
+    try {
+        detail::flash_forward_batch(ps.data(), ps.size(), detail::kernel_set(), 2);
+        FAIL() << "expected attn::Error";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("problem 3"), std::string::npos) << e.what();
+    }
+    for (const One& o : batch) EXPECT_TRUE(still_poisoned(o.out));
+}
+
+}  // namespace
+}  // namespace attn
