@@ -167,6 +167,23 @@ inline void for_key_runs(const DecodeView& a, const DecodeWork& w, i64 b, i64 hk
     }
 }
 
+// Start of every 4 KiB page that begins inside [p, p + bytes): its first kPageHeadLines lines
+// are requested. The hardware prefetchers follow a stream only inside a 4 KiB page and
+// must see a few demand misses in each new page before they run ahead; a step reads K and
+// V of a block alternately (32 KiB each for float32 at D = 128: 8 page starts each), so a
+// core stalls at every page start. Requesting the page heads of the stream it reads next
+// (this block's V during the scores, the next block's K during P·V) starts them early:
+// single-thread CPU time per S5 step (512 MiB float32) fell ≈ 20 % (docs/kernels.md, "Decode:
+// page-head prefetch"). About one prefetch per 4 keys at D = 128 float32; same bits.
+constexpr int kPageHeadLines = 2;
+
+inline void prefetch_page_heads(const void* p, i64 bytes) {
+    constexpr std::uintptr_t kPage = 4096;
+    const std::uintptr_t begin = reinterpret_cast<std::uintptr_t>(p), end = begin + static_cast<std::uintptr_t>(bytes);
+    for (std::uintptr_t x = (begin + kPage - 1) & ~(kPage - 1); x < end; x += kPage)
+        for (int l = 0; l < kPageHeadLines; ++l) __builtin_prefetch(reinterpret_cast<const char*>(x + 64 * l), 0, 3);
+}
+
 // Element x of Q as float32 (a 16-bit Q through the Ops' loaders): M·Dk loads per item,
 // against the item's Lk·(Dk+Dv) K/V loads.
 template <class Ops>
@@ -232,6 +249,14 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
 
     for (i64 j0 = klo; j0 < khi; j0 += kDecodeBlock) {
         const i64 n = imin(kDecodeBlock, khi - j0);
+        if (w.paged == nullptr) {  // pages: for_key_runs requests the next page's K and V itself
+            const i64 n_next = imin(kDecodeBlock, khi - (j0 + n));
+            prefetch_page_heads(static_cast<const T*>(a.v) + b * a.vs[0] + hk * a.vs[1] + j0 * a.vs[2],
+                                n * a.vs[2] * static_cast<i64>(sizeof(T)));
+            if (n_next > 0)
+                prefetch_page_heads(static_cast<const T*>(a.k) + b * a.ks[0] + hk * a.ks[1] + (j0 + n) * a.ks[2],
+                                    n_next * a.ks[2] * static_cast<i64>(sizeof(T)));
+        }
         // S = (scale·Q) · K_blockᵀ — each K row is read from memory once for all M rows.
         for_row_groups(M, [&](i64 r0, i64 R) {
             for_key_runs<T>(a, w, b, hk, j0, n, [&](i64 t, i64 len, const T* krow, const T*) {
