@@ -277,6 +277,12 @@ void gemm_driver(const GemmArgs& g) {
         const std::int64_t ti = by_rows ? t : 0, tj = by_rows ? 0 : t;
         const std::int64_t i_begin = std::min(g.M, (ti * m_panels / tm) * MR);
         const std::int64_t i_end = std::min(g.M, ((ti + 1) * m_panels / tm) * MR);
+        // This thread's rows in equal MC blocks (a multiple of MR, at most mc_max): each block
+        // streams all of the B block once, so a short last block (S6's QKV GEMM on 2 threads:
+        // 7 × 144 + 12 rows) would pay a whole pass over B for one micro-panel. Which block a
+        // row is in does not change its arithmetic.
+        const std::int64_t nblocks = std::max<std::int64_t>(1, ceil_div(i_end - i_begin, mc_max));
+        const std::int64_t mc_t = std::min(mc_max, ceil_div(ceil_div(i_end - i_begin, nblocks), MR) * MR);
         float* const abuf = gemm_workspace(0, mc_max * kc_max);
         for (std::int64_t jc = 0; jc < nn; ++jc) {
             const std::int64_t j0 = jc * nc_max, nc = std::min(nc_max, g.N - j0), nq = ceil_div(nc, NR);
@@ -290,8 +296,8 @@ void gemm_driver(const GemmArgs& g) {
                         pack_b<U>(g, k0, kc, j0 + q * NR, std::min(NR, nc - q * NR), bbuf + q * NR * kc);
                     // (the loop's barrier: B is packed before anyone reads it)
                 }
-                for (std::int64_t i0 = i_begin; i0 < i_end; i0 += mc_max) {
-                    const std::int64_t mc = std::min(mc_max, i_end - i0);
+                for (std::int64_t i0 = i_begin; i0 < i_end; i0 += mc_t) {
+                    const std::int64_t mc = std::min(mc_t, i_end - i0);
                     if (q_begin == q_end) break;
                     pack_a<MR>(g, i0, mc, k0, kc, abuf);
                     for (std::int64_t q = q_begin; q < q_end; ++q) {
