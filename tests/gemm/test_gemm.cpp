@@ -327,7 +327,7 @@ TEST(Gemm, PackedBIsBitIdenticalToTheUnpackedCallOnEveryRow) {
     const std::vector<const KernelSet*> rows = rows_or_skip();
     for (const KernelSet* row : rows) {
         SCOPED_TRACE(isa_name(row->isa));
-        for (const Shape s : {Shape{301, 77, 1100}, Shape{5, 999, 2100}, Shape{64, 64, 1000}, Shape{3, 203, 1100}, Shape{1, 40, 7}}) {
+        for (const Shape s : {Shape{301, 77, 1100}, Shape{5, 999, 1100}, Shape{64, 64, 1000}, Shape{3, 203, 1100}, Shape{1, 40, 7}}) {
             for (int variant = 0; variant < 4; ++variant) {
                 const bool tb = variant & 1;
                 const float beta = variant & 2 ? 1.0f : 0.0f;
@@ -349,7 +349,8 @@ TEST(Gemm, PackedBIsBitIdenticalToTheUnpackedCallOnEveryRow) {
                 const PackedB ph = pack_of(*row, p, t, h.data());
                 std::vector<std::uint16_t> nan_h(h.size(), 0x7e00);  // a NaN in both f16 and bf16
                 const std::vector<float> want16 = run_packed(*row, p, 2, PackedB{}, nan_b.data(), t, h.data());
-                const std::vector<float> got16 = run_packed(*row, p, 2, ph, nan_b.data(), t, nan_h.data());
+                // (M <= 4 with a 16-bit B reads B16 itself, half the bytes of the panels: gemm.cpp.)
+                const std::vector<float> got16 = run_packed(*row, p, 2, ph, nan_b.data(), t, s.M <= 4 ? h.data() : nan_h.data());
                 EXPECT_EQ(std::memcmp(got16.data(), want16.data(), got16.size() * sizeof(float)), 0) << what << " 16-bit B";
                 // A PackedB that does not fit (another K; another row) is ignored: B is read.
                 Problem other = p;
