@@ -44,7 +44,11 @@ attn::DType default_out(attn::DType x) { return x == attn::DType::f16 || x == at
 // time per layer: its workspace is reused between calls.
 class PyMha {
 public:
-    explicit PyMha(attn::MultiHeadAttention layer) : layer_(std::move(layer)) {}
+    // The weights are packed for the projection GEMM once (MultiHeadAttention::pack_weights;
+    // load_state_dict re-packs): Python can change them only through load_state_dict /
+    // load_safetensors, so the packed copy is never stale here. Costs float32 panels of each
+    // weight matrix beside it.
+    explicit PyMha(attn::MultiHeadAttention layer) : layer_(std::move(layer)) { layer_.pack_weights(); }
 
     // Scalar keywords as given, converted by name (convert.hpp).
     py::tuple forward(const py::object& query, const py::object& key, const py::object& value,

@@ -3,7 +3,9 @@
 // process, on S6's projection GEMMs and a square one. Alternating rounds (each round times
 // every contender once), so a busy machine slows them alike; prints min / median / max.
 //
-//   attn_gemm_bench [--rounds R] [--threads T] [--clock wall|cpu]
+//   attn_gemm_bench [--rounds R] [--threads T] [--clock wall|cpu] [--half yes|no]
+// "attn ISA packed B": the float32 GEMM with op(B) packed once beforehand (PackedB, the MHA
+// layer's pre-packed weights); --half no skips the 16-bit rows.
 // The 16-bit rows ("attn ISA bf16" / "f16"): the same GEMM with A and B stored in 16 bits,
 // widened while packing (GemmArgs::a16/b16: the MHA layer's 16-bit weights and activations).
 // OpenBLAS's cblas_sbgemm would be their yardstick, but Debian's 0.3.21 is built without it
@@ -21,6 +23,7 @@
 #include <cstring>
 #include <ctime>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -58,10 +61,12 @@ double seconds(const std::function<void()>& f) {
 
 int main(int argc, char** argv) {
     int rounds = 15, threads = omp_get_max_threads();
+    bool half_rows = true;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (std::strcmp(argv[i], "--rounds") == 0) rounds = std::atoi(argv[i + 1]);
         if (std::strcmp(argv[i], "--threads") == 0) threads = std::atoi(argv[i + 1]);
         if (std::strcmp(argv[i], "--clock") == 0) g_cpu_clock = std::strcmp(argv[i + 1], "cpu") == 0;
+        if (std::strcmp(argv[i], "--half") == 0) half_rows = std::strcmp(argv[i + 1], "no") != 0;
     }
     omp_set_num_threads(threads);
     openblas_set_num_threads(threads);
@@ -102,6 +107,15 @@ int main(int argc, char** argv) {
             if (row->isa == attn::detail::Isa::portable) continue;  // minutes, and nobody's target
             names.push_back(std::string("attn ") + attn::detail::isa_name(row->isa));
             runs.push_back([row, g] { attn::detail::sgemm(*row, g); });
+            // op(B) packed once (a constant weight: MultiHeadAttention::pack_weights), then read in place.
+            auto packed = std::make_shared<attn::detail::PackedB>(attn::detail::pack_b(*row, g));
+            names.push_back(std::string("attn ") + attn::detail::isa_name(row->isa) + " packed B");
+            runs.push_back([row, g, packed] {
+                GemmArgs p = g;
+                p.packed = packed.get();
+                attn::detail::sgemm(*row, p);
+            });
+            if (!half_rows) continue;
             for (const auto half : {attn::detail::GemmHalf::bf16, attn::detail::GemmHalf::f16}) {
                 GemmArgs h = g;
                 const bool bf = half == attn::detail::GemmHalf::bf16;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "mha/linear.hpp"
+#include "mha/packed_weights.hpp"
 
 namespace attn::bench {
 
@@ -41,6 +42,7 @@ MhaS6::MhaS6(const MhaS6Shape& s) : shape_(s), b_(std::make_unique<Buffers>()) {
         sd.emplace_back(name, params.back().view());
     }
     b_->layer->load_state_dict(sd);
+    b_->layer->pack_weights();  // inference: the weights' GEMM panels are packed once (mha.hpp)
     b_->x = Tensor(DType::f32, Shape{s.B, s.L, E});
     fill(b_->x, rng, 1.0f);
     b_->out = Tensor(DType::f32, Shape{s.B, s.L, E}, true);
@@ -74,9 +76,18 @@ void MhaS6::forward() {
     b_->layer->forward_into(b_->x, b_->x, b_->x, o, b_->out, nullptr, &b_->ws);
 }
 
+namespace {
+// A weight matrix as the layer's forward passes it to the GEMM: with its pre-packed panels.
+detail::Operand packed_weight(const MultiHeadAttention& m, const char* name) {
+    detail::Operand w(m.parameter(name).data_as<const float>());
+    w.packed = m.packed_weights()->find(name);
+    return w;
+}
+}  // namespace
+
 void MhaS6::qkv_projection() {
     const std::int64_t N = shape_.B * shape_.L, E = shape_.E;
-    detail::linear(b_->x.data_as<float>(), N, E, E, b_->layer->parameter("in_proj_weight").data_as<float>(), 3 * E,
+    detail::linear(b_->x.data_as<float>(), N, E, E, packed_weight(*b_->layer, "in_proj_weight"), 3 * E,
                    b_->layer->parameter("in_proj_bias").data_as<float>(), b_->qkv.data_as<float>(), 3 * E);
 }
 
@@ -90,7 +101,7 @@ void MhaS6::attention() {
 
 void MhaS6::out_projection() {
     const std::int64_t N = shape_.B * shape_.L, E = shape_.E;
-    detail::linear(b_->o.data_as<float>(), N, E, E, b_->layer->parameter("out_proj.weight").data_as<float>(), E,
+    detail::linear(b_->o.data_as<float>(), N, E, E, packed_weight(*b_->layer, "out_proj.weight"), E,
                    b_->layer->parameter("out_proj.bias").data_as<float>(), b_->out.data_as<float>(), E);
 }
 

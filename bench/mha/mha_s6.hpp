@@ -32,6 +32,7 @@ public:
     ~MhaS6();
 
     void forward();         // MultiHeadAttention::forward_into, workspace reused
+    // The layer's weights are pre-packed (MultiHeadAttention::pack_weights), as in forward().
     void qkv_projection();  // X (B·L, E) · in_proj_weightᵀ (E, 3E) + bias → (B·L, 3E)
     void attention();       // attn::sdpa on the (B, h, L, d_h) stride views of that buffer
     void out_projection();  // O (B·L, E) · out_proj.weightᵀ + bias → (B·L, E)

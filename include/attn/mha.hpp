@@ -43,6 +43,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -54,6 +55,9 @@
 namespace attn {
 
 class KVCache;  // include/attn/kv_cache.hpp
+namespace detail {
+struct PackedWeights;  // src/mha/packed_weights.hpp
+}
 
 struct MhaConfig {
     std::int64_t embed_dim = 0;     // E
@@ -233,10 +237,31 @@ public:
     // in_proj_weight, q/k/v_proj_weight, out_proj.weight: the parameters stored in param_dtype.
     static bool is_weight_matrix(std::string_view name);
 
+    // Pre-packed weights (inference). The projection GEMM packs its weight operand into panels
+    // on every call; pack_weights() packs every weight matrix once (for the kernel-table row in
+    // use), and forward, forward_into, forward_packed and forward_incremental then read those
+    // panels: the same values in the same layout, so their results are bit-identical to the
+    // unpacked layer's, on any thread count. load_state_dict and set_param_dtype re-pack them;
+    // forward_train, forward_packed_train and backward always read the parameters themselves.
+    // A write through a view from parameter() or state_dict() is NOT seen by the packed copy:
+    // call pack_weights() again after one (or unpack_weights()). Memory: float32 panels of each
+    // weight matrix (its float32 bytes, rounded up to the GEMM's sliver width).
+    void pack_weights();
+    void unpack_weights() { packed_.reset(); }
+    bool weights_packed() const { return packed_ != nullptr; }
+    // (The library's projections: the packed panels, or null.)
+    const detail::PackedWeights* packed_weights() const { return packed_.get(); }
+
 private:
+    // The weights changed: a packed copy is made again (dropped if that throws, so it is
+    // never stale).
+    void repack_if_packed();
+
     MhaConfig config_;
     Tensor alibi_;  // config_.alibi_slopes as a float32 (h,) tensor, empty without ALiBi
     std::map<std::string, Tensor, std::less<>> params_;
+    // Immutable once built (copies of the layer share it); replaced, never changed in place.
+    std::shared_ptr<const detail::PackedWeights> packed_;
 };
 
 }  // namespace attn

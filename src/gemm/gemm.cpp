@@ -47,8 +47,45 @@ float* gemm_workspace(int slot, std::int64_t floats) {
     return w.data.get();
 }
 
-void sgemm(const KernelSet& row, const GemmArgs& g) {
-    check(g);
+bool PackedB::fits(const KernelSet& row, std::int64_t K, std::int64_t N) const {
+    return panels_ != nullptr && isa_ == row.isa && K_ == K && N_ == N;
+}
+
+PackedB pack_b(const KernelSet& row, const GemmArgs& g) {
+    // Only op(B)'s side is checked (M and the other operands are not part of a packed weight).
+    GemmArgs b = g;
+    b.ta = false;
+    b.M = 0;
+    b.lda = std::max<std::int64_t>(b.K, 1);
+    b.ldc = std::max<std::int64_t>(b.N, 1);
+    check(b);
+    if ((b.b16 == GemmHalf::none ? static_cast<const void*>(b.B) : b.B16) == nullptr && b.K > 0 && b.N > 0)
+        fail("gemm", "pack_b: B is null");
+    PackedB p;
+    const std::int64_t floats = row.gemm_pack_b(b, nullptr);
+    if (floats == 0) return p;  // K or N is 0: nothing to pack (sgemm reads no B then)
+    const std::int64_t bytes = checked_mul("gemm", "packed B", floats, static_cast<std::int64_t>(sizeof(float)));
+    float* panels = static_cast<float*>(allocate_aligned(bytes, 64, "a packed GEMM weight"));
+    p.panels_ = std::shared_ptr<const float>(panels, [](const float* q) { std::free(const_cast<float*>(q)); });
+    row.gemm_pack_b(b, panels);
+    p.isa_ = row.isa;
+    p.K_ = b.K;
+    p.N_ = b.N;
+    p.floats_ = floats;
+    return p;
+}
+
+PackedB pack_b(const GemmArgs& g) { return pack_b(kernel_set(), g); }
+
+void sgemm(const KernelSet& row, const GemmArgs& g_in) {
+    check(g_in);
+    GemmArgs g = g_in;
+    // A packed op(B) for this row and shape replaces B; any other (another row, a stale shape)
+    // is ignored and B is packed as usual.
+    g.packed_panels = g.packed != nullptr && g.packed->fits(row, g.K, g.N) ? g.packed->panels() : nullptr;
+    // A decode step (M <= 4) streams op(B) once either way: a 16-bit B is read in its own bytes,
+    // half the float32 panels' (the result is the same bits).
+    if (g.M <= 4 && g.b16 != GemmHalf::none) g.packed_panels = nullptr;
     if (g.M == 0 || g.N == 0) return;
     if (g.K == 0) {  // op(A)·op(B) = 0: C = beta·C, without reading A or B (nor C when beta = 0)
         for (std::int64_t i = 0; i < g.M; ++i)

@@ -19,10 +19,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+
+#include "../core/cpu_features.hpp"
 
 namespace attn::detail {
 
 struct KernelSet;
+class PackedB;
 
 // The element type of a 16-bit operand: widened to float32 while packing (exactly: every
 // f16 and bf16 value is a float32), so the micro-kernels and the fp32 accumulation are the
@@ -44,7 +48,39 @@ struct GemmArgs {
     GemmHalf a16 = GemmHalf::none, b16 = GemmHalf::none;
     const std::uint16_t* A16 = nullptr;
     const std::uint16_t* B16 = nullptr;
+    // op(B) packed once (pack_b below; a constant weight): used instead of B/B16 when it was
+    // packed on this call's row for this K and N — else B/B16 are read as usual, so they must
+    // stay valid. The result is bit-identical either way (the same panels, the same kernel).
+    const PackedB* packed = nullptr;
+    // (Set by sgemm for the driver: the packed panels it uses, or null. Not for callers.)
+    const float* packed_panels = nullptr;
 };
+
+// op(B) (K × N) of a GEMM in one kernel-table row's panel layout, packed by the routine the
+// GEMM packs with on every call (so a GEMM on it is bit-identical to the unpacked call, on any
+// thread count): per K chunk (the driver's chunk bounds, a function of K), the ceil(N / NR)
+// column slivers, each kc × NR k-major, zero-padded. Immutable once built; copies share it.
+// 16-bit B is widened exactly while packing (float32 panels: 2× a 16-bit weight's bytes).
+class PackedB {
+public:
+    PackedB() = default;
+    bool empty() const { return panels_ == nullptr; }
+    // Packed on `row` for op(B) of K rows and N columns.
+    bool fits(const KernelSet& row, std::int64_t K, std::int64_t N) const;
+    const float* panels() const { return panels_.get(); }
+    std::int64_t bytes() const { return floats_ * static_cast<std::int64_t>(sizeof(float)); }
+
+private:
+    friend PackedB pack_b(const KernelSet& row, const GemmArgs& g);
+    Isa isa_ = Isa::portable;
+    std::int64_t K_ = 0, N_ = 0, floats_ = 0;
+    std::shared_ptr<const float> panels_;
+};
+
+// Packs op(B) of g (tb, K, N, B or B16 with b16, ldb; the rest of g is ignored) on `row`.
+// Throws attn::Error for bad sizes or ldb, attn::OutOfMemory when the panels do not fit.
+PackedB pack_b(const KernelSet& row, const GemmArgs& g);
+PackedB pack_b(const GemmArgs& g);  // on kernel_set()
 
 // On the kernel table's row (kernel_set()), OpenMP's current thread count. Throws attn::Error
 // ("gemm: ...") for negative sizes or a leading dimension narrower than its row.

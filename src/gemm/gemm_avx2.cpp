@@ -59,5 +59,8 @@ using Avx2Micro = Micro<6, 2, 512, 144, 4096>;
 }  // namespace gemm_avx2_ns
 
 void gemm_avx2(const GemmArgs& g) { gemm_avx2_ns::gemm_driver<gemm_avx2_ns::Avx2Micro>(g); }
+std::int64_t gemm_pack_b_avx2(const GemmArgs& g, float* dst) {
+    return gemm_avx2_ns::gemm_pack_b_all<gemm_avx2_ns::Avx2Micro>(g, dst);
+}
 
 }  // namespace attn::detail

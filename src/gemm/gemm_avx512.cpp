@@ -92,5 +92,8 @@ using Avx512Micro = Micro<12, 2, 1024, 144, 4096>;
 }  // namespace gemm_avx512_ns
 
 void gemm_avx512(const GemmArgs& g) { gemm_avx512_ns::gemm_driver<gemm_avx512_ns::Avx512Micro>(g); }
+std::int64_t gemm_pack_b_avx512(const GemmArgs& g, float* dst) {
+    return gemm_avx512_ns::gemm_pack_b_all<gemm_avx512_ns::Avx512Micro>(g, dst);
+}
 
 }  // namespace attn::detail

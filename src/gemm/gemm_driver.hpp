@@ -180,6 +180,32 @@ void tile_at(const GemmArgs& g, std::int64_t kc, const float* a, const float* b,
     for (std::int64_t r = 0; r < m; ++r) std::memcpy(c + r * g.ldc, t + r * NR, static_cast<std::size_t>(n) * sizeof(float));
 }
 
+// The whole op(B) packed once (PackedB, gemm.hpp): per K chunk pc (the driver's chunks, kc_max
+// deep, the last maybe shorter), the ceil(N / NR) slivers of all N columns, sliver q at
+// q·NR·kc — each exactly what pack_b writes for that (chunk, sliver) in a call.
+template <class U>
+const float* packed_sliver(const GemmArgs& g, std::int64_t kc_max, std::int64_t pc, std::int64_t kc, std::int64_t q) {
+    const std::int64_t nq = ceil_div(g.N, U::kNR);
+    return g.packed_panels + pc * kc_max * nq * U::kNR + q * U::kNR * kc;
+}
+
+// KernelSet::gemm_pack_b: the floats of g's packed op(B); with dst, the panels written there.
+template <class U>
+std::int64_t gemm_pack_b_all(const GemmArgs& g, float* dst) {
+    constexpr std::int64_t NR = U::kNR;
+    if (g.K <= 0 || g.N <= 0) return 0;
+    const std::int64_t nk = ceil_div(g.K, U::kKC), kc_max = ceil_div(g.K, nk), nq = ceil_div(g.N, NR);
+    if (dst == nullptr) return nk * kc_max * nq * NR;
+    const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+#pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
+    for (std::int64_t pc = 0; pc < nk; ++pc)
+        for (std::int64_t q = 0; q < nq; ++q) {
+            const std::int64_t k0 = pc * kc_max, kc = std::min(kc_max, g.K - k0);
+            pack_b<U>(g, k0, kc, q * NR, std::min(NR, g.N - q * NR), dst + pc * kc_max * nq * NR + q * NR * kc);
+        }
+    return nk * kc_max * nq * NR;
+}
+
 // Few rows (M = R <= kSmallRows: a decode step's projections). The padded path would compute
 // MR rows for R, and pack all of op(B) (the weight: S6's 7 MB) into a shared block, written out
 // to memory and read back, behind a barrier. Here each thread takes its share of NR-column
@@ -203,7 +229,7 @@ void gemm_few_rows(const GemmArgs& g) {
         const std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
         // op(A)'s R rows, every K chunk (R·K floats: tiny), packed by each thread for itself.
         float* const abuf = gemm_workspace(0, R * nk * kc_max);
-        float* const bbuf = gemm_workspace(1, kc_max * NR);
+        float* const bbuf = g.packed_panels != nullptr ? nullptr : gemm_workspace(1, kc_max * NR);
         for (std::int64_t pc = 0; pc < nk; ++pc) {
             const std::int64_t k0 = pc * kc_max, kc = std::min(kc_max, g.K - k0);
             pack_a<R>(g, 0, R, k0, kc, abuf + pc * R * kc_max);
@@ -212,8 +238,10 @@ void gemm_few_rows(const GemmArgs& g) {
             const std::int64_t j = q * NR, n = std::min(NR, g.N - j);
             for (std::int64_t pc = 0; pc < nk; ++pc) {  // in order: an element's chunks add up in K order
                 const std::int64_t k0 = pc * kc_max, kc = std::min(kc_max, g.K - k0);
-                pack_b<U>(g, k0, kc, j, n, bbuf);
-                tile_at<T>(g, kc, abuf + pc * R * kc_max, bbuf, 0, j, R, n, pc == 0 ? g.beta : 1.0f);
+                const float* b = bbuf;
+                if (g.packed_panels != nullptr) b = packed_sliver<U>(g, kc_max, pc, kc, q);
+                else pack_b<U>(g, k0, kc, j, n, bbuf);
+                tile_at<T>(g, kc, abuf + pc * R * kc_max, b, 0, j, R, n, pc == 0 ? g.beta : 1.0f);
             }
         }
     }
@@ -235,7 +263,9 @@ void gemm_driver(const GemmArgs& g) {
     const std::int64_t nn = ceil_div(g.N, U::kNC), nc_max = ceil_div(ceil_div(g.N, nn), NR) * NR;
     const std::int64_t mc_max = std::min<std::int64_t>(U::kMC, ceil_div(g.M, MR) * MR);
     const std::int64_t m_panels = ceil_div(g.M, MR);
-    float* const bbuf = gemm_workspace(1, kc_max * nc_max);
+    // A pre-packed op(B) (PackedB) is read in place: no packing, and no barriers (nothing shared is written).
+    const bool prepacked = g.packed_panels != nullptr;
+    float* const bbuf = prepacked ? nullptr : gemm_workspace(1, kc_max * nc_max);
     const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
 #pragma omp parallel num_threads(threads)
     {
@@ -247,6 +277,12 @@ void gemm_driver(const GemmArgs& g) {
         const std::int64_t ti = by_rows ? t : 0, tj = by_rows ? 0 : t;
         const std::int64_t i_begin = std::min(g.M, (ti * m_panels / tm) * MR);
         const std::int64_t i_end = std::min(g.M, ((ti + 1) * m_panels / tm) * MR);
+        // This thread's rows in equal MC blocks (a multiple of MR, at most mc_max): each block
+        // streams all of the B block once, so a short last block (S6's QKV GEMM on 2 threads:
+        // 7 × 144 + 12 rows) would pay a whole pass over B for one micro-panel. Which block a
+        // row is in does not change its arithmetic.
+        const std::int64_t nblocks = std::max<std::int64_t>(1, ceil_div(i_end - i_begin, mc_max));
+        const std::int64_t mc_t = std::min(mc_max, ceil_div(ceil_div(i_end - i_begin, nblocks), MR) * MR);
         float* const abuf = gemm_workspace(0, mc_max * kc_max);
         for (std::int64_t jc = 0; jc < nn; ++jc) {
             const std::int64_t j0 = jc * nc_max, nc = std::min(nc_max, g.N - j0), nq = ceil_div(nc, NR);
@@ -254,23 +290,27 @@ void gemm_driver(const GemmArgs& g) {
             for (std::int64_t pc = 0; pc < nk; ++pc) {
                 const std::int64_t k0 = pc * kc_max, kc = std::min(kc_max, g.K - k0);
                 const float beta = pc == 0 ? g.beta : 1.0f;
+                if (!prepacked) {
 #pragma omp for schedule(static)
-                for (std::int64_t q = 0; q < nq; ++q)
-                    pack_b<U>(g, k0, kc, j0 + q * NR, std::min(NR, nc - q * NR), bbuf + q * NR * kc);
-                // (the loop's barrier: B is packed before anyone reads it)
-                for (std::int64_t i0 = i_begin; i0 < i_end; i0 += mc_max) {
-                    const std::int64_t mc = std::min(mc_max, i_end - i0);
+                    for (std::int64_t q = 0; q < nq; ++q)
+                        pack_b<U>(g, k0, kc, j0 + q * NR, std::min(NR, nc - q * NR), bbuf + q * NR * kc);
+                    // (the loop's barrier: B is packed before anyone reads it)
+                }
+                for (std::int64_t i0 = i_begin; i0 < i_end; i0 += mc_t) {
+                    const std::int64_t mc = std::min(mc_t, i_end - i0);
                     if (q_begin == q_end) break;
                     pack_a<MR>(g, i0, mc, k0, kc, abuf);
                     for (std::int64_t q = q_begin; q < q_end; ++q) {
-                        const float* b = bbuf + q * NR * kc;
+                        const float* b = prepacked ? packed_sliver<U>(g, kc_max, pc, kc, j0 / NR + q) : bbuf + q * NR * kc;
                         const std::int64_t j = j0 + q * NR, n = std::min(NR, g.N - j);
                         for (std::int64_t p = 0; p < mc; p += MR)
                             tile_at<U>(g, kc, abuf + p * kc, b, i0 + p, j, std::min(MR, mc - p), n, beta);
                     }
                 }
+                if (!prepacked) {
 #pragma omp barrier
-                // (nobody repacks B while another thread still reads it)
+                    // (nobody repacks B while another thread still reads it)
+                }
             }
         }
     }

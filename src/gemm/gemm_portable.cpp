@@ -32,5 +32,8 @@ struct Micro {
 }  // namespace gemm_portable_ns
 
 void gemm_portable(const GemmArgs& g) { gemm_portable_ns::gemm_driver<gemm_portable_ns::Micro<4>>(g); }
+std::int64_t gemm_pack_b_portable(const GemmArgs& g, float* dst) {
+    return gemm_portable_ns::gemm_pack_b_all<gemm_portable_ns::Micro<4>>(g, dst);
+}
 
 }  // namespace attn::detail

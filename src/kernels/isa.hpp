@@ -48,6 +48,9 @@ struct KernelSet {
     void (*exp2)(const float* x, float* y, std::size_t n);
     // The packed GEMM (gemm/gemm.hpp) for K > 0, M > 0, N > 0; OpenMP's thread count.
     void (*gemm)(const GemmArgs& g);
+    // The GEMM's packing of op(B) on its own (gemm/gemm.hpp PackedB): returns the floats the
+    // panels take for g's K and N, and with dst not null writes them there.
+    std::int64_t (*gemm_pack_b)(const GemmArgs& g, float* dst);
     // Flash forward with the two products on bf16 pairs (flash/bf16_dot.hpp) for all-bfloat16
     // Q, K, V; null on rows without it. Only on a CPU with AVX-512 BF16 (see above).
     void (*flash_forward_bf16)(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, int threads) = nullptr;
@@ -96,7 +99,10 @@ void exp2_portable(const float* x, float* y, std::size_t n);
 void exp2_avx2(const float* x, float* y, std::size_t n);
 void exp2_avx512(const float* x, float* y, std::size_t n);
 void gemm_portable(const GemmArgs& g);
+std::int64_t gemm_pack_b_portable(const GemmArgs& g, float* dst);
 void gemm_avx2(const GemmArgs& g);
+std::int64_t gemm_pack_b_avx2(const GemmArgs& g, float* dst);
 void gemm_avx512(const GemmArgs& g);
+std::int64_t gemm_pack_b_avx512(const GemmArgs& g, float* dst);
 
 }  // namespace attn::detail

@@ -59,6 +59,7 @@ void linear(Operand x, std::int64_t N, std::int64_t K, std::int64_t ldx, Operand
     else g.A16 = static_cast<const std::uint16_t*>(x.data);
     if (g.b16 == GemmHalf::none) g.B = static_cast<const float*>(w.data);
     else g.B16 = static_cast<const std::uint16_t*>(w.data);
+    g.packed = w.packed;
     sgemm(g);
 }
 

@@ -12,16 +12,22 @@
 
 namespace attn::detail {
 
+class PackedB;
+
 // A row-major matrix operand of the projections: float32, or float16/bfloat16 (16-bit weights
 // or activations), which the GEMM widens exactly while packing — fp32 accumulation, no
 // whole-matrix copy. A const float* converts implicitly (the float32 call sites).
 struct Operand {
     const void* data = nullptr;
     DType dtype = DType::f32;
+    // A weight's pre-packed panels (MultiHeadAttention::pack_weights), or null: linear() reads
+    // them instead of `data` when they fit the call (the whole matrix, the current ISA row),
+    // else packs `data` as usual — the result is the same bits either way.
+    const PackedB* packed = nullptr;
     Operand() = default;
     Operand(const float* p) : data(p) {}  // NOLINT(google-explicit-constructor): float32 is the common case
     Operand(const void* p, DType dt) : data(p), dtype(dt) {}
-    // The operand `elements` elements further on (a row or column block).
+    // The operand `elements` elements further on (a row or column block; not packed).
     Operand offset(std::int64_t elements) const {
         return Operand(static_cast<const char*>(data) + elements * static_cast<std::int64_t>(dtype_size(dtype)), dtype);
     }

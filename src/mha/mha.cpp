@@ -66,6 +66,7 @@ void MultiHeadAttention::set_param_dtype(DType dtype) {
     for (auto& [name, t] : params_)
         if (is_weight_matrix(name) && t.dtype() != dtype) t = to_dtype(t.view(), dtype);
     config_.param_dtype = dtype;
+    repack_if_packed();
 }
 
 std::vector<std::pair<std::string, Shape>> MultiHeadAttention::parameter_shapes() const {
@@ -147,6 +148,7 @@ void MultiHeadAttention::load_state_dict(const std::vector<std::pair<std::string
         const Tensor f = to_dtype(view, dst.dtype());
         std::memcpy(dst.data(), f.data(), dst.nbytes());
     }
+    repack_if_packed();
 }
 
 MultiHeadAttention MultiHeadAttention::from_state_dict(const std::vector<std::pair<std::string, TensorView>>& tensors,

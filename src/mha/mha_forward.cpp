@@ -113,6 +113,7 @@ void MultiHeadAttention::forward_into(const TensorView& query, const TensorView&
     plan.self_attention = same_tensor(query, key) && same_tensor(key, value);
     plan.shared_kv = same_tensor(key, value);
     plan.batch_major = s.extra > 0;
+    plan.use_packed = true;
     const detail::Operand xq = detail::as_rows(query, ws.input_copy[0]);
     const detail::Operand xk = plan.self_attention ? xq : detail::as_rows(key, ws.input_copy[1]);
     const detail::Operand xv = plan.shared_kv ? xk : detail::as_rows(value, ws.input_copy[2]);
@@ -140,7 +141,7 @@ void MultiHeadAttention::forward_into(const TensorView& query, const TensorView&
     // output gets the float32 rows rounded once ----
     const bool f32_out = output.dtype() == DType::f32;
     float* y = f32_out ? output.data_as<float>() : detail::ensure(ws.out_f32, Shape{Nq, E});
-    detail::linear(o, Nq, E, E, detail::out_weight(*this), E, c.bias ? parameter("out_proj.bias").data_as<const float>() : nullptr,
+    detail::linear(o, Nq, E, E, detail::out_weight(*this, true), E, c.bias ? parameter("out_proj.bias").data_as<const float>() : nullptr,
                    y, E);
     if (!f32_out) detail::store_output(y, output);
     if (weights != nullptr && options.average_attn_weights) {

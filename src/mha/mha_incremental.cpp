@@ -92,7 +92,7 @@ void MultiHeadAttention::forward_incremental_into(const TensorView& x_new, KVCac
     MhaWorkspace& ws = workspace != nullptr ? *workspace : local;
 
     // ---- Q K V of the new tokens: one GEMM (N, E)·[W_Q; W_K; W_V]ᵀ → (N, E + 2·E_kv) ----
-    const detail::InputWeights w = detail::input_weights(*this);
+    const detail::InputWeights w = detail::input_weights(*this, true);
     float* qkv = detail::ensure(ws.proj_q, Shape{N, n});
     detail::linear(detail::as_rows(x_new, ws.input_copy[0]), N, E, E, w.wq, n, w.bias, qkv, n);
     const TensorView Q = detail::heads_view(qkv, n, 0, l.rows, B, h, T, dh);
@@ -113,7 +113,7 @@ void MultiHeadAttention::forward_incremental_into(const TensorView& x_new, KVCac
     // ---- out projection straight into the output (x_new's row order) ----
     const bool f32_out = output.dtype() == DType::f32;
     float* y = f32_out ? output.data_as<float>() : detail::ensure(ws.out_f32, Shape{N, E});
-    detail::linear(o, N, E, E, detail::out_weight(*this), E, c.bias ? parameter("out_proj.bias").data_as<const float>() : nullptr,
+    detail::linear(o, N, E, E, detail::out_weight(*this, true), E, c.bias ? parameter("out_proj.bias").data_as<const float>() : nullptr,
                    y, E);
     if (!f32_out) detail::store_output(y, output);
 }

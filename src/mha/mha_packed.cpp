@@ -69,7 +69,7 @@ Tensor run_packed(const MultiHeadAttention& layer, const TensorView& query, cons
     const detail::Operand xq = detail::as_rows(keep ? copies[0].view() : query, copies[0]);
     const detail::Operand xk = detail::as_rows(keep ? copies[1].view() : key, copies[1]);
     const detail::Operand xv = detail::as_rows(keep ? copies[2].view() : value, copies[2]);
-    const detail::InputWeights w = detail::input_weights(layer);
+    const detail::InputWeights w = detail::input_weights(layer, keep == nullptr);  // inference: pre-packed weights
     Tensor q(DType::f32, Shape{Tq, E}), k(DType::f32, Shape{Tk, Ekv}), v(DType::f32, Shape{Tk, Ekv});
     detail::linear(xq, Tq, E, E, w.wq, E, w.bq, q.data_as<float>(), E);
     detail::linear(xk, Tk, c.kdim, c.kdim, w.wk, Ekv, w.bk, k.data_as<float>(), Ekv);
@@ -83,7 +83,7 @@ Tensor run_packed(const MultiHeadAttention& layer, const TensorView& query, cons
 
     Tensor out(DType::f32, Shape{Tq, E});
     const float* ob = c.bias ? layer.parameter("out_proj.bias").data_as<const float>() : nullptr;
-    detail::linear(attn_out.data_as<const float>(), Tq, E, E, detail::out_weight(layer), E, ob, out.data_as<float>(), E);
+    detail::linear(attn_out.data_as<const float>(), Tq, E, E, detail::out_weight(layer, keep == nullptr), E, ob, out.data_as<float>(), E);
     if (keep != nullptr) {
         MhaForwardState& s = *keep;
         s.query_shape = query.shape();

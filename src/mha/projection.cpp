@@ -6,6 +6,7 @@
 #include "../core/check.hpp"
 #include "../kernels/store_row.hpp"
 #include "linear.hpp"
+#include "packed_weights.hpp"
 
 namespace attn::detail {
 
@@ -56,12 +57,19 @@ void check_output(const char* name, const TensorView& out, const Shape& shape) {
     }
 }
 
-InputWeights input_weights(const MultiHeadAttention& layer) {
+const PackedB* packed_matrix(const MultiHeadAttention& layer, bool use_packed, const char* name) {
+    const PackedWeights* pw = use_packed ? layer.packed_weights() : nullptr;
+    return pw != nullptr ? pw->find(name) : nullptr;
+}
+
+InputWeights input_weights(const MultiHeadAttention& layer, bool use_packed) {
     const MhaConfig& c = layer.config();
     const std::int64_t E = c.embed_dim, Ekv = c.num_kv_heads * layer.head_dim();
     auto p = [&](const char* name) {
         const TensorView t = layer.parameter(name);
-        return Operand(t.data(), t.dtype());
+        Operand o(t.data(), t.dtype());
+        o.packed = packed_matrix(layer, use_packed, name);
+        return o;
     };
     InputWeights w;
     w.packed = c.kdim == E && c.vdim == E;  // in_proj_weight holds W_Q, W_K, W_V
@@ -76,9 +84,11 @@ InputWeights input_weights(const MultiHeadAttention& layer) {
     return w;
 }
 
-Operand out_weight(const MultiHeadAttention& layer) {
+Operand out_weight(const MultiHeadAttention& layer, bool use_packed) {
     const TensorView t = layer.parameter("out_proj.weight");
-    return Operand(t.data(), t.dtype());
+    Operand o(t.data(), t.dtype());
+    o.packed = packed_matrix(layer, use_packed, "out_proj.weight");
+    return o;
 }
 
 Projected project_qkv(const MultiHeadAttention& layer, const MhaShapes& s, Operand xq, Operand xk, Operand xv,
@@ -86,7 +96,7 @@ Projected project_qkv(const MultiHeadAttention& layer, const MhaShapes& s, Opera
     const MhaConfig& c = layer.config();
     const std::int64_t E = c.embed_dim, h = c.num_heads, hkv = c.num_kv_heads, dh = layer.head_dim(), Ekv = hkv * dh;
     const std::int64_t B = s.B, Lq = s.Lq, Lk = s.Lk, Lkx = s.Lkx, Nq = B * Lq, Nk = B * Lk;
-    const InputWeights w = input_weights(layer);
+    const InputWeights w = input_weights(layer, plan.use_packed);
     Projected p;
     if (plan.self_attention && w.packed && !plan.batch_major) {
         // One GEMM X (N, E) · [W_Q; W_K; W_V]ᵀ → (N, E + 2·E_kv), i.e. per row (3, h, d_h)

@@ -38,10 +38,13 @@ struct InputWeights {
     Operand wq, wk, wv;  // in config().param_dtype
     const float *bias = nullptr, *bq = nullptr, *bk = nullptr, *bv = nullptr;
 };
-InputWeights input_weights(const MultiHeadAttention& layer);
+// With use_packed, each whole weight matrix carries the layer's pre-packed panels, if any
+// (inference only: the training paths read the parameters, which the caller may have changed
+// through views since pack_weights()).
+InputWeights input_weights(const MultiHeadAttention& layer, bool use_packed = false);
 
-// out_proj.weight as a GEMM operand (its storage dtype).
-Operand out_weight(const MultiHeadAttention& layer);
+// out_proj.weight as a GEMM operand (its storage dtype; use_packed as above).
+Operand out_weight(const MultiHeadAttention& layer, bool use_packed = false);
 
 // Q (B, h, Lq, d_h), K and V (B, h_kv, Lkx, d_h): views of ws.proj_q / proj_kv / proj_v.
 struct Projected {
@@ -54,6 +57,7 @@ struct Projected {
 // s.extra > 0, and what the backward reads.
 struct ProjectionPlan {
     bool self_attention = false, shared_kv = false, batch_major = false;
+    bool use_packed = false;  // input_weights' use_packed: inference calls
 };
 
 // xq, xk, xv: the inputs' rows (as_rows). Writes only ws.

@@ -277,6 +277,121 @@ TEST(Gemm, FewRowsMatchReferenceAndTheirRowsOfALargerCall) {
     }
 }
 
+// op(B) packed once (PackedB: the MHA layer's weights) gives bit-for-bit the unpacked call, on
+// every row, both paths (row and column split, few rows), 1 and 2 threads, several K chunks and
+// edge slivers, float32 and 16-bit B. B's own memory is NaN during the packed call, so a GEMM
+// that still read B would show it; a PackedB of another row or shape is ignored (B is read).
+std::vector<float> run_packed(const KernelSet& row, const Problem& p, int threads, const PackedB& pb, const float* b,
+                              GemmHalf b16 = GemmHalf::none, const std::uint16_t* B16 = nullptr) {
+    std::vector<float> c = p.c0;
+    GemmArgs g;
+    g.ta = p.ta;
+    g.tb = p.tb;
+    g.M = p.M;
+    g.N = p.N;
+    g.K = p.K;
+    g.A = p.a.data();
+    g.lda = p.lda;
+    g.B = b;
+    g.ldb = p.ldb;
+    g.b16 = b16;
+    g.B16 = B16;
+    g.beta = p.beta;
+    g.C = c.data();
+    g.ldc = p.ldc;
+    g.packed = &pb;
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    sgemm(row, g);
+    omp_set_num_threads(before);
+    return c;
+}
+
+PackedB pack_of(const KernelSet& row, const Problem& p, GemmHalf b16 = GemmHalf::none, const std::uint16_t* B16 = nullptr) {
+    GemmArgs g;
+    g.tb = p.tb;
+    g.N = p.N;
+    g.K = p.K;
+    g.B = p.b.data();
+    g.ldb = p.ldb;
+    g.b16 = b16;
+    g.B16 = B16;
+    return pack_b(row, g);
+}
+
+TEST(Gemm, PackedBIsBitIdenticalToTheUnpackedCallOnEveryRow) {
+    std::mt19937 rng(20);
+    struct Shape {
+        std::int64_t M, N, K;
+    };
+    const std::vector<const KernelSet*> rows = rows_or_skip();
+    for (const KernelSet* row : rows) {
+        SCOPED_TRACE(isa_name(row->isa));
+        for (const Shape s : {Shape{301, 77, 1100}, Shape{5, 999, 1100}, Shape{64, 64, 1000}, Shape{3, 203, 1100}, Shape{1, 40, 7}}) {
+            for (int variant = 0; variant < 4; ++variant) {
+                const bool tb = variant & 1;
+                const float beta = variant & 2 ? 1.0f : 0.0f;
+                const std::string what = "M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K) +
+                                         " tb=" + std::to_string(tb) + " beta=" + std::to_string(beta);
+                const Problem p = make(false, tb, s.M, s.N, s.K, beta, rng);
+                const std::vector<float> want = run(*row, p, 2);
+                const PackedB pb = pack_of(*row, p);
+                ASSERT_TRUE(pb.fits(*row, s.K, s.N)) << what;
+                const std::vector<float> nan_b(p.b.size(), kNaN);
+                for (int threads : {1, 2}) {
+                    const std::vector<float> got = run_packed(*row, p, threads, pb, nan_b.data());
+                    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << what << " threads=" << threads;
+                }
+                // 16-bit B packs from its own dtype: the packed call equals the unpacked 16-bit call.
+                const GemmHalf t = variant & 1 ? GemmHalf::bf16 : GemmHalf::f16;
+                std::vector<std::uint16_t> h(p.b.size());
+                for (std::size_t i = 0; i < h.size(); ++i) h[i] = t == GemmHalf::f16 ? float_to_f16(p.b[i]) : float_to_bf16(p.b[i]);
+                const PackedB ph = pack_of(*row, p, t, h.data());
+                std::vector<std::uint16_t> nan_h(h.size(), 0x7e00);  // a NaN in both f16 and bf16
+                const std::vector<float> want16 = run_packed(*row, p, 2, PackedB{}, nan_b.data(), t, h.data());
+                // (M <= 4 with a 16-bit B reads B16 itself, half the bytes of the panels: gemm.cpp.)
+                const std::vector<float> got16 = run_packed(*row, p, 2, ph, nan_b.data(), t, s.M <= 4 ? h.data() : nan_h.data());
+                EXPECT_EQ(std::memcmp(got16.data(), want16.data(), got16.size() * sizeof(float)), 0) << what << " 16-bit B";
+                // A PackedB that does not fit (another K; another row) is ignored: B is read.
+                Problem other = p;
+                other.K = s.K + 1;
+                other.b.assign(static_cast<std::size_t>((tb ? s.N : s.K + 1) * (p.ldb + 1)), 1.0f);
+                other.ldb = p.ldb + 1;
+                const PackedB wrong_k = pack_of(*row, other);
+                EXPECT_FALSE(wrong_k.fits(*row, s.K, s.N));
+                EXPECT_EQ(std::memcmp(run_packed(*row, p, 2, wrong_k, p.b.data()).data(), want.data(), want.size() * sizeof(float)), 0)
+                    << what;
+                for (const KernelSet* r2 : rows) {
+                    if (r2 == row) continue;
+                    const PackedB foreign = pack_of(*r2, p);
+                    EXPECT_FALSE(foreign.fits(*row, s.K, s.N));
+                    EXPECT_EQ(std::memcmp(run_packed(*row, p, 2, foreign, p.b.data()).data(), want.data(), want.size() * sizeof(float)), 0)
+                        << what << " packed on " << isa_name(r2->isa);
+                }
+            }
+        }
+    }
+}
+
+TEST(Gemm, PackBChecksItsArguments) {
+    const KernelSet& row = kernel_set();
+    std::vector<float> b(12, 1.0f);
+    GemmArgs g;
+    g.tb = true;
+    g.N = 3;
+    g.K = 4;
+    g.B = b.data();
+    g.ldb = 3;  // narrower than Bᵀ's rows (K = 4)
+    EXPECT_THROW(pack_b(row, g), Error);
+    g.ldb = 4;
+    g.B = nullptr;
+    EXPECT_THROW(pack_b(row, g), Error);
+    g.B = b.data();
+    EXPECT_TRUE(pack_b(row, g).fits(row, 4, 3));
+    g.K = 0;  // nothing to pack: empty (and sgemm reads no B for K = 0)
+    EXPECT_TRUE(pack_b(row, g).empty());
+}
+
 TEST(Gemm, ZeroReductionScalesCWithoutReadingAOrB) {
     for (const KernelSet* row : runnable_kernel_sets()) {
         std::vector<float> c{1.0f, 2.0f, kNaN, 4.0f};
