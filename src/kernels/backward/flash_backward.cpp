@@ -172,7 +172,11 @@ void bf16_pairs16(const std::uint16_t* src, std::ptrdiff_t ld, std::int64_t n, i
 // What bf16_pairs makes of Kᵀ/Vᵀ.
 void bf16_pairs_t16(const std::uint16_t* src, std::ptrdiff_t sj, std::ptrdiff_t sd, int n, int np, std::int64_t D,
                     std::uint32_t* dst, std::ptrdiff_t ld_dst) {
-    for (int j = 0; j < n; ++j) {
+    const bool plain = sd == 1 && D % 2 == 0 && !any_nonfinite16(src, sj, n, D, kBF16Exponent);
+    if (plain)  // finite unit-stride rows: their words are the pairs (q16 changes nothing)
+        for (int j = 0; j < n; ++j)
+            for (std::int64_t p = 0; p < D / 2; ++p) std::memcpy(dst + p * ld_dst + j, src + j * sj + 2 * p, 4);
+    for (int j = 0; j < (plain ? 0 : n); ++j) {
         const std::uint16_t* x = src + j * sj;
         std::int64_t d = 0;
         for (; d + 1 < D; d += 2) dst[d / 2 * ld_dst + j] = q16(x[d * sd]) | q16(x[(d + 1) * sd]) << 16;
@@ -185,11 +189,16 @@ void bf16_pairs_t16(const std::uint16_t* src, std::ptrdiff_t sj, std::ptrdiff_t 
 // (x[2p][d], x[2p+1][d]) for d < D, 0 for D ≤ d < Dp; the row past an odd n is 0.
 void bf16_pairs_z16(const std::uint16_t* src, std::ptrdiff_t sj, std::ptrdiff_t sd, int n, std::int64_t D, int Dp,
                     std::uint32_t* dst, std::ptrdiff_t ld_dst) {
+    const bool plain = sd == 1 && !any_nonfinite16(src, sj, n, D, kBF16Exponent);  // then q16z changes nothing
     for (int r = 0; r < n; r += 2) {
         const std::uint16_t* a = src + r * sj;
         std::uint32_t* o = dst + r / 2 * ld_dst;
-        for (std::int64_t d = 0; d < D; ++d)
-            o[d] = q16z(a[d * sd]) | (r + 1 < n ? q16z(a[sj + d * sd]) << 16 : 0u);
+        if (plain) {
+            bf16_pairs16(a, sj, r + 1 < n ? 2 : 1, static_cast<int>(D), o, 0);
+        } else {
+            for (std::int64_t d = 0; d < D; ++d)
+                o[d] = q16z(a[d * sd]) | (r + 1 < n ? q16z(a[sj + d * sd]) << 16 : 0u);
+        }
         for (std::int64_t d = D; d < Dp; ++d) o[d] = 0u;
     }
 }
