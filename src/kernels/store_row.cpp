@@ -1,5 +1,7 @@
 #include "store_row.hpp"
 
+#include <cstring>
+
 #include "attn/half.hpp"
 
 namespace attn::detail {
@@ -9,6 +11,10 @@ void store_row(const TensorView& out, std::int64_t offset, std::int64_t stride, 
     switch (out.dtype()) {
         case DType::f32: {
             float* o = out.data_as<float>() + offset;
+            if (stride == 1 && src_stride == 1) {  // the common case, in a loop the compiler vectorises
+                for (std::int64_t i = 0; i < n; ++i) o[i] = src[i] * f;
+                break;
+            }
             for (std::int64_t i = 0; i < n; ++i) o[i * stride] = src[i * src_stride] * f;
             break;
         }
@@ -24,6 +30,16 @@ void store_row(const TensorView& out, std::int64_t offset, std::int64_t stride, 
         }
         default: {  // bfloat16 (make_problem admits no other output dtype)
             std::uint16_t* o = out.data_as<std::uint16_t>() + offset;
+            if (stride == 1 && src_stride == 1) {  // float_to_bf16 without its branch, so it vectorises
+                for (std::int64_t i = 0; i < n; ++i) {
+                    const float x = src[i] * f;
+                    std::uint32_t u;
+                    std::memcpy(&u, &x, 4);
+                    const std::uint32_t nan = (u >> 16) | 0x40u, rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+                    o[i] = static_cast<std::uint16_t>(static_cast<std::int32_t>(u & 0x7fffffffu) > 0x7f800000 ? nan : rounded);
+                }
+                break;
+            }
             for (std::int64_t i = 0; i < n; ++i) o[i * stride] = float_to_bf16(src[i * src_stride] * f);
             break;
         }

@@ -369,6 +369,92 @@ TEST(HalfBackward, Bf16ComputeMatchesReference) {
                 worst, worst_products);
 }
 
+// bf16 compute reads unit-stride bf16 Q/dO rows in place and makes every pair word from the
+// bf16 words (flash_backward.cpp); other rows (here: every second element of a wider buffer)
+// and heads holding a NaN/±inf go through float32 rows rounded back. Both routes must give
+// the same operands, so the same bits — also with a NaN in Q and an inf in dO.
+TEST(HalfBackward, Bf16ComputeInPlaceOperandsMatchPacked) {
+    const detail::KernelSet* row = detail::kernel_set_for(detail::Isa::avx512);
+    if (row == nullptr || !detail::cpu_features().has_avx512_bf16())
+        GTEST_SKIP() << "skipped: CPU lacks avx512_bf16";
+    const detail::ScopedKernelSet use(*row);
+    const Dtypes dt{DType::bf16, DType::bf16, DType::bf16, DType::bf16, DType::bf16};
+    // t's values in a (B, H, L, 2·D) buffer, viewed as every second element of its rows
+    const auto spread = [](const TensorView& t, Tensor& buf) {
+        const Shape s = t.shape();
+        buf = Tensor(DType::bf16, Shape{s[0], s[1], s[2], 2 * s[3]});
+        const auto* x = t.data_as<const std::uint16_t>();
+        auto* y = buf.data_as<std::uint16_t>();
+        for (std::int64_t b = 0; b < s[0]; ++b)
+            for (std::int64_t h = 0; h < s[1]; ++h)
+                for (std::int64_t i = 0; i < s[2]; ++i)
+                    for (std::int64_t d = 0; d < s[3]; ++d) y[buf.view().offset(b, h, i, 2 * d)] = x[t.offset(b, h, i, d)];
+        const Strides bs = buf.view().strides();
+        return TensorView(buf.data(), DType::bf16, s, Strides{bs[0], bs[1], bs[2], 2});
+    };
+    int n = 0, in_place = 0;
+    for (Case c : random_cases(16, 91)) {
+        c.strided = n % 2 == 0;  // (B, L, H, D) rows: in place with a row stride H·D
+        if (n % 4 != 3) {        // widths the in-place route takes (a multiple of 8), else the random ones
+            c.Dk = n % 3 ? 64 : 32;
+            c.Dv = n % 5 ? c.Dk : 8;
+        }
+        SCOPED_TRACE(c.str());
+        Inputs in = make_inputs(c, dt, 9100 + static_cast<std::uint64_t>(n));
+        if (n++ % 3 == 1) {  // a NaN in one Q head, an inf in one dO head (those heads take the float32 route)
+            auto* q = in.q.data_as<std::uint16_t>();
+            q[in.q.offset(0, 0, c.Lq - 1, 0)] = 0x7fc1;
+            auto* d = in.dO.data_as<std::uint16_t>();
+            d[in.dO.offset(c.B - 1, c.Hq - 1, 0, c.Dv - 1)] = 0x7f80;
+        }
+        in_place += c.Dk % 8 == 0 && c.Dv % 8 == 0;
+        const Result direct = run(in, dt, Impl::flash, DType::bf16);
+        ASSERT_EQ(direct.kernel, "flash-backward/avx512_bf16");
+        Tensor qb, db;
+        Inputs packed = make_inputs(c, dt, 0);  // its masks etc. replaced by in's below
+        packed.opt = in.opt;
+        packed.k = Tensor(DType::bf16, in.k.shape());
+        packed.v = Tensor(DType::bf16, in.v.shape());
+        std::memcpy(packed.k.data(), in.k.data(), in.k.nbytes());
+        std::memcpy(packed.v.data(), in.v.data(), in.v.nbytes());
+        packed.q = spread(in.q, qb);
+        packed.dO = spread(in.dO, db);
+        const Result other = run(packed, dt, Impl::flash, DType::bf16);
+        EXPECT_TRUE(bit_equal(direct.dq, other.dq)) << "dq";
+        EXPECT_TRUE(bit_equal(direct.dk, other.dk)) << "dk";
+        EXPECT_TRUE(bit_equal(direct.dv, other.dv)) << "dv";
+    }
+    EXPECT_GE(in_place, 4);  // the cases reach the in-place route
+}
+
+// K and V pairs come from the bf16 words with K's NaN/±inf entries 0 for dQ += dS·K: a NaN
+// in K and an inf in V at keys the key lengths hide leave every gradient as the clean run's.
+TEST(HalfBackward, Bf16ComputeHiddenNonFiniteKeys) {
+    const detail::KernelSet* row = detail::kernel_set_for(detail::Isa::avx512);
+    if (row == nullptr || !detail::cpu_features().has_avx512_bf16())
+        GTEST_SKIP() << "skipped: CPU lacks avx512_bf16";
+    const detail::ScopedKernelSet use(*row);
+    const Dtypes dt{DType::bf16, DType::bf16, DType::bf16, DType::bf16, DType::bf16};
+    for (std::int64_t Lk : {5, 64, 129}) {
+        Case c{2, 2, 2, 65, Lk, 64, 64};
+        c.key_lengths = true;
+        SCOPED_TRACE(c.str());
+        Inputs in = make_inputs(c, dt, 9300 + static_cast<std::uint64_t>(Lk));
+        for (std::int64_t b = 0; b < c.B; ++b) in.kl.data_as<std::int64_t>()[b] = Lk - 2 - b;  // keys Lk-2-b.. hidden
+        const Result clean = run(in, dt, Impl::flash, DType::bf16);
+        for (std::int64_t b = 0; b < c.B; ++b)
+            for (std::int64_t h = 0; h < c.Hkv; ++h) {
+                in.k.data_as<std::uint16_t>()[in.k.view().offset(b, h, Lk - 1, 3)] = 0x7fc0;  // NaN
+                in.v.data_as<std::uint16_t>()[in.v.view().offset(b, h, Lk - 1, 5)] = 0xff80;  // −inf
+            }
+        const Result got = run(in, dt, Impl::flash, DType::bf16);
+        ASSERT_EQ(got.kernel, "flash-backward/avx512_bf16");
+        EXPECT_TRUE(bit_equal(got.dq, clean.dq)) << "dq";
+        EXPECT_TRUE(bit_equal(got.dk, clean.dk)) << "dk";
+        EXPECT_TRUE(bit_equal(got.dv, clean.dv)) << "dv";
+    }
+}
+
 // The tiled backward's result does not depend on the thread count with 16-bit inputs either
 // (the per-tile widening is inside each task).
 TEST(HalfBackward, ThreadCountIndependent) {

@@ -95,13 +95,10 @@ bool pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t
     return true;
 }
 
-// `r` with every NaN/±inf entry 0, when it has any (then `out` owns the copy and true
-// is returned); otherwise `out` is left empty. Rows of B·H·L, width Dp.
-bool finite_copy(const Rows& r, std::int64_t B, std::int64_t H, std::int64_t L, int Dp, Rows& out) {
-    bool any = false;
-    for (std::int64_t bh = 0; bh < B * H && !any; ++bh)
-        any = any_nonfinite(r.row(bh / H, bh % H, 0), r.si, L, Dp);
-    if (!any) return false;
+// `r` with every NaN/±inf entry 0 (rows of B·H·L, width Dp), for `r` holding any: the
+// caller finds that out in its parallel pass over the rows (a serial scan of Q and dO here
+// cost ~4 % of S1's 2-thread backward).
+void finite_copy(const Rows& r, std::int64_t B, std::int64_t H, std::int64_t L, int Dp, Rows& out) {
     out.storage.assign(static_cast<std::size_t>(B * H * L * Dp), 0.0f);
     out.si = Dp;
     out.sh = L * Dp;
@@ -112,7 +109,6 @@ bool finite_copy(const Rows& r, std::int64_t B, std::int64_t H, std::int64_t L, 
         for (int d = 0; d < Dp; ++d) dst[d] = nonfinite_f32(src[d]) ? 0.0f : src[d];
     }
     out.base = out.storage.data();
-    return true;
 }
 
 // Σ a[d]·b[d] in double: 8 partial sums (d mod 8) added in a fixed order, so the compiler
@@ -144,6 +140,69 @@ void bf16_pairs(const float* src, std::ptrdiff_t ld, std::int64_t n, int cols, s
         }
 }
 
+// bf16 compute reading bfloat16 inputs as they are (no float32 round trip): the inputs
+// already are the bf16 operands, so these only move 16-bit words; float_to_bf16 of a
+// widened bf16 value is the value itself, NaN aside (it sets the quiet bit: q16 below),
+// so they give the bits bf16_rows/bf16_pairs give. On S1 the float32 route (widen, then
+// round each element back by scalar code) cost more per task than 16 key blocks amortise.
+inline std::uint32_t q16(std::uint16_t u) { return (u & 0x7fffu) > kBF16Exponent ? (u | 0x40u) : u; }
+inline std::uint32_t q16z(std::uint16_t u) { return (u & kBF16Exponent) == kBF16Exponent ? 0u : u; }  // NaN/±inf → 0
+
+// (bf16, unit inner stride, D == Dp, even row stride): its rows serve as TileBf16's q/dO rows in place.
+bool bf16_rows_in_place(const TensorView& t, int Dp) {
+    return t.dtype() == DType::bf16 && t.stride(3) == 1 && t.dim(3) == Dp && t.stride(2) % 2 == 0;
+}
+// dst[p][c] = (src[2p][c], src[2p+1][c]) for p < ⌈n/2⌉ of bf16 rows (unit inner stride,
+// cols entries; the row past an odd n is 0): bf16_pairs of rows with no NaN/±inf.
+void bf16_pairs16(const std::uint16_t* src, std::ptrdiff_t ld, std::int64_t n, int cols, std::uint32_t* dst,
+                  std::ptrdiff_t ld_dst) {
+    for (std::int64_t r = 0; r < n; r += 2) {
+        const std::uint16_t* a = src + r * ld;
+        std::uint32_t* o = dst + r / 2 * ld_dst;
+        if (r + 1 < n) {
+            const std::uint16_t* b = a + ld;
+            for (int c = 0; c < cols; ++c) o[c] = static_cast<std::uint32_t>(a[c]) | static_cast<std::uint32_t>(b[c]) << 16;
+        } else {
+            for (int c = 0; c < cols; ++c) o[c] = a[c];
+        }
+    }
+}
+// Pairs along d of `n` bf16 rows of width D (element (j, d) at src[j·sj + d·sd]), one column
+// per row: dst[p][j] = (x[j][2p], x[j][2p+1]) for p < ⌈D/2⌉, j < n; columns n..np are 0.
+// What bf16_pairs makes of Kᵀ/Vᵀ.
+void bf16_pairs_t16(const std::uint16_t* src, std::ptrdiff_t sj, std::ptrdiff_t sd, int n, int np, std::int64_t D,
+                    std::uint32_t* dst, std::ptrdiff_t ld_dst) {
+    const bool plain = sd == 1 && D % 2 == 0 && !any_nonfinite16(src, sj, n, D, kBF16Exponent);
+    if (plain)  // finite unit-stride rows: their words are the pairs (q16 changes nothing)
+        for (int j = 0; j < n; ++j)
+            for (std::int64_t p = 0; p < D / 2; ++p) std::memcpy(dst + p * ld_dst + j, src + j * sj + 2 * p, 4);
+    for (int j = 0; j < (plain ? 0 : n); ++j) {
+        const std::uint16_t* x = src + j * sj;
+        std::int64_t d = 0;
+        for (; d + 1 < D; d += 2) dst[d / 2 * ld_dst + j] = q16(x[d * sd]) | q16(x[(d + 1) * sd]) << 16;
+        if (d < D) dst[d / 2 * ld_dst + j] = q16(x[d * sd]);
+    }
+    for (std::int64_t p = 0; p < (D + 1) / 2; ++p)
+        for (int j = n; j < np; ++j) dst[p * ld_dst + j] = 0u;
+}
+// Pairs along the n keys of bf16 rows with NaN/±inf entries 0 (K for dS·K): dst[p][d] =
+// (x[2p][d], x[2p+1][d]) for d < D, 0 for D ≤ d < Dp; the row past an odd n is 0.
+void bf16_pairs_z16(const std::uint16_t* src, std::ptrdiff_t sj, std::ptrdiff_t sd, int n, std::int64_t D, int Dp,
+                    std::uint32_t* dst, std::ptrdiff_t ld_dst) {
+    const bool plain = sd == 1 && !any_nonfinite16(src, sj, n, D, kBF16Exponent);  // then q16z changes nothing
+    for (int r = 0; r < n; r += 2) {
+        const std::uint16_t* a = src + r * sj;
+        std::uint32_t* o = dst + r / 2 * ld_dst;
+        if (plain) {
+            bf16_pairs16(a, sj, r + 1 < n ? 2 : 1, static_cast<int>(D), o, 0);
+        } else {
+            for (std::int64_t d = 0; d < D; ++d)
+                o[d] = q16z(a[d * sd]) | (r + 1 < n ? q16z(a[sj + d * sd]) << 16 : 0u);
+        }
+        for (std::int64_t d = D; d < Dp; ++d) o[d] = 0u;
+    }
+}
+
 struct Scratch {
     std::vector<float> kt, vt, kp, vrow, dk, dv, S, dP, Pd, drop, drow, cg;
     // Q and dO rows of the task's query heads widened to float32 (when not read in place):
@@ -162,6 +221,9 @@ struct Scratch {
                2 * (q16.capacity() + dO16.capacity());
     }
     std::vector<char> q_nf, dO_nf;  // per query head of the group: it has a NaN/±inf
+    // bf16 compute: each head's bf16 Q/dO rows for S and dP (the caller's rows, or q16/dO16) and their row stride
+    std::vector<const std::uint16_t*> q16_at, dO16_at;
+    std::vector<std::ptrdiff_t> q16_ld, dO16_ld;
 };
 
 // What the score-rule callback of a partial tile needs: the tile's place in the problem.
@@ -214,6 +276,9 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
     const bool bf16 = kernels.backward_tile_bf16 != nullptr && backward_bf16_compute(bp);
     void (*const tile)(const TileArgs&) = bf16 ? kernels.backward_tile_bf16 : kernels.backward_tile;
     const std::int64_t Lq2 = (Lq + 1) / 2;  // query row pairs per head (bf16 compute)
+    // bf16 compute: Q/dO rows read in place where they hold no NaN/±inf (checked per head).
+    const bool q_bf16_direct = bf16 && bf16_rows_in_place(p.q, Dkp);
+    const bool do_bf16_direct = bf16 && bf16_rows_in_place(bp.grad_out, Dvp);
 
     // Q and dO read in place when they are float32 rows of the padded width, else widened
     // per task (pack_rows). In place, a copy with their NaN/±inf entries 0 serves dSᵀ·Q and
@@ -221,14 +286,12 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
     Rows Q, dO;
     const bool q_direct = direct_rows(p.q, Dkp, Q);
     const bool do_direct = direct_rows(bp.grad_out, Dvp, dO);
-    Rows Qz, dOz;
-    const bool q_nonfinite = q_direct && finite_copy(Q, B, Hq, Lq, Dkp, Qz);
-    const bool do_nonfinite = do_direct && finite_copy(dO, B, Hq, Lq, Dvp, dOz);
-
-    // Per row: −lse·log2 e (−inf for a row with no visible key) and D = rowsum(dO ∘ O).
+    // Per row: −lse·log2 e (−inf for a row with no visible key) and D = rowsum(dO ∘ O); and
+    // whether the Q/dO rows read in place hold a NaN/±inf.
     const std::int64_t nrows = B * Hq * Lq;
     std::vector<float> neg_lse2(static_cast<std::size_t>(nrows)), Drow(static_cast<std::size_t>(nrows));
-#pragma omp parallel
+    int q_bad = 0, do_bad = 0;
+#pragma omp parallel reduction(| : q_bad, do_bad)
     {
     std::vector<float> w(static_cast<std::size_t>(2 * Dv));  // this row's dO and O, widened
 #pragma omp for schedule(static)
@@ -245,8 +308,14 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
         widen_row(bp.grad_out, bp.grad_out.offset(b, h, i, 0), bp.grad_out.stride(3), Dv, w.data());
         widen_row(p.out, p.out.offset(b, h, i, 0), p.out.stride(3), Dv, wo);
         Drow[static_cast<std::size_t>(r)] = static_cast<float>(dot_f64(w.data(), wo, Dv));
+        if (q_direct) q_bad |= any_nonfinite(Q.row(b, h, i), 0, 1, Dkp);
+        if (do_direct) do_bad |= any_nonfinite(w.data(), 0, 1, Dv);  // (Dv == Dvp when read in place)
     }
     }
+    Rows Qz, dOz;
+    const bool q_nonfinite = q_bad != 0, do_nonfinite = do_bad != 0;
+    if (q_nonfinite) finite_copy(Q, B, Hq, Lq, Dkp, Qz);
+    if (do_nonfinite) finite_copy(dO, B, Hq, Lq, Dvp, dOz);
     // Sinks: dσ_h = −Σ_{b,i} e^{σ_h − lse}·D (backward.hpp), summed in double in row order.
     if (bp.dsinks) {
         for (std::int64_t h = 0; h < Hq; ++h) {
@@ -307,6 +376,10 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
         s.drop.resize(static_cast<std::size_t>(kBr * Bcp));
         s.drow.resize(static_cast<std::size_t>(Bcp + 6));  // one row's whole Philox blocks (Dropout::fill_row)
         if (bf16) {
+            s.q16_at.resize(group);
+            s.dO16_at.resize(group);
+            s.q16_ld.resize(group);
+            s.dO16_ld.resize(group);
             s.q16.assign(group * q_head, 0);
             s.dO16.assign(group * do_head, 0);
             s.qp.resize(group * static_cast<std::size_t>(Lq2 * Dkp));
@@ -336,9 +409,28 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                 std::fill(s.dqb.begin(), s.dqb.end(), 0.0f);
             for (std::size_t g = 0; g < group; ++g) {  // widen this task's Q and dO rows once
                 const std::int64_t h = hk * p.group + static_cast<std::int64_t>(g);
-                if (!q_direct) s.q_nf[g] = pack_rows(p.q, b, h, Lq, Dkp, s.q.data() + g * q_head, s.qz, g * q_head, group * q_head);
-                if (!do_direct)
+                // bf16 compute with finite bf16 rows: no float32 copy at all (bf16_pairs16)
+                const std::uint16_t* q16_in = q_bf16_direct ? p.q.data_as<const std::uint16_t>() + p.q.offset(b, h, 0, 0) : nullptr;
+                const std::uint16_t* do16_in =
+                    do_bf16_direct ? bp.grad_out.data_as<const std::uint16_t>() + bp.grad_out.offset(b, h, 0, 0) : nullptr;
+                if (q16_in && any_nonfinite16(q16_in, p.q.stride(2), Lq, Dkp, kBF16Exponent)) q16_in = nullptr;
+                if (do16_in && any_nonfinite16(do16_in, bp.grad_out.stride(2), Lq, Dvp, kBF16Exponent)) do16_in = nullptr;
+                if (q16_in) {
+                    s.q_nf[g] = 0;
+                    s.q16_at[g] = q16_in;
+                    s.q16_ld[g] = p.q.stride(2);
+                    bf16_pairs16(q16_in, p.q.stride(2), Lq, Dkp, s.qp.data() + g * static_cast<std::size_t>(Lq2 * Dkp), Dkp);
+                } else if (!q_direct) {
+                    s.q_nf[g] = pack_rows(p.q, b, h, Lq, Dkp, s.q.data() + g * q_head, s.qz, g * q_head, group * q_head);
+                }
+                if (do16_in) {
+                    s.dO_nf[g] = 0;
+                    s.dO16_at[g] = do16_in;
+                    s.dO16_ld[g] = bp.grad_out.stride(2);
+                    bf16_pairs16(do16_in, bp.grad_out.stride(2), Lq, Dvp, s.dOp.data() + g * static_cast<std::size_t>(Lq2 * Dvp), Dvp);
+                } else if (!do_direct) {
                     s.dO_nf[g] = pack_rows(bp.grad_out, b, h, Lq, Dvp, s.dO.data() + g * do_head, s.dOz, g * do_head, group * do_head);
+                }
                 if (bf16) {  // their bf16 rows (for S, dP) and row pairs (for dK, dV: the zeroed copies)
                     const float* qs = q_direct ? Q.row(b, h, 0) : s.q.data() + g * q_head;
                     const std::ptrdiff_t lq = q_direct ? Q.si : Dkp;
@@ -348,10 +440,18 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                     const std::ptrdiff_t ldo = do_direct ? dO.si : Dvp;
                     const float* dz = do_direct ? (do_nonfinite ? dOz.row(b, h, 0) : ds) : (s.dO_nf[g] ? s.dOz.data() + g * do_head : ds);
                     const std::ptrdiff_t ldz = do_direct && do_nonfinite ? dOz.si : ldo;
-                    bf16_rows(qs, lq, Lq, Dkp, s.q16.data() + g * q_head, Dkp);
-                    bf16_rows(ds, ldo, Lq, Dvp, s.dO16.data() + g * do_head, Dvp);
-                    bf16_pairs(qz, lqz, Lq, Dkp, s.qp.data() + g * static_cast<std::size_t>(Lq2 * Dkp), Dkp);
-                    bf16_pairs(dz, ldz, Lq, Dvp, s.dOp.data() + g * static_cast<std::size_t>(Lq2 * Dvp), Dvp);
+                    if (!q16_in) {
+                        bf16_rows(qs, lq, Lq, Dkp, s.q16.data() + g * q_head, Dkp);
+                        bf16_pairs(qz, lqz, Lq, Dkp, s.qp.data() + g * static_cast<std::size_t>(Lq2 * Dkp), Dkp);
+                        s.q16_at[g] = s.q16.data() + g * q_head;
+                        s.q16_ld[g] = Dkp;
+                    }
+                    if (!do16_in) {
+                        bf16_rows(ds, ldo, Lq, Dvp, s.dO16.data() + g * do_head, Dvp);
+                        bf16_pairs(dz, ldz, Lq, Dvp, s.dOp.data() + g * static_cast<std::size_t>(Lq2 * Dvp), Dvp);
+                        s.dO16_at[g] = s.dO16.data() + g * do_head;
+                        s.dO16_ld[g] = Dvp;
+                    }
                 }
             }
             for (std::int64_t kb = c * nkb / nchunks; kb < (c + 1) * nkb / nchunks; ++kb) {
@@ -359,7 +459,15 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                 const int bc = static_cast<int>(std::min<std::int64_t>(kBc, Lk - j0)), bcp = round8(bc);
                 // Pack Kᵀ, Vᵀ (d-major, keys contiguous, zero-padded to bcp) and K (key-major, padded to Dkp).
                 // K and V rows are widened to float32 here, once per key block (convert.hpp).
-                for (int j = 0; j < bc; ++j) {
+                // bf16 compute reads only their pairs, made from the bf16 words (K and V are bf16 then).
+                if (bf16) {  // Kᵀ and Vᵀ pairs along d (for S, dP), K pairs along keys with NaN/±inf 0 (for dQ)
+                    const std::uint16_t* k16 = p.k.data_as<const std::uint16_t>() + p.k.offset(b, hk, j0, 0);
+                    const std::uint16_t* v16 = p.v.data_as<const std::uint16_t>() + p.v.offset(b, hk, j0, 0);
+                    bf16_pairs_t16(k16, p.k.stride(2), p.k.stride(3), bc, bcp, Dk, s.ktp.data(), bcp);
+                    bf16_pairs_t16(v16, p.v.stride(2), p.v.stride(3), bc, bcp, Dv, s.vtp.data(), bcp);
+                    bf16_pairs_z16(k16, p.k.stride(2), p.k.stride(3), bc, Dk, Dkp, s.kpp.data(), Dkp);
+                }
+                for (int j = 0; j < (bf16 ? 0 : bc); ++j) {
                     float* kr = s.kp.data() + static_cast<std::ptrdiff_t>(j) * Dkp;
                     widen_row(p.k, p.k.offset(b, hk, j0 + j, 0), p.k.stride(3), Dk, kr);
                     for (std::int64_t d = 0; d < Dk; ++d) {
@@ -369,14 +477,9 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                     widen_row(p.v, p.v.offset(b, hk, j0 + j, 0), p.v.stride(3), Dv, s.vrow.data());
                     for (std::int64_t d = 0; d < Dv; ++d) s.vt[static_cast<std::size_t>(d * bcp + j)] = s.vrow[static_cast<std::size_t>(d)];
                 }
-                for (int j = bc; j < bcp; ++j) {
+                for (int j = bc; j < (bf16 ? bc : bcp); ++j) {
                     for (std::int64_t d = 0; d < Dk; ++d) s.kt[static_cast<std::size_t>(d * bcp + j)] = 0.0f;
                     for (std::int64_t d = 0; d < Dv; ++d) s.vt[static_cast<std::size_t>(d * bcp + j)] = 0.0f;
-                }
-                if (bf16) {  // Kᵀ and Vᵀ pairs along d (for S, dP), K pairs along keys (for dQ)
-                    bf16_pairs(s.kt.data(), bcp, Dk, bcp, s.ktp.data(), bcp);
-                    bf16_pairs(s.vt.data(), bcp, Dv, bcp, s.vtp.data(), bcp);
-                    bf16_pairs(s.kp.data(), Dkp, bc, Dkp, s.kpp.data(), Dkp);
                 }
                 std::fill(s.dk.begin(), s.dk.end(), 0.0f);
                 std::fill(s.dv.begin(), s.dv.end(), 0.0f);
@@ -472,10 +575,10 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                         TileBf16 z;
                         if (bf16) {
                             const std::size_t g = static_cast<std::size_t>(h - hk * p.group);
-                            z.q = s.q16.data() + g * q_head + static_cast<std::size_t>(i0 * Dkp);
-                            z.ldq = Dkp;
-                            z.dO = s.dO16.data() + g * do_head + static_cast<std::size_t>(i0 * Dvp);
-                            z.ldo = Dvp;
+                            z.q = s.q16_at[g] + i0 * s.q16_ld[g];
+                            z.ldq = s.q16_ld[g];
+                            z.dO = s.dO16_at[g] + i0 * s.dO16_ld[g];
+                            z.ldo = s.dO16_ld[g];
                             z.q_pairs = s.qp.data() + g * static_cast<std::size_t>(Lq2 * Dkp) + static_cast<std::size_t>(i0 / 2 * Dkp);
                             z.dO_pairs = s.dOp.data() + g * static_cast<std::size_t>(Lq2 * Dvp) + static_cast<std::size_t>(i0 / 2 * Dvp);
                             z.kt_pairs = s.ktp.data();
