@@ -24,6 +24,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attn/error.hpp"
@@ -421,6 +422,49 @@ TEST(ModifiersKernels, FlashScoresOutputMatchesReference) {
                 }
             }
         }
+}
+
+// The softcap under a negative scale and a scale/c too large for float32 (the AVX-512 micro-kernel
+// folds 2·log2 e·|scale|/c into one factor and takes tanh's oddness for the sign; a factor that
+// overflows must not turn a zero score into 0·inf = NaN). Scores at stage masked (the
+// micro-kernel's store) and softcapped (the tile pass) on every row against c·tanh(scale·q·k/c)
+// in double; per score the bound is c·(1.5e-7 + 4u) + the fp32 dot product's error (|tanh'| <= 1).
+// Query row 0 is zero: its scores are exactly 0, whatever the scale.
+TEST(ModifiersKernels, FlashSoftcapNegativeAndHugeScale) {
+    std::mt19937_64 rng(41);
+    const std::int64_t Lq = 5, Lk = 40, Dk = 16;
+    Tensor q = test::randn(DType::f32, Shape{1, 1, Lq, Dk}, rng), k = test::randn(DType::f32, Shape{1, 1, Lk, Dk}, rng);
+    Tensor v = test::randn(DType::f32, Shape{1, 1, Lk, 8}, rng);
+    for (std::int64_t d = 0; d < Dk; ++d) q.data_as<float>()[d] = 0.0f;
+    const TensorView qv = q, kv = k;
+    for (auto [scale, c] : {std::pair{-0.6, 2.0}, std::pair{-0.6, 0.01}, std::pair{1e35, 1e-6}, std::pair{-1e35, 1e-6}}) {
+        SdpaOptions o;
+        o.scale = scale;
+        o.softcap = c;
+        for (const detail::KernelSet* ks : detail::runnable_kernel_sets())
+            for (ScoreStage st : {ScoreStage::softcapped, ScoreStage::masked}) {
+                Tensor got = poisoned(DType::f32, Shape{1, 1, Lq, Lk}), out = poisoned(DType::f32, Shape{1, 1, Lq, 8});
+                detail::SdpaProblem p = detail::make_problem(q, k, v, o, out, nullptr, nullptr);
+                detail::attach_scores(p, ScoresOutput{got, st});
+                detail::flash_forward(p, *ks, 1);
+                const std::string where = std::string(detail::isa_name(ks->isa)) + " stage=" +
+                                          std::string(score_stage_name(st)) + " scale=" + std::to_string(scale) +
+                                          " c=" + std::to_string(c);
+                for (std::int64_t i = 0; i < Lq; ++i)
+                    for (std::int64_t j = 0; j < Lk; ++j) {
+                        double dot = 0, dot_abs = 0;
+                        for (std::int64_t d = 0; d < Dk; ++d) {
+                            dot += at(qv, 0, 0, i, d) * at(kv, 0, 0, j, d);
+                            dot_abs += std::abs(at(qv, 0, 0, i, d) * at(kv, 0, 0, j, d));
+                        }
+                        const double want = c * std::tanh(scale * dot / c);
+                        const double tol = c * (1.5e-7 + 4 * kU) + (Dk + 4) * kU * std::abs(scale) * dot_abs;
+                        const double g = got.data_as<float>()[i * Lk + j];
+                        EXPECT_LE(std::abs(g - want), tol) << where << " i=" << i << " j=" << j << " got " << g;
+                    }
+                for (std::int64_t e = 0; e < Lq * 8; ++e) EXPECT_TRUE(std::isfinite(out.data_as<float>()[e])) << where;
+            }
+    }
 }
 
 // ---- 3. tanh_f32 ---------------------------------------------------------------------------
