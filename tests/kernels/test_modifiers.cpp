@@ -24,6 +24,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attn/error.hpp"
@@ -423,11 +424,53 @@ TEST(ModifiersKernels, FlashScoresOutputMatchesReference) {
         }
 }
 
+// The softcap under a negative scale and a scale/c too large for float32 (the AVX-512 micro-kernel
+// folds 2·log2 e·|scale|/c into one factor and takes tanh's oddness for the sign; a factor that
+// overflows must not turn a zero score into 0·inf = NaN). Scores at stage masked (the
+// micro-kernel's store) and softcapped (the tile pass) on every row against c·tanh(scale·q·k/c)
+// in double; per score the bound is c·(1.5e-7 + 4u) + the fp32 dot product's error (|tanh'| <= 1).
+// Query row 0 is zero: its scores are exactly 0, whatever the scale.
+TEST(ModifiersKernels, FlashSoftcapNegativeAndHugeScale) {
+    std::mt19937_64 rng(41);
+    const std::int64_t Lq = 5, Lk = 40, Dk = 16;
+    Tensor q = test::randn(DType::f32, Shape{1, 1, Lq, Dk}, rng), k = test::randn(DType::f32, Shape{1, 1, Lk, Dk}, rng);
+    Tensor v = test::randn(DType::f32, Shape{1, 1, Lk, 8}, rng);
+    for (std::int64_t d = 0; d < Dk; ++d) q.data_as<float>()[d] = 0.0f;
+    const TensorView qv = q, kv = k;
+    for (auto [scale, c] : {std::pair{-0.6, 2.0}, std::pair{-0.6, 0.01}, std::pair{1e35, 1e-6}, std::pair{-1e35, 1e-6}}) {
+        SdpaOptions o;
+        o.scale = scale;
+        o.softcap = c;
+        for (const detail::KernelSet* ks : detail::runnable_kernel_sets())
+            for (ScoreStage st : {ScoreStage::softcapped, ScoreStage::masked}) {
+                Tensor got = poisoned(DType::f32, Shape{1, 1, Lq, Lk}), out = poisoned(DType::f32, Shape{1, 1, Lq, 8});
+                detail::SdpaProblem p = detail::make_problem(q, k, v, o, out, nullptr, nullptr);
+                detail::attach_scores(p, ScoresOutput{got, st});
+                detail::flash_forward(p, *ks, 1);
+                const std::string where = std::string(detail::isa_name(ks->isa)) + " stage=" +
+                                          std::string(score_stage_name(st)) + " scale=" + std::to_string(scale) +
+                                          " c=" + std::to_string(c);
+                for (std::int64_t i = 0; i < Lq; ++i)
+                    for (std::int64_t j = 0; j < Lk; ++j) {
+                        double dot = 0, dot_abs = 0;
+                        for (std::int64_t d = 0; d < Dk; ++d) {
+                            dot += at(qv, 0, 0, i, d) * at(kv, 0, 0, j, d);
+                            dot_abs += std::abs(at(qv, 0, 0, i, d) * at(kv, 0, 0, j, d));
+                        }
+                        const double want = c * std::tanh(scale * dot / c);
+                        const double tol = c * (1.5e-7 + 4 * kU) + (Dk + 4) * kU * std::abs(scale) * dot_abs;
+                        const double g = got.data_as<float>()[i * Lk + j];
+                        EXPECT_LE(std::abs(g - want), tol) << where << " i=" << i << " j=" << j << " got " << g;
+                    }
+                for (std::int64_t e = 0; e < Lq * 8; ++e) EXPECT_TRUE(std::isfinite(out.data_as<float>()[e])) << where;
+            }
+    }
+}
+
 // ---- 3. tanh_f32 ---------------------------------------------------------------------------
 
-// Bound of tanh_f32: absolute error <= 1.5e-7 (measured 8.3e-8: the cancellation of
-// 1 − 2/(e+1) near |x| = 1/8 costs ulps of 1, not of tanh), relative <= 1e-6 (measured
-// 6.1e-7; the Taylor branch below 1/8 is within a few ulp). The portable copy here is the one every
+// Bound of tanh_f32: absolute error <= 1.5e-7, relative <= 1e-6 (measured 8.9e-8 and 2.4e-7
+// for E/(E + 2), E = e^{2|x|} − 1: about 1.5 ulp of 1 near |x| = 1.4, a few ulp of tanh at small |x|). The portable copy here is the one every
 // kernel's translation unit compiles (an inline function of scores.hpp over exp2.hpp).
 TEST(ModifiersTanh, ErrorOnDenseSweep) {
     double max_abs = 0, max_rel = 0;
@@ -449,7 +492,7 @@ TEST(ModifiersTanh, ErrorOnDenseSweep) {
 }
 
 // The same bound for the tanh each ISA row's flash kernel compiles (the AVX-512 one replaces
-// the division by rcp14 and a Newton step): Dk = 1, q = 1, scale 1 and c = 1 make the score of
+// the division by rcp14 and a correction FMA, and its micro-kernel folds scale/c into tanh's argument): Dk = 1, q = 1, scale 1 and c = 1 make the score of
 // key j exactly k[j], so the scores output is that row's tanh of k[j]. Stage softcapped is the
 // tile pass; stage masked (no mask) is the step the AVX-512 micro-kernel applies in its store.
 TEST(ModifiersTanh, EveryIsaRowErrorOnDenseSweep) {

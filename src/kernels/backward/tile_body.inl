@@ -16,9 +16,9 @@ void tile_body(const TileArgs& t) {
     constexpr float kLog2e = 1.4426950408889634f;
     for (int i = 0; i < br; ++i) {
         float* s = t.S + static_cast<std::ptrdiff_t>(i) * bcp;
-        if (t.softcap > 0.0f) {  // scale, cap (keeping 1 − tanh²), then ALiBi and masks
-            for (int j = 0; j < bcp; ++j) s[j] *= t.scale;
-            softcap_f32(s, 1, bcp, t.softcap, t.softcap_inv, t.softcap_grad + static_cast<std::ptrdiff_t>(i) * bcp);
+        if (t.softcap > 0.0f) {  // scale and cap (keeping 1 − tanh²), then ALiBi and masks
+            scaled_softcap_f32(s, bcp, t.scale, t.softcap, t.softcap_inv,
+                               t.softcap_grad + static_cast<std::ptrdiff_t>(i) * bcp);
             if (t.score_rule) t.score_rule(t.rule_ctx, i, s);
             exp_row(s, bcp, kLog2e, t.neg_lse2[i]);
         } else if (t.score_rule) {

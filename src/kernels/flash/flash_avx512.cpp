@@ -50,10 +50,15 @@ inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, f
 #undef STEP
     }
     const __m512 vc = _mm512_set1_ps(c2);
-    [[maybe_unused]] __m512 cap, icap, sl0, sl1, re0, re1;
+    [[maybe_unused]] __m512 cap, tk, sl0, sl1, re0, re1;
     if constexpr ((M & 1) != 0) {
-        cap = _mm512_set1_ps(mods->cap);
-        icap = _mm512_set1_ps(mods->inv_cap);
+        // c·tanh(c2·acc/c) = (±c)·tanh(|c2|·acc/c) (tanh is odd; − when c2 < 0). tanh's argument
+        // y = 2·log2 e·|c2|/c·|acc| takes one multiply (tanh_scaled512): |c2|, 1/c and 2·log2 e
+        // folded into one factor tk, rounded once — unless tk is not a normal float32 (M bit 2,
+        // see qk_modified: then y = |c2·acc|·(2·log2 e/c), one more multiply, as unfolded).
+        cap = _mm512_set1_ps((M & 4) == 0 && c2 < 0.0f ? -mods->cap : mods->cap);
+        const double kc = static_cast<double>(kTanhTwoLog2e) * mods->inv_cap;
+        tk = _mm512_set1_ps(static_cast<float>((M & 4) != 0 ? kc : kc * (c2 < 0.0f ? -c2 : c2)));
     }
     if constexpr ((M & 2) != 0) {
         sl0 = _mm512_loadu_ps(mods->slope);
@@ -62,9 +67,13 @@ inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, f
         re1 = _mm512_loadu_ps(mods->rel + 16);
     }
     // always_inline: out of line (as GCC left it), each call spilled the live accumulators.
-    auto finish = [&](__m512 x, int r, [[maybe_unused]] __m512 sl, [[maybe_unused]] __m512 re)
+    // acc → c2·acc, or with the softcap c·tanh(c2·acc/c).
+    auto finish = [&](__m512 acc, int r, [[maybe_unused]] __m512 sl, [[maybe_unused]] __m512 re)
                       __attribute__((always_inline)) {
-        if constexpr ((M & 1) != 0) x = _mm512_mul_ps(tanh_vec(_mm512_mul_ps(x, icap)), cap);
+        __m512 x;
+        if constexpr ((M & 5) == 1) x = _mm512_mul_ps(tanh_scaled512(acc, tk), cap);
+        else if constexpr ((M & 5) == 5) x = _mm512_mul_ps(tanh_scaled512(_mm512_mul_ps(acc, vc), tk), cap);
+        else x = _mm512_mul_ps(acc, vc);
         if constexpr ((M & 2) != 0) {
             const __m512 dist = _mm512_abs_ps(_mm512_sub_ps(re, _mm512_set1_ps(j_first + static_cast<float>(r))));
             x = _mm512_fnmadd_ps(sl, dist, x);
@@ -73,8 +82,8 @@ inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, f
     };
 #define STORE(r)                                                                          \
     if constexpr (R > r) {                                                                \
-        _mm512_store_ps(s + r * ldS, finish(_mm512_mul_ps(a##r##0, vc), r, sl0, re0));      \
-        _mm512_store_ps(s + r * ldS + 16, finish(_mm512_mul_ps(a##r##1, vc), r, sl1, re1)); \
+        _mm512_store_ps(s + r * ldS, finish(a##r##0, r, sl0, re0));      \
+        _mm512_store_ps(s + r * ldS + 16, finish(a##r##1, r, sl1, re1)); \
     }
     ATTN_ROWS(STORE)
 #undef STORE
@@ -145,11 +154,19 @@ struct Avx512Ops {
     }
     static void qk_modified(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s,
                             int ldS, const QkModifiers& m, float j_first) {
-        const int mode = (m.cap > 0.0f ? 1 : 0) | (m.slope != nullptr ? 2 : 0);
-        if (mode == 1) qk_mod<1>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first);
-        else if (mode == 2) qk_mod<2>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first);
-        else if (mode == 3) qk_mod<3>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first);
-        else qk(qt, k, ldk, rows, Dk, c2, s, ldS);
+        int mode = (m.cap > 0.0f ? 1 : 0) | (m.slope != nullptr ? 2 : 0);
+        if (mode & 1) {  // bit 2: the folded tanh factor 2·log2 e·|c2|/c would overflow or underflow
+            const double tk = static_cast<double>(kTanhTwoLog2e) * m.inv_cap * (c2 < 0.0f ? -c2 : c2);
+            if (!(tk >= std::numeric_limits<float>::min() && tk <= std::numeric_limits<float>::max())) mode |= 4;
+        }
+        switch (mode) {
+            case 1: qk_mod<1>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first); break;
+            case 2: qk_mod<2>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first); break;
+            case 3: qk_mod<3>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first); break;
+            case 5: qk_mod<5>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first); break;
+            case 7: qk_mod<7>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first); break;
+            default: qk(qt, k, ldk, rows, Dk, c2, s, ldS); break;
+        }
     }
 
     static void pv(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, int rows, float* ot, int ldO,
