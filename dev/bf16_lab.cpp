@@ -219,12 +219,13 @@ void flash(const std::string& shape, int threads, int reps) {
     for (auto [src, dst] : {std::pair{&q, &qb}, std::pair{&k, &kb}, std::pair{&v, &vb}})
         for (std::int64_t i = 0; i < src->view().numel(); ++i)
             dst->data_as<std::uint16_t>()[i] = float_to_bf16(src->data_as<float>()[i]);
-    Tensor o(DType::f32, Shape{1, H, L, D});
+    // bf16 compute needs a bf16 out too (SdpaProblem::bf16_products): a float32 out keeps f32 products.
+    Tensor o(DType::f32, Shape{1, H, L, D}), ob(DType::bf16, Shape{1, H, L, D});
     SdpaOptions opt;
     opt.causal = causal ? Causal::top_left : Causal::none;
     const double flop = 4.0 * H * static_cast<double>(L) * L * D * (causal ? 0.5 : 1.0);
     const SdpaProblem pf = make_problem(q, k, v, opt, o, nullptr, nullptr);
-    const SdpaProblem pb = make_problem(qb, kb, vb, opt, o, nullptr, nullptr);
+    const SdpaProblem pb = make_problem(qb, kb, vb, opt, ob, nullptr, nullptr);
     for (const auto& [name, p] : {std::pair{"f32", &pf}, std::pair{"bf16", &pb}}) {
         flash_forward(*p, row, threads, nullptr);  // warm-up
         std::vector<double> wall, cpu;

@@ -20,6 +20,8 @@
 #include "block_plan.hpp"
 #include "../core/element_io.hpp"
 #include "../core/threads.hpp"
+#include "../kernels/dispatch.hpp"
+#include "../sdpa/problem.hpp"
 #include "ring_setup.hpp"
 
 namespace attn::dist {
@@ -86,6 +88,9 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
         sopt.dropout_p = options.dropout_p;
         sopt.dropout_seed = options.dropout_seed;
         sopt.alibi_slopes = ctx.slopes_view();  // (B, Hq); block_options slices and places it
+        // As single-process sdpa decides it (make_problem): all four tensors bfloat16.
+        const bool bf16_products = q.dtype() == DType::bf16 && k.dtype() == DType::bf16 &&
+                                   v.dtype() == DType::bf16 && out.dtype() == DType::bf16;
         RingStats st;
         st.steps = ctx.steps;
         const int right = (rank + 1) % P, left = (rank - 1 + P) % P;
@@ -117,7 +122,13 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
                         const TensorView ov(tmp_o.data(), DType::f32, Shape{c.nb, Hq, c.rows, Dv});
                         const TensorView lv(tmp_lse.data(), DType::f32, Shape{c.nb, Hq, c.rows});
                         SdpaReport report;
-                        sdpa(qv, kv, vv, o, ov, &lv, nullptr, &report);
+                        // attn::sdpa's problem (make_problem: every check), plus bf16 compute when the
+                        // caller's Q, K, V and out are all bfloat16: the float32 block output is the ring's
+                        // own temporary (the merge runs on it with lse), not the caller's choice of
+                        // dtype, so it must not turn the bf16 products off (docs/ring.md, "bf16").
+                        attn::detail::SdpaProblem block = attn::detail::make_problem(qv, kv, vv, o, ov, &lv, nullptr);
+                        block.bf16_products = bf16_products;
+                        attn::detail::run_forward(block, o.impl, &report);
                         st.kernel = report.kernel;
                         ++st.sdpa_calls;
                         st.score_entries += Hq * c.visible;

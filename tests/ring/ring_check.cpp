@@ -66,6 +66,18 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
     Tensor ref_l = poisoned(DType::f64, Shape{c.B, c.Hq, c.Lq});
     TensorView ref_lv = ref_l.view();
     sdpa(q, k, v, so, ref_o, &ref_lv);
+    // All-bf16 calls may run bf16 compute (docs/conventions.md, "bf16 compute"): each block's P
+    // rounded to bf16 and its exp the cheaper one, merged with lse. Their bound needs
+    // Σ_j w_ij·|v_jd|: the same reference on |V| (exact in bf16), dropout included.
+    const bool bf16_compute = c.q_dtype == DType::bf16 && c.kv_dtype == DType::bf16 && c.out_dtype == DType::bf16;
+    Tensor ref_wv;
+    if (bf16_compute) {
+        Tensor va(v.dtype(), v.shape());
+        for (std::int64_t i = 0; i < v.numel(); ++i) va.data_as<std::uint16_t>()[i] = v.data_as<const std::uint16_t>()[i] & 0x7fff;
+        Tensor wv = poisoned(DType::f32, Shape{c.B, c.Hq, c.Lq, c.Dv});
+        sdpa(q, k, va, so, wv);
+        ref_wv = dist::take_rows(wv, dist::rank_segments(c.Lq, P, rank, c.layout));
+    }
 
     const auto qseg = dist::rank_segments(c.Lq, P, rank, c.layout);
     const auto kseg = dist::rank_segments(c.Lk, P, rank, c.layout);
@@ -112,7 +124,8 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
         for (std::int64_t i = 0; i < o.numel(); ++i) {
             const double x = o.view().load_as_double(i), r = ref_mine.data_as<float>()[i];
             const double e = std::fabs(x - r);
-            if (!(e <= output_bound(c.out_dtype, r, 1e-5))) ok = false;  // NaN (an unwritten element) fails too
+            const double extra = bf16_compute ? bf16_compute_bound(ref_wv.data_as<float>()[i]) : 0.0;
+            if (!(e <= output_bound(c.out_dtype, r, 1e-5) + extra)) ok = false;  // NaN (an unwritten element) fails too
             if (e > worst_o || std::isnan(e)) worst_o = std::isnan(e) ? INFINITY : e;
         }
         // lse: local row i of segment s is global row s.start + i.
@@ -122,7 +135,8 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
                 for (std::int64_t bh = 0; bh < c.B * c.Hq; ++bh) {
                     const double x = l.data_as<double>()[bh * nq + local];
                     const double r = ref_l.data_as<double>()[bh * c.Lq + s.start + i];
-                    const bool same = (std::isinf(r) && x == r) || std::fabs(x - r) <= 1e-5 * std::max(1.0, std::fabs(r));
+                    const double tol = 1e-5 * std::max(1.0, std::fabs(r)) + (bf16_compute ? kBf16ExpError : 0.0);
+                    const bool same = (std::isinf(r) && x == r) || std::fabs(x - r) <= tol;
                     if (!same) {
                         ok = false;
                         worst_l = INFINITY;
@@ -147,6 +161,11 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
         detail += "; sent " + std::to_string(stats.bytes_sent) + " K/V bytes, expected " + std::to_string(expected_bytes);
     }
     // The ring runs exactly the steps some rank computes in (fewer than P under a narrow window).
+    // A case that asks for it ran its blocks on bf16 compute where the CPU has it.
+    if (ok && c.expect_bf16_kernel && cpu_has_bf16() && stats.kernel != "flash/avx512_bf16") {
+        ok = false;
+        detail += "; the blocks ran " + stats.kernel + ", not flash/avx512_bf16";
+    }
     if (ok && stats.steps != expected_steps(c, P)) {
         ok = false;
         detail += "; the ring ran " + std::to_string(stats.steps) + " steps, the visible pairs need " +
@@ -413,6 +432,23 @@ int main(int argc, char** argv) {
             const DType* d = combos[i];
             cases.push_back(with_dtypes(m, d[0], d[1], d[2]));
         }
+    }
+    // bf16 compute in the blocks (all bf16, blocks of more than 16 rows: flash, not decode),
+    // against the double reference on the same bf16 inputs with the bf16-compute bound.
+    for (const auto layout : {dist::Layout::zigzag, dist::Layout::contiguous}) {
+        Case b;
+        b.name = "bf16 compute: causal GQA B=1 Hq=4 Hkv=2 L=320 D=64";
+        b.Hq = 4, b.Hkv = 2, b.Lq = 320, b.Lk = 320, b.Dk = 64, b.Dv = 64, b.causal = Causal::top_left;
+        b.layout = layout, b.expect_bf16_kernel = true;
+        cases.push_back(with_dtypes(b, DType::bf16, DType::bf16, DType::bf16));
+        Case m = with_modifiers(b, 2);
+        m.expect_bf16_kernel = true;
+        cases.push_back(with_dtypes(m, DType::bf16, DType::bf16, DType::bf16));
+        Case n;
+        n.name = "bf16 compute: no mask, key_lengths (200, 77), B=2 Lq=256 Lk=200 Dk=40 Dv=24";
+        n.B = 2, n.Hq = 2, n.Lq = 256, n.Lk = 200, n.Dk = 40, n.Dv = 24, n.key_lengths = {200, 77};
+        n.causal = Causal::bottom_right, n.layout = layout;
+        cases.push_back(with_dtypes(with_dropout(n, 1), DType::bf16, DType::bf16, DType::bf16));
     }
     for (const Case& c : cases) run_case(c);
     // The keep mask itself, bit for bit, read through one-hot values.

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -82,6 +83,7 @@ struct Case {
     std::uint64_t dropout_seed = 0;
     // 16-bit cases: Q, K/V and out dtypes (the reference reads the same 16-bit inputs exactly).
     DType q_dtype = DType::f32, kv_dtype = DType::f32, out_dtype = DType::f32;
+    bool expect_bf16_kernel = false;  // all-bf16 blocks must run flash/avx512_bf16 (where the CPU has it)
 };
 
 // A copy of `c` with Q in q, K/V in kv, out in o.
@@ -99,6 +101,27 @@ inline double output_bound(DType dt, double r, double abs) {
     if (dt == DType::f16) return abs + std::ldexp(std::fabs(r), -11);
     if (dt == DType::bf16) return abs + std::ldexp(std::fabs(r), -8);
     return abs;
+}
+
+// bf16 compute (docs/conventions.md, "bf16 compute"), on top of output_bound: each block's
+// weights rounded to bf16 (u = 2^-8) from the path's exp2 (relative error ≤ kBf16ExpError,
+// counted twice per block: P and the normaliser l, and twice more by the merge's lse weights),
+// times (1 + 2^-7) for the second-order terms; wv = Σ_j w_ij·|v_jd| of the reference.
+// lse moves by at most kBf16ExpError (l sums the approximate exponentials).
+inline constexpr double kBf16ExpError = 1.05e-4;
+inline double bf16_compute_bound(double wv) { return (std::ldexp(1.0, -8) + 4 * kBf16ExpError) * (1 + std::ldexp(1.0, -7)) * wv; }
+// Whether this CPU has AVX-512 BF16 (then all-bf16 blocks run bf16 compute): the OS's own flags.
+inline bool cpu_has_bf16() {
+    const char* isa = std::getenv("ATTN_ISA");  // another row forced: no bf16 compute
+    if (isa != nullptr && *isa != '\0' && std::strcmp(isa, "avx512") != 0) return false;
+    std::FILE* f = std::fopen("/proc/cpuinfo", "r");
+    if (f == nullptr) return false;
+    char line[8192];
+    bool has = false;
+    while (!has && std::fgets(line, sizeof line, f) != nullptr)
+        if (std::strncmp(line, "flags", 5) == 0) has = std::strstr(line, " avx512_bf16") != nullptr;
+    std::fclose(f);
+    return has;
 }
 
 // The sinks of the modifier cases: mixed signs, one large enough to dominate short rows.

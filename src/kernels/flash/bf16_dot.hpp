@@ -30,6 +30,8 @@ void qk_bf16(const std::uint32_t* qp, const std::uint16_t* k, std::int64_t ldk, 
 
 // ot[r][0..32) = alpha·ot[r] + Σ_{p < Jp} dot2(v[p][r], pp[p][0..32))  for r < rows (1..8).
 // pp: (Jp, ldP) pair words (64-byte aligned rows); v: (Jp, ldv) pair words; ot: (rows, ldO).
+// alpha = nullptr: every α is 1 (no rescale; the caller checked).
+
 void pv_bf16(const std::uint32_t* pp, int ldP, const std::uint32_t* v, std::int64_t ldv, int Jp, int rows, float* ot,
              int ldO, const float* alpha);
 
@@ -38,5 +40,21 @@ void pv_bf16(const std::uint32_t* pp, int ldP, const std::uint32_t* v, std::int6
 // alignment; dst: rows of ld_dst words.
 void pack_pairs_bf16(const float* src, std::int64_t ld, std::int64_t n, std::int64_t cols, std::uint32_t* dst,
                      std::int64_t ld_dst);
+
+// The online-softmax update of one key block on the bf16 path: as Avx512Ops::softmax
+// (flash_avx512.cpp; m, l, alpha per column, Sᵀ (nk, ldS) in, 16 columns at a time), but each
+// weight from exp2_bf16 below instead of the float32 exp2 (α keeps the float32 one: an error
+// there would compound over the key blocks in l, see exp2_bf16), and the weights leave as bf16
+// pair words pp[j/2][c] = (bf16(P[j][c]), bf16(P[j+1][c])) (ldP words a row, 64-byte aligned; a
+// zero element past an odd nk) — the rounding pack_pairs_bf16 does, without a second pass over
+// Sᵀ. pp = nullptr: no pairs. keep_f32: Sᵀ is overwritten with the float32 P (dropout,
+// the non-finite paths and the careful path read it); false leaves Sᵀ as it was.
+void softmax_bf16(float* s, int ldS, int nk, int ncols, float* m, float* l, float* alpha, std::uint32_t* pp, int ldP,
+                  bool keep_f32);
+
+// 2^x for n values, the exp of softmax_bf16 (for tests: tests/kernels/test_bf16_compute.cpp).
+// Degree-3 polynomial on the reduced argument: relative error ≤ 1.05e-4 (< 2^-13) on x ≤ 0,
+// where softmax_bf16 uses it; exactly 0 below −126 and for −inf, NaN stays NaN, 2^0 = 1.
+void exp2_bf16(const float* x, float* y, int n);
 
 }  // namespace attn::detail::flash_bf16_avx512_ns

@@ -409,21 +409,37 @@ struct Avx512Bf16Ops : Avx512Ops {
         }
     }
 
-    // Pᵀ (rounded to bf16 here: the one rounding this path adds) and V rows as key pairs,
-    // then Oᵀ += V·Pᵀ on the pairs. vp = nullptr: V's pairs straight from the tensor.
+    // The online softmax with the bf16 path's exp2, writing Pᵀ as bf16 key pairs
+    // (flash_avx512_bf16.cpp, softmax_bf16: the rounding of Pᵀ, the one this path adds, at the
+    // exp's store instead of a pass over Sᵀ in pv_block).
+    static void softmax_block(Workspace& w, int ldS, int nk, int ncols, bool pack, bool keep_f32) {
+        flash_bf16_avx512_ns::softmax_bf16(w.s, ldS, nk, ncols, w.m, w.l, w.alpha, pack ? p_pairs(w) : nullptr,
+                                           w.tile_mb, keep_f32);
+    }
+
+    // Pᵀ as key pairs (packed: by softmax_block; else rounded to bf16 here from Sᵀ, after dropout)
+    // and V rows as key pairs, then Oᵀ ← α·Oᵀ + V·Pᵀ on the pairs — without the α multiply for a
+    // panel whose running max did not move (α = 1 in all its columns, the usual case once the
+    // row's large scores were seen). vp = nullptr: V's pairs straight from the tensor.
     static void pv_block(const SdpaProblem& p, const Workspace& w, std::int64_t b, std::int64_t hk, std::int64_t j0,
-                         int panels, std::int64_t nk, int ldS, const float* vp, std::int64_t ldv, float* acc, int ldO) {
+                         int panels, std::int64_t nk, int ldS, const float* vp, std::int64_t ldv, float* acc, int ldO,
+                         bool packed) {
         Pair* pp = p_pairs(w);
         Pair* vv = v_pairs(w);
-        flash_bf16_avx512_ns::pack_pairs_bf16(w.s, ldS, nk, panels * kPanel, pp, w.tile_mb);
+        if (!packed) flash_bf16_avx512_ns::pack_pairs_bf16(w.s, ldS, nk, panels * kPanel, pp, w.tile_mb);
         if (vp != nullptr) flash_bf16_avx512_ns::pack_pairs_bf16(vp, ldv, nk, p.Dv, vv, p.Dv);
         else v_pairs_direct(p, b, hk, j0, nk, vv);
         const int Jp = static_cast<int>(half_up(nk));
-        for (int pn = 0; pn < panels; ++pn)
+        const __m512 one = _mm512_set1_ps(1.0f);
+        for (int pn = 0; pn < panels; ++pn) {
+            const float* al = w.alpha + pn * kPanel;
+            const bool moved = _mm512_cmp_ps_mask(_mm512_load_ps(al), one, _CMP_NEQ_UQ) != 0 ||
+                               _mm512_cmp_ps_mask(_mm512_load_ps(al + 16), one, _CMP_NEQ_UQ) != 0;
             for (std::int64_t d = 0; d < p.Dv; d += kRows)
                 flash_bf16_avx512_ns::pv_bf16(pp + pn * kPanel, w.tile_mb, vv + d, p.Dv, Jp,
                                               static_cast<int>(imin(kRows, p.Dv - d)), acc + d * ldO + pn * kPanel, ldO,
-                                              w.alpha + pn * kPanel);
+                                              moved ? al : nullptr);
+        }
     }
 };
 

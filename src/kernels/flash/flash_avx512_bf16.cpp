@@ -1,14 +1,17 @@
 // The bf16 dot-product micro-kernels (bf16_dot.hpp says what they compute and why pairs).
 // This file alone is compiled with ATTN_AVX512_BF16_FLAGS (the AVX-512 set plus
-// -mavx512bf16, src/CMakeLists.txt); it holds no driver code, only these three functions,
-// reached from the avx512 row's bf16 Ops (flash_avx512.cpp) on a CPU with AVX-512 BF16.
+// -mavx512bf16, src/CMakeLists.txt); it holds no driver code, only the functions of
+// bf16_dot.hpp, reached from the avx512 row's bf16 Ops (flash_avx512.cpp) on a CPU with
+// AVX-512 BF16.
 //
 // Per step a tile issues 2 aligned loads of 32 query lanes, 8 broadcast pair words and 16
 // vdpbf16ps — the f32 tile's instruction mix with twice the products per instruction.
 #include <immintrin.h>
 
 #include <cstring>
+#include <limits>
 
+#include "../simd/exp2_avx512.hpp"
 #include "bf16_dot.hpp"
 
 namespace attn::detail::flash_bf16_avx512_ns {
@@ -54,15 +57,24 @@ inline void qk_tile(const std::uint32_t* qp, const std::uint16_t* k, std::int64_
 #undef STORE
 }
 
-template <int R>
+// Scale = false: alpha is all 1 (the running max did not move), the accumulators load as they are.
+template <int R, bool Scale>
 inline void pv_tile(const std::uint32_t* pp, int ldP, const std::uint32_t* v, std::int64_t ldv, int Jp, float* ot,
                     int ldO, const float* alpha) {
-    const __m512 al0 = _mm512_load_ps(alpha), al1 = _mm512_load_ps(alpha + 16);
+    [[maybe_unused]] __m512 al0, al1;
+    if constexpr (Scale) {
+        al0 = _mm512_load_ps(alpha);
+        al1 = _mm512_load_ps(alpha + 16);
+    }
+    auto acc = [&](const float* o, [[maybe_unused]] __m512 al) __attribute__((always_inline)) {
+        if constexpr (Scale) return _mm512_mul_ps(_mm512_load_ps(o), al);
+        else return _mm512_load_ps(o);
+    };
 #define DECL(r)                                                          \
     __m512 a##r##0 = _mm512_setzero_ps(), a##r##1 = _mm512_setzero_ps(); \
     if constexpr (R > r) {                                               \
-        a##r##0 = _mm512_mul_ps(_mm512_load_ps(ot + r * ldO), al0);      \
-        a##r##1 = _mm512_mul_ps(_mm512_load_ps(ot + r * ldO + 16), al1); \
+        a##r##0 = acc(ot + r * ldO, al0);                                \
+        a##r##1 = acc(ot + r * ldO + 16, al1);                           \
     }
     ATTN_ROWS(DECL)
 #undef DECL
@@ -106,22 +118,112 @@ void qk_bf16(const std::uint32_t* qp, const std::uint16_t* k, std::int64_t ldk, 
 
 void pv_bf16(const std::uint32_t* pp, int ldP, const std::uint32_t* v, std::int64_t ldv, int Jp, int rows, float* ot,
              int ldO, const float* alpha) {
+    if (alpha != nullptr) {
+        switch (rows) {
+#define CASE(n) \
+    case n: pv_tile<n, true>(pp, ldP, v, ldv, Jp, ot, ldO, alpha); break;
+            ATTN_CASES(CASE)
+#undef CASE
+            default: pv_tile<1, true>(pp, ldP, v, ldv, Jp, ot, ldO, alpha); break;
+        }
+        return;
+    }
     switch (rows) {
 #define CASE(n) \
-    case n: pv_tile<n>(pp, ldP, v, ldv, Jp, ot, ldO, alpha); break;
+    case n: pv_tile<n, false>(pp, ldP, v, ldv, Jp, ot, ldO, alpha); break;
         ATTN_CASES(CASE)
 #undef CASE
-        default: pv_tile<1>(pp, ldP, v, ldv, Jp, ot, ldO, alpha); break;
+        default: pv_tile<1, false>(pp, ldP, v, ldv, Jp, ot, ldO, alpha); break;
     }
 }
 #undef ATTN_CASES
 
+namespace {
+
+// The interleave of vcvtne2ps2bf16(b, a) (bf16(a) in words 0..15, bf16(b) in 16..31) into 16
+// pair words (a[i], b[i]).
+alignas(64) constexpr short kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                               8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+
+inline __m512i pair_words(__m512 a, __m512 b, __m512i idx) {
+    return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+}
+
+// 2^x for the weights of the bf16 path (x = (s − max)·log2 e ≤ 0, or −inf, or NaN).
+// Why degree 3: each weight is rounded to bf16 right after (relative error ≤ u = 2^-8, 8
+// significant bits), so the exp needs an error well below u, not float32's 2^-24. The
+// relative-error minimax polynomials of 2^f on f ∈ [−0.5, 0.5] with p(0) = 1 (so the row's
+// maximum gets exactly 1) reach 1.96e-3 (degree 2: half of u, it would double the rounding
+// error), 1.01e-4 (degree 3: 2^-13.3, u/39) and 2.8e-6 (degree 4): degree 3 is the lowest
+// whose error disappears under the rounding. With float32 Horner and coefficients: ≤ 1.05e-4,
+// checked on a dense sweep by test_bf16_compute.cpp. f = x − round(x) is one vreduceps and
+// 2^n·p one vscalefps (exact), against the float32 exp2's clamp, round, subtract, six FMAs,
+// convert, shift and add. x < −126 → 0 exactly (the float32 exp2's rule: a zero weight keeps
+// 0·inf out of P·V); −inf → 0; NaN → NaN (the mask keeps unordered lanes).
+inline __m512 exp2_bf16_ps(__m512 x) {
+    const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEAREST_INT);  // x − round-to-nearest-even(x), exact
+    const __m512 n = _mm512_sub_ps(x, f);                              // exact; −inf stays −inf (f = 0)
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(0.05500892922282219f), f, _mm512_set1_ps(0.2422109693288803f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6932829022407532f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(exp2poly::kMin), _CMP_NLT_UQ);
+    return _mm512_maskz_scalef_ps(keep, p, n);
+}
+
+}  // namespace
+
+void exp2_bf16(const float* x, float* y, int n) {
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(y + i, m, exp2_bf16_ps(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+}
+
+void softmax_bf16(float* s, int ldS, int nk, int ncols, float* m, float* l, float* alpha, std::uint32_t* pp, int ldP,
+                  bool keep_f32) {
+    constexpr float kLog2e = 1.4426950408889634f;
+    const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), l2e = _mm512_set1_ps(kLog2e);
+    const __m512i idx = _mm512_load_si512(kInterleave);
+    for (int c = 0; c < ncols; c += 16) {
+        const __m512 mold = _mm512_load_ps(m + c);
+        __m512 x0 = mold, x1 = mold, x2 = mold, x3 = mold;  // four max chains (latency)
+        int j = 0;
+        for (; j + 4 <= nk; j += 4) {
+            x0 = _mm512_max_ps(x0, _mm512_load_ps(s + (j + 0) * ldS + c));
+            x1 = _mm512_max_ps(x1, _mm512_load_ps(s + (j + 1) * ldS + c));
+            x2 = _mm512_max_ps(x2, _mm512_load_ps(s + (j + 2) * ldS + c));
+            x3 = _mm512_max_ps(x3, _mm512_load_ps(s + (j + 3) * ldS + c));
+        }
+        for (; j < nk; ++j) x0 = _mm512_max_ps(x0, _mm512_load_ps(s + j * ldS + c));
+        const __m512 mx = _mm512_max_ps(_mm512_max_ps(x0, x1), _mm512_max_ps(x2, x3));
+        // As Avx512Ops::softmax: a column with nothing visible yet subtracts 0, not −inf.
+        const __m512 use = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(mx, ninf, _CMP_NEQ_UQ), mx);
+        const __m512 al = exp2_ps512(_mm512_mul_ps(_mm512_sub_ps(mold, use), l2e));
+        auto weight = [&](const float* sj) __attribute__((always_inline)) {
+            return exp2_bf16_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_load_ps(sj), use), l2e));
+        };
+        __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+        for (j = 0; j < nk; j += 2) {
+            float* s0 = s + j * ldS + c;
+            const __m512 e0 = weight(s0);
+            const __m512 e1 = j + 1 < nk ? weight(s0 + ldS) : _mm512_setzero_ps();
+            sum0 = _mm512_add_ps(sum0, e0);
+            sum1 = _mm512_add_ps(sum1, e1);
+            if (keep_f32) {
+                _mm512_store_ps(s0, e0);
+                if (j + 1 < nk) _mm512_store_ps(s0 + ldS, e1);
+            }
+            if (pp != nullptr) _mm512_store_si512(pp + (j / 2) * ldP + c, pair_words(e0, e1, idx));
+        }
+        _mm512_store_ps(alpha + c, al);
+        _mm512_store_ps(l + c, _mm512_fmadd_ps(_mm512_load_ps(l + c), al, _mm512_add_ps(sum0, sum1)));
+        _mm512_store_ps(m + c, mx);
+    }
+}
+
 void pack_pairs_bf16(const float* src, std::int64_t ld, std::int64_t n, std::int64_t cols, std::uint32_t* dst,
                      std::int64_t ld_dst) {
-    // vcvtne2ps2bf16(b, a) puts bf16(a) in words 0..15 and bf16(b) in words 16..31 (round to
-    // nearest even); the permutation interleaves them into 16 pair words (a[i], b[i]).
-    alignas(64) static constexpr short kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-                                                          8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    // vcvtne2ps2bf16 rounds to nearest even; kInterleave pairs the two rows' words.
     const __m512i idx = _mm512_load_si512(kInterleave);
     for (std::int64_t p = 0; p < (n + 1) / 2; ++p) {
         const float* r0 = src + 2 * p * ld;
@@ -131,7 +233,7 @@ void pack_pairs_bf16(const float* src, std::int64_t ld, std::int64_t n, std::int
             const __mmask16 m = cols - c >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (cols - c)) - 1);
             const __m512 a = _mm512_maskz_loadu_ps(m, r0 + c);
             const __m512 b = second ? _mm512_maskz_loadu_ps(m, r0 + ld + c) : _mm512_setzero_ps();
-            const __m512i w = _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+            const __m512i w = pair_words(a, b, idx);
             _mm512_mask_storeu_epi32(d + c, m, w);
         }
     }

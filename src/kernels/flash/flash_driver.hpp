@@ -80,9 +80,14 @@
 //   pack_q(p, w, b, nq, panels)   its own packed Qᵀ into w.qt (which holds Mb·Dk floats)
 //   qk_block(p, w, b, hk, panels, j0, nk, ldS, scale)   Sᵀ of keys [j0, j0+nk), all panels
 //   v_rows(p, b, hk, j0, nk, vbuf, ldv)   V rows of the key block as float32 (nk × Dv)
-//   pv_block(p, w, b, hk, j0, panels, nk, ldS, vp, ldv, acc, ldO)  acc ← α·acc + V·Pᵀ: V float32
-//                                 rows vp, or vp = nullptr: keys [j0, j0+nk) of V read by the Ops
-//                                 itself (the driver then calls v_rows only where it checks V)
+//   softmax_block(w, ldS, nk, ncols, pack, keep_f32)   the online softmax of the key block (m,
+//                                 l, α as Ops::softmax); pack: it also leaves Pᵀ in its own form for
+//                                 pv_block; keep_f32: Sᵀ must hold the float32 Pᵀ afterwards (dropout,
+//                                 the non-finite and careful paths read it), else Sᵀ may be left as is
+//   pv_block(p, w, b, hk, j0, panels, nk, ldS, vp, ldv, acc, ldO, packed)  acc ← α·acc + V·Pᵀ: V
+//                                 float32 rows vp, or vp = nullptr: keys [j0, j0+nk) of V read by
+//                                 the Ops itself (the driver then calls v_rows only where it checks
+//                                 V); packed: Pᵀ as softmax_block packed it, else from the float32 Sᵀ
 // Without them the driver runs the float32 code below (pack_qt, tile_rows, Ops::qk, Ops::pv).
 // Everything else (score rule, softmax, non-finite handling, outputs) sees float32 Sᵀ,
 // Pᵀ and V rows either way.
@@ -543,11 +548,13 @@ void write_scores(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::
 
 // Oᵀ (acc) ← α·Oᵀ + Σⱼ V[j]·Pᵀ[j] for all panels: V rows vp (row stride ldv), Pᵀ in w.s.
 // (b, hk, j0): where the key block's V rows are, for an Ops that reads them itself (vp = nullptr).
+// p_packed: the operand hooks' softmax_block packed Pᵀ (see the header).
 template <class Ops>
 void pv_tile(const SdpaProblem& p, const Workspace& w, std::int64_t b, std::int64_t hk, std::int64_t j0, int panels,
-             std::int64_t nk, int ldS, const float* vp, std::int64_t ldv, float* acc, int ldO) {
+             std::int64_t nk, int ldS, const float* vp, std::int64_t ldv, float* acc, int ldO,
+             [[maybe_unused]] bool p_packed) {
     if constexpr (kOpsOwnOperands<Ops>) {
-        Ops::pv_block(p, w, b, hk, j0, panels, nk, ldS, vp, ldv, acc, ldO);
+        Ops::pv_block(p, w, b, hk, j0, panels, nk, ldS, vp, ldv, acc, ldO, p_packed);
         return;
     }
     for (int pn = 0; pn < panels; ++pn)
@@ -593,7 +600,16 @@ void accumulate_keys(const SdpaProblem& p, const FlashTiles& t, const Dropout& d
         for (int c = 0; c < nq && !partial; ++c) partial = w.lo[c] > j0 || w.hi[c] < j0 + nk;
         score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, scale, partial);
 
-        Ops::softmax(w.s, ldS, static_cast<int>(nk), ncols, w.m, w.l, w.alpha);
+        // Zeros of P only where a mask, ALiBi (a score that overflows to −inf: alibi_zeros) or
+        // dropout ran: V is checked there (finite.hpp). Softcap keeps every score finite.
+        const bool check = partial || p.has_elementwise_mask() || alibi_zeros || drop.active;
+        // The operand hooks' softmax packs Pᵀ for pv_block unless dropout changes it first, and
+        // keeps the float32 Pᵀ only for the paths that read it (dropout, checks, careful).
+        const bool p_packed = kOpsOwnOperands<Ops> && !drop.active;
+        if constexpr (kOpsOwnOperands<Ops>)
+            Ops::softmax_block(w, ldS, static_cast<int>(nk), ncols, p_packed, careful || check);
+        else
+            Ops::softmax(w.s, ldS, static_cast<int>(nk), ncols, w.m, w.l, w.alpha);
         // One branch per tile: without dropout the tile goes straight to P·V.
         if (drop.active) apply_dropout<Ops>(drop, w, b, nq, j0, nk, w.s, ldS);
 
@@ -610,11 +626,8 @@ void accumulate_keys(const SdpaProblem& p, const FlashTiles& t, const Dropout& d
                     select |= split_large(v[j * ldv + d], w.vbuf[j * p.Dv + d], w.vbig[j * p.Dv + d]);
             vp = w.vbuf;
             ldv = p.Dv;
-            pv_tile<Ops>(p, w, b, hk, j0, panels, nk, ldS, w.vbig, ldv, w.bigot, ldO);
+            pv_tile<Ops>(p, w, b, hk, j0, panels, nk, ldS, w.vbig, ldv, w.bigot, ldO, p_packed);
         } else {
-            // Zeros of P only where a mask, ALiBi (a score that overflows to −inf: alibi_zeros) or
-            // dropout ran: check V there (finite.hpp). Softcap keeps every score finite.
-            const bool check = partial || p.has_elementwise_mask() || alibi_zeros || drop.active;
             ldv = 0;
             if constexpr (kOpsOwnOperands<Ops>)  // float32 rows only to check them; else the Ops reads V
                 vp = check ? Ops::v_rows(p, b, hk, j0, nk, w.vbuf, ldv) : nullptr;
@@ -630,7 +643,7 @@ void accumulate_keys(const SdpaProblem& p, const FlashTiles& t, const Dropout& d
                 ldv = p.Dv;
             }
         }
-        pv_tile<Ops>(p, w, b, hk, j0, panels, nk, ldS, vp, ldv, w.ot, ldO);
+        pv_tile<Ops>(p, w, b, hk, j0, panels, nk, ldS, vp, ldv, w.ot, ldO, p_packed);
         if (select) add_nonfinite_v<Ops>(p, w, b, hk, j0, nk, ncols, ldS, ldO);
     }
 }
