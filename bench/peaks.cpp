@@ -61,13 +61,10 @@ double per_cpu_best(const std::vector<double>& rates, const std::vector<double>&
 }  // namespace
 
 bool cpu_has_avx2_fma() {
-#if defined(__x86_64__) || defined(__i386__)
-    // libgcc's check covers the CPUID bits and that the OS saves the YMM registers (XGETBV).
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-    return false;
-#endif
+    // cpu_features() checks the CPUID bits and that the OS saves the YMM registers (XGETBV),
+    // and honours ATTN_CPU_HIDE like every kernel choice.
+    const attn::detail::CpuFeatures& f = attn::detail::cpu_features();
+    return f.avx2 && f.fma;
 }
 
 bool cpu_has_avx512() { return attn::detail::cpu_supports(attn::detail::Isa::avx512); }

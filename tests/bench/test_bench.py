@@ -26,23 +26,32 @@ def torch_installed():
     return subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
 
 
-def cpu_has_avx2_fma():
+def cpu_flags():
+    """/proc/cpuinfo's flags, less what ATTN_CPU_HIDE takes away (the library reads it too:
+    docs/environment.md), so these expectations follow the CPU attn believes it runs on."""
     with open("/proc/cpuinfo") as f:
-        flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
+        flags = set(next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), []))
+    hidden = {"avx512": {"avx512f", "avx512vl", "avx512bw", "avx512dq", "avx512_bf16"},
+              "avx512_bf16": {"avx512_bf16"}, "avx2": {"avx2", "fma", "f16c"}}
+    for item in filter(None, os.environ.get("ATTN_CPU_HIDE", "").split(",")):
+        flags -= hidden[item]
+    return flags
+
+
+def cpu_has_avx2_fma():
+    flags = cpu_flags()
     return "avx2" in flags and "fma" in flags
 
 
 def cpu_has_avx512():
     """What attn's avx512 row needs (as /proc/cpuinfo lists it; the kernel shows the flags
     only when it saves the ZMM state)."""
-    with open("/proc/cpuinfo") as f:
-        flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
+    flags = cpu_flags()
     return cpu_has_avx2_fma() and all(x in flags for x in ("avx512f", "avx512vl", "avx512bw", "avx512dq", "f16c"))
 
 
 def cpu_has_flag(name):
-    with open("/proc/cpuinfo") as f:
-        return name in next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
+    return name in cpu_flags()
 
 
 def close(a, b, rel=1e-9):
