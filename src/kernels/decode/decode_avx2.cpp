@@ -85,13 +85,9 @@ struct Avx2Ops {
     template <class T>
     static void scores(const float* q, i64 qstride, int R, const T* k, i64 kstride, i64 n, i64 Dk, float* s,
                        i64 sstride) {
-        // One row at a time, each pass reading whole K rows in address order (docs/kernels.md, "Decode:
-        // rows one at a time"): the first pass streams the block from memory, the others hit
-        // L1. The multi-row tile (one K load for R rows) walked two K rows per tile and, in
-        // accumulate, V in head-dim slices (a stride of one row, one or two lines per row per
-        // pass), which the prefetchers followed badly: S7 (4 rows per KV head) spent twice
-        // S5's time per byte. Same bits: every dot product and every output sum keeps its order.
-        for (int r = 0; r < R; ++r) score_tile<1>(q + r * qstride, qstride, k, kstride, n, Dk, s + r * sstride, sstride);
+        if (R == 4) score_tile<4>(q, qstride, k, kstride, n, Dk, s, sstride);
+        else if (R == 2) score_tile<2>(q, qstride, k, kstride, n, Dk, s, sstride);
+        else score_tile<1>(q, qstride, k, kstride, n, Dk, s, sstride);
     }
 
     static float exp2_1(float x) { return _mm_cvtss_f32(_mm256_castps256_ps128(exp2_ps(_mm256_set1_ps(x)))); }
@@ -182,9 +178,9 @@ struct Avx2Ops {
     template <class T>
     static void accumulate(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, int R, const T* v,
                            i64 vstride, i64 n, i64 Dv) {
-        // One row at a time, whole V rows in address order (scores says why).
-        for (int r = 0; r < R; ++r)
-            acc_tile<1>(o + r * ostride, ostride, alpha + r, p + r * pstride, pstride, v, vstride, n, Dv);
+        if (R == 4) acc_tile<4>(o, ostride, alpha, p, pstride, v, vstride, n, Dv);
+        else if (R == 2) acc_tile<2>(o, ostride, alpha, p, pstride, v, vstride, n, Dv);
+        else acc_tile<1>(o, ostride, alpha, p, pstride, v, vstride, n, Dv);
     }
 };
 
