@@ -174,7 +174,8 @@ inline void for_key_runs(const DecodeView& a, const DecodeWork& w, i64 b, i64 hk
 // core stalls at every page start. Requesting the page heads of the stream it reads next
 // (this block's V during the scores, the next block's K during P·V) starts them early:
 // single-thread CPU time per S5 step (512 MiB float32) fell ≈ 20 % (docs/kernels.md, "Decode:
-// page-head prefetch"). About one prefetch per 4 keys at D = 128 float32; same bits.
+// page-head prefetch"). About one prefetch per 4 keys at D = 128 float32; same bits. A paged
+// cache gets the same requests run by run (a 4 KiB page start inside each cache page).
 constexpr int kPageHeadLines = 2;
 
 inline void prefetch_page_heads(const void* p, i64 bytes) {
@@ -249,13 +250,15 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
 
     for (i64 j0 = klo; j0 < khi; j0 += kDecodeBlock) {
         const i64 n = imin(kDecodeBlock, khi - j0);
-        if (w.paged == nullptr) {  // pages: for_key_runs requests the next page's K and V itself
+        {  // this block's V and the next block's K, run by run (one run, or one per cache page)
             const i64 n_next = imin(kDecodeBlock, khi - (j0 + n));
-            prefetch_page_heads(static_cast<const T*>(a.v) + b * a.vs[0] + hk * a.vs[1] + j0 * a.vs[2],
-                                n * a.vs[2] * static_cast<i64>(sizeof(T)));
+            for_key_runs<T>(a, w, b, hk, j0, n, [&](i64, i64 len, const T*, const T* vrow) {
+                prefetch_page_heads(vrow, len * a.vs[2] * static_cast<i64>(sizeof(T)));
+            });
             if (n_next > 0)
-                prefetch_page_heads(static_cast<const T*>(a.k) + b * a.ks[0] + hk * a.ks[1] + (j0 + n) * a.ks[2],
-                                    n_next * a.ks[2] * static_cast<i64>(sizeof(T)));
+                for_key_runs<T>(a, w, b, hk, j0 + n, n_next, [&](i64, i64 len, const T* krow, const T*) {
+                    prefetch_page_heads(krow, len * a.ks[2] * static_cast<i64>(sizeof(T)));
+                });
         }
         // S = (scale·Q) · K_blockᵀ — each K row is read from memory once for all M rows.
         for_row_groups(M, [&](i64 r0, i64 R) {
