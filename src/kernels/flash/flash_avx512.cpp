@@ -15,6 +15,7 @@
 
 #define ATTN_FLASH_NS flash_avx512_ns
 #include "../simd/exp2_avx512.hpp"
+#include "column_max_avx512.hpp"
 #include "bf16_dot.hpp"
 #include "flash_driver.hpp"
 #include "../simd/half_avx512.hpp"
@@ -182,27 +183,15 @@ struct Avx512Ops {
 
     // Online-softmax update, 16 query columns (one zmm) at a time, vertical over the nk keys.
     static void softmax(float* s, int ldS, int nk, int ncols, float* m, float* l, float* alpha) {
-        const __m512 ninf = _mm512_set1_ps(kNegInf), l2e = _mm512_set1_ps(kLog2e);
+        const __m512 l2e = _mm512_set1_ps(kLog2e);
         for (int c = 0; c < ncols; c += 16) {
             const __m512 mold = _mm512_load_ps(m + c);
-            // Four independent max chains and two sum chains (latency, as in the AVX2 path).
-            __m512 x0 = mold, x1 = mold, x2 = mold, x3 = mold;
-            int j = 0;
-            for (; j + 4 <= nk; j += 4) {
-                x0 = _mm512_max_ps(x0, _mm512_load_ps(s + (j + 0) * ldS + c));
-                x1 = _mm512_max_ps(x1, _mm512_load_ps(s + (j + 1) * ldS + c));
-                x2 = _mm512_max_ps(x2, _mm512_load_ps(s + (j + 2) * ldS + c));
-                x3 = _mm512_max_ps(x3, _mm512_load_ps(s + (j + 3) * ldS + c));
-            }
-            for (; j < nk; ++j) x0 = _mm512_max_ps(x0, _mm512_load_ps(s + j * ldS + c));
-            const __m512 mx = _mm512_max_ps(_mm512_max_ps(x0, x1), _mm512_max_ps(x2, x3));
-            // A column with nothing visible yet keeps m = −inf; subtract 0 there so that
-            // 2^(−inf − 0) = 0 instead of 2^(−inf + inf) = NaN (NaN compares unequal: kept).
-            const __m512 use = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(mx, ninf, _CMP_NEQ_UQ), mx);
+            const ColumnMax cm = column_max16(s, ldS, nk, c, mold);
+            const __m512 mx = cm.max, use = cm.use;
             // Natural-unit scores: 2^((s − max)·log2 e) (flash_driver.hpp says why).
             const __m512 al = exp2_ps512(_mm512_mul_ps(_mm512_sub_ps(mold, use), l2e));
-            __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
-            j = 0;
+            __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();  // two sum chains (latency)
+            int j = 0;
             for (; j + 2 <= nk; j += 2) {
                 float* s0 = s + j * ldS + c;
                 float* s1 = s0 + ldS;

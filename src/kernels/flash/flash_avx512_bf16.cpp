@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "../simd/exp2_avx512.hpp"
+#include "column_max_avx512.hpp"
 #include "bf16_dot.hpp"
 
 namespace attn::detail::flash_bf16_avx512_ns {
@@ -182,28 +183,18 @@ void exp2_bf16(const float* x, float* y, int n) {
 void softmax_bf16(float* s, int ldS, int nk, int ncols, float* m, float* l, float* alpha, std::uint32_t* pp, int ldP,
                   bool keep_f32) {
     constexpr float kLog2e = 1.4426950408889634f;
-    const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), l2e = _mm512_set1_ps(kLog2e);
+    const __m512 l2e = _mm512_set1_ps(kLog2e);
     const __m512i idx = _mm512_load_si512(kInterleave);
     for (int c = 0; c < ncols; c += 16) {
         const __m512 mold = _mm512_load_ps(m + c);
-        __m512 x0 = mold, x1 = mold, x2 = mold, x3 = mold;  // four max chains (latency)
-        int j = 0;
-        for (; j + 4 <= nk; j += 4) {
-            x0 = _mm512_max_ps(x0, _mm512_load_ps(s + (j + 0) * ldS + c));
-            x1 = _mm512_max_ps(x1, _mm512_load_ps(s + (j + 1) * ldS + c));
-            x2 = _mm512_max_ps(x2, _mm512_load_ps(s + (j + 2) * ldS + c));
-            x3 = _mm512_max_ps(x3, _mm512_load_ps(s + (j + 3) * ldS + c));
-        }
-        for (; j < nk; ++j) x0 = _mm512_max_ps(x0, _mm512_load_ps(s + j * ldS + c));
-        const __m512 mx = _mm512_max_ps(_mm512_max_ps(x0, x1), _mm512_max_ps(x2, x3));
-        // As Avx512Ops::softmax: a column with nothing visible yet subtracts 0, not −inf.
-        const __m512 use = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(mx, ninf, _CMP_NEQ_UQ), mx);
+        const ColumnMax cm = column_max16(s, ldS, nk, c, mold);
+        const __m512 mx = cm.max, use = cm.use;
         const __m512 al = exp2_ps512(_mm512_mul_ps(_mm512_sub_ps(mold, use), l2e));
         auto weight = [&](const float* sj) __attribute__((always_inline)) {
             return exp2_bf16_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_load_ps(sj), use), l2e));
         };
         __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
-        for (j = 0; j < nk; j += 2) {
+        for (int j = 0; j < nk; j += 2) {
             float* s0 = s + j * ldS + c;
             const __m512 e0 = weight(s0);
             const __m512 e1 = j + 1 < nk ? weight(s0 + ldS) : _mm512_setzero_ps();

@@ -1,0 +1,37 @@
+// The online softmax's new running max for 16 query columns of a score tile, shared by the
+// AVX-512 flash paths (float32 in flash_avx512.cpp, bf16 compute in flash_avx512_bf16.cpp).
+// Include only from *_avx512*.cpp files (internal linkage, as simd/exp2_avx512.hpp).
+#pragma once
+
+#include <immintrin.h>
+
+#include <limits>
+
+namespace attn::detail {
+namespace {
+
+struct ColumnMax {
+    __m512 max;  // max(m_old, max_j s[j][c..c+16)): the new m
+    __m512 use;  // what the exponentials subtract: max, or 0 where max is −inf
+};
+
+// s: nk rows of ldS floats (keys × query columns), columns c..c+16; mold: the old running max.
+inline ColumnMax column_max16(const float* s, int ldS, int nk, int c, __m512 mold) {
+    __m512 x0 = mold, x1 = mold, x2 = mold, x3 = mold;  // four independent max chains (latency)
+    int j = 0;
+    for (; j + 4 <= nk; j += 4) {
+        x0 = _mm512_max_ps(x0, _mm512_load_ps(s + (j + 0) * ldS + c));
+        x1 = _mm512_max_ps(x1, _mm512_load_ps(s + (j + 1) * ldS + c));
+        x2 = _mm512_max_ps(x2, _mm512_load_ps(s + (j + 2) * ldS + c));
+        x3 = _mm512_max_ps(x3, _mm512_load_ps(s + (j + 3) * ldS + c));
+    }
+    for (; j < nk; ++j) x0 = _mm512_max_ps(x0, _mm512_load_ps(s + j * ldS + c));
+    const __m512 mx = _mm512_max_ps(_mm512_max_ps(x0, x1), _mm512_max_ps(x2, x3));
+    // A column with nothing visible yet keeps m = −inf; subtract 0 there so that
+    // 2^(−inf − 0) = 0 instead of 2^(−inf + inf) = NaN (NaN compares unequal: kept).
+    const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    return {mx, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(mx, ninf, _CMP_NEQ_UQ), mx)};
+}
+
+}  // namespace
+}  // namespace attn::detail
