@@ -196,8 +196,9 @@ std::int64_t gemm_pack_b_all(const GemmArgs& g, float* dst) {
     if (g.K <= 0 || g.N <= 0) return 0;
     const std::int64_t nk = ceil_div(g.K, U::kKC), kc_max = ceil_div(g.K, nk), nq = ceil_div(g.N, NR);
     if (dst == nullptr) return nk * kc_max * nq * NR;
-    const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-#pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
+    // One thread: a weight is packed once per load (a few ms for a 768 x 2304 matrix), often
+    // outside any call that names a thread count (a layer's constructor or load_state_dict),
+    // where starting a thread pool would break the promise that threads=1 never starts one.
     for (std::int64_t pc = 0; pc < nk; ++pc)
         for (std::int64_t q = 0; q < nq; ++q) {
             const std::int64_t k0 = pc * kc_max, kc = std::min(kc_max, g.K - k0);
