@@ -269,20 +269,30 @@ def test_a_termination_signal_removes_the_staging_files(work, sig):
     assert listing(work) == sorted(before + ["pipe"])
 
 
-def test_sigterm_during_a_large_write_leaves_nothing(work):
-    """A 160 MB --weights file: SIGTERM as soon as its staging file appears (mid-write, or at worst
-    just before the rename); no staging file may survive, and no half file appear."""
-    L = 4500
-    rng = np.random.default_rng(0)
+LARGE_L = 4500  # a 160 MB --weights file
+
+
+def start_large_write(work, seed, env=None):
+    """Starts `attn sdpa` writing a 160 MB --weights file and returns (process, listing before)
+    once its first staging file appears (or the process has ended)."""
+    rng = np.random.default_rng(seed)
     for n, dd in (("q", DK), ("k", DK), ("v", DV)):
-        np.save(work / f"{n}.npy", rng.standard_normal((1, 2, L, dd)).astype(np.float32))
+        np.save(work / f"{n}.npy", rng.standard_normal((1, 2, LARGE_L, dd)).astype(np.float32))
     before = listing(work)
     p = subprocess.Popen([attn_bin(), *map(str, sdpa(work, "--weights", work / "big.npy"))],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     deadline = time.monotonic() + TIMEOUT
     while not staging_files(work) and p.poll() is None:
         assert time.monotonic() < deadline
         time.sleep(0.001)
+    return p, before
+
+
+def test_sigterm_during_a_large_write_leaves_nothing(work):
+    """SIGTERM as soon as the staging file appears (mid-write, or at worst just before the
+    rename); no staging file may survive, and no half file appear."""
+    L = LARGE_L
+    p, before = start_large_write(work, 0)
     p.send_signal(signal.SIGTERM)
     p.wait(TIMEOUT)
     assert staging_files(work) == []
@@ -306,17 +316,8 @@ def test_sigterm_on_a_worker_thread_ends_the_process_and_leaves_nothing(work):
     """A termination signal can land on any thread of the process, e.g. an idle OpenMP worker:
     it must be passed to the main thread (which creates the staging files), so the process
     still dies of SIGTERM with no staging file left and no half file published."""
-    L = 4500
-    rng = np.random.default_rng(1)
-    for n, dd in (("q", DK), ("k", DK), ("v", DV)):
-        np.save(work / f"{n}.npy", rng.standard_normal((1, 2, L, dd)).astype(np.float32))
-    before = listing(work)
-    p = subprocess.Popen([attn_bin(), *map(str, sdpa(work, "--weights", work / "big.npy"))],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "2"})
-    deadline = time.monotonic() + TIMEOUT
-    while not staging_files(work) and p.poll() is None:
-        assert time.monotonic() < deadline
-        time.sleep(0.001)
+    L = LARGE_L
+    p, before = start_large_write(work, 1, env={**os.environ, "OMP_NUM_THREADS": "2"})
     workers = [int(t) for t in os.listdir(f"/proc/{p.pid}/task") if int(t) != p.pid] if p.poll() is None else []
     if not workers:
         p.wait(TIMEOUT)
