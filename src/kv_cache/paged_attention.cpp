@@ -12,6 +12,7 @@
 #include "attn/decode.hpp"
 #include "attn/paged_kv_cache.hpp"
 #include "../core/check.hpp"
+#include "../core/threads.hpp"
 #include "../kernels/decode/decode.hpp"
 #include "../kernels/flash/flash.hpp"
 #include "../kernels/isa.hpp"
@@ -26,6 +27,7 @@ constexpr std::string_view kOp = "paged_attention";
 
 void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::vector<PagedKVCache::SeqId>& seqs,
                      const SdpaOptions& options, const TensorView& out, const TensorView* lse) {
+    const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
     if (options.key_lengths) detail::fail(kOp, "options.key_lengths: must be unset (the sequences' lengths are the key lengths)");
     if (options.impl != Impl::automatic && options.impl != Impl::decode && options.impl != Impl::flash) {
         detail::fail(kOp, "impl: only the decode and flash kernels read pages; use auto, decode or flash but got ",

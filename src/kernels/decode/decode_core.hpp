@@ -133,10 +133,13 @@ inline void for_row_groups(i64 M, F&& f) {
 constexpr i64 kPageLead = 1024;
 
 // Key-row addressing: rows [j0, j0 + n) of sequence b, KV head hk, as runs of rows at one
-// row stride (a.ks[2] / a.vs[2]) — one run for K/V views, one per page for a paged cache
-// (w.paged). f(t, len, krow, vrow): rows j0 + t .. j0 + t + len − 1 start at krow / vrow.
-// Scores are per key and P·V sums each output element over the keys in order, so a block
-// split into runs gives the same bits as the block in one piece (paged == contiguous).
+// row stride (a.ks[2] / a.vs[2]) — one run for K/V views; for a paged cache (w.paged) one
+// run per stretch of pages that lie one after the other in the pool (a page followed by
+// the next page of the pool joins its run: in-order pages read exactly as contiguous K/V,
+// one kernel call per block instead of one per page). f(t, len, krow, vrow): rows
+// j0 + t .. j0 + t + len − 1 start at krow / vrow. Scores are per key and P·V sums each
+// output element over the keys in order, so a block split into runs gives the same bits as
+// the block in one piece (paged == contiguous).
 template <class T, class F>
 inline void for_key_runs(const DecodeView& a, const DecodeWork& w, i64 b, i64 hk, i64 j0, i64 n, F&& f) {
     const T* k = static_cast<const T*>(a.k) + hk * a.ks[1];
@@ -147,23 +150,31 @@ inline void for_key_runs(const DecodeView& a, const DecodeWork& w, i64 b, i64 hk
     }
     const PagedRows& pg = *w.paged;
     const std::int32_t* table = pg.table + b * pg.table_stride;
+    // Pages join only when a page's rows continue at the row stride into the next page.
+    const bool joinable = pg.k_page_stride == pg.page_size * a.ks[2] && pg.v_page_stride == pg.page_size * a.vs[2];
     for (i64 t = 0; t < n;) {
         const i64 j = j0 + t, slot = j >> pg.page_shift, page = table[slot], row = j & (pg.page_size - 1);
-        const i64 len = imin(n - t, pg.page_size - row);
-        // Entering a page whose successor is not the adjacent page: request the start of the
-        // successor's K and V (kPageLead bytes each), so the hardware prefetcher, which
-        // stops at the gap, finds that stream already started (fragmented pools). A prefetch
-        // never faults, so a page shorter than kPageLead needs no clamp.
-        if (row == 0 && slot + 1 < pg.table_stride && table[slot + 1] != page + 1) {
-            const char* nk = reinterpret_cast<const char*>(k + table[slot + 1] * pg.k_page_stride);
-            const char* nv = reinterpret_cast<const char*>(v + table[slot + 1] * pg.v_page_stride);
+        i64 end = imin(n, t + pg.page_size - row), last = slot;  // last: the run's last slot
+        // Keys past `end` in the block lie in slot last + 1 (< the sequence's page count).
+        while (joinable && end < n && table[last + 1] == table[last] + 1) {
+            ++last;
+            end = imin(n, end + pg.page_size);
+        }
+        // A run that ends at a page whose successor is not the next page of the pool: request
+        // the start of the successor's K and V (kPageLead bytes each), so the hardware
+        // prefetcher, which stops at the gap, finds that stream already started (fragmented
+        // pools). A prefetch never faults, so a page shorter than kPageLead needs no clamp.
+        const bool to_page_end = j0 + end == (last + 1) << pg.page_shift;
+        if (to_page_end && last + 1 < pg.table_stride && table[last + 1] != table[last] + 1) {
+            const char* nk = reinterpret_cast<const char*>(k + table[last + 1] * pg.k_page_stride);
+            const char* nv = reinterpret_cast<const char*>(v + table[last + 1] * pg.v_page_stride);
             for (i64 x = 0; x < kPageLead; x += 64) {
                 __builtin_prefetch(nk + x, 0, 3);
                 __builtin_prefetch(nv + x, 0, 3);
             }
         }
-        f(t, len, k + page * pg.k_page_stride + row * a.ks[2], v + page * pg.v_page_stride + row * a.vs[2]);
-        t += len;
+        f(t, end - t, k + page * pg.k_page_stride + row * a.ks[2], v + page * pg.v_page_stride + row * a.vs[2]);
+        t = end;
     }
 }
 
