@@ -198,6 +198,60 @@ TEST(PagedKVCache, SplitKVLongSequenceBitIdentical) {
     }
 }
 
+// The decode kernel reads a stretch of pages that follow each other in the pool as one run
+// (decode_core.hpp for_key_runs): pools where each sequence holds stretches of 1..6 adjacent
+// pages, pages in descending order (reused after frees: never joined), and page sizes
+// below, at and above the 64-key block, against the contiguous cache, with the keys split
+// over chunks (long sequences) or not, GQA rows 1..4 per KV head, and float32 and 16-bit pools.
+TEST(PagedKVCache, PagesInStretchesBitIdentical) {
+    std::mt19937 rng(18);
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets())
+        for (std::int64_t ps : {1, 16, 32, 128})
+            for (DType storage : {DType::f32, DType::f16}) {
+                const detail::ScopedKernelSet use(*row);
+                PagedKVCacheConfig cfg;
+                cfg.page_size = ps;
+                cfg.kv_heads = 2;
+                cfg.head_dim = 32;
+                cfg.storage = storage;
+                const std::int64_t per_seq = 1600;
+                cfg.num_pages = 3 * ((per_seq + ps - 1) / ps + 8);
+                World w(cfg);
+                // A third sequence takes a few pages and is freed, so that later pages come
+                // back from the free list in its (descending, or shuffled) order.
+                const SeqId a = w.cache.add_sequence(), b = w.cache.add_sequence(), c = w.cache.add_sequence();
+                append_random(w, c, 7 * ps, rng);
+                w.cache.free(c);
+                w.shadow.erase(c);
+                while (static_cast<std::int64_t>(w.shadow[a].k.size()) < per_seq) {
+                    for (SeqId s : {a, b}) {
+                        const std::int64_t pages = 1 + static_cast<std::int64_t>(rng() % 6);
+                        const std::int64_t have = static_cast<std::int64_t>(w.shadow[s].k.size());
+                        append_random(w, s, std::min(per_seq - have, pages * ps - have % ps), rng);
+                    }
+                }
+                // The pool order this test is about: some pages join their successor, some do not.
+                int joined = 0, apart = 0;
+                for (SeqId s : {a, b}) {
+                    const std::vector<std::int32_t>& t = w.cache.page_table(s);
+                    for (std::size_t i = 0; i + 1 < t.size(); ++i) (t[i + 1] == t[i] + 1 ? joined : apart) += 1;
+                }
+                ASSERT_GT(joined, 0);
+                ASSERT_GT(apart, 0);
+                const std::vector<SeqId> ids = {a, b};
+                for (std::int64_t Hq : {2, 8}) {
+                    const Tensor q = random_f32(Shape{2, Hq, 1, cfg.head_dim}, rng);
+                    const Tensor out_p = poisoned(DType::f32, Shape{2, Hq, 1, cfg.head_dim});
+                    const Tensor out_c = poisoned(DType::f32, out_p.shape());
+                    paged_attention(q, w.cache, ids, causal_bottom_right(), out_p);
+                    decode_attention(q, contiguous(w, ids), causal_bottom_right(), out_c);
+                    ASSERT_TRUE(bit_equal(out_p, out_c))
+                        << "page size " << ps << ", " << dtype_name(storage) << ", Hq " << Hq << ", kernel row "
+                        << detail::isa_name(row->isa) << ": " << compare(out_p, out_c, 0, 0).message();
+                }
+            }
+}
+
 // Chunked prefill through the flash kernel reading pages (float32 pool, Lq > 16, or impl =
 // flash): bit-identical to flash on the contiguous cache (same tiles, same values) for random
 // page sizes (smaller, equal and larger than the 64-key tile), histories with forks and

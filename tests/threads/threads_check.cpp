@@ -1,5 +1,5 @@
 // The one thread setting (include/attn/threads.hpp) reaches every kernel: after a forward (flash
-// and decode), a backward, decode_attention and an MHA layer (its GEMMs) on 1 thread, this
+// and decode), a backward, decode_attention, paged_attention and an MHA layer (its GEMMs) on 1 thread, this
 // process has never started a second thread. libgomp starts its pool threads the first time a
 // parallel region asks for more than one, so /proc/self/task counts every thread a kernel used.
 //
@@ -15,6 +15,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "attn/attn.hpp"
 #include "common/util.hpp"
@@ -72,6 +73,12 @@ void run_everything(int allowed) {
     cache.append(k, v);
     decode_attention(q1, cache, dopt, o1);
     expect_threads("decode_attention", allowed);
+    PagedKVCache paged(PagedKVCacheConfig{.kv_heads = 4, .head_dim = 64, .page_size = 16, .num_pages = 64});
+    const std::vector<PagedKVCache::SeqId> seqs{paged.add_sequence(), paged.add_sequence()};
+    const Tensor kp = test::randn(DType::f32, Shape{4, 256, 64}, rng), vp = test::randn(DType::f32, Shape{4, 256, 64}, rng);
+    for (const PagedKVCache::SeqId sq : seqs) paged.append(sq, kp, vp);
+    paged_attention(q1, paged, seqs, dopt, o1);
+    expect_threads("paged_attention", allowed);
 
     MultiHeadAttention mha(MhaConfig{.embed_dim = 256, .num_heads = 4, .batch_first = true});
     const Tensor x = test::randn(DType::f32, Shape{2, 128, 256}, rng);
