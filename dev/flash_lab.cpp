@@ -2,7 +2,12 @@
 // reference, then time. Not a benchmark (that is `attn bench`); a tool to choose tiles.
 //
 //   flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--isa portable|avx2|avx512]
-//             [--threads N] [--reps N] [--peak] [--no-check] [--no-warmup] [--paired N]
+//             [--threads N] [--reps N] [--peak] [--no-check] [--no-warmup] [--paired N] [--mha-layout]
+//
+// --mha-layout: Q, K, V and out are the stride views the MHA layer hands to sdpa (S6): rows
+// b·L + l of one (B·L, 3·H·D) QKV buffer (out: (B·L, H·D)), columns (which, head, d); needs Lq = Lk.
+// --huge: Q, K, V and out in 2 MiB-aligned buffers advised MADV_HUGEPAGE (transparent huge
+// pages), to see what 4 KiB pages' TLB misses cost (a VM's nested page walks are slow).
 //
 // Method: one warm-up run, then --reps runs; prints median and min time and GFLOP/s with
 // FLOPs = 4·B·H·Lq·Lk·D (causal: the visible pairs, ≈ half). --peak first measures the
@@ -28,6 +33,7 @@
 //     → Mb = Nb = 64 for every head dim (flat within the noise elsewhere).
 #include <immintrin.h>
 #include <omp.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -120,6 +126,23 @@ __attribute__((target("avx512f"))) double fma_peak512(int threads, double& best_
     return best;
 }
 
+// n floats, 2 MiB aligned and advised to use transparent huge pages; zeroed (first touch).
+float* huge_floats(std::int64_t n) {
+    constexpr std::size_t kHuge = std::size_t{2} << 20;
+    const std::size_t bytes = (static_cast<std::size_t>(n) * sizeof(float) + kHuge - 1) / kHuge * kHuge;
+    void* p = std::aligned_alloc(kHuge, bytes);
+    if (p == nullptr) std::abort();
+    madvise(p, bytes, MADV_HUGEPAGE);
+    std::memset(p, 0, bytes);
+    return static_cast<float*>(p);
+}
+
+void fill(float* p, std::int64_t n, unsigned seed) {
+    std::mt19937 g(seed);
+    std::normal_distribution<float> d(0.f, 1.f);
+    for (std::int64_t i = 0; i < n; ++i) p[i] = d(g);
+}
+
 void fill(const Tensor& t, unsigned seed) {
     std::mt19937 g(seed);
     std::normal_distribution<float> n(0.f, 1.f);
@@ -131,7 +154,7 @@ void fill(const Tensor& t, unsigned seed) {
 
 int main(int argc, char** argv) {
     std::int64_t B = 1, H = 16, Lq = 4096, Lk = 4096, D = 64, Hkv = 0;
-    bool causal = false, peak = false, check = true, warmup = true;
+    bool causal = false, peak = false, check = true, warmup = true, mha_layout = false, huge = false;
     int paired = 0;
     FlashTiles tiles{};
     bool tiles_set_mb = false, tiles_set_nb = false;
@@ -163,6 +186,8 @@ int main(int argc, char** argv) {
         else if (a == "--hkv") Hkv = std::stoll(next());  // GQA: KV heads (default H)
         else if (a == "--no-check") check = false;  // e.g. for peak RSS: the check's reference stores Lq×Lk
         else if (a == "--no-warmup") warmup = false;
+        else if (a == "--mha-layout") mha_layout = true;
+        else if (a == "--huge") huge = true;
         // N × (FMA loop, kernel) back to back: on a shared machine the ratio of two
         // neighbouring runs is steadier than either number.
         else if (a == "--paired") paired = std::stoi(next());
@@ -187,20 +212,66 @@ int main(int argc, char** argv) {
     }
 
     if (Hkv <= 0) Hkv = H;
-    Tensor q(DType::f32, Shape{B, H, Lq, D}), k(DType::f32, Shape{B, Hkv, Lk, D}), v(DType::f32, Shape{B, Hkv, Lk, D}),
-        o(DType::f32, Shape{B, H, Lq, D});
-    fill(q, 1);
-    fill(k, 2);
-    fill(v, 3);
-    std::memset(o.data(), 0, o.nbytes());
+    Tensor qt(DType::f32, Shape{B, H, Lq, D}), kt(DType::f32, Shape{B, Hkv, Lk, D}), vt(DType::f32, Shape{B, Hkv, Lk, D}),
+        ot(DType::f32, Shape{B, H, Lq, D});
+    TensorView q = qt.view(), k = kt.view(), v = vt.view(), o = ot.view();
+    Tensor qkv, obuf;
+    if (mha_layout) {
+        if (Lq != Lk || Hkv != H) {
+            std::fprintf(stderr, "--mha-layout needs Lq = Lk and Hkv = H\n");
+            return 2;
+        }
+        const std::int64_t E = H * D, L = Lq;
+        qt = Tensor();
+        kt = Tensor();
+        vt = Tensor();
+        ot = Tensor();
+        float *qkvp, *outp;
+        if (huge) {
+            qkvp = huge_floats(B * L * 3 * E);
+            outp = huge_floats(B * L * E);
+        } else {
+            qkv = Tensor(DType::f32, Shape{B * L, 3 * E});
+            obuf = Tensor(DType::f32, Shape{B * L, E});
+            qkvp = qkv.data_as<float>();
+            outp = obuf.data_as<float>();
+            std::memset(outp, 0, obuf.nbytes());
+        }
+        fill(qkvp, B * L * 3 * E, 1);
+        auto view = [&](float* base, std::int64_t ld) {
+            return TensorView(base, DType::f32, Shape{B, H, L, D}, Strides{L * ld, D, ld, 1});
+        };
+        q = view(qkvp, 3 * E);
+        k = view(qkvp + E, 3 * E);
+        v = view(qkvp + 2 * E, 3 * E);
+        o = view(outp, E);
+    } else if (huge) {
+        const std::int64_t nq = B * H * Lq * D, nkv = B * Hkv * Lk * D;
+        float* qp = huge_floats(nq);
+        float* kp = huge_floats(nkv);
+        float* vp = huge_floats(nkv);
+        float* op = huge_floats(nq);  // never freed: the lab exits after timing
+        fill(qp, nq, 1);
+        fill(kp, nkv, 2);
+        fill(vp, nkv, 3);
+        q = TensorView(qp, DType::f32, Shape{B, H, Lq, D});
+        k = TensorView(kp, DType::f32, Shape{B, Hkv, Lk, D});
+        v = TensorView(vp, DType::f32, Shape{B, Hkv, Lk, D});
+        o = TensorView(op, DType::f32, Shape{B, H, Lq, D});
+    } else {
+        fill(qt, 1);
+        fill(kt, 2);
+        fill(vt, 3);
+        std::memset(ot.data(), 0, ot.nbytes());
+    }
     SdpaOptions opt;
     opt.causal = causal ? Causal::top_left : Causal::none;
 
     // Validate: head 0, the first min(Lq, 192) queries (a slice view), against the reference.
     if (check) {
         const std::int64_t n = std::min<std::int64_t>(Lq, 192);
-        TensorView qs = q.view().slice(0, 0, 1).slice(1, 0, 1).slice(2, 0, n);
-        TensorView ks = k.view().slice(0, 0, 1).slice(1, 0, 1), vs = v.view().slice(0, 0, 1).slice(1, 0, 1);
+        TensorView qs = q.slice(0, 0, 1).slice(1, 0, 1).slice(2, 0, n);
+        TensorView ks = k.slice(0, 0, 1).slice(1, 0, 1), vs = v.slice(0, 0, 1).slice(1, 0, 1);
         Tensor of(DType::f32, Shape{1, 1, n, D}), orf(DType::f32, Shape{1, 1, n, D});
         SdpaProblem pf = make_problem(qs, ks, vs, opt, of, nullptr, nullptr);
         SdpaProblem pr = make_problem(qs, ks, vs, opt, orf, nullptr, nullptr);
@@ -254,9 +325,9 @@ int main(int argc, char** argv) {
     }
     const double med = t[t.size() / 2];
     std::printf("B%lld H%lld Lq%lld Lk%lld D%lld %s isa=%s threads=%d Mb=%d Nb=%d: median %.4f s  min %.4f s  "
-                "%.1f GFLOP/s (min-time %.1f; per CPU-second x threads %.1f)\n",
+                "%.1f GFLOP/s (min-time %.1f; per CPU-second x threads %.1f)%s\n",
                 (long long)B, (long long)H, (long long)Lq, (long long)Lk, (long long)D, causal ? "causal" : "full",
                 isa_name(isa), threads, tiles.Mb, tiles.Nb, med, t.front(), flops / med / 1e9, flops / t.front() / 1e9,
-                flops / ct[ct.size() / 2] / 1e9);
+                flops / ct[ct.size() / 2] / 1e9, (std::string(mha_layout ? " [mha layout]" : "") + (huge ? " [huge pages]" : "")).c_str());
     return 0;
 }
