@@ -3,7 +3,11 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <limits>
+#include <tuple>
 #include <functional>
 #include <ostream>
 
@@ -133,6 +137,56 @@ TEST(FlashBackward, BitIdenticalAcrossThreadCountsAndRuns) {
             }
         }
         omp_set_num_threads(saved);
+    }
+}
+
+// ---- NaN/±inf in Q or dO read in place ----
+// Float32 Q/dO rows of unit stride are read in place; a head holding a NaN/±inf gets a copy
+// with those entries 0 for dSᵀ·Q and P̂ᵀ·dO, made by the task for that head alone
+// (flash_backward.cpp). Rows of another stride are widened into the task's buffer and zeroed
+// there (pack_rows). Both routes see the same values, so they must give the same bits; and
+// the heads away from the poisoned ones must give the clean run's bits.
+TEST(FlashBackward, InPlaceNonFiniteRowsMatchWidened) {
+    const std::int64_t B = 2, Hq = 4, Hkv = 2, Lq = 130, Lk = 100, D = 64;
+    std::mt19937_64 rng(31);
+    const Tensor q = randn(DType::f32, Shape{B, Hq, Lq, D}, rng), k = randn(DType::f32, Shape{B, Hkv, Lk, D}, rng);
+    const Tensor v = randn(DType::f32, Shape{B, Hkv, Lk, D}, rng), dO = randn(DType::f32, Shape{B, Hq, Lq, D}, rng);
+    // t's values as every second element of a (B, H, L, 2·D) buffer: the widened route
+    const auto spread = [](const Tensor& t, Tensor& buf) {
+        const Shape s = t.shape();
+        buf = Tensor(DType::f32, Shape{s[0], s[1], s[2], 2 * s[3]}, true);
+        for (std::int64_t e = 0; e < t.numel(); ++e) buf.data_as<float>()[2 * e] = t.data_as<const float>()[e];
+        const Strides bs = buf.view().strides();
+        return TensorView(buf.data(), DType::f32, s, Strides{bs[0], bs[1], bs[2], 2});
+    };
+    Tensor qn(DType::f32, q.shape()), dOn(DType::f32, dO.shape());
+    std::memcpy(qn.data(), q.data(), q.nbytes());
+    std::memcpy(dOn.data(), dO.data(), dO.nbytes());
+    // batch 1, row 3: a NaN in Q head 1 (KV head 0), an inf in dO head 2 (KV head 1)
+    qn.data_as<float>()[qn.view().offset(1, 1, 3, 5)] = std::numeric_limits<float>::quiet_NaN();
+    dOn.data_as<float>()[dOn.view().offset(1, 2, 3, 60)] = std::numeric_limits<float>::infinity();
+    SdpaOptions opt;
+    opt.causal = Causal::bottom_right;
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+        const detail::ScopedKernelSet use(*row);
+        SCOPED_TRACE(detail::isa_name(row->isa));
+        Tensor qb, db;
+        const Grads in_place = forward_backward(qn, k, v, dOn, opt, Impl::flash);
+        const Grads widened = forward_backward(spread(qn, qb), k, v, spread(dOn, db), opt, Impl::flash);
+        EXPECT_TRUE(bit_equal(in_place.dq, widened.dq)) << "dq";
+        EXPECT_TRUE(bit_equal(in_place.dk, widened.dk)) << "dk";
+        EXPECT_TRUE(bit_equal(in_place.dv, widened.dv)) << "dv";
+        // Row 3 sees no key (bottom-right, Lq − Lk = 30): its P is 0 everywhere, so it adds
+        // nothing to any gradient — 0, never 0·NaN or 0·inf, which the copies are there to prevent.
+        for (const Tensor* g : {&in_place.dq, &in_place.dk, &in_place.dv})
+            for (std::int64_t e = 0; e < g->numel(); ++e) ASSERT_TRUE(std::isfinite(g->data_as<float>()[e])) << e;
+        // Batch 0 holds no NaN/inf: its gradients are the clean run's, bit for bit.
+        const Grads clean = forward_backward(q, k, v, dO, opt, Impl::flash);
+        for (const auto& [got, want, name] : {std::tuple{&in_place.dq, &clean.dq, "dq"}, std::tuple{&in_place.dk, &clean.dk, "dk"},
+                                              std::tuple{&in_place.dv, &clean.dv, "dv"}}) {
+            const std::size_t half = static_cast<std::size_t>(want->nbytes() / 2);
+            EXPECT_EQ(std::memcmp(got->data(), want->data(), half), 0) << name << " of batch 0";
+        }
     }
 }
 

@@ -81,6 +81,13 @@ bool direct_rows(const TensorView& t, int Dp, Rows& r) {
     return true;
 }
 
+// dst (L rows of width Dp, row stride Dp) = the rows of src (row stride ld) with every
+// NaN/±inf entry 0: the operand of dSᵀ·Q or P̂ᵀ·dO for a head that holds one (see the top).
+void finite_rows(const float* src, std::ptrdiff_t ld, std::int64_t L, int Dp, float* dst) {
+    for (std::int64_t i = 0; i < L; ++i)
+        for (int d = 0; d < Dp; ++d) dst[i * Dp + d] = nonfinite_f32(src[i * ld + d]) ? 0.0f : src[i * ld + d];
+}
+
 // The L rows of (b, h) widened to float32 into dst (row stride Dp; the padding columns D..Dp
 // stay as the caller zeroed them). When they hold a NaN/±inf, z (allocated then, `total`
 // floats) gets the same rows from z_at on with those entries 0 (for dSᵀ·Q and P̂ᵀ·dO, see
@@ -91,24 +98,16 @@ bool pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t
     for (std::int64_t i = 0; i < L; ++i) widen_row(t, t.offset(b, h, i, 0), t.stride(3), D, dst + i * Dp);
     if (!any_nonfinite(dst, Dp, L, Dp)) return false;
     if (z.size() < total) z.assign(total, 0.0f);
-    for (std::int64_t e = 0; e < L * Dp; ++e) z[z_at + static_cast<std::size_t>(e)] = nonfinite_f32(dst[e]) ? 0.0f : dst[e];
+    finite_rows(dst, Dp, L, Dp, z.data() + z_at);
     return true;
 }
 
-// `r` with every NaN/±inf entry 0 (rows of B·H·L, width Dp), for `r` holding any: the
-// caller finds that out in its parallel pass over the rows (a serial scan of Q and dO here
-// cost ~4 % of S1's 2-thread backward).
-void finite_copy(const Rows& r, std::int64_t B, std::int64_t H, std::int64_t L, int Dp, Rows& out) {
-    out.storage.assign(static_cast<std::size_t>(B * H * L * Dp), 0.0f);
-    out.si = Dp;
-    out.sh = L * Dp;
-    out.sb = H * L * Dp;
-    for (std::int64_t bhi = 0; bhi < B * H * L; ++bhi) {
-        const float* src = r.row(bhi / (H * L), bhi / L % H, bhi % L);
-        float* dst = out.storage.data() + bhi * Dp;
-        for (int d = 0; d < Dp; ++d) dst[d] = nonfinite_f32(src[d]) ? 0.0f : src[d];
-    }
-    out.base = out.storage.data();
+// Row (b, h, i) of t as float32: in place when t is float32 with unit inner stride, else
+// widened into w (the same values: widening is exact).
+const float* f32_row(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t i, float* w) {
+    if (t.dtype() == DType::f32 && t.stride(3) == 1) return t.data_as<const float>() + t.offset(b, h, i, 0);
+    widen_row(t, t.offset(b, h, i, 0), t.stride(3), t.dim(3), w);
+    return w;
 }
 
 // Σ a[d]·b[d] in double: 8 partial sums (d mod 8) added in a fixed order, so the compiler
@@ -221,6 +220,13 @@ struct Scratch {
                2 * (q16.capacity() + dO16.capacity());
     }
     std::vector<char> q_nf, dO_nf;  // per query head of the group: it has a NaN/±inf
+    // Each head's float32 operands: Q and dO rows (the caller's or q/dO) for S and dP, the
+    // rows for dK and dV (qz/dOz when the head holds a NaN/±inf, else the same), row strides.
+    std::vector<const float*> q_at, qz_at, do_at, doz_at;
+    std::vector<std::ptrdiff_t> q_ld, qz_ld, do_ld, doz_ld;
+    // Per row of the task's heads (group × Lq): −lse·log2 e (−inf for a row with no visible
+    // key) and D = rowsum(dO ∘ O); w: one row of dO and O widened when not read in place.
+    std::vector<float> nl2, dd, w;
     // bf16 compute: each head's bf16 Q/dO rows for S and dP (the caller's rows, or q16/dO16) and their row stride
     std::vector<const std::uint16_t*> q16_at, dO16_at;
     std::vector<std::ptrdiff_t> q16_ld, dO16_ld;
@@ -281,55 +287,17 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
     const bool do_bf16_direct = bf16 && bf16_rows_in_place(bp.grad_out, Dvp);
 
     // Q and dO read in place when they are float32 rows of the padded width, else widened
-    // per task (pack_rows). In place, a copy with their NaN/±inf entries 0 serves dSᵀ·Q and
-    // P̂ᵀ·dO when there is any (see the top); pack_rows makes that copy itself.
+    // per task (pack_rows). A head whose rows hold a NaN/±inf gets a copy with those entries 0
+    // for dSᵀ·Q and P̂ᵀ·dO (see the top), made by the task (pack_rows or finite_rows).
     Rows Q, dO;
     const bool q_direct = direct_rows(p.q, Dkp, Q);
     const bool do_direct = direct_rows(bp.grad_out, Dvp, dO);
-    // Per row: −lse·log2 e (−inf for a row with no visible key) and D = rowsum(dO ∘ O); and
-    // whether the Q/dO rows read in place hold a NaN/±inf.
+    // Each task computes −lse·log2 e and D = rowsum(dO ∘ O) of its own heads' rows: no pass of
+    // its own over all rows, hence one parallel region and no barrier before the tasks (a
+    // separate pass and its barrier were a per-call cost of the 2-thread call). The sinks'
+    // gradient needs every row's D: the first chunk's task of each head copies its rows here.
     const std::int64_t nrows = B * Hq * Lq;
-    std::vector<float> neg_lse2(static_cast<std::size_t>(nrows)), Drow(static_cast<std::size_t>(nrows));
-    int q_bad = 0, do_bad = 0;
-#pragma omp parallel reduction(| : q_bad, do_bad)
-    {
-    std::vector<float> w(static_cast<std::size_t>(2 * Dv));  // this row's dO and O, widened
-#pragma omp for schedule(static)
-    for (std::int64_t r = 0; r < nrows; ++r) {
-        const std::int64_t b = r / (Hq * Lq), h = r / Lq % Hq, i = r % Lq;
-        const double lse = load(*p.lse, p.lse->offset(b, h, i));
-        // Saturated at ±FLT_MAX: an lse near −FLT_MAX (a row "masked" only by −FLT_MAX)
-        // times log2 e would overflow to +inf, and −inf + inf = NaN in the exponent.
-        const double nl = std::clamp(-lse * kLog2e, -static_cast<double>(FLT_MAX), static_cast<double>(FLT_MAX));
-        neg_lse2[static_cast<std::size_t>(r)] = lse == -INFINITY ? kNegInf : static_cast<float>(std::isnan(lse) ? lse : nl);
-        // Both rows widened to float32 (exact), then summed in double in 8 fixed lanes: a
-        // per-element load() and one serial double chain cost ~10 % of S1's backward.
-        float* const wo = w.data() + Dv;
-        widen_row(bp.grad_out, bp.grad_out.offset(b, h, i, 0), bp.grad_out.stride(3), Dv, w.data());
-        widen_row(p.out, p.out.offset(b, h, i, 0), p.out.stride(3), Dv, wo);
-        Drow[static_cast<std::size_t>(r)] = static_cast<float>(dot_f64(w.data(), wo, Dv));
-        if (q_direct) q_bad |= any_nonfinite(Q.row(b, h, i), 0, 1, Dkp);
-        if (do_direct) do_bad |= any_nonfinite(w.data(), 0, 1, Dv);  // (Dv == Dvp when read in place)
-    }
-    }
-    Rows Qz, dOz;
-    const bool q_nonfinite = q_bad != 0, do_nonfinite = do_bad != 0;
-    if (q_nonfinite) finite_copy(Q, B, Hq, Lq, Dkp, Qz);
-    if (do_nonfinite) finite_copy(dO, B, Hq, Lq, Dvp, dOz);
-    // Sinks: dσ_h = −Σ_{b,i} e^{σ_h − lse}·D (backward.hpp), summed in double in row order.
-    if (bp.dsinks) {
-        for (std::int64_t h = 0; h < Hq; ++h) {
-            const double sigma = p.sink(h);
-            double acc = 0.0;
-            for (std::int64_t b = 0; b < B; ++b)
-                for (std::int64_t i = 0; i < Lq; ++i) {
-                    const double lse = load(*p.lse, p.lse->offset(b, h, i));
-                    const double d = Drow[static_cast<std::size_t>((b * Hq + h) * Lq + i)];
-                    if (d != 0.0) acc -= std::exp(sigma - lse) * d;
-                }
-            store(*bp.dsinks, bp.dsinks->offset(h), acc);
-        }
-    }
+    std::vector<float> Dall(bp.dsinks ? static_cast<std::size_t>(nrows) : 0);
     // Visible key interval of every query row (causal, window, key lengths).
     std::vector<std::int64_t> lo(static_cast<std::size_t>(B * Lq)), hi(static_cast<std::size_t>(B * Lq));
     for (std::int64_t b = 0; b < B; ++b)
@@ -367,8 +335,15 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
         s.vrow.resize(static_cast<std::size_t>(Dv));
         const std::size_t q_head = static_cast<std::size_t>(Lq * Dkp), do_head = static_cast<std::size_t>(Lq * Dvp);
         const std::size_t group = static_cast<std::size_t>(p.group);
-        if (!q_direct) s.q.assign(group * q_head, 0.0f), s.q_nf.assign(group, 0);
-        if (!do_direct) s.dO.assign(group * do_head, 0.0f), s.dO_nf.assign(group, 0);
+        if (!q_direct) s.q.assign(group * q_head, 0.0f);
+        if (!do_direct) s.dO.assign(group * do_head, 0.0f);
+        s.q_nf.assign(group, 0);
+        s.dO_nf.assign(group, 0);
+        for (auto* v : {&s.q_at, &s.qz_at, &s.do_at, &s.doz_at}) v->resize(group);
+        for (auto* v : {&s.q_ld, &s.qz_ld, &s.do_ld, &s.doz_ld}) v->resize(group);
+        s.nl2.resize(group * static_cast<std::size_t>(Lq));
+        s.dd.resize(group * static_cast<std::size_t>(Lq));
+        s.w.resize(static_cast<std::size_t>(2 * Dv));
         s.dk.resize(static_cast<std::size_t>(kBc * Dkp));
         s.dv.resize(static_cast<std::size_t>(kBc * Dvp));
         for (auto* t : {&s.S, &s.dP, &s.Pd}) t->resize(static_cast<std::size_t>(kBr * Bcp));
@@ -393,12 +368,16 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
 
         if (dq_own && !dq_direct) s.dqb.resize(group * q_head);
         // Each thread zeroes a slice of the dQ partials (first touch on the thread that uses it most).
+        if (!dq_own) {
 #pragma omp for schedule(static)
-        for (std::int64_t e = 0; e < (dq_own ? 0 : static_cast<std::int64_t>(dq_part) * nchunks); e += 4096)
-            std::memset(dq_ws.get() + e, 0,
-                        sizeof(float) * static_cast<std::size_t>(std::min<std::int64_t>(4096, dq_part * nchunks - e)));
+            for (std::int64_t e = 0; e < static_cast<std::int64_t>(dq_part) * nchunks; e += 4096)
+                std::memset(dq_ws.get() + e, 0,
+                            sizeof(float) * static_cast<std::size_t>(std::min<std::int64_t>(4096, dq_part * nchunks - e)));
+        }
 
-#pragma omp for schedule(dynamic, 1)
+        // (nowait: with one chunk nothing follows that needs the other threads' tasks; with
+        // several, the barrier below comes before the partials are summed.)
+#pragma omp for schedule(dynamic, 1) nowait
         for (std::int64_t task = 0; task < tasks; ++task) {
             const std::int64_t b = task / (Hkv * nchunks), hk = task / nchunks % Hkv, c = task % nchunks;
             float* dq_c = dq_own ? nullptr : dq_ws.get() + static_cast<std::size_t>(c) * dq_part;
@@ -415,6 +394,10 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                     do_bf16_direct ? bp.grad_out.data_as<const std::uint16_t>() + bp.grad_out.offset(b, h, 0, 0) : nullptr;
                 if (q16_in && any_nonfinite16(q16_in, p.q.stride(2), Lq, Dkp, kBF16Exponent)) q16_in = nullptr;
                 if (do16_in && any_nonfinite16(do16_in, bp.grad_out.stride(2), Lq, Dvp, kBF16Exponent)) do16_in = nullptr;
+                // The head's float32 operands (Scratch::q_at...): in place, or widened; a head
+                // holding a NaN/±inf gets its zeroed copy (bf16 rows read in place: neither).
+                s.q_at[g] = q_direct ? Q.row(b, h, 0) : s.q.data() + g * q_head;
+                s.q_ld[g] = q_direct ? Q.si : Dkp;
                 if (q16_in) {
                     s.q_nf[g] = 0;
                     s.q16_at[g] = q16_in;
@@ -422,7 +405,14 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                     bf16_pairs16(q16_in, p.q.stride(2), Lq, Dkp, s.qp.data() + g * static_cast<std::size_t>(Lq2 * Dkp), Dkp);
                 } else if (!q_direct) {
                     s.q_nf[g] = pack_rows(p.q, b, h, Lq, Dkp, s.q.data() + g * q_head, s.qz, g * q_head, group * q_head);
+                } else if ((s.q_nf[g] = any_nonfinite(s.q_at[g], Q.si, Lq, Dkp))) {
+                    if (s.qz.size() < group * q_head) s.qz.assign(group * q_head, 0.0f);
+                    finite_rows(s.q_at[g], Q.si, Lq, Dkp, s.qz.data() + g * q_head);
                 }
+                s.qz_at[g] = s.q_nf[g] ? s.qz.data() + g * q_head : s.q_at[g];
+                s.qz_ld[g] = s.q_nf[g] ? Dkp : s.q_ld[g];
+                s.do_at[g] = do_direct ? dO.row(b, h, 0) : s.dO.data() + g * do_head;
+                s.do_ld[g] = do_direct ? dO.si : Dvp;
                 if (do16_in) {
                     s.dO_nf[g] = 0;
                     s.dO16_at[g] = do16_in;
@@ -430,16 +420,34 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                     bf16_pairs16(do16_in, bp.grad_out.stride(2), Lq, Dvp, s.dOp.data() + g * static_cast<std::size_t>(Lq2 * Dvp), Dvp);
                 } else if (!do_direct) {
                     s.dO_nf[g] = pack_rows(bp.grad_out, b, h, Lq, Dvp, s.dO.data() + g * do_head, s.dOz, g * do_head, group * do_head);
+                } else if ((s.dO_nf[g] = any_nonfinite(s.do_at[g], dO.si, Lq, Dvp))) {
+                    if (s.dOz.size() < group * do_head) s.dOz.assign(group * do_head, 0.0f);
+                    finite_rows(s.do_at[g], dO.si, Lq, Dvp, s.dOz.data() + g * do_head);
+                }
+                s.doz_at[g] = s.dO_nf[g] ? s.dOz.data() + g * do_head : s.do_at[g];
+                s.doz_ld[g] = s.dO_nf[g] ? Dvp : s.do_ld[g];
+                // Per row: −lse·log2 e, saturated at ±FLT_MAX (an lse near −FLT_MAX, a row
+                // "masked" only by −FLT_MAX, times log2 e would overflow to +inf, and −inf + inf
+                // = NaN in the exponent); D = rowsum(dO ∘ O) over rows as float32 (exact; read in
+                // place when float32 with unit stride) summed in 8 fixed double lanes.
+                for (std::int64_t i = 0; i < Lq; ++i) {
+                    const std::size_t gi = g * static_cast<std::size_t>(Lq) + static_cast<std::size_t>(i);
+                    const double lse = load(*p.lse, p.lse->offset(b, h, i));
+                    const double nl = std::clamp(-lse * kLog2e, -static_cast<double>(FLT_MAX), static_cast<double>(FLT_MAX));
+                    s.nl2[gi] = lse == -INFINITY ? kNegInf : static_cast<float>(std::isnan(lse) ? lse : nl);
+                    s.dd[gi] = static_cast<float>(dot_f64(f32_row(bp.grad_out, b, h, i, s.w.data()),
+                                                          f32_row(p.out, b, h, i, s.w.data() + Dv), Dv));
+                    if (c == 0 && bp.dsinks) Dall[static_cast<std::size_t>((b * Hq + h) * Lq + i)] = s.dd[gi];
                 }
                 if (bf16) {  // their bf16 rows (for S, dP) and row pairs (for dK, dV: the zeroed copies)
-                    const float* qs = q_direct ? Q.row(b, h, 0) : s.q.data() + g * q_head;
-                    const std::ptrdiff_t lq = q_direct ? Q.si : Dkp;
-                    const float* qz = q_direct ? (q_nonfinite ? Qz.row(b, h, 0) : qs) : (s.q_nf[g] ? s.qz.data() + g * q_head : qs);
-                    const std::ptrdiff_t lqz = q_direct && q_nonfinite ? Qz.si : lq;
-                    const float* ds = do_direct ? dO.row(b, h, 0) : s.dO.data() + g * do_head;
-                    const std::ptrdiff_t ldo = do_direct ? dO.si : Dvp;
-                    const float* dz = do_direct ? (do_nonfinite ? dOz.row(b, h, 0) : ds) : (s.dO_nf[g] ? s.dOz.data() + g * do_head : ds);
-                    const std::ptrdiff_t ldz = do_direct && do_nonfinite ? dOz.si : ldo;
+                    const float* qs = s.q_at[g];
+                    const std::ptrdiff_t lq = s.q_ld[g];
+                    const float* qz = s.qz_at[g];
+                    const std::ptrdiff_t lqz = s.qz_ld[g];
+                    const float* ds = s.do_at[g];
+                    const std::ptrdiff_t ldo = s.do_ld[g];
+                    const float* dz = s.doz_at[g];
+                    const std::ptrdiff_t ldz = s.doz_ld[g];
                     if (!q16_in) {
                         bf16_rows(qs, lq, Lq, Dkp, s.q16.data() + g * q_head, Dkp);
                         bf16_pairs(qz, lqz, Lq, Dkp, s.qp.data() + g * static_cast<std::size_t>(Lq2 * Dkp), Dkp);
@@ -506,37 +514,21 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                         t.Dv = static_cast<int>(Dv);
                         t.Dkp = Dkp;
                         t.Dvp = Dvp;
-                        if (q_direct) {
-                            t.q = Q.row(b, h, i0);
-                            t.ldq = Q.si;
-                            t.q_dk = q_nonfinite ? Qz.row(b, h, i0) : t.q;
-                            t.ldq_dk = q_nonfinite ? Qz.si : t.ldq;
-                        } else {
-                            const std::size_t at = static_cast<std::size_t>(h - hk * p.group) * q_head + static_cast<std::size_t>(i0 * Dkp);
-                            t.q = s.q.data() + at;
-                            t.ldq = Dkp;
-                            t.q_dk = s.q_nf[static_cast<std::size_t>(h - hk * p.group)] ? s.qz.data() + at : t.q;
-                            t.ldq_dk = Dkp;
-                        }
-                        if (do_direct) {
-                            t.dO = dO.row(b, h, i0);
-                            t.ldo = dO.si;
-                            t.dO_dv = do_nonfinite ? dOz.row(b, h, i0) : t.dO;
-                            t.ldo_dv = do_nonfinite ? dOz.si : t.ldo;
-                            t.dO_nonfinite = do_nonfinite;
-                        } else {
-                            const std::size_t at = static_cast<std::size_t>(h - hk * p.group) * do_head + static_cast<std::size_t>(i0 * Dvp);
-                            t.dO_nonfinite = s.dO_nf[static_cast<std::size_t>(h - hk * p.group)] != 0;
-                            t.dO = s.dO.data() + at;
-                            t.ldo = Dvp;
-                            t.dO_dv = t.dO_nonfinite ? s.dOz.data() + at : t.dO;
-                            t.ldo_dv = Dvp;
-                        }
+                        const std::size_t g = static_cast<std::size_t>(h - hk * p.group);
+                        t.q = s.q_at[g] + i0 * s.q_ld[g];
+                        t.ldq = s.q_ld[g];
+                        t.q_dk = s.qz_at[g] + i0 * s.qz_ld[g];
+                        t.ldq_dk = s.qz_ld[g];
+                        t.dO = s.do_at[g] + i0 * s.do_ld[g];
+                        t.ldo = s.do_ld[g];
+                        t.dO_dv = s.doz_at[g] + i0 * s.doz_ld[g];
+                        t.ldo_dv = s.doz_ld[g];
+                        t.dO_nonfinite = s.dO_nf[g] != 0;
                         t.kt = s.kt.data();
                         t.vt = s.vt.data();
                         t.kp = s.kp.data();
-                        t.neg_lse2 = neg_lse2.data() + row0;
-                        t.Drow = Drow.data() + row0;
+                        t.neg_lse2 = s.nl2.data() + g * static_cast<std::size_t>(Lq) + i0;
+                        t.Drow = s.dd.data() + g * static_cast<std::size_t>(Lq) + i0;
                         t.scale = scale;
                         t.S = s.S.data();
                         t.dP = s.dP.data();
@@ -574,7 +566,6 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                         }
                         TileBf16 z;
                         if (bf16) {
-                            const std::size_t g = static_cast<std::size_t>(h - hk * p.group);
                             z.q = s.q16_at[g] + i0 * s.q16_ld[g];
                             z.ldq = s.q16_ld[g];
                             z.dO = s.dO16_at[g] + i0 * s.dO16_ld[g];
@@ -604,12 +595,16 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                                   s.dqb.data() + g * q_head + static_cast<std::size_t>(i * Dkp), 1, Dk, 1.0f);
         }
 
+        if (!dq_own) {
+#pragma omp barrier
+        }
         // Kept for the next call unless a long sequence made them large (32 MiB per thread).
         if (s.task_bytes() > (std::size_t{32} << 20)) s = Scratch{};
 
-        // dQ = Σ over chunks, in chunk order.
+        // dQ = Σ over chunks, in chunk order (one chunk: the tasks stored dQ).
+        if (!dq_own) {
 #pragma omp for schedule(static)
-        for (std::int64_t r = 0; r < (dq_own ? 0 : nrows); ++r) {  // (one chunk: the tasks stored dQ)
+        for (std::int64_t r = 0; r < nrows; ++r) {
             const std::int64_t b = r / (Hq * Lq), h = r / Lq % Hq, i = r % Lq;
             for (std::int64_t d = 0; d < Dk; ++d) {
                 float acc = dq_ws[static_cast<std::size_t>(r * Dkp + d)];
@@ -617,6 +612,21 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                     acc += dq_ws[static_cast<std::size_t>(c) * dq_part + static_cast<std::size_t>(r * Dkp + d)];
                 store(bp.dq, bp.dq.offset(b, h, i, d), acc);
             }
+        }
+        }
+    }
+    // Sinks: dσ_h = −Σ_{b,i} e^{σ_h − lse}·D (backward.hpp), summed in double in row order.
+    if (bp.dsinks) {
+        for (std::int64_t h = 0; h < Hq; ++h) {
+            const double sigma = p.sink(h);
+            double acc = 0.0;
+            for (std::int64_t b = 0; b < B; ++b)
+                for (std::int64_t i = 0; i < Lq; ++i) {
+                    const double lse = load(*p.lse, p.lse->offset(b, h, i));
+                    const double d = Dall[static_cast<std::size_t>((b * Hq + h) * Lq + i)];
+                    if (d != 0.0) acc -= std::exp(sigma - lse) * d;
+                }
+            store(*bp.dsinks, bp.dsinks->offset(h), acc);
         }
     }
 }
