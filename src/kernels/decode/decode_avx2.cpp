@@ -25,9 +25,6 @@ struct Avx2Ops {
     static float load1(const float* p) { return *p; }
     static float load1(const Half* p) { return f16_to_ps1(p->bits); }
     static float load1(const Brain* p) { return bf16_to_ps1(p->bits); }
-    static void widen(const Half* p, i64 n, float* dst) { widen_row_avx2(&p->bits, 1, n, true, dst); }
-    static void widen(const Brain* p, i64 n, float* dst) { widen_row_avx2(&p->bits, 1, n, false, dst); }
-    static constexpr bool kWidenShared = true;
 
     // Horizontal sums of 8 vectors: lane x of the result is the sum of the lanes of a[x].
     static __m256 hsum8(const __m256* a) {

@@ -33,10 +33,6 @@ struct Avx512Ops {
     static float load1(const float* p) { return *p; }
     static float load1(const Half* p) { return f16_to_ps1(p->bits); }
     static float load1(const Brain* p) { return bf16_to_ps1(p->bits); }
-    static void widen(const Half* p, i64 n, float* dst) { widen_row_avx512(&p->bits, 1, n, true, dst); }
-    static void widen(const Brain* p, i64 n, float* dst) { widen_row_avx512(&p->bits, 1, n, false, dst); }
-    // Rows run one at a time (scores): without the shared widening each converts the block.
-    static constexpr bool kWidenShared = true;
 
     // Lane x of the result is the sum of the 16 lanes of a[x], x < 8.
     static __m256 hsum8(const __m512* a) {

@@ -15,9 +15,6 @@
 //   template <class T> static void accumulate(float* o, int64 ostride, const float* alpha,
 //       const float* p, int64 pstride, int R, const T* v, int64 vstride, int64 n, int64 Dv);
 //         // o[r] ← alpha[r]·o[r] + Σ_j p[r][j]·v[j]
-//   static void widen(const Half* x, int64 n, float* dst);   // dst[i] = x[i] as float32, i < n
-//   static void widen(const Brain* x, int64 n, float* dst);  // (exact)
-//   static constexpr bool kWidenShared;  // widen a 16-bit block once for M > 1 rows (run_item)
 // and the storage tags Half / Brain (16-bit float16 / bfloat16 payloads).
 //
 // Scores are in natural units (Q is pre-multiplied by scale; scores.hpp says why not base
@@ -95,16 +92,13 @@ struct Scratch {
     float* vt;     // kDecodeBlock × Dv: V block with non-finite (careful path: and large) entries 0
     float* ob;     // M × Dv: careful path: accumulator of V's large entries, scaled by 2^-64
     float* vb;     // kDecodeBlock × Dv: careful path: V's large entries scaled by 2^-64, others 0
-    float* kf;     // kDecodeBlock × Dk: 16-bit K block widened to float32 once for M > 1 rows
-    float* vf;     // kDecodeBlock × Dv: the same for V
     i64* lo;       // M: visible key range of the row, clipped to the chunk
     i64* hi;
 };
 
 inline i64 scratch_floats(i64 M, i64 Dk, i64 Dv) {
-    // q, s, o, m, l, alpha, vt, ob, vb, kf, vf, and lo/hi as two i64 (= 2 floats each) per row.
-    return M * Dk + M * kDecodeBlock + M * Dv + 3 * M + kDecodeBlock * Dv + M * Dv + kDecodeBlock * Dv +
-           kDecodeBlock * (Dk + Dv) + 4 * M + 16;
+    // q, s, o, m, l, alpha, vt, ob, vb, and lo/hi as two i64 (= 2 floats each) per row.
+    return M * Dk + M * kDecodeBlock + M * Dv + 3 * M + kDecodeBlock * Dv + M * Dv + kDecodeBlock * Dv + 4 * M + 16;
 }
 
 inline Scratch carve(float* base, i64 M, i64 Dk, i64 Dv) {
@@ -118,10 +112,8 @@ inline Scratch carve(float* base, i64 M, i64 Dk, i64 Dv) {
     s.vt = s.alpha + M;
     s.ob = s.vt + kDecodeBlock * Dv;
     s.vb = s.ob + M * Dv;
-    s.kf = s.vb + kDecodeBlock * Dv;
-    s.vf = s.kf + kDecodeBlock * Dk;
     // i64 arrays need 8-byte alignment: round the offset up to an even float count.
-    i64 off = (s.vf + kDecodeBlock * Dv) - base;
+    i64 off = (s.vb + kDecodeBlock * Dv) - base;
     off = (off + 1) & ~i64{1};
     s.lo = reinterpret_cast<i64*>(base + off);
     s.hi = s.lo + M;
@@ -193,19 +185,6 @@ inline void prefetch_page_heads(const void* p, i64 bytes) {
         for (int l = 0; l < kPageHeadLines; ++l) __builtin_prefetch(reinterpret_cast<const char*>(x + 64 * l), 0, 3);
 }
 
-// 16-bit K (keys) or V rows [j0, j0 + n) of (b, hk) widened to float32 into dst, row stride
-// D (Dk or Dv), run by run (for_key_runs): run_item's shared conversion for M > 1 rows.
-template <class Ops, class T>
-inline void widen_block(const DecodeView& a, const DecodeWork& w, i64 b, i64 hk, i64 j0, i64 n, bool keys, float* dst) {
-    if constexpr (sizeof(T) == 2) {
-        const i64 D = keys ? a.Dk : a.Dv, stride = keys ? a.ks[2] : a.vs[2];
-        for_key_runs<T>(a, w, b, hk, j0, n, [&](i64 t, i64 len, const T* krow, const T* vrow) {
-            const T* row = keys ? krow : vrow;
-            for (i64 j = 0; j < len; ++j) Ops::widen(row + j * stride, D, dst + (t + j) * D);
-        });
-    }
-}
-
 // Element x of Q as float32 (a 16-bit Q through the Ops' loaders): M·Dk loads per item,
 // against the item's Lk·(Dk+Dv) K/V loads.
 template <class Ops>
@@ -267,12 +246,6 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
             for (i64 d = 0; d < Dv; ++d) sc.ob[r * Dv + d] = 0.0f;
     }
     const bool masks = p.has_elementwise_mask(), modifiers = p.has_score_modifiers();
-    // A 16-bit block that M > 1 rows read is widened to float32 once, into sc.kf / sc.vf (32
-    // KiB each at D = 128: L1/L2), and the rows run over that, where each row pass (avx512:
-    // rows one at a time) converted the block again: S7's four rows per KV head made its
-    // 16-bit rows compute-bound. Widening is exact and the rows' sums keep their order, so
-    // the bits are those of the rows converting on their own.
-    const bool widen = sizeof(T) == 2 && Ops::kWidenShared && M > 1;
     const std::uint16_t exp16 = p.v.dtype() == DType::f16 ? kF16Exponent : kBF16Exponent;
 
     for (i64 j0 = klo; j0 < khi; j0 += kDecodeBlock) {
@@ -288,20 +261,12 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
                 });
         }
         // S = (scale·Q) · K_blockᵀ — each K row is read from memory once for all M rows.
-        if (widen) {
-            widen_block<Ops, T>(a, w, b, hk, j0, n, true, sc.kf);
-            for_row_groups(M, [&](i64 r0, i64 R) {
-                Ops::template scores<float>(sc.q + r0 * Dk, Dk, static_cast<int>(R), sc.kf, Dk, n, Dk,
-                                            sc.s + r0 * kDecodeBlock, kDecodeBlock);
+        for_row_groups(M, [&](i64 r0, i64 R) {
+            for_key_runs<T>(a, w, b, hk, j0, n, [&](i64 t, i64 len, const T* krow, const T*) {
+                Ops::template scores<T>(sc.q + r0 * Dk, Dk, static_cast<int>(R), krow, a.ks[2], len, Dk,
+                                        sc.s + r0 * kDecodeBlock + t, kDecodeBlock);
             });
-        } else {
-            for_row_groups(M, [&](i64 r0, i64 R) {
-                for_key_runs<T>(a, w, b, hk, j0, n, [&](i64 t, i64 len, const T* krow, const T*) {
-                    Ops::template scores<T>(sc.q + r0 * Dk, Dk, static_cast<int>(R), krow, a.ks[2], len, Dk,
-                                            sc.s + r0 * kDecodeBlock + t, kDecodeBlock);
-                });
-            });
-        }
+        });
         // Online softmax (per row, base 2):  m' = max(m, max_j s_j);  α = 2^(m − m');
         //   p_j = 2^(s_j − m');  l' = α·l + Σ_j p_j;  o' = α·o + Σ_j p_j·v_j   (below)
         bool ruled = false;  // some row has weights exactly 0 in this block
@@ -341,13 +306,7 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
                 }
             });
         }
-        if (!select && widen) {
-            widen_block<Ops, T>(a, w, b, hk, j0, n, false, sc.vf);
-            for_row_groups(M, [&](i64 r0, i64 R) {
-                Ops::template accumulate<float>(sc.o + r0 * Dv, Dv, sc.alpha + r0, sc.s + r0 * kDecodeBlock,
-                                                kDecodeBlock, static_cast<int>(R), sc.vf, Dv, n, Dv);
-            });
-        } else if (!select) {
+        if (!select) {
             // Runs after the first continue the sums: α = 1 (exact) for them.
             for_key_runs<T>(a, w, b, hk, j0, n, [&](i64 t, i64 len, const T*, const T* vrow) {
                 for_row_groups(M, [&](i64 r0, i64 R) {

@@ -16,14 +16,6 @@ struct PortableOps {
     static float load1(const float* p) { return *p; }
     static float load1(const Half* p) { return f16_to_float(p->bits); }
     static float load1(const Brain* p) { return bf16_to_float(p->bits); }
-    static void widen(const Half* p, i64 n, float* dst) {
-        for (i64 i = 0; i < n; ++i) dst[i] = load1(p + i);
-    }
-    static void widen(const Brain* p, i64 n, float* dst) {
-        for (i64 i = 0; i < n; ++i) dst[i] = load1(p + i);
-    }
-    // Every row converts each element again (scores, accumulate): convert once for M > 1.
-    static constexpr bool kWidenShared = true;
 
     template <class T>
     static void scores(const float* q, i64 qstride, int R, const T* k, i64 kstride, i64 n, i64 Dk, float* s,
