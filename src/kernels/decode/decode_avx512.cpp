@@ -34,8 +34,10 @@ struct Avx512Ops {
     static float load1(const Half* p) { return f16_to_ps1(p->bits); }
     static float load1(const Brain* p) { return bf16_to_ps1(p->bits); }
 
-    // Lane x of the result is the sum of the 16 lanes of a[x], x < 8.
-    static __m256 hsum8(const __m512* a) {
+    // Lane x of the result is the sum of the 16 lanes of a[x], x < 8. Inlined: out of line
+    // (as GCC left it once score_tile had its own instances), each tile stored its 8
+    // accumulators to the stack for the call.
+    __attribute__((always_inline)) static inline __m256 hsum8(const __m512* a) {
         __m256 h[8];
 #pragma GCC unroll 8
         for (int x = 0; x < 8; ++x) h[x] = _mm256_add_ps(_mm512_castps512_ps256(a[x]), _mm512_extractf32x8_ps(a[x], 1));
