@@ -27,7 +27,7 @@ struct Avx2Ops {
     static float load1(const Brain* p) { return bf16_to_ps1(p->bits); }
 
     // Horizontal sums of 8 vectors: lane x of the result is the sum of the lanes of a[x].
-    static __m256 hsum8(const __m256* a) {
+    __attribute__((always_inline)) static inline __m256 hsum8(const __m256* a) {
         const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
         const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
         // t0 = [a0..a3 low-lane sums | a0..a3 high-lane sums], t1 the same for a4..a7.
@@ -44,50 +44,69 @@ struct Avx2Ops {
     // R query rows × 8/R keys per tile: exactly 8 independent accumulators, enough to hide
     // the FMA latency even for one row (Lq = 1, no GQA), and each K vector loaded (and
     // converted) once for the R rows. Keys past n repeat key n−1 and are discarded.
-    template <int R, class T>
+    // KS > 0: kstride == KS, known at compile time, for the whole tiles (the last, partial
+    // one runs with KS = 0): one base pointer plus constant offsets, where GCC reloaded the
+    // 8 run-time row pointers from the stack before every K load (decode_avx512.cpp has the
+    // same split). Same arithmetic, same bits.
+    template <int R, class T, i64 KS = 0>
     static void score_tile(const float* q, i64 qstride, const T* k, i64 kstride, i64 n, i64 Dk, float* s,
                            i64 sstride) {
         constexpr int KT = 8 / R;
-        const i64 Dk8 = Dk & ~i64{7};
-        for (i64 j = 0; j < n; j += KT) {
-            const T* kp[KT];
-#pragma GCC unroll 8
-            for (int t = 0; t < KT; ++t) kp[t] = k + imin(j + t, n - 1) * kstride;
-            __m256 acc[8];
-#pragma GCC unroll 8
-            for (int x = 0; x < 8; ++x) acc[x] = _mm256_setzero_ps();
-            for (i64 d = 0; d < Dk8; d += 8) {
-                __m256 qv[R];
-#pragma GCC unroll 8
-                for (int r = 0; r < R; ++r) qv[r] = _mm256_loadu_ps(q + r * qstride + d);
-#pragma GCC unroll 8
-                for (int t = 0; t < KT; ++t) {
-                    const __m256 kv = load8(kp[t] + d);
-#pragma GCC unroll 8
-                    for (int r = 0; r < R; ++r) acc[r * KT + t] = _mm256_fmadd_ps(qv[r], kv, acc[r * KT + t]);
-                }
-            }
-            alignas(32) float tmp[8];
-            _mm256_store_ps(tmp, hsum8(acc));
-            for (i64 d = Dk8; d < Dk; ++d)
-                for (int t = 0; t < KT; ++t) {
-                    const float kd = load1(kp[t] + d);
-                    // An explicit fma (as acc_tile's edge): left to contraction, GCC fused the
-                    // float32 and the 16-bit instantiations differently, so the same values
-                    // stored in 16 bits gave other bits than in float32.
-                    for (int r = 0; r < R; ++r) tmp[r * KT + t] = __builtin_fmaf(q[r * qstride + d], kd, tmp[r * KT + t]);
-                }
-            for (int r = 0; r < R; ++r)
-                for (int t = 0; t < KT && j + t < n; ++t) s[r * sstride + j + t] = tmp[r * KT + t];
+        i64 j = 0;
+        if constexpr (KS > 0) {
+            for (; j + KT <= n; j += KT) score_keys<R, T, KS>(q, qstride, k + j * KS, KS, KT, Dk, s + j, sstride);
         }
+        for (; j < n; j += KT) score_keys<R, T, 0>(q, qstride, k + j * kstride, kstride, n - j, Dk, s + j, sstride);
+    }
+
+    // One tile: keys 0 .. KT−1 of k (row stride KS, or kstride when KS = 0).
+    template <int R, class T, i64 KS>
+    __attribute__((always_inline)) static inline void score_keys(const float* q, i64 qstride, const T* k, i64 kstride,
+                                                                 i64 n, i64 Dk, float* s, i64 sstride) {
+        constexpr int KT = 8 / R;
+        const i64 Dk8 = Dk & ~i64{7};
+        const T* kp[KT];
+#pragma GCC unroll 8
+        for (int t = 0; t < KT; ++t) kp[t] = KS > 0 ? k + t * KS : k + imin(t, n - 1) * kstride;
+        __m256 acc[8];
+#pragma GCC unroll 8
+        for (int x = 0; x < 8; ++x) acc[x] = _mm256_setzero_ps();
+        for (i64 d = 0; d < Dk8; d += 8) {
+            __m256 qv[R];
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) qv[r] = _mm256_loadu_ps(q + r * qstride + d);
+#pragma GCC unroll 8
+            for (int t = 0; t < KT; ++t) {
+                const __m256 kv = load8(kp[t] + d);
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) acc[r * KT + t] = _mm256_fmadd_ps(qv[r], kv, acc[r * KT + t]);
+            }
+        }
+        alignas(32) float tmp[8];
+        _mm256_store_ps(tmp, hsum8(acc));
+        for (i64 d = Dk8; d < Dk; ++d)
+            for (int t = 0; t < KT; ++t) {
+                const float kd = load1(kp[t] + d);
+                // An explicit fma (as acc_tile's edge): left to contraction, GCC fused the
+                // float32 and the 16-bit instantiations differently, so the same values
+                // stored in 16 bits gave other bits than in float32.
+                for (int r = 0; r < R; ++r) tmp[r * KT + t] = __builtin_fmaf(q[r * qstride + d], kd, tmp[r * KT + t]);
+            }
+        for (int r = 0; r < R; ++r)
+            for (int t = 0; t < KT && t < n; ++t) s[r * sstride + t] = tmp[r * KT + t];
     }
 
     template <class T>
     static void scores(const float* q, i64 qstride, int R, const T* k, i64 kstride, i64 n, i64 Dk, float* s,
                        i64 sstride) {
-        if (R == 4) score_tile<4>(q, qstride, k, kstride, n, Dk, s, sstride);
-        else if (R == 2) score_tile<2>(q, qstride, k, kstride, n, Dk, s, sstride);
-        else score_tile<1>(q, qstride, k, kstride, n, Dk, s, sstride);
+        // One row at a time, as the avx512 row (decode_avx512.cpp scores says why): whole K rows
+        // in address order, the first pass from memory, the others from L1. S7 f32 on one
+        // thread: 13.4–14.8 → 10.4–13.2 ms of CPU per step (docs/kernels.md). Same bits.
+        for (int r = 0; r < R; ++r) {
+            if (kstride == 128) score_tile<1, T, 128>(q + r * qstride, qstride, k, kstride, n, Dk, s + r * sstride, sstride);
+            else if (kstride == 64) score_tile<1, T, 64>(q + r * qstride, qstride, k, kstride, n, Dk, s + r * sstride, sstride);
+            else score_tile<1>(q + r * qstride, qstride, k, kstride, n, Dk, s + r * sstride, sstride);
+        }
     }
 
     static float exp2_1(float x) { return _mm_cvtss_f32(_mm256_castps256_ps128(exp2_ps(_mm256_set1_ps(x)))); }
@@ -178,9 +197,9 @@ struct Avx2Ops {
     template <class T>
     static void accumulate(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, int R, const T* v,
                            i64 vstride, i64 n, i64 Dv) {
-        if (R == 4) acc_tile<4>(o, ostride, alpha, p, pstride, v, vstride, n, Dv);
-        else if (R == 2) acc_tile<2>(o, ostride, alpha, p, pstride, v, vstride, n, Dv);
-        else acc_tile<1>(o, ostride, alpha, p, pstride, v, vstride, n, Dv);
+        // One row at a time, whole V rows in address order (scores says why).
+        for (int r = 0; r < R; ++r)
+            acc_tile<1>(o + r * ostride, ostride, alpha + r, p + r * pstride, pstride, v, vstride, n, Dv);
     }
 };
 

@@ -34,8 +34,10 @@ struct Avx512Ops {
     static float load1(const Half* p) { return f16_to_ps1(p->bits); }
     static float load1(const Brain* p) { return bf16_to_ps1(p->bits); }
 
-    // Lane x of the result is the sum of the 16 lanes of a[x], x < 8.
-    static __m256 hsum8(const __m512* a) {
+    // Lane x of the result is the sum of the 16 lanes of a[x], x < 8. Inlined: out of line
+    // (as GCC left it once score_tile had its own instances), each tile stored its 8
+    // accumulators to the stack for the call.
+    __attribute__((always_inline)) static inline __m256 hsum8(const __m512* a) {
         __m256 h[8];
 #pragma GCC unroll 8
         for (int x = 0; x < 8; ++x) h[x] = _mm256_add_ps(_mm512_castps512_ps256(a[x]), _mm512_extractf32x8_ps(a[x], 1));
@@ -47,46 +49,63 @@ struct Avx512Ops {
     // R query rows × 8/R keys per tile: 8 independent accumulators (the AVX2 kernel's
     // shape), each K vector of 16 loaded (and converted) once for the R rows; the head-dim
     // edge is a masked load of Q and K. Keys past n repeat key n−1 and are discarded.
-    template <int R, class T>
+    //
+    // KS > 0: kstride == KS, known at compile time, for the tiles that are whole (the last,
+    // partial one runs with KS = 0). The 8 K rows of a tile are then one base pointer plus
+    // constant offsets; with a run-time stride GCC kept the 8 row pointers in vector
+    // registers inside run_item and moved one to a general register before every K load
+    // (8 vmovq per 8 FMAs). Same arithmetic, same bits.
+    template <int R, class T, i64 KS = 0>
     static void score_tile(const float* q, i64 qstride, const T* k, i64 kstride, i64 n, i64 Dk, float* s,
                            i64 sstride) {
         constexpr int KT = 8 / R;
         const i64 Dk16 = Dk & ~i64{15};
         const __mmask16 edge = lanes(Dk - Dk16);
-        for (i64 j = 0; j < n; j += KT) {
-            const T* kp[KT];
-#pragma GCC unroll 8
-            for (int t = 0; t < KT; ++t) kp[t] = k + imin(j + t, n - 1) * kstride;
-            __m512 acc[8];
-#pragma GCC unroll 8
-            for (int x = 0; x < 8; ++x) acc[x] = _mm512_setzero_ps();
-            for (i64 d = 0; d < Dk16; d += 16) {
-                __m512 qv[R];
-#pragma GCC unroll 8
-                for (int r = 0; r < R; ++r) qv[r] = _mm512_loadu_ps(q + r * qstride + d);
-#pragma GCC unroll 8
-                for (int t = 0; t < KT; ++t) {
-                    const __m512 kv = load16(kp[t] + d);
-#pragma GCC unroll 8
-                    for (int r = 0; r < R; ++r) acc[r * KT + t] = _mm512_fmadd_ps(qv[r], kv, acc[r * KT + t]);
-                }
-            }
-            if (edge != 0) {
-                __m512 qv[R];
-#pragma GCC unroll 8
-                for (int r = 0; r < R; ++r) qv[r] = _mm512_maskz_loadu_ps(edge, q + r * qstride + Dk16);
-#pragma GCC unroll 8
-                for (int t = 0; t < KT; ++t) {
-                    const __m512 kv = load16(kp[t] + Dk16, edge);
-#pragma GCC unroll 8
-                    for (int r = 0; r < R; ++r) acc[r * KT + t] = _mm512_fmadd_ps(qv[r], kv, acc[r * KT + t]);
-                }
-            }
-            alignas(32) float tmp[8];
-            _mm256_store_ps(tmp, hsum8(acc));
-            for (int r = 0; r < R; ++r)
-                for (int t = 0; t < KT && j + t < n; ++t) s[r * sstride + j + t] = tmp[r * KT + t];
+        i64 j = 0;
+        if constexpr (KS > 0) {
+            for (; j + KT <= n; j += KT) score_keys<R, T, KS>(q, qstride, k + j * KS, KS, KT, Dk16, edge, s + j, sstride);
         }
+        for (; j < n; j += KT) score_keys<R, T, 0>(q, qstride, k + j * kstride, kstride, n - j, Dk16, edge, s + j, sstride);
+    }
+
+    // One tile: keys 0 .. KT−1 of k (row stride KS, or kstride when KS = 0; keys past n repeat
+    // key n−1 and are discarded).
+    template <int R, class T, i64 KS>
+    __attribute__((always_inline)) static inline void score_keys(const float* q, i64 qstride, const T* k, i64 kstride,
+                                                                 i64 n, i64 Dk16, __mmask16 edge, float* s, i64 sstride) {
+        constexpr int KT = 8 / R;
+        const T* kp[KT];
+#pragma GCC unroll 8
+        for (int t = 0; t < KT; ++t) kp[t] = KS > 0 ? k + t * KS : k + imin(t, n - 1) * kstride;
+        __m512 acc[8];
+#pragma GCC unroll 8
+        for (int x = 0; x < 8; ++x) acc[x] = _mm512_setzero_ps();
+        for (i64 d = 0; d < Dk16; d += 16) {
+            __m512 qv[R];
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) qv[r] = _mm512_loadu_ps(q + r * qstride + d);
+#pragma GCC unroll 8
+            for (int t = 0; t < KT; ++t) {
+                const __m512 kv = load16(kp[t] + d);
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) acc[r * KT + t] = _mm512_fmadd_ps(qv[r], kv, acc[r * KT + t]);
+            }
+        }
+        if (edge != 0) {
+            __m512 qv[R];
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) qv[r] = _mm512_maskz_loadu_ps(edge, q + r * qstride + Dk16);
+#pragma GCC unroll 8
+            for (int t = 0; t < KT; ++t) {
+                const __m512 kv = load16(kp[t] + Dk16, edge);
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) acc[r * KT + t] = _mm512_fmadd_ps(qv[r], kv, acc[r * KT + t]);
+            }
+        }
+        alignas(32) float tmp[8];
+        _mm256_store_ps(tmp, hsum8(acc));
+        for (int r = 0; r < R; ++r)
+            for (int t = 0; t < KT && t < n; ++t) s[r * sstride + t] = tmp[r * KT + t];
     }
 
     template <class T>
@@ -98,7 +117,11 @@ struct Avx512Ops {
         // accumulate, V in head-dim slices (a stride of one row, one or two lines per row per
         // pass), which the prefetchers followed badly: S7 (4 rows per KV head) spent twice
         // S5's time per byte. Same bits: every dot product and every output sum keeps its order.
-        for (int r = 0; r < R; ++r) score_tile<1>(q + r * qstride, qstride, k, kstride, n, Dk, s + r * sstride, sstride);
+        for (int r = 0; r < R; ++r) {
+            if (kstride == 128) score_tile<1, T, 128>(q + r * qstride, qstride, k, kstride, n, Dk, s + r * sstride, sstride);
+            else if (kstride == 64) score_tile<1, T, 64>(q + r * qstride, qstride, k, kstride, n, Dk, s + r * sstride, sstride);
+            else score_tile<1>(q + r * qstride, qstride, k, kstride, n, Dk, s + r * sstride, sstride);
+        }
     }
 
     static float exp2_1(float x) { return _mm512_cvtss_f32(exp2_ps512(_mm512_set1_ps(x))); }
