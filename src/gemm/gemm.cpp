@@ -31,6 +31,7 @@ void check(const GemmArgs& g) {
     if (g.lda < std::max<std::int64_t>(a_row, 1)) fail("gemm", "lda ", g.lda, " is narrower than A's rows (", a_row, ")");
     if (g.ldb < std::max<std::int64_t>(b_row, 1)) fail("gemm", "ldb ", g.ldb, " is narrower than B's rows (", b_row, ")");
     if (g.ldc < std::max<std::int64_t>(g.N, 1)) fail("gemm", "ldc ", g.ldc, " is narrower than C's rows (", g.N, ")");
+    if (g.bias != nullptr && g.beta != 0.0f) fail("gemm", "bias: expected beta = 0 with a bias but got beta = ", g.beta);
 }
 
 }  // namespace
@@ -87,10 +88,10 @@ void sgemm(const KernelSet& row, const GemmArgs& g_in) {
     // half the float32 panels' (the result is the same bits).
     if (g.M <= 4 && g.b16 != GemmHalf::none) g.packed_panels = nullptr;
     if (g.M == 0 || g.N == 0) return;
-    if (g.K == 0) {  // op(A)·op(B) = 0: C = beta·C, without reading A or B (nor C when beta = 0)
+    if (g.K == 0) {  // op(A)·op(B) = 0: C = beta·C (or the bias), without reading A or B (nor C when beta = 0)
         for (std::int64_t i = 0; i < g.M; ++i)
             for (std::int64_t j = 0; j < g.N; ++j)
-                g.C[i * g.ldc + j] = g.beta == 0.0f ? 0.0f : g.beta * g.C[i * g.ldc + j];
+                g.C[i * g.ldc + j] = g.bias != nullptr ? g.bias[j] : g.beta == 0.0f ? 0.0f : g.beta * g.C[i * g.ldc + j];
         return;
     }
     row.gemm(g);

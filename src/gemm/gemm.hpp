@@ -4,7 +4,8 @@
 //   op(A) is (M, K): A (M, K) row stride lda, or with ta its transpose (A is (K, M));
 //   op(B) is (K, N): B (K, N) row stride ldb, or with tb its transpose (B is (N, K)).
 //
-// beta = 0 never reads C (NaN or poison there does not leak into the result).
+// beta = 0 never reads C (NaN or poison there does not leak into the result). GemmArgs::bias
+// adds a bias per column (the projections' bias) in the micro-kernel's epilogue.
 //
 // Deterministic: the result does not depend on the thread count. Every element of C is one
 // chain of FMAs over k = 0, 1, …, K−1 in KC-sized chunks whose bounds depend only on K
@@ -43,6 +44,10 @@ struct GemmArgs {
     float beta = 0.0f;
     float* C = nullptr;
     std::int64_t ldc = 0;
+    // Column biases (N floats) or null: C = op(A)·op(B) + bias[j], added in the epilogue of the
+    // first K chunk (sum + bias, one rounding: the bits of C filled with the bias and beta = 1,
+    // without that extra pass over C). Only with beta = 0.
+    const float* bias = nullptr;
     // A 16-bit A or B: with a16 (b16) not none, A16 (B16) is read instead of A (B), in the same
     // layout (ta/tb, lda/ldb in elements). C stays float32.
     GemmHalf a16 = GemmHalf::none, b16 = GemmHalf::none;

@@ -19,7 +19,8 @@ struct Micro {
     template <int R>
     using WithRows = Micro<R, NV, KC, MC, NC>;  // the few-row path (gemm_driver.hpp)
 
-    static void tile(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc, float beta) {
+    static void tile(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc, float beta,
+                     const float* bias) {
         __m256 acc[MR][NV];
         for (int r = 0; r < MR; ++r)
             for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
@@ -36,7 +37,12 @@ struct Micro {
                 for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(av, bv[v], acc[r][v]);
             }
         }
-        if (beta == 0.0f) {
+        if (bias != nullptr) {  // (beta = 0) sum + bias: the bits of C = bias, beta = 1
+            for (int v = 0; v < NV; ++v) {
+                const __m256 bv = _mm256_loadu_ps(bias + 8 * v);
+                for (int r = 0; r < MR; ++r) _mm256_storeu_ps(c + r * ldc + 8 * v, _mm256_add_ps(acc[r][v], bv));
+            }
+        } else if (beta == 0.0f) {
             for (int r = 0; r < MR; ++r)
                 for (int v = 0; v < NV; ++v) _mm256_storeu_ps(c + r * ldc + 8 * v, acc[r][v]);
         } else {

@@ -51,12 +51,14 @@ struct Micro {
         transpose16(src, lds, dst, ldd);
     }
 
-    static void tile(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc, float beta) {
+    static void tile(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc, float beta,
+                     const float* bias) {
         __m512 acc[MR][NV];
         for (int r = 0; r < MR; ++r)
             for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
         // C's rows are needed only after the K loop; fetching them now hides their miss
-        // (C of S6's QKV GEMM is 19 MB: from L3 or memory, once per K chunk).
+        // (C of S6's QKV GEMM is 19 MB: from L3 or memory, once per K chunk). With beta = 0
+        // too: the stores would miss on them (write-allocate) at the end of the tile.
         for (int r = 0; r < MR; ++r)
             for (int v = 0; v < kNR; v += 16) _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + v), _MM_HINT_T0);
 #pragma GCC unroll 4
@@ -68,7 +70,12 @@ struct Micro {
                 for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
             }
         }
-        if (beta == 0.0f) {
+        if (bias != nullptr) {  // (beta = 0) sum + bias: the bits of C = bias, beta = 1
+            for (int v = 0; v < NV; ++v) {
+                const __m512 bv = _mm512_loadu_ps(bias + 16 * v);
+                for (int r = 0; r < MR; ++r) _mm512_storeu_ps(c + r * ldc + 16 * v, _mm512_add_ps(acc[r][v], bv));
+            }
+        } else if (beta == 0.0f) {
             for (int r = 0; r < MR; ++r)
                 for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
         } else {

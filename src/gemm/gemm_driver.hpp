@@ -6,8 +6,10 @@
 // U provides:  kMR, kNR (the micro-tile), kKC, kMC, kNC (the cache blocks: a KC × NR sliver of
 // packed B stays in L1 while the MC × KC panels of packed A stream from L2; the KC × NC block
 // of B sits in L2/L3), and
-//   tile(kc, a, b, c, ldc, beta): c (kMR × kNR) = Σ_k a[k·MR + r] · b[k·NR + j]  +  beta · c,
-//   one FMA chain per element in k order; beta = 0 does not read c, beta = 1 adds exactly.
+//   tile(kc, a, b, c, ldc, beta, bias): c (kMR × kNR) = Σ_k a[k·MR + r] · b[k·NR + j]  +  beta · c,
+//   one FMA chain per element in k order; beta = 0 does not read c, beta = 1 adds exactly;
+//   a bias (kNR floats, only with beta = 0) is added to the chain's sum: c = sum + bias[j],
+//   one rounding, the bits of beta = 1 on a C that held the bias.
 //
 // Loops (BLIS order): jc (NC columns) → pc (KC depth, in order) → [all threads pack B] →
 // each thread: ic (MC rows of its share) → pack A → jr (NR slivers of its share) → ir (MR).
@@ -161,14 +163,20 @@ void pack_a(const GemmArgs& g, std::int64_t i, std::int64_t m, std::int64_t k0, 
 }
 
 // One micro-tile at C row i, column j; m × n of it inside C. (U: a micro-kernel, or one of
-// its few-row variants U::WithRows<R>.)
+// its few-row variants U::WithRows<R>.) bias: the row of column biases at column j (the
+// first K chunk only; null for none).
 template <class U>
 void tile_at(const GemmArgs& g, std::int64_t kc, const float* a, const float* b, std::int64_t i, std::int64_t j,
-             std::int64_t m, std::int64_t n, float beta) {
+             std::int64_t m, std::int64_t n, float beta, const float* bias) {
     constexpr std::int64_t MR = U::kMR, NR = U::kNR;
     float* c = g.C + i * g.ldc + j;
+    alignas(64) float bias_pad[NR];
+    if (bias != nullptr && n < NR) {  // the columns past C's edge read zeros, not past the bias
+        for (std::int64_t x = 0; x < NR; ++x) bias_pad[x] = x < n ? bias[x] : 0.0f;
+        bias = bias_pad;
+    }
     if (m == MR && n == NR) {
-        U::tile(kc, a, b, c, g.ldc, beta);
+        U::tile(kc, a, b, c, g.ldc, beta, bias);
         return;
     }
     // The edge: the same micro-kernel on a scratch tile, so these elements get the same
@@ -176,7 +184,7 @@ void tile_at(const GemmArgs& g, std::int64_t kc, const float* a, const float* b,
     alignas(64) float t[MR * NR];
     if (beta != 0.0f)
         for (std::int64_t r = 0; r < m; ++r) std::memcpy(t + r * NR, c + r * g.ldc, static_cast<std::size_t>(n) * sizeof(float));
-    U::tile(kc, a, b, t, NR, beta);
+    U::tile(kc, a, b, t, NR, beta, bias);
     for (std::int64_t r = 0; r < m; ++r) std::memcpy(c + r * g.ldc, t + r * NR, static_cast<std::size_t>(n) * sizeof(float));
 }
 
@@ -242,7 +250,8 @@ void gemm_few_rows(const GemmArgs& g) {
                 const float* b = bbuf;
                 if (g.packed_panels != nullptr) b = packed_sliver<U>(g, kc_max, pc, kc, q);
                 else pack_b<U>(g, k0, kc, j, n, bbuf);
-                tile_at<T>(g, kc, abuf + pc * R * kc_max, b, 0, j, R, n, pc == 0 ? g.beta : 1.0f);
+                tile_at<T>(g, kc, abuf + pc * R * kc_max, b, 0, j, R, n, pc == 0 ? g.beta : 1.0f,
+                           pc == 0 && g.bias != nullptr ? g.bias + j : nullptr);
             }
         }
     }
@@ -291,6 +300,7 @@ void gemm_driver(const GemmArgs& g) {
             for (std::int64_t pc = 0; pc < nk; ++pc) {
                 const std::int64_t k0 = pc * kc_max, kc = std::min(kc_max, g.K - k0);
                 const float beta = pc == 0 ? g.beta : 1.0f;
+                const float* const bias = pc == 0 ? g.bias : nullptr;  // into the first chunk's sums
                 if (!prepacked) {
 #pragma omp for schedule(static)
                     for (std::int64_t q = 0; q < nq; ++q)
@@ -305,7 +315,8 @@ void gemm_driver(const GemmArgs& g) {
                         const float* b = prepacked ? packed_sliver<U>(g, kc_max, pc, kc, j0 / NR + q) : bbuf + q * NR * kc;
                         const std::int64_t j = j0 + q * NR, n = std::min(NR, g.N - j);
                         for (std::int64_t p = 0; p < mc; p += MR)
-                            tile_at<U>(g, kc, abuf + p * kc, b, i0 + p, j, std::min(MR, mc - p), n, beta);
+                            tile_at<U>(g, kc, abuf + p * kc, b, i0 + p, j, std::min(MR, mc - p), n, beta,
+                                      bias != nullptr ? bias + j : nullptr);
                     }
                 }
                 if (!prepacked) {

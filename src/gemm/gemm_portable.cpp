@@ -15,7 +15,8 @@ struct Micro {
     template <int R>
     using WithRows = Micro<R>;  // the few-row path (gemm_driver.hpp)
 
-    static void tile(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc, float beta) {
+    static void tile(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc, float beta,
+                     const float* bias) {
         float acc[kMR][kNR] = {};
         for (std::int64_t k = 0; k < kc; ++k, a += kMR, b += kNR)
             for (int r = 0; r < kMR; ++r)
@@ -23,7 +24,8 @@ struct Micro {
         for (int r = 0; r < kMR; ++r)
             for (int j = 0; j < kNR; ++j) {
                 float& out = c[r * ldc + j];
-                out = beta == 0.0f ? acc[r][j] : beta * out + acc[r][j];
+                // (a bias comes with beta = 0: sum + bias, the bits of C = bias, beta = 1)
+                out = bias != nullptr ? acc[r][j] + bias[j] : beta == 0.0f ? acc[r][j] : beta * out + acc[r][j];
             }
     }
 };

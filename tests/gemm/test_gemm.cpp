@@ -392,6 +392,93 @@ TEST(Gemm, PackBChecksItsArguments) {
     EXPECT_TRUE(pack_b(row, g).empty());
 }
 
+// GemmArgs::bias (the projections' bias, in the epilogue of the first K chunk) against the
+// path it replaces — C filled with the bias, beta = 1 — which the tests above check against the
+// double reference: bit-identical on every row, with C NaN-poisoned (beta = 0 never reads it),
+// for edge tiles, several K chunks, few rows (the decode path), B packed or not, 1 and 2 threads.
+TEST(Gemm, BiasInTheEpilogueIsBitIdenticalToABiasFilledCOnEveryRow) {
+    std::mt19937 rng(18);
+    std::normal_distribution<float> nd;
+    struct Shape {
+        std::int64_t M, N, K;
+    };
+    for (const KernelSet* row : rows_or_skip()) {
+        SCOPED_TRACE(isa_name(row->isa));
+        for (const Shape s : {Shape{37, 75, 61}, Shape{25, 33, 1300}, Shape{1, 70, 200}, Shape{3, 40, 2100}, Shape{300, 130, 97}}) {
+            for (int variant = 0; variant < 4; ++variant) {
+                const bool tb = variant & 1, packed = variant & 2;
+                SCOPED_TRACE("M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K) +
+                             " tb=" + std::to_string(tb) + " packed=" + std::to_string(packed));
+                Problem p = make(false, tb, s.M, s.N, s.K, 1.0f, rng);
+                std::vector<float> bias(static_cast<std::size_t>(s.N));
+                for (float& x : bias) x = nd(rng);
+                for (std::int64_t i = 0; i < s.M; ++i)
+                    for (std::int64_t j = 0; j < s.N; ++j) p.c0[static_cast<std::size_t>(i * p.ldc + j)] = bias[static_cast<std::size_t>(j)];
+                const std::vector<float> filled = run(*row, p, 2);
+                bool padding_kept = false;
+                EXPECT_LE(worst_ratio(p, filled, &padding_kept), 1.0);
+                GemmArgs g;
+                g.tb = tb;
+                g.M = s.M;
+                g.N = s.N;
+                g.K = s.K;
+                g.A = p.a.data();
+                g.lda = p.lda;
+                g.B = p.b.data();
+                g.ldb = p.ldb;
+                g.bias = bias.data();
+                g.ldc = p.ldc;
+                const PackedB pb = packed ? pack_b(*row, g) : PackedB{};
+                if (packed) g.packed = &pb;
+                for (int threads : {1, 2}) {
+                    std::vector<float> c(p.c0.size(), kNaN);
+                    g.C = c.data();
+                    const int before = omp_get_max_threads();
+                    omp_set_num_threads(threads);
+                    sgemm(*row, g);
+                    omp_set_num_threads(before);
+                    EXPECT_EQ(0, std::memcmp(c.data(), filled.data(), c.size() * sizeof(float))) << "threads=" << threads;
+                }
+            }
+        }
+        // K = 0: C is the bias (A and B are not read).
+        std::vector<float> bias{1.5f, -2.0f}, c(4, kNaN);
+        GemmArgs g;
+        g.M = 2;
+        g.N = 2;
+        g.lda = 1;
+        g.ldb = 2;
+        g.ldc = 2;
+        g.C = c.data();
+        g.bias = bias.data();
+        sgemm(*row, g);
+        EXPECT_EQ(c, (std::vector<float>{1.5f, -2.0f, 1.5f, -2.0f}));
+    }
+}
+
+TEST(Gemm, RejectsABiasWithANonZeroBetaBeforeWriting) {
+    std::vector<float> a(6, 1.0f), b(6, 1.0f), bias(2, 1.0f), c(4, kNaN);
+    GemmArgs g;
+    g.M = 2;
+    g.N = 2;
+    g.K = 3;
+    g.A = a.data();
+    g.lda = 3;
+    g.B = b.data();
+    g.ldb = 2;
+    g.C = c.data();
+    g.ldc = 2;
+    g.bias = bias.data();
+    g.beta = 1.0f;
+    try {
+        sgemm(g);
+        FAIL() << "no error";
+    } catch (const attn::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("bias: expected beta = 0"), std::string::npos) << e.what();
+    }
+    for (float x : c) EXPECT_TRUE(std::isnan(x));
+}
+
 TEST(Gemm, ZeroReductionScalesCWithoutReadingAOrB) {
     for (const KernelSet* row : runnable_kernel_sets()) {
         std::vector<float> c{1.0f, 2.0f, kNaN, 4.0f};
