@@ -4,7 +4,9 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <mutex>
 
 #include "attn/threads.hpp"
 
@@ -22,14 +24,56 @@ bool strided_f32(const TensorView& t) {
 // Floats of p's K and V (no overflow: these elements already exist in the packed K and V).
 std::int64_t kv_floats(const SdpaProblem& p) { return p.Hkv * p.Lk * (p.Dk + p.Dv); }
 
+// The buffer kept between calls (HeadMajorScratch) and its size in bytes.
+std::mutex kept_mutex;
+std::unique_ptr<HugeBuffer> kept;
+std::int64_t kept_bytes = 0;
+
+std::atomic<std::int64_t> budget{kHeadMajorBudget};
+
 }  // namespace
+
+HeadMajorScratch::HeadMajorScratch(std::int64_t bytes) {
+    {
+        std::unique_ptr<HugeBuffer> small;  // freed outside the lock, before the new allocation
+        const std::lock_guard<std::mutex> lock(kept_mutex);
+        if (kept != nullptr && kept_bytes >= bytes) {
+            buf_ = std::move(kept);
+            bytes_ = kept_bytes;
+            kept_bytes = 0;
+            return;
+        }
+        small = std::move(kept);
+        kept_bytes = 0;
+    }
+    buf_ = std::make_unique<HugeBuffer>(bytes, "sdpa_varlen head-major K/V");
+    bytes_ = bytes;
+}
+
+HeadMajorScratch::~HeadMajorScratch() {
+    std::unique_ptr<HugeBuffer> drop;  // the smaller of the kept and this one, freed outside the lock
+    const std::lock_guard<std::mutex> lock(kept_mutex);
+    if (kept == nullptr || kept_bytes < bytes_) {
+        drop = std::move(kept);
+        kept = std::move(buf_);
+        kept_bytes = bytes_;
+    } else {
+        drop = std::move(buf_);
+    }
+}
+
+std::int64_t head_major_budget() { return budget.load(std::memory_order_relaxed); }
+
+ScopedHeadMajorBudget::ScopedHeadMajorBudget(std::int64_t bytes) : saved_(budget.exchange(bytes)) {}
+ScopedHeadMajorBudget::~ScopedHeadMajorBudget() { budget.store(saved_); }
 
 bool head_major_pays(const SdpaProblem& p) {
     return p.paged == nullptr && p.B == 1 && p.Lq >= kMinRows && p.Lk >= kMinRows && strided_f32(p.k) &&
            strided_f32(p.v);
 }
 
-std::unique_ptr<HugeBuffer> head_major_kv(std::vector<SdpaProblem>& ps) {
+std::unique_ptr<HeadMajorScratch> head_major_kv(std::vector<SdpaProblem>& ps) {
+    const std::int64_t limit = head_major_budget();
     std::vector<std::size_t> copy;
     for (std::size_t i = 0; i < ps.size(); ++i)
         if (head_major_pays(ps[i])) copy.push_back(i);
@@ -38,7 +82,7 @@ std::unique_ptr<HugeBuffer> head_major_kv(std::vector<SdpaProblem>& ps) {
     std::int64_t total = 0;
     for (std::size_t n = 0; n < copy.size(); ++n) {
         const std::int64_t need = kv_floats(ps[copy[n]]);
-        if ((total + need) * static_cast<std::int64_t>(sizeof(float)) > kHeadMajorBudget) {
+        if ((total + need) * static_cast<std::int64_t>(sizeof(float)) > limit) {
             copy.resize(n);  // the rest (shorter ones) are read in place
             break;
         }
@@ -47,8 +91,8 @@ std::unique_ptr<HugeBuffer> head_major_kv(std::vector<SdpaProblem>& ps) {
     }
     if (copy.empty()) return nullptr;
     // No overflow: total floats already exist in the packed K and V.
-    auto buf = std::make_unique<HugeBuffer>(total * static_cast<std::int64_t>(sizeof(float)), "sdpa_varlen head-major K/V");
-    float* base = static_cast<float*>(buf->data);
+    auto buf = std::make_unique<HeadMajorScratch>(total * static_cast<std::int64_t>(sizeof(float)));
+    float* base = buf->data();
     const auto ncopy = static_cast<std::int64_t>(copy.size());
 #pragma omp parallel num_threads(num_threads())
     for (std::int64_t n = 0; n < ncopy; ++n) {
