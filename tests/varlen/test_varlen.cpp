@@ -23,6 +23,9 @@
 #include "attn/sdpa_backward.hpp"
 #include "attn/sdpa_varlen.hpp"
 #include "kernels/isa.hpp"
+#include "sdpa/problem.hpp"
+#include "varlen/head_major.hpp"
+#include "varlen/packed.hpp"
 #include "varlen/varlen_util.hpp"
 
 namespace attn::test {
@@ -293,6 +296,71 @@ TEST(Varlen, LongSequencesHeadMajor) {
             check_padded(p, two);
             if (::testing::Test::HasFatalFailure()) return;
         }
+    }
+}
+
+// head_major_kv's budget (head_major.hpp): the longest sequences are copied while their K and V
+// fit, the rest read in place. Each cut-off copies exactly that prefix of the longest-first
+// order (checked on head_major_kv itself: which problems' K/V moved, with the same values),
+// and sdpa_varlen gives the same bits under every budget, equal to one by one.
+TEST(Varlen, HeadMajorBudgetCutOff) {
+    VarlenCase c;
+    c.lq = {520, 40, 300, 257};  // copied: 3 (600 keys), 0 (520), 2 (300); 1 has too few queries
+    c.lk = {520, 300, 300, 600};
+    c.Hq = 4;
+    c.Hkv = 2;
+    c.Dk = 32;
+    c.Dv = 16;
+    c.causal = Causal::bottom_right;
+    const Packed p = make_packed(c, 77);
+    const auto bytes = [&](std::size_t b) { return c.Hkv * c.lk[b] * (c.Dk + c.Dv) * std::int64_t{sizeof(float)}; };
+    struct Cut {
+        std::int64_t budget;
+        std::vector<bool> copied;
+    };
+    const Cut cuts[] = {
+        {detail::kHeadMajorBudget, {true, false, true, true}},
+        {0, {false, false, false, false}},
+        {bytes(3) - 1, {false, false, false, false}},
+        {bytes(3), {false, false, false, true}},
+        {bytes(3) + bytes(0), {true, false, false, true}},
+        {bytes(3) + bytes(0) + bytes(2) - 1, {true, false, false, true}},
+        {bytes(3) + bytes(0) + bytes(2), {true, false, true, true}},
+    };
+    const Forward all = run_varlen(p, false);
+    check_one_by_one(p, all);
+    std::int64_t q0 = 0, k0 = 0;
+    std::vector<detail::SdpaProblem> ps;
+    const Tensor out = poisoned(DType::f32, Shape{c.Tq(), c.Hq, c.Dv});
+    for (std::size_t b = 0; b < c.lq.size(); ++b) {
+        ps.push_back(detail::make_problem(detail::sequence_rows(p.q, q0, c.lq[b]), detail::sequence_rows(p.k, k0, c.lk[b]),
+                                          detail::sequence_rows(p.v, k0, c.lk[b]), p.opt,
+                                          detail::sequence_rows(out, q0, c.lq[b]), nullptr, nullptr, "test"));
+        q0 += c.lq[b], k0 += c.lk[b];
+    }
+    for (const Cut& cut : cuts) {
+        SCOPED_TRACE("budget " + std::to_string(cut.budget));
+        const detail::ScopedHeadMajorBudget budget(cut.budget);
+        std::vector<detail::SdpaProblem> moved = ps;
+        const auto copies = detail::head_major_kv(moved);
+        EXPECT_EQ(copies != nullptr, cut.copied != std::vector<bool>(4, false));
+        for (std::size_t b = 0; b < ps.size(); ++b) {
+            SCOPED_TRACE("sequence " + std::to_string(b));
+            const bool was_copied = moved[b].k.data() != ps[b].k.data();
+            EXPECT_EQ(was_copied, cut.copied[b]);
+            EXPECT_EQ(moved[b].v.data() != ps[b].v.data(), cut.copied[b]);
+            if (was_copied) {
+                EXPECT_EQ(moved[b].k.stride(2), c.Dk);  // head-major: adjacent keys
+                for (std::int64_t h = 0; h < c.Hkv; ++h)
+                    for (std::int64_t j = 0; j < c.lk[b]; j += 7)
+                        for (std::int64_t e = 0; e < c.Dk; ++e)
+                            ASSERT_EQ(moved[b].k.data_as<const float>()[moved[b].k.offset(0, h, j, e)],
+                                      ps[b].k.data_as<const float>()[ps[b].k.offset(0, h, j, e)]);
+            }
+        }
+        const Forward f = run_varlen(p, false);
+        EXPECT_TRUE(bit_equal(f.out, all.out));
+        EXPECT_TRUE(bit_equal(f.lse_storage, all.lse_storage));
     }
 }
 
