@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "attn/threads.hpp"
+#include "../core/check.hpp"
 
 namespace attn::detail {
 namespace {
@@ -23,6 +24,21 @@ bool strided_f32(const TensorView& t) {
 
 // Floats of p's K and V (no overflow: these elements already exist in the packed K and V).
 std::int64_t kv_floats(const SdpaProblem& p) { return p.Hkv * p.Lk * (p.Dk + p.Dv); }
+
+// The rows of src into dst (float32 (1, H, L, D), unit inner strides), split over the threads
+// of the enclosing parallel region (no barrier at the end).
+void copy_rows_for(const TensorView& src, const TensorView& dst) {
+    ATTN_DASSERT(src.stride(3) == 1 && dst.stride(3) == 1 && src.shape() == dst.shape());
+    const std::int64_t L = src.dim(2), rows = src.dim(1) * L;
+    const auto bytes = sizeof(float) * static_cast<std::size_t>(src.dim(3));
+    const float* s = src.data_as<const float>();
+    float* d = dst.data_as<float>();
+#pragma omp for schedule(static) nowait
+    for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t h = r / L, j = r % L;
+        std::memcpy(d + dst.offset(0, h, j, 0), s + src.offset(0, h, j, 0), bytes);
+    }
+}
 
 // The buffer kept between calls (HeadMajorScratch) and its size in bytes.
 std::mutex kept_mutex;
@@ -72,6 +88,28 @@ bool head_major_pays(const SdpaProblem& p) {
            strided_f32(p.v);
 }
 
+bool head_major_backward_pays(const SdpaProblem& p) {
+    return p.paged == nullptr && p.B == 1 && p.Lq >= kMinRows && p.Lk >= kMinRows;
+}
+
+bool strided_rows(const TensorView& t) { return strided_f32(t); }
+
+TensorView head_major_view(const TensorView& like, float* dst) {
+    const std::int64_t H = like.dim(1), L = like.dim(2), D = like.dim(3);
+    return TensorView(dst, DType::f32, Shape{1, H, L, D}, Strides{H * L * D, L * D, D, 1});
+}
+
+TensorView copy_head_major(const TensorView& src, float* dst) {
+    const TensorView d = head_major_view(src, dst);
+    copy_rows(src, d);
+    return d;
+}
+
+void copy_rows(const TensorView& src, const TensorView& dst) {
+#pragma omp parallel num_threads(num_threads())
+    copy_rows_for(src, dst);
+}
+
 std::unique_ptr<HeadMajorScratch> head_major_kv(std::vector<SdpaProblem>& ps) {
     const std::int64_t limit = head_major_budget();
     std::vector<std::size_t> copy;
@@ -97,24 +135,15 @@ std::unique_ptr<HeadMajorScratch> head_major_kv(std::vector<SdpaProblem>& ps) {
 #pragma omp parallel num_threads(num_threads())
     for (std::int64_t n = 0; n < ncopy; ++n) {
         const SdpaProblem& p = ps[copy[static_cast<std::size_t>(n)]];
-        const std::int64_t L = p.Lk, rows = p.Hkv * L, nk = rows * p.Dk;
         float* kd = base + at[static_cast<std::size_t>(n)];
-        float* vd = kd + nk;
-        const float* ks = p.k.data_as<const float>();
-        const float* vs = p.v.data_as<const float>();
-#pragma omp for schedule(static) nowait
-        for (std::int64_t r = 0; r < rows; ++r) {
-            const std::int64_t h = r / L, j = r % L;
-            std::memcpy(kd + r * p.Dk, ks + p.k.offset(0, h, j, 0), sizeof(float) * static_cast<std::size_t>(p.Dk));
-            std::memcpy(vd + r * p.Dv, vs + p.v.offset(0, h, j, 0), sizeof(float) * static_cast<std::size_t>(p.Dv));
-        }
+        copy_rows_for(p.k, head_major_view(p.k, kd));
+        copy_rows_for(p.v, head_major_view(p.v, kd + p.Hkv * p.Lk * p.Dk));
     }
     for (std::size_t n = 0; n < copy.size(); ++n) {
         SdpaProblem& p = ps[copy[n]];
-        const std::int64_t H = p.Hkv, L = p.Lk, nk = H * L * p.Dk, nv = H * L * p.Dv;
         float* kd = base + at[n];
-        p.k = TensorView(kd, DType::f32, Shape{1, H, L, p.Dk}, Strides{nk, L * p.Dk, p.Dk, 1});
-        p.v = TensorView(kd + nk, DType::f32, Shape{1, H, L, p.Dv}, Strides{nv, L * p.Dv, p.Dv, 1});
+        p.k = head_major_view(p.k, kd);
+        p.v = head_major_view(p.v, kd + p.Hkv * p.Lk * p.Dk);
     }
     return buf;
 }

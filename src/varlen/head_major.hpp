@@ -57,7 +57,26 @@ private:
 inline constexpr std::int64_t kHeadMajorBudget = std::int64_t{256} << 20;
 std::unique_ptr<HeadMajorScratch> head_major_kv(std::vector<SdpaProblem>& ps);
 
-// The budget head_major_kv uses: kHeadMajorBudget, or a test's (ScopedHeadMajorBudget).
+// The backward (varlen_backward.cpp): a task of the flash backward holds a key block and walks
+// every query row of its heads, reading Q and dO rows and accumulating dQ rows in place —
+// 4 KiB apart in the packed layout, the L1 set conflict above on the hot side. dev/varlen_lab.cpp
+// on V1, 1 thread: 42 % more CPU time on packed views than on head-major tensors; Q, O, dO, dQ
+// head-major recover all of it, K, V, dK, dV a third. True when sequence problem p is long
+// enough for its backward to read Q, dO, K, V and write dQ, dK, dV through head-major copies
+// (those of them that strided_rows); the copies are O(L·H·D) against O(Lq·Lk·H·D).
+bool head_major_backward_pays(const SdpaProblem& p);
+// float32 (1, H, L, D) rows with a contiguous head dim but keys not adjacent: the packed layout.
+bool strided_rows(const TensorView& t);
+
+// The contiguous (1, H, L, D) float32 view at dst with the shape of `like` (1, H, L, D).
+TensorView head_major_view(const TensorView& like, float* dst);
+// src (1, H, L, D) float32, unit inner stride, into dst as a contiguous (1, H, L, D) tensor, whose
+// view is returned; and back (copy_rows: float32 views of the same shape, unit inner strides). One parallel
+// region each on attn::num_threads() threads.
+TensorView copy_head_major(const TensorView& src, float* dst);
+void copy_rows(const TensorView& src, const TensorView& dst);
+
+// The budget head_major_kv (and the backward's copies) use: kHeadMajorBudget, or a test's (ScopedHeadMajorBudget).
 std::int64_t head_major_budget();
 
 // Tests only: head_major_kv uses `bytes` as its budget while this lives (process-wide; not for
