@@ -5,10 +5,16 @@
 //   seq_hm   one sdpa call per sequence on contiguous head-major (1, H, L, D) tensors: the
 //            per-sequence structure of varlen without its layout or copy costs
 //   seq_pk   one sdpa call per sequence on strided views of the packed tensors (no copy)
+//   bwd_hm   sdpa_backward per sequence on contiguous head-major tensors (all of them)
+//   bwd_pk   sdpa_backward per sequence on strided views of packed tensors (sdpa_varlen_backward)
+//   bwd_kv   bwd_pk with K and V (the inputs and dK, dV) head-major, Q, O, dO, dQ packed
+//   bwd_qo   bwd_pk with Q, O, dO, dQ head-major, K, V, dK, dV packed
+//   bwd_vl   sdpa_varlen_backward on the packed tensors
 //   copy     the head-major K/V copy of every sequence of >= 256 tokens (head_major.cpp's work)
 // Wall and process CPU time per call (min and median of --runs); run with OMP_WAIT_POLICY=passive
 // on a loaded machine so that idle threads do not burn CPU time.
 // Usage: varlen_lab [threads=2] [runs=5]
+#include <sys/resource.h>
 #include <time.h>
 
 #include <algorithm>
@@ -22,6 +28,7 @@
 #include <vector>
 
 #include "attn/sdpa.hpp"
+#include "attn/sdpa_backward.hpp"
 #include "attn/sdpa_varlen.hpp"
 #include "attn/tensor.hpp"
 #include "attn/threads.hpp"
@@ -50,19 +57,30 @@ void fill(const Tensor& t, std::uint64_t seed) {
     for (std::int64_t i = 0; i < n; ++i) d[i] = u(rng);
 }
 
+// System CPU seconds and minor page faults of the process so far (the kernel's share: page
+// faults and zeroing of fresh buffers show here, not in the user time).
+std::pair<double, long> sys_faults() {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return {static_cast<double>(u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_stime.tv_usec), u.ru_minflt};
+}
+
 void time_it(const char* name, int runs, const std::function<void()>& fn) {
     fn();  // warm-up
     std::vector<double> wall, cpu;
+    const auto [s0, f0] = sys_faults();
     for (int r = 0; r < runs; ++r) {
         const double w0 = now(CLOCK_MONOTONIC), c0 = now(CLOCK_PROCESS_CPUTIME_ID);
         fn();
         wall.push_back(now(CLOCK_MONOTONIC) - w0);
         cpu.push_back(now(CLOCK_PROCESS_CPUTIME_ID) - c0);
     }
+    const auto [s1, f1] = sys_faults();
     std::sort(wall.begin(), wall.end());
     std::sort(cpu.begin(), cpu.end());
-    std::printf("%-8s wall min %8.1f med %8.1f ms | cpu min %8.1f med %8.1f ms\n", name, 1e3 * wall.front(),
-                1e3 * wall[wall.size() / 2], 1e3 * cpu.front(), 1e3 * cpu[cpu.size() / 2]);
+    std::printf("%-8s wall min %8.1f med %8.1f ms | cpu min %8.1f med %8.1f ms | per call: sys %6.1f ms, %ld faults\n",
+                name, 1e3 * wall.front(), 1e3 * wall[wall.size() / 2], 1e3 * cpu.front(), 1e3 * cpu[cpu.size() / 2],
+                1e3 * (s1 - s0) / runs, (f1 - f0) / runs);
     std::fflush(stdout);
 }
 
@@ -139,6 +157,58 @@ int main(int argc, char** argv) {
         if (want("hm_copy")) time_it("hm_copy", runs, [&] { std::vector<detail::SdpaProblem> c = ps; const auto t = detail::head_major_kv(c); });
     }
 #endif
+    if (want("bwd_")) {  // the backward: packed views against head-major tensors, per sequence
+        std::vector<Tensor> lse, dO, dq, dk, dv;
+        std::vector<TensorView> lsev;
+        for (std::int64_t b = 0; b < N; ++b) {
+            lse.emplace_back(DType::f32, Shape{1, H, len[b]});
+            lsev.push_back(lse.back().view());
+            dO.emplace_back(DType::f32, Shape{1, H, len[b], D});
+            fill(dO.back(), 10 + static_cast<std::uint64_t>(b));
+            dq.emplace_back(DType::f32, Shape{1, H, len[b], D});
+            dk.emplace_back(DType::f32, Shape{1, H, len[b], D});
+            dv.emplace_back(DType::f32, Shape{1, H, len[b], D});
+            sdpa(hq[b], hk[b], hv[b], opt, ho[b], &lsev[b], nullptr, nullptr);
+        }
+        if (want("bwd_hm"))
+            time_it("bwd_hm", runs, [&] {
+                for (std::int64_t b = 0; b < N; ++b)
+                    sdpa_backward(hq[b], hk[b], hv[b], ho[b], lsev[b], dO[b], opt, dq[b], dk[b], dv[b]);
+            });
+        // The same values in the packed layout (o, dO, dq, dk, dv packed (T, H, D)).
+        const Tensor pdO(DType::f32, Shape{T, H, D}), pdq(DType::f32, Shape{T, H, D}), pdk(DType::f32, Shape{T, H, D}),
+            pdv(DType::f32, Shape{T, H, D});
+        for (std::int64_t b = 0; b < N; ++b)
+            for (std::int64_t t = 0; t < len[b]; ++t)
+                for (std::int64_t h = 0; h < H; ++h) {
+                    std::memcpy(o.data_as<float>() + ((start[b] + t) * H + h) * D, ho[b].data_as<float>() + (h * len[b] + t) * D, sizeof(float) * D);
+                    std::memcpy(pdO.data_as<float>() + ((start[b] + t) * H + h) * D, dO[b].data_as<float>() + (h * len[b] + t) * D, sizeof(float) * D);
+                }
+        if (want("bwd_pk"))
+            time_it("bwd_pk", runs, [&] {
+                for (std::int64_t b = 0; b < N; ++b)
+                    sdpa_backward(rows(q, b), rows(k, b), rows(v, b), rows(o, b), lsev[b], rows(pdO, b), opt, rows(pdq, b),
+                                  rows(pdk, b), rows(pdv, b));
+            });
+        if (want("bwd_kv"))
+            time_it("bwd_kv", runs, [&] {
+                for (std::int64_t b = 0; b < N; ++b)
+                    sdpa_backward(rows(q, b), hk[b], hv[b], rows(o, b), lsev[b], rows(pdO, b), opt, rows(pdq, b), dk[b], dv[b]);
+            });
+        if (want("bwd_vl")) {
+            const Tensor plse(DType::f32, Shape{T, H});
+            for (std::int64_t b = 0; b < N; ++b)
+                for (std::int64_t h = 0; h < H; ++h)
+                    for (std::int64_t t = 0; t < len[b]; ++t)
+                        plse.data_as<float>()[(start[b] + t) * H + h] = lse[b].data_as<float>()[h * len[b] + t];
+            time_it("bwd_vl", runs, [&] { sdpa_varlen_backward(q, k, v, cq, cq, o, plse, pdO, opt, pdq, pdk, pdv); });
+        }
+        if (want("bwd_qo"))  // Q, O, dO, dQ head-major; K, V, dK, dV packed
+            time_it("bwd_qo", runs, [&] {
+                for (std::int64_t b = 0; b < N; ++b)
+                    sdpa_backward(hq[b], rows(k, b), rows(v, b), ho[b], lsev[b], dO[b], opt, dq[b], rows(pdk, b), rows(pdv, b));
+            });
+    }
     if (want("copy")) {
         Tensor scratch(DType::f32, Shape{2 * H * Lmax * D});
         time_it("copy", runs, [&] {

@@ -4,9 +4,12 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <mutex>
 
 #include "attn/threads.hpp"
+#include "../core/check.hpp"
 
 namespace attn::detail {
 namespace {
@@ -22,14 +25,93 @@ bool strided_f32(const TensorView& t) {
 // Floats of p's K and V (no overflow: these elements already exist in the packed K and V).
 std::int64_t kv_floats(const SdpaProblem& p) { return p.Hkv * p.Lk * (p.Dk + p.Dv); }
 
+// The rows of src into dst (float32 (1, H, L, D), unit inner strides), split over the threads
+// of the enclosing parallel region (no barrier at the end).
+void copy_rows_for(const TensorView& src, const TensorView& dst) {
+    ATTN_DASSERT(src.stride(3) == 1 && dst.stride(3) == 1 && src.shape() == dst.shape());
+    const std::int64_t L = src.dim(2), rows = src.dim(1) * L;
+    const auto bytes = sizeof(float) * static_cast<std::size_t>(src.dim(3));
+    const float* s = src.data_as<const float>();
+    float* d = dst.data_as<float>();
+#pragma omp for schedule(static) nowait
+    for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t h = r / L, j = r % L;
+        std::memcpy(d + dst.offset(0, h, j, 0), s + src.offset(0, h, j, 0), bytes);
+    }
+}
+
+// The buffer kept between calls (HeadMajorScratch) and its size in bytes.
+std::mutex kept_mutex;
+std::unique_ptr<HugeBuffer> kept;
+std::int64_t kept_bytes = 0;
+
+std::atomic<std::int64_t> budget{kHeadMajorBudget};
+
 }  // namespace
+
+HeadMajorScratch::HeadMajorScratch(std::int64_t bytes) {
+    {
+        std::unique_ptr<HugeBuffer> small;  // freed outside the lock, before the new allocation
+        const std::lock_guard<std::mutex> lock(kept_mutex);
+        if (kept != nullptr && kept_bytes >= bytes) {
+            buf_ = std::move(kept);
+            bytes_ = kept_bytes;
+            kept_bytes = 0;
+            return;
+        }
+        small = std::move(kept);
+        kept_bytes = 0;
+    }
+    buf_ = std::make_unique<HugeBuffer>(bytes, "sdpa_varlen head-major K/V");
+    bytes_ = bytes;
+}
+
+HeadMajorScratch::~HeadMajorScratch() {
+    std::unique_ptr<HugeBuffer> drop;  // the smaller of the kept and this one, freed outside the lock
+    const std::lock_guard<std::mutex> lock(kept_mutex);
+    if (kept == nullptr || kept_bytes < bytes_) {
+        drop = std::move(kept);
+        kept = std::move(buf_);
+        kept_bytes = bytes_;
+    } else {
+        drop = std::move(buf_);
+    }
+}
+
+std::int64_t head_major_budget() { return budget.load(std::memory_order_relaxed); }
+
+ScopedHeadMajorBudget::ScopedHeadMajorBudget(std::int64_t bytes) : saved_(budget.exchange(bytes)) {}
+ScopedHeadMajorBudget::~ScopedHeadMajorBudget() { budget.store(saved_); }
 
 bool head_major_pays(const SdpaProblem& p) {
     return p.paged == nullptr && p.B == 1 && p.Lq >= kMinRows && p.Lk >= kMinRows && strided_f32(p.k) &&
            strided_f32(p.v);
 }
 
-std::unique_ptr<HugeBuffer> head_major_kv(std::vector<SdpaProblem>& ps) {
+bool head_major_backward_pays(const SdpaProblem& p) {
+    return p.paged == nullptr && p.B == 1 && p.Lq >= kMinRows && p.Lk >= kMinRows;
+}
+
+bool strided_rows(const TensorView& t) { return strided_f32(t); }
+
+TensorView head_major_view(const TensorView& like, float* dst) {
+    const std::int64_t H = like.dim(1), L = like.dim(2), D = like.dim(3);
+    return TensorView(dst, DType::f32, Shape{1, H, L, D}, Strides{H * L * D, L * D, D, 1});
+}
+
+TensorView copy_head_major(const TensorView& src, float* dst) {
+    const TensorView d = head_major_view(src, dst);
+    copy_rows(src, d);
+    return d;
+}
+
+void copy_rows(const TensorView& src, const TensorView& dst) {
+#pragma omp parallel num_threads(num_threads())
+    copy_rows_for(src, dst);
+}
+
+std::unique_ptr<HeadMajorScratch> head_major_kv(std::vector<SdpaProblem>& ps) {
+    const std::int64_t limit = head_major_budget();
     std::vector<std::size_t> copy;
     for (std::size_t i = 0; i < ps.size(); ++i)
         if (head_major_pays(ps[i])) copy.push_back(i);
@@ -38,7 +120,7 @@ std::unique_ptr<HugeBuffer> head_major_kv(std::vector<SdpaProblem>& ps) {
     std::int64_t total = 0;
     for (std::size_t n = 0; n < copy.size(); ++n) {
         const std::int64_t need = kv_floats(ps[copy[n]]);
-        if ((total + need) * static_cast<std::int64_t>(sizeof(float)) > kHeadMajorBudget) {
+        if ((total + need) * static_cast<std::int64_t>(sizeof(float)) > limit) {
             copy.resize(n);  // the rest (shorter ones) are read in place
             break;
         }
@@ -47,30 +129,21 @@ std::unique_ptr<HugeBuffer> head_major_kv(std::vector<SdpaProblem>& ps) {
     }
     if (copy.empty()) return nullptr;
     // No overflow: total floats already exist in the packed K and V.
-    auto buf = std::make_unique<HugeBuffer>(total * static_cast<std::int64_t>(sizeof(float)), "sdpa_varlen head-major K/V");
-    float* base = static_cast<float*>(buf->data);
+    auto buf = std::make_unique<HeadMajorScratch>(total * static_cast<std::int64_t>(sizeof(float)));
+    float* base = buf->data();
     const auto ncopy = static_cast<std::int64_t>(copy.size());
 #pragma omp parallel num_threads(num_threads())
     for (std::int64_t n = 0; n < ncopy; ++n) {
         const SdpaProblem& p = ps[copy[static_cast<std::size_t>(n)]];
-        const std::int64_t L = p.Lk, rows = p.Hkv * L, nk = rows * p.Dk;
         float* kd = base + at[static_cast<std::size_t>(n)];
-        float* vd = kd + nk;
-        const float* ks = p.k.data_as<const float>();
-        const float* vs = p.v.data_as<const float>();
-#pragma omp for schedule(static) nowait
-        for (std::int64_t r = 0; r < rows; ++r) {
-            const std::int64_t h = r / L, j = r % L;
-            std::memcpy(kd + r * p.Dk, ks + p.k.offset(0, h, j, 0), sizeof(float) * static_cast<std::size_t>(p.Dk));
-            std::memcpy(vd + r * p.Dv, vs + p.v.offset(0, h, j, 0), sizeof(float) * static_cast<std::size_t>(p.Dv));
-        }
+        copy_rows_for(p.k, head_major_view(p.k, kd));
+        copy_rows_for(p.v, head_major_view(p.v, kd + p.Hkv * p.Lk * p.Dk));
     }
     for (std::size_t n = 0; n < copy.size(); ++n) {
         SdpaProblem& p = ps[copy[n]];
-        const std::int64_t H = p.Hkv, L = p.Lk, nk = H * L * p.Dk, nv = H * L * p.Dv;
         float* kd = base + at[n];
-        p.k = TensorView(kd, DType::f32, Shape{1, H, L, p.Dk}, Strides{nk, L * p.Dk, p.Dk, 1});
-        p.v = TensorView(kd + nk, DType::f32, Shape{1, H, L, p.Dv}, Strides{nv, L * p.Dv, p.Dv, 1});
+        p.k = head_major_view(p.k, kd);
+        p.v = head_major_view(p.v, kd + p.Hkv * p.Lk * p.Dk);
     }
     return buf;
 }

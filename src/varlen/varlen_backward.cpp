@@ -1,7 +1,9 @@
 // attn::sdpa_varlen_backward: sdpa_backward per sequence, on strided views of the packed
 // tensors. Every check of sdpa_backward is made on the packed tensors (and every sequence's
 // problem built) before the first gradient is written.
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "attn/sdpa_backward.hpp"
@@ -10,6 +12,7 @@
 #include "../kernels/backward/backward.hpp"
 #include "../core/element_io.hpp"
 #include "../sdpa/problem.hpp"
+#include "head_major.hpp"
 #include "packed.hpp"
 
 namespace attn {
@@ -77,19 +80,51 @@ void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const Tensor
         detail::fail(kOp, "impl: the flash backward needs q, k, v, out and grad_out in float32, float16 or bfloat16 "
                      "and a float32 lse; use auto or reference for float64");
     }
-    // Every sequence's problem, checked before anything is written.
+    // Sequence b's views: the inputs Q, dO, K, V and the outputs dQ, dK, dV (sdpa_backward's).
+    struct Views {
+        TensorView in[4], out[3];
+    };
+    const auto views_of = [&](const detail::PackedSequence& s) {
+        const auto rows_q = [&](const TensorView& t) { return detail::sequence_rows(t, s.q0, s.lq); };
+        const auto rows_k = [&](const TensorView& t) { return detail::sequence_rows(t, s.k0, s.lk); };
+        return Views{{rows_q(q), rows_q(grad_out), rows_k(k), rows_k(v)}, {rows_q(dq), rows_k(dk), rows_k(dv)}};
+    };
+    // The floats of b's head-major copies: its views in the packed layout (detail::strided_rows).
+    // No overflow: each view's elements already exist.
+    const auto copy_floats = [&](const Views& w) {
+        std::int64_t n = 0;
+        for (const TensorView& t : w.in) n += detail::strided_rows(t) ? t.numel() : 0;
+        for (const TensorView& t : w.out) n += detail::strided_rows(t) ? t.numel() : 0;
+        return n;
+    };
+    // Every sequence's problem, checked before anything is written; and the long sequences whose
+    // backward reads and writes head-major copies (head_major.hpp, head_major_backward_pays) while
+    // their copies fit the budget, with the floats of the largest (one scratch serves them one
+    // after another).
+    std::vector<char> head_major(pb.seqs.size(), 0);
+    std::int64_t scratch_floats = 0;
     for (std::size_t b = 0; b < pb.seqs.size(); ++b) {
         const detail::PackedSequence& s = pb.seqs[b];
         if (s.lq == 0 || s.lk == 0) continue;
         const TensorView lse_b = detail::sequence_lse(lse, s.q0, s.lq);
-        (void)detail::make_problem(detail::sequence_rows(q, s.q0, s.lq), detail::sequence_rows(k, s.k0, s.lk),
-                                   detail::sequence_rows(v, s.k0, s.lk),
-                                   detail::sequence_options(options, static_cast<std::int64_t>(b)),
-                                   detail::sequence_rows(out, s.q0, s.lq), &lse_b, nullptr, kOp);
+        const detail::SdpaProblem p =
+            detail::make_problem(detail::sequence_rows(q, s.q0, s.lq), detail::sequence_rows(k, s.k0, s.lk),
+                                 detail::sequence_rows(v, s.k0, s.lk),
+                                 detail::sequence_options(options, static_cast<std::int64_t>(b)),
+                                 detail::sequence_rows(out, s.q0, s.lq), &lse_b, nullptr, kOp);
+        const std::int64_t n = copy_floats(views_of(s));
+        if (options.impl != Impl::reference && detail::head_major_backward_pays(p) && n > 0 &&
+            n * std::int64_t{sizeof(float)} <= detail::head_major_budget()) {
+            head_major[b] = 1;
+            scratch_floats = std::max(scratch_floats, n);
+        }
     }
+    const auto scratch = scratch_floats > 0
+                             ? std::make_unique<detail::HeadMajorScratch>(scratch_floats * std::int64_t{sizeof(float)})
+                             : nullptr;
 
     // Sequences run one after another: each backward spreads its (head, key block) tasks
-    // over all threads.
+    // over all threads; the long ones on head-major copies (scratch above).
     SdpaReport last;
     // dsinks: each sequence's into a float64 scratch, summed here in sequence order.
     const Tensor dsinks_b(DType::f64, Shape{dsinks ? pb.Hq : 1});
@@ -106,11 +141,21 @@ void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const Tensor
             detail::fill(dv.slice(0, s.k0, s.lk), 0.0);
             continue;
         }
-        const auto rows_q = [&](const TensorView& t) { return detail::sequence_rows(t, s.q0, s.lq); };
-        const auto rows_k = [&](const TensorView& t) { return detail::sequence_rows(t, s.k0, s.lk); };
-        sdpa_backward(rows_q(q), rows_k(k), rows_k(v), rows_q(out), detail::sequence_lse(lse, s.q0, s.lq),
-                      rows_q(grad_out), detail::sequence_options(options, static_cast<std::int64_t>(b)), rows_q(dq),
-                      rows_k(dk), rows_k(dv), report ? &last : nullptr, dsinks ? &dsinks_bv : nullptr);
+        const Views packed = views_of(s);
+        Views w = packed;
+        if (head_major[b]) {  // the same values head-major, so the same bits
+            float* at = scratch->data();
+            for (TensorView& t : w.in)
+                if (detail::strided_rows(t)) t = detail::copy_head_major(t, at), at += t.numel();
+            for (TensorView& t : w.out)
+                if (detail::strided_rows(t)) t = detail::head_major_view(t, at), at += t.numel();
+        }
+        sdpa_backward(w.in[0], w.in[2], w.in[3], detail::sequence_rows(out, s.q0, s.lq),
+                      detail::sequence_lse(lse, s.q0, s.lq), w.in[1],
+                      detail::sequence_options(options, static_cast<std::int64_t>(b)), w.out[0], w.out[1], w.out[2],
+                      report ? &last : nullptr, dsinks ? &dsinks_bv : nullptr);
+        for (int i = 0; i < 3; ++i)
+            if (w.out[i].data() != packed.out[i].data()) detail::copy_rows(w.out[i], packed.out[i]);
         if (dsinks)
             for (std::int64_t h = 0; h < pb.Hq; ++h) dsinks_sum[static_cast<std::size_t>(h)] += dsinks_b.data_as<double>()[h];
     }

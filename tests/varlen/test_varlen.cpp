@@ -23,6 +23,9 @@
 #include "attn/sdpa_backward.hpp"
 #include "attn/sdpa_varlen.hpp"
 #include "kernels/isa.hpp"
+#include "sdpa/problem.hpp"
+#include "varlen/head_major.hpp"
+#include "varlen/packed.hpp"
 #include "varlen/varlen_util.hpp"
 
 namespace attn::test {
@@ -296,6 +299,71 @@ TEST(Varlen, LongSequencesHeadMajor) {
     }
 }
 
+// head_major_kv's budget (head_major.hpp): the longest sequences are copied while their K and V
+// fit, the rest read in place. Each cut-off copies exactly that prefix of the longest-first
+// order (checked on head_major_kv itself: which problems' K/V moved, with the same values),
+// and sdpa_varlen gives the same bits under every budget, equal to one by one.
+TEST(Varlen, HeadMajorBudgetCutOff) {
+    VarlenCase c;
+    c.lq = {520, 40, 300, 257};  // copied: 3 (600 keys), 0 (520), 2 (300); 1 has too few queries
+    c.lk = {520, 300, 300, 600};
+    c.Hq = 4;
+    c.Hkv = 2;
+    c.Dk = 32;
+    c.Dv = 16;
+    c.causal = Causal::bottom_right;
+    const Packed p = make_packed(c, 77);
+    const auto bytes = [&](std::size_t b) { return c.Hkv * c.lk[b] * (c.Dk + c.Dv) * std::int64_t{sizeof(float)}; };
+    struct Cut {
+        std::int64_t budget;
+        std::vector<bool> copied;
+    };
+    const Cut cuts[] = {
+        {detail::kHeadMajorBudget, {true, false, true, true}},
+        {0, {false, false, false, false}},
+        {bytes(3) - 1, {false, false, false, false}},
+        {bytes(3), {false, false, false, true}},
+        {bytes(3) + bytes(0), {true, false, false, true}},
+        {bytes(3) + bytes(0) + bytes(2) - 1, {true, false, false, true}},
+        {bytes(3) + bytes(0) + bytes(2), {true, false, true, true}},
+    };
+    const Forward all = run_varlen(p, false);
+    check_one_by_one(p, all);
+    std::int64_t q0 = 0, k0 = 0;
+    std::vector<detail::SdpaProblem> ps;
+    const Tensor out = poisoned(DType::f32, Shape{c.Tq(), c.Hq, c.Dv});
+    for (std::size_t b = 0; b < c.lq.size(); ++b) {
+        ps.push_back(detail::make_problem(detail::sequence_rows(p.q, q0, c.lq[b]), detail::sequence_rows(p.k, k0, c.lk[b]),
+                                          detail::sequence_rows(p.v, k0, c.lk[b]), p.opt,
+                                          detail::sequence_rows(out, q0, c.lq[b]), nullptr, nullptr, "test"));
+        q0 += c.lq[b], k0 += c.lk[b];
+    }
+    for (const Cut& cut : cuts) {
+        SCOPED_TRACE("budget " + std::to_string(cut.budget));
+        const detail::ScopedHeadMajorBudget budget(cut.budget);
+        std::vector<detail::SdpaProblem> moved = ps;
+        const auto copies = detail::head_major_kv(moved);
+        EXPECT_EQ(copies != nullptr, cut.copied != std::vector<bool>(4, false));
+        for (std::size_t b = 0; b < ps.size(); ++b) {
+            SCOPED_TRACE("sequence " + std::to_string(b));
+            const bool was_copied = moved[b].k.data() != ps[b].k.data();
+            EXPECT_EQ(was_copied, cut.copied[b]);
+            EXPECT_EQ(moved[b].v.data() != ps[b].v.data(), cut.copied[b]);
+            if (was_copied) {
+                EXPECT_EQ(moved[b].k.stride(2), c.Dk);  // head-major: adjacent keys
+                for (std::int64_t h = 0; h < c.Hkv; ++h)
+                    for (std::int64_t j = 0; j < c.lk[b]; j += 7)
+                        for (std::int64_t e = 0; e < c.Dk; ++e)
+                            ASSERT_EQ(moved[b].k.data_as<const float>()[moved[b].k.offset(0, h, j, e)],
+                                      ps[b].k.data_as<const float>()[ps[b].k.offset(0, h, j, e)]);
+            }
+        }
+        const Forward f = run_varlen(p, false);
+        EXPECT_TRUE(bit_equal(f.out, all.out));
+        EXPECT_TRUE(bit_equal(f.lse_storage, all.lse_storage));
+    }
+}
+
 TEST(Varlen, ReportCountsKernels) {
     VarlenCase c;
     c.lq = {1, 100, 0};
@@ -313,91 +381,97 @@ struct Backward {
     Tensor dq, dk, dv;
 };
 
+// sdpa_varlen_backward on case c: bit for bit against each sequence alone (sdpa_backward on
+// contiguous copies), and without dropout against the padded batch through the double reference.
+void backward_case(const VarlenCase& c, std::uint64_t seed, std::mt19937_64& rng) {
+    const Packed p = make_packed(c, seed);
+    const Forward f = run_varlen(p, false);
+    const Tensor dO = randn(DType::f32, Shape{c.Tq(), c.Hq, c.Dv}, rng);
+    Backward g{poisoned(DType::f32, p.q.shape()), poisoned(DType::f32, p.k.shape()), poisoned(DType::f32, p.v.shape())};
+    // dsinks: the sum over sequences of their own dsinks (float64, in sequence order).
+    const Tensor dsinks = poisoned(DType::f64, Shape{c.Hq});
+    const TensorView dsv = dsinks.view();
+    std::vector<double> dsinks_want(static_cast<std::size_t>(c.Hq), 0.0);
+    sdpa_varlen_backward(p.q, p.k, p.v, p.cq, p.ck, f.out, f.lse, dO, p.opt, g.dq, g.dk, g.dv, nullptr,
+                         c.sinks ? &dsv : nullptr);
+
+    // One by one, bit for bit.
+    std::int64_t q0 = 0, k0 = 0;
+    for (std::int64_t b = 0; b < c.N(); ++b) {
+        const std::int64_t lq = c.lq[b], lk = c.lk[b];
+        SCOPED_TRACE("sequence " + std::to_string(b));
+        if (lk == 0) {
+            EXPECT_TRUE(rows_equal(g.dq, q0, lq, 0.0));
+        } else if (lq == 0) {
+            EXPECT_TRUE(rows_equal(g.dk, k0, lk, 0.0));
+            EXPECT_TRUE(rows_equal(g.dv, k0, lk, 0.0));
+        } else {
+            const SdpaOptions o = options_of_sequence(p, b);
+            const Tensor lse(DType::f32, Shape{1, c.Hq, lq});
+            for (std::int64_t h = 0; h < c.Hq; ++h)
+                for (std::int64_t i = 0; i < lq; ++i) store(lse, offset_of(lse, Index{0, h, i, 0}), at(f.lse, q0 + i, h));
+            const Tensor dq = poisoned(DType::f32, Shape{1, c.Hq, lq, c.Dk});
+            const Tensor dk = poisoned(DType::f32, Shape{1, c.Hkv, lk, c.Dk});
+            const Tensor dv = poisoned(DType::f32, Shape{1, c.Hkv, lk, c.Dv});
+            const Tensor ds = poisoned(DType::f64, Shape{c.Hq});
+            const TensorView dsb = ds.view();
+            sdpa_backward(rows_of(p.q, q0, lq), rows_of(p.k, k0, lk), rows_of(p.v, k0, lk), rows_of(f.out, q0, lq), lse,
+                          rows_of(dO, q0, lq), o, dq, dk, dv, nullptr, c.sinks ? &dsb : nullptr);
+            if (c.sinks)
+                for (std::int64_t h = 0; h < c.Hq; ++h) dsinks_want[static_cast<std::size_t>(h)] += at(ds, h);
+            EXPECT_TRUE(rows_bit_equal(g.dq, q0, dq));
+            EXPECT_TRUE(rows_bit_equal(g.dk, k0, dk));
+            EXPECT_TRUE(rows_bit_equal(g.dv, k0, dv));
+        }
+        q0 += lq, k0 += lk;
+    }
+    if (c.sinks) {
+        for (std::int64_t h = 0; h < c.Hq; ++h) EXPECT_EQ(at(dsinks, h), dsinks_want[static_cast<std::size_t>(h)]) << "dsinks " << h;
+    }
+    if (c.dropout > 0.0) return;
+
+    // The padded batch through the double reference (forward and backward); padding
+    // queries get dO = 0, so they add nothing to dK, dV.
+    const Padded d = make_padded(p);
+    const Tensor pout = poisoned(DType::f64, Shape{c.N(), c.Hq, d.Lq, c.Dv});
+    const Tensor plse = poisoned(DType::f64, Shape{c.N(), c.Hq, d.Lq});
+    const TensorView plv = plse.view();
+    sdpa(d.q, d.k, d.v, d.opt, pout, &plv);
+    const Tensor pdO(DType::f64, pout.shape(), true);
+    q0 = 0;
+    for (std::int64_t b = 0; b < c.N(); ++b) copy_rows_into(dO, q0, c.lq[b], pdO, b), q0 += c.lq[b];
+    const Tensor pdq = poisoned(DType::f64, d.q.shape()), pdk = poisoned(DType::f64, d.k.shape()),
+                 pdv = poisoned(DType::f64, d.v.shape());
+    const Tensor pds = poisoned(DType::f64, Shape{c.Hq});
+    const TensorView pdsv = pds.view();
+    sdpa_backward(d.q, d.k, d.v, pout, plse, pdO, d.opt, pdq, pdk, pdv, nullptr, c.sinks ? &pdsv : nullptr);
+    const double den = std::max({max_abs(pdq), max_abs(pdk), max_abs(pdv)}) + 1e-30;
+    if (c.sinks) {
+        const double dden = max_abs(pds) + 1e-30;
+        for (std::int64_t h = 0; h < c.Hq; ++h)
+            ASSERT_LE(std::fabs(at(dsinks, h) - at(pds, h)) / dden, kTol) << "dsinks " << h << " vs the padded reference";
+    }
+    q0 = 0, k0 = 0;
+    for (std::int64_t b = 0; b < c.N(); ++b) {
+        for (auto [got, want, start, len, H, D, name] :
+             {std::tuple{&g.dq, &pdq, q0, c.lq[b], c.Hq, c.Dk, "dq"}, std::tuple{&g.dk, &pdk, k0, c.lk[b], c.Hkv, c.Dk, "dk"},
+              std::tuple{&g.dv, &pdv, k0, c.lk[b], c.Hkv, c.Dv, "dv"}})
+            for (std::int64_t h = 0; h < H; ++h)
+                for (std::int64_t r = 0; r < len; ++r)
+                    for (std::int64_t e = 0; e < D; ++e)
+                        ASSERT_LE(std::fabs(at(*got, start + r, h, e) - at(*want, b, h, r, e)) / den, kTol)
+                            << name << " seq " << b << " head " << h << " row " << r << " col " << e;
+        q0 += c.lq[b], k0 += c.lk[b];
+    }
+}
+
 void backward_cases(const detail::KernelSet& row, int n, std::uint64_t seed, bool modifiers = false) {
     const detail::ScopedKernelSet use(row);
     std::mt19937_64 rng(seed);
     for (int t = 0; t < n; ++t) {
         const VarlenCase c = modifiers ? random_modifier_case(rng, kLens, true) : random_varlen_case(rng, kLens, true);
         SCOPED_TRACE(c.str());
-        const Packed p = make_packed(c, seed + static_cast<std::uint64_t>(t));
-        const Forward f = run_varlen(p, false);
-        const Tensor dO = randn(DType::f32, Shape{c.Tq(), c.Hq, c.Dv}, rng);
-        Backward g{poisoned(DType::f32, p.q.shape()), poisoned(DType::f32, p.k.shape()), poisoned(DType::f32, p.v.shape())};
-        // dsinks: the sum over sequences of their own dsinks (float64, in sequence order).
-        const Tensor dsinks = poisoned(DType::f64, Shape{c.Hq});
-        const TensorView dsv = dsinks.view();
-        std::vector<double> dsinks_want(static_cast<std::size_t>(c.Hq), 0.0);
-        sdpa_varlen_backward(p.q, p.k, p.v, p.cq, p.ck, f.out, f.lse, dO, p.opt, g.dq, g.dk, g.dv, nullptr,
-                             c.sinks ? &dsv : nullptr);
-
-        // One by one, bit for bit.
-        std::int64_t q0 = 0, k0 = 0;
-        for (std::int64_t b = 0; b < c.N(); ++b) {
-            const std::int64_t lq = c.lq[b], lk = c.lk[b];
-            SCOPED_TRACE("sequence " + std::to_string(b));
-            if (lk == 0) {
-                EXPECT_TRUE(rows_equal(g.dq, q0, lq, 0.0));
-            } else if (lq == 0) {
-                EXPECT_TRUE(rows_equal(g.dk, k0, lk, 0.0));
-                EXPECT_TRUE(rows_equal(g.dv, k0, lk, 0.0));
-            } else {
-                const SdpaOptions o = options_of_sequence(p, b);
-                const Tensor lse(DType::f32, Shape{1, c.Hq, lq});
-                for (std::int64_t h = 0; h < c.Hq; ++h)
-                    for (std::int64_t i = 0; i < lq; ++i) store(lse, offset_of(lse, Index{0, h, i, 0}), at(f.lse, q0 + i, h));
-                const Tensor dq = poisoned(DType::f32, Shape{1, c.Hq, lq, c.Dk});
-                const Tensor dk = poisoned(DType::f32, Shape{1, c.Hkv, lk, c.Dk});
-                const Tensor dv = poisoned(DType::f32, Shape{1, c.Hkv, lk, c.Dv});
-                const Tensor ds = poisoned(DType::f64, Shape{c.Hq});
-                const TensorView dsb = ds.view();
-                sdpa_backward(rows_of(p.q, q0, lq), rows_of(p.k, k0, lk), rows_of(p.v, k0, lk), rows_of(f.out, q0, lq), lse,
-                              rows_of(dO, q0, lq), o, dq, dk, dv, nullptr, c.sinks ? &dsb : nullptr);
-                if (c.sinks)
-                    for (std::int64_t h = 0; h < c.Hq; ++h) dsinks_want[static_cast<std::size_t>(h)] += at(ds, h);
-                EXPECT_TRUE(rows_bit_equal(g.dq, q0, dq));
-                EXPECT_TRUE(rows_bit_equal(g.dk, k0, dk));
-                EXPECT_TRUE(rows_bit_equal(g.dv, k0, dv));
-            }
-            q0 += lq, k0 += lk;
-        }
-        if (c.sinks) {
-            for (std::int64_t h = 0; h < c.Hq; ++h) EXPECT_EQ(at(dsinks, h), dsinks_want[static_cast<std::size_t>(h)]) << "dsinks " << h;
-        }
-        if (c.dropout > 0.0) continue;
-
-        // The padded batch through the double reference (forward and backward); padding
-        // queries get dO = 0, so they add nothing to dK, dV.
-        const Padded d = make_padded(p);
-        const Tensor pout = poisoned(DType::f64, Shape{c.N(), c.Hq, d.Lq, c.Dv});
-        const Tensor plse = poisoned(DType::f64, Shape{c.N(), c.Hq, d.Lq});
-        const TensorView plv = plse.view();
-        sdpa(d.q, d.k, d.v, d.opt, pout, &plv);
-        const Tensor pdO(DType::f64, pout.shape(), true);
-        q0 = 0;
-        for (std::int64_t b = 0; b < c.N(); ++b) copy_rows_into(dO, q0, c.lq[b], pdO, b), q0 += c.lq[b];
-        const Tensor pdq = poisoned(DType::f64, d.q.shape()), pdk = poisoned(DType::f64, d.k.shape()),
-                     pdv = poisoned(DType::f64, d.v.shape());
-        const Tensor pds = poisoned(DType::f64, Shape{c.Hq});
-        const TensorView pdsv = pds.view();
-        sdpa_backward(d.q, d.k, d.v, pout, plse, pdO, d.opt, pdq, pdk, pdv, nullptr, c.sinks ? &pdsv : nullptr);
-        const double den = std::max({max_abs(pdq), max_abs(pdk), max_abs(pdv)}) + 1e-30;
-        if (c.sinks) {
-            const double dden = max_abs(pds) + 1e-30;
-            for (std::int64_t h = 0; h < c.Hq; ++h)
-                ASSERT_LE(std::fabs(at(dsinks, h) - at(pds, h)) / dden, kTol) << "dsinks " << h << " vs the padded reference";
-        }
-        q0 = 0, k0 = 0;
-        for (std::int64_t b = 0; b < c.N(); ++b) {
-            for (auto [got, want, start, len, H, D, name] :
-                 {std::tuple{&g.dq, &pdq, q0, c.lq[b], c.Hq, c.Dk, "dq"}, std::tuple{&g.dk, &pdk, k0, c.lk[b], c.Hkv, c.Dk, "dk"},
-                  std::tuple{&g.dv, &pdv, k0, c.lk[b], c.Hkv, c.Dv, "dv"}})
-                for (std::int64_t h = 0; h < H; ++h)
-                    for (std::int64_t r = 0; r < len; ++r)
-                        for (std::int64_t e = 0; e < D; ++e)
-                            ASSERT_LE(std::fabs(at(*got, start + r, h, e) - at(*want, b, h, r, e)) / den, kTol)
-                                << name << " seq " << b << " head " << h << " row " << r << " col " << e;
-            q0 += c.lq[b], k0 += c.lk[b];
-        }
+        backward_case(c, seed + static_cast<std::uint64_t>(t), rng);
         if (::testing::Test::HasFatalFailure()) return;
     }
 }
@@ -456,6 +530,35 @@ TEST(VarlenBackward, EveryKernelRow) {
         SCOPED_TRACE(std::string("kernel row ") + detail::isa_name(row->isa));
         backward_cases(*row, 30, seed++);
         if (::testing::Test::HasFatalFailure()) return;
+    }
+}
+
+// Sequences of >= 256 queries and keys run their backward on head-major copies of Q, dO, K, V
+// with dQ, dK, dV written head-major and copied back (varlen_backward.cpp, head_major.hpp): bit
+// for bit against each sequence alone, on every kernel row, with GQA and both causal alignments,
+// under the default budget and under one that fits the copies of sequence 0 (614400 bytes) but
+// not those of sequence 2 (732160 bytes), which then reads its packed views in place.
+TEST(VarlenBackward, LongSequencesHeadMajor) {
+    std::uint64_t seed = 90;
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+        SCOPED_TRACE(std::string("kernel row ") + detail::isa_name(row->isa));
+        const detail::ScopedKernelSet use(*row);
+        VarlenCase c;
+        c.lq = {300, 40, 260};
+        c.lk = {300, 280, 520};
+        c.Hq = 4;
+        c.Hkv = 2;
+        c.Dk = 32;
+        c.Dv = 16;
+        for (const Causal causal : {Causal::top_left, Causal::bottom_right})
+            for (const std::int64_t budget : {detail::kHeadMajorBudget, std::int64_t{700000}}) {
+                c.causal = causal;
+                SCOPED_TRACE(c.str() + " budget " + std::to_string(budget));
+                const detail::ScopedHeadMajorBudget scoped(budget);
+                std::mt19937_64 rng(seed);
+                backward_case(c, seed++, rng);
+                if (::testing::Test::HasFatalFailure()) return;
+            }
     }
 }
 
