@@ -110,6 +110,11 @@ void bind_varlen(py::module_& m) {
           "Gradients (dq, dk, dv) of sdpa_varlen given its out and lse (return_lse=True) and grad_out;\n"
           "the same options as the forward. dtype=\"bfloat16\": uint16 inputs hold bfloat16 bits; dq/dk/dv\n"
           "in out_dtype (default: query's).");
+    m.def("release_varlen_scratch", &attn::release_varlen_scratch,
+          "Free the head-major buffer (up to 256 MiB on 2 MiB pages) that sdpa_varlen and its backward keep\n"
+          "between calls; the next call allocates it again.");
+    m.def("varlen_scratch_bytes", &attn::varlen_scratch_bytes,
+          "Bytes of the head-major buffer sdpa_varlen keeps between calls (0 after release_varlen_scratch()).");
 }
 
 }  // namespace attn_py

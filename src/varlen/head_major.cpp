@@ -8,6 +8,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "attn/sdpa_varlen.hpp"
 #include "attn/threads.hpp"
 #include "../core/check.hpp"
 
@@ -77,6 +78,26 @@ HeadMajorScratch::~HeadMajorScratch() {
         drop = std::move(buf_);
     }
 }
+
+}  // namespace attn::detail
+
+namespace attn {
+
+void release_varlen_scratch() {
+    std::unique_ptr<detail::HugeBuffer> drop;  // freed outside the lock
+    const std::lock_guard<std::mutex> lock(detail::kept_mutex);
+    drop = std::move(detail::kept);
+    detail::kept_bytes = 0;
+}
+
+std::int64_t varlen_scratch_bytes() {
+    const std::lock_guard<std::mutex> lock(detail::kept_mutex);
+    return detail::kept_bytes;
+}
+
+}  // namespace attn
+
+namespace attn::detail {
 
 std::int64_t head_major_budget() { return budget.load(std::memory_order_relaxed); }
 

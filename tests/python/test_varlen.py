@@ -143,3 +143,17 @@ def test_cli_cu_seqlens_backward(tmp_path):
     want = attn.sdpa_varlen_backward(q, k, v, cq, ck, out, lse, g, is_causal=True)
     for name, w in zip(("dq", "dk", "dv"), want):
         np.testing.assert_array_equal(np.load(outs[name]), w)
+
+
+def test_kept_scratch_is_released_on_request():
+    # Long sequences are copied head-major into a buffer that sdpa_varlen keeps between calls.
+    q, k, v, cq, ck = packed_case(5, [300, 260], [300, 260])
+    attn.release_varlen_scratch()
+    assert attn.varlen_scratch_bytes() == 0
+    first = attn.sdpa_varlen(q, k, v, cq, ck, is_causal=True)
+    assert attn.varlen_scratch_bytes() >= 2 * 560 * (16 + 8) * 4
+    attn.release_varlen_scratch()
+    assert attn.varlen_scratch_bytes() == 0
+    again = attn.sdpa_varlen(q, k, v, cq, ck, is_causal=True)
+    assert np.array_equal(first, again)
+    attn.release_varlen_scratch()

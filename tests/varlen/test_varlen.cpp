@@ -364,6 +364,35 @@ TEST(Varlen, HeadMajorBudgetCutOff) {
     }
 }
 
+// The head-major buffer is kept after a call (its page faults are paid once), and
+// release_varlen_scratch() frees it; a call after the release allocates again, same bits.
+TEST(Varlen, KeptScratchIsReleasedOnRequest) {
+    VarlenCase c;
+    c.lq = {300, 40, 260};
+    c.lk = {300, 500, 260};
+    c.Hq = 2;
+    c.Hkv = 2;
+    c.Dk = 32;
+    c.Dv = 32;
+    c.causal = Causal::top_left;
+    const Packed p = make_packed(c, 91);
+    release_varlen_scratch();
+    ASSERT_EQ(varlen_scratch_bytes(), 0);
+    const Forward first = run_varlen(p, false);
+    const std::int64_t kept = varlen_scratch_bytes();
+    // Sequences 0 and 2 are long enough to be copied: at least their K and V.
+    EXPECT_GE(kept, c.Hkv * (c.lk[0] + c.lk[2]) * (c.Dk + c.Dv) * std::int64_t{sizeof(float)});
+    const Forward again = run_varlen(p, false);  // reuses the kept buffer
+    EXPECT_EQ(varlen_scratch_bytes(), kept);
+    release_varlen_scratch();
+    EXPECT_EQ(varlen_scratch_bytes(), 0);
+    const Forward after = run_varlen(p, false);
+    EXPECT_TRUE(bit_equal(again.out, first.out));
+    EXPECT_TRUE(bit_equal(after.out, first.out));
+    EXPECT_TRUE(bit_equal(after.lse_storage, first.lse_storage));
+    release_varlen_scratch();
+}
+
 TEST(Varlen, ReportCountsKernels) {
     VarlenCase c;
     c.lq = {1, 100, 0};
