@@ -565,6 +565,52 @@ TEST(FlashFixed, FullyMaskedRows) {
     run_case(c, worst);
 }
 
+// Q and out rows 4 KiB apart — a (B, L, H = 16, D = 64) buffer seen as (B, H, L, D), the packed
+// varlen layout, where every row of a 16 × 16 transpose ("Per-task work" in flash_driver.hpp) maps
+// to one L1 set: against the reference on every ISA (run_case), and bit for bit the result of the
+// same values in contiguous (B, H, L, D) Q and out. GQA with Lq < 64 puts several heads in one block; Lq = 100
+// leaves a block with 36 queries (two staged groups of 16 and 4 columns stored one by one).
+TEST(FlashFixed, RowsFourKiBApart) {
+    Worst worst;
+    for (std::int64_t Hkv : {16, 4})
+        for (std::int64_t Lq : {5, 64, 100}) {
+            Case c;
+            c.Hq = 16;
+            c.Hkv = Hkv;
+            c.Lq = Lq;
+            c.Lk = 130;
+            c.Dk = c.Dv = 64;
+            c.lq = c.lo = Layout::blhd;
+            c.want_lse = true;
+            c.opt.causal = Causal::bottom_right;
+            c.desc = "4 KiB rows Hkv" + std::to_string(Hkv) + " Lq" + std::to_string(Lq);
+            run_case(c, worst);
+            ASSERT_EQ(c.Hq * c.Dk * static_cast<std::int64_t>(sizeof(float)), 4096);
+            std::mt19937_64 rng(5);
+            Buffer k = make_buffer(DType::f32, 1, Hkv, c.Lk, 64, Layout::bhld, false);
+            Buffer v = make_buffer(DType::f32, 1, Hkv, c.Lk, 64, Layout::bhld, false);
+            fill_normal(k, rng, 1.0);
+            fill_normal(v, rng, 1.0);
+            Buffer q_packed = make_buffer(DType::f32, 1, 16, Lq, 64, Layout::blhd, false);
+            Buffer q_plain = make_buffer(DType::f32, 1, 16, Lq, 64, Layout::bhld, false);
+            std::mt19937_64 rq(6), rq2(6);  // the same values in both layouts (fill_normal walks logical order)
+            fill_normal(q_packed, rq, 1.0);
+            fill_normal(q_plain, rq2, 1.0);
+            for (const detail::KernelSet* isa : isas()) {
+                Buffer o_packed = make_buffer(DType::f32, 1, 16, Lq, 64, Layout::blhd, false);
+                Buffer o_plain = make_buffer(DType::f32, 1, 16, Lq, 64, Layout::bhld, false);
+                poison(o_packed);
+                poison(o_plain);
+                detail::flash_forward(detail::make_problem(q_packed.view, k.view, v.view, c.opt, o_packed.view, nullptr, nullptr),
+                                      *isa, 1, nullptr);
+                detail::flash_forward(detail::make_problem(q_plain.view, k.view, v.view, c.opt, o_plain.view, nullptr, nullptr),
+                                      *isa, 1, nullptr);
+                EXPECT_TRUE(same_bits(o_packed, o_plain)) << c.desc << " [" << detail::isa_name(isa->isa) << "]";
+                EXPECT_EQ(slack_written(o_packed), 0) << c.desc;
+            }
+        }
+}
+
 // Dropout (docs/backward.md): the flash forward must drop exactly the weights the
 // reference drops — the same Philox keep decision of the global (b, h, i, j) — while m, l
 // and lse stay those of the undropped softmax. check_against_reference compares out,
