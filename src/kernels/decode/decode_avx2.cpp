@@ -97,15 +97,21 @@ struct Avx2Ops {
     }
 
     template <class T>
-    static void scores(const float* q, i64 qstride, int R, const T* k, i64 kstride, i64 n, i64 Dk, float* s,
-                       i64 sstride) {
+    static void scores(const float* q, i64 qstride, int R, const KeyRun<T>* k, int nruns, i64 kstride, i64 Dk,
+                       float* s, i64 sstride) {
         // One row at a time, as the avx512 row (decode_avx512.cpp scores says why): whole K rows
         // in address order, the first pass from memory, the others from L1. S7 f32 on one
         // thread: 13.4–14.8 → 10.4–13.2 ms of CPU per step (docs/kernels.md). Same bits.
+        // A paged block's runs one after the other in each row's pass.
         for (int r = 0; r < R; ++r) {
-            if (kstride == 128) score_tile<1, T, 128>(q + r * qstride, qstride, k, kstride, n, Dk, s + r * sstride, sstride);
-            else if (kstride == 64) score_tile<1, T, 64>(q + r * qstride, qstride, k, kstride, n, Dk, s + r * sstride, sstride);
-            else score_tile<1>(q + r * qstride, qstride, k, kstride, n, Dk, s + r * sstride, sstride);
+            float* sr = s + r * sstride;
+            for (int x = 0; x < nruns; sr += k[x].n, ++x) {
+                const T* kr = k[x].rows;
+                const i64 n = k[x].n;
+                if (kstride == 128) score_tile<1, T, 128>(q + r * qstride, qstride, kr, kstride, n, Dk, sr, sstride);
+                else if (kstride == 64) score_tile<1, T, 64>(q + r * qstride, qstride, kr, kstride, n, Dk, sr, sstride);
+                else score_tile<1>(q + r * qstride, qstride, kr, kstride, n, Dk, sr, sstride);
+            }
         }
     }
 
@@ -145,8 +151,8 @@ struct Avx2Ops {
     // o[r][d0 .. d0+8C) for R rows: R·C accumulators held in registers over the whole block;
     // each V vector is loaded (and converted) once for the R rows.
     template <int R, int C, class T>
-    static void acc_chunk(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, const T* v,
-                          i64 vstride, i64 n, i64 d0) {
+    static void acc_chunk(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, const KeyRun<T>* v,
+                          int nruns, i64 vstride, i64 d0) {
         // One flat array, every loop fully unrolled: GCC then keeps it in registers (a 2-D
         // array of vectors was kept in memory and stored back on every key).
         __m256 acc[R * C];
@@ -156,17 +162,21 @@ struct Avx2Ops {
 #pragma GCC unroll 8
             for (int c = 0; c < C; ++c) acc[r * C + c] = _mm256_mul_ps(_mm256_loadu_ps(o + r * ostride + d0 + 8 * c), al);
         }
+        // The runs in order, the accumulators staying in registers: the same chain of FMAs
+        // as one run holding all the keys.
         const float* pj = p;
-        const T* vj = v + d0;
-        for (i64 j = 0; j < n; ++j, ++pj, vj += vstride) {
-            __m256 pb[R];
+        for (int x = 0; x < nruns; ++x) {
+            const T* vj = v[x].rows + d0;
+            for (i64 j = 0; j < v[x].n; ++j, ++pj, vj += vstride) {
+                __m256 pb[R];
 #pragma GCC unroll 8
-            for (int r = 0; r < R; ++r) pb[r] = _mm256_broadcast_ss(pj + r * pstride);
+                for (int r = 0; r < R; ++r) pb[r] = _mm256_broadcast_ss(pj + r * pstride);
 #pragma GCC unroll 8
-            for (int c = 0; c < C; ++c) {
-                const __m256 vv = load8(vj + 8 * c);
+                for (int c = 0; c < C; ++c) {
+                    const __m256 vv = load8(vj + 8 * c);
 #pragma GCC unroll 8
-                for (int r = 0; r < R; ++r) acc[r * C + c] = _mm256_fmadd_ps(pb[r], vv, acc[r * C + c]);
+                    for (int r = 0; r < R; ++r) acc[r * C + c] = _mm256_fmadd_ps(pb[r], vv, acc[r * C + c]);
+                }
             }
         }
 #pragma GCC unroll 8
@@ -176,30 +186,32 @@ struct Avx2Ops {
     }
 
     template <int R, class T>
-    static void acc_tile(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, const T* v,
-                         i64 vstride, i64 n, i64 Dv) {
+    static void acc_tile(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, const KeyRun<T>* v,
+                         int nruns, i64 vstride, i64 Dv) {
         constexpr int C = 8 / R;
         i64 d0 = 0;
-        for (; d0 + 8 * C <= Dv; d0 += 8 * C) acc_chunk<R, C>(o, ostride, alpha, p, pstride, v, vstride, n, d0);
-        for (; d0 + 8 <= Dv; d0 += 8) acc_chunk<R, 1>(o, ostride, alpha, p, pstride, v, vstride, n, d0);
+        for (; d0 + 8 * C <= Dv; d0 += 8 * C) acc_chunk<R, C>(o, ostride, alpha, p, pstride, v, nruns, vstride, d0);
+        for (; d0 + 8 <= Dv; d0 += 8) acc_chunk<R, 1>(o, ostride, alpha, p, pstride, v, nruns, vstride, d0);
         for (int r = 0; r < R; ++r)
             for (i64 d = d0; d < Dv; ++d) {
-                // An explicit fma chain: left to contraction, the compiler fused o·alpha with
-                // the first product (fma(o, alpha, p·v), p·v rounded on its own), and a block
-                // read in runs (pages: decode_core.hpp for_key_runs), which continues its sums
-                // with alpha = 1, must give the bits of one unbroken chain.
+                // An explicit fma chain over the runs in order: left to contraction, the
+                // compiler could fuse o·alpha with the first product (fma(o, alpha, p·v), p·v
+                // rounded on its own), and the 16-bit and float32 instantiations must give the
+                // bits of the same unbroken chain (paged == contiguous, any storage).
                 float a = o[r * ostride + d] * alpha[r];
-                for (i64 j = 0; j < n; ++j) a = __builtin_fmaf(p[r * pstride + j], load1(v + j * vstride + d), a);
+                const float* pj = p + r * pstride;
+                for (int x = 0; x < nruns; ++x)
+                    for (i64 j = 0; j < v[x].n; ++j, ++pj) a = __builtin_fmaf(*pj, load1(v[x].rows + j * vstride + d), a);
                 o[r * ostride + d] = a;
             }
     }
 
     template <class T>
-    static void accumulate(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, int R, const T* v,
-                           i64 vstride, i64 n, i64 Dv) {
+    static void accumulate(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, int R,
+                           const KeyRun<T>* v, int nruns, i64 vstride, i64 Dv) {
         // One row at a time, whole V rows in address order (scores says why).
         for (int r = 0; r < R; ++r)
-            acc_tile<1>(o + r * ostride, ostride, alpha + r, p + r * pstride, pstride, v, vstride, n, Dv);
+            acc_tile<1>(o + r * ostride, ostride, alpha + r, p + r * pstride, pstride, v, nruns, vstride, Dv);
     }
 };
 

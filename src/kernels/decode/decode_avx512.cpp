@@ -109,18 +109,25 @@ struct Avx512Ops {
     }
 
     template <class T>
-    static void scores(const float* q, i64 qstride, int R, const T* k, i64 kstride, i64 n, i64 Dk, float* s,
-                       i64 sstride) {
+    static void scores(const float* q, i64 qstride, int R, const KeyRun<T>* k, int nruns, i64 kstride, i64 Dk,
+                       float* s, i64 sstride) {
         // One row at a time, each pass reading whole K rows in address order (docs/kernels.md, "Decode:
         // rows one at a time"): the first pass streams the block from memory, the others hit
         // L1. The multi-row tile (one K load for R rows) walked two K rows per tile and, in
         // accumulate, V in head-dim slices (a stride of one row, one or two lines per row per
         // pass), which the prefetchers followed badly: S7 (4 rows per KV head) spent twice
         // S5's time per byte. Same bits: every dot product and every output sum keeps its order.
+        // A paged block's runs (one per page of a fragmented pool) one after the other in each
+        // row's pass: the tiles of a run, then the next run's.
         for (int r = 0; r < R; ++r) {
-            if (kstride == 128) score_tile<1, T, 128>(q + r * qstride, qstride, k, kstride, n, Dk, s + r * sstride, sstride);
-            else if (kstride == 64) score_tile<1, T, 64>(q + r * qstride, qstride, k, kstride, n, Dk, s + r * sstride, sstride);
-            else score_tile<1>(q + r * qstride, qstride, k, kstride, n, Dk, s + r * sstride, sstride);
+            float* sr = s + r * sstride;
+            for (int x = 0; x < nruns; sr += k[x].n, ++x) {
+                const T* kr = k[x].rows;
+                const i64 n = k[x].n;
+                if (kstride == 128) score_tile<1, T, 128>(q + r * qstride, qstride, kr, kstride, n, Dk, sr, sstride);
+                else if (kstride == 64) score_tile<1, T, 64>(q + r * qstride, qstride, kr, kstride, n, Dk, sr, sstride);
+                else score_tile<1>(q + r * qstride, qstride, kr, kstride, n, Dk, sr, sstride);
+            }
         }
     }
 
@@ -152,8 +159,8 @@ struct Avx512Ops {
     // block; each V vector is loaded (and converted) once for the R rows. The last vector
     // of the chunk runs under `last` (the head-dim edge, or all lanes).
     template <int R, int C, class T>
-    static void acc_chunk(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, const T* v,
-                          i64 vstride, i64 n, i64 d0, __mmask16 last) {
+    static void acc_chunk(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, const KeyRun<T>* v,
+                          int nruns, i64 vstride, i64 d0, __mmask16 last) {
         // One flat array, every loop fully unrolled: GCC then keeps it in registers.
         __m512 acc[R * C];
 #pragma GCC unroll 8
@@ -165,17 +172,21 @@ struct Avx512Ops {
                     _mm512_maskz_loadu_ps(c == C - 1 ? last : static_cast<__mmask16>(0xFFFF), o + r * ostride + d0 + 16 * c),
                     al);
         }
+        // The runs in order, the accumulators staying in registers: the same chain of FMAs
+        // as one run holding all the keys.
         const float* pj = p;
-        const T* vj = v + d0;
-        for (i64 j = 0; j < n; ++j, ++pj, vj += vstride) {
-            __m512 pb[R];
+        for (int x = 0; x < nruns; ++x) {
+            const T* vj = v[x].rows + d0;
+            for (i64 j = 0; j < v[x].n; ++j, ++pj, vj += vstride) {
+                __m512 pb[R];
 #pragma GCC unroll 8
-            for (int r = 0; r < R; ++r) pb[r] = _mm512_set1_ps(pj[r * pstride]);
+                for (int r = 0; r < R; ++r) pb[r] = _mm512_set1_ps(pj[r * pstride]);
 #pragma GCC unroll 8
-            for (int c = 0; c < C; ++c) {
-                const __m512 vv = c == C - 1 ? load16(vj + 16 * c, last) : load16(vj + 16 * c);
+                for (int c = 0; c < C; ++c) {
+                    const __m512 vv = c == C - 1 ? load16(vj + 16 * c, last) : load16(vj + 16 * c);
 #pragma GCC unroll 8
-                for (int r = 0; r < R; ++r) acc[r * C + c] = _mm512_fmadd_ps(pb[r], vv, acc[r * C + c]);
+                    for (int r = 0; r < R; ++r) acc[r * C + c] = _mm512_fmadd_ps(pb[r], vv, acc[r * C + c]);
+                }
             }
         }
 #pragma GCC unroll 8
@@ -189,8 +200,8 @@ struct Avx512Ops {
     // Chunks of up to 8/R vectors of 16 head-dim entries (at most 8 accumulators), as wide
     // as Dv allows, so that one row (R = 1) at Dv = 64 still has 4 independent chains.
     template <int R, class T>
-    static void acc_tile(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, const T* v,
-                         i64 vstride, i64 n, i64 Dv) {
+    static void acc_tile(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, const KeyRun<T>* v,
+                         int nruns, i64 vstride, i64 Dv) {
         constexpr int Cmax = 8 / R;
         for (i64 d0 = 0; d0 < Dv; d0 += 16 * Cmax) {
             const i64 rest = Dv - d0;
@@ -200,21 +211,21 @@ struct Avx512Ops {
             switch (C) {
 #define ATTN_C(c)                                                                                        \
     case c:                                                                                              \
-        if constexpr (c <= Cmax) acc_chunk<R, c>(o, ostride, alpha, p, pstride, v, vstride, n, d0, last); \
+        if constexpr (c <= Cmax) acc_chunk<R, c>(o, ostride, alpha, p, pstride, v, nruns, vstride, d0, last); \
         break;
                 ATTN_C(8) ATTN_C(7) ATTN_C(6) ATTN_C(5) ATTN_C(4) ATTN_C(3) ATTN_C(2)
 #undef ATTN_C
-                default: acc_chunk<R, 1>(o, ostride, alpha, p, pstride, v, vstride, n, d0, last); break;
+                default: acc_chunk<R, 1>(o, ostride, alpha, p, pstride, v, nruns, vstride, d0, last); break;
             }
         }
     }
 
     template <class T>
-    static void accumulate(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, int R, const T* v,
-                           i64 vstride, i64 n, i64 Dv) {
+    static void accumulate(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, int R,
+                           const KeyRun<T>* v, int nruns, i64 vstride, i64 Dv) {
         // One row at a time, whole V rows in address order (scores says why).
         for (int r = 0; r < R; ++r)
-            acc_tile<1>(o + r * ostride, ostride, alpha + r, p + r * pstride, pstride, v, vstride, n, Dv);
+            acc_tile<1>(o + r * ostride, ostride, alpha + r, p + r * pstride, pstride, v, nruns, vstride, Dv);
     }
 };
 

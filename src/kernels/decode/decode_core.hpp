@@ -5,16 +5,17 @@
 //
 // The including file defines, before including this header, a struct `Ops` with:
 //   template <class T> static void scores(const float* q, int64 qstride, int R,
-//       const T* k, int64 kstride, int64 n, int64 Dk, float* s, int64 sstride);
-//         // s[r][j] = q[r] · k[j] for r < R (R = 1, 2 or 4), j < n
+//       const KeyRun<T>* k, int nruns, int64 kstride, int64 Dk, float* s, int64 sstride);
+//         // s[r][j] = q[r] · k[j] for r < R (R = 1, 2 or 4), j over the runs' keys in order
 //   static float row_max(const float* s, int64 n);   // max_j s[j] (−inf when n = 0)
 //   static float exp_shift(float* s, int64 n, float m);
 //         // s[j] ← e^(s[j] − m) = 2^((s[j] − m)·log2 e), exactly 0 where s[j] = −inf;
 //         // returns Σ_j s[j]
 //   static float exp2_1(float x);   // 2^x, the ISA's exp2 on one value
 //   template <class T> static void accumulate(float* o, int64 ostride, const float* alpha,
-//       const float* p, int64 pstride, int R, const T* v, int64 vstride, int64 n, int64 Dv);
-//         // o[r] ← alpha[r]·o[r] + Σ_j p[r][j]·v[j]
+//       const float* p, int64 pstride, int R, const KeyRun<T>* v, int nruns, int64 vstride, int64 Dv);
+//         // o[r] ← alpha[r]·o[r] + Σ_j p[r][j]·v[j], j over the runs' keys in order, the
+//         // accumulators kept in registers across the runs
 // and the storage tags Half / Brain (16-bit float16 / bfloat16 payloads).
 //
 // Scores are in natural units (Q is pre-multiplied by scale; scores.hpp says why not base
@@ -136,7 +137,7 @@ constexpr i64 kPageLead = 1024;
 // row stride (a.ks[2] / a.vs[2]) — one run for K/V views; for a paged cache (w.paged) one
 // run per stretch of pages that lie one after the other in the pool (a page followed by
 // the next page of the pool joins its run: in-order pages read exactly as contiguous K/V,
-// one kernel call per block instead of one per page). f(t, len, krow, vrow): rows
+// and the run list stays short). f(t, len, krow, vrow): rows
 // j0 + t .. j0 + t + len − 1 start at krow / vrow. Scores are per key and P·V sums each
 // output element over the keys in order, so a block split into runs gives the same bits as
 // the block in one piece (paged == contiguous).
@@ -176,6 +177,34 @@ inline void for_key_runs(const DecodeView& a, const DecodeWork& w, i64 b, i64 hk
         f(t, end - t, k + page * pg.k_page_stride + row * a.ks[2], v + page * pg.v_page_stride + row * a.vs[2]);
         t = end;
     }
+}
+
+// One run of a block's key rows, as the Ops kernels take them: n rows at the caller's row
+// stride from `rows`. A block's runs follow each other: run x holds the block's keys after
+// those of runs 0 .. x−1.
+template <class T>
+struct KeyRun {
+    const T* rows;
+    i64 n;
+};
+
+// The K and V runs of one block of at most kDecodeBlock keys (for_key_runs, walked once per
+// block): the Ops take the whole list in one call, so an accumulator is loaded, rescaled and
+// stored once per block and row, not once per page run (fragmented pools: one run per page).
+template <class T>
+struct BlockRuns {
+    KeyRun<T> k[kDecodeBlock], v[kDecodeBlock];
+    int count = 0;
+};
+
+template <class T>
+inline void collect_runs(const DecodeView& a, const DecodeWork& w, i64 b, i64 hk, i64 j0, i64 n, BlockRuns<T>& out) {
+    out.count = 0;
+    for_key_runs<T>(a, w, b, hk, j0, n, [&](i64, i64 len, const T* krow, const T* vrow) {
+        out.k[out.count] = KeyRun<T>{krow, len};
+        out.v[out.count] = KeyRun<T>{vrow, len};
+        ++out.count;
+    });
 }
 
 // Start of every 4 KiB page that begins inside [p, p + bytes): its first kPageHeadLines lines
@@ -259,24 +288,28 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
     const bool masks = p.has_elementwise_mask(), modifiers = p.has_score_modifiers();
     const std::uint16_t exp16 = p.v.dtype() == DType::f16 ? kF16Exponent : kBF16Exponent;
 
-    for (i64 j0 = klo; j0 < khi; j0 += kDecodeBlock) {
+    // The block's runs, and the next block's (its K is requested during this block).
+    BlockRuns<T> runs[2];
+    int cur = 0;
+    if (klo < khi) collect_runs<T>(a, w, b, hk, klo, imin(kDecodeBlock, khi - klo), runs[cur]);
+    for (i64 j0 = klo; j0 < khi; j0 += kDecodeBlock, cur ^= 1) {
         const i64 n = imin(kDecodeBlock, khi - j0);
+        const BlockRuns<T>& br = runs[cur];
         {  // this block's V and the next block's K, run by run (one run, or one per cache page)
             const i64 n_next = imin(kDecodeBlock, khi - (j0 + n));
-            for_key_runs<T>(a, w, b, hk, j0, n, [&](i64, i64 len, const T*, const T* vrow) {
-                prefetch_page_heads(vrow, len * a.vs[2] * static_cast<i64>(sizeof(T)));
-            });
-            if (n_next > 0)
-                for_key_runs<T>(a, w, b, hk, j0 + n, n_next, [&](i64, i64 len, const T* krow, const T*) {
-                    prefetch_page_heads(krow, len * a.ks[2] * static_cast<i64>(sizeof(T)));
-                });
+            for (int x = 0; x < br.count; ++x)
+                prefetch_page_heads(br.v[x].rows, br.v[x].n * a.vs[2] * static_cast<i64>(sizeof(T)));
+            if (n_next > 0) {
+                BlockRuns<T>& next = runs[cur ^ 1];
+                collect_runs<T>(a, w, b, hk, j0 + n, n_next, next);
+                for (int x = 0; x < next.count; ++x)
+                    prefetch_page_heads(next.k[x].rows, next.k[x].n * a.ks[2] * static_cast<i64>(sizeof(T)));
+            }
         }
         // S = (scale·Q) · K_blockᵀ — each K row is read from memory once for all M rows.
         for_row_groups(M, [&](i64 r0, i64 R) {
-            for_key_runs<T>(a, w, b, hk, j0, n, [&](i64 t, i64 len, const T* krow, const T*) {
-                Ops::template scores<T>(sc.q + r0 * Dk, Dk, static_cast<int>(R), krow, a.ks[2], len, Dk,
-                                        sc.s + r0 * kDecodeBlock + t, kDecodeBlock);
-            });
+            Ops::template scores<T>(sc.q + r0 * Dk, Dk, static_cast<int>(R), br.k, br.count, a.ks[2], Dk,
+                                    sc.s + r0 * kDecodeBlock, kDecodeBlock);
         });
         // Online softmax (per row, base 2):  m' = max(m, max_j s_j);  α = 2^(m − m');
         //   p_j = 2^(s_j − m');  l' = α·l + Σ_j p_j;  o' = α·o + Σ_j p_j·v_j   (below)
@@ -308,55 +341,54 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
         // O = α·O + P · V_block — each V row is read from memory once for all M rows.
         bool select = careful;
         if (ruled && !careful) {
-            for_key_runs<T>(a, w, b, hk, j0, n, [&](i64, i64 len, const T*, const T* vrow) {
+            for (int x = 0; x < br.count && !select; ++x) {
                 if (sizeof(T) == sizeof(float)) {
-                    select = select || any_nonfinite(reinterpret_cast<const float*>(vrow), a.vs[2], len, Dv);
+                    select = any_nonfinite(reinterpret_cast<const float*>(br.v[x].rows), a.vs[2], br.v[x].n, Dv);
                 } else {
-                    select = select ||
-                             any_nonfinite16(reinterpret_cast<const std::uint16_t*>(vrow), a.vs[2], len, Dv, exp16);
+                    select = any_nonfinite16(reinterpret_cast<const std::uint16_t*>(br.v[x].rows), a.vs[2], br.v[x].n,
+                                             Dv, exp16);
                 }
-            });
+            }
         }
         if (!select) {
-            // Runs after the first continue the sums: α = 1 (exact) for them.
-            for_key_runs<T>(a, w, b, hk, j0, n, [&](i64 t, i64 len, const T*, const T* vrow) {
-                for_row_groups(M, [&](i64 r0, i64 R) {
-                    Ops::template accumulate<T>(sc.o + r0 * Dv, Dv, sc.alpha + r0, sc.s + r0 * kDecodeBlock + t,
-                                                kDecodeBlock, static_cast<int>(R), vrow, a.vs[2], len, Dv);
-                });
-                for (i64 r = 0; r < M; ++r) sc.alpha[r] = 1.0f;
+            for_row_groups(M, [&](i64 r0, i64 R) {
+                Ops::template accumulate<T>(sc.o + r0 * Dv, Dv, sc.alpha + r0, sc.s + r0 * kDecodeBlock, kDecodeBlock,
+                                            static_cast<int>(R), br.v, br.count, a.vs[2], Dv);
             });
         } else {
             // Selecting path (finite.hpp): P·V on V with its NaN/±inf entries 0, then each
             // of them added back as p·x to the rows whose weight p is not 0. Careful path:
             // the large entries are 0 there too and summed, scaled, into ob.
-            for_key_runs<T>(a, w, b, hk, j0, n, [&](i64 t, i64 len, const T*, const T* vrow) {
-                for (i64 j = 0; j < len; ++j)
+            for (int x = 0, t = 0; x < br.count; t += static_cast<int>(br.v[x].n), ++x) {
+                const T* vrow = br.v[x].rows;
+                for (i64 j = 0; j < br.v[x].n; ++j)
                     for (i64 d = 0; d < Dv; ++d) {
-                        const float x = Ops::load1(vrow + j * a.vs[2] + d);
+                        const float xv = Ops::load1(vrow + j * a.vs[2] + d);
                         float& ordinary = sc.vt[(t + j) * Dv + d];
-                        if (careful) split_large(x, ordinary, sc.vb[(t + j) * Dv + d]);
-                        else ordinary = nonfinite_f32(x) ? 0.0f : x;
+                        if (careful) split_large(xv, ordinary, sc.vb[(t + j) * Dv + d]);
+                        else ordinary = nonfinite_f32(xv) ? 0.0f : xv;
                     }
-            });
+            }
+            const KeyRun<float> vt{sc.vt, n}, vb{sc.vb, n};
             for_row_groups(M, [&](i64 r0, i64 R) {
                 Ops::template accumulate<float>(sc.o + r0 * Dv, Dv, sc.alpha + r0, sc.s + r0 * kDecodeBlock,
-                                                kDecodeBlock, static_cast<int>(R), sc.vt, Dv, n, Dv);
+                                                kDecodeBlock, static_cast<int>(R), &vt, 1, Dv, Dv);
                 if (careful)
                     Ops::template accumulate<float>(sc.ob + r0 * Dv, Dv, sc.alpha + r0, sc.s + r0 * kDecodeBlock,
-                                                    kDecodeBlock, static_cast<int>(R), sc.vb, Dv, n, Dv);
+                                                    kDecodeBlock, static_cast<int>(R), &vb, 1, Dv, Dv);
             });
-            for_key_runs<T>(a, w, b, hk, j0, n, [&](i64 t, i64 len, const T*, const T* vrow) {
-                for (i64 j = 0; j < len; ++j)
+            for (int x = 0, t = 0; x < br.count; t += static_cast<int>(br.v[x].n), ++x) {
+                const T* vrow = br.v[x].rows;
+                for (i64 j = 0; j < br.v[x].n; ++j)
                     for (i64 d = 0; d < Dv; ++d) {
-                        const float x = Ops::load1(vrow + j * a.vs[2] + d);
-                        if (!nonfinite_f32(x)) continue;
+                        const float xv = Ops::load1(vrow + j * a.vs[2] + d);
+                        if (!nonfinite_f32(xv)) continue;
                         for (i64 r = 0; r < M; ++r) {
                             const float pr = sc.s[r * kDecodeBlock + t + j];
-                            if (pr != 0.0f) sc.o[r * Dv + d] += pr * x;
+                            if (pr != 0.0f) sc.o[r * Dv + d] += pr * xv;
                         }
                     }
-            });
+            }
         }
     }
 }

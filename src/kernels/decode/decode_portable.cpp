@@ -18,21 +18,22 @@ struct PortableOps {
     static float load1(const Brain* p) { return bf16_to_float(p->bits); }
 
     template <class T>
-    static void scores(const float* q, i64 qstride, int R, const T* k, i64 kstride, i64 n, i64 Dk, float* s,
-                       i64 sstride) {
-        for (i64 j = 0; j < n; ++j) {
-            const T* kj = k + j * kstride;
-            for (int r = 0; r < R; ++r) {
-                const float* qr = q + r * qstride;
-                // Four partial sums: shorter dependency chains, as the vector path has.
-                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                i64 d = 0;
-                for (; d + 4 <= Dk; d += 4)
-                    for (int x = 0; x < 4; ++x) acc[x] += qr[d + x] * load1(kj + d + x);
-                for (; d < Dk; ++d) acc[0] += qr[d] * load1(kj + d);
-                s[r * sstride + j] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    static void scores(const float* q, i64 qstride, int R, const KeyRun<T>* k, int nruns, i64 kstride, i64 Dk,
+                       float* s, i64 sstride) {
+        for (int x = 0; x < nruns; s += k[x].n, ++x)
+            for (i64 j = 0; j < k[x].n; ++j) {
+                const T* kj = k[x].rows + j * kstride;
+                for (int r = 0; r < R; ++r) {
+                    const float* qr = q + r * qstride;
+                    // Four partial sums: shorter dependency chains, as the vector path has.
+                    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    i64 d = 0;
+                    for (; d + 4 <= Dk; d += 4)
+                        for (int y = 0; y < 4; ++y) acc[y] += qr[d + y] * load1(kj + d + y);
+                    for (; d < Dk; ++d) acc[0] += qr[d] * load1(kj + d);
+                    s[r * sstride + j] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+                }
             }
-        }
     }
 
     static float row_max(const float* s, i64 n) {
@@ -54,20 +55,21 @@ struct PortableOps {
     }
 
     template <class T>
-    static void accumulate(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, int R, const T* v,
-                           i64 vstride, i64 n, i64 Dv) {
+    static void accumulate(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, int R,
+                           const KeyRun<T>* v, int nruns, i64 vstride, i64 Dv) {
         for (int r = 0; r < R; ++r) {
             float* orow = o + r * ostride;
             for (i64 d = 0; d < Dv; ++d) orow[d] *= alpha[r];
         }
-        for (i64 j = 0; j < n; ++j) {
-            const T* vj = v + j * vstride;
-            for (int r = 0; r < R; ++r) {
-                const float pj = p[r * pstride + j];
-                float* orow = o + r * ostride;
-                for (i64 d = 0; d < Dv; ++d) orow[d] += pj * load1(vj + d);
+        for (int x = 0; x < nruns; p += v[x].n, ++x)
+            for (i64 j = 0; j < v[x].n; ++j) {
+                const T* vj = v[x].rows + j * vstride;
+                for (int r = 0; r < R; ++r) {
+                    const float pj = p[r * pstride + j];
+                    float* orow = o + r * ostride;
+                    for (i64 d = 0; d < Dv; ++d) orow[d] += pj * load1(vj + d);
+                }
             }
-        }
     }
 };
 
