@@ -41,59 +41,51 @@ struct Avx2Ops {
         return _mm_cvtss_f32(x);
     }
 
-    // R query rows × 8/R keys per tile: exactly 8 independent accumulators, enough to hide
-    // the FMA latency even for one row (Lq = 1, no GQA), and each K vector loaded (and
-    // converted) once for the R rows. Keys past n repeat key n−1 and are discarded.
+    // One query row × 8 keys per tile: 8 independent accumulators, one per key, enough to
+    // hide the FMA latency. Keys past n repeat key n−1 and are discarded.
+    // Key-major: each K row is read whole before the next (decode_avx512.cpp's score_keys
+    // says why: AMD's prefetchers follow 8 interleaved rows badly); each key's sum keeps its
+    // order, so the bits are the same.
     // KS > 0: kstride == KS, known at compile time, for the whole tiles (the last, partial
     // one runs with KS = 0): one base pointer plus constant offsets, where GCC reloaded the
     // 8 run-time row pointers from the stack before every K load (decode_avx512.cpp has the
     // same split). Same arithmetic, same bits.
-    template <int R, class T, i64 KS = 0>
-    static void score_tile(const float* q, i64 qstride, const T* k, i64 kstride, i64 n, i64 Dk, float* s,
-                           i64 sstride) {
-        constexpr int KT = 8 / R;
+    template <class T, i64 KS = 0>
+    static void score_tile(const float* q, const T* k, i64 kstride, i64 n, i64 Dk, float* s) {
         i64 j = 0;
         if constexpr (KS > 0) {
-            for (; j + KT <= n; j += KT) score_keys<R, T, KS>(q, qstride, k + j * KS, KS, KT, Dk, s + j, sstride);
+            for (; j + 8 <= n; j += 8) score_keys<T, KS>(q, k + j * KS, KS, 8, Dk, s + j);
         }
-        for (; j < n; j += KT) score_keys<R, T, 0>(q, qstride, k + j * kstride, kstride, n - j, Dk, s + j, sstride);
+        for (; j < n; j += 8) score_keys<T, 0>(q, k + j * kstride, kstride, n - j, Dk, s + j);
     }
 
-    // One tile: keys 0 .. KT−1 of k (row stride KS, or kstride when KS = 0).
-    template <int R, class T, i64 KS>
-    __attribute__((always_inline)) static inline void score_keys(const float* q, i64 qstride, const T* k, i64 kstride,
-                                                                 i64 n, i64 Dk, float* s, i64 sstride) {
-        constexpr int KT = 8 / R;
+    // One tile: keys 0 .. 7 of k (row stride KS, or kstride when KS = 0).
+    template <class T, i64 KS>
+    __attribute__((always_inline)) static inline void score_keys(const float* q, const T* k, i64 kstride, i64 n,
+                                                                 i64 Dk, float* s) {
         const i64 Dk8 = Dk & ~i64{7};
-        const T* kp[KT];
-#pragma GCC unroll 8
-        for (int t = 0; t < KT; ++t) kp[t] = KS > 0 ? k + t * KS : k + imin(t, n - 1) * kstride;
         __m256 acc[8];
 #pragma GCC unroll 8
-        for (int x = 0; x < 8; ++x) acc[x] = _mm256_setzero_ps();
-        for (i64 d = 0; d < Dk8; d += 8) {
-            __m256 qv[R];
-#pragma GCC unroll 8
-            for (int r = 0; r < R; ++r) qv[r] = _mm256_loadu_ps(q + r * qstride + d);
-#pragma GCC unroll 8
-            for (int t = 0; t < KT; ++t) {
-                const __m256 kv = load8(kp[t] + d);
-#pragma GCC unroll 8
-                for (int r = 0; r < R; ++r) acc[r * KT + t] = _mm256_fmadd_ps(qv[r], kv, acc[r * KT + t]);
-            }
+        for (int t = 0; t < 8; ++t) {
+            const T* kt = KS > 0 ? k + t * KS : k + imin(t, n - 1) * kstride;
+            __m256 a = _mm256_setzero_ps();
+            for (i64 d = 0; d < Dk8; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(kt + d), a);
+            acc[t] = a;
+            // Keep the rows in program order: GCC's scheduler would interleave them again.
+            __asm__ volatile("" : "+x"(acc[t]));
+            __asm__ volatile("" : "+r"(k));
         }
         alignas(32) float tmp[8];
         _mm256_store_ps(tmp, hsum8(acc));
         for (i64 d = Dk8; d < Dk; ++d)
-            for (int t = 0; t < KT; ++t) {
-                const float kd = load1(kp[t] + d);
+            for (int t = 0; t < 8; ++t) {
+                const float kd = load1((KS > 0 ? k + t * KS : k + imin(t, n - 1) * kstride) + d);
                 // An explicit fma (as acc_tile's edge): left to contraction, GCC fused the
                 // float32 and the 16-bit instantiations differently, so the same values
                 // stored in 16 bits gave other bits than in float32.
-                for (int r = 0; r < R; ++r) tmp[r * KT + t] = __builtin_fmaf(q[r * qstride + d], kd, tmp[r * KT + t]);
+                tmp[t] = __builtin_fmaf(q[d], kd, tmp[t]);
             }
-        for (int r = 0; r < R; ++r)
-            for (int t = 0; t < KT && t < n; ++t) s[r * sstride + t] = tmp[r * KT + t];
+        for (int t = 0; t < 8 && t < n; ++t) s[t] = tmp[t];
     }
 
     template <class T>
@@ -108,9 +100,9 @@ struct Avx2Ops {
             for (int x = 0; x < nruns; sr += k[x].n, ++x) {
                 const T* kr = k[x].rows;
                 const i64 n = k[x].n;
-                if (kstride == 128) score_tile<1, T, 128>(q + r * qstride, qstride, kr, kstride, n, Dk, sr, sstride);
-                else if (kstride == 64) score_tile<1, T, 64>(q + r * qstride, qstride, kr, kstride, n, Dk, sr, sstride);
-                else score_tile<1>(q + r * qstride, qstride, kr, kstride, n, Dk, sr, sstride);
+                if (kstride == 128) score_tile<T, 128>(q + r * qstride, kr, kstride, n, Dk, sr);
+                else if (kstride == 64) score_tile<T, 64>(q + r * qstride, kr, kstride, n, Dk, sr);
+                else score_tile<T>(q + r * qstride, kr, kstride, n, Dk, sr);
             }
         }
     }

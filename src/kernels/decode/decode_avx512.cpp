@@ -46,66 +46,66 @@ struct Avx512Ops {
         return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
     }
 
-    // R query rows × 8/R keys per tile: 8 independent accumulators (the AVX2 kernel's
-    // shape), each K vector of 16 loaded (and converted) once for the R rows; the head-dim
-    // edge is a masked load of Q and K. Keys past n repeat key n−1 and are discarded.
+    // One query row × 8 keys per tile: 8 independent accumulators, one per key; the
+    // head-dim edge is a masked load of Q and K. Keys past n repeat key n−1 and are discarded.
+    //
+    // Key-major: each K row is read whole (its lines in address order) before the next one.
+    // The head-dim-major order (line d of keys 0..7, then line d+1) reads a tile's 8 rows as
+    // 8 interleaved streams 512 B apart, which AMD's prefetchers follow badly: on Zen 4 a
+    // plain read of a 512 MiB cache in that order ran at 7.9 GB/s on one core against 26–28
+    // GB/s key-major (docs/kernels.md, "Decode: key-major score tiles"). The 8 chains
+    // are still independent (the out-of-order window holds the whole tile), and each key's
+    // sum keeps its order: same bits.
     //
     // KS > 0: kstride == KS, known at compile time, for the tiles that are whole (the last,
     // partial one runs with KS = 0). The 8 K rows of a tile are then one base pointer plus
     // constant offsets; with a run-time stride GCC kept the 8 row pointers in vector
     // registers inside run_item and moved one to a general register before every K load
-    // (8 vmovq per 8 FMAs). Same arithmetic, same bits.
-    template <int R, class T, i64 KS = 0>
-    static void score_tile(const float* q, i64 qstride, const T* k, i64 kstride, i64 n, i64 Dk, float* s,
-                           i64 sstride) {
-        constexpr int KT = 8 / R;
+    // (8 vmovq per 8 FMAs). DK > 0: Dk == DK (no edge), so Q stays in registers.
+    template <class T, i64 KS = 0>
+    static void score_tile(const float* q, const T* k, i64 kstride, i64 n, i64 Dk, float* s) {
         const i64 Dk16 = Dk & ~i64{15};
         const __mmask16 edge = lanes(Dk - Dk16);
         i64 j = 0;
         if constexpr (KS > 0) {
-            for (; j + KT <= n; j += KT) score_keys<R, T, KS>(q, qstride, k + j * KS, KS, KT, Dk16, edge, s + j, sstride);
+            if (Dk == KS)
+                for (; j + 8 <= n; j += 8) score_keys<T, KS, KS>(q, k + j * KS, KS, 8, KS, 0, s + j);
+            for (; j + 8 <= n; j += 8) score_keys<T, KS, 0>(q, k + j * KS, KS, 8, Dk16, edge, s + j);
         }
-        for (; j < n; j += KT) score_keys<R, T, 0>(q, qstride, k + j * kstride, kstride, n - j, Dk16, edge, s + j, sstride);
+        for (; j < n; j += 8) score_keys<T, 0, 0>(q, k + j * kstride, kstride, n - j, Dk16, edge, s + j);
     }
 
-    // One tile: keys 0 .. KT−1 of k (row stride KS, or kstride when KS = 0; keys past n repeat
+    // One tile: keys 0 .. 7 of k (row stride KS, or kstride when KS = 0; keys past n repeat
     // key n−1 and are discarded).
-    template <int R, class T, i64 KS>
-    __attribute__((always_inline)) static inline void score_keys(const float* q, i64 qstride, const T* k, i64 kstride,
-                                                                 i64 n, i64 Dk16, __mmask16 edge, float* s, i64 sstride) {
-        constexpr int KT = 8 / R;
-        const T* kp[KT];
-#pragma GCC unroll 8
-        for (int t = 0; t < KT; ++t) kp[t] = KS > 0 ? k + t * KS : k + imin(t, n - 1) * kstride;
+    template <class T, i64 KS, i64 DK>
+    __attribute__((always_inline)) static inline void score_keys(const float* q, const T* k, i64 kstride, i64 n,
+                                                                 i64 Dk16, __mmask16 edge, float* s) {
+        constexpr i64 kNq = DK > 0 ? DK / 16 : 1;
+        __m512 qv[kNq];
+        if constexpr (DK > 0) {
+#pragma GCC unroll 16
+            for (i64 c = 0; c < kNq; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+        }
         __m512 acc[8];
 #pragma GCC unroll 8
-        for (int x = 0; x < 8; ++x) acc[x] = _mm512_setzero_ps();
-        for (i64 d = 0; d < Dk16; d += 16) {
-            __m512 qv[R];
-#pragma GCC unroll 8
-            for (int r = 0; r < R; ++r) qv[r] = _mm512_loadu_ps(q + r * qstride + d);
-#pragma GCC unroll 8
-            for (int t = 0; t < KT; ++t) {
-                const __m512 kv = load16(kp[t] + d);
-#pragma GCC unroll 8
-                for (int r = 0; r < R; ++r) acc[r * KT + t] = _mm512_fmadd_ps(qv[r], kv, acc[r * KT + t]);
+        for (int t = 0; t < 8; ++t) {
+            const T* kt = KS > 0 ? k + t * KS : k + imin(t, n - 1) * kstride;
+            __m512 a = _mm512_setzero_ps();
+            if constexpr (DK > 0) {
+#pragma GCC unroll 16
+                for (i64 c = 0; c < kNq; ++c) a = _mm512_fmadd_ps(qv[c], load16(kt + 16 * c), a);
+            } else {
+                for (i64 d = 0; d < Dk16; d += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), load16(kt + d), a);
+                if (edge != 0) a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(edge, q + Dk16), load16(kt + Dk16, edge), a);
             }
-        }
-        if (edge != 0) {
-            __m512 qv[R];
-#pragma GCC unroll 8
-            for (int r = 0; r < R; ++r) qv[r] = _mm512_maskz_loadu_ps(edge, q + r * qstride + Dk16);
-#pragma GCC unroll 8
-            for (int t = 0; t < KT; ++t) {
-                const __m512 kv = load16(kp[t] + Dk16, edge);
-#pragma GCC unroll 8
-                for (int r = 0; r < R; ++r) acc[r * KT + t] = _mm512_fmadd_ps(qv[r], kv, acc[r * KT + t]);
-            }
+            acc[t] = a;
+            // Keep the rows in program order (GCC's scheduler otherwise interleaves 3-4 rows).
+            __asm__ volatile("" : "+v"(acc[t]));
+            __asm__ volatile("" : "+r"(k));
         }
         alignas(32) float tmp[8];
         _mm256_store_ps(tmp, hsum8(acc));
-        for (int r = 0; r < R; ++r)
-            for (int t = 0; t < KT && t < n; ++t) s[r * sstride + t] = tmp[r * KT + t];
+        for (int t = 0; t < 8 && t < n; ++t) s[t] = tmp[t];
     }
 
     template <class T>
@@ -124,9 +124,9 @@ struct Avx512Ops {
             for (int x = 0; x < nruns; sr += k[x].n, ++x) {
                 const T* kr = k[x].rows;
                 const i64 n = k[x].n;
-                if (kstride == 128) score_tile<1, T, 128>(q + r * qstride, qstride, kr, kstride, n, Dk, sr, sstride);
-                else if (kstride == 64) score_tile<1, T, 64>(q + r * qstride, qstride, kr, kstride, n, Dk, sr, sstride);
-                else score_tile<1>(q + r * qstride, qstride, kr, kstride, n, Dk, sr, sstride);
+                if (kstride == 128) score_tile<T, 128>(q + r * qstride, kr, kstride, n, Dk, sr);
+                else if (kstride == 64) score_tile<T, 64>(q + r * qstride, kr, kstride, n, Dk, sr);
+                else score_tile<T>(q + r * qstride, kr, kstride, n, Dk, sr);
             }
         }
     }
@@ -157,8 +157,11 @@ struct Avx512Ops {
 
     // o[r][d0 .. d0+16C) for R rows: R·C accumulators held in registers over the whole
     // block; each V vector is loaded (and converted) once for the R rows. The last vector
-    // of the chunk runs under `last` (the head-dim edge, or all lanes).
-    template <int R, int C, class T>
+    // of the chunk runs under `last` (the head-dim edge) unless kFull: GCC issued that masked
+    // load first, so every V row was touched at its last line before its first, and P·V
+    // alone ran at 10 GB/s on a Zen 4 core against 15 with plain loads (docs/kernels.md,
+    // "Decode: key-major score tiles").
+    template <int R, int C, class T, bool kFull>
     static void acc_chunk(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, const KeyRun<T>* v,
                           int nruns, i64 vstride, i64 d0, __mmask16 last) {
         // One flat array, every loop fully unrolled: GCC then keeps it in registers.
@@ -183,7 +186,7 @@ struct Avx512Ops {
                 for (int r = 0; r < R; ++r) pb[r] = _mm512_set1_ps(pj[r * pstride]);
 #pragma GCC unroll 8
                 for (int c = 0; c < C; ++c) {
-                    const __m512 vv = c == C - 1 ? load16(vj + 16 * c, last) : load16(vj + 16 * c);
+                    const __m512 vv = c == C - 1 && !kFull ? load16(vj + 16 * c, last) : load16(vj + 16 * c);
 #pragma GCC unroll 8
                     for (int r = 0; r < R; ++r) acc[r * C + c] = _mm512_fmadd_ps(pb[r], vv, acc[r * C + c]);
                 }
@@ -211,11 +214,14 @@ struct Avx512Ops {
             switch (C) {
 #define ATTN_C(c)                                                                                        \
     case c:                                                                                              \
-        if constexpr (c <= Cmax) acc_chunk<R, c>(o, ostride, alpha, p, pstride, v, nruns, vstride, d0, last); \
+        if constexpr (c <= Cmax) {                                                                       \
+            if (last == 0xFFFF) acc_chunk<R, c, T, true>(o, ostride, alpha, p, pstride, v, nruns, vstride, d0, last); \
+            else acc_chunk<R, c, T, false>(o, ostride, alpha, p, pstride, v, nruns, vstride, d0, last);               \
+        }                                                                                                \
         break;
                 ATTN_C(8) ATTN_C(7) ATTN_C(6) ATTN_C(5) ATTN_C(4) ATTN_C(3) ATTN_C(2)
 #undef ATTN_C
-                default: acc_chunk<R, 1>(o, ostride, alpha, p, pstride, v, nruns, vstride, d0, last); break;
+                default: acc_chunk<R, 1, T, false>(o, ostride, alpha, p, pstride, v, nruns, vstride, d0, last); break;
             }
         }
     }
