@@ -60,6 +60,38 @@ Timing time_calls(const Config& cfg, const std::function<void()>& fn) {
     return t;
 }
 
+std::vector<Timing> time_interleaved(const Config& cfg, const std::vector<std::function<void()>>& fns) {
+    const std::size_t n = fns.size();
+    std::vector<double> warmup(n), spent(n, 0.0), cpu(n, 0.0);
+    for (std::size_t i = 0; i < n; ++i) {
+        const double t0 = now_s();
+        fns[i]();
+        warmup[i] = now_s() - t0;
+    }
+    std::vector<std::vector<double>> samples(n);
+    double total = 0.0;
+    for (int r = 0; r < std::max(1, cfg.runs); ++r) {
+        if (r > 0 && total >= cfg.max_seconds * static_cast<double>(n)) break;
+        for (std::size_t i = 0; i < n; ++i) {
+            const double c0 = process_cpu_seconds(), t0 = now_s();
+            fns[i]();
+            const double dt = now_s() - t0;
+            cpu[i] += process_cpu_seconds() - c0;
+            samples[i].push_back(dt);
+            spent[i] += dt;
+            total += dt;
+        }
+    }
+    std::vector<Timing> out;
+    for (std::size_t i = 0; i < n; ++i) {
+        Timing t = timing_from_samples(std::move(samples[i]), warmup[i]);
+        // As time_calls: below ~0.1 s of calls the process CPU time is too coarse for a share.
+        t.cpu_share = spent[i] >= 0.1 ? cpu[i] / (spent[i] * cfg.threads) : 0.0;
+        out.push_back(std::move(t));
+    }
+    return out;
+}
+
 RssProbe::RssProbe() {
 #if defined(__GLIBC__)
     // Return memory freed by earlier rows (kept by malloc's arenas) to the OS, so this row's

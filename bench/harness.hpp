@@ -85,6 +85,13 @@ struct Timing {  // of one (shape, impl)
 Timing time_calls(const Config& cfg, const std::function<void()>& fn);
 Timing timing_from_samples(std::vector<double> samples, double warmup_s);
 
+// Several variants of one call timed in turn, one call of each per round (A B C, A B C, …),
+// after one warm-up call each, for rows whose ratio is the point (paged vs contiguous
+// decode). On a shared VM a slow phase then lands on every variant alike: back to back (all
+// of A, then all of B) the same decode step moved by ±25 % between rows a minute apart.
+// Rounds stop at cfg.runs, or (after the first) once cfg.max_seconds per variant is spent.
+std::vector<Timing> time_interleaved(const Config& cfg, const std::vector<std::function<void()>>& fns);
+
 // Peak resident memory of what runs between construction and peak(): resets the kernel's
 // high-water mark when it may (see reset_peak_rss), else reports the process's.
 class RssProbe {

@@ -54,6 +54,25 @@ Row timed(const Config& cfg, const std::string& impl, const std::function<void()
     return r;
 }
 
+// A contiguous cache of one sequence, and a page pool of `sequences` × `tokens` tokens.
+KVCacheConfig contiguous_config(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t capacity) {
+    KVCacheConfig cc;
+    cc.kv_heads = kv_heads;
+    cc.head_dim = head_dim;
+    cc.capacity = capacity;
+    return cc;
+}
+
+PagedKVCacheConfig paged_config(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t page_size,
+                                std::int64_t sequences, std::int64_t tokens) {
+    PagedKVCacheConfig pc;
+    pc.kv_heads = kv_heads;
+    pc.head_dim = head_dim;
+    pc.page_size = page_size;
+    pc.num_pages = sequences * tokens / page_size;
+    return pc;
+}
+
 void run_varlen(const Context& ctx, std::vector<CaseResult>& out) {
     constexpr std::int64_t N = 16, H = 16, D = 64;
     std::mt19937_64 rng(18);
@@ -154,57 +173,65 @@ void run_paged_decode(const Context& ctx, const std::string& id, std::int64_t Hk
     const Tensor kc(DType::f32, Shape{Hkv, chunk, D}), vc(DType::f32, Shape{Hkv, chunk, D});
     fill_uniform(kc, 8);
     fill_uniform(vc, 9);
+    // All four caches are filled first and their steps timed in turn (time_interleaved), so
+    // a slow phase of the machine cannot fall on one of them only: the ratios are the target.
+    // Each step reads its own cache (512 / 128 MiB, far beyond the caches), so every step
+    // starts cold whatever ran before it.
+    RssProbe probe;
+    KVCache contiguous(contiguous_config(Hkv, D, Lk));
+    for (std::int64_t t = 0; t < Lk; t += chunk) contiguous.append(0, kc, vc);
+    PagedKVCache paged16(paged_config(Hkv, D, 16, 1, Lk)), paged32(paged_config(Hkv, D, 32, 1, Lk));
+    const PagedKVCache::SeqId s16 = paged16.add_sequence(), s32 = paged32.add_sequence();
+    for (std::int64_t t = 0; t < Lk; t += chunk) {
+        paged16.append(s16, kc, vc);
+        paged32.append(s32, kc, vc);
+    }
+    // Fragmented: two sequences appended a page at a time in turn, so the measured one holds
+    // every other page (its runs of 16 rows are not adjacent in memory).
+    PagedKVCache frag(paged_config(Hkv, D, 16, 2, Lk));
+    const PagedKVCache::SeqId sf = frag.add_sequence(), other = frag.add_sequence();
+    for (std::int64_t t = 0; t < Lk; t += 16)
+        for (PagedKVCache::SeqId x : {sf, other}) frag.append(x, kc.view().slice(1, t % chunk, 16), vc.view().slice(1, t % chunk, 16));
+
+    const char* names[] = {"contiguous", "paged16", "paged32", "paged16-frag"};
+    std::vector<Timing> timings;
+    std::string error;
+    try {
+        timings = time_interleaved(ctx.cfg, {[&] { decode_attention(q, contiguous, opt, o); },
+                                             [&] { paged_attention(q, paged16, {s16}, opt, o); },
+                                             [&] { paged_attention(q, paged32, {s32}, opt, o); },
+                                             [&] { paged_attention(q, frag, {sf}, opt, o); }});
+    } catch (const std::exception& e) {
+        error = e.what();
+    }
+    const std::int64_t peak = probe.peak();
     std::vector<double> medians;
-    {
-        KVCacheConfig cc;
-        cc.kv_heads = Hkv;
-        cc.head_dim = D;
-        cc.capacity = Lk;
-        KVCache kv(cc);
-        for (std::int64_t t = 0; t < Lk; t += chunk) kv.append(0, kc, vc);
-        Row r = timed(ctx.cfg, "contiguous", [&] { decode_attention(q, kv, opt, o); });
+    for (int i = 0; i < 4; ++i) {
+        Row r;
+        r.impl = names[i];
+        r.kernel = i == 0 ? "decode" : "decode (pages)";
         r.bytes = c.bytes;
-        r.kernel = "decode";
-        medians.push_back(r.timing.median_s);
+        r.baseline_rss = probe.baseline();
+        r.peak_rss_reset = probe.was_reset();
+        r.peak_rss = peak;  // the four caches live at once
+        if (i == 3) r.note = "every other page";
+        if (!error.empty()) {
+            r.status = "error";
+            r.note = error;
+            medians.push_back(0.0);
+        } else {
+            r.timing = timings[static_cast<std::size_t>(i)];
+            medians.push_back(r.timing.median_s);
+        }
         c.rows.push_back(std::move(r));
     }
-    for (std::int64_t ps : {16, 32}) {
-        PagedKVCacheConfig pc;
-        pc.kv_heads = Hkv;
-        pc.head_dim = D;
-        pc.page_size = ps;
-        pc.num_pages = Lk / ps;
-        PagedKVCache cache(pc);
-        const PagedKVCache::SeqId s = cache.add_sequence();
-        for (std::int64_t t = 0; t < Lk; t += chunk) cache.append(s, kc, vc);
-        Row r = timed(ctx.cfg, "paged" + std::to_string(ps), [&] { paged_attention(q, cache, {s}, opt, o); });
-        r.bytes = c.bytes;
-        r.kernel = "decode (pages)";
-        medians.push_back(r.timing.median_s);
-        c.rows.push_back(std::move(r));
-    }
-    {
-        // Fragmented: two sequences appended a page at a time in turn, so the measured one
-        // holds every other page (its runs of 16 rows are not adjacent in memory).
-        PagedKVCacheConfig pc;
-        pc.kv_heads = Hkv;
-        pc.head_dim = D;
-        pc.page_size = 16;
-        pc.num_pages = 2 * Lk / 16;
-        PagedKVCache cache(pc);
-        const PagedKVCache::SeqId s = cache.add_sequence(), other = cache.add_sequence();
-        for (std::int64_t t = 0; t < Lk; t += 16)
-            for (PagedKVCache::SeqId x : {s, other}) cache.append(x, kc.view().slice(1, t % chunk, 16), vc.view().slice(1, t % chunk, 16));
-        Row r = timed(ctx.cfg, "paged16-frag", [&] { paged_attention(q, cache, {s}, opt, o); });
-        r.bytes = c.bytes;
-        r.kernel = "decode (pages)";
-        r.note = "every other page";
-        medians.push_back(r.timing.median_s);
-        c.rows.push_back(std::move(r));
+    if (!error.empty()) {
+        out.push_back(std::move(c));
+        return;
     }
     c.note = "paged / contiguous time: page 16 " + fmt("%.3f", medians[1] / medians[0]) + ", page 32 " +
              fmt("%.3f", medians[2] / medians[0]) + ", page 16 fragmented " + fmt("%.3f", medians[3] / medians[0]) +
-             " (target <= 1.10)";
+             " (target <= 1.10; the steps timed in turn, one of each per round; peak RSS: all four caches)";
     out.push_back(std::move(c));
 }
 
@@ -238,11 +265,7 @@ void run_chunked_prefill(const Context& ctx, std::vector<CaseResult>& out) {
         c.rows.push_back(std::move(r));
     };
     {
-        KVCacheConfig cc;
-        cc.kv_heads = Hkv;
-        cc.head_dim = D;
-        cc.capacity = n;
-        KVCache kv(cc);
+        KVCache kv(contiguous_config(Hkv, D, n));
         for (std::int64_t t = 0; t < n; t += chunk) kv.append(0, kc, vc);
         SdpaOptions fo = opt;
         fo.impl = Impl::flash;
@@ -253,12 +276,7 @@ void run_chunked_prefill(const Context& ctx, std::vector<CaseResult>& out) {
     for (const Variant& x : {Variant{16, false, Impl::automatic, "paged16"}, Variant{32, false, Impl::automatic, "paged32"},
                              Variant{128, false, Impl::automatic, "paged128"}, Variant{16, true, Impl::automatic, "paged16-frag"},
                              Variant{16, false, Impl::decode, "paged16-decode"}}) {
-        PagedKVCacheConfig pc;
-        pc.kv_heads = Hkv;
-        pc.head_dim = D;
-        pc.page_size = x.ps;
-        pc.num_pages = (x.frag ? 2 : 1) * n / x.ps;
-        PagedKVCache cache(pc);
+        PagedKVCache cache(paged_config(Hkv, D, x.ps, x.frag ? 2 : 1, n));
         const PagedKVCache::SeqId s = cache.add_sequence(), other = cache.add_sequence();
         for (std::int64_t t = 0; t < n; t += x.ps)
             for (PagedKVCache::SeqId id : {s, other})
