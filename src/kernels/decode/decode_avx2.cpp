@@ -91,20 +91,7 @@ struct Avx2Ops {
     template <class T>
     static void scores(const float* q, i64 qstride, int R, const KeyRun<T>* k, int nruns, i64 kstride, i64 Dk,
                        float* s, i64 sstride) {
-        // One row at a time, as the avx512 row (decode_avx512.cpp scores says why): whole K rows
-        // in address order, the first pass from memory, the others from L1. S7 f32 on one
-        // thread: 13.4–14.8 → 10.4–13.2 ms of CPU per step (docs/kernels.md). Same bits.
-        // A paged block's runs one after the other in each row's pass.
-        for (int r = 0; r < R; ++r) {
-            float* sr = s + r * sstride;
-            for (int x = 0; x < nruns; sr += k[x].n, ++x) {
-                const T* kr = k[x].rows;
-                const i64 n = k[x].n;
-                if (kstride == 128) score_tile<T, 128>(q + r * qstride, kr, kstride, n, Dk, sr);
-                else if (kstride == 64) score_tile<T, 64>(q + r * qstride, kr, kstride, n, Dk, sr);
-                else score_tile<T>(q + r * qstride, kr, kstride, n, Dk, sr);
-            }
-        }
+        scores_by_rows<Avx2Ops, T>(q, qstride, R, k, nruns, kstride, Dk, s, sstride);
     }
 
     static float exp2_1(float x) { return _mm_cvtss_f32(_mm256_castps256_ps128(exp2_ps(_mm256_set1_ps(x)))); }

@@ -111,24 +111,7 @@ struct Avx512Ops {
     template <class T>
     static void scores(const float* q, i64 qstride, int R, const KeyRun<T>* k, int nruns, i64 kstride, i64 Dk,
                        float* s, i64 sstride) {
-        // One row at a time, each pass reading whole K rows in address order (docs/kernels.md, "Decode:
-        // rows one at a time"): the first pass streams the block from memory, the others hit
-        // L1. The multi-row tile (one K load for R rows) walked two K rows per tile and, in
-        // accumulate, V in head-dim slices (a stride of one row, one or two lines per row per
-        // pass), which the prefetchers followed badly: S7 (4 rows per KV head) spent twice
-        // S5's time per byte. Same bits: every dot product and every output sum keeps its order.
-        // A paged block's runs (one per page of a fragmented pool) one after the other in each
-        // row's pass: the tiles of a run, then the next run's.
-        for (int r = 0; r < R; ++r) {
-            float* sr = s + r * sstride;
-            for (int x = 0; x < nruns; sr += k[x].n, ++x) {
-                const T* kr = k[x].rows;
-                const i64 n = k[x].n;
-                if (kstride == 128) score_tile<T, 128>(q + r * qstride, kr, kstride, n, Dk, sr);
-                else if (kstride == 64) score_tile<T, 64>(q + r * qstride, kr, kstride, n, Dk, sr);
-                else score_tile<T>(q + r * qstride, kr, kstride, n, Dk, sr);
-            }
-        }
+        scores_by_rows<Avx512Ops, T>(q, qstride, R, k, nruns, kstride, Dk, s, sstride);
     }
 
     static float exp2_1(float x) { return _mm512_cvtss_f32(exp2_ps512(_mm512_set1_ps(x))); }

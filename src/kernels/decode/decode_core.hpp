@@ -225,6 +225,30 @@ inline void prefetch_page_heads(const void* p, i64 bytes) {
         for (int l = 0; l < kPageHeadLines; ++l) __builtin_prefetch(reinterpret_cast<const char*>(x + 64 * l), 0, 3);
 }
 
+// Ops::scores of the vector rows (decode_avx2.cpp, decode_avx512.cpp), on their 8-key tiles
+// Ops::score_tile<T, KS>(q, k, kstride, n, Dk, s): one row of the group at a time, each pass
+// reading whole K rows in address order (docs/kernels.md, "Decode: rows one at a time"): the
+// first pass streams the block from memory, the others hit L1. The multi-row tile (one K
+// load for R rows) walked two K rows per tile and, in accumulate, V in head-dim slices,
+// which the prefetchers followed badly: S7 (4 rows per KV head) spent twice S5's time per
+// byte. A paged block's runs (one per page of a fragmented pool) one after the other in each
+// row's pass. Row strides of 128 and 64 elements (contiguous caches and pages at those head
+// dims) reach the tile as a compile-time constant. Same bits: every dot product keeps its order.
+template <class Ops, class T>
+inline void scores_by_rows(const float* q, i64 qstride, int R, const KeyRun<T>* k, int nruns, i64 kstride, i64 Dk,
+                           float* s, i64 sstride) {
+    for (int r = 0; r < R; ++r) {
+        float* sr = s + r * sstride;
+        for (int x = 0; x < nruns; sr += k[x].n, ++x) {
+            const T* kr = k[x].rows;
+            const i64 n = k[x].n;
+            if (kstride == 128) Ops::template score_tile<T, 128>(q + r * qstride, kr, kstride, n, Dk, sr);
+            else if (kstride == 64) Ops::template score_tile<T, 64>(q + r * qstride, kr, kstride, n, Dk, sr);
+            else Ops::template score_tile<T>(q + r * qstride, kr, kstride, n, Dk, sr);
+        }
+    }
+}
+
 // Element x of Q as float32 (a 16-bit Q through the Ops' loaders): M·Dk loads per item,
 // against the item's Lk·(Dk+Dv) K/V loads.
 template <class Ops>
