@@ -108,9 +108,63 @@ struct Avx512Ops {
         for (int t = 0; t < 8 && t < n; ++t) s[t] = tmp[t];
     }
 
+    // R query rows (R = 2 or 4: a GQA group) × 8/R keys per tile, for 16-bit K: each K vector
+    // is converted once for the R rows. On Zen 4 `vcvtph2ps zmm` issues every second cycle,
+    // and converting every K and V row again for each of S7's 4 rows made its float16 step
+    // compute-bound (10.9 ns per row and key from L3, as slow as float32 from memory).
+    // Key-major, as score_keys (each key's row whole before the next key's). Each (row, key)
+    // dot product keeps the chain and the hsum8 tree of the one-row tile: same bits.
+    template <int R, class T>
+    static void score_tile_rows(const float* q, i64 qstride, const T* k, i64 kstride, i64 n, i64 Dk, float* s,
+                                i64 sstride) {
+        constexpr int KT = 8 / R;
+        const i64 Dk16 = Dk & ~i64{15};
+        const __mmask16 edge = lanes(Dk - Dk16);
+        for (i64 j = 0; j < n; j += KT) {
+            __m512 acc[8];
+#pragma GCC unroll 8
+            for (int t = 0; t < KT; ++t) {
+                const T* kt = k + imin(j + t, n - 1) * kstride;
+                __m512 a[R];
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) a[r] = _mm512_setzero_ps();
+                for (i64 d = 0; d < Dk16; d += 16) {
+                    const __m512 kv = load16(kt + d);
+#pragma GCC unroll 8
+                    for (int r = 0; r < R; ++r) a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q + r * qstride + d), kv, a[r]);
+                }
+                if (edge != 0) {
+                    const __m512 kv = load16(kt + Dk16, edge);
+#pragma GCC unroll 8
+                    for (int r = 0; r < R; ++r)
+                        a[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(edge, q + r * qstride + Dk16), kv, a[r]);
+                }
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) {
+                    acc[r * KT + t] = a[r];
+                    __asm__ volatile("" : "+v"(acc[r * KT + t]));  // the keys in program order (score_keys)
+                }
+                __asm__ volatile("" : "+r"(k));
+            }
+            alignas(32) float tmp[8];
+            _mm256_store_ps(tmp, hsum8(acc));
+            for (int r = 0; r < R; ++r)
+                for (int t = 0; t < KT && j + t < n; ++t) s[r * sstride + j + t] = tmp[r * KT + t];
+        }
+    }
+
     template <class T>
     static void scores(const float* q, i64 qstride, int R, const KeyRun<T>* k, int nruns, i64 kstride, i64 Dk,
                        float* s, i64 sstride) {
+        if constexpr (sizeof(T) == 2) {
+            if (R == 4 || R == 2) {
+                for (int x = 0; x < nruns; s += k[x].n, ++x) {
+                    if (R == 4) score_tile_rows<4>(q, qstride, k[x].rows, kstride, k[x].n, Dk, s, sstride);
+                    else score_tile_rows<2>(q, qstride, k[x].rows, kstride, k[x].n, Dk, s, sstride);
+                }
+                return;
+            }
+        }
         scores_by_rows<Avx512Ops, T>(q, qstride, R, k, nruns, kstride, Dk, s, sstride);
     }
 
@@ -183,12 +237,13 @@ struct Avx512Ops {
                                       acc[r * C + c]);
     }
 
-    // Chunks of up to 8/R vectors of 16 head-dim entries (at most 8 accumulators), as wide
-    // as Dv allows, so that one row (R = 1) at Dv = 64 still has 4 independent chains.
+    // Chunks of up to 8 vectors of 16 head-dim entries for one row, 16/R for R rows (at most
+    // 16 accumulators, with R broadcasts and the V vector 21 of the 32 zmm), as wide as Dv
+    // allows, so that one row (R = 1) at Dv = 64 still has 4 independent chains.
     template <int R, class T>
     static void acc_tile(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, const KeyRun<T>* v,
                          int nruns, i64 vstride, i64 Dv) {
-        constexpr int Cmax = 8 / R;
+        constexpr int Cmax = R == 1 ? 8 : 16 / R;
         for (i64 d0 = 0; d0 < Dv; d0 += 16 * Cmax) {
             const i64 rest = Dv - d0;
             const i64 nv = (rest + 15) / 16;
@@ -212,7 +267,14 @@ struct Avx512Ops {
     template <class T>
     static void accumulate(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, int R,
                            const KeyRun<T>* v, int nruns, i64 vstride, i64 Dv) {
-        // One row at a time, whole V rows in address order (scores says why).
+        // 16-bit V with a GQA group: the R rows together, each V vector converted once for
+        // them (score_tile_rows says why), in head-dim halves at Dv = 128 for R = 4. Same
+        // bits: every output element keeps its chain over the keys.
+        if constexpr (sizeof(T) == 2) {
+            if (R == 4) return acc_tile<4>(o, ostride, alpha, p, pstride, v, nruns, vstride, Dv);
+            if (R == 2) return acc_tile<2>(o, ostride, alpha, p, pstride, v, nruns, vstride, Dv);
+        }
+        // Otherwise one row at a time, whole V rows in address order (scores_by_rows says why).
         for (int r = 0; r < R; ++r)
             acc_tile<1>(o + r * ostride, ostride, alpha + r, p + r * pstride, pstride, v, nruns, vstride, Dv);
     }
