@@ -88,10 +88,50 @@ struct Avx2Ops {
         for (int t = 0; t < 8 && t < n; ++t) s[t] = tmp[t];
     }
 
+    // R query rows (R = 2 or 4: a GQA group) × 8/R keys per tile, for 16-bit K: each K vector
+    // converted once for the R rows (decode_avx512.cpp's score_tile_rows says why). Key-major;
+    // each (row, key) dot product keeps the one-row tile's chain, hsum8 and scalar tail: same bits.
+    template <int R, class T>
+    static void score_tile_rows(const float* q, i64 qstride, const T* k, i64 kstride, i64 n, i64 Dk, float* s,
+                                i64 sstride) {
+        constexpr int KT = 8 / R;
+        const i64 Dk8 = Dk & ~i64{7};
+        for (i64 j = 0; j < n; j += KT) {
+            __m256 acc[8];
+#pragma GCC unroll 8
+            for (int t = 0; t < KT; ++t) {
+                const T* kt = k + imin(j + t, n - 1) * kstride;
+                __m256 a[R];
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) a[r] = _mm256_setzero_ps();
+                for (i64 d = 0; d < Dk8; d += 8) {
+                    const __m256 kv = load8(kt + d);
+#pragma GCC unroll 8
+                    for (int r = 0; r < R; ++r) a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * qstride + d), kv, a[r]);
+                }
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) {
+                    acc[r * KT + t] = a[r];
+                    __asm__ volatile("" : "+x"(acc[r * KT + t]));  // the keys in program order
+                }
+                __asm__ volatile("" : "+r"(k));
+            }
+            alignas(32) float tmp[8];
+            _mm256_store_ps(tmp, hsum8(acc));
+            for (i64 d = Dk8; d < Dk; ++d)
+                for (int t = 0; t < KT; ++t) {
+                    const float kd = load1(k + imin(j + t, n - 1) * kstride + d);
+                    for (int r = 0; r < R; ++r) tmp[r * KT + t] = __builtin_fmaf(q[r * qstride + d], kd, tmp[r * KT + t]);
+                }
+            for (int r = 0; r < R; ++r)
+                for (int t = 0; t < KT && j + t < n; ++t) s[r * sstride + j + t] = tmp[r * KT + t];
+        }
+    }
+
     template <class T>
     static void scores(const float* q, i64 qstride, int R, const KeyRun<T>* k, int nruns, i64 kstride, i64 Dk,
                        float* s, i64 sstride) {
-        scores_by_rows<Avx2Ops, T>(q, qstride, R, k, nruns, kstride, Dk, s, sstride);
+        vector_scores<Avx2Ops, T>(q, qstride, R, k, nruns, kstride, Dk, s, sstride);
     }
 
     static float exp2_1(float x) { return _mm_cvtss_f32(_mm256_castps256_ps128(exp2_ps(_mm256_set1_ps(x)))); }

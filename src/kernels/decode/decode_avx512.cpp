@@ -156,16 +156,7 @@ struct Avx512Ops {
     template <class T>
     static void scores(const float* q, i64 qstride, int R, const KeyRun<T>* k, int nruns, i64 kstride, i64 Dk,
                        float* s, i64 sstride) {
-        if constexpr (sizeof(T) == 2) {
-            if (R == 4 || R == 2) {
-                for (int x = 0; x < nruns; s += k[x].n, ++x) {
-                    if (R == 4) score_tile_rows<4>(q, qstride, k[x].rows, kstride, k[x].n, Dk, s, sstride);
-                    else score_tile_rows<2>(q, qstride, k[x].rows, kstride, k[x].n, Dk, s, sstride);
-                }
-                return;
-            }
-        }
-        scores_by_rows<Avx512Ops, T>(q, qstride, R, k, nruns, kstride, Dk, s, sstride);
+        vector_scores<Avx512Ops, T>(q, qstride, R, k, nruns, kstride, Dk, s, sstride);
     }
 
     static float exp2_1(float x) { return _mm512_cvtss_f32(exp2_ps512(_mm512_set1_ps(x))); }
@@ -274,7 +265,7 @@ struct Avx512Ops {
             if (R == 4) return acc_tile<4>(o, ostride, alpha, p, pstride, v, nruns, vstride, Dv);
             if (R == 2) return acc_tile<2>(o, ostride, alpha, p, pstride, v, nruns, vstride, Dv);
         }
-        // Otherwise one row at a time, whole V rows in address order (scores_by_rows says why).
+        // Otherwise one row at a time, whole V rows in address order (vector_scores in decode_core.hpp says why).
         for (int r = 0; r < R; ++r)
             acc_tile<1>(o + r * ostride, ostride, alpha + r, p + r * pstride, pstride, v, nruns, vstride, Dv);
     }

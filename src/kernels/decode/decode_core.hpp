@@ -225,18 +225,28 @@ inline void prefetch_page_heads(const void* p, i64 bytes) {
         for (int l = 0; l < kPageHeadLines; ++l) __builtin_prefetch(reinterpret_cast<const char*>(x + 64 * l), 0, 3);
 }
 
-// Ops::scores of the vector rows (decode_avx2.cpp, decode_avx512.cpp), on their 8-key tiles
-// Ops::score_tile<T, KS>(q, k, kstride, n, Dk, s): one row of the group at a time, each pass
-// reading whole K rows in address order (docs/kernels.md, "Decode: rows one at a time"): the
-// first pass streams the block from memory, the others hit L1. The multi-row tile (one K
-// load for R rows) walked two K rows per tile and, in accumulate, V in head-dim slices,
-// which the prefetchers followed badly: S7 (4 rows per KV head) spent twice S5's time per
-// byte. A paged block's runs (one per page of a fragmented pool) one after the other in each
-// row's pass. Row strides of 128 and 64 elements (contiguous caches and pages at those head
-// dims) reach the tile as a compile-time constant. Same bits: every dot product keeps its order.
+// Ops::scores of the vector rows (decode_avx2.cpp, decode_avx512.cpp), on their tiles
+// Ops::score_tile<T, KS>(q, k, kstride, n, Dk, s) (one row × 8 keys) and
+// Ops::score_tile_rows<R, T>(q, qstride, k, kstride, n, Dk, s, sstride) (R rows × 8/R keys).
+// Rows one at a time, each pass reading whole K rows in address order (docs/kernels.md,
+// "Decode: rows one at a time"): the first pass streams the block from memory, the others hit
+// L1. A paged block's runs (one per page of a fragmented pool) one after the other in each
+// row's pass; row strides of 128 and 64 elements (contiguous caches and pages at those head
+// dims) reach the tile as a compile-time constant. Except 16-bit K with a GQA group (R = 2 or
+// 4): the group's rows together, so each K vector is converted once for them ("Decode:
+// key-major score tiles"). Same bits either way: every dot product keeps its order.
 template <class Ops, class T>
-inline void scores_by_rows(const float* q, i64 qstride, int R, const KeyRun<T>* k, int nruns, i64 kstride, i64 Dk,
-                           float* s, i64 sstride) {
+inline void vector_scores(const float* q, i64 qstride, int R, const KeyRun<T>* k, int nruns, i64 kstride, i64 Dk,
+                          float* s, i64 sstride) {
+    if constexpr (sizeof(T) == 2) {
+        if (R == 4 || R == 2) {
+            for (int x = 0; x < nruns; s += k[x].n, ++x) {
+                if (R == 4) Ops::template score_tile_rows<4, T>(q, qstride, k[x].rows, kstride, k[x].n, Dk, s, sstride);
+                else Ops::template score_tile_rows<2, T>(q, qstride, k[x].rows, kstride, k[x].n, Dk, s, sstride);
+            }
+            return;
+        }
+    }
     for (int r = 0; r < R; ++r) {
         float* sr = s + r * sstride;
         for (int x = 0; x < nruns; sr += k[x].n, ++x) {
@@ -359,7 +369,11 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
                 continue;
             }
             sc.alpha[r] = Ops::exp2_1((sc.m[r] - m_new) * kLog2e);  // 2^(−inf) = 0 on the first visible block
-            sc.l[r] = sc.alpha[r] * sc.l[r] + Ops::exp_shift(s, n, m_new);
+            // An explicit fma: left to contraction (GCC's default -ffp-contract=fast), the
+            // product and the sum were fused in some of run_item's inlined copies and not in
+            // others, so the same scores gave lse 1 ulp apart between the clean pass and the
+            // careful one (NonFinite.DecodeEveryRowAndSplit) once the score code moved.
+            sc.l[r] = __builtin_fmaf(sc.alpha[r], sc.l[r], Ops::exp_shift(s, n, m_new));
             sc.m[r] = m_new;
         }
         // O = α·O + P · V_block — each V row is read from memory once for all M rows.
