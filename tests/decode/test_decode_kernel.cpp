@@ -142,7 +142,9 @@ Case random_case(std::mt19937& rng, int n) {
     c.Hkv = pick({1, 1, 2, 3});
     c.group = pick({1, 1, 2, 3, 4, 8});  // Hkv = 1 with group > 1 is MQA
     c.Lq = std::uniform_int_distribution<std::int64_t>(1, 16)(rng);
-    c.Lk = pick({1, 2, 7, 16, 63, 64, 65, 129, 300, 777});
+    // Around one key block (kDecodeBlock) and past two, so that every case runs on whatever block size.
+    constexpr std::int64_t kb = detail::kDecodeBlock;
+    c.Lk = pick({1, 2, 7, 16, 63, 64, 65, 129, kb - 1, kb, kb + 1, 2 * kb + 45, 777});
     c.Dk = pick({1, 3, 8, 16, 33, 64, 65, 128});
     c.Dv = coin(rng) ? c.Dk : pick({1, 7, 8, 24, 64, 72});
     c.kv = n % 3 == 0 ? DType::f32 : n % 3 == 1 ? DType::f16 : DType::bf16;

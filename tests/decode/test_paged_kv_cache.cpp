@@ -10,6 +10,7 @@
 // test, independent of the page bookkeeping under test.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -22,6 +23,7 @@
 #include "attn/kv_cache.hpp"
 #include "attn/paged_kv_cache.hpp"
 #include "decode/decode_util.hpp"
+#include "kernels/decode/decode.hpp"
 #include "kernels/isa.hpp"
 
 namespace attn::test {
@@ -201,12 +203,13 @@ TEST(PagedKVCache, SplitKVLongSequenceBitIdentical) {
 // The decode kernel reads a stretch of pages that follow each other in the pool as one run
 // (decode_core.hpp for_key_runs): pools where each sequence holds stretches of 1..6 adjacent
 // pages, pages in descending order (reused after frees: never joined), and page sizes
-// below, at and above the 64-key block, against the contiguous cache, with the keys split
+// below, at and above the decode kernel's key block (kDecodeBlock), against the contiguous cache, with the keys split
 // over chunks (long sequences) or not, GQA rows 1..4 per KV head, and float32 and 16-bit pools.
 TEST(PagedKVCache, PagesInStretchesBitIdentical) {
     std::mt19937 rng(18);
     for (const detail::KernelSet* row : detail::runnable_kernel_sets())
-        for (std::int64_t ps : {1, 16, 32, 128})
+        for (std::int64_t ps : {std::int64_t{1}, std::int64_t{16}, std::int64_t{32}, detail::kDecodeBlock / 2,
+                                detail::kDecodeBlock, 2 * detail::kDecodeBlock})
             for (DType storage : {DType::f32, DType::f16}) {
                 const detail::ScopedKernelSet use(*row);
                 PagedKVCacheConfig cfg;
@@ -214,7 +217,7 @@ TEST(PagedKVCache, PagesInStretchesBitIdentical) {
                 cfg.kv_heads = 2;
                 cfg.head_dim = 32;
                 cfg.storage = storage;
-                const std::int64_t per_seq = 1600;
+                const std::int64_t per_seq = std::max<std::int64_t>(1600, 12 * ps);  // stretches of several pages
                 cfg.num_pages = 3 * ((per_seq + ps - 1) / ps + 8);
                 World w(cfg);
                 // A third sequence takes a few pages and is freed, so that later pages come

@@ -41,8 +41,13 @@ struct DecodeWork {
     const PagedRows* paged = nullptr;  // null: K/V rows are the problem's views
 };
 
-// Keys processed per block (K block then V block, each read once from memory).
-inline constexpr std::int64_t kDecodeBlock = 64;
+// Keys processed per block (K block then V block, each read once from memory). A block
+// reads one stream of K rows, then one of V rows: every switch between the two restarts
+// the hardware prefetchers' ramp, so the block is long — 256 keys are 128 KiB of each at
+// D = 128 float32, still inside every L2 we run on (Zen 3: 512 KiB). On a Zen 4 core the
+// 64-key block (32 KiB per stream) read S5's float32 cache at ≈ 19 GB/s against 28 for a
+// plain stream; 256 keys ≈ 24–26 (docs/kernels.md, "Decode: a longer block").
+inline constexpr std::int64_t kDecodeBlock = 256;
 
 struct DecodePlan {
     std::int64_t nsplit = 1, chunk = 0;

@@ -210,7 +210,7 @@ inline void collect_runs(const DecodeView& a, const DecodeWork& w, i64 b, i64 hk
 // Start of every 4 KiB page that begins inside [p, p + bytes): its first kPageHeadLines lines
 // are requested. The hardware prefetchers follow a stream only inside a 4 KiB page and
 // must see a few demand misses in each new page before they run ahead; a step reads K and
-// V of a block alternately (32 KiB each for float32 at D = 128: 8 page starts each), so a
+// V of a block alternately (128 KiB each for float32 at D = 128: 32 page starts each), so a
 // core stalls at every page start. Requesting the page heads of the stream it reads next
 // (this block's V during the scores, the next block's K during P·V) starts them early:
 // single-thread CPU time per S5 step (512 MiB float32) fell ≈ 20 % (docs/kernels.md, "Decode:
