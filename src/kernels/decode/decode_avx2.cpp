@@ -91,9 +91,10 @@ struct Avx2Ops {
     // R query rows (R = 2 or 4: a GQA group) × 8/R keys per tile, for 16-bit K: each K vector
     // converted once for the R rows (decode_avx512.cpp's score_tile_rows says why). Key-major;
     // each (row, key) dot product keeps the one-row tile's chain, hsum8 and scalar tail: same bits.
+    // Each tile requests the next block's rows of its keys (decode_core.hpp's Lookahead).
     template <int R, class T>
     static void score_tile_rows(const float* q, i64 qstride, const T* k, i64 kstride, i64 n, i64 Dk, float* s,
-                                i64 sstride) {
+                                i64 sstride, Lookahead<T>& next) {
         constexpr int KT = 8 / R;
         const i64 Dk8 = Dk & ~i64{7};
         for (i64 j = 0; j < n; j += KT) {
@@ -116,6 +117,7 @@ struct Avx2Ops {
                 }
                 __asm__ volatile("" : "+r"(k));
             }
+            next.step(KT * next.row_lines);
             alignas(32) float tmp[8];
             _mm256_store_ps(tmp, hsum8(acc));
             for (i64 d = Dk8; d < Dk; ++d)
@@ -130,8 +132,8 @@ struct Avx2Ops {
 
     template <class T>
     static void scores(const float* q, i64 qstride, int R, const KeyRun<T>* k, int nruns, i64 kstride, i64 Dk,
-                       float* s, i64 sstride) {
-        vector_scores<Avx2Ops, T>(q, qstride, R, k, nruns, kstride, Dk, s, sstride);
+                       float* s, i64 sstride, Lookahead<T>& next) {
+        vector_scores<Avx2Ops, T>(q, qstride, R, k, nruns, kstride, Dk, s, sstride, next);
     }
 
     static float exp2_1(float x) { return _mm_cvtss_f32(_mm256_castps256_ps128(exp2_ps(_mm256_set1_ps(x)))); }
@@ -227,7 +229,7 @@ struct Avx2Ops {
 
     template <class T>
     static void accumulate(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, int R,
-                           const KeyRun<T>* v, int nruns, i64 vstride, i64 Dv) {
+                           const KeyRun<T>* v, int nruns, i64 vstride, i64 Dv, Lookahead<T>&) {
         // One row at a time, whole V rows in address order (scores says why).
         for (int r = 0; r < R; ++r)
             acc_tile<1>(o + r * ostride, ostride, alpha + r, p + r * pstride, pstride, v, nruns, vstride, Dv);

@@ -114,9 +114,11 @@ struct Avx512Ops {
     // compute-bound (10.9 ns per row and key from L3, as slow as float32 from memory).
     // Key-major, as score_keys (each key's row whole before the next key's). Each (row, key)
     // dot product keeps the chain and the hsum8 tree of the one-row tile: same bits.
+    // Each tile requests the next block's rows of its keys (`next`, decode_core.hpp's Lookahead:
+    // the group's compute per key is R times a row's, enough to hide their arrival).
     template <int R, class T>
     static void score_tile_rows(const float* q, i64 qstride, const T* k, i64 kstride, i64 n, i64 Dk, float* s,
-                                i64 sstride) {
+                                i64 sstride, Lookahead<T>& next) {
         constexpr int KT = 8 / R;
         const i64 Dk16 = Dk & ~i64{15};
         const __mmask16 edge = lanes(Dk - Dk16);
@@ -146,6 +148,7 @@ struct Avx512Ops {
                 }
                 __asm__ volatile("" : "+r"(k));
             }
+            next.step(KT * next.row_lines);
             alignas(32) float tmp[8];
             _mm256_store_ps(tmp, hsum8(acc));
             for (int r = 0; r < R; ++r)
@@ -155,8 +158,8 @@ struct Avx512Ops {
 
     template <class T>
     static void scores(const float* q, i64 qstride, int R, const KeyRun<T>* k, int nruns, i64 kstride, i64 Dk,
-                       float* s, i64 sstride) {
-        vector_scores<Avx512Ops, T>(q, qstride, R, k, nruns, kstride, Dk, s, sstride);
+                       float* s, i64 sstride, Lookahead<T>& next) {
+        vector_scores<Avx512Ops, T>(q, qstride, R, k, nruns, kstride, Dk, s, sstride, next);
     }
 
     static float exp2_1(float x) { return _mm512_cvtss_f32(exp2_ps512(_mm512_set1_ps(x))); }
@@ -189,9 +192,11 @@ struct Avx512Ops {
     // load first, so every V row was touched at its last line before its first, and P·V
     // alone ran at 10 GB/s on a Zen 4 core against 15 with plain loads (docs/kernels.md,
     // "Decode: key-major score tiles").
+    // R > 1 (a 16-bit GQA group): each key also requests `next_lines` lines of the next
+    // block's V rows (Lookahead; score_tile_rows says why).
     template <int R, int C, class T, bool kFull>
     static void acc_chunk(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, const KeyRun<T>* v,
-                          int nruns, i64 vstride, i64 d0, __mmask16 last) {
+                          int nruns, i64 vstride, i64 d0, __mmask16 last, Lookahead<T>& next, i64 next_lines) {
         // One flat array, every loop fully unrolled: GCC then keeps it in registers.
         __m512 acc[R * C];
 #pragma GCC unroll 8
@@ -212,6 +217,7 @@ struct Avx512Ops {
                 __m512 pb[R];
 #pragma GCC unroll 8
                 for (int r = 0; r < R; ++r) pb[r] = _mm512_set1_ps(pj[r * pstride]);
+                if constexpr (R > 1) next.step(next_lines);
 #pragma GCC unroll 8
                 for (int c = 0; c < C; ++c) {
                     const __m512 vv = c == C - 1 && !kFull ? load16(vj + 16 * c, last) : load16(vj + 16 * c);
@@ -233,8 +239,10 @@ struct Avx512Ops {
     // allows, so that one row (R = 1) at Dv = 64 still has 4 independent chains.
     template <int R, class T>
     static void acc_tile(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, const KeyRun<T>* v,
-                         int nruns, i64 vstride, i64 Dv) {
+                         int nruns, i64 vstride, i64 Dv, Lookahead<T>& next) {
         constexpr int Cmax = R == 1 ? 8 : 16 / R;
+        // The next block's V rows spread over the chunks' passes: one row's lines per key in all.
+        const i64 chunks = (Dv + 16 * Cmax - 1) / (16 * Cmax), next_lines = (next.row_lines + chunks - 1) / chunks;
         for (i64 d0 = 0; d0 < Dv; d0 += 16 * Cmax) {
             const i64 rest = Dv - d0;
             const i64 nv = (rest + 15) / 16;
@@ -244,30 +252,32 @@ struct Avx512Ops {
 #define ATTN_C(c)                                                                                        \
     case c:                                                                                              \
         if constexpr (c <= Cmax) {                                                                       \
-            if (last == 0xFFFF) acc_chunk<R, c, T, true>(o, ostride, alpha, p, pstride, v, nruns, vstride, d0, last); \
-            else acc_chunk<R, c, T, false>(o, ostride, alpha, p, pstride, v, nruns, vstride, d0, last);               \
+            if (last == 0xFFFF) acc_chunk<R, c, T, true>(o, ostride, alpha, p, pstride, v, nruns, vstride, d0, last, next, next_lines); \
+            else acc_chunk<R, c, T, false>(o, ostride, alpha, p, pstride, v, nruns, vstride, d0, last, next, next_lines); \
         }                                                                                                \
         break;
                 ATTN_C(8) ATTN_C(7) ATTN_C(6) ATTN_C(5) ATTN_C(4) ATTN_C(3) ATTN_C(2)
 #undef ATTN_C
-                default: acc_chunk<R, 1, T, false>(o, ostride, alpha, p, pstride, v, nruns, vstride, d0, last); break;
+                default:
+                    acc_chunk<R, 1, T, false>(o, ostride, alpha, p, pstride, v, nruns, vstride, d0, last, next, next_lines);
+                    break;
             }
         }
     }
 
     template <class T>
     static void accumulate(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, int R,
-                           const KeyRun<T>* v, int nruns, i64 vstride, i64 Dv) {
+                           const KeyRun<T>* v, int nruns, i64 vstride, i64 Dv, Lookahead<T>& next) {
         // 16-bit V with a GQA group: the R rows together, each V vector converted once for
         // them (score_tile_rows says why), in head-dim halves at Dv = 128 for R = 4. Same
         // bits: every output element keeps its chain over the keys.
         if constexpr (sizeof(T) == 2) {
-            if (R == 4) return acc_tile<4>(o, ostride, alpha, p, pstride, v, nruns, vstride, Dv);
-            if (R == 2) return acc_tile<2>(o, ostride, alpha, p, pstride, v, nruns, vstride, Dv);
+            if (R == 4) return acc_tile<4>(o, ostride, alpha, p, pstride, v, nruns, vstride, Dv, next);
+            if (R == 2) return acc_tile<2>(o, ostride, alpha, p, pstride, v, nruns, vstride, Dv, next);
         }
         // Otherwise one row at a time, whole V rows in address order (vector_scores in decode_core.hpp says why).
         for (int r = 0; r < R; ++r)
-            acc_tile<1>(o + r * ostride, ostride, alpha + r, p + r * pstride, pstride, v, nruns, vstride, Dv);
+            acc_tile<1>(o + r * ostride, ostride, alpha + r, p + r * pstride, pstride, v, nruns, vstride, Dv, next);
     }
 };
 

@@ -5,17 +5,20 @@
 //
 // The including file defines, before including this header, a struct `Ops` with:
 //   template <class T> static void scores(const float* q, int64 qstride, int R,
-//       const KeyRun<T>* k, int nruns, int64 kstride, int64 Dk, float* s, int64 sstride);
-//         // s[r][j] = q[r] · k[j] for r < R (R = 1, 2 or 4), j over the runs' keys in order
+//       const KeyRun<T>* k, int nruns, int64 kstride, int64 Dk, float* s, int64 sstride,
+//       Lookahead<T>& next);
+//         // s[r][j] = q[r] · k[j] for r < R (R = 1, 2 or 4), j over the runs' keys in order;
+//         // may request the next block's K rows through `next` (Lookahead, below)
 //   static float row_max(const float* s, int64 n);   // max_j s[j] (−inf when n = 0)
 //   static float exp_shift(float* s, int64 n, float m);
 //         // s[j] ← e^(s[j] − m) = 2^((s[j] − m)·log2 e), exactly 0 where s[j] = −inf;
 //         // returns Σ_j s[j]
 //   static float exp2_1(float x);   // 2^x, the ISA's exp2 on one value
 //   template <class T> static void accumulate(float* o, int64 ostride, const float* alpha,
-//       const float* p, int64 pstride, int R, const KeyRun<T>* v, int nruns, int64 vstride, int64 Dv);
+//       const float* p, int64 pstride, int R, const KeyRun<T>* v, int nruns, int64 vstride, int64 Dv,
+//       Lookahead<T>& next);
 //         // o[r] ← alpha[r]·o[r] + Σ_j p[r][j]·v[j], j over the runs' keys in order, the
-//         // accumulators kept in registers across the runs
+//         // accumulators kept in registers across the runs; may request the next block's V rows
 // and the storage tags Half / Brain (16-bit float16 / bfloat16 payloads).
 //
 // Scores are in natural units (Q is pre-multiplied by scale; scores.hpp says why not base
@@ -207,6 +210,51 @@ inline void collect_runs(const DecodeView& a, const DecodeWork& w, i64 b, i64 hk
     });
 }
 
+// The next block's K (or V) rows as a stream of cache lines, requested a few at a time by the
+// score (or P·V) loop of the current block: `step(n)` prefetches the stream's next n lines.
+// Used where a key costs much more compute than its bytes take to arrive — a 16-bit GQA group,
+// whose R rows each spend 2·D FMAs on the key: there the hardware prefetchers, which run only
+// a little ahead of the demand loads, left each core alternating between computing and waiting
+// (one thread, S7 float16 from memory 6.1–7.9 → 4.0–4.2 ms per step; docs/kernels.md, "Decode:
+// requesting the next block"). The loop calls step() at the rate it consumes the current
+// block (one row's lines per key), so the stream is one block ahead and ends with the block;
+// where memory is the bound anyway (one row per K, float32) the same requests only compete
+// with the demand loads (S5 float32 measured slower), so the other tiles do not call it.
+template <class T>
+struct Lookahead {
+    const KeyRun<T>* run = nullptr;  // the run being requested, and the runs after it
+    const KeyRun<T>* end = nullptr;
+    const char* row = nullptr;  // the next row's first byte
+    i64 rows_left = 0, line = 0, row_lines = 0, stride = 0;  // stride: bytes between rows
+
+    Lookahead() = default;
+    // The rows of `runs` (row_bytes each, stride_elems elements apart); empty when n = 0.
+    Lookahead(const KeyRun<T>* runs, int n, i64 stride_elems, i64 row_bytes)
+        : run(runs), end(runs + n), row_lines((row_bytes + 63) / 64),
+          stride(stride_elems * static_cast<i64>(sizeof(T))) {
+        start_run();
+    }
+    void start_run() {
+        for (; run != end && run->n == 0; ++run) {}
+        if (run == end) return;
+        row = reinterpret_cast<const char*>(run->rows);
+        rows_left = run->n;
+        line = 0;
+    }
+    void step(i64 n) {
+        for (; n > 0 && run != end; --n) {
+            __builtin_prefetch(row + 64 * line, 0, 2);
+            if (++line < row_lines) continue;
+            line = 0;
+            row += stride;
+            if (--rows_left == 0) {
+                ++run;
+                start_run();
+            }
+        }
+    }
+};
+
 // Start of every 4 KiB page that begins inside [p, p + bytes): its first kPageHeadLines lines
 // are requested. The hardware prefetchers follow a stream only inside a 4 KiB page and
 // must see a few demand misses in each new page before they run ahead; a step reads K and
@@ -227,7 +275,8 @@ inline void prefetch_page_heads(const void* p, i64 bytes) {
 
 // Ops::scores of the vector rows (decode_avx2.cpp, decode_avx512.cpp), on their tiles
 // Ops::score_tile<T, KS>(q, k, kstride, n, Dk, s) (one row × 8 keys) and
-// Ops::score_tile_rows<R, T>(q, qstride, k, kstride, n, Dk, s, sstride) (R rows × 8/R keys).
+// Ops::score_tile_rows<R, T>(q, qstride, k, kstride, n, Dk, s, sstride, next) (R rows × 8/R keys,
+// requesting the next block's K: Lookahead).
 // Rows one at a time, each pass reading whole K rows in address order (docs/kernels.md,
 // "Decode: rows one at a time"): the first pass streams the block from memory, the others hit
 // L1. A paged block's runs (one per page of a fragmented pool) one after the other in each
@@ -237,12 +286,13 @@ inline void prefetch_page_heads(const void* p, i64 bytes) {
 // key-major score tiles"). Same bits either way: every dot product keeps its order.
 template <class Ops, class T>
 inline void vector_scores(const float* q, i64 qstride, int R, const KeyRun<T>* k, int nruns, i64 kstride, i64 Dk,
-                          float* s, i64 sstride) {
+                          float* s, i64 sstride, Lookahead<T>& next) {
     if constexpr (sizeof(T) == 2) {
         if (R == 4 || R == 2) {
             for (int x = 0; x < nruns; s += k[x].n, ++x) {
-                if (R == 4) Ops::template score_tile_rows<4, T>(q, qstride, k[x].rows, kstride, k[x].n, Dk, s, sstride);
-                else Ops::template score_tile_rows<2, T>(q, qstride, k[x].rows, kstride, k[x].n, Dk, s, sstride);
+                if (R == 4)
+                    Ops::template score_tile_rows<4, T>(q, qstride, k[x].rows, kstride, k[x].n, Dk, s, sstride, next);
+                else Ops::template score_tile_rows<2, T>(q, qstride, k[x].rows, kstride, k[x].n, Dk, s, sstride, next);
             }
             return;
         }
@@ -329,6 +379,7 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
     for (i64 j0 = klo; j0 < khi; j0 += kDecodeBlock, cur ^= 1) {
         const i64 n = imin(kDecodeBlock, khi - j0);
         const BlockRuns<T>& br = runs[cur];
+        Lookahead<T> next_k, next_v;  // the next block's rows, for the tiles that request them
         {  // this block's V and the next block's K, run by run (one run, or one per cache page)
             const i64 n_next = imin(kDecodeBlock, khi - (j0 + n));
             for (int x = 0; x < br.count; ++x)
@@ -338,12 +389,14 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
                 collect_runs<T>(a, w, b, hk, j0 + n, n_next, next);
                 for (int x = 0; x < next.count; ++x)
                     prefetch_page_heads(next.k[x].rows, next.k[x].n * a.ks[2] * static_cast<i64>(sizeof(T)));
+                next_k = Lookahead<T>(next.k, next.count, a.ks[2], Dk * static_cast<i64>(sizeof(T)));
+                next_v = Lookahead<T>(next.v, next.count, a.vs[2], Dv * static_cast<i64>(sizeof(T)));
             }
         }
         // S = (scale·Q) · K_blockᵀ — each K row is read from memory once for all M rows.
         for_row_groups(M, [&](i64 r0, i64 R) {
             Ops::template scores<T>(sc.q + r0 * Dk, Dk, static_cast<int>(R), br.k, br.count, a.ks[2], Dk,
-                                    sc.s + r0 * kDecodeBlock, kDecodeBlock);
+                                    sc.s + r0 * kDecodeBlock, kDecodeBlock, next_k);
         });
         // Online softmax (per row, base 2):  m' = max(m, max_j s_j);  α = 2^(m − m');
         //   p_j = 2^(s_j − m');  l' = α·l + Σ_j p_j;  o' = α·o + Σ_j p_j·v_j   (below)
@@ -391,7 +444,7 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
         if (!select) {
             for_row_groups(M, [&](i64 r0, i64 R) {
                 Ops::template accumulate<T>(sc.o + r0 * Dv, Dv, sc.alpha + r0, sc.s + r0 * kDecodeBlock, kDecodeBlock,
-                                            static_cast<int>(R), br.v, br.count, a.vs[2], Dv);
+                                            static_cast<int>(R), br.v, br.count, a.vs[2], Dv, next_v);
             });
         } else {
             // Selecting path (finite.hpp): P·V on V with its NaN/±inf entries 0, then each
@@ -408,12 +461,13 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
                     }
             }
             const KeyRun<float> vt{sc.vt, n}, vb{sc.vb, n};
+            Lookahead<float> none;
             for_row_groups(M, [&](i64 r0, i64 R) {
                 Ops::template accumulate<float>(sc.o + r0 * Dv, Dv, sc.alpha + r0, sc.s + r0 * kDecodeBlock,
-                                                kDecodeBlock, static_cast<int>(R), &vt, 1, Dv, Dv);
+                                                kDecodeBlock, static_cast<int>(R), &vt, 1, Dv, Dv, none);
                 if (careful)
                     Ops::template accumulate<float>(sc.ob + r0 * Dv, Dv, sc.alpha + r0, sc.s + r0 * kDecodeBlock,
-                                                    kDecodeBlock, static_cast<int>(R), &vb, 1, Dv, Dv);
+                                                    kDecodeBlock, static_cast<int>(R), &vb, 1, Dv, Dv, none);
             });
             for (int x = 0, t = 0; x < br.count; t += static_cast<int>(br.v[x].n), ++x) {
                 const T* vrow = br.v[x].rows;

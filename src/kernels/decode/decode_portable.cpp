@@ -19,7 +19,7 @@ struct PortableOps {
 
     template <class T>
     static void scores(const float* q, i64 qstride, int R, const KeyRun<T>* k, int nruns, i64 kstride, i64 Dk,
-                       float* s, i64 sstride) {
+                       float* s, i64 sstride, Lookahead<T>&) {
         for (int x = 0; x < nruns; s += k[x].n, ++x)
             for (i64 j = 0; j < k[x].n; ++j) {
                 const T* kj = k[x].rows + j * kstride;
@@ -56,7 +56,7 @@ struct PortableOps {
 
     template <class T>
     static void accumulate(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, int R,
-                           const KeyRun<T>* v, int nruns, i64 vstride, i64 Dv) {
+                           const KeyRun<T>* v, int nruns, i64 vstride, i64 Dv, Lookahead<T>&) {
         for (int r = 0; r < R; ++r) {
             float* orow = o + r * ostride;
             for (i64 d = 0; d < Dv; ++d) orow[d] *= alpha[r];
