@@ -49,6 +49,16 @@ struct DecodeWork {
 // plain stream; 256 keys ≈ 24–26 (docs/kernels.md, "Decode: a longer block").
 inline constexpr std::int64_t kDecodeBlock = 256;
 
+// The block of a work item with M query rows (group × Lq), at most kDecodeBlock (the scratch
+// is sized for that). Each row's score and P·V pass rereads the block, from L2 at 256 keys
+// (128 KiB of K at float32) and from L1 at 64 (32 KiB): with many rows the rereads, not the
+// stream from memory, are the cost — chunked prefill through decode in blocks of 16 queries
+// (bench P2, M = 64 rows) took 1.5× longer with 256 keys than with 64. Measured: M = 1 and 4
+// faster with 256, M = 64 with 64; the rows between are not measured (docs/kernels.md, "Decode:
+// a longer block").
+inline constexpr std::int64_t kDecodeBlockManyRows = 64;
+inline constexpr std::int64_t decode_block(std::int64_t M) { return M <= 4 ? kDecodeBlock : kDecodeBlockManyRows; }
+
 struct DecodePlan {
     std::int64_t nsplit = 1, chunk = 0;
     std::int64_t work_per_thread = 0;  // floats

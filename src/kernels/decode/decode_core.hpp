@@ -375,13 +375,14 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
     // The block's runs, and the next block's (its K is requested during this block).
     BlockRuns<T> runs[2];
     int cur = 0;
-    if (klo < khi) collect_runs<T>(a, w, b, hk, klo, imin(kDecodeBlock, khi - klo), runs[cur]);
-    for (i64 j0 = klo; j0 < khi; j0 += kDecodeBlock, cur ^= 1) {
-        const i64 n = imin(kDecodeBlock, khi - j0);
+    const i64 blk = decode_block(M);  // ≤ kDecodeBlock (the scratch's size); also the score rows' stride
+    if (klo < khi) collect_runs<T>(a, w, b, hk, klo, imin(blk, khi - klo), runs[cur]);
+    for (i64 j0 = klo; j0 < khi; j0 += blk, cur ^= 1) {
+        const i64 n = imin(blk, khi - j0);
         const BlockRuns<T>& br = runs[cur];
         Lookahead<T> next_k, next_v;  // the next block's rows, for the tiles that request them
         {  // this block's V and the next block's K, run by run (one run, or one per cache page)
-            const i64 n_next = imin(kDecodeBlock, khi - (j0 + n));
+            const i64 n_next = imin(blk, khi - (j0 + n));
             for (int x = 0; x < br.count; ++x)
                 prefetch_page_heads(br.v[x].rows, br.v[x].n * a.vs[2] * static_cast<i64>(sizeof(T)));
             if (n_next > 0) {
@@ -396,13 +397,13 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
         // S = (scale·Q) · K_blockᵀ — each K row is read from memory once for all M rows.
         for_row_groups(M, [&](i64 r0, i64 R) {
             Ops::template scores<T>(sc.q + r0 * Dk, Dk, static_cast<int>(R), br.k, br.count, a.ks[2], Dk,
-                                    sc.s + r0 * kDecodeBlock, kDecodeBlock, next_k);
+                                    sc.s + r0 * blk, blk, next_k);
         });
         // Online softmax (per row, base 2):  m' = max(m, max_j s_j);  α = 2^(m − m');
         //   p_j = 2^(s_j − m');  l' = α·l + Σ_j p_j;  o' = α·o + Σ_j p_j·v_j   (below)
         bool ruled = false;  // some row has weights exactly 0 in this block
         for (i64 r = 0; r < M; ++r) {
-            float* s = sc.s + r * kDecodeBlock;
+            float* s = sc.s + r * blk;
             // The score rule: the modifiers on every block (vectorised, block_modifiers), the
             // masks and the key interval unless the row sees this whole block and has no mask.
             // Only the masks give weights exactly 0 (softcap and ALiBi keep a finite score
@@ -443,7 +444,7 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
         }
         if (!select) {
             for_row_groups(M, [&](i64 r0, i64 R) {
-                Ops::template accumulate<T>(sc.o + r0 * Dv, Dv, sc.alpha + r0, sc.s + r0 * kDecodeBlock, kDecodeBlock,
+                Ops::template accumulate<T>(sc.o + r0 * Dv, Dv, sc.alpha + r0, sc.s + r0 * blk, blk,
                                             static_cast<int>(R), br.v, br.count, a.vs[2], Dv, next_v);
             });
         } else {
@@ -463,11 +464,11 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
             const KeyRun<float> vt{sc.vt, n}, vb{sc.vb, n};
             Lookahead<float> none;
             for_row_groups(M, [&](i64 r0, i64 R) {
-                Ops::template accumulate<float>(sc.o + r0 * Dv, Dv, sc.alpha + r0, sc.s + r0 * kDecodeBlock,
-                                                kDecodeBlock, static_cast<int>(R), &vt, 1, Dv, Dv, none);
+                Ops::template accumulate<float>(sc.o + r0 * Dv, Dv, sc.alpha + r0, sc.s + r0 * blk,
+                                                blk, static_cast<int>(R), &vt, 1, Dv, Dv, none);
                 if (careful)
-                    Ops::template accumulate<float>(sc.ob + r0 * Dv, Dv, sc.alpha + r0, sc.s + r0 * kDecodeBlock,
-                                                    kDecodeBlock, static_cast<int>(R), &vb, 1, Dv, Dv, none);
+                    Ops::template accumulate<float>(sc.ob + r0 * Dv, Dv, sc.alpha + r0, sc.s + r0 * blk,
+                                                    blk, static_cast<int>(R), &vb, 1, Dv, Dv, none);
             });
             for (int x = 0, t = 0; x < br.count; t += static_cast<int>(br.v[x].n), ++x) {
                 const T* vrow = br.v[x].rows;
@@ -476,7 +477,7 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
                         const float xv = Ops::load1(vrow + j * a.vs[2] + d);
                         if (!nonfinite_f32(xv)) continue;
                         for (i64 r = 0; r < M; ++r) {
-                            const float pr = sc.s[r * kDecodeBlock + t + j];
+                            const float pr = sc.s[r * blk + t + j];
                             if (pr != 0.0f) sc.o[r * Dv + d] += pr * xv;
                         }
                     }
