@@ -278,8 +278,8 @@ inline void prefetch_page_heads(const void* p, i64 bytes) {
 // Ops::score_tile_rows<R, T>(q, qstride, k, kstride, n, Dk, s, sstride, next) (R rows × 8/R keys,
 // requesting the next block's K: Lookahead).
 // Rows one at a time, each pass reading whole K rows in address order (docs/kernels.md,
-// "Decode: rows one at a time"): the first pass streams the block from memory, the others hit
-// L1. A paged block's runs (one per page of a fragmented pool) one after the other in each
+// "Decode: rows one at a time"): the first pass streams the block from memory, the others reread
+// it from L2 (256 keys) or L1 (64 keys: decode_block in decode.hpp). A paged block's runs (one per page of a fragmented pool) one after the other in each
 // row's pass; row strides of 128 and 64 elements (contiguous caches and pages at those head
 // dims) reach the tile as a compile-time constant. Except 16-bit K with a GQA group (R = 2 or
 // 4): the group's rows together, so each K vector is converted once for them ("Decode:
