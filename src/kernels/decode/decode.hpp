@@ -54,8 +54,8 @@ inline constexpr std::int64_t kDecodeBlock = 256;
 // (128 KiB of K at float32) and from L1 at 64 (32 KiB): with many rows the rereads, not the
 // stream from memory, are the cost — chunked prefill through decode in blocks of 16 queries
 // (bench P2, M = 64 rows) took 1.5× longer with 256 keys than with 64. Measured: M = 1 and 4
-// faster with 256, M = 64 with 64; the rows between are not measured (docs/kernels.md, "Decode:
-// a longer block").
+// faster with 256; M = 8, 16 and 64 faster with 64 at float32, the same at float16
+// (docs/kernels.md, "Decode: a longer block").
 inline constexpr std::int64_t kDecodeBlockManyRows = 64;
 inline constexpr std::int64_t decode_block(std::int64_t M) { return M <= 4 ? kDecodeBlock : kDecodeBlockManyRows; }
 

@@ -569,7 +569,10 @@ void decode_impl(const SdpaProblem& p, const DecodeWork& w) {
                             if (pc[M * Dv + M + r] != 0.0f) l = pc[M * Dv + M + r];
                             continue;
                         }
-                        l += Ops::exp2_1((mc - mmax) * kLog2e) * pc[M * Dv + M + r];
+                        // Explicit fmas here and below, as for l in run_item: contraction is
+                        // the compiler's choice per inlined copy, and the float32 and 16-bit
+                        // instantiations must merge the same partials to the same bits.
+                        l = __builtin_fmaf(Ops::exp2_1((mc - mmax) * kLog2e), pc[M * Dv + M + r], l);
                     }
                     const float inv = l == 0.0f ? 0.0f : 1.0f / l;
                     for (i64 c = 0; c < w.nsplit; ++c) {
@@ -577,7 +580,7 @@ void decode_impl(const SdpaProblem& p, const DecodeWork& w) {
                         const float mc = pc[M * Dv + r];
                         if (mc == -INFINITY) continue;
                         const float f = Ops::exp2_1((mc - mmax) * kLog2e) * pc[M * Dv + M + r] * inv;
-                        for (i64 d = 0; d < Dv; ++d) o[d] += f * pc[r * Dv + d];
+                        for (i64 d = 0; d < Dv; ++d) o[d] = __builtin_fmaf(f, pc[r * Dv + d], o[d]);
                     }
                     // A mean of finite partials that rounded past FLT_MAX (finite.hpp, saturate_mean).
                     for (i64 d = 0; d < Dv; ++d) {
