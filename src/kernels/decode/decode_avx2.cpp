@@ -88,8 +88,8 @@ struct Avx2Ops {
         for (int t = 0; t < 8 && t < n; ++t) s[t] = tmp[t];
     }
 
-    // R query rows (R = 2 or 4: a GQA group) × 8/R keys per tile, for 16-bit K: each K vector
-    // converted once for the R rows (decode_avx512.cpp's score_tile_rows says why). Key-major;
+    // R query rows (R = 2 or 4: a GQA group) × 8/R keys per tile: each K vector loaded (and
+    // converted) once for the R rows (decode_avx512.cpp's score_tile_rows says why). Key-major;
     // each (row, key) dot product keeps the one-row tile's chain, hsum8 and scalar tail: same bits.
     // Each tile requests the next block's rows of its keys (decode_core.hpp's Lookahead).
     template <int R, class T>
@@ -170,10 +170,11 @@ struct Avx2Ops {
     }
 
     // o[r][d0 .. d0+8C) for R rows: R·C accumulators held in registers over the whole block;
-    // each V vector is loaded (and converted) once for the R rows.
+    // each V vector is loaded (and converted) once for the R rows. Each key requests
+    // `next_lines` lines of the next block's V (decode_core.hpp's ahead_lines).
     template <int R, int C, class T>
     static void acc_chunk(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, const KeyRun<T>* v,
-                          int nruns, i64 vstride, i64 d0) {
+                          int nruns, i64 vstride, i64 d0, Lookahead<T>& next, i64 next_lines) {
         // One flat array, every loop fully unrolled: GCC then keeps it in registers (a 2-D
         // array of vectors was kept in memory and stored back on every key).
         __m256 acc[R * C];
@@ -192,6 +193,7 @@ struct Avx2Ops {
                 __m256 pb[R];
 #pragma GCC unroll 8
                 for (int r = 0; r < R; ++r) pb[r] = _mm256_broadcast_ss(pj + r * pstride);
+                next.step(next_lines);
 #pragma GCC unroll 8
                 for (int c = 0; c < C; ++c) {
                     const __m256 vv = load8(vj + 8 * c);
@@ -208,11 +210,15 @@ struct Avx2Ops {
 
     template <int R, class T>
     static void acc_tile(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, const KeyRun<T>* v,
-                         int nruns, i64 vstride, i64 Dv) {
+                         int nruns, i64 vstride, i64 Dv, Lookahead<T>& next, i64 key_lines) {
         constexpr int C = 8 / R;
+        // key_lines per key in all, spread over the chunks' passes.
+        const i64 chunks = Dv / (8 * C) + (Dv % (8 * C)) / 8;
+        const i64 next_lines = chunks > 0 ? (key_lines + chunks - 1) / chunks : 0;
         i64 d0 = 0;
-        for (; d0 + 8 * C <= Dv; d0 += 8 * C) acc_chunk<R, C>(o, ostride, alpha, p, pstride, v, nruns, vstride, d0);
-        for (; d0 + 8 <= Dv; d0 += 8) acc_chunk<R, 1>(o, ostride, alpha, p, pstride, v, nruns, vstride, d0);
+        for (; d0 + 8 * C <= Dv; d0 += 8 * C)
+            acc_chunk<R, C>(o, ostride, alpha, p, pstride, v, nruns, vstride, d0, next, next_lines);
+        for (; d0 + 8 <= Dv; d0 += 8) acc_chunk<R, 1>(o, ostride, alpha, p, pstride, v, nruns, vstride, d0, next, next_lines);
         for (int r = 0; r < R; ++r)
             for (i64 d = d0; d < Dv; ++d) {
                 // An explicit fma chain over the runs in order: left to contraction, the
@@ -229,10 +235,15 @@ struct Avx2Ops {
 
     template <class T>
     static void accumulate(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, int R,
-                           const KeyRun<T>* v, int nruns, i64 vstride, i64 Dv, Lookahead<T>&) {
-        // One row at a time, whole V rows in address order (scores says why).
+                           const KeyRun<T>* v, int nruns, i64 vstride, i64 Dv, Lookahead<T>& next) {
+        // One row at a time, whole V rows in address order (16 ymm registers: R rows of a
+        // whole head-dim row do not fit, and thinner head-dim slices read V in the pattern
+        // that was slow; decode_avx512.cpp's score_keys), each pass requesting its share of
+        // the next block's V (ahead_lines).
+        const i64 key_lines = ahead_lines(next.row_lines, R);
         for (int r = 0; r < R; ++r)
-            acc_tile<1>(o + r * ostride, ostride, alpha + r, p + r * pstride, pstride, v, nruns, vstride, Dv);
+            acc_tile<1>(o + r * ostride, ostride, alpha + r, p + r * pstride, pstride, v, nruns, vstride, Dv, next,
+                        key_lines);
     }
 };
 

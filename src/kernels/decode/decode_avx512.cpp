@@ -108,10 +108,11 @@ struct Avx512Ops {
         for (int t = 0; t < 8 && t < n; ++t) s[t] = tmp[t];
     }
 
-    // R query rows (R = 2 or 4: a GQA group) × 8/R keys per tile, for 16-bit K: each K vector
-    // is converted once for the R rows. On Zen 4 `vcvtph2ps zmm` issues every second cycle,
-    // and converting every K and V row again for each of S7's 4 rows made its float16 step
-    // compute-bound (10.9 ns per row and key from L3, as slow as float32 from memory).
+    // R query rows (R = 2 or 4: a GQA group) × 8/R keys per tile: each K vector is loaded (and
+    // converted) once for the R rows. On Zen 4 `vcvtph2ps zmm` issues every second cycle, and
+    // converting every K and V row again for each of S7's 4 rows made its float16 step
+    // compute-bound (10.9 ns per row and key from L3, as slow as float32 from memory); float32
+    // rows one at a time reread the block from L2 in each row's pass (accumulate says more).
     // Key-major, as score_keys (each key's row whole before the next key's). Each (row, key)
     // dot product keeps the chain and the hsum8 tree of the one-row tile: same bits.
     // Each tile requests the next block's rows of its keys (`next`, decode_core.hpp's Lookahead:
@@ -192,8 +193,8 @@ struct Avx512Ops {
     // load first, so every V row was touched at its last line before its first, and P·V
     // alone ran at 10 GB/s on a Zen 4 core against 15 with plain loads (docs/kernels.md,
     // "Decode: key-major score tiles").
-    // R > 1 (a 16-bit GQA group): each key also requests `next_lines` lines of the next
-    // block's V rows (Lookahead; score_tile_rows says why).
+    // R > 1 (a GQA group): each key also requests `next_lines` lines of the next block's V
+    // rows (Lookahead; score_tile_rows says why).
     template <int R, int C, class T, bool kFull>
     static void acc_chunk(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, const KeyRun<T>* v,
                           int nruns, i64 vstride, i64 d0, __mmask16 last, Lookahead<T>& next, i64 next_lines) {
@@ -268,16 +269,15 @@ struct Avx512Ops {
     template <class T>
     static void accumulate(float* o, i64 ostride, const float* alpha, const float* p, i64 pstride, int R,
                            const KeyRun<T>* v, int nruns, i64 vstride, i64 Dv, Lookahead<T>& next) {
-        // 16-bit V with a GQA group: the R rows together, each V vector converted once for
-        // them (score_tile_rows says why), in head-dim halves at Dv = 128 for R = 4. Same
-        // bits: every output element keeps its chain over the keys.
-        if constexpr (sizeof(T) == 2) {
-            if (R == 4) return acc_tile<4>(o, ostride, alpha, p, pstride, v, nruns, vstride, Dv, next);
-            if (R == 2) return acc_tile<2>(o, ostride, alpha, p, pstride, v, nruns, vstride, Dv, next);
-        }
-        // Otherwise one row at a time, whole V rows in address order (vector_scores in decode_core.hpp says why).
-        for (int r = 0; r < R; ++r)
-            acc_tile<1>(o + r * ostride, ostride, alpha + r, p + r * pstride, pstride, v, nruns, vstride, Dv, next);
+        // A GQA group (R = 2 or 4): the R rows together, each V vector loaded (and converted)
+        // once for them, in head-dim halves at Dv = 128 for R = 4. For 16-bit V the conversion
+        // is the point (score_tile_rows says why); for float32 it is the rereading: with rows
+        // one at a time every row's pass read the block again from L2, and one thread of S7
+        // float32 took the time of its compute plus its reading (docs/kernels.md, "Decode:
+        // float32 groups together"). Same bits: every output element keeps its chain over the keys.
+        if (R == 4) return acc_tile<4>(o, ostride, alpha, p, pstride, v, nruns, vstride, Dv, next);
+        if (R == 2) return acc_tile<2>(o, ostride, alpha, p, pstride, v, nruns, vstride, Dv, next);
+        acc_tile<1>(o, ostride, alpha, p, pstride, v, nruns, vstride, Dv, next);
     }
 };
 

@@ -212,14 +212,15 @@ inline void collect_runs(const DecodeView& a, const DecodeWork& w, i64 b, i64 hk
 
 // The next block's K (or V) rows as a stream of cache lines, requested a few at a time by the
 // score (or P·V) loop of the current block: `step(n)` prefetches the stream's next n lines.
-// Used where a key costs much more compute than its bytes take to arrive — a 16-bit GQA group,
-// whose R rows each spend 2·D FMAs on the key: there the hardware prefetchers, which run only
-// a little ahead of the demand loads, left each core alternating between computing and waiting
+// Used where a key costs much more compute than its bytes take to arrive — a GQA group, whose
+// R rows each spend 2·D FMAs on the key: there the hardware prefetchers, which run only a
+// little ahead of the demand loads, left each core alternating between computing and waiting
 // (one thread, S7 float16 from memory 6.1–7.9 → 4.0–4.2 ms per step; docs/kernels.md, "Decode:
 // requesting the next block"). The loop calls step() at the rate it consumes the current
-// block (one row's lines per key), so the stream is one block ahead and ends with the block;
-// where memory is the bound anyway (one row per K, float32) the same requests only compete
-// with the demand loads (S5 float32 measured slower), so the other tiles do not call it.
+// block (one row's lines per key; ahead_lines for rows one at a time), so the stream is one
+// block ahead and ends with the block; where memory is the bound anyway (one row per KV head,
+// S5) the same requests only compete with the demand loads (S5 float32 measured slower), so
+// those tiles do not call it.
 template <class T>
 struct Lookahead {
     const KeyRun<T>* run = nullptr;  // the run being requested, and the runs after it
@@ -242,9 +243,12 @@ struct Lookahead {
         line = 0;
     }
     void step(i64 n) {
-        for (; n > 0 && run != end; --n) {
-            __builtin_prefetch(row + 64 * line, 0, 2);
-            if (++line < row_lines) continue;
+        while (n > 0 && run != end) {
+            const i64 k = imin(n, row_lines - line);  // the rest of this row's lines, at most n
+            for (i64 x = 0; x < k; ++x) __builtin_prefetch(row + 64 * (line + x), 0, 2);
+            n -= k;
+            line += k;
+            if (line < row_lines) return;
             line = 0;
             row += stride;
             if (--rows_left == 0) {
@@ -273,39 +277,41 @@ inline void prefetch_page_heads(const void* p, i64 bytes) {
         for (int l = 0; l < kPageHeadLines; ++l) __builtin_prefetch(reinterpret_cast<const char*>(x + 64 * l), 0, 3);
 }
 
+// A GQA group's rows one at a time (the avx2 row's P·V: R rows of a whole head-dim row do not
+// fit its 16 registers): how many of the next block's lines each row's pass requests per
+// `lines` of this block it reads — a 1/R share, so the R passes together request the next
+// block once and the memory works while the rows compute. Only the first pass reads the block
+// from memory, the other R − 1 reread it from L2; without the requests the core alternated
+// (docs/kernels.md, "Decode: float32 groups together"). R = 1 requests nothing (Lookahead).
+inline i64 ahead_lines(i64 lines, int R) { return R > 1 ? (lines + R - 1) / R : 0; }
+
 // Ops::scores of the vector rows (decode_avx2.cpp, decode_avx512.cpp), on their tiles
 // Ops::score_tile<T, KS>(q, k, kstride, n, Dk, s) (one row × 8 keys) and
 // Ops::score_tile_rows<R, T>(q, qstride, k, kstride, n, Dk, s, sstride, next) (R rows × 8/R keys,
 // requesting the next block's K: Lookahead).
-// Rows one at a time, each pass reading whole K rows in address order (docs/kernels.md,
-// "Decode: rows one at a time"): the first pass streams the block from memory, the others reread
-// it from L2 (256 keys) or L1 (64 keys: decode_block in decode.hpp). A paged block's runs (one per page of a fragmented pool) one after the other in each
-// row's pass; row strides of 128 and 64 elements (contiguous caches and pages at those head
-// dims) reach the tile as a compile-time constant. Except 16-bit K with a GQA group (R = 2 or
-// 4): the group's rows together, so each K vector is converted once for them ("Decode:
-// key-major score tiles"). Same bits either way: every dot product keeps its order.
+// A GQA group's rows (R = 2 or 4) together: each K vector is loaded and converted once for
+// them, where rows one at a time converted 16-bit K again per row ("Decode: key-major score
+// tiles") and reread a float32 block from L2 per row ("Decode: float32 groups together"). One
+// row (R = 1) reads whole K rows in address order (docs/kernels.md, "Decode: rows one at a
+// time"), row strides of 128 and 64 elements (contiguous caches and pages at those head dims)
+// reaching the tile as a compile-time constant. A paged block's runs (one per page of a
+// fragmented pool) one after the other. Same bits either way: every dot product keeps its order.
 template <class Ops, class T>
 inline void vector_scores(const float* q, i64 qstride, int R, const KeyRun<T>* k, int nruns, i64 kstride, i64 Dk,
                           float* s, i64 sstride, Lookahead<T>& next) {
-    if constexpr (sizeof(T) == 2) {
-        if (R == 4 || R == 2) {
-            for (int x = 0; x < nruns; s += k[x].n, ++x) {
-                if (R == 4)
-                    Ops::template score_tile_rows<4, T>(q, qstride, k[x].rows, kstride, k[x].n, Dk, s, sstride, next);
-                else Ops::template score_tile_rows<2, T>(q, qstride, k[x].rows, kstride, k[x].n, Dk, s, sstride, next);
-            }
-            return;
+    if (R == 4 || R == 2) {
+        for (int x = 0; x < nruns; s += k[x].n, ++x) {
+            if (R == 4) Ops::template score_tile_rows<4, T>(q, qstride, k[x].rows, kstride, k[x].n, Dk, s, sstride, next);
+            else Ops::template score_tile_rows<2, T>(q, qstride, k[x].rows, kstride, k[x].n, Dk, s, sstride, next);
         }
+        return;
     }
-    for (int r = 0; r < R; ++r) {
-        float* sr = s + r * sstride;
-        for (int x = 0; x < nruns; sr += k[x].n, ++x) {
-            const T* kr = k[x].rows;
-            const i64 n = k[x].n;
-            if (kstride == 128) Ops::template score_tile<T, 128>(q + r * qstride, kr, kstride, n, Dk, sr);
-            else if (kstride == 64) Ops::template score_tile<T, 64>(q + r * qstride, kr, kstride, n, Dk, sr);
-            else Ops::template score_tile<T>(q + r * qstride, kr, kstride, n, Dk, sr);
-        }
+    for (int x = 0; x < nruns; s += k[x].n, ++x) {
+        const T* kr = k[x].rows;
+        const i64 n = k[x].n;
+        if (kstride == 128) Ops::template score_tile<T, 128>(q, kr, kstride, n, Dk, s);
+        else if (kstride == 64) Ops::template score_tile<T, 64>(q, kr, kstride, n, Dk, s);
+        else Ops::template score_tile<T>(q, kr, kstride, n, Dk, s);
     }
 }
 
