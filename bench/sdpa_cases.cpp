@@ -70,6 +70,12 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
 
 std::string gib(double bytes) { return fmt("%.1f GiB", bytes / kGiB); }
 
+// The variant of a 16-bit row ("Q/out bfloat16, K/V bfloat16"); "" for float32.
+std::string storage_variant(const SdpaShape& s) {
+    if (s.q_dtype == DType::f32 && s.kv_dtype == DType::f32) return "";
+    return "Q/out " + std::string(dtype_name(s.q_dtype)) + ", K/V " + std::string(dtype_name(s.kv_dtype));
+}
+
 std::string sdpa_shape_text(const SdpaShape& s) {
     std::ostringstream os;
     os << "B=" << s.B << " Hq=" << s.Hq << " Hkv=" << s.Hkv << " Lq=" << s.Lq << " Lk=" << s.Lk << " D=" << s.Dk
@@ -119,8 +125,7 @@ void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseRe
         if (!sixteen) os << " fp32";
         c.shape = os.str();
     }
-    if (sixteen)
-        c.variant = "Q/out " + std::string(dtype_name(s.q_dtype)) + ", K/V " + std::string(dtype_name(s.kv_dtype));
+    c.variant = storage_variant(s);
     c.params = {{"B", s.B},   {"Hq", s.Hq}, {"Hkv", s.Hkv}, {"Lq", s.Lq},
                 {"Lk", s.Lk}, {"Dk", s.Dk}, {"Dv", s.Dv},   {"causal", causal_word(s.causal)},
                 {"dtype", dtype_name(s.q_dtype)}, {"kv_dtype", dtype_name(s.kv_dtype)}};
@@ -282,6 +287,7 @@ void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseRe
 BenchCase sdpa_forward_case(const SdpaShape& s) {
     BenchCase bc;
     bc.id = s.id;
+    bc.variant = storage_variant(s);
     bc.what = s.what;
     bc.shape = sdpa_shape_text(s);
     bc.run = [s](const Context& ctx, std::vector<CaseResult>& out) { run_sdpa_forward(ctx, s, out); };

@@ -16,13 +16,14 @@ import re
 import sys
 import tempfile
 
-# (shape id, variant, what is checked, check(case, row) -> (value text, met?)); the impl is the
-# fastest attn kernel of the case. Features add their targets here with their bench entries.
+# (shape id, variant, what is checked, check(case, row, cases) -> (value text, met?)); the impl is
+# the fastest attn kernel of the case; `cases` maps (id, variant) to every case of the run, for
+# targets that compare two cases. Features add their targets here with their bench entries.
 MIB = 1024.0 * 1024.0
 
 
 def _pct_peak(min_pct):
-    def check(case, row):
+    def check(case, row, cases):
         text = "%.1f%% of peak" % row["pct_peak"]
         if row.get("pct_peak_cpu_adjusted") and row.get("cpu_share"):
             # On a shared machine the raw figure is depressed; the estimate says by how much.
@@ -33,7 +34,7 @@ def _pct_peak(min_pct):
 
 
 def _speedup(min_x):
-    def check(case, row):
+    def check(case, row, cases):
         s = row.get("speedup_vs_torch")
         if s is None:
             return "no torch row", None
@@ -41,11 +42,24 @@ def _speedup(min_x):
     return check
 
 
-def _rss(case, row):
+def _rss(case, row, cases):
     lim = case.get("rss_limit_bytes")
     if lim is None or row.get("peak_rss_bytes", -1) < 0:
         return "not measured", None
     return "%.0f MiB (limit %.0f MiB)" % (row["peak_rss_bytes"] / MIB, lim / MIB), row["peak_rss_bytes"] <= lim
+
+
+def _rss_vs(ref_variant, max_ratio):
+    """Peak RSS of this case's fastest attn row against the same shape's `ref_variant` case."""
+    def check(case, row, cases):
+        ref = cases.get((case["id"], ref_variant))
+        ref_row = best_attn_row(ref) if ref is not None and ref["status"] == "ok" else None
+        if ref_row is None or row.get("peak_rss_bytes", -1) < 0 or ref_row.get("peak_rss_bytes", -1) < 0:
+            return "not measured", None
+        ratio = row["peak_rss_bytes"] / ref_row["peak_rss_bytes"]
+        return "%.0f MiB vs %.0f MiB = %.2fx" % (row["peak_rss_bytes"] / MIB, ref_row["peak_rss_bytes"] / MIB, ratio), \
+            ratio <= max_ratio
+    return check
 
 
 TARGETS = [
@@ -56,6 +70,7 @@ TARGETS = [
     ("S3", "", "≥ 6x faster than torch hand-written", _speedup(6.0)),
     ("S4", "", "≥ 6x faster than torch hand-written", _speedup(6.0)),
     ("S8", "", "peak RSS ≤ 1.25 x bytes(Q,K,V,O) + 100 MiB", _rss),
+    ("S8", "Q/out bfloat16, K/V bfloat16", "all-bf16 peak RSS ≤ 0.6 x the fp32 row's", _rss_vs("", 0.6)),
 ]
 
 
@@ -157,7 +172,7 @@ def section_body(d):
         if row is None:
             lines.append("| %s | %s | no attn kernel measured | not measured |" % (cid, what))
             continue
-        value, met = check(c, row)
+        value, met = check(c, row, cases)
         lines.append("| %s | %s | %s: %s | %s |" % (cid, what, row["impl"], value,
                                                     "not measured" if met is None else ("met" if met else "**missed**")))
     if lines:

@@ -149,8 +149,10 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
     if (!a.custom.empty()) selected.push_back(bench::sdpa_forward_case(bench::parse_custom_shape(a.custom)));
     if (a.list) {
         nlohmann::json list = nlohmann::json::array();
+        int variant_width = 0;  // the widest variant ("Q/out bfloat16, K/V bfloat16"), for the columns
+        for (const auto& c : registry) variant_width = std::max(variant_width, static_cast<int>(c.variant.size()));
         for (const auto& c : registry) {
-            std::printf("%-4s %-18s %-32s %s\n", c.id.c_str(), c.variant.c_str(), c.what.c_str(),
+            std::printf("%-4s %-*s %-32s %s\n", c.id.c_str(), variant_width, c.variant.c_str(), c.what.c_str(),
                         c.run ? c.shape.c_str() : c.unavailable.c_str());
             // "selected": whether this command line (--shapes, --quick) would run it.
             const bool chosen = std::any_of(selected.begin(), selected.end(), [&](const bench::BenchCase& x) {
