@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <chrono>
 
+#include "attn/sdpa_varlen.hpp"
+
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -93,6 +95,10 @@ std::vector<Timing> time_interleaved(const Config& cfg, const std::vector<std::f
 }
 
 RssProbe::RssProbe() {
+    // The buffer sdpa_varlen keeps between calls (up to 256 MiB) belongs to the row that ran
+    // it: left in place, a full run's S8 rows started 250 MiB above their own footprint. A
+    // varlen row allocates it again in its warm-up, inside its own peak.
+    release_varlen_scratch();
 #if defined(__GLIBC__)
     // Return memory freed by earlier rows (kept by malloc's arenas) to the OS, so this row's
     // resident set starts from what is live now.
