@@ -50,12 +50,13 @@ struct DecodeWork {
 inline constexpr std::int64_t kDecodeBlock = 256;
 
 // The block of a work item with M query rows (group × Lq), at most kDecodeBlock (the scratch
-// is sized for that). Each row's score and P·V pass rereads the block, from L2 at 256 keys
-// (128 KiB of K at float32) and from L1 at 64 (32 KiB): with many rows the rereads, not the
-// stream from memory, are the cost — chunked prefill through decode in blocks of 16 queries
-// (bench P2, M = 64 rows) took 1.5× longer with 256 keys than with 64. Measured: M = 1 and 4
-// faster with 256; M = 8, 16 and 64 faster with 64 at float32, the same at float16
-// (docs/kernels.md, "Decode: a longer block").
+// is sized for that). Each pass of a row group (up to 4 rows: decode_core.hpp's
+// for_row_groups) rereads the block, from L2 at 256 keys (128 KiB of K at float32) and from
+// L1 at 64 (32 KiB): with many rows the rereads, not the stream from memory, are the cost —
+// chunked prefill through decode in blocks of 16 queries (bench P2, M = 64 rows) took 1.5×
+// longer with 256 keys than with 64. Measured: M = 1 and 4 faster with 256; M = 8, 16 and 64
+// faster with 64 at float32, the same at float16 (docs/kernels.md, "Decode: a longer block";
+// measured while float32 rows still ran one at a time, before "float32 groups together").
 inline constexpr std::int64_t kDecodeBlockManyRows = 64;
 inline constexpr std::int64_t decode_block(std::int64_t M) { return M <= 4 ? kDecodeBlock : kDecodeBlockManyRows; }
 

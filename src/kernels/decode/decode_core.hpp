@@ -296,6 +296,7 @@ inline i64 ahead_lines(i64 lines, int R) { return R > 1 ? (lines + R - 1) / R : 
 // time"), row strides of 128 and 64 elements (contiguous caches and pages at those head dims)
 // reaching the tile as a compile-time constant. A paged block's runs (one per page of a
 // fragmented pool) one after the other. Same bits either way: every dot product keeps its order.
+// R is 1, 2 or 4 (for_row_groups).
 template <class Ops, class T>
 inline void vector_scores(const float* q, i64 qstride, int R, const KeyRun<T>* k, int nruns, i64 kstride, i64 Dk,
                           float* s, i64 sstride, Lookahead<T>& next) {
