@@ -55,8 +55,10 @@ inline constexpr std::int64_t kDecodeBlock = 256;
 // L1 at 64 (32 KiB): with many rows the rereads, not the stream from memory, are the cost —
 // chunked prefill through decode in blocks of 16 queries (bench P2, M = 64 rows) took 1.5×
 // longer with 256 keys than with 64. Measured: M = 1 and 4 faster with 256; M = 8, 16 and 64
-// faster with 64 at float32, the same at float16 (docs/kernels.md, "Decode: a longer block";
-// measured while float32 rows still ran one at a time, before "float32 groups together").
+// faster with 64 at float32, the same at float16 (docs/kernels.md, "Decode: a longer block").
+// Since float32 groups run together the avx512 row no longer cares (256 keys within 0–5 % of
+// 64 at M = 8 to 64), but the avx2 row, whose P·V still runs the rows one at a time, does:
+// P2's decode row 1.1–1.2× faster with 64 (docs/kernels.md, "Decode: the many-rows block again").
 inline constexpr std::int64_t kDecodeBlockManyRows = 64;
 inline constexpr std::int64_t decode_block(std::int64_t M) { return M <= 4 ? kDecodeBlock : kDecodeBlockManyRows; }
 
