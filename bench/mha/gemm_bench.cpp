@@ -7,7 +7,9 @@
 // "attn ISA packed B": the float32 GEMM with op(B) packed once beforehand (PackedB, the MHA
 // layer's pre-packed weights); --half no skips the 16-bit rows.
 // The 16-bit rows ("attn ISA bf16" / "f16"): the same GEMM with A and B stored in 16 bits,
-// widened while packing (GemmArgs::a16/b16: the MHA layer's 16-bit weights and activations).
+// widened while packing (GemmArgs::a16/b16: the MHA layer's 16-bit weights and activations) —
+// except "attn avx512 bf16" on a CPU with AVX-512 BF16, which runs the pair kernel
+// (gemm_avx512_bf16.cpp: vdpbf16ps, up to twice the float32 rate).
 // OpenBLAS's cblas_sbgemm would be their yardstick, but Debian's 0.3.21 is built without it
 // (the header declares it; libopenblas.so exports no sbgemm symbol), so it is not timed.
 // --clock cpu: the process's CPU seconds instead of wall seconds — on a shared machine, with

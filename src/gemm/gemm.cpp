@@ -94,6 +94,11 @@ void sgemm(const KernelSet& row, const GemmArgs& g_in) {
                 g.C[i * g.ldc + j] = g.bias != nullptr ? g.bias[j] : g.beta == 0.0f ? 0.0f : g.beta * g.C[i * g.ldc + j];
         return;
     }
+    // All-bf16 operands on a CPU with AVX-512 BF16: the pair micro-kernel (gemm.hpp, "bf16 pairs").
+    if (g.a16 == GemmHalf::bf16 && g.b16 == GemmHalf::bf16 && row.gemm_bf16 != nullptr && cpu_features().has_avx512_bf16()) {
+        row.gemm_bf16(g);
+        return;
+    }
     row.gemm(g);
 }
 

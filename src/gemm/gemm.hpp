@@ -12,6 +12,13 @@
 // (gemm_driver.hpp); threads only split the (M, N) plane, never K. It does depend on the
 // ISA row (the portable, AVX2 and AVX-512 micro-kernels use other chunkings).
 //
+// bf16 pairs: with A and B both bfloat16 on a CPU with AVX-512 BF16, the avx512 row multiplies
+// pairs of k (vdpbf16ps, gemm_avx512_bf16.cpp): twice the products per instruction. Each
+// product is exact in float32, so every element is still a chain of at most 2K + 2 rounded
+// additions (the bound of tests/gemm); the pairing changes the order, and bf16 inputs below
+// 2^-126 count as 0 (a denormal sum flushes to 0). op(B) is packed per call there (PackedB's
+// panels are floats; a pre-packed weight is ignored on that path).
+//
 // The structure (GotoBLAS/BLIS): per (NC columns, KC depth) block, op(B) is packed once into
 // NR-column slivers shared by all threads; each thread packs MC rows of op(A) into MR-row
 // panels of its own and runs the ISA's MR × NR micro-kernel over them (docs/kernels.md,

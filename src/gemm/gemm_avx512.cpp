@@ -10,6 +10,7 @@
 #include "../kernels/isa.hpp"
 #define ATTN_GEMM_NS gemm_avx512_ns
 #include "gemm_driver.hpp"
+#include "gemm_store_avx512.hpp"
 
 namespace attn::detail {
 namespace gemm_avx512_ns {
@@ -56,11 +57,7 @@ struct Micro {
         __m512 acc[MR][NV];
         for (int r = 0; r < MR; ++r)
             for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
-        // C's rows are needed only after the K loop; fetching them now hides their miss
-        // (C of S6's QKV GEMM is 19 MB: from L3 or memory, once per K chunk). With beta = 0
-        // too: the stores would miss on them (write-allocate) at the end of the tile.
-        for (int r = 0; r < MR; ++r)
-            for (int v = 0; v < kNR; v += 16) _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + v), _MM_HINT_T0);
+        prefetch_c<MR, NV>(c, ldc);
 #pragma GCC unroll 4
         for (std::int64_t k = 0; k < kc; ++k, a += MR, b += kNR) {
             __m512 bv[NV];
@@ -70,22 +67,7 @@ struct Micro {
                 for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
             }
         }
-        if (bias != nullptr) {  // (beta = 0) sum + bias: the bits of C = bias, beta = 1
-            for (int v = 0; v < NV; ++v) {
-                const __m512 bv = _mm512_loadu_ps(bias + 16 * v);
-                for (int r = 0; r < MR; ++r) _mm512_storeu_ps(c + r * ldc + 16 * v, _mm512_add_ps(acc[r][v], bv));
-            }
-        } else if (beta == 0.0f) {
-            for (int r = 0; r < MR; ++r)
-                for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
-        } else {
-            const __m512 bt = _mm512_set1_ps(beta);
-            for (int r = 0; r < MR; ++r)
-                for (int v = 0; v < NV; ++v) {
-                    float* p = c + r * ldc + 16 * v;
-                    _mm512_storeu_ps(p, _mm512_fmadd_ps(bt, _mm512_loadu_ps(p), acc[r][v]));
-                }
-        }
+        store_tile<MR, NV>(acc, c, ldc, beta, bias);
     }
 };
 

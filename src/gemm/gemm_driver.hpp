@@ -10,6 +10,9 @@
 //   one FMA chain per element in k order; beta = 0 does not read c, beta = 1 adds exactly;
 //   a bias (kNR floats, only with beta = 0) is added to the chain's sum: c = sum + bias[j],
 //   one rounding, the bits of beta = 1 on a C that held the bias.
+// A U with `kPairs = true` (the bf16 pair micro-kernel, gemm_avx512_bf16.cpp) reads its panels as
+// bf16 pair words instead of floats: ⌈kc/2⌉ rows of pairs (op[k], op[k+1]) along k, a zero half
+// past kc — half the rows in the same buffers (depth<U> below). Its operands are both bfloat16.
 //
 // Loops (BLIS order): jc (NC columns) → pc (KC depth, in order) → [all threads pack B] →
 // each thread: ic (MC rows of its share) → pack A → jr (NR slivers of its share) → ir (MR).
@@ -58,6 +61,7 @@ struct F16Src {
 };
 struct Bf16Src {
     const std::uint16_t* p;
+    std::uint32_t raw(std::int64_t i) const { return p[i]; }  // the bits, for pair words
     float operator[](std::int64_t i) const {
         const std::uint32_t bits = static_cast<std::uint32_t>(p[i]) << 16;
         float f;
@@ -83,6 +87,50 @@ void with_src(GemmHalf t, const float* p, const std::uint16_t* p16, F&& f) {
 // packing's stores were its hottest instructions, ~10 % of the AVX-512 GEMM). In kKB-deep
 // pieces the destination piece (8 KiB) stays in L1 while all its columns fill it.
 constexpr std::int64_t kKB = 64;
+
+// Rows of a packed panel for kc steps of k: kc floats, or ⌈kc/2⌉ pair words (kPairs).
+template <class U>
+constexpr bool kPairsOf = requires { U::kPairs; };
+template <class U>
+constexpr std::int64_t depth(std::int64_t kc) {
+    if constexpr (kPairsOf<U>) return (kc + 1) / 2;
+    else return kc;
+}
+
+// A pair word: the bf16 at k in the low half, the one at k + 1 in the high half (0 past kc).
+inline std::uint32_t pair_word(std::uint32_t lo, std::uint32_t hi) { return lo | (hi << 16); }
+
+// pack_b_from's layout in pair words: dst ⌈kc/2⌉ × NR, word [p][c] = (op(B)[k0+2p][j+c],
+// op(B)[k0+2p+1][j+c]), columns n..NR zero. With tb the two halves are adjacent in B's row.
+template <class U>
+void pack_b_pairs(const GemmArgs& g, Bf16Src B, std::int64_t k0, std::int64_t kc, std::int64_t j, std::int64_t n,
+                  std::uint32_t* dst) {
+    constexpr std::int64_t NR = U::kNR;
+    const std::int64_t np = (kc + 1) / 2;
+    if (!g.tb) {
+        for (std::int64_t p = 0; p < np; ++p) {
+            const std::int64_t r0 = (k0 + 2 * p) * g.ldb + j, r1 = r0 + g.ldb;
+            const bool second = 2 * p + 1 < kc;
+            std::uint32_t* d = dst + p * NR;
+            for (std::int64_t c = 0; c < n; ++c) d[c] = pair_word(B.raw(r0 + c), second ? B.raw(r1 + c) : 0);
+            for (std::int64_t c = n; c < NR; ++c) d[c] = 0;
+        }
+    } else {  // op(B)[k][j] = B[j·ldb + k]: each column's pairs are adjacent in B's row; kKB pairs at a time
+        for (std::int64_t pb = 0; pb < np; pb += kKB) {
+            const std::int64_t pn = std::min(kKB, np - pb);
+            std::uint32_t* d = dst + pb * NR;
+            for (std::int64_t c = 0; c < n; ++c) {
+                const std::int64_t src = (j + c) * g.ldb + k0 + 2 * pb;
+                for (std::int64_t p = 0; p < pn; ++p) {
+                    const bool second = 2 * (pb + p) + 1 < kc;
+                    d[p * NR + c] = pair_word(B.raw(src + 2 * p), second ? B.raw(src + 2 * p + 1) : 0);
+                }
+            }
+            for (std::int64_t c = n; c < NR; ++c)
+                for (std::int64_t p = 0; p < pn; ++p) d[p * NR + c] = 0;
+        }
+    }
+}
 
 // dst: kc × NR (k-major) = op(B)[k0.., j..j+n), columns n..NR zero.
 template <class U, class S>
@@ -127,7 +175,8 @@ void pack_b_from(const GemmArgs& g, S B, std::int64_t k0, std::int64_t kc, std::
 
 template <class U>
 void pack_b(const GemmArgs& g, std::int64_t k0, std::int64_t kc, std::int64_t j, std::int64_t n, float* dst) {
-    with_src(g.b16, g.B, g.B16, [&](auto B) { pack_b_from<U>(g, B, k0, kc, j, n, dst); });
+    if constexpr (kPairsOf<U>) pack_b_pairs<U>(g, Bf16Src{g.B16}, k0, kc, j, n, reinterpret_cast<std::uint32_t*>(dst));
+    else with_src(g.b16, g.B, g.B16, [&](auto B) { pack_b_from<U>(g, B, k0, kc, j, n, dst); });
 }
 
 // dst: panels of MR rows, each kc × MR (k-major) = op(A)[i.., k0..], rows past m zero.
@@ -157,9 +206,45 @@ void pack_a_from(const GemmArgs& g, S A, std::int64_t i, std::int64_t m, std::in
     }
 }
 
+// pack_a_from's layout in pair words: panels of MR rows, each ⌈kc/2⌉ × MR, word [p][r] =
+// (op(A)[i+r][k0+2p], op(A)[i+r][k0+2p+1]), rows past m zero. Without ta the halves are adjacent.
 template <std::int64_t MR>
+void pack_a_pairs(const GemmArgs& g, Bf16Src A, std::int64_t i, std::int64_t m, std::int64_t k0, std::int64_t kc,
+                  std::uint32_t* dst) {
+    const std::int64_t np = (kc + 1) / 2;
+    for (std::int64_t q = 0; q < m; q += MR, dst += MR * np) {
+        const std::int64_t rows = std::min(MR, m - q);
+        if (!g.ta) {  // op(A)[r][k] = A[r·lda + k]: read each row contiguously, kKB pairs at a time
+            for (std::int64_t pb = 0; pb < np; pb += kKB) {
+                const std::int64_t pn = std::min(kKB, np - pb);
+                std::uint32_t* d = dst + pb * MR;
+                for (std::int64_t r = 0; r < rows; ++r) {
+                    const std::int64_t src = (i + q + r) * g.lda + k0 + 2 * pb;
+                    for (std::int64_t p = 0; p < pn; ++p) {
+                        const bool second = 2 * (pb + p) + 1 < kc;
+                        d[p * MR + r] = pair_word(A.raw(src + 2 * p), second ? A.raw(src + 2 * p + 1) : 0);
+                    }
+                }
+                for (std::int64_t r = rows; r < MR; ++r)
+                    for (std::int64_t p = 0; p < pn; ++p) d[p * MR + r] = 0;
+            }
+        } else {  // op(A)[r][k] = A[k·lda + r]
+            for (std::int64_t p = 0; p < np; ++p) {
+                const std::int64_t r0 = (k0 + 2 * p) * g.lda + i + q, r1 = r0 + g.lda;
+                const bool second = 2 * p + 1 < kc;
+                std::uint32_t* d = dst + p * MR;
+                for (std::int64_t r = 0; r < rows; ++r) d[r] = pair_word(A.raw(r0 + r), second ? A.raw(r1 + r) : 0);
+                for (std::int64_t r = rows; r < MR; ++r) d[r] = 0;
+            }
+        }
+    }
+}
+
+// op(A)'s MR-row panels for micro-kernel U (U::kMR, or a few-row variant's R).
+template <class U>
 void pack_a(const GemmArgs& g, std::int64_t i, std::int64_t m, std::int64_t k0, std::int64_t kc, float* dst) {
-    with_src(g.a16, g.A, g.A16, [&](auto A) { pack_a_from<MR>(g, A, i, m, k0, kc, dst); });
+    if constexpr (kPairsOf<U>) pack_a_pairs<U::kMR>(g, Bf16Src{g.A16}, i, m, k0, kc, reinterpret_cast<std::uint32_t*>(dst));
+    else with_src(g.a16, g.A, g.A16, [&](auto A) { pack_a_from<U::kMR>(g, A, i, m, k0, kc, dst); });
 }
 
 // One micro-tile at C row i, column j; m × n of it inside C. (U: a micro-kernel, or one of
@@ -238,19 +323,21 @@ void gemm_few_rows(const GemmArgs& g) {
         const std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
         // op(A)'s R rows, every K chunk (R·K floats: tiny), packed by each thread for itself.
         float* const abuf = gemm_workspace(0, R * nk * kc_max);
-        float* const bbuf = g.packed_panels != nullptr ? nullptr : gemm_workspace(1, kc_max * NR);
+        // A pre-packed op(B) holds float panels: a pair micro-kernel packs its own.
+        const bool prepacked = !kPairsOf<U> && g.packed_panels != nullptr;
+        float* const bbuf = prepacked ? nullptr : gemm_workspace(1, kc_max * NR);
         for (std::int64_t pc = 0; pc < nk; ++pc) {
             const std::int64_t k0 = pc * kc_max, kc = std::min(kc_max, g.K - k0);
-            pack_a<R>(g, 0, R, k0, kc, abuf + pc * R * kc_max);
+            pack_a<T>(g, 0, R, k0, kc, abuf + pc * R * depth<U>(kc_max));
         }
         for (std::int64_t q = t * nq / nt; q < (t + 1) * nq / nt; ++q) {
             const std::int64_t j = q * NR, n = std::min(NR, g.N - j);
             for (std::int64_t pc = 0; pc < nk; ++pc) {  // in order: an element's chunks add up in K order
                 const std::int64_t k0 = pc * kc_max, kc = std::min(kc_max, g.K - k0);
                 const float* b = bbuf;
-                if (g.packed_panels != nullptr) b = packed_sliver<U>(g, kc_max, pc, kc, q);
+                if (prepacked) b = packed_sliver<U>(g, kc_max, pc, kc, q);
                 else pack_b<U>(g, k0, kc, j, n, bbuf);
-                tile_at<T>(g, kc, abuf + pc * R * kc_max, b, 0, j, R, n, pc == 0 ? g.beta : 1.0f,
+                tile_at<T>(g, kc, abuf + pc * R * depth<U>(kc_max), b, 0, j, R, n, pc == 0 ? g.beta : 1.0f,
                            pc == 0 && g.bias != nullptr ? g.bias + j : nullptr);
             }
         }
@@ -273,8 +360,9 @@ void gemm_driver(const GemmArgs& g) {
     const std::int64_t nn = ceil_div(g.N, U::kNC), nc_max = ceil_div(ceil_div(g.N, nn), NR) * NR;
     const std::int64_t mc_max = std::min<std::int64_t>(U::kMC, ceil_div(g.M, MR) * MR);
     const std::int64_t m_panels = ceil_div(g.M, MR);
-    // A pre-packed op(B) (PackedB) is read in place: no packing, and no barriers (nothing shared is written).
-    const bool prepacked = g.packed_panels != nullptr;
+    // A pre-packed op(B) (PackedB) is read in place: no packing, and no barriers (nothing shared is
+    // written). Its panels are floats: a pair micro-kernel packs its own.
+    const bool prepacked = !kPairsOf<U> && g.packed_panels != nullptr;
     float* const bbuf = prepacked ? nullptr : gemm_workspace(1, kc_max * nc_max);
     const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
 #pragma omp parallel num_threads(threads)
@@ -304,18 +392,18 @@ void gemm_driver(const GemmArgs& g) {
                 if (!prepacked) {
 #pragma omp for schedule(static)
                     for (std::int64_t q = 0; q < nq; ++q)
-                        pack_b<U>(g, k0, kc, j0 + q * NR, std::min(NR, nc - q * NR), bbuf + q * NR * kc);
+                        pack_b<U>(g, k0, kc, j0 + q * NR, std::min(NR, nc - q * NR), bbuf + q * NR * depth<U>(kc));
                     // (the loop's barrier: B is packed before anyone reads it)
                 }
                 for (std::int64_t i0 = i_begin; i0 < i_end; i0 += mc_t) {
                     const std::int64_t mc = std::min(mc_t, i_end - i0);
                     if (q_begin == q_end) break;
-                    pack_a<MR>(g, i0, mc, k0, kc, abuf);
+                    pack_a<U>(g, i0, mc, k0, kc, abuf);
                     for (std::int64_t q = q_begin; q < q_end; ++q) {
-                        const float* b = prepacked ? packed_sliver<U>(g, kc_max, pc, kc, j0 / NR + q) : bbuf + q * NR * kc;
+                        const float* b = prepacked ? packed_sliver<U>(g, kc_max, pc, kc, j0 / NR + q) : bbuf + q * NR * depth<U>(kc);
                         const std::int64_t j = j0 + q * NR, n = std::min(NR, g.N - j);
                         for (std::int64_t p = 0; p < mc; p += MR)
-                            tile_at<U>(g, kc, abuf + p * kc, b, i0 + p, j, std::min(MR, mc - p), n, beta,
+                            tile_at<U>(g, kc, abuf + p * depth<U>(kc), b, i0 + p, j, std::min(MR, mc - p), n, beta,
                                       bias != nullptr ? bias + j : nullptr);
                     }
                 }

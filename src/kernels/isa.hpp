@@ -5,9 +5,9 @@
 // core/cpu_features.hpp, one row in isa.cpp, its sources in src/CMakeLists.txt.
 //
 // bf16 compute (AVX-512 BF16, vdpbf16ps) is a member of the avx512 row, not a row of its own:
-// KernelSet::flash_forward_bf16, null on the portable and avx2 rows, and called by
-// flash_forward() (flash/flash.cpp) only when Q, K and V are all bfloat16 *and*
-// cpu_features().has_avx512_bf16(). Why not an `avx512_bf16` row: it would differ from the
+// KernelSet::flash_forward_bf16 (and backward_tile_bf16, gemm_bf16), null on the portable and
+// avx2 rows, and called by flash_forward() (flash/flash.cpp) only when Q, K and V are all
+// bfloat16 *and* cpu_features().has_avx512_bf16() (sgemm: A and B both bfloat16). Why not an `avx512_bf16` row: it would differ from the
 // avx512 row in that one entry (backward, decode, dropout and exp2 are the same code), yet
 // every test that runs each row would run the avx512 kernels twice on a shared machine, and
 // every float32 call would report a new kernel name. Why not fold it into the avx512 row's
@@ -57,6 +57,9 @@ struct KernelSet {
     // The backward tile with its five products on bf16 pairs (backward/tile_avx512_bf16.cpp),
     // null on rows without it; flash_backward.cpp calls it under the same rule (bf16 compute).
     void (*backward_tile_bf16)(const TileArgs& t) = nullptr;
+    // The GEMM on bf16 pairs (gemm/gemm_avx512_bf16.cpp) for bfloat16 A and B; null on rows
+    // without it. sgemm calls it for all-bf16 operands on a CPU with AVX-512 BF16.
+    void (*gemm_bf16)(const GemmArgs& g) = nullptr;
 };
 
 // The row the library uses, chosen on first use (thread-safe); `why` (optional) says why.
@@ -104,5 +107,6 @@ void gemm_avx2(const GemmArgs& g);
 std::int64_t gemm_pack_b_avx2(const GemmArgs& g, float* dst);
 void gemm_avx512(const GemmArgs& g);
 std::int64_t gemm_pack_b_avx512(const GemmArgs& g, float* dst);
+void gemm_avx512_bf16(const GemmArgs& g);
 
 }  // namespace attn::detail

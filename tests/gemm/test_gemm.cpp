@@ -63,8 +63,8 @@ Problem make(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, f
     return p;
 }
 
-std::vector<float> run(const KernelSet& row, const Problem& p, int threads) {
-    std::vector<float> c = p.c0;
+// p's sizes, layout, beta and float32 operands, writing C into c.
+GemmArgs args_of(const Problem& p, std::vector<float>& c) {
     GemmArgs g;
     g.ta = p.ta;
     g.tb = p.tb;
@@ -78,6 +78,12 @@ std::vector<float> run(const KernelSet& row, const Problem& p, int threads) {
     g.beta = p.beta;
     g.C = c.data();
     g.ldc = p.ldc;
+    return g;
+}
+
+std::vector<float> run(const KernelSet& row, const Problem& p, int threads) {
+    std::vector<float> c = p.c0;
+    const GemmArgs g = args_of(p, c);
     const int before = omp_get_max_threads();
     omp_set_num_threads(threads);
     sgemm(row, g);
@@ -181,6 +187,7 @@ TEST(Gemm, OneAndTwoThreadsBitIdenticalOnEveryRow) {
 // 16-bit A and/or B (GemmArgs::a16/b16, the MHA layer's f16/bf16 weights and activations):
 // the packing widens them exactly, so the result must be bit-identical to the float32 GEMM
 // on the widened values — and within the float32 bound of the double reference on them.
+// (Except bf16 A with bf16 B where the CPU has AVX-512 BF16: the pair kernel, tested next.)
 // The NaN padding of A and B is kept through the rounding (NaN stays NaN).
 TEST(Gemm, HalfOperandsAreWidenedExactlyOnEveryRow) {
     std::mt19937 rng(19);
@@ -206,17 +213,7 @@ TEST(Gemm, HalfOperandsAreWidenedExactlyOnEveryRow) {
             if (half_b) b16 = narrow(p.b);
             const std::vector<float> want = run(*row, p, 2);  // float32 GEMM on the widened values
             std::vector<float> got = p.c0;
-            GemmArgs g;
-            g.ta = p.ta;
-            g.tb = p.tb;
-            g.M = p.M;
-            g.N = p.N;
-            g.K = p.K;
-            g.lda = p.lda;
-            g.ldb = p.ldb;
-            g.beta = p.beta;
-            g.C = got.data();
-            g.ldc = p.ldc;
+            GemmArgs g = args_of(p, got);
             // The float32 pointer of a 16-bit operand is poison: the GEMM must not read it.
             std::vector<float> nan_a(p.a.size(), kNaN), nan_b(p.b.size(), kNaN);
             g.A = half_a ? nan_a.data() : p.a.data();
@@ -233,11 +230,86 @@ TEST(Gemm, HalfOperandsAreWidenedExactlyOnEveryRow) {
             const std::string what = std::string(t == GemmHalf::f16 ? "f16" : "bf16") + (half_a ? " A" : "") + (half_b ? " B" : "") +
                                      " M=" + std::to_string(p.M) + " N=" + std::to_string(p.N) + " K=" + std::to_string(p.K) +
                                      " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb);
-            EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << what;
+            // All-bf16 on a CPU with AVX-512 BF16 multiplies pairs of k instead (its own test below):
+            // the bound, not the float32 bits.
+            const bool pairs = t == GemmHalf::bf16 && half_a && half_b && row->gemm_bf16 != nullptr &&
+                               cpu_features().has_avx512_bf16();
+            if (!pairs) EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << what;
             bool padding_kept = false;
             EXPECT_LE(worst_ratio(p, got, &padding_kept), 1.0) << what;
             EXPECT_TRUE(padding_kept) << what;
         }
+    }
+}
+
+// bf16 A and B on a CPU with AVX-512 BF16 (gemm_avx512_bf16.cpp: pairs of k, vdpbf16ps):
+// within the float32 bound of the double reference on the bf16 values (the products are
+// exact), C's and the operands' NaN padding untouched, the same bits on 1 and 2 threads and
+// as the pair kernel called directly (so sgemm did take it), and a few-row call (M <= 4) the
+// same bits as those rows among 40. K = 1101 gives two chunks of odd depth (551 and 550):
+// the last pair of a chunk has a zero half.
+std::vector<float> run_bf16(const KernelSet& row, const Problem& p, const std::vector<std::uint16_t>& a16,
+                            const std::vector<std::uint16_t>& b16, int threads, bool direct = false) {
+    std::vector<float> c = p.c0;
+    GemmArgs g = args_of(p, c);
+    g.A = nullptr;  // read A16, B16 only
+    g.B = nullptr;
+    g.a16 = g.b16 = GemmHalf::bf16;
+    g.A16 = a16.data();
+    g.B16 = b16.data();
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    if (direct) row.gemm_bf16(g);
+    else sgemm(row, g);
+    omp_set_num_threads(before);
+    return c;
+}
+
+std::vector<std::uint16_t> to_bf16_in_place(std::vector<float>& v) {  // v rounded; its bf16 words returned
+    std::vector<std::uint16_t> h(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) {
+        h[i] = float_to_bf16(v[i]);
+        v[i] = bf16_to_float(h[i]);
+    }
+    return h;
+}
+
+TEST(Gemm, Bf16PairsMatchDoubleReferenceAndAreThreadCountFree) {
+    const KernelSet* row = kernel_set_for(Isa::avx512);
+    if (row == nullptr || row->gemm_bf16 == nullptr || !cpu_features().has_avx512_bf16()) {
+        std::printf("skipped: CPU lacks avx512_bf16\n");
+        return;
+    }
+    std::mt19937 rng(23);
+    std::uniform_int_distribution<std::int64_t> small(1, 97);
+    for (int trial = 0; trial < 24; ++trial) {
+        const bool ta = trial & 1, tb = (trial >> 1) & 1;
+        const float beta = trial % 3 == 0 ? 0.0f : trial % 3 == 1 ? 1.0f : 0.5f;
+        const std::int64_t M = trial % 4 == 3 ? 301 : small(rng), N = trial % 5 == 4 ? 203 : small(rng);
+        const std::int64_t K = trial % 6 == 5 ? 1101 : small(rng);
+        Problem p = make(ta, tb, M, N, K, beta, rng);
+        const std::vector<std::uint16_t> a16 = to_bf16_in_place(p.a), b16 = to_bf16_in_place(p.b);
+        const std::string what = "M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+                                 " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " beta=" + std::to_string(beta);
+        const std::vector<float> got = run_bf16(*row, p, a16, b16, 2);
+        bool padding_kept = false;
+        EXPECT_LE(worst_ratio(p, got, &padding_kept), 1.0) << what;
+        EXPECT_TRUE(padding_kept) << what;
+        EXPECT_EQ(std::memcmp(got.data(), run_bf16(*row, p, a16, b16, 1).data(), got.size() * sizeof(float)), 0) << what;
+        EXPECT_EQ(std::memcmp(got.data(), run_bf16(*row, p, a16, b16, 2, true).data(), got.size() * sizeof(float)), 0) << what;
+    }
+    for (std::int64_t M = 1; M <= 4; ++M) {  // the few-row path: the rows of a larger call
+        const bool ta = M % 2 == 0, tb = M >= 3;
+        Problem big = make(ta, tb, 40, 203, 1101, 0.0f, rng);
+        const std::vector<std::uint16_t> a16 = to_bf16_in_place(big.a), b16 = to_bf16_in_place(big.b);
+        Problem few = big;
+        few.M = M;
+        few.c0.resize(static_cast<std::size_t>(M * big.ldc));
+        const std::vector<float> got = run_bf16(*row, few, a16, b16, 2), all = run_bf16(*row, big, a16, b16, 2);
+        bool padding_kept = false;
+        EXPECT_LE(worst_ratio(few, got, &padding_kept), 1.0) << "M=" << M;
+        EXPECT_TRUE(padding_kept);
+        EXPECT_EQ(std::memcmp(got.data(), all.data(), got.size() * sizeof(float)), 0) << "M=" << M;
     }
 }
 
@@ -284,21 +356,10 @@ TEST(Gemm, FewRowsMatchReferenceAndTheirRowsOfALargerCall) {
 std::vector<float> run_packed(const KernelSet& row, const Problem& p, int threads, const PackedB& pb, const float* b,
                               GemmHalf b16 = GemmHalf::none, const std::uint16_t* B16 = nullptr) {
     std::vector<float> c = p.c0;
-    GemmArgs g;
-    g.ta = p.ta;
-    g.tb = p.tb;
-    g.M = p.M;
-    g.N = p.N;
-    g.K = p.K;
-    g.A = p.a.data();
-    g.lda = p.lda;
+    GemmArgs g = args_of(p, c);
     g.B = b;
-    g.ldb = p.ldb;
     g.b16 = b16;
     g.B16 = B16;
-    g.beta = p.beta;
-    g.C = c.data();
-    g.ldc = p.ldc;
     g.packed = &pb;
     const int before = omp_get_max_threads();
     omp_set_num_threads(threads);
