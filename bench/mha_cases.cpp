@@ -51,7 +51,8 @@ void run_s6(const Context& ctx, std::vector<CaseResult>& out) {
     fwd.shape = sizes + " (with projections)";
     fwd.params = params;
     fwd.flop = s6.flop_forward();
-    fwd.flop_formula = "2·(B·L)·E·3E (QKV) + 4·B·h·L²·d_h (attention) + 2·(B·L)·E·E (out)";
+    const std::string fwd_formula = "2·(B·L)·E·3E (QKV) + 4·B·h·L²·d_h (attention) + 2·(B·L)·E·E (out)";
+    fwd.flop_formula = fwd_formula;
     fwd.io_bytes = 2 * shape.B * shape.L * shape.E * 4;
     Row attn = time_part(ctx, "attn", fwd.flop, [&] { s6.forward(); });
     attn.kernel = s6.attention_kernel().empty() ? "" : "sdpa: " + s6.attention_kernel();
@@ -60,7 +61,33 @@ void run_s6(const Context& ctx, std::vector<CaseResult>& out) {
                                 {"E", std::to_string(shape.E)}, {"heads", std::to_string(shape.h)}});
     torch.flop = fwd.flop;
     fwd.rows.push_back(std::move(torch));
+    const double f32_median = fwd.rows.front().status == "ok" ? fwd.rows.front().timing.median_s : 0.0;
     out.push_back(std::move(fwd));
+
+    // The same layer with bfloat16 weights, input and output (issue 14): its QKV GEMM has both
+    // operands in bf16 and runs on bf16 pairs where the CPU has AVX-512 BF16 (src/gemm/gemm.hpp);
+    // the attention and the out projection stay float32 (the layer's contract, docs/conventions.md).
+    {
+        MhaS6Shape bs = shape;
+        bs.dtype = DType::bf16;
+        MhaS6 bf(bs);
+        CaseResult c;
+        c.id = "S6";
+        c.variant = "weights/input/output bfloat16";
+        c.what = "MHA module, BERT-base, bfloat16 layer";
+        c.shape = sizes + " (with projections)";
+        c.params = params;
+        c.params["dtype"] = "bfloat16";
+        c.flop = bf.flop_forward();
+        c.flop_formula = fwd_formula;
+        c.io_bytes = 2 * shape.B * shape.L * shape.E * 2;
+        Row r = time_part(ctx, "attn", c.flop, [&] { bf.forward(); });
+        r.kernel = bf.attention_kernel().empty() ? "" : "sdpa: " + bf.attention_kernel();
+        if (r.status == "ok" && r.timing.median_s > 0 && f32_median > 0)
+            c.note = fmt2("%.2fx", f32_median / r.timing.median_s) + " the float32 layer's speed in this run";
+        c.rows.push_back(std::move(r));
+        out.push_back(std::move(c));
+    }
 
     CaseResult parts;
     parts.id = "S6";

@@ -33,7 +33,8 @@ MhaS6::MhaS6(const MhaS6Shape& s) : shape_(s), b_(std::make_unique<Buffers>()) {
     // x: (B, L, E) batch_first; weights random, scaled like PyTorch's init (1/sqrt(E)).
     std::mt19937 rng(6);
     const std::int64_t N = s.B * s.L, E = s.E, dh = s.E / s.h;
-    b_->layer = std::make_unique<MultiHeadAttention>(MhaConfig{.embed_dim = E, .num_heads = s.h, .batch_first = true});
+    b_->layer = std::make_unique<MultiHeadAttention>(
+        MhaConfig{.embed_dim = E, .num_heads = s.h, .batch_first = true, .param_dtype = s.dtype});
     std::vector<Tensor> params;
     std::vector<std::pair<std::string, TensorView>> sd;
     for (const auto& [name, shape] : b_->layer->parameter_shapes()) {
@@ -45,7 +46,8 @@ MhaS6::MhaS6(const MhaS6Shape& s) : shape_(s), b_(std::make_unique<Buffers>()) {
     b_->layer->pack_weights();  // inference: the weights' GEMM panels are packed once (mha.hpp)
     b_->x = Tensor(DType::f32, Shape{s.B, s.L, E});
     fill(b_->x, rng, 1.0f);
-    b_->out = Tensor(DType::f32, Shape{s.B, s.L, E}, true);
+    if (s.dtype != DType::f32) b_->x = to_dtype(b_->x.view(), s.dtype);  // (the weights round on load)
+    b_->out = Tensor(s.dtype, Shape{s.B, s.L, E}, true);
     b_->qkv = Tensor(DType::f32, Shape{N, 3 * E}, true);
     b_->o = Tensor(DType::f32, Shape{N, E}, true);
     // The views the layer hands to sdpa: row b·L + l, columns (which, head, d).

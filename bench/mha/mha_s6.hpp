@@ -24,6 +24,9 @@ namespace attn::bench {
 struct MhaS6Shape {
     std::int64_t B = 4, L = 512, E = 768, h = 12;
     Impl impl = Impl::automatic;  // the sdpa kernel
+    // The layer's weight matrices, input and output (float32, float16 or bfloat16); only
+    // forward() is meant for a 16-bit layer (the parts read float32 weights).
+    DType dtype = DType::f32;
 };
 
 class MhaS6 {
