@@ -34,6 +34,9 @@ void check(const GemmArgs& g) {
     if (g.bias != nullptr && g.beta != 0.0f) fail("gemm", "bias: expected beta = 0 with a bias but got beta = ", g.beta);
 }
 
+// The row has the bf16 pair kernel and this CPU runs it.
+bool bf16_pairs_run(const KernelSet& row) { return row.gemm_bf16 != nullptr && cpu_features().has_avx512_bf16(); }
+
 }  // namespace
 
 float* gemm_workspace(int slot, std::int64_t floats) {
@@ -63,12 +66,21 @@ PackedB pack_b(const KernelSet& row, const GemmArgs& g) {
     if ((b.b16 == GemmHalf::none ? static_cast<const void*>(b.B) : b.B16) == nullptr && b.K > 0 && b.N > 0)
         fail("gemm", "pack_b: B is null");
     PackedB p;
+    // The panels `pack` writes, in a buffer of their own (floats: their size).
+    auto panels_of = [&](std::int64_t (*pack)(const GemmArgs&, float*), std::int64_t floats) {
+        const std::int64_t bytes = checked_mul("gemm", "packed B", floats, static_cast<std::int64_t>(sizeof(float)));
+        float* panels = static_cast<float*>(allocate_aligned(bytes, 64, "a packed GEMM weight"));
+        std::shared_ptr<const float> owner(panels, [](const float* q) { std::free(const_cast<float*>(q)); });
+        pack(b, panels);
+        return owner;
+    };
     const std::int64_t floats = row.gemm_pack_b(b, nullptr);
     if (floats == 0) return p;  // K or N is 0: nothing to pack (sgemm reads no B then)
-    const std::int64_t bytes = checked_mul("gemm", "packed B", floats, static_cast<std::int64_t>(sizeof(float)));
-    float* panels = static_cast<float*>(allocate_aligned(bytes, 64, "a packed GEMM weight"));
-    p.panels_ = std::shared_ptr<const float>(panels, [](const float* q) { std::free(const_cast<float*>(q)); });
-    row.gemm_pack_b(b, panels);
+    p.panels_ = panels_of(row.gemm_pack_b, floats);
+    if (b.b16 == GemmHalf::bf16 && bf16_pairs_run(row)) {
+        p.pair_floats_ = row.gemm_pack_b_bf16(b, nullptr);
+        p.pair_panels_ = panels_of(row.gemm_pack_b_bf16, p.pair_floats_);
+    }
     p.isa_ = row.isa;
     p.K_ = b.K;
     p.N_ = b.N;
@@ -81,12 +93,13 @@ PackedB pack_b(const GemmArgs& g) { return pack_b(kernel_set(), g); }
 void sgemm(const KernelSet& row, const GemmArgs& g_in) {
     check(g_in);
     GemmArgs g = g_in;
-    // A packed op(B) for this row and shape replaces B; any other (another row, a stale shape)
-    // is ignored and B is packed as usual.
-    g.packed_panels = g.packed != nullptr && g.packed->fits(row, g.K, g.N) ? g.packed->panels() : nullptr;
-    // A decode step (M <= 4) streams op(B) once either way: a 16-bit B is read in its own bytes,
-    // half the float32 panels' (the result is the same bits).
-    if (g.M <= 4 && g.b16 != GemmHalf::none) g.packed_panels = nullptr;
+    // All-bf16 operands on a CPU with AVX-512 BF16: the pair kernel (gemm.hpp, "bf16 pairs").
+    const bool pairs = g.a16 == GemmHalf::bf16 && g.b16 == GemmHalf::bf16 && bf16_pairs_run(row);
+    // A packed op(B) for this row and shape replaces B (its pair panels for the pair kernel);
+    // any other (another row, a stale shape) is ignored and B is packed as usual.
+    g.packed_panels = nullptr;
+    if (g.packed != nullptr && g.packed->fits(row, g.K, g.N))
+        g.packed_panels = pairs ? g.packed->pair_panels() : g.packed->panels();
     if (g.M == 0 || g.N == 0) return;
     if (g.K == 0) {  // op(A)·op(B) = 0: C = beta·C (or the bias), without reading A or B (nor C when beta = 0)
         for (std::int64_t i = 0; i < g.M; ++i)
@@ -94,12 +107,8 @@ void sgemm(const KernelSet& row, const GemmArgs& g_in) {
                 g.C[i * g.ldc + j] = g.bias != nullptr ? g.bias[j] : g.beta == 0.0f ? 0.0f : g.beta * g.C[i * g.ldc + j];
         return;
     }
-    // All-bf16 operands on a CPU with AVX-512 BF16: the pair micro-kernel (gemm.hpp, "bf16 pairs").
-    if (g.a16 == GemmHalf::bf16 && g.b16 == GemmHalf::bf16 && row.gemm_bf16 != nullptr && cpu_features().has_avx512_bf16()) {
-        row.gemm_bf16(g);
-        return;
-    }
-    row.gemm(g);
+    if (pairs) row.gemm_bf16(g);
+    else row.gemm(g);
 }
 
 void sgemm(const GemmArgs& g) { sgemm(kernel_set(), g); }

@@ -16,8 +16,7 @@
 // pairs of k (vdpbf16ps, gemm_avx512_bf16.cpp): twice the products per instruction. Each
 // product is exact in float32, so every element is still a chain of at most 2K + 2 rounded
 // additions (the bound of tests/gemm); the pairing changes the order, and bf16 inputs below
-// 2^-126 count as 0 (a denormal sum flushes to 0). op(B) is packed per call there (PackedB's
-// panels are floats; a pre-packed weight is ignored on that path).
+// 2^-126 count as 0 (a denormal sum flushes to 0). A PackedB serves it through its pair panels.
 //
 // The structure (GotoBLAS/BLIS): per (NC columns, KC depth) block, op(B) is packed once into
 // NR-column slivers shared by all threads; each thread packs MC rows of op(A) into MR-row
@@ -72,7 +71,9 @@ struct GemmArgs {
 // GEMM packs with on every call (so a GEMM on it is bit-identical to the unpacked call, on any
 // thread count): per K chunk (the driver's chunk bounds, a function of K), the ceil(N / NR)
 // column slivers, each kc × NR k-major, zero-padded. Immutable once built; copies share it.
-// 16-bit B is widened exactly while packing (float32 panels: 2× a 16-bit weight's bytes).
+// 16-bit B is widened exactly while packing (float32 panels: 2× a 16-bit weight's bytes). A
+// bfloat16 B on a row and CPU with the bf16 pair kernel is packed a second time as pair words
+// (pair_panels: the weight's own bytes), for calls whose A is bfloat16 too.
 class PackedB {
 public:
     PackedB() = default;
@@ -80,13 +81,14 @@ public:
     // Packed on `row` for op(B) of K rows and N columns.
     bool fits(const KernelSet& row, std::int64_t K, std::int64_t N) const;
     const float* panels() const { return panels_.get(); }
-    std::int64_t bytes() const { return floats_ * static_cast<std::int64_t>(sizeof(float)); }
+    const float* pair_panels() const { return pair_panels_.get(); }  // null unless bf16 pairs (above)
+    std::int64_t bytes() const { return (floats_ + pair_floats_) * static_cast<std::int64_t>(sizeof(float)); }
 
 private:
     friend PackedB pack_b(const KernelSet& row, const GemmArgs& g);
     Isa isa_ = Isa::portable;
-    std::int64_t K_ = 0, N_ = 0, floats_ = 0;
-    std::shared_ptr<const float> panels_;
+    std::int64_t K_ = 0, N_ = 0, floats_ = 0, pair_floats_ = 0;
+    std::shared_ptr<const float> panels_, pair_panels_;
 };
 
 // Packs op(B) of g (tb, K, N, B or B16 with b16, ldb; the rest of g is ignored) on `row`.

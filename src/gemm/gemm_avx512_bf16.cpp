@@ -62,5 +62,8 @@ using Avx512Bf16Micro = PairMicro<12, 2, 1024, 144, 4096>;
 }  // namespace gemm_avx512_bf16_ns
 
 void gemm_avx512_bf16(const GemmArgs& g) { gemm_avx512_bf16_ns::gemm_driver<gemm_avx512_bf16_ns::Avx512Bf16Micro>(g); }
+std::int64_t gemm_pack_b_avx512_bf16(const GemmArgs& g, float* dst) {
+    return gemm_avx512_bf16_ns::gemm_pack_b_all<gemm_avx512_bf16_ns::Avx512Bf16Micro>(g, dst);
+}
 
 }  // namespace attn::detail

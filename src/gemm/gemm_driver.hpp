@@ -275,11 +275,12 @@ void tile_at(const GemmArgs& g, std::int64_t kc, const float* a, const float* b,
 
 // The whole op(B) packed once (PackedB, gemm.hpp): per K chunk pc (the driver's chunks, kc_max
 // deep, the last maybe shorter), the ceil(N / NR) slivers of all N columns, sliver q at
-// q·NR·kc — each exactly what pack_b writes for that (chunk, sliver) in a call.
+// q·NR·depth(kc) — each exactly what pack_b writes for that (chunk, sliver) in a call. (A pair
+// micro-kernel's panels: KernelSet::gemm_pack_b_bf16, PackedB::pair_panels.)
 template <class U>
 const float* packed_sliver(const GemmArgs& g, std::int64_t kc_max, std::int64_t pc, std::int64_t kc, std::int64_t q) {
     const std::int64_t nq = ceil_div(g.N, U::kNR);
-    return g.packed_panels + pc * kc_max * nq * U::kNR + q * U::kNR * kc;
+    return g.packed_panels + pc * depth<U>(kc_max) * nq * U::kNR + q * U::kNR * depth<U>(kc);
 }
 
 // KernelSet::gemm_pack_b: the floats of g's packed op(B); with dst, the panels written there.
@@ -288,16 +289,16 @@ std::int64_t gemm_pack_b_all(const GemmArgs& g, float* dst) {
     constexpr std::int64_t NR = U::kNR;
     if (g.K <= 0 || g.N <= 0) return 0;
     const std::int64_t nk = ceil_div(g.K, U::kKC), kc_max = ceil_div(g.K, nk), nq = ceil_div(g.N, NR);
-    if (dst == nullptr) return nk * kc_max * nq * NR;
+    if (dst == nullptr) return nk * depth<U>(kc_max) * nq * NR;
     // One thread: a weight is packed once per load (a few ms for a 768 x 2304 matrix), often
     // outside any call that names a thread count (a layer's constructor or load_state_dict),
     // where starting a thread pool would break the promise that threads=1 never starts one.
     for (std::int64_t pc = 0; pc < nk; ++pc)
         for (std::int64_t q = 0; q < nq; ++q) {
             const std::int64_t k0 = pc * kc_max, kc = std::min(kc_max, g.K - k0);
-            pack_b<U>(g, k0, kc, q * NR, std::min(NR, g.N - q * NR), dst + pc * kc_max * nq * NR + q * NR * kc);
+            pack_b<U>(g, k0, kc, q * NR, std::min(NR, g.N - q * NR), dst + pc * depth<U>(kc_max) * nq * NR + q * NR * depth<U>(kc));
         }
-    return nk * kc_max * nq * NR;
+    return nk * depth<U>(kc_max) * nq * NR;
 }
 
 // Few rows (M = R <= kSmallRows: a decode step's projections). The padded path would compute
@@ -323,8 +324,7 @@ void gemm_few_rows(const GemmArgs& g) {
         const std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
         // op(A)'s R rows, every K chunk (R·K floats: tiny), packed by each thread for itself.
         float* const abuf = gemm_workspace(0, R * nk * kc_max);
-        // A pre-packed op(B) holds float panels: a pair micro-kernel packs its own.
-        const bool prepacked = !kPairsOf<U> && g.packed_panels != nullptr;
+        const bool prepacked = g.packed_panels != nullptr;
         float* const bbuf = prepacked ? nullptr : gemm_workspace(1, kc_max * NR);
         for (std::int64_t pc = 0; pc < nk; ++pc) {
             const std::int64_t k0 = pc * kc_max, kc = std::min(kc_max, g.K - k0);
@@ -360,9 +360,8 @@ void gemm_driver(const GemmArgs& g) {
     const std::int64_t nn = ceil_div(g.N, U::kNC), nc_max = ceil_div(ceil_div(g.N, nn), NR) * NR;
     const std::int64_t mc_max = std::min<std::int64_t>(U::kMC, ceil_div(g.M, MR) * MR);
     const std::int64_t m_panels = ceil_div(g.M, MR);
-    // A pre-packed op(B) (PackedB) is read in place: no packing, and no barriers (nothing shared is
-    // written). Its panels are floats: a pair micro-kernel packs its own.
-    const bool prepacked = !kPairsOf<U> && g.packed_panels != nullptr;
+    // A pre-packed op(B) (PackedB) is read in place: no packing, and no barriers (nothing shared is written).
+    const bool prepacked = g.packed_panels != nullptr;
     float* const bbuf = prepacked ? nullptr : gemm_workspace(1, kc_max * nc_max);
     const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
 #pragma omp parallel num_threads(threads)

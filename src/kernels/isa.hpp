@@ -57,9 +57,11 @@ struct KernelSet {
     // The backward tile with its five products on bf16 pairs (backward/tile_avx512_bf16.cpp),
     // null on rows without it; flash_backward.cpp calls it under the same rule (bf16 compute).
     void (*backward_tile_bf16)(const TileArgs& t) = nullptr;
-    // The GEMM on bf16 pairs (gemm/gemm_avx512_bf16.cpp) for bfloat16 A and B; null on rows
-    // without it. sgemm calls it for all-bf16 operands on a CPU with AVX-512 BF16.
+    // The GEMM on bf16 pairs (gemm/gemm_avx512_bf16.cpp) for bfloat16 A and B, and its packing
+    // of a bfloat16 op(B) (PackedB's pair panels); null on rows without it. sgemm calls it for
+    // all-bf16 operands on a CPU with AVX-512 BF16.
     void (*gemm_bf16)(const GemmArgs& g) = nullptr;
+    std::int64_t (*gemm_pack_b_bf16)(const GemmArgs& g, float* dst) = nullptr;
 };
 
 // The row the library uses, chosen on first use (thread-safe); `why` (optional) says why.
@@ -108,5 +110,6 @@ std::int64_t gemm_pack_b_avx2(const GemmArgs& g, float* dst);
 void gemm_avx512(const GemmArgs& g);
 std::int64_t gemm_pack_b_avx512(const GemmArgs& g, float* dst);
 void gemm_avx512_bf16(const GemmArgs& g);
+std::int64_t gemm_pack_b_avx512_bf16(const GemmArgs& g, float* dst);
 
 }  // namespace attn::detail

@@ -245,11 +245,12 @@ TEST(Gemm, HalfOperandsAreWidenedExactlyOnEveryRow) {
 // bf16 A and B on a CPU with AVX-512 BF16 (gemm_avx512_bf16.cpp: pairs of k, vdpbf16ps):
 // within the float32 bound of the double reference on the bf16 values (the products are
 // exact), C's and the operands' NaN padding untouched, the same bits on 1 and 2 threads and
-// as the pair kernel called directly (so sgemm did take it), and a few-row call (M <= 4) the
-// same bits as those rows among 40. K = 1101 gives two chunks of odd depth (551 and 550):
+// as the pair kernel called directly (so sgemm did take it) and as the call on a PackedB's pair
+// panels, and a few-row call (M <= 4) the same bits as those rows among 40. K = 1101 gives two chunks of odd depth (551 and 550):
 // the last pair of a chunk has a zero half.
 std::vector<float> run_bf16(const KernelSet& row, const Problem& p, const std::vector<std::uint16_t>& a16,
-                            const std::vector<std::uint16_t>& b16, int threads, bool direct = false) {
+                            const std::vector<std::uint16_t>& b16, int threads, bool direct = false,
+                            const PackedB* packed = nullptr) {
     std::vector<float> c = p.c0;
     GemmArgs g = args_of(p, c);
     g.A = nullptr;  // read A16, B16 only
@@ -257,6 +258,7 @@ std::vector<float> run_bf16(const KernelSet& row, const Problem& p, const std::v
     g.a16 = g.b16 = GemmHalf::bf16;
     g.A16 = a16.data();
     g.B16 = b16.data();
+    g.packed = packed;
     const int before = omp_get_max_threads();
     omp_set_num_threads(threads);
     if (direct) row.gemm_bf16(g);
@@ -297,6 +299,16 @@ TEST(Gemm, Bf16PairsMatchDoubleReferenceAndAreThreadCountFree) {
         EXPECT_TRUE(padding_kept) << what;
         EXPECT_EQ(std::memcmp(got.data(), run_bf16(*row, p, a16, b16, 1).data(), got.size() * sizeof(float)), 0) << what;
         EXPECT_EQ(std::memcmp(got.data(), run_bf16(*row, p, a16, b16, 2, true).data(), got.size() * sizeof(float)), 0) << what;
+        // op(B) packed once (PackedB's pair panels): the same bits, and B's words are not read
+        // (NaN during the call).
+        GemmArgs pg = args_of(p, p.c0);
+        pg.b16 = GemmHalf::bf16;
+        pg.B16 = b16.data();
+        const PackedB pb = pack_b(*row, pg);
+        ASSERT_NE(pb.pair_panels(), nullptr) << what;
+        const std::vector<std::uint16_t> nan_b(b16.size(), 0x7FC0);
+        EXPECT_EQ(std::memcmp(got.data(), run_bf16(*row, p, a16, nan_b, 2, false, &pb).data(), got.size() * sizeof(float)), 0)
+            << what;
     }
     for (std::int64_t M = 1; M <= 4; ++M) {  // the few-row path: the rows of a larger call
         const bool ta = M % 2 == 0, tb = M >= 3;
@@ -310,6 +322,12 @@ TEST(Gemm, Bf16PairsMatchDoubleReferenceAndAreThreadCountFree) {
         EXPECT_LE(worst_ratio(few, got, &padding_kept), 1.0) << "M=" << M;
         EXPECT_TRUE(padding_kept);
         EXPECT_EQ(std::memcmp(got.data(), all.data(), got.size() * sizeof(float)), 0) << "M=" << M;
+        GemmArgs pg = args_of(big, big.c0);
+        pg.b16 = GemmHalf::bf16;
+        pg.B16 = b16.data();
+        const PackedB pb = pack_b(*row, pg);
+        EXPECT_EQ(std::memcmp(got.data(), run_bf16(*row, few, a16, b16, 2, false, &pb).data(), got.size() * sizeof(float)), 0)
+            << "M=" << M << " packed";
     }
 }
 
