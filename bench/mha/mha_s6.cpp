@@ -62,10 +62,13 @@ MhaS6::MhaS6(const MhaS6Shape& s) : shape_(s), b_(std::make_unique<Buffers>()) {
 
     // Square GEMM with the QKV GEMM's FLOPs: 2n³ = 2·N·E·3E.
     square_n_ = static_cast<std::int64_t>(std::llround(std::cbrt(static_cast<double>(N) * E * 3 * E)));
-    for (Tensor* t : {&b_->sa, &b_->sb, &b_->sc}) {
-        *t = Tensor(DType::f32, Shape{square_n_, square_n_});
-        fill(*t, rng, 1.0f);
-    }
+    // (Only the float32 layer has parts: a 16-bit layer's row would otherwise carry 27 MB of
+    // square operands it never uses in its peak memory.)
+    if (s.dtype == DType::f32)
+        for (Tensor* t : {&b_->sa, &b_->sb, &b_->sc}) {
+            *t = Tensor(DType::f32, Shape{square_n_, square_n_});
+            fill(*t, rng, 1.0f);
+        }
     forward();  // touches the workspace once
 }
 

@@ -7,10 +7,10 @@
 // bf16 compute (AVX-512 BF16, vdpbf16ps) is a member of the avx512 row, not a row of its own:
 // KernelSet::flash_forward_bf16 (and backward_tile_bf16, gemm_bf16), null on the portable and
 // avx2 rows, and called by flash_forward() (flash/flash.cpp) only when Q, K and V are all
-// bfloat16 *and* cpu_features().has_avx512_bf16() (sgemm: A and B both bfloat16). Why not an `avx512_bf16` row: it would differ from the
-// avx512 row in that one entry (backward, decode, dropout and exp2 are the same code), yet
-// every test that runs each row would run the avx512 kernels twice on a shared machine, and
-// every float32 call would report a new kernel name. Why not fold it into the avx512 row's
+// bfloat16 *and* cpu_features().has_avx512_bf16() (sgemm: A and B both bfloat16). Why not an
+// `avx512_bf16` row: it would differ from the avx512 row in those entries (decode, dropout
+// and exp2 are the same code), yet every test that runs each row would run the avx512 kernels
+// twice on a shared machine, and every float32 call would report a new kernel name. Why not fold it into the avx512 row's
 // flash_forward: AVX-512 CPUs without BF16 (Skylake-SP, Ice Lake) exist, and the row must run
 // there; so the check is one branch at the front, outside any file with ISA flags.
 #pragma once
