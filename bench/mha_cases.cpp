@@ -66,18 +66,22 @@ void run_s6(const Context& ctx, std::vector<CaseResult>& out) {
 
     // The same layer with bfloat16 weights, input and output (issue 14): its QKV GEMM has both
     // operands in bf16 and runs on bf16 pairs where the CPU has AVX-512 BF16 (src/gemm/gemm.hpp);
-    // the attention and the out projection stay float32 (the layer's contract, docs/conventions.md).
-    {
+    // the attention and the out projection stay float32 (the layer's contract, docs/conventions.md)
+    // — unless the intermediates are bfloat16 too (MhaForwardOptions::intermediate_dtype, PyTorch's
+    // 16-bit layer), when all three products run on bf16 pairs.
+    for (const bool bf16_intermediates : {false, true}) {
         MhaS6Shape bs = shape;
         bs.dtype = DType::bf16;
+        if (bf16_intermediates) bs.intermediate_dtype = DType::bf16;
         MhaS6 bf(bs);
         CaseResult c;
         c.id = "S6";
-        c.variant = "weights/input/output bfloat16";
+        c.variant = bf16_intermediates ? "weights/input/output/intermediates bfloat16" : "weights/input/output bfloat16";
         c.what = "MHA module, BERT-base, bfloat16 layer";
         c.shape = sizes + " (with projections)";
         c.params = params;
         c.params["dtype"] = "bfloat16";
+        if (bf16_intermediates) c.params["intermediate_dtype"] = "bfloat16";
         c.flop = bf.flop_forward();
         c.flop_formula = fwd_formula;
         c.io_bytes = 2 * shape.B * shape.L * shape.E * 2;

@@ -122,22 +122,23 @@ attn::DType sixteen_bit_or_f32(attn::DType q) {
     return q == attn::DType::f16 || q == attn::DType::bf16 ? q : attn::DType::f32;
 }
 
-attn::DType out_dtype_arg(const py::handle& obj, attn::DType fallback) {
+attn::DType out_dtype_arg(const py::handle& obj, attn::DType fallback, const char* name) {
     if (obj.is_none()) return fallback;
-    std::string name;
+    const std::string expected = std::string(name) + ": expected \"float32\", \"float16\", \"bfloat16\" or None but got ";
+    std::string dtype;
     if (PyUnicode_Check(obj.ptr())) {
-        name = str_arg(obj, "out_dtype");
+        dtype = str_arg(obj, name);
     } else {
         try {  // np.float16, np.dtype("float32"), ...
-            name = py::str(py::module_::import("numpy").attr("dtype")(obj).attr("name"));
+            dtype = py::str(py::module_::import("numpy").attr("dtype")(obj).attr("name"));
         } catch (py::error_already_set&) {
-            type_error("out_dtype: expected \"float32\", \"float16\", \"bfloat16\" or None but got " + given(obj));
+            type_error(expected + given(obj));
         }
     }
-    if (name == "float32") return attn::DType::f32;
-    if (name == "float16") return attn::DType::f16;
-    if (name == "bfloat16") return attn::DType::bf16;
-    value_error("out_dtype: expected \"float32\", \"float16\", \"bfloat16\" or None but got " + given(obj));
+    if (dtype == "float32") return attn::DType::f32;
+    if (dtype == "float16") return attn::DType::f16;
+    if (dtype == "bfloat16") return attn::DType::bf16;
+    value_error(expected + given(obj));
 }
 
 attn::DType stat_dtype(attn::DType q) { return q == attn::DType::f64 ? attn::DType::f64 : attn::DType::f32; }

@@ -71,9 +71,9 @@ attn::TensorView output_view(py::array& a, int rank);
 
 // dtype= (how to read uint16 inputs): None → false (uint16 refused), "bfloat16" → true.
 bool uint16_is_bf16_arg(const py::handle& obj);
-// out_dtype=: None → `fallback`; "float32", "float16", "bfloat16" (or numpy's float32/float16
-// dtype or type) → that dtype.
-attn::DType out_dtype_arg(const py::handle& obj, attn::DType fallback);
+// out_dtype= (or the keyword `name`): None → `fallback`; "float32", "float16", "bfloat16" (or
+// numpy's float32/float16 dtype or type) → that dtype.
+attn::DType out_dtype_arg(const py::handle& obj, attn::DType fallback, const char* name = "out_dtype");
 // The default out dtype of the serving calls (decode_attention, paged_attention): a 16-bit
 // query's own dtype, else float32 (their outputs were float32 before 16-bit queries existed).
 attn::DType sixteen_bit_or_f32(attn::DType q);

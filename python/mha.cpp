@@ -55,7 +55,7 @@ public:
                       const py::object& key_padding_mask, const py::object& need_weights_arg,
                       const py::object& attn_mask, const py::object& average_attn_weights_arg,
                       const py::object& is_causal, const py::object& impl, const py::object& threads_obj,
-                      const py::object& dtype, const py::object& out_dtype) {
+                      const py::object& dtype, const py::object& out_dtype, const py::object& intermediate_dtype) {
         const int threads = threads_arg(threads_obj);
         const bool bf16 = uint16_is_bf16_arg(dtype);
         const bool need_weights = bool_arg(need_weights_arg, "need_weights");
@@ -80,6 +80,7 @@ public:
         o.is_causal = bool_arg(is_causal, "is_causal");
         o.impl = attn::parse_impl(str_arg(impl, "impl"));
         o.out_dtype = out_dtype_arg(out_dtype, default_out(q.view.dtype()));
+        o.intermediate_dtype = out_dtype_arg(intermediate_dtype, attn::DType::f32, "intermediate_dtype");
         const attn::Shape os = layer_.output_shape(q.view);
         py::array out = new_array(*o.out_dtype, std::vector<py::ssize_t>(os.dims.begin(), os.dims.begin() + os.rank));
         const attn::TensorView ov = output_view(out, 0);
@@ -292,16 +293,18 @@ void bind_mha(py::module_& m) {
              py::arg("key_padding_mask") = py::none(), py::arg("need_weights") = true,
              py::arg("attn_mask") = py::none(), py::arg("average_attn_weights") = true, py::arg("is_causal") = false,
              py::kw_only(), py::arg("impl") = "auto", py::arg("threads") = py::none(), py::arg("dtype") = py::none(),
-             py::arg("out_dtype") = py::none(),
+             py::arg("out_dtype") = py::none(), py::arg("intermediate_dtype") = py::none(),
              "Returns (output, weights or None), as torch. threads: None = attn.get_num_threads().\n"
              "query/key/value: float32, float64, float16, or uint16 bfloat16 bits with dtype=\"bfloat16\".\n"
              "out_dtype=\"float32\"|\"float16\"|\"bfloat16\": the output's dtype (default: the query's when\n"
-             "16-bit, else float32; bfloat16 is returned as uint16 bits). Weights are float32.")
+             "16-bit, else float32; bfloat16 is returned as uint16 bits). Weights are float32.\n"
+             "intermediate_dtype=\"float16\"|\"bfloat16\": Q, K, V and the attention output rounded once to\n"
+             "it, as torch's 16-bit layer keeps them (faster on bfloat16 pairs); default float32.")
         .def("__call__", &PyMha::forward, py::arg("query"), py::arg("key"), py::arg("value"),
              py::arg("key_padding_mask") = py::none(), py::arg("need_weights") = true,
              py::arg("attn_mask") = py::none(), py::arg("average_attn_weights") = true, py::arg("is_causal") = false,
              py::kw_only(), py::arg("impl") = "auto", py::arg("threads") = py::none(), py::arg("dtype") = py::none(),
-             py::arg("out_dtype") = py::none())
+             py::arg("out_dtype") = py::none(), py::arg("intermediate_dtype") = py::none())
         .def("forward_incremental", &PyMha::forward_incremental, py::arg("x_new"), py::arg("cache"), py::kw_only(),
              py::arg("threads") = py::none(), py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none(),
              "Self-attention of new tokens against a KVCache: projects x_new, appends its keys and values\n"

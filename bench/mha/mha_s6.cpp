@@ -78,6 +78,7 @@ void MhaS6::forward() {
     MhaForwardOptions o;
     o.need_weights = false;
     o.impl = shape_.impl;
+    o.intermediate_dtype = shape_.intermediate_dtype;
     b_->layer->forward_into(b_->x, b_->x, b_->x, o, b_->out, nullptr, &b_->ws);
 }
 

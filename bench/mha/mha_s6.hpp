@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "attn/mha.hpp"
 
@@ -27,6 +28,8 @@ struct MhaS6Shape {
     // The layer's weight matrices, input and output (float32, float16 or bfloat16); only
     // forward() is meant for a 16-bit layer (the parts read float32 weights).
     DType dtype = DType::f32;
+    // forward()'s MhaForwardOptions::intermediate_dtype (unset: float32 Q, K, V and O).
+    std::optional<DType> intermediate_dtype;
 };
 
 class MhaS6 {

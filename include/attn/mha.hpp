@@ -89,6 +89,14 @@ struct MhaForwardOptions {
     // dtype of `output` (float32, float16 or bfloat16); unset: the query's dtype when it is
     // float16/bfloat16, else float32. The weights are always float32.
     std::optional<DType> out_dtype;
+    // dtype of the projected Q, K, V and of the attention output O between the layer's GEMMs.
+    // Unset or float32: float32, the most accurate (a 16-bit layer's arithmetic is then the
+    // float32 layer's on the widened values). float16 / bfloat16: each is rounded once to it
+    // after its float32 accumulation (bias included), as PyTorch's 16-bit layer stores them,
+    // and attention and the out projection read the 16-bit values — with bfloat16 weights and
+    // input on a CPU with AVX-512 BF16 all three products then run on bf16 pairs. Bounds in
+    // docs/conventions.md ("16-bit MHA"). forward/forward_into only: forward_train refuses it.
+    std::optional<DType> intermediate_dtype;
 };
 
 // Packed input (forward_packed): sequences of different lengths concatenated along the token
@@ -107,6 +115,7 @@ struct MhaOutput {
 // re-faulting) large buffers. Not shared between threads.
 struct MhaWorkspace {
     Tensor proj_q, proj_kv, proj_v, attn_out, head_weights, input_copy[3], out_f32;
+    Tensor proj16[3], attn_out16;  // 16-bit intermediates (MhaForwardOptions::intermediate_dtype)
 };
 
 // Training (docs/mha-backward.md): forward_train keeps what backward needs — float32

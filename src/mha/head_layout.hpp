@@ -20,10 +20,15 @@ inline Rows rows_of(bool batched, bool batch_first, std::int64_t B, std::int64_t
     return batch_first ? Rows{L, 1} : Rows{1, B};
 }
 
-// A (B, heads, L, d) view of columns [col, col + heads·d) of a (rows, ld) float32 buffer.
+// A (B, heads, L, d) view of columns [col, col + heads·d) of a (rows, ld) buffer of dtype dt.
+inline TensorView heads_view(void* buf, DType dt, std::int64_t ld, std::int64_t col, Rows r, std::int64_t B,
+                             std::int64_t heads, std::int64_t L, std::int64_t d) {
+    return TensorView(static_cast<char*>(buf) + col * static_cast<std::int64_t>(dtype_size(dt)), dt, Shape{B, heads, L, d},
+                      Strides{r.rb * ld, d, r.rl * ld, 1});
+}
 inline TensorView heads_view(float* buf, std::int64_t ld, std::int64_t col, Rows r, std::int64_t B,
                              std::int64_t heads, std::int64_t L, std::int64_t d) {
-    return TensorView(buf + col, DType::f32, Shape{B, heads, L, d}, Strides{r.rb * ld, d, r.rl * ld, 1});
+    return heads_view(buf, DType::f32, ld, col, r, B, heads, L, d);
 }
 
 }  // namespace attn::detail

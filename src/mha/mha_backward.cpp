@@ -64,6 +64,10 @@ Tensor MultiHeadAttention::forward_train(const TensorView& query, const TensorVi
              "; training needs float32 parameters (set_param_dtype(float32) first; the gradient GEMMs read float32 weights)");
     }
     const detail::MhaShapes sh = detail::check_inputs(c, query, key, value, options);
+    if (detail::intermediate_dtype(options.intermediate_dtype) != DType::f32) {
+        fail(kMha, "intermediate_dtype: forward_train keeps float32 intermediates (backward reads them) but got ",
+             dtype_name(*options.intermediate_dtype));
+    }
     if (!(train.dropout_p >= 0.0 && train.dropout_p < 1.0)) {
         fail(kMha, "dropout_p: expected 0 <= dropout_p < 1 but got ", train.dropout_p);
     }

@@ -105,6 +105,7 @@ void MultiHeadAttention::forward_into(const TensorView& query, const TensorView&
     // The appended keys are never masked (PyTorch pads the masks with 0 / False).
     if (s.extra > 0) detail::pad_masks(pt, s.Lkx);
     const detail::SdpaMasks masks = detail::to_sdpa_masks(pt.attn, pt.kpm);
+    const DType mid = detail::intermediate_dtype(options.intermediate_dtype);  // Q, K, V and O
 
     // ---- projections: rows keep the input's order, heads are column blocks ----
     MhaWorkspace local;
@@ -117,7 +118,8 @@ void MultiHeadAttention::forward_into(const TensorView& query, const TensorView&
     const detail::Operand xq = detail::as_rows(query, ws.input_copy[0]);
     const detail::Operand xk = plan.self_attention ? xq : detail::as_rows(key, ws.input_copy[1]);
     const detail::Operand xv = plan.shared_kv ? xk : detail::as_rows(value, ws.input_copy[2]);
-    const detail::Projected p = detail::project_qkv(*this, s, xq, xk, xv, plan, ws);
+    detail::Projected p = detail::project_qkv(*this, s, xq, xk, xv, plan, ws);
+    if (mid != DType::f32) p = detail::round_projected(p, mid, ws);
 
     // ---- attention: O written as (rows of query, h, d_h) — the merge of heads is free ----
     SdpaOptions so;
@@ -127,22 +129,24 @@ void MultiHeadAttention::forward_into(const TensorView& query, const TensorView&
     so.additive_mask = masks.add;
     score_modifiers(so);
     const std::int64_t Nq = s.B * s.Lq;
-    float* o = detail::ensure(ws.attn_out, Shape{Nq, E});
+    // O (Nq, E) in the intermediates' dtype: sdpa rounds it once from its float32 accumulators.
+    Tensor& o = mid == DType::f32 ? ws.attn_out : ws.attn_out16;
+    detail::ensure(o, mid, Shape{Nq, E});
     const Shape per_head_shape{s.B, h, s.Lq, s.Lkx};
     TensorView per_head;
     if (weights != nullptr) {
         per_head = options.average_attn_weights ? TensorView(detail::ensure(ws.head_weights, per_head_shape), DType::f32, per_head_shape)
                                                 : TensorView(weights->data(), DType::f32, per_head_shape);
     }
-    sdpa(p.Q, p.K, p.V, so, detail::heads_view(o, E, 0, s.rq, s.B, h, s.Lq, dh), nullptr,
+    sdpa(p.Q, p.K, p.V, so, detail::heads_view(o.data(), mid, E, 0, s.rq, s.B, h, s.Lq, dh), nullptr,
          weights != nullptr ? &per_head : nullptr);
 
     // ---- out projection straight into the output (same row order as the query); a 16-bit
     // output gets the float32 rows rounded once ----
     const bool f32_out = output.dtype() == DType::f32;
     float* y = f32_out ? output.data_as<float>() : detail::ensure(ws.out_f32, Shape{Nq, E});
-    detail::linear(o, Nq, E, E, detail::out_weight(*this, true), E, c.bias ? parameter("out_proj.bias").data_as<const float>() : nullptr,
-                   y, E);
+    const float* out_bias = c.bias ? parameter("out_proj.bias").data_as<const float>() : nullptr;
+    detail::linear(detail::Operand(o.data(), mid), Nq, E, E, detail::out_weight(*this, true), E, out_bias, y, E);
     if (!f32_out) detail::store_output(y, output);
     if (weights != nullptr && options.average_attn_weights) {
         average_heads(per_head.data_as<const float>(), s.B, h, s.Lq * s.Lkx, weights->data_as<float>());

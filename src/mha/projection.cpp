@@ -1,6 +1,7 @@
 #include "projection.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "../core/check.hpp"
@@ -10,10 +11,12 @@
 
 namespace attn::detail {
 
-float* ensure(Tensor& t, const Shape& shape) {
-    if (t.data() == nullptr || t.dtype() != DType::f32 || !(t.shape() == shape)) t = Tensor(DType::f32, shape);
-    return t.data_as<float>();
+void* ensure(Tensor& t, DType dt, const Shape& shape) {
+    if (t.data() == nullptr || t.dtype() != dt || !(t.shape() == shape)) t = Tensor(dt, shape);
+    return t.data();
 }
+
+float* ensure(Tensor& t, const Shape& shape) { return static_cast<float*>(ensure(t, DType::f32, shape)); }
 
 namespace {
 bool gemm_dtype(DType dt) { return dt == DType::f32 || dt == DType::f16 || dt == DType::bf16; }
@@ -33,6 +36,37 @@ DType output_dtype(const std::optional<DType>& requested, DType input) {
         return *requested;
     }
     return input == DType::f16 || input == DType::bf16 ? input : DType::f32;
+}
+
+DType intermediate_dtype(const std::optional<DType>& requested) {
+    if (!requested) return DType::f32;
+    if (!gemm_dtype(*requested)) {
+        fail(kMha, "intermediate_dtype: expected float32, float16 or bfloat16 but got ", dtype_name(*requested));
+    }
+    return *requested;
+}
+
+Projected round_projected(const Projected& p, DType dt, MhaWorkspace& ws) {
+    const Tensor* const buffers[3] = {&ws.proj_q, &ws.proj_kv, &ws.proj_v};
+    bool rounded[3] = {false, false, false};
+    auto rebase = [&](const TensorView& v) {
+        const auto at_address = reinterpret_cast<std::uintptr_t>(v.data());
+        for (int i = 0; i < 3; ++i) {
+            const Tensor& src = *buffers[i];
+            const auto begin = reinterpret_cast<std::uintptr_t>(src.data());
+            if (src.data() == nullptr || at_address < begin || at_address >= begin + src.nbytes()) continue;
+            Tensor& twin = ws.proj16[i];
+            ensure(twin, dt, src.shape());
+            if (!rounded[i]) {
+                store_output(src.data_as<const float>(), twin.view());  // the one rounding rule, over the threads
+                rounded[i] = true;
+            }
+            const std::size_t element = (at_address - begin) / sizeof(float);
+            return TensorView(static_cast<char*>(twin.data()) + element * dtype_size(dt), dt, v.shape(), v.strides());
+        }
+        fail(kMha, "internal: a projected view outside the layer's workspace buffers");
+    };
+    return Projected{rebase(p.Q), rebase(p.K), rebase(p.V)};
 }
 
 void store_output(const float* src, const TensorView& out) {

@@ -12,6 +12,8 @@ namespace attn::detail {
 // A float32 workspace tensor of `shape`, re-allocated only when the shape changes, so
 // repeated calls reuse memory that is already faulted in.
 float* ensure(Tensor& t, const Shape& shape);
+// The same for a tensor of dtype dt.
+void* ensure(Tensor& t, DType dt, const Shape& shape);
 
 // Rows of an input as a (rows, features) matrix with unit column stride, for the projection
 // GEMM: the input itself when it is contiguous float32, float16 or bfloat16 (the GEMM widens
@@ -59,6 +61,15 @@ struct ProjectionPlan {
     bool self_attention = false, shared_kv = false, batch_major = false;
     bool use_packed = false;  // input_weights' use_packed: inference calls
 };
+
+// The dtype of the layer's intermediates (MhaForwardOptions::intermediate_dtype): float32
+// when unset; float32, float16 or bfloat16, else an error naming the option.
+DType intermediate_dtype(const std::optional<DType>& requested);
+
+// p's Q, K and V rounded once to dt (float16/bfloat16): every float32 buffer of ws the views
+// read (proj_q, proj_kv, proj_v) is rounded whole into its twin in ws.proj16, and each view is
+// rebased onto the twin with the same shape and strides. Writes only ws.
+Projected round_projected(const Projected& p, DType dt, MhaWorkspace& ws);
 
 // xq, xk, xv: the inputs' rows (as_rows). Writes only ws.
 Projected project_qkv(const MultiHeadAttention& layer, const MhaShapes& s, Operand xq, Operand xk, Operand xv,

@@ -15,6 +15,7 @@
 #include "mha_test_util.hpp"
 #include "mha/linear.hpp"
 #include "attn/error.hpp"
+#include "attn/half.hpp"
 #include "attn/mha.hpp"
 #include "attn/kv_cache.hpp"
 
@@ -53,10 +54,13 @@ struct Expected {
     std::int64_t Lkx = 0;     // keys incl. those add_bias_kv / add_zero_attn append
 };
 
-// keep(b, head, i, j) and add(b, head, i, j) are the masks in plain words.
+// keep(b, head, i, j) and add(b, head, i, j) are the masks in plain words. mid, if given, is
+// applied to every element of Q, K, V (appended rows included) and of the attention output
+// before the out projection: the layer's 16-bit intermediates (intermediate_dtype).
 Expected textbook(const MultiHeadAttention& m, const Case& c, const TensorView& q, const TensorView& k,
                   const TensorView& v, const std::function<bool(std::int64_t, std::int64_t, std::int64_t, std::int64_t)>& keep,
-                  const std::function<double(std::int64_t, std::int64_t, std::int64_t, std::int64_t)>& add) {
+                  const std::function<double(std::int64_t, std::int64_t, std::int64_t, std::int64_t)>& add,
+                  const std::function<double(double)>& mid = nullptr) {
     const MhaConfig& cf = m.config();
     const std::int64_t E = cf.embed_dim, h = cf.num_heads, dh = E / h, Ekv = cf.num_kv_heads * dh;
     const bool packed = cf.kdim == E && cf.vdim == E;
@@ -78,7 +82,8 @@ Expected textbook(const MultiHeadAttention& m, const Case& c, const TensorView& 
                 }
         return y;
     };
-    const auto Q = project(0, q, c.Lq, E, E), K0 = project(1, k, c.Lk, cf.kdim, Ekv), V0 = project(2, v, c.Lk, cf.vdim, Ekv);
+    auto Q = project(0, q, c.Lq, E, E);
+    const auto K0 = project(1, k, c.Lk, cf.kdim, Ekv), V0 = project(2, v, c.Lk, cf.vdim, Ekv);
     // PyTorch's add_bias_kv then add_zero_attn: one more key/value row each, never masked.
     const std::int64_t Lkx = c.Lk + (cf.add_bias_kv ? 1 : 0) + (cf.add_zero_attn ? 1 : 0);
     std::vector<double> K(static_cast<std::size_t>(c.B * Lkx * Ekv), 0.0), V(K.size(), 0.0);
@@ -94,6 +99,9 @@ Expected textbook(const MultiHeadAttention& m, const Case& c, const TensorView& 
                     V[dst] = m.parameter("bias_v").load_as_double(r);
                 }  // else the zero key/value
             }
+    if (mid)
+        for (auto* t : {&Q, &K, &V})
+            for (double& x : *t) x = mid(x);
     Expected ex;
     ex.Lkx = Lkx;
     ex.w.assign(static_cast<std::size_t>(c.B * h * c.Lq * Lkx), 0.0);
@@ -128,6 +136,8 @@ Expected textbook(const MultiHeadAttention& m, const Case& c, const TensorView& 
                 }
             }
         }
+    if (mid)
+        for (double& x : concat) x = mid(x);
     ex.out.assign(static_cast<std::size_t>(c.B * c.Lq * E), 0.0);
     for (std::int64_t r = 0; r < c.B * c.Lq; ++r)
         for (std::int64_t e = 0; e < E; ++e) {
@@ -506,6 +516,97 @@ TEST(Mha, HalfWeightsAndActivationsMatchTextbook) {
     }
 }
 
+// The float32 value of x rounded once to dt (float32 first: the layer rounds its float32 sums).
+double round_to(double x, DType dt) {
+    const float f = static_cast<float>(x);
+    return dt == DType::bf16 ? attn::bf16_to_float(attn::float_to_bf16(f)) : attn::f16_to_float(attn::float_to_f16(f));
+}
+
+// Root mean square of a − b over the output (in the layer's layout for a; logical b).
+double rms_diff(const Case& c, std::int64_t E, const TensorView& a, const std::vector<double>& b) {
+    double s = 0;
+    for (std::int64_t bb = 0; bb < c.B; ++bb)
+        for (std::int64_t l = 0; l < c.Lq; ++l)
+            for (std::int64_t e = 0; e < E; ++e) {
+                const double d = at(a, c, bb, l, e) - b[static_cast<std::size_t>((bb * c.Lq + l) * E + e)];
+                s += d * d;
+            }
+    return std::sqrt(s / static_cast<double>(c.B * c.Lq * E));
+}
+
+double rms_diff(const std::vector<double>& a, const std::vector<double>& b) {
+    double s = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) s += (a[i] - b[i]) * (a[i] - b[i]);
+    return std::sqrt(s / static_cast<double>(a.size()));
+}
+
+// intermediate_dtype = float16 / bfloat16: Q, K, V and O rounded once, as PyTorch's 16-bit layer
+// stores them. Against the textbook, on self-attention (the fused QKV buffer), cross-attention
+// with GQA (three buffers) and add_bias_kv with a padding mask (batch-major K/V):
+// - the bound: output and per-head weights within 4u·max |ref| (u = 2⁻⁸ bf16, 2⁻¹¹ f16) of the
+//   textbook that rounds at the same four places: a rounding may flip where the float32 sum and
+//   the double one straddle a 16-bit boundary, and on AVX-512 BF16 the all-bf16 attention
+//   rounds P to bf16 (conventions.md, "bf16 compute");
+// - that the rounding happened there: the result is nearer that textbook than the one that does
+//   not round — rms(got − ref_rounded) ≤ ¼·rms(ref_rounded − ref). The weights show Q's and K's
+//   rounding on every row; the output shows all four for float16, whose attention products are
+//   float32 (bf16's rounded P moves the output as much as O's own rounding does). Skipping any
+//   one of the roundings leaves a share near ½ or more.
+TEST(Mha, HalfIntermediatesAreRoundedOnceAtQKVAndO) {
+    for (const DType dt : {DType::f16, DType::bf16}) {
+        SCOPED_TRACE(attn::dtype_name(dt));
+        const double u = dt == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+        auto mid = [dt](double x) { return round_to(x, dt); };
+        std::mt19937 rng(34);
+        MultiHeadAttention self(MhaConfig{.embed_dim = 48, .num_heads = 4, .batch_first = true, .param_dtype = dt});
+        MultiHeadAttention cross(MhaConfig{.embed_dim = 32, .num_heads = 4, .kdim = 7, .vdim = 5, .num_kv_heads = 2, .param_dtype = dt});
+        MultiHeadAttention biased(MhaConfig{.embed_dim = 16, .num_heads = 2, .add_bias_kv = true, .param_dtype = dt});
+        for (MultiHeadAttention* m : {&self, &cross, &biased}) randomise(*m, rng);
+        MhaForwardOptions o;
+        o.average_attn_weights = false;
+        o.out_dtype = DType::f32;
+        o.intermediate_dtype = dt;
+        attn::MhaWorkspace ws;
+        auto check = [&](const char* what, const MultiHeadAttention& m, const Case& c, const TensorView& q,
+                         const TensorView& k, const TensorView& v, const auto& keep) {
+            SCOPED_TRACE(what);
+            const auto got = m.forward(q, k, v, o, &ws);
+            const Expected r = textbook(m, c, q, k, v, keep, add_none, mid);
+            const Expected exact = textbook(m, c, q, k, v, keep, add_none);
+            expect_close(c, m, got, r, true, 4 * u);
+            const std::vector<double> w(got.weights.data_as<const float>(), got.weights.data_as<const float>() + got.weights.numel());
+            const double w_near = rms_diff(w, r.w), w_apart = rms_diff(r.w, exact.w);
+            EXPECT_LE(w_near, 0.25 * w_apart) << "weights: rms to the rounded textbook " << w_near << ", rounded to unrounded " << w_apart;
+            if (dt == DType::f16) {
+                const double near = rms_diff(c, m.config().embed_dim, got.output, r.out), apart = rms_diff(r.out, exact.out);
+                EXPECT_LE(near, 0.25 * apart) << "output: rms to the rounded textbook " << near << ", rounded to unrounded " << apart;
+            }
+            // float32 intermediates, named or not, are the default path's result, bit for bit.
+            MhaForwardOptions o32 = o, unset = o;
+            o32.intermediate_dtype = DType::f32;
+            unset.intermediate_dtype.reset();
+            EXPECT_TRUE(same_bits(m.forward(q, k, v, o32).output, m.forward(q, k, v, unset).output));
+        };
+        const Case cs{.batched = true, .batch_first = true, .B = 2, .Lq = 37, .Lk = 37};
+        const Tensor x = rounded(random_tensor(layout(cs, 37, 48), rng), dt);
+        check("self-attention", self, cs, x, x, x, keep_all);
+
+        const Case cc{.batched = true, .batch_first = false, .B = 2, .Lq = 13, .Lk = 29};
+        const Tensor q = rounded(random_tensor(layout(cc, 13, 32), rng), dt);
+        const Tensor k = rounded(random_tensor(layout(cc, 29, 7), rng), dt);
+        const Tensor v = random_tensor(layout(cc, 29, 5), rng);  // a float32 value beside 16-bit q, k
+        check("cross-attention, GQA", cross, cc, q, k, v, keep_all);
+
+        const Case cb{.batched = true, .batch_first = false, .B = 2, .Lq = 11, .Lk = 11};
+        const Tensor xb = rounded(random_tensor(layout(cb, 11, 16), rng), dt);
+        Tensor pad(DType::boolean, Shape{2, 11}, true);  // batch item 1: its last 3 keys are padding
+        for (std::int64_t j = 8; j < 11; ++j) pad.data_as<bool>()[11 + j] = true;
+        o.key_padding_mask = pad.view();
+        check("add_bias_kv, padding", biased, cb, xb, xb, xb, [](std::int64_t b, std::int64_t, std::int64_t, std::int64_t j) { return b == 0 || j < 8; });
+        o.key_padding_mask.reset();
+    }
+}
+
 TEST(Mha, HalfStateDictKeepsItsDtypeAndConverts) {
     std::mt19937 rng(32);
     MultiHeadAttention f32(MhaConfig{.embed_dim = 8, .num_heads = 2});
@@ -588,6 +689,13 @@ TEST(Mha, HalfErrors) {
     o.out_dtype = DType::f64;
     expect_error([&] { m.forward(x, x, x, o); }, "out_dtype: expected float32, float16 or bfloat16 but got float64");
     o.out_dtype.reset();
+    o.intermediate_dtype = DType::i32;
+    expect_error([&] { m.forward(x, x, x, o); }, "intermediate_dtype: expected float32, float16 or bfloat16 but got int32");
+    MultiHeadAttention m32(MhaConfig{.embed_dim = 4, .num_heads = 2});
+    o.intermediate_dtype = DType::bf16;
+    expect_error([&] { m32.forward_train(x, x, x, o, {}, st); },
+                 "intermediate_dtype: forward_train keeps float32 intermediates (backward reads them) but got bfloat16");
+    o.intermediate_dtype.reset();
     Tensor out64(DType::f64, Shape{3, 2, 4});
     expect_error([&] { m.forward_into(x, x, x, o, out64, nullptr); },
                  "output: expected a contiguous float32, float16 or bfloat16 tensor of shape (3, 2, 4) but got float64");

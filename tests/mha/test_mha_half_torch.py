@@ -162,3 +162,48 @@ def test_cli_bf16_checkpoint_and_inputs(tmp_path):
     r = subprocess.run(base + ["--out", "o.npy", "--param-dtype", "float64"], capture_output=True, text=True,
                        cwd=tmp_path, timeout=120)
     assert r.returncode != 0 and "--param-dtype: expected float32, float16 or bfloat16 but got 'float64'" in r.stderr
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_intermediate_dtype_rounds_like_torch_16bit_layer(dtype, tmp_path):
+    """intermediate_dtype= rounds Q, K, V and the attention output once, as torch's 16-bit layer
+    stores them: within a few units of torch's own bfloat16 layer, and within the C++ test's bound
+    (4u·max, tests/mha/test_mha.cpp) of torch float64 on the same rounded weights — where the
+    float32 intermediates (the default) give the float32 layer's 1e-5."""
+    E, h, B, L = 64, 4, 2, 33
+    m = module(E, h, 12)
+    ours = attn.MultiheadAttention(E, h, batch_first=True, dtype=dtype)
+    ours.load_state_dict({n: bits(t.to(TORCH[dtype])) if t.dim() == 2 else t.numpy() for n, t in m.state_dict().items()},
+                         dtype="bfloat16" if dtype == "bfloat16" else None)
+    x = torch.randn(B, L, E, generator=torch.Generator().manual_seed(13)).to(TORCH[dtype])
+    kw = {"dtype": "bfloat16"} if dtype == "bfloat16" else {}
+    xb = bits(x)
+    mid, _ = ours(xb, xb, xb, need_weights=False, out_dtype="float32", intermediate_dtype=dtype, **kw)
+    default, _ = ours(xb, xb, xb, need_weights=False, out_dtype="float32", **kw)
+    r64 = rounded_module(m, dtype, torch.float64)
+    with torch.no_grad():
+        want64 = r64(x.double(), x.double(), x.double(), need_weights=False)[0].numpy()
+        # torch 1.13 has no float16 matmul on the CPU ("addmm_impl_cpu_ not implemented for 'Half'").
+        torch16 = (rounded_module(m, dtype, torch.float32).to(TORCH[dtype])(x, x, x, need_weights=False)[0].double().numpy()
+                   if dtype == "bfloat16" else None)
+    scale = np.abs(want64).max()
+    assert np.abs(default - want64).max() <= 1e-5 * scale
+    err = np.abs(mid - want64).max()
+    assert 1e-5 * scale < err <= 4 * U[dtype] * scale, f"intermediates {dtype}: {err / scale:.3g} of max|ref|"
+    if torch16 is not None:  # torch 1.13 rounds its scores and softmax to bfloat16 too: a few units apart
+        assert np.abs(mid - torch16).max() <= 8 * U[dtype] * scale
+    for bad in ("float64", 3):  # a dtype problem is a TypeError, as every one of the module (module.cpp)
+        with pytest.raises(TypeError, match="intermediate_dtype: expected \"float32\", \"float16\", \"bfloat16\" or None"):
+            ours(xb, xb, xb, intermediate_dtype=bad, **kw)
+    if ATTN_BIN:  # the CLI's --intermediate-dtype reaches the same layer: the same bits
+        write_safetensors(tmp_path / "p.safetensors",
+                          {n: (bits(t.to(TORCH[dtype])), dtype) if t.dim() == 2 else (t.numpy(), "float32")
+                           for n, t in m.state_dict().items()})
+        write_safetensors(tmp_path / "x.safetensors", {"x": (xb, dtype)})
+        base = [ATTN_BIN, "mha", "--params", "p.safetensors", "--num-heads", str(h), "--batch-first",
+                "--query", "x.safetensors:x", "--out", "o.npy", "--out-dtype", "float32"]
+        r = subprocess.run(base + ["--intermediate-dtype", dtype], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        assert r.returncode == 0, r.stderr
+        np.testing.assert_array_equal(np.load(tmp_path / "o.npy"), mid)
+        r = subprocess.run(base + ["--intermediate-dtype", "int8"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        assert r.returncode != 0 and "--intermediate-dtype: expected float16, bfloat16 or float32 but got 'int8'" in r.stderr

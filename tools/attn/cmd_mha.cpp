@@ -4,6 +4,7 @@
 //          [--grad-out dO.npy --grads G.safetensors [--dropout-p P --dropout-seed S]]   (training)
 //          [--softcap C] [--alibi | --alibi-slopes A.npy]      (a `sinks` tensor in the params: sinks)
 //          [--out-dtype float32|float16|bfloat16] [--param-dtype float32|float16|bfloat16]
+//          [--intermediate-dtype float32|float16|bfloat16]
 // PyTorch nn.MultiheadAttention (eval mode) on .npy files, with its state_dict in safetensors.
 #include <map>
 #include <optional>
@@ -26,6 +27,7 @@ namespace {
 struct MhaArgs {
     std::string params, query, key, value, out, key_padding_mask, attn_mask, weights, grad_out, grads, alibi_slopes;
     std::string out_dtype, param_dtype;  // "" = the query's 16-bit dtype / the checkpoint's
+    std::string intermediate_dtype;      // "" = float32
     double softcap = 0.0;
     bool alibi = false;
     std::int64_t num_heads = 0;
@@ -118,6 +120,10 @@ void run(const MhaArgs& a) {
     opt.average_attn_weights = !a.per_head;
     if (!a.out_dtype.empty() && training) throw Error("--out-dtype: not with --grads (training writes float32)");
     opt.out_dtype = parse_out_dtype(a.out_dtype, q.dtype());
+    if (!a.intermediate_dtype.empty()) {
+        if (training) throw Error("--intermediate-dtype: not with --grads (training keeps float32 intermediates)");
+        opt.intermediate_dtype = parse_float_dtype("--intermediate-dtype", a.intermediate_dtype);
+    }
     if (training) {
         // Gradients under state_dict names, then one per distinct input file (self-attention:
         // the query's gradient is the sum of the three uses, as autograd gives).
@@ -170,6 +176,10 @@ void add_mha_command(CLI::App& app) {
     cmd->add_option("--out-dtype", args->out_dtype,
                     "dtype of the output: float32, float16 or bfloat16 (only into .safetensors); default: the query's "
                     "when 16-bit, else float32. Weights stay float32");
+    cmd->add_option("--intermediate-dtype", args->intermediate_dtype,
+                    "dtype of Q, K, V and the attention output between the GEMMs: float32 (default, the most "
+                    "accurate), or float16/bfloat16 — each rounded once to it, as PyTorch's 16-bit layer keeps them "
+                    "(with bfloat16 weights and input on AVX-512 BF16 every product runs on bf16 pairs)");
     cmd->add_option("--param-dtype", args->param_dtype,
                     "storage of the weight matrices: float32, float16 or bfloat16 (16-bit: widened inside the projection "
                     "GEMM, fp32 accumulation); default: the checkpoint's when all its weight matrices share a 16-bit "

@@ -64,10 +64,14 @@ DType parse_out_dtype(const std::string& text, DType q_dtype) {
     // The default: a 16-bit Q's dtype; float32 for float32 and float64 Q (the CLI has written
     // float32 outputs for float64 inputs since its first version: tests/torch's contract).
     if (text.empty()) return q_dtype == DType::f16 || q_dtype == DType::bf16 ? q_dtype : DType::f32;
+    return parse_float_dtype("--out-dtype", text);
+}
+
+DType parse_float_dtype(const std::string& flag, const std::string& text) {
     if (text == "float32") return DType::f32;
     if (text == "float16") return DType::f16;
     if (text == "bfloat16") return DType::bf16;
-    throw Error("--out-dtype: expected float16, bfloat16 or float32 but got '" + text + "'");
+    throw Error(flag + ": expected float16, bfloat16 or float32 but got '" + text + "'");
 }
 
 }  // namespace attn::cli

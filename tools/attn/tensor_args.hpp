@@ -27,5 +27,7 @@ Tensor read_float_arg(const std::string& flag, const std::string& spec);
 // --out-dtype: "" → the dtype of a 16-bit Q, else float32 (float64 Q too); else float16,
 // bfloat16 or float32.
 DType parse_out_dtype(const std::string& text, DType q_dtype);
+// A dtype flag's value: float16, bfloat16 or float32, else an error naming `flag`.
+DType parse_float_dtype(const std::string& flag, const std::string& text);
 
 }  // namespace attn::cli
