@@ -689,8 +689,9 @@ TEST(Mha, HalfErrors) {
     o.out_dtype = DType::f64;
     expect_error([&] { m.forward(x, x, x, o); }, "out_dtype: expected float32, float16 or bfloat16 but got float64");
     o.out_dtype.reset();
-    o.intermediate_dtype = DType::i32;
-    expect_error([&] { m.forward(x, x, x, o); }, "intermediate_dtype: expected float32, float16 or bfloat16 but got int32");
+    o.intermediate_dtype = DType::i32;  // refused before anything is written (out stays poisoned: below)
+    expect_error([&] { m.forward_into(x, x, x, o, out, nullptr); },
+                 "intermediate_dtype: expected float32, float16 or bfloat16 but got int32");
     MultiHeadAttention m32(MhaConfig{.embed_dim = 4, .num_heads = 2});
     o.intermediate_dtype = DType::bf16;
     expect_error([&] { m32.forward_train(x, x, x, o, {}, st); },
