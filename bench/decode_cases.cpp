@@ -19,12 +19,6 @@
 namespace attn::bench {
 namespace {
 
-std::string fmt2(const char* f, double x) {
-    char b[64];
-    std::snprintf(b, sizeof b, f, x);
-    return b;
-}
-
 // Medians of the S5 steps of this process, kept for S7's ratio (the registry runs S5 first).
 std::map<DType, double>& s5_medians() {
     static std::map<DType, double> m;
@@ -52,7 +46,7 @@ void run_decode_shape(const Context& ctx, const std::string& id, std::int64_t Hk
         const double avail = static_cast<double>(mem_available());
         if (avail > 0 && c.bytes + static_cast<double>(flush_bytes) > cfg.memory_fraction * avail) {
             c.status = "skipped";
-            c.note = "the cache and the eviction buffer need more than " + fmt2("%.0f%%", 100 * cfg.memory_fraction) +
+            c.note = "the cache and the eviction buffer need more than " + format_double("%.0f%%", 100 * cfg.memory_fraction) +
                      " of MemAvailable";
             out.push_back(std::move(c));
             continue;
@@ -79,12 +73,14 @@ void run_decode_shape(const Context& ctx, const std::string& id, std::int64_t Hk
                     r.ratio_target = target;
                 }
                 const std::unique_ptr<FlushBuffer> flush = cold ? std::make_unique<FlushBuffer>(flush_bytes) : nullptr;
+                const double steal0 = machine_steal_seconds(), start = now_seconds();
                 const DecodeTiming t = time_decode_shape(id, Hq, Hkv, st, cfg.runs, flush.get(), mods);
                 std::vector<double> seconds;
                 for (double ms : t.samples_ms) seconds.push_back(ms * 1e-3);
                 r.timing = timing_from_samples(std::move(seconds), 0.0);
+                r.timing.steal_share = steal_share_since(steal0, now_seconds() - start);  // cache fill and evictions included
                 r.kernel = "decode";
-                r.note = cold ? fmt2("cold; %.0f%% of the bandwidth sampled just before each step (median)",
+                r.note = cold ? format_double("cold; %.0f%% of the bandwidth sampled just before each step (median)",
                                      100 * t.median_bw_fraction) +
                                     (cfg.quick ? "; quick: 64 MiB eviction buffer, caches not really cold" : "")
                               : "steady state: steps back to back, no eviction";
@@ -108,11 +104,11 @@ void run_decode_shape(const Context& ctx, const std::string& id, std::int64_t Hk
     // Targets of bench/shapes.md: f16 >= 1.7x over f32; S7 / (S5 / 4) <= 1.3.
     std::string note;
     if (medians.count(DType::f32) && medians.count(DType::f16)) {
-        note = "f16 speed-up over f32: " + fmt2("%.2fx", medians[DType::f32] / medians[DType::f16]) + " (target >= 1.7x)";
+        note = "f16 speed-up over f32: " + format_double("%.2fx", medians[DType::f32] / medians[DType::f16]) + " (target >= 1.7x)";
     }
     if (medians.count(DType::f32) && medians.count(DType::bf16)) {
         note += std::string(note.empty() ? "" : "; ") + "bf16 speed-up over f32: " +
-                fmt2("%.2fx", medians[DType::f32] / medians[DType::bf16]);
+                format_double("%.2fx", medians[DType::f32] / medians[DType::bf16]);
     }
     if (id == "S5") {
         s5_medians() = medians;
@@ -122,7 +118,7 @@ void run_decode_shape(const Context& ctx, const std::string& id, std::int64_t Hk
             if (!medians.count(st)) continue;
             const std::string name(dtype_name(st));
             note += "; S7 time / (S5 time / 4), " + name + ": " +
-                    (s5.count(st) ? fmt2("%.2f", medians[st] / (s5.at(st) / 4)) + " (target <= 1.3)"
+                    (s5.count(st) ? format_double("%.2f", medians[st] / (s5.at(st) / 4)) + " (target <= 1.3)"
                                   : std::string("run S5 in the same bench for it"));
         }
     }

@@ -1,5 +1,7 @@
 #include "harness.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <chrono>
@@ -11,13 +13,26 @@
 #endif
 
 namespace attn::bench {
-namespace {
 
-double now_s() {
+double now_seconds() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-}  // namespace
+std::string format_double(const char* format, double x) {
+    const int n = std::snprintf(nullptr, 0, format, x);
+    if (n <= 0) return {};
+    std::string out(static_cast<std::size_t>(n) + 1, '\0');
+    std::snprintf(out.data(), out.size(), format, x);
+    out.resize(static_cast<std::size_t>(n));
+    return out;
+}
+
+double steal_share_since(double steal0, double wall_s) {
+    const double steal1 = machine_steal_seconds();
+    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (steal0 < 0 || steal1 < 0 || cpus <= 0 || wall_s < 0.1) return -1.0;
+    return (steal1 - steal0) / (wall_s * static_cast<double>(cpus));
+}
 
 Timing timing_from_samples(std::vector<double> samples, double warmup_s) {
     Timing t;
@@ -33,24 +48,26 @@ Timing timing_from_samples(std::vector<double> samples, double warmup_s) {
 }
 
 Timing time_calls(const Config& cfg, const std::function<void()>& fn) {
-    double cpu0 = process_cpu_seconds();
-    double t0 = now_s();
+    double cpu0 = process_cpu_seconds(), steal0 = machine_steal_seconds();
+    double t0 = now_seconds();
     fn();  // warm-up: first touch of outputs and workspaces, caches, thread pool start
-    const double warmup = now_s() - t0;
+    const double warmup = now_seconds() - t0;
     if (warmup >= cfg.max_seconds) {
         Timing t = timing_from_samples({warmup}, warmup);
         t.warmup_counted = true;
         t.cpu_share = (process_cpu_seconds() - cpu0) / (warmup * cfg.threads);  // warm-up ≥ max_seconds
+        t.steal_share = steal_share_since(steal0, warmup);
         return t;
     }
     cpu0 = process_cpu_seconds();
+    steal0 = machine_steal_seconds();
     std::vector<double> samples;
     double spent = 0.0;
     for (int r = 0; r < std::max(1, cfg.runs); ++r) {
         if (r > 0 && spent >= cfg.max_seconds) break;
-        t0 = now_s();
+        t0 = now_seconds();
         fn();
-        const double dt = now_s() - t0;
+        const double dt = now_seconds() - t0;
         samples.push_back(dt);
         spent += dt;
     }
@@ -59,6 +76,7 @@ Timing time_calls(const Config& cfg, const std::function<void()>& fn) {
     // Below ~0.1 s the process CPU time is too coarse (the kernel splits it by tick samples)
     // for a share: left unknown (0).
     t.cpu_share = spent >= 0.1 ? cpu / (spent * cfg.threads) : 0.0;
+    t.steal_share = steal_share_since(steal0, spent);
     return t;
 }
 
@@ -66,27 +84,31 @@ std::vector<Timing> time_interleaved(const Config& cfg, const std::vector<std::f
     const std::size_t n = fns.size();
     std::vector<double> warmup(n), spent(n, 0.0), cpu(n, 0.0);
     for (std::size_t i = 0; i < n; ++i) {
-        const double t0 = now_s();
+        const double t0 = now_seconds();
         fns[i]();
-        warmup[i] = now_s() - t0;
+        warmup[i] = now_seconds() - t0;
     }
     std::vector<std::vector<double>> samples(n);
     double total = 0.0;
+    const double steal0 = machine_steal_seconds(), start = now_seconds();
     for (int r = 0; r < std::max(1, cfg.runs); ++r) {
         if (r > 0 && total >= cfg.max_seconds * static_cast<double>(n)) break;
         for (std::size_t i = 0; i < n; ++i) {
-            const double c0 = process_cpu_seconds(), t0 = now_s();
+            const double c0 = process_cpu_seconds(), t0 = now_seconds();
             fns[i]();
-            const double dt = now_s() - t0;
+            const double dt = now_seconds() - t0;
             cpu[i] += process_cpu_seconds() - c0;
             samples[i].push_back(dt);
             spent[i] += dt;
             total += dt;
         }
     }
+    // Steal over the rounds as a whole: the variants ran in turn through the same minutes.
+    const double steal = steal_share_since(steal0, now_seconds() - start);
     std::vector<Timing> out;
     for (std::size_t i = 0; i < n; ++i) {
         Timing t = timing_from_samples(std::move(samples[i]), warmup[i]);
+        t.steal_share = steal;
         // As time_calls: below ~0.1 s of calls the process CPU time is too coarse for a share.
         t.cpu_share = spent[i] >= 0.1 ? cpu[i] / (spent[i] * cfg.threads) : 0.0;
         out.push_back(std::move(t));
@@ -132,6 +154,11 @@ void finish_case(const Context& ctx, CaseResult& c) {
             if (bw.measured && bw.value > 0.0) r.pct_bw = 100.0 * r.gbs / bw.value;
         }
         if (torch != nullptr && &r != torch) r.speedup_vs_torch = torch->timing.median_s / r.timing.median_s;
+        if (r.timing.steal_share >= kStealNote) {  // the host took vCPU time: the row's times are suspect
+            char buf[120];
+            std::snprintf(buf, sizeof buf, "host steal %.0f%% of the vCPUs during the timed calls", 100 * r.timing.steal_share);
+            r.note = r.note.empty() ? buf : r.note + "; " + buf;
+        }
         if (r.one_thread_median_s && ctx.cfg.threads > 1) {
             r.scaling_efficiency = *r.one_thread_median_s / (ctx.cfg.threads * r.timing.median_s);
             char buf[120];

@@ -75,6 +75,10 @@ struct Timing {  // of one (shape, impl)
     // CPU time of the timed calls / (their wall time x threads); < 1 when other processes took
     // CPU time (or the kernel left threads idle); 0 when not measured.
     double cpu_share = 0.0;
+    // Steal time of the machine during the timed calls / (their wall time x the machine's
+    // CPUs): the share of the vCPUs the VM's host gave to something else, which cpu_share
+    // cannot show (machine.hpp); -1 when the kernel does not report steal time.
+    double steal_share = -1.0;
     std::vector<double> samples;  // seconds, in run order
 };
 
@@ -91,6 +95,21 @@ Timing timing_from_samples(std::vector<double> samples, double warmup_s);
 // of A, then all of B) the same decode step moved by ±25 % between rows a minute apart.
 // Rounds stop at cfg.runs, or (after the first) once cfg.max_seconds per variant is spent.
 std::vector<Timing> time_interleaved(const Config& cfg, const std::vector<std::function<void()>>& fns);
+
+// A steady clock, in seconds.
+double now_seconds();
+
+// printf's `format` with one double, e.g. format_double("%.2fx", r) — any length (the bench's
+// notes are sentences).
+std::string format_double(const char* format, double x);
+
+// Steal seconds since `steal0` (machine_steal_seconds()) as a share of `wall_s` seconds of all
+// the machine's CPUs; -1 when either reading is unavailable or the span is under 0.1 s (the
+// kernel counts steal in ticks of 10 ms).
+double steal_share_since(double steal0, double wall_s);
+
+// finish_case notes a row whose steal share (Timing::steal_share) is at least this.
+inline constexpr double kStealNote = 0.02;
 
 // Peak resident memory of what runs between construction and peak(): resets the kernel's
 // high-water mark when it may (see reset_peak_rss), else reports the process's.

@@ -152,6 +152,25 @@ double process_cpu_seconds() {
            1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
+std::int64_t steal_ticks_of(const std::string& line) {
+    std::istringstream in(line);
+    std::string label;
+    if (!(in >> label) || label != "cpu") return -1;
+    std::int64_t v = -1;
+    for (int field = 1; field <= 8; ++field)  // user nice system idle iowait irq softirq steal
+        if (!(in >> v)) return -1;
+    return v;
+}
+
+double machine_steal_seconds() {
+    std::ifstream in("/proc/stat");
+    std::string line;
+    if (!std::getline(in, line)) return -1.0;
+    const std::int64_t ticks = steal_ticks_of(line);
+    const long hz = sysconf(_SC_CLK_TCK);
+    return ticks < 0 || hz <= 0 ? -1.0 : static_cast<double>(ticks) / static_cast<double>(hz);
+}
+
 std::int64_t mem_available() { return kib_field("/proc/meminfo", "MemAvailable"); }
 
 int run_command(const std::string& command, std::string& out) {

@@ -42,6 +42,14 @@ bool reset_peak_rss();
 // CPU time (user + system, all threads) this process has used so far, in seconds. Compared
 // with wall time x threads it says what share of its CPUs the run got on a shared machine.
 double process_cpu_seconds();
+// Steal time of the whole machine so far, in CPU-seconds summed over its CPUs: the time a VM's
+// host ran something else while a vCPU wanted to run (/proc/stat's "cpu" line, 8th value).
+// A process cannot see it in its own CPU time — a stolen vCPU still counts as running — so a
+// row can show 100 % CPU share and twice its time. -1 when the kernel does not report it.
+double machine_steal_seconds();
+// The steal field (CPU ticks) of /proc/stat's first line, e.g. "cpu  4535265 3111 567868
+// 3796491 37310 0 1681 23325 0 0" → 23325; -1 when the line has fewer than 8 values.
+std::int64_t steal_ticks_of(const std::string& proc_stat_cpu_line);
 
 // MemAvailable from /proc/meminfo, in bytes (-1 when unreadable).
 std::int64_t mem_available();

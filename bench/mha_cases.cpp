@@ -16,12 +16,6 @@
 namespace attn::bench {
 namespace {
 
-std::string fmt2(const char* f, double x) {
-    char b[96];
-    std::snprintf(b, sizeof b, f, x);
-    return b;
-}
-
 Row time_part(const Context& ctx, const std::string& name, double flop, const std::function<void()>& fn) {
     Row r;
     r.impl = name;
@@ -88,7 +82,7 @@ void run_s6(const Context& ctx, std::vector<CaseResult>& out) {
         Row r = time_part(ctx, "attn", c.flop, [&] { bf.forward(); });
         r.kernel = bf.attention_kernel().empty() ? "" : "sdpa: " + bf.attention_kernel();
         if (r.status == "ok" && r.timing.median_s > 0 && f32_median > 0)
-            c.note = fmt2("%.2fx", f32_median / r.timing.median_s) + " the float32 layer's speed in this run";
+            c.note = format_double("%.2fx", f32_median / r.timing.median_s) + " the float32 layer's speed in this run";
         c.rows.push_back(std::move(r));
         out.push_back(std::move(c));
     }
@@ -113,11 +107,11 @@ void run_s6(const Context& ctx, std::vector<CaseResult>& out) {
     if (q.status == "ok" && o.status == "ok" && sq.status == "ok" && q.timing.median_s > 0 && o.timing.median_s > 0) {
         const double proj_rate = (s6.flop_qkv() + s6.flop_out()) / (q.timing.median_s + o.timing.median_s);
         const double sq_rate = s6.flop_square() / sq.timing.median_s;
-        parts.note = "projection GEMMs (QKV + out) at " + fmt2("%.1f GFLOP/s", proj_rate * 1e-9) + " = " +
-                     fmt2("%.2f", proj_rate / sq_rate) + "x the square GEMM's " + fmt2("%.1f GFLOP/s", sq_rate * 1e-9);
+        parts.note = "projection GEMMs (QKV + out) at " + format_double("%.1f GFLOP/s", proj_rate * 1e-9) + " = " +
+                     format_double("%.2f", proj_rate / sq_rate) + "x the square GEMM's " + format_double("%.1f GFLOP/s", sq_rate * 1e-9);
         const Row& qb = parts.rows[3];
         if (qb.status == "ok" && qb.timing.median_s > 0)
-            parts.note += "; QKV GEMM " + fmt2("%.2f", qb.timing.median_s / q.timing.median_s) + "x OpenBLAS's speed";
+            parts.note += "; QKV GEMM " + format_double("%.2f", qb.timing.median_s / q.timing.median_s) + "x OpenBLAS's speed";
     }
     out.push_back(std::move(parts));
 }

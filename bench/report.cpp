@@ -11,21 +11,15 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
-std::string f(const char* format, double x) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, format, x);
-    return buf;
-}
-
-std::string mib(std::int64_t bytes) { return bytes < 0 ? "?" : f("%.0f MiB", static_cast<double>(bytes) / kMiB); }
+std::string mib(std::int64_t bytes) { return bytes < 0 ? "?" : format_double("%.0f MiB", static_cast<double>(bytes) / kMiB); }
 
 std::string ceiling_line(const Ceiling& c, const char* unit) {
     if (!c.measured) return c.note;
     double share = 0.0;
     for (double x : c.cpu_shares) share = std::max(share, x);
-    return f("%.1f ", c.value) + unit + " (median " + f("%.1f", c.median) + ") on " + std::to_string(c.threads) +
-           (c.threads == 1 ? " thread" : " threads") + f(" [got up to %.0f%% of the CPUs", 100 * std::min(1.0, share)) +
-           f("; est. %.1f with the CPUs alone]", c.per_cpu);
+    return format_double("%.1f ", c.value) + unit + " (median " + format_double("%.1f", c.median) + ") on " + std::to_string(c.threads) +
+           (c.threads == 1 ? " thread" : " threads") + format_double(" [got up to %.0f%% of the CPUs", 100 * std::min(1.0, share)) +
+           format_double("; est. %.1f with the CPUs alone]", c.per_cpu);
 }
 
 nlohmann::json ceiling_json(const Ceiling& c) {
@@ -105,8 +99,8 @@ void print_case(const Context& ctx, const CaseResult& c) {
         std::fflush(stdout);
         return;
     }
-    if (c.flop > 0) title += f(" — %.2f GFLOP per call", c.flop / 1e9) + " [" + c.flop_formula + "]";
-    if (c.bytes > 0) title += f(" — %.0f MiB read per call", c.bytes / kMiB);
+    if (c.flop > 0) title += format_double(" — %.2f GFLOP per call", c.flop / 1e9) + " [" + c.flop_formula + "]";
+    if (c.bytes > 0) title += format_double(" — %.0f MiB read per call", c.bytes / kMiB);
     std::printf("%s\n", title.c_str());
     bool any_bytes = false, any_diff = false;
     for (const Row& r : c.rows) {
@@ -130,16 +124,16 @@ void print_case(const Context& ctx, const CaseResult& c) {
         std::string kernel = r.impl.rfind("torch", 0) == 0 ? "-" : r.kernel.substr(0, 12);
         std::printf("  %-10s %-12s %4d %11.2f %11.2f", r.impl.c_str(), kernel.c_str(), r.timing.runs, r.timing.median_s * 1e3,
                     r.timing.min_s * 1e3);
-        std::printf(" %9s %6s", r.flop > 0 ? f("%.1f", r.gflops).c_str() : "-",
-                    r.pct_peak > 0 ? f("%.1f%%", r.pct_peak).c_str() : "-");
-        if (wide) std::printf(" %6s", r.pct_peak_avx2 > 0 ? f("%.1f%%", r.pct_peak_avx2).c_str() : "-");
+        std::printf(" %9s %6s", r.flop > 0 ? format_double("%.1f", r.gflops).c_str() : "-",
+                    r.pct_peak > 0 ? format_double("%.1f%%", r.pct_peak).c_str() : "-");
+        if (wide) std::printf(" %6s", r.pct_peak_avx2 > 0 ? format_double("%.1f%%", r.pct_peak_avx2).c_str() : "-");
         if (any_bytes)
-            std::printf(" %7s %5s", r.bytes > 0 ? f("%.1f", r.gbs).c_str() : "-",
-                        r.pct_bw > 0 ? f("%.0f%%", r.pct_bw).c_str() : "-");
-        std::printf(" %10s %9s %5s", mib(r.peak_rss).c_str(), r.speedup_vs_torch ? f("%.2fx", *r.speedup_vs_torch).c_str() : "-",
-                    r.timing.cpu_share > 0 ? f("%.0f%%", 100 * r.timing.cpu_share).c_str() : "-");
-        std::printf(" %6s", r.pct_peak_cpu_adjusted > 0 ? f("%.1f%%", r.pct_peak_cpu_adjusted).c_str() : "-");
-        if (any_diff) std::printf(" %12s", r.max_abs_diff ? f("%.2e", *r.max_abs_diff).c_str() : "-");
+            std::printf(" %7s %5s", r.bytes > 0 ? format_double("%.1f", r.gbs).c_str() : "-",
+                        r.pct_bw > 0 ? format_double("%.0f%%", r.pct_bw).c_str() : "-");
+        std::printf(" %10s %9s %5s", mib(r.peak_rss).c_str(), r.speedup_vs_torch ? format_double("%.2fx", *r.speedup_vs_torch).c_str() : "-",
+                    r.timing.cpu_share > 0 ? format_double("%.0f%%", 100 * r.timing.cpu_share).c_str() : "-");
+        std::printf(" %6s", r.pct_peak_cpu_adjusted > 0 ? format_double("%.1f%%", r.pct_peak_cpu_adjusted).c_str() : "-");
+        if (any_diff) std::printf(" %12s", r.max_abs_diff ? format_double("%.2e", *r.max_abs_diff).c_str() : "-");
         if (!r.note.empty()) std::printf("  (%s)", r.note.c_str());
         std::printf("\n");
     }
@@ -204,6 +198,7 @@ nlohmann::json to_json(const Report& r) {
                                  {"warmup_s", w.timing.warmup_s},
                                  {"warmup_counted", w.timing.warmup_counted},
                                  {"cpu_share", w.timing.cpu_share},
+                                 {"steal_share", w.timing.steal_share},
                                  {"samples_s", w.timing.samples},
                                  {"flop", w.flop},
                                  {"bytes", w.bytes},

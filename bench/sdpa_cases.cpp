@@ -19,12 +19,6 @@ namespace {
 constexpr double kMiB = 1024.0 * 1024.0;
 constexpr double kGiB = 1024.0 * kMiB;
 
-std::string fmt(const char* f, double x) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, f, x);
-    return buf;
-}
-
 }  // namespace
 
 std::string causal_word(Causal c) {
@@ -68,7 +62,7 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
     return nan ? std::numeric_limits<double>::quiet_NaN() : m;
 }
 
-std::string gib(double bytes) { return fmt("%.1f GiB", bytes / kGiB); }
+std::string gib(double bytes) { return format_double("%.1f GiB", bytes / kGiB); }
 
 // The variant of a 16-bit row ("Q/out bfloat16, K/V bfloat16"); "" for float32.
 std::string storage_variant(const SdpaShape& s) {
@@ -145,7 +139,7 @@ void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseRe
     if (avail > 0 && static_cast<double>(c.io_bytes) > cfg.memory_fraction * avail) {
         c.status = "skipped";
         c.note = "Q, K, V and O need " + gib(static_cast<double>(c.io_bytes)) + ", more than " +
-                 fmt("%.0f%%", 100 * cfg.memory_fraction) + " of MemAvailable (" + gib(avail) + ")";
+                 format_double("%.0f%%", 100 * cfg.memory_fraction) + " of MemAvailable (" + gib(avail) + ")";
         out.push_back(std::move(c));
         return;
     }
@@ -189,8 +183,8 @@ void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseRe
             const double ref_bytes = 3.0 * 8.0 * static_cast<double>(s.Lq) * static_cast<double>(s.Lk) * cfg.threads;
             if (ref_flop > cfg.reference_max_gflop * 1e9) {
                 r.status = "skipped";
-                r.note = "the reference computes " + fmt("%.0f", ref_flop / 1e9) +
-                         " GFLOP here (all scores, in double), above --reference-max-gflop " + fmt("%g", cfg.reference_max_gflop);
+                r.note = "the reference computes " + format_double("%.0f", ref_flop / 1e9) +
+                         " GFLOP here (all scores, in double), above --reference-max-gflop " + format_double("%g", cfg.reference_max_gflop);
                 continue;
             }
             if (avail > 0 && ref_bytes + static_cast<double>(c.io_bytes) > cfg.memory_fraction * avail) {

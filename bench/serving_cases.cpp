@@ -32,12 +32,6 @@
 namespace attn::bench {
 namespace {
 
-std::string fmt(const char* f, double x) {
-    char b[96];
-    std::snprintf(b, sizeof b, f, x);
-    return b;
-}
-
 Row timed(const Config& cfg, const std::string& impl, const std::function<void()>& fn) {
     Row r;
     r.impl = impl;
@@ -149,10 +143,10 @@ void run_varlen(const Context& ctx, std::vector<CaseResult>& out) {
     std::int64_t pages = 0;
     for (auto l : len) pages += (l + 15) / 16;
     const double per_token = 2.0 * H * D * 4.0;
-    c.note = "varlen speed-up over padded: " + fmt("%.2fx", tp / tv) + " (target >= 1.8x); KV memory for these sequences: " +
-             fmt("%.0f MiB", static_cast<double>(pages * 16) * per_token / (1 << 20)) + " paged (page 16) vs " +
-             fmt("%.0f MiB", static_cast<double>(N * Lmax) * per_token / (1 << 20)) + " contiguous at L=" +
-             std::to_string(Lmax) + " (" + fmt("%.2fx", static_cast<double>(N * Lmax) / static_cast<double>(pages * 16)) +
+    c.note = "varlen speed-up over padded: " + format_double("%.2fx", tp / tv) + " (target >= 1.8x); KV memory for these sequences: " +
+             format_double("%.0f MiB", static_cast<double>(pages * 16) * per_token / (1 << 20)) + " paged (page 16) vs " +
+             format_double("%.0f MiB", static_cast<double>(N * Lmax) * per_token / (1 << 20)) + " contiguous at L=" +
+             std::to_string(Lmax) + " (" + format_double("%.2fx", static_cast<double>(N * Lmax) / static_cast<double>(pages * 16)) +
              ")";
     out.push_back(std::move(c));
 }
@@ -229,8 +223,8 @@ void run_paged_decode(const Context& ctx, const std::string& id, std::int64_t Hk
         out.push_back(std::move(c));
         return;
     }
-    c.note = "paged / contiguous time: page 16 " + fmt("%.3f", medians[1] / medians[0]) + ", page 32 " +
-             fmt("%.3f", medians[2] / medians[0]) + ", page 16 fragmented " + fmt("%.3f", medians[3] / medians[0]) +
+    c.note = "paged / contiguous time: page 16 " + format_double("%.3f", medians[1] / medians[0]) + ", page 32 " +
+             format_double("%.3f", medians[2] / medians[0]) + ", page 16 fragmented " + format_double("%.3f", medians[3] / medians[0]) +
              " (target <= 1.10; the steps timed in turn, one of each per round; peak RSS: all four caches)";
     out.push_back(std::move(c));
 }
@@ -288,10 +282,10 @@ void run_chunked_prefill(const Context& ctx, std::vector<CaseResult>& out) {
         add(timed(ctx.cfg, x.name, [&] { paged_attention(q, cache, {s}, po, o); }), o,
             x.impl == Impl::decode ? "decode (pages, blocks of 16)" : "flash (pages)", x.frag ? "every other page" : "");
     }
-    c.note = "time / contiguous: paged16 " + fmt("%.3f", medians[1] / medians[0]) + ", paged32 " +
-             fmt("%.3f", medians[2] / medians[0]) + ", paged128 " + fmt("%.3f", medians[3] / medians[0]) +
-             ", paged16 fragmented " + fmt("%.3f", medians[4] / medians[0]) + "; decode blocks " +
-             fmt("%.3f", medians[5] / medians[0]);
+    c.note = "time / contiguous: paged16 " + format_double("%.3f", medians[1] / medians[0]) + ", paged32 " +
+             format_double("%.3f", medians[2] / medians[0]) + ", paged128 " + format_double("%.3f", medians[3] / medians[0]) +
+             ", paged16 fragmented " + format_double("%.3f", medians[4] / medians[0]) + "; decode blocks " +
+             format_double("%.3f", medians[5] / medians[0]);
     out.push_back(std::move(c));
 }
 

@@ -154,6 +154,7 @@ def test_custom_case_arithmetic(custom_run):
             assert close(r["pct_peak_avx2"], 100 * r["gflops"] / peak2["best"])
         assert r["peak_rss_bytes"] > 0
         assert r["cpu_share"] >= 0
+        check_steal(r)
         if peak["measured"] and peak["per_cpu_best"] > 0 and r["cpu_share"] > 0:
             expect = 100 * r["gflops"] / min(1.0, r["cpu_share"]) / peak["per_cpu_best"]
             assert close(r["pct_peak_cpu_adjusted"], expect)
@@ -175,6 +176,28 @@ def test_custom_case_arithmetic(custom_run):
         assert close(ref["speedup_vs_torch"], t["median_s"] / ref["median_s"])
     else:
         assert t["status"] == "unavailable" and "torch" in t["note"]
+
+
+def check_steal(row):
+    """The machine's steal time during a row's timed calls, as a share of all its CPUs' time: -1
+    where the kernel does not report it (or the calls took under 0.1 s), else a share; the row's
+    note says so from 2 % (a VM's host took the vCPUs: the row's CPU share cannot show it)."""
+    st = row["steal_share"]
+    assert st == -1 or 0 <= st <= 1.05, st
+    assert ("host steal" in row["note"]) == (st >= 0.02), (st, row["note"])
+
+
+def test_decode_rows_state_the_bandwidth_share_and_steal(tmp_path):
+    """S7's decode rows (timed by bench/decode/, not the harness): the cold row's note is whole
+    (it was cut at 63 characters: "... each step (media"), the steal share is measured there too."""
+    out = tmp_path / "s7.json"
+    run("--quick", "--shapes", "S7", "--no-torch", "--runs", "2", "--json", str(out))
+    rows = [r for c in json.load(open(out))["cases"] if c["status"] == "ok" for r in c["rows"] if r["status"] == "ok"]
+    assert {r["impl"] for r in rows} == {"decode", "decode steady"}
+    for r in rows:
+        if r["impl"] == "decode":
+            assert "of the bandwidth sampled just before each step (median)" in r["note"], r["note"]
+        check_steal(r)
 
 
 def test_registry_lists_every_shape_and_marks_unbuilt_ones(tmp_path):
