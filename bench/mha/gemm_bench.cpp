@@ -9,7 +9,9 @@
 // The 16-bit rows ("attn ISA bf16" / "f16"): the same GEMM with A and B stored in 16 bits,
 // widened while packing (GemmArgs::a16/b16: the MHA layer's 16-bit weights and activations) —
 // except "attn avx512 bf16" on a CPU with AVX-512 BF16, which runs the pair kernel
-// (gemm_avx512_bf16.cpp: vdpbf16ps, up to twice the float32 rate).
+// (gemm_avx512_bf16.cpp: vdpbf16ps, up to twice the float32 rate). "… bf16 packed B" / "… f16
+// packed B": the 16-bit weight packed once (bf16 pair panels where the CPU has them), as the
+// layer runs it.
 // OpenBLAS's cblas_sbgemm would be their yardstick, but Debian's 0.3.21 is built without it
 // (the header declares it; libopenblas.so exports no sbgemm symbol), so it is not timed.
 // --clock cpu: the process's CPU seconds instead of wall seconds — on a shared machine, with
@@ -126,6 +128,14 @@ int main(int argc, char** argv) {
                 h.B16 = bf ? b_bf.data() : b16.data();
                 names.push_back(std::string("attn ") + attn::detail::isa_name(row->isa) + (bf ? " bf16" : " f16"));
                 runs.push_back([row, h] { attn::detail::sgemm(*row, h); });
+                // The 16-bit weight packed once, as the layer does (bf16 pairs where the CPU has them).
+                auto packed16 = std::make_shared<attn::detail::PackedB>(attn::detail::pack_b(*row, h));
+                names.push_back(std::string("attn ") + attn::detail::isa_name(row->isa) + (bf ? " bf16" : " f16") + " packed B");
+                runs.push_back([row, h, packed16] {
+                    GemmArgs p = h;
+                    p.packed = packed16.get();
+                    attn::detail::sgemm(*row, p);
+                });
             }
         }
         names.push_back("OpenBLAS");
