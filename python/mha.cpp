@@ -127,7 +127,8 @@ public:
     // dtype when it is 16-bit (bfloat16 as uint16 bits), else float32 — as forward_packed.
     py::array forward_packed(const py::object& query, const py::object& cu_seqlens, const py::object& key,
                              const py::object& value, const py::object& cu_seqlens_k, const py::object& is_causal,
-                             const py::object& impl, const py::object& threads_obj, const py::object& dtype) {
+                             const py::object& impl, const py::object& threads_obj, const py::object& dtype,
+                             const py::object& intermediate_dtype) {
         const int threads = threads_arg(threads_obj);
         const bool bf16 = uint16_is_bf16_arg(dtype);
         const Input q = input(query, "query", 2, 2, "(Tq, E)", bf16);
@@ -139,6 +140,7 @@ public:
         attn::MhaPackedOptions o;
         o.causal = bool_arg(is_causal, "is_causal") ? attn::Causal::top_left : attn::Causal::none;
         o.impl = attn::parse_impl(str_arg(impl, "impl"));
+        o.intermediate_dtype = out_dtype_arg(intermediate_dtype, attn::DType::f32, "intermediate_dtype");
         attn::Tensor out;
         {
             py::gil_scoped_release nogil;
@@ -314,13 +316,13 @@ void bind_mha(py::module_& m) {
         .def("forward_packed", &PyMha::forward_packed, py::arg("query"), py::arg("cu_seqlens"),
              py::arg("key") = py::none(), py::arg("value") = py::none(), py::kw_only(),
              py::arg("cu_seqlens_k") = py::none(), py::arg("is_causal") = false, py::arg("impl") = "auto",
-             py::arg("threads") = py::none(), py::arg("dtype") = py::none(),
+             py::arg("threads") = py::none(), py::arg("dtype") = py::none(), py::arg("intermediate_dtype") = py::none(),
              "Packed variable-length input without padding (attn.sdpa_varlen inside): query (Tq, E) holds\n"
              "N sequences back to back, cu_seqlens (N+1,) int32/int64 their offsets (cu[0] = 0, last = Tq).\n"
              "key (Tk, kdim) / value (Tk, vdim) default to query (self-attention), cu_seqlens_k to\n"
              "cu_seqlens. Sequence b's rows are what forward() gives that sequence alone (is_causal:\n"
              "top-left causal per sequence). Returns (Tq, E): float32, or a 16-bit query's dtype\n"
-             "(dtype=\"bfloat16\": uint16 arrays are bfloat16 bits).")
+             "(dtype=\"bfloat16\": uint16 arrays are bfloat16 bits). intermediate_dtype= as forward's.")
         .def("load_state_dict", &PyMha::load_state_dict, py::arg("state_dict"), py::kw_only(), py::arg("dtype") = py::none(),
              "Copies the arrays (torch names; float32/float64/float16, uint16 bfloat16 bits with\n"
              "dtype=\"bfloat16\") into the parameters, converted to their storage dtype; the names\n"

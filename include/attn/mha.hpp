@@ -95,7 +95,8 @@ struct MhaForwardOptions {
     // after its float32 accumulation (bias included), as PyTorch's 16-bit layer stores them,
     // and attention and the out projection read the 16-bit values — with bfloat16 weights and
     // input on a CPU with AVX-512 BF16 all three products then run on bf16 pairs. Bounds in
-    // docs/conventions.md ("16-bit MHA"). forward/forward_into only: forward_train refuses it.
+    // docs/conventions.md ("16-bit MHA"). Inference: forward/forward_into (and forward_packed,
+    // MhaPackedOptions); forward_train refuses it.
     std::optional<DType> intermediate_dtype;
 };
 
@@ -104,6 +105,8 @@ struct MhaForwardOptions {
 struct MhaPackedOptions {
     Causal causal = Causal::none;  // per sequence; bottom-right aligns to each sequence's own lengths
     Impl impl = Impl::automatic;   // passed to attn::sdpa_varlen
+    // As MhaForwardOptions::intermediate_dtype (forward_packed only; forward_packed_train refuses it).
+    std::optional<DType> intermediate_dtype;
 };
 
 struct MhaOutput {

@@ -17,7 +17,7 @@ namespace attn {
 namespace detail {
 
 TensorView packed_heads(const Tensor& rows, std::int64_t heads, std::int64_t dh) {
-    return TensorView(rows.data(), DType::f32, Shape{rows.shape()[0], heads, dh}, Strides{heads * dh, dh, 1});
+    return TensorView(rows.data(), rows.dtype(), Shape{rows.shape()[0], heads, dh}, Strides{heads * dh, dh, 1});
 }
 
 }  // namespace detail
@@ -38,11 +38,20 @@ Tensor owned_offsets(const TensorView& cu, const char* name) {
     return t;
 }
 
+// float32 rows rounded once to dt (the layer's 16-bit intermediates); float32 rows as they are.
+Tensor intermediate(Tensor rows, DType dt) {
+    if (dt == DType::f32) return rows;
+    Tensor narrow(dt, rows.shape());
+    detail::store_output(rows.data_as<const float>(), narrow.view());
+    return narrow;
+}
+
 // The packed forward. `keep` (training) receives float32 copies of the inputs, Q, K, V, O, lse
-// and the options; without it nothing is kept.
+// and the options; without it nothing is kept. mid: the dtype of Q, K, V and O (float32 when
+// training).
 Tensor run_packed(const MultiHeadAttention& layer, const TensorView& query, const TensorView& key,
                   const TensorView& value, const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
-                  const SdpaOptions& options, MhaForwardState* keep) {
+                  const SdpaOptions& options, DType mid, MhaForwardState* keep) {
     const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
     const MhaConfig& c = layer.config();
     if (c.add_bias_kv || c.add_zero_attn) {
@@ -74,8 +83,11 @@ Tensor run_packed(const MultiHeadAttention& layer, const TensorView& query, cons
     detail::linear(xq, Tq, E, E, w.wq, E, w.bq, q.data_as<float>(), E);
     detail::linear(xk, Tk, c.kdim, c.kdim, w.wk, Ekv, w.bk, k.data_as<float>(), Ekv);
     detail::linear(xv, Tk, c.vdim, c.vdim, w.wv, Ekv, w.bv, v.data_as<float>(), Ekv);
+    q = intermediate(std::move(q), mid);
+    k = intermediate(std::move(k), mid);
+    v = intermediate(std::move(v), mid);
 
-    Tensor attn_out(DType::f32, Shape{Tq, E});
+    Tensor attn_out(mid, Shape{Tq, E});  // sdpa_varlen rounds O once from its float32 accumulators
     Tensor lse = keep ? Tensor(DType::f32, Shape{Tq, h}) : Tensor();
     const TensorView lse_view = lse.view();
     sdpa_varlen(detail::packed_heads(q, h, dh), detail::packed_heads(k, hkv, dh), detail::packed_heads(v, hkv, dh),
@@ -83,7 +95,8 @@ Tensor run_packed(const MultiHeadAttention& layer, const TensorView& query, cons
 
     Tensor out(DType::f32, Shape{Tq, E});
     const float* ob = c.bias ? layer.parameter("out_proj.bias").data_as<const float>() : nullptr;
-    detail::linear(attn_out.data_as<const float>(), Tq, E, E, detail::out_weight(layer, keep == nullptr), E, ob, out.data_as<float>(), E);
+    detail::linear(detail::Operand(attn_out.data(), mid), Tq, E, E, detail::out_weight(layer, keep == nullptr), E, ob,
+                   out.data_as<float>(), E);
     if (keep != nullptr) {
         MhaForwardState& s = *keep;
         s.query_shape = query.shape();
@@ -113,7 +126,8 @@ Tensor MultiHeadAttention::forward_packed(const TensorView& query, const TensorV
     o.causal = options.causal;
     o.impl = options.impl;  // scale: sdpa's default 1/√d_h, as the layer's
     score_modifiers(o);     // the layer's softcap, ALiBi and sinks, as forward() applies them
-    return run_packed(*this, query, key, value, cu_seqlens_q, cu_seqlens_k, o, nullptr);
+    return run_packed(*this, query, key, value, cu_seqlens_q, cu_seqlens_k, o,
+                      detail::intermediate_dtype(options.intermediate_dtype), nullptr);
 }
 
 Tensor MultiHeadAttention::forward_packed_train(const TensorView& query, const TensorView& key,
@@ -127,6 +141,10 @@ Tensor MultiHeadAttention::forward_packed_train(const TensorView& query, const T
         detail::fail(kOp, "forward_packed_train: the weight matrices are stored in ", dtype_name(config().param_dtype),
                      "; training needs float32 parameters (set_param_dtype(float32) first)");
     }
+    if (detail::intermediate_dtype(options.intermediate_dtype) != DType::f32) {
+        detail::fail(kOp, "intermediate_dtype: forward_packed_train keeps float32 intermediates (backward reads them) but got ",
+                     dtype_name(*options.intermediate_dtype));
+    }
     MhaForwardState s;
     s.sdpa.causal = options.causal;
     s.sdpa.impl = options.impl;
@@ -136,7 +154,7 @@ Tensor MultiHeadAttention::forward_packed_train(const TensorView& query, const T
     detail::own_score_modifiers(s);  // the state outlives this layer's views
     s.cu_seqlens_q = owned_offsets(cu_seqlens_q, "cu_seqlens_q");
     s.cu_seqlens_k = owned_offsets(cu_seqlens_k, "cu_seqlens_k");
-    Tensor out = run_packed(*this, query, key, value, s.cu_seqlens_q, s.cu_seqlens_k, s.sdpa, &s);
+    Tensor out = run_packed(*this, query, key, value, s.cu_seqlens_q, s.cu_seqlens_k, s.sdpa, DType::f32, &s);
     state = std::move(s);
     return out;
 }

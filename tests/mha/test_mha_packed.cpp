@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -118,6 +119,74 @@ TEST(MhaPacked, MatchesSequencesAloneAndPaddedBatch) {
                      " kdim=" + std::to_string(c.kdim) + " causal=" + std::to_string(c.causal));
         check(c, seed++);
         if (::testing::Test::HasFatalFailure()) return;
+    }
+}
+
+double rms(const TensorView& a, const TensorView& b) {
+    double s = 0;
+    for (std::int64_t i = 0; i < a.numel(); ++i) s += std::pow(a.load_as_double(i) - b.load_as_double(i), 2);
+    return std::sqrt(s / static_cast<double>(a.numel()));
+}
+
+// intermediate_dtype on packed input: each sequence's rows are what forward() with the same
+// option gives that sequence alone — within 4u of the largest output (a 16-bit rounding may
+// flip where the GEMMs' float32 sums differ in the last bit: other row blocks), and far nearer
+// it than forward() with float32 intermediates is (rms ratio ≤ ¼: the option reached the packed path).
+TEST(MhaPacked, HalfIntermediatesMatchSequencesAlone) {
+    for (const DType dt : {DType::f16, DType::bf16}) {
+        SCOPED_TRACE(dtype_name(dt));
+        const double u = dt == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+        std::mt19937 rng(dt == DType::bf16 ? 41 : 42);
+        MhaConfig mc;
+        mc.embed_dim = 48;
+        mc.num_heads = 4;
+        mc.num_kv_heads = 2;
+        mc.param_dtype = dt;
+        MultiHeadAttention m(mc);
+        randomise(m, rng);
+        const std::vector<std::int64_t> len = {7, 1, 33, 12};
+        std::int64_t T = 0;
+        for (auto l : len) T += l;
+        const Tensor x = to_dtype(random_tensor(Shape{T, 48}, rng).view(), dt);
+        const Tensor c = cu(len);
+        MhaPackedOptions po;
+        po.causal = Causal::top_left;
+        po.intermediate_dtype = dt;
+        const Tensor got = to_dtype(m.forward_packed(x, x, x, c, c, po).view(), DType::f32);
+        MhaForwardOptions fo;
+        fo.need_weights = false;
+        fo.is_causal = true;
+        fo.out_dtype = dt;  // the packed output's dtype: the 16-bit query's
+        MhaForwardOptions f32 = fo;
+        fo.intermediate_dtype = dt;
+        Tensor want(DType::f32, Shape{T, 48}), wide(DType::f32, Shape{T, 48});
+        std::int64_t t0 = 0;
+        for (const std::int64_t L : len) {
+            const TensorView r = x.view().slice(0, t0, L);
+            const TensorView seq(r.data(), r.dtype(), Shape{L, 1, 48}, Strides{r.stride(0), 0, r.stride(1)});
+            const Tensor a = to_dtype(m.forward(seq, seq, seq, fo).output.view(), DType::f32);
+            const Tensor b = to_dtype(m.forward(seq, seq, seq, f32).output.view(), DType::f32);
+            std::memcpy(want.data_as<float>() + t0 * 48, a.data(), a.nbytes());
+            std::memcpy(wide.data_as<float>() + t0 * 48, b.data(), b.nbytes());
+            t0 += L;
+        }
+        const double scale = max_abs(want);
+        for (std::int64_t i = 0; i < T * 48; ++i)
+            ASSERT_LE(std::fabs(got.data_as<float>()[i] - want.data_as<float>()[i]), 4 * u * scale) << "element " << i;
+        EXPECT_LE(rms(got, want), 0.25 * rms(want, wide));
+    }
+    // Training keeps float32 intermediates.
+    MultiHeadAttention m32(MhaConfig{.embed_dim = 8, .num_heads = 2});
+    const Tensor x(DType::f32, Shape{3, 8}, true);
+    MhaPackedOptions po;
+    po.intermediate_dtype = DType::bf16;
+    MhaForwardState st;
+    try {
+        (void)m32.forward_packed_train(x, x, x, cu({3}), cu({3}), po, {}, st);
+        FAIL() << "forward_packed_train took bfloat16 intermediates";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("intermediate_dtype: forward_packed_train keeps float32 intermediates"), std::string::npos)
+            << e.what();
     }
 }
 
