@@ -38,14 +38,6 @@ Tensor owned_offsets(const TensorView& cu, const char* name) {
     return t;
 }
 
-// float32 rows rounded once to dt (the layer's 16-bit intermediates); float32 rows as they are.
-Tensor intermediate(Tensor rows, DType dt) {
-    if (dt == DType::f32) return rows;
-    Tensor narrow(dt, rows.shape());
-    detail::store_output(rows.data_as<const float>(), narrow.view());
-    return narrow;
-}
-
 // The packed forward. `keep` (training) receives float32 copies of the inputs, Q, K, V, O, lse
 // and the options; without it nothing is kept. mid: the dtype of Q, K, V and O (float32 when
 // training).
@@ -83,9 +75,9 @@ Tensor run_packed(const MultiHeadAttention& layer, const TensorView& query, cons
     detail::linear(xq, Tq, E, E, w.wq, E, w.bq, q.data_as<float>(), E);
     detail::linear(xk, Tk, c.kdim, c.kdim, w.wk, Ekv, w.bk, k.data_as<float>(), Ekv);
     detail::linear(xv, Tk, c.vdim, c.vdim, w.wv, Ekv, w.bv, v.data_as<float>(), Ekv);
-    q = intermediate(std::move(q), mid);
-    k = intermediate(std::move(k), mid);
-    v = intermediate(std::move(v), mid);
+    q = detail::rounded_rows(std::move(q), mid);
+    k = detail::rounded_rows(std::move(k), mid);
+    v = detail::rounded_rows(std::move(v), mid);
 
     Tensor attn_out(mid, Shape{Tq, E});  // sdpa_varlen rounds O once from its float32 accumulators
     Tensor lse = keep ? Tensor(DType::f32, Shape{Tq, h}) : Tensor();
@@ -110,11 +102,7 @@ Tensor run_packed(const MultiHeadAttention& layer, const TensorView& query, cons
         s.lse = std::move(lse);
         return out;  // training: float32, as forward_train's output
     }
-    const DType out_dtype = detail::output_dtype(std::nullopt, query.dtype());
-    if (out_dtype == DType::f32) return out;
-    Tensor narrow(out_dtype, Shape{Tq, E});
-    detail::store_output(out.data_as<const float>(), narrow.view());
-    return narrow;
+    return detail::rounded_rows(std::move(out), detail::output_dtype(std::nullopt, query.dtype()));
 }
 
 }  // namespace

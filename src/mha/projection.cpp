@@ -84,6 +84,13 @@ void store_output(const float* src, const TensorView& out) {
     }
 }
 
+Tensor rounded_rows(Tensor rows, DType dt) {
+    if (dt == DType::f32) return rows;
+    Tensor narrow(dt, rows.shape());
+    store_output(rows.data_as<const float>(), narrow.view());
+    return narrow;
+}
+
 void check_output(const char* name, const TensorView& out, const Shape& shape) {
     if (out.data() == nullptr || !gemm_dtype(out.dtype()) || !out.is_contiguous() || !(out.shape() == shape)) {
         fail(kMha, name, ": expected a contiguous float32, float16 or bfloat16 tensor of shape ", shape, " but got ",

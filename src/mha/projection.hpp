@@ -29,6 +29,9 @@ DType output_dtype(const std::optional<DType>& requested, DType input);
 // element count) in its dtype: a copy for float32, one rounding to nearest even for 16 bits.
 void store_output(const float* src, const TensorView& out);
 
+// float32 rows rounded once to dt (a new tensor), or the rows themselves when dt is float32.
+Tensor rounded_rows(Tensor rows, DType dt);
+
 // A layer's output tensor argument: contiguous, of `shape`, float32/float16/bfloat16.
 void check_output(const char* name, const TensorView& out, const Shape& shape);
 
