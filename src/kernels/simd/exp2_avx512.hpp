@@ -13,8 +13,10 @@ namespace {
 
 inline __m512 exp2_ps512(__m512 x) {
     using namespace exp2poly;
-    // max/min(const, x) return x when x is NaN, so NaN propagates.
-    const __m512 xc = _mm512_max_ps(_mm512_set1_ps(-127.0f), _mm512_min_ps(_mm512_set1_ps(kMax), x));
+    // min(const, x) returns x when x is NaN, so NaN propagates; +inf becomes kMax (2^128 = inf).
+    // No lower clamp: vscalefps puts 2^n into the exponent without an integer add that could
+    // wrap, and every lane below kMin is zeroed by the mask below anyway.
+    const __m512 xc = _mm512_min_ps(_mm512_set1_ps(kMax), x);
     const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(xc, n);
     __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(c6), f, _mm512_set1_ps(c5));
@@ -23,10 +25,9 @@ inline __m512 exp2_ps512(__m512 x) {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c2));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c1));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    const __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(n), 23);
-    const __m512 r = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e));
-    // Below −126 (and −inf): exactly 0 (a zeroing mask: lanes where x < −126 get 0).
-    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(kMin), _CMP_NLT_UQ), r);
+    // p · 2^n, exact (the same bits as exp2.hpp's exponent add: at n >= kMin every result is a
+    // normal float or overflows to inf); below kMin (and −inf, whose f is NaN): exactly 0.
+    return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(kMin), _CMP_NLT_UQ), p, n);
 }
 
 }  // namespace
