@@ -20,6 +20,19 @@ void require_f32_or_f64(std::string_view op, const TensorView& t, std::string_vi
     }
 }
 
+void require_floating(std::string_view op, const TensorView& t, std::string_view name) {
+    if (!is_floating(t.dtype())) {
+        fail(op, name, ": dtype must be float32, float64, float16 or bfloat16 but got ", dtype_name(t.dtype()));
+    }
+}
+
+void require_gradient_like(std::string_view op, const TensorView& t, std::string_view name, const Shape& expected,
+                           std::string_view like) {
+    if (t.data() == nullptr) fail(op, name, ": data pointer is null");
+    require_floating(op, t, name);
+    if (!(t.shape() == expected)) fail(op, name, ": expected the shape of ", like, " ", expected, " but got ", t.shape());
+}
+
 void require_distinct_elements(std::string_view op, const TensorView& t, std::string_view name) {
     for (int d = 0; d < t.rank(); ++d) {
         if (t.dim(d) > 1 && t.stride(d) == 0) {

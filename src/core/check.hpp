@@ -47,6 +47,14 @@ void require_shape(std::string_view op, const TensorView& t, std::string_view na
 // t's dtype is float32 or float64 (what outputs and compute-precision inputs may be).
 void require_f32_or_f64(std::string_view op, const TensorView& t, std::string_view name);
 
+// t's dtype is float32, float64, float16 or bfloat16 (attention's inputs, out and gradients).
+void require_floating(std::string_view op, const TensorView& t, std::string_view name);
+
+// A gradient (or grad_out): non-null, floating (a 16-bit gradient is the float32 result
+// rounded once) and of the shape `expected` of the tensor `like` names.
+void require_gradient_like(std::string_view op, const TensorView& t, std::string_view name, const Shape& expected,
+                           std::string_view like);
+
 // An output needs its own memory for every element: a stride-0 (broadcast) dimension of
 // size > 1 would make several results land on one address.
 void require_distinct_elements(std::string_view op, const TensorView& t, std::string_view name);

@@ -16,23 +16,6 @@ namespace {
 
 constexpr std::string_view kOp = "sdpa_backward";
 
-// float32, float64, float16 or bfloat16 (q, k, v, out, grad_out and the gradients).
-void require_float(const TensorView& t, const char* name) {
-    if (!is_floating(t.dtype())) {
-        detail::fail(kOp, name, ": dtype must be float32, float64, float16 or bfloat16 but got ", dtype_name(t.dtype()));
-    }
-}
-
-// A gradient input or output with the shape of `like`; any floating dtype (a 16-bit
-// gradient is the float32 result rounded once).
-void require_like(const TensorView& t, const char* name, const Shape& expected, const char* what) {
-    if (t.data() == nullptr) detail::fail(kOp, name, ": data pointer is null");
-    require_float(t, name);
-    if (!(t.shape() == expected)) {
-        detail::fail(kOp, name, ": expected the shape of ", what, " ", expected, " but got ", t.shape());
-    }
-}
-
 }  // namespace
 
 void sdpa_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
@@ -44,10 +27,10 @@ void sdpa_backward(const TensorView& q, const TensorView& k, const TensorView& v
     p.fwd = detail::make_problem(q, k, v, options, out, &lse, nullptr, kOp);
     // make_problem admits q, k, v, out in float32, float64, float16 or bfloat16; lse stays
     // float32/float64 (its check).
-    require_like(grad_out, "grad_out", out.shape(), "out");
-    require_like(dq, "dq", q.shape(), "q");
-    require_like(dk, "dk", k.shape(), "k");
-    require_like(dv, "dv", v.shape(), "v");
+    detail::require_gradient_like(kOp, grad_out, "grad_out", out.shape(), "out");
+    detail::require_gradient_like(kOp, dq, "dq", q.shape(), "q");
+    detail::require_gradient_like(kOp, dk, "dk", k.shape(), "k");
+    detail::require_gradient_like(kOp, dv, "dv", v.shape(), "v");
     const std::pair<const TensorView*, const char*> outs[] = {{&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}};
     const std::pair<const TensorView*, const char*> ins[] = {{&q, "q"},     {&k, "k"},   {&v, "v"},
                                                              {&out, "out"}, {&lse, "lse"}, {&grad_out, "grad_out"}};

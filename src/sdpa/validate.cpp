@@ -13,20 +13,16 @@ namespace {
 
 bool is_compute_float(DType t) { return t == DType::f32 || t == DType::f64; }
 
-// Q, K, V and out may be float32, float64, float16 or bfloat16 (any combination); which
-// kernel reads which is decided in kernels/dispatch.cpp, which says why when one declines.
-void require_float(std::string_view kOp, const TensorView& t, const char* name) {
-    if (!is_floating(t.dtype())) {
-        fail(kOp, name, ": dtype must be float32, float64, float16 or bfloat16 but got ", dtype_name(t.dtype()));
-    }
-}
+// Q, K, V and out may be float32, float64, float16 or bfloat16 (any combination:
+// require_floating); which kernel reads which is decided in kernels/dispatch.cpp, which says
+// why when one declines.
 
 // An output: rank, float dtype (16-bit only where `sixteen_ok`: out, not lse or weights),
 // exact shape, one address per element.
 void require_output(std::string_view kOp, const TensorView& t, const char* name, const Shape& expected, const char* layout,
                     bool sixteen_ok = false) {
     require_rank(kOp, t, name, expected.rank, layout);
-    if (sixteen_ok) require_float(kOp, t, name);
+    if (sixteen_ok) require_floating(kOp, t, name);
     else require_f32_or_f64(kOp, t, name);
     require_shape(kOp, t, name, expected, layout);
     require_distinct_elements(kOp, t, name);
@@ -89,9 +85,9 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
     require_rank(kOp, q, "Q", 4, "(B, Hq, Lq, Dk)");
     require_rank(kOp, k, "K", 4, "(B, Hkv, Lk, Dk)");
     require_rank(kOp, v, "V", 4, "(B, Hkv, Lk, Dv)");
-    require_float(kOp, q, "Q");
-    require_float(kOp, k, "K");
-    require_float(kOp, v, "V");
+    require_floating(kOp, q, "Q");
+    require_floating(kOp, k, "K");
+    require_floating(kOp, v, "V");
 
     SdpaProblem p;
     p.B = q.dim(0);

@@ -20,21 +20,6 @@ namespace {
 
 constexpr std::string_view kOp = "sdpa_varlen_backward";
 
-// float32, float64, float16 or bfloat16 (q, k, v, out, grad_out and the gradients).
-void require_float(const TensorView& t, const char* name) {
-    if (!is_floating(t.dtype())) {
-        detail::fail(kOp, name, ": dtype must be float32, float64, float16 or bfloat16 but got ", dtype_name(t.dtype()));
-    }
-}
-
-void require_like(const TensorView& t, const char* name, const TensorView& like, const char* what) {
-    if (t.data() == nullptr) detail::fail(kOp, name, ": data pointer is null");
-    require_float(t, name);
-    if (!(t.shape() == like.shape())) {
-        detail::fail(kOp, name, ": expected the shape of ", what, " ", like.shape(), " but got ", t.shape());
-    }
-}
-
 }  // namespace
 
 void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -44,13 +29,13 @@ void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const Tensor
                           const TensorView* dsinks) {
     const detail::PackedBatch pb = detail::check_packed(kOp, q, k, v, cu_seqlens_q, cu_seqlens_k, options, out, &lse,
                                                            /*sixteen_bit_out=*/true);
-    require_float(q, "q");
-    require_float(k, "k");
-    require_float(v, "v");
-    require_like(grad_out, "grad_out", out, "out");
-    require_like(dq, "dq", q, "q");
-    require_like(dk, "dk", k, "k");
-    require_like(dv, "dv", v, "v");
+    detail::require_floating(kOp, q, "q");
+    detail::require_floating(kOp, k, "k");
+    detail::require_floating(kOp, v, "v");
+    detail::require_gradient_like(kOp, grad_out, "grad_out", out.shape(), "out");
+    detail::require_gradient_like(kOp, dq, "dq", q.shape(), "q");
+    detail::require_gradient_like(kOp, dk, "dk", k.shape(), "k");
+    detail::require_gradient_like(kOp, dv, "dv", v.shape(), "v");
     const std::pair<const TensorView*, const char*> outs[] = {{&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}};
     const std::pair<const TensorView*, const char*> ins[] = {{&q, "q"},     {&k, "k"},     {&v, "v"},
                                                              {&out, "out"}, {&lse, "lse"}, {&grad_out, "grad_out"}};
