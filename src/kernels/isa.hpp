@@ -46,6 +46,10 @@ struct KernelSet {
     // y[i] = 2^x[i], the one vectorised exp of this ISA (simd/exp2.hpp states its error):
     // 0 for x < −126, +inf for x >= 128, NaN stays NaN.
     void (*exp2)(const float* x, float* y, std::size_t n);
+    // y[i] = x[i] rounded to float16 (is_f16) or bfloat16 by attn/half.hpp's rule, bit for bit on
+    // every row (simd/half_*.hpp; tests/kernels/test_narrow16.cpp): the 16-bit stores of
+    // store_row and the MHA layer's 16-bit intermediates.
+    void (*narrow16)(const float* x, std::uint16_t* y, std::size_t n, bool is_f16);
     // The packed GEMM (gemm/gemm.hpp) for K > 0, M > 0, N > 0; OpenMP's thread count.
     void (*gemm)(const GemmArgs& g);
     // The GEMM's packing of op(B) on its own (gemm/gemm.hpp PackedB): returns the floats the
@@ -103,6 +107,9 @@ void decode_avx512(const SdpaProblem& p, const DecodeWork& w);
 void exp2_portable(const float* x, float* y, std::size_t n);
 void exp2_avx2(const float* x, float* y, std::size_t n);
 void exp2_avx512(const float* x, float* y, std::size_t n);
+void narrow16_portable(const float* x, std::uint16_t* y, std::size_t n, bool is_f16);
+void narrow16_avx2(const float* x, std::uint16_t* y, std::size_t n, bool is_f16);
+void narrow16_avx512(const float* x, std::uint16_t* y, std::size_t n, bool is_f16);
 void gemm_portable(const GemmArgs& g);
 std::int64_t gemm_pack_b_portable(const GemmArgs& g, float* dst);
 void gemm_avx2(const GemmArgs& g);

@@ -1,8 +1,7 @@
 #include "store_row.hpp"
 
-#include <cstring>
-
 #include "attn/half.hpp"
+#include "isa.hpp"
 
 namespace attn::detail {
 
@@ -23,24 +22,27 @@ void store_row(const TensorView& out, std::int64_t offset, std::int64_t stride, 
             for (std::int64_t i = 0; i < n; ++i) o[i * stride] = static_cast<double>(src[i * src_stride] * f);
             break;
         }
-        case DType::f16: {
+        default: {  // float16 or bfloat16 (make_problem admits no other output dtype)
             std::uint16_t* o = out.data_as<std::uint16_t>() + offset;
-            for (std::int64_t i = 0; i < n; ++i) o[i * stride] = float_to_f16(src[i * src_stride] * f);
-            break;
-        }
-        default: {  // bfloat16 (make_problem admits no other output dtype)
-            std::uint16_t* o = out.data_as<std::uint16_t>() + offset;
-            if (stride == 1 && src_stride == 1) {  // float_to_bf16 without its branch, so it vectorises
-                for (std::int64_t i = 0; i < n; ++i) {
-                    const float x = src[i] * f;
-                    std::uint32_t u;
-                    std::memcpy(&u, &x, 4);
-                    const std::uint32_t nan = (u >> 16) | 0x40u, rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-                    o[i] = static_cast<std::uint16_t>(static_cast<std::int32_t>(u & 0x7fffffffu) > 0x7f800000 ? nan : rounded);
+            const bool f16 = out.dtype() == DType::f16;
+            if (stride == 1 && src_stride == 1) {  // the ISA's narrowing, on the products in pieces
+                const auto narrow16 = kernel_set().narrow16;
+                if (f == 1.0f) {
+                    narrow16(src, o, static_cast<std::size_t>(n), f16);
+                    break;
+                }
+                float scaled[256];
+                for (std::int64_t i0 = 0; i0 < n; i0 += 256) {
+                    const std::int64_t len = n - i0 < 256 ? n - i0 : 256;
+                    for (std::int64_t i = 0; i < len; ++i) scaled[i] = src[i0 + i] * f;
+                    narrow16(scaled, o + i0, static_cast<std::size_t>(len), f16);
                 }
                 break;
             }
-            for (std::int64_t i = 0; i < n; ++i) o[i * stride] = float_to_bf16(src[i * src_stride] * f);
+            for (std::int64_t i = 0; i < n; ++i) {
+                const float x = src[i * src_stride] * f;
+                o[i * stride] = f16 ? float_to_f16(x) : float_to_bf16(x);
+            }
             break;
         }
     }

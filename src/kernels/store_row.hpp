@@ -1,8 +1,9 @@
 // The one "store a row of float32 results" of the forward kernels (flash and decode): out
 // may be float32, float64, float16 or bfloat16. Compiled once without ISA flags
 // (store_row.cpp) and called from the ISA files: a row is Dv values per query row, so the
-// call and the scalar narrowing cost nothing next to the row's Lk·(Dk+Dv) FMAs, and the
-// rounding lives in one place (attn/half.hpp, round to nearest even — detail::store's).
+// call costs nothing next to the row's Lk·(Dk+Dv) FMAs. The rounding is attn/half.hpp's
+// (round to nearest even — detail::store's): contiguous rows through the kernel table's
+// narrow16 (vectorised, the same bits), strided ones one value at a time.
 #pragma once
 
 #include <cstdint>

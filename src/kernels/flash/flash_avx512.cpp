@@ -251,6 +251,11 @@ struct Avx512Ops {
         widen_row_avx512(src, stride, n, is_f16, dst);
     }
 
+    // float32 → float16/bfloat16 by attn/half.hpp's rule (the O store of a 16-bit out).
+    static void narrow16(const float* x, std::uint16_t* y, std::int64_t n, bool is_f16) {
+        narrow_row_avx512(x, n, is_f16, y);
+    }
+
     // Dropout factors of a row segment: the AVX2 Philox (isa.cpp's avx512 row says why).
     static void dropout_row(const DropoutRowArgs& a) { dropout_row_avx2(a); }
 

@@ -234,6 +234,8 @@ inline float load_elem(const TensorView& t, std::int64_t off) {
 // Lk = 512 done one scalar at a time, the Q read included). An Ops may define
 //   transpose16(in, out, scale)   out[r][c] = in[c][r] (· scale[r] when scale is not null),
 //                                 16 × 16 floats, in/out: 16 row pointers (avx512's does)
+//   narrow16(x, y, n, is_f16)     (with transpose16) y = x rounded to float16/bfloat16, the
+//                                 kernel table's narrow16 of this ISA (a 16-bit out's O store)
 // and then a float32 Q or out whose head dim is contiguous moves 16 × 16 blocks at a time.
 // The values are the same bits either way (a copy; the store's one multiply by 1/l).
 template <class Ops>
@@ -686,24 +688,34 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     // O = Oᵀ / l, transposed into the caller's layout; lse. l = 0: no visible key (O = 0,
     // lse = −inf); l NaN (a visible NaN/±inf score): O and lse NaN. O in out's dtype
     // (store_row: 16-bit rounds the float32 value once); lse float32 or float64.
-    // Whole groups of 16 columns of a float32 out with a contiguous head dim go 16 × 16 at a
-    // time (transpose16, "Per-task work" above); the rest column by column.
+    // Whole groups of 16 columns of an out with a contiguous head dim go 16 × 16 at a time
+    // (transpose16, "Per-task work" above; a 16-bit out through a float tile and Ops::narrow16,
+    // attn/half.hpp's rounding of the same float32 products); the rest column by column.
     int stored = 0;
     if constexpr (kOpsTranspose<Ops>) {
-        if (!careful && p.out.dtype() == DType::f32 && p.out.stride(3) == 1 && p.Dv % 16 == 0) {
-            float* o = p.out.data_as<float>();
+        const bool sixteen = is16(p.out);
+        if (!careful && (p.out.dtype() == DType::f32 || sixteen) && p.out.stride(3) == 1 && p.Dv % 16 == 0) {
+            const bool f16 = p.out.dtype() == DType::f16;
+            alignas(64) float tile[16][16];
             const float* in[16];
             float* out[16];
+            std::int64_t at[16];  // element offset of each column's row of out
             for (; stored + 16 <= nq; stored += 16) {
                 for (int c = 0; c < 16; ++c) {
                     const float l = w.l[stored + c];
                     w.alpha[stored + c] = l == 0.0f ? 0.0f : 1.0f / l;  // α is free after the key loop
-                    out[c] = o + p.out.offset(b, w.ch[stored + c], w.ci[stored + c], 0);
+                    at[c] = p.out.offset(b, w.ch[stored + c], w.ci[stored + c], 0);
+                    out[c] = sixteen ? tile[c] : p.out.data_as<float>() + at[c];
                 }
                 for (std::int64_t d0 = 0; d0 < p.Dv; d0 += 16) {
                     for (int r = 0; r < 16; ++r) in[r] = w.ot + (d0 + r) * ldO + stored;
                     Ops::transpose16(in, out, w.alpha + stored);
-                    for (int c = 0; c < 16; ++c) out[c] += 16;
+                    if (sixteen) {
+                        for (int c = 0; c < 16; ++c)
+                            Ops::narrow16(tile[c], p.out.data_as<std::uint16_t>() + at[c] + d0, 16, f16);
+                    } else {
+                        for (int c = 0; c < 16; ++c) out[c] += 16;
+                    }
                 }
             }
         }
