@@ -298,12 +298,38 @@ struct Avx512Bf16Ops : Avx512Ops {
         return reinterpret_cast<std::uint16_t*>(static_cast<char*>(w.extra) + p_bytes(w.tile_mb, w.tile_nb) + v_bytes(p, w.tile_nb));
     }
 
+    // Every row of a 16-bit t starts on a 4-byte boundary (its pairs are aligned 32-bit words).
+    static bool words_aligned(const TensorView& t) {
+        return reinterpret_cast<std::uintptr_t>(t.data()) % 4 == 0 && t.stride(0) % 2 == 0 && t.stride(1) % 2 == 0 &&
+               t.stride(2) % 2 == 0;
+    }
+
     // Qᵀ as pair words: qt[panel][d/2][32], zero past Dk and past the last query (w.qt holds
     // Mb·Dk floats ≥ Mb·⌈Dk/2⌉ words).
     static void pack_q(const SdpaProblem& p, Workspace& w, std::int64_t b, int nq, int panels) {
         const std::uint16_t* q = p.q.data_as<const std::uint16_t>();
         const std::int64_t sd = p.q.stride(3), Dp = half_up(p.Dk);
         Pair* qt = reinterpret_cast<Pair*>(w.qt);
+        if (sd == 1 && p.Dk % 32 == 0 && words_aligned(p.q)) {
+            // A row's pairs are its 32-bit words: Qᵀ is the 16 × 16 transpose of words (a bit copy,
+            // as the driver's float32 pack_qt_blocks), not one scattered word at a time.
+            float* zeros = w.qrow;  // Dk ≥ Dp floats, a padding column's row
+            for (std::int64_t d2 = 0; d2 < Dp; ++d2) zeros[d2] = 0.0f;
+            const float* in[16];
+            float* out[16];
+            for (int c0 = 0; c0 < panels * kPanel; c0 += 16) {
+                for (int c = 0; c < 16; ++c)
+                    in[c] = c0 + c < nq ? reinterpret_cast<const float*>(q + p.q.offset(b, w.ch[c0 + c], w.ci[c0 + c], 0))
+                                        : zeros;
+                float* dst = reinterpret_cast<float*>(qt + (c0 / kPanel) * Dp * kPanel + c0 % kPanel);
+                for (std::int64_t d0 = 0; d0 < Dp; d0 += 16) {
+                    for (int r = 0; r < 16; ++r) out[r] = dst + (d0 + r) * kPanel;
+                    transpose16(in, out, nullptr);
+                    for (int c = 0; c < 16; ++c) in[c] += 16;
+                }
+            }
+            return;
+        }
         for (int c = 0; c < panels * kPanel; ++c) {
             Pair* dst = qt + (c / kPanel) * Dp * kPanel + c % kPanel;
             if (c >= nq) {
