@@ -91,6 +91,7 @@ Case random_case(std::mt19937_64& rng, int n) {
     c.Lq = n % 3 == 0 ? pick(1, 16) : pick(17, 80);
     c.Lk = pick(1, 150);
     c.Dk = pick(1, 48);
+    if (n % 4 == 3) c.Dk = 16 * pick(1, 3);  // 16 × 16 blocks: the avx512 row's Qᵀ pack (widen, transpose16)
     c.Dv = n % 2 ? c.Dk : pick(1, 40);
     if (n % 4 == 2) c.Dv = 16 * pick(1, 3);  // whole 16-column groups: the avx512 row's O store (transpose16, narrow16)
     c.strided = n % 4 == 1;

@@ -241,23 +241,35 @@ inline float load_elem(const TensorView& t, std::int64_t off) {
 template <class Ops>
 inline constexpr bool kOpsTranspose = requires { &Ops::transpose16; };
 
-// The fast Qᵀ pack: float32 Q with a contiguous head dim, Dk a multiple of 16 (padding
-// columns read the zero row `zeros`, Dk floats).
+// The fast Qᵀ pack: Q with a contiguous head dim and Dk a multiple of 16, 16 × 16 blocks at a
+// time — a float32 block read in place, a 16-bit one widened into a stack tile first (Ops::widen,
+// exact). Padding columns read zeros.
 template <class Ops>
 void pack_qt_blocks(const SdpaProblem& p, std::int64_t b, const std::int64_t* ch, const std::int64_t* ci, int nq,
-                    int panels, int panel, float* qt, const float* zeros) {
-    const float* q = p.q.data_as<const float>();
+                    int panels, int panel, float* qt) {
+    const bool sixteen = is16(p.q), f16 = p.q.dtype() == DType::f16;
+    alignas(64) static constexpr float zeros[16] = {};
+    alignas(64) float tile[16][16];
     const float* in[16];
     float* out[16];
+    std::int64_t at[16];  // element offset of each column's query row (−1: padding)
     for (int c0 = 0; c0 < panels * panel; c0 += 16) {
         const int pn = c0 / panel, lane0 = c0 % panel;
-        for (int c = 0; c < 16; ++c)
-            in[c] = c0 + c < nq ? q + p.q.offset(b, ch[c0 + c], ci[c0 + c], 0) : zeros;
+        for (int c = 0; c < 16; ++c) at[c] = c0 + c < nq ? p.q.offset(b, ch[c0 + c], ci[c0 + c], 0) : -1;
         float* dst = qt + static_cast<std::int64_t>(pn) * p.Dk * panel + lane0;
         for (std::int64_t d0 = 0; d0 < p.Dk; d0 += 16) {
+            for (int c = 0; c < 16; ++c) {
+                if (at[c] < 0) {
+                    in[c] = zeros;
+                } else if (sixteen) {
+                    Ops::widen(p.q.data_as<const std::uint16_t>() + at[c] + d0, 1, 16, f16, tile[c]);
+                    in[c] = tile[c];
+                } else {
+                    in[c] = p.q.data_as<const float>() + at[c] + d0;
+                }
+            }
             for (int r = 0; r < 16; ++r) out[r] = dst + (d0 + r) * panel;
             Ops::transpose16(in, out, nullptr);
-            for (int c = 0; c < 16; ++c) in[c] += 16;
         }
     }
 }
@@ -271,9 +283,8 @@ void pack_qt(const SdpaProblem& p, std::int64_t b, const std::int64_t* ch, const
     const bool sixteen = is16(p.q), f16 = p.q.dtype() == DType::f16;
     const std::int64_t sd = p.q.stride(3);
     if constexpr (kOpsTranspose<Ops>) {
-        if (!sixteen && sd == 1 && p.Dk % 16 == 0 && panel % 16 == 0) {
-            for (std::int64_t d = 0; d < p.Dk; ++d) qrow[d] = 0.0f;
-            pack_qt_blocks<Ops>(p, b, ch, ci, nq, panels, panel, qt, qrow);
+        if (sd == 1 && p.Dk % 16 == 0 && panel % 16 == 0) {
+            pack_qt_blocks<Ops>(p, b, ch, ci, nq, panels, panel, qt);
             return;
         }
     }
