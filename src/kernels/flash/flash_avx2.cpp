@@ -157,6 +157,40 @@ struct Avx2Ops {
         }
     }
 
+    // 16 × 16 transpose (the driver's per-task Qᵀ pack and O store, flash_driver.hpp "Per-task
+    // work"): out[r][c] = in[c][r] · scale[r] (scale null: a copy, bit for bit), as four 8 × 8
+    // ymm transposes — 32-bit then 64-bit interleaves inside 128-bit lanes, then lane swaps.
+    static void transpose16(const float* const* in, float* const* out, const float* scale) {
+        for (int cb = 0; cb < 16; cb += 8) {      // input rows cb.. → output columns cb..
+            for (int rb = 0; rb < 16; rb += 8) {  // input columns rb.. → output rows rb..
+                __m256 r[8], t[8];
+                for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(in[cb + i] + rb);
+                for (int i = 0; i < 8; i += 2) {
+                    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+                    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+                }
+                for (int i = 0; i < 8; i += 4) {  // r[i + k]: element k (lane 0) and k + 4 (lane 1) of rows i..i+3
+                    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+                    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+                    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+                    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+                }
+                for (int k = 0; k < 4; ++k) {
+                    t[k] = _mm256_permute2f128_ps(r[k], r[k + 4], 0x20);      // column k of the 8 rows
+                    t[k + 4] = _mm256_permute2f128_ps(r[k], r[k + 4], 0x31);  // column k + 4
+                }
+                for (int k = 0; k < 8; ++k)
+                    _mm256_storeu_ps(out[rb + k] + cb,
+                                     scale ? _mm256_mul_ps(t[k], _mm256_set1_ps(scale[rb + k])) : t[k]);
+            }
+        }
+    }
+
+    // float32 → float16/bfloat16 by attn/half.hpp's rule (the O store of a 16-bit out).
+    static void narrow16(const float* x, std::uint16_t* y, std::int64_t n, bool is_f16) {
+        narrow_row_avx2(x, n, is_f16, y);
+    }
+
     // n float16/bfloat16 values (element stride `stride`) → float32: simd/half_*.hpp, the
     // loaders the decode kernel of this ISA uses too.
     static void widen(const std::uint16_t* src, std::int64_t stride, std::int64_t n, bool is_f16, float* dst) {

@@ -233,7 +233,7 @@ inline float load_elem(const TensorView& t, std::int64_t off) {
 // the short shapes feel (docs/kernels.md, "Short sequences": about 5 % of a task's time at
 // Lk = 512 done one scalar at a time, the Q read included). An Ops may define
 //   transpose16(in, out, scale)   out[r][c] = in[c][r] (· scale[r] when scale is not null),
-//                                 16 × 16 floats, in/out: 16 row pointers (avx512's does)
+//                                 16 × 16 floats, in/out: 16 row pointers (the avx2 and avx512 Ops do)
 //   narrow16(x, y, n, is_f16)     (with transpose16) y = x rounded to float16/bfloat16, the
 //                                 kernel table's narrow16 of this ISA (a 16-bit out's O store)
 // and then a float32 Q or out whose head dim is contiguous moves 16 × 16 blocks at a time.
