@@ -1,6 +1,6 @@
 // Paged K/V rows (PagedKVCache, src/kv_cache/paged_kv_cache.cpp), as the kernels that read
 // pages in place see them: the decode kernel (decode/decode_core.hpp for_key_runs) and the
-// flash driver (flash/flash_driver.hpp paged_tile_rows, chunked prefill). Plain data: it
+// flash driver (flash/flash_operands.hpp paged_tile_rows, chunked prefill). Plain data: it
 // crosses into the ISA translation units, which compute the addresses themselves.
 #pragma once
 

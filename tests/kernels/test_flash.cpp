@@ -566,7 +566,7 @@ TEST(FlashFixed, FullyMaskedRows) {
 }
 
 // Q and out rows 4 KiB apart — a (B, L, H = 16, D = 64) buffer seen as (B, H, L, D), the packed
-// varlen layout, where every row of a 16 × 16 transpose ("Per-task work" in flash_driver.hpp) maps
+// varlen layout, where every row of a 16 × 16 transpose ("Per-task work" in flash_operands.hpp) maps
 // to one L1 set: against the reference on every ISA (run_case), and bit for bit the result of the
 // same values in contiguous (B, H, L, D) Q and out. GQA with Lq < 64 puts several heads in one block; Lq = 100
 // leaves a block with 36 queries (two staged groups of 16 and 4 columns stored one by one).

@@ -157,7 +157,7 @@ struct Avx2Ops {
         }
     }
 
-    // 16 × 16 transpose (the driver's per-task Qᵀ pack and O store, flash_driver.hpp "Per-task
+    // 16 × 16 transpose (the driver's per-task Qᵀ pack and O store, flash_operands.hpp "Per-task
     // work"): out[r][c] = in[c][r] · scale[r] (scale null: a copy, bit for bit), as four 8 × 8
     // ymm transposes — 32-bit then 64-bit interleaves inside 128-bit lanes, then lane swaps.
     static void transpose16(const float* const* in, float* const* out, const float* scale) {

@@ -215,7 +215,7 @@ struct Avx512Ops {
         }
     }
 
-    // 16 × 16 transpose (the driver's per-task Qᵀ pack and O store, flash_driver.hpp
+    // 16 × 16 transpose (the driver's per-task Qᵀ pack and O store, flash_operands.hpp
     // "Per-task work"): out[r][c] = in[c][r] · scale[r] (scale null: a copy, bit for bit; with
     // scale, the same single multiply as store_row). Rows are 16 contiguous floats each.
     static void transpose16(const float* const* in, float* const* out, const float* scale) {

@@ -1,11 +1,15 @@
 // The flash forward driver: tiling, the score rule, online softmax, output. Included by
-// one .cpp per ISA (flash_portable.cpp, flash_avx2.cpp), each of which first defines
-// ATTN_FLASH_NS (a namespace of its own, so the two compilations never share a symbol)
+// one .cpp per ISA (flash_portable.cpp, flash_avx2.cpp, flash_avx512.cpp), each of which first defines
+// ATTN_FLASH_NS (a namespace of its own, so the compilations never share a symbol)
 // and a struct of micro-kernels `Ops` (see the signatures in run_flash below; Ops::dropout_row
 // fills the dropout factors of a row segment, see src/core/dropout.hpp; Ops::widen(src,
 // stride, n, is_f16, dst) converts n float16/bfloat16 values at an element stride to float32).
 //
-// Do not use out-of-line std templates (std::vector, std::sort, ...) in this file: an
+// Its parts, one concept each: flash_workspace.hpp (the per-thread scratch), flash_operands.hpp
+// (the Qᵀ pack and K/V rows: in place, strided, 16-bit, paged), flash_scores.hpp (the score
+// tile and the score rule's step 1); this file keeps the key loop, the task and the call.
+//
+// Do not use out-of-line std templates (std::vector, std::sort, ...) in these files: an
 // instantiation compiled with -mavx2 could be the copy the linker keeps for the whole
 // program (COMDAT), and a CPU without AVX2 would then fault in generic code.
 //
@@ -145,361 +149,15 @@ inline constexpr bool kOpsFuseModifiers = requires { &Ops::qk_modified; };
 template <class Ops>
 inline constexpr bool kOpsOwnOperands = requires { &Ops::qk_block; };
 
-// Per-thread scratch, sized once per call from the tile sizes and head dims.
-struct Workspace {
-    float* qt = nullptr;     // (Mb/16 panels, Dk, 16)  packed Qᵀ
-    float* s = nullptr;      // (Nb, Mb)  Sᵀ then Pᵀ of one key block
-    float* ot = nullptr;     // (Dv, Mb)  unnormalised Oᵀ
-    float* kbuf = nullptr;   // (Nb, Dk)  only when K is 16-bit or its head dim is strided
-    float* vbuf = nullptr;   // (Nb, Dv)  V packed: 16-bit, strided head dim, or non-finite entries zeroed
-    float* bigot = nullptr;  // (Dv, Mb)  careful path: Oᵀ of V's large entries, scaled by 2^-64
-    float* vbig = nullptr;   // (Nb, Dv)  careful path: V's large entries scaled by 2^-64, others 0
-    float* m = nullptr;      // (Mb) running max (base 2)
-    float* l = nullptr;      // (Mb) running sum
-    float* alpha = nullptr;  // (Mb) rescale of this key block
-    float* lse2 = nullptr;   // (Mb) log2(l), for the weights pass
-    float* aslope = nullptr; // (Mb) ALiBi slope of each column
-    float* abase = nullptr;  // (Mb) ALiBi: d(column) − j0 of the current key block
-    std::int64_t* lo = nullptr;  // (Mb) visible key range of each column's query
-    std::int64_t* hi = nullptr;
-    std::int64_t* ch = nullptr;  // (Mb) query head of each column
-    std::int64_t* ci = nullptr;  // (Mb) query index of each column
-    float* drop = nullptr;       // (Nb + 8) dropout factors of one row segment (4-aligned)
-    float* qrow = nullptr;       // (Dk) one 16-bit query row, widened, before it is transposed
-    void* extra = nullptr;       // (extra_bytes, 64-aligned) an Ops' own scratch (operand hooks)
-    int tile_mb = 0, tile_nb = 0;  // the tiles it was sized for (the hooks lay out `extra` by them)
-    void* block = nullptr;
+}  // namespace attn::detail::ATTN_FLASH_NS
 
-    Workspace(const SdpaProblem& p, const FlashTiles& t, bool pack_k, std::size_t extra_bytes = 0) {
-        tile_mb = t.Mb;
-        tile_nb = t.Nb;
-        const std::size_t Mb = static_cast<std::size_t>(t.Mb), Nb = static_cast<std::size_t>(t.Nb);
-        auto round64 = [](std::size_t floats) { return (floats * sizeof(float) + 63) / 64 * 64; };
-        const std::size_t sizes[] = {round64(Mb * static_cast<std::size_t>(p.Dk)),
-                                     round64(Nb * Mb),
-                                     round64(static_cast<std::size_t>(p.Dv) * Mb),
-                                     pack_k ? round64(Nb * static_cast<std::size_t>(p.Dk)) : 0,
-                                     round64(Nb * static_cast<std::size_t>(p.Dv)),
-                                     round64(static_cast<std::size_t>(p.Dv) * Mb),
-                                     round64(Nb * static_cast<std::size_t>(p.Dv)),
-                                     round64(Mb), round64(Mb), round64(Mb), round64(Mb), round64(Mb), round64(Mb),
-                                     round64(2 * Mb), round64(2 * Mb), round64(2 * Mb), round64(2 * Mb),
-                                     round64(Nb + 8), round64(static_cast<std::size_t>(p.Dk))};
-        std::size_t total = (extra_bytes + 63) / 64 * 64;
-        for (std::size_t sz : sizes) total += sz;
-        block = std::aligned_alloc(64, total);
-        if (block == nullptr) return;
-        char* c = static_cast<char*>(block);
-        float** floats[] = {&qt, &s, &ot, &kbuf, &vbuf, &bigot, &vbig, &m, &l, &alpha, &lse2, &aslope, &abase};
-        std::size_t i = 0;
-        for (; i < sizeof floats / sizeof floats[0]; ++i) {
-            *floats[i] = sizes[i] ? reinterpret_cast<float*>(c) : nullptr;
-            c += sizes[i];
-        }
-        std::int64_t** ints[] = {&lo, &hi, &ch, &ci};
-        for (std::int64_t** slot : ints) {
-            *slot = reinterpret_cast<std::int64_t*>(c);
-            c += sizes[i++];
-        }
-        drop = reinterpret_cast<float*>(c);
-        qrow = reinterpret_cast<float*>(c + sizes[i]);
-        if (extra_bytes > 0) extra = c + sizes[i] + sizes[i + 1];
-    }
-    ~Workspace() { std::free(block); }
-    Workspace(const Workspace&) = delete;
-    Workspace& operator=(const Workspace&) = delete;
-};
+// The driver's parts, in the ISA's namespace like this file: the workspace, the operands, the
+// score tile (each says what it holds).
+#include "flash_workspace.hpp"
+#include "flash_operands.hpp"
+#include "flash_scores.hpp"
 
-// ── 16-bit inputs ───────────────────────────────────────────────────────────────────
-// A float16/bfloat16 Q, K or V is converted where it is read, tile by tile, never as a
-// whole tensor: a query row while Qᵀ is packed, K/V rows into kbuf/vbuf (pack_rows). The
-// conversion is exact (every 16-bit value is a float32) and is Ops::widen (F16C / AVX-512
-// vcvtph2ps for float16, a 16-bit shift for bfloat16; portable: attn/half.hpp), so every
-// later step — micro-kernels, the non-finite checks (finite.hpp), the careful path — sees
-// the same float32 values as for a float32 tensor holding them.
-inline bool is16(const TensorView& t) { return t.dtype() == DType::f16 || t.dtype() == DType::bf16; }
-
-// Element `off` of a float32 or 16-bit tensor, as float32 (the scalar paths: non-finite V).
-template <class Ops>
-inline float load_elem(const TensorView& t, std::int64_t off) {
-    if (!is16(t)) return t.data_as<const float>()[off];
-    float x;
-    Ops::widen(t.data_as<const std::uint16_t>() + off, 1, 1, t.dtype() == DType::f16, &x);
-    return x;
-}
-
-// ── Per-task work: the Qᵀ pack and the O store ─────────────────────────────────────
-// Both are transposes of Mb × D floats per task, against Mb·Lk·D FMAs: a term of 1/Lk, which
-// the short shapes feel (docs/kernels.md, "Short sequences": about 5 % of a task's time at
-// Lk = 512 done one scalar at a time, the Q read included). An Ops may define
-//   transpose16(in, out, scale)   out[r][c] = in[c][r] (· scale[r] when scale is not null),
-//                                 16 × 16 floats, in/out: 16 row pointers (the avx2 and avx512 Ops do)
-//   narrow16(x, y, n, is_f16)     (with transpose16) y = x rounded to float16/bfloat16, the
-//                                 kernel table's narrow16 of this ISA (a 16-bit out's O store)
-// and then a float32 Q or out whose head dim is contiguous moves 16 × 16 blocks at a time.
-// The values are the same bits either way (a copy; the store's one multiply by 1/l).
-template <class Ops>
-inline constexpr bool kOpsTranspose = requires { &Ops::transpose16; };
-
-// The fast Qᵀ pack: Q with a contiguous head dim and Dk a multiple of 16, 16 × 16 blocks at a
-// time — a float32 block read in place, a 16-bit one widened into a stack tile first (Ops::widen,
-// exact). Padding columns read zeros.
-template <class Ops>
-void pack_qt_blocks(const SdpaProblem& p, std::int64_t b, const std::int64_t* ch, const std::int64_t* ci, int nq,
-                    int panels, int panel, float* qt) {
-    const bool sixteen = is16(p.q), f16 = p.q.dtype() == DType::f16;
-    alignas(64) static constexpr float zeros[16] = {};
-    alignas(64) float tile[16][16];
-    const float* in[16];
-    float* out[16];
-    std::int64_t at[16];  // element offset of each column's query row (−1: padding)
-    for (int c0 = 0; c0 < panels * panel; c0 += 16) {
-        const int pn = c0 / panel, lane0 = c0 % panel;
-        for (int c = 0; c < 16; ++c) at[c] = c0 + c < nq ? p.q.offset(b, ch[c0 + c], ci[c0 + c], 0) : -1;
-        float* dst = qt + static_cast<std::int64_t>(pn) * p.Dk * panel + lane0;
-        for (std::int64_t d0 = 0; d0 < p.Dk; d0 += 16) {
-            for (int c = 0; c < 16; ++c) {
-                if (at[c] < 0) {
-                    in[c] = zeros;
-                } else if (sixteen) {
-                    Ops::widen(p.q.data_as<const std::uint16_t>() + at[c] + d0, 1, 16, f16, tile[c]);
-                    in[c] = tile[c];
-                } else {
-                    in[c] = p.q.data_as<const float>() + at[c] + d0;
-                }
-            }
-            for (int r = 0; r < 16; ++r) out[r] = dst + (d0 + r) * panel;
-            Ops::transpose16(in, out, nullptr);
-        }
-    }
-}
-
-// Qᵀ panels of `panel` queries of one block of columns (query head ch[c], query ci[c]),
-// zero past the last.  q: (B, Hq, Lq, Dk) any strides  →  qt: (panels, Dk, panel)
-// A 16-bit query row is widened into qrow (Dk floats) first.
-template <class Ops>
-void pack_qt(const SdpaProblem& p, std::int64_t b, const std::int64_t* ch, const std::int64_t* ci, int nq,
-             int panels, int panel, float* qt, float* qrow) {
-    const bool sixteen = is16(p.q), f16 = p.q.dtype() == DType::f16;
-    const std::int64_t sd = p.q.stride(3);
-    if constexpr (kOpsTranspose<Ops>) {
-        if (sd == 1 && p.Dk % 16 == 0 && panel % 16 == 0) {
-            pack_qt_blocks<Ops>(p, b, ch, ci, nq, panels, panel, qt);
-            return;
-        }
-    }
-    for (int pn = 0; pn < panels; ++pn) {
-        float* dst = qt + static_cast<std::int64_t>(pn) * p.Dk * panel;
-        for (int c = 0; c < panel; ++c) {
-            const int qi = pn * panel + c;
-            if (qi < nq && sixteen) {
-                Ops::widen(p.q.data_as<const std::uint16_t>() + p.q.offset(b, ch[qi], ci[qi], 0), sd, p.Dk, f16, qrow);
-                for (std::int64_t d = 0; d < p.Dk; ++d) dst[d * panel + c] = qrow[d];
-            } else if (qi < nq) {
-                const float* src = p.q.data_as<const float>() + p.q.offset(b, ch[qi], ci[qi], 0);
-                for (std::int64_t d = 0; d < p.Dk; ++d) dst[d * panel + c] = src[d * sd];
-            } else {
-                for (std::int64_t d = 0; d < p.Dk; ++d) dst[d * panel + c] = 0.0f;
-            }
-        }
-    }
-}
-
-// Rows [j0, j0+nk) of a (B, H, L, D) tensor, packed to (nk, D) float32: a 16-bit tensor
-// (any strides) row by row through Ops::widen, a float32 one with a strided head dim.
-template <class Ops>
-void pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t j0, std::int64_t nk,
-               std::int64_t D, float* dst) {
-    if (is16(t)) {
-        const std::uint16_t* src = t.data_as<const std::uint16_t>();
-        const bool f16 = t.dtype() == DType::f16;
-        for (std::int64_t j = 0; j < nk; ++j) Ops::widen(src + t.offset(b, h, j0 + j, 0), t.stride(3), D, f16, dst + j * D);
-        return;
-    }
-    const float* src = t.data_as<const float>();
-    for (std::int64_t j = 0; j < nk; ++j)
-        for (std::int64_t d = 0; d < D; ++d) dst[j * D + d] = src[t.offset(b, h, j0 + j, d)];
-}
-
-// Step 1 of the score rule (scores.hpp) on the whole Sᵀ tile of keys [j0, j0+nk), row by
-// row along the contiguous columns so the loops vectorise with this file's ISA: softcap
-// c·tanh(s/c) (tanh_f32 over the ISA's exp2), then ALiBi −m·|d − j|. The distance is
-// computed in float from abase = d − j0, exact while |d − j0| + nk <= 2^24; beyond that
-// (offsets or lengths past 16 M) each column takes the int64 path of apply_alibi.
-// Padding columns hold Q = 0 and are never read; they get slope 0.
-// ALiBi's per-column terms of the key block starting at j0 into w.aslope (the slope; 0 for
-// padding columns) and w.abase (d(column) − j0, as float). False when some distance is not
-// exact in float (|d − j0| + nk > 2^24): the caller then takes apply_alibi's int64 path.
-inline bool alibi_columns(const SdpaProblem& p, Workspace& w, std::int64_t b, int nq, int ncols, std::int64_t j0,
-                          std::int64_t nk) {
-    constexpr std::int64_t kExact = std::int64_t{1} << 24;
-    const std::int64_t off = p.alibi_offset(b);
-    bool exact = true;
-    for (int col = 0; col < ncols; ++col) {
-        const std::int64_t rel = col < nq ? w.ci[col] + off - j0 : 0;
-        exact &= (rel < 0 ? -rel : rel) + nk <= kExact;
-        w.aslope[col] = col < nq ? p.alibi_slope(b, w.ch[col]) : 0.0f;
-        w.abase[col] = static_cast<float>(rel);
-    }
-    return exact;
-}
-
-inline void tile_modifiers(const SdpaProblem& p, Workspace& w, std::int64_t b, int nq, int ncols, std::int64_t j0,
-                           std::int64_t nk, int ldS, bool with_alibi = true) {
-    if (p.softcap > 0.0) {
-        const float c = static_cast<float>(p.softcap), inv_c = static_cast<float>(1.0 / p.softcap);
-        for (std::int64_t j = 0; j < nk; ++j) {  // ncols is a multiple of 16: whole vectors
-            float* sj = w.s + j * ldS;
-            for (int col = 0; col < ncols; col += kTanhLanes) {
-                vfloat v;
-                std::memcpy(&v, sj + col, sizeof v);
-                v = tanh_vec(v * inv_c) * c;
-                std::memcpy(sj + col, &v, sizeof v);
-            }
-        }
-    }
-    if (!p.alibi_slopes || !with_alibi) return;
-    if (alibi_columns(p, w, b, nq, ncols, j0, nk)) {
-        for (std::int64_t j = 0; j < nk; ++j) {
-            float* sj = w.s + j * ldS;
-            const float jf = static_cast<float>(j);
-            for (int col = 0; col < ncols; ++col) {
-                sj[col] -= w.aslope[col] * std::fabs(w.abase[col] - jf);  // fabs: a branch would not vectorise
-            }
-        }
-    } else {
-        for (int col = 0; col < nq; ++col) apply_alibi(p, b, w.ch[col], w.ci[col], j0, nk, w.s + col, ldS);
-    }
-}
-
-// True when a tile of t can be read in place (float32 with a contiguous head dim).
-inline bool in_place(const TensorView& t, std::int64_t D) { return !is16(t) && (t.stride(3) == 1 || D == 1); }
-
-// Rows [j0, j0+nk) of K or V (kv head h) for a micro-kernel: in place when float32 with a
-// contiguous head dim, else packed (16-bit: converted) into buf. Returns the rows, their stride in ld.
-template <class Ops>
-const float* tile_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t j0, std::int64_t nk,
-                       std::int64_t D, float* buf, std::int64_t& ld) {
-    if (in_place(t, D)) {
-        ld = t.stride(2);
-        return t.data_as<const float>() + t.offset(b, h, j0, 0);
-    }
-    pack_rows<Ops>(t, b, h, j0, nk, D, buf);
-    ld = D;
-    return buf;
-}
-
-// ── Paged K/V (p.paged: paged_attention's chunked prefill) ──────────────────────────
-// K/V row j of (b, h) is row j % page_size of page table[b][j / page_size] (paged_rows.hpp).
-// A key tile of nk rows spans ⌈nk / page_size⌉ + 1 pages at most: it is read in place when it
-// lies inside one page (page_size ≥ Nb, tiles aligned) and copied page run by page run into
-// buf otherwise. The micro-kernels see the same values either way, so the result has the
-// bits of the contiguous cache. Defined here (in the ISA namespace), not in paged_rows.hpp:
-// an inline function shared by the ISA files could be linked as another ISA's copy.
-
-// Element offset of K (value = false) or V row (b, h, j), element 0.
-inline std::int64_t kv_row_offset(const SdpaProblem& p, bool value, std::int64_t b, std::int64_t h, std::int64_t j) {
-    const TensorView& t = value ? p.v : p.k;
-    if (p.paged == nullptr) return t.offset(b, h, j, 0);
-    const PagedRows& pg = *p.paged;
-    const std::int64_t page = pg.table[b * pg.table_stride + (j >> pg.page_shift)];
-    return page * (value ? pg.v_page_stride : pg.k_page_stride) + h * t.stride(1) +
-           (j & (pg.page_size - 1)) * t.stride(2);
-}
-
-// tile_rows for paged K/V: rows [j0, j0+nk) in place or packed to (nk, D) in buf.
-inline const float* paged_tile_rows(const SdpaProblem& p, bool value, std::int64_t b, std::int64_t h, std::int64_t j0,
-                                    std::int64_t nk, std::int64_t D, float* buf, std::int64_t& ld) {
-    const TensorView& t = value ? p.v : p.k;
-    const float* base = t.data_as<const float>();
-    const std::int64_t ps = p.paged->page_size, sr = t.stride(2), sd = t.stride(3);
-    const bool dense = sd == 1 || D == 1;
-    if (dense && j0 >> p.paged->page_shift == (j0 + nk - 1) >> p.paged->page_shift) {
-        ld = sr;
-        return base + kv_row_offset(p, value, b, h, j0);
-    }
-    for (std::int64_t j = 0; j < nk;) {  // one run of rows per page
-        const std::int64_t len = imin(nk - j, ps - ((j0 + j) & (ps - 1)));
-        const float* src = base + kv_row_offset(p, value, b, h, j0 + j);
-        if (dense && sr == D) {
-            std::memcpy(buf + j * D, src, static_cast<std::size_t>(len * D) * sizeof(float));
-        } else {
-            for (std::int64_t r = 0; r < len; ++r)
-                for (std::int64_t d = 0; d < D; ++d) buf[(j + r) * D + d] = src[r * sr + d * sd];
-        }
-        j += len;
-    }
-    ld = D;
-    return buf;
-}
-
-// K (value = false) or V rows [j0, j0+nk) of kv head h for a micro-kernel, as float32: through
-// the page table when the problem is paged (paged_attention sends float32 pools only), else
-// through the view (16-bit rows widened into buf).
-template <class Ops>
-const float* kv_tile_rows(const SdpaProblem& p, bool value, std::int64_t b, std::int64_t h, std::int64_t j0,
-                          std::int64_t nk, std::int64_t D, float* buf, std::int64_t& ld) {
-    if (p.paged != nullptr) return paged_tile_rows(p, value, b, h, j0, nk, D, buf, ld);
-    return tile_rows<Ops>(value ? p.v : p.k, b, h, j0, nk, D, buf, ld);
-}
-
-// Sᵀ (scaled, modified, masked) of keys [j0, j0+nk) against all panels of the block.
-// `stage` < masked (the scores output): stop after the scale or after the softcap.
-template <class Ops>
-void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t hk, int nq, int panels, std::int64_t j0, std::int64_t nk, int ldS, float scale,
-                bool ranges_partial, ScoreStage stage = ScoreStage::masked) {
-    if constexpr (kOpsOwnOperands<Ops>) {
-        Ops::qk_block(p, w, b, hk, panels, j0, nk, ldS, scale);
-    } else {
-    std::int64_t ldk;
-    const float* kp = kv_tile_rows<Ops>(p, false, b, hk, j0, nk, p.Dk, w.kbuf, ldk);
-    const int Dk = static_cast<int>(p.Dk);
-    if constexpr (kOpsFuseModifiers<Ops>) {
-        // Softcap and ALiBi in the micro-kernel's store (see QkModifiers), when that is the
-        // whole of step 1 and ALiBi's distances are exact in float; masks follow below as usual.
-        if (stage == ScoreStage::masked && p.has_score_modifiers() &&
-            (!p.alibi_slopes || alibi_columns(p, w, b, nq, panels * Ops::kPanel, j0, nk))) {
-            QkModifiers m;
-            if (p.softcap > 0.0) {
-                m.cap = static_cast<float>(p.softcap);
-                m.inv_cap = static_cast<float>(1.0 / p.softcap);
-            }
-            for (int pn = 0; pn < panels; ++pn) {
-                const float* qt = w.qt + static_cast<std::int64_t>(pn) * Dk * Ops::kPanel;
-                if (p.alibi_slopes) {
-                    m.slope = w.aslope + pn * Ops::kPanel;
-                    m.rel = w.abase + pn * Ops::kPanel;
-                }
-                for (std::int64_t r = 0; r < nk; r += Ops::kRows)
-                    Ops::qk_modified(qt, kp + r * ldk, ldk, static_cast<int>(imin(Ops::kRows, nk - r)), Dk, scale,
-                                     w.s + r * ldS + pn * Ops::kPanel, ldS, m, static_cast<float>(r));
-            }
-            if (ranges_partial || p.has_elementwise_mask())
-                for (int c = 0; c < nq; ++c)
-                    apply_mask_rule(p, b, w.ch[c], w.ci[c], j0, nk, w.s + c, ldS, KeyRange{w.lo[c], w.hi[c]});
-            return;
-        }
-    }
-    for (int pn = 0; pn < panels; ++pn) {
-        const float* qt = w.qt + static_cast<std::int64_t>(pn) * Dk * Ops::kPanel;
-        for (std::int64_t r = 0; r < nk; r += Ops::kRows)
-            Ops::qk(qt, kp + r * ldk, ldk, static_cast<int>(imin(Ops::kRows, nk - r)), Dk, scale, w.s + r * ldS + pn * Ops::kPanel,
-                    ldS);
-    }
-    }
-    // The score rule: the modifiers on the whole tile, then the masks on each query's
-    // column — skipped for a tile every query sees completely when no mask is element-wise.
-    if (stage == ScoreStage::scaled) return;
-    if (stage == ScoreStage::softcapped) {
-        if (p.softcap > 0.0) tile_modifiers(p, w, b, nq, panels * Ops::kPanel, j0, nk, ldS, false);
-        return;
-    }
-    if (p.has_score_modifiers()) tile_modifiers(p, w, b, nq, panels * Ops::kPanel, j0, nk, ldS);
-    if (ranges_partial || p.has_elementwise_mask())
-        for (int c = 0; c < nq; ++c)
-            apply_mask_rule(p, b, w.ch[c], w.ci[c], j0, nk, w.s + c, ldS, KeyRange{w.lo[c], w.hi[c]});
-    // Padding columns (c >= nq) keep whatever they hold: their Q is 0 and no output reads them.
-}
+namespace attn::detail::ATTN_FLASH_NS {
 
 // Dropout on one tile of weights: Pᵀ[j][c] *= (keep ? 1/(1−p) : 0) for the call's indices
 // (b, ch[c], ci[c], j0 + j), as src/core/dropout.hpp defines them (plus the call's origin,
@@ -700,8 +358,9 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     // lse = −inf); l NaN (a visible NaN/±inf score): O and lse NaN. O in out's dtype
     // (store_row: 16-bit rounds the float32 value once); lse float32 or float64.
     // Whole groups of 16 columns of an out with a contiguous head dim go 16 × 16 at a time
-    // (transpose16, "Per-task work" above; a 16-bit out through a float tile and Ops::narrow16,
-    // attn/half.hpp's rounding of the same float32 products); the rest column by column.
+    // (transpose16, "Per-task work" in flash_operands.hpp; a 16-bit out through a float tile
+    // and Ops::narrow16, attn/half.hpp's rounding of the same float32 products); the rest
+    // column by column.
     int stored = 0;
     if constexpr (kOpsTranspose<Ops>) {
         const bool sixteen = is16(p.out);

@@ -1,0 +1,202 @@
+// How the flash forward reads its operands: the Qᵀ pack (per task), K/V rows for a micro-kernel
+// (in place, strided, 16-bit widened, or through a page table).
+// A part of the flash forward driver: flash_driver.hpp (which says what an Ops is) includes it
+// after the definitions it uses (kLog2e, imin, the Ops traits), in each ISA file's namespace.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "../../sdpa/problem.hpp"
+#include "../paged_rows.hpp"
+#include "flash_workspace.hpp"
+
+#ifndef ATTN_FLASH_NS
+#error "include flash_driver.hpp, not flash_operands.hpp"
+#endif
+
+namespace attn::detail::ATTN_FLASH_NS {
+
+// ── 16-bit inputs ───────────────────────────────────────────────────────────────────
+// A float16/bfloat16 Q, K or V is converted where it is read, tile by tile, never as a
+// whole tensor: a query row while Qᵀ is packed, K/V rows into kbuf/vbuf (pack_rows). The
+// conversion is exact (every 16-bit value is a float32) and is Ops::widen (F16C / AVX-512
+// vcvtph2ps for float16, a 16-bit shift for bfloat16; portable: attn/half.hpp), so every
+// later step — micro-kernels, the non-finite checks (finite.hpp), the careful path — sees
+// the same float32 values as for a float32 tensor holding them.
+inline bool is16(const TensorView& t) { return t.dtype() == DType::f16 || t.dtype() == DType::bf16; }
+
+// Element `off` of a float32 or 16-bit tensor, as float32 (the scalar paths: non-finite V).
+template <class Ops>
+inline float load_elem(const TensorView& t, std::int64_t off) {
+    if (!is16(t)) return t.data_as<const float>()[off];
+    float x;
+    Ops::widen(t.data_as<const std::uint16_t>() + off, 1, 1, t.dtype() == DType::f16, &x);
+    return x;
+}
+
+// ── Per-task work: the Qᵀ pack and the O store ─────────────────────────────────────
+// Both are transposes of Mb × D floats per task, against Mb·Lk·D FMAs: a term of 1/Lk, which
+// the short shapes feel (docs/kernels.md, "Short sequences": about 5 % of a task's time at
+// Lk = 512 done one scalar at a time, the Q read included). An Ops may define
+//   transpose16(in, out, scale)   out[r][c] = in[c][r] (· scale[r] when scale is not null),
+//                                 16 × 16 floats, in/out: 16 row pointers (the avx2 and avx512 Ops do)
+//   narrow16(x, y, n, is_f16)     (with transpose16) y = x rounded to float16/bfloat16, the
+//                                 kernel table's narrow16 of this ISA (a 16-bit out's O store)
+// and then a float32 Q or out whose head dim is contiguous moves 16 × 16 blocks at a time.
+// The values are the same bits either way (a copy; the store's one multiply by 1/l).
+template <class Ops>
+inline constexpr bool kOpsTranspose = requires { &Ops::transpose16; };
+
+// The fast Qᵀ pack: Q with a contiguous head dim and Dk a multiple of 16, 16 × 16 blocks at a
+// time — a float32 block read in place, a 16-bit one widened into a stack tile first (Ops::widen,
+// exact). Padding columns read zeros.
+template <class Ops>
+void pack_qt_blocks(const SdpaProblem& p, std::int64_t b, const std::int64_t* ch, const std::int64_t* ci, int nq,
+                    int panels, int panel, float* qt) {
+    const bool sixteen = is16(p.q), f16 = p.q.dtype() == DType::f16;
+    alignas(64) static constexpr float zeros[16] = {};
+    alignas(64) float tile[16][16];
+    const float* in[16];
+    float* out[16];
+    std::int64_t at[16];  // element offset of each column's query row (−1: padding)
+    for (int c0 = 0; c0 < panels * panel; c0 += 16) {
+        const int pn = c0 / panel, lane0 = c0 % panel;
+        for (int c = 0; c < 16; ++c) at[c] = c0 + c < nq ? p.q.offset(b, ch[c0 + c], ci[c0 + c], 0) : -1;
+        float* dst = qt + static_cast<std::int64_t>(pn) * p.Dk * panel + lane0;
+        for (std::int64_t d0 = 0; d0 < p.Dk; d0 += 16) {
+            for (int c = 0; c < 16; ++c) {
+                if (at[c] < 0) {
+                    in[c] = zeros;
+                } else if (sixteen) {
+                    Ops::widen(p.q.data_as<const std::uint16_t>() + at[c] + d0, 1, 16, f16, tile[c]);
+                    in[c] = tile[c];
+                } else {
+                    in[c] = p.q.data_as<const float>() + at[c] + d0;
+                }
+            }
+            for (int r = 0; r < 16; ++r) out[r] = dst + (d0 + r) * panel;
+            Ops::transpose16(in, out, nullptr);
+        }
+    }
+}
+
+// Qᵀ panels of `panel` queries of one block of columns (query head ch[c], query ci[c]),
+// zero past the last.  q: (B, Hq, Lq, Dk) any strides  →  qt: (panels, Dk, panel)
+// A 16-bit query row is widened into qrow (Dk floats) first.
+template <class Ops>
+void pack_qt(const SdpaProblem& p, std::int64_t b, const std::int64_t* ch, const std::int64_t* ci, int nq,
+             int panels, int panel, float* qt, float* qrow) {
+    const bool sixteen = is16(p.q), f16 = p.q.dtype() == DType::f16;
+    const std::int64_t sd = p.q.stride(3);
+    if constexpr (kOpsTranspose<Ops>) {
+        if (sd == 1 && p.Dk % 16 == 0 && panel % 16 == 0) {
+            pack_qt_blocks<Ops>(p, b, ch, ci, nq, panels, panel, qt);
+            return;
+        }
+    }
+    for (int pn = 0; pn < panels; ++pn) {
+        float* dst = qt + static_cast<std::int64_t>(pn) * p.Dk * panel;
+        for (int c = 0; c < panel; ++c) {
+            const int qi = pn * panel + c;
+            if (qi < nq && sixteen) {
+                Ops::widen(p.q.data_as<const std::uint16_t>() + p.q.offset(b, ch[qi], ci[qi], 0), sd, p.Dk, f16, qrow);
+                for (std::int64_t d = 0; d < p.Dk; ++d) dst[d * panel + c] = qrow[d];
+            } else if (qi < nq) {
+                const float* src = p.q.data_as<const float>() + p.q.offset(b, ch[qi], ci[qi], 0);
+                for (std::int64_t d = 0; d < p.Dk; ++d) dst[d * panel + c] = src[d * sd];
+            } else {
+                for (std::int64_t d = 0; d < p.Dk; ++d) dst[d * panel + c] = 0.0f;
+            }
+        }
+    }
+}
+
+// Rows [j0, j0+nk) of a (B, H, L, D) tensor, packed to (nk, D) float32: a 16-bit tensor
+// (any strides) row by row through Ops::widen, a float32 one with a strided head dim.
+template <class Ops>
+void pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t j0, std::int64_t nk,
+               std::int64_t D, float* dst) {
+    if (is16(t)) {
+        const std::uint16_t* src = t.data_as<const std::uint16_t>();
+        const bool f16 = t.dtype() == DType::f16;
+        for (std::int64_t j = 0; j < nk; ++j) Ops::widen(src + t.offset(b, h, j0 + j, 0), t.stride(3), D, f16, dst + j * D);
+        return;
+    }
+    const float* src = t.data_as<const float>();
+    for (std::int64_t j = 0; j < nk; ++j)
+        for (std::int64_t d = 0; d < D; ++d) dst[j * D + d] = src[t.offset(b, h, j0 + j, d)];
+}
+
+// True when a tile of t can be read in place (float32 with a contiguous head dim).
+inline bool in_place(const TensorView& t, std::int64_t D) { return !is16(t) && (t.stride(3) == 1 || D == 1); }
+
+// Rows [j0, j0+nk) of K or V (kv head h) for a micro-kernel: in place when float32 with a
+// contiguous head dim, else packed (16-bit: converted) into buf. Returns the rows, their stride in ld.
+template <class Ops>
+const float* tile_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t j0, std::int64_t nk,
+                       std::int64_t D, float* buf, std::int64_t& ld) {
+    if (in_place(t, D)) {
+        ld = t.stride(2);
+        return t.data_as<const float>() + t.offset(b, h, j0, 0);
+    }
+    pack_rows<Ops>(t, b, h, j0, nk, D, buf);
+    ld = D;
+    return buf;
+}
+
+// ── Paged K/V (p.paged: paged_attention's chunked prefill) ──────────────────────────
+// K/V row j of (b, h) is row j % page_size of page table[b][j / page_size] (paged_rows.hpp).
+// A key tile of nk rows spans ⌈nk / page_size⌉ + 1 pages at most: it is read in place when it
+// lies inside one page (page_size ≥ Nb, tiles aligned) and copied page run by page run into
+// buf otherwise. The micro-kernels see the same values either way, so the result has the
+// bits of the contiguous cache. Defined here (in the ISA namespace), not in paged_rows.hpp:
+// an inline function shared by the ISA files could be linked as another ISA's copy.
+
+// Element offset of K (value = false) or V row (b, h, j), element 0.
+inline std::int64_t kv_row_offset(const SdpaProblem& p, bool value, std::int64_t b, std::int64_t h, std::int64_t j) {
+    const TensorView& t = value ? p.v : p.k;
+    if (p.paged == nullptr) return t.offset(b, h, j, 0);
+    const PagedRows& pg = *p.paged;
+    const std::int64_t page = pg.table[b * pg.table_stride + (j >> pg.page_shift)];
+    return page * (value ? pg.v_page_stride : pg.k_page_stride) + h * t.stride(1) +
+           (j & (pg.page_size - 1)) * t.stride(2);
+}
+
+// tile_rows for paged K/V: rows [j0, j0+nk) in place or packed to (nk, D) in buf.
+inline const float* paged_tile_rows(const SdpaProblem& p, bool value, std::int64_t b, std::int64_t h, std::int64_t j0,
+                                    std::int64_t nk, std::int64_t D, float* buf, std::int64_t& ld) {
+    const TensorView& t = value ? p.v : p.k;
+    const float* base = t.data_as<const float>();
+    const std::int64_t ps = p.paged->page_size, sr = t.stride(2), sd = t.stride(3);
+    const bool dense = sd == 1 || D == 1;
+    if (dense && j0 >> p.paged->page_shift == (j0 + nk - 1) >> p.paged->page_shift) {
+        ld = sr;
+        return base + kv_row_offset(p, value, b, h, j0);
+    }
+    for (std::int64_t j = 0; j < nk;) {  // one run of rows per page
+        const std::int64_t len = imin(nk - j, ps - ((j0 + j) & (ps - 1)));
+        const float* src = base + kv_row_offset(p, value, b, h, j0 + j);
+        if (dense && sr == D) {
+            std::memcpy(buf + j * D, src, static_cast<std::size_t>(len * D) * sizeof(float));
+        } else {
+            for (std::int64_t r = 0; r < len; ++r)
+                for (std::int64_t d = 0; d < D; ++d) buf[(j + r) * D + d] = src[r * sr + d * sd];
+        }
+        j += len;
+    }
+    ld = D;
+    return buf;
+}
+
+// K (value = false) or V rows [j0, j0+nk) of kv head h for a micro-kernel, as float32: through
+// the page table when the problem is paged (paged_attention sends float32 pools only), else
+// through the view (16-bit rows widened into buf).
+template <class Ops>
+const float* kv_tile_rows(const SdpaProblem& p, bool value, std::int64_t b, std::int64_t h, std::int64_t j0,
+                          std::int64_t nk, std::int64_t D, float* buf, std::int64_t& ld) {
+    if (p.paged != nullptr) return paged_tile_rows(p, value, b, h, j0, nk, D, buf, ld);
+    return tile_rows<Ops>(value ? p.v : p.k, b, h, j0, nk, D, buf, ld);
+}
+
+}  // namespace attn::detail::ATTN_FLASH_NS

@@ -1,0 +1,85 @@
+// The flash forward's per-thread scratch (Workspace): Qᵀ, Sᵀ, Oᵀ, the running statistics and
+// the tile buffers, in one 64-byte-aligned block per thread, sized once per call.
+// A part of the flash forward driver: flash_driver.hpp (which says what an Ops is) includes it
+// after the definitions it uses (kLog2e, imin, the Ops traits), in each ISA file's namespace.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+
+#include "../../sdpa/problem.hpp"
+#include "flash.hpp"
+
+#ifndef ATTN_FLASH_NS
+#error "include flash_driver.hpp, not flash_workspace.hpp"
+#endif
+
+namespace attn::detail::ATTN_FLASH_NS {
+
+// Per-thread scratch, sized once per call from the tile sizes and head dims.
+struct Workspace {
+    float* qt = nullptr;     // (Mb/16 panels, Dk, 16)  packed Qᵀ
+    float* s = nullptr;      // (Nb, Mb)  Sᵀ then Pᵀ of one key block
+    float* ot = nullptr;     // (Dv, Mb)  unnormalised Oᵀ
+    float* kbuf = nullptr;   // (Nb, Dk)  only when K is 16-bit or its head dim is strided
+    float* vbuf = nullptr;   // (Nb, Dv)  V packed: 16-bit, strided head dim, or non-finite entries zeroed
+    float* bigot = nullptr;  // (Dv, Mb)  careful path: Oᵀ of V's large entries, scaled by 2^-64
+    float* vbig = nullptr;   // (Nb, Dv)  careful path: V's large entries scaled by 2^-64, others 0
+    float* m = nullptr;      // (Mb) running max (base 2)
+    float* l = nullptr;      // (Mb) running sum
+    float* alpha = nullptr;  // (Mb) rescale of this key block
+    float* lse2 = nullptr;   // (Mb) log2(l), for the weights pass
+    float* aslope = nullptr; // (Mb) ALiBi slope of each column
+    float* abase = nullptr;  // (Mb) ALiBi: d(column) − j0 of the current key block
+    std::int64_t* lo = nullptr;  // (Mb) visible key range of each column's query
+    std::int64_t* hi = nullptr;
+    std::int64_t* ch = nullptr;  // (Mb) query head of each column
+    std::int64_t* ci = nullptr;  // (Mb) query index of each column
+    float* drop = nullptr;       // (Nb + 8) dropout factors of one row segment (4-aligned)
+    float* qrow = nullptr;       // (Dk) one 16-bit query row, widened, before it is transposed
+    void* extra = nullptr;       // (extra_bytes, 64-aligned) an Ops' own scratch (operand hooks)
+    int tile_mb = 0, tile_nb = 0;  // the tiles it was sized for (the hooks lay out `extra` by them)
+    void* block = nullptr;
+
+    Workspace(const SdpaProblem& p, const FlashTiles& t, bool pack_k, std::size_t extra_bytes = 0) {
+        tile_mb = t.Mb;
+        tile_nb = t.Nb;
+        const std::size_t Mb = static_cast<std::size_t>(t.Mb), Nb = static_cast<std::size_t>(t.Nb);
+        auto round64 = [](std::size_t floats) { return (floats * sizeof(float) + 63) / 64 * 64; };
+        const std::size_t sizes[] = {round64(Mb * static_cast<std::size_t>(p.Dk)),
+                                     round64(Nb * Mb),
+                                     round64(static_cast<std::size_t>(p.Dv) * Mb),
+                                     pack_k ? round64(Nb * static_cast<std::size_t>(p.Dk)) : 0,
+                                     round64(Nb * static_cast<std::size_t>(p.Dv)),
+                                     round64(static_cast<std::size_t>(p.Dv) * Mb),
+                                     round64(Nb * static_cast<std::size_t>(p.Dv)),
+                                     round64(Mb), round64(Mb), round64(Mb), round64(Mb), round64(Mb), round64(Mb),
+                                     round64(2 * Mb), round64(2 * Mb), round64(2 * Mb), round64(2 * Mb),
+                                     round64(Nb + 8), round64(static_cast<std::size_t>(p.Dk))};
+        std::size_t total = (extra_bytes + 63) / 64 * 64;
+        for (std::size_t sz : sizes) total += sz;
+        block = std::aligned_alloc(64, total);
+        if (block == nullptr) return;
+        char* c = static_cast<char*>(block);
+        float** floats[] = {&qt, &s, &ot, &kbuf, &vbuf, &bigot, &vbig, &m, &l, &alpha, &lse2, &aslope, &abase};
+        std::size_t i = 0;
+        for (; i < sizeof floats / sizeof floats[0]; ++i) {
+            *floats[i] = sizes[i] ? reinterpret_cast<float*>(c) : nullptr;
+            c += sizes[i];
+        }
+        std::int64_t** ints[] = {&lo, &hi, &ch, &ci};
+        for (std::int64_t** slot : ints) {
+            *slot = reinterpret_cast<std::int64_t*>(c);
+            c += sizes[i++];
+        }
+        drop = reinterpret_cast<float*>(c);
+        qrow = reinterpret_cast<float*>(c + sizes[i]);
+        if (extra_bytes > 0) extra = c + sizes[i] + sizes[i + 1];
+    }
+    ~Workspace() { std::free(block); }
+    Workspace(const Workspace&) = delete;
+    Workspace& operator=(const Workspace&) = delete;
+};
+
+}  // namespace attn::detail::ATTN_FLASH_NS
