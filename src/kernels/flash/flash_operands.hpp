@@ -43,8 +43,9 @@ inline float load_elem(const TensorView& t, std::int64_t off) {
 //                                 16 × 16 floats, in/out: 16 row pointers (the avx2 and avx512 Ops do)
 //   narrow16(x, y, n, is_f16)     (with transpose16) y = x rounded to float16/bfloat16, the
 //                                 kernel table's narrow16 of this ISA (a 16-bit out's O store)
-// and then a float32 Q or out whose head dim is contiguous moves 16 × 16 blocks at a time.
-// The values are the same bits either way (a copy; the store's one multiply by 1/l).
+// and then a Q or out (float32 or 16-bit) whose head dim is contiguous moves 16 × 16 blocks at
+// a time. The values are the same bits either way (a copy or an exact widening; the store's one
+// multiply by 1/l, then one rounding to a 16-bit out).
 template <class Ops>
 inline constexpr bool kOpsTranspose = requires { &Ops::transpose16; };
 

@@ -2,8 +2,8 @@
 // kernels (decode_avx2.cpp reads K/V rows with them, flash_avx2.cpp converts Q/K/V tiles).
 // float16: vcvtph2ps (exact; inf/NaN/subnormals kept). bfloat16: the top half of a float32,
 // so a 16-bit shift (exact). And the way back, narrow_row_avx2: attn/half.hpp's rounding
-// (float_to_f16, float_to_bf16) bit for bit, 8 lanes at a time. Internal linkage (anonymous namespace), like exp2_avx2.hpp:
-// include only from *_avx2.cpp files.
+// (float_to_f16, float_to_bf16) bit for bit, 8 lanes at a time. Internal linkage (anonymous
+// namespace), like exp2_avx2.hpp: include only from *_avx2.cpp files.
 #pragma once
 
 #include <immintrin.h>

@@ -1,8 +1,9 @@
 // float16 / bfloat16 ↔ float32 with AVX-512 (F+BW): the one set of 16-bit loaders of the
 // AVX-512 kernels (decode_avx512.cpp, flash_avx512.cpp). float16: vcvtph2ps on 16 values;
 // bfloat16: a 16-bit shift; a row's edge is a masked load. And the way back, narrow_row_avx512:
-// attn/half.hpp's rounding bit for bit (the rule half_avx2.hpp's narrow_row_avx2 states). Scalars reuse the AVX2 helpers
-// (F16C is part of the AVX-512 row's flags). Internal linkage: include only from *_avx512.cpp.
+// attn/half.hpp's rounding bit for bit (the rule half_avx2.hpp's narrow_row_avx2 states).
+// Scalars reuse the AVX2 helpers (F16C is part of the AVX-512 row's flags). Internal linkage:
+// include only from *_avx512.cpp.
 #pragma once
 
 #include <immintrin.h>
