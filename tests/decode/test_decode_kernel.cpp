@@ -240,6 +240,37 @@ TEST(DecodeKernel, DispatchReportsTheKernelTableRow) {
     }
 }
 
+// A size-1 dimension's stride addresses nothing, so numpy (and attn) accept any value there.
+// The kernel must not walk memory by it: a one-key cache whose key dimension has a stride of
+// 2^50 elements once made the page-head prefetch loop over billions of pages (a hang found by
+// fuzz_array) and the P·V loop step a pointer past the end by 2^50 (UB; the ASan/UBSan suite
+// runs this test). Every storage type, every kernel-table row, against the reference.
+TEST(DecodeKernel, SizeOneDimsWithHugeStridesAreNotWalked) {
+    std::mt19937 rng(11);
+    const std::int64_t huge = std::int64_t{1} << 50, D = 24;
+    const Tensor q = random_f32(Shape{1, 2, 1, D}, rng);
+    const Tensor k32 = random_f32(Shape{1, 1, 1, D}, rng), v32 = random_f32(Shape{1, 1, 1, D}, rng);
+    for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+        Tensor k = to_storage(k32, dt), v = to_storage(v32, dt);
+        // B, H and L are all size 1: every stride but the head dim's is arbitrary.
+        const TensorView kh(k.data(), dt, Shape{1, 1, 1, D}, Strides{huge, huge, huge, 1});
+        const TensorView vh(v.data(), dt, Shape{1, 1, 1, D}, Strides{huge, 3, huge, 1});
+        Tensor want(DType::f32, Shape{1, 2, 1, D});
+        SdpaOptions opt;
+        opt.impl = Impl::reference;
+        sdpa(q, k, v, opt, want);
+        for (const detail::KernelSet* row : rows()) {
+            const detail::ScopedKernelSet use(*row);
+            Tensor got(DType::f32, Shape{1, 2, 1, D});
+            poison(got);
+            opt.impl = Impl::decode;
+            sdpa(q, kh, vh, opt, got);
+            const Diff d = compare(got, want, 1e-5, 1e-5);
+            EXPECT_EQ(d.bad, 0) << dtype_name(dt) << " " << row_name(row) << ": max err " << d.max_abs;
+        }
+    }
+}
+
 // Results must be bit-identical whatever the thread count (docs/design.md).
 TEST(DecodeKernel, ThreadCountDoesNotChangeBits) {
     std::mt19937 rng(99);

@@ -188,8 +188,8 @@ struct Avx2Ops {
         // as one run holding all the keys.
         const float* pj = p;
         for (int x = 0; x < nruns; ++x) {
-            const T* vj = v[x].rows + d0;
-            for (i64 j = 0; j < v[x].n; ++j, ++pj, vj += vstride) {
+            for (i64 j = 0; j < v[x].n; ++j, ++pj) {
+                const T* vj = v[x].rows + j * vstride + d0;  // indexed: no pointer past the last row
                 __m256 pb[R];
 #pragma GCC unroll 8
                 for (int r = 0; r < R; ++r) pb[r] = _mm256_broadcast_ss(pj + r * pstride);

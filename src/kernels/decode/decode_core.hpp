@@ -250,30 +250,45 @@ struct Lookahead {
             line += k;
             if (line < row_lines) return;
             line = 0;
-            row += stride;
             if (--rows_left == 0) {
                 ++run;
                 start_run();
+            } else {
+                row += stride;  // only to a row that exists: a size-1 dimension's stride may be anything
             }
         }
     }
 };
 
-// Start of every 4 KiB page that begins inside [p, p + bytes): its first kPageHeadLines lines
-// are requested. The hardware prefetchers follow a stream only inside a 4 KiB page and
-// must see a few demand misses in each new page before they run ahead; a step reads K and
-// V of a block alternately (128 KiB each for float32 at D = 128: 32 page starts each), so a
-// core stalls at every page start. Requesting the page heads of the stream it reads next
-// (this block's V during the scores, the next block's K during P·V) starts them early:
-// single-thread CPU time per S5 step (512 MiB float32) fell ≈ 20 % (docs/kernels.md, "Decode:
-// page-head prefetch"). About one prefetch per 4 keys at D = 128 float32; same bits. A paged
-// cache gets the same requests run by run (a 4 KiB page start inside each cache page).
+// Start of every 4 KiB page that begins inside the span of n rows (row_bytes each,
+// stride_bytes apart): its first kPageHeadLines lines are requested. The hardware prefetchers
+// follow a stream only inside a 4 KiB page and must see a few demand misses in each new page
+// before they run ahead; a step reads K and V of a block alternately (128 KiB each for float32
+// at D = 128: 32 page starts each), so a core stalls at every page start. Requesting the page
+// heads of the stream it reads next (this block's V during the scores, the next block's K
+// during P·V) starts them early: single-thread CPU time per S5 step (512 MiB float32) fell
+// ≈ 20 % (docs/kernels.md, "Decode: page-head prefetch"). About one prefetch per 4 keys at
+// D = 128 float32; same bits. A paged cache gets the same requests run by run (a 4 KiB page
+// start inside each cache page).
+// Rows more than a page apart (or a zero or negative stride) are no stream: the pages between
+// them are not read, so only each row's own first lines are requested. The span rule would
+// walk every page up to n·stride — for a size-1 dimension's arbitrary stride, billions of
+// pages (the fuzzer's hang, fuzz/corpus/fuzz_array/regress-decode-huge-stride-*).
 constexpr int kPageHeadLines = 2;
 
-inline void prefetch_page_heads(const void* p, i64 bytes) {
-    constexpr std::uintptr_t kPage = 4096;
-    const std::uintptr_t begin = reinterpret_cast<std::uintptr_t>(p), end = begin + static_cast<std::uintptr_t>(bytes);
-    for (std::uintptr_t x = (begin + kPage - 1) & ~(kPage - 1); x < end; x += kPage)
+inline void prefetch_page_heads(const void* p, i64 n, i64 stride_bytes, i64 row_bytes) {
+    constexpr i64 kPage = 4096;
+    const char* const first = static_cast<const char*>(p);
+    if (n <= 0) return;
+    if (stride_bytes <= 0 || stride_bytes > kPage) {
+        for (i64 r = 0; r < (stride_bytes == 0 ? 1 : n); ++r)
+            for (int l = 0; l < kPageHeadLines && 64 * l < row_bytes; ++l)
+                __builtin_prefetch(first + r * stride_bytes + 64 * l, 0, 3);
+        return;
+    }
+    const std::uintptr_t begin = reinterpret_cast<std::uintptr_t>(first);
+    const std::uintptr_t end = begin + static_cast<std::uintptr_t>((n - 1) * stride_bytes + row_bytes);
+    for (std::uintptr_t x = (begin + kPage - 1) & ~std::uintptr_t(kPage - 1); x < end; x += kPage)
         for (int l = 0; l < kPageHeadLines; ++l) __builtin_prefetch(reinterpret_cast<const char*>(x + 64 * l), 0, 3);
 }
 
@@ -391,12 +406,14 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
         {  // this block's V and the next block's K, run by run (one run, or one per cache page)
             const i64 n_next = imin(blk, khi - (j0 + n));
             for (int x = 0; x < br.count; ++x)
-                prefetch_page_heads(br.v[x].rows, br.v[x].n * a.vs[2] * static_cast<i64>(sizeof(T)));
+                prefetch_page_heads(br.v[x].rows, br.v[x].n, a.vs[2] * static_cast<i64>(sizeof(T)),
+                                    Dv * static_cast<i64>(sizeof(T)));
             if (n_next > 0) {
                 BlockRuns<T>& next = runs[cur ^ 1];
                 collect_runs<T>(a, w, b, hk, j0 + n, n_next, next);
                 for (int x = 0; x < next.count; ++x)
-                    prefetch_page_heads(next.k[x].rows, next.k[x].n * a.ks[2] * static_cast<i64>(sizeof(T)));
+                    prefetch_page_heads(next.k[x].rows, next.k[x].n, a.ks[2] * static_cast<i64>(sizeof(T)),
+                                        Dk * static_cast<i64>(sizeof(T)));
                 next_k = Lookahead<T>(next.k, next.count, a.ks[2], Dk * static_cast<i64>(sizeof(T)));
                 next_v = Lookahead<T>(next.v, next.count, a.vs[2], Dv * static_cast<i64>(sizeof(T)));
             }
