@@ -1,6 +1,8 @@
 // libFuzzer target: the Python module's array conversion followed by attn::sdpa, as
-// attn.scaled_dot_product_attention does it (python/sdpa.cpp, python/options.cpp), on
-// arrays described by raw bytes: dtype kind and itemsize, rank, dims and byte strides.
+// attn.scaled_dot_product_attention does it (python/sdpa.cpp, python/options.cpp), and then,
+// on half the inputs whose forward succeeded, attn::sdpa_backward on the same arrays (as
+// attn.scaled_dot_product_attention_backward does it) — on arrays described by raw bytes:
+// dtype kind and itemsize, rank, dims and byte strides.
 //
 // Every array is one numpy could hand over: its dims and strides only address bytes inside
 // its buffer (which the target allocates to fit, so ASan sees any read outside). Strides may
@@ -23,6 +25,7 @@
 #include "array_layout.hpp"
 #include "attn/error.hpp"
 #include "attn/sdpa.hpp"
+#include "attn/sdpa_backward.hpp"
 
 namespace {
 
@@ -184,6 +187,26 @@ void run(FuzzedDataProvider& p) {
     const bool want_lse = p.ConsumeBool(), want_w = p.ConsumeBool();
     try {
         attn::sdpa(qv, kv, vv, opt, out.view(), want_lse ? &lv : nullptr, want_w ? &wv : nullptr);
+    } catch (const attn::Error&) {
+        return;
+    }
+
+    // attn.scaled_dot_product_attention_backward on the same arrays and options, with the
+    // forward's out and lse and a gradient of raw bytes (python/sdpa.cpp's sdpa_backward_py).
+    if (!p.ConsumeBool()) return;
+    opt.impl = p.PickValueInArray({attn::Impl::automatic, attn::Impl::reference, attn::Impl::flash});
+    try {
+        if (!want_lse) attn::sdpa(qv, kv, vv, opt, out.view(), &lv, nullptr);
+    } catch (const attn::Error&) {
+        return;  // e.g. the decode kernel ran the forward and flash refuses the shape
+    }
+    attn::Tensor grad(odt, out.shape());
+    const std::vector<std::uint8_t> bytes = p.ConsumeBytes<std::uint8_t>(grad.nbytes());
+    std::memset(grad.data(), 0, grad.nbytes());
+    std::copy(bytes.begin(), bytes.end(), static_cast<std::uint8_t*>(grad.data()));
+    attn::Tensor dq(odt, qv.shape()), dk(odt, kv.shape()), dv(odt, vv.shape());
+    try {
+        attn::sdpa_backward(qv, kv, vv, out, lse, grad, opt, dq, dk, dv);
     } catch (const attn::Error&) {
     }
 }
