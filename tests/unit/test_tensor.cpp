@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "attn/error.hpp"
@@ -223,6 +224,29 @@ TEST(Tensor, ToDtypeCopiesAStridedViewInLogicalOrder) {
         (void)attn::to_dtype(ints, DType::f32);
     });
     EXPECT_NE(e.find("int32 -> float32"), std::string::npos) << e;
+}
+
+// The same dtype is a copy of the bits, strided or not: through double a signalling NaN
+// (here float32 0xffbfffff, the payload fuzz_safetensors wrote) comes back quiet, and
+// float16/bfloat16 payloads would be rounded.
+TEST(Tensor, ToDtypeToTheSameDtypeKeepsEveryBit) {
+    const std::uint32_t f32_bits[] = {0xffbfffffu, 0x7f800001u, 0x7fc01234u, 0x80000000u, 0x00000001u, 0x3f800000u};
+    const std::uint16_t half_bits[] = {0x7c01u, 0xfd55u, 0x7f81u, 0x8000u, 0x0001u, 0x3c00u};
+    Tensor f(DType::f32, Shape{2, 3});
+    std::memcpy(f.data(), f32_bits, sizeof f32_bits);
+    const Tensor ft = attn::to_dtype(f.view().transpose(0, 1), DType::f32);  // (3, 2), strided
+    for (int i = 0; i < 3; ++i)
+        for (int j = 0; j < 2; ++j) {
+            std::uint32_t got;
+            std::memcpy(&got, ft.data_as<float>() + i * 2 + j, 4);
+            EXPECT_EQ(got, f32_bits[j * 3 + i]) << i << "," << j;
+        }
+    for (DType dt : {DType::f16, DType::bf16}) {
+        Tensor h(dt, Shape{6});
+        std::memcpy(h.data(), half_bits, sizeof half_bits);
+        const Tensor ht = attn::to_dtype(h, dt);
+        EXPECT_EQ(std::memcmp(ht.data(), half_bits, sizeof half_bits), 0) << attn::dtype_name(dt);
+    }
 }
 
 }  // namespace
