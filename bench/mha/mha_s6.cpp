@@ -25,7 +25,9 @@ struct MhaS6::Buffers {
 namespace {
 void fill(Tensor& t, std::mt19937& rng, float scale) {
     std::normal_distribution<float> n(0.0f, scale);
-    for (std::int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = n(rng);
+    float* const p = t.data_as<float>();
+    const std::int64_t count = t.numel();  // checked once: Shape::numel checks for overflow on every call
+    for (std::int64_t i = 0; i < count; ++i) p[i] = n(rng);
 }
 }  // namespace
 
