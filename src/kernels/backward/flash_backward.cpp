@@ -18,6 +18,11 @@
 // partials are added in chunk order at the end. The chunk count depends on the shape only, so the
 // result is bit-identical for any thread count and schedule.
 //
+// Code map: Plan (the call's facts: shape, how each operand is read, the split) → run_task
+// (one task) → prepare_head (its query heads' operands, once per task), pack_key_block (once
+// per key block) and run_tile (one kBr × kBc tile: the kernel table's tile, tile.hpp);
+// operands.hpp reads and packs the rows.
+//
 // Tiles that the structural masks (causal, window, key lengths) hide completely are
 // skipped; tiles they cover completely, with no element-wise rule, run without the score
 // rule (scores.hpp), which the others apply to each row through a callback.
@@ -48,6 +53,7 @@
 #include "../simd/convert.hpp"
 #include "../store_row.hpp"
 #include "backward.hpp"
+#include "operands.hpp"
 #include "tile.hpp"
 
 namespace attn::detail {
@@ -60,56 +66,6 @@ constexpr double kLog2e = 1.4426950408889634;
 
 int round8(std::int64_t x) { return static_cast<int>((x + 7) / 8 * 8); }
 
-// Rows of a (B, H, L, D) tensor read in place as float32 rows of padded width Dp: only
-// when the caller's memory already is that (float32, unit inner stride, D % 8 == 0).
-// Anything else (16-bit, strided, odd D) is widened by pack_rows below, one (b, head) at a
-// time inside the task that reads it: never a whole-tensor copy.
-struct Rows {
-    const float* base = nullptr;
-    std::int64_t sb = 0, sh = 0, si = 0;
-    std::vector<float> storage;
-    const float* row(std::int64_t b, std::int64_t h, std::int64_t i) const { return base + b * sb + h * sh + i * si; }
-};
-
-// t: (B, H, L, D) → true and `r` pointing at the caller's rows when they can be read in place.
-bool direct_rows(const TensorView& t, int Dp, Rows& r) {
-    if (!(t.dtype() == DType::f32 && t.stride(3) == 1 && t.dim(3) == Dp)) return false;
-    r.base = t.data_as<const float>();
-    r.sb = t.stride(0);
-    r.sh = t.stride(1);
-    r.si = t.stride(2);
-    return true;
-}
-
-// dst (L rows of width Dp, row stride Dp) = the rows of src (row stride ld) with every
-// NaN/±inf entry 0: the operand of dSᵀ·Q or P̂ᵀ·dO for a head that holds one (see the top).
-void finite_rows(const float* src, std::ptrdiff_t ld, std::int64_t L, int Dp, float* dst) {
-    for (std::int64_t i = 0; i < L; ++i)
-        for (int d = 0; d < Dp; ++d) dst[i * Dp + d] = nonfinite_f32(src[i * ld + d]) ? 0.0f : src[i * ld + d];
-}
-
-// The L rows of (b, h) widened to float32 into dst (row stride Dp; the padding columns D..Dp
-// stay as the caller zeroed them). When they hold a NaN/±inf, z (allocated then, `total`
-// floats) gets the same rows from z_at on with those entries 0 (for dSᵀ·Q and P̂ᵀ·dO, see
-// the top) and true is returned.
-bool pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t L, int Dp, float* dst,
-               std::vector<float>& z, std::size_t z_at, std::size_t total) {
-    const std::int64_t D = t.dim(3);
-    for (std::int64_t i = 0; i < L; ++i) widen_row(t, t.offset(b, h, i, 0), t.stride(3), D, dst + i * Dp);
-    if (!any_nonfinite(dst, Dp, L, Dp)) return false;
-    if (z.size() < total) z.assign(total, 0.0f);
-    finite_rows(dst, Dp, L, Dp, z.data() + z_at);
-    return true;
-}
-
-// Row (b, h, i) of t as float32: in place when t is float32 with unit inner stride, else
-// widened into w (the same values: widening is exact).
-const float* f32_row(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t i, float* w) {
-    if (t.dtype() == DType::f32 && t.stride(3) == 1) return t.data_as<const float>() + t.offset(b, h, i, 0);
-    widen_row(t, t.offset(b, h, i, 0), t.stride(3), t.dim(3), w);
-    return w;
-}
-
 // Σ a[d]·b[d] in double: 8 partial sums (d mod 8) added in a fixed order, so the compiler
 // vectorises it and the result depends on n only.
 double dot_f64(const float* a, const float* b, std::int64_t n) {
@@ -119,87 +75,6 @@ double dot_f64(const float* a, const float* b, std::int64_t n) {
         for (int l = 0; l < 8; ++l) acc[l] += static_cast<double>(a[d + l]) * static_cast<double>(b[d + l]);
     for (int l = 0; d < n; ++d, ++l) acc[l] += static_cast<double>(a[d]) * static_cast<double>(b[d]);
     return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
-
-// bf16 compute (tile.hpp, TileBf16): the operands packed from float32 rows that hold bf16
-// values (the inputs are bf16, so attn/half.hpp's rounding is exact here); once per task
-// (Q, dO) or key block (K, V), so this scalar packing costs ~1/Lq of the tile work.
-// dst rows (n of them, ld_dst elements apart) = bf16 of src's first `cols` columns.
-void bf16_rows(const float* src, std::ptrdiff_t ld, std::int64_t n, int cols, std::uint16_t* dst, std::ptrdiff_t ld_dst) {
-    for (std::int64_t i = 0; i < n; ++i)
-        for (int c = 0; c < cols; ++c) dst[i * ld_dst + c] = float_to_bf16(src[i * ld + c]);
-}
-// dst[p][c] = (bf16 src[2p][c], bf16 src[2p+1][c]) for p < ⌈n/2⌉; the row past an odd n is 0.
-void bf16_pairs(const float* src, std::ptrdiff_t ld, std::int64_t n, int cols, std::uint32_t* dst, std::ptrdiff_t ld_dst) {
-    for (std::int64_t r = 0; r < n; r += 2)
-        for (int c = 0; c < cols; ++c) {
-            const std::uint32_t lo = float_to_bf16(src[r * ld + c]);
-            const std::uint32_t hi = r + 1 < n ? float_to_bf16(src[(r + 1) * ld + c]) : 0u;
-            dst[r / 2 * ld_dst + c] = lo | hi << 16;
-        }
-}
-
-// bf16 compute reading bfloat16 inputs as they are (no float32 round trip): the inputs
-// already are the bf16 operands, so these only move 16-bit words; float_to_bf16 of a
-// widened bf16 value is the value itself, NaN aside (it sets the quiet bit: q16 below),
-// so they give the bits bf16_rows/bf16_pairs give. On S1 the float32 route (widen, then
-// round each element back by scalar code) cost more per task than 16 key blocks amortise.
-inline std::uint32_t q16(std::uint16_t u) { return (u & 0x7fffu) > kBF16Exponent ? (u | 0x40u) : u; }
-inline std::uint32_t q16z(std::uint16_t u) { return (u & kBF16Exponent) == kBF16Exponent ? 0u : u; }  // NaN/±inf → 0
-
-// (bf16, unit inner stride, D == Dp, even row stride): its rows serve as TileBf16's q/dO rows in place.
-bool bf16_rows_in_place(const TensorView& t, int Dp) {
-    return t.dtype() == DType::bf16 && t.stride(3) == 1 && t.dim(3) == Dp && t.stride(2) % 2 == 0;
-}
-// dst[p][c] = (src[2p][c], src[2p+1][c]) for p < ⌈n/2⌉ of bf16 rows (unit inner stride,
-// cols entries; the row past an odd n is 0): bf16_pairs of rows with no NaN/±inf.
-void bf16_pairs16(const std::uint16_t* src, std::ptrdiff_t ld, std::int64_t n, int cols, std::uint32_t* dst,
-                  std::ptrdiff_t ld_dst) {
-    for (std::int64_t r = 0; r < n; r += 2) {
-        const std::uint16_t* a = src + r * ld;
-        std::uint32_t* o = dst + r / 2 * ld_dst;
-        if (r + 1 < n) {
-            const std::uint16_t* b = a + ld;
-            for (int c = 0; c < cols; ++c) o[c] = static_cast<std::uint32_t>(a[c]) | static_cast<std::uint32_t>(b[c]) << 16;
-        } else {
-            for (int c = 0; c < cols; ++c) o[c] = a[c];
-        }
-    }
-}
-// Pairs along d of `n` bf16 rows of width D (element (j, d) at src[j·sj + d·sd]), one column
-// per row: dst[p][j] = (x[j][2p], x[j][2p+1]) for p < ⌈D/2⌉, j < n; columns n..np are 0.
-// What bf16_pairs makes of Kᵀ/Vᵀ.
-void bf16_pairs_t16(const std::uint16_t* src, std::ptrdiff_t sj, std::ptrdiff_t sd, int n, int np, std::int64_t D,
-                    std::uint32_t* dst, std::ptrdiff_t ld_dst) {
-    const bool plain = sd == 1 && D % 2 == 0 && !any_nonfinite16(src, sj, n, D, kBF16Exponent);
-    if (plain)  // finite unit-stride rows: their words are the pairs (q16 changes nothing)
-        for (int j = 0; j < n; ++j)
-            for (std::int64_t p = 0; p < D / 2; ++p) std::memcpy(dst + p * ld_dst + j, src + j * sj + 2 * p, 4);
-    for (int j = 0; j < (plain ? 0 : n); ++j) {
-        const std::uint16_t* x = src + j * sj;
-        std::int64_t d = 0;
-        for (; d + 1 < D; d += 2) dst[d / 2 * ld_dst + j] = q16(x[d * sd]) | q16(x[(d + 1) * sd]) << 16;
-        if (d < D) dst[d / 2 * ld_dst + j] = q16(x[d * sd]);
-    }
-    for (std::int64_t p = 0; p < (D + 1) / 2; ++p)
-        for (int j = n; j < np; ++j) dst[p * ld_dst + j] = 0u;
-}
-// Pairs along the n keys of bf16 rows with NaN/±inf entries 0 (K for dS·K): dst[p][d] =
-// (x[2p][d], x[2p+1][d]) for d < D, 0 for D ≤ d < Dp; the row past an odd n is 0.
-void bf16_pairs_z16(const std::uint16_t* src, std::ptrdiff_t sj, std::ptrdiff_t sd, int n, std::int64_t D, int Dp,
-                    std::uint32_t* dst, std::ptrdiff_t ld_dst) {
-    const bool plain = sd == 1 && !any_nonfinite16(src, sj, n, D, kBF16Exponent);  // then q16z changes nothing
-    for (int r = 0; r < n; r += 2) {
-        const std::uint16_t* a = src + r * sj;
-        std::uint32_t* o = dst + r / 2 * ld_dst;
-        if (plain) {
-            bf16_pairs16(a, sj, r + 1 < n ? 2 : 1, static_cast<int>(D), o, 0);
-        } else {
-            for (std::int64_t d = 0; d < D; ++d)
-                o[d] = q16z(a[d * sd]) | (r + 1 < n ? q16z(a[sj + d * sd]) << 16 : 0u);
-        }
-        for (std::int64_t d = D; d < Dp; ++d) o[d] = 0u;
-    }
 }
 
 struct Scratch {
@@ -263,6 +138,373 @@ void tile_score_rule(const void* ctx, int row, float* s) {
             if (s[j] == kNegInf) g[j] = 0.0f;
 }
 
+
+// The call's facts that every task reads: the shape, how each operand is read, the split.
+struct Plan {
+    const BackwardProblem& bp;
+    const SdpaProblem& p;
+    const KernelSet& kernels;
+    std::int64_t B, Hq, Hkv, Lq, Lk, Dk, Dv;
+    int Dkp, Dvp;
+    Dropout drop;
+    float scale;
+    bool bf16;                          // products on bf16 pairs (backward_bf16_compute)
+    void (*tile)(const TileArgs&);      // the kernel table's tile for that
+    std::int64_t Lq2;                   // query row pairs per head (bf16 compute)
+    bool q_bf16_direct, do_bf16_direct;  // bf16 compute: Q/dO rows read in place where finite (checked per head)
+    // Q and dO read in place when they are float32 rows of the padded width, else widened
+    // per task (pack_rows). A head whose rows hold a NaN/±inf gets a copy with those entries 0
+    // for dSᵀ·Q and P̂ᵀ·dO (see the top), made by the task (pack_rows or finite_rows).
+    Rows Q, dO;
+    bool q_direct, do_direct;
+    std::size_t group, q_head, do_head;  // query heads per KV head; floats of one head's Q/dO rows
+    std::vector<std::int64_t> lo, hi;    // visible key interval of every query row (b·Lq + i)
+    // Chunks of key blocks per (b, KV head): enough tasks to keep 8 threads busy when
+    // B·Hkv is small. A function of the shape only (determinism).
+    std::int64_t nkb, nchunks, tasks;
+    // With one chunk a task owns every dQ row of its query heads: it accumulates them in
+    // the caller's float32 rows (zeroed by the task) or in a per-thread buffer rounded out
+    // at the task's end. Only several chunks need the shared partials (B·Hq·Lq·Dkp floats
+    // per chunk, 32 MiB on S3: allocating and faulting them in cost ~8 % of S1).
+    bool dq_own, dq_direct;
+    std::size_t dq_part;
+
+    Plan(const BackwardProblem& bp_, const KernelSet& k)
+        : bp(bp_), p(bp_.fwd), kernels(k), B(p.B), Hq(p.Hq), Hkv(p.Hkv), Lq(p.Lq), Lk(p.Lk), Dk(p.Dk), Dv(p.Dv),
+          Dkp(round8(Dk)), Dvp(round8(Dv)), drop(p.dropout()), scale(static_cast<float>(p.scale)) {
+        bf16 = k.backward_tile_bf16 != nullptr && backward_bf16_compute(bp);
+        tile = bf16 ? k.backward_tile_bf16 : k.backward_tile;
+        Lq2 = (Lq + 1) / 2;
+        q_bf16_direct = bf16 && bf16_rows_in_place(p.q, Dkp);
+        do_bf16_direct = bf16 && bf16_rows_in_place(bp.grad_out, Dvp);
+        q_direct = direct_rows(p.q, Dkp, Q);
+        do_direct = direct_rows(bp.grad_out, Dvp, dO);
+        group = static_cast<std::size_t>(p.group);
+        q_head = static_cast<std::size_t>(Lq * Dkp);
+        do_head = static_cast<std::size_t>(Lq * Dvp);
+        lo.resize(static_cast<std::size_t>(B * Lq));
+        hi.resize(static_cast<std::size_t>(B * Lq));
+        for (std::int64_t b = 0; b < B; ++b)
+            for (std::int64_t i = 0; i < Lq; ++i) {
+                const KeyRange kr = p.key_range(b, i);
+                lo[static_cast<std::size_t>(b * Lq + i)] = kr.lo;
+                hi[static_cast<std::size_t>(b * Lq + i)] = kr.hi;
+            }
+        nkb = (Lk + kBc - 1) / kBc;
+        nchunks = std::clamp<std::int64_t>((8 + B * Hkv - 1) / (B * Hkv), 1, nkb);
+        tasks = B * Hkv * nchunks;
+        dq_own = nchunks == 1;
+        dq_direct = dq_own && bp.dq.dtype() == DType::f32 && bp.dq.stride(3) == 1 && Dk == Dkp;
+        dq_part = static_cast<std::size_t>(B * Hq * Lq * Dkp);
+    }
+};
+
+// A thread's buffers sized for this call (kept from call to call: see flash_backward).
+void size_scratch(const Plan& c, Scratch& s) {
+    const int Bcp = round8(kBc);
+    const std::size_t group = c.group;
+    s.kt.assign(static_cast<std::size_t>(c.Dk * Bcp), 0.0f);
+    s.vt.assign(static_cast<std::size_t>(c.Dv * Bcp), 0.0f);
+    s.kp.assign(static_cast<std::size_t>(kBc * c.Dkp), 0.0f);
+    s.vrow.resize(static_cast<std::size_t>(c.Dv));
+    if (!c.q_direct) s.q.assign(group * c.q_head, 0.0f);
+    if (!c.do_direct) s.dO.assign(group * c.do_head, 0.0f);
+    s.q_nf.assign(group, 0);
+    s.dO_nf.assign(group, 0);
+    for (auto* v : {&s.q_at, &s.qz_at, &s.do_at, &s.doz_at}) v->resize(group);
+    for (auto* v : {&s.q_ld, &s.qz_ld, &s.do_ld, &s.doz_ld}) v->resize(group);
+    s.nl2.resize(group * static_cast<std::size_t>(c.Lq));
+    s.dd.resize(group * static_cast<std::size_t>(c.Lq));
+    s.w.resize(static_cast<std::size_t>(2 * c.Dv));
+    s.dk.resize(static_cast<std::size_t>(kBc * c.Dkp));
+    s.dv.resize(static_cast<std::size_t>(kBc * c.Dvp));
+    for (auto* t : {&s.S, &s.dP, &s.Pd}) t->resize(static_cast<std::size_t>(kBr * Bcp));
+    if (c.p.softcap > 0.0) s.cg.resize(static_cast<std::size_t>(kBr * Bcp));
+    s.drop.resize(static_cast<std::size_t>(kBr * Bcp));
+    s.drow.resize(static_cast<std::size_t>(Bcp + 6));  // one row's whole Philox blocks (Dropout::fill_row)
+    if (c.bf16) {
+        s.q16_at.resize(group);
+        s.dO16_at.resize(group);
+        s.q16_ld.resize(group);
+        s.dO16_ld.resize(group);
+        s.q16.assign(group * c.q_head, 0);
+        s.dO16.assign(group * c.do_head, 0);
+        s.qp.resize(group * static_cast<std::size_t>(c.Lq2 * c.Dkp));
+        s.dOp.resize(group * static_cast<std::size_t>(c.Lq2 * c.Dvp));
+        s.ktp.resize(static_cast<std::size_t>((c.Dk + 1) / 2 * Bcp));
+        s.vtp.resize(static_cast<std::size_t>((c.Dv + 1) / 2 * Bcp));
+        s.kpp.resize(static_cast<std::size_t>((kBc + 1) / 2 * c.Dkp));
+        s.pp.resize(static_cast<std::size_t>((kBr + 1) / 2 * Bcp));
+        s.ds16.resize(static_cast<std::size_t>(kBr * Bcp));
+    }
+    if (c.dq_own && !c.dq_direct) s.dqb.resize(group * c.q_head);
+}
+
+// The operands of query head g of the task's group (head h of batch b), once per task: Q and
+// dO rows (in place, widened, the zeroed copies, bf16 rows and pairs), and per row −lse·log2 e
+// and D = rowsum(dO ∘ O). The task of the first chunk also keeps D for the sinks' gradient.
+void prepare_head(const Plan& c, Scratch& s, std::int64_t b, std::int64_t h, std::size_t g, std::int64_t chunk,
+                  float* Dall) {
+    const SdpaProblem& p = c.p;
+    const BackwardProblem& bp = c.bp;
+    const std::int64_t Lq = c.Lq;
+    const int Dkp = c.Dkp, Dvp = c.Dvp;
+    const std::size_t q_head = c.q_head, do_head = c.do_head, group = c.group;
+    // bf16 compute with finite bf16 rows: no float32 copy at all (bf16_pairs16)
+    const std::uint16_t* q16_in = c.q_bf16_direct ? p.q.data_as<const std::uint16_t>() + p.q.offset(b, h, 0, 0) : nullptr;
+    const std::uint16_t* do16_in =
+        c.do_bf16_direct ? bp.grad_out.data_as<const std::uint16_t>() + bp.grad_out.offset(b, h, 0, 0) : nullptr;
+    if (q16_in && any_nonfinite16(q16_in, p.q.stride(2), Lq, Dkp, kBF16Exponent)) q16_in = nullptr;
+    if (do16_in && any_nonfinite16(do16_in, bp.grad_out.stride(2), Lq, Dvp, kBF16Exponent)) do16_in = nullptr;
+    // The head's float32 operands (Scratch::q_at...): in place, or widened; a head
+    // holding a NaN/±inf gets its zeroed copy (bf16 rows read in place: neither).
+    s.q_at[g] = c.q_direct ? c.Q.row(b, h, 0) : s.q.data() + g * q_head;
+    s.q_ld[g] = c.q_direct ? c.Q.si : Dkp;
+    if (q16_in) {
+        s.q_nf[g] = 0;
+        s.q16_at[g] = q16_in;
+        s.q16_ld[g] = p.q.stride(2);
+        bf16_pairs16(q16_in, p.q.stride(2), Lq, Dkp, s.qp.data() + g * static_cast<std::size_t>(c.Lq2 * Dkp), Dkp);
+    } else if (!c.q_direct) {
+        s.q_nf[g] = pack_rows(p.q, b, h, Lq, Dkp, s.q.data() + g * q_head, s.qz, g * q_head, group * q_head);
+    } else if ((s.q_nf[g] = any_nonfinite(s.q_at[g], c.Q.si, Lq, Dkp))) {
+        if (s.qz.size() < group * q_head) s.qz.assign(group * q_head, 0.0f);
+        finite_rows(s.q_at[g], c.Q.si, Lq, Dkp, s.qz.data() + g * q_head);
+    }
+    s.qz_at[g] = s.q_nf[g] ? s.qz.data() + g * q_head : s.q_at[g];
+    s.qz_ld[g] = s.q_nf[g] ? Dkp : s.q_ld[g];
+    s.do_at[g] = c.do_direct ? c.dO.row(b, h, 0) : s.dO.data() + g * do_head;
+    s.do_ld[g] = c.do_direct ? c.dO.si : Dvp;
+    if (do16_in) {
+        s.dO_nf[g] = 0;
+        s.dO16_at[g] = do16_in;
+        s.dO16_ld[g] = bp.grad_out.stride(2);
+        bf16_pairs16(do16_in, bp.grad_out.stride(2), Lq, Dvp, s.dOp.data() + g * static_cast<std::size_t>(c.Lq2 * Dvp), Dvp);
+    } else if (!c.do_direct) {
+        s.dO_nf[g] = pack_rows(bp.grad_out, b, h, Lq, Dvp, s.dO.data() + g * do_head, s.dOz, g * do_head, group * do_head);
+    } else if ((s.dO_nf[g] = any_nonfinite(s.do_at[g], c.dO.si, Lq, Dvp))) {
+        if (s.dOz.size() < group * do_head) s.dOz.assign(group * do_head, 0.0f);
+        finite_rows(s.do_at[g], c.dO.si, Lq, Dvp, s.dOz.data() + g * do_head);
+    }
+    s.doz_at[g] = s.dO_nf[g] ? s.dOz.data() + g * do_head : s.do_at[g];
+    s.doz_ld[g] = s.dO_nf[g] ? Dvp : s.do_ld[g];
+    // Per row: −lse·log2 e, saturated at ±FLT_MAX (an lse near −FLT_MAX, a row
+    // "masked" only by −FLT_MAX, times log2 e would overflow to +inf, and −inf + inf
+    // = NaN in the exponent); D = rowsum(dO ∘ O) over rows as float32 (exact; read in
+    // place when float32 with unit stride) summed in 8 fixed double lanes.
+    for (std::int64_t i = 0; i < Lq; ++i) {
+        const std::size_t gi = g * static_cast<std::size_t>(Lq) + static_cast<std::size_t>(i);
+        const double lse = load(*p.lse, p.lse->offset(b, h, i));
+        const double nl = std::clamp(-lse * kLog2e, -static_cast<double>(FLT_MAX), static_cast<double>(FLT_MAX));
+        s.nl2[gi] = lse == -INFINITY ? kNegInf : static_cast<float>(std::isnan(lse) ? lse : nl);
+        s.dd[gi] = static_cast<float>(dot_f64(f32_row(bp.grad_out, b, h, i, s.w.data()),
+                                              f32_row(p.out, b, h, i, s.w.data() + c.Dv), c.Dv));
+        if (chunk == 0 && Dall != nullptr) Dall[static_cast<std::size_t>((b * c.Hq + h) * Lq + i)] = s.dd[gi];
+    }
+    if (c.bf16) {  // their bf16 rows (for S, dP) and row pairs (for dK, dV: the zeroed copies)
+        if (!q16_in) {
+            bf16_rows(s.q_at[g], s.q_ld[g], Lq, Dkp, s.q16.data() + g * q_head, Dkp);
+            bf16_pairs(s.qz_at[g], s.qz_ld[g], Lq, Dkp, s.qp.data() + g * static_cast<std::size_t>(c.Lq2 * Dkp), Dkp);
+            s.q16_at[g] = s.q16.data() + g * q_head;
+            s.q16_ld[g] = Dkp;
+        }
+        if (!do16_in) {
+            bf16_rows(s.do_at[g], s.do_ld[g], Lq, Dvp, s.dO16.data() + g * do_head, Dvp);
+            bf16_pairs(s.doz_at[g], s.doz_ld[g], Lq, Dvp, s.dOp.data() + g * static_cast<std::size_t>(c.Lq2 * Dvp), Dvp);
+            s.dO16_at[g] = s.dO16.data() + g * do_head;
+            s.dO16_ld[g] = Dvp;
+        }
+    }
+}
+
+// Key block [j0, j0 + bc) of KV head hk packed for the tiles: Kᵀ and Vᵀ (d-major, keys
+// contiguous, zero-padded to bcp) and K (key-major, padded to Dkp, NaN/±inf 0 for dS·K),
+// widened to float32 (convert.hpp); bf16 compute reads only their pairs, made from the bf16
+// words (K and V are bf16 then).
+void pack_key_block(const Plan& c, Scratch& s, std::int64_t b, std::int64_t hk, std::int64_t j0, int bc, int bcp) {
+    const SdpaProblem& p = c.p;
+    if (c.bf16) {  // Kᵀ and Vᵀ pairs along d (for S, dP), K pairs along keys with NaN/±inf 0 (for dQ)
+        const std::uint16_t* k16 = p.k.data_as<const std::uint16_t>() + p.k.offset(b, hk, j0, 0);
+        const std::uint16_t* v16 = p.v.data_as<const std::uint16_t>() + p.v.offset(b, hk, j0, 0);
+        bf16_pairs_t16(k16, p.k.stride(2), p.k.stride(3), bc, bcp, c.Dk, s.ktp.data(), bcp);
+        bf16_pairs_t16(v16, p.v.stride(2), p.v.stride(3), bc, bcp, c.Dv, s.vtp.data(), bcp);
+        bf16_pairs_z16(k16, p.k.stride(2), p.k.stride(3), bc, c.Dk, c.Dkp, s.kpp.data(), c.Dkp);
+        return;
+    }
+    for (int j = 0; j < bc; ++j) {
+        float* kr = s.kp.data() + static_cast<std::ptrdiff_t>(j) * c.Dkp;
+        widen_row(p.k, p.k.offset(b, hk, j0 + j, 0), p.k.stride(3), c.Dk, kr);
+        for (std::int64_t d = 0; d < c.Dk; ++d) {
+            s.kt[static_cast<std::size_t>(d * bcp + j)] = kr[d];
+            if (nonfinite_f32(kr[d])) kr[d] = 0.0f;  // for dS·K
+        }
+        widen_row(p.v, p.v.offset(b, hk, j0 + j, 0), p.v.stride(3), c.Dv, s.vrow.data());
+        for (std::int64_t d = 0; d < c.Dv; ++d) s.vt[static_cast<std::size_t>(d * bcp + j)] = s.vrow[static_cast<std::size_t>(d)];
+    }
+    for (int j = bc; j < bcp; ++j) {
+        for (std::int64_t d = 0; d < c.Dk; ++d) s.kt[static_cast<std::size_t>(d * bcp + j)] = 0.0f;
+        for (std::int64_t d = 0; d < c.Dv; ++d) s.vt[static_cast<std::size_t>(d * bcp + j)] = 0.0f;
+    }
+}
+
+// One tile: query rows [i0, i0 + kBr) of head h (g-th of the group) against the packed key
+// block [j0, j0 + bc). dQ goes to the caller's rows, the task's own rows or chunk dq_c's partials.
+void run_tile(const Plan& c, Scratch& s, std::int64_t b, std::int64_t h, std::size_t g, std::int64_t i0,
+              std::int64_t j0, int bc, int bcp, float* dq_c) {
+    const SdpaProblem& p = c.p;
+    const std::int64_t Lq = c.Lq;
+    const int br = static_cast<int>(std::min<std::int64_t>(kBr, Lq - i0));
+    // Classify the tile by the structural masks: hidden, fully visible, or partial.
+    // (the softcap is the tile's own step, not the callback's)
+    bool any = false, full = !(p.has_elementwise_mask() || p.alibi_slopes);
+    for (int i = 0; i < br; ++i) {
+        const std::int64_t l = c.lo[static_cast<std::size_t>(b * Lq + i0 + i)];
+        const std::int64_t u = c.hi[static_cast<std::size_t>(b * Lq + i0 + i)];
+        any |= std::max(l, j0) < std::min(u, j0 + bc);
+        full &= l <= j0 && u >= j0 + bc;
+    }
+    if (!any) return;
+    TileArgs t;
+    t.br = br;
+    t.bc = bc;
+    t.bcp = bcp;
+    t.Dk = static_cast<int>(c.Dk);
+    t.Dv = static_cast<int>(c.Dv);
+    t.Dkp = c.Dkp;
+    t.Dvp = c.Dvp;
+    t.q = s.q_at[g] + i0 * s.q_ld[g];
+    t.ldq = s.q_ld[g];
+    t.q_dk = s.qz_at[g] + i0 * s.qz_ld[g];
+    t.ldq_dk = s.qz_ld[g];
+    t.dO = s.do_at[g] + i0 * s.do_ld[g];
+    t.ldo = s.do_ld[g];
+    t.dO_dv = s.doz_at[g] + i0 * s.doz_ld[g];
+    t.ldo_dv = s.doz_ld[g];
+    t.dO_nonfinite = s.dO_nf[g] != 0;
+    t.kt = s.kt.data();
+    t.vt = s.vt.data();
+    t.kp = s.kp.data();
+    t.neg_lse2 = s.nl2.data() + g * static_cast<std::size_t>(Lq) + i0;
+    t.Drow = s.dd.data() + g * static_cast<std::size_t>(Lq) + i0;
+    t.scale = c.scale;
+    t.S = s.S.data();
+    t.dP = s.dP.data();
+    t.Pd = s.Pd.data();
+    if (c.dq_direct) {
+        t.dq = c.bp.dq.data_as<float>() + c.bp.dq.offset(b, h, i0, 0);
+        t.lddq = c.bp.dq.stride(2);
+    } else {
+        const std::size_t row0 = static_cast<std::size_t>((b * c.Hq + h) * Lq + i0);
+        t.dq = c.dq_own ? s.dqb.data() + g * c.q_head + static_cast<std::size_t>(i0 * c.Dkp)
+                        : dq_c + row0 * static_cast<std::size_t>(c.Dkp);
+        t.lddq = c.Dkp;
+    }
+    t.dk = s.dk.data();
+    t.dv = s.dv.data();
+    float* cg = p.softcap > 0.0 ? s.cg.data() : nullptr;
+    const RuleContext rule{&p, b, h, i0, j0, bc, bcp, c.lo.data() + b * Lq + i0, c.hi.data() + b * Lq + i0, cg};
+    if (!full) {
+        t.score_rule = tile_score_rule;
+        t.rule_ctx = &rule;
+    }
+    if (cg) {
+        t.softcap = static_cast<float>(p.softcap);
+        t.softcap_inv = static_cast<float>(1.0 / p.softcap);
+        t.softcap_grad = cg;
+    }
+    if (c.drop.active) {
+        // Z/(1−p) for every (row, key) of the tile. The call's origin may put key
+        // j0 anywhere in a Philox block, so each row is filled whole blocks at a
+        // time into drow and the tile's bcp factors copied out.
+        for (int i = 0; i < br; ++i) {
+            const float* f = c.drop.fill_row(c.kernels.dropout_row, b, h, i0 + i, j0, bcp, s.drow.data());
+            std::copy_n(f, bcp, s.drop.data() + static_cast<std::ptrdiff_t>(i) * bcp);
+        }
+        t.drop = s.drop.data();
+    }
+    TileBf16 z;
+    if (c.bf16) {
+        z.q = s.q16_at[g] + i0 * s.q16_ld[g];
+        z.ldq = s.q16_ld[g];
+        z.dO = s.dO16_at[g] + i0 * s.dO16_ld[g];
+        z.ldo = s.dO16_ld[g];
+        z.q_pairs = s.qp.data() + g * static_cast<std::size_t>(c.Lq2 * c.Dkp) + static_cast<std::size_t>(i0 / 2 * c.Dkp);
+        z.dO_pairs = s.dOp.data() + g * static_cast<std::size_t>(c.Lq2 * c.Dvp) + static_cast<std::size_t>(i0 / 2 * c.Dvp);
+        z.kt_pairs = s.ktp.data();
+        z.vt_pairs = s.vtp.data();
+        z.k_pairs = s.kpp.data();
+        z.p_pairs = s.pp.data();
+        z.ds_rows = s.ds16.data();
+        t.bf16 = &z;
+    }
+    c.tile(t);
+}
+
+// One task: the key blocks of chunk `chunk` of KV head hk in batch b, against every query
+// row of the heads sharing hk. It owns those keys' dK/dV rows, and with one chunk its heads'
+// dQ rows; dq_ws holds the chunks' dQ partials otherwise.
+void run_task(const Plan& c, Scratch& s, std::int64_t task, float* dq_ws, float* Dall) {
+    const SdpaProblem& p = c.p;
+    const BackwardProblem& bp = c.bp;
+    const std::int64_t b = task / (c.Hkv * c.nchunks), hk = task / c.nchunks % c.Hkv, chunk = task % c.nchunks;
+    const std::int64_t h0 = hk * p.group;
+    float* dq_c = c.dq_own ? nullptr : dq_ws + static_cast<std::size_t>(chunk) * c.dq_part;
+    if (c.dq_direct)
+        for (std::int64_t h = h0; h < h0 + p.group; ++h)
+            for (std::int64_t i = 0; i < c.Lq; ++i)
+                std::memset(bp.dq.data_as<float>() + bp.dq.offset(b, h, i, 0), 0, sizeof(float) * static_cast<std::size_t>(c.Dk));
+    else if (c.dq_own)
+        std::fill(s.dqb.begin(), s.dqb.end(), 0.0f);
+    for (std::size_t g = 0; g < c.group; ++g)  // widen this task's Q and dO rows once
+        prepare_head(c, s, b, h0 + static_cast<std::int64_t>(g), g, chunk, Dall);
+    for (std::int64_t kb = chunk * c.nkb / c.nchunks; kb < (chunk + 1) * c.nkb / c.nchunks; ++kb) {
+        const std::int64_t j0 = kb * kBc;
+        const int bc = static_cast<int>(std::min<std::int64_t>(kBc, c.Lk - j0)), bcp = round8(bc);
+        pack_key_block(c, s, b, hk, j0, bc, bcp);
+        std::fill(s.dk.begin(), s.dk.end(), 0.0f);
+        std::fill(s.dv.begin(), s.dv.end(), 0.0f);
+        for (std::size_t g = 0; g < c.group; ++g)
+            for (std::int64_t i0 = 0; i0 < c.Lq; i0 += kBr)
+                run_tile(c, s, b, h0 + static_cast<std::int64_t>(g), g, i0, j0, bc, bcp, dq_c);
+        // This task owns dK/dV rows j0..j0+bc of KV head hk.
+        for (int j = 0; j < bc; ++j) {
+            store_row(bp.dk, bp.dk.offset(b, hk, j0 + j, 0), bp.dk.stride(3), s.dk.data() + j * c.Dkp, 1, c.Dk, 1.0f);
+            store_row(bp.dv, bp.dv.offset(b, hk, j0 + j, 0), bp.dv.stride(3), s.dv.data() + j * c.Dvp, 1, c.Dv, 1.0f);
+        }
+    }
+    if (c.dq_own && !c.dq_direct)  // this task owns these dQ rows: round them out once
+        for (std::size_t g = 0; g < c.group; ++g)
+            for (std::int64_t i = 0; i < c.Lq; ++i)
+                store_row(bp.dq, bp.dq.offset(b, h0 + static_cast<std::int64_t>(g), i, 0), bp.dq.stride(3),
+                          s.dqb.data() + g * c.q_head + static_cast<std::size_t>(i * c.Dkp), 1, c.Dk, 1.0f);
+}
+
+// dQ row r (b·Hq·Lq + h·Lq + i) = Σ over the chunks' partials, in chunk order.
+void sum_dq_row(const Plan& c, const float* dq_ws, std::int64_t r) {
+    const std::int64_t b = r / (c.Hq * c.Lq), h = r / c.Lq % c.Hq, i = r % c.Lq;
+    for (std::int64_t d = 0; d < c.Dk; ++d) {
+        float acc = dq_ws[static_cast<std::size_t>(r * c.Dkp + d)];
+        for (std::int64_t k = 1; k < c.nchunks; ++k)
+            acc += dq_ws[static_cast<std::size_t>(k) * c.dq_part + static_cast<std::size_t>(r * c.Dkp + d)];
+        store(c.bp.dq, c.bp.dq.offset(b, h, i, d), acc);
+    }
+}
+
+// Sinks: dσ_h = −Σ_{b,i} e^{σ_h − lse}·D (backward.hpp), summed in double in row order.
+void sink_gradients(const Plan& c, const float* Dall) {
+    for (std::int64_t h = 0; h < c.Hq; ++h) {
+        const double sigma = c.p.sink(h);
+        double acc = 0.0;
+        for (std::int64_t b = 0; b < c.B; ++b)
+            for (std::int64_t i = 0; i < c.Lq; ++i) {
+                const double lse = load(*c.p.lse, c.p.lse->offset(b, h, i));
+                const double d = Dall[static_cast<std::size_t>((b * c.Hq + h) * c.Lq + i)];
+                if (d != 0.0) acc -= std::exp(sigma - lse) * d;
+            }
+        store(*c.bp.dsinks, c.bp.dsinks->offset(h), acc);
+    }
+}
+
 }  // namespace
 
 bool backward_bf16_compute(const BackwardProblem& bp) {
@@ -274,52 +516,14 @@ bool backward_bf16_compute(const BackwardProblem& bp) {
 
 // q: (B, Hq, Lq, Dk), k: (B, Hkv, Lk, Dk), v: (B, Hkv, Lk, Dv), out/grad_out: (B, Hq, Lq, Dv), lse: (B, Hq, Lq)
 void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
-    const SdpaProblem& p = bp.fwd;
-    const std::int64_t B = p.B, Hq = p.Hq, Hkv = p.Hkv, Lq = p.Lq, Lk = p.Lk, Dk = p.Dk, Dv = p.Dv;
-    const int Dkp = round8(Dk), Dvp = round8(Dv);
-    const Dropout drop = p.dropout();
-    const float scale = static_cast<float>(p.scale);
-    const bool bf16 = kernels.backward_tile_bf16 != nullptr && backward_bf16_compute(bp);
-    void (*const tile)(const TileArgs&) = bf16 ? kernels.backward_tile_bf16 : kernels.backward_tile;
-    const std::int64_t Lq2 = (Lq + 1) / 2;  // query row pairs per head (bf16 compute)
-    // bf16 compute: Q/dO rows read in place where they hold no NaN/±inf (checked per head).
-    const bool q_bf16_direct = bf16 && bf16_rows_in_place(p.q, Dkp);
-    const bool do_bf16_direct = bf16 && bf16_rows_in_place(bp.grad_out, Dvp);
-
-    // Q and dO read in place when they are float32 rows of the padded width, else widened
-    // per task (pack_rows). A head whose rows hold a NaN/±inf gets a copy with those entries 0
-    // for dSᵀ·Q and P̂ᵀ·dO (see the top), made by the task (pack_rows or finite_rows).
-    Rows Q, dO;
-    const bool q_direct = direct_rows(p.q, Dkp, Q);
-    const bool do_direct = direct_rows(bp.grad_out, Dvp, dO);
+    const Plan c(bp, kernels);
     // Each task computes −lse·log2 e and D = rowsum(dO ∘ O) of its own heads' rows: no pass of
     // its own over all rows, hence one parallel region and no barrier before the tasks (a
     // separate pass and its barrier were a per-call cost of the 2-thread call). The sinks'
     // gradient needs every row's D: the first chunk's task of each head copies its rows here.
-    const std::int64_t nrows = B * Hq * Lq;
+    const std::int64_t nrows = c.B * c.Hq * c.Lq;
     std::vector<float> Dall(bp.dsinks ? static_cast<std::size_t>(nrows) : 0);
-    // Visible key interval of every query row (causal, window, key lengths).
-    std::vector<std::int64_t> lo(static_cast<std::size_t>(B * Lq)), hi(static_cast<std::size_t>(B * Lq));
-    for (std::int64_t b = 0; b < B; ++b)
-        for (std::int64_t i = 0; i < Lq; ++i) {
-            const KeyRange kr = p.key_range(b, i);
-            lo[static_cast<std::size_t>(b * Lq + i)] = kr.lo;
-            hi[static_cast<std::size_t>(b * Lq + i)] = kr.hi;
-        }
-
-    // Chunks of key blocks per (b, KV head): enough tasks to keep 8 threads busy when
-    // B·Hkv is small. A function of the shape only (determinism).
-    const std::int64_t nkb = (Lk + kBc - 1) / kBc;
-    const std::int64_t nchunks = std::clamp<std::int64_t>((8 + B * Hkv - 1) / (B * Hkv), 1, nkb);
-    // With one chunk a task owns every dQ row of its query heads: it accumulates them in
-    // the caller's float32 rows (zeroed by the task) or in a per-thread buffer rounded out
-    // at the task's end. Only several chunks need the shared partials (B·Hq·Lq·Dkp floats
-    // per chunk, 32 MiB on S3: allocating and faulting them in cost ~8 % of S1).
-    const bool dq_own = nchunks == 1;
-    const bool dq_direct = dq_own && bp.dq.dtype() == DType::f32 && bp.dq.stride(3) == 1 && Dk == Dkp;
-    const std::size_t dq_part = static_cast<std::size_t>(B * Hq * Lq * Dkp);
-    std::unique_ptr<float[]> dq_ws(dq_own ? nullptr : new float[dq_part * static_cast<std::size_t>(nchunks)]);
-    const std::int64_t tasks = B * Hkv * nchunks;
+    std::unique_ptr<float[]> dq_ws(c.dq_own ? nullptr : new float[c.dq_part * static_cast<std::size_t>(c.nchunks)]);
 
 #pragma omp parallel
     {
@@ -328,307 +532,34 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
         // (Q/dO rows of a task, the task's dQ), ~10 % of S1's bf16 backward.
         thread_local Scratch t_scratch;
         Scratch& s = t_scratch;
-        const int Bcp = round8(kBc);
-        s.kt.assign(static_cast<std::size_t>(Dk * Bcp), 0.0f);
-        s.vt.assign(static_cast<std::size_t>(Dv * Bcp), 0.0f);
-        s.kp.assign(static_cast<std::size_t>(kBc * Dkp), 0.0f);
-        s.vrow.resize(static_cast<std::size_t>(Dv));
-        const std::size_t q_head = static_cast<std::size_t>(Lq * Dkp), do_head = static_cast<std::size_t>(Lq * Dvp);
-        const std::size_t group = static_cast<std::size_t>(p.group);
-        if (!q_direct) s.q.assign(group * q_head, 0.0f);
-        if (!do_direct) s.dO.assign(group * do_head, 0.0f);
-        s.q_nf.assign(group, 0);
-        s.dO_nf.assign(group, 0);
-        for (auto* v : {&s.q_at, &s.qz_at, &s.do_at, &s.doz_at}) v->resize(group);
-        for (auto* v : {&s.q_ld, &s.qz_ld, &s.do_ld, &s.doz_ld}) v->resize(group);
-        s.nl2.resize(group * static_cast<std::size_t>(Lq));
-        s.dd.resize(group * static_cast<std::size_t>(Lq));
-        s.w.resize(static_cast<std::size_t>(2 * Dv));
-        s.dk.resize(static_cast<std::size_t>(kBc * Dkp));
-        s.dv.resize(static_cast<std::size_t>(kBc * Dvp));
-        for (auto* t : {&s.S, &s.dP, &s.Pd}) t->resize(static_cast<std::size_t>(kBr * Bcp));
-        if (p.softcap > 0.0) s.cg.resize(static_cast<std::size_t>(kBr * Bcp));
-        s.drop.resize(static_cast<std::size_t>(kBr * Bcp));
-        s.drow.resize(static_cast<std::size_t>(Bcp + 6));  // one row's whole Philox blocks (Dropout::fill_row)
-        if (bf16) {
-            s.q16_at.resize(group);
-            s.dO16_at.resize(group);
-            s.q16_ld.resize(group);
-            s.dO16_ld.resize(group);
-            s.q16.assign(group * q_head, 0);
-            s.dO16.assign(group * do_head, 0);
-            s.qp.resize(group * static_cast<std::size_t>(Lq2 * Dkp));
-            s.dOp.resize(group * static_cast<std::size_t>(Lq2 * Dvp));
-            s.ktp.resize(static_cast<std::size_t>((Dk + 1) / 2 * Bcp));
-            s.vtp.resize(static_cast<std::size_t>((Dv + 1) / 2 * Bcp));
-            s.kpp.resize(static_cast<std::size_t>((kBc + 1) / 2 * Dkp));
-            s.pp.resize(static_cast<std::size_t>((kBr + 1) / 2 * Bcp));
-            s.ds16.resize(static_cast<std::size_t>(kBr * Bcp));
-        }
-
-        if (dq_own && !dq_direct) s.dqb.resize(group * q_head);
+        size_scratch(c, s);
         // Each thread zeroes a slice of the dQ partials (first touch on the thread that uses it most).
-        if (!dq_own) {
+        if (!c.dq_own) {
+            const std::int64_t total = static_cast<std::int64_t>(c.dq_part) * c.nchunks;
 #pragma omp for schedule(static)
-            for (std::int64_t e = 0; e < static_cast<std::int64_t>(dq_part) * nchunks; e += 4096)
-                std::memset(dq_ws.get() + e, 0,
-                            sizeof(float) * static_cast<std::size_t>(std::min<std::int64_t>(4096, dq_part * nchunks - e)));
+            for (std::int64_t e = 0; e < total; e += 4096)
+                std::memset(dq_ws.get() + e, 0, sizeof(float) * static_cast<std::size_t>(std::min<std::int64_t>(4096, total - e)));
         }
 
         // (nowait: with one chunk nothing follows that needs the other threads' tasks; with
         // several, the barrier below comes before the partials are summed.)
 #pragma omp for schedule(dynamic, 1) nowait
-        for (std::int64_t task = 0; task < tasks; ++task) {
-            const std::int64_t b = task / (Hkv * nchunks), hk = task / nchunks % Hkv, c = task % nchunks;
-            float* dq_c = dq_own ? nullptr : dq_ws.get() + static_cast<std::size_t>(c) * dq_part;
-            if (dq_direct)
-                for (std::int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h)
-                    for (std::int64_t i = 0; i < Lq; ++i) std::memset(bp.dq.data_as<float>() + bp.dq.offset(b, h, i, 0), 0, sizeof(float) * static_cast<std::size_t>(Dk));
-            else if (dq_own)
-                std::fill(s.dqb.begin(), s.dqb.end(), 0.0f);
-            for (std::size_t g = 0; g < group; ++g) {  // widen this task's Q and dO rows once
-                const std::int64_t h = hk * p.group + static_cast<std::int64_t>(g);
-                // bf16 compute with finite bf16 rows: no float32 copy at all (bf16_pairs16)
-                const std::uint16_t* q16_in = q_bf16_direct ? p.q.data_as<const std::uint16_t>() + p.q.offset(b, h, 0, 0) : nullptr;
-                const std::uint16_t* do16_in =
-                    do_bf16_direct ? bp.grad_out.data_as<const std::uint16_t>() + bp.grad_out.offset(b, h, 0, 0) : nullptr;
-                if (q16_in && any_nonfinite16(q16_in, p.q.stride(2), Lq, Dkp, kBF16Exponent)) q16_in = nullptr;
-                if (do16_in && any_nonfinite16(do16_in, bp.grad_out.stride(2), Lq, Dvp, kBF16Exponent)) do16_in = nullptr;
-                // The head's float32 operands (Scratch::q_at...): in place, or widened; a head
-                // holding a NaN/±inf gets its zeroed copy (bf16 rows read in place: neither).
-                s.q_at[g] = q_direct ? Q.row(b, h, 0) : s.q.data() + g * q_head;
-                s.q_ld[g] = q_direct ? Q.si : Dkp;
-                if (q16_in) {
-                    s.q_nf[g] = 0;
-                    s.q16_at[g] = q16_in;
-                    s.q16_ld[g] = p.q.stride(2);
-                    bf16_pairs16(q16_in, p.q.stride(2), Lq, Dkp, s.qp.data() + g * static_cast<std::size_t>(Lq2 * Dkp), Dkp);
-                } else if (!q_direct) {
-                    s.q_nf[g] = pack_rows(p.q, b, h, Lq, Dkp, s.q.data() + g * q_head, s.qz, g * q_head, group * q_head);
-                } else if ((s.q_nf[g] = any_nonfinite(s.q_at[g], Q.si, Lq, Dkp))) {
-                    if (s.qz.size() < group * q_head) s.qz.assign(group * q_head, 0.0f);
-                    finite_rows(s.q_at[g], Q.si, Lq, Dkp, s.qz.data() + g * q_head);
-                }
-                s.qz_at[g] = s.q_nf[g] ? s.qz.data() + g * q_head : s.q_at[g];
-                s.qz_ld[g] = s.q_nf[g] ? Dkp : s.q_ld[g];
-                s.do_at[g] = do_direct ? dO.row(b, h, 0) : s.dO.data() + g * do_head;
-                s.do_ld[g] = do_direct ? dO.si : Dvp;
-                if (do16_in) {
-                    s.dO_nf[g] = 0;
-                    s.dO16_at[g] = do16_in;
-                    s.dO16_ld[g] = bp.grad_out.stride(2);
-                    bf16_pairs16(do16_in, bp.grad_out.stride(2), Lq, Dvp, s.dOp.data() + g * static_cast<std::size_t>(Lq2 * Dvp), Dvp);
-                } else if (!do_direct) {
-                    s.dO_nf[g] = pack_rows(bp.grad_out, b, h, Lq, Dvp, s.dO.data() + g * do_head, s.dOz, g * do_head, group * do_head);
-                } else if ((s.dO_nf[g] = any_nonfinite(s.do_at[g], dO.si, Lq, Dvp))) {
-                    if (s.dOz.size() < group * do_head) s.dOz.assign(group * do_head, 0.0f);
-                    finite_rows(s.do_at[g], dO.si, Lq, Dvp, s.dOz.data() + g * do_head);
-                }
-                s.doz_at[g] = s.dO_nf[g] ? s.dOz.data() + g * do_head : s.do_at[g];
-                s.doz_ld[g] = s.dO_nf[g] ? Dvp : s.do_ld[g];
-                // Per row: −lse·log2 e, saturated at ±FLT_MAX (an lse near −FLT_MAX, a row
-                // "masked" only by −FLT_MAX, times log2 e would overflow to +inf, and −inf + inf
-                // = NaN in the exponent); D = rowsum(dO ∘ O) over rows as float32 (exact; read in
-                // place when float32 with unit stride) summed in 8 fixed double lanes.
-                for (std::int64_t i = 0; i < Lq; ++i) {
-                    const std::size_t gi = g * static_cast<std::size_t>(Lq) + static_cast<std::size_t>(i);
-                    const double lse = load(*p.lse, p.lse->offset(b, h, i));
-                    const double nl = std::clamp(-lse * kLog2e, -static_cast<double>(FLT_MAX), static_cast<double>(FLT_MAX));
-                    s.nl2[gi] = lse == -INFINITY ? kNegInf : static_cast<float>(std::isnan(lse) ? lse : nl);
-                    s.dd[gi] = static_cast<float>(dot_f64(f32_row(bp.grad_out, b, h, i, s.w.data()),
-                                                          f32_row(p.out, b, h, i, s.w.data() + Dv), Dv));
-                    if (c == 0 && bp.dsinks) Dall[static_cast<std::size_t>((b * Hq + h) * Lq + i)] = s.dd[gi];
-                }
-                if (bf16) {  // their bf16 rows (for S, dP) and row pairs (for dK, dV: the zeroed copies)
-                    const float* qs = s.q_at[g];
-                    const std::ptrdiff_t lq = s.q_ld[g];
-                    const float* qz = s.qz_at[g];
-                    const std::ptrdiff_t lqz = s.qz_ld[g];
-                    const float* ds = s.do_at[g];
-                    const std::ptrdiff_t ldo = s.do_ld[g];
-                    const float* dz = s.doz_at[g];
-                    const std::ptrdiff_t ldz = s.doz_ld[g];
-                    if (!q16_in) {
-                        bf16_rows(qs, lq, Lq, Dkp, s.q16.data() + g * q_head, Dkp);
-                        bf16_pairs(qz, lqz, Lq, Dkp, s.qp.data() + g * static_cast<std::size_t>(Lq2 * Dkp), Dkp);
-                        s.q16_at[g] = s.q16.data() + g * q_head;
-                        s.q16_ld[g] = Dkp;
-                    }
-                    if (!do16_in) {
-                        bf16_rows(ds, ldo, Lq, Dvp, s.dO16.data() + g * do_head, Dvp);
-                        bf16_pairs(dz, ldz, Lq, Dvp, s.dOp.data() + g * static_cast<std::size_t>(Lq2 * Dvp), Dvp);
-                        s.dO16_at[g] = s.dO16.data() + g * do_head;
-                        s.dO16_ld[g] = Dvp;
-                    }
-                }
-            }
-            for (std::int64_t kb = c * nkb / nchunks; kb < (c + 1) * nkb / nchunks; ++kb) {
-                const std::int64_t j0 = kb * kBc;
-                const int bc = static_cast<int>(std::min<std::int64_t>(kBc, Lk - j0)), bcp = round8(bc);
-                // Pack Kᵀ, Vᵀ (d-major, keys contiguous, zero-padded to bcp) and K (key-major, padded to Dkp).
-                // K and V rows are widened to float32 here, once per key block (convert.hpp).
-                // bf16 compute reads only their pairs, made from the bf16 words (K and V are bf16 then).
-                if (bf16) {  // Kᵀ and Vᵀ pairs along d (for S, dP), K pairs along keys with NaN/±inf 0 (for dQ)
-                    const std::uint16_t* k16 = p.k.data_as<const std::uint16_t>() + p.k.offset(b, hk, j0, 0);
-                    const std::uint16_t* v16 = p.v.data_as<const std::uint16_t>() + p.v.offset(b, hk, j0, 0);
-                    bf16_pairs_t16(k16, p.k.stride(2), p.k.stride(3), bc, bcp, Dk, s.ktp.data(), bcp);
-                    bf16_pairs_t16(v16, p.v.stride(2), p.v.stride(3), bc, bcp, Dv, s.vtp.data(), bcp);
-                    bf16_pairs_z16(k16, p.k.stride(2), p.k.stride(3), bc, Dk, Dkp, s.kpp.data(), Dkp);
-                }
-                for (int j = 0; j < (bf16 ? 0 : bc); ++j) {
-                    float* kr = s.kp.data() + static_cast<std::ptrdiff_t>(j) * Dkp;
-                    widen_row(p.k, p.k.offset(b, hk, j0 + j, 0), p.k.stride(3), Dk, kr);
-                    for (std::int64_t d = 0; d < Dk; ++d) {
-                        s.kt[static_cast<std::size_t>(d * bcp + j)] = kr[d];
-                        if (nonfinite_f32(kr[d])) kr[d] = 0.0f;  // for dS·K
-                    }
-                    widen_row(p.v, p.v.offset(b, hk, j0 + j, 0), p.v.stride(3), Dv, s.vrow.data());
-                    for (std::int64_t d = 0; d < Dv; ++d) s.vt[static_cast<std::size_t>(d * bcp + j)] = s.vrow[static_cast<std::size_t>(d)];
-                }
-                for (int j = bc; j < (bf16 ? bc : bcp); ++j) {
-                    for (std::int64_t d = 0; d < Dk; ++d) s.kt[static_cast<std::size_t>(d * bcp + j)] = 0.0f;
-                    for (std::int64_t d = 0; d < Dv; ++d) s.vt[static_cast<std::size_t>(d * bcp + j)] = 0.0f;
-                }
-                std::fill(s.dk.begin(), s.dk.end(), 0.0f);
-                std::fill(s.dv.begin(), s.dv.end(), 0.0f);
+        for (std::int64_t task = 0; task < c.tasks; ++task)
+            run_task(c, s, task, dq_ws.get(), bp.dsinks ? Dall.data() : nullptr);
 
-                for (std::int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h) {
-                    for (std::int64_t i0 = 0; i0 < Lq; i0 += kBr) {
-                        const int br = static_cast<int>(std::min<std::int64_t>(kBr, Lq - i0));
-                        // Classify the tile by the structural masks: hidden, fully visible, or partial.
-                        // (the softcap is the tile's own step, not the callback's)
-                        bool any = false, full = !(p.has_elementwise_mask() || p.alibi_slopes);
-                        for (int i = 0; i < br; ++i) {
-                            const std::int64_t l = lo[static_cast<std::size_t>(b * Lq + i0 + i)];
-                            const std::int64_t u = hi[static_cast<std::size_t>(b * Lq + i0 + i)];
-                            any |= std::max(l, j0) < std::min(u, j0 + bc);
-                            full &= l <= j0 && u >= j0 + bc;
-                        }
-                        if (!any) continue;
-                        const std::size_t row0 = static_cast<std::size_t>((b * Hq + h) * Lq + i0);
-                        TileArgs t;
-                        t.br = br;
-                        t.bc = bc;
-                        t.bcp = bcp;
-                        t.Dk = static_cast<int>(Dk);
-                        t.Dv = static_cast<int>(Dv);
-                        t.Dkp = Dkp;
-                        t.Dvp = Dvp;
-                        const std::size_t g = static_cast<std::size_t>(h - hk * p.group);
-                        t.q = s.q_at[g] + i0 * s.q_ld[g];
-                        t.ldq = s.q_ld[g];
-                        t.q_dk = s.qz_at[g] + i0 * s.qz_ld[g];
-                        t.ldq_dk = s.qz_ld[g];
-                        t.dO = s.do_at[g] + i0 * s.do_ld[g];
-                        t.ldo = s.do_ld[g];
-                        t.dO_dv = s.doz_at[g] + i0 * s.doz_ld[g];
-                        t.ldo_dv = s.doz_ld[g];
-                        t.dO_nonfinite = s.dO_nf[g] != 0;
-                        t.kt = s.kt.data();
-                        t.vt = s.vt.data();
-                        t.kp = s.kp.data();
-                        t.neg_lse2 = s.nl2.data() + g * static_cast<std::size_t>(Lq) + i0;
-                        t.Drow = s.dd.data() + g * static_cast<std::size_t>(Lq) + i0;
-                        t.scale = scale;
-                        t.S = s.S.data();
-                        t.dP = s.dP.data();
-                        t.Pd = s.Pd.data();
-                        if (dq_direct) {
-                            t.dq = bp.dq.data_as<float>() + bp.dq.offset(b, h, i0, 0);
-                            t.lddq = bp.dq.stride(2);
-                        } else {
-                            t.dq = dq_own ? s.dqb.data() + static_cast<std::size_t>(h - hk * p.group) * q_head + static_cast<std::size_t>(i0 * Dkp)
-                                          : dq_c + row0 * static_cast<std::size_t>(Dkp);
-                            t.lddq = Dkp;
-                        }
-                        t.dk = s.dk.data();
-                        t.dv = s.dv.data();
-                        float* cg = p.softcap > 0.0 ? s.cg.data() : nullptr;
-                        const RuleContext rule{&p, b, h, i0, j0, bc, bcp, lo.data() + b * Lq + i0, hi.data() + b * Lq + i0, cg};
-                        if (!full) {
-                            t.score_rule = tile_score_rule;
-                            t.rule_ctx = &rule;
-                        }
-                        if (cg) {
-                            t.softcap = static_cast<float>(p.softcap);
-                            t.softcap_inv = static_cast<float>(1.0 / p.softcap);
-                            t.softcap_grad = cg;
-                        }
-                        if (drop.active) {
-                            // Z/(1−p) for every (row, key) of the tile. The call's origin may put key
-                            // j0 anywhere in a Philox block, so each row is filled whole blocks at a
-                            // time into drow and the tile's bcp factors copied out.
-                            for (int i = 0; i < br; ++i) {
-                                const float* f = drop.fill_row(kernels.dropout_row, b, h, i0 + i, j0, bcp, s.drow.data());
-                                std::copy_n(f, bcp, s.drop.data() + static_cast<std::ptrdiff_t>(i) * bcp);
-                            }
-                            t.drop = s.drop.data();
-                        }
-                        TileBf16 z;
-                        if (bf16) {
-                            z.q = s.q16_at[g] + i0 * s.q16_ld[g];
-                            z.ldq = s.q16_ld[g];
-                            z.dO = s.dO16_at[g] + i0 * s.dO16_ld[g];
-                            z.ldo = s.dO16_ld[g];
-                            z.q_pairs = s.qp.data() + g * static_cast<std::size_t>(Lq2 * Dkp) + static_cast<std::size_t>(i0 / 2 * Dkp);
-                            z.dO_pairs = s.dOp.data() + g * static_cast<std::size_t>(Lq2 * Dvp) + static_cast<std::size_t>(i0 / 2 * Dvp);
-                            z.kt_pairs = s.ktp.data();
-                            z.vt_pairs = s.vtp.data();
-                            z.k_pairs = s.kpp.data();
-                            z.p_pairs = s.pp.data();
-                            z.ds_rows = s.ds16.data();
-                            t.bf16 = &z;
-                        }
-                        tile(t);
-                    }
-                }
-                // This task owns dK/dV rows j0..j0+bc of KV head hk.
-                for (int j = 0; j < bc; ++j) {
-                    store_row(bp.dk, bp.dk.offset(b, hk, j0 + j, 0), bp.dk.stride(3), s.dk.data() + j * Dkp, 1, Dk, 1.0f);
-                    store_row(bp.dv, bp.dv.offset(b, hk, j0 + j, 0), bp.dv.stride(3), s.dv.data() + j * Dvp, 1, Dv, 1.0f);
-                }
-            }
-            if (dq_own && !dq_direct)  // this task owns these dQ rows: round them out once
-                for (std::size_t g = 0; g < group; ++g)
-                    for (std::int64_t i = 0; i < Lq; ++i)
-                        store_row(bp.dq, bp.dq.offset(b, hk * p.group + static_cast<std::int64_t>(g), i, 0), bp.dq.stride(3),
-                                  s.dqb.data() + g * q_head + static_cast<std::size_t>(i * Dkp), 1, Dk, 1.0f);
-        }
-
-        if (!dq_own) {
+        if (!c.dq_own) {
 #pragma omp barrier
         }
         // Kept for the next call unless a long sequence made them large (32 MiB per thread).
         if (s.task_bytes() > (std::size_t{32} << 20)) s = Scratch{};
 
         // dQ = Σ over chunks, in chunk order (one chunk: the tasks stored dQ).
-        if (!dq_own) {
+        if (!c.dq_own) {
 #pragma omp for schedule(static)
-        for (std::int64_t r = 0; r < nrows; ++r) {
-            const std::int64_t b = r / (Hq * Lq), h = r / Lq % Hq, i = r % Lq;
-            for (std::int64_t d = 0; d < Dk; ++d) {
-                float acc = dq_ws[static_cast<std::size_t>(r * Dkp + d)];
-                for (std::int64_t c = 1; c < nchunks; ++c)
-                    acc += dq_ws[static_cast<std::size_t>(c) * dq_part + static_cast<std::size_t>(r * Dkp + d)];
-                store(bp.dq, bp.dq.offset(b, h, i, d), acc);
-            }
-        }
+            for (std::int64_t r = 0; r < nrows; ++r) sum_dq_row(c, dq_ws.get(), r);
         }
     }
-    // Sinks: dσ_h = −Σ_{b,i} e^{σ_h − lse}·D (backward.hpp), summed in double in row order.
-    if (bp.dsinks) {
-        for (std::int64_t h = 0; h < Hq; ++h) {
-            const double sigma = p.sink(h);
-            double acc = 0.0;
-            for (std::int64_t b = 0; b < B; ++b)
-                for (std::int64_t i = 0; i < Lq; ++i) {
-                    const double lse = load(*p.lse, p.lse->offset(b, h, i));
-                    const double d = Dall[static_cast<std::size_t>((b * Hq + h) * Lq + i)];
-                    if (d != 0.0) acc -= std::exp(sigma - lse) * d;
-                }
-            store(*bp.dsinks, bp.dsinks->offset(h), acc);
-        }
-    }
+    if (bp.dsinks) sink_gradients(c, Dall.data());
 }
 
 }  // namespace attn::detail
