@@ -17,7 +17,8 @@
 // Sizes: a capacity (or max_capacity, or a growth) whose keys or values would need more
 // bytes than a 64-bit size can count is an attn::Error; one the system cannot allocate is
 // attn::OutOfMemory naming the buffer and the bytes. Either way the cache is unchanged.
-// Growing reallocates: views from keys()/values() taken before an append are then stale.
+// Growing reallocates: views from keys()/values() taken before an append are then stale
+// (the append itself may read its tokens from such views: a prefix copied between sequences).
 //
 // decode_attention() runs the bandwidth-bound decode kernel for Lq new queries per
 // sequence against the cache (see include/attn/decode.hpp).
@@ -82,13 +83,16 @@ public:
     TensorView values() const;
 
 private:
+    struct Buffer;
+    // The keys and values buffers a growth replaced (null when nothing grew). An append keeps
+    // them until its rows are written: its tokens may be views of this cache's own storage.
+    using Retired = std::array<std::unique_ptr<Buffer>, 2>;
     std::array<std::int64_t, 2> storage_bytes(std::string_view arg, std::int64_t capacity) const;
-    void grow_to(std::string_view arg, std::int64_t capacity);
-    void grow_for(const char* op, std::int64_t need);
+    Retired grow_to(std::string_view arg, std::int64_t capacity);
+    Retired grow_for(const char* op, std::int64_t need);
     std::int64_t check_fits(const char* op, std::int64_t b, std::int64_t extra) const;
     void write_rows(std::int64_t b, const TensorView& k, const TensorView& v, std::int64_t kb_dim);
 
-    struct Buffer;
     KVCacheConfig config_;
     std::int64_t capacity_ = 0;
     std::vector<std::int64_t> lengths_;

@@ -82,7 +82,8 @@ std::array<std::int64_t, 2> KVCache::storage_bytes(std::string_view arg, std::in
 
 // Reallocate to `cap` positions per sequence, keeping every sequence's written prefix. Both
 // buffers are allocated before anything changes, so a failure leaves the cache as it was.
-void KVCache::grow_to(std::string_view arg, std::int64_t cap) {
+// Returns the old buffers: the caller decides when they are freed.
+KVCache::Retired KVCache::grow_to(std::string_view arg, std::int64_t cap) {
     const auto [kbytes, vbytes] = storage_bytes(arg, cap);
     const std::string shape = " = (" + std::to_string(config_.batch) + ", " + std::to_string(config_.kv_heads) + ", " +
                               std::to_string(cap) + ", ";
@@ -104,9 +105,11 @@ void KVCache::grow_to(std::string_view arg, std::int64_t cap) {
                         static_cast<std::size_t>(len * config_.value_dim) * es);
         }
     }
+    Retired old{std::move(k_), std::move(v_)};
     k_ = std::move(nk);
     v_ = std::move(nv);
     capacity_ = cap;
+    return old;
 }
 
 void KVCache::reserve(std::int64_t cap) {
@@ -137,8 +140,8 @@ std::int64_t KVCache::check_fits(const char* op, std::int64_t b, std::int64_t ex
 
 // Growth doubles the capacity (amortised O(1) appends) but never beyond max_capacity or a
 // size that cannot be counted; never less than `need`, which check_fits has allowed.
-void KVCache::grow_for(const char* op, std::int64_t need) {
-    if (need <= capacity_) return;
+KVCache::Retired KVCache::grow_for(const char* op, std::int64_t need) {
+    if (need <= capacity_) return {};
     std::int64_t cap = need;
     if (const auto doubled = detail::size_mul(capacity_, 2); doubled && *doubled > need) {
         const std::int64_t limited = config_.max_capacity > 0 ? std::min(*doubled, config_.max_capacity) : *doubled;
@@ -146,7 +149,7 @@ void KVCache::grow_for(const char* op, std::int64_t need) {
         const std::int64_t dmax = std::max(config_.head_dim, config_.value_dim);
         if (detail::shape_bytes(Shape{config_.batch, config_.kv_heads, limited, dmax}, es)) cap = limited;
     }
-    grow_to(std::string(op) + ": capacity", cap);
+    return grow_to(std::string(op) + ": capacity", cap);
 }
 
 namespace {
@@ -194,7 +197,7 @@ void KVCache::append(const TensorView& k_new, const TensorView& v_new) {
               "(B, Hkv, T, Dv)");
     std::int64_t need = 0;
     for (std::int64_t b = 0; b < config_.batch; ++b) need = std::max(need, check_fits("append", b, T));
-    grow_for("append", need);
+    const Retired old = grow_for("append", need);  // freed after the rows are written: k_new may view them
     for (std::int64_t b = 0; b < config_.batch; ++b) {
         write_rows(b, k_new, v_new, b);
         lengths_[static_cast<std::size_t>(b)] += T;
@@ -209,7 +212,7 @@ void KVCache::append(std::int64_t b, const TensorView& k_new, const TensorView& 
     check_new(k_new, "append", "k_new", 3, Shape{config_.kv_heads, std::max<std::int64_t>(T, 0), config_.head_dim},
               "(Hkv, T, Dk)");
     check_new(v_new, "append", "v_new", 3, Shape{config_.kv_heads, T, config_.value_dim}, "(Hkv, T, Dv)");
-    grow_for("append", check_fits("append", b, T));
+    const Retired old = grow_for("append", check_fits("append", b, T));  // see append above
     write_rows(b, k_new, v_new, 0);
     lengths_[static_cast<std::size_t>(b)] += T;
 }

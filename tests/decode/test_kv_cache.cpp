@@ -147,6 +147,34 @@ TEST(KVCache, GrowthKeepsContentsAndRespectsLimit) {
     EXPECT_NE(error_of([&] { c.reserve(11); }).find("exceeds max_capacity 10"), std::string::npos);
 }
 
+// An append may read its tokens from the cache itself (a prompt prefix copied from one
+// sequence to another, or repeated): when it grows, the old storage it reads must outlive
+// the copy (it was freed first: a use after free that ASan reports, kernels_asan runs this).
+TEST(KVCache, AppendReadsViewsOfItsOwnStorageWhileGrowing) {
+    std::mt19937 rng(29);
+    for (DType dt : {DType::f32, DType::f16}) {
+        KVCache c(config(dt, 4, true));
+        const Tensor k1 = random_f32(Shape{2, 3, 4, 5}, rng), v1 = random_f32(Shape{2, 3, 4, 4}, rng);
+        c.append(k1, v1);  // full: both sequences hold 4 of 4 positions
+        const TensorView K = c.keys(), V = c.values();
+        // Sequence 0's 4 tokens as (Hkv, T, D) views of the storage, appended to sequence 1.
+        const TensorView k0(K.data(), dt, Shape{3, 4, 5}, Strides{K.stride(1), K.stride(2), K.stride(3)});
+        const TensorView v0(V.data(), dt, Shape{3, 4, 4}, Strides{V.stride(1), V.stride(2), V.stride(3)});
+        c.append(1, k0, v0);  // 8 > 4: grows while reading k0/v0 from the old buffers
+        EXPECT_EQ(c.capacity(), 8);
+        ASSERT_EQ(c.length(1), 8);
+        expect_rows(c, c.keys(), 1, 4, k1, 0);  // sequence 0's keys, already rounded: unchanged
+        expect_rows(c, c.values(), 1, 4, v1, 0);
+        expect_rows(c, c.keys(), 1, 0, k1, 1);
+        // The whole batch from views of itself: (B, Hkv, T, D) = positions 0..3 of every sequence.
+        const TensorView K2 = c.keys(), V2 = c.values();
+        const TensorView kb(K2.data(), dt, Shape{2, 3, 4, 5}, K2.strides()), vb(V2.data(), dt, Shape{2, 3, 4, 4}, V2.strides());
+        c.append(kb, vb);  // sequence 1: 12 > 8, grows again
+        expect_rows(c, c.keys(), 0, 4, k1, 0);
+        expect_rows(c, c.values(), 1, 8, v1, 1);
+    }
+}
+
 TEST(KVCache, TruncateAndResetRollBack) {
     std::mt19937 rng(14);
     KVCache c(config(DType::f32, 8));
