@@ -131,6 +131,7 @@ struct MhaTrainOptions {
 };
 
 struct MhaForwardState {
+    MhaConfig layer;             // the configuration of the layer that filled it (backward checks it)
     Shape query_shape, key_shape, value_shape;
     std::int64_t B = 0, Lq = 0, Lk = 0, Lkx = 0;  // Lkx = Lk + appended keys
     bool batched = true;

@@ -23,6 +23,7 @@
 #include "masks.hpp"
 #include "packed_backward.hpp"
 #include "projection.hpp"
+#include "train_state.hpp"
 #include "../core/threads.hpp"
 
 namespace attn {
@@ -92,6 +93,7 @@ Tensor MultiHeadAttention::forward_train(const TensorView& query, const TensorVi
     score_modifiers(s.sdpa);
     detail::own_score_modifiers(s);
 
+    s.layer = c;
     s.query_shape = query.shape();
     s.key_shape = key.shape();
     s.value_shape = value.shape();
@@ -130,9 +132,7 @@ MhaGradients MultiHeadAttention::backward(const MhaForwardState& s, const Tensor
     const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
     // grad_output like the output (Lq, B, E) | (B, Lq, E) | (Lq, E)
     const std::int64_t E = c.embed_dim, h = c.num_heads, hkv = c.num_kv_heads, dh = head_dim(), Ekv = hkv * dh;
-    if (s.q.data() == nullptr || s.q.shape()[1] != E || s.k.shape()[1] != Ekv) {
-        fail(kMha, "backward: the state was not filled by forward_train of this layer");
-    }
+    detail::check_train_state(*this, s);
     const Shape want = s.query_shape.rank == 3 ? Shape{s.query_shape[0], s.query_shape[1], E} : Shape{s.query_shape[0], E};
     if (grad_output.data() == nullptr || !is_floating(grad_output.dtype()) || !(grad_output.shape() == want)) {
         fail(kMha, "grad_output: expected a floating tensor shaped like the output ", want, " but got ",

@@ -91,6 +91,7 @@ Tensor run_packed(const MultiHeadAttention& layer, const TensorView& query, cons
                    out.data_as<float>(), E);
     if (keep != nullptr) {
         MhaForwardState& s = *keep;
+        s.layer = c;
         s.query_shape = query.shape();
         s.key_shape = key.shape();
         s.value_shape = value.shape();

@@ -14,6 +14,7 @@
 #include "inputs.hpp"
 #include "linear.hpp"
 #include "projection.hpp"
+#include "train_state.hpp"
 
 namespace attn::detail {
 
@@ -21,10 +22,7 @@ MhaGradients packed_backward(const MultiHeadAttention& layer, const MhaForwardSt
     const ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
     const MhaConfig& c = layer.config();
     const std::int64_t E = c.embed_dim, h = c.num_heads, hkv = c.num_kv_heads, dh = layer.head_dim(), Ekv = hkv * dh;
-    if (s.q.data() == nullptr || s.q.shape()[1] != E || s.k.shape()[1] != Ekv || s.x[1].shape()[1] != c.kdim ||
-        s.x[2].shape()[1] != c.vdim) {
-        fail(kMha, "backward: the state was not filled by forward_packed_train of this layer");
-    }
+    check_train_state(layer, s);
     const std::int64_t Tq = s.q.shape()[0], Tk = s.k.shape()[0];
     const Shape want{Tq, E};
     if (grad_output.data() == nullptr || !is_floating(grad_output.dtype()) || !(grad_output.shape() == want)) {

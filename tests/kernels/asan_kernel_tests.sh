@@ -9,7 +9,7 @@ src=$1
 build=$2
 "$src/tests/common/configure_asan.sh" "$src" "$build"
 cmake --build "$build" -j "$(nproc)" --target test_flash test_exp2 test_narrow16 test_nonfinite test_bf16_compute unit_sizes \
-    decode_tests test_mha test_half_forward
+    decode_tests test_mha test_mha_backward test_half_forward
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # 20 shards × 3 cases (each on every ISA, 1 and 2 threads) plus the fixed cases.
@@ -25,3 +25,5 @@ ATTN_FLASH_TEST_CASES_PER_SHARD=3 "$build/tests/kernels/test_flash"
 "$build/tests/decode/decode_tests" --gtest_filter='KVCache*:DecodeKernel.SizeOneDims*'
 # The MHA layer end to end (projections, masks, 16-bit weights and intermediates, errors): ~11 s.
 "$build/tests/mha/test_mha"
+# Training states from another layer or edited by hand: errors, never a read past a buffer.
+"$build/tests/mha/test_mha_backward" --gtest_filter='MhaBackward.State*:MhaBackward.ArgumentErrors'

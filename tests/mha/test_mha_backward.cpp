@@ -36,6 +36,16 @@ using attn::Tensor;
 using attn::TensorView;
 using attn::mha_test::random_tensor;
 
+// The message of the attn::Error f throws ("no error" when it throws none).
+std::string message(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const attn::Error& e) {
+        return e.what();
+    }
+    return "no error";
+}
+
 struct Case {
     MhaConfig config;
     std::int64_t B = 2, Lq = 3, Lk = 4;
@@ -191,18 +201,56 @@ TEST(MhaBackward, ArgumentErrors) {
     }
 }
 
+// A state filled by another layer, or edited by hand, is an error naming what differs — the
+// K/V gradient GEMMs used to read the saved key with this layer's kdim (a heap read past the
+// buffer, found by a review under ASan; kernels_asan runs test_mha).
+TEST(MhaBackward, StateOfAnotherLayerOrEditedIsAnError) {
+    MhaConfig a{8, 2};
+    a.kdim = a.vdim = 4;
+    const Tensor q(DType::f32, Shape{5, 2, 8}, true), kv(DType::f32, Shape{6, 2, 4}, true), dy(DType::f32, Shape{5, 2, 8}, true);
+    MultiHeadAttention la(a);
+    MhaForwardState st;
+    la.forward_train(q, kv, kv, {}, {}, st);
+    EXPECT_NO_THROW(la.backward(st, dy));
+    MhaConfig b = a;
+    b.kdim = b.vdim = 64;
+    EXPECT_EQ(message([&] { MultiHeadAttention(b).backward(st, dy); }),
+              "MultiHeadAttention: backward: the state was filled by a layer with kdim = 4 but this layer has kdim = 64");
+    MhaConfig c = a;
+    c.add_bias_kv = true;
+    EXPECT_EQ(message([&] { MultiHeadAttention(c).backward(st, dy); }),
+              "MultiHeadAttention: backward: the state was filled by a layer with add_bias_kv = false but this layer "
+              "has add_bias_kv = true");
+    MhaConfig d = a;
+    d.batch_first = true;
+    EXPECT_NE(message([&] { MultiHeadAttention(d).backward(st, dy); }).find("batch_first = false"), std::string::npos);
+    // Edited by hand: a saved tensor or size that forward_train would not have made.
+    MhaForwardState e1 = std::move(st);
+    e1.x[1] = Tensor(DType::f32, Shape{6, 2, 64}, true);
+    EXPECT_NE(message([&] { la.backward(e1, dy); }).find("the state's key copy must be float32 (6, 2, 4) but is float32 (6, 2, 64)"), std::string::npos);
+    MhaForwardState e2;
+    la.forward_train(q, kv, kv, {}, {}, e2);
+    e2.Lkx += 1;
+    EXPECT_NE(message([&] { la.backward(e2, dy); }).find("Lkx"), std::string::npos);
+    MhaForwardState e3;
+    la.forward_train(q, kv, kv, {}, {}, e3);
+    e3.k = Tensor(DType::f32, Shape{1, 8}, true);
+    EXPECT_NE(message([&] { la.backward(e3, dy); }).find("the state's k must be float32 (12, 8)"), std::string::npos);
+    // The packed state: the same rule.
+    MhaForwardState p;
+    const Tensor qp(DType::f32, Shape{5, 8}, true), kp(DType::f32, Shape{6, 4}, true), dyp(DType::f32, Shape{5, 8}, true);
+    std::int64_t cq[] = {0, 5}, ck[] = {0, 6};
+    const TensorView cuq(cq, DType::i64, Shape{2}), cuk(ck, DType::i64, Shape{2});
+    la.forward_packed_train(qp, kp, kp, cuq, cuk, {}, {}, p);
+    EXPECT_NO_THROW(la.backward(p, dyp));
+    EXPECT_EQ(message([&] { MultiHeadAttention(b).backward(p, dyp); }),
+              "MultiHeadAttention: backward: the state was filled by a layer with kdim = 4 but this layer has kdim = 64");
+}
+
 // forward_train checks its inputs with forward's own checks: the same message, word for word.
 TEST(MhaBackward, ForwardTrainErrorsAreForwardErrors) {
     MultiHeadAttention m(MhaConfig{4, 2});
     const Tensor x(DType::f32, Shape{3, 2, 4}, true), k(DType::f32, Shape{5, 1, 4}, true), am(DType::boolean, Shape{3, 4}, true);
-    auto message = [](const std::function<void()>& f) -> std::string {
-        try {
-            f();
-        } catch (const attn::Error& e) {
-            return e.what();
-        }
-        return "no error";
-    };
     attn::MhaForwardOptions o;
     o.attn_mask = am.view();
     MhaForwardState st;
