@@ -18,7 +18,9 @@ void bind_paged_kv_cache(pybind11::module_& m);  // paged_kv_cache.cpp: PagedKVC
 void bind_dist(pybind11::module_& m);      // dist.cpp: attn.dist (ring attention, MPI builds only)
 
 // kv_cache.cpp: the attn::KVCache inside a Python attn.KVCache (TypeError naming `name` for
-// any other object), locked by `lock` for as long as the caller holds it.
-attn::KVCache& kv_cache_of(const pybind11::handle& obj, const char* name, std::unique_lock<std::mutex>& lock);
+// any other object) and, in `mutex`, the lock of its one-operation-at-a-time rule. Take it with
+// the GIL released and let it go before the GIL is taken back: the KVCache methods wait for it
+// holding the GIL, so a thread that holds it and waits for the GIL deadlocks with them.
+attn::KVCache& kv_cache_of(const pybind11::handle& obj, const char* name, std::mutex*& mutex);
 
 }  // namespace attn_py

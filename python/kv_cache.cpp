@@ -180,12 +180,12 @@ py::object decode_py(const py::object& query, PyKVCache& cache, const py::object
 
 }  // namespace
 
-attn::KVCache& kv_cache_of(const py::handle& obj, const char* name, std::unique_lock<std::mutex>& lock) {
+attn::KVCache& kv_cache_of(const py::handle& obj, const char* name, std::mutex*& mutex) {
     if (!py::isinstance<PyKVCache>(obj)) {
         type_error(std::string(name) + ": expected an attn.KVCache but got " + std::string(py::str(py::type::of(obj))));
     }
     PyKVCache& c = obj.cast<PyKVCache&>();
-    lock = std::unique_lock<std::mutex>(c.mutex);
+    mutex = &c.mutex;
     return c.cache();
 }
 

@@ -112,10 +112,11 @@ public:
         py::array out = new_array(out_dtype_arg(out_dtype, default_out(x.view.dtype())),
                                   std::vector<py::ssize_t>(xs.dims.begin(), xs.dims.begin() + xs.rank));
         const attn::TensorView ov = output_view(out, 0);
-        std::unique_lock<std::mutex> cache_lock;
-        attn::KVCache& c = kv_cache_of(cache, "cache", cache_lock);
+        std::mutex* cache_mutex = nullptr;
+        attn::KVCache& c = kv_cache_of(cache, "cache", cache_mutex);
         py::gil_scoped_release nogil;
-        const std::lock_guard<std::mutex> lock(mutex_);
+        // Both locks with the GIL released, and both let go before it is taken back (bind.hpp).
+        const std::scoped_lock locks(*cache_mutex, mutex_);
         const attn::ScopedNumThreads scoped_threads(threads);
         layer_.forward_incremental_into(x.view, c, ov, &workspace_);
         return out;

@@ -149,3 +149,40 @@ def test_state_dict_is_never_torn_by_a_concurrent_load():
         sys.setswitchinterval(interval)
     assert copies >= 10, f"only {copies} copies in {SECONDS} s: too few to tell"
     assert not torn, f"{len(torn)} of {copies} state_dict() copies mixed two loads, e.g. values {torn[0]}"
+
+
+# forward_incremental held the cache's lock until after it had taken the GIL back, while
+# KVCache.lengths/truncate/reset/keys wait for that lock holding the GIL: a deadlock within
+# a few steps (a review found it). Run in a child process so that a hang fails this test
+# instead of stalling the suite.
+DEADLOCK_CHILD = r"""
+import faulthandler, sys, threading
+import numpy as np, attn
+faulthandler.dump_traceback_later(60, exit=True)  # a hang: traceback and exit code 1
+E, H = 256, 4
+layer = attn.MultiheadAttention(E, H)
+cache = attn.KVCache(1, H, E // H, 4096, grow=True)
+x = np.random.default_rng(0).random((64, 1, E), dtype=np.float32)
+stop = threading.Event()
+def poke():
+    while not stop.is_set():
+        cache.lengths
+        cache.keys()
+t = threading.Thread(target=poke, daemon=True)
+t.start()
+for i in range(20):
+    layer.forward_incremental(x, cache)
+    if i % 8 == 7:
+        cache.reset()
+stop.set()
+t.join()
+print("done", cache.lengths.tolist())
+"""
+
+
+def test_forward_incremental_beside_cache_methods_on_another_thread_does_not_deadlock():
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-c", DEADLOCK_CHILD], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0 and r.stdout.startswith("done"), f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
+    assert r.stdout.split(None, 1)[1].strip() == "[256]"  # 20 steps of 64 tokens, reset after steps 8 and 16
