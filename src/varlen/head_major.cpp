@@ -7,10 +7,12 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <optional>
 
 #include "attn/sdpa_varlen.hpp"
 #include "attn/threads.hpp"
 #include "../core/check.hpp"
+#include "../core/checked_size.hpp"
 
 namespace attn::detail {
 namespace {
@@ -23,8 +25,13 @@ bool strided_f32(const TensorView& t) {
     return t.dtype() == DType::f32 && t.stride(3) == 1 && t.stride(2) != t.dim(3);
 }
 
-// Floats of p's K and V (no overflow: these elements already exist in the packed K and V).
-std::int64_t kv_floats(const SdpaProblem& p) { return p.Hkv * p.Lk * (p.Dk + p.Dv); }
+// Bytes of float32 copies of p's K and V; nullopt when they cannot be counted in 64 bits —
+// broadcast (stride-0) K/V can have far more elements than memory.
+std::optional<std::int64_t> kv_bytes(const SdpaProblem& p) {
+    const auto d = size_add(p.Dk, p.Dv), rows = size_mul(p.Hkv, p.Lk);
+    const auto floats = d && rows ? size_mul(*rows, *d) : std::nullopt;
+    return floats ? size_mul(*floats, static_cast<std::int64_t>(sizeof(float))) : std::nullopt;
+}
 
 // The rows of src into dst (float32 (1, H, L, D), unit inner strides), split over the threads
 // of the enclosing parallel region (no barrier at the end).
@@ -138,19 +145,19 @@ std::unique_ptr<HeadMajorScratch> head_major_kv(std::vector<SdpaProblem>& ps) {
         if (head_major_pays(ps[i])) copy.push_back(i);
     std::stable_sort(copy.begin(), copy.end(), [&](std::size_t a, std::size_t b) { return ps[a].Lk > ps[b].Lk; });
     std::vector<std::int64_t> at;  // float offset of each copied problem's K in the buffer
-    std::int64_t total = 0;
+    std::int64_t total = 0;        // bytes, <= limit
     for (std::size_t n = 0; n < copy.size(); ++n) {
-        const std::int64_t need = kv_floats(ps[copy[n]]);
-        if ((total + need) * static_cast<std::int64_t>(sizeof(float)) > limit) {
+        const auto need = kv_bytes(ps[copy[n]]);
+        const auto sum = need ? size_add(total, *need) : std::nullopt;
+        if (!sum || *sum > limit) {
             copy.resize(n);  // the rest (shorter ones) are read in place
             break;
         }
-        at.push_back(total);
-        total += need;
+        at.push_back(total / static_cast<std::int64_t>(sizeof(float)));
+        total = *sum;
     }
     if (copy.empty()) return nullptr;
-    // No overflow: total floats already exist in the packed K and V.
-    auto buf = std::make_unique<HeadMajorScratch>(total * static_cast<std::int64_t>(sizeof(float)));
+    auto buf = std::make_unique<HeadMajorScratch>(total);
     float* base = buf->data();
     const auto ncopy = static_cast<std::int64_t>(copy.size());
 #pragma omp parallel num_threads(num_threads())

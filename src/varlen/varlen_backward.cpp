@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "attn/sdpa_backward.hpp"
 #include "attn/sdpa_varlen.hpp"
 #include "../core/check.hpp"
+#include "../core/checked_size.hpp"
 #include "../kernels/backward/backward.hpp"
 #include "../core/element_io.hpp"
 #include "../sdpa/problem.hpp"
@@ -76,11 +78,13 @@ void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const Tensor
     };
     // The floats of b's head-major copies: its views in the packed layout (detail::strided_rows).
     // No overflow: each view's elements already exist.
-    const auto copy_floats = [&](const Views& w) {
-        std::int64_t n = 0;
-        for (const TensorView& t : w.in) n += detail::strided_rows(t) ? t.numel() : 0;
-        for (const TensorView& t : w.out) n += detail::strided_rows(t) ? t.numel() : 0;
-        return n;
+    // Floats of the head-major copies of a sequence's strided rows; nullopt when their bytes
+    // cannot be counted in 64 bits (broadcast K/V: far more elements than memory) — no copy then.
+    const auto copy_floats = [&](const Views& w) -> std::optional<std::int64_t> {
+        std::optional<std::int64_t> n = 0;
+        for (const TensorView* t : {&w.in[0], &w.in[1], &w.in[2], &w.in[3], &w.out[0], &w.out[1], &w.out[2]})
+            if (n && detail::strided_rows(*t)) n = detail::size_add(*n, t->numel());
+        return n && detail::size_mul(*n, std::int64_t{sizeof(float)}) ? n : std::nullopt;
     };
     // Every sequence's problem, checked before anything is written; and the long sequences whose
     // backward reads and writes head-major copies (head_major.hpp, head_major_backward_pays) while
@@ -97,11 +101,11 @@ void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const Tensor
                                  detail::sequence_rows(v, s.k0, s.lk),
                                  detail::sequence_options(options, static_cast<std::int64_t>(b)),
                                  detail::sequence_rows(out, s.q0, s.lq), &lse_b, nullptr, kOp);
-        const std::int64_t n = copy_floats(views_of(s));
-        if (options.impl != Impl::reference && detail::head_major_backward_pays(p) && n > 0 &&
-            n * std::int64_t{sizeof(float)} <= detail::head_major_budget()) {
+        const std::optional<std::int64_t> n = copy_floats(views_of(s));
+        if (options.impl != Impl::reference && detail::head_major_backward_pays(p) && n && *n > 0 &&
+            *n * std::int64_t{sizeof(float)} <= detail::head_major_budget()) {
             head_major[b] = 1;
-            scratch_floats = std::max(scratch_floats, n);
+            scratch_floats = std::max(scratch_floats, *n);
         }
     }
     const auto scratch = scratch_floats > 0

@@ -16,8 +16,10 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "attn/error.hpp"
 #include "attn/sdpa_backward.hpp"
@@ -362,6 +364,27 @@ TEST(Varlen, HeadMajorBudgetCutOff) {
         EXPECT_TRUE(bit_equal(f.out, all.out));
         EXPECT_TRUE(bit_equal(f.lse_storage, all.lse_storage));
     }
+}
+
+// Broadcast (stride-0) K/V can have more elements than a 64-bit byte count holds: such a
+// sequence is never copied. The budget check (total + need)·4 wrapped to a small number, and
+// head_major_kv then wrote 2^62 floats into the buffer it had sized from it (a review found it).
+TEST(Varlen, HeadMajorCopyOfUncountableBroadcastKVIsNotMade) {
+    const std::int64_t Tq = 256, Tk = std::int64_t{1} << 34, H = std::int64_t{1} << 14, Dk = H - 1, Dv = 1;
+    std::vector<float> krow(static_cast<std::size_t>(Dk), 0.25f);
+    float one = 1.0f;
+    const TensorView q(&one, DType::f32, Shape{Tq, H, Dk}, Strides{0, 0, 0, 0});
+    const TensorView k(krow.data(), DType::f32, Shape{Tk, H, Dk}, Strides{0, 0, 1, 0});
+    const TensorView v(&one, DType::f32, Shape{Tk, H, Dv}, Strides{0, 0, 1, 0});
+    const Tensor out(DType::f32, Shape{Tq, H, Dv});  // 16 MiB: an output cannot be a broadcast view
+    SdpaOptions o;
+    std::vector<detail::SdpaProblem> ps{detail::make_problem(detail::sequence_rows(q, 0, Tq), detail::sequence_rows(k, 0, Tk),
+                                                             detail::sequence_rows(v, 0, Tk), o,
+                                                             detail::sequence_rows(out.view(), 0, Tq), nullptr, nullptr, "test")};
+    ASSERT_TRUE(detail::head_major_pays(ps[0]));  // a long strided float32 sequence: copied if it could be counted
+    const detail::ScopedHeadMajorBudget unlimited(std::numeric_limits<std::int64_t>::max());
+    EXPECT_EQ(detail::head_major_kv(ps), nullptr);
+    EXPECT_EQ(ps[0].k.data(), static_cast<void*>(krow.data()));  // read in place
 }
 
 // The head-major buffer is kept after a call (its page faults are paid once), and
