@@ -3,15 +3,18 @@
 
 #include "attn/error.hpp"
 #include "attn/ring.hpp"
+#include "../core/checked_size.hpp"
 #include "../core/element_io.hpp"
 
 namespace attn::dist {
 namespace {
 
-// Chunk c of n over L rows: [c·L/n, (c+1)·L/n). Integer division spreads the remainder,
+// Chunk c of n over L rows: [⌊c·L/n⌋, ⌊(c+1)·L/n⌋). Integer division spreads the remainder,
 // so chunk lengths differ by at most one.
 Segment chunk(std::int64_t L, std::int64_t n, std::int64_t c) {
-    const std::int64_t lo = c * L / n, hi = (c + 1) * L / n;
+    // ⌊c·L/n⌋ = c·⌊L/n⌋ + ⌊c·(L mod n)/n⌋: no product beyond L, or beyond n² (n < 2^32).
+    const auto at = [&](std::int64_t i) { return i * (L / n) + i * (L % n) / n; };
+    const std::int64_t lo = at(c), hi = at(c + 1);
     return Segment{lo, hi - lo};
 }
 
@@ -35,13 +38,19 @@ void check_4d_float(const TensorView& t, const char* what) {
     }
 }
 
-void check_segments(const std::vector<Segment>& segments, std::int64_t L, const char* what) {
+// Throws unless every segment lies inside [0, L); returns the rows they hold together.
+std::int64_t check_segments(const std::vector<Segment>& segments, std::int64_t L, const char* what) {
+    std::int64_t n = 0;
     for (const Segment& s : segments) {
-        if (s.start < 0 || s.length < 0 || s.start + s.length > L) {
-            throw Error(std::string(what) + ": segment [" + std::to_string(s.start) + ", " +
-                        std::to_string(s.start + s.length) + ") does not fit a sequence of length " + std::to_string(L));
+        if (s.start < 0 || s.length < 0 || s.start > L || s.length > L - s.start) {  // no s.start + s.length: it can overflow
+            throw Error(std::string(what) + ": segment (start " + std::to_string(s.start) + ", length " +
+                        std::to_string(s.length) + ") does not fit a sequence of length " + std::to_string(L));
         }
+        const auto sum = attn::detail::size_add(n, s.length);
+        if (!sum) throw Error(std::string(what) + ": the segments hold more than 2^63 rows together");
+        n = *sum;
     }
+    return n;
 }
 
 }  // namespace
@@ -73,9 +82,7 @@ std::int64_t rank_length(std::int64_t L, int P, int rank, Layout layout) {
 // global: (B, H, L, D) → (B, H, Σ lengths, D) float32, or global's dtype when it is 16-bit
 Tensor take_rows(const TensorView& global, const std::vector<Segment>& segments) {
     check_4d_float(global, "take_rows: global");
-    check_segments(segments, global.dim(2), "take_rows");
-    std::int64_t n = 0;
-    for (const Segment& s : segments) n += s.length;
+    const std::int64_t n = check_segments(segments, global.dim(2), "take_rows");
     const bool sixteen = global.dtype() == DType::f16 || global.dtype() == DType::bf16;
     Tensor local(sixteen ? global.dtype() : DType::f32, Shape{global.dim(0), global.dim(1), n, global.dim(3)});
     std::int64_t row = 0;
@@ -90,9 +97,7 @@ Tensor take_rows(const TensorView& global, const std::vector<Segment>& segments)
 void put_rows(const TensorView& local, const std::vector<Segment>& segments, const TensorView& global) {
     check_4d_float(local, "put_rows: local");
     check_4d_float(global, "put_rows: global");
-    check_segments(segments, global.dim(2), "put_rows");
-    std::int64_t n = 0;
-    for (const Segment& s : segments) n += s.length;
+    const std::int64_t n = check_segments(segments, global.dim(2), "put_rows");
     if (local.dim(0) != global.dim(0) || local.dim(1) != global.dim(1) || local.dim(3) != global.dim(3) ||
         local.dim(2) != n) {
         throw Error("put_rows: local " + local.shape().str() + " does not hold the " + std::to_string(n) +

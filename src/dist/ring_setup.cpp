@@ -9,9 +9,11 @@
 #include <cstring>
 #include <ctime>
 #include <new>
+#include <optional>
 #include <string>
 
 #include "../core/check.hpp"
+#include "../core/checked_size.hpp"
 #include "../sdpa/problem.hpp"
 #include "attn/error.hpp"
 
@@ -157,6 +159,15 @@ Descriptor check_local(std::string_view kOp, const TensorView& q, const TensorVi
     return d;
 }
 
+// B·Hkv·nk·(k + v) of a rank's K/V block (k, v: per row of K and of V), or nullopt when it
+// cannot be counted in 64 bits.
+std::optional<std::int64_t> block_count(const Descriptor& d, std::int64_t k, std::int64_t v) {
+    const auto heads = attn::detail::size_mul(d.B, d.Hkv);
+    const auto rows = heads ? attn::detail::size_mul(*heads, d.nk) : std::nullopt;
+    const auto row = attn::detail::size_add(k, v);
+    return rows && row ? attn::detail::size_mul(*rows, *row) : std::nullopt;
+}
+
 // Phase 1b: the descriptors of all ranks, checked identically on every rank.
 void check_across(std::string_view kOp, const std::vector<Descriptor>& all, int P, std::int64_t& Lq, std::int64_t& Lk) {
     const Descriptor& d0 = all[0];
@@ -216,15 +227,16 @@ void check_across(std::string_view kOp, const std::vector<Descriptor>& all, int 
         }
         // One K/V block travels as one message (of wire units: wire_unit); MPI counts are int.
         // The dK/dV accumulators travel as float32 words: the same count or fewer.
+        // Counted in 64 bits first: broadcast K/V (stride 0) can have more elements than that.
         const WireUnit unit = wire_unit(static_cast<DType>(d.k_dtype), static_cast<DType>(d.v_dtype));
-        const std::int64_t units =
-            d.B * d.Hkv * d.nk *
-            (d.Dk * static_cast<std::int64_t>(dtype_size(static_cast<DType>(d.k_dtype))) +
-             d.Dv * static_cast<std::int64_t>(dtype_size(static_cast<DType>(d.v_dtype)))) / unit.bytes;
-        const std::int64_t words = d.B * d.Hkv * d.nk * (d.Dk + d.Dv);
-        if (std::max(units, words) > INT_MAX) {
-            fail(kOp, "rank ", r, "'s K/V block has ", std::max(units, words), " elements, more than one MPI message holds (",
-                 INT_MAX, "); use more ranks");
+        const auto kb = attn::detail::size_mul(d.Dk, static_cast<std::int64_t>(dtype_size(static_cast<DType>(d.k_dtype))));
+        const auto vb = attn::detail::size_mul(d.Dv, static_cast<std::int64_t>(dtype_size(static_cast<DType>(d.v_dtype))));
+        const auto bytes = kb && vb ? block_count(d, *kb, *vb) : std::nullopt;
+        const auto words = block_count(d, d.Dk, d.Dv);
+        if (!bytes || !words || std::max(*bytes / unit.bytes, *words) > INT_MAX) {
+            fail(kOp, "rank ", r, "'s K/V block has ",
+                 bytes && words ? std::to_string(std::max(*bytes / unit.bytes, *words)) : std::string("more than 2^63"),
+                 " elements, more than one MPI message holds (", INT_MAX, "); use more ranks");
         }
     }
 }

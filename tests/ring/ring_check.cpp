@@ -310,7 +310,37 @@ void check_partition() {
             }
     const auto z = dist::rank_segments(16, 4, 1, dist::Layout::zigzag);  // chunks 1 and 6 of 8
     ok &= z.size() == 2 && z[0].start == 2 && z[0].length == 2 && z[1].start == 12 && z[1].length == 2;
-    verdict("partition: every row once, balanced, zigzag rank 1 of 4 holds chunks 1 and 6", ok, detail);
+    // Lengths near 2^63: c·L/n overflowed (chunk 1 of 8 of 2^62 started at −2^59).
+    for (const std::int64_t L : {std::int64_t{1} << 62, std::numeric_limits<std::int64_t>::max()}) {
+        std::int64_t next = 0;
+        for (int r = 0; r < 4; ++r)
+            for (const auto& s : dist::rank_segments(L, 4, r, dist::Layout::contiguous)) {
+                if (s.start != next || s.length < L / 4 || s.length > L / 4 + 1) ok = false;
+                next = s.start + s.length;
+            }
+        if (next != L) ok = false;
+        if (!ok && detail.empty()) detail = "contiguous chunks of L = " + std::to_string(L);
+    }
+    verdict("partition: every row once, balanced, zigzag rank 1 of 4 holds chunks 1 and 6, L up to 2^63 - 1", ok, detail);
+
+    // Segments that do not fit, or whose lengths overflow together, are errors (take_rows
+    // sized its tensor from the wrapped sum and wrote INT64_MAX rows into it).
+    const Tensor g(DType::f32, Shape{1, 1, 8, 4}, true);
+    const std::int64_t M = std::numeric_limits<std::int64_t>::max();
+    std::string messages;
+    for (const std::vector<dist::Segment>& bad : {std::vector<dist::Segment>{{1, M}, {1, M}, {0, 3}},
+                                                  std::vector<dist::Segment>{{M, 1}}, std::vector<dist::Segment>{{7, 2}}}) {
+        try {
+            (void)dist::take_rows(g, bad);
+            messages += "(accepted) ";
+        } catch (const attn::Error& e) {
+            messages += std::string(e.what()) + " | ";
+        }
+    }
+    const bool refused = messages.find("(accepted)") == std::string::npos &&
+                         messages.find("take_rows: segment (start 1, length 9223372036854775807) does not fit a sequence of length 8") !=
+                             std::string::npos;
+    verdict("partition: take_rows refuses segments outside the sequence, without overflow", refused, messages);
 }
 
 }  // namespace
@@ -539,6 +569,31 @@ int main(int argc, char** argv) {
                        [&](Tensor&, Tensor&, Tensor&, RingOptions&, Tensor& kl) {
                            if (rank == last) kl.data_as<std::int64_t>()[0] = 5;
                        });
+    }
+
+    // Broadcast (stride-0) K/V whose block has more elements than 64 bits count: the MPI-count
+    // check wrapped to 0 and passed, and the ring buffer was sized from the wrapped count (a
+    // review found it: a heap overflow in pack). Every rank must refuse before anything moves.
+    {
+        const std::int64_t H = std::int64_t{1} << 12, nk = std::int64_t{1} << 34, Dk = (std::int64_t{1} << 18) - 1;
+        float one = 1.0f;
+        std::vector<float> out_rows(static_cast<std::size_t>(H), std::numeric_limits<float>::quiet_NaN());
+        const TensorView q(&one, DType::f32, Shape{1, H, 1, Dk}, Strides{0, 0, 0, 0});
+        const TensorView k(&one, DType::f32, Shape{1, H, nk, Dk}, Strides{0, 0, 0, 0});
+        const TensorView v(&one, DType::f32, Shape{1, H, nk, 1}, Strides{0, 0, 0, 0});
+        const TensorView o(out_rows.data(), DType::f32, Shape{1, H, 1, 1});
+        std::string message;
+        try {
+            dist::ring_attention(MPI_COMM_WORLD, q, k, v, dist::RingOptions{}, o);
+            message = "(no error)";
+        } catch (const attn::Error& e) {
+            message = e.what();
+        }
+        bool untouched = true;
+        for (float x : out_rows) untouched &= std::isnan(x);
+        verdict("error: a broadcast K/V block beyond a 64-bit count", untouched &&
+                    message.find("more than 2^63 elements, more than one MPI message holds") != std::string::npos,
+                message);
     }
 
     // Impl::flash: if single-process sdpa refuses it (a build without the flash kernel), the
