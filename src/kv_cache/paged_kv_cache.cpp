@@ -16,7 +16,8 @@ namespace {
 
 constexpr std::string_view kOp = "PagedKVCache";
 
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+// ⌈a/b⌉ for a >= 0, b > 0, without the a + b − 1 that can overflow.
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
 }  // namespace
 
@@ -93,6 +94,9 @@ PagedKVCache::SeqId PagedKVCache::add_sequence() {
 std::int64_t PagedKVCache::pages_needed(SeqId s, std::int64_t tokens) const {
     const Seq& q = seq("pages_needed", s);
     if (tokens < 0) detail::fail(kOp, "pages_needed: tokens must be >= 0 but got ", tokens);
+    if (tokens > std::numeric_limits<std::int64_t>::max() / 2 - q.length) {  // append's limit: its lengths never reach it
+        detail::fail(kOp, "pages_needed: ", tokens, " tokens do not fit a length counter");
+    }
     const std::int64_t ps = config_.page_size;
     const std::int64_t fresh = ceil_div(q.length + tokens, ps) - ceil_div(q.length, ps);
     // Writing into a shared, partly filled last page copies it first.

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -576,6 +577,12 @@ TEST(PagedKVCache, BadArgumentsAreClearErrors) {
                   .find("append: v_new has 3 tokens but k_new has 2"),
               std::string::npos);
     EXPECT_EQ(w.cache.length(a), 5);
+    // q.length + tokens overflowed: pages_needed(a, 2^63 − 1) returned a negative count.
+    EXPECT_NE(error_of([&] { w.cache.pages_needed(a, std::numeric_limits<std::int64_t>::max()); })
+                  .find("pages_needed: 9223372036854775807 tokens do not fit a length counter"),
+              std::string::npos);
+    EXPECT_EQ(w.cache.pages_needed(a, 3), 0);  // 5 + 3 = 8: the first page holds them
+    EXPECT_EQ(w.cache.pages_needed(a, 4), 1);
 
     const Tensor q = random_f32(Shape{1, 1, 1, 4}, rng);
     const Tensor out = poisoned(DType::f32, Shape{1, 1, 1, 4});
