@@ -143,10 +143,15 @@ void MultiHeadAttention::load_state_dict(const std::vector<std::pair<std::string
              config_.num_kv_heads, ", kdim=", config_.kdim, ", vdim=", config_.vdim, ", bias=", config_.bias ? "true" : "false",
              "): ", problems);
     }
-    for (const auto& [name, view] : tensors) {
-        Tensor& dst = params_.at(name);
-        const Tensor f = to_dtype(view, dst.dtype());
-        std::memcpy(dst.data(), f.data(), dst.nbytes());
+    // Every tensor is converted before any parameter changes: a conversion that fails (out of
+    // memory) leaves the layer as it was. The copies below cannot fail; repack_if_packed drops
+    // the packed weights before packing again, so they never disagree with the parameters.
+    std::vector<Tensor> converted;
+    converted.reserve(tensors.size());
+    for (const auto& [name, view] : tensors) converted.push_back(to_dtype(view, params_.at(name).dtype()));
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+        Tensor& dst = params_.at(tensors[i].first);
+        std::memcpy(dst.data(), converted[i].data(), dst.nbytes());
     }
     repack_if_packed();
 }

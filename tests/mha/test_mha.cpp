@@ -4,8 +4,11 @@
 // cases torch cannot check: grouped-query heads, strided inputs, workspace reuse, errors.
 #include <gtest/gtest.h>
 #include <omp.h>
+#include <sys/resource.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -440,6 +443,58 @@ TEST(Mha, StateDictErrorsNameTheTensor) {
     EXPECT_FALSE(odd.config().bias);
     EXPECT_TRUE(odd.config().batch_first);
 }
+
+// load_state_dict converts every tensor before it changes a parameter: when a conversion runs
+// out of memory, the layer is as it was (it used to copy tensor by tensor: out_proj.weight was
+// already overwritten, and the packed weights stale, when in_proj_weight's copy failed; a
+// review found it). Run in a child process (a "threadsafe" death test: a fresh exec) whose
+// address space leaves room for the 16 MiB copy of out_proj.weight but not the 48 MiB of
+// in_proj_weight. Not under ASan, whose shadow memory cannot live under such a limit.
+#if !defined(__SANITIZE_ADDRESS__)
+[[noreturn]] void load_under_an_address_space_limit() {
+    const std::int64_t E = 2048;
+    MultiHeadAttention layer(MhaConfig{.embed_dim = E, .num_heads = 16});  // parameters 0
+    layer.pack_weights();
+    std::vector<float> wo(static_cast<std::size_t>(E * E), 1.0f), wi(static_cast<std::size_t>(3 * E * E), 2.0f);
+    std::vector<float> bi(static_cast<std::size_t>(3 * E), 3.0f), bo(static_cast<std::size_t>(E), 4.0f);
+    const std::vector<std::pair<std::string, TensorView>> sd = {
+        {"out_proj.weight", TensorView(wo.data(), DType::f32, Shape{E, E})},
+        {"out_proj.bias", TensorView(bo.data(), DType::f32, Shape{E})},
+        {"in_proj_bias", TensorView(bi.data(), DType::f32, Shape{3 * E})},
+        {"in_proj_weight", TensorView(wi.data(), DType::f32, Shape{3 * E, E})},
+    };
+    const Tensor x(DType::f32, Shape{3, 1, E}, true);
+    const Tensor before = layer.forward(x.view(), x.view(), x.view(), {.need_weights = false}).output;
+    long pages = 0;
+    if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+        if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
+        std::fclose(f);
+    }
+    rlimit was{};
+    if (pages == 0 || getrlimit(RLIMIT_AS, &was) != 0) std::exit(5);
+    rlimit r = was;  // the soft limit only: it can be raised again without privileges
+    r.rlim_cur = static_cast<rlim_t>(pages) * 4096 + (40ul << 20);
+    if (was.rlim_max != RLIM_INFINITY && r.rlim_cur > was.rlim_max) std::exit(5);
+    if (setrlimit(RLIMIT_AS, &r) != 0) std::exit(5);
+    try {
+        layer.load_state_dict(sd);
+        std::exit(4);  // loaded: the limit did not bite
+    } catch (const attn::OutOfMemory&) {
+    }
+    if (setrlimit(RLIMIT_AS, &was) != 0) std::exit(5);
+    for (const auto& [name, view] : sd)
+        for (std::int64_t i = 0; i < view.numel(); i += 4099)
+            if (layer.parameter(name).data_as<const float>()[i] != 0.0f) std::exit(3);  // changed
+    const Tensor after = layer.forward(x.view(), x.view(), x.view(), {.need_weights = false}).output;
+    std::exit(std::memcmp(before.data(), after.data(), before.nbytes()) == 0 ? 0 : 6);  // 6: packed weights changed
+}
+
+TEST(MhaDeathTest, FailedLoadChangesNothing) {
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    // Exit codes: 0 unchanged; 3 a parameter changed; 4 the load did not fail; 5 no limit; 6 the output changed.
+    EXPECT_EXIT(load_under_an_address_space_limit(), ::testing::ExitedWithCode(0), "");
+}
+#endif
 
 TEST(Mha, ForwardArgumentErrors) {
     MultiHeadAttention m(MhaConfig{.embed_dim = 4, .num_heads = 2});
