@@ -39,6 +39,25 @@ std::string staging_template(const std::string& file) {
     return dir + "." + base.substr(0, room) + suffix;
 }
 
+// Where a symbolic link that points at nothing (yet) leads: the file to create, so that the
+// link stays and comes to point at the new file (canonical() fails on such a link).
+std::string dangling_link_target(const std::string& path) {
+    std::filesystem::path p = path;
+    for (int hop = 0; hop < 40; ++hop) {  // the kernel's own limit of links followed
+        struct stat st {};
+        if (::lstat(p.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) {
+            std::error_code ec;
+            const std::filesystem::path w = std::filesystem::weakly_canonical(p, ec);
+            return ec ? p.string() : w.string();
+        }
+        std::error_code ec;
+        const std::filesystem::path to = std::filesystem::read_symlink(p, ec);
+        if (ec) return path;
+        p = to.is_absolute() ? to : p.parent_path() / to;
+    }
+    throw Error(in_quotes(path) + ": too many levels of symbolic links");
+}
+
 }  // namespace
 
 OutputTarget resolve_output(const std::string& path) {
@@ -50,7 +69,11 @@ OutputTarget resolve_output(const std::string& path) {
         // (and /dev/stdout → /proc/self/fd/1 → a terminal or pipe is seen as what it is).
         std::error_code ec;
         const std::filesystem::path real = std::filesystem::canonical(path, ec);
-        if (!ec) t.file = real.string();
+        if (!ec) {
+            t.file = real.string();
+        } else if (::stat(path.c_str(), &st) != 0 && errno == ENOENT) {  // not /proc's magic links: they work
+            t.file = dangling_link_target(path);
+        }
     }
     if (::stat(t.file.c_str(), &st) == 0) {
         if (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode)) {

@@ -146,3 +146,38 @@ def test_grads_argument_errors(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 2 and "grad_output" in r.stderr, r.stderr
     assert not (tmp_path / "o.npy").exists() and not (tmp_path / "g.safetensors").exists()
+    # Several tensors have no .npy form; and --grads and --out are published together: a
+    # failing --out leaves no gradients file (it was written first; a review found it).
+    train = ["--grad-out", "q.npy", "--grads"]
+    r = subprocess.run([ATTN, *base, *train, "g.npy"], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 2 and "--grads: g.npy would hold several tensors" in r.stderr, r.stderr
+    full = [a if a != "o.npy" else "/dev/full" for a in base]
+    r = subprocess.run([ATTN, *full, *train, "g.safetensors"], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 2 and "write failed" in r.stderr, r.stderr
+    assert not (tmp_path / "g.safetensors").exists()
+
+
+def test_an_input_spelt_twice_is_one_tensor_with_the_summed_gradient(tmp_path):
+    # --key q.npy --value ./q.npy is the query three times: the file holds 'query' only, with
+    # the sum of the three uses (the paths were compared as strings: 'value' came out separately
+    # and 'query' lacked its share; a review found it).
+    c = case(501)
+    gen = torch.Generator().manual_seed(1)
+    m = build_module(c, gen)
+    (tmp_path / "p.safetensors").write_bytes(st_bytes(dict(m.state_dict())))
+    rng = np.random.default_rng(3)
+    np.save(tmp_path / "q.npy", rng.standard_normal(input_shape(c, 4, c["E"])).astype(np.float32))
+    np.save(tmp_path / "dy.npy", rng.standard_normal(input_shape(c, 4, c["E"])).astype(np.float32))
+    base = ["mha", "--params", "p.safetensors", "--num-heads", str(c["h"]), "--query", "q.npy", "--grad-out", "dy.npy"]
+    if c["batch_first"]:
+        base.append("--batch-first")
+    for extra, g in (([], "self.safetensors"), (["--key", "q.npy", "--value", "./q.npy"], "spelt.safetensors"),
+                     (["--key", os.path.join(str(tmp_path), "q.npy"), "--value", "q.npy"], "abs.safetensors")):
+        r = subprocess.run([ATTN, *base, *extra, "--grads", g, "--out", "o.npy"], cwd=tmp_path, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    ref = read_safetensors(tmp_path / "self.safetensors")
+    for g in ("spelt.safetensors", "abs.safetensors"):
+        ours = read_safetensors(tmp_path / g)
+        assert sorted(ours) == sorted(ref), g
+        for n in ref:
+            assert np.array_equal(ours[n], ref[n]), (g, n)

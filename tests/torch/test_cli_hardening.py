@@ -242,6 +242,16 @@ def test_a_symlink_output_replaces_its_target_not_the_link(work):
     assert staging_files(work) == []
 
 
+def test_a_dangling_symlink_output_creates_its_target_and_keeps_the_link(work):
+    os.symlink("new.npy", work / "link.npy")  # new.npy does not exist yet
+    r = run(sdpa(work, out=work / "link.npy"))
+    assert r.returncode == 0, r.stderr
+    assert os.path.islink(work / "link.npy")  # it was replaced by a regular file (a review found it)
+    assert np.load(work / "new.npy").shape == (B, HQ, LQ, DV)
+    assert staging_files(work) == []
+    err = expect_error(work, sdpa(work, "--lse", work / "new.npy", out=work / "link.npy"), "--lse", "names the same file as --out")
+
+
 # ---- class 3: signals, limits, names ------------------------------------------------------------
 
 def start_blocked_on_a_fifo(work):
@@ -406,6 +416,15 @@ def test_a_name_over_name_max_names_the_users_path(work):
     name = "x" * 256 + ".npy"
     err = expect_error(work, sdpa(work, out=work / name), name[:40], "File name too long")
     assert ".tmp." not in err
+
+
+def test_a_name_over_name_max_on_a_later_output_is_refused_before_any_output(work):
+    # The files were renamed into place one by one: --out was published, then --lse's rename
+    # failed (found by a review). The names are now checked with the other paths, first.
+    lse = "l" * 252 + ".npy"
+    err = expect_error(work, sdpa(work, "--lse", work / lse, out=work / "o.npy"), "--lse", "File name too long")
+    assert not (work / "o.npy").exists()
+    assert staging_files(work) == []
 
 
 # ---- class 7: numbers ---------------------------------------------------------------------------

@@ -59,6 +59,7 @@ void run(const MhaArgs& a) {
     outputs.add("--grads", a.grads);
     outputs.add("--weights", a.weights);
     outputs.check();
+    OutputFiles::require_safetensors("--grads", a.grads);
 
     const SafetensorsFile params = read_safetensors(a.params);
     std::vector<std::pair<std::string, TensorView>> state;
@@ -138,15 +139,18 @@ void run(const MhaArgs& a) {
             const float* s = src.data_as<const float>();
             for (std::int64_t i = 0; i < dst.numel(); ++i) d[i] += s[i];
         };
+        // One input file given twice (however spelt) is one tensor: its gradient is the sum.
         const std::string kp = a.key.empty() ? a.query : a.key, vp = a.value.empty() ? a.query : a.value;
-        if (kp == a.query) add_into(g.query, g.key);
-        if (vp == a.query) add_into(g.query, g.value);
-        else if (vp == kp) add_into(g.key, g.value);
+        const bool k_is_q = same_tensor_arg(kp, a.query), v_is_q = same_tensor_arg(vp, a.query),
+                   v_is_k = same_tensor_arg(vp, kp);
+        if (k_is_q) add_into(g.query, g.key);
+        if (v_is_q) add_into(g.query, g.value);
+        else if (v_is_k) add_into(g.key, g.value);
         named.emplace_back("query", g.query.view());
-        if (kp != a.query) named.emplace_back("key", g.key.view());
-        if (vp != a.query && vp != kp) named.emplace_back("value", g.value.view());
-        write_safetensors(a.grads, named);
-        OutputFiles::write_all(std::vector<OutputFiles::Output>{{"--out", a.out, y.view()}});
+        if (!k_is_q) named.emplace_back("key", g.key.view());
+        if (!v_is_q && !v_is_k) named.emplace_back("value", g.value.view());
+        // One publication for both files: an error writing either leaves neither behind.
+        OutputFiles::write_all({{"--grads", a.grads, TensorView(), named}, {"--out", a.out, y.view()}});
         return;
     }
     const MhaOutput r = layer.forward(q, k, v, opt);

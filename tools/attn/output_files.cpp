@@ -51,7 +51,7 @@ void OutputFiles::check() const {
         // Two outputs into one device or FIFO (say /dev/null) just write one after the other;
         // two onto one regular file would lose one of them.
         for (std::size_t j = 0; j < i && !targets[i].direct; ++j) {
-            if (identity(p) == identity(files_[j].second)) {
+            if (identity(targets[i].file) == identity(targets[j].file)) {
                 throw Error(flag + ": path '" + p + "' names the same file as " + files_[j].first + " ('" +
                             files_[j].second + "')");
             }
@@ -63,6 +63,19 @@ void OutputFiles::check() const {
         if (::access(dir.c_str(), W_OK) != 0) {
             throw Error(flag + ": directory '" + dir + "' does not exist or is not writable");
         }
+        const std::string name = slash == std::string::npos ? file : file.substr(slash + 1);
+        const long name_max = ::pathconf(dir.c_str(), _PC_NAME_MAX);
+        if (name_max > 0 && name.size() > static_cast<std::size_t>(name_max)) {
+            throw Error(flag + ": '" + name.substr(0, 40) + "…': File name too long (" + std::to_string(name.size()) +
+                        " bytes; directory '" + dir + "' allows " + std::to_string(name_max) + ")");
+        }
+    }
+}
+
+void OutputFiles::require_safetensors(const std::string& flag, const std::string& path) {
+    if (!path.empty() && !is_safetensors(path)) {
+        throw Error(flag + ": " + path + " would hold several tensors, which only safetensors holds: give a path ending "
+                    "in .safetensors");
     }
 }
 
@@ -85,16 +98,21 @@ void OutputFiles::check_dtype(const std::string& flag, const std::string& path, 
 // renames (disk full, EFBIG, a reader that went away) removes every staging file and leaves
 // every regular target untouched.
 void OutputFiles::write_all(const std::vector<Output>& outputs) {
-    for (const Output& o : outputs) check_dtype(o.flag, o.path, o.view.dtype());
+    for (const Output& o : outputs) {
+        if (o.tensors.empty()) check_dtype(o.flag, o.path, o.view.dtype());
+        if (!o.tensors.empty()) require_safetensors(o.flag, o.path);
+        for (const auto& [name, t] : o.tensors) check_dtype(o.flag, o.path, t.dtype());
+    }
     std::vector<std::unique_ptr<detail::AtomicFile>> files;
     for (int pass = 0; pass < 2; ++pass) {  // pass 0: staged files; pass 1: devices and FIFOs
         for (const Output& o : outputs) {
             if (detail::resolve_output(o.path).direct != (pass == 1)) continue;
             if (is_safetensors(o.path)) {
                 const std::vector<std::pair<std::string, TensorView>> one{{tensor_name(o.flag), o.view}};
-                const std::string header = detail::safetensors_header(o.path, one, {}, true);
+                const auto& tensors = o.tensors.empty() ? one : o.tensors;
+                const std::string header = detail::safetensors_header(o.path, tensors, {}, true);
                 files.push_back(std::make_unique<detail::AtomicFile>(o.path));
-                detail::write_safetensors_into(*files.back(), header, one, true);
+                detail::write_safetensors_into(*files.back(), header, tensors, true);
             } else {
                 files.push_back(std::make_unique<detail::AtomicFile>(o.path));
                 detail::write_npy_into(*files.back(), o.view);

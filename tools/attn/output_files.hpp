@@ -18,8 +18,13 @@ public:
     // (an empty value given on the command line is refused earlier, by the parser).
     void add(const std::string& flag, const std::string& path);
     // Throws attn::Error naming the flag if two outputs share a path, a path names something
-    // attn does not write (a directory, a block device, ...) or its directory is not writable.
+    // attn does not write (a directory, a block device, ...), its directory is not writable or
+    // its file name is longer than the directory allows (the rename into place would fail only
+    // after the other outputs were published).
     void check() const;
+    // Throws attn::Error naming the flag unless `path` ends in ".safetensors": an output of
+    // several tensors (Output::tensors) has no .npy form.
+    static void require_safetensors(const std::string& flag, const std::string& path);
     // Throws attn::Error naming the flag when `path` cannot hold `dtype`: bfloat16 has no .npy
     // form (a path ending in .safetensors can hold it), and attn writes no F64 safetensors.
     // Call it for every output before any compute.
@@ -27,10 +32,12 @@ public:
 
     // One output: a path ending in ".safetensors" gets a safetensors file with one tensor named
     // after the flag without its dashes ("--out" → "out"), in the tensor's own dtype (float32,
-    // float16, bfloat16); any other path a .npy.
+    // float16, bfloat16); any other path a .npy. With `tensors` (several named tensors, e.g.
+    // gradients), the path must end in ".safetensors" and gets those instead of `view`.
     struct Output {
         std::string flag, path;
         TensorView view;
+        std::vector<std::pair<std::string, TensorView>> tensors = {};
     };
     // Writes every output: all regular files are written completely to staging files, then
     // devices/FIFOs are written into, then the staging files are renamed into place — so an

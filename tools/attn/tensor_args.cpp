@@ -1,6 +1,9 @@
 #include "tensor_args.hpp"
 
+#include <sys/stat.h>
+
 #include <new>
+#include <utility>
 
 #include "attn/error.hpp"
 #include "attn/npy.hpp"
@@ -25,13 +28,21 @@ std::string dtype_list(std::initializer_list<DType> allowed) {
     return s;
 }
 
+// A spec's file and, for FILE.safetensors:NAME, the tensor's name (else empty).
+std::pair<std::string, std::string> split_spec(const std::string& spec) {
+    const std::size_t colon = spec.rfind(':');
+    if (colon != std::string::npos && ends_with(spec.substr(0, colon), kSafetensors)) {
+        return {spec.substr(0, colon), spec.substr(colon + 1)};
+    }
+    return {spec, ""};
+}
+
 Tensor read_spec(const std::string& spec) {
     if (ends_with(spec, kSafetensors)) {
         throw Error(spec + " is a safetensors file: name the tensor as " + spec + ":NAME");
     }
-    const std::size_t colon = spec.rfind(':');
-    if (colon != std::string::npos && ends_with(spec.substr(0, colon), kSafetensors)) {
-        const std::string file = spec.substr(0, colon), name = spec.substr(colon + 1);
+    const auto [file, name] = split_spec(spec);
+    if (file != spec) {
         if (name.empty()) throw Error(spec + ": the tensor name after ':' is empty (FILE.safetensors:NAME)");
         return read_safetensors_tensor(file, name);
     }
@@ -72,6 +83,15 @@ DType parse_float_dtype(const std::string& flag, const std::string& text) {
     if (text == "float16") return DType::f16;
     if (text == "bfloat16") return DType::bf16;
     throw Error(flag + ": expected float16, bfloat16 or float32 but got '" + text + "'");
+}
+
+bool same_tensor_arg(const std::string& a, const std::string& b) {
+    if (a == b) return true;
+    const auto [fa, na] = split_spec(a);
+    const auto [fb, nb] = split_spec(b);
+    if (na != nb) return false;
+    struct stat sa {}, sb {};
+    return ::stat(fa.c_str(), &sa) == 0 && ::stat(fb.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 }  // namespace attn::cli

@@ -21,6 +21,10 @@ Tensor read_tensor_arg(const std::string& flag, const std::string& spec);
 // float32, ... but holds int32").
 Tensor read_tensor_arg(const std::string& flag, const std::string& spec, std::initializer_list<DType> allowed);
 
+// Whether two specs name the same tensor: the same file however it is spelt ("x.npy",
+// "./x.npy", a link to it) and, for FILE.safetensors:NAME, the same name.
+bool same_tensor_arg(const std::string& a, const std::string& b);
+
 // Q, K, V, dO: float32, float64, float16 or bfloat16.
 Tensor read_float_arg(const std::string& flag, const std::string& spec);
 
