@@ -89,14 +89,15 @@ CallOptions make_options(const SdpaArgs& args) {
     set_alignment(args.alignment, o);
     if (!args.attn_mask.is_none()) {
         o.mask = as_array(args.attn_mask, "attn_mask");
-        const attn::TensorView m = view_of(o.mask, "attn_mask", 0, 4, "a mask broadcastable to (B, H, Lq, Lk)");
+        const attn::TensorView m =
+            view_of(o.mask, "attn_mask", 0, 4, "a mask broadcastable to (B, H, Lq, Lk)", args.uint16_is_bf16);
         if (m.dtype() == attn::DType::boolean) {
             o.sdpa.bool_mask = m;
-        } else if (m.dtype() == attn::DType::f32 || m.dtype() == attn::DType::f64) {
+        } else if (attn::is_floating(m.dtype())) {  // float16/bfloat16: widened once by attn (a 16-bit model's mask)
             o.sdpa.additive_mask = m;
         } else {
-            type_error("attn_mask: dtype must be bool (True = may attend) or float32/float64 (added) but got " +
-                       std::string(attn::dtype_name(m.dtype())));
+            type_error("attn_mask: dtype must be bool (True = may attend) or float32, float64, float16 or bfloat16 "
+                       "(added) but got " + std::string(attn::dtype_name(m.dtype())));
         }
     }
     if (!args.key_lengths.is_none()) {

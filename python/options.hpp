@@ -40,6 +40,7 @@ struct SdpaArgs {
     AlignmentArgs alignment;
     py::object dropout_seed;
     py::object impl;
+    bool uint16_is_bf16 = false;  // the call's dtype="bfloat16": a uint16 attn_mask holds bfloat16 bits
 };
 
 // Options whose views point into arrays held here, alive as long as this object.

@@ -56,7 +56,7 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
     }
     CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
                                           {is_causal, causal_alignment, window, window_alignment, query_offset},
-                                          dropout_seed, impl});
+                                          dropout_seed, impl, bf16});
     set_modifiers({softcap, alibi_slopes, sinks}, rank >= 3 ? q.view.dim(rank - 3) : 1, opt);
     const attn::DType odt = out_dtype_arg(out_dtype, q.view.dtype()), sdt = stat_dtype(q.view.dtype());
     std::vector<py::ssize_t> od = dims_of(q.view);
@@ -109,7 +109,7 @@ py::tuple sdpa_backward_py(const py::object& query, const py::object& key, const
     const Input g = input(grad_out, "grad_out", r, r, "the query's rank", bf16);
     CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
                                           {is_causal, causal_alignment, window, window_alignment, query_offset},
-                                          dropout_seed, impl});
+                                          dropout_seed, impl, bf16});
     set_modifiers({softcap, alibi_slopes, sinks}, r >= 3 ? q.view.dim(r - 3) : 1, opt);
     const attn::DType odt = out_dtype_arg(out_dtype, q.view.dtype());
     py::array dq = new_array(odt, dims_of(q.view));

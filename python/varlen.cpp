@@ -34,7 +34,7 @@ py::object sdpa_varlen_py(const py::object& query, const py::object& key, const 
     const Input ck = input(cu_seqlens_k, "cu_seqlens_k", 1, 1, "(N+1,)");
     const CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
                                           {is_causal, causal_alignment, window, window_alignment, query_offset},
-                                          dropout_seed, impl});
+                                          dropout_seed, impl, bf16});
     // As sdpa's: out in out_dtype (default the query's), lse float (stat_dtype).
     const attn::DType odt = out_dtype_arg(out_dtype, q.view.dtype());
     py::array out = new_array(odt, {q.view.dim(0), q.view.dim(1), v.view.dim(2)});
@@ -68,7 +68,7 @@ py::tuple sdpa_varlen_backward_py(const py::object& query, const py::object& key
     const Input g = input(grad_out, "grad_out", 3, 3, kPacked, bf16);
     const CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
                                           {is_causal, causal_alignment, window, window_alignment, query_offset},
-                                          dropout_seed, impl});
+                                          dropout_seed, impl, bf16});
     const attn::DType odt = out_dtype_arg(out_dtype, q.view.dtype());  // dq/dk/dv, as sdpa_backward's
     py::array dq = new_array(odt, dims_of(q.view));
     py::array dk = new_array(odt, dims_of(k.view));

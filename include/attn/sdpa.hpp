@@ -84,7 +84,7 @@ struct SdpaOptions {
     Causal causal = Causal::none;
     Window window{};
     std::optional<TensorView> bool_mask;      // dtype bool
-    std::optional<TensorView> additive_mask;  // dtype float32 or float64
+    std::optional<TensorView> additive_mask;  // dtype float32, float64, float16 or bfloat16 (widened exactly)
     std::optional<TensorView> key_lengths;    // dtype int32 or int64, shape (B,)
     // When set, causal (top_left and bottom_right alike) and the window align to
     // d_b(i) = i + offset_b; causal and window.align then only say whether to mask.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string_view>
 
@@ -31,7 +32,10 @@ struct SdpaProblem {
     std::optional<TensorView> scores;  // (B, Hq, Lq, Lk) at scores_stage (attn::ScoresOutput)
     ScoreStage scores_stage = ScoreStage::masked;
     std::optional<TensorView> bool_mask;      // broadcast to (B, Hq, Lq, Lk)
-    std::optional<TensorView> additive_mask;  // broadcast to (B, Hq, Lq, Lk)
+    std::optional<TensorView> additive_mask;  // broadcast to (B, Hq, Lq, Lk); float32 or float64
+    // A float16/bfloat16 additive mask widened to float32 by make_problem (exact), which
+    // additive_mask then views: the kernels read one float dtype however the mask came.
+    std::shared_ptr<const Tensor> additive_mask_f32;
     std::optional<TensorView> key_lengths;    // (B,) int32/int64
     std::int64_t B = 0, Hq = 0, Hkv = 0, Lq = 0, Lk = 0, Dk = 0, Dv = 0;
     std::int64_t group = 1;  // Hq / Hkv: query heads per KV head

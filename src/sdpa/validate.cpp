@@ -146,10 +146,21 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
     if (options.additive_mask) {
         const TensorView& m = *options.additive_mask;
         if (m.data() == nullptr) fail(kOp, "additive_mask: data pointer is null");
-        if (!is_compute_float(m.dtype())) {
-            fail(kOp, "additive_mask: dtype must be float32 or float64 but got ", dtype_name(m.dtype()));
+        if (!is_floating(m.dtype())) {
+            fail(kOp, "additive_mask: dtype must be float32, float64, float16 or bfloat16 but got ", dtype_name(m.dtype()));
         }
-        p.additive_mask = m.broadcast_to(full, std::string(kOp) + ": additive_mask");
+        const TensorView mb = m.broadcast_to(full, std::string(kOp) + ": additive_mask");  // checks the shape first
+        if (is_compute_float(m.dtype())) {
+            p.additive_mask = mb;
+        } else {
+            // float16/bfloat16 (a 16-bit model's mask, as torch passes it): widened once, exactly, to
+            // float32. Only the mask's own elements are copied: a dim it broadcasts stays stride 0.
+            Shape own = m.shape();
+            for (int d = 0; d < own.rank; ++d)
+                if (m.stride(d) == 0) own.dims[static_cast<std::size_t>(d)] = 1;
+            p.additive_mask_f32 = std::make_shared<const Tensor>(to_dtype(TensorView(m.data(), m.dtype(), own, m.strides()), DType::f32));
+            p.additive_mask = p.additive_mask_f32->view().broadcast_to(full, std::string(kOp) + ": additive_mask");
+        }
     }
     if (options.key_lengths) {
         const TensorView kl = require_per_sequence(kOp, *options.key_lengths, "key_lengths", p.B);

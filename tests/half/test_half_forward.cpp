@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <sstream>
 #include <string>
@@ -27,6 +28,7 @@
 #include "attn/kv_cache.hpp"
 #include "attn/paged_kv_cache.hpp"
 #include "attn/sdpa.hpp"
+#include "attn/sdpa_backward.hpp"
 #include "attn/sdpa_varlen.hpp"
 #include "attn/threads.hpp"
 #include "common/util.hpp"
@@ -328,6 +330,45 @@ TEST(HalfForward, FlashRunsSixteenBitCallsDecodeDeclines) {
     EXPECT_EQ(rep.kernel.rfind("decode/", 0), 0u) << rep.kernel;
     EXPECT_NE(rep.explanation.find("Q bfloat16, K float16, V float16, out bfloat16"), std::string::npos)
         << rep.explanation;
+}
+
+// A float16/bfloat16 additive mask (a 16-bit model's mask, as torch passes it) is its values:
+// every kernel and the backward give the bits of the same values as a float32 mask. It was
+// refused (a review found it: the common case of attn.torch with a bf16 model).
+TEST(HalfForward, SixteenBitAdditiveMaskIsItsFloat32Values) {
+    std::mt19937_64 rng(41);
+    for (const DType mdt : {DType::f16, DType::bf16})
+        for (const std::int64_t Lq : {1, 5, 70}) {  // decode (Lq <= 16) and flash
+            SCOPED_TRACE(std::string(dtype_name(mdt)) + " Lq " + std::to_string(Lq));
+            const Tensor q = test::randn(DType::f32, Shape{2, 4, Lq, 24}, rng);
+            const Tensor k = test::randn(DType::f32, Shape{2, 2, 90, 24}, rng), v = test::randn(DType::f32, Shape{2, 2, 90, 24}, rng);
+            // (2, 1, Lq, 90): broadcast over heads; with some −inf entries.
+            Tensor m32 = test::randn(DType::f32, Shape{2, 1, Lq, 90}, rng);
+            for (std::int64_t e = 0; e < m32.numel(); e += 7) m32.data_as<float>()[e] = -INFINITY;
+            const Tensor m16 = test::to_storage(m32.view(), mdt);
+            const Tensor same = test::to_storage(m16.view(), DType::f32);  // the 16-bit values, as float32
+            for (const Impl impl : {Impl::automatic, Impl::reference, Impl::flash}) {
+                SdpaOptions o16, o32;
+                o16.impl = o32.impl = impl;
+                o16.additive_mask = m16.view();
+                o32.additive_mask = same.view();
+                Tensor a = test::poisoned(DType::f32, Shape{2, 4, Lq, 24}), b = test::poisoned(DType::f32, Shape{2, 4, Lq, 24});
+                Tensor la(DType::f32, Shape{2, 4, Lq}), lb(DType::f32, Shape{2, 4, Lq});
+                const TensorView lav = la.view(), lbv = lb.view();
+                sdpa(q, k, v, o16, a, &lav);
+                sdpa(q, k, v, o32, b, &lbv);
+                ASSERT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0) << "impl " << static_cast<int>(impl);
+                if (impl == Impl::reference) continue;  // the backward reads lse of the float32 kernels
+                const Tensor g = test::randn(DType::f32, Shape{2, 4, Lq, 24}, rng);
+                Tensor dq1(DType::f32, q.shape()), dk1(DType::f32, k.shape()), dv1(DType::f32, v.shape());
+                Tensor dq2(DType::f32, q.shape()), dk2(DType::f32, k.shape()), dv2(DType::f32, v.shape());
+                sdpa_backward(q, k, v, a, la, g, o16, dq1, dk1, dv1);
+                sdpa_backward(q, k, v, b, lb, g, o32, dq2, dk2, dv2);
+                ASSERT_EQ(std::memcmp(dq1.data(), dq2.data(), dq1.nbytes()), 0);
+                ASSERT_EQ(std::memcmp(dk1.data(), dk2.data(), dk1.nbytes()), 0);
+                ASSERT_EQ(std::memcmp(dv1.data(), dv2.data(), dv1.nbytes()), 0);
+            }
+        }
 }
 
 // The KV-cache and paged paths (16-bit storage) with 16-bit Q and out: the out bits are the

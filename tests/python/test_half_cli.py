@@ -94,6 +94,19 @@ def test_float64_query_writes_float32_by_default(tmp_path):
     check(o, oracle(q32, k32, v32)[0], "float32")
 
 
+
+def test_a_float16_mask_is_its_values(tmp_path):
+    q32, k32, v32 = problem(6, lq=3, lk=5)
+    m = np.random.default_rng(6).standard_normal((3, 5)).astype(np.float16)
+    for n, x in zip("qkv", (q32, k32, v32)):
+        np.save(tmp_path / f"{n}.npy", x)
+    np.save(tmp_path / "m16.npy", m)
+    np.save(tmp_path / "m32.npy", m.astype(np.float32))
+    for mask, out in (("m16.npy", "o16.npy"), ("m32.npy", "o32.npy")):
+        r = run("--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--mask", mask, "--out", out, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+    assert np.array_equal(np.load(tmp_path / "o16.npy"), np.load(tmp_path / "o32.npy"))
+
 @pytest.fixture
 def files(tmp_path):
     q32, k32, v32 = problem(5, lq=3, lk=4)
@@ -105,7 +118,7 @@ def files(tmp_path):
     (tmp_path / "cut.safetensors").write_bytes(data[:-5])
     bad = data.replace(b'"F32"', b'"I32"', 1)
     (tmp_path / "i32.safetensors").write_bytes(bad)
-    np.save(tmp_path / "mask16.npy", np.zeros((3, 4), np.float16))
+    np.save(tmp_path / "maski.npy", np.zeros((3, 4), np.int32))
     np.save(tmp_path / "qi.npy", np.zeros((1, 2, 3, 8), np.int32))
     return tmp_path
 
@@ -126,7 +139,7 @@ BASE = ["--q", "q.npy", "--k", "k.npy", "--v", "v.npy"]
     (["--q", "missing.safetensors:q", "--k", "k.npy", "--v", "v.npy", "--out", "o.npy"], ["--q: missing.safetensors: "]),
     (["--q", "qi.npy", "--k", "k.npy", "--v", "v.npy", "--out", "o.npy"],
      ["--q: qi.npy must hold float32, float64, float16 or bfloat16 but holds int32"]),
-    (BASE + ["--out", "o.npy", "--mask", "mask16.npy"], ["--mask: mask16.npy must hold bool", "but holds float16"]),
+    (BASE + ["--out", "o.npy", "--mask", "maski.npy"], ["--mask: maski.npy must hold bool", "or a float dtype", "but holds int32"]),
     (BASE + ["--out", "o.npy", "--out-dtype", "bfloat16"], ["--out: o.npy would hold bfloat16", ".safetensors"]),
     (BASE + ["--out", "o.npy", "--out-dtype", "float8"], ["--out-dtype: expected float16, bfloat16 or float32"]),
     (BASE + ["--out", "o.safetensors", "--lse", "l.npy", "--key-lengths", "kv.safetensors:zz"], ["--key-lengths: "]),

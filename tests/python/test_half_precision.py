@@ -140,7 +140,21 @@ def test_bad_dtype_keywords(kw, pattern):
         attn.scaled_dot_product_attention(q32, k32, v32, **kw)
 
 
-def test_half_mask_is_refused():
-    q32, k32, v32 = problem(10, lq=2, lk=3)
-    with pytest.raises((TypeError, ValueError), match="mask"):
-        attn.scaled_dot_product_attention(q32, k32, v32, attn_mask=np.zeros((2, 3), np.float16))
+def test_half_mask_is_its_values():
+    # A 16-bit model's float mask (float16, or bfloat16 bits with dtype="bfloat16"): the same
+    # bits as its values given as float32 (it was refused, with a message asking for the
+    # dtype="bfloat16" the call already had; a review found it).
+    q32, k32, v32 = problem(10, lq=5, lk=7)
+    m = np.random.default_rng(4).standard_normal((5, 7)).astype(np.float32)
+    m[0, 2] = -np.inf
+    for dtype in ("float16", "bfloat16"):
+        mh, mv = rounded(m, dtype)
+        qh, _ = rounded(q32, dtype)
+        kh, _ = rounded(k32, dtype)
+        vh, _ = rounded(v32, dtype)
+        kw = {"dtype": "bfloat16"} if dtype == "bfloat16" else {}
+        got = attn.scaled_dot_product_attention(qh, kh, vh, attn_mask=mh, out_dtype="float32", **kw)
+        want = attn.scaled_dot_product_attention(qh, kh, vh, attn_mask=mv.astype(np.float32), out_dtype="float32", **kw)
+        assert np.array_equal(got, want), dtype
+    with pytest.raises(TypeError, match="attn_mask"):  # uint16 without dtype="bfloat16": not a mask dtype
+        attn.scaled_dot_product_attention(q32, k32, v32, attn_mask=np.zeros((5, 7), np.uint16))

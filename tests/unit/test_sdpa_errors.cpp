@@ -155,8 +155,10 @@ TEST(SdpaErrors, BoolMask) {
 TEST(SdpaErrors, AdditiveMask) {
     static Tensor f = random_tensor(DType::f32, Shape{2, 4, 5, 7}, 10);
     expect_error([](Call& c) { c.opt.additive_mask = TensorView(); }, {"sdpa: additive_mask: data pointer is null"});
-    expect_error([](Call& c) { c.opt.additive_mask = TensorView(f.data(), DType::f16, Shape{5, 7}); },
-                 {"sdpa: additive_mask: dtype must be float32 or float64 but got float16"});
+    expect_error([](Call& c) { c.opt.additive_mask = TensorView(f.data(), DType::i32, Shape{5, 7}); },
+                 {"sdpa: additive_mask: dtype must be float32, float64, float16 or bfloat16 but got int32"});
+    expect_error([](Call& c) { c.opt.additive_mask = TensorView(f.data(), DType::f16, Shape{3, 1, 5, 7}); },
+                 {"sdpa: additive_mask: shape (3, 1, 5, 7) cannot be broadcast to (2, 4, 5, 7)"});
     expect_error([](Call& c) { c.opt.additive_mask = TensorView(f.data(), DType::f32, Shape{3, 1, 5, 7}); },
                  {"sdpa: additive_mask: shape (3, 1, 5, 7) cannot be broadcast to (2, 4, 5, 7)"});
 }

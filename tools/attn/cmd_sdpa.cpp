@@ -146,14 +146,14 @@ void run(const SdpaArgs& a) {
     const DType out_dtype = parse_out_dtype(a.out_dtype, q.dtype());
     Tensor mask, lengths, offsets;
     if (!a.mask.empty()) {
-        // Masks stay float32/float64 (added) or bool: a 16-bit additive mask is refused.
+        // bool, or a float mask added to the scores (float16/bfloat16 widened once by attn::sdpa).
         mask = read_tensor_arg("--mask", a.mask);
         if (mask.dtype() == DType::boolean) {
             opt.bool_mask = mask.view();
-        } else if (mask.dtype() == DType::f32 || mask.dtype() == DType::f64) {
+        } else if (is_floating(mask.dtype())) {
             opt.additive_mask = mask.view();
         } else {
-            throw Error("--mask: " + a.mask + " must hold bool (true = may attend) or float32/float64 (added to the scores) but holds " +
+            throw Error("--mask: " + a.mask + " must hold bool (true = may attend) or a float dtype (added to the scores) but holds " +
                         std::string(dtype_name(mask.dtype())));
         }
     }

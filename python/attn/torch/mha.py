@@ -54,9 +54,9 @@ def _combined_mask(attn_mask, key_padding_mask, n, h, lq, lk, dtype):
         for p in parts[1:]:
             keep = keep & ~p
         return keep
-    # An additive mask is summed in float32 for 16-bit activations: attn adds masks in float32 or
-    # float64 only (a 16-bit mask is refused), and a float32 mask given with bfloat16 inputs keeps its
-    # values (torch 1.13 adds a float mask to the scores as given; a 16-bit mask widens exactly).
+    # An additive mask is summed in float32 for 16-bit activations: the sum of two 16-bit masks
+    # would round, and a float32 mask given with bfloat16 inputs keeps its values (torch 1.13 adds
+    # a float mask to the scores as given; a 16-bit mask widens exactly).
     if dtype in (torch.float16, torch.bfloat16):
         dtype = torch.float32
     total = None
