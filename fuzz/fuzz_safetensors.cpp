@@ -1,8 +1,8 @@
 // libFuzzer target: the safetensors reader on any bytes, both entry points — from memory
 // (parse_safetensors) and from a file (read_safetensors, through its fseeko/fread path).
 // Either a SafetensorsFile or an attn::Error; the two must agree. A file that reads must
-// round-trip: write_safetensors (F32) then read_safetensors give every tensor back with its
-// shape and its values converted to float32, and the same metadata.
+// round-trip: write_safetensors then read_safetensors give every tensor back with its shape —
+// floats converted to float32, integers and bool bit for bit — and the same metadata.
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -62,7 +62,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     for (const auto& [name, t] : mem->tensors) {
         const attn::Tensor* b = back.find(name);
-        if (b == nullptr || !same_bytes(*b, attn::to_dtype(t.view(), attn::DType::f32))) {
+        // Floats are written as F32; I64, I32 and BOOL as they are.
+        const bool same = b != nullptr && (attn::is_floating(t.dtype()) ? same_bytes(*b, attn::to_dtype(t.view(), attn::DType::f32))
+                                                                         : same_bytes(*b, t));
+        if (!same) {
             finding("write_safetensors/read_safetensors round trip changed tensor '" + name + "'");
         }
     }

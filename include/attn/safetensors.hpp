@@ -3,8 +3,11 @@
 //   header = { "<name>": {"dtype": "F32", "shape": [3, 4], "data_offsets": [begin, end]}, ...,
 //              "__metadata__": {"<key>": "<string>", ...} }   (offsets relative to the data)
 //
-// Reading: F32, F16 and BF16 tensors (kept in their dtype; attn::to_dtype converts).
-// Writing: F32 (any floating view is converted; the CLI's outputs keep F16/BF16).
+// Reading: F32, F16, BF16, F64, I64, I32 and BOOL tensors, kept in their dtype (attn::to_dtype
+// converts). A file may also hold the format's other dtypes (U8, I16, F8_E4M3, ...): their
+// entries are checked like the others, and reading one of them is the error — so the other
+// tensors of such a file can be read by name (read_safetensors_tensor).
+// Writing: floats as F32 (the CLI's outputs keep F16/BF16), I64, I32 and BOOL as they are.
 //
 // Files are never trusted. Before anything is allocated or read, the header is checked
 // completely: its length against the file, the JSON syntax (nlohmann-json), duplicate
@@ -44,7 +47,7 @@ Tensor read_safetensors_tensor(const std::string& path, const std::string& name)
 // The same checks on a file image already in memory; `what` names it in errors.
 SafetensorsFile parse_safetensors(const void* data, std::size_t size, const std::string& what);
 
-// Writes every tensor as F32, in the given order; names must be unique, non-empty and not
+// Writes every float tensor as F32 (integers and bool as they are), in the given order; names must be unique, non-empty and not
 // "__metadata__". The file appears complete or not at all (temporary file + rename); a
 // character device or FIFO is written into instead (docs/conventions.md, "Files").
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,

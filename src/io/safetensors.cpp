@@ -13,6 +13,7 @@
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <set>
 
 #include "../core/checked_size.hpp"
@@ -31,24 +32,32 @@ using json = nlohmann::json;
 struct Entry {
     std::string name;
     DType dtype = DType::f32;
+    std::string unreadable;  // a dtype of the format that attn has no type for ("U8", ...), else empty
     Shape shape;
     std::uint64_t begin = 0, end = 0;  // relative to the data section
 };
 
 [[noreturn]] void fail(const std::string& what, const std::string& msg) { throw Error(what + ": " + msg); }
 
-// dtype strings of the format: the three attn reads, and the others it knows to refuse.
+// dtype strings of the format that attn has a type for.
 bool parse_dtype(const std::string& s, DType& out) {
-    if (s == "F32") { out = DType::f32; return true; }
-    if (s == "F16") { out = DType::f16; return true; }
-    if (s == "BF16") { out = DType::bf16; return true; }
-    return false;
+    static const std::map<std::string, DType> readable = {{"F32", DType::f32},  {"F16", DType::f16}, {"BF16", DType::bf16},
+                                                          {"F64", DType::f64},  {"I64", DType::i64}, {"I32", DType::i32},
+                                                          {"BOOL", DType::boolean}};
+    const auto it = readable.find(s);
+    if (it == readable.end()) return false;
+    out = it->second;
+    return true;
 }
+constexpr const char* kReadable = "F32, F16, BF16, F64, I64, I32 or BOOL";
 
-bool is_known_unsupported_dtype(const std::string& s) {
-    static const std::set<std::string> known = {"F64", "I64", "U64", "I32", "U32", "I16", "U16", "I8", "U8",
-                                                "BOOL", "F8_E4M3", "F8_E5M2"};
-    return known.count(s) != 0;
+// Bytes per element of the format's other dtypes: a file may hold them (a checkpoint's uint8
+// buffers, ...); their entries are checked like any other, and only reading one is an error.
+std::size_t unreadable_dtype_size(const std::string& s) {
+    static const std::map<std::string, std::size_t> known = {{"U64", 8}, {"U32", 4}, {"I16", 2},     {"U16", 2},
+                                                             {"I8", 1},  {"U8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+    const auto it = known.find(s);
+    return it == known.end() ? 0 : it->second;
 }
 
 std::uint64_t json_uint(const json& v, const std::string& what, const std::string& field) {
@@ -77,9 +86,13 @@ Entry parse_entry(const std::string& name, const json& v, std::uint64_t data_siz
     const json& dt = v["dtype"];
     if (!dt.is_string()) fail(what, "dtype must be a string but got " + dt.dump());
     const std::string ds = dt.get<std::string>();
-    if (!parse_dtype(ds, e.dtype)) {
-        if (is_known_unsupported_dtype(ds)) fail(what, "dtype " + ds + " is not supported (F32, F16 or BF16)");
-        fail(what, "unknown dtype '" + ds + "' (expected F32, F16 or BF16)");
+    std::size_t elem_size = 0;
+    if (parse_dtype(ds, e.dtype)) {
+        elem_size = dtype_size(e.dtype);
+    } else if ((elem_size = unreadable_dtype_size(ds)) != 0) {
+        e.unreadable = ds;
+    } else {
+        fail(what, "unknown dtype '" + ds + "' (expected " + kReadable + ")");
     }
 
     const json& sh = v["shape"];
@@ -97,7 +110,7 @@ Entry parse_entry(const std::string& name, const json& v, std::uint64_t data_siz
         e.shape.dims[i] = static_cast<std::int64_t>(d);
     }
     e.shape.rank = static_cast<int>(sh.size());
-    const auto bytes = static_cast<std::uint64_t>(detail::checked_bytes(what, "data", e.shape, dtype_size(e.dtype)));
+    const auto bytes = static_cast<std::uint64_t>(detail::checked_bytes(what, "data", e.shape, elem_size));
 
     const json& off = v["data_offsets"];
     if (!off.is_array() || off.size() != 2) fail(what, "data_offsets must be [begin, end] but got " + off.dump());
@@ -219,6 +232,13 @@ SafetensorsFile load(std::uint64_t total, const std::function<void(std::uint64_t
         fail(file, "has no tensor named '" + *only + "' (it holds " +
                        (entries.empty() ? std::string("no tensors") : std::to_string(entries.size()) + ": " + names) + ")");
     }
+    for (const Entry& e : entries) {  // a tensor attn has no type for is refused only when it is to be read
+        if (only != nullptr && e.name != *only) continue;
+        if (!e.unreadable.empty()) {
+            fail(file + ": tensor '" + e.name + "'", "dtype " + e.unreadable + " is not supported (" + kReadable + ")" +
+                                                         (only == nullptr ? "; read the others by name" : ""));
+        }
+    }
     for (const Entry& e : entries) {
         if (only != nullptr && e.name != *only) continue;
         Tensor t(e.dtype, e.shape, false, file + ": tensor '" + e.name + "'");
@@ -256,8 +276,12 @@ Tensor read_safetensors_tensor(const std::string& path, const std::string& name)
 namespace detail {
 
 namespace {
-// What a view is stored as: F16/BF16 kept when asked, everything else F32.
+// What a view is stored as: integers and bool as they are, F16/BF16 kept when asked, every
+// other float as F32.
 const char* stored_dtype(DType t, bool keep_16bit) {
+    if (t == DType::i64) return "I64";
+    if (t == DType::i32) return "I32";
+    if (t == DType::boolean) return "BOOL";
     if (keep_16bit && t == DType::f16) return "F16";
     if (keep_16bit && t == DType::bf16) return "BF16";
     return "F32";
@@ -275,14 +299,10 @@ std::string safetensors_header(const std::string& path, const std::vector<std::p
         }
         if (!names.insert(name).second) throw Error(path + ": tensor '" + name + "' is given more than once");
         if (view.data() == nullptr && view.numel() != 0) throw Error(path + ": tensor '" + name + "' has no data");
-        if (!is_floating(view.dtype())) {
-            throw Error(path + ": tensor '" + name + "' must be floating to be written as F32 but is " +
-                        std::string(dtype_name(view.dtype())));
-        }
         const std::string dt = stored_dtype(view.dtype(), keep_16bit);
         json shape = json::array();
         for (int i = 0; i < view.rank(); ++i) shape.push_back(view.dim(i));
-        const std::uint64_t bytes = static_cast<std::uint64_t>(view.numel()) * (dt == "F32" ? 4u : 2u);
+        const std::uint64_t bytes = static_cast<std::uint64_t>(view.numel()) * (dt == "F32" ? 4u : dtype_size(view.dtype()));
         header[name] = {{"dtype", dt}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
         offset += bytes;
     }
@@ -300,7 +320,7 @@ void write_safetensors_into(AtomicFile& out, const std::string& header,
     out.write(header.data(), header.size());
     for (const auto& [name, view] : tensors) {
         if (std::string_view(stored_dtype(view.dtype(), keep_16bit)) != "F32") {
-            write_elements_into(out, view);  // 16 bits kept as they are
+            write_elements_into(out, view);  // integers, bool and kept 16-bit floats as they are
             continue;
         }
         // A strided or non-F32 view is first converted to a contiguous F32 copy.

@@ -391,7 +391,7 @@ MALFORMED = [
         '{"out_proj.bias": ' + json.dumps(h["out_proj.bias"]) + ", " + json.dumps(h)[1:]).encode())(header_of(b)[0])),
          "more than once"),
     _bad("unknown-dtype", set_field("out_proj.bias", "dtype", "F33"), "unknown dtype 'F33'"),
-    _bad("unsupported-dtype", set_field("out_proj.bias", "dtype", "I64"), "dtype I64 is not supported"),
+    _bad("unsupported-dtype", set_field("out_proj.bias", "dtype", "U32"), "dtype U32 is not supported"),
     _bad("dtype-not-string", set_field("out_proj.bias", "dtype", 4), "dtype must be a string"),
     _bad("shape-negative", set_field("out_proj.bias", "shape", [-8]), "must be >= 0"),
     _bad("shape-float", set_field("out_proj.bias", "shape", [8.0]), "non-negative integer"),

@@ -135,7 +135,7 @@ BASE = ["--q", "q.npy", "--k", "k.npy", "--v", "v.npy"]
     (["--q", "q.npy", "--k", "kv.safetensors:k", "--v", "cut.safetensors:v", "--out", "o.npy"],
      ["--v: cut.safetensors: "]),
     (["--q", "q.npy", "--k", "i32.safetensors:k", "--v", "v.npy", "--out", "o.npy"],
-     ["--k: i32.safetensors: tensor 'k': dtype I32 is not supported"]),
+     ["--k: i32.safetensors:k must hold float32, float64, float16 or bfloat16 but holds int32"]),
     (["--q", "missing.safetensors:q", "--k", "k.npy", "--v", "v.npy", "--out", "o.npy"], ["--q: missing.safetensors: "]),
     (["--q", "qi.npy", "--k", "k.npy", "--v", "v.npy", "--out", "o.npy"],
      ["--q: qi.npy must hold float32, float64, float16 or bfloat16 but holds int32"]),
