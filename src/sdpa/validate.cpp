@@ -1,5 +1,6 @@
 // Argument checks for attn::sdpa, in one place. Every message names the argument,
 // what was expected and what was given; nothing is written before they all pass.
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -127,8 +128,11 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
     if (options.scale) {
         // Finite in float32, where every fast kernel multiplies by it (1e39 is finite as a
         // double but inf as a float: scores would become ±inf or NaN).
-        if (!std::isfinite(*options.scale) || !std::isfinite(static_cast<float>(*options.scale)))
-            fail(kOp, "scale: must be finite in float32 (|scale| <= 3.4028235e38) but got ", *options.scale);
+        if (!std::isfinite(*options.scale) || !std::isfinite(static_cast<float>(*options.scale))) {
+            char given[32];  // the shortest exact form: a value just above FLT_MAX must not print as FLT_MAX
+            const auto end = std::to_chars(given, given + sizeof given, *options.scale).ptr;
+            fail(kOp, "scale: must be finite in float32 (|scale| <= 3.4028235e38) but got ", std::string_view(given, end - given));
+        }
         p.scale = *options.scale;
     } else {
         p.scale = 1.0 / std::sqrt(static_cast<double>(p.Dk));

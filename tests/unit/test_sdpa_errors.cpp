@@ -141,6 +141,9 @@ TEST(SdpaErrors, OutputShapes) {
 TEST(SdpaErrors, Scale) {
     expect_error([](Call& c) { c.opt.scale = std::numeric_limits<double>::quiet_NaN(); }, {"sdpa: scale: must be finite in float32 (|scale| <= 3.4028235e38) but got nan"});
     expect_error([](Call& c) { c.opt.scale = -kInf; }, {"sdpa: scale: must be finite in float32 (|scale| <= 3.4028235e38) but got -inf"});
+    // Just above FLT_MAX: every digit that shows it (6 digits printed 3.40282e+38, which looks valid).
+    expect_error([](Call& c) { c.opt.scale = 3.4028236e38; },
+                 {"sdpa: scale: must be finite in float32 (|scale| <= 3.4028235e38) but got 3.4028236e+38"});
 }
 
 TEST(SdpaErrors, BoolMask) {

@@ -288,9 +288,9 @@ void add_sdpa_command(CLI::App& app) {
                     "kernel: auto, reference, flash or decode (Lq <= 16, forward only); backward: auto, reference or flash");
     cmd->add_option("--grad-out", args->grad_out,
                     "dO (B, Hq, Lq, Dv): also compute the gradients of <O, dO> (needs --dq, --dk, --dv)");
-    cmd->add_option("--dq", args->dq, "write dQ (B, Hq, Lq, Dk), in the dtype of Q");
-    cmd->add_option("--dk", args->dk, "write dK (B, Hkv, Lk, Dk), in the dtype of K");
-    cmd->add_option("--dv", args->dv, "write dV (B, Hkv, Lk, Dv), in the dtype of V");
+    cmd->add_option("--dq", args->dq, "write dQ (B, Hq, Lq, Dk), in --out-dtype (default: Q's dtype)");
+    cmd->add_option("--dk", args->dk, "write dK (B, Hkv, Lk, Dk), in --out-dtype (default: Q's dtype)");
+    cmd->add_option("--dv", args->dv, "write dV (B, Hkv, Lk, Dv), in --out-dtype (default: Q's dtype)");
     cmd->add_option("--dropout", args->dropout, "dropout probability on the attention weights, 0 <= P < 1 (training)");
     cmd->add_option("--seed", args->seed, "dropout seed (the same seed gives the same dropout mask)");
     cmd->add_option("--cu-seqlens-q", args->cu_seqlens_q,
