@@ -76,6 +76,23 @@ def test_png_decodes_to_the_reported_size_with_endpoint_colours(tmp_path):
             assert near(cell_px(img, g, r, c), want), (r, c, cell_px(img, g, r, c))
 
 
+
+def test_weights_written_as_safetensors_are_drawn_by_name(tmp_path):
+    # `attn sdpa --weights W.safetensors` writes tensor 'weights'; heatmap reads it by name,
+    # as every tensor argument (it took only .npy: a review found it).
+    r = np.random.default_rng(0)
+    for n in "qkv":
+        np.save(tmp_path / f"{n}.npy", r.standard_normal((1, 1, 5, 4)).astype(np.float32))
+    res = run("sdpa", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--out", "o.npy", "--weights", "W.safetensors",
+              cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    res = run("heatmap", "W.safetensors:weights", "--out", "s.png", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert Image.open(tmp_path / "s.png").size[0] > 0
+    res = run("heatmap", "W.safetensors", "--out", "t.png", cwd=tmp_path)
+    assert res.returncode == 2 and "name the tensor as W.safetensors:NAME" in res.stderr, res.stderr
+    assert not (tmp_path / "t.png").exists()
+
 def test_one_hot_column_others_masked_grey(tmp_path):
     w = np.zeros((2, 4, 6), np.float64)   # (H, Lq, Lk); head 1 looks only at key 3
     w[1, :, 3] = 1.0
@@ -234,7 +251,7 @@ W55 = identity(5)
 @pytest.mark.parametrize("w, args, needle", [
     (np.ones(5, np.float32), [], "expected attention weights of shape (Lq, Lk), (H, Lq, Lk) or (B, H, Lq, Lk) but got (5,)"),
     (np.ones((1, 0, 5, 5), np.float32), [], "must not be empty"),
-    (np.ones((5, 5), np.int32), [], "must be float16, float32 or float64 but the file holds int32"),
+    (np.ones((5, 5), np.int32), [], "must be float16, bfloat16, float32 or float64 but the file holds int32"),
     (W55, ["--tokens", "a,b,c,d"], "--tokens: 4 tokens given but"),
     (W55, ["--tokens", "a,b,c,d"], "Lk = 5 keys (columns)"),
     (W55, ["--tokens", "a,,c,d,e"], "--tokens: token 1 is empty"),

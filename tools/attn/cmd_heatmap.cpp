@@ -15,6 +15,7 @@
 #include "commands.hpp"
 #include "io/input_file.hpp"
 #include "output_files.hpp"
+#include "tensor_args.hpp"
 
 namespace attn::cli {
 namespace {
@@ -94,9 +95,10 @@ void run(const HeatmapArgs& a) {
     outputs.add("--out", a.out);
     outputs.check();
 
-    const Tensor w = read_npy(a.weights);
+    // A .npy or FILE.safetensors:NAME, as every tensor argument (what `attn sdpa --weights` writes).
+    const Tensor w = read_tensor_arg("W", a.weights);
     if (!is_floating(w.dtype())) {
-        throw Error(a.weights + ": attention weights must be float16, float32 or float64 but the file holds " +
+        throw Error(a.weights + ": attention weights must be float16, bfloat16, float32 or float64 but the file holds " +
                     std::string(dtype_name(w.dtype())));
     }
     const Shape& s = w.shape();

@@ -69,7 +69,7 @@ void run(const MhaArgs& a) {
         const Tensor t = alibi_slopes(a.num_heads);
         slopes.assign(t.data_as<const float>(), t.data_as<const float>() + t.numel());
     } else if (!a.alibi_slopes.empty()) {
-        const Tensor t = read_npy(a.alibi_slopes);
+        const Tensor t = read_tensor_arg("--alibi-slopes", a.alibi_slopes);
         if (!is_floating(t.dtype()) || t.shape().rank != 1) {
             throw Error("--alibi-slopes: " + a.alibi_slopes + " must hold a floating (num_heads,) array but holds " +
                         std::string(dtype_name(t.dtype())) + " " + t.shape().str());
