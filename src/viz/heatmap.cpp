@@ -222,7 +222,9 @@ Layout lay_out(TextEngine& te, const Problem& p, const viz::Pooled& d, double vm
     L.panel_h = L.caption_h + L.col_label_h + kLabelGap + static_cast<int>(L.R) * L.cell_h;
     L.annotate = o.annotate && std::min(L.cell_w, L.cell_h) >= 36;
 
-    // Header lines.
+    // Header lines, shortened with "…" past 1600 px as long tokens are (a title of a few
+    // thousand characters made a picture wider than cairo's 32767 px limit).
+    L.title.max_width = L.subtitle.max_width = 1600;
     const std::string axes = "rows: queries (Lq = " + std::to_string(p.Lq) + ")   columns: keys (Lk = " + std::to_string(p.Lk) + ")";
     for (const auto& [text, is_title] : {std::pair{o.title, true}, std::pair{o.subtitle, false}, std::pair{axes, false}}) {
         if (!text.empty()) L.header.push_back({text, is_title, te.measure(text, is_title ? L.title : L.subtitle).height});

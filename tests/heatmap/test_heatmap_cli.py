@@ -93,6 +93,14 @@ def test_weights_written_as_safetensors_are_drawn_by_name(tmp_path):
     assert res.returncode == 2 and "name the tensor as W.safetensors:NAME" in res.stderr, res.stderr
     assert not (tmp_path / "t.png").exists()
 
+
+def test_a_very_long_title_is_shortened_not_an_error(tmp_path):
+    # 3000 characters made the picture wider than cairo allows ("invalid value (typically too
+    # big)"; a review found it): titles are cut with "…" as long tokens are.
+    png, info = draw(tmp_path, identity(4), "t.png", "--title", "T" * 3000)
+    assert Image.open(png).size == (info["width"], info["height"])
+    assert info["width"] < 2000
+
 def test_one_hot_column_others_masked_grey(tmp_path):
     w = np.zeros((2, 4, 6), np.float64)   # (H, Lq, Lk); head 1 looks only at key 3
     w[1, :, 3] = 1.0
