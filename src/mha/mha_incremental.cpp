@@ -99,23 +99,25 @@ void MultiHeadAttention::forward_incremental_into(const TensorView& x_new, KVCac
     const TensorView K = detail::heads_view(qkv, n, E, l.rows, B, hkv, T, dh);
     const TensorView V = detail::heads_view(qkv, n, E + Ekv, l.rows, B, hkv, T, dh);
 
+    // The step's buffers before the cache changes: a failed allocation leaves it as it was.
+    float* o = detail::ensure(ws.attn_out, Shape{N, E});
+    const bool f32_out = output.dtype() == DType::f32;
+    float* y = f32_out ? output.data_as<float>() : detail::ensure(ws.out_f32, Shape{N, E});
+
     const std::vector<std::int64_t> old_len = cache.lengths();
     cache.append(K, V);  // throws before writing when T tokens do not fit
-    float* o = detail::ensure(ws.attn_out, Shape{N, E});
     try {
         attend(*this, Q, cache, detail::heads_view(o, E, 0, l.rows, B, h, T, dh));
+        // ---- out projection straight into the output (x_new's row order) ----
+        detail::linear(o, N, E, E, detail::out_weight(*this, true),
+                       E, c.bias ? parameter("out_proj.bias").data_as<const float>() : nullptr, y, E);
+        if (!f32_out) detail::store_output(y, output);
     } catch (...) {
-        // Leave the cache as it was: the step did not happen.
+        // Leave the cache as it was: the step did not happen (attention or the projection's
+        // workspace can fail after the append).
         for (std::int64_t b = 0; b < B; ++b) cache.truncate(b, old_len[static_cast<std::size_t>(b)]);
         throw;
     }
-
-    // ---- out projection straight into the output (x_new's row order) ----
-    const bool f32_out = output.dtype() == DType::f32;
-    float* y = f32_out ? output.data_as<float>() : detail::ensure(ws.out_f32, Shape{N, E});
-    detail::linear(o, N, E, E, detail::out_weight(*this, true), E, c.bias ? parameter("out_proj.bias").data_as<const float>() : nullptr,
-                   y, E);
-    if (!f32_out) detail::store_output(y, output);
 }
 
 Tensor MultiHeadAttention::forward_incremental(const TensorView& x_new, KVCache& cache, MhaWorkspace* workspace) const {
