@@ -53,20 +53,22 @@ TensorView require_per_sequence(std::string_view op, const TensorView& t, std::s
 
 namespace {
 
-// Byte interval [lo, hi) a view can touch (strides may be negative or zero).
+// Byte interval [lo, hi) a view can touch (strides may be negative or zero). In 128 bits: an
+// input view's dims × strides need not fit 64 bits (huge strides of a view nobody reads
+// whole), and a wrapped span could call two overlapping views disjoint.
 struct Span {
-    std::uintptr_t lo, hi;
+    __int128 lo, hi;
 };
 
 Span span_of(const TensorView& t) {
-    std::int64_t lo = 0, hi = 0;
+    __int128 lo = 0, hi = 0;
     for (int d = 0; d < t.rank(); ++d) {
-        const std::int64_t reach = (t.dim(d) - 1) * t.stride(d);
+        const __int128 reach = static_cast<__int128>(t.dim(d) - 1) * t.stride(d);
         (reach < 0 ? lo : hi) += reach;
     }
-    const auto base = reinterpret_cast<std::uintptr_t>(t.data());
-    const auto size = static_cast<std::int64_t>(dtype_size(t.dtype()));
-    return {base + static_cast<std::uintptr_t>(lo * size), base + static_cast<std::uintptr_t>((hi + 1) * size)};
+    const auto base = static_cast<__int128>(reinterpret_cast<std::uintptr_t>(t.data()));
+    const auto size = static_cast<__int128>(dtype_size(t.dtype()));
+    return {base + lo * size, base + (hi + 1) * size};
 }
 
 }  // namespace
