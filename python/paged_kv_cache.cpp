@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attn/paged_kv_cache.hpp"
+#include "attn/threads.hpp"
 #include "bind.hpp"
 #include "convert.hpp"
 #include "options.hpp"
@@ -49,9 +50,14 @@ py::object paged_attention_py(const py::object& query, PyPagedKVCache& c, const 
                               const py::object& scale, const py::object& is_causal, const py::object& causal_alignment,
                               const py::object& window, const py::object& window_alignment,
                               const py::object& query_offset, const py::object& return_lse_arg,
-                              const py::object& dtype, const py::object& out_dtype) {
+                              const py::object& dtype, const py::object& out_dtype, const py::object& threads_obj) {
+    const int threads = threads_arg(threads_obj);
     const bool return_lse = bool_arg(return_lse_arg, "return_lse");
     const Input q = input(query, "query", 4, 4, "(B, Hq, Lq, Dk)", uint16_is_bf16_arg(dtype));
+    if (!py::isinstance<py::iterable>(seqs_arg)) {
+        type_error("seqs: expected an iterable of sequence ids (one per batch row) but got " +
+                   std::string(py::str(py::type::of(seqs_arg))));
+    }
     std::vector<attn::PagedKVCache::SeqId> seqs;
     for (const py::handle& s : py::iterable(seqs_arg)) seqs.push_back(int_arg(py::reinterpret_borrow<py::object>(s), "seqs"));
     CallOptions o;
@@ -67,6 +73,7 @@ py::object paged_attention_py(const py::object& query, PyPagedKVCache& c, const 
     {
         py::gil_scoped_release nogil;
         const std::lock_guard<std::mutex> lock(c.mutex);
+        const attn::ScopedNumThreads scoped_threads(threads);
         attn::paged_attention(qv, c.cache, seqs, o.sdpa, ov, return_lse ? &lv : nullptr);
     }
     if (!return_lse) return out;
@@ -157,10 +164,10 @@ void bind_paged_kv_cache(py::module_& m) {
           py::arg("scale") = py::none(), py::arg("is_causal") = true, py::arg("causal_alignment") = "bottom-right",
           py::arg("window") = py::none(), py::arg("window_alignment") = "bottom-right",
           py::arg("query_offset") = py::none(), py::arg("return_lse") = false, py::arg("dtype") = py::none(),
-          py::arg("out_dtype") = py::none(),
+          py::arg("out_dtype") = py::none(), py::arg("threads") = py::none(),
           "query (B, Hq, Lq, Dk) float32, float16 or bfloat16 (uint16 bits with dtype=\"bfloat16\"), batch row b = sequence seqs[b], against the cache's pages (decode\n"
           "kernel; Lq > 16 runs as blocks of 16: chunked prefill). Append the new tokens first. Keywords as\n"
-          "decode_attention's, and so are dtype= and out_dtype= (default: a 16-bit query's dtype, else float32).\n"
+          "decode_attention's, and so are dtype=, out_dtype= (default: a 16-bit query's dtype, else float32) and threads=.\n"
           "Returns out (B, Hq, Lq, Dv) [, lse float32].");
 }
 

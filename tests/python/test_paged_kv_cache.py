@@ -49,3 +49,16 @@ def test_fork_isolation_and_full_pool():
     # b's 8th token is its own: attention with only that key visible returns its value.
     out = attn.paged_attention(q, c, [b], window=(0, 0))
     np.testing.assert_array_equal(out[0, 0, 0], vb[0, 0])
+
+
+def test_threads_keyword_and_a_non_iterable_seqs():
+    # threads= as on every other attention call (it was missing here: a review found it); the
+    # result does not depend on it. seqs must be an iterable, named in the TypeError.
+    rng = np.random.default_rng(1)
+    c = attn.PagedKVCache(2, 16, 64, page_size=8)
+    s = c.add_sequence()
+    c.append(s, tokens(rng, 2, 300, 16), tokens(rng, 2, 300, 16))
+    q = rng.standard_normal((1, 4, 3, 16), dtype=np.float32)
+    np.testing.assert_array_equal(attn.paged_attention(q, c, [s], threads=1), attn.paged_attention(q, c, [s], threads=2))
+    with pytest.raises(TypeError, match="seqs: expected an iterable of sequence ids"):
+        attn.paged_attention(q, c, s)
