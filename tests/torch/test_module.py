@@ -216,3 +216,30 @@ def test_training_with_dropout_learns(one_thread):
         losses = reverse_task(100, 0.1, attention)
         first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
         assert first > 2.5 and last < 0.1, (attention, first, last)  # chance: ln 16 = 2.77
+
+
+@pytest.mark.parametrize("shape", [(0, 5, 16), (2, 0, 16)])
+def test_an_empty_batch_or_sequence_gives_torchs_empty_result(shape):
+    # nn.MultiheadAttention returns empty results for an empty batch or sequence; the core
+    # refuses size-0 dims, so the wrapper answers these itself (it raised "batch must be >= 1":
+    # a review found it). Gradients flow (all empty or zero).
+    torch.manual_seed(3)
+    ours = at.MultiheadAttention(16, 4, batch_first=True)
+    ref = nn.MultiheadAttention(16, 4, batch_first=True)
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(*shape, requires_grad=True)
+    out, w = ours(x, x, x)
+    want, want_w = ref(x, x, x)
+    assert out.shape == want.shape and w.shape == want_w.shape
+    out.sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
+
+
+def test_functional_with_no_keys_gives_zeros_with_gradients():
+    q = torch.randn(2, 3, 4, 8, requires_grad=True)
+    k = torch.randn(2, 3, 0, 8, requires_grad=True)
+    out = at.scaled_dot_product_attention(q, k, k)
+    assert out.shape == (2, 3, 4, 8) and not out.any()  # a row that sees no key gives 0 (attn's rule)
+    out.sum().backward()
+    assert q.grad is not None and not q.grad.any()
+    assert at.scaled_dot_product_attention(q[:, :, :0], k, k).shape == (2, 3, 0, 8)

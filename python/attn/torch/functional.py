@@ -53,6 +53,18 @@ def core_options(extras, causal_alignment, window, window_alignment, key_lengths
     return opts
 
 
+def _empty_attention(query, key, value, out_dtype):
+    """A call with an empty dimension (batch, heads, queries or keys), which the core refuses:
+    torch's result — an empty output, or zeros when there are queries but no key (each row's
+    weights over no keys sum nothing) — still connected to the inputs for autograd (zero
+    gradients), as torch's own empty call is."""
+    dtype = query.dtype if out_dtype is None else out_dtype
+    out = query.new_zeros(query.shape[:-1] + value.shape[-1:], dtype=dtype)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        out = out + (query.sum() + key.sum() + value.sum()).to(dtype) * 0
+    return out
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False, *, causal_alignment="top-left", window=None,
                                  window_alignment="top-left", key_lengths=None, query_offset=None,
@@ -79,6 +91,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """
     q, k, v = (_convert.array(t, n) for t, n in ((query, "query"), (key, "key"), (value, "value")))
     _check_heads(query, key, value, enable_gqa)
+    if query.numel() == 0 or key.numel() == 0 or value.numel() == 0:
+        return _empty_attention(query, key, value, out_dtype)
     _convert.check_real(dropout_p, "dropout_p", "a float in [0, 1)")
     mask = None if attn_mask is None else _convert.array(attn_mask, "attn_mask")
     # A sinks tensor is an input of the autograd Function (it has a gradient), not an option.

@@ -119,7 +119,13 @@ class MultiheadAttention(nn.MultiheadAttention):
                                            dropout_seed=seed, threads=threads)
         out = F.linear(out.transpose(1, 2).reshape(n, lq, e), self.out_proj.weight, self.out_proj.bias)
         weights = None
-        if need_weights:
+        if need_weights and (q.numel() == 0 or k.numel() == 0):  # an empty batch or sequence: torch's zeros
+            weights = q.new_zeros((n, h, lq, lk))
+            if average_attn_weights:
+                weights = weights.mean(1)
+            if not batched:
+                weights = weights.squeeze(0)
+        elif need_weights:
             with torch.no_grad(), _convert.Threads(threads):
                 arrays = [_convert.array(t, name) for t, name in ((q, "query"), (k, "key"), (v, "value"))]
                 weights = _convert.tensor(_attn.scaled_dot_product_attention(
