@@ -394,6 +394,7 @@ BAD_ARRAYS = [
      "state_dict['in_proj_weight']"),
     ("MHA key_padding_mask ragged", lambda: _mha()(X, X, X, key_padding_mask=RAGGED), "key_padding_mask"),
     ("decode query objects", lambda: attn.decode_attention(OBJECTS, _cache()), "query"),
+    ("query None", lambda: attn.sdpa(None, K, V), "query"),  # said "got shape ()" (numpy's view of None)
 ]
 
 PYBIND_INTERNALS = ("Unable to cast", "incompatible function arguments", "Internal error", "error_already_set")
