@@ -107,4 +107,11 @@ CallOptions make_options(const SdpaArgs& args) {
     return o;
 }
 
+std::string python_names(const std::string& message) {
+    std::string m = message;
+    for (const std::string core : {"bool_mask: ", "additive_mask: "})
+        for (std::size_t at = m.find(core); at != std::string::npos; at = m.find(core, at)) m.replace(at, core.size(), "attn_mask: ");
+    return m;
+}
+
 }  // namespace attn_py

@@ -15,7 +15,9 @@
 #include <optional>
 #include <string>
 
+#include "attn/error.hpp"
 #include "attn/sdpa.hpp"
+#include "convert.hpp"
 
 namespace attn_py {
 
@@ -65,5 +67,19 @@ void set_modifiers(const ModifierArgs& args, std::int64_t heads, CallOptions& ou
 void set_alignment(const AlignmentArgs& args, CallOptions& out);
 
 CallOptions make_options(const SdpaArgs& args);
+
+// Runs a core call; an attn::Error from it names the core's bool_mask / additive_mask as the
+// Python keyword they came from, attn_mask (a message names the argument the caller gave).
+std::string python_names(const std::string& message);
+template <class F>
+void with_python_names(F&& call) {
+    try {
+        call();
+    } catch (const PyTypeError&) {
+        throw;
+    } catch (const attn::Error& e) {
+        throw attn::Error(python_names(e.what()));
+    }
+}
 
 }  // namespace attn_py

@@ -77,8 +77,10 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
     {
         py::gil_scoped_release nogil;
         const attn::ScopedNumThreads scoped_threads(threads);
-        attn::sdpa(expand_rank(q.view, 4), expand_rank(k.view, 4), expand_rank(v.view, 4), opt.sdpa, ov,
-                   return_lse ? &lv : nullptr, return_weights ? &wv : nullptr, nullptr, stage ? &so : nullptr);
+        with_python_names([&] {
+            attn::sdpa(expand_rank(q.view, 4), expand_rank(k.view, 4), expand_rank(v.view, 4), opt.sdpa, ov,
+                       return_lse ? &lv : nullptr, return_weights ? &wv : nullptr, nullptr, stage ? &so : nullptr);
+        });
     }
     if (!return_lse && !return_weights && !stage) return out;
     py::list r;
@@ -124,9 +126,11 @@ py::tuple sdpa_backward_py(const py::object& query, const py::object& key, const
     {
         py::gil_scoped_release nogil;
         const attn::ScopedNumThreads scoped_threads(threads);
-        attn::sdpa_backward(expand_rank(q.view, 4), expand_rank(k.view, 4), expand_rank(v.view, 4),
-                            expand_rank(o.view, 4), expand_rank(l.view, 3), expand_rank(g.view, 4), opt.sdpa, dqv,
-                            dkv, dvv, nullptr, with_sinks ? &dsv : nullptr);
+        with_python_names([&] {
+            attn::sdpa_backward(expand_rank(q.view, 4), expand_rank(k.view, 4), expand_rank(v.view, 4),
+                                expand_rank(o.view, 4), expand_rank(l.view, 3), expand_rank(g.view, 4), opt.sdpa, dqv,
+                                dkv, dvv, nullptr, with_sinks ? &dsv : nullptr);
+        });
     }
     if (with_sinks) return py::make_tuple(dq, dk, dv, ds);
     return py::make_tuple(dq, dk, dv);

@@ -418,6 +418,17 @@ def test_unconvertible_arrays_name_the_argument(label, call, name):
     assert not any(s in msg for s in PYBIND_INTERNALS), msg
 
 
+
+@pytest.mark.parametrize("dtype", [bool, np.float32])
+def test_a_mask_error_names_attn_mask_not_the_cores_option(dtype):
+    # The core calls the two kinds bool_mask and additive_mask; the Python caller gave attn_mask.
+    q = np.ones((1, 2, 3, 4), np.float32)
+    m = np.ones((5, 3, 3), dtype)
+    for call in (lambda: attn.sdpa(q, q, q, attn_mask=m), lambda: attn.sdpa_backward(q, q, q, q, q[..., 0], q, attn_mask=m)):
+        with pytest.raises(ValueError, match=r"attn_mask: shape \(5, 3, 3\) cannot be broadcast") as e:
+            call()
+        assert "bool_mask" not in str(e.value) and "additive_mask" not in str(e.value)
+
 def test_scalars_of_numpy_types_are_accepted():
     # numpy scalars and 0-d arrays are numbers as much as Python's: same result as the Python call.
     ref = attn.sdpa(Q, K, V, scale=0.25, is_causal=True, dropout_p=0.0)
