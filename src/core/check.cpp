@@ -1,5 +1,7 @@
 #include "check.hpp"
 
+#include <charconv>
+
 namespace attn::detail {
 
 void require_rank(std::string_view op, const TensorView& t, std::string_view name, int rank, std::string_view layout) {
@@ -86,6 +88,12 @@ void require_disjoint(std::string_view op, const TensorView& out, std::string_vi
 std::int64_t load_int(const TensorView& t, std::int64_t offset) {
     if (t.dtype() == DType::i32) return t.data_as<const std::int32_t>()[offset];
     return t.data_as<const std::int64_t>()[offset];
+}
+
+std::string shortest(double value) {
+    char text[32];
+    const auto end = std::to_chars(text, text + sizeof text, value).ptr;
+    return std::string(text, end);
 }
 
 }  // namespace attn::detail

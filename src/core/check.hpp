@@ -37,6 +37,10 @@ template <class... Parts>
     throw Error(s.str());
 }
 
+// A double in its shortest exact decimal form ("1", "0.3", "3.4028236e+38"), for messages: six
+// digits would print a value just outside a bound as the bound itself.
+std::string shortest(double value);
+
 // t is non-null and has `rank` dimensions; `layout` names them, e.g. "(B, Hq, Lq, Dk)".
 void require_rank(std::string_view op, const TensorView& t, std::string_view name, int rank, std::string_view layout);
 

@@ -1,6 +1,5 @@
 // Argument checks for attn::sdpa, in one place. Every message names the argument,
 // what was expected and what was given; nothing is written before they all pass.
-#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -129,9 +128,7 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
         // Finite in float32, where every fast kernel multiplies by it (1e39 is finite as a
         // double but inf as a float: scores would become ±inf or NaN).
         if (!std::isfinite(*options.scale) || !std::isfinite(static_cast<float>(*options.scale))) {
-            char given[32];  // the shortest exact form: a value just above FLT_MAX must not print as FLT_MAX
-            const auto end = std::to_chars(given, given + sizeof given, *options.scale).ptr;
-            fail(kOp, "scale: must be finite in float32 (|scale| <= 3.4028235e38) but got ", std::string_view(given, end - given));
+            fail(kOp, "scale: must be finite in float32 (|scale| <= 3.4028235e38) but got ", shortest(*options.scale));
         }
         p.scale = *options.scale;
     } else {
@@ -200,7 +197,7 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
              " right=", options.window.right);
     }
     if (!(options.dropout_p >= 0.0 && options.dropout_p < 1.0)) {
-        fail(kOp, "dropout_p: must be in [0, 1) but got ", std::to_string(options.dropout_p));
+        fail(kOp, "dropout_p: must be in [0, 1) but got ", shortest(options.dropout_p));
     }
     p.dropout_p = options.dropout_p;
     p.dropout_seed = options.dropout_seed;
@@ -244,7 +241,7 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
 void attach_scores(SdpaProblem& p, const ScoresOutput& s, std::string_view kOp) {
     require_output(kOp, s.view, "scores", Shape{p.B, p.Hq, p.Lq, p.Lk}, "(B, Hq, Lq, Lk)");
     if (p.dropout_p > 0.0)
-        fail(kOp, "scores: not available together with dropout (dropout_p = ", std::to_string(p.dropout_p),
+        fail(kOp, "scores: not available together with dropout (dropout_p = ", shortest(p.dropout_p),
              "): the scores are those of the undropped softmax's input; run without dropout");
     require_disjoint(kOp, s.view, "scores", p.out, "out");
     if (p.lse) require_disjoint(kOp, s.view, "scores", *p.lse, "lse");

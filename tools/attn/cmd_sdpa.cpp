@@ -104,6 +104,19 @@ void run_packed(const SdpaArgs& a, const SdpaOptions& opt, const Tensor& q, cons
     OutputFiles::write_all(files);
 }
 
+// A parser's value; its error names the value it parsed ("causal: expected …"), which
+// becomes the option ("--causal: expected …").
+template <class F>
+auto with_flag(const char* flag, F&& parse) {
+    try {
+        return parse();
+    } catch (const Error& e) {
+        const std::string m = e.what();
+        const std::size_t colon = m.find(": ");
+        throw Error(std::string(flag) + ": " + (colon == std::string::npos ? m : m.substr(colon + 2)));
+    }
+}
+
 void run(const SdpaArgs& a) {
     OutputFiles outputs;
     outputs.add("--out", a.out);
@@ -114,7 +127,7 @@ void run(const SdpaArgs& a) {
     outputs.add("--dv", a.dv);
     outputs.add("--dsinks", a.dsinks);
     outputs.add("--scores", a.scores);
-    const ScoreStage stage = parse_score_stage(a.scores_stage);
+    const ScoreStage stage = with_flag("--scores-stage", [&] { return parse_score_stage(a.scores_stage); });
     const bool backward = !a.grad_out.empty();
     if (backward && (a.dq.empty() || a.dk.empty() || a.dv.empty())) {
         throw Error("--grad-out: needs --dq, --dk and --dv (where to write the gradients)");
@@ -128,8 +141,8 @@ void run(const SdpaArgs& a) {
     outputs.check();
 
     SdpaOptions opt;
-    opt.impl = parse_impl(a.impl);
-    opt.causal = parse_causal(a.causal);
+    opt.impl = with_flag("--impl", [&] { return parse_impl(a.impl); });
+    opt.causal = with_flag("--causal", [&] { return parse_causal(a.causal); });
     opt.scale = a.scale;
     opt.window.left = a.window_left;
     opt.window.right = a.window_right;
