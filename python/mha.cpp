@@ -160,7 +160,10 @@ public:
                        std::string(py::str(py::type::of(state_dict).attr("__name__"))));
         }
         std::vector<Input> keep;
-        const auto tensors = tensors_of(py::reinterpret_borrow<py::dict>(state_dict), keep, uint16_is_bf16_arg(dtype));
+        // A layer that stores bfloat16 returns its weights as uint16 bits (state_dict): such arrays
+        // load back without dtype= (a review found the round trip refused).
+        const bool bf16 = dtype.is_none() ? layer_.config().param_dtype == attn::DType::bf16 : uint16_is_bf16_arg(dtype);
+        const auto tensors = tensors_of(py::reinterpret_borrow<py::dict>(state_dict), keep, bf16);
         py::gil_scoped_release nogil;
         const std::lock_guard<std::mutex> lock(mutex_);
         layer_.load_state_dict(tensors);
@@ -326,8 +329,8 @@ void bind_mha(py::module_& m) {
              "(dtype=\"bfloat16\": uint16 arrays are bfloat16 bits). intermediate_dtype= as forward's.")
         .def("load_state_dict", &PyMha::load_state_dict, py::arg("state_dict"), py::kw_only(), py::arg("dtype") = py::none(),
              "Copies the arrays (torch names; float32/float64/float16, uint16 bfloat16 bits with\n"
-             "dtype=\"bfloat16\") into the parameters, converted to their storage dtype; the names\n"
-             "must match exactly.")
+             "dtype=\"bfloat16\" — the default for a layer that stores bfloat16, so state_dict() loads back)\n"
+             "into the parameters, converted to their storage dtype; the names must match exactly.")
         .def("load_safetensors", &PyMha::load_safetensors, py::arg("path"))
         .def("state_dict", &PyMha::state_dict,
              "Copies of the parameters in their storage dtype (bfloat16: uint16 bits).")

@@ -342,6 +342,19 @@ def test_mha_state_dict_round_trip_and_properties():
     assert (m.embed_dim, m.num_heads, m.head_dim, m.kdim, m.vdim, m.batch_first) == (16, 4, 4, 8, 12, False)
 
 
+
+def test_a_bfloat16_layers_state_dict_loads_back_without_dtype():
+    # state_dict() of a bfloat16 layer holds uint16 bits; loading it back needed dtype="bfloat16"
+    # (a review found the round trip refused).
+    m = attn.MultiheadAttention(16, 4, dtype="bfloat16")
+    sd = m.state_dict()
+    assert sd["in_proj_weight"].dtype == np.uint16
+    sd["in_proj_weight"][:] = 0x3F80  # 1.0 in bfloat16
+    m.load_state_dict(sd)
+    assert np.array_equal(m.state_dict()["in_proj_weight"], sd["in_proj_weight"])
+    with pytest.raises(TypeError, match="uint16"):  # a float32 layer still asks what uint16 means
+        attn.MultiheadAttention(16, 4).load_state_dict(sd)
+
 def write_safetensors(path, tensors):
     header, blobs, off = {}, [], 0
     for name, a in tensors.items():
