@@ -41,6 +41,8 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <omp.h>
@@ -77,34 +79,38 @@ double dot_f64(const float* a, const float* b, std::int64_t n) {
     return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
+// The Q rows, or the dO rows, of the task's query heads (group × Lq rows of width Dp each):
+// what the tiles read for them, per head g of the group.
+struct HeadRows {
+    // Widened to float32 when not read in place: packed once per task and read by every key
+    // block, so the conversion costs 1/Lk of the tile work; z only when a head holds a NaN/±inf.
+    std::vector<float> f32, z;
+    // bf16 compute only: the rows as bf16 and as row pairs (the latter from the zeroed rows).
+    std::vector<std::uint16_t> b16;
+    std::vector<std::uint32_t> pairs;
+    std::vector<char> nonfinite;  // head g holds a NaN/±inf
+    // Head g's float32 rows for S and dP (the caller's or f32) and for dK/dV (z when the head
+    // holds a NaN/±inf, else the same), their row strides; bf16 compute: its bf16 rows (the
+    // caller's or b16) and their row stride.
+    std::vector<const float*> at, z_at;
+    std::vector<std::ptrdiff_t> ld, z_ld;
+    std::vector<const std::uint16_t*> at16;
+    std::vector<std::ptrdiff_t> ld16;
+    std::size_t task_bytes() const { return 4 * (f32.capacity() + z.capacity() + pairs.capacity()) + 2 * b16.capacity(); }
+};
+
 struct Scratch {
     std::vector<float> kt, vt, kp, vrow, dk, dv, S, dP, Pd, drop, drow, cg;
-    // Q and dO rows of the task's query heads widened to float32 (when not read in place):
-    // group × Lq rows each, packed once per task and read by every key block, so the
-    // conversion costs 1/Lk of the tile work; qz/dOz only when a head holds a NaN/±inf.
-    std::vector<float> q, qz, dO, dOz;
+    HeadRows q, dO;          // the task's Q and dO rows
     std::vector<float> dqb;  // the task's dQ rows (group × Lq, width Dkp) when it owns them (one chunk)
-    // bf16 compute only: Q/dO rows and row pairs of the task's heads, Kᵀ/Vᵀ/K pairs of the key
-    // block, and the tile's P̂/dS scratch (tile.hpp, TileBf16).
-    std::vector<std::uint16_t> q16, dO16, ds16;
-    std::vector<std::uint32_t> qp, dOp, ktp, vtp, kpp, pp;
+    // bf16 compute only: Kᵀ/Vᵀ/K pairs of the key block, and the tile's P̂/dS scratch (tile.hpp, TileBf16).
+    std::vector<std::uint16_t> ds16;
+    std::vector<std::uint32_t> ktp, vtp, kpp, pp;
     // Bytes held by the per-task buffers (the ones that grow with Lq).
-    std::size_t task_bytes() const {
-        return 4 * (q.capacity() + qz.capacity() + dO.capacity() + dOz.capacity() + dqb.capacity() + qp.capacity() +
-                    dOp.capacity()) +
-               2 * (q16.capacity() + dO16.capacity());
-    }
-    std::vector<char> q_nf, dO_nf;  // per query head of the group: it has a NaN/±inf
-    // Each head's float32 operands: Q and dO rows (the caller's or q/dO) for S and dP, the
-    // rows for dK and dV (qz/dOz when the head holds a NaN/±inf, else the same), row strides.
-    std::vector<const float*> q_at, qz_at, do_at, doz_at;
-    std::vector<std::ptrdiff_t> q_ld, qz_ld, do_ld, doz_ld;
+    std::size_t task_bytes() const { return q.task_bytes() + dO.task_bytes() + 4 * dqb.capacity(); }
     // Per row of the task's heads (group × Lq): −lse·log2 e (−inf for a row with no visible
     // key) and D = rowsum(dO ∘ O); w: one row of dO and O widened when not read in place.
     std::vector<float> nl2, dd, w;
-    // bf16 compute: each head's bf16 Q/dO rows for S and dP (the caller's rows, or q16/dO16) and their row stride
-    std::vector<const std::uint16_t*> q16_at, dO16_at;
-    std::vector<std::ptrdiff_t> q16_ld, dO16_ld;
 };
 
 // What the score-rule callback of a partial tile needs: the tile's place in the problem.
@@ -151,13 +157,18 @@ struct Plan {
     bool bf16;                          // products on bf16 pairs (backward_bf16_compute)
     void (*tile)(const TileArgs&);      // the kernel table's tile for that
     std::int64_t Lq2;                   // query row pairs per head (bf16 compute)
-    bool q_bf16_direct, do_bf16_direct;  // bf16 compute: Q/dO rows read in place where finite (checked per head)
-    // Q and dO read in place when they are float32 rows of the padded width, else widened
-    // per task (pack_rows). A head whose rows hold a NaN/±inf gets a copy with those entries 0
-    // for dSᵀ·Q and P̂ᵀ·dO (see the top), made by the task (pack_rows or finite_rows).
-    Rows Q, dO;
-    bool q_direct, do_direct;
-    std::size_t group, q_head, do_head;  // query heads per KV head; floats of one head's Q/dO rows
+    // How Q, and dO, are read: in place when they are float32 rows of the padded width, else
+    // widened per task (pack_rows). A head whose rows hold a NaN/±inf gets a copy with those
+    // entries 0 for dSᵀ·Q and P̂ᵀ·dO (see the top), made by the task (pack_rows or finite_rows).
+    struct RowsPlan {
+        const TensorView* t;
+        int Dp;              // padded row width (Dkp for Q, Dvp for dO)
+        std::size_t head;    // floats of one head's rows (Lq·Dp)
+        Rows in_place;       // valid when direct
+        bool direct;         // float32 rows of width Dp, read in place
+        bool bf16_direct;    // bf16 compute: bf16 rows read in place where finite (checked per head)
+    } q, dO;
+    std::size_t group;   // query heads per KV head
     std::vector<std::int64_t> lo, hi;    // visible key interval of every query row (b·Lq + i)
     // Chunks of key blocks per (b, KV head): enough tasks to keep 8 threads busy when
     // B·Hkv is small. A function of the shape only (determinism).
@@ -175,13 +186,14 @@ struct Plan {
         bf16 = k.backward_tile_bf16 != nullptr && backward_bf16_compute(bp);
         tile = bf16 ? k.backward_tile_bf16 : k.backward_tile;
         Lq2 = (Lq + 1) / 2;
-        q_bf16_direct = bf16 && bf16_rows_in_place(p.q, Dkp);
-        do_bf16_direct = bf16 && bf16_rows_in_place(bp.grad_out, Dvp);
-        q_direct = direct_rows(p.q, Dkp, Q);
-        do_direct = direct_rows(bp.grad_out, Dvp, dO);
+        for (auto [r, t, Dp] : {std::tuple{&q, &p.q, Dkp}, std::tuple{&dO, &bp.grad_out, Dvp}}) {
+            r->t = t;
+            r->Dp = Dp;
+            r->head = static_cast<std::size_t>(Lq * Dp);
+            r->direct = direct_rows(*t, Dp, r->in_place);
+            r->bf16_direct = bf16 && bf16_rows_in_place(*t, Dp);
+        }
         group = static_cast<std::size_t>(p.group);
-        q_head = static_cast<std::size_t>(Lq * Dkp);
-        do_head = static_cast<std::size_t>(Lq * Dvp);
         lo.resize(static_cast<std::size_t>(B * Lq));
         hi.resize(static_cast<std::size_t>(B * Lq));
         for (std::int64_t b = 0; b < B; ++b)
@@ -207,12 +219,18 @@ void size_scratch(const Plan& c, Scratch& s) {
     s.vt.assign(static_cast<std::size_t>(c.Dv * Bcp), 0.0f);
     s.kp.assign(static_cast<std::size_t>(kBc * c.Dkp), 0.0f);
     s.vrow.resize(static_cast<std::size_t>(c.Dv));
-    if (!c.q_direct) s.q.assign(group * c.q_head, 0.0f);
-    if (!c.do_direct) s.dO.assign(group * c.do_head, 0.0f);
-    s.q_nf.assign(group, 0);
-    s.dO_nf.assign(group, 0);
-    for (auto* v : {&s.q_at, &s.qz_at, &s.do_at, &s.doz_at}) v->resize(group);
-    for (auto* v : {&s.q_ld, &s.qz_ld, &s.do_ld, &s.doz_ld}) v->resize(group);
+    for (auto [o, r] : {std::pair{&s.q, &c.q}, std::pair{&s.dO, &c.dO}}) {
+        if (!r->direct) o->f32.assign(group * r->head, 0.0f);
+        o->nonfinite.assign(group, 0);
+        for (auto* v : {&o->at, &o->z_at}) v->resize(group);
+        for (auto* v : {&o->ld, &o->z_ld}) v->resize(group);
+        if (c.bf16) {
+            o->at16.resize(group);
+            o->ld16.resize(group);
+            o->b16.assign(group * r->head, 0);
+            o->pairs.resize(group * static_cast<std::size_t>(c.Lq2 * r->Dp));
+        }
+    }
     s.nl2.resize(group * static_cast<std::size_t>(c.Lq));
     s.dd.resize(group * static_cast<std::size_t>(c.Lq));
     s.w.resize(static_cast<std::size_t>(2 * c.Dv));
@@ -223,71 +241,58 @@ void size_scratch(const Plan& c, Scratch& s) {
     s.drop.resize(static_cast<std::size_t>(kBr * Bcp));
     s.drow.resize(static_cast<std::size_t>(Bcp + 6));  // one row's whole Philox blocks (Dropout::fill_row)
     if (c.bf16) {
-        s.q16_at.resize(group);
-        s.dO16_at.resize(group);
-        s.q16_ld.resize(group);
-        s.dO16_ld.resize(group);
-        s.q16.assign(group * c.q_head, 0);
-        s.dO16.assign(group * c.do_head, 0);
-        s.qp.resize(group * static_cast<std::size_t>(c.Lq2 * c.Dkp));
-        s.dOp.resize(group * static_cast<std::size_t>(c.Lq2 * c.Dvp));
         s.ktp.resize(static_cast<std::size_t>((c.Dk + 1) / 2 * Bcp));
         s.vtp.resize(static_cast<std::size_t>((c.Dv + 1) / 2 * Bcp));
         s.kpp.resize(static_cast<std::size_t>((kBc + 1) / 2 * c.Dkp));
         s.pp.resize(static_cast<std::size_t>((kBr + 1) / 2 * Bcp));
         s.ds16.resize(static_cast<std::size_t>(kBr * Bcp));
     }
-    if (c.dq_own && !c.dq_direct) s.dqb.resize(group * c.q_head);
+    if (c.dq_own && !c.dq_direct) s.dqb.resize(group * c.q.head);
 }
 
-// The operands of query head g of the task's group (head h of batch b), once per task: Q and
-// dO rows (in place, widened, the zeroed copies, bf16 rows and pairs), and per row −lse·log2 e
-// and D = rowsum(dO ∘ O). The task of the first chunk also keeps D for the sinks' gradient.
+// The rows of Q, or of dO, of query head g of the task's group (head h of batch b), once per
+// task: in place, widened, the zeroed copy for a head holding a NaN/±inf, and for bf16 compute
+// the bf16 rows and pairs (bf16 rows with no NaN/±inf read in place: no float32 copy at all).
+void prepare_rows(const Plan& c, const Plan::RowsPlan& r, HeadRows& o, std::int64_t b, std::int64_t h, std::size_t g) {
+    const TensorView& t = *r.t;
+    const std::int64_t Lq = c.Lq;
+    const int Dp = r.Dp;
+    const std::size_t head = r.head, total = c.group * head;
+    std::uint32_t* pairs = c.bf16 ? o.pairs.data() + g * static_cast<std::size_t>(c.Lq2 * Dp) : nullptr;
+    const std::uint16_t* in16 = r.bf16_direct ? t.data_as<const std::uint16_t>() + t.offset(b, h, 0, 0) : nullptr;
+    if (in16 && any_nonfinite16(in16, t.stride(2), Lq, Dp, kBF16Exponent)) in16 = nullptr;
+    o.at[g] = r.direct ? r.in_place.row(b, h, 0) : o.f32.data() + g * head;
+    o.ld[g] = r.direct ? r.in_place.si : Dp;
+    if (in16) {
+        o.nonfinite[g] = 0;
+        o.at16[g] = in16;
+        o.ld16[g] = t.stride(2);
+        bf16_pairs16(in16, t.stride(2), Lq, Dp, pairs, Dp);
+    } else if (!r.direct) {
+        o.nonfinite[g] = pack_rows(t, b, h, Lq, Dp, o.f32.data() + g * head, o.z, g * head, total);
+    } else if ((o.nonfinite[g] = any_nonfinite(o.at[g], r.in_place.si, Lq, Dp))) {
+        if (o.z.size() < total) o.z.assign(total, 0.0f);
+        finite_rows(o.at[g], r.in_place.si, Lq, Dp, o.z.data() + g * head);
+    }
+    o.z_at[g] = o.nonfinite[g] ? o.z.data() + g * head : o.at[g];
+    o.z_ld[g] = o.nonfinite[g] ? Dp : o.ld[g];
+    if (c.bf16 && !in16) {  // bf16 rows (for S, dP) and row pairs (for dK, dV: the zeroed copies)
+        bf16_rows(o.at[g], o.ld[g], Lq, Dp, o.b16.data() + g * head, Dp);
+        bf16_pairs(o.z_at[g], o.z_ld[g], Lq, Dp, pairs, Dp);
+        o.at16[g] = o.b16.data() + g * head;
+        o.ld16[g] = Dp;
+    }
+}
+
+// Query head g of the task's group (head h of batch b), once per task: its Q and dO rows, and
+// per row −lse·log2 e and D = rowsum(dO ∘ O). The task of the first chunk also keeps D for the
+// sinks' gradient.
 void prepare_head(const Plan& c, Scratch& s, std::int64_t b, std::int64_t h, std::size_t g, std::int64_t chunk,
                   float* Dall) {
     const SdpaProblem& p = c.p;
-    const BackwardProblem& bp = c.bp;
     const std::int64_t Lq = c.Lq;
-    const int Dkp = c.Dkp, Dvp = c.Dvp;
-    const std::size_t q_head = c.q_head, do_head = c.do_head, group = c.group;
-    // bf16 compute with finite bf16 rows: no float32 copy at all (bf16_pairs16)
-    const std::uint16_t* q16_in = c.q_bf16_direct ? p.q.data_as<const std::uint16_t>() + p.q.offset(b, h, 0, 0) : nullptr;
-    const std::uint16_t* do16_in =
-        c.do_bf16_direct ? bp.grad_out.data_as<const std::uint16_t>() + bp.grad_out.offset(b, h, 0, 0) : nullptr;
-    if (q16_in && any_nonfinite16(q16_in, p.q.stride(2), Lq, Dkp, kBF16Exponent)) q16_in = nullptr;
-    if (do16_in && any_nonfinite16(do16_in, bp.grad_out.stride(2), Lq, Dvp, kBF16Exponent)) do16_in = nullptr;
-    // The head's float32 operands (Scratch::q_at...): in place, or widened; a head
-    // holding a NaN/±inf gets its zeroed copy (bf16 rows read in place: neither).
-    s.q_at[g] = c.q_direct ? c.Q.row(b, h, 0) : s.q.data() + g * q_head;
-    s.q_ld[g] = c.q_direct ? c.Q.si : Dkp;
-    if (q16_in) {
-        s.q_nf[g] = 0;
-        s.q16_at[g] = q16_in;
-        s.q16_ld[g] = p.q.stride(2);
-        bf16_pairs16(q16_in, p.q.stride(2), Lq, Dkp, s.qp.data() + g * static_cast<std::size_t>(c.Lq2 * Dkp), Dkp);
-    } else if (!c.q_direct) {
-        s.q_nf[g] = pack_rows(p.q, b, h, Lq, Dkp, s.q.data() + g * q_head, s.qz, g * q_head, group * q_head);
-    } else if ((s.q_nf[g] = any_nonfinite(s.q_at[g], c.Q.si, Lq, Dkp))) {
-        if (s.qz.size() < group * q_head) s.qz.assign(group * q_head, 0.0f);
-        finite_rows(s.q_at[g], c.Q.si, Lq, Dkp, s.qz.data() + g * q_head);
-    }
-    s.qz_at[g] = s.q_nf[g] ? s.qz.data() + g * q_head : s.q_at[g];
-    s.qz_ld[g] = s.q_nf[g] ? Dkp : s.q_ld[g];
-    s.do_at[g] = c.do_direct ? c.dO.row(b, h, 0) : s.dO.data() + g * do_head;
-    s.do_ld[g] = c.do_direct ? c.dO.si : Dvp;
-    if (do16_in) {
-        s.dO_nf[g] = 0;
-        s.dO16_at[g] = do16_in;
-        s.dO16_ld[g] = bp.grad_out.stride(2);
-        bf16_pairs16(do16_in, bp.grad_out.stride(2), Lq, Dvp, s.dOp.data() + g * static_cast<std::size_t>(c.Lq2 * Dvp), Dvp);
-    } else if (!c.do_direct) {
-        s.dO_nf[g] = pack_rows(bp.grad_out, b, h, Lq, Dvp, s.dO.data() + g * do_head, s.dOz, g * do_head, group * do_head);
-    } else if ((s.dO_nf[g] = any_nonfinite(s.do_at[g], c.dO.si, Lq, Dvp))) {
-        if (s.dOz.size() < group * do_head) s.dOz.assign(group * do_head, 0.0f);
-        finite_rows(s.do_at[g], c.dO.si, Lq, Dvp, s.dOz.data() + g * do_head);
-    }
-    s.doz_at[g] = s.dO_nf[g] ? s.dOz.data() + g * do_head : s.do_at[g];
-    s.doz_ld[g] = s.dO_nf[g] ? Dvp : s.do_ld[g];
+    prepare_rows(c, c.q, s.q, b, h, g);
+    prepare_rows(c, c.dO, s.dO, b, h, g);
     // Per row: −lse·log2 e, saturated at ±FLT_MAX (an lse near −FLT_MAX, a row
     // "masked" only by −FLT_MAX, times log2 e would overflow to +inf, and −inf + inf
     // = NaN in the exponent); D = rowsum(dO ∘ O) over rows as float32 (exact; read in
@@ -297,23 +302,9 @@ void prepare_head(const Plan& c, Scratch& s, std::int64_t b, std::int64_t h, std
         const double lse = load(*p.lse, p.lse->offset(b, h, i));
         const double nl = std::clamp(-lse * kLog2e, -static_cast<double>(FLT_MAX), static_cast<double>(FLT_MAX));
         s.nl2[gi] = lse == -INFINITY ? kNegInf : static_cast<float>(std::isnan(lse) ? lse : nl);
-        s.dd[gi] = static_cast<float>(dot_f64(f32_row(bp.grad_out, b, h, i, s.w.data()),
+        s.dd[gi] = static_cast<float>(dot_f64(f32_row(c.bp.grad_out, b, h, i, s.w.data()),
                                               f32_row(p.out, b, h, i, s.w.data() + c.Dv), c.Dv));
         if (chunk == 0 && Dall != nullptr) Dall[static_cast<std::size_t>((b * c.Hq + h) * Lq + i)] = s.dd[gi];
-    }
-    if (c.bf16) {  // their bf16 rows (for S, dP) and row pairs (for dK, dV: the zeroed copies)
-        if (!q16_in) {
-            bf16_rows(s.q_at[g], s.q_ld[g], Lq, Dkp, s.q16.data() + g * q_head, Dkp);
-            bf16_pairs(s.qz_at[g], s.qz_ld[g], Lq, Dkp, s.qp.data() + g * static_cast<std::size_t>(c.Lq2 * Dkp), Dkp);
-            s.q16_at[g] = s.q16.data() + g * q_head;
-            s.q16_ld[g] = Dkp;
-        }
-        if (!do16_in) {
-            bf16_rows(s.do_at[g], s.do_ld[g], Lq, Dvp, s.dO16.data() + g * do_head, Dvp);
-            bf16_pairs(s.doz_at[g], s.doz_ld[g], Lq, Dvp, s.dOp.data() + g * static_cast<std::size_t>(c.Lq2 * Dvp), Dvp);
-            s.dO16_at[g] = s.dO16.data() + g * do_head;
-            s.dO16_ld[g] = Dvp;
-        }
     }
 }
 
@@ -372,15 +363,15 @@ void run_tile(const Plan& c, Scratch& s, std::int64_t b, std::int64_t h, std::si
     t.Dv = static_cast<int>(c.Dv);
     t.Dkp = c.Dkp;
     t.Dvp = c.Dvp;
-    t.q = s.q_at[g] + i0 * s.q_ld[g];
-    t.ldq = s.q_ld[g];
-    t.q_dk = s.qz_at[g] + i0 * s.qz_ld[g];
-    t.ldq_dk = s.qz_ld[g];
-    t.dO = s.do_at[g] + i0 * s.do_ld[g];
-    t.ldo = s.do_ld[g];
-    t.dO_dv = s.doz_at[g] + i0 * s.doz_ld[g];
-    t.ldo_dv = s.doz_ld[g];
-    t.dO_nonfinite = s.dO_nf[g] != 0;
+    t.q = s.q.at[g] + i0 * s.q.ld[g];
+    t.ldq = s.q.ld[g];
+    t.q_dk = s.q.z_at[g] + i0 * s.q.z_ld[g];
+    t.ldq_dk = s.q.z_ld[g];
+    t.dO = s.dO.at[g] + i0 * s.dO.ld[g];
+    t.ldo = s.dO.ld[g];
+    t.dO_dv = s.dO.z_at[g] + i0 * s.dO.z_ld[g];
+    t.ldo_dv = s.dO.z_ld[g];
+    t.dO_nonfinite = s.dO.nonfinite[g] != 0;
     t.kt = s.kt.data();
     t.vt = s.vt.data();
     t.kp = s.kp.data();
@@ -395,7 +386,7 @@ void run_tile(const Plan& c, Scratch& s, std::int64_t b, std::int64_t h, std::si
         t.lddq = c.bp.dq.stride(2);
     } else {
         const std::size_t row0 = static_cast<std::size_t>((b * c.Hq + h) * Lq + i0);
-        t.dq = c.dq_own ? s.dqb.data() + g * c.q_head + static_cast<std::size_t>(i0 * c.Dkp)
+        t.dq = c.dq_own ? s.dqb.data() + g * c.q.head + static_cast<std::size_t>(i0 * c.Dkp)
                         : dq_c + row0 * static_cast<std::size_t>(c.Dkp);
         t.lddq = c.Dkp;
     }
@@ -424,12 +415,12 @@ void run_tile(const Plan& c, Scratch& s, std::int64_t b, std::int64_t h, std::si
     }
     TileBf16 z;
     if (c.bf16) {
-        z.q = s.q16_at[g] + i0 * s.q16_ld[g];
-        z.ldq = s.q16_ld[g];
-        z.dO = s.dO16_at[g] + i0 * s.dO16_ld[g];
-        z.ldo = s.dO16_ld[g];
-        z.q_pairs = s.qp.data() + g * static_cast<std::size_t>(c.Lq2 * c.Dkp) + static_cast<std::size_t>(i0 / 2 * c.Dkp);
-        z.dO_pairs = s.dOp.data() + g * static_cast<std::size_t>(c.Lq2 * c.Dvp) + static_cast<std::size_t>(i0 / 2 * c.Dvp);
+        z.q = s.q.at16[g] + i0 * s.q.ld16[g];
+        z.ldq = s.q.ld16[g];
+        z.dO = s.dO.at16[g] + i0 * s.dO.ld16[g];
+        z.ldo = s.dO.ld16[g];
+        z.q_pairs = s.q.pairs.data() + g * static_cast<std::size_t>(c.Lq2 * c.Dkp) + static_cast<std::size_t>(i0 / 2 * c.Dkp);
+        z.dO_pairs = s.dO.pairs.data() + g * static_cast<std::size_t>(c.Lq2 * c.Dvp) + static_cast<std::size_t>(i0 / 2 * c.Dvp);
         z.kt_pairs = s.ktp.data();
         z.vt_pairs = s.vtp.data();
         z.k_pairs = s.kpp.data();
@@ -476,7 +467,7 @@ void run_task(const Plan& c, Scratch& s, std::int64_t task, float* dq_ws, float*
         for (std::size_t g = 0; g < c.group; ++g)
             for (std::int64_t i = 0; i < c.Lq; ++i)
                 store_row(bp.dq, bp.dq.offset(b, h0 + static_cast<std::int64_t>(g), i, 0), bp.dq.stride(3),
-                          s.dqb.data() + g * c.q_head + static_cast<std::size_t>(i * c.Dkp), 1, c.Dk, 1.0f);
+                          s.dqb.data() + g * c.q.head + static_cast<std::size_t>(i * c.Dkp), 1, c.Dk, 1.0f);
 }
 
 // dQ row r (b·Hq·Lq + h·Lq + i) = Σ over the chunks' partials, in chunk order.
