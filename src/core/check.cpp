@@ -36,12 +36,32 @@ void require_gradient_like(std::string_view op, const TensorView& t, std::string
 }
 
 void require_distinct_elements(std::string_view op, const TensorView& t, std::string_view name) {
+    if (t.numel() == 0) return;  // no element to land anywhere
     for (int d = 0; d < t.rank(); ++d) {
         if (t.dim(d) > 1 && t.stride(d) == 0) {
             fail(op, name, ": dimension ", d, " has stride 0 but size ", t.dim(d),
                  "; an output cannot be a broadcast view");
         }
     }
+}
+
+void require_gradient_outputs(std::string_view op, std::initializer_list<Named> inputs,
+                              std::initializer_list<Named> gradients, const TensorView* dsinks,
+                              const TensorView* sinks, std::int64_t Hq) {
+    for (auto g = gradients.begin(); g != gradients.end(); ++g) {
+        require_distinct_elements(op, *g->t, g->name);
+        for (const Named& i : inputs) require_disjoint(op, *g->t, g->name, *i.t, i.name);
+        for (auto h = gradients.begin(); h != g; ++h) require_disjoint(op, *h->t, h->name, *g->t, g->name);
+    }
+    if (dsinks == nullptr) return;
+    if (sinks == nullptr) fail(op, "dsinks: given but options.sinks is not set (no sink to differentiate)");
+    require_rank(op, *dsinks, "dsinks", 1, "(Hq,)");
+    require_f32_or_f64(op, *dsinks, "dsinks");
+    require_shape(op, *dsinks, "dsinks", Shape{Hq}, "(Hq,)");
+    require_distinct_elements(op, *dsinks, "dsinks");
+    for (const Named& i : inputs) require_disjoint(op, *dsinks, "dsinks", *i.t, i.name);
+    for (const Named& g : gradients) require_disjoint(op, *dsinks, "dsinks", *g.t, g.name);
+    require_disjoint(op, *dsinks, "dsinks", *sinks, "sinks");
 }
 
 TensorView require_per_sequence(std::string_view op, const TensorView& t, std::string_view name, std::int64_t B) {

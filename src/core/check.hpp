@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -66,6 +67,20 @@ void require_distinct_elements(std::string_view op, const TensorView& t, std::st
 // An output must not share memory with a tensor the kernel still reads.
 void require_disjoint(std::string_view op, const TensorView& out, std::string_view out_name, const TensorView& other,
                       std::string_view other_name);
+
+// A tensor and the name its messages use.
+struct Named {
+    const TensorView* t;
+    const char* name;
+};
+
+// What every backward entry point writes (sdpa_backward, sdpa_varlen_backward,
+// ring_attention_backward): each gradient has its own memory per element and shares none with
+// an input or another gradient. dsinks, when given, is (Hq,) float32/float64, needs `sinks`
+// (null without) and shares memory with none of them. Empty tensors have nothing to overlap.
+void require_gradient_outputs(std::string_view op, std::initializer_list<Named> inputs,
+                              std::initializer_list<Named> gradients, const TensorView* dsinks,
+                              const TensorView* sinks, std::int64_t Hq);
 
 // A (B,) int32/int64 vector (key_lengths, query_offset); returns it.
 TensorView require_per_sequence(std::string_view op, const TensorView& t, std::string_view name, std::int64_t B);

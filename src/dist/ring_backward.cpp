@@ -64,31 +64,11 @@ void check_gradients(const TensorView& q, const TensorView& k, const TensorView&
             fail(kOp, g.name, ": expected the shape of ", g.like_name, " ", g.like->shape(), " but got ", g.t->shape());
         }
     }
-    const std::pair<const TensorView*, const char*> outs[] = {{&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}};
-    const std::pair<const TensorView*, const char*> ins[] = {{&q, "Q"},     {&k, "K"},     {&v, "V"},
-                                                             {&out, "out"}, {&lse, "lse"}, {&grad_out, "grad_out"}};
-    // A rank without rows has empty gradients (zero strides): nothing to overlap.
-    for (const auto& [t, name] : outs) {
-        if (t->numel() == 0) continue;
-        attn::detail::require_distinct_elements(kOp, *t, name);
-        for (const auto& [i, iname] : ins)
-            if (i->numel() > 0) attn::detail::require_disjoint(kOp, *t, name, *i, iname);
-    }
-    if (dq.numel() > 0 && dk.numel() > 0) attn::detail::require_disjoint(kOp, dq, "dq", dk, "dk");
-    if (dq.numel() > 0 && dv.numel() > 0) attn::detail::require_disjoint(kOp, dq, "dq", dv, "dv");
-    if (dk.numel() > 0 && dv.numel() > 0) attn::detail::require_disjoint(kOp, dk, "dk", dv, "dv");
-    if (dsinks != nullptr) {
-        if (!o.sinks) fail(kOp, "dsinks: given but options.sinks is not set (no sink to differentiate)");
-        attn::detail::require_rank(kOp, *dsinks, "dsinks", 1, "(Hq,)");
-        attn::detail::require_f32_or_f64(kOp, *dsinks, "dsinks");
-        attn::detail::require_shape(kOp, *dsinks, "dsinks", Shape{q.dim(1)}, "(Hq,)");
-        attn::detail::require_distinct_elements(kOp, *dsinks, "dsinks");
-        for (const auto& [i, iname] : ins)
-            if (i->numel() > 0) attn::detail::require_disjoint(kOp, *dsinks, "dsinks", *i, iname);
-        for (const auto& [t, name] : outs)
-            if (t->numel() > 0) attn::detail::require_disjoint(kOp, *dsinks, "dsinks", *t, name);
-        attn::detail::require_disjoint(kOp, *dsinks, "dsinks", *o.sinks, "sinks");
-    }
+    // A rank without rows has empty gradients (zero strides): the check passes them over.
+    attn::detail::require_gradient_outputs(kOp,
+                                           {{&q, "Q"}, {&k, "K"}, {&v, "V"}, {&out, "out"}, {&lse, "lse"}, {&grad_out, "grad_out"}},
+                                           {{&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}}, dsinks,
+                                           o.sinks ? &*o.sinks : nullptr, q.dim(1));
     // The local backward kernel must accept these calls: probe it on one zero row now, so that it
     // cannot refuse inside the ring.
     // The inputs' own dtypes; float32 gradients, as the ring's block calls write them.

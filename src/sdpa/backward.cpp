@@ -31,27 +31,11 @@ void sdpa_backward(const TensorView& q, const TensorView& k, const TensorView& v
     detail::require_gradient_like(kOp, dq, "dq", q.shape(), "q");
     detail::require_gradient_like(kOp, dk, "dk", k.shape(), "k");
     detail::require_gradient_like(kOp, dv, "dv", v.shape(), "v");
-    const std::pair<const TensorView*, const char*> outs[] = {{&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}};
-    const std::pair<const TensorView*, const char*> ins[] = {{&q, "q"},     {&k, "k"},   {&v, "v"},
-                                                             {&out, "out"}, {&lse, "lse"}, {&grad_out, "grad_out"}};
-    for (const auto& [o, oname] : outs) {
-        detail::require_distinct_elements(kOp, *o, oname);
-        for (const auto& [i, iname] : ins) detail::require_disjoint(kOp, *o, oname, *i, iname);
-    }
-    detail::require_disjoint(kOp, dq, "dq", dk, "dk");
-    detail::require_disjoint(kOp, dq, "dq", dv, "dv");
-    detail::require_disjoint(kOp, dk, "dk", dv, "dv");
-    if (dsinks != nullptr) {
-        if (!options.sinks) detail::fail(kOp, "dsinks: given but options.sinks is not set (no sink to differentiate)");
-        detail::require_rank(kOp, *dsinks, "dsinks", 1, "(Hq,)");
-        detail::require_f32_or_f64(kOp, *dsinks, "dsinks");
-        detail::require_shape(kOp, *dsinks, "dsinks", Shape{p.fwd.Hq}, "(Hq,)");
-        detail::require_distinct_elements(kOp, *dsinks, "dsinks");
-        for (const auto& [i, iname] : ins) detail::require_disjoint(kOp, *dsinks, "dsinks", *i, iname);
-        for (const auto& [o, oname] : outs) detail::require_disjoint(kOp, *dsinks, "dsinks", *o, oname);
-        detail::require_disjoint(kOp, *dsinks, "dsinks", *options.sinks, "sinks");
-        p.dsinks = *dsinks;
-    }
+    detail::require_gradient_outputs(kOp,
+                                     {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&lse, "lse"}, {&grad_out, "grad_out"}},
+                                     {{&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}}, dsinks,
+                                     options.sinks ? &*options.sinks : nullptr, p.fwd.Hq);
+    if (dsinks != nullptr) p.dsinks = *dsinks;
     p.grad_out = grad_out;
     p.dq = dq;
     p.dk = dk;
