@@ -276,6 +276,12 @@ inline double max_abs_diff(const TensorView& a, const TensorView& b, double* max
     return finite ? num : std::numeric_limits<double>::infinity();
 }
 
+// The larger of two errors, a NaN error counting as +inf: std::max(worst, NaN) keeps worst, so
+// an unwritten (NaN-poisoned) output would look exact.
+inline double worse(double worst, double err) {
+    return std::isnan(err) ? std::numeric_limits<double>::infinity() : std::max(worst, err);
+}
+
 inline double max_abs(const TensorView& a) {
     double m = 0.0;
     max_abs_diff(a, a, &m);

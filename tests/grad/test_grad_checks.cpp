@@ -89,7 +89,7 @@ TEST_P(FiniteDifferences, ReferenceBackwardIsTheGradient) {
             const double lm = loss();
             xi = x0;
             const double fd = (lp - lm) / (2 * h), an = dx->data_as<double>()[i];
-            worst = std::max(worst, std::abs(fd - an));
+            worst = test::worse(worst, std::abs(fd - an));
             largest = std::max(largest, std::abs(an));
         }
     }

@@ -34,6 +34,7 @@
 #include "attn/reference.hpp"
 #include "attn/sdpa.hpp"
 #include "attn/tensor.hpp"
+#include "common/util.hpp"
 #include "core/cpu_features.hpp"
 #include "kernels/flash/flash.hpp"
 #include "sdpa/problem.hpp"
@@ -687,7 +688,7 @@ TEST(FlashDropout, AutoRunsFlashSeedDecides) {
     ref.impl = Impl::reference;
     const std::vector<float> r = run(ref, nullptr);
     double worst = 0;
-    for (std::size_t e = 0; e < a.size(); ++e) worst = std::max(worst, std::fabs(static_cast<double>(a[e]) - r[e]));
+    for (std::size_t e = 0; e < a.size(); ++e) worst = test::worse(worst, std::fabs(static_cast<double>(a[e]) - r[e]));
     EXPECT_LT(worst, 1e-5) << "flash with dropout vs reference";
 }
 

@@ -225,7 +225,7 @@ TEST(MhaIncremental, UnbatchedInputUsesABatchOneCache) {
     double err = 0;
     for (std::int64_t i = 0; i < 24 * 16; ++i) {
         const float got = i < 18 * 16 ? a.data_as<float>()[i] : b.data_as<float>()[i - 18 * 16];
-        err = std::max(err, std::fabs(static_cast<double>(got) - full.data_as<float>()[i]));
+        err = attn::test::worse(err, std::fabs(static_cast<double>(got) - full.data_as<float>()[i]));
     }
     EXPECT_LE(err, 1e-5);
 }
@@ -284,8 +284,8 @@ TEST(MhaIncremental, SequencesOfDifferentLengths) {
         const Tensor f1 = m.forward(y1.view(), y1.view(), y1.view(), fo).output;
         double err = 0;
         for (std::int64_t i = 0; i < M * E; ++i) {
-            err = std::max(err, std::fabs(static_cast<double>(got0[static_cast<std::size_t>(i)]) - f0.data_as<float>()[L0 * E + i]));
-            err = std::max(err, std::fabs(static_cast<double>(got1[static_cast<std::size_t>(i)]) - f1.data_as<float>()[L1 * E + i]));
+            err = attn::test::worse(err, std::fabs(static_cast<double>(got0[static_cast<std::size_t>(i)]) - f0.data_as<float>()[L0 * E + i]));
+            err = attn::test::worse(err, std::fabs(static_cast<double>(got1[static_cast<std::size_t>(i)]) - f1.data_as<float>()[L1 * E + i]));
         }
         // f16: K/V rounding (2^-11 relative) of O(1) values through O(1) weights; the derived
         // bound of SixteenBitStorageWithinDerivedBound is checked there, here 1e-2 suffices

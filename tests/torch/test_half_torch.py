@@ -9,7 +9,7 @@ import attn
 import attn.torch as at
 from torch_textbook import causal_keep, textbook
 
-ATOL, RTOL = 2e-5, 2e-5
+ATOL, RTOL = 1e-5, 1e-5  # docs/conventions.md, "16-bit inputs and outputs"
 HALF_ULP = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 0.0, torch.float64: 0.0}
 HALF = [torch.float16, torch.bfloat16]
 
@@ -30,28 +30,15 @@ def inputs(dtypes, lq=5, lk=21, d=16, seed=0):
     return [torch.randn(*s, generator=g).to(dt) for s, dt in zip(shapes, dtypes)]
 
 
-def waits(e):
-    msg = str(e)
-    if "declined" in msg or "float32 or float64" in msg or "16-bit backward" in msg:
-        pytest.skip(f"waits for the 16-bit kernels (half_fwd/half_bwd): {msg[:200]}")
-    raise e
-
-
 @pytest.mark.parametrize("qd", [torch.float32] + HALF)
 @pytest.mark.parametrize("kvd", [torch.float32] + HALF)
 def test_forward_in_and_out(qd, kvd):
     q, k, v = inputs([qd, kvd, kvd])
     ref = textbook(q, k, v, keep=causal_keep(5, 21, True))
-    try:
-        out = at.scaled_dot_product_attention(q, k, v, is_causal=True, causal_alignment="bottom-right",
-                                              enable_gqa=True, impl="reference")
-    except (ValueError, TypeError) as e:
-        waits(e)
+    out = at.scaled_dot_product_attention(q, k, v, is_causal=True, causal_alignment="bottom-right",
+                                          enable_gqa=True, impl="reference")
     check(out, ref, qd)
-    try:
-        out = at.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    except (ValueError, TypeError) as e:
-        waits(e)
+    out = at.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     check(out, textbook(q, k, v), qd)
 
 
@@ -83,12 +70,9 @@ def test_strided_bfloat16_is_read_in_place():
 @pytest.mark.parametrize("dtype", HALF)
 def test_autograd(dtype):
     q, k, v = (t.requires_grad_() for t in inputs([dtype] * 3, lq=4, lk=6))
-    try:
-        out = at.scaled_dot_product_attention(q, k, v, enable_gqa=True, impl="reference")
-        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
-        out.backward(grad)
-    except (ValueError, TypeError) as e:
-        waits(e)
+    out = at.scaled_dot_product_attention(q, k, v, enable_gqa=True, impl="reference")
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+    out.backward(grad)
     refs = [t.detach().double().requires_grad_() for t in (q, k, v)]
     textbook(*refs).backward(grad.double())
     for t, r in zip((q, k, v), refs):
