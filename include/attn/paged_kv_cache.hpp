@@ -112,8 +112,9 @@ private:
 // through the page table; on a 16-bit pool (or impl = decode) it runs as blocks of 16
 // queries, each reading the pages once.
 //
-//   q:    (B, Hq, Lq, Dk) float32, float64, float16 or bfloat16; batch row b is sequence
-//         seqs[b]; Hq a multiple of Hkv
+//   q:    (B, Hq, Lq, Dk) float32, float16 or bfloat16 (the kernels' inputs; float64 is the
+//         reference's, which does not read pages); batch row b is sequence seqs[b]; Hq a
+//         multiple of Hkv
 //   out:  (B, Hq, Lq, Dv) any float dtype (rounded once);  lse: (B, Hq, Lq) float32, optional
 //   options: exactly decode_attention's (scale, causal — bottom-right per sequence —, window,
 //            query_offset, masks broadcastable to (B, Hq, Lq, max length), modifiers);

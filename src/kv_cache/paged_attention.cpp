@@ -92,47 +92,28 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
         return;
     }
 
-    // Blocks of at most 16 queries; query i0 + i of a block keeps its diagonal d_b(i0 + i)
-    // through a per-sequence query_offset (one number: causal and window must then share
-    // an alignment, unless query_offset was given).
+    // Blocks of at most 16 queries; each block keeps the caller's diagonals and dropout rows
+    // (SdpaProblem::rows_before/rows_after). Every block is checked before the first runs.
     const std::int64_t block = kMaxDecodeQueries;
-    const bool sliced = Lq > block;
-    Align align = Align::top_left;
-    if (sliced && !p.has_query_offset) {
-        const bool causal = p.causal != Causal::none;
-        const Align ca = p.causal == Causal::bottom_right ? Align::bottom_right : Align::top_left;
-        if (causal && p.window.active() && ca != p.window.align) {
-            detail::fail(kOp, "window: with Lq = ", Lq, " > 16 (chunked prefill) causal and window need the same "
-                         "alignment, or an explicit query_offset");
-        }
-        align = causal ? ca : p.window.align;
-    }
-    std::vector<std::int64_t> offsets(static_cast<std::size_t>(B));
     std::vector<detail::SdpaProblem> parts;
     for (std::int64_t i0 = 0; i0 < Lq; i0 += block) {
         detail::SdpaProblem s = p;
-        if (sliced) {
-            const std::int64_t len = std::min(block, Lq - i0);
+        const std::int64_t len = std::min(block, Lq - i0);
+        if (len < Lq) {
             s.Lq = len;
+            s.rows_before = i0;
+            s.rows_after = Lq - i0 - len;
             s.q = p.q.slice(2, i0, len);
             s.out = p.out.slice(2, i0, len);
             if (p.lse) s.lse = p.lse->slice(2, i0, len);
             if (p.bool_mask) s.bool_mask = p.bool_mask->slice(2, i0, len);
             if (p.additive_mask) s.additive_mask = p.additive_mask->slice(2, i0, len);
-            s.has_query_offset = true;
-            s.query_offsets = TensorView(offsets.data(), DType::i64, Shape{B});
         }
         const std::string why = detail::decode_declines(s);
         if (!why.empty()) detail::fail(kOp, "the decode kernel, which reads the pages, declines this call: ", why);
         parts.push_back(s);
     }
-    for (std::size_t c = 0; c < parts.size(); ++c) {
-        if (sliced) {
-            const auto i0 = static_cast<std::int64_t>(c) * block;
-            for (std::int64_t b = 0; b < B; ++b) offsets[static_cast<std::size_t>(b)] = p.diagonal_offset(align, b) + i0;
-        }
-        detail::decode_forward(parts[c], kernels, 0, &rows);
-    }
+    for (const detail::SdpaProblem& s : parts) detail::decode_forward(s, kernels, 0, &rows);
 }
 
 }  // namespace attn

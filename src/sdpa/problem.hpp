@@ -51,6 +51,11 @@ struct SdpaProblem {
     bool bf16_products = false;
     std::int64_t query_offset_value = 0;
     std::optional<TensorView> query_offsets;  // (B,) int32/int64
+    // A block of the caller's query rows (paged_attention runs chunked prefill on a 16-bit pool
+    // as decode blocks of 16): row i here is row rows_before + i of the caller's problem, which
+    // has rows_after more rows below. The diagonals (masks, ALiBi) and the dropout rows stay
+    // the caller's; q, out, lse and the masks are the block's slices.
+    std::int64_t rows_before = 0, rows_after = 0;
     double dropout_p = 0.0;         // 0 ≤ p < 1; 0 = no dropout (src/core/dropout.hpp)
     std::uint64_t dropout_seed = 0;
     DropoutOrigin dropout_origin{};  // SdpaOptions::dropout_origin (checked)
@@ -75,10 +80,11 @@ struct SdpaProblem {
     // The one alignment rule (docs/conventions.md): query i of sequence b has its diagonal
     // at d_b(i) = i + diagonal_offset(a, b), the position of query 0 among the keys —
     //   query_offset given: offset_b, whatever the alignment;
-    //   top-left: 0;   bottom-right: n_b − Lq (per sequence, from key_lengths).
+    //   top-left: 0;   bottom-right: n_b − Lq (per sequence, from key_lengths);
+    // in a block of rows (rows_before), query i is the caller's query rows_before + i.
     std::int64_t diagonal_offset(Align a, std::int64_t b) const {
-        if (has_query_offset) return query_offsets ? int_at(*query_offsets, b) : query_offset_value;
-        return a == Align::top_left ? 0 : key_length(b) - Lq;
+        if (has_query_offset) return (query_offsets ? int_at(*query_offsets, b) : query_offset_value) + rows_before;
+        return a == Align::top_left ? rows_before : key_length(b) - Lq - rows_after;
     }
 
     // Visible keys of query i of sequence b: [0, n_b) ∩ causal ∩ window.
@@ -98,8 +104,8 @@ struct SdpaProblem {
 
     // The keep rule of this call (inactive when dropout_p = 0), with its origin: every kernel's.
     Dropout dropout() const {
-        return Dropout(dropout_p, dropout_seed, dropout_origin.batch, dropout_origin.head, dropout_origin.row,
-                       dropout_origin.key);
+        return Dropout(dropout_p, dropout_seed, dropout_origin.batch, dropout_origin.head,
+                       dropout_origin.row + rows_before, dropout_origin.key);
     }
 
     bool has_elementwise_mask() const { return bool_mask.has_value() || additive_mask.has_value(); }

@@ -4,7 +4,8 @@
 //   * fork is copy-on-write: neither side ever sees the other's later tokens, pages are
 //     shared until written;
 //   * chunked prefill (Lq > 16): through flash on the pages, bit-identical to flash on the
-//     contiguous cache; both paths (flash, decode blocks) against the double reference;
+//     contiguous cache; both paths (flash, decode blocks) against the double reference, the
+//     decode blocks for every mask kind, alignment and modifier;
 //   * pool exhaustion and every bad argument: a clear attn::Error, nothing changed/written.
 // The oracle side keeps each sequence's tokens in a plain "shadow" tensor list written by the
 // test, independent of the page bookkeeping under test.
@@ -503,6 +504,93 @@ TEST(PagedKVCache, PoolExhaustedChangesNothing) {
     EXPECT_EQ(w.cache.length(a), 10);
     w.cache.append(a, random_f32(Shape{1, 2, 4}, rng), random_f32(Shape{1, 2, 4}, rng));  // fits the last page
     EXPECT_EQ(w.cache.length(a), 12);
+}
+
+// Chunked prefill through decode blocks of 16 queries (a 16-bit pool, or impl = decode) for
+// every mask kind and modifier, against the double reference on the same (rounded) tokens:
+// each block must keep the caller's diagonals (causal and window of either alignment,
+// query_offset), ALiBi distances and mask rows. Bound: docs/conventions.md's 1e-5·(1 + |ref|).
+TEST(PagedKVCache, DecodeBlocksEveryMaskAndModifierMatchReference) {
+    std::mt19937 rng(21);
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+        const detail::ScopedKernelSet use(*row);
+        for (int wi = 0; wi < 30; ++wi) {
+            PagedKVCacheConfig cfg;
+            cfg.page_size = std::vector<std::int64_t>{1, 4, 16, 64}[rng() % 4];
+            cfg.kv_heads = 1 + static_cast<std::int64_t>(rng() % 2);
+            cfg.head_dim = std::vector<std::int64_t>{8, 13, 32}[rng() % 3];
+            cfg.value_dim = rng() % 3 ? cfg.head_dim : 24;
+            cfg.num_pages = 4096;
+            cfg.storage = std::vector<DType>{DType::f32, DType::f16, DType::bf16}[wi % 3];
+            World w(cfg);
+            random_history(w, rng, 12);
+            std::vector<SeqId> ids;
+            for (const auto& [id, sh] : w.shadow)
+                if (rng() % 3) ids.push_back(id);
+            if (ids.empty()) ids.push_back(w.shadow.begin()->first);
+            std::shuffle(ids.begin(), ids.end(), rng);
+            const std::int64_t Lq = std::vector<std::int64_t>{17, 20, 37, 50}[rng() % 4];
+            for (SeqId id : ids) append_random(w, id, Lq, rng);
+            const auto B = static_cast<std::int64_t>(ids.size());
+            const std::int64_t Hq = cfg.kv_heads * (1 + static_cast<std::int64_t>(rng() % 3));
+            Tensor lengths(DType::i64, Shape{B});
+            std::int64_t n = 0;
+            for (std::int64_t b = 0; b < B; ++b) {
+                lengths.data_as<std::int64_t>()[b] = static_cast<std::int64_t>(w.shadow[ids[static_cast<std::size_t>(b)]].k.size());
+                n = std::max(n, lengths.data_as<std::int64_t>()[b]);
+            }
+
+            SdpaOptions opt;
+            opt.impl = Impl::decode;  // blocks of 16 queries on any pool
+            opt.causal = std::vector<Causal>{Causal::none, Causal::top_left, Causal::bottom_right}[rng() % 3];
+            if (rng() % 3 == 0) {
+                opt.window.left = rng() % 3 ? static_cast<std::int64_t>(rng() % 30) : -1;
+                opt.window.right = opt.window.left < 0 || rng() % 2 ? static_cast<std::int64_t>(rng() % 8) : -1;
+                opt.window.align = rng() % 2 ? Align::top_left : Align::bottom_right;
+            }
+            if (rng() % 5 == 0) opt.query_offset = QueryOffset(static_cast<std::int64_t>(rng() % 40) - 5);
+            Tensor slopes(DType::f32, Shape{Hq}), sinks(DType::f32, Shape{Hq});
+            for (std::int64_t h = 0; h < Hq; ++h) {
+                slopes.data_as<float>()[h] = 0.1f * static_cast<float>(h + 1) / static_cast<float>(Hq);
+                sinks.data_as<float>()[h] = 0.5f * static_cast<float>(h) - 1.0f;
+            }
+            if (rng() % 2) opt.alibi_slopes = slopes.view();
+            if (rng() % 4 == 0) opt.softcap = 5.0;
+            if (rng() % 4 == 0) opt.sinks = sinks.view();
+            const unsigned mask_kind = rng() % 4;
+            Tensor mask;
+            if (mask_kind == 1) mask = random_bool(Shape{B, 1, Lq, n}, rng, 0.8);
+            if (mask_kind == 2) mask = random_bool(Shape{B, 1, 1, n}, rng, 0.8);
+            if (mask_kind == 3) {
+                mask = randn<float>(DType::f32, Shape{1, Hq, Lq, n}, rng);
+                for (std::int64_t e = 0; e < mask.numel(); ++e)
+                    if (rng() % 10 == 0) mask.data_as<float>()[e] = -INFINITY;
+            }
+            if (mask_kind == 1 || mask_kind == 2) opt.bool_mask = mask.view();
+            if (mask_kind == 3) opt.additive_mask = mask.view();
+            SCOPED_TRACE(std::string(detail::isa_name(row->isa)) + " world " + std::to_string(wi) + ": " +
+                         std::string(dtype_name(cfg.storage)) + " page " + std::to_string(cfg.page_size) + " B=" +
+                         std::to_string(B) + " Hq=" + std::to_string(Hq) + " Lq=" + std::to_string(Lq) + " causal=" +
+                         std::to_string(static_cast<int>(opt.causal)) + " window=" + std::to_string(opt.window.left) +
+                         "," + std::to_string(opt.window.right) + " offset=" + std::to_string(opt.query_offset.has_value()) +
+                         " alibi=" + std::to_string(opt.alibi_slopes.has_value()) + " mask=" + std::to_string(mask_kind));
+
+            const Tensor q = random_f32(Shape{B, Hq, Lq, cfg.head_dim}, rng);
+            const Tensor out = poisoned(DType::f32, Shape{B, Hq, Lq, cfg.value_dim}), lse = poisoned(DType::f32, Shape{B, Hq, Lq});
+            const TensorView lv = lse.view();
+            paged_attention(q, w.cache, ids, opt, out, &lv);
+
+            const KVCache kv = contiguous(w, ids);
+            SdpaOptions ro = opt;
+            ro.impl = Impl::reference;
+            ro.key_lengths = lengths.view();
+            const Tensor want = poisoned(DType::f64, out.shape()), want_lse = poisoned(DType::f64, lse.shape());
+            const TensorView wl = want_lse.view();
+            sdpa(to_dtype(q, DType::f64), to_dtype(kv.keys(), DType::f64), to_dtype(kv.values(), DType::f64), ro, want, &wl);
+            ASSERT_TRUE(all_close(out, want, 1e-5, 1e-5)) << "out";
+            ASSERT_TRUE(all_close(lse, want_lse, 1e-5, 1e-5)) << "lse";
+        }
+    }
 }
 
 TEST(PagedKVCache, ChunkedPrefillMatchesReference) {
