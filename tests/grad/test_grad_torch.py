@@ -228,8 +228,8 @@ def test_grad_out_errors_leave_no_files(tmp_path):
         (grads, "need --grad-out"),
         (["--grad-out", str(tmp_path / "bad.npy"), "--dq", str(tmp_path / "o.npy"), "--dk", str(tmp_path / "dk.npy"),
           "--dv", str(tmp_path / "dv.npy")], ("--dq: path", "--out")),
-        (["--dropout", "1.5"], "dropout_p: must be in [0, 1) but got 1.5"),
-        (["--dropout", "-0.1"], "dropout_p: must be in [0, 1)"),
+        (["--dropout", "1.5"], "--dropout: expected a probability 0 <= p < 1 but got 1.5"),
+        (["--dropout", "-0.1"], "--dropout: expected a probability 0 <= p < 1 but got -0.1"),
     ]
     for extra, msg in cases:
         r = subprocess.run(base + extra, capture_output=True, text=True)

@@ -172,6 +172,19 @@ def test_bad_causal_and_window_align(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("bad", [["--seed", "-1"], ["--scale", "nan"], ["--bogus"], ["--dropout", "1"]])
+def test_option_errors_printed_once(tmp_path, bad):
+    """Values the option parser refuses before MPI starts, and a dropout outside [0, 1): one
+    line from rank 0, naming the option, whatever the number of ranks."""
+    _, p = make(tmp_path, 1, 1, 1, 8, 8, 4, 4)
+    out = tmp_path / "o.npy"
+    r = mpirun(3, "--q", p["q"], "--k", p["k"], "--v", p["v"], "--out", out, *bad)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    errs = error_lines(r)
+    assert len(errs) == 1 and bad[0] in errs[0], r.stderr
+    assert not out.exists()
+
+
 def test_float64_inputs_and_stats(tmp_path):
     arrays, p = make(tmp_path, 1, 2, 2, 40, 40, 8, 8, seed=5, dtype=np.float64)
     out = tmp_path / "o.npy"
@@ -218,7 +231,7 @@ def test_v_length_mismatch_and_bad_layout(tmp_path):
     assert r.returncode == 2 and len(error_lines(r)) == 1 and "has length 9" in r.stderr, r.stderr
     r = mpirun(2, "--q", p["q"], "--k", p["k"], "--v", p["v"], "--out", out, "--layout", "striped")
     assert r.returncode == 2 and error_lines(r) == [
-        "attn: error: layout: expected zigzag or contiguous but got 'striped'"], r.stderr
+        "attn: error: --layout: expected zigzag or contiguous but got 'striped'"], r.stderr
     r = mpirun(2, "--q", p["q"], "--k", p["k"], "--v", p["v"], "--out", tmp_path / "no_dir" / "o.npy")
     assert r.returncode == 2 and len(error_lines(r)) == 1 and "not writable" in r.stderr, r.stderr
     assert not out.exists()

@@ -195,7 +195,7 @@ void add_heatmap_command(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand("heatmap", "Draw attention weights as a labelled heatmap (PNG or SVG)");
     // Both required; checked in run() so that the message says what to give (CLI11 would say
     // only "weights is required").
-    cmd->add_option("weights", args->weights, "attention weights .npy: (Lq, Lk), (H, Lq, Lk) or (B, H, Lq, Lk) (required)");
+    cmd->add_option("weights", args->weights, "attention weights, .npy or FILE.safetensors:NAME: (Lq, Lk), (H, Lq, Lk) or (B, H, Lq, Lk) (required)");
     cmd->add_option("--out", args->out, "output picture: FILE.png or FILE.svg (required)");
     auto* tokens = cmd->add_option("--tokens", args->tokens, "key tokens (columns), comma-separated; also the query tokens when Lq = Lk");
     auto* tokens_file = cmd->add_option("--tokens-file", args->tokens_file, "key tokens, one per line (a regular file of at most 16 MiB)");

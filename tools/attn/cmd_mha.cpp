@@ -8,7 +8,6 @@
 // PyTorch nn.MultiheadAttention (eval mode) on .npy files, with its state_dict in safetensors.
 #include <map>
 #include <optional>
-#include <sstream>
 #include <memory>
 
 #include "attn/error.hpp"
@@ -18,6 +17,7 @@
 #include "attn/sdpa.hpp"
 #include "commands.hpp"
 #include "output_files.hpp"
+#include "strict_options.hpp"
 #include "tensor_args.hpp"
 #include "threads_option.hpp"
 
@@ -48,11 +48,7 @@ void run(const MhaArgs& a) {
     }
     const bool training = !a.grads.empty();
     if (training && !a.weights.empty()) throw Error("--weights: not available with --grads (training mode)");
-    if (!(a.dropout_p >= 0.0 && a.dropout_p < 1.0)) {
-        std::ostringstream given;
-        given << a.dropout_p;
-        throw Error("--dropout-p: expected a probability 0 <= p < 1 but got " + given.str());
-    }
+    require_probability("--dropout-p", a.dropout_p);
     if (!training && a.dropout_p != 0.0) throw Error("--dropout-p: only with --grads (training mode); eval mode has no dropout");
     OutputFiles outputs;
     outputs.add("--out", a.out);

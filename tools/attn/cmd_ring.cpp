@@ -31,6 +31,7 @@
 #include "attn/npy.hpp"
 #include "attn/ring.hpp"
 #include "output_files.hpp"
+#include "strict_options.hpp"
 #include "tensor_args.hpp"
 #endif
 
@@ -113,9 +114,10 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     OutputFiles outputs;
     // Rank 0: flags, output path, files and their global shapes.
     dist::run_collectively(comm, [&] {
-        opt.layout = dist::parse_layout(a.layout);
-        opt.impl = parse_impl(a.impl);
-        opt.causal = parse_causal(a.causal);
+        opt.layout = with_flag("--layout", [&] { return dist::parse_layout(a.layout); });
+        opt.impl = with_flag("--impl", [&] { return parse_impl(a.impl); });
+        opt.causal = with_flag("--causal", [&] { return parse_causal(a.causal); });
+        require_probability("--dropout", a.dropout);
         if (a.window_align != "top-left" && a.window_align != "bottom-right") {
             throw Error("--window-align: expected top-left or bottom-right but got '" + a.window_align + "'");
         }
@@ -426,7 +428,7 @@ void add_ring_command(CLI::App& app) {
     cmd->add_option("--window-align", args->window_align, "diagonal of the window: top-left (default) or bottom-right");
     cmd->add_option("--query-offset", args->query_offset,
                     "position of query 0 among the keys: causal and the window align to i + N for every sequence");
-    cmd->add_option("--scale", args->scale, "score scale (default 1/sqrt(Dk)); any finite number");
+    cmd->add_option("--scale", args->scale, "score scale (default 1/sqrt(Dk)); any number finite in float32 (|scale| <= 3.4028235e38)");
     cmd->add_option("--key-lengths", args->key_lengths, "int32/int64 (B,): valid keys per sequence (padding at the end)");
     cmd->add_option("--layout", args->layout, "how the sequence is cut over ranks: zigzag (default, balanced) or contiguous");
     cmd->add_option("--impl", args->impl,

@@ -21,6 +21,7 @@
 #include "attn/sdpa_varlen.hpp"
 #include "commands.hpp"
 #include "output_files.hpp"
+#include "strict_options.hpp"
 #include "tensor_args.hpp"
 #include "threads_option.hpp"
 
@@ -104,19 +105,6 @@ void run_packed(const SdpaArgs& a, const SdpaOptions& opt, const Tensor& q, cons
     OutputFiles::write_all(files);
 }
 
-// A parser's value; its error names the value it parsed ("causal: expected …"), which
-// becomes the option ("--causal: expected …").
-template <class F>
-auto with_flag(const char* flag, F&& parse) {
-    try {
-        return parse();
-    } catch (const Error& e) {
-        const std::string m = e.what();
-        const std::size_t colon = m.find(": ");
-        throw Error(std::string(flag) + ": " + (colon == std::string::npos ? m : m.substr(colon + 2)));
-    }
-}
-
 void run(const SdpaArgs& a) {
     OutputFiles outputs;
     outputs.add("--out", a.out);
@@ -150,6 +138,7 @@ void run(const SdpaArgs& a) {
         throw Error("--window-align: expected top-left or bottom-right but got '" + a.window_align + "'");
     }
     opt.window.align = a.window_align == "top-left" ? Align::top_left : Align::bottom_right;
+    require_probability("--dropout", a.dropout);
     opt.dropout_p = a.dropout;
     opt.dropout_seed = a.seed;
 
@@ -281,8 +270,8 @@ void add_sdpa_command(CLI::App& app) {
                     "bool keep-mask (true = may attend) or float additive mask, broadcastable to (B, Hq, Lq, Lk)");
     cmd->add_option("--causal", args->causal,
                     "top-left: query i sees keys 0..i; bottom-right: keys 0..i+n-Lq, n = the sequence's key length "
-                    "(--key-lengths, else Lk; the new tokens of a KV cache)");
-    cmd->add_option("--scale", args->scale, "score scale (default 1/sqrt(Dk)); any finite number");
+                    "(--key-lengths, else Lk; the new tokens of a KV cache); none: no causal mask (the default)");
+    cmd->add_option("--scale", args->scale, "score scale (default 1/sqrt(Dk)); any number finite in float32 (|scale| <= 3.4028235e38)");
     cmd->add_option("--key-lengths", args->key_lengths,
                     "int32/int64 (B,): sequence b has valid keys 0..n_b-1; bottom-right aligns to n_b per sequence");
     CLI::Option* one_offset = cmd->add_option(

@@ -1,6 +1,8 @@
 // The whole command line of `attn`, in one function: main() parses with it, and the CLI
 // fuzz target (fuzz/fuzz_cli_args.cpp) parses with exactly the same options.
+#include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "attn/version.hpp"
 #include "commands.hpp"
@@ -18,6 +20,15 @@ void add_commands(CLI::App& app) {
     add_demo_command(app);
     add_heatmap_command(app);
     make_options_strict(app);  // every option declared above: no empty values, strict numbers
+}
+
+bool silent_ring_rank(int argc, const char* const* argv) {
+    if (argc < 2 || std::string_view(argv[1]) != "ring") return false;
+    for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}) {
+        const char* v = std::getenv(name);
+        if (v != nullptr && *v != '\0') return std::string_view(v) != "0";
+    }
+    return false;
 }
 
 std::string unknown_command(const CLI::App& app, int argc, const char* const* argv) {

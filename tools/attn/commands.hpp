@@ -14,6 +14,11 @@ void add_commands(CLI::App& app);
 // what was given and the commands there are (the first argument that is not an option).
 std::string unknown_command(const CLI::App& app, int argc, const char* const* argv);
 
+// True for `attn ring` on an MPI rank other than 0, known from the launcher's environment
+// before MPI starts: such a rank keeps an option error to itself (rank 0 prints the one line
+// every rank would print).
+bool silent_ring_rank(int argc, const char* const* argv);
+
 void add_bench_command(CLI::App& app);
 void add_sdpa_command(CLI::App& app);
 void add_mha_command(CLI::App& app);

@@ -11,6 +11,11 @@ int main(int argc, char** argv) {
     CLI::App app{"attn: scaled dot-product attention, computed correctly on every input, as fast as the CPU allows"};
     attn::cli::add_commands(app);  // every option strict: no empty values, strict numbers
     attn::cli::install_signal_handlers();
+    const bool silent = attn::cli::silent_ring_rank(argc, argv);
+    const auto report = [&](const char* message) {
+        if (!silent) std::fprintf(stderr, "attn: error: %s\n", message);
+        return 2;
+    };
     try {
         // CLI11 would say only "A subcommand is required" for `attn bogus`: name the word.
         if (const std::string unknown = attn::cli::unknown_command(app, argc, argv); !unknown.empty()) {
@@ -25,20 +30,15 @@ int main(int argc, char** argv) {
     } catch (const CLI::CallForVersion& e) {
         return app.exit(e);
     } catch (const CLI::ParseError& e) {
-        std::fprintf(stderr, "attn: error: %s\n", e.what());
-        return 2;
+        return report(e.what());
     } catch (const attn::Error& e) {
-        std::fprintf(stderr, "attn: error: %s\n", e.what());
-        return 2;
+        return report(e.what());
     } catch (const attn::OutOfMemory& e) {  // names the buffer and the bytes
-        std::fprintf(stderr, "attn: error: %s\n", e.what());
-        return 2;
+        return report(e.what());
     } catch (const std::bad_alloc&) {
-        std::fprintf(stderr, "attn: error: out of memory\n");
-        return 2;
+        return report("out of memory");
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "attn: error: %s\n", e.what());
-        return 2;
+        return report(e.what());
     }
     return 0;
 }

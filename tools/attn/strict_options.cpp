@@ -110,4 +110,12 @@ double parse_finite_double(const std::string& flag, const std::string& text) {
 
 void make_options_strict(CLI::App& app) { apply(app); }
 
+void require_probability(const char* flag, double p) {
+    if (!(p >= 0.0 && p < 1.0)) {
+        char buf[32];
+        const std::string given(buf, std::to_chars(buf, buf + sizeof buf, p).ptr);  // shortest exact form
+        throw Error(std::string(flag) + ": expected a probability 0 <= p < 1 but got " + given);
+    }
+}
+
 }  // namespace attn::cli

@@ -10,12 +10,30 @@
 
 #include <CLI/CLI.hpp>
 
+#include "attn/error.hpp"
+
 namespace attn::cli {
 
 // The strict parsers (also used directly by the fuzzer). Throw attn::Error "FLAG: ...".
 std::int64_t parse_int64(const std::string& flag, const std::string& text);
 std::uint64_t parse_uint64(const std::string& flag, const std::string& text);
 double parse_finite_double(const std::string& flag, const std::string& text);
+
+// A library parser's value for an option: its error names the value it parsed ("causal:
+// expected …"); the CLI's names the option ("--causal: expected …").
+template <class F>
+auto with_flag(const char* flag, F&& parse) {
+    try {
+        return parse();
+    } catch (const Error& e) {
+        const std::string m = e.what();
+        const std::size_t colon = m.find(": ");
+        throw Error(std::string(flag) + ": " + (colon == std::string::npos ? m : m.substr(colon + 2)));
+    }
+}
+
+// A dropout probability: 0 <= p < 1, else "FLAG: expected a probability 0 <= p < 1 but got P".
+void require_probability(const char* flag, double p);
 
 // Attaches the rule to every option of app and its subcommands, by CLI11 type: INT options
 // must hold std::int64_t, UINT options std::uint64_t, FLOAT options double (so the ranges
