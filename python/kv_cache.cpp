@@ -51,6 +51,8 @@ public:
     void truncate(const py::object& new_length_arg, const py::object& batch_index) {
         const std::int64_t new_length = int_arg(new_length_arg, "new_length");
         const std::optional<std::int64_t> index = optional_int_arg(batch_index, "batch_index");
+        if (!index && new_length < 0)  // the core's truncate_all would name itself
+            value_error("KVCache.truncate: new_length must be >= 0 but got " + std::to_string(new_length));
         const std::lock_guard<std::mutex> lock(mutex);
         if (!index) {
             cache_.truncate_all(new_length);
@@ -200,7 +202,9 @@ void bind_kv_cache(py::module_& m) {
              py::kw_only(), py::arg("dtype") = py::none(),
              "Appends T tokens: (B, Hkv, T, D) arrays, or (Hkv, T, D) for one sequence with batch_index.\n"
              "Any float dtype (rounded to the storage dtype); dtype=\"bfloat16\": uint16 arrays hold bfloat16 bits.")
-        .def("truncate", &PyKVCache::truncate, py::arg("new_length"), py::arg("batch_index") = py::none())
+        .def("truncate", &PyKVCache::truncate, py::arg("new_length"), py::arg("batch_index") = py::none(),
+             "Rolls back: sequence batch_index to new_length (0 <= new_length <= its length); without\n"
+             "batch_index, every sequence longer than new_length to new_length (shorter ones keep theirs).")
         .def("reset", &PyKVCache::reset, py::arg("batch_index") = py::none())
         .def("reserve", &PyKVCache::reserve, py::arg("capacity"))
         .def("keys", [](PyKVCache& c) { return c.copy_of(true); },

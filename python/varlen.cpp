@@ -42,7 +42,7 @@ py::object sdpa_varlen_py(const py::object& query, const py::object& key, const 
     const attn::TensorView ov = output_view(out, 3), lv = output_view(lse, 2);
     {
         py::gil_scoped_release nogil;
-        attn::sdpa_varlen(q.view, k.view, v.view, cq.view, ck.view, opt.sdpa, ov, &lv);
+        with_python_names([&] { attn::sdpa_varlen(q.view, k.view, v.view, cq.view, ck.view, opt.sdpa, ov, &lv); });
     }
     if (!return_lse) return out;
     return py::make_tuple(out, lse);
@@ -76,8 +76,10 @@ py::tuple sdpa_varlen_backward_py(const py::object& query, const py::object& key
     const attn::TensorView dqv = output_view(dq, 3), dkv = output_view(dk, 3), dvv = output_view(dv, 3);
     {
         py::gil_scoped_release nogil;
-        attn::sdpa_varlen_backward(q.view, k.view, v.view, cq.view, ck.view, o.view, l.view, g.view, opt.sdpa, dqv,
-                                   dkv, dvv);
+        with_python_names([&] {
+            attn::sdpa_varlen_backward(q.view, k.view, v.view, cq.view, ck.view, o.view, l.view, g.view, opt.sdpa, dqv,
+                                       dkv, dvv);
+        });
     }
     return py::make_tuple(dq, dk, dv);
 }

@@ -156,18 +156,30 @@ struct Running {  // one sample of one request
 int main(int argc, char** argv) {
     int requests = 48, max_running = 16, pages = 512, page_size = 16;
     unsigned seed = 1;
-    for (int i = 1; i + 1 < argc; i += 2) {
+    for (int i = 1; i < argc; i += 2) {
         const std::string a = argv[i];
-        const int x = std::atoi(argv[i + 1]);
-        if (a == "--requests") requests = x;
-        else if (a == "--max-running") max_running = x;
-        else if (a == "--pages") pages = x;
-        else if (a == "--page-size") page_size = x;
-        else if (a == "--seed") seed = static_cast<unsigned>(x);
-        else {
+        int* target = a == "--requests" ? &requests : a == "--max-running" ? &max_running : a == "--pages" ? &pages
+                    : a == "--page-size" ? &page_size : nullptr;
+        if (target == nullptr && a != "--seed") {
             std::fprintf(stderr, "paged_server: unknown option %s\n", a.c_str());
             return 2;
         }
+        // Every option takes a whole decimal number: 0 <= x <= 2^31 - 1.
+        char* end = nullptr;
+        const long x = i + 1 < argc ? std::strtol(argv[i + 1], &end, 10) : -1;
+        if (i + 1 >= argc || end == argv[i + 1] || *end != '\0' || x < 0 || x > 2147483647L) {
+            std::fprintf(stderr, "paged_server: %s: expected a number >= 0 but got '%s'\n", a.c_str(),
+                         i + 1 < argc ? argv[i + 1] : "nothing");
+            return 2;
+        }
+        if (target != nullptr) *target = static_cast<int>(x);
+        else seed = static_cast<unsigned>(x);
+    }
+    // A request may ask for two samples (parallel sampling), admitted together.
+    if (max_running < 2 || pages < 1 || page_size < 1) {
+        std::fprintf(stderr, "paged_server: expected --max-running >= 2, --pages >= 1 and --page-size >= 1 but got %d, %d, %d\n",
+                     max_running, pages, page_size);
+        return 2;
     }
     try {
         std::mt19937 rng(seed);

@@ -9,3 +9,12 @@ from . import _attn
 globals().update({k: v for k, v in vars(_attn).items() if not (k.startswith("__") and k.endswith("__"))})
 __version__ = _attn.__version__
 __doc__ = _attn.__doc__
+
+# The classes name this package as their home, so help(attn) lists them beside the functions.
+for _cls in (v for v in list(globals().values()) if isinstance(v, type) and v.__module__ == _attn.__name__):
+    _cls.__module__ = __name__
+# `import attn.dist` (the MPI submodule, when built) as well as `attn.dist` after `import attn`.
+if "dist" in globals():
+    import sys as _sys
+
+    _sys.modules[__name__ + ".dist"] = globals()["dist"]

@@ -64,6 +64,14 @@ void require_gradient_outputs(std::string_view op, std::initializer_list<Named> 
     require_disjoint(op, *dsinks, "dsinks", *sinks, "sinks");
 }
 
+void require_query_fits_cache(std::string_view op, const TensorView& q, std::int64_t kv_heads, std::int64_t head_dim) {
+    if (q.dim(3) != head_dim) fail(op, "Q: head dim ", q.dim(3), " does not match the cache's head_dim ", head_dim);
+    if (q.dim(1) < 1 || q.dim(1) % kv_heads != 0) {
+        fail(op, "Q: heads ", q.dim(1), " must be a multiple of the cache's kv_heads ", kv_heads,
+             " (grouped-query attention)");
+    }
+}
+
 TensorView require_per_sequence(std::string_view op, const TensorView& t, std::string_view name, std::int64_t B) {
     if (t.data() == nullptr) fail(op, name, ": data pointer is null");
     if (t.dtype() != DType::i32 && t.dtype() != DType::i64) {

@@ -82,6 +82,10 @@ void require_gradient_outputs(std::string_view op, std::initializer_list<Named> 
                               std::initializer_list<Named> gradients, const TensorView* dsinks,
                               const TensorView* sinks, std::int64_t Hq);
 
+// Q (rank 4, already checked) against a KV cache's shape: the same head dim, and heads a
+// multiple of the cache's kv_heads. Named as the cache's: the caller passed no K.
+void require_query_fits_cache(std::string_view op, const TensorView& q, std::int64_t kv_heads, std::int64_t head_dim);
+
 // A (B,) int32/int64 vector (key_lengths, query_offset); returns it.
 TensorView require_per_sequence(std::string_view op, const TensorView& t, std::string_view name, std::int64_t B);
 

@@ -22,6 +22,7 @@ void decode_attention(const TensorView& q, const KVCache& cache, const SdpaOptio
         detail::fail(op, "options.key_lengths: must be unset (the cache's lengths are the key lengths)");
     }
     detail::require_rank(op, q, "Q", 4, "(B, Hq, Lq, Dk)");
+    detail::require_query_fits_cache(op, q, cache.kv_heads(), cache.head_dim());
     if (q.dim(0) != cache.batch()) {
         detail::fail(op, "Q: batch ", q.dim(0), " does not match the cache's batch ", cache.batch());
     }

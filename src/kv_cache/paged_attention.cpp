@@ -34,6 +34,7 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
                      impl_name(options.impl));
     }
     detail::require_rank(kOp, q, "Q", 4, "(B, Hq, Lq, Dk)");
+    detail::require_query_fits_cache(kOp, q, cache.kv_heads(), cache.head_dim());
     const std::int64_t B = q.dim(0), Lq = q.dim(2);
     if (static_cast<std::int64_t>(seqs.size()) != B) {
         detail::fail(kOp, "seqs: has ", seqs.size(), " sequence ids but Q's batch is ", B);

@@ -235,7 +235,10 @@ TEST(KVCache, ArgumentErrorsNameTheArgument) {
               "tokens' K and V to the cache before decode_attention");
     Tensor q4(DType::f32, Shape{2, 4, 1, 5}, true), out4(DType::f32, Shape{2, 4, 1, 4});
     EXPECT_EQ(error_of([&] { decode_attention(q4, c, causal_bottom_right(), out4); }),
-              "decode_attention: Q: heads 4 must be a multiple of K/V's heads 3 (grouped-query attention)");
+              "decode_attention: Q: heads 4 must be a multiple of the cache's kv_heads 3 (grouped-query attention)");
+    Tensor q7(DType::f32, Shape{2, 6, 1, 7}, true);
+    EXPECT_EQ(error_of([&] { decode_attention(q7, c, causal_bottom_right(), out4); }),
+              "decode_attention: Q: head dim 7 does not match the cache's head_dim 5");
     Tensor q1(DType::f32, Shape{2, 6, 1, 5}, true), bad_out(DType::f32, Shape{2, 6, 1, 5});
     EXPECT_EQ(error_of([&] { decode_attention(q1, c, causal_bottom_right(), bad_out); }),
               "decode_attention: out: expected shape (B, Hq, Lq, Dv) = (2, 6, 1, 4) but got (2, 6, 1, 5)");

@@ -696,6 +696,9 @@ TEST(PagedKVCache, BadArgumentsAreClearErrors) {
     o = {};
     o.dropout_p = 0.5;
     EXPECT_NE(error_of([&] { paged_attention(q, w.cache, {a}, o, out); }).find("declines this call: dropout"), std::string::npos);
+    const Tensor q3 = random_f32(Shape{1, 1, 1, 3}, rng);
+    EXPECT_EQ(error_of([&] { paged_attention(q3, w.cache, {a}, {}, out); }),
+              "paged_attention: Q: head dim 3 does not match the cache's head_dim 4");
     EXPECT_TRUE(still_poisoned(out));
     EXPECT_TRUE(still_poisoned(out6));
 }

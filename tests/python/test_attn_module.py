@@ -516,10 +516,22 @@ def test_kv_cache_overflow_and_bad_inputs():
     # Lq > 16 is no longer refused (it runs as prefill), but causal needs Lq cached positions.
     with pytest.raises(ValueError, match="holds 3 positions .* 17 new queries"):
         attn.decode_attention(np.zeros((1, 2, 17, 8), np.float32), cache)
-    with pytest.raises(ValueError, match="heads 3 .* heads 2"):
+    with pytest.raises(ValueError, match="heads 3 .* the cache.s kv_heads 2"):
         attn.decode_attention(np.zeros((1, 3, 1, 8), np.float32), cache)
     with pytest.raises(TypeError):
         attn.decode_attention(np.zeros((1, 2, 1, 8), np.int32), cache)
     grow = attn.KVCache(1, 1, 8, 2, grow=True)
     grow.append(np.ones((1, 1, 9, 8), np.float32), np.ones((1, 1, 9, 8), np.float32))
     assert grow.capacity >= 9 and grow.lengths.tolist() == [9]
+
+
+def test_help_lists_the_classes_and_dist_imports_as_a_submodule():
+    import importlib
+    import pydoc
+
+    text = pydoc.plaintext.document(attn)
+    classes = text.split("\nCLASSES\n")[1].split("\nFUNCTIONS\n")[0]
+    for name in ("KVCache", "PagedKVCache", "MultiheadAttention"):
+        assert f"class {name}(" in classes, name
+    if hasattr(attn, "dist"):  # built with MPI
+        assert importlib.import_module("attn.dist") is attn.dist

@@ -93,7 +93,7 @@ def test_masks_and_key_lengths_are_refused():
     q, k, v, cq, ck = packed_case(6, [3, 5], [4, 6])
     with pytest.raises(ValueError, match="key_lengths: not accepted for packed sequences"):
         attn.sdpa_varlen(q, k, v, cq, ck, key_lengths=np.array([4, 6]))
-    with pytest.raises(ValueError, match="bool_mask: not supported for packed sequences"):
+    with pytest.raises(ValueError, match="attn_mask: not supported for packed sequences"):
         attn.sdpa_varlen(q, k, v, cq, ck, attn_mask=np.ones((8, 10), dtype=bool))
 
 
