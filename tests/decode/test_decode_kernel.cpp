@@ -89,18 +89,23 @@ Problem build(const Case& c, std::mt19937& rng) {
         p.opt.key_lengths = p.lengths.view();
     }
     p.opt.causal = c.causal;
-    if (c.window) {
-        p.opt.window.left = std::uniform_int_distribution<std::int64_t>(0, c.Lk)(rng);
-        p.opt.window.align = Align::bottom_right;
+    std::bernoulli_distribution coin(0.5);
+    if (c.window) {  // a left and/or right bound, either alignment
+        std::uniform_int_distribution<std::int64_t> width(0, c.Lk);
+        p.opt.window.left = coin(rng) ? width(rng) : -1;
+        p.opt.window.right = p.opt.window.left < 0 || coin(rng) ? width(rng) / 4 : -1;
+        p.opt.window.align = coin(rng) ? Align::bottom_right : Align::top_left;
     }
-    if (c.bool_mask) {  // (B, 1, 1, Lk) padding-style keep-mask, broadcast over heads and queries
-        p.bmask = Tensor(DType::boolean, Shape{c.B, 1, 1, c.Lk});
-        std::bernoulli_distribution keep(0.8);
-        for (std::int64_t i = 0; i < p.bmask.numel(); ++i) p.bmask.data_as<bool>()[i] = keep(rng);
+    // Masks of three broadcast shapes each: per sequence, per (b, h, i), shared by all.
+    const Shape mask_shapes[] = {Shape{c.B, 1, 1, c.Lk}, Shape{c.B, Hq, c.Lq, c.Lk}, Shape{c.Lq, c.Lk}};
+    if (c.bool_mask) {  // keep-mask: padding-style, per element, or one (Lq, Lk) pattern
+        p.bmask = random_bool(mask_shapes[rng() % 3], rng, 0.8);
         p.opt.bool_mask = p.bmask.view();
     }
-    if (c.add_mask) {  // (Lq, Lk) bias, broadcast over batch and heads
-        p.amask = random_f32(Shape{c.Lq, c.Lk}, rng, 0.5f);
+    if (c.add_mask) {  // bias with about 10 % −inf (masked) entries
+        p.amask = random_f32(mask_shapes[rng() % 3], rng, 0.5f);
+        for (std::int64_t i = 0; i < p.amask.numel(); ++i)
+            if (rng() % 10 == 0) p.amask.data_as<float>()[i] = -INFINITY;
         p.opt.additive_mask = p.amask.view();
     }
     return p;

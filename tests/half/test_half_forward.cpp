@@ -102,10 +102,15 @@ Case random_case(std::mt19937_64& rng, int n) {
     std::ostringstream d;
     d << "case " << n << ": B=" << c.B << " Hq=" << c.Hq << " Hkv=" << c.Hkv << " Lq=" << c.Lq << " Lk=" << c.Lk
       << " Dk=" << c.Dk << " Dv=" << c.Dv << (c.strided ? " strided" : "");
-    switch (n % 6) {  // the mask kinds
+    switch (pick(0, 5)) {  // the mask kinds, drawn independently of the key lengths below
         case 1: c.opt.causal = Causal::top_left, d << " causal=top-left"; break;
         case 2: c.opt.causal = Causal::bottom_right, d << " causal=bottom-right"; break;
-        case 3: c.opt.window = Window{pick(0, 20), pick(0, 10), Align::bottom_right}, d << " window"; break;
+        case 3: {
+            const Align a = pick(0, 1) ? Align::bottom_right : Align::top_left;
+            c.opt.window = Window{pick(-1, 20), pick(0, 10), a};
+            d << " window=" << c.opt.window.left << "," << c.opt.window.right << (a == Align::top_left ? " top-left" : "");
+            break;
+        }
         case 4: {
             c.keep.push_back(test::random_bool(Shape{c.B, 1, c.Lq, c.Lk}, rng, 0.7));
             c.opt.bool_mask = c.keep.back().view();
@@ -114,13 +119,15 @@ Case random_case(std::mt19937_64& rng, int n) {
         }
         case 5: {
             c.keep.push_back(test::randn(DType::f32, Shape{1, c.Hq, c.Lq, c.Lk}, rng));
+            for (std::int64_t e = 0; e < c.keep.back().numel(); ++e)  // about 10 % masked by −inf
+                if (pick(0, 9) == 0) c.keep.back().data_as<float>()[e] = -INFINITY;
             c.opt.additive_mask = c.keep.back().view();
             d << " additive-mask";
             break;
         }
         default: break;
     }
-    if (n % 4 == 3) {  // key lengths
+    if (pick(0, 3) == 3) {  // key lengths
         Tensor kl(DType::i64, Shape{c.B});
         for (std::int64_t b = 0; b < c.B; ++b) kl.data_as<std::int64_t>()[b] = pick(0, c.Lk);
         c.keep.push_back(std::move(kl));
@@ -170,9 +177,14 @@ Result run(const Case& c, const TensorView& q, const TensorView& k, const Tensor
     const TensorView lse = r.lse.view(), w = r.weights.view();
     sdpa(q, k, v, o, r.out.view(), c.want_lse ? &lse : nullptr, c.want_weights ? &w : nullptr, &rep);
     r.kernel = rep.kernel;
-    bool unwritten = false;
-    test::for_each_offset(r.out.view(), [&](std::int64_t i) { unwritten = unwritten || test::is_poison(load(r.out, i)); });
-    EXPECT_FALSE(unwritten) << "out not written by " << rep.kernel;
+    const auto written = [&](const Tensor& t, const char* name) {
+        bool unwritten = false;
+        test::for_each_offset(t.view(), [&](std::int64_t i) { unwritten = unwritten || test::is_poison(load(t, i)); });
+        EXPECT_FALSE(unwritten) << name << " not written by " << rep.kernel;
+    };
+    written(r.out, "out");
+    if (c.want_lse) written(r.lse, "lse");
+    if (c.want_weights) written(r.weights, "weights");
     return r;
 }
 
