@@ -179,8 +179,13 @@ def test_threads_follow_torch_and_are_given_back():
 
 @pytest.mark.parametrize("call, error, words", [
     (lambda q, k, v: at.sdpa(q.to("meta"), k, v), ValueError, ["query", "CPU", "meta"]),
-    (lambda q, k, v: at.sdpa(q, k.int(), v), TypeError, ["dtype", "int32"]),
+    (lambda q, k, v: at.sdpa(q, k.int(), v), TypeError, ["key", "dtype", "torch.bfloat16", "got torch.int32"]),
     (lambda q, k, v: at.sdpa(q, k, v.to(torch.complex64)), TypeError, ["value", "complex64"]),  # bfloat16 is read since issue 14
+    # attn.torch's own dtype words, not the core's list of the NumPy dtypes it reads (int32, bool)
+    (lambda q, k, v: at.sdpa(q.to(torch.complex64), k, v), TypeError,
+     ["query", "expected dtype torch.float32, torch.float64, torch.float16 or torch.bfloat16", "got torch.complex64"]),
+    (lambda q, k, v: at.sdpa(q, k, v, attn_mask=torch.ones(5, 7, dtype=torch.uint8)), TypeError,
+     ["attn_mask", "expected a bool or floating-point mask but got torch.uint8"]),
     (lambda q, k, v: at.sdpa(q, k, v[..., :6, :]), ValueError, ["V"]),
     (lambda q, k, v: at.sdpa(q, k[:, :1], v[:, :1]), ValueError, ["enable_gqa"]),
     (lambda q, k, v: at.sdpa(q.numpy(), k, v), TypeError, ["query", "torch.Tensor", "ndarray"]),
@@ -332,3 +337,174 @@ def test_alibi_slopes_requiring_grad_are_refused():
     assert "alibi_slopes" in str(e.value) and "detach" in str(e.value)
     with torch.no_grad():  # no gradient wanted: allowed
         at.scaled_dot_product_attention(q, k, v, enable_gqa=True, alibi_slopes=slopes)
+
+
+
+# Tensors the backward reads again. attn reads them in place, so each must be either saved
+# (torch's version check turns a change in place into its usual error) or copied.
+def _options(what):
+    """Fresh keywords of a call that passes `what` as a tensor."""
+    return {
+        "bool mask": {"attn_mask": torch.ones(4, 4, dtype=torch.bool)},
+        "sinks": {"sinks": torch.tensor(SINKS)},  # float32: attn reads the tensor's own memory
+        "key_lengths": {"key_lengths": torch.tensor([4])},
+        "query_offset": {"query_offset": torch.tensor([0]), "is_causal": True},
+        "alibi_slopes": {"alibi_slopes": torch.tensor(SLOPES)},  # float32, likewise
+    }[what]
+
+
+def _change_in_place(what, options):
+    """The next micro-batch refilling the buffer before this one's backward."""
+    if what == "bool mask":
+        options["attn_mask"][:, 2:] = False
+    elif what == "sinks":
+        options["sinks"].add_(3.0)
+    elif what == "key_lengths":
+        options["key_lengths"].fill_(1)
+    elif what == "query_offset":
+        options["query_offset"].fill_(-3)
+    else:
+        options["alibi_slopes"].mul_(4.0)
+
+
+def _changed_in_place(what):
+    """(output, q, grad_out, dq of the unchanged problem), `what` changed after the forward."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 4, 8, requires_grad=True) for _ in range(3))
+    g = torch.randn(1, 2, 4, 8)
+    want = torch.autograd.grad(at.scaled_dot_product_attention(q, k, v, **_options(what)), q, g)[0]
+    options = _options(what)
+    out = at.scaled_dot_product_attention(q, k, v, **options)
+    _change_in_place(what, options)
+    return out, q, g, want
+
+
+@pytest.mark.parametrize("what", ["bool mask", "sinks"])
+def test_mask_or_sinks_changed_in_place_before_backward_is_torchs_error(what):
+    out, q, g, _ = _changed_in_place(what)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(out, q, g)
+
+
+@pytest.mark.parametrize("what", ["key_lengths", "query_offset", "alibi_slopes"])
+def test_option_tensors_changed_after_forward_keep_the_forwards_gradient(what):
+    # (N,)/(H,) options: the Function keeps copies, so the gradient is the forward's problem's.
+    out, q, g, want = _changed_in_place(what)
+    assert torch.equal(torch.autograd.grad(out, q, g)[0], want)
+
+
+def test_output_changed_in_place_before_backward_is_torchs_error():
+    # The backward reads the output's memory as attn's `out`: `out += 1` (relu_(), an in-place
+    # dropout) before backward gave wrong gradients; now the output is saved and checked.
+    q, k, v = inputs(torch.float32)
+    out = at.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    out.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+    # out of place is fine, and the float mask's gradient (which reads out too) still works
+    bias = torch.randn(3, 5, requires_grad=True)
+    (at.scaled_dot_product_attention(q, k, v, bias, enable_gqa=True) + 1.0).sum().backward()
+    assert bias.grad is not None and torch.isfinite(bias.grad).all()
+
+
+def test_double_backward_is_a_clear_error():
+    # create_graph=True used to return gradients that silently did not depend on the inputs
+    # (a wrong gradient penalty, a zero Hessian).
+    q, k, v = inputs(torch.float64)
+    f = lambda q, k, v: at.scaled_dot_product_attention(q, k, v, enable_gqa=True, threads=1)  # noqa: E731
+    with pytest.raises(RuntimeError, match="no double backward.*torch's own attention"):
+        torch.autograd.grad(f(q, k, v).sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="no double backward"):
+        torch.autograd.gradgradcheck(f, (q, k, v))
+    with pytest.raises(RuntimeError, match="no double backward"):
+        torch.autograd.functional.hessian(lambda q: f(q, k, v).pow(2).sum(), q)
+    # an ordinary backward is unaffected
+    assert torch.autograd.grad(f(q, k, v).sum(), q)[0].shape == q.shape
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_return_scores_is_an_unexpected_keyword(grad):
+    q, k, v = inputs(torch.float32, grad=grad)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'return_scores'"):
+        at.scaled_dot_product_attention(q, k, v, enable_gqa=True, return_scores="scaled")
+
+
+def test_unknown_keyword_lists_each_keyword_once():
+    q, k, v = inputs(torch.float32, grad=False)
+    with pytest.raises(TypeError) as e:
+        at.scaled_dot_product_attention(q, k, v, enable_gqa=True, no_such_keyword=1)
+    listed = str(e.value).split("takes ")[1].rstrip(")").split(", ")
+    assert len(listed) == len(set(listed)), listed
+    assert "threads" in listed and "window" in listed and "return_scores" not in listed, listed
+
+
+@pytest.mark.parametrize("kw, keep", [
+    ({}, None),
+    ({"scale": 0.5}, None),
+    ({"is_causal": True}, causal_keep(3, 4)),
+    ({"attn_mask": "bool"}, "bool"),
+])
+def test_head_dim_zero_averages_the_visible_values(kw, keep):
+    # E = 0: every score is the empty sum 0, so the weights are uniform over the visible keys
+    # (torch: the mean of their values). attn.torch answered zeros.
+    torch.manual_seed(0)
+    q, k, v = rand(2, 2, 3, 0), rand(2, 2, 4, 0), rand(2, 2, 4, 5)
+    if keep == "bool":
+        keep = torch.tensor([[True, False, True, False], [False, True, True, True], [True, True, True, True]])
+        kw = dict(kw, attn_mask=keep)
+    out = at.scaled_dot_product_attention(q, k, v, **kw)
+    ref = textbook(q, k, v, keep, scale=1.0)  # any scale: 0 · scale = 0
+    assert torch.allclose(out, ref, atol=1e-12), (out - ref).abs().max()
+    g = torch.randn_like(ref)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-12)
+    # float32, without autograd
+    with torch.no_grad():
+        out32 = at.scaled_dot_product_attention(q.float(), k.float(), v.float(), **kw)
+    assert out32.dtype == torch.float32 and torch.allclose(out32.double(), ref, atol=1e-6)
+
+
+@pytest.mark.parametrize("shapes, kw, error, words", [
+    (((2, 2, 6, 9), (2, 2, 6, 8)), {}, ValueError, ["key", "head dim 8", "(2, 2, 6, 9)"]),
+    (((2, 2, 6, 8), (2, 2, 5, 8)), {}, ValueError, ["value", "length 6", "(2, 2, 5, 8)"]),
+    (((2, 6, 8), (2, 6, 8)), {}, ValueError, ["rank"]),
+    (((1, 2, 6, 8), (1, 2, 6, 8)), {}, ValueError, ["batch size 2"]),
+    (((2, 3, 6, 8), (2, 3, 6, 8)), {}, ValueError, ["enable_gqa"]),
+    (((2, 3, 6, 8), (2, 3, 6, 8)), {"enable_gqa": True}, ValueError, ["multiple", "3"]),
+    (((2, 1, 6, 8), (2, 2, 6, 8)), {"enable_gqa": True}, ValueError, ["value", "heads"]),
+    (((2, 2, 6, 8), (2, 2, 6, 8)), {"dropout_p": 5.0}, ValueError, ["dropout_p", "[0, 1)", "5.0"]),
+    (((2, 2, 6, 8), (2, 2, 6, 8)), {"attn_mask": torch.ones(3, 3, dtype=torch.bool)}, ValueError,
+     ["attn_mask", "(3, 3)", "(2, 2, 0, 6)"]),
+    (((2, 2, 6, 8), (2, 2, 6, 8)), {"attn_mask": torch.ones(1, 1, 1, 0, 6)}, ValueError, ["attn_mask", "rank"]),
+    (((2, 2, 6, 8), (2, 2, 6, 8)), {"attn_mask": torch.ones(0, 6, dtype=torch.uint8)}, TypeError, ["attn_mask"]),
+    (((2, 2, 6, 8), (2, 2, 6, 8)), {"no_such_keyword": 1}, TypeError, ["no_such_keyword"]),
+])
+def test_empty_calls_are_checked_like_any_other(shapes, kw, error, words):
+    # No queries (L = 0): the core is not called, so attn.torch checks what it would have.
+    q = torch.randn(2, 2, 0, 8)
+    k, v = (torch.randn(s) for s in shapes)
+    with pytest.raises(error) as e:
+        at.scaled_dot_product_attention(q, k, v, **kw)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
+def test_empty_calls_that_are_right_still_answer():
+    q = torch.randn(2, 2, 0, 8)
+    assert at.scaled_dot_product_attention(q, torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 3),
+                                           attn_mask=torch.ones(2, 1, 0, 6, dtype=torch.bool)).shape == (2, 2, 0, 3)
+    assert at.scaled_dot_product_attention(q, torch.randn(2, 1, 6, 8), torch.randn(2, 1, 6, 3),
+                                           enable_gqa=True, dropout_p=0.5).shape == (2, 2, 0, 3)
+
+
+def test_no_keys_gives_zeros_and_zero_gradients_to_every_input():
+    # A float mask (with -inf) and sinks that require grad get zero gradients, not None or NaN.
+    q = rand(2, 2, 3, 4)
+    k, v = rand(2, 2, 0, 4), rand(2, 2, 0, 5)
+    bias = torch.full((3, 1), float("-inf"), dtype=torch.float64, requires_grad=True)
+    sinks = torch.tensor(SINKS, dtype=torch.float64, requires_grad=True)
+    out = at.scaled_dot_product_attention(q, k, v, bias, sinks=sinks)
+    assert out.shape == (2, 2, 3, 5) and torch.equal(out, torch.zeros_like(out))
+    out.sum().backward()
+    for t in (q, bias, sinks):
+        assert t.grad is not None and torch.equal(t.grad, torch.zeros_like(t)), t.grad

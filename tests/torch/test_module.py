@@ -243,3 +243,74 @@ def test_functional_with_no_keys_gives_zeros_with_gradients():
     out.sum().backward()
     assert q.grad is not None and not q.grad.any()
     assert at.scaled_dot_product_attention(q[:, :, :0], k, k).shape == (2, 3, 0, 8)
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("key_shape, value_shape, words", [
+    # key and value of the same size but different (S, N): was accepted and gave garbage
+    ((7, 3, 16), (21, 1, 16), ["key shape {k} does not match value shape {v}"]),
+    ((7, 3, 16), (6, 3, 16), ["key shape {k} does not match value shape {v}"]),
+    ((7, 2, 16), (7, 2, 16), ["key", "batch size 3", "{k}"]),
+    ((7, 3, 8), (7, 3, 16), ["key", "feature dim 16", "{k}"]),
+    ((7, 3, 16), (7, 3, 8), ["value", "feature dim 16", "{v}"]),
+])
+def test_inconsistent_query_key_value_are_named_like_torch(batch_first, key_shape, value_shape, words):
+    # Shapes written (L, N, E), given (N, L, E) with batch_first; the message names them as given.
+    lay = (lambda s: (s[1], s[0], s[2])) if batch_first else (lambda s: s)
+    m = at.MultiheadAttention(16, 4, batch_first=batch_first)
+    x, key, value = torch.randn(lay((5, 3, 16))), torch.randn(lay(key_shape)), torch.randn(lay(value_shape))
+    with pytest.raises(ValueError) as e:
+        m(x, key, value)
+    for w in words:
+        w = w.format(k=lay(key_shape), v=lay(value_shape))
+        assert w in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("option", ["add_bias_kv", "add_zero_attn"])
+def test_is_causal_with_an_appended_key_is_refused(option):
+    # The appended key has no position: is_causal hid it from all but the last query (torch,
+    # with the causal attn_mask padded by one visible column, lets every query see it).
+    ref, ours = pair(embed_dim=8, num_heads=2, batch_first=True, **{option: True})
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    causal = torch.ones(5, 5, dtype=torch.bool).triu(1)  # True = masked (torch's convention)
+    with pytest.raises(ValueError) as e:
+        ours(x, x, x, attn_mask=causal, is_causal=True)
+    for w in ("is_causal", option, "attn_mask"):
+        assert w in str(e.value), str(e.value)
+    # the suggested way gives torch's result
+    o, ow = ours(x, x, x, attn_mask=causal)
+    r, rw = ref(x, x, x, attn_mask=causal)
+    assert torch.allclose(o, r, atol=1e-12) and torch.allclose(ow, rw, atol=1e-12)
+
+
+@pytest.mark.parametrize("ctor, call, words", [
+    # the mask shape is checked before the appended key's column is added to it
+    ({"add_bias_kv": True}, {"attn_mask": torch.zeros(5, 8, dtype=torch.bool)},
+     ["attn_mask", "expected shape (5, 7)", "got (5, 8)"]),
+    ({"add_bias_kv": True, "add_zero_attn": True}, {"attn_mask": torch.zeros(5, 6, dtype=torch.bool)},
+     ["attn_mask", "expected shape (5, 7)", "got (5, 6)"]),
+    ({"add_zero_attn": True}, {"key_padding_mask": torch.zeros(2, 8, dtype=torch.bool)},
+     ["key_padding_mask", "expected shape (2, 7)", "got (2, 8)"]),
+    # unbatched: torch's (S,) key_padding_mask, and the caller's shape in the message
+    ({}, {"key_padding_mask": torch.zeros(1, 7, dtype=torch.bool), "unbatched": True},
+     ["key_padding_mask", "expected shape (7,)", "got (1, 7)"]),
+])
+def test_mask_shape_errors_name_the_callers_shapes(ctor, call, words):
+    m = at.MultiheadAttention(16, 4, **ctor)
+    call = dict(call)
+    if call.pop("unbatched", False):
+        x, kv = torch.randn(5, 16), torch.randn(7, 16)
+    else:
+        x, kv = torch.randn(5, 2, 16), torch.randn(7, 2, 16)
+    with pytest.raises(ValueError) as e:
+        m(x, kv, kv, **call)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
+def test_non_float_input_is_a_named_dtype_error():
+    m = at.MultiheadAttention(16, 4)
+    x = torch.randn(5, 2, 16)
+    with pytest.raises(TypeError) as e:
+        m(x, x.int(), x)
+    assert "key" in str(e.value) and "got torch.int32" in str(e.value), str(e.value)

@@ -17,8 +17,8 @@ import torch
 from .. import _attn
 
 
-def array(t, name):
-    """The NumPy view of tensor `t`; TypeError/ValueError naming `name` for what attn cannot read."""
+def _check_tensor(t, name):
+    """TypeError/ValueError naming `name` unless `t` is a dense CPU tensor."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor but got {type(t).__name__}")
     if t.device.type != "cpu":
@@ -27,6 +27,11 @@ def array(t, name):
     if t.layout != torch.strided or t.is_nested or t.is_quantized:
         raise TypeError(f"{name}: expected a dense tensor but got layout {t.layout}"
                         + (" (nested)" if t.is_nested else " (quantized)" if t.is_quantized else ""))
+
+
+def array(t, name):
+    """The NumPy view of tensor `t`; TypeError/ValueError naming `name` for what attn cannot read."""
+    _check_tensor(t, name)
     t = t.detach().resolve_conj().resolve_neg()
     if t.dtype == torch.bfloat16:  # same memory and strides, read as its bits
         return t.view(torch.int16).numpy().view(np.uint16)
@@ -35,6 +40,27 @@ def array(t, name):
     except TypeError:  # a dtype NumPy does not have (complex32, ...)
         raise TypeError(f"{name}: unsupported dtype {t.dtype} (expected torch.float32, torch.float64, "
                         "torch.float16 or torch.bfloat16)") from None
+
+
+_FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def float_array(t, name):
+    """array() of query/key/value: attn.torch's own dtype error (the core's would list the NumPy
+    dtypes it reads, int32 and bool among them, which are not attn.torch's)."""
+    _check_tensor(t, name)
+    if t.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{name}: expected dtype torch.float32, torch.float64, torch.float16 or torch.bfloat16 "
+                        f"but got {t.dtype}")
+    return array(t, name)
+
+
+def mask_array(m, name="attn_mask"):
+    """array() of an attn_mask: bool (True = may attend) or floating point (added)."""
+    _check_tensor(m, name)
+    if m.dtype != torch.bool and not m.is_floating_point():
+        raise TypeError(f"{name}: expected a bool or floating-point mask but got {m.dtype}")
+    return array(m, name)
 
 
 def maybe_array(x, name):

@@ -7,14 +7,25 @@ slopes have no gradient, functional.py refuses slopes that require one). A float
 requires grad gets dS = W∘(dO·Vᵀ) − P∘rowsum(dO∘O) summed to its shape, where P are the
 softmax weights and W the dropped, rescaled ones that multiply V (both from attn's forward
 with return_weights): that materializes (N, H, L, S), so it is done only when asked for.
+
+Every tensor the backward reads — q, k, v, the mask (bool or float), the sinks and the returned
+output — goes through ctx.save_for_backward: attn reads them in place, so a tensor changed in
+place between forward and backward would silently give the gradients of another problem;
+saved, it is torch's usual "modified by an inplace operation" error instead. (The option arrays
+in ctx.opts are the Function's own copies: functional.py's _private.)
 """
 import torch
-from torch.autograd.function import once_differentiable
 
 from .. import _attn
 from . import _convert
 
 _HALF = {"torch.float16", "torch.bfloat16"}
+
+_NO_DOUBLE_BACKWARD = (
+    "attn.torch.scaled_dot_product_attention has no double backward: its gradients cannot be "
+    "differentiated again (backward with create_graph=True: gradient penalties, Hessians, "
+    "gradgradcheck). Compute those with torch's own attention, e.g. "
+    "torch.softmax(q @ k.transpose(-1, -2) * scale + mask, -1) @ v")
 
 
 def _mask_grad(q, k, v, float_mask, out, grad_out, opts):
@@ -33,35 +44,47 @@ def _mask_grad(q, k, v, float_mask, out, grad_out, opts):
     return w * d_weights - p * row
 
 
+def _with_sinks(opts, sinks):
+    """attn's options with the sinks tensor (an input of the Function, for its gradient) as the array it takes."""
+    return opts if sinks is None else dict(opts, sinks=_convert.modifier_array(sinks, "sinks"))
+
+
 class SdpaFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, query, key, value, float_mask, sinks, bool_mask, opts, threads):
+    def forward(ctx, query, key, value, attn_mask, sinks, opts, threads):
         q, k, v = _convert.array(query, "query"), _convert.array(key, "key"), _convert.array(value, "value")
-        mask = _convert.array(float_mask, "attn_mask") if float_mask is not None else bool_mask
-        if sinks is not None:  # an input of the Function (for its gradient), an option of attn
-            opts = dict(opts, sinks=_convert.modifier_array(sinks, "sinks"))
+        mask = None if attn_mask is None else _convert.array(attn_mask, "attn_mask")
         with _convert.Threads(threads):
-            out, lse = _attn.scaled_dot_product_attention(q, k, v, attn_mask=mask, return_lse=True, **opts)
-        ctx.save_for_backward(query, key, value, float_mask)
-        ctx.sinks_dtype = None if sinks is None else sinks.dtype
-        ctx.arrays = (out, lse, bool_mask)
+            out, lse = _attn.scaled_dot_product_attention(q, k, v, attn_mask=mask, return_lse=True,
+                                                          **_with_sinks(opts, sinks))
+        result = _convert.tensor(out)
+        # The output too (saving an output is allowed): backward reads its memory as attn's `out`,
+        # so an in-place change of the result (out += b, relu_()) must be torch's error.
+        ctx.save_for_backward(query, key, value, attn_mask, sinks, result)
+        ctx.lse = lse  # attn's own array: nothing outside the Function can reach it
         ctx.opts, ctx.threads = opts, threads
-        return _convert.tensor(out)
+        return result
 
     @staticmethod
-    @once_differentiable  # attn has no double backward: create_graph=True through it is an error
     def backward(ctx, grad_out):
-        query, key, value, float_mask = ctx.saved_tensors
-        out, lse, bool_mask = ctx.arrays
+        # With create_graph=True torch runs backward with grad mode on and expects a
+        # differentiable result; attn's backward is not (its gradients would be silently
+        # treated as constants: a wrong gradient penalty, a zero Hessian).
+        if torch.is_grad_enabled():
+            raise RuntimeError(_NO_DOUBLE_BACKWARD)
+        query, key, value, attn_mask, sinks, result = ctx.saved_tensors
         q, k, v = _convert.array(query, "query"), _convert.array(key, "key"), _convert.array(value, "value")
-        mask = _convert.array(float_mask, "attn_mask") if float_mask is not None else bool_mask
+        mask = None if attn_mask is None else _convert.array(attn_mask, "attn_mask")
+        out = _convert.array(result, "out")
         g = _convert.array(grad_out, "grad_out")
+        opts = _with_sinks(ctx.opts, sinks)
         with _convert.Threads(ctx.threads):
             # The gradients in q's dtype (the core's out_dtype is for out and dq/dk/dv alike),
             # then each in its input's dtype, as autograd requires.
-            back_opts = {n: x for n, x in ctx.opts.items() if n != "out_dtype"}
+            back_opts = {n: x for n, x in opts.items() if n != "out_dtype"}
             try:
-                grads = _attn.scaled_dot_product_attention_backward(q, k, v, out, lse, g, attn_mask=mask, **back_opts)
+                grads = _attn.scaled_dot_product_attention_backward(q, k, v, out, ctx.lse, g, attn_mask=mask,
+                                                                    **back_opts)
             except TypeError as e:
                 half = sorted({str(t.dtype) for t in (query, key, value, grad_out)} & _HALF)
                 if half and "must be float32 or float64" in str(e):
@@ -72,9 +95,8 @@ class SdpaFunction(torch.autograd.Function):
             dq, dk, dv = (_convert.tensor(x).to(t.dtype) for x, t in zip(grads[:3], (query, key, value)))
             dsinks = None
             if ctx.needs_input_grad[4]:  # attn's dsinks has q's dtype; the gradient has the sinks'
-                dsinks = _convert.tensor(grads[3]).to(ctx.sinks_dtype)
+                dsinks = _convert.tensor(grads[3]).to(sinks.dtype)
             dmask = None
-            if ctx.needs_input_grad[3]:
-                dmask = _mask_grad(q, k, v, mask, _convert.tensor(out), grad_out, ctx.opts)
-                dmask = dmask.sum_to_size(float_mask.shape)
-        return dq, dk, dv, dmask, dsinks, None, None, None
+            if ctx.needs_input_grad[3]:  # a float mask that requires grad
+                dmask = _mask_grad(q, k, v, mask, result, grad_out, opts).sum_to_size(attn_mask.shape)
+        return dq, dk, dv, dmask, dsinks, None, None

@@ -4,8 +4,10 @@ Differences from torch, all documented in its docstring: attn's extra keywords; 
 that sees no key gives 0 (torch: NaN); is_causal may be combined with attn_mask (torch
 refuses); inputs of rank 2 to 4.
 """
+import copy
 import re
 
+import numpy as np
 import torch
 
 from .. import _attn
@@ -15,8 +17,15 @@ from .autograd import SdpaFunction
 # The keywords this build's extension takes (its pybind11 signature), so that an unknown
 # `**extras` keyword is a TypeError naming it rather than pybind11's dump of the signature.
 _CORE_KEYWORDS = frozenset(re.findall(r"(\w+): ", _attn.scaled_dot_product_attention.__doc__.split("\n")[0]))
+# Keywords of the core that **extras may not pass: torch's (named parameters here), those
+# attn.torch sets itself, and return_scores (the score matrix: a second result, which torch's
+# one-tensor API has no place for, and no gradient), an unexpected keyword like any other.
 _OWN_KEYWORDS = frozenset({"query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
-                           "return_lse", "return_weights", "dropout_seed", "dtype", "out_dtype"})
+                           "return_lse", "return_weights", "return_scores", "dropout_seed", "dtype", "out_dtype"})
+# The keywords beyond torch 2.x's that are named parameters of this function (the unknown-keyword
+# error lists them with the core's extras, each once).
+_NAMED_KEYWORDS = frozenset({"causal_alignment", "window", "window_alignment", "key_lengths", "query_offset",
+                             "dropout_seed", "threads", "impl", "out_dtype"})
 # Per-head float32 tensors of the core (a float64 tensor is rounded to float32).
 _MODIFIER_TENSORS = frozenset({"alibi_slopes", "sinks"})
 
@@ -32,11 +41,60 @@ def _check_heads(query, key, value, enable_gqa):
                          f"value {tuple(value.shape)}; pass enable_gqa=True for grouped-query attention")
 
 
+def _check_dropout(dropout_p):
+    _convert.check_real(dropout_p, "dropout_p", "a float in [0, 1)")
+    if not 0 <= dropout_p < 1:  # NaN fails too
+        raise ValueError(f"dropout_p: expected a float in [0, 1) but got {dropout_p!r}")
+
+
+def _check_shapes(query, key, value, attn_mask, enable_gqa):
+    """The core's shape rules for a call it is not given (one with a size-0 dimension, which it
+    refuses): an empty call with inconsistent shapes is an error, as the same call with data is."""
+    shapes = f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+    rank = query.dim()
+    if not 2 <= rank <= 4:
+        raise ValueError(f"query: expected (N, H, L, E), (H, L, E) or (L, E) (rank 2 to 4) but got shape "
+                         f"{tuple(query.shape)}")
+    if key.dim() != rank or value.dim() != rank:
+        raise ValueError(f"key/value: expected the rank of query ({rank}) but got {shapes}")
+    if rank == 4 and not query.size(0) == key.size(0) == value.size(0):
+        raise ValueError(f"key/value: expected query's batch size {query.size(0)} (dim 0) but got {shapes}")
+    if rank >= 3:
+        hq, hk, hv = query.size(-3), key.size(-3), value.size(-3)
+        if hk != hv:
+            raise ValueError(f"value: expected key's {hk} heads (dim -3) but got {shapes}")
+        if enable_gqa and (hq % hk != 0 if hk else hq != 0):  # without enable_gqa: _check_heads
+            raise ValueError(f"query: expected a head count that is a multiple of key/value's {hk} "
+                             f"(enable_gqa=True) but got {shapes}")
+    if key.size(-1) != query.size(-1):
+        raise ValueError(f"key: expected query's head dim {query.size(-1)} (dim -1) but got {shapes}")
+    if value.size(-2) != key.size(-2):
+        raise ValueError(f"value: expected key's length {key.size(-2)} (dim -2) but got {shapes}")
+    if attn_mask is not None:
+        lead = tuple(query.shape[:-2])
+        target = (1,) * (2 - len(lead)) + lead + (query.size(-2), key.size(-2))  # (N, H, L, S)
+        if attn_mask.dim() > 4:
+            raise ValueError(f"attn_mask: expected a mask broadcastable to {target} (rank 0 to 4) but got shape "
+                             f"{tuple(attn_mask.shape)}")
+        for i, (m, t) in enumerate(zip(attn_mask.shape, target[4 - attn_mask.dim():])):
+            if m != t and m != 1:
+                raise ValueError(f"attn_mask: shape {tuple(attn_mask.shape)} cannot be broadcast to {target} "
+                                 f"(dimension {i} is {m}, expected 1 or {t})")
+
+
+def _private(x):
+    """An option array (or list) the backward reads again, as a copy of its own. key_lengths,
+    query_offset and alibi_slopes are (N,) / (N, H) / (H,): copying them costs nothing, whereas
+    the user's tensor may be refilled (the next micro-batch's lengths) before backward runs,
+    which would silently give the gradients of another problem."""
+    return copy.deepcopy(x) if isinstance(x, (np.ndarray, list)) else x
+
+
 def core_options(extras, causal_alignment, window, window_alignment, key_lengths, query_offset, impl):
     """attn's keywords (beyond torch's) as the extension takes them: tensors as arrays."""
     for name, x in extras.items():
         if name in _OWN_KEYWORDS or name not in _CORE_KEYWORDS:
-            known = sorted(_CORE_KEYWORDS - _OWN_KEYWORDS) + ["threads", "enable_gqa", "out_dtype"]
+            known = sorted((_CORE_KEYWORDS - _OWN_KEYWORDS) | _NAMED_KEYWORDS | {"enable_gqa"})  # a set: once each
             raise TypeError(f"scaled_dot_product_attention() got an unexpected keyword argument '{name}' "
                             f"(this build of attn takes {', '.join(known)})")
         if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
@@ -53,16 +111,30 @@ def core_options(extras, causal_alignment, window, window_alignment, key_lengths
     return opts
 
 
-def _empty_attention(query, key, value, out_dtype):
+def _empty_attention(query, key, value, out_dtype, differentiable):
     """A call with an empty dimension (batch, heads, queries or keys), which the core refuses:
     torch's result — an empty output, or zeros when there are queries but no key (each row's
-    weights over no keys sum nothing) — still connected to the inputs for autograd (zero
-    gradients), as torch's own empty call is."""
+    weights over no keys sum nothing) — still connected to the differentiable inputs for autograd
+    (zero gradients), as torch's own empty call is."""
     dtype = query.dtype if out_dtype is None else out_dtype
     out = query.new_zeros(query.shape[:-1] + value.shape[-1:], dtype=dtype)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
-        out = out + (query.sum() + key.sum() + value.sum()).to(dtype) * 0
+    if torch.is_grad_enabled() and any(t.requires_grad for t in differentiable):
+        # The sum of an empty slice is 0 whatever the tensor holds (t.sum() * 0 is NaN for a
+        # -inf mask entry), and its gradient is zeros of t's shape.
+        for t in differentiable:
+            if t.requires_grad:
+                out = out + t.reshape(-1)[:0].sum().to(dtype)
     return out
+
+
+def _pad_head_dim(query, key, scale):
+    """q and k with a head dim of 0 but queries and keys present: every score is the empty sum 0,
+    so each query's weights are uniform over its visible keys (torch: the mean of those values).
+    The core refuses a head dim of 0; one zero column in q and k keeps every score 0 and lets the
+    core apply the masks (autograd slices the column away again). The default scale 1/√0 would
+    be inf (and 0·inf NaN): any finite scale gives the same zero scores."""
+    pad = lambda t: torch.cat((t, t.new_zeros(t.shape[:-1] + (1,))), -1)  # noqa: E731
+    return pad(query), pad(key), 1.0 if scale is None else scale
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -83,31 +155,44 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     training) with a seed drawn from torch's generator (reproducible under torch.manual_seed),
     or dropout_seed= when given.
     attn's keywords: window=(left, right), window_alignment, key_lengths (N,), query_offset,
-    impl, threads (default torch.get_num_threads()), and any keyword this build's core takes:
+    impl, threads (default torch.get_num_threads()), and any keyword this build's core takes
+    (but return_scores, which returns a second result):
     softcap=c; alibi_slopes (H,)/(N, H) or True (no gradient: slopes that require grad are a
     ValueError); sinks (H,) (with a gradient). The core keeps slopes and sinks in float32: a
     float64 tensor is rounded to float32 (a sink's gradient comes back in its dtype).
-    A query row that sees no key gives 0 (torch gives NaN).
+    A query row that sees no key gives 0 (torch gives NaN). A head dim E of 0 makes every q·k 0:
+    the mean of the visible values (without ALiBi or sinks). Other empty inputs give an empty
+    result, or zeros when there are no keys, after the checks of shapes, dtypes, dropout_p and
+    mask that any call gets.
+    No double backward (create_graph=True is a RuntimeError); a tensor the backward reads (q, k,
+    v, attn_mask, sinks, the result) changed in place before backward is torch's in-place error.
     """
-    q, k, v = (_convert.array(t, n) for t, n in ((query, "query"), (key, "key"), (value, "value")))
+    for t, name in ((query, "query"), (key, "key"), (value, "value")):
+        _convert.float_array(t, name)  # type, device and dtype errors, named
     _check_heads(query, key, value, enable_gqa)
-    if query.numel() == 0 or key.numel() == 0 or value.numel() == 0:
-        return _empty_attention(query, key, value, out_dtype)
-    _convert.check_real(dropout_p, "dropout_p", "a float in [0, 1)")
-    mask = None if attn_mask is None else _convert.array(attn_mask, "attn_mask")
+    _check_dropout(dropout_p)
+    mask = None if attn_mask is None else _convert.mask_array(attn_mask)
     # A sinks tensor is an input of the autograd Function (it has a gradient), not an option.
     sinks = extras.pop("sinks") if isinstance(extras.get("sinks"), torch.Tensor) else None
     opts = core_options(extras, causal_alignment, window, window_alignment, key_lengths, query_offset, impl)
+    differentiable = [t for t in (query, key, value, attn_mask, sinks) if t is not None]
+    if query.numel() == 0 or key.numel() == 0 or value.numel() == 0:
+        _check_shapes(query, key, value, attn_mask, enable_gqa)
+        if query.size(-1) == 0 and query.shape[:-1].numel() and key.shape[:-1].numel() and value.numel():
+            query, key, scale = _pad_head_dim(query, key, scale)
+        else:
+            return _empty_attention(query, key, value, out_dtype, differentiable)
+    q, k, v = (_convert.array(t, n) for t, n in ((query, "query"), (key, "key"), (value, "value")))
     opts.update(is_causal=is_causal, scale=scale, dropout_p=dropout_p)
     if out_dtype is not None:
         opts["out_dtype"] = _convert.out_dtype_name(out_dtype, query)
     if dropout_p > 0:
         opts["dropout_seed"] = (int(torch.randint(0, 2**62, ()).item()) if dropout_seed is None else dropout_seed)
-    float_mask = attn_mask is not None and attn_mask.is_floating_point()
-    differentiable = [query, key, value] + ([attn_mask] if float_mask else []) + ([sinks] if sinks is not None else [])
     if torch.is_grad_enabled() and any(t.requires_grad for t in differentiable):
-        return SdpaFunction.apply(query, key, value, attn_mask if float_mask else None, sinks,
-                                  None if float_mask else mask, opts, threads)
+        # The backward reads the option arrays again: copies (_private); the tensors it reads
+        # (q, k, v, attn_mask, sinks, out) are saved by the Function, under torch's version check.
+        opts = {name: _private(x) for name, x in opts.items()}
+        return SdpaFunction.apply(query, key, value, attn_mask, sinks, opts, threads)
     if sinks is not None:
         opts["sinks"] = _convert.modifier_array(sinks, "sinks")
     with _convert.Threads(threads):

@@ -28,24 +28,27 @@ def _mask_kind(m, name):
     raise TypeError(f"{name}: dtype must be bool or floating point but got {m.dtype}")
 
 
+def _check_masks(attn_mask, key_padding_mask, batched, n, h, lq, lk):
+    """torch's mask shapes for the user's tensors (before the unbatched unsqueeze and the column
+    add_bias_kv / add_zero_attn append), so that an error names the shapes the caller gave."""
+    if attn_mask is not None:
+        shapes = [(lq, lk), (n * h, lq, lk)]
+        if attn_mask.dim() not in (2, 3) or tuple(attn_mask.shape) != shapes[attn_mask.dim() - 2]:
+            raise ValueError(f"attn_mask: expected shape {shapes[0]} or {shapes[1]} but got {tuple(attn_mask.shape)}")
+    if key_padding_mask is not None:
+        want = (n, lk) if batched else (lk,)
+        if tuple(key_padding_mask.shape) != want:
+            raise ValueError(f"key_padding_mask: expected shape {want} but got {tuple(key_padding_mask.shape)}")
+
+
 def _combined_mask(attn_mask, key_padding_mask, n, h, lq, lk, dtype):
-    """torch's MultiheadAttention masks (True = masked out) → one sdpa mask (True = may attend,
-    or added) broadcastable to (N, H, L, S). Unmaterialized when there is only one."""
+    """torch's MultiheadAttention masks (True = masked out), their shapes checked (_check_masks)
+    → one sdpa mask (True = may attend, or added) broadcastable to (N, H, L, S). Unmaterialized
+    when there is only one."""
     parts = []
     if attn_mask is not None:
-        if attn_mask.dim() == 2:
-            if attn_mask.shape != (lq, lk):
-                raise ValueError(f"attn_mask: expected shape {(lq, lk)} but got {tuple(attn_mask.shape)}")
-            parts.append(attn_mask.view(1, 1, lq, lk))
-        elif attn_mask.dim() == 3:
-            if attn_mask.shape != (n * h, lq, lk):
-                raise ValueError(f"attn_mask: expected shape {(n * h, lq, lk)} but got {tuple(attn_mask.shape)}")
-            parts.append(attn_mask.view(n, h, lq, lk))
-        else:
-            raise ValueError(f"attn_mask: expected a 2-D or 3-D mask but got shape {tuple(attn_mask.shape)}")
+        parts.append(attn_mask.view(1, 1, lq, lk) if attn_mask.dim() == 2 else attn_mask.view(n, h, lq, lk))
     if key_padding_mask is not None:
-        if key_padding_mask.shape != (n, lk):
-            raise ValueError(f"key_padding_mask: expected shape {(n, lk)} but got {tuple(key_padding_mask.shape)}")
         parts.append(key_padding_mask.view(n, 1, 1, lk))
     if not parts:
         return None
@@ -71,19 +74,47 @@ class MultiheadAttention(nn.MultiheadAttention):
 
     Differences: a query row whose keys are all masked gives 0 (torch: NaN); the returned
     attention weights (need_weights=True) carry no gradient. forward also takes torch 2.x's
-    is_causal (a causal mask without materializing it) and attn's `threads`.
+    is_causal (a causal mask without materializing it; refused with add_bias_kv / add_zero_attn,
+    whose appended key has no position) and attn's `threads`.
     """
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False, threads=None):
         for t, name in ((query, "query"), (key, "key"), (value, "value")):
-            _convert.array(t, name)  # the device/type errors, named
+            _convert.float_array(t, name)  # the device/type/dtype errors, named
         batched = query.dim() == 3
         if query.dim() not in (2, 3) or key.dim() != query.dim() or value.dim() != query.dim():
             raise ValueError(f"query/key/value: expected (L, N, E), (N, L, E) with batch_first or unbatched (L, E) "
                              f"but got {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
+        # torch's checks, up front and on the shapes as given: a mismatch would otherwise be a
+        # raw matmul/view error, or — key and value of equal size but different (S, N) — garbage.
+        if query.size(-1) != self.embed_dim:
+            raise ValueError(f"query: expected embedding dim {self.embed_dim} but got shape {tuple(query.shape)}")
+        if key.size(-1) != self.kdim:
+            raise ValueError(f"key: expected feature dim {self.kdim} (kdim) but got shape {tuple(key.shape)}")
+        if value.size(-1) != self.vdim:
+            raise ValueError(f"value: expected feature dim {self.vdim} (vdim) but got shape {tuple(value.shape)}")
+        if key.shape[:-1] != value.shape[:-1]:
+            raise ValueError(f"key/value: key shape {tuple(key.shape)} does not match value shape "
+                             f"{tuple(value.shape)} (they must agree in all but the feature dim)")
+        batch_dim = 0 if self.batch_first else 1
+        if batched and key.size(batch_dim) != query.size(batch_dim):
+            raise ValueError(f"key: expected query's batch size {query.size(batch_dim)} (dim {batch_dim}"
+                             f"{', batch_first' if self.batch_first else ''}) but got key {tuple(key.shape)} "
+                             f"for query {tuple(query.shape)}")
+        appended = [name for name, on in (("add_bias_kv", self.bias_k is not None),
+                                          ("add_zero_attn", self.add_zero_attn)) if on]
+        if is_causal is True and appended:
+            # The appended key has no position: a causal rule would hide it from all but the
+            # last queries (docs/conventions.md: the C++ layer refuses this too).
+            raise ValueError(f"is_causal: not supported together with {' and '.join(appended)} (the appended key "
+                             "has no position); pass a causal attn_mask (L, S) and is_causal=False instead")
         key_padding_mask = _mask_kind(key_padding_mask, "key_padding_mask")
         attn_mask = _mask_kind(attn_mask, "attn_mask")
+        n = query.size(batch_dim) if batched else 1
+        seq_dim = 1 if batched and self.batch_first else 0
+        lq, lk = query.size(seq_dim), key.size(seq_dim)
+        _check_masks(attn_mask, key_padding_mask, batched, n, self.num_heads, lq, lk)
         # Work batch-first, (N, L, E): views only.
         if not batched:
             query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
@@ -91,9 +122,7 @@ class MultiheadAttention(nn.MultiheadAttention):
                 key_padding_mask = key_padding_mask.unsqueeze(0)
         elif not self.batch_first:
             query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
-        n, lq, e = query.shape
-        if e != self.embed_dim:
-            raise ValueError(f"query: expected embedding dim {self.embed_dim} but got {e}")
+        e = self.embed_dim
         h = self.num_heads
         dh = e // h
         q, k, v = self._project(query, key, value)
