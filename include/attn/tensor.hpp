@@ -90,6 +90,8 @@ class Tensor {
 public:
     Tensor() = default;
     Tensor(DType dtype, Shape shape, bool fill_zero = false, std::string_view name = "a tensor");
+    // Tensor(dt, shape, "name"): without this, the string would convert to bool fill_zero.
+    Tensor(DType dtype, Shape shape, const char* name) : Tensor(dtype, shape, false, name) {}
 
     TensorView view() const { return view_; }
     operator TensorView() const { return view_; }  // NOLINT(google-explicit-constructor)

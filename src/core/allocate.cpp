@@ -9,9 +9,7 @@
 #include "check.hpp"
 
 namespace attn::detail {
-namespace {
 
-// "281474976710656 bytes (256.0 TiB)": the exact count for scripts, a readable one for people.
 std::string describe_bytes(std::int64_t bytes) {
     static const char* const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
     double v = static_cast<double>(bytes);
@@ -28,8 +26,6 @@ std::string describe_bytes(std::int64_t bytes) {
     }
     return s;
 }
-
-}  // namespace
 
 void* allocate_aligned(std::int64_t bytes, std::size_t align, std::string_view what) {
     ATTN_DASSERT(bytes >= 0 && align > 0 && (align & (align - 1)) == 0);

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace attn::detail {
@@ -13,5 +14,8 @@ namespace attn::detail {
 // std::free. Throws attn::OutOfMemory "out of memory: cannot allocate N bytes (x GiB) for
 // <what>" when the system refuses. `bytes` must be >= 0 (a checked size).
 void* allocate_aligned(std::int64_t bytes, std::size_t align, std::string_view what);
+
+// "281474976710656 bytes (256.0 TiB)": the exact count for scripts, a readable one for people.
+std::string describe_bytes(std::int64_t bytes);
 
 }  // namespace attn::detail

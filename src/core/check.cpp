@@ -3,6 +3,17 @@
 #include <charconv>
 
 namespace attn::detail {
+namespace {
+
+// No element: a dim is 0. (numel() would throw for a broadcast view of more than 2^63 elements,
+// which is not empty and which a check must describe by its own rule.)
+bool is_empty(const TensorView& t) {
+    for (int d = 0; d < t.rank(); ++d)
+        if (t.dim(d) == 0) return true;
+    return false;
+}
+
+}  // namespace
 
 void require_rank(std::string_view op, const TensorView& t, std::string_view name, int rank, std::string_view layout) {
     if (t.data() == nullptr) fail(op, name, ": data pointer is null");
@@ -28,6 +39,13 @@ void require_floating(std::string_view op, const TensorView& t, std::string_view
     }
 }
 
+void require_data(std::string_view op, const TensorView& t) {
+    if (t.data() == nullptr && !is_empty(t)) {
+        fail(op, "tensor: data pointer is null (an empty TensorView, or a Tensor that holds nothing) but its shape ",
+             t.shape(), " has elements");
+    }
+}
+
 void require_gradient_like(std::string_view op, const TensorView& t, std::string_view name, const Shape& expected,
                            std::string_view like) {
     if (t.data() == nullptr) fail(op, name, ": data pointer is null");
@@ -36,7 +54,7 @@ void require_gradient_like(std::string_view op, const TensorView& t, std::string
 }
 
 void require_distinct_elements(std::string_view op, const TensorView& t, std::string_view name) {
-    if (t.numel() == 0) return;  // no element to land anywhere
+    if (is_empty(t)) return;  // no element to land anywhere
     for (int d = 0; d < t.rank(); ++d) {
         if (t.dim(d) > 1 && t.stride(d) == 0) {
             fail(op, name, ": dimension ", d, " has stride 0 but size ", t.dim(d),
@@ -45,23 +63,32 @@ void require_distinct_elements(std::string_view op, const TensorView& t, std::st
     }
 }
 
-void require_gradient_outputs(std::string_view op, std::initializer_list<Named> inputs,
-                              std::initializer_list<Named> gradients, const TensorView* dsinks,
-                              const TensorView* sinks, std::int64_t Hq) {
-    for (auto g = gradients.begin(); g != gradients.end(); ++g) {
-        require_distinct_elements(op, *g->t, g->name);
-        for (const Named& i : inputs) require_disjoint(op, *g->t, g->name, *i.t, i.name);
-        for (auto h = gradients.begin(); h != g; ++h) require_disjoint(op, *h->t, h->name, *g->t, g->name);
+void require_apart(std::string_view op, const std::vector<Named>& inputs, const std::vector<Named>& outputs) {
+    for (auto o = outputs.begin(); o != outputs.end(); ++o) {
+        if (o->t == nullptr) continue;
+        for (const Named& i : inputs)
+            if (i.t != nullptr) require_disjoint(op, *o->t, o->name, *i.t, i.name);
+        for (auto p = outputs.begin(); p != o; ++p)
+            if (p->t != nullptr && share_memory(*p->t, *o->t))
+                fail(op, p->name, ": must not share memory with ", o->name, " (both are outputs: one would overwrite the other)");
     }
+}
+
+void require_gradient_outputs(std::string_view op, const std::vector<Named>& inputs,
+                              const std::vector<Named>& gradients, const TensorView* dsinks,
+                              const TensorView* sinks, std::int64_t Hq) {
+    for (const Named& g : gradients) require_distinct_elements(op, *g.t, g.name);
+    require_apart(op, inputs, gradients);
     if (dsinks == nullptr) return;
     if (sinks == nullptr) fail(op, "dsinks: given but options.sinks is not set (no sink to differentiate)");
     require_rank(op, *dsinks, "dsinks", 1, "(Hq,)");
     require_f32_or_f64(op, *dsinks, "dsinks");
     require_shape(op, *dsinks, "dsinks", Shape{Hq}, "(Hq,)");
     require_distinct_elements(op, *dsinks, "dsinks");
-    for (const Named& i : inputs) require_disjoint(op, *dsinks, "dsinks", *i.t, i.name);
-    for (const Named& g : gradients) require_disjoint(op, *dsinks, "dsinks", *g.t, g.name);
-    require_disjoint(op, *dsinks, "dsinks", *sinks, "sinks");
+    std::vector<Named> others = inputs;
+    others.insert(others.end(), gradients.begin(), gradients.end());
+    others.push_back({sinks, "sinks"});
+    require_apart(op, others, {{dsinks, "dsinks"}});
 }
 
 void require_query_fits_cache(std::string_view op, const TensorView& q, std::int64_t kv_heads, std::int64_t head_dim) {
@@ -103,11 +130,15 @@ Span span_of(const TensorView& t) {
 
 }  // namespace
 
+bool share_memory(const TensorView& a, const TensorView& b) {
+    if (is_empty(a) || is_empty(b)) return false;
+    const Span x = span_of(a), y = span_of(b);
+    return x.lo < y.hi && y.lo < x.hi;
+}
+
 void require_disjoint(std::string_view op, const TensorView& out, std::string_view out_name, const TensorView& other,
                       std::string_view other_name) {
-    if (out.numel() == 0 || other.numel() == 0) return;
-    const Span a = span_of(out), b = span_of(other);
-    if (a.lo < b.hi && b.lo < a.hi) {
+    if (share_memory(out, other)) {
         fail(op, out_name, ": must not share memory with ", other_name, " (the kernel writes ", out_name,
              " while it still reads ", other_name, ")");
     }

@@ -18,6 +18,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "attn/error.hpp"
 #include "attn/tensor.hpp"
@@ -49,6 +50,11 @@ void require_rank(std::string_view op, const TensorView& t, std::string_view nam
 void require_shape(std::string_view op, const TensorView& t, std::string_view name, const Shape& expected,
                    std::string_view layout);
 
+// t holds its elements: a null data pointer is refused unless t is empty. A default TensorView,
+// or a default Tensor (MhaOutput::weights without need_weights), has rank 0 — one element — and
+// no data.
+void require_data(std::string_view op, const TensorView& t);
+
 // t's dtype is float32 or float64 (what outputs and compute-precision inputs may be).
 void require_f32_or_f64(std::string_view op, const TensorView& t, std::string_view name);
 
@@ -64,6 +70,10 @@ void require_gradient_like(std::string_view op, const TensorView& t, std::string
 // size > 1 would make several results land on one address.
 void require_distinct_elements(std::string_view op, const TensorView& t, std::string_view name);
 
+// The address ranges a and b can touch intersect (conservative for interleaved strided views;
+// an empty view touches nothing).
+bool share_memory(const TensorView& a, const TensorView& b);
+
 // An output must not share memory with a tensor the kernel still reads.
 void require_disjoint(std::string_view op, const TensorView& out, std::string_view out_name, const TensorView& other,
                       std::string_view other_name);
@@ -74,12 +84,17 @@ struct Named {
     const char* name;
 };
 
+// Outputs a kernel writes while it still reads the inputs: no output shares memory with an
+// input or with another output (require_disjoint). A null `t` is passed over (an output or
+// option not given).
+void require_apart(std::string_view op, const std::vector<Named>& inputs, const std::vector<Named>& outputs);
+
 // What every backward entry point writes (sdpa_backward, sdpa_varlen_backward,
 // ring_attention_backward): each gradient has its own memory per element and shares none with
 // an input or another gradient. dsinks, when given, is (Hq,) float32/float64, needs `sinks`
 // (null without) and shares memory with none of them. Empty tensors have nothing to overlap.
-void require_gradient_outputs(std::string_view op, std::initializer_list<Named> inputs,
-                              std::initializer_list<Named> gradients, const TensorView* dsinks,
+void require_gradient_outputs(std::string_view op, const std::vector<Named>& inputs,
+                              const std::vector<Named>& gradients, const TensorView* dsinks,
                               const TensorView* sinks, std::int64_t Hq);
 
 // Q (rank 4, already checked) against a KV cache's shape: the same head dim, and heads a

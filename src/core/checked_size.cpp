@@ -12,15 +12,19 @@ namespace {
 constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
 
 // "d0 × d1 × … [× elem]" — the factors a user can compare with the arguments they gave.
-std::string factors(const Shape& shape, std::size_t elem_size, bool with_elem) {
+std::string factors(const Shape& shape, std::size_t elem_size, bool with_elem) {  // (a valid rank)
     std::ostringstream s;
     for (int i = 0; i < shape.rank; ++i) s << (i ? " × " : "") << shape[i];
     if (with_elem) s << (shape.rank ? " × " : "") << elem_size;
     return s.str();
 }
 
-// A negative dimension is a different mistake from an overflowing one: say so.
+bool valid_rank(const Shape& shape) { return shape.rank >= 0 && shape.rank <= kMaxRank; }
+
+// A negative dimension (or a rank outside 0..4: Shape::rank is a public field) is a different
+// mistake from an overflowing count: say so.
 void require_non_negative(std::string_view op, std::string_view what, const Shape& shape) {
+    if (!valid_rank(shape)) fail(op, "rank must be in [0, ", kMaxRank, "] but got ", shape.rank);
     for (int i = 0; i < shape.rank; ++i) {
         if (shape[i] < 0) fail(op, what, " ", shape, ": dimension ", i, " must be >= 0 but got ", shape[i]);
     }
@@ -51,7 +55,7 @@ std::int64_t checked_add(std::string_view op, std::string_view what, std::int64_
 }
 
 std::optional<std::int64_t> shape_bytes(const Shape& shape, std::size_t elem_size) {
-    if (elem_size > static_cast<std::size_t>(kMax)) return std::nullopt;
+    if (elem_size > static_cast<std::size_t>(kMax) || !valid_rank(shape)) return std::nullopt;
     std::optional<std::int64_t> nonzero = static_cast<std::int64_t>(elem_size);
     bool empty = false;
     for (int i = 0; i < shape.rank && nonzero; ++i) {

@@ -10,6 +10,7 @@
 #include "allocate.hpp"
 #include "attn/error.hpp"
 #include "attn/half.hpp"
+#include "check.hpp"
 #include "checked_size.hpp"
 
 namespace attn {
@@ -29,6 +30,7 @@ std::int64_t Shape::numel() const { return detail::checked_numel("shape", "shape
 
 std::string Shape::str() const {
     std::ostringstream s;
+    if (rank < 0 || rank > kMaxRank) return "(a shape of rank " + std::to_string(rank) + ")";  // rank is a public field
     s << '(';
     for (int i = 0; i < rank; ++i) s << (i ? ", " : "") << dims[static_cast<std::size_t>(i)];
     if (rank == 1) s << ',';
@@ -37,7 +39,7 @@ std::string Shape::str() const {
 }
 
 bool Shape::operator==(const Shape& o) const {
-    if (rank != o.rank) return false;
+    if (rank != o.rank || rank < 0 || rank > kMaxRank) return false;
     for (int i = 0; i < rank; ++i)
         if (dims[static_cast<std::size_t>(i)] != o.dims[static_cast<std::size_t>(i)]) return false;
     return true;
@@ -58,6 +60,9 @@ Strides contiguous_strides(const Shape& shape) {
 
 TensorView::TensorView(void* data, DType dtype, Shape shape, Strides strides)
     : data_(data), dtype_(dtype), shape_(shape), strides_(strides) {
+    if (shape_.rank < 0 || shape_.rank > kMaxRank) {
+        throw Error("TensorView: shape: rank must be in [0, 4] but got " + std::to_string(shape_.rank));
+    }
     for (int i = shape_.rank; i < kMaxRank; ++i) strides_[static_cast<std::size_t>(i)] = 0;
 }
 
@@ -157,6 +162,7 @@ Tensor::Tensor(DType dtype, Shape shape, bool fill_zero, std::string_view name) 
 }
 
 Tensor to_dtype(const TensorView& src, DType dst) {
+    detail::require_data("to_dtype", src);
     if (!is_floating(src.dtype()) || !is_floating(dst)) {
         throw Error("to_dtype: can only convert floating tensors to a floating dtype, got " +
                     std::string(dtype_name(src.dtype())) + " -> " + std::string(dtype_name(dst)));

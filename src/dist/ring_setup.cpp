@@ -114,6 +114,8 @@ Descriptor check_local(std::string_view kOp, const TensorView& q, const TensorVi
                                lse != nullptr ? &lse_view : nullptr, nullptr, kOp);
     // key_lengths are global positions: their values are checked once the global Lk is known.
     if (o.key_lengths) attn::detail::require_per_sequence(kOp, *o.key_lengths, "key_lengths", q.dim(0));
+    local.key_lengths = o.key_lengths;  // for the overlap check: sdpa's rule, on the local tensors
+    attn::detail::require_outputs_apart(kOp, {{&q, "Q"}, {&k, "K"}, {&v, "V"}}, local, {{&out, "out"}, {lse, "lse"}});
     // The local kernel must accept these calls (Impl::flash may be missing or decline): probe it
     // on one zero row now, so that it cannot refuse inside the ring, where no rank can back out.
     {

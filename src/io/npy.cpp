@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../core/check.hpp"
 #include "../core/checked_size.hpp"
 #include "attn/error.hpp"
 #include "atomic_file.hpp"
@@ -210,6 +211,7 @@ Tensor read_npy(const std::string& path) {
 namespace detail {
 
 void write_npy_into(AtomicFile& out, const TensorView& t) {
+    require_data("write_npy", t);
     const std::string descr = descr_of(t.dtype());
     std::string dict = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (";
     for (int i = 0; i < t.rank(); ++i) dict += std::to_string(t.dim(i)) + (t.rank() == 1 || i + 1 < t.rank() ? "," : "") + (i + 1 < t.rank() ? " " : "");
@@ -252,6 +254,7 @@ void write_elements_into(AtomicFile& out, const TensorView& t) {
 }  // namespace detail
 
 void write_npy(const std::string& path, const TensorView& t) {
+    detail::require_data("write_npy", t);  // before the staging file exists
     detail::AtomicFile out(path);
     detail::write_npy_into(out, t);
     out.commit();

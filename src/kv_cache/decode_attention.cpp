@@ -43,6 +43,7 @@ void decode_attention(const TensorView& q, const KVCache& cache, const SdpaOptio
     SdpaOptions o = options;
     o.key_lengths = TensorView(lengths.data(), DType::i64, Shape{static_cast<std::int64_t>(lengths.size())});
     const detail::SdpaProblem p = detail::make_problem(q, k, v, o, out, lse, nullptr, op);
+    detail::require_outputs_apart(p, options, op);  // the cache's K/V too
     detail::run_forward(p, options.impl, nullptr);
 }
 

@@ -77,6 +77,7 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
     SdpaOptions o = options;
     o.key_lengths = TensorView(lengths.data(), DType::i64, Shape{B});
     const detail::SdpaProblem p = detail::make_problem(q, k, v, o, out, lse, nullptr, kOp);
+    detail::require_outputs_apart(p, options, kOp);  // the pools too
     const detail::KernelSet& kernels = detail::kernel_set();
 
     // Chunked prefill through flash: automatic for Lq > 16 when flash takes the problem.

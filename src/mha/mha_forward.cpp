@@ -23,7 +23,7 @@ bool same_tensor(const TensorView& a, const TensorView& b) {
 
 // The caller's outputs: contiguous, of the shapes forward() would allocate; output float32,
 // float16 or bfloat16 (out_dtype, when set, names the one expected), weights float32.
-void check_outputs(const MultiHeadAttention& m, const TensorView& query, const TensorView& key,
+void check_outputs(const MultiHeadAttention& m, const TensorView& query, const TensorView& key, const TensorView& value,
                    const MhaForwardOptions& options, const TensorView& output, const TensorView* weights) {
     detail::check_output("output", output, m.output_shape(query));
     if (options.out_dtype && detail::output_dtype(options.out_dtype, query.dtype()) != output.dtype()) {
@@ -40,6 +40,10 @@ void check_outputs(const MultiHeadAttention& m, const TensorView& query, const T
                  " ", weights->shape());
         }
     }
+    const auto given = [](const std::optional<TensorView>& t) { return t ? &*t : nullptr; };
+    detail::require_apart(kMha, {{&query, "query"}, {&key, "key"}, {&value, "value"}, {given(options.attn_mask), "attn_mask"},
+                                 {given(options.key_padding_mask), "key_padding_mask"}},
+                          {{&output, "output"}, {weights, "weights"}});
 }
 
 // PyTorch: weights.view(B, h, Lq, Lk).mean(dim=1)
@@ -100,7 +104,7 @@ void MultiHeadAttention::forward_into(const TensorView& query, const TensorView&
     const std::int64_t E = c.embed_dim, h = c.num_heads, dh = head_dim();
     // ---- checks (nothing is written before they all pass) ----
     const detail::MhaShapes s = detail::check_inputs(c, query, key, value, options);
-    check_outputs(*this, query, key, options, output, weights);
+    check_outputs(*this, query, key, value, options, output, weights);
     detail::PytorchMasks pt = detail::pytorch_masks_4d(options.attn_mask, options.key_padding_mask, s.batched, s.B, h, s.Lq, s.Lk);
     // The appended keys are never masked (PyTorch pads the masks with 0 / False).
     if (s.extra > 0) detail::pad_masks(pt, s.Lkx);

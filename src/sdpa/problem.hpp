@@ -9,7 +9,9 @@
 #include <memory>
 #include <optional>
 #include <string_view>
+#include <vector>
 
+#include "../core/check.hpp"
 #include "../core/dropout.hpp"
 #include "attn/sdpa.hpp"
 
@@ -136,7 +138,21 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
                          const SdpaOptions& options, const TensorView& out, const TensorView* lse,
                          const TensorView* weights, std::string_view op = "sdpa");
 
-// Adds the scores output to a problem (checks it: shape, dtype, no dropout, no overlap).
+// A forward's outputs (out, lse, weights, scores) share no memory with its inputs (Q, K, V and
+// the option tensors: masks, key lengths, query offsets, ALiBi slopes, sinks) or with each
+// other: a kernel writes them while it still reads the others. Every forward entry point calls
+// it (not make_problem: the backward reads out and lse).
+void require_outputs_apart(const SdpaProblem& p, const SdpaOptions& options, std::string_view op = "sdpa");
+// The same for calls on packed sequences (sdpa_varlen: cu_seqlens are inputs too).
+void require_outputs_apart(std::string_view op, std::vector<Named> inputs, const SdpaOptions& options,
+                           const std::vector<Named>& outputs);
+
+// `inputs` and the option tensors a kernel reads (masks, key lengths, per-sequence query
+// offsets, ALiBi slopes, sinks; null where not given): the inputs for require_apart.
+std::vector<Named> with_option_tensors(std::vector<Named> inputs, const SdpaOptions& options);
+
+// Adds the scores output to a problem (checks it: shape, dtype, no dropout; the overlaps are
+// require_outputs_apart's).
 void attach_scores(SdpaProblem& p, const ScoresOutput& scores, std::string_view op = "sdpa");
 
 }  // namespace attn::detail

@@ -14,6 +14,7 @@ void sdpa(const TensorView& q, const TensorView& k, const TensorView& v, const S
     const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
     detail::SdpaProblem problem = detail::make_problem(q, k, v, options, out, lse, weights);
     if (scores != nullptr) detail::attach_scores(problem, *scores);
+    detail::require_outputs_apart(problem, options);
     detail::run_forward(problem, options.impl, report);
 }
 

@@ -238,14 +238,33 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
     return p;
 }
 
+namespace {
+const TensorView* given(const std::optional<TensorView>& t) { return t ? &*t : nullptr; }
+}  // namespace
+
+std::vector<Named> with_option_tensors(std::vector<Named> inputs, const SdpaOptions& o) {
+    const TensorView* query_offsets = o.query_offset && o.query_offset->per_sequence ? &*o.query_offset->per_sequence : nullptr;
+    inputs.insert(inputs.end(), {{given(o.bool_mask), "bool_mask"}, {given(o.additive_mask), "additive_mask"},
+                                 {given(o.key_lengths), "key_lengths"}, {query_offsets, "query_offset"},
+                                 {given(o.alibi_slopes), "alibi_slopes"}, {given(o.sinks), "sinks"}});
+    return inputs;
+}
+
+void require_outputs_apart(std::string_view kOp, std::vector<Named> inputs, const SdpaOptions& o,
+                           const std::vector<Named>& outputs) {
+    require_apart(kOp, with_option_tensors(std::move(inputs), o), outputs);
+}
+
+void require_outputs_apart(const SdpaProblem& p, const SdpaOptions& o, std::string_view kOp) {
+    require_outputs_apart(kOp, {{&p.q, "Q"}, {&p.k, "K"}, {&p.v, "V"}}, o,
+                          {{&p.out, "out"}, {given(p.lse), "lse"}, {given(p.weights), "weights"}, {given(p.scores), "scores"}});
+}
+
 void attach_scores(SdpaProblem& p, const ScoresOutput& s, std::string_view kOp) {
     require_output(kOp, s.view, "scores", Shape{p.B, p.Hq, p.Lq, p.Lk}, "(B, Hq, Lq, Lk)");
     if (p.dropout_p > 0.0)
         fail(kOp, "scores: not available together with dropout (dropout_p = ", shortest(p.dropout_p),
              "): the scores are those of the undropped softmax's input; run without dropout");
-    require_disjoint(kOp, s.view, "scores", p.out, "out");
-    if (p.lse) require_disjoint(kOp, s.view, "scores", *p.lse, "lse");
-    if (p.weights) require_disjoint(kOp, s.view, "scores", *p.weights, "weights");
     p.scores = s.view;
     p.scores_stage = s.stage;
 }

@@ -12,10 +12,10 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <exception>
 #include <vector>
 
 #include "attn/threads.hpp"
+#include "../core/parallel_for.hpp"
 
 namespace attn::detail {
 
@@ -26,18 +26,8 @@ void run_sequences(std::size_t n, Tasks&& tasks, Run&& run) {
     std::vector<std::size_t> shorts, longs;
     for (std::size_t i = 0; i < n; ++i) (tasks(i) < 4 * std::int64_t{threads} ? shorts : longs).push_back(i);
     if (threads > 1 && shorts.size() > 1 && omp_get_max_active_levels() <= 1 && !omp_in_parallel()) {
-        std::exception_ptr error;  // an exception must not leave an OpenMP region
-        const auto m = static_cast<std::int64_t>(shorts.size());
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-        for (std::int64_t j = 0; j < m; ++j) {
-            try {
-                run(shorts[static_cast<std::size_t>(j)]);
-            } catch (...) {
-#pragma omp critical(attn_run_sequences)
-                if (!error) error = std::current_exception();
-            }
-        }
-        if (error) std::rethrow_exception(error);
+        parallel_for_may_throw(static_cast<std::int64_t>(shorts.size()), threads,
+                               [&](std::int64_t j) { run(shorts[static_cast<std::size_t>(j)]); });
     } else {
         longs.insert(longs.end(), shorts.begin(), shorts.end());
     }

@@ -50,6 +50,8 @@ void sdpa_varlen(const TensorView& q, const TensorView& k, const TensorView& v, 
     if (!is_floating(q.dtype())) {
         detail::fail(kOp, "q: dtype must be float32, float64, float16 or bfloat16 but got ", dtype_name(q.dtype()));
     }
+    detail::require_outputs_apart(kOp, {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&cu_seqlens_q, "cu_seqlens_q"}, {&cu_seqlens_k, "cu_seqlens_k"}},
+                                  options, {{&out, "out"}, {lse, "lse"}});
 
     // Build every sequence's problem first: nothing is written until all are valid.
     std::vector<detail::SdpaProblem> problems;

@@ -39,7 +39,8 @@ void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const Tensor
     detail::require_gradient_like(kOp, dk, "dk", k.shape(), "k");
     detail::require_gradient_like(kOp, dv, "dv", v.shape(), "v");
     detail::require_gradient_outputs(kOp,
-                                     {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&lse, "lse"}, {&grad_out, "grad_out"}},
+                                     detail::with_option_tensors({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"},
+                                                                  {&lse, "lse"}, {&grad_out, "grad_out"}}, options),
                                      {{&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}}, dsinks,
                                      options.sinks ? &*options.sinks : nullptr, pb.Hq);
     if (options.impl == Impl::decode) {

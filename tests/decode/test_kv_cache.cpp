@@ -242,6 +242,10 @@ TEST(KVCache, ArgumentErrorsNameTheArgument) {
     Tensor q1(DType::f32, Shape{2, 6, 1, 5}, true), bad_out(DType::f32, Shape{2, 6, 1, 5});
     EXPECT_EQ(error_of([&] { decode_attention(q1, c, causal_bottom_right(), bad_out); }),
               "decode_attention: out: expected shape (B, Hq, Lq, Dv) = (2, 6, 1, 4) but got (2, 6, 1, 5)");
+    // An output inside the cache would overwrite what the kernel still reads.
+    const TensorView into_values(c.values().data(), DType::f32, Shape{2, 6, 1, 4});
+    EXPECT_EQ(error_of([&] { decode_attention(q1, c, causal_bottom_right(), into_values); }),
+              "decode_attention: out: must not share memory with V (the kernel writes out while it still reads V)");
 }
 
 // ---- sizes (issue 19, class 1) ------------------------------------------------------------

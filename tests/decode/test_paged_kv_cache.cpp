@@ -696,6 +696,9 @@ TEST(PagedKVCache, BadArgumentsAreClearErrors) {
     o = {};
     o.dropout_p = 0.5;
     EXPECT_NE(error_of([&] { paged_attention(q, w.cache, {a}, o, out); }).find("declines this call: dropout"), std::string::npos);
+    const TensorView into_pages(w.cache.value_pages().data(), DType::f32, Shape{1, 1, 1, 4});
+    EXPECT_EQ(error_of([&] { paged_attention(q, w.cache, {a}, {}, into_pages); }),
+              "paged_attention: out: must not share memory with V (the kernel writes out while it still reads V)");
     const Tensor q3 = random_f32(Shape{1, 1, 1, 3}, rng);
     EXPECT_EQ(error_of([&] { paged_attention(q3, w.cache, {a}, {}, out); }),
               "paged_attention: Q: head dim 3 does not match the cache's head_dim 4");

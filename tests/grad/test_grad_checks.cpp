@@ -356,6 +356,10 @@ TEST(SdpaBackwardErrors, NameTheArgumentAndWriteNothing) {
     expect_error([&] { sdpa_backward(q, k, v, o, lse, dO, opt, q, dk, dv); }, "dq: must not share memory with q");
     expect_error([&] { sdpa_backward(q, k, v, o, lse, dO, opt, dq, dk, dk.view().slice(3, 0, 3)); },
                  "dk: must not share memory with dv");
+    SdpaOptions masked = opt;  // the option tensors are inputs too
+    masked.additive_mask = dq.view().slice(3, 0, 1);  // (1, 2, 5, 1), broadcast over the keys: inside dq
+    expect_error([&] { sdpa_backward(q, k, v, o, lse, dO, masked, dq, dk, dv); },
+                 "sdpa_backward: dq: must not share memory with additive_mask");
     Tensor one_row = poisoned(DType::f32, Shape{1, 2, 1, 4});
     expect_error([&] { sdpa_backward(q, k, v, o, lse, dO, opt, one_row.view().broadcast_to(q.shape(), "dq"), dk, dv); },
                  "sdpa_backward: dq: dimension 2 has stride 0 but size 5; an output cannot be a broadcast view");

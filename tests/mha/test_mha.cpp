@@ -4,7 +4,6 @@
 // cases torch cannot check: grouped-query heads, strided inputs, workspace reuse, errors.
 #include <gtest/gtest.h>
 #include <omp.h>
-#include <sys/resource.h>
 
 #include <cmath>
 #include <cstdio>
@@ -15,6 +14,7 @@
 #include <random>
 #include <string>
 
+#include "common/address_space.hpp"
 #include "mha_test_util.hpp"
 #include "mha/linear.hpp"
 #include "attn/error.hpp"
@@ -465,17 +465,7 @@ TEST(Mha, StateDictErrorsNameTheTensor) {
     };
     const Tensor x(DType::f32, Shape{3, 1, E}, true);
     const Tensor before = layer.forward(x.view(), x.view(), x.view(), {.need_weights = false}).output;
-    long pages = 0;
-    if (FILE* f = std::fopen("/proc/self/statm", "r")) {
-        if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
-        std::fclose(f);
-    }
-    rlimit was{};
-    if (pages == 0 || getrlimit(RLIMIT_AS, &was) != 0) std::exit(5);
-    rlimit r = was;  // the soft limit only: it can be raised again without privileges
-    r.rlim_cur = static_cast<rlim_t>(pages) * 4096 + (40ul << 20);
-    if (was.rlim_max != RLIM_INFINITY && r.rlim_cur > was.rlim_max) std::exit(5);
-    if (setrlimit(RLIMIT_AS, &r) != 0) std::exit(5);
+    const rlimit was = attn::test::limit_address_space(40ul << 20);
     try {
         layer.load_state_dict(sd);
         std::exit(4);  // loaded: the limit did not bite
@@ -512,6 +502,18 @@ TEST(Mha, ForwardArgumentErrors) {
     expect_error([&] { m.forward(x, x, x, o); }, "key_padding_mask: expected shape (B, Lk) = (2, 3) but got (3, 3)");
     Tensor out(DType::f32, Shape{3, 2, 4});
     expect_error([&] { m.forward_into(x, x, x, {}, out, nullptr); }, "need_weights is set but no weights tensor");
+    // Outputs apart from each other and from the inputs (weights are written before the output).
+    const TensorView weights_in_out(out.data(), DType::f32, Shape{2, 3, 3});
+    expect_error([&] { m.forward_into(x, x, x, {}, out, &weights_in_out); },
+                 "MultiHeadAttention: output: must not share memory with weights (both are outputs");
+    MhaForwardOptions om;
+    const Tensor buffer(DType::f32, Shape{16}, true);  // holds the (3, 3) mask and a (3, 1, 4) output
+    om.attn_mask = TensorView(buffer.data(), DType::f32, Shape{3, 3});
+    const TensorView output_over_mask(buffer.data(), DType::f32, Shape{3, 1, 4});
+    const Tensor x1(DType::f32, Shape{3, 1, 4}, true);
+    om.need_weights = false;
+    expect_error([&] { m.forward_into(x1, x1, x1, om, output_over_mask, nullptr); },
+                 "MultiHeadAttention: output: must not share memory with attn_mask");
 }
 
 // ---- 16-bit weights and activations (issue 14) -------------------------------------------

@@ -341,6 +341,17 @@ TEST_F(Npy, OutputIntoANonexistentDirectoryLeavesNothing) {
     EXPECT_TRUE(listing().empty());
 }
 
+TEST_F(Npy, ATensorWithoutDataIsAnErrorAndLeavesNothing) {
+    const std::string p = path("none.npy");
+    try {
+        attn::write_npy(p, attn::TensorView());  // e.g. MhaOutput::weights without need_weights
+        ADD_FAILURE() << "no error";
+    } catch (const attn::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("write_npy: tensor: data pointer is null"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(listing().empty());
+}
+
 TEST_F(Npy, UnwritableDtypeLeavesNothing) {
     const Tensor a(DType::bf16, Shape{3}, true);
     EXPECT_THROW(attn::write_npy(path("bf.npy"), a), attn::Error);

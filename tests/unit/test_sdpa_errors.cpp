@@ -4,14 +4,17 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <limits>
 #include <string>
 
 #include "attn/error.hpp"
 #include "attn/reference.hpp"
 #include "attn/sdpa.hpp"
+#include "common/address_space.hpp"
 #include "naive_attention.hpp"
 
 namespace {
@@ -39,8 +42,10 @@ struct Call {
         poison(weights);
         opt.impl = Impl::reference;
     }
+    std::optional<attn::ScoresOutput> scores;  // passed when set
     void run() {
-        attn::sdpa(qv, kv, vv, opt, outv, pass_lse ? &lsev : nullptr, pass_weights ? &wv : nullptr);
+        attn::sdpa(qv, kv, vv, opt, outv, pass_lse ? &lsev : nullptr, pass_weights ? &wv : nullptr, nullptr,
+                   scores ? &*scores : nullptr);
     }
 };
 
@@ -68,6 +73,26 @@ TEST(SdpaErrors, TheValidCallWorks) {
     c.run();
     EXPECT_FALSE(still_poisoned(c.out));
     for (std::int64_t n = 0; n < c.out.numel(); ++n) EXPECT_TRUE(std::isfinite(c.out.data_as<float>()[n]));
+}
+
+// An output sharing memory with an input or with another output is refused before anything is
+// written: the kernels write out, lse and weights while they still read the rest.
+TEST(SdpaErrors, OutputsOverlappingInputsOrEachOther) {
+    expect_error([](Call& c) { c.outv = c.q.view().slice(3, 0, 6); }, {"sdpa: out: must not share memory with Q"});
+    expect_error([](Call& c) { c.lsev = TensorView(c.out.data(), DType::f32, Shape{2, 4, 5}); },
+                 {"sdpa: out: must not share memory with lse"});
+    // (Every view lies inside the tensor it aliases.)
+    expect_error([](Call& c) { c.outv = TensorView(c.weights.data(), DType::f32, Shape{2, 4, 5, 6}); },
+                 {"sdpa: out: must not share memory with weights"});
+    expect_error([](Call& c) { c.lsev = TensorView(c.weights.data(), DType::f32, Shape{2, 4, 5}); },
+                 {"sdpa: lse: must not share memory with weights"});
+    expect_error([](Call& c) { c.opt.bool_mask = TensorView(c.weights.data(), DType::boolean, Shape{5, 7}); },
+                 {"sdpa: weights: must not share memory with bool_mask"});
+    expect_error([](Call& c) { c.opt.additive_mask = TensorView(c.out.data(), DType::f32, Shape{5, 7}); },
+                 {"sdpa: out: must not share memory with additive_mask"});
+    // Scores too, against the inputs as against the other outputs.
+    expect_error([](Call& c) { c.scores = attn::ScoresOutput{TensorView(c.q.data(), DType::f32, Shape{2, 4, 5, 7})}; },
+                 {"sdpa: scores: must not share memory with Q"});
 }
 
 TEST(SdpaErrors, NullData) {
@@ -261,5 +286,37 @@ TEST(OptionParsers, ImplAndCausalNames) {
             << e.what();
     }
 }
+
+// The reference kernel allocates a head's Lq × Lk scores inside its OpenMP region: a
+// std::bad_alloc there must come out as attn::OutOfMemory, not std::terminate (an exception
+// may not leave an OpenMP region; a review found the abort). In a child process (a
+// "threadsafe" death test) whose address space leaves ~64 MiB, less than one head's 128 MiB.
+// Not under ASan, whose shadow memory cannot live under such a limit.
+#if !defined(__SANITIZE_ADDRESS__)
+[[noreturn]] void reference_under_an_address_space_limit() {
+    const Tensor q = random_tensor(DType::f64, Shape{1, 2, 2048, 8}, 1);
+    Tensor out{DType::f64, Shape{1, 2, 2048, 8}};
+    SdpaOptions opt;
+    opt.impl = Impl::reference;
+    {  // start OpenMP's threads before the limit (their stacks are address space too)
+        const Tensor small = random_tensor(DType::f64, Shape{1, 2, 4, 8}, 2);
+        Tensor small_out{DType::f64, Shape{1, 2, 4, 8}};
+        attn::sdpa(small, small, small, opt, small_out);
+    }
+    attn::test::limit_address_space(64ul << 20);
+    try {
+        attn::sdpa(q, q, q, opt, out);
+        std::exit(4);  // ran: the limit did not bite
+    } catch (const attn::OutOfMemory& e) {
+        std::exit(std::string(e.what()).find("reference kernel keeps one head's Lq x Lk = 2048 x 2048") == std::string::npos ? 3 : 0);
+    }
+}
+
+TEST(SdpaErrorsDeathTest, ReferenceOutOfMemoryIsAnError) {
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    // Exit codes: 0 attn::OutOfMemory naming the buffer; 3 another message; 4 no error; 5 no limit.
+    EXPECT_EXIT(reference_under_an_address_space_limit(), ::testing::ExitedWithCode(0), "");
+}
+#endif
 
 }  // namespace

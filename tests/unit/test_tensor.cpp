@@ -50,6 +50,29 @@ TEST(Shape, RejectsRankAboveFourAndNegativeDims) {
     EXPECT_NE(neg.find("must be >= 0 but got -3"), std::string::npos) << neg;
 }
 
+// Shape::rank is a public field: a rank outside 0..4 set by hand is an error, never a read or
+// write past the four dims (a review found both).
+TEST(Shape, RankSetByHandOutsideZeroToFourIsAnError) {
+    for (const int r : {5, 7, -1}) {
+        Shape s;
+        s.rank = r;
+        EXPECT_EQ(s.str(), "(a shape of rank " + std::to_string(r) + ")");
+        EXPECT_NE(error_of([&] { (void)s.numel(); }).find("rank must be in [0, 4] but got " + std::to_string(r)), std::string::npos);
+        EXPECT_EQ(error_of([&] { TensorView v(nullptr, DType::f32, s, Strides{}); }),
+                  "TensorView: shape: rank must be in [0, 4] but got " + std::to_string(r));
+        EXPECT_EQ(error_of([&] { TensorView v(nullptr, DType::f32, s); }), "shape: rank must be in [0, 4] but got " + std::to_string(r));
+        EXPECT_FALSE(s == s);
+    }
+}
+
+// A default TensorView (or Tensor) has rank 0 — one element — and no data: converting it is an
+// error naming that, not a read through a null pointer.
+TEST(Tensor, ToDtypeOfAViewWithoutDataIsAnError) {
+    EXPECT_NE(error_of([] { (void)attn::to_dtype(TensorView(), DType::f32); }).find("to_dtype: tensor: data pointer is null"),
+              std::string::npos);
+    EXPECT_EQ(attn::to_dtype(TensorView(nullptr, DType::f32, Shape{0, 3}), DType::f64).numel(), 0);  // empty: fine
+}
+
 TEST(Strides, ContiguousIsRowMajor) {
     const Strides s = attn::contiguous_strides(Shape{2, 3, 5, 7});
     EXPECT_EQ(s[0], 105);

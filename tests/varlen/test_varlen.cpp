@@ -717,6 +717,27 @@ TEST(VarlenErrors, KernelDeclinesLaterSequence) {
     EXPECT_TRUE(still_poisoned(out));
 }
 
+// Outputs sharing memory with an input or with each other: refused, nothing written.
+TEST(VarlenErrors, OutputsOverlappingInputsOrEachOther) {
+    VarlenCase c;
+    c.lq = {3, 5};
+    c.lk = {4, 6};
+    const Packed p = make_packed(c, 8);
+    const Tensor out = poisoned(DType::f32, Shape{8, 1, 8});
+    const TensorView lse_in_out(out.data(), DType::f32, Shape{8, 1}), out_over_q(p.q.data(), DType::f32, Shape{8, 1, 8});
+    const auto message = [&](const TensorView& o, const TensorView* l) {
+        try {
+            sdpa_varlen(p.q, p.k, p.v, p.cq, p.ck, p.opt, o, l);
+        } catch (const Error& e) {
+            return std::string(e.what());
+        }
+        return std::string("no error");
+    };
+    EXPECT_EQ(message(out, &lse_in_out), "sdpa_varlen: out: must not share memory with lse (both are outputs: one would overwrite the other)");
+    EXPECT_NE(message(out_over_q, nullptr).find("sdpa_varlen: out: must not share memory with q"), std::string::npos);
+    EXPECT_TRUE(still_poisoned(out));
+}
+
 TEST(VarlenErrors, BackwardChecksBeforeWriting) {
     VarlenCase c;
     c.lq = {3, 5};

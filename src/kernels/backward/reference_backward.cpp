@@ -1,9 +1,12 @@
 // The textbook gradient of attention, in double: the oracle the tiled backward is tested
 // against. It uses the softmax Jacobian directly (no saved lse, no Dᵢ trick), so the two
 // paths share only the forward's definition.
+#include <new>
 #include <vector>
 
+#include "attn/error.hpp"
 #include "../../core/dropout.hpp"
+#include "../../core/parallel_for.hpp"
 #include "../../core/element_io.hpp"
 #include "../reference/reference.hpp"
 #include "backward.hpp"
@@ -37,8 +40,7 @@ void reference_backward(const BackwardProblem& bp) {
     const std::int64_t tasks = p.B * p.Hkv;
     // dσ per (b, h), summed over b at the end in order (deterministic).
     std::vector<double> dsinks(static_cast<std::size_t>(p.B * p.Hq), 0.0);
-#pragma omp parallel for schedule(dynamic, 1)
-    for (std::int64_t t = 0; t < tasks; ++t) {
+    const auto task = [&](std::int64_t t) {
         const std::int64_t b = t / p.Hkv, hk = t % p.Hkv;
         double* dsig = dsinks.data() + b * p.Hq;
         const std::vector<double> K = load_rows(p.k, b, hk, Lk, Dk);  // (Lk, Dk)
@@ -88,6 +90,14 @@ void reference_backward(const BackwardProblem& bp) {
         }
         store_rows(bp.dk, b, hk, Lk, Dk, dK);
         store_rows(bp.dv, b, hk, Lk, Dv, dV);
+    };
+    // The tasks allocate (a head's Lq × Lk in double): a std::bad_alloc in one is attn::OutOfMemory.
+    try {
+        parallel_for_may_throw(tasks, task);
+    } catch (const OutOfMemory&) {
+        throw;
+    } catch (const std::bad_alloc&) {
+        reference_out_of_memory(p);
     }
     if (bp.dsinks)
         for (std::int64_t h = 0; h < p.Hq; ++h) {

@@ -3,8 +3,13 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <new>
+#include <string>
 
+#include "attn/error.hpp"
+#include "../../core/allocate.hpp"
 #include "../../core/dropout.hpp"
+#include "../../core/parallel_for.hpp"
 #include "../../core/element_io.hpp"
 #include "../scores.hpp"
 
@@ -109,28 +114,45 @@ void reference_head(const SdpaProblem& p, std::int64_t b, std::int64_t h, HeadSt
     weighted_sum(p, b, h, steps.weights, steps.out);
 }
 
-void reference_forward(const SdpaProblem& p) {
-    const std::int64_t pairs = p.B * p.Hq;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (std::int64_t bh = 0; bh < pairs; ++bh) {
-        const std::int64_t b = bh / p.Hq, h = bh % p.Hq;
-        HeadSteps s;
-        reference_head(p, b, h, s);
-        for (std::int64_t i = 0; i < p.Lq; ++i) {
-            for (std::int64_t d = 0; d < p.Dv; ++d)
-                store(p.out, p.out.offset(b, h, i, d), s.out[static_cast<std::size_t>(i * p.Dv + d)]);
-            if (p.lse) store(*p.lse, p.lse->offset(b, h, i), s.lse[static_cast<std::size_t>(i)]);
-            if (p.weights)
-                for (std::int64_t j = 0; j < p.Lk; ++j)
-                    store(*p.weights, p.weights->offset(b, h, i, j), s.weights[static_cast<std::size_t>(i * p.Lk + j)]);
-            if (p.scores) {
-                const std::vector<double>& S = p.scores_stage == ScoreStage::scaled       ? s.scores
-                                               : p.scores_stage == ScoreStage::softcapped ? s.softcapped_scores
-                                                                                          : s.masked_scores;
-                for (std::int64_t j = 0; j < p.Lk; ++j)
-                    store(*p.scores, p.scores->offset(b, h, i, j), S[static_cast<std::size_t>(i * p.Lk + j)]);
-            }
+void reference_out_of_memory(const SdpaProblem& p) {
+    const std::int64_t per_thread = 4 * p.Lq * p.Lk * static_cast<std::int64_t>(sizeof(double));
+    throw OutOfMemory("out of memory: the reference kernel keeps one head's Lq x Lk = " + std::to_string(p.Lq) + " x " +
+                      std::to_string(p.Lk) + " scores four times in double, " + describe_bytes(per_thread) +
+                      " per thread; the flash kernel (float32, float16 or bfloat16 inputs) needs none of it");
+}
+
+namespace {
+
+// One (b, h): its steps, then its rows of out (lse, weights, scores when asked).
+void forward_head(const SdpaProblem& p, std::int64_t b, std::int64_t h) {
+    HeadSteps s;
+    reference_head(p, b, h, s);
+    for (std::int64_t i = 0; i < p.Lq; ++i) {
+        for (std::int64_t d = 0; d < p.Dv; ++d)
+            store(p.out, p.out.offset(b, h, i, d), s.out[static_cast<std::size_t>(i * p.Dv + d)]);
+        if (p.lse) store(*p.lse, p.lse->offset(b, h, i), s.lse[static_cast<std::size_t>(i)]);
+        if (p.weights)
+            for (std::int64_t j = 0; j < p.Lk; ++j)
+                store(*p.weights, p.weights->offset(b, h, i, j), s.weights[static_cast<std::size_t>(i * p.Lk + j)]);
+        if (p.scores) {
+            const std::vector<double>& S = p.scores_stage == ScoreStage::scaled       ? s.scores
+                                           : p.scores_stage == ScoreStage::softcapped ? s.softcapped_scores
+                                                                                      : s.masked_scores;
+            for (std::int64_t j = 0; j < p.Lk; ++j)
+                store(*p.scores, p.scores->offset(b, h, i, j), S[static_cast<std::size_t>(i * p.Lk + j)]);
         }
+    }
+}
+
+}  // namespace
+
+void reference_forward(const SdpaProblem& p) {
+    try {
+        parallel_for_may_throw(p.B * p.Hq, [&](std::int64_t bh) { forward_head(p, bh / p.Hq, bh % p.Hq); });
+    } catch (const OutOfMemory&) {
+        throw;
+    } catch (const std::bad_alloc&) {
+        reference_out_of_memory(p);
     }
 }
 

@@ -23,7 +23,12 @@ struct HeadSteps {
 
 void reference_head(const SdpaProblem& p, std::int64_t b, std::int64_t h, HeadSteps& steps);
 
-// All heads; writes p.out (and p.lse, p.weights when present). Threads over (b, h).
+// All heads; writes p.out (and p.lse, p.weights when present). Threads over (b, h). A
+// std::bad_alloc in a thread comes out as attn::OutOfMemory (reference_out_of_memory).
 void reference_forward(const SdpaProblem& p);
+
+// attn::OutOfMemory naming what the reference holds per thread: one head's Lq × Lk scores,
+// four times in double (HeadSteps), and the way out (the float32 kernels need none of it).
+[[noreturn]] void reference_out_of_memory(const SdpaProblem& p);
 
 }  // namespace attn::detail

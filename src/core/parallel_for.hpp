@@ -1,0 +1,39 @@
+// `#pragma omp parallel for schedule(dynamic, 1)` for loop bodies that may throw (they
+// allocate, or call code that checks): an exception must not leave an OpenMP region — that is
+// std::terminate — so each body's exception is caught, the remaining iterations are skipped,
+// and the first one is rethrown on the calling thread after the region.
+#pragma once
+
+#include <omp.h>
+
+#include <atomic>
+#include <cstdint>
+#include <exception>
+
+namespace attn::detail {
+
+template <class Body>
+void parallel_for_may_throw(std::int64_t n, int threads, Body&& body) {
+    std::exception_ptr error;
+    std::atomic<bool> failed{false};
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (std::int64_t i = 0; i < n; ++i) {
+        if (failed.load(std::memory_order_relaxed)) continue;
+        try {
+            body(i);
+        } catch (...) {
+#pragma omp critical(attn_parallel_for_may_throw)
+            if (!error) error = std::current_exception();
+            failed.store(true, std::memory_order_relaxed);
+        }
+    }
+    if (error) std::rethrow_exception(error);
+}
+
+// The same on OpenMP's default thread count (attn's setting inside a ComputeThreads scope).
+template <class Body>
+void parallel_for_may_throw(std::int64_t n, Body&& body) {
+    parallel_for_may_throw(n, omp_get_max_threads(), static_cast<Body&&>(body));
+}
+
+}  // namespace attn::detail
