@@ -22,7 +22,7 @@
 //   lse: (B, Hq, Lq) float32, optional: natural log-sum-exp of the scaled scores
 //   options: scale, causal, window, query_offset, masks ((B, Hq, Lq, n) broadcastable,
 //            n = cache.max_length()); key_lengths come from the cache (must be unset);
-//            no dropout, no weights (decode never forms them)
+//            dropout as in sdpa (the decode kernel declines it: flash or the reference runs)
 // Append the new tokens' K and V to the cache before calling: with causal masking, a
 // sequence holding fewer than Lq positions is an error. Results do not depend on the
 // thread count.

@@ -121,7 +121,9 @@ private:
 //            key_lengths come from the cache. impl must be auto, decode or flash; no dropout,
 //            no weights.
 // The result is bit-identical to decode_attention on a contiguous KVCache holding the same
-// tokens (float32 or the same 16-bit storage), and to flash on it for chunked prefill.
+// tokens (float32 or the same 16-bit storage) for Lq <= 16, and for chunked prefill on a
+// float32 pool (flash on both). A 16-bit pool's chunked prefill runs decode blocks where
+// decode_attention runs flash: other float32 sums, the same bound against the reference.
 void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::vector<PagedKVCache::SeqId>& seqs,
                      const SdpaOptions& options, const TensorView& out, const TensorView* lse = nullptr);
 

@@ -70,6 +70,24 @@ elseif(EXISTS "${ring_header}")
   file(REMOVE_RECURSE "${WORK_DIR}")
   message(FATAL_ERROR "attn/ring.hpp is installed but find_package(attn) has no attn::dist to link it")
 endif()
+# Without cairo/pango (pkg-config finds nothing), a project of attn::attn alone configures,
+# builds and runs; asking for the viz component fails in find_package.
+set(core_build "${WORK_DIR}/build-core")
+step("configure attn::attn alone without pkg-config's packages" ${CMAKE_COMMAND} -E env PKG_CONFIG_LIBDIR=/nonexistent
+     ${CMAKE_COMMAND} -S "${CONSUMER_SOURCE_DIR}" -B "${core_build}" -G "${GENERATOR}" -DCMAKE_BUILD_TYPE=Release
+     -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
+     -DATTN_CONSUMER_CORE_ONLY=ON)
+step("build attn::attn alone" ${CMAKE_COMMAND} --build "${core_build}")
+step("run attn::attn alone" "${core_build}/attn_consumer")
+execute_process(COMMAND ${CMAKE_COMMAND} -E env PKG_CONFIG_LIBDIR=/nonexistent
+                ${CMAKE_COMMAND} -S "${CONSUMER_SOURCE_DIR}" -B "${WORK_DIR}/build-viz" -G "${GENERATOR}"
+                -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
+                -DATTN_CONSUMER_CORE_ONLY=ON -DATTN_CONSUMER_REQUIRE_VIZ=ON
+                RESULT_VARIABLE viz_rc OUTPUT_VARIABLE viz_out ERROR_VARIABLE viz_err)
+if(viz_rc EQUAL 0)
+  file(REMOVE_RECURSE "${WORK_DIR}")
+  message(FATAL_ERROR "find_package(attn COMPONENTS viz) succeeded without cairo/pango:\n${viz_out}")
+endif()
 # The installed CLI runs too.
 step("run the installed attn" "${prefix}/bin/attn" --version)
 
