@@ -116,10 +116,11 @@ private:
 //         reference's, which does not read pages); batch row b is sequence seqs[b]; Hq a
 //         multiple of Hkv
 //   out:  (B, Hq, Lq, Dv) any float dtype (rounded once);  lse: (B, Hq, Lq) float32, optional
-//   options: exactly decode_attention's (scale, causal — bottom-right per sequence —, window,
+//   options: decode_attention's (scale, causal — bottom-right per sequence —, window,
 //            query_offset, masks broadcastable to (B, Hq, Lq, max length), modifiers);
-//            key_lengths come from the cache. impl must be auto, decode or flash; no dropout,
-//            no weights.
+//            key_lengths come from the cache. impl must be auto, decode or flash. Unlike
+//            decode_attention, no fallback for what the decode kernel declines (dropout on
+//            the decode path): it is an error.
 // The result is bit-identical to decode_attention on a contiguous KVCache holding the same
 // tokens (float32 or the same 16-bit storage) for Lq <= 16, and for chunked prefill on a
 // float32 pool (flash on both). A 16-bit pool's chunked prefill runs decode blocks where

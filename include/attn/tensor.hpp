@@ -90,8 +90,10 @@ class Tensor {
 public:
     Tensor() = default;
     Tensor(DType dtype, Shape shape, bool fill_zero = false, std::string_view name = "a tensor");
-    // Tensor(dt, shape, "name"): without this, the string would convert to bool fill_zero.
-    Tensor(DType dtype, Shape shape, const char* name) : Tensor(dtype, shape, false, name) {}
+    // Tensor(dt, shape, "name"): without this, a string literal would convert to bool fill_zero.
+    // (A template on the array, so that Tensor(dt, shape, 0) still means fill_zero = false.)
+    template <std::size_t N>
+    Tensor(DType dtype, Shape shape, const char (&name)[N]) : Tensor(dtype, shape, false, std::string_view(name)) {}
 
     TensorView view() const { return view_; }
     operator TensorView() const { return view_; }  // NOLINT(google-explicit-constructor)

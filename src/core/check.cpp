@@ -1,6 +1,8 @@
 #include "check.hpp"
 
 #include <charconv>
+#include <cstdint>
+#include <numeric>
 
 namespace attn::detail {
 namespace {
@@ -130,10 +132,41 @@ Span span_of(const TensorView& t) {
 
 }  // namespace
 
+namespace {
+
+// Two views whose rows interleave without sharing a byte (Q = buf[..., :D] and
+// out = buf[..., D:] of one (B, H, L, 2D) buffer): when each view's last dim is unit-stride
+// and every other dim's byte stride is a multiple of a period g, each view's bytes lie, modulo
+// g, in one interval [address, address + row bytes); two such intervals that do not meet on
+// the circle of length g mean no shared byte. (A sufficient test: false when unsure.)
+bool rows_interleave_apart(const TensorView& a, const TensorView& b) {
+    std::uint64_t g = 0;
+    const auto row_bytes = [&g](const TensorView& t) -> std::int64_t {  // -1: not a row layout
+        const int r = t.rank();
+        if (r == 0 || (t.dim(r - 1) > 1 && t.stride(r - 1) != 1)) return -1;
+        const auto es = static_cast<std::int64_t>(dtype_size(t.dtype()));
+        for (int d = 0; d < r - 1; ++d)
+            if (t.dim(d) > 1) {
+                const auto s = static_cast<unsigned __int128>(t.stride(d) < 0 ? -static_cast<__int128>(t.stride(d)) : t.stride(d));
+                if (s * static_cast<unsigned>(es) > UINT64_MAX) return -1;
+                g = std::gcd(g, static_cast<std::uint64_t>(s * static_cast<unsigned>(es)));
+            }
+        if (t.dim(r - 1) > INT64_MAX / es) return -1;
+        return t.dim(r - 1) * es;
+    };
+    const std::int64_t la = row_bytes(a), lb = row_bytes(b);
+    if (la < 0 || lb < 0 || g == 0 || static_cast<std::uint64_t>(la) + static_cast<std::uint64_t>(lb) > g) return false;
+    const std::uint64_t ra = reinterpret_cast<std::uintptr_t>(a.data()) % g, rb = reinterpret_cast<std::uintptr_t>(b.data()) % g;
+    const std::uint64_t d = (rb + g - ra) % g;  // b's interval starts d bytes after a's, on the circle
+    return d >= static_cast<std::uint64_t>(la) && d + static_cast<std::uint64_t>(lb) <= g;
+}
+
+}  // namespace
+
 bool share_memory(const TensorView& a, const TensorView& b) {
     if (is_empty(a) || is_empty(b)) return false;
     const Span x = span_of(a), y = span_of(b);
-    return x.lo < y.hi && y.lo < x.hi;
+    return x.lo < y.hi && y.lo < x.hi && !rows_interleave_apart(a, b);
 }
 
 void require_disjoint(std::string_view op, const TensorView& out, std::string_view out_name, const TensorView& other,

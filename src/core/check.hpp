@@ -70,8 +70,9 @@ void require_gradient_like(std::string_view op, const TensorView& t, std::string
 // size > 1 would make several results land on one address.
 void require_distinct_elements(std::string_view op, const TensorView& t, std::string_view name);
 
-// The address ranges a and b can touch intersect (conservative for interleaved strided views;
-// an empty view touches nothing).
+// a and b may share a byte: their address ranges intersect, and they are not rows that
+// interleave without meeting (Q = buf[..., :D], out = buf[..., D:]). Conservative for other
+// strided layouts; an empty view touches nothing.
 bool share_memory(const TensorView& a, const TensorView& b);
 
 // An output must not share memory with a tensor the kernel still reads.

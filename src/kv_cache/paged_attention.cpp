@@ -77,7 +77,11 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
     SdpaOptions o = options;
     o.key_lengths = TensorView(lengths.data(), DType::i64, Shape{B});
     const detail::SdpaProblem p = detail::make_problem(q, k, v, o, out, lse, nullptr, kOp);
-    detail::require_outputs_apart(p, options, kOp);  // the pools too
+    // The whole pools are inputs: the call reads pages anywhere in them (the kernel views above
+    // reach only the first n rows of each head's pool).
+    const TensorView key_pool = cache.key_pages(), value_pool = cache.value_pages();
+    detail::require_outputs_apart(kOp, {{&q, "Q"}, {&key_pool, "the key pages"}, {&value_pool, "the value pages"}}, options,
+                                  {{&out, "out"}, {lse, "lse"}});
     const detail::KernelSet& kernels = detail::kernel_set();
 
     // Chunked prefill through flash: automatic for Lq > 16 when flash takes the problem.

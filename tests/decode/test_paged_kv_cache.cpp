@@ -698,7 +698,14 @@ TEST(PagedKVCache, BadArgumentsAreClearErrors) {
     EXPECT_NE(error_of([&] { paged_attention(q, w.cache, {a}, o, out); }).find("declines this call: dropout"), std::string::npos);
     const TensorView into_pages(w.cache.value_pages().data(), DType::f32, Shape{1, 1, 1, 4});
     EXPECT_EQ(error_of([&] { paged_attention(q, w.cache, {a}, {}, into_pages); }),
-              "paged_attention: out: must not share memory with V (the kernel writes out while it still reads V)");
+              "paged_attention: out: must not share memory with the value pages (the kernel writes out while it still "
+              "reads the value pages)");
+    // In the last page of the pool, beyond the rows the kernel's K/V views span, but a page the
+    // call may read: refused all the same.
+    const TensorView vp = w.cache.value_pages();
+    const TensorView into_last_page(static_cast<float*>(vp.data()) + vp.numel() - 4, DType::f32, Shape{1, 1, 1, 4});
+    EXPECT_NE(error_of([&] { paged_attention(q, w.cache, {a}, {}, into_last_page); }).find("out: must not share memory with the value pages"),
+              std::string::npos);
     const Tensor q3 = random_f32(Shape{1, 1, 1, 3}, rng);
     EXPECT_EQ(error_of([&] { paged_attention(q3, w.cache, {a}, {}, out); }),
               "paged_attention: Q: head dim 3 does not match the cache's head_dim 4");

@@ -95,6 +95,28 @@ TEST(SdpaErrors, OutputsOverlappingInputsOrEachOther) {
                  {"sdpa: scores: must not share memory with Q"});
 }
 
+// Rows that interleave without sharing an element are apart (the check is not only address
+// ranges): Q and out as the two parts of each row of one (B, Hq, Lq, 14) buffer run and give
+// the result of separate tensors; shifted by one element into Q's columns, they are refused.
+TEST(SdpaErrors, InterleavedRowsThatDoNotMeetAreAccepted) {
+    Call c;
+    Tensor buf = random_tensor(DType::f32, Shape{2, 4, 5, 14}, 9);
+    const TensorView q = buf.view().slice(3, 0, 8), out = buf.view().slice(3, 8, 6);
+    const Tensor q_copy = attn::to_dtype(q, DType::f32);
+    attn::sdpa(q_copy, c.k, c.v, c.opt, c.out);  // the same problem, separate tensors
+    attn::sdpa(q, c.k, c.v, c.opt, out);
+    for (std::int64_t i = 0; i < c.out.numel(); ++i) {
+        const std::int64_t row = i / 6, col = i % 6;
+        ASSERT_EQ(out.data_as<float>()[row * 14 + col], c.out.data_as<float>()[i]) << i;
+    }
+    try {
+        attn::sdpa(q, c.k, c.v, c.opt, buf.view().slice(3, 7, 6));
+        ADD_FAILURE() << "out overlapping Q's last column was accepted";
+    } catch (const attn::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("sdpa: out: must not share memory with Q"), std::string::npos) << e.what();
+    }
+}
+
 TEST(SdpaErrors, NullData) {
     expect_error([](Call& c) { c.qv = TensorView(nullptr, DType::f32, Shape{2, 4, 5, 8}); }, {"sdpa: Q: data pointer is null"});
     expect_error([](Call& c) { c.kv = TensorView(nullptr, DType::f32, Shape{2, 2, 7, 8}); }, {"sdpa: K: data pointer is null"});
@@ -311,6 +333,33 @@ TEST(OptionParsers, ImplAndCausalNames) {
         std::exit(std::string(e.what()).find("reference kernel keeps one head's Lq x Lk = 2048 x 2048") == std::string::npos ? 3 : 0);
     }
 }
+
+// Broadcast (stride-0) float64 views so large that one head's Lq × Lk doubles exceed what a
+// std::vector can hold (length_error) or 2^63 bytes: attn::OutOfMemory, its message counting
+// the bytes without wrapping. (Not under ASan, which aborts on such a request.)
+#if !defined(__SANITIZE_ADDRESS__)
+TEST(SdpaErrors, ReferenceBeyondAnyAllocationIsOutOfMemory) {
+    double one = 1.0;
+    const std::int64_t Lk = std::int64_t{1} << 34;  // the most keys a call may have
+    // Lq·Lk = 2^59 doubles (bad_alloc) and 2^61 (above max_size: length_error). out is never
+    // written, so its 256 MiB / 1 GiB stay virtual.
+    for (const std::int64_t Lq : {std::int64_t{1} << 25, std::int64_t{1} << 27}) {
+        const TensorView q(&one, DType::f64, Shape{1, 1, Lq, 1}, attn::Strides{0, 0, 0, 0});
+        const TensorView kv(&one, DType::f64, Shape{1, 1, Lk, 1}, attn::Strides{0, 0, 0, 0});
+        Tensor out_rows{DType::f64, Shape{1, 1, Lq, 1}};
+        SdpaOptions opt;
+        opt.impl = Impl::reference;
+        try {
+            attn::sdpa(q, kv, kv, opt, out_rows);
+            ADD_FAILURE() << "no error for Lq = " << Lq;
+        } catch (const attn::OutOfMemory& e) {
+            EXPECT_NE(std::string(e.what()).find("more than 2^63 bytes per thread"), std::string::npos) << e.what();
+        } catch (const attn::Error& e) {
+            ADD_FAILURE() << "Lq = " << Lq << ": " << e.what();
+        }
+    }
+}
+#endif
 
 TEST(SdpaErrorsDeathTest, ReferenceOutOfMemoryIsAnError) {
     GTEST_FLAG_SET(death_test_style, "threadsafe");

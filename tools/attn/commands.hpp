@@ -16,7 +16,8 @@ std::string unknown_command(const CLI::App& app, int argc, const char* const* ar
 
 // True for `attn ring` on an MPI rank other than 0, known from the launcher's environment
 // before MPI starts: such a rank keeps an option error to itself (rank 0 prints the one line
-// every rank would print).
+// every rank would print) and waits a moment before it exits, so that mpirun, which kills the
+// job when a rank exits non-zero, does not kill rank 0 before it has printed.
 bool silent_ring_rank(int argc, const char* const* argv);
 
 void add_bench_command(CLI::App& app);

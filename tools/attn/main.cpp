@@ -1,7 +1,9 @@
 // attn — command-line front end of the library. See `attn --help`.
+#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <thread>
 
 #include "attn/error.hpp"
 #include "commands.hpp"
@@ -13,7 +15,13 @@ int main(int argc, char** argv) {
     attn::cli::install_signal_handlers();
     const bool silent = attn::cli::silent_ring_rank(argc, argv);
     const auto report = [&](const char* message) {
-        if (!silent) std::fprintf(stderr, "attn: error: %s\n", message);
+        if (!silent) {
+            std::fprintf(stderr, "attn: error: %s\n", message);
+        } else {
+            // Every rank fails alike; once one exits non-zero, mpirun kills the others. A silent
+            // rank waits so that rank 0 has printed first (it exits at once, ending the wait).
+            std::this_thread::sleep_for(std::chrono::seconds(3));
+        }
         return 2;
     };
     try {

@@ -2,6 +2,7 @@
 // against. It uses the softmax Jacobian directly (no saved lse, no Dᵢ trick), so the two
 // paths share only the forward's definition.
 #include <new>
+#include <stdexcept>
 #include <vector>
 
 #include "attn/error.hpp"
@@ -97,6 +98,8 @@ void reference_backward(const BackwardProblem& bp) {
     } catch (const OutOfMemory&) {
         throw;
     } catch (const std::bad_alloc&) {
+        reference_out_of_memory(p);
+    } catch (const std::length_error&) {  // a std::vector above max_size()
         reference_out_of_memory(p);
     }
     if (bp.dsinks)

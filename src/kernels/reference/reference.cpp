@@ -4,10 +4,13 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <optional>
+#include <stdexcept>
 #include <string>
 
 #include "attn/error.hpp"
 #include "../../core/allocate.hpp"
+#include "../../core/checked_size.hpp"
 #include "../../core/dropout.hpp"
 #include "../../core/parallel_for.hpp"
 #include "../../core/element_io.hpp"
@@ -115,9 +118,11 @@ void reference_head(const SdpaProblem& p, std::int64_t b, std::int64_t h, HeadSt
 }
 
 void reference_out_of_memory(const SdpaProblem& p) {
-    const std::int64_t per_thread = 4 * p.Lq * p.Lk * static_cast<std::int64_t>(sizeof(double));
+    std::optional<std::int64_t> per_thread = size_mul(p.Lq, p.Lk);
+    if (per_thread) per_thread = size_mul(*per_thread, 4 * static_cast<std::int64_t>(sizeof(double)));
     throw OutOfMemory("out of memory: the reference kernel keeps one head's Lq x Lk = " + std::to_string(p.Lq) + " x " +
-                      std::to_string(p.Lk) + " scores four times in double, " + describe_bytes(per_thread) +
+                      std::to_string(p.Lk) + " scores four times in double, " +
+                      (per_thread ? describe_bytes(*per_thread) : std::string("more than 2^63 bytes")) +
                       " per thread; the flash kernel (float32, float16 or bfloat16 inputs) needs none of it");
 }
 
@@ -152,6 +157,8 @@ void reference_forward(const SdpaProblem& p) {
     } catch (const OutOfMemory&) {
         throw;
     } catch (const std::bad_alloc&) {
+        reference_out_of_memory(p);
+    } catch (const std::length_error&) {  // a std::vector above max_size(): the same story
         reference_out_of_memory(p);
     }
 }
