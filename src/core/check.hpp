@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -78,6 +79,9 @@ bool share_memory(const TensorView& a, const TensorView& b);
 // An output must not share memory with a tensor the kernel still reads.
 void require_disjoint(std::string_view op, const TensorView& out, std::string_view out_name, const TensorView& other,
                       std::string_view other_name);
+
+// An optional tensor argument as the pointer the checks take: null when not given.
+inline const TensorView* view_or_null(const std::optional<TensorView>& t) { return t ? &*t : nullptr; }
 
 // A tensor and the name its messages use.
 struct Named {

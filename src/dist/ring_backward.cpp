@@ -68,7 +68,7 @@ void check_gradients(const TensorView& q, const TensorView& k, const TensorView&
     attn::detail::require_gradient_outputs(kOp,
                                            {{&q, "Q"}, {&k, "K"}, {&v, "V"}, {&out, "out"}, {&lse, "lse"}, {&grad_out, "grad_out"}},
                                            {{&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}}, dsinks,
-                                           o.sinks ? &*o.sinks : nullptr, q.dim(1));
+                                           attn::detail::view_or_null(o.sinks), q.dim(1));
     // The local backward kernel must accept these calls: probe it on one zero row now, so that it
     // cannot refuse inside the ring.
     // The inputs' own dtypes; float32 gradients, as the ring's block calls write them.

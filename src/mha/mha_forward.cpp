@@ -40,9 +40,8 @@ void check_outputs(const MultiHeadAttention& m, const TensorView& query, const T
                  " ", weights->shape());
         }
     }
-    const auto given = [](const std::optional<TensorView>& t) { return t ? &*t : nullptr; };
-    detail::require_apart(kMha, {{&query, "query"}, {&key, "key"}, {&value, "value"}, {given(options.attn_mask), "attn_mask"},
-                                 {given(options.key_padding_mask), "key_padding_mask"}},
+    detail::require_apart(kMha, {{&query, "query"}, {&key, "key"}, {&value, "value"}, {detail::view_or_null(options.attn_mask), "attn_mask"},
+                                 {detail::view_or_null(options.key_padding_mask), "key_padding_mask"}},
                           {{&output, "output"}, {weights, "weights"}});
 }
 

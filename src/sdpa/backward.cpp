@@ -35,7 +35,7 @@ void sdpa_backward(const TensorView& q, const TensorView& k, const TensorView& v
                                      detail::with_option_tensors({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"},
                                                                   {&lse, "lse"}, {&grad_out, "grad_out"}}, options),
                                      {{&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}}, dsinks,
-                                     options.sinks ? &*options.sinks : nullptr, p.fwd.Hq);
+                                     detail::view_or_null(options.sinks), p.fwd.Hq);
     if (dsinks != nullptr) p.dsinks = *dsinks;
     p.grad_out = grad_out;
     p.dq = dq;

@@ -238,15 +238,11 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
     return p;
 }
 
-namespace {
-const TensorView* given(const std::optional<TensorView>& t) { return t ? &*t : nullptr; }
-}  // namespace
-
 std::vector<Named> with_option_tensors(std::vector<Named> inputs, const SdpaOptions& o) {
-    const TensorView* query_offsets = o.query_offset && o.query_offset->per_sequence ? &*o.query_offset->per_sequence : nullptr;
-    inputs.insert(inputs.end(), {{given(o.bool_mask), "bool_mask"}, {given(o.additive_mask), "additive_mask"},
-                                 {given(o.key_lengths), "key_lengths"}, {query_offsets, "query_offset"},
-                                 {given(o.alibi_slopes), "alibi_slopes"}, {given(o.sinks), "sinks"}});
+    const TensorView* query_offsets = o.query_offset ? view_or_null(o.query_offset->per_sequence) : nullptr;
+    inputs.insert(inputs.end(), {{view_or_null(o.bool_mask), "bool_mask"}, {view_or_null(o.additive_mask), "additive_mask"},
+                                 {view_or_null(o.key_lengths), "key_lengths"}, {query_offsets, "query_offset"},
+                                 {view_or_null(o.alibi_slopes), "alibi_slopes"}, {view_or_null(o.sinks), "sinks"}});
     return inputs;
 }
 
@@ -257,7 +253,7 @@ void require_outputs_apart(std::string_view kOp, std::vector<Named> inputs, cons
 
 void require_outputs_apart(const SdpaProblem& p, const SdpaOptions& o, std::string_view kOp) {
     require_outputs_apart(kOp, {{&p.q, "Q"}, {&p.k, "K"}, {&p.v, "V"}}, o,
-                          {{&p.out, "out"}, {given(p.lse), "lse"}, {given(p.weights), "weights"}, {given(p.scores), "scores"}});
+                          {{&p.out, "out"}, {view_or_null(p.lse), "lse"}, {view_or_null(p.weights), "weights"}, {view_or_null(p.scores), "scores"}});
 }
 
 void attach_scores(SdpaProblem& p, const ScoresOutput& s, std::string_view kOp) {

@@ -42,7 +42,7 @@ void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const Tensor
                                      detail::with_option_tensors({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"},
                                                                   {&lse, "lse"}, {&grad_out, "grad_out"}}, options),
                                      {{&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}}, dsinks,
-                                     options.sinks ? &*options.sinks : nullptr, pb.Hq);
+                                     detail::view_or_null(options.sinks), pb.Hq);
     if (options.impl == Impl::decode) {
         detail::fail(kOp, "impl: decode is a forward-only kernel; use auto, reference or flash");
     }
