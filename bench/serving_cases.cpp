@@ -234,7 +234,8 @@ void run_chunked_prefill(const Context& ctx, std::vector<CaseResult>& out) {
     CaseResult c;
     c.id = "P2";
     c.what = "chunked prefill on a paged cache";
-    c.shape = "B=1 Hq=16 Hkv=4 Lq=512 new of n=4096 cached, D=128 f32 causal: contiguous vs pages (flash) vs decode blocks";
+    c.shape = "B=1 Hq=16 Hkv=4 Lq=512 new of n=4096 cached, D=128 f32 causal: contiguous vs pages (flash) vs decode blocks; "
+              "and a float16 pool";
     c.params = {{"B", 1}, {"Hq", Hq}, {"Hkv", Hkv}, {"Lq", Lq}, {"n", n}, {"D", D}, {"storage", "float32"}};
     // Visible pairs: query i (of the chunk) sees n − Lq + i + 1 keys.
     const double pairs = static_cast<double>(Lq) * static_cast<double>(n - Lq) + Lq * (Lq + 1) / 2.0;
@@ -265,12 +266,17 @@ void run_chunked_prefill(const Context& ctx, std::vector<CaseResult>& out) {
         fo.impl = Impl::flash;
         add(timed(ctx.cfg, "contiguous", [&] { decode_attention(q, kv, fo, want); }), want, "flash", "");
     }
-    // pages: {page size, interleave with a second sequence, impl}
-    struct Variant { std::int64_t ps; bool frag; Impl impl; const char* name; };
+    // pages: {page size, interleave with a second sequence, impl, pool dtype}. The float16 pool's
+    // max|d| against the float32 contiguous row is K and V's rounding to float16.
+    struct Variant { std::int64_t ps; bool frag; Impl impl; const char* name; DType storage = DType::f32; };
     for (const Variant& x : {Variant{16, false, Impl::automatic, "paged16"}, Variant{32, false, Impl::automatic, "paged32"},
                              Variant{128, false, Impl::automatic, "paged128"}, Variant{16, true, Impl::automatic, "paged16-frag"},
-                             Variant{16, false, Impl::decode, "paged16-decode"}}) {
-        PagedKVCache cache(paged_config(Hkv, D, x.ps, x.frag ? 2 : 1, n));
+                             Variant{16, false, Impl::decode, "paged16-decode"},
+                             Variant{16, false, Impl::automatic, "paged16-f16", DType::f16},
+                             Variant{16, false, Impl::decode, "paged16-f16-decode", DType::f16}}) {
+        PagedKVCacheConfig pc = paged_config(Hkv, D, x.ps, x.frag ? 2 : 1, n);
+        pc.storage = x.storage;
+        PagedKVCache cache(pc);
         const PagedKVCache::SeqId s = cache.add_sequence(), other = cache.add_sequence();
         for (std::int64_t t = 0; t < n; t += x.ps)
             for (PagedKVCache::SeqId id : {s, other})
@@ -280,12 +286,14 @@ void run_chunked_prefill(const Context& ctx, std::vector<CaseResult>& out) {
         po.impl = x.impl;
         const Tensor o(DType::f32, Shape{1, Hq, Lq, D});
         add(timed(ctx.cfg, x.name, [&] { paged_attention(q, cache, {s}, po, o); }), o,
-            x.impl == Impl::decode ? "decode (pages, blocks of 16)" : "flash (pages)", x.frag ? "every other page" : "");
+            x.impl == Impl::decode ? "decode (pages, blocks of 16)" : "flash (pages)",
+            x.frag ? "every other page" : x.storage == DType::f16 ? "float16 pool" : "");
     }
     c.note = "time / contiguous: paged16 " + format_double("%.3f", medians[1] / medians[0]) + ", paged32 " +
              format_double("%.3f", medians[2] / medians[0]) + ", paged128 " + format_double("%.3f", medians[3] / medians[0]) +
              ", paged16 fragmented " + format_double("%.3f", medians[4] / medians[0]) + "; decode blocks " +
-             format_double("%.3f", medians[5] / medians[0]);
+             format_double("%.3f", medians[5] / medians[0]) + "; float16 pool: flash " +
+             format_double("%.3f", medians[6] / medians[0]) + ", decode blocks " + format_double("%.3f", medians[7] / medians[0]);
     out.push_back(std::move(c));
 }
 

@@ -108,9 +108,9 @@ private:
 // pages directly (no gather into a contiguous copy) with the decode kernel: split-KV over
 // the pages, every query head sharing a KV head in one pass (GQA), float16/bfloat16 pages
 // converted on the fly. Lq <= 16 is a decode step. A longer query block (chunked prefill:
-// the block's K/V appended first) on a float32 pool runs the flash kernel, its key tiles read
-// through the page table; on a 16-bit pool (or impl = decode) it runs as blocks of 16
-// queries, each reading the pages once.
+// the block's K/V appended first) runs the flash kernel, its key tiles read through the page
+// table (16-bit pages widened per tile); with impl = decode it runs as blocks of 16 queries
+// through the decode kernel instead, each reading the pages once.
 //
 //   q:    (B, Hq, Lq, Dk) float32, float16 or bfloat16 (the kernels' inputs; float64 is the
 //         reference's, which does not read pages); batch row b is sequence seqs[b]; Hq a
@@ -122,9 +122,9 @@ private:
 //            decode_attention, no fallback for what the decode kernel declines (dropout on
 //            the decode path): it is an error.
 // The result is bit-identical to decode_attention on a contiguous KVCache holding the same
-// tokens (float32 or the same 16-bit storage) for Lq <= 16, and for chunked prefill on a
-// float32 pool (flash on both). A 16-bit pool's chunked prefill runs decode blocks where
-// decode_attention runs flash: other float32 sums, the same bound against the reference.
+// tokens (float32 or the same 16-bit storage), with the same impl: decode for Lq <= 16, flash
+// for chunked prefill (Lq > 16). impl = decode on a chunk gives other float32 sums than
+// decode_attention's flash, within the same bound against the reference.
 void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::vector<PagedKVCache::SeqId>& seqs,
                      const SdpaOptions& options, const TensorView& out, const TensorView* lse = nullptr);
 

@@ -1,11 +1,10 @@
 // paged_attention: decode_attention's problem (make_problem: the same checks, the same
 // alignment rule, key_lengths = the sequences' lengths) with K/V rows addressed through the
 // page tables (kernels/paged_rows.hpp) instead of a contiguous view. Two kernels read pages:
-// decode (Lq <= 16) and, for chunked prefill (Lq > 16) of a float32 pool, flash (its key
-// tiles read in place or packed page by page: the bits of flash on the contiguous cache).
-// A float16/bfloat16 pool, or impl = decode, runs a long query block as blocks of 16 through
-// the decode kernel, each an exact slice of the problem: its queries keep their diagonals
-// through query_offset.
+// decode (Lq <= 16) and, for chunked prefill (Lq > 16) of any pool, flash (its key tiles read
+// in place or packed page by page, 16-bit pages widened: the bits of flash on the contiguous
+// cache). impl = decode runs a long query block as blocks of 16 through the decode kernel,
+// each an exact slice of the problem: its queries keep their diagonals (SdpaProblem::rows_before).
 #include <algorithm>
 #include <vector>
 
@@ -84,12 +83,10 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
                                   {{&out, "out"}, {lse, "lse"}});
     const detail::KernelSet& kernels = detail::kernel_set();
 
-    // Chunked prefill through flash: automatic for Lq > 16 when flash takes the problem.
-    // The driver reads float32 pages (paged_tile_rows); a 16-bit pool goes to decode blocks.
-    std::string flash_declines = detail::flash_decline_reason(p);
-    if (flash_declines.empty() && p.k.dtype() != DType::f32)
-        flash_declines = std::string("the pool stores ") + std::string(dtype_name(p.k.dtype())) +
-                         " and flash reads float32 pages (decode blocks read 16-bit pages)";
+    // Chunked prefill through flash: automatic for Lq > 16 when flash takes the problem. The
+    // driver reads the pages of any pool (flash_operands.hpp, paged_tile_rows; the bf16-compute
+    // operands through kv_row_offset), so the result has the bits of flash on the contiguous cache.
+    const std::string flash_declines = detail::flash_decline_reason(p);
     if (options.impl == Impl::flash || (options.impl == Impl::automatic && Lq > kMaxDecodeQueries && flash_declines.empty())) {
         if (!flash_declines.empty()) detail::fail(kOp, "impl: the flash kernel declines this call: ", flash_declines);
         detail::SdpaProblem fp = p;

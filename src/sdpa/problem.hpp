@@ -53,8 +53,8 @@ struct SdpaProblem {
     bool bf16_products = false;
     std::int64_t query_offset_value = 0;
     std::optional<TensorView> query_offsets;  // (B,) int32/int64
-    // A block of the caller's query rows (paged_attention runs chunked prefill on a 16-bit pool
-    // as decode blocks of 16): row i here is row rows_before + i of the caller's problem, which
+    // A block of the caller's query rows (paged_attention with impl = decode runs chunked
+    // prefill as decode blocks of 16): row i here is row rows_before + i of the caller's problem, which
     // has rows_after more rows below. The diagonals (masks, ALiBi) and the dropout rows stay
     // the caller's; q, out, lse and the masks are the block's slices.
     std::int64_t rows_before = 0, rows_after = 0;

@@ -3,8 +3,8 @@
 //     random page sizes, storages, GQA, lengths, forks and truncations, on every kernel row;
 //   * fork is copy-on-write: neither side ever sees the other's later tokens, pages are
 //     shared until written;
-//   * chunked prefill (Lq > 16): through flash on the pages, bit-identical to flash on the
-//     contiguous cache; both paths (flash, decode blocks) against the double reference, the
+//   * chunked prefill (Lq > 16): through flash on the pages of any pool, bit-identical to
+//     flash on the contiguous cache; both paths (flash, decode blocks) against the double reference, the
 //     decode blocks for every mask kind, alignment and modifier;
 //   * pool exhaustion and every bad argument: a clear attn::Error, nothing changed/written.
 // The oracle side keeps each sequence's tokens in a plain "shadow" tensor list written by the
@@ -257,10 +257,12 @@ TEST(PagedKVCache, PagesInStretchesBitIdentical) {
             }
 }
 
-// Chunked prefill through the flash kernel reading pages (float32 pool, Lq > 16, or impl =
-// flash): bit-identical to flash on the contiguous cache (same tiles, same values) for random
-// page sizes (smaller, equal and larger than the 64-key tile), histories with forks and
-// truncations, GQA, masks, modifiers, and V holding NaN/inf/huge values (finite.hpp paths).
+// Chunked prefill through the flash kernel reading pages (Lq > 16, or impl = flash):
+// bit-identical to flash on the contiguous cache (same tiles, same values) for random page
+// sizes (smaller, equal and larger than the 64-key tile), float32/float16/bfloat16 pools with
+// float32 or 16-bit Q and out (all-bfloat16: the bf16-compute operands on AVX-512 BF16),
+// histories with forks and truncations, GQA, masks, modifiers, and V holding NaN/inf/huge
+// values (finite.hpp paths).
 void chunked_prefill_vs_contiguous(const detail::KernelSet& row, std::uint32_t seed, int worlds) {
     const detail::ScopedKernelSet use(row);
     std::mt19937 rng(seed);
@@ -272,6 +274,7 @@ void chunked_prefill_vs_contiguous(const detail::KernelSet& row, std::uint32_t s
         cfg.head_dim = std::vector<std::int64_t>{8, 16, 64, 13}[rng() % 4];
         cfg.value_dim = rng() % 3 ? cfg.head_dim : 24;
         cfg.num_pages = 8192;
+        cfg.storage = std::vector<DType>{DType::f32, DType::f16, DType::bf16}[rng() % 3];
         World w(cfg);
         random_history(w, rng, 20);
         std::vector<SeqId> ids;
@@ -291,10 +294,12 @@ void chunked_prefill_vs_contiguous(const detail::KernelSet& row, std::uint32_t s
             for (int e = 0; e < 3; ++e) {
                 const std::int64_t j = static_cast<std::int64_t>(rng()) % n, h = static_cast<std::int64_t>(rng() % cfg.kv_heads);
                 const std::int64_t d = static_cast<std::int64_t>(rng() % cfg.value_dim);
-                const float x = bad[rng() % 4];
+                float x = bad[rng() % 4];
                 const std::int32_t page = w.cache.page_table(s)[static_cast<std::size_t>(j / cfg.page_size)];
                 const TensorView vp = w.cache.value_pages();
-                vp.data_as<float>()[vp.offset(h, page, j % cfg.page_size, d)] = x;  // pages (Hkv, P, page, Dv)
+                const std::int64_t at = vp.offset(h, page, j % cfg.page_size, d);  // pages (Hkv, P, page, Dv)
+                store(vp, at, x);
+                x = static_cast<float>(load(vp, at));  // as stored (3e38 is inf in float16)
                 // Forks share pages: every sequence holding this page sees the new value.
                 for (auto& [o, sh] : w.shadow) {
                     const std::vector<std::int32_t>& t = w.cache.page_table(o);
@@ -322,11 +327,15 @@ void chunked_prefill_vs_contiguous(const detail::KernelSet& row, std::uint32_t s
                      std::to_string(B) + " Hq=" + std::to_string(Hq) + " Lq=" + std::to_string(Lq) + " Dk=" +
                      std::to_string(cfg.head_dim) + " causal=" + std::to_string(static_cast<int>(opt.causal)) +
                      " nonfinite=" + std::to_string(nonfinite));
-        const Tensor q = random_f32(Shape{B, Hq, Lq, cfg.head_dim}, rng);
-        const Tensor out_p = poisoned(DType::f32, Shape{B, Hq, Lq, cfg.value_dim});
+        // Q and out float32 or the pool's 16-bit dtype (both 16-bit bfloat16: bf16 compute).
+        const DType qt = rng() % 2 ? cfg.storage : DType::f32, ot = rng() % 2 ? qt : DType::f32;
+        const Tensor q = to_storage(random_f32(Shape{B, Hq, Lq, cfg.head_dim}, rng).view(), qt);
+        const Tensor out_p = poisoned(ot, Shape{B, Hq, Lq, cfg.value_dim});
         const Tensor lse_p = poisoned(DType::f32, Shape{B, Hq, Lq});
-        const Tensor out_c = poisoned(DType::f32, out_p.shape()), lse_c = poisoned(DType::f32, lse_p.shape());
+        const Tensor out_c = poisoned(ot, out_p.shape()), lse_c = poisoned(DType::f32, lse_p.shape());
         const TensorView lpv = lse_p.view(), lcv = lse_c.view();
+        SCOPED_TRACE(std::string("pool ") + std::string(dtype_name(cfg.storage)) + " q " + std::string(dtype_name(qt)) +
+                     " out " + std::string(dtype_name(ot)));
         paged_attention(q, w.cache, ids, opt, out_p, &lpv);
         SdpaOptions co = opt;
         co.impl = Impl::flash;
@@ -506,7 +515,7 @@ TEST(PagedKVCache, PoolExhaustedChangesNothing) {
     EXPECT_EQ(w.cache.length(a), 12);
 }
 
-// Chunked prefill through decode blocks of 16 queries (a 16-bit pool, or impl = decode) for
+// Chunked prefill through decode blocks of 16 queries (impl = decode, on any pool) for
 // every mask kind and modifier, against the double reference on the same (rounded) tokens:
 // each block must keep the caller's diagonals (causal and window of either alignment,
 // query_offset), ALiBi distances and mask rows. Bound: docs/conventions.md's 1e-5·(1 + |ref|).

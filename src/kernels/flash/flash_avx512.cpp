@@ -350,14 +350,16 @@ struct Avx512Bf16Ops : Avx512Ops {
         const std::uint16_t* k = p.k.data_as<const std::uint16_t>();
         const std::uint16_t* kp;
         std::int64_t ldk;
-        if (p.k.stride(3) == 1 && p.Dk % 2 == 0) {  // the rows as they are: pairs are adjacent
-            kp = k + p.k.offset(b, hk, j0, 0);
+        const std::int64_t sd = p.k.stride(3);
+        if (sd == 1 && p.Dk % 2 == 0 && one_run(p, j0, nk)) {  // the rows as they are: pairs are adjacent
+            kp = k + kv_row_offset(p, false, b, hk, j0);
             ldk = p.k.stride(2);
-        } else {  // strided head dim, or odd Dk (the last pair needs a zero, not the next element)
+        } else {  // strided head dim, odd Dk (the last pair needs a zero, not the next element), or pages
             std::uint16_t* buf = k_rows(p, w);
             ldk = 2 * Dp;
             for (std::int64_t j = 0; j < nk; ++j) {
-                for (std::int64_t d = 0; d < p.Dk; ++d) buf[j * ldk + d] = k[p.k.offset(b, hk, j0 + j, d)];
+                const std::uint16_t* row = k + kv_row_offset(p, false, b, hk, j0 + j);
+                for (std::int64_t d = 0; d < p.Dk; ++d) buf[j * ldk + d] = row[d * sd];
                 if (p.Dk % 2 != 0) buf[j * ldk + p.Dk] = 0;
             }
             kp = buf;
@@ -377,7 +379,7 @@ struct Avx512Bf16Ops : Avx512Ops {
         const std::uint16_t* v = p.v.data_as<const std::uint16_t>();
         const std::int64_t sd = p.v.stride(3);
         for (std::int64_t j = 0; j < nk; ++j) {
-            const std::uint16_t* src = v + p.v.offset(b, hk, j0 + j, 0);
+            const std::uint16_t* src = v + kv_row_offset(p, true, b, hk, j0 + j);
             float* dst = vbuf + j * p.Dv;
             std::int64_t d = 0;
             if (sd == 1)  // 16 at a time: zero-extend to 32 bits, shift into the high half
@@ -408,8 +410,8 @@ struct Avx512Bf16Ops : Avx512Ops {
         const std::uint16_t* v = p.v.data_as<const std::uint16_t>();
         const std::int64_t Dv = p.Dv, sd = p.v.stride(3);
         for (std::int64_t q = 0; q < half_up(nk); ++q) {
-            const std::uint16_t* r0 = v + p.v.offset(b, hk, j0 + 2 * q, 0);
-            const std::uint16_t* r1 = 2 * q + 1 < nk ? v + p.v.offset(b, hk, j0 + 2 * q + 1, 0) : nullptr;
+            const std::uint16_t* r0 = v + kv_row_offset(p, true, b, hk, j0 + 2 * q);
+            const std::uint16_t* r1 = 2 * q + 1 < nk ? v + kv_row_offset(p, true, b, hk, j0 + 2 * q + 1) : nullptr;
             Pair* d = dst + q * Dv;
             if (sd != 1) {
                 for (std::int64_t e = 0; e < Dv; ++e)

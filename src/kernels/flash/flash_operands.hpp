@@ -148,11 +148,13 @@ const float* tile_rows(const TensorView& t, std::int64_t b, std::int64_t h, std:
 
 // ── Paged K/V (p.paged: paged_attention's chunked prefill) ──────────────────────────
 // K/V row j of (b, h) is row j % page_size of page table[b][j / page_size] (paged_rows.hpp).
-// A key tile of nk rows spans ⌈nk / page_size⌉ + 1 pages at most: it is read in place when it
-// lies inside one page (page_size ≥ Nb, tiles aligned) and copied page run by page run into
-// buf otherwise. The micro-kernels see the same values either way, so the result has the
-// bits of the contiguous cache. Defined here (in the ISA namespace), not in paged_rows.hpp:
-// an inline function shared by the ISA files could be linked as another ISA's copy.
+// A key tile of nk rows spans ⌈nk / page_size⌉ + 1 pages at most: a float32 tile is read in
+// place when it lies inside one page (page_size ≥ Nb, tiles aligned) and copied page run by
+// page run into buf otherwise; a float16/bfloat16 pool's rows are widened into buf run by run
+// (Ops::widen, as pack_rows does for a contiguous 16-bit cache). The micro-kernels see the same
+// values either way, so the result has the bits of the contiguous cache. Defined here (in the
+// ISA namespace), not in paged_rows.hpp: an inline function shared by the ISA files could be
+// linked as another ISA's copy.
 
 // Element offset of K (value = false) or V row (b, h, j), element 0.
 inline std::int64_t kv_row_offset(const SdpaProblem& p, bool value, std::int64_t b, std::int64_t h, std::int64_t j) {
@@ -164,23 +166,33 @@ inline std::int64_t kv_row_offset(const SdpaProblem& p, bool value, std::int64_t
            (j & (pg.page_size - 1)) * t.stride(2);
 }
 
-// tile_rows for paged K/V: rows [j0, j0+nk) in place or packed to (nk, D) in buf.
-inline const float* paged_tile_rows(const SdpaProblem& p, bool value, std::int64_t b, std::int64_t h, std::int64_t j0,
-                                    std::int64_t nk, std::int64_t D, float* buf, std::int64_t& ld) {
+// Rows [j0, j0+nk) lie in one run of consecutive memory rows: always for a view, for pages
+// when they lie inside one page.
+inline bool one_run(const SdpaProblem& p, std::int64_t j0, std::int64_t nk) {
+    return p.paged == nullptr || j0 >> p.paged->page_shift == (j0 + nk - 1) >> p.paged->page_shift;
+}
+
+// tile_rows for paged K/V: rows [j0, j0+nk) in place or packed to (nk, D) float32 in buf.
+template <class Ops>
+const float* paged_tile_rows(const SdpaProblem& p, bool value, std::int64_t b, std::int64_t h, std::int64_t j0,
+                             std::int64_t nk, std::int64_t D, float* buf, std::int64_t& ld) {
     const TensorView& t = value ? p.v : p.k;
-    const float* base = t.data_as<const float>();
     const std::int64_t ps = p.paged->page_size, sr = t.stride(2), sd = t.stride(3);
-    const bool dense = sd == 1 || D == 1;
-    if (dense && j0 >> p.paged->page_shift == (j0 + nk - 1) >> p.paged->page_shift) {
+    const bool dense = sd == 1 || D == 1, sixteen = is16(t), f16 = t.dtype() == DType::f16;
+    if (!sixteen && dense && one_run(p, j0, nk)) {
         ld = sr;
-        return base + kv_row_offset(p, value, b, h, j0);
+        return t.data_as<const float>() + kv_row_offset(p, value, b, h, j0);
     }
     for (std::int64_t j = 0; j < nk;) {  // one run of rows per page
         const std::int64_t len = imin(nk - j, ps - ((j0 + j) & (ps - 1)));
-        const float* src = base + kv_row_offset(p, value, b, h, j0 + j);
-        if (dense && sr == D) {
-            std::memcpy(buf + j * D, src, static_cast<std::size_t>(len * D) * sizeof(float));
+        const std::int64_t at = kv_row_offset(p, value, b, h, j0 + j);
+        if (sixteen) {
+            const std::uint16_t* src = t.data_as<const std::uint16_t>() + at;
+            for (std::int64_t r = 0; r < len; ++r) Ops::widen(src + r * sr, sd, D, f16, buf + (j + r) * D);
+        } else if (dense && sr == D) {
+            std::memcpy(buf + j * D, t.data_as<const float>() + at, static_cast<std::size_t>(len * D) * sizeof(float));
         } else {
+            const float* src = t.data_as<const float>() + at;
             for (std::int64_t r = 0; r < len; ++r)
                 for (std::int64_t d = 0; d < D; ++d) buf[(j + r) * D + d] = src[r * sr + d * sd];
         }
@@ -191,12 +203,12 @@ inline const float* paged_tile_rows(const SdpaProblem& p, bool value, std::int64
 }
 
 // K (value = false) or V rows [j0, j0+nk) of kv head h for a micro-kernel, as float32: through
-// the page table when the problem is paged (paged_attention sends float32 pools only), else
-// through the view (16-bit rows widened into buf).
+// the page table when the problem is paged, else through the view (16-bit rows widened into
+// buf either way).
 template <class Ops>
 const float* kv_tile_rows(const SdpaProblem& p, bool value, std::int64_t b, std::int64_t h, std::int64_t j0,
                           std::int64_t nk, std::int64_t D, float* buf, std::int64_t& ld) {
-    if (p.paged != nullptr) return paged_tile_rows(p, value, b, h, j0, nk, D, buf, ld);
+    if (p.paged != nullptr) return paged_tile_rows<Ops>(p, value, b, h, j0, nk, D, buf, ld);
     return tile_rows<Ops>(value ? p.v : p.k, b, h, j0, nk, D, buf, ld);
 }
 
