@@ -14,8 +14,10 @@
 //       included), Hq = 16, Hkv = 4, D = 128, float32 — the flash kernel on a contiguous
 //       KVCache against flash reading a PagedKVCache (pages of 16, 32, 128, and 16 with the
 //       sequence on every other page), and the paged decode kernel in blocks of 16 queries
-//       (impl = decode, the path a float16/bfloat16 pool takes). The paged flash rows must
-//       give the contiguous row's bits (max_abs_diff 0).
+//       (impl = decode); then a float16 pool of pages of 16, flash against decode blocks. The
+//       float32 paged flash rows must give the contiguous row's bits (max_abs_diff 0); the
+//       float16 rows differ from it by K and V's rounding to float16 (and read half the bytes;
+//       the case's io_bytes count float32).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

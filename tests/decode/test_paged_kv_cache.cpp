@@ -354,6 +354,58 @@ TEST(PagedKVCache, ChunkedPrefillThroughFlashBitIdentical) {
     }
 }
 
+// All-bfloat16 Q, pool and out (bf16 compute on AVX-512 BF16: the operands find K and V rows
+// through the page table themselves): without a mask whole tiles take the V-pair path straight
+// from the pages, causal tiles on the diagonal the checked float32 rows; each with finite V,
+// then with a NaN and an inf in V. The bits of the contiguous cache on every kernel row, for
+// pages of 16 (every tile spans four pages of an interleaved pool) and 128 (tiles in place).
+TEST(PagedKVCache, AllBfloat16ChunkOnPagesBitIdentical) {
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+        const detail::ScopedKernelSet use(*row);
+        for (std::int64_t ps : {16, 128}) {
+            SCOPED_TRACE(std::string(detail::isa_name(row->isa)) + ", page " + std::to_string(ps));
+            std::mt19937 rng(21);
+            PagedKVCacheConfig cfg;
+            cfg.page_size = ps;
+            cfg.kv_heads = 2;
+            cfg.head_dim = 64;
+            cfg.num_pages = 2 * (600 / ps + 2);
+            cfg.storage = DType::bf16;
+            World w(cfg);
+            const SeqId a = w.cache.add_sequence(), other = w.cache.add_sequence();
+            for (int part = 0; part < 4; ++part) {  // interleaved: a's pages are not consecutive
+                append_random(w, a, 130, rng);
+                append_random(w, other, 70, rng);
+            }
+            const Tensor q = to_storage(random_f32(Shape{1, 4, 40, 64}, rng).view(), DType::bf16);
+            for (int run = 0; run < 4; ++run) {
+                const bool nonfinite = run >= 2;
+                SdpaOptions o;
+                o.causal = run % 2 ? Causal::bottom_right : Causal::none;
+                SCOPED_TRACE(std::string(nonfinite ? "NaN and inf in V" : "finite V") + (run % 2 ? ", causal" : ""));
+                if (run == 2) {
+                    const TensorView vp = w.cache.value_pages();
+                    const std::vector<std::int32_t>& t = w.cache.page_table(a);
+                    const float bad[] = {NAN, INFINITY};
+                    for (int e = 0; e < 2; ++e) {
+                        const std::int64_t j = 77 + 300 * e, h = e, d = 5 + e;
+                        const std::int64_t at = vp.offset(h, t[static_cast<std::size_t>(j / ps)], j % ps, d);
+                        store(vp, at, bad[e]);
+                        w.shadow[a].v[static_cast<std::size_t>(j)][static_cast<std::size_t>(h * 64 + d)] = bad[e];
+                    }
+                }
+                const Tensor out_p = poisoned(DType::bf16, Shape{1, 4, 40, 64}), out_c = poisoned(DType::bf16, out_p.shape());
+                const Tensor lse_p = poisoned(DType::f32, Shape{1, 4, 40}), lse_c = poisoned(DType::f32, lse_p.shape());
+                const TensorView lpv = lse_p.view(), lcv = lse_c.view();
+                paged_attention(q, w.cache, {a}, o, out_p, &lpv);
+                decode_attention(q, contiguous(w, {a}), o, out_c, &lcv);
+                EXPECT_TRUE(bit_equal(out_p, out_c)) << compare(out_p, out_c, 0, 0).message();
+                EXPECT_TRUE(bit_equal(lse_p, lse_c)) << compare(lse_p, lse_c, 0, 0).message();
+            }
+        }
+    }
+}
+
 // A chunk of 512 new queries on a long sequence, pages of 16 and 32 (every key tile packed
 // from 4 or 2 pages) and 128 (tiles in place): the flash path against the decode path on the
 // same pages (impl = decode: blocks of 16 queries), which are different float32 sums, and both

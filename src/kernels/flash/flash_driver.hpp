@@ -174,7 +174,7 @@ void apply_dropout(const Dropout& drop, Workspace& w, std::int64_t b, int nq, st
 }
 
 // The selecting path's second half: each NaN/±inf entry V[j][d] of keys [j0, j0+nk)
-// (read through the view) is added as Pᵀ[j][c]·V[j][d] to the columns whose weight is
+// (read through the view or the page table) is added as Pᵀ[j][c]·V[j][d] to the columns whose weight is
 // not 0; P·V already ran with these entries 0. For an affected (d, c) the sum is NaN or
 // ±inf whatever the order, so adding them last changes nothing else.
 template <class Ops>
