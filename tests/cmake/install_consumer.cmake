@@ -88,6 +88,11 @@ if(viz_rc EQUAL 0)
   file(REMOVE_RECURSE "${WORK_DIR}")
   message(FATAL_ERROR "find_package(attn COMPONENTS viz) succeeded without cairo/pango:\n${viz_out}")
 endif()
+# ... and its error names the component and what it needs.
+if(NOT viz_err MATCHES "missing components: viz needs pkg-config to find pangocairo")
+  file(REMOVE_RECURSE "${WORK_DIR}")
+  message(FATAL_ERROR "find_package(attn COMPONENTS viz) failed without naming what viz needs:\n${viz_err}")
+endif()
 # The installed CLI runs too.
 step("run the installed attn" "${prefix}/bin/attn" --version)
 
