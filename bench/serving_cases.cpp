@@ -238,7 +238,7 @@ void run_chunked_prefill(const Context& ctx, std::vector<CaseResult>& out) {
     c.what = "chunked prefill on a paged cache";
     c.shape = "B=1 Hq=16 Hkv=4 Lq=512 new of n=4096 cached, D=128 f32 causal: contiguous vs pages (flash) vs decode blocks; "
               "and a float16 pool";
-    c.params = {{"B", 1}, {"Hq", Hq}, {"Hkv", Hkv}, {"Lq", Lq}, {"n", n}, {"D", D}, {"storage", "float32"}};
+    c.params = {{"B", 1}, {"Hq", Hq}, {"Hkv", Hkv}, {"Lq", Lq}, {"n", n}, {"D", D}, {"storage", "float32 (the -f16 rows: float16)"}};
     // Visible pairs: query i (of the chunk) sees n − Lq + i + 1 keys.
     const double pairs = static_cast<double>(Lq) * static_cast<double>(n - Lq) + Lq * (Lq + 1) / 2.0;
     c.flop = 4.0 * D * Hq * pairs;
@@ -319,7 +319,8 @@ std::vector<BenchCase> serving_cases() {
     BenchCase cp;
     cp.id = "P2";
     cp.what = "chunked prefill on a paged cache";
-    cp.shape = "512 new causal queries on 4096 cached tokens, Hq=16 Hkv=4 D=128: contiguous vs paged flash vs decode blocks";
+    cp.shape = "512 new causal queries on 4096 cached tokens, Hq=16 Hkv=4 D=128: contiguous vs paged flash vs decode blocks; "
+               "a float16 pool";
     cp.run = [](const Context& ctx, std::vector<CaseResult>& out) { run_chunked_prefill(ctx, out); };
     cases.push_back(cp);
     return cases;

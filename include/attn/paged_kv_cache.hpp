@@ -122,9 +122,9 @@ private:
 //            decode_attention, no fallback for what the decode kernel declines (dropout on
 //            the decode path): it is an error.
 // The result is bit-identical to decode_attention on a contiguous KVCache holding the same
-// tokens (float32 or the same 16-bit storage), with the same impl: decode for Lq <= 16, flash
-// for chunked prefill (Lq > 16). impl = decode on a chunk gives other float32 sums than
-// decode_attention's flash, within the same bound against the reference.
+// tokens (float32 or the same 16-bit storage) with impl auto (decode for Lq <= 16, flash for
+// chunked prefill, Lq > 16) or flash. impl = decode on a chunk (decode blocks) gives other
+// float32 sums than decode_attention's flash, within the same bound against the reference.
 void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::vector<PagedKVCache::SeqId>& seqs,
                      const SdpaOptions& options, const TensorView& out, const TensorView* lse = nullptr);
 

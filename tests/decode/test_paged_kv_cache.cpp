@@ -359,6 +359,7 @@ TEST(PagedKVCache, ChunkedPrefillThroughFlashBitIdentical) {
 // from the pages, causal tiles on the diagonal the checked float32 rows; each with finite V,
 // then with a NaN and an inf in V. The bits of the contiguous cache on every kernel row, for
 // pages of 16 (every tile spans four pages of an interleaved pool) and 128 (tiles in place).
+// On a CPU without AVX-512 BF16 (or on the other rows) the same calls run the float32 operands.
 TEST(PagedKVCache, AllBfloat16ChunkOnPagesBitIdentical) {
     for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
         const detail::ScopedKernelSet use(*row);
