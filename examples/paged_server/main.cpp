@@ -156,12 +156,19 @@ struct Running {  // one sample of one request
 int main(int argc, char** argv) {
     int requests = 48, max_running = 16, pages = 512, page_size = 16;
     unsigned seed = 1;
+    const char* usage =
+        "usage: paged_server [--requests N (48)] [--max-running N (16)] [--pages N (512)] [--page-size N (16)] "
+        "[--seed S (1)]\n";
     for (int i = 1; i < argc; i += 2) {
         const std::string a = argv[i];
+        if (a == "--help" || a == "-h") {
+            std::fputs(usage, stdout);
+            return 0;
+        }
         int* target = a == "--requests" ? &requests : a == "--max-running" ? &max_running : a == "--pages" ? &pages
                     : a == "--page-size" ? &page_size : nullptr;
         if (target == nullptr && a != "--seed") {
-            std::fprintf(stderr, "paged_server: unknown option %s\n", a.c_str());
+            std::fprintf(stderr, "paged_server: unknown option %s\n%s", a.c_str(), usage);
             return 2;
         }
         // Every option takes a whole decimal number: 0 <= x <= 2^31 - 1.

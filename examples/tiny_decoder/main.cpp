@@ -14,8 +14,8 @@
 //   logits = LN_f(h)·W_outᵀ + b_out                                   (B, T, V)
 //   loss = mean cross-entropy over the n answer positions
 //
-// Usage: tiny_decoder [--steps N (600)] [--print-every N (50)] [--seed S (1)]
-//                     [--loss-below X (0.002)] [--min-accuracy A (0.99)] [--threads N (1)]
+// Usage: tiny_decoder [--steps N (600)] [--print-every N (50)] [--seed S (1)] [--threads N (1)]
+//                     [--loss-below X (0.002)] [--min-accuracy X (0.99)]
 // Exit status 0 when the final loss (mean of the last 20 steps) is below --loss-below and the
 // held-out accuracy (greedy decoding of whole sequences never seen in training) reaches
 // --min-accuracy; 1 otherwise; 2 on bad arguments.
@@ -403,23 +403,41 @@ int main(int argc, char** argv) {
     unsigned seed = 1;
     int threads = 1;  // the matrices are tiny: more threads only add synchronisation
     double loss_below = 0.002, min_acc = 0.99;
+    const char* usage =
+        "usage: tiny_decoder [--steps N (600)] [--print-every N (50)] [--seed S (1)] [--threads N (1)]\n"
+        "                    [--loss-below X (0.002)] [--min-accuracy X (0.99)]\n";
+    // Every value is a whole number (N, S: 0 <= x <= 2^31 - 1) or a finite number (X), all of it.
+    auto number = [](const char* v, bool whole, double& out) {
+        char* end = nullptr;
+        out = std::strtod(v, &end);
+        return end != v && *end == '\0' && std::isfinite(out) &&
+               (!whole || (out == std::floor(out) && out >= 0 && out <= 2147483647.0));
+    };
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
-        if (i + 1 >= argc) {
-            std::fprintf(stderr, "tiny_decoder: %s needs a value\n", a.c_str());
+        if (a == "--help" || a == "-h") {
+            std::fputs(usage, stdout);
+            return 0;
+        }
+        const bool whole = a == "--steps" || a == "--print-every" || a == "--seed" || a == "--threads";
+        if (!whole && a != "--loss-below" && a != "--min-accuracy") {
+            std::fprintf(stderr, "tiny_decoder: unknown option %s\n%s", a.c_str(), usage);
             return 2;
         }
-        const char* v = argv[++i];
-        if (a == "--steps") steps = std::atoi(v);
-        else if (a == "--print-every") print_every = std::max(1, std::atoi(v));
-        else if (a == "--seed") seed = static_cast<unsigned>(std::atol(v));
-        else if (a == "--loss-below") loss_below = std::atof(v);
-        else if (a == "--min-accuracy") min_acc = std::atof(v);
-        else if (a == "--threads") threads = std::atoi(v);
-        else {
-            std::fprintf(stderr, "tiny_decoder: unknown option %s\n", a.c_str());
+        double x = 0;
+        if (i + 1 >= argc || !number(argv[i + 1], whole, x)) {
+            std::fprintf(stderr, "tiny_decoder: %s: expected %s but got %s%s%s\n", a.c_str(),
+                         whole ? "a whole number >= 0" : "a number", i + 1 < argc ? "'" : "nothing",
+                         i + 1 < argc ? argv[i + 1] : "", i + 1 < argc ? "'" : "");
             return 2;
         }
+        ++i;
+        if (a == "--steps") steps = static_cast<int>(x);
+        else if (a == "--print-every") print_every = std::max(1, static_cast<int>(x));
+        else if (a == "--seed") seed = static_cast<unsigned>(x);
+        else if (a == "--loss-below") loss_below = x;
+        else if (a == "--min-accuracy") min_acc = x;
+        else threads = static_cast<int>(x);
     }
     if (steps < 1 || threads < 1) {
         std::fprintf(stderr, "tiny_decoder: --steps and --threads must be >= 1\n");
