@@ -6,8 +6,8 @@
 //       else ATTN_NUM_THREADS (an integer >= 1) if set
 //       else OpenMP's default (OMP_NUM_THREADS, else every CPU)
 //
-// Results do not depend on it: every kernel splits its work by the shape, never by the thread
-// count (docs/environment.md).
+// Results do not depend on it: every kernel splits its work by the shape (and two splits by the
+// machine's CPU count), never by the thread count (docs/environment.md).
 #pragma once
 
 namespace attn {

@@ -69,5 +69,10 @@ ComputeThreads::ComputeThreads() : previous_(omp_get_max_threads()) { omp_set_nu
 
 ComputeThreads::~ComputeThreads() { omp_set_num_threads(previous_); }
 
+std::int64_t split_target(std::int64_t floor) {
+    const std::int64_t per_cpu = 4 * static_cast<std::int64_t>(omp_get_num_procs());
+    return per_cpu > floor ? per_cpu : floor;
+}
+
 }  // namespace detail
 }  // namespace attn

@@ -4,7 +4,16 @@
 // OpenMP's default (omp_get_max_threads(), `#pragma omp parallel`) and follow it.
 #pragma once
 
+#include <cstdint>
+
 namespace attn::detail {
+
+// How many work items a kernel aims for when it splits a few large ones (decode's key chunks,
+// the backward's chunks of key blocks): four per CPU this process may run on
+// (omp_get_num_procs), and at least `floor`. The machine's count, never the thread count: the
+// split, and with it the order of a merge, does not change with attn::num_threads(); it can
+// differ between machines with different CPU counts (docs/environment.md).
+std::int64_t split_target(std::int64_t floor);
 
 class ComputeThreads {
 public:

@@ -144,5 +144,29 @@ TEST(FlashBackward, MatchesReferenceAvx2) { check_against_reference(detail::Isa:
 
 TEST(FlashBackward, MatchesReferencePortable) { check_against_reference(detail::Isa::portable, 40, 2); }
 
+// The split's rule (docs/kernels.md, "Parallel split"): at least 8 tasks, four per CPU when the
+// target says so, the dQ partials past 8 tasks capped at 256 MiB (64 Mi floats), 1..key blocks.
+// S1: B·Hkv 16, 16 key blocks, dQ 16·1024·64 floats; S3: 64 key blocks, 16·4096·128 floats.
+TEST(FlashBackward, ChunksPerMachineSize) {
+    constexpr std::int64_t kS1Dq = 16 * 1024 * 64, kS3Dq = 16 * 4096 * 128, kMi = std::int64_t{1} << 20;
+    // 2 CPUs (target 8): the old rule, ⌈8 / (B·Hkv)⌉.
+    EXPECT_EQ(detail::backward_chunks(16, 16, kS1Dq, 8), 1);
+    EXPECT_EQ(detail::backward_chunks(16, 64, kS3Dq, 8), 1);
+    EXPECT_EQ(detail::backward_chunks(3, 16, 100, 8), 3);
+    EXPECT_EQ(detail::backward_chunks(1, 16, 100, 8), 8);
+    EXPECT_EQ(detail::backward_chunks(1, 5, 100, 8), 5);     // no more chunks than key blocks
+    EXPECT_EQ(detail::backward_chunks(1, 0, 100, 8), 1);     // Lk = 0: one (empty) chunk
+    EXPECT_EQ(detail::backward_chunks(1, 64, 40 * kMi, 8), 8);  // the 8-task floor ignores the cap
+    // 16, 32 and 64 CPUs (targets 64, 128, 256): four tasks per CPU.
+    EXPECT_EQ(detail::backward_chunks(16, 16, kS1Dq, 64), 4);
+    EXPECT_EQ(detail::backward_chunks(16, 16, kS1Dq, 128), 8);
+    EXPECT_EQ(detail::backward_chunks(16, 16, kS1Dq, 256), 16);
+    EXPECT_EQ(detail::backward_chunks(16, 64, kS3Dq, 64), 4);
+    EXPECT_EQ(detail::backward_chunks(16, 64, kS3Dq, 128), 8);
+    EXPECT_EQ(detail::backward_chunks(16, 64, kS3Dq, 256), 8);  // 8 partials of 32 MiB: the cap
+    EXPECT_EQ(detail::backward_chunks(1, 64, 40 * kMi, 256), 8);  // past the cap: the floor
+    EXPECT_EQ(detail::backward_chunks(5, 1000, 100, 256), 52);   // ⌈256 / 5⌉
+}
+
 }  // namespace
 }  // namespace attn::test

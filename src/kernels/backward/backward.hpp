@@ -36,6 +36,12 @@ inline bool flash_backward_reads(const TensorView& q, const TensorView& k, const
 // gradient asks for float32 accuracy — on a CPU with AVX-512 BF16.
 bool backward_bf16_compute(const BackwardProblem& p);
 
+// How many chunks flash_backward splits each (b, KV head)'s key_blocks into, for bh = B·Hkv
+// pairs, dQ partials of dq_part_floats each and a task target (split_target(8): at least 8, and
+// four per CPU of the machine): enough chunks for bh·chunks >= target, but past 8 tasks only while
+// the partials (chunks · dq_part_floats) stay within 256 MiB; between 1 and key_blocks.
+std::int64_t backward_chunks(std::int64_t bh, std::int64_t key_blocks, std::int64_t dq_part_floats, std::int64_t target);
+
 // Tiled fp32 backward (FlashAttention-2 style) from the saved lse; reads what
 // flash_backward_reads accepts. `kernels` is a row of the kernel table (the dispatch passes
 // kernel_set(); tests pass each row the CPU can run).

@@ -13,10 +13,11 @@
 // Work split (deterministic): one task = (batch, KV head, chunk of key blocks). A task
 // owns the dK/dV rows of its key blocks, summing over the query heads of its GQA group
 // in a fixed order, so no two tasks write the same dK/dV row. dQ gets contributions from
-// every key block: with one chunk (B·Hkv >= 8) a task owns all dQ rows of its heads and
-// accumulates them itself; otherwise each chunk accumulates into its own dQ partial, and the
-// partials are added in chunk order at the end. The chunk count depends on the shape only, so the
-// result is bit-identical for any thread count and schedule.
+// every key block: with one chunk (B·Hkv >= 8 on up to 2 CPUs) a task owns all dQ rows of its
+// heads and accumulates them itself; otherwise each chunk accumulates into its own dQ partial,
+// and the partials are added in chunk order at the end. The chunk count depends on the shape
+// and the machine's CPU count (backward_chunks), never on the thread count, so the result is
+// bit-identical for any thread count and schedule.
 //
 // Code map: Plan (the call's facts: shape, how each operand is read, the split) → run_task
 // (one task) → prepare_head (its query heads' operands, once per task), pack_key_block (once
@@ -49,6 +50,7 @@
 
 #include "../../core/dropout.hpp"
 #include "../../core/element_io.hpp"
+#include "../../core/threads.hpp"
 #include "../finite.hpp"
 #include "../isa.hpp"
 #include "../scores.hpp"
@@ -170,8 +172,7 @@ struct Plan {
     } q, dO;
     std::size_t group;   // query heads per KV head
     std::vector<std::int64_t> lo, hi;    // visible key interval of every query row (b·Lq + i)
-    // Chunks of key blocks per (b, KV head): enough tasks to keep 8 threads busy when
-    // B·Hkv is small. A function of the shape only (determinism).
+    // Chunks of key blocks per (b, KV head) when B·Hkv is small: backward_chunks.
     std::int64_t nkb, nchunks, tasks;
     // With one chunk a task owns every dQ row of its query heads: it accumulates them in
     // the caller's float32 rows (zeroed by the task) or in a per-thread buffer rounded out
@@ -203,12 +204,13 @@ struct Plan {
                 hi[static_cast<std::size_t>(b * Lq + i)] = kr.hi;
             }
         nkb = (Lk + kBc - 1) / kBc;
-        nchunks = std::clamp<std::int64_t>((8 + B * Hkv - 1) / (B * Hkv), 1, nkb);
+        dq_part = static_cast<std::size_t>(B * Hq * Lq * Dkp);
+        nchunks = backward_chunks(B * Hkv, nkb, static_cast<std::int64_t>(dq_part), split_target(8));
         tasks = B * Hkv * nchunks;
         dq_own = nchunks == 1;
         dq_direct = dq_own && bp.dq.dtype() == DType::f32 && bp.dq.stride(3) == 1 && Dk == Dkp;
-        dq_part = static_cast<std::size_t>(B * Hq * Lq * Dkp);
     }
+
 };
 
 // A thread's buffers sized for this call (kept from call to call: see flash_backward).
@@ -437,7 +439,9 @@ void run_tile(const Plan& c, Scratch& s, std::int64_t b, std::int64_t h, std::si
 void run_task(const Plan& c, Scratch& s, std::int64_t task, float* dq_ws, float* Dall) {
     const SdpaProblem& p = c.p;
     const BackwardProblem& bp = c.bp;
-    const std::int64_t b = task / (c.Hkv * c.nchunks), hk = task / c.nchunks % c.Hkv, chunk = task % c.nchunks;
+    // Chunk-major: under a causal mask (either alignment) the first key blocks are seen by the
+    // most queries, so the longest tasks go first and the dynamic schedule ends on short ones.
+    const std::int64_t chunk = task / (c.B * c.Hkv), b = task % (c.B * c.Hkv) / c.Hkv, hk = task % c.Hkv;
     const std::int64_t h0 = hk * p.group;
     float* dq_c = c.dq_own ? nullptr : dq_ws + static_cast<std::size_t>(chunk) * c.dq_part;
     if (c.dq_direct)
@@ -497,6 +501,17 @@ void sink_gradients(const Plan& c, const float* Dall) {
 }
 
 }  // namespace
+
+// The target comes from the machine's CPU count (split_target), never the thread count, so the
+// partials' sum order does not change with threads. S1 (B·Hkv = 16) on 64 CPUs: 16 chunks, 64 MiB
+// of partials; S3: 8 chunks (the cap), 256 MiB; on 2 CPUs both run 1 chunk (docs/kernels.md,
+// "Parallel split").
+std::int64_t backward_chunks(std::int64_t bh, std::int64_t key_blocks, std::int64_t dq_part_floats, std::int64_t target) {
+    constexpr std::int64_t kMaxPartialFloats = std::int64_t{64} << 20;  // 256 MiB
+    const std::int64_t for_8_tasks = (8 + bh - 1) / bh, wanted = (target + bh - 1) / bh;
+    const std::int64_t by_memory = kMaxPartialFloats / std::max<std::int64_t>(dq_part_floats, 1);
+    return std::clamp<std::int64_t>(std::min(wanted, std::max(for_8_tasks, by_memory)), 1, std::max<std::int64_t>(key_blocks, 1));
+}
 
 bool backward_bf16_compute(const BackwardProblem& bp) {
     const SdpaProblem& p = bp.fwd;

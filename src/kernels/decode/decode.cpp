@@ -10,6 +10,7 @@
 
 #include "attn/decode.hpp"
 #include "../isa.hpp"
+#include "../../core/threads.hpp"
 #include "../../sdpa/problem.hpp"
 #include "decode_core.hpp"
 
@@ -19,12 +20,12 @@ DecodePlan plan_decode(std::int64_t B, std::int64_t Hkv, std::int64_t group, std
                        std::int64_t Dk, std::int64_t Dv, std::int64_t forced_split) {
     DecodePlan plan;
     const std::int64_t M = group * Lq;
-    // Enough items for every core to get four (dynamic scheduling evens out sequences of
-    // different lengths; S7's 8 KV heads on 2 cores need no split and no merge), but chunks of at least kMinChunk keys so the partials and
-    // the merge stay small next to the K/V bytes they summarise. The machine's core count
-    // (not the thread count) sets the target, so results do not change with threads.
+    // Enough items for every core to get four (split_target: dynamic scheduling evens out
+    // sequences of different lengths; S7's 8 KV heads on 2 cores need no split and no merge),
+    // but chunks of at least kMinChunk keys so the partials and the merge stay small next to
+    // the K/V bytes they summarise.
     constexpr std::int64_t kMinChunk = 256;
-    const std::int64_t target = std::max<std::int64_t>(4, 4 * static_cast<std::int64_t>(omp_get_num_procs()));
+    const std::int64_t target = split_target(4);
     std::int64_t nsplit = 1;
     if (forced_split > 0) {
         nsplit = forced_split;
