@@ -40,6 +40,9 @@ py::array as_array(const py::handle& obj, const std::string& name) {
     if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::array>(obj);
     // numpy makes an object array of shape () from None; the message would speak of its shape.
     if (obj.is_none()) type_error(name + ": expected an array (numpy array, torch tensor, nested list) but got None");
+    // Likewise a str or bytes (a 0-d string array), whose message would speak of its shape.
+    if (PyUnicode_Check(obj.ptr()) || PyBytes_Check(obj.ptr()))
+        type_error(name + ": expected an array (numpy array, torch tensor, nested list) but got " + given(obj));
     // torch refuses numpy() on a tensor that requires grad; asked first so that the message
     // names the argument and the way out rather than torch's RuntimeError.
     if (py::hasattr(obj, "requires_grad") && py::bool_(obj.attr("requires_grad"))) {

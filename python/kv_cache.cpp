@@ -145,13 +145,17 @@ std::unique_ptr<PyKVCache> make_cache(const py::object& batch, const py::object&
 // Lq <= 16 (decode kernel; more runs as prefill) → out (B, Hq, Lq, Dv) [, lse (B, Hq, Lq)
 // float32]. out follows a 16-bit query's dtype unless out_dtype= says otherwise (float32 for a
 // float32 or float64 query, as before). window_left = w is the older spelling of window=(w, None).
-py::object decode_py(const py::object& query, PyKVCache& cache, const py::object& scale, const py::object& is_causal,
+py::object decode_py(const py::object& query, const py::object& cache_obj, const py::object& scale, const py::object& is_causal,
                      const py::object& window_left_arg, const py::object& causal_alignment, const py::object& window,
                      const py::object& window_alignment, const py::object& query_offset,
                      const py::object& return_lse_arg, const py::object& threads_obj, const py::object& dtype,
                      const py::object& out_dtype) {
     const int threads = threads_arg(threads_obj);
+    std::mutex* cache_mutex = nullptr;
+    attn::KVCache& cache = kv_cache_of(cache_obj, "cache", cache_mutex);
     const std::int64_t window_left = int_arg(window_left_arg, "window_left");
+    if (window_left < -1)
+        value_error("window_left: expected -1 (no window) or a number of keys >= 0 but got " + std::to_string(window_left));
     const bool return_lse = bool_arg(return_lse_arg, "return_lse");
     const Input q = input(query, "query", 4, 4, "(B, Hq, Lq, Dk)", uint16_is_bf16_arg(dtype));
     if (window_left != -1 && !window.is_none()) {
@@ -162,7 +166,7 @@ py::object decode_py(const py::object& query, PyKVCache& cache, const py::object
     CallOptions o;
     o.sdpa.scale = optional_float_arg(scale, "scale");
     set_alignment({is_causal, causal_alignment, win, window_alignment, query_offset}, o);
-    const std::int64_t dv = cache.cache().value_dim() ? cache.cache().value_dim() : cache.cache().head_dim();
+    const std::int64_t dv = cache.value_dim() ? cache.value_dim() : cache.head_dim();
     const attn::TensorView& qv = q.view;
     const attn::DType odt = out_dtype_arg(out_dtype, sixteen_bit_or_f32(qv.dtype()));
     py::array out = new_array(odt, {qv.dim(0), qv.dim(1), qv.dim(2), dv});
@@ -172,9 +176,9 @@ py::object decode_py(const py::object& query, PyKVCache& cache, const py::object
     if (return_lse) lv = output_view(lse, 3);
     {
         py::gil_scoped_release nogil;
-        const std::lock_guard<std::mutex> lock(cache.mutex);
+        const std::lock_guard<std::mutex> lock(*cache_mutex);
         const attn::ScopedNumThreads scoped_threads(threads);
-        attn::decode_attention(qv, cache.cache(), o.sdpa, ov, return_lse ? &lv : nullptr);
+        attn::decode_attention(qv, cache, o.sdpa, ov, return_lse ? &lv : nullptr);
     }
     if (!return_lse) return out;
     return py::make_tuple(out, lse);
@@ -184,7 +188,8 @@ py::object decode_py(const py::object& query, PyKVCache& cache, const py::object
 
 attn::KVCache& kv_cache_of(const py::handle& obj, const char* name, std::mutex*& mutex) {
     if (!py::isinstance<PyKVCache>(obj)) {
-        type_error(std::string(name) + ": expected an attn.KVCache but got " + std::string(py::str(py::type::of(obj))));
+        type_error(std::string(name) + ": expected an attn.KVCache but got " +
+                   std::string(py::str(py::type::of(obj).attr("__name__"))));
     }
     PyKVCache& c = obj.cast<PyKVCache&>();
     mutex = &c.mutex;

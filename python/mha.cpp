@@ -17,6 +17,7 @@
 #include "attn/threads.hpp"
 #include "bind.hpp"
 #include "convert.hpp"
+#include "options.hpp"
 
 namespace attn_py {
 
@@ -147,7 +148,10 @@ public:
             py::gil_scoped_release nogil;
             const std::lock_guard<std::mutex> lock(mutex_);
             const attn::ScopedNumThreads scoped_threads(threads);
-            out = layer_.forward_packed(q.view, k.view, v.view, cq.view, ck.view, o);
+            // The core's cu_seqlens_q is this method's cu_seqlens (and its cu_seqlens_k when not given).
+            with_python_names([&] { out = layer_.forward_packed(q.view, k.view, v.view, cq.view, ck.view, o); },
+                              {{"cu_seqlens_q", "cu_seqlens"},
+                               {"cu_seqlens_k", cu_seqlens_k.is_none() ? "cu_seqlens (as cu_seqlens_k)" : "cu_seqlens_k"}});
         }
         py::array a = new_array(out.dtype(), dims_of(out.view()));
         std::memcpy(a.mutable_data(), out.data(), static_cast<std::size_t>(out.numel()) * attn::dtype_size(out.dtype()));

@@ -62,8 +62,10 @@ void set_alignment(const AlignmentArgs& args, CallOptions& out) {
 
 void set_modifiers(const ModifierArgs& args, std::int64_t heads, CallOptions& out) {
     if (!args.softcap.is_none()) out.sdpa.softcap = float_arg(args.softcap, "softcap");
-    if (py::isinstance<py::bool_>(args.alibi_slopes)) {
-        if (args.alibi_slopes.cast<bool>()) {
+    // True or False (Python's or NumPy's bool) asks for the paper's slopes or none.
+    if (py::isinstance<py::bool_>(args.alibi_slopes) ||
+        py::isinstance(args.alibi_slopes, py::module_::import("numpy").attr("bool_"))) {
+        if (bool_arg(args.alibi_slopes, "alibi_slopes")) {
             const attn::Tensor s = attn::alibi_slopes(heads);
             py::array_t<float> a(static_cast<py::ssize_t>(heads));
             std::copy(s.data_as<float>(), s.data_as<float>() + heads, a.mutable_data());
@@ -107,10 +109,16 @@ CallOptions make_options(const SdpaArgs& args) {
     return o;
 }
 
-std::string python_names(const std::string& message) {
+std::string python_names(const std::string& message, Renames renames) {
     std::string m = message;
-    for (const std::string core : {"bool_mask: ", "additive_mask: "})
-        for (std::size_t at = m.find(core); at != std::string::npos; at = m.find(core, at)) m.replace(at, core.size(), "attn_mask: ");
+    const auto rename = [&m](const std::string& core, const std::string& python) {
+        const std::string from = core + ": ", to = python + ": ";
+        for (std::size_t at = m.find(from); at != std::string::npos; at = m.find(from, at + to.size()))
+            m.replace(at, from.size(), to);
+    };
+    rename("bool_mask", "attn_mask");
+    rename("additive_mask", "attn_mask");
+    for (const auto& [core, python] : renames) rename(core, python);
     return m;
 }
 

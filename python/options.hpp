@@ -12,8 +12,10 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "attn/error.hpp"
 #include "attn/sdpa.hpp"
@@ -69,16 +71,18 @@ void set_alignment(const AlignmentArgs& args, CallOptions& out);
 CallOptions make_options(const SdpaArgs& args);
 
 // Runs a core call; an attn::Error from it names the core's bool_mask / additive_mask as the
-// Python keyword they came from, attn_mask (a message names the argument the caller gave).
-std::string python_names(const std::string& message);
+// Python keyword they came from, attn_mask, and each core argument of `renames` (pairs "core",
+// "python") as the binding's name for it (a message names the argument the caller gave).
+using Renames = std::initializer_list<std::pair<const char*, const char*>>;
+std::string python_names(const std::string& message, Renames renames = {});
 template <class F>
-void with_python_names(F&& call) {
+void with_python_names(F&& call, Renames renames = {}) {
     try {
         call();
     } catch (const PyTypeError&) {
         throw;
     } catch (const attn::Error& e) {
-        throw attn::Error(python_names(e.what()));
+        throw attn::Error(python_names(e.what(), renames));
     }
 }
 

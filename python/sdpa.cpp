@@ -212,7 +212,8 @@ void bind_sdpa(py::module_& m) {
           "dtype=\"bfloat16\": uint16 inputs hold bfloat16 bits; dq/dk/dv in out_dtype (default query's).");
     m.def(
         "alibi_slopes",
-        [](std::int64_t heads) {
+        [](const py::object& heads_obj) {
+            const std::int64_t heads = int_arg(heads_obj, "heads");
             const attn::Tensor s = attn::alibi_slopes(heads);
             py::array_t<float> a(static_cast<py::ssize_t>(heads));
             std::copy(s.data_as<float>(), s.data_as<float>() + heads, a.mutable_data());

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attn/sdpa_varlen.hpp"
+#include "attn/threads.hpp"
 #include "bind.hpp"
 #include "convert.hpp"
 #include "options.hpp"
@@ -24,8 +25,9 @@ py::object sdpa_varlen_py(const py::object& query, const py::object& key, const 
                           const py::object& causal_alignment, const py::object& key_lengths, const py::object& window,
                           const py::object& window_alignment, const py::object& query_offset,
                           const py::object& return_lse_arg, const py::object& dropout_seed, const py::object& impl,
-                          const py::object& dtype, const py::object& out_dtype) {
+                          const py::object& threads_obj, const py::object& dtype, const py::object& out_dtype) {
     const bool return_lse = bool_arg(return_lse_arg, "return_lse");
+    const int threads = threads_arg(threads_obj);
     const bool bf16 = uint16_is_bf16_arg(dtype);
     const Input q = input(query, "query", 3, 3, kPacked, bf16);
     const Input k = input(key, "key", 3, 3, kPacked, bf16);
@@ -42,6 +44,7 @@ py::object sdpa_varlen_py(const py::object& query, const py::object& key, const 
     const attn::TensorView ov = output_view(out, 3), lv = output_view(lse, 2);
     {
         py::gil_scoped_release nogil;
+        const attn::ScopedNumThreads scoped_threads(threads);
         with_python_names([&] { attn::sdpa_varlen(q.view, k.view, v.view, cq.view, ck.view, opt.sdpa, ov, &lv); });
     }
     if (!return_lse) return out;
@@ -56,7 +59,9 @@ py::tuple sdpa_varlen_backward_py(const py::object& query, const py::object& key
                                   const py::object& causal_alignment, const py::object& key_lengths,
                                   const py::object& window, const py::object& window_alignment,
                                   const py::object& query_offset, const py::object& dropout_seed,
-                                  const py::object& impl, const py::object& dtype, const py::object& out_dtype) {
+                                  const py::object& impl, const py::object& threads_obj, const py::object& dtype,
+                                  const py::object& out_dtype) {
+    const int threads = threads_arg(threads_obj);
     const bool bf16 = uint16_is_bf16_arg(dtype);
     const Input q = input(query, "query", 3, 3, kPacked, bf16);
     const Input k = input(key, "key", 3, 3, kPacked, bf16);
@@ -76,6 +81,7 @@ py::tuple sdpa_varlen_backward_py(const py::object& query, const py::object& key
     const attn::TensorView dqv = output_view(dq, 3), dkv = output_view(dk, 3), dvv = output_view(dv, 3);
     {
         py::gil_scoped_release nogil;
+        const attn::ScopedNumThreads scoped_threads(threads);
         with_python_names([&] {
             attn::sdpa_varlen_backward(q.view, k.view, v.view, cq.view, ck.view, o.view, l.view, g.view, opt.sdpa, dqv,
                                        dkv, dvv);
@@ -93,12 +99,13 @@ void bind_varlen(py::module_& m) {
           py::arg("key_lengths") = py::none(), py::arg("window") = py::none(),
           py::arg("window_alignment") = "top-left", py::arg("query_offset") = py::none(),
           py::arg("return_lse") = false, py::arg("dropout_seed") = 0, py::arg("impl") = "auto",
-          py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none(),
+          py::arg("threads") = py::none(), py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none(),
           "scaled_dot_product_attention over sequences packed without padding (flash_attn_varlen_func's layout).\n"
           "query (Tq, Hq, D), key/value (Tk, Hkv, D); cu_seqlens_q/cu_seqlens_k (N+1,) int32/int64 offsets:\n"
           "sequence b is rows cu[b]..cu[b+1]-1. Every keyword means what it means in\n"
           "scaled_dot_product_attention, per sequence: bottom-right aligns to each sequence's own lengths;\n"
           "query_offset is an int or an (N,) array. attn_mask and key_lengths are not accepted.\n"
+          "threads: compute on this many threads (default None: attn.get_num_threads()).\n"
           "query/key/value: float32, float64, float16, or uint16 bfloat16 bits with dtype=\"bfloat16\".\n"
           "out_dtype=\"float32\"|\"float16\"|\"bfloat16\": out's dtype (default: query's); lse float32\n"
           "(float64 for a float64 query). Returns out (Tq, Hq, Dv), or (out, lse (Tq, Hq)) when return_lse.");
@@ -108,7 +115,7 @@ void bind_varlen(py::module_& m) {
           py::arg("scale") = py::none(), py::arg("causal_alignment") = "top-left", py::arg("key_lengths") = py::none(),
           py::arg("window") = py::none(), py::arg("window_alignment") = "top-left",
           py::arg("query_offset") = py::none(), py::arg("dropout_seed") = 0, py::arg("impl") = "auto",
-          py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none(),
+          py::arg("threads") = py::none(), py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none(),
           "Gradients (dq, dk, dv) of sdpa_varlen given its out and lse (return_lse=True) and grad_out;\n"
           "the same options as the forward. dtype=\"bfloat16\": uint16 inputs hold bfloat16 bits; dq/dk/dv\n"
           "in out_dtype (default: query's).");

@@ -12,8 +12,11 @@ namespace {
 // Chunk c of n over L rows: [⌊c·L/n⌋, ⌊(c+1)·L/n⌋). Integer division spreads the remainder,
 // so chunk lengths differ by at most one.
 Segment chunk(std::int64_t L, std::int64_t n, std::int64_t c) {
-    // ⌊c·L/n⌋ = c·⌊L/n⌋ + ⌊c·(L mod n)/n⌋: no product beyond L, or beyond n² (n < 2^32).
-    const auto at = [&](std::int64_t i) { return i * (L / n) + i * (L % n) / n; };
+    // ⌊c·L/n⌋ = c·⌊L/n⌋ + ⌊c·(L mod n)/n⌋: the first product stays below L; the second below
+    // n², which needs 128 bits once n (2·P for zigzag, up to 2^32) passes 2^31.5.
+    const auto at = [&](std::int64_t i) {
+        return i * (L / n) + static_cast<std::int64_t>(static_cast<__int128>(i) * (L % n) / n);
+    };
     const std::int64_t lo = at(c), hi = at(c + 1);
     return Segment{lo, hi - lo};
 }
@@ -70,7 +73,8 @@ std::vector<Segment> rank_segments(std::int64_t L, int P, int rank, Layout layou
                     " of P = " + std::to_string(P));
     }
     if (layout == Layout::contiguous) return {chunk(L, P, rank)};
-    return {chunk(L, 2 * P, rank), chunk(L, 2 * P, 2 * P - 1 - rank)};
+    const std::int64_t n = 2 * static_cast<std::int64_t>(P);  // 2·P overflows int from P = 2^30
+    return {chunk(L, n, rank), chunk(L, n, n - 1 - rank)};
 }
 
 std::int64_t rank_length(std::int64_t L, int P, int rank, Layout layout) {

@@ -374,6 +374,13 @@ BAD_ARGUMENTS = [
      "state_dict"),
     ("MHA load_state_dict int key", lambda: _mha().load_state_dict({1: X}), TypeError, "state_dict"),
     ("MHA load_safetensors int", lambda: _mha().load_safetensors(123), TypeError, "path"),
+    # These four gave pybind11's signature dump, or named another argument:
+    ("decode cache None", lambda: attn.decode_attention(Q, None), TypeError, "cache"),
+    ("decode window_left -5", lambda: attn.decode_attention(Q, _cache(), window_left=-5), ValueError,
+     "window_left"),
+    ("alibi_slopes heads str", lambda: attn.alibi_slopes("4"), TypeError, "heads"),
+    ("packed MHA cu_seqlens short", lambda: _mha().forward_packed(np.zeros((6, E), np.float32), np.array([0, 3, 5])), ValueError,
+     "cu_seqlens"),
 ]
 
 RAGGED = [[1.0, 2.0], [3.0]]
@@ -395,6 +402,8 @@ BAD_ARRAYS = [
     ("MHA key_padding_mask ragged", lambda: _mha()(X, X, X, key_padding_mask=RAGGED), "key_padding_mask"),
     ("decode query objects", lambda: attn.decode_attention(OBJECTS, _cache()), "query"),
     ("query None", lambda: attn.sdpa(None, K, V), "query"),  # said "got shape ()" (numpy's view of None)
+    ("query str", lambda: attn.sdpa("abc", K, V), "query"),   # as None: a 0-d string array
+    ("key bytes", lambda: attn.sdpa(Q, b"abc", V), "key"),
 ]
 
 PYBIND_INTERNALS = ("Unable to cast", "incompatible function arguments", "Internal error", "error_already_set")
@@ -434,6 +443,7 @@ def test_scalars_of_numpy_types_are_accepted():
     ref = attn.sdpa(Q, K, V, scale=0.25, is_causal=True, dropout_p=0.0)
     for scale in (np.float32(0.25), np.float64(0.25), np.array(0.25)):
         np.testing.assert_array_equal(attn.sdpa(Q, K, V, scale=scale, is_causal=np.bool_(True)), ref)
+    np.testing.assert_array_equal(attn.sdpa(Q, K, V, alibi_slopes=np.bool_(True)), attn.sdpa(Q, K, V, alibi_slopes=True))
     c = attn.KVCache(np.int64(B), np.int32(H), np.int16(D), np.uint8(16))
     c.append(K[0], V[0], batch_index=np.int64(1))
     assert list(c.lengths) == [0, LK]

@@ -535,3 +535,18 @@ def test_help_lists_the_classes_and_dist_imports_as_a_submodule():
         assert f"class {name}(" in classes, name
     if hasattr(attn, "dist"):  # built with MPI
         assert importlib.import_module("attn.dist") is attn.dist
+
+
+@pytest.mark.skipif(not hasattr(attn, "dist"), reason="skipped: attn built without MPI (no attn.dist)")
+def test_rank_segments_match_exact_chunks_up_to_the_largest_rank_count():
+    # Chunk c of n over L rows is [c·L // n, (c+1)·L // n) (Python's exact integers); zigzag gives
+    # rank r chunks r and 2P−1−r of 2P. P from 2^30 on made 2·P overflow int (negative segments).
+    def chunk(L, n, c):
+        return (c * L // n, (c + 1) * L // n - c * L // n)
+
+    for L in (0, 10, 12345, 2**40 + 7, 2**62 + 11):
+        for P in (1, 3, 2**29 + 1, 2**30, 2**31 - 1):
+            for r in {0, 1 % P, P // 2, P - 1}:
+                want = [chunk(L, 2 * P, r), chunk(L, 2 * P, 2 * P - 1 - r)]
+                assert attn.dist.rank_segments(L, P, r) == want, (L, P, r)
+                assert attn.dist.rank_segments(L, P, r, layout="contiguous") == [chunk(L, P, r)], (L, P, r)

@@ -96,8 +96,11 @@ def test_threads_do_not_change_the_result():
 def test_bad_offsets_are_clear_errors():
     m = attn.MultiheadAttention(8, 2, batch_first=True)
     x = np.zeros((6, 8), np.float32)
-    with pytest.raises(ValueError, match="cu_seqlens_q: last entry must equal q's token count 6 but got 5"):
+    # The method's argument is cu_seqlens (the core's cu_seqlens_q), and names it so.
+    with pytest.raises(ValueError, match=r"\bcu_seqlens: last entry must equal q's token count 6 but got 5"):
         m.forward_packed(x, np.array([0, 2, 5]))
+    with pytest.raises(ValueError, match=r"cu_seqlens_k: last entry must equal k's token count 6 but got 5"):
+        m.forward_packed(x, np.array([0, 2, 6]), cu_seqlens_k=np.array([0, 2, 5]))
     with pytest.raises(ValueError, match="non-decreasing"):
         m.forward_packed(x, np.array([0, 4, 2, 6]))
     with pytest.raises((ValueError, TypeError), match="query"):

@@ -52,6 +52,12 @@ def test_threads_keyword_is_checked(bad, exc):
     cache.append(k, v)
     with pytest.raises(exc, match="threads"):
         attn.decode_attention(q[:, :, :1], cache, threads=bad)
+    x, cu = q[0].transpose(1, 0, 2), np.array([0, 1, 4])  # sdpa_varlen took no threads= before
+    with pytest.raises(exc, match="threads"):
+        attn.sdpa_varlen(x, x, x, cu, cu, threads=bad)
+    o, lse = attn.sdpa_varlen(x, x, x, cu, cu, return_lse=True)
+    with pytest.raises(exc, match="threads"):
+        attn.sdpa_varlen_backward(x, x, x, cu, cu, o, lse, o, threads=bad)
 
 
 # In a fresh process (numpy's and attn's OpenBLAS pools held at 1 by OPENBLAS_NUM_THREADS), the
@@ -67,6 +73,9 @@ CHILD = textwrap.dedent("""
     cache = attn.KVCache(batch=2, kv_heads=4, head_dim=64, capacity=512)
     cache.append(k, v)
     attn.decode_attention(q[:, :, :1], cache, threads=n)
+    xv = q[0].transpose(1, 0, 2).copy()
+    ov, lv = attn.sdpa_varlen(xv, xv, xv, np.array([0, 100, 256]), np.array([0, 100, 256]), return_lse=True, threads=n)
+    attn.sdpa_varlen_backward(xv, xv, xv, np.array([0, 100, 256]), np.array([0, 100, 256]), ov, lv, ov, threads=n)
     mha = attn.MultiheadAttention(256, 4, batch_first=True)
     x = r.standard_normal((2, 128, 256)).astype(np.float32)
     mha(x, x, x, need_weights=False, threads=n)
