@@ -56,13 +56,14 @@ struct Buffer {
     std::size_t offset = 0;  // bytes before the view's first element
 };
 
-enum class Layout { bhld, blhd, slice, strided_d };
+enum class Layout { bhld, blhd, slice, strided_d, reversed };
 const char* layout_name(Layout l) {
     switch (l) {
         case Layout::bhld: return "BHLD";
         case Layout::blhd: return "BLHD";
         case Layout::slice: return "slice";
         case Layout::strided_d: return "strided-D";
+        case Layout::reversed: return "reversed";
     }
     return "?";
 }
@@ -98,6 +99,13 @@ Buffer make_buffer(DType dt, std::int64_t B, std::int64_t H, std::int64_t L, std
             st = contiguous_strides(store);
             st[3] = 2;
             break;
+        case Layout::reversed: {  // heads and positions back to front: negative strides (x[:, ::-1, ::-1])
+            store = Shape{B, H, L, D};
+            const Strides c = contiguous_strides(store);
+            st = {c[0], -c[1], -c[2], c[3]};
+            start = (H - 1) * c[1] + (L - 1) * c[2];
+            break;
+        }
     }
     const std::size_t n = static_cast<std::size_t>(store.numel());
     b.offset = (static_cast<std::size_t>(start) + (misalign ? 1 : 0)) * es;
@@ -243,11 +251,13 @@ Case random_case(std::uint64_t seed) {
     }
     c.Dk = pick<std::int64_t>(rng, {1, 3, 8, 16, 17, 32, 63, 64, 80, 96, 128, 200, 256});
     c.Dv = chance(rng, 0.6) ? c.Dk : pick<std::int64_t>(rng, {1, 5, 6, 7, 13, 64, 80, 130, 256});
-    auto layout = [&] { return pick(rng, {Layout::bhld, Layout::bhld, Layout::blhd, Layout::slice, Layout::strided_d}); };
+    auto layout = [&] {
+        return pick(rng, {Layout::bhld, Layout::bhld, Layout::blhd, Layout::slice, Layout::strided_d, Layout::reversed});
+    };
     c.lq = layout();
     c.lk = layout();
     c.lv = layout();
-    c.lo = pick(rng, {Layout::bhld, Layout::bhld, Layout::blhd, Layout::slice});
+    c.lo = pick(rng, {Layout::bhld, Layout::bhld, Layout::blhd, Layout::slice, Layout::reversed});
     c.mq = chance(rng, 0.25);
     c.mk = chance(rng, 0.25);
     c.mv = chance(rng, 0.25);

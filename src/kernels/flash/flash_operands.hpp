@@ -60,14 +60,15 @@ void pack_qt_blocks(const SdpaProblem& p, std::int64_t b, const std::int64_t* ch
     alignas(64) float tile[16][16];
     const float* in[16];
     float* out[16];
-    std::int64_t at[16];  // element offset of each column's query row (−1: padding)
+    std::int64_t at[16];  // element offset of each column's query row (any sign: strides may be negative)
     for (int c0 = 0; c0 < panels * panel; c0 += 16) {
         const int pn = c0 / panel, lane0 = c0 % panel;
-        for (int c = 0; c < 16; ++c) at[c] = c0 + c < nq ? p.q.offset(b, ch[c0 + c], ci[c0 + c], 0) : -1;
+        const int real = nq - c0 < 16 ? nq - c0 : 16;  // columns [real, 16) are padding
+        for (int c = 0; c < real; ++c) at[c] = p.q.offset(b, ch[c0 + c], ci[c0 + c], 0);
         float* dst = qt + static_cast<std::int64_t>(pn) * p.Dk * panel + lane0;
         for (std::int64_t d0 = 0; d0 < p.Dk; d0 += 16) {
             for (int c = 0; c < 16; ++c) {
-                if (at[c] < 0) {
+                if (c >= real) {
                     in[c] = zeros;
                 } else if (sixteen) {
                     Ops::widen(p.q.data_as<const std::uint16_t>() + at[c] + d0, 1, 16, f16, tile[c]);
