@@ -48,6 +48,8 @@ struct KVCacheConfig {
 class KVCache {
 public:
     explicit KVCache(const KVCacheConfig& config);  // throws attn::Error on a bad config
+    // A moved-from cache is empty (batch() 0, capacity() 0) and every other call on it throws
+    // attn::Error; assigning a cache to it makes it usable again.
     KVCache(KVCache&&) noexcept;
     KVCache& operator=(KVCache&&) noexcept;
     ~KVCache();
@@ -92,6 +94,8 @@ private:
     Retired grow_for(const char* op, std::int64_t need);
     std::int64_t check_fits(const char* op, std::int64_t b, std::int64_t extra) const;
     void write_rows(std::int64_t b, const TensorView& k, const TensorView& v, std::int64_t kb_dim);
+    void become_empty() noexcept;                    // the moved-from state
+    void require_storage(const char* op) const;      // throws on a moved-from cache
 
     KVCacheConfig config_;
     std::int64_t capacity_ = 0;

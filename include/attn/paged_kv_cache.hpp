@@ -48,6 +48,8 @@ public:
     using SeqId = std::int64_t;
 
     explicit PagedKVCache(const PagedKVCacheConfig& config);  // attn::Error on a bad config
+    // A moved-from cache has no pages and no sequences: add_sequence, key_pages and value_pages
+    // throw attn::Error, as does every call naming a sequence.
     PagedKVCache(PagedKVCache&&) noexcept;
     PagedKVCache& operator=(PagedKVCache&&) noexcept;
     ~PagedKVCache();
@@ -94,6 +96,8 @@ private:
     const Seq& seq(const char* op, SeqId s) const;
     std::int32_t take_page();
     void release_page(std::int32_t page);
+    void become_empty() noexcept;                // the moved-from state
+    void require_pool(const char* op) const;     // throws on a moved-from cache
 
     struct Pool;  // huge-page-advised storage (src/kv_cache/huge_buffer.hpp)
     PagedKVCacheConfig config_;

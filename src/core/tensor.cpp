@@ -114,6 +114,10 @@ TensorView TensorView::slice(int d, std::int64_t start, std::int64_t length) con
 }
 
 TensorView TensorView::broadcast_to(const Shape& target, std::string_view what) const {
+    if (target.rank < 0 || target.rank > kMaxRank) {  // a public field: checked before it indexes
+        throw Error(std::string(what) + ": target rank must be in [0, " + std::to_string(kMaxRank) + "] but got " +
+                    std::to_string(target.rank));
+    }
     if (rank() > target.rank) {
         throw Error(std::string(what) + ": shape " + shape_.str() + " has more dimensions than " +
                     target.str() + " it must broadcast to");

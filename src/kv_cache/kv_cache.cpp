@@ -46,22 +46,56 @@ KVCache::KVCache(const KVCacheConfig& config) : config_(config) {
     lengths_.assign(static_cast<std::size_t>(config_.batch), 0);
 }
 
-KVCache::KVCache(KVCache&&) noexcept = default;
-KVCache& KVCache::operator=(KVCache&&) noexcept = default;
+// The moved-from cache is empty (batch 0, capacity 0, no storage); require_storage refuses it.
+KVCache::KVCache(KVCache&& o) noexcept
+    : config_(o.config_), capacity_(o.capacity_), lengths_(std::move(o.lengths_)), k_(std::move(o.k_)), v_(std::move(o.v_)) {
+    o.become_empty();
+}
+
+KVCache& KVCache::operator=(KVCache&& o) noexcept {
+    if (this != &o) {
+        config_ = o.config_;
+        capacity_ = o.capacity_;
+        lengths_ = std::move(o.lengths_);
+        k_ = std::move(o.k_);
+        v_ = std::move(o.v_);
+        o.become_empty();
+    }
+    return *this;
+}
+
 KVCache::~KVCache() = default;
 
+void KVCache::become_empty() noexcept {
+    config_.batch = 0;
+    capacity_ = 0;
+    lengths_.clear();
+    k_.reset();
+    v_.reset();
+}
+
+void KVCache::require_storage(const char* op) const {
+    if (k_ == nullptr) detail::fail(kOp, op, ": this cache was moved from (it holds no storage)");
+}
+
 std::int64_t KVCache::length(std::int64_t b) const {
+    require_storage("length");
     if (b < 0 || b >= config_.batch) detail::fail(kOp, "sequence index must be in [0, ", config_.batch, ") but got ", b);
     return lengths_[static_cast<std::size_t>(b)];
 }
 
-std::int64_t KVCache::max_length() const { return *std::max_element(lengths_.begin(), lengths_.end()); }
+std::int64_t KVCache::max_length() const {
+    require_storage("max_length");
+    return *std::max_element(lengths_.begin(), lengths_.end());
+}
 
 TensorView KVCache::keys() const {
+    require_storage("keys");
     return {k_->data, config_.storage, Shape{config_.batch, config_.kv_heads, capacity_, config_.head_dim}};
 }
 
 TensorView KVCache::values() const {
+    require_storage("values");
     return {v_->data, config_.storage, Shape{config_.batch, config_.kv_heads, capacity_, config_.value_dim}};
 }
 
@@ -113,6 +147,7 @@ KVCache::Retired KVCache::grow_to(std::string_view arg, std::int64_t cap) {
 }
 
 void KVCache::reserve(std::int64_t cap) {
+    require_storage("reserve");
     if (cap < 1) detail::fail(kOp, "reserve: capacity must be >= 1 but got ", cap);
     if (config_.max_capacity > 0 && cap > config_.max_capacity) {
         detail::fail(kOp, "reserve: capacity ", cap, " exceeds max_capacity ", config_.max_capacity);
@@ -154,13 +189,23 @@ KVCache::Retired KVCache::grow_for(const char* op, std::int64_t need) {
 
 namespace {
 
-void check_new(const TensorView& t, const char* op, const char* name, int rank, const Shape& expected,
+// `expected` holds T (the new tokens) at index t_dim. A tensor of the other rank is most likely
+// meant for the other append, so the message says T (not a number) and names that overload.
+void check_new(const TensorView& t, const char* op, const char* name, const Shape& expected, int t_dim,
                const char* layout) {
     if (t.data() == nullptr) detail::fail(kOp, op, ": ", name, " data pointer is null");
     if (!is_floating(t.dtype())) {
         detail::fail(kOp, op, ": ", name, " dtype must be a float type but got ", dtype_name(t.dtype()));
     }
-    if (t.rank() != rank || !(t.shape() == expected)) {
+    if (t.rank() != expected.rank) {
+        std::string dims = "(";
+        for (int i = 0; i < expected.rank; ++i)
+            dims += (i > 0 ? ", " : "") + (i == t_dim ? std::string("T") : std::to_string(expected[i]));
+        detail::fail(kOp, op, ": ", name, " must have rank ", expected.rank, ", ", layout, " = ", dims + ")", " but got ",
+                     t.shape(), expected.rank == 4 ? " (append(b, k_new, v_new) takes one sequence's (Hkv, T, D))"
+                                                   : " (append(k_new, v_new) takes every sequence's (B, Hkv, T, D))");
+    }
+    if (!(t.shape() == expected)) {
         detail::fail(kOp, op, ": ", name, " must have shape ", layout, " = ", expected, " but got ", t.shape());
     }
 }
@@ -190,11 +235,10 @@ void KVCache::write_rows(std::int64_t b, const TensorView& k, const TensorView& 
 }
 
 void KVCache::append(const TensorView& k_new, const TensorView& v_new) {
-    const std::int64_t T = k_new.rank() == 4 ? k_new.dim(2) : -1;
-    check_new(k_new, "append", "k_new", 4, Shape{config_.batch, config_.kv_heads, std::max<std::int64_t>(T, 0), config_.head_dim},
-              "(B, Hkv, T, Dk)");
-    check_new(v_new, "append", "v_new", 4, Shape{config_.batch, config_.kv_heads, T, config_.value_dim},
-              "(B, Hkv, T, Dv)");
+    require_storage("append");
+    const std::int64_t T = k_new.rank() == 4 ? k_new.dim(2) : 0;
+    check_new(k_new, "append", "k_new", Shape{config_.batch, config_.kv_heads, T, config_.head_dim}, 2, "(B, Hkv, T, Dk)");
+    check_new(v_new, "append", "v_new", Shape{config_.batch, config_.kv_heads, T, config_.value_dim}, 2, "(B, Hkv, T, Dv)");
     std::int64_t need = 0;
     for (std::int64_t b = 0; b < config_.batch; ++b) need = std::max(need, check_fits("append", b, T));
     const Retired old = grow_for("append", need);  // freed after the rows are written: k_new may view them
@@ -205,13 +249,13 @@ void KVCache::append(const TensorView& k_new, const TensorView& v_new) {
 }
 
 void KVCache::append(std::int64_t b, const TensorView& k_new, const TensorView& v_new) {
+    require_storage("append");
     if (b < 0 || b >= config_.batch) {
         detail::fail(kOp, "append: sequence index must be in [0, ", config_.batch, ") but got ", b);
     }
-    const std::int64_t T = k_new.rank() == 3 ? k_new.dim(1) : -1;
-    check_new(k_new, "append", "k_new", 3, Shape{config_.kv_heads, std::max<std::int64_t>(T, 0), config_.head_dim},
-              "(Hkv, T, Dk)");
-    check_new(v_new, "append", "v_new", 3, Shape{config_.kv_heads, T, config_.value_dim}, "(Hkv, T, Dv)");
+    const std::int64_t T = k_new.rank() == 3 ? k_new.dim(1) : 0;
+    check_new(k_new, "append", "k_new", Shape{config_.kv_heads, T, config_.head_dim}, 1, "(Hkv, T, Dk)");
+    check_new(v_new, "append", "v_new", Shape{config_.kv_heads, T, config_.value_dim}, 1, "(Hkv, T, Dv)");
     const Retired old = grow_for("append", check_fits("append", b, T));  // see append above
     write_rows(b, k_new, v_new, 0);
     lengths_[static_cast<std::size_t>(b)] += T;
@@ -226,11 +270,15 @@ void KVCache::truncate(std::int64_t b, std::int64_t new_length) {
 }
 
 void KVCache::truncate_all(std::int64_t new_length) {
+    require_storage("truncate_all");
     if (new_length < 0) detail::fail(kOp, "truncate_all: new length must be >= 0 but got ", new_length);
     for (auto& len : lengths_) len = std::min(len, new_length);
 }
 
-void KVCache::reset() { std::fill(lengths_.begin(), lengths_.end(), 0); }
+void KVCache::reset() {
+    require_storage("reset");
+    std::fill(lengths_.begin(), lengths_.end(), 0);
+}
 
 void KVCache::reset(std::int64_t b) {
     (void)length(b);  // checks the index

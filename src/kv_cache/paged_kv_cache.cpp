@@ -53,9 +53,42 @@ PagedKVCache::PagedKVCache(const PagedKVCacheConfig& config) : config_(config) {
     for (std::int64_t p = config_.num_pages - 1; p >= 0; --p) free_list_.push_back(static_cast<std::int32_t>(p));
 }
 
-PagedKVCache::PagedKVCache(PagedKVCache&&) noexcept = default;
-PagedKVCache& PagedKVCache::operator=(PagedKVCache&&) noexcept = default;
+// The moved-from cache has no pool and no sequence; require_pool refuses new ones and views.
+PagedKVCache::PagedKVCache(PagedKVCache&& o) noexcept
+    : config_(o.config_), keys_(std::move(o.keys_)), values_(std::move(o.values_)), refcount_(std::move(o.refcount_)),
+      free_list_(std::move(o.free_list_)), seqs_(std::move(o.seqs_)), free_ids_(std::move(o.free_ids_)) {
+    o.become_empty();
+}
+
+PagedKVCache& PagedKVCache::operator=(PagedKVCache&& o) noexcept {
+    if (this != &o) {
+        config_ = o.config_;
+        keys_ = std::move(o.keys_);
+        values_ = std::move(o.values_);
+        refcount_ = std::move(o.refcount_);
+        free_list_ = std::move(o.free_list_);
+        seqs_ = std::move(o.seqs_);
+        free_ids_ = std::move(o.free_ids_);
+        o.become_empty();
+    }
+    return *this;
+}
+
 PagedKVCache::~PagedKVCache() = default;
+
+void PagedKVCache::become_empty() noexcept {
+    config_.num_pages = 0;
+    keys_.reset();
+    values_.reset();
+    refcount_.clear();
+    free_list_.clear();
+    seqs_.clear();
+    free_ids_.clear();
+}
+
+void PagedKVCache::require_pool(const char* op) const {
+    if (keys_ == nullptr) detail::fail(kOp, op, ": this cache was moved from (it holds no pages)");
+}
 
 const PagedKVCache::Seq& PagedKVCache::seq(const char* op, SeqId s) const {
     if (s < 0 || s >= static_cast<SeqId>(seqs_.size()) || !seqs_[static_cast<std::size_t>(s)].live) {
@@ -76,6 +109,7 @@ void PagedKVCache::release_page(std::int32_t page) {
 }
 
 PagedKVCache::SeqId PagedKVCache::add_sequence() {
+    require_pool("add_sequence");
     SeqId id;
     if (!free_ids_.empty()) {
         id = free_ids_.back();
@@ -222,10 +256,12 @@ std::int64_t PagedKVCache::shared_pages() const {
 }
 
 TensorView PagedKVCache::key_pages() const {
+    require_pool("key_pages");
     return TensorView(keys_->data, config_.storage,
                       Shape{config_.kv_heads, config_.num_pages, config_.page_size, config_.head_dim});
 }
 TensorView PagedKVCache::value_pages() const {
+    require_pool("value_pages");
     return TensorView(values_->data, config_.storage,
                       Shape{config_.kv_heads, config_.num_pages, config_.page_size, config_.value_dim});
 }

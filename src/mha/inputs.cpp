@@ -1,8 +1,17 @@
 #include "inputs.hpp"
 
+#include <cmath>
+
 #include "../core/check.hpp"
 
 namespace attn::detail {
+
+void check_finite_sinks(const TensorView& sinks, const char* what) {
+    for (std::int64_t h = 0; h < sinks.dim(0); ++h) {
+        const double x = sinks.load_as_double(sinks.offset(h));
+        if (!std::isfinite(x)) fail(kMha, what, ": values must be finite but entry ", h, " is ", x);
+    }
+}
 
 MhaShapes check_inputs(const MhaConfig& c, const TensorView& query, const TensorView& key, const TensorView& value,
                        const MhaForwardOptions& options) {

@@ -26,4 +26,9 @@ struct MhaShapes {
 MhaShapes check_inputs(const MhaConfig& c, const TensorView& query, const TensorView& key, const TensorView& value,
                        const MhaForwardOptions& options);
 
+// Throws unless every entry of the (h,) sinks is finite (a head's extra logit; sdpa refuses a
+// non-finite one too, but later). `what` starts the message: "state_dict: tensor 'sinks'",
+// "forward_incremental: parameter 'sinks'".
+void check_finite_sinks(const TensorView& sinks, const char* what);
+
 }  // namespace attn::detail

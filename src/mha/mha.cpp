@@ -149,6 +149,9 @@ void MultiHeadAttention::load_state_dict(const std::vector<std::pair<std::string
     std::vector<Tensor> converted;
     converted.reserve(tensors.size());
     for (const auto& [name, view] : tensors) converted.push_back(to_dtype(view, params_.at(name).dtype()));
+    // After the conversion: a float64 sink of 1e300 is inf in a float32 parameter.
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+        if (tensors[i].first == "sinks") detail::check_finite_sinks(converted[i].view(), "state_dict: tensor 'sinks'");
     for (std::size_t i = 0; i < tensors.size(); ++i) {
         Tensor& dst = params_.at(tensors[i].first);
         std::memcpy(dst.data(), converted[i].data(), dst.nbytes());

@@ -104,6 +104,9 @@ void MultiHeadAttention::forward_incremental_into(const TensorView& x_new, KVCac
     const bool f32_out = output.dtype() == DType::f32;
     float* y = f32_out ? output.data_as<float>() : detail::ensure(ws.out_f32, Shape{N, E});
 
+    // decode_attention refuses a non-finite sink only after the append (which may have grown the
+    // cache); a parameter changed in place can hold one (load_state_dict refuses them).
+    if (c.sinks) detail::check_finite_sinks(parameter("sinks"), "forward_incremental: parameter 'sinks'");
     const std::vector<std::int64_t> old_len = cache.lengths();
     cache.append(K, V);  // throws before writing when T tokens do not fit
     try {

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <random>
+#include <string>
 
+#include "attn/error.hpp"
 #include "attn/sdpa.hpp"
 #include "common/util.hpp"
 
@@ -11,6 +13,17 @@ namespace attn::test {
 
 // Contiguous float32, normal(0, sd), drawn in float (the stream the decode bounds were measured with).
 inline Tensor random_f32(const Shape& s, std::mt19937& rng, float sd = 1.0f) { return randn<float>(DType::f32, s, rng, sd); }
+
+// The message of the attn::Error f throws; "(no error)" when it returns.
+template <class F>
+std::string error_of(F&& f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "(no error)";
+}
 
 // Options of a generation step: causal, bottom-right per sequence (the cache's new tokens last).
 inline SdpaOptions causal_bottom_right() {

@@ -364,15 +364,6 @@ struct Small {
           out(DType::f32, Shape{1, 4, Lq, 8}) {}
 };
 
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "(no error)";
-}
-
 TEST(DecodeDispatch, AutoPicksDecodeForSmallLq) {
     std::mt19937 rng(1);
     for (std::int64_t Lq : {1, 16}) {

@@ -18,15 +18,6 @@ extern "C" const char* __asan_default_options() { return "allocator_may_return_n
 namespace attn::test {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "(no error)";
-}
-
 KVCacheConfig config(DType dt, std::int64_t cap, bool grow = false) {
     KVCacheConfig c;
     c.batch = 2;
@@ -224,6 +215,14 @@ TEST(KVCache, ArgumentErrorsNameTheArgument) {
               "KVCache: append: v_new must have shape (B, Hkv, T, Dv) = (2, 3, 2, 4) but got (2, 3, 1, 4)");
     Tensor ki(DType::i32, Shape{2, 3, 1, 5}, true);
     EXPECT_EQ(error_of([&] { c.append(ki, v); }), "KVCache: append: k_new dtype must be a float type but got int32");
+    // A tensor of the other overload's rank: T is unknown (it said "= (2, 3, 0, 5)", as if T had to be 0).
+    Tensor k3(DType::f32, Shape{3, 1, 5}, true);
+    EXPECT_EQ(error_of([&] { c.append(k3, k3); }),
+              "KVCache: append: k_new must have rank 4, (B, Hkv, T, Dk) = (2, 3, T, 5) but got (3, 1, 5) "
+              "(append(b, k_new, v_new) takes one sequence's (Hkv, T, D))");
+    EXPECT_EQ(error_of([&] { c.append(0, k, v); }),
+              "KVCache: append: k_new must have rank 3, (Hkv, T, Dk) = (3, T, 5) but got (2, 3, 1, 6) "
+              "(append(k_new, v_new) takes every sequence's (B, Hkv, T, D))");
     EXPECT_EQ(c.max_length(), 0);
 
     // decode_attention's checks.
@@ -246,6 +245,33 @@ TEST(KVCache, ArgumentErrorsNameTheArgument) {
     const TensorView into_values(c.values().data(), DType::f32, Shape{2, 6, 1, 4});
     EXPECT_EQ(error_of([&] { decode_attention(q1, c, causal_bottom_right(), into_values); }),
               "decode_attention: out: must not share memory with V (the kernel writes out while it still reads V)");
+}
+
+// A moved-from cache is empty and refuses every call (length() read an empty vector: a crash).
+TEST(KVCache, MovedFromIsEmptyAndRefusesCalls) {
+    KVCache a(config(DType::f32, 4));
+    std::mt19937 rng(3);
+    a.append(random_f32(Shape{2, 3, 2, 5}, rng), random_f32(Shape{2, 3, 2, 4}, rng));
+    KVCache b(std::move(a));
+    EXPECT_EQ(b.length(1), 2);
+    EXPECT_EQ(a.batch(), 0);
+    EXPECT_EQ(a.capacity(), 0);
+    EXPECT_TRUE(a.lengths().empty());
+    const std::string moved = "this cache was moved from (it holds no storage)";
+    for (const auto& call : std::initializer_list<std::function<void()>>{
+             [&] { (void)a.length(0); }, [&] { (void)a.max_length(); }, [&] { (void)a.keys(); },
+             [&] { (void)a.values(); }, [&] { a.reserve(8); }, [&] { a.reset(); }, [&] { a.truncate_all(0); },
+             [&] { a.append(random_f32(Shape{2, 3, 1, 5}, rng), random_f32(Shape{2, 3, 1, 4}, rng)); }}) {
+        const std::string e = error_of(call);
+        EXPECT_NE(e.find(moved), std::string::npos) << e;
+    }
+    KVCache c(config(DType::f32, 4));
+    c = std::move(b);  // move assignment: c takes b's tokens, b is empty
+    EXPECT_EQ(c.length(0), 2);
+    EXPECT_EQ(b.batch(), 0);
+    EXPECT_NE(error_of([&] { (void)b.max_length(); }).find(moved), std::string::npos);
+    a = std::move(c);  // a moved-from cache is usable again once assigned
+    EXPECT_EQ(a.max_length(), 2);
 }
 
 // ---- sizes (issue 19, class 1) ------------------------------------------------------------

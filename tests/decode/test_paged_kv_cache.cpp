@@ -694,14 +694,6 @@ TEST(PagedKVCache, ChunkedPrefillMatchesReference) {
 }
 
 TEST(PagedKVCache, BadArgumentsAreClearErrors) {
-    auto error_of = [](auto&& f) -> std::string {
-        try {
-            f();
-        } catch (const Error& e) {
-            return e.what();
-        }
-        return "no error";
-    };
     PagedKVCacheConfig bad;
     bad.page_size = 24;
     bad.num_pages = 4;
@@ -773,6 +765,33 @@ TEST(PagedKVCache, BadArgumentsAreClearErrors) {
               "paged_attention: Q: head dim 3 does not match the cache's head_dim 4");
     EXPECT_TRUE(still_poisoned(out));
     EXPECT_TRUE(still_poisoned(out6));
+}
+
+// A moved-from cache has no pages and no sequences: its views and new sequences are errors
+// (key_pages() dereferenced a null pool), and so is every call naming an old sequence.
+TEST(PagedKVCache, MovedFromIsEmptyAndRefusesCalls) {
+    PagedKVCacheConfig cfg;
+    cfg.page_size = 8;
+    cfg.head_dim = 4;
+    cfg.num_pages = 4;
+    std::mt19937 rng(9);
+    PagedKVCache a(cfg);
+    const SeqId s = a.add_sequence();
+    a.append(s, random_f32(Shape{cfg.kv_heads, 3, 4}, rng), random_f32(Shape{cfg.kv_heads, 3, 4}, rng));
+    PagedKVCache b(std::move(a));
+    EXPECT_EQ(b.length(s), 3);
+    EXPECT_EQ(a.free_pages(), 0);
+    EXPECT_EQ(a.pool_bytes(), 0);
+    EXPECT_FALSE(a.contains(s));
+    const std::string moved = "this cache was moved from (it holds no pages)";
+    EXPECT_NE(error_of([&] { (void)a.key_pages(); }).find(moved), std::string::npos);
+    EXPECT_NE(error_of([&] { (void)a.value_pages(); }).find(moved), std::string::npos);
+    EXPECT_NE(error_of([&] { (void)a.add_sequence(); }).find(moved), std::string::npos);
+    EXPECT_NE(error_of([&] { (void)a.length(s); }).find("does not exist"), std::string::npos);
+    PagedKVCache c(cfg);
+    c = std::move(b);
+    EXPECT_EQ(c.length(s), 3);
+    EXPECT_NE(error_of([&] { (void)b.key_pages(); }).find(moved), std::string::npos);
 }
 
 }  // namespace

@@ -347,4 +347,50 @@ TEST(MhaIncremental, MismatchesAreErrorsBeforeAnythingIsWritten) {
     EXPECT_EQ(cache.length(0), 0);
 }
 
+// A non-finite sink (a parameter edited in place) is refused before the cache changes: the
+// append came first, so a growing cache grew and moved its storage although the step failed.
+// load_state_dict refuses one outright, after rounding to the parameter dtype.
+TEST(MhaIncremental, NonFiniteSinkIsRefusedBeforeTheCacheGrows) {
+    MhaConfig c;
+    c.embed_dim = 4;
+    c.num_heads = 2;
+    c.sinks = true;
+    MultiHeadAttention m(c);
+    std::vector<std::pair<std::string, TensorView>> sd = m.state_dict();
+    Tensor bad_sinks(DType::f64, Shape{2});
+    bad_sinks.data_as<double>()[0] = 0.5;
+    bad_sinks.data_as<double>()[1] = 1e300;  // inf once rounded to float32
+    for (auto& [name, view] : sd)
+        if (name == "sinks") view = bad_sinks.view();
+    try {
+        m.load_state_dict(sd);
+        ADD_FAILURE() << "a sink of 1e300 (inf in float32) was accepted";
+    } catch (const attn::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("state_dict: tensor 'sinks': values must be finite but entry 1 is inf"),
+                  std::string::npos) << e.what();
+    }
+    EXPECT_EQ(m.parameter("sinks").data_as<float>()[1], 0.0f);  // unchanged
+
+    m.parameter("sinks").data_as<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+    KVCacheConfig kc;
+    kc.kv_heads = 2;
+    kc.head_dim = 2;
+    kc.capacity = 1;
+    kc.grow = true;
+    KVCache cache(kc);
+    const void* storage = cache.keys().data();
+    Tensor x(DType::f32, Shape{2, 4}, true);  // two new tokens: the cache would grow
+    try {
+        (void)m.forward_incremental(x.view(), cache);
+        ADD_FAILURE() << "a NaN sink was accepted";
+    } catch (const attn::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("MultiHeadAttention: forward_incremental: parameter 'sinks': values must be "
+                                             "finite but entry 0 is nan"),
+                  std::string::npos) << e.what();
+    }
+    EXPECT_EQ(cache.capacity(), 1);
+    EXPECT_EQ(cache.keys().data(), storage);
+    EXPECT_EQ(cache.length(0), 0);
+}
+
 }  // namespace
