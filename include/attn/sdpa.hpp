@@ -145,6 +145,17 @@ void sdpa(const TensorView& q, const TensorView& k, const TensorView& v, const S
           const TensorView& out, const TensorView* lse = nullptr, const TensorView* weights = nullptr,
           SdpaReport* report = nullptr, const ScoresOutput* scores = nullptr);
 
+// The shapes of sdpa's outputs for these inputs, after sdpa's own checks of Q, K and V (rank,
+// float dtype, every dim >= 1, how they agree; attn::Error as sdpa throws it). For callers that
+// allocate the outputs from the inputs (the CLI): a malformed input is named before a buffer
+// sized from it is asked for.
+struct SdpaShapes {
+    Shape out;      // (B, Hq, Lq, Dv)
+    Shape lse;      // (B, Hq, Lq)
+    Shape weights;  // (B, Hq, Lq, Lk): also the scores'
+};
+SdpaShapes sdpa_output_shapes(const TensorView& q, const TensorView& k, const TensorView& v);
+
 std::string_view impl_name(Impl impl);
 Impl parse_impl(std::string_view name);        // throws attn::Error on an unknown name
 Causal parse_causal(std::string_view name);    // "none", "top-left", "bottom-right"

@@ -34,6 +34,14 @@
 
 namespace attn {
 
+// sdpa_varlen's output shapes, out (Tq, Hq, Dv) and lse (Tq, Hq), after its checks of q, k and v
+// alone (as sdpa_output_shapes: for callers that allocate the outputs from the inputs).
+struct SdpaVarlenShapes {
+    Shape out;
+    Shape lse;
+};
+SdpaVarlenShapes sdpa_varlen_output_shapes(const TensorView& q, const TensorView& k, const TensorView& v);
+
 void sdpa_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& cu_seqlens_q,
                  const TensorView& cu_seqlens_k, const SdpaOptions& options, const TensorView& out,
                  const TensorView* lse = nullptr, SdpaReport* report = nullptr);

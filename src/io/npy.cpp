@@ -114,6 +114,8 @@ private:
             if (peek() == ',') { ++i_; continue; }
             skip_ws();
             expect(')');
+            // Python reads "(4)" as the integer 4, and numpy refuses it; a 1-d shape is "(4,)".
+            if (dims.size() == 1) fail("'shape' must be a tuple, and (" + std::to_string(v) + ") is an integer: a 1-d shape is (" + std::to_string(v) + ",)");
             break;
         }
         return dims;

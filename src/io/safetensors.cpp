@@ -209,6 +209,7 @@ SafetensorsFile load(std::uint64_t total, const std::function<void(std::uint64_t
     read_raw(0, len_bytes, 8);
     std::uint64_t n = 0;
     for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
+    if (std::memcmp(len_bytes, "\x93NUMPY", 6) == 0) fail(file, "is a .npy file, not a safetensors file");
     if (n > total - 8) {
         fail(file, "header length " + std::to_string(n) + " runs past the end of the file (" +
                        std::to_string(total - 8) + " bytes follow the length)");

@@ -132,6 +132,10 @@ private:
     }
 };
 
+// Checks Q, K and V alone (rank, float dtype, dims >= 1, how they agree) and fills the sizes of
+// p (B, Hq, Hkv, Lq, Lk, Dk, Dv, group): make_problem's first step, and sdpa_output_shapes'.
+void check_qkv(const TensorView& q, const TensorView& k, const TensorView& v, SdpaProblem& p, std::string_view op);
+
 // Checks every argument (throws attn::Error naming it, prefixed by `op`: the public entry
 // point that was called) and builds the problem. Every entry point builds its problem here.
 SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -18,6 +18,12 @@ void sdpa(const TensorView& q, const TensorView& k, const TensorView& v, const S
     detail::run_forward(problem, options.impl, report);
 }
 
+SdpaShapes sdpa_output_shapes(const TensorView& q, const TensorView& k, const TensorView& v) {
+    detail::SdpaProblem p;
+    detail::check_qkv(q, k, v, p, "sdpa");
+    return SdpaShapes{Shape{p.B, p.Hq, p.Lq, p.Dv}, Shape{p.B, p.Hq, p.Lq}, Shape{p.B, p.Hq, p.Lq, p.Lk}};
+}
+
 std::string_view impl_name(Impl impl) {
     switch (impl) {
         case Impl::automatic: return "auto";

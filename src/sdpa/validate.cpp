@@ -79,9 +79,7 @@ void check_modifiers(std::string_view kOp, const SdpaOptions& o, SdpaProblem& p)
 
 }  // namespace
 
-SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorView& v,
-                         const SdpaOptions& options, const TensorView& out, const TensorView* lse,
-                         const TensorView* weights, std::string_view kOp) {
+void check_qkv(const TensorView& q, const TensorView& k, const TensorView& v, SdpaProblem& p, std::string_view kOp) {
     require_rank(kOp, q, "Q", 4, "(B, Hq, Lq, Dk)");
     require_rank(kOp, k, "K", 4, "(B, Hkv, Lk, Dk)");
     require_rank(kOp, v, "V", 4, "(B, Hkv, Lk, Dv)");
@@ -89,7 +87,6 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
     require_floating(kOp, k, "K");
     require_floating(kOp, v, "V");
 
-    SdpaProblem p;
     p.B = q.dim(0);
     p.Hq = q.dim(1);
     p.Lq = q.dim(2);
@@ -113,7 +110,13 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
         fail(kOp, "Q: heads ", p.Hq, " must be a multiple of K/V's heads ", p.Hkv, " (grouped-query attention)");
     }
     p.group = p.Hq / p.Hkv;
+}
 
+SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const SdpaOptions& options, const TensorView& out, const TensorView* lse,
+                         const TensorView* weights, std::string_view kOp) {
+    SdpaProblem p;
+    check_qkv(q, k, v, p, kOp);
     require_output(kOp, out, "out", Shape{p.B, p.Hq, p.Lq, p.Dv}, "(B, Hq, Lq, Dv)", true);
     if (lse != nullptr) {
         require_output(kOp, *lse, "lse", Shape{p.B, p.Hq, p.Lq}, "(B, Hq, Lq)");

@@ -49,9 +49,7 @@ void require_packed(std::string_view op, const TensorView& t, const char* name, 
 
 }  // namespace
 
-PackedBatch check_packed(std::string_view op, const TensorView& q, const TensorView& k, const TensorView& v,
-                         const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, const SdpaOptions& options,
-                         const TensorView& out, const TensorView* lse, bool sixteen_bit_out) {
+PackedBatch check_packed_qkv(std::string_view op, const TensorView& q, const TensorView& k, const TensorView& v) {
     require_packed(op, q, "q", "(Tq, Hq, Dk)");
     require_packed(op, k, "k", "(Tk, Hkv, Dk)");
     require_packed(op, v, "v", "(Tk, Hkv, Dv)");
@@ -64,6 +62,13 @@ PackedBatch check_packed(std::string_view op, const TensorView& q, const TensorV
     if (p.Hq % p.Hkv != 0) {
         fail(op, "q: heads ", p.Hq, " must be a multiple of k/v's heads ", p.Hkv, " (grouped-query attention)");
     }
+    return p;
+}
+
+PackedBatch check_packed(std::string_view op, const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, const SdpaOptions& options,
+                         const TensorView& out, const TensorView* lse, bool sixteen_bit_out) {
+    PackedBatch p = check_packed_qkv(op, q, k, v);
     require_rank(op, out, "out", 3, "(Tq, Hq, Dv)");
     require_shape(op, out, "out", Shape{p.Tq, p.Hq, p.Dv}, "(Tq, Hq, Dv)");
     if (!sixteen_bit_out) require_f32_or_f64(op, out, "out");

@@ -21,6 +21,10 @@ struct PackedBatch {
     std::int64_t Tq = 0, Tk = 0, Hq = 0, Hkv = 0, Dk = 0, Dv = 0;
 };
 
+// Checks q (Tq, Hq, Dk), k (Tk, Hkv, Dk) and v (Tk, Hkv, Dv) alone and fills the sizes (not seqs):
+// check_packed's first step, and sdpa_varlen_output_shapes'.
+PackedBatch check_packed_qkv(std::string_view op, const TensorView& q, const TensorView& k, const TensorView& v);
+
 // Checks q (Tq, Hq, Dk), k (Tk, Hkv, Dk), v (Tk, Hkv, Dv), out (Tq, Hq, Dv), lse (Tq, Hq),
 // both cu_seqlens ((N+1,) int32/int64, cu[0] = 0, non-decreasing, last = T) and the options a
 // packed batch cannot take (bool_mask, additive_mask, key_lengths; query_offset per sequence

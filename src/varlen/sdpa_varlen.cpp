@@ -41,6 +41,11 @@ void require_runnable(const detail::SdpaProblem& p, Impl impl, std::int64_t b) {
 
 }  // namespace
 
+SdpaVarlenShapes sdpa_varlen_output_shapes(const TensorView& q, const TensorView& k, const TensorView& v) {
+    const detail::PackedBatch p = detail::check_packed_qkv(kOp, q, k, v);
+    return SdpaVarlenShapes{Shape{p.Tq, p.Hq, p.Dv}, Shape{p.Tq, p.Hq}};
+}
+
 void sdpa_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& cu_seqlens_q,
                  const TensorView& cu_seqlens_k, const SdpaOptions& options, const TensorView& out,
                  const TensorView* lse, SdpaReport* report) {

@@ -548,3 +548,78 @@ def test_valid_edge_numbers_are_accepted(work):
         outs[v] = np.load(work / f"o{v}.npy")
     assert not np.array_equal(outs["10"], outs["8"])  # the check below can fail
     assert np.array_equal(outs["010"], outs["10"])
+
+
+# ---- found by a review of the CLI (2026-12-03) ----------------------------------------------------
+
+def header_only_npy(path, shape):
+    """A .npy of about 100 bytes that declares `shape` and holds no data (a zero dim)."""
+    h = "{'descr': '<f4', 'fortran_order': False, 'shape': %s, }\n" % (shape,)
+    path.write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h.encode())
+
+
+def test_inputs_are_checked_before_outputs_sized_from_them_are_allocated(work):
+    # K and V of batch 0 but length 10^15: O and the weights were allocated (142 PiB) before sdpa
+    # said K's batch is 0.
+    header_only_npy(work / "k0.npy", (0, 1, 10**15, DK))
+    header_only_npy(work / "v0.npy", (0, 1, 10**15, DV))
+    expect_error(work, ["sdpa", "--q", work / "q.npy", "--k", work / "k0.npy", "--v", work / "v0.npy",
+                        "--out", work / "o.npy", "--weights", work / "w2.npy"], "sdpa: K: batch must be >= 1 but got 0")
+    header_only_npy(work / "q0.npy", (10**6, 10**6, 10**6, 0))
+    expect_error(work, ["sdpa", "--q", work / "q0.npy", "--k", work / "k.npy", "--v", work / "v.npy", "--out", work / "o.npy"],
+                 "sdpa: Q: head dim must be >= 1 but got 0")
+    # The packed path: q (10^6, 10^6, 0) asked for an 18 TiB out.
+    header_only_npy(work / "pq0.npy", (10**6, 10**6, 0))
+    np.save(work / "pk.npy", np.ones((7, 2, DK), np.float32))
+    np.save(work / "pv.npy", np.ones((7, 2, DV), np.float32))
+    np.save(work / "cq.npy", np.array([0, 3], np.int64))
+    np.save(work / "ck.npy", np.array([0, 7], np.int64))
+    expect_error(work, ["sdpa", "--q", work / "pq0.npy", "--k", work / "pk.npy", "--v", work / "pv.npy",
+                        "--cu-seqlens-q", work / "cq.npy", "--cu-seqlens-k", work / "ck.npy", "--out", work / "o.npy"],
+                 "sdpa_varlen: q: head dim must be >= 1 but got 0")
+
+
+def test_an_output_naming_an_input_is_refused(work):
+    q_before = (work / "q.npy").read_bytes()
+    expect_error(work, sdpa(work, out=work / "q.npy"), "--out: path", "names the same file as the input --q",
+                 "which it would replace")
+    expect_error(work, sdpa(work, "--lse", work / "." / "k.npy"), "--lse:", "the input --k")
+    os.link(work / "v.npy", work / "v_link.npy")  # another name of the same file
+    expect_error(work, sdpa(work, "--weights", work / "v_link.npy"), "--weights:", "the input --v")
+    assert (work / "q.npy").read_bytes() == q_before
+    (work / "w_as.svg").write_bytes((work / "w.npy").read_bytes())  # a .npy under an image's name
+    expect_error(work, ["heatmap", work / "w_as.svg", "--out", work / "w_as.svg"], "--out:", "the input weights")
+
+
+def test_a_safetensors_tensor_name_may_hold_a_colon(work):
+    data = np.arange(B * HQ * LQ * DK, dtype=np.float32).reshape(B, HQ, LQ, DK) / 100
+    header = json.dumps({"dense/kernel:0": {"dtype": "F32", "shape": list(data.shape),
+                                            "data_offsets": [0, data.nbytes]}}).encode()
+    (work / "colon.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + data.tobytes())
+    np.save(work / "q_same.npy", data)
+    r = run(["sdpa", "--q", f"{work / 'colon.safetensors'}:dense/kernel:0", "--k", work / "k.npy", "--v",
+             work / "v.npy", "--out", work / "o1.npy"])
+    assert r.returncode == 0, r.stderr
+    r = run(["sdpa", "--q", work / "q_same.npy", "--k", work / "k.npy", "--v", work / "v.npy", "--out", work / "o2.npy"])
+    assert r.returncode == 0, r.stderr
+    assert np.array_equal(np.load(work / "o1.npy"), np.load(work / "o2.npy"))
+
+
+def test_mha_params_errors_name_the_option_and_a_bfloat16_npy_is_refused_first(work):
+    np.save(work / "x.npy", np.ones((3, 2, 8), np.float32))
+    expect_error(work, ["mha", "--params", work / "q.npy", "--num-heads", "2", "--query", work / "x.npy",
+                        "--out", work / "mo.npy"], "--params: ", "is a .npy file, not a safetensors file")
+    e = 8
+    tensors = {"in_proj_weight": np.ones((3 * e, e), np.float32), "in_proj_bias": np.zeros(3 * e, np.float32),
+               "out_proj.weight": np.eye(e, dtype=np.float32), "out_proj.bias": np.zeros(e, np.float32)}
+    header, blobs, off = {}, [], 0
+    for name, a in tensors.items():
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
+        off += a.nbytes
+        blobs.append(a.tobytes())
+    h = json.dumps(header).encode()
+    (work / "p.safetensors").write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+    # A query of the wrong width: the bfloat16-into-.npy error must come first (it came after the layer ran).
+    np.save(work / "x7.npy", np.ones((3, 2, 7), np.float32))
+    expect_error(work, ["mha", "--params", work / "p.safetensors", "--num-heads", "2", "--query", work / "x7.npy",
+                        "--out", work / "mo.npy", "--out-dtype", "bfloat16"], "--out:", "bfloat16")

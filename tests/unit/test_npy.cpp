@@ -258,6 +258,7 @@ TEST_F(Npy, MalformedDict) {
         {"{'descr': '<f4', 'fortran_order': False, 'shape': [2]}", "malformed .npy header: expected '('"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (-2,)}", "expected a non-negative integer in 'shape'"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (2 1)}", "malformed .npy header: expected ')'"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2)}", "'shape' must be a tuple, and (2) is an integer"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (2,,)}", "expected a non-negative integer in 'shape'"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (2,)", "malformed .npy header: expected '}'"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,)}", "a dimension in 'shape' is too large"},

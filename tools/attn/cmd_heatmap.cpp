@@ -93,20 +93,21 @@ void run(const HeatmapArgs& a) {
     }
     OutputFiles outputs;
     outputs.add("--out", a.out);
+    outputs.add_input("weights", tensor_arg_file(a.weights));
     outputs.check();
 
     // A .npy or FILE.safetensors:NAME, as every tensor argument (what `attn sdpa --weights` writes).
-    const Tensor w = read_tensor_arg("W", a.weights);
+    const Tensor w = read_tensor_arg("weights", a.weights);
     if (!is_floating(w.dtype())) {
-        throw Error(a.weights + ": attention weights must be float16, bfloat16, float32 or float64 but the file holds " +
+        throw Error("weights: " + a.weights + ": attention weights must be float16, bfloat16, float32 or float64 but the file holds " +
                     std::string(dtype_name(w.dtype())));
     }
     const Shape& s = w.shape();
     if (s.rank < 2 || s.rank > 4) {
-        throw Error(a.weights + ": expected attention weights of shape (Lq, Lk), (H, Lq, Lk) or (B, H, Lq, Lk) but got " + s.str());
+        throw Error("weights: " + a.weights + ": expected attention weights of shape (Lq, Lk), (H, Lq, Lk) or (B, H, Lq, Lk) but got " + s.str());
     }
     for (int i = 0; i < s.rank; ++i) {
-        if (s[i] == 0) throw Error(a.weights + ": attention weights must not be empty but have shape " + s.str());
+        if (s[i] == 0) throw Error("weights: " + a.weights + ": attention weights must not be empty but have shape " + s.str());
     }
     // Seen as (B, H, Lq, Lk) whatever the file's rank.
     const std::int64_t B = s.rank == 4 ? s[0] : 1, H = s.rank >= 3 ? s[s.rank - 3] : 1;

@@ -54,10 +54,21 @@ void run(const MhaArgs& a) {
     outputs.add("--out", a.out);
     outputs.add("--grads", a.grads);
     outputs.add("--weights", a.weights);
+    outputs.add_input("--params", a.params);
+    for (const auto& [flag, spec] : {std::pair{"--query", &a.query}, {"--key", &a.key}, {"--value", &a.value},
+                                     {"--key-padding-mask", &a.key_padding_mask}, {"--attn-mask", &a.attn_mask},
+                                     {"--grad-out", &a.grad_out}, {"--alibi-slopes", &a.alibi_slopes}})
+        outputs.add_input(flag, tensor_arg_file(*spec));
     outputs.check();
     OutputFiles::require_safetensors("--grads", a.grads);
 
-    const SafetensorsFile params = read_safetensors(a.params);
+    const SafetensorsFile params = [&] {
+        try {
+            return read_safetensors(a.params);
+        } catch (const Error& e) {  // the file's own message ("x: ..."), prefixed with the option
+            throw Error(std::string("--params: ") + e.what());
+        }
+    }();
     std::vector<std::pair<std::string, TensorView>> state;
     for (const auto& [name, t] : params.tensors) state.emplace_back(name, t.view());
     std::vector<float> slopes;
@@ -117,6 +128,7 @@ void run(const MhaArgs& a) {
     opt.average_attn_weights = !a.per_head;
     if (!a.out_dtype.empty() && training) throw Error("--out-dtype: not with --grads (training writes float32)");
     opt.out_dtype = parse_out_dtype(a.out_dtype, q.dtype());
+    OutputFiles::check_dtype("--out", a.out, *opt.out_dtype);  // before the layer runs (bfloat16 has no .npy)
     if (!a.intermediate_dtype.empty()) {
         if (training) throw Error("--intermediate-dtype: not with --grads (training keeps float32 intermediates)");
         opt.intermediate_dtype = parse_float_dtype("--intermediate-dtype", a.intermediate_dtype);

@@ -148,6 +148,10 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         outputs.add("--dk", out_path(a.dk));
         outputs.add("--dv", out_path(a.dv));
         if (rank == 0) outputs.add("--dsinks", a.dsinks);  // the same on every rank: rank 0 writes it
+        for (const auto& [flag, spec] : {std::pair{"--q", &a.q}, {"--k", &a.k}, {"--v", &a.v}, {"--grad-out", &a.grad_out},
+                                         {"--key-lengths", &a.key_lengths}, {"--sinks", &a.sinks},
+                                         {"--alibi-slopes", &a.alibi_slopes}})
+            outputs.add_input(flag, tensor_arg_file(*spec));
         outputs.check();
         if (rank != 0) return;
         q = read_input("--q", a.q);
@@ -420,7 +424,8 @@ void add_ring_command(CLI::App& app) {
                     "Q's dtype, else float32)");
     cmd->add_option("--causal", args->causal,
                     "causal mask on global positions: top-left: query i sees keys 0..i; bottom-right: keys "
-                    "0..i+n-Lq (n = the sequence's key length, else Lk). --causal alone means top-left")
+                    "0..i+n-Lq (n = the sequence's key length, else Lk). --causal alone means top-left; without --causal "
+                    "no causal mask")
         ->expected(0, 1)
         ->default_str("top-left");
     cmd->add_option("--window-left", args->window_left, "sliding window: keys a query sees before its diagonal (-1 = all)");

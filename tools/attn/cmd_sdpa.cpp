@@ -72,10 +72,10 @@ void run_packed(const SdpaArgs& a, const SdpaOptions& opt, const Tensor& q, cons
     if (!a.scores.empty()) throw Error("--scores: not available for packed sequences (their scores are ragged)");
     if (!a.dsinks.empty()) throw Error("--dsinks: not available for packed sequences (sinks are not supported there)");
     const Tensor cq = read_tensor_arg("--cu-seqlens-q", a.cu_seqlens_q), ck = read_tensor_arg("--cu-seqlens-k", a.cu_seqlens_k);
-    // Output shapes come from the inputs; if those are malformed, sdpa_varlen names the bad one.
-    const std::int64_t Tq = q.shape().rank == 3 ? q.shape()[0] : 0, Hq = q.shape().rank == 3 ? q.shape()[1] : 0;
-    const std::int64_t Dv = v.shape().rank == 3 ? v.shape()[2] : 0;
-    const Tensor o(parse_out_dtype(a.out_dtype, q.dtype()), Shape{Tq, Hq, Dv}), l(DType::f32, Shape{Tq, Hq});
+    // Output shapes from the inputs, checked first: a malformed one is named before a buffer
+    // sized from it is asked for.
+    const SdpaVarlenShapes shapes = sdpa_varlen_output_shapes(q, k, v);
+    const Tensor o(parse_out_dtype(a.out_dtype, q.dtype()), shapes.out, false, "--out"), l(DType::f32, shapes.lse, false, "--lse");
     const TensorView lv = l.view();
     OutputFiles::check_dtype("--out", a.out, o.dtype());
     const DType gdt = gradient_dtype(a, q.dtype());
@@ -115,6 +115,12 @@ void run(const SdpaArgs& a) {
     outputs.add("--dv", a.dv);
     outputs.add("--dsinks", a.dsinks);
     outputs.add("--scores", a.scores);
+    for (const auto& [flag, spec] : {std::pair{"--q", &a.q}, {"--k", &a.k}, {"--v", &a.v}, {"--mask", &a.mask},
+                                     {"--grad-out", &a.grad_out}, {"--key-lengths", &a.key_lengths},
+                                     {"--query-offsets", &a.query_offsets}, {"--alibi-slopes", &a.alibi_slopes},
+                                     {"--sinks", &a.sinks}, {"--cu-seqlens-q", &a.cu_seqlens_q},
+                                     {"--cu-seqlens-k", &a.cu_seqlens_k}})
+        outputs.add_input(flag, tensor_arg_file(*spec));
     const ScoreStage stage = with_flag("--scores-stage", [&] { return parse_score_stage(a.scores_stage); });
     const bool backward = !a.grad_out.empty();
     if (backward && (a.dq.empty() || a.dk.empty() || a.dv.empty())) {
@@ -183,31 +189,31 @@ void run(const SdpaArgs& a) {
         opt.query_offset = offsets.view();
     }
     if (!a.cu_seqlens_q.empty() || !a.cu_seqlens_k.empty()) return run_packed(a, opt, q, k, v, backward);
-    // Output shapes come from the inputs; if those are malformed, sdpa names the bad one.
-    const std::int64_t B = q.shape().rank == 4 ? q.shape()[0] : 0, Hq = q.shape().rank == 4 ? q.shape()[1] : 0;
-    const std::int64_t Lq = q.shape().rank == 4 ? q.shape()[2] : 0;
-    const std::int64_t Lk = k.shape().rank == 4 ? k.shape()[2] : 0, Dv = v.shape().rank == 4 ? v.shape()[3] : 0;
+    // Output shapes from the inputs, checked first: a malformed one is named before a buffer
+    // sized from it is asked for (a 100-byte .npy can declare (0, 1, 10^15, 8)).
+    const SdpaShapes shapes = sdpa_output_shapes(q, k, v);
+    const std::int64_t Hq = shapes.out[1];
 
-    Tensor o(out_dtype, Shape{B, Hq, Lq, Dv});
+    Tensor o(out_dtype, shapes.out, false, "--out");
     Tensor w, l, dO, dq, dk, dv, ds, sc;
     ScoresOutput so;
     if (!a.scores.empty()) {
-        sc = Tensor(DType::f32, Shape{B, Hq, Lq, Lk});
+        sc = Tensor(DType::f32, shapes.weights, false, "--scores");
         so = ScoresOutput{sc.view(), stage};
     }
     TensorView wv, lv;
     if (backward) {
         dO = read_input("--grad-out", a.grad_out);
         // The backward needs the forward's lse; keep it even when --lse is not written.
-        l = Tensor(DType::f32, Shape{B, Hq, Lq});
+        l = Tensor(DType::f32, shapes.lse, false, "lse");
         lv = l.view();
     }
     if (!a.weights.empty()) {
-        w = Tensor(DType::f32, Shape{B, Hq, Lq, Lk});
+        w = Tensor(DType::f32, shapes.weights, false, "--weights");
         wv = w.view();
     }
     if (!a.lse.empty() && !backward) {
-        l = Tensor(DType::f32, Shape{B, Hq, Lq});
+        l = Tensor(DType::f32, shapes.lse, false, "--lse");
         lv = l.view();
     }
     // Every output against its path's format before any compute (gradients: gradient_dtype).

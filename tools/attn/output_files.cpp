@@ -37,6 +37,10 @@ void OutputFiles::add(const std::string& flag, const std::string& path) {
     if (!path.empty()) files_.emplace_back(flag, path);
 }
 
+void OutputFiles::add_input(const std::string& flag, const std::string& path) {
+    if (!path.empty()) inputs_.emplace_back(flag, path);
+}
+
 void OutputFiles::check() const {
     std::vector<detail::OutputTarget> targets;
     for (const auto& [flag, p] : files_) {
@@ -58,6 +62,17 @@ void OutputFiles::check() const {
         }
         if (targets[i].direct) continue;  // written in place: its directory is not touched
         const std::string& file = targets[i].file;
+        // Writing over an input would lose it (an existing file only: a new one is no input).
+        struct stat out_st {};
+        if (::stat(file.c_str(), &out_st) == 0) {
+            for (const auto& [in_flag, in_path] : inputs_) {
+                struct stat in_st {};
+                if (::stat(in_path.c_str(), &in_st) == 0 && in_st.st_dev == out_st.st_dev && in_st.st_ino == out_st.st_ino) {
+                    throw Error(flag + ": path '" + p + "' names the same file as the input " + in_flag + " ('" + in_path +
+                                "'), which it would replace");
+                }
+            }
+        }
         const std::size_t slash = file.find_last_of('/');
         const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : file.substr(0, slash));
         if (::access(dir.c_str(), W_OK) != 0) {

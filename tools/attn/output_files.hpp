@@ -17,7 +17,11 @@ public:
     // `flag` names the option in errors, e.g. "--weights". Empty paths mean "not requested"
     // (an empty value given on the command line is refused earlier, by the parser).
     void add(const std::string& flag, const std::string& path);
-    // Throws attn::Error naming the flag if two outputs share a path, a path names something
+    // An input file (a tensor spec's file, or --params): check() refuses an output path that
+    // names the same file, which the output would replace. Empty: not given.
+    void add_input(const std::string& flag, const std::string& path);
+    // Throws attn::Error naming the flag if two outputs share a path, an output names an input's
+    // file (however spelt: the same device and inode), a path names something
     // attn does not write (a directory, a block device, ...), its directory is not writable or
     // its file name is longer than the directory allows (the rename into place would fail only
     // after the other outputs were published).
@@ -47,6 +51,7 @@ public:
 
 private:
     std::vector<std::pair<std::string, std::string>> files_;
+    std::vector<std::pair<std::string, std::string>> inputs_;
 };
 
 }  // namespace attn::cli

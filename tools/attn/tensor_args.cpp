@@ -28,10 +28,13 @@ std::string dtype_list(std::initializer_list<DType> allowed) {
     return s;
 }
 
-// A spec's file and, for FILE.safetensors:NAME, the tensor's name (else empty).
+// A spec's file and, for FILE.safetensors:NAME, the tensor's name (else empty). The split is
+// after the first ".safetensors:", so a name may hold ':' (TensorFlow's "dense/kernel:0").
 std::pair<std::string, std::string> split_spec(const std::string& spec) {
-    const std::size_t colon = spec.rfind(':');
-    if (colon != std::string::npos && ends_with(spec.substr(0, colon), kSafetensors)) {
+    const std::string marker = std::string(kSafetensors) + ":";
+    const std::size_t at = spec.find(marker);
+    if (at != std::string::npos && at > 0) {
+        const std::size_t colon = at + marker.size() - 1;
         return {spec.substr(0, colon), spec.substr(colon + 1)};
     }
     return {spec, ""};
@@ -84,6 +87,8 @@ DType parse_float_dtype(const std::string& flag, const std::string& text) {
     if (text == "bfloat16") return DType::bf16;
     throw Error(flag + ": expected float16, bfloat16 or float32 but got '" + text + "'");
 }
+
+std::string tensor_arg_file(const std::string& spec) { return split_spec(spec).first; }
 
 bool same_tensor_arg(const std::string& a, const std::string& b) {
     if (a == b) return true;

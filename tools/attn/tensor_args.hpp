@@ -13,13 +13,16 @@
 namespace attn::cli {
 
 // Reads `spec` for option `flag`: "x.npy" (any path not naming a safetensors tensor) or
-// "w.safetensors:name" (split at the last ':'; the part before it must end in .safetensors).
+// "w.safetensors:name" (split after the first ".safetensors:", so the name may hold ':').
 // A bare "w.safetensors" is refused with the way to name a tensor.
 Tensor read_tensor_arg(const std::string& flag, const std::string& spec);
 
 // read_tensor_arg, then the dtype must be one of `allowed` (else "--q: SPEC must hold
 // float32, ... but holds int32").
 Tensor read_tensor_arg(const std::string& flag, const std::string& spec, std::initializer_list<DType> allowed);
+
+// The file a spec reads (FILE of FILE.safetensors:NAME, else the spec).
+std::string tensor_arg_file(const std::string& spec);
 
 // Whether two specs name the same tensor: the same file however it is spelt ("x.npy",
 // "./x.npy", a link to it) and, for FILE.safetensors:NAME, the same name.
