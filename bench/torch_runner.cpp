@@ -36,6 +36,10 @@ std::string probe_torch(const Config& cfg, std::string& note) {
     std::string out;
     const int rc = run_command(shell_quote(cfg.python) + " -c 'import torch; print(torch.__version__)' 2>/dev/null", out);
     if (rc != 0) {
+        if (run_command("command -v " + shell_quote(cfg.python) + " >/dev/null 2>&1", out) != 0) {
+            note = cfg.python + " is not a Python interpreter this machine can run (--python)";
+            return {};
+        }
         note = "torch is not installed for " + cfg.python + " (Debian: python3-torch)";
         return {};
     }

@@ -73,6 +73,10 @@ HeatmapImage render_heatmap(const TensorView& weights, const HeatmapOptions& opt
 // The format a file name asks for: "*.png" or "*.svg" (any case); anything else throws.
 ImageFormat image_format_for_path(const std::string& path);
 
+// Whether a token can be a label: valid UTF-8 without NUL bytes (render_heatmap refuses others,
+// naming key_tokens[i] / query_tokens[i]; a caller reading them can name its own source).
+bool heatmap_label_ok(const std::string& token);
+
 // Renders to memory, then writes `path` atomically (temporary file + rename): on any error
 // no file appears. The format follows the extension.
 HeatmapImage write_heatmap(const std::string& path, const TensorView& weights, const HeatmapOptions& options);

@@ -486,6 +486,8 @@ struct ContextDeleter {
 
 }  // namespace
 
+bool heatmap_label_ok(const std::string& token) { return viz::is_valid_utf8(token); }
+
 ImageFormat image_format_for_path(const std::string& path) {
     std::string ext = path.size() >= 4 ? path.substr(path.size() - 4) : "";
     for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));

@@ -473,6 +473,7 @@ BAD_NUMBERS = [
     ("bench", "--runs", BIG, "out of range"),
     ("bench", "--threads", "", "empty"),
     ("bench", "--max-seconds", "nan", "finite"),
+    ("bench", "--reference-max-gflop", "-1", "must be >= 0"),  # was accepted (a full run)
 ]
 
 
@@ -623,3 +624,13 @@ def test_mha_params_errors_name_the_option_and_a_bfloat16_npy_is_refused_first(w
     np.save(work / "x7.npy", np.ones((3, 2, 7), np.float32))
     expect_error(work, ["mha", "--params", work / "p.safetensors", "--num-heads", "2", "--query", work / "x7.npy",
                         "--out", work / "mo.npy", "--out-dtype", "bfloat16"], "--out:", "bfloat16")
+
+
+def test_a_token_that_is_no_label_is_named_by_its_option_and_line(work):
+    # The library names key_tokens[i]; the CLI user gave a file (or a list) and a line.
+    (work / "tok.txt").write_bytes(b"a\nb\xff\xfe\nc\nd\n")  # w.npy is (3, 4): 4 key tokens
+    expect_error(work, ["heatmap", work / "w.npy", "--out", work / "h.png", "--tokens-file", work / "tok.txt"],
+                 "--tokens-file:", "line 2 is not valid UTF-8 text")
+    (work / "tok0.txt").write_bytes(b"a\nb\nc\x00\nd\n")
+    expect_error(work, ["heatmap", work / "w.npy", "--out", work / "h.png", "--tokens-file", work / "tok0.txt"],
+                 "--tokens-file:", "line 3 is not valid UTF-8 text (or holds a NUL byte)")

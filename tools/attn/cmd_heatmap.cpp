@@ -67,11 +67,21 @@ std::vector<std::string> read_lines(const std::string& flag, const std::string& 
     return out;
 }
 
+// The tokens of --tokens (comma-separated) or --tokens-file (one per line), each checked as the
+// labels must be (valid UTF-8, no NUL byte) and named by the option and its place in it.
 std::vector<std::string> tokens_from(const std::string& flag, const std::string& list, const std::string& file_flag,
                                      const std::string& file) {
-    if (!list.empty()) return split_commas(flag, list);
-    if (!file.empty()) return read_lines(file_flag, file);
-    return {};
+    const bool from_file = list.empty();
+    std::vector<std::string> tokens;
+    if (!from_file) tokens = split_commas(flag, list);
+    else if (!file.empty()) tokens = read_lines(file_flag, file);
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+        if (!heatmap_label_ok(tokens[i])) {
+            throw Error((from_file ? file_flag + ": " + file + ": line " : flag + ": token ") + std::to_string(i + 1) +
+                        " is not valid UTF-8 text (or holds a NUL byte)");
+        }
+    }
+    return tokens;
 }
 
 std::string basename(const std::string& path) {

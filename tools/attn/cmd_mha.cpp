@@ -187,7 +187,7 @@ void add_mha_command(CLI::App& app) {
                     "safetensors file)")->required();
     cmd->add_option("--out-dtype", args->out_dtype,
                     "dtype of the output: float32, float16 or bfloat16 (only into .safetensors); default: the query's "
-                    "when 16-bit, else float32. Weights stay float32");
+                    "when 16-bit, else float32. --weights (the attention weights) are float32 whatever this says");
     cmd->add_option("--intermediate-dtype", args->intermediate_dtype,
                     "dtype of Q, K, V and the attention output between the GEMMs: float32 (default, the most "
                     "accurate), or float16/bfloat16 — each rounded once to it, as PyTorch's 16-bit layer keeps them "
