@@ -21,6 +21,7 @@
 #include <cstring>
 #include <deque>
 #include <random>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -158,7 +159,8 @@ int main(int argc, char** argv) {
     unsigned seed = 1;
     const char* usage =
         "usage: paged_server [--requests N (48)] [--max-running N (16)] [--pages N (512)] [--page-size N (16)] "
-        "[--seed S (1)]\n";
+        "[--seed S (1)]\n"
+        "  --max-running >= 2 (a request may run two samples); --pages >= 1; --page-size a power of two up to 2^20\n";
     for (int i = 1; i < argc; i += 2) {
         const std::string a = argv[i];
         if (a == "--help" || a == "-h") {
@@ -250,13 +252,16 @@ int main(int argc, char** argv) {
             // or recompute; here the newest sequence gives its pages back and is dropped).
             std::int64_t need = 0;
             for (const Running& r : running) need += pool.pages_needed(r.ids[0], 1);
-            while (need > pool.free_pages() && running.size() > 1) {
+            while (need > pool.free_pages() && !running.empty()) {
                 Running& r = running.back();
                 need -= pool.pages_needed(r.ids[0], 1);
                 for (std::size_t l = 0; l < model.layers.size(); ++l) model.layers[l].cache.free(r.ids[l]);
-                std::printf("request %d sample %d preempted at %d tokens\n", r.request, r.sample, r.generated);
+                // The last one has the whole pool and still no page for its next token: it ends there.
+                std::printf("request %d sample %d %s at %d tokens\n", r.request, r.sample,
+                            running.size() > 1 ? "preempted" : "stopped (the pool is full)", r.generated);
                 running.pop_back();
             }
+            if (running.empty()) continue;  // admit the next request, or end
             // One decode step for every running sequence at once, each at its own length.
             std::vector<std::vector<SeqId>> ids(model.layers.size());
             std::vector<std::vector<int>> toks;
@@ -303,5 +308,8 @@ int main(int argc, char** argv) {
     } catch (const attn::Error& e) {
         std::fprintf(stderr, "paged_server: %s\n", e.what());
         return 2;
+    } catch (const std::bad_alloc& e) {  // attn::OutOfMemory (a pool too large for this machine) among them
+        std::fprintf(stderr, "paged_server: %s\n", e.what());
+        return 1;
     }
 }
