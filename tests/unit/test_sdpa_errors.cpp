@@ -75,6 +75,26 @@ TEST(SdpaErrors, TheValidCallWorks) {
     for (std::int64_t n = 0; n < c.out.numel(); ++n) EXPECT_TRUE(std::isfinite(c.out.data_as<float>()[n]));
 }
 
+// sdpa_output_shapes: the outputs' shapes for valid inputs, and sdpa's own error for bad ones
+// (what the CLI asks before it allocates the outputs).
+TEST(SdpaErrors, OutputShapesAfterTheSameChecks) {
+    Call c;
+    const attn::SdpaShapes s = attn::sdpa_output_shapes(c.qv, c.kv, c.vv);
+    EXPECT_EQ(s.out, (Shape{2, 4, 5, 6}));
+    EXPECT_EQ(s.lse, (Shape{2, 4, 5}));
+    EXPECT_EQ(s.weights, (Shape{2, 4, 5, 7}));
+    const TensorView k3(c.k.data(), DType::f32, Shape{2, 3, 7, 8});  // Hq 4 not a multiple of 3
+    for (auto call : {std::function<void()>([&] { (void)attn::sdpa_output_shapes(c.qv, k3, c.vv); }),
+                      std::function<void()>([&] { attn::sdpa(c.qv, k3, c.vv, c.opt, c.outv); })}) {
+        try {
+            call();
+            ADD_FAILURE() << "no error";
+        } catch (const attn::Error& e) {
+            EXPECT_NE(std::string(e.what()).find("sdpa: V: heads 2 do not match K's heads 3"), std::string::npos) << e.what();
+        }
+    }
+}
+
 // An output sharing memory with an input or with another output is refused before anything is
 // written: the kernels write out, lse and weights while they still read the rest.
 TEST(SdpaErrors, OutputsOverlappingInputsOrEachOther) {
