@@ -80,10 +80,18 @@ void check_gradients(const TensorView& q, const TensorView& k, const TensorView&
         gv(DType::f32, Shape{1, 1, 1, Dv});
     SdpaOptions so;
     so.impl = o.impl;
+    SdpaReport report;
     try {
-        sdpa_backward(zq, zk, zv, zo, zl, zg, so, gq, gk, gv);
+        sdpa_backward(zq, zk, zv, zo, zl, zg, so, gq, gk, gv, &report);
     } catch (const Error& e) {
         fail(kOp, e.what());
+    }
+    // Each block's call must take P from the global lse and D from the global out, as the flash
+    // backward does; the reference backward recomputes the softmax over the block's own keys, so
+    // its block gradients would not add up to the whole sequence's (O(1) errors in dQ).
+    if (report.kernel == "reference-backward") {
+        fail(kOp, "impl: the reference backward normalises each block over its own keys, but the ring's blocks need the "
+                  "global lse and out; use impl auto or flash");
     }
 }
 

@@ -109,6 +109,10 @@ def test_flag_and_shape_errors_on_all_ranks_without_output(tmp_path, np_):
     assert r.returncode == 2 and len(error_lines(r)) == 1 and "must have O's shape" in r.stderr, r.stderr
     r = mpirun(np_, *base, "--grad-out", p["do"], "--dq", out, "--dk", dk, "--dv", dv)
     assert r.returncode == 2 and len(error_lines(r)) == 1, r.stderr
+    # The reference backward normalises a block over its own keys: its ring gradients were O(1)
+    # wrong (a review). It is refused on every rank before anything runs.
+    r = mpirun(np_, *base, "--causal", "--impl", "reference", "--grad-out", p["do"], "--dq", dq, "--dk", dk, "--dv", dv)
+    assert r.returncode == 2 and len(error_lines(r)) == 1 and "impl: the reference backward normalises each block" in r.stderr, r.stderr
     assert [f for f in (out, dq, dk, dv) if f.exists()] == [] and list(tmp_path.glob("*.npy.*")) == []
 
 
