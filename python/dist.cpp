@@ -14,6 +14,11 @@
 //   attn.dist.rank_segments(L, P, rank, layout="zigzag") -> [(start, length), ...]
 // Arrays: (B, H, L_local, D) float32, the rank's rows as rank_segments gives them, concatenated.
 #include <mpi.h>
+
+#include <exception>
+#include <optional>
+#include <string>
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -70,6 +75,33 @@ RingCall ring_options(const RingArgs& a, std::int64_t heads) {
     return c;
 }
 
+// Converts a call's arguments on every rank and agrees on the outcome before the ring's first
+// collective: a rank whose arguments are refused would otherwise raise alone and leave the others
+// waiting in the ring for ever (a review found that hang). The refused rank raises its own error;
+// the others an attn::Error naming it.
+template <class F>
+void agree_on_arguments(MPI_Comm comm, const char* op, F&& convert) {
+    std::exception_ptr failure;
+    try {
+        convert();
+    } catch (...) {
+        failure = std::current_exception();
+    }
+    int rank = 0;
+    MPI_Comm_rank(comm, &rank);
+    const int mine = failure ? rank + 1 : 0;
+    int refused = 0;  // 1 + the highest rank that refused, or 0
+    {
+        py::gil_scoped_release release;
+        MPI_Allreduce(&mine, &refused, 1, MPI_INT, MPI_MAX, comm);
+    }
+    if (failure) std::rethrow_exception(failure);
+    if (refused != 0) {
+        throw attn::Error(std::string(op) + ": rank " + std::to_string(refused - 1) +
+                          " refused its arguments (its own error says which and why)");
+    }
+}
+
 py::tuple ring_forward(const py::handle& query, const py::handle& key, const py::handle& value, const py::handle& comm,
                        const py::object& is_causal, const py::object& scale, const py::object& layout,
                        const py::object& causal_alignment, const py::object& window, const py::object& window_alignment,
@@ -77,22 +109,27 @@ py::tuple ring_forward(const py::handle& query, const py::handle& key, const py:
                        const py::object& alibi_slopes, const py::object& sinks, const py::object& dropout_p,
                         const py::object& dropout_seed, const py::object& dtype, const py::object& out_dtype) {
     const char* kLayout = "(B, H, L_local, D)";
-    const bool bf16 = uint16_is_bf16_arg(dtype);
-    const Input q = input(query, "query", 4, 4, kLayout, bf16), k = input(key, "key", 4, 4, kLayout, bf16),
-                v = input(value, "value", 4, 4, kLayout, bf16);
     const MPI_Comm c = comm_of(comm);
-    const RingCall call = ring_options({{is_causal, causal_alignment, window, window_alignment, query_offset}, scale, layout,
-                                        key_lengths, {softcap, alibi_slopes, sinks}, dropout_p, dropout_seed},
-                                       q.view.dim(1));
-    const attn::dist::RingOptions& o = call.ring;
-    // out in out_dtype (default: a 16-bit query's dtype, else float32); lse float32.
-    const attn::DType odt = out_dtype_arg(out_dtype, sixteen_bit_or_f32(q.view.dtype()));
-    py::array out = new_array(odt, {q.view.dim(0), q.view.dim(1), q.view.dim(2), v.view.dim(3)});
-    py::array lse = new_array(attn::DType::f32, {q.view.dim(0), q.view.dim(1), q.view.dim(2)});
+    Input q, k, v;
+    std::optional<RingCall> call;
+    py::array out, lse;
+    agree_on_arguments(c, "ring_attention", [&] {
+        const bool bf16 = uint16_is_bf16_arg(dtype);
+        q = input(query, "query", 4, 4, kLayout, bf16);
+        k = input(key, "key", 4, 4, kLayout, bf16);
+        v = input(value, "value", 4, 4, kLayout, bf16);
+        call.emplace(ring_options({{is_causal, causal_alignment, window, window_alignment, query_offset}, scale, layout,
+                                   key_lengths, {softcap, alibi_slopes, sinks}, dropout_p, dropout_seed},
+                                  q.view.dim(1)));
+        // out in out_dtype (default: a 16-bit query's dtype, else float32); lse float32.
+        const attn::DType odt = out_dtype_arg(out_dtype, sixteen_bit_or_f32(q.view.dtype()));
+        out = new_array(odt, {q.view.dim(0), q.view.dim(1), q.view.dim(2), v.view.dim(3)});
+        lse = new_array(attn::DType::f32, {q.view.dim(0), q.view.dim(1), q.view.dim(2)});
+    });
     const attn::TensorView ov = output_view(out, 4), lv = output_view(lse, 3);
     {
         py::gil_scoped_release release;
-        attn::dist::ring_attention(c, q.view, k.view, v.view, o, ov, &lv);
+        attn::dist::ring_attention(c, q.view, k.view, v.view, call->ring, ov, &lv);
     }
     return py::make_tuple(out, lse);
 }
@@ -105,22 +142,30 @@ py::tuple ring_backward(const py::handle& query, const py::handle& key, const py
                         const py::object& alibi_slopes, const py::object& sinks, const py::object& dropout_p,
                         const py::object& dropout_seed, const py::object& dtype, const py::object& out_dtype) {
     const char* kLayout = "(B, H, L_local, D)";
-    const bool bf16 = uint16_is_bf16_arg(dtype);
-    const Input q = input(query, "query", 4, 4, kLayout, bf16), k = input(key, "key", 4, 4, kLayout, bf16),
-                v = input(value, "value", 4, 4, kLayout, bf16), o = input(out, "out", 4, 4, kLayout, bf16),
-                l = input(lse, "lse", 3, 3, "(B, H, L_local)"), g = input(grad_out, "grad_out", 4, 4, kLayout, bf16);
     const MPI_Comm c = comm_of(comm);
-    const RingCall call = ring_options({{is_causal, causal_alignment, window, window_alignment, query_offset}, scale, layout,
-                                        key_lengths, {softcap, alibi_slopes, sinks}, dropout_p, dropout_seed},
-                                       q.view.dim(1));
-    const attn::dist::RingOptions& opt = call.ring;
-    // dq/dk/dv in out_dtype (default: a 16-bit query's dtype, else float32), as the forward's out.
-    const attn::DType gdt = out_dtype_arg(out_dtype, sixteen_bit_or_f32(q.view.dtype()));
-    py::array dq = new_array(gdt, dims_of(q.view));
-    py::array dk = new_array(gdt, dims_of(k.view));
-    py::array dv = new_array(gdt, dims_of(v.view));
+    Input q, k, v, o, l, g;
+    std::optional<RingCall> call;
+    py::array dq, dk, dv, ds;
+    agree_on_arguments(c, "ring_attention_backward", [&] {
+        const bool bf16 = uint16_is_bf16_arg(dtype);
+        q = input(query, "query", 4, 4, kLayout, bf16);
+        k = input(key, "key", 4, 4, kLayout, bf16);
+        v = input(value, "value", 4, 4, kLayout, bf16);
+        o = input(out, "out", 4, 4, kLayout, bf16);
+        l = input(lse, "lse", 3, 3, "(B, H, L_local)");
+        g = input(grad_out, "grad_out", 4, 4, kLayout, bf16);
+        call.emplace(ring_options({{is_causal, causal_alignment, window, window_alignment, query_offset}, scale, layout,
+                                   key_lengths, {softcap, alibi_slopes, sinks}, dropout_p, dropout_seed},
+                                  q.view.dim(1)));
+        // dq/dk/dv in out_dtype (default: a 16-bit query's dtype, else float32), as the forward's out.
+        const attn::DType gdt = out_dtype_arg(out_dtype, sixteen_bit_or_f32(q.view.dtype()));
+        dq = new_array(gdt, dims_of(q.view));
+        dk = new_array(gdt, dims_of(k.view));
+        dv = new_array(gdt, dims_of(v.view));
+        ds = new_array(attn::DType::f32, {call->ring.sinks.has_value() ? q.view.dim(1) : 0});
+    });
+    const attn::dist::RingOptions& opt = call->ring;
     const bool with_sinks = opt.sinks.has_value();
-    py::array ds = new_array(attn::DType::f32, {with_sinks ? q.view.dim(1) : 0});
     const attn::TensorView dqv = output_view(dq, 4), dkv = output_view(dk, 4), dvv = output_view(dv, 4);
     const attn::TensorView dsv = output_view(ds, 1);
     {

@@ -218,3 +218,47 @@ def test_python_ring_float16(np_):
                         os.path.join(HERE, "ring_python_half_worker.py")], capture_output=True, text=True, env=env,
                        timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+
+ONE_RANK_REFUSES = r"""
+import json, sys
+import numpy as np
+import attn
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+r = comm.Get_rank()
+x = np.random.default_rng(r).standard_normal((1, 2, 4, 8)).astype(np.float32)
+def message(call):
+    try:
+        call()
+    except Exception as e:
+        return type(e).__name__ + ": " + str(e)
+    return "no error"
+got = {"forward": message(lambda: attn.dist.ring_attention(x, x, x, comm, layout="zigzagg" if r == 1 else "zigzag"))}
+o, lse = attn.dist.ring_attention(x, x, x, comm)
+got["backward"] = message(lambda: attn.dist.ring_attention_backward(x, x, x, o, lse[0] if r == 1 else lse, o, comm))
+with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:  # one file per rank: stdout lines of ranks interleave
+    json.dump(got, f)
+"""
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_a_bad_argument_on_one_rank_is_an_error_on_every_rank(tmp_path, np_):
+    """Rank 1 alone passes a bad layout (then a 2-D lse): it used to raise alone while the other
+    ranks waited in the ring for ever. Now every rank raises: rank 1 its own error, the others one
+    naming rank 1; the job ends, and the ranks can go on to the next call."""
+    import json
+    env = dict(ENV, PYTHONPATH=PYPATH)
+    r = subprocess.run([MPIEXEC, "-q", "--oversubscribe", "-np", str(np_), sys.executable, "-c", ONE_RANK_REFUSES,
+                        str(tmp_path)], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    for rank in range(np_):
+        mine = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        if rank == 1:
+            assert mine["forward"].startswith("ValueError: layout: expected zigzag or contiguous"), mine
+            assert mine["backward"].startswith("ValueError: lse: expected (B, H, L_local)"), mine
+        else:
+            assert mine["forward"] == ("ValueError: ring_attention: rank 1 refused its arguments (its own error says "
+                                       "which and why)"), mine
+            assert mine["backward"].startswith("ValueError: ring_attention_backward: rank 1 refused its arguments"), mine
