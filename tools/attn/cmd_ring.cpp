@@ -261,14 +261,28 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
                   {&k, &k_mine, h.Hkv, h.Lk, h.Dk},
                   {&v, &v_mine, h.Hkv, h.Lk, h.Dv},
                   {&dO, &do_mine, h.Hq, h.Lq, h.Dv}};
+    // Rank 0's copies of the other ranks' rows are allocated while those ranks wait in MPI_Recv:
+    // a failure there cannot be agreed on, so it aborts the job (they would wait for ever).
+    const auto or_abort = [&](const auto& step) {
+        try {
+            step();
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "attn: error: %s (rank %d, while the other ranks wait for their rows: aborting)\n", e.what(),
+                         rank);
+            std::fflush(stderr);
+            MPI_Abort(comm, 2);
+        }
+    };
     for (const auto& p : pieces) {
         if (p.mine == &do_mine && !backward) continue;
         if (rank == 0) {
-            for (int r = 1; r < P; ++r) {
-                const Tensor part = dist::take_rows(*p.global, dist::rank_segments(p.L, P, r, opt.layout));
-                MPI_Send(part.data(), static_cast<int>(part.numel()), mpi_type(part.dtype()), r, kTagRows, comm);
-            }
-            *p.mine = dist::take_rows(*p.global, dist::rank_segments(p.L, P, 0, opt.layout));
+            or_abort([&] {
+                for (int r = 1; r < P; ++r) {
+                    const Tensor part = dist::take_rows(*p.global, dist::rank_segments(p.L, P, r, opt.layout));
+                    MPI_Send(part.data(), static_cast<int>(part.numel()), mpi_type(part.dtype()), r, kTagRows, comm);
+                }
+                *p.mine = dist::take_rows(*p.global, dist::rank_segments(p.L, P, 0, opt.layout));
+            });
         } else {
             MPI_Recv(p.mine->data(), static_cast<int>(p.mine->numel()), mpi_type(p.mine->dtype()), 0, kTagRows, comm,
                      MPI_STATUS_IGNORE);
@@ -337,13 +351,16 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
             if (rank == 0) whole = Tensor(mine.dtype(), Shape{h.B, H, L, D});
         });
         if (rank == 0) {
-            dist::put_rows(mine, dist::rank_segments(L, P, 0, opt.layout), whole);
-            for (int r = 1; r < P; ++r) {
-                const std::int64_t n = dist::rank_length(L, P, r, opt.layout);
-                Tensor part(mine.dtype(), Shape{h.B, H, n, D});
-                MPI_Recv(part.data(), static_cast<int>(part.numel()), mpi_type(part.dtype()), r, kTagRows, comm, MPI_STATUS_IGNORE);
-                dist::put_rows(part, dist::rank_segments(L, P, r, opt.layout), whole);
-            }
+            or_abort([&] {  // the other ranks are in MPI_Send to rank 0
+                dist::put_rows(mine, dist::rank_segments(L, P, 0, opt.layout), whole);
+                for (int r = 1; r < P; ++r) {
+                    const std::int64_t n = dist::rank_length(L, P, r, opt.layout);
+                    Tensor part(mine.dtype(), Shape{h.B, H, n, D});
+                    MPI_Recv(part.data(), static_cast<int>(part.numel()), mpi_type(part.dtype()), r, kTagRows, comm,
+                             MPI_STATUS_IGNORE);
+                    dist::put_rows(part, dist::rank_segments(L, P, r, opt.layout), whole);
+                }
+            });
         } else {
             MPI_Send(mine.data(), static_cast<int>(mine.numel()), mpi_type(mine.dtype()), 0, kTagRows, comm);
         }
