@@ -271,11 +271,18 @@ def test_missing_torch_is_said_not_faked(tmp_path):
             "--shape-custom", "1,1,1,8,8,4,0", "--json", str(out))
     with open(out) as f:
         d = json.load(f)
-    assert d["torch"]["version"] is None and "not installed" in d["torch"]["note"]
+    # A --python that names no interpreter is said to be that (it was "torch is not installed").
+    missing = "no-such-python is not a Python interpreter this machine can run (--python)"
+    assert d["torch"]["version"] is None and missing in d["torch"]["note"]
     rows = {r["impl"]: r for r in d["cases"][0]["rows"]}
-    assert rows["torch"]["status"] == "unavailable" and "not installed" in rows["torch"]["note"]
+    assert rows["torch"]["status"] == "unavailable" and missing in rows["torch"]["note"]
     assert rows["torch"]["runs"] == 0 and rows["reference"]["speedup_vs_torch"] is None
-    assert "not installed" in p.stdout
+    assert missing in p.stdout
+    # A program that runs but cannot import torch (/bin/false fails the import): "not installed" still.
+    out2 = tmp_path / "nt2.json"
+    run("--quick", "--impl", "reference", "--python", "/bin/false", "--shape-custom", "1,1,1,8,8,4,0", "--json", str(out2))
+    with open(out2) as f:
+        assert "torch is not installed for /bin/false" in json.load(f)["torch"]["note"]
 
 
 def test_training_step_variant_of_s1(tmp_path):
