@@ -1,8 +1,8 @@
 // Kernel lab for the flash forward (docs/design.md, "The kernel lab"): validate a slice against the
 // reference, then time. Not a benchmark (that is `attn bench`); a tool to choose tiles.
 //
-//   flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--isa portable|avx2|avx512]
-//             [--threads N] [--reps N] [--peak] [--no-check] [--no-warmup] [--paired N] [--mha-layout]
+//   flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--splits N]
+//             [--isa portable|avx2|avx512] [--threads N] [--reps N] [--peak] [--no-check] [--no-warmup] [--paired N] [--mha-layout]
 //
 // --mha-layout: Q, K, V and out are the stride views the MHA layer hands to sdpa (S6): rows
 // b·L + l of one (B·L, 3·H·D) QKV buffer (out: (B·L, H·D)), columns (which, head, d); needs Lq = Lk.
@@ -176,6 +176,7 @@ int main(int argc, char** argv) {
             else { std::fprintf(stderr, "unknown shape %s\n", s.c_str()); return 2; }
         } else if (a == "--mb") { tiles.Mb = std::stoi(next()); tiles_set_mb = true; }
         else if (a == "--nb") { tiles.Nb = std::stoi(next()); tiles_set_nb = true; }
+        else if (a == "--splits") tiles.key_splits = std::stoi(next());  // key chunks per task (1: no split)
         else if (a == "--isa") {
             const std::string n = next();
             isa = n == "portable" ? Isa::portable : n == "avx512" ? Isa::avx512 : Isa::avx2;

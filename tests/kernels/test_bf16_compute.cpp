@@ -159,7 +159,7 @@ Out reference(const Case& c) {
 }
 
 // The bf16-compute flash forward (the avx512 row, which must pick bf16 compute here).
-Out run_flash(const Case& c, const detail::KernelSet& row, int threads) {
+Out run_flash(const Case& c, const detail::KernelSet& row, int threads, const detail::FlashTiles* tiles = nullptr) {
     const std::int64_t B = c.q.view().dim(0), Hq = c.q.view().dim(1), Lq = c.q.view().dim(2), Lk = c.kview.dim(2), Dv = c.vview.dim(3);
     Out r{test::poisoned(DType::f32, Shape{B, Hq, Lq, Dv}), test::poisoned(DType::f32, Shape{B, Hq, Lq}),
           test::poisoned(DType::f32, Shape{B, Hq, Lq, Lk})};
@@ -167,7 +167,7 @@ Out run_flash(const Case& c, const detail::KernelSet& row, int threads) {
     detail::SdpaProblem p = detail::make_problem(c.q, c.kview, c.vview, c.opt, r.out, &l, c.want_weights ? &w : nullptr);
     p.bf16_products = true;  // a float32 out, so that P's rounding is measured alone
     EXPECT_TRUE(detail::flash_bf16_compute(p)) << c.desc;
-    detail::flash_forward(p, row, threads, nullptr);
+    detail::flash_forward(p, row, threads, tiles);
     return r;
 }
 
@@ -252,6 +252,8 @@ TEST(Bf16Compute, RandomCasesMatchReference) {
         worst = std::max(worst, check(c, one, ref));
         const Out two = run_flash(c, *row, 2);
         EXPECT_TRUE(same_bits(one.out, two.out) && same_bits(one.lse, two.lse)) << c.desc << ": 1 vs 2 threads";
+        const detail::FlashTiles split{64, 16, 3};  // each task's keys in 3 chunks, merged
+        worst = std::max(worst, check(c, run_flash(c, *row, 2, &split), ref));
         if (HasFailure()) break;
     }
     std::printf("worst error / bound over the cases: %.3g\n", worst);

@@ -36,6 +36,7 @@
 #include "attn/tensor.hpp"
 #include "common/util.hpp"
 #include "core/cpu_features.hpp"
+#include "core/threads.hpp"
 #include "kernels/flash/flash.hpp"
 #include "sdpa/problem.hpp"
 
@@ -531,6 +532,76 @@ TEST(FlashFixed, OtherTileSizes) {
         }
 }
 
+// Key splits (flash_key_chunk; flash_driver.hpp, "Key splits"): each task's keys in 2, 3 or 5
+// chunks merged afterwards, forced on random cases (masks, windows, GQA, weights, lse, odd
+// tiles): the merge must give the reference's result and the same bits on 1 and 2 threads.
+TEST(FlashFixed, KeySplits) {
+    Worst worst;
+    const int n = std::min(20, cases_per_shard());
+    for (const detail::FlashTiles t : {detail::FlashTiles{64, 16, 3}, detail::FlashTiles{16, 7, 2}, detail::FlashTiles{32, 33, 5}})
+        for (int i = 0; i < n; ++i) {
+            const Case c = random_case(930000 + static_cast<std::uint64_t>(i));
+            run_case(c, worst, &t);
+            if (HasFailure()) {
+                ADD_FAILURE() << "tiles Mb=" << t.Mb << " Nb=" << t.Nb << " key_splits=" << t.key_splits;
+                return;
+            }
+        }
+}
+
+// When the split happens: only for fewer tasks than split_target(4) (this machine's CPUs × 4),
+// in chunks of whole key blocks of at least 256 keys, within the partials' memory cap.
+TEST(FlashFixed, KeySplitPolicy) {
+    const std::int64_t target = detail::split_target(4);
+    EXPECT_EQ(detail::flash_key_chunk(target, 1 << 20, 64, 4160, 0), 0) << "enough tasks: no split";
+    EXPECT_EQ(detail::flash_key_chunk(1, 64, 64, 4160, 0), 0) << "one key block: nothing to split";
+    EXPECT_EQ(detail::flash_key_chunk(1, 300, 64, 4160, 0), 0) << "300 keys: one chunk of >= 256";
+    const std::int64_t chunk = detail::flash_key_chunk(1, 1 << 20, 64, 4160, 0);
+    EXPECT_EQ(chunk % 64, 0);
+    const std::int64_t chunks = ((1 << 20) + chunk - 1) / chunk;  // whole blocks: a few fewer on some counts
+    EXPECT_TRUE(chunks <= target && chunks > target / 2) << "one task: about split_target chunks, got " << chunks;
+    EXPECT_EQ(detail::flash_key_chunk(1, 4096, 64, 4160, 0), std::max<std::int64_t>(256, (4096 / 64 + target - 1) / target * 64))
+        << "4096 keys: chunks of at least 256 keys";
+    EXPECT_EQ(detail::flash_key_chunk(1, 1000, 64, 4160, 3), 384) << "forced: 3 chunks of whole blocks (16 blocks → 6 each)";
+    EXPECT_EQ(detail::flash_key_chunk(5, 1000, 64, 4160, 1), 0) << "forced 1: no split";
+    // The memory cap: one task whose partial slot is 2^26 floats may not split at all.
+    EXPECT_EQ(detail::flash_key_chunk(1, 1 << 20, 64, std::int64_t{1} << 26, 0), 0);
+}
+
+// The merge's own overflow: keys 0, 64, 128 hold V = 2e38 in head-dim column 1, one per chunk of
+// 64 keys, and Q = 0 weighs every key alike, so each chunk's unnormalised Σ p·v is 2e38 (finite)
+// but their sum is not. The row is computed again whole (careful path): O = 3·2e38/192 in that
+// column, 0 elsewhere; lse = ln 192 from the merge. Weights requested too (the merged statistics).
+TEST(FlashFixed, KeySplitMergeOverflow) {
+    const std::int64_t Lq = 5, Lk = 192, D = 4;
+    Tensor q(DType::f32, Shape{1, 1, Lq, D}), k(DType::f32, Shape{1, 1, Lk, D}), v(DType::f32, Shape{1, 1, Lk, D});
+    std::mt19937_64 rng(3);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (std::int64_t e = 0; e < Lq * D; ++e) q.data_as<float>()[e] = 0.0f;
+    for (std::int64_t e = 0; e < Lk * D; ++e) k.data_as<float>()[e] = nd(rng);
+    for (std::int64_t e = 0; e < Lk * D; ++e) v.data_as<float>()[e] = 0.0f;
+    for (std::int64_t j : {0, 64, 128}) v.data_as<float>()[j * D + 1] = 2e38f;
+    const double want = 3.0 * 2e38 / 192.0;
+    const detail::FlashTiles split{64, 64, 3};
+    for (const detail::KernelSet* isa : isas()) {
+        Tensor out = test::poisoned(DType::f32, Shape{1, 1, Lq, D}), lse = test::poisoned(DType::f32, Shape{1, 1, Lq});
+        Tensor wts = test::poisoned(DType::f32, Shape{1, 1, Lq, Lk});
+        const TensorView lv = lse.view(), wv = wts.view();
+        detail::flash_forward(detail::make_problem(q.view(), k.view(), v.view(), SdpaOptions{}, out.view(), &lv, &wv), *isa, 2,
+                              &split);
+        const std::string tag = detail::isa_name(isa->isa);
+        for (std::int64_t i = 0; i < Lq; ++i) {
+            for (std::int64_t d = 0; d < D; ++d) {
+                const double got = out.data_as<float>()[i * D + d];
+                if (d == 1) EXPECT_NEAR(got / want, 1.0, 1e-5) << tag << " row " << i;
+                else EXPECT_EQ(got, 0.0) << tag << " row " << i << " d " << d;
+            }
+            EXPECT_NEAR(lse.data_as<float>()[i], std::log(192.0), 1e-5) << tag << " row " << i;
+            for (std::int64_t j = 0; j < Lk; ++j) EXPECT_NEAR(wts.data_as<float>()[i * Lk + j], 1.0 / 192, 1e-7) << tag;
+        }
+    }
+}
+
 // The lengths the issue names, each on its own (no masks, then causal bottom-right), D = 64.
 TEST(FlashFixed, NamedLengths) {
     Worst worst;
@@ -652,7 +723,7 @@ TEST(FlashDropout, MatchesReference) {
 TEST(FlashDropout, OddTileBoundaries) {
     Worst worst;
     const int n = std::min(10, cases_per_shard());
-    for (const detail::FlashTiles t : {detail::FlashTiles{16, 7}, detail::FlashTiles{128, 33}})
+    for (const detail::FlashTiles t : {detail::FlashTiles{16, 7}, detail::FlashTiles{128, 33}, detail::FlashTiles{64, 16, 3}})
         for (int i = 0; i < n; ++i) {
             Case c = random_case(710000 + static_cast<std::uint64_t>(i));
             c.opt.dropout_p = 0.3;

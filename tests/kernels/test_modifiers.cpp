@@ -304,7 +304,10 @@ TEST(ModifiersKernels, FlashMatchesReferenceEveryRowAndThreadCount) {
             const Inputs in = random_case(rng, kind, false);
             const Result ref = run_reference(in);
             const Bound bd = bound_for(in, ref);
-            for (const detail::KernelSet* ks : detail::runnable_kernel_sets()) {
+            // The default tiles, then each task's keys in 3 chunks (the merge adds the sink once).
+            const detail::FlashTiles split{64, 16, 3};
+            for (const detail::KernelSet* ks : detail::runnable_kernel_sets())
+            for (const detail::FlashTiles* tiles : {static_cast<const detail::FlashTiles*>(nullptr), &split}) {
                 Result first;
                 for (int threads : {1, 2}) {
                     const TensorView q = in.q, v = in.v;
@@ -312,8 +315,9 @@ TEST(ModifiersKernels, FlashMatchesReferenceEveryRowAndThreadCount) {
                              poisoned(DType::f32, Shape{q.dim(0), q.dim(1), q.dim(2)})};
                     TensorView l = r.lse;
                     const detail::SdpaProblem p = detail::make_problem(in.q, in.k, in.v, in.opt, r.out, &l, nullptr);
-                    detail::flash_forward(p, *ks, threads);
-                    const std::string what = in.desc + " isa=" + detail::isa_name(ks->isa) + " threads=" + std::to_string(threads);
+                    detail::flash_forward(p, *ks, threads, tiles);
+                    const std::string what = in.desc + " isa=" + detail::isa_name(ks->isa) + " threads=" + std::to_string(threads) +
+                                             (tiles ? " key_splits=3" : "");
                     expect_close(r, ref, bd, what);
                     if (threads == 1) first = std::move(r);
                     else EXPECT_TRUE(test::bit_equal(first.out, r.out) && test::bit_equal(first.lse, r.lse)) << what;

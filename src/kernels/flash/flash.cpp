@@ -7,6 +7,7 @@
 
 #include "attn/error.hpp"
 #include "attn/threads.hpp"
+#include "../../core/threads.hpp"
 
 namespace attn::detail {
 
@@ -18,6 +19,26 @@ FlashTiles flash_default_tiles(std::int64_t Dk, std::int64_t Dv) {
     (void)Dk;
     (void)Dv;
     return FlashTiles{64, 64};
+}
+
+std::int64_t flash_key_chunk(std::int64_t tasks, std::int64_t Lk, int Nb, std::int64_t slot_floats,
+                             int forced_splits) {
+    constexpr std::int64_t kMinChunk = 256;                 // 4 key blocks: the Qᵀ pack and merge stay small
+    constexpr std::int64_t kMaxPartialFloats = 64LL << 20;  // 256 MiB of partials
+    if (tasks <= 0 || Lk <= Nb) return 0;
+    std::int64_t splits = 1;
+    if (forced_splits > 0) {
+        splits = forced_splits;
+    } else {
+        const std::int64_t target = split_target(4);
+        if (tasks >= target) return 0;
+        splits = std::min((target + tasks - 1) / tasks, Lk / kMinChunk);
+        splits = std::min(splits, std::max<std::int64_t>(1, kMaxPartialFloats / (tasks * std::max<std::int64_t>(1, slot_floats))));
+    }
+    if (splits <= 1) return 0;
+    const std::int64_t blocks = (Lk + Nb - 1) / Nb;
+    const std::int64_t chunk = (blocks + splits - 1) / splits * Nb;  // whole key blocks
+    return chunk < Lk ? chunk : 0;
 }
 
 std::string flash_decline_reason(const SdpaProblem& p) {

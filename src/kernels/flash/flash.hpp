@@ -18,6 +18,8 @@ namespace attn::detail {
 struct FlashTiles {
     int Mb = 64;
     int Nb = 64;
+    // Key chunks per task (the lab and tests force a split with it); 0: flash_key_chunk decides.
+    int key_splits = 0;
 };
 
 // One problem of a flash call with its dropout (SdpaProblem::dropout()): the unit the ISA
@@ -29,6 +31,18 @@ struct FlashJob {
 
 // The tile sizes the dispatch uses for these head dims (measured in dev/flash_lab.cpp).
 FlashTiles flash_default_tiles(std::int64_t Dk, std::int64_t Dv);
+
+// Keys per chunk when a problem's tasks are split along the keys, or 0 for no split. A problem
+// with fewer tasks than split_target(4) (few query blocks: B = 1 prefill of a few hundred
+// queries on many cores) would leave cores idle; its tasks then run as (task, key chunk)
+// items whose (m, l, Oᵀ) partials are merged per task in chunk order (flash_driver.hpp,
+// "Key splits"). Chunks are whole key blocks (multiples of Nb), at least kMinChunk = 256 keys
+// and at most what keeps the partials (slot_floats each) within 256 MiB. forced_splits > 0
+// (FlashTiles::key_splits) asks for that many chunks instead. Depends on the shape and the
+// machine's CPU count, never the thread count, so results stay bit-identical across thread
+// counts.
+std::int64_t flash_key_chunk(std::int64_t tasks, std::int64_t Lk, int Nb, std::int64_t slot_floats,
+                             int forced_splits);
 
 // Empty when the flash kernel supports the problem, else the reason it declines
 // (e.g. "Q is float64: the flash kernel computes in float32").

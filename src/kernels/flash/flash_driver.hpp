@@ -28,6 +28,8 @@
 //     Oᵀ[d][i] = α[i]·Oᵀ[d][i] + Σⱼ V[j][d]·Pᵀ[j][i]       ← Oᵀ: (Dv, queries)
 //   O[i][d] = Oᵀ[d][i] / l[i];   lse[i] = m[i] + ln l[i]   (l = 0: O = 0, lse = −inf;
 //                                                          l NaN: O and lse NaN)
+// With few tasks for the machine's cores, a task's keys are split into chunks run as separate
+// items and merged per task afterwards ("Key splits" below).
 // Sinks: a row starts at m = σ_h, l = 1 (= e^{σ_h − m}), Oᵀ = 0 — the sink is one more
 // logit with value 0, and the online softmax rescales it like any key. A row with no
 // visible key then ends with O = 0 and lse = σ_h.
@@ -191,11 +193,14 @@ void add_nonfinite_v(const SdpaProblem& p, Workspace& w, std::int64_t b, std::in
         }
 }
 
+// What finish_block writes of a column (bit flags; merge_block's rows in parts).
+inline constexpr unsigned char kStoreOut = 1, kStoreStats = 2;
+
 // The scores output (attn::ScoresOutput) of the block's columns, every key, tile by tile:
-// the same score_tile as the softmax, stopped at the requested stage.
+// the same score_tile as the softmax, stopped at the requested stage. store: see finish_block.
 template <class Ops>
 void write_scores(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::int64_t b, std::int64_t hk, int nq,
-                  int panels, int ldS, float scale) {
+                  int panels, int ldS, float scale, const unsigned char* store) {
     const TensorView& S = *p.scores;
     const bool f32 = S.dtype() == DType::f32;
     const std::int64_t sj = S.stride(3);
@@ -205,6 +210,7 @@ void write_scores(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::
         for (int c = 0; c < nq && !partial; ++c) partial = w.lo[c] > j0 || w.hi[c] < j0 + nk;
         score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, scale, partial, p.scores_stage);
         for (int c = 0; c < nq; ++c) {
+            if (store != nullptr && !(store[c] & kStoreStats)) continue;
             const std::int64_t base = S.offset(b, w.ch[c], w.ci[c], j0);
             if (f32) {
                 float* o = S.data_as<float>() + base;
@@ -234,19 +240,26 @@ void pv_tile(const SdpaProblem& p, const Workspace& w, std::int64_t b, std::int6
                     acc + d * ldO + pn * Ops::kPanel, ldO, w.alpha + pn * Ops::kPanel);
 }
 
-// The key loop of one task: (m, l, Oᵀ) of the block's columns from keys [ulo, uhi).
-// careful (finite.hpp): V's large entries go to bigot, scaled by 2^-64, and every key block
-// takes the selecting path for non-finite entries.
-template <class Ops>
-void accumulate_keys(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, Workspace& w, std::int64_t b,
-                     std::int64_t hk, int nq, int panels, std::int64_t ulo, std::int64_t uhi, bool careful) {
-    const int ncols = panels * Ops::kPanel, ldS = t.Mb, ldO = t.Mb;
-    const float scale = static_cast<float>(p.scale);
-    for (int c = 0; c < ncols; ++c) {  // a sink is the row's first logit: m = σ_h, l = 1
-        const bool sink = p.sinks && c < nq;
+// The statistics a row starts from: a sink is the row's first logit (m = σ_h, l = 1), else
+// nothing (m = −inf, l = 0). with_sinks = false: a key chunk's partial, whose merge adds the sink.
+inline void start_rows(const SdpaProblem& p, Workspace& w, int nq, int ncols, bool with_sinks) {
+    for (int c = 0; c < ncols; ++c) {
+        const bool sink = with_sinks && p.sinks && c < nq;
         w.m[c] = sink ? p.sink(w.ch[c]) : kNegInf;
         w.l[c] = sink ? 1.0f : 0.0f;
     }
+}
+
+// The key loop of one task: (m, l, Oᵀ) of the block's columns from keys [ulo, uhi).
+// careful (finite.hpp): V's large entries go to bigot, scaled by 2^-64, and every key block
+// takes the selecting path for non-finite entries. with_sinks: see start_rows.
+template <class Ops>
+void accumulate_keys(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, Workspace& w, std::int64_t b,
+                     std::int64_t hk, int nq, int panels, std::int64_t ulo, std::int64_t uhi, bool careful,
+                     bool with_sinks = true) {
+    const int ncols = panels * Ops::kPanel, ldS = t.Mb, ldO = t.Mb;
+    const float scale = static_cast<float>(p.scale);
+    start_rows(p, w, nq, ncols, with_sinks);
     // ALiBi turns a finite score into −inf (a zero of P that V's NaN/inf must not meet) only
     // when a bias slope·|d − j| reaches 2^103: below that, s − bias rounds to a finite value
     // for every finite s (half an ulp of FLT_MAX is 2^103). Bound the block's biases once.
@@ -319,41 +332,61 @@ void accumulate_keys(const SdpaProblem& p, const FlashTiles& t, const Dropout& d
     }
 }
 
-// One task: queries [i0, i0+nq) of the nh query heads h0.. (all reading KV head hk) of
-// batch b. Column c of the block is query i0 + c % nq of head h0 + c / nq.
-template <class Ops>
-void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, Workspace& w, std::int64_t b,
-               std::int64_t hk, std::int64_t h0, int nh, std::int64_t i0, int nq_head) {
-    const int nq = nh * nq_head;
-    for (int c = 0; c < nq; ++c) {
-        w.ch[c] = h0 + c / nq_head;
-        w.ci[c] = i0 + c % nq_head;
-    }
-    const int panels = (nq + Ops::kPanel - 1) / Ops::kPanel, ncols = panels * Ops::kPanel, ldS = t.Mb, ldO = t.Mb;
-    const float scale = static_cast<float>(p.scale);  // the weights and scores passes
+// A task's coordinates: queries [i0, i0+nq_head) of the nh query heads h0.. (all reading KV
+// head hk) of batch b. Column c of its block is query i0 + c % nq_head of head h0 + c / nq_head.
+struct TaskAt {
+    std::int64_t b = 0, hk = 0, h0 = 0, i0 = 0;
+    int nh = 0, nq_head = 0;
+};
 
+// The block's columns in the workspace (w.ch, w.ci, w.lo, w.hi) and the union of their
+// visible key ranges [ulo, uhi).
+struct BlockCols {
+    int nq = 0, panels = 0;
+    std::int64_t ulo = 0, uhi = 0;
+};
+template <class Ops>
+BlockCols block_columns(const SdpaProblem& p, Workspace& w, const TaskAt& a) {
+    BlockCols k;
+    k.nq = a.nh * a.nq_head;
+    for (int c = 0; c < k.nq; ++c) {
+        w.ch[c] = a.h0 + c / a.nq_head;
+        w.ci[c] = a.i0 + c % a.nq_head;
+    }
+    k.panels = (k.nq + Ops::kPanel - 1) / Ops::kPanel;
     // Visible key range of each query; padding columns see nothing.
-    std::int64_t ulo = p.Lk, uhi = 0;
-    for (int c = 0; c < ncols; ++c) {
+    k.ulo = p.Lk;
+    k.uhi = 0;
+    for (int c = 0; c < k.panels * Ops::kPanel; ++c) {
         KeyRange r{0, 0};
-        if (c < nq) r = p.key_range(b, w.ci[c]);
+        if (c < k.nq) r = p.key_range(a.b, w.ci[c]);
         if (r.empty()) r = KeyRange{0, 0};
         w.lo[c] = r.lo;
         w.hi[c] = r.hi;
         if (!r.empty()) {
-            ulo = imin(ulo, r.lo);
-            uhi = imax(uhi, r.hi);
+            k.ulo = imin(k.ulo, r.lo);
+            k.uhi = imax(k.uhi, r.hi);
         }
     }
+    return k;
+}
 
-    if constexpr (kOpsOwnOperands<Ops>) Ops::pack_q(p, w, b, nq, panels);
-    else pack_qt<Ops>(p, b, w.ch, w.ci, nq, panels, Ops::kPanel, w.qt, w.qrow);
-    accumulate_keys<Ops>(p, t, drop, w, b, hk, nq, panels, ulo, uhi, false);
-    // Overflow of Σ p·v (large finite V) or a visible NaN/±inf: compute again carefully.
-    // Padding columns (c ≥ nq) are not looked at: they accumulate V too but nothing reads them.
-    const bool careful = any_nonfinite(w.ot, ldO, p.Dv, nq);
-    if (careful) accumulate_keys<Ops>(p, t, drop, w, b, hk, nq, panels, ulo, uhi, true);
+template <class Ops>
+void pack_block_q(const SdpaProblem& p, Workspace& w, std::int64_t b, const BlockCols& k) {
+    if constexpr (kOpsOwnOperands<Ops>) Ops::pack_q(p, w, b, k.nq, k.panels);
+    else pack_qt<Ops>(p, b, w.ch, w.ci, k.nq, k.panels, Ops::kPanel, w.qt, w.qrow);
+}
 
+// The block's outputs from its finished statistics (w.m, w.l) and unnormalised Oᵀ (w.ot; with
+// w.bigot when careful): O, lse, and the scores and weights passes (which need Qᵀ in w.qt).
+// store (null: everything): per column, which of them to write — kStoreOut (O) and kStoreStats
+// (lse, scores, weights); merge_block stores a task's rows in parts.
+template <class Ops>
+void finish_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, Workspace& w, std::int64_t b,
+                  std::int64_t hk, const BlockCols& k, bool careful, const unsigned char* store = nullptr) {
+    const int nq = k.nq, panels = k.panels, ncols = panels * Ops::kPanel, ldS = t.Mb, ldO = t.Mb;
+    const std::int64_t ulo = k.ulo, uhi = k.uhi;
+    const float scale = static_cast<float>(p.scale);  // the weights and scores passes
     // O = Oᵀ / l, transposed into the caller's layout; lse. l = 0: no visible key (O = 0,
     // lse = −inf); l NaN (a visible NaN/±inf score): O and lse NaN. O in out's dtype
     // (store_row: 16-bit rounds the float32 value once); lse float32 or float64.
@@ -364,7 +397,8 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     int stored = 0;
     if constexpr (kOpsTranspose<Ops>) {
         const bool sixteen = is16(p.out);
-        if (!careful && (p.out.dtype() == DType::f32 || sixteen) && p.out.stride(3) == 1 && p.Dv % 16 == 0) {
+        if (!careful && store == nullptr && (p.out.dtype() == DType::f32 || sixteen) && p.out.stride(3) == 1 &&
+            p.Dv % 16 == 0) {
             const bool f16 = p.out.dtype() == DType::f16;
             alignas(64) float tile[16][16];
             const float* in[16];
@@ -394,10 +428,13 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
         const float l = w.l[c];
         const float inv = l == 0.0f ? 0.0f : 1.0f / l;
         const std::int64_t base = p.out.offset(b, w.ch[c], w.ci[c], 0), sd = p.out.stride(3);
-        if (careful)  // fold the large part back in (finite.hpp), then the same stores
-            for (std::int64_t d = 0; d < p.Dv; ++d)
-                w.ot[d * ldO + c] = combine_large(w.ot[d * ldO + c], w.bigot[d * ldO + c], inv, !drop.active);
-        if (c >= stored) store_row(p.out, base, sd, w.ot + c, ldO, p.Dv, careful ? 1.0f : inv);
+        if (store == nullptr || (store[c] & kStoreOut)) {
+            if (careful)  // fold the large part back in (finite.hpp), then the same stores
+                for (std::int64_t d = 0; d < p.Dv; ++d)
+                    w.ot[d * ldO + c] = combine_large(w.ot[d * ldO + c], w.bigot[d * ldO + c], inv, !drop.active);
+            if (c >= stored) store_row(p.out, base, sd, w.ot + c, ldO, p.Dv, careful ? 1.0f : inv);
+        }
+        if (store != nullptr && !(store[c] & kStoreStats)) continue;
         if (p.weights) w.lse2[c] = l == 0.0f ? 0.0f : std::log2(l);  // only the weights pass reads it
         if (p.lse) {
             const double lse = l == 0.0f ? -std::numeric_limits<double>::infinity()
@@ -408,7 +445,7 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
         }
     }
 
-    if (p.scores) write_scores<Ops>(p, t, w, b, hk, nq, panels, ldS, scale);
+    if (p.scores) write_scores<Ops>(p, t, w, b, hk, nq, panels, ldS, scale, store);
     if (!p.weights) return;
     // Weights from the saved statistics, tile by tile: P = 2^((S − m)·log2 e − log2 l)
     // (= exp(S − lse)); a row with no visible key gets m = +inf so every P is exactly 0.
@@ -421,6 +458,7 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     const bool w_f32 = W.dtype() == DType::f32;
     const std::int64_t wj = W.stride(3);
     for (int c = 0; c < nq; ++c) {  // keys outside every tile: 0
+        if (store != nullptr && !(store[c] & kStoreStats)) continue;
         const std::int64_t base = W.offset(b, w.ch[c], w.ci[c], 0);
         for (std::int64_t j = 0; j < p.Lk; ++j) {
             if (j == ulo && ulo < uhi) j = uhi;
@@ -438,6 +476,7 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
         // The weights that multiplied V: dropped and rescaled, as the reference returns them.
         if (drop.active) apply_dropout<Ops>(drop, w, b, nq, j0, nk, w.s, ldS);
         for (int c = 0; c < nq; ++c) {
+            if (store != nullptr && !(store[c] & kStoreStats)) continue;
             const std::int64_t base = W.offset(b, w.ch[c], w.ci[c], j0);
             if (w_f32) {
                 float* o = W.data_as<float>() + base;
@@ -448,6 +487,141 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
             }
         }
     }
+}
+
+// One task, whole: its columns, Qᵀ, the key loop over every visible key, the outputs (store:
+// see finish_block).
+template <class Ops>
+void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, Workspace& w, const TaskAt& a,
+               const unsigned char* store = nullptr) {
+    const BlockCols k = block_columns<Ops>(p, w, a);
+    pack_block_q<Ops>(p, w, a.b, k);
+    accumulate_keys<Ops>(p, t, drop, w, a.b, a.hk, k.nq, k.panels, k.ulo, k.uhi, false);
+    // Overflow of Σ p·v (large finite V) or a visible NaN/±inf: compute again carefully.
+    // Padding columns (c ≥ nq) are not looked at: they accumulate V too but nothing reads them.
+    const bool careful = any_nonfinite(w.ot, t.Mb, p.Dv, k.nq);
+    if (careful) accumulate_keys<Ops>(p, t, drop, w, a.b, a.hk, k.nq, k.panels, k.ulo, k.uhi, true);
+    finish_block<Ops>(p, t, drop, w, a.b, a.hk, k, careful, store);
+}
+
+// ── Key splits (flash_key_chunk: few tasks on many cores) ────────────────────────────────
+// A split task runs as one item per key chunk [c0, c1), each leaving its partial — the
+// columns' (m, l) without the sink and their unnormalised Oᵀ — in a slot of its own; after
+// every item, merge_block combines a task's slots in chunk order (the order is fixed, so the
+// result does not depend on the threads) and stores the outputs as run_block does:
+//   m = max(σ, mᶜ),  l = e^{σ−m} + Σᶜ e^{mᶜ−m}·lᶜ,  Oᵀ = Σᶜ e^{mᶜ−m}·Oᵀᶜ        (σ: the sink, if any)
+// Non-finite values follow run_block's rules chunk by chunk: a chunk whose Oᵀ ends non-finite
+// is computed again on the careful path (its large part, bigot, is merged the same way and
+// folded in at the store), and a NaN/±inf score or V entry reaches the merged (m, l, Oᵀ)
+// through the same arithmetic as in one pass (NaN stays NaN, e^{−inf} = 0). One case is the
+// merge's own: an element of Oᵀ that overflows only in the sum of finite partials. Its row is
+// computed again whole (run_block, O only; lse, weights and scores come from the merged
+// (m, l), which V cannot change) — rare, so the common path stays simple.
+// Slot layout (slot_floats): m (Mb), l (Mb), Oᵀ (Dv × Mb), bigot (Dv × Mb, careful chunks
+// only), then the careful flag.
+inline std::int64_t slot_floats(const SdpaProblem& p, const FlashTiles& t) { return (2 * p.Dv + 2) * t.Mb + 16; }
+
+template <class Ops>
+void run_chunk(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, Workspace& w, const TaskAt& a,
+               std::int64_t c0, std::int64_t c1, float* slot) {
+    const BlockCols k = block_columns<Ops>(p, w, a);
+    const std::int64_t lo = imax(k.ulo, c0), hi = imin(k.uhi, c1), acc = p.Dv * t.Mb;
+    float* careful_flag = slot + 2 * t.Mb + 2 * acc;
+    if (lo >= hi) {  // no visible key in the chunk: an empty partial (m = −inf), Oᵀ not written
+        for (int c = 0; c < k.nq; ++c) {
+            slot[c] = kNegInf;
+            slot[t.Mb + c] = 0.0f;
+        }
+        *careful_flag = 0.0f;
+        return;
+    }
+    pack_block_q<Ops>(p, w, a.b, k);
+    accumulate_keys<Ops>(p, t, drop, w, a.b, a.hk, k.nq, k.panels, lo, hi, false, false);
+    const bool careful = any_nonfinite(w.ot, t.Mb, p.Dv, k.nq);  // as in run_block
+    if (careful) accumulate_keys<Ops>(p, t, drop, w, a.b, a.hk, k.nq, k.panels, lo, hi, true, false);
+    std::memcpy(slot, w.m, sizeof(float) * static_cast<std::size_t>(k.nq));
+    std::memcpy(slot + t.Mb, w.l, sizeof(float) * static_cast<std::size_t>(k.nq));
+    std::memcpy(slot + 2 * t.Mb, w.ot, sizeof(float) * static_cast<std::size_t>(acc));
+    if (careful) std::memcpy(slot + 2 * t.Mb + acc, w.bigot, sizeof(float) * static_cast<std::size_t>(acc));
+    *careful_flag = careful ? 1.0f : 0.0f;
+}
+
+// The merged (m, l, Oᵀ, and bigot when a chunk was careful) of a task's chunks into the
+// workspace; returns whether a chunk was careful. overflow[q]: an element of row q's Oᵀ is not
+// finite although every term of its sum is (see above).
+inline bool merge_partials(const SdpaProblem& p, const FlashTiles& t, Workspace& w, const BlockCols& k,
+                           const float* slots, std::int64_t chunks, unsigned char* overflow) {
+    const std::int64_t sf = slot_floats(p, t), acc = p.Dv * t.Mb;
+    const int ldO = t.Mb;
+    bool careful = false;
+    for (std::int64_t c = 0; c < chunks; ++c) careful = careful || slots[c * sf + 2 * t.Mb + 2 * acc] != 0.0f;
+    start_rows(p, w, k.nq, k.nq, true);
+    for (std::int64_t c = 0; c < chunks; ++c)  // the merged max (fmax: a NaN m reaches l below)
+        for (int q = 0; q < k.nq; ++q) w.m[q] = std::fmax(w.m[q], slots[c * sf + q]);
+    for (int q = 0; q < k.nq; ++q)  // the sink's share (l = 1 at m = σ), or 0
+        w.l[q] = p.sinks ? std::exp(p.sink(w.ch[q]) - w.m[q]) : 0.0f;
+    std::memset(w.ot, 0, sizeof(float) * static_cast<std::size_t>(acc));
+    if (careful) std::memset(w.bigot, 0, sizeof(float) * static_cast<std::size_t>(acc));
+    for (std::int64_t c = 0; c < chunks; ++c) {
+        const float* mc = slots + c * sf;
+        const float* lc = mc + t.Mb;
+        const float* oc = mc + 2 * t.Mb;
+        const bool big = mc[2 * t.Mb + 2 * acc] != 0.0f;
+        bool any = false;
+        for (int q = 0; q < k.nq; ++q) {  // α: this chunk's rescale; exactly 0 where it saw nothing
+            w.alpha[q] = mc[q] == kNegInf ? 0.0f : std::exp(mc[q] - w.m[q]);
+            w.l[q] += w.alpha[q] * lc[q];
+            any = any || w.alpha[q] != 0.0f;
+        }
+        if (!any) continue;  // nothing to add (an empty partial's Oᵀ was not even written)
+        for (std::int64_t d = 0; d < p.Dv; ++d)
+            for (int q = 0; q < k.nq; ++q) {
+                if (w.alpha[q] == 0.0f) continue;
+                w.ot[d * ldO + q] += w.alpha[q] * oc[d * ldO + q];
+                if (big) w.bigot[d * ldO + q] += w.alpha[q] * oc[acc + d * ldO + q];
+            }
+    }
+    for (int q = 0; q < k.nq; ++q) {
+        overflow[q] = 0;
+        if (!std::isfinite(w.l[q])) continue;  // NaN statistics: the row is NaN, as in one pass
+        for (std::int64_t d = 0; d < p.Dv && !overflow[q]; ++d) {
+            const std::int64_t e = d * ldO + q;
+            if (!nonfinite_f32(w.ot[e]) && !(careful && nonfinite_f32(w.bigot[e]))) continue;
+            bool terms_finite = true;  // of the chunks that add to it
+            for (std::int64_t c = 0; c < chunks && terms_finite; ++c) {
+                const float* mc = slots + c * sf;
+                if (mc[q] == kNegInf) continue;
+                const bool big = mc[2 * t.Mb + 2 * acc] != 0.0f;
+                terms_finite = !nonfinite_f32(mc[2 * t.Mb + e]) && !(big && nonfinite_f32(mc[2 * t.Mb + acc + e]));
+            }
+            overflow[q] = terms_finite ? 1 : 0;
+        }
+    }
+    return careful;
+}
+
+template <class Ops>
+void merge_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, Workspace& w, const TaskAt& a,
+                 const float* slots, std::int64_t chunks) {
+    const BlockCols k = block_columns<Ops>(p, w, a);
+    unsigned char overflow[4096];  // Mb ≤ 4096 (flash.cpp)
+    bool careful = merge_partials(p, t, w, k, slots, chunks, overflow);
+    // Rows whose merge overflowed: O from run_block, everything else from the merge.
+    unsigned char merged[4096], again[4096];
+    bool any_again = false;
+    for (int q = 0; q < k.nq; ++q) {
+        merged[q] = overflow[q] ? kStoreStats : kStoreOut | kStoreStats;
+        again[q] = overflow[q] ? kStoreOut : 0;
+        any_again = any_again || overflow[q];
+    }
+    if (any_again) {
+        run_block<Ops>(p, t, drop, w, a, again);
+        // run_block used the workspace: merge again (cheap next to the chunks; the same
+        // operations give the same bits) rather than saving and restoring the merged state.
+        careful = merge_partials(p, t, w, k, slots, chunks, overflow);
+    }
+    if (p.weights || p.scores) pack_block_q<Ops>(p, w, a.b, k);
+    finish_block<Ops>(p, t, drop, w, a.b, a.hk, k, careful, any_again ? merged : nullptr);
 }
 
 // How one problem splits into tasks. Blocks: Mb queries of one head; or, when Lq < Mb
@@ -468,26 +642,50 @@ inline TaskGrid task_grid(const SdpaProblem& p, const FlashTiles& t) {
 }
 
 // Task `task` of problem p (0 <= task < g.tasks).
-template <class Ops>
-void run_task(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, Workspace& w, const TaskGrid& g,
-              std::int64_t task) {
+inline TaskAt task_at(const SdpaProblem& p, const TaskGrid& g, std::int64_t task) {
     // Query blocks last to first: under a causal mask (either alignment) a later block
     // sees more keys, so the longest tasks go first and the dynamic schedule ends on
     // short ones (longest-first; the order changes no result: tasks are independent).
     const std::int64_t qb = g.qblocks - 1 - task % g.qblocks, hc = (task / g.qblocks) % g.hchunks;
-    const std::int64_t bk = task / (g.qblocks * g.hchunks), b = bk / p.Hkv, hk = bk % p.Hkv;
-    const std::int64_t h0 = hk * p.group + hc * g.hpb, i0 = qb * g.qpb;
-    run_block<Ops>(p, t, drop, w, b, hk, h0, static_cast<int>(imin(g.hpb, p.group - hc * g.hpb)), i0,
-                   static_cast<int>(imin(g.qpb, p.Lq - i0)));
+    const std::int64_t bk = task / (g.qblocks * g.hchunks);
+    TaskAt a;
+    a.b = bk / p.Hkv;
+    a.hk = bk % p.Hkv;
+    a.h0 = a.hk * p.group + hc * g.hpb;
+    a.i0 = qb * g.qpb;
+    a.nh = static_cast<int>(imin(g.hpb, p.group - hc * g.hpb));
+    a.nq_head = static_cast<int>(imin(g.qpb, p.Lq - a.i0));
+    return a;
 }
 
-// A batch of problems (FlashJob: sdpa_varlen's sequences, or one problem): the tasks
-// (problem, b, h, query block) of all of them in one list over OpenMP threads, in the
-// order given (flash_forward_batch puts the problems with the longest tasks first), so a
-// batch pays one fork/join and one tail instead of one per problem. Each task is computed
-// by one thread from start to end in a fixed order, so the result does not depend on the
-// number of threads, the schedule or which problems share the batch. How this split behaves
-// on 2 to 64 cores: docs/kernels.md, "Parallel split and scaling".
+// How one problem of a batch runs: its grid, its key chunk (0: tasks whole) and where its items,
+// partial slots and merges start in the batch's lists.
+struct JobPlan {
+    TaskGrid g;
+    std::int64_t chunk = 0, chunks = 1;
+    std::int64_t first_item = 0, first_slot = 0, first_merge = 0;
+};
+
+// The problem i with plans[i].*field <= x < plans[i + 1].*field (binary search; plans has n + 1).
+inline std::int64_t job_of(const JobPlan* plans, std::int64_t n, std::int64_t JobPlan::*field, std::int64_t x) {
+    std::int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const std::int64_t mid = (lo + hi + 1) / 2;
+        if (plans[mid].*field <= x) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+// A batch of problems (FlashJob: sdpa_varlen's sequences, or one problem): the items of all
+// of them in one list over OpenMP threads — a whole task (problem, b, h, query block), or a
+// task's key chunk when the problem splits its keys (flash_key_chunk) — in the order given
+// (flash_forward_batch puts the problems with the longest tasks first), so a batch pays one
+// fork/join and one tail instead of one per problem; then the split tasks' merges. Each item
+// is computed by one thread from start to end in a fixed order, and a problem's split depends
+// on its own shape and the machine only, so the result does not depend on the number of
+// threads, the schedule or which problems share the batch. How this split behaves on 2 to 64
+// cores: docs/kernels.md, "Parallel split and scaling".
 // Precondition (flash.cpp checks it): every problem has the head dims of jobs[0].
 template <class Ops>
 void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, int threads) {
@@ -495,29 +693,41 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
     // test's or the lab's Mb = 16 changes, to 32 on the AVX-512 path).
     FlashTiles t = tiles;
     t.Mb = (t.Mb + Ops::kPanel - 1) / Ops::kPanel * Ops::kPanel;
-    // grids[i] and first[i] (the first task of problem i in the list; first[n] = all tasks).
-    // malloc, not std::vector: see the note at the top of this file.
-    TaskGrid* grids = static_cast<TaskGrid*>(std::malloc(sizeof(TaskGrid) * static_cast<std::size_t>(n)));
-    std::int64_t* first = static_cast<std::int64_t*>(std::malloc(sizeof(std::int64_t) * static_cast<std::size_t>(n + 1)));
-    if (grids == nullptr || first == nullptr) {
-        std::free(grids);
-        std::free(first);
-        throw std::bad_alloc();
-    }
+    // malloc, not std::vector: see the note at the top of this file. plans[n] holds the totals.
+    JobPlan* plans = static_cast<JobPlan*>(std::malloc(sizeof(JobPlan) * static_cast<std::size_t>(n + 1)));
+    if (plans == nullptr) throw std::bad_alloc();
     bool pack_k = false;
     std::size_t extra = 0;
-    first[0] = 0;
+    const std::int64_t sf = slot_floats(*jobs[0].p, t);  // the same head dims in every problem
+    JobPlan sum;
     for (std::int64_t i = 0; i < n; ++i) {
         const SdpaProblem& p = *jobs[i].p;
-        grids[i] = task_grid(p, t);
-        first[i + 1] = first[i] + grids[i].tasks;
+        JobPlan& j = plans[i];
+        j = sum;
+        j.g = task_grid(p, t);
+        j.chunk = flash_key_chunk(j.g.tasks, p.Lk, t.Nb, sf, t.key_splits);
+        j.chunks = j.chunk > 0 ? (p.Lk + j.chunk - 1) / j.chunk : 1;
+        sum.first_item += j.g.tasks * j.chunks;
+        if (j.chunks > 1) {
+            sum.first_slot += j.g.tasks * j.chunks;
+            sum.first_merge += j.g.tasks;
+        }
         pack_k = pack_k || p.paged != nullptr || !in_place(p.k, p.Dk);  // paged: tiles across pages
         if constexpr (kOpsOwnOperands<Ops>) extra = extra > Ops::scratch_bytes(p, t) ? extra : Ops::scratch_bytes(p, t);
     }
-    const std::int64_t tasks = first[n];
+    plans[n] = sum;
+    const std::int64_t items = sum.first_item, slots = sum.first_slot, merges = sum.first_merge;
+    float* partials = nullptr;
+    if (slots > 0) {
+        partials = static_cast<float*>(std::malloc(sizeof(float) * static_cast<std::size_t>(slots * sf)));
+        if (partials == nullptr) {
+            std::free(plans);
+            throw std::bad_alloc();
+        }
+    }
     const int nthreads = threads > 0 ? threads : omp_get_max_threads();
     bool alloc_failed = false;
-#pragma omp parallel num_threads(nthreads) if (tasks > 1)
+#pragma omp parallel num_threads(nthreads) if (items > 1)
     {
         Workspace w(*jobs[0].p, t, pack_k, extra);  // once per thread, before the task loop
         if (w.block == nullptr) {
@@ -525,19 +735,33 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
             alloc_failed = true;
         }
 #pragma omp for schedule(dynamic, 1)
-        for (std::int64_t task = 0; task < tasks; ++task) {
+        for (std::int64_t item = 0; item < items; ++item) {
             if (w.block == nullptr) continue;
-            std::int64_t lo = 0, hi = n - 1;  // the problem i with first[i] <= task < first[i + 1]
-            while (lo < hi) {
-                const std::int64_t mid = (lo + hi + 1) / 2;
-                if (first[mid] <= task) lo = mid;
-                else hi = mid - 1;
+            const std::int64_t i = job_of(plans, n, &JobPlan::first_item, item);
+            const JobPlan& j = plans[i];
+            const SdpaProblem& p = *jobs[i].p;
+            const std::int64_t k = item - j.first_item;
+            if (j.chunks == 1) {
+                run_block<Ops>(p, t, jobs[i].drop, w, task_at(p, j.g, k));
+            } else {  // item k: chunk k % chunks of task k / chunks
+                const std::int64_t c0 = (k % j.chunks) * j.chunk, slot = j.first_slot + k;
+                run_chunk<Ops>(p, t, jobs[i].drop, w, task_at(p, j.g, k / j.chunks), c0, imin(p.Lk, c0 + j.chunk),
+                               partials + slot * sf);
             }
-            run_task<Ops>(*jobs[lo].p, t, jobs[lo].drop, w, grids[lo], task - first[lo]);
+        }
+        // (the omp for's barrier: every partial is written before a merge reads it)
+#pragma omp for schedule(dynamic, 1)
+        for (std::int64_t m = 0; m < merges; ++m) {
+            if (w.block == nullptr) continue;
+            const std::int64_t i = job_of(plans, n, &JobPlan::first_merge, m);
+            const JobPlan& j = plans[i];
+            const SdpaProblem& p = *jobs[i].p;
+            const std::int64_t task = m - j.first_merge, slot = j.first_slot + task * j.chunks;
+            merge_block<Ops>(p, t, jobs[i].drop, w, task_at(p, j.g, task), partials + slot * sf, j.chunks);
         }
     }
-    std::free(grids);
-    std::free(first);
+    std::free(partials);
+    std::free(plans);
     if (alloc_failed) throw std::bad_alloc();
 }
 

@@ -74,7 +74,10 @@ inline void narrow_row_avx2(const float* src, std::int64_t n, bool is_f16, std::
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_permute4x64_epi64(w, 0xd8));
         }
     }
-    for (; i < n; ++i) dst[i] = is_f16 ? float_to_f16(src[i]) : float_to_bf16(src[i]);
+    // The tail as a count: with n a constant 16 (the flash O store) GCC 12 otherwise warns that a
+    // dead iteration of `for (; i < n; ++i)` overflows (-Waggressive-loop-optimizations).
+    const std::int64_t rest = n - i;
+    for (std::int64_t k = 0; k < rest; ++k) dst[i + k] = is_f16 ? float_to_f16(src[i + k]) : float_to_bf16(src[i + k]);
 }
 
 }  // namespace
