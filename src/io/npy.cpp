@@ -44,6 +44,11 @@ public:
             skip_ws();
             expect(':');
             skip_ws();
+            // A key given twice is ambiguous (Python's dict keeps the last, a reader that stops at
+            // the first would see another array): refused, as a file that is not numpy's.
+            if ((key == "descr" && h.has_descr) || (key == "fortran_order" && h.has_fortran) ||
+                (key == "shape" && h.has_shape))
+                fail("the key '" + key + "' appears twice in the header");
             if (key == "descr") {
                 h.descr = parse_string();
                 h.has_descr = true;

@@ -236,7 +236,7 @@ def test_registry_lists_every_shape_and_marks_unbuilt_ones(tmp_path):
     (["--shape-custom", "1,3,2,4,4,8,0"], "multiple of Hkv"),
     (["--shape-custom", "1,2,2,4,4,8,sideways"], "causal"),
     (["--runs", "0"], "--runs"),
-    (["--impl", "fastest"], "impl"),
+    (["--impl", "fastest"], "--impl: expected one of auto, reference, flash, decode"),
     (["--json", "/nonexistent-dir/x.json"], "--json"),
 ])
 def test_argument_errors(args, message):

@@ -263,6 +263,10 @@ TEST_F(Npy, MalformedDict) {
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (2,)", "malformed .npy header: expected '}'"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,)}", "a dimension in 'shape' is too large"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'extra': 1}", "unexpected key 'extra' in the header"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'shape': (1,)}", "the key 'shape' appears twice in the header"},
+        {"{'descr': '<f8', 'descr': '<f4', 'fortran_order': False, 'shape': (2,)}", "the key 'descr' appears twice in the header"},
+        {"{'descr': '<f4', 'fortran_order': False, 'fortran_order': False, 'shape': (2,)}",
+         "the key 'fortran_order' appears twice in the header"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (2,)} trailing", "malformed .npy header"},
     };
     int n = 0;

@@ -18,6 +18,7 @@
 #include "harness.hpp"
 #include "output_files.hpp"
 #include "report.hpp"
+#include "strict_options.hpp"
 
 namespace attn::cli {
 namespace {
@@ -118,7 +119,7 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
     cfg.reference_max_gflop = a.reference_max_gflop;
     cfg.scaling = a.scaling;
     for (const std::string& name : split(a.impls)) {
-        const Impl i = parse_impl(name);
+        const Impl i = with_flag("--impl", [&] { return parse_impl(name); });
         if (std::find(cfg.impls.begin(), cfg.impls.end(), i) == cfg.impls.end()) cfg.impls.push_back(i);
     }
     if (cfg.impls.empty()) throw Error("--impl: expected a list such as flash,reference but got '" + a.impls + "'");
@@ -260,7 +261,8 @@ void add_bench_command(CLI::App& app) {
         "bench", "Benchmark attn on the shapes of bench/shapes.md beside the reference and PyTorch, in the same run");
     auto* shapes = cmd->add_option("--shapes", args->shapes, "shape ids, comma-separated (S1,S2,...) or all")
                        ->capture_default_str();
-    cmd->add_option("--impl", args->impls, "attn kernels to time, comma-separated: auto, reference, flash")->capture_default_str();
+    cmd->add_option("--impl", args->impls, "attn kernels to time, comma-separated: auto, reference, flash, decode (decode takes Lq <= 16 only; "
+                   "a row it declines says why)")->capture_default_str();
     auto* runs = cmd->add_option("--runs", args->runs, "timed calls per (shape, impl) after one warm-up")->capture_default_str();
     cmd->add_option("--threads", args->threads, "threads (default: ATTN_NUM_THREADS, else OMP_NUM_THREADS, else all CPUs)");
     cmd->add_option("--json", args->json, "also write the results as JSON to this file");
