@@ -415,14 +415,18 @@ TEST(ModifiersKernels, FlashScoresOutputMatchesReference) {
                 o.impl = Impl::reference;
                 const ScoresOutput wso{want, st};
                 sdpa(in.q, in.k, in.v, o, dummy, nullptr, nullptr, nullptr, &wso);
-                for (const detail::KernelSet* ks : detail::runnable_kernel_sets()) {
+                // The default tiles, then a forced key split (the merge stores the scores from a fresh Qᵀ pack).
+                const detail::FlashTiles split{64, 16, 3};
+                for (const detail::KernelSet* ks : detail::runnable_kernel_sets())
+                for (const detail::FlashTiles* tiles : {static_cast<const detail::FlashTiles*>(nullptr), &split}) {
                     Tensor got = poisoned(DType::f32, ss), out = poisoned(DType::f32, dummy.shape());
                     detail::SdpaProblem p = detail::make_problem(in.q, in.k, in.v, in.opt, out, nullptr, nullptr);
                     detail::attach_scores(p, ScoresOutput{got, st});
-                    detail::flash_forward(p, *ks, 2);
+                    detail::flash_forward(p, *ks, 2, tiles);
                     // the score bound E is bd.lse minus the (Lk+16)u and u·|lse| terms: use bd.lse, which contains it
                     EXPECT_TRUE(test::all_close(got, want, bd.lse, 0))
-                        << in.desc << " stage=" << score_stage_name(st) << " isa=" << detail::isa_name(ks->isa);
+                        << in.desc << " stage=" << score_stage_name(st) << " isa=" << detail::isa_name(ks->isa)
+                        << (tiles ? " key_splits=3" : "");
                 }
             }
         }
