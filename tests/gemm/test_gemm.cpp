@@ -164,7 +164,7 @@ TEST(Gemm, LargeBlocksMatchDoubleReferenceOnEveryRow) {
     }
 }
 
-TEST(Gemm, OneAndTwoThreadsBitIdenticalOnEveryRow) {
+TEST(Gemm, ThreadCountsBitIdenticalOnEveryRow) {
     std::mt19937 rng(18);
     struct Shape {
         std::int64_t M, N, K;
@@ -176,9 +176,14 @@ TEST(Gemm, OneAndTwoThreadsBitIdenticalOnEveryRow) {
         for (const Shape s : {Shape{301, 77, 1100}, Shape{5, 999, 2100}, Shape{64, 64, 1000}, Shape{3, 999, 2100}}) {
             for (bool tb : {false, true}) {
                 const Problem p = make(false, tb, s.M, s.N, s.K, 1.0f, rng);
-                const std::vector<float> one = run(*row, p, 1), two = run(*row, p, 2);
-                EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0)
-                    << "M=" << s.M << " N=" << s.N << " K=" << s.K << " tb=" << tb;
+                const std::vector<float> one = run(*row, p, 1);
+                // 2 threads; 3, 6 and 8 (more than this machine's cores): grids of rows × slivers
+                // (row_groups in gemm_driver.hpp, e.g. 4 × 2 for M = 301 on 8 threads).
+                for (int threads : {2, 3, 6, 8}) {
+                    const std::vector<float> many = run(*row, p, threads);
+                    EXPECT_EQ(std::memcmp(one.data(), many.data(), one.size() * sizeof(float)), 0)
+                        << "M=" << s.M << " N=" << s.N << " K=" << s.K << " tb=" << tb << " threads=" << threads;
+                }
             }
         }
     }
