@@ -602,6 +602,37 @@ TEST(FlashFixed, KeySplitMergeOverflow) {
     }
 }
 
+// A NaN/±inf in V at a visible key whose weight underflows in float32: key 0 scores 0 and holds the
+// poison, key 300 scores 200 (e^-200 is 0 in float). In one pass 0·NaN keeps the row non-finite
+// (the reference, in double, is too); split in two chunks the merge must add the first chunk's
+// non-finite Oᵀ although its rescale is 0. Found by a review: the merge skipped it and returned 7.
+TEST(FlashFixed, KeySplitKeepsUnderflowedNonFiniteV) {
+    const std::int64_t Lq = 3, Lk = 512, D = 4;
+    Tensor q(DType::f32, Shape{1, 1, Lq, D}), k(DType::f32, Shape{1, 1, Lk, D}), v(DType::f32, Shape{1, 1, Lk, D});
+    for (std::int64_t e = 0; e < Lq * D; ++e) q.data_as<float>()[e] = e % D == 0 ? 1.0f : 0.0f;
+    for (std::int64_t e = 0; e < Lk * D; ++e) k.data_as<float>()[e] = v.data_as<float>()[e] = 0.0f;
+    k.data_as<float>()[300 * D] = 400.0f;  // score 400 · scale 1/2 = 200
+    v.data_as<float>()[300 * D] = 7.0f;
+    for (float poison : {kNaN, kInf, -kInf}) {
+        v.data_as<float>()[0] = poison;
+        for (const detail::KernelSet* isa : isas())
+            for (int splits : {1, 2}) {
+                const detail::FlashTiles tiles{64, 64, splits};
+                Tensor out = test::poisoned(DType::f32, Shape{1, 1, Lq, D});
+                detail::flash_forward(detail::make_problem(q.view(), k.view(), v.view(), SdpaOptions{}, out.view(), nullptr, nullptr),
+                                      *isa, 2, &tiles);
+                for (std::int64_t i = 0; i < Lq; ++i) {
+                    const float o = out.data_as<float>()[i * D];
+                    const std::string what = std::string(detail::isa_name(isa->isa)) + " splits " + std::to_string(splits) +
+                                             " poison " + std::to_string(poison) + " row " + std::to_string(i);
+                    EXPECT_FALSE(std::isfinite(o)) << what << ": got " << o;
+                    if (std::isnan(poison)) EXPECT_TRUE(std::isnan(o)) << what << ": got " << o;
+                    EXPECT_EQ(out.data_as<float>()[i * D + 1], 0.0f) << what;
+                }
+            }
+    }
+}
+
 // The lengths the issue names, each on its own (no masks, then causal bottom-right), D = 64.
 TEST(FlashFixed, NamedLengths) {
     Worst worst;

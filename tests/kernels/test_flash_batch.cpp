@@ -84,6 +84,52 @@ TEST(FlashBatch, EachProblemAsAlone) {
     }
 }
 
+// With forced key splits (each task's keys in 3 chunks, merged after all items): a batch still
+// gives each problem its own result, split problems beside one-block ones (Lk = 9, 30: no split).
+TEST(FlashBatch, EachProblemAsAloneWithKeySplits) {
+    const detail::FlashTiles tiles{64, 16, 3};
+    std::uint64_t seed = 50;
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+        SCOPED_TRACE(detail::isa_name(row->isa));
+        std::vector<One> batch = make_batch(seed++, 32, 16);
+        std::vector<detail::SdpaProblem> ps = problems(batch);
+        detail::flash_forward_batch(ps.data(), ps.size(), *row, 2, &tiles);
+        for (std::size_t i = 0; i < batch.size(); ++i) {
+            One& o = batch[i];
+            const Tensor out = poisoned(DType::f32, o.out.shape()), lse = poisoned(DType::f32, o.lse.shape());
+            const TensorView lv = lse.view();
+            detail::flash_forward(detail::make_problem(o.q, o.k, o.v, o.opt, out, &lv, nullptr), *row, 1, &tiles);
+            EXPECT_FALSE(still_poisoned(out)) << "problem " << i;
+            EXPECT_TRUE(bit_equal(o.out, out) && bit_equal(o.lse, lse)) << "problem " << i;
+        }
+    }
+}
+
+// Partials past 256 MiB in one batch run in waves (flash_driver.hpp run_flash): 17 one-task
+// problems split into 8 chunks with Mb = 4096 take 2.1 MB per chunk, 136 chunks in all, so
+// the batch runs as 15 problems then 2. Each must still get its result alone.
+TEST(FlashBatch, PartialsPastTheCapRunInWaves) {
+    const detail::FlashTiles tiles{4096, 64, 8};
+    std::mt19937_64 rng(60);
+    std::vector<One> batch(17);
+    for (One& o : batch) {
+        o.q = randn(DType::f32, Shape{1, 1, 20, 64}, rng);
+        o.k = randn(DType::f32, Shape{1, 1, 512, 64}, rng);
+        o.v = randn(DType::f32, Shape{1, 1, 512, 64}, rng);
+    }
+    std::vector<detail::SdpaProblem> ps = problems(batch);
+    const detail::KernelSet& row = detail::kernel_set();
+    detail::flash_forward_batch(ps.data(), ps.size(), row, 2, &tiles);
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+        One& o = batch[i];
+        const Tensor out = poisoned(DType::f32, o.out.shape()), lse = poisoned(DType::f32, o.lse.shape());
+        const TensorView lv = lse.view();
+        detail::flash_forward(detail::make_problem(o.q, o.k, o.v, o.opt, out, &lv, nullptr), row, 2, &tiles);
+        EXPECT_FALSE(still_poisoned(out)) << "problem " << i;
+        EXPECT_TRUE(bit_equal(o.out, out) && bit_equal(o.lse, lse)) << "problem " << i;
+    }
+}
+
 TEST(FlashBatch, DifferentHeadDimsRefused) {
     std::vector<One> batch = make_batch(7, 32, 16);
     std::mt19937_64 rng(8);

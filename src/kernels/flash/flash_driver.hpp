@@ -567,16 +567,18 @@ inline bool merge_partials(const SdpaProblem& p, const FlashTiles& t, Workspace&
         const float* lc = mc + t.Mb;
         const float* oc = mc + 2 * t.Mb;
         const bool big = mc[2 * t.Mb + 2 * acc] != 0.0f;
+        // α: this chunk's rescale, 0 where it saw nothing. A chunk that saw keys is added even
+        // when α underflows to 0: 0·NaN keeps a visible NaN/±inf of V, as in one pass.
         bool any = false;
-        for (int q = 0; q < k.nq; ++q) {  // α: this chunk's rescale; exactly 0 where it saw nothing
+        for (int q = 0; q < k.nq; ++q) {
             w.alpha[q] = mc[q] == kNegInf ? 0.0f : std::exp(mc[q] - w.m[q]);
             w.l[q] += w.alpha[q] * lc[q];
-            any = any || w.alpha[q] != 0.0f;
+            any = any || mc[q] != kNegInf;
         }
-        if (!any) continue;  // nothing to add (an empty partial's Oᵀ was not even written)
+        if (!any) continue;  // an empty partial: its Oᵀ was not even written
         for (std::int64_t d = 0; d < p.Dv; ++d)
             for (int q = 0; q < k.nq; ++q) {
-                if (w.alpha[q] == 0.0f) continue;
+                if (mc[q] == kNegInf) continue;
                 w.ot[d * ldO + q] += w.alpha[q] * oc[d * ldO + q];
                 if (big) w.bigot[d * ldO + q] += w.alpha[q] * oc[acc + d * ldO + q];
             }
@@ -716,10 +718,18 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
         if constexpr (kOpsOwnOperands<Ops>) extra = extra > Ops::scratch_bytes(p, t) ? extra : Ops::scratch_bytes(p, t);
     }
     plans[n] = sum;
-    const std::int64_t items = sum.first_item, slots = sum.first_slot, merges = sum.first_merge;
+    // The problems run in waves whose partials fit kMaxWaveFloats (flash_key_chunk caps one
+    // problem's; many split problems in one varlen batch could add up to far more). Almost always
+    // one wave; a problem's items never change with the wave it is in.
+    constexpr std::int64_t kMaxWaveFloats = 64LL << 20;  // 256 MiB, the per-problem cap
+    std::int64_t wave_slots = 0;  // the largest wave's
+    for (std::int64_t i0 = 0, i1; i0 < n; i0 = i1) {
+        for (i1 = i0 + 1; i1 < n && (plans[i1 + 1].first_slot - plans[i0].first_slot) * sf <= kMaxWaveFloats; ++i1) {}
+        wave_slots = imax(wave_slots, plans[i1].first_slot - plans[i0].first_slot);
+    }
     float* partials = nullptr;
-    if (slots > 0) {
-        partials = static_cast<float*>(std::malloc(sizeof(float) * static_cast<std::size_t>(slots * sf)));
+    if (wave_slots > 0) {
+        partials = static_cast<float*>(std::malloc(sizeof(float) * static_cast<std::size_t>(wave_slots * sf)));
         if (partials == nullptr) {
             std::free(plans);
             throw std::bad_alloc();
@@ -727,37 +737,43 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
     }
     const int nthreads = threads > 0 ? threads : omp_get_max_threads();
     bool alloc_failed = false;
+    for (std::int64_t i0 = 0, i1; i0 < n && !alloc_failed; i0 = i1) {
+        for (i1 = i0 + 1; i1 < n && (plans[i1 + 1].first_slot - plans[i0].first_slot) * sf <= kMaxWaveFloats; ++i1) {}
+        const JobPlan& a = plans[i0];
+        const JobPlan& z = plans[i1];
+        const std::int64_t items = z.first_item - a.first_item, nw = i1 - i0;
 #pragma omp parallel num_threads(nthreads) if (items > 1)
-    {
-        Workspace w(*jobs[0].p, t, pack_k, extra);  // once per thread, before the task loop
-        if (w.block == nullptr) {
+        {
+            Workspace w(*jobs[0].p, t, pack_k, extra);  // once per thread, before the task loop
+            if (w.block == nullptr) {
 #pragma omp atomic write
-            alloc_failed = true;
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (std::int64_t item = 0; item < items; ++item) {
-            if (w.block == nullptr) continue;
-            const std::int64_t i = job_of(plans, n, &JobPlan::first_item, item);
-            const JobPlan& j = plans[i];
-            const SdpaProblem& p = *jobs[i].p;
-            const std::int64_t k = item - j.first_item;
-            if (j.chunks == 1) {
-                run_block<Ops>(p, t, jobs[i].drop, w, task_at(p, j.g, k));
-            } else {  // item k: chunk k % chunks of task k / chunks
-                const std::int64_t c0 = (k % j.chunks) * j.chunk, slot = j.first_slot + k;
-                run_chunk<Ops>(p, t, jobs[i].drop, w, task_at(p, j.g, k / j.chunks), c0, imin(p.Lk, c0 + j.chunk),
-                               partials + slot * sf);
+                alloc_failed = true;
             }
-        }
-        // (the omp for's barrier: every partial is written before a merge reads it)
 #pragma omp for schedule(dynamic, 1)
-        for (std::int64_t m = 0; m < merges; ++m) {
-            if (w.block == nullptr) continue;
-            const std::int64_t i = job_of(plans, n, &JobPlan::first_merge, m);
-            const JobPlan& j = plans[i];
-            const SdpaProblem& p = *jobs[i].p;
-            const std::int64_t task = m - j.first_merge, slot = j.first_slot + task * j.chunks;
-            merge_block<Ops>(p, t, jobs[i].drop, w, task_at(p, j.g, task), partials + slot * sf, j.chunks);
+            for (std::int64_t item = a.first_item; item < z.first_item; ++item) {
+                if (w.block == nullptr) continue;
+                const std::int64_t i = i0 + job_of(plans + i0, nw, &JobPlan::first_item, item);
+                const JobPlan& j = plans[i];
+                const SdpaProblem& p = *jobs[i].p;
+                const std::int64_t k = item - j.first_item;
+                if (j.chunks == 1) {
+                    run_block<Ops>(p, t, jobs[i].drop, w, task_at(p, j.g, k));
+                } else {  // item k: chunk k % chunks of task k / chunks
+                    const std::int64_t c0 = (k % j.chunks) * j.chunk, slot = j.first_slot - a.first_slot + k;
+                    run_chunk<Ops>(p, t, jobs[i].drop, w, task_at(p, j.g, k / j.chunks), c0, imin(p.Lk, c0 + j.chunk),
+                                   partials + slot * sf);
+                }
+            }
+            // (the omp for's barrier: every partial is written before a merge reads it)
+#pragma omp for schedule(dynamic, 1)
+            for (std::int64_t m = a.first_merge; m < z.first_merge; ++m) {
+                if (w.block == nullptr) continue;
+                const std::int64_t i = i0 + job_of(plans + i0, nw, &JobPlan::first_merge, m);
+                const JobPlan& j = plans[i];
+                const SdpaProblem& p = *jobs[i].p;
+                const std::int64_t task = m - j.first_merge, slot = j.first_slot - a.first_slot + task * j.chunks;
+                merge_block<Ops>(p, t, jobs[i].drop, w, task_at(p, j.g, task), partials + slot * sf, j.chunks);
+            }
         }
     }
     std::free(partials);
