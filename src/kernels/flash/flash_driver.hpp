@@ -722,9 +722,14 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
     // problem's; many split problems in one varlen batch could add up to far more). Almost always
     // one wave; a problem's items never change with the wave it is in.
     constexpr std::int64_t kMaxWaveFloats = 64LL << 20;  // 256 MiB, the per-problem cap
+    auto wave_end = [&](std::int64_t i0) {  // the wave starting at problem i0 is [i0, wave_end(i0))
+        std::int64_t i1 = i0 + 1;
+        while (i1 < n && (plans[i1 + 1].first_slot - plans[i0].first_slot) * sf <= kMaxWaveFloats) ++i1;
+        return i1;
+    };
     std::int64_t wave_slots = 0;  // the largest wave's
     for (std::int64_t i0 = 0, i1; i0 < n; i0 = i1) {
-        for (i1 = i0 + 1; i1 < n && (plans[i1 + 1].first_slot - plans[i0].first_slot) * sf <= kMaxWaveFloats; ++i1) {}
+        i1 = wave_end(i0);
         wave_slots = imax(wave_slots, plans[i1].first_slot - plans[i0].first_slot);
     }
     float* partials = nullptr;
@@ -738,7 +743,7 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
     const int nthreads = threads > 0 ? threads : omp_get_max_threads();
     bool alloc_failed = false;
     for (std::int64_t i0 = 0, i1; i0 < n && !alloc_failed; i0 = i1) {
-        for (i1 = i0 + 1; i1 < n && (plans[i1 + 1].first_slot - plans[i0].first_slot) * sf <= kMaxWaveFloats; ++i1) {}
+        i1 = wave_end(i0);
         const JobPlan& a = plans[i0];
         const JobPlan& z = plans[i1];
         const std::int64_t items = z.first_item - a.first_item, nw = i1 - i0;
