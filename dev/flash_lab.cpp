@@ -177,6 +177,7 @@ int main(int argc, char** argv) {
         } else if (a == "--mb") { tiles.Mb = std::stoi(next()); tiles_set_mb = true; }
         else if (a == "--nb") { tiles.Nb = std::stoi(next()); tiles_set_nb = true; }
         else if (a == "--splits") tiles.key_splits = std::stoi(next());  // key chunks per task (1: no split)
+        else if (a == "--group") tiles.query_group = std::stoi(next());  // query blocks per group (1: none)
         else if (a == "--isa") {
             const std::string n = next();
             isa = n == "portable" ? Isa::portable : n == "avx512" ? Isa::avx512 : Isa::avx2;

@@ -254,6 +254,10 @@ TEST(Bf16Compute, RandomCasesMatchReference) {
         EXPECT_TRUE(same_bits(one.out, two.out) && same_bits(one.lse, two.lse)) << c.desc << ": 1 vs 2 threads";
         const detail::FlashTiles split{64, 16, 3};  // each task's keys in 3 chunks, merged
         worst = std::max(worst, check(c, run_flash(c, *row, 2, &split), ref));
+        const detail::FlashTiles grouped{32, 16, 0, 3};  // query blocks of 32 in groups of 3: the same bits
+        const detail::FlashTiles alone{32, 16, 0, 1};
+        const Out g = run_flash(c, *row, 2, &grouped), a = run_flash(c, *row, 2, &alone);
+        EXPECT_TRUE(same_bits(g.out, a.out) && same_bits(g.lse, a.lse)) << c.desc << ": grouped vs one task at a time";
         if (HasFailure()) break;
     }
     std::printf("worst error / bound over the cases: %.3g\n", worst);

@@ -461,16 +461,23 @@ constexpr int kShards = 20;  // 20 × 26 = 520 random cases by default
 // Every kernel-table row this CPU can run (portable always; AVX2 when present).
 std::vector<const detail::KernelSet*> isas() { return detail::runnable_kernel_sets(); }
 
+// A case's Q, K and V in its layouts, filled from a generator seeded by its description.
+struct Inputs {
+    Buffer q, k, v;
+};
+Inputs make_inputs(const Case& c) {
+    std::mt19937_64 rng(std::hash<std::string>{}(c.desc));
+    Inputs in{make_buffer(DType::f32, c.B, c.Hq, c.Lq, c.Dk, c.lq, c.mq), make_buffer(DType::f32, c.B, c.Hkv, c.Lk, c.Dk, c.lk, c.mk),
+              make_buffer(DType::f32, c.B, c.Hkv, c.Lk, c.Dv, c.lv, c.mv)};
+    for (Buffer* b : {&in.q, &in.k, &in.v}) fill_normal(*b, rng, 1.0);
+    return in;
+}
+
 // Runs one case on every ISA × {1, 2} threads; returns the number of kernel runs checked.
 // `tiles` (null: the defaults) lets a test move the block boundaries.
 int run_case(const Case& c, Worst& worst, const detail::FlashTiles* tiles = nullptr) {
-    std::mt19937_64 rng(std::hash<std::string>{}(c.desc));
-    Buffer q = make_buffer(DType::f32, c.B, c.Hq, c.Lq, c.Dk, c.lq, c.mq);
-    Buffer k = make_buffer(DType::f32, c.B, c.Hkv, c.Lk, c.Dk, c.lk, c.mk);
-    Buffer v = make_buffer(DType::f32, c.B, c.Hkv, c.Lk, c.Dv, c.lv, c.mv);
-    fill_normal(q, rng, 1.0);
-    fill_normal(k, rng, 1.0);
-    fill_normal(v, rng, 1.0);
+    const Inputs in = make_inputs(c);
+    const Buffer &q = in.q, &k = in.k, &v = in.v;
     const AttentionSteps ref = reference_steps(q.view, k.view, v.view, c.opt);
     int runs = 0;
     for (const detail::KernelSet* isa : isas()) {
@@ -568,6 +575,54 @@ TEST(FlashFixed, KeySplitPolicy) {
     EXPECT_EQ(detail::flash_key_chunk(1, 1 << 20, 64, std::int64_t{1} << 26, 0), 0);
 }
 
+// Groups of query blocks (flash_query_group; flash_driver.hpp, "Groups of query blocks"): 2, 3
+// or 4 tasks in lockstep over their key blocks, forced on random cases (masks, windows whose
+// tasks start apart and run one by one, GQA, weights, lse, layouts, odd tiles, a last group
+// short of tasks): the reference's result, the same bits on 1 and 2 threads, and the bits of
+// the same tiles ungrouped.
+TEST(FlashFixed, QueryGroups) {
+    Worst worst;
+    const int n = std::min(20, cases_per_shard());
+    for (const detail::FlashTiles t : {detail::FlashTiles{16, 7, 0, 3}, detail::FlashTiles{32, 33, 0, 2}, detail::FlashTiles{16, 16, 0, 4}})
+        for (int i = 0; i < n; ++i) {
+            const Case c = random_case(940000 + static_cast<std::uint64_t>(i));
+            run_case(c, worst, &t);
+            const Inputs in = make_inputs(c);
+            detail::FlashTiles alone = t;
+            alone.query_group = 1;
+            for (const detail::KernelSet* isa : isas()) {
+                Outputs o[2] = {make_outputs(c), make_outputs(c)};
+                for (int g = 0; g < 2; ++g) {
+                    const TensorView lse = o[g].lse.view, w = o[g].weights.view;
+                    const detail::SdpaProblem p = detail::make_problem(in.q.view, in.k.view, in.v.view, c.opt, o[g].out.view,
+                                                                       c.want_lse ? &lse : nullptr, c.want_weights ? &w : nullptr);
+                    detail::flash_forward(p, *isa, 2, g == 0 ? &alone : &t);
+                }
+                EXPECT_TRUE(same_bits(o[0].out, o[1].out) && same_bits(o[0].lse, o[1].lse) && same_bits(o[0].weights, o[1].weights))
+                    << c.desc << " [" << detail::isa_name(isa->isa) << "]: grouped differs from one task at a time";
+            }
+            if (HasFailure()) {
+                ADD_FAILURE() << "tiles Mb=" << t.Mb << " Nb=" << t.Nb << " query_group=" << t.query_group;
+                return;
+            }
+        }
+}
+
+// When query blocks group: only when a head's K and V pass 1 MiB, as many as keep the group's
+// Qᵀ and Oᵀ within 256 KiB (at most kMaxQueryGroup), never below split_target(4) items.
+TEST(FlashFixed, QueryGroupPolicy) {
+    const std::int64_t target = detail::split_target(4), MiB = std::int64_t{1} << 20;
+    const std::int64_t d64 = (64 + 64) * 64 * 4, d256 = (256 + 256) * 64 * 4;  // Qᵀ + Oᵀ of a 64-query task
+    EXPECT_EQ(detail::flash_query_group(target, 64, MiB, d64, 0), 1) << "K/V within 1 MiB: no group";
+    EXPECT_EQ(detail::flash_query_group(target, 64, 16 * MiB, d64, 0), 4);
+    EXPECT_EQ(detail::flash_query_group(target, 64, 16 * MiB, d256, 0), 2) << "D = 256: two tasks' Qᵀ and Oᵀ fill 256 KiB";
+    EXPECT_EQ(detail::flash_query_group(target, 3, 16 * MiB, d64, 0), 3) << "no more than the row's query blocks";
+    EXPECT_EQ(detail::flash_query_group(1, 2 * target, 16 * MiB, d64, 0), 2) << "one row: groups of 2 keep split_target items";
+    EXPECT_EQ(detail::flash_query_group(1, target, 16 * MiB, d64, 0), 1) << "one row of split_target blocks: no group";
+    EXPECT_EQ(detail::flash_query_group(1, 1, 16 * MiB, d64, 3), 1) << "forced: still no more than the query blocks";
+    EXPECT_EQ(detail::flash_query_group(1, 64, 16, d64, 3), 3) << "forced 3";
+}
+
 // The merge's own overflow: keys 0, 64, 128 hold V = 2e38 in head-dim column 1, one per chunk of
 // 64 keys, and Q = 0 weighs every key alike, so each chunk's unnormalised Σ p·v is 2e38 (finite)
 // but their sum is not. The row is computed again whole (careful path): O = 3·2e38/192 in that
@@ -626,7 +681,9 @@ TEST(FlashFixed, KeySplitKeepsUnderflowedNonFiniteV) {
                     const std::string what = std::string(detail::isa_name(isa->isa)) + " splits " + std::to_string(splits) +
                                              " poison " + std::to_string(poison) + " row " + std::to_string(i);
                     EXPECT_FALSE(std::isfinite(o)) << what << ": got " << o;
-                    if (std::isnan(poison)) EXPECT_TRUE(std::isnan(o)) << what << ": got " << o;
+                    if (std::isnan(poison)) {
+                        EXPECT_TRUE(std::isnan(o)) << what << ": got " << o;
+                    }
                     EXPECT_EQ(out.data_as<float>()[i * D + 1], 0.0f) << what;
                 }
             }
@@ -754,7 +811,8 @@ TEST(FlashDropout, MatchesReference) {
 TEST(FlashDropout, OddTileBoundaries) {
     Worst worst;
     const int n = std::min(10, cases_per_shard());
-    for (const detail::FlashTiles t : {detail::FlashTiles{16, 7}, detail::FlashTiles{128, 33}, detail::FlashTiles{64, 16, 3}})
+    for (const detail::FlashTiles t : {detail::FlashTiles{16, 7}, detail::FlashTiles{128, 33}, detail::FlashTiles{64, 16, 3},
+                                       detail::FlashTiles{16, 7, 0, 3}})
         for (int i = 0; i < n; ++i) {
             Case c = random_case(710000 + static_cast<std::uint64_t>(i));
             c.opt.dropout_p = 0.3;

@@ -304,10 +304,11 @@ TEST(ModifiersKernels, FlashMatchesReferenceEveryRowAndThreadCount) {
             const Inputs in = random_case(rng, kind, false);
             const Result ref = run_reference(in);
             const Bound bd = bound_for(in, ref);
-            // The default tiles, then each task's keys in 3 chunks (the merge adds the sink once).
-            const detail::FlashTiles split{64, 16, 3};
+            // The default tiles, then each task's keys in 3 chunks (the merge adds the sink once),
+            // then query blocks of 16 in groups of 3 (each task's own sink and rows).
+            const detail::FlashTiles split{64, 16, 3}, grouped{16, 16, 0, 3};
             for (const detail::KernelSet* ks : detail::runnable_kernel_sets())
-            for (const detail::FlashTiles* tiles : {static_cast<const detail::FlashTiles*>(nullptr), &split}) {
+            for (const detail::FlashTiles* tiles : {static_cast<const detail::FlashTiles*>(nullptr), &split, &grouped}) {
                 Result first;
                 for (int threads : {1, 2}) {
                     const TensorView q = in.q, v = in.v;
@@ -317,7 +318,7 @@ TEST(ModifiersKernels, FlashMatchesReferenceEveryRowAndThreadCount) {
                     const detail::SdpaProblem p = detail::make_problem(in.q, in.k, in.v, in.opt, r.out, &l, nullptr);
                     detail::flash_forward(p, *ks, threads, tiles);
                     const std::string what = in.desc + " isa=" + detail::isa_name(ks->isa) + " threads=" + std::to_string(threads) +
-                                             (tiles ? " key_splits=3" : "");
+                                             (tiles == &split ? " key_splits=3" : tiles ? " query_group=3" : "");
                     expect_close(r, ref, bd, what);
                     if (threads == 1) first = std::move(r);
                     else EXPECT_TRUE(test::bit_equal(first.out, r.out) && test::bit_equal(first.lse, r.lse)) << what;
@@ -415,10 +416,11 @@ TEST(ModifiersKernels, FlashScoresOutputMatchesReference) {
                 o.impl = Impl::reference;
                 const ScoresOutput wso{want, st};
                 sdpa(in.q, in.k, in.v, o, dummy, nullptr, nullptr, nullptr, &wso);
-                // The default tiles, then a forced key split (the merge stores the scores from a fresh Qᵀ pack).
-                const detail::FlashTiles split{64, 16, 3};
+                // The default tiles, a forced key split (the merge stores the scores from a fresh Qᵀ
+                // pack), and groups of query blocks.
+                const detail::FlashTiles split{64, 16, 3}, grouped{16, 16, 0, 3};
                 for (const detail::KernelSet* ks : detail::runnable_kernel_sets())
-                for (const detail::FlashTiles* tiles : {static_cast<const detail::FlashTiles*>(nullptr), &split}) {
+                for (const detail::FlashTiles* tiles : {static_cast<const detail::FlashTiles*>(nullptr), &split, &grouped}) {
                     Tensor got = poisoned(DType::f32, ss), out = poisoned(DType::f32, dummy.shape());
                     detail::SdpaProblem p = detail::make_problem(in.q, in.k, in.v, in.opt, out, nullptr, nullptr);
                     detail::attach_scores(p, ScoresOutput{got, st});
@@ -426,7 +428,7 @@ TEST(ModifiersKernels, FlashScoresOutputMatchesReference) {
                     // the score bound E is bd.lse minus the (Lk+16)u and u·|lse| terms: use bd.lse, which contains it
                     EXPECT_TRUE(test::all_close(got, want, bd.lse, 0))
                         << in.desc << " stage=" << score_stage_name(st) << " isa=" << detail::isa_name(ks->isa)
-                        << (tiles ? " key_splits=3" : "");
+                        << (tiles == &split ? " key_splits=3" : tiles ? " query_group=3" : "");
                 }
             }
         }

@@ -255,7 +255,7 @@ std::vector<Problem> problems(std::int64_t Lq, std::int64_t Lk) {
 }
 
 // The default tiles, odd ones, and a forced key split (a chunk's non-finite partial: the merge recomputes).
-const detail::FlashTiles kTileSets[] = {{64, 64}, {16, 7}, {32, 16, 3}};
+const detail::FlashTiles kTileSets[] = {{64, 64}, {16, 7}, {32, 16, 3}, {16, 7, 0, 4}};
 
 TEST(NonFinite, FlashEveryRowAndThreads) {
     for (const Problem& P : problems(130, 130))

@@ -29,7 +29,9 @@
 //   O[i][d] = Oᵀ[d][i] / l[i];   lse[i] = m[i] + ln l[i]   (l = 0: O = 0, lse = −inf;
 //                                                          l NaN: O and lse NaN)
 // With few tasks for the machine's cores, a task's keys are split into chunks run as separate
-// items and merged per task afterwards ("Key splits" below).
+// items and merged per task afterwards ("Key splits" below); with keys that outgrow the L2, a
+// few consecutive query blocks of a head run in lockstep over the key blocks, so each K/V tile
+// is read from memory once for them ("Groups of query blocks" below).
 // Sinks: a row starts at m = σ_h, l = 1 (= e^{σ_h − m}), Oᵀ = 0 — the sink is one more
 // logit with value 0, and the online softmax rescales it like any key. A row with no
 // visible key then ends with O = 0 and lse = σ_h.
@@ -250,16 +252,16 @@ inline void start_rows(const SdpaProblem& p, Workspace& w, int nq, int ncols, bo
     }
 }
 
-// The key loop of one task: (m, l, Oᵀ) of the block's columns from keys [ulo, uhi).
-// careful (finite.hpp): V's large entries go to bigot, scaled by 2^-64, and every key block
-// takes the selecting path for non-finite entries. with_sinks: see start_rows.
+// The key loop of one task, in two parts (run_group interleaves several tasks' loops):
+// start_keys sets up (m, l, Oᵀ) of the block's columns for keys [ulo, uhi); key_block then
+// adds keys [j0, j0+nk), for j0 = ulo, ulo + Nb, … in turn. careful (finite.hpp): V's large
+// entries go to bigot, scaled by 2^-64, and every key block takes the selecting path for
+// non-finite entries. with_sinks: see start_rows. Returns whether ALiBi can zero a weight
+// (key_block's alibi_zeros).
 template <class Ops>
-void accumulate_keys(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, Workspace& w, std::int64_t b,
-                     std::int64_t hk, int nq, int panels, std::int64_t ulo, std::int64_t uhi, bool careful,
-                     bool with_sinks = true) {
-    const int ncols = panels * Ops::kPanel, ldS = t.Mb, ldO = t.Mb;
-    const float scale = static_cast<float>(p.scale);
-    start_rows(p, w, nq, ncols, with_sinks);
+bool start_keys(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::int64_t b, int nq, int panels,
+                std::int64_t ulo, std::int64_t uhi, bool careful, bool with_sinks) {
+    start_rows(p, w, nq, panels * Ops::kPanel, with_sinks);
     // ALiBi turns a finite score into −inf (a zero of P that V's NaN/inf must not meet) only
     // when a bias slope·|d − j| reaches 2^103: below that, s − bias rounds to a finite value
     // for every finite s (half an ulp of FLT_MAX is 2^103). Bound the block's biases once.
@@ -274,62 +276,76 @@ void accumulate_keys(const SdpaProblem& p, const FlashTiles& t, const Dropout& d
         }
         alibi_zeros = smax * dmax >= 0x1p100;
     }
-    const std::size_t acc_bytes = sizeof(float) * static_cast<std::size_t>(p.Dv) * static_cast<std::size_t>(ldO);
+    const std::size_t acc_bytes = sizeof(float) * static_cast<std::size_t>(p.Dv) * static_cast<std::size_t>(t.Mb);
     std::memset(w.ot, 0, acc_bytes);
     if (careful) std::memset(w.bigot, 0, acc_bytes);
+    return alibi_zeros;
+}
 
-    for (std::int64_t j0 = ulo; j0 < uhi; j0 += t.Nb) {
-        const std::int64_t nk = imin(t.Nb, uhi - j0);
-        bool partial = false;
-        for (int c = 0; c < nq && !partial; ++c) partial = w.lo[c] > j0 || w.hi[c] < j0 + nk;
-        score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, scale, partial);
+template <class Ops>
+void key_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, Workspace& w, std::int64_t b,
+               std::int64_t hk, int nq, int panels, std::int64_t j0, std::int64_t nk, bool careful, bool alibi_zeros) {
+    const int ncols = panels * Ops::kPanel, ldS = t.Mb, ldO = t.Mb;
+    const float scale = static_cast<float>(p.scale);
+    bool partial = false;
+    for (int c = 0; c < nq && !partial; ++c) partial = w.lo[c] > j0 || w.hi[c] < j0 + nk;
+    score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, scale, partial);
 
-        // Zeros of P only where a mask, ALiBi (a score that overflows to −inf: alibi_zeros) or
-        // dropout ran: V is checked there (finite.hpp). Softcap keeps every score finite.
-        const bool check = partial || p.has_elementwise_mask() || alibi_zeros || drop.active;
-        // The operand hooks' softmax packs Pᵀ for pv_block unless dropout changes it first, and
-        // keeps the float32 Pᵀ only for the paths that read it (dropout, checks, careful).
-        const bool p_packed = kOpsOwnOperands<Ops> && !drop.active;
-        if constexpr (kOpsOwnOperands<Ops>)
-            Ops::softmax_block(w, ldS, static_cast<int>(nk), ncols, p_packed, careful || check);
+    // Zeros of P only where a mask, ALiBi (a score that overflows to −inf: alibi_zeros) or
+    // dropout ran: V is checked there (finite.hpp). Softcap keeps every score finite.
+    const bool check = partial || p.has_elementwise_mask() || alibi_zeros || drop.active;
+    // The operand hooks' softmax packs Pᵀ for pv_block unless dropout changes it first, and
+    // keeps the float32 Pᵀ only for the paths that read it (dropout, checks, careful).
+    const bool p_packed = kOpsOwnOperands<Ops> && !drop.active;
+    if constexpr (kOpsOwnOperands<Ops>)
+        Ops::softmax_block(w, ldS, static_cast<int>(nk), ncols, p_packed, careful || check);
+    else
+        Ops::softmax(w.s, ldS, static_cast<int>(nk), ncols, w.m, w.l, w.alpha);
+    // One branch per tile: without dropout the tile goes straight to P·V.
+    if (drop.active) apply_dropout<Ops>(drop, w, b, nq, j0, nk, w.s, ldS);
+
+    const float* vp;
+    std::int64_t ldv;
+    bool select;
+    if (careful) {
+        // V's rows as float32 (16-bit: converted into vbuf; splitting in place is safe,
+        // each entry is read before its two parts are written).
+        const float* v = kv_tile_rows<Ops>(p, true, b, hk, j0, nk, p.Dv, w.vbuf, ldv);
+        select = false;
+        for (std::int64_t j = 0; j < nk; ++j)
+            for (std::int64_t d = 0; d < p.Dv; ++d)
+                select |= split_large(v[j * ldv + d], w.vbuf[j * p.Dv + d], w.vbig[j * p.Dv + d]);
+        vp = w.vbuf;
+        ldv = p.Dv;
+        pv_tile<Ops>(p, w, b, hk, j0, panels, nk, ldS, w.vbig, ldv, w.bigot, ldO, p_packed);
+    } else {
+        ldv = 0;
+        if constexpr (kOpsOwnOperands<Ops>)  // float32 rows only to check them; else the Ops reads V
+            vp = check ? Ops::v_rows(p, b, hk, j0, nk, w.vbuf, ldv) : nullptr;
         else
-            Ops::softmax(w.s, ldS, static_cast<int>(nk), ncols, w.m, w.l, w.alpha);
-        // One branch per tile: without dropout the tile goes straight to P·V.
-        if (drop.active) apply_dropout<Ops>(drop, w, b, nq, j0, nk, w.s, ldS);
-
-        const float* vp;
-        std::int64_t ldv;
-        bool select;
-        if (careful) {
-            // V's rows as float32 (16-bit: converted into vbuf; splitting in place is safe,
-            // each entry is read before its two parts are written).
-            const float* v = kv_tile_rows<Ops>(p, true, b, hk, j0, nk, p.Dv, w.vbuf, ldv);
-            select = false;
-            for (std::int64_t j = 0; j < nk; ++j)
-                for (std::int64_t d = 0; d < p.Dv; ++d)
-                    select |= split_large(v[j * ldv + d], w.vbuf[j * p.Dv + d], w.vbig[j * p.Dv + d]);
+            vp = kv_tile_rows<Ops>(p, true, b, hk, j0, nk, p.Dv, w.vbuf, ldv);
+        select = check && any_nonfinite(vp, ldv, nk, p.Dv);
+        if (select) {
+            if (vp != w.vbuf)  // rows in place (view or page): their head dim is contiguous
+                for (std::int64_t j = 0; j < nk; ++j) std::memcpy(w.vbuf + j * p.Dv, vp + j * ldv, sizeof(float) * static_cast<std::size_t>(p.Dv));
+            for (std::int64_t e = 0; e < nk * p.Dv; ++e)
+                if (nonfinite_f32(w.vbuf[e])) w.vbuf[e] = 0.0f;
             vp = w.vbuf;
             ldv = p.Dv;
-            pv_tile<Ops>(p, w, b, hk, j0, panels, nk, ldS, w.vbig, ldv, w.bigot, ldO, p_packed);
-        } else {
-            ldv = 0;
-            if constexpr (kOpsOwnOperands<Ops>)  // float32 rows only to check them; else the Ops reads V
-                vp = check ? Ops::v_rows(p, b, hk, j0, nk, w.vbuf, ldv) : nullptr;
-            else
-                vp = kv_tile_rows<Ops>(p, true, b, hk, j0, nk, p.Dv, w.vbuf, ldv);
-            select = check && any_nonfinite(vp, ldv, nk, p.Dv);
-            if (select) {
-                if (vp != w.vbuf)  // rows in place (view or page): their head dim is contiguous
-                    for (std::int64_t j = 0; j < nk; ++j) std::memcpy(w.vbuf + j * p.Dv, vp + j * ldv, sizeof(float) * static_cast<std::size_t>(p.Dv));
-                for (std::int64_t e = 0; e < nk * p.Dv; ++e)
-                    if (nonfinite_f32(w.vbuf[e])) w.vbuf[e] = 0.0f;
-                vp = w.vbuf;
-                ldv = p.Dv;
-            }
         }
-        pv_tile<Ops>(p, w, b, hk, j0, panels, nk, ldS, vp, ldv, w.ot, ldO, p_packed);
-        if (select) add_nonfinite_v<Ops>(p, w, b, hk, j0, nk, ncols, ldS, ldO);
     }
+    pv_tile<Ops>(p, w, b, hk, j0, panels, nk, ldS, vp, ldv, w.ot, ldO, p_packed);
+    if (select) add_nonfinite_v<Ops>(p, w, b, hk, j0, nk, ncols, ldS, ldO);
+}
+
+// The whole key loop of one task: (m, l, Oᵀ) of the block's columns from keys [ulo, uhi).
+template <class Ops>
+void accumulate_keys(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, Workspace& w, std::int64_t b,
+                     std::int64_t hk, int nq, int panels, std::int64_t ulo, std::int64_t uhi, bool careful,
+                     bool with_sinks = true) {
+    const bool alibi_zeros = start_keys<Ops>(p, t, w, b, nq, panels, ulo, uhi, careful, with_sinks);
+    for (std::int64_t j0 = ulo; j0 < uhi; j0 += t.Nb)
+        key_block<Ops>(p, t, drop, w, b, hk, nq, panels, j0, imin(t.Nb, uhi - j0), careful, alibi_zeros);
 }
 
 // A task's coordinates: queries [i0, i0+nq_head) of the nh query heads h0.. (all reading KV
@@ -504,6 +520,50 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     finish_block<Ops>(p, t, drop, w, a.b, a.hk, k, careful, store);
 }
 
+// ── Groups of query blocks (flash_query_group: long key ranges) ────────────────────────
+// A task streams every K and V row it can see; when a head's K and V are larger than the
+// caches hold (Lk in the tens of thousands), each task reads them from memory again and the
+// products wait for it. A group runs n tasks of one (b, KV head) — consecutive query blocks —
+// in lockstep over their key blocks: key block j0 of task 0, of task 1, …, then the next, so
+// the rows are read from memory once for the n tasks and then from the L2 (each task's Qᵀ,
+// Sᵀ and Oᵀ stay in its own workspace). Each task's own steps and their order are run_block's,
+// so the bits are too. The lockstep needs every task's key blocks to start at the same key:
+// a group whose tasks' visible ranges start apart (a sliding window) runs task by task.
+template <class Ops>
+void run_group(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, Workspace* const* ws, const TaskAt* a,
+               int n) {
+    BlockCols k[kMaxQueryGroup];
+    std::int64_t ulo = p.Lk, uhi = 0;
+    bool aligned = true;
+    for (int i = 0; i < n; ++i) {
+        k[i] = block_columns<Ops>(p, *ws[i], a[i]);
+        if (k[i].ulo >= k[i].uhi) continue;  // sees no key
+        aligned = aligned && (uhi == 0 || k[i].ulo == ulo);
+        ulo = imin(ulo, k[i].ulo);
+        uhi = imax(uhi, k[i].uhi);
+    }
+    if (n == 1 || !aligned) {
+        for (int i = 0; i < n; ++i) run_block<Ops>(p, t, drop, *ws[i], a[i]);
+        return;
+    }
+    bool alibi_zeros[kMaxQueryGroup];
+    for (int i = 0; i < n; ++i) {
+        pack_block_q<Ops>(p, *ws[i], a[i].b, k[i]);
+        alibi_zeros[i] = start_keys<Ops>(p, t, *ws[i], a[i].b, k[i].nq, k[i].panels, k[i].ulo, k[i].uhi, false, true);
+    }
+    for (std::int64_t j0 = ulo; j0 < uhi; j0 += t.Nb)
+        for (int i = 0; i < n; ++i)
+            if (j0 >= k[i].ulo && j0 < k[i].uhi)
+                key_block<Ops>(p, t, drop, *ws[i], a[i].b, a[i].hk, k[i].nq, k[i].panels, j0, imin(t.Nb, k[i].uhi - j0),
+                               false, alibi_zeros[i]);
+    for (int i = 0; i < n; ++i) {  // the rest of run_block, task by task
+        Workspace& w = *ws[i];
+        const bool careful = any_nonfinite(w.ot, t.Mb, p.Dv, k[i].nq);
+        if (careful) accumulate_keys<Ops>(p, t, drop, w, a[i].b, a[i].hk, k[i].nq, k[i].panels, k[i].ulo, k[i].uhi, true);
+        finish_block<Ops>(p, t, drop, w, a[i].b, a[i].hk, k[i], careful);
+    }
+}
+
 // ── Key splits (flash_key_chunk: few tasks on many cores) ────────────────────────────────
 // A split task runs as one item per key chunk [c0, c1), each leaving its partial — the
 // columns' (m, l) without the sink and their unnormalised Oᵀ — in a slot of its own; after
@@ -643,6 +703,11 @@ inline TaskGrid task_grid(const SdpaProblem& p, const FlashTiles& t) {
     return g;
 }
 
+// Bytes of one key's K row and V row (flash_query_group).
+inline std::int64_t kv_row_bytes(const SdpaProblem& p) {
+    return p.Dk * static_cast<std::int64_t>(dtype_size(p.k.dtype())) + p.Dv * static_cast<std::int64_t>(dtype_size(p.v.dtype()));
+}
+
 // Task `task` of problem p (0 <= task < g.tasks).
 inline TaskAt task_at(const SdpaProblem& p, const TaskGrid& g, std::int64_t task) {
     // Query blocks last to first: under a causal mask (either alignment) a later block
@@ -665,6 +730,8 @@ inline TaskAt task_at(const SdpaProblem& p, const TaskGrid& g, std::int64_t task
 struct JobPlan {
     TaskGrid g;
     std::int64_t chunk = 0, chunks = 1;
+    int group = 1;                 // query blocks per item (run_group) when chunks = 1
+    std::int64_t group_items = 0;  // items per row of qblocks tasks: ⌈qblocks / group⌉
     std::int64_t first_item = 0, first_slot = 0, first_merge = 0;
 };
 
@@ -680,8 +747,9 @@ inline std::int64_t job_of(const JobPlan* plans, std::int64_t n, std::int64_t Jo
 }
 
 // A batch of problems (FlashJob: sdpa_varlen's sequences, or one problem): the items of all
-// of them in one list over OpenMP threads — a whole task (problem, b, h, query block), or a
-// task's key chunk when the problem splits its keys (flash_key_chunk) — in the order given
+// of them in one list over OpenMP threads — a whole task (problem, b, h, query block), a group
+// of consecutive query blocks of one head (flash_query_group), or a task's key chunk when the
+// problem splits its keys (flash_key_chunk) — in the order given
 // (flash_forward_batch puts the problems with the longest tasks first), so a batch pays one
 // fork/join and one tail instead of one per problem; then the split tasks' merges. Each item
 // is computed by one thread from start to end in a fixed order, and a problem's split depends
@@ -699,6 +767,7 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
     JobPlan* plans = static_cast<JobPlan*>(std::malloc(sizeof(JobPlan) * static_cast<std::size_t>(n + 1)));
     if (plans == nullptr) throw std::bad_alloc();
     bool pack_k = false;
+    int max_group = 1;
     std::size_t extra = 0;
     const std::int64_t sf = slot_floats(*jobs[0].p, t);  // the same head dims in every problem
     JobPlan sum;
@@ -709,7 +778,13 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
         j.g = task_grid(p, t);
         j.chunk = flash_key_chunk(j.g.tasks, p.Lk, t.Nb, sf, t.key_splits);
         j.chunks = j.chunk > 0 ? (p.Lk + j.chunk - 1) / j.chunk : 1;
-        sum.first_item += j.g.tasks * j.chunks;
+        const std::int64_t rows = j.g.tasks / j.g.qblocks;
+        j.group = j.chunks > 1 ? 1
+                               : flash_query_group(rows, j.g.qblocks, p.Lk * kv_row_bytes(p),
+                                                   (p.Dk + p.Dv) * t.Mb * static_cast<std::int64_t>(sizeof(float)), t.query_group);
+        j.group_items = (j.g.qblocks + j.group - 1) / j.group;
+        sum.first_item += j.chunks > 1 ? j.g.tasks * j.chunks : rows * j.group_items;
+        max_group = j.group > max_group ? j.group : max_group;
         if (j.chunks > 1) {
             sum.first_slot += j.g.tasks * j.chunks;
             sum.first_merge += j.g.tasks;
@@ -749,20 +824,32 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
         const std::int64_t items = z.first_item - a.first_item, nw = i1 - i0;
 #pragma omp parallel num_threads(nthreads) if (items > 1)
         {
-            Workspace w(*jobs[0].p, t, pack_k, extra);  // once per thread, before the task loop
-            if (w.block == nullptr) {
+            // Once per thread, before the task loop: one workspace per task of a group.
+            alignas(Workspace) unsigned char raw[kMaxQueryGroup][sizeof(Workspace)];
+            Workspace* ws[kMaxQueryGroup] = {};
+            bool failed = false;
+            for (int g = 0; g < max_group; ++g) {
+                ws[g] = new (raw[g]) Workspace(*jobs[0].p, t, pack_k, extra);
+                failed = failed || ws[g]->block == nullptr;
+            }
+            Workspace& w = *ws[0];
+            if (failed) {
 #pragma omp atomic write
                 alloc_failed = true;
             }
 #pragma omp for schedule(dynamic, 1)
             for (std::int64_t item = a.first_item; item < z.first_item; ++item) {
-                if (w.block == nullptr) continue;
+                if (failed) continue;
                 const std::int64_t i = i0 + job_of(plans + i0, nw, &JobPlan::first_item, item);
                 const JobPlan& j = plans[i];
                 const SdpaProblem& p = *jobs[i].p;
                 const std::int64_t k = item - j.first_item;
-                if (j.chunks == 1) {
-                    run_block<Ops>(p, t, jobs[i].drop, w, task_at(p, j.g, k));
+                if (j.chunks == 1) {  // item k: a group of query blocks of row k / group_items
+                    const std::int64_t r = k % j.group_items, first = (k / j.group_items) * j.g.qblocks + r * j.group;
+                    const int count = static_cast<int>(imin(j.group, j.g.qblocks - r * j.group));
+                    TaskAt at[kMaxQueryGroup];
+                    for (int g = 0; g < count; ++g) at[g] = task_at(p, j.g, first + g);
+                    run_group<Ops>(p, t, jobs[i].drop, ws, at, count);
                 } else {  // item k: chunk k % chunks of task k / chunks
                     const std::int64_t c0 = (k % j.chunks) * j.chunk, slot = j.first_slot - a.first_slot + k;
                     run_chunk<Ops>(p, t, jobs[i].drop, w, task_at(p, j.g, k / j.chunks), c0, imin(p.Lk, c0 + j.chunk),
@@ -772,13 +859,14 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
             // (the omp for's barrier: every partial is written before a merge reads it)
 #pragma omp for schedule(dynamic, 1)
             for (std::int64_t m = a.first_merge; m < z.first_merge; ++m) {
-                if (w.block == nullptr) continue;
+                if (failed) continue;
                 const std::int64_t i = i0 + job_of(plans + i0, nw, &JobPlan::first_merge, m);
                 const JobPlan& j = plans[i];
                 const SdpaProblem& p = *jobs[i].p;
                 const std::int64_t task = m - j.first_merge, slot = j.first_slot - a.first_slot + task * j.chunks;
                 merge_block<Ops>(p, t, jobs[i].drop, w, task_at(p, j.g, task), partials + slot * sf, j.chunks);
             }
+            for (int g = 0; g < max_group; ++g) ws[g]->~Workspace();
         }
     }
     std::free(partials);
