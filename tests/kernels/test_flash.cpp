@@ -576,9 +576,9 @@ TEST(FlashFixed, KeySplitPolicy) {
 }
 
 // Groups of query blocks (flash_query_group; flash_driver.hpp, "Groups of query blocks"): 2, 3
-// or 4 tasks in lockstep over their key blocks, forced on random cases (masks, windows whose
-// tasks start apart and run one by one, GQA, weights, lse, layouts, odd tiles, a last group
-// short of tasks): the reference's result, the same bits on 1 and 2 threads, and the bits of
+// or 4 tasks of a KV head in lockstep over their key blocks, forced on random cases (masks,
+// windows whose tasks start apart and run one by one, GQA groups across query heads, weights,
+// lse, layouts, odd tiles, a last group short of tasks): the reference's result, the same bits on 1 and 2 threads, and the bits of
 // the same tiles ungrouped.
 TEST(FlashFixed, QueryGroups) {
     Worst worst;
@@ -608,7 +608,7 @@ TEST(FlashFixed, QueryGroups) {
         }
 }
 
-// When query blocks group: only when a head's K and V pass 1 MiB, as many as keep the group's
+// When tasks group: only when a head's K and V pass 1 MiB, as many as keep the group's
 // Qᵀ and Oᵀ within 256 KiB (at most kMaxQueryGroup), never below split_target(4) items.
 TEST(FlashFixed, QueryGroupPolicy) {
     const std::int64_t target = detail::split_target(4), MiB = std::int64_t{1} << 20;
@@ -616,9 +616,9 @@ TEST(FlashFixed, QueryGroupPolicy) {
     EXPECT_EQ(detail::flash_query_group(target, 64, MiB, d64, 0), 1) << "K/V within 1 MiB: no group";
     EXPECT_EQ(detail::flash_query_group(target, 64, 16 * MiB, d64, 0), 4);
     EXPECT_EQ(detail::flash_query_group(target, 64, 16 * MiB, d256, 0), 2) << "D = 256: two tasks' Qᵀ and Oᵀ fill 256 KiB";
-    EXPECT_EQ(detail::flash_query_group(target, 3, 16 * MiB, d64, 0), 3) << "no more than the row's query blocks";
-    EXPECT_EQ(detail::flash_query_group(1, 2 * target, 16 * MiB, d64, 0), 2) << "one row: groups of 2 keep split_target items";
-    EXPECT_EQ(detail::flash_query_group(1, target, 16 * MiB, d64, 0), 1) << "one row of split_target blocks: no group";
+    EXPECT_EQ(detail::flash_query_group(target, 3, 16 * MiB, d64, 0), 3) << "no more than the KV head's tasks";
+    EXPECT_EQ(detail::flash_query_group(1, 2 * target, 16 * MiB, d64, 0), 2) << "one KV head: groups of 2 keep split_target items";
+    EXPECT_EQ(detail::flash_query_group(1, target, 16 * MiB, d64, 0), 1) << "one KV head of split_target tasks: no group";
     EXPECT_EQ(detail::flash_query_group(1, 1, 16 * MiB, d64, 3), 1) << "forced: still no more than the query blocks";
     EXPECT_EQ(detail::flash_query_group(1, 64, 16, d64, 3), 3) << "forced 3";
 }

@@ -20,12 +20,12 @@ struct FlashTiles {
     int Nb = 64;
     // Key chunks per task (the lab and tests force a split with it); 0: flash_key_chunk decides.
     int key_splits = 0;
-    // Query blocks per group (1 .. kMaxQueryGroup; the lab and tests force it); 0:
+    // Tasks per group of query blocks (1 .. kMaxQueryGroup; the lab and tests force it); 0:
     // flash_query_group decides.
     int query_group = 0;
 };
 
-// At most this many query blocks run as one group (flash_driver.hpp, "Groups of query blocks").
+// At most this many tasks (query blocks) run as one group (flash_driver.hpp, "Groups of query blocks").
 inline constexpr int kMaxQueryGroup = 4;
 
 // One problem of a flash call with its dropout (SdpaProblem::dropout()): the unit the ISA
@@ -50,15 +50,15 @@ FlashTiles flash_default_tiles(std::int64_t Dk, std::int64_t Dv);
 std::int64_t flash_key_chunk(std::int64_t tasks, std::int64_t Lk, int Nb, std::int64_t slot_floats,
                              int forced_splits);
 
-// Query blocks per work item for a problem whose tasks are not split: consecutive query blocks
-// of one (b, KV head) run as a group in lockstep over the key blocks, so each K/V tile is read
-// from memory once per group instead of once per task (flash_driver.hpp, "Groups of query
-// blocks"; measured in docs/kernels.md). rows: the problem's rows of qblocks tasks (b, KV head,
-// head chunk); head_kv_bytes: the K and V bytes one task streams (Lk keys); task_bytes: a
-// task's Qᵀ and Oᵀ. Groups only where a head's K and V outgrow a core's L2, never to fewer
-// than split_target(4) items. forced > 0 (FlashTiles::query_group) asks for that many
-// instead. Groups change no result.
-int flash_query_group(std::int64_t rows, std::int64_t qblocks, std::int64_t head_kv_bytes, std::int64_t task_bytes,
+// Tasks per work item for a problem whose tasks are not split: consecutive tasks of one
+// (b, KV head) — query blocks of a head, or of the heads sharing the KV head — run as a group in
+// lockstep over the key blocks, so each K/V tile is read from memory once per group instead of
+// once per task (flash_driver.hpp, "Groups of query blocks"; measured in docs/kernels.md).
+// kv_heads: the problem's B·Hkv; kv_tasks: the tasks of each; head_kv_bytes: the K and V
+// bytes one task streams (Lk keys); task_bytes: a task's Qᵀ and Oᵀ. Groups only where a head's
+// K and V outgrow a core's L2, never to fewer than split_target(4) items. forced > 0
+// (FlashTiles::query_group) asks for that many instead. Groups change no result.
+int flash_query_group(std::int64_t kv_heads, std::int64_t kv_tasks, std::int64_t head_kv_bytes, std::int64_t task_bytes,
                       int forced);
 
 // Empty when the flash kernel supports the problem, else the reason it declines

@@ -523,8 +523,9 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
 // ── Groups of query blocks (flash_query_group: long key ranges) ────────────────────────
 // A task streams every K and V row it can see; when a head's K and V are larger than the
 // caches hold (Lk in the tens of thousands), each task reads them from memory again and the
-// products wait for it. A group runs n tasks of one (b, KV head) — consecutive query blocks —
-// in lockstep over their key blocks: key block j0 of task 0, of task 1, …, then the next, so
+// products wait for it. A group runs n consecutive tasks of one (b, KV head) — query blocks of
+// one query head, or of the heads that share the KV head (GQA) — in lockstep over their key
+// blocks: key block j0 of task 0, of task 1, …, then the next, so
 // the rows are read from memory once for the n tasks and then from the L2 (each task's Qᵀ,
 // Sᵀ and Oᵀ stay in its own workspace). Each task's own steps and their order are run_block's,
 // so the bits are too. The lockstep needs every task's key blocks to start at the same key:
@@ -730,8 +731,8 @@ inline TaskAt task_at(const SdpaProblem& p, const TaskGrid& g, std::int64_t task
 struct JobPlan {
     TaskGrid g;
     std::int64_t chunk = 0, chunks = 1;
-    int group = 1;                 // query blocks per item (run_group) when chunks = 1
-    std::int64_t group_items = 0;  // items per row of qblocks tasks: ⌈qblocks / group⌉
+    int group = 1;                 // tasks per item (run_group) when chunks = 1
+    std::int64_t group_items = 0;  // items per (b, KV head): ⌈hchunks·qblocks / group⌉
     std::int64_t first_item = 0, first_slot = 0, first_merge = 0;
 };
 
@@ -748,7 +749,7 @@ inline std::int64_t job_of(const JobPlan* plans, std::int64_t n, std::int64_t Jo
 
 // A batch of problems (FlashJob: sdpa_varlen's sequences, or one problem): the items of all
 // of them in one list over OpenMP threads — a whole task (problem, b, h, query block), a group
-// of consecutive query blocks of one head (flash_query_group), or a task's key chunk when the
+// of consecutive tasks of one KV head (flash_query_group), or a task's key chunk when the
 // problem splits its keys (flash_key_chunk) — in the order given
 // (flash_forward_batch puts the problems with the longest tasks first), so a batch pays one
 // fork/join and one tail instead of one per problem; then the split tasks' merges. Each item
@@ -778,12 +779,12 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
         j.g = task_grid(p, t);
         j.chunk = flash_key_chunk(j.g.tasks, p.Lk, t.Nb, sf, t.key_splits);
         j.chunks = j.chunk > 0 ? (p.Lk + j.chunk - 1) / j.chunk : 1;
-        const std::int64_t rows = j.g.tasks / j.g.qblocks;
+        const std::int64_t kv_tasks = j.g.hchunks * j.g.qblocks, kv_heads = p.B * p.Hkv;  // tasks per (b, KV head)
         j.group = j.chunks > 1 ? 1
-                               : flash_query_group(rows, j.g.qblocks, p.Lk * kv_row_bytes(p),
+                               : flash_query_group(kv_heads, kv_tasks, p.Lk * kv_row_bytes(p),
                                                    (p.Dk + p.Dv) * t.Mb * static_cast<std::int64_t>(sizeof(float)), t.query_group);
-        j.group_items = (j.g.qblocks + j.group - 1) / j.group;
-        sum.first_item += j.chunks > 1 ? j.g.tasks * j.chunks : rows * j.group_items;
+        j.group_items = (kv_tasks + j.group - 1) / j.group;
+        sum.first_item += j.chunks > 1 ? j.g.tasks * j.chunks : kv_heads * j.group_items;
         max_group = j.group > max_group ? j.group : max_group;
         if (j.chunks > 1) {
             sum.first_slot += j.g.tasks * j.chunks;
@@ -844,9 +845,10 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
                 const JobPlan& j = plans[i];
                 const SdpaProblem& p = *jobs[i].p;
                 const std::int64_t k = item - j.first_item;
-                if (j.chunks == 1) {  // item k: a group of query blocks of row k / group_items
-                    const std::int64_t r = k % j.group_items, first = (k / j.group_items) * j.g.qblocks + r * j.group;
-                    const int count = static_cast<int>(imin(j.group, j.g.qblocks - r * j.group));
+                if (j.chunks == 1) {  // item k: a group of the tasks of (b, KV head) k / group_items
+                    const std::int64_t kv_tasks = j.g.hchunks * j.g.qblocks, r = k % j.group_items;
+                    const std::int64_t first = (k / j.group_items) * kv_tasks + r * j.group;
+                    const int count = static_cast<int>(imin(j.group, kv_tasks - r * j.group));
                     TaskAt at[kMaxQueryGroup];
                     for (int g = 0; g < count; ++g) at[g] = task_at(p, j.g, first + g);
                     run_group<Ops>(p, t, jobs[i].drop, ws, at, count);
