@@ -621,6 +621,13 @@ TEST(FlashFixed, QueryGroupPolicy) {
     EXPECT_EQ(detail::flash_query_group(1, target, 16 * MiB, d64, 0), 1) << "one KV head of split_target tasks: no group";
     EXPECT_EQ(detail::flash_query_group(1, 1, 16 * MiB, d64, 3), 1) << "forced: still no more than the query blocks";
     EXPECT_EQ(detail::flash_query_group(1, 64, 16, d64, 3), 3) << "forced 3";
+    // A forced size outside [0, kMaxQueryGroup] is refused before anything runs.
+    Tensor q(DType::f32, Shape{1, 1, 8, 4}), out = test::poisoned(DType::f32, Shape{1, 1, 8, 4});
+    const detail::SdpaProblem p = detail::make_problem(q.view(), q.view(), q.view(), SdpaOptions{}, out.view(), nullptr, nullptr);
+    for (int bad : {-1, detail::kMaxQueryGroup + 1}) {
+        const detail::FlashTiles t{64, 64, 0, bad};
+        EXPECT_THROW(detail::flash_forward(p, *isas()[0], 1, &t), Error) << "query_group " << bad;
+    }
 }
 
 // The merge's own overflow: keys 0, 64, 128 hold V = 2e38 in head-dim column 1, one per chunk of

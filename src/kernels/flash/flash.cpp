@@ -80,6 +80,10 @@ void flash_forward_batch(const SdpaProblem* ps, std::size_t n, const KernelSet& 
         throw Error("flash tiles: Mb must be a multiple of 16 in [16, 4096] and Nb in [1, 4096] but got Mb=" +
                     std::to_string(t.Mb) + " Nb=" + std::to_string(t.Nb));
     }
+    if (t.query_group < 0 || t.query_group > kMaxQueryGroup) {
+        throw Error("flash tiles: query_group must be in [0, " + std::to_string(kMaxQueryGroup) +
+                    "] (0: the policy decides) but got " + std::to_string(t.query_group));
+    }
     if (threads <= 0) threads = num_threads();  // the one thread setting (attn/threads.hpp)
     // bf16 compute (isa.hpp: a member of the avx512 row, not a row): Q, K, V all bfloat16 on
     // a CPU with AVX-512 BF16. Any other mix runs the row's float32 path.
