@@ -1,9 +1,13 @@
 // Kernel lab for the flash forward (docs/design.md, "The kernel lab"): validate a slice against the
 // reference, then time. Not a benchmark (that is `attn bench`); a tool to choose tiles.
 //
-//   flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--splits N]
+//   flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--splits N] [--group N]
 //             [--isa portable|avx2|avx512] [--threads N] [--reps N] [--peak] [--no-check] [--no-warmup] [--paired N] [--mha-layout]
+//             [--huge]
 //
+// --splits N: each task's keys in N chunks (1: none); --group N: N query blocks per group in
+// lockstep over the key blocks (1: none; flash_driver.hpp, "Groups of query blocks"). Without
+// them the kernel's own policy decides, as in a real call.
 // --mha-layout: Q, K, V and out are the stride views the MHA layer hands to sdpa (S6): rows
 // b·L + l of one (B·L, 3·H·D) QKV buffer (out: (B·L, H·D)), columns (which, head, d); needs Lq = Lk.
 // --huge: Q, K, V and out in 2 MiB-aligned buffers advised MADV_HUGEPAGE (transparent huge
