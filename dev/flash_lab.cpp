@@ -156,7 +156,7 @@ void fill(const Tensor& t, unsigned seed) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
     std::int64_t B = 1, H = 16, Lq = 4096, Lk = 4096, D = 64, Hkv = 0;
     bool causal = false, peak = false, check = true, warmup = true, mha_layout = false, huge = false;
     int paired = 0;
@@ -336,4 +336,15 @@ int main(int argc, char** argv) {
                 isa_name(isa), threads, tiles.Mb, tiles.Nb, med, t.front(), flops / med / 1e9, flops / t.front() / 1e9,
                 flops / ct[ct.size() / 2] / 1e9, (std::string(mha_layout ? " [mha layout]" : "") + (huge ? " [huge pages]" : "")).c_str());
     return 0;
+}
+
+// Bad arguments (tile sizes, shapes) come back as attn::Error or std::invalid_argument: say so
+// and exit 2 instead of terminating.
+int main(int argc, char** argv) {
+    try {
+        return run(argc, argv);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "flash_lab: %s\n", e.what());
+        return 2;
+    }
 }
