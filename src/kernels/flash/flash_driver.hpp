@@ -505,6 +505,18 @@ void finish_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop
     }
 }
 
+// A task after its key loop (w.m, w.l, w.ot over every visible key): overflow of Σ p·v (large
+// finite V) or a visible NaN/±inf computes the loop again carefully; then the outputs (store:
+// see finish_block). Padding columns (c ≥ nq) are not looked at: they accumulate V too but
+// nothing reads them.
+template <class Ops>
+void finish_task(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, Workspace& w, const TaskAt& a,
+                 const BlockCols& k, const unsigned char* store = nullptr) {
+    const bool careful = any_nonfinite(w.ot, t.Mb, p.Dv, k.nq);
+    if (careful) accumulate_keys<Ops>(p, t, drop, w, a.b, a.hk, k.nq, k.panels, k.ulo, k.uhi, true);
+    finish_block<Ops>(p, t, drop, w, a.b, a.hk, k, careful, store);
+}
+
 // One task, whole: its columns, Qᵀ, the key loop over every visible key, the outputs (store:
 // see finish_block).
 template <class Ops>
@@ -513,11 +525,7 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     const BlockCols k = block_columns<Ops>(p, w, a);
     pack_block_q<Ops>(p, w, a.b, k);
     accumulate_keys<Ops>(p, t, drop, w, a.b, a.hk, k.nq, k.panels, k.ulo, k.uhi, false);
-    // Overflow of Σ p·v (large finite V) or a visible NaN/±inf: compute again carefully.
-    // Padding columns (c ≥ nq) are not looked at: they accumulate V too but nothing reads them.
-    const bool careful = any_nonfinite(w.ot, t.Mb, p.Dv, k.nq);
-    if (careful) accumulate_keys<Ops>(p, t, drop, w, a.b, a.hk, k.nq, k.panels, k.ulo, k.uhi, true);
-    finish_block<Ops>(p, t, drop, w, a.b, a.hk, k, careful, store);
+    finish_task<Ops>(p, t, drop, w, a, k, store);
 }
 
 // ── Groups of query blocks (flash_query_group: long key ranges) ────────────────────────
@@ -533,6 +541,10 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
 template <class Ops>
 void run_group(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, Workspace* const* ws, const TaskAt* a,
                int n) {
+    if (n == 1) {  // most items: an ungrouped task
+        run_block<Ops>(p, t, drop, *ws[0], a[0]);
+        return;
+    }
     BlockCols k[kMaxQueryGroup];
     std::int64_t ulo = p.Lk, uhi = 0;
     bool aligned = true;
@@ -543,7 +555,7 @@ void run_group(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
         ulo = imin(ulo, k[i].ulo);
         uhi = imax(uhi, k[i].uhi);
     }
-    if (n == 1 || !aligned) {
+    if (!aligned) {  // rare (windows): task by task (each run_block sets its columns again)
         for (int i = 0; i < n; ++i) run_block<Ops>(p, t, drop, *ws[i], a[i]);
         return;
     }
@@ -557,12 +569,7 @@ void run_group(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
             if (j0 >= k[i].ulo && j0 < k[i].uhi)
                 key_block<Ops>(p, t, drop, *ws[i], a[i].b, a[i].hk, k[i].nq, k[i].panels, j0, imin(t.Nb, k[i].uhi - j0),
                                false, alibi_zeros[i]);
-    for (int i = 0; i < n; ++i) {  // the rest of run_block, task by task
-        Workspace& w = *ws[i];
-        const bool careful = any_nonfinite(w.ot, t.Mb, p.Dv, k[i].nq);
-        if (careful) accumulate_keys<Ops>(p, t, drop, w, a[i].b, a[i].hk, k[i].nq, k[i].panels, k[i].ulo, k[i].uhi, true);
-        finish_block<Ops>(p, t, drop, w, a[i].b, a[i].hk, k[i], careful);
-    }
+    for (int i = 0; i < n; ++i) finish_task<Ops>(p, t, drop, *ws[i], a[i], k[i]);
 }
 
 // ── Key splits (flash_key_chunk: few tasks on many cores) ────────────────────────────────
@@ -693,6 +700,7 @@ void merge_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop,
 // head of the group.
 struct TaskGrid {
     std::int64_t qpb = 0, hpb = 0, qblocks = 0, hchunks = 0, tasks = 0;
+    std::int64_t kv_tasks = 0;  // tasks per (b, KV head): hchunks · qblocks, consecutive in task order
 };
 inline TaskGrid task_grid(const SdpaProblem& p, const FlashTiles& t) {
     TaskGrid g;
@@ -700,7 +708,8 @@ inline TaskGrid task_grid(const SdpaProblem& p, const FlashTiles& t) {
     g.hpb = imax(1, imin(p.group, t.Mb / g.qpb));         // heads per block
     g.qblocks = (p.Lq + g.qpb - 1) / g.qpb;
     g.hchunks = (p.group + g.hpb - 1) / g.hpb;
-    g.tasks = p.B * p.Hkv * g.hchunks * g.qblocks;
+    g.kv_tasks = g.hchunks * g.qblocks;
+    g.tasks = p.B * p.Hkv * g.kv_tasks;
     return g;
 }
 
@@ -732,7 +741,7 @@ struct JobPlan {
     TaskGrid g;
     std::int64_t chunk = 0, chunks = 1;
     int group = 1;                 // tasks per item (run_group) when chunks = 1
-    std::int64_t group_items = 0;  // items per (b, KV head): ⌈hchunks·qblocks / group⌉
+    std::int64_t group_items = 0;  // items per (b, KV head): ⌈g.kv_tasks / group⌉
     std::int64_t first_item = 0, first_slot = 0, first_merge = 0;
 };
 
@@ -779,11 +788,11 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
         j.g = task_grid(p, t);
         j.chunk = flash_key_chunk(j.g.tasks, p.Lk, t.Nb, sf, t.key_splits);
         j.chunks = j.chunk > 0 ? (p.Lk + j.chunk - 1) / j.chunk : 1;
-        const std::int64_t kv_tasks = j.g.hchunks * j.g.qblocks, kv_heads = p.B * p.Hkv;  // tasks per (b, KV head)
+        const std::int64_t kv_heads = p.B * p.Hkv;
         j.group = j.chunks > 1 ? 1
-                               : flash_query_group(kv_heads, kv_tasks, p.Lk * kv_row_bytes(p),
+                               : flash_query_group(kv_heads, j.g.kv_tasks, p.Lk * kv_row_bytes(p),
                                                    (p.Dk + p.Dv) * t.Mb * static_cast<std::int64_t>(sizeof(float)), t.query_group);
-        j.group_items = (kv_tasks + j.group - 1) / j.group;
+        j.group_items = (j.g.kv_tasks + j.group - 1) / j.group;
         sum.first_item += j.chunks > 1 ? j.g.tasks * j.chunks : kv_heads * j.group_items;
         max_group = j.group > max_group ? j.group : max_group;
         if (j.chunks > 1) {
@@ -846,9 +855,8 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
                 const SdpaProblem& p = *jobs[i].p;
                 const std::int64_t k = item - j.first_item;
                 if (j.chunks == 1) {  // item k: a group of the tasks of (b, KV head) k / group_items
-                    const std::int64_t kv_tasks = j.g.hchunks * j.g.qblocks, r = k % j.group_items;
-                    const std::int64_t first = (k / j.group_items) * kv_tasks + r * j.group;
-                    const int count = static_cast<int>(imin(j.group, kv_tasks - r * j.group));
+                    const std::int64_t r = k % j.group_items, first = (k / j.group_items) * j.g.kv_tasks + r * j.group;
+                    const int count = static_cast<int>(imin(j.group, j.g.kv_tasks - r * j.group));
                     TaskAt at[kMaxQueryGroup];
                     for (int g = 0; g < count; ++g) at[g] = task_at(p, j.g, first + g);
                     run_group<Ops>(p, t, jobs[i].drop, ws, at, count);
