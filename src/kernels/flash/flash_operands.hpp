@@ -203,6 +203,27 @@ const float* paged_tile_rows(const SdpaProblem& p, bool value, std::int64_t b, s
     return buf;
 }
 
+// Asks for K and V rows [j0, j1) of kv head h in the L2 (a software prefetch of every line;
+// rows with a strided head dim are left to the hardware). For a task of one panel: the
+// micro-kernels read a key block's 8 rows of a tile interleaved (8 streams of D·4 bytes each),
+// which the hardware prefetchers do not follow, and one panel reuses each line too little to
+// hide the wait — the next block's rows, requested a block ahead, arrive in time
+// (docs/kernels.md, "Few queries per KV head"). always_inline: out of line, GCC found the
+// function free of side effects (a prefetch is none to it) and deleted every call.
+__attribute__((always_inline)) inline void prefetch_kv_rows(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::int64_t j0, std::int64_t j1) {
+    for (int value = 0; value < 2; ++value) {
+        const TensorView& t = value ? p.v : p.k;
+        if (t.stride(3) != 1) continue;
+        const std::int64_t size = static_cast<std::int64_t>(dtype_size(t.dtype()));
+        const std::int64_t bytes = (value ? p.Dv : p.Dk) * size;
+        const char* base = static_cast<const char*>(t.data());
+        for (std::int64_t j = j0; j < j1; ++j) {
+            const char* row = base + kv_row_offset(p, value != 0, b, h, j) * size;
+            for (std::int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(row + o, 0, 2);
+        }
+    }
+}
+
 // K (value = false) or V rows [j0, j0+nk) of kv head h for a micro-kernel, as float32: through
 // the page table when the problem is paged, else through the view (16-bit rows widened into
 // buf either way).
