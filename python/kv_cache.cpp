@@ -142,7 +142,7 @@ std::unique_ptr<PyKVCache> make_cache(const py::object& batch, const py::object&
 }
 
 // query (B, Hq, Lq, Dk) float32, float16 or bfloat16 (uint16 bits with dtype="bfloat16"),
-// Lq <= 16 (decode kernel; more runs as prefill) → out (B, Hq, Lq, Dv) [, lse (B, Hq, Lq)
+// any Lq (the decode kernel for a few rows per KV head, flash otherwise) → out (B, Hq, Lq, Dv) [, lse (B, Hq, Lq)
 // float32]. out follows a 16-bit query's dtype unless out_dtype= says otherwise (float32 for a
 // float32 or float64 query, as before). window_left = w is the older spelling of window=(w, None).
 py::object decode_py(const py::object& query, const py::object& cache_obj, const py::object& scale, const py::object& is_causal,
@@ -231,7 +231,7 @@ void bind_kv_cache(py::module_& m) {
           py::arg("return_lse") = false, py::arg("threads") = py::none(), py::arg("dtype") = py::none(),
           py::arg("out_dtype") = py::none(),
           "New queries (B, Hq, Lq, Dk) float32, float16 or bfloat16 (uint16 bits with dtype=\"bfloat16\") against everything in the cache (the decode kernel for\n"
-          "Lq <= 16, flash above; append the new tokens' keys/values first). Causal and window align bottom-right per\n"
+          "a few rows per KV head, group*Lq below one flash panel, flash otherwise; append the new tokens' keys/values first). Causal and window align bottom-right per\n"
           "sequence by default: new query i of sequence b (length n_b) has its diagonal at\n"
           "i + n_b - Lq. window=(left, right), window_alignment, causal_alignment and query_offset\n"
           "mean what they mean in scaled_dot_product_attention; window_left=w is window=(w, None).\n"

@@ -111,10 +111,12 @@ private:
 // Attention of Lq new queries per sequence against sequences of a PagedKVCache, reading the
 // pages directly (no gather into a contiguous copy) with the decode kernel: split-KV over
 // the pages, every query head sharing a KV head in one pass (GQA), float16/bfloat16 pages
-// converted on the fly. Lq <= 16 is a decode step. A longer query block (chunked prefill:
-// the block's K/V appended first) runs the flash kernel, its key tiles read through the page
-// table (16-bit pages widened per tile); with impl = decode it runs as blocks of 16 queries
-// through the decode kernel instead, each reading the pages once.
+// converted on the fly, for a decode step (a few rows per KV head: group·Lq below one flash
+// panel, the dispatch's rule for every entry point). A longer query block (chunked prefill:
+// the block's K/V appended first), or a panel's worth of rows per KV head, runs the flash
+// kernel, its key tiles read through the page table (16-bit pages widened per tile); with
+// impl = decode a block of more than 16 runs as blocks of 16 queries through the decode kernel
+// instead, each reading the pages once.
 //
 //   q:    (B, Hq, Lq, Dk) float32, float16 or bfloat16 (the kernels' inputs; float64 is the
 //         reference's, which does not read pages); batch row b is sequence seqs[b]; Hq a
@@ -122,12 +124,11 @@ private:
 //   out:  (B, Hq, Lq, Dv) any float dtype (rounded once);  lse: (B, Hq, Lq) float32, optional
 //   options: decode_attention's (scale, causal — bottom-right per sequence —, window,
 //            query_offset, masks broadcastable to (B, Hq, Lq, max length), modifiers);
-//            key_lengths come from the cache. impl must be auto, decode or flash. Unlike
-//            decode_attention, no fallback for what the decode kernel declines (dropout on
-//            the decode path): it is an error.
+//            key_lengths come from the cache. impl must be auto, decode or flash. impl =
+//            decode on what the decode kernel declines (dropout) is an error; auto runs flash.
 // The result is bit-identical to decode_attention on a contiguous KVCache holding the same
-// tokens (float32 or the same 16-bit storage) with impl auto (decode for Lq <= 16, flash for
-// chunked prefill, Lq > 16) or flash. impl = decode on a chunk (decode blocks) gives other
+// tokens (float32 or the same 16-bit storage) with impl auto (both make the same choice of
+// decode or flash) or flash. impl = decode on a chunk (decode blocks) gives other
 // float32 sums than decode_attention's flash, within the same bound against the reference.
 void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::vector<PagedKVCache::SeqId>& seqs,
                      const SdpaOptions& options, const TensorView& out, const TensorView* lse = nullptr);

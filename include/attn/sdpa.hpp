@@ -2,10 +2,10 @@
 //
 //   q: (B, Hq,  Lq, Dk)     any strides; float32 (float64 runs on the reference only)
 //   k: (B, Hkv, Lk, Dk)     Hq % Hkv == 0: query head h reads KV head h / (Hq / Hkv)  (GQA; Hkv = 1 is MQA)
-//                           K and V may be float16/bfloat16: the decode kernel (Lq <= 16) reads them
-//                           directly; the reference too; other kernels refuse them
+//                           Q, K and V may be float16/bfloat16: every kernel reads them directly
+//                           (per tile; docs/conventions.md, "16-bit inputs and outputs")
 //   v: (B, Hkv, Lk, Dv)
-//   out: (B, Hq, Lq, Dv)    float32 or float64, written completely
+//   out: (B, Hq, Lq, Dv)    float32, float64, float16 or bfloat16 (rounded once), written completely
 //   lse: (B, Hq, Lq)        optional: natural log-sum-exp of each row of scaled, masked scores
 //   weights: (B, Hq, Lq, Lk) optional: the softmax probabilities A
 //

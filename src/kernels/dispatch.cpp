@@ -20,13 +20,13 @@ std::string dtypes_of(const SdpaProblem& p) {
 bool runs_flash(const SdpaProblem& problem, Impl requested) {
     // run_forward's order: decode (automatic only, when it accepts the problem), then flash.
     if (requested != Impl::flash && requested != Impl::automatic) return false;
-    if (requested == Impl::automatic && decode_declines(problem).empty()) return false;
+    if (requested == Impl::automatic && auto_decode_declines(problem, kernel_set()).empty()) return false;
     return flash_decline_reason(problem).empty();
 }
 
 void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report) {
     std::string explanation;
-    // The decode kernel first (Lq <= 16); then flash, which reads float16/bfloat16 Q, K, V
+    // The decode kernel first (impl = decode, or auto_decode_declines); then flash, which reads float16/bfloat16 Q, K, V
     // per tile and writes any output dtype.
     if (dispatch_decode(problem, requested, report, explanation)) return;
     const std::string decline = flash_decline_reason(problem);

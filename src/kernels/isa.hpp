@@ -33,8 +33,16 @@ struct TileArgs;
 struct DecodeWork;
 struct GemmArgs;
 
+// Queries per flash panel, per row (KernelSet::flash_panel and each flash_<isa>.cpp's kPanel):
+// 16 = 2 ymm (avx2) or four 4-lane vectors (portable), 32 = 2 zmm (avx512).
+inline constexpr int kFlashPanelPortable = 16, kFlashPanelAvx2 = 16, kFlashPanelAvx512 = 32;
+
 struct KernelSet {
     Isa isa;
+    // Queries in one tile of the flash micro-kernels (a panel: their vector lanes; the row's
+    // Ops::kPanel, from flash/flash.hpp). Below one panel of rows per KV head the decode kernel
+    // is the faster (decode/decode.hpp, auto_decode_declines).
+    int flash_panel;
     // Flash forward over n whole problems in one task list (flash/flash_driver.hpp); threads > 0.
     void (*flash_forward)(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, int threads);
     // One (query block × key block) tile of the backward (backward/tile.hpp).

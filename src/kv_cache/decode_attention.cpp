@@ -1,7 +1,8 @@
 // decode_attention: attention of new queries against everything in a KVCache. The call
 // is an sdpa problem (make_problem, the same checks and the same alignment rule) whose K
 // and V are the cache's filled rows and whose key_lengths are the cache's lengths; the
-// dispatch then picks the decode kernel for Lq <= 16, as for any sdpa call.
+// dispatch then picks decode or flash as for any sdpa call (decode for fewer rows per KV head
+// than one flash panel: detail::auto_decode_declines).
 #include "attn/decode.hpp"
 
 #include <algorithm>

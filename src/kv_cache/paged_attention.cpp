@@ -1,9 +1,9 @@
 // paged_attention: decode_attention's problem (make_problem: the same checks, the same
 // alignment rule, key_lengths = the sequences' lengths) with K/V rows addressed through the
-// page tables (kernels/paged_rows.hpp) instead of a contiguous view. Two kernels read pages:
-// decode (Lq <= 16) and, for chunked prefill (Lq > 16) of any pool, flash (its key tiles read
-// in place or packed page by page, 16-bit pages widened: the bits of flash on the contiguous
-// cache). impl = decode runs a long query block as blocks of 16 through the decode kernel,
+// page tables (kernels/paged_rows.hpp) instead of a contiguous view. Two kernels read pages,
+// chosen as for any sdpa call (detail::auto_decode_declines): decode (a few rows per KV head)
+// and flash (chunked prefill, or many query heads per KV head; its key tiles read in place or
+// packed page by page, 16-bit pages widened: the bits of flash on the contiguous cache). impl = decode runs a long query block as blocks of 16 through the decode kernel,
 // each an exact slice of the problem: its queries keep their diagonals (SdpaProblem::rows_before).
 #include <algorithm>
 #include <vector>
@@ -83,11 +83,15 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
                                   {{&out, "out"}, {lse, "lse"}});
     const detail::KernelSet& kernels = detail::kernel_set();
 
-    // Chunked prefill through flash: automatic for Lq > 16 when flash takes the problem. The
-    // driver reads the pages of any pool (flash_operands.hpp, paged_tile_rows; the bf16-compute
-    // operands through kv_row_offset), so the result has the bits of flash on the contiguous cache.
+    // Flash on the pages: automatic when flash takes the problem and the decode kernel is not the
+    // automatic choice (detail::auto_decode_declines: chunked prefill, or a flash panel's worth
+    // of rows per KV head). The driver reads the pages of any pool (flash_operands.hpp,
+    // paged_tile_rows; the bf16-compute operands through kv_row_offset), so the result has the
+    // bits of flash on the contiguous cache.
     const std::string flash_declines = detail::flash_decline_reason(p);
-    if (options.impl == Impl::flash || (options.impl == Impl::automatic && Lq > kMaxDecodeQueries && flash_declines.empty())) {
+    const bool auto_flash =
+        options.impl == Impl::automatic && flash_declines.empty() && !detail::auto_decode_declines(p, kernels).empty();
+    if (options.impl == Impl::flash || auto_flash) {
         if (!flash_declines.empty()) detail::fail(kOp, "impl: the flash kernel declines this call: ", flash_declines);
         detail::SdpaProblem fp = p;
         fp.paged = &rows;

@@ -72,7 +72,8 @@ void attend(const MultiHeadAttention& layer, const TensorView& Q, const KVCache&
     SdpaOptions o;
     o.causal = Causal::bottom_right;
     layer.score_modifiers(o);
-    // The decode kernel for T <= 16, else flash; both read 16-bit storage per tile.
+    // The decode kernel for a few rows per KV head, else flash (the dispatch's one rule); both
+    // read 16-bit storage per tile.
     decode_attention(Q, cache, o, O);
 }
 

@@ -1,4 +1,5 @@
-"""`attn sdpa` with float16 K/V .npy files: decode path for Lq <= 16, flash beyond."""
+"""`attn sdpa` with float16 K/V .npy files: the decode path for fewer rows per KV head (group·Lq) than
+one flash panel (16 queries, 32 on the avx512 row), flash from there on and for Lq > 16."""
 import os
 import subprocess
 
@@ -37,8 +38,10 @@ def run(tmp_path, q, k, v, *extra):
     return res, out
 
 
-@pytest.mark.parametrize("Lq,causal", [(1, False), (5, True), (16, True)])
-def test_float16_kv_runs_decode(tmp_path, Lq, causal):
+# Group 4 (8 query heads, 2 KV heads): 4, 12 rows per KV head run decode on every row; 64 fill a
+# panel on every row and run flash.
+@pytest.mark.parametrize("Lq,causal,kernel", [(1, False, "decode"), (3, True, "decode"), (16, True, "flash")])
+def test_float16_kv_runs_decode_below_one_flash_panel(tmp_path, Lq, causal, kernel):
     rng = np.random.default_rng(Lq)
     q = rng.standard_normal((2, 8, Lq, 64)).astype(np.float32)
     k = rng.standard_normal((2, 2, 300, 64)).astype(np.float16)
@@ -46,7 +49,9 @@ def test_float16_kv_runs_decode(tmp_path, Lq, causal):
     extra = ["--causal", "bottom-right"] if causal else []
     res, out = run(tmp_path, q, k, v, *extra)
     assert res.returncode == 0, res.stderr
-    assert "ran: decode" in res.stderr and "float16" in res.stderr, res.stderr
+    assert f"ran: {kernel}" in res.stderr and "float16" in res.stderr, res.stderr
+    if kernel == "flash":
+        assert f"decode: declined, group·Lq = {4 * Lq} rows per KV head fill a flash panel" in res.stderr, res.stderr
     got = np.load(out)
     want = reference(q, k, v, causal)
     # Same float16 values on both sides: only fp32 arithmetic differs; the bound of docs/conventions.md.

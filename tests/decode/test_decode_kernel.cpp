@@ -357,27 +357,47 @@ TEST(DecodeKernel, SixteenBitErrorAgainstFp32IsWithinDerivedBound) {
 
 struct Small {
     Tensor q, k, v, out;
-    Small(std::int64_t Lq, DType kv, std::mt19937& rng)
-        : q(random_f32(Shape{1, 4, Lq, 8}, rng)),
-          k(to_storage(random_f32(Shape{1, 2, 40, 8}, rng), kv)),
-          v(to_storage(random_f32(Shape{1, 2, 40, 8}, rng), kv)),
-          out(DType::f32, Shape{1, 4, Lq, 8}) {}
+    Small(std::int64_t Lq, DType kv, std::mt19937& rng, std::int64_t Hq = 4, std::int64_t Hkv = 2)
+        : q(random_f32(Shape{1, Hq, Lq, 8}, rng)),
+          k(to_storage(random_f32(Shape{1, Hkv, 40, 8}, rng), kv)),
+          v(to_storage(random_f32(Shape{1, Hkv, 40, 8}, rng), kv)),
+          out(DType::f32, Shape{1, Hq, Lq, 8}) {}
 };
 
-TEST(DecodeDispatch, AutoPicksDecodeForSmallLq) {
+// auto runs decode while its rows per KV head, group·Lq, fill less than one flash panel — 32
+// queries on the avx512 row, 16 on the avx2 and portable rows (docs/kernels.md, "Decode or
+// flash") — and flash from one full panel on; Lq > 16 is never decode's.
+TEST(DecodeDispatch, AutoPicksDecodeBelowOneFlashPanel) {
     std::mt19937 rng(1);
-    for (std::int64_t Lq : {1, 16}) {
-        Small s(Lq, DType::f32, rng);
+    for (const detail::KernelSet* row : rows()) {
+        const detail::ScopedKernelSet use(*row);
+        const std::int64_t panel = row->isa == detail::Isa::avx512 ? 32 : 16;
+        for (const std::int64_t group : {1, 2, 4, 8})
+            for (const std::int64_t Lq : {1, 2, 3, 4, 7, 8, 15, 16}) {
+                Small s(Lq, group == 8 ? DType::f16 : DType::f32, rng, 2 * group, 2);
+                SdpaReport report;
+                poison(s.out);
+                sdpa(s.q, s.k, s.v, SdpaOptions{}, s.out, nullptr, nullptr, &report);
+                const bool decode = group * Lq < panel;
+                const std::string where = std::string(isa_name(row->isa)) + " group " + std::to_string(group) + " Lq " +
+                                          std::to_string(Lq) + ": " + report.explanation;
+                EXPECT_EQ(report.kernel.rfind(decode ? "decode/" : "flash/", 0), 0u) << where;
+                if (decode) {
+                    EXPECT_NE(report.explanation.find("auto: decode (group·Lq = " + std::to_string(group * Lq)), std::string::npos) << where;
+                } else {
+                    EXPECT_NE(report.explanation.find("decode: declined, group·Lq = " + std::to_string(group * Lq) +
+                                                      " rows per KV head fill a flash panel (" + std::to_string(panel)),
+                              std::string::npos)
+                        << where;
+                }
+                EXPECT_FALSE(still_poisoned(s.out)) << where;
+            }
+        Small big(17, DType::f32, rng);
         SdpaReport report;
-        sdpa(s.q, s.k, s.v, SdpaOptions{}, s.out, nullptr, nullptr, &report);
-        EXPECT_EQ(report.kernel.rfind("decode/", 0), 0u) << report.explanation;
-        EXPECT_NE(report.explanation.find("auto: decode"), std::string::npos) << report.explanation;
+        sdpa(big.q, big.k, big.v, SdpaOptions{}, big.out, nullptr, nullptr, &report);
+        EXPECT_EQ(report.kernel.rfind("flash/", 0), 0u) << report.explanation;
+        EXPECT_NE(report.explanation.find("decode: declined, Lq = 17 > 16"), std::string::npos) << report.explanation;
     }
-    Small big(17, DType::f32, rng);
-    SdpaReport report;
-    sdpa(big.q, big.k, big.v, SdpaOptions{}, big.out, nullptr, nullptr, &report);
-    EXPECT_NE(report.kernel.rfind("decode/", 0), 0u) << report.explanation;
-    EXPECT_NE(report.explanation.find("decode: declined, Lq = 17 > 16"), std::string::npos) << report.explanation;
 }
 
 TEST(DecodeDispatch, SixteenBitKVRulesAndMessages) {

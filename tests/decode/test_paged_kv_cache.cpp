@@ -321,7 +321,7 @@ void chunked_prefill_vs_contiguous(const detail::KernelSet& row, std::uint32_t s
         Tensor sinks(DType::f32, Shape{Hq});
         for (std::int64_t h = 0; h < Hq; ++h) sinks.data_as<float>()[h] = 0.5f * static_cast<float>(h) - 1.0f;
         if (rng() % 5 == 0) opt.sinks = sinks.view();
-        if (Lq <= 16) opt.impl = Impl::flash;  // the automatic choice there is decode
+        if (Lq <= 16) opt.impl = Impl::flash;  // the automatic choice there may be decode
         const auto B = static_cast<std::int64_t>(ids.size());
         SCOPED_TRACE("world " + std::to_string(wi) + ": page " + std::to_string(cfg.page_size) + " B=" +
                      std::to_string(B) + " Hq=" + std::to_string(Hq) + " Lq=" + std::to_string(Lq) + " Dk=" +
@@ -749,7 +749,13 @@ TEST(PagedKVCache, BadArgumentsAreClearErrors) {
               std::string::npos);
     o = {};
     o.dropout_p = 0.5;
+    o.impl = Impl::decode;
     EXPECT_NE(error_of([&] { paged_attention(q, w.cache, {a}, o, out); }).find("declines this call: dropout"), std::string::npos);
+    // auto: decode declines dropout, so flash runs it on the pages (as sdpa would).
+    o.impl = Impl::automatic;
+    const Tensor dropped = poisoned(DType::f32, out.shape());
+    EXPECT_EQ(error_of([&] { paged_attention(q, w.cache, {a}, o, dropped); }), "(no error)");
+    EXPECT_FALSE(still_poisoned(dropped));
     const TensorView into_pages(w.cache.value_pages().data(), DType::f32, Shape{1, 1, 1, 4});
     EXPECT_EQ(error_of([&] { paged_attention(q, w.cache, {a}, {}, into_pages); }),
               "paged_attention: out: must not share memory with the value pages (the kernel writes out while it still "

@@ -350,7 +350,7 @@ TEST(HalfForward, FlashRunsSixteenBitCallsDecodeDeclines) {
 TEST(HalfForward, SixteenBitAdditiveMaskIsItsFloat32Values) {
     std::mt19937_64 rng(41);
     for (const DType mdt : {DType::f16, DType::bf16})
-        for (const std::int64_t Lq : {1, 5, 70}) {  // decode (Lq <= 16) and flash
+        for (const std::int64_t Lq : {1, 5, 70}) {  // decode (group·Lq below a flash panel) and flash
             SCOPED_TRACE(std::string(dtype_name(mdt)) + " Lq " + std::to_string(Lq));
             const Tensor q = test::randn(DType::f32, Shape{2, 4, Lq, 24}, rng);
             const Tensor k = test::randn(DType::f32, Shape{2, 2, 90, 24}, rng), v = test::randn(DType::f32, Shape{2, 2, 90, 24}, rng);
@@ -415,9 +415,12 @@ TEST(HalfForward, CacheAndPagedPathsTakeSixteenBitQueryAndOut) {
                     decode_attention(q32, cache, o, want);
                     Tensor got = test::poisoned(qt, Shape{1, Hq, Lq, D});
                     decode_attention(q, cache, o, got);
-                    // All-bf16 past 16 queries on a CPU with AVX-512 BF16: flash's bf16 compute (P
-                    // rounded to bf16, docs/conventions.md): within 2^-8·max|V| plus out's rounding.
-                    if (qt == DType::bf16 && storage == DType::bf16 && Lq > 16 && ks->flash_forward_bf16 != nullptr &&
+                    // Where auto runs flash (Lq > 16, or group·Lq rows per KV head filling a flash
+                    // panel: 32 queries on the avx512 row, 16 elsewhere), all-bf16 on a CPU with
+                    // AVX-512 BF16 is flash's bf16 compute (P rounded to bf16, docs/conventions.md):
+                    // within 2^-8·max|V| plus out's rounding.
+                    const bool flash = Lq > 16 || (Hq / Hkv) * Lq >= (ks->isa == detail::Isa::avx512 ? 32 : 16);
+                    if (qt == DType::bf16 && storage == DType::bf16 && flash && ks->flash_forward_bf16 != nullptr &&
                         detail::cpu_features().has_avx512_bf16()) {
                         const double atol = std::ldexp(1.0, -8) * (1 + std::ldexp(1.0, -7)) * test::max_abs(vn.view()) + 1e-5;
                         const test::Diff d = test::compare(got.view(), want.view(), atol, test::unit_roundoff(qt) + 1e-5);
@@ -425,8 +428,8 @@ TEST(HalfForward, CacheAndPagedPathsTakeSixteenBitQueryAndOut) {
                     } else {
                         EXPECT_TRUE(test::bit_equal(got, rounded(want, qt))) << "decode_attention, " << detail::isa_name(ks->isa);
                     }
-                    // The pages give the bits of the contiguous cache: both run decode for
-                    // Lq <= 16 and flash (bf16 compute included) beyond.
+                    // The pages give the bits of the contiguous cache: both make the same choice
+                    // of decode or flash (bf16 compute included).
                     Tensor pwant = test::poisoned(DType::f32, Shape{1, Hq, Lq, D});
                     paged_attention(q32, paged, {s}, o, pwant);
                     EXPECT_TRUE(test::bit_equal(pwant, want)) << "paged vs contiguous cache, float32 Q";

@@ -70,7 +70,7 @@ def test_strided_half_inputs_are_read_in_place():
 
 
 def test_decode_shape_float16_cache_with_float32_query():
-    # Lq <= 16 against an f16 cache: the decode kernel takes it today (auto).
+    # One query of a 2-head group against an f16 cache: the decode kernel takes it (auto).
     q32, k32, v32 = problem(5, lq=1, lk=300, d=64)
     (k, kr), (v, vr) = rounded(k32, "float16"), rounded(v32, "float16")
     ref_out, _, _ = oracle(q32, kr, vr)

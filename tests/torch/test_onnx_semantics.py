@@ -29,12 +29,13 @@ which gives NaN; attn gives out 0, weights 0 and lse −inf. The test checks bot
 
 Tolerance: outputs are float32. `--impl reference` accumulates in double: |got − ref| <=
 1e-6·(1 + |ref|) (the output rounding alone is 6e-8 relative). The default kernel choice on
-float32 inputs runs a float32 kernel (decode for Lq <= 16, else flash: the test checks which ran);
+float32 inputs runs a float32 kernel (decode below one flash panel of rows per KV head, else flash: the test checks which ran);
 it gets the derived float32 term of fp32_bound.py on top. The reference runs also write the
 weights, of which the masked ones must be exactly 0.
 Reproduce one case:  ATTN_BIN=build/tools/attn /usr/bin/python3 -m pytest tests/torch/test_onnx_semantics.py -k case_007
 """
 import math
+import re
 
 import numpy as np
 import pytest
@@ -211,13 +212,18 @@ def check(name, got, ref, rows_ok, c, impl, extra=None):
 def test_matches_onnx(idx, impl, tmp_path):
     c = CASES[idx]
     y, w, lse, allowed, k, v, scale = onnx_of(c)
-    # The reference also writes the weights; auto does not ask for them, so that it runs the
-    # decode kernel for Lq <= 16 (decode never forms weights) and flash above.
+    # The reference also writes the weights; auto does not ask for them, so that it may run the
+    # decode kernel (decode never forms weights): for Lq <= 16 with fewer rows per KV head
+    # (group·Lq) than one flash panel — 32 queries on the avx512 row, 16 on the others — and
+    # flash otherwise.
     extra_args = ["--weights", tmp_path / "w.npy"] if impl == "reference" else ["--verbose"]
     r = run_attn(*attn_args(c, tmp_path), "--impl", impl, *extra_args)
     assert r.returncode == 0, f"exit {r.returncode}: {r.stderr}\ncase: {describe(c)}"
     if impl == "auto":
-        kernel = "decode" if c["Lq"] <= 16 else "flash"
+        row = re.search(r"\b(portable|avx2|avx512)(?:_bf16)? path", r.stderr)
+        assert row, f"no kernel row named: {r.stderr}"
+        panel = 32 if row.group(1) == "avx512" else 16
+        kernel = "decode" if c["Lq"] <= 16 and c["Hq"] // c["Hkv"] * c["Lq"] < panel else "flash"
         assert f"ran: {kernel}" in r.stderr, f"expected the {kernel} kernel: {r.stderr}\ncase: {describe(c)}"
     else:
         assert r.stderr == "", r.stderr
@@ -252,6 +258,7 @@ def test_cases_cover_every_rule():
     assert seen(lambda c: "nonpad" in c and "left" in c) >= 8
     assert seen(lambda c: c["kind"].startswith("past") and c["Lnew"] > c["Lq"]) >= 8
     assert seen(lambda c: c["kind"].startswith("past") and "left" in c) >= 4
-    assert seen(lambda c: c["Lq"] <= 16) >= 20 and seen(lambda c: c["Lq"] > 16) >= 15  # decode and flash
+    assert seen(lambda c: c["Hq"] // c["Hkv"] * c["Lq"] < 16) >= 20 and seen(lambda c: c["Lq"] > 16) >= 15  # decode and flash
+    assert seen(lambda c: c["Lq"] <= 16 and c["Hq"] // c["Hkv"] * c["Lq"] >= 32) >= 3  # flash: a panel of rows
     assert seen(lambda c: c["Hq"] > c["Hkv"]) >= 10
     assert seen(lambda c: (~onnx_of(c)[3].any(axis=-1)).any()) >= 10  # rows with nothing visible

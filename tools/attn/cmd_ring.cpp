@@ -454,8 +454,8 @@ void add_ring_command(CLI::App& app) {
     cmd->add_option("--key-lengths", args->key_lengths, "int32/int64 (B,): valid keys per sequence (padding at the end)");
     cmd->add_option("--layout", args->layout, "how the sequence is cut over ranks: zigzag (default, balanced) or contiguous");
     cmd->add_option("--impl", args->impl,
-                    "local kernel of each block: auto (what attn::sdpa picks: flash, or decode for a block of at most 16 "
-                    "queries), reference or flash (with --grad-out: auto or flash; the reference backward cannot take the "
+                    "local kernel of each block: auto (what attn::sdpa picks: flash, or decode for a block of a few "
+                    "rows per KV head), reference or flash (with --grad-out: auto or flash; the reference backward cannot take the "
                     "global lse)");
     cmd->add_option("--grad-out", args->grad_out,
                     "dO (B, Hq, Lq, Dv): also compute the gradients of <O, dO> through the ring (needs --dq, --dk, --dv)");

@@ -59,6 +59,16 @@ std::string decode_declines(const SdpaProblem& p) {
     return {};
 }
 
+std::string auto_decode_declines(const SdpaProblem& p, const KernelSet& k) {
+    std::string why = decode_declines(p);
+    if (!why.empty()) return why;
+    const std::int64_t rows = p.group * p.Lq;
+    if (rows >= k.flash_panel)
+        return "group·Lq = " + std::to_string(rows) + " rows per KV head fill a flash panel (" +
+               std::to_string(k.flash_panel) + " queries on the " + isa_name(k.isa) + " row): flash computes them faster";
+    return {};
+}
+
 void decode_forward(const SdpaProblem& p, const KernelSet& kernels, std::int64_t forced_split, const PagedRows* paged) {
     const DecodePlan plan = plan_decode(p.B, p.Hkv, p.group, p.Lq, p.Lk, p.Dk, p.Dv, forced_split);
     // The key interval of every (b, i), from the one alignment rule.
@@ -99,19 +109,22 @@ namespace attn::detail {
 bool dispatch_decode(const SdpaProblem& p, Impl requested, SdpaReport* report, std::string& explanation) {
     // The reference reads every dtype; flash reads float32/float16/bfloat16 Q, K, V itself.
     if (requested == Impl::reference || requested == Impl::flash) return false;
-    const std::string why_not = decode_declines(p);
+    std::string why_isa;
+    const KernelSet& kernels = kernel_set(&why_isa);
+    const std::string why_not = requested == Impl::decode ? decode_declines(p) : auto_decode_declines(p, kernels);
     if (!why_not.empty()) {
         if (requested == Impl::decode) throw Error("impl: the decode kernel cannot run this call: " + why_not);
         explanation += "decode: declined, " + why_not + "\n";
         return false;
     }
-    std::string why_isa;
-    const KernelSet& kernels = kernel_set(&why_isa);
     decode_forward(p, kernels);
     if (report != nullptr) {
         report->kernel = std::string("decode/") + isa_name(kernels.isa);
         report->explanation = explanation +
-                              (requested == Impl::automatic ? "auto: decode (Lq = " + std::to_string(p.Lq) + " <= 16)\n" : "") +
+                              (requested == Impl::automatic
+                                   ? "auto: decode (group·Lq = " + std::to_string(p.group * p.Lq) + " rows per KV head < " +
+                                         std::to_string(kernels.flash_panel) + ", one flash panel)\n"
+                                   : "") +
                               "ran: decode (" + isa_name(kernels.isa) + " path: " + why_isa + "; " + dtypes_of(p) +
                               ", fp32 accumulation)";
     }

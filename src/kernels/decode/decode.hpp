@@ -76,6 +76,16 @@ DecodePlan plan_decode(std::int64_t B, std::int64_t Hkv, std::int64_t group, std
 // otherwise why not (one short clause, for SdpaReport and error messages).
 std::string decode_declines(const SdpaProblem& p);
 
+// The automatic choice between decode and flash, for every entry point (run_forward,
+// runs_flash, paged_attention): empty when `auto` runs the decode kernel on p with kernel
+// table row k, else why not. Decode runs when it accepts p and the rows it computes per KV
+// head (group·Lq) fill less than one flash panel (k.flash_panel queries: 32 on the avx512
+// row, 16 on the others). Below that, decode reads K and V once at the memory's pace while
+// flash would spend a whole panel's FMAs on the few rows; from one full panel on, flash reads
+// K and V once as well and computes the rows 1.1–1.9× faster (docs/kernels.md, "Decode or
+// flash": measured on both rows, float32 and 16-bit K/V, head dims 64 and 128).
+std::string auto_decode_declines(const SdpaProblem& p, const KernelSet& k);
+
 // Plans the call (forced_split as in plan_decode), allocates the scratch and runs the
 // kernel table row's decode. Precondition: decode_declines(p) is empty.
 // `paged`: K/V rows live in pages (PagedRows); null for the problem's own K/V views.
@@ -89,9 +99,9 @@ namespace attn { enum class Impl; struct SdpaReport; }
 namespace attn::detail {
 
 // The decode branch of run_forward (kernels/dispatch.cpp), called before any other choice.
-// Returns true when it ran the decode kernel (and filled the report). Returns false to let
-// the other kernels choose, after adding a line to `explanation`. Throws attn::Error when
-// the call has float16/bfloat16 K/V that only decode (or an explicit reference) can run.
+// Returns true when it ran the decode kernel (and filled the report): impl = decode, or auto
+// where auto_decode_declines is empty. Returns false to let the other kernels choose, after
+// adding a line to `explanation`. Throws attn::Error when impl = decode cannot run the call.
 bool dispatch_decode(const SdpaProblem& p, Impl requested, SdpaReport* report, std::string& explanation);
 
 }  // namespace attn::detail

@@ -16,7 +16,7 @@ namespace {
 // (a store per FMA pair; v1 of the lab ran at 36 GFLOP/s on S2 because of it).
 #define ATTN_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
 
-constexpr int kPanel = 16;  // queries per panel: 2 ymm (Avx2Ops::kPanel)
+constexpr int kPanel = kFlashPanelAvx2;  // queries per panel: 2 ymm (Avx2Ops::kPanel)
 
 // s[r][0..16) = c2 · Σ_d k[r][d]·qt[d][0..16)   for r < R     k: (R, ldk), qt: (Dk, 16)
 template <int R>

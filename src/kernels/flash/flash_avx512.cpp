@@ -128,7 +128,7 @@ inline void pv_tile(const float* p, int ldP, const float* v, std::int64_t ldv, i
 #define ATTN_CASES(X) X(8) X(7) X(6) X(5) X(4) X(3) X(2)
 
 struct Avx512Ops {
-    static constexpr int kPanel = 32;  // queries per panel: 2 zmm
+    static constexpr int kPanel = kFlashPanelAvx512;  // queries per panel: 2 zmm
     static constexpr int kRows = 8;    // keys (qk) / head-dim rows (pv) per call: the 8 × 32 tile
 
     static void qk(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s, int ldS) {

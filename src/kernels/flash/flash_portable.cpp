@@ -19,7 +19,7 @@ inline v4 load4(const float* p) {
 inline void store4(float* p, v4 x) { std::memcpy(p, &x, sizeof x); }
 
 struct PortableOps {
-    static constexpr int kPanel = 16;  // queries per panel: 2 ymm / four 4-lane vectors
+    static constexpr int kPanel = kFlashPanelPortable;  // queries per panel: four 4-lane vectors
     static constexpr int kRows = 6;  // keys (qk) / head-dim rows (pv) per call: the 6 × 16 tile
     // s[r][0..16) = c2 · Σ_d k[r][d]·qt[d][0..16)      k: (rows, ldk), qt: (Dk, 16)
     // Explicit 4-lane vectors (GCC/Clang vector extension: SSE2 on x86-64, NEON on Arm,
