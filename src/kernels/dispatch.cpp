@@ -18,7 +18,7 @@ std::string dtypes_of(const SdpaProblem& p) {
 //                   says which ran and why the other was declined.
 // Impl::reference → the textbook oracle (double accumulation).
 bool runs_flash(const SdpaProblem& problem, Impl requested) {
-    // run_forward's order: decode (automatic only, when it accepts the problem), then flash.
+    // run_forward's order: decode (automatic only, when it is auto's choice), then flash.
     if (requested != Impl::flash && requested != Impl::automatic) return false;
     if (requested == Impl::automatic && auto_decode_declines(problem, kernel_set()).empty()) return false;
     return flash_decline_reason(problem).empty();
@@ -26,8 +26,8 @@ bool runs_flash(const SdpaProblem& problem, Impl requested) {
 
 void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report) {
     std::string explanation;
-    // The decode kernel first (impl = decode, or auto_decode_declines); then flash, which reads float16/bfloat16 Q, K, V
-    // per tile and writes any output dtype.
+    // The decode kernel first (impl = decode, or auto where auto_decode_declines is empty); then
+    // flash, which reads float16/bfloat16 Q, K, V per tile and writes any output dtype.
     if (dispatch_decode(problem, requested, report, explanation)) return;
     const std::string decline = flash_decline_reason(problem);
     bool use_flash = false;

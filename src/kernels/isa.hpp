@@ -39,9 +39,9 @@ inline constexpr int kFlashPanelPortable = 16, kFlashPanelAvx2 = 16, kFlashPanel
 
 struct KernelSet {
     Isa isa;
-    // Queries in one tile of the flash micro-kernels (a panel: their vector lanes; the row's
-    // Ops::kPanel, from flash/flash.hpp). Below one panel of rows per KV head the decode kernel
-    // is the faster (decode/decode.hpp, auto_decode_declines).
+    // Queries in one tile of the flash micro-kernels (a panel: their vector lanes; kFlashPanel*
+    // above, each flash_<isa>.cpp's Ops::kPanel). Below one panel of rows per KV head the decode
+    // kernel is the faster (decode/decode.hpp, auto_decode_declines).
     int flash_panel;
     // Flash forward over n whole problems in one task list (flash/flash_driver.hpp); threads > 0.
     void (*flash_forward)(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, int threads);

@@ -2,8 +2,9 @@
 // alignment rule, key_lengths = the sequences' lengths) with K/V rows addressed through the
 // page tables (kernels/paged_rows.hpp) instead of a contiguous view. Two kernels read pages,
 // chosen as for any sdpa call (detail::auto_decode_declines): decode (a few rows per KV head)
-// and flash (chunked prefill, or many query heads per KV head; its key tiles read in place or
-// packed page by page, 16-bit pages widened: the bits of flash on the contiguous cache). impl = decode runs a long query block as blocks of 16 through the decode kernel,
+// and flash (chunked prefill, or a flash panel's worth of rows per KV head; its key tiles read
+// in place or packed page by page, 16-bit pages widened: the bits of flash on the contiguous
+// cache). impl = decode runs a long query block as blocks of 16 through the decode kernel,
 // each an exact slice of the problem: its queries keep their diagonals (SdpaProblem::rows_before).
 #include <algorithm>
 #include <vector>

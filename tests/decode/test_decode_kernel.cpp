@@ -383,7 +383,9 @@ TEST(DecodeDispatch, AutoPicksDecodeBelowOneFlashPanel) {
                                           std::to_string(Lq) + ": " + report.explanation;
                 EXPECT_EQ(report.kernel.rfind(decode ? "decode/" : "flash/", 0), 0u) << where;
                 if (decode) {
-                    EXPECT_NE(report.explanation.find("auto: decode (group·Lq = " + std::to_string(group * Lq)), std::string::npos) << where;
+                    EXPECT_NE(report.explanation.find("auto: decode (group·Lq = " + std::to_string(group * Lq)),
+                              std::string::npos)
+                        << where;
                 } else {
                     EXPECT_NE(report.explanation.find("decode: declined, group·Lq = " + std::to_string(group * Lq) +
                                                       " rows per KV head fill a flash panel (" + std::to_string(panel)),

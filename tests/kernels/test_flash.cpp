@@ -630,6 +630,43 @@ TEST(FlashFixed, QueryGroupPolicy) {
     }
 }
 
+// When tasks request the next key block's K/V rows (flash_kv_ahead): never for a head within
+// 1 MiB (a core's L2); past it, when at most 8 tasks read the head or it passes 8 MiB (more than
+// the L3 keeps for it between the tasks).
+TEST(FlashFixed, KvAheadPolicy) {
+    const std::int64_t MiB = std::int64_t{1} << 20;
+    EXPECT_FALSE(detail::flash_kv_ahead(1, MiB)) << "within the L2";
+    EXPECT_TRUE(detail::flash_kv_ahead(1, MiB + 1)) << "one task per head, past the L2";
+    EXPECT_TRUE(detail::flash_kv_ahead(8, 2 * MiB)) << "S4: 8 tasks per 2 MiB head";
+    EXPECT_FALSE(detail::flash_kv_ahead(9, 2 * MiB)) << "reread from the L3 by many tasks";
+    EXPECT_FALSE(detail::flash_kv_ahead(64, 8 * MiB));
+    EXPECT_TRUE(detail::flash_kv_ahead(64, 8 * MiB + 1)) << "past what the L3 keeps";
+}
+
+// Heads past 1 MiB read by few tasks, so every task requests its next key block (TaskGrid::
+// kv_ahead), with one- and two-panel tasks, causal alignments, a window, and forced key splits
+// and groups (the requests' ranges end at each chunk's and task's last key): against the
+// reference, 1 and 2 threads alike (run_case).
+TEST(FlashFixed, RequestsAheadOnLargeHeads) {
+    Worst worst;
+    const detail::FlashTiles split{64, 64, 3, 0}, grouped{64, 64, 0, 2};
+    for (const std::int64_t Lq : {8, 100})
+        for (const detail::FlashTiles* t : {static_cast<const detail::FlashTiles*>(nullptr), &split, &grouped}) {
+            Case c;
+            c.Hq = 4;
+            c.Hkv = 2;
+            c.Lq = Lq;
+            c.Lk = 2100;  // (64 + 64)·4 bytes per key: 1.03 MiB per head
+            c.Dk = c.Dv = 64;
+            c.want_lse = true;
+            c.opt.causal = Lq == 8 ? Causal::bottom_right : Causal::top_left;
+            if (t == &grouped) c.opt.window = Window{900, -1, c.opt.causal == Causal::top_left ? Align::top_left : Align::bottom_right};
+            ASSERT_TRUE(detail::flash_kv_ahead(8, c.Lk * 128 * 4));  // at most 4 tasks per KV head here
+            c.desc = "Lq " + std::to_string(Lq) + (t == &split ? " split" : t == &grouped ? " grouped, window" : "");
+            run_case(c, worst, t);
+        }
+}
+
 // The merge's own overflow: keys 0, 64, 128 hold V = 2e38 in head-dim column 1, one per chunk of
 // 64 keys, and Q = 0 weighs every key alike, so each chunk's unnormalised Σ p·v is 2e38 (finite)
 // but their sum is not. The row is computed again whole (careful path): O = 3·2e38/192 in that

@@ -56,6 +56,13 @@ int flash_query_group(std::int64_t kv_heads, std::int64_t kv_tasks, std::int64_t
     return 1;
 }
 
+bool flash_kv_ahead(std::int64_t kv_tasks, std::int64_t head_kv_bytes) {
+    constexpr std::int64_t kCachedKv = std::int64_t{1} << 20, kRereadKv = std::int64_t{8} << 20;
+    constexpr std::int64_t kManyTasks = 8;
+    if (head_kv_bytes <= kCachedKv) return false;
+    return kv_tasks <= kManyTasks || head_kv_bytes > kRereadKv;
+}
+
 std::string flash_decline_reason(const SdpaProblem& p) {
     // float32, float16 and bfloat16 inputs are read as float32 (16-bit converted per tile,
     // flash_driver.hpp); out may be any of make_problem's output dtypes (store_row.hpp).

@@ -61,6 +61,17 @@ std::int64_t flash_key_chunk(std::int64_t tasks, std::int64_t Lk, int Nb, std::i
 int flash_query_group(std::int64_t kv_heads, std::int64_t kv_tasks, std::int64_t head_kv_bytes, std::int64_t task_bytes,
                       int forced);
 
+// Whether a problem's tasks request each next key block's K and V rows ahead (flash_driver.hpp,
+// prefetch_kv_rows): when the rows come from memory rather than a cache. The micro-kernels read
+// a tile's rows interleaved, which the hardware prefetchers do not follow, and a wait on memory
+// then stalls the products. kv_tasks: tasks per (b, KV head); head_kv_bytes: the K and V bytes
+// of a head (Lk keys). A head within one core's L2 (1 MiB, as flash_query_group) is read from
+// there; a head past it is reread from the L3 when many tasks (more than 8) read it in turn and
+// it is at most 8 MiB. Measured (docs/kernels.md, "Requesting the next key block"): S4 +5 %,
+// 32k keys +7-20 %, 64 rows of a KV head +5-25 %; S2-like heads (2 MiB, 64 tasks) 0 to -5 %,
+// hence the L3 case. (A task of one panel requests them in any case: the driver's ahead_end.)
+bool flash_kv_ahead(std::int64_t kv_tasks, std::int64_t head_kv_bytes);
+
 // Empty when the flash kernel supports the problem, else the reason it declines
 // (e.g. "Q is float64: the flash kernel computes in float32").
 std::string flash_decline_reason(const SdpaProblem& p);

@@ -254,8 +254,8 @@ inline void start_rows(const SdpaProblem& p, Workspace& w, int nq, int ncols, bo
 
 // The key loop of one task, in two parts (run_group interleaves several tasks' loops):
 // start_keys sets up (m, l, Oᵀ) of the block's columns for keys [ulo, uhi); key_block then
-// adds keys [j0, j0+nk), for j0 = ulo, ulo + Nb, … in turn (and, for a task of one panel,
-// requests the next block's K/V rows below uhi: prefetch_kv_rows). careful (finite.hpp): V's large
+// adds keys [j0, j0+nk), for j0 = ulo, ulo + Nb, … in turn, and requests the next block's K/V
+// rows below ahead_end (prefetch_kv_rows; 0: none; see ahead_end). careful (finite.hpp): V's large
 // entries go to bigot, scaled by 2^-64, and every key block takes the selecting path for
 // non-finite entries. with_sinks: see start_rows. Returns whether ALiBi can zero a weight
 // (key_block's alibi_zeros).
@@ -285,15 +285,13 @@ bool start_keys(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::in
 
 template <class Ops>
 void key_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, Workspace& w, std::int64_t b,
-               std::int64_t hk, int nq, int panels, std::int64_t j0, std::int64_t nk, std::int64_t uhi, bool careful,
-               bool alibi_zeros) {
+               std::int64_t hk, int nq, int panels, std::int64_t j0, std::int64_t nk, std::int64_t ahead_end,
+               bool careful, bool alibi_zeros) {
     const int ncols = panels * Ops::kPanel, ldS = t.Mb, ldO = t.Mb;
     const float scale = static_cast<float>(p.scale);
     bool partial = false;
     for (int c = 0; c < nq && !partial; ++c) partial = w.lo[c] > j0 || w.hi[c] < j0 + nk;
-    // One panel: the next block's rows now (measured: 1.5-1.6x for such tasks; with two or
-    // more panels the tile is reread from the L1/L2 and the requests cost 0-4 %).
-    if (panels == 1 && j0 + nk < uhi) prefetch_kv_rows(p, b, hk, j0 + nk, imin(uhi, j0 + nk + t.Nb));
+    if (j0 + nk < ahead_end) prefetch_kv_rows(p, b, hk, j0 + nk, imin(ahead_end, j0 + nk + t.Nb));
     score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, scale, partial);
 
     // Zeros of P only where a mask, ALiBi (a score that overflows to −inf: alibi_zeros) or
@@ -343,14 +341,22 @@ void key_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     if (select) add_nonfinite_v<Ops>(p, w, b, hk, j0, nk, ncols, ldS, ldO);
 }
 
+// Where a task's key loop (keys below uhi) stops requesting each next key block's K/V rows
+// (key_block, prefetch_kv_rows): at uhi when its tiles come from memory (kv_ahead: TaskGrid
+// says when) or it has one panel (its micro-kernels reuse each line too little to hide even a
+// cache's latency: 1.45-1.5x measured, docs/kernels.md); else 0, no requests.
+inline std::int64_t ahead_end(bool kv_ahead, int panels, std::int64_t uhi) { return kv_ahead || panels == 1 ? uhi : 0; }
+
 // The whole key loop of one task: (m, l, Oᵀ) of the block's columns from keys [ulo, uhi).
+// kv_ahead: see ahead_end.
 template <class Ops>
 void accumulate_keys(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, Workspace& w, std::int64_t b,
                      std::int64_t hk, int nq, int panels, std::int64_t ulo, std::int64_t uhi, bool careful,
-                     bool with_sinks = true) {
+                     bool kv_ahead, bool with_sinks = true) {
     const bool alibi_zeros = start_keys<Ops>(p, t, w, b, nq, panels, ulo, uhi, careful, with_sinks);
+    const std::int64_t ahead = ahead_end(kv_ahead, panels, uhi);
     for (std::int64_t j0 = ulo; j0 < uhi; j0 += t.Nb)
-        key_block<Ops>(p, t, drop, w, b, hk, nq, panels, j0, imin(t.Nb, uhi - j0), uhi, careful, alibi_zeros);
+        key_block<Ops>(p, t, drop, w, b, hk, nq, panels, j0, imin(t.Nb, uhi - j0), ahead, careful, alibi_zeros);
 }
 
 // A task's coordinates: queries [i0, i0+nq_head) of the nh query heads h0.. (all reading KV
@@ -358,6 +364,7 @@ void accumulate_keys(const SdpaProblem& p, const FlashTiles& t, const Dropout& d
 struct TaskAt {
     std::int64_t b = 0, hk = 0, h0 = 0, i0 = 0;
     int nh = 0, nq_head = 0;
+    bool kv_ahead = false;  // request each next key block's K/V rows (TaskGrid::kv_ahead)
 };
 
 // The block's columns in the workspace (w.ch, w.ci, w.lo, w.hi) and the union of their
@@ -518,7 +525,7 @@ template <class Ops>
 void finish_task(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, Workspace& w, const TaskAt& a,
                  const BlockCols& k, const unsigned char* store = nullptr) {
     const bool careful = any_nonfinite(w.ot, t.Mb, p.Dv, k.nq);
-    if (careful) accumulate_keys<Ops>(p, t, drop, w, a.b, a.hk, k.nq, k.panels, k.ulo, k.uhi, true);
+    if (careful) accumulate_keys<Ops>(p, t, drop, w, a.b, a.hk, k.nq, k.panels, k.ulo, k.uhi, true, a.kv_ahead);
     finish_block<Ops>(p, t, drop, w, a.b, a.hk, k, careful, store);
 }
 
@@ -529,7 +536,7 @@ void run_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
                const unsigned char* store = nullptr) {
     const BlockCols k = block_columns<Ops>(p, w, a);
     pack_block_q<Ops>(p, w, a.b, k);
-    accumulate_keys<Ops>(p, t, drop, w, a.b, a.hk, k.nq, k.panels, k.ulo, k.uhi, false);
+    accumulate_keys<Ops>(p, t, drop, w, a.b, a.hk, k.nq, k.panels, k.ulo, k.uhi, false, a.kv_ahead);
     finish_task<Ops>(p, t, drop, w, a, k, store);
 }
 
@@ -569,11 +576,18 @@ void run_group(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
         pack_block_q<Ops>(p, *ws[i], a[i].b, k[i]);
         alibi_zeros[i] = start_keys<Ops>(p, t, *ws[i], a[i].b, k[i].nq, k[i].panels, k[i].ulo, k[i].uhi, false, true);
     }
-    for (std::int64_t j0 = ulo; j0 < uhi; j0 += t.Nb)
+    // The first task that reads a key block requests the next one (ahead_end); the others find
+    // its rows in the cache.
+    for (std::int64_t j0 = ulo; j0 < uhi; j0 += t.Nb) {
+        bool requested = false;
         for (int i = 0; i < n; ++i)
-            if (j0 >= k[i].ulo && j0 < k[i].uhi)
+            if (j0 >= k[i].ulo && j0 < k[i].uhi) {
+                const std::int64_t ahead = requested ? 0 : ahead_end(a[i].kv_ahead, k[i].panels, k[i].uhi);
+                requested = true;
                 key_block<Ops>(p, t, drop, *ws[i], a[i].b, a[i].hk, k[i].nq, k[i].panels, j0, imin(t.Nb, k[i].uhi - j0),
-                               k[i].uhi, false, alibi_zeros[i]);
+                               ahead, false, alibi_zeros[i]);
+            }
+    }
     for (int i = 0; i < n; ++i) finish_task<Ops>(p, t, drop, *ws[i], a[i], k[i]);
 }
 
@@ -609,9 +623,9 @@ void run_chunk(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
         return;
     }
     pack_block_q<Ops>(p, w, a.b, k);
-    accumulate_keys<Ops>(p, t, drop, w, a.b, a.hk, k.nq, k.panels, lo, hi, false, false);
+    accumulate_keys<Ops>(p, t, drop, w, a.b, a.hk, k.nq, k.panels, lo, hi, false, a.kv_ahead, false);
     const bool careful = any_nonfinite(w.ot, t.Mb, p.Dv, k.nq);  // as in run_block
-    if (careful) accumulate_keys<Ops>(p, t, drop, w, a.b, a.hk, k.nq, k.panels, lo, hi, true, false);
+    if (careful) accumulate_keys<Ops>(p, t, drop, w, a.b, a.hk, k.nq, k.panels, lo, hi, true, a.kv_ahead, false);
     std::memcpy(slot, w.m, sizeof(float) * static_cast<std::size_t>(k.nq));
     std::memcpy(slot + t.Mb, w.l, sizeof(float) * static_cast<std::size_t>(k.nq));
     std::memcpy(slot + 2 * t.Mb, w.ot, sizeof(float) * static_cast<std::size_t>(acc));
@@ -706,7 +720,14 @@ void merge_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop,
 struct TaskGrid {
     std::int64_t qpb = 0, hpb = 0, qblocks = 0, hchunks = 0, tasks = 0;
     std::int64_t kv_tasks = 0;  // tasks per (b, KV head): hchunks · qblocks, consecutive in task order
+    bool kv_ahead = false;      // the tasks' K/V tiles come from memory: flash_kv_ahead
 };
+
+// Bytes of one key's K row and V row (flash_query_group, flash_kv_ahead).
+inline std::int64_t kv_row_bytes(const SdpaProblem& p) {
+    return p.Dk * static_cast<std::int64_t>(dtype_size(p.k.dtype())) + p.Dv * static_cast<std::int64_t>(dtype_size(p.v.dtype()));
+}
+
 inline TaskGrid task_grid(const SdpaProblem& p, const FlashTiles& t) {
     TaskGrid g;
     g.qpb = p.Lq >= t.Mb ? t.Mb : p.Lq;                   // queries per block
@@ -715,12 +736,8 @@ inline TaskGrid task_grid(const SdpaProblem& p, const FlashTiles& t) {
     g.hchunks = (p.group + g.hpb - 1) / g.hpb;
     g.kv_tasks = g.hchunks * g.qblocks;
     g.tasks = p.B * p.Hkv * g.kv_tasks;
+    g.kv_ahead = flash_kv_ahead(g.kv_tasks, p.Lk * kv_row_bytes(p));
     return g;
-}
-
-// Bytes of one key's K row and V row (flash_query_group).
-inline std::int64_t kv_row_bytes(const SdpaProblem& p) {
-    return p.Dk * static_cast<std::int64_t>(dtype_size(p.k.dtype())) + p.Dv * static_cast<std::int64_t>(dtype_size(p.v.dtype()));
 }
 
 // Task `task` of problem p (0 <= task < g.tasks).
@@ -737,6 +754,7 @@ inline TaskAt task_at(const SdpaProblem& p, const TaskGrid& g, std::int64_t task
     a.i0 = qb * g.qpb;
     a.nh = static_cast<int>(imin(g.hpb, p.group - hc * g.hpb));
     a.nq_head = static_cast<int>(imin(g.qpb, p.Lq - a.i0));
+    a.kv_ahead = g.kv_ahead;
     return a;
 }
 

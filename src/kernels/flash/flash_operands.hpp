@@ -210,7 +210,8 @@ const float* paged_tile_rows(const SdpaProblem& p, bool value, std::int64_t b, s
 // hide the wait — the next block's rows, requested a block ahead, arrive in time
 // (docs/kernels.md, "Few queries per KV head"). always_inline: out of line, GCC found the
 // function free of side effects (a prefetch is none to it) and deleted every call.
-__attribute__((always_inline)) inline void prefetch_kv_rows(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::int64_t j0, std::int64_t j1) {
+__attribute__((always_inline)) inline void prefetch_kv_rows(const SdpaProblem& p, std::int64_t b, std::int64_t h,
+                                                            std::int64_t j0, std::int64_t j1) {
     for (int value = 0; value < 2; ++value) {
         const TensorView& t = value ? p.v : p.k;
         if (t.stride(3) != 1) continue;
