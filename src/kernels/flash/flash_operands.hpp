@@ -208,7 +208,7 @@ const float* paged_tile_rows(const SdpaProblem& p, bool value, std::int64_t b, s
 // micro-kernels read a key block's 8 rows of a tile interleaved (8 streams of D·4 bytes each),
 // which the hardware prefetchers do not follow, and one panel reuses each line too little to
 // hide the wait — the next block's rows, requested a block ahead, arrive in time
-// (docs/kernels.md, "Few queries per KV head"). always_inline: out of line, GCC found the
+// (docs/kernels.md, "Requesting the next key block"). always_inline: out of line, GCC found the
 // function free of side effects (a prefetch is none to it) and deleted every call.
 __attribute__((always_inline)) inline void prefetch_kv_rows(const SdpaProblem& p, std::int64_t b, std::int64_t h,
                                                             std::int64_t j0, std::int64_t j1) {
