@@ -576,16 +576,18 @@ void run_group(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
         pack_block_q<Ops>(p, *ws[i], a[i].b, k[i]);
         alibi_zeros[i] = start_keys<Ops>(p, t, *ws[i], a[i].b, k[i].nq, k[i].panels, k[i].ulo, k[i].uhi, false, true);
     }
-    // The first task that reads a key block requests the next one (ahead_end); the others find
-    // its rows in the cache.
+    // The first task that reads a key block and has a next one requests it (ahead_end); the
+    // others find its rows in the cache. A task whose keys end at this block requests nothing,
+    // so a later task of the group (a longer key range) does.
     for (std::int64_t j0 = ulo; j0 < uhi; j0 += t.Nb) {
         bool requested = false;
         for (int i = 0; i < n; ++i)
             if (j0 >= k[i].ulo && j0 < k[i].uhi) {
+                const std::int64_t nk = imin(t.Nb, k[i].uhi - j0);
                 const std::int64_t ahead = requested ? 0 : ahead_end(a[i].kv_ahead, k[i].panels, k[i].uhi);
-                requested = true;
-                key_block<Ops>(p, t, drop, *ws[i], a[i].b, a[i].hk, k[i].nq, k[i].panels, j0, imin(t.Nb, k[i].uhi - j0),
-                               ahead, false, alibi_zeros[i]);
+                requested = requested || ahead > j0 + nk;
+                key_block<Ops>(p, t, drop, *ws[i], a[i].b, a[i].hk, k[i].nq, k[i].panels, j0, nk, ahead, false,
+                               alibi_zeros[i]);
             }
     }
     for (int i = 0; i < n; ++i) finish_task<Ops>(p, t, drop, *ws[i], a[i], k[i]);
