@@ -14,6 +14,7 @@
 #include "../core/check.hpp"
 #include "../core/threads.hpp"
 #include "../kernels/decode/decode.hpp"
+#include "../kernels/dispatch.hpp"
 #include "../kernels/flash/flash.hpp"
 #include "../kernels/isa.hpp"
 #include "../sdpa/problem.hpp"
@@ -84,15 +85,13 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
                                   {{&out, "out"}, {lse, "lse"}});
     const detail::KernelSet& kernels = detail::kernel_set();
 
-    // Flash on the pages: automatic when flash takes the problem and the decode kernel is not the
-    // automatic choice (detail::auto_decode_declines: chunked prefill, or a flash panel's worth
-    // of rows per KV head). The driver reads the pages of any pool (flash_operands.hpp,
+    // Flash on the pages: automatic where sdpa's dispatch would run flash (detail::runs_flash:
+    // flash takes the problem and auto_decode_declines says decode is not the automatic choice —
+    // chunked prefill, or a flash panel's worth of rows per KV head). The driver reads the pages of any pool (flash_operands.hpp,
     // paged_tile_rows; the bf16-compute operands through kv_row_offset), so the result has the
     // bits of flash on the contiguous cache.
-    const std::string flash_declines = detail::flash_decline_reason(p);
-    const bool auto_flash =
-        options.impl == Impl::automatic && flash_declines.empty() && !detail::auto_decode_declines(p, kernels).empty();
-    if (options.impl == Impl::flash || auto_flash) {
+    if (options.impl == Impl::flash || detail::runs_flash(p, options.impl)) {
+        const std::string flash_declines = detail::flash_decline_reason(p);
         if (!flash_declines.empty()) detail::fail(kOp, "impl: the flash kernel declines this call: ", flash_declines);
         detail::SdpaProblem fp = p;
         fp.paged = &rows;

@@ -393,6 +393,23 @@ TEST(DecodeDispatch, AutoPicksDecodeBelowOneFlashPanel) {
                         << where;
                 }
                 EXPECT_FALSE(still_poisoned(s.out)) << where;
+                if (decode) continue;
+                // impl = decode still runs decode on as many rows as it accepts (Lq <= 16): the
+                // panel rule is auto's, not the kernel's. Both results against the reference.
+                SdpaOptions forced, oracle;
+                forced.impl = Impl::decode;
+                oracle.impl = Impl::reference;
+                Tensor dec(DType::f32, s.out.shape()), ref(DType::f32, s.out.shape());
+                poison(dec);
+                SdpaReport forced_report;
+                sdpa(s.q, s.k, s.v, forced, dec, nullptr, nullptr, &forced_report);
+                sdpa(s.q, s.k, s.v, oracle, ref);
+                EXPECT_EQ(forced_report.kernel.rfind("decode/", 0), 0u) << where << " | forced: " << forced_report.explanation;
+                for (std::int64_t e = 0; e < ref.numel(); ++e) {
+                    const float r = ref.data_as<float>()[e];
+                    EXPECT_NEAR(dec.data_as<float>()[e], r, 1e-5f * (1.0f + std::fabs(r))) << where << " (decode) at " << e;
+                    EXPECT_NEAR(s.out.data_as<float>()[e], r, 1e-5f * (1.0f + std::fabs(r))) << where << " (flash) at " << e;
+                }
             }
         Small big(17, DType::f32, rng);
         SdpaReport report;

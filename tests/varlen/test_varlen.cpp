@@ -426,6 +426,26 @@ TEST(Varlen, ReportCountsKernels) {
     EXPECT_NE(rep.kernel.find("flash/"), std::string::npos) << rep.kernel;
 }
 
+// The panel rule reaches varlen: a GQA sequence (group 8) runs decode while group·lq is below
+// one flash panel and joins the flash batch from one panel on, saying why.
+TEST(Varlen, ReportCountsRowsPerKvHead) {
+    VarlenCase c;
+    c.Hq = 8;
+    c.Hkv = 1;
+    c.lq = {1, 4, 2};  // 8, 32 and 16 rows per KV head
+    c.lk = {30, 30, 30};
+    const Packed p = make_packed(c, 5);
+    SdpaReport rep;
+    run_varlen(p, false, &rep);
+    const std::string isa = detail::isa_name(detail::kernel_set().isa);
+    const std::int64_t panel = detail::kernel_set().flash_panel;
+    int flash = 0;
+    for (const std::int64_t lq : c.lq) flash += c.Hq / c.Hkv * lq >= panel ? 1 : 0;
+    const int decode = static_cast<int>(c.lq.size()) - flash;
+    EXPECT_NE(rep.kernel.find("decode/" + isa + " x" + std::to_string(decode)), std::string::npos) << rep.kernel;
+    EXPECT_NE(rep.kernel.find("flash/" + isa + " x" + std::to_string(flash)), std::string::npos) << rep.kernel;
+}
+
 // ---- backward ----------------------------------------------------------------------------
 
 struct Backward {
