@@ -9,7 +9,8 @@
 //   O = attention(Q, cache), causal bottom-right per sequence: new token t of sequence b
 //       (position n_b_old + t) sees cache positions 0 .. n_b_old + t — one call for all
 //       sequences (key_lengths = the cache's lengths, docs/conventions.md):
-//       decode_attention (the decode kernel for T <= kMaxDecodeQueries, else flash; a
+//       decode_attention (the decode kernel for a few rows per KV head — group·T below one
+//       flash panel, docs/kernels.md "Decode or flash" — else flash; a
 //       prefill block on 16-bit storage reads float32 copies of the filled rows)
 //   output = O · W_Oᵀ + b_O                             shaped like x_new, float32
 //

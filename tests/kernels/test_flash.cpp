@@ -646,7 +646,10 @@ TEST(FlashFixed, KvAheadPolicy) {
 // Heads past 1 MiB read by few tasks, so every task requests its next key block (TaskGrid::
 // kv_ahead), with one- and two-panel tasks, causal alignments, a window, and forced key splits
 // and groups (the requests' ranges end at each chunk's and task's last key): against the
-// reference, 1 and 2 threads alike (run_case).
+// reference, 1 and 2 threads alike (run_case). What this can catch: a request path that
+// changes a value or reads a wrong row through a page table or view (ASan in kernels_asan). What
+// it cannot: a missing or misaddressed prefetch — x86 prefetches never fault and change no
+// value; the lab's rates (docs/kernels.md, "Requesting the next key block") are that check.
 TEST(FlashFixed, RequestsAheadOnLargeHeads) {
     Worst worst;
     const detail::FlashTiles split{64, 64, 3, 0}, grouped{64, 64, 0, 2};
@@ -906,8 +909,8 @@ TEST(FlashDropout, AutoRunsFlashSeedDecides) {
     EXPECT_LT(worst, 1e-5) << "flash with dropout vs reference";
 }
 
-// Through the public API: auto picks flash for float32 prefill (Lq > 16; fewer queries go
-// to the decode kernel) and says so; float64 goes to the reference with a reason; an
+// Through the public API: auto picks flash for float32 prefill (Lq > 16; fewer rows per KV
+// head than a flash panel go to the decode kernel) and says so; float64 goes to the reference with a reason; an
 // explicit flash on float64 is an error naming the tensor.
 TEST(FlashDispatch, AutoPicksFlashAndExplains) {
     Tensor q(DType::f32, Shape{1, 2, 17, 8}, true), k(DType::f32, Shape{1, 2, 6, 8}, true), v(DType::f32, Shape{1, 2, 6, 8}, true);

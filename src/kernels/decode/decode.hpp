@@ -82,8 +82,9 @@ std::string decode_declines(const SdpaProblem& p);
 // head (group·Lq) fill less than one flash panel (k.flash_panel queries: 32 on the avx512
 // row, 16 on the others). Below that, decode reads K and V once at the memory's pace while
 // flash would spend a whole panel's FMAs on the few rows; from one full panel on, flash reads
-// K and V once as well and computes the rows 1.1–1.9× faster (docs/kernels.md, "Decode or
-// flash": measured on both rows, float32 and 16-bit K/V, head dims 64 and 128).
+// K and V once as well and computes the rows 1.04–1.9× faster (docs/kernels.md, "Decode or
+// flash": measured on both rows, float32 and 16-bit K/V, head dims 64 and 128; one-token MQA
+// steps of one to two panels on float32 are the exception, decode 5–24 % faster there).
 std::string auto_decode_declines(const SdpaProblem& p, const KernelSet& k);
 
 // Plans the call (forced_split as in plan_decode), allocates the scratch and runs the

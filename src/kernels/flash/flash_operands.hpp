@@ -204,11 +204,12 @@ const float* paged_tile_rows(const SdpaProblem& p, bool value, std::int64_t b, s
 }
 
 // Asks for K and V rows [j0, j1) of kv head h in the L2 (a software prefetch of every line;
-// rows with a strided head dim are left to the hardware). For a task of one panel: the
-// micro-kernels read a key block's 8 rows of a tile interleaved (8 streams of D·4 bytes each),
-// which the hardware prefetchers do not follow, and one panel reuses each line too little to
-// hide the wait — the next block's rows, requested a block ahead, arrive in time
-// (docs/kernels.md, "Requesting the next key block"). always_inline: out of line, GCC found the
+// rows with a strided head dim are left to the hardware). Called for a task of one panel, and
+// for tasks of any width whose K/V come from memory (flash_kv_ahead): the micro-kernels read a
+// key block's 8 rows of a tile interleaved (8 streams of D·4 bytes each), which the hardware
+// prefetchers do not follow, and one panel reuses each line too little to hide the wait; with
+// a head's K/V past the caches the wait is there at any width — the next block's rows,
+// requested a block ahead, arrive in time (docs/kernels.md, "Requesting the next key block"). always_inline: out of line, GCC found the
 // function free of side effects (a prefetch is none to it) and deleted every call.
 __attribute__((always_inline)) inline void prefetch_kv_rows(const SdpaProblem& p, std::int64_t b, std::int64_t h,
                                                             std::int64_t j0, std::int64_t j1) {
