@@ -231,7 +231,7 @@ void bind_kv_cache(py::module_& m) {
           py::arg("return_lse") = false, py::arg("threads") = py::none(), py::arg("dtype") = py::none(),
           py::arg("out_dtype") = py::none(),
           "New queries (B, Hq, Lq, Dk) float32, float16 or bfloat16 (uint16 bits with dtype=\"bfloat16\") against everything in the cache (the decode kernel for\n"
-          "a few rows per KV head, group*Lq below one flash panel, flash otherwise; append the new tokens' keys/values first). Causal and window align bottom-right per\n"
+          "a few rows per KV head, group*Lq below one flash panel (two with float32 K/V), flash otherwise; append the new tokens' keys/values first). Causal and window align bottom-right per\n"
           "sequence by default: new query i of sequence b (length n_b) has its diagonal at\n"
           "i + n_b - Lq. window=(left, right), window_alignment, causal_alignment and query_offset\n"
           "mean what they mean in scaled_dot_product_attention; window_left=w is window=(w, None).\n"

@@ -166,7 +166,7 @@ void bind_paged_kv_cache(py::module_& m) {
           py::arg("query_offset") = py::none(), py::arg("return_lse") = false, py::arg("dtype") = py::none(),
           py::arg("out_dtype") = py::none(), py::arg("threads") = py::none(),
           "query (B, Hq, Lq, Dk) float32, float16 or bfloat16 (uint16 bits with dtype=\"bfloat16\"), batch row b = sequence seqs[b], against the cache's pages (decode\n"
-          "kernel for a few rows per KV head, group*Lq below one flash panel; flash reading the pages of any pool otherwise,\n"
+          "kernel for a few rows per KV head, group*Lq below one flash panel (two with float32 K/V); flash reading the pages of any pool otherwise,\n"
           "chunked prefill included). Append the new tokens first. Keywords as\n"
           "decode_attention's, and so are dtype=, out_dtype= (default: a 16-bit query's dtype, else float32) and threads=.\n"
           "Returns out (B, Hq, Lq, Dv) [, lse float32].");

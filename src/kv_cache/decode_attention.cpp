@@ -2,7 +2,7 @@
 // is an sdpa problem (make_problem, the same checks and the same alignment rule) whose K
 // and V are the cache's filled rows and whose key_lengths are the cache's lengths; the
 // dispatch then picks decode or flash as for any sdpa call (decode for fewer rows per KV head
-// than one flash panel: detail::auto_decode_declines).
+// than one flash panel with 16-bit K/V, two with float32: detail::auto_decode_declines).
 #include "attn/decode.hpp"
 
 #include <algorithm>

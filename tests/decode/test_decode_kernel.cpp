@@ -364,9 +364,10 @@ struct Small {
           out(DType::f32, Shape{1, Hq, Lq, 8}) {}
 };
 
-// auto runs decode while its rows per KV head, group·Lq, fill less than one flash panel — 32
-// queries on the avx512 row, 16 on the avx2 and portable rows (docs/kernels.md, "Decode or
-// flash") — and flash from one full panel on; Lq > 16 is never decode's.
+// auto runs decode while its rows per KV head, group·Lq, are fewer than one flash panel with
+// 16-bit K/V and two with float32 K/V — a panel is 32 queries on the avx512 row, 16 on the avx2
+// and portable rows (docs/kernels.md, "Decode or flash") — and flash from there on; Lq > 16 is
+// never decode's.
 TEST(DecodeDispatch, AutoPicksDecodeBelowOneFlashPanel) {
     std::mt19937 rng(1);
     for (const detail::KernelSet* row : rows()) {
@@ -374,21 +375,26 @@ TEST(DecodeDispatch, AutoPicksDecodeBelowOneFlashPanel) {
         const std::int64_t panel = row->isa == detail::Isa::avx512 ? 32 : 16;
         for (const std::int64_t group : {1, 2, 4, 8})
             for (const std::int64_t Lq : {1, 2, 3, 4, 7, 8, 15, 16}) {
-                Small s(Lq, group == 8 ? DType::f16 : DType::f32, rng, 2 * group, 2);
+                const DType kv = group == 8 ? DType::f16 : DType::f32;
+                Small s(Lq, kv, rng, 2 * group, 2);
                 SdpaReport report;
                 poison(s.out);
                 sdpa(s.q, s.k, s.v, SdpaOptions{}, s.out, nullptr, nullptr, &report);
-                const bool decode = group * Lq < panel;
+                const std::int64_t limit = kv == DType::f32 ? 2 * panel : panel;
+                const bool decode = group * Lq < limit;
                 const std::string where = std::string(isa_name(row->isa)) + " group " + std::to_string(group) + " Lq " +
                                           std::to_string(Lq) + ": " + report.explanation;
                 EXPECT_EQ(report.kernel.rfind(decode ? "decode/" : "flash/", 0), 0u) << where;
                 if (decode) {
-                    EXPECT_NE(report.explanation.find("auto: decode (group·Lq = " + std::to_string(group * Lq)),
+                    EXPECT_NE(report.explanation.find("auto: decode (group·Lq = " + std::to_string(group * Lq) +
+                                                      " rows per KV head < " + std::to_string(limit) + ", "),
                               std::string::npos)
                         << where;
                 } else {
                     EXPECT_NE(report.explanation.find("decode: declined, group·Lq = " + std::to_string(group * Lq) +
-                                                      " rows per KV head fill a flash panel (" + std::to_string(panel)),
+                                                      " rows per KV head reach " + std::to_string(limit) + ", " +
+                                                      (kv == DType::f32 ? "two flash panels" : "one flash panel") + " of " +
+                                                      std::to_string(panel)),
                               std::string::npos)
                         << where;
                 }

@@ -426,13 +426,13 @@ TEST(Varlen, ReportCountsKernels) {
     EXPECT_NE(rep.kernel.find("flash/"), std::string::npos) << rep.kernel;
 }
 
-// The panel rule reaches varlen: a GQA sequence (group 8) runs decode while group·lq is below
-// one flash panel and joins the flash batch from one panel on, saying why.
+// The panel rule reaches varlen: a GQA sequence (group 8, float32 K/V) runs decode while
+// group·lq is below two flash panels and joins the flash batch from there on.
 TEST(Varlen, ReportCountsRowsPerKvHead) {
     VarlenCase c;
     c.Hq = 8;
     c.Hkv = 1;
-    c.lq = {1, 4, 2};  // 8, 32 and 16 rows per KV head
+    c.lq = {1, 8, 4};  // 8, 64 and 32 rows per KV head: avx512 (panel 32) 2 decode, avx2 1
     c.lk = {30, 30, 30};
     const Packed p = make_packed(c, 5);
     SdpaReport rep;
@@ -440,7 +440,7 @@ TEST(Varlen, ReportCountsRowsPerKvHead) {
     const std::string isa = detail::isa_name(detail::kernel_set().isa);
     const std::int64_t panel = detail::kernel_set().flash_panel;
     int flash = 0;
-    for (const std::int64_t lq : c.lq) flash += c.Hq / c.Hkv * lq >= panel ? 1 : 0;
+    for (const std::int64_t lq : c.lq) flash += c.Hq / c.Hkv * lq >= 2 * panel ? 1 : 0;  // float32 K/V: two panels
     const int decode = static_cast<int>(c.lq.size()) - flash;
     EXPECT_NE(rep.kernel.find("decode/" + isa + " x" + std::to_string(decode)), std::string::npos) << rep.kernel;
     EXPECT_NE(rep.kernel.find("flash/" + isa + " x" + std::to_string(flash)), std::string::npos) << rep.kernel;

@@ -59,13 +59,28 @@ std::string decode_declines(const SdpaProblem& p) {
     return {};
 }
 
+int auto_decode_panels(const SdpaProblem& p) {
+    return p.k.dtype() == DType::f32 && p.v.dtype() == DType::f32 ? 2 : 1;
+}
+
+namespace {
+// "64, two flash panels of 32 on the avx512 row (float32 K/V)": the limit auto_decode_declines
+// applies, in the words both of its reports use.
+std::string decode_row_limit(const SdpaProblem& p, const KernelSet& k) {
+    const int panels = auto_decode_panels(p);
+    return std::to_string(panels * k.flash_panel) + ", " + (panels == 2 ? "two flash panels" : "one flash panel") +
+           " of " + std::to_string(k.flash_panel) + " on the " + isa_name(k.isa) + " row (" +
+           (panels == 2 ? "float32 K/V" : "16-bit K or V") + ")";
+}
+}  // namespace
+
 std::string auto_decode_declines(const SdpaProblem& p, const KernelSet& k) {
     std::string why = decode_declines(p);
     if (!why.empty()) return why;
     const std::int64_t rows = p.group * p.Lq;
-    if (rows >= k.flash_panel)
-        return "group·Lq = " + std::to_string(rows) + " rows per KV head fill a flash panel (" +
-               std::to_string(k.flash_panel) + " queries on the " + isa_name(k.isa) + " row): flash computes them faster";
+    if (rows >= auto_decode_panels(p) * k.flash_panel)
+        return "group·Lq = " + std::to_string(rows) + " rows per KV head reach " + decode_row_limit(p, k) +
+               ": flash computes them faster";
     return {};
 }
 
@@ -123,7 +138,7 @@ bool dispatch_decode(const SdpaProblem& p, Impl requested, SdpaReport* report, s
         report->explanation = explanation +
                               (requested == Impl::automatic
                                    ? "auto: decode (group·Lq = " + std::to_string(p.group * p.Lq) + " rows per KV head < " +
-                                         std::to_string(kernels.flash_panel) + ", one flash panel)\n"
+                                         decode_row_limit(p, kernels) + ")\n"
                                    : "") +
                               "ran: decode (" + isa_name(kernels.isa) + " path: " + why_isa + "; " + dtypes_of(p) +
                               ", fp32 accumulation)";

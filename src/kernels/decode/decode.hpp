@@ -79,13 +79,17 @@ std::string decode_declines(const SdpaProblem& p);
 // The automatic choice between decode and flash, for every entry point (run_forward,
 // runs_flash, paged_attention): empty when `auto` runs the decode kernel on p with kernel
 // table row k, else why not. Decode runs when it accepts p and the rows it computes per KV
-// head (group·Lq) fill less than one flash panel (k.flash_panel queries: 32 on the avx512
-// row, 16 on the others). Below that, decode reads K and V once at the memory's pace while
-// flash would spend a whole panel's FMAs on the few rows; from one full panel on, flash reads
-// K and V once as well and computes the rows 1.04–1.9× faster (docs/kernels.md, "Decode or
-// flash": measured on both rows, float32 and 16-bit K/V, head dims 64 and 128; one-token MQA
-// steps of one to two panels on float32 are the exception, decode 5–24 % faster there).
+// head (group·Lq) are fewer than auto_decode_panels(p) flash panels (k.flash_panel queries:
+// 32 on the avx512 row, 16 on the others). Below that, decode reads K and V once at the
+// memory's pace while flash would spend whole panels' FMAs on the few rows. Past it flash
+// computes the rows faster: from one panel on with 16-bit K/V (flash converts each tile by
+// reading its rows in order), from two with float32 K/V (a task of one panel reads float32
+// tiles in place, interleaved, and waits on them: decode stays 0–24 % faster up to two panels).
+// docs/kernels.md, "Decode or flash": measured on both rows, float32 and 16-bit K/V.
 std::string auto_decode_declines(const SdpaProblem& p, const KernelSet& k);
+// Flash panels of rows per KV head below which `auto` runs decode: 2 with float32 K and V, 1
+// with 16-bit K or V.
+int auto_decode_panels(const SdpaProblem& p);
 
 // Plans the call (forced_split as in plan_decode), allocates the scratch and runs the
 // kernel table row's decode. Precondition: decode_declines(p) is empty.
