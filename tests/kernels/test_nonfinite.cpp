@@ -278,6 +278,19 @@ TEST(NonFinite, FlashShortQueries) {  // Lq < Mb: several heads share one block
         }
 }
 
+// One-panel tasks (2 heads × 8 queries = 16 rows) whose heads pass the L2 (9500 keys × 28
+// floats: 1.01 MiB) copy their float32 tiles (flash_pack_one_panel): the selecting and careful
+// paths then read and split V in the workspace, as for 16-bit K/V.
+TEST(NonFinite, FlashOnePanelLargeHeads) {
+    ASSERT_TRUE(detail::flash_pack_one_panel(9500 * 28 * 4));
+    for (const Problem& P : problems(8, 9500))
+        for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+            check_forward(P, [&](const detail::SdpaProblem& p) { detail::flash_forward(p, *row, 2, nullptr); },
+                          detail::isa_name(row->isa));
+            if (HasFailure()) return;
+        }
+}
+
 TEST(NonFinite, DecodeEveryRowAndSplit) {
     for (Problem P : problems(4, 300)) {
         P.Hq = 4;
@@ -523,6 +536,16 @@ TEST(LargeV, FlashShortQueriesAndDropout) {
                       "dropout");
         if (HasFailure()) return;
     }
+}
+
+// The careful path on one-panel tasks whose float32 tiles are copied (NonFinite.FlashOnePanelLargeHeads).
+TEST(LargeV, FlashOnePanelLargeHeads) {
+    for (const auto& [P, how] : large_v_problems(8, 9500))
+        for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+            check_large_v(P, how, [&](const detail::SdpaProblem& p) { detail::flash_forward(p, *row, 2, nullptr); },
+                          detail::isa_name(row->isa));
+            if (HasFailure()) return;
+        }
 }
 
 TEST(LargeV, DecodeEveryRowAndSplit) {

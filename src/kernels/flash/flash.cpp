@@ -48,8 +48,8 @@ int flash_query_group(std::int64_t kv_heads, std::int64_t kv_tasks, std::int64_t
     // A head's K and V within one core's L2 (512 KiB on Zen 3, 1 MiB on Zen 4/5) are read from
     // there by every task: nothing to gain. The group's Qᵀ and Oᵀ must stay in the L2 beside the
     // key block: at most 256 KiB of them (4 tasks at D = 64 and 128, 2 at D = 256).
-    constexpr std::int64_t kCachedKv = std::int64_t{1} << 20, kGroupBytes = std::int64_t{256} << 10;
-    if (head_kv_bytes <= kCachedKv) return 1;
+    constexpr std::int64_t kGroupBytes = std::int64_t{256} << 10;
+    if (head_kv_bytes <= kFlashCachedKvBytes) return 1;
     const std::int64_t target = split_target(4);
     for (std::int64_t g = std::min(most, kGroupBytes / std::max<std::int64_t>(1, task_bytes)); g > 1; --g)
         if (kv_heads * ((kv_tasks + g - 1) / g) >= target) return static_cast<int>(g);
@@ -57,9 +57,9 @@ int flash_query_group(std::int64_t kv_heads, std::int64_t kv_tasks, std::int64_t
 }
 
 bool flash_kv_ahead(std::int64_t kv_tasks, std::int64_t head_kv_bytes) {
-    constexpr std::int64_t kCachedKv = std::int64_t{1} << 20, kRereadKv = std::int64_t{8} << 20;
+    constexpr std::int64_t kRereadKv = std::int64_t{8} << 20;
     constexpr std::int64_t kManyTasks = 8;
-    if (head_kv_bytes <= kCachedKv) return false;
+    if (head_kv_bytes <= kFlashCachedKvBytes) return false;
     return kv_tasks <= kManyTasks || head_kv_bytes > kRereadKv;
 }
 

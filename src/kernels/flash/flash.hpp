@@ -72,6 +72,19 @@ int flash_query_group(std::int64_t kv_heads, std::int64_t kv_tasks, std::int64_t
 // hence the L3 case. (A task of one panel requests them in any case: the driver's ahead_end.)
 bool flash_kv_ahead(std::int64_t kv_tasks, std::int64_t head_kv_bytes);
 
+// K and V bytes of a head that one core's L2 keeps (512 KiB on Zen 3, 1 MiB on Zen 4/5, 2 MiB on
+// Sapphire Rapids): past it a head's tiles come from the L3 or memory (flash_query_group,
+// flash_kv_ahead, flash_pack_one_panel).
+inline constexpr std::int64_t kFlashCachedKvBytes = std::int64_t{1} << 20;
+
+// Whether a task of one panel copies its float32 K/V tiles into the workspace (each row whole,
+// in address order) instead of reading them in place: when the head's K and V pass the L2. The
+// micro-kernels read a tile's rows interleaved, which the hardware prefetchers follow badly, and
+// one panel gives each line too little work to hide the wait; the copy reads the rows as streams
+// (as the widening of a 16-bit tile does). Measured (docs/kernels.md, "Decode or flash"): one-panel
+// float32 steps 0-15 % faster; multi-panel tasks reuse each line enough and read in place.
+inline bool flash_pack_one_panel(std::int64_t head_kv_bytes) { return head_kv_bytes > kFlashCachedKvBytes; }
+
 // Empty when the flash kernel supports the problem, else the reason it declines
 // (e.g. "Q is float64: the flash kernel computes in float32").
 std::string flash_decline_reason(const SdpaProblem& p);

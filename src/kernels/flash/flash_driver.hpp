@@ -313,7 +313,7 @@ void key_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     if (careful) {
         // V's rows as float32 (16-bit: converted into vbuf; splitting in place is safe,
         // each entry is read before its two parts are written).
-        const float* v = kv_tile_rows<Ops>(p, true, b, hk, j0, nk, p.Dv, w.vbuf, ldv);
+        const float* v = kv_tile_rows<Ops>(p, true, b, hk, j0, nk, p.Dv, w.vbuf, ldv, panels);
         select = false;
         for (std::int64_t j = 0; j < nk; ++j)
             for (std::int64_t d = 0; d < p.Dv; ++d)
@@ -326,7 +326,7 @@ void key_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
         if constexpr (kOpsOwnOperands<Ops>)  // float32 rows only to check them; else the Ops reads V
             vp = check ? Ops::v_rows(p, b, hk, j0, nk, w.vbuf, ldv) : nullptr;
         else
-            vp = kv_tile_rows<Ops>(p, true, b, hk, j0, nk, p.Dv, w.vbuf, ldv);
+            vp = kv_tile_rows<Ops>(p, true, b, hk, j0, nk, p.Dv, w.vbuf, ldv, panels);
         select = check && any_nonfinite(vp, ldv, nk, p.Dv);
         if (select) {
             if (vp != w.vbuf)  // rows in place (view or page): their head dim is contiguous
@@ -824,7 +824,8 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
             sum.first_slot += j.g.tasks * j.chunks;
             sum.first_merge += j.g.tasks;
         }
-        pack_k = pack_k || p.paged != nullptr || !in_place(p.k, p.Dk);  // paged: tiles across pages
+        // paged: tiles across pages; one-panel tasks of large heads copy their tiles (pack_tile_rows)
+        pack_k = pack_k || p.paged != nullptr || !in_place(p.k, p.Dk) || pack_tile_rows(p, 1);
         if constexpr (kOpsOwnOperands<Ops>) extra = extra > Ops::scratch_bytes(p, t) ? extra : Ops::scratch_bytes(p, t);
     }
     plans[n] = sum;

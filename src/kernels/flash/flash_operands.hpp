@@ -115,7 +115,8 @@ void pack_qt(const SdpaProblem& p, std::int64_t b, const std::int64_t* ch, const
 }
 
 // Rows [j0, j0+nk) of a (B, H, L, D) tensor, packed to (nk, D) float32: a 16-bit tensor
-// (any strides) row by row through Ops::widen, a float32 one with a strided head dim.
+// (any strides) row by row through Ops::widen, a float32 one with a strided head dim, or with
+// a contiguous one for a one-panel task (pack_tile_rows).
 template <class Ops>
 void pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t j0, std::int64_t nk,
                std::int64_t D, float* dst) {
@@ -126,6 +127,11 @@ void pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t
         return;
     }
     const float* src = t.data_as<const float>();
+    if (t.stride(3) == 1) {  // a one-panel task's copy (pack_tile_rows): each row whole, in order
+        for (std::int64_t j = 0; j < nk; ++j)
+            std::memcpy(dst + j * D, src + t.offset(b, h, j0 + j, 0), sizeof(float) * static_cast<std::size_t>(D));
+        return;
+    }
     for (std::int64_t j = 0; j < nk; ++j)
         for (std::int64_t d = 0; d < D; ++d) dst[j * D + d] = src[t.offset(b, h, j0 + j, d)];
 }
@@ -133,12 +139,19 @@ void pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t
 // True when a tile of t can be read in place (float32 with a contiguous head dim).
 inline bool in_place(const TensorView& t, std::int64_t D) { return !is16(t) && (t.stride(3) == 1 || D == 1); }
 
+// Whether a task of `panels` panels copies float32 K/V tiles it could read in place
+// (flash_pack_one_panel: one panel, a head past the L2). Paged tiles keep their own rule.
+inline bool pack_tile_rows(const SdpaProblem& p, int panels) {
+    return panels == 1 && p.paged == nullptr && flash_pack_one_panel(p.Lk * static_cast<std::int64_t>(sizeof(float)) * (p.Dk + p.Dv));
+}
+
 // Rows [j0, j0+nk) of K or V (kv head h) for a micro-kernel: in place when float32 with a
-// contiguous head dim, else packed (16-bit: converted) into buf. Returns the rows, their stride in ld.
+// contiguous head dim (unless `pack`), else packed (16-bit: converted) into buf. Returns the
+// rows, their stride in ld.
 template <class Ops>
 const float* tile_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t j0, std::int64_t nk,
-                       std::int64_t D, float* buf, std::int64_t& ld) {
-    if (in_place(t, D)) {
+                       std::int64_t D, float* buf, std::int64_t& ld, bool pack) {
+    if (!pack && in_place(t, D)) {
         ld = t.stride(2);
         return t.data_as<const float>() + t.offset(b, h, j0, 0);
     }
@@ -209,8 +222,9 @@ const float* paged_tile_rows(const SdpaProblem& p, bool value, std::int64_t b, s
 // key block's 8 rows of a tile interleaved (8 streams of D·4 bytes each), which the hardware
 // prefetchers do not follow, and one panel reuses each line too little to hide the wait; with
 // a head's K/V past the caches the wait is there at any width — the next block's rows,
-// requested a block ahead, arrive in time (docs/kernels.md, "Requesting the next key block"). always_inline: out of line, GCC found the
-// function free of side effects (a prefetch is none to it) and deleted every call.
+// requested a block ahead, arrive in time (docs/kernels.md, "Requesting the next key block").
+// always_inline: out of line, GCC found the function free of side effects (a prefetch is none
+// to it) and deleted every call.
 __attribute__((always_inline)) inline void prefetch_kv_rows(const SdpaProblem& p, std::int64_t b, std::int64_t h,
                                                             std::int64_t j0, std::int64_t j1) {
     for (int value = 0; value < 2; ++value) {
@@ -226,14 +240,14 @@ __attribute__((always_inline)) inline void prefetch_kv_rows(const SdpaProblem& p
     }
 }
 
-// K (value = false) or V rows [j0, j0+nk) of kv head h for a micro-kernel, as float32: through
-// the page table when the problem is paged, else through the view (16-bit rows widened into
-// buf either way).
+// K (value = false) or V rows [j0, j0+nk) of kv head h for a micro-kernel of a task of
+// `panels` panels, as float32: through the page table when the problem is paged, else through
+// the view (16-bit rows widened into buf either way; float32 ones copied for pack_tile_rows).
 template <class Ops>
 const float* kv_tile_rows(const SdpaProblem& p, bool value, std::int64_t b, std::int64_t h, std::int64_t j0,
-                          std::int64_t nk, std::int64_t D, float* buf, std::int64_t& ld) {
+                          std::int64_t nk, std::int64_t D, float* buf, std::int64_t& ld, int panels) {
     if (p.paged != nullptr) return paged_tile_rows<Ops>(p, value, b, h, j0, nk, D, buf, ld);
-    return tile_rows<Ops>(value ? p.v : p.k, b, h, j0, nk, D, buf, ld);
+    return tile_rows<Ops>(value ? p.v : p.k, b, h, j0, nk, D, buf, ld, pack_tile_rows(p, panels));
 }
 
 }  // namespace attn::detail::ATTN_FLASH_NS

@@ -79,7 +79,7 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
         Ops::qk_block(p, w, b, hk, panels, j0, nk, ldS, scale);
     } else {
     std::int64_t ldk;
-    const float* kp = kv_tile_rows<Ops>(p, false, b, hk, j0, nk, p.Dk, w.kbuf, ldk);
+    const float* kp = kv_tile_rows<Ops>(p, false, b, hk, j0, nk, p.Dk, w.kbuf, ldk, panels);
     const int Dk = static_cast<int>(p.Dk);
     if constexpr (kOpsFuseModifiers<Ops>) {
         // Softcap and ALiBi in the micro-kernel's store (see QkModifiers), when that is the
