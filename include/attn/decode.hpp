@@ -1,7 +1,7 @@
 // attn::decode_attention — attention of Lq new queries per sequence against everything in a
 // KVCache. For a generation step (a few rows per KV head: group·Lq below one flash panel with
-// 16-bit K/V, two with float32 — the dispatch's rule) it runs the decode kernel, whose cost is reading
-// the cache (memory bandwidth, not FLOPs), so it reads each K and V byte once:
+// 16-bit K/V, two with float32 — the dispatch's rule) it runs the decode kernel, whose cost is
+// reading the cache (memory bandwidth, not FLOPs), so it reads each K and V byte once:
 //   * GQA/MQA: every query head that shares a KV head is computed in the same pass;
 //   * split-KV: when B·Hkv is small, each sequence's keys are split into chunks processed
 //     in parallel and merged by their log-sum-exp (flash-decoding);

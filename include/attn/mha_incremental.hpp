@@ -10,7 +10,7 @@
 //       (position n_b_old + t) sees cache positions 0 .. n_b_old + t — one call for all
 //       sequences (key_lengths = the cache's lengths, docs/conventions.md):
 //       decode_attention (the decode kernel for a few rows per KV head — group·T below one
-//       flash panel, docs/kernels.md "Decode or flash" — else flash; a
+//       flash panel, two with float32 K/V, docs/kernels.md "Decode or flash" — else flash; a
 //       prefill block on 16-bit storage reads float32 copies of the filled rows)
 //   output = O · W_Oᵀ + b_O                             shaped like x_new, float32
 //

@@ -4,8 +4,9 @@
 // chosen as for any sdpa call (detail::auto_decode_declines): decode (a few rows per KV head)
 // and flash (chunked prefill, or one flash panel's worth of rows per KV head, two with float32
 // K/V; its key tiles read in place or packed page by page, 16-bit pages widened: the bits of
-// flash on the contiguous cache). impl = decode runs a long query block as blocks of 16 through the decode kernel,
-// each an exact slice of the problem: its queries keep their diagonals (SdpaProblem::rows_before).
+// flash on the contiguous cache). impl = decode runs a long query block as blocks of 16
+// through the decode kernel, each an exact slice of the problem: its queries keep their
+// diagonals (SdpaProblem::rows_before).
 #include <algorithm>
 #include <vector>
 
@@ -87,9 +88,10 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
 
     // Flash on the pages: automatic where sdpa's dispatch would run flash (detail::runs_flash:
     // flash takes the problem and auto_decode_declines says decode is not the automatic choice —
-    // chunked prefill, or a flash panel's worth of rows per KV head, two with float32 K/V). The driver reads the pages of any pool (flash_operands.hpp,
-    // paged_tile_rows; the bf16-compute operands through kv_row_offset), so the result has the
-    // bits of flash on the contiguous cache.
+    // chunked prefill, or a flash panel's worth of rows per KV head, two with float32 K/V). The
+    // driver reads the pages of any pool (flash_operands.hpp, paged_tile_rows; the bf16-compute
+    // operands through kv_row_offset), so the result has the bits of flash on the contiguous
+    // cache.
     if (options.impl == Impl::flash || detail::runs_flash(p, options.impl)) {
         const std::string flash_declines = detail::flash_decline_reason(p);
         if (!flash_declines.empty()) detail::fail(kOp, "impl: the flash kernel declines this call: ", flash_declines);

@@ -107,10 +107,12 @@ void sdpa_varlen(const TensorView& q, const TensorView& k, const TensorView& v, 
             if (detail::runs_flash(problems[i], options.impl)) {
                 reports[i].kernel = name;
                 // As sdpa's report says it: why auto did not run decode on this sequence.
-                const std::string why_not_decode = options.impl == Impl::automatic
-                                                       ? "decode: declined, " + detail::auto_decode_declines(problems[i], kernels) + "\n"
-                                                       : std::string();
-                reports[i].explanation = why_not_decode + "ran: flash (" + name + ", " + why_isa + "; " + detail::dtypes_of(problems[i]) +
+                const std::string why_not_decode =
+                    options.impl == Impl::automatic
+                        ? "decode: declined, " + detail::auto_decode_declines(problems[i], kernels) + "\n"
+                        : std::string();
+                reports[i].explanation = why_not_decode + "ran: flash (" + name + ", " + why_isa + "; " +
+                                         detail::dtypes_of(problems[i]) +
                                          ") in one task list with the other flash sequences";
             }
     }

@@ -3,9 +3,10 @@
 //     random page sizes, storages, GQA, lengths, forks and truncations, on every kernel row;
 //   * fork is copy-on-write: neither side ever sees the other's later tokens, pages are
 //     shared until written;
-//   * chunked prefill (Lq > 16, or group·Lq filling a flash panel): through flash on the pages of any pool, bit-identical to
-//     flash on the contiguous cache; both paths (flash, decode blocks) against the double reference, the
-//     decode blocks for every mask kind, alignment and modifier;
+//   * chunked prefill (Lq > 16, or group·Lq filling one flash panel, two with float32 K/V):
+//     through flash on the pages of any pool, bit-identical to flash on the contiguous cache;
+//     both paths (flash, decode blocks) against the double reference, the decode blocks for
+//     every mask kind, alignment and modifier;
 //   * pool exhaustion and every bad argument: a clear attn::Error, nothing changed/written.
 // The oracle side keeps each sequence's tokens in a plain "shadow" tensor list written by the
 // test, independent of the page bookkeeping under test.
@@ -258,7 +259,7 @@ TEST(PagedKVCache, PagesInStretchesBitIdentical) {
 }
 
 // Chunked prefill through the flash kernel reading pages (auto: Lq > 16 or group·Lq filling a
-// flash panel; or impl = flash):
+// flash panel, two with float32 K/V; or impl = flash):
 // bit-identical to flash on the contiguous cache (same tiles, same values) for random page
 // sizes (smaller, equal and larger than the 64-key tile), float32/float16/bfloat16 pools with
 // float32 or 16-bit Q and out (all-bfloat16: the bf16-compute operands on AVX-512 BF16),

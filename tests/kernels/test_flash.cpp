@@ -910,8 +910,8 @@ TEST(FlashDropout, AutoRunsFlashSeedDecides) {
 }
 
 // Through the public API: auto picks flash for float32 prefill (Lq > 16; fewer rows per KV
-// head than a flash panel go to the decode kernel) and says so; float64 goes to the reference with a reason; an
-// explicit flash on float64 is an error naming the tensor.
+// head than two flash panels go to the decode kernel) and says so; float64 goes to the
+// reference with a reason; an explicit flash on float64 is an error naming the tensor.
 TEST(FlashDispatch, AutoPicksFlashAndExplains) {
     Tensor q(DType::f32, Shape{1, 2, 17, 8}, true), k(DType::f32, Shape{1, 2, 6, 8}, true), v(DType::f32, Shape{1, 2, 6, 8}, true);
     Tensor o(DType::f32, Shape{1, 2, 17, 8});

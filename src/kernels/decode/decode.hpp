@@ -82,9 +82,10 @@ std::string decode_declines(const SdpaProblem& p);
 // head (group·Lq) are fewer than auto_decode_panels(p) flash panels (k.flash_panel queries:
 // 32 on the avx512 row, 16 on the others). Below that, decode reads K and V once at the
 // memory's pace while flash would spend whole panels' FMAs on the few rows. Past it flash
-// computes the rows faster: from one panel on with 16-bit K/V (flash converts each tile by
-// reading its rows in order), from two with float32 K/V (a task of one panel reads float32
-// tiles in place, interleaved, and waits on them: decode stays 0–24 % faster up to two panels).
+// computes the rows faster: from one panel on with 16-bit K/V, from two with float32 K/V (a
+// one-panel flash task waits on memory, so its time follows the bytes, while decode at these
+// rows is bound by its compute, which 16-bit storage does not shrink: with float32 decode stays
+// 0–24 % faster up to two panels).
 // docs/kernels.md, "Decode or flash": measured on both rows, float32 and 16-bit K/V.
 std::string auto_decode_declines(const SdpaProblem& p, const KernelSet& k);
 // Flash panels of rows per KV head below which `auto` runs decode: 2 with float32 K and V, 1
