@@ -725,10 +725,6 @@ struct TaskGrid {
     bool kv_ahead = false;      // the tasks' K/V tiles come from memory: flash_kv_ahead
 };
 
-// Bytes of one key's K row and V row (flash_query_group, flash_kv_ahead).
-inline std::int64_t kv_row_bytes(const SdpaProblem& p) {
-    return p.Dk * static_cast<std::int64_t>(dtype_size(p.k.dtype())) + p.Dv * static_cast<std::int64_t>(dtype_size(p.v.dtype()));
-}
 
 inline TaskGrid task_grid(const SdpaProblem& p, const FlashTiles& t) {
     TaskGrid g;
@@ -738,7 +734,7 @@ inline TaskGrid task_grid(const SdpaProblem& p, const FlashTiles& t) {
     g.hchunks = (p.group + g.hpb - 1) / g.hpb;
     g.kv_tasks = g.hchunks * g.qblocks;
     g.tasks = p.B * p.Hkv * g.kv_tasks;
-    g.kv_ahead = flash_kv_ahead(g.kv_tasks, p.Lk * kv_row_bytes(p));
+    g.kv_ahead = flash_kv_ahead(g.kv_tasks, head_kv_bytes(p));
     return g;
 }
 
@@ -815,7 +811,7 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
         j.chunks = j.chunk > 0 ? (p.Lk + j.chunk - 1) / j.chunk : 1;
         const std::int64_t kv_heads = p.B * p.Hkv;
         j.group = j.chunks > 1 ? 1
-                               : flash_query_group(kv_heads, j.g.kv_tasks, p.Lk * kv_row_bytes(p),
+                               : flash_query_group(kv_heads, j.g.kv_tasks, head_kv_bytes(p),
                                                    (p.Dk + p.Dv) * t.Mb * static_cast<std::int64_t>(sizeof(float)), t.query_group);
         j.group_items = (j.g.kv_tasks + j.group - 1) / j.group;
         sum.first_item += j.chunks > 1 ? j.g.tasks * j.chunks : kv_heads * j.group_items;

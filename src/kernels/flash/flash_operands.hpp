@@ -139,10 +139,17 @@ void pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t
 // True when a tile of t can be read in place (float32 with a contiguous head dim).
 inline bool in_place(const TensorView& t, std::int64_t D) { return !is16(t) && (t.stride(3) == 1 || D == 1); }
 
+// Bytes of a head's K and V rows (Lk keys): what flash_query_group, flash_kv_ahead and
+// flash_pack_one_panel compare with the caches.
+inline std::int64_t head_kv_bytes(const SdpaProblem& p) {
+    return p.Lk * (p.Dk * static_cast<std::int64_t>(dtype_size(p.k.dtype())) +
+                   p.Dv * static_cast<std::int64_t>(dtype_size(p.v.dtype())));
+}
+
 // Whether a task of `panels` panels copies float32 K/V tiles it could read in place
 // (flash_pack_one_panel: one panel, a head past the L2). Paged tiles keep their own rule.
 inline bool pack_tile_rows(const SdpaProblem& p, int panels) {
-    return panels == 1 && p.paged == nullptr && flash_pack_one_panel(p.Lk * static_cast<std::int64_t>(sizeof(float)) * (p.Dk + p.Dv));
+    return panels == 1 && p.paged == nullptr && flash_pack_one_panel(head_kv_bytes(p));
 }
 
 // Rows [j0, j0+nk) of K or V (kv head h) for a micro-kernel: in place when float32 with a
