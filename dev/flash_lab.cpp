@@ -6,7 +6,7 @@
 //             [--huge]
 //
 // --splits N: each task's keys in N chunks (1: none); --group N: N query blocks per group in
-// lockstep over the key blocks (1: none; flash_driver.hpp, "Groups of query blocks"). Without
+// lockstep over the key blocks (1: none; flash_query_groups.hpp). Without
 // them the kernel's own policy decides, as in a real call.
 // --mha-layout: Q, K, V and out are the stride views the MHA layer hands to sdpa (S6): rows
 // b·L + l of one (B·L, 3·H·D) QKV buffer (out: (B·L, H·D)), columns (which, head, d); needs Lq = Lk.

@@ -43,7 +43,7 @@ struct KernelSet {
     // above, each flash_<isa>.cpp's Ops::kPanel). Below one panel of rows per KV head the decode
     // kernel is the faster (decode/decode.hpp, auto_decode_declines).
     int flash_panel;
-    // Flash forward over n whole problems in one task list (flash/flash_driver.hpp); threads > 0.
+    // Flash forward over n whole problems in one task list (flash/flash_schedule.hpp); threads > 0.
     void (*flash_forward)(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, int threads);
     // One (query block × key block) tile of the backward (backward/tile.hpp).
     void (*backward_tile)(const TileArgs& t);

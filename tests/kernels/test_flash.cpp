@@ -539,7 +539,7 @@ TEST(FlashFixed, OtherTileSizes) {
         }
 }
 
-// Key splits (flash_key_chunk; flash_driver.hpp, "Key splits"): each task's keys in 2, 3 or 5
+// Key splits (flash_key_chunk; flash_key_splits.hpp): each task's keys in 2, 3 or 5
 // chunks merged afterwards, forced on random cases (masks, windows, GQA, weights, lse, odd
 // tiles): the merge must give the reference's result and the same bits on 1 and 2 threads.
 TEST(FlashFixed, KeySplits) {
@@ -575,7 +575,7 @@ TEST(FlashFixed, KeySplitPolicy) {
     EXPECT_EQ(detail::flash_key_chunk(1, 1 << 20, 64, std::int64_t{1} << 26, 0), 0);
 }
 
-// Groups of query blocks (flash_query_group; flash_driver.hpp, "Groups of query blocks"): 2, 3
+// Groups of query blocks (flash_query_group; flash_query_groups.hpp): 2, 3
 // or 4 tasks of a KV head in lockstep over their key blocks, forced on random cases (masks,
 // windows whose tasks start apart and run one by one, GQA groups across query heads, weights,
 // lse, layouts, odd tiles, a last group short of tasks): the reference's result, the same bits on 1 and 2 threads, and the bits of

@@ -105,7 +105,7 @@ TEST(FlashBatch, EachProblemAsAloneWithKeySplits) {
     }
 }
 
-// Partials past 256 MiB in one batch run in waves (flash_driver.hpp run_flash): 17 one-task
+// Partials past 256 MiB in one batch run in waves (flash_schedule.hpp run_flash): 17 one-task
 // problems split into 8 chunks with Mb = 4096 take 2.1 MB per chunk, 136 chunks in all, so
 // the batch runs as 15 problems then 2. Each must still get its result alone.
 TEST(FlashBatch, PartialsPastTheCapRunInWaves) {

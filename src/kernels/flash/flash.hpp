@@ -25,11 +25,11 @@ struct FlashTiles {
     int query_group = 0;
 };
 
-// At most this many tasks (query blocks) run as one group (flash_driver.hpp, "Groups of query blocks").
+// At most this many tasks (query blocks) run as one group (flash_query_groups.hpp).
 inline constexpr int kMaxQueryGroup = 4;
 
 // One problem of a flash call with its dropout (SdpaProblem::dropout()): the unit the ISA
-// kernels (KernelSet::flash_forward) take, a batch of them at once (flash_driver.hpp run_flash).
+// kernels (KernelSet::flash_forward) take, a batch of them at once (flash_schedule.hpp run_flash).
 struct FlashJob {
     const SdpaProblem* p = nullptr;
     Dropout drop;
@@ -41,8 +41,8 @@ FlashTiles flash_default_tiles(std::int64_t Dk, std::int64_t Dv);
 // Keys per chunk when a problem's tasks are split along the keys, or 0 for no split. A problem
 // with fewer tasks than split_target(4) (few query blocks: B = 1 prefill of a few hundred
 // queries on many cores) would leave cores idle; its tasks then run as (task, key chunk)
-// items whose (m, l, Oᵀ) partials are merged per task in chunk order (flash_driver.hpp,
-// "Key splits"). Chunks are whole key blocks (multiples of Nb), at least kMinChunk = 256 keys
+// items whose (m, l, Oᵀ) partials are merged per task in chunk order (flash_key_splits.hpp).
+// Chunks are whole key blocks (multiples of Nb), at least kMinChunk = 256 keys
 // and at most what keeps the partials (slot_floats each) within 256 MiB. forced_splits > 0
 // (FlashTiles::key_splits) asks for that many chunks instead. Depends on the shape and the
 // machine's CPU count, never the thread count, so results stay bit-identical across thread
@@ -53,7 +53,7 @@ std::int64_t flash_key_chunk(std::int64_t tasks, std::int64_t Lk, int Nb, std::i
 // Tasks per work item for a problem whose tasks are not split: consecutive tasks of one
 // (b, KV head) — query blocks of a head, or of the heads sharing the KV head — run as a group in
 // lockstep over the key blocks, so each K/V tile is read from memory once per group instead of
-// once per task (flash_driver.hpp, "Groups of query blocks"; measured in docs/kernels.md).
+// once per task (flash_query_groups.hpp; measured in docs/kernels.md).
 // kv_heads: the problem's B·Hkv; kv_tasks: the tasks of each; head_kv_bytes: the K and V
 // bytes one task streams (Lk keys); task_bytes: a task's Qᵀ and Oᵀ. Groups only where a head's
 // K and V outgrow a core's L2, never to fewer than split_target(4) items. forced > 0
@@ -61,7 +61,7 @@ std::int64_t flash_key_chunk(std::int64_t tasks, std::int64_t Lk, int Nb, std::i
 int flash_query_group(std::int64_t kv_heads, std::int64_t kv_tasks, std::int64_t head_kv_bytes, std::int64_t task_bytes,
                       int forced);
 
-// Whether a problem's tasks request each next key block's K and V rows ahead (flash_driver.hpp,
+// Whether a problem's tasks request each next key block's K and V rows ahead (flash_operands.hpp,
 // prefetch_kv_rows): when the rows come from memory rather than a cache. The micro-kernels read
 // a tile's rows interleaved, which the hardware prefetchers do not follow, and a wait on memory
 // then stalls the products. kv_tasks: tasks per (b, KV head); head_kv_bytes: the K and V bytes

@@ -1,0 +1,64 @@
+// Groups of query blocks (flash_query_group: long key ranges): run_group.
+// A part of the flash forward driver: flash_driver.hpp (which says what an Ops is) includes it
+// after the per-task code it uses (run_block and its steps), in each ISA file's namespace.
+#pragma once
+
+#ifndef ATTN_FLASH_NS
+#error "include flash_driver.hpp, not flash_query_groups.hpp"
+#endif
+
+namespace attn::detail::ATTN_FLASH_NS {
+
+// A task streams every K and V row it can see; when a head's K and V are larger than the
+// caches hold (Lk in the tens of thousands), each task reads them from memory again and the
+// products wait for it. A group runs n consecutive tasks of one (b, KV head) — query blocks of
+// one query head, or of the heads that share the KV head (GQA) — in lockstep over their key
+// blocks: key block j0 of task 0, of task 1, …, then the next, so
+// the rows are read from memory once for the n tasks and then from the L2 (each task's Qᵀ,
+// Sᵀ and Oᵀ stay in its own workspace). Each task's own steps and their order are run_block's,
+// so the bits are too. The lockstep needs every task's key blocks to start at the same key:
+// a group whose tasks' visible ranges start apart (a sliding window) runs task by task.
+template <class Ops>
+void run_group(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, Workspace* const* ws, const TaskAt* a,
+               int n) {
+    if (n == 1) {  // most items: an ungrouped task
+        run_block<Ops>(p, t, drop, *ws[0], a[0]);
+        return;
+    }
+    BlockCols k[kMaxQueryGroup];
+    std::int64_t ulo = p.Lk, uhi = 0;
+    bool aligned = true;
+    for (int i = 0; i < n; ++i) {
+        k[i] = block_columns<Ops>(p, *ws[i], a[i]);
+        if (k[i].ulo >= k[i].uhi) continue;  // sees no key
+        aligned = aligned && (uhi == 0 || k[i].ulo == ulo);
+        ulo = imin(ulo, k[i].ulo);
+        uhi = imax(uhi, k[i].uhi);
+    }
+    if (!aligned) {  // rare (windows): task by task (each run_block sets its columns again)
+        for (int i = 0; i < n; ++i) run_block<Ops>(p, t, drop, *ws[i], a[i]);
+        return;
+    }
+    bool alibi_zeros[kMaxQueryGroup];
+    for (int i = 0; i < n; ++i) {
+        pack_block_q<Ops>(p, *ws[i], a[i].b, k[i]);
+        alibi_zeros[i] = start_keys<Ops>(p, t, *ws[i], a[i].b, k[i].nq, k[i].panels, k[i].ulo, k[i].uhi, false, true);
+    }
+    // The first task that reads a key block and has a next one requests it (ahead_end); the
+    // others find its rows in the cache. A task whose keys end at this block requests nothing,
+    // so a later task of the group (a longer key range) does.
+    for (std::int64_t j0 = ulo; j0 < uhi; j0 += t.Nb) {
+        bool requested = false;
+        for (int i = 0; i < n; ++i)
+            if (j0 >= k[i].ulo && j0 < k[i].uhi) {
+                const std::int64_t nk = imin(t.Nb, k[i].uhi - j0);
+                const std::int64_t ahead = requested ? 0 : ahead_end(a[i].kv_ahead, k[i].panels, k[i].uhi);
+                requested = requested || ahead > j0 + nk;
+                key_block<Ops>(p, t, drop, *ws[i], a[i].b, a[i].hk, k[i].nq, k[i].panels, j0, nk, ahead, false,
+                               alibi_zeros[i]);
+            }
+    }
+    for (int i = 0; i < n; ++i) finish_task<Ops>(p, t, drop, *ws[i], a[i], k[i]);
+}
+
+}  // namespace attn::detail::ATTN_FLASH_NS

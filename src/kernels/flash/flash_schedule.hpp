@@ -1,0 +1,209 @@
+// The call: problems → tasks → items over OpenMP threads (TaskGrid, JobPlan, run_flash).
+// A part of the flash forward driver: flash_driver.hpp (which says what an Ops is) includes it
+// last, after the ways a task runs (run_group, run_chunk, merge_block), in each ISA file's namespace.
+#pragma once
+
+#include <omp.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+
+#ifndef ATTN_FLASH_NS
+#error "include flash_driver.hpp, not flash_schedule.hpp"
+#endif
+
+namespace attn::detail::ATTN_FLASH_NS {
+
+// How one problem splits into tasks. Blocks: Mb queries of one head; or, when Lq < Mb
+// (decode, short queries), all Lq queries of up to Mb / Lq heads that share a KV head
+// (GQA/MQA), so the 16-lane panels are not mostly padding and each K/V tile read serves every
+// head of the group.
+struct TaskGrid {
+    std::int64_t qpb = 0, hpb = 0, qblocks = 0, hchunks = 0, tasks = 0;
+    std::int64_t kv_tasks = 0;  // tasks per (b, KV head): hchunks · qblocks, consecutive in task order
+    bool kv_ahead = false;      // the tasks' K/V tiles come from memory: flash_kv_ahead
+};
+
+
+inline TaskGrid task_grid(const SdpaProblem& p, const FlashTiles& t) {
+    TaskGrid g;
+    g.qpb = p.Lq >= t.Mb ? t.Mb : p.Lq;                   // queries per block
+    g.hpb = imax(1, imin(p.group, t.Mb / g.qpb));         // heads per block
+    g.qblocks = (p.Lq + g.qpb - 1) / g.qpb;
+    g.hchunks = (p.group + g.hpb - 1) / g.hpb;
+    g.kv_tasks = g.hchunks * g.qblocks;
+    g.tasks = p.B * p.Hkv * g.kv_tasks;
+    g.kv_ahead = flash_kv_ahead(g.kv_tasks, head_kv_bytes(p));
+    return g;
+}
+
+// Task `task` of problem p (0 <= task < g.tasks).
+inline TaskAt task_at(const SdpaProblem& p, const TaskGrid& g, std::int64_t task) {
+    // Query blocks last to first: under a causal mask (either alignment) a later block
+    // sees more keys, so the longest tasks go first and the dynamic schedule ends on
+    // short ones (longest-first; the order changes no result: tasks are independent).
+    const std::int64_t qb = g.qblocks - 1 - task % g.qblocks, hc = (task / g.qblocks) % g.hchunks;
+    const std::int64_t bk = task / (g.qblocks * g.hchunks);
+    TaskAt a;
+    a.b = bk / p.Hkv;
+    a.hk = bk % p.Hkv;
+    a.h0 = a.hk * p.group + hc * g.hpb;
+    a.i0 = qb * g.qpb;
+    a.nh = static_cast<int>(imin(g.hpb, p.group - hc * g.hpb));
+    a.nq_head = static_cast<int>(imin(g.qpb, p.Lq - a.i0));
+    a.kv_ahead = g.kv_ahead;
+    return a;
+}
+
+// How one problem of a batch runs: its grid, its key chunk (0: tasks whole) and where its items,
+// partial slots and merges start in the batch's lists.
+struct JobPlan {
+    TaskGrid g;
+    std::int64_t chunk = 0, chunks = 1;
+    int group = 1;                 // tasks per item (run_group) when chunks = 1
+    std::int64_t group_items = 0;  // items per (b, KV head): ⌈g.kv_tasks / group⌉
+    std::int64_t first_item = 0, first_slot = 0, first_merge = 0;
+};
+
+// The problem i with plans[i].*field <= x < plans[i + 1].*field (binary search; plans has n + 1).
+inline std::int64_t job_of(const JobPlan* plans, std::int64_t n, std::int64_t JobPlan::*field, std::int64_t x) {
+    std::int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const std::int64_t mid = (lo + hi + 1) / 2;
+        if (plans[mid].*field <= x) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+// A batch of problems (FlashJob: sdpa_varlen's sequences, or one problem): the items of all
+// of them in one list over OpenMP threads — a whole task (problem, b, h, query block), a group
+// of consecutive tasks of one KV head (flash_query_group), or a task's key chunk when the
+// problem splits its keys (flash_key_chunk) — in the order given
+// (flash_forward_batch puts the problems with the longest tasks first), so a batch pays one
+// fork/join and one tail instead of one per problem; then the split tasks' merges. Each item
+// is computed by one thread from start to end in a fixed order, and a problem's split depends
+// on its own shape and the machine only, so the result does not depend on the number of
+// threads, the schedule or which problems share the batch. How this split behaves on 2 to 64
+// cores: docs/kernels.md, "Parallel split and scaling".
+// Precondition (flash.cpp checks it): every problem has the head dims of jobs[0].
+template <class Ops>
+void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, int threads) {
+    // A block holds whole panels: Mb rounded up to a multiple of this ISA's panel (only a
+    // test's or the lab's Mb = 16 changes, to 32 on the AVX-512 path).
+    FlashTiles t = tiles;
+    t.Mb = (t.Mb + Ops::kPanel - 1) / Ops::kPanel * Ops::kPanel;
+    // malloc, not std::vector: see the note at the top of flash_driver.hpp. plans[n] holds the totals.
+    JobPlan* plans = static_cast<JobPlan*>(std::malloc(sizeof(JobPlan) * static_cast<std::size_t>(n + 1)));
+    if (plans == nullptr) throw std::bad_alloc();
+    bool pack_k = false;
+    int max_group = 1;
+    std::size_t extra = 0;
+    const std::int64_t sf = slot_floats(*jobs[0].p, t);  // the same head dims in every problem
+    JobPlan sum;
+    for (std::int64_t i = 0; i < n; ++i) {
+        const SdpaProblem& p = *jobs[i].p;
+        JobPlan& j = plans[i];
+        j = sum;
+        j.g = task_grid(p, t);
+        j.chunk = flash_key_chunk(j.g.tasks, p.Lk, t.Nb, sf, t.key_splits);
+        j.chunks = j.chunk > 0 ? (p.Lk + j.chunk - 1) / j.chunk : 1;
+        const std::int64_t kv_heads = p.B * p.Hkv;
+        j.group = j.chunks > 1 ? 1
+                               : flash_query_group(kv_heads, j.g.kv_tasks, head_kv_bytes(p),
+                                                   (p.Dk + p.Dv) * t.Mb * static_cast<std::int64_t>(sizeof(float)), t.query_group);
+        j.group_items = (j.g.kv_tasks + j.group - 1) / j.group;
+        sum.first_item += j.chunks > 1 ? j.g.tasks * j.chunks : kv_heads * j.group_items;
+        max_group = j.group > max_group ? j.group : max_group;
+        if (j.chunks > 1) {
+            sum.first_slot += j.g.tasks * j.chunks;
+            sum.first_merge += j.g.tasks;
+        }
+        // paged: tiles across pages; one-panel tasks of large heads copy their tiles (pack_tile_rows)
+        pack_k = pack_k || p.paged != nullptr || !in_place(p.k, p.Dk) || pack_tile_rows(p, 1);
+        if constexpr (kOpsOwnOperands<Ops>) extra = extra > Ops::scratch_bytes(p, t) ? extra : Ops::scratch_bytes(p, t);
+    }
+    plans[n] = sum;
+    // The problems run in waves whose partials fit kMaxWaveFloats (flash_key_chunk caps one
+    // problem's; many split problems in one varlen batch could add up to far more). Almost always
+    // one wave; a problem's items never change with the wave it is in.
+    constexpr std::int64_t kMaxWaveFloats = 64LL << 20;  // 256 MiB, the per-problem cap
+    auto wave_end = [&](std::int64_t i0) {  // the wave starting at problem i0 is [i0, wave_end(i0))
+        std::int64_t i1 = i0 + 1;
+        while (i1 < n && (plans[i1 + 1].first_slot - plans[i0].first_slot) * sf <= kMaxWaveFloats) ++i1;
+        return i1;
+    };
+    std::int64_t wave_slots = 0;  // the largest wave's
+    for (std::int64_t i0 = 0, i1; i0 < n; i0 = i1) {
+        i1 = wave_end(i0);
+        wave_slots = imax(wave_slots, plans[i1].first_slot - plans[i0].first_slot);
+    }
+    float* partials = nullptr;
+    if (wave_slots > 0) {
+        partials = static_cast<float*>(std::malloc(sizeof(float) * static_cast<std::size_t>(wave_slots * sf)));
+        if (partials == nullptr) {
+            std::free(plans);
+            throw std::bad_alloc();
+        }
+    }
+    const int nthreads = threads > 0 ? threads : omp_get_max_threads();
+    bool alloc_failed = false;
+    for (std::int64_t i0 = 0, i1; i0 < n && !alloc_failed; i0 = i1) {
+        i1 = wave_end(i0);
+        const JobPlan& a = plans[i0];
+        const JobPlan& z = plans[i1];
+        const std::int64_t items = z.first_item - a.first_item, nw = i1 - i0;
+#pragma omp parallel num_threads(nthreads) if (items > 1)
+        {
+            // Once per thread, before the task loop: one workspace per task of a group.
+            alignas(Workspace) unsigned char raw[kMaxQueryGroup][sizeof(Workspace)];
+            Workspace* ws[kMaxQueryGroup] = {};
+            bool failed = false;
+            for (int g = 0; g < max_group; ++g) {
+                ws[g] = new (raw[g]) Workspace(*jobs[0].p, t, pack_k, extra);
+                failed = failed || ws[g]->block == nullptr;
+            }
+            Workspace& w = *ws[0];
+            if (failed) {
+#pragma omp atomic write
+                alloc_failed = true;
+            }
+#pragma omp for schedule(dynamic, 1)
+            for (std::int64_t item = a.first_item; item < z.first_item; ++item) {
+                if (failed) continue;
+                const std::int64_t i = i0 + job_of(plans + i0, nw, &JobPlan::first_item, item);
+                const JobPlan& j = plans[i];
+                const SdpaProblem& p = *jobs[i].p;
+                const std::int64_t k = item - j.first_item;
+                if (j.chunks == 1) {  // item k: a group of the tasks of (b, KV head) k / group_items
+                    const std::int64_t r = k % j.group_items, first = (k / j.group_items) * j.g.kv_tasks + r * j.group;
+                    const int count = static_cast<int>(imin(j.group, j.g.kv_tasks - r * j.group));
+                    TaskAt at[kMaxQueryGroup];
+                    for (int g = 0; g < count; ++g) at[g] = task_at(p, j.g, first + g);
+                    run_group<Ops>(p, t, jobs[i].drop, ws, at, count);
+                } else {  // item k: chunk k % chunks of task k / chunks
+                    const std::int64_t c0 = (k % j.chunks) * j.chunk, slot = j.first_slot - a.first_slot + k;
+                    run_chunk<Ops>(p, t, jobs[i].drop, w, task_at(p, j.g, k / j.chunks), c0, imin(p.Lk, c0 + j.chunk),
+                                   partials + slot * sf);
+                }
+            }
+            // (the omp for's barrier: every partial is written before a merge reads it)
+#pragma omp for schedule(dynamic, 1)
+            for (std::int64_t m = a.first_merge; m < z.first_merge; ++m) {
+                if (failed) continue;
+                const std::int64_t i = i0 + job_of(plans + i0, nw, &JobPlan::first_merge, m);
+                const JobPlan& j = plans[i];
+                const SdpaProblem& p = *jobs[i].p;
+                const std::int64_t task = m - j.first_merge, slot = j.first_slot - a.first_slot + task * j.chunks;
+                merge_block<Ops>(p, t, jobs[i].drop, w, task_at(p, j.g, task), partials + slot * sf, j.chunks);
+            }
+            for (int g = 0; g < max_group; ++g) ws[g]->~Workspace();
+        }
+    }
+    std::free(partials);
+    std::free(plans);
+    if (alloc_failed) throw std::bad_alloc();
+}
+
+}  // namespace attn::detail::ATTN_FLASH_NS
