@@ -36,10 +36,11 @@ ArrayLayout layout_of(const RawArray& a, const std::string& name, int min_rank, 
     }
     if (!dtype_of(a.kind, a.itemsize, a.uint16_is_bf16, r.dtype)) {
         r.refusal = ArrayLayout::Refusal::dtype;
+        // Only the dtypes attn reads at all: which of them this argument takes is the library's
+        // check, whose message names them (a float Q, an int key_lengths, a bool or float mask).
         r.message = name + ": unsupported dtype " + a.dtype_name +
-                    " (expected float32, float64, float16, bool, int32 or int64" +
-                    (a.kind == 'u' && a.itemsize == 2 ? "; a uint16 array of bfloat16 bits needs dtype=\"bfloat16\")"
-                                                      : ")");
+                    " (attn reads float32, float64, float16, bool, int32 and int64 arrays, and uint16 ones as "
+                    "bfloat16 bits under dtype=\"bfloat16\"; each argument takes some of them)";
         return r;
     }
     r.shape.rank = static_cast<int>(ndim);

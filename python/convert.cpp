@@ -49,6 +49,11 @@ py::array as_array(const py::handle& obj, const std::string& name) {
         type_error(name + ": a tensor with requires_grad=True cannot be read (attn's NumPy functions have no "
                    "autograd); pass " + name + ".detach(), or use attn.torch for gradients");
     }
+    // NumPy has no bfloat16, so torch cannot export such a tensor; say how to pass its bits.
+    if (py::hasattr(obj, "dtype") && std::string(py::str(obj.attr("dtype"))) == "torch.bfloat16") {
+        type_error(name + ": a torch.bfloat16 tensor has no NumPy form; pass " + name +
+                   ".view(torch.int16).numpy().view(numpy.uint16) with dtype=\"bfloat16\", or use attn.torch");
+    }
     py::array a = py::array::ensure(obj);
     if (a) return a;
     // array::ensure clears numpy's error (throwing error_already_set then would report
@@ -58,6 +63,8 @@ py::array as_array(const py::handle& obj, const std::string& name) {
         py::module_::import("numpy").attr("asarray")(obj);
     } catch (py::error_already_set& e) {
         reason = e.what();
+        // pybind11 appends the Python traceback ("\n\nAt:\n  file(line): ..."): keep the message.
+        reason = reason.substr(0, reason.find('\n'));
     }
     type_error(name + ": expected an array (numpy array, torch tensor, nested list) but got " + type_name(obj) + ": " +
                reason);

@@ -69,11 +69,11 @@ public:
         attn::MhaForwardOptions o;
         Input kpm, am;
         if (!key_padding_mask.is_none()) {
-            kpm = input(key_padding_mask, "key_padding_mask", 1, 2, "(B, Lk) or unbatched (Lk,)");
+            kpm = input(key_padding_mask, "key_padding_mask", 1, 2, "(B, Lk) or unbatched (Lk,)", bf16);
             o.key_padding_mask = kpm.view;
         }
         if (!attn_mask.is_none()) {
-            am = input(attn_mask, "attn_mask", 2, 3, "(Lq, Lk) or (B*h, Lq, Lk)");
+            am = input(attn_mask, "attn_mask", 2, 3, "(Lq, Lk) or (B*h, Lq, Lk)", bf16);
             o.attn_mask = am.view;
         }
         o.need_weights = need_weights;
@@ -259,9 +259,17 @@ std::unique_ptr<PyMha> make_mha(const py::object& embed_dim, const py::object& n
     c.param_dtype = param_dtype_arg(dtype);
     c.embed_dim = int_arg(embed_dim, "embed_dim");
     c.num_heads = int_arg(num_heads, "num_heads");
-    c.kdim = optional_int_arg(kdim, "kdim").value_or(0);
-    c.vdim = optional_int_arg(vdim, "vdim").value_or(0);
-    c.num_kv_heads = optional_int_arg(num_kv_heads, "num_kv_heads").value_or(0);
+    // None is each one's default (embed_dim, embed_dim, num_heads: the config's 0); an explicit
+    // 0 is not, since torch reads kdim=0 as a 0-wide key.
+    auto positive_or_default = [](const py::object& obj, const char* name) -> std::int64_t {
+        const std::optional<std::int64_t> n = optional_int_arg(obj, name);
+        if (n && *n < 1) value_error(std::string(name) + ": expected a positive int or None (the default) but got " +
+                                     std::to_string(*n));
+        return n.value_or(0);
+    };
+    c.kdim = positive_or_default(kdim, "kdim");
+    c.vdim = positive_or_default(vdim, "vdim");
+    c.num_kv_heads = positive_or_default(num_kv_heads, "num_kv_heads");
     c.bias = bool_arg(bias, "bias");
     c.batch_first = bool_arg(batch_first, "batch_first");
     c.add_bias_kv = bool_arg(add_bias_kv, "add_bias_kv");
@@ -305,7 +313,8 @@ void bind_mha(py::module_& m) {
              py::kw_only(), py::arg("impl") = "auto", py::arg("threads") = py::none(), py::arg("dtype") = py::none(),
              py::arg("out_dtype") = py::none(), py::arg("intermediate_dtype") = py::none(),
              "Returns (output, weights or None), as torch. threads: None = attn.get_num_threads().\n"
-             "query/key/value: float32, float64, float16, or uint16 bfloat16 bits with dtype=\"bfloat16\".\n"
+             "query/key/value: float32, float64, float16, or uint16 bfloat16 bits with dtype=\"bfloat16\";\n"
+             "a float key_padding_mask/attn_mask likewise (bool masks: True = masked, as torch).\n"
              "out_dtype=\"float32\"|\"float16\"|\"bfloat16\": the output's dtype (default: the query's when\n"
              "16-bit, else float32; bfloat16 is returned as uint16 bits). Weights are float32.\n"
              "intermediate_dtype=\"float16\"|\"bfloat16\": Q, K, V and the attention output rounded once to\n"
@@ -327,7 +336,7 @@ void bind_mha(py::module_& m) {
              py::arg("threads") = py::none(), py::arg("dtype") = py::none(), py::arg("intermediate_dtype") = py::none(),
              "Packed variable-length input without padding (attn.sdpa_varlen inside): query (Tq, E) holds\n"
              "N sequences back to back, cu_seqlens (N+1,) int32/int64 their offsets (cu[0] = 0, last = Tq).\n"
-             "key (Tk, kdim) / value (Tk, vdim) default to query (self-attention), cu_seqlens_k to\n"
+             "key (Tk, kdim) defaults to query (self-attention), value (Tk, vdim) to key, cu_seqlens_k to\n"
              "cu_seqlens. Sequence b's rows are what forward() gives that sequence alone (is_causal:\n"
              "top-left causal per sequence). Returns (Tq, E): float32, or a 16-bit query's dtype\n"
              "(dtype=\"bfloat16\": uint16 arrays are bfloat16 bits). intermediate_dtype= as forward's.")

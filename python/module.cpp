@@ -37,7 +37,19 @@ PYBIND11_MODULE(_attn, m) {
     m.def("_input_copies", &attn_py::input_copies,
           "How many input arrays the binding has copied so far (only strides that are not a multiple "
           "of the item size are copied).");
-    m.def("set_num_threads", &attn::set_num_threads, py::arg("n"),
+    // The argument through int_arg (convert.hpp): a bool or str is a TypeError naming `n`, and a
+    // value past int's range reaches the library's own range check instead of pybind11's
+    // "incompatible function arguments".
+    m.def(
+        "set_num_threads",
+        [](const py::object& n_arg) {
+            const std::int64_t n = attn_py::int_arg(n_arg, "n");
+            if (n < 0 || n > 4096)
+                throw attn::Error("set_num_threads: expected a thread count from 1 to 4096 (0 = the default) but got " +
+                                  std::to_string(n));
+            attn::set_num_threads(static_cast<int>(n));
+        },
+        py::arg("n"),
           "Threads every attn call computes on (process-wide); 0 = the default: ATTN_NUM_THREADS, else\n"
           "OMP_NUM_THREADS, else every CPU. A call's threads= keyword overrides it for that call.");
     m.def("get_num_threads", [] { return attn::num_threads(); }, "The thread count attn's next call will use.");

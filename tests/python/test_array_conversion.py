@@ -360,6 +360,10 @@ BAD_ARGUMENTS = [
     ("MHA vdim 2**70", lambda: attn.MultiheadAttention(8, 2, vdim=2**70), ValueError, "vdim"),
     ("MHA num_kv_heads list", lambda: attn.MultiheadAttention(8, 2, num_kv_heads=[1]), TypeError,
      "num_kv_heads"),
+    # An explicit 0 is not the default (torch reads kdim=0 as a 0-wide key): refused.
+    ("MHA kdim 0", lambda: attn.MultiheadAttention(8, 2, kdim=0), ValueError, "kdim"),
+    ("MHA vdim -1", lambda: attn.MultiheadAttention(8, 2, vdim=-1), ValueError, "vdim"),
+    ("MHA num_kv_heads 0", lambda: attn.MultiheadAttention(8, 2, num_kv_heads=0), ValueError, "num_kv_heads"),
     ("MHA bias str", lambda: attn.MultiheadAttention(8, 2, bias="no"), TypeError, "bias"),
     ("MHA batch_first None", lambda: attn.MultiheadAttention(8, 2, batch_first=None), TypeError, "batch_first"),
     ("MHA dropout str", lambda: attn.MultiheadAttention(8, 2, dropout="0"), TypeError, "dropout"),
@@ -379,6 +383,10 @@ BAD_ARGUMENTS = [
     ("decode window_left -5", lambda: attn.decode_attention(Q, _cache(), window_left=-5), ValueError,
      "window_left"),
     ("alibi_slopes heads str", lambda: attn.alibi_slopes("4"), TypeError, "heads"),
+    # set_num_threads took pybind11's int caster: True was 1, "2" and 2**40 its signature dump.
+    ("set_num_threads bool", lambda: attn.set_num_threads(True), TypeError, "n"),
+    ("set_num_threads str", lambda: attn.set_num_threads("2"), TypeError, "n"),
+    ("set_num_threads 2**40", lambda: attn.set_num_threads(2**40), ValueError, "set_num_threads"),
     ("packed MHA cu_seqlens short", lambda: _mha().forward_packed(np.zeros((6, E), np.float32), np.array([0, 3, 5])), ValueError,
      "cu_seqlens"),
 ]

@@ -140,3 +140,22 @@ def test_half_mask_is_its_values():
         assert np.array_equal(got, want), dtype
     with pytest.raises(TypeError, match="attn_mask"):  # uint16 without dtype="bfloat16": not a mask dtype
         attn.scaled_dot_product_attention(q32, k32, v32, attn_mask=np.zeros((5, 7), np.uint16))
+
+
+def test_mha_half_masks_are_their_values():
+    # The MHA layer's float masks under dtype="bfloat16": uint16 bits read as bfloat16, the
+    # same bits as their values given as float32 (both masks were refused, with a message asking
+    # for the dtype="bfloat16" the call already had; an exploratory test found it).
+    r = np.random.default_rng(5)
+    m = attn.MultiheadAttention(16, 4, batch_first=True)
+    x = r.standard_normal((2, 3, 16)).astype(np.float32)
+    am = r.standard_normal((3, 3)).astype(np.float32)
+    am[1, 0] = -np.inf
+    kpm = r.standard_normal((2, 3)).astype(np.float32)
+    amh, amv = rounded(am, "bfloat16")
+    kpmh, kpmv = rounded(kpm, "bfloat16")
+    got, gw = m(x, x, x, dtype="bfloat16", attn_mask=amh, key_padding_mask=kpmh)
+    want, ww = m(x, x, x, dtype="bfloat16", attn_mask=amv.astype(np.float32), key_padding_mask=kpmv.astype(np.float32))
+    assert np.array_equal(got, want) and np.array_equal(gw, ww)
+    with pytest.raises(TypeError, match="key_padding_mask"):  # without dtype="bfloat16": refused
+        m(x, x, x, key_padding_mask=kpmh)

@@ -81,3 +81,19 @@ def test_unconvertible_objects_are_a_type_error_with_numpy_reason():
     z = np.zeros((1, 1, 2, 4), np.float32)
     with pytest.raises(TypeError, match="key: expected an array .* Bad: .*no array here"):
         attn.sdpa(z, Bad(), z)
+    # The reason is numpy's message alone: pybind11 appends the Python traceback ("At: ...").
+    with pytest.raises(TypeError) as e:
+        attn.sdpa(z, Bad(), z)
+    assert "At:" not in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_bfloat16_tensor_says_how_to_pass_its_bits():
+    # torch cannot export a bfloat16 tensor to NumPy; the message names the argument and the
+    # two ways that work — and the first of them does work.
+    q = torch.randn(1, 2, 5, 8).to(torch.bfloat16)
+    with pytest.raises(TypeError, match=r'^query: a torch.bfloat16 tensor has no NumPy form; pass query.view\(torch.int16\)'):
+        attn.sdpa(q, q, q)
+    bits = q.view(torch.int16).numpy().view(np.uint16)
+    got = attn.sdpa(bits, bits, bits, dtype="bfloat16", out_dtype="float32")
+    q32 = q.float().numpy()
+    close(got, textbook(q32, q32, q32, None)[0])
