@@ -182,6 +182,22 @@ std::int64_t load_int(const TensorView& t, std::int64_t offset) {
     return t.data_as<const std::int64_t>()[offset];
 }
 
+std::string quoted(std::string_view text) {
+    constexpr std::size_t kMax = 80;
+    std::string out = "'";
+    for (std::size_t i = 0; i < text.size() && i < kMax; ++i) {
+        const auto c = static_cast<unsigned char>(text[i]);
+        if (c < 0x20 || c == 0x7f) {
+            char esc[5];
+            std::snprintf(esc, sizeof esc, "\\x%02x", c);
+            out += esc;
+        } else {
+            out += static_cast<char>(c);
+        }
+    }
+    return out + (text.size() > kMax ? "...'" : "'");
+}
+
 std::string shortest(double value) {
     char text[32];
     const auto end = std::to_chars(text, text + sizeof text, value).ptr;

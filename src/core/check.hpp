@@ -44,6 +44,12 @@ template <class... Parts>
 // digits would print a value just outside a bound as the bound itself.
 std::string shortest(double value);
 
+// Text read from a file (a .npy header's descr or keys, a safetensors name or dtype), in single
+// quotes for a message: control bytes (NUL, newline, escape sequences) become \xNN and text past
+// 80 bytes is cut with "...", so a hostile file cannot break the one-line message, cut it at a
+// NUL or colour the terminal.
+std::string quoted(std::string_view text);
+
 // t is non-null and has `rank` dimensions; `layout` names them, e.g. "(B, Hq, Lq, Dk)".
 void require_rank(std::string_view op, const TensorView& t, std::string_view name, int rank, std::string_view layout);
 

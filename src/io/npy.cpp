@@ -48,7 +48,7 @@ public:
             // the first would see another array): refused, as a file that is not numpy's.
             if ((key == "descr" && h.has_descr) || (key == "fortran_order" && h.has_fortran) ||
                 (key == "shape" && h.has_shape))
-                fail("the key '" + key + "' appears twice in the header");
+                fail("the key " + detail::quoted(key) + " appears twice in the header");
             if (key == "descr") {
                 h.descr = parse_string();
                 h.has_descr = true;
@@ -59,7 +59,7 @@ public:
                 h.shape = parse_tuple();
                 h.has_shape = true;
             } else {
-                fail("unexpected key '" + key + "' in the header");
+                fail("unexpected key " + detail::quoted(key) + " in the header");
             }
             skip_ws();
             if (peek() == ',') { ++i_; continue; }
@@ -138,8 +138,8 @@ DType dtype_from_descr(const std::string& d, const std::string& file) {
     if (d == "|b1" || d == "<b1" || d == "b1") return DType::boolean;
     if (d == "<i4") return DType::i32;
     if (d == "<i8") return DType::i64;
-    throw Error(file + ": unsupported dtype '" + d +
-                "' (attn reads little-endian float32, float64, float16, bool, int32 and int64)");
+    throw Error(file + ": unsupported dtype " + detail::quoted(d) +
+                " (attn reads little-endian float32, float64, float16, bool, int32 and int64)");
 }
 
 std::string descr_of(DType t) {

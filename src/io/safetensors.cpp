@@ -16,6 +16,7 @@
 #include <map>
 #include <set>
 
+#include "../core/check.hpp"
 #include "../core/checked_size.hpp"
 #include "attn/error.hpp"
 #include "atomic_file.hpp"
@@ -69,12 +70,12 @@ std::uint64_t json_uint(const json& v, const std::string& what, const std::strin
 }
 
 Entry parse_entry(const std::string& name, const json& v, std::uint64_t data_size, const std::string& file) {
-    const std::string what = file + ": tensor '" + name + "'";
+    const std::string what = file + ": tensor " + detail::quoted(name);
     if (name.empty()) fail(file, "a tensor has an empty name");
     if (!v.is_object()) fail(what, "entry must be a JSON object but got " + std::string(v.type_name()));
     for (const auto& [key, _] : v.items()) {
         if (key != "dtype" && key != "shape" && key != "data_offsets") {
-            fail(what, "unexpected field '" + key + "' (expected dtype, shape, data_offsets)");
+            fail(what, "unexpected field " + detail::quoted(key) + " (expected dtype, shape, data_offsets)");
         }
     }
     for (const char* field : {"dtype", "shape", "data_offsets"}) {
@@ -92,7 +93,7 @@ Entry parse_entry(const std::string& name, const json& v, std::uint64_t data_siz
     } else if ((elem_size = unreadable_dtype_size(ds)) != 0) {
         e.unreadable = ds;
     } else {
-        fail(what, "unknown dtype '" + ds + "' (expected " + kReadable + ")");
+        fail(what, "unknown dtype " + detail::quoted(ds) + " (expected " + kReadable + ")");
     }
 
     const json& sh = v["shape"];
@@ -155,7 +156,7 @@ std::vector<Entry> parse_header(std::string_view text, std::uint64_t data_size, 
     } catch (const json::exception& e) {
         fail(file, std::string("header is not valid JSON (") + e.what() + ")");
     }
-    if (!duplicate.empty()) fail(file, "header names '" + duplicate + "' more than once");
+    if (!duplicate.empty()) fail(file, "header names " + detail::quoted(duplicate) + " more than once");
     if (!header.is_object()) fail(file, std::string("header must be a JSON object but is ") + header.type_name());
 
     std::vector<Entry> entries;
@@ -163,7 +164,7 @@ std::vector<Entry> parse_header(std::string_view text, std::uint64_t data_size, 
         if (name == "__metadata__") {
             if (!value.is_object()) fail(file, "__metadata__ must be an object of strings but got " + value.dump());
             for (const auto& [k, s] : value.items()) {
-                if (!s.is_string()) fail(file, "__metadata__['" + k + "'] must be a string but got " + s.dump());
+                if (!s.is_string()) fail(file, "__metadata__[" + detail::quoted(k) + "] must be a string but got " + detail::quoted(s.dump()));
                 metadata[k] = s.get<std::string>();
             }
             continue;
@@ -180,13 +181,13 @@ std::vector<Entry> parse_header(std::string_view text, std::uint64_t data_size, 
     const Entry* prev = nullptr;
     for (const Entry& e : entries) {
         if (e.begin < pos) {
-            fail(file, "tensor '" + e.name + "' data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
-                           "] overlap tensor '" + prev->name + "' [" + std::to_string(prev->begin) + ", " +
+            fail(file, "tensor " + detail::quoted(e.name) + " data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
+                           "] overlap tensor " + detail::quoted(prev->name) + " [" + std::to_string(prev->begin) + ", " +
                            std::to_string(prev->end) + "]");
         }
         if (e.begin > pos) {
             fail(file, "bytes [" + std::to_string(pos) + ", " + std::to_string(e.begin) +
-                           ") of the data section belong to no tensor (before tensor '" + e.name + "')");
+                           ") of the data section belong to no tensor (before tensor " + detail::quoted(e.name) + ")");
         }
         pos = e.end;
         prev = &e;
@@ -228,21 +229,21 @@ SafetensorsFile load(std::uint64_t total, const std::function<void(std::uint64_t
         std::string names;
         for (const Entry& e : entries) {
             if (names.size() > 200) { names += ", ..."; break; }
-            names += (names.empty() ? "'" : ", '") + e.name + "'";
+            names += (names.empty() ? "" : ", ") + detail::quoted(e.name);
         }
-        fail(file, "has no tensor named '" + *only + "' (it holds " +
+        fail(file, "has no tensor named " + detail::quoted(*only) + " (it holds " +
                        (entries.empty() ? std::string("no tensors") : std::to_string(entries.size()) + ": " + names) + ")");
     }
     for (const Entry& e : entries) {  // a tensor attn has no type for is refused only when it is to be read
         if (only != nullptr && e.name != *only) continue;
         if (!e.unreadable.empty()) {
-            fail(file + ": tensor '" + e.name + "'", "dtype " + e.unreadable + " is not supported (" + kReadable + ")" +
+            fail(file + ": tensor " + detail::quoted(e.name), "dtype " + e.unreadable + " is not supported (" + kReadable + ")" +
                                                          (only == nullptr ? "; read the others by name" : ""));
         }
     }
     for (const Entry& e : entries) {
         if (only != nullptr && e.name != *only) continue;
-        Tensor t(e.dtype, e.shape, false, file + ": tensor '" + e.name + "'");
+        Tensor t(e.dtype, e.shape, false, file + ": tensor " + detail::quoted(e.name));
         read_raw(data_start + e.begin, t.data(), static_cast<std::size_t>(e.end - e.begin));
         out.tensors.emplace_back(e.name, std::move(t));
     }

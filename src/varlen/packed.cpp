@@ -100,11 +100,14 @@ PackedBatch check_packed(std::string_view op, const TensorView& q, const TensorV
     // Softcap, sinks (Hq,) and per-head ALiBi slopes (Hq,) apply per sequence unchanged;
     // per-sequence slopes are (N, Hq): row b is sequence b's (sequence_options). make_problem
     // checks dtype and values per sequence.
-    if (options.alibi_slopes && options.alibi_slopes->rank() == 2) {
-        require_shape(op, *options.alibi_slopes, "alibi_slopes", Shape{N, p.Hq}, "(N, Hq): one row per sequence");
-    } else if (options.alibi_slopes && options.alibi_slopes->rank() != 1) {
-        fail(op, "alibi_slopes: packed sequences take (Hq,) or (N, Hq) slopes but got rank ",
-             options.alibi_slopes->rank());
+    // Checked here: make_problem would name a sequence's (B, Hq) = (1, Hq) instead.
+    if (options.alibi_slopes) {
+        const TensorView& a = *options.alibi_slopes;
+        const bool per_head = a.rank() == 1 && a.dim(0) == p.Hq;
+        const bool per_seq = a.rank() == 2 && a.dim(0) == N && a.dim(1) == p.Hq;
+        if (!per_head && !per_seq)
+            fail(op, "alibi_slopes: packed sequences take (Hq,) = (", p.Hq, ",) or (N, Hq) = (", N, ", ", p.Hq,
+                 ") slopes (one row per sequence) but got ", a.shape());
     }
     if (options.sinks) {  // also the lse of sequences without keys (fill_keyless), which build no problem
         const TensorView& sk = *options.sinks;

@@ -295,6 +295,15 @@ TEST(Safetensors, MalformedImagesGiveClearErrors) {
     }
 }
 
+// Names and dtypes from the file are quoted with control bytes escaped (JSON's \u001b and \n
+// decode to raw bytes that would break the one-line message or colour a terminal).
+TEST(Safetensors, FileTextInMessagesIsEscaped) {
+    expect_error(image(R"({"a\u001b[31m": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}})", floats({1})),
+                 "tensor 'a\\x1b[31m'");
+    expect_error(image(R"({"a": {"dtype": "F\n32", "shape": [1], "data_offsets": [0, 4]}})", floats({1})),
+                 "unknown dtype 'F\\x0a32'");
+}
+
 TEST(Safetensors, HeaderOverTheLimitIsRefusedUnparsed) {
     // A header of 100 MiB + 8 bytes that the file really holds (in memory only).
     const std::uint64_t big = attn::kSafetensorsMaxHeader + 8;

@@ -82,6 +82,18 @@ def test_float32_query_against_float16_cache_runs_auto(tmp_path):
     check(values(o, "float32"), oracle(q32, kr, vr)[0], "float32")
 
 
+def test_a_tensor_named_like_a_safetensors_file(tmp_path):
+    # The name is everything after the first ".safetensors:", even "k.safetensors" (the whole
+    # spec ending in .safetensors was taken for a file without a name).
+    q32, k32, v32 = problem(5, lq=3, lk=4)
+    np.save(tmp_path / "q.npy", q32)
+    write_safetensors(tmp_path / "kv.safetensors", {"k.safetensors": (k32, "float32"), "v": (v32, "float32")})
+    r = run("--q", "q.npy", "--k", "kv.safetensors:k.safetensors", "--v", "kv.safetensors:v", "--out", "o.npy",
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    check(np.load(tmp_path / "o.npy"), oracle(q32, k32, v32)[0], "float32")
+
+
 def test_float64_query_writes_float32_by_default(tmp_path):
     # The CLI's contract since its first version (tests/torch): float64 inputs, float32 outputs.
     q32, k32, v32 = problem(4, lq=3, lk=4)

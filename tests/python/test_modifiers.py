@@ -164,6 +164,36 @@ def test_cli_flags_match_torch(tmp_path):
     assert not os.path.exists(p("o2.npy"))
 
 
+def test_cli_alibi_on_packed_sequences(tmp_path):
+    """attn sdpa --alibi with --cu-seqlens-q/k: the standard slopes of Q's Hq heads (it built them
+    for 1 head on packed (T, H, D) input and failed for Hq > 1), each sequence as sdpa gives it
+    alone with those slopes."""
+    import os
+    import subprocess
+    bin_ = os.environ.get("ATTN_BIN", "")
+    assert bin_ and os.path.exists(bin_), f"ATTN_BIN must name the attn binary, got {bin_!r}"
+    rng = np.random.default_rng(11)
+    hq, hkv, d = 4, 2, 8
+    cq, ck = np.array([0, 3, 4, 9]), np.array([0, 4, 10, 12])
+    q = rng.standard_normal((cq[-1], hq, d)).astype(np.float32)
+    k = rng.standard_normal((ck[-1], hkv, d)).astype(np.float32)
+    v = rng.standard_normal((ck[-1], hkv, d)).astype(np.float32)
+    for name, x in dict(q=q, k=k, v=v, cq=cq, ck=ck).items():
+        np.save(tmp_path / f"{name}.npy", x)
+    p = lambda n: str(tmp_path / n)  # noqa: E731
+    r = subprocess.run([bin_, "sdpa", "--q", p("q.npy"), "--k", p("k.npy"), "--v", p("v.npy"), "--out", p("o.npy"),
+                        "--cu-seqlens-q", p("cq.npy"), "--cu-seqlens-k", p("ck.npy"), "--alibi", "--causal",
+                        "bottom-right"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got = np.load(p("o.npy"))
+    for s in range(len(cq) - 1):
+        qs = q[cq[s]:cq[s + 1]].transpose(1, 0, 2)[None]
+        ks, vs = (x[ck[s]:ck[s + 1]].transpose(1, 0, 2)[None] for x in (k, v))
+        want = attn.sdpa(qs, ks, vs, is_causal=True, causal_alignment="bottom-right", alibi_slopes=attn.alibi_slopes(hq),
+                         impl="reference")
+        close(got[cq[s]:cq[s + 1]].transpose(1, 0, 2)[None], want.astype(np.float64))
+
+
 def textbook_scores(q, k, keep, softcap=None, slopes=None, diag=None, **_):
     """The three ONNX stages, float64: scaled (mode 0), softcapped (1), masked (2)."""
     q, k = (torch.from_numpy(np.asarray(x, np.float64)) for x in (q, k))

@@ -302,6 +302,22 @@ TEST_F(Npy, UnsupportedDtypes) {
     }
 }
 
+// Header text in a message is quoted with its control bytes escaped: an escape sequence, a
+// newline or a NUL in 'descr' printed the message over two lines, coloured the terminal or cut
+// it at the NUL (an exploratory test found it).
+TEST_F(Npy, HeaderTextInMessagesIsEscaped) {
+    const std::string descr = std::string("\x1b[31mRED\nsecond") + '\0' + "tail";
+    const std::string dict = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (2,), }";
+    write_bytes("e.npy", npy_bytes(dict, std::string(64, '\0')));
+    const std::string msg = read_error("e.npy");
+    EXPECT_TRUE(contains(msg, "unsupported dtype '\\x1b[31mRED\\x0asecond\\x00tail' (attn reads")) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\x1b'), std::string::npos) << msg;
+    const std::string keyed = "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'a\rb': 1}";
+    write_bytes("k.npy", npy_bytes(keyed, float_bytes({1, 2})));
+    EXPECT_TRUE(contains(read_error("k.npy"), "unexpected key 'a\\x0db' in the header")) << read_error("k.npy");
+}
+
 TEST_F(Npy, RankAboveFour) {
     write_bytes("r5.npy", npy_bytes(dict_of("<f4", "(1, 1, 1, 1, 2)"), float_bytes({1, 2})));
     EXPECT_TRUE(contains(read_error("r5.npy"), "rank 5 is more than attn's maximum of 4"));

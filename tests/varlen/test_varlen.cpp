@@ -652,6 +652,7 @@ TEST(VarlenErrors, BadCuSeqlensAndTensors) {
     const Tensor kl(DType::i32, Shape{2}), bad_offsets(DType::i64, Shape{3});
     const Tensor q_2d(DType::f32, Shape{8, 4}), k_bad_d(DType::f32, Shape{10, 1, 9}), q_int(DType::i32, Shape{8, 1, 8});
     const Tensor q_heads3(DType::f32, Shape{8, 3, 8}), k_heads2(DType::f32, Shape{10, 2, 8});
+    const Tensor slopes_3(DType::f32, Shape{3}, true);
     const Tensor slopes_3x1(DType::f32, Shape{3, 1}, true), slopes_3d(DType::f32, Shape{2, 1, 1}, true),
         sinks_2(DType::f32, Shape{2}, true), sinks_f64(DType::f64, Shape{1}, true), sinks_nan(DType::f32, Shape{1});
     sinks_nan.data_as<float>()[0] = NAN;
@@ -685,10 +686,13 @@ TEST(VarlenErrors, BadCuSeqlensAndTensors) {
         {"additive_mask: not supported", [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.additive_mask = kl.view(); }},
         {"query_offset: expected shape (B,) = (2,)",
          [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.query_offset = QueryOffset(bad_offsets.view()); }},
-        {"alibi_slopes: expected shape (N, Hq): one row per sequence = (2, 1) but got (3, 1)",
+        {"alibi_slopes: packed sequences take (Hq,) = (1,) or (N, Hq) = (2, 1) slopes (one row per sequence) but got (3, 1)",
          [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.alibi_slopes = slopes_3x1.view(); }},
-        {"alibi_slopes: packed sequences take (Hq,) or (N, Hq) slopes but got rank 3",
+        {"alibi_slopes: packed sequences take (Hq,) = (1,) or (N, Hq) = (2, 1) slopes (one row per sequence) but got (2, 1, 1)",
          [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.alibi_slopes = slopes_3d.view(); }},
+        // A (Hq,) of the wrong length was checked per sequence, which named (B, Hq) = (1, Hq).
+        {"alibi_slopes: packed sequences take (Hq,) = (1,) or (N, Hq) = (2, 1) slopes (one row per sequence) but got (3,)",
+         [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.alibi_slopes = slopes_3.view(); }},
         {"sinks: shape must be (Hq,) = (1,) but got (2,)",
          [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.sinks = sinks_2.view(); }},
         {"sinks: dtype must be float32 but got float64",

@@ -41,13 +41,14 @@ std::pair<std::string, std::string> split_spec(const std::string& spec) {
 }
 
 Tensor read_spec(const std::string& spec) {
-    if (ends_with(spec, kSafetensors)) {
-        throw Error(spec + " is a safetensors file: name the tensor as " + spec + ":NAME");
-    }
+    // Split first: a tensor may itself be named "x.safetensors" (FILE.safetensors:x.safetensors).
     const auto [file, name] = split_spec(spec);
     if (file != spec) {
         if (name.empty()) throw Error(spec + ": the tensor name after ':' is empty (FILE.safetensors:NAME)");
         return read_safetensors_tensor(file, name);
+    }
+    if (ends_with(spec, kSafetensors)) {
+        throw Error(spec + " is a safetensors file: name the tensor as " + spec + ":NAME");
     }
     return read_npy(spec);
 }
