@@ -11,12 +11,21 @@ namespace {
 
 constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
 
-// "d0 × d1 × … [× elem]" — the factors a user can compare with the arguments they gave.
+// "d0 × d1 × … [× elem]" — the factors a user can compare with the arguments they gave. A
+// zero-size shape is refused for the product of its nonzero dims (its strides would overflow):
+// those are the factors then, since "0 × … > max" would be false.
 std::string factors(const Shape& shape, std::size_t elem_size, bool with_elem) {  // (a valid rank)
+    bool empty = false;
+    for (int i = 0; i < shape.rank; ++i) empty = empty || shape[i] == 0;
     std::ostringstream s;
-    for (int i = 0; i < shape.rank; ++i) s << (i ? " × " : "") << shape[i];
-    if (with_elem) s << (shape.rank ? " × " : "") << elem_size;
-    return s.str();
+    bool first = true;
+    for (int i = 0; i < shape.rank; ++i) {
+        if (empty && shape[i] == 0) continue;
+        s << (first ? "" : " × ") << shape[i];
+        first = false;
+    }
+    if (with_elem) s << (first ? "" : " × ") << elem_size;
+    return (empty ? "the dims other than 0: " : "") + s.str();
 }
 
 bool valid_rank(const Shape& shape) { return shape.rank >= 0 && shape.rank <= kMaxRank; }

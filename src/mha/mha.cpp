@@ -182,6 +182,8 @@ MultiHeadAttention MultiHeadAttention::from_state_dict(const std::vector<std::pa
     }
     const std::int64_t E = c.embed_dim, dh = E / num_heads;
     std::int64_t Ekv = E;
+    const char* kv_source = "in_proj_weight";  // the tensor E_kv comes from, for the message below
+    Shape kv_shape;
     if (const TensorView* w = find("in_proj_weight")) {
         // (E + 2·E_kv, E); E_kv = E unless the weights are grouped-query.
         if (w->rank() != 2 || w->dim(1) != E || w->dim(0) <= E || (w->dim(0) - E) % 2 != 0) {
@@ -189,6 +191,7 @@ MultiHeadAttention MultiHeadAttention::from_state_dict(const std::vector<std::pa
                  " (or (E + 2·E_kv, E) for grouped-query attention) but got ", w->shape());
         }
         Ekv = (w->dim(0) - E) / 2;
+        kv_shape = w->shape();
     } else {
         const TensorView* k = find("k_proj_weight");
         const TensorView* v = find("v_proj_weight");
@@ -201,10 +204,13 @@ MultiHeadAttention MultiHeadAttention::from_state_dict(const std::vector<std::pa
         c.kdim = k->dim(1);
         c.vdim = v->dim(1);
         Ekv = k->dim(0);
+        kv_source = "k_proj_weight";
+        kv_shape = k->shape();
     }
     if (Ekv < 1 || Ekv % dh != 0 || num_heads % (Ekv / dh) != 0) {
-        fail(kMha, "state_dict: key/value projections have ", Ekv, " outputs, which is not a number of heads of size ", dh,
-             " dividing num_heads ", num_heads, " (expected ", E, ")");
+        fail(kMha, "state_dict: tensor '", kv_source, "' of shape ", kv_shape, " gives key/value projections of ", Ekv,
+             " outputs, which is not a number of heads of size ", dh, " dividing num_heads ", num_heads, " (expected ",
+             E, " outputs, or fewer heads for grouped-query attention)");
     }
     c.num_kv_heads = Ekv / dh;
     c.bias = find("in_proj_bias") != nullptr || find("out_proj.bias") != nullptr;

@@ -364,7 +364,9 @@ void draw_panel(cairo_t* cr, TextEngine& te, const Layout& L, const viz::Pooled&
                 const double v = d.at(panel, r, c);
                 if (v == 0.0) continue;
                 const double ink = v / vmax < 0.6 ? 1.0 : 0.0;  // white on dark viridis, black on light
-                te.draw(cr, fmt("%.2f", v), L.value, mx + (c + 0.5) * cw, my + (r + 0.5) * ch, HAlign::center,
+                // Two decimals for weights; large values (dropout's 1/(1−p) scaling, or any
+                // non-negative matrix) in three significant digits, so a label stays in its cell.
+                te.draw(cr, fmt(v < 10.0 ? "%.2f" : "%.3g", v), L.value, mx + (c + 0.5) * cw, my + (r + 0.5) * ch, HAlign::center,
                         VAlign::middle, ink, ink, ink);
             }
         }

@@ -235,6 +235,10 @@ def test_registry_lists_every_shape_and_marks_unbuilt_ones(tmp_path):
     (["--shape-custom", "1,2,3"], "--shape-custom"),
     (["--shape-custom", "1,3,2,4,4,8,0"], "multiple of Hkv"),
     (["--shape-custom", "1,2,2,4,4,8,sideways"], "causal"),
+    (["--shapes", "all,S1"], "--shapes: 'all' stands alone"),  # said "unknown shape id 'all' ... (or all)"
+    (["--shapes", "S1,"], "--shapes: item 2 of 'S1,' is empty"),  # accepted, silently
+    (["--shapes", ",S1"], "--shapes: item 1 of ',S1' is empty"),
+    (["--max-seconds", "0"], "--max-seconds: expected a positive number of seconds but got 0"),
     (["--runs", "0"], "--runs"),
     (["--impl", "fastest"], "--impl: expected one of auto, reference, flash, decode"),
     (["--json", "/nonexistent-dir/x.json"], "--json"),

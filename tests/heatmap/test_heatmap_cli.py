@@ -188,6 +188,15 @@ def test_tokens_file_allows_commas_and_shows_control_tokens(tmp_path):
     assert Image.open(png).size == (info["width"], info["height"])
 
 
+@pytest.mark.parametrize("text, line", [("a\nb\n\nd\ne\n", 3), ("a\nb\nc\nd\ne\n\n", 6), ("\r\nb\nc\nd\ne", 1)])
+def test_tokens_file_empty_line_is_an_error(tmp_path, text, line):
+    # As an empty token of --tokens: an empty line was a blank label, and a second final
+    # newline a sixth token.
+    tf = tmp_path / "tokens.txt"
+    tf.write_text(text, encoding="utf-8", newline="")
+    assert f"--tokens-file: {tf}: line {line} is empty" in error_case(tmp_path, W55, "--tokens-file", tf)
+
+
 def test_cross_attention_with_query_tokens(tmp_path):
     w = np.full((2, 4), 0.25, np.float32)
     png, info = draw(tmp_path, w, "w.svg", "--tokens", "k0,k1,k2,k3", "--query-tokens", "一只,森林")
@@ -258,7 +267,7 @@ W55 = identity(5)
     (np.ones((5, 5), np.int32), [], "must be float16, bfloat16, float32 or float64 but the file holds int32"),
     (W55, ["--tokens", "a,b,c,d"], "--tokens: 4 tokens given but"),
     (W55, ["--tokens", "a,b,c,d"], "Lk = 5 keys (columns)"),
-    (W55, ["--tokens", "a,,c,d,e"], "--tokens: token 1 is empty"),
+    (W55, ["--tokens", "a,,c,d,e"], "--tokens: token 2 is empty"),
     (W55, ["--query-tokens", "a,b,c,d,e,f"], "--query-tokens: 6 tokens given but"),
     (np.full((3, 7), 0.1, np.float32), ["--tokens", "a,b,c"], "give the query tokens with --query-tokens"),
     (np.ones((2, 5, 5), np.float32), ["--head", "2"], "--head: 2 is out of range"),
@@ -266,7 +275,9 @@ W55 = identity(5)
     (np.ones((1, 2, 5, 5), np.float32), ["--head", "-1"], "--head: -1 is out of range"),
     (np.array([[0.5, -0.5], [1.0, 0.0]], np.float32), [], "must be finite and >= 0, but element (0, 1) is -0.5"),
     (np.array([[0.5, np.nan], [1.0, 0.0]], np.float32), [], "element (0, 1) is nan"),
-    (W55, ["--vmax", "0"], "--vmax: expected a number > 0"),
+    (W55, ["--vmax", "0"], "--vmax: expected a number > 0 and < 1e300 but got 0"),
+    (W55, ["--vmax", "1e300"], "--vmax: expected a number > 0 and < 1e300 but got 1e+300"),
+    (W55, ["--vmax", "-1e-10"], "but got -1e-10"),
     (W55, ["--head", "0", "--mean"], "excludes"),
     (None, [], "w.npy"),
 ])

@@ -431,6 +431,12 @@ TEST(Mha, StateDictErrorsNameTheTensor) {
     // from_state_dict infers the configuration, and names what it cannot infer from.
     expect_error([&] { MultiHeadAttention::from_state_dict({{"in_proj_weight", wi.view()}}, 2); }, "missing tensor 'out_proj.weight'");
     expect_error([&] { MultiHeadAttention::from_state_dict({{"out_proj.weight", wo.view()}}, 2); }, "missing tensor 'in_proj_weight'");
+    // An in_proj_weight whose key/value rows are no whole number of heads: named with its shape
+    // (the message gave only the row count).
+    const Tensor wi10(DType::f32, Shape{10, 4}, true);
+    expect_error([&] { MultiHeadAttention::from_state_dict({{"in_proj_weight", wi10.view()}, {"out_proj.weight", wo.view()}}, 2); },
+                 "tensor 'in_proj_weight' of shape (10, 4) gives key/value projections of 3 outputs, which is not a "
+                 "number of heads of size 2");
     const auto ok = MultiHeadAttention::from_state_dict(
         {{"in_proj_weight", wi.view()}, {"in_proj_bias", bi.view()}, {"out_proj.weight", wo.view()}, {"out_proj.bias", bo.view()}}, 2);
     EXPECT_EQ(ok.config().embed_dim, 4);

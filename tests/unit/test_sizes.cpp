@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -130,6 +131,11 @@ TEST(CheckedSize, ShapesWhoseElementCountOverflowsAreRefused) {
         EXPECT_FALSE(st.empty());
         const std::string t = error_of([&] { Tensor x(DType::f32, s); });
         EXPECT_TRUE(contains(t, "more bytes than a 64-bit size can count")) << t;
+        // The factors named are the ones that overflow: a zero-size shape's other dims (it said
+        // "0 × 1000000000000 × … > 9223372036854775807", which is false).
+        const bool empty = std::find(dims.begin(), dims.end(), 0) != dims.end();
+        EXPECT_EQ(contains(t, "(the dims other than 0: "), empty) << t;
+        EXPECT_FALSE(contains(t, "(0 × ")) << t;
         // A contiguous view computes the strides: it refuses the shape too.
         EXPECT_FALSE(error_of([&] { (void)attn::TensorView(nullptr, DType::f32, s); }).empty());
     }

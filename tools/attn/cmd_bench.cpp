@@ -69,12 +69,15 @@ void time_on_one_thread(const bench::Context& ctx, const bench::BenchCase& bc, s
         }
 }
 
-std::vector<std::string> split(const std::string& s) {
+// "S1, S2" → {"S1", "S2"} (spaces dropped); an empty item ("S1,", ",S1", "S1,,S2") is an error
+// naming the option, as an empty value is for every option.
+std::vector<std::string> split(const std::string& flag, const std::string& s) {
     std::vector<std::string> out;
     std::string cur;
     for (char c : s + ",") {
         if (c == ',') {
-            if (!cur.empty()) out.push_back(cur);
+            if (cur.empty()) throw Error(flag + ": item " + std::to_string(out.size() + 1) + " of '" + s + "' is empty");
+            out.push_back(cur);
             cur.clear();
         } else if (c != ' ') {
             cur += c;
@@ -109,7 +112,8 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
     if (a.runs < 1 || a.runs > std::numeric_limits<int>::max()) {
         throw Error("--runs: expected 1 to " + std::to_string(std::numeric_limits<int>::max()) + " but got " + std::to_string(a.runs));
     }
-    if (!(a.max_seconds > 0)) throw Error("--max-seconds: expected a positive number of seconds");
+    if (!(a.max_seconds > 0))
+        throw Error("--max-seconds: expected a positive number of seconds but got " + number_text(a.max_seconds));
     cfg.quick = a.quick;
     cfg.runs = a.quick && !runs_given ? 2 : static_cast<int>(a.runs);
     cfg.max_seconds = a.quick && !max_seconds_given ? 2.0 : a.max_seconds;
@@ -118,7 +122,7 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
     cfg.torch_script = a.torch_script;
     cfg.reference_max_gflop = a.reference_max_gflop;
     cfg.scaling = a.scaling;
-    for (const std::string& name : split(a.impls)) {
+    for (const std::string& name : split("--impl", a.impls)) {
         const Impl i = with_flag("--impl", [&] { return parse_impl(name); });
         if (std::find(cfg.impls.begin(), cfg.impls.end(), i) == cfg.impls.end()) cfg.impls.push_back(i);
     }
@@ -129,8 +133,10 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
     std::vector<bench::BenchCase> selected;
     const bool only_custom = !a.custom.empty() && !shapes_given;
     if (!only_custom) {
-        const std::vector<std::string> ids = split(a.shapes);
+        const std::vector<std::string> ids = split("--shapes", a.shapes);
         const bool all = ids.size() == 1 && ids[0] == "all";
+        if (!all && std::find(ids.begin(), ids.end(), "all") != ids.end())
+            throw Error("--shapes: 'all' stands alone (it names every shape) but got '" + a.shapes + "'");
         std::set<std::string> known;
         for (const auto& c : registry) known.insert(c.id);
         for (const std::string& id : ids) {

@@ -13,6 +13,7 @@
 #include "attn/heatmap.hpp"
 #include "attn/npy.hpp"
 #include "commands.hpp"
+#include "strict_options.hpp"
 #include "io/input_file.hpp"
 #include "output_files.hpp"
 #include "tensor_args.hpp"
@@ -38,12 +39,13 @@ std::vector<std::string> split_commas(const std::string& flag, const std::string
         start = comma + 1;
     }
     for (std::size_t i = 0; i < out.size(); ++i) {
-        if (out[i].empty()) throw Error(flag + ": token " + std::to_string(i) + " is empty (in '" + s + "')");
+        if (out[i].empty()) throw Error(flag + ": token " + std::to_string(i + 1) + " is empty (in '" + s + "')");
     }
     return out;
 }
 
-// One token per line (so tokens may contain commas); a final newline and CRs are ignored.
+// One token per line (so tokens may contain commas); a final newline and CRs are ignored, and an
+// empty line is an error, as an empty token of --tokens is.
 // The file is opened like every input (regular files only: not a FIFO, not /dev/zero) and
 // may hold at most kMaxTokensFileBytes: far more than any picture can label, far less than
 // what would exhaust memory.
@@ -61,6 +63,7 @@ std::vector<std::string> read_lines(const std::string& flag, const std::string& 
     std::string line;
     while (std::getline(in, line)) {
         if (!line.empty() && line.back() == '\r') line.pop_back();
+        if (line.empty()) throw Error(flag + ": " + path + ": line " + std::to_string(out.size() + 1) + " is empty");
         out.push_back(line);
     }
     if (out.empty()) throw Error(flag + ": '" + path + "' holds no tokens");
@@ -152,8 +155,8 @@ void run(const HeatmapArgs& a) {
                     std::to_string(Lq) + " queries (rows)");
     }
     opt.vmax = a.vmax;
-    if (a.vmax && !(*a.vmax > 0.0 && *a.vmax < 1e300)) {
-        throw Error("--vmax: expected a number > 0 but got " + std::to_string(*a.vmax));
+    if (a.vmax && !(*a.vmax > 0.0 && *a.vmax < 1e300)) {  // the colour bar's ticks need a finite range
+        throw Error("--vmax: expected a number > 0 and < 1e300 but got " + number_text(*a.vmax));
     }
 
     // Pick the panels: (P, Lq, Lk) as a view of batch b, or the mean over heads.

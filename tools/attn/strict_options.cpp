@@ -60,8 +60,7 @@ CLI::Validator strict(const char* name, std::string (*read)(const std::string&, 
             std::string why = read(text, value);
             if (!why.empty()) return why;
             if constexpr (std::is_floating_point_v<T>) {
-                char buf[32];
-                text.assign(buf, std::to_chars(buf, buf + sizeof buf, value).ptr);  // shortest text that reads back as value
+                text = number_text(value);
             } else {
                 text = std::to_string(value);
             }
@@ -112,10 +111,13 @@ void make_options_strict(CLI::App& app) { apply(app); }
 
 void require_probability(const char* flag, double p) {
     if (!(p >= 0.0 && p < 1.0)) {
-        char buf[32];
-        const std::string given(buf, std::to_chars(buf, buf + sizeof buf, p).ptr);  // shortest exact form
-        throw Error(std::string(flag) + ": expected a probability 0 <= p < 1 but got " + given);
+        throw Error(std::string(flag) + ": expected a probability 0 <= p < 1 but got " + number_text(p));
     }
+}
+
+std::string number_text(double value) {
+    char buf[32];
+    return std::string(buf, std::to_chars(buf, buf + sizeof buf, value).ptr);
 }
 
 }  // namespace attn::cli

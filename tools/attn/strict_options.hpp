@@ -35,6 +35,10 @@ auto with_flag(const char* flag, F&& parse) {
 // A dropout probability: 0 <= p < 1, else "FLAG: expected a probability 0 <= p < 1 but got P".
 void require_probability(const char* flag, double p);
 
+// A number as a message shows what was given: the shortest text that reads back as it ("1e+300",
+// "-1e-10"), not std::to_string's six decimals (300 digits, or "-0.000000").
+std::string number_text(double value);
+
 // Attaches the rule to every option of app and its subcommands, by CLI11 type: INT options
 // must hold std::int64_t, UINT options std::uint64_t, FLOAT options double (so the ranges
 // checked here are the ranges stored). Call after every option is declared.
