@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <map>
 #include <set>
+#include <vector>
 
 #include "../core/check.hpp"
 #include "../core/checked_size.hpp"
@@ -135,14 +136,17 @@ Entry parse_entry(const std::string& name, const json& v, std::uint64_t data_siz
 // Parses and checks a header; `data_size` is the number of bytes after it.
 std::vector<Entry> parse_header(std::string_view text, std::uint64_t data_size, const std::string& file,
                                 std::map<std::string, std::string>& metadata) {
-    // nlohmann keeps the last of duplicate keys silently; the format forbids them, so the
-    // parser callback watches the top-level keys (depth 1) as they stream past.
-    std::set<std::string> seen;
+    // nlohmann keeps the last of duplicate keys silently; JSON objects here must not repeat one
+    // (two tensors of one name, or two "dtype"s in one entry), so the parser callback watches
+    // the keys of every open object as they stream past.
+    std::vector<std::set<std::string>> open;  // the keys of each object being parsed, innermost last
     std::string duplicate;
-    const json::parser_callback_t watch = [&](int depth, json::parse_event_t event, json& parsed) {
-        if (event == json::parse_event_t::key && depth == 1) {
+    const json::parser_callback_t watch = [&](int, json::parse_event_t event, json& parsed) {
+        if (event == json::parse_event_t::object_start) open.emplace_back();
+        else if (event == json::parse_event_t::object_end && !open.empty()) open.pop_back();
+        else if (event == json::parse_event_t::key && !open.empty()) {
             const std::string key = parsed.get<std::string>();
-            if (!seen.insert(key).second && duplicate.empty()) duplicate = key;
+            if (!open.back().insert(key).second && duplicate.empty()) duplicate = key;
         }
         return true;
     };

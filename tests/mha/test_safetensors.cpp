@@ -255,6 +255,10 @@ std::vector<Bad> malformed() {
         {"not-object", image("[1]", ""), "must be a JSON object"},
         {"duplicate", image(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
                             floats({1, 2})), "'a' more than once"},
+        // A field twice in one entry: nlohmann kept the last silently. (The same field in two
+        // entries is fine: kTwo, ParsesValidImage.)
+        {"duplicate-field", one(R"({"dtype": "I32", "dtype": "F32", "shape": [1], "data_offsets": [0, 4]})", floats({1})),
+         "'dtype' more than once"},
         {"entry-not-object", one("3", ""), "must be a JSON object"},
         {"missing-dtype", one(R"({"shape": [1], "data_offsets": [0, 4]})", floats({1})), "missing field 'dtype'"},
         {"missing-shape", one(R"({"dtype": "F32", "data_offsets": [0, 4]})", floats({1})), "missing field 'shape'"},
