@@ -35,8 +35,8 @@ PYBIND11_MODULE(_attn, m) {
     });
 
     m.def("_input_copies", &attn_py::input_copies,
-          "How many input arrays the binding has copied so far (only strides that are not a multiple "
-          "of the item size are copied).");
+          "How many input arrays the binding has copied so far: a non-native byte order, a misaligned\n"
+          "pointer or stride, or a stride that is not a multiple of the item size (README, Inputs).");
     // The argument through int_arg (convert.hpp): a bool or str is a TypeError naming `n`, and a
     // value past int's range reaches the library's own range check instead of pybind11's
     // "incompatible function arguments".
@@ -51,7 +51,8 @@ PYBIND11_MODULE(_attn, m) {
         },
         py::arg("n"),
           "Threads every attn call computes on (process-wide); 0 = the default: ATTN_NUM_THREADS, else\n"
-          "OMP_NUM_THREADS, else every CPU. A call's threads= keyword overrides it for that call.");
+          "OpenMP's count (OMP_NUM_THREADS, else every CPU; after `import torch`, torch's count). A\n"
+          "call's threads= keyword overrides it for that call; attn.torch follows torch's count instead.");
     m.def("get_num_threads", [] { return attn::num_threads(); }, "The thread count attn's next call will use.");
     attn_py::bind_sdpa(m);
     attn_py::bind_varlen(m);

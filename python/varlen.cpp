@@ -25,6 +25,7 @@ py::object sdpa_varlen_py(const py::object& query, const py::object& key, const 
                           const py::object& causal_alignment, const py::object& key_lengths, const py::object& window,
                           const py::object& window_alignment, const py::object& query_offset,
                           const py::object& return_lse_arg, const py::object& dropout_seed, const py::object& impl,
+                          const py::object& softcap, const py::object& alibi_slopes, const py::object& sinks,
                           const py::object& threads_obj, const py::object& dtype, const py::object& out_dtype) {
     const bool return_lse = bool_arg(return_lse_arg, "return_lse");
     const int threads = threads_arg(threads_obj);
@@ -34,9 +35,10 @@ py::object sdpa_varlen_py(const py::object& query, const py::object& key, const 
     const Input v = input(value, "value", 3, 3, kPacked, bf16);
     const Input cq = input(cu_seqlens_q, "cu_seqlens_q", 1, 1, "(N+1,)");
     const Input ck = input(cu_seqlens_k, "cu_seqlens_k", 1, 1, "(N+1,)");
-    const CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
-                                          {is_causal, causal_alignment, window, window_alignment, query_offset},
-                                          dropout_seed, impl, bf16});
+    CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
+                                    {is_causal, causal_alignment, window, window_alignment, query_offset},
+                                    dropout_seed, impl, bf16});
+    set_modifiers({softcap, alibi_slopes, sinks}, q.view.dim(1), opt);  // slopes (Hq,) or (N, Hq)
     // As sdpa's: out in out_dtype (default the query's), lse float (stat_dtype).
     const attn::DType odt = out_dtype_arg(out_dtype, q.view.dtype());
     py::array out = new_array(odt, {q.view.dim(0), q.view.dim(1), v.view.dim(2)});
@@ -59,7 +61,8 @@ py::tuple sdpa_varlen_backward_py(const py::object& query, const py::object& key
                                   const py::object& causal_alignment, const py::object& key_lengths,
                                   const py::object& window, const py::object& window_alignment,
                                   const py::object& query_offset, const py::object& dropout_seed,
-                                  const py::object& impl, const py::object& threads_obj, const py::object& dtype,
+                                  const py::object& impl, const py::object& softcap, const py::object& alibi_slopes,
+                                  const py::object& sinks, const py::object& threads_obj, const py::object& dtype,
                                   const py::object& out_dtype) {
     const int threads = threads_arg(threads_obj);
     const bool bf16 = uint16_is_bf16_arg(dtype);
@@ -71,22 +74,30 @@ py::tuple sdpa_varlen_backward_py(const py::object& query, const py::object& key
     const Input o = input(out, "out", 3, 3, kPacked, bf16);
     const Input l = input(lse, "lse", 2, 2, "(total_tokens, H)");
     const Input g = input(grad_out, "grad_out", 3, 3, kPacked, bf16);
-    const CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
-                                          {is_causal, causal_alignment, window, window_alignment, query_offset},
-                                          dropout_seed, impl, bf16});
+    CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
+                                    {is_causal, causal_alignment, window, window_alignment, query_offset},
+                                    dropout_seed, impl, bf16});
+    set_modifiers({softcap, alibi_slopes, sinks}, q.view.dim(1), opt);
     const attn::DType odt = out_dtype_arg(out_dtype, q.view.dtype());  // dq/dk/dv, as sdpa_backward's
     py::array dq = new_array(odt, dims_of(q.view));
     py::array dk = new_array(odt, dims_of(k.view));
     py::array dv = new_array(odt, dims_of(v.view));
     const attn::TensorView dqv = output_view(dq, 3), dkv = output_view(dk, 3), dvv = output_view(dv, 3);
+    // dsinks (Hq,) with sinks, summed over the sequences (sdpa_varlen_backward), as sdpa_backward's.
+    const bool with_sinks = opt.sdpa.sinks.has_value();
+    py::array ds = with_sinks ? new_array(stat_dtype(q.view.dtype()), {static_cast<py::ssize_t>(opt.sdpa.sinks->dim(0))})
+                              : py::array();
+    attn::TensorView dsv;
+    if (with_sinks) dsv = output_view(ds, 1);
     {
         py::gil_scoped_release nogil;
         const attn::ScopedNumThreads scoped_threads(threads);
         with_python_names([&] {
             attn::sdpa_varlen_backward(q.view, k.view, v.view, cq.view, ck.view, o.view, l.view, g.view, opt.sdpa, dqv,
-                                       dkv, dvv);
+                                       dkv, dvv, nullptr, with_sinks ? &dsv : nullptr);
         });
     }
+    if (with_sinks) return py::make_tuple(dq, dk, dv, ds);
     return py::make_tuple(dq, dk, dv);
 }
 
@@ -99,12 +110,14 @@ void bind_varlen(py::module_& m) {
           py::arg("key_lengths") = py::none(), py::arg("window") = py::none(),
           py::arg("window_alignment") = "top-left", py::arg("query_offset") = py::none(),
           py::arg("return_lse") = false, py::arg("dropout_seed") = 0, py::arg("impl") = "auto",
+          py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
           py::arg("threads") = py::none(), py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none(),
           "scaled_dot_product_attention over sequences packed without padding (flash_attn_varlen_func's layout).\n"
           "query (Tq, Hq, D), key/value (Tk, Hkv, D); cu_seqlens_q/cu_seqlens_k (N+1,) int32/int64 offsets:\n"
           "sequence b is rows cu[b]..cu[b+1]-1. Every keyword means what it means in\n"
           "scaled_dot_product_attention, per sequence: bottom-right aligns to each sequence's own lengths;\n"
           "query_offset is an int or an (N,) array. attn_mask and key_lengths are not accepted.\n"
+          "softcap, sinks (Hq,) and alibi_slopes (True, (Hq,) or one row per sequence (N, Hq)) as there.\n"
           "threads: compute on this many threads (default None: attn.get_num_threads()).\n"
           "query/key/value: float32, float64, float16, or uint16 bfloat16 bits with dtype=\"bfloat16\".\n"
           "out_dtype=\"float32\"|\"float16\"|\"bfloat16\": out's dtype (default: query's); lse float32\n"
@@ -115,9 +128,10 @@ void bind_varlen(py::module_& m) {
           py::arg("scale") = py::none(), py::arg("causal_alignment") = "top-left", py::arg("key_lengths") = py::none(),
           py::arg("window") = py::none(), py::arg("window_alignment") = "top-left",
           py::arg("query_offset") = py::none(), py::arg("dropout_seed") = 0, py::arg("impl") = "auto",
+          py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
           py::arg("threads") = py::none(), py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none(),
           "Gradients (dq, dk, dv) of sdpa_varlen given its out and lse (return_lse=True) and grad_out;\n"
-          "the same options as the forward. dtype=\"bfloat16\": uint16 inputs hold bfloat16 bits; dq/dk/dv\n"
+          "with sinks (dq, dk, dv, dsinks), dsinks summed over the sequences. The same options as the forward. dtype=\"bfloat16\": uint16 inputs hold bfloat16 bits; dq/dk/dv\n"
           "in out_dtype (default: query's).");
     m.def("release_varlen_scratch", &attn::release_varlen_scratch,
           "Free the head-major buffer (up to 256 MiB on 2 MiB pages) that sdpa_varlen and its backward keep\n"

@@ -30,6 +30,14 @@ def test_unknown_command_is_named_with_the_choices():
         assert c in line
 
 
+def test_unknown_option_before_the_command_is_named():
+    # It said only "A subcommand is required" (CLI11's), not naming --bogus; --help and
+    # --version stay CLI11's.
+    line = one_error_line(attn("--bogus"))
+    assert "unknown option '--bogus' before the subcommand" in line and "sdpa" in line
+    assert attn("--version").returncode == 0 and attn("--help").returncode == 0
+
+
 def test_no_command_lists_the_choices():
     line = one_error_line(attn())
     assert "a subcommand is required" in line and "sdpa" in line

@@ -164,10 +164,11 @@ def test_cli_flags_match_torch(tmp_path):
     assert not os.path.exists(p("o2.npy"))
 
 
-def test_cli_alibi_on_packed_sequences(tmp_path):
-    """attn sdpa --alibi with --cu-seqlens-q/k: the standard slopes of Q's Hq heads (it built them
-    for 1 head on packed (T, H, D) input and failed for Hq > 1), each sequence as sdpa gives it
-    alone with those slopes."""
+def test_cli_packed_sequences_alibi_sinks_dsinks(tmp_path):
+    """attn sdpa --alibi --sinks --grad-out … --dsinks with --cu-seqlens-q/k: each sequence as sdpa
+    and its backward give it alone, dsinks their sum over the sequences. --alibi built the slopes
+    for 1 head on packed (T, H, D) input and failed for Hq > 1; --dsinks was refused ("sinks are
+    not supported there", while --sinks ran)."""
     import os
     import subprocess
     bin_ = os.environ.get("ATTN_BIN", "")
@@ -178,20 +179,32 @@ def test_cli_alibi_on_packed_sequences(tmp_path):
     q = rng.standard_normal((cq[-1], hq, d)).astype(np.float32)
     k = rng.standard_normal((ck[-1], hkv, d)).astype(np.float32)
     v = rng.standard_normal((ck[-1], hkv, d)).astype(np.float32)
-    for name, x in dict(q=q, k=k, v=v, cq=cq, ck=ck).items():
+    g = rng.standard_normal((cq[-1], hq, d)).astype(np.float32)
+    sinks = rng.standard_normal(hq).astype(np.float32)
+    for name, x in dict(q=q, k=k, v=v, g=g, s=sinks, cq=cq, ck=ck).items():
         np.save(tmp_path / f"{name}.npy", x)
     p = lambda n: str(tmp_path / n)  # noqa: E731
     r = subprocess.run([bin_, "sdpa", "--q", p("q.npy"), "--k", p("k.npy"), "--v", p("v.npy"), "--out", p("o.npy"),
-                        "--cu-seqlens-q", p("cq.npy"), "--cu-seqlens-k", p("ck.npy"), "--alibi", "--causal",
-                        "bottom-right"], capture_output=True, text=True)
+                        "--cu-seqlens-q", p("cq.npy"), "--cu-seqlens-k", p("ck.npy"), "--alibi", "--sinks", p("s.npy"),
+                        "--causal", "bottom-right", "--grad-out", p("g.npy"), "--dq", p("dq.npy"), "--dk", p("dk.npy"),
+                        "--dv", p("dv.npy"), "--dsinks", p("ds.npy")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    got = np.load(p("o.npy"))
+    got = {n: np.load(p(n + ".npy")).astype(np.float64) for n in ("o", "dq", "dk", "dv", "ds")}
+    heads = lambda x: x.transpose(1, 0, 2)[None]  # noqa: E731  (T, H, D) → (1, H, T, D)
+    kw = dict(is_causal=True, causal_alignment="bottom-right", alibi_slopes=attn.alibi_slopes(hq), sinks=sinks,
+              impl="reference")
+    ds_sum = np.zeros(hq)
     for s in range(len(cq) - 1):
-        qs = q[cq[s]:cq[s + 1]].transpose(1, 0, 2)[None]
-        ks, vs = (x[ck[s]:ck[s + 1]].transpose(1, 0, 2)[None] for x in (k, v))
-        want = attn.sdpa(qs, ks, vs, is_causal=True, causal_alignment="bottom-right", alibi_slopes=attn.alibi_slopes(hq),
-                         impl="reference")
-        close(got[cq[s]:cq[s + 1]].transpose(1, 0, 2)[None], want.astype(np.float64))
+        qs, gs = (heads(x[cq[s]:cq[s + 1]]) for x in (q, g))
+        ks, vs = (heads(x[ck[s]:ck[s + 1]]) for x in (k, v))
+        out, lse = attn.sdpa(qs, ks, vs, return_lse=True, **kw)
+        close(heads(got["o"][cq[s]:cq[s + 1]]), out.astype(np.float64))
+        dq, dk, dv, ds = attn.sdpa_backward(qs, ks, vs, out, lse, gs, **kw)
+        close(heads(got["dq"][cq[s]:cq[s + 1]]), dq.astype(np.float64))
+        close(heads(got["dk"][ck[s]:ck[s + 1]]), dk.astype(np.float64))
+        close(heads(got["dv"][ck[s]:ck[s + 1]]), dv.astype(np.float64))
+        ds_sum += ds
+    close(got["ds"], ds_sum)
 
 
 def textbook_scores(q, k, keep, softcap=None, slopes=None, diag=None, **_):

@@ -60,6 +60,34 @@ def test_scale_window_and_per_sequence_offsets():
         close(out[cq[b]:cq[b + 1]].transpose(1, 0, 2)[None], want)
 
 
+@pytest.mark.parametrize("slopes", ["paper", "per-sequence"])
+def test_score_modifiers_match_each_sequence(slopes):
+    # softcap, alibi_slopes and sinks per sequence, forward and backward (dsinks summed over the
+    # sequences), as sdpa and sdpa_backward give each sequence alone. The keywords were missing
+    # from the Python varlen functions (the C++ API and the CLI had them).
+    lq, lk = [5, 1, 17, 40], [9, 30, 17, 40]
+    q, k, v, cq, ck = packed_case(7, lq, lk)
+    rng = np.random.default_rng(8)
+    g = rng.standard_normal((q.shape[0], q.shape[1], v.shape[2]), dtype=np.float32)
+    sinks = rng.standard_normal(q.shape[1]).astype(np.float32)
+    per_seq = rng.uniform(0.0, 0.5, size=(len(lq), q.shape[1])).astype(np.float32)
+    alibi = True if slopes == "paper" else per_seq
+    kw = dict(is_causal=True, causal_alignment="bottom-right", softcap=4.0, sinks=sinks)
+    out, lse = attn.sdpa_varlen(q, k, v, cq, ck, return_lse=True, alibi_slopes=alibi, **kw)
+    dq, dk, dv, ds = attn.sdpa_varlen_backward(q, k, v, cq, ck, out, lse, g, alibi_slopes=alibi, **kw)
+    ds_sum = np.zeros(q.shape[1])
+    for b in range(len(lq)):
+        one = dict(alibi_slopes=attn.alibi_slopes(q.shape[1]) if slopes == "paper" else per_seq[b], impl="reference", **kw)
+        qs, ks, vs = per_sequence(q, cq, b), per_sequence(k, ck, b), per_sequence(v, ck, b)
+        o1, l1 = attn.sdpa(qs, ks, vs, return_lse=True, **one)
+        close(per_sequence(out, cq, b), o1.astype(np.float64))
+        close(lse[cq[b]:cq[b + 1]].T[None], l1.astype(np.float64))
+        dq1, dk1, dv1, ds1 = attn.sdpa_backward(qs, ks, vs, o1, l1, per_sequence(g, cq, b), **one)
+        close_grads([(per_sequence(dq, cq, b), dq1), (per_sequence(dk, ck, b), dk1), (per_sequence(dv, ck, b), dv1)])
+        ds_sum += ds1
+    close(ds, ds_sum)
+
+
 def test_backward_matches_torch_autograd():
     lq, lk = [6, 0, 30], [10, 4, 30]
     q, k, v, cq, ck = packed_case(3, lq, lk)

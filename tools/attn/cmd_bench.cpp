@@ -97,18 +97,9 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
     if (a.threads < 0 || a.threads > 4096) {
         throw Error("--threads: expected a thread count from 1 to 4096 (0 = default) but got " + std::to_string(a.threads));
     }
-    cfg.threads = a.threads > 0 ? static_cast<int>(a.threads) : omp_get_max_threads();
-    if (a.threads == 0) {
-        // ATTN_NUM_THREADS (else OMP_NUM_THREADS, which OpenMP already read) sets the count.
-        const char* env = std::getenv("ATTN_NUM_THREADS");
-        if (env != nullptr && *env != '\0') {
-            char* end = nullptr;
-            const long n = std::strtol(env, &end, 10);
-            if (*end != '\0' || n < 1 || n > 4096)
-                throw Error(std::string("ATTN_NUM_THREADS: expected a positive thread count but got '") + env + "'");
-            cfg.threads = static_cast<int>(n);
-        }
-    }
+    // 0: the library's own count (ATTN_NUM_THREADS when it is 1..4096, else OMP_NUM_THREADS, else
+    // every CPU; attn/threads.hpp), so the bench runs what a call would.
+    cfg.threads = a.threads > 0 ? static_cast<int>(a.threads) : attn::num_threads();
     if (a.runs < 1 || a.runs > std::numeric_limits<int>::max()) {
         throw Error("--runs: expected 1 to " + std::to_string(std::numeric_limits<int>::max()) + " but got " + std::to_string(a.runs));
     }
@@ -270,7 +261,7 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("--impl", args->impls, "attn kernels to time, comma-separated: auto, reference, flash, decode (decode takes Lq <= 16 only; "
                    "a row it declines says why)")->capture_default_str();
     auto* runs = cmd->add_option("--runs", args->runs, "timed calls per (shape, impl) after one warm-up")->capture_default_str();
-    cmd->add_option("--threads", args->threads, "threads (default: ATTN_NUM_THREADS, else OMP_NUM_THREADS, else all CPUs)");
+    cmd->add_option("--threads", args->threads, "threads (0 or not given: ATTN_NUM_THREADS, else OMP_NUM_THREADS, else all CPUs)");
     cmd->add_option("--json", args->json, "also write the results as JSON to this file");
     // Two flags rather than CLI11's "--torch,!--no-torch", whose help reads "--no-torch{false}" as
     // if torch were off by default.

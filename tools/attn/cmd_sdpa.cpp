@@ -70,7 +70,6 @@ void run_packed(const SdpaArgs& a, const SdpaOptions& opt, const Tensor& q, cons
     }
     if (!a.weights.empty()) throw Error("--weights: not available for packed sequences (their weights are ragged)");
     if (!a.scores.empty()) throw Error("--scores: not available for packed sequences (their scores are ragged)");
-    if (!a.dsinks.empty()) throw Error("--dsinks: not available for packed sequences (sinks are not supported there)");
     const Tensor cq = read_tensor_arg("--cu-seqlens-q", a.cu_seqlens_q), ck = read_tensor_arg("--cu-seqlens-k", a.cu_seqlens_k);
     // Output shapes from the inputs, checked first: a malformed one is named before a buffer
     // sized from it is asked for.
@@ -89,18 +88,24 @@ void run_packed(const SdpaArgs& a, const SdpaOptions& opt, const Tensor& q, cons
     if (a.verbose) std::fprintf(stderr, "%s\n", report.explanation.c_str());
     std::vector<OutputFiles::Output> files{{"--out", a.out, o.view()}};
     if (!a.lse.empty()) files.push_back({"--lse", a.lse, l.view()});
-    Tensor dO, dq, dk, dv;
+    Tensor dO, dq, dk, dv, ds;
     if (backward) {
         dO = read_input("--grad-out", a.grad_out);
         dq = Tensor(gdt, q.shape());
         dk = Tensor(gdt, k.shape());
         dv = Tensor(gdt, v.shape());
         SdpaReport back;
-        sdpa_varlen_backward(q, k, v, cq, ck, o, l, dO, opt, dq, dk, dv, &back);
+        TensorView dsv;  // the sequences' dsinks summed (sdpa_varlen_backward)
+        if (!a.dsinks.empty()) {
+            ds = Tensor(DType::f32, Shape{q.shape()[1]});
+            dsv = ds.view();
+        }
+        sdpa_varlen_backward(q, k, v, cq, ck, o, l, dO, opt, dq, dk, dv, &back, a.dsinks.empty() ? nullptr : &dsv);
         if (a.verbose) std::fprintf(stderr, "backward: %s\n", back.explanation.c_str());
         files.push_back({"--dq", a.dq, dq.view()});
         files.push_back({"--dk", a.dk, dk.view()});
         files.push_back({"--dv", a.dv, dv.view()});
+        if (!a.dsinks.empty()) files.push_back({"--dsinks", a.dsinks, ds.view()});
     }
     OutputFiles::write_all(files);
 }

@@ -38,7 +38,13 @@ std::string unknown_command(const CLI::App& app, int argc, const char* const* ar
     }
     if (argc < 2) return "a subcommand is required: one of " + names + " (attn --help)";
     const std::string first = argv[1];
-    if (!first.empty() && first[0] == '-') return "";  // --help, --version, or an option CLI11 names
+    if (!first.empty() && first[0] == '-') {
+        // --help, --version (and --opt=value forms): CLI11's; anything else would get its "A
+        // subcommand is required", which does not name the word.
+        const std::string name = first.substr(0, first.find('='));
+        if (app.get_option_no_throw(name) != nullptr) return "";
+        return "unknown option '" + first + "' before the subcommand: expected one of " + names + " (attn --help)";
+    }
     for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
         if (sub->check_name(first)) return "";
     }
