@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "attn/error.hpp"
 
@@ -21,9 +22,13 @@ Pooled mean_pool(const TensorView& weights, std::int64_t kr, std::int64_t kc, co
     out.cols = (Lk + kc - 1) / kc;
     out.values.assign(static_cast<std::size_t>(P * out.rows * out.cols), 0.0);
     // Sums first (row by row through the input, so strided reads stay sequential), then means.
+    // The sums are long double (x87: exponent to 16383), so a block of finite weights near
+    // DBL_MAX sums without overflow and its mean is finite, as the weights are (a double sum
+    // went to inf, and the picture's scale with it).
+    std::vector<long double> block_sums(out.values.size(), 0.0L);
     for (std::int64_t p = 0; p < P; ++p) {
         for (std::int64_t i = 0; i < Lq; ++i) {
-            double* sums = &out.values[static_cast<std::size_t>((p * out.rows + i / kr) * out.cols)];
+            long double* sums = &block_sums[static_cast<std::size_t>((p * out.rows + i / kr) * out.cols)];
             for (std::int64_t j = 0; j < Lk; ++j) {
                 const double w = weights.load_as_double(weights.offset(p, i, j));
                 if (!std::isfinite(w) || w < 0.0) {
@@ -44,8 +49,9 @@ Pooled mean_pool(const TensorView& weights, std::int64_t kr, std::int64_t kc, co
             const std::int64_t nr = std::min(kr, Lq - r * kr);
             for (std::int64_t c = 0; c < out.cols; ++c) {
                 const std::int64_t nc = std::min(kc, Lk - c * kc);
-                double& v = out.values[static_cast<std::size_t>((p * out.rows + r) * out.cols + c)];
-                v /= static_cast<double>(nr * nc);
+                const auto at = static_cast<std::size_t>((p * out.rows + r) * out.cols + c);
+                double& v = out.values[at];
+                v = static_cast<double>(block_sums[at] / static_cast<long double>(nr * nc));
                 if (v == 0.0) out.any_masked = true;
                 if (v > out.max) out.max = v;
             }

@@ -116,6 +116,20 @@ TEST(HeatmapPool, MeansOfBlocksIncludingPartialEdges) {
     EXPECT_FALSE(p.any_masked);
 }
 
+// Finite weights near DBL_MAX: each block's mean is finite (their double sum overflowed to inf,
+// and a picture of them crashed on the infinite scale; an exploratory test found it).
+TEST(HeatmapPool, MeansOfHugeFiniteWeightsStayFinite) {
+    Tensor t(DType::f64, Shape{1, 6, 6});
+    for (std::int64_t i = 0; i < t.numel(); ++i) t.data_as<double>()[i] = 4e307;
+    const viz::Pooled p = viz::mean_pool(t, 3, 3, "w");
+    for (int r = 0; r < 2; ++r)
+        for (int c = 0; c < 2; ++c) EXPECT_DOUBLE_EQ(p.at(0, r, c), 4e307) << r << "," << c;
+    EXPECT_DOUBLE_EQ(p.max, 4e307);
+    Tensor big(DType::f64, Shape{600, 600});  // past max_cells: drawn as block means
+    for (std::int64_t i = 0; i < big.numel(); ++i) big.data_as<double>()[i] = 4e307;
+    EXPECT_NO_THROW(render_heatmap(big, {}, ImageFormat::png));
+}
+
 TEST(HeatmapPool, MaskedSurvivesOnlyWhenTheWholeBlockIsZero) {
     Tensor t(DType::f64, Shape{1, 4, 4}, true);
     t.data_as<double>()[0 * 4 + 2] = 1e-30;  // one tiny weight in the top-right block
