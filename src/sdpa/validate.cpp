@@ -49,15 +49,7 @@ void require_finite_f32(std::string_view kOp, const TensorView& t, const char* n
 
 // softcap, alibi_slopes, sinks (docs/conventions.md, "Score modifiers").
 void check_modifiers(std::string_view kOp, const SdpaOptions& o, SdpaProblem& p) {
-    if (o.softcap != 0.0) {
-        // Kernels compute s·(1/c) and c·tanh in float32: c must be a normal float32.
-        const double kMin = static_cast<double>(std::numeric_limits<float>::min());
-        const double kMax = static_cast<double>(std::numeric_limits<float>::max());
-        if (!(o.softcap >= kMin && o.softcap <= kMax))
-            fail(kOp, "softcap: must be 0 (off) or a finite float32 in [1.1754944e-38, 3.4028235e38] but got ",
-                 o.softcap);
-        p.softcap = o.softcap;
-    }
+    p.softcap = o.softcap;  // its range: check_option_values
     if (o.alibi_slopes) {
         const TensorView& a = *o.alibi_slopes;
         const bool per_head = a.rank() == 1 && a.dim(0) == p.Hq;
@@ -78,6 +70,36 @@ void check_modifiers(std::string_view kOp, const SdpaOptions& o, SdpaProblem& p)
 }
 
 }  // namespace
+
+void check_option_values(const SdpaOptions& options, std::string_view kOp) {
+    if (options.scale) {
+        // Finite in float32, where every fast kernel multiplies by it (1e39 is finite as a
+        // double but inf as a float: scores would become ±inf or NaN).
+        if (!std::isfinite(*options.scale) || !std::isfinite(static_cast<float>(*options.scale))) {
+            fail(kOp, "scale: must be finite in float32 (|scale| <= 3.4028235e38) but got ", shortest(*options.scale));
+        }
+    }
+    if (options.query_offset && !options.query_offset->per_sequence) {
+        const std::int64_t off = options.query_offset->value;
+        if (off < -kMaxQueryOffset || off > kMaxQueryOffset)
+            fail(kOp, "query_offset: must be in [-2^60, 2^60] but got ", off);
+    }
+    if (options.window.left < -1 || options.window.right < -1) {
+        fail(kOp, "window: left and right must be >= 0, or -1 for unbounded, but got left=", options.window.left,
+             " right=", options.window.right);
+    }
+    if (!(options.dropout_p >= 0.0 && options.dropout_p < 1.0)) {
+        fail(kOp, "dropout_p: must be in [0, 1) but got ", shortest(options.dropout_p));
+    }
+    if (options.softcap != 0.0) {
+        // Kernels compute s·(1/c) and c·tanh in float32: c must be a normal float32.
+        const double kMin = static_cast<double>(std::numeric_limits<float>::min());
+        const double kMax = static_cast<double>(std::numeric_limits<float>::max());
+        if (!(options.softcap >= kMin && options.softcap <= kMax))
+            fail(kOp, "softcap: must be 0 (off) or a finite float32 in [1.1754944e-38, 3.4028235e38] but got ",
+                 options.softcap);
+    }
+}
 
 void check_qkv(const TensorView& q, const TensorView& k, const TensorView& v, SdpaProblem& p, std::string_view kOp) {
     require_rank(kOp, q, "Q", 4, "(B, Hq, Lq, Dk)");
@@ -116,6 +138,7 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
                          const SdpaOptions& options, const TensorView& out, const TensorView* lse,
                          const TensorView* weights, std::string_view kOp) {
     SdpaProblem p;
+    p.op = kOp;
     check_qkv(q, k, v, p, kOp);
     require_output(kOp, out, "out", Shape{p.B, p.Hq, p.Lq, p.Dv}, "(B, Hq, Lq, Dv)", true);
     if (lse != nullptr) {
@@ -127,12 +150,8 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
         p.weights = *weights;
     }
 
+    check_option_values(options, kOp);
     if (options.scale) {
-        // Finite in float32, where every fast kernel multiplies by it (1e39 is finite as a
-        // double but inf as a float: scores would become ±inf or NaN).
-        if (!std::isfinite(*options.scale) || !std::isfinite(static_cast<float>(*options.scale))) {
-            fail(kOp, "scale: must be finite in float32 (|scale| <= 3.4028235e38) but got ", shortest(*options.scale));
-        }
         p.scale = *options.scale;
     } else {
         p.scale = 1.0 / std::sqrt(static_cast<double>(p.Dk));
@@ -194,13 +213,6 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
             check(qo.value, "");
             p.query_offset_value = qo.value;
         }
-    }
-    if (options.window.left < -1 || options.window.right < -1) {
-        fail(kOp, "window: left and right must be >= 0, or -1 for unbounded, but got left=", options.window.left,
-             " right=", options.window.right);
-    }
-    if (!(options.dropout_p >= 0.0 && options.dropout_p < 1.0)) {
-        fail(kOp, "dropout_p: must be in [0, 1) but got ", shortest(options.dropout_p));
     }
     p.dropout_p = options.dropout_p;
     p.dropout_seed = options.dropout_seed;

@@ -6,6 +6,7 @@
 #include "attn/sdpa_varlen.hpp"
 #include "../core/check.hpp"
 #include "../core/element_io.hpp"
+#include "../sdpa/problem.hpp"
 
 namespace attn::detail {
 namespace {
@@ -89,6 +90,9 @@ PackedBatch check_packed(std::string_view op, const TensorView& q, const TensorV
              cq.size(), " (", cq.size() - 1, " sequences)");
     }
     const auto N = static_cast<std::int64_t>(cq.size()) - 1;
+    // Here, not only in each sequence's make_problem: a batch whose sequences all lack queries
+    // or keys builds no problem, and its bad scale or dropout_p went unchecked.
+    check_option_values(options, op);
 
     if (options.bool_mask) fail(op, "bool_mask: not supported for packed sequences (use causal, window, query_offset)");
     if (options.additive_mask) {

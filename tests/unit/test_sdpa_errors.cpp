@@ -287,6 +287,7 @@ TEST(SdpaErrors, Window) {
     expect_error([](Call& c) { c.opt.window.right = -5; }, {"but got left=-1 right=-5"});
 }
 
+// The same checks, named after reference_steps (they said "sdpa:").
 TEST(SdpaErrors, ReferenceStepsChecksTheSameWay) {
     const Tensor q = random_tensor(DType::f64, Shape{1, 2, 3, 4}, 1);
     const Tensor k = random_tensor(DType::f64, Shape{1, 2, 3, 5}, 2);
@@ -295,13 +296,13 @@ TEST(SdpaErrors, ReferenceStepsChecksTheSameWay) {
         (void)attn::reference_steps(q, k, v, {});
         ADD_FAILURE() << "expected attn::Error";
     } catch (const attn::Error& e) {
-        EXPECT_NE(std::string(e.what()).find("sdpa: K: head dim 5 does not match Q's head dim 4"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("reference_steps: K: head dim 5 does not match Q's head dim 4"), std::string::npos) << e.what();
     }
     try {
         (void)attn::reference_steps(q, TensorView(k.data(), DType::f64, Shape{6, 5}), v, {});
         ADD_FAILURE() << "expected attn::Error";
     } catch (const attn::Error& e) {
-        EXPECT_NE(std::string(e.what()).find("sdpa: K: expected a rank-4 tensor"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("reference_steps: K: expected a rank-4 tensor"), std::string::npos) << e.what();
     }
 }
 

@@ -791,5 +791,48 @@ TEST(VarlenErrors, BackwardChecksBeforeWriting) {
     EXPECT_TRUE(still_poisoned(dv));
 }
 
+// A batch whose sequences all lack queries or keys builds no per-sequence problem; its options
+// are checked all the same, before anything is written (a bad scale, dropout_p, window or
+// softcap passed, and out / dq were written: an exploratory test found it).
+TEST(VarlenErrors, OptionsCheckedWhenNoSequenceHasWork) {
+    const Tensor q(DType::f32, Shape{3, 2, 4}, true), k(DType::f32, Shape{0, 2, 4}, true), v(DType::f32, Shape{0, 2, 4}, true);
+    const Tensor cq(DType::i32, Shape{3}), ck(DType::i32, Shape{3});
+    const std::int32_t cqs[3] = {0, 1, 3}, cks[3] = {0, 0, 0};
+    std::memcpy(cq.data(), cqs, sizeof cqs);
+    std::memcpy(ck.data(), cks, sizeof cks);
+    const Tensor lse_in(DType::f32, Shape{3, 2}, true), out_in(DType::f32, Shape{3, 2, 4}, true), dO(DType::f32, Shape{3, 2, 4}, true);
+    const struct {
+        const char* expect;
+        void (*edit)(SdpaOptions&);
+    } bad[] = {
+        {"scale: must be finite in float32", [](SdpaOptions& o) { o.scale = NAN; }},
+        {"dropout_p: must be in [0, 1) but got 7", [](SdpaOptions& o) { o.dropout_p = 7; }},
+        {"window: left and right must be >= 0, or -1", [](SdpaOptions& o) { o.window.left = -9; }},
+        {"softcap: must be 0 (off) or a finite float32", [](SdpaOptions& o) { o.softcap = -3; }},
+        {"query_offset: must be in [-2^60, 2^60]", [](SdpaOptions& o) { o.query_offset = QueryOffset(std::int64_t{1} << 62); }},
+    };
+    const auto expect_error = [](const std::function<void()>& call, const std::string& want) {
+        try {
+            call();
+            ADD_FAILURE() << "no error; expected " << want;
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+        }
+    };
+    const Tensor dk(DType::f32, Shape{0, 2, 4}), dv(DType::f32, Shape{0, 2, 4});
+    for (const auto& b : bad) {
+        SCOPED_TRACE(b.expect);
+        SdpaOptions o;
+        b.edit(o);
+        const Tensor out = poisoned(DType::f32, Shape{3, 2, 4});
+        expect_error([&] { sdpa_varlen(q, k, v, cq, ck, o, out); }, std::string("sdpa_varlen: ") + b.expect);
+        EXPECT_TRUE(still_poisoned(out));
+        const Tensor dq = poisoned(DType::f32, q.shape());
+        expect_error([&] { sdpa_varlen_backward(q, k, v, cq, ck, out_in, lse_in, dO, o, dq, dk, dv); },
+                     std::string("sdpa_varlen_backward: ") + b.expect);
+        EXPECT_TRUE(still_poisoned(dq));
+    }
+}
+
 }  // namespace
 }  // namespace attn::test

@@ -7,13 +7,15 @@ namespace attn {
 
 AttentionSteps reference_steps(const TensorView& q, const TensorView& k, const TensorView& v,
                                const SdpaOptions& options) {
-    // Validate with a stand-in output of the right shape; the real outputs follow.
-    const std::int64_t B = q.rank() == 4 ? q.dim(0) : 0, Hq = q.rank() == 4 ? q.dim(1) : 0;
-    const std::int64_t Lq = q.rank() == 4 ? q.dim(2) : 0;
-    const std::int64_t Lk = k.rank() == 4 ? k.dim(2) : 0, Dv = v.rank() == 4 ? v.dim(3) : 0;
+    constexpr std::string_view kOp = "reference_steps";
+    // Q, K and V checked before any buffer is sized from them; then the whole problem, with the
+    // output it fills.
+    detail::SdpaProblem shapes;
+    detail::check_qkv(q, k, v, shapes, kOp);
+    const std::int64_t B = shapes.B, Hq = shapes.Hq, Lq = shapes.Lq, Lk = shapes.Lk, Dv = shapes.Dv;
     AttentionSteps s;
     s.out = Tensor(DType::f64, Shape{B, Hq, Lq, Dv});
-    const detail::SdpaProblem p = detail::make_problem(q, k, v, options, s.out, nullptr, nullptr);
+    const detail::SdpaProblem p = detail::make_problem(q, k, v, options, s.out, nullptr, nullptr, kOp);
     s.scores = Tensor(DType::f64, Shape{B, Hq, Lq, Lk});
     s.softcapped_scores = Tensor(DType::f64, Shape{B, Hq, Lq, Lk});
     s.masked_scores = Tensor(DType::f64, Shape{B, Hq, Lq, Lk});
