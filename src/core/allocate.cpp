@@ -34,10 +34,12 @@ void* allocate_aligned(std::int64_t bytes, std::size_t align, std::string_view w
     const std::size_t n = static_cast<std::size_t>(bytes);
     const std::size_t padded = n == 0 ? align : (n + align - 1) / align * align;
     void* p = std::aligned_alloc(align, padded);
-    if (p == nullptr) {
-        throw OutOfMemory("out of memory: cannot allocate " + describe_bytes(bytes) + " for " + std::string(what));
-    }
+    if (p == nullptr) throw_out_of_memory(bytes, std::string(what).c_str());
     return p;
+}
+
+void throw_out_of_memory(std::int64_t bytes, const char* what) {
+    throw OutOfMemory("out of memory: cannot allocate " + describe_bytes(bytes) + " for " + what);
 }
 
 }  // namespace attn::detail

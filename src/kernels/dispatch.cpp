@@ -1,6 +1,7 @@
 #include "dispatch.hpp"
 
 #include "attn/error.hpp"
+#include "../core/check.hpp"
 #include "flash/flash.hpp"
 #include "reference/reference.hpp"
 #include "decode/decode.hpp"
@@ -10,6 +11,12 @@ namespace attn::detail {
 std::string dtypes_of(const SdpaProblem& p) {
     return "Q " + std::string(dtype_name(p.q.dtype())) + ", K " + std::string(dtype_name(p.k.dtype())) + ", V " +
            std::string(dtype_name(p.v.dtype())) + ", out " + std::string(dtype_name(p.out.dtype()));
+}
+
+std::string head_dims_decline(std::int64_t Dk, std::int64_t Dv) {
+    if (Dk <= kMaxFastHeadDim && Dv <= kMaxFastHeadDim) return {};
+    return "head dims Dk = " + std::to_string(Dk) + ", Dv = " + std::to_string(Dv) + " exceed the fast kernels' " +
+           std::to_string(kMaxFastHeadDim) + " (their per-thread tiles hold 64 rows of each)";
 }
 
 // Order: the decode kernel (decode/decode.cpp dispatch_decode), then flash, then the reference.
@@ -32,7 +39,7 @@ void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report)
     const std::string decline = flash_decline_reason(problem);
     bool use_flash = false;
     if (requested == Impl::flash) {
-        if (!decline.empty()) throw Error("impl: flash cannot run this call: " + decline + "; use auto or reference");
+        if (!decline.empty()) fail(problem.op, "impl: flash cannot run this call: ", decline, "; use auto or reference");
         use_flash = true;
     } else if (requested == Impl::automatic) {
         use_flash = decline.empty();

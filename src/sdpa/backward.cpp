@@ -45,22 +45,19 @@ void sdpa_backward(const TensorView& q, const TensorView& k, const TensorView& v
     // The fast kernel computes in float32: it widens float32, float16 and bfloat16 inputs per
     // tile; float64 inputs (and a float64 lse) are the reference's, as in the forward. The
     // gradients may have any floating dtype: each is rounded once from the float32 sums.
-    const bool flash_reads = detail::flash_backward_reads(q, k, v, out, lse, grad_out);
+    const std::string declines = detail::flash_backward_declines(q, k, v, out, lse, grad_out);
     std::string why;
     bool use_flash = false;
     switch (options.impl) {
         case Impl::reference: why = "reference: requested\n"; break;
         case Impl::flash:
-            if (!flash_reads) {
-                detail::fail(kOp, "impl: the flash backward needs q, k, v, out and grad_out in float32, float16 or "
-                             "bfloat16 and a float32 lse; use auto or reference for float64");
-            }
+            if (!declines.empty()) detail::fail(kOp, "impl: the flash backward cannot run this call: ", declines, "; use auto or reference");
             use_flash = true;
             break;
         case Impl::decode: detail::fail(kOp, "impl: decode is a forward-only kernel; use auto, reference or flash");
         case Impl::automatic:
-            use_flash = flash_reads;
-            if (!flash_reads) why = "flash: declined, an input is float64 → reference\n";
+            use_flash = declines.empty();
+            if (!use_flash) why = "flash: declined, " + declines + " → reference\n";
             break;
     }
     std::string ran;

@@ -47,11 +47,9 @@ void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const Tensor
         detail::fail(kOp, "impl: decode is a forward-only kernel; use auto, reference or flash");
     }
     // The flash backward's inputs (sdpa_backward's rule), checked here before any sequence runs.
-    const bool flash_reads = detail::flash_backward_reads(q, k, v, out, lse, grad_out);
-    if (options.impl == Impl::flash && !flash_reads) {
-        detail::fail(kOp, "impl: the flash backward needs q, k, v, out and grad_out in float32, float16 or bfloat16 "
-                     "and a float32 lse; use auto or reference for float64");
-    }
+    const std::string declines = detail::flash_backward_declines(q, k, v, out, lse, grad_out);
+    if (options.impl == Impl::flash && !declines.empty())
+        detail::fail(kOp, "impl: the flash backward cannot run this call: ", declines, "; use auto or reference");
     // Sequence b's views: the inputs Q, dO, K, V and the outputs dQ, dK, dV (sdpa_backward's).
     struct Views {
         TensorView in[4], out[3];

@@ -588,7 +588,7 @@ TEST(HalfBackward, DtypeErrors) {
                  "sdpa_backward: lse: dtype must be float32 or float64 but got float16");
     o.impl = Impl::flash;
     expect_error([&] { sdpa_backward(q64, k, v, out, lse, dO, o, dq, dk, dv); },
-                 "sdpa_backward: impl: the flash backward needs q, k, v, out and grad_out in float32, float16 or bfloat16");
+                 "sdpa_backward: impl: the flash backward cannot run this call: it needs q, k, v, out and grad_out in float32, float16 or bfloat16");
     EXPECT_TRUE(still_poisoned(dq) && still_poisoned(dk) && still_poisoned(dv));
 }
 

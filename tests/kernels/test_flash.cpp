@@ -33,7 +33,9 @@
 #include "attn/error.hpp"
 #include "attn/reference.hpp"
 #include "attn/sdpa.hpp"
+#include "attn/sdpa_backward.hpp"
 #include "attn/tensor.hpp"
+#include "common/address_space.hpp"
 #include "common/util.hpp"
 #include "core/cpu_features.hpp"
 #include "core/threads.hpp"
@@ -932,9 +934,118 @@ TEST(FlashDispatch, AutoPicksFlashAndExplains) {
         sdpa(q64, k, v, flash, o);
         FAIL() << "expected attn::Error";
     } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find("Q is float64"), std::string::npos) << e.what();
+        // Named after the public function, as every error (it began "impl:").
+        EXPECT_EQ(std::string(e.what()).rfind("sdpa: impl: flash cannot run this call: Q is float64", 0), 0u) << e.what();
+    }
+    SdpaOptions decode;
+    decode.impl = Impl::decode;
+    Tensor w(DType::f32, Shape{1, 2, 17, 6});
+    const TensorView wv = w.view();
+    try {
+        sdpa(q, k, v, decode, o, nullptr, &wv);
+        FAIL() << "expected attn::Error";
+    } catch (const Error& e) {
+        EXPECT_EQ(std::string(e.what()).rfind("sdpa: impl: the decode kernel cannot run this call: Lq = 17", 0), 0u) << e.what();
     }
 }
+
+// Head dims past kMaxFastHeadDim (65536) are the reference's: auto reports flash's decline and
+// the reference's result, impl = flash is an error before anything is written, and the
+// backward follows. A stride-0 head dim of 2^62 (a legal view) wrapped the flash workspace's
+// byte count and overflowed the heap (an exploratory test found it).
+TEST(FlashDispatch, HugeHeadDimsGoToTheReference) {
+    std::mt19937_64 rng(41);
+    using test::poisoned;
+    using test::randn;
+    using test::still_poisoned;
+    const std::int64_t D = 65537;
+    const Tensor q = randn(DType::f32, Shape{1, 1, 2, D}, rng), k = randn(DType::f32, Shape{1, 1, 3, D}, rng),
+                 v = randn(DType::f32, Shape{1, 1, 3, 4}, rng);
+    SdpaOptions opt;
+    opt.scale = 0.01;
+    Tensor o = poisoned(DType::f32, Shape{1, 1, 2, 4}), want = poisoned(DType::f32, Shape{1, 1, 2, 4});
+    SdpaReport rep;
+    sdpa(q, k, v, opt, o, nullptr, nullptr, &rep);
+    EXPECT_EQ(rep.kernel, "reference");
+    EXPECT_NE(rep.explanation.find("flash declined: head dims Dk = 65537, Dv = 4 exceed the fast kernels' 65536"),
+              std::string::npos) << rep.explanation;
+    SdpaOptions ref = opt;
+    ref.impl = Impl::reference;
+    sdpa(q, k, v, ref, want);
+    EXPECT_EQ(std::memcmp(o.data(), want.data(), o.nbytes()), 0);
+    SdpaOptions flash = opt;
+    flash.impl = Impl::flash;
+    const Tensor o2 = poisoned(DType::f32, Shape{1, 1, 2, 4});
+    try {
+        sdpa(q, k, v, flash, o2);
+        ADD_FAILURE() << "expected attn::Error";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("flash cannot run this call: head dims Dk = 65537"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(still_poisoned(o2));
+    // 2^62 columns of one float through stride 0: an error, no crash.
+    float one = 0.5f;
+    const std::int64_t huge = std::int64_t{1} << 62;
+    const TensorView qh(&one, DType::f32, Shape{1, 1, 1, huge}, Strides{0, 0, 0, 0});
+    const TensorView vh(&one, DType::f32, Shape{1, 1, 1, 1}, Strides{0, 0, 0, 0});
+    const Tensor oh = poisoned(DType::f32, Shape{1, 1, 1, 1});
+    EXPECT_THROW(sdpa(qh, qh, vh, flash, oh), Error);
+    EXPECT_TRUE(still_poisoned(oh));
+    // The backward: auto runs the reference backward, impl = flash is an error.
+    Tensor lse(DType::f32, Shape{1, 1, 2});
+    const TensorView lv = lse.view();
+    sdpa(q, k, v, ref, want, &lv);
+    const Tensor dO = randn(DType::f32, Shape{1, 1, 2, 4}, rng);
+    const Tensor dq = poisoned(DType::f32, q.shape()), dk = poisoned(DType::f32, k.shape()), dv = poisoned(DType::f32, v.shape());
+    SdpaReport back;
+    sdpa_backward(q, k, v, want, lse, dO, opt, dq, dk, dv, &back);
+    EXPECT_EQ(back.kernel, "reference-backward") << back.explanation;
+    EXPECT_NE(back.explanation.find("flash: declined, head dims Dk = 65537"), std::string::npos) << back.explanation;
+    const Tensor dq2 = poisoned(DType::f32, q.shape());
+    try {
+        sdpa_backward(q, k, v, want, lse, dO, flash, dq2, dk, dv);
+        ADD_FAILURE() << "expected attn::Error";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("the flash backward cannot run this call: head dims"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(still_poisoned(dq2));
+}
+
+// A flash workspace the system refuses is attn::OutOfMemory naming it and its bytes (it was a
+// bare std::bad_alloc), and no thread writes an output: every thread allocates before any task
+// runs. In a child process whose address space has 16 MiB of headroom, where one thread's
+// workspace at D = 32768 needs ~40 MiB. Not under ASan (its shadow memory needs the room).
+#if !defined(__SANITIZE_ADDRESS__)
+[[noreturn]] void flash_under_an_address_space_limit() {
+    using test::poisoned;
+    using test::still_poisoned;
+    const std::int64_t D = 32768;
+    const Tensor q(DType::f32, Shape{1, 1, 64, D}, true), k(DType::f32, Shape{1, 1, 64, D}, true),
+        v(DType::f32, Shape{1, 1, 64, D}, true);
+    const Tensor o = poisoned(DType::f32, Shape{1, 1, 64, D});
+    SdpaOptions flash;
+    flash.impl = Impl::flash;
+    {  // the OpenMP threads exist (their stacks mapped) before the limit
+        const Tensor s(DType::f32, Shape{1, 2, 64, 8}, true), so(DType::f32, Shape{1, 2, 64, 8});
+        sdpa(s, s, s, flash, so);
+    }
+    const rlimit was = test::limit_address_space(16ul << 20);
+    try {
+        sdpa(q, k, v, flash, o);
+        std::exit(4);  // ran: the limit did not bite
+    } catch (const OutOfMemory& e) {
+        if (std::string(e.what()).find("for the flash kernel's workspace of one thread") == std::string::npos) std::exit(7);
+    }
+    if (setrlimit(RLIMIT_AS, &was) != 0) std::exit(5);
+    std::exit(still_poisoned(o) ? 0 : 3);
+}
+
+TEST(FlashDeathTest, OutOfMemoryIsNamedAndWritesNothing) {
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    // Exit codes: 0 as promised; 3 an output was written; 4 no failure; 5 no limit; 7 another message.
+    EXPECT_EXIT(flash_under_an_address_space_limit(), ::testing::ExitedWithCode(0), "");
+}
+#endif
 
 // ATTN_ISA picks the kernel-table row (portable, or its old name generic, forces the
 // portable one; avx2 / avx512 force that row); unset or auto picks the widest row the CPU

@@ -22,13 +22,11 @@ struct BackwardProblem {
 // O(Lq·Lk) memory per (b, h); threads over KV heads (deterministic).
 void reference_backward(const BackwardProblem& p);
 
-// True when flash_backward can read these inputs: q, k, v, out, grad_out float32, float16
-// or bfloat16 (widened per tile) and a float32 lse. The gradients may be any float dtype.
-inline bool flash_backward_reads(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                                 const TensorView& lse, const TensorView& grad_out) {
-    const auto ok = [](const TensorView& t) { return t.dtype() == DType::f32 || t.dtype() == DType::f16 || t.dtype() == DType::bf16; };
-    return ok(q) && ok(k) && ok(v) && ok(out) && ok(grad_out) && lse.dtype() == DType::f32;
-}
+// "" when flash_backward can run these inputs, else why not: q, k, v, out, grad_out float32,
+// float16 or bfloat16 (widened per tile) and a float32 lse, head dims within kMaxFastHeadDim
+// (dispatch.hpp). The gradients may be any float dtype.
+std::string flash_backward_declines(const TensorView& q, const TensorView& k, const TensorView& v,
+                                    const TensorView& out, const TensorView& lse, const TensorView& grad_out);
 
 // True when flash_backward runs its products on bf16 pairs (KernelSet::backward_tile_bf16,
 // docs/conventions.md "bf16 compute"): the forward's rule (Q, K, V and O bfloat16:

@@ -57,6 +57,7 @@
 #include "../simd/convert.hpp"
 #include "../store_row.hpp"
 #include "backward.hpp"
+#include "../dispatch.hpp"
 #include "operands.hpp"
 #include "tile.hpp"
 
@@ -511,6 +512,15 @@ std::int64_t backward_chunks(std::int64_t bh, std::int64_t key_blocks, std::int6
     const std::int64_t for_8_tasks = (8 + bh - 1) / bh, wanted = (target + bh - 1) / bh;
     const std::int64_t by_memory = kMaxPartialFloats / std::max<std::int64_t>(dq_part_floats, 1);
     return std::clamp<std::int64_t>(std::min(wanted, std::max(for_8_tasks, by_memory)), 1, std::max<std::int64_t>(key_blocks, 1));
+}
+
+std::string flash_backward_declines(const TensorView& q, const TensorView& k, const TensorView& v,
+                                    const TensorView& out, const TensorView& lse, const TensorView& grad_out) {
+    const auto ok = [](const TensorView& t) { return t.dtype() == DType::f32 || t.dtype() == DType::f16 || t.dtype() == DType::bf16; };
+    if (!(ok(q) && ok(k) && ok(v) && ok(out) && ok(grad_out) && lse.dtype() == DType::f32))
+        return "it needs q, k, v, out and grad_out in float32, float16 or bfloat16 and a float32 lse (float64 is the "
+               "reference's)";
+    return head_dims_decline(q.dim(q.rank() - 1), v.dim(v.rank() - 1));  // (…, D): 4-d, or packed 3-d
 }
 
 bool backward_bf16_compute(const BackwardProblem& bp) {

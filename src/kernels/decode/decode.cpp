@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "attn/decode.hpp"
+#include "../dispatch.hpp"
 #include "../isa.hpp"
+#include "../../core/check.hpp"
 #include "../../core/threads.hpp"
 #include "../../sdpa/problem.hpp"
 #include "decode_core.hpp"
@@ -56,7 +58,7 @@ std::string decode_declines(const SdpaProblem& p) {
         return "K is " + std::string(dtype_name(p.k.dtype())) + " and V is " + std::string(dtype_name(p.v.dtype())) +
                ", decode needs both float32, both float16 or both bfloat16";
     if (p.k.stride(3) != 1 || p.v.stride(3) != 1) return "K or V is strided along the head dim (decode needs unit stride)";
-    return {};
+    return head_dims_decline(p.Dk, p.Dv);
 }
 
 int auto_decode_panels(const SdpaProblem& p) {
@@ -128,7 +130,7 @@ bool dispatch_decode(const SdpaProblem& p, Impl requested, SdpaReport* report, s
     const KernelSet& kernels = kernel_set(&why_isa);
     const std::string why_not = requested == Impl::decode ? decode_declines(p) : auto_decode_declines(p, kernels);
     if (!why_not.empty()) {
-        if (requested == Impl::decode) throw Error("impl: the decode kernel cannot run this call: " + why_not);
+        if (requested == Impl::decode) fail(p.op, "impl: the decode kernel cannot run this call: ", why_not);
         explanation += "decode: declined, " + why_not + "\n";
         return false;
     }

@@ -8,6 +8,7 @@
 #include "attn/error.hpp"
 #include "attn/threads.hpp"
 #include "../../core/threads.hpp"
+#include "../dispatch.hpp"
 
 namespace attn::detail {
 
@@ -71,7 +72,7 @@ std::string flash_decline_reason(const SdpaProblem& p) {
         if (t->dtype() == DType::f64)
             return std::string(name) + " is float64: the flash kernel reads float32, float16 or bfloat16 Q, K, V";
     }
-    return {};
+    return head_dims_decline(p.Dk, p.Dv);
 }
 
 void flash_forward(const SdpaProblem& p, const KernelSet& kernels, int threads, const FlashTiles* tiles) {
@@ -87,6 +88,9 @@ void flash_forward_batch(const SdpaProblem* ps, std::size_t n, const KernelSet& 
         throw Error("flash tiles: Mb must be a multiple of 16 in [16, 4096] and Nb in [1, 4096] but got Mb=" +
                     std::to_string(t.Mb) + " Nb=" + std::to_string(t.Nb));
     }
+    // The dispatch declines such head dims (head_dims_decline); a direct caller (tests, the lab)
+    // must not reach the workspace sizing with them either.
+    if (const std::string why = head_dims_decline(ps[0].Dk, ps[0].Dv); !why.empty()) throw Error("flash: " + why);
     if (t.query_group < 0 || t.query_group > kMaxQueryGroup) {
         throw Error("flash tiles: query_group must be in [0, " + std::to_string(kMaxQueryGroup) +
                     "] (0: the policy decides) but got " + std::to_string(t.query_group));

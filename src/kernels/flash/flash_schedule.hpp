@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <new>
 
+#include "../../core/allocate.hpp"
+
 #ifndef ATTN_FLASH_NS
 #error "include flash_driver.hpp, not flash_schedule.hpp"
 #endif
@@ -96,7 +98,7 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
     t.Mb = (t.Mb + Ops::kPanel - 1) / Ops::kPanel * Ops::kPanel;
     // malloc, not std::vector: see the note at the top of flash_driver.hpp. plans[n] holds the totals.
     JobPlan* plans = static_cast<JobPlan*>(std::malloc(sizeof(JobPlan) * static_cast<std::size_t>(n + 1)));
-    if (plans == nullptr) throw std::bad_alloc();
+    if (plans == nullptr) throw_out_of_memory(static_cast<std::int64_t>(sizeof(JobPlan)) * (n + 1), "the flash kernel's plan");
     bool pack_k = false;
     int max_group = 1;
     std::size_t extra = 0;
@@ -144,12 +146,12 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
         partials = static_cast<float*>(std::malloc(sizeof(float) * static_cast<std::size_t>(wave_slots * sf)));
         if (partials == nullptr) {
             std::free(plans);
-            throw std::bad_alloc();
+            throw_out_of_memory(static_cast<std::int64_t>(sizeof(float)) * wave_slots * sf, "the flash kernel's key-split partials");
         }
     }
     const int nthreads = threads > 0 ? threads : omp_get_max_threads();
-    bool alloc_failed = false;
-    for (std::int64_t i0 = 0, i1; i0 < n && !alloc_failed; i0 = i1) {
+    std::int64_t failed_bytes = 0;  // a thread's workspaces that could not be allocated (0: none)
+    for (std::int64_t i0 = 0, i1; i0 < n && failed_bytes == 0; i0 = i1) {
         i1 = wave_end(i0);
         const JobPlan& a = plans[i0];
         const JobPlan& z = plans[i1];
@@ -167,8 +169,17 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
             Workspace& w = *ws[0];
             if (failed) {
 #pragma omp atomic write
-                alloc_failed = true;
+                failed_bytes = static_cast<std::int64_t>(w.bytes) * max_group;
             }
+            // No task starts before every thread has its workspaces: when one thread's
+            // allocation failed, no thread writes an output (the call fails whole; in the rare
+            // batch of several waves, a later wave's failure leaves the earlier waves' problems
+            // written).
+#pragma omp barrier
+            std::int64_t any_failed = 0;
+#pragma omp atomic read
+            any_failed = failed_bytes;
+            failed = any_failed != 0;
 #pragma omp for schedule(dynamic, 1)
             for (std::int64_t item = a.first_item; item < z.first_item; ++item) {
                 if (failed) continue;
@@ -203,7 +214,7 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
     }
     std::free(partials);
     std::free(plans);
-    if (alloc_failed) throw std::bad_alloc();
+    if (failed_bytes != 0) throw_out_of_memory(failed_bytes, "the flash kernel's workspace of one thread");
 }
 
 }  // namespace attn::detail::ATTN_FLASH_NS

@@ -41,6 +41,7 @@ struct Workspace {
     void* extra = nullptr;       // (extra_bytes, 64-aligned) an Ops' own scratch (operand hooks)
     int tile_mb = 0, tile_nb = 0;  // the tiles it was sized for (the hooks lay out `extra` by them)
     void* block = nullptr;
+    std::size_t bytes = 0;  // of block: what the out-of-memory error names when it is null
 
     Workspace(const SdpaProblem& p, const FlashTiles& t, bool pack_k, std::size_t extra_bytes = 0) {
         tile_mb = t.Mb;
@@ -59,6 +60,7 @@ struct Workspace {
                                      round64(Nb + 8), round64(static_cast<std::size_t>(p.Dk))};
         std::size_t total = (extra_bytes + 63) / 64 * 64;
         for (std::size_t sz : sizes) total += sz;
+        bytes = total;
         block = std::aligned_alloc(64, total);
         if (block == nullptr) return;
         char* c = static_cast<char*>(block);
