@@ -96,6 +96,7 @@ private:
     void write_rows(std::int64_t b, const TensorView& k, const TensorView& v, std::int64_t kb_dim);
     void become_empty() noexcept;                    // the moved-from state
     void require_storage(const char* op) const;      // throws on a moved-from cache
+    void require_sequence(const char* op, std::int64_t b) const;  // and b is a sequence of it
 
     KVCacheConfig config_;
     std::int64_t capacity_ = 0;

@@ -22,6 +22,8 @@ void decode_attention(const TensorView& q, const KVCache& cache, const SdpaOptio
     if (options.key_lengths) {
         detail::fail(op, "options.key_lengths: must be unset (the cache's lengths are the key lengths)");
     }
+    // A moved-from cache has batch 0 (a live one at least 1): said so, not as a batch mismatch.
+    if (cache.batch() == 0) detail::fail(op, "cache: holds no storage (it was moved from)");
     detail::require_rank(op, q, "Q", 4, "(B, Hq, Lq, Dk)");
     detail::require_query_fits_cache(op, q, cache.kv_heads(), cache.head_dim());
     if (q.dim(0) != cache.batch()) {

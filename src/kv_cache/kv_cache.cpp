@@ -78,9 +78,14 @@ void KVCache::require_storage(const char* op) const {
     if (k_ == nullptr) detail::fail(kOp, op, ": this cache was moved from (it holds no storage)");
 }
 
+void KVCache::require_sequence(const char* op, std::int64_t b) const {
+    require_storage(op);
+    if (b < 0 || b >= config_.batch)
+        detail::fail(kOp, op, ": sequence index must be in [0, ", config_.batch, ") but got ", b);
+}
+
 std::int64_t KVCache::length(std::int64_t b) const {
-    require_storage("length");
-    if (b < 0 || b >= config_.batch) detail::fail(kOp, "sequence index must be in [0, ", config_.batch, ") but got ", b);
+    require_sequence("length", b);
     return lengths_[static_cast<std::size_t>(b)];
 }
 
@@ -262,7 +267,8 @@ void KVCache::append(std::int64_t b, const TensorView& k_new, const TensorView& 
 }
 
 void KVCache::truncate(std::int64_t b, std::int64_t new_length) {
-    const std::int64_t len = length(b);
+    require_sequence("truncate", b);
+    const std::int64_t len = lengths_[static_cast<std::size_t>(b)];
     if (new_length < 0 || new_length > len) {
         detail::fail(kOp, "truncate: new length of sequence ", b, " must be in [0, ", len, "] but got ", new_length);
     }
@@ -281,7 +287,7 @@ void KVCache::reset() {
 }
 
 void KVCache::reset(std::int64_t b) {
-    (void)length(b);  // checks the index
+    require_sequence("reset", b);
     lengths_[static_cast<std::size_t>(b)] = 0;
 }
 

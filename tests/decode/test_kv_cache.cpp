@@ -185,7 +185,8 @@ TEST(KVCache, TruncateAndResetRollBack) {
             for (std::int64_t d = 0; d < 5; ++d)
                 ASSERT_EQ(stored(c.keys(), 1, h, t, d), k1.data_as<float>()[((1 * 3 + h) * 5 + t) * 5 + d]);
     EXPECT_EQ(error_of([&] { c.truncate(1, 6); }), "KVCache: truncate: new length of sequence 1 must be in [0, 5] but got 6");
-    EXPECT_EQ(error_of([&] { c.truncate(2, 0); }), "KVCache: sequence index must be in [0, 2) but got 2");
+    EXPECT_EQ(error_of([&] { c.truncate(2, 0); }), "KVCache: truncate: sequence index must be in [0, 2) but got 2");
+    EXPECT_EQ(error_of([&] { c.reset(-1); }), "KVCache: reset: sequence index must be in [0, 2) but got -1");
     c.truncate_all(4);
     EXPECT_EQ(c.length(0), 4);
     EXPECT_EQ(c.length(1), 4);
@@ -265,6 +266,12 @@ TEST(KVCache, MovedFromIsEmptyAndRefusesCalls) {
         const std::string e = error_of(call);
         EXPECT_NE(e.find(moved), std::string::npos) << e;
     }
+    // Each call names itself (reset(b) and truncate said "length:").
+    EXPECT_EQ(error_of([&] { a.reset(0); }), "KVCache: reset: " + moved);
+    EXPECT_EQ(error_of([&] { a.truncate(0, 0); }), "KVCache: truncate: " + moved);
+    // decode_attention says so too (it said "Q: batch 2 does not match the cache's batch 0").
+    const Tensor q = random_f32(Shape{2, 3, 1, 5}, rng), o(DType::f32, Shape{2, 3, 1, 4});
+    EXPECT_EQ(error_of([&] { decode_attention(q, a, {}, o); }), "decode_attention: cache: holds no storage (it was moved from)");
     KVCache c(config(DType::f32, 4));
     c = std::move(b);  // move assignment: c takes b's tokens, b is empty
     EXPECT_EQ(c.length(0), 2);
