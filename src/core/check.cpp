@@ -1,8 +1,14 @@
 #include "check.hpp"
 
+#include <algorithm>
+#include <array>
 #include <charconv>
+#include <cstdlib>
 #include <cstdint>
+#include <limits>
 #include <numeric>
+#include <string>
+#include <vector>
 
 namespace attn::detail {
 namespace {
@@ -13,6 +19,19 @@ bool is_empty(const TensorView& t) {
     for (int d = 0; d < t.rank(); ++d)
         if (t.dim(d) == 0) return true;
     return false;
+}
+
+// |s|·n, or INT64_MAX when it does not fit (a reach that large only has to compare as large).
+std::int64_t size_mul_or_max(std::int64_t s, std::int64_t n) {
+    std::int64_t r = 0;
+    return __builtin_mul_overflow(s, n, &r) ? std::numeric_limits<std::int64_t>::max() : r;
+}
+
+// "(1, 1, 1)": a view's strides, for messages.
+std::string strides_text(const TensorView& t) {
+    std::string s = "(";
+    for (int d = 0; d < t.rank(); ++d) s += (d ? ", " : "") + std::to_string(t.stride(d));
+    return s + (t.rank() == 1 ? ",)" : ")");
 }
 
 }  // namespace
@@ -62,6 +81,44 @@ void require_distinct_elements(std::string_view op, const TensorView& t, std::st
             fail(op, name, ": dimension ", d, " has stride 0 but size ", t.dim(d),
                  "; an output cannot be a broadcast view");
         }
+    }
+    // Nonzero strides can overlap too ((2, 4, 3) with strides (1, 1, 1)). Sufficient for distinct
+    // addresses: with the dims of size > 1 in increasing |stride|, each stride passes the reach of
+    // the ones below it — every layout a program makes (contiguous, transposed, sliced). Only a
+    // view that fails it has its offsets listed and compared, so an unusual but distinct
+    // interleaving is still accepted.
+    std::array<int, kMaxRank> order{};
+    int n = 0;
+    for (int d = 0; d < t.rank(); ++d)
+        if (t.dim(d) > 1) order[static_cast<std::size_t>(n++)] = d;
+    std::sort(order.begin(), order.begin() + n,
+              [&](int a, int b) { return std::abs(t.stride(a)) < std::abs(t.stride(b)); });
+    bool nested = true;
+    std::int64_t reach = 0;  // the largest offset the smaller dims span (their strides' |·| times dim − 1)
+    for (int i = 0; i < n && nested; ++i) {
+        const int d = order[static_cast<std::size_t>(i)];
+        const std::int64_t s = std::abs(t.stride(d));
+        nested = s > reach;
+        const auto span = size_mul_or_max(s, t.dim(d) - 1);
+        reach = span > std::numeric_limits<std::int64_t>::max() - reach ? std::numeric_limits<std::int64_t>::max() : reach + span;
+    }
+    if (nested) return;
+    std::vector<std::int64_t> offsets;
+    offsets.reserve(static_cast<std::size_t>(t.numel()));
+    std::array<std::int64_t, kMaxRank> idx{};
+    for (std::int64_t e = 0; e < t.numel(); ++e) {
+        std::int64_t off = 0;
+        for (int d = 0; d < t.rank(); ++d) off += idx[static_cast<std::size_t>(d)] * t.stride(d);
+        offsets.push_back(off);
+        for (int d = t.rank() - 1; d >= 0; --d) {
+            if (++idx[static_cast<std::size_t>(d)] < t.dim(d)) break;
+            idx[static_cast<std::size_t>(d)] = 0;
+        }
+    }
+    std::sort(offsets.begin(), offsets.end());
+    if (std::adjacent_find(offsets.begin(), offsets.end()) != offsets.end()) {
+        fail(op, name, ": strides ", strides_text(t), " for shape ", t.shape(),
+             " put two elements at one address; an output needs its own memory for every element");
     }
 }
 

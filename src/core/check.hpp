@@ -74,7 +74,8 @@ void require_gradient_like(std::string_view op, const TensorView& t, std::string
                            std::string_view like);
 
 // An output needs its own memory for every element: a stride-0 (broadcast) dimension of
-// size > 1 would make several results land on one address.
+// size > 1, or strides that overlap ((2, 4, 3) with strides (1, 1, 1)), would make several
+// results land on one address.
 void require_distinct_elements(std::string_view op, const TensorView& t, std::string_view name);
 
 // a and b may share a byte: their address ranges intersect, and they are not rows that

@@ -271,6 +271,29 @@ TEST(SdpaErrors, OutputsWithStrideZeroWouldOverlap) {
                  {"sdpa: weights: dimension 3 has stride 0 but size 7"});
 }
 
+// Nonzero strides can overlap as well: refused (they were accepted and written).
+TEST(SdpaErrors, OutputsWithOverlappingStrides) {
+    expect_error([](Call& c) { c.lsev = TensorView(c.lse.data(), DType::f32, Shape{2, 4, 5}, {1, 1, 1}); },
+                 {"sdpa: lse: strides (1, 1, 1) for shape (2, 4, 5) put two elements at one address"});
+    expect_error([](Call& c) { c.outv = TensorView(c.out.data(), DType::f32, Shape{2, 4, 5, 6}, {120, 30, 6, 2}); },
+                 {"sdpa: out: strides (120, 30, 6, 2) for shape (2, 4, 5, 6) put two elements at one address"});
+}
+
+// A layout whose strides interleave without overlapping — lse (B=2, H=4, Lq=5) with element
+// (b, h, i) at 36·b + 5·h + 4·i: distinct, though 5 < 4·(5 − 1) — is accepted and written like
+// a contiguous one.
+TEST(SdpaErrors, InterleavedOutputStridesThatDoNotOverlapAreAccepted) {
+    Call c, plain;
+    std::vector<float> buf(72, std::nanf(""));  // the largest offset is 36 + 15 + 16 = 67
+    c.lsev = TensorView(buf.data(), DType::f32, Shape{2, 4, 5}, {36, 5, 4});
+    c.run();
+    plain.run();
+    for (std::int64_t b = 0; b < 2; ++b)
+        for (std::int64_t h = 0; h < 4; ++h)
+            for (std::int64_t i = 0; i < 5; ++i)
+                EXPECT_EQ(buf[static_cast<std::size_t>(36 * b + 5 * h + 4 * i)], plain.lse.data_as<float>()[(b * 4 + h) * 5 + i]);
+}
+
 TEST(SdpaErrors, OutputsOfSizeOneMayHaveAnyStride) {
     Call c;
     c.qv = c.q.view().slice(2, 0, 1);  // Lq = 1
