@@ -345,6 +345,19 @@ TEST(MhaIncremental, MismatchesAreErrorsBeforeAnythingIsWritten) {
     extra.add_bias_kv = true;
     EXPECT_THROW(MultiHeadAttention(extra).forward_incremental(x.view(), cache), attn::Error);
     EXPECT_EQ(cache.length(0), 0);
+
+    // An output inside the cache's storage: the append would write under it (and a growing
+    // cache free it). It was accepted and overwrote cached keys; an exploratory test found it.
+    const TensorView in_keys(cache.keys().data(), DType::f32, Shape{2, 3, 16});
+    try {
+        m.forward_incremental_into(x.view(), cache, in_keys);
+        ADD_FAILURE() << "no error for an output in the cache";
+    } catch (const attn::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("MultiHeadAttention: forward_incremental: output: must not share memory with "
+                                             "the cache's keys"),
+                  std::string::npos) << e.what();
+    }
+    EXPECT_EQ(cache.length(0), 0);
 }
 
 // A non-finite sink (a parameter edited in place) is refused before the cache changes: the
