@@ -148,7 +148,8 @@ std::unique_ptr<PyKVCache> make_cache(const py::object& batch, const py::object&
 py::object decode_py(const py::object& query, const py::object& cache_obj, const py::object& scale, const py::object& is_causal,
                      const py::object& window_left_arg, const py::object& causal_alignment, const py::object& window,
                      const py::object& window_alignment, const py::object& query_offset,
-                     const py::object& return_lse_arg, const py::object& threads_obj, const py::object& dtype,
+                     const py::object& return_lse_arg, const py::object& softcap, const py::object& alibi_slopes,
+                     const py::object& sinks, const py::object& threads_obj, const py::object& dtype,
                      const py::object& out_dtype) {
     const int threads = threads_arg(threads_obj);
     std::mutex* cache_mutex = nullptr;
@@ -166,6 +167,7 @@ py::object decode_py(const py::object& query, const py::object& cache_obj, const
     CallOptions o;
     o.sdpa.scale = optional_float_arg(scale, "scale");
     set_alignment({is_causal, causal_alignment, win, window_alignment, query_offset}, o);
+    set_modifiers({softcap, alibi_slopes, sinks}, q.view.dim(1), o);  // as scaled_dot_product_attention's
     const std::int64_t dv = cache.value_dim() ? cache.value_dim() : cache.head_dim();
     const attn::TensorView& qv = q.view;
     const attn::DType odt = out_dtype_arg(out_dtype, sixteen_bit_or_f32(qv.dtype()));
@@ -228,13 +230,15 @@ void bind_kv_cache(py::module_& m) {
           py::arg("scale") = py::none(), py::arg("is_causal") = true, py::arg("window_left") = -1,
           py::arg("causal_alignment") = "bottom-right", py::arg("window") = py::none(),
           py::arg("window_alignment") = "bottom-right", py::arg("query_offset") = py::none(),
-          py::arg("return_lse") = false, py::arg("threads") = py::none(), py::arg("dtype") = py::none(),
+          py::arg("return_lse") = false, py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(),
+          py::arg("sinks") = py::none(), py::arg("threads") = py::none(), py::arg("dtype") = py::none(),
           py::arg("out_dtype") = py::none(),
           "New queries (B, Hq, Lq, Dk) float32, float16 or bfloat16 (uint16 bits with dtype=\"bfloat16\") against everything in the cache (the decode kernel for\n"
           "a few rows per KV head, group*Lq below one flash panel (two with float32 K/V), flash otherwise; append the new tokens' keys/values first). Causal and window align bottom-right per\n"
           "sequence by default: new query i of sequence b (length n_b) has its diagonal at\n"
           "i + n_b - Lq. window=(left, right), window_alignment, causal_alignment and query_offset\n"
-          "mean what they mean in scaled_dot_product_attention; window_left=w is window=(w, None).\n"
+          "mean what they mean in scaled_dot_product_attention; window_left=w is window=(w, None);\n"
+          "so do the score modifiers softcap, alibi_slopes (True, (Hq,) or (B, Hq)) and sinks (Hq,).\n"
           "out_dtype=\"float32\"|\"float16\"|\"bfloat16\": out's dtype (default: a 16-bit query's, else float32);\n"
           "bfloat16 is a uint16 array of its bits. lse is float32.");
 }

@@ -243,3 +243,31 @@ def test_scores_refused_with_dropout_and_bad_stage():
         attn.sdpa(q, q, q, dropout_p=0.1, return_scores="masked")
     with pytest.raises(ValueError, match="return_scores: expected"):
         attn.sdpa(q, q, q, return_scores="raw")
+
+
+@pytest.mark.parametrize("lq", [1, 3, 40])  # 2, 6 and 80 rows per KV head: decode, decode, flash
+def test_decode_and_paged_attention_take_the_score_modifiers(lq):
+    """decode_attention and paged_attention take softcap, alibi_slopes and sinks as
+    scaled_dot_product_attention does (a serving step of a Gemma-2 or GPT-OSS style model); they
+    were missing from the Python bindings. Each equals sdpa on the cached keys, bottom-right."""
+    rng = np.random.default_rng(21)
+    b, hq, hkv, d, n = 2, 4, 2, 16, 50
+    k = rng.standard_normal((b, hkv, n, d)).astype(np.float32)
+    v = rng.standard_normal((b, hkv, n, d)).astype(np.float32)
+    q = rng.standard_normal((b, hq, lq, d)).astype(np.float32)
+    sinks = rng.standard_normal(hq).astype(np.float32)
+    kw = dict(softcap=3.0, alibi_slopes=True, sinks=sinks)
+    want, want_lse = attn.sdpa(q, k, v, is_causal=True, causal_alignment="bottom-right", return_lse=True,
+                               impl="reference", softcap=3.0, alibi_slopes=attn.alibi_slopes(hq), sinks=sinks)
+    cache = attn.KVCache(b, hkv, d, n)
+    cache.append(k, v)
+    out, lse = attn.decode_attention(q, cache, return_lse=True, **kw)
+    close(out, want.astype(np.float64))
+    close(lse, want_lse.astype(np.float64))
+    paged = attn.PagedKVCache(hkv, d, 16, page_size=8)
+    seqs = [paged.add_sequence() for _ in range(b)]
+    for i, s in enumerate(seqs):
+        paged.append(s, k[i], v[i])
+    out_p, lse_p = attn.paged_attention(q, paged, seqs, return_lse=True, **kw)
+    close(out_p, want.astype(np.float64))
+    close(lse_p, want_lse.astype(np.float64))
