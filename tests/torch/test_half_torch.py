@@ -114,3 +114,31 @@ def test_multihead_attention_bfloat16_with_masks(mask_kind):
     assert err <= 2.0 ** -5 * scale, (err, scale)
     assert (w.double() - ref_w).abs().max().item() <= 2.0 ** -6
     assert (unmasked - ref_out).abs().max().item() > 8 * 2.0 ** -5 * scale  # the mask matters
+
+
+@pytest.mark.parametrize("dtypes, out_dtype", [
+    ((torch.float16,) * 3, None),
+    ((torch.bfloat16,) * 3, torch.float32),
+    ((torch.float32,) * 3, torch.bfloat16),
+    ((torch.float32, torch.float32, torch.float64), None),
+    ((torch.float32, torch.float16, torch.float16), None),
+])
+def test_float_mask_gradient_with_any_dtypes(dtypes, out_dtype):
+    # The mask's gradient is computed in float64 and rounded once to the mask's dtype: with 16-bit,
+    # mixed or out_dtype= tensors it raised torch's "expected scalar type …" or "bmm not
+    # implemented for 'Half'" (an exploratory test found it).
+    q, k, v = (t.requires_grad_() for t in inputs(list(dtypes), lq=4, lk=6))
+    mask = torch.randn(4, 6, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    kw = {} if out_dtype is None else {"out_dtype": out_dtype}
+    out = at.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True, **kw)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(4))
+    out.float().backward(grad)
+    assert mask.grad is not None and mask.grad.dtype == mask.dtype
+    m64 = mask.detach().double().requires_grad_()
+    textbook(q.detach(), k.detach(), v.detach(), bias=m64).backward(grad.double())
+    # 16-bit tensors (or a 16-bit out, which the mask gradient reads) round the terms: 1 % of
+    # the largest entry; float32/float64 everything: the float32 bound.
+    half = any(t in HALF for t in dtypes) or out_dtype in HALF
+    tol = (1e-2 if half else 1e-5) * float(m64.grad.abs().max())
+    err = float((mask.grad.double() - m64.grad).abs().max())
+    assert err <= tol, (err, tol)

@@ -39,9 +39,13 @@ def _mask_grad(q, k, v, float_mask, out, grad_out, opts):
     value = _convert.tensor(v)
     if value.dim() >= 3 and value.size(-3) != w.size(-3):  # GQA: each KV head serves H/Hkv query heads
         value = value.repeat_interleave(w.size(-3) // value.size(-3), dim=-3)
-    d_weights = grad_out @ value.transpose(-1, -2)
-    row = (grad_out * out).sum(-1, keepdim=True)
-    return w * d_weights - p * row
+    # In float64 whatever the inputs' dtypes: dO, V and O may each be float16, bfloat16, float32 or
+    # float64 (out_dtype=, mixed inputs), torch's CPU matmul takes no float16 and no mixed dtypes,
+    # and the mask's gradient is rounded once, to the mask's dtype, by the caller.
+    g64, o64 = grad_out.double(), out.double()
+    d_weights = g64 @ value.double().transpose(-1, -2)
+    row = (g64 * o64).sum(-1, keepdim=True)
+    return w.double() * d_weights - p.double() * row
 
 
 def _with_sinks(opts, sinks):
@@ -98,5 +102,5 @@ class SdpaFunction(torch.autograd.Function):
                 dsinks = _convert.tensor(grads[3]).to(sinks.dtype)
             dmask = None
             if ctx.needs_input_grad[3]:  # a float mask that requires grad
-                dmask = _mask_grad(q, k, v, mask, result, grad_out, opts).sum_to_size(attn_mask.shape)
+                dmask = _mask_grad(q, k, v, mask, result, grad_out, opts).sum_to_size(attn_mask.shape).to(attn_mask.dtype)
         return dq, dk, dv, dmask, dsinks, None, None
