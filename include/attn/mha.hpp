@@ -160,7 +160,7 @@ public:
     explicit MultiHeadAttention(const MhaConfig& config);
 
     // Builds a layer from a PyTorch state_dict: E, kdim, vdim, bias, num_kv_heads and
-    // add_bias_kv are read from the tensors (add_zero_attn has no tensor: it is off); the
+    // add_bias_kv are read from the tensors (add_zero_attn has no tensor: it is given here); the
     // tensors are then loaded as by load_state_dict. A `sinks` tensor turns on config.sinks;
     // softcap and ALiBi slopes have no tensor and are given here.
     // The weight matrices keep their 16-bit dtype when every one of them is float16 (or every
@@ -169,7 +169,8 @@ public:
     static MultiHeadAttention from_state_dict(const std::vector<std::pair<std::string, TensorView>>& tensors,
                                               std::int64_t num_heads, bool batch_first = false, double softcap = 0.0,
                                               std::vector<float> alibi_slopes = {},
-                                              std::optional<DType> param_dtype = std::nullopt);
+                                              std::optional<DType> param_dtype = std::nullopt,
+                                              bool add_zero_attn = false);
 
     const MhaConfig& config() const { return config_; }
     std::int64_t head_dim() const { return config_.embed_dim / config_.num_heads; }

@@ -161,7 +161,8 @@ void MultiHeadAttention::load_state_dict(const std::vector<std::pair<std::string
 
 MultiHeadAttention MultiHeadAttention::from_state_dict(const std::vector<std::pair<std::string, TensorView>>& tensors,
                                                        std::int64_t num_heads, bool batch_first, double softcap,
-                                                       std::vector<float> alibi_slopes, std::optional<DType> param_dtype) {
+                                                       std::vector<float> alibi_slopes, std::optional<DType> param_dtype,
+                                                       bool add_zero_attn) {
     auto find = [&](const char* name) -> const TensorView* {
         for (const auto& [n, t] : tensors)
             if (n == name) return &t;
@@ -216,6 +217,7 @@ MultiHeadAttention MultiHeadAttention::from_state_dict(const std::vector<std::pa
     c.bias = find("in_proj_bias") != nullptr || find("out_proj.bias") != nullptr;
     c.add_bias_kv = find("bias_k") != nullptr || find("bias_v") != nullptr;
     c.sinks = find("sinks") != nullptr;
+    c.add_zero_attn = add_zero_attn;
     c.softcap = softcap;
     c.alibi_slopes = std::move(alibi_slopes);
     // A 16-bit checkpoint stays 16-bit: the weight matrices' common 16-bit dtype, if any.

@@ -287,6 +287,30 @@ def test_fully_padded_item_gives_bias_not_nan(tmp_path):
     np.testing.assert_allclose(o[1], np.broadcast_to(bias, (5, 8)), rtol=0, atol=0)
 
 
+# ---------------------------------------------------------------- add_zero_attn
+@pytest.mark.parametrize("bias_kv", [False, True])
+def test_add_zero_attn_flag_matches_torch(tmp_path, bias_kv):
+    """add_zero_attn has no state_dict tensor: --add-zero-attn says so, and the output and
+    weights are torch's module's (without the flag the zero key was silently left out)."""
+    gen = torch.Generator().manual_seed(11)
+    m = torch.nn.MultiheadAttention(8, 2, add_zero_attn=True, add_bias_kv=bias_kv)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    m = m.eval().double()
+    (tmp_path / "p.safetensors").write_bytes(st_bytes({k: v.float() for k, v in m.state_dict().items()}))
+    x = np.random.default_rng(12).normal(size=(5, 2, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    base = ["--params", "p.safetensors", "--num-heads", "2", "--query", "x.npy", "--weights", "w.npy"]
+    run_attn(tmp_path, base + ["--out", "o.npy", "--add-zero-attn"])
+    with torch.no_grad():
+        t_out, t_w = m(*(torch.from_numpy(x).double(),) * 3)
+    assert rel_err(np.load(tmp_path / "o.npy"), t_out.numpy()) <= REL_TOL
+    assert rel_err(np.load(tmp_path / "w.npy"), t_w.numpy()) <= REL_TOL
+    run_attn(tmp_path, base + ["--out", "o2.npy"])  # the flag matters: without it, another result
+    assert rel_err(np.load(tmp_path / "o2.npy"), t_out.numpy()) > 100 * REL_TOL
+
+
 # ---------------------------------------------------------------- weight file errors
 def base_sd(kdim=None, bias=True):
     return build_module(dict(E=8, h=2, kdim=kdim or 8, vdim=kdim or 8, bias=bias, batch_first=False),

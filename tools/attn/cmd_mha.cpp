@@ -33,7 +33,7 @@ struct MhaArgs {
     std::int64_t num_heads = 0;
     double dropout_p = 0.0;
     std::uint64_t dropout_seed = 0;
-    bool batch_first = false, causal = false, per_head = false;
+    bool batch_first = false, causal = false, per_head = false, add_zero_attn = false;
 };
 
 void run(const MhaArgs& a) {
@@ -96,7 +96,8 @@ void run(const MhaArgs& a) {
     }
     if (training) param_dtype = DType::f32;
     const MultiHeadAttention layer =
-        MultiHeadAttention::from_state_dict(state, a.num_heads, a.batch_first, a.softcap, std::move(slopes), param_dtype);
+        MultiHeadAttention::from_state_dict(state, a.num_heads, a.batch_first, a.softcap, std::move(slopes), param_dtype,
+                                            a.add_zero_attn);
 
     // Each distinct file is read once: key = value (one file) gets the fused KV projection,
     // no --key/--value the fused QKV projection of self-attention.
@@ -197,6 +198,9 @@ void add_mha_command(CLI::App& app) {
                     "GEMM, fp32 accumulation); default: the checkpoint's when all its weight matrices share a 16-bit "
                     "dtype, else float32");
     cmd->add_flag("--batch-first", args->batch_first, "inputs and output are (B, L, E) instead of (L, B, E)");
+    cmd->add_flag("--add-zero-attn", args->add_zero_attn,
+                  "the module was built with add_zero_attn=True (a zero key and value appended; no state_dict "
+                  "tensor records it)");
     cmd->add_option("--key-padding-mask", args->key_padding_mask,
                     "(B, Lk) or unbatched (Lk,): bool True = padding (ignored key), or float added to the scores");
     cmd->add_option("--attn-mask", args->attn_mask,
