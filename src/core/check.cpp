@@ -6,9 +6,13 @@
 #include <cstdlib>
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <new>
 #include <numeric>
 #include <string>
 #include <vector>
+
+#include "allocate.hpp"
 
 namespace attn::detail {
 namespace {
@@ -84,41 +88,56 @@ void require_distinct_elements(std::string_view op, const TensorView& t, std::st
     }
     // Nonzero strides can overlap too ((2, 4, 3) with strides (1, 1, 1)). Sufficient for distinct
     // addresses: with the dims of size > 1 in increasing |stride|, each stride passes the reach of
-    // the ones below it — every layout a program makes (contiguous, transposed, sliced). Only a
-    // view that fails it has its offsets listed and compared, so an unusual but distinct
-    // interleaving is still accepted.
+    // the ones below it — every layout a program makes (contiguous, transposed, sliced): no
+    // allocation, O(rank). Otherwise the elements span reach + 1 addresses: more elements than
+    // that must collide (refused at once); fewer are marked in a bitmap of the span, one bit per
+    // address, stopping at the first collision — O(elements), memory 1/32 of what a float32
+    // output there covers — so an unusual but distinct interleaving is still accepted.
     std::array<int, kMaxRank> order{};
     int n = 0;
     for (int d = 0; d < t.rank(); ++d)
         if (t.dim(d) > 1) order[static_cast<std::size_t>(n++)] = d;
     std::sort(order.begin(), order.begin() + n,
               [&](int a, int b) { return std::abs(t.stride(a)) < std::abs(t.stride(b)); });
+    constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
     bool nested = true;
-    std::int64_t reach = 0;  // the largest offset the smaller dims span (their strides' |·| times dim − 1)
-    for (int i = 0; i < n && nested; ++i) {
+    std::int64_t reach = 0;  // Σ |stride|·(dim − 1) of the dims so far: the span of their offsets
+    std::int64_t count = 1;  // their elements (saturating)
+    for (int i = 0; i < n; ++i) {
         const int d = order[static_cast<std::size_t>(i)];
         const std::int64_t s = std::abs(t.stride(d));
-        nested = s > reach;
+        nested = nested && s > reach;
         const auto span = size_mul_or_max(s, t.dim(d) - 1);
-        reach = span > std::numeric_limits<std::int64_t>::max() - reach ? std::numeric_limits<std::int64_t>::max() : reach + span;
+        reach = span > kMax - reach ? kMax : reach + span;
+        count = size_mul_or_max(count, t.dim(d));
     }
     if (nested) return;
-    std::vector<std::int64_t> offsets;
-    offsets.reserve(static_cast<std::size_t>(t.numel()));
+    const auto overlap = [&] {
+        fail(op, name, ": strides ", strides_text(t), " for shape ", t.shape(),
+             " put two elements at one address; an output needs its own memory for every element");
+    };
+    if (count - 1 > reach) overlap();  // more elements than the reach + 1 addresses they span
+    // The lowest offset: negative strides reach below the view's origin.
+    std::int64_t base = 0;
+    for (int d = 0; d < t.rank(); ++d)
+        if (t.stride(d) < 0) base += t.stride(d) * (t.dim(d) - 1);
+    // reach + 1 addresses lie between the output's lowest and highest element, memory the caller
+    // holds: the bitmap is one bit per address of it. (An absurd view is OutOfMemory here.)
+    const auto words = static_cast<std::size_t>(reach / 64 + 1);
+    std::unique_ptr<std::uint64_t[]> seen(new (std::nothrow) std::uint64_t[words]());
+    if (seen == nullptr) throw_out_of_memory(static_cast<std::int64_t>(words * 8), "the output overlap check's bitmap");
     std::array<std::int64_t, kMaxRank> idx{};
-    for (std::int64_t e = 0; e < t.numel(); ++e) {
-        std::int64_t off = 0;
+    for (std::int64_t e = 0; e < count; ++e) {
+        std::int64_t off = -base;
         for (int d = 0; d < t.rank(); ++d) off += idx[static_cast<std::size_t>(d)] * t.stride(d);
-        offsets.push_back(off);
+        const std::uint64_t bit = std::uint64_t{1} << (off % 64);
+        std::uint64_t& word = seen[static_cast<std::size_t>(off / 64)];
+        if (word & bit) overlap();
+        word |= bit;
         for (int d = t.rank() - 1; d >= 0; --d) {
             if (++idx[static_cast<std::size_t>(d)] < t.dim(d)) break;
             idx[static_cast<std::size_t>(d)] = 0;
         }
-    }
-    std::sort(offsets.begin(), offsets.end());
-    if (std::adjacent_find(offsets.begin(), offsets.end()) != offsets.end()) {
-        fail(op, name, ": strides ", strides_text(t), " for shape ", t.shape(),
-             " put two elements at one address; an output needs its own memory for every element");
     }
 }
 
@@ -244,7 +263,16 @@ std::string quoted(std::string_view text) {
     std::string out = "'";
     for (std::size_t i = 0; i < text.size() && i < kMax; ++i) {
         const auto c = static_cast<unsigned char>(text[i]);
-        if (c < 0x20 || c == 0x7f) {
+        // C1 controls U+0080..U+009F in UTF-8 (0xC2 0x80..0x9F: CSI is 0xC2 0x9B) act on some
+        // terminals too; other bytes >= 0x80 are kept (a tensor may have a non-ASCII name).
+        const bool c1 = c == 0xc2 && i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
+                        static_cast<unsigned char>(text[i + 1]) <= 0x9f;
+        if (c1) {
+            char esc[9];
+            std::snprintf(esc, sizeof esc, "\\x%02x\\x%02x", c, static_cast<unsigned char>(text[i + 1]));
+            out += esc;
+            ++i;
+        } else if (c < 0x20 || c == 0x7f) {
             char esc[5];
             std::snprintf(esc, sizeof esc, "\\x%02x", c);
             out += esc;

@@ -65,7 +65,7 @@ std::size_t unreadable_dtype_size(const std::string& s) {
 std::uint64_t json_uint(const json& v, const std::string& what, const std::string& field) {
     if (!v.is_number_unsigned()) {
         if (v.is_number_integer()) fail(what, field + " must be >= 0 but got " + v.dump());
-        fail(what, field + " must be a non-negative integer but got " + v.dump());
+        fail(what, field + " must be a non-negative integer but got " + detail::quoted(v.dump()));
     }
     return v.get<std::uint64_t>();
 }
@@ -86,7 +86,7 @@ Entry parse_entry(const std::string& name, const json& v, std::uint64_t data_siz
     e.name = name;
 
     const json& dt = v["dtype"];
-    if (!dt.is_string()) fail(what, "dtype must be a string but got " + dt.dump());
+    if (!dt.is_string()) fail(what, "dtype must be a string but got " + detail::quoted(dt.dump()));
     const std::string ds = dt.get<std::string>();
     std::size_t elem_size = 0;
     if (parse_dtype(ds, e.dtype)) {
@@ -98,7 +98,7 @@ Entry parse_entry(const std::string& name, const json& v, std::uint64_t data_siz
     }
 
     const json& sh = v["shape"];
-    if (!sh.is_array()) fail(what, "shape must be an array but got " + sh.dump());
+    if (!sh.is_array()) fail(what, "shape must be an array but got " + detail::quoted(sh.dump()));
     if (sh.size() > static_cast<std::size_t>(kMaxRank)) {
         fail(what, "rank " + std::to_string(sh.size()) + " is not supported (at most " + std::to_string(kMaxRank) + ")");
     }
@@ -115,7 +115,7 @@ Entry parse_entry(const std::string& name, const json& v, std::uint64_t data_siz
     const auto bytes = static_cast<std::uint64_t>(detail::checked_bytes(what, "data", e.shape, elem_size));
 
     const json& off = v["data_offsets"];
-    if (!off.is_array() || off.size() != 2) fail(what, "data_offsets must be [begin, end] but got " + off.dump());
+    if (!off.is_array() || off.size() != 2) fail(what, "data_offsets must be [begin, end] but got " + detail::quoted(off.dump()));
     e.begin = json_uint(off[0], what, "data_offsets[0]");
     e.end = json_uint(off[1], what, "data_offsets[1]");
     if (e.end < e.begin) {
@@ -166,7 +166,7 @@ std::vector<Entry> parse_header(std::string_view text, std::uint64_t data_size, 
     std::vector<Entry> entries;
     for (const auto& [name, value] : header.items()) {
         if (name == "__metadata__") {
-            if (!value.is_object()) fail(file, "__metadata__ must be an object of strings but got " + value.dump());
+            if (!value.is_object()) fail(file, "__metadata__ must be an object of strings but got " + detail::quoted(value.dump()));
             for (const auto& [k, s] : value.items()) {
                 if (!s.is_string()) fail(file, "__metadata__[" + detail::quoted(k) + "] must be a string but got " + detail::quoted(s.dump()));
                 metadata[k] = s.get<std::string>();

@@ -133,13 +133,13 @@ private:
     }
 };
 
-// Checks Q, K and V alone (rank, float dtype, dims >= 1, how they agree) and fills the sizes of
 // The options' values that need no shapes — scale, a scalar query_offset, window, dropout_p,
 // softcap — each in range: make_problem's first option check, and the one the packed entry
 // points (sdpa_varlen and its backward) make up front, since they build a problem only for
 // sequences with queries and keys.
 void check_option_values(const SdpaOptions& options, std::string_view kOp);
 
+// Checks Q, K and V alone (rank, float dtype, dims >= 1, how they agree) and fills the sizes of
 // p (B, Hq, Hkv, Lq, Lk, Dk, Dv, group): make_problem's first step, and sdpa_output_shapes'.
 void check_qkv(const TensorView& q, const TensorView& k, const TensorView& v, SdpaProblem& p, std::string_view op);
 

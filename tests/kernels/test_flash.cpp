@@ -35,6 +35,7 @@
 #include "attn/sdpa.hpp"
 #include "attn/sdpa_backward.hpp"
 #include "attn/tensor.hpp"
+#include "attn/threads.hpp"
 #include "common/address_space.hpp"
 #include "common/util.hpp"
 #include "core/cpu_features.hpp"
@@ -1013,23 +1014,27 @@ TEST(FlashDispatch, HugeHeadDimsGoToTheReference) {
 
 // A flash workspace the system refuses is attn::OutOfMemory naming it and its bytes (it was a
 // bare std::bad_alloc), and no thread writes an output: every thread allocates before any task
-// runs. In a child process whose address space has 16 MiB of headroom, where one thread's
-// workspace at D = 32768 needs ~40 MiB. Not under ASan (its shadow memory needs the room).
+// runs. In a child process with 144 MiB of address-space headroom, two threads and four tasks,
+// where one thread's workspace at D = 65536 is 96.3 MiB (its K/V tile copies included): one
+// thread gets its workspace and the other does not — without the barrier the first ran its
+// tasks and wrote their rows (checked by removing it: exit 3). Not under ASan (its shadow
+// memory needs the room).
 #if !defined(__SANITIZE_ADDRESS__)
 [[noreturn]] void flash_under_an_address_space_limit() {
     using test::poisoned;
     using test::still_poisoned;
-    const std::int64_t D = 32768;
-    const Tensor q(DType::f32, Shape{1, 1, 64, D}, true), k(DType::f32, Shape{1, 1, 64, D}, true),
-        v(DType::f32, Shape{1, 1, 64, D}, true);
-    const Tensor o = poisoned(DType::f32, Shape{1, 1, 64, D});
+    const std::int64_t D = 65536;
+    const Tensor q(DType::f32, Shape{1, 4, 64, D}, true), k(DType::f32, Shape{1, 4, 64, D}, true),
+        v(DType::f32, Shape{1, 4, 64, D}, true);
+    const Tensor o = poisoned(DType::f32, Shape{1, 4, 64, D});
     SdpaOptions flash;
     flash.impl = Impl::flash;
+    const ScopedNumThreads two(2);
     {  // the OpenMP threads exist (their stacks mapped) before the limit
         const Tensor s(DType::f32, Shape{1, 2, 64, 8}, true), so(DType::f32, Shape{1, 2, 64, 8});
         sdpa(s, s, s, flash, so);
     }
-    const rlimit was = test::limit_address_space(16ul << 20);
+    const rlimit was = test::limit_address_space(144ul << 20);
     try {
         sdpa(q, k, v, flash, o);
         std::exit(4);  // ran: the limit did not bite

@@ -306,6 +306,18 @@ TEST(Safetensors, FileTextInMessagesIsEscaped) {
                  "tensor 'a\\x1b[31m'");
     expect_error(image(R"({"a": {"dtype": "F\n32", "shape": [1], "data_offsets": [0, 4]}})", floats({1})),
                  "unknown dtype 'F\\x0a32'");
+    // A C1 control (CSI, U+009B, in UTF-8) is escaped too; other non-ASCII text is kept.
+    expect_error(image(R"({"\u00e9\u009b[31m": {"dtype": "Q9", "shape": [1], "data_offsets": [0, 4]}})", floats({1})),
+                 "tensor '\xc3\xa9\\xc2\\x9b[31m'");
+    // File text of any length is cut: a 100 000-character shape string made a 100 KB message.
+    const std::string long_shape = R"({"a": {"dtype": "F32", "shape": ")" + std::string(100000, 'x') + R"(", "data_offsets": [0, 4]}})";
+    try {
+        attn::parse_safetensors(image(long_shape, floats({1})).data(), 8 + long_shape.size() + 4, "w.safetensors");
+        ADD_FAILURE() << "no error";
+    } catch (const attn::Error& e) {
+        EXPECT_LT(std::string(e.what()).size(), 300u) << std::string(e.what()).substr(0, 300);
+        EXPECT_NE(std::string(e.what()).find("shape must be an array but got '\"xxx"), std::string::npos);
+    }
 }
 
 TEST(Safetensors, HeaderOverTheLimitIsRefusedUnparsed) {

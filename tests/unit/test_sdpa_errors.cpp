@@ -271,7 +271,8 @@ TEST(SdpaErrors, OutputsWithStrideZeroWouldOverlap) {
                  {"sdpa: weights: dimension 3 has stride 0 but size 7"});
 }
 
-// Nonzero strides can overlap as well: refused (they were accepted and written).
+// Nonzero strides can overlap as well: refused (they were accepted and written). The lse case
+// has more elements than addresses (refused at once); the out case is found by marking offsets.
 TEST(SdpaErrors, OutputsWithOverlappingStrides) {
     expect_error([](Call& c) { c.lsev = TensorView(c.lse.data(), DType::f32, Shape{2, 4, 5}, {1, 1, 1}); },
                  {"sdpa: lse: strides (1, 1, 1) for shape (2, 4, 5) put two elements at one address"});

@@ -176,9 +176,10 @@ void run(const SdpaArgs& a) {
         slopes = read_tensor_arg("--alibi-slopes", a.alibi_slopes);
         opt.alibi_slopes = slopes.view();
     } else if (a.alibi) {
-        // Q's heads: dim 1 of (B, H, L, D) and of packed (T, H, D); another rank is refused by
-        // sdpa with its own message (slopes for 1 head are then never read).
-        slopes = alibi_slopes(q.shape().rank >= 3 ? q.shape()[1] : 1);
+        // Q's heads: dim 1 of (B, H, L, D), and of packed (T, H, D) with --cu-seqlens; any other
+        // Q is refused by sdpa with its own message (slopes for 1 head are then never read).
+        const bool packed = !a.cu_seqlens_q.empty() || !a.cu_seqlens_k.empty();
+        slopes = alibi_slopes(q.shape().rank == 4 || (packed && q.shape().rank == 3) ? q.shape()[1] : 1);
         opt.alibi_slopes = slopes.view();
     }
     if (!a.sinks.empty()) {

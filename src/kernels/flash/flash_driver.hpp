@@ -31,9 +31,9 @@
 //   O[i][d] = Oᵀ[d][i] / l[i];   lse[i] = m[i] + ln l[i]   (l = 0: O = 0, lse = −inf;
 //                                                          l NaN: O and lse NaN)
 // With few tasks for the machine's cores, a task's keys are split into chunks run as separate
-// items and merged per task afterwards ("Key splits" below); with keys that outgrow the L2, a
+// items and merged per task afterwards (flash_key_splits.hpp); with keys that outgrow the L2, a
 // few consecutive query blocks of a head run in lockstep over the key blocks, so each K/V tile
-// is read from memory once for them ("Groups of query blocks" below).
+// is read from memory once for them (flash_query_groups.hpp).
 // Sinks: a row starts at m = σ_h, l = 1 (= e^{σ_h − m}), Oᵀ = 0 — the sink is one more
 // logit with value 0, and the online softmax rescales it like any key. A row with no
 // visible key then ends with O = 0 and lse = σ_h.
