@@ -254,10 +254,7 @@ void KVCache::append(const TensorView& k_new, const TensorView& v_new) {
 }
 
 void KVCache::append(std::int64_t b, const TensorView& k_new, const TensorView& v_new) {
-    require_storage("append");
-    if (b < 0 || b >= config_.batch) {
-        detail::fail(kOp, "append: sequence index must be in [0, ", config_.batch, ") but got ", b);
-    }
+    require_sequence("append", b);
     const std::int64_t T = k_new.rank() == 3 ? k_new.dim(1) : 0;
     check_new(k_new, "append", "k_new", Shape{config_.kv_heads, T, config_.head_dim}, 1, "(Hkv, T, Dk)");
     check_new(v_new, "append", "v_new", Shape{config_.kv_heads, T, config_.value_dim}, 1, "(Hkv, T, Dv)");

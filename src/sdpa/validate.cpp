@@ -47,6 +47,11 @@ void require_finite_f32(std::string_view kOp, const TensorView& t, const char* n
         }
 }
 
+// One query offset (the scalar, or entry b of the per-sequence ones): within ±2^60.
+void check_query_offset(std::string_view kOp, std::int64_t off, const std::string& where) {
+    if (off < -kMaxQueryOffset || off > kMaxQueryOffset) fail(kOp, "query_offset: ", where, "must be in [-2^60, 2^60] but got ", off);
+}
+
 // softcap, alibi_slopes, sinks (docs/conventions.md, "Score modifiers").
 void check_modifiers(std::string_view kOp, const SdpaOptions& o, SdpaProblem& p) {
     p.softcap = o.softcap;  // its range: check_option_values
@@ -79,11 +84,8 @@ void check_option_values(const SdpaOptions& options, std::string_view kOp) {
             fail(kOp, "scale: must be finite in float32 (|scale| <= 3.4028235e38) but got ", shortest(*options.scale));
         }
     }
-    if (options.query_offset && !options.query_offset->per_sequence) {
-        const std::int64_t off = options.query_offset->value;
-        if (off < -kMaxQueryOffset || off > kMaxQueryOffset)
-            fail(kOp, "query_offset: must be in [-2^60, 2^60] but got ", off);
-    }
+    if (options.query_offset && !options.query_offset->per_sequence)
+        check_query_offset(kOp, options.query_offset->value, "");
     if (options.window.left < -1 || options.window.right < -1) {
         fail(kOp, "window: left and right must be >= 0, or -1 for unbounded, but got left=", options.window.left,
              " right=", options.window.right);
@@ -199,18 +201,15 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
     if (options.query_offset) {
         const QueryOffset& qo = *options.query_offset;
         p.has_query_offset = true;
-        auto check = [&](std::int64_t off, const std::string& where) {
-            if (off < -kMaxQueryOffset || off > kMaxQueryOffset) {
-                fail(kOp, "query_offset: ", where, "must be in [-2^60, 2^60] but got ", off);
-            }
-            max_offset = std::max(max_offset, std::abs(off));
-        };
         if (qo.per_sequence) {
             p.query_offsets = require_per_sequence(kOp, *qo.per_sequence, "query_offset", p.B);
-            for (std::int64_t b = 0; b < p.B; ++b)
-                check(load_int(*p.query_offsets, p.query_offsets->offset(b)), "entry " + std::to_string(b) + " ");
-        } else {
-            check(qo.value, "");
+            for (std::int64_t b = 0; b < p.B; ++b) {
+                const std::int64_t off = load_int(*p.query_offsets, p.query_offsets->offset(b));
+                check_query_offset(kOp, off, "entry " + std::to_string(b) + " ");
+                max_offset = std::max(max_offset, std::abs(off));
+            }
+        } else {  // its range: check_option_values, above
+            max_offset = std::abs(qo.value);
             p.query_offset_value = qo.value;
         }
     }
