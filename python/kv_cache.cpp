@@ -148,9 +148,9 @@ std::unique_ptr<PyKVCache> make_cache(const py::object& batch, const py::object&
 py::object decode_py(const py::object& query, const py::object& cache_obj, const py::object& scale, const py::object& is_causal,
                      const py::object& window_left_arg, const py::object& causal_alignment, const py::object& window,
                      const py::object& window_alignment, const py::object& query_offset,
-                     const py::object& return_lse_arg, const py::object& softcap, const py::object& alibi_slopes,
-                     const py::object& sinks, const py::object& threads_obj, const py::object& dtype,
-                     const py::object& out_dtype) {
+                     const py::object& attn_mask, const py::object& return_lse_arg, const py::object& softcap,
+                     const py::object& alibi_slopes, const py::object& sinks, const py::object& threads_obj,
+                     const py::object& dtype, const py::object& out_dtype) {
     const int threads = threads_arg(threads_obj);
     std::mutex* cache_mutex = nullptr;
     attn::KVCache& cache = kv_cache_of(cache_obj, "cache", cache_mutex);
@@ -158,7 +158,8 @@ py::object decode_py(const py::object& query, const py::object& cache_obj, const
     if (window_left < -1)
         value_error("window_left: expected -1 (no window) or a number of keys >= 0 but got " + std::to_string(window_left));
     const bool return_lse = bool_arg(return_lse_arg, "return_lse");
-    const Input q = input(query, "query", 4, 4, "(B, Hq, Lq, Dk)", uint16_is_bf16_arg(dtype));
+    const bool bf16_bits = uint16_is_bf16_arg(dtype);
+    const Input q = input(query, "query", 4, 4, "(B, Hq, Lq, Dk)", bf16_bits);
     if (window_left != -1 && !window.is_none()) {
         value_error("window_left: give window=(left, right) or window_left, not both (got window_left=" +
                     std::to_string(window_left) + " and window=" + std::string(py::repr(window)) + ")");
@@ -168,6 +169,7 @@ py::object decode_py(const py::object& query, const py::object& cache_obj, const
     o.sdpa.scale = optional_float_arg(scale, "scale");
     set_alignment({is_causal, causal_alignment, win, window_alignment, query_offset}, o);
     set_modifiers({softcap, alibi_slopes, sinks}, q.view.dim(1), o);  // as scaled_dot_product_attention's
+    set_mask(attn_mask, bf16_bits, o);
     const std::int64_t dv = cache.value_dim() ? cache.value_dim() : cache.head_dim();
     const attn::TensorView& qv = q.view;
     const attn::DType odt = out_dtype_arg(out_dtype, sixteen_bit_or_f32(qv.dtype()));
@@ -180,7 +182,7 @@ py::object decode_py(const py::object& query, const py::object& cache_obj, const
         py::gil_scoped_release nogil;
         const std::lock_guard<std::mutex> lock(*cache_mutex);
         const attn::ScopedNumThreads scoped_threads(threads);
-        attn::decode_attention(qv, cache, o.sdpa, ov, return_lse ? &lv : nullptr);
+        with_python_names([&] { attn::decode_attention(qv, cache, o.sdpa, ov, return_lse ? &lv : nullptr); });
     }
     if (!return_lse) return out;
     return py::make_tuple(out, lse);
@@ -230,7 +232,8 @@ void bind_kv_cache(py::module_& m) {
           py::arg("scale") = py::none(), py::arg("is_causal") = true, py::arg("window_left") = -1,
           py::arg("causal_alignment") = "bottom-right", py::arg("window") = py::none(),
           py::arg("window_alignment") = "bottom-right", py::arg("query_offset") = py::none(),
-          py::arg("return_lse") = false, py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(),
+          py::arg("attn_mask") = py::none(), py::arg("return_lse") = false, py::arg("softcap") = py::none(),
+          py::arg("alibi_slopes") = py::none(),
           py::arg("sinks") = py::none(), py::arg("threads") = py::none(), py::arg("dtype") = py::none(),
           py::arg("out_dtype") = py::none(),
           "New queries (B, Hq, Lq, Dk) float32, float16 or bfloat16 (uint16 bits with dtype=\"bfloat16\") against everything in the cache (the decode kernel for\n"
@@ -239,6 +242,8 @@ void bind_kv_cache(py::module_& m) {
           "i + n_b - Lq. window=(left, right), window_alignment, causal_alignment and query_offset\n"
           "mean what they mean in scaled_dot_product_attention; window_left=w is window=(w, None);\n"
           "so do the score modifiers softcap, alibi_slopes (True, (Hq,) or (B, Hq)) and sinks (Hq,).\n"
+          "attn_mask: bool (True = may attend) or float (added), broadcastable to (B, Hq, Lq, n) with n the\n"
+          "cache's longest sequence (column j = cache position j; positions past a sequence's length stay hidden).\n"
           "out_dtype=\"float32\"|\"float16\"|\"bfloat16\": out's dtype (default: a 16-bit query's, else float32);\n"
           "bfloat16 is a uint16 array of its bits. lse is float32.");
 }

@@ -82,6 +82,21 @@ void set_modifiers(const ModifierArgs& args, std::int64_t heads, CallOptions& ou
     }
 }
 
+void set_mask(const py::object& attn_mask, bool uint16_is_bf16, CallOptions& out) {
+    if (attn_mask.is_none()) return;
+    out.mask = as_array(attn_mask, "attn_mask");
+    const attn::TensorView m =
+        view_of(out.mask, "attn_mask", 0, 4, "a mask broadcastable to (B, H, Lq, Lk)", uint16_is_bf16);
+    if (m.dtype() == attn::DType::boolean) {
+        out.sdpa.bool_mask = m;
+    } else if (attn::is_floating(m.dtype())) {  // float16/bfloat16: widened once by attn (a 16-bit model's mask)
+        out.sdpa.additive_mask = m;
+    } else {
+        type_error("attn_mask: dtype must be bool (True = may attend) or float32, float64, float16 or bfloat16 "
+                   "(added) but got " + std::string(attn::dtype_name(m.dtype())));
+    }
+}
+
 CallOptions make_options(const SdpaArgs& args) {
     CallOptions o;
     o.sdpa.scale = optional_float_arg(args.scale, "scale");
@@ -89,19 +104,7 @@ CallOptions make_options(const SdpaArgs& args) {
     o.sdpa.dropout_seed = uint_arg(args.dropout_seed, "dropout_seed");
     o.sdpa.impl = attn::parse_impl(str_arg(args.impl, "impl"));
     set_alignment(args.alignment, o);
-    if (!args.attn_mask.is_none()) {
-        o.mask = as_array(args.attn_mask, "attn_mask");
-        const attn::TensorView m =
-            view_of(o.mask, "attn_mask", 0, 4, "a mask broadcastable to (B, H, Lq, Lk)", args.uint16_is_bf16);
-        if (m.dtype() == attn::DType::boolean) {
-            o.sdpa.bool_mask = m;
-        } else if (attn::is_floating(m.dtype())) {  // float16/bfloat16: widened once by attn (a 16-bit model's mask)
-            o.sdpa.additive_mask = m;
-        } else {
-            type_error("attn_mask: dtype must be bool (True = may attend) or float32, float64, float16 or bfloat16 "
-                       "(added) but got " + std::string(attn::dtype_name(m.dtype())));
-        }
-    }
+    set_mask(args.attn_mask, args.uint16_is_bf16, o);
     if (!args.key_lengths.is_none()) {
         o.key_lengths = as_array(args.key_lengths, "key_lengths");
         o.sdpa.key_lengths = view_of(o.key_lengths, "key_lengths", 1, 1, "shape (B,)");

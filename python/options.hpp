@@ -68,6 +68,10 @@ void set_modifiers(const ModifierArgs& args, std::int64_t heads, CallOptions& ou
 // Sets causal, window and query_offset of `out` (arrays kept in `out`).
 void set_alignment(const AlignmentArgs& args, CallOptions& out);
 
+// Sets bool_mask (a bool attn_mask: True = may attend) or additive_mask (a float one) of `out`;
+// None sets neither. uint16_is_bf16: the call's dtype="bfloat16" (a uint16 mask holds its bits).
+void set_mask(const py::object& attn_mask, bool uint16_is_bf16, CallOptions& out);
+
 CallOptions make_options(const SdpaArgs& args);
 
 // Runs a core call; an attn::Error from it names the core's bool_mask / additive_mask as the

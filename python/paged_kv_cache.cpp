@@ -49,12 +49,13 @@ std::unique_ptr<PyPagedKVCache> make_cache(const py::object& kv_heads, const py:
 py::object paged_attention_py(const py::object& query, PyPagedKVCache& c, const py::object& seqs_arg,
                               const py::object& scale, const py::object& is_causal, const py::object& causal_alignment,
                               const py::object& window, const py::object& window_alignment,
-                              const py::object& query_offset, const py::object& return_lse_arg,
+                              const py::object& query_offset, const py::object& attn_mask, const py::object& return_lse_arg,
                               const py::object& softcap, const py::object& alibi_slopes, const py::object& sinks,
                               const py::object& dtype, const py::object& out_dtype, const py::object& threads_obj) {
     const int threads = threads_arg(threads_obj);
     const bool return_lse = bool_arg(return_lse_arg, "return_lse");
-    const Input q = input(query, "query", 4, 4, "(B, Hq, Lq, Dk)", uint16_is_bf16_arg(dtype));
+    const bool bf16_bits = uint16_is_bf16_arg(dtype);
+    const Input q = input(query, "query", 4, 4, "(B, Hq, Lq, Dk)", bf16_bits);
     if (!py::isinstance<py::iterable>(seqs_arg)) {
         type_error("seqs: expected an iterable of sequence ids (one per batch row) but got " +
                    std::string(py::str(py::type::of(seqs_arg))));
@@ -65,6 +66,7 @@ py::object paged_attention_py(const py::object& query, PyPagedKVCache& c, const 
     o.sdpa.scale = optional_float_arg(scale, "scale");
     set_alignment({is_causal, causal_alignment, window, window_alignment, query_offset}, o);
     set_modifiers({softcap, alibi_slopes, sinks}, q.view.dim(1), o);
+    set_mask(attn_mask, bf16_bits, o);
     const attn::TensorView& qv = q.view;
     const attn::DType odt = out_dtype_arg(out_dtype, sixteen_bit_or_f32(qv.dtype()));
     py::array out = new_array(odt, {qv.dim(0), qv.dim(1), qv.dim(2), c.cache.value_dim()});
@@ -76,7 +78,7 @@ py::object paged_attention_py(const py::object& query, PyPagedKVCache& c, const 
         py::gil_scoped_release nogil;
         const std::lock_guard<std::mutex> lock(c.mutex);
         const attn::ScopedNumThreads scoped_threads(threads);
-        attn::paged_attention(qv, c.cache, seqs, o.sdpa, ov, return_lse ? &lv : nullptr);
+        with_python_names([&] { attn::paged_attention(qv, c.cache, seqs, o.sdpa, ov, return_lse ? &lv : nullptr); });
     }
     if (!return_lse) return out;
     return py::make_tuple(out, lse);
@@ -165,13 +167,14 @@ void bind_paged_kv_cache(py::module_& m) {
     m.def("paged_attention", &paged_attention_py, py::arg("query"), py::arg("cache"), py::arg("seqs"), py::kw_only(),
           py::arg("scale") = py::none(), py::arg("is_causal") = true, py::arg("causal_alignment") = "bottom-right",
           py::arg("window") = py::none(), py::arg("window_alignment") = "bottom-right",
-          py::arg("query_offset") = py::none(), py::arg("return_lse") = false, py::arg("softcap") = py::none(),
+          py::arg("query_offset") = py::none(), py::arg("attn_mask") = py::none(), py::arg("return_lse") = false,
+          py::arg("softcap") = py::none(),
           py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(), py::arg("dtype") = py::none(),
           py::arg("out_dtype") = py::none(), py::arg("threads") = py::none(),
           "query (B, Hq, Lq, Dk) float32, float16 or bfloat16 (uint16 bits with dtype=\"bfloat16\"), batch row b = sequence seqs[b], against the cache's pages (decode\n"
           "kernel for a few rows per KV head, group*Lq below one flash panel (two with float32 K/V); flash reading the pages of any pool otherwise,\n"
           "chunked prefill included). Append the new tokens first. Keywords as\n"
-          "decode_attention's (score modifiers included), and so are dtype=, out_dtype= (default: a 16-bit query's dtype, else float32) and threads=.\n"
+          "decode_attention's (score modifiers and attn_mask included; the mask's last dim is the longest of seqs), and so are dtype=, out_dtype= (default: a 16-bit query's dtype, else float32) and threads=.\n"
           "Returns out (B, Hq, Lq, Dv) [, lse float32].");
 }
 

@@ -62,3 +62,51 @@ def test_threads_keyword_and_a_non_iterable_seqs():
     np.testing.assert_array_equal(attn.paged_attention(q, c, [s], threads=1), attn.paged_attention(q, c, [s], threads=2))
     with pytest.raises(TypeError, match="seqs: expected an iterable of sequence ids"):
         attn.paged_attention(q, c, s)
+
+
+@pytest.mark.parametrize("lq,mask_kind", [(1, "bool"), (3, "float"), (40, "bool"), (2, "float16")])
+def test_decode_and_paged_attention_take_attn_mask(lq, mask_kind):
+    """attn_mask on the serving calls: column j is cache position j of each sequence, as in
+    decode_attention's C++ options; checked against the float64 textbook on each sequence's
+    visible keys. Lq = 40 runs flash (more than two panels of rows), 1–3 the decode kernel."""
+    from reference import causal_keep, close, textbook
+
+    rng = np.random.default_rng(400 + lq)
+    hkv, hq, d, lengths = 2, 4, 16, [45, 61]
+    n = max(lengths)
+    contiguous = attn.KVCache(len(lengths), hkv, d, n)
+    paged = attn.PagedKVCache(hkv, d, 64, page_size=8)
+    ks, vs, seqs = [], [], []
+    for b, length in enumerate(lengths):
+        k, v = tokens(rng, hkv, length, d), tokens(rng, hkv, length, d)
+        contiguous.append(k, v, batch_index=b)
+        seqs.append(paged.add_sequence())
+        paged.append(seqs[-1], k, v)
+        ks.append(k)
+        vs.append(v)
+    q = rng.standard_normal((2, hq, lq, d), dtype=np.float32)
+    if mask_kind == "bool":
+        mask = rng.random((2, 1, lq, n)) < 0.7
+        mask[0, 0, 0, :] = False  # a row with no visible key: output 0, lse -inf
+        bias, keep = None, mask
+    else:
+        mask = rng.standard_normal((1, hq, lq, n)).astype(np.float16 if mask_kind == "float16" else np.float32)
+        bias, keep = mask.astype(np.float64), None
+    out, lse = attn.decode_attention(q, contiguous, attn_mask=mask, return_lse=True)
+    paged_out, paged_lse = attn.paged_attention(q, paged, seqs, attn_mask=mask, return_lse=True)
+    for b, length in enumerate(lengths):
+        visible = causal_keep(lq, length, True)
+        if keep is not None:
+            visible = visible & keep[b, :, :, :length]
+        sb = None if bias is None else np.broadcast_to(bias, (2, hq, lq, n))[b:b + 1, :, :, :length].copy()
+        want, want_lse, _ = textbook(q[b:b + 1], ks[b][None], vs[b][None], visible, bias=sb)
+        for o, l in ((out, lse), (paged_out, paged_lse)):
+            close(o[b:b + 1], want)
+            close(l[b:b + 1], want_lse)
+    # The mask's last dim is the longest sequence; anything else names attn_mask.
+    with pytest.raises(ValueError, match="attn_mask"):
+        attn.decode_attention(q, contiguous, attn_mask=np.ones((lq, n + 1), bool))
+    with pytest.raises(ValueError, match="attn_mask"):
+        attn.paged_attention(q, paged, seqs, attn_mask=np.ones((lq, n - 1), bool))
+    with pytest.raises(TypeError, match="attn_mask"):
+        attn.decode_attention(q, contiguous, attn_mask=np.ones((lq, n), np.int32))
