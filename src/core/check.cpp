@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <cstdio>
 #include <cstdlib>
 #include <cstdint>
 #include <limits>
@@ -258,29 +259,63 @@ std::int64_t load_int(const TensorView& t, std::int64_t offset) {
     return t.data_as<const std::int64_t>()[offset];
 }
 
+namespace {
+
+// Length of the well-formed UTF-8 sequence starting at text[i] (1 for ASCII), or 0 when the
+// bytes there are not one (a stray continuation byte, a cut or overlong sequence, a surrogate).
+std::size_t utf8_sequence_length(std::string_view text, std::size_t i) {
+    const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
+    const unsigned char lead = byte(i);
+    if (lead < 0x80) return 1;
+    std::size_t n = 0;
+    std::uint32_t code = 0, min_code = 0;
+    if ((lead & 0xe0) == 0xc0) {
+        n = 2, code = lead & 0x1f, min_code = 0x80;
+    } else if ((lead & 0xf0) == 0xe0) {
+        n = 3, code = lead & 0x0f, min_code = 0x800;
+    } else if ((lead & 0xf8) == 0xf0) {
+        n = 4, code = lead & 0x07, min_code = 0x10000;
+    } else {
+        return 0;
+    }
+    if (i + n > text.size()) return 0;
+    for (std::size_t k = 1; k < n; ++k) {
+        if ((byte(i + k) & 0xc0) != 0x80) return 0;
+        code = code << 6 | (byte(i + k) & 0x3f);
+    }
+    const bool surrogate = code >= 0xd800 && code <= 0xdfff;
+    return code < min_code || code > 0x10ffff || surrogate ? 0 : n;
+}
+
+}  // namespace
+
 std::string quoted(std::string_view text) {
     constexpr std::size_t kMax = 80;
     std::string out = "'";
-    for (std::size_t i = 0; i < text.size() && i < kMax; ++i) {
+    const auto escape = [&out](unsigned char c) {
+        char esc[5];
+        std::snprintf(esc, sizeof esc, "\\x%02x", c);
+        out += esc;
+    };
+    std::size_t i = 0;
+    while (i < text.size()) {
+        const std::size_t n = utf8_sequence_length(text, i);
+        // Cut before a character that would pass kMax bytes, never inside one: a message cut
+        // mid-character is not UTF-8, and Python shows such an error message as ''.
+        if (i + std::max<std::size_t>(n, 1) > kMax) break;
         const auto c = static_cast<unsigned char>(text[i]);
-        // C1 controls U+0080..U+009F in UTF-8 (0xC2 0x80..0x9F: CSI is 0xC2 0x9B) act on some
-        // terminals too; other bytes >= 0x80 are kept (a tensor may have a non-ASCII name).
-        const bool c1 = c == 0xc2 && i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
-                        static_cast<unsigned char>(text[i + 1]) <= 0x9f;
-        if (c1) {
-            char esc[9];
-            std::snprintf(esc, sizeof esc, "\\x%02x\\x%02x", c, static_cast<unsigned char>(text[i + 1]));
-            out += esc;
-            ++i;
-        } else if (c < 0x20 || c == 0x7f) {
-            char esc[5];
-            std::snprintf(esc, sizeof esc, "\\x%02x", c);
-            out += esc;
+        // Escaped: C0 controls and DEL, C1 controls U+0080..U+009F (0xC2 0x80..0x9F in UTF-8;
+        // CSI acts on some terminals), and any byte that is not part of well-formed UTF-8 (a raw
+        // 0x9B is CSI on others). Other characters are kept: a tensor may have a non-ASCII name.
+        const bool c1 = n == 2 && c == 0xc2 && static_cast<unsigned char>(text[i + 1]) <= 0x9f;
+        if (n == 0 || c1 || c < 0x20 || c == 0x7f) {
+            for (std::size_t k = 0; k < std::max<std::size_t>(n, 1); ++k) escape(static_cast<unsigned char>(text[i + k]));
         } else {
-            out += static_cast<char>(c);
+            out.append(text.substr(i, n));
         }
+        i += std::max<std::size_t>(n, 1);
     }
-    return out + (text.size() > kMax ? "...'" : "'");
+    return out + (i < text.size() ? "...'" : "'");
 }
 
 std::string shortest(double value) {

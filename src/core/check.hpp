@@ -45,9 +45,10 @@ template <class... Parts>
 std::string shortest(double value);
 
 // Text read from a file (a .npy header's descr or keys, a safetensors name or dtype), in single
-// quotes for a message: control bytes (NUL, newline, escape sequences) become \xNN and text past
-// 80 bytes is cut with "...", so a hostile file cannot break the one-line message, cut it at a
-// NUL or colour the terminal.
+// quotes for a message: control bytes (NUL, newline, escape sequences; C1 controls) and bytes that
+// are not well-formed UTF-8 become \xNN, and text past 80 bytes is cut with "..." at a character
+// boundary, so a hostile file cannot break the one-line message, cut it at a NUL, colour the
+// terminal or make the message invalid UTF-8 (which Python shows as an empty message).
 std::string quoted(std::string_view text);
 
 // t is non-null and has `rank` dimensions; `layout` names them, e.g. "(B, Hq, Lq, Dk)".

@@ -309,6 +309,14 @@ TEST(Safetensors, FileTextInMessagesIsEscaped) {
     // A C1 control (CSI, U+009B, in UTF-8) is escaped too; other non-ASCII text is kept.
     expect_error(image(R"({"\u00e9\u009b[31m": {"dtype": "Q9", "shape": [1], "data_offsets": [0, 4]}})", floats({1})),
                  "tensor '\xc3\xa9\\xc2\\x9b[31m'");
+    // The cut falls between characters: a name of 'a' and 100 'é' (2 bytes each) keeps 'a' and 39 of
+    // them (79 bytes); cutting at byte 80 split the 40th, and Python showed the message as ''.
+    std::string e_acute_39;
+    for (int i = 0; i < 39; ++i) e_acute_39 += "\xc3\xa9";
+    std::string name_json = "a";
+    for (int i = 0; i < 100; ++i) name_json += "\\u00e9";
+    expect_error(image("{\"" + name_json + R"(": {"dtype": "Q9", "shape": [1], "data_offsets": [0, 4]}})", floats({1})),
+                 "tensor 'a" + e_acute_39 + "...'");
     // File text of any length is cut: a 100 000-character shape string made a 100 KB message.
     const std::string long_shape = R"({"a": {"dtype": "F32", "shape": ")" + std::string(100000, 'x') + R"(", "data_offsets": [0, 4]}})";
     try {

@@ -316,6 +316,12 @@ TEST_F(Npy, HeaderTextInMessagesIsEscaped) {
     const std::string keyed = "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'a\rb': 1}";
     write_bytes("k.npy", npy_bytes(keyed, float_bytes({1, 2})));
     EXPECT_TRUE(contains(read_error("k.npy"), "unexpected key 'a\\x0db' in the header")) << read_error("k.npy");
+    // Bytes that are not well-formed UTF-8 are escaped (a raw 0x9B is CSI on some terminals; an
+    // overlong '/' and a lone continuation byte), well-formed non-ASCII text is kept.
+    const std::string raw = "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'a\x9b[31m\xc0\xaf\xc3\xa9\xa9': 1}";
+    write_bytes("raw.npy", npy_bytes(raw, float_bytes({1, 2})));
+    EXPECT_TRUE(contains(read_error("raw.npy"), "unexpected key 'a\\x9b[31m\\xc0\\xaf\xc3\xa9\\xa9' in the header"))
+        << read_error("raw.npy");
 }
 
 TEST_F(Npy, RankAboveFour) {
