@@ -139,6 +139,13 @@ private:
 // sequences with queries and keys.
 void check_option_values(const SdpaOptions& options, std::string_view kOp);
 
+// Per-sequence query offsets: (n,) int32/int64, every entry within ±2^60 (the message names the
+// entry). make_problem's check, and the packed entry points' for all N sequences up front.
+TensorView require_query_offsets(std::string_view kOp, const TensorView& offsets, std::int64_t n);
+
+// A float32 vector or matrix of per-head values (alibi_slopes, sinks), every one finite.
+void require_finite_f32(std::string_view kOp, const TensorView& t, const char* name);
+
 // Checks Q, K and V alone (rank, float dtype, dims >= 1, how they agree) and fills the sizes of
 // p (B, Hq, Hkv, Lq, Lk, Dk, Dv, group): make_problem's first step, and sdpa_output_shapes'.
 void check_qkv(const TensorView& q, const TensorView& k, const TensorView& v, SdpaProblem& p, std::string_view op);

@@ -31,22 +31,6 @@ void require_output(std::string_view kOp, const TensorView& t, const char* name,
 // Offsets up to 2^60 keep every diagonal ± window bound far from the int64 limits.
 constexpr std::int64_t kMaxQueryOffset = std::int64_t{1} << 60;
 
-// A float32 vector/matrix of per-head values, every one finite.
-void require_finite_f32(std::string_view kOp, const TensorView& t, const char* name) {
-    if (t.data() == nullptr) fail(kOp, name, ": data pointer is null");
-    if (t.dtype() != DType::f32) fail(kOp, name, ": dtype must be float32 but got ", dtype_name(t.dtype()));
-    const float* d = t.data_as<const float>();
-    const std::int64_t rows = t.rank() == 2 ? t.dim(0) : 1, cols = t.dim(t.rank() - 1);
-    for (std::int64_t r = 0; r < rows; ++r)
-        for (std::int64_t c = 0; c < cols; ++c) {
-            const float x = d[t.rank() == 2 ? t.offset(r, c) : t.offset(c)];
-            if (!std::isfinite(x)) {
-                if (t.rank() == 2) fail(kOp, name, ": values must be finite but entry (", r, ", ", c, ") is ", x);
-                fail(kOp, name, ": values must be finite but entry ", c, " is ", x);
-            }
-        }
-}
-
 // One query offset (the scalar, or entry b of the per-sequence ones): within ±2^60.
 void check_query_offset(std::string_view kOp, std::int64_t off, const std::string& where) {
     if (off < -kMaxQueryOffset || off > kMaxQueryOffset) fail(kOp, "query_offset: ", where, "must be in [-2^60, 2^60] but got ", off);
@@ -75,6 +59,27 @@ void check_modifiers(std::string_view kOp, const SdpaOptions& o, SdpaProblem& p)
 }
 
 }  // namespace
+
+void require_finite_f32(std::string_view kOp, const TensorView& t, const char* name) {
+    if (t.data() == nullptr) fail(kOp, name, ": data pointer is null");
+    if (t.dtype() != DType::f32) fail(kOp, name, ": dtype must be float32 but got ", dtype_name(t.dtype()));
+    const float* d = t.data_as<const float>();
+    const std::int64_t rows = t.rank() == 2 ? t.dim(0) : 1, cols = t.dim(t.rank() - 1);
+    for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t c = 0; c < cols; ++c) {
+            const float x = d[t.rank() == 2 ? t.offset(r, c) : t.offset(c)];
+            if (!std::isfinite(x)) {
+                if (t.rank() == 2) fail(kOp, name, ": values must be finite but entry (", r, ", ", c, ") is ", x);
+                fail(kOp, name, ": values must be finite but entry ", c, " is ", x);
+            }
+        }
+}
+
+TensorView require_query_offsets(std::string_view kOp, const TensorView& offsets, std::int64_t n) {
+    const TensorView qo = require_per_sequence(kOp, offsets, "query_offset", n);
+    for (std::int64_t b = 0; b < n; ++b) check_query_offset(kOp, load_int(qo, qo.offset(b)), "entry " + std::to_string(b) + " ");
+    return qo;
+}
 
 void check_option_values(const SdpaOptions& options, std::string_view kOp) {
     if (options.scale) {
@@ -202,12 +207,9 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
         const QueryOffset& qo = *options.query_offset;
         p.has_query_offset = true;
         if (qo.per_sequence) {
-            p.query_offsets = require_per_sequence(kOp, *qo.per_sequence, "query_offset", p.B);
-            for (std::int64_t b = 0; b < p.B; ++b) {
-                const std::int64_t off = load_int(*p.query_offsets, p.query_offsets->offset(b));
-                check_query_offset(kOp, off, "entry " + std::to_string(b) + " ");
-                max_offset = std::max(max_offset, std::abs(off));
-            }
+            p.query_offsets = require_query_offsets(kOp, *qo.per_sequence, p.B);
+            for (std::int64_t b = 0; b < p.B; ++b)
+                max_offset = std::max(max_offset, std::abs(load_int(*p.query_offsets, p.query_offsets->offset(b))));
         } else {  // its range: check_option_values, above
             max_offset = std::abs(qo.value);
             p.query_offset_value = qo.value;

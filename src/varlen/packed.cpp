@@ -102,9 +102,9 @@ PackedBatch check_packed(std::string_view op, const TensorView& q, const TensorV
         fail(op, "key_lengths: not accepted for packed sequences: cu_seqlens_k gives every sequence's keys");
     }
     // Softcap, sinks (Hq,) and per-head ALiBi slopes (Hq,) apply per sequence unchanged;
-    // per-sequence slopes are (N, Hq): row b is sequence b's (sequence_options). make_problem
-    // checks dtype and values per sequence.
-    // Checked here: make_problem would name a sequence's (B, Hq) = (1, Hq) instead.
+    // per-sequence slopes are (N, Hq): row b is sequence b's (sequence_options). Shapes and
+    // values are checked here, for all N sequences: make_problem runs only for sequences with
+    // queries and keys, and would name a sequence's (B, Hq) = (1, Hq) and its row 0.
     if (options.alibi_slopes) {
         const TensorView& a = *options.alibi_slopes;
         const bool per_head = a.rank() == 1 && a.dim(0) == p.Hq;
@@ -112,18 +112,15 @@ PackedBatch check_packed(std::string_view op, const TensorView& q, const TensorV
         if (!per_head && !per_seq)
             fail(op, "alibi_slopes: packed sequences take (Hq,) = (", p.Hq, ",) or (N, Hq) = (", N, ", ", p.Hq,
                  ") slopes (one row per sequence) but got ", a.shape());
+        require_finite_f32(op, a, "alibi_slopes");
     }
     if (options.sinks) {  // also the lse of sequences without keys (fill_keyless), which build no problem
         const TensorView& sk = *options.sinks;
         if (!(sk.rank() == 1 && sk.dim(0) == p.Hq)) fail(op, "sinks: shape must be (Hq,) = (", p.Hq, ",) but got ", sk.shape());
-        if (sk.data() == nullptr) fail(op, "sinks: data pointer is null");
-        if (sk.dtype() != DType::f32) fail(op, "sinks: dtype must be float32 but got ", dtype_name(sk.dtype()));
-        for (std::int64_t h = 0; h < p.Hq; ++h)
-            if (!std::isfinite(sk.load_as_double(sk.offset(h))))
-                fail(op, "sinks: values must be finite but entry ", h, " is ", sk.load_as_double(sk.offset(h)));
+        require_finite_f32(op, sk, "sinks");
     }
     if (options.query_offset && options.query_offset->per_sequence) {
-        require_per_sequence(op, *options.query_offset->per_sequence, "query_offset", N);
+        require_query_offsets(op, *options.query_offset->per_sequence, N);
     }
 
     p.seqs.resize(static_cast<std::size_t>(N));

@@ -810,6 +810,27 @@ TEST(VarlenErrors, OptionsCheckedWhenNoSequenceHasWork) {
         {"window: left and right must be >= 0, or -1", [](SdpaOptions& o) { o.window.left = -9; }},
         {"softcap: must be 0 (off) or a finite float32", [](SdpaOptions& o) { o.softcap = -3; }},
         {"query_offset: must be in [-2^60, 2^60]", [](SdpaOptions& o) { o.query_offset = QueryOffset(std::int64_t{1} << 62); }},
+        // Per-sequence values, every entry (a reviewer found them checked only for sequences with
+        // queries and keys, and named as entry 0 of a one-sequence problem).
+        {"query_offset: entry 1 must be in [-2^60, 2^60] but got 4611686018427387904",
+         [](SdpaOptions& o) {
+             static const Tensor offsets = [] {
+                 Tensor t(DType::i64, Shape{2});
+                 const std::int64_t values[2] = {0, std::int64_t{1} << 62};
+                 std::memcpy(t.data(), values, sizeof values);
+                 return t;
+             }();
+             o.query_offset = QueryOffset(offsets.view());
+         }},
+        {"alibi_slopes: values must be finite but entry (1, 0) is nan",
+         [](SdpaOptions& o) {
+             static const Tensor slopes = [] {
+                 Tensor t(DType::f32, Shape{2, 2}, true);
+                 t.data_as<float>()[2] = NAN;
+                 return t;
+             }();
+             o.alibi_slopes = slopes.view();
+         }},
     };
     const auto expect_error = [](const std::function<void()>& call, const std::string& want) {
         try {
