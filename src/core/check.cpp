@@ -98,8 +98,11 @@ void require_distinct_elements(std::string_view op, const TensorView& t, std::st
     int n = 0;
     for (int d = 0; d < t.rank(); ++d)
         if (t.dim(d) > 1) order[static_cast<std::size_t>(n++)] = d;
-    std::sort(order.begin(), order.begin() + n,
-              [&](int a, int b) { return std::abs(t.stride(a)) < std::abs(t.stride(b)); });
+    // Insertion sort of at most kMaxRank dims (std::sort here drew a false -Warray-bounds from g++ 12).
+    const auto stride_at = [&](int i) { return std::abs(t.stride(order[static_cast<std::size_t>(i)])); };
+    for (int i = 1; i < n; ++i)
+        for (int j = i; j > 0 && stride_at(j) < stride_at(j - 1); --j)
+            std::swap(order[static_cast<std::size_t>(j)], order[static_cast<std::size_t>(j - 1)]);
     constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
     bool nested = true;
     std::int64_t reach = 0;  // Σ |stride|·(dim − 1) of the dims so far: the span of their offsets
