@@ -39,13 +39,17 @@ def _mask_grad(q, k, v, float_mask, out, grad_out, opts):
     value = _convert.tensor(v)
     if value.dim() >= 3 and value.size(-3) != w.size(-3):  # GQA: each KV head serves H/Hkv query heads
         value = value.repeat_interleave(w.size(-3) // value.size(-3), dim=-3)
-    # In float64 whatever the inputs' dtypes: dO, V and O may each be float16, bfloat16, float32 or
-    # float64 (out_dtype=, mixed inputs), torch's CPU matmul takes no float16 and no mixed dtypes,
-    # and the mask's gradient is rounded once, to the mask's dtype, by the caller.
-    g64, o64 = grad_out.double(), out.double()
-    d_weights = g64 @ value.double().transpose(-1, -2)
-    row = (g64 * o64).sum(-1, keepdim=True)
-    return w.double() * d_weights - p.double() * row
+    # dO, V and O may each be float16, bfloat16, float32 or float64 (out_dtype=, mixed inputs), and
+    # torch's CPU matmul takes no float16 and no mixed dtypes: computed in float64 when any of them
+    # (or the weights: a float64 query) is float64, else in float32 — the precision of attn's float32
+    # backward, and half the memory of (N, H, L, S) in float64. The caller rounds the result once, to
+    # the mask's dtype.
+    ct = torch.float64 if torch.float64 in (grad_out.dtype, out.dtype, value.dtype, w.dtype) else torch.float32
+    g, w_c = grad_out.to(ct), w.to(ct)
+    d_weights = g @ value.to(ct).transpose(-1, -2)
+    row = (g * out.to(ct)).sum(-1, keepdim=True)
+    p_c = w_c if p is w else p.to(ct)
+    return w_c * d_weights - p_c * row
 
 
 def _with_sinks(opts, sinks):
