@@ -1,5 +1,6 @@
-// NumPy .npy files: float32, float64, float16, bool, int32, int64; C order; format
-// versions 1.0, 2.0 (and 3.0, whose only change is a UTF-8 header).
+// NumPy .npy files: float32, float64, float16, bool, int32, int64; C order, or Fortran order
+// (np.save of a transposed array: read into C order, one copy); format versions 1.0, 2.0 (and
+// 3.0, whose only change is a UTF-8 header).
 //
 // Files are never trusted: the header is parsed strictly, and its shape is checked
 // against the bytes the file really holds before anything is allocated. Every error

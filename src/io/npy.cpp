@@ -1,6 +1,7 @@
 #include "attn/npy.hpp"
 
 
+#include <array>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -155,6 +156,31 @@ std::string descr_of(DType t) {
     throw Error("write_npy: dtype bfloat16 has no .npy representation");
 }
 
+// numpy's fortran_order (np.save of a transposed or Fortran-contiguous array) stores element
+// (i0, …, i_{n−1}) at Σ i_k·Π_{m<k} d_m; attn's tensors are row-major: one copy, byte for byte.
+Tensor from_fortran_order(const Tensor& column_major, const std::string& path) {
+    const Shape& shape = column_major.shape();
+    Strides strides{};
+    std::int64_t step = 1;
+    for (int d = 0; d < shape.rank; ++d) {
+        strides[static_cast<std::size_t>(d)] = step;
+        step *= shape[d];
+    }
+    const TensorView in(column_major.data(), column_major.dtype(), shape, strides);
+    Tensor out(column_major.dtype(), shape, false, path);
+    std::array<std::int64_t, kMaxRank> n{1, 1, 1, 1};
+    for (int d = 0; d < shape.rank; ++d) n[static_cast<std::size_t>(d)] = shape[d];
+    const std::size_t item = dtype_size(in.dtype());
+    const auto* from = static_cast<const char*>(in.data());
+    auto* to = static_cast<char*>(out.data());
+    for (std::int64_t a = 0; a < n[0]; ++a)
+        for (std::int64_t b = 0; b < n[1]; ++b)
+            for (std::int64_t c = 0; c < n[2]; ++c)
+                for (std::int64_t d = 0; d < n[3]; ++d, to += item)
+                    std::memcpy(to, from + in.offset(a, b, c, d) * static_cast<std::int64_t>(item), item);
+    return out;
+}
+
 }  // namespace
 
 Tensor read_npy(const std::string& path) {
@@ -191,7 +217,6 @@ Tensor read_npy(const std::string& path) {
     const Header h = DictParser(text, path).parse();
 
     const DType dtype = dtype_from_descr(h.descr, path);
-    if (h.fortran) throw Error(path + ": Fortran-order arrays are not supported (save with np.ascontiguousarray)");
     if (h.shape.size() > static_cast<std::size_t>(kMaxRank)) {
         throw Error(path + ": rank " + std::to_string(h.shape.size()) + " is more than attn's maximum of 4");
     }
@@ -212,6 +237,7 @@ Tensor read_npy(const std::string& path) {
         auto* p = static_cast<unsigned char*>(t.data());
         for (std::uint64_t i = 0; i < need; ++i) p[i] = p[i] != 0;
     }
+    if (h.fortran && shape.rank > 1) return from_fortran_order(t, path);
     return t;
 }
 

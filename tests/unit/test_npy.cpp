@@ -288,9 +288,31 @@ TEST_F(Npy, MissingKeys) {
     }
 }
 
-TEST_F(Npy, FortranOrder) {
-    write_bytes("f.npy", npy_bytes(dict_of("<f4", "(1, 2)", "True"), float_bytes({1, 2})));
-    EXPECT_TRUE(contains(read_error("f.npy"), "Fortran-order arrays are not supported"));
+// np.save of a transposed (Fortran-contiguous) array writes fortran_order True: the data is
+// column-major. It is read into attn's row-major layout (it was refused).
+TEST_F(Npy, FortranOrderIsReadIntoCOrder) {
+    // (2, 3) column-major: a00 a10 a01 a11 a02 a12.
+    write_bytes("f.npy", npy_bytes(dict_of("<f4", "(2, 3)", "True"), float_bytes({1, 4, 2, 5, 3, 6})));
+    const Tensor f = attn::read_npy(path("f.npy"));
+    ASSERT_EQ(f.shape(), (Shape{2, 3}));
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(f.data_as<float>()[i], static_cast<float>(i + 1)) << i;
+    // (2, 2, 2) int64 column-major: element (i, j, k) at i + 2j + 4k holds 100i + 10j + k.
+    std::string bytes;
+    for (std::int64_t k = 0; k < 2; ++k)
+        for (std::int64_t j = 0; j < 2; ++j)
+            for (std::int64_t i = 0; i < 2; ++i) {
+                const std::int64_t v = 100 * i + 10 * j + k;
+                bytes.append(reinterpret_cast<const char*>(&v), sizeof v);
+            }
+    write_bytes("g.npy", npy_bytes(dict_of("<i8", "(2, 2, 2)", "True"), bytes));
+    const Tensor g = attn::read_npy(path("g.npy"));
+    ASSERT_EQ(g.shape(), (Shape{2, 2, 2}));
+    for (std::int64_t i = 0; i < 2; ++i)
+        for (std::int64_t j = 0; j < 2; ++j)
+            for (std::int64_t k = 0; k < 2; ++k) EXPECT_EQ(g.data_as<std::int64_t>()[4 * i + 2 * j + k], 100 * i + 10 * j + k);
+    // The size check still comes first.
+    write_bytes("h.npy", npy_bytes(dict_of("<f4", "(2, 3)", "True"), float_bytes({1, 2})));
+    EXPECT_TRUE(contains(read_error("h.npy"), "needs 24 bytes of data but the file holds 8")) << read_error("h.npy");
 }
 
 TEST_F(Npy, UnsupportedDtypes) {
