@@ -71,7 +71,7 @@ RingCall ring_options(const RingArgs& a, std::int64_t heads) {
     c.ring.scale = optional_float_arg(a.scale, "scale");
     c.ring.layout = attn::dist::parse_layout(str_arg(a.layout, "layout"));
     c.ring.dropout_p = float_arg(a.dropout_p, "dropout_p");  // the range: ring_attention, collectively
-    c.ring.dropout_seed = uint_arg(a.dropout_seed, "dropout_seed");
+    c.ring.dropout_seed = dropout_seed_arg(a.dropout_seed, c.ring.dropout_p);
     return c;
 }
 
@@ -186,7 +186,7 @@ void bind_dist(py::module_& m) {
         py::arg("causal_alignment") = "top-left", py::arg("window") = py::none(),                                  \
         py::arg("window_alignment") = "top-left", py::arg("query_offset") = py::none(),                            \
         py::arg("key_lengths") = py::none(), py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(), \
-        py::arg("sinks") = py::none(), py::arg("dropout_p") = 0.0, py::arg("dropout_seed") = 0,                   \
+        py::arg("sinks") = py::none(), py::arg("dropout_p") = 0.0, py::arg("dropout_seed") = py::none(),                   \
         py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none()
     d.def("ring_attention", &ring_forward, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("comm"),
           ATTN_RING_KEYWORDS,

@@ -74,6 +74,11 @@ void set_mask(const py::object& attn_mask, bool uint16_is_bf16, CallOptions& out
 
 CallOptions make_options(const SdpaArgs& args);
 
+// dropout_seed= as given (None or an int in [0, 2**64)) for a call with dropout_p = p: None is
+// 0 when p is 0 and an error otherwise — attn has no global generator, and a default seed would
+// apply the same keep mask at every training step without a word.
+std::uint64_t dropout_seed_arg(const py::object& seed, double p);
+
 // Runs a core call; an attn::Error from it names the core's bool_mask / additive_mask as the
 // Python keyword they came from, attn_mask, and each core argument of `renames` (pairs "core",
 // "python") as the binding's name for it (a message names the argument the caller gave).

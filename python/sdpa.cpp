@@ -173,7 +173,7 @@ void bind_sdpa(py::module_& m) {
           py::arg("scale") = py::none(), py::kw_only(), py::arg("causal_alignment") = "top-left",
           py::arg("key_lengths") = py::none(), py::arg("window") = py::none(),
           py::arg("window_alignment") = "top-left", py::arg("query_offset") = py::none(),
-          py::arg("return_lse") = false, py::arg("return_weights") = false, py::arg("dropout_seed") = 0,
+          py::arg("return_lse") = false, py::arg("return_weights") = false, py::arg("dropout_seed") = py::none(),
           py::arg("impl") = "auto", py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(),
           py::arg("sinks") = py::none(), py::arg("return_scores") = py::none(), py::arg("threads") = py::none(),
           py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none(),
@@ -191,6 +191,8 @@ void bind_sdpa(py::module_& m) {
           "A row with no visible key gives 0 (lse -inf; with a sink: lse = sink).\n"
           "return_scores=\"scaled\"|\"softcapped\"|\"masked\": the score matrix at that stage (ONNX\n"
           "qk_matmul_output_mode 0/1/2), not with dropout.\n"
+          "dropout_p > 0 needs dropout_seed (an int): the keep mask is a function of it (a new seed per\n"
+          "training step; the backward takes the forward's).\n"
           "threads: compute on this many threads (default None: attn.get_num_threads()).\n"
           "query/key/value: float32, float64, float16, or uint16 arrays of bfloat16 bits with\n"
           "dtype=\"bfloat16\" (NumPy has no bfloat16; dtype says how to read every uint16 input).\n"
@@ -203,7 +205,7 @@ void bind_sdpa(py::module_& m) {
           py::arg("dropout_p") = 0.0, py::arg("is_causal") = false, py::arg("scale") = py::none(), py::kw_only(),
           py::arg("causal_alignment") = "top-left", py::arg("key_lengths") = py::none(),
           py::arg("window") = py::none(), py::arg("window_alignment") = "top-left",
-          py::arg("query_offset") = py::none(), py::arg("dropout_seed") = 0, py::arg("impl") = "auto",
+          py::arg("query_offset") = py::none(), py::arg("dropout_seed") = py::none(), py::arg("impl") = "auto",
           py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
           py::arg("threads") = py::none(), py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none(),
           "Gradients (dq, dk, dv) of scaled_dot_product_attention given the forward's out and lse\n"

@@ -109,7 +109,7 @@ void bind_varlen(py::module_& m) {
           py::arg("is_causal") = false, py::arg("scale") = py::none(), py::arg("causal_alignment") = "top-left",
           py::arg("key_lengths") = py::none(), py::arg("window") = py::none(),
           py::arg("window_alignment") = "top-left", py::arg("query_offset") = py::none(),
-          py::arg("return_lse") = false, py::arg("dropout_seed") = 0, py::arg("impl") = "auto",
+          py::arg("return_lse") = false, py::arg("dropout_seed") = py::none(), py::arg("impl") = "auto",
           py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
           py::arg("threads") = py::none(), py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none(),
           "scaled_dot_product_attention over sequences packed without padding (flash_attn_varlen_func's layout).\n"
@@ -127,7 +127,7 @@ void bind_varlen(py::module_& m) {
           py::kw_only(), py::arg("attn_mask") = py::none(), py::arg("dropout_p") = 0.0, py::arg("is_causal") = false,
           py::arg("scale") = py::none(), py::arg("causal_alignment") = "top-left", py::arg("key_lengths") = py::none(),
           py::arg("window") = py::none(), py::arg("window_alignment") = "top-left",
-          py::arg("query_offset") = py::none(), py::arg("dropout_seed") = 0, py::arg("impl") = "auto",
+          py::arg("query_offset") = py::none(), py::arg("dropout_seed") = py::none(), py::arg("impl") = "auto",
           py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
           py::arg("threads") = py::none(), py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none(),
           "Gradients (dq, dk, dv) of sdpa_varlen given its out and lse (return_lse=True) and grad_out;\n"

@@ -230,6 +230,9 @@ def test_grad_out_errors_leave_no_files(tmp_path):
           "--dv", str(tmp_path / "dv.npy")], ("--dq: path", "--out")),
         (["--dropout", "1.5"], "--dropout: expected a probability 0 <= p < 1 but got 1.5"),
         (["--dropout", "-0.1"], "--dropout: expected a probability 0 <= p < 1 but got -0.1"),
+        # No default seed (the same mask in every run) and no seed without dropout (it changes nothing).
+        (["--dropout", "0.25"], "--dropout: 0.25 needs --seed N"),
+        (["--seed", "3"], "--seed: only with --dropout P > 0"),
     ]
     for extra, msg in cases:
         r = subprocess.run(base + extra, capture_output=True, text=True)

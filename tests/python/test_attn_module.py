@@ -197,6 +197,13 @@ def test_dropout_is_seeded():
     # The returned (dropped, rescaled) weights reproduce the output.
     o, w = attn.sdpa(q, k, v, dropout_p=0.5, dropout_seed=1, return_weights=True)
     close(o, (w.astype(np.float64) @ v.astype(np.float64)))
+    # No default seed: the same mask at every training step would be a silent bug. The backward,
+    # sdpa_varlen and ring_attention take the same keyword.
+    for call in (lambda: attn.sdpa(q, k, v, dropout_p=0.5),
+                 lambda: attn.sdpa_backward(q, k, v, a, a[..., 0], a, dropout_p=0.1)):
+        with pytest.raises(ValueError, match=r"dropout_seed: dropout_p = 0\.[15] needs a seed"):
+            call()
+    assert np.array_equal(attn.sdpa(q, k, v), attn.sdpa(q, k, v, dropout_p=0.0, dropout_seed=5))
 
 
 @pytest.mark.parametrize("bad, exc, words", [

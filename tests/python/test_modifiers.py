@@ -240,7 +240,7 @@ def test_scores_output_at_each_stage(seed, stage, impl):
 def test_scores_refused_with_dropout_and_bad_stage():
     q = np.ones((1, 2, 3, 8), np.float32)
     with pytest.raises(Exception, match="scores: not available together with dropout"):
-        attn.sdpa(q, q, q, dropout_p=0.1, return_scores="masked")
+        attn.sdpa(q, q, q, dropout_p=0.1, dropout_seed=1, return_scores="masked")
     with pytest.raises(ValueError, match="return_scores: expected"):
         attn.sdpa(q, q, q, return_scores="raw")
 

@@ -180,8 +180,16 @@ def test_malformed_npy(work, content):
 
 
 def test_fortran_order_input(work):
-    np.save(work / "qf.npy", np.asfortranarray(np.zeros((B, HQ, LQ, DK), dtype=np.float32)))
-    expect_error(work, sdpa_args(work, q=work / "qf.npy"), "qf.npy", "Fortran")
+    """np.save of a Fortran-ordered array (np.asfortranarray, or a transposed view) is read as the
+    array it holds: the same bits out as from C-order files."""
+    for name in ("q", "k", "v"):
+        np.save(work / f"{name}f.npy", np.asfortranarray(np.load(work / f"{name}.npy")))
+    np.save(work / "kt.npy", np.load(work / "k.npy").T.copy().T)  # a C copy of the transpose, saved transposed
+    assert np.isfortran(np.load(work / "qf.npy")) and np.isfortran(np.load(work / "kt.npy"))
+    assert run_attn(*sdpa_args(work)).returncode == 0
+    assert run_attn(*sdpa_args(work, q=work / "qf.npy", k=work / "kt.npy", v=work / "vf.npy",
+                               out=work / "of.npy")).returncode == 0
+    assert np.array_equal(np.load(work / "o.npy"), np.load(work / "of.npy"))
 
 
 def test_output_directory_missing(work):

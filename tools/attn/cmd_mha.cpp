@@ -32,7 +32,7 @@ struct MhaArgs {
     bool alibi = false;
     std::int64_t num_heads = 0;
     double dropout_p = 0.0;
-    std::uint64_t dropout_seed = 0;
+    std::optional<std::uint64_t> dropout_seed;
     bool batch_first = false, causal = false, per_head = false, add_zero_attn = false;
 };
 
@@ -48,8 +48,9 @@ void run(const MhaArgs& a) {
     }
     const bool training = !a.grads.empty();
     if (training && !a.weights.empty()) throw Error("--weights: not available with --grads (training mode)");
-    require_probability("--dropout-p", a.dropout_p);
+    require_probability("--dropout-p", a.dropout_p);  // before the mode: a bad value is named as such
     if (!training && a.dropout_p != 0.0) throw Error("--dropout-p: only with --grads (training mode); eval mode has no dropout");
+    const std::uint64_t seed = dropout_seed("--dropout-p", a.dropout_p, "--dropout-seed", a.dropout_seed);
     OutputFiles outputs;
     outputs.add("--out", a.out);
     outputs.add("--grads", a.grads);
@@ -139,7 +140,7 @@ void run(const MhaArgs& a) {
         // the query's gradient is the sum of the three uses, as autograd gives).
         const Tensor dy = read_float_arg("--grad-out", a.grad_out);
         MhaForwardState saved;
-        const Tensor y = layer.forward_train(q, k, v, opt, MhaTrainOptions{a.dropout_p, a.dropout_seed}, saved);
+        const Tensor y = layer.forward_train(q, k, v, opt, MhaTrainOptions{a.dropout_p, seed}, saved);
         MhaGradients g = layer.backward(saved, dy.view());
         std::vector<std::pair<std::string, TensorView>> named;
         for (const auto& [name, t] : g.params) named.emplace_back(name, t.view());

@@ -45,7 +45,7 @@ struct RingArgs {
     std::string sinks, alibi_slopes;
     bool alibi = false;  // the standard slopes (attn::alibi_slopes) for Hq heads
     double dropout = 0.0;    // as `attn sdpa`: the same keep mask on global positions
-    std::uint64_t seed = 0;
+    std::optional<std::uint64_t> seed;
     std::int64_t window_left = -1, window_right = -1;
     std::string window_align = "top-left";
     std::optional<std::int64_t> query_offset;
@@ -106,8 +106,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     opt.window.right = a.window_right;
     if (a.query_offset) opt.query_offset = *a.query_offset;
     opt.softcap = a.softcap;  // ring_attention checks it (0 = off)
-    opt.dropout_p = a.dropout;  // ring_attention checks it: 0 <= p < 1
-    opt.dropout_seed = a.seed;
+    opt.dropout_p = a.dropout;  // checked with the seed below, collectively
     const bool backward = !a.grad_out.empty();
     Header h;
     Tensor q, k, v, dO, lengths, sinks, slopes;
@@ -117,7 +116,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         opt.layout = with_flag("--layout", [&] { return dist::parse_layout(a.layout); });
         opt.impl = with_flag("--impl", [&] { return parse_impl(a.impl); });
         opt.causal = with_flag("--causal", [&] { return parse_causal(a.causal); });
-        require_probability("--dropout", a.dropout);
+        opt.dropout_seed = dropout_seed("--dropout", a.dropout, "--seed", a.seed);
         if (a.window_align != "top-left" && a.window_align != "bottom-right") {
             throw Error("--window-align: expected top-left or bottom-right but got '" + a.window_align + "'");
         }

@@ -43,7 +43,7 @@ struct SdpaArgs {
     std::string scores, scores_stage = "masked";
     std::string cu_seqlens_q, cu_seqlens_k;  // packed sequences (sdpa_varlen)
     double dropout = 0.0;
-    std::uint64_t seed = 0;
+    std::optional<std::uint64_t> seed;
     bool verbose = false;
 };
 
@@ -149,9 +149,8 @@ void run(const SdpaArgs& a) {
         throw Error("--window-align: expected top-left or bottom-right but got '" + a.window_align + "'");
     }
     opt.window.align = a.window_align == "top-left" ? Align::top_left : Align::bottom_right;
-    require_probability("--dropout", a.dropout);
+    opt.dropout_seed = dropout_seed("--dropout", a.dropout, "--seed", a.seed);
     opt.dropout_p = a.dropout;
-    opt.dropout_seed = a.seed;
 
     const Tensor q = read_input("--q", a.q);
     const Tensor k = read_input("--k", a.k);

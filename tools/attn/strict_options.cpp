@@ -115,6 +115,16 @@ void require_probability(const char* flag, double p) {
     }
 }
 
+std::uint64_t dropout_seed(const char* dropout_flag, double p, const char* seed_flag, const std::optional<std::uint64_t>& seed) {
+    require_probability(dropout_flag, p);
+    if (p > 0.0 && !seed) {
+        throw Error(std::string(dropout_flag) + ": " + number_text(p) + " needs " + seed_flag +
+                    " N (the keep mask is a function of the seed: give each training step its own, and its backward the same)");
+    }
+    if (p == 0.0 && seed) throw Error(std::string(seed_flag) + ": only with " + dropout_flag + " P > 0 (it seeds the dropout mask)");
+    return seed.value_or(0);
+}
+
 std::string number_text(double value) {
     char buf[32];
     return std::string(buf, std::to_chars(buf, buf + sizeof buf, value).ptr);

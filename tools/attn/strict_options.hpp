@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -34,6 +35,11 @@ auto with_flag(const char* flag, F&& parse) {
 
 // A dropout probability: 0 <= p < 1, else "FLAG: expected a probability 0 <= p < 1 but got P".
 void require_probability(const char* flag, double p);
+
+// The dropout probability (checked as above) and its seed, as the library takes them: p > 0 needs
+// the seed — the keep mask is a function of it, and a default would drop the same weights in every
+// run — and a seed needs p > 0 (it would change nothing). Returns the seed (0 without dropout).
+std::uint64_t dropout_seed(const char* dropout_flag, double p, const char* seed_flag, const std::optional<std::uint64_t>& seed);
 
 // A number as a message shows what was given: the shortest text that reads back as it ("1e+300",
 // "-1e-10"), not std::to_string's six decimals (300 digits, or "-0.000000").
