@@ -124,7 +124,7 @@ def test_multihead_attention_bfloat16_with_masks(mask_kind):
     ((torch.float32, torch.float16, torch.float16), None),
 ])
 def test_float_mask_gradient_with_any_dtypes(dtypes, out_dtype):
-    # The mask's gradient is computed in float64 and rounded once to the mask's dtype: with 16-bit,
+    # The mask's gradient is computed in float32 (float64 when a tensor is) and rounded once to the mask's dtype: with 16-bit,
     # mixed or out_dtype= tensors it raised torch's "expected scalar type …" or "bmm not
     # implemented for 'Half'" (an exploratory test found it).
     q, k, v = (t.requires_grad_() for t in inputs(list(dtypes), lq=4, lk=6))
@@ -142,3 +142,27 @@ def test_float_mask_gradient_with_any_dtypes(dtypes, out_dtype):
     tol = (1e-2 if half else 1e-5) * float(m64.grad.abs().max())
     err = float((mask.grad.double() - m64.grad).abs().max())
     assert err <= tol, (err, tol)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_sixteen_bit_sinks_and_slopes(dtype):
+    # A model moved to 16 bits (.to(torch.bfloat16), .half()) holds its sinks and ALiBi slopes in 16
+    # bits: they are widened, exactly, to the core's float32 (they were refused: float16 as "dtype
+    # must be float32", bfloat16 with a message about uint16 bits).
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.25]).to(dtype).requires_grad_()
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625]).to(dtype)
+    q, k, v = inputs([dtype] * 3)
+    out = at.scaled_dot_product_attention(q, k, v, enable_gqa=True, sinks=sinks, alibi_slopes=slopes)
+    check(out, textbook(q, k, v, sinks=sinks.detach().double(), alibi=slopes.double()), dtype)
+    # The sinks' gradient has their dtype: the float32 backward's bound (float32 activations, so
+    # that O is not rounded to 16 bits: conventions.md) plus one rounding into that dtype.
+    q, k, v = (t.requires_grad_() for t in inputs([torch.float32] * 3))
+    out = at.scaled_dot_product_attention(q, k, v, enable_gqa=True, sinks=sinks, alibi_slopes=slopes)
+    ref_sinks = sinks.detach().double().requires_grad_()
+    ref = textbook(q.detach(), k.detach(), v.detach(), sinks=ref_sinks, alibi=slopes.double())
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
+    out.backward(grad)
+    ref.backward(grad.double())
+    assert sinks.grad is not None and sinks.grad.dtype == dtype
+    bound = 2e-5 * float(ref_sinks.grad.abs().max()) + HALF_ULP[dtype] * ref_sinks.grad.abs()
+    assert ((sinks.grad.double() - ref_sinks.grad).abs() <= bound).all(), (sinks.grad, ref_sinks.grad)

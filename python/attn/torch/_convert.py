@@ -69,9 +69,10 @@ def maybe_array(x, name):
 
 
 def modifier_array(x, name):
-    """alibi_slopes / sinks as maybe_array(), a float64 tensor rounded to float32 first: attn's
-    core keeps them in float32 whatever the dtype of q (docs/conventions.md, "Score modifiers")."""
-    if isinstance(x, torch.Tensor) and x.dtype == torch.float64:
+    """alibi_slopes / sinks as maybe_array(), in float32: attn's core keeps them in float32 whatever
+    the dtype of q (docs/conventions.md, "Score modifiers"). A float16/bfloat16 tensor (a model
+    moved to 16 bits with .to() or .half()) is widened, exactly; a float64 one is rounded."""
+    if isinstance(x, torch.Tensor) and x.dtype in (torch.float64, torch.float16, torch.bfloat16):
         x = x.detach().float()
     return maybe_array(x, name)
 
