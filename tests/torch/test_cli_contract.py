@@ -197,6 +197,17 @@ def test_output_directory_missing(work):
         expect_error(work, sdpa_args(work, **{flag: work / "no" / "such" / "x.npy"}), "--" + flag, "does not exist")
 
 
+def test_output_under_a_file_or_where_files_cannot_be_made(work):
+    """Every such error names the option: a path through a regular file, and /proc (writable to
+    access() as root, yet it refuses new files: the error came from the write, without the option)."""
+    (work / "afile").write_bytes(b"x")
+    for flag in ("out", "weights", "lse"):
+        expect_error(work, sdpa_args(work, **{flag: work / "afile" / "x.npy"}), "--" + flag, "is not a directory")
+    if os.path.isdir("/proc"):
+        for flag in ("weights", "lse"):
+            expect_error(work, sdpa_args(work, **{flag: "/proc/attn-test-x.npy"}), f"attn: error: --{flag}: ")
+
+
 def test_output_path_is_a_directory(work):
     (work / "adir").mkdir()
     for flag in ("out", "weights", "lse"):

@@ -75,6 +75,10 @@ void OutputFiles::check() const {
         }
         const std::size_t slash = file.find_last_of('/');
         const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : file.substr(0, slash));
+        struct stat dir_st {};
+        if (::stat(dir.c_str(), &dir_st) == 0 && !S_ISDIR(dir_st.st_mode)) {
+            throw Error(flag + ": '" + dir + "' is not a directory (in the path '" + p + "')");
+        }
         if (::access(dir.c_str(), W_OK) != 0) {
             throw Error(flag + ": directory '" + dir + "' does not exist or is not writable");
         }
@@ -118,24 +122,37 @@ void OutputFiles::write_all(const std::vector<Output>& outputs) {
         if (!o.tensors.empty()) require_safetensors(o.flag, o.path);
         for (const auto& [name, t] : o.tensors) check_dtype(o.flag, o.path, t.dtype());
     }
+    // A file system error names the option too (check() cannot foresee every one: /proc refuses
+    // new files although access() says it is writable).
+    const auto naming = [](const std::string& flag, const auto& step) {
+        try {
+            step();
+        } catch (const Error& e) {
+            throw Error(flag + ": " + e.what());
+        }
+    };
     std::vector<std::unique_ptr<detail::AtomicFile>> files;
+    std::vector<std::string> flags;
     for (int pass = 0; pass < 2; ++pass) {  // pass 0: staged files; pass 1: devices and FIFOs
         for (const Output& o : outputs) {
             if (detail::resolve_output(o.path).direct != (pass == 1)) continue;
-            if (is_safetensors(o.path)) {
-                const std::vector<std::pair<std::string, TensorView>> one{{tensor_name(o.flag), o.view}};
-                const auto& tensors = o.tensors.empty() ? one : o.tensors;
-                const std::string header = detail::safetensors_header(o.path, tensors, {}, true);
-                files.push_back(std::make_unique<detail::AtomicFile>(o.path));
-                detail::write_safetensors_into(*files.back(), header, tensors, true);
-            } else {
-                files.push_back(std::make_unique<detail::AtomicFile>(o.path));
-                detail::write_npy_into(*files.back(), o.view);
-            }
-            files.back()->finish();
+            naming(o.flag, [&] {
+                if (is_safetensors(o.path)) {
+                    const std::vector<std::pair<std::string, TensorView>> one{{tensor_name(o.flag), o.view}};
+                    const auto& tensors = o.tensors.empty() ? one : o.tensors;
+                    const std::string header = detail::safetensors_header(o.path, tensors, {}, true);
+                    files.push_back(std::make_unique<detail::AtomicFile>(o.path));
+                    detail::write_safetensors_into(*files.back(), header, tensors, true);
+                } else {
+                    files.push_back(std::make_unique<detail::AtomicFile>(o.path));
+                    detail::write_npy_into(*files.back(), o.view);
+                }
+                files.back()->finish();
+            });
+            flags.push_back(o.flag);
         }
     }
-    for (auto& f : files) f->publish();
+    for (std::size_t i = 0; i < files.size(); ++i) naming(flags[i], [&] { files[i]->publish(); });
 }
 
 }  // namespace attn::cli
