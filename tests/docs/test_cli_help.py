@@ -46,6 +46,10 @@ def test_no_command_lists_the_choices():
 def test_unknown_option_is_named():
     line = one_error_line(attn("sdpa", "--q", "Q.npy", "--k", "K.npy", "--v", "V.npy", "--out", "O.npy", "--bogus", "1"))
     assert "--bogus" in line
+    # Before any missing required option (CLI11 said "--q is required" / "--params is required").
+    for command in ("sdpa", "mha", "ring", "heatmap"):
+        line = one_error_line(attn(command, "--bogus=3"))
+        assert f"unknown option '--bogus' of attn {command}" in line, line
 
 
 def test_heatmap_without_a_file_says_what_to_give(tmp_path):

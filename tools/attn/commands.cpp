@@ -46,7 +46,20 @@ std::string unknown_command(const CLI::App& app, int argc, const char* const* ar
         return "unknown option '" + first + "' before the subcommand: expected one of " + names + " (attn --help)";
     }
     for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
-        if (sub->check_name(first)) return "";
+        if (!sub->check_name(first)) continue;
+        // CLI11 reports an unknown option only after every required one is there: `attn sdpa
+        // --bogus` said "--q is required". A misspelt option is the first thing to say.
+        for (int i = 2; i < argc; ++i) {
+            const std::string word = argv[i];
+            if (word == "--") break;
+            if (word.size() < 3 || word.compare(0, 2, "--") != 0) continue;
+            const std::string name = word.substr(0, word.find('='));
+            if (sub->get_option_no_throw(name) == nullptr && app.get_option_no_throw(name) == nullptr) {
+                return "unknown option '" + name + "' of attn " + sub->get_name() + " (attn " + sub->get_name() +
+                       " --help lists them)";
+            }
+        }
+        return "";
     }
     return "unknown subcommand '" + first + "': expected one of " + names + " (attn --help)";
 }

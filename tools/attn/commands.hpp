@@ -10,8 +10,9 @@ namespace attn::cli {
 // Every subcommand below, the version flag and "exactly one subcommand" (commands.cpp).
 void add_commands(CLI::App& app);
 
-// "" when argv names a command (or asks for --help/--version); else the one-line error naming
-// what was given and the commands there are (the first argument that is not an option).
+// "" when argv names a command (or asks for --help/--version) and every "--name" after it is one
+// of that command's options; else the one-line error naming what was given: an unknown command
+// (and the commands there are) or the first unknown option.
 std::string unknown_command(const CLI::App& app, int argc, const char* const* argv);
 
 // True for `attn ring` on an MPI rank other than 0, known from the launcher's environment

@@ -25,10 +25,10 @@ int main(int argc, char** argv) {
         return 2;
     };
     try {
-        // CLI11 would say only "A subcommand is required" for `attn bogus`: name the word.
+        // CLI11 would say only "A subcommand is required" for `attn bogus`, and "--q is required"
+        // for `attn sdpa --bogus`: name the word.
         if (const std::string unknown = attn::cli::unknown_command(app, argc, argv); !unknown.empty()) {
-            std::fprintf(stderr, "attn: error: %s\n", unknown.c_str());
-            return 2;
+            return report(unknown.c_str());  // once under mpirun, as every error
         }
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {
