@@ -436,6 +436,36 @@ def test_unconvertible_arrays_name_the_argument(label, call, name):
 
 
 
+BIG = np.zeros((2, 8, 1024, 64), np.float32)
+CALLS_THAT_DO_NOT_FIT = [
+    ("misspelt keyword", lambda: attn.sdpa(BIG, BIG, BIG, is_casual=True),
+     "scaled_dot_product_attention(): unexpected keyword argument 'is_casual' (did you mean 'is_causal'?)"),
+    ("backward keyword", lambda: attn.sdpa_backward(BIG, BIG, BIG, BIG, BIG[..., 0], BIG, windw=(1, 1)),
+     "scaled_dot_product_attention_backward(): unexpected keyword argument 'windw' (did you mean 'window'?)"),
+    ("too many positional", lambda: attn.sdpa(BIG, BIG, BIG, None, 0.0, False, None, "top-left"),
+     "scaled_dot_product_attention() takes at most 7 positional arguments (query, key, value, attn_mask, "
+     "dropout_p, is_causal, scale) but 8 were given; the others are keyword-only: causal_alignment"),
+    ("missing", lambda: attn.sdpa(BIG, BIG), "scaled_dot_product_attention() missing required argument: 'value'"),
+    ("twice", lambda: attn.sdpa(BIG, BIG, BIG, key=BIG), "scaled_dot_product_attention(): got multiple values for argument 'key'"),
+    ("method keyword", lambda: attn.MultiheadAttention(64, 4)(BIG[0], BIG[0], BIG[0], need_weight=False),
+     "MultiheadAttention.__call__(): unexpected keyword argument 'need_weight' (did you mean 'need_weights'?)"),
+    ("nothing close", lambda: _cache().append(BIG, BIG, zzz=1),
+     "KVCache.append(): unexpected keyword argument 'zzz' (it takes: k_new, v_new, batch_index, dtype)"),
+    ("class argument", lambda: attn.paged_attention(BIG, 3, [0]), "paged_attention(): cache: expected attn.PagedKVCache but got int"),
+]
+
+
+@pytest.mark.parametrize("label, call, want", CALLS_THAT_DO_NOT_FIT, ids=[c[0] for c in CALLS_THAT_DO_NOT_FIT])
+def test_a_call_that_does_not_fit_gets_one_line(label, call, want):
+    # pybind11 printed every argument's repr: about 10 000 characters for these arrays, the
+    # mistake at the end (an exploratory test found it).
+    with pytest.raises(TypeError) as e:
+        call()
+    msg = str(e.value)
+    assert msg.startswith(want), msg
+    assert len(msg) < 400 and "\n" not in msg and not any(s in msg for s in PYBIND_INTERNALS), msg
+
+
 @pytest.mark.parametrize("dtype", [bool, np.float32])
 def test_a_mask_error_names_attn_mask_not_the_cores_option(dtype):
     # The core calls the two kinds bool_mask and additive_mask; the Python caller gave attn_mask.

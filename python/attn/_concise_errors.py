@@ -1,0 +1,110 @@
+"""One-line TypeErrors for calls that do not match a function's signature.
+
+pybind11 answers a misspelt keyword or a wrong argument count with "incompatible function
+arguments", every supported signature and the repr of every argument given: for a (2, 8, 1024, 64)
+array some 10,000 characters, the mistake named at the very end. Every function and method of the
+extension has one signature (python/*.cpp), so the message can say exactly what did not fit:
+
+    scaled_dot_product_attention(): unexpected keyword argument 'is_casual' (did you mean 'is_causal'?)
+
+Only a call that fails pays anything; a call that succeeds goes straight to the extension.
+"""
+import difflib
+import functools
+import re
+
+_SIGNATURE = re.compile(r"^\w+\((.*)\) -> ")
+
+
+def _parameters(doc):
+    """(positional names, keyword-only names, required names, {name: type}) from pybind11's first
+    doc line."""
+    m = _SIGNATURE.match((doc or "").split("\n", 1)[0])
+    if m is None:
+        return None
+    positional, keyword_only, required, types = [], [], [], {}
+    target = positional
+    # "name: type" or "name: type = default", split at the ", " before the next name (a default
+    # such as 'top-left' or a type such as List[int] holds no "name: " of its own); "*" starts the
+    # keyword-only ones.
+    for part in re.split(r", (?=\w+: |\*(?:,|$))", m.group(1)):
+        if part == "*":
+            target = keyword_only
+            continue
+        if not part:  # f() takes nothing
+            continue
+        if ": " not in part:  # *args / **kwargs: any call fits, nothing to say
+            return None
+        name, annotation = part.split(": ", 1)
+        if name == "self":
+            continue
+        target.append(name)
+        types[name] = annotation.split(" = ", 1)[0]
+        if " = " not in part:
+            required.append(name)
+    return positional, keyword_only, required, types
+
+
+def _message(name, params, args, kwargs):
+    positional, keyword_only, required, types = params
+    every = positional + keyword_only
+    for key in kwargs:
+        if key not in every:
+            close = difflib.get_close_matches(key, every, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f" (it takes: {', '.join(every)})"
+            return f"{name}(): unexpected keyword argument {key!r}{hint}"
+    if len(args) > len(positional):
+        takes = f"at most {len(positional)} positional arguments ({', '.join(positional)})" if positional else "no arguments"
+        rest = f"; the others are keyword-only: {', '.join(keyword_only)}" if keyword_only else ""
+        return f"{name}() takes {takes} but {len(args)} were given{rest}"
+    given = set(positional[:len(args)]) | set(kwargs)
+    for key in positional[:len(args)]:
+        if key in kwargs:
+            return f"{name}(): got multiple values for argument {key!r}"
+    missing = [r for r in required if r not in given]
+    if missing:
+        return f"{name}() missing required argument{'s' if len(missing) > 1 else ''}: {', '.join(map(repr, missing))}"
+    # An argument of a class type (a cache) given something else.
+    given_values = dict(zip(positional, args), **kwargs)
+    for key, value in given_values.items():
+        expected = types.get(key, "object")
+        if expected != "object" and type(value).__name__ != expected.rsplit(".", 1)[-1]:
+            shown = expected.replace("._attn.", ".")
+            return f"{name}(): {key}: expected {shown} but got {type(value).__name__}"
+    return None  # something else pybind11 could not convert: its own message
+
+
+def concise(function, name=None):
+    """function, raising the one-line TypeError above instead of pybind11's dump."""
+    params = _parameters(function.__doc__)
+    if params is None:
+        return function
+    name = name or function.__name__
+    is_method = "(self: " in (function.__doc__ or "").split("\n", 1)[0]
+
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except TypeError as e:
+            if "incompatible function arguments" not in str(e):
+                raise
+            # A method's args include self, which the signature's names do not.
+            message = _message(name, params, args[1:] if is_method else args, kwargs)
+            if message is None:
+                raise
+        raise TypeError(message)
+
+    return call
+
+
+def apply(namespace, module_name):
+    """Wraps every extension function of `namespace` (a module's globals or a submodule) and the
+    public methods (and __call__) of its classes whose home is `module_name`."""
+    for key, value in list(namespace.items()):
+        if type(value).__name__ == "builtin_function_or_method" and not key.startswith("__"):
+            namespace[key] = concise(value)
+        elif isinstance(value, type) and value.__module__ == module_name:
+            for attr, method in list(vars(value).items()):
+                if type(method).__name__ == "instancemethod" and (attr == "__call__" or not attr.startswith("_")):
+                    setattr(value, attr, concise(method, f"{value.__name__}.{attr}"))
