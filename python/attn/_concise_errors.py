@@ -16,7 +16,7 @@ import re
 _SIGNATURE = re.compile(r"^\w+\((.*)\) -> ")
 
 
-def _parameters(doc):
+def parameters(doc):
     """(positional names, keyword-only names, required names, {name: type}) from pybind11's first
     doc line."""
     m = _SIGNATURE.match((doc or "").split("\n", 1)[0])
@@ -76,7 +76,7 @@ def _message(name, params, args, kwargs):
 
 def concise(function, name=None):
     """function, raising the one-line TypeError above instead of pybind11's dump."""
-    params = _parameters(function.__doc__)
+    params = parameters(function.__doc__)
     if params is None:
         return function
     name = name or function.__name__

@@ -5,18 +5,17 @@ that sees no key gives 0 (torch: NaN); is_causal may be combined with attn_mask 
 refuses); inputs of rank 2 to 4.
 """
 import copy
-import re
 
 import numpy as np
 import torch
 
-from .. import _attn
+from .. import _attn, _concise_errors
 from . import _convert
 from .autograd import SdpaFunction
 
 # The keywords this build's extension takes (its pybind11 signature), so that an unknown
 # `**extras` keyword is a TypeError naming it rather than pybind11's dump of the signature.
-_CORE_KEYWORDS = frozenset(re.findall(r"(\w+): ", _attn.scaled_dot_product_attention.__doc__.split("\n")[0]))
+_CORE_KEYWORDS = frozenset(_concise_errors.parameters(_attn.scaled_dot_product_attention.__doc__)[3])
 # Keywords of the core that **extras may not pass: torch's (named parameters here), those
 # attn.torch sets itself, and return_scores (the score matrix: a second result, which torch's
 # one-tensor API has no place for, and no gradient), an unexpected keyword like any other.
