@@ -15,6 +15,7 @@ void bind_kv_cache(pybind11::module_& m);  // kv_cache.cpp: KVCache, decode_atte
 void bind_threads(pybind11::module_& m);   // threads.cpp: _ScopedThreads
 void bind_varlen(pybind11::module_& m);    // varlen.cpp: sdpa_varlen (+ backward), packed sequences
 void bind_paged_kv_cache(pybind11::module_& m);  // paged_kv_cache.cpp: PagedKVCache, paged_attention
+void bind_safetensors(pybind11::module_& m);  // safetensors.cpp: save_safetensors
 void bind_dist(pybind11::module_& m);      // dist.cpp: attn.dist (ring attention, MPI builds only)
 
 // kv_cache.cpp: the attn::KVCache inside a Python attn.KVCache (TypeError naming `name` for

@@ -123,6 +123,25 @@ attn::TensorView output_view(py::array& a, int rank) {
     return expand_rank(view_of(a, "output", 0, 4, "an array", true), rank);
 }
 
+std::vector<std::pair<std::string, attn::TensorView>> named_inputs(const py::dict& d, const std::string& what,
+                                                                   std::vector<Input>& keep, bool uint16_is_bf16) {
+    std::vector<std::pair<std::string, attn::TensorView>> out;
+    for (const auto& item : d) {
+        if (!py::isinstance<py::str>(item.first)) {
+            type_error(what + ": keys must be str but got " + std::string(py::str(py::type::of(item.first))));
+        }
+        const std::string name = item.first.cast<std::string>();
+        keep.push_back(input(item.second, what + "['" + name + "']", 0, 4, "an array of rank <= 4", uint16_is_bf16));
+        out.emplace_back(name, keep.back().view);
+    }
+    return out;
+}
+
+std::string path_arg_of(const py::handle& obj, const std::string& name) {
+    const bool path_like = !PyUnicode_Check(obj.ptr()) && py::hasattr(obj, "__fspath__");
+    return str_arg(path_like ? obj.attr("__fspath__")() : py::reinterpret_borrow<py::object>(obj), name);
+}
+
 bool uint16_is_bf16_arg(const py::handle& obj) {
     if (obj.is_none()) return false;
     if (PyUnicode_Check(obj.ptr()) && str_arg(obj, "dtype") == "bfloat16") return true;

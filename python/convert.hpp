@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "array_layout.hpp"  // layout_of, expand_rank
@@ -61,6 +62,14 @@ struct Input {
 };
 Input input(const py::handle& obj, const std::string& name, int min_rank, int max_rank, const char* layout,
             bool uint16_is_bf16 = false);
+
+// A dict of name -> array (a state_dict) as named views of rank <= 4, in the dict's order; `keep`
+// holds the arrays. Errors name `what` and the key: "state_dict['w']: …".
+std::vector<std::pair<std::string, attn::TensorView>> named_inputs(const py::dict& d, const std::string& what,
+                                                                   std::vector<Input>& keep, bool uint16_is_bf16);
+
+// A file path: a str or an os.PathLike (pathlib.Path); anything else is a TypeError naming `name`.
+std::string path_arg_of(const py::handle& obj, const std::string& name);
 
 // A new C-contiguous array of dtype dt: float64, float32, float16, or for bfloat16 a uint16
 // array holding the bits (NumPy has no bfloat16).

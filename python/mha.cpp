@@ -23,21 +23,6 @@ namespace attn_py {
 
 namespace {
 
-// The named arrays of a state_dict as views; `keep` holds the arrays.
-std::vector<std::pair<std::string, attn::TensorView>> tensors_of(const py::dict& d, std::vector<Input>& keep,
-                                                                 bool uint16_is_bf16) {
-    std::vector<std::pair<std::string, attn::TensorView>> out;
-    for (const auto& item : d) {
-        if (!py::isinstance<py::str>(item.first)) {
-            type_error("state_dict: keys must be str but got " + std::string(py::str(py::type::of(item.first))));
-        }
-        const std::string name = item.first.cast<std::string>();
-        keep.push_back(input(item.second, "state_dict['" + name + "']", 0, 4, "an array of rank <= 4", uint16_is_bf16));
-        out.emplace_back(name, keep.back().view);
-    }
-    return out;
-}
-
 // The layer's default output dtype: a float16/bfloat16 input's, else float32 (as the C++ layer).
 attn::DType default_out(attn::DType x) { return x == attn::DType::f16 || x == attn::DType::bf16 ? x : attn::DType::f32; }
 
@@ -167,18 +152,14 @@ public:
         // A layer that stores bfloat16 returns its weights as uint16 bits (state_dict): such arrays
         // load back without dtype= (a review found the round trip refused).
         const bool bf16 = dtype.is_none() ? layer_.config().param_dtype == attn::DType::bf16 : uint16_is_bf16_arg(dtype);
-        const auto tensors = tensors_of(py::reinterpret_borrow<py::dict>(state_dict), keep, bf16);
+        const auto tensors = named_inputs(py::reinterpret_borrow<py::dict>(state_dict), "state_dict", keep, bf16);
         py::gil_scoped_release nogil;
         const std::lock_guard<std::mutex> lock(mutex_);
         layer_.load_state_dict(tensors);
     }
 
     void load_safetensors(const py::object& path_arg) {
-        // A str or an os.PathLike (pathlib.Path).
-        const py::object p = !PyUnicode_Check(path_arg.ptr()) && py::hasattr(path_arg, "__fspath__")
-                                 ? path_arg.attr("__fspath__")()
-                                 : path_arg;
-        const std::string path = str_arg(p, "path");
+        const std::string path = path_arg_of(path_arg, "path");
         py::gil_scoped_release nogil;
         const attn::SafetensorsFile f = attn::read_safetensors(path);
         std::vector<std::pair<std::string, attn::TensorView>> tensors;

@@ -60,6 +60,7 @@ PYBIND11_MODULE(_attn, m) {
     attn_py::bind_paged_kv_cache(m);
     attn_py::bind_mha(m);
     attn_py::bind_threads(m);
+    attn_py::bind_safetensors(m);
 #if ATTN_PY_WITH_MPI
     attn_py::bind_dist(m);
 #endif

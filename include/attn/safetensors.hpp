@@ -47,10 +47,11 @@ Tensor read_safetensors_tensor(const std::string& path, const std::string& name)
 // The same checks on a file image already in memory; `what` names it in errors.
 SafetensorsFile parse_safetensors(const void* data, std::size_t size, const std::string& what);
 
-// Writes every float tensor as F32 (integers and bool as they are), in the given order; names must be unique, non-empty and not
-// "__metadata__". The file appears complete or not at all (temporary file + rename); a
-// character device or FIFO is written into instead (docs/conventions.md, "Files").
+// Writes every float tensor as F32 — with keep_16bit, float16/bfloat16 ones as F16/BF16 (float64 is
+// F32 either way) — and integers and bool as they are, in the given order; names must be unique,
+// non-empty and not "__metadata__". The file appears complete or not at all (temporary file +
+// rename); a character device or FIFO is written into instead (docs/conventions.md, "Files").
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {}, bool keep_16bit = false);
 
 }  // namespace attn

@@ -215,6 +215,12 @@ SafetensorsFile load(std::uint64_t total, const std::function<void(std::uint64_t
     std::uint64_t n = 0;
     for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
     if (std::memcmp(len_bytes, "\x93NUMPY", 6) == 0) fail(file, "is a .npy file, not a safetensors file");
+    // torch.save writes a zip archive (torch >= 1.6) or a bare pickle (protocol 2+: 0x80 0x02..0x05).
+    if (std::memcmp(len_bytes, "PK\x03\x04", 4) == 0 || (len_bytes[0] == 0x80 && len_bytes[1] >= 2 && len_bytes[1] <= 5)) {
+        fail(file, std::string(len_bytes[0] == 'P' ? "is a zip archive" : "is a pickle") +
+                       " (torch.save writes these), not a safetensors file: save the state_dict with "
+                       "safetensors.torch.save_file or attn.save_safetensors");
+    }
     if (n > total - 8) {
         fail(file, "header length " + std::to_string(n) + " runs past the end of the file (" +
                        std::to_string(total - 8) + " bytes follow the length)");
@@ -339,10 +345,10 @@ void write_safetensors_into(AtomicFile& out, const std::string& header,
 }  // namespace detail
 
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
-    const std::string header = detail::safetensors_header(path, tensors, metadata, false);
+                       const std::map<std::string, std::string>& metadata, bool keep_16bit) {
+    const std::string header = detail::safetensors_header(path, tensors, metadata, keep_16bit);
     detail::AtomicFile out(path);
-    detail::write_safetensors_into(out, header, tensors, false);
+    detail::write_safetensors_into(out, header, tensors, keep_16bit);
     out.commit();
 }
 

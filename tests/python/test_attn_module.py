@@ -396,6 +396,48 @@ def test_mha_load_safetensors(tmp_path):
         m.load_safetensors(str(tmp_path / "missing.safetensors"))
 
 
+def test_save_safetensors_from_a_torch_module(tmp_path):
+    """attn.save_safetensors writes what load_safetensors and `attn mha --params` read (the
+    independent reader: the test's own parse of the header and bytes); a torch.save file is named
+    as such (it said "header length 5787… runs past the end of the file")."""
+    t, _ = torch_mha(3, 8, 2)
+    f = tmp_path / "w.safetensors"
+    attn.save_safetensors(f, t.state_dict(), metadata={"format": "pt"})
+    raw = f.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    assert header.pop("__metadata__") == {"format": "pt"}
+    for name, want in t.state_dict().items():
+        entry = header[name]
+        assert entry["dtype"] == "F32" and entry["shape"] == list(want.shape)
+        got = np.frombuffer(raw[8 + n + entry["data_offsets"][0]:8 + n + entry["data_offsets"][1]], "<f4")
+        assert np.array_equal(got.reshape(want.shape), want.numpy()), name
+    m = attn.MultiheadAttention(8, 2)
+    m.load_safetensors(f)
+    x = np.random.default_rng(0).standard_normal((5, 2, 8), dtype=np.float32)
+    with torch.no_grad():
+        to, _ = t(*(torch.from_numpy(x),) * 3)
+    close(m(x, x, x)[0], to.double().numpy(), atol=1e-5, rtol=1e-4)
+    # 16-bit tensors keep their dtype: float16 as F16, bfloat16 bits (dtype="bfloat16") as BF16.
+    half = tmp_path / "h.safetensors"
+    bits = np.array([0x3F80, 0xC000], np.uint16)  # bfloat16 1.0, -2.0
+    attn.save_safetensors(half, {"h": np.array([0.5, 3.0], np.float16), "b": bits}, dtype="bfloat16")
+    raw = half.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    assert header["h"]["dtype"] == "F16" and header["b"]["dtype"] == "BF16"
+    b0, b1 = header["b"]["data_offsets"]
+    assert np.array_equal(np.frombuffer(raw[8 + n + b0:8 + n + b1], "<u2"), bits)
+    # A torch.save file (zip archive; a pickle with _use_new_zipfile_serialization=False).
+    for new_zip in (True, False):
+        pt = tmp_path / "w.pt"
+        torch.save(t.state_dict(), pt, _use_new_zipfile_serialization=new_zip)
+        with pytest.raises(ValueError, match="is a (zip archive|pickle) .torch.save writes these., not a safetensors"):
+            m.load_safetensors(pt)
+    with pytest.raises(TypeError, match="tensors: expected a dict"):
+        attn.save_safetensors(f, [1, 2])
+
+
 def test_mha_strided_inputs_and_no_copy_in_binding():
     t, m = torch_mha(5, 16, 4, batch_first=True)
     rng = np.random.default_rng(10)
