@@ -215,11 +215,17 @@ SafetensorsFile load(std::uint64_t total, const std::function<void(std::uint64_t
     std::uint64_t n = 0;
     for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
     if (std::memcmp(len_bytes, "\x93NUMPY", 6) == 0) fail(file, "is a .npy file, not a safetensors file");
-    // torch.save writes a zip archive (torch >= 1.6) or a bare pickle (protocol 2+: 0x80 0x02..0x05).
-    if (std::memcmp(len_bytes, "PK\x03\x04", 4) == 0 || (len_bytes[0] == 0x80 && len_bytes[1] >= 2 && len_bytes[1] <= 5)) {
-        fail(file, std::string(len_bytes[0] == 'P' ? "is a zip archive" : "is a pickle") +
-                       " (torch.save writes these), not a safetensors file: save the state_dict with "
-                       "safetensors.torch.save_file or attn.save_safetensors");
+    if (n > total - 8 || n > kSafetensorsMaxHeader) {
+        // Not a safetensors file. torch.save writes a zip archive (torch >= 1.6) or a bare pickle
+        // (protocol 2+: 0x80, the protocol, then an opcode; no opcode is 0x00): say so. Only
+        // here: a real header length can begin with the same bytes (0x80 0x02 is 640).
+        const bool zip = std::memcmp(len_bytes, "PK\x03\x04", 4) == 0;
+        const bool pickle = len_bytes[0] == 0x80 && len_bytes[1] >= 2 && len_bytes[1] <= 5 && len_bytes[2] != 0;
+        if (zip || pickle) {
+            fail(file, std::string(zip ? "is a zip archive" : "is a pickle") +
+                           " (torch.save writes these), not a safetensors file: save the state_dict with "
+                           "safetensors.torch.save_file or attn.save_safetensors");
+        }
     }
     if (n > total - 8) {
         fail(file, "header length " + std::to_string(n) + " runs past the end of the file (" +

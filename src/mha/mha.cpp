@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "../core/check.hpp"
 #include "inputs.hpp"
@@ -15,6 +16,29 @@ namespace attn {
 
 using detail::fail;
 using detail::kMha;
+
+namespace {
+
+// After "missing tensor 'X'": what the state_dict holds instead. A whole model's state_dict
+// prefixes each layer's names ("layers.0.self_attn.out_proj.weight"): such a name is shown with
+// the prefix to remove; otherwise (with `list`) up to six names. Names may come from a file: quoted.
+std::string what_it_holds(const std::vector<std::pair<std::string, TensorView>>& tensors, const std::string& wanted,
+                          bool list = true) {
+    for (const auto& [name, t] : tensors) {
+        const std::size_t n = name.size(), w = wanted.size();
+        if (n > w + 1 && name.compare(n - w, w, wanted) == 0 && name[n - w - 1] == '.') {
+            return " — it holds " + detail::quoted(name) + ": a whole model's state_dict, whose names carry the prefix " +
+                   detail::quoted(name.substr(0, n - w)) + " to remove";
+        }
+    }
+    if (!list) return "";
+    if (tensors.empty()) return " — it holds no tensor";
+    std::string held = " — it holds " + std::to_string(tensors.size()) + ": ";
+    for (std::size_t i = 0; i < tensors.size() && i < 6; ++i) held += (i ? ", " : "") + detail::quoted(tensors[i].first);
+    return held + (tensors.size() > 6 ? ", …" : "");
+}
+
+}  // namespace
 
 MultiHeadAttention::MultiHeadAttention(const MhaConfig& config) : config_(config) {
     MhaConfig& c = config_;
@@ -117,7 +141,7 @@ void MultiHeadAttention::load_state_dict(const std::vector<std::pair<std::string
     for (const auto& [name, shape] : expected) {
         const auto it = std::find_if(tensors.begin(), tensors.end(), [&n = name](const auto& t) { return t.first == n; });
         if (it == tensors.end()) {
-            add("missing tensor '" + name + "' (expected shape " + shape.str() + ")");
+            add("missing tensor '" + name + "' (expected shape " + shape.str() + ")" + what_it_holds(tensors, name, false));
         } else if (!(it->second.shape() == shape)) {
             add("tensor '" + name + "': expected shape " + shape.str() + " but got " + it->second.shape().str());
         } else if (!is_floating(it->second.dtype())) {
@@ -169,7 +193,10 @@ MultiHeadAttention MultiHeadAttention::from_state_dict(const std::vector<std::pa
         return nullptr;
     };
     const TensorView* wo = find("out_proj.weight");
-    if (wo == nullptr) fail(kMha, "state_dict: missing tensor 'out_proj.weight' (expected shape (E, E); it gives embed_dim)");
+    if (wo == nullptr) {
+        fail(kMha, "state_dict: missing tensor 'out_proj.weight' (expected shape (E, E); it gives embed_dim)",
+             what_it_holds(tensors, "out_proj.weight"));
+    }
     if (wo->rank() != 2 || wo->dim(0) != wo->dim(1) || wo->dim(0) < 1) {
         fail(kMha, "state_dict: tensor 'out_proj.weight': expected shape (E, E) but got ", wo->shape());
     }
@@ -198,7 +225,8 @@ MultiHeadAttention MultiHeadAttention::from_state_dict(const std::vector<std::pa
         const TensorView* v = find("v_proj_weight");
         if (k == nullptr || v == nullptr || find("q_proj_weight") == nullptr) {
             fail(kMha, "state_dict: missing tensor 'in_proj_weight' (expected shape ", Shape{3 * E, E},
-                 "), or q_proj_weight, k_proj_weight and v_proj_weight when kdim or vdim differ from embed_dim");
+                 "), or q_proj_weight, k_proj_weight and v_proj_weight when kdim or vdim differ from embed_dim",
+                 what_it_holds(tensors, "in_proj_weight"));
         }
         if (k->rank() != 2 || k->dim(1) < 1) fail(kMha, "state_dict: tensor 'k_proj_weight': expected shape (E, kdim) but got ", k->shape());
         if (v->rank() != 2 || v->dim(1) < 1) fail(kMha, "state_dict: tensor 'v_proj_weight': expected shape (E, vdim) but got ", v->shape());

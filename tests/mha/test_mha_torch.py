@@ -311,6 +311,32 @@ def test_add_zero_attn_flag_matches_torch(tmp_path, bias_kv):
     assert rel_err(np.load(tmp_path / "o2.npy"), t_out.numpy()) > 100 * REL_TOL
 
 
+# ---------------------------------------------------------------- one layer of a whole model
+def test_params_prefix_selects_a_layer_of_a_model(tmp_path):
+    """A whole model's state_dict prefixes each layer's names: --params FILE:PREFIX takes one
+    layer's (it was refused as "missing tensor 'out_proj.weight'", with no way to select one);
+    without the prefix the message shows it; a prefix nothing has lists what the file holds."""
+    gen = torch.Generator().manual_seed(21)
+    enc = torch.nn.TransformerEncoderLayer(8, 2, 16).eval().double()
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.5)
+    (tmp_path / "enc.safetensors").write_bytes(st_bytes({k: v.float() for k, v in enc.state_dict().items()}))
+    x = np.random.default_rng(22).normal(size=(5, 2, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    base = ["--num-heads", "2", "--query", "x.npy", "--out", "o.npy"]
+    run_attn(tmp_path, ["--params", "enc.safetensors:self_attn.", *base])
+    with torch.no_grad():
+        want = enc.self_attn(*(torch.from_numpy(x).double(),) * 3)[0]
+    assert rel_err(np.load(tmp_path / "o.npy"), want.numpy()) <= REL_TOL
+    (tmp_path / "o.npy").unlink()
+    err = run_attn(tmp_path, ["--params", "enc.safetensors", *base], expect_ok=False).stderr
+    assert "missing tensor 'out_proj.weight'" in err and "the prefix 'self_attn.' to remove" in err, err
+    err = run_attn(tmp_path, ["--params", "enc.safetensors:layers.0.", *base], expect_ok=False).stderr
+    assert "has no tensor whose name starts with 'layers.0.' (it holds 12: 'self_attn.in_proj_weight'" in err, err
+    assert not (tmp_path / "o.npy").exists()
+
+
 # ---------------------------------------------------------------- weight file errors
 def base_sd(kdim=None, bias=True):
     return build_module(dict(E=8, h=2, kdim=kdim or 8, vdim=kdim or 8, bias=bias, batch_first=False),

@@ -14,6 +14,7 @@
 #include "attn/mha.hpp"
 #include "attn/npy.hpp"
 #include "attn/safetensors.hpp"
+#include "core/check.hpp"
 #include "attn/sdpa.hpp"
 #include "commands.hpp"
 #include "output_files.hpp"
@@ -55,7 +56,13 @@ void run(const MhaArgs& a) {
     outputs.add("--out", a.out);
     outputs.add("--grads", a.grads);
     outputs.add("--weights", a.weights);
-    outputs.add_input("--params", a.params);
+    // --params FILE.safetensors[:PREFIX]: PREFIX selects one layer of a whole model's state_dict
+    // ("layers.0.self_attn." before each name), removed from the names it selects.
+    const std::string params_file = tensor_arg_file(a.params);
+    const std::string prefix = a.params.size() > params_file.size() ? a.params.substr(params_file.size() + 1) : "";
+    if (a.params.size() > params_file.size() && prefix.empty())
+        throw Error("--params: " + a.params + ": the prefix after ':' is empty (FILE.safetensors:PREFIX, e.g. layers.0.attn.)");
+    outputs.add_input("--params", params_file);
     for (const auto& [flag, spec] : {std::pair{"--query", &a.query}, {"--key", &a.key}, {"--value", &a.value},
                                      {"--key-padding-mask", &a.key_padding_mask}, {"--attn-mask", &a.attn_mask},
                                      {"--grad-out", &a.grad_out}, {"--alibi-slopes", &a.alibi_slopes}})
@@ -65,13 +72,22 @@ void run(const MhaArgs& a) {
 
     const SafetensorsFile params = [&] {
         try {
-            return read_safetensors(a.params);
+            return read_safetensors(params_file);
         } catch (const Error& e) {  // the file's own message ("x: ..."), prefixed with the option
             throw Error(std::string("--params: ") + e.what());
         }
     }();
     std::vector<std::pair<std::string, TensorView>> state;
-    for (const auto& [name, t] : params.tensors) state.emplace_back(name, t.view());
+    for (const auto& [name, t] : params.tensors)
+        if (name.compare(0, prefix.size(), prefix) == 0) state.emplace_back(name.substr(prefix.size()), t.view());
+    if (state.empty() && !prefix.empty()) {
+        std::string held;
+        for (std::size_t i = 0; i < params.tensors.size() && i < 6; ++i)
+            held += (i ? ", " : "") + detail::quoted(params.tensors[i].first);
+        throw Error("--params: " + params_file + " has no tensor whose name starts with " + detail::quoted(prefix) +
+                    " (it holds " + std::to_string(params.tensors.size()) + ": " + held +
+                    (params.tensors.size() > 6 ? ", …)" : ")"));
+    }
     std::vector<float> slopes;
     if (a.alibi && a.num_heads >= 1) {
         const Tensor t = alibi_slopes(a.num_heads);
@@ -178,7 +194,9 @@ void add_mha_command(CLI::App& app) {
         "mha", "Multi-head attention layer with PyTorch nn.MultiheadAttention weights and semantics (eval mode)");
     cmd->add_option("--params", args->params,
                     "PyTorch state_dict as safetensors (F32/F16/BF16): in_proj_weight, in_proj_bias, out_proj.weight, "
-                    "out_proj.bias (or q/k/v_proj_weight when kdim/vdim differ); E, kdim, vdim come from the shapes")
+                    "out_proj.bias (or q/k/v_proj_weight when kdim/vdim differ); E, kdim, vdim come from the shapes. "
+                    "FILE.safetensors:PREFIX takes the tensors whose names start with PREFIX (one layer of a whole "
+                    "model: layers.0.self_attn.), without it")
         ->required();
     cmd->add_option("--num-heads", args->num_heads, "number of heads h (embed_dim must be divisible by it)")->required();
     cmd->add_option("--query", args->query, "query (Lq, B, E), (B, Lq, E) with --batch-first, or unbatched (Lq, E)")->required();
