@@ -387,4 +387,21 @@ TEST(Safetensors, RandomDamageNeverCrashes) {
     EXPECT_GT(refused, 2000);
 }
 
+// torch.save files are named as such; a real header whose length begins with the same bytes as a
+// pickle (640 = 0x80 0x02 …) is read (the first version of the check refused it).
+TEST(Safetensors, TorchSaveFilesAreNamedAndLength640IsNot) {
+    std::string header = R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})";
+    header.append(640 - header.size(), ' ');
+    const std::string img = image(header, floats({2.5f}));
+    ASSERT_EQ(static_cast<unsigned char>(img[0]), 0x80);
+    ASSERT_EQ(static_cast<unsigned char>(img[1]), 0x02);
+    const auto f = attn::parse_safetensors(img.data(), img.size(), "w.safetensors");
+    ASSERT_EQ(f.tensors.size(), 1u);
+    EXPECT_EQ(f.tensors[0].second.data_as<float>()[0], 2.5f);
+    const char pickle[] = "\x80\x02}q\x00(X\x0e\x00\x00\x00in_proj_weightq";  // torch.save(..., zipfile False)
+    const char zip[] = "PK\x03\x04\x00\x00\x08\x08\x00\x00\x00\x00";
+    expect_error(std::string(pickle, sizeof pickle - 1), "is a pickle (torch.save writes these)");
+    expect_error(std::string(zip, sizeof zip - 1), "is a zip archive (torch.save writes these)");
+}
+
 }  // namespace
