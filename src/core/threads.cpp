@@ -1,8 +1,11 @@
 #include "attn/threads.hpp"
 
 #include <omp.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
@@ -69,8 +72,36 @@ ComputeThreads::ComputeThreads() : previous_(omp_get_max_threads()) { omp_set_nu
 
 ComputeThreads::~ComputeThreads() { omp_set_num_threads(previous_); }
 
+namespace {
+
+// The CPUs the process's main thread may run on, read once. omp_get_num_procs() counts the
+// *calling* thread's affinity: a serving worker pinned to one core got another split, and other
+// float32 sums, than an unpinned worker of the same process (an exploratory test found it). On
+// Linux sched_getaffinity(getpid()) reads the thread whose id is the process id, the main
+// thread, whichever thread asks.
+int process_cpu_count() {
+    for (int cpus = 1024; cpus <= (1 << 20); cpus *= 8) {
+        cpu_set_t* set = CPU_ALLOC(cpus);
+        if (set == nullptr) break;
+        const std::size_t bytes = CPU_ALLOC_SIZE(cpus);
+        const int rc = sched_getaffinity(getpid(), bytes, set);
+        const int count = rc == 0 ? CPU_COUNT_S(bytes, set) : 0;
+        CPU_FREE(set);
+        if (rc == 0) return count > 0 ? count : 1;
+        if (errno != EINVAL) break;  // EINVAL: the kernel's mask is larger than ours
+    }
+    return omp_get_num_procs();
+}
+
+}  // namespace
+
+int split_cpu_count() {
+    static const int count = process_cpu_count();
+    return count;
+}
+
 std::int64_t split_target(std::int64_t floor) {
-    const std::int64_t per_cpu = 4 * static_cast<std::int64_t>(omp_get_num_procs());
+    const std::int64_t per_cpu = 4 * static_cast<std::int64_t>(split_cpu_count());
     return per_cpu > floor ? per_cpu : floor;
 }
 

@@ -10,10 +10,15 @@ namespace attn::detail {
 
 // How many work items a kernel aims for when it splits a few large ones (decode's key chunks,
 // the backward's chunks of key blocks): four per CPU this process may run on
-// (omp_get_num_procs), and at least `floor`. The machine's count, never the thread count: the
-// split, and with it the order of a merge, does not change with attn::num_threads(); it can
-// differ between machines with different CPU counts (docs/environment.md).
+// (split_cpu_count), and at least `floor`. The process's count, never the thread count or the
+// calling thread's affinity: the split, and with it the order of a merge, does not change with
+// attn::num_threads() or with which thread calls; it can differ between machines (or processes
+// started with other CPU sets) with different CPU counts (docs/environment.md).
 std::int64_t split_target(std::int64_t floor);
+
+// The CPUs the process's main thread may run on when attn first asks (sched_getaffinity of the
+// process id), fixed from then on.
+int split_cpu_count();
 
 class ComputeThreads {
 public:
