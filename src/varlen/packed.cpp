@@ -41,8 +41,11 @@ std::vector<std::int64_t> read_cu_seqlens(std::string_view op, const TensorView&
     return off;
 }
 
+// Rank, dims and dtype, for every call: a sequence's make_problem checks again, but a batch
+// whose sequences all lack queries or keys builds none (it accepted an int32 k and a bool v).
 void require_packed(std::string_view op, const TensorView& t, const char* name, const char* layout) {
     require_rank(op, t, name, 3, layout);
+    require_floating(op, t, name);
     for (int d = 1; d < 3; ++d) {
         if (t.dim(d) < 1) fail(op, name, ": ", d == 1 ? "heads" : "head dim", " must be >= 1 but got ", t.dim(d));
     }

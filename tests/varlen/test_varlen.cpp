@@ -18,6 +18,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attn/error.hpp"
@@ -852,6 +853,29 @@ TEST(VarlenErrors, OptionsCheckedWhenNoSequenceHasWork) {
         expect_error([&] { sdpa_varlen_backward(q, k, v, cq, ck, out_in, lse_in, dO, o, dq, dk, dv); },
                      std::string("sdpa_varlen_backward: ") + b.expect);
         EXPECT_TRUE(still_poisoned(dq));
+    }
+}
+
+// The tensors' dtypes are checked for every batch: one whose sequences all lack keys built no
+// problem, and an int32 k and a bool v were accepted (an exploratory test found it).
+TEST(VarlenErrors, TensorDtypesCheckedWhenNoSequenceHasWork) {
+    const Tensor q(DType::f32, Shape{2, 2, 4}, true);
+    const Tensor cq(DType::i32, Shape{2}), ck(DType::i32, Shape{2});
+    const std::int32_t cqs[2] = {0, 2}, cks[2] = {0, 0};
+    std::memcpy(cq.data(), cqs, sizeof cqs);
+    std::memcpy(ck.data(), cks, sizeof cks);
+    const Tensor k_int(DType::i32, Shape{0, 2, 4}), v_bool(DType::boolean, Shape{0, 2, 4});
+    const Tensor k(DType::f32, Shape{0, 2, 4}), v(DType::f32, Shape{0, 2, 4});
+    const Tensor out = poisoned(DType::f32, Shape{2, 2, 4});
+    for (const auto& [kk, vv, want] : {std::tuple{&k_int, &v, "sdpa_varlen: k: dtype must be"},
+                                       std::tuple{&k, &v_bool, "sdpa_varlen: v: dtype must be"}}) {
+        try {
+            sdpa_varlen(q, *kk, *vv, cq, ck, SdpaOptions{}, out);
+            ADD_FAILURE() << "no error; expected " << want;
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+        }
+        EXPECT_TRUE(still_poisoned(out));
     }
 }
 
