@@ -2,6 +2,7 @@
 // (Vector kernels use F16C; these are the reference conversions they are tested against.)
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -73,5 +74,23 @@ inline std::uint16_t float_to_bf16(float f) {
     const std::uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
     return static_cast<std::uint16_t>((x + rounding) >> 16);
 }
+
+// x rounded to float32 by rounding to odd: an inexact result is the neighbour whose last bit is
+// 1. As the first of two roundings it keeps the fact that x was not exact, so the second one
+// (float16: 11 significant bits, bfloat16: 8, both ≤ 24 − 2) rounds as x itself would.
+inline float round_to_odd_float(double x) {
+    float f = static_cast<float>(x);
+    if (!std::isfinite(f) || static_cast<double>(f) == x) return f;  // exact, NaN, or overflow to ±inf
+    std::uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    if ((bits & 1u) == 0) bits += std::fabs(static_cast<double>(f)) < std::fabs(x) ? 1u : 0xffffffffu;  // ±1 ulp toward x
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+// double → float16 / bfloat16, rounded once to nearest even. Through float32 by plain rounding
+// it was rounded twice: 1 + 2^-11 + 2^-40 became 1 (a float32 tie), not 1 + 2^-10.
+inline std::uint16_t double_to_f16(double x) { return float_to_f16(round_to_odd_float(x)); }
+inline std::uint16_t double_to_bf16(double x) { return float_to_bf16(round_to_odd_float(x)); }
 
 }  // namespace attn

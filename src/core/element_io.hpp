@@ -16,13 +16,14 @@ inline double load(const TensorView& t, std::int64_t offset) {
 }
 
 // Writes a float32, float64, float16 or bfloat16 element (validated by the caller). A
-// 16-bit element is the float32 value rounded once more (round to nearest even): the
-// stated bound of a 16-bit output is "one rounding of the float32 result".
+// 16-bit element is `value` rounded once (round to nearest even): for a kernel's float32
+// result, that result rounded once more — the stated bound of a 16-bit output is "one rounding
+// of the float32 result" —, and a float64 value straight to 16 bits, never through float32.
 inline void store(const TensorView& t, std::int64_t offset, double value) {
     switch (t.dtype()) {
         case DType::f32: t.data_as<float>()[offset] = static_cast<float>(value); break;
-        case DType::f16: t.data_as<std::uint16_t>()[offset] = float_to_f16(static_cast<float>(value)); break;
-        case DType::bf16: t.data_as<std::uint16_t>()[offset] = float_to_bf16(static_cast<float>(value)); break;
+        case DType::f16: t.data_as<std::uint16_t>()[offset] = double_to_f16(value); break;
+        case DType::bf16: t.data_as<std::uint16_t>()[offset] = double_to_bf16(value); break;
         default: t.data_as<double>()[offset] = value; break;
     }
 }

@@ -22,11 +22,12 @@ inline void convert_row(const TensorView& src, std::int64_t offset, std::int64_t
     }
     for (std::int64_t d = 0; d < count; ++d) {
         const std::int64_t off = offset + d * stride;
-        const float x = st == DType::f32 ? src.data_as<const float>()[off] : static_cast<float>(src.load_as_double(off));
+        // Every value is rounded once: a float64 one straight to the storage type.
+        const double x = st == DType::f32 ? src.data_as<const float>()[off] : src.load_as_double(off);
         switch (dst_type) {
-            case DType::f32: static_cast<float*>(dst)[d] = x; break;
-            case DType::f16: static_cast<std::uint16_t*>(dst)[d] = float_to_f16(x); break;
-            default: static_cast<std::uint16_t*>(dst)[d] = float_to_bf16(x); break;
+            case DType::f32: static_cast<float*>(dst)[d] = static_cast<float>(x); break;
+            case DType::f16: static_cast<std::uint16_t*>(dst)[d] = double_to_f16(x); break;
+            default: static_cast<std::uint16_t*>(dst)[d] = double_to_bf16(x); break;
         }
     }
 }

@@ -86,6 +86,27 @@ TEST(KVCache, AppendBatchAndSequenceEveryStorage) {
     }
 }
 
+// float64 K/V are rounded once to a 16-bit storage, as double_to_f16/bf16 do: through float32
+// they were rounded twice (1 + 2^-11 + 2^-40 became 1 in float16). Both caches share the rows code.
+TEST(KVCache, Float64RowsAreRoundedOnceToSixteenBits) {
+    for (DType dt : {DType::f16, DType::bf16}) {
+        KVCache c(config(dt, 4));
+        const int bits = dt == DType::f16 ? 11 : 8;
+        Tensor k(DType::f64, Shape{2, 3, 1, 5}), v(DType::f64, Shape{2, 3, 1, 4});
+        for (std::int64_t i = 0; i < k.numel(); ++i)
+            k.data_as<double>()[i] = (1 + std::ldexp(1.0, -bits) + std::ldexp(1.0, -40)) * (i % 2 ? -1 : 1) * (1 + i);
+        for (std::int64_t i = 0; i < v.numel(); ++i) v.data_as<double>()[i] = 0.25;
+        c.append(k, v);
+        for (std::int64_t i = 0; i < k.numel(); ++i) {
+            const double x = k.data_as<double>()[i];
+            const std::uint16_t want = dt == DType::f16 ? double_to_f16(x) : double_to_bf16(x);
+            const std::int64_t b = i / 15, h = (i / 5) % 3, d = i % 5;
+            const std::uint16_t got = c.keys().data_as<const std::uint16_t>()[c.keys().offset(b, h, 0, d)];
+            ASSERT_EQ(got, want) << dtype_name(dt) << " x=" << x;
+        }
+    }
+}
+
 TEST(KVCache, OverflowThrowsAndWritesNothing) {
     std::mt19937 rng(12);
     KVCache c(config(DType::f16, 6));
