@@ -35,6 +35,8 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
         detail::fail(kOp, "impl: only the decode and flash kernels read pages; use auto, decode or flash but got ",
                      impl_name(options.impl));
     }
+    // A moved-from cache has no pages (a live one at least 1): said so, not as unknown sequences.
+    if (cache.num_pages() == 0) detail::fail(kOp, "cache: holds no pages (it was moved from)");
     detail::require_rank(kOp, q, "Q", 4, "(B, Hq, Lq, Dk)");
     detail::require_query_fits_cache(kOp, q, cache.kv_heads(), cache.head_dim());
     const std::int64_t B = q.dim(0), Lq = q.dim(2);

@@ -91,6 +91,7 @@ void PagedKVCache::require_pool(const char* op) const {
 }
 
 const PagedKVCache::Seq& PagedKVCache::seq(const char* op, SeqId s) const {
+    require_pool(op);  // a moved-from cache says so, not "sequence s does not exist"
     if (s < 0 || s >= static_cast<SeqId>(seqs_.size()) || !seqs_[static_cast<std::size_t>(s)].live) {
         detail::fail(kOp, op, ": sequence ", s, " does not exist (never added, or freed)");
     }

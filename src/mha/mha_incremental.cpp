@@ -53,6 +53,7 @@ Layout check_input(const MultiHeadAttention& layer, const TensorView& x) {
 void check_cache(const MultiHeadAttention& layer, const KVCache& cache, const Layout& l) {
     const MhaConfig& c = layer.config();
     const std::int64_t dh = layer.head_dim();
+    if (cache.batch() == 0) fail(kMha, "cache: holds no storage (it was moved from)");  // as decode_attention
     if (cache.batch() != l.B) fail(kMha, "cache: batch must equal x_new's batch ", l.B, " but is ", cache.batch());
     if (cache.kv_heads() != c.num_kv_heads) {
         fail(kMha, "cache: kv_heads must equal the layer's K/V heads ", c.num_kv_heads, " but is ", cache.kv_heads());

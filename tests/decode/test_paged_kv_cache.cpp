@@ -795,7 +795,11 @@ TEST(PagedKVCache, MovedFromIsEmptyAndRefusesCalls) {
     EXPECT_NE(error_of([&] { (void)a.key_pages(); }).find(moved), std::string::npos);
     EXPECT_NE(error_of([&] { (void)a.value_pages(); }).find(moved), std::string::npos);
     EXPECT_NE(error_of([&] { (void)a.add_sequence(); }).find(moved), std::string::npos);
-    EXPECT_NE(error_of([&] { (void)a.length(s); }).find("does not exist"), std::string::npos);
+    // Calls naming a sequence say the cache was moved from (they said "sequence 0 does not exist").
+    EXPECT_EQ(error_of([&] { (void)a.length(s); }), "PagedKVCache: length: " + moved);
+    EXPECT_EQ(error_of([&] { a.free(s); }).find("does not exist"), std::string::npos);
+    const Tensor q = random_f32(Shape{1, cfg.kv_heads, 1, 4}, rng), o(DType::f32, Shape{1, cfg.kv_heads, 1, 4});
+    EXPECT_EQ(error_of([&] { paged_attention(q, a, {s}, {}, o); }), "paged_attention: cache: holds no pages (it was moved from)");
     PagedKVCache c(cfg);
     c = std::move(b);
     EXPECT_EQ(c.length(s), 3);

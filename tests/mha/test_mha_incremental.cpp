@@ -345,6 +345,15 @@ TEST(MhaIncremental, MismatchesAreErrorsBeforeAnythingIsWritten) {
     extra.add_bias_kv = true;
     EXPECT_THROW(MultiHeadAttention(extra).forward_incremental(x.view(), cache), attn::Error);
     EXPECT_EQ(cache.length(0), 0);
+    // A moved-from cache says so (it was "cache: batch must equal x_new's batch 2 but is 0").
+    KVCache taken(std::move(cache));
+    try {
+        (void)m.forward_incremental(x.view(), cache);
+        ADD_FAILURE() << "no error for a moved-from cache";
+    } catch (const attn::Error& e) {
+        EXPECT_EQ(std::string(e.what()), "MultiHeadAttention: cache: holds no storage (it was moved from)");
+    }
+    cache = std::move(taken);
 
     // An output inside the cache's storage: the append would write under it (and a growing
     // cache free it). It was accepted and overwrote cached keys; an exploratory test found it.
