@@ -137,6 +137,27 @@ std::vector<std::pair<std::string, attn::TensorView>> named_inputs(const py::dic
     return out;
 }
 
+std::optional<attn::DType> storage_dtype_arg(const py::handle& dtype) {
+    const std::string s = py::str(dtype);
+    if (s == "float32" || s == "torch.float32") return attn::DType::f32;
+    if (s == "float16" || s == "torch.float16") return attn::DType::f16;
+    if (s == "bfloat16" || s == "torch.bfloat16") return attn::DType::bf16;
+    try {
+        const py::dtype dt = py::dtype::from_args(py::reinterpret_borrow<py::object>(dtype));
+        if (dt.kind() == 'f' && dt.itemsize() == 4) return attn::DType::f32;
+        if (dt.kind() == 'f' && dt.itemsize() == 2) return attn::DType::f16;
+    } catch (py::error_already_set&) {
+        // not a dtype at all: the caller's TypeError names the argument
+    }
+    return std::nullopt;
+}
+
+attn::DType cache_storage_arg(const py::handle& dtype) {
+    if (const auto dt = storage_dtype_arg(dtype)) return *dt;
+    type_error("dtype: the cache stores float32, float16 or bfloat16 (a str, NumPy or torch dtype) but got " +
+               std::string(py::repr(dtype)));
+}
+
 std::string path_arg_of(const py::handle& obj, const std::string& name) {
     const bool path_like = !PyUnicode_Check(obj.ptr()) && py::hasattr(obj, "__fspath__");
     return str_arg(path_like ? obj.attr("__fspath__")() : py::reinterpret_borrow<py::object>(obj), name);

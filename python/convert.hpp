@@ -68,6 +68,13 @@ Input input(const py::handle& obj, const std::string& name, int min_rank, int ma
 std::vector<std::pair<std::string, attn::TensorView>> named_inputs(const py::dict& d, const std::string& what,
                                                                    std::vector<Input>& keep, bool uint16_is_bf16);
 
+// A storage dtype given as a str ("float32", "float16", "bfloat16"), a NumPy dtype or type
+// (np.float16) or a torch dtype (torch.bfloat16); nullopt for anything else (the caller's
+// TypeError names the argument and what it stores).
+std::optional<attn::DType> storage_dtype_arg(const py::handle& dtype);
+// A cache's dtype= (KVCache, PagedKVCache): storage_dtype_arg's, else a TypeError.
+attn::DType cache_storage_arg(const py::handle& dtype);
+
 // A file path: a str or an os.PathLike (pathlib.Path); anything else is a TypeError naming `name`.
 std::string path_arg_of(const py::handle& obj, const std::string& name);
 

@@ -126,16 +126,7 @@ std::unique_ptr<PyKVCache> make_cache(const py::object& batch, const py::object&
     c.head_dim = int_arg(head_dim, "head_dim");
     c.value_dim = optional_int_arg(value_dim, "value_dim").value_or(0);
     c.capacity = int_arg(capacity, "capacity");
-    const std::string dtype = str_arg(dtype_arg, "dtype");
-    if (dtype == "float32") {
-        c.storage = attn::DType::f32;
-    } else if (dtype == "float16") {
-        c.storage = attn::DType::f16;
-    } else if (dtype == "bfloat16") {
-        c.storage = attn::DType::bf16;
-    } else {
-        type_error("dtype: the cache stores \"float32\", \"float16\" or \"bfloat16\" but got \"" + dtype + "\"");
-    }
+    c.storage = cache_storage_arg(dtype_arg);
     c.grow = bool_arg(grow, "grow");
     c.max_capacity = int_arg(max_capacity, "max_capacity");
     return std::make_unique<PyKVCache>(c);

@@ -203,22 +203,11 @@ private:
     std::mutex mutex_;
 };
 
-// The weight matrices' storage: None / float32 → float32, float16 (NumPy's or torch's) →
-// float16, "bfloat16" / torch.bfloat16 → bfloat16; anything else a TypeError.
+// The weight matrices' storage: None → float32, else storage_dtype_arg's.
 attn::DType param_dtype_arg(const py::object& dtype) {
     if (dtype.is_none()) return attn::DType::f32;
-    const std::string s = py::str(dtype);
-    if (s == "torch.float32") return attn::DType::f32;
-    if (s == "torch.float16") return attn::DType::f16;
-    if (s == "torch.bfloat16" || s == "bfloat16") return attn::DType::bf16;
-    try {
-        const py::dtype dt = py::dtype::from_args(dtype);
-        if (dt.kind() == 'f' && dt.itemsize() == 4) return attn::DType::f32;
-        if (dt.kind() == 'f' && dt.itemsize() == 2) return attn::DType::f16;
-    } catch (py::error_already_set&) {
-        // not a dtype at all: the TypeError below names the argument
-    }
-    type_error("dtype: parameters are float32, float16 or bfloat16 but got " + s);
+    if (const auto dt = storage_dtype_arg(dtype)) return *dt;
+    type_error("dtype: parameters are float32, float16 or bfloat16 but got " + std::string(py::str(dtype)));
 }
 
 // torch's constructor arguments as given, converted by name (convert.hpp's scalar arguments).

@@ -26,12 +26,6 @@ struct PyPagedKVCache {
     std::mutex mutex;
 };
 
-attn::DType storage_of(const std::string& dtype) {
-    if (dtype == "float32") return attn::DType::f32;
-    if (dtype == "float16") return attn::DType::f16;
-    if (dtype == "bfloat16") return attn::DType::bf16;
-    type_error("dtype: the cache stores \"float32\", \"float16\" or \"bfloat16\" but got \"" + dtype + "\"");
-}
 
 std::unique_ptr<PyPagedKVCache> make_cache(const py::object& kv_heads, const py::object& head_dim,
                                            const py::object& num_pages, const py::object& page_size,
@@ -42,7 +36,7 @@ std::unique_ptr<PyPagedKVCache> make_cache(const py::object& kv_heads, const py:
     c.num_pages = int_arg(num_pages, "num_pages");
     c.page_size = int_arg(page_size, "page_size");
     c.value_dim = optional_int_arg(value_dim, "value_dim").value_or(0);
-    c.storage = storage_of(str_arg(dtype, "dtype"));
+    c.storage = cache_storage_arg(dtype);
     return std::make_unique<PyPagedKVCache>(c);
 }
 

@@ -110,3 +110,13 @@ def test_decode_and_paged_attention_take_attn_mask(lq, mask_kind):
         attn.paged_attention(q, paged, seqs, attn_mask=np.ones((lq, n - 1), bool))
     with pytest.raises(TypeError, match="attn_mask"):
         attn.decode_attention(q, contiguous, attn_mask=np.ones((lq, n), np.int32))
+
+
+def test_cache_dtype_as_numpy_or_torch_dtype():
+    """dtype= of both caches takes what MultiheadAttention's does: a str, a NumPy dtype or type, or
+    a torch dtype (only a str was accepted: dtype=torch.bfloat16 said "expected a str")."""
+    import torch
+    for given, name in (("float16", "float16"), (np.float16, "float16"), (np.dtype("float32"), "float32"),
+                        (torch.bfloat16, "bfloat16"), (torch.float16, "float16")):
+        assert attn.KVCache(1, 1, 4, 4, dtype=given).dtype == name
+        assert attn.PagedKVCache(1, 4, 4, dtype=given).dtype == name
