@@ -149,6 +149,21 @@ def test_all_heads_draws_one_panel_per_head_of_the_chosen_batch(tmp_path):
             assert near(cell_px(img, g, 2, c), HIGH if c == h else LOW), (h, c)
 
 
+def test_batched_reads_a_3d_file_as_batch_entries(tmp_path):
+    # `attn mha --weights` writes (B, Lq, Lk), averaged over heads: --batched draws batch entry b
+    # (a 3-d file was read as (H, Lq, Lk): --batch 1 refused, --all-heads drew "heads").
+    B, L = 3, 5
+    w = np.full((B, L, L), 1e-7, np.float32)
+    for b in range(B):
+        w[b, :, b] = 0.5             # batch entry b looks at key b
+    for b in range(B):
+        _, info = draw(tmp_path, w, f"b{b}.png", "--batched", "--batch", b)
+        img = Image.open(tmp_path / f"b{b}.png").convert("RGB")
+        assert len(info["panels"]) == 1
+        for c in range(L):
+            assert near(cell_px(img, info["panels"][0], 2, c), HIGH if c == b else LOW), (b, c)
+
+
 def test_mean_over_heads(tmp_path):
     H, L = 4, 5
     w = np.zeros((H, L, L), np.float32)
@@ -272,6 +287,8 @@ W55 = identity(5)
     (np.full((3, 7), 0.1, np.float32), ["--tokens", "a,b,c"], "give the query tokens with --query-tokens"),
     (np.ones((2, 5, 5), np.float32), ["--head", "2"], "--head: 2 is out of range"),
     (np.ones((2, 1, 5, 5), np.float32), ["--batch", "2"], "--batch: 2 is out of range"),
+    (np.ones((2, 5, 5), np.float32), ["--batch", "1"], "a 3-d W of `attn mha --weights` is (B, Lq, Lk): add --batched"),
+    (np.ones((2, 1, 5, 5), np.float32), ["--batched"], "--batched: only for 3-d weights"),
     (np.ones((1, 2, 5, 5), np.float32), ["--head", "-1"], "--head: -1 is out of range"),
     (np.array([[0.5, -0.5], [1.0, 0.0]], np.float32), [], "must be finite and >= 0, but element (0, 1) is -0.5"),
     (np.array([[0.5, np.nan], [1.0, 0.0]], np.float32), [], "element (0, 1) is nan"),

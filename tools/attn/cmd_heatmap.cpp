@@ -1,7 +1,8 @@
 // attn heatmap W.npy --out FILE.png|FILE.svg [--tokens "t1,t2,…" | --tokens-file F]
 //               [--query-tokens … | --query-tokens-file F] [--head N | --mean | --all-heads]
-//               [--batch N] [--title T] [--vmax V]
-// W is what `attn sdpa --weights` writes: (Lq, Lk), (H, Lq, Lk) or (B, H, Lq, Lk).
+//               [--batch N] [--batched] [--title T] [--vmax V]
+// W is what `attn sdpa --weights` writes: (Lq, Lk), (H, Lq, Lk) or (B, H, Lq, Lk); with --batched a
+// 3-d W is (B, Lq, Lk), what `attn mha --weights` writes (averaged over heads).
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -26,6 +27,7 @@ struct HeatmapArgs {
     std::optional<std::int64_t> head, batch;
     std::optional<double> vmax;
     bool mean = false, all_heads = false, verbose = false;
+    bool batched = false;  // --batched: a 3-d W is (B, Lq, Lk), not (H, Lq, Lk)
 };
 
 // "a,b,c" → {"a", "b", "c"}; tokens are kept exactly (spaces included).
@@ -122,16 +124,24 @@ void run(const HeatmapArgs& a) {
     for (int i = 0; i < s.rank; ++i) {
         if (s[i] == 0) throw Error("weights: " + a.weights + ": attention weights must not be empty but have shape " + s.str());
     }
-    // Seen as (B, H, Lq, Lk) whatever the file's rank.
-    const std::int64_t B = s.rank == 4 ? s[0] : 1, H = s.rank >= 3 ? s[s.rank - 3] : 1;
+    if (a.batched && s.rank != 3) {
+        throw Error("--batched: only for 3-d weights, read as (B, Lq, Lk), but " + a.weights + " has shape " + s.str());
+    }
+    // Seen as (B, H, Lq, Lk) whatever the file's rank: batch and head dims and their strides (0
+    // for a dim the file does not have). A 3-d W is (H, Lq, Lk), or (B, Lq, Lk) with --batched.
+    const Strides st = w.view().strides();
+    const bool has_b = s.rank == 4 || a.batched, has_h = s.rank == 4 || (s.rank == 3 && !a.batched);
+    const std::int64_t B = has_b ? s[0] : 1, H = has_h ? s[s.rank - 3] : 1;
+    const std::int64_t sb = has_b ? st[0] : 0, sh = has_h ? st[static_cast<std::size_t>(s.rank - 3)] : 0;
     const std::int64_t Lq = s[s.rank - 2], Lk = s[s.rank - 1];
-    const char* dims = s.rank == 4 ? "(B, H, Lq, Lk)" : s.rank == 3 ? "(H, Lq, Lk)" : "(Lq, Lk)";
+    const char* dims = s.rank == 4 ? "(B, H, Lq, Lk)" : s.rank == 2 ? "(Lq, Lk)" : a.batched ? "(B, Lq, Lk)" : "(H, Lq, Lk)";
     const std::string described = a.weights + " " + s.str() + " read as " + dims;
 
     const std::int64_t b = a.batch.value_or(0);
     if (b < 0 || b >= B) {
         throw Error("--batch: " + std::to_string(b) + " is out of range: " + described + " has B = " + std::to_string(B) +
-                    " (valid: 0.." + std::to_string(B - 1) + ")");
+                    " (valid: 0.." + std::to_string(B - 1) + ")" +
+                    (s.rank == 3 && !a.batched ? "; a 3-d W of `attn mha --weights` is (B, Lq, Lk): add --batched" : ""));
     }
     if (a.head && (*a.head < 0 || *a.head >= H)) {
         throw Error("--head: " + std::to_string(*a.head) + " is out of range: " + described + " has H = " + std::to_string(H) +
@@ -161,10 +171,8 @@ void run(const HeatmapArgs& a) {
 
     // Pick the panels: (P, Lq, Lk) as a view of batch b, or the mean over heads.
     const std::size_t es = dtype_size(w.dtype());
-    const Strides st = w.view().strides();
-    const std::int64_t sh = s.rank >= 3 ? st[static_cast<std::size_t>(s.rank - 3)] : 0;
     const std::int64_t sq = st[static_cast<std::size_t>(s.rank - 2)], sk = st[static_cast<std::size_t>(s.rank - 1)];
-    char* base = static_cast<char*>(w.data()) + static_cast<std::size_t>(s.rank == 4 ? b * st[0] : 0) * es;
+    char* base = static_cast<char*>(w.data()) + static_cast<std::size_t>(b * sb) * es;
     TensorView panels;
     Tensor mean;
     std::string what;
@@ -223,6 +231,9 @@ void add_heatmap_command(CLI::App& app) {
     head->excludes(mean)->excludes(all);
     mean->excludes(all);
     cmd->add_option("--batch", args->batch, "batch entry to draw (default 0)");
+    cmd->add_flag("--batched", args->batched,
+                  "a 3-d W is (B, Lq, Lk) — one map per batch entry, as `attn mha --weights` writes head-averaged "
+                  "weights — instead of (H, Lq, Lk)");
     cmd->add_option("--title", args->title, "title above the picture");
     cmd->add_option("--vmax", args->vmax, "value drawn as the top colour (default: the largest weight drawn)");
     cmd->add_flag("--verbose", args->verbose, "print the picture's size and where the cells are");
