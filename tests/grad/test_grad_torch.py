@@ -223,7 +223,7 @@ def test_grad_out_errors_leave_no_files(tmp_path):
             str(tmp_path / "v.npy"), "--out", str(tmp_path / "o.npy")]
     grads = ["--dq", str(tmp_path / "dq.npy"), "--dk", str(tmp_path / "dk.npy"), "--dv", str(tmp_path / "dv.npy")]
     cases = [
-        (["--grad-out", str(tmp_path / "bad.npy")] + grads, "grad_out: expected the shape of out (1, 2, 5, 3) but got (1, 2, 6, 3)"),
+        (["--grad-out", str(tmp_path / "bad.npy")] + grads, "sdpa_backward: --grad-out: expected the shape of out (1, 2, 5, 3) but got (1, 2, 6, 3)"),
         (["--grad-out", str(tmp_path / "bad.npy"), "--dq", str(tmp_path / "dq.npy")], "--grad-out: needs --dq, --dk and --dv"),
         (grads, "need --grad-out"),
         (["--grad-out", str(tmp_path / "bad.npy"), "--dq", str(tmp_path / "o.npy"), "--dk", str(tmp_path / "dk.npy"),

@@ -112,19 +112,19 @@ def test_bad_mask_dtype(work):
 
 def test_bad_key_lengths(work):
     np.save(work / "kl.npy", np.array([3, 9], dtype=np.int32))
-    expect_error(work, sdpa_args(work, key_lengths=work / "kl.npy"), "key_lengths", "entry 1 must be in [0, Lk=7] but got 9")
+    expect_error(work, sdpa_args(work, key_lengths=work / "kl.npy"), "sdpa: --key-lengths: ", "entry 1 must be in [0, Lk=7] but got 9")
     np.save(work / "kf.npy", np.array([3, 4], dtype=np.float32))
-    expect_error(work, sdpa_args(work, key_lengths=work / "kf.npy"), "key_lengths", "int32 or int64", "float32")
+    expect_error(work, sdpa_args(work, key_lengths=work / "kf.npy"), "sdpa: --key-lengths: ", "int32 or int64", "float32")
 
 
 def test_bad_query_offsets(work):
-    # The library names the option (query_offset) and the function (sdpa); the CLI adds nothing.
+    # The library names the function (sdpa) and its argument, which the CLI says as its flag.
     np.save(work / "qf.npy", np.array([1, 2], dtype=np.float32))
-    msg = expect_error(work, sdpa_args(work, query_offsets=work / "qf.npy"), "query_offset", "int32 or int64", "float32")
+    msg = expect_error(work, sdpa_args(work, query_offsets=work / "qf.npy"), "sdpa: --query-offsets: ", "int32 or int64", "float32")
     assert msg.startswith("attn: error: sdpa: "), msg
     np.save(work / "q3.npy", np.array([1, 2, 3], dtype=np.int64))
-    expect_error(work, sdpa_args(work, query_offsets=work / "q3.npy"), "query_offset", "(B,)")
-    expect_error(work, sdpa_args(work, query_offset=2 ** 61), "query_offset", "2^60")
+    expect_error(work, sdpa_args(work, query_offsets=work / "q3.npy"), "sdpa: --query-offsets: ", "(B,)")
+    expect_error(work, sdpa_args(work, query_offset=2 ** 61), "sdpa: --query-offset: ", "2^60")
     np.save(work / "qo.npy", np.array([1, 2], dtype=np.int32))
     expect_error(work, sdpa_args(work, query_offset=1, query_offsets=work / "qo.npy"), "--query-offset")
 
@@ -148,7 +148,7 @@ def test_shape_mismatch(work, which, shape, fragment):
 
 def test_mask_that_does_not_broadcast(work):
     np.save(work / "m.npy", np.ones((LQ, LK + 1), dtype=np.bool_))
-    expect_error(work, sdpa_args(work, mask=work / "m.npy"), "bool_mask", "cannot be broadcast to (2, 4, 5, 7)")
+    expect_error(work, sdpa_args(work, mask=work / "m.npy"), "sdpa: --mask: ", "cannot be broadcast to (2, 4, 5, 7)")
 
 
 @pytest.mark.parametrize("value", ["diagonal", "top_left", "TOP-LEFT", ""])
