@@ -107,7 +107,9 @@ py::tuple sdpa_backward_py(const py::object& query, const py::object& key, const
     const Input k = input(key, "key", r, r, "the query's rank", bf16);
     const Input v = input(value, "value", r, r, "the query's rank", bf16);
     const Input o = input(out, "out", r, r, "the query's rank", bf16);
-    const Input l = input(lse, "lse", r - 1, r - 1, "the query's shape without D");
+    std::string lse_shape = "the query's shape without D, (";  // e.g. "(2, 4, 7)" for a (2, 4, 7, 64) query
+    for (int d = 0; d + 1 < r; ++d) lse_shape += std::to_string(q.view.dim(d)) + (d + 2 < r ? ", " : r == 2 ? ",)" : ")");
+    const Input l = input(lse, "lse", r - 1, r - 1, lse_shape.c_str());
     const Input g = input(grad_out, "grad_out", r, r, "the query's rank", bf16);
     CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
                                           {is_causal, causal_alignment, window, window_alignment, query_offset},
