@@ -148,7 +148,7 @@ def test_cli_cu_seqlens(tmp_path):
                           "--cu-seqlens-q", bad, "--cu-seqlens-k", files["ck"], "--out", str(tmp_path / "o2.npy")],
                          capture_output=True, text=True)
     assert res.returncode == 2
-    assert "sdpa_varlen: cu_seqlens_q: must be non-decreasing" in res.stderr
+    assert "sdpa_varlen: --cu-seqlens-q: must be non-decreasing" in res.stderr
     assert not os.path.exists(tmp_path / "o2.npy")
 
 
