@@ -39,7 +39,9 @@ put("fuzz_npy", "bad-truncated.npy", good[:-3])
 put("fuzz_npy", "bad-magic.npy", b"\x93NUMPX" + good[6:])
 put("fuzz_npy", "bad-version.npy", good[:6] + b"\x09\x00" + good[8:])
 put("fuzz_npy", "bad-big-endian.npy", npy(np.ones((2,), ">f4")))
-put("fuzz_npy", "bad-fortran.npy", npy(np.asfortranarray(np.ones((2, 3), np.float32))))
+# Fortran order is read into C order (it was refused): a float and a bool array of rank 3.
+put("fuzz_npy", "valid-fortran-f4-2x3x4.npy", npy(np.asfortranarray(rng.standard_normal((2, 3, 4)).astype(np.float32))))
+put("fuzz_npy", "valid-fortran-b1-3x2x2.npy", npy(np.asfortranarray(rng.standard_normal((3, 2, 2)) > 0)))
 put("fuzz_npy", "bad-rank5.npy", npy(np.ones((1, 1, 1, 1, 2), np.float32)))
 hdr = "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 1000000000000, 100000000000000), }"
 put("fuzz_npy", "regress-zero-huge-shape.npy", b"\x93NUMPY\x01\x00" + struct.pack("<H", len(hdr) + 1) + hdr.encode() + b"\n")
@@ -78,6 +80,12 @@ put("fuzz_safetensors", "bad-overflow-shape.safetensors",
     st({"a": {"dtype": "F32", "shape": [2**32, 2**32, 16], "data_offsets": [0, 8]}}, f32[:8]))
 put("fuzz_safetensors", "bad-json.safetensors", st({}, raw_header=b'{"a": {"dtype": "F32", "shape": [1,'))
 put("fuzz_safetensors", "bad-header-len.safetensors", struct.pack("<Q", 2**63) + b"{}")
+# What torch.save writes, given where safetensors is expected (named as such); a real header of
+# 640 bytes, whose length starts with the same two bytes as a pickle.
+put("fuzz_safetensors", "bad-torch-pickle.safetensors", b"\x80\x02}q\x00(X\x0e\x00\x00\x00in_proj_weightq\x01")
+put("fuzz_safetensors", "bad-torch-zip.safetensors", b"PK\x03\x04\x00\x00\x08\x08\x00\x00" + bytes(20))
+put("fuzz_safetensors", "valid-header-640.safetensors",
+    st({}, f32[:4], raw_header=b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'.ljust(640)))
 put("fuzz_safetensors", "bad-duplicate.safetensors",
     st({}, f32[:8], raw_header=b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},'
                                b'"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}'))
