@@ -52,6 +52,19 @@ def test_unknown_option_is_named():
         assert f"unknown option '--bogus' of attn {command}" in line, line
 
 
+
+def test_option_values_that_look_like_options_are_values(tmp_path):
+    # A value starting with "--" (a BPE token, a title) is the option's value, as CLI11 reads it;
+    # the unknown-option scan took it for an option (a review found it).
+    import numpy as np
+    np.save(tmp_path / "w.npy", np.full((3, 3), 1 / 3, np.float32))
+    r = attn("heatmap", "w.npy", "--out", "w.svg", "--title", "--my title", "--tokens", "--,a,b", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "w.svg").stat().st_size > 0
+    line = one_error_line(attn("heatmap", "w.npy", "--out", "x.svg", "--title", "t", "--bogus", cwd=tmp_path))
+    assert "unknown option '--bogus' of attn heatmap" in line, line
+
+
 def test_heatmap_without_a_file_says_what_to_give(tmp_path):
     line = one_error_line(attn("heatmap", cwd=tmp_path))
     assert "W.npy" in line and "weights is required" not in line

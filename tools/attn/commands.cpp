@@ -1,5 +1,6 @@
 // The whole command line of `attn`, in one function: main() parses with it, and the CLI
 // fuzz target (fuzz/fuzz_cli_args.cpp) parses with exactly the same options.
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <string_view>
@@ -53,11 +54,16 @@ std::string unknown_command(const CLI::App& app, int argc, const char* const* ar
             const std::string word = argv[i];
             if (word == "--") break;
             if (word.size() < 3 || word.compare(0, 2, "--") != 0) continue;
-            const std::string name = word.substr(0, word.find('='));
-            if (sub->get_option_no_throw(name) == nullptr && app.get_option_no_throw(name) == nullptr) {
+            const std::size_t eq = word.find('=');
+            const std::string name = word.substr(0, eq);
+            const CLI::Option* opt = sub->get_option_no_throw(name);
+            if (opt == nullptr) opt = app.get_option_no_throw(name);
+            if (opt == nullptr) {
                 return "unknown option '" + name + "' of attn " + sub->get_name() + " (attn " + sub->get_name() +
                        " --help lists them)";
             }
+            // Its values are not options, whatever they look like (--title "--x", --tokens "--,a").
+            if (eq == std::string::npos) i += std::max(0, opt->get_items_expected_min());
         }
         return "";
     }
