@@ -47,6 +47,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }();
     app.clear();  // also after a parse that threw
     try {
+        // main()'s check before the parse: the unknown command or option, named.
+        (void)attn::cli::unknown_command(app, static_cast<int>(args.size()), argv.data());
         app.parse(static_cast<int>(args.size()), argv.data());
     } catch (const Parsed&) {
     } catch (const CLI::ParseError&) {  // also --help and --version (CLI::Success)
