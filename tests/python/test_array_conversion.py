@@ -453,6 +453,9 @@ CALLS_THAT_DO_NOT_FIT = [
     ("nothing close", lambda: _cache().append(BIG, BIG, zzz=1),
      "KVCache.append(): unexpected keyword argument 'zzz' (it takes: k_new, v_new, batch_index, dtype)"),
     ("class argument", lambda: attn.paged_attention(BIG, 3, [0]), "paged_attention(): cache: expected attn.PagedKVCache but got int"),
+    ("constructor keyword", lambda: attn.MultiheadAttention(64, 4, batchfirst=True),
+     "MultiheadAttention(): unexpected keyword argument 'batchfirst' (did you mean 'batch_first'?)"),
+    ("constructor missing", lambda: attn.KVCache(1, 2), "KVCache() missing required arguments: 'head_dim', 'capacity'"),
 ]
 
 
