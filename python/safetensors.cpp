@@ -24,8 +24,22 @@ void save_safetensors_py(const py::object& path_arg, const py::object& tensors_a
         type_error("tensors: expected a dict of name -> array (e.g. a state_dict) but got " +
                    std::string(py::str(py::type::of(tensors_arg).attr("__name__"))));
     }
+    // A torch.bfloat16 tensor (a bfloat16 model's state_dict) has no NumPy form: its bits, as BF16.
+    bool bf16_bits = uint16_is_bf16_arg(dtype);
+    py::dict given;
+    for (const auto& item : py::reinterpret_borrow<py::dict>(tensors_arg)) {
+        const py::object value = py::reinterpret_borrow<py::object>(item.second);
+        if (py::hasattr(value, "dtype") && std::string(py::str(value.attr("dtype"))) == "torch.bfloat16") {
+            const py::object int16 = py::module_::import("torch").attr("int16");
+            given[item.first] = value.attr("detach")().attr("contiguous")().attr("view")(int16).attr("numpy")().attr("view")(
+                py::module_::import("numpy").attr("uint16"));
+            bf16_bits = true;
+        } else {
+            given[item.first] = value;
+        }
+    }
     std::vector<Input> keep;
-    const auto tensors = named_inputs(py::reinterpret_borrow<py::dict>(tensors_arg), "tensors", keep, uint16_is_bf16_arg(dtype));
+    const auto tensors = named_inputs(given, "tensors", keep, bf16_bits);
     std::map<std::string, std::string> metadata;
     if (!metadata_arg.is_none()) {
         if (!py::isinstance<py::dict>(metadata_arg)) {
@@ -48,7 +62,8 @@ void bind_safetensors(py::module_& m) {
           py::arg("metadata") = py::none(), py::arg("dtype") = py::none(),
           "Writes tensors, a dict of name -> array of rank <= 4 (a state_dict: torch tensors or NumPy\n"
           "arrays), as a safetensors file at path (complete or not at all): float32 as F32, float16 as\n"
-          "F16, float64 as F32 (rounded); uint16 arrays of bfloat16 bits with dtype=\"bfloat16\" as BF16.\n"
+          "F16, float64 as F32 (rounded); torch.bfloat16 tensors, and uint16 arrays of bfloat16 bits with\n"
+          "dtype=\"bfloat16\", as BF16.\n"
           "metadata: a dict of str -> str for the header's __metadata__. What `attn mha --params` and\n"
           "MultiheadAttention.load_safetensors read, e.g.\n"
           "attn.save_safetensors(\"p.safetensors\", {k: v.numpy() for k, v in module.state_dict().items()}).");

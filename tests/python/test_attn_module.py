@@ -428,6 +428,17 @@ def test_save_safetensors_from_a_torch_module(tmp_path):
     assert header["h"]["dtype"] == "F16" and header["b"]["dtype"] == "BF16"
     b0, b1 = header["b"]["data_offsets"]
     assert np.array_equal(np.frombuffer(raw[8 + n + b0:8 + n + b1], "<u2"), bits)
+    # A bfloat16 model's state_dict (torch.bfloat16 tensors have no NumPy form): written as BF16, bit for bit.
+    tb = torch.nn.MultiheadAttention(8, 2).to(torch.bfloat16)
+    bf = tmp_path / "bf.safetensors"
+    attn.save_safetensors(bf, tb.state_dict())
+    raw = bf.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    for name, want in tb.state_dict().items():
+        assert header[name]["dtype"] == "BF16", name
+        o0, o1 = header[name]["data_offsets"]
+        assert np.array_equal(np.frombuffer(raw[8 + n + o0:8 + n + o1], "<i2"), want.view(torch.int16).flatten().numpy()), name
     # A torch.save file (zip archive; a pickle with _use_new_zipfile_serialization=False).
     for new_zip in (True, False):
         pt = tmp_path / "w.pt"
