@@ -113,8 +113,9 @@ private:
     TensorView view_;
 };
 
-// Copy any floating view into a new contiguous tensor of a floating dtype (rounding as
-// the target type does; float16/bfloat16 through float32, to nearest even). Used at boundaries (the CLI, tests), never in a kernel.
+// Copy any floating view into a new contiguous tensor of a floating dtype, each value rounded
+// once to nearest even (float64 to float16/bfloat16 too: double_to_f16/bf16, attn/half.hpp).
+// Used at boundaries (the CLI, tests), never in a kernel.
 Tensor to_dtype(const TensorView& src, DType dst);
 
 }  // namespace attn

@@ -190,7 +190,7 @@ Tensor to_dtype(const TensorView& src, DType dst) {
                         std::memcpy(out_bytes + static_cast<std::size_t>(k) * item,
                                     static_cast<const char*>(src.data()) + i * static_cast<std::int64_t>(item), item);
                     } else {
-                        detail::store(out.view(), k, src.load_as_double(i));  // 16 bits: via float32, rounded to nearest even
+                        detail::store(out.view(), k, src.load_as_double(i));  // rounded once, to nearest even
                     }
                 }
     return out;
