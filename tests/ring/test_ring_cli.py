@@ -185,6 +185,21 @@ def test_option_errors_printed_once(tmp_path, bad):
     assert not out.exists()
 
 
+def test_library_errors_name_the_flag(tmp_path):
+    """An error ring_attention raises names the flag the user gave (it said key_lengths, sinks)."""
+    _, p = make(tmp_path, 1, 2, 2, 8, 8, 4, 4)
+    np.save(tmp_path / "kl.npy", np.array([9], np.int64))
+    np.save(tmp_path / "sinks.npy", np.array([0.5, np.nan], np.float32))
+    out = tmp_path / "o.npy"
+    for extra, want in ((["--key-lengths", tmp_path / "kl.npy"], "attn: error: ring_attention: --key-lengths: entry 0"),
+                        (["--sinks", tmp_path / "sinks.npy"], "attn: error: ring_attention: --sinks: values must be finite")):
+        r = mpirun(2, "--q", p["q"], "--k", p["k"], "--v", p["v"], "--out", out, *extra)
+        assert r.returncode == 2, (r.returncode, r.stderr)
+        errs = error_lines(r)
+        assert len(errs) == 1 and errs[0].startswith(want), r.stderr
+        assert not out.exists()
+
+
 def test_float64_inputs_and_stats(tmp_path):
     arrays, p = make(tmp_path, 1, 2, 2, 40, 40, 8, 8, seed=5, dtype=np.float64)
     out = tmp_path / "o.npy"

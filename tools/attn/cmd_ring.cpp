@@ -30,6 +30,7 @@
 
 #include "attn/npy.hpp"
 #include "attn/ring.hpp"
+#include "flag_names.hpp"
 #include "output_files.hpp"
 #include "strict_options.hpp"
 #include "tensor_args.hpp"
@@ -397,7 +398,11 @@ void run(const RingArgs& a) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     std::string failure;
     try {
-        run_ring(MPI_COMM_WORLD, a);
+        naming_flags([&] { run_ring(MPI_COMM_WORLD, a); }, {"ring_attention_backward", "ring_attention"},
+                     {{"key_lengths", "--key-lengths"}, {"query_offset", "--query-offset"},
+                      {"alibi_slopes", a.alibi ? "--alibi" : "--alibi-slopes"}, {"sinks", "--sinks"},
+                      {"grad_out", "--grad-out"}, {"softcap", "--softcap"}, {"dropout_p", "--dropout"},
+                      {"scale", "--scale"}, {"dsinks", "--dsinks"}});
     } catch (const std::exception& e) {
         failure = e.what();  // the same message on every rank (run_collectively)
     }

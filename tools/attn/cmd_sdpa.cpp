@@ -20,6 +20,7 @@
 #include "attn/sdpa_backward.hpp"
 #include "attn/sdpa_varlen.hpp"
 #include "commands.hpp"
+#include "flag_names.hpp"
 #include "output_files.hpp"
 #include "strict_options.hpp"
 #include "tensor_args.hpp"
@@ -108,25 +109,6 @@ void run_packed(const SdpaArgs& a, const SdpaOptions& opt, const Tensor& q, cons
         if (!a.dsinks.empty()) files.push_back({"--dsinks", a.dsinks, ds.view()});
     }
     OutputFiles::write_all(files);
-}
-
-// The library names its arguments (sdpa: additive_mask: …); the user gave flags. An error of the
-// core names the flag instead: "sdpa: --mask: shape (2, 4, 7, 3) cannot be broadcast …".
-std::string with_flag_names(std::string message, const SdpaArgs& a) {
-    const std::pair<const char*, const char*> renames[] = {
-        {"bool_mask", "--mask"},         {"additive_mask", "--mask"},     {"key_lengths", "--key-lengths"},
-        {"query_offset", a.query_offsets.empty() ? "--query-offset" : "--query-offsets"},
-        {"alibi_slopes", a.alibi ? "--alibi" : "--alibi-slopes"},        {"sinks", "--sinks"},
-        {"grad_out", "--grad-out"},      {"softcap", "--softcap"},        {"dropout_p", "--dropout"},
-        {"scale", "--scale"},            {"cu_seqlens_q", "--cu-seqlens-q"}, {"cu_seqlens_k", "--cu-seqlens-k"},
-        {"dsinks", "--dsinks"}};
-    for (const char* op : {"sdpa_varlen_backward", "sdpa_varlen", "sdpa_backward", "sdpa"}) {
-        for (const auto& [core, flag] : renames) {
-            const std::string from = std::string(op) + ": " + core + ": ", to = std::string(op) + ": " + flag + ": ";
-            if (message.compare(0, from.size(), from) == 0) return to + message.substr(from.size());
-        }
-    }
-    return message;
 }
 
 void run(const SdpaArgs& a) {
@@ -345,11 +327,14 @@ void add_sdpa_command(CLI::App& app) {
     cmd->add_flag("--verbose", args->verbose, "say which kernel ran and why others were declined");
     add_threads_option(cmd);
     cmd->callback([args] {
-        try {
-            run(*args);
-        } catch (const Error& e) {
-            throw Error(with_flag_names(e.what(), *args));
-        }
+        const SdpaArgs& a = *args;
+        naming_flags([&] { run(a); }, {"sdpa_varlen_backward", "sdpa_varlen", "sdpa_backward", "sdpa"},
+                     {{"bool_mask", "--mask"}, {"additive_mask", "--mask"}, {"key_lengths", "--key-lengths"},
+                      {"query_offset", a.query_offsets.empty() ? "--query-offset" : "--query-offsets"},
+                      {"alibi_slopes", a.alibi ? "--alibi" : "--alibi-slopes"}, {"sinks", "--sinks"},
+                      {"grad_out", "--grad-out"}, {"softcap", "--softcap"}, {"dropout_p", "--dropout"},
+                      {"scale", "--scale"}, {"cu_seqlens_q", "--cu-seqlens-q"}, {"cu_seqlens_k", "--cu-seqlens-k"},
+                      {"dsinks", "--dsinks"}});
     });
 }
 
