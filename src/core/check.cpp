@@ -321,6 +321,19 @@ std::string quoted(std::string_view text) {
     return out + (i < text.size() ? "...'" : "'");
 }
 
+std::string names_held(const std::vector<std::string>& names) {
+    if (names.empty()) return "it holds no tensors";
+    std::string list;
+    for (const std::string& n : names) {
+        if (list.size() > 200) {
+            list += ", …";
+            break;
+        }
+        list += (list.empty() ? "" : ", ") + quoted(n);
+    }
+    return "it holds " + std::to_string(names.size()) + ": " + list;
+}
+
 std::string shortest(double value) {
     char text[32];
     const auto end = std::to_chars(text, text + sizeof text, value).ptr;

@@ -51,6 +51,10 @@ std::string shortest(double value);
 // terminal or make the message invalid UTF-8 (which Python shows as an empty message).
 std::string quoted(std::string_view text);
 
+// "it holds 3: 'a', 'b', 'c'" for a message about a name that is not there: the count and the
+// names, quoted (file text), cut with ", …" past about 200 characters; "it holds no tensors".
+std::string names_held(const std::vector<std::string>& names);
+
 // t is non-null and has `rank` dimensions; `layout` names them, e.g. "(B, Hq, Lq, Dk)".
 void require_rank(std::string_view op, const TensorView& t, std::string_view name, int rank, std::string_view layout);
 

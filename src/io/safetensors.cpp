@@ -242,13 +242,9 @@ SafetensorsFile load(std::uint64_t total, const std::function<void(std::uint64_t
     SafetensorsFile out;
     const std::vector<Entry> entries = parse_header(text, data_size, file, out.metadata);
     if (only != nullptr && std::none_of(entries.begin(), entries.end(), [&](const Entry& e) { return e.name == *only; })) {
-        std::string names;
-        for (const Entry& e : entries) {
-            if (names.size() > 200) { names += ", ..."; break; }
-            names += (names.empty() ? "" : ", ") + detail::quoted(e.name);
-        }
-        fail(file, "has no tensor named " + detail::quoted(*only) + " (it holds " +
-                       (entries.empty() ? std::string("no tensors") : std::to_string(entries.size()) + ": " + names) + ")");
+        std::vector<std::string> names;
+        for (const Entry& e : entries) names.push_back(e.name);
+        fail(file, "has no tensor named " + detail::quoted(*only) + " (" + detail::names_held(names) + ")");
     }
     for (const Entry& e : entries) {  // a tensor attn has no type for is refused only when it is to be read
         if (only != nullptr && e.name != *only) continue;

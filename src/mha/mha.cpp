@@ -21,7 +21,7 @@ namespace {
 
 // After "missing tensor 'X'": what the state_dict holds instead. A whole model's state_dict
 // prefixes each layer's names ("layers.0.self_attn.out_proj.weight"): such a name is shown with
-// the prefix to remove; otherwise (with `list`) up to six names. Names may come from a file: quoted.
+// the prefix to remove; otherwise (with `list`) the names it holds (names_held).
 std::string what_it_holds(const std::vector<std::pair<std::string, TensorView>>& tensors, const std::string& wanted,
                           bool list = true) {
     for (const auto& [name, t] : tensors) {
@@ -32,10 +32,9 @@ std::string what_it_holds(const std::vector<std::pair<std::string, TensorView>>&
         }
     }
     if (!list) return "";
-    if (tensors.empty()) return " — it holds no tensor";
-    std::string held = " — it holds " + std::to_string(tensors.size()) + ": ";
-    for (std::size_t i = 0; i < tensors.size() && i < 6; ++i) held += (i ? ", " : "") + detail::quoted(tensors[i].first);
-    return held + (tensors.size() > 6 ? ", …" : "");
+    std::vector<std::string> names;
+    for (const auto& [name, t] : tensors) names.push_back(name);
+    return " — " + detail::names_held(names);
 }
 
 }  // namespace

@@ -331,7 +331,10 @@ def test_params_prefix_selects_a_layer_of_a_model(tmp_path):
     assert rel_err(np.load(tmp_path / "o.npy"), want.numpy()) <= REL_TOL
     (tmp_path / "o.npy").unlink()
     err = run_attn(tmp_path, ["--params", "enc.safetensors", *base], expect_ok=False).stderr
-    assert "missing tensor 'out_proj.weight'" in err and "the prefix 'self_attn.' to remove" in err, err
+    assert "holds 1 attention layer whose names carry a prefix ('self_attn.out_proj.weight'): select one with " \
+           "--params enc.safetensors:self_attn." in err, err
+    err = run_attn(tmp_path, ["--params", "enc.safetensors:self_attn", *base], expect_ok=False).stderr
+    assert "end the prefix with '.' (--params enc.safetensors:self_attn.)" in err, err
     err = run_attn(tmp_path, ["--params", "enc.safetensors:layers.0.", *base], expect_ok=False).stderr
     assert "has no tensor whose name starts with 'layers.0.' (it holds 12: 'self_attn.in_proj_weight'" in err, err
     assert not (tmp_path / "o.npy").exists()

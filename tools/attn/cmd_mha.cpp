@@ -6,9 +6,10 @@
 //          [--out-dtype float32|float16|bfloat16] [--param-dtype float32|float16|bfloat16]
 //          [--intermediate-dtype float32|float16|bfloat16]
 // PyTorch nn.MultiheadAttention (eval mode) on .npy files, with its state_dict in safetensors.
+#include <algorithm>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 
 #include "attn/error.hpp"
 #include "attn/mha.hpp"
@@ -36,6 +37,41 @@ struct MhaArgs {
     std::optional<std::uint64_t> dropout_seed;
     bool batch_first = false, causal = false, per_head = false, add_zero_attn = false;
 };
+
+// The tensors of --params FILE.safetensors[:PREFIX]: those whose names start with PREFIX, without
+// it. A whole model's state_dict (a layer's names behind "layers.0.self_attn.") is named as such,
+// with the --params spelling that selects a layer: the layer would only say "missing tensor".
+std::vector<std::pair<std::string, TensorView>> layer_of(const SafetensorsFile& params, const std::string& file,
+                                                         const std::string& prefix) {
+    std::vector<std::pair<std::string, TensorView>> state;
+    std::vector<std::string> all, layers;  // every name; the prefixes before "out_proj.weight"
+    const std::string marker = "out_proj.weight";
+    for (const auto& [name, t] : params.tensors) {
+        all.push_back(name);
+        if (name.compare(0, prefix.size(), prefix) != 0) continue;
+        const std::string rest = name.substr(prefix.size());
+        state.emplace_back(rest, t.view());
+        if (rest.size() > marker.size() && rest.compare(rest.size() - marker.size(), marker.size(), marker) == 0)
+            layers.push_back(prefix + rest.substr(0, rest.size() - marker.size()));
+    }
+    const std::string spec = "--params " + file + ":";
+    if (state.empty() && !prefix.empty()) {
+        throw Error("--params: " + file + " has no tensor whose name starts with " + detail::quoted(prefix) + " (" +
+                    detail::names_held(all) + ")");
+    }
+    const bool has_layer = std::any_of(state.begin(), state.end(), [&](const auto& t) { return t.first == marker; });
+    if (!has_layer && !layers.empty()) {
+        const std::string& p = layers.front();
+        if (!prefix.empty() && p == prefix + ".") {
+            throw Error("--params: " + file + " has no tensor " + detail::quoted(prefix + marker) + " but has " +
+                        detail::quoted(p + marker) + ": end the prefix with '.' (" + spec + p + ")");
+        }
+        throw Error("--params: " + file + " holds " + std::to_string(layers.size()) + " attention layer" +
+                    (layers.size() > 1 ? "s" : "") + " whose names carry a prefix (" + detail::quoted(p + marker) +
+                    "): select one with " + spec + p);
+    }
+    return state;
+}
 
 void run(const MhaArgs& a) {
     if (a.key.empty() != a.value.empty()) {
@@ -77,17 +113,7 @@ void run(const MhaArgs& a) {
             throw Error(std::string("--params: ") + e.what());
         }
     }();
-    std::vector<std::pair<std::string, TensorView>> state;
-    for (const auto& [name, t] : params.tensors)
-        if (name.compare(0, prefix.size(), prefix) == 0) state.emplace_back(name.substr(prefix.size()), t.view());
-    if (state.empty() && !prefix.empty()) {
-        std::string held;
-        for (std::size_t i = 0; i < params.tensors.size() && i < 6; ++i)
-            held += (i ? ", " : "") + detail::quoted(params.tensors[i].first);
-        throw Error("--params: " + params_file + " has no tensor whose name starts with " + detail::quoted(prefix) +
-                    " (it holds " + std::to_string(params.tensors.size()) + ": " + held +
-                    (params.tensors.size() > 6 ? ", …)" : ")"));
-    }
+    const std::vector<std::pair<std::string, TensorView>> state = layer_of(params, params_file, prefix);
     std::vector<float> slopes;
     if (a.alibi && a.num_heads >= 1) {
         const Tensor t = alibi_slopes(a.num_heads);
