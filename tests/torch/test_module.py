@@ -314,3 +314,28 @@ def test_non_float_input_is_a_named_dtype_error():
     with pytest.raises(TypeError) as e:
         m(x, x.int(), x)
     assert "key" in str(e.value) and "got torch.int32" in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_jit_and_functorch_are_refused_clearly(grad):
+    # torch.jit.trace under no_grad froze the traced input's result into the graph (a new input got
+    # the old output); script failed on attn's Python source; vmap/grad failed with "Cannot access
+    # data pointer of Tensor that doesn't have storage" (an exploratory test found them).
+    layer = at.replace_attention(nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)).eval()
+    x = torch.randn(2, 5, 16)
+    with torch.set_grad_enabled(grad):
+        with pytest.raises(RuntimeError, match="attn.torch cannot be traced by torch.jit"):
+            torch.jit.trace(layer, (x,))
+        with pytest.raises(RuntimeError, match="cannot be traced by torch.jit"):
+            torch.jit.trace(lambda q: at.scaled_dot_product_attention(q, q, q), (x.view(2, 5, 2, 8),))
+    with pytest.raises(RuntimeError, match="cannot be scripted by torch.jit"):
+        torch.jit.script(layer)
+    functorch = pytest.importorskip("functorch")
+    q = torch.randn(3, 2, 4, 8)
+    with pytest.raises(RuntimeError, match="does not support functorch transforms"):
+        functorch.vmap(lambda t: at.scaled_dot_product_attention(t, t, t))(q)
+    with pytest.raises(RuntimeError, match="does not support functorch transforms"):
+        functorch.grad(lambda t: at.scaled_dot_product_attention(t, t, t).sum())(q[0])
+    # Outside a trace or transform, the same calls run.
+    assert layer(x).shape == x.shape
+    assert at.scaled_dot_product_attention(q, q, q).shape == q.shape

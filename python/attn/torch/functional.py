@@ -136,6 +136,22 @@ def _pad_head_dim(query, key, scale):
     return pad(query), pad(key), 1.0 if scale is None else scale
 
 
+def refuse_graph_transforms():
+    """attn's kernels are opaque to torch.jit's tracer and to functorch's transforms: a trace under
+    no_grad froze the first input's result into the graph (a new input got the old output), and
+    vmap/grad failed with "Cannot access data pointer of Tensor that doesn't have storage".
+    Both are refused with what to do instead."""
+    if torch.jit.is_tracing():
+        raise RuntimeError("attn.torch cannot be traced by torch.jit (its kernels are opaque to the tracer: "
+                           "the trace would replay the traced input's result); trace or export the model with "
+                           "torch's own attention")
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    if active is not None and active():
+        raise RuntimeError("attn.torch does not support functorch transforms (vmap, grad, jacrev): its kernels "
+                           "read the tensors' memory, which a transform's wrapped tensors do not have; use "
+                           "torch.autograd (loss.backward(), torch.autograd.grad) or torch's attention inside the transform")
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False, *, causal_alignment="top-left", window=None,
                                  window_alignment="top-left", key_lengths=None, query_offset=None,
@@ -166,6 +182,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     No double backward (create_graph=True is a RuntimeError); a tensor the backward reads (q, k,
     v, attn_mask, sinks, the result) changed in place before backward is torch's in-place error.
     """
+    refuse_graph_transforms()
     for t, name in ((query, "query"), (key, "key"), (value, "value")):
         _convert.float_array(t, name)  # type, device and dtype errors, named
     _check_heads(query, key, value, enable_gqa)

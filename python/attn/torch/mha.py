@@ -13,7 +13,7 @@ from torch import nn
 
 from .. import _attn
 from . import _convert
-from .functional import scaled_dot_product_attention
+from .functional import refuse_graph_transforms, scaled_dot_product_attention
 
 
 def _mask_kind(m, name):
@@ -78,8 +78,15 @@ class MultiheadAttention(nn.MultiheadAttention):
     whose appended key has no position) and attn's `threads`.
     """
 
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this first: say why, instead of a TorchScript compile error
+        # about attn's Python source.
+        raise RuntimeError("attn.torch.MultiheadAttention cannot be scripted by torch.jit (TorchScript cannot call "
+                           "attn's kernels); script or export the model with torch's nn.MultiheadAttention")
+
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False, threads=None):
+        refuse_graph_transforms()  # before the projections: a trace would otherwise record them
         for t, name in ((query, "query"), (key, "key"), (value, "value")):
             _convert.float_array(t, name)  # the device/type/dtype errors, named
         batched = query.dim() == 3
