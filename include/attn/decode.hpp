@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "attn/error.hpp"
 #include "attn/kv_cache.hpp"
 #include "attn/sdpa.hpp"
 #include "attn/tensor.hpp"

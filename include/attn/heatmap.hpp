@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/error.hpp"
 #include "attn/tensor.hpp"
 
 namespace attn {

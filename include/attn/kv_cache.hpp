@@ -30,6 +30,7 @@
 #include <string_view>
 #include <vector>
 
+#include "attn/error.hpp"
 #include "attn/tensor.hpp"
 
 namespace attn {

@@ -49,6 +49,7 @@
 #include <string_view>
 #include <vector>
 
+#include "attn/error.hpp"
 #include "attn/sdpa.hpp"
 #include "attn/tensor.hpp"
 
@@ -274,7 +275,7 @@ private:
     MhaConfig config_;
     Tensor alibi_;  // config_.alibi_slopes as a float32 (h,) tensor, empty without ALiBi
     std::map<std::string, Tensor, std::less<>> params_;
-    // Immutable once built (copies of the layer share it); replaced, never changed in place.
+    // Immutable once built; replaced, never changed in place (a forward in flight keeps its own reference).
     std::shared_ptr<const detail::PackedWeights> packed_;
 };
 

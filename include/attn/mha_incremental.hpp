@@ -21,6 +21,7 @@
 // with batch B, kv_heads = the layer's K/V heads, head_dim = value_dim = E / num_heads.
 #pragma once
 
+#include "attn/error.hpp"
 #include "attn/kv_cache.hpp"  // forward_incremental takes a KVCache
 #include "attn/mha.hpp"
 #include "attn/tensor.hpp"

@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "attn/error.hpp"
 #include "attn/tensor.hpp"
 
 namespace attn {

@@ -29,6 +29,7 @@
 #include <memory>
 #include <vector>
 
+#include "attn/error.hpp"
 #include "attn/sdpa.hpp"
 #include "attn/tensor.hpp"
 

@@ -30,6 +30,7 @@
 #include <string_view>
 #include <vector>
 
+#include "attn/error.hpp"
 #include "attn/sdpa.hpp"
 #include "attn/tensor.hpp"
 
@@ -76,7 +77,8 @@ struct RingOptions {
     Layout layout = Layout::zigzag;          // must match how q, k, v were cut
     std::optional<TensorView> key_lengths;   // (B,) int32/int64: sequence b has valid keys 0..len−1
                                              // (global positions; the same on every rank)
-    Impl impl = Impl::automatic;             // the local kernel: automatic, reference or flash
+    Impl impl = Impl::automatic;             // the local kernel: automatic, reference or flash (the
+                                             // backward: automatic or flash; see ring_attention_backward)
     // Score modifiers, as in SdpaOptions (docs/conventions.md, "Score modifiers") on the whole
     // sequence, the same on every rank (docs/ring.md, "Score modifiers").
     double softcap = 0.0;                    // c > 0: s = c·tanh(s / c) in every block
@@ -125,7 +127,10 @@ void ring_attention(MPI_Comm comm, const TensorView& q, const TensorView& k, con
 // rank recomputes its blocks with the backward kernel from the global lse; dK/dV partial sums
 // travel around the ring with their K/V block and come home to the block's owner. The sums run in
 // an order fixed by the ring: bit-identical across runs for a given P (docs/ring.md, "Backward").
-// lse: (B, Hq, nq_r) float32 or float64. out/lse must be ring_attention's with the same options.
+// lse: (B, Hq, nq_r) float32 or float64. out/lse must be ring_attention's with the same options,
+// except impl: the backward takes automatic or flash (the reference backward normalises a block
+// over its own keys, not the global lse); a forward run with impl = reference pairs with a
+// backward with impl = automatic.
 // dsinks: (Hq,) float32/float64, optional, only with options.sinks: ∂loss/∂σ_h over the WHOLE
 // sequence (every rank gets the same values: the ranks' partial sums added in rank order).
 void ring_attention_backward(MPI_Comm comm, const TensorView& q, const TensorView& k, const TensorView& v,

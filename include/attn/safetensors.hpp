@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "attn/error.hpp"
 #include "attn/tensor.hpp"
 
 namespace attn {

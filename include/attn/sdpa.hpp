@@ -36,6 +36,7 @@
 #include <optional>
 #include <string>
 
+#include "attn/error.hpp"
 #include "attn/tensor.hpp"
 
 namespace attn {

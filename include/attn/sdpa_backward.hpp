@@ -26,6 +26,7 @@
 // ignores out and lse, which are still checked).
 #pragma once
 
+#include "attn/error.hpp"
 #include "attn/sdpa.hpp"
 
 namespace attn {

@@ -30,6 +30,7 @@
 
 #include <cstdint>
 
+#include "attn/error.hpp"
 #include "attn/sdpa.hpp"
 
 namespace attn {

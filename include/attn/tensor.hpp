@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "attn/dtype.hpp"
+#include "attn/error.hpp"
 
 namespace attn {
 

@@ -7,8 +7,10 @@
 //       else OpenMP's default (OMP_NUM_THREADS, else every CPU)
 //
 // Results do not depend on it: every kernel splits its work by the shape (and two splits by the
-// machine's CPU count), never by the thread count (docs/environment.md).
+// process's CPU count), never by the thread count (docs/environment.md).
 #pragma once
+
+#include "attn/error.hpp"
 
 namespace attn {
 

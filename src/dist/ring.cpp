@@ -39,7 +39,7 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
                     const RingOptions& options, const TensorView& out, const TensorView* lse, RingStats* stats) {
     const attn::detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
     const auto t_start = detail::Clock::now();
-    const detail::PrivateComm private_comm(user_comm);
+    const detail::PrivateComm private_comm(user_comm, kOp);
     detail::RingContext ctx;
     ctx.comm = private_comm.comm;
     // ---- phase 1: checks, agreed by all ranks (ring_setup.cpp) ----

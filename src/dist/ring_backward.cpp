@@ -103,12 +103,14 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
                              RingStats* stats, const TensorView* dsinks) {
     const attn::detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
     const auto t_start = detail::Clock::now();
-    const detail::PrivateComm private_comm(user_comm);
+    const detail::PrivateComm private_comm(user_comm, kOp);
     detail::RingContext ctx;
     ctx.comm = private_comm.comm;
     // ---- phase 1: checks, agreed by all ranks ----
-    detail::setup_ring(ctx, kOp, q, k, v, options, out, &lse,
-                       [&] { check_gradients(q, k, v, out, lse, grad_out, options, dq, dk, dv, dsinks); });
+    detail::setup_ring(ctx, kOp, q, k, v, options, out, &lse, [&] {
+        check_gradients(q, k, v, out, lse, grad_out, options, dq, dk, dv, dsinks);
+        if (dsinks != nullptr) ctx.mine.tensor_modifiers |= detail::kWantsDsinks;  // compared across ranks
+    });
     const MPI_Comm comm = ctx.comm;
     const int P = ctx.P, rank = ctx.rank;
     const std::int64_t B = ctx.mine.B, Hq = ctx.mine.Hq, Hkv = ctx.mine.Hkv, Dk = ctx.mine.Dk, Dv = ctx.mine.Dv,

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <ctime>
 #include <new>
@@ -74,6 +75,15 @@ TensorView one_row_if_empty(const TensorView& t, Tensor& storage) {
     return storage.view();
 }
 
+}  // namespace
+
+PrivateComm::PrivateComm(MPI_Comm c, std::string_view op) {
+    if (c == MPI_COMM_NULL) fail(op, "comm: MPI_COMM_NULL is not a communicator (pass MPI_COMM_WORLD or one of its splits)");
+    MPI_Comm_dup(c, &comm);
+}
+
+namespace {
+
 // Phase 1a: this rank's arguments on their own (no communication): the local problem's checks
 // are sdpa's (make_problem), plus what only the ring requires. key_lengths are global
 // positions, checked against the global Lk once the ranks have agreed on it.
@@ -94,8 +104,9 @@ Descriptor check_local(std::string_view kOp, const TensorView& q, const TensorVi
         }
     }
     if (o.impl == Impl::decode) {
-        fail(kOp, "impl: must be automatic, reference or flash (a block may hold more rows than the "
-                                "decode kernel takes) but got decode");
+        // The backward refuses reference too (ring_backward.cpp): each says what it takes.
+        fail(kOp, "impl: must be ", kOp == "ring_attention_backward" ? "automatic or flash" : "automatic, reference or flash",
+             " (a block may hold more rows than the decode kernel takes) but got decode");
     }
     SdpaOptions local;
     local.scale = o.scale;
@@ -170,6 +181,45 @@ std::optional<std::int64_t> block_count(const Descriptor& d, std::int64_t k, std
     return rows && row ? attn::detail::size_mul(*rows, *row) : std::nullopt;
 }
 
+// The options every rank must pass alike, named with both ranks' values: "rank 1 was called with
+// causal top_left but rank 0 with causal none". What the call computes is compared, not how it
+// was spelt: the scale as used (an explicit 1/sqrt(Dk) is the default), the seed only with dropout.
+void check_same_options(std::string_view kOp, const std::string& who, const Descriptor& d, const Descriptor& d0) {
+    const auto differ = [&](bool differs, const std::string& name, const std::string& value, const std::string& value0) {
+        if (differs) {
+            fail(kOp, who, "was called with ", name, " ", value, " but rank 0 with ", name, " ", value0,
+                 " (every rank must pass the same options)");
+        }
+    };
+    const auto num = [](auto x) { return attn::detail::shortest(static_cast<double>(x)); };
+    const auto causal = [](std::int64_t c) { return c == 0 ? std::string("none") : c == 1 ? "top_left" : "bottom_right"; };
+    const auto align = [](std::int64_t a) { return a == 0 ? std::string("top_left") : "bottom_right"; };
+    const auto offset = [&](const Descriptor& x) {
+        return !x.has_offset ? std::string("none") : x.offset_per_sequence ? "per sequence" : std::to_string(x.offset_value);
+    };
+    const auto given = [](std::int64_t bits, std::int64_t bit) { return std::string(bits & bit ? "given" : "not given"); };
+    const auto scale_used = [](const Descriptor& x) { return x.has_scale ? x.scale : 1.0 / std::sqrt(static_cast<double>(x.Dk)); };
+    differ(d.causal != d0.causal, "causal", causal(d.causal), causal(d0.causal));
+    differ(d.window_left != d0.window_left || d.window_right != d0.window_right, "window",
+           "(" + num(d.window_left) + ", " + num(d.window_right) + ")", "(" + num(d0.window_left) + ", " + num(d0.window_right) + ")");
+    differ(d.window_align != d0.window_align, "window align", align(d.window_align), align(d0.window_align));
+    differ(offset(d) != offset(d0), "query_offset", offset(d), offset(d0));
+    differ(d.layout != d0.layout, "layout", std::string(layout_name(static_cast<Layout>(d.layout))),
+           std::string(layout_name(static_cast<Layout>(d0.layout))));
+    differ(d.impl != d0.impl, "impl", std::string(impl_name(static_cast<Impl>(d.impl))), std::string(impl_name(static_cast<Impl>(d0.impl))));
+    differ(d.has_key_lengths != d0.has_key_lengths, "key_lengths", d.has_key_lengths ? "given" : "not given",
+           d0.has_key_lengths ? "given" : "not given");
+    differ(scale_used(d) != scale_used(d0), "scale", num(scale_used(d)), num(scale_used(d0)));
+    differ(d.softcap != d0.softcap, "softcap", num(d.softcap), num(d0.softcap));
+    differ((d.tensor_modifiers ^ d0.tensor_modifiers) & 1, "sinks", given(d.tensor_modifiers, 1), given(d0.tensor_modifiers, 1));
+    differ((d.tensor_modifiers ^ d0.tensor_modifiers) & 2, "alibi_slopes", given(d.tensor_modifiers, 2), given(d0.tensor_modifiers, 2));
+    differ((d.tensor_modifiers ^ d0.tensor_modifiers) & kWantsDsinks, "dsinks", given(d.tensor_modifiers, kWantsDsinks),
+           given(d0.tensor_modifiers, kWantsDsinks));
+    differ(d.dropout_p != d0.dropout_p, "dropout_p", num(d.dropout_p), num(d0.dropout_p));
+    differ(d.dropout_p > 0.0 && d.dropout_seed != d0.dropout_seed, "dropout_seed",
+           std::to_string(static_cast<std::uint64_t>(d.dropout_seed)), std::to_string(static_cast<std::uint64_t>(d0.dropout_seed)));
+}
+
 // Phase 1b: the descriptors of all ranks, checked identically on every rank.
 void check_across(std::string_view kOp, const std::vector<Descriptor>& all, int P, std::int64_t& Lq, std::int64_t& Lk) {
     const Descriptor& d0 = all[0];
@@ -191,18 +241,7 @@ void check_across(std::string_view kOp, const std::vector<Descriptor>& all, int 
                  dtype_name(static_cast<DType>(d.v_dtype)), " but rank 0 has ", dtype_name(static_cast<DType>(d0.k_dtype)),
                  "/", dtype_name(static_cast<DType>(d0.v_dtype)), " (the K/V blocks travel between them as they are)");
         }
-        const bool same_options =
-            d.causal == d0.causal && d.window_left == d0.window_left && d.window_right == d0.window_right &&
-            d.window_align == d0.window_align && d.has_offset == d0.has_offset &&
-            d.offset_per_sequence == d0.offset_per_sequence && d.offset_value == d0.offset_value &&
-            d.layout == d0.layout && d.impl == d0.impl && d.has_key_lengths == d0.has_key_lengths &&
-            d.has_scale == d0.has_scale && (!d.has_scale || d.scale == d0.scale) && d.softcap == d0.softcap &&
-            d.tensor_modifiers == d0.tensor_modifiers && d.dropout_p == d0.dropout_p &&
-            d.dropout_seed == d0.dropout_seed;
-        if (!same_options) {
-            fail(kOp, who, "was called with other options (causal, window, query_offset, layout, impl, scale, "
-                           "key_lengths, softcap, alibi_slopes, sinks, dropout_p or dropout_seed) than rank 0");
-        }
+        check_same_options(kOp, who, d, d0);
         Lq += d.nq;
         Lk += d.nk;
     }

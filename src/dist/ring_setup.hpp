@@ -26,19 +26,23 @@ double cpu_now();  // process CPU time (all threads), seconds
 struct Descriptor {
     std::int64_t B, Hq, Hkv, Dk, Dv, nq, nk;
     std::int64_t causal, window_left, window_right, window_align, has_offset, offset_per_sequence, offset_value;
-    std::int64_t layout, impl, has_key_lengths, has_scale, tensor_modifiers;  // 1: sinks, 2: alibi_slopes
+    std::int64_t layout, impl, has_key_lengths, has_scale, tensor_modifiers;  // 1: sinks, 2: alibi_slopes, kWantsDsinks
     std::int64_t dropout_seed;  // the seed's bits
     std::int64_t k_dtype, v_dtype;  // the K/V blocks travel in these (every rank's must match)
     double scale, softcap, dropout_p;
 };
 inline constexpr int kDescriptorWords = 25;
+// Descriptor::tensor_modifiers bit the backward sets when the caller asked for dsinks: their sum is
+// collective, so a rank without them would leave the others waiting (a hang an exploratory test found).
+inline constexpr std::int64_t kWantsDsinks = 4;
 static_assert(sizeof(Descriptor) == kDescriptorWords * sizeof(std::int64_t));
 
 // A duplicate of the caller's communicator for the duration of one call (collective), so that
-// no message of ours can match one of the caller's.
+// no message of ours can match one of the caller's. MPI_COMM_NULL is refused first: duplicating it
+// is MPI's fatal error, which aborts the whole job (ring_setup.cpp).
 struct PrivateComm {
     MPI_Comm comm = MPI_COMM_NULL;
-    explicit PrivateComm(MPI_Comm c) { MPI_Comm_dup(c, &comm); }
+    PrivateComm(MPI_Comm c, std::string_view op);
     ~PrivateComm() { MPI_Comm_free(&comm); }
     PrivateComm(const PrivateComm&) = delete;
     PrivateComm& operator=(const PrivateComm&) = delete;

@@ -528,7 +528,7 @@ int main(int argc, char** argv) {
     run_error_case("Impl::decode", "ring_attention: impl: must be automatic, reference or flash",
                    [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) { o.impl = Impl::decode; });
     if (P >= 2) {
-        run_error_case("window on the last rank only", "was called with other options",
+        run_error_case("window on the last rank only", "was called with window (3, -1) but rank 0 with window (-1, -1)",
                        [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) {
                            if (rank == last) o.window.left = 3;
                        });
@@ -539,7 +539,7 @@ int main(int argc, char** argv) {
                            offsets[1] = rank == last ? 4 : 0;
                            o.query_offset = TensorView(offsets, DType::i64, Shape{2});
                        });
-        run_error_case("softcap on the last rank only", "was called with other options",
+        run_error_case("softcap on the last rank only", "was called with softcap 2 but rank 0 with softcap 0",
                        [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) {
                            if (rank == last) o.softcap = 2.0;
                        });
@@ -549,12 +549,12 @@ int main(int argc, char** argv) {
                            sinks[1] = rank == last ? 1.5f : 0.5f;
                            o.sinks = TensorView(sinks, DType::f32, Shape{2});
                        });
-        run_error_case("dropout seed differs on the last rank", "was called with other options",
+        run_error_case("dropout seed differs on the last rank", "was called with dropout_seed 8 but rank 0 with dropout_seed 7",
                        [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) {
                            o.dropout_p = 0.5;
                            o.dropout_seed = rank == last ? 8 : 7;
                        });
-        run_error_case("causal on the last rank only", "was called with other options",
+        run_error_case("causal on the last rank only", "was called with causal top_left but rank 0 with causal none",
                        [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) {
                            if (rank == last) o.causal = Causal::top_left;
                        });
