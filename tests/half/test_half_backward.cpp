@@ -140,15 +140,15 @@ struct Result {
     std::string kernel;
 };
 
-// Forward by the reference (out in dt.out, lse float32; both kernels read the same ones),
-// then the backward with `impl` into poisoned gradients of dtype `grad`.
-Result run(const Inputs& in, const Dtypes& dt, Impl impl, DType grad) {
+// Forward by `forward` (the reference unless given; out in dt.out, lse float32: both backward
+// kernels read the same ones), then the backward with `impl` into poisoned gradients of dtype `grad`.
+Result run(const Inputs& in, const Dtypes& dt, Impl impl, DType grad, Impl forward = Impl::reference) {
     Result r;
     const std::int64_t B = in.q.dim(0), Hq = in.q.dim(1), Lq = in.q.dim(2);
     r.out = poisoned(dt.out, Shape{B, Hq, Lq, in.v.shape()[3]});
     r.lse = poisoned(DType::f32, Shape{B, Hq, Lq});
     SdpaOptions o = in.opt;
-    o.impl = Impl::reference;
+    o.impl = forward;
     TensorView lv = r.lse.view();
     sdpa(in.q, in.k, in.v, o, r.out, &lv);
     r.dq = poisoned(grad, in.q.shape());
@@ -367,6 +367,64 @@ TEST(HalfBackward, Bf16ComputeMatchesReference) {
     EXPECT_TRUE(differs) << "every gradient equals the float32 products' rounded: the bf16 products did not run";
     std::printf("[ info ] bf16 compute backward, 30 cases: worst error / bound %.3g (the products' terms up to %.3g of a bound)\n",
                 worst, worst_products);
+}
+
+// The natural training step on bf16 tensors: an all-bf16 forward (bf16 compute where the CPU has
+// it), then the backward with float32 gradients (float32 products) from that forward's out and
+// lse. Two more terms than above (docs/conventions.md, "Backward with 16-bit tensors"): the
+// forward's lse is within ε (the bf16 exp2's bound) of the double one, so every weight the
+// backward rebuilds carries a relative ε: + ε·max|g| for each gradient; and its out carries
+// bf16 compute's error as well as its rounding, which D = rowsum(dO∘O) reads:
+// |ΔO_id| <= (2^-8 + 2ε)(1 + 2^-7)·max_j |V_jd| more, added to δ. The reference backward uses
+// neither out nor lse (the softmax Jacobian), so it is the exact gradient of these inputs.
+TEST(HalfBackward, Bf16ComputeForwardThenFloat32Backward) {
+    const detail::KernelSet* row = detail::kernel_set_for(detail::Isa::avx512);
+    if (row == nullptr || !detail::cpu_features().has_avx512_bf16())
+        GTEST_SKIP() << "skipped: CPU lacks avx512_bf16";
+    const detail::ScopedKernelSet use(*row);
+    const Dtypes dt{DType::bf16, DType::bf16, DType::bf16, DType::bf16, DType::f32};
+    constexpr double kEps = 1.05e-4;  // exp2_bf16's relative error (conventions.md, "bf16 compute")
+    const double u = unit_roundoff(DType::bf16);
+    double worst = 0.0;
+    int n = 0;
+    for (Case c : random_cases(30, 91)) {
+        c.dropout = 0.0;
+        SCOPED_TRACE(c.str());
+        const Inputs in = make_inputs(c, dt, 9100 + static_cast<std::uint64_t>(n++));
+        SdpaOptions probe = in.opt;
+        probe.impl = Impl::flash;  // decode would take a case with few rows: it keeps float32 weights
+        SdpaReport forward_report;
+        Tensor probe_out(DType::bf16, Shape{c.B, c.Hq, c.Lq, c.Dv});
+        sdpa(in.q, in.k, in.v, probe, probe_out, nullptr, nullptr, &forward_report);
+        ASSERT_EQ(forward_report.kernel, "flash/avx512_bf16");  // the forward whose lse this is about
+        const Result got = run(in, dt, Impl::flash, DType::f32, Impl::flash);
+        const Result ref = run(in, dt, Impl::reference, DType::f64);
+        const double den = std::max({max_abs(ref.dq), max_abs(ref.dk), max_abs(ref.dv)}) + 1e-30;
+        Bounds bd = bounds(c, in, got, den, dt);
+        double extra = 0.0;  // max over rows of Σ_d |dO_id|·(2^-8 + 2ε)(1 + 2^-7)·max_j |V_jd|
+        for (std::int64_t b = 0; b < c.B; ++b)
+            for (std::int64_t h = 0; h < c.Hq; ++h)
+                for (std::int64_t i = 0; i < c.Lq; ++i) {
+                    double s = 0.0;
+                    for (std::int64_t d = 0; d < c.Dv; ++d) {
+                        double vmax = 0.0;
+                        for (std::int64_t j = 0; j < c.Lk; ++j) vmax = std::max(vmax, std::fabs(at(in.v, b, h / (c.Hq / c.Hkv), j, d)));
+                        s += std::fabs(at(in.dO, b, h, i, d)) * (u + 2 * kEps) * (1 + std::ldexp(1.0, -7)) * vmax;
+                    }
+                    extra = std::max(extra, s);
+                }
+        const double scale = 1.0 / std::sqrt(static_cast<double>(c.Dk));
+        bd.dq += scale * extra * max_abs(in.k) + kEps * den;
+        bd.dk += scale * extra * max_abs(in.q) * static_cast<double>(c.Hq / c.Hkv * c.Lq) + kEps * den;
+        bd.dv += kEps * den;
+        for (auto [g, r, name, bound] : {std::tuple{&got.dq, &ref.dq, "dq", bd.dq}, std::tuple{&got.dk, &ref.dk, "dk", bd.dk},
+                                         std::tuple{&got.dv, &ref.dv, "dv", bd.dv}}) {
+            const double e = max_abs_diff(*g, *r);
+            worst = std::max(worst, e / bound);
+            EXPECT_LE(e, bound) << name << " (largest reference gradient " << den << ")";
+        }
+    }
+    std::printf("[ info ] bf16-compute forward, float32 backward, 30 cases: worst error / bound %.3g\n", worst);
 }
 
 // bf16 compute reads unit-stride bf16 Q/dO rows in place and makes every pair word from the
