@@ -274,11 +274,13 @@ void check_across(std::string_view kOp, const std::vector<Descriptor>& all, int 
         const auto vb = attn::detail::size_mul(d.Dv, static_cast<std::int64_t>(dtype_size(static_cast<DType>(d.v_dtype))));
         const auto bytes = kb && vb ? block_count(d, *kb, *vb) : std::nullopt;
         const auto words = block_count(d, d.Dk, d.Dv);
-        if (!bytes || !words || std::max(*bytes / unit.bytes, *words) > INT_MAX) {
-            fail(kOp, "rank ", r, "'s K/V block has ",
-                 bytes && words ? std::to_string(std::max(*bytes / unit.bytes, *words)) : std::string("more than 2^63"),
-                 " elements, more than one MPI message holds (", INT_MAX, "); use more ranks");
-        }
+        const auto too_many = [&](const std::string& count) {
+            fail(kOp, "rank ", r, "'s K/V block has ", count, " elements, more than one MPI message holds (", INT_MAX,
+                 "); use more ranks");
+        };
+        if (!bytes || !words) too_many("more than 2^63");
+        const std::int64_t count = std::max(bytes.value() / unit.bytes, words.value());
+        if (count > INT_MAX) too_many(std::to_string(count));
     }
 }
 

@@ -470,7 +470,9 @@ TEST(Mha, StateDictErrorsNameTheTensor) {
         {"in_proj_weight", TensorView(wi.data(), DType::f32, Shape{3 * E, E})},
     };
     const Tensor x(DType::f32, Shape{3, 1, E}, true);
-    const Tensor before = layer.forward(x.view(), x.view(), x.view(), {.need_weights = false}).output;
+    MhaForwardOptions no_weights;  // (a designated initializer drew -Wmissing-field-initializers from g++ 12)
+    no_weights.need_weights = false;
+    const Tensor before = layer.forward(x.view(), x.view(), x.view(), no_weights).output;
     const rlimit was = attn::test::limit_address_space(40ul << 20);
     try {
         layer.load_state_dict(sd);
@@ -481,7 +483,7 @@ TEST(Mha, StateDictErrorsNameTheTensor) {
     for (const auto& [name, view] : sd)
         for (std::int64_t i = 0; i < view.numel(); i += 4099)
             if (layer.parameter(name).data_as<const float>()[i] != 0.0f) std::exit(3);  // changed
-    const Tensor after = layer.forward(x.view(), x.view(), x.view(), {.need_weights = false}).output;
+    const Tensor after = layer.forward(x.view(), x.view(), x.view(), no_weights).output;
     std::exit(std::memcmp(before.data(), after.data(), before.nbytes()) == 0 ? 0 : 6);  // 6: packed weights changed
 }
 
