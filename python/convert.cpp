@@ -124,14 +124,23 @@ attn::TensorView output_view(py::array& a, int rank) {
 }
 
 std::vector<std::pair<std::string, attn::TensorView>> named_inputs(const py::dict& d, const std::string& what,
-                                                                   std::vector<Input>& keep, bool uint16_is_bf16) {
+                                                                   std::vector<Input>& keep, bool uint16_is_bf16,
+                                                                   bool torch_bf16) {
     std::vector<std::pair<std::string, attn::TensorView>> out;
     for (const auto& item : d) {
         if (!py::isinstance<py::str>(item.first)) {
             type_error(what + ": keys must be str but got " + std::string(py::str(py::type::of(item.first))));
         }
         const std::string name = item.first.cast<std::string>();
-        keep.push_back(input(item.second, what + "['" + name + "']", 0, 4, "an array of rank <= 4", uint16_is_bf16));
+        py::object value = py::reinterpret_borrow<py::object>(item.second);
+        bool bits = uint16_is_bf16;
+        if (torch_bf16 && py::hasattr(value, "dtype") && std::string(py::str(value.attr("dtype"))) == "torch.bfloat16") {
+            const py::object int16 = py::module_::import("torch").attr("int16");
+            value = value.attr("detach")().attr("contiguous")().attr("view")(int16).attr("numpy")().attr("view")(
+                py::module_::import("numpy").attr("uint16"));
+            bits = true;
+        }
+        keep.push_back(input(value, what + "['" + name + "']", 0, 4, "an array of rank <= 4", bits));
         out.emplace_back(name, keep.back().view);
     }
     return out;

@@ -25,21 +25,9 @@ void save_safetensors_py(const py::object& path_arg, const py::object& tensors_a
                    std::string(py::str(py::type::of(tensors_arg).attr("__name__"))));
     }
     // A torch.bfloat16 tensor (a bfloat16 model's state_dict) has no NumPy form: its bits, as BF16.
-    bool bf16_bits = uint16_is_bf16_arg(dtype);
-    py::dict given;
-    for (const auto& item : py::reinterpret_borrow<py::dict>(tensors_arg)) {
-        const py::object value = py::reinterpret_borrow<py::object>(item.second);
-        if (py::hasattr(value, "dtype") && std::string(py::str(value.attr("dtype"))) == "torch.bfloat16") {
-            const py::object int16 = py::module_::import("torch").attr("int16");
-            given[item.first] = value.attr("detach")().attr("contiguous")().attr("view")(int16).attr("numpy")().attr("view")(
-                py::module_::import("numpy").attr("uint16"));
-            bf16_bits = true;
-        } else {
-            given[item.first] = value;
-        }
-    }
     std::vector<Input> keep;
-    const auto tensors = named_inputs(given, "tensors", keep, bf16_bits);
+    const auto tensors = named_inputs(py::reinterpret_borrow<py::dict>(tensors_arg), "tensors", keep,
+                                      uint16_is_bf16_arg(dtype), /*torch_bf16=*/true);
     std::map<std::string, std::string> metadata;
     if (!metadata_arg.is_none()) {
         if (!py::isinstance<py::dict>(metadata_arg)) {

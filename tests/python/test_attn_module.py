@@ -439,6 +439,10 @@ def test_save_safetensors_from_a_torch_module(tmp_path):
         assert header[name]["dtype"] == "BF16", name
         o0, o1 = header[name]["data_offsets"]
         assert np.array_equal(np.frombuffer(raw[8 + n + o0:8 + n + o1], "<i2"), want.view(torch.int16).flatten().numpy()), name
+    # Only the torch.bfloat16 entries are read as bits: a uint16 array beside them still needs dtype="bfloat16".
+    with pytest.raises(TypeError, match=r"tensors\['u'\]: .*uint16"):
+        attn.save_safetensors(tmp_path / "mixed.safetensors", {"w": torch.ones(2, dtype=torch.bfloat16),
+                                                               "u": np.arange(4, dtype=np.uint16)})
     # A torch.save file (zip archive; a pickle with _use_new_zipfile_serialization=False).
     for new_zip in (True, False):
         pt = tmp_path / "w.pt"
