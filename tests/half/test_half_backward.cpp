@@ -269,6 +269,12 @@ TEST(HalfBackward, SixteenBitGradientsAreOneRoundingOfFloat32) {
     }
 }
 
+// The kernel row that runs bf16 compute (avx512, on a CPU with AVX-512 BF16), or null.
+const detail::KernelSet* bf16_compute_row() {
+    const detail::KernelSet* row = detail::kernel_set_for(detail::Isa::avx512);
+    return row != nullptr && detail::cpu_features().has_avx512_bf16() ? row : nullptr;
+}
+
 // bf16 compute (docs/conventions.md "bf16 compute"): Q, K, V, O, dO and the gradients all
 // bf16 on a CPU with AVX-512 BF16 run the five products on bf16 pairs. Against the double
 // reference on the same inputs, per element, on top of the bound above (float32 budget +
@@ -280,9 +286,8 @@ TEST(HalfBackward, SixteenBitGradientsAreOneRoundingOfFloat32) {
 // weights; no dropout here (P̂ = P). The run must differ from the float32 products somewhere,
 // or this test would not be testing them.
 TEST(HalfBackward, Bf16ComputeMatchesReference) {
-    const detail::KernelSet* row = detail::kernel_set_for(detail::Isa::avx512);
-    if (row == nullptr || !detail::cpu_features().has_avx512_bf16())
-        GTEST_SKIP() << "skipped: CPU lacks avx512_bf16";
+    const detail::KernelSet* row = bf16_compute_row();
+    if (row == nullptr) GTEST_SKIP() << "skipped: CPU lacks avx512_bf16";
     const detail::ScopedKernelSet use(*row);
     const Dtypes dt{DType::bf16, DType::bf16, DType::bf16, DType::bf16, DType::bf16};
     const double u = unit_roundoff(DType::bf16), uu = u * (1.0 + std::ldexp(1.0, -7));
@@ -378,9 +383,8 @@ TEST(HalfBackward, Bf16ComputeMatchesReference) {
 // |ΔO_id| <= (2^-8 + 2ε)(1 + 2^-7)·max_j |V_jd| more, added to δ. The reference backward uses
 // neither out nor lse (the softmax Jacobian), so it is the exact gradient of these inputs.
 TEST(HalfBackward, Bf16ComputeForwardThenFloat32Backward) {
-    const detail::KernelSet* row = detail::kernel_set_for(detail::Isa::avx512);
-    if (row == nullptr || !detail::cpu_features().has_avx512_bf16())
-        GTEST_SKIP() << "skipped: CPU lacks avx512_bf16";
+    const detail::KernelSet* row = bf16_compute_row();
+    if (row == nullptr) GTEST_SKIP() << "skipped: CPU lacks avx512_bf16";
     const detail::ScopedKernelSet use(*row);
     const Dtypes dt{DType::bf16, DType::bf16, DType::bf16, DType::bf16, DType::f32};
     constexpr double kEps = 1.05e-4;  // exp2_bf16's relative error (conventions.md, "bf16 compute")
@@ -432,9 +436,8 @@ TEST(HalfBackward, Bf16ComputeForwardThenFloat32Backward) {
 // and heads holding a NaN/±inf go through float32 rows rounded back. Both routes must give
 // the same operands, so the same bits — also with a NaN in Q and an inf in dO.
 TEST(HalfBackward, Bf16ComputeInPlaceOperandsMatchPacked) {
-    const detail::KernelSet* row = detail::kernel_set_for(detail::Isa::avx512);
-    if (row == nullptr || !detail::cpu_features().has_avx512_bf16())
-        GTEST_SKIP() << "skipped: CPU lacks avx512_bf16";
+    const detail::KernelSet* row = bf16_compute_row();
+    if (row == nullptr) GTEST_SKIP() << "skipped: CPU lacks avx512_bf16";
     const detail::ScopedKernelSet use(*row);
     const Dtypes dt{DType::bf16, DType::bf16, DType::bf16, DType::bf16, DType::bf16};
     // t's values in a (B, H, L, 2·D) buffer, viewed as every second element of its rows
@@ -488,9 +491,8 @@ TEST(HalfBackward, Bf16ComputeInPlaceOperandsMatchPacked) {
 // K and V pairs come from the bf16 words with K's NaN/±inf entries 0 for dQ += dS·K: a NaN
 // in K and an inf in V at keys the key lengths hide leave every gradient as the clean run's.
 TEST(HalfBackward, Bf16ComputeHiddenNonFiniteKeys) {
-    const detail::KernelSet* row = detail::kernel_set_for(detail::Isa::avx512);
-    if (row == nullptr || !detail::cpu_features().has_avx512_bf16())
-        GTEST_SKIP() << "skipped: CPU lacks avx512_bf16";
+    const detail::KernelSet* row = bf16_compute_row();
+    if (row == nullptr) GTEST_SKIP() << "skipped: CPU lacks avx512_bf16";
     const detail::ScopedKernelSet use(*row);
     const Dtypes dt{DType::bf16, DType::bf16, DType::bf16, DType::bf16, DType::bf16};
     for (std::int64_t Lk : {5, 64, 129}) {
