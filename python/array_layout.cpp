@@ -6,7 +6,10 @@ namespace {
 
 std::string shape_str(const std::vector<std::int64_t>& shape) {
     std::string s = "(";
-    for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    for (std::size_t i = 0; i < shape.size(); ++i) {  // appended in two steps: g++ 12's LTO warned (a
+        s += i ? ", " : "";                           // -Wstringop-overflow false positive) on `", " + string`
+        s += std::to_string(shape[i]);
+    }
     return s + (shape.size() == 1 ? ",)" : ")");
 }
 

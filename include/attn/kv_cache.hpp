@@ -19,6 +19,8 @@
 // attn::OutOfMemory naming the buffer and the bytes. Either way the cache is unchanged.
 // Growing reallocates: views from keys()/values() taken before an append are then stale
 // (the append itself may read its tokens from such views: a prefix copied between sequences).
+// A token read from the free positions (at or past a length) reads what the append may be
+// writing there: defined memory, unspecified values.
 //
 // decode_attention() runs the bandwidth-bound decode kernel for Lq new queries per
 // sequence against the cache (see include/attn/decode.hpp).

@@ -98,8 +98,13 @@ void require_distinct_elements(std::string_view op, const TensorView& t, std::st
     int n = 0;
     for (int d = 0; d < t.rank(); ++d)
         if (t.dim(d) > 1) order[static_cast<std::size_t>(n++)] = d;
+    // |stride|, INT64_MIN's as INT64_MAX (std::abs of it is undefined; either is past any memory).
+    const auto abs_stride = [&](int d) {
+        return t.stride(d) == std::numeric_limits<std::int64_t>::min() ? std::numeric_limits<std::int64_t>::max()
+                                                                         : std::abs(t.stride(d));
+    };
     // Insertion sort of at most kMaxRank dims (std::sort here drew a false -Warray-bounds from g++ 12).
-    const auto stride_at = [&](int i) { return std::abs(t.stride(order[static_cast<std::size_t>(i)])); };
+    const auto stride_at = [&](int i) { return abs_stride(order[static_cast<std::size_t>(i)]); };
     for (int i = 1; i < n; ++i)
         for (int j = i; j > 0 && stride_at(j) < stride_at(j - 1); --j)
             std::swap(order[static_cast<std::size_t>(j)], order[static_cast<std::size_t>(j - 1)]);
@@ -109,11 +114,19 @@ void require_distinct_elements(std::string_view op, const TensorView& t, std::st
     std::int64_t count = 1;  // their elements (saturating)
     for (int i = 0; i < n; ++i) {
         const int d = order[static_cast<std::size_t>(i)];
-        const std::int64_t s = std::abs(t.stride(d));
+        const std::int64_t s = abs_stride(d);
         nested = nested && s > reach;
         const auto span = size_mul_or_max(s, t.dim(d) - 1);
         reach = span > kMax - reach ? kMax : reach + span;
         count = size_mul_or_max(count, t.dim(d));
+    }
+    // Every element is written, so every one is memory the caller holds: a byte span past 2^63
+    // is not, and its byte offsets (element offset × size, in 64 bits) would wrap onto other
+    // elements (a stride of 2^62 floats put row 1 on row 0's bytes).
+    const auto size = static_cast<std::int64_t>(dtype_size(t.dtype()));
+    if (reach > kMax / size - 1) {
+        fail(op, name, ": strides ", strides_text(t), " for shape ", t.shape(), " span more than 2^63 bytes of ",
+             dtype_name(t.dtype()), "; an output must be memory the caller holds");
     }
     if (nested) return;
     const auto overlap = [&] {

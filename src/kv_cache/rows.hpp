@@ -12,11 +12,13 @@ namespace attn::detail {
 
 // Converts `count` elements of a row (stride `stride` elements, any float dtype) into the
 // storage type at dst. The common cases (same dtype, float32 source) avoid the generic load.
+// The source may be a view of the cache's own storage (a prefix copied between sequences),
+// even one overlapping the destination row (of the free positions): hence memmove.
 inline void convert_row(const TensorView& src, std::int64_t offset, std::int64_t stride, std::int64_t count, DType dst_type,
                  void* dst) {
     const DType st = src.dtype();
     if (st == dst_type && stride == 1) {
-        std::memcpy(dst, static_cast<const char*>(src.data()) + offset * static_cast<std::int64_t>(dtype_size(st)),
+        std::memmove(dst, static_cast<const char*>(src.data()) + offset * static_cast<std::int64_t>(dtype_size(st)),
                     static_cast<std::size_t>(count) * dtype_size(st));
         return;
     }

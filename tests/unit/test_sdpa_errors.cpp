@@ -280,6 +280,35 @@ TEST(SdpaErrors, OutputsWithOverlappingStrides) {
                  {"sdpa: out: strides (120, 30, 6, 2) for shape (2, 4, 5, 6) put two elements at one address"});
 }
 
+// Enum values cast from a wrong integer ran a default branch (Impl(77) the reference, Causal(9)
+// bottom-right; an adversarial tester found them): refused, naming the field.
+TEST(SdpaErrors, EnumValuesOutOfRange) {
+    expect_error([](Call& c) { c.opt.impl = static_cast<Impl>(77); },
+                 {"sdpa: impl: must be one of Impl::automatic, reference, flash, decode but got the value 77"});
+    expect_error([](Call& c) { c.opt.causal = static_cast<Causal>(9); }, {"sdpa: causal: must be one of", "the value 9"});
+    expect_error([](Call& c) { c.opt.window.align = static_cast<attn::Align>(-1); },
+                 {"sdpa: window.align: must be one of", "the value -1"});
+    expect_error(
+        [](Call& c) {
+            c.scores = attn::ScoresOutput{c.weights.view(), static_cast<attn::ScoreStage>(3)};
+            c.pass_weights = false;
+        },
+        {"sdpa: scores.stage: must be one of ScoreStage::scaled, softcapped, masked but got the value 3"});
+}
+
+// Element offsets are distinct but the byte offsets (× 4, in 64 bits) wrap: a stride of 2^62
+// floats put row 1 on row 0's bytes and was accepted (an adversarial tester found it). Refused,
+// as is INT64_MIN (whose std::abs was undefined).
+TEST(SdpaErrors, OutputsSpanningMoreThan2To63Bytes) {
+    constexpr std::int64_t kMin = std::numeric_limits<std::int64_t>::min();
+    expect_error([](Call& c) { c.lsev = TensorView(c.lse.data(), DType::f32, Shape{2, 4, 5}, {20, 5, std::int64_t{1} << 62}); },
+                 {"sdpa: lse: strides (20, 5, 4611686018427387904) for shape (2, 4, 5) span more than 2^63 bytes of float32"});
+    expect_error([](Call& c) { c.lsev = TensorView(c.lse.data(), DType::f32, Shape{2, 4, 5}, {-(std::int64_t{1} << 61), 5, 1}); },
+                 {"sdpa: lse: strides (-2305843009213693952, 5, 1) for shape (2, 4, 5) span more than 2^63 bytes"});
+    expect_error([](Call& c) { c.outv = TensorView(c.out.data(), DType::f32, Shape{2, 4, 5, 6}, {kMin, 30, 6, 1}); },
+                 {"sdpa: out: strides (-9223372036854775808, 30, 6, 1) for shape (2, 4, 5, 6) span more than 2^63 bytes"});
+}
+
 // A layout whose strides interleave without overlapping — lse (B=2, H=4, Lq=5) with element
 // (b, h, i) at 36·b + 5·h + 4·i: distinct, though 5 < 4·(5 − 1) — is accepted and written like
 // a contiguous one.
@@ -381,17 +410,18 @@ TEST(OptionParsers, ImplAndCausalNames) {
 
 // Broadcast (stride-0) float64 views so large that one head's Lq × Lk doubles exceed what a
 // std::vector can hold (length_error) or 2^63 bytes: attn::OutOfMemory, its message counting
-// the bytes without wrapping. (Not under ASan, which aborts on such a request.)
+// the bytes without wrapping. Lq·Lk = 2^64 wrapped to 0 and the reference wrote through an empty
+// vector (a segfault; an adversarial tester found it). (Not under ASan, which aborts on such a request.)
 #if !defined(__SANITIZE_ADDRESS__)
 TEST(SdpaErrors, ReferenceBeyondAnyAllocationIsOutOfMemory) {
     double one = 1.0;
     const std::int64_t Lk = std::int64_t{1} << 34;  // the most keys a call may have
-    // Lq·Lk = 2^59 doubles (bad_alloc) and 2^61 (above max_size: length_error). out is never
-    // written, so its 256 MiB / 1 GiB stay virtual.
-    for (const std::int64_t Lq : {std::int64_t{1} << 25, std::int64_t{1} << 27}) {
+    // Lq·Lk = 2^59 doubles (bad_alloc), 2^61 (above max_size: length_error) and 2^64 (wraps
+    // int64 to 0). out is never written, so its 64 MiB … 2 GiB (float16) stay virtual.
+    for (const std::int64_t Lq : {std::int64_t{1} << 25, std::int64_t{1} << 27, std::int64_t{1} << 30}) {
         const TensorView q(&one, DType::f64, Shape{1, 1, Lq, 1}, attn::Strides{0, 0, 0, 0});
         const TensorView kv(&one, DType::f64, Shape{1, 1, Lk, 1}, attn::Strides{0, 0, 0, 0});
-        Tensor out_rows{DType::f64, Shape{1, 1, Lq, 1}};
+        Tensor out_rows{DType::f16, Shape{1, 1, Lq, 1}};
         SdpaOptions opt;
         opt.impl = Impl::reference;
         try {

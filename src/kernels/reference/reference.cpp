@@ -106,6 +106,10 @@ void weighted_sum(const SdpaProblem& p, std::int64_t b, std::int64_t h, const st
 }  // namespace
 
 void reference_head(const SdpaProblem& p, std::int64_t b, std::int64_t h, HeadSteps& steps) {
+    // Broadcast (stride-0) inputs make Lq·Lk as large as 2^66: said before any buffer is sized,
+    // where the product would wrap (to 0 at 2^64, and the loops would write past an empty vector).
+    const std::optional<std::int64_t> pairs = size_mul(p.Lq, p.Lk);
+    if (!pairs || !size_mul(*pairs, 4 * static_cast<std::int64_t>(sizeof(double)))) reference_out_of_memory(p);
     compute_scores(p, b, h, steps.scores);
     steps.softcapped_scores = steps.scores;
     if (p.softcap > 0.0)
