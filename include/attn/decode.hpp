@@ -24,9 +24,10 @@
 //   options: scale, causal, window, query_offset, masks ((B, Hq, Lq, n) broadcastable,
 //            n = cache.max_length()); key_lengths come from the cache (must be unset);
 //            dropout as in sdpa (the decode kernel declines it: flash or the reference runs)
-// Append the new tokens' K and V to the cache before calling: with causal masking, a
-// sequence holding fewer than Lq positions is an error. Results do not depend on the
-// thread count.
+// Append the new tokens' K and V to the cache before calling: with causal masking (and no
+// query_offset), a sequence holding 1 .. Lq − 1 positions is an error. An empty sequence (an
+// idle slot of a batch) is not: its rows see no key (out 0, lse −inf), as in sdpa. Results do
+// not depend on the thread count.
 #pragma once
 
 #include <cstdint>

@@ -188,7 +188,8 @@ void require_gradient_outputs(std::string_view op, const std::vector<Named>& inp
 
 void require_query_fits_cache(std::string_view op, const TensorView& q, std::int64_t kv_heads, std::int64_t head_dim) {
     if (q.dim(3) != head_dim) fail(op, "Q: head dim ", q.dim(3), " does not match the cache's head_dim ", head_dim);
-    if (q.dim(1) < 1 || q.dim(1) % kv_heads != 0) {
+    if (q.dim(1) < 1) fail(op, "Q: heads must be >= 1 but got ", q.dim(1));  // 0 is a multiple of anything
+    if (q.dim(1) % kv_heads != 0) {
         fail(op, "Q: heads ", q.dim(1), " must be a multiple of the cache's kv_heads ", kv_heads,
              " (grouped-query attention)");
     }

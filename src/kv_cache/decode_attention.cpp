@@ -29,9 +29,12 @@ void decode_attention(const TensorView& q, const KVCache& cache, const SdpaOptio
     if (q.dim(0) != cache.batch()) {
         detail::fail(op, "Q: batch ", q.dim(0), " does not match the cache's batch ", cache.batch());
     }
+    // Fewer positions than new queries under causal masking: the new tokens were not appended (the
+    // rule would silently give rows with no key). An empty sequence is an idle slot of the batch:
+    // it refused every other sequence's step, so it takes the rule (out 0, lse −inf).
     if (options.causal != Causal::none && !options.query_offset) {
         for (std::int64_t b = 0; b < cache.batch(); ++b) {
-            if (cache.length(b) < q.dim(2)) {
+            if (cache.length(b) > 0 && cache.length(b) < q.dim(2)) {
                 detail::fail(op, "cache: sequence ", b, " holds ", cache.length(b), " positions but there are ",
                              q.dim(2), " new queries; append the new tokens' K and V to the cache before "
                              "decode_attention");

@@ -234,9 +234,16 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
             const char* name;
             std::int64_t at, extent, limit;
             const char* extent_name;
-        } parts[] = {{"batch", o.batch, p.B, k32, "B"}, {"head", o.head, p.Hq, k32, "Hq"},
-                     {"row", o.row, p.Lq, k32, "Lq"}, {"key", o.key, p.Lk, 4 * k32, "Lk"}};
+            const char* tensor;
+        } parts[] = {{"batch", o.batch, p.B, k32, "B", "Q"}, {"head", o.head, p.Hq, k32, "Hq", "Q"},
+                     {"row", o.row, p.Lq, k32, "Lq", "Q"}, {"key", o.key, p.Lk, 4 * k32, "Lk", "K"}};
         for (const auto& x : parts) {
+            // Every call keeps to the counter's range, with dropout or without (a broadcast K of
+            // 2^34 + 1 keys was refused in the name of a dropout_origin nobody had set).
+            if (x.extent > x.limit) {
+                fail(kOp, x.tensor, ": ", x.extent_name, " = ", x.extent, " is more than a call may have (",
+                     x.limit == k32 ? "2^32" : "2^34", ", the range of the dropout counter, with or without dropout)");
+            }
             if (x.at < 0 || x.at > x.limit - x.extent) {
                 fail(kOp, "dropout_origin.", x.name, ": must be >= 0 with ", x.name, " + ", x.extent_name, " <= ",
                      x.limit == k32 ? "2^32" : "2^34", " (", x.extent_name, " = ", x.extent, ") but got ", x.at);

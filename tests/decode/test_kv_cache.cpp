@@ -217,6 +217,48 @@ TEST(KVCache, AppendFromAViewOverlappingItsOwnRow) {
     }
 }
 
+// An idle slot (an empty sequence) of a batch under causal masking takes the alignment rule —
+// its rows see no key: out 0, lse −inf — while the other sequences decode as alone. It was
+// refused as "append the new tokens first", which stopped the whole batch's step (a helper
+// using the Python API found it). Both alignments, every ISA row through `auto`.
+TEST(KVCache, CausalDecodeWithAnIdleSlot) {
+    std::mt19937 rng(37);
+    KVCache c(config(DType::f32, 8));
+    c.append(0, random_f32(Shape{3, 5, 5}, rng), random_f32(Shape{3, 5, 4}, rng));  // sequence 1 stays empty
+    const Tensor q = random_f32(Shape{2, 6, 2, 5}, rng);
+    for (Causal causal : {Causal::bottom_right, Causal::top_left}) {
+        SdpaOptions o;
+        o.causal = causal;
+        Tensor out(DType::f32, Shape{2, 6, 2, 4}), lse(DType::f32, Shape{2, 6, 2});
+        poison(out);
+        poison(lse);
+        const TensorView lse_view = lse;
+        decode_attention(q, c, o, out, &lse_view);
+        // Sequence 0 alone, against the reference on its 5 rows.
+        Tensor out0(DType::f32, Shape{1, 6, 2, 4}), lse0(DType::f32, Shape{1, 6, 2});
+        const TensorView lse0_view = lse0;
+        o.impl = Impl::reference;
+        sdpa(q.view().slice(0, 0, 1), c.keys().slice(0, 0, 1).slice(2, 0, 5), c.values().slice(0, 0, 1).slice(2, 0, 5),
+             o, out0, &lse0_view);
+        for (std::int64_t h = 0; h < 6; ++h)
+            for (std::int64_t i = 0; i < 2; ++i) {
+                EXPECT_NEAR(lse.data_as<float>()[lse.view().offset(0, h, i)], lse0.data_as<float>()[lse0.view().offset(0, h, i)], 1e-5);
+                EXPECT_EQ(lse.data_as<float>()[lse.view().offset(1, h, i)], -std::numeric_limits<float>::infinity());
+                for (std::int64_t d = 0; d < 4; ++d) {
+                    EXPECT_NEAR(out.data_as<float>()[out.view().offset(0, h, i, d)],
+                                out0.data_as<float>()[out0.view().offset(0, h, i, d)], 1e-5);
+                    EXPECT_EQ(out.data_as<float>()[out.view().offset(1, h, i, d)], 0.0f);
+                }
+            }
+    }
+    // A sequence with some positions but fewer than the new queries is still refused.
+    c.append(1, random_f32(Shape{3, 1, 5}, rng), random_f32(Shape{3, 1, 4}, rng));
+    Tensor out(DType::f32, Shape{2, 6, 2, 4});
+    EXPECT_EQ(error_of([&] { decode_attention(q, c, causal_bottom_right(), out); }),
+              "decode_attention: cache: sequence 1 holds 1 positions but there are 2 new queries; append the new "
+              "tokens' K and V to the cache before decode_attention");
+}
+
 TEST(KVCache, TruncateAndResetRollBack) {
     std::mt19937 rng(14);
     KVCache c(config(DType::f32, 8));
@@ -287,6 +329,9 @@ TEST(KVCache, ArgumentErrorsNameTheArgument) {
     Tensor q4(DType::f32, Shape{2, 4, 1, 5}, true), out4(DType::f32, Shape{2, 4, 1, 4});
     EXPECT_EQ(error_of([&] { decode_attention(q4, c, causal_bottom_right(), out4); }),
               "decode_attention: Q: heads 4 must be a multiple of the cache's kv_heads 3 (grouped-query attention)");
+    Tensor q0(DType::f32, Shape{2, 0, 1, 5}, true), out0(DType::f32, Shape{2, 0, 1, 4});
+    EXPECT_EQ(error_of([&] { decode_attention(q0, c, causal_bottom_right(), out0); }),
+              "decode_attention: Q: heads must be >= 1 but got 0");  // was "heads 0 must be a multiple of"
     Tensor q7(DType::f32, Shape{2, 6, 1, 7}, true);
     EXPECT_EQ(error_of([&] { decode_attention(q7, c, causal_bottom_right(), out4); }),
               "decode_attention: Q: head dim 7 does not match the cache's head_dim 5");

@@ -280,6 +280,20 @@ TEST(SdpaErrors, OutputsWithOverlappingStrides) {
                  {"sdpa: out: strides (120, 30, 6, 2) for shape (2, 4, 5, 6) put two elements at one address"});
 }
 
+// One key more than the dropout counter's range: refused as a limit of every call, naming K
+// (it was refused as "dropout_origin.key", an option nobody had set).
+TEST(SdpaErrors, MoreKeysThanACallMayHave) {
+    static float one = 1.0f;
+    const std::int64_t Lk = (std::int64_t{1} << 34) + 1;
+    expect_error(
+        [&](Call& c) {
+            c.kv = TensorView(&one, DType::f32, Shape{2, 2, Lk, 8}, attn::Strides{0, 0, 0, 0});
+            c.vv = TensorView(&one, DType::f32, Shape{2, 2, Lk, 6}, attn::Strides{0, 0, 0, 0});
+            c.pass_weights = false;
+        },
+                 {"sdpa: K: Lk = 17179869185 is more than a call may have (2^34, the range of the dropout counter"});
+}
+
 // Enum values cast from a wrong integer ran a default branch (Impl(77) the reference, Causal(9)
 // bottom-right; an adversarial tester found them): refused, naming the field.
 TEST(SdpaErrors, EnumValuesOutOfRange) {
