@@ -3,6 +3,7 @@
 #include "convert.hpp"
 
 #include <algorithm>
+#include <cctype>
 
 namespace attn_py {
 
@@ -125,10 +126,19 @@ CallOptions make_options(const SdpaArgs& args) {
 
 std::string python_names(const std::string& message, Renames renames) {
     std::string m = message;
-    const auto rename = [&m](const std::string& core, const std::string& python) {
-        const std::string from = core + ": ", to = python + ": ";
-        for (std::size_t at = m.find(from); at != std::string::npos; at = m.find(from, at + to.size()))
-            m.replace(at, from.size(), to);
+    // Whole words only ("cu_seqlens_q has 3 entries" too, not only "cu_seqlens_q: "), never a
+    // part of a longer name.
+    const auto in_word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+    const auto rename = [&](const std::string& core, const std::string& python) {
+        for (std::size_t at = m.find(core); at != std::string::npos; at = m.find(core, at)) {
+            const std::size_t end = at + core.size();
+            if ((at > 0 && in_word(m[at - 1])) || (end < m.size() && in_word(m[end]))) {
+                ++at;
+                continue;
+            }
+            m.replace(at, core.size(), python);
+            at += python.size();
+        }
     };
     rename("bool_mask", "attn_mask");
     rename("additive_mask", "attn_mask");

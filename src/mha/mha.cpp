@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../core/check.hpp"
+#include "../core/checked_size.hpp"
 #include "inputs.hpp"
 
 namespace attn {
@@ -73,8 +74,18 @@ MultiHeadAttention::MultiHeadAttention(const MhaConfig& config) : config_(config
     if (c.param_dtype != DType::f32 && c.param_dtype != DType::f16 && c.param_dtype != DType::bf16) {
         fail(kMha, "param_dtype: expected float32, float16 or bfloat16 but got ", dtype_name(c.param_dtype));
     }
-    for (const auto& [name, shape] : parameter_shapes())
-        params_.emplace(name, Tensor(is_weight_matrix(name) ? c.param_dtype : DType::f32, shape, true));
+    // Sizes that come from the config are said as the config's (the Tensor's own message names
+    // no argument of this constructor).
+    for (const auto& [name, shape] : parameter_shapes()) {
+        const DType dt = is_weight_matrix(name) ? c.param_dtype : DType::f32;
+        const std::string what = "parameter " + name + " (from embed_dim, kdim, vdim and the heads)";
+        detail::checked_bytes(kMha, what, shape, dtype_size(dt));
+        try {
+            params_.emplace(name, Tensor(dt, shape, true));
+        } catch (const OutOfMemory& e) {
+            throw OutOfMemory(std::string(kMha) + ": " + what + ": " + e.what());
+        }
+    }
 }
 
 bool MultiHeadAttention::is_weight_matrix(std::string_view name) {

@@ -88,8 +88,9 @@ void MultiHeadAttention::forward_incremental_into(const TensorView& x_new, KVCac
     check_cache(*this, cache, l);
     detail::check_output("output", output, x_new.shape());
     // The append writes the cache's storage (and growing moves it): the output cannot live there.
-    detail::require_disjoint(kMha, output, "forward_incremental: output", cache.keys(), "the cache's keys");
-    detail::require_disjoint(kMha, output, "forward_incremental: output", cache.values(), "the cache's values");
+    const std::string op = std::string(kMha) + ": forward_incremental";
+    detail::require_disjoint(op, output, "output", cache.keys(), "the cache's keys");
+    detail::require_disjoint(op, output, "output", cache.values(), "the cache's values");
     const MhaConfig& c = config_;
     const std::int64_t E = c.embed_dim, h = c.num_heads, dh = head_dim(), hkv = c.num_kv_heads, Ekv = hkv * dh;
     const std::int64_t B = l.B, T = l.T, N = B * T, n = E + 2 * Ekv;

@@ -53,6 +53,9 @@ Tensor run_packed(const MultiHeadAttention& layer, const TensorView& query, cons
     detail::require_rank(kOp, query, "query", 2, "(Tq, E)");
     detail::require_rank(kOp, key, "key", 2, "(Tk, kdim)");
     detail::require_rank(kOp, value, "value", 2, "(Tk, vdim)");
+    detail::require_floating(kOp, query, "query");  // before the projections convert them
+    detail::require_floating(kOp, key, "key");
+    detail::require_floating(kOp, value, "value");
     if (query.dim(1) != E) detail::fail(kOp, "query: expected ", E, " features (embed_dim) but got ", query.dim(1));
     if (key.dim(1) != c.kdim) detail::fail(kOp, "key: expected ", c.kdim, " features (kdim) but got ", key.dim(1));
     if (value.dim(1) != c.vdim) detail::fail(kOp, "value: expected ", c.vdim, " features (vdim) but got ", value.dim(1));

@@ -233,6 +233,9 @@ def test_grad_out_errors_leave_no_files(tmp_path):
         # No default seed (the same mask in every run) and no seed without dropout (it changes nothing).
         (["--dropout", "0.25"], "--dropout: 0.25 needs --seed N"),
         (["--seed", "3"], "--seed: only with --dropout P > 0"),
+        # The same for the other qualifiers (they were accepted and changed nothing).
+        (["--window-align", "bottom-right"], "--window-align: only with --window-left or --window-right"),
+        (["--scores-stage", "scaled"], "--scores-stage: only with --scores"),
     ]
     for extra, msg in cases:
         r = subprocess.run(base + extra, capture_output=True, text=True)

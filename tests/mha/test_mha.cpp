@@ -413,6 +413,10 @@ TEST(Mha, ConfigurationErrors) {
     o.is_causal = true;
     expect_error([&] { kv.forward(x, x, x, o); }, "is_causal: not supported together with add_bias_kv");
     expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = 0, .num_heads = 1}); }, "embed_dim must be >= 1");
+    // A size past 64 bits named as the config's (it was "Tensor: a tensor (float32) of shape …").
+    expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = std::int64_t{1} << 40, .num_heads = 1}); },
+                 "MultiHeadAttention: parameter in_proj_weight (from embed_dim, kdim, vdim and the heads) of shape "
+                 "(3298534883328, 1099511627776)");
 }
 
 TEST(Mha, StateDictErrorsNameTheTensor) {

@@ -105,3 +105,11 @@ def test_bad_offsets_are_clear_errors():
         m.forward_packed(x, np.array([0, 4, 2, 6]))
     with pytest.raises((ValueError, TypeError), match="query"):
         m.forward_packed(np.zeros((6, 7), np.float32), np.array([0, 6]))
+    # cu_seqlens_q inside a sentence is renamed too (only "cu_seqlens_q: " was).
+    with pytest.raises(ValueError, match=r"cu_seqlens_k: has 2 entries \(1 sequences\) but cu_seqlens has 3") as e:
+        m.forward_packed(x, np.array([0, 1, 6]), x, cu_seqlens_k=np.array([0, 6]))
+    assert "cu_seqlens_q" not in str(e.value)
+    # An integer query or key is named before any conversion (was "to_dtype: can only convert …").
+    for q, k in ((np.ones((6, 8), np.int32), None), (x, np.ones((6, 8), np.int32))):
+        with pytest.raises((ValueError, TypeError), match=r"forward_packed: (query|key): dtype must be float32"):
+            m.forward_packed(q, np.array([0, 6]), k)

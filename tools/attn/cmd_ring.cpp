@@ -48,7 +48,7 @@ struct RingArgs {
     double dropout = 0.0;    // as `attn sdpa`: the same keep mask on global positions
     std::optional<std::uint64_t> seed;
     std::int64_t window_left = -1, window_right = -1;
-    std::string window_align = "top-left";
+    std::optional<std::string> window_align;  // --window-align (default top-left; only with a window)
     std::optional<std::int64_t> query_offset;
     std::optional<double> scale;
     bool stats = false;
@@ -118,10 +118,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         opt.impl = with_flag("--impl", [&] { return parse_impl(a.impl); });
         opt.causal = with_flag("--causal", [&] { return parse_causal(a.causal); });
         opt.dropout_seed = dropout_seed("--dropout", a.dropout, "--seed", a.seed);
-        if (a.window_align != "top-left" && a.window_align != "bottom-right") {
-            throw Error("--window-align: expected top-left or bottom-right but got '" + a.window_align + "'");
-        }
-        opt.window.align = a.window_align == "top-left" ? Align::top_left : Align::bottom_right;
+        opt.window.align = window_align_option(a.window_align, a.window_left, a.window_right);
         if (backward && (a.dq.empty() || a.dk.empty() || a.dv.empty())) {
             throw Error("--grad-out: needs --dq, --dk and --dv (where to write the gradients)");
         }

@@ -36,12 +36,13 @@ struct SdpaArgs {
     std::optional<std::int64_t> query_offset;  // --query-offset: every sequence
     std::string query_offsets;                 // --query-offsets: a (B,) .npy, one per sequence
     std::int64_t window_left = -1, window_right = -1;
-    std::string window_align = "top-left";
+    std::optional<std::string> window_align;  // --window-align (default top-left; only with a window)
     std::string grad_out, dq, dk, dv, dsinks;  // backward: gradients of <O, dO>
     double softcap = 0.0;
     std::string alibi_slopes, sinks;
     bool alibi = false;  // the standard slopes (attn::alibi_slopes)
-    std::string scores, scores_stage = "masked";
+    std::string scores;
+    std::optional<std::string> scores_stage;  // --scores-stage (default masked; only with --scores)
     std::string cu_seqlens_q, cu_seqlens_k;  // packed sequences (sdpa_varlen)
     double dropout = 0.0;
     std::optional<std::uint64_t> seed;
@@ -127,7 +128,8 @@ void run(const SdpaArgs& a) {
                                      {"--sinks", &a.sinks}, {"--cu-seqlens-q", &a.cu_seqlens_q},
                                      {"--cu-seqlens-k", &a.cu_seqlens_k}})
         outputs.add_input(flag, tensor_arg_file(*spec));
-    const ScoreStage stage = with_flag("--scores-stage", [&] { return parse_score_stage(a.scores_stage); });
+    const ScoreStage stage = with_flag("--scores-stage", [&] { return parse_score_stage(a.scores_stage.value_or("masked")); });
+    if (a.scores_stage && a.scores.empty()) throw Error("--scores-stage: only with --scores (it says which scores to write)");
     const bool backward = !a.grad_out.empty();
     if (backward && (a.dq.empty() || a.dk.empty() || a.dv.empty())) {
         throw Error("--grad-out: needs --dq, --dk and --dv (where to write the gradients)");
@@ -146,10 +148,7 @@ void run(const SdpaArgs& a) {
     opt.scale = a.scale;
     opt.window.left = a.window_left;
     opt.window.right = a.window_right;
-    if (a.window_align != "top-left" && a.window_align != "bottom-right") {
-        throw Error("--window-align: expected top-left or bottom-right but got '" + a.window_align + "'");
-    }
-    opt.window.align = a.window_align == "top-left" ? Align::top_left : Align::bottom_right;
+    opt.window.align = window_align_option(a.window_align, a.window_left, a.window_right);
     opt.dropout_seed = dropout_seed("--dropout", a.dropout, "--seed", a.seed);
     opt.dropout_p = a.dropout;
 

@@ -125,6 +125,15 @@ std::uint64_t dropout_seed(const char* dropout_flag, double p, const char* seed_
     return seed.value_or(0);
 }
 
+Align window_align_option(const std::optional<std::string>& text, std::int64_t left, std::int64_t right) {
+    if (!text) return Align::top_left;
+    if (*text != "top-left" && *text != "bottom-right") {
+        throw Error("--window-align: expected top-left or bottom-right but got '" + *text + "'");
+    }
+    if (left < 0 && right < 0) throw Error("--window-align: only with --window-left or --window-right (it aligns the window)");
+    return *text == "top-left" ? Align::top_left : Align::bottom_right;
+}
+
 std::string number_text(double value) {
     char buf[32];
     return std::string(buf, std::to_chars(buf, buf + sizeof buf, value).ptr);

@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include "attn/error.hpp"
+#include "attn/sdpa.hpp"
 
 namespace attn::cli {
 
@@ -40,6 +41,10 @@ void require_probability(const char* flag, double p);
 // the seed — the keep mask is a function of it, and a default would drop the same weights in every
 // run — and a seed needs p > 0 (it would change nothing). Returns the seed (0 without dropout).
 std::uint64_t dropout_seed(const char* dropout_flag, double p, const char* seed_flag, const std::optional<std::uint64_t>& seed);
+
+// --window-align: top-left (the default) or bottom-right. Only with --window-left/--window-right,
+// as --seed only with --dropout: alone it would change nothing and let a slip pass for a setting.
+Align window_align_option(const std::optional<std::string>& text, std::int64_t left, std::int64_t right);
 
 // A number as a message shows what was given: the shortest text that reads back as it ("1e+300",
 // "-1e-10"), not std::to_string's six decimals (300 digits, or "-0.000000").
