@@ -136,18 +136,23 @@ void finish_case(const Context& ctx, CaseResult& c) {
     const Row* torch = nullptr;
     for (const Row& r : c.rows)
         if (r.impl == "torch" && r.status == "ok" && r.timing.runs > 0) torch = &r;
-    const Ceiling& fma = ctx.ceilings.widest_fma(ctx.cfg.threads);
+    const Ceiling& widest = ctx.ceilings.widest_fma(ctx.cfg.threads);
+    const Ceiling& bf16 = ctx.cfg.threads == 1 ? ctx.ceilings.bf16_1t : ctx.ceilings.bf16_nt;
     const Ceiling& fma2 = ctx.cfg.threads == 1 ? ctx.ceilings.fma_1t : ctx.ceilings.fma_nt;
     const Ceiling& bw = ctx.cfg.threads == 1 ? ctx.ceilings.bw_1t : ctx.ceilings.bw_nt;
+    const auto add_note = [](Row& r, const std::string& note) { r.note = r.note.empty() ? note : r.note + "; " + note; };
     for (Row& r : c.rows) {
         if (r.status != "ok" || r.timing.runs == 0 || r.timing.median_s <= 0.0) continue;
         if (r.flop > 0.0) {
             r.gflops = r.flop / r.timing.median_s / 1e9;
             r.gflops_best = r.flop / r.timing.min_s / 1e9;
+            const bool bf16_compute = r.kernel.ends_with("_bf16");
+            const Ceiling& fma = bf16_compute ? bf16 : widest;
             if (fma.measured && fma.value > 0.0) r.pct_peak = 100.0 * r.gflops / fma.value;
-            if (fma2.measured && fma2.value > 0.0) r.pct_peak_avx2 = 100.0 * r.gflops / fma2.value;
+            if (!bf16_compute && fma2.measured && fma2.value > 0.0) r.pct_peak_avx2 = 100.0 * r.gflops / fma2.value;
             if (fma.measured && fma.per_cpu > 0.0 && r.timing.cpu_share > 0.0)
                 r.pct_peak_cpu_adjusted = 100.0 * r.gflops / std::min(1.0, r.timing.cpu_share) / fma.per_cpu;
+            if (bf16_compute) add_note(r, "bf16 compute: %peak of the bf16 dot peak");
         }
         if (r.bytes > 0.0) {
             r.gbs = r.bytes / r.timing.median_s / 1e9;
@@ -157,14 +162,14 @@ void finish_case(const Context& ctx, CaseResult& c) {
         if (r.timing.steal_share >= kStealNote) {  // the host took vCPU time: the row's times are suspect
             char buf[120];
             std::snprintf(buf, sizeof buf, "host steal %.0f%% of the vCPUs during the timed calls", 100 * r.timing.steal_share);
-            r.note = r.note.empty() ? buf : r.note + "; " + buf;
+            add_note(r, buf);
         }
         if (r.one_thread_median_s && ctx.cfg.threads > 1) {
             r.scaling_efficiency = *r.one_thread_median_s / (ctx.cfg.threads * r.timing.median_s);
             char buf[120];
             std::snprintf(buf, sizeof buf, "%d-thread efficiency %.2f (1 thread %.2f ms)", ctx.cfg.threads,
                           *r.scaling_efficiency, 1e3 * *r.one_thread_median_s);
-            r.note = r.note.empty() ? buf : r.note + "; " + buf;
+            add_note(r, buf);
         }
     }
     for (Row& r : c.rows) {

@@ -138,8 +138,9 @@ struct Row {
     bool peak_rss_reset = false; // false: the process-wide high-water mark
     std::optional<double> max_abs_diff;  // vs the reference output of the same inputs
     // Filled by finish_case():
-    // pct_peak: of the widest FMA peak (Ceilings::widest_fma); pct_peak_avx2: of the AVX2 one
-    // (equal on a CPU without AVX-512).
+    // pct_peak: of the widest FMA peak (Ceilings::widest_fma), or of the bf16 dot peak for a row
+    // whose kernel computed in bf16 (its name ends in "_bf16": a float32 peak would read 128 %);
+    // pct_peak_avx2: of the AVX2 one (equal on a CPU without AVX-512; 0 for bf16 compute).
     double gflops = 0.0, gflops_best = 0.0, pct_peak = 0.0, pct_peak_avx2 = 0.0, gbs = 0.0, pct_bw = 0.0;
     // An estimate for a shared machine: this row's rate per unit of CPU share against the
     // FMA ceiling's (Ceiling::per_cpu) — what % peak would be with the CPUs alone. 0 if unknown.

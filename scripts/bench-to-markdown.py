@@ -129,7 +129,8 @@ def section_body(d):
     out.append("  %s" % bw[1].get("method", ""))
     out.append("")
     out.append("GFLOP/s = the formula's FLOP / median time (forward 4·B·H·Lq·Lk·D, causal counts half); "
-               "%% peak = of the widest FMA peak on %d threads above (AVX-512 where measured); vs torch = torch median / this median; "
+               "%% peak = of the widest FMA peak on %d threads above (AVX-512 where measured), of the bf16 dot-product peak for a "
+               "kernel *_bf16 (bf16 compute); vs torch = torch median / this median (torch in float32 for every row); "
                "cpu %% = CPU time of the timed calls / (wall time × threads): well below 100 means other processes "
                "took the CPUs; adj %% peak = an estimate of %% peak had the CPUs been free: "
                "(GFLOP/s / cpu share) / (FMA peak / its trial's cpu share)." % cfg["threads"])

@@ -329,5 +329,17 @@ def test_score_modifier_rows_are_ratios_to_their_plain_row(tmp_path):
     assert close(cap["ratio_min"], cap["min_s"] / plain["min_s"])
     assert "the flash row" in p.stdout and "target <= 1.20x" in p.stdout
     assert "ratio_to" not in plain
+    # A row whose kernel computed in bf16 (…_bf16) is a share of the bf16 dot peak, not of the
+    # float32 FMA peak (it read 128 %); the float32 rows keep the FMA peak.
+    widest = d["ceilings"]["fma512_peak_gflops" if cpu_has_avx512() else "fma_peak_gflops"][1]["best"]
+    bf16_peak = d["ceilings"]["bf16_dot_peak_gflops"][1]["best"]
+    for r in c["rows"]:
+        if r["status"] != "ok" or r["flop"] <= 0:
+            continue
+        if r["kernel"].endswith("_bf16"):
+            assert close(r["pct_peak"], 100 * r["gflops"] / bf16_peak), r
+            assert r["pct_peak_avx2"] == 0 and "bf16 dot peak" in r["note"], r
+        else:
+            assert close(r["pct_peak"], 100 * r["gflops"] / widest), r
     fwd = next(c for c in d["cases"] if c["id"] == "S1" and c["variant"] == "")
     assert [r["impl"] for r in fwd["rows"]] == ["flash", "torch"]  # S1 forward: no modifier rows

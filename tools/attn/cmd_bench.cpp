@@ -4,6 +4,7 @@
 // bench/shapes.md on attn's kernels and on PyTorch's hand-written attention, in
 // the same run; prints a table and, with --json, writes the same data for tools.
 #include <omp.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -166,6 +167,14 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
     omp_set_num_threads(cfg.threads);
     attn::set_num_threads(cfg.threads);  // the library's own setting (it would otherwise follow ATTN_NUM_THREADS)
     rep.machine = bench::describe_machine();
+    // Said before the minutes of a run, not found in its numbers afterwards.
+    if (cfg.scaling && cfg.threads == 1)
+        std::fprintf(stderr, "bench: --scaling compares the run's threads with 1 thread; on 1 thread there is nothing to "
+                             "compare (no efficiency column; give --threads 2 or more)\n");
+    if (cpu_set_t set; sched_getaffinity(0, sizeof set, &set) == 0 && cfg.threads > CPU_COUNT(&set))
+        std::fprintf(stderr, "bench: %d threads on the %d CPUs this process may use: threads take turns, so cpu%% reads "
+                             "below 100%% and the peaks' \"est. with the CPUs alone\" is no machine's peak\n",
+                     cfg.threads, CPU_COUNT(&set));
     rep.command = bench::command_line();
     if (cfg.torch) rep.torch_version = bench::probe_torch(cfg, rep.torch_note);
     else rep.torch_note = "off (--no-torch)";
