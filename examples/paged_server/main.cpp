@@ -3,8 +3,8 @@
 //
 //   * requests arrive with prompts of 8..96 tokens and ask for 8..64 new tokens; some ask for
 //     2 parallel samples, which share the prompt's pages through fork() (copy-on-write);
-//   * every step admits waiting requests while the page pool can hold their prompts
-//     (pages_needed), prefills them (paged_attention with Lq = prompt length: chunked prefill
+//   * every step admits waiting requests while the page pool can hold their prompts and their
+//     first new tokens (a request larger than the whole pool is refused), prefills them (paged_attention with Lq = prompt length: chunked prefill
 //     over the pages), then runs one decode step for every running sequence at once — each
 //     at its own length (bottom-right causal per sequence) — and frees finished ones;
 //   * prints tokens/s and the pool's use.
@@ -209,17 +209,35 @@ int main(int argc, char** argv) {
             waiting.push_back(q);
         }
         std::vector<Running> running;
-        long long generated = 0, prompt_tokens = 0, steps = 0, forks = 0;
+        long long generated = 0, prompt_tokens = 0, steps = 0, forks = 0, dropped = 0, refused = 0;
         std::size_t peak_running = 0;
         std::int64_t peak_pages = 0;
         const auto t0 = std::chrono::steady_clock::now();
         attn::PagedKVCache& pool = model.layers[0].cache;  // every layer's pool is used alike
         while (!waiting.empty() || !running.empty()) {
-            // Admit: a prompt's pages plus one page per sample for its first new tokens.
-            while (!waiting.empty() && static_cast<int>(running.size()) + waiting.front().samples <= max_running) {
+            // Admit: a prompt's pages plus what its samples' first new tokens take — a fresh page each
+            // when the prompt fills its last page; else the shared last page is copied on write for
+            // every sample but the last writer, which then holds it alone.
+            const auto pages_for = [&](const Request& q) {
+                const auto n = static_cast<std::int64_t>(q.prompt.size());
+                return (n + page_size - 1) / page_size + (n % page_size == 0 ? q.samples : q.samples - 1);
+            };
+            while (!waiting.empty()) {
                 const Request& q = waiting.front();
-                const std::int64_t need = (static_cast<std::int64_t>(q.prompt.size()) + page_size - 1) / page_size + q.samples;
-                if (need > pool.free_pages()) break;
+                const std::int64_t need = pages_for(q);
+                if (need > pool.num_pages() || q.samples > max_running) {  // it could never run
+                    if (need > pool.num_pages())
+                        std::printf("request %d refused: its prompt of %zu tokens and %d sample(s) need %lld pages of %d "
+                                    "tokens; the pool has %d\n",
+                                    q.id, q.prompt.size(), q.samples, static_cast<long long>(need), page_size, pages);
+                    else
+                        std::printf("request %d refused: its %d samples run at once; --max-running is %d\n", q.id,
+                                    q.samples, max_running);
+                    ++refused;
+                    waiting.pop_front();
+                    continue;
+                }
+                if (static_cast<int>(running.size()) + q.samples > max_running || need > pool.free_pages()) break;
                 Running s;
                 s.request = q.id;
                 for (Layer& ly : model.layers) s.ids.push_back(ly.cache.add_sequence());
@@ -244,10 +262,7 @@ int main(int argc, char** argv) {
                 }
                 waiting.pop_front();
             }
-            if (running.empty()) {
-                std::fprintf(stderr, "paged_server: the pool (%d pages) cannot hold the next prompt\n", pages);
-                return 1;
-            }
+            if (running.empty()) continue;  // the rest were refused, or the next one is admitted now
             // Preempt when the pool cannot take this step's tokens (a real server would swap
             // or recompute; here the newest sequence gives its pages back and is dropped).
             std::int64_t need = 0;
@@ -259,6 +274,7 @@ int main(int argc, char** argv) {
                 // The last one has the whole pool and still no page for its next token: it ends there.
                 std::printf("request %d sample %d %s at %d tokens\n", r.request, r.sample,
                             running.size() > 1 ? "preempted" : "stopped (the pool is full)", r.generated);
+                ++dropped;
                 running.pop_back();
             }
             if (running.empty()) continue;  // admit the next request, or end
@@ -301,6 +317,9 @@ int main(int argc, char** argv) {
                     "%lld steps, %.2f s: %.0f generated tokens/s, %.0f tokens/s with prompts\n",
                     requests, forks, prompt_tokens, generated, steps, s, static_cast<double>(generated) / s,
                     static_cast<double>(generated + prompt_tokens) / s);
+        if (dropped > 0 || refused > 0)
+            std::printf("not finished: %lld sample(s) preempted or stopped by a full pool, %lld request(s) refused as larger "
+                        "than the pool\n", dropped, refused);
         std::printf("up to %zu sequences at once; peak %lld of %d pages of %d tokens in use per layer; free at the end: %lld\n",
                     peak_running, static_cast<long long>(peak_pages), pages, page_size,
                     static_cast<long long>(pool.free_pages()));

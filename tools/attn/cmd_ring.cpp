@@ -307,18 +307,26 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         std::vector<double> every(static_cast<std::size_t>(6 * P));
         MPI_Gather(mine_stats, 6, MPI_DOUBLE, every.data(), 6, MPI_DOUBLE, 0, comm);
         if (rank == 0) {
+            // The balance is among the ranks that computed scores: a rank with no rows (L < P)
+            // spends microseconds, and a ratio against it says nothing about the layout.
             double lo = 1e300, hi = 0, lo_cpu = 1e300, hi_cpu = 0;
+            int idle = 0;
             for (int r = 0; r < P; ++r) {
                 const double* s = &every[static_cast<std::size_t>(6 * r)];
                 std::fprintf(stderr,
                              "ring%s: rank %d: compute %.4f s (cpu %.4f s), wait %.4f s, total %.4f s, score entries %.0f, sent %.0f bytes\n",
                              what, r, s[0], s[5], s[1], s[2], s[3], s[4]);
+                if (s[3] == 0) {
+                    ++idle;
+                    continue;
+                }
                 lo = std::min(lo, s[0]), hi = std::max(hi, s[0]);
                 lo_cpu = std::min(lo_cpu, s[5]), hi_cpu = std::max(hi_cpu, s[5]);
             }
-            std::fprintf(stderr, "ring%s: P = %d, layout %s, kernel %s, compute max/min = %.3f (cpu %.3f)\n", what, P,
-                         std::string(dist::layout_name(opt.layout)).c_str(), r_st.kernel.c_str(), lo > 0 ? hi / lo : 0.0,
-                         lo_cpu > 0 ? hi_cpu / lo_cpu : 0.0);
+            const std::string idle_note = idle > 0 ? " over the " + std::to_string(P - idle) + " ranks with score entries" : "";
+            std::fprintf(stderr, "ring%s: P = %d, layout %s, kernel %s, compute max/min = %.3f (cpu %.3f)%s\n", what, P,
+                         std::string(dist::layout_name(opt.layout)).c_str(), r_st.kernel.c_str(), lo < 1e300 && lo > 0 ? hi / lo : 0.0,
+                         lo_cpu < 1e300 && lo_cpu > 0 ? hi_cpu / lo_cpu : 0.0, idle_note.c_str());
         }
     };
     if (a.stats) {
@@ -478,7 +486,7 @@ void add_ring_command(CLI::App& app) {
                     "--dropout P --seed N` on global positions, whatever the number of ranks");
     cmd->add_option("--seed", args->seed, "dropout seed (the same seed gives the same dropout mask)");
     cmd->add_flag("--shard-outputs", args->shard_outputs,
-                  "each rank r writes its own rows of every output to <name>.rank<r>.npy (its layout segments, "
+                  "each rank r writes its own rows of every output to <name>.rank<r>.npy or .safetensors (its layout segments, "
                   "concatenated) instead of rank 0 gathering the whole arrays");
     cmd->add_flag("--stats", args->stats, "print per-rank compute/wait times and the compute max/min ratio on stderr");
     add_threads_option(cmd);
