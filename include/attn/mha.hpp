@@ -151,8 +151,9 @@ struct MhaForwardState {
 // ∂loss/∂x for every parameter (state_dict names and order) and input.
 struct MhaGradients {
     std::vector<std::pair<std::string, Tensor>> params;
-    Tensor query, key, value;  // shaped like the inputs, float32; for self-attention (the
-                               // same tensor passed 3×) the input's gradient is their sum
+    Tensor query, key, value;  // shaped like the inputs, float32, one per argument: for
+                               // self-attention (the same tensor passed 3×) the input's
+                               // gradient is query + key + value, which the caller adds
 };
 
 class MultiHeadAttention {
@@ -268,6 +269,8 @@ public:
     const detail::PackedWeights* packed_weights() const { return packed_.get(); }
 
 private:
+    // attn::Error unless the layer holds its parameters (a moved-from one holds none).
+    void require_parameters() const;
     // The weights changed: a packed copy is made again (dropped if that throws, so it is
     // never stale).
     void repack_if_packed();

@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "attn/dtype.hpp"
 #include "attn/error.hpp"
@@ -95,6 +96,15 @@ public:
     // (A template on the array, so that Tensor(dt, shape, 0) still means fill_zero = false.)
     template <std::size_t N>
     Tensor(DType dtype, Shape shape, const char (&name)[N]) : Tensor(dtype, shape, false, std::string_view(name)) {}
+    // A moved-from Tensor is an empty one (no data, as Tensor()): the implicit move copied the
+    // view, whose pointer then named memory the other Tensor owns — and freed, once it died
+    // (a moved-from training state passed its "empty" check and read freed memory).
+    Tensor(Tensor&& other) noexcept : storage_(std::move(other.storage_)), view_(std::exchange(other.view_, TensorView{})) {}
+    Tensor& operator=(Tensor&& other) noexcept {
+        storage_ = std::move(other.storage_);
+        view_ = std::exchange(other.view_, TensorView{});
+        return *this;
+    }
 
     TensorView view() const { return view_; }
     operator TensorView() const { return view_; }  // NOLINT(google-explicit-constructor)

@@ -6,6 +6,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,9 @@ MultiHeadAttention::MultiHeadAttention(const MhaConfig& config) : config_(config
     if (c.embed_dim % c.num_heads != 0) {
         fail(kMha, "embed_dim ", c.embed_dim, " must be divisible by num_heads ", c.num_heads);
     }
+    // The parameters' sizes are sums of these (E + 2·E_kv rows, E_kv ≤ E): kept far from int64's end.
+    constexpr std::int64_t kMaxDim = std::numeric_limits<std::int64_t>::max() / 4;
+    if (c.embed_dim > kMaxDim) fail(kMha, "embed_dim must be < 2^61 but got ", c.embed_dim);
     if (c.kdim == 0) c.kdim = c.embed_dim;
     if (c.vdim == 0) c.vdim = c.embed_dim;
     if (c.kdim < 1) fail(kMha, "kdim must be >= 1 (or 0 for embed_dim) but got ", c.kdim);
@@ -131,7 +135,13 @@ void MultiHeadAttention::score_modifiers(SdpaOptions& o) const {
     if (config_.sinks) o.sinks = parameter("sinks");
 }
 
+// Every configuration has parameters (in_proj, out_proj): none means the layer was moved from.
+void MultiHeadAttention::require_parameters() const {
+    if (params_.empty()) fail(kMha, "the layer holds no parameters (it was moved from)");
+}
+
 TensorView MultiHeadAttention::parameter(std::string_view name) const {
+    require_parameters();
     const auto it = params_.find(name);
     if (it == params_.end()) fail(kMha, "no parameter named '", name, "' in this configuration");
     return it->second.view();
@@ -144,6 +154,7 @@ std::vector<std::pair<std::string, TensorView>> MultiHeadAttention::state_dict()
 }
 
 void MultiHeadAttention::load_state_dict(const std::vector<std::pair<std::string, TensorView>>& tensors) {
+    require_parameters();
     // All problems are collected and reported together; nothing is copied unless none.
     std::string problems;
     auto add = [&](const std::string& p) { problems += (problems.empty() ? "" : "; ") + p; };

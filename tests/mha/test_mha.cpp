@@ -413,6 +413,9 @@ TEST(Mha, ConfigurationErrors) {
     o.is_causal = true;
     expect_error([&] { kv.forward(x, x, x, o); }, "is_causal: not supported together with add_bias_kv");
     expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = 0, .num_heads = 1}); }, "embed_dim must be >= 1");
+    // E + 2·E_kv overflowed int64 (UBSan) and a wrapped shape was refused only by luck.
+    expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = std::numeric_limits<std::int64_t>::max() - 1, .num_heads = 1}); },
+                 "MultiHeadAttention: embed_dim must be < 2^61 but got 9223372036854775806");
     // A size past 64 bits named as the config's (it was "Tensor: a tensor (float32) of shape …").
     expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = std::int64_t{1} << 40, .num_heads = 1}); },
                  "MultiHeadAttention: parameter in_proj_weight (from embed_dim, kdim, vdim and the heads) of shape "
@@ -526,6 +529,31 @@ TEST(Mha, ForwardArgumentErrors) {
     om.need_weights = false;
     expect_error([&] { m.forward_into(x1, x1, x1, om, output_over_mask, nullptr); },
                  "MultiHeadAttention: output: must not share memory with attn_mask");
+    // The layer's own parameters are inputs too: an output over out_proj.weight rewrote the layer.
+    const TensorView over_weight(const_cast<void*>(m.parameter("out_proj.weight").data()), DType::f32, Shape{1, 1, 4});
+    const Tensor x11(DType::f32, Shape{1, 1, 4}, true);
+    expect_error([&] { m.forward_into(x11, x11, x11, om, over_weight, nullptr); },
+                 "MultiHeadAttention: output: must not share memory with out_proj.weight");
+}
+
+// A moved-from layer holds no parameters: every use says so (load_state_dict threw
+// std::out_of_range, forward "no parameter named 'in_proj_weight'", and its ALiBi view named the
+// other layer's freed slopes: a use after free ASan reported).
+TEST(Mha, MovedFromLayerSaysSo) {
+    MultiHeadAttention a(MhaConfig{.embed_dim = 8, .num_heads = 2, .alibi_slopes = {0.5f, 0.25f}});
+    const auto moved_state = [&] {
+        MultiHeadAttention b = std::move(a);
+        return b.state_dict().size();
+    };
+    EXPECT_EQ(moved_state(), 4u);
+    attn::SdpaOptions o;
+    a.score_modifiers(o);  // NOLINT(bugprone-use-after-move): the point of the test
+    EXPECT_FALSE(o.alibi_slopes.has_value());
+    const Tensor x(DType::f32, Shape{3, 1, 8}, true), w(DType::f32, Shape{24, 8}, true);
+    const std::string moved = "MultiHeadAttention: the layer holds no parameters (it was moved from)";
+    expect_error([&] { a.forward(x, x, x); }, moved);
+    expect_error([&] { a.state_dict(); }, moved);
+    expect_error([&] { a.load_state_dict({{"in_proj_weight", w.view()}}); }, moved);
 }
 
 // ---- 16-bit weights and activations (issue 14) -------------------------------------------

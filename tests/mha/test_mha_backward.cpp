@@ -192,6 +192,12 @@ TEST(MhaBackward, ArgumentErrors) {
     }
     EXPECT_THROW(m.backward(st, x), attn::Error);  // state never filled
     m.forward_train(x, x, x, {}, {}, st);
+    {  // A moved-from state is empty: it passed the check and read the freed copies (ASan: kernels_asan).
+        MhaForwardState moved = std::move(st);
+        EXPECT_NO_THROW(m.backward(moved, x));
+    }
+    EXPECT_NE(message([&] { m.backward(st, x); }).find("backward: the state is empty"), std::string::npos);
+    m.forward_train(x, x, x, {}, {}, st);
     const Tensor wrong(DType::f32, Shape{3, 2, 4}, true);
     try {
         m.backward(st, wrong);

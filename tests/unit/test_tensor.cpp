@@ -73,6 +73,22 @@ TEST(Tensor, ToDtypeOfAViewWithoutDataIsAnError) {
     EXPECT_EQ(attn::to_dtype(TensorView(nullptr, DType::f32, Shape{0, 3}), DType::f64).numel(), 0);  // empty: fine
 }
 
+// A moved-from Tensor is empty, as Tensor(): the implicit move left its view naming the memory
+// the other Tensor owns (and frees), so a "no data" check passed on a dangling pointer.
+TEST(Tensor, MovedFromHasNoData) {
+    Tensor a(DType::f32, Shape{2, 3}, true);
+    void* data = a.data();
+    Tensor b = std::move(a);
+    EXPECT_EQ(b.data(), data);
+    EXPECT_TRUE(b.shape() == (Shape{2, 3}));
+    EXPECT_EQ(a.data(), nullptr);  // NOLINT(bugprone-use-after-move): the point of the test
+    EXPECT_EQ(a.view().data(), nullptr);
+    Tensor c(DType::f16, Shape{4}, true);
+    c = std::move(b);
+    EXPECT_EQ(c.data(), data);
+    EXPECT_EQ(b.data(), nullptr);  // NOLINT(bugprone-use-after-move)
+}
+
 TEST(Strides, ContiguousIsRowMajor) {
     const Strides s = attn::contiguous_strides(Shape{2, 3, 5, 7});
     EXPECT_EQ(s[0], 105);
