@@ -30,6 +30,15 @@ void parallel_for_may_throw(std::int64_t n, int threads, Body&& body) {
     if (error) std::rethrow_exception(error);
 }
 
+// The threads a parallel_for_may_throw over n items will run on: OpenMP's default count (attn's
+// setting inside a ComputeThreads scope), at most n, and 1 where a region may not nest. For
+// loops that size one workspace per thread before they start (omp_get_thread_num() indexes it).
+inline int team_size(std::int64_t n) {
+    if (omp_get_active_level() >= omp_get_max_active_levels()) return 1;
+    const std::int64_t t = omp_get_max_threads();
+    return static_cast<int>(n < t ? (n > 0 ? n : 1) : t);
+}
+
 // The same on OpenMP's default thread count (attn's setting inside a ComputeThreads scope).
 template <class Body>
 void parallel_for_may_throw(std::int64_t n, Body&& body) {

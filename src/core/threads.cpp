@@ -1,6 +1,7 @@
 #include "attn/threads.hpp"
 
 #include <omp.h>
+#include <pthread.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -21,6 +22,17 @@ constexpr int kMaxThreads = 4096;
 
 std::atomic<int> g_threads{0};      // set_num_threads; 0 = default
 thread_local int t_override = 0;    // ScopedNumThreads on this thread; 0 = none
+
+// fork(): libgomp's thread pool does not survive it, and a parallel region in the child of a
+// process that had started one waits for ever (the child of a 2-thread call hung: an
+// embedding test found it, Python multiprocessing's default start method included). A child
+// forked after attn ran a call on more than one thread therefore runs every call on one.
+std::atomic<bool> g_team_started{false};  // this process ran a call on more than one thread
+std::atomic<bool> g_forked_child{false};  // and was forked after that: one thread from now on
+
+void one_thread_in_the_child() {
+    if (g_team_started.load(std::memory_order_relaxed)) g_forked_child.store(true, std::memory_order_relaxed);
+}
 
 // ATTN_NUM_THREADS when it is an integer in 1..4096, else 0 (the variable is ignored, as
 // OpenMP ignores a malformed OMP_NUM_THREADS).
@@ -51,6 +63,7 @@ void set_num_threads(int n) {
 }
 
 int num_threads() {
+    if (g_forked_child.load(std::memory_order_relaxed)) return 1;
     if (t_override > 0) return t_override;
     if (const int g = g_threads.load(std::memory_order_relaxed); g > 0) return g;
     if (const int e = env_threads(); e > 0) return e;
@@ -68,7 +81,15 @@ namespace detail {
 
 // omp_get_max_threads() is read before the count is changed, so num_threads()'s OpenMP
 // default is the caller's own setting, and a nested scope (sdpa inside an MHA call) keeps it.
-ComputeThreads::ComputeThreads() : previous_(omp_get_max_threads()) { omp_set_num_threads(num_threads()); }
+ComputeThreads::ComputeThreads() : previous_(omp_get_max_threads()) {
+    const int n = num_threads();
+    if (n > 1 && !g_team_started.load(std::memory_order_relaxed)) {
+        static const int registered = pthread_atfork(nullptr, nullptr, one_thread_in_the_child);  // once
+        (void)registered;
+        g_team_started.store(true, std::memory_order_relaxed);
+    }
+    omp_set_num_threads(n);
+}
 
 ComputeThreads::~ComputeThreads() { omp_set_num_threads(previous_); }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../core/check.hpp"
+#include "../core/threads.hpp"
 #include "../kernels/decode/decode.hpp"
 #include "../kernels/dispatch.hpp"
 #include "../kernels/flash/flash.hpp"
@@ -49,6 +50,9 @@ SdpaVarlenShapes sdpa_varlen_output_shapes(const TensorView& q, const TensorView
 void sdpa_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& cu_seqlens_q,
                  const TensorView& cu_seqlens_k, const SdpaOptions& options, const TensorView& out,
                  const TensorView* lse, SdpaReport* report) {
+    // attn::num_threads() for every kernel below: the decode and reference sequences ran on
+    // OpenMP's default count (threads=1 still started a full team).
+    const detail::ComputeThreads compute_threads;
     // 16-bit q/k/v and out as in sdpa (make_problem per sequence; a 16-bit out is rounded once).
     const detail::PackedBatch pb =
         detail::check_packed(kOp, q, k, v, cu_seqlens_q, cu_seqlens_k, options, out, lse, /*sixteen_bit_out=*/true);

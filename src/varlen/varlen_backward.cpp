@@ -11,6 +11,7 @@
 #include "attn/sdpa_varlen.hpp"
 #include "../core/check.hpp"
 #include "../core/checked_size.hpp"
+#include "../core/threads.hpp"
 #include "../kernels/backward/backward.hpp"
 #include "../core/element_io.hpp"
 #include "../sdpa/problem.hpp"
@@ -29,6 +30,7 @@ void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const Tensor
                           const TensorView& lse, const TensorView& grad_out, const SdpaOptions& options,
                           const TensorView& dq, const TensorView& dk, const TensorView& dv, SdpaReport* report,
                           const TensorView* dsinks) {
+    const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
     const detail::PackedBatch pb = detail::check_packed(kOp, q, k, v, cu_seqlens_q, cu_seqlens_k, options, out, &lse,
                                                            /*sixteen_bit_out=*/true);
     detail::require_floating(kOp, q, "q");

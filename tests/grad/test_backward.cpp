@@ -6,8 +6,11 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <random>
+#include <string>
 
 #include "attn/error.hpp"
+#include "common/address_space.hpp"
 #include "grad_util.hpp"
 #include "kernels/backward/backward.hpp"
 
@@ -167,6 +170,47 @@ TEST(FlashBackward, ChunksPerMachineSize) {
     EXPECT_EQ(detail::backward_chunks(1, 64, 40 * kMi, 256), 8);  // past the cap: the floor
     EXPECT_EQ(detail::backward_chunks(5, 1000, 100, 256), 52);   // ⌈256 / 5⌉
 }
+
+// A per-thread buffer the flash backward cannot get is attn::OutOfMemory, not std::terminate:
+// it was sized inside the OpenMP region, which an exception may not leave (a test under an
+// address-space limit found the abort). float16 Q and dO of 2^18 rows: each thread's task holds
+// float32 copies of them, 64 MiB each, more than the 48 MiB the child leaves itself. In a child
+// process ("threadsafe" death test); not under ASan, whose shadow memory needs more.
+#if !defined(__SANITIZE_ADDRESS__)
+[[noreturn]] void flash_backward_under_an_address_space_limit() {
+    const std::int64_t L = std::int64_t{1} << 18;
+    std::mt19937 rng(41);
+    const Tensor q = randn(DType::f16, Shape{1, 1, L, 64}, rng), dO = randn(DType::f16, Shape{1, 1, L, 64}, rng);
+    const Tensor k = randn(DType::f32, Shape{1, 1, 64, 64}, rng), v = randn(DType::f32, Shape{1, 1, 64, 64}, rng);
+    Tensor out(DType::f16, Shape{1, 1, L, 64}), lse(DType::f32, Shape{1, 1, L});
+    Tensor dq(DType::f16, Shape{1, 1, L, 64}), dk(DType::f32, Shape{1, 1, 64, 64}), dv(DType::f32, Shape{1, 1, 64, 64});
+    SdpaOptions o;
+    o.impl = Impl::flash;
+    const TensorView lse_view = lse;
+    attn::sdpa(q, k, v, o, out, &lse_view);
+    {  // start OpenMP's threads (and their small buffers) before the limit
+        const TensorView s = q.view().slice(2, 0, 64), so = out.view().slice(2, 0, 64), sl = lse.view().slice(2, 0, 64);
+        const TensorView sd = dO.view().slice(2, 0, 64), sq = dq.view().slice(2, 0, 64);
+        attn::sdpa_backward(s, k, v, so, sl, sd, o, sq, dk, dv);
+    }
+    attn::test::limit_address_space(48ul << 20);
+    try {
+        attn::sdpa_backward(q, k, v, out, lse, dO, o, dq, dk, dv);
+        std::exit(4);  // ran: the limit did not bite
+    } catch (const attn::OutOfMemory& e) {
+        std::exit(std::string(e.what()).find("flash backward's per-thread Q and dO rows") == std::string::npos ? 3 : 0);
+    } catch (...) {
+        std::exit(6);
+    }
+}
+
+TEST(FlashBackwardDeathTest, PerThreadBufferOutOfMemoryIsAnError) {
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    // Exit codes: 0 attn::OutOfMemory naming the buffers; 3 another message; 4 no error; 5 no
+    // limit; 6 another exception; a signal: std::terminate.
+    EXPECT_EXIT(flash_backward_under_an_address_space_limit(), ::testing::ExitedWithCode(0), "");
+}
+#endif
 
 }  // namespace
 }  // namespace attn::test

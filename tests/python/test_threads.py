@@ -76,6 +76,13 @@ CHILD = textwrap.dedent("""
     xv = q[0].transpose(1, 0, 2).copy()
     ov, lv = attn.sdpa_varlen(xv, xv, xv, np.array([0, 100, 256]), np.array([0, 100, 256]), return_lse=True, threads=n)
     attn.sdpa_varlen_backward(xv, xv, xv, np.array([0, 100, 256]), np.array([0, 100, 256]), ov, lv, ov, threads=n)
+    # Sequences the decode kernel and the reference take (one query each, float64): they ran on
+    # OpenMP's default count whatever threads= said.
+    kd = r.standard_normal((2000, 4, 64)).astype(np.float32)
+    cq, ck = np.array([0, 1, 2]), np.array([0, 1000, 2000])
+    attn.sdpa_varlen(xv[:2], kd, kd, cq, ck, threads=n)
+    attn.sdpa_varlen(xv[:2].astype(np.float64), kd[:40].astype(np.float64), kd[:40].astype(np.float64), cq,
+                     np.array([0, 20, 40]), threads=n)
     mha = attn.MultiheadAttention(256, 4, batch_first=True)
     x = r.standard_normal((2, 128, 256)).astype(np.float32)
     mha(x, x, x, need_weights=False, threads=n)

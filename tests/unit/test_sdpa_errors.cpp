@@ -6,14 +6,17 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "attn/error.hpp"
 #include "attn/reference.hpp"
 #include "attn/sdpa.hpp"
+#include "attn/threads.hpp"
 #include "common/address_space.hpp"
 #include "naive_attention.hpp"
 
@@ -422,6 +425,33 @@ TEST(OptionParsers, ImplAndCausalNames) {
     }
 }
 
+// Two threads, room for one head's buffers (32 MiB) but not two: the reference reserves every
+// thread's before it writes, so out is as it was. It allocated per head inside the loop, and one
+// thread wrote a whole head before the other's allocation failed (an out-of-memory test found
+// 131072 of 524288 outputs written).
+[[noreturn]] void reference_on_two_threads_under_a_limit() {
+    const Tensor q = random_tensor(DType::f64, Shape{1, 4, 1024, 8}, 3);
+    Tensor out{DType::f64, Shape{1, 4, 1024, 8}};
+    poison(out);
+    std::vector<unsigned char> before(out.nbytes());
+    std::memcpy(before.data(), out.data(), before.size());
+    SdpaOptions opt;
+    opt.impl = Impl::reference;
+    attn::set_num_threads(2);
+    {  // start OpenMP's threads before the limit
+        const Tensor small = random_tensor(DType::f64, Shape{1, 2, 4, 8}, 2);
+        Tensor small_out{DType::f64, Shape{1, 2, 4, 8}};
+        attn::sdpa(small, small, small, opt, small_out);
+    }
+    attn::test::limit_address_space(48ul << 20);
+    try {
+        attn::sdpa(q, q, q, opt, out);
+        std::exit(4);  // ran: the limit did not bite
+    } catch (const attn::OutOfMemory&) {
+        std::exit(std::memcmp(before.data(), out.data(), before.size()) == 0 ? 0 : 7);
+    }
+}
+
 // Broadcast (stride-0) float64 views so large that one head's Lq × Lk doubles exceed what a
 // std::vector can hold (length_error) or 2^63 bytes: attn::OutOfMemory, its message counting
 // the bytes without wrapping. Lq·Lk = 2^64 wrapped to 0 and the reference wrote through an empty
@@ -454,6 +484,8 @@ TEST(SdpaErrorsDeathTest, ReferenceOutOfMemoryIsAnError) {
     GTEST_FLAG_SET(death_test_style, "threadsafe");
     // Exit codes: 0 attn::OutOfMemory naming the buffer; 3 another message; 4 no error; 5 no limit.
     EXPECT_EXIT(reference_under_an_address_space_limit(), ::testing::ExitedWithCode(0), "");
+    // 7: out was written in part.
+    EXPECT_EXIT(reference_on_two_threads_under_a_limit(), ::testing::ExitedWithCode(0), "");
 }
 #endif
 

@@ -36,18 +36,21 @@
 // of dO with those entries 0 and the tile adds each back where P̂ is not 0. dO·Vᵀ needs
 // nothing: dS = P∘(dP − D) is 0 wherever P is 0 (ds_row selects).
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <new>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include <omp.h>
 
+#include "../../core/allocate.hpp"
 #include "../../core/dropout.hpp"
 #include "../../core/element_io.hpp"
 #include "../../core/threads.hpp"
@@ -538,8 +541,19 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
     // separate pass and its barrier were a per-call cost of the 2-thread call). The sinks'
     // gradient needs every row's D: the first chunk's task of each head copies its rows here.
     const std::int64_t nrows = c.B * c.Hq * c.Lq;
-    std::vector<float> Dall(bp.dsinks ? static_cast<std::size_t>(nrows) : 0);
-    std::unique_ptr<float[]> dq_ws(c.dq_own ? nullptr : new float[c.dq_part * static_cast<std::size_t>(c.nchunks)]);
+    std::vector<float> Dall;
+    std::unique_ptr<float[]> dq_ws;
+    const std::size_t dq_floats = c.dq_own ? 0 : c.dq_part * static_cast<std::size_t>(c.nchunks);
+    try {
+        Dall.resize(bp.dsinks ? static_cast<std::size_t>(nrows) : 0);
+        if (dq_floats > 0) dq_ws.reset(new float[dq_floats]);
+    } catch (const std::bad_alloc&) {
+        throw_out_of_memory(static_cast<std::int64_t>(4 * (dq_floats + (bp.dsinks ? nrows : 0))),
+                            "the flash backward's dQ partials (one per chunk of key blocks)");
+    }
+    // A buffer a thread cannot size is said after the region: an exception must not leave it
+    // (std::terminate: a test under an address-space limit found it).
+    std::atomic<bool> scratch_refused{false};
 
 #pragma omp parallel
     {
@@ -548,32 +562,44 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
         // (Q/dO rows of a task, the task's dQ), ~10 % of S1's bf16 backward.
         thread_local Scratch t_scratch;
         Scratch& s = t_scratch;
-        size_scratch(c, s);
-        // Each thread zeroes a slice of the dQ partials (first touch on the thread that uses it most).
-        if (!c.dq_own) {
-            const std::int64_t total = static_cast<std::int64_t>(c.dq_part) * c.nchunks;
-#pragma omp for schedule(static)
-            for (std::int64_t e = 0; e < total; e += 4096)
-                std::memset(dq_ws.get() + e, 0, sizeof(float) * static_cast<std::size_t>(std::min<std::int64_t>(4096, total - e)));
+        try {
+            size_scratch(c, s);
+        } catch (const std::bad_alloc&) {
+            s = Scratch{};
+            scratch_refused.store(true);
         }
-
-        // (nowait: with one chunk nothing follows that needs the other threads' tasks; with
-        // several, the barrier below comes before the partials are summed.)
-#pragma omp for schedule(dynamic, 1) nowait
-        for (std::int64_t task = 0; task < c.tasks; ++task)
-            run_task(c, s, task, dq_ws.get(), bp.dsinks ? Dall.data() : nullptr);
-
-        if (!c.dq_own) {
 #pragma omp barrier
-        }
-        // Kept for the next call unless a long sequence made them large (32 MiB per thread).
-        if (s.task_bytes() > (std::size_t{32} << 20)) s = Scratch{};
-
-        // dQ = Σ over chunks, in chunk order (one chunk: the tasks stored dQ).
-        if (!c.dq_own) {
+        if (!scratch_refused.load()) {  // the same branch on every thread: all or none run the loops
+            // Each thread zeroes a slice of the dQ partials (first touch on the thread that uses it most).
+            if (!c.dq_own) {
+                const std::int64_t total = static_cast<std::int64_t>(c.dq_part) * c.nchunks;
 #pragma omp for schedule(static)
-            for (std::int64_t r = 0; r < nrows; ++r) sum_dq_row(c, dq_ws.get(), r);
+                for (std::int64_t e = 0; e < total; e += 4096)
+                    std::memset(dq_ws.get() + e, 0, sizeof(float) * static_cast<std::size_t>(std::min<std::int64_t>(4096, total - e)));
+            }
+
+            // (nowait: with one chunk nothing follows that needs the other threads' tasks; with
+            // several, the barrier below comes before the partials are summed.)
+#pragma omp for schedule(dynamic, 1) nowait
+            for (std::int64_t task = 0; task < c.tasks; ++task)
+                run_task(c, s, task, dq_ws.get(), bp.dsinks ? Dall.data() : nullptr);
+
+            if (!c.dq_own) {
+#pragma omp barrier
+            }
+            // Kept for the next call unless a long sequence made them large (32 MiB per thread).
+            if (s.task_bytes() > (std::size_t{32} << 20)) s = Scratch{};
+
+            // dQ = Σ over chunks, in chunk order (one chunk: the tasks stored dQ).
+            if (!c.dq_own) {
+#pragma omp for schedule(static)
+                for (std::int64_t r = 0; r < nrows; ++r) sum_dq_row(c, dq_ws.get(), r);
+            }
         }
+    }
+    if (scratch_refused.load()) {
+        throw_out_of_memory(static_cast<std::int64_t>(4 * c.group * (c.q.head + c.dO.head)),
+                            "the flash backward's per-thread Q and dO rows of a task (and its tile buffers)");
     }
     if (bp.dsinks) sink_gradients(c, Dall.data());
 }

@@ -3,7 +3,10 @@
 // paths share only the forward's definition.
 #include <new>
 #include <stdexcept>
+#include <utility>
 #include <vector>
+
+#include <omp.h>
 
 #include "attn/error.hpp"
 #include "../../core/dropout.hpp"
@@ -15,12 +18,32 @@
 namespace attn::detail {
 namespace {
 
-// Rows of a (B, H, L, D) view for one (b, h), as a dense L×D double matrix.
-std::vector<double> load_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t L, std::int64_t D) {
-    std::vector<double> m(static_cast<std::size_t>(L * D));
+// Rows of a (B, H, L, D) view for one (b, h), as a dense L×D double matrix in m.
+void load_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t L, std::int64_t D, std::vector<double>& m) {
+    m.resize(static_cast<std::size_t>(L * D));
     for (std::int64_t i = 0; i < L; ++i)
         for (std::int64_t d = 0; d < D; ++d) m[static_cast<std::size_t>(i * D + d)] = load(t, t.offset(b, h, i, d));
-    return m;
+}
+
+// A thread's buffers for its tasks, reserved before the first gradient is written (as the
+// forward's HeadSteps): an allocation the system refuses then leaves every gradient as it was.
+struct TaskBuffers {
+    HeadSteps s;                       // the forward of one query head (A = s.weights)
+    std::vector<double> K, V, dK, dV;  // the KV head's rows (Lk, D) and their gradients
+    std::vector<double> Q, dO, dQ, dA; // one query head's rows (Lq, D), dQ, and one row of dA (Lk)
+};
+
+void reserve_task_buffers(const SdpaProblem& p, TaskBuffers& w) {
+    reserve_head_steps(p, w.s);
+    try {
+        for (auto [v, n] : {std::pair{&w.K, p.Lk * p.Dk}, {&w.V, p.Lk * p.Dv}, {&w.dK, p.Lk * p.Dk}, {&w.dV, p.Lk * p.Dv},
+                            {&w.Q, p.Lq * p.Dk}, {&w.dO, p.Lq * p.Dv}, {&w.dQ, p.Lq * p.Dk}, {&w.dA, p.Lk}})
+            v->reserve(static_cast<std::size_t>(n));
+    } catch (const std::bad_alloc&) {
+        reference_out_of_memory(p);
+    } catch (const std::length_error&) {  // above a std::vector's max_size()
+        reference_out_of_memory(p);
+    }
 }
 
 void store_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t L, std::int64_t D,
@@ -41,19 +64,37 @@ void reference_backward(const BackwardProblem& bp) {
     const std::int64_t tasks = p.B * p.Hkv;
     // dσ per (b, h), summed over b at the end in order (deterministic).
     std::vector<double> dsinks(static_cast<std::size_t>(p.B * p.Hq), 0.0);
+    const int threads = team_size(tasks);
+    std::vector<TaskBuffers> buffers;
+    try {
+        buffers.resize(static_cast<std::size_t>(threads));
+    } catch (const std::bad_alloc&) {
+        reference_out_of_memory(p);
+    }
+    for (TaskBuffers& w : buffers) reserve_task_buffers(p, w);
     const auto task = [&](std::int64_t t) {
+        TaskBuffers& mine = buffers[static_cast<std::size_t>(omp_get_thread_num())];
+        std::vector<double>& K = mine.K;
+        std::vector<double>& V = mine.V;
+        std::vector<double>& dK = mine.dK;
+        std::vector<double>& dV = mine.dV;
+        std::vector<double>& dA = mine.dA;
+        std::vector<double>& Q = mine.Q;
+        std::vector<double>& dO = mine.dO;
+        std::vector<double>& dQ = mine.dQ;
+        HeadSteps& s = mine.s;
         const std::int64_t b = t / p.Hkv, hk = t % p.Hkv;
         double* dsig = dsinks.data() + b * p.Hq;
-        const std::vector<double> K = load_rows(p.k, b, hk, Lk, Dk);  // (Lk, Dk)
-        const std::vector<double> V = load_rows(p.v, b, hk, Lk, Dv);  // (Lk, Dv)
-        std::vector<double> dK(static_cast<std::size_t>(Lk * Dk), 0.0), dV(static_cast<std::size_t>(Lk * Dv), 0.0);
-        std::vector<double> dA(static_cast<std::size_t>(Lk));
+        load_rows(p.k, b, hk, Lk, Dk, K);  // (Lk, Dk)
+        load_rows(p.v, b, hk, Lk, Dv, V);  // (Lk, Dv)
+        dK.assign(static_cast<std::size_t>(Lk * Dk), 0.0);
+        dV.assign(static_cast<std::size_t>(Lk * Dv), 0.0);
+        dA.resize(static_cast<std::size_t>(Lk));
         for (std::int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h) {
-            HeadSteps s;
             reference_head(undropped, b, h, s);  // s.weights = A (Lq, Lk)
-            const std::vector<double> Q = load_rows(p.q, b, h, Lq, Dk);         // (Lq, Dk)
-            const std::vector<double> dO = load_rows(bp.grad_out, b, h, Lq, Dv);  // (Lq, Dv)
-            std::vector<double> dQ(static_cast<std::size_t>(Lq * Dk), 0.0);
+            load_rows(p.q, b, h, Lq, Dk, Q);           // (Lq, Dk)
+            load_rows(bp.grad_out, b, h, Lq, Dv, dO);  // (Lq, Dv)
+            dQ.assign(static_cast<std::size_t>(Lq * Dk), 0.0);
             for (std::int64_t i = 0; i < Lq; ++i) {
                 const double* A = s.weights.data() + i * Lk;
                 const double* dOi = dO.data() + i * Dv;
@@ -92,16 +133,7 @@ void reference_backward(const BackwardProblem& bp) {
         store_rows(bp.dk, b, hk, Lk, Dk, dK);
         store_rows(bp.dv, b, hk, Lk, Dv, dV);
     };
-    // The tasks allocate (a head's Lq × Lk in double): a std::bad_alloc in one is attn::OutOfMemory.
-    try {
-        parallel_for_may_throw(tasks, task);
-    } catch (const OutOfMemory&) {
-        throw;
-    } catch (const std::bad_alloc&) {
-        reference_out_of_memory(p);
-    } catch (const std::length_error&) {  // a std::vector above max_size()
-        reference_out_of_memory(p);
-    }
+    parallel_for_may_throw(tasks, threads, task);  // allocates nothing: the buffers are reserved
     if (bp.dsinks)
         for (std::int64_t h = 0; h < p.Hq; ++h) {
             double acc = 0.0;

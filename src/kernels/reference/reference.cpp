@@ -1,5 +1,7 @@
 #include "reference.hpp"
 
+#include <omp.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -22,10 +24,11 @@ namespace {
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 // Step 1 — scores: S[i][j] = scale · Σ_d Q[i][d]·K[j][d]
-void compute_scores(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::vector<double>& S) {
+void compute_scores(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::vector<double>& S,
+                    std::vector<double>& qrow) {
     const std::int64_t hk = p.kv_head(h);
     S.assign(static_cast<std::size_t>(p.Lq * p.Lk), 0.0);
-    std::vector<double> qrow(static_cast<std::size_t>(p.Dk));
+    qrow.resize(static_cast<std::size_t>(p.Dk));
     for (std::int64_t i = 0; i < p.Lq; ++i) {
         for (std::int64_t d = 0; d < p.Dk; ++d) qrow[static_cast<std::size_t>(d)] = load(p.q, p.q.offset(b, h, i, d));
         for (std::int64_t j = 0; j < p.Lk; ++j) {
@@ -105,12 +108,27 @@ void weighted_sum(const SdpaProblem& p, std::int64_t b, std::int64_t h, const st
 
 }  // namespace
 
-void reference_head(const SdpaProblem& p, std::int64_t b, std::int64_t h, HeadSteps& steps) {
+void reserve_head_steps(const SdpaProblem& p, HeadSteps& steps) {
     // Broadcast (stride-0) inputs make Lq·Lk as large as 2^66: said before any buffer is sized,
     // where the product would wrap (to 0 at 2^64, and the loops would write past an empty vector).
     const std::optional<std::int64_t> pairs = size_mul(p.Lq, p.Lk);
     if (!pairs || !size_mul(*pairs, 4 * static_cast<std::int64_t>(sizeof(double)))) reference_out_of_memory(p);
-    compute_scores(p, b, h, steps.scores);
+    try {
+        for (std::vector<double>* v : {&steps.scores, &steps.softcapped_scores, &steps.masked_scores, &steps.weights})
+            v->reserve(static_cast<std::size_t>(*pairs));
+        steps.lse.reserve(static_cast<std::size_t>(p.Lq));
+        steps.out.reserve(static_cast<std::size_t>(p.Lq * p.Dv));
+        steps.q_row.reserve(static_cast<std::size_t>(p.Dk));
+    } catch (const std::bad_alloc&) {
+        reference_out_of_memory(p);
+    } catch (const std::length_error&) {  // above a std::vector's max_size(): the same story
+        reference_out_of_memory(p);
+    }
+}
+
+void reference_head(const SdpaProblem& p, std::int64_t b, std::int64_t h, HeadSteps& steps) {
+    if (steps.scores.capacity() == 0) reserve_head_steps(p, steps);  // the size check, once
+    compute_scores(p, b, h, steps.scores, steps.q_row);
     steps.softcapped_scores = steps.scores;
     if (p.softcap > 0.0)
         for (double& x : steps.softcapped_scores) x = softcap_value<double>(x, p.softcap, 1.0 / p.softcap);
@@ -132,9 +150,9 @@ void reference_out_of_memory(const SdpaProblem& p) {
 
 namespace {
 
-// One (b, h): its steps, then its rows of out (lse, weights, scores when asked).
-void forward_head(const SdpaProblem& p, std::int64_t b, std::int64_t h) {
-    HeadSteps s;
+// One (b, h): its steps (in the thread's reserved buffers), then its rows of out (lse, weights,
+// scores when asked).
+void forward_head(const SdpaProblem& p, std::int64_t b, std::int64_t h, HeadSteps& s) {
     reference_head(p, b, h, s);
     for (std::int64_t i = 0; i < p.Lq; ++i) {
         for (std::int64_t d = 0; d < p.Dv; ++d)
@@ -156,15 +174,19 @@ void forward_head(const SdpaProblem& p, std::int64_t b, std::int64_t h) {
 }  // namespace
 
 void reference_forward(const SdpaProblem& p) {
+    // Every thread's buffers before any row is written: a head that could not allocate left
+    // the heads other threads had finished written (an out-of-memory test found out half-written).
+    const int threads = team_size(p.B * p.Hq);
+    std::vector<HeadSteps> steps;
     try {
-        parallel_for_may_throw(p.B * p.Hq, [&](std::int64_t bh) { forward_head(p, bh / p.Hq, bh % p.Hq); });
-    } catch (const OutOfMemory&) {
-        throw;
+        steps.resize(static_cast<std::size_t>(threads));
     } catch (const std::bad_alloc&) {
         reference_out_of_memory(p);
-    } catch (const std::length_error&) {  // a std::vector above max_size(): the same story
-        reference_out_of_memory(p);
     }
+    for (HeadSteps& s : steps) reserve_head_steps(p, s);
+    parallel_for_may_throw(p.B * p.Hq, threads, [&](std::int64_t bh) {
+        forward_head(p, bh / p.Hq, bh % p.Hq, steps[static_cast<std::size_t>(omp_get_thread_num())]);
+    });
 }
 
 }  // namespace attn::detail

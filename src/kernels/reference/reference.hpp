@@ -19,8 +19,16 @@ struct HeadSteps {
     std::vector<double> lse;            // log(e^σ + Σ exp(masked S)) per row (σ = sink, −inf without);
                                         // −inf for a row with no key and no sink
     std::vector<double> out;            // O = A·V
+    std::vector<double> q_row;          // scratch of step 1: one query row
 };
 
+// Reserves a HeadSteps' buffers for one head of p, so reference_head allocates nothing: the
+// callers reserve one per thread before the first output is written, and an allocation the
+// system refuses leaves every output as it was. attn::OutOfMemory (reference_out_of_memory)
+// when the system refuses or Lq·Lk is past 2^63 bytes.
+void reserve_head_steps(const SdpaProblem& p, HeadSteps& steps);
+
+// One head: fills `steps` (which need not be reserved; reserved ones are not reallocated).
 void reference_head(const SdpaProblem& p, std::int64_t b, std::int64_t h, HeadSteps& steps);
 
 // All heads; writes p.out (and p.lse, p.weights when present). Threads over (b, h). A
