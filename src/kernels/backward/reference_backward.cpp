@@ -65,13 +65,8 @@ void reference_backward(const BackwardProblem& bp) {
     // dσ per (b, h), summed over b at the end in order (deterministic).
     std::vector<double> dsinks(static_cast<std::size_t>(p.B * p.Hq), 0.0);
     const int threads = team_size(tasks);
-    std::vector<TaskBuffers> buffers;
-    try {
-        buffers.resize(static_cast<std::size_t>(threads));
-    } catch (const std::bad_alloc&) {
-        reference_out_of_memory(p);
-    }
-    for (TaskBuffers& w : buffers) reserve_task_buffers(p, w);
+    std::vector<TaskBuffers> buffers(static_cast<std::size_t>(threads));  // empty until reserved here:
+    for (TaskBuffers& w : buffers) reserve_task_buffers(p, w);             // every one before any write
     const auto task = [&](std::int64_t t) {
         TaskBuffers& mine = buffers[static_cast<std::size_t>(omp_get_thread_num())];
         std::vector<double>& K = mine.K;

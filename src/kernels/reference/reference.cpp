@@ -177,12 +177,7 @@ void reference_forward(const SdpaProblem& p) {
     // Every thread's buffers before any row is written: a head that could not allocate left
     // the heads other threads had finished written (an out-of-memory test found out half-written).
     const int threads = team_size(p.B * p.Hq);
-    std::vector<HeadSteps> steps;
-    try {
-        steps.resize(static_cast<std::size_t>(threads));
-    } catch (const std::bad_alloc&) {
-        reference_out_of_memory(p);
-    }
+    std::vector<HeadSteps> steps(static_cast<std::size_t>(threads));
     for (HeadSteps& s : steps) reserve_head_steps(p, s);
     parallel_for_may_throw(p.B * p.Hq, threads, [&](std::int64_t bh) {
         forward_head(p, bh / p.Hq, bh % p.Hq, steps[static_cast<std::size_t>(omp_get_thread_num())]);
