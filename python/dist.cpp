@@ -16,6 +16,7 @@
 #include <mpi.h>
 
 #include <exception>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -89,15 +90,16 @@ void agree_on_arguments(MPI_Comm comm, const char* op, F&& convert) {
     }
     int rank = 0;
     MPI_Comm_rank(comm, &rank);
-    const int mine = failure ? rank + 1 : 0;
-    int refused = 0;  // 1 + the highest rank that refused, or 0
+    // The lowest rank that refused, as the library's own agreement names (INT_MAX: none).
+    const int mine = failure ? rank : std::numeric_limits<int>::max();
+    int refused = 0;
     {
         py::gil_scoped_release release;
-        MPI_Allreduce(&mine, &refused, 1, MPI_INT, MPI_MAX, comm);
+        MPI_Allreduce(&mine, &refused, 1, MPI_INT, MPI_MIN, comm);
     }
     if (failure) std::rethrow_exception(failure);
-    if (refused != 0) {
-        throw attn::Error(std::string(op) + ": rank " + std::to_string(refused - 1) +
+    if (refused != std::numeric_limits<int>::max()) {
+        throw attn::Error(std::string(op) + ": rank " + std::to_string(refused) +
                           " refused its arguments (its own error says which and why)");
     }
 }

@@ -79,6 +79,12 @@ TensorView one_row_if_empty(const TensorView& t, Tensor& storage) {
 
 PrivateComm::PrivateComm(MPI_Comm c, std::string_view op) {
     if (c == MPI_COMM_NULL) fail(op, "comm: MPI_COMM_NULL is not a communicator (pass MPI_COMM_WORLD or one of its splits)");
+    int inter = 0;
+    MPI_Comm_test_inter(c, &inter);
+    if (inter) {
+        fail(op, "comm: an intercommunicator (its messages go to the other group): ring attention passes K/V around "
+                 "one group of ranks; pass an intracommunicator (MPI_COMM_WORLD or one of its splits)");
+    }
     MPI_Comm_dup(c, &comm);
 }
 
@@ -240,6 +246,11 @@ void check_across(std::string_view kOp, const std::vector<Descriptor>& all, int 
             fail(kOp, who, "has K/V dtypes ", dtype_name(static_cast<DType>(d.k_dtype)), "/",
                  dtype_name(static_cast<DType>(d.v_dtype)), " but rank 0 has ", dtype_name(static_cast<DType>(d0.k_dtype)),
                  "/", dtype_name(static_cast<DType>(d0.v_dtype)), " (the K/V blocks travel between them as they are)");
+        }
+        if (d.backward != d0.backward) {
+            const auto name = [](std::int64_t b) { return b ? "ring_attention_backward" : "ring_attention"; };
+            fail(kOp, who, "called ", name(d.backward), " but rank 0 called ", name(d0.backward),
+                 " (every rank must make the same call)");
         }
         check_same_options(kOp, who, d, d0);
         Lq += d.nq;

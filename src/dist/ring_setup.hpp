@@ -29,9 +29,10 @@ struct Descriptor {
     std::int64_t layout, impl, has_key_lengths, has_scale, tensor_modifiers;  // 1: sinks, 2: alibi_slopes, kWantsDsinks
     std::int64_t dropout_seed;  // the seed's bits
     std::int64_t k_dtype, v_dtype;  // the K/V blocks travel in these (every rank's must match)
+    std::int64_t backward;          // 1 in ring_attention_backward: ranks in the other call would wait for ever
     double scale, softcap, dropout_p;
 };
-inline constexpr int kDescriptorWords = 25;
+inline constexpr int kDescriptorWords = 26;
 // Descriptor::tensor_modifiers bit the backward sets when the caller asked for dsinks: their sum is
 // collective, so a rank without them would leave the others waiting (a hang an exploratory test found).
 inline constexpr std::int64_t kWantsDsinks = 4;
@@ -39,7 +40,8 @@ static_assert(sizeof(Descriptor) == kDescriptorWords * sizeof(std::int64_t));
 
 // A duplicate of the caller's communicator for the duration of one call (collective), so that
 // no message of ours can match one of the caller's. MPI_COMM_NULL is refused first: duplicating it
-// is MPI's fatal error, which aborts the whole job (ring_setup.cpp).
+// is MPI's fatal error, which aborts the whole job (ring_setup.cpp); and an intercommunicator,
+// whose sends and reductions cross to the other group (a silent wrong result).
 struct PrivateComm {
     MPI_Comm comm = MPI_COMM_NULL;
     PrivateComm(MPI_Comm c, std::string_view op);

@@ -300,6 +300,8 @@ struct Args {
     bool dv_is_v = false;  // pass V itself as dv
     Tensor dsinks{DType::f32, Shape{1}};
     bool pass_dsinks = false;
+    bool forward = false;         // this rank calls ring_attention (the others the backward)
+    MPI_Comm comm = MPI_COMM_WORLD;
 };
 void run_error_case(const std::string& name, const std::string& expect, const std::function<void(Args&)>& breaker) {
     const std::int64_t B = 2, Hq = 2, Hkv = 1, L = 21, D = 4;
@@ -320,8 +322,13 @@ void run_error_case(const std::string& name, const std::string& expect, const st
     bool threw_error = false;
     try {
         const TensorView dsv = a.dsinks.view();
-        dist::ring_attention_backward(MPI_COMM_WORLD, a.q, a.k, a.v, a.o, a.lse, a.dout, a.opt, a.dq, a.dk,
-                                      a.dv_is_v ? a.v.view() : a.dv.view(), nullptr, a.pass_dsinks ? &dsv : nullptr);
+        if (a.forward) {
+            const Tensor out(DType::f32, a.o.shape());
+            dist::ring_attention(a.comm, a.q, a.k, a.v, a.opt, out);
+        } else {
+            dist::ring_attention_backward(a.comm, a.q, a.k, a.v, a.o, a.lse, a.dout, a.opt, a.dq, a.dk,
+                                          a.dv_is_v ? a.v.view() : a.dv.view(), nullptr, a.pass_dsinks ? &dsv : nullptr);
+        }
     } catch (const attn::Error& e) {
         threw_error = true;
         message = e.what();
@@ -335,7 +342,9 @@ void run_error_case(const std::string& name, const std::string& expect, const st
     std::vector<char> m0(512, 0);
     if (rank == 0) std::strncpy(m0.data(), message.c_str(), m0.size() - 1);
     MPI_Bcast(m0.data(), static_cast<int>(m0.size()), MPI_CHAR, 0, MPI_COMM_WORLD);
-    const bool same = message.substr(0, m0.size() - 1) == std::string(m0.data());
+    // The same after the op's name (a rank in ring_attention says "ring_attention: …").
+    const auto body = [](const std::string& m) { return m.substr(m.find(": ") == std::string::npos ? 0 : m.find(": ")); };
+    const bool same = body(message.substr(0, m0.size() - 1)) == body(std::string(m0.data()));
     const bool ok = threw_error && untouched && same && message.find(expect) != std::string::npos;
     if (rank == 0 && threw_error) std::printf("  message: %s\n", message.c_str());
     verdict("backward error: " + name, ok,
@@ -464,6 +473,18 @@ int main(int argc, char** argv) {
                            a.dsinks = Tensor(DType::f32, Shape{2});
                            a.pass_dsinks = rank == last;
                        });
+        // The last rank in the forward, the others in the backward: they ran the same collectives up
+        // to the ring and waited there for ever (an adversarial test found the hang).
+        run_error_case("the forward on the last rank, the backward on the others",
+                       "rank " + std::to_string(last) + " called ring_attention but rank 0 called ring_attention_backward",
+                       [&](Args& a) { a.forward = rank == last; });
+        // An intercommunicator: its sends reach the other group, and the result was silently wrong.
+        MPI_Comm half = MPI_COMM_NULL, inter = MPI_COMM_NULL;
+        MPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &half);
+        MPI_Intercomm_create(half, 0, MPI_COMM_WORLD, rank % 2 == 0 ? 1 : 0, 17, &inter);
+        run_error_case("an intercommunicator", "comm: an intercommunicator", [&](Args& a) { a.comm = inter; });
+        MPI_Comm_free(&inter);
+        MPI_Comm_free(&half);
     }
 
     if (rank == 0) std::printf("%d passed, %d failed\n", passed, failed);

@@ -238,6 +238,8 @@ def message(call):
 got = {"forward": message(lambda: attn.dist.ring_attention(x, x, x, comm, layout="zigzagg" if r == 1 else "zigzag"))}
 o, lse = attn.dist.ring_attention(x, x, x, comm)
 got["backward"] = message(lambda: attn.dist.ring_attention_backward(x, x, x, o, lse[0] if r == 1 else lse, o, comm))
+# Every rank but 0 refuses: the others name the lowest, as the library's own agreement does.
+got["several"] = message(lambda: attn.dist.ring_attention(x, x, x, comm, layout="zigzagg" if r >= 1 else "zigzag"))
 with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:  # one file per rank: stdout lines of ranks interleave
     json.dump(got, f)
 """
@@ -262,3 +264,7 @@ def test_a_bad_argument_on_one_rank_is_an_error_on_every_rank(tmp_path, np_):
             assert mine["forward"] == ("ValueError: ring_attention: rank 1 refused its arguments (its own error says "
                                        "which and why)"), mine
             assert mine["backward"].startswith("ValueError: ring_attention_backward: rank 1 refused its arguments"), mine
+        if rank == 0:  # the one rank that did not refuse
+            assert mine["several"].startswith("ValueError: ring_attention: rank 1 refused its arguments"), mine
+        else:
+            assert mine["several"].startswith("ValueError: layout: expected zigzag or contiguous"), mine
