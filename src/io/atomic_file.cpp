@@ -7,9 +7,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
+#include <cstdint>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <initializer_list>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "attn/error.hpp"
@@ -58,12 +63,39 @@ std::string dangling_link_target(const std::string& path) {
     throw Error(in_quotes(path) + ": too many levels of symbolic links");
 }
 
+// The descriptor a path names — /dev/stdout 1, /dev/stderr 2, /dev/fd/N and /proc/self/fd/N N —
+// or -1 (any other path, a malformed N).
+int named_descriptor(const std::string& path) {
+    if (path == "/dev/stdout") return 1;
+    if (path == "/dev/stderr") return 2;
+    for (const std::string_view prefix : {std::string_view("/dev/fd/"), std::string_view("/proc/self/fd/")}) {
+        if (path.size() <= prefix.size() || path.compare(0, prefix.size(), prefix) != 0) continue;
+        int fd = -1;
+        const char* first = path.data() + prefix.size();
+        const auto [end, ec] = std::from_chars(first, path.data() + path.size(), fd);
+        return ec == std::errc() && end == path.data() + path.size() && fd >= 0 ? fd : -1;
+    }
+    return -1;
+}
+
+// AtomicFile::unnamed_ while an O_TMPFILE file is written (finish() keeps its descriptor then).
+constexpr int kUnnamedWriting = -2;
+
 }  // namespace
 
 OutputTarget resolve_output(const std::string& path) {
     if (path.empty()) throw Error("an empty path names no file");
     OutputTarget t{path, false};
     struct stat st {};
+    if (const int fd = named_descriptor(path); fd >= 0 && ::fstat(fd, &st) == 0) {
+        if (!S_ISREG(st.st_mode) && !S_ISCHR(st.st_mode) && !S_ISFIFO(st.st_mode)) {
+            throw Error(in_quotes(path) + " is descriptor " + std::to_string(fd) + ", open on " + describe_file_kind(st.st_mode) +
+                        "; a descriptor may be open on a regular file, a character device or a FIFO");
+        }
+        t.direct = true;
+        t.descriptor = fd;
+        return t;
+    }
     if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
         // Follow the link, so that the rename replaces the file it points to and not the link
         // (and /dev/stdout → /proc/self/fd/1 → a terminal or pipe is seen as what it is).
@@ -92,7 +124,10 @@ OutputTarget resolve_output(const std::string& path) {
 
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), target_(resolve_output(path_)) {
     int fd = -1;
-    if (target_.direct) {
+    if (target_.descriptor >= 0) {
+        fd = ::fcntl(target_.descriptor, F_DUPFD_CLOEXEC, 0);
+        if (fd < 0) fail("cannot duplicate descriptor " + std::to_string(target_.descriptor), errno);
+    } else if (target_.direct) {
         // No O_CREAT, no O_TRUNC: a device or FIFO is written into, never created or replaced.
         // A FIFO's open waits for a reader, as `cmd > fifo` does.
         do fd = ::open(target_.file.c_str(), O_WRONLY | O_NOCTTY | O_CLOEXEC);
@@ -103,6 +138,9 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), target_(resol
             ::close(fd);
             throw Error(path_ + ": changed from a device or FIFO to something else while being opened");
         }
+    } else if (const std::string dir = split_dir(target_.file).first;
+               (fd = ::open(dir.empty() ? "." : dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0666)) >= 0) {
+        unnamed_ = kUnnamedWriting;
     } else {
         std::string name = staging_template(target_.file);
         // Termination signals wait while the file is created and recorded, so that none can
@@ -133,6 +171,8 @@ void AtomicFile::discard() noexcept {
         std::fclose(file_);
         file_ = nullptr;
     }
+    if (unnamed_ >= 0) ::close(unnamed_);  // an unnamed file goes with its last descriptor
+    unnamed_ = -1;
     if (!stage_.empty()) {
         ::unlink(stage_.c_str());
         untrack_staging_file(slot_);
@@ -158,6 +198,10 @@ void AtomicFile::finish() {
     bool ok = std::fflush(f) == 0;
     if (ok && !target_.direct) ok = ::fsync(::fileno(f)) == 0;  // a device or pipe has nothing to sync
     int err = errno;
+    if (ok && unnamed_ == kUnnamedWriting) {  // the descriptor that publish() links by
+        unnamed_ = ::fcntl(::fileno(f), F_DUPFD_CLOEXEC, 0);
+        if (unnamed_ < 0) ok = false, err = errno;
+    }
     if (std::fclose(f) != 0 && ok) {
         ok = false;
         err = errno;
@@ -165,8 +209,40 @@ void AtomicFile::finish() {
     if (!ok) fail("write failed", err);
 }
 
+void AtomicFile::link_unnamed() {
+    // /proc/self/fd/N with AT_SYMLINK_FOLLOW links the open file (no privilege needed); without
+    // /proc, AT_EMPTY_PATH does (it needs CAP_DAC_READ_SEARCH). Signals wait as in the
+    // constructor: the name is recorded before a handler could miss it.
+    const std::string proc = "/proc/self/fd/" + std::to_string(unnamed_);
+    sigset_t block, old;
+    sigemptyset(&block);
+    for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&block, sig);
+    int err = EEXIST;
+    for (int attempt = 0; attempt < 100 && err == EEXIST; ++attempt) {
+        std::string name = staging_template(target_.file);
+        // mkstemp's letters without its file: a name to link to (EEXIST: another try).
+        std::uint64_t bits = (static_cast<std::uint64_t>(::getpid()) << 32) ^ reinterpret_cast<std::uintptr_t>(this) ^
+                             (static_cast<std::uint64_t>(attempt) * 0x9E3779B97F4A7C15ull) ^ static_cast<std::uint64_t>(::clock());
+        for (std::size_t i = name.size() - 6; i < name.size(); ++i, bits /= 62)
+            name[i] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"[bits % 62];
+        ::pthread_sigmask(SIG_BLOCK, &block, &old);
+        int rc = ::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, name.c_str(), AT_SYMLINK_FOLLOW);
+        if (rc != 0 && errno == ENOENT) rc = ::linkat(unnamed_, "", AT_FDCWD, name.c_str(), AT_EMPTY_PATH);
+        err = rc == 0 ? 0 : errno;
+        if (rc == 0) {
+            slot_ = track_staging_file(name.c_str());
+            stage_ = std::move(name);
+        }
+        ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    }
+    ::close(unnamed_);
+    unnamed_ = -1;
+    if (err != 0) fail("cannot move the finished file into place", err);
+}
+
 void AtomicFile::publish() {
     finish();
+    if (unnamed_ >= 0) link_unnamed();
     if (stage_.empty()) return;  // direct, or already published
     // mkstemp creates 0600; give the output the usual permissions (0666 & ~umask).
     const mode_t mask = ::umask(0);

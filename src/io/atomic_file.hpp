@@ -1,14 +1,21 @@
 // An output file: the one way attn writes what a user names (write_npy, write_safetensors,
 // heatmaps, the CLI's outputs). What a path gets depends on what it names (docs/conventions.md,
 // "Files"):
-//  - a regular file, or a name that does not exist yet: the bytes go to a hidden staging file
-//    beside it (`.NAME.tmp.XXXXXX`, NAME shortened so the whole stays within NAME_MAX) that
-//    publish() renames into place; destroyed before that, the staging file is removed, so an
-//    error half-way leaves no half-written output. A symbolic link is followed: the file it
-//    points to is replaced, the link stays.
+//  - a regular file, or a name that does not exist yet: the bytes go to an unnamed file in the
+//    target's directory (O_TMPFILE) that publish() links as a hidden staging name
+//    (`.NAME.tmp.XXXXXX`, NAME shortened so the whole stays within NAME_MAX) and renames into
+//    place at once; destroyed before that, the unnamed file goes with its descriptor — so an
+//    error half-way, or a SIGKILL (mpirun's second signal) while writing, leaves nothing. On a
+//    file system without O_TMPFILE the staging name is created first (mkstemp) and removed on
+//    failure and on termination signals. A symbolic link is followed: the file it points to is
+//    replaced, the link stays.
 //  - a character device or a FIFO (/dev/null, a terminal, a named pipe, /dev/stdout on a pipe):
 //    the bytes are written straight into it, as a shell redirect would. It is never replaced,
 //    whoever runs attn (root included). Opening a FIFO waits for its reader.
+//  - an open descriptor by name (/dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N): written
+//    into that descriptor (a duplicate), at its offset and with its flags, whatever it is open on
+//    — a regular file behind `> f` or `>> f` included, which renaming would have replaced (the
+//    rest of a `>>` log was lost, and what the shell wrote after attn went to the old file).
 //  - anything else (a directory, a block device, a socket, an empty path): refused.
 // Live staging files are tracked (staging_files.hpp), so a signal handler can remove them.
 #pragma once
@@ -22,6 +29,7 @@ namespace attn::detail {
 struct OutputTarget {
     std::string file;     // where the bytes end up: the path with symbolic links resolved
     bool direct = false;  // a character device or FIFO: written in place, never staged or replaced
+    int descriptor = -1;  // >= 0: direct, into a duplicate of this open descriptor
 };
 
 // Decides how `path` is written, or throws attn::Error with a reason that quotes the path
@@ -48,9 +56,13 @@ private:
 
     std::string path_;  // as the user gave it: every error names this, never the staging file
     OutputTarget target_;
-    std::string stage_;  // staged only
+    // Name the finished unnamed file at a fresh staging name (publish).
+    void link_unnamed();
+
+    std::string stage_;  // staged: the staging name (named at once, or by link_unnamed)
     int slot_ = -1;      // in the staging-file registry
     std::FILE* file_ = nullptr;
+    int unnamed_ = -1;   // O_TMPFILE: the finished file's descriptor, kept until it is linked
 };
 
 }  // namespace attn::detail

@@ -17,6 +17,7 @@ import signal
 import stat
 import struct
 import subprocess
+import tempfile
 import threading
 import time
 
@@ -69,6 +70,31 @@ def expect_error(d, args, *fragments, preexec_fn=None):
 
 def staging_files(d):
     return [n for n in os.listdir(d) if ".tmp." in n or ".stage." in n]
+
+
+def staged_outputs(p, d):
+    """The outputs process p is writing into directory d: named staging files, or (where the file
+    system has O_TMPFILE) its descriptors open on unnamed files there ('d/#inode (deleted)')."""
+    unnamed = []
+    try:
+        for fd in os.listdir(f"/proc/{p.pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{p.pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith(f"{d}/#"):
+                unnamed.append(target)
+    except OSError:  # the process has ended
+        pass
+    return staging_files(d) + unnamed
+
+
+def has_o_tmpfile(d):
+    try:
+        os.close(os.open(d, os.O_TMPFILE | os.O_WRONLY, 0o600))
+        return True
+    except OSError:
+        return False
 
 
 def reference_output(d, *extra):
@@ -191,6 +217,28 @@ def test_stdout_as_the_output(work):
     assert "o.npy" not in listing(work)
 
 
+def test_stdout_redirected_to_a_file_is_written_into_not_replaced(work):
+    """--out /dev/stdout with stdout a regular file (`>> log`): written at the descriptor's
+    offset, so the log keeps what it had; renaming over the file behind the redirect lost it."""
+    expected = reference_output(work)
+    log = work / "log"
+    log.write_bytes(b"LOG\n")
+    with open(log, "ab") as f:
+        r = subprocess.run([attn_bin(), *map(str, sdpa(work, out="/dev/stdout"))], stdout=f, stderr=subprocess.PIPE)
+    assert r.returncode == 0, r.stderr
+    assert log.read_bytes() == b"LOG\n" + expected
+    assert staging_files(work) == []
+
+
+def test_printed_text_that_cannot_be_written_is_an_error(work):
+    """`attn --help > /dev/full` exited 0 while every write failed."""
+    with open("/dev/full", "wb") as full:
+        for args in (["--help"], ["bench", "--list"], ["demo", "--no-heatmap"]):
+            r = subprocess.run([attn_bin(), *args], stdout=full, stderr=subprocess.PIPE, cwd=work)
+            assert r.returncode == 2, (args, r.returncode, r.stderr)
+            assert r.stderr.decode().startswith("attn: error: stdout: write failed"), (args, r.stderr)
+
+
 def test_a_fifo_output_is_written_into(work):
     expected = reference_output(work, "--lse", work / "ref_lse.npy")
     os.remove(work / "ref_lse.npy")
@@ -261,7 +309,7 @@ def start_blocked_on_a_fifo(work):
     p = subprocess.Popen([attn_bin(), *map(str, sdpa(work, "--lse", work / "lse.npy", "--weights", work / "pipe"))],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + TIMEOUT
-    while len(staging_files(work)) < 2:
+    while len(staged_outputs(p, work)) < 2:
         assert p.poll() is None, p.stderr.read()
         assert time.monotonic() < deadline, "the staging files never appeared"
         time.sleep(0.01)
@@ -292,7 +340,7 @@ def start_large_write(work, seed, env=None):
     p = subprocess.Popen([attn_bin(), *map(str, sdpa(work, "--weights", work / "big.npy"))],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     deadline = time.monotonic() + TIMEOUT
-    while not staging_files(work) and p.poll() is None:
+    while not staged_outputs(p, work) and p.poll() is None:
         assert time.monotonic() < deadline
         time.sleep(0.001)
     return p, before
@@ -311,6 +359,18 @@ def test_sigterm_during_a_large_write_leaves_nothing(work):
     else:
         assert p.returncode == -signal.SIGTERM
         assert listing(work) == before
+
+
+@pytest.mark.skipif(not has_o_tmpfile(tempfile.gettempdir()), reason="skipped: the file system lacks O_TMPFILE")
+def test_sigkill_during_a_large_write_leaves_nothing(work):
+    """SIGKILL (mpirun's second signal, a second after SIGTERM) cannot be handled: the outputs are
+    written into unnamed files (O_TMPFILE), named only just before their rename, so a killed
+    writer leaves nothing. (Staging names written into left 1–4 hidden files of up to 64 MB.)"""
+    p, before = start_large_write(work, 2)
+    p.send_signal(signal.SIGKILL)
+    p.wait(TIMEOUT)
+    assert staging_files(work) == []
+    assert p.returncode == 0 or listing(work) == before
 
 
 def tgkill(pid, tid, sig):

@@ -1,8 +1,11 @@
 // attn — command-line front end of the library. See `attn --help`.
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <new>
+#include <string>
 #include <thread>
 
 #include "attn/error.hpp"
@@ -24,6 +27,18 @@ int main(int argc, char** argv) {
         }
         return 2;
     };
+    // What a command printed (help, the demo's walkthrough, bench's report) must have reached
+    // stdout: `attn demo > /dev/full` exited 0 while every write failed. (--out files check
+    // their own writes.) SIGPIPE is ignored (signals.cpp), so a closed pipe is EPIPE here.
+    const auto flushed = [&](int status) {
+        errno = 0;
+        const bool flush_failed = std::fflush(stdout) != 0;
+        const int err = errno;
+        if (!flush_failed && !std::ferror(stdout)) return status;
+        const std::string message = std::string("stdout: write failed") +
+                                    (flush_failed && err != 0 ? std::string(" (") + std::strerror(err) + ")" : "");
+        return status != 0 ? status : report(message.c_str());
+    };
     try {
         // CLI11 would say only "A subcommand is required" for `attn bogus`, and "--q is required"
         // for `attn sdpa --bogus`: name the word.
@@ -32,11 +47,11 @@ int main(int argc, char** argv) {
         }
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {
-        return app.exit(e);
+        return flushed(app.exit(e));
     } catch (const CLI::CallForAllHelp& e) {
-        return app.exit(e);
+        return flushed(app.exit(e));
     } catch (const CLI::CallForVersion& e) {
-        return app.exit(e);
+        return flushed(app.exit(e));
     } catch (const CLI::ParseError& e) {
         return report(e.what());
     } catch (const attn::Error& e) {
@@ -48,5 +63,5 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {
         return report(e.what());
     }
-    return 0;
+    return flushed(0);
 }
