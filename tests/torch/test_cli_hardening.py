@@ -230,6 +230,13 @@ def test_stdout_redirected_to_a_file_is_written_into_not_replaced(work):
     assert staging_files(work) == []
 
 
+def test_a_file_name_with_control_characters_is_one_error_line(work):
+    """The error quoting a name with a newline (or ESC) was several lines (or a terminal command)."""
+    err = expect_error(work, sdpa(work, out=work / "o\nx\x1b[2J.npy", ) + ["--mask", work / "no\nsuch.npy"],
+                       "no\\x0asuch.npy")
+    assert "\x1b" not in err
+
+
 def test_printed_text_that_cannot_be_written_is_an_error(work):
     """`attn --help > /dev/full` exited 0 while every write failed."""
     with open("/dev/full", "wb") as full:
