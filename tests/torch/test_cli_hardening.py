@@ -237,6 +237,12 @@ def test_a_file_name_with_control_characters_is_one_error_line(work):
     assert "\x1b" not in err
 
 
+def test_an_output_path_past_path_max_says_so(work):
+    """It was "directory … does not exist or is not writable" (access() failed with ENAMETOOLONG)."""
+    deep = "/".join(["d" * 250] * 20)
+    expect_error(work, sdpa(work, out=work / deep / "o.npy"), "--out: path of", "File name too long")
+
+
 def test_printed_text_that_cannot_be_written_is_an_error(work):
     """`attn --help > /dev/full` exited 0 while every write failed."""
     with open("/dev/full", "wb") as full:

@@ -3,6 +3,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <climits>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 
@@ -80,7 +83,12 @@ void OutputFiles::check() const {
             throw Error(flag + ": '" + dir + "' is not a directory (in the path '" + p + "')");
         }
         if (::access(dir.c_str(), W_OK) != 0) {
-            throw Error(flag + ": directory '" + dir + "' does not exist or is not writable");
+            const int err = errno;  // ENOENT, EACCES, EROFS — or ENAMETOOLONG, which is no directory's fault
+            if (err == ENAMETOOLONG) {
+                throw Error(flag + ": path of " + std::to_string(p.size()) + " bytes: " + std::strerror(err) +
+                            " (the system allows " + std::to_string(PATH_MAX) + " bytes)");
+            }
+            throw Error(flag + ": directory '" + dir + "' does not exist or is not writable (" + std::strerror(err) + ")");
         }
         const std::string name = slash == std::string::npos ? file : file.substr(slash + 1);
         const long name_max = ::pathconf(dir.c_str(), _PC_NAME_MAX);
