@@ -222,6 +222,10 @@ int main(int argc, char** argv) {
                 const auto n = static_cast<std::int64_t>(q.prompt.size());
                 return (n + page_size - 1) / page_size + (n % page_size == 0 ? q.samples : q.samples - 1);
             };
+            // What the running sequences' next tokens take is not free for new prompts (admitting
+            // past it prefilled a request only to preempt it before its first token).
+            std::int64_t reserved = 0;
+            for (const Running& r : running) reserved += pool.pages_needed(r.ids[0], 1);
             while (!waiting.empty()) {
                 const Request& q = waiting.front();
                 const std::int64_t need = pages_for(q);
@@ -237,7 +241,7 @@ int main(int argc, char** argv) {
                     waiting.pop_front();
                     continue;
                 }
-                if (static_cast<int>(running.size()) + q.samples > max_running || need > pool.free_pages()) break;
+                if (static_cast<int>(running.size()) + q.samples > max_running || reserved + need > pool.free_pages()) break;
                 Running s;
                 s.request = q.id;
                 for (Layer& ly : model.layers) s.ids.push_back(ly.cache.add_sequence());
@@ -260,6 +264,7 @@ int main(int argc, char** argv) {
                     r.text.push_back(r.next);
                     running.push_back(r);
                 }
+                reserved += need - (static_cast<std::int64_t>(q.prompt.size()) + page_size - 1) / page_size;  // its first tokens'
                 waiting.pop_front();
             }
             if (running.empty()) continue;  // the rest were refused, or the next one is admitted now

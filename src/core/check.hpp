@@ -92,6 +92,15 @@ bool share_memory(const TensorView& a, const TensorView& b);
 void require_disjoint(std::string_view op, const TensorView& out, std::string_view out_name, const TensorView& other,
                       std::string_view other_name);
 
+// An enum argument within its `count` values: one cast from a wrong integer would run some
+// default branch of a switch (Impl(77) ran the reference, Causal(9) bottom-right). `names`
+// lists the values for the message ("Impl::automatic, reference, flash, decode").
+template <class Enum>
+void require_enum(std::string_view op, std::string_view name, Enum value, int count, std::string_view names) {
+    const int v = static_cast<int>(value);
+    if (v < 0 || v >= count) fail(op, name, ": must be one of ", names, " but got the value ", v);
+}
+
 // An optional tensor argument as the pointer the checks take: null when not given.
 inline const TensorView* view_or_null(const std::optional<TensorView>& t) { return t ? &*t : nullptr; }
 

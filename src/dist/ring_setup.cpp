@@ -109,6 +109,8 @@ Descriptor check_local(std::string_view kOp, const TensorView& q, const TensorVi
                               "16-bit K/V travel as they are) but got ", dtype_name(t));
         }
     }
+    attn::detail::require_enum(kOp, "layout", o.layout, 2, "Layout::contiguous, zigzag");
+    attn::detail::require_enum(kOp, "impl", o.impl, 4, "Impl::automatic, reference, flash, decode");
     if (o.impl == Impl::decode) {
         // The backward refuses reference too (ring_backward.cpp): each says what it takes.
         fail(kOp, "impl: must be ", kOp == "ring_attention_backward" ? "automatic or flash" : "automatic, reference or flash",

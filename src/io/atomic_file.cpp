@@ -81,18 +81,34 @@ int named_descriptor(const std::string& path) {
 // AtomicFile::unnamed_ while an O_TMPFILE file is written (finish() keeps its descriptor then).
 constexpr int kUnnamedWriting = -2;
 
+// Termination signals wait while a staging name is made and recorded (the registry the handler
+// reads), so that none arrives between the two and leaves an unrecorded staging file behind.
+class TerminationSignalsHeld {
+public:
+    TerminationSignalsHeld() {
+        sigset_t block;
+        sigemptyset(&block);
+        for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&block, sig);
+        ::pthread_sigmask(SIG_BLOCK, &block, &old_);
+    }
+    ~TerminationSignalsHeld() { ::pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+    TerminationSignalsHeld(const TerminationSignalsHeld&) = delete;
+    TerminationSignalsHeld& operator=(const TerminationSignalsHeld&) = delete;
+
+private:
+    sigset_t old_;
+};
+
 }  // namespace
 
 OutputTarget resolve_output(const std::string& path) {
     if (path.empty()) throw Error("an empty path names no file");
     OutputTarget t{path, false};
     struct stat st {};
-    if (const int fd = named_descriptor(path); fd >= 0 && ::fstat(fd, &st) == 0) {
-        if (!S_ISREG(st.st_mode) && !S_ISCHR(st.st_mode) && !S_ISFIFO(st.st_mode)) {
-            throw Error(in_quotes(path) + " is descriptor " + std::to_string(fd) + ", open on " + describe_file_kind(st.st_mode) +
-                        "; a descriptor may be open on a regular file, a character device or a FIFO");
-        }
-        t.direct = true;
+    if (const int fd = named_descriptor(path); fd >= 0) {
+        if (::fstat(fd, &st) != 0) throw Error(in_quotes(path) + " names descriptor " + std::to_string(fd) + ", which is not open");
+        if (S_ISDIR(st.st_mode)) throw Error(in_quotes(path) + " is descriptor " + std::to_string(fd) + ", open on a directory");
+        t.direct = true;  // written into as a shell redirect would: a file, device, FIFO or socket
         t.descriptor = fd;
         return t;
     }
@@ -125,6 +141,9 @@ OutputTarget resolve_output(const std::string& path) {
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), target_(resolve_output(path_)) {
     int fd = -1;
     if (target_.descriptor >= 0) {
+        // What the program printed there comes first, as it would with stdio alone.
+        if (target_.descriptor == 1) std::fflush(stdout);
+        if (target_.descriptor == 2) std::fflush(stderr);
         fd = ::fcntl(target_.descriptor, F_DUPFD_CLOEXEC, 0);
         if (fd < 0) fail("cannot duplicate descriptor " + std::to_string(target_.descriptor), errno);
     } else if (target_.direct) {
@@ -139,20 +158,20 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), target_(resol
             throw Error(path_ + ": changed from a device or FIFO to something else while being opened");
         }
     } else if (const std::string dir = split_dir(target_.file).first;
+               // Only where the finished file can be named without privilege (/proc/self/fd: see
+               // link_unnamed); a chroot without /proc keeps the named staging file.
+               ::access("/proc/self/fd", X_OK) == 0 &&
                (fd = ::open(dir.empty() ? "." : dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0666)) >= 0) {
         unnamed_ = kUnnamedWriting;
     } else {
         std::string name = staging_template(target_.file);
-        // Termination signals wait while the file is created and recorded, so that none can
-        // arrive between the two and leave an unrecorded staging file behind.
-        sigset_t block, old;
-        sigemptyset(&block);
-        for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&block, sig);
-        ::pthread_sigmask(SIG_BLOCK, &block, &old);
-        fd = ::mkstemp(name.data());
-        const int err = errno;
-        if (fd >= 0) slot_ = track_staging_file(name.c_str());
-        ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+        int err = 0;
+        {
+            const TerminationSignalsHeld held;
+            fd = ::mkstemp(name.data());
+            err = errno;
+            if (fd >= 0) slot_ = track_staging_file(name.c_str());
+        }
         if (fd < 0) fail("cannot create output file", err);
         stage_ = std::move(name);
     }
@@ -210,13 +229,10 @@ void AtomicFile::finish() {
 }
 
 void AtomicFile::link_unnamed() {
-    // /proc/self/fd/N with AT_SYMLINK_FOLLOW links the open file (no privilege needed); without
-    // /proc, AT_EMPTY_PATH does (it needs CAP_DAC_READ_SEARCH). Signals wait as in the
-    // constructor: the name is recorded before a handler could miss it.
+    // /proc/self/fd/N with AT_SYMLINK_FOLLOW links the open file (no privilege needed; the
+    // constructor chose O_TMPFILE only where /proc is there); AT_EMPTY_PATH is the fallback (it
+    // needs CAP_DAC_READ_SEARCH before Linux 6.10).
     const std::string proc = "/proc/self/fd/" + std::to_string(unnamed_);
-    sigset_t block, old;
-    sigemptyset(&block);
-    for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&block, sig);
     int err = EEXIST;
     for (int attempt = 0; attempt < 100 && err == EEXIST; ++attempt) {
         std::string name = staging_template(target_.file);
@@ -225,7 +241,7 @@ void AtomicFile::link_unnamed() {
                              (static_cast<std::uint64_t>(attempt) * 0x9E3779B97F4A7C15ull) ^ static_cast<std::uint64_t>(::clock());
         for (std::size_t i = name.size() - 6; i < name.size(); ++i, bits /= 62)
             name[i] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"[bits % 62];
-        ::pthread_sigmask(SIG_BLOCK, &block, &old);
+        const TerminationSignalsHeld held;  // the name is recorded before a handler could miss it
         int rc = ::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, name.c_str(), AT_SYMLINK_FOLLOW);
         if (rc != 0 && errno == ENOENT) rc = ::linkat(unnamed_, "", AT_FDCWD, name.c_str(), AT_EMPTY_PATH);
         err = rc == 0 ? 0 : errno;
@@ -233,7 +249,6 @@ void AtomicFile::link_unnamed() {
             slot_ = track_staging_file(name.c_str());
             stage_ = std::move(name);
         }
-        ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
     }
     ::close(unnamed_);
     unnamed_ = -1;

@@ -52,7 +52,9 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
         lengths[b] = cache.length(seqs[b]);
         n = std::max(n, lengths[b]);
         pages = std::max(pages, static_cast<std::int64_t>(cache.page_table(seqs[b]).size()));
-        if (options.causal != Causal::none && !options.query_offset && lengths[b] < Lq) {
+        // Fewer positions than new queries: not appended yet. An empty sequence takes the rule
+        // (out 0, lse −inf), as in decode_attention.
+        if (options.causal != Causal::none && !options.query_offset && lengths[b] > 0 && lengths[b] < Lq) {
             detail::fail(kOp, "seqs: sequence ", seqs[b], " (entry ", b, ") holds ", lengths[b],
                          " positions but there are ", Lq, " new queries; append the new tokens' K and V before "
                          "paged_attention");

@@ -82,15 +82,9 @@ TensorView require_query_offsets(std::string_view kOp, const TensorView& offsets
 }
 
 void check_option_values(const SdpaOptions& options, std::string_view kOp) {
-    // An enum is an int to C++: a value cast from a wrong integer would run some default branch
-    // of a switch (Impl(77) ran the reference, Causal(9) bottom-right).
-    const auto enum_in = [&](const char* name, auto value, int count, const char* names) {
-        const int v = static_cast<int>(value);
-        if (v < 0 || v >= count) fail(kOp, name, ": must be one of ", names, " but got the value ", v);
-    };
-    enum_in("impl", options.impl, 4, "Impl::automatic, reference, flash, decode");
-    enum_in("causal", options.causal, 3, "Causal::none, top_left, bottom_right");
-    enum_in("window.align", options.window.align, 2, "Align::top_left, bottom_right");
+    require_enum(kOp, "impl", options.impl, 4, "Impl::automatic, reference, flash, decode");
+    require_enum(kOp, "causal", options.causal, 3, "Causal::none, top_left, bottom_right");
+    require_enum(kOp, "window.align", options.window.align, 2, "Align::top_left, bottom_right");
     if (options.scale) {
         // Finite in float32, where every fast kernel multiplies by it (1e39 is finite as a
         // double but inf as a float: scores would become ±inf or NaN).
@@ -289,14 +283,12 @@ void require_outputs_apart(const SdpaProblem& p, const SdpaOptions& o, std::stri
 }
 
 void attach_scores(SdpaProblem& p, const ScoresOutput& s, std::string_view kOp) {
+    require_enum(kOp, "scores.stage", s.stage, 3, "ScoreStage::scaled, softcapped, masked");
     require_output(kOp, s.view, "scores", Shape{p.B, p.Hq, p.Lq, p.Lk}, "(B, Hq, Lq, Lk)");
     if (p.dropout_p > 0.0)
         fail(kOp, "scores: not available together with dropout (dropout_p = ", shortest(p.dropout_p),
              "): the scores are those of the undropped softmax's input; run without dropout");
     p.scores = s.view;
-    if (static_cast<int>(s.stage) < 0 || static_cast<int>(s.stage) > 2)
-        fail(kOp, "scores.stage: must be one of ScoreStage::scaled, softcapped, masked but got the value ",
-             static_cast<int>(s.stage));
     p.scores_stage = s.stage;
 }
 

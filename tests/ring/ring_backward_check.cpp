@@ -323,8 +323,8 @@ void run_error_case(const std::string& name, const std::string& expect, const st
     try {
         const TensorView dsv = a.dsinks.view();
         if (a.forward) {
-            const Tensor out(DType::f32, a.o.shape());
-            dist::ring_attention(a.comm, a.q, a.k, a.v, a.opt, out);
+            a.dq = poisoned(DType::f32, a.o.shape());  // the forward's out: checked untouched below as dq
+            dist::ring_attention(a.comm, a.q, a.k, a.v, a.opt, a.dq);
         } else {
             dist::ring_attention_backward(a.comm, a.q, a.k, a.v, a.o, a.lse, a.dout, a.opt, a.dq, a.dk,
                                           a.dv_is_v ? a.v.view() : a.dv.view(), nullptr, a.pass_dsinks ? &dsv : nullptr);

@@ -264,8 +264,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         try {
             step();
         } catch (const std::exception& e) {
-            std::fprintf(stderr, "attn: error: %s (rank %d, while the other ranks wait for their rows: aborting)\n", e.what(),
-                         rank);
+            print_error_line(e.what(), " (rank " + std::to_string(rank) + ", while the other ranks wait for their rows: aborting)");
             std::fflush(stderr);
             MPI_Abort(comm, 2);
         }
@@ -419,7 +418,7 @@ void run(const RingArgs& a) {
     // exits non-zero, mpirun kills the others, so a message printed after the finalize
     // (on the way back through main) could be lost. Then every rank exits 2.
     if (rank == 0) {
-        std::fprintf(stderr, "attn: error: %s\n", failure.c_str());
+        print_error_line(failure);
         std::fflush(stderr);
     }
     MPI_Finalize();
@@ -456,7 +455,8 @@ void add_ring_command(CLI::App& app) {
         ->default_str("top-left");
     cmd->add_option("--window-left", args->window_left, "sliding window: keys a query sees before its diagonal (-1 = all)");
     cmd->add_option("--window-right", args->window_right, "sliding window: keys a query sees after its diagonal (-1 = all)");
-    cmd->add_option("--window-align", args->window_align, "diagonal of the window: top-left (default) or bottom-right");
+    cmd->add_option("--window-align", args->window_align,
+                    "diagonal of the window: top-left (default) or bottom-right (only with --window-left/--window-right)");
     cmd->add_option("--query-offset", args->query_offset,
                     "position of query 0 among the keys: causal and the window align to i + N for every sequence");
     cmd->add_option("--scale", args->scale, "score scale (default 1/sqrt(Dk)); any number finite in float32 (|scale| <= 3.4028235e38)");

@@ -296,7 +296,8 @@ void add_sdpa_command(CLI::App& app) {
         ->excludes(one_offset);
     cmd->add_option("--window-left", args->window_left, "sliding window: keys a query sees before its diagonal (-1 = all)");
     cmd->add_option("--window-right", args->window_right, "sliding window: keys a query sees after its diagonal (-1 = all)");
-    cmd->add_option("--window-align", args->window_align, "diagonal of the window: top-left (default) or bottom-right");
+    cmd->add_option("--window-align", args->window_align,
+                    "diagonal of the window: top-left (default) or bottom-right (only with --window-left/--window-right)");
     cmd->add_option("--weights", args->weights, "write attention weights A (B, Hq, Lq, Lk) as float32");
     cmd->add_option("--lse", args->lse, "write the row log-sum-exp (B, Hq, Lq) as float32");
     cmd->add_option("--impl", args->impl,
@@ -321,7 +322,7 @@ void add_sdpa_command(CLI::App& app) {
     cmd->add_option("--sinks", args->sinks, "attention sink logits (Hq,) float32: softmax mass without a value");
     cmd->add_option("--scores", args->scores, "write the scores (B, Hq, Lq, Lk) as float32 at --scores-stage (not with --dropout)");
     cmd->add_option("--scores-stage", args->scores_stage,
-                    "scaled (scale*q.k), softcapped (after --softcap) or masked (after ALiBi and masks; default)");
+                    "with --scores: scaled (scale*q.k), softcapped (after --softcap) or masked (after ALiBi and masks; default)");
     cmd->add_option("--dsinks", args->dsinks, "with --grad-out and --sinks: write d loss / d sinks (Hq,) as float32");
     cmd->add_flag("--verbose", args->verbose, "say which kernel ran and why others were declined");
     add_threads_option(cmd);

@@ -1,6 +1,7 @@
 // The whole command line of `attn`, in one function: main() parses with it, and the CLI
 // fuzz target (fuzz/fuzz_cli_args.cpp) parses with exactly the same options.
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <string_view>
@@ -21,6 +22,21 @@ void add_commands(CLI::App& app) {
     add_demo_command(app);
     add_heatmap_command(app);
     make_options_strict(app);  // every option declared above: no empty values, strict numbers
+}
+
+void print_error_line(const std::string& message, const std::string& suffix) {
+    std::string line = "attn: error: ";
+    for (const char ch : message + suffix) {
+        const auto c = static_cast<unsigned char>(ch);
+        if (c >= 0x20 && c != 0x7f) {
+            line += ch;
+        } else {
+            char esc[5];
+            std::snprintf(esc, sizeof esc, "\\x%02x", c);
+            line += esc;
+        }
+    }
+    std::fprintf(stderr, "%s\n", line.c_str());
 }
 
 bool silent_ring_rank(int argc, const char* const* argv) {

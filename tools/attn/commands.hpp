@@ -21,6 +21,11 @@ std::string unknown_command(const CLI::App& app, int argc, const char* const* ar
 // job when a rank exits non-zero, does not kill rank 0 before it has printed.
 bool silent_ring_rank(int argc, const char* const* argv);
 
+// Prints `attn: error: <message><suffix>` on stderr as one line: control bytes of the message
+// (a file name with a newline, an ESC) are escaped as \xNN — it made several lines, or a
+// terminal command. Every error line of the CLI goes through here.
+void print_error_line(const std::string& message, const std::string& suffix = "");
+
 void add_bench_command(CLI::App& app);
 void add_sdpa_command(CLI::App& app);
 void add_mha_command(CLI::App& app);

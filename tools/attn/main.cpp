@@ -12,27 +12,6 @@
 #include "commands.hpp"
 #include "signals.hpp"
 
-namespace {
-
-// The error line is one line whatever the message quotes: a file name holding a newline or a
-// terminal control made it several (or rewrote the terminal). Control bytes are escaped.
-std::string one_line(const char* message) {
-    std::string out;
-    for (const char* p = message; *p != '\0'; ++p) {
-        const auto c = static_cast<unsigned char>(*p);
-        if (c >= 0x20 && c != 0x7f) {
-            out += static_cast<char>(c);
-        } else {
-            char esc[5];
-            std::snprintf(esc, sizeof esc, "\\x%02x", c);
-            out += esc;
-        }
-    }
-    return out;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
     CLI::App app{"attn: scaled dot-product attention, computed correctly on every input, as fast as the CPU allows"};
     attn::cli::add_commands(app);  // every option strict: no empty values, strict numbers
@@ -40,7 +19,7 @@ int main(int argc, char** argv) {
     const bool silent = attn::cli::silent_ring_rank(argc, argv);
     const auto report = [&](const char* message) {
         if (!silent) {
-            std::fprintf(stderr, "attn: error: %s\n", one_line(message).c_str());
+            attn::cli::print_error_line(message);
         } else {
             // Every rank fails alike; once one exits non-zero, mpirun kills the others. A silent
             // rank waits so that rank 0 has printed first (it exits at once, ending the wait).

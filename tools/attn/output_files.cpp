@@ -8,6 +8,8 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
+#include <utility>
 
 #include "attn/error.hpp"
 #include "io/atomic_file.hpp"
@@ -22,6 +24,15 @@ std::string identity(const std::string& path) {
     std::error_code ec;
     const std::filesystem::path p = std::filesystem::weakly_canonical(std::filesystem::absolute(path, ec), ec);
     return ec ? path : p.string();
+}
+
+// The regular file an output lands on, when one exists: its (device, inode) — through the
+// descriptor for /dev/stdout and the like, whose file a shell redirect chose.
+std::optional<std::pair<dev_t, ino_t>> regular_file_of(const detail::OutputTarget& t) {
+    struct stat st {};
+    const int rc = t.descriptor >= 0 ? ::fstat(t.descriptor, &st) : ::stat(t.file.c_str(), &st);
+    if (rc != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+    return std::pair{st.st_dev, st.st_ino};
 }
 
 bool is_safetensors(const std::string& path) {
@@ -55,27 +66,31 @@ void OutputFiles::check() const {
     }
     for (std::size_t i = 0; i < files_.size(); ++i) {
         const auto& [flag, p] = files_[i];
-        // Two outputs into one device or FIFO (say /dev/null) just write one after the other;
-        // two onto one regular file would lose one of them.
-        for (std::size_t j = 0; j < i && !targets[i].direct; ++j) {
-            if (identity(targets[i].file) == identity(targets[j].file)) {
+        const auto landing = regular_file_of(targets[i]);
+        // Two outputs into one device or FIFO (say /dev/null), or into one descriptor, just write
+        // one after the other; two onto one regular file otherwise would lose one of them (a
+        // staged one renamed over the file a descriptor output is written into, too).
+        for (std::size_t j = 0; j < i; ++j) {
+            const bool both_descriptors = targets[i].descriptor >= 0 && targets[j].descriptor >= 0;
+            const bool same_path = !targets[i].direct && !targets[j].direct && identity(targets[i].file) == identity(targets[j].file);
+            if (same_path || (!both_descriptors && landing && landing == regular_file_of(targets[j]))) {
                 throw Error(flag + ": path '" + p + "' names the same file as " + files_[j].first + " ('" +
                             files_[j].second + "')");
             }
         }
-        if (targets[i].direct) continue;  // written in place: its directory is not touched
-        const std::string& file = targets[i].file;
-        // Writing over an input would lose it (an existing file only: a new one is no input).
-        struct stat out_st {};
-        if (::stat(file.c_str(), &out_st) == 0) {
+        // Writing over an input, or into it through a descriptor, would lose it (an existing file
+        // only: a new one is no input).
+        if (landing) {
             for (const auto& [in_flag, in_path] : inputs_) {
                 struct stat in_st {};
-                if (::stat(in_path.c_str(), &in_st) == 0 && in_st.st_dev == out_st.st_dev && in_st.st_ino == out_st.st_ino) {
+                if (::stat(in_path.c_str(), &in_st) == 0 && std::pair{in_st.st_dev, in_st.st_ino} == *landing) {
                     throw Error(flag + ": path '" + p + "' names the same file as the input " + in_flag + " ('" + in_path +
-                                "'), which it would replace");
+                                "'), which it would " + (targets[i].direct ? "overwrite" : "replace"));
                 }
             }
         }
+        if (targets[i].direct) continue;  // written in place: its directory is not touched
+        const std::string& file = targets[i].file;
         const std::size_t slash = file.find_last_of('/');
         const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : file.substr(0, slash));
         struct stat dir_st {};
@@ -84,9 +99,13 @@ void OutputFiles::check() const {
         }
         if (::access(dir.c_str(), W_OK) != 0) {
             const int err = errno;  // ENOENT, EACCES, EROFS — or ENAMETOOLONG, which is no directory's fault
-            if (err == ENAMETOOLONG) {
-                throw Error(flag + ": path of " + std::to_string(p.size()) + " bytes: " + std::strerror(err) +
+            if (err == ENAMETOOLONG && file.size() >= PATH_MAX) {
+                throw Error(flag + ": path of " + std::to_string(file.size()) + " bytes: " + std::strerror(err) +
                             " (the system allows " + std::to_string(PATH_MAX) + " bytes)");
+            }
+            if (err == ENAMETOOLONG) {  // one of the directories' names is past NAME_MAX
+                throw Error(flag + ": a directory name in '" + dir.substr(0, 80) + (dir.size() > 80 ? "…" : "") +
+                            "': " + std::strerror(err));
             }
             throw Error(flag + ": directory '" + dir + "' does not exist or is not writable (" + std::strerror(err) + ")");
         }

@@ -549,7 +549,7 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
         if (dq_floats > 0) dq_ws.reset(new float[dq_floats]);
     } catch (const std::bad_alloc&) {
         throw_out_of_memory(static_cast<std::int64_t>(4 * (dq_floats + (bp.dsinks ? nrows : 0))),
-                            "the flash backward's dQ partials (one per chunk of key blocks)");
+                            "the flash backward's dQ partials (one per chunk of key blocks) and the rows' D");
     }
     // A buffer a thread cannot size is said after the region: an exception must not leave it
     // (std::terminate: a test under an address-space limit found it).
@@ -564,7 +564,7 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
         Scratch& s = t_scratch;
         try {
             size_scratch(c, s);
-        } catch (const std::bad_alloc&) {
+        } catch (...) {  // std::bad_alloc, or length_error: nothing may leave the region
             s = Scratch{};
             scratch_refused.store(true);
         }
@@ -587,18 +587,20 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
             if (!c.dq_own) {
 #pragma omp barrier
             }
-            // Kept for the next call unless a long sequence made them large (32 MiB per thread).
-            if (s.task_bytes() > (std::size_t{32} << 20)) s = Scratch{};
-
             // dQ = Σ over chunks, in chunk order (one chunk: the tasks stored dQ).
             if (!c.dq_own) {
 #pragma omp for schedule(static)
                 for (std::int64_t r = 0; r < nrows; ++r) sum_dq_row(c, dq_ws.get(), r);
             }
         }
+        // Kept for the next call unless a long sequence made them large (32 MiB per thread) —
+        // also when another thread's were refused: memory is short then.
+        if (s.task_bytes() > (std::size_t{32} << 20)) s = Scratch{};
     }
     if (scratch_refused.load()) {
-        throw_out_of_memory(static_cast<std::int64_t>(4 * c.group * (c.q.head + c.dO.head)),
+        // The rows copied to float32 (not read in place) are the large part; the tiles add a little.
+        const std::size_t rows = (c.q.direct ? 0 : c.q.head) + (c.dO.direct ? 0 : c.dO.head);
+        throw_out_of_memory(static_cast<std::int64_t>(4 * c.group * rows),
                             "the flash backward's per-thread Q and dO rows of a task (and its tile buffers)");
     }
     if (bp.dsinks) sink_gradients(c, Dall.data());
