@@ -34,6 +34,11 @@ void one_thread_in_the_child() {
     if (g_team_started.load(std::memory_order_relaxed)) g_forked_child.store(true, std::memory_order_relaxed);
 }
 
+// Registered when the library is loaded, before any fork can matter (a lazy registration behind a
+// function-local static's guard could leave a child forked mid-registration waiting on the guard).
+// The handler reads and writes two lock-free atomics: safe in the child of a threaded process.
+[[maybe_unused]] const int g_atfork_registered = pthread_atfork(nullptr, nullptr, one_thread_in_the_child);
+
 // ATTN_NUM_THREADS when it is an integer in 1..4096, else 0 (the variable is ignored, as
 // OpenMP ignores a malformed OMP_NUM_THREADS).
 int env_threads() {
@@ -83,11 +88,7 @@ namespace detail {
 // default is the caller's own setting, and a nested scope (sdpa inside an MHA call) keeps it.
 ComputeThreads::ComputeThreads() : previous_(omp_get_max_threads()) {
     const int n = num_threads();
-    if (n > 1 && !g_team_started.load(std::memory_order_relaxed)) {
-        static const int registered = pthread_atfork(nullptr, nullptr, one_thread_in_the_child);  // once
-        (void)registered;
-        g_team_started.store(true, std::memory_order_relaxed);
-    }
+    if (n > 1) g_team_started.store(true, std::memory_order_relaxed);  // libgomp's pool may start now
     omp_set_num_threads(n);
 }
 

@@ -749,6 +749,19 @@ TEST(PagedKVCache, BadArgumentsAreClearErrors) {
     EXPECT_NE(error_of([&] { paged_attention(q6, w.cache, {a}, causal_bottom_right(), out6); })
                   .find("holds 5 positions but there are 6 new queries"),
               std::string::npos);
+    // An empty sequence beside it (an idle slot) takes the rule: out 0, lse −inf — as
+    // decode_attention does (it was "holds 0 positions … append the new tokens").
+    {
+        const SeqId idle = w.cache.add_sequence();
+        const Tensor q2 = random_f32(Shape{2, 1, 1, 4}, rng), out2 = poisoned(DType::f32, Shape{2, 1, 1, 4});
+        Tensor lse2 = poisoned(DType::f32, Shape{2, 1, 1});
+        const TensorView lse2v = lse2;
+        EXPECT_EQ(error_of([&] { paged_attention(q2, w.cache, {a, idle}, causal_bottom_right(), out2, &lse2v); }), "(no error)");
+        for (int d = 0; d < 4; ++d) EXPECT_EQ(out2.data_as<float>()[4 + d], 0.0f);
+        EXPECT_EQ(lse2.data_as<float>()[1], -std::numeric_limits<float>::infinity());
+        EXPECT_TRUE(std::isfinite(lse2.data_as<float>()[0]));
+        w.cache.free(idle);
+    }
     o = {};
     o.dropout_p = 0.5;
     o.impl = Impl::decode;

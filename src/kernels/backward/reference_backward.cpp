@@ -35,15 +35,11 @@ struct TaskBuffers {
 
 void reserve_task_buffers(const SdpaProblem& p, TaskBuffers& w) {
     reserve_head_steps(p, w.s);
-    try {
+    reserving(p, [&] {
         for (auto [v, n] : {std::pair{&w.K, p.Lk * p.Dk}, {&w.V, p.Lk * p.Dv}, {&w.dK, p.Lk * p.Dk}, {&w.dV, p.Lk * p.Dv},
                             {&w.Q, p.Lq * p.Dk}, {&w.dO, p.Lq * p.Dv}, {&w.dQ, p.Lq * p.Dk}, {&w.dA, p.Lk}})
             v->reserve(static_cast<std::size_t>(n));
-    } catch (const std::bad_alloc&) {
-        reference_out_of_memory(p);
-    } catch (const std::length_error&) {  // above a std::vector's max_size()
-        reference_out_of_memory(p);
-    }
+    });
 }
 
 void store_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t L, std::int64_t D,

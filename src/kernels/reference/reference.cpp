@@ -113,17 +113,13 @@ void reserve_head_steps(const SdpaProblem& p, HeadSteps& steps) {
     // where the product would wrap (to 0 at 2^64, and the loops would write past an empty vector).
     const std::optional<std::int64_t> pairs = size_mul(p.Lq, p.Lk);
     if (!pairs || !size_mul(*pairs, 4 * static_cast<std::int64_t>(sizeof(double)))) reference_out_of_memory(p);
-    try {
+    reserving(p, [&] {
         for (std::vector<double>* v : {&steps.scores, &steps.softcapped_scores, &steps.masked_scores, &steps.weights})
             v->reserve(static_cast<std::size_t>(*pairs));
         steps.lse.reserve(static_cast<std::size_t>(p.Lq));
         steps.out.reserve(static_cast<std::size_t>(p.Lq * p.Dv));
         steps.q_row.reserve(static_cast<std::size_t>(p.Dk));
-    } catch (const std::bad_alloc&) {
-        reference_out_of_memory(p);
-    } catch (const std::length_error&) {  // above a std::vector's max_size(): the same story
-        reference_out_of_memory(p);
-    }
+    });
 }
 
 void reference_head(const SdpaProblem& p, std::int64_t b, std::int64_t h, HeadSteps& steps) {

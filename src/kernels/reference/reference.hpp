@@ -2,6 +2,8 @@
 // and the path that can show the intermediates S (scores) and A (weights).
 #pragma once
 
+#include <new>
+#include <stdexcept>
 #include <vector>
 
 #include "../../sdpa/problem.hpp"
@@ -31,12 +33,26 @@ void reserve_head_steps(const SdpaProblem& p, HeadSteps& steps);
 // One head: fills `steps` (which need not be reserved; reserved ones are not reallocated).
 void reference_head(const SdpaProblem& p, std::int64_t b, std::int64_t h, HeadSteps& steps);
 
-// All heads; writes p.out (and p.lse, p.weights when present). Threads over (b, h). A
-// std::bad_alloc in a thread comes out as attn::OutOfMemory (reference_out_of_memory).
+// All heads; writes p.out (and p.lse, p.weights when present). Threads over (b, h), each with
+// buffers reserved before the first write (an allocation the system refuses is
+// attn::OutOfMemory from reference_out_of_memory, every output as it was).
 void reference_forward(const SdpaProblem& p);
 
 // attn::OutOfMemory naming what the reference holds per thread: one head's Lq × Lk scores,
 // four times in double (HeadSteps), and the way out (the float32 kernels need none of it).
 [[noreturn]] void reference_out_of_memory(const SdpaProblem& p);
+
+// Runs `reserve` (vector reserves for problem p), a refused allocation or a size above a
+// std::vector's max_size() coming out as reference_out_of_memory(p).
+template <class Reserve>
+void reserving(const SdpaProblem& p, Reserve&& reserve) {
+    try {
+        reserve();
+    } catch (const std::bad_alloc&) {
+        reference_out_of_memory(p);
+    } catch (const std::length_error&) {
+        reference_out_of_memory(p);
+    }
+}
 
 }  // namespace attn::detail
