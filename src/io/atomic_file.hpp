@@ -13,10 +13,11 @@
 //    the bytes are written straight into it, as a shell redirect would. It is never replaced,
 //    whoever runs attn (root included). Opening a FIFO waits for its reader.
 //  - an open descriptor by name (/dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N): written
-//    into that descriptor (a duplicate), at its offset and with its flags, whatever it is open on
-//    but a directory — a regular file behind `> f` or `>> f` included, which renaming would have replaced (the
-//    rest of a `>>` log was lost, and what the shell wrote after attn went to the old file).
-//  - anything else (a directory, a block device, a socket, an empty path): refused.
+//    into that descriptor (a duplicate), at its offset and with its flags, whatever it is open
+//    on but a directory — a regular file behind `> f` or `>> f` included, which renaming would
+//    have replaced (the rest of a `>>` log was lost, and what the shell wrote after attn went to
+//    the old file). The CLI checks such a file against its inputs and other outputs.
+//  - any other path naming a directory, a block device or a socket, or an empty path: refused.
 // Live staging files are tracked (staging_files.hpp), so a signal handler can remove them.
 #pragma once
 
