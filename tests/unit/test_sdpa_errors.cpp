@@ -400,29 +400,37 @@ TEST(OptionParsers, ImplAndCausalNames) {
     }
 }
 
-// The reference kernel allocates a head's Lq × Lk scores inside its OpenMP region: a
-// std::bad_alloc there must come out as attn::OutOfMemory, not std::terminate (an exception
-// may not leave an OpenMP region; a review found the abort). In a child process (a
-// "threadsafe" death test) whose address space leaves ~64 MiB, less than one head's 128 MiB.
-// Not under ASan, whose shadow memory cannot live under such a limit.
-#if !defined(__SANITIZE_ADDRESS__)
-[[noreturn]] void reference_under_an_address_space_limit() {
-    const Tensor q = random_tensor(DType::f64, Shape{1, 2, 2048, 8}, 1);
-    Tensor out{DType::f64, Shape{1, 2, 2048, 8}};
+#if !defined(__SANITIZE_ADDRESS__)  // (the death tests below; see their comments)
+// Runs the reference (q = k = v) in this child process once OpenMP's threads have started
+// (their stacks are address space too) and its address space leaves `headroom` bytes: returns
+// the attn::OutOfMemory's message; exits 4 when the call ran (the limit did not bite).
+std::string reference_message_under_a_limit(const Tensor& q, Tensor& out, unsigned long headroom) {
     SdpaOptions opt;
     opt.impl = Impl::reference;
-    {  // start OpenMP's threads before the limit (their stacks are address space too)
+    {
         const Tensor small = random_tensor(DType::f64, Shape{1, 2, 4, 8}, 2);
         Tensor small_out{DType::f64, Shape{1, 2, 4, 8}};
         attn::sdpa(small, small, small, opt, small_out);
     }
-    attn::test::limit_address_space(64ul << 20);
+    attn::test::limit_address_space(headroom);
     try {
         attn::sdpa(q, q, q, opt, out);
-        std::exit(4);  // ran: the limit did not bite
     } catch (const attn::OutOfMemory& e) {
-        std::exit(std::string(e.what()).find("reference kernel keeps one head's Lq x Lk = 2048 x 2048") == std::string::npos ? 3 : 0);
+        return e.what();
     }
+    std::exit(4);
+}
+
+// The reference kernel's buffers hold a head's Lq × Lk scores four times in double: a
+// std::bad_alloc must come out as attn::OutOfMemory, not std::terminate (an exception may not
+// leave an OpenMP region; a review found the abort when they were allocated inside it). In a
+// child process (a "threadsafe" death test) whose address space leaves ~64 MiB, less than one
+// head's 128 MiB. Not under ASan, whose shadow memory cannot live under such a limit.
+[[noreturn]] void reference_under_an_address_space_limit() {
+    const Tensor q = random_tensor(DType::f64, Shape{1, 2, 2048, 8}, 1);
+    Tensor out{DType::f64, Shape{1, 2, 2048, 8}};
+    const std::string message = reference_message_under_a_limit(q, out, 64ul << 20);
+    std::exit(message.find("reference kernel keeps one head's Lq x Lk = 2048 x 2048") == std::string::npos ? 3 : 0);
 }
 
 // Two threads, room for one head's buffers (32 MiB) but not two: the reference reserves every
@@ -435,21 +443,9 @@ TEST(OptionParsers, ImplAndCausalNames) {
     poison(out);
     std::vector<unsigned char> before(out.nbytes());
     std::memcpy(before.data(), out.data(), before.size());
-    SdpaOptions opt;
-    opt.impl = Impl::reference;
     attn::set_num_threads(2);
-    {  // start OpenMP's threads before the limit
-        const Tensor small = random_tensor(DType::f64, Shape{1, 2, 4, 8}, 2);
-        Tensor small_out{DType::f64, Shape{1, 2, 4, 8}};
-        attn::sdpa(small, small, small, opt, small_out);
-    }
-    attn::test::limit_address_space(48ul << 20);
-    try {
-        attn::sdpa(q, q, q, opt, out);
-        std::exit(4);  // ran: the limit did not bite
-    } catch (const attn::OutOfMemory&) {
-        std::exit(std::memcmp(before.data(), out.data(), before.size()) == 0 ? 0 : 7);
-    }
+    (void)reference_message_under_a_limit(q, out, 48ul << 20);
+    std::exit(std::memcmp(before.data(), out.data(), before.size()) == 0 ? 0 : 7);
 }
 
 // Broadcast (stride-0) float64 views so large that one head's Lq × Lk doubles exceed what a
