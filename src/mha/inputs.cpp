@@ -6,6 +6,13 @@
 
 namespace attn::detail {
 
+void require_apart_from_parameters(std::string_view op, const MultiHeadAttention& m, const std::vector<Named>& outputs) {
+    const auto params = m.state_dict();  // the views the Named entries point at, alive for the check
+    std::vector<Named> inputs;
+    for (const auto& [name, view] : params) inputs.push_back({&view, name.c_str()});
+    require_apart(op, inputs, outputs);
+}
+
 void check_finite_sinks(const TensorView& sinks, const char* what) {
     for (std::int64_t h = 0; h < sinks.dim(0); ++h) {
         const double x = sinks.load_as_double(sinks.offset(h));

@@ -3,8 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
+#include <vector>
 
 #include "attn/mha.hpp"
+#include "../core/check.hpp"
 #include "head_layout.hpp"
 
 namespace attn::detail {
@@ -30,5 +33,10 @@ MhaShapes check_inputs(const MhaConfig& c, const TensorView& query, const Tensor
 // non-finite one too, but later). `what` starts the message: "state_dict: tensor 'sinks'",
 // "forward_incremental: parameter 'sinks'".
 void check_finite_sinks(const TensorView& sinks, const char* what);
+
+// The layer's parameters are inputs of every forward: an output over one of them would rewrite
+// the layer. Throws (op: "<output name>: must not share memory with <parameter>") unless each
+// output (null: not given) lies apart from every parameter.
+void require_apart_from_parameters(std::string_view op, const MultiHeadAttention& m, const std::vector<Named>& outputs);
 
 }  // namespace attn::detail

@@ -40,13 +40,10 @@ void check_outputs(const MultiHeadAttention& m, const TensorView& query, const T
                  " ", weights->shape());
         }
     }
-    // The layer's own parameters are inputs too: an output over one of them rewrote the layer.
-    const auto params = m.state_dict();
-    std::vector<detail::Named> inputs = {{&query, "query"}, {&key, "key"}, {&value, "value"},
-                                         {detail::view_or_null(options.attn_mask), "attn_mask"},
-                                         {detail::view_or_null(options.key_padding_mask), "key_padding_mask"}};
-    for (const auto& [name, view] : params) inputs.push_back({&view, name.c_str()});
-    detail::require_apart(kMha, inputs, {{&output, "output"}, {weights, "weights"}});
+    detail::require_apart(kMha, {{&query, "query"}, {&key, "key"}, {&value, "value"}, {detail::view_or_null(options.attn_mask), "attn_mask"},
+                                 {detail::view_or_null(options.key_padding_mask), "key_padding_mask"}},
+                          {{&output, "output"}, {weights, "weights"}});
+    detail::require_apart_from_parameters(kMha, m, {{&output, "output"}, {weights, "weights"}});
 }
 
 // PyTorch: weights.view(B, h, Lq, Lk).mean(dim=1)

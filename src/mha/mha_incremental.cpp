@@ -91,8 +91,7 @@ void MultiHeadAttention::forward_incremental_into(const TensorView& x_new, KVCac
     const std::string op = std::string(kMha) + ": forward_incremental";
     detail::require_disjoint(op, output, "output", cache.keys(), "the cache's keys");
     detail::require_disjoint(op, output, "output", cache.values(), "the cache's values");
-    // Nor over the layer's parameters (forward_into's rule: the output would rewrite the layer).
-    for (const auto& [name, view] : state_dict()) detail::require_disjoint(op, output, "output", view, name);
+    detail::require_apart_from_parameters(op, *this, {{&output, "output"}});
     const MhaConfig& c = config_;
     const std::int64_t E = c.embed_dim, h = c.num_heads, dh = head_dim(), hkv = c.num_kv_heads, Ekv = hkv * dh;
     const std::int64_t B = l.B, T = l.T, N = B * T, n = E + 2 * Ekv;

@@ -366,6 +366,16 @@ TEST(MhaIncremental, MismatchesAreErrorsBeforeAnythingIsWritten) {
                                              "the cache's keys (the kernel writes output while it still reads the cache's keys)"),
                   std::string::npos) << e.what();
     }
+    // An output over one of the layer's parameters would rewrite the layer (forward_into's rule).
+    const TensorView over_weight(const_cast<void*>(m.parameter("out_proj.weight").data()), DType::f32, Shape{2, 3, 16});
+    try {
+        m.forward_incremental_into(x.view(), cache, over_weight);
+        ADD_FAILURE() << "no error for an output over out_proj.weight";
+    } catch (const attn::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("MultiHeadAttention: forward_incremental: output: must not share memory with "
+                                             "out_proj.weight"),
+                  std::string::npos) << e.what();
+    }
     EXPECT_EQ(cache.length(0), 0);
 }
 
