@@ -12,6 +12,7 @@
 
 #include "harness.hpp"
 #include "mha_s6.hpp"
+#include "openblas.hpp"
 
 namespace attn::bench {
 namespace {
@@ -30,6 +31,18 @@ Row time_part(const Context& ctx, const std::string& name, double flop, const st
         r.note = e.what();
     }
     r.peak_rss = probe.peak();
+    return r;
+}
+
+// An OpenBLAS row, skipped with the loader's reason where OpenBLAS cannot be loaded.
+Row time_openblas_part(const Context& ctx, const std::string& name, double flop, const std::function<void()>& fn) {
+    const std::string why = openblas_unavailable();
+    if (why.empty()) return time_part(ctx, name, flop, fn);
+    Row r;
+    r.impl = name;
+    r.flop = flop;
+    r.status = "skipped";
+    r.note = "OpenBLAS cannot be loaded: " + why;
     return r;
 }
 
@@ -98,8 +111,8 @@ void run_s6(const Context& ctx, std::vector<CaseResult>& out) {
     parts.rows.push_back(time_part(ctx, "qkv_gemm", s6.flop_qkv(), [&] { s6.qkv_projection(); }));
     parts.rows.push_back(time_part(ctx, "out_gemm", s6.flop_out(), [&] { s6.out_projection(); }));
     parts.rows.push_back(time_part(ctx, "square_gemm", s6.flop_square(), [&] { s6.square_gemm(); }));
-    parts.rows.push_back(time_part(ctx, "qkv_blas", s6.flop_qkv(), [&] { s6.qkv_gemm_openblas(); }));
-    parts.rows.push_back(time_part(ctx, "square_blas", s6.flop_square(), [&] { s6.square_gemm_openblas(); }));
+    parts.rows.push_back(time_openblas_part(ctx, "qkv_blas", s6.flop_qkv(), [&] { s6.qkv_gemm_openblas(); }));
+    parts.rows.push_back(time_openblas_part(ctx, "square_blas", s6.flop_square(), [&] { s6.square_gemm_openblas(); }));
     Row att = time_part(ctx, "attention", s6.flop_attention(), [&] { s6.attention(); });
     att.kernel = s6.attention_kernel();
     parts.rows.push_back(std::move(att));

@@ -1,7 +1,5 @@
 #include "mha_s6.hpp"
 
-#include <cblas.h>
-
 #include <cmath>
 #include <random>
 #include <utility>
@@ -9,6 +7,8 @@
 
 #include "mha/linear.hpp"
 #include "mha/packed_weights.hpp"
+#include "openblas.hpp"
+#include "attn/threads.hpp"
 
 namespace attn::bench {
 
@@ -121,14 +121,15 @@ void MhaS6::square_gemm() {
 
 void MhaS6::square_gemm_openblas() {
     const int n = static_cast<int>(square_n_);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, b_->sa.data_as<float>(), n,
-                b_->sb.data_as<float>(), n, 0.0f, b_->sc.data_as<float>(), n);
+    openblas_sgemm(false, false, n, n, n, b_->sa.data_as<float>(), n, b_->sb.data_as<float>(), n,
+                   b_->sc.data_as<float>(), n, num_threads());
 }
 
 void MhaS6::qkv_gemm_openblas() {
     const int N = static_cast<int>(shape_.B * shape_.L), E = static_cast<int>(shape_.E);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, 3 * E, E, 1.0f, b_->x.data_as<float>(), E,
-                b_->layer->parameter("in_proj_weight").data_as<float>(), E, 0.0f, b_->qkv.data_as<float>(), 3 * E);
+    openblas_sgemm(false, true, N, 3 * E, E, b_->x.data_as<float>(), E,
+                   b_->layer->parameter("in_proj_weight").data_as<float>(), E, b_->qkv.data_as<float>(), 3 * E,
+                   num_threads());
 }
 
 double MhaS6::flop_qkv() const { return 2.0 * static_cast<double>(shape_.B * shape_.L) * shape_.E * 3.0 * shape_.E; }

@@ -6,7 +6,7 @@
 // the QKV and square GEMMs.
 //
 // Each part is a callable with its FLOP count, so any timing harness (attn bench, or
-// mha_s6_main.cpp here) can time it. Buffers are allocated and touched once, in the
+// a scratch program) can time it. Buffers are allocated and touched once, in the
 // constructor, and reused: no call pays page faults.
 //
 // FLOP (counted by the written formula, multiply-add = 2):

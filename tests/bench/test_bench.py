@@ -349,3 +349,20 @@ def test_score_modifier_rows_are_ratios_to_their_plain_row(tmp_path):
         assert bf16_rows == (1 if cpu_has_avx512() and cpu_has_flag("avx512_bf16") else 0), [r["kernel"] for r in c["rows"]]
     fwd = next(c for c in d["cases"] if c["id"] == "S1" and c["variant"] == "")
     assert [r["impl"] for r in fwd["rows"]] == ["flash", "torch"]  # S1 forward: no modifier rows
+
+
+def test_only_bench_loads_openblas(tmp_path):
+    # OpenBLAS starts its thread pool when it loads; only `attn bench`'s S6 comparison rows use
+    # it, so they load it at run time and no other command maps it (LD_DEBUG=files lists every
+    # object the dynamic loader opens, dlopen's included).
+    import numpy as np
+    x = np.random.default_rng(0).standard_normal((1, 1, 8, 4)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    env = dict(os.environ, LD_DEBUG="files")
+    p = subprocess.run([ATTN, "sdpa", "--q", str(tmp_path / "x.npy"), "--k", str(tmp_path / "x.npy"), "--v",
+                        str(tmp_path / "x.npy"), "--out", str(tmp_path / "o.npy")],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "libgomp" in p.stderr  # LD_DEBUG is honoured: the loader names what it opens
+    assert "openblas" not in p.stderr.lower()
+    assert os.path.exists(tmp_path / "o.npy")
