@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -39,16 +40,32 @@ void one_thread_in_the_child() {
 // The handler reads and writes two lock-free atomics: safe in the child of a threaded process.
 [[maybe_unused]] const int g_atfork_registered = pthread_atfork(nullptr, nullptr, one_thread_in_the_child);
 
-// ATTN_NUM_THREADS when it is an integer in 1..4096, else 0 (the variable is ignored, as
-// OpenMP ignores a malformed OMP_NUM_THREADS).
+// ATTN_NUM_THREADS when it is an integer in 1..4096, else 0: the variable is ignored, as
+// libgomp ignores a malformed OMP_NUM_THREADS, and said so once on stderr, as libgomp does
+// ("ATTN_NUM_THREADS=two" silently ran on every CPU).
 int env_threads() {
     static const int value = [] {
         const char* env = std::getenv("ATTN_NUM_THREADS");
-        if (env == nullptr) return 0;
+        if (env == nullptr || *env == '\0') return 0;  // set empty: as if unset
         int n = 0;
         const char* end = env + std::strlen(env);
         const auto [p, ec] = std::from_chars(env, end, n);
-        return ec == std::errc() && p == end && n >= 1 && n <= kMaxThreads ? n : 0;
+        if (ec == std::errc() && p == end && n >= 1 && n <= kMaxThreads) return n;
+        std::string shown;  // the value as given, control and non-ASCII bytes escaped, at most 64 bytes
+        for (const char* c = env; c != end && c - env < 64; ++c) {
+            const auto byte = static_cast<unsigned char>(*c);
+            if (byte >= 0x20 && byte < 0x7f) {
+                shown += *c;
+            } else {
+                char hex[8];
+                std::snprintf(hex, sizeof hex, "\\x%02x", byte);
+                shown += hex;
+            }
+        }
+        if (end - env > 64) shown += "...";
+        std::fprintf(stderr, "attn: warning: ignoring ATTN_NUM_THREADS=\"%s\": expected an integer from 1 to %d\n",
+                     shown.c_str(), kMaxThreads);
+        return 0;
     }();
     return value;
 }

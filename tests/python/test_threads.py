@@ -99,3 +99,22 @@ def test_threads_keyword_reaches_every_kernel(n):
     p = subprocess.run([sys.executable, "-c", CHILD, str(n)], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stderr
     assert int(p.stdout.strip()) == n, p.stdout
+
+
+@pytest.mark.parametrize("value, warned", [("two", True), ("0", True), ("5000", True), ("3\n", True),
+                                           ("", False), ("3", False)])
+def test_malformed_env_is_ignored_with_one_warning(value, warned):
+    # A malformed ATTN_NUM_THREADS is ignored as libgomp ignores a malformed OMP_NUM_THREADS,
+    # and said once on stderr (control bytes escaped); empty is unset.
+    env = dict(os.environ, ATTN_NUM_THREADS=value, OMP_NUM_THREADS="2")
+    child = "import attn; print(attn.get_num_threads()); print(attn.get_num_threads())"
+    p = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    expected = "3" if value == "3" else "2"
+    assert p.stdout.split() == [expected, expected]
+    lines = [line for line in p.stderr.splitlines() if "ATTN_NUM_THREADS" in line]
+    if warned:
+        shown = value.replace("\n", "\\x0a")
+        assert lines == [f'attn: warning: ignoring ATTN_NUM_THREADS="{shown}": expected an integer from 1 to 4096']
+    else:
+        assert lines == []
