@@ -14,6 +14,7 @@
 #include <string>
 
 #include "attn/error.hpp"
+#include "check.hpp"
 #include "threads.hpp"
 
 namespace attn {
@@ -42,7 +43,7 @@ void one_thread_in_the_child() {
 
 // ATTN_NUM_THREADS when it is an integer in 1..4096, else 0: the variable is ignored, as
 // libgomp ignores a malformed OMP_NUM_THREADS, and said so once on stderr, as libgomp does
-// ("ATTN_NUM_THREADS=two" silently ran on every CPU).
+// ("ATTN_NUM_THREADS=two" silently ran on every CPU); the value quoted, control bytes escaped.
 int env_threads() {
     static const int value = [] {
         const char* env = std::getenv("ATTN_NUM_THREADS");
@@ -51,20 +52,8 @@ int env_threads() {
         const char* end = env + std::strlen(env);
         const auto [p, ec] = std::from_chars(env, end, n);
         if (ec == std::errc() && p == end && n >= 1 && n <= kMaxThreads) return n;
-        std::string shown;  // the value as given, control and non-ASCII bytes escaped, at most 64 bytes
-        for (const char* c = env; c != end && c - env < 64; ++c) {
-            const auto byte = static_cast<unsigned char>(*c);
-            if (byte >= 0x20 && byte < 0x7f) {
-                shown += *c;
-            } else {
-                char hex[8];
-                std::snprintf(hex, sizeof hex, "\\x%02x", byte);
-                shown += hex;
-            }
-        }
-        if (end - env > 64) shown += "...";
-        std::fprintf(stderr, "attn: warning: ignoring ATTN_NUM_THREADS=\"%s\": expected an integer from 1 to %d\n",
-                     shown.c_str(), kMaxThreads);
+        std::fprintf(stderr, "attn: warning: ignoring ATTN_NUM_THREADS=%s: expected an integer from 1 to %d\n",
+                     detail::quoted(env).c_str(), kMaxThreads);
         return 0;
     }();
     return value;

@@ -115,6 +115,6 @@ def test_malformed_env_is_ignored_with_one_warning(value, warned):
     lines = [line for line in p.stderr.splitlines() if "ATTN_NUM_THREADS" in line]
     if warned:
         shown = value.replace("\n", "\\x0a")
-        assert lines == [f'attn: warning: ignoring ATTN_NUM_THREADS="{shown}": expected an integer from 1 to 4096']
+        assert lines == [f"attn: warning: ignoring ATTN_NUM_THREADS='{shown}': expected an integer from 1 to 4096"]
     else:
         assert lines == []
