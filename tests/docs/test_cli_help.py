@@ -122,3 +122,20 @@ def test_bench_quick_leaves_out_the_32k_shape(tmp_path):
     # Named, it runs even with --quick.
     named, _ = bench_list(tmp_path, "--quick", "--shapes", "S8")
     assert named[("S8", "")] and not named[("S1", "")]
+
+
+@pytest.mark.parametrize("command", ["sdpa", "heatmap", "demo"])
+def test_readme_synopsis_names_every_option(command):
+    # The README's CLI synopsis shows these three commands whole (mha, ring and bench point to
+    # --help): an option their --help lists but the synopsis omits is one a reader cannot find.
+    readme = open(os.path.join(os.environ.get("ATTN_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")),
+                               "README.md"), encoding="utf-8").read()
+    block = readme[readme.index("## The CLI"):]
+    block = block[block.index("```text"):block.index("```", block.index("```text") + 7)]
+    synopsis = block[block.index("attn " + command):]
+    synopsis = synopsis[:re.search(r"\nattn ", synopsis).start()]
+    help_text = attn(command, "--help").stdout
+    options = set(re.findall(r"^\s+(--[a-z0-9-]+)", help_text, re.M)) - {"--help"}
+    assert options, help_text
+    missing = sorted(o for o in options if not re.search(re.escape(o) + r"(?![a-z0-9-])", synopsis))
+    assert missing == [], missing
