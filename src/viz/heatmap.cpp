@@ -226,7 +226,9 @@ Layout lay_out(TextEngine& te, const Problem& p, const viz::Pooled& d, double vm
     // thousand characters made a picture wider than cairo's 32767 px limit).
     L.title.max_width = L.subtitle.max_width = 1600;
     const std::string axes = "rows: queries (Lq = " + std::to_string(p.Lq) + ")   columns: keys (Lk = " + std::to_string(p.Lk) + ")";
-    for (const auto& [text, is_title] : {std::pair{o.title, true}, std::pair{o.subtitle, false}, std::pair{axes, false}}) {
+    // Control bytes of the title and subtitle are shown escaped, as tokens' are.
+    const std::string title = viz::printable_token(o.title), subtitle = viz::printable_token(o.subtitle);
+    for (const auto& [text, is_title] : {std::pair{title, true}, std::pair{subtitle, false}, std::pair{axes, false}}) {
         if (!text.empty()) L.header.push_back({text, is_title, te.measure(text, is_title ? L.title : L.subtitle).height});
     }
     int header_total = 0, header_w = 0;
@@ -242,11 +244,17 @@ Layout lay_out(TextEngine& te, const Problem& p, const viz::Pooled& d, double vm
     L.bar_x = L.grid_x + grid_w + 28;
     L.bar_y = L.grid_y + L.caption_h + L.col_label_h + kLabelGap;
     L.bar_h = std::clamp(grid_h - (L.bar_y - L.grid_y), 160, 320);
+    // The tick count comes from vmax / step (about 5), never from comparing i·step with vmax:
+    // vmax / 5 underflows to a step of 0 for denormal weights, and vmax·(1 + 1e-9) overflows
+    // to +inf for weights near DBL_MAX — either made that loop run for ever. A step that is not
+    // a positive normal number leaves the ticks 0 and vmax.
     const double step = nice_ceil(vmax / 5.0);
-    const int decimals = std::max(0, static_cast<int>(-std::floor(std::log10(step) + 1e-9)));
-    const std::string tick_format = step < 1e-4 || step >= 1e5 ? "%.3g" : "%." + std::to_string(decimals) + "f";
+    const bool step_ok = std::isnormal(step) && step > 0.0;
+    const int decimals = step_ok ? std::max(0, static_cast<int>(-std::floor(std::log10(step) + 1e-9))) : 0;
+    const std::string tick_format = !step_ok || step < 1e-4 || step >= 1e5 ? "%.3g" : "%." + std::to_string(decimals) + "f";
+    const int tick_count = step_ok ? static_cast<int>(std::floor(vmax / step * (1 + 1e-9))) + 1 : 1;  // 0, step, …
     int tick_w = 0;
-    for (int i = 0; i * step <= vmax * (1 + 1e-9); ++i) {
+    for (int i = 0; i < tick_count; ++i) {
         const std::string t = fmt(tick_format.c_str(), i * step);
         tick_w = std::max(tick_w, te.measure(t, L.small).width);
         L.ticks.emplace_back(i * step, t);
@@ -267,6 +275,13 @@ Layout lay_out(TextEngine& te, const Problem& p, const viz::Pooled& d, double vm
         const std::string k = shape_str(d.block_rows, d.block_cols);
         L.notes.push_back("down-sampled " + k + " blocks (mean): each cell is the mean of a " + k + " block of weights; " +
                           shape_str(p.Lq, p.Lk) + " drawn as " + shape_str(d.rows, d.cols) + " cells");
+        // An axis of blocks is labelled by start index: say so when tokens were given for it.
+        const bool rows_dropped = d.block_rows > 1 && !p.rows_tokens.empty();
+        const bool cols_dropped = d.block_cols > 1 && !p.cols_tokens.empty();
+        if (rows_dropped || cols_dropped) {
+            L.notes.push_back(std::string(rows_dropped && cols_dropped ? "query and key" : rows_dropped ? "query" : "key") +
+                              " tokens not drawn: a cell spans several tokens, so that axis shows start indices");
+        }
     }
     L.notes.push_back("colour: viridis from 0 to " + fmt("%.4g", vmax) +
                       (o.vmax ? " (set by the caller; larger values get the top colour)" : " (the largest value drawn)") +
@@ -365,8 +380,9 @@ void draw_panel(cairo_t* cr, TextEngine& te, const Layout& L, const viz::Pooled&
                 if (v == 0.0) continue;
                 const double ink = v / vmax < 0.6 ? 1.0 : 0.0;  // white on dark viridis, black on light
                 // Two decimals for weights; large values (dropout's 1/(1−p) scaling, or any
-                // non-negative matrix) in three significant digits, so a label stays in its cell.
-                te.draw(cr, fmt(v < 10.0 ? "%.2f" : "%.3g", v), L.value, mx + (c + 0.5) * cw, my + (r + 0.5) * ch, HAlign::center,
+                // non-negative matrix) and a scale whose top is below 0.1 (two decimals read
+                // "0.00" on its brightest cells) in three significant digits.
+                te.draw(cr, fmt(v < 10.0 && vmax >= 0.1 ? "%.2f" : "%.3g", v), L.value, mx + (c + 0.5) * cw, my + (r + 0.5) * ch, HAlign::center,
                         VAlign::middle, ink, ink, ink);
             }
         }

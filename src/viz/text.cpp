@@ -45,7 +45,19 @@ PangoLayout* TextEngine::layout_for(const std::string& text, const TextStyle& st
         pango_layout_set_width(layout_, -1);
         pango_layout_set_ellipsize(layout_, PANGO_ELLIPSIZE_NONE);
     }
-    pango_layout_set_text(layout_, text.c_str(), static_cast<int>(text.size()));
+    // Pango measures in int units of 1/1024 px: a text wider than ~2·10^6 px (a 700 000
+    // character token) overflowed them and was drawn across the cells instead of ellipsized.
+    // No label of a picture needs more than kMaxTextBytes; a longer one is cut at a character
+    // boundary and ends in "…".
+    constexpr std::size_t kMaxTextBytes = 4096;
+    if (text.size() > kMaxTextBytes) {
+        const char* cut = g_utf8_find_prev_char(text.c_str(), text.c_str() + kMaxTextBytes + 1);
+        std::string shortened(text.c_str(), cut != nullptr ? cut : text.c_str() + kMaxTextBytes);
+        shortened += "\xe2\x80\xa6";  // …
+        pango_layout_set_text(layout_, shortened.c_str(), static_cast<int>(shortened.size()));
+    } else {
+        pango_layout_set_text(layout_, text.c_str(), static_cast<int>(text.size()));
+    }
     return layout_;
 }
 

@@ -296,6 +296,8 @@ W55 = identity(5)
     (W55, ["--vmax", "1e300"], "--vmax: expected a number > 0 and < 1e300 but got 1e+300"),
     (W55, ["--vmax", "-1e-10"], "but got -1e-10"),
     (W55, ["--head", "0", "--mean"], "excludes"),
+    # Checked before the mean: -1 and +1 averaged to a 0 drawn hatched as "masked".
+    (np.array([[[-1., 1], [1, 1]], [[1., 1], [1, 1]]]), ["--mean"], "must be finite and >= 0, but element (0, 0, 0) is -1"),
     (None, [], "w.npy"),
 ])
 def test_errors_are_clear_and_leave_no_file(tmp_path, w, args, needle):
@@ -331,3 +333,45 @@ def test_single_query_row_is_pooled_along_keys_only_and_stays_visible(tmp_path):
     img = Image.open(tmp_path / "w.png").convert("RGB")
     for c in (0, 124, 125, 126, 255):
         assert near(cell_px(img, g, 0, c, 0, 2), HIGH if c == 125 else LOW), c
+
+
+@pytest.mark.parametrize("w, args", [
+    (np.full((3, 3), 5e-324), []),                                         # vmax / 5 underflows to 0
+    (np.full((3, 3), 0.5), ["--vmax", "2e-323"]),                          # the same through --vmax
+    (np.array([[np.finfo(float).max, 1.0], [0.5, np.finfo(float).max]]), []),  # vmax·(1 + 1e-9) = inf
+])
+def test_colour_bar_of_extreme_scales_is_drawn(tmp_path, w, args):
+    # Both ran the tick loop for ever, growing memory (run() times out after 60 s).
+    path, info = draw(tmp_path, w, "w.png", *args)
+    assert Image.open(path).size == (info["width"], info["height"])
+
+
+def test_very_long_token_is_shortened_not_drawn_across_the_picture(tmp_path):
+    # A 700 000-character token overflowed Pango's int units: a 3352 px wide picture with the
+    # label across the cells, no "…".
+    w = identity(4)
+    tokens = tmp_path / "t.txt"
+    tokens.write_text("a\nb\nc\n" + "x" * 700000 + "\n")
+    _, info = draw(tmp_path, w, "w.png", "--tokens-file", tokens)
+    _, plain = draw(tmp_path, w, "p.png", "--tokens", "a,b,c,d")
+    assert info["width"] < plain["width"] + 800, (info["width"], plain["width"])
+
+
+def test_names_that_are_not_utf8(tmp_path):
+    w = tmp_path / b"w\xff.npy".decode("utf-8", "surrogateescape")
+    np.save(w, W55)
+    r = run("heatmap", w, "--out", tmp_path / "a.png")  # the subtitle shows the name escaped
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([ATTN.encode(), b"heatmap", bytes(w), b"--out", bytes(tmp_path / "b.png"), b"--title", b"t\xff"],
+                       capture_output=True, timeout=60)
+    assert r.returncode == 2 and b"--title: expected UTF-8 text" in r.stderr, r.stderr
+    assert not (tmp_path / "b.png").exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_demo_whose_walkthrough_cannot_be_printed_draws_nothing(tmp_path):
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([ATTN, "demo", "--heatmap", "d.png"], stdout=full, stderr=subprocess.PIPE, text=True,
+                           cwd=tmp_path, timeout=60)
+    assert r.returncode == 2 and "stdout: write failed" in r.stderr, r.stderr
+    assert os.listdir(tmp_path) == []

@@ -154,9 +154,14 @@ void run_demo(const std::string& heatmap_path) {
         hm.key_tokens.assign(kTokens, kTokens + kL);
         hm.title = "attn demo: A = softmax(masked S), the tutorial's sentence";
         hm.subtitle = "one head, causal: each query sees itself and the tokens before it";
-        write_heatmap(heatmap_path, TensorView(steps.weights.data(), DType::f64, Shape{kL, kL}), hm);
+        const HeatmapImage image = render_heatmap(TensorView(steps.weights.data(), DType::f64, Shape{kL, kL}), hm,
+                                                  image_format_for_path(heatmap_path));
         std::printf("\nHeatmap of A (rows = queries, columns = keys; hatched grey = masked future): %s%s\n",
                     heatmap_path.find('/') == std::string::npos ? "./" : "", heatmap_path.c_str());
+        // The walkthrough must have reached stdout before the picture appears: `attn demo >
+        // /dev/full` exited 2 and left the picture behind.
+        if (const std::string failed = stdout_write_error(); !failed.empty()) throw Error(failed);
+        OutputFiles::write_bytes("--heatmap", heatmap_path, image.bytes);
     }
 }
 

@@ -3,6 +3,7 @@
 //               [--batch N] [--batched] [--title T] [--vmax V]
 // W is what `attn sdpa --weights` writes: (Lq, Lk), (H, Lq, Lk) or (B, H, Lq, Lk); with --batched a
 // 3-d W is (B, Lq, Lk), what `attn mha --weights` writes (averaged over heads).
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -15,6 +16,7 @@
 #include "attn/npy.hpp"
 #include "commands.hpp"
 #include "strict_options.hpp"
+#include "core/check.hpp"
 #include "io/input_file.hpp"
 #include "output_files.hpp"
 #include "tensor_args.hpp"
@@ -89,9 +91,14 @@ std::vector<std::string> tokens_from(const std::string& flag, const std::string&
     return tokens;
 }
 
-std::string basename(const std::string& path) {
-    const std::size_t slash = path.find_last_of('/');
-    return slash == std::string::npos ? path : path.substr(slash + 1);
+// The weights' name in the subtitle: the file's base name, then ":NAME" for a safetensors
+// tensor (whose name may hold '/': cutting the whole spec at its last '/' dropped the file).
+// A name that is not UTF-8 (a file name can be any bytes) is shown quoted, its bytes \xNN.
+std::string subtitle_name(const std::string& spec) {
+    const std::string file = tensor_arg_file(spec);
+    const std::size_t slash = file.find_last_of('/');
+    const std::string name = (slash == std::string::npos ? file : file.substr(slash + 1)) + spec.substr(file.size());
+    return heatmap_label_ok(name) ? name : detail::quoted(name);
 }
 
 void run(const HeatmapArgs& a) {
@@ -164,6 +171,7 @@ void run(const HeatmapArgs& a) {
                     std::to_string(opt.query_tokens.size()) + " tokens given but " + described + " has Lq = " +
                     std::to_string(Lq) + " queries (rows)");
     }
+    if (!heatmap_label_ok(a.title)) throw Error("--title: expected UTF-8 text without NUL bytes");
     opt.vmax = a.vmax;
     if (a.vmax && !(*a.vmax > 0.0 && *a.vmax < 1e300)) {  // the colour bar's ticks need a finite range
         throw Error("--vmax: expected a number > 0 and < 1e300 but got " + number_text(*a.vmax));
@@ -180,9 +188,21 @@ void run(const HeatmapArgs& a) {
         mean = Tensor(DType::f64, Shape{1, Lq, Lk}, true);
         const TensorView all(base, w.dtype(), Shape{H, Lq, Lk}, Strides{sh, sq, sk, 0});
         double* m = mean.data_as<double>();
-        for (std::int64_t h = 0; h < H; ++h)
-            for (std::int64_t i = 0; i < Lq; ++i)
-                for (std::int64_t j = 0; j < Lk; ++j) m[i * Lk + j] += all.load_as_double(all.offset(h, i, j)) / static_cast<double>(H);
+        // Each weight is checked before it is averaged, as the drawing checks what it draws: a
+        // mean let −1 and +1 through as a cell of 0, drawn hatched as "masked".
+        for (std::int64_t h = 0; h < H; ++h) {
+            for (std::int64_t i = 0; i < Lq; ++i) {
+                for (std::int64_t j = 0; j < Lk; ++j) {
+                    const double value = all.load_as_double(all.offset(h, i, j));
+                    if (!std::isfinite(value) || value < 0.0) {
+                        throw Error("weights: " + a.weights + ": attention weights must be finite and >= 0, but element (" +
+                                    (has_b ? std::to_string(b) + ", " : "") + std::to_string(h) + ", " + std::to_string(i) +
+                                    ", " + std::to_string(j) + ") is " + number_text(value));
+                    }
+                    m[i * Lk + j] += value / static_cast<double>(H);
+                }
+            }
+        }
         panels = mean.view();
         what = "mean over " + std::to_string(H) + " heads";
     } else if (a.all_heads) {
@@ -195,10 +215,11 @@ void run(const HeatmapArgs& a) {
     }
     if (B > 1) what = "batch " + std::to_string(b) + " of " + std::to_string(B) + (what.empty() ? "" : ", " + what);
     opt.title = a.title.empty() ? "Attention weights" : a.title;
-    opt.subtitle = basename(a.weights) + " " + s.str() + (what.empty() ? "" : ": " + what);
+    opt.subtitle = subtitle_name(a.weights) + " " + s.str() + (what.empty() ? "" : ": " + what);
     opt.name = a.weights + (what.empty() ? "" : " (" + what + ")");
 
-    const HeatmapImage img = write_heatmap(a.out, panels, opt);
+    const HeatmapImage img = render_heatmap(panels, opt, image_format_for_path(a.out));
+    OutputFiles::write_bytes("--out", a.out, img.bytes);
     if (a.verbose) {
         std::fprintf(stderr, "attn heatmap: %s: %d x %d px, %zu panel(s), blocks %d x %d, vmax %.6g\n", a.out.c_str(), img.width,
                      img.height, img.panels.size(), img.block_rows, img.block_cols, img.vmax);

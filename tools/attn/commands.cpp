@@ -1,8 +1,10 @@
 // The whole command line of `attn`, in one function: main() parses with it, and the CLI
 // fuzz target (fuzz/fuzz_cli_args.cpp) parses with exactly the same options.
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <string_view>
 
@@ -37,6 +39,14 @@ void print_error_line(const std::string& message, const std::string& suffix) {
         }
     }
     std::fprintf(stderr, "%s\n", line.c_str());
+}
+
+std::string stdout_write_error() {
+    errno = 0;
+    const bool flush_failed = std::fflush(stdout) != 0;
+    const int err = errno;
+    if (!flush_failed && !std::ferror(stdout)) return "";
+    return std::string("stdout: write failed") + (flush_failed && err != 0 ? std::string(" (") + std::strerror(err) + ")" : "");
 }
 
 bool silent_ring_rank(int argc, const char* const* argv) {

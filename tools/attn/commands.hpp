@@ -26,6 +26,12 @@ bool silent_ring_rank(int argc, const char* const* argv);
 // terminal command. Every error line of the CLI goes through here.
 void print_error_line(const std::string& message, const std::string& suffix = "");
 
+// Flushes stdout: "" when everything printed so far reached it, else "stdout: write failed
+// (<reason>)". What a command prints (help, the demo's walkthrough, bench's report) must arrive:
+// `attn demo > /dev/full` exited 0 while every write failed. SIGPIPE is ignored (signals.cpp),
+// so a closed pipe is EPIPE here.
+std::string stdout_write_error();
+
 void add_bench_command(CLI::App& app);
 void add_sdpa_command(CLI::App& app);
 void add_mha_command(CLI::App& app);

@@ -143,21 +143,33 @@ void OutputFiles::check_dtype(const std::string& flag, const std::string& path, 
 // taken back), and only then are the staging files renamed into place. A failure before the
 // renames (disk full, EFBIG, a reader that went away) removes every staging file and leaves
 // every regular target untouched.
+namespace {
+// A file system error names the option too (check() cannot foresee every one: /proc refuses new
+// files although access() says it is writable).
+template <typename Step>
+void naming(const std::string& flag, const Step& step) {
+    try {
+        step();
+    } catch (const Error& e) {
+        throw Error(flag + ": " + e.what());
+    }
+}
+}  // namespace
+
+void OutputFiles::write_bytes(const std::string& flag, const std::string& path, const std::string& bytes) {
+    naming(flag, [&] {
+        detail::AtomicFile file(path);
+        file.write(bytes.data(), bytes.size());
+        file.commit();
+    });
+}
+
 void OutputFiles::write_all(const std::vector<Output>& outputs) {
     for (const Output& o : outputs) {
         if (o.tensors.empty()) check_dtype(o.flag, o.path, o.view.dtype());
         if (!o.tensors.empty()) require_safetensors(o.flag, o.path);
         for (const auto& [name, t] : o.tensors) check_dtype(o.flag, o.path, t.dtype());
     }
-    // A file system error names the option too (check() cannot foresee every one: /proc refuses
-    // new files although access() says it is writable).
-    const auto naming = [](const std::string& flag, const auto& step) {
-        try {
-            step();
-        } catch (const Error& e) {
-            throw Error(flag + ": " + e.what());
-        }
-    };
     std::vector<std::unique_ptr<detail::AtomicFile>> files;
     std::vector<std::string> flags;
     for (int pass = 0; pass < 2; ++pass) {  // pass 0: staged files; pass 1: devices and FIFOs

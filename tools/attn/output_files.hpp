@@ -48,6 +48,9 @@ public:
     // error while writing leaves none of the regular files behind.
     // A dtype the path cannot hold is refused here too, before any file is opened.
     static void write_all(const std::vector<Output>& outputs);
+    // One output of encoded bytes (a picture), written as write_all writes a file; a file
+    // system error names `flag`.
+    static void write_bytes(const std::string& flag, const std::string& path, const std::string& bytes);
 
 private:
     std::vector<std::pair<std::string, std::string>> files_;
