@@ -339,3 +339,21 @@ def test_jit_and_functorch_are_refused_clearly(grad):
     # Outside a trace or transform, the same calls run.
     assert layer(x).shape == x.shape
     assert at.scaled_dot_product_attention(q, q, q).shape == q.shape
+
+
+@pytest.mark.parametrize("which", ["query", "value", "mask"])
+def test_forward_mode_ad_is_refused_not_dropped(which):
+    # A dual tensor that did not also require grad went the no-autograd way, whose conversion
+    # dropped its tangent: the output's tangent was None and nothing said so.
+    import torch.autograd.forward_ad as fwAD
+    q = torch.randn(1, 2, 5, 8, dtype=torch.float64)
+    mask = torch.zeros(5, 5, dtype=torch.float64)
+    with fwAD.dual_level():
+        dual = {n: fwAD.make_dual(t, torch.randn_like(t)) for n, t in (("query", q), ("value", q), ("mask", mask))}
+        args = dict(query=q, value=q, mask=mask)
+        args[which] = dual[which]
+        with pytest.raises(RuntimeError, match="does not support forward-mode AD"):
+            at.scaled_dot_product_attention(args["query"], q, args["value"], attn_mask=args["mask"])
+        # A dual level without dual inputs is fine.
+        assert at.scaled_dot_product_attention(q, q, q).shape == q.shape
+    assert at.scaled_dot_product_attention(q, q, q, attn_mask=mask).shape == q.shape
