@@ -38,8 +38,9 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
     const bool return_lse = bool_arg(return_lse_arg, "return_lse");
     std::optional<attn::ScoreStage> stage;
     if (!return_scores.is_none()) {
+        const std::string text = str_arg(return_scores, "return_scores");  // not a str: TypeError, as every keyword's
         try {
-            stage = attn::parse_score_stage(str_arg(return_scores, "return_scores"));
+            stage = attn::parse_score_stage(text);
         } catch (const attn::Error&) {
             value_error("return_scores: expected \"scaled\", \"softcapped\" or \"masked\" (or None) but got " +
                         std::string(py::repr(return_scores)));

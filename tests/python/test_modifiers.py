@@ -243,6 +243,8 @@ def test_scores_refused_with_dropout_and_bad_stage():
         attn.sdpa(q, q, q, dropout_p=0.1, dropout_seed=1, return_scores="masked")
     with pytest.raises(ValueError, match="return_scores: expected"):
         attn.sdpa(q, q, q, return_scores="raw")
+    with pytest.raises(TypeError, match="return_scores"):  # a wrong type, as for every keyword (was ValueError)
+        attn.sdpa(q, q, q, return_scores=1)
 
 
 @pytest.mark.parametrize("lq", [1, 3, 40])  # 2, 6 and 80 rows per KV head: decode, decode, flash
