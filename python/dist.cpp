@@ -88,15 +88,27 @@ void agree_on_arguments(MPI_Comm comm, const char* op, F&& convert) {
     } catch (...) {
         failure = std::current_exception();
     }
+    // A communicator MPI refuses (MPI_COMM_NULL, a freed one; mpi4py sets MPI_ERRORS_RETURN) is
+    // said as such: unchecked, the agreement read as "rank 0 refused its arguments".
+    const auto succeeded = [&](int rc, const char* call) {
+        if (rc == MPI_SUCCESS) return;
+        char text[MPI_MAX_ERROR_STRING];
+        int length = 0;
+        if (MPI_Error_string(rc, text, &length) != MPI_SUCCESS) length = 0;
+        throw attn::Error(std::string(op) + ": comm: " + call + " refused it: " + std::string(text, static_cast<std::size_t>(length)) +
+                          " (pass MPI.COMM_WORLD or one of its splits)");
+    };
     int rank = 0;
-    MPI_Comm_rank(comm, &rank);
+    succeeded(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
     // The lowest rank that refused, as the library's own agreement names (INT_MAX: none).
     const int mine = failure ? rank : std::numeric_limits<int>::max();
-    int refused = 0;
+    int refused = std::numeric_limits<int>::max();
+    int rc = MPI_SUCCESS;
     {
         py::gil_scoped_release release;
-        MPI_Allreduce(&mine, &refused, 1, MPI_INT, MPI_MIN, comm);
+        rc = MPI_Allreduce(&mine, &refused, 1, MPI_INT, MPI_MIN, comm);
     }
+    succeeded(rc, "MPI_Allreduce");
     if (failure) std::rethrow_exception(failure);
     if (refused != std::numeric_limits<int>::max()) {
         throw attn::Error(std::string(op) + ": rank " + std::to_string(refused) +

@@ -268,3 +268,27 @@ def test_a_bad_argument_on_one_rank_is_an_error_on_every_rank(tmp_path, np_):
             assert mine["several"].startswith("ValueError: ring_attention: rank 1 refused its arguments"), mine
         else:
             assert mine["several"].startswith("ValueError: layout: expected zigzag or contiguous"), mine
+
+
+NULL_COMM = r"""
+import numpy as np
+from mpi4py import MPI
+import attn.dist
+q = np.ones((1, 1, 4, 8), np.float32)
+try:
+    attn.dist.ring_attention(q, q, q, MPI.COMM_NULL)
+    print("accepted")
+except Exception as e:
+    print(type(e).__name__ + ": " + str(e))
+"""
+
+
+def test_a_null_communicator_is_named_not_blamed_on_rank_0():
+    # MPI_Comm_rank's and MPI_Allreduce's return codes were ignored: MPI_COMM_NULL read as
+    # "rank 0 refused its arguments", an error no rank had.
+    env = dict(ENV, PYTHONPATH=PYPATH)
+    r = subprocess.run([sys.executable, "-c", NULL_COMM], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    line = r.stdout.strip()
+    assert line.startswith("ValueError: ring_attention: comm: MPI_Comm_rank refused it: "), line
+    assert "rank 0 refused" not in line
