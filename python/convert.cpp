@@ -124,8 +124,7 @@ attn::TensorView output_view(py::array& a, int rank) {
 }
 
 std::vector<std::pair<std::string, attn::TensorView>> named_inputs(const py::dict& d, const std::string& what,
-                                                                   std::vector<Input>& keep, bool uint16_is_bf16,
-                                                                   bool torch_bf16) {
+                                                                   std::vector<Input>& keep, bool uint16_is_bf16) {
     std::vector<std::pair<std::string, attn::TensorView>> out;
     for (const auto& item : d) {
         if (!py::isinstance<py::str>(item.first)) {
@@ -134,7 +133,7 @@ std::vector<std::pair<std::string, attn::TensorView>> named_inputs(const py::dic
         const std::string name = item.first.cast<std::string>();
         py::object value = py::reinterpret_borrow<py::object>(item.second);
         bool bits = uint16_is_bf16;
-        if (torch_bf16 && py::hasattr(value, "dtype") && std::string(py::str(value.attr("dtype"))) == "torch.bfloat16") {
+        if (py::hasattr(value, "dtype") && std::string(py::str(value.attr("dtype"))) == "torch.bfloat16") {
             const py::object int16 = py::module_::import("torch").attr("int16");
             value = value.attr("detach")().attr("contiguous")().attr("view")(int16).attr("numpy")().attr("view")(
                 py::module_::import("numpy").attr("uint16"));

@@ -64,12 +64,11 @@ Input input(const py::handle& obj, const std::string& name, int min_rank, int ma
             bool uint16_is_bf16 = false);
 
 // A dict of name -> array (a state_dict) as named views of rank <= 4, in the dict's order; `keep`
-// holds the arrays. Errors name `what` and the key: "state_dict['w']: …". torch_bf16: a
-// torch.bfloat16 tensor (no NumPy form) is read as its bits, that entry alone; uint16 arrays
-// still need uint16_is_bf16 (the call's dtype="bfloat16").
+// holds the arrays. Errors name `what` and the key: "state_dict['w']: …". A torch.bfloat16
+// tensor (no NumPy form: a bfloat16 model's state_dict) is read as its bits, that entry alone;
+// uint16 arrays still need uint16_is_bf16 (the call's dtype="bfloat16").
 std::vector<std::pair<std::string, attn::TensorView>> named_inputs(const py::dict& d, const std::string& what,
-                                                                   std::vector<Input>& keep, bool uint16_is_bf16,
-                                                                   bool torch_bf16 = false);
+                                                                   std::vector<Input>& keep, bool uint16_is_bf16);
 
 // A storage dtype given as a str ("float32", "float16", "bfloat16"), a NumPy dtype or type
 // (np.float16) or a torch dtype (torch.bfloat16); nullopt for anything else (the caller's

@@ -150,7 +150,8 @@ public:
         }
         std::vector<Input> keep;
         // A layer that stores bfloat16 returns its weights as uint16 bits (state_dict): such arrays
-        // load back without dtype= (a review found the round trip refused).
+        // load back without dtype= (a review found the round trip refused); a torch.bfloat16
+        // state_dict loads as it is (named_inputs), as save_safetensors takes it.
         const bool bf16 = dtype.is_none() ? layer_.config().param_dtype == attn::DType::bf16 : uint16_is_bf16_arg(dtype);
         const auto tensors = named_inputs(py::reinterpret_borrow<py::dict>(state_dict), "state_dict", keep, bf16);
         py::gil_scoped_release nogil;
@@ -267,7 +268,8 @@ std::unique_ptr<PyMha> make_mha(const py::object& embed_dim, const py::object& n
 void bind_mha(py::module_& m) {
     py::class_<PyMha>(m, "MultiheadAttention",
                       "torch.nn.MultiheadAttention (eval mode) with attn's kernels; weight matrices stored in\n"
-                      "dtype= (float32 default, float16, \"bfloat16\"), biases float32.")
+                      "dtype= (float32 default, float16, \"bfloat16\"), biases float32. Unlike torch's, a new layer's\n"
+                      "parameters are all zero (no random init): load them with load_state_dict or load_safetensors.")
         .def(py::init(&make_mha), py::arg("embed_dim"), py::arg("num_heads"), py::arg("dropout") = 0.0,
              py::arg("bias") = true, py::arg("add_bias_kv") = false, py::arg("add_zero_attn") = false,
              py::arg("kdim") = py::none(), py::arg("vdim") = py::none(), py::arg("batch_first") = false,
@@ -314,7 +316,9 @@ void bind_mha(py::module_& m) {
              "Copies the arrays (torch names; float32/float64/float16, uint16 bfloat16 bits with\n"
              "dtype=\"bfloat16\" — the default for a layer that stores bfloat16, so state_dict() loads back)\n"
              "into the parameters, converted to their storage dtype; the names must match exactly.")
-        .def("load_safetensors", &PyMha::load_safetensors, py::arg("path"))
+        .def("load_safetensors", &PyMha::load_safetensors, py::arg("path"),
+             "Loads the parameters from a safetensors file whose tensors carry this layer's state_dict\n"
+             "names, as load_state_dict; the layer is unchanged if any is refused.")
         .def("state_dict", &PyMha::state_dict,
              "Copies of the parameters in their storage dtype (bfloat16: uint16 bits).")
         .def_property_readonly("param_dtype", [](const PyMha& s) { return std::string(attn::dtype_name(s.config().param_dtype)); })

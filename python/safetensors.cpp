@@ -24,10 +24,8 @@ void save_safetensors_py(const py::object& path_arg, const py::object& tensors_a
         type_error("tensors: expected a dict of name -> array (e.g. a state_dict) but got " +
                    std::string(py::str(py::type::of(tensors_arg).attr("__name__"))));
     }
-    // A torch.bfloat16 tensor (a bfloat16 model's state_dict) has no NumPy form: its bits, as BF16.
     std::vector<Input> keep;
-    const auto tensors = named_inputs(py::reinterpret_borrow<py::dict>(tensors_arg), "tensors", keep,
-                                      uint16_is_bf16_arg(dtype), /*torch_bf16=*/true);
+    const auto tensors = named_inputs(py::reinterpret_borrow<py::dict>(tensors_arg), "tensors", keep, uint16_is_bf16_arg(dtype));
     std::map<std::string, std::string> metadata;
     if (!metadata_arg.is_none()) {
         if (!py::isinstance<py::dict>(metadata_arg)) {

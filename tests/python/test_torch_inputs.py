@@ -97,3 +97,20 @@ def test_bfloat16_tensor_says_how_to_pass_its_bits():
     got = attn.sdpa(bits, bits, bits, dtype="bfloat16", out_dtype="float32")
     q32 = q.float().numpy()
     close(got, textbook(q32, q32, q32, None)[0])
+
+
+def test_bfloat16_state_dict_loads_as_it_is():
+    # A bfloat16 torch module's state_dict: save_safetensors took it, load_state_dict refused it
+    # (TypeError: pass .view(torch.int16)...). Both read a torch.bfloat16 tensor as its bits.
+    torch.manual_seed(0)
+    t = torch.nn.MultiheadAttention(16, 2, batch_first=True).bfloat16().eval()
+    m = attn.MultiheadAttention(16, 2, batch_first=True, dtype="bfloat16")
+    m.load_state_dict(t.state_dict())
+    x = torch.randn(1, 5, 16).bfloat16()
+    ref, _ = t.float()(x.float(), x.float(), x.float())  # the same bf16 weights, in float32
+    bits = x.view(torch.int16).numpy().view(np.uint16)
+    got, _ = m(bits, bits, bits, dtype="bfloat16", need_weights=False)  # bfloat16 out: its bits, uint16
+    assert got.dtype == np.uint16
+    got = torch.from_numpy(got.view(np.int16)).view(torch.bfloat16).float().numpy()
+    # bfloat16 intermediates and output (8 bits of mantissa) against torch's float32 on the same weights.
+    close(got, ref.detach().numpy(), atol=1e-2, rtol=1e-2)
