@@ -197,7 +197,11 @@ void bind_kv_cache(py::module_& m) {
                           "Storage (B, Hkv, capacity, D) in float32, float16 or bfloat16.")
         .def(py::init(&make_cache), py::arg("batch"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("capacity"),
              py::kw_only(), py::arg("value_dim") = py::none(), py::arg("dtype") = "float32", py::arg("grow") = false,
-             py::arg("max_capacity") = 0)
+             py::arg("max_capacity") = 0,
+             "A cache of `batch` sequences, each with room for `capacity` tokens of kv_heads keys of head_dim\n"
+             "and values of value_dim (None: head_dim), stored in dtype (\"float32\", \"float16\", \"bfloat16\").\n"
+             "An append that does not fit raises, or with grow=True doubles the capacity, up to max_capacity\n"
+             "(0 = no limit).")
         .def("append", &PyKVCache::append, py::arg("k_new"), py::arg("v_new"), py::arg("batch_index") = py::none(),
              py::kw_only(), py::arg("dtype") = py::none(),
              "Appends T tokens: (B, Hkv, T, D) arrays, or (Hkv, T, D) for one sequence with batch_index.\n"
@@ -205,8 +209,10 @@ void bind_kv_cache(py::module_& m) {
         .def("truncate", &PyKVCache::truncate, py::arg("new_length"), py::arg("batch_index") = py::none(),
              "Rolls back: sequence batch_index to new_length (0 <= new_length <= its length); without\n"
              "batch_index, every sequence longer than new_length to new_length (shorter ones keep theirs).")
-        .def("reset", &PyKVCache::reset, py::arg("batch_index") = py::none())
-        .def("reserve", &PyKVCache::reserve, py::arg("capacity"))
+        .def("reset", &PyKVCache::reset, py::arg("batch_index") = py::none(),
+             "Empties sequence batch_index (without it, every sequence) to length 0; keeps the memory.")
+        .def("reserve", &PyKVCache::reserve, py::arg("capacity"),
+             "Makes room for `capacity` tokens per sequence (grows the storage even when grow=False).")
         .def("keys", [](PyKVCache& c) { return c.copy_of(true); },
              "A float32 copy of the keys, (B, Hkv, capacity, Dk). Sequence b's positions at or beyond\n"
              "lengths[b] hold no token and are 0 (never the stale or uninitialised storage there).")

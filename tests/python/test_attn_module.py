@@ -625,3 +625,29 @@ def test_rank_segments_match_exact_chunks_up_to_the_largest_rank_count():
                 want = [chunk(L, 2 * P, r), chunk(L, 2 * P, 2 * P - 1 - r)]
                 assert attn.dist.rank_segments(L, P, r) == want, (L, P, r)
                 assert attn.dist.rank_segments(L, P, r, layout="contiguous") == [chunk(L, P, r)], (L, P, r)
+
+
+@pytest.mark.parametrize("impl", ["reference", "flash", "decode"])
+def test_a_minus_inf_score_is_a_masked_key(impl):
+    # docs/conventions.md, "Non-finite values": a -inf score (q·k = -inf) is a weight of exactly 0
+    # in every kernel; a row whose only visible score is -inf has no visible key (out 0, lse -inf);
+    # a +inf score is NaN. Two rows per head (decode takes a few queries per KV head).
+    rng = np.random.default_rng(5)
+    k = rng.standard_normal((1, 1, 6, 8)).astype(np.float32)
+    v = rng.standard_normal((1, 1, 6, 8)).astype(np.float32)
+    k[0, 0, 2] = 0.0
+    k[0, 0, 2, 0] = np.inf             # key 2's score is q[0]·inf
+    q = rng.standard_normal((1, 1, 2, 8)).astype(np.float32)
+    q[0, 0, :, 0] = [-1.0, 1.0]       # row 0 scores key 2 at -inf, row 1 at +inf
+    o, lse = attn.sdpa(q, k, v, return_lse=True, impl=impl)
+    keep = np.ones((1, 1, 1, 6), bool)
+    keep[..., 2] = False
+    want, want_lse = textbook(q[:, :, :1], k, v, keep)[:2]
+    close(o[:, :, :1], want)
+    np.testing.assert_allclose(lse[0, 0, 0], np.asarray(want_lse).reshape(-1)[0], rtol=1e-5)
+    assert np.isnan(o[0, 0, 1]).all() and np.isnan(lse[0, 0, 1])
+    # Key 2 alone visible to row 0 (key_lengths = 3 and causal would not isolate it: a bool mask).
+    only = np.zeros((1, 1, 2, 6), bool)
+    only[..., 2] = True
+    o, lse = attn.sdpa(q, k, v, attn_mask=only, return_lse=True, impl="reference" if impl == "decode" else impl)
+    assert np.array_equal(o[0, 0, 0], np.zeros(8, np.float32)) and lse[0, 0, 0] == -np.inf
