@@ -289,12 +289,12 @@ std::string str_arg(const py::handle& obj, const std::string& name) {
     return std::string(utf8, static_cast<std::size_t>(size));
 }
 
-int threads_arg(const py::handle& obj) {
+int threads_arg(const py::handle& obj, const char* none_means) {
     const std::optional<std::int64_t> n = optional_int_arg(obj, "threads");
     if (!n) return 0;
     if (*n < 1 || *n > 4096) {
-        throw attn::Error("threads: expected a thread count from 1 to 4096 (or None: attn.get_num_threads()) but got " +
-                          std::to_string(*n));
+        throw attn::Error(std::string("threads: expected a thread count from 1 to 4096 (or None: ") + none_means +
+                          ") but got " + std::to_string(*n));
     }
     return static_cast<int>(*n);
 }

@@ -20,10 +20,9 @@ struct ScopedThreads {
 
 void bind_threads(py::module_& m) {
     py::class_<ScopedThreads>(m, "_ScopedThreads")
+        // The range and message of every threads= (attn.torch turns None into torch's count first).
         .def(py::init([](const py::object& n_arg) {
-                 const std::int64_t n = int_arg(n_arg, "threads");
-                 if (n < 1 || n > 4096) value_error("threads: expected an int in [1, 4096] but got " + std::to_string(n));
-                 return ScopedThreads{static_cast<int>(n), nullptr};
+                 return ScopedThreads{threads_arg(n_arg, "torch.get_num_threads()"), nullptr};
              }),
              py::arg("threads"))
         .def("__enter__",
