@@ -22,6 +22,12 @@
 // A token read from the free positions (at or past a length) reads what the append may be
 // writing there: defined memory, unspecified values.
 //
+// Thread safety: none inside, as PagedKVCache's. Calls that change the cache (append,
+// truncate, reset, reserve, an MHA forward_incremental, which appends) need exclusive access;
+// const calls (lengths, keys(), values(), decode_attention) may run concurrently with each
+// other, never with a changing call (decode reading lengths and rows an append is writing is a
+// data race).
+//
 // decode_attention() runs the bandwidth-bound decode kernel for Lq new queries per
 // sequence against the cache (see include/attn/decode.hpp).
 #pragma once

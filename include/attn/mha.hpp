@@ -156,6 +156,12 @@ struct MhaGradients {
                                // gradient is query + key + value, which the caller adds
 };
 
+// Thread safety, as for any C++ object: the const members (every forward, forward_train,
+// backward, parameter/state_dict reads) may run on one layer from several threads at once, each
+// with its own workspace, state and KV cache (forward_incremental appends to it); the others (load_state_dict, set_param_dtype,
+// pack_weights, unpack_weights, a write through a parameter view) need the layer to themselves —
+// a forward running while pack_weights replaces the packed panels reads freed memory (a
+// ThreadSanitizer test found it). Python's MultiheadAttention takes a lock per call.
 class MultiHeadAttention {
 public:
     // Checks the configuration (throws attn::Error) and allocates zeroed parameters.
@@ -278,7 +284,8 @@ private:
     MhaConfig config_;
     Tensor alibi_;  // config_.alibi_slopes as a float32 (h,) tensor, empty without ALiBi
     std::map<std::string, Tensor, std::less<>> params_;
-    // Immutable once built; replaced, never changed in place (a forward in flight keeps its own reference).
+    // Immutable once built; replaced (pack_weights, load_state_dict), never changed in place —
+    // not while a forward runs (the class's thread-safety rule above).
     std::shared_ptr<const detail::PackedWeights> packed_;
 };
 
