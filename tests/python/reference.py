@@ -1,7 +1,21 @@
 # The oracles of the Python tests: textbook attention in float64 torch, the visibility rule
 # of docs/conventions.md written from its definition, and the tolerance check.
+import os
+
 import numpy as np
+import pytest
 import torch
+
+
+def attn_cli():
+    """The attn binary for a test's CLI part (ctest sets ATTN_BIN). Skipped — after the test's
+    library parts passed — in a build without the CLI (-DATTN_BUILD_TOOLS=OFF: ATTN_BIN empty);
+    a set ATTN_BIN must name the binary."""
+    path = os.environ.get("ATTN_BIN", "")
+    if not path:
+        pytest.skip("the CLI is not built (ATTN_BIN is empty)")
+    assert os.path.exists(path), f"ATTN_BIN must name the attn binary, got {path!r}"
+    return path
 
 # float32 kernels against the float64 oracle: |err| <= ATOL + RTOL·|ref|, the bound of
 # docs/conventions.md ("16-bit inputs and outputs": 1e-5·(1 + |ref|) for unit-scale inputs).

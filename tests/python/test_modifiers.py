@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import attn
-from reference import close, visible
+from reference import attn_cli, close, visible
 
 
 def textbook(q, k, v, keep, softcap=None, slopes=None, sinks=None, diag=None):
@@ -132,8 +132,7 @@ def test_cli_flags_match_torch(tmp_path):
     """attn sdpa --softcap --alibi --sinks --grad-out … --dsinks against the torch textbook."""
     import os
     import subprocess
-    bin_ = os.environ.get("ATTN_BIN", "")
-    assert bin_ and os.path.exists(bin_), f"ATTN_BIN must name the attn binary, got {bin_!r}"
+    bin_ = attn_cli()
     rng = np.random.default_rng(7)
     b, h, lq, lk, d = 2, 4, 9, 21, 16
     q = rng.standard_normal((b, h, lq, d)).astype(np.float32) * 2
@@ -171,8 +170,7 @@ def test_cli_packed_sequences_alibi_sinks_dsinks(tmp_path):
     not supported there", while --sinks ran)."""
     import os
     import subprocess
-    bin_ = os.environ.get("ATTN_BIN", "")
-    assert bin_ and os.path.exists(bin_), f"ATTN_BIN must name the attn binary, got {bin_!r}"
+    bin_ = attn_cli()
     rng = np.random.default_rng(11)
     hq, hkv, d = 4, 2, 8
     cq, ck = np.array([0, 3, 4, 9]), np.array([0, 4, 10, 12])
