@@ -4,10 +4,10 @@
 // files included, compiles its own copy with its own vector width.
 #pragma once
 
+#include <cfloat>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 
 #include "exp2.hpp"  // not used here any more; kept for the files that got exp2poly through this one
 
@@ -177,7 +177,9 @@ inline void softcap_f32(float* s, std::ptrdiff_t stride, std::int64_t n, float c
 // normal float32 (it would turn 0·inf into NaN, or flush a score to 0): then scale first.
 inline void scaled_softcap_f32(float* s, std::int64_t n, float scale, float c, float inv_c, float* grad) {
     const float k = scale * inv_c, ak = k < 0.0f ? -k : k;
-    if (ak >= std::numeric_limits<float>::min() && ak <= std::numeric_limits<float>::max()) {
+    // FLT_MIN/FLT_MAX, not numeric_limits: unoptimised, its min()/max() became functions compiled
+    // with this file's ISA flags and shared with generic code (kernels_isa_symbols, Debug build).
+    if (ak >= FLT_MIN && ak <= FLT_MAX) {
         softcap_f32(s, 1, n, c, k, grad);
         return;
     }
