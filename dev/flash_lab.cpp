@@ -70,8 +70,43 @@ double cpu_seconds() {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-__attribute__((target("avx2,fma"))) double fma_peak(int threads, double& best_cpu, long iters = 20'000'000,
-                                                     int reps = 3) {
+// One thread's FMA loop on 10 independent ymm / zmm chains: the value is returned so the
+// compiler cannot drop the loop. Kept apart from the OpenMP region below: clang outlines a
+// parallel region into a function without the enclosing function's target attribute (the
+// region's vector code then did not compile).
+__attribute__((target("avx2,fma"))) float fma_loop256(long iters) {
+    __m256 a[10];
+    for (int i = 0; i < 10; ++i) a[i] = _mm256_set1_ps(1.0f + i * 1e-3f);
+    const __m256 x = _mm256_set1_ps(0.9999999f), y = _mm256_set1_ps(1e-7f);
+    for (long it = 0; it < iters; ++it) {
+        for (int i = 0; i < 10; ++i) a[i] = _mm256_fmadd_ps(a[i], x, y);
+        // keep the compiler from folding iterations: the values are opaque
+        asm volatile("" : "+x"(a[0]), "+x"(a[1]), "+x"(a[2]), "+x"(a[3]), "+x"(a[4]));
+        asm volatile("" : "+x"(a[5]), "+x"(a[6]), "+x"(a[7]), "+x"(a[8]), "+x"(a[9]));
+    }
+    float sink = 0;
+    for (int i = 0; i < 10; ++i) sink += _mm256_cvtss_f32(a[i]);
+    return sink;
+}
+
+// The same loop on zmm (the avx512 row's width).
+__attribute__((target("avx512f"))) float fma_loop512(long iters) {
+    __m512 a[10];
+    for (int i = 0; i < 10; ++i) a[i] = _mm512_set1_ps(1.0f + i * 1e-3f);
+    const __m512 x = _mm512_set1_ps(0.9999999f), y = _mm512_set1_ps(1e-7f);
+    for (long it = 0; it < iters; ++it) {
+        for (int i = 0; i < 10; ++i) a[i] = _mm512_fmadd_ps(a[i], x, y);
+        asm volatile("" : "+v"(a[0]), "+v"(a[1]), "+v"(a[2]), "+v"(a[3]), "+v"(a[4]));
+        asm volatile("" : "+v"(a[5]), "+v"(a[6]), "+v"(a[7]), "+v"(a[8]), "+v"(a[9]));
+    }
+    float sink = 0;
+    for (int i = 0; i < 10; ++i) sink += _mm512_cvtss_f32(a[i]);
+    return sink;
+}
+
+// GFLOP/s of `loop` (`lanes` floats per FMA, 10 chains) on `threads` threads: best wall-time
+// rate of `reps` runs; best_cpu the best rate per CPU-second of one thread.
+double fma_peak_of(float (*loop)(long), int lanes, int threads, double& best_cpu, long iters, int reps) {
     double best = 0;
     best_cpu = 0;
     for (int rep = 0; rep < reps; ++rep) {
@@ -79,55 +114,22 @@ __attribute__((target("avx2,fma"))) double fma_peak(int threads, double& best_cp
         const double c0 = cpu_seconds();
         float sink = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
-        {
-            __m256 a[10];
-            for (int i = 0; i < 10; ++i) a[i] = _mm256_set1_ps(1.0f + i * 1e-3f);
-            const __m256 x = _mm256_set1_ps(0.9999999f), y = _mm256_set1_ps(1e-7f);
-            for (long it = 0; it < iters; ++it) {
-                for (int i = 0; i < 10; ++i) a[i] = _mm256_fmadd_ps(a[i], x, y);
-                // keep the compiler from folding iterations: the values are opaque
-                asm volatile("" : "+x"(a[0]), "+x"(a[1]), "+x"(a[2]), "+x"(a[3]), "+x"(a[4]));
-                asm volatile("" : "+x"(a[5]), "+x"(a[6]), "+x"(a[7]), "+x"(a[8]), "+x"(a[9]));
-            }
-            for (int i = 0; i < 10; ++i) sink += _mm256_cvtss_f32(a[i]);
-        }
+        sink += loop(iters);
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const double c = (cpu_seconds() - c0) / threads;
-        best = std::max(best, 2.0 * 8 * 10 * iters * threads / s / 1e9);
-        best_cpu = std::max(best_cpu, 2.0 * 8 * 10 * iters * threads / c / 1e9);
+        best = std::max(best, 2.0 * lanes * 10 * iters * threads / s / 1e9);
+        best_cpu = std::max(best_cpu, 2.0 * lanes * 10 * iters * threads / c / 1e9);
         if (sink == 12345) std::puts("");
     }
     return best;
 }
 
-// The same loop on zmm (the avx512 row's width).
-__attribute__((target("avx512f"))) double fma_peak512(int threads, double& best_cpu, long iters = 20'000'000,
-                                                      int reps = 3) {
-    double best = 0;
-    best_cpu = 0;
-    for (int rep = 0; rep < reps; ++rep) {
-        const auto t0 = std::chrono::steady_clock::now();
-        const double c0 = cpu_seconds();
-        float sink = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : sink)
-        {
-            __m512 a[10];
-            for (int i = 0; i < 10; ++i) a[i] = _mm512_set1_ps(1.0f + i * 1e-3f);
-            const __m512 x = _mm512_set1_ps(0.9999999f), y = _mm512_set1_ps(1e-7f);
-            for (long it = 0; it < iters; ++it) {
-                for (int i = 0; i < 10; ++i) a[i] = _mm512_fmadd_ps(a[i], x, y);
-                asm volatile("" : "+v"(a[0]), "+v"(a[1]), "+v"(a[2]), "+v"(a[3]), "+v"(a[4]));
-                asm volatile("" : "+v"(a[5]), "+v"(a[6]), "+v"(a[7]), "+v"(a[8]), "+v"(a[9]));
-            }
-            for (int i = 0; i < 10; ++i) sink += _mm512_cvtss_f32(a[i]);
-        }
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const double c = (cpu_seconds() - c0) / threads;
-        best = std::max(best, 2.0 * 16 * 10 * iters * threads / s / 1e9);
-        best_cpu = std::max(best_cpu, 2.0 * 16 * 10 * iters * threads / c / 1e9);
-        if (sink == 12345) std::puts("");
-    }
-    return best;
+double fma_peak(int threads, double& best_cpu, long iters = 20'000'000, int reps = 3) {
+    return fma_peak_of(fma_loop256, 8, threads, best_cpu, iters, reps);
+}
+
+double fma_peak512(int threads, double& best_cpu, long iters = 20'000'000, int reps = 3) {
+    return fma_peak_of(fma_loop512, 16, threads, best_cpu, iters, reps);
 }
 
 // n floats, 2 MiB aligned and advised to use transparent huge pages; zeroed (first touch).

@@ -429,7 +429,7 @@ TEST(KVCacheSizes, UncountableSizesAreErrorsBeforeAllocating) {
         {limit, "KVCache: max_capacity 4611686018427387904: keys"},
     };
     for (const auto& [cfg, expect] : cases) {
-        const std::string e = error_of([&] { KVCache c(cfg); });
+        const std::string e = error_of([&cfg = cfg] { KVCache c(cfg); });
         EXPECT_TRUE(has(e, expect)) << e;
         EXPECT_TRUE(has(e, "more bytes than a 64-bit size can count")) << e;
     }

@@ -261,9 +261,9 @@ TEST(MhaBackward, ForwardTrainErrorsAreForwardErrors) {
     o.attn_mask = am.view();
     MhaForwardState st;
     for (const auto& [q, kv, opt] : {std::tuple{&x, &x, o}, std::tuple{&x, &k, attn::MhaForwardOptions{}}}) {
-        const std::string train = message([&] { m.forward_train(*q, *kv, *kv, opt, {}, st); });
+        const std::string train = message([&, q = q, kv = kv, &opt = opt] { m.forward_train(*q, *kv, *kv, opt, {}, st); });
         EXPECT_EQ(train.rfind("MultiHeadAttention: ", 0), 0u) << train;
-        EXPECT_EQ(train, message([&] { m.forward(*q, *kv, *kv, opt); }));
+        EXPECT_EQ(train, message([&, q = q, kv = kv, &opt = opt] { m.forward(*q, *kv, *kv, opt); }));
     }
 }
 

@@ -248,7 +248,7 @@ TEST(SdpaCausal, BothAlignmentsWithLqBelowEqualAndAboveLk) {
         const Outputs got = run_sdpa(in.q, in.k, in.v, br);
         expect_matches(got,
                        naive_attention(in.q, in.k, in.v, default_scale(d),
-                                       [&](auto, auto, auto i, auto j) { return j <= i + lk - lq; }),
+                                       [lq = lq, lk = lk](auto, auto, auto i, auto j) { return j <= i + lk - lq; }),
                        kTol64, "bottom-right Lq=" + std::to_string(lq) + " Lk=" + std::to_string(lk));
         if (lq > lk) {  // the first Lq − Lk queries see nothing: zeros and −inf, never NaN
             EXPECT_EQ(at(got.lse, 0, 0, 0), -kInf);

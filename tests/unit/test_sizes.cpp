@@ -157,7 +157,7 @@ TEST(CheckedSize, TensorBytesOverflowIsAnErrorNotAnAllocation) {
              {DType::f64, {std::int64_t{1} << 61}},
              {DType::f16, {2, std::int64_t{1} << 61}},
              {DType::i64, {kMax / 4, 2}}}) {
-        const std::string m = error_of([&] { Tensor t(dt, shape_of(dims), false, "q"); });
+        const std::string m = error_of([dt = dt, &dims = dims] { Tensor t(dt, shape_of(dims), false, "q"); });
         EXPECT_TRUE(contains(m, "Tensor: q (" + std::string(attn::dtype_name(dt)) + ") of shape " + shape_of(dims).str()))
             << m;
         EXPECT_TRUE(contains(m, "more bytes than a 64-bit size can count")) << m;
