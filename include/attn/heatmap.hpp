@@ -34,6 +34,9 @@ namespace attn {
 
 enum class ImageFormat { png, svg };
 
+// The most panels (P of (P, Lq, Lk) weights) one picture holds; more are an attn::Error.
+inline constexpr int kHeatmapMaxPanels = 256;
+
 struct HeatmapOptions {
     std::vector<std::string> key_tokens;    // column labels, Lk of them; empty: key indices
     std::vector<std::string> query_tokens;  // row labels, Lq of them; empty: key_tokens when

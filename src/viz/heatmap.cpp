@@ -39,7 +39,7 @@ using viz::TextStyle;
 using viz::VAlign;
 
 constexpr int kMargin = 16;
-constexpr int kMaxPanels = 256;
+constexpr int kMaxPanels = kHeatmapMaxPanels;
 constexpr double kMaskedGrey = 208.0 / 255.0;  // fill of cells whose weight is exactly 0
 constexpr double kHatchGrey = 150.0 / 255.0;   // their diagonal hatch
 constexpr double kInk = 0.13;                  // text

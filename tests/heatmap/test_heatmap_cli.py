@@ -296,6 +296,8 @@ W55 = identity(5)
     (W55, ["--vmax", "1e300"], "--vmax: expected a number > 0 and < 1e300 but got 1e+300"),
     (W55, ["--vmax", "-1e-10"], "but got -1e-10"),
     (W55, ["--head", "0", "--mean"], "excludes"),
+    (np.full((257, 2, 2), 0.5, np.float32), ["--all-heads"],
+     "--all-heads: at most 256 panels fit in one picture but"),
     # Checked before the mean: -1 and +1 averaged to a 0 drawn hatched as "masked".
     (np.array([[[-1., 1], [1, 1]], [[1., 1], [1, 1]]]), ["--mean"], "must be finite and >= 0, but element (0, 0, 0) is -1"),
     (None, [], "w.npy"),

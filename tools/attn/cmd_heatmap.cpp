@@ -206,8 +206,12 @@ void run(const HeatmapArgs& a) {
         panels = mean.view();
         what = "mean over " + std::to_string(H) + " heads";
     } else if (a.all_heads) {
+        if (H > kHeatmapMaxPanels) {
+            throw Error("--all-heads: at most " + std::to_string(kHeatmapMaxPanels) + " panels fit in one picture but " +
+                        described + " has H = " + std::to_string(H) + " heads: draw one with --head N, or --mean");
+        }
         panels = TensorView(base, w.dtype(), Shape{H, Lq, Lk}, Strides{sh, sq, sk, 0});
-        what = "all " + std::to_string(H) + " heads";
+        if (H > 1) what = "all " + std::to_string(H) + " heads";
     } else {
         const std::int64_t h = a.head.value_or(0);
         panels = TensorView(base + static_cast<std::size_t>(h * sh) * es, w.dtype(), Shape{1, Lq, Lk}, Strides{0, sq, sk, 0});
