@@ -374,7 +374,7 @@ TEST(SdpaWindow, LeftRightBothAlignments) {
             for (const W w : {W{2, 0}, W{0, 0}, W{1, 3}, W{-1, 1}, W{3, -1}, W{0, -1}}) {
                 SdpaOptions opt;
                 opt.window = {w.left, w.right, al};
-                auto keep = [&](auto, auto, std::int64_t i, std::int64_t j) {
+                auto keep = [&, lq = lq, lk = lk](auto, auto, std::int64_t i, std::int64_t j) {
                     const std::int64_t diag = al == Align::top_left ? i : i + lk - lq;
                     return (w.left < 0 || j >= diag - w.left) && (w.right < 0 || j <= diag + w.right);
                 };
