@@ -25,3 +25,5 @@ if "dist" in globals():
     import sys as _sys
 
     _sys.modules[__name__ + ".dist"] = globals()["dist"]
+    del _sys
+del _cls  # loop and import helpers: not names of the package

@@ -651,3 +651,8 @@ def test_a_minus_inf_score_is_a_masked_key(impl):
     only[..., 2] = True
     o, lse = attn.sdpa(q, k, v, attn_mask=only, return_lse=True, impl="reference" if impl == "decode" else impl)
     assert np.array_equal(o[0, 0, 0], np.zeros(8, np.float32)) and lse[0, 0, 0] == -np.inf
+
+
+def test_package_namespace_holds_no_loop_helpers():
+    # __init__.py's loop variable and import alias leaked as attn._cls and attn._sys.
+    assert not {"_cls", "_sys"} & set(dir(attn))
