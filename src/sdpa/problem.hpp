@@ -90,8 +90,10 @@ struct SdpaProblem {
         return a == Align::top_left ? rows_before : key_length(b) - Lq - rows_after;
     }
 
-    // Visible keys of query i of sequence b: [0, n_b) ∩ causal ∩ window.
-    KeyRange key_range(std::int64_t b, std::int64_t i) const {
+    // Visible keys of query i of sequence b: [0, n_b) ∩ causal ∩ window. Always inlined: clang
+    // -O3 kept it out of line in the flash ISA files, a weak copy compiled with their flags that
+    // generic code could be linked to (tests/kernels/check_isa_symbols.sh).
+    __attribute__((always_inline)) KeyRange key_range(std::int64_t b, std::int64_t i) const {
         KeyRange r{0, std::min(Lk, key_length(b))};
         if (causal != Causal::none) {
             const Align a = causal == Causal::top_left ? Align::top_left : Align::bottom_right;

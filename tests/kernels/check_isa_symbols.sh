@@ -19,6 +19,7 @@ for a in "$@"; do
   isa_objs+=("$a")
   [[ $seen_sep == 1 ]] && avx2_objs+=("$a")
 done
+shared_status=0  # every object is listed before failing, not only the first
 for obj in "${isa_objs[@]}"; do
   [[ -f "$obj" ]] || { echo "check_isa_symbols: $obj not found" >&2; exit 1; }
   # Allowed: the personality routine's reference (g++) and clang's terminate trampoline (a
@@ -27,10 +28,12 @@ for obj in "${isa_objs[@]}"; do
   if [[ -n "$bad" ]]; then
     echo "shared symbols compiled with ISA flags in $obj (build with optimisation, or keep them out of the ISA file):"
     echo "$bad"
-    exit 1
+    shared_status=1
+    continue
   fi
   echo "no shared symbols outside an ISA namespace in $(basename "$obj")"
 done
+[[ $shared_status == 0 ]] || exit 1
 if [[ $(uname -m) == x86_64 ]] && command -v objdump >/dev/null; then
   for obj in "${avx2_objs[@]}"; do
     n=$(objdump -d --no-show-raw-insn "$obj" | grep -cE '%zmm|%k[0-7]|%[xy]mm(1[6-9]|2[0-9]|3[01])\b' || true)
