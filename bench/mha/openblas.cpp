@@ -28,8 +28,8 @@ const OpenBlas& openblas() {
         }
         l.sgemm = reinterpret_cast<decltype(&cblas_sgemm)>(dlsym(handle, "cblas_sgemm"));
         l.set_num_threads = reinterpret_cast<decltype(&openblas_set_num_threads)>(dlsym(handle, "openblas_set_num_threads"));
-        if (l.sgemm == nullptr || l.set_num_threads == nullptr)
-            l.error = std::string(kLibrary) + " lacks cblas_sgemm or openblas_set_num_threads";
+        if (l.sgemm == nullptr) l.error = std::string(kLibrary) + " has no symbol cblas_sgemm";
+        else if (l.set_num_threads == nullptr) l.error = std::string(kLibrary) + " has no symbol openblas_set_num_threads";
         return l;
     }();
     return lib;
