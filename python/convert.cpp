@@ -36,6 +36,21 @@ std::string shape_str(const py::array& a) {
     return s + (a.ndim() == 1 ? ",)" : ")");
 }
 
+namespace {
+// torch refuses numpy() on a tensor that requires grad; asked first so that the message names the
+// argument and the way out rather than torch's RuntimeError.
+void refuse_requires_grad(const py::handle& obj, const std::string& name) {
+    if (py::hasattr(obj, "requires_grad") && py::bool_(obj.attr("requires_grad"))) {
+        type_error(name + ": a tensor with requires_grad=True cannot be read (attn's NumPy functions have no "
+                   "autograd); pass " + name + ".detach(), or use attn.torch for gradients");
+    }
+}
+
+bool is_torch_bfloat16(const py::handle& obj) {
+    return py::hasattr(obj, "dtype") && std::string(py::str(obj.attr("dtype"))) == "torch.bfloat16";
+}
+}  // namespace
+
 py::array as_array(const py::handle& obj, const std::string& name) {
     if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::array>(obj);
     // numpy makes an object array of shape () from None; the message would speak of its shape.
@@ -43,14 +58,9 @@ py::array as_array(const py::handle& obj, const std::string& name) {
     // Likewise a str or bytes (a 0-d string array), whose message would speak of its shape.
     if (PyUnicode_Check(obj.ptr()) || PyBytes_Check(obj.ptr()))
         type_error(name + ": expected an array (numpy array, torch tensor, nested list) but got " + given(obj));
-    // torch refuses numpy() on a tensor that requires grad; asked first so that the message
-    // names the argument and the way out rather than torch's RuntimeError.
-    if (py::hasattr(obj, "requires_grad") && py::bool_(obj.attr("requires_grad"))) {
-        type_error(name + ": a tensor with requires_grad=True cannot be read (attn's NumPy functions have no "
-                   "autograd); pass " + name + ".detach(), or use attn.torch for gradients");
-    }
+    refuse_requires_grad(obj, name);
     // NumPy has no bfloat16, so torch cannot export such a tensor; say how to pass its bits.
-    if (py::hasattr(obj, "dtype") && std::string(py::str(obj.attr("dtype"))) == "torch.bfloat16") {
+    if (is_torch_bfloat16(obj)) {
         type_error(name + ": a torch.bfloat16 tensor has no NumPy form; pass " + name +
                    ".view(torch.int16).numpy().view(numpy.uint16) with dtype=\"bfloat16\", or use attn.torch");
     }
@@ -133,13 +143,21 @@ std::vector<std::pair<std::string, attn::TensorView>> named_inputs(const py::dic
         const std::string name = item.first.cast<std::string>();
         py::object value = py::reinterpret_borrow<py::object>(item.second);
         bool bits = uint16_is_bf16;
-        if (py::hasattr(value, "dtype") && std::string(py::str(value.attr("dtype"))) == "torch.bfloat16") {
-            const py::object int16 = py::module_::import("torch").attr("int16");
-            value = value.attr("detach")().attr("contiguous")().attr("view")(int16).attr("numpy")().attr("view")(
-                py::module_::import("numpy").attr("uint16"));
+        const std::string arg = what + "['" + name + "']";
+        if (is_torch_bfloat16(value)) {
+            // Its bits as a uint16 NumPy view of the same memory (any strides: no copy), after the
+            // checks every tensor gets; torch's refusal (a meta or GPU tensor) names the entry.
+            refuse_requires_grad(value, arg);
+            try {
+                const py::object int16 = py::module_::import("torch").attr("int16");
+                value = value.attr("view")(int16).attr("numpy")().attr("view")(py::module_::import("numpy").attr("uint16"));
+            } catch (py::error_already_set& e) {
+                const std::string reason = e.what();
+                type_error(arg + ": a torch.bfloat16 tensor whose bits NumPy cannot read: " + reason.substr(0, reason.find('\n')));
+            }
             bits = true;
         }
-        keep.push_back(input(value, what + "['" + name + "']", 0, 4, "an array of rank <= 4", bits));
+        keep.push_back(input(value, arg, 0, 4, "an array of rank <= 4", bits));
         out.emplace_back(name, keep.back().view);
     }
     return out;

@@ -313,8 +313,9 @@ void bind_mha(py::module_& m) {
              "top-left causal per sequence). Returns (Tq, E): float32, or a 16-bit query's dtype\n"
              "(dtype=\"bfloat16\": uint16 arrays are bfloat16 bits). intermediate_dtype= as forward's.")
         .def("load_state_dict", &PyMha::load_state_dict, py::arg("state_dict"), py::kw_only(), py::arg("dtype") = py::none(),
-             "Copies the arrays (torch names; float32/float64/float16, uint16 bfloat16 bits with\n"
-             "dtype=\"bfloat16\" — the default for a layer that stores bfloat16, so state_dict() loads back)\n"
+             "Copies the arrays (torch names; float32/float64/float16, torch.bfloat16 tensors, uint16\n"
+             "bfloat16 bits with dtype=\"bfloat16\" — the default for a layer that stores bfloat16, so\n"
+             "state_dict() loads back)\n"
              "into the parameters, converted to their storage dtype; the names must match exactly.")
         .def("load_safetensors", &PyMha::load_safetensors, py::arg("path"),
              "Loads the parameters from a safetensors file whose tensors carry this layer's state_dict\n"

@@ -114,3 +114,19 @@ def test_bfloat16_state_dict_loads_as_it_is():
     got = torch.from_numpy(got.view(np.int16)).view(torch.bfloat16).float().numpy()
     # bfloat16 intermediates and output (8 bits of mantissa) against torch's float32 on the same weights.
     close(got, ref.detach().numpy(), atol=1e-2, rtol=1e-2)
+
+
+def test_bfloat16_state_dict_entries_get_every_tensors_checks():
+    # The bits path of a torch.bfloat16 entry detached it (requires_grad passed silently) and let
+    # torch's own error through for a meta tensor, naming no entry.
+    t = torch.nn.MultiheadAttention(16, 2, batch_first=True).bfloat16()
+    m = attn.MultiheadAttention(16, 2, batch_first=True, dtype="bfloat16")
+    expect_detach_error("state_dict['in_proj_weight']", lambda: m.load_state_dict(dict(t.named_parameters())))
+    meta = {k: v.detach().to("meta") for k, v in t.state_dict().items()}
+    with pytest.raises(TypeError, match=r"^state_dict\['in_proj_weight'\]: a torch.bfloat16 tensor whose bits"):
+        m.load_state_dict(meta)
+    # A transposed (strided) entry is read in place, not copied.
+    strided = {k: (v.t().contiguous().t() if v.ndim == 2 else v) for k, v in t.state_dict().items()}
+    before = attn._input_copies()
+    m.load_state_dict(strided)
+    assert attn._input_copies() == before
