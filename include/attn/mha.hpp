@@ -160,8 +160,8 @@ struct MhaGradients {
 // backward, parameter/state_dict reads) may run on one layer from several threads at once, each
 // with its own workspace, state and KV cache (forward_incremental appends to it); the others (load_state_dict, set_param_dtype,
 // pack_weights, unpack_weights, a write through a parameter view) need the layer to themselves —
-// a forward running while pack_weights replaces the packed panels reads freed memory (a
-// ThreadSanitizer test found it). Python's MultiheadAttention takes a lock per call.
+// a forward running while pack_weights replaces the packed panels reads freed memory (found
+// with ThreadSanitizer; the rule, not the library, keeps it from happening). Python's MultiheadAttention takes a lock per call.
 class MultiHeadAttention {
 public:
     // Checks the configuration (throws attn::Error) and allocates zeroed parameters.

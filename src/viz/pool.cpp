@@ -31,14 +31,9 @@ Pooled mean_pool(const TensorView& weights, std::int64_t kr, std::int64_t kc, co
             long double* sums = &block_sums[static_cast<std::size_t>((p * out.rows + i / kr) * out.cols)];
             for (std::int64_t j = 0; j < Lk; ++j) {
                 const double w = weights.load_as_double(weights.offset(p, i, j));
-                if (!std::isfinite(w) || w < 0.0) {
-                    std::string msg = what;
-                    msg += ": attention weights must be finite and >= 0, but element (";
-                    if (P > 1) msg += std::to_string(p) + ", ";
-                    msg += std::to_string(i) + ", " + std::to_string(j) + ") is ";
-                    char value[32];
-                    std::snprintf(value, sizeof value, "%g", w);
-                    throw Error(msg + value);
+                if (!std::isfinite(w) || w < 0.0) {  // (the check first: no message built per weight)
+                    if (P > 1) require_drawable_weight(w, what, {p, i, j});
+                    else require_drawable_weight(w, what, {i, j});
                 }
                 sums[j / kc] += w;
             }
@@ -58,6 +53,15 @@ Pooled mean_pool(const TensorView& weights, std::int64_t kr, std::int64_t kc, co
         }
     }
     return out;
+}
+
+void require_drawable_weight(double w, const std::string& what, std::initializer_list<std::int64_t> index) {
+    if (std::isfinite(w) && w >= 0.0) return;
+    std::string msg = what + ": attention weights must be finite and >= 0, but element (";
+    for (const std::int64_t n : index) msg += (msg.back() == '(' ? "" : ", ") + std::to_string(n);
+    char value[32];
+    std::snprintf(value, sizeof value, "%g", w);
+    throw Error(msg + ") is " + value);
 }
 
 }  // namespace attn::viz

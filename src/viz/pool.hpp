@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <string>
 #include <vector>
 
 #include "attn/tensor.hpp"
@@ -31,5 +33,9 @@ std::int64_t block_for(std::int64_t n, std::int64_t cap);
 // weight in its block is exactly 0, so "masked" survives pooling. Throws attn::Error for a
 // negative or non-finite weight, naming its index (`what` names the tensor).
 Pooled mean_pool(const TensorView& weights, std::int64_t kr, std::int64_t kc, const char* what);
+
+// The rule for a weight that is drawn (or averaged into a drawn cell): finite and >= 0. Throws
+// attn::Error "<what>: attention weights must be finite and >= 0, but element (<index>) is <w>".
+void require_drawable_weight(double w, const std::string& what, std::initializer_list<std::int64_t> index);
 
 }  // namespace attn::viz

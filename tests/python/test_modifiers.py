@@ -168,7 +168,6 @@ def test_cli_packed_sequences_alibi_sinks_dsinks(tmp_path):
     and its backward give it alone, dsinks their sum over the sequences. --alibi built the slopes
     for 1 head on packed (T, H, D) input and failed for Hq > 1; --dsinks was refused ("sinks are
     not supported there", while --sinks ran)."""
-    import os
     import subprocess
     bin_ = attn_cli()
     rng = np.random.default_rng(11)

@@ -12,9 +12,7 @@ Q, K, V go through
 and each answer is compared with the rule written from its definition (reference.visible) and
 computed in float64 (reference.textbook).
 """
-import os
 import subprocess
-import tempfile
 
 import numpy as np
 import pytest
@@ -22,7 +20,6 @@ import pytest
 import attn
 from reference import attn_cli, close, textbook, visible
 
-ATTN_BIN = os.environ.get("ATTN_BIN", "")
 
 IMPLS = ["reference", "flash", "decode", "auto"]
 
@@ -109,11 +106,11 @@ def test_every_entry_point_gives_the_rule(case, tmp_path):
     close(lse, want_lse)
 
     # 3. the CLI, every kernel
-    attn_cli()  # skips here without the CLI
+    cli = attn_cli()  # skips here without the CLI
     for a, x in (("q", q), ("k", k), ("v", v), ("kl", kl)):
         np.save(tmp_path / f"{a}.npy", x)
     for impl in IMPLS:
-        cmd = [ATTN_BIN, "sdpa", "--q", tmp_path / "q.npy", "--k", tmp_path / "k.npy", "--v", tmp_path / "v.npy",
+        cmd = [cli, "sdpa", "--q", tmp_path / "q.npy", "--k", tmp_path / "k.npy", "--v", tmp_path / "v.npy",
                "--key-lengths", tmp_path / "kl.npy", "--causal", "bottom-right", "--impl", impl,
                "--out", tmp_path / f"o_{impl}.npy", "--lse", tmp_path / f"l_{impl}.npy"]
         if window is not None:
@@ -137,10 +134,10 @@ def test_rows_before_their_sequence_see_nothing(tmp_path):
                                                      key_lengths=kl, return_lse=True, impl=impl)
         close(out, want_out)
         close(lse, want_lse)
-    attn_cli()  # skips here without the CLI
+    cli = attn_cli()  # skips here without the CLI
     for a, x in (("q", q), ("k", k), ("v", v), ("kl", kl)):
         np.save(tmp_path / f"{a}.npy", x)
-    r = subprocess.run([ATTN_BIN, "sdpa", "--q", str(tmp_path / "q.npy"), "--k", str(tmp_path / "k.npy"),
+    r = subprocess.run([cli, "sdpa", "--q", str(tmp_path / "q.npy"), "--k", str(tmp_path / "k.npy"),
                         "--v", str(tmp_path / "v.npy"), "--key-lengths", str(tmp_path / "kl.npy"),
                         "--causal", "bottom-right", "--out", str(tmp_path / "o.npy"), "--lse", str(tmp_path / "l.npy")],
                        capture_output=True, text=True)

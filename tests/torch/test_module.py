@@ -352,8 +352,10 @@ def test_forward_mode_ad_is_refused_not_dropped(which):
         dual = {n: fwAD.make_dual(t, torch.randn_like(t)) for n, t in (("query", q), ("value", q), ("mask", mask))}
         args = dict(query=q, value=q, mask=mask)
         args[which] = dual[which]
-        with pytest.raises(RuntimeError, match="does not support forward-mode AD"):
+        with pytest.raises(RuntimeError, match="does not support forward-mode AD.*: " + which.replace("mask", "attn_mask")):
             at.scaled_dot_product_attention(args["query"], q, args["value"], attn_mask=args["mask"])
-        # A dual level without dual inputs is fine.
+        # A dual level without dual inputs is fine; a sparse mask still gets its own named error.
         assert at.scaled_dot_product_attention(q, q, q).shape == q.shape
+        with pytest.raises(TypeError, match="attn_mask"):
+            at.scaled_dot_product_attention(q, q, q, attn_mask=mask.to_sparse())
     assert at.scaled_dot_product_attention(q, q, q, attn_mask=mask).shape == q.shape

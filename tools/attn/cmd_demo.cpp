@@ -156,12 +156,13 @@ void run_demo(const std::string& heatmap_path) {
         hm.subtitle = "one head, causal: each query sees itself and the tokens before it";
         const HeatmapImage image = render_heatmap(TensorView(steps.weights.data(), DType::f64, Shape{kL, kL}), hm,
                                                   image_format_for_path(heatmap_path));
-        std::printf("\nHeatmap of A (rows = queries, columns = keys; hatched grey = masked future): %s%s\n",
-                    heatmap_path.find('/') == std::string::npos ? "./" : "", heatmap_path.c_str());
-        // The walkthrough must have reached stdout before the picture appears: `attn demo >
-        // /dev/full` exited 2 and left the picture behind.
+        // The walkthrough must have reached stdout before the picture appears (`attn demo >
+        // /dev/full` exited 2 and left the picture behind), and the line naming the picture comes
+        // after it is written (a failed write left a line naming a file that is not there).
         if (const std::string failed = stdout_write_error(); !failed.empty()) throw Error(failed);
         OutputFiles::write_bytes("--heatmap", heatmap_path, image.bytes);
+        std::printf("\nHeatmap of A (rows = queries, columns = keys; hatched grey = masked future): %s%s\n",
+                    heatmap_path.find('/') == std::string::npos ? "./" : "", heatmap_path.c_str());
     }
 }
 

@@ -18,6 +18,7 @@
 #include "strict_options.hpp"
 #include "core/check.hpp"
 #include "io/input_file.hpp"
+#include "viz/pool.hpp"
 #include "output_files.hpp"
 #include "tensor_args.hpp"
 
@@ -171,7 +172,7 @@ void run(const HeatmapArgs& a) {
                     std::to_string(opt.query_tokens.size()) + " tokens given but " + described + " has Lq = " +
                     std::to_string(Lq) + " queries (rows)");
     }
-    if (!heatmap_label_ok(a.title)) throw Error("--title: expected UTF-8 text without NUL bytes");
+    if (!heatmap_label_ok(a.title)) throw Error("--title: expected UTF-8 text without NUL bytes but got " + detail::quoted(a.title));
     opt.vmax = a.vmax;
     if (a.vmax && !(*a.vmax > 0.0 && *a.vmax < 1e300)) {  // the colour bar's ticks need a finite range
         throw Error("--vmax: expected a number > 0 and < 1e300 but got " + number_text(*a.vmax));
@@ -194,10 +195,9 @@ void run(const HeatmapArgs& a) {
             for (std::int64_t i = 0; i < Lq; ++i) {
                 for (std::int64_t j = 0; j < Lk; ++j) {
                     const double value = all.load_as_double(all.offset(h, i, j));
-                    if (!std::isfinite(value) || value < 0.0) {
-                        throw Error("weights: " + a.weights + ": attention weights must be finite and >= 0, but element (" +
-                                    (has_b ? std::to_string(b) + ", " : "") + std::to_string(h) + ", " + std::to_string(i) +
-                                    ", " + std::to_string(j) + ") is " + number_text(value));
+                    if (!std::isfinite(value) || value < 0.0) {  // (the check first: no message built per weight)
+                        if (has_b) viz::require_drawable_weight(value, "weights: " + a.weights, {b, h, i, j});
+                        else viz::require_drawable_weight(value, "weights: " + a.weights, {h, i, j});
                     }
                     m[i * Lk + j] += value / static_cast<double>(H);
                 }

@@ -138,11 +138,6 @@ void OutputFiles::check_dtype(const std::string& flag, const std::string& path, 
     }
 }
 
-// All or nothing, as far as the file system allows: every regular output is first written
-// completely to its staging file, then devices and FIFOs get their bytes (those cannot be
-// taken back), and only then are the staging files renamed into place. A failure before the
-// renames (disk full, EFBIG, a reader that went away) removes every staging file and leaves
-// every regular target untouched.
 namespace {
 // A file system error names the option too (check() cannot foresee every one: /proc refuses new
 // files although access() says it is writable).
@@ -164,6 +159,11 @@ void OutputFiles::write_bytes(const std::string& flag, const std::string& path, 
     });
 }
 
+// All or nothing, as far as the file system allows: every regular output is first written
+// completely to its staging file, then devices and FIFOs get their bytes (those cannot be
+// taken back), and only then are the staging files renamed into place. A failure before the
+// renames (disk full, EFBIG, a reader that went away) removes every staging file and leaves
+// every regular target untouched.
 void OutputFiles::write_all(const std::vector<Output>& outputs) {
     for (const Output& o : outputs) {
         if (o.tensors.empty()) check_dtype(o.flag, o.path, o.view.dtype());

@@ -152,17 +152,20 @@ def refuse_graph_transforms():
                            "torch.autograd (loss.backward(), torch.autograd.grad) or torch's attention inside the transform")
 
 
-def refuse_forward_ad(tensors):
+def refuse_forward_ad(named_tensors):
     """Forward-mode AD (torch.autograd.forward_ad) has no rule for attn's kernels: a dual input
     that did not also require grad went the no-autograd way, whose array conversion dropped its
     tangent, and the output's tangent was None — downstream results looked fine and carried no
-    derivative. Refused, naming what works instead."""
+    derivative. Refused, naming the input and what works instead. `named_tensors`: (name,
+    tensor or None) pairs; only dense tensors can be dual (others get their own error later)."""
     forward_ad = torch.autograd.forward_ad
-    if getattr(forward_ad, "_current_level", -1) < 0:  # no dual level entered: nothing to check
+    # No dual level entered: nothing can be dual. The level is torch's private counter; should it
+    # be gone, every tensor is checked (fail closed: unpack_dual is public).
+    if getattr(forward_ad, "_current_level", 0) < 0:
         return
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None:
-            raise RuntimeError("attn.torch does not support forward-mode AD (torch.autograd.forward_ad): an input "
+    for name, t in named_tensors:
+        if isinstance(t, torch.Tensor) and t.layout == torch.strided and forward_ad.unpack_dual(t).tangent is not None:
+            raise RuntimeError(f"attn.torch does not support forward-mode AD (torch.autograd.forward_ad): {name} "
                                "is a dual tensor and its tangent would be lost; use reverse mode "
                                "(loss.backward(), torch.autograd.grad) or torch's attention for jvp")
 
@@ -198,7 +201,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     v, attn_mask, sinks, the result) changed in place before backward is torch's in-place error.
     """
     refuse_graph_transforms()
-    refuse_forward_ad((query, key, value, attn_mask, extras.get("sinks"), extras.get("alibi_slopes")))
+    refuse_forward_ad((("query", query), ("key", key), ("value", value), ("attn_mask", attn_mask),
+                       ("sinks", extras.get("sinks")), ("alibi_slopes", extras.get("alibi_slopes"))))
     for t, name in ((query, "query"), (key, "key"), (value, "value")):
         _convert.float_array(t, name)  # type, device and dtype errors, named
     _check_heads(query, key, value, enable_gqa)
