@@ -39,7 +39,6 @@ using viz::TextStyle;
 using viz::VAlign;
 
 constexpr int kMargin = 16;
-constexpr int kMaxPanels = kHeatmapMaxPanels;
 constexpr double kMaskedGrey = 208.0 / 255.0;  // fill of cells whose weight is exactly 0
 constexpr double kHatchGrey = 150.0 / 255.0;   // their diagonal hatch
 constexpr double kInk = 0.13;                  // text
@@ -104,8 +103,8 @@ Problem check(const TensorView& weights, const HeatmapOptions& o) {
     if (p.P < 1 || p.Lq < 1 || p.Lk < 1) {
         throw Error("heatmap: weights must not be empty but have shape " + weights.shape().str());
     }
-    if (p.P > kMaxPanels) {
-        throw Error("heatmap: at most " + std::to_string(kMaxPanels) + " panels fit in one picture but the weights have " +
+    if (p.P > kHeatmapMaxPanels) {
+        throw Error("heatmap: at most " + std::to_string(kHeatmapMaxPanels) + " panels fit in one picture but the weights have " +
                     std::to_string(p.P));
     }
     check_tokens(o.key_tokens, p.Lk, "key_tokens", "Lk (columns)");
