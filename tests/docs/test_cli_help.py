@@ -65,6 +65,18 @@ def test_option_values_that_look_like_options_are_values(tmp_path):
     assert "unknown option '--bogus' of attn heatmap" in line, line
 
 
+def test_an_option_given_twice_is_named_with_its_count(tmp_path):
+    # CLI11 said "--q: At Most 1 required but received 2", which reads as if a value were missing.
+    line = one_error_line(attn("sdpa", "--q", "a.npy", "--q=b.npy", "--q", "c.npy", "--k", "K.npy", cwd=tmp_path))
+    assert line == "attn: error: --q: given 3 times; it takes one value (give it once)", line
+    line = one_error_line(attn("bench", "--shapes", "S1", "--shapes", "S2", cwd=tmp_path))
+    assert "--shapes: given 2 times" in line, line
+    # Flags may repeat, as before; an option of many values is not counted.
+    r = attn("heatmap", "W.npy", "--out", "w.svg", "--verbose", "--verbose", cwd=tmp_path)
+    assert "given 2 times" not in r.stderr, r.stderr
+    assert os.listdir(tmp_path) == []
+
+
 def test_heatmap_without_a_file_says_what_to_give(tmp_path):
     line = one_error_line(attn("heatmap", cwd=tmp_path))
     assert "W.npy" in line and "weights is required" not in line

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "attn/version.hpp"
 #include "commands.hpp"
@@ -75,7 +77,12 @@ std::string unknown_command(const CLI::App& app, int argc, const char* const* ar
     for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
         if (!sub->check_name(first)) continue;
         // CLI11 reports an unknown option only after every required one is there: `attn sdpa
-        // --bogus` said "--q is required". A misspelt option is the first thing to say.
+        // --bogus` said "--q is required". A misspelt option is the first thing to say; an
+        // option of one value given twice comes next (CLI11 says "At Most 1 required but
+        // received 2", which reads as if something were missing).
+        std::vector<std::pair<const CLI::Option*, int>> seen;  // options of one value: times given
+        const CLI::Option* repeated = nullptr;
+        std::string repeated_name;
         for (int i = 2; i < argc; ++i) {
             const std::string word = argv[i];
             if (word == "--") break;
@@ -88,8 +95,20 @@ std::string unknown_command(const CLI::App& app, int argc, const char* const* ar
                 return "unknown option '" + name + "' of attn " + sub->get_name() + " (attn " + sub->get_name() +
                        " --help lists them)";
             }
+            if (opt->get_items_expected_max() == 1 && opt->get_multi_option_policy() == CLI::MultiOptionPolicy::Throw) {
+                auto it = std::find_if(seen.begin(), seen.end(), [&](const auto& s) { return s.first == opt; });
+                if (it == seen.end()) it = seen.insert(seen.end(), {opt, 0});
+                if (++it->second == 2 && repeated == nullptr) {
+                    repeated = opt;
+                    repeated_name = name;
+                }
+            }
             // Its values are not options, whatever they look like (--title "--x", --tokens "--,a").
             if (eq == std::string::npos) i += std::max(0, opt->get_items_expected_min());
+        }
+        for (const auto& [opt, count] : seen) {
+            if (opt == repeated)
+                return repeated_name + ": given " + std::to_string(count) + " times; it takes one value (give it once)";
         }
         return "";
     }
