@@ -104,7 +104,7 @@ private:
     PagedKVCacheConfig config_;
     std::unique_ptr<Pool> keys_, values_;
     std::vector<std::int32_t> refcount_;  // sequences holding each page
-    std::vector<std::int32_t> free_list_;
+    std::vector<std::int32_t> free_list_;  // a min-heap of free page numbers
     std::vector<Seq> seqs_;
     std::vector<SeqId> free_ids_;
 };

@@ -2,7 +2,9 @@
 // arguments, and that the pool can supply the pages it needs, before it changes anything.
 #include "attn/paged_kv_cache.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string>
 
@@ -49,8 +51,8 @@ PagedKVCache::PagedKVCache(const PagedKVCacheConfig& config) : config_(config) {
     keys_ = std::make_unique<Pool>(pool_bytes(config_.head_dim), "PagedKVCache key pages");
     values_ = std::make_unique<Pool>(pool_bytes(config_.value_dim), "PagedKVCache value pages");
     refcount_.assign(static_cast<std::size_t>(config_.num_pages), 0);
-    // Taken from the back: pages 0, 1, 2, ... in order.
-    for (std::int64_t p = config_.num_pages - 1; p >= 0; --p) free_list_.push_back(static_cast<std::int32_t>(p));
+    // A min-heap (take_page): ascending is already one.
+    for (std::int64_t p = 0; p < config_.num_pages; ++p) free_list_.push_back(static_cast<std::int32_t>(p));
 }
 
 // The moved-from cache has no pool and no sequence; require_pool refuses new ones and views.
@@ -98,15 +100,21 @@ const PagedKVCache::Seq& PagedKVCache::seq(const char* op, SeqId s) const {
     return seqs_[static_cast<std::size_t>(s)];
 }
 
+// The free list is a min-heap: the lowest-numbered free page first, so that a sequence's
+// pages come out in order again after frees and truncates (a stack handed them out highest
+// first, which split every run of pages decode reads as one stream: ~25 % slower steps).
 std::int32_t PagedKVCache::take_page() {
-    const std::int32_t p = free_list_.back();  // the caller checked free_pages()
+    std::pop_heap(free_list_.begin(), free_list_.end(), std::greater<>());  // the caller checked free_pages()
+    const std::int32_t p = free_list_.back();
     free_list_.pop_back();
     refcount_[static_cast<std::size_t>(p)] = 1;
     return p;
 }
 
 void PagedKVCache::release_page(std::int32_t page) {
-    if (--refcount_[static_cast<std::size_t>(page)] == 0) free_list_.push_back(page);
+    if (--refcount_[static_cast<std::size_t>(page)] != 0) return;
+    free_list_.push_back(page);
+    std::push_heap(free_list_.begin(), free_list_.end(), std::greater<>());
 }
 
 PagedKVCache::SeqId PagedKVCache::add_sequence() {

@@ -533,6 +533,36 @@ TEST(PagedKVCache, ForkIsCopyOnWriteAndIsolated) {
     EXPECT_EQ(w.cache.shared_pages(), 0);
 }
 
+// Pages are handed out lowest-numbered first, also after frees and truncates: decode joins
+// consecutive page numbers into one stream, and a stack of freed pages gave a new sequence
+// its pages in descending order (bit-identical results, ~25 % slower steps).
+TEST(PagedKVCache, FreedPagesComeBackInOrder) {
+    std::mt19937 rng(12);
+    PagedKVCacheConfig cfg;
+    cfg.page_size = 4;
+    cfg.head_dim = 4;
+    cfg.num_pages = 12;
+    World w(cfg);
+    const SeqId a = w.cache.add_sequence();
+    append_random(w, a, 8, rng);  // pages 0, 1
+    const SeqId tmp = w.cache.add_sequence();
+    append_random(w, tmp, 20, rng);  // pages 2 .. 6
+    const SeqId c = w.cache.add_sequence();
+    append_random(w, c, 4, rng);  // page 7
+    w.cache.free(tmp);
+    const SeqId b = w.cache.add_sequence();
+    append_random(w, b, 20, rng);
+    EXPECT_EQ(w.cache.page_table(b), (std::vector<std::int32_t>{2, 3, 4, 5, 6})) << "after a free";
+    w.cache.truncate(b, 4);  // frees 3 .. 6
+    append_random(w, a, 12, rng);
+    EXPECT_EQ(w.cache.page_table(a), (std::vector<std::int32_t>{0, 1, 3, 4, 5})) << "after a truncate";
+    w.cache.free(a);
+    w.cache.free(c);
+    const SeqId d = w.cache.add_sequence();
+    append_random(w, d, 40, rng);  // b still holds page 2
+    EXPECT_EQ(w.cache.page_table(d), (std::vector<std::int32_t>{0, 1, 3, 4, 5, 6, 7, 8, 9, 10}));
+}
+
 TEST(PagedKVCache, PoolExhaustedChangesNothing) {
     std::mt19937 rng(5);
     PagedKVCacheConfig cfg;
