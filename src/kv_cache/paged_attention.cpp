@@ -96,8 +96,8 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
     // driver reads the pages of any pool (flash_operands.hpp, paged_tile_rows; the bf16-compute
     // operands through kv_row_offset), so the result has the bits of flash on the contiguous
     // cache.
+    const std::string flash_declines = detail::flash_decline_reason(p);
     if (options.impl == Impl::flash || detail::runs_flash(p, options.impl)) {
-        const std::string flash_declines = detail::flash_decline_reason(p);
         if (!flash_declines.empty()) detail::fail(kOp, "impl: the flash kernel declines this call: ", flash_declines);
         detail::SdpaProblem fp = p;
         fp.paged = &rows;
@@ -123,7 +123,11 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
             if (p.additive_mask) s.additive_mask = p.additive_mask->slice(2, i0, len);
         }
         const std::string why = detail::decode_declines(s);
-        if (!why.empty()) detail::fail(kOp, "the decode kernel, which reads the pages, declines this call: ", why);
+        if (!why.empty() && options.impl == Impl::decode) detail::fail(kOp, "impl: the decode kernel declines this call: ", why);
+        // auto reaches here only when flash declined too (runs_flash sends it to flash whenever
+        // decode declines and flash does not): e.g. float64 Q, which only the reference reads —
+        // and the reference reads no pages.
+        if (!why.empty()) detail::fail(kOp, "no kernel that reads pages takes this call: decode: ", why, "; flash: ", flash_declines);
         parts.push_back(s);
     }
     for (const detail::SdpaProblem& s : parts) detail::decode_forward(s, kernels, 0, &rows);

@@ -801,6 +801,14 @@ TEST(PagedKVCache, BadArgumentsAreClearErrors) {
     const Tensor dropped = poisoned(DType::f32, out.shape());
     EXPECT_EQ(error_of([&] { paged_attention(q, w.cache, {a}, o, dropped); }), "(no error)");
     EXPECT_FALSE(still_poisoned(dropped));
+    // float64 Q: only the reference reads it, and it reads no pages. The message said "the
+    // decode kernel, which reads the pages, declines", as if flash did not read them.
+    Tensor q64(DType::f64, q.shape());
+    for (std::int64_t i = 0; i < q64.numel(); ++i) q64.data_as<double>()[i] = q.data_as<float>()[i];
+    const std::string f64_error = error_of([&] { paged_attention(q64, w.cache, {a}, {}, dropped); });
+    EXPECT_EQ(f64_error.rfind("paged_attention: no kernel that reads pages takes this call: decode: Q is float64", 0), 0u)
+        << f64_error;
+    EXPECT_NE(f64_error.find("; flash: Q is float64"), std::string::npos) << f64_error;
     const TensorView into_pages(w.cache.value_pages().data(), DType::f32, Shape{1, 1, 1, 4});
     EXPECT_EQ(error_of([&] { paged_attention(q, w.cache, {a}, {}, into_pages); }),
               "paged_attention: out: must not share memory with the value pages (the kernel writes out while it still "
