@@ -87,11 +87,15 @@ void bind_paged_kv_cache(py::module_& m) {
                                "(attn::PagedKVCache): add_sequence, append, fork (copy-on-write), truncate, free.\n"
                                "Storage float32, float16 or bfloat16. A full pool is a ValueError; nothing is written.")
         .def(py::init(&make_cache), py::arg("kv_heads"), py::arg("head_dim"), py::arg("num_pages"), py::kw_only(),
-             py::arg("page_size") = 16, py::arg("value_dim") = py::none(), py::arg("dtype") = "float32")
-        .def("add_sequence", [](PyPagedKVCache& c) {
-            const std::lock_guard<std::mutex> lock(c.mutex);
-            return c.cache.add_sequence();
-        })
+             py::arg("page_size") = 16, py::arg("value_dim") = py::none(), py::arg("dtype") = "float32",
+             "kv_heads (Hkv), head_dim (Dk), num_pages in the pool; page_size tokens per page (a power of two);\n"
+             "value_dim Dv (default head_dim); dtype of the pool: \"float32\", \"float16\" or \"bfloat16\".")
+        .def("add_sequence",
+             [](PyPagedKVCache& c) {
+                 const std::lock_guard<std::mutex> lock(c.mutex);
+                 return c.cache.add_sequence();
+             },
+             "A new empty sequence; returns its id (ids of freed sequences are reused).")
         .def("append",
              [](PyPagedKVCache& c, const py::object& seq, const py::object& k_new, const py::object& v_new,
                 const py::object& dtype) {
@@ -120,28 +124,29 @@ void bind_paged_kv_cache(py::module_& m) {
                  const std::lock_guard<std::mutex> lock(c.mutex);
                  c.cache.truncate(s, len);
              },
-             py::arg("seq"), py::arg("new_length"))
+             py::arg("seq"), py::arg("new_length"),
+             "Keeps positions 0 .. new_length-1 of seq; pages no sequence holds any more go back to the pool.")
         .def("free",
              [](PyPagedKVCache& c, const py::object& seq) {
                  const Seq s = int_arg(seq, "seq");
                  const std::lock_guard<std::mutex> lock(c.mutex);
                  c.cache.free(s);
              },
-             py::arg("seq"))
+             py::arg("seq"), "Ends seq; its pages that no other sequence shares go back to the pool.")
         .def("length",
              [](PyPagedKVCache& c, const py::object& seq) {
                  const Seq s = int_arg(seq, "seq");
                  const std::lock_guard<std::mutex> lock(c.mutex);
                  return c.cache.length(s);
              },
-             py::arg("seq"))
+             py::arg("seq"), "Tokens held by seq.")
         .def("page_table",
              [](PyPagedKVCache& c, const py::object& seq) {
                  const Seq s = int_arg(seq, "seq");
                  const std::lock_guard<std::mutex> lock(c.mutex);
                  return c.cache.page_table(s);
              },
-             py::arg("seq"))
+             py::arg("seq"), "seq's pages in position order: position j is row j % page_size of page_table[j // page_size].")
         .def("pages_needed",
              [](PyPagedKVCache& c, const py::object& seq, const py::object& tokens) {
                  const Seq s = int_arg(seq, "seq");
@@ -149,7 +154,9 @@ void bind_paged_kv_cache(py::module_& m) {
                  const std::lock_guard<std::mutex> lock(c.mutex);
                  return c.cache.pages_needed(s, t);
              },
-             py::arg("seq"), py::arg("tokens"))
+             py::arg("seq"), py::arg("tokens"),
+             "Free pages an append of `tokens` tokens to seq would take (new pages and a copy-on-write copy):\n"
+             "admission control for a scheduler, compared with free_pages.")
         .def_property_readonly("free_pages", [](PyPagedKVCache& c) {
             const std::lock_guard<std::mutex> lock(c.mutex);
             return c.cache.free_pages();

@@ -656,3 +656,29 @@ def test_a_minus_inf_score_is_a_masked_key(impl):
 def test_package_namespace_holds_no_loop_helpers():
     # __init__.py's loop variable and import alias leaked as attn._cls and attn._sys.
     assert not {"_cls", "_sys"} & set(dir(attn))
+
+
+def test_every_public_callable_says_what_it_does():
+    # help(attn.X) is a user's first stop: pybind11 shows only the signature when a binding has
+    # no docstring (PagedKVCache's methods had none).
+    import inspect
+
+    def described(obj):
+        lines = [line for line in (inspect.getdoc(obj) or "").splitlines() if line.strip()]
+        # pybind11 puts the signature lines first: "name(self: ..., ...) -> T"
+        return any(not (line.split("(")[0].strip().isidentifier() and "->" in line) for line in lines)
+
+    missing = []
+    for name in sorted(n for n in dir(attn) if not n.startswith("_")):
+        obj = getattr(attn, name)
+        if inspect.ismodule(obj) or not callable(obj):
+            continue
+        if not described(obj):
+            missing.append(name)
+        if inspect.isclass(obj):
+            for member, value in vars(obj).items():
+                if (member.startswith("_") and member != "__init__") or isinstance(value, property) or not callable(value):
+                    continue
+                if not described(value):
+                    missing.append(f"{name}.{member}")
+    assert missing == []
