@@ -268,7 +268,7 @@ void run(const SdpaArgs& a) {
 
 void add_sdpa_command(CLI::App& app) {
     auto args = std::make_shared<SdpaArgs>();
-    CLI::App* cmd = app.add_subcommand("sdpa", "Scaled dot-product attention: O = softmax(Q·Kᵀ·scale + mask)·V on .npy files");
+    CLI::App* cmd = app.add_subcommand("sdpa", "Scaled dot-product attention: O = softmax(Q·Kᵀ·scale + mask)·V on .npy or safetensors tensors");
     cmd->add_option("--q", args->q, "queries (B, Hq, Lq, Dk): float32, float64, float16 (.npy) or bfloat16 (FILE.safetensors:NAME, "
                     "which any tensor option accepts)")->required();
     cmd->add_option("--k", args->k, "keys (B, Hkv, Lk, Dk); Hq must be a multiple of Hkv; float32, float64, float16 or bfloat16")->required();
