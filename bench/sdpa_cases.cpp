@@ -332,6 +332,21 @@ SdpaShape parse_custom_shape(const std::string& text) {
     else throw Error("--shape-custom: causal must be 0, 1, none, top-left or bottom-right but got '" + cz + "'");
     if (s.Hq % s.Hkv != 0)
         throw Error("--shape-custom: Hq (" + std::to_string(s.Hq) + ") must be a multiple of Hkv (" + std::to_string(s.Hkv) + ")");
+    // The cases size Q, K, V, O (and dQ, dK, dV, dO) in int64 bytes: a shape whose count wraps
+    // would pass their "too big for this machine" checks as a small one.
+    std::int64_t total = 0;
+    bool wraps = false;
+    const auto elements = [&](std::int64_t h, std::int64_t l, std::int64_t d) {
+        std::int64_t n = 0;
+        wraps |= __builtin_mul_overflow(s.B, h, &n) || __builtin_mul_overflow(n, l, &n) || __builtin_mul_overflow(n, d, &n);
+        return n;
+    };
+    for (const std::int64_t n : {elements(s.Hq, s.Lq, s.Dk), elements(s.Hkv, s.Lk, s.Dk), elements(s.Hkv, s.Lk, s.Dv),
+                                 elements(s.Hq, s.Lq, s.Dv)})
+        wraps |= __builtin_add_overflow(total, n, &total);
+    constexpr std::int64_t kMaxBytesPerElement = 16;  // float64, or float32 with its gradient
+    if (wraps || total > std::numeric_limits<std::int64_t>::max() / kMaxBytesPerElement)
+        throw Error("--shape-custom: Q, K, V and O of '" + text + "' hold more elements than a 64-bit byte count can size");
     return s;
 }
 

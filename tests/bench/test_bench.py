@@ -235,6 +235,10 @@ def test_registry_lists_every_shape_and_marks_unbuilt_ones(tmp_path):
     (["--shape-custom", "1,2,3"], "--shape-custom"),
     (["--shape-custom", "1,3,2,4,4,8,0"], "multiple of Hkv"),
     (["--shape-custom", "1,2,2,4,4,8,sideways"], "causal"),
+    # The counts wrapped in int64 (undefined; 0 in a release build, so the shape passed the "too
+    # big for this machine" check) and the run failed only after measuring the peaks.
+    (["--shape-custom", "4294967296,4294967296,4294967296,1,1,1,0"], "--shape-custom: Q, K, V and O of"),
+    (["--shape-custom", "4294967296,4294967296,1,1,1,1,0"], "than a 64-bit byte count can size"),
     (["--shapes", "all,S1"], "--shapes: 'all' stands alone"),  # said "unknown shape id 'all' ... (or all)"
     (["--shapes", "S1,"], "--shapes: item 2 of 'S1,' is empty"),  # accepted, silently
     (["--shapes", ",S1"], "--shapes: item 1 of ',S1' is empty"),
