@@ -205,6 +205,15 @@ void AtomicFile::fail(const std::string& what, int err) {
     throw Error(path_ + ": " + what + " (" + std::strerror(err) + ")");
 }
 
+void AtomicFile::reserve(std::int64_t bytes) {
+    if (file_ == nullptr || target_.direct || bytes <= 0) return;
+    if (::fallocate(::fileno(file_), 0, 0, static_cast<off_t>(bytes)) == 0) return;
+    const int err = errno;
+    if (err == ENOSPC || err == EFBIG || err == EDQUOT)
+        fail("write failed: the file needs " + std::to_string(bytes) + " bytes, more than the file system takes", err);
+    // EOPNOTSUPP (no fallocate here), EINTR, ...: the writes report what goes wrong.
+}
+
 void AtomicFile::write(const void* data, std::size_t bytes) {
     if (file_ == nullptr) throw Error(path_ + ": write after the file was finished");
     if (bytes != 0 && std::fwrite(data, 1, bytes, file_) != bytes) fail("write failed", errno);

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -45,6 +46,11 @@ public:
     AtomicFile(const AtomicFile&) = delete;
     AtomicFile& operator=(const AtomicFile&) = delete;
 
+    // Before the first write: asks the file system for the whole size at once (fallocate), so a
+    // file that cannot fit — a broadcast view of 2^60 elements, a full disk — is an error
+    // before any byte is written, not a disk filled up to the error. No-op for devices, FIFOs
+    // and open descriptors, and where the file system has no fallocate (the writes find out).
+    void reserve(std::int64_t bytes);
     void write(const void* data, std::size_t bytes);  // throws attn::Error (e.g. disk full, EFBIG)
     void finish();   // every byte flushed (and synced when staged); nothing visible yet
     void publish();  // staged: rename into place; direct: nothing left to do

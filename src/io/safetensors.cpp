@@ -300,13 +300,22 @@ const char* stored_dtype(DType t, bool keep_16bit) {
     if (keep_16bit && t == DType::bf16) return "BF16";
     return "F32";
 }
+
+// Bytes of one tensor in the file (its stored dtype), checked: a broadcast view (stride 0) can
+// stand for more bytes than a 64-bit offset counts.
+std::int64_t stored_bytes(const std::string& path, const std::string& name, const TensorView& view, bool keep_16bit) {
+    const std::int64_t elem = std::string_view(stored_dtype(view.dtype(), keep_16bit)) == "F32"
+                                  ? 4
+                                  : static_cast<std::int64_t>(dtype_size(view.dtype()));
+    return checked_mul(path, "tensor '" + name + "'", view.numel(), elem);
+}
 }  // namespace
 
 std::string safetensors_header(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
                                const std::map<std::string, std::string>& metadata, bool keep_16bit) {
     json header = json::object();
     std::set<std::string> names;
-    std::uint64_t offset = 0;
+    std::int64_t offset = 0;
     for (const auto& [name, view] : tensors) {
         if (name.empty() || name == "__metadata__") {
             throw Error(path + ": tensor name '" + name + "' is not allowed (empty or reserved)");
@@ -316,9 +325,10 @@ std::string safetensors_header(const std::string& path, const std::vector<std::p
         const std::string dt = stored_dtype(view.dtype(), keep_16bit);
         json shape = json::array();
         for (int i = 0; i < view.rank(); ++i) shape.push_back(view.dim(i));
-        const std::uint64_t bytes = static_cast<std::uint64_t>(view.numel()) * (dt == "F32" ? 4u : dtype_size(view.dtype()));
-        header[name] = {{"dtype", dt}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
-        offset += bytes;
+        const std::int64_t bytes = stored_bytes(path, name, view, keep_16bit);
+        const std::int64_t end = checked_add(path, "the data of tensors up to '" + name + "'", offset, bytes);
+        header[name] = {{"dtype", dt}, {"shape", shape}, {"data_offsets", {offset, end}}};
+        offset = end;
     }
     if (!metadata.empty()) header["__metadata__"] = metadata;
     std::string text = header.dump();
@@ -328,6 +338,10 @@ std::string safetensors_header(const std::string& path, const std::vector<std::p
 
 void write_safetensors_into(AtomicFile& out, const std::string& header,
                             const std::vector<std::pair<std::string, TensorView>>& tensors, bool keep_16bit) {
+    std::int64_t total = 8 + static_cast<std::int64_t>(header.size());
+    for (const auto& [name, view] : tensors)
+        total = checked_add("write_safetensors", "the file", total, stored_bytes("write_safetensors", name, view, keep_16bit));
+    out.reserve(total);
     unsigned char len[8];
     for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>((static_cast<std::uint64_t>(header.size()) >> (8 * i)) & 0xff);
     out.write(len, 8);

@@ -2,6 +2,7 @@
 # nn.MultiheadAttention), on random cases, strided inputs and bad inputs.
 # Run by ctest with PYTHONPATH = the build's python dir (tests/python/CMakeLists.txt).
 import json
+import os
 import struct
 import threading
 import time
@@ -682,3 +683,17 @@ def test_every_public_callable_says_what_it_does():
                 if not described(value):
                     missing.append(f"{name}.{member}")
     assert missing == []
+
+
+def test_save_safetensors_of_views_too_large_for_any_file(tmp_path):
+    # Broadcast views (stride 0) stand for any number of bytes. Their offsets wrapped past 2^64
+    # (a header whose end came before its begin) and the data was then written until the disk
+    # was full; a size the file system cannot take (fallocate) is now refused before any byte.
+    n = (2**63 - 8) // 8
+    huge = np.broadcast_to(np.zeros(1, np.int64), (n,))
+    with pytest.raises(ValueError, match=r"z\.safetensors: the data of tensors up to 'b': .* exceeds 9223372036854775807"):
+        attn.save_safetensors(str(tmp_path / "z.safetensors"), {"a": huge, "b": huge, "c": huge})
+    big = np.broadcast_to(np.zeros(1, np.float32), (2**50,))  # 4 PiB: no file system here holds it
+    with pytest.raises(ValueError, match=r"z\.safetensors: write failed: the file needs \d+ bytes, more than the file system takes"):
+        attn.save_safetensors(str(tmp_path / "z.safetensors"), {"a": big})
+    assert os.listdir(tmp_path) == []
