@@ -207,7 +207,10 @@ void AtomicFile::fail(const std::string& what, int err) {
 
 void AtomicFile::reserve(std::int64_t bytes) {
     if (file_ == nullptr || target_.direct || bytes <= 0) return;
-    if (::fallocate(::fileno(file_), 0, 0, static_cast<off_t>(bytes)) == 0) return;
+    if (::fallocate(::fileno(file_), 0, 0, static_cast<off_t>(bytes)) == 0) {
+        reserved_ = bytes;
+        return;
+    }
     const int err = errno;
     if (err == ENOSPC || err == EFBIG || err == EDQUOT)
         fail("write failed: the file needs " + std::to_string(bytes) + " bytes, more than the file system takes", err);
@@ -217,10 +220,17 @@ void AtomicFile::reserve(std::int64_t bytes) {
 void AtomicFile::write(const void* data, std::size_t bytes) {
     if (file_ == nullptr) throw Error(path_ + ": write after the file was finished");
     if (bytes != 0 && std::fwrite(data, 1, bytes, file_) != bytes) fail("write failed", errno);
+    written_ += static_cast<std::int64_t>(bytes);
 }
 
 void AtomicFile::finish() {
     if (file_ == nullptr) return;
+    // fallocate set the size: a writer that wrote less would leave zeros at the end.
+    if (reserved_ != 0 && written_ != reserved_) {
+        discard();
+        throw Error(path_ + ": internal error: " + std::to_string(written_) + " bytes written into a file reserved for " +
+                    std::to_string(reserved_));
+    }
     std::FILE* f = file_;
     file_ = nullptr;
     bool ok = std::fflush(f) == 0;

@@ -70,6 +70,7 @@ private:
     int slot_ = -1;      // in the staging-file registry
     std::FILE* file_ = nullptr;
     int unnamed_ = -1;   // O_TMPFILE: the finished file's descriptor, kept until it is linked
+    std::int64_t reserved_ = 0, written_ = 0;  // reserve() sets the file's size: finish() checks it was filled
 };
 
 }  // namespace attn::detail
