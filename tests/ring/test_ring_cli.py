@@ -294,3 +294,47 @@ def test_bfloat16_out_into_npy_is_refused_before_compute(tmp_path):
     r = mpirun(2, "--q", p["q"], "--k", p["k"], "--v", p["v"], "--out", out, "--out-dtype", "bfloat16")
     assert r.returncode == 2 and "--out" in r.stderr and "bfloat16" in r.stderr, r.stderr
     assert not out.exists()
+
+
+def mpmd(first, second):
+    """Two ranks started with different command lines (mpirun's MPMD form A : B)."""
+    cmd = [MPIEXEC, "-q", "--oversubscribe", "-np", "1", ATTN, "ring", *map(str, first), ":",
+           "-np", "1", ATTN, "ring", *map(str, second)]
+    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=60)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--stats"], "--stats: rank 1 was called with --stats but rank 0 without it"),
+    (["--alibi"], "--alibi: rank 1 was called with --alibi but rank 0 without it"),
+    (["--shard-outputs"], "--shard-outputs: rank 1 was called with --shard-outputs but rank 0 without it"),
+    (["--layout", "contiguous"], "--layout: rank 1 was called with --layout contiguous but rank 0 with --layout zigzag"),
+    (["--grad-out", "do.npy", "--dq", "dq.npy", "--dk", "dk.npy", "--dv", "dv.npy"],
+     "--grad-out: rank 1 was called with --grad-out but rank 0 without it"),
+])
+def test_ranks_called_with_different_collectives_say_so(tmp_path, extra, message):
+    """Options that decide which collectives a rank runs (or, --layout, how many rows the scatter
+    sends it): a rank called differently waited for ever in a collective the others never entered
+    (--layout: MPI_ERR_TRUNCATE), and with --shard-outputs left its shard behind."""
+    _, p = make(tmp_path, 2, 4, 2, 13, 13, 8, 8)
+    np.save(tmp_path / "do.npy", np.zeros((2, 4, 13, 8), np.float32))
+    base = ["--q", p["q"], "--k", p["k"], "--v", p["v"], "--out", tmp_path / "o.npy"]
+    extra = [tmp_path / e if e.endswith(".npy") else e for e in extra]
+    r = mpmd(base, base + extra)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert error_lines(r) == ["attn: error: " + message + " (every rank must pass the same options)"], r.stderr
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["do.npy", "k.npy", "q.npy", "v.npy"]
+
+
+def test_shards_of_different_ranks_never_name_one_file(tmp_path):
+    """--dsinks cx.rank1.npy is rank 1's shard of --out cx.npy: the last rename won and the run
+    exited 0 with rank 1's O lost."""
+    _, p = make(tmp_path, 1, 4, 2, 13, 13, 8, 8)
+    np.save(tmp_path / "do.npy", np.zeros((1, 4, 13, 8), np.float32))
+    np.save(tmp_path / "s.npy", np.array([0.5, -1, 2, 0], np.float32))
+    r = mpirun(2, "--q", p["q"], "--k", p["k"], "--v", p["v"], "--out", tmp_path / "cx.npy", "--grad-out", tmp_path / "do.npy",
+               "--dq", tmp_path / "dq.npy", "--dk", tmp_path / "dk.npy", "--dv", tmp_path / "dv.npy", "--sinks", tmp_path / "s.npy",
+               "--dsinks", tmp_path / "cx.rank1.npy", "--shard-outputs")
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    errs = error_lines(r)
+    assert len(errs) == 1 and "cx.rank1.npy" in errs[0] and "--out (rank 1's shard)" in errs[0], r.stderr
+    assert sorted(f.name for f in tmp_path.glob("*.npy")) == ["do.npy", "k.npy", "q.npy", "s.npy", "v.npy"]

@@ -19,6 +19,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "attn/error.hpp"
@@ -92,6 +94,42 @@ constexpr int kHeaderWords = sizeof(Header) / sizeof(std::int64_t);
 
 // A tensor's rows as one MPI message: float32 words or 16-bit halfwords.
 MPI_Datatype mpi_type(DType t) { return t == DType::f32 ? MPI_FLOAT : MPI_UINT16_T; }
+// The options that decide which collectives a rank runs — whether there is a backward, ALiBi
+// slopes to compute, stats to gather, shards instead of a gather — and the layout the scatter
+// counts rows by: a rank whose differ would wait for ever in a collective the others never
+// enter (or read a message of another length). Each rank compares its own with rank 0's,
+// collectively, before anything else. The other options are checked by ring_attention (its
+// own agreement) or are rank 0's alone (the files).
+void agree_on_flow(MPI_Comm comm, int rank, const RingArgs& a) {
+    const auto given = [](bool b) { return std::string(b ? "with" : "without"); };
+    const std::vector<std::pair<const char*, std::string>> mine{
+        {"--grad-out", given(!a.grad_out.empty())}, {"--dsinks", given(!a.dsinks.empty())},
+        {"--alibi", given(a.alibi)},                {"--stats", given(a.stats)},
+        {"--shard-outputs", given(a.shard_outputs)}, {"--layout", a.layout}};
+    std::string text;
+    for (const auto& [flag, value] : mine) text += value + '\n';
+    long long length = static_cast<long long>(text.size());
+    MPI_Bcast(&length, 1, MPI_LONG_LONG, 0, comm);
+    std::string first = rank == 0 ? text : std::string(static_cast<std::size_t>(length), '\0');
+    MPI_Bcast(first.data(), static_cast<int>(length), MPI_CHAR, 0, comm);
+    dist::run_collectively(comm, [&] {
+        std::size_t at = 0;
+        for (const auto& [flag, value] : mine) {
+            const std::size_t end = first.find('\n', at);
+            const std::string zero = first.substr(at, end - at);
+            at = end + 1;
+            if (value == zero) continue;
+            // "rank 1 was called with --stats but rank 0 without it", "... with --layout zigzag but
+            // rank 0 with --layout contiguous"
+            const bool valued = std::string_view(flag) == "--layout";
+            throw Error(std::string(flag) + ": rank " + std::to_string(rank) + " was called " +
+                        (valued ? "with " + std::string(flag) + " " + value : value + " " + flag) + " but rank 0 " +
+                        (valued ? "with " + std::string(flag) + " " + zero : zero + " it") +
+                        " (every rank must pass the same options)");
+        }
+    });
+}
+
 // Ring attention computes in float32: a float64 input becomes float32, a 16-bit one stays
 // (its K/V rows travel the ring in 16 bits).
 Tensor ring_dtype(Tensor t) { return t.dtype() == DType::f64 ? to_dtype(t, DType::f32) : std::move(t); }
@@ -112,6 +150,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     Header h;
     Tensor q, k, v, dO, lengths, sinks, slopes;
     OutputFiles outputs;
+    agree_on_flow(comm, rank, a);
     // Rank 0: flags, output path, files and their global shapes.
     dist::run_collectively(comm, [&] {
         opt.layout = with_flag("--layout", [&] { return dist::parse_layout(a.layout); });
@@ -137,14 +176,17 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
             slopes = read_tensor_arg("--alibi-slopes", a.alibi_slopes);
             opt.alibi_slopes = slopes.view();
         }
-        // Every rank checks the files it will write: rank 0 all of them, or each rank its shards.
-        auto out_path = [&](const std::string& p) { return a.shard_outputs && !p.empty() ? shard_path(p, rank) : p; };
+        // Every rank checks the files it will write: rank 0 all of them, or each rank its shards —
+        // beside every other rank's, so that no two ranks' files are one (--dsinks o.rank1.npy
+        // and rank 1's shard of --out o.npy: the last rename won, and the run exited 0).
         if (rank != 0 && !a.shard_outputs) return;
-        outputs.add("--out", out_path(a.out));
-        outputs.add("--dq", out_path(a.dq));
-        outputs.add("--dk", out_path(a.dk));
-        outputs.add("--dv", out_path(a.dv));
-        if (rank == 0) outputs.add("--dsinks", a.dsinks);  // the same on every rank: rank 0 writes it
+        for (const auto& [flag, path] : {std::pair{"--out", &a.out}, {"--dq", &a.dq}, {"--dk", &a.dk}, {"--dv", &a.dv}}) {
+            if (!a.shard_outputs) outputs.add(flag, *path);
+            else if (!path->empty())
+                for (int r = 0; r < P; ++r)
+                    outputs.add(std::string(flag) + " (rank " + std::to_string(r) + "'s shard)", shard_path(*path, r));
+        }
+        outputs.add("--dsinks", a.dsinks);  // rank 0 writes it
         for (const auto& [flag, spec] : {std::pair{"--q", &a.q}, {"--k", &a.k}, {"--v", &a.v}, {"--grad-out", &a.grad_out},
                                          {"--key-lengths", &a.key_lengths}, {"--sinks", &a.sinks},
                                          {"--alibi-slopes", &a.alibi_slopes}})
