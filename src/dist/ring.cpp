@@ -72,7 +72,8 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
     // ---- phase 2: the ring ----
     // A buffer holds one rank's block: K (B, Hkv, nk, Dk) then V (B, Hkv, nk, Dv), contiguous,
     // each in its dtype (ctx.k_view / ctx.v_view).
-    detail::pack(v, static_cast<char*>(buf[0].data()) + detail::pack(k, buf[0].data()));
+    detail::pack(k, buf[0].data());
+    detail::pack(v, static_cast<char*>(buf[0].data()) + ctx.v_offset(ctx.rank));
 
     // From here on every rank is inside the ring: a failure on one rank cannot be agreed on
     // (its peers wait in MPI calls), so it aborts the job. The checks above make this a

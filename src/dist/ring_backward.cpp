@@ -140,7 +140,8 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
             for (std::int64_t i = 0; i < nq; ++i)
                 lse32.data_as<float>()[(b * Hq + h) * nq + i] = static_cast<float>(lse.load_as_double(lse.offset(b, h, i)));
 
-    detail::pack(v, static_cast<char*>(buf[0].data()) + detail::pack(k, buf[0].data()));
+    detail::pack(k, buf[0].data());
+    detail::pack(v, static_cast<char*>(buf[0].data()) + ctx.v_offset(ctx.rank));
 
     // ---- phase 2: the ring (a failure here cannot be agreed on: it aborts, as in the forward) ----
     try {

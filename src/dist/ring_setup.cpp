@@ -292,7 +292,8 @@ void check_across(std::string_view kOp, const std::vector<Descriptor>& all, int 
                  "); use more ranks");
         };
         if (!bytes || !words) too_many("more than 2^63");
-        const std::int64_t count = std::max(bytes.value() / unit.bytes, words.value());
+        // + 1: V starts at K's end rounded up to its element (RingContext::v_offset), up to one unit more.
+        const std::int64_t count = std::max(bytes.value() / unit.bytes + 1, words.value());
         if (count > INT_MAX) too_many(std::to_string(count));
     }
 }

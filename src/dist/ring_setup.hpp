@@ -110,8 +110,14 @@ struct RingContext {
     // each in its own dtype. block_words: its elements (the float32 dK/dV accumulators' size).
     std::int64_t block_words(int origin) const { return nk(origin) * (k_words_per_row + v_words_per_row); }
     std::int64_t k_bytes(int origin) const { return nk(origin) * k_words_per_row * static_cast<std::int64_t>(dtype_size(k_dtype)); }
+    // V starts at K's end rounded up to V's element size: float32 V after an odd number of
+    // 16-bit K elements was read through a misaligned float* (undefined behaviour).
+    std::int64_t v_offset(int origin) const {
+        const auto align = static_cast<std::int64_t>(dtype_size(v_dtype));
+        return (k_bytes(origin) + align - 1) / align * align;
+    }
     std::int64_t block_bytes(int origin) const {
-        return k_bytes(origin) + nk(origin) * v_words_per_row * static_cast<std::int64_t>(dtype_size(v_dtype));
+        return v_offset(origin) + nk(origin) * v_words_per_row * static_cast<std::int64_t>(dtype_size(v_dtype));
     }
     std::int64_t block_units(int origin) const { return block_bytes(origin) / unit.bytes; }  // the K/V message's count
     // Views of a ring buffer holding origin's block.
@@ -119,7 +125,7 @@ struct RingContext {
         return TensorView(buf, k_dtype, Shape{mine.B, mine.Hkv, nk(origin), mine.Dk});
     }
     TensorView v_view(void* buf, int origin) const {
-        return TensorView(static_cast<char*>(buf) + k_bytes(origin), v_dtype, Shape{mine.B, mine.Hkv, nk(origin), mine.Dv});
+        return TensorView(static_cast<char*>(buf) + v_offset(origin), v_dtype, Shape{mine.B, mine.Hkv, nk(origin), mine.Dv});
     }
     std::int64_t buffer_bytes() const;  // the largest block's bytes (>= 1)
     std::vector<Placed> k_segs(int origin) const { return place(rank_segments(Lk, P, origin, static_cast<Layout>(mine.layout))); }

@@ -49,7 +49,7 @@ Global make_global(const Case& c) {
     // 16-bit cases: the inputs rounded once (dO in out's dtype); the oracle reads them exactly.
     g.q = in_dtype(random_tensor(gen, Shape{c.B, c.Hq, c.Lq, c.Dk}, 2.0f), c.q_dtype);
     g.k = in_dtype(random_tensor(gen, Shape{c.B, c.Hkv, c.Lk, c.Dk}, 2.0f), c.kv_dtype);
-    g.v = in_dtype(random_tensor(gen, Shape{c.B, c.Hkv, c.Lk, c.Dv}, 4.0f), c.kv_dtype);
+    g.v = in_dtype(random_tensor(gen, Shape{c.B, c.Hkv, c.Lk, c.Dv}, 4.0f), c.v_of());
     g.dout = in_dtype(random_tensor(gen, Shape{c.B, c.Hq, c.Lq, c.Dv}, 1.0f), c.out_dtype);
     g.so.causal = c.causal;
     g.so.window = c.window;
@@ -434,6 +434,13 @@ int main(int argc, char** argv) {
         st.strided = true;
         st.name += " strided";
         cases.push_back(st);
+        // K float16, V float32, odd sizes: V's start in the ring buffer must be float-aligned.
+        Case m;
+        m.name = "K float16, V float32: causal B=1 Hq=2 Hkv=1 L=13 Dk=5 Dv=3 [V float32]";
+        m.Hq = 2, m.Lq = 13, m.Lk = 13, m.Dk = 5, m.Dv = 3, m.causal = Causal::top_left;
+        m = with_dtypes(m, f32, f16, f32);
+        m.v_dtype = f32;
+        cases.push_back(m);
     }
     for (const Case& c : cases) run_case(c);
 

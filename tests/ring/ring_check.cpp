@@ -34,7 +34,7 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
     // 16-bit cases round the random inputs once; the oracle reads the rounded values exactly.
     const Tensor q = in_dtype(random_tensor(gen, Shape{c.B, c.Hq, c.Lq, c.Dk}, 2.0f), c.q_dtype);
     const Tensor k = in_dtype(random_tensor(gen, Shape{c.B, c.Hkv, c.Lk, c.Dk}, 2.0f), c.kv_dtype);
-    const Tensor v = in_dtype(random_tensor(gen, Shape{c.B, c.Hkv, c.Lk, c.Dv}, 4.0f), c.kv_dtype);
+    const Tensor v = in_dtype(random_tensor(gen, Shape{c.B, c.Hkv, c.Lk, c.Dv}, 4.0f), c.v_of());
 
     // Single-process result, the oracle kernel.
     SdpaOptions so;
@@ -69,7 +69,8 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
     // All-bf16 calls may run bf16 compute (docs/conventions.md, "bf16 compute"): each block's P
     // rounded to bf16 and its exp the cheaper one, merged with lse. Their bound needs
     // Σ_j w_ij·|v_jd|: the same reference on |V| (exact in bf16), dropout included.
-    const bool bf16_compute = c.q_dtype == DType::bf16 && c.kv_dtype == DType::bf16 && c.out_dtype == DType::bf16;
+    const bool bf16_compute = c.q_dtype == DType::bf16 && c.kv_dtype == DType::bf16 && c.v_of() == DType::bf16 &&
+                              c.out_dtype == DType::bf16;
     Tensor ref_wv;
     if (bf16_compute) {
         Tensor va(v.dtype(), v.shape());
@@ -108,11 +109,14 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
     std::string detail;
     bool ok = true;
     dist::RingStats stats;
-    // The K/V bytes on the wire: each travelling block in its own dtype (half of float32's for 16-bit).
+    // The K/V bytes on the wire: each travelling block in its own dtypes (half of float32's for
+    // 16-bit), V starting at K's end rounded up to V's element size.
     std::int64_t expected_bytes = 0;
-    for (int s = 0; s + 1 < expected_steps(c, P); ++s)
-        expected_bytes += dist::rank_length(c.Lk, P, (rank - s + P) % P, c.layout) * c.B * c.Hkv * (c.Dk + c.Dv) *
-                          static_cast<std::int64_t>(dtype_size(c.kv_dtype));
+    const auto ksz = static_cast<std::int64_t>(dtype_size(c.kv_dtype)), vsz = static_cast<std::int64_t>(dtype_size(c.v_of()));
+    for (int s = 0; s + 1 < expected_steps(c, P); ++s) {
+        const std::int64_t rows = dist::rank_length(c.Lk, P, (rank - s + P) % P, c.layout) * c.B * c.Hkv;
+        expected_bytes += (rows * c.Dk * ksz + vsz - 1) / vsz * vsz + rows * c.Dv * vsz;
+    }
     try {
         dist::ring_attention(MPI_COMM_WORLD, qv, kv, vv, ro, o, &lv, &stats);
     } catch (const std::exception& e) {
@@ -462,6 +466,17 @@ int main(int argc, char** argv) {
             const DType* d = combos[i];
             cases.push_back(with_dtypes(m, d[0], d[1], d[2]));
         }
+    }
+    // K float16, V float32, odd sizes: V starts 2 bytes past a float boundary unless the buffer
+    // aligns it (it was read through a misaligned float*; sdpa now refuses such a pointer).
+    for (const auto layout : {dist::Layout::zigzag, dist::Layout::contiguous}) {
+        Case m;
+        m.name = "K float16, V float32: causal B=1 Hq=2 Hkv=1 L=13 Dk=5 Dv=3";
+        m.Hq = 2, m.Lq = 13, m.Lk = 13, m.Dk = 5, m.Dv = 3, m.causal = Causal::top_left, m.layout = layout;
+        m = with_dtypes(m, DType::f32, DType::f16, DType::f32);
+        m.v_dtype = DType::f32;
+        m.name += " [V float32]";
+        cases.push_back(m);
     }
     // bf16 compute in the blocks (all bf16, blocks of more than 16 rows: flash, not decode),
     // against the double reference on the same bf16 inputs with the bf16-compute bound.

@@ -83,6 +83,8 @@ struct Case {
     std::uint64_t dropout_seed = 0;
     // 16-bit cases: Q, K/V and out dtypes (the reference reads the same 16-bit inputs exactly).
     DType q_dtype = DType::f32, kv_dtype = DType::f32, out_dtype = DType::f32;
+    std::optional<DType> v_dtype;  // V's dtype when it is not K's (kv_dtype)
+    DType v_of() const { return v_dtype.value_or(kv_dtype); }
     bool expect_bf16_kernel = false;  // all-bf16 blocks must run flash/avx512_bf16 (where the CPU has it)
 };
 

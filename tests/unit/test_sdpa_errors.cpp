@@ -149,6 +149,24 @@ TEST(SdpaErrors, NullData) {
     expect_error([](Call& c) { c.wv = TensorView(); }, {"sdpa: weights: data pointer is null"});
 }
 
+TEST(SdpaErrors, MisalignedData) {
+    // A float32 view starting 2 bytes into a buffer (ring attention's V did, after an odd number
+    // of float16 K elements): undefined behaviour to read through a float*, so refused first.
+    static const Tensor spare(DType::f32, Shape{1024});
+    void* const odd = static_cast<char*>(spare.data()) + 2;
+    expect_error([&](Call& c) { c.vv = TensorView(odd, DType::f32, Shape{2, 2, 7, 6}); },
+                 {"sdpa: V: data pointer ", " is not a multiple of its 4-byte float32 elements (misaligned)"});
+    expect_error([&](Call& c) { c.qv = TensorView(odd, DType::f32, Shape{2, 4, 5, 8}); }, {"sdpa: Q: data pointer "});
+    expect_error([&](Call& c) { c.lsev = TensorView(odd, DType::f32, Shape{2, 4, 5}); },
+                 {"sdpa: lse: data pointer ", "(misaligned)"});
+    // float16 needs 2-byte alignment only.
+    Call c;
+    const Tensor k16(DType::f16, Shape{2 * 2 * 7 * 8 + 1});
+    const TensorView k16_view(static_cast<char*>(k16.data()) + 2, DType::f16, Shape{2, 2, 7, 8});
+    c.kv = k16_view;
+    EXPECT_NO_THROW(c.run());
+}
+
 TEST(SdpaErrors, Ranks) {
     expect_error([](Call& c) { c.qv = TensorView(c.q.data(), DType::f32, Shape{4, 5, 8}); },
                  {"sdpa: Q: expected a rank-4 tensor (B, Hq, Lq, Dk) but got shape (4, 5, 8)"});
