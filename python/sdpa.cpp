@@ -60,6 +60,10 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
                                           dropout_seed, impl, bf16});
     set_modifiers({softcap, alibi_slopes, sinks}, rank >= 3 ? q.view.dim(rank - 3) : 1, opt);
     const attn::DType odt = out_dtype_arg(out_dtype, q.view.dtype()), sdt = stat_dtype(q.view.dtype());
+    // Q, K and V checked as sdpa checks them before any output is allocated: the (…, Lq, Lk)
+    // weights of a call about to be refused (K's head dim not Q's) were a MemoryError of 64 GiB
+    // at Lq = Lk = 2^17, not the error naming K.
+    with_python_names([&] { (void)attn::sdpa_output_shapes(expand_rank(q.view, 4), expand_rank(k.view, 4), expand_rank(v.view, 4)); });
     std::vector<py::ssize_t> od = dims_of(q.view);
     od.back() = v.view.dim(rank - 1);
     const std::vector<py::ssize_t> ld(od.begin(), od.end() - 1);

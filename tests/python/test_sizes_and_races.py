@@ -186,3 +186,14 @@ def test_forward_incremental_beside_cache_methods_on_another_thread_does_not_dea
     r = subprocess.run([sys.executable, "-c", DEADLOCK_CHILD], capture_output=True, text=True, timeout=180)
     assert r.returncode == 0 and r.stdout.startswith("done"), f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
     assert r.stdout.split(None, 1)[1].strip() == "[256]"  # 20 steps of 64 tokens, reset after steps 8 and 16
+
+
+@pytest.mark.parametrize("asked", [{"return_weights": True}, {"return_scores": "masked"}])
+def test_a_refused_call_allocates_no_weights_first(asked):
+    # The (1, 1, 2^17, 2^17) weights were allocated before sdpa checked K: a MemoryError of
+    # 64 GiB instead of the error naming K's head dim.
+    L = 2**17
+    q = np.broadcast_to(np.zeros(1, np.float32), (1, 1, L, 4))
+    k = np.broadcast_to(np.zeros(1, np.float32), (1, 1, L, 8))
+    with pytest.raises(ValueError, match="sdpa: K: head dim 8 does not match Q's head dim 4"):
+        attn.sdpa(q, k, q, **asked)
