@@ -5,8 +5,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace attn::detail {
 
@@ -21,5 +25,23 @@ void* allocate_aligned(std::int64_t bytes, std::size_t align, std::string_view w
 
 // "281474976710656 bytes (256.0 TiB)": the exact count for scripts, a readable one for people.
 std::string describe_bytes(std::int64_t bytes);
+
+// v.resize(n), with std::bad_alloc (or a byte count past 2^63) as attn::OutOfMemory naming
+// `what` and the bytes: for host-side tables sized by a caller (a cu_seqlens of 2^40 empty
+// sequences is valid, and its std::bad_alloc named nothing).
+template <class T>
+void resize_or_throw(std::vector<T>& v, std::int64_t n, const char* what) {
+    std::int64_t bytes = 0;
+    if (__builtin_mul_overflow(n, static_cast<std::int64_t>(sizeof(T)), &bytes)) {
+        throw_out_of_memory(std::numeric_limits<std::int64_t>::max(), what);
+    }
+    try {
+        v.resize(static_cast<std::size_t>(n));
+    } catch (const std::bad_alloc&) {
+        throw_out_of_memory(bytes, what);
+    } catch (const std::length_error&) {
+        throw_out_of_memory(bytes, what);
+    }
+}
 
 }  // namespace attn::detail

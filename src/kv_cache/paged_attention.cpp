@@ -12,6 +12,7 @@
 
 #include "attn/decode.hpp"
 #include "attn/paged_kv_cache.hpp"
+#include "../core/allocate.hpp"
 #include "../core/check.hpp"
 #include "../core/threads.hpp"
 #include "../kernels/decode/decode.hpp"
@@ -62,7 +63,8 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
     }
     // The page tables, one row per batch entry (unused entries point at page 0, never read:
     // every row's keys stop at its sequence's length).
-    std::vector<std::int32_t> table(static_cast<std::size_t>(B * pages), 0);
+    std::vector<std::int32_t> table;
+    detail::resize_or_throw(table, B * pages, "the page tables of seqs");
     for (std::size_t b = 0; b < seqs.size(); ++b) {
         const std::vector<std::int32_t>& t = cache.page_table(seqs[b]);
         std::copy(t.begin(), t.end(), table.begin() + static_cast<std::ptrdiff_t>(b) * pages);

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "attn/sdpa_varlen.hpp"
+#include "../core/allocate.hpp"
 #include "../core/check.hpp"
 #include "../core/element_io.hpp"
 #include "../sdpa/problem.hpp"
@@ -22,7 +23,8 @@ std::vector<std::int64_t> read_cu_seqlens(std::string_view op, const TensorView&
     if (cu.rank() != 1 || cu.dim(0) < 1) {
         fail(op, name, ": expected shape (N+1,) with N >= 0 sequences but got ", cu.shape());
     }
-    std::vector<std::int64_t> off(static_cast<std::size_t>(cu.dim(0)));
+    std::vector<std::int64_t> off;
+    resize_or_throw(off, cu.dim(0), name);
     for (std::int64_t i = 0; i < cu.dim(0); ++i) off[static_cast<std::size_t>(i)] = load_int(cu, cu.offset(i));
     if (off[0] != 0) fail(op, name, ": entry 0 must be 0 but got ", off[0]);
     for (std::size_t i = 1; i < off.size(); ++i) {
@@ -126,7 +128,7 @@ PackedBatch check_packed(std::string_view op, const TensorView& q, const TensorV
         require_query_offsets(op, *options.query_offset->per_sequence, N);
     }
 
-    p.seqs.resize(static_cast<std::size_t>(N));
+    resize_or_throw(p.seqs, N, "the sequences' table");
     for (std::size_t b = 0; b < p.seqs.size(); ++b) {
         p.seqs[b] = {cq[b], cq[b + 1] - cq[b], ck[b], ck[b + 1] - ck[b]};
     }

@@ -185,3 +185,12 @@ def test_kept_scratch_is_released_on_request():
     again = attn.sdpa_varlen(q, k, v, cq, ck, is_causal=True)
     assert np.array_equal(first, again)
     attn.release_varlen_scratch()
+
+
+def test_a_cu_seqlens_too_long_to_hold_is_a_memory_error_naming_it():
+    # 2^40 empty sequences are a valid call; their offsets need 8 TiB. It was an anonymous
+    # "std::bad_alloc".
+    q = np.zeros((0, 1, 4), np.float32)
+    cu = np.broadcast_to(np.zeros(1, np.int64), (2**40,))
+    with pytest.raises(MemoryError, match=r"out of memory: cannot allocate 8796093022208 bytes \(8\.0 TiB\) for cu_seqlens_q"):
+        attn.sdpa_varlen(q, q, q, cu, cu)
