@@ -36,6 +36,9 @@ enum class ImageFormat { png, svg };
 
 // The most panels (P of (P, Lq, Lk) weights) one picture holds; more are an attn::Error.
 inline constexpr int kHeatmapMaxPanels = 256;
+// The most cells per side of a panel (HeatmapOptions::max_cells): at 2 px or more each, more
+// would pass the 32767 px per side a cairo image can have.
+inline constexpr int kHeatmapMaxCells = 4096;
 
 struct HeatmapOptions {
     std::vector<std::string> key_tokens;    // column labels, Lk of them; empty: key indices
@@ -48,7 +51,8 @@ struct HeatmapOptions {
     std::optional<double> vmax;             // top of the colour scale (> 0); default: the
                                             // largest value drawn
     int max_cells = 256;                    // cells per side of one panel before down-sampling
-                                            // (a grid of panels divides it by the columns)
+                                            // (a grid of panels divides it by the columns);
+                                            // 2 .. kHeatmapMaxCells
     bool annotate = true;                   // print each value in its cell when cells are big
     std::string name = "weights";           // what errors call the tensor (e.g. its file)
 };

@@ -336,6 +336,11 @@ TEST(HeatmapErrors, NameTheArgument) {
     expect_error(w, o, "panel_titles has 2 labels but the weights have P (panels) = 1");
     o = {};
     expect_error(Tensor(DType::f32, Shape{300, 2, 2}, true), o, "at most 256 panels");
+    // Unbounded, max_cells made PNG fail in cairo ("invalid value") and SVG millions of px wide.
+    o.max_cells = 1;
+    expect_error(w, o, "heatmap: max_cells must be from 2 to 4096 but is 1");
+    o.max_cells = kHeatmapMaxCells + 1;
+    expect_error(w, o, "heatmap: max_cells must be from 2 to 4096 but is 4097");
 }
 
 TEST(HeatmapFile, WritesAtomicallyAndOnlyOnSuccess) {
