@@ -119,8 +119,11 @@ OutputTarget resolve_output(const std::string& path) {
         const std::filesystem::path real = std::filesystem::canonical(path, ec);
         if (!ec) {
             t.file = real.string();
-        } else if (::stat(path.c_str(), &st) != 0 && errno == ENOENT) {  // not /proc's magic links: they work
-            t.file = dangling_link_target(path);
+        } else if (::stat(path.c_str(), &st) != 0) {  // not /proc's magic links: they work
+            // A dangling link: its target is created. A loop (a → b → a): an error, as a shell
+            // redirect gives one (the rename replaced the link with a regular file).
+            if (errno == ENOENT) t.file = dangling_link_target(path);
+            else if (errno == ELOOP) throw Error(in_quotes(path) + " is a symbolic link in a loop (too many levels of symbolic links)");
         }
     }
     if (::stat(t.file.c_str(), &st) == 0) {

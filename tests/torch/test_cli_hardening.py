@@ -327,6 +327,14 @@ def test_a_dangling_symlink_output_creates_its_target_and_keeps_the_link(work):
     err = expect_error(work, sdpa(work, "--lse", work / "new.npy", out=work / "link.npy"), "--lse", "names the same file as --out")
 
 
+def test_a_symlink_loop_output_is_an_error_and_stays_a_link(work):
+    # a → b → a: the output replaced the link with a regular file and exited 0 (a review found it).
+    os.symlink("b.npy", work / "a.npy")
+    os.symlink("a.npy", work / "b.npy")
+    expect_error(work, sdpa(work, out=work / "a.npy"), "--out", "is a symbolic link in a loop")
+    assert os.path.islink(work / "a.npy") and os.path.islink(work / "b.npy")
+
+
 # ---- class 3: signals, limits, names ------------------------------------------------------------
 
 def start_blocked_on_a_fifo(work):
