@@ -337,6 +337,11 @@ def test_params_prefix_selects_a_layer_of_a_model(tmp_path):
     assert "end the prefix with '.' (--params enc.safetensors:self_attn.)" in err, err
     err = run_attn(tmp_path, ["--params", "enc.safetensors:layers.0.", *base], expect_ok=False).stderr
     assert "has no tensor whose name starts with 'layers.0.' (it holds 12: 'self_attn.in_proj_weight'" in err, err
+    # FILE:NAME names one tensor for every other option: here a tensor's whole name said
+    # "missing tensor 'out_proj.weight' ... it holds 1: ''".
+    err = run_attn(tmp_path, ["--params", "enc.safetensors:self_attn.out_proj.weight", *base], expect_ok=False).stderr
+    assert "--params: 'self_attn.out_proj.weight' is a tensor of enc.safetensors, not a layer: after ':' give the prefix " \
+           "its layer's tensors share (--params enc.safetensors:self_attn.)" in err, err
     assert not (tmp_path / "o.npy").exists()
 
 

@@ -10,6 +10,8 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
+#include <string_view>
 
 #include "attn/error.hpp"
 #include "attn/mha.hpp"
@@ -58,6 +60,21 @@ std::vector<std::pair<std::string, TensorView>> layer_of(const SafetensorsFile& 
     if (state.empty() && !prefix.empty()) {
         throw Error("--params: " + file + " has no tensor whose name starts with " + detail::quoted(prefix) + " (" +
                     detail::names_held(all) + ")");
+    }
+    // FILE:NAME picks one tensor everywhere else: here the part after ':' is a layer's prefix.
+    if (std::any_of(state.begin(), state.end(), [](const auto& t) { return t.first.empty(); })) {
+        std::string layer = prefix;
+        for (const char* own : {"in_proj_weight", "in_proj_bias", "q_proj_weight", "k_proj_weight", "v_proj_weight",
+                                "out_proj.weight", "out_proj.bias", "bias_k", "bias_v"}) {
+            const std::string_view o(own);
+            if (layer.size() >= o.size() && layer.compare(layer.size() - o.size(), o.size(), o) == 0) {
+                layer.resize(layer.size() - o.size());
+                break;
+            }
+        }
+        throw Error("--params: " + detail::quoted(prefix) + " is a tensor of " + file +
+                    ", not a layer: after ':' give the prefix its layer's tensors share" +
+                    (layer != prefix ? " (" + spec + layer + ")" : ""));
     }
     const bool has_layer = std::any_of(state.begin(), state.end(), [&](const auto& t) { return t.first == marker; });
     if (!has_layer && !layers.empty()) {
