@@ -240,7 +240,7 @@ void bind_kv_cache(py::module_& m) {
           "mean what they mean in scaled_dot_product_attention; window_left=w is window=(w, None);\n"
           "so do the score modifiers softcap, alibi_slopes (True, (Hq,) or (B, Hq)) and sinks (Hq,).\n"
           "attn_mask: bool (True = may attend) or float (added), broadcastable to (B, Hq, Lq, n) with n the\n"
-          "cache's longest sequence (column j = cache position j; positions past a sequence's length stay hidden).\n"
+          "cache's longest sequence, at least 1 (column j = cache position j; positions past a sequence's length stay hidden).\n"
           "out_dtype=\"float32\"|\"float16\"|\"bfloat16\": out's dtype (default: a 16-bit query's, else float32);\n"
           "bfloat16 is a uint16 array of its bits. lse is float32.");
 }

@@ -22,7 +22,7 @@
 //   out: (B, Hq, Lq, Dv) any of the four float dtypes, rounded once from the float32 result
 //   lse: (B, Hq, Lq) float32, optional: natural log-sum-exp of the scaled scores
 //   options: scale, causal, window, query_offset, masks ((B, Hq, Lq, n) broadcastable,
-//            n = cache.max_length()); key_lengths come from the cache (must be unset);
+//            n = max(1, cache.max_length()): 1 while every sequence is empty); key_lengths come from the cache (must be unset);
 //            dropout as in sdpa (the decode kernel declines it: flash or the reference runs)
 // Append the new tokens' K and V to the cache before calling: with causal masking (and no
 // query_offset), a sequence holding 1 .. Lq − 1 positions is an error. An empty sequence (an

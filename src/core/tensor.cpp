@@ -134,7 +134,7 @@ TensorView TensorView::broadcast_to(const Shape& target, std::string_view what) 
         } else {
             throw Error(std::string(what) + ": shape " + shape_.str() + " cannot be broadcast to " +
                         target.str() + " (dimension " + std::to_string(i - lead) + " is " +
-                        std::to_string(have) + ", expected 1 or " + std::to_string(target[i]) + ")");
+                        std::to_string(have) + ", expected " + (target[i] == 1 ? "1" : "1 or " + std::to_string(target[i])) + ")");
         }
     }
     return {data_, dtype_, target, st};
