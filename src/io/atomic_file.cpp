@@ -120,10 +120,13 @@ OutputTarget resolve_output(const std::string& path) {
         if (!ec) {
             t.file = real.string();
         } else if (::stat(path.c_str(), &st) != 0) {  // not /proc's magic links: they work
-            // A dangling link: its target is created. A loop (a → b → a): an error, as a shell
-            // redirect gives one (the rename replaced the link with a regular file).
-            if (errno == ENOENT) t.file = dangling_link_target(path);
-            else if (errno == ELOOP) throw Error(in_quotes(path) + " is a symbolic link in a loop (too many levels of symbolic links)");
+            // A dangling link: its target is created. Any other failure (a loop, a component that
+            // is not a directory, no permission) is an error, as a shell redirect gives one: the
+            // rename replaced the link with a regular file.
+            if (errno != ENOENT) {
+                throw Error(in_quotes(path) + " is a symbolic link whose target cannot be reached (" + std::strerror(errno) + ")");
+            }
+            t.file = dangling_link_target(path);
         }
     }
     if (::stat(t.file.c_str(), &st) == 0) {

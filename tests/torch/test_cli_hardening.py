@@ -327,12 +327,17 @@ def test_a_dangling_symlink_output_creates_its_target_and_keeps_the_link(work):
     err = expect_error(work, sdpa(work, "--lse", work / "new.npy", out=work / "link.npy"), "--lse", "names the same file as --out")
 
 
-def test_a_symlink_loop_output_is_an_error_and_stays_a_link(work):
-    # a → b → a: the output replaced the link with a regular file and exited 0 (a review found it).
+def test_a_symlink_output_whose_target_cannot_be_reached_is_an_error_and_stays_a_link(work):
+    # a → b → a, or a target under a regular file: the output replaced the link with a regular
+    # file and exited 0 (reviews found both).
     os.symlink("b.npy", work / "a.npy")
     os.symlink("a.npy", work / "b.npy")
-    expect_error(work, sdpa(work, out=work / "a.npy"), "--out", "is a symbolic link in a loop")
-    assert os.path.islink(work / "a.npy") and os.path.islink(work / "b.npy")
+    expect_error(work, sdpa(work, out=work / "a.npy"), "--out", "is a symbolic link whose target cannot be reached",
+                 "Too many levels of symbolic links")
+    (work / "plain.txt").write_bytes(b"x")
+    os.symlink("plain.txt/x.npy", work / "under_a_file.npy")
+    expect_error(work, sdpa(work, out=work / "under_a_file.npy"), "--out", "cannot be reached (Not a directory)")
+    assert all(os.path.islink(work / n) for n in ("a.npy", "b.npy", "under_a_file.npy"))
 
 
 # ---- class 3: signals, limits, names ------------------------------------------------------------
