@@ -94,6 +94,7 @@ constexpr int kHeaderWords = sizeof(Header) / sizeof(std::int64_t);
 
 // A tensor's rows as one MPI message: float32 words or 16-bit halfwords.
 MPI_Datatype mpi_type(DType t) { return t == DType::f32 ? MPI_FLOAT : MPI_UINT16_T; }
+
 // The options that decide which collectives a rank runs — whether there is a backward, ALiBi
 // slopes to compute, stats to gather, shards instead of a gather — and the layout the scatter
 // counts rows by: a rank whose differ would wait for ever in a collective the others never
@@ -101,30 +102,31 @@ MPI_Datatype mpi_type(DType t) { return t == DType::f32 ? MPI_FLOAT : MPI_UINT16
 // collectively, before anything else. The other options are checked by ring_attention (its
 // own agreement) or are rank 0's alone (the files).
 void agree_on_flow(MPI_Comm comm, int rank, const RingArgs& a) {
-    const auto given = [](bool b) { return std::string(b ? "with" : "without"); };
-    const std::vector<std::pair<const char*, std::string>> mine{
-        {"--grad-out", given(!a.grad_out.empty())}, {"--dsinks", given(!a.dsinks.empty())},
-        {"--alibi", given(a.alibi)},                {"--stats", given(a.stats)},
-        {"--shard-outputs", given(a.shard_outputs)}, {"--layout", a.layout}};
-    std::string text;
-    for (const auto& [flag, value] : mine) text += value + '\n';
-    long long length = static_cast<long long>(text.size());
-    MPI_Bcast(&length, 1, MPI_LONG_LONG, 0, comm);
-    std::string first = rank == 0 ? text : std::string(static_cast<std::size_t>(length), '\0');
-    MPI_Bcast(first.data(), static_cast<int>(length), MPI_CHAR, 0, comm);
+    // One int64 per option: given or not, and the layout parsed (-1: not a layout; the flag
+    // check below names it on every rank).
+    const char* const flags[] = {"--grad-out", "--dsinks", "--alibi", "--stats", "--shard-outputs", "--layout"};
+    std::int64_t layout = -1;
+    try {
+        layout = static_cast<std::int64_t>(dist::parse_layout(a.layout));
+    } catch (const Error&) {
+    }
+    const std::int64_t mine[] = {!a.grad_out.empty(), !a.dsinks.empty(), a.alibi, a.stats, a.shard_outputs, layout};
+    std::int64_t zero[std::size(mine)];
+    std::copy(std::begin(mine), std::end(mine), zero);
+    MPI_Bcast(zero, static_cast<int>(std::size(zero)), MPI_INT64_T, 0, comm);
     dist::run_collectively(comm, [&] {
-        std::size_t at = 0;
-        for (const auto& [flag, value] : mine) {
-            const std::size_t end = first.find('\n', at);
-            const std::string zero = first.substr(at, end - at);
-            at = end + 1;
-            if (value == zero) continue;
-            // "rank 1 was called with --stats but rank 0 without it", "... with --layout zigzag but
-            // rank 0 with --layout contiguous"
-            const bool valued = std::string_view(flag) == "--layout";
-            throw Error(std::string(flag) + ": rank " + std::to_string(rank) + " was called " +
-                        (valued ? "with " + std::string(flag) + " " + value : value + " " + flag) + " but rank 0 " +
-                        (valued ? "with " + std::string(flag) + " " + zero : zero + " it") +
+        for (std::size_t i = 0; i < std::size(mine); ++i) {
+            if (mine[i] == zero[i]) continue;
+            const std::string flag = flags[i], r = std::to_string(rank);
+            const auto given = [&](std::int64_t x) { return std::string(x != 0 ? "with " : "without ") + flag; };
+            if (flag != "--layout") {  // "rank 1 was called with --stats but rank 0 without it"
+                throw Error(flag + ": rank " + r + " was called " + given(mine[i]) + " but rank 0 " +
+                            (zero[i] != 0 ? "with" : "without") + " it (every rank must pass the same options)");
+            }
+            if (mine[i] < 0 || zero[i] < 0) continue;  // not a layout: the flag check says so
+            throw Error(flag + ": rank " + r + " was called with --layout " +
+                        std::string(dist::layout_name(static_cast<dist::Layout>(mine[i]))) + " but rank 0 with --layout " +
+                        std::string(dist::layout_name(static_cast<dist::Layout>(zero[i]))) +
                         " (every rank must pass the same options)");
         }
     });
@@ -176,17 +178,16 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
             slopes = read_tensor_arg("--alibi-slopes", a.alibi_slopes);
             opt.alibi_slopes = slopes.view();
         }
-        // Every rank checks the files it will write: rank 0 all of them, or each rank its shards —
-        // beside every other rank's, so that no two ranks' files are one (--dsinks o.rank1.npy
-        // and rank 1's shard of --out o.npy: the last rename won, and the run exited 0).
+        // Every rank checks the files it will write: rank 0 all of them, or each rank its shards
+        // beside --dsinks, which rank 0 writes (--dsinks o.rank1.npy is rank 1's shard of --out
+        // o.npy: the last rename won, and the run exited 0). Two ranks' shards are never one name
+        // (shard_path ends in the rank), and the check is collective.
         if (rank != 0 && !a.shard_outputs) return;
         for (const auto& [flag, path] : {std::pair{"--out", &a.out}, {"--dq", &a.dq}, {"--dk", &a.dk}, {"--dv", &a.dv}}) {
             if (!a.shard_outputs) outputs.add(flag, *path);
-            else if (!path->empty())
-                for (int r = 0; r < P; ++r)
-                    outputs.add(std::string(flag) + " (rank " + std::to_string(r) + "'s shard)", shard_path(*path, r));
+            else if (!path->empty()) outputs.add(std::string(flag) + " (rank " + std::to_string(rank) + "'s shard)", shard_path(*path, rank));
         }
-        outputs.add("--dsinks", a.dsinks);  // rank 0 writes it
+        outputs.add("--dsinks", a.dsinks);
         for (const auto& [flag, spec] : {std::pair{"--q", &a.q}, {"--k", &a.k}, {"--v", &a.v}, {"--grad-out", &a.grad_out},
                                          {"--key-lengths", &a.key_lengths}, {"--sinks", &a.sinks},
                                          {"--alibi-slopes", &a.alibi_slopes}})
