@@ -53,11 +53,6 @@ void require_shape(std::string_view op, const TensorView& t, std::string_view na
     if (!(t.shape() == expected)) fail(op, name, ": expected shape ", layout, " = ", expected, " but got ", t.shape());
 }
 
-namespace {
-// The kernels read and write elements through typed pointers (and compilers vectorise loops on
-// the assumption): an address that is not a multiple of the element size is undefined
-// behaviour, so it is an error here, not a crash or a wrong answer later. (The Python module
-// copies a misaligned array first.)
 void require_element_aligned(std::string_view op, const TensorView& t, std::string_view name) {
     const std::size_t size = dtype_size(t.dtype());
     if (reinterpret_cast<std::uintptr_t>(t.data()) % size != 0) {
@@ -65,7 +60,6 @@ void require_element_aligned(std::string_view op, const TensorView& t, std::stri
              " elements (misaligned)");
     }
 }
-}  // namespace
 
 void require_f32_or_f64(std::string_view op, const TensorView& t, std::string_view name) {
     if (t.dtype() != DType::f32 && t.dtype() != DType::f64) {

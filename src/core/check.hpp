@@ -67,6 +67,13 @@ void require_shape(std::string_view op, const TensorView& t, std::string_view na
 // no data.
 void require_data(std::string_view op, const TensorView& t);
 
+// t's data pointer is a multiple of its element size. The kernels read and write elements
+// through typed pointers (and compilers vectorise loops on that assumption): a misaligned one
+// is undefined behaviour, so it is an error here, not a crash or a wrong answer later (the
+// Python module copies a misaligned array first). require_floating and require_f32_or_f64
+// include it; every other tensor read as floats calls it.
+void require_element_aligned(std::string_view op, const TensorView& t, std::string_view name);
+
 // t's dtype is float32 or float64 (what outputs and compute-precision inputs may be).
 void require_f32_or_f64(std::string_view op, const TensorView& t, std::string_view name);
 

@@ -202,6 +202,7 @@ void check_new(const TensorView& t, const char* op, const char* name, const Shap
     if (!is_floating(t.dtype())) {
         detail::fail(kOp, op, ": ", name, " dtype must be a float type but got ", dtype_name(t.dtype()));
     }
+    detail::require_element_aligned(std::string(kOp) + ": " + op, t, name);
     if (t.rank() != expected.rank) {
         std::string dims = "(";
         for (int i = 0; i < expected.rank; ++i)

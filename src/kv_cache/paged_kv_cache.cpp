@@ -154,6 +154,7 @@ void PagedKVCache::append(SeqId s, const TensorView& k_new, const TensorView& v_
         if (!is_floating(t.dtype())) {
             detail::fail(kOp, "append: ", name, " dtype must be a float type but got ", dtype_name(t.dtype()));
         }
+        detail::require_element_aligned(std::string(kOp) + ": append", t, name);
         if (t.rank() != 3 || t.dim(0) != config_.kv_heads || t.dim(2) != D) {
             detail::fail(kOp, "append: ", name, " must have shape ", layout, " = (", config_.kv_heads, ", T, ", D,
                          ") but got ", t.shape());

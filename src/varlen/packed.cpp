@@ -78,8 +78,7 @@ PackedBatch check_packed(std::string_view op, const TensorView& q, const TensorV
     require_rank(op, out, "out", 3, "(Tq, Hq, Dv)");
     require_shape(op, out, "out", Shape{p.Tq, p.Hq, p.Dv}, "(Tq, Hq, Dv)");
     if (!sixteen_bit_out) require_f32_or_f64(op, out, "out");
-    else if (!is_floating(out.dtype()))
-        fail(op, "out: dtype must be float32, float64, float16 or bfloat16 but got ", dtype_name(out.dtype()));
+    else require_floating(op, out, "out");
     require_distinct_elements(op, out, "out");
     if (lse != nullptr) {
         require_rank(op, *lse, "lse", 2, "(Tq, Hq)");
