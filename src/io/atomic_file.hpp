@@ -56,6 +56,7 @@ public:
     void publish();  // staged: rename into place; direct: nothing left to do
     void commit() { finish(); publish(); }
     bool direct() const { return target_.direct; }
+    const std::string& path() const { return path_; }  // as the user gave it
 
 private:
     [[noreturn]] void fail(const std::string& what, int err);

@@ -265,8 +265,8 @@ void write_npy_into(AtomicFile& out, const TensorView& t) {
 
     // A view's elements are checked against its memory, not its file size: a broadcast view
     // (stride 0) can stand for more bytes than a file can hold.
-    const std::int64_t data_bytes = checked_mul("write_npy", "the data", t.numel(), static_cast<std::int64_t>(dtype_size(t.dtype())));
-    out.reserve(checked_add("write_npy", "the file", static_cast<std::int64_t>(head.size()), data_bytes));
+    const std::int64_t data_bytes = checked_mul(out.path(), "the data", t.numel(), static_cast<std::int64_t>(dtype_size(t.dtype())));
+    out.reserve(checked_add(out.path(), "the file", static_cast<std::int64_t>(head.size()), data_bytes));
     out.write(head.data(), head.size());
     write_elements_into(out, t);
 }

@@ -311,8 +311,8 @@ std::int64_t stored_bytes(const std::string& path, const std::string& name, cons
 }
 }  // namespace
 
-std::string safetensors_header(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
-                               const std::map<std::string, std::string>& metadata, bool keep_16bit) {
+SafetensorsHeader safetensors_header(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
+                                     const std::map<std::string, std::string>& metadata, bool keep_16bit) {
     json header = json::object();
     std::set<std::string> names;
     std::int64_t offset = 0;
@@ -333,19 +333,17 @@ std::string safetensors_header(const std::string& path, const std::vector<std::p
     if (!metadata.empty()) header["__metadata__"] = metadata;
     std::string text = header.dump();
     text.append((8 - text.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned, as the format suggests
-    return text;
+    return {std::move(text), offset};
 }
 
-void write_safetensors_into(AtomicFile& out, const std::string& header,
+void write_safetensors_into(AtomicFile& out, const SafetensorsHeader& header,
                             const std::vector<std::pair<std::string, TensorView>>& tensors, bool keep_16bit) {
-    std::int64_t total = 8 + static_cast<std::int64_t>(header.size());
-    for (const auto& [name, view] : tensors)
-        total = checked_add("write_safetensors", "the file", total, stored_bytes("write_safetensors", name, view, keep_16bit));
-    out.reserve(total);
+    const std::string& text = header.text;
+    out.reserve(checked_add(out.path(), "the file", 8 + static_cast<std::int64_t>(text.size()), header.data_bytes));
     unsigned char len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>((static_cast<std::uint64_t>(header.size()) >> (8 * i)) & 0xff);
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>((static_cast<std::uint64_t>(text.size()) >> (8 * i)) & 0xff);
     out.write(len, 8);
-    out.write(header.data(), header.size());
+    out.write(text.data(), text.size());
     for (const auto& [name, view] : tensors) {
         if (std::string_view(stored_dtype(view.dtype(), keep_16bit)) != "F32") {
             write_elements_into(out, view);  // integers, bool and kept 16-bit floats as they are
@@ -362,7 +360,7 @@ void write_safetensors_into(AtomicFile& out, const std::string& header,
 
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
                        const std::map<std::string, std::string>& metadata, bool keep_16bit) {
-    const std::string header = detail::safetensors_header(path, tensors, metadata, keep_16bit);
+    const detail::SafetensorsHeader header = detail::safetensors_header(path, tensors, metadata, keep_16bit);
     detail::AtomicFile out(path);
     detail::write_safetensors_into(out, header, tensors, keep_16bit);
     out.commit();

@@ -2,6 +2,7 @@
 // written completely before any of them is published (the CLI's all-or-nothing outputs).
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
@@ -22,9 +23,13 @@ void write_elements_into(AtomicFile& out, const TensorView& t);
 // header + data. keep_16bit: float16/bfloat16 views are stored as F16/BF16 (the CLI's
 // outputs); otherwise, and for float64 always, every tensor is converted to F32
 // (write_safetensors).
-std::string safetensors_header(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
-                               const std::map<std::string, std::string>& metadata, bool keep_16bit);
-void write_safetensors_into(AtomicFile& out, const std::string& header,
+struct SafetensorsHeader {
+    std::string text;            // the JSON, padded to 8 bytes
+    std::int64_t data_bytes = 0;  // the tensors' bytes after it (checked: <= INT64_MAX)
+};
+SafetensorsHeader safetensors_header(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
+                                     const std::map<std::string, std::string>& metadata, bool keep_16bit);
+void write_safetensors_into(AtomicFile& out, const SafetensorsHeader& header,
                             const std::vector<std::pair<std::string, TensorView>>& tensors, bool keep_16bit);
 
 }  // namespace attn::detail
