@@ -283,17 +283,23 @@ void check_across(std::string_view kOp, const std::vector<Descriptor>& all, int 
         // The dK/dV accumulators travel as float32 words: the same count or fewer.
         // Counted in 64 bits first: broadcast K/V (stride 0) can have more elements than that.
         const WireUnit unit = wire_unit(static_cast<DType>(d.k_dtype), static_cast<DType>(d.v_dtype));
-        const auto kb = attn::detail::size_mul(d.Dk, static_cast<std::int64_t>(dtype_size(static_cast<DType>(d.k_dtype))));
-        const auto vb = attn::detail::size_mul(d.Dv, static_cast<std::int64_t>(dtype_size(static_cast<DType>(d.v_dtype))));
-        const auto bytes = kb && vb ? block_count(d, *kb, *vb) : std::nullopt;
+        const auto k_size = static_cast<std::int64_t>(dtype_size(static_cast<DType>(d.k_dtype)));
+        const auto v_size = static_cast<std::int64_t>(dtype_size(static_cast<DType>(d.v_dtype)));
+        const auto kb = attn::detail::size_mul(d.Dk, k_size), vb = attn::detail::size_mul(d.Dv, v_size);
+        // V starts at K's end rounded up to its element size (RingContext::v_offset).
+        std::optional<std::int64_t> bytes;
+        if (const auto k_bytes = kb ? block_count(d, *kb, 0) : std::nullopt; k_bytes) {
+            const auto k_padded = attn::detail::size_add(*k_bytes, (v_size - *k_bytes % v_size) % v_size);
+            const auto v_bytes = vb ? block_count(d, 0, *vb) : std::nullopt;
+            if (k_padded && v_bytes) bytes = attn::detail::size_add(*k_padded, *v_bytes);
+        }
         const auto words = block_count(d, d.Dk, d.Dv);
         const auto too_many = [&](const std::string& count) {
             fail(kOp, "rank ", r, "'s K/V block has ", count, " elements, more than one MPI message holds (", INT_MAX,
                  "); use more ranks");
         };
         if (!bytes || !words) too_many("more than 2^63");
-        // + 1: V starts at K's end rounded up to its element (RingContext::v_offset), up to one unit more.
-        const std::int64_t count = std::max(bytes.value() / unit.bytes + 1, words.value());
+        const std::int64_t count = std::max(bytes.value() / unit.bytes, words.value());
         if (count > INT_MAX) too_many(std::to_string(count));
     }
 }
