@@ -219,12 +219,12 @@ void bind_kv_cache(py::module_& m) {
         .def("values", [](PyKVCache& c) { return c.copy_of(false); },
              "A float32 copy of the values, (B, Hkv, capacity, Dv). Sequence b's positions at or beyond\n"
              "lengths[b] hold no token and are 0 (never the stale or uninitialised storage there).")
-        .def_property_readonly("lengths", &PyKVCache::lengths)
-        .def_property_readonly("capacity", [](PyKVCache& c) { return c.cache().capacity(); })
-        .def_property_readonly("batch", [](PyKVCache& c) { return c.cache().batch(); })
-        .def_property_readonly("kv_heads", [](PyKVCache& c) { return c.cache().kv_heads(); })
-        .def_property_readonly("head_dim", [](PyKVCache& c) { return c.cache().head_dim(); })
-        .def_property_readonly("dtype", [](PyKVCache& c) { return std::string(attn::dtype_name(c.cache().storage())); });
+        .def_property_readonly("lengths", &PyKVCache::lengths, "Tokens held per sequence: an int64 array of B entries.")
+        .def_property_readonly("capacity", [](PyKVCache& c) { return c.cache().capacity(); }, "Positions each sequence can hold now (the cache grows past it only when made with grow=True).")
+        .def_property_readonly("batch", [](PyKVCache& c) { return c.cache().batch(); }, "B, the number of sequences.")
+        .def_property_readonly("kv_heads", [](PyKVCache& c) { return c.cache().kv_heads(); }, "Hkv, the key/value heads.")
+        .def_property_readonly("head_dim", [](PyKVCache& c) { return c.cache().head_dim(); }, "Dk, the key head dim.")
+        .def_property_readonly("dtype", [](PyKVCache& c) { return std::string(attn::dtype_name(c.cache().storage())); }, "The storage dtype: \"float32\", \"float16\" or \"bfloat16\".");
     m.def("decode_attention", &decode_py, py::arg("query"), py::arg("cache"), py::kw_only(),
           py::arg("scale") = py::none(), py::arg("is_causal") = true, py::arg("window_left") = -1,
           py::arg("causal_alignment") = "bottom-right", py::arg("window") = py::none(),

@@ -322,15 +322,15 @@ void bind_mha(py::module_& m) {
              "names, as load_state_dict; the layer is unchanged if any is refused.")
         .def("state_dict", &PyMha::state_dict,
              "Copies of the parameters in their storage dtype (bfloat16: uint16 bits).")
-        .def_property_readonly("param_dtype", [](const PyMha& s) { return std::string(attn::dtype_name(s.config().param_dtype)); })
-        .def_property_readonly("embed_dim", [](const PyMha& s) { return s.config().embed_dim; })
-        .def_property_readonly("num_heads", [](const PyMha& s) { return s.config().num_heads; })
-        .def_property_readonly("head_dim", &PyMha::head_dim)
-        .def_property_readonly("kdim", [](const PyMha& s) { return s.config().kdim ? s.config().kdim : s.config().embed_dim; })
-        .def_property_readonly("vdim", [](const PyMha& s) { return s.config().vdim ? s.config().vdim : s.config().embed_dim; })
-        .def_property_readonly("batch_first", [](const PyMha& s) { return s.config().batch_first; })
-        .def_property_readonly("softcap", [](const PyMha& s) { return s.config().softcap; })
-        .def_property_readonly("has_sinks", [](const PyMha& s) { return s.config().sinks; });
+        .def_property_readonly("param_dtype", [](const PyMha& s) { return std::string(attn::dtype_name(s.config().param_dtype)); }, "The weight matrices' dtype: \"float32\", \"float16\" or \"bfloat16\".")
+        .def_property_readonly("embed_dim", [](const PyMha& s) { return s.config().embed_dim; }, "E, the model dim (query features and output features).")
+        .def_property_readonly("num_heads", [](const PyMha& s) { return s.config().num_heads; }, "h, the attention heads.")
+        .def_property_readonly("head_dim", &PyMha::head_dim, "E // num_heads.")
+        .def_property_readonly("kdim", [](const PyMha& s) { return s.config().kdim ? s.config().kdim : s.config().embed_dim; }, "Key features (embed_dim unless given).")
+        .def_property_readonly("vdim", [](const PyMha& s) { return s.config().vdim ? s.config().vdim : s.config().embed_dim; }, "Value features (embed_dim unless given).")
+        .def_property_readonly("batch_first", [](const PyMha& s) { return s.config().batch_first; }, "True: inputs and outputs are (B, L, E); False: (L, B, E), PyTorch's default.")
+        .def_property_readonly("softcap", [](const PyMha& s) { return s.config().softcap; }, "The logit soft-cap C (0: off).")
+        .def_property_readonly("has_sinks", [](const PyMha& s) { return s.config().sinks; }, "Whether the layer has a learned sink logit per head.");
 }
 
 }  // namespace attn_py

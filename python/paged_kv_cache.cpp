@@ -160,11 +160,11 @@ void bind_paged_kv_cache(py::module_& m) {
         .def_property_readonly("free_pages", [](PyPagedKVCache& c) {
             const std::lock_guard<std::mutex> lock(c.mutex);
             return c.cache.free_pages();
-        })
-        .def_property_readonly("num_pages", [](PyPagedKVCache& c) { return c.cache.num_pages(); })
-        .def_property_readonly("page_size", [](PyPagedKVCache& c) { return c.cache.page_size(); })
-        .def_property_readonly("pool_bytes", [](PyPagedKVCache& c) { return c.cache.pool_bytes(); })
-        .def_property_readonly("dtype", [](PyPagedKVCache& c) { return std::string(attn::dtype_name(c.cache.storage())); });
+        }, "Pages no sequence holds.")
+        .def_property_readonly("num_pages", [](PyPagedKVCache& c) { return c.cache.num_pages(); }, "Pages in the pool.")
+        .def_property_readonly("page_size", [](PyPagedKVCache& c) { return c.cache.page_size(); }, "Tokens per page.")
+        .def_property_readonly("pool_bytes", [](PyPagedKVCache& c) { return c.cache.pool_bytes(); }, "Bytes of the key and value pools together.")
+        .def_property_readonly("dtype", [](PyPagedKVCache& c) { return std::string(attn::dtype_name(c.cache.storage())); }, "The pool's dtype: \"float32\", \"float16\" or \"bfloat16\".");
     m.def("paged_attention", &paged_attention_py, py::arg("query"), py::arg("cache"), py::arg("seqs"), py::kw_only(),
           py::arg("scale") = py::none(), py::arg("is_causal") = true, py::arg("causal_alignment") = "bottom-right",
           py::arg("window") = py::none(), py::arg("window_alignment") = "bottom-right",

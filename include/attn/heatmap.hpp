@@ -36,8 +36,9 @@ enum class ImageFormat { png, svg };
 
 // The most panels (P of (P, Lq, Lk) weights) one picture holds; more are an attn::Error.
 inline constexpr int kHeatmapMaxPanels = 256;
-// The most cells per side of a panel (HeatmapOptions::max_cells): at 2 px or more each, more
-// would pass the 32767 px per side a cairo image can have.
+// The most cells per side of a panel (HeatmapOptions::max_cells): at the smallest cell (2 px)
+// 8192 px, well inside the 32767 px per side a cairo image can have (past ~16 000 cells PNG
+// failed in cairo, and SVG grew millions of pixels wide).
 inline constexpr int kHeatmapMaxCells = 4096;
 
 struct HeatmapOptions {

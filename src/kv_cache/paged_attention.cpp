@@ -98,8 +98,8 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
     // driver reads the pages of any pool (flash_operands.hpp, paged_tile_rows; the bf16-compute
     // operands through kv_row_offset), so the result has the bits of flash on the contiguous
     // cache.
-    const std::string flash_declines = detail::flash_decline_reason(p);
     if (options.impl == Impl::flash || detail::runs_flash(p, options.impl)) {
+        const std::string flash_declines = detail::flash_decline_reason(p);
         if (!flash_declines.empty()) detail::fail(kOp, "impl: the flash kernel declines this call: ", flash_declines);
         detail::SdpaProblem fp = p;
         fp.paged = &rows;
@@ -129,7 +129,9 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
         // auto reaches here only when flash declined too (runs_flash sends it to flash whenever
         // decode declines and flash does not): e.g. float64 Q, which only the reference reads —
         // and the reference reads no pages.
-        if (!why.empty()) detail::fail(kOp, "no kernel that reads pages takes this call: decode: ", why, "; flash: ", flash_declines);
+        if (!why.empty()) {
+            detail::fail(kOp, "no kernel that reads pages takes this call: decode: ", why, "; flash: ", detail::flash_decline_reason(p));
+        }
         parts.push_back(s);
     }
     for (const detail::SdpaProblem& s : parts) detail::decode_forward(s, kernels, 0, &rows);

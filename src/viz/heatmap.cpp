@@ -115,8 +115,7 @@ Problem check(const TensorView& weights, const HeatmapOptions& o) {
     if (o.vmax && !(std::isfinite(*o.vmax) && *o.vmax > 0.0)) {
         throw Error("heatmap: vmax must be a finite number > 0 but is " + fmt("%g", *o.vmax));
     }
-    // Cells are at least 2 px: 4096 of them keep a picture well inside cairo's 32767 px per side
-    // (more made PNG an error naming cairo's "invalid value" and SVG a picture millions of px wide).
+    // kHeatmapMaxCells says why the bound.
     if (o.max_cells < 2 || o.max_cells > kHeatmapMaxCells) {
         throw Error("heatmap: max_cells must be from 2 to " + std::to_string(kHeatmapMaxCells) + " but is " +
                     std::to_string(o.max_cells));

@@ -188,9 +188,10 @@ def test_kept_scratch_is_released_on_request():
 
 
 def test_a_cu_seqlens_too_long_to_hold_is_a_memory_error_naming_it():
-    # 2^40 empty sequences are a valid call; their offsets need 8 TiB. It was an anonymous
+    # 2^45 empty sequences are a valid call; their offsets need 256 TiB, past any user address
+    # space (so the allocation fails whatever the overcommit policy). It was an anonymous
     # "std::bad_alloc".
     q = np.zeros((0, 1, 4), np.float32)
-    cu = np.broadcast_to(np.zeros(1, np.int64), (2**40,))
-    with pytest.raises(MemoryError, match=r"out of memory: cannot allocate 8796093022208 bytes \(8\.0 TiB\) for cu_seqlens_q"):
+    cu = np.broadcast_to(np.zeros(1, np.int64), (2**45,))
+    with pytest.raises(MemoryError, match=r"out of memory: cannot allocate 281474976710656 bytes \(256\.0 TiB\) for cu_seqlens_q"):
         attn.sdpa_varlen(q, q, q, cu, cu)

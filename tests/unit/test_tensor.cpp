@@ -194,6 +194,9 @@ TEST(TensorView, BroadcastToErrorsNameTheTensorAndBothShapes) {
     const std::string last = error_of([&] { (void)m.broadcast_to(Shape{2, 3, 6}, "additive_mask"); });
     EXPECT_NE(last.find("additive_mask: shape (2, 3, 5) cannot be broadcast to (2, 3, 6)"), std::string::npos) << last;
     EXPECT_NE(last.find("dimension 2 is 5, expected 1 or 6"), std::string::npos) << last;
+    // A target dim of 1 said "expected 1 or 1".
+    const std::string one = error_of([&] { (void)m.broadcast_to(Shape{2, 3, 1}, "m"); });
+    EXPECT_NE(one.find("m: shape (2, 3, 5) cannot be broadcast to (2, 3, 1) (dimension 2 is 5, expected 1)"), std::string::npos) << one;
 
     const std::string rank = error_of([&] { (void)m.broadcast_to(Shape{3, 5}, "mask"); });
     EXPECT_NE(rank.find("mask: shape (2, 3, 5) has more dimensions than (3, 5)"), std::string::npos) << rank;

@@ -108,7 +108,7 @@ std::string unknown_command(const CLI::App& app, int argc, const char* const* ar
         }
         for (const auto& [opt, count] : seen) {
             if (opt == repeated)
-                return repeated_name + ": given " + std::to_string(count) + " times; it takes one value (give it once)";
+                return repeated_name + ": given " + std::to_string(count) + " times; give it once";
         }
         return "";
     }

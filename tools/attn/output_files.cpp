@@ -179,7 +179,7 @@ void OutputFiles::write_all(const std::vector<Output>& outputs) {
                 if (is_safetensors(o.path)) {
                     const std::vector<std::pair<std::string, TensorView>> one{{tensor_name(o.flag), o.view}};
                     const auto& tensors = o.tensors.empty() ? one : o.tensors;
-                    const std::string header = detail::safetensors_header(o.path, tensors, {}, true);
+                    const detail::SafetensorsHeader header = detail::safetensors_header(o.path, tensors, {}, true);
                     files.push_back(std::make_unique<detail::AtomicFile>(o.path));
                     detail::write_safetensors_into(*files.back(), header, tensors, true);
                 } else {
