@@ -80,12 +80,6 @@ void sdpa_varlen(const TensorView& q, const TensorView& k, const TensorView& v, 
         require_runnable(problems.back(), options.impl, static_cast<std::int64_t>(b));
     }
 
-    for (std::int64_t b : keyless) {  // the fully-masked-row rule: out 0, lse −inf (σ_h with sinks)
-        const detail::PackedSequence& s = pb.seqs[static_cast<std::size_t>(b)];
-        const TensorView lse_rows = lse ? lse->slice(0, s.q0, s.lq) : TensorView{};
-        detail::fill_keyless(options, out.slice(0, s.q0, s.lq), lse ? &lse_rows : nullptr);
-    }
-
     // The sequences the dispatch gives to flash run as one batch: one task list over
     // (sequence, head, query block), longest first, in one parallel region (flash.hpp
     // flash_forward_batch), the long ones on head-major copies of their K/V (head_major.hpp).
@@ -97,11 +91,18 @@ void sdpa_varlen(const TensorView& q, const TensorView& k, const TensorView& v, 
         if (detail::runs_flash(problems[i], options.impl)) batch.push_back(problems[i]);
         else others.push_back(i);
     }
+    // The copies (up to 256 MiB) before anything is written: out of memory there leaves out as it was.
+    const auto copies = detail::head_major_kv(batch);
+
+    for (std::int64_t b : keyless) {  // the fully-masked-row rule: out 0, lse −inf (σ_h with sinks)
+        const detail::PackedSequence& s = pb.seqs[static_cast<std::size_t>(b)];
+        const TensorView lse_rows = lse ? lse->slice(0, s.q0, s.lq) : TensorView{};
+        detail::fill_keyless(options, out.slice(0, s.q0, s.lq), lse ? &lse_rows : nullptr);
+    }
     detail::run_sequences(
         others.size(), [&](std::size_t n) { return problems[others[n]].Hq * ((problems[others[n]].Lq + 63) / 64); },
         [&](std::size_t n) { detail::run_forward(problems[others[n]], options.impl, report ? &reports[others[n]] : nullptr); });
     if (!batch.empty()) {
-        const auto copies = detail::head_major_kv(batch);
         std::string why_isa;
         const detail::KernelSet& kernels = detail::kernel_set(&why_isa);
         detail::flash_forward_batch(batch.data(), batch.size(), kernels);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "attn/error.hpp"
+#include "common/address_space.hpp"
 #include "attn/sdpa_backward.hpp"
 #include "attn/sdpa_varlen.hpp"
 #include "kernels/isa.hpp"
@@ -365,6 +366,45 @@ TEST(Varlen, HeadMajorBudgetCutOff) {
         EXPECT_TRUE(bit_equal(f.lse_storage, all.lse_storage));
     }
 }
+
+// The head-major copies are the call's largest allocation (up to 256 MiB): they are made before
+// anything is written, so out of memory there leaves out and lse as they were (the rows of
+// keyless and decode/reference sequences were written first). Run in a child process (a
+// "threadsafe" death test: a fresh exec) under an address-space limit that the inputs and the
+// thread pool fit but the copies do not. Exit codes: 0 as expected; 3 out or lse written;
+// 4 no out-of-memory; 5 no limit; 6 the retry without a limit differs from the first call.
+#if !defined(__SANITIZE_ADDRESS__)
+[[noreturn]] void varlen_under_an_address_space_limit() {
+    VarlenCase c;
+    c.lq = {256, 256, 8, 0};  // sequence 2 runs decode-sized rows, 3 has no queries
+    c.lk = {2048, 2048, 40, 0};
+    c.Hq = c.Hkv = 8;
+    c.Dk = c.Dv = 64;  // copies of K and V: 2 × 2048 × 8 × 128 floats = 16 MiB
+    c.causal = Causal::none;
+    const Packed p = make_packed(c, 19);
+    const Forward first = run_varlen(p, false);  // the thread pool exists before the limit
+    release_varlen_scratch();                     // the kept copy buffer would be reused
+    Forward f;
+    f.out = poisoned(DType::f32, Shape{c.Tq(), c.Hq, c.Dv});
+    f.lse_storage = poisoned(DType::f32, Shape{c.Tq(), c.Hq});
+    f.lse = f.lse_storage.view();
+    const rlimit was = attn::test::limit_address_space(8ul << 20);
+    try {
+        sdpa_varlen(p.q, p.k, p.v, p.cq, p.ck, p.opt, f.out, &f.lse);
+        std::exit(4);
+    } catch (const OutOfMemory&) {
+    }
+    if (setrlimit(RLIMIT_AS, &was) != 0) std::exit(5);
+    if (!still_poisoned(f.out) || !still_poisoned(f.lse_storage)) std::exit(3);
+    const Forward again = run_varlen(p, false);
+    std::exit(bit_equal(again.out, first.out) && bit_equal(again.lse_storage, first.lse_storage) ? 0 : 6);
+}
+
+TEST(VarlenDeathTest, OutOfMemoryForTheCopiesWritesNothing) {
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    EXPECT_EXIT(varlen_under_an_address_space_limit(), ::testing::ExitedWithCode(0), "");
+}
+#endif
 
 // Broadcast (stride-0) K/V can have more elements than a 64-bit byte count holds: such a
 // sequence is never copied. The budget check (total + need)·4 wrapped to a small number, and
