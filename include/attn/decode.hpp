@@ -23,7 +23,10 @@
 //   lse: (B, Hq, Lq) float32, optional: natural log-sum-exp of the scaled scores
 //   options: scale, causal, window, query_offset, masks ((B, Hq, Lq, n) broadcastable,
 //            n = max(1, cache.max_length()): 1 while every sequence is empty); key_lengths come from the cache (must be unset);
-//            dropout as in sdpa (the decode kernel declines it: flash or the reference runs)
+//            dropout as in sdpa (the decode kernel declines it: flash or the reference runs).
+//            window.align is Window's default, top_left, as in sdpa: a decode step's window
+//            usually wants Align::bottom_right (at each sequence's last key), which Python's
+//            decode_attention and paged_attention take by default.
 // Append the new tokens' K and V to the cache before calling: with causal masking (and no
 // query_offset), a sequence holding 1 .. Lq − 1 positions is an error. An empty sequence (an
 // idle slot of a batch) is not: its rows see no key (out 0, lse −inf), as in sdpa. Results do

@@ -98,6 +98,9 @@ struct SdpaOptions {
     // it. 0 ≤ dropout_p < 1; dropout_p = 0 is exactly no dropout. lse is that of the
     // undropped softmax; `weights`, when requested, are the dropped, rescaled weights
     // that multiply V (as torch's MultiheadAttention returns them).
+    // The seed is the caller's to vary: with dropout_p > 0 the C++ API takes 0 like any other
+    // seed (the CLI and Python refuse dropout without one), and the same seed every training
+    // step drops the same weights every step.
     double dropout_p = 0.0;
     std::uint64_t dropout_seed = 0;
     DropoutOrigin dropout_origin{};  // (0, 0, 0, 0) = the call is the whole problem
