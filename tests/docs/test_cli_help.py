@@ -151,3 +151,37 @@ def test_readme_synopsis_names_every_option(command):
     assert options, help_text
     missing = sorted(o for o in options if not re.search(re.escape(o) + r"(?![a-z0-9-])", synopsis))
     assert missing == [], missing
+
+
+def test_one_spelling_of_causal_and_dropout_works_in_every_command(tmp_path):
+    # `attn ring --causal` alone meant top-left while `attn sdpa --causal` wanted a value; attn mha
+    # spells dropout --dropout-p/--dropout-seed, sdpa and ring --dropout/--seed (a parity audit).
+    import numpy as np
+    rng = np.random.default_rng(5)
+    for name, shape in (("q", (1, 2, 5, 4)), ("k", (1, 2, 7, 4)), ("v", (1, 2, 7, 3))):
+        np.save(tmp_path / f"{name}.npy", rng.standard_normal(shape).astype(np.float32))
+    base = ["sdpa", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--out"]
+    for out, extra in (("bare.npy", ["--causal"]), ("top.npy", ["--causal", "top-left"]), ("none.npy", []),
+                       ("d1.npy", ["--dropout", "0.3", "--seed", "4"]), ("d2.npy", ["--dropout-p", "0.3", "--dropout-seed", "4"])):
+        r = attn(*base, out, *extra, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+    assert np.array_equal(np.load(tmp_path / "bare.npy"), np.load(tmp_path / "top.npy"))
+    assert not np.array_equal(np.load(tmp_path / "bare.npy"), np.load(tmp_path / "none.npy"))
+    assert np.array_equal(np.load(tmp_path / "d1.npy"), np.load(tmp_path / "d2.npy"))
+
+
+def test_library_errors_name_the_flag_not_the_field(tmp_path):
+    # sdpa said "window:", "impl:", "scores:" (SdpaOptions' fields) where the user gave
+    # --window-left, --impl, --scores (a parity audit).
+    import numpy as np
+    rng = np.random.default_rng(6)
+    for name, shape in (("q", (1, 2, 5, 4)), ("k", (1, 2, 7, 4)), ("v", (1, 2, 7, 4))):
+        np.save(tmp_path / f"{name}.npy", rng.standard_normal(shape).astype(np.float32))
+    base = ["sdpa", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--out", "o.npy"]
+    for extra, want in ((["--window-left", "-2"], "sdpa: --window-left/--window-right: left and right must be"),
+                        (["--impl", "decode", "--grad-out", "q.npy", "--dq", "a.npy", "--dk", "b.npy", "--dv", "c.npy"],
+                         "sdpa_backward: --impl: decode is a forward-only kernel"),
+                        (["--scores", "s.npy", "--dropout", "0.5", "--seed", "1"], "sdpa: --scores: not available together with dropout")):
+        line = one_error_line(attn(*base, *extra, cwd=tmp_path))
+        assert line.startswith("attn: error: " + want), line
+    assert sorted(os.listdir(tmp_path)) == ["k.npy", "q.npy", "v.npy"]

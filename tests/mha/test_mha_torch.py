@@ -494,9 +494,9 @@ def test_metadata_and_f16_weights_accepted(tmp_path):
 @pytest.mark.parametrize("extra,expect", [
     (["--key", "x.npy"], "--key: given without --value"),
     (["--per-head-weights"], "--per-head-weights: needs --weights"),
-    (["--attn-mask", "bad_am.npy"], "attn_mask: expected shape (Lq, Lk) = (3, 3)"),
-    (["--key-padding-mask", "bad_kpm.npy"], "key_padding_mask: expected shape (B, Lk) = (1, 3)"),
-    (["--attn-mask", "int_am.npy"], "attn_mask: dtype must be bool"),
+    (["--attn-mask", "bad_am.npy"], "MultiHeadAttention: --attn-mask: expected shape (Lq, Lk) = (3, 3)"),
+    (["--key-padding-mask", "bad_kpm.npy"], "MultiHeadAttention: --key-padding-mask: expected shape (B, Lk) = (1, 3)"),
+    (["--attn-mask", "int_am.npy"], "MultiHeadAttention: --attn-mask: dtype must be bool"),
     (["--query", "x7.npy"], "query: expected (L, B, E) with E = embed_dim = 8 but got shape (3, 1, 7)"),
 ], ids=["key-without-value", "per-head-without-weights", "attn-mask-shape", "kpm-shape", "attn-mask-int",
         "layout-mismatch"])

@@ -629,7 +629,8 @@ def numeric_options():
         for line in r.stdout.decode().splitlines():
             m = re.match(r"^\s+((?:-\S+,\s*)*--?[\w-]+)\s+(INT|UINT|FLOAT)\b", line)
             if m:
-                found.append((command, m.group(1).split(",")[-1].strip(), m.group(2)))
+                # "--seed,--dropout-seed": errors name the first (the option's own) name
+                found.append((command, m.group(1).split(",")[0].strip(), m.group(2)))
     return found
 
 

@@ -20,6 +20,7 @@
 #include "core/check.hpp"
 #include "attn/sdpa.hpp"
 #include "commands.hpp"
+#include "flag_names.hpp"
 #include "output_files.hpp"
 #include "strict_options.hpp"
 #include "tensor_args.hpp"
@@ -281,7 +282,13 @@ void add_mha_command(CLI::App& app) {
     auto* alibi = cmd->add_flag("--alibi", args->alibi, "ALiBi with the standard slopes for --num-heads heads");
     cmd->add_option("--alibi-slopes", args->alibi_slopes, "ALiBi with these slopes, (num_heads,) .npy")->excludes(alibi);
     add_threads_option(cmd);
-    cmd->callback([args] { run(*args); });
+    cmd->callback([args] {
+        const MhaArgs& a = *args;
+        naming_flags([&] { run(a); }, {"MultiHeadAttention"},
+                     {{"query", "--query"}, {"key", "--key"}, {"value", "--value"}, {"key_padding_mask", "--key-padding-mask"},
+                      {"attn_mask", "--attn-mask"}, {"alibi_slopes", a.alibi ? "--alibi" : "--alibi-slopes"},
+                      {"grad_output", "--grad-out"}, {"dropout_p", "--dropout-p"}});
+    });
 }
 
 }  // namespace attn::cli

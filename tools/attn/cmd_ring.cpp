@@ -449,7 +449,8 @@ void run(const RingArgs& a) {
                      {{"key_lengths", "--key-lengths"}, {"query_offset", "--query-offset"},
                       {"alibi_slopes", a.alibi ? "--alibi" : "--alibi-slopes"}, {"sinks", "--sinks"},
                       {"grad_out", "--grad-out"}, {"softcap", "--softcap"}, {"dropout_p", "--dropout"},
-                      {"scale", "--scale"}, {"dsinks", "--dsinks"}});
+                      {"scale", "--scale"}, {"dsinks", "--dsinks"}, {"window", "--window-left/--window-right"},
+                      {"impl", "--impl"}});
     } catch (const std::exception& e) {
         failure = e.what();  // the same message on every rank (run_collectively)
     }
@@ -524,10 +525,10 @@ void add_ring_command(CLI::App& app) {
     cmd->add_flag("--alibi", args->alibi, "ALiBi with the paper's slopes for Hq heads (attn::alibi_slopes)");
     cmd->add_option("--sinks", args->sinks,
                     "float32 (Hq,): one attention-sink logit per head, counted once per row over the whole sequence");
-    cmd->add_option("--dropout", args->dropout,
+    cmd->add_option("--dropout,--dropout-p", args->dropout,
                     "dropout probability on the attention weights, 0 <= P < 1 (training): the keep mask of `attn sdpa "
                     "--dropout P --seed N` on global positions, whatever the number of ranks");
-    cmd->add_option("--seed", args->seed, "dropout seed (the same seed gives the same dropout mask)");
+    cmd->add_option("--seed,--dropout-seed", args->seed, "dropout seed (the same seed gives the same dropout mask)");
     cmd->add_flag("--shard-outputs", args->shard_outputs,
                   "each rank r writes its own rows of every output to <name>.rank<r>.npy or .safetensors (its layout segments, "
                   "concatenated) instead of rank 0 gathering the whole arrays");

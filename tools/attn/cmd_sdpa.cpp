@@ -283,7 +283,10 @@ void add_sdpa_command(CLI::App& app) {
                     "bool keep-mask (true = may attend) or float additive mask, broadcastable to (B, Hq, Lq, Lk)");
     cmd->add_option("--causal", args->causal,
                     "top-left: query i sees keys 0..i; bottom-right: keys 0..i+n-Lq, n = the sequence's key length "
-                    "(--key-lengths, else Lk; the new tokens of a KV cache); none: no causal mask (the default)");
+                    "(--key-lengths, else Lk; the new tokens of a KV cache); none: no causal mask (the default). "
+                    "--causal alone means top-left, as in attn ring")
+        ->expected(0, 1)
+        ->default_str("top-left");
     cmd->add_option("--scale", args->scale, "score scale (default 1/sqrt(Dk)); any number finite in float32 (|scale| <= 3.4028235e38)");
     cmd->add_option("--key-lengths", args->key_lengths,
                     "int32/int64 (B,): sequence b has valid keys 0..n_b-1; bottom-right aligns to n_b per sequence");
@@ -307,8 +310,9 @@ void add_sdpa_command(CLI::App& app) {
     cmd->add_option("--dq", args->dq, "write dQ (B, Hq, Lq, Dk), in --out-dtype (default: Q's dtype)");
     cmd->add_option("--dk", args->dk, "write dK (B, Hkv, Lk, Dk), in --out-dtype (default: Q's dtype)");
     cmd->add_option("--dv", args->dv, "write dV (B, Hkv, Lk, Dv), in --out-dtype (default: Q's dtype)");
-    cmd->add_option("--dropout", args->dropout, "dropout probability on the attention weights, 0 <= P < 1 (training)");
-    cmd->add_option("--seed", args->seed, "dropout seed (the same seed gives the same dropout mask)");
+    // Also by attn mha's names (--dropout-p, --dropout-seed): one spelling works everywhere.
+    cmd->add_option("--dropout,--dropout-p", args->dropout, "dropout probability on the attention weights, 0 <= P < 1 (training)");
+    cmd->add_option("--seed,--dropout-seed", args->seed, "dropout seed (the same seed gives the same dropout mask)");
     cmd->add_option("--cu-seqlens-q", args->cu_seqlens_q,
                     "int32/int64 (N+1,) .npy: --q is packed (Tq, Hq, Dk), sequence b's queries are rows "
                     "cu[b]..cu[b+1]-1 (FlashAttention's varlen layout; needs --cu-seqlens-k); out (Tq, Hq, Dv), "
@@ -334,7 +338,8 @@ void add_sdpa_command(CLI::App& app) {
                       {"alibi_slopes", a.alibi ? "--alibi" : "--alibi-slopes"}, {"sinks", "--sinks"},
                       {"grad_out", "--grad-out"}, {"softcap", "--softcap"}, {"dropout_p", "--dropout"},
                       {"scale", "--scale"}, {"cu_seqlens_q", "--cu-seqlens-q"}, {"cu_seqlens_k", "--cu-seqlens-k"},
-                      {"dsinks", "--dsinks"}});
+                      {"dsinks", "--dsinks"}, {"window", "--window-left/--window-right"}, {"impl", "--impl"},
+                      {"scores", "--scores"}, {"weights", "--weights"}, {"lse", "--lse"}});
     });
 }
 
