@@ -277,9 +277,10 @@ public:
 private:
     // attn::Error unless the layer holds its parameters (a moved-from one holds none).
     void require_parameters() const;
-    // The weights changed: a packed copy is made again (dropped if that throws, so it is
-    // never stale).
-    void repack_if_packed();
+    // The packed panels of the weight matrices, each read from `replace` where it names the
+    // matrix, else from params_ — so that load_state_dict and set_param_dtype can pack the new
+    // weights before they change anything (out of memory there leaves the layer as it was).
+    std::shared_ptr<const detail::PackedWeights> packed_with(const std::map<std::string, const Tensor*, std::less<>>& replace) const;
 
     MhaConfig config_;
     Tensor alibi_;  // config_.alibi_slopes as a float32 (h,) tensor, empty without ALiBi

@@ -19,6 +19,9 @@
 // Requirements (attn::Error otherwise, before the cache or the output is written):
 // self-attention weights (kdim == vdim == E), no add_bias_kv / add_zero_attn, and a cache
 // with batch B, kv_heads = the layer's K/V heads, head_dim = value_dim = E / num_heads.
+// A failure after the append (out of memory in attention or the projections) truncates the
+// cache back to its old lengths: the same tokens and contents, but a cache that grew for the
+// append keeps its larger capacity (the old buffers are gone by then).
 #pragma once
 
 #include "attn/error.hpp"

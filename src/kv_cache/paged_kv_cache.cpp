@@ -184,6 +184,9 @@ void PagedKVCache::append(SeqId s, const TensorView& k_new, const TensorView& v_
     auto* kpool = static_cast<char*>(keys_->data);
     auto* vpool = static_cast<char*>(values_->data);
     const auto at = [es](char* pool, std::int64_t elements) { return pool + static_cast<std::size_t>(elements) * es; };
+    // The one allocation, before anything changes: out of memory leaves the cache as it was
+    // (a page taken and then not stored would be lost to the pool for good).
+    q.pages.reserve(static_cast<std::size_t>(ceil_div(q.length + T, ps)));
     if (q.length % ps != 0 && refcount_[static_cast<std::size_t>(q.pages.back())] > 1) {
         // Copy-on-write: this sequence's own copy of the shared last page.
         const std::int32_t old = q.pages.back(), copy = take_page();
@@ -211,12 +214,14 @@ void PagedKVCache::append(SeqId s, const TensorView& k_new, const TensorView& v_
 }
 
 PagedKVCache::SeqId PagedKVCache::fork(SeqId s) {
-    (void)seq("fork", s);
+    // The allocations first (the page list, then the sequence slot): out of memory in either
+    // leaves no half-made sequence behind (a live id with a length and no pages crashed the
+    // next call that read it).
+    std::vector<std::int32_t> pages = seq("fork", s).pages;
     const SeqId id = add_sequence();  // may reallocate seqs_: index again below
-    const Seq& parent = seqs_[static_cast<std::size_t>(s)];
     Seq& child = seqs_[static_cast<std::size_t>(id)];
-    child.length = parent.length;
-    child.pages = parent.pages;
+    child.length = seqs_[static_cast<std::size_t>(s)].length;
+    child.pages = std::move(pages);
     for (std::int32_t p : child.pages) ++refcount_[static_cast<std::size_t>(p)];
     return id;
 }
@@ -236,6 +241,7 @@ void PagedKVCache::truncate(SeqId s, std::int64_t new_length) {
 
 void PagedKVCache::free(SeqId s) {
     (void)seq("free", s);
+    free_ids_.reserve(free_ids_.size() + 1);  // the one allocation, before anything changes
     Seq& q = seqs_[static_cast<std::size_t>(s)];
     for (std::int32_t p : q.pages) release_page(p);
     q.pages.clear();

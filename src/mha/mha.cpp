@@ -101,10 +101,17 @@ void MultiHeadAttention::set_param_dtype(DType dtype) {
     if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16) {
         fail(kMha, "set_param_dtype: expected float32, float16 or bfloat16 but got ", dtype_name(dtype));
     }
-    for (auto& [name, t] : params_)
-        if (is_weight_matrix(name) && t.dtype() != dtype) t = to_dtype(t.view(), dtype);
+    // Everything that can fail (the conversions, the packing) before anything changes: out of
+    // memory leaves every matrix in its old dtype (one at a time could leave them mixed).
+    std::map<std::string, Tensor, std::less<>> converted;
+    for (const auto& [name, t] : params_)
+        if (is_weight_matrix(name) && t.dtype() != dtype) converted.emplace(name, to_dtype(t.view(), dtype));
+    std::map<std::string, const Tensor*, std::less<>> replace;
+    for (const auto& [name, t] : converted) replace.emplace(name, &t);
+    auto packed = packed_ != nullptr ? packed_with(replace) : nullptr;
+    for (auto& [name, t] : converted) params_.at(name) = std::move(t);
     config_.param_dtype = dtype;
-    repack_if_packed();
+    packed_ = std::move(packed);
 }
 
 std::vector<std::pair<std::string, Shape>> MultiHeadAttention::parameter_shapes() const {
@@ -188,20 +195,23 @@ void MultiHeadAttention::load_state_dict(const std::vector<std::pair<std::string
              config_.num_kv_heads, ", kdim=", config_.kdim, ", vdim=", config_.vdim, ", bias=", config_.bias ? "true" : "false",
              "): ", problems);
     }
-    // Every tensor is converted before any parameter changes: a conversion that fails (out of
-    // memory) leaves the layer as it was. The copies below cannot fail; repack_if_packed drops
-    // the packed weights before packing again, so they never disagree with the parameters.
+    // Every tensor is converted, and the packed weights made from them, before any parameter
+    // changes: out of memory in either leaves the layer as it was (packing after the copies
+    // left the new parameters in place behind the error). The copies below cannot fail.
     std::vector<Tensor> converted;
     converted.reserve(tensors.size());
     for (const auto& [name, view] : tensors) converted.push_back(to_dtype(view, params_.at(name).dtype()));
     // After the conversion: a float64 sink of 1e300 is inf in a float32 parameter.
     for (std::size_t i = 0; i < tensors.size(); ++i)
         if (tensors[i].first == "sinks") detail::check_finite_sinks(converted[i].view(), "state_dict: tensor 'sinks'");
+    std::map<std::string, const Tensor*, std::less<>> replace;
+    for (std::size_t i = 0; i < tensors.size(); ++i) replace.emplace(tensors[i].first, &converted[i]);
+    auto packed = packed_ != nullptr ? packed_with(replace) : nullptr;
     for (std::size_t i = 0; i < tensors.size(); ++i) {
         Tensor& dst = params_.at(tensors[i].first);
         std::memcpy(dst.data(), converted[i].data(), dst.nbytes());
     }
-    repack_if_packed();
+    packed_ = std::move(packed);
 }
 
 MultiHeadAttention MultiHeadAttention::from_state_dict(const std::vector<std::pair<std::string, TensorView>>& tensors,

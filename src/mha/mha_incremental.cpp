@@ -123,8 +123,8 @@ void MultiHeadAttention::forward_incremental_into(const TensorView& x_new, KVCac
                        E, c.bias ? parameter("out_proj.bias").data_as<const float>() : nullptr, y, E);
         if (!f32_out) detail::store_output(y, output);
     } catch (...) {
-        // Leave the cache as it was: the step did not happen (attention or the projection's
-        // workspace can fail after the append).
+        // Leave the cache's tokens as they were: the step did not happen (attention or the
+        // projection's workspace can fail after the append). A growth stays (mha_incremental.hpp).
         for (std::int64_t b = 0; b < B; ++b) cache.truncate(b, old_len[static_cast<std::size_t>(b)]);
         throw;
     }

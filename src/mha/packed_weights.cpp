@@ -6,10 +6,15 @@
 
 namespace attn {
 
-void MultiHeadAttention::pack_weights() {
+void MultiHeadAttention::pack_weights() { packed_ = packed_with({}); }
+
+std::shared_ptr<const detail::PackedWeights> MultiHeadAttention::packed_with(
+    const std::map<std::string, const Tensor*, std::less<>>& replace) const {
     auto packed = std::make_shared<detail::PackedWeights>();
-    for (const auto& [name, t] : params_) {
+    for (const auto& [name, param] : params_) {
         if (!is_weight_matrix(name)) continue;
+        const auto it = replace.find(name);
+        const Tensor& t = it != replace.end() ? *it->second : param;
         // linear(): y = x · Wᵀ, so op(B) = Wᵀ (K = cols, N = rows), read from W's storage dtype.
         detail::GemmArgs g;
         g.tb = true;
@@ -24,13 +29,7 @@ void MultiHeadAttention::pack_weights() {
         }
         packed->matrices.emplace_back(name, detail::pack_b(g));
     }
-    packed_ = std::move(packed);
-}
-
-void MultiHeadAttention::repack_if_packed() {
-    if (packed_ == nullptr) return;
-    packed_.reset();
-    pack_weights();
+    return packed;
 }
 
 }  // namespace attn

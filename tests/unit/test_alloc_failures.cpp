@@ -1,0 +1,207 @@
+// Out of memory in the middle of a call that changes state: the state stays exactly as it was
+// (the headers' "nothing is written / the cache is unchanged" promises). This binary replaces
+// the global operator new so that the n-th allocation of a call can be made to fail, and every
+// n is tried in turn until the call allocates no more (the way a fault-injection review found a
+// half-made sequence after a failed PagedKVCache::fork, a page lost to the pool after a failed
+// append, and new weights left in a layer whose load_state_dict had failed).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <new>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/error.hpp"
+#include "attn/mha.hpp"
+#include "attn/paged_kv_cache.hpp"
+#include "common/util.hpp"
+
+namespace {
+
+// 0: never fail; n > 0: the n-th allocation from now throws std::bad_alloc (once).
+thread_local long g_fail_at = 0;
+
+void* allocate(std::size_t n, std::size_t align) {
+    if (g_fail_at > 0 && --g_fail_at == 0) throw std::bad_alloc();
+    void* p = align > alignof(std::max_align_t) ? std::aligned_alloc(align, (n + align - 1) / align * align)
+                                                : std::malloc(n == 0 ? 1 : n);
+    if (p == nullptr) throw std::bad_alloc();
+    return p;
+}
+
+}  // namespace
+
+void* operator new(std::size_t n) { return allocate(n, 0); }
+void* operator new[](std::size_t n) { return allocate(n, 0); }
+void* operator new(std::size_t n, std::align_val_t a) { return allocate(n, static_cast<std::size_t>(a)); }
+void* operator new[](std::size_t n, std::align_val_t a) { return allocate(n, static_cast<std::size_t>(a)); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+
+namespace {
+
+using attn::DType;
+using attn::PagedKVCache;
+using attn::PagedKVCacheConfig;
+using attn::Shape;
+using attn::Tensor;
+using attn::TensorView;
+
+Tensor random_f32(const Shape& shape, std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    return attn::test::randn(DType::f32, shape, rng);
+}
+
+// Runs `call` with its n-th allocation failing, for n = 1, 2, ... until a run completes;
+// after each failed run `unchanged()` must hold. Returns how many runs failed (> 0: the call
+// allocates, so the sweep tested something).
+int sweep(const std::function<void()>& call, const std::function<void(long)>& unchanged) {
+    for (long n = 1; n < 100000; ++n) {
+        g_fail_at = n;
+        bool failed = false;
+        try {
+            call();
+        } catch (const std::bad_alloc&) {
+            failed = true;
+        }
+        g_fail_at = 0;
+        if (!failed) return static_cast<int>(n - 1);
+        unchanged(n);
+    }
+    ADD_FAILURE() << "the call never completed";
+    return 0;
+}
+
+struct CacheState {
+    std::vector<std::int64_t> lengths;
+    std::vector<std::vector<std::int32_t>> tables;
+    std::int64_t free_pages = 0;
+    std::vector<unsigned char> keys;
+    bool operator==(const CacheState&) const = default;
+};
+
+CacheState state_of(const PagedKVCache& c, const std::vector<PagedKVCache::SeqId>& seqs) {
+    CacheState s;
+    for (PagedKVCache::SeqId id : seqs) {
+        s.lengths.push_back(c.length(id));
+        s.tables.push_back(c.page_table(id));
+    }
+    s.free_pages = c.free_pages();
+    const TensorView kp = c.key_pages();
+    const auto* k = static_cast<const unsigned char*>(kp.data());
+    s.keys.assign(k, k + kp.numel() * static_cast<std::int64_t>(attn::dtype_size(kp.dtype())));
+    return s;
+}
+
+PagedKVCacheConfig small_pool() {
+    PagedKVCacheConfig cfg;
+    cfg.kv_heads = 2;
+    cfg.head_dim = 4;
+    cfg.page_size = 4;
+    cfg.num_pages = 16;
+    return cfg;
+}
+
+TEST(AllocFailures, PagedForkLeavesNoHalfMadeSequence) {
+    PagedKVCache c(small_pool());
+    const PagedKVCache::SeqId a = c.add_sequence();
+    const Tensor k = random_f32(Shape{2, 10, 4}, 1);
+    c.append(a, k, k);
+    const CacheState before = state_of(c, {a});
+    int failures = sweep([&] { (void)c.fork(a); }, [&](long n) {
+        EXPECT_EQ(state_of(c, {a}), before) << "allocation " << n;
+        // No sequence was made: the next id is still the one a fork would have taken.
+        EXPECT_FALSE(c.contains(a + 1)) << "allocation " << n;
+    });
+    EXPECT_GT(failures, 0);
+    EXPECT_EQ(c.page_table(a + 1), c.page_table(a));  // the completed fork
+}
+
+TEST(AllocFailures, PagedAppendLosesNoPage) {
+    PagedKVCache c(small_pool());
+    const PagedKVCache::SeqId a = c.add_sequence();
+    const Tensor k = random_f32(Shape{2, 10, 4}, 2);
+    c.append(a, k, k);
+    const PagedKVCache::SeqId b = c.fork(a);  // shares a's half-full last page: append copies it
+    const Tensor more = random_f32(Shape{2, 9, 4}, 3);
+    const CacheState before = state_of(c, {a, b});
+    const int failures = sweep([&] { c.append(b, more, more); },
+                               [&](long n) { EXPECT_EQ(state_of(c, {a, b}), before) << "allocation " << n; });
+    EXPECT_GT(failures, 0);
+    EXPECT_EQ(c.length(b), 19);
+    c.free(a);
+    c.free(b);
+    EXPECT_EQ(c.free_pages(), 16);  // every page back
+}
+
+TEST(AllocFailures, PagedFreeIsAllOrNothing) {
+    PagedKVCache c(small_pool());
+    std::vector<PagedKVCache::SeqId> ids;
+    const Tensor k = random_f32(Shape{2, 5, 4}, 4);
+    for (int i = 0; i < 3; ++i) {
+        ids.push_back(c.add_sequence());
+        c.append(ids.back(), k, k);
+    }
+    const CacheState before = state_of(c, ids);
+    sweep([&] { c.free(ids[1]); }, [&](long n) {
+        EXPECT_EQ(state_of(c, ids), before) << "allocation " << n;
+        EXPECT_TRUE(c.contains(ids[1]));
+    });
+    EXPECT_FALSE(c.contains(ids[1]));
+    EXPECT_EQ(c.free_pages(), 16 - 4);
+}
+
+std::vector<std::pair<std::string, Tensor>> random_state(const attn::MultiHeadAttention& m, std::uint64_t seed) {
+    std::vector<std::pair<std::string, Tensor>> sd;
+    for (const auto& [name, shape] : m.parameter_shapes()) sd.emplace_back(name, random_f32(shape, seed++));
+    return sd;
+}
+
+std::vector<unsigned char> bytes_of(const attn::MultiHeadAttention& m) {
+    std::vector<unsigned char> all;
+    for (const auto& [name, shape] : m.parameter_shapes()) {
+        const TensorView p = m.parameter(name);
+        const auto* b = static_cast<const unsigned char*>(p.data());
+        all.insert(all.end(), b, b + p.numel() * static_cast<std::int64_t>(attn::dtype_size(p.dtype())));
+    }
+    return all;
+}
+
+TEST(AllocFailures, MhaLoadAndParamDtypeChangeNothingOnFailure) {
+    attn::MultiHeadAttention m(attn::MhaConfig{.embed_dim = 8, .num_heads = 2});
+    const auto first = random_state(m, 10);
+    std::vector<std::pair<std::string, TensorView>> views;
+    for (const auto& [n, t] : first) views.emplace_back(n, t.view());
+    m.load_state_dict(views);
+    m.pack_weights();
+    const Tensor x = random_f32(Shape{3, 1, 8}, 20);
+    attn::MhaForwardOptions o;
+    o.need_weights = false;
+    const Tensor out_before = m.forward(x, x, x, o).output;
+    const std::vector<unsigned char> params_before = bytes_of(m);
+    const auto unchanged = [&](long n) {
+        EXPECT_EQ(bytes_of(m), params_before) << "allocation " << n;
+        EXPECT_EQ(m.config().param_dtype, DType::f32) << "allocation " << n;
+        const Tensor out = m.forward(x, x, x, o).output;  // the packed weights agree with the parameters
+        EXPECT_EQ(std::memcmp(out.data(), out_before.data(), out.nbytes()), 0) << "allocation " << n;
+    };
+    const auto second = random_state(m, 30);
+    std::vector<std::pair<std::string, TensorView>> next;
+    for (const auto& [n, t] : second) next.emplace_back(n, t.view());
+    EXPECT_GT(sweep([&] { m.load_state_dict(next); }, unchanged), 0);
+    m.load_state_dict(views);  // back to the first weights
+    EXPECT_GT(sweep([&] { m.set_param_dtype(DType::bf16); }, unchanged), 0);
+    EXPECT_EQ(m.config().param_dtype, DType::bf16);
+}
+
+}  // namespace
