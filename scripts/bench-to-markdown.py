@@ -22,6 +22,11 @@ import tempfile
 MIB = 1024.0 * 1024.0
 
 
+def cell(text):
+    """Free text as one table cell: no column separator, no line break."""
+    return " ".join(str(text).replace("|", "/").split())
+
+
 def _pct_peak(min_pct):
     def check(case, row, cases):
         text = "%.1f%% of peak" % row["pct_peak"]
@@ -140,14 +145,14 @@ def section_body(d):
     for c in d["cases"]:
         cid = c["id"] + (" (%s)" % c["variant"] if c["variant"] else "")
         if c["status"] != "ok":
-            out.append("| %s | %s | | | | | | | | | | | | | | | %s |" % (cid, c["shape"], c["note"]))
+            out.append("| %s | %s | | | | | | | | | | | | | | | %s |" % (cid, c["shape"], cell(c["note"])))
             continue
         for n, r in enumerate(c["rows"]):
             # id and shape on the first row of each shape only
             first = (cid, c["shape"]) if n == 0 else ("", "")
             if r["status"] != "ok":
                 out.append("| %s | %s | %s | | | | | | | | | | | | | | %s: %s |" % (
-                    first + (r["impl"], r["status"], r["note"].replace("|", "/"))))
+                    first + (r["impl"], r["status"], cell(r["note"]))))
                 continue
             kernel = "" if r["impl"].startswith("torch") else r["kernel"]
             out.append("| %s | %s | %s | %s | %d | %.2f | %.2f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
@@ -161,7 +166,7 @@ def section_body(d):
                 fmt(100 * r["cpu_share"] if r.get("cpu_share") else None, "%.0f"),
                 fmt(r.get("pct_peak_cpu_adjusted") or None, "%.1f"),
                 fmt(r.get("max_abs_diff_vs_reference"), "%.1e"),
-                r["note"].replace("|", "/")))
+                cell(r["note"])))
     out.append("")
     lines = []
     cases = {(c["id"], c["variant"]): c for c in d["cases"]}
@@ -187,6 +192,64 @@ def section_body(d):
     return "\n".join(out)
 
 
+class Refused(Exception):
+    """A reason not to write, said as one line (never a traceback)."""
+
+
+def load_results(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except OSError as e:
+        raise Refused("%s: cannot read (%s)" % (path, e.strerror or e))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise Refused("%s: not an attn bench JSON file (%s)" % (path, e))
+    if not isinstance(d, dict) or d.get("schema") != "attn-bench/1":
+        raise Refused("%s: expected schema attn-bench/1 but got %r" % (path, d.get("schema") if isinstance(d, dict) else type(d).__name__))
+    for key, kind in (("config", dict), ("machine", dict), ("cases", list)):
+        if not isinstance(d.get(key), kind):
+            raise Refused("%s: '%s' must be a JSON %s" % (path, key, "object" if kind is dict else "array"))
+    if not isinstance(d["config"].get("quick"), bool):
+        raise Refused("%s: config.quick must be true or false" % path)
+    threads = d["config"].get("threads")
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise Refused("%s: config.threads must be a positive integer but is %r" % (path, threads))
+    return d
+
+
+def checked_name(name, what):
+    # The name goes into a heading and into two HTML comments: one line of printable text that
+    # cannot end a comment ("--" would; HTML5 also ends one at "--!>").
+    if not name.strip():
+        raise Refused("%s is empty" % what)
+    if "--" in name or any(not ch.isprintable() for ch in name):
+        raise Refused("%s must be one line of printable text without '--' but is %r" % (what, name))
+    return name
+
+
+def write_atomically(path, text):
+    """Replaces the file `path` names (through a symbolic link: the file it points to), keeping
+    its permission bits; a failure leaves the old file and no temporary file."""
+    target = os.path.realpath(path)
+    mode = os.stat(target).st_mode & 0o7777 if os.path.exists(target) else None
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".bench-md-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, mode if mode is not None else 0o666 & ~current_umask())
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def current_umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results")
@@ -194,31 +257,46 @@ def main():
     ap.add_argument("--section", help="section name (default: '<CPU model>, <threads> threads')")
     ap.add_argument("--allow-quick", action="store_true", help="accept a --quick run (for tests)")
     a = ap.parse_args()
-    with open(a.results) as f:
-        d = json.load(f)
-    if d.get("schema") != "attn-bench/1":
-        sys.exit("bench-to-markdown: %s: expected schema attn-bench/1 but got %r" % (a.results, d.get("schema")))
+    d = load_results(a.results)
     if d["config"]["quick"] and not a.allow_quick:
-        sys.exit("bench-to-markdown: %s comes from a --quick run, whose numbers mean nothing; not writing it "
-                 "(--allow-quick to override)" % a.results)
-    name = a.section or "%s, %d threads" % (d["machine"]["cpu_model"], d["config"]["threads"])
-    if "-->" in name or "\n" in name:
-        sys.exit("bench-to-markdown: --section must not contain '-->' or a newline")
-    begin, end = "<!-- attn-bench:begin %s -->" % name, "<!-- attn-bench:end %s -->" % name
-    block = "%s\n## %s\n\n%s\n%s" % (begin, name, section_body(d), end)
-    text = open(a.markdown).read() if os.path.exists(a.markdown) else "# attn benchmarks\n"
-    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: block, text, count=1)
+        raise Refused("%s comes from a --quick run, whose numbers mean nothing; not writing it "
+                      "(--allow-quick to override)" % a.results)
+    if a.section is not None:
+        name = checked_name(a.section, "--section")
     else:
+        name = checked_name("%s, %d threads" % (d["machine"].get("cpu_model"), d["config"]["threads"]),
+                            "the default section name (from the CPU model; give --section)")
+    begin, end = "<!-- attn-bench:begin %s -->" % name, "<!-- attn-bench:end %s -->" % name
+    try:
+        block = "%s\n## %s\n\n%s\n%s" % (begin, name, section_body(d), end)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise Refused("%s: a case or row lacks a field or has the wrong type (%s: %s)" % (a.results, type(e).__name__, e))
+    try:
+        with open(a.markdown, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        text = "# attn benchmarks\n"
+    except (OSError, UnicodeDecodeError) as e:
+        raise Refused("%s: cannot read (%s)" % (a.markdown, getattr(e, "strerror", None) or e))
+    # Exactly one begin and one end, in that order, or none of either: anything else would make
+    # the replacement swallow what lies between (hand-written text) or leave a stale copy.
+    nb, ne = text.count(begin), text.count(end)
+    if (nb, ne) == (1, 1) and text.index(begin) < text.index(end):
+        text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
+    elif (nb, ne) == (0, 0):
         text = text.rstrip("\n") + "\n\n" + block + "\n"
-    # Atomic replace: a failure leaves the old file.
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(a.markdown)), prefix=".bench-md-")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, a.markdown)
+    else:
+        raise Refused("%s: the markers of section '%s' are unbalanced (%d begin, %d end%s); mend them by hand, "
+                      "nothing was written" % (a.markdown, name, nb, ne, ", end before begin" if (nb, ne) == (1, 1) else ""))
+    try:
+        write_atomically(a.markdown, text)
+    except (OSError, UnicodeEncodeError) as e:
+        raise Refused("%s: cannot write (%s)" % (a.markdown, getattr(e, "strerror", None) or e))
     print("bench-to-markdown: section '%s' written to %s" % (name, a.markdown))
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Refused as e:
+        sys.exit("bench-to-markdown: %s" % e)

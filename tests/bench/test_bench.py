@@ -273,6 +273,46 @@ def test_markdown_section_is_refreshed_not_duplicated(custom_run, tmp_path):
     assert "| custom |" in text
 
 
+def test_markdown_never_loses_hand_written_text(custom_run, tmp_path):
+    """A begin marker without its end: the run appended a second section, and the next run's
+    replacement swallowed everything between the orphan and the new end (hand-written analysis
+    lost, exit 0). Unbalanced markers are refused now; the file keeps its mode and its link;
+    bad inputs are one line, not a traceback (a hostile-use review)."""
+    _, _, json_path = custom_run
+    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+    def script(*args):
+        return subprocess.run([py, MD_SCRIPT, *map(str, args), "--allow-quick"], capture_output=True, text=True)
+
+    md = tmp_path / "b.md"
+    broken = "# B\n\n<!-- attn-bench:begin T -->\nold\n## Method\nHAND-WRITTEN ANALYSIS\n"
+    md.write_text(broken)
+    for _ in range(2):
+        p = script(json_path, md, "--section", "T")
+        assert p.returncode == 1 and "markers of section 'T' are unbalanced (1 begin, 0 end)" in p.stderr, p.stderr
+        assert "Traceback" not in p.stderr
+    assert md.read_text() == broken
+    good = tmp_path / "good.md"
+    good.write_text("# B\n")
+    os.chmod(good, 0o640)
+    os.symlink("good.md", tmp_path / "link.md")
+    p = script(json_path, tmp_path / "link.md", "--section", "T")
+    assert p.returncode == 0, p.stderr
+    assert os.path.islink(tmp_path / "link.md") and "attn-bench:end T" in good.read_text()
+    assert (os.stat(good).st_mode & 0o777) == 0o640
+    bad = tmp_path / "bad.json"
+    for content, fragment in (("[1, 2]", "expected schema attn-bench/1"), ("{", "not an attn bench JSON file"),
+                              ('{"schema": "attn-bench/1", "config": {"quick": true, "threads": "2"}, "machine": {}, "cases": []}',
+                               "config.threads must be a positive integer")):
+        bad.write_text(content)
+        p = script(bad, good)
+        assert p.returncode == 1 and fragment in p.stderr and "Traceback" not in p.stderr, p.stderr
+    for section in ("", "a -- b", "two\nlines"):
+        p = script(json_path, good, "--section", section)
+        assert p.returncode == 1 and "--section" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert sorted(os.listdir(tmp_path)) == ["b.md", "bad.json", "good.md", "link.md"]  # no temporary file left
+
+
 def test_missing_torch_is_said_not_faked(tmp_path):
     out = tmp_path / "nt.json"
     p = run("--quick", "--impl", "reference", "--python", str(tmp_path / "no-such-python"),
