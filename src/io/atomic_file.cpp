@@ -284,16 +284,22 @@ void AtomicFile::publish() {
     finish();
     if (unnamed_ >= 0) link_unnamed();
     if (stage_.empty()) return;  // direct, or already published
-    // mkstemp creates 0600; give the output the usual permissions (0666 & ~umask).
-    const mode_t mask = ::umask(0);
-    ::umask(mask);
-    ::chmod(stage_.c_str(), 0666 & ~mask);
     // The target may have changed since resolve_output: never rename over anything but a file.
     struct stat st {};
-    if (::stat(target_.file.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    const bool replacing = ::stat(target_.file.c_str(), &st) == 0;
+    if (replacing && !S_ISREG(st.st_mode)) {
         discard();
         throw Error(in_quotes(path_) + " became " + describe_file_kind(st.st_mode) + " while it was being written; left untouched");
     }
+    // A file replaced keeps its permission bits (a private 0600 result stays private, as with
+    // `cmd > file`); a new one gets the usual 0666 & ~umask (mkstemp and O_TMPFILE made 0600/0666).
+    mode_t mode = st.st_mode & 0777;
+    if (!replacing) {
+        const mode_t mask = ::umask(0);
+        ::umask(mask);
+        mode = 0666 & ~mask;
+    }
+    ::chmod(stage_.c_str(), mode);
     if (std::rename(stage_.c_str(), target_.file.c_str()) != 0) fail("cannot move the finished file into place", errno);
     untrack_staging_file(slot_);
     slot_ = -1;

@@ -327,6 +327,20 @@ def test_a_dangling_symlink_output_creates_its_target_and_keeps_the_link(work):
     err = expect_error(work, sdpa(work, "--lse", work / "new.npy", out=work / "link.npy"), "--lse", "names the same file as --out")
 
 
+def test_a_replaced_output_keeps_its_permissions(work):
+    # A private 0600 result became 0644 when replaced (the new file got 0666 & ~umask); a new one
+    # still gets the umask's (a hostile-use review).
+    (work / "private.npy").write_bytes(b"old")
+    os.chmod(work / "private.npy", 0o600)
+    r = run(sdpa(work, out=work / "private.npy"))
+    assert r.returncode == 0, r.stderr
+    assert (os.stat(work / "private.npy").st_mode & 0o777) == 0o600
+    r = run(sdpa(work, out=work / "fresh.npy"))
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (os.stat(work / "fresh.npy").st_mode & 0o777) == 0o666 & ~mask
+
+
 def test_a_symlink_output_whose_target_cannot_be_reached_is_an_error_and_stays_a_link(work):
     # a → b → a, or a target under a regular file: the output replaced the link with a regular
     # file and exited 0 (reviews found both).
