@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <random>
 #include <new>
 #include <string>
@@ -222,10 +223,25 @@ int main(int argc, char** argv) {
                 const auto n = static_cast<std::int64_t>(q.prompt.size());
                 return (n + page_size - 1) / page_size + (n % page_size == 0 ? q.samples : q.samples - 1);
             };
+            // The pages the running sequences' next tokens take: a fresh page for a sequence whose
+            // last page is full; for a partly filled last page shared by g running samples (forks
+            // of one prompt), g − 1 copies — the last writer then holds it alone. (Summing each
+            // sequence's pages_needed counted g copies, and preempted a sample that fit.)
+            const auto step_need = [&] {
+                std::int64_t need = 0;
+                std::map<std::int32_t, std::int64_t> sharing;  // shared last page → running holders
+                for (const Running& r : running) {
+                    const SeqId id = r.ids[0];
+                    if (pool.pages_needed(id, 1) == 0) continue;
+                    if (pool.length(id) % page_size == 0) ++need;
+                    else ++sharing[pool.page_table(id).back()];
+                }
+                for (const auto& [page, holders] : sharing) need += holders - 1;
+                return need;
+            };
             // What the running sequences' next tokens take is not free for new prompts (admitting
             // past it prefilled a request only to preempt it before its first token).
-            std::int64_t reserved = 0;
-            for (const Running& r : running) reserved += pool.pages_needed(r.ids[0], 1);
+            std::int64_t reserved = step_need();
             while (!waiting.empty()) {
                 const Request& q = waiting.front();
                 const std::int64_t need = pages_for(q);
@@ -270,11 +286,8 @@ int main(int argc, char** argv) {
             if (running.empty()) continue;  // the rest were refused, or the next one is admitted now
             // Preempt when the pool cannot take this step's tokens (a real server would swap
             // or recompute; here the newest sequence gives its pages back and is dropped).
-            std::int64_t need = 0;
-            for (const Running& r : running) need += pool.pages_needed(r.ids[0], 1);
-            while (need > pool.free_pages() && !running.empty()) {
+            while (step_need() > pool.free_pages() && !running.empty()) {
                 Running& r = running.back();
-                need -= pool.pages_needed(r.ids[0], 1);
                 for (std::size_t l = 0; l < model.layers.size(); ++l) model.layers[l].cache.free(r.ids[l]);
                 // The last one has the whole pool and still no page for its next token: it ends there.
                 std::printf("request %d sample %d %s at %d tokens\n", r.request, r.sample,
