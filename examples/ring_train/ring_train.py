@@ -85,8 +85,14 @@ def main():
     ap.add_argument("--dim", type=int, default=32)
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=16)
-    ap.add_argument("--layout", default="zigzag")
+    ap.add_argument("--layout", default="zigzag", choices=["zigzag", "contiguous"])
     a = ap.parse_args()
+    # Every rank checks the same arguments, so every rank stops alike (argparse's exit 2).
+    for name, least in (("steps", 1), ("length", 1), ("dim", 1), ("heads", 1), ("vocab", 2)):
+        if getattr(a, name) < least:
+            ap.error(f"--{name}: expected an integer >= {least} but got {getattr(a, name)}")
+    if a.dim % a.heads != 0:
+        ap.error(f"--dim: {a.dim} must be a multiple of --heads {a.heads}")
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
     P, rank = comm.Get_size(), comm.Get_rank()
@@ -127,9 +133,10 @@ def main():
                                                  reduction="sum") / L
         loss.backward()
         ref_opt.step()
-        diff = abs(losses[step] - loss.item()) / loss.item()
-        worst = max(worst, diff)
+        diff = abs(losses[step] - loss.item()) / max(abs(loss.item()), 1e-30)
+        worst = max(worst, diff) if diff == diff else float("nan")  # a NaN loss is a mismatch, not skipped
         print(f"{step:4d}  {losses[step]:.6f}           {loss.item():.6f}             {diff:.1e}")
+    # worst stays NaN once a step's difference was NaN (max() would drop it).
     print(f"max relative difference {worst:.1e} (bound 1e-4): {'match' if worst <= 1e-4 else 'MISMATCH'}")
     return 0 if worst <= 1e-4 else 1
 
