@@ -233,6 +233,7 @@ def test_registry_lists_every_shape_and_marks_unbuilt_ones(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--shapes", "S99"], "--shapes"),
     (["--shape-custom", "1,2,3"], "--shape-custom"),
+    (["--shape-custom", ""], "--shape-custom: an empty value"),  # was ": an empty value" (a hidden option)
     (["--shape-custom", "1,3,2,4,4,8,0"], "multiple of Hkv"),
     (["--shape-custom", "1,2,2,4,4,8,sideways"], "causal"),
     # The counts wrapped in int64 (undefined; 0 in a release build, so the shape passed the "too

@@ -296,8 +296,11 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("--torch-script", args->torch_script, "the PyTorch baseline script")->capture_default_str();
     cmd->add_option("--python", args->python, "Python with torch for the baseline")->capture_default_str();
     cmd->add_flag("--list", args->list, "list the shape ids this build knows (and which are not built) and exit; with --json, also as JSON");
-    // For the tests: one custom sdpa-forward shape (runs alone unless --shapes is given too).
-    cmd->add_option("--shape-custom", args->custom, "B,Hq,Hkv,Lq,Lk,D,causal")->group("");
+    // One custom sdpa-forward shape (the tests' small one; runs alone unless --shapes is given too).
+    // Listed in --help: hidden, its errors named no option ("attn: error: : an empty value").
+    cmd->add_option("--shape-custom", args->custom,
+                    "one more shape, B,Hq,Hkv,Lq,Lk,D,causal (D may be Dk:Dv; causal 0/1/none/top-left/bottom-right), "
+                    "e.g. 1,16,16,2048,2048,64,1; alone unless --shapes is given too");
     cmd->callback([args, shapes, runs, maxs] { run(*args, shapes->count() > 0, runs->count() > 0, maxs->count() > 0); });
 }
 
