@@ -411,7 +411,7 @@ int main(int argc, char** argv) {
         char* end = nullptr;
         out = std::strtod(v, &end);
         return end != v && *end == '\0' && std::isfinite(out) &&
-               (!whole || (out == std::floor(out) && out >= least && out <= 2147483647.0));
+               (!whole || (out == std::floor(out) && out >= least));
     };
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
@@ -425,10 +425,14 @@ int main(int argc, char** argv) {
             return 2;
         }
         const double least = a == "--seed" ? 0 : 1;
+        // Threads as attn's own range (libgomp exits 1, the "did not learn" status, when it cannot
+        // make 2^31 of them); the others up to INT_MAX.
+        const double most = a == "--threads" ? 4096.0 : 2147483647.0;
         double x = 0;
-        if (i + 1 >= argc || !number(argv[i + 1], whole, least, x)) {
-            std::fprintf(stderr, "tiny_decoder: %s: expected %s but got %s%s%s\n", a.c_str(),
-                         !whole ? "a number" : least == 0 ? "a whole number >= 0" : "a whole number >= 1",
+        if (i + 1 >= argc || !number(argv[i + 1], whole, least, x) || (whole && x > most)) {
+            std::fprintf(stderr, "tiny_decoder: %s: expected %s%s but got %s%s%s\n", a.c_str(),
+                         !whole ? "a number" : least == 0 ? "a whole number from 0" : "a whole number from 1",
+                         !whole ? "" : most == 4096.0 ? " to 4096" : " to 2147483647",
                          i + 1 < argc ? "'" : "nothing", i + 1 < argc ? argv[i + 1] : "", i + 1 < argc ? "'" : "");
             return 2;
         }
