@@ -46,6 +46,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall")
     a = ap.parse_args()
+    for name in ("rounds", "runs", "threads"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name} must be >= 1 but got {getattr(a, name)}")
     global CLOCK
     cpu = a.clock == "cpu"
     CLOCK = time.process_time if cpu else time.perf_counter

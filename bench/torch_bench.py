@@ -149,13 +149,20 @@ def main():
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall")
     ap.add_argument("--only", default="gpt,bert,s1")
     a = ap.parse_args()
+    cases = {"gpt": gpt, "bert": bert, "s1": s1}
+    for name in ("rounds", "runs", "threads"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name} must be >= 1 but got {getattr(a, name)}")
+    unknown = [n for n in a.only.split(",") if n not in cases]
+    if unknown:
+        ap.error(f"--only: unknown case(s) {', '.join(map(repr, unknown))}; expected a comma-separated list of {', '.join(cases)}")
     global CLOCK
     CLOCK = time.process_time if a.clock == "cpu" else time.perf_counter
     torch.set_num_threads(a.threads)
     print(f"threads {a.threads} ({a.clock} clock), {a.rounds} rounds x {a.runs} runs; "
           f"torch {torch.__version__}, attn {attn.__version__}", flush=True)
     for name in a.only.split(","):
-        {"gpt": gpt, "bert": bert, "s1": s1}[name](a)
+        cases[name](a)
         sys.stdout.flush()
 
 

@@ -107,6 +107,12 @@ def main():
     for name in ("steps", "n", "vocab", "batch", "threads", "print_every"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1 but got {getattr(a, name)}")
+    if a.threads > 4096:  # attn's own range
+        p.error(f"--threads must be from 1 to 4096 but got {a.threads}")
+    if not (0 <= a.seed <= 2**63 - 1001):  # torch seeds are 64-bit; the held-out set uses seed + 1000
+        p.error(f"--seed must be from 0 to {2**63 - 1001} but got {a.seed}")
+    if not (math.isfinite(a.lr) and a.lr > 0):
+        p.error(f"--lr must be a finite number > 0 but got {a.lr}")
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     gen = torch.Generator().manual_seed(a.seed)
