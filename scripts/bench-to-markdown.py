@@ -23,8 +23,8 @@ MIB = 1024.0 * 1024.0
 
 
 def cell(text):
-    """Free text as one table cell: no column separator, no line break."""
-    return " ".join(str(text).replace("|", "/").split())
+    """Free text as one table cell: no column separator, no line break (None: empty)."""
+    return "" if text is None else " ".join(str(text).replace("|", "/").split())
 
 
 def _pct_peak(min_pct):
@@ -264,12 +264,15 @@ def main():
     if a.section is not None:
         name = checked_name(a.section, "--section")
     else:
-        name = checked_name("%s, %d threads" % (d["machine"].get("cpu_model"), d["config"]["threads"]),
+        model = d["machine"].get("cpu_model")
+        if not isinstance(model, str) or not model.strip():
+            raise Refused("%s: machine.cpu_model is missing or empty; give --section" % a.results)
+        name = checked_name("%s, %d threads" % (model, d["config"]["threads"]),
                             "the default section name (from the CPU model; give --section)")
     begin, end = "<!-- attn-bench:begin %s -->" % name, "<!-- attn-bench:end %s -->" % name
     try:
         block = "%s\n## %s\n\n%s\n%s" % (begin, name, section_body(d), end)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+    except (LookupError, TypeError, ValueError, AttributeError, ArithmeticError) as e:
         raise Refused("%s: a case or row lacks a field or has the wrong type (%s: %s)" % (a.results, type(e).__name__, e))
     try:
         with open(a.markdown, encoding="utf-8") as f:

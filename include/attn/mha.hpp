@@ -267,7 +267,9 @@ public:
     // forward_train, forward_packed_train and backward always read the parameters themselves.
     // A write through a view from parameter() or state_dict() is NOT seen by the packed copy:
     // call pack_weights() again after one (or unpack_weights()). Memory: float32 panels of each
-    // weight matrix (its float32 bytes, rounded up to the GEMM's sliver width).
+    // weight matrix (its float32 bytes, rounded up to the GEMM's sliver width). load_state_dict
+    // and set_param_dtype on a packed layer hold the old panels, the new ones and the converted
+    // matrices at once for a moment: the price of leaving the layer as it was on any failure.
     void pack_weights();
     void unpack_weights() { packed_.reset(); }
     bool weights_packed() const { return packed_ != nullptr; }

@@ -144,6 +144,23 @@ OutputTarget resolve_output(const std::string& path) {
     return t;
 }
 
+namespace {
+// The staged file gets its final permissions while no one else can reach it (unnamed, or 0600
+// from mkstemp): a replaced file's permission bits (a private 0600 result stays private, as with
+// `cmd > file`) and, where the process may (root), its owner and group; a new file 0666 & ~umask.
+void give_permissions_of(const std::string& target, int fd) {
+    struct stat st {};
+    if (::stat(target.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+        if (::geteuid() == 0) (void)!::fchown(fd, st.st_uid, st.st_gid);
+        ::fchmod(fd, st.st_mode & 0777);
+        return;
+    }
+    const mode_t mask = ::umask(0);
+    ::umask(mask);
+    ::fchmod(fd, 0666 & ~mask);
+}
+}  // namespace
+
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), target_(resolve_output(path_)) {
     int fd = -1;
     if (target_.descriptor >= 0) {
@@ -181,6 +198,7 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), target_(resol
         if (fd < 0) fail("cannot create output file", err);
         stage_ = std::move(name);
     }
+    if (!target_.direct) give_permissions_of(target_.file, fd);
     file_ = ::fdopen(fd, "wb");
     if (file_ == nullptr) {
         const int e = errno;
@@ -285,21 +303,12 @@ void AtomicFile::publish() {
     if (unnamed_ >= 0) link_unnamed();
     if (stage_.empty()) return;  // direct, or already published
     // The target may have changed since resolve_output: never rename over anything but a file.
+    // (Its permissions were given when it was created: give_permissions_of.)
     struct stat st {};
-    const bool replacing = ::stat(target_.file.c_str(), &st) == 0;
-    if (replacing && !S_ISREG(st.st_mode)) {
+    if (::stat(target_.file.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
         discard();
         throw Error(in_quotes(path_) + " became " + describe_file_kind(st.st_mode) + " while it was being written; left untouched");
     }
-    // A file replaced keeps its permission bits (a private 0600 result stays private, as with
-    // `cmd > file`); a new one gets the usual 0666 & ~umask (mkstemp and O_TMPFILE made 0600/0666).
-    mode_t mode = st.st_mode & 0777;
-    if (!replacing) {
-        const mode_t mask = ::umask(0);
-        ::umask(mask);
-        mode = 0666 & ~mask;
-    }
-    ::chmod(stage_.c_str(), mode);
     if (std::rename(stage_.c_str(), target_.file.c_str()) != 0) fail("cannot move the finished file into place", errno);
     untrack_staging_file(slot_);
     slot_ = -1;

@@ -124,6 +124,8 @@ PagedKVCache::SeqId PagedKVCache::add_sequence() {
         id = free_ids_.back();
         free_ids_.pop_back();
     } else {
+        // free_ids_ can hold every id: free() then never allocates (it must not fail half-way).
+        if (free_ids_.capacity() < seqs_.size() + 1) free_ids_.reserve(std::max(seqs_.size() + 1, 2 * free_ids_.capacity()));
         id = static_cast<SeqId>(seqs_.size());
         seqs_.emplace_back();
     }
@@ -185,8 +187,10 @@ void PagedKVCache::append(SeqId s, const TensorView& k_new, const TensorView& v_
     auto* vpool = static_cast<char*>(values_->data);
     const auto at = [es](char* pool, std::int64_t elements) { return pool + static_cast<std::size_t>(elements) * es; };
     // The one allocation, before anything changes: out of memory leaves the cache as it was
-    // (a page taken and then not stored would be lost to the pool for good).
-    q.pages.reserve(static_cast<std::size_t>(ceil_div(q.length + T, ps)));
+    // (a page taken and then not stored would be lost to the pool for good). Geometric, as
+    // push_back grows (an exact reserve reallocated on every new page: quadratic over a decode).
+    if (const auto need = static_cast<std::size_t>(ceil_div(q.length + T, ps)); need > q.pages.capacity())
+        q.pages.reserve(std::max(need, 2 * q.pages.capacity()));
     if (q.length % ps != 0 && refcount_[static_cast<std::size_t>(q.pages.back())] > 1) {
         // Copy-on-write: this sequence's own copy of the shared last page.
         const std::int32_t old = q.pages.back(), copy = take_page();
@@ -241,7 +245,6 @@ void PagedKVCache::truncate(SeqId s, std::int64_t new_length) {
 
 void PagedKVCache::free(SeqId s) {
     (void)seq("free", s);
-    free_ids_.reserve(free_ids_.size() + 1);  // the one allocation, before anything changes
     Seq& q = seqs_[static_cast<std::size_t>(s)];
     for (std::int32_t p : q.pages) release_page(p);
     q.pages.clear();

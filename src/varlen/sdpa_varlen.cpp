@@ -91,7 +91,8 @@ void sdpa_varlen(const TensorView& q, const TensorView& k, const TensorView& v, 
         if (detail::runs_flash(problems[i], options.impl)) batch.push_back(problems[i]);
         else others.push_back(i);
     }
-    // The copies (up to 256 MiB) before anything is written: out of memory there leaves out as it was.
+    // The copies (up to 256 MiB) before anything is written: out of memory there leaves out as it
+    // was (they then live while the decode/reference sequences run too).
     const auto copies = detail::head_major_kv(batch);
 
     for (std::int64_t b : keyless) {  // the fully-masked-row rule: out 0, lse −inf (σ_h with sinks)

@@ -5,6 +5,7 @@
 // half-made sequence after a failed PagedKVCache::fork, a page lost to the pool after a failed
 // append, and new weights left in a layer whose load_state_dict had failed).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cstdint>
 #include <cstdlib>
@@ -22,11 +23,13 @@
 
 namespace {
 
-// 0: never fail; n > 0: the n-th allocation from now throws std::bad_alloc (once).
+// 0: never fail; n > 0: the n-th allocation from now throws std::bad_alloc (once). Counted on
+// the calling thread outside parallel regions only: an exception may not leave an OpenMP
+// region (it would terminate), and what worker threads allocate is not covered here.
 thread_local long g_fail_at = 0;
 
 void* allocate(std::size_t n, std::size_t align) {
-    if (g_fail_at > 0 && --g_fail_at == 0) throw std::bad_alloc();
+    if (g_fail_at > 0 && omp_in_parallel() == 0 && --g_fail_at == 0) throw std::bad_alloc();
     void* p = align > alignof(std::max_align_t) ? std::aligned_alloc(align, (n + align - 1) / align * align)
                                                 : std::malloc(n == 0 ? 1 : n);
     if (p == nullptr) throw std::bad_alloc();
