@@ -144,7 +144,7 @@ def test_grads_argument_errors(tmp_path):
     np.save(tmp_path / "bad.npy", np.zeros((2, 2), np.float32))
     r = subprocess.run([ATTN, *base, "--grad-out", "bad.npy", "--grads", "g.safetensors"], cwd=tmp_path,
                        capture_output=True, text=True)
-    assert r.returncode == 2 and "grad_output" in r.stderr, r.stderr
+    assert r.returncode == 2 and "MultiHeadAttention: --grad-out: expected a floating tensor shaped like the output" in r.stderr, r.stderr
     assert not (tmp_path / "o.npy").exists() and not (tmp_path / "g.safetensors").exists()
     # Several tensors have no .npy form; and --grads and --out are published together: a
     # failing --out leaves no gradients file (it was written first; a review found it).
