@@ -536,13 +536,18 @@ TEST(PagedKVCache, ForkIsCopyOnWriteAndIsolated) {
 // Pages are handed out lowest-numbered first, also after frees and truncates: decode joins
 // consecutive page numbers into one stream, and a stack of freed pages gave a new sequence
 // its pages in descending order (bit-identical results, ~25 % slower steps).
-TEST(PagedKVCache, FreedPagesComeBackInOrder) {
-    std::mt19937 rng(12);
+// A pool of `pages` pages of 4 tokens, head dim 4: page numbers are easy to follow.
+PagedKVCacheConfig small_pool(std::int64_t pages) {
     PagedKVCacheConfig cfg;
     cfg.page_size = 4;
     cfg.head_dim = 4;
-    cfg.num_pages = 12;
-    World w(cfg);
+    cfg.num_pages = pages;
+    return cfg;
+}
+
+TEST(PagedKVCache, FreedPagesComeBackInOrder) {
+    std::mt19937 rng(12);
+    World w(small_pool(12));
     const SeqId a = w.cache.add_sequence();
     append_random(w, a, 8, rng);  // pages 0, 1
     const SeqId tmp = w.cache.add_sequence();
@@ -565,11 +570,7 @@ TEST(PagedKVCache, FreedPagesComeBackInOrder) {
 
 TEST(PagedKVCache, PoolExhaustedChangesNothing) {
     std::mt19937 rng(5);
-    PagedKVCacheConfig cfg;
-    cfg.page_size = 4;
-    cfg.head_dim = 4;
-    cfg.num_pages = 3;
-    World w(cfg);
+    World w(small_pool(3));
     const SeqId a = w.cache.add_sequence();
     append_random(w, a, 10, rng);  // 3 pages, last one half full
     const SeqId b = w.cache.fork(a);
