@@ -141,7 +141,7 @@ py::object decode_py(const py::object& query, const py::object& cache_obj, const
                      const py::object& window_alignment, const py::object& query_offset,
                      const py::object& attn_mask, const py::object& return_lse_arg, const py::object& softcap,
                      const py::object& alibi_slopes, const py::object& sinks, const py::object& threads_obj,
-                     const py::object& dtype, const py::object& out_dtype) {
+                     const py::object& dtype, const py::object& out_dtype, const py::object& impl) {
     const int threads = threads_arg(threads_obj);
     std::mutex* cache_mutex = nullptr;
     attn::KVCache& cache = kv_cache_of(cache_obj, "cache", cache_mutex);
@@ -158,6 +158,7 @@ py::object decode_py(const py::object& query, const py::object& cache_obj, const
     const py::object win = window_left != -1 ? py::object(py::make_tuple(window_left, -1)) : window;
     CallOptions o;
     o.sdpa.scale = optional_float_arg(scale, "scale");
+    o.sdpa.impl = attn::parse_impl(str_arg(impl, "impl"));
     set_alignment({is_causal, causal_alignment, win, window_alignment, query_offset}, o);
     set_modifiers({softcap, alibi_slopes, sinks}, q.view.dim(1), o);  // as scaled_dot_product_attention's
     set_mask(attn_mask, bf16_bits, o);
@@ -232,7 +233,7 @@ void bind_kv_cache(py::module_& m) {
           py::arg("attn_mask") = py::none(), py::arg("return_lse") = false, py::arg("softcap") = py::none(),
           py::arg("alibi_slopes") = py::none(),
           py::arg("sinks") = py::none(), py::arg("threads") = py::none(), py::arg("dtype") = py::none(),
-          py::arg("out_dtype") = py::none(),
+          py::arg("out_dtype") = py::none(), py::arg("impl") = "auto",
           "New queries (B, Hq, Lq, Dk) float32, float16 or bfloat16 (uint16 bits with dtype=\"bfloat16\") against everything in the cache (the decode kernel for\n"
           "a few rows per KV head, group*Lq below one flash panel (two with float32 K/V), flash otherwise; append the new tokens' keys/values first). Causal and window align bottom-right per\n"
           "sequence by default: new query i of sequence b (length n_b) has its diagonal at\n"
@@ -242,7 +243,9 @@ void bind_kv_cache(py::module_& m) {
           "attn_mask: bool (True = may attend) or float (added), broadcastable to (B, Hq, Lq, n) with n the\n"
           "cache's longest sequence, at least 1 (column j = cache position j; positions past a sequence's length stay hidden).\n"
           "out_dtype=\"float32\"|\"float16\"|\"bfloat16\": out's dtype (default: a 16-bit query's, else float32);\n"
-          "bfloat16 is a uint16 array of its bits. lse is float32.");
+          "bfloat16 is a uint16 array of its bits. lse is float32.\n"
+          "impl=\"auto\" (the choice above), \"decode\" (up to 16 new queries), \"flash\" or \"reference\", as in\n"
+          "scaled_dot_product_attention.");
 }
 
 }  // namespace attn_py

@@ -45,7 +45,8 @@ py::object paged_attention_py(const py::object& query, PyPagedKVCache& c, const 
                               const py::object& window, const py::object& window_alignment,
                               const py::object& query_offset, const py::object& attn_mask, const py::object& return_lse_arg,
                               const py::object& softcap, const py::object& alibi_slopes, const py::object& sinks,
-                              const py::object& dtype, const py::object& out_dtype, const py::object& threads_obj) {
+                              const py::object& dtype, const py::object& out_dtype, const py::object& threads_obj,
+                              const py::object& impl) {
     const int threads = threads_arg(threads_obj);
     const bool return_lse = bool_arg(return_lse_arg, "return_lse");
     const bool bf16_bits = uint16_is_bf16_arg(dtype);
@@ -58,6 +59,7 @@ py::object paged_attention_py(const py::object& query, PyPagedKVCache& c, const 
     for (const py::handle& s : py::iterable(seqs_arg)) seqs.push_back(int_arg(py::reinterpret_borrow<py::object>(s), "seqs"));
     CallOptions o;
     o.sdpa.scale = optional_float_arg(scale, "scale");
+    o.sdpa.impl = attn::parse_impl(str_arg(impl, "impl"));
     set_alignment({is_causal, causal_alignment, window, window_alignment, query_offset}, o);
     set_modifiers({softcap, alibi_slopes, sinks}, q.view.dim(1), o);
     set_mask(attn_mask, bf16_bits, o);
@@ -171,12 +173,13 @@ void bind_paged_kv_cache(py::module_& m) {
           py::arg("query_offset") = py::none(), py::arg("attn_mask") = py::none(), py::arg("return_lse") = false,
           py::arg("softcap") = py::none(),
           py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(), py::arg("dtype") = py::none(),
-          py::arg("out_dtype") = py::none(), py::arg("threads") = py::none(),
+          py::arg("out_dtype") = py::none(), py::arg("threads") = py::none(), py::arg("impl") = "auto",
           "query (B, Hq, Lq, Dk) float32, float16 or bfloat16 (uint16 bits with dtype=\"bfloat16\"), batch row b = sequence seqs[b], against the cache's pages (decode\n"
           "kernel for a few rows per KV head, group*Lq below one flash panel (two with float32 K/V); flash reading the pages of any pool otherwise,\n"
           "chunked prefill included). Append the new tokens first. Keywords as\n"
           "decode_attention's (score modifiers and attn_mask included; the mask's last dim is the longest of seqs), and so are dtype=, out_dtype= (default: a 16-bit query's dtype, else float32) and threads=.\n"
-          "Returns out (B, Hq, Lq, Dv) [, lse float32].");
+          "impl=\"auto\" (the choice above), \"flash\" (any Lq) or \"decode\" (blocks of 16 queries); \"reference\" reads no pages\n"
+          "and is refused. Returns out (B, Hq, Lq, Dv) [, lse float32].");
 }
 
 }  // namespace attn_py

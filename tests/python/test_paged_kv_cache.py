@@ -120,3 +120,31 @@ def test_cache_dtype_as_numpy_or_torch_dtype():
                         (torch.bfloat16, "bfloat16"), (torch.float16, "float16")):
         assert attn.KVCache(1, 1, 4, 4, dtype=given).dtype == name
         assert attn.PagedKVCache(1, 4, 4, dtype=given).dtype == name
+
+
+def test_impl_keyword_picks_the_kernel_as_in_cpp():
+    # C++'s SdpaOptions::impl had no Python keyword on decode_attention / paged_attention (a
+    # parity audit): flash for any Lq, decode blocks of 16, the reference on a contiguous cache.
+    rng = np.random.default_rng(3)
+    k = rng.standard_normal((2, 30, 8)).astype(np.float32)
+    v = rng.standard_normal((2, 30, 8)).astype(np.float32)
+    q = rng.standard_normal((1, 4, 20, 8)).astype(np.float32)
+    ref = attn.scaled_dot_product_attention(q.astype(np.float64), k[None].astype(np.float64), v[None].astype(np.float64),
+                                            is_causal=True, causal_alignment="bottom-right", impl="reference")
+    pool = attn.PagedKVCache(2, 8, 16, page_size=4)
+    s = pool.add_sequence()
+    pool.append(s, k, v)
+    for impl in ("auto", "flash", "decode"):
+        assert np.abs(attn.paged_attention(q, pool, [s], impl=impl) - ref).max() < 1e-5, impl
+    with pytest.raises(ValueError, match="paged_attention: impl: only the decode and flash kernels read pages"):
+        attn.paged_attention(q, pool, [s], impl="reference")
+    cache = attn.KVCache(1, 2, 8, 32)
+    cache.append(k[None], v[None])
+    few = q[:, :, :4]
+    want = attn.decode_attention(few, cache, impl="reference")
+    for impl in ("auto", "decode", "flash"):
+        assert np.abs(attn.decode_attention(few, cache, impl=impl) - want).max() < 1e-5, impl
+    with pytest.raises(ValueError, match="decode_attention: impl: the decode kernel cannot run this call: Lq = 20 > 16"):
+        attn.decode_attention(q, cache, impl="decode")
+    with pytest.raises(ValueError, match="impl"):
+        attn.decode_attention(few, cache, impl="fastest")
