@@ -160,6 +160,23 @@ def test_query_offset(tmp_path, np_):
     assert np.abs(np.load(out) - ref).max() <= 1e-5
 
 
+@pytest.mark.parametrize("np_", [2, 3])
+def test_query_offsets_per_sequence(tmp_path, np_):
+    # `attn sdpa` and the ring's C++/Python API took per-sequence offsets; `attn ring` had no
+    # --query-offsets (a parity audit).
+    arrays, p = make(tmp_path, 2, 2, 2, 15, 26, 4, 4, seed=13)
+    np.save(tmp_path / "qo.npy", np.array([9, -3], np.int64))
+    out = tmp_path / "o.npy"
+    r = mpirun(np_, "--q", p["q"], "--k", p["k"], "--v", p["v"], "--out", out, "--causal", "--query-offsets",
+               tmp_path / "qo.npy", "--window-left", "5")
+    assert r.returncode == 0, r.stderr
+    ref = attention(arrays["q"], arrays["k"], arrays["v"], causal=True, window=(5, -1, "top-left"), query_offset=[9, -3])
+    assert np.abs(np.load(out) - ref).max() <= 1e-5
+    r = mpirun(np_, "--q", p["q"], "--k", p["k"], "--v", p["v"], "--out", out, "--query-offset", "2", "--query-offsets",
+               tmp_path / "qo.npy")
+    assert r.returncode == 2 and "--query-offset excludes --query-offsets" in r.stderr, r.stderr
+
+
 def test_bad_causal_and_window_align(tmp_path):
     _, p = make(tmp_path, 1, 1, 1, 8, 8, 4, 4)
     out = tmp_path / "o.npy"

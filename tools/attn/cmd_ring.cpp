@@ -52,6 +52,7 @@ struct RingArgs {
     std::int64_t window_left = -1, window_right = -1;
     std::optional<std::string> window_align;  // --window-align (default top-left; only with a window)
     std::optional<std::int64_t> query_offset;
+    std::string query_offsets;  // --query-offsets: a (B,) file, one offset per sequence
     std::optional<double> scale;
     bool stats = false;
     bool shard_outputs = false;  // each rank writes its own rows (shard_path) instead of rank 0 gathering
@@ -150,7 +151,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     opt.dropout_p = a.dropout;  // checked with the seed below, collectively
     const bool backward = !a.grad_out.empty();
     Header h;
-    Tensor q, k, v, dO, lengths, sinks, slopes;
+    Tensor q, k, v, dO, lengths, offsets, sinks, slopes;
     OutputFiles outputs;
     agree_on_flow(comm, rank, a);
     // Rank 0: flags, output path, files and their global shapes.
@@ -189,8 +190,8 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         }
         outputs.add("--dsinks", a.dsinks);
         for (const auto& [flag, spec] : {std::pair{"--q", &a.q}, {"--k", &a.k}, {"--v", &a.v}, {"--grad-out", &a.grad_out},
-                                         {"--key-lengths", &a.key_lengths}, {"--sinks", &a.sinks},
-                                         {"--alibi-slopes", &a.alibi_slopes}})
+                                         {"--key-lengths", &a.key_lengths}, {"--query-offsets", &a.query_offsets},
+                                         {"--sinks", &a.sinks}, {"--alibi-slopes", &a.alibi_slopes}})
             outputs.add_input(flag, tensor_arg_file(*spec));
         outputs.check();
         if (rank != 0) return;
@@ -210,15 +211,19 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
             throw Error("--v: " + a.v + " has " + std::to_string(v.shape()[1]) + " heads but --k " + a.k + " has " +
                         std::to_string(k.shape()[1]));
         }
-        if (!a.key_lengths.empty()) {
-            lengths = read_tensor_arg("--key-lengths", a.key_lengths);
-            if ((lengths.dtype() != DType::i32 && lengths.dtype() != DType::i64) || lengths.shape().rank != 1 ||
-                lengths.shape()[0] != q.shape()[0]) {
-                throw Error("--key-lengths: " + a.key_lengths + " must hold int32/int64 of shape (B,) = (" +
-                            std::to_string(q.shape()[0]) + ",) but holds " + std::string(dtype_name(lengths.dtype())) + " " +
-                            lengths.shape().str());
+        // (B,) integers, one per sequence: rank 0 reads them, every rank gets them below.
+        const auto per_sequence = [&](const char* flag, const std::string& spec) {
+            if (spec.empty()) return Tensor();
+            Tensor t = read_tensor_arg(flag, spec);
+            if ((t.dtype() != DType::i32 && t.dtype() != DType::i64) || t.shape().rank != 1 || t.shape()[0] != q.shape()[0]) {
+                throw Error(std::string(flag) + ": " + spec + " must hold int32/int64 of shape (B,) = (" +
+                            std::to_string(q.shape()[0]) + ",) but holds " + std::string(dtype_name(t.dtype())) + " " +
+                            t.shape().str());
             }
-        }
+            return t;
+        };
+        lengths = per_sequence("--key-lengths", a.key_lengths);
+        offsets = per_sequence("--query-offsets", a.query_offsets);
         if (backward) {
             dO = read_input("--grad-out", a.grad_out);
             const Shape want{q.shape()[0], q.shape()[1], q.shape()[2], v.shape()[3]};
@@ -263,17 +268,22 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         dist::run_collectively(comm, [&] { slopes = alibi_slopes(h.Hq); });
         opt.alibi_slopes = slopes.view();
     }
-    std::vector<std::int64_t> kl;
-    std::int64_t has_lengths = rank == 0 && !a.key_lengths.empty() ? 1 : 0;
-    MPI_Bcast(&has_lengths, 1, MPI_INT64_T, 0, comm);
-    if (has_lengths) {
-        kl.resize(static_cast<std::size_t>(h.B));
+    // Rank 0's (B,) files (--key-lengths, --query-offsets) on every rank: empty when not given.
+    const auto on_every_rank = [&](const Tensor& mine_on_rank0) {
+        std::int64_t given = rank == 0 && mine_on_rank0.data() != nullptr ? 1 : 0;
+        MPI_Bcast(&given, 1, MPI_INT64_T, 0, comm);
+        std::vector<std::int64_t> values;
+        if (given == 0) return values;
+        values.resize(static_cast<std::size_t>(h.B));
         if (rank == 0)
             for (std::int64_t b = 0; b < h.B; ++b)
-                kl[static_cast<std::size_t>(b)] = static_cast<std::int64_t>(lengths.view().load_as_double(b));
-        MPI_Bcast(kl.data(), static_cast<int>(h.B), MPI_INT64_T, 0, comm);
-        opt.key_lengths = TensorView(kl.data(), DType::i64, Shape{h.B});
-    }
+                values[static_cast<std::size_t>(b)] = static_cast<std::int64_t>(mine_on_rank0.view().load_as_double(b));
+        MPI_Bcast(values.data(), static_cast<int>(h.B), MPI_INT64_T, 0, comm);
+        return values;
+    };
+    std::vector<std::int64_t> kl = on_every_rank(lengths), qo = on_every_rank(offsets);
+    if (!kl.empty()) opt.key_lengths = TensorView(kl.data(), DType::i64, Shape{h.B});
+    if (!qo.empty()) opt.query_offset = QueryOffset(TensorView(qo.data(), DType::i64, Shape{h.B}));
 
     // Every rank allocates its rows (collectively: a failed allocation stops all ranks), then
     // rank 0 sends them.
@@ -446,7 +456,7 @@ void run(const RingArgs& a) {
     std::string failure;
     try {
         naming_flags([&] { run_ring(MPI_COMM_WORLD, a); }, {"ring_attention_backward", "ring_attention"},
-                     {{"key_lengths", "--key-lengths"}, {"query_offset", "--query-offset"},
+                     {{"key_lengths", "--key-lengths"}, {"query_offset", a.query_offsets.empty() ? "--query-offset" : "--query-offsets"},
                       {"alibi_slopes", a.alibi ? "--alibi" : "--alibi-slopes"}, {"sinks", "--sinks"},
                       {"grad_out", "--grad-out"}, {"softcap", "--softcap"}, {"dropout_p", "--dropout"},
                       {"scale", "--scale"}, {"dsinks", "--dsinks"}, {"window", "--window-left/--window-right"},
@@ -501,8 +511,10 @@ void add_ring_command(CLI::App& app) {
     cmd->add_option("--window-right", args->window_right, "sliding window: keys a query sees after its diagonal (-1 = all)");
     cmd->add_option("--window-align", args->window_align,
                     "diagonal of the window: top-left (default) or bottom-right (only with --window-left/--window-right)");
-    cmd->add_option("--query-offset", args->query_offset,
-                    "position of query 0 among the keys: causal and the window align to i + N for every sequence");
+    CLI::Option* one_offset = cmd->add_option(
+        "--query-offset", args->query_offset, "position of query 0 among the keys: causal and the window align to i + N for every sequence");
+    cmd->add_option("--query-offsets", args->query_offsets, "int32/int64 (B,): --query-offset per sequence (read by rank 0)")
+        ->excludes(one_offset);
     cmd->add_option("--scale", args->scale, "score scale (default 1/sqrt(Dk)); any number finite in float32 (|scale| <= 3.4028235e38)");
     cmd->add_option("--key-lengths", args->key_lengths, "int32/int64 (B,): valid keys per sequence (padding at the end)");
     cmd->add_option("--layout", args->layout, "how the sequence is cut over ranks: zigzag (default, balanced) or contiguous");
