@@ -24,6 +24,7 @@
 #include <pybind11/stl.h>
 
 #include "attn/ring.hpp"
+#include "attn/threads.hpp"
 #include "bind.hpp"
 #include "convert.hpp"
 #include "options.hpp"
@@ -45,7 +46,7 @@ struct RingArgs {
     AlignmentArgs alignment;  // is_causal, causal_alignment, window, window_alignment, query_offset
     py::object scale, layout, key_lengths;
     ModifierArgs modifiers;  // softcap, alibi_slopes, sinks
-    py::object dropout_p, dropout_seed;
+    py::object dropout_p, dropout_seed, impl;
 };
 
 // RingOptions whose views point into arrays held in `keep` (alive as long as it is).
@@ -73,6 +74,7 @@ RingCall ring_options(const RingArgs& a, std::int64_t heads) {
     c.ring.layout = attn::dist::parse_layout(str_arg(a.layout, "layout"));
     c.ring.dropout_p = float_arg(a.dropout_p, "dropout_p");  // the range: ring_attention, collectively
     c.ring.dropout_seed = dropout_seed_arg(a.dropout_seed, c.ring.dropout_p);
+    c.ring.impl = attn::parse_impl(str_arg(a.impl, "impl"));  // which impls a block takes: ring_attention says
     return c;
 }
 
@@ -121,9 +123,11 @@ py::tuple ring_forward(const py::handle& query, const py::handle& key, const py:
                        const py::object& causal_alignment, const py::object& window, const py::object& window_alignment,
                        const py::object& query_offset, const py::object& key_lengths, const py::object& softcap,
                        const py::object& alibi_slopes, const py::object& sinks, const py::object& dropout_p,
-                        const py::object& dropout_seed, const py::object& dtype, const py::object& out_dtype) {
+                        const py::object& dropout_seed, const py::object& dtype, const py::object& out_dtype,
+                       const py::object& impl, const py::object& threads_obj) {
     const char* kLayout = "(B, H, L_local, D)";
     const MPI_Comm c = comm_of(comm);
+    int threads = 0;
     Input q, k, v;
     std::optional<RingCall> call;
     py::array out, lse;
@@ -133,8 +137,9 @@ py::tuple ring_forward(const py::handle& query, const py::handle& key, const py:
         k = input(key, "key", 4, 4, kLayout, bf16);
         v = input(value, "value", 4, 4, kLayout, bf16);
         call.emplace(ring_options({{is_causal, causal_alignment, window, window_alignment, query_offset}, scale, layout,
-                                   key_lengths, {softcap, alibi_slopes, sinks}, dropout_p, dropout_seed},
+                                   key_lengths, {softcap, alibi_slopes, sinks}, dropout_p, dropout_seed, impl},
                                   q.view.dim(1)));
+        threads = threads_arg(threads_obj);
         // out in out_dtype (default: a 16-bit query's dtype, else float32); lse float32.
         const attn::DType odt = out_dtype_arg(out_dtype, sixteen_bit_or_f32(q.view.dtype()));
         out = new_array(odt, {q.view.dim(0), q.view.dim(1), q.view.dim(2), v.view.dim(3)});
@@ -143,6 +148,7 @@ py::tuple ring_forward(const py::handle& query, const py::handle& key, const py:
     const attn::TensorView ov = output_view(out, 4), lv = output_view(lse, 3);
     {
         py::gil_scoped_release release;
+        const attn::ScopedNumThreads scoped_threads(threads);
         attn::dist::ring_attention(c, q.view, k.view, v.view, call->ring, ov, &lv);
     }
     return py::make_tuple(out, lse);
@@ -154,9 +160,11 @@ py::tuple ring_backward(const py::handle& query, const py::handle& key, const py
                         const py::object& causal_alignment, const py::object& window, const py::object& window_alignment,
                         const py::object& query_offset, const py::object& key_lengths, const py::object& softcap,
                         const py::object& alibi_slopes, const py::object& sinks, const py::object& dropout_p,
-                        const py::object& dropout_seed, const py::object& dtype, const py::object& out_dtype) {
+                        const py::object& dropout_seed, const py::object& dtype, const py::object& out_dtype,
+                        const py::object& impl, const py::object& threads_obj) {
     const char* kLayout = "(B, H, L_local, D)";
     const MPI_Comm c = comm_of(comm);
+    int threads = 0;
     Input q, k, v, o, l, g;
     std::optional<RingCall> call;
     py::array dq, dk, dv, ds;
@@ -169,8 +177,9 @@ py::tuple ring_backward(const py::handle& query, const py::handle& key, const py
         l = input(lse, "lse", 3, 3, "(B, H, L_local)");
         g = input(grad_out, "grad_out", 4, 4, kLayout, bf16);
         call.emplace(ring_options({{is_causal, causal_alignment, window, window_alignment, query_offset}, scale, layout,
-                                   key_lengths, {softcap, alibi_slopes, sinks}, dropout_p, dropout_seed},
+                                   key_lengths, {softcap, alibi_slopes, sinks}, dropout_p, dropout_seed, impl},
                                   q.view.dim(1)));
+        threads = threads_arg(threads_obj);
         // dq/dk/dv in out_dtype (default: a 16-bit query's dtype, else float32), as the forward's out.
         const attn::DType gdt = out_dtype_arg(out_dtype, sixteen_bit_or_f32(q.view.dtype()));
         dq = new_array(gdt, dims_of(q.view));
@@ -184,6 +193,7 @@ py::tuple ring_backward(const py::handle& query, const py::handle& key, const py
     const attn::TensorView dsv = output_view(ds, 1);
     {
         py::gil_scoped_release release;
+        const attn::ScopedNumThreads scoped_threads(threads);
         attn::dist::ring_attention_backward(c, q.view, k.view, v.view, o.view, l.view, g.view, opt, dqv, dkv, dvv,
                                             nullptr, with_sinks ? &dsv : nullptr);
     }
@@ -201,7 +211,8 @@ void bind_dist(py::module_& m) {
         py::arg("window_alignment") = "top-left", py::arg("query_offset") = py::none(),                            \
         py::arg("key_lengths") = py::none(), py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(), \
         py::arg("sinks") = py::none(), py::arg("dropout_p") = 0.0, py::arg("dropout_seed") = py::none(),                   \
-        py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none()
+        py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none(), py::arg("impl") = "auto",                \
+        py::arg("threads") = py::none()
     d.def("ring_attention", &ring_forward, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("comm"),
           ATTN_RING_KEYWORDS,
           "Collective: this rank's rows of O and lse (float32) for the sequence split over comm's ranks.\n"
@@ -209,7 +220,9 @@ void bind_dist(py::module_& m) {
           "in 16 bits); out in out_dtype (default: a 16-bit query's dtype, else float32).\n"
           "The masking, modifier and dropout keywords are attn.scaled_dot_product_attention's, on global\n"
           "positions, the same on every rank (key_lengths and a (B,) query_offset: the same arrays);\n"
-          "dropout_p/dropout_seed drop exactly what single-process attention drops with the same seed.");
+          "dropout_p/dropout_seed drop exactly what single-process attention drops with the same seed.\n"
+          "impl: each block's kernel (\"auto\", \"flash\", \"reference\"; the backward: auto or flash);\n"
+          "threads: this rank's thread count for the call (None: attn's setting).");
     d.def("ring_attention_backward", &ring_backward, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("out"),
           py::arg("lse"), py::arg("grad_out"), py::arg("comm"), ATTN_RING_KEYWORDS,
           "Collective: this rank's rows of dQ, dK, dV (the gradients of <O, dO>), from ring_attention's out and lse\n"

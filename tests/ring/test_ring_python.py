@@ -153,6 +153,8 @@ KEYWORD_CASES = {
     "bottom-right causal + per-sequence query_offset + window": dict(
         causal=1, layout="zigzag",
         keywords={"causal_alignment": "bottom-right", "query_offset": "@offsets", "window": [6, None]}),
+    # impl= and threads= (the CLI's --impl and --threads; a parity audit found them missing here).
+    "impl flash, threads 1": dict(causal=1, layout="zigzag", keywords={"impl": "flash", "threads": 1}),
     "dropout 0.3 causal": dict(causal=1, layout="zigzag", keywords={"dropout_p": 0.3, "dropout_seed": 2**40 + 123}),
     "dropout 0.5 + query_offset 4 + key_lengths": dict(
         causal=1, layout="contiguous",
