@@ -490,15 +490,33 @@ def test_metadata_and_f16_weights_accepted(tmp_path):
     run_attn(tmp_path, ["--params", "p.safetensors", "--num-heads", "2", "--query", "x.npy", "--out", "o.npy"])
 
 
+def test_cli_impl_picks_the_kernel(tmp_path):
+    """attn mha --impl, as MhaForwardOptions::impl and the Python forward(impl=) (a parity audit):
+    every kernel gives torch's output."""
+    sd = base_sd()
+    (tmp_path / "p.safetensors").write_bytes(st_bytes(sd))
+    x = np.random.default_rng(31).normal(size=(5, 2, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    m = torch.nn.MultiheadAttention(8, 2).eval()
+    m.load_state_dict(sd)
+    with torch.no_grad():
+        want = m(*(torch.from_numpy(x),) * 3)[0].numpy()
+    for impl in ("auto", "reference", "flash", "decode"):
+        run_attn(tmp_path, ["--params", "p.safetensors", "--num-heads", "2", "--query", "x.npy", "--out", f"o_{impl}.npy",
+                            "--impl", impl])
+        assert rel_err(np.load(tmp_path / f"o_{impl}.npy"), want) <= REL_TOL, impl
+
+
 # ---------------------------------------------------------------- CLI argument errors
 @pytest.mark.parametrize("extra,expect", [
     (["--key", "x.npy"], "--key: given without --value"),
     (["--per-head-weights"], "--per-head-weights: needs --weights"),
+    (["--impl", "fastest"], "--impl: expected one of auto, reference, flash, decode but got 'fastest'"),
     (["--attn-mask", "bad_am.npy"], "MultiHeadAttention: --attn-mask: expected shape (Lq, Lk) = (3, 3)"),
     (["--key-padding-mask", "bad_kpm.npy"], "MultiHeadAttention: --key-padding-mask: expected shape (B, Lk) = (1, 3)"),
     (["--attn-mask", "int_am.npy"], "MultiHeadAttention: --attn-mask: dtype must be bool"),
     (["--query", "x7.npy"], "query: expected (L, B, E) with E = embed_dim = 8 but got shape (3, 1, 7)"),
-], ids=["key-without-value", "per-head-without-weights", "attn-mask-shape", "kpm-shape", "attn-mask-int",
+], ids=["key-without-value", "per-head-without-weights", "impl-unknown", "attn-mask-shape", "kpm-shape", "attn-mask-int",
         "layout-mismatch"])
 def test_cli_argument_errors(tmp_path, extra, expect):
     (tmp_path / "p.safetensors").write_bytes(st_bytes(base_sd()))

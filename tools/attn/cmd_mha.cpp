@@ -33,6 +33,7 @@ struct MhaArgs {
     std::string params, query, key, value, out, key_padding_mask, attn_mask, weights, grad_out, grads, alibi_slopes;
     std::string out_dtype, param_dtype;  // "" = the query's 16-bit dtype / the checkpoint's
     std::string intermediate_dtype;      // "" = float32
+    std::string impl = "auto";           // the attention kernel (MhaForwardOptions::impl), as attn sdpa --impl
     double softcap = 0.0;
     bool alibi = false;
     std::int64_t num_heads = 0;
@@ -106,6 +107,7 @@ void run(const MhaArgs& a) {
     require_probability("--dropout-p", a.dropout_p);  // before the mode: a bad value is named as such
     if (!training && a.dropout_p != 0.0) throw Error("--dropout-p: only with --grads (training mode); eval mode has no dropout");
     const std::uint64_t seed = dropout_seed("--dropout-p", a.dropout_p, "--dropout-seed", a.dropout_seed);
+    const Impl impl = with_flag("--impl", [&] { return parse_impl(a.impl); });
     OutputFiles outputs;
     outputs.add("--out", a.out);
     outputs.add("--grads", a.grads);
@@ -186,6 +188,7 @@ void run(const MhaArgs& a) {
         opt.attn_mask = am.view();
     }
     opt.is_causal = a.causal;
+    opt.impl = impl;
     opt.need_weights = !a.weights.empty();
     opt.average_attn_weights = !a.per_head;
     if (!a.out_dtype.empty() && training) throw Error("--out-dtype: not with --grads (training writes float32)");
@@ -268,6 +271,9 @@ void add_mha_command(CLI::App& app) {
                     "(B, Lk) or unbatched (Lk,): bool True = padding (ignored key), or float added to the scores");
     cmd->add_option("--attn-mask", args->attn_mask,
                     "(Lq, Lk) or (B*h, Lq, Lk) (unbatched (h, Lq, Lk)): bool True = NOT allowed, or float added");
+    cmd->add_option("--impl", args->impl,
+                    "attention kernel: auto (default), reference, flash or decode (a few queries per KV head, "
+                    "forward only), as attn sdpa --impl");
     cmd->add_flag("--causal", args->causal, "causal mask: query i sees keys 0..i (combined with the other masks)");
     cmd->add_option("--weights", args->weights, "write attention weights (B, Lq, Lk) averaged over heads, float32");
     cmd->add_flag("--per-head-weights", args->per_head, "with --weights: write (B, h, Lq, Lk) per head instead");
