@@ -12,7 +12,10 @@
 // Both the forward and the backward compute in float32 and the ring adds at most P float32
 // additions per dK/dV element and a double sum for dQ: measured errors (printed) sit one to two
 // orders below the bound.
-// Also: a second run gives bit-identical gradients (fixed accumulation order); the ranks
+// Also: a second run gives bit-identical gradients (the ring's fixed accumulation order) — for
+// the dropout cases a second forward and backward on 3 threads where the first ran on 1 give
+// bit-identical O, lse and gradients (kernels whose bits do not depend on the thread count,
+// include/attn/threads.hpp; the keep mask must not move with it either); the ranks
 // together score exactly the visible pairs; bad arguments make every rank throw the same
 // attn::Error and leave the gradients unwritten. Rank 0 prints "N passed, M failed".
 #include <mpi.h>
@@ -30,6 +33,7 @@
 #include "attn/ring.hpp"
 #include "attn/sdpa.hpp"
 #include "attn/sdpa_backward.hpp"
+#include "attn/threads.hpp"
 #include "ring_test_util.hpp"
 
 using namespace attn;
@@ -208,12 +212,24 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
     std::string detail;
     bool ok = true;
     Tensor o(c.out_dtype, Shape{c.B, c.Hq, nq, c.Dv}), l(DType::f32, Shape{c.B, c.Hq, nq});
+    // The second run's thread count: 3 for the dropout cases, 1 for the rest (every case on 3
+    // threads tripled the test's time on 2 shared cores, in barriers of tiny problems).
+    const int rerun_threads = c.dropout_p > 0 ? 3 : 1;
+    Tensor o3(c.out_dtype, o.shape()), l3(DType::f32, l.shape());  // the forward again, on rerun_threads
     Tensor dq[2], dk[2], dv[2], ds[2];
     dist::RingStats stats;
     try {
-        const TensorView lv = l.view();
-        dist::ring_attention(MPI_COMM_WORLD, qv, kv, vv, ro, o, &lv);
+        const TensorView lv = l.view(), l3v = l3.view();
+        {
+            const ScopedNumThreads one(1);
+            dist::ring_attention(MPI_COMM_WORLD, qv, kv, vv, ro, o, &lv);
+        }
+        {
+            const ScopedNumThreads rerun(rerun_threads);
+            dist::ring_attention(MPI_COMM_WORLD, qv, kv, vv, ro, o3, &l3v);
+        }
         for (int run = 0; run < 2; ++run) {
+            const ScopedNumThreads threads(run == 0 ? 1 : rerun_threads);
             dq[run] = poisoned(c.out_dtype, Shape{c.B, c.Hq, nq, c.Dk});
             dk[run] = poisoned(c.out_dtype, Shape{c.B, c.Hkv, nk, c.Dk});
             dv[run] = poisoned(c.out_dtype, Shape{c.B, c.Hkv, nk, c.Dv});
@@ -230,13 +246,17 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
     if (ok) {
         const Err eq = compare(dq[0], rdq, qseg), ek = compare(dk[0], rdk, kseg), ev = compare(dv[0], rdv, kseg);
         errs[0] = eq.err, errs[1] = ek.err, errs[2] = ev.err, errs[3] = eq.ref, errs[4] = ek.ref, errs[5] = ev.ref;
+        if (std::memcmp(o.data(), o3.data(), o.nbytes()) != 0 || std::memcmp(l.data(), l3.data(), l.nbytes()) != 0) {
+            ok = false;
+            detail = "a second forward (" + std::to_string(rerun_threads) + " threads, the first on 1) gave other bits; ";
+        }
         for (int run = 1; run < 2; ++run) {
             const bool same = std::memcmp(dq[0].data(), dq[run].data(), dq[0].nbytes()) == 0 &&
                               std::memcmp(dk[0].data(), dk[run].data(), dk[0].nbytes()) == 0 &&
                               std::memcmp(dv[0].data(), dv[run].data(), dv[0].nbytes()) == 0;
             if (!same) {
                 ok = false;
-                detail = "a second run gave other bits; ";
+                detail += "a second run (" + std::to_string(rerun_threads) + " threads, the first on 1) gave other bits; ";
             }
         }
         // dσ: the whole sequence's gradient on every rank, bit-identical in a second run.
