@@ -69,8 +69,11 @@ void release_varlen_scratch();
 // Bytes of the kept buffer now (0 after release_varlen_scratch()).
 std::int64_t varlen_scratch_bytes();
 
-// The dropout seed of sequence b: splitmix64(seed + b·golden ratio) — a documented mix, so
-// another implementation can reproduce the mask.
+// The dropout seed of sequence b, written out so that another implementation can reproduce the
+// mask: splitmix64's output for the state seed + b·φ (its state advances by φ before the mix),
+//   z = seed + (b + 1)·0x9E3779B97F4A7C15                  (mod 2^64)
+//   z = (z ^ (z >> 30))·0xBF58476D1CE4E5B9;  z = (z ^ (z >> 27))·0x94D049BB133111EB;  z ^ (z >> 31)
+// e.g. varlen_dropout_seed(0, 0) = 0xE220A8397B1DCDAF, splitmix64's first output for seed 0.
 std::uint64_t varlen_dropout_seed(std::uint64_t seed, std::int64_t b);
 
 }  // namespace attn

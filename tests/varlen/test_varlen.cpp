@@ -919,5 +919,19 @@ TEST(VarlenErrors, TensorDtypesCheckedWhenNoSequenceHasWork) {
     }
 }
 
+// The header writes the seed mix out so another implementation can reproduce varlen's dropout
+// mask (it said "seed + b·golden ratio", one φ short of the code's (b + 1)·φ): its formula, computed
+// here independently, and splitmix64's known first output for seed 0.
+TEST(VarlenDropoutSeed, IsTheHeadersFormula) {
+    EXPECT_EQ(varlen_dropout_seed(0, 0), 0xE220A8397B1DCDAFull);
+    for (const std::uint64_t seed : {std::uint64_t{0}, std::uint64_t{12345}, ~std::uint64_t{0}})
+        for (const std::int64_t b : {0, 1, 2, 7, 1000}) {
+            std::uint64_t z = seed + (static_cast<std::uint64_t>(b) + 1) * 0x9E3779B97F4A7C15ull;
+            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+            z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+            EXPECT_EQ(varlen_dropout_seed(seed, b), z ^ (z >> 31)) << "seed " << seed << ", b " << b;
+        }
+}
+
 }  // namespace
 }  // namespace attn::test
