@@ -6,8 +6,10 @@
 //       else ATTN_NUM_THREADS (an integer >= 1) if set
 //       else OpenMP's default (OMP_NUM_THREADS, else every CPU)
 //
-// Results do not depend on it: every kernel splits its work by the shape (and two splits by the
-// process's CPU count), never by the thread count (docs/environment.md).
+// Results do not depend on it: every kernel splits its work by the shape, never by the thread
+// count. Three splits — flash's and decode's key chunks, the backward's chunks of key blocks —
+// also follow the process's CPU count, so processes with CPU sets (or machines) of other sizes
+// can get other float32 sums in the last bits (docs/environment.md).
 #pragma once
 
 #include "attn/error.hpp"

@@ -8,8 +8,9 @@
 
 namespace attn::detail {
 
-// How many work items a kernel aims for when it splits a few large ones (decode's key chunks,
-// the backward's chunks of key blocks): four per CPU this process may run on
+// How many work items a kernel aims for when it splits a few large ones (flash's and decode's
+// key chunks, flash's query groups — which keep the bits —, the backward's chunks of key
+// blocks): four per CPU this process may run on
 // (split_cpu_count), and at least `floor`. The process's count, never the thread count or the
 // calling thread's affinity: the split, and with it the order of a merge, does not change with
 // attn::num_threads() or with which thread calls; it can differ between machines (or processes
