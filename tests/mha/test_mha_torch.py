@@ -409,6 +409,33 @@ def test_causal_with_bias_kv_refused(tmp_path):
     assert not (tmp_path / "o.npy").exists()
 
 
+def test_causal_takes_the_forms_of_attn_sdpa(tmp_path):
+    # attn mha's --causal was a flag: `--causal top-left` and `--causal none`, the forms attn sdpa
+    # and attn ring take, failed with "The following argument was not expected" (a parity audit).
+    m = build_module(dict(E=8, h=2, kdim=8, vdim=8, bias=True, batch_first=False), torch.Generator().manual_seed(1))
+    (tmp_path / "p.safetensors").write_bytes(st_bytes(m.state_dict()))
+    x = torch.randn(5, 1, 8, generator=torch.Generator().manual_seed(3))
+    np.save(tmp_path / "x.npy", x.numpy())
+    base = ["--params", "p.safetensors", "--num-heads", "2", "--query", "x.npy", "--out"]
+    for out, extra in (("bare.npy", ["--causal"]), ("top.npy", ["--causal", "top-left"]),
+                       ("none.npy", ["--causal", "none"]), ("plain.npy", [])):
+        run_attn(tmp_path, [*base, out, *extra])
+    load = lambda name: np.load(tmp_path / name)
+    assert np.array_equal(load("bare.npy"), load("top.npy"))
+    assert np.array_equal(load("none.npy"), load("plain.npy"))
+    causal_mask = torch.triu(torch.ones(5, 5, dtype=torch.bool), diagonal=1)  # True = not allowed
+    with torch.no_grad():
+        x64 = x.double()
+        ref = m.double()(x64, x64, x64, attn_mask=causal_mask, need_weights=False)[0].numpy()
+    assert rel_err(load("top.npy"), ref) <= REL_TOL
+    assert rel_err(load("none.npy"), ref) > 100 * REL_TOL  # the mask changed the result
+    # The layer's causal mask is top-left (torch's is_causal): bottom-right is refused by name.
+    r = run_attn(tmp_path, [*base, "br.npy", "--causal", "bottom-right"], expect_ok=False)
+    assert r.returncode == 2 and r.stderr.startswith("attn: error: --causal: expected top-left (or none) but got "
+                                                     "'bottom-right'"), r.stderr
+    assert not (tmp_path / "br.npy").exists()
+
+
 def test_heads_not_dividing(tmp_path):
     err = run_with_params(tmp_path, st_bytes(base_sd()), heads=3)
     assert "embed_dim 8" in err and "divisible by num_heads 3" in err

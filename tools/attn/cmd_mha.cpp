@@ -1,5 +1,5 @@
 // attn mha --params P.safetensors --num-heads H --query Q.npy [--key K.npy --value V.npy] --out O.npy
-//          [--batch-first] [--key-padding-mask M.npy] [--attn-mask A.npy] [--causal]
+//          [--batch-first] [--key-padding-mask M.npy] [--attn-mask A.npy] [--causal [none|top-left]]
 //          [--weights W.npy] [--per-head-weights]
 //          [--grad-out dO.npy --grads G.safetensors [--dropout-p P --dropout-seed S]]   (training)
 //          [--softcap C] [--alibi | --alibi-slopes A.npy]      (a `sinks` tensor in the params: sinks)
@@ -19,6 +19,7 @@
 #include "attn/safetensors.hpp"
 #include "core/check.hpp"
 #include "attn/sdpa.hpp"
+#include "causal_option.hpp"
 #include "commands.hpp"
 #include "flag_names.hpp"
 #include "output_files.hpp"
@@ -34,12 +35,13 @@ struct MhaArgs {
     std::string out_dtype, param_dtype;  // "" = the query's 16-bit dtype / the checkpoint's
     std::string intermediate_dtype;      // "" = float32
     std::string impl = "auto";           // the attention kernel (MhaForwardOptions::impl), as attn sdpa --impl
+    std::string causal = "none";         // --causal, in attn sdpa's forms (causal_option.hpp)
     double softcap = 0.0;
     bool alibi = false;
     std::int64_t num_heads = 0;
     double dropout_p = 0.0;
     std::optional<std::uint64_t> dropout_seed;
-    bool batch_first = false, causal = false, per_head = false, add_zero_attn = false;
+    bool batch_first = false, per_head = false, add_zero_attn = false;
 };
 
 // The tensors of --params FILE.safetensors[:PREFIX]: those whose names start with PREFIX, without
@@ -108,6 +110,12 @@ void run(const MhaArgs& a) {
     if (!training && a.dropout_p != 0.0) throw Error("--dropout-p: only with --grads (training mode); eval mode has no dropout");
     const std::uint64_t seed = dropout_seed("--dropout-p", a.dropout_p, "--dropout-seed", a.dropout_seed);
     const Impl impl = with_flag("--impl", [&] { return parse_impl(a.impl); });
+    // The layer's causal mask is nn.MultiheadAttention's is_causal: top-left only.
+    const Causal causal = causal_option(a.causal);
+    if (causal == Causal::bottom_right) {
+        throw Error("--causal: expected top-left (or none) but got 'bottom-right': the layer's causal mask is "
+                    "nn.MultiheadAttention's is_causal, top-left (attn sdpa has bottom-right)");
+    }
     OutputFiles outputs;
     outputs.add("--out", a.out);
     outputs.add("--grads", a.grads);
@@ -187,7 +195,7 @@ void run(const MhaArgs& a) {
         am = read_tensor_arg("--attn-mask", a.attn_mask);
         opt.attn_mask = am.view();
     }
-    opt.is_causal = a.causal;
+    opt.is_causal = causal == Causal::top_left;
     opt.impl = impl;
     opt.need_weights = !a.weights.empty();
     opt.average_attn_weights = !a.per_head;
@@ -274,7 +282,9 @@ void add_mha_command(CLI::App& app) {
     cmd->add_option("--impl", args->impl,
                     "attention kernel: auto (default), reference, flash or decode (a few queries per KV head, "
                     "forward only), as attn sdpa --impl");
-    cmd->add_flag("--causal", args->causal, "causal mask: query i sees keys 0..i (combined with the other masks)");
+    add_causal_option(cmd, args->causal,
+                      "causal mask, combined with the other masks: top-left: query i sees keys 0..i (nn.MultiheadAttention's "
+                      "is_causal); none: no causal mask (bottom-right, attn sdpa's other alignment, is refused)");
     cmd->add_option("--weights", args->weights, "write attention weights (B, Lq, Lk) averaged over heads, float32");
     cmd->add_flag("--per-head-weights", args->per_head, "with --weights: write (B, h, Lq, Lk) per head instead");
     cmd->add_option("--grad-out", args->grad_out, "training: dLoss/dOutput, shaped like the output; needs --grads");

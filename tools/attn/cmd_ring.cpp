@@ -1,4 +1,4 @@
-// mpirun -np P attn ring --q Q.npy --k K.npy --v V.npy --out O.npy [--causal [top-left|bottom-right]]
+// mpirun -np P attn ring --q Q.npy --k K.npy --v V.npy --out O.npy [--causal [none|top-left|bottom-right]]
 //                       [--window-left N] [--window-right N] [--window-align A] [--query-offset N]
 //                       [--scale S] [--key-lengths KL.npy] [--layout zigzag|contiguous] [--impl ...] [--stats] [--out-dtype T]
 //                       [--grad-out dO.npy --dq dQ.npy --dk dK.npy --dv dV.npy [--dsinks dS.npy]] [--shard-outputs]
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "attn/error.hpp"
+#include "causal_option.hpp"
 #include "commands.hpp"
 #include "threads_option.hpp"
 
@@ -158,7 +159,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     dist::run_collectively(comm, [&] {
         opt.layout = with_flag("--layout", [&] { return dist::parse_layout(a.layout); });
         opt.impl = with_flag("--impl", [&] { return parse_impl(a.impl); });
-        opt.causal = with_flag("--causal", [&] { return parse_causal(a.causal); });
+        opt.causal = causal_option(a.causal);
         opt.dropout_seed = dropout_seed("--dropout", a.dropout, "--seed", a.seed);
         opt.window.align = window_align_option(a.window_align, a.window_left, a.window_right);
         if (backward && (a.dq.empty() || a.dk.empty() || a.dv.empty())) {
@@ -501,12 +502,9 @@ void add_ring_command(CLI::App& app) {
     cmd->add_option("--out-dtype", args->out_dtype,
                     "dtype of O and dQ/dK/dV: float16, bfloat16 (only into .safetensors) or float32 (default: a 16-bit "
                     "Q's dtype, else float32)");
-    cmd->add_option("--causal", args->causal,
-                    "causal mask on global positions: top-left: query i sees keys 0..i; bottom-right: keys "
-                    "0..i+n-Lq (n = the sequence's key length, else Lk). --causal alone means top-left; without --causal "
-                    "no causal mask")
-        ->expected(0, 1)
-        ->default_str("top-left");
+    add_causal_option(cmd, args->causal,
+                      "causal mask on global positions: top-left: query i sees keys 0..i; bottom-right: keys "
+                      "0..i+n-Lq (n = the sequence's key length, else Lk); none: no causal mask");
     cmd->add_option("--window-left", args->window_left, "sliding window: keys a query sees before its diagonal (-1 = all)");
     cmd->add_option("--window-right", args->window_right, "sliding window: keys a query sees after its diagonal (-1 = all)");
     cmd->add_option("--window-align", args->window_align,

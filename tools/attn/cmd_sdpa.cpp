@@ -1,4 +1,4 @@
-// attn sdpa --q Q.npy --k K.npy --v V.npy --out O.npy [--mask M.npy] [--causal top-left|bottom-right]
+// attn sdpa --q Q.npy --k K.npy --v V.npy --out O.npy [--mask M.npy] [--causal [none|top-left|bottom-right]]
 //           [--out-dtype float16|bfloat16|float32]   (every tensor argument may be FILE.safetensors:NAME,
 //                                                     every output path may end in .safetensors)
 //           [--scale S] [--weights W.npy] [--lse L.npy] [--impl auto|reference|flash|decode] ...
@@ -19,6 +19,7 @@
 #include "attn/sdpa.hpp"
 #include "attn/sdpa_backward.hpp"
 #include "attn/sdpa_varlen.hpp"
+#include "causal_option.hpp"
 #include "commands.hpp"
 #include "flag_names.hpp"
 #include "output_files.hpp"
@@ -144,7 +145,7 @@ void run(const SdpaArgs& a) {
 
     SdpaOptions opt;
     opt.impl = with_flag("--impl", [&] { return parse_impl(a.impl); });
-    opt.causal = with_flag("--causal", [&] { return parse_causal(a.causal); });
+    opt.causal = causal_option(a.causal);
     opt.scale = a.scale;
     opt.window.left = a.window_left;
     opt.window.right = a.window_right;
@@ -281,12 +282,9 @@ void add_sdpa_command(CLI::App& app) {
                     "and dsinks stay float32)");
     cmd->add_option("--mask", args->mask,
                     "bool keep-mask (true = may attend) or float additive mask, broadcastable to (B, Hq, Lq, Lk)");
-    cmd->add_option("--causal", args->causal,
-                    "top-left: query i sees keys 0..i; bottom-right: keys 0..i+n-Lq, n = the sequence's key length "
-                    "(--key-lengths, else Lk; the new tokens of a KV cache); none: no causal mask (the default). "
-                    "--causal alone means top-left, as in attn ring")
-        ->expected(0, 1)
-        ->default_str("top-left");
+    add_causal_option(cmd, args->causal,
+                      "top-left: query i sees keys 0..i; bottom-right: keys 0..i+n-Lq, n = the sequence's key length "
+                      "(--key-lengths, else Lk; the new tokens of a KV cache); none: no causal mask");
     cmd->add_option("--scale", args->scale, "score scale (default 1/sqrt(Dk)); any number finite in float32 (|scale| <= 3.4028235e38)");
     cmd->add_option("--key-lengths", args->key_lengths,
                     "int32/int64 (B,): sequence b has valid keys 0..n_b-1; bottom-right aligns to n_b per sequence");
