@@ -117,6 +117,16 @@ def test_threads_out_of_range_is_one_line(tmp_path):
     assert "--threads" in line and "got 0" in line
 
 
+@pytest.mark.parametrize("cmd", ["sdpa", "mha", "ring", "demo", "bench"])
+def test_threads_above_4096_is_refused_by_every_command(cmd, tmp_path):
+    # One range for every command, attn's (attn::set_num_threads, ATTN_NUM_THREADS): 1 to 4096, and
+    # for attn bench 0 = the default too; attn bench checked it in code of its own (a parity audit).
+    line = one_error_line(attn(cmd, "--threads", "4097", cwd=tmp_path))
+    zero = " (0 = default)" if cmd == "bench" else ""
+    assert line == f"attn: error: --threads: expected a thread count from 1 to 4096{zero} but got 4097", line
+    assert os.listdir(tmp_path) == []
+
+
 def bench_list(tmp_path, *args):
     out = tmp_path / "list.json"
     p = attn("bench", "--no-torch", "--list", "--json", str(out), *args)

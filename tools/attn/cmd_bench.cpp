@@ -20,6 +20,7 @@
 #include "output_files.hpp"
 #include "report.hpp"
 #include "strict_options.hpp"
+#include "threads_option.hpp"
 
 namespace attn::cli {
 namespace {
@@ -95,12 +96,10 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
     }
     bench::Report rep;
     bench::Config& cfg = rep.cfg;
-    if (a.threads < 0 || a.threads > 4096) {
-        throw Error("--threads: expected a thread count from 1 to 4096 (0 = default) but got " + std::to_string(a.threads));
-    }
     // 0: the library's own count (ATTN_NUM_THREADS when it is 1..4096, else OMP_NUM_THREADS, else
     // every CPU; attn/threads.hpp), so the bench runs what a call would.
-    cfg.threads = a.threads > 0 ? static_cast<int>(a.threads) : attn::num_threads();
+    const int threads = thread_count(a.threads, /*zero_is_default=*/true);
+    cfg.threads = threads > 0 ? threads : attn::num_threads();
     if (a.runs < 1 || a.runs > std::numeric_limits<int>::max()) {
         throw Error("--runs: expected 1 to " + std::to_string(std::numeric_limits<int>::max()) + " but got " + std::to_string(a.runs));
     }
