@@ -106,6 +106,31 @@ def test_float64_query_writes_float32_by_default(tmp_path):
     check(o, oracle(q32, k32, v32)[0], "float32")
 
 
+def test_float64_out_on_request(tmp_path):
+    # --out-dtype float64: a float64 Q's double result as the reference computed it (Python's sdpa
+    # returns it; the CLI could only write float32, a parity audit), and a float32 Q's result widened.
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal(s) for s in ((1, 2, 3, 8), (1, 2, 4, 8), (1, 2, 4, 8)))  # not float32 values
+    for n, x in zip("qkv", (q, k, v)):
+        np.save(tmp_path / f"{n}64.npy", x)
+        np.save(tmp_path / f"{n}32.npy", x.astype(np.float32))
+    for p, out in (("64", "o64.npy"), ("32", "o32_64.npy")):
+        r = run("--q", f"q{p}.npy", "--k", f"k{p}.npy", "--v", f"v{p}.npy", "--out", out, "--out-dtype", "float64",
+                cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+    r = run("--q", "q32.npy", "--k", "k32.npy", "--v", "v32.npy", "--out", "o32.npy", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    o64, ref = np.load(tmp_path / "o64.npy"), oracle(q, k, v)[0]
+    assert o64.dtype == np.float64
+    assert np.abs(o64 - ref).max() <= 1e-13 * (1 + np.abs(ref).max())  # float32 would be ~1e-7 off
+    o32_64 = np.load(tmp_path / "o32_64.npy")
+    assert o32_64.dtype == np.float64 and np.array_equal(o32_64, np.load(tmp_path / "o32.npy").astype(np.float64))
+    # float64 has no safetensors dtype here: refused before anything runs.
+    fails(run("--q", "q64.npy", "--k", "k64.npy", "--v", "v64.npy", "--out", "o.safetensors", "--out-dtype", "float64",
+              cwd=tmp_path), "--out: o.safetensors would hold float64")
+    assert not (tmp_path / "o.safetensors").exists()
+
+
 
 def test_a_float16_mask_is_its_values(tmp_path):
     q32, k32, v32 = problem(6, lq=3, lk=5)
@@ -153,7 +178,7 @@ BASE = ["--q", "q.npy", "--k", "k.npy", "--v", "v.npy"]
      ["--q: qi.npy must hold float32, float64, float16 or bfloat16 but holds int32"]),
     (BASE + ["--out", "o.npy", "--mask", "maski.npy"], ["--mask: maski.npy must hold bool", "or a float dtype", "but holds int32"]),
     (BASE + ["--out", "o.npy", "--out-dtype", "bfloat16"], ["--out: o.npy would hold bfloat16", ".safetensors"]),
-    (BASE + ["--out", "o.npy", "--out-dtype", "float8"], ["--out-dtype: expected float16, bfloat16 or float32"]),
+    (BASE + ["--out", "o.npy", "--out-dtype", "float8"], ["--out-dtype: expected float16, bfloat16, float32 or float64 but got 'float8'"]),
     (BASE + ["--out", "o.safetensors", "--lse", "l.npy", "--key-lengths", "kv.safetensors:zz"], ["--key-lengths: "]),
 ])
 def test_bad_inputs_write_nothing(files, args, fragments):

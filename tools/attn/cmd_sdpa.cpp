@@ -1,5 +1,5 @@
 // attn sdpa --q Q.npy --k K.npy --v V.npy --out O.npy [--mask M.npy] [--causal [none|top-left|bottom-right]]
-//           [--out-dtype float16|bfloat16|float32]   (every tensor argument may be FILE.safetensors:NAME,
+//           [--out-dtype float16|bfloat16|float32|float64]   (every tensor argument may be FILE.safetensors:NAME,
 //                                                     every output path may end in .safetensors)
 //           [--scale S] [--weights W.npy] [--lse L.npy] [--impl auto|reference|flash|decode] ...
 //           [--key-lengths N.npy] [--query-offset N | --query-offsets F.npy]
@@ -32,7 +32,7 @@ namespace {
 
 struct SdpaArgs {
     std::string q, k, v, out, mask, key_lengths, weights, lse, causal = "none", impl = "auto";
-    std::string out_dtype;  // --out-dtype: "" = the dtype of Q
+    std::string out_dtype;  // --out-dtype: "" = the default (o_dtype)
     std::optional<double> scale;
     std::optional<std::int64_t> query_offset;  // --query-offset: every sequence
     std::string query_offsets;                 // --query-offsets: a (B,) .npy, one per sequence
@@ -60,12 +60,16 @@ void check_output_dtypes(const std::vector<OutputFiles::Output>& outputs) {
     for (const auto& o : outputs) OutputFiles::check_dtype(o.flag, o.path, o.view.dtype());
 }
 
-// Packed sequences: q (Tq, Hq, Dk), k/v (Tk, Hkv, D), out (Tq, Hq, Dv), lse (Tq, Hq).
+// O: --out-dtype, float64 included (sdpa's reference computes in double; the flash and decode
+// kernels' float32 result is widened), else parse_out_dtype's default (float32 for a float64 Q).
+DType o_dtype(const SdpaArgs& a, DType q_dtype) { return parse_out_dtype(a.out_dtype, q_dtype, /*with_float64=*/true); }
+
 // dQ/dK/dV (--grad-out): all three in --out-dtype when given, else in Q's dtype, like O (a
 // float64 Q keeps float64 gradients: the reference backward runs in double).
-DType gradient_dtype(const SdpaArgs& a, DType q_dtype) { return a.out_dtype.empty() ? q_dtype : parse_out_dtype(a.out_dtype, q_dtype); }
+DType gradient_dtype(const SdpaArgs& a, DType q_dtype) { return a.out_dtype.empty() ? q_dtype : o_dtype(a, q_dtype); }
 
 void run_packed(const SdpaArgs& a, const SdpaOptions& opt, const Tensor& q, const Tensor& k, const Tensor& v,
+// Packed sequences: q (Tq, Hq, Dk), k/v (Tk, Hkv, D), out (Tq, Hq, Dv), lse (Tq, Hq).
                 bool backward) {
     if (a.cu_seqlens_q.empty() || a.cu_seqlens_k.empty()) {
         throw Error("--cu-seqlens-q/--cu-seqlens-k: packed inputs need both (the (N+1,) offsets of the queries and "
@@ -77,7 +81,7 @@ void run_packed(const SdpaArgs& a, const SdpaOptions& opt, const Tensor& q, cons
     // Output shapes from the inputs, checked first: a malformed one is named before a buffer
     // sized from it is asked for.
     const SdpaVarlenShapes shapes = sdpa_varlen_output_shapes(q, k, v);
-    const Tensor o(parse_out_dtype(a.out_dtype, q.dtype()), shapes.out, false, "--out"), l(DType::f32, shapes.lse, false, "--lse");
+    const Tensor o(o_dtype(a, q.dtype()), shapes.out, false, "--out"), l(DType::f32, shapes.lse, false, "--lse");
     const TensorView lv = l.view();
     OutputFiles::check_dtype("--out", a.out, o.dtype());
     const DType gdt = gradient_dtype(a, q.dtype());
@@ -156,7 +160,7 @@ void run(const SdpaArgs& a) {
     const Tensor q = read_input("--q", a.q);
     const Tensor k = read_input("--k", a.k);
     const Tensor v = read_input("--v", a.v);
-    const DType out_dtype = parse_out_dtype(a.out_dtype, q.dtype());
+    const DType out_dtype = o_dtype(a, q.dtype());
     Tensor mask, lengths, offsets;
     if (!a.mask.empty()) {
         // bool, or a float mask added to the scores (float16/bfloat16 widened once by attn::sdpa).
@@ -277,9 +281,10 @@ void add_sdpa_command(CLI::App& app) {
     cmd->add_option("--out", args->out, "output O (B, Hq, Lq, Dv), in --out-dtype; a path ending in .safetensors gets a safetensors file "
                     "(one tensor named after the option: out, lse, dq, ...), any other path a .npy")->required();
     cmd->add_option("--out-dtype", args->out_dtype,
-                    "dtype of O and, with --grad-out, of dQ/dK/dV: float16, bfloat16 (only into .safetensors) or float32 "
-                    "(default: the dtype of Q — float32 O for float64 Q, float64 gradients; lse, weights, scores "
-                    "and dsinks stay float32)");
+                    "dtype of O and, with --grad-out, of dQ/dK/dV: float16, bfloat16 (only into .safetensors), float32 "
+                    "or float64 (.npy only). Default: O in a 16-bit Q's dtype, else float32 — a float64 Q too (ask "
+                    "for float64 to keep the reference's double result); the gradients in Q's dtype. lse, weights, "
+                    "scores and dsinks stay float32");
     cmd->add_option("--mask", args->mask,
                     "bool keep-mask (true = may attend) or float additive mask, broadcastable to (B, Hq, Lq, Lk)");
     add_causal_option(cmd, args->causal,

@@ -75,18 +75,21 @@ Tensor read_float_arg(const std::string& flag, const std::string& spec) {
     return read_tensor_arg(flag, spec, {DType::f32, DType::f64, DType::f16, DType::bf16});
 }
 
-DType parse_out_dtype(const std::string& text, DType q_dtype) {
+DType parse_out_dtype(const std::string& text, DType q_dtype, bool with_float64) {
     // The default: a 16-bit Q's dtype; float32 for float32 and float64 Q (the CLI has written
-    // float32 outputs for float64 inputs since its first version: tests/torch's contract).
+    // float32 outputs for float64 inputs since its first version: tests/torch's contract;
+    // docs/conventions.md "The CLI's output dtype").
     if (text.empty()) return q_dtype == DType::f16 || q_dtype == DType::bf16 ? q_dtype : DType::f32;
-    return parse_float_dtype("--out-dtype", text);
+    return parse_float_dtype("--out-dtype", text, with_float64);
 }
 
-DType parse_float_dtype(const std::string& flag, const std::string& text) {
+DType parse_float_dtype(const std::string& flag, const std::string& text, bool with_float64) {
     if (text == "float32") return DType::f32;
     if (text == "float16") return DType::f16;
     if (text == "bfloat16") return DType::bf16;
-    throw Error(flag + ": expected float16, bfloat16 or float32 but got '" + text + "'");
+    if (with_float64 && text == "float64") return DType::f64;
+    throw Error(flag + ": expected float16, bfloat16" + (with_float64 ? ", float32 or float64" : " or float32") + " but got '" +
+                text + "'");
 }
 
 std::string tensor_arg_file(const std::string& spec) { return split_spec(spec).first; }

@@ -32,9 +32,10 @@ bool same_tensor_arg(const std::string& a, const std::string& b);
 Tensor read_float_arg(const std::string& flag, const std::string& spec);
 
 // --out-dtype: "" → the dtype of a 16-bit Q, else float32 (float64 Q too); else float16,
-// bfloat16 or float32.
-DType parse_out_dtype(const std::string& text, DType q_dtype);
-// A dtype flag's value: float16, bfloat16 or float32, else an error naming `flag`.
-DType parse_float_dtype(const std::string& flag, const std::string& text);
+// bfloat16, float32 or, with_float64 (attn sdpa, whose reference computes in double), float64.
+DType parse_out_dtype(const std::string& text, DType q_dtype, bool with_float64 = false);
+// A dtype flag's value: float16, bfloat16, float32 (or float64, with_float64), else an error
+// naming `flag` and the dtypes it takes.
+DType parse_float_dtype(const std::string& flag, const std::string& text, bool with_float64 = false);
 
 }  // namespace attn::cli
