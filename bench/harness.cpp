@@ -55,7 +55,7 @@ Timing time_calls(const Config& cfg, const std::function<void()>& fn) {
     if (warmup >= cfg.max_seconds) {
         Timing t = timing_from_samples({warmup}, warmup);
         t.warmup_counted = true;
-        t.cpu_share = (process_cpu_seconds() - cpu0) / (warmup * cfg.threads);  // warm-up ≥ max_seconds
+        t.cpu_share = cpu_share(process_cpu_seconds() - cpu0, warmup, cfg.threads);  // warm-up ≥ max_seconds
         t.steal_share = steal_share_since(steal0, warmup);
         return t;
     }
@@ -75,7 +75,7 @@ Timing time_calls(const Config& cfg, const std::function<void()>& fn) {
     Timing t = timing_from_samples(std::move(samples), warmup);
     // Below ~0.1 s the process CPU time is too coarse (the kernel splits it by tick samples)
     // for a share: left unknown (0).
-    t.cpu_share = spent >= 0.1 ? cpu / (spent * cfg.threads) : 0.0;
+    t.cpu_share = spent >= 0.1 ? cpu_share(cpu, spent, cfg.threads) : 0.0;
     t.steal_share = steal_share_since(steal0, spent);
     return t;
 }
@@ -110,7 +110,7 @@ std::vector<Timing> time_interleaved(const Config& cfg, const std::vector<std::f
         Timing t = timing_from_samples(std::move(samples[i]), warmup[i]);
         t.steal_share = steal;
         // As time_calls: below ~0.1 s of calls the process CPU time is too coarse for a share.
-        t.cpu_share = spent[i] >= 0.1 ? cpu[i] / (spent[i] * cfg.threads) : 0.0;
+        t.cpu_share = spent[i] >= 0.1 ? cpu_share(cpu[i], spent[i], cfg.threads) : 0.0;
         out.push_back(std::move(t));
     }
     return out;
@@ -151,7 +151,7 @@ void finish_case(const Context& ctx, CaseResult& c) {
             if (fma.measured && fma.value > 0.0) r.pct_peak = 100.0 * r.gflops / fma.value;
             if (!bf16_compute && fma2.measured && fma2.value > 0.0) r.pct_peak_avx2 = 100.0 * r.gflops / fma2.value;
             if (fma.measured && fma.per_cpu > 0.0 && r.timing.cpu_share > 0.0)
-                r.pct_peak_cpu_adjusted = 100.0 * r.gflops / std::min(1.0, r.timing.cpu_share) / fma.per_cpu;
+                r.pct_peak_cpu_adjusted = 100.0 * r.gflops / r.timing.cpu_share / fma.per_cpu;
             if (bf16_compute) add_note(r, "bf16 compute: %peak of the bf16 dot peak");
         }
         if (r.bytes > 0.0) {

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -150,6 +151,11 @@ double process_cpu_seconds() {
     getrusage(RUSAGE_SELF, &u);
     return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
            1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+double cpu_share(double cpu_seconds, double wall_seconds, int threads) {
+    if (!(wall_seconds > 0.0) || threads < 1) return 0.0;
+    return std::clamp(cpu_seconds / (wall_seconds * threads), 0.0, 1.0);
 }
 
 std::int64_t steal_ticks_of(const std::string& line) {

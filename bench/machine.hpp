@@ -42,6 +42,13 @@ bool reset_peak_rss();
 // CPU time (user + system, all threads) this process has used so far, in seconds. Compared
 // with wall time x threads it says what share of its CPUs the run got on a shared machine.
 double process_cpu_seconds();
+// cpu_seconds / (wall_seconds x threads): the share of its CPUs a timed stretch got, 0 to 1 (0
+// also when wall_seconds <= 0). A busy stretch measures a little above 1 (1.01-1.03 in quick
+// runs): getrusage counts another running thread's time up to its last scheduler tick (1-4 ms),
+// and the CPU readings bracket the wall clock's with the call and thread wake-ups around it.
+// More than every CPU cannot be had, so that is 1 — clamped here, where every share (the rows'
+// and the peaks' trials) is made, rather than by each reader.
+double cpu_share(double cpu_seconds, double wall_seconds, int threads);
 // Steal time of the whole machine so far, in CPU-seconds summed over its CPUs: the time a VM's
 // host ran something else while a vCPU wanted to run (/proc/stat's "cpu" line, 8th value).
 // A process cannot see it in its own CPU time — a stolen vCPU still counts as running — so a

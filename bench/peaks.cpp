@@ -54,7 +54,7 @@ double timed_parallel(int threads, int& got_threads, Body body) {
 double per_cpu_best(const std::vector<double>& rates, const std::vector<double>& shares) {
     double best = 0.0;
     for (std::size_t i = 0; i < rates.size() && i < shares.size(); ++i)
-        if (shares[i] > 0.0) best = std::max(best, rates[i] / std::min(1.0, shares[i]));
+        if (shares[i] > 0.0) best = std::max(best, rates[i] / shares[i]);
     return best;
 }
 
@@ -108,7 +108,7 @@ Ceiling measure_fma_peak(int threads, double seconds, int repeats, FmaWidth widt
         const double cpu0 = process_cpu_seconds();
         const double dt = timed_parallel(threads, got, [&](int, int) { return chains(iters); });
         rates.push_back(kFlopPerIter * static_cast<double>(iters) * got / dt / 1e9);
-        c.cpu_shares.push_back((process_cpu_seconds() - cpu0) / (dt * got));
+        c.cpu_shares.push_back(cpu_share(process_cpu_seconds() - cpu0, dt, got));
     }
     c.measured = true;
     c.value = *std::max_element(rates.begin(), rates.end());
@@ -164,7 +164,7 @@ Ceiling measure_read_bandwidth(int threads, std::size_t bytes, int repeats) {
             return avx2 ? detail::sum_floats_avx2(p + lo, len) : detail::sum_floats_sse2(p + lo, len);
         });
         rates.push_back(static_cast<double>(bytes) / dt / 1e9);
-        c.cpu_shares.push_back((process_cpu_seconds() - cpu0) / (dt * got));
+        c.cpu_shares.push_back(cpu_share(process_cpu_seconds() - cpu0, dt, got));
     }
     munmap(mem, bytes);
     c.measured = true;

@@ -18,7 +18,7 @@ std::string ceiling_line(const Ceiling& c, const char* unit) {
     double share = 0.0;
     for (double x : c.cpu_shares) share = std::max(share, x);
     return format_double("%.1f ", c.value) + unit + " (median " + format_double("%.1f", c.median) + ") on " + std::to_string(c.threads) +
-           (c.threads == 1 ? " thread" : " threads") + format_double(" [got up to %.0f%% of the CPUs", 100 * std::min(1.0, share)) +
+           (c.threads == 1 ? " thread" : " threads") + format_double(" [got up to %.0f%% of the CPUs", 100 * share) +
            format_double("; est. %.1f with the CPUs alone]", c.per_cpu);
 }
 

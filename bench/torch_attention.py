@@ -54,6 +54,12 @@ def cpu_seconds():
     return u.ru_utime + u.ru_stime
 
 
+def cpu_share(cpu, wall, threads):
+    """CPU time / (wall time x threads), 0 to 1: a busy stretch measures a little above 1 from the
+    CPU clock's granularity, which is 1 (bench/machine.hpp's cpu_share, the C++ rows' rule)."""
+    return min(1.0, max(0.0, cpu / (wall * threads))) if wall > 0 and threads >= 1 else 0.0
+
+
 def time_calls(fn, runs, max_seconds, threads):
     """-> (samples, warm-up seconds, warm-up counted as the sample?, CPU share of the timed calls)"""
     cpu0 = cpu_seconds()
@@ -61,7 +67,7 @@ def time_calls(fn, runs, max_seconds, threads):
     fn()
     warmup = time.perf_counter() - t0
     if warmup >= max_seconds:  # the warm-up alone spent the budget: it is the one sample
-        return [warmup], warmup, True, (cpu_seconds() - cpu0) / (warmup * threads)
+        return [warmup], warmup, True, cpu_share(cpu_seconds() - cpu0, warmup, threads)
     cpu0 = cpu_seconds()
     samples, spent = [], 0.0
     for r in range(max(1, runs)):
@@ -73,7 +79,7 @@ def time_calls(fn, runs, max_seconds, threads):
         samples.append(dt)
         spent += dt
     # Below ~0.1 s the CPU time is too coarse for a share: 0 = unknown (as on the C++ side).
-    return samples, warmup, False, (cpu_seconds() - cpu0) / (spent * threads) if spent >= 0.1 else 0.0
+    return samples, warmup, False, cpu_share(cpu_seconds() - cpu0, spent, threads) if spent >= 0.1 else 0.0
 
 
 def causal_mask(torch, lq, lk, causal):
