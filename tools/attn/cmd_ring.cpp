@@ -26,6 +26,7 @@
 #include "attn/error.hpp"
 #include "causal_option.hpp"
 #include "commands.hpp"
+#include "gradient_outputs.hpp"
 #include "threads_option.hpp"
 
 #if ATTN_WITH_MPI
@@ -44,7 +45,7 @@ namespace {
 
 struct RingArgs {
     std::string q, k, v, out, key_lengths, layout = "zigzag", impl = "auto", causal = "none";
-    std::string grad_out, dq, dk, dv, dsinks;  // backward: gradients of <O, dO>
+    GradientOutputs grad;                      // backward: --grad-out, --dq, --dk, --dv, --dsinks
     double softcap = 0.0;                      // score modifiers, as `attn sdpa`
     std::string sinks, alibi_slopes;
     bool alibi = false;  // the standard slopes (attn::alibi_slopes) for Hq heads
@@ -112,7 +113,7 @@ void agree_on_flow(MPI_Comm comm, int rank, const RingArgs& a) {
         layout = static_cast<std::int64_t>(dist::parse_layout(a.layout));
     } catch (const Error&) {
     }
-    const std::int64_t mine[] = {!a.grad_out.empty(), !a.dsinks.empty(), a.alibi, a.stats, a.shard_outputs, layout};
+    const std::int64_t mine[] = {!a.grad.grad_out.empty(), !a.grad.dsinks.empty(), a.alibi, a.stats, a.shard_outputs, layout};
     std::int64_t zero[std::size(mine)];
     std::copy(std::begin(mine), std::end(mine), zero);
     MPI_Bcast(zero, static_cast<int>(std::size(zero)), MPI_INT64_T, 0, comm);
@@ -150,7 +151,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     if (a.query_offset) opt.query_offset = *a.query_offset;
     opt.softcap = a.softcap;  // ring_attention checks it (0 = off)
     opt.dropout_p = a.dropout;  // checked with the seed below, collectively
-    const bool backward = !a.grad_out.empty();
+    const bool backward = a.grad.backward();
     Header h;
     Tensor q, k, v, dO, lengths, offsets, sinks, slopes;
     OutputFiles outputs;
@@ -162,14 +163,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         opt.causal = causal_option(a.causal);
         opt.dropout_seed = dropout_seed("--dropout", a.dropout, "--seed", a.seed);
         opt.window.align = window_align_option(a.window_align, a.window_left, a.window_right);
-        if (backward && (a.dq.empty() || a.dk.empty() || a.dv.empty())) {
-            throw Error("--grad-out: needs --dq, --dk and --dv (where to write the gradients)");
-        }
-        if (!backward && (!a.dq.empty() || !a.dk.empty() || !a.dv.empty())) {
-            throw Error("--dq/--dk/--dv: need --grad-out dO.npy (the gradient of the loss with respect to O)");
-        }
-        if (!a.dsinks.empty() && (!backward || a.sinks.empty()))
-            throw Error("--dsinks: needs --grad-out and --sinks (the gradient of the sink logits)");
+        a.grad.check_flags(!a.sinks.empty());
         // Every rank reads the (Hq,) sinks itself; ring_attention checks them and that the ranks agree.
         if (!a.sinks.empty()) {
             sinks = read_tensor_arg("--sinks", a.sinks);
@@ -185,12 +179,12 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         // o.npy: the last rename won, and the run exited 0). Two ranks' shards are never one name
         // (shard_path ends in the rank), and the check is collective.
         if (rank != 0 && !a.shard_outputs) return;
-        for (const auto& [flag, path] : {std::pair{"--out", &a.out}, {"--dq", &a.dq}, {"--dk", &a.dk}, {"--dv", &a.dv}}) {
+        for (const auto& [flag, path] : {std::pair{"--out", &a.out}, {"--dq", &a.grad.dq}, {"--dk", &a.grad.dk}, {"--dv", &a.grad.dv}}) {
             if (!a.shard_outputs) outputs.add(flag, *path);
             else if (!path->empty()) outputs.add(std::string(flag) + " (rank " + std::to_string(rank) + "'s shard)", shard_path(*path, rank));
         }
-        outputs.add("--dsinks", a.dsinks);
-        for (const auto& [flag, spec] : {std::pair{"--q", &a.q}, {"--k", &a.k}, {"--v", &a.v}, {"--grad-out", &a.grad_out},
+        outputs.add("--dsinks", a.grad.dsinks);
+        for (const auto& [flag, spec] : {std::pair{"--q", &a.q}, {"--k", &a.k}, {"--v", &a.v}, {"--grad-out", &a.grad.grad_out},
                                          {"--key-lengths", &a.key_lengths}, {"--query-offsets", &a.query_offsets},
                                          {"--sinks", &a.sinks}, {"--alibi-slopes", &a.alibi_slopes}})
             outputs.add_input(flag, tensor_arg_file(*spec));
@@ -226,10 +220,10 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         lengths = per_sequence("--key-lengths", a.key_lengths);
         offsets = per_sequence("--query-offsets", a.query_offsets);
         if (backward) {
-            dO = read_input("--grad-out", a.grad_out);
+            dO = read_input("--grad-out", a.grad.grad_out);
             const Shape want{q.shape()[0], q.shape()[1], q.shape()[2], v.shape()[3]};
             if (!(dO.shape() == want)) {
-                throw Error("--grad-out: " + a.grad_out + " must have O's shape (B, Hq, Lq, Dv) = " + want.str() +
+                throw Error("--grad-out: " + a.grad.grad_out + " must have O's shape (B, Hq, Lq, Dv) = " + want.str() +
                             " but has " + dO.shape().str());
             }
             dO = ring_dtype(std::move(dO));
@@ -255,15 +249,18 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     });
     MPI_Bcast(&h, kHeaderWords, MPI_INT64_T, 0, comm);
     const DType odt = static_cast<DType>(h.out_dtype);
+    // The files this rank writes: rank 0 all of them; with --shard-outputs every rank its own
+    // rows of O, dQ, dK, dV (shard_path), and rank 0 dsinks.
+    const auto out_path = [&](const std::string& p) { return a.shard_outputs && !p.empty() ? shard_path(p, rank) : p; };
+    const std::string my_out = out_path(a.out);
+    const GradientOutputs my_grad{a.grad.grad_out, out_path(a.grad.dq), out_path(a.grad.dk), out_path(a.grad.dv),
+                                  rank == 0 ? a.grad.dsinks : ""};
     // The output files' formats against the out dtype (bfloat16 only into .safetensors), by the
     // ranks that write them, before any compute.
     dist::run_collectively(comm, [&] {
         if (rank != 0 && !a.shard_outputs) return;
-        auto out_path = [&](const std::string& p) { return a.shard_outputs ? shard_path(p, rank) : p; };
-        OutputFiles::check_dtype("--out", out_path(a.out), odt);
-        if (backward)
-            for (const auto& [flag, path] : {std::pair{"--dq", a.dq}, std::pair{"--dk", a.dk}, std::pair{"--dv", a.dv}})
-                OutputFiles::check_dtype(flag, out_path(path), odt);
+        OutputFiles::check_dtype("--out", my_out, odt);
+        my_grad.check_dtypes(odt);
     });
     if (a.alibi) {
         dist::run_collectively(comm, [&] { slopes = alibi_slopes(h.Hq); });
@@ -301,7 +298,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
             dq_mine = Tensor(odt, Shape{h.B, h.Hq, nq, h.Dq});
             dk_mine = Tensor(odt, Shape{h.B, h.Hkv, nk, h.Dk});
             dv_mine = Tensor(odt, Shape{h.B, h.Hkv, nk, h.Dv});
-            if (!a.dsinks.empty()) dsinks = Tensor(DType::f32, Shape{h.Hq});
+            if (!a.grad.dsinks.empty()) dsinks = Tensor(DType::f32, Shape{h.Hq});
         }
     });
     const struct {
@@ -348,9 +345,9 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     if (backward) lse_view = lse_mine.view();
     dist::ring_attention(comm, q_mine, k_mine, v_mine, opt, o_mine, backward ? &lse_view : nullptr, &st);
     if (backward) {
-        const TensorView dsinks_view = !a.dsinks.empty() ? dsinks.view() : TensorView();
+        const TensorView dsinks_view = !a.grad.dsinks.empty() ? dsinks.view() : TensorView();
         dist::ring_attention_backward(comm, q_mine, k_mine, v_mine, o_mine, lse_mine, do_mine, opt, dq_mine, dk_mine, dv_mine,
-                                      &st_back, a.dsinks.empty() ? nullptr : &dsinks_view);
+                                      &st_back, a.grad.dsinks.empty() ? nullptr : &dsinks_view);
     }
 
     // One line per rank, printed by rank 0 in rank order.
@@ -390,13 +387,8 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     // --shard-outputs: every rank writes its own rows (its segments, concatenated in local order).
     if (a.shard_outputs) {
         dist::run_collectively(comm, [&] {
-            std::vector<OutputFiles::Output> files{{"--out", shard_path(a.out, rank), o_mine.view()}};
-            if (backward) {
-                files.push_back({"--dq", shard_path(a.dq, rank), dq_mine.view()});
-                files.push_back({"--dk", shard_path(a.dk, rank), dk_mine.view()});
-                files.push_back({"--dv", shard_path(a.dv, rank), dv_mine.view()});
-                if (rank == 0 && !a.dsinks.empty()) files.push_back({"--dsinks", a.dsinks, dsinks.view()});
-            }
+            std::vector<OutputFiles::Output> files{{"--out", my_out, o_mine.view()}};
+            my_grad.add_files(files, dq_mine, dk_mine, dv_mine, dsinks);
             OutputFiles::write_all(files);
         });
         return;
@@ -434,12 +426,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     dist::run_collectively(comm, [&] {
         if (rank != 0) return;
         std::vector<OutputFiles::Output> files{{"--out", a.out, o.view()}};
-        if (backward) {
-            files.push_back({"--dq", a.dq, dq.view()});
-            files.push_back({"--dk", a.dk, dk.view()});
-            files.push_back({"--dv", a.dv, dv.view()});
-            if (!a.dsinks.empty()) files.push_back({"--dsinks", a.dsinks, dsinks.view()});
-        }
+        a.grad.add_files(files, dq, dk, dv, dsinks);
         OutputFiles::write_all(files);
     });
 }
@@ -520,14 +507,7 @@ void add_ring_command(CLI::App& app) {
                     "local kernel of each block: auto (what attn::sdpa picks: flash, or decode for a block of a few "
                     "rows per KV head), reference or flash (with --grad-out: auto or flash; the reference backward cannot take the "
                     "global lse)");
-    cmd->add_option("--grad-out", args->grad_out,
-                    "dO (B, Hq, Lq, Dv): also compute the gradients of <O, dO> through the ring (needs --dq, --dk, --dv)");
-    cmd->add_option("--dq", args->dq, "output dQ (B, Hq, Lq, Dk) in --out-dtype, gathered and written by rank 0");
-    cmd->add_option("--dk", args->dk, "output dK (B, Hkv, Lk, Dk) in --out-dtype, gathered and written by rank 0");
-    cmd->add_option("--dv", args->dv, "output dV (B, Hkv, Lk, Dv) in --out-dtype, gathered and written by rank 0");
-    cmd->add_option("--dsinks", args->dsinks,
-                    "output dsinks (Hq,), float32: the gradient of the sink logits (needs --grad-out and --sinks), "
-                    "written by rank 0");
+    args->grad.add_options(cmd, " through the ring", "a 16-bit Q's dtype, else float32", ", written by rank 0");
     cmd->add_option("--softcap", args->softcap, "logit soft-capping: s = C*tanh(s/C) in every block (0 = off)");
     cmd->add_option("--alibi-slopes", args->alibi_slopes,
                     "float32 (Hq,) or (B, Hq): ALiBi slopes m_h, s -= m_h*|d(i) - j| on global positions (d: the "

@@ -22,6 +22,7 @@
 #include "causal_option.hpp"
 #include "commands.hpp"
 #include "flag_names.hpp"
+#include "gradient_outputs.hpp"
 #include "output_files.hpp"
 #include "strict_options.hpp"
 #include "tensor_args.hpp"
@@ -38,7 +39,7 @@ struct SdpaArgs {
     std::string query_offsets;                 // --query-offsets: a (B,) .npy, one per sequence
     std::int64_t window_left = -1, window_right = -1;
     std::optional<std::string> window_align;  // --window-align (default top-left; only with a window)
-    std::string grad_out, dq, dk, dv, dsinks;  // backward: gradients of <O, dO>
+    GradientOutputs grad;  // backward: --grad-out, --dq, --dk, --dv, --dsinks
     double softcap = 0.0;
     std::string alibi_slopes, sinks;
     bool alibi = false;  // the standard slopes (attn::alibi_slopes)
@@ -68,8 +69,8 @@ DType o_dtype(const SdpaArgs& a, DType q_dtype) { return parse_out_dtype(a.out_d
 // float64 Q keeps float64 gradients: the reference backward runs in double).
 DType gradient_dtype(const SdpaArgs& a, DType q_dtype) { return a.out_dtype.empty() ? q_dtype : o_dtype(a, q_dtype); }
 
-void run_packed(const SdpaArgs& a, const SdpaOptions& opt, const Tensor& q, const Tensor& k, const Tensor& v,
 // Packed sequences: q (Tq, Hq, Dk), k/v (Tk, Hkv, D), out (Tq, Hq, Dv), lse (Tq, Hq).
+void run_packed(const SdpaArgs& a, const SdpaOptions& opt, const Tensor& q, const Tensor& k, const Tensor& v,
                 bool backward) {
     if (a.cu_seqlens_q.empty() || a.cu_seqlens_k.empty()) {
         throw Error("--cu-seqlens-q/--cu-seqlens-k: packed inputs need both (the (N+1,) offsets of the queries and "
@@ -85,11 +86,7 @@ void run_packed(const SdpaArgs& a, const SdpaOptions& opt, const Tensor& q, cons
     const TensorView lv = l.view();
     OutputFiles::check_dtype("--out", a.out, o.dtype());
     const DType gdt = gradient_dtype(a, q.dtype());
-    if (backward) {
-        OutputFiles::check_dtype("--dq", a.dq, gdt);
-        OutputFiles::check_dtype("--dk", a.dk, gdt);
-        OutputFiles::check_dtype("--dv", a.dv, gdt);
-    }
+    a.grad.check_dtypes(gdt);
     SdpaReport report;
     sdpa_varlen(q, k, v, cq, ck, opt, o, &lv, &report);
     if (a.verbose) std::fprintf(stderr, "%s\n", report.explanation.c_str());
@@ -97,23 +94,20 @@ void run_packed(const SdpaArgs& a, const SdpaOptions& opt, const Tensor& q, cons
     if (!a.lse.empty()) files.push_back({"--lse", a.lse, l.view()});
     Tensor dO, dq, dk, dv, ds;
     if (backward) {
-        dO = read_input("--grad-out", a.grad_out);
+        dO = read_input("--grad-out", a.grad.grad_out);
         dq = Tensor(gdt, q.shape());
         dk = Tensor(gdt, k.shape());
         dv = Tensor(gdt, v.shape());
         SdpaReport back;
         TensorView dsv;  // the sequences' dsinks summed (sdpa_varlen_backward)
-        if (!a.dsinks.empty()) {
+        if (!a.grad.dsinks.empty()) {
             ds = Tensor(DType::f32, Shape{q.shape()[1]});
             dsv = ds.view();
         }
-        sdpa_varlen_backward(q, k, v, cq, ck, o, l, dO, opt, dq, dk, dv, &back, a.dsinks.empty() ? nullptr : &dsv);
+        sdpa_varlen_backward(q, k, v, cq, ck, o, l, dO, opt, dq, dk, dv, &back, a.grad.dsinks.empty() ? nullptr : &dsv);
         if (a.verbose) std::fprintf(stderr, "backward: %s\n", back.explanation.c_str());
-        files.push_back({"--dq", a.dq, dq.view()});
-        files.push_back({"--dk", a.dk, dk.view()});
-        files.push_back({"--dv", a.dv, dv.view()});
-        if (!a.dsinks.empty()) files.push_back({"--dsinks", a.dsinks, ds.view()});
     }
+    a.grad.add_files(files, dq, dk, dv, ds);
     OutputFiles::write_all(files);
 }
 
@@ -122,28 +116,21 @@ void run(const SdpaArgs& a) {
     outputs.add("--out", a.out);
     outputs.add("--weights", a.weights);
     outputs.add("--lse", a.lse);
-    outputs.add("--dq", a.dq);
-    outputs.add("--dk", a.dk);
-    outputs.add("--dv", a.dv);
-    outputs.add("--dsinks", a.dsinks);
+    outputs.add("--dq", a.grad.dq);
+    outputs.add("--dk", a.grad.dk);
+    outputs.add("--dv", a.grad.dv);
+    outputs.add("--dsinks", a.grad.dsinks);
     outputs.add("--scores", a.scores);
     for (const auto& [flag, spec] : {std::pair{"--q", &a.q}, {"--k", &a.k}, {"--v", &a.v}, {"--mask", &a.mask},
-                                     {"--grad-out", &a.grad_out}, {"--key-lengths", &a.key_lengths},
+                                     {"--grad-out", &a.grad.grad_out}, {"--key-lengths", &a.key_lengths},
                                      {"--query-offsets", &a.query_offsets}, {"--alibi-slopes", &a.alibi_slopes},
                                      {"--sinks", &a.sinks}, {"--cu-seqlens-q", &a.cu_seqlens_q},
                                      {"--cu-seqlens-k", &a.cu_seqlens_k}})
         outputs.add_input(flag, tensor_arg_file(*spec));
     const ScoreStage stage = with_flag("--scores-stage", [&] { return parse_score_stage(a.scores_stage.value_or("masked")); });
     if (a.scores_stage && a.scores.empty()) throw Error("--scores-stage: only with --scores (it says which scores to write)");
-    const bool backward = !a.grad_out.empty();
-    if (backward && (a.dq.empty() || a.dk.empty() || a.dv.empty())) {
-        throw Error("--grad-out: needs --dq, --dk and --dv (where to write the gradients)");
-    }
-    if (!backward && (!a.dq.empty() || !a.dk.empty() || !a.dv.empty())) {
-        throw Error("--dq/--dk/--dv: need --grad-out dO.npy (the gradient of the loss with respect to O)");
-    }
-    if (!a.dsinks.empty() && (!backward || a.sinks.empty()))
-        throw Error("--dsinks: needs --grad-out and --sinks (the gradient of the sink logits)");
+    const bool backward = a.grad.backward();
+    a.grad.check_flags(!a.sinks.empty());
     if (a.alibi && !a.alibi_slopes.empty()) throw Error("--alibi: give either --alibi or --alibi-slopes, not both");
     outputs.check();
 
@@ -215,7 +202,7 @@ void run(const SdpaArgs& a) {
     }
     TensorView wv, lv;
     if (backward) {
-        dO = read_input("--grad-out", a.grad_out);
+        dO = read_input("--grad-out", a.grad.grad_out);
         // The backward needs the forward's lse; keep it even when --lse is not written.
         l = Tensor(DType::f32, shapes.lse, false, "lse");
         lv = l.view();
@@ -232,11 +219,7 @@ void run(const SdpaArgs& a) {
     check_output_dtypes({{"--out", a.out, o.view()}, {"--weights", a.weights, w.view()}, {"--lse", a.lse, l.view()},
                          {"--scores", a.scores, sc.view()}});
     const DType gdt = gradient_dtype(a, q.dtype());
-    if (backward) {
-        OutputFiles::check_dtype("--dq", a.dq, gdt);
-        OutputFiles::check_dtype("--dk", a.dk, gdt);
-        OutputFiles::check_dtype("--dv", a.dv, gdt);
-    }
+    a.grad.check_dtypes(gdt);
     SdpaReport report;
     sdpa(q, k, v, opt, o, lv.empty() ? nullptr : &lv, a.weights.empty() ? nullptr : &wv, &report,
          a.scores.empty() ? nullptr : &so);
@@ -248,11 +231,11 @@ void run(const SdpaArgs& a) {
         dv = Tensor(gdt, v.shape());
         SdpaReport back;
         TensorView dsv;
-        if (!a.dsinks.empty()) {
+        if (!a.grad.dsinks.empty()) {
             ds = Tensor(DType::f32, Shape{Hq});
             dsv = ds.view();
         }
-        sdpa_backward(q, k, v, o, l, dO, opt, dq, dk, dv, &back, a.dsinks.empty() ? nullptr : &dsv);
+        sdpa_backward(q, k, v, o, l, dO, opt, dq, dk, dv, &back, a.grad.dsinks.empty() ? nullptr : &dsv);
         if (a.verbose) std::fprintf(stderr, "backward: %s\n", back.explanation.c_str());
     }
 
@@ -260,12 +243,7 @@ void run(const SdpaArgs& a) {
     if (!a.weights.empty()) files.push_back({"--weights", a.weights, w.view()});
     if (!a.scores.empty()) files.push_back({"--scores", a.scores, sc.view()});
     if (!a.lse.empty()) files.push_back({"--lse", a.lse, l.view()});
-    if (backward) {
-        files.push_back({"--dq", a.dq, dq.view()});
-        files.push_back({"--dk", a.dk, dk.view()});
-        files.push_back({"--dv", a.dv, dv.view()});
-        if (!a.dsinks.empty()) files.push_back({"--dsinks", a.dsinks, ds.view()});
-    }
+    a.grad.add_files(files, dq, dk, dv, ds);
     OutputFiles::write_all(files);
 }
 
@@ -308,11 +286,7 @@ void add_sdpa_command(CLI::App& app) {
     cmd->add_option("--lse", args->lse, "write the row log-sum-exp (B, Hq, Lq) as float32");
     cmd->add_option("--impl", args->impl,
                     "kernel: auto, reference, flash or decode (Lq <= 16, forward only); backward: auto, reference or flash");
-    cmd->add_option("--grad-out", args->grad_out,
-                    "dO (B, Hq, Lq, Dv): also compute the gradients of <O, dO> (needs --dq, --dk, --dv)");
-    cmd->add_option("--dq", args->dq, "write dQ (B, Hq, Lq, Dk), in --out-dtype (default: Q's dtype)");
-    cmd->add_option("--dk", args->dk, "write dK (B, Hkv, Lk, Dk), in --out-dtype (default: Q's dtype)");
-    cmd->add_option("--dv", args->dv, "write dV (B, Hkv, Lk, Dv), in --out-dtype (default: Q's dtype)");
+    args->grad.add_options(cmd, "", "Q's dtype", "");
     // Also by attn mha's names (--dropout-p, --dropout-seed): one spelling works everywhere.
     cmd->add_option("--dropout,--dropout-p", args->dropout, "dropout probability on the attention weights, 0 <= P < 1 (training)");
     cmd->add_option("--seed,--dropout-seed", args->seed, "dropout seed (the same seed gives the same dropout mask)");
@@ -330,7 +304,6 @@ void add_sdpa_command(CLI::App& app) {
     cmd->add_option("--scores", args->scores, "write the scores (B, Hq, Lq, Lk) as float32 at --scores-stage (not with --dropout)");
     cmd->add_option("--scores-stage", args->scores_stage,
                     "with --scores: scaled (scale*q.k), softcapped (after --softcap) or masked (after ALiBi and masks; default)");
-    cmd->add_option("--dsinks", args->dsinks, "with --grad-out and --sinks: write d loss / d sinks (Hq,) as float32");
     cmd->add_flag("--verbose", args->verbose, "say which kernel ran and why others were declined");
     add_threads_option(cmd);
     cmd->callback([args] {
