@@ -15,6 +15,7 @@
 #include "../core/checked_size.hpp"
 #include "huge_buffer.hpp"
 #include "rows.hpp"
+#include "shared_config.hpp"
 
 namespace attn {
 
@@ -27,15 +28,10 @@ struct KVCache::Buffer : detail::HugeBuffer {
 
 KVCache::KVCache(const KVCacheConfig& config) : config_(config) {
     using detail::fail;
-    if (config_.value_dim == 0) config_.value_dim = config_.head_dim;
     if (config_.batch < 1) fail(kOp, "batch must be >= 1 but got ", config_.batch);
-    if (config_.kv_heads < 1) fail(kOp, "kv_heads must be >= 1 but got ", config_.kv_heads);
-    if (config_.head_dim < 1) fail(kOp, "head_dim must be >= 1 but got ", config_.head_dim);
-    if (config_.value_dim < 1) fail(kOp, "value_dim must be >= 1 (or 0 = head_dim) but got ", config_.value_dim);
+    detail::resolve_kv_heads(kOp, config_);
     if (config_.capacity < 1) fail(kOp, "capacity must be >= 1 but got ", config_.capacity);
-    if (config_.storage != DType::f32 && config_.storage != DType::f16 && config_.storage != DType::bf16) {
-        fail(kOp, "storage must be float32, float16 or bfloat16 but got ", dtype_name(config_.storage));
-    }
+    detail::require_kv_storage(kOp, config_.storage);
     if (config_.max_capacity < 0 || (config_.max_capacity > 0 && config_.max_capacity < config_.capacity)) {
         fail(kOp, "max_capacity must be 0 (no limit) or >= capacity ", config_.capacity, " but got ",
              config_.max_capacity);

@@ -12,6 +12,7 @@
 #include "../core/checked_size.hpp"
 #include "huge_buffer.hpp"
 #include "rows.hpp"
+#include "shared_config.hpp"
 
 namespace attn {
 namespace {
@@ -29,19 +30,14 @@ struct PagedKVCache::Pool : detail::HugeBuffer {
 
 PagedKVCache::PagedKVCache(const PagedKVCacheConfig& config) : config_(config) {
     using detail::fail;
-    if (config_.value_dim == 0) config_.value_dim = config_.head_dim;
-    if (config_.kv_heads < 1) fail(kOp, "kv_heads must be >= 1 but got ", config_.kv_heads);
-    if (config_.head_dim < 1) fail(kOp, "head_dim must be >= 1 but got ", config_.head_dim);
-    if (config_.value_dim < 1) fail(kOp, "value_dim must be >= 1 (or 0 = head_dim) but got ", config_.value_dim);
+    detail::resolve_kv_heads(kOp, config_);
     if (config_.page_size < 1 || (config_.page_size & (config_.page_size - 1)) != 0 || config_.page_size > (1 << 20)) {
         fail(kOp, "page_size must be a power of two in [1, 2^20] but got ", config_.page_size);
     }
     if (config_.num_pages < 1 || config_.num_pages > std::numeric_limits<std::int32_t>::max()) {
         fail(kOp, "num_pages must be in [1, 2^31 - 1] but got ", config_.num_pages);
     }
-    if (config_.storage != DType::f32 && config_.storage != DType::f16 && config_.storage != DType::bf16) {
-        fail(kOp, "storage must be float32, float16 or bfloat16 but got ", dtype_name(config_.storage));
-    }
+    detail::require_kv_storage(kOp, config_.storage);
     const auto pool_bytes = [&](std::int64_t D) {
         std::int64_t n = detail::checked_mul(kOp, "pool size", config_.kv_heads, config_.num_pages);
         n = detail::checked_mul(kOp, "pool size", n, config_.page_size);
