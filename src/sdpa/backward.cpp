@@ -27,15 +27,7 @@ void sdpa_backward(const TensorView& q, const TensorView& k, const TensorView& v
     p.fwd = detail::make_problem(q, k, v, options, out, &lse, nullptr, kOp);
     // make_problem admits q, k, v, out in float32, float64, float16 or bfloat16; lse stays
     // float32/float64 (its check).
-    detail::require_gradient_like(kOp, grad_out, "grad_out", out.shape(), "out");
-    detail::require_gradient_like(kOp, dq, "dq", q.shape(), "q");
-    detail::require_gradient_like(kOp, dk, "dk", k.shape(), "k");
-    detail::require_gradient_like(kOp, dv, "dv", v.shape(), "v");
-    detail::require_gradient_outputs(kOp,
-                                     detail::with_option_tensors({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"},
-                                                                  {&lse, "lse"}, {&grad_out, "grad_out"}}, options),
-                                     {{&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}}, dsinks,
-                                     detail::view_or_null(options.sinks), p.fwd.Hq);
+    detail::require_backward_gradients(kOp, q, k, v, out, lse, grad_out, options, dq, dk, dv, dsinks, p.fwd.Hq);
     if (dsinks != nullptr) p.dsinks = *dsinks;
     p.grad_out = grad_out;
     p.dq = dq;

@@ -171,6 +171,15 @@ void require_outputs_apart(std::string_view op, std::vector<Named> inputs, const
 // offsets, ALiBi slopes, sinks; null where not given): the inputs for require_apart.
 std::vector<Named> with_option_tensors(std::vector<Named> inputs, const SdpaOptions& options);
 
+// A backward's gradient arguments, as sdpa_backward and sdpa_varlen_backward take them:
+// grad_out has out's shape and dq, dk, dv those of q, k, v (require_gradient_like); no
+// gradient, nor dsinks, shares memory with the inputs, the option tensors or another
+// (require_gradient_outputs; Hq: the query heads dsinks must match).
+void require_backward_gradients(std::string_view op, const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& out, const TensorView& lse, const TensorView& grad_out,
+                                const SdpaOptions& options, const TensorView& dq, const TensorView& dk,
+                                const TensorView& dv, const TensorView* dsinks, std::int64_t Hq);
+
 // Adds the scores output to a problem (checks it: shape, dtype, no dropout; the overlaps are
 // require_outputs_apart's).
 void attach_scores(SdpaProblem& p, const ScoresOutput& scores, std::string_view op = "sdpa");

@@ -274,6 +274,20 @@ std::vector<Named> with_option_tensors(std::vector<Named> inputs, const SdpaOpti
     return inputs;
 }
 
+void require_backward_gradients(std::string_view kOp, const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& out, const TensorView& lse, const TensorView& grad_out,
+                                const SdpaOptions& options, const TensorView& dq, const TensorView& dk,
+                                const TensorView& dv, const TensorView* dsinks, std::int64_t Hq) {
+    require_gradient_like(kOp, grad_out, "grad_out", out.shape(), "out");
+    require_gradient_like(kOp, dq, "dq", q.shape(), "q");
+    require_gradient_like(kOp, dk, "dk", k.shape(), "k");
+    require_gradient_like(kOp, dv, "dv", v.shape(), "v");
+    require_gradient_outputs(kOp,
+                             with_option_tensors({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&lse, "lse"},
+                                                  {&grad_out, "grad_out"}}, options),
+                             {{&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}}, dsinks, view_or_null(options.sinks), Hq);
+}
+
 void require_outputs_apart(std::string_view kOp, std::vector<Named> inputs, const SdpaOptions& o,
                            const std::vector<Named>& outputs) {
     require_apart(kOp, with_option_tensors(std::move(inputs), o), outputs);

@@ -36,15 +36,7 @@ void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const Tensor
     detail::require_floating(kOp, q, "q");
     detail::require_floating(kOp, k, "k");
     detail::require_floating(kOp, v, "v");
-    detail::require_gradient_like(kOp, grad_out, "grad_out", out.shape(), "out");
-    detail::require_gradient_like(kOp, dq, "dq", q.shape(), "q");
-    detail::require_gradient_like(kOp, dk, "dk", k.shape(), "k");
-    detail::require_gradient_like(kOp, dv, "dv", v.shape(), "v");
-    detail::require_gradient_outputs(kOp,
-                                     detail::with_option_tensors({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"},
-                                                                  {&lse, "lse"}, {&grad_out, "grad_out"}}, options),
-                                     {{&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}}, dsinks,
-                                     detail::view_or_null(options.sinks), pb.Hq);
+    detail::require_backward_gradients(kOp, q, k, v, out, lse, grad_out, options, dq, dk, dv, dsinks, pb.Hq);
     if (options.impl == Impl::decode) {
         detail::fail(kOp, "impl: decode is a forward-only kernel; use auto, reference or flash");
     }
