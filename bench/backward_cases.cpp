@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
-#include <new>
 #include <sstream>
 
 #include "attn/half.hpp"
@@ -38,20 +37,7 @@ double max_abs_diff(const Tensor* a, const Tensor* b) {
 template <class Step>
 void time_step(const Config& cfg, Row& r, Step step) {
     SdpaReport frep, brep;
-    RssProbe probe;
-    r.baseline_rss = probe.baseline();
-    r.peak_rss_reset = probe.was_reset();
-    try {
-        r.timing = time_calls(cfg, [&] { step(frep, brep); });
-        r.kernel = frep.kernel + " + " + brep.kernel;
-    } catch (const std::bad_alloc&) {
-        r.status = "error";
-        r.note = "out of memory";
-    } catch (const std::exception& e) {
-        r.status = "error";
-        r.note = e.what();
-    }
-    r.peak_rss = probe.peak();
+    if (time_calls_into(cfg, r, [&] { step(frep, brep); })) r.kernel = frep.kernel + " + " + brep.kernel;
 }
 
 void run_sdpa_forward_backward(const Context& ctx, const SdpaShape& s, std::vector<CaseResult>& out) {

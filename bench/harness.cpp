@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <chrono>
+#include <new>
 
 #include "attn/sdpa_varlen.hpp"
 
@@ -131,6 +132,25 @@ RssProbe::RssProbe() {
 }
 
 std::int64_t RssProbe::peak() const { return bench::peak_rss(); }
+
+bool time_calls_into(const Config& cfg, Row& r, const std::function<void()>& fn) {
+    RssProbe probe;
+    r.baseline_rss = probe.baseline();
+    r.peak_rss_reset = probe.was_reset();
+    bool ran = false;
+    try {
+        r.timing = time_calls(cfg, fn);
+        ran = true;
+    } catch (const std::bad_alloc&) {
+        r.status = "error";
+        r.note = "out of memory";
+    } catch (const std::exception& e) {
+        r.status = "error";
+        r.note = e.what();
+    }
+    r.peak_rss = probe.peak();
+    return ran;
+}
 
 void finish_case(const Context& ctx, CaseResult& c) {
     const Row* torch = nullptr;

@@ -156,6 +156,11 @@ struct Row {
     std::optional<double> one_thread_median_s, scaling_efficiency;
 };
 
+// One row's timed calls: time_calls(cfg, fn) into r.timing, with the peak RSS of the calls
+// (RssProbe). An exception becomes the row's error: status "error", its message as the note
+// ("out of memory" for std::bad_alloc). Returns whether the calls ran.
+bool time_calls_into(const Config& cfg, Row& r, const std::function<void()>& fn);
+
 struct CaseResult {
     std::string id;       // "S1", "custom"
     std::string variant;  // "" or e.g. "f16 cache", "forward+backward"

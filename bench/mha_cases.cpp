@@ -21,16 +21,7 @@ Row time_part(const Context& ctx, const std::string& name, double flop, const st
     Row r;
     r.impl = name;
     r.flop = flop;
-    RssProbe probe;
-    r.baseline_rss = probe.baseline();
-    r.peak_rss_reset = probe.was_reset();
-    try {
-        r.timing = time_calls(ctx.cfg, fn);
-    } catch (const std::exception& e) {
-        r.status = "error";
-        r.note = e.what();
-    }
-    r.peak_rss = probe.peak();
+    time_calls_into(ctx.cfg, r, fn);
     return r;
 }
 

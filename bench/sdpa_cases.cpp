@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
-#include <new>
 #include <sstream>
 
 #include "attn/error.hpp"
@@ -204,20 +203,7 @@ void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseRe
         opt.causal = s.causal;
         SdpaReport rep;
         const TensorView dst_view = dst->view();
-        RssProbe probe;
-        r.baseline_rss = probe.baseline();
-        r.peak_rss_reset = probe.was_reset();
-        try {
-            r.timing = time_calls(cfg, [&] { sdpa(q, k, v, opt, dst_view, nullptr, nullptr, &rep); });
-            r.kernel = rep.kernel;
-        } catch (const std::bad_alloc&) {
-            r.status = "error";
-            r.note = "out of memory";
-        } catch (const std::exception& e) {
-            r.status = "error";
-            r.note = e.what();
-        }
-        r.peak_rss = probe.peak();
+        if (time_calls_into(cfg, r, [&] { sdpa(q, k, v, opt, dst_view, nullptr, nullptr, &rep); })) r.kernel = rep.kernel;
         if (r.status != "ok") continue;
         if (r.timing.warmup_counted) r.note = "one call: the warm-up alone exceeded --max-seconds";
         if (impl == Impl::reference) {
@@ -250,17 +236,7 @@ void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseRe
             SdpaReport rep;
             const TensorView dst_view = o.view();
             poison(o);
-            RssProbe probe;
-            r.baseline_rss = probe.baseline();
-            r.peak_rss_reset = probe.was_reset();
-            try {
-                r.timing = time_calls(cfg, [&] { sdpa(q, k, v, opt, dst_view, nullptr, nullptr, &rep); });
-                r.kernel = rep.kernel;
-            } catch (const std::exception& e) {
-                r.status = "error";
-                r.note = e.what();
-            }
-            r.peak_rss = probe.peak();
+            if (time_calls_into(cfg, r, [&] { sdpa(q, k, v, opt, dst_view, nullptr, nullptr, &rep); })) r.kernel = rep.kernel;
             rows.push_back(std::move(r));
         }
     }

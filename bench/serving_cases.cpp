@@ -37,16 +37,7 @@ namespace {
 Row timed(const Config& cfg, const std::string& impl, const std::function<void()>& fn) {
     Row r;
     r.impl = impl;
-    RssProbe probe;
-    r.baseline_rss = probe.baseline();
-    r.peak_rss_reset = probe.was_reset();
-    try {
-        r.timing = time_calls(cfg, fn);
-    } catch (const std::exception& e) {
-        r.status = "error";
-        r.note = e.what();
-    }
-    r.peak_rss = probe.peak();
+    time_calls_into(cfg, r, fn);
     return r;
 }
 
