@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <limits>
 #include <sstream>
 
@@ -75,13 +74,8 @@ void run_sdpa_forward_backward(const Context& ctx, const SdpaShape& s, std::vect
     Tensor ref_grads[3];
 
     std::vector<Row> rows(cfg.impls.size());
-    std::vector<std::size_t> order;  // the reference first, so the others compare with it
-    for (std::size_t i = 0; i < cfg.impls.size(); ++i)
-        if (cfg.impls[i] == Impl::reference) order.push_back(i);
-    for (std::size_t i = 0; i < cfg.impls.size(); ++i)
-        if (cfg.impls[i] != Impl::reference) order.push_back(i);
     bool have_ref = false;
-    for (std::size_t i : order) {
+    for (std::size_t i : reference_first(cfg.impls)) {
         const Impl impl = cfg.impls[i];
         Row& r = rows[i];
         r.impl = std::string(impl_name(impl));
@@ -93,19 +87,7 @@ void run_sdpa_forward_backward(const Context& ctx, const SdpaShape& s, std::vect
                                 static_cast<double>(s.Lk) * static_cast<double>(s.Dk + s.Dv);
             const double ref_flop = 3.5 * full;
             const double ref_bytes = 5.0 * 8.0 * static_cast<double>(s.Lq) * static_cast<double>(s.Lk) * cfg.threads;
-            char buf[200];
-            if (ref_flop > cfg.reference_max_gflop * 1e9) {
-                std::snprintf(buf, sizeof buf, "the reference computes %.0f GFLOP here (all scores, in double), above --reference-max-gflop %g",
-                              ref_flop / 1e9, cfg.reference_max_gflop);
-                r.status = "skipped";
-                r.note = buf;
-                continue;
-            }
-            if (avail > 0 && ref_bytes + static_cast<double>(c.io_bytes) > cfg.memory_fraction * avail) {
-                r.status = "skipped";
-                r.note = "the reference would hold " + gib(ref_bytes) + " of score matrices";
-                continue;
-            }
+            if (skip_costly_reference(cfg, r, ref_flop, ref_bytes, c.io_bytes, avail)) continue;
         }
         const Tensor* dst = grads;
         if (impl == Impl::reference) {
@@ -172,29 +154,12 @@ void run_sdpa_forward_backward(const Context& ctx, const SdpaShape& s, std::vect
     for (Tensor& t : ref_grads) t = Tensor();
 
     // Score-modifier rows: the first fast impl that ran, its training step with each modifier.
-    const Row* plain = nullptr;
-    for (std::size_t i = 0; i < cfg.impls.size() && plain == nullptr; ++i)
-        if (cfg.impls[i] != Impl::reference && rows[i].status == "ok") plain = &rows[i];
-    if (plain != nullptr) {
-        const std::string plain_impl = plain->impl;
-        for (const ModifierRow& m : s.modifier_rows) {
-            Row r;
-            r.impl = plain_impl + "+" + m.name;
-            r.flop = c.flop;
-            r.ratio_to = plain_impl;
-            r.ratio_target = m.target;
-            SdpaOptions opt;
-            opt.impl = parse_impl(plain_impl);
-            opt.causal = s.causal;
-            ModifierTensors keep;
-            set_modifiers(m.name, s.Hq, opt, keep);
-            time_step(cfg, r, [&](SdpaReport& frep, SdpaReport& brep) {
-                sdpa(q, k, v, opt, o, &lse_view, nullptr, &frep);
-                sdpa_backward(q, k, v, o, lse, dO, opt, grads[0], grads[1], grads[2], &brep);
-            });
-            rows.push_back(std::move(r));
-        }
-    }
+    add_modifier_rows(cfg, s, c.flop, rows, [&](const SdpaOptions& opt, Row& r) {
+        time_step(cfg, r, [&](SdpaReport& frep, SdpaReport& brep) {
+            sdpa(q, k, v, opt, o, &lse_view, nullptr, &frep);
+            sdpa_backward(q, k, v, o, lse, dO, opt, grads[0], grads[1], grads[2], &brep);
+        });
+    });
 
     // Autograd keeps the scores, the softmax and their gradients: ~ five B·Hq·Lq·Lk fp32
     // matrices at once, plus the inputs and gradients.

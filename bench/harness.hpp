@@ -225,6 +225,18 @@ std::string sdpa_shape_text(const SdpaShape& s);
 // reads "<who> needs ~X GiB<for_what>; MemAvailable is Y GiB".
 Row torch_sdpa_row(const Context& ctx, const SdpaShape& s, const std::string& mode, double torch_bytes,
                    const std::string& who, const std::string& for_what);
+// The indices of `impls` with the reference's first, so the other rows can compare with it.
+std::vector<std::size_t> reference_first(const std::vector<Impl>& impls);
+// Marks the reference's row r skipped, and returns true, when its FLOPs (ref_flop) exceed
+// --reference-max-gflop or its memory (ref_bytes, beside the case's io_bytes) exceeds
+// --memory-fraction of `avail` (MemAvailable, 0 when unknown).
+bool skip_costly_reference(const Config& cfg, Row& r, double ref_flop, double ref_bytes, std::int64_t io_bytes,
+                           double avail);
+// The score-modifier rows of s, appended to rows: after the first fast impl that ran (rows[i]
+// is cfg.impls[i]'s), one row "<impl>+<modifier>" per s.modifier_rows with its ratio target;
+// time(opt, r) times it with that impl's options, s.causal and the modifier set.
+void add_modifier_rows(const Config& cfg, const SdpaShape& s, double flop, std::vector<Row>& rows,
+                       const std::function<void(const SdpaOptions&, Row&)>& time);
 // Parses "B,Hq,Hkv,Lq,Lk,D,causal" (D may be Dk:Dv; causal 0/1/none/top-left/bottom-right).
 SdpaShape parse_custom_shape(const std::string& text);
 

@@ -97,6 +97,55 @@ Row torch_sdpa_row(const Context& ctx, const SdpaShape& s, const std::string& mo
                            {"causal", causal_word(s.causal)}});
 }
 
+std::vector<std::size_t> reference_first(const std::vector<Impl>& impls) {
+    std::vector<std::size_t> order;
+    for (std::size_t i = 0; i < impls.size(); ++i)
+        if (impls[i] == Impl::reference) order.push_back(i);
+    for (std::size_t i = 0; i < impls.size(); ++i)
+        if (impls[i] != Impl::reference) order.push_back(i);
+    return order;
+}
+
+bool skip_costly_reference(const Config& cfg, Row& r, double ref_flop, double ref_bytes, std::int64_t io_bytes,
+                           double avail) {
+    if (ref_flop > cfg.reference_max_gflop * 1e9) {
+        r.status = "skipped";
+        r.note = "the reference computes " + format_double("%.0f", ref_flop / 1e9) +
+                 " GFLOP here (all scores, in double), above --reference-max-gflop " + format_double("%g", cfg.reference_max_gflop);
+        return true;
+    }
+    if (avail > 0 && ref_bytes + static_cast<double>(io_bytes) > cfg.memory_fraction * avail) {
+        r.status = "skipped";
+        r.note = "the reference would hold " + gib(ref_bytes) + " of score matrices";
+        return true;
+    }
+    return false;
+}
+
+void add_modifier_rows(const Config& cfg, const SdpaShape& s, double flop, std::vector<Row>& rows,
+                       const std::function<void(const SdpaOptions&, Row&)>& time) {
+    const Row* plain = nullptr;
+    for (std::size_t i = 0; i < cfg.impls.size() && plain == nullptr; ++i)
+        if (cfg.impls[i] != Impl::reference && rows[i].status == "ok") plain = &rows[i];
+    if (plain == nullptr) return;
+    const std::string plain_impl = plain->impl;  // rows grows below: plain may dangle
+    const Impl impl = parse_impl(plain_impl);
+    for (const ModifierRow& m : s.modifier_rows) {
+        Row r;
+        r.impl = plain_impl + "+" + m.name;
+        r.flop = flop;
+        r.ratio_to = plain_impl;
+        r.ratio_target = m.target;
+        SdpaOptions opt;
+        opt.impl = impl;
+        opt.causal = s.causal;
+        ModifierTensors keep;
+        set_modifiers(m.name, s.Hq, opt, keep);
+        time(opt, r);
+        rows.push_back(std::move(r));
+    }
+}
+
 double sdpa_forward_flop(const SdpaShape& s) {
     const double full = 2.0 * static_cast<double>(s.B) * static_cast<double>(s.Hq) * static_cast<double>(s.Lq) *
                         static_cast<double>(s.Lk) * static_cast<double>(s.Dk + s.Dv);
@@ -163,13 +212,8 @@ void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseRe
     // The reference first (when asked and affordable), so the others can be compared with it;
     // rows keep the order of --impl.
     std::vector<Row> rows(cfg.impls.size());
-    std::vector<std::size_t> order;
-    for (std::size_t i = 0; i < cfg.impls.size(); ++i)
-        if (cfg.impls[i] == Impl::reference) order.push_back(i);
-    for (std::size_t i = 0; i < cfg.impls.size(); ++i)
-        if (cfg.impls[i] != Impl::reference) order.push_back(i);
     bool have_ref = false;
-    for (std::size_t i : order) {
+    for (std::size_t i : reference_first(cfg.impls)) {
         const Impl impl = cfg.impls[i];
         Row& r = rows[i];
         r.impl = std::string(impl_name(impl));
@@ -180,17 +224,7 @@ void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseRe
             const double ref_flop = 2.0 * static_cast<double>(s.B * s.Hq) * static_cast<double>(s.Lq) *
                                     static_cast<double>(s.Lk) * static_cast<double>(s.Dk + s.Dv);
             const double ref_bytes = 3.0 * 8.0 * static_cast<double>(s.Lq) * static_cast<double>(s.Lk) * cfg.threads;
-            if (ref_flop > cfg.reference_max_gflop * 1e9) {
-                r.status = "skipped";
-                r.note = "the reference computes " + format_double("%.0f", ref_flop / 1e9) +
-                         " GFLOP here (all scores, in double), above --reference-max-gflop " + format_double("%g", cfg.reference_max_gflop);
-                continue;
-            }
-            if (avail > 0 && ref_bytes + static_cast<double>(c.io_bytes) > cfg.memory_fraction * avail) {
-                r.status = "skipped";
-                r.note = "the reference would hold " + gib(ref_bytes) + " of score matrices";
-                continue;
-            }
+            if (skip_costly_reference(cfg, r, ref_flop, ref_bytes, c.io_bytes, avail)) continue;
         }
         const Tensor* dst = &o;
         if (impl == Impl::reference) {
@@ -216,30 +250,12 @@ void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseRe
     o_ref = Tensor();
 
     // Score-modifier rows: the first fast impl that ran, again with each modifier set.
-    const Row* plain = nullptr;
-    for (std::size_t i = 0; i < rows.size() && plain == nullptr; ++i)
-        if (cfg.impls[i] != Impl::reference && rows[i].status == "ok") plain = &rows[i];
-    if (plain != nullptr) {
-        const std::string plain_impl = plain->impl;
-        const Impl impl = parse_impl(plain_impl);
-        for (const ModifierRow& m : s.modifier_rows) {
-            Row r;
-            r.impl = plain_impl + "+" + m.name;
-            r.flop = c.flop;
-            r.ratio_to = plain_impl;
-            r.ratio_target = m.target;
-            SdpaOptions opt;
-            opt.impl = impl;
-            opt.causal = s.causal;
-            ModifierTensors keep;
-            set_modifiers(m.name, s.Hq, opt, keep);
-            SdpaReport rep;
-            const TensorView dst_view = o.view();
-            poison(o);
-            if (time_calls_into(cfg, r, [&] { sdpa(q, k, v, opt, dst_view, nullptr, nullptr, &rep); })) r.kernel = rep.kernel;
-            rows.push_back(std::move(r));
-        }
-    }
+    add_modifier_rows(cfg, s, c.flop, rows, [&](const SdpaOptions& opt, Row& r) {
+        SdpaReport rep;
+        const TensorView dst_view = o.view();
+        poison(o);
+        if (time_calls_into(cfg, r, [&] { sdpa(q, k, v, opt, dst_view, nullptr, nullptr, &rep); })) r.kernel = rep.kernel;
+    });
 
     // PyTorch's hand-written attention holds about three B·Hq·Lq·Lk fp32 matrices at once
     // (scores, scores + mask, softmax) plus its inputs.
