@@ -79,16 +79,10 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
     // (its peers wait in MPI calls), so it aborts the job. The checks above make this a
     // should-not-happen path.
     try {
-        SdpaOptions sopt;
-        sopt.scale = options.scale;
-        sopt.impl = options.impl;
-        sopt.softcap = options.softcap;  // per score: every block as is (sinks: the merge, above)
         // Dropout comes after the softmax and the merge is linear in each block's dropped output
         // (its lse is the undropped one): the blocks, each at its origin (block_options), give
         // exactly single-process sdpa's dropped O.
-        sopt.dropout_p = options.dropout_p;
-        sopt.dropout_seed = options.dropout_seed;
-        sopt.alibi_slopes = ctx.slopes_view();  // (B, Hq); block_options slices and places it
+        const SdpaOptions sopt = detail::block_base_options(options, ctx);
         // As single-process sdpa decides it (make_problem): all four tensors bfloat16.
         const bool bf16_products = q.dtype() == DType::bf16 && k.dtype() == DType::bf16 &&
                                    v.dtype() == DType::bf16 && out.dtype() == DType::bf16;

@@ -145,19 +145,13 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
 
     // ---- phase 2: the ring (a failure here cannot be agreed on: it aborts, as in the forward) ----
     try {
-        SdpaOptions sopt;
-        sopt.scale = options.scale;
-        sopt.impl = options.impl;
         // Softcap: every block differentiates through it. Sinks: the global lse already holds
         // them (P_ij = e^{s_ij − lse_i} are the global weights), so the blocks need no sink; the
         // sink's own gradient is summed over the ranks below.
-        sopt.softcap = options.softcap;
-        sopt.alibi_slopes = ctx.slopes_view();  // (B, Hq); block_options slices and places it
         // Dropout: each block regenerates the forward's keep mask at its origin (block_options);
         // D_i = rowsum(dO ∘ O) with the global dropped O is what FlashAttention-2's dropout
         // backward uses, so the blocks' shares add up to sdpa_backward's.
-        sopt.dropout_p = options.dropout_p;
-        sopt.dropout_seed = options.dropout_seed;
+        const SdpaOptions sopt = detail::block_base_options(options, ctx);
         RingStats st;
         st.steps = ctx.steps;
         const int S = ctx.steps;

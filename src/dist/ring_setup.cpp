@@ -466,6 +466,17 @@ void setup_ring(RingContext& ctx, std::string_view op, const TensorView& q, cons
     ctx.v_words_per_row = B * ctx.mine.Hkv * ctx.mine.Dv;
 }
 
+SdpaOptions block_base_options(const RingOptions& o, const RingContext& ctx) {
+    SdpaOptions base;
+    base.scale = o.scale;
+    base.impl = o.impl;
+    base.softcap = o.softcap;
+    base.dropout_p = o.dropout_p;
+    base.dropout_seed = o.dropout_seed;
+    base.alibi_slopes = ctx.slopes_view();
+    return base;
+}
+
 SdpaOptions block_options(const SdpaOptions& base, const BlockCall& c) {
     SdpaOptions o = base;
     o.causal = c.causal;

@@ -149,4 +149,10 @@ void setup_ring(RingContext& ctx, std::string_view op, const TensorView& q, cons
 // are not per block (the forward's merge and the global lse carry them). Both directions call it.
 SdpaOptions block_options(const SdpaOptions& base, const BlockCall& call);
 
+// block_options' base, the same in both directions: the caller's scale, impl, softcap (per
+// score: every block as is) and dropout (p, seed), and the agreed ALiBi slopes as (B, Hq).
+// No sinks: the forward's merge starts every row with its sink, and the backward's global lse
+// holds them.
+SdpaOptions block_base_options(const RingOptions& o, const RingContext& ctx);
+
 }  // namespace attn::dist::detail
