@@ -4,7 +4,7 @@
 // To add a shape id (e.g. S5 once the decode kernel exists): write a runner
 //   void run_decode(const Context& ctx, std::vector<CaseResult>& out)
 // that fills one CaseResult per variant (f32 cache, f16 cache, ...) with its rows — use
-// time_calls() for the timing, RssProbe for the peak memory, run_torch() for the PyTorch
+// time_calls_into() for a row's timing and peak memory, run_torch() for the PyTorch
 // baseline — and point its entry in registry.cpp at it (run_sdpa_forward in sdpa_cases.cpp
 // is a complete example). Set Row::flop for compute-bound work (GFLOP/s, % of the FMA peak)
 // and/or Row::bytes for bandwidth-bound work (GB/s, % of the read bandwidth). The driver
