@@ -7,7 +7,6 @@
 // the projections are judged against (a skinny GEMM below it is the GEMM's shape penalty);
 // and OpenBLAS on the QKV and square GEMMs in the same process, the former path's yardstick.
 // FLOP (written formula, multiply-add = 2): projections 2·(B·L)·E·4E, attention 4·B·h·L²·d_h.
-#include <cstdio>
 #include <string>
 
 #include "harness.hpp"

@@ -4,7 +4,6 @@
 #include <omp.h>
 
 #include <cmath>
-#include <cstdio>
 #include <limits>
 #include <sstream>
 

@@ -185,8 +185,8 @@ void PagedKVCache::append(SeqId s, const TensorView& k_new, const TensorView& v_
     // The one allocation, before anything changes: out of memory leaves the cache as it was
     // (a page taken and then not stored would be lost to the pool for good). Geometric, as
     // push_back grows (an exact reserve reallocated on every new page: quadratic over a decode).
-    if (const auto need = static_cast<std::size_t>(ceil_div(q.length + T, ps)); need > q.pages.capacity())
-        q.pages.reserve(std::max(need, 2 * q.pages.capacity()));
+    if (const auto pages = static_cast<std::size_t>(ceil_div(q.length + T, ps)); pages > q.pages.capacity())
+        q.pages.reserve(std::max(pages, 2 * q.pages.capacity()));
     if (q.length % ps != 0 && refcount_[static_cast<std::size_t>(q.pages.back())] > 1) {
         // Copy-on-write: this sequence's own copy of the shared last page.
         const std::int32_t old = q.pages.back(), copy = take_page();
