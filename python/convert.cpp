@@ -72,6 +72,7 @@ py::array as_array(const py::handle& obj, const std::string& name) {
     try {
         py::module_::import("numpy").attr("asarray")(obj);
     } catch (py::error_already_set& e) {
+        if (e.matches(PyExc_MemoryError)) throw;  // out of memory converting it: not a wrong type
         reason = e.what();
         // pybind11 appends the Python traceback ("\n\nAt:\n  file(line): ..."): keep the message.
         reason = reason.substr(0, reason.find('\n'));
@@ -122,11 +123,17 @@ Input input(const py::handle& obj, const std::string& name, int min_rank, int ma
     return in;
 }
 
-py::array new_array(attn::DType dt, const std::vector<py::ssize_t>& dims) {
-    if (dt == attn::DType::f64) return py::array_t<double>(dims);
-    if (dt == attn::DType::f16) return py::array(py::dtype("float16"), dims);
-    if (dt == attn::DType::bf16) return py::array_t<std::uint16_t>(dims);
-    return py::array_t<float>(dims);
+py::array new_array(attn::DType dt, const std::vector<py::ssize_t>& dims, const char* what) {
+    try {
+        if (dt == attn::DType::f64) return py::array_t<double>(dims);
+        if (dt == attn::DType::f16) return py::array(py::dtype("float16"), dims);
+        if (dt == attn::DType::bf16) return py::array_t<std::uint16_t>(dims);
+        return py::array_t<float>(dims);
+    } catch (py::error_already_set& e) {
+        if (!e.matches(PyExc_MemoryError)) throw;
+        // numpy's message says the bytes, the shape and the dtype; `what` says which output it was.
+        throw attn::OutOfMemory(std::string("out of memory allocating ") + what + ": " + std::string(py::str(e.value())));
+    }
 }
 
 attn::TensorView output_view(py::array& a, int rank) {
@@ -152,6 +159,7 @@ std::vector<std::pair<std::string, attn::TensorView>> named_inputs(const py::dic
                 const py::object int16 = py::module_::import("torch").attr("int16");
                 value = value.attr("view")(int16).attr("numpy")().attr("view")(py::module_::import("numpy").attr("uint16"));
             } catch (py::error_already_set& e) {
+                if (e.matches(PyExc_MemoryError)) throw;  // out of memory reading it: not a wrong type
                 const std::string reason = e.what();
                 type_error(arg + ": a torch.bfloat16 tensor whose bits NumPy cannot read: " + reason.substr(0, reason.find('\n')));
             }

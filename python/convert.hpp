@@ -81,8 +81,10 @@ attn::DType cache_storage_arg(const py::handle& dtype);
 std::string path_arg_of(const py::handle& obj, const std::string& name);
 
 // A new C-contiguous array of dtype dt: float64, float32, float16, or for bfloat16 a uint16
-// array holding the bits (NumPy has no bfloat16).
-py::array new_array(attn::DType dt, const std::vector<py::ssize_t>& dims);
+// array holding the bits (NumPy has no bfloat16). `what` names it for the MemoryError when numpy
+// cannot allocate it ("out of memory allocating the weights (B, H, Lq, Lk): Unable to allocate
+// 64.0 GiB for an array with shape …"); the package's wrapper (_concise_errors.py) adds the call.
+py::array new_array(attn::DType dt, const std::vector<py::ssize_t>& dims, const char* what);
 
 // A fresh output array's view (a uint16 one is bfloat16), expanded to `rank` dims.
 attn::TensorView output_view(py::array& a, int rank);

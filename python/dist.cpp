@@ -27,6 +27,7 @@
 #include "attn/threads.hpp"
 #include "bind.hpp"
 #include "convert.hpp"
+#include "gradients.hpp"
 #include "options.hpp"
 
 namespace attn_py {
@@ -118,6 +119,25 @@ void agree_on_arguments(MPI_Comm comm, const char* op, F&& convert) {
     }
 }
 
+const char* const kRingLayout = "(B, H, L_local, D)";
+
+// What both calls convert first, in the same order: query, key, value (dtype="bfloat16": uint16
+// bits), the keywords (ring_options) and threads=. Inside agree_on_arguments.
+struct RingInputs {
+    Input q, k, v;
+    std::optional<RingCall> call;
+    int threads = 0;
+};
+
+void convert_ring_inputs(RingInputs& in, const py::handle& query, const py::handle& key, const py::handle& value,
+                         const RingArgs& args, const py::object& threads_obj, bool bf16) {
+    in.q = input(query, "query", 4, 4, kRingLayout, bf16);
+    in.k = input(key, "key", 4, 4, kRingLayout, bf16);
+    in.v = input(value, "value", 4, 4, kRingLayout, bf16);
+    in.call.emplace(ring_options(args, in.q.view.dim(1)));
+    in.threads = threads_arg(threads_obj);
+}
+
 py::tuple ring_forward(const py::handle& query, const py::handle& key, const py::handle& value, const py::handle& comm,
                        const py::object& is_causal, const py::object& scale, const py::object& layout,
                        const py::object& causal_alignment, const py::object& window, const py::object& window_alignment,
@@ -125,31 +145,25 @@ py::tuple ring_forward(const py::handle& query, const py::handle& key, const py:
                        const py::object& alibi_slopes, const py::object& sinks, const py::object& dropout_p,
                         const py::object& dropout_seed, const py::object& dtype, const py::object& out_dtype,
                        const py::object& impl, const py::object& threads_obj) {
-    const char* kLayout = "(B, H, L_local, D)";
     const MPI_Comm c = comm_of(comm);
-    int threads = 0;
-    Input q, k, v;
-    std::optional<RingCall> call;
+    RingInputs in;
+    const attn::TensorView &q = in.q.view, &v = in.v.view;
     py::array out, lse;
     agree_on_arguments(c, "ring_attention", [&] {
-        const bool bf16 = uint16_is_bf16_arg(dtype);
-        q = input(query, "query", 4, 4, kLayout, bf16);
-        k = input(key, "key", 4, 4, kLayout, bf16);
-        v = input(value, "value", 4, 4, kLayout, bf16);
-        call.emplace(ring_options({{is_causal, causal_alignment, window, window_alignment, query_offset}, scale, layout,
-                                   key_lengths, {softcap, alibi_slopes, sinks}, dropout_p, dropout_seed, impl},
-                                  q.view.dim(1)));
-        threads = threads_arg(threads_obj);
+        convert_ring_inputs(in, query, key, value,
+                            {{is_causal, causal_alignment, window, window_alignment, query_offset}, scale, layout,
+                             key_lengths, {softcap, alibi_slopes, sinks}, dropout_p, dropout_seed, impl},
+                            threads_obj, uint16_is_bf16_arg(dtype));
         // out in out_dtype (default: a 16-bit query's dtype, else float32); lse float32.
-        const attn::DType odt = out_dtype_arg(out_dtype, sixteen_bit_or_f32(q.view.dtype()));
-        out = new_array(odt, {q.view.dim(0), q.view.dim(1), q.view.dim(2), v.view.dim(3)});
-        lse = new_array(attn::DType::f32, {q.view.dim(0), q.view.dim(1), q.view.dim(2)});
+        const attn::DType odt = out_dtype_arg(out_dtype, sixteen_bit_or_f32(q.dtype()));
+        out = new_array(odt, {q.dim(0), q.dim(1), q.dim(2), v.dim(3)}, "out (B, H, L_local, Dv)");
+        lse = new_array(attn::DType::f32, {q.dim(0), q.dim(1), q.dim(2)}, "lse (B, H, L_local)");
     });
     const attn::TensorView ov = output_view(out, 4), lv = output_view(lse, 3);
     {
         py::gil_scoped_release release;
-        const attn::ScopedNumThreads scoped_threads(threads);
-        attn::dist::ring_attention(c, q.view, k.view, v.view, call->ring, ov, &lv);
+        const attn::ScopedNumThreads scoped_threads(in.threads);
+        attn::dist::ring_attention(c, q, in.k.view, v, in.call->ring, ov, &lv);
     }
     return py::make_tuple(out, lse);
 }
@@ -162,42 +176,30 @@ py::tuple ring_backward(const py::handle& query, const py::handle& key, const py
                         const py::object& alibi_slopes, const py::object& sinks, const py::object& dropout_p,
                         const py::object& dropout_seed, const py::object& dtype, const py::object& out_dtype,
                         const py::object& impl, const py::object& threads_obj) {
-    const char* kLayout = "(B, H, L_local, D)";
     const MPI_Comm c = comm_of(comm);
-    int threads = 0;
-    Input q, k, v, o, l, g;
-    std::optional<RingCall> call;
-    py::array dq, dk, dv, ds;
+    RingInputs in;
+    Input o, l, g;
+    Gradients grads;
     agree_on_arguments(c, "ring_attention_backward", [&] {
         const bool bf16 = uint16_is_bf16_arg(dtype);
-        q = input(query, "query", 4, 4, kLayout, bf16);
-        k = input(key, "key", 4, 4, kLayout, bf16);
-        v = input(value, "value", 4, 4, kLayout, bf16);
-        o = input(out, "out", 4, 4, kLayout, bf16);
+        convert_ring_inputs(in, query, key, value,
+                            {{is_causal, causal_alignment, window, window_alignment, query_offset}, scale, layout,
+                             key_lengths, {softcap, alibi_slopes, sinks}, dropout_p, dropout_seed, impl},
+                            threads_obj, bf16);
+        o = input(out, "out", 4, 4, kRingLayout, bf16);
         l = input(lse, "lse", 3, 3, "(B, H, L_local)");
-        g = input(grad_out, "grad_out", 4, 4, kLayout, bf16);
-        call.emplace(ring_options({{is_causal, causal_alignment, window, window_alignment, query_offset}, scale, layout,
-                                   key_lengths, {softcap, alibi_slopes, sinks}, dropout_p, dropout_seed, impl},
-                                  q.view.dim(1)));
-        threads = threads_arg(threads_obj);
+        g = input(grad_out, "grad_out", 4, 4, kRingLayout, bf16);
         // dq/dk/dv in out_dtype (default: a 16-bit query's dtype, else float32), as the forward's out.
-        const attn::DType gdt = out_dtype_arg(out_dtype, sixteen_bit_or_f32(q.view.dtype()));
-        dq = new_array(gdt, dims_of(q.view));
-        dk = new_array(gdt, dims_of(k.view));
-        dv = new_array(gdt, dims_of(v.view));
-        ds = new_array(attn::DType::f32, {call->ring.sinks.has_value() ? q.view.dim(1) : 0});
+        grads = new_gradients(in.q.view, in.k.view, in.v.view,
+                              out_dtype_arg(out_dtype, sixteen_bit_or_f32(in.q.view.dtype())), 4, in.call->ring.sinks);
     });
-    const attn::dist::RingOptions& opt = call->ring;
-    const bool with_sinks = opt.sinks.has_value();
-    const attn::TensorView dqv = output_view(dq, 4), dkv = output_view(dk, 4), dvv = output_view(dv, 4);
-    const attn::TensorView dsv = output_view(ds, 1);
     {
         py::gil_scoped_release release;
-        const attn::ScopedNumThreads scoped_threads(threads);
-        attn::dist::ring_attention_backward(c, q.view, k.view, v.view, o.view, l.view, g.view, opt, dqv, dkv, dvv,
-                                            nullptr, with_sinks ? &dsv : nullptr);
+        const attn::ScopedNumThreads scoped_threads(in.threads);
+        attn::dist::ring_attention_backward(c, in.q.view, in.k.view, in.v.view, o.view, l.view, g.view, in.call->ring,
+                                            grads.dqv, grads.dkv, grads.dvv, nullptr, grads.dsinks_view());
     }
-    return with_sinks ? py::make_tuple(dq, dk, dv, ds) : py::make_tuple(dq, dk, dv);
+    return grads.result();
 }
 
 }  // namespace

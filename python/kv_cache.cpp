@@ -85,8 +85,9 @@ public:
         const std::lock_guard<std::mutex> lock(mutex);
         const attn::TensorView src = keys ? cache_.keys() : cache_.values();
         const std::int64_t B = src.dim(0), H = src.dim(1), cap = src.dim(2), D = src.dim(3);
-        py::array_t<float> out(std::vector<py::ssize_t>{B, H, cap, D});
-        float* dst = out.mutable_data();
+        py::array out = new_array(attn::DType::f32, {B, H, cap, D},
+                                  keys ? "the keys' copy (B, Hkv, capacity, Dk)" : "the values' copy (B, Hkv, capacity, Dv)");
+        float* dst = static_cast<float*>(out.mutable_data());
         std::fill_n(dst, out.size(), 0.0f);
         for (std::int64_t b = 0; b < B; ++b) {
             const std::int64_t len = cache_.length(b);
@@ -165,8 +166,8 @@ py::object decode_py(const py::object& query, const py::object& cache_obj, const
     const std::int64_t dv = cache.value_dim() ? cache.value_dim() : cache.head_dim();
     const attn::TensorView& qv = q.view;
     const attn::DType odt = out_dtype_arg(out_dtype, sixteen_bit_or_f32(qv.dtype()));
-    py::array out = new_array(odt, {qv.dim(0), qv.dim(1), qv.dim(2), dv});
-    py::array lse = return_lse ? new_array(attn::DType::f32, {qv.dim(0), qv.dim(1), qv.dim(2)}) : py::array();
+    py::array out = new_array(odt, {qv.dim(0), qv.dim(1), qv.dim(2), dv}, "out (B, Hq, Lq, Dv)");
+    py::array lse = return_lse ? new_array(attn::DType::f32, {qv.dim(0), qv.dim(1), qv.dim(2)}, "lse (B, Hq, Lq)") : py::array();
     const attn::TensorView ov = output_view(out, 4);
     attn::TensorView lv;
     if (return_lse) lv = output_view(lse, 3);

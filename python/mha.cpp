@@ -68,13 +68,14 @@ public:
         o.out_dtype = out_dtype_arg(out_dtype, default_out(q.view.dtype()));
         o.intermediate_dtype = out_dtype_arg(intermediate_dtype, attn::DType::f32, "intermediate_dtype");
         const attn::Shape os = layer_.output_shape(q.view);
-        py::array out = new_array(*o.out_dtype, std::vector<py::ssize_t>(os.dims.begin(), os.dims.begin() + os.rank));
+        py::array out = new_array(*o.out_dtype, std::vector<py::ssize_t>(os.dims.begin(), os.dims.begin() + os.rank), "the output");
         const attn::TensorView ov = output_view(out, 0);
         py::object weights = py::none();
         attn::TensorView wv;
         if (need_weights) {
             const attn::Shape ws = layer_.weights_shape(q.view, k.view, average_attn_weights);
-            py::array w = py::array_t<float>(std::vector<py::ssize_t>(ws.dims.begin(), ws.dims.begin() + ws.rank));
+            py::array w = new_array(attn::DType::f32, std::vector<py::ssize_t>(ws.dims.begin(), ws.dims.begin() + ws.rank),
+                                    "the attention weights");
             wv = output_view(w, 0);
             weights = w;
         }
@@ -96,7 +97,7 @@ public:
                               uint16_is_bf16_arg(dtype));
         const attn::Shape xs = x.view.shape();
         py::array out = new_array(out_dtype_arg(out_dtype, default_out(x.view.dtype())),
-                                  std::vector<py::ssize_t>(xs.dims.begin(), xs.dims.begin() + xs.rank));
+                                  std::vector<py::ssize_t>(xs.dims.begin(), xs.dims.begin() + xs.rank), "the output");
         const attn::TensorView ov = output_view(out, 0);
         std::mutex* cache_mutex = nullptr;
         attn::KVCache& c = kv_cache_of(cache, "cache", cache_mutex);
@@ -138,7 +139,7 @@ public:
                               {{"cu_seqlens_q", "cu_seqlens"},
                                {"cu_seqlens_k", cu_seqlens_k.is_none() ? "cu_seqlens (as cu_seqlens_k)" : "cu_seqlens_k"}});
         }
-        py::array a = new_array(out.dtype(), dims_of(out.view()));
+        py::array a = new_array(out.dtype(), dims_of(out.view()), "the output (Tq, E)");
         std::memcpy(a.mutable_data(), out.data(), static_cast<std::size_t>(out.numel()) * attn::dtype_size(out.dtype()));
         return a;
     }
@@ -180,7 +181,8 @@ public:
         std::vector<py::array> arrays;
         for (const auto& [name, view] : params) {
             arrays.push_back(new_array(view.dtype(), std::vector<py::ssize_t>(view.shape().dims.begin(),
-                                                                              view.shape().dims.begin() + view.rank())));
+                                                                              view.shape().dims.begin() + view.rank()),
+                                     "a parameter's copy"));
         }
         std::vector<void*> dst;
         for (auto& a : arrays) dst.push_back(a.mutable_data());

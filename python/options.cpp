@@ -109,6 +109,12 @@ std::uint64_t dropout_seed_arg(const py::object& seed, double p) {
     return 0;
 }
 
+CallOptions make_options(const SdpaArgs& args, const ModifierArgs& modifiers, std::int64_t heads) {
+    CallOptions o = make_options(args);
+    set_modifiers(modifiers, heads, o);
+    return o;
+}
+
 CallOptions make_options(const SdpaArgs& args) {
     CallOptions o;
     o.sdpa.scale = optional_float_arg(args.scale, "scale");

@@ -73,6 +73,8 @@ void set_alignment(const AlignmentArgs& args, CallOptions& out);
 void set_mask(const py::object& attn_mask, bool uint16_is_bf16, CallOptions& out);
 
 CallOptions make_options(const SdpaArgs& args);
+// make_options, then set_modifiers(modifiers, heads): every call with the sdpa keywords.
+CallOptions make_options(const SdpaArgs& args, const ModifierArgs& modifiers, std::int64_t heads);
 
 // dropout_seed= as given (None or an int in [0, 2**64)) for a call with dropout_p = p: None is
 // 0 when p is 0 and an error otherwise — attn has no global generator, and a default seed would

@@ -65,8 +65,8 @@ py::object paged_attention_py(const py::object& query, PyPagedKVCache& c, const 
     set_mask(attn_mask, bf16_bits, o);
     const attn::TensorView& qv = q.view;
     const attn::DType odt = out_dtype_arg(out_dtype, sixteen_bit_or_f32(qv.dtype()));
-    py::array out = new_array(odt, {qv.dim(0), qv.dim(1), qv.dim(2), c.cache.value_dim()});
-    py::array lse = return_lse ? new_array(attn::DType::f32, {qv.dim(0), qv.dim(1), qv.dim(2)}) : py::array();
+    py::array out = new_array(odt, {qv.dim(0), qv.dim(1), qv.dim(2), c.cache.value_dim()}, "out (B, Hq, Lq, Dv)");
+    py::array lse = return_lse ? new_array(attn::DType::f32, {qv.dim(0), qv.dim(1), qv.dim(2)}, "lse (B, Hq, Lq)") : py::array();
     const attn::TensorView ov = output_view(out, 4);
     attn::TensorView lv;
     if (return_lse) lv = output_view(lse, 3);

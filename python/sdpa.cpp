@@ -12,6 +12,7 @@
 #include "attn/threads.hpp"
 #include "bind.hpp"
 #include "convert.hpp"
+#include "gradients.hpp"
 #include "options.hpp"
 
 namespace attn_py {
@@ -55,10 +56,10 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
         value_error("key/value: expected the rank of query (" + std::to_string(rank) + ") but got key " +
                     shape_str(k.array) + " and value " + shape_str(v.array));
     }
-    CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
+    const CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
                                           {is_causal, causal_alignment, window, window_alignment, query_offset},
-                                          dropout_seed, impl, bf16});
-    set_modifiers({softcap, alibi_slopes, sinks}, rank >= 3 ? q.view.dim(rank - 3) : 1, opt);
+                                          dropout_seed, impl, bf16},
+                                         {softcap, alibi_slopes, sinks}, rank >= 3 ? q.view.dim(rank - 3) : 1);
     const attn::DType odt = out_dtype_arg(out_dtype, q.view.dtype()), sdt = stat_dtype(q.view.dtype());
     // Q, K and V checked as sdpa checks them before any output is allocated: the (…, Lq, Lk)
     // weights of a call about to be refused (K's head dim not Q's) were a MemoryError of 64 GiB
@@ -69,10 +70,10 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
     const std::vector<py::ssize_t> ld(od.begin(), od.end() - 1);
     std::vector<py::ssize_t> wd = ld;
     wd.push_back(k.view.dim(rank - 2));
-    py::array out = new_array(odt, od);
-    py::array lse = return_lse ? new_array(sdt, ld) : py::array();
-    py::array w = return_weights ? new_array(sdt, wd) : py::array();
-    py::array sc = stage ? new_array(sdt, wd) : py::array();
+    py::array out = new_array(odt, od, "out");
+    py::array lse = return_lse ? new_array(sdt, ld, "lse") : py::array();
+    py::array w = return_weights ? new_array(sdt, wd, "the weights (…, Lq, Lk)") : py::array();
+    py::array sc = stage ? new_array(sdt, wd, "the scores (…, Lq, Lk)") : py::array();
     attn::ScoresOutput so;
     if (stage) so = attn::ScoresOutput{output_view(sc, 4), *stage};
     const attn::TensorView ov = output_view(out, 4);
@@ -116,31 +117,21 @@ py::tuple sdpa_backward_py(const py::object& query, const py::object& key, const
     for (int d = 0; d + 1 < r; ++d) lse_shape += std::to_string(q.view.dim(d)) + (d + 2 < r ? ", " : r == 2 ? ",)" : ")");
     const Input l = input(lse, "lse", r - 1, r - 1, lse_shape.c_str());
     const Input g = input(grad_out, "grad_out", r, r, "the query's rank", bf16);
-    CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
+    const CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
                                           {is_causal, causal_alignment, window, window_alignment, query_offset},
-                                          dropout_seed, impl, bf16});
-    set_modifiers({softcap, alibi_slopes, sinks}, r >= 3 ? q.view.dim(r - 3) : 1, opt);
-    const attn::DType odt = out_dtype_arg(out_dtype, q.view.dtype());
-    py::array dq = new_array(odt, dims_of(q.view));
-    py::array dk = new_array(odt, dims_of(k.view));
-    py::array dv = new_array(odt, dims_of(v.view));
-    const attn::TensorView dqv = output_view(dq, 4), dkv = output_view(dk, 4), dvv = output_view(dv, 4);
-    const bool with_sinks = opt.sdpa.sinks.has_value();
-    py::array ds = with_sinks ? new_array(stat_dtype(q.view.dtype()), {static_cast<py::ssize_t>(opt.sdpa.sinks->dim(0))})
-                              : py::array();
-    attn::TensorView dsv;
-    if (with_sinks) dsv = output_view(ds, 1);
+                                          dropout_seed, impl, bf16},
+                                         {softcap, alibi_slopes, sinks}, r >= 3 ? q.view.dim(r - 3) : 1);
+    Gradients grads = new_gradients(q.view, k.view, v.view, out_dtype_arg(out_dtype, q.view.dtype()), 4, opt.sdpa.sinks);
     {
         py::gil_scoped_release nogil;
         const attn::ScopedNumThreads scoped_threads(threads);
         with_python_names([&] {
             attn::sdpa_backward(expand_rank(q.view, 4), expand_rank(k.view, 4), expand_rank(v.view, 4),
-                                expand_rank(o.view, 4), expand_rank(l.view, 3), expand_rank(g.view, 4), opt.sdpa, dqv,
-                                dkv, dvv, nullptr, with_sinks ? &dsv : nullptr);
+                                expand_rank(o.view, 4), expand_rank(l.view, 3), expand_rank(g.view, 4), opt.sdpa,
+                                grads.dqv, grads.dkv, grads.dvv, nullptr, grads.dsinks_view());
         });
     }
-    if (with_sinks) return py::make_tuple(dq, dk, dv, ds);
-    return py::make_tuple(dq, dk, dv);
+    return grads.result();
 }
 
 // For bench/python_bench.py: the C++ call alone, timed in C++ on views built once — the
@@ -153,7 +144,7 @@ std::vector<double> time_cpp_sdpa(const py::object& query, const py::object& key
     const Input q = input(query, "query", 4, 4, "(B, H, L, D)");
     const Input k = input(key, "key", 4, 4, "(B, H, L, D)");
     const Input v = input(value, "value", 4, 4, "(B, H, L, D)");
-    py::array out = new_array(attn::DType::f32, {q.view.dim(0), q.view.dim(1), q.view.dim(2), v.view.dim(3)});
+    py::array out = new_array(attn::DType::f32, {q.view.dim(0), q.view.dim(1), q.view.dim(2), v.view.dim(3)}, "out");
     const attn::TensorView ov = output_view(out, 4);
     std::vector<double> seconds;
     py::gil_scoped_release nogil;

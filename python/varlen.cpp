@@ -11,6 +11,7 @@
 #include "attn/threads.hpp"
 #include "bind.hpp"
 #include "convert.hpp"
+#include "gradients.hpp"
 #include "options.hpp"
 
 namespace attn_py {
@@ -18,6 +19,25 @@ namespace {
 
 const char* const kPacked = "(total_tokens, H, D)";
 
+// The arrays and options both calls read first, in the same order (and so with the same errors):
+// query, key, value, cu_seqlens_q, cu_seqlens_k, then the keywords (alibi_slopes (Hq,) or (N, Hq)).
+struct PackedCall {
+    Input q, k, v, cq, ck;
+    CallOptions opt;
+};
+
+PackedCall packed_call(const py::object& query, const py::object& key, const py::object& value,
+                       const py::object& cu_seqlens_q, const py::object& cu_seqlens_k, const SdpaArgs& args,
+                       const ModifierArgs& modifiers) {
+    PackedCall c;
+    c.q = input(query, "query", 3, 3, kPacked, args.uint16_is_bf16);
+    c.k = input(key, "key", 3, 3, kPacked, args.uint16_is_bf16);
+    c.v = input(value, "value", 3, 3, kPacked, args.uint16_is_bf16);
+    c.cq = input(cu_seqlens_q, "cu_seqlens_q", 1, 1, "(N+1,)");
+    c.ck = input(cu_seqlens_k, "cu_seqlens_k", 1, 1, "(N+1,)");
+    c.opt = make_options(args, modifiers, c.q.view.dim(1));
+    return c;
+}
 
 py::object sdpa_varlen_py(const py::object& query, const py::object& key, const py::object& value,
                           const py::object& cu_seqlens_q, const py::object& cu_seqlens_k, const py::object& attn_mask,
@@ -30,24 +50,21 @@ py::object sdpa_varlen_py(const py::object& query, const py::object& key, const 
     const bool return_lse = bool_arg(return_lse_arg, "return_lse");
     const int threads = threads_arg(threads_obj);
     const bool bf16 = uint16_is_bf16_arg(dtype);
-    const Input q = input(query, "query", 3, 3, kPacked, bf16);
-    const Input k = input(key, "key", 3, 3, kPacked, bf16);
-    const Input v = input(value, "value", 3, 3, kPacked, bf16);
-    const Input cq = input(cu_seqlens_q, "cu_seqlens_q", 1, 1, "(N+1,)");
-    const Input ck = input(cu_seqlens_k, "cu_seqlens_k", 1, 1, "(N+1,)");
-    CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
-                                    {is_causal, causal_alignment, window, window_alignment, query_offset},
-                                    dropout_seed, impl, bf16});
-    set_modifiers({softcap, alibi_slopes, sinks}, q.view.dim(1), opt);  // slopes (Hq,) or (N, Hq)
+    const PackedCall c = packed_call(query, key, value, cu_seqlens_q, cu_seqlens_k,
+                                     {attn_mask, dropout_p, scale, key_lengths,
+                                      {is_causal, causal_alignment, window, window_alignment, query_offset},
+                                      dropout_seed, impl, bf16},
+                                     {softcap, alibi_slopes, sinks});
+    const attn::TensorView& q = c.q.view;
     // As sdpa's: out in out_dtype (default the query's), lse float (stat_dtype).
-    const attn::DType odt = out_dtype_arg(out_dtype, q.view.dtype());
-    py::array out = new_array(odt, {q.view.dim(0), q.view.dim(1), v.view.dim(2)});
-    py::array lse = new_array(stat_dtype(q.view.dtype()), {q.view.dim(0), q.view.dim(1)});
+    const attn::DType odt = out_dtype_arg(out_dtype, q.dtype());
+    py::array out = new_array(odt, {q.dim(0), q.dim(1), c.v.view.dim(2)}, "out (Tq, Hq, Dv)");
+    py::array lse = new_array(stat_dtype(q.dtype()), {q.dim(0), q.dim(1)}, "lse (Tq, Hq)");
     const attn::TensorView ov = output_view(out, 3), lv = output_view(lse, 2);
     {
         py::gil_scoped_release nogil;
         const attn::ScopedNumThreads scoped_threads(threads);
-        with_python_names([&] { attn::sdpa_varlen(q.view, k.view, v.view, cq.view, ck.view, opt.sdpa, ov, &lv); });
+        with_python_names([&] { attn::sdpa_varlen(q, c.k.view, c.v.view, c.cq.view, c.ck.view, c.opt.sdpa, ov, &lv); });
     }
     if (!return_lse) return out;
     return py::make_tuple(out, lse);
@@ -66,39 +83,26 @@ py::tuple sdpa_varlen_backward_py(const py::object& query, const py::object& key
                                   const py::object& out_dtype) {
     const int threads = threads_arg(threads_obj);
     const bool bf16 = uint16_is_bf16_arg(dtype);
-    const Input q = input(query, "query", 3, 3, kPacked, bf16);
-    const Input k = input(key, "key", 3, 3, kPacked, bf16);
-    const Input v = input(value, "value", 3, 3, kPacked, bf16);
-    const Input cq = input(cu_seqlens_q, "cu_seqlens_q", 1, 1, "(N+1,)");
-    const Input ck = input(cu_seqlens_k, "cu_seqlens_k", 1, 1, "(N+1,)");
+    const PackedCall c = packed_call(query, key, value, cu_seqlens_q, cu_seqlens_k,
+                                     {attn_mask, dropout_p, scale, key_lengths,
+                                      {is_causal, causal_alignment, window, window_alignment, query_offset},
+                                      dropout_seed, impl, bf16},
+                                     {softcap, alibi_slopes, sinks});
     const Input o = input(out, "out", 3, 3, kPacked, bf16);
     const Input l = input(lse, "lse", 2, 2, "(total_tokens, H)");
     const Input g = input(grad_out, "grad_out", 3, 3, kPacked, bf16);
-    CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
-                                    {is_causal, causal_alignment, window, window_alignment, query_offset},
-                                    dropout_seed, impl, bf16});
-    set_modifiers({softcap, alibi_slopes, sinks}, q.view.dim(1), opt);
-    const attn::DType odt = out_dtype_arg(out_dtype, q.view.dtype());  // dq/dk/dv, as sdpa_backward's
-    py::array dq = new_array(odt, dims_of(q.view));
-    py::array dk = new_array(odt, dims_of(k.view));
-    py::array dv = new_array(odt, dims_of(v.view));
-    const attn::TensorView dqv = output_view(dq, 3), dkv = output_view(dk, 3), dvv = output_view(dv, 3);
-    // dsinks (Hq,) with sinks, summed over the sequences (sdpa_varlen_backward), as sdpa_backward's.
-    const bool with_sinks = opt.sdpa.sinks.has_value();
-    py::array ds = with_sinks ? new_array(stat_dtype(q.view.dtype()), {static_cast<py::ssize_t>(opt.sdpa.sinks->dim(0))})
-                              : py::array();
-    attn::TensorView dsv;
-    if (with_sinks) dsv = output_view(ds, 1);
+    // As sdpa_backward's; dsinks summed over the sequences (sdpa_varlen_backward).
+    Gradients grads = new_gradients(c.q.view, c.k.view, c.v.view, out_dtype_arg(out_dtype, c.q.view.dtype()), 3,
+                                    c.opt.sdpa.sinks);
     {
         py::gil_scoped_release nogil;
         const attn::ScopedNumThreads scoped_threads(threads);
         with_python_names([&] {
-            attn::sdpa_varlen_backward(q.view, k.view, v.view, cq.view, ck.view, o.view, l.view, g.view, opt.sdpa, dqv,
-                                       dkv, dvv, nullptr, with_sinks ? &dsv : nullptr);
+            attn::sdpa_varlen_backward(c.q.view, c.k.view, c.v.view, c.cq.view, c.ck.view, o.view, l.view, g.view,
+                                       c.opt.sdpa, grads.dqv, grads.dkv, grads.dvv, nullptr, grads.dsinks_view());
         });
     }
-    if (with_sinks) return py::make_tuple(dq, dk, dv, ds);
-    return py::make_tuple(dq, dk, dv);
+    return grads.result();
 }
 
 }  // namespace

@@ -14,12 +14,12 @@ __doc__ = _attn.__doc__
 for _cls in (v for v in list(globals().values()) if isinstance(v, type) and v.__module__ == _attn.__name__):
     _cls.__module__ = __name__
 # A call that does not fit a signature raises one line naming the mismatch, not pybind11's dump of
-# every argument (_concise_errors.py).
+# every argument, and running out of memory a MemoryError naming the call (_concise_errors.py).
 from . import _concise_errors
 
 _concise_errors.apply(globals(), __name__)
 if "dist" in globals():
-    _concise_errors.apply(vars(globals()["dist"]), __name__)
+    _concise_errors.apply(vars(globals()["dist"]), __name__, __name__ + ".dist")
 # `import attn.dist` (the MPI submodule, when built) as well as `attn.dist` after `import attn`.
 if "dist" in globals():
     import sys as _sys

@@ -1,4 +1,5 @@
-"""One-line TypeErrors for calls that do not match a function's signature.
+"""Errors that say which call failed: one-line TypeErrors for calls that do not match a
+function's signature, and MemoryErrors that name the call.
 
 pybind11 answers a misspelt keyword or a wrong argument count with "incompatible function
 arguments", every supported signature and the repr of every argument given: for a (2, 8, 1024, 64)
@@ -6,6 +7,15 @@ array some 10,000 characters, the mistake named at the very end. Every function 
 extension has one signature (python/*.cpp), so the message can say exactly what did not fit:
 
     scaled_dot_product_attention(): unexpected keyword argument 'is_casual' (did you mean 'is_causal'?)
+
+Running out of memory raises MemoryError naming the call, then what it was allocating where the
+extension knows it (numpy's message or attn's gives the bytes):
+
+    attn.scaled_dot_product_attention: out of memory allocating the weights (…, Lq, Lk): Unable to
+    allocate 64.0 GiB for an array with shape (1, 1, 131072, 131072) and data type float32
+
+The wrapper of every function and method of the extension (apply) is the one place that names the
+call; attn.torch calls the extension through these wrappers too.
 
 A call that succeeds pays one Python call frame (tens of nanoseconds); only a failing one more.
 """
@@ -75,19 +85,33 @@ def _message(name, params, args, kwargs):
     return None  # something else pybind11 could not convert: its own message
 
 
-def concise(function, name=None):
-    """function, raising the one-line TypeError above instead of pybind11's dump."""
+def out_of_memory(call, error):
+    """The message of the MemoryError that `call` ("attn.KVCache.append") raised: its name first."""
+    said = str(error)
+    if said in ("", "std::bad_alloc"):  # a C++ allocation that named nothing
+        said = "out of memory (std::bad_alloc: the allocation that failed has no name)"
+    elif "out of memory" not in said:  # numpy's own "Unable to allocate …" (an input's copy)
+        said = "out of memory: " + said
+    return f"{call}: {said}"
+
+
+def concise(function, name=None, call_name=None):
+    """function, raising the one-line TypeError above instead of pybind11's dump, and a
+    MemoryError naming `call_name` (default `name`)."""
     params = parameters(function.__doc__)
-    if params is None:
-        return function
     name = name or function.__name__
+    call_name = call_name or name
     is_method = "(self: " in (function.__doc__ or "").split("\n", 1)[0]
 
     @functools.wraps(function)
     def call(*args, **kwargs):
         try:
             return function(*args, **kwargs)
+        except MemoryError as e:
+            raise MemoryError(out_of_memory(call_name, e)) from None
         except TypeError as e:
+            if params is None:
+                raise
             if "incompatible function arguments" not in str(e) and "incompatible constructor arguments" not in str(e):
                 raise
             # A method's args include self, which the signature's names do not.
@@ -99,17 +123,22 @@ def concise(function, name=None):
     return call
 
 
-def apply(namespace, module_name):
+def apply(namespace, module_name, prefix=None):
     """Wraps every extension function of `namespace` (a module's globals or a submodule) and the
-    public methods, __call__ and the constructor of its classes whose home is `module_name`."""
+    public methods, __call__ and the constructor of its classes whose home is `module_name`.
+    `prefix` (default `module_name`) is the namespace's public name, for MemoryError: "attn.dist"."""
+    prefix = prefix or module_name
     for key, value in list(namespace.items()):
         if type(value).__name__ == "builtin_function_or_method" and not key.startswith("__"):
-            namespace[key] = concise(value)
+            namespace[key] = concise(value, call_name=f"{prefix}.{value.__name__}")
         elif isinstance(value, type) and value.__module__ == module_name:
+            home = f"{prefix}.{value.__name__}"
             for attr, method in list(vars(value).items()):
                 if type(method).__name__ != "instancemethod":
                     continue
                 if attr == "__init__":
-                    setattr(value, attr, concise(method, value.__name__))  # "KVCache(): unexpected keyword …"
-                elif attr == "__call__" or not attr.startswith("_"):
-                    setattr(value, attr, concise(method, f"{value.__name__}.{attr}"))
+                    setattr(value, attr, concise(method, value.__name__, home))  # "KVCache(): unexpected keyword …"
+                elif attr == "__call__":
+                    setattr(value, attr, concise(method, f"{value.__name__}.{attr}", home))
+                elif not attr.startswith("_"):
+                    setattr(value, attr, concise(method, f"{value.__name__}.{attr}", f"{home}.{attr}"))

@@ -51,13 +51,13 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
     const auto& q_segs = ctx.q_segs;
 
     // The K/V ring buffers and accumulators, allocated collectively (an allocation failure is
-    // an argument problem for the caller, not a hang for the other ranks).
+    // attn::OutOfMemory on every rank, not a hang for the other ranks).
     Tensor buf[2];
     std::vector<double> acc_o, acc_lse;
     Tensor tmp_o, tmp_lse;
     run_collectively(comm, [&] {
         // K/V in their own dtypes (16-bit blocks: half the bytes on the wire); kernels read them as they are.
-        for (Tensor& t : buf) t = Tensor(DType::f32, Shape{(ctx.buffer_bytes() + 3) / 4});
+        for (Tensor& t : buf) t = Tensor(DType::f32, Shape{(ctx.buffer_bytes() + 3) / 4}, "the ring's K/V block buffers");
         acc_o.assign(static_cast<std::size_t>(B * Hq * nq * Dv), 0.0);
         acc_lse.assign(static_cast<std::size_t>(B * Hq * nq), kNegInf);
         // A sink is one more softmax entry with logit σ_h and value 0: it starts every row's

@@ -125,7 +125,7 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
     std::vector<double> acc_dq;
     run_collectively(comm, [&] {
         const std::int64_t words = std::max<std::int64_t>(1, ctx.nk_max * (ctx.k_words_per_row + ctx.v_words_per_row));
-        for (Tensor& t : buf) t = Tensor(DType::f32, Shape{(ctx.buffer_bytes() + 3) / 4});  // K/V in their dtypes
+        for (Tensor& t : buf) t = Tensor(DType::f32, Shape{(ctx.buffer_bytes() + 3) / 4}, "the ring's K/V block buffers");  // K/V in their dtypes
         for (Tensor& t : grad) t = Tensor(DType::f32, Shape{words});
         part = Tensor(DType::f32, Shape{words});
         acc_dq.assign(static_cast<std::size_t>(B * Hq * nq * Dk), 0.0);

@@ -313,13 +313,15 @@ void agree(MPI_Comm comm, const std::function<void()>& fn, const std::string& op
     int P = 1, rank = 0;
     MPI_Comm_size(comm, &P);
     MPI_Comm_rank(comm, &rank);
-    bool failed = true;
+    bool failed = true, out_of_memory = false;
     std::string message;
     try {
         fn();
         failed = false;
-    } catch (const std::bad_alloc&) {
-        message = "out of memory";
+    } catch (const std::bad_alloc& e) {
+        // attn::OutOfMemory names the buffer and the bytes; a bare std::bad_alloc names nothing.
+        message = dynamic_cast<const OutOfMemory*>(&e) != nullptr ? e.what() : "out of memory";
+        out_of_memory = true;
     } catch (const std::exception& e) {
         message = e.what();
     } catch (...) {
@@ -330,15 +332,17 @@ void agree(MPI_Comm comm, const std::function<void()>& fn, const std::string& op
     MPI_Allreduce(&mine[0], &first, 1, MPI_INT, MPI_MIN, comm);
     if (first == P) return;
     MPI_Allreduce(&mine[1], &count, 1, MPI_INT, MPI_SUM, comm);
-    // Every rank throws the message of the lowest failing rank.
-    long long length = rank == first ? static_cast<long long>(message.size()) : 0;
-    MPI_Bcast(&length, 1, MPI_LONG_LONG, first, comm);
-    message.resize(static_cast<std::size_t>(length));
-    MPI_Bcast(message.data(), static_cast<int>(length), MPI_CHAR, first, comm);
+    // Every rank throws the message of the lowest failing rank, and its kind: running out of
+    // memory stays attn::OutOfMemory (Python's MemoryError), not an argument error.
+    long long head[2] = {rank == first ? static_cast<long long>(message.size()) : 0, rank == first && out_of_memory ? 1 : 0};
+    MPI_Bcast(head, 2, MPI_LONG_LONG, first, comm);
+    message.resize(static_cast<std::size_t>(head[0]));
+    MPI_Bcast(message.data(), static_cast<int>(head[0]), MPI_CHAR, first, comm);
     if (name_rank && count < P) {
         const std::size_t at = message.rfind(op, 0) == 0 ? op.size() : 0;
         message.insert(at, "rank " + std::to_string(first) + ": ");
     }
+    if (head[1] != 0) throw OutOfMemory(message);
     throw Error(message);
 }
 

@@ -211,13 +211,13 @@ def test_thread_count_in_effect_during_the_call(monkeypatch):
     # The count attn's next call uses (attn.get_num_threads()) while the extension runs:
     # torch.get_num_threads() by default, `threads=` when given; the previous count after.
     seen = []
-    real = attn._attn.scaled_dot_product_attention
+    real = attn.scaled_dot_product_attention
 
     def spy(*args, **kwargs):
         seen.append(attn.get_num_threads())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(attn._attn, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(attn, "scaled_dot_product_attention", spy)
     q, k, v = inputs(torch.float32, grad=False)
     torch_threads = torch.get_num_threads()
     before = attn.get_num_threads()

@@ -14,7 +14,8 @@ import numbers
 import numpy as np
 import torch
 
-from .. import _attn
+import attn as _core  # the package: its calls name themselves in a MemoryError
+
 
 
 def _check_tensor(t, name):
@@ -106,7 +107,7 @@ class Threads:
 
     def __init__(self, threads):
         n = torch.get_num_threads() if threads is None else threads
-        self.scope = _attn._ScopedThreads(n)  # TypeError/ValueError naming `threads`
+        self.scope = _core._ScopedThreads(n)  # TypeError/ValueError naming `threads`
 
     def __enter__(self):
         self.scope.__enter__()

@@ -16,7 +16,8 @@ in ctx.opts are the Function's own copies: functional.py's _private.)
 """
 import torch
 
-from .. import _attn
+import attn as _core  # the package: its calls name themselves in a MemoryError
+
 from . import _convert
 
 _HALF = {"torch.float16", "torch.bfloat16"}
@@ -29,10 +30,10 @@ _NO_DOUBLE_BACKWARD = (
 
 
 def _mask_grad(q, k, v, float_mask, out, grad_out, opts):
-    weights = _attn.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, return_weights=True, **opts)[1]
+    weights = _core.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, return_weights=True, **opts)[1]
     w = _convert.tensor(weights)
     if opts["dropout_p"] > 0:
-        p = _convert.tensor(_attn.scaled_dot_product_attention(
+        p = _convert.tensor(_core.scaled_dot_product_attention(
             q, k, v, attn_mask=float_mask, return_weights=True, **dict(opts, dropout_p=0.0))[1])
     else:
         p = w
@@ -63,7 +64,7 @@ class SdpaFunction(torch.autograd.Function):
         q, k, v = _convert.array(query, "query"), _convert.array(key, "key"), _convert.array(value, "value")
         mask = None if attn_mask is None else _convert.array(attn_mask, "attn_mask")
         with _convert.Threads(threads):
-            out, lse = _attn.scaled_dot_product_attention(q, k, v, attn_mask=mask, return_lse=True,
+            out, lse = _core.scaled_dot_product_attention(q, k, v, attn_mask=mask, return_lse=True,
                                                           **_with_sinks(opts, sinks))
         result = _convert.tensor(out)
         # The output too (saving an output is allowed): backward reads its memory as attn's `out`,
@@ -91,7 +92,7 @@ class SdpaFunction(torch.autograd.Function):
             # then each in its input's dtype, as autograd requires.
             back_opts = {n: x for n, x in opts.items() if n != "out_dtype"}
             try:
-                grads = _attn.scaled_dot_product_attention_backward(q, k, v, out, ctx.lse, g, attn_mask=mask,
+                grads = _core.scaled_dot_product_attention_backward(q, k, v, out, ctx.lse, g, attn_mask=mask,
                                                                     **back_opts)
             except TypeError as e:
                 half = sorted({str(t.dtype) for t in (query, key, value, grad_out)} & _HALF)

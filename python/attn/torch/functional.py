@@ -9,13 +9,15 @@ import copy
 import numpy as np
 import torch
 
-from .. import _attn, _concise_errors
+import attn as _core  # the package: its calls name themselves in a MemoryError
+
+from .. import _concise_errors
 from . import _convert
 from .autograd import SdpaFunction
 
 # The keywords this build's extension takes (its pybind11 signature), so that an unknown
 # `**extras` keyword is a TypeError naming it rather than pybind11's dump of the signature.
-_CORE_KEYWORDS = frozenset(_concise_errors.parameters(_attn.scaled_dot_product_attention.__doc__)[3])
+_CORE_KEYWORDS = frozenset(_concise_errors.parameters(_core.scaled_dot_product_attention.__doc__)[3])
 # Keywords of the core that **extras may not pass: torch's (named parameters here), those
 # attn.torch sets itself, and return_scores (the score matrix: a second result, which torch's
 # one-tensor API has no place for, and no gradient), an unexpected keyword like any other.
@@ -232,4 +234,4 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if sinks is not None:
         opts["sinks"] = _convert.modifier_array(sinks, "sinks")
     with _convert.Threads(threads):
-        return _convert.tensor(_attn.scaled_dot_product_attention(q, k, v, attn_mask=mask, **opts))
+        return _convert.tensor(_core.scaled_dot_product_attention(q, k, v, attn_mask=mask, **opts))

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import _attn
+import attn as _core  # the package: its calls name themselves in a MemoryError
+
 from . import _convert
 from .functional import refuse_graph_transforms, scaled_dot_product_attention
 
@@ -164,7 +165,7 @@ class MultiheadAttention(nn.MultiheadAttention):
         elif need_weights:
             with torch.no_grad(), _convert.Threads(threads):
                 arrays = [_convert.array(t, name) for t, name in ((q, "query"), (k, "key"), (v, "value"))]
-                weights = _convert.tensor(_attn.scaled_dot_product_attention(
+                weights = _convert.tensor(_core.scaled_dot_product_attention(
                     *arrays, attn_mask=None if mask is None else _convert.array(mask, "attn_mask"), dropout_p=p,
                     is_causal=is_causal, dropout_seed=seed or 0, return_weights=True,
                     dtype="bfloat16")[1])  # bfloat16 q/k/v arrive as uint16 bits (_convert)

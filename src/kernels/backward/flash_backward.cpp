@@ -199,8 +199,9 @@ struct Plan {
             r->bf16_direct = bf16 && bf16_rows_in_place(*t, Dp);
         }
         group = static_cast<std::size_t>(p.group);
-        lo.resize(static_cast<std::size_t>(B * Lq));
-        hi.resize(static_cast<std::size_t>(B * Lq));
+        // B·Lq entries each (1 GiB for 2^26 rows): a refusal names them, not a bare std::bad_alloc.
+        resize_or_throw(lo, B * Lq, "the flash backward's first visible key of every query row");
+        resize_or_throw(hi, B * Lq, "the flash backward's end of the visible keys of every query row");
         for (std::int64_t b = 0; b < B; ++b)
             for (std::int64_t i = 0; i < Lq; ++i) {
                 const KeyRange kr = p.key_range(b, i);

@@ -11,6 +11,7 @@
 #include "attn/decode.hpp"
 #include "../dispatch.hpp"
 #include "../isa.hpp"
+#include "../../core/allocate.hpp"
 #include "../../core/check.hpp"
 #include "../../core/threads.hpp"
 #include "../../sdpa/problem.hpp"
@@ -89,7 +90,8 @@ std::string auto_decode_declines(const SdpaProblem& p, const KernelSet& k) {
 void decode_forward(const SdpaProblem& p, const KernelSet& kernels, std::int64_t forced_split, const PagedRows* paged) {
     const DecodePlan plan = plan_decode(p.B, p.Hkv, p.group, p.Lq, p.Lk, p.Dk, p.Dv, forced_split);
     // The key interval of every (b, i), from the one alignment rule.
-    std::vector<std::int64_t> range(static_cast<std::size_t>(2 * p.B * p.Lq));
+    std::vector<std::int64_t> range;
+    resize_or_throw(range, 2 * p.B * p.Lq, "the decode kernel's key interval of every query row");
     for (std::int64_t b = 0; b < p.B; ++b)
         for (std::int64_t i = 0; i < p.Lq; ++i) {
             const KeyRange r = p.key_range(b, i);
