@@ -318,8 +318,9 @@ std::string str_arg(const py::handle& obj, const std::string& name) {
 int threads_arg(const py::handle& obj, const char* none_means) {
     const std::optional<std::int64_t> n = optional_int_arg(obj, "threads");
     if (!n) return 0;
-    if (*n < 1 || *n > 4096) {
-        throw attn::Error(std::string("threads: expected a thread count from 1 to 4096 (or None: ") + none_means +
+    // 0 is None: no count of the call's own (docs/environment.md, "One thread setting").
+    if (*n < 0 || *n > 4096) {
+        throw attn::Error(std::string("threads: expected a thread count from 1 to 4096 (or 0 or None: ") + none_means +
                           ") but got " + std::to_string(*n));
     }
     return static_cast<int>(*n);

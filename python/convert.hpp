@@ -119,8 +119,8 @@ std::int64_t input_copies();
 std::int64_t int_arg(const py::handle& obj, const std::string& name);                  // int, numpy integer
 std::optional<std::int64_t> optional_int_arg(const py::handle& obj, const std::string& name);  // or None
 std::uint64_t uint_arg(const py::handle& obj, const std::string& name);                // int in [0, 2**64)
-// threads=: None → 0 (attn's setting, include/attn/threads.hpp), else an int from 1 to 4096;
-// `none_means` says in the error what None would have chosen.
+// threads=: None or 0 → 0 (no count of the call's own: attn's setting, include/attn/threads.hpp),
+// else an int from 1 to 4096; `none_means` says in the error what None (and 0) would choose.
 int threads_arg(const py::handle& obj, const char* none_means = "attn.get_num_threads()");
 double float_arg(const py::handle& obj, const std::string& name);                      // float, int, numpy number
 std::optional<double> optional_float_arg(const py::handle& obj, const std::string& name);      // or None

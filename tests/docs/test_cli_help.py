@@ -113,17 +113,25 @@ def test_every_compute_command_takes_threads(cmd):
 
 def test_threads_out_of_range_is_one_line(tmp_path):
     line = one_error_line(attn("sdpa", "--q", "Q.npy", "--k", "K.npy", "--v", "V.npy", "--out", "O.npy",
-                               "--threads", "0", cwd=tmp_path))
-    assert "--threads" in line and "got 0" in line
+                               "--threads", "5000", cwd=tmp_path))
+    assert "--threads" in line and "got 5000" in line
+
+
+def test_threads_zero_is_the_default(tmp_path):
+    # docs/environment.md: 0 is "not given" wherever a thread count is taken (attn bench's too).
+    np = pytest.importorskip("numpy")
+    np.save(tmp_path / "Q.npy", np.ones((1, 2, 4, 8), np.float32))
+    p = attn("sdpa", "--q", "Q.npy", "--k", "Q.npy", "--v", "Q.npy", "--out", "O.npy", "--threads", "0", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert np.allclose(np.load(tmp_path / "O.npy"), 1.0)
 
 
 @pytest.mark.parametrize("cmd", ["sdpa", "mha", "ring", "demo", "bench"])
 def test_threads_above_4096_is_refused_by_every_command(cmd, tmp_path):
-    # One range for every command, attn's (attn::set_num_threads, ATTN_NUM_THREADS): 1 to 4096, and
-    # for attn bench 0 = the default too; attn bench checked it in code of its own (a parity audit).
+    # One range for every command, attn's (attn::set_num_threads, ATTN_NUM_THREADS): 1 to 4096, 0 the
+    # default; attn bench checked it in code of its own (a parity audit).
     line = one_error_line(attn(cmd, "--threads", "4097", cwd=tmp_path))
-    zero = " (0 = default)" if cmd == "bench" else ""
-    assert line == f"attn: error: --threads: expected a thread count from 1 to 4096{zero} but got 4097", line
+    assert line == "attn: error: --threads: expected a thread count from 1 to 4096 (0: the default) but got 4097", line
     assert os.listdir(tmp_path) == []
 
 

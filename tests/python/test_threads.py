@@ -43,7 +43,7 @@ def test_threads_keyword_gives_the_same_bits():
         assert np.array_equal(a, b)
 
 
-@pytest.mark.parametrize("bad, exc", [(0, ValueError), (5000, ValueError), ("2", TypeError)])
+@pytest.mark.parametrize("bad, exc", [(-1, ValueError), (5000, ValueError), ("2", TypeError)])
 def test_threads_keyword_is_checked(bad, exc):
     q, k, v = qkv(shape=(1, 1, 4, 8))
     with pytest.raises(exc, match="threads"):
@@ -65,6 +65,9 @@ def test_threads_keyword_is_checked(bad, exc):
 CHILD = textwrap.dedent("""
     import os, sys, numpy as np, attn
     n = int(sys.argv[1])
+    if sys.argv[2:] == ["0"]:  # attn's setting n, and threads=0 (None: that setting) on every call
+        attn.set_num_threads(n)
+        n = 0
     tasks = lambda: len(os.listdir("/proc/self/task"))
     r = np.random.default_rng(0)
     q, k, v = (r.standard_normal((2, 4, 256, 64)).astype(np.float32) for _ in range(3))
@@ -91,12 +94,14 @@ CHILD = textwrap.dedent("""
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task") or (os.cpu_count() or 1) < 2, reason="needs /proc and 2 CPUs")
-@pytest.mark.parametrize("n", [1, 2])
-def test_threads_keyword_reaches_every_kernel(n):
+@pytest.mark.parametrize("n, keyword", [(1, "n"), (2, "n"), (1, "0"), (2, "0")])
+def test_threads_keyword_reaches_every_kernel(n, keyword):
+    # keyword "0": threads=0 is threads=None, attn's setting (docs/environment.md), on every call.
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     env.pop("ATTN_NUM_THREADS", None)
     env.pop("OMP_NUM_THREADS", None)
-    p = subprocess.run([sys.executable, "-c", CHILD, str(n)], capture_output=True, text=True, env=env, timeout=300)
+    p = subprocess.run([sys.executable, "-c", CHILD, str(n), keyword], capture_output=True, text=True, env=env,
+                       timeout=300)
     assert p.returncode == 0, p.stderr
     assert int(p.stdout.strip()) == n, p.stdout
 

@@ -195,7 +195,7 @@ def test_threads_follow_torch_and_are_given_back():
     (lambda q, k, v: at.sdpa(q, k, v, dropout_p=1.5), ValueError, ["dropout_p"]),
     (lambda q, k, v: at.sdpa(q, k, v, is_causal="yes"), TypeError, ["is_causal"]),
     (lambda q, k, v: at.sdpa(q, k, v, threads="2"), TypeError, ["threads"]),
-    (lambda q, k, v: at.sdpa(q, k, v, threads=0), ValueError, ["threads: expected a thread count from 1 to 4096 (or None: torch.get_num_threads()) but got 0"]),
+    (lambda q, k, v: at.sdpa(q, k, v, threads=-1), ValueError, ["threads: expected a thread count from 1 to 4096 (or 0 or None: torch.get_num_threads()) but got -1"]),
     (lambda q, k, v: at.sdpa(q, k, v, no_such_keyword=1), TypeError, ["no_such_keyword"]),
     (lambda q, k, v: at.sdpa(q, k, v, enable_gqa=1), TypeError, ["enable_gqa"]),
 ])
@@ -209,7 +209,8 @@ def test_errors_name_the_argument(call, error, words):
 
 def test_thread_count_in_effect_during_the_call(monkeypatch):
     # The count attn's next call uses (attn.get_num_threads()) while the extension runs:
-    # torch.get_num_threads() by default, `threads=` when given; the previous count after.
+    # torch.get_num_threads() by default (threads=None or 0), `threads=` when given; the previous
+    # count after.
     seen = []
     real = attn.scaled_dot_product_attention
 
@@ -225,6 +226,8 @@ def test_thread_count_in_effect_during_the_call(monkeypatch):
         for n in (1, 3):
             torch.set_num_threads(n)
             at.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            assert seen[-1] == n
+            at.scaled_dot_product_attention(q, k, v, enable_gqa=True, threads=0)
             assert seen[-1] == n
     finally:
         torch.set_num_threads(torch_threads)

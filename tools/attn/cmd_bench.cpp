@@ -98,7 +98,7 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
     bench::Config& cfg = rep.cfg;
     // 0: the library's own count (ATTN_NUM_THREADS when it is 1..4096, else OMP_NUM_THREADS, else
     // every CPU; attn/threads.hpp), so the bench runs what a call would.
-    const int threads = thread_count(a.threads, /*zero_is_default=*/true);
+    const int threads = thread_count(a.threads);
     cfg.threads = threads > 0 ? threads : attn::num_threads();
     if (a.runs < 1 || a.runs > std::numeric_limits<int>::max()) {
         throw Error("--runs: expected 1 to " + std::to_string(std::numeric_limits<int>::max()) + " but got " + std::to_string(a.runs));

@@ -7,10 +7,10 @@
 
 namespace attn::cli {
 
-int thread_count(std::int64_t n, bool zero_is_default) {
-    if (n < (zero_is_default ? 0 : 1) || n > 4096) {
-        throw Error(std::string("--threads: expected a thread count from 1 to 4096") + (zero_is_default ? " (0 = default)" : "") +
-                    " but got " + std::to_string(n));
+int thread_count(std::int64_t n) {
+    // 0 is "not given" (docs/environment.md, "One thread setting"), as attn::set_num_threads(0).
+    if (n < 0 || n > 4096) {
+        throw Error("--threads: expected a thread count from 1 to 4096 (0: the default) but got " + std::to_string(n));
     }
     return static_cast<int>(n);
 }
@@ -18,7 +18,7 @@ int thread_count(std::int64_t n, bool zero_is_default) {
 void add_threads_option(CLI::App* cmd) {
     cmd->add_option_function<std::int64_t>(
         "--threads", [](const std::int64_t& n) { attn::set_num_threads(thread_count(n)); },
-        "threads to compute on (default: ATTN_NUM_THREADS, else OMP_NUM_THREADS, else every CPU)");
+        "threads to compute on (default, or 0: ATTN_NUM_THREADS, else OMP_NUM_THREADS, else every CPU)");
 }
 
 }  // namespace attn::cli

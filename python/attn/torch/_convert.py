@@ -106,8 +106,8 @@ class Threads:
     attn's own per-thread setting (attn/threads.hpp), restored when the block ends."""
 
     def __init__(self, threads):
-        n = torch.get_num_threads() if threads is None else threads
-        self.scope = _core._ScopedThreads(n)  # TypeError/ValueError naming `threads`
+        # None or 0 (no count of the call's own): torch's. TypeError/ValueError naming `threads`.
+        self.scope = _core._ScopedThreads(threads, torch.get_num_threads())
 
     def __enter__(self):
         self.scope.__enter__()
