@@ -80,6 +80,41 @@ def test_autograd(dtype):
         check(t.grad, r.grad, dtype)
 
 
+@pytest.mark.parametrize("qd, kvd", [(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+                                     (torch.float32, torch.bfloat16), (torch.float16, torch.bfloat16),
+                                     (torch.bfloat16, torch.float16), (torch.float32, torch.float64),
+                                     (torch.bfloat16, torch.float64)])
+def test_autograd_mixed_dtypes_round_each_gradient_once(qd, kvd):
+    # Each gradient is the float32 one (float64 when an input is) rounded once into its own input's
+    # dtype, whatever q's dtype (out and dO float32 here, so the only 16-bit terms are the inputs and
+    # that rounding).
+    q, k, v = (t.requires_grad_() for t in inputs([qd, kvd, kvd], lq=4, lk=6))
+    out = at.scaled_dot_product_attention(q, k, v, enable_gqa=True, out_dtype=torch.float32)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+    out.backward(grad)
+    refs = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    textbook(*refs).backward(grad.double())
+    for t, r in zip((q, k, v), refs):
+        check(t.grad, r.grad, t.dtype)
+        if t.dtype == torch.float64:  # the reference backward's double, not a float32 rounding
+            assert (t.grad - r.grad).abs().max() <= 1e-12 * r.grad.abs().max()
+
+
+def test_autograd_bfloat16_value_gradient_beyond_float16_range():
+    # float16 q, bfloat16 k/v: dV of key 0 is Σ_i dO_i = 4 · 60000, past float16's 65504 but a
+    # bfloat16 (239616); through q's float16 it was inf.
+    q = torch.zeros(1, 1, 4, 8, dtype=torch.float16, requires_grad=True)
+    k = torch.zeros(1, 1, 4, 8, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.ones(1, 1, 4, 8, dtype=torch.bfloat16, requires_grad=True)
+    keep = torch.zeros(4, 4, dtype=torch.bool)
+    keep[:, 0] = True  # every query sees key 0 alone
+    out = at.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    out.backward(torch.full_like(out, 60000.0))
+    assert v.grad.dtype == torch.bfloat16
+    assert (v.grad[0, 0, 0] == torch.tensor(240000.0).to(torch.bfloat16)).all(), v.grad[0, 0, 0]
+    assert (v.grad[0, 0, 1:] == 0).all()
+
+
 @pytest.mark.parametrize("mask_kind", ["float32", "bfloat16", "bool", "float32+padding"])
 def test_multihead_attention_bfloat16_with_masks(mask_kind):
     """bf16 activations and weights with a float (float32 or bf16) or bool attn_mask, as torch 1.13's

@@ -88,11 +88,22 @@ class SdpaFunction(torch.autograd.Function):
         g = _convert.array(grad_out, "grad_out")
         opts = _with_sinks(ctx.opts, sinks)
         with _convert.Threads(ctx.threads):
-            # The gradients in q's dtype (the core's out_dtype is for out and dq/dk/dv alike),
-            # then each in its input's dtype, as autograd requires.
+            # The core writes dq, dk, dv in one dtype (out_dtype), which .to() then rounds into each
+            # input's dtype, as autograd requires. q, k and v of one dtype: that dtype (the core
+            # rounds each gradient once, and all-bfloat16 keeps bf16 compute). Mixed: float32, or
+            # float64 when one of them is (the core's gradients follow a float64 q, so q is widened,
+            # exactly), so each gradient is rounded once, into its own dtype — through q's, a
+            # float32 key's gradient kept bfloat16's 8 bits and a bfloat16 value's overflowed
+            # float16's 65504.
             back_opts = {n: x for n, x in opts.items() if n != "out_dtype"}
+            q_back = q
+            dtypes = {query.dtype, key.dtype, value.dtype}
+            if len(dtypes) > 1 and torch.float64 in dtypes:
+                q_back = _convert.array(query.double(), "query")
+            elif len(dtypes) > 1:
+                back_opts["out_dtype"] = "float32"
             try:
-                grads = _core.scaled_dot_product_attention_backward(q, k, v, out, ctx.lse, g, attn_mask=mask,
+                grads = _core.scaled_dot_product_attention_backward(q_back, k, v, out, ctx.lse, g, attn_mask=mask,
                                                                     **back_opts)
             except TypeError as e:
                 half = sorted({str(t.dtype) for t in (query, key, value, grad_out)} & _HALF)
