@@ -10,21 +10,27 @@
 #include <cstdint>
 #include <exception>
 
+#include "float_env.hpp"
+
 namespace attn::detail {
 
 template <class Body>
 void parallel_for_may_throw(std::int64_t n, int threads, Body&& body) {
     std::exception_ptr error;
     std::atomic<bool> failed{false};
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (std::int64_t i = 0; i < n; ++i) {
-        if (failed.load(std::memory_order_relaxed)) continue;
-        try {
-            body(i);
-        } catch (...) {
+#pragma omp parallel num_threads(threads)
+    {
+        const IeeeSubnormals ieee;  // float_env.hpp
+#pragma omp for schedule(dynamic, 1)
+        for (std::int64_t i = 0; i < n; ++i) {
+            if (failed.load(std::memory_order_relaxed)) continue;
+            try {
+                body(i);
+            } catch (...) {
 #pragma omp critical(attn_parallel_for_may_throw)
-            if (!error) error = std::current_exception();
-            failed.store(true, std::memory_order_relaxed);
+                if (!error) error = std::current_exception();
+                failed.store(true, std::memory_order_relaxed);
+            }
         }
     }
     if (error) std::rethrow_exception(error);

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "float_env.hpp"
+
 namespace attn::detail {
 
 // How many work items a kernel aims for when it splits a few large ones (flash's and decode's
@@ -30,6 +32,7 @@ public:
 
 private:
     int previous_;
+    IeeeSubnormals subnormals_;  // the calling thread computes with IEEE subnormals (float_env.hpp)
 };
 
 }  // namespace attn::detail

@@ -31,6 +31,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "../core/float_env.hpp"
 #include "attn/half.hpp"
 #include "gemm.hpp"
 
@@ -342,6 +343,7 @@ void gemm_few_rows(const GemmArgs& g) {
     const int threads = omp_in_parallel() ? 1 : static_cast<int>(std::min<std::int64_t>(omp_get_max_threads(), nq));
 #pragma omp parallel num_threads(threads)
     {
+        const IeeeSubnormals ieee;  // each thread with IEEE subnormals (core/float_env.hpp)
         const std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
         // op(A)'s R rows, every K chunk (R·K floats: tiny), packed by each thread for itself.
         float* const abuf = gemm_workspace(0, R * nk * kc_max);
@@ -387,6 +389,7 @@ void gemm_driver(const GemmArgs& g) {
     const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
 #pragma omp parallel num_threads(threads)
     {
+        const IeeeSubnormals ieee;  // each thread with IEEE subnormals (core/float_env.hpp)
         const int t = omp_get_thread_num(), nt = omp_get_num_threads();
         const std::int64_t tm = row_groups(m_panels, nt), tn = nt / tm;
         const std::int64_t ti = t / tn, tj = t % tn;

@@ -13,6 +13,7 @@
 #include "../core/allocate.hpp"
 #include "../core/check.hpp"
 #include "../core/checked_size.hpp"
+#include "../core/float_env.hpp"
 #include "huge_buffer.hpp"
 #include "rows.hpp"
 #include "shared_config.hpp"
@@ -221,6 +222,7 @@ void KVCache::write_rows(std::int64_t b, const TensorView& k, const TensorView& 
     const int lead = k.rank() - 3;
     const std::int64_t T = k.dim(lead + 1);
     const std::int64_t len = lengths_[static_cast<std::size_t>(b)];
+    const detail::IeeeSubnormals ieee;  // rows read through double: DAZ made a bf16 subnormal 0 (core/float_env.hpp)
     for (std::int64_t h = 0; h < config_.kv_heads; ++h) {
         const std::int64_t bh = b * config_.kv_heads + h;
         for (std::int64_t t = 0; t < T; ++t) {

@@ -10,6 +10,7 @@
 
 #include "../core/check.hpp"
 #include "../core/checked_size.hpp"
+#include "../core/float_env.hpp"
 #include "huge_buffer.hpp"
 #include "rows.hpp"
 #include "shared_config.hpp"
@@ -200,6 +201,7 @@ void PagedKVCache::append(SeqId s, const TensorView& k_new, const TensorView& v_
         q.pages.back() = copy;
     }
     while (static_cast<std::int64_t>(q.pages.size()) < ceil_div(q.length + T, ps)) q.pages.push_back(take_page());
+    const detail::IeeeSubnormals ieee;  // rows read through double: DAZ made a bf16 subnormal 0 (core/float_env.hpp)
     for (std::int64_t t = 0; t < T; ++t) {
         const std::int64_t j = q.length + t;
         const std::int64_t page = q.pages[static_cast<std::size_t>(j / ps)], row = j % ps;

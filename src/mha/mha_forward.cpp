@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "../core/check.hpp"
+#include "../core/float_env.hpp"
 #include "attn/mha.hpp"
 #include "inputs.hpp"
 #include "linear.hpp"
@@ -49,15 +50,19 @@ void check_outputs(const MultiHeadAttention& m, const TensorView& query, const T
 // PyTorch: weights.view(B, h, Lq, Lk).mean(dim=1)
 void average_heads(const float* per_head, std::int64_t B, std::int64_t h, std::int64_t plane, float* dst) {
     const float inv = 1.0f / static_cast<float>(h);
-#pragma omp parallel for schedule(static)
-    for (std::int64_t b = 0; b < B; ++b) {
-        float* d = dst + b * plane;
-        std::memcpy(d, per_head + b * h * plane, static_cast<std::size_t>(plane) * sizeof(float));
-        for (std::int64_t j = 1; j < h; ++j) {
-            const float* s = per_head + (b * h + j) * plane;
-            for (std::int64_t x = 0; x < plane; ++x) d[x] += s[x];
+#pragma omp parallel
+    {
+        const detail::IeeeSubnormals ieee;  // each thread with IEEE subnormals (core/float_env.hpp)
+#pragma omp for schedule(static)
+        for (std::int64_t b = 0; b < B; ++b) {
+            float* d = dst + b * plane;
+            std::memcpy(d, per_head + b * h * plane, static_cast<std::size_t>(plane) * sizeof(float));
+            for (std::int64_t j = 1; j < h; ++j) {
+                const float* s = per_head + (b * h + j) * plane;
+                for (std::int64_t x = 0; x < plane; ++x) d[x] += s[x];
+            }
+            for (std::int64_t x = 0; x < plane; ++x) d[x] *= inv;
         }
-        for (std::int64_t x = 0; x < plane; ++x) d[x] *= inv;
     }
 }
 

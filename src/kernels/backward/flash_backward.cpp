@@ -53,6 +53,7 @@
 #include "../../core/allocate.hpp"
 #include "../../core/dropout.hpp"
 #include "../../core/element_io.hpp"
+#include "../../core/float_env.hpp"
 #include "../../core/threads.hpp"
 #include "../finite.hpp"
 #include "../isa.hpp"
@@ -558,6 +559,7 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
 
 #pragma omp parallel
     {
+        const IeeeSubnormals ieee;  // each thread with IEEE subnormals (core/float_env.hpp)
         // Per-thread buffers kept from call to call (as gemm.cpp's workspace): allocating
         // them afresh put page faults on every call — up to ~10 MB per thread on S3
         // (Q/dO rows of a task, the task's dQ), ~10 % of S1's bf16 backward.

@@ -35,6 +35,7 @@
 
 #include <cstdint>
 
+#include "../../core/float_env.hpp"
 #include "../../sdpa/problem.hpp"
 #include "../finite.hpp"
 #include "../scores.hpp"
@@ -544,6 +545,7 @@ void decode_impl(const SdpaProblem& p, const DecodeWork& w) {
 
 #pragma omp parallel num_threads(w.max_threads)
     {
+        const IeeeSubnormals ieee;  // each thread with IEEE subnormals (core/float_env.hpp)
         const Scratch sc = carve(w.work + omp_get_thread_num() * w.work_per_thread, M, Dk, Dv);
 #pragma omp for schedule(dynamic, 1)
         for (i64 it = 0; it < items; ++it) {

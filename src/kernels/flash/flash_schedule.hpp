@@ -10,6 +10,7 @@
 #include <new>
 
 #include "../../core/allocate.hpp"
+#include "../../core/float_env.hpp"
 
 #ifndef ATTN_FLASH_NS
 #error "include flash_driver.hpp, not flash_schedule.hpp"
@@ -158,6 +159,7 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
         const std::int64_t items = z.first_item - a.first_item, nw = i1 - i0;
 #pragma omp parallel num_threads(nthreads) if (items > 1)
         {
+            const IeeeSubnormals ieee;  // each thread with IEEE subnormals (core/float_env.hpp)
             // Once per thread, before the task loop: one workspace per task of a group.
             alignas(Workspace) unsigned char raw[kMaxQueryGroup][sizeof(Workspace)];
             Workspace* ws[kMaxQueryGroup] = {};

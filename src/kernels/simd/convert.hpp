@@ -19,7 +19,7 @@ namespace attn::detail {
 // float16 as a normal float32, a subnormal as a float32 subnormal), so one exact multiply by
 // 2^112 rebiases both; exponent 0x1f (inf, NaN) maps to float32's all-ones exponent. Equal
 // to attn::f16_to_float for all 65536 inputs (tests/half), unless the thread flushes
-// float32 subnormal inputs to zero (DAZ), which attn never sets.
+// float32 subnormal inputs to zero (DAZ), which attn clears while it computes (core/float_env.hpp).
 inline float f16_bits_to_float(std::uint16_t h) {
     const std::uint32_t em = static_cast<std::uint32_t>(h & 0x7fffu) << 13;
     float mag;
