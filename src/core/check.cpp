@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "allocate.hpp"
+#include "utf8.hpp"
 
 namespace attn::detail {
 namespace {
@@ -286,10 +287,6 @@ std::int64_t load_int(const TensorView& t, std::int64_t offset) {
     return t.data_as<const std::int64_t>()[offset];
 }
 
-namespace {
-
-// Length of the well-formed UTF-8 sequence starting at text[i] (1 for ASCII), or 0 when the
-// bytes there are not one (a stray continuation byte, a cut or overlong sequence, a surrogate).
 std::size_t utf8_sequence_length(std::string_view text, std::size_t i) {
     const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
     const unsigned char lead = byte(i);
@@ -313,8 +310,6 @@ std::size_t utf8_sequence_length(std::string_view text, std::size_t i) {
     const bool surrogate = code >= 0xd800 && code <= 0xdfff;
     return code < min_code || code > 0x10ffff || surrogate ? 0 : n;
 }
-
-}  // namespace
 
 std::string quoted(std::string_view text) {
     constexpr std::size_t kMax = 80;
