@@ -10,10 +10,12 @@
 // Writing: floats as F32 (the CLI's outputs keep F16/BF16), I64, I32 and BOOL as they are.
 //
 // Files are never trusted. Before anything is allocated or read, the header is checked
-// completely: its length against the file, the JSON syntax (nlohmann-json), duplicate
-// names, every entry's fields, the dtype, the shape (rank <= 4) against the byte count,
-// and the offsets — in range, not overlapping, and covering the data exactly (the format
-// forbids holes). Every error is an attn::Error that starts with the file name.
+// completely: its length against the file, the JSON syntax (nlohmann-json's SAX parser: no
+// JSON document is built), duplicate keys, nesting no deeper than the format's, every entry's
+// fields, the dtype, the shape (rank <= 4) against the byte count, and the offsets — in
+// range, not overlapping, and covering the data exactly (the format forbids holes). Every
+// error is an attn::Error that starts with the file name; running out of memory is
+// std::bad_alloc (attn::OutOfMemory for a tensor's data), in reading and in writing.
 #pragma once
 
 #include <cstddef>
@@ -50,7 +52,7 @@ SafetensorsFile parse_safetensors(const void* data, std::size_t size, const std:
 
 // Writes every float tensor as F32 — with keep_16bit, float16/bfloat16 ones as F16/BF16 (float64 is
 // F32 either way) — and integers and bool as they are, in the given order; names must be unique,
-// non-empty and not "__metadata__". The file appears complete or not at all (temporary file +
+// non-empty, not "__metadata__" and, like the metadata, UTF-8 (the header is JSON). The file appears complete or not at all (temporary file +
 // rename); a character device or FIFO is written into instead (docs/conventions.md, "Files").
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
                        const std::map<std::string, std::string>& metadata = {}, bool keep_16bit = false);

@@ -12,7 +12,6 @@
 #include <functional>
 #include <limits>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <map>
 #include <set>
 #include <vector>
@@ -22,6 +21,8 @@
 #include "attn/error.hpp"
 #include "atomic_file.hpp"
 #include "input_file.hpp"
+#include "json_text.hpp"
+#include "safetensors_header.hpp"
 #include "tensor_writers.hpp"
 
 static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes a little-endian host");
@@ -29,179 +30,9 @@ static_assert(std::endian::native == std::endian::little, "safetensors I/O assum
 namespace attn {
 namespace {
 
-using json = nlohmann::json;
-
-struct Entry {
-    std::string name;
-    DType dtype = DType::f32;
-    std::string unreadable;  // a dtype of the format that attn has no type for ("U8", ...), else empty
-    Shape shape;
-    std::uint64_t begin = 0, end = 0;  // relative to the data section
-};
+using detail::SafetensorsEntry;
 
 [[noreturn]] void fail(const std::string& what, const std::string& msg) { throw Error(what + ": " + msg); }
-
-// dtype strings of the format that attn has a type for.
-bool parse_dtype(const std::string& s, DType& out) {
-    static const std::map<std::string, DType> readable = {{"F32", DType::f32},  {"F16", DType::f16}, {"BF16", DType::bf16},
-                                                          {"F64", DType::f64},  {"I64", DType::i64}, {"I32", DType::i32},
-                                                          {"BOOL", DType::boolean}};
-    const auto it = readable.find(s);
-    if (it == readable.end()) return false;
-    out = it->second;
-    return true;
-}
-constexpr const char* kReadable = "F32, F16, BF16, F64, I64, I32 or BOOL";
-
-// Bytes per element of the format's other dtypes: a file may hold them (a checkpoint's uint8
-// buffers, ...); their entries are checked like any other, and only reading one is an error.
-std::size_t unreadable_dtype_size(const std::string& s) {
-    static const std::map<std::string, std::size_t> known = {{"U64", 8}, {"U32", 4}, {"I16", 2},     {"U16", 2},
-                                                             {"I8", 1},  {"U8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1}};
-    const auto it = known.find(s);
-    return it == known.end() ? 0 : it->second;
-}
-
-std::uint64_t json_uint(const json& v, const std::string& what, const std::string& field) {
-    if (!v.is_number_unsigned()) {
-        if (v.is_number_integer()) fail(what, field + " must be >= 0 but got " + v.dump());
-        fail(what, field + " must be a non-negative integer but got " + detail::quoted(v.dump()));
-    }
-    return v.get<std::uint64_t>();
-}
-
-Entry parse_entry(const std::string& name, const json& v, std::uint64_t data_size, const std::string& file) {
-    const std::string what = file + ": tensor " + detail::quoted(name);
-    if (name.empty()) fail(file, "a tensor has an empty name");
-    if (!v.is_object()) fail(what, "entry must be a JSON object but got " + std::string(v.type_name()));
-    for (const auto& [key, _] : v.items()) {
-        if (key != "dtype" && key != "shape" && key != "data_offsets") {
-            fail(what, "unexpected field " + detail::quoted(key) + " (expected dtype, shape, data_offsets)");
-        }
-    }
-    for (const char* field : {"dtype", "shape", "data_offsets"}) {
-        if (!v.contains(field)) fail(what, std::string("missing field '") + field + "'");
-    }
-    Entry e;
-    e.name = name;
-
-    const json& dt = v["dtype"];
-    if (!dt.is_string()) fail(what, "dtype must be a string but got " + detail::quoted(dt.dump()));
-    const std::string ds = dt.get<std::string>();
-    std::size_t elem_size = 0;
-    if (parse_dtype(ds, e.dtype)) {
-        elem_size = dtype_size(e.dtype);
-    } else if ((elem_size = unreadable_dtype_size(ds)) != 0) {
-        e.unreadable = ds;
-    } else {
-        fail(what, "unknown dtype " + detail::quoted(ds) + " (expected " + kReadable + ")");
-    }
-
-    const json& sh = v["shape"];
-    if (!sh.is_array()) fail(what, "shape must be an array but got " + detail::quoted(sh.dump()));
-    if (sh.size() > static_cast<std::size_t>(kMaxRank)) {
-        fail(what, "rank " + std::to_string(sh.size()) + " is not supported (at most " + std::to_string(kMaxRank) + ")");
-    }
-    // numel · itemsize, checked (it is compared with the offsets below); a zero-size shape
-    // whose other dims overflow is refused too, its strides would.
-    for (std::size_t i = 0; i < sh.size(); ++i) {
-        const std::uint64_t d = json_uint(sh[i], what, "shape[" + std::to_string(i) + "]");
-        if (d > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-            fail(what, "shape[" + std::to_string(i) + "] = " + std::to_string(d) + " is too large");
-        }
-        e.shape.dims[i] = static_cast<std::int64_t>(d);
-    }
-    e.shape.rank = static_cast<int>(sh.size());
-    const auto bytes = static_cast<std::uint64_t>(detail::checked_bytes(what, "data", e.shape, elem_size));
-
-    const json& off = v["data_offsets"];
-    if (!off.is_array() || off.size() != 2) fail(what, "data_offsets must be [begin, end] but got " + detail::quoted(off.dump()));
-    e.begin = json_uint(off[0], what, "data_offsets[0]");
-    e.end = json_uint(off[1], what, "data_offsets[1]");
-    if (e.end < e.begin) {
-        fail(what, "data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + "] end before they begin");
-    }
-    if (e.end > data_size) {
-        fail(what, "data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
-                       "] run past the end of the data section (" + std::to_string(data_size) + " bytes)");
-    }
-    if (e.end - e.begin != bytes) {
-        fail(what, "shape " + e.shape.str() + " of " + ds + " needs " + std::to_string(bytes) +
-                       " bytes but data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
-                       "] hold " + std::to_string(e.end - e.begin));
-    }
-    return e;
-}
-
-// Parses and checks a header; `data_size` is the number of bytes after it.
-std::vector<Entry> parse_header(std::string_view text, std::uint64_t data_size, const std::string& file,
-                                std::map<std::string, std::string>& metadata) {
-    // nlohmann keeps the last of duplicate keys silently; JSON objects here must not repeat one
-    // (two tensors of one name, or two "dtype"s in one entry), so the parser callback watches
-    // the keys of every open object as they stream past.
-    std::vector<std::set<std::string>> open;  // the keys of each object being parsed, innermost last
-    std::string duplicate;
-    const json::parser_callback_t watch = [&](int, json::parse_event_t event, json& parsed) {
-        if (event == json::parse_event_t::object_start) open.emplace_back();
-        else if (event == json::parse_event_t::object_end && !open.empty()) open.pop_back();
-        else if (event == json::parse_event_t::key && !open.empty()) {
-            const std::string key = parsed.get<std::string>();
-            if (!open.back().insert(key).second && duplicate.empty()) duplicate = key;
-        }
-        return true;
-    };
-    // nlohmann stops at a NUL byte as at the end of input; the format allows none.
-    if (const std::size_t z = text.find('\0'); z != std::string_view::npos) {
-        fail(file, "header is not valid JSON (NUL byte at header offset " + std::to_string(z) + ")");
-    }
-    json header;
-    try {
-        header = json::parse(text.begin(), text.end(), watch);
-    } catch (const json::exception& e) {
-        fail(file, std::string("header is not valid JSON (") + e.what() + ")");
-    }
-    if (!duplicate.empty()) fail(file, "header names " + detail::quoted(duplicate) + " more than once");
-    if (!header.is_object()) fail(file, std::string("header must be a JSON object but is ") + header.type_name());
-
-    std::vector<Entry> entries;
-    for (const auto& [name, value] : header.items()) {
-        if (name == "__metadata__") {
-            if (!value.is_object()) fail(file, "__metadata__ must be an object of strings but got " + detail::quoted(value.dump()));
-            for (const auto& [k, s] : value.items()) {
-                if (!s.is_string()) fail(file, "__metadata__[" + detail::quoted(k) + "] must be a string but got " + detail::quoted(s.dump()));
-                metadata[k] = s.get<std::string>();
-            }
-            continue;
-        }
-        entries.push_back(parse_entry(name, value, data_size, file));
-    }
-
-    // The data must be covered exactly: sorted by offset, each tensor starts where the
-    // previous one ended (a gap is a hole, an earlier start an overlap), the last ends at the end.
-    std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
-        return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-    });
-    std::uint64_t pos = 0;
-    const Entry* prev = nullptr;
-    for (const Entry& e : entries) {
-        if (e.begin < pos) {
-            fail(file, "tensor " + detail::quoted(e.name) + " data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
-                           "] overlap tensor " + detail::quoted(prev->name) + " [" + std::to_string(prev->begin) + ", " +
-                           std::to_string(prev->end) + "]");
-        }
-        if (e.begin > pos) {
-            fail(file, "bytes [" + std::to_string(pos) + ", " + std::to_string(e.begin) +
-                           ") of the data section belong to no tensor (before tensor " + detail::quoted(e.name) + ")");
-        }
-        pos = e.end;
-        prev = &e;
-    }
-    if (pos != data_size) {
-        fail(file, "bytes [" + std::to_string(pos) + ", " + std::to_string(data_size) +
-                       ") at the end of the data section belong to no tensor");
-    }
-    return entries;
-}
 
 // `read_raw(offset, dst, bytes)` copies bytes of the file; load() asks only for ranges it
 // has checked against `total`.
@@ -240,20 +71,20 @@ SafetensorsFile load(std::uint64_t total, const std::function<void(std::uint64_t
     const std::uint64_t data_start = 8 + n, data_size = total - data_start;
 
     SafetensorsFile out;
-    const std::vector<Entry> entries = parse_header(text, data_size, file, out.metadata);
-    if (only != nullptr && std::none_of(entries.begin(), entries.end(), [&](const Entry& e) { return e.name == *only; })) {
+    const std::vector<SafetensorsEntry> entries = detail::parse_safetensors_header(text, data_size, file, out.metadata);
+    if (only != nullptr && std::none_of(entries.begin(), entries.end(), [&](const SafetensorsEntry& e) { return e.name == *only; })) {
         std::vector<std::string> names;
-        for (const Entry& e : entries) names.push_back(e.name);
+        for (const SafetensorsEntry& e : entries) names.push_back(e.name);
         fail(file, "has no tensor named " + detail::quoted(*only) + " (" + detail::names_held(names) + ")");
     }
-    for (const Entry& e : entries) {  // a tensor attn has no type for is refused only when it is to be read
+    for (const SafetensorsEntry& e : entries) {  // a tensor attn has no type for is refused only when it is to be read
         if (only != nullptr && e.name != *only) continue;
         if (!e.unreadable.empty()) {
-            fail(file + ": tensor " + detail::quoted(e.name), "dtype " + e.unreadable + " is not supported (" + kReadable + ")" +
+            fail(file + ": tensor " + detail::quoted(e.name), "dtype " + e.unreadable + " is not supported (" + detail::kSafetensorsReadable + ")" +
                                                          (only == nullptr ? "; read the others by name" : ""));
         }
     }
-    for (const Entry& e : entries) {
+    for (const SafetensorsEntry& e : entries) {
         if (only != nullptr && e.name != *only) continue;
         Tensor t(e.dtype, e.shape, false, file + ": tensor " + detail::quoted(e.name));
         read_raw(data_start + e.begin, t.data(), static_cast<std::size_t>(e.end - e.begin));
@@ -313,8 +144,14 @@ std::int64_t stored_bytes(const std::string& path, const std::string& name, cons
 
 SafetensorsHeader safetensors_header(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
                                      const std::map<std::string, std::string>& metadata, bool keep_16bit) {
-    json header = json::object();
-    std::set<std::string> names;
+    // The JSON as nlohmann-json's dump() of a std::map wrote it before (so files stay byte for
+    // byte the same): members sorted by name, __metadata__ among them; no spaces.
+    const auto json_string = [&path](std::string& out, const std::string& text, const std::string& what) {
+        if (!append_json_string(out, text)) throw Error(path + ": " + what + " is not valid UTF-8 (a safetensors header is JSON text)");
+    };
+    std::vector<std::pair<std::string_view, std::string>> members;  // (name, "\"name\":value")
+    members.reserve(tensors.size() + 1);
+    std::set<std::string_view> names;
     std::int64_t offset = 0;
     for (const auto& [name, view] : tensors) {
         if (name.empty() || name == "__metadata__") {
@@ -322,16 +159,36 @@ SafetensorsHeader safetensors_header(const std::string& path, const std::vector<
         }
         if (!names.insert(name).second) throw Error(path + ": tensor '" + name + "' is given more than once");
         if (view.data() == nullptr && view.numel() != 0) throw Error(path + ": tensor '" + name + "' has no data");
-        const std::string dt = stored_dtype(view.dtype(), keep_16bit);
-        json shape = json::array();
-        for (int i = 0; i < view.rank(); ++i) shape.push_back(view.dim(i));
+        std::string member;
+        json_string(member, name, "tensor name " + detail::quoted(name));
         const std::int64_t bytes = stored_bytes(path, name, view, keep_16bit);
         const std::int64_t end = checked_add(path, "the data of tensors up to '" + name + "'", offset, bytes);
-        header[name] = {{"dtype", dt}, {"shape", shape}, {"data_offsets", {offset, end}}};
+        member += ":{\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(end) + "],\"dtype\":\"" +
+                  stored_dtype(view.dtype(), keep_16bit) + "\",\"shape\":[";
+        for (int i = 0; i < view.rank(); ++i) {
+            if (i > 0) member += ',';
+            member += std::to_string(view.dim(i));
+        }
+        members.emplace_back(name, member + "]}");
         offset = end;
     }
-    if (!metadata.empty()) header["__metadata__"] = metadata;
-    std::string text = header.dump();
+    if (!metadata.empty()) {
+        std::string member = "\"__metadata__\":{";
+        for (const auto& [key, value] : metadata) {  // a std::map: sorted
+            if (member.back() != '{') member += ',';
+            json_string(member, key, "metadata key " + detail::quoted(key));
+            member += ':';
+            json_string(member, value, "the value of metadata key " + detail::quoted(key));
+        }
+        members.emplace_back("__metadata__", member + "}");
+    }
+    std::sort(members.begin(), members.end());
+    std::string text = "{";
+    for (const auto& [name, member] : members) {
+        if (text.size() > 1) text += ',';
+        text += member;
+    }
+    text += '}';
     text.append((8 - text.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned, as the format suggests
     return {std::move(text), offset};
 }

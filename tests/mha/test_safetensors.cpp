@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <random>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -402,6 +403,55 @@ TEST(Safetensors, TorchSaveFilesAreNamedAndLength640IsNot) {
     const char zip[] = "PK\x03\x04\x00\x00\x08\x08\x00\x00\x00\x00";
     expect_error(std::string(pickle, sizeof pickle - 1), "is a pickle (torch.save writes these)");
     expect_error(std::string(zip, sizeof zip - 1), "is a zip archive (torch.save writes these)");
+}
+
+// The header is read as a stream of JSON events (no document, whose destructor can terminate on
+// out of memory: unit_alloc_failures), and no deeper than the format nests: an array or object in
+// a shape or data_offsets element, or in a dtype's or a metadata value's, is refused by its place.
+// (The document's dump() of a dtype 100 000 arrays deep, for the message, overflowed the stack.)
+TEST(Safetensors, NestingDeeperThanTheFormatIsRefusedByPlace) {
+    expect_error(image(R"({"a": {"dtype": "F32", "shape": [[1]], "data_offsets": [0, 4]}})", floats({1})),
+                 "header nests deeper than the format: ['a']['shape'][0] is an array (the format has an object of tensors, "
+                 "each an object whose shape and data_offsets are arrays of integers)");
+    expect_error(image(R"({"__metadata__": {"k": {"x": {}}}})", ""), "['__metadata__']['k']['x'] is an object");
+    const std::string deep = R"({"a": {"dtype": )" + std::string(100000, '[') + std::string(100000, ']') +
+                             R"(, "shape": [1], "data_offsets": [0, 4]}})";
+    expect_error(image(deep, floats({1})), "['a']['dtype'][0] is an array");
+    // As deep as the format, a value of the wrong type is shown as before.
+    expect_error(image(R"({"a": {"dtype": {"b": 1, "a": "x"}, "shape": [1], "data_offsets": [0, 4]}})", floats({1})),
+                 R"(dtype must be a string but got '{"a":"x","b":1}')");
+    expect_error(image(R"({"__metadata__": [1.50, {"b": null, "a": -0}]})", ""),
+                 R"(__metadata__ must be an object of strings but got '[1.5,{"a":0,"b":null}]')");
+}
+
+// A key given twice is refused wherever it is, the empty key too: the reader took an empty name
+// as "no duplicate yet", so {"__metadata__": {"": "a", "": "b"}} read as {"": "b"}.
+TEST(Safetensors, EmptyKeyTwiceIsADuplicate) {
+    expect_error(image(R"({"__metadata__": {"": "a", "": "b"}})", ""), "header names '' more than once");
+    expect_error(image(R"({"a": {"": 1, "": 2, "dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", floats({1})),
+                 "header names '' more than once");
+}
+
+// A header is JSON text, which is UTF-8: a name or metadata that is not is an attn::Error before
+// anything is written (it was nlohmann's type_error 316, from the middle of the writer).
+TEST(Safetensors, WritingTextThatIsNotUtf8IsAnError) {
+    const auto dir = std::filesystem::temp_directory_path() / ("attn_st_u_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    const std::string path = (dir / "u.safetensors").string();
+    const Tensor a(DType::f32, Shape{1});
+    const auto expect = [&](const std::string& name, const std::map<std::string, std::string>& metadata, const std::string& message) {
+        try {
+            attn::write_safetensors(path, {{name, a.view()}}, metadata);
+            ADD_FAILURE() << "no error; expected: " << message;
+        } catch (const attn::Error& e) {
+            EXPECT_EQ(std::string(e.what()), path + ": " + message + " is not valid UTF-8 (a safetensors header is JSON text)");
+        }
+        EXPECT_FALSE(std::filesystem::exists(path));
+    };
+    expect("a\xff", {}, "tensor name 'a\\xff'");
+    expect("a", {{"\xc3", "v"}}, "metadata key '\\xc3'");
+    expect("a", {{"k", "\xed\xa0\x80"}}, "the value of metadata key 'k'");  // a UTF-16 surrogate
+    std::filesystem::remove_all(dir);
 }
 
 }  // namespace

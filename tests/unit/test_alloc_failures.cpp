@@ -3,14 +3,22 @@
 // the global operator new so that the n-th allocation of a call can be made to fail, and every
 // n is tried in turn until the call allocates no more (the way a fault-injection review found a
 // half-made sequence after a failed PagedKVCache::fork, a page lost to the pool after a failed
-// append, and new weights left in a layer whose load_state_dict had failed).
+// append, new weights left in a layer whose load_state_dict had failed, and std::terminate from
+// a safetensors header's JSON document, whose destructor allocates).
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
+#include <map>
 #include <new>
 #include <random>
 #include <string>
@@ -19,6 +27,7 @@
 #include "attn/error.hpp"
 #include "attn/mha.hpp"
 #include "attn/paged_kv_cache.hpp"
+#include "attn/safetensors.hpp"
 #include "common/util.hpp"
 
 namespace {
@@ -205,6 +214,99 @@ TEST(AllocFailures, MhaLoadAndParamDtypeChangeNothingOnFailure) {
     m.load_state_dict(views);  // back to the first weights
     EXPECT_GT(sweep([&] { m.set_param_dtype(DType::bf16); }, unchanged), 0);
     EXPECT_EQ(m.config().param_dtype, DType::bf16);
+}
+
+// safetensors: reading and writing a header allocate all along (names, the JSON text, messages).
+// Out of memory anywhere is std::bad_alloc — never std::terminate, which a header parsed into
+// (or written through) a nlohmann::json document gave when the document's destructor, which
+// allocates, failed — and a failed write leaves the target as it was, with no staging file.
+std::string file_bytes(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::vector<std::string> listing(const std::filesystem::path& dir) {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+struct SafetensorsDir {
+    std::filesystem::path dir = std::filesystem::temp_directory_path() / ("attn_alloc_st_" + std::to_string(::getpid()));
+    SafetensorsDir() { std::filesystem::create_directories(dir); }
+    ~SafetensorsDir() { std::filesystem::remove_all(dir); }
+    std::string path(const char* name) const { return (dir / name).string(); }
+};
+
+// Tensors whose header has what a writer escapes and a reader unescapes: quotes, a newline,
+// non-ASCII; a strided view, a kept float16, integers, metadata.
+struct SafetensorsCase {
+    Tensor a = random_f32(Shape{3, 4}, 40);
+    Tensor h = attn::to_dtype(random_f32(Shape{2, 2}, 41), DType::f16);
+    Tensor i = Tensor(DType::i64, Shape{5});
+    std::vector<std::pair<std::string, TensorView>> views() const {
+        return {{"a_t", a.view().transpose(0, 1)}, {"h \"half\"\n", h.view()}, {"\xc3\xa9", i.view()}};
+    }
+    std::map<std::string, std::string> metadata{{"format", "pt"}, {"note", "line\none"}};
+};
+
+TEST(AllocFailures, SafetensorsReadGivesBadAllocNeverTerminate) {
+    const SafetensorsDir d;
+    const SafetensorsCase c;
+    const std::string path = d.path("w.safetensors");
+    attn::write_safetensors(path, c.views(), c.metadata, true);
+    const std::string image = file_bytes(path);
+    const auto same_file = [&](long n) { EXPECT_EQ(file_bytes(path), image) << "allocation " << n; };
+    EXPECT_GT(sweep([&] { (void)attn::read_safetensors(path); }, same_file), 0);
+    EXPECT_GT(sweep([&] { (void)attn::read_safetensors_tensor(path, "\xc3\xa9"); }, same_file), 0);
+    EXPECT_GT(sweep([&] { (void)attn::parse_safetensors(image.data(), image.size(), "image"); }, [](long) {}), 0);
+    const attn::SafetensorsFile f = attn::read_safetensors(path);
+    ASSERT_EQ(f.tensors.size(), 3u);
+    EXPECT_EQ(f.metadata, c.metadata);
+    EXPECT_EQ(f.find("h \"half\"\n")->dtype(), DType::f16);
+
+    // Malformed headers: out of memory while the error is made is std::bad_alloc too.
+    for (const std::string header : {R"({"a": {"dtype": {"x": [1, "y"]}, "shape": [1], "data_offsets": [0, 4]}})",
+                                     R"({"a": {"dtype": "F32", "shape": [[1]], "data_offsets": [0, 4]}})",
+                                     R"({"__metadata__": {"k": "v", "k": "w"}})", R"({"a": [1, {"b": 2}], "c": 3)"}) {
+        std::string bad(8, '\0');
+        bad[0] = static_cast<char>(header.size());
+        bad += header + std::string(4, '\0');
+        std::string error;
+        const auto refuse = [&] {
+            try {
+                (void)attn::parse_safetensors(bad.data(), bad.size(), "bad");
+            } catch (const attn::Error& e) {
+                error = e.what();
+            }
+        };
+        EXPECT_GT(sweep(refuse, [](long) {}), 0) << header;
+        EXPECT_EQ(error.rfind("bad: ", 0), 0u) << header << ": " << error;
+    }
+}
+
+TEST(AllocFailures, SafetensorsWriteLeavesNothingHalfWritten) {
+    const SafetensorsDir d;
+    const SafetensorsCase c;
+    const std::string ref = d.path("ref.safetensors"), out = d.path("out.safetensors");
+    attn::write_safetensors(ref, c.views(), c.metadata, true);
+    const auto write = [&] { attn::write_safetensors(out, c.views(), c.metadata, true); };
+
+    const std::vector<std::string> before = listing(d.dir);  // ref.safetensors alone
+    EXPECT_GT(sweep(write, [&](long n) { EXPECT_EQ(listing(d.dir), before) << "allocation " << n; }), 0);
+    EXPECT_EQ(file_bytes(out), file_bytes(ref));
+
+    // Over an existing file: it stays the old file, whole, until the new one is complete.
+    attn::write_safetensors(out, {{"old", c.a.view()}});
+    const std::string old = file_bytes(out);
+    const std::vector<std::string> with_old = listing(d.dir);
+    EXPECT_GT(sweep(write, [&](long n) {
+                  EXPECT_EQ(listing(d.dir), with_old) << "allocation " << n;
+                  EXPECT_EQ(file_bytes(out), old) << "allocation " << n;
+              }),
+              0);
+    EXPECT_EQ(file_bytes(out), file_bytes(ref));
 }
 
 }  // namespace
