@@ -2,7 +2,6 @@
 // (on in-memory images and on files), each with the error it must give.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -455,21 +454,26 @@ TEST(Safetensors, WritingTextThatIsNotUtf8IsAnError) {
     std::filesystem::remove_all(dir);
 }
 
-// Reading takes time linear in the header: nlohmann's callback parser, which the reader used,
-// scanned the whole header object for discarded values after each entry, so 200 000 tensors
-// (a 17 MB header) took 14 minutes; these 100 000 took a minute, and take under a second.
-TEST(Safetensors, ManyTensorsReadInLinearTime) {
+// A header of 100 000 tensors reads, every entry in place. Not timed (speed is the benchmark's,
+// not a unit test's): the DOM reader this replaced took a minute here (nlohmann's callback parser
+// rescanned the header object after each entry; 200 000 tensors, a 17 MB header, 14 minutes), the
+// SAX reader 0.4 s — measured, and written in CHANGELOG.md.
+TEST(Safetensors, ManyTensorsRead) {
     std::string header = "{";
     for (int i = 0; i < 100000; ++i) {
-        header += (i == 0 ? "\"t" : ", \"t") + std::to_string(i) + R"(": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]})";
+        header += (i == 0 ? "\"t" : ", \"t") + std::to_string(i) + R"(": {"dtype": "F32", "shape": [)" +
+                  std::to_string(i % 3) + R"(, 0], "data_offsets": [0, 0]})";
     }
     header += "}";
     const std::string img = image(header, "");
-    const auto start = std::chrono::steady_clock::now();
     const auto f = attn::parse_safetensors(img.data(), img.size(), "w");
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    EXPECT_EQ(f.tensors.size(), 100000u);
-    EXPECT_LT(seconds, 10.0) << "a shared machine may be slow, but not quadratic";
+    ASSERT_EQ(f.tensors.size(), 100000u);
+    for (int i : {0, 1, 2, 49999, 99999}) {
+        const attn::Tensor* t = f.find("t" + std::to_string(i));
+        ASSERT_NE(t, nullptr) << "t" << i;
+        EXPECT_EQ(t->view().rank(), 2) << "t" << i;
+        EXPECT_EQ(t->view().dim(0), i % 3) << "t" << i;
+    }
 }
 
 }  // namespace
