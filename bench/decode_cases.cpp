@@ -87,7 +87,7 @@ void run_decode_shape(const Context& ctx, const std::string& id, std::int64_t Hk
                 if (modifiers.empty() && cold) medians[st] = r.timing.median_s;
             } catch (const std::exception& e) {
                 r.status = "error";
-                r.note = e.what();
+                r.note = error_note(e);
             }
             r.peak_rss = probe.peak();
             c.rows.push_back(std::move(r));

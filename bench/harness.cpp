@@ -7,6 +7,7 @@
 #include <chrono>
 #include <new>
 
+#include "attn/error.hpp"
 #include "attn/sdpa_varlen.hpp"
 
 #if defined(__GLIBC__)
@@ -133,6 +134,12 @@ RssProbe::RssProbe() {
 
 std::int64_t RssProbe::peak() const { return bench::peak_rss(); }
 
+std::string error_note(const std::exception& e) {
+    const bool bare_bad_alloc = dynamic_cast<const std::bad_alloc*>(&e) != nullptr &&
+                                dynamic_cast<const attn::OutOfMemory*>(&e) == nullptr;
+    return bare_bad_alloc ? "out of memory" : e.what();
+}
+
 bool time_calls_into(const Config& cfg, Row& r, const std::function<void()>& fn) {
     RssProbe probe;
     r.baseline_rss = probe.baseline();
@@ -141,12 +148,9 @@ bool time_calls_into(const Config& cfg, Row& r, const std::function<void()>& fn)
     try {
         r.timing = time_calls(cfg, fn);
         ran = true;
-    } catch (const std::bad_alloc&) {
-        r.status = "error";
-        r.note = "out of memory";
     } catch (const std::exception& e) {
         r.status = "error";
-        r.note = e.what();
+        r.note = error_note(e);
     }
     r.peak_rss = probe.peak();
     return ran;

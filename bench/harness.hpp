@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <map>
 #include <optional>
@@ -156,9 +157,13 @@ struct Row {
     std::optional<double> one_thread_median_s, scaling_efficiency;
 };
 
+// The note of a row whose calls threw: the exception's message — "out of memory" for a bare
+// std::bad_alloc, whose what() says only "std::bad_alloc" (attn::OutOfMemory's names the buffer).
+std::string error_note(const std::exception& e);
+
 // One row's timed calls: time_calls(cfg, fn) into r.timing, with the peak RSS of the calls
-// (RssProbe). An exception becomes the row's error: status "error", its message as the note
-// ("out of memory" for std::bad_alloc). Returns whether the calls ran.
+// (RssProbe). An exception becomes the row's error: status "error", error_note as the note.
+// Returns whether the calls ran.
 bool time_calls_into(const Config& cfg, Row& r, const std::function<void()>& fn);
 
 struct CaseResult {

@@ -189,7 +189,7 @@ void run_paged_decode(const Context& ctx, const std::string& id, std::int64_t Hk
                                              [&] { paged_attention(q, paged32, {s32}, opt, o); },
                                              [&] { paged_attention(q, frag, {sf}, opt, o); }});
     } catch (const std::exception& e) {
-        error = e.what();
+        error = error_note(e);
     }
     const std::int64_t peak = probe.peak();
     std::vector<double> medians;
