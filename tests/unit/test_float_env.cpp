@@ -13,6 +13,7 @@
 #include <random>
 
 #include "attn/kv_cache.hpp"
+#include "attn/paged_kv_cache.hpp"
 #include "attn/sdpa.hpp"
 #include "attn/sdpa_backward.hpp"
 #include "attn/threads.hpp"
@@ -114,6 +115,31 @@ TEST(FloatEnv, CacheAppendKeepsSubnormalsUnderCallersFlush) {
     std::int64_t nonzero = 0;
     for (std::int64_t i = 0; i < 2 * 5 * 16; ++i) {
         const std::int64_t off = wk.offset(0, i / 80, (i / 16) % 5, i % 16);
+        EXPECT_EQ(test::load(gk, off), test::load(wk, off)) << "element " << i;
+        nonzero += test::load(wk, off) != 0.0;
+    }
+    EXPECT_GT(nonzero, 0) << "the keys should be subnormals";
+}
+
+// PagedKVCache::append widens rows as KVCache's does (rows.hpp, through double): the same guard.
+TEST(FloatEnv, PagedCacheAppendKeepsSubnormalsUnderCallersFlush) {
+    std::mt19937_64 rng(7);
+    const Tensor k = test::to_storage(test::randn(DType::f32, Shape{2, 5, 16}, rng, 1e-39), DType::bf16);
+    PagedKVCacheConfig config;
+    config.kv_heads = 2;
+    config.head_dim = 16;
+    config.page_size = 8;
+    config.num_pages = 1;
+    config.storage = DType::f32;
+    PagedKVCache want(config), got(config);
+    want.append(want.add_sequence(), k, k);
+    set_flush_here(true);
+    got.append(got.add_sequence(), k, k);
+    set_flush_here(false);
+    const TensorView wk = want.key_pages(), gk = got.key_pages();  // (Hkv, 1 page, 8 rows, 16)
+    std::int64_t nonzero = 0;
+    for (std::int64_t i = 0; i < 2 * 5 * 16; ++i) {
+        const std::int64_t off = wk.offset(i / 80, 0, (i / 16) % 5, i % 16);
         EXPECT_EQ(test::load(gk, off), test::load(wk, off)) << "element " << i;
         nonzero += test::load(wk, off) != 0.0;
     }
