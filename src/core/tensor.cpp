@@ -12,6 +12,7 @@
 #include "attn/half.hpp"
 #include "check.hpp"
 #include "checked_size.hpp"
+#include "float_env.hpp"
 
 namespace attn {
 
@@ -178,6 +179,10 @@ Tensor to_dtype(const TensorView& src, DType dst) {
     // The same dtype is a copy of the bits: through double, a signalling NaN would come back
     // quiet (fuzz_safetensors: its round-trip check, and a strided float32 tensor written to a file).
     const bool same = src.dtype() == dst;
+    // Through double: under the caller's DAZ a bfloat16 subnormal (a float32 one) read as 0, and
+    // FTZ flushed a float32 subnormal rounded to bfloat16 (float_env.hpp). Python's
+    // KVCache.keys() and MultiHeadAttention.load_state_dict convert here, outside any computing call.
+    const detail::IeeeSubnormals ieee;
     const std::size_t item = dtype_size(dst);
     char* const out_bytes = static_cast<char*>(out.data());
     std::int64_t k = 0;

@@ -146,6 +146,24 @@ TEST(FloatEnv, PagedCacheAppendKeepsSubnormalsUnderCallersFlush) {
     EXPECT_GT(nonzero, 0) << "the keys should be subnormals";
 }
 
+// attn::to_dtype converts through double (load_as_double, store): under the caller's DAZ a
+// bfloat16 subnormal (a float32 one) read as 0, and under FTZ a float32 subnormal rounded to
+// bfloat16 became 0. Python's KVCache.keys()/values() and MultiHeadAttention.load_state_dict
+// convert with it outside any computing call.
+TEST(FloatEnv, ToDtypeKeepsSubnormalsUnderCallersFlush) {
+    std::mt19937_64 rng(8);
+    const Tensor f32 = test::randn(DType::f32, Shape{3, 40}, rng, 1e-39);
+    const Tensor bf16 = test::to_storage(f32, DType::bf16);
+    const Tensor widened = to_dtype(bf16, DType::f32), narrowed = to_dtype(f32, DType::bf16);
+    ASSERT_GT(test::max_abs(widened), 0.0);
+    set_flush_here(true);
+    const Tensor widened_flushing = to_dtype(bf16, DType::f32), narrowed_flushing = to_dtype(f32, DType::bf16);
+    EXPECT_EQ(_mm_getcsr() & kFlushBits, kFlushBits) << "the caller's FTZ/DAZ are given back";
+    set_flush_here(false);
+    EXPECT_TRUE(test::bit_equal(widened_flushing, widened)) << "bfloat16 -> float32";
+    EXPECT_TRUE(test::bit_equal(narrowed_flushing, narrowed)) << "float32 -> bfloat16";
+}
+
 }  // namespace
 }  // namespace attn
 #else
