@@ -112,7 +112,8 @@ struct RingStats {
 // Runs on every rank of `comm` (collective). Every argument is checked on every rank and
 // across ranks (equal B, heads, head dims, options; local lengths as the layout gives them);
 // if any rank finds a problem, every rank throws attn::Error with the same message, before
-// any output is written.
+// any output is written (attn::OutOfMemory on every rank when one cannot allocate the ring's
+// buffers).
 void ring_attention(MPI_Comm comm, const TensorView& q, const TensorView& k, const TensorView& v,
                     const RingOptions& options, const TensorView& out, const TensorView* lse = nullptr,
                     RingStats* stats = nullptr);
@@ -139,8 +140,9 @@ void ring_attention_backward(MPI_Comm comm, const TensorView& q, const TensorVie
                              RingStats* stats = nullptr, const TensorView* dsinks = nullptr);
 
 // Runs `fn` on every rank of `comm` (collective). If it throws on any rank, every rank
-// throws attn::Error carrying the message of the lowest failing rank, so that all ranks
-// take the same branch afterwards and none waits forever for a failed peer.
+// throws the message of the lowest failing rank — as attn::OutOfMemory when that rank ran out
+// of memory (std::bad_alloc), else as attn::Error — so that all ranks take the same branch
+// afterwards and none waits forever for a failed peer.
 void run_collectively(MPI_Comm comm, const std::function<void()>& fn);
 
 }  // namespace attn::dist
