@@ -188,6 +188,14 @@ def test_one_spelling_of_causal_and_dropout_works_in_every_command(tmp_path):
     assert np.array_equal(np.load(tmp_path / "d1.npy"), np.load(tmp_path / "d2.npy"))
 
 
+@pytest.mark.parametrize("command, forms", [("sdpa", "[none|top-left|bottom-right]"),
+                                            ("ring", "[none|top-left|bottom-right]"), ("mha", "[none|top-left]")])
+def test_causal_help_lists_the_forms_the_command_takes(command, forms):
+    # attn mha refuses bottom-right (its layer is top-left causal) but its --help offered it.
+    line = next(l for l in attn(command, "--help").stdout.splitlines() if l.strip().startswith("--causal"))
+    assert line.split()[:2] == ["--causal", forms], line
+
+
 def test_library_errors_name_the_flag_not_the_field(tmp_path):
     # sdpa said "window:", "impl:", "scores:" (SdpaOptions' fields) where the user gave
     # --window-left, --impl, --scores (a parity audit).

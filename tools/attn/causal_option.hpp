@@ -14,8 +14,9 @@ namespace attn::cli {
 
 // Declares --causal on cmd, stored as its text in `value` (which holds "none" until given);
 // `what` says what top-left and bottom-right mean for this command, and the sentence on the
-// bare form is added here.
-CLI::Option* add_causal_option(CLI::App* cmd, std::string& value, const std::string& what);
+// bare form is added here. takes_bottom_right: false for a command that refuses it (attn mha),
+// whose --help then lists only none and top-left.
+CLI::Option* add_causal_option(CLI::App* cmd, std::string& value, const std::string& what, bool takes_bottom_right = true);
 
 // The value of --causal (attn::parse_causal; its error names --causal).
 Causal causal_option(const std::string& value);

@@ -284,7 +284,8 @@ void add_mha_command(CLI::App& app) {
                     "forward only), as attn sdpa --impl");
     add_causal_option(cmd, args->causal,
                       "causal mask, combined with the other masks: top-left: query i sees keys 0..i (nn.MultiheadAttention's "
-                      "is_causal); none: no causal mask (bottom-right, attn sdpa's other alignment, is refused)");
+                      "is_causal); none: no causal mask (bottom-right, attn sdpa's other alignment, is refused)",
+                      /*takes_bottom_right=*/false);
     cmd->add_option("--weights", args->weights, "write attention weights (B, Lq, Lk) averaged over heads, float32");
     cmd->add_flag("--per-head-weights", args->per_head, "with --weights: write (B, h, Lq, Lk) per head instead");
     cmd->add_option("--grad-out", args->grad_out, "training: dLoss/dOutput, shaped like the output; needs --grads");
