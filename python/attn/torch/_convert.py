@@ -17,7 +17,6 @@ import torch
 import attn as _core  # the package: its calls name themselves in a MemoryError
 
 
-
 def _check_tensor(t, name):
     """TypeError/ValueError naming `name` unless `t` is a dense CPU tensor."""
     if not isinstance(t, torch.Tensor):
