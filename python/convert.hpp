@@ -94,8 +94,9 @@ bool uint16_is_bf16_arg(const py::handle& obj);
 // out_dtype= (or the keyword `name`): None → `fallback`; "float32", "float16", "bfloat16" (or
 // numpy's float32/float16 dtype or type) → that dtype.
 attn::DType out_dtype_arg(const py::handle& obj, attn::DType fallback, const char* name = "out_dtype");
-// The default out dtype of the serving calls (decode_attention, paged_attention): a 16-bit
-// query's own dtype, else float32 (their outputs were float32 before 16-bit queries existed).
+// The default out dtype of the serving calls (decode_attention, paged_attention) and the ring: a
+// 16-bit query's own dtype, else float32 (their outputs were float32 before 16-bit queries
+// existed); the ring's backward gives each gradient this of its own input's dtype.
 attn::DType sixteen_bit_or_f32(attn::DType q);
 // Outputs that stay float (lse, weights, scores, dsinks): float64 for float64 q, else float32.
 attn::DType stat_dtype(attn::DType q);

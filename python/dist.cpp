@@ -189,9 +189,9 @@ py::tuple ring_backward(const py::handle& query, const py::handle& key, const py
         o = input(out, "out", 4, 4, kRingLayout, bf16);
         l = input(lse, "lse", 3, 3, "(B, H, L_local)");
         g = input(grad_out, "grad_out", 4, 4, kRingLayout, bf16);
-        // dq/dk/dv in out_dtype (default: a 16-bit query's dtype, else float32), as the forward's out.
-        grads = new_gradients(in.q.view, in.k.view, in.v.view,
-                              out_dtype_arg(out_dtype, sixteen_bit_or_f32(in.q.view.dtype())), 4, in.call->ring.sinks);
+        // dq/dk/dv in out_dtype, else each in its input's dtype (float32 for a float64 one: the
+        // forward's out rule, per input).
+        grads = new_gradients(in.q.view, in.k.view, in.v.view, out_dtype, sixteen_bit_or_f32, 4, in.call->ring.sinks);
     });
     {
         py::gil_scoped_release release;
@@ -228,9 +228,9 @@ void bind_dist(py::module_& m) {
     d.def("ring_attention_backward", &ring_backward, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("out"),
           py::arg("lse"), py::arg("grad_out"), py::arg("comm"), ATTN_RING_KEYWORDS,
           "Collective: this rank's rows of dQ, dK, dV (the gradients of <O, dO>), from ring_attention's out and lse\n"
-          "(the same keywords as the forward; dq/dk/dv in out_dtype, default a 16-bit query's dtype, else\n"
-          "float32); with sinks also dsinks (Hq,), the gradient over the whole\n"
-          "sequence (the same on every rank).");
+          "(the same keywords as the forward). dq, dk, dv all in out_dtype when given, else each in its own\n"
+          "input's dtype when that is 16-bit, else float32 (dq from query's, dk from key's, dv from value's);\n"
+          "with sinks also dsinks (Hq,), the gradient over the whole sequence (the same on every rank).");
 #undef ATTN_RING_KEYWORDS
     d.def(
         "rank_segments",

@@ -7,12 +7,18 @@ py::tuple Gradients::result() const {
     return py::make_tuple(dq, dk, dv);
 }
 
+attn::DType own_dtype(attn::DType input) { return input; }
+
 Gradients new_gradients(const attn::TensorView& q, const attn::TensorView& k, const attn::TensorView& v,
-                        attn::DType dtype, int rank, const std::optional<attn::TensorView>& sinks) {
+                        const py::handle& out_dtype, DefaultGradientDtype default_dtype, int rank,
+                        const std::optional<attn::TensorView>& sinks) {
+    const auto dtype_of = [&](const attn::TensorView& input) {
+        return out_dtype_arg(out_dtype, default_dtype(input.dtype()));
+    };
     Gradients g;
-    g.dq = new_array(dtype, dims_of(q), "dq (the query's shape)");
-    g.dk = new_array(dtype, dims_of(k), "dk (the key's shape)");
-    g.dv = new_array(dtype, dims_of(v), "dv (the value's shape)");
+    g.dq = new_array(dtype_of(q), dims_of(q), "dq (the query's shape)");
+    g.dk = new_array(dtype_of(k), dims_of(k), "dk (the key's shape)");
+    g.dv = new_array(dtype_of(v), dims_of(v), "dv (the value's shape)");
     g.dqv = output_view(g.dq, rank);
     g.dkv = output_view(g.dk, rank);
     g.dvv = output_view(g.dv, rank);

@@ -1,7 +1,8 @@
 // The outputs of every backward binding (scaled_dot_product_attention_backward,
 // sdpa_varlen_backward, attn.dist.ring_attention_backward), made in one place: dq, dk and dv with
-// the shapes of q, k and v in the call's out dtype, and dsinks (Hq,) when the call has sinks —
-// float32, or float64 for a float64 query (stat_dtype) — with the views the C++ call writes.
+// the shapes of q, k and v, and dsinks (Hq,) when the call has sinks — float32, or float64 for a
+// float64 query (stat_dtype) — with the views the C++ call writes. The gradients' dtypes are
+// decided here, for every binding (docs/conventions.md, "The gradients' dtypes").
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -23,9 +24,20 @@ struct Gradients {
     py::tuple result() const;  // (dq, dk, dv), or (dq, dk, dv, dsinks) with sinks
 };
 
+// A gradient's dtype when out_dtype= is None, from its own input's dtype: `own_dtype` (sdpa and
+// varlen: a float64 input keeps float64, the reference backward's) or `sixteen_bit_or_f32` (the
+// ring, which computes in float32).
+using DefaultGradientDtype = attn::DType (*)(attn::DType input);
+attn::DType own_dtype(attn::DType input);
+
+// dq, dk, dv each in out_dtype= when it is given (all three), else dq in default_dtype(q's dtype),
+// dk in k's, dv in v's: one dtype for all three rounded every gradient into q's, so a float32
+// key's gradient under a bfloat16 query kept 8 bits, and a bfloat16 value's overflowed to inf past
+// float16's 65504 under a float16 query (torch's rule: a gradient has its tensor's dtype).
 // `rank`: the rank the C++ call takes (4 for sdpa and ring, 3 for packed sequences);
 // `sinks`: the call's (Hq,) sinks, if any.
 Gradients new_gradients(const attn::TensorView& q, const attn::TensorView& k, const attn::TensorView& v,
-                        attn::DType dtype, int rank, const std::optional<attn::TensorView>& sinks);
+                        const py::handle& out_dtype, DefaultGradientDtype default_dtype, int rank,
+                        const std::optional<attn::TensorView>& sinks);
 
 }  // namespace attn_py

@@ -121,7 +121,7 @@ py::tuple sdpa_backward_py(const py::object& query, const py::object& key, const
                                           {is_causal, causal_alignment, window, window_alignment, query_offset},
                                           dropout_seed, impl, bf16},
                                          {softcap, alibi_slopes, sinks}, r >= 3 ? q.view.dim(r - 3) : 1);
-    Gradients grads = new_gradients(q.view, k.view, v.view, out_dtype_arg(out_dtype, q.view.dtype()), 4, opt.sdpa.sinks);
+    Gradients grads = new_gradients(q.view, k.view, v.view, out_dtype, own_dtype, 4, opt.sdpa.sinks);
     {
         py::gil_scoped_release nogil;
         const attn::ScopedNumThreads scoped_threads(threads);
@@ -209,7 +209,8 @@ void bind_sdpa(py::module_& m) {
           "Gradients (dq, dk, dv) of scaled_dot_product_attention given the forward's out and lse\n"
           "(return_lse=True) and grad_out = dLoss/dout; the same options as the forward.\n"
           "With sinks: (dq, dk, dv, dsinks). ALiBi slopes get no gradient.\n"
-          "dtype=\"bfloat16\": uint16 inputs hold bfloat16 bits; dq/dk/dv in out_dtype (default query's).");
+          "dtype=\"bfloat16\": uint16 inputs hold bfloat16 bits. dq, dk, dv all in out_dtype when given, else\n"
+          "each in its own input's dtype: dq in query's, dk in key's, dv in value's.");
     m.def(
         "alibi_slopes",
         [](const py::object& heads_obj) {

@@ -92,8 +92,7 @@ py::tuple sdpa_varlen_backward_py(const py::object& query, const py::object& key
     const Input l = input(lse, "lse", 2, 2, "(total_tokens, H)");
     const Input g = input(grad_out, "grad_out", 3, 3, kPacked, bf16);
     // As sdpa_backward's; dsinks summed over the sequences (sdpa_varlen_backward).
-    Gradients grads = new_gradients(c.q.view, c.k.view, c.v.view, out_dtype_arg(out_dtype, c.q.view.dtype()), 3,
-                                    c.opt.sdpa.sinks);
+    Gradients grads = new_gradients(c.q.view, c.k.view, c.v.view, out_dtype, own_dtype, 3, c.opt.sdpa.sinks);
     {
         py::gil_scoped_release nogil;
         const attn::ScopedNumThreads scoped_threads(threads);
@@ -135,8 +134,9 @@ void bind_varlen(py::module_& m) {
           py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
           py::arg("threads") = py::none(), py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none(),
           "Gradients (dq, dk, dv) of sdpa_varlen given its out and lse (return_lse=True) and grad_out;\n"
-          "with sinks (dq, dk, dv, dsinks), dsinks summed over the sequences. The same options as the forward. dtype=\"bfloat16\": uint16 inputs hold bfloat16 bits; dq/dk/dv\n"
-          "in out_dtype (default: query's).");
+          "with sinks (dq, dk, dv, dsinks), dsinks summed over the sequences. The same options as the forward.\n"
+          "dtype=\"bfloat16\": uint16 inputs hold bfloat16 bits. dq, dk, dv all in out_dtype when given, else\n"
+          "each in its own input's dtype: dq in query's, dk in key's, dv in value's.");
     m.def("release_varlen_scratch", &attn::release_varlen_scratch,
           "Free the head-major buffer (up to 256 MiB on 2 MiB pages) that sdpa_varlen and its backward keep\n"
           "between calls; the next call allocates it again.");

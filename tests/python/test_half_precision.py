@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import attn
-from half_reference import check, check_lse, oracle, rounded, values
+from half_reference import HALF_ULP, check, check_lse, oracle, rounded, values
 
 DTYPES = ["float32", "float16", "bfloat16"]
 
@@ -81,6 +81,17 @@ def test_decode_shape_float16_cache_with_float32_query():
         check(values(out, out_dtype), ref_out, out_dtype)
 
 
+def textbook_grads(qr, kr, vr, gr):
+    """dq, dk, dv of <softmax(q kᵀ/√D) v, g> (GQA: K/V heads repeated), by torch autograd in float64
+    on the float64 values the rounded inputs hold."""
+    import torch
+    tq, tk, tv = (torch.from_numpy(np.asarray(x, np.float64)).requires_grad_() for x in (qr, kr, vr))
+    group = tq.shape[1] // tk.shape[1]
+    s = tq @ tk.repeat_interleave(group, 1).transpose(-1, -2) / np.sqrt(tq.shape[-1])
+    (torch.softmax(s, -1) @ tv.repeat_interleave(group, 1)).backward(torch.from_numpy(np.asarray(gr, np.float64)))
+    return [t.grad.numpy() for t in (tq, tk, tv)]
+
+
 def test_backward_half():
     q32, k32, v32 = problem(6, lq=6, lk=10)
     g32 = np.random.default_rng(7).standard_normal((2, 4, 6, 16)).astype(np.float32)
@@ -90,14 +101,70 @@ def test_backward_half():
                                                      out_dtype="float32")
         dq, dk, dv = attn.scaled_dot_product_attention_backward(q, k, v, out, lse, g, dtype="bfloat16",
                                                                 out_dtype="float32")
-        import torch
-        tq, tk, tv = (torch.from_numpy(x).requires_grad_() for x in (qr, kr, vr))
-        group = tq.shape[1] // tk.shape[1]
-        s = tq @ tk.repeat_interleave(group, 1).transpose(-1, -2) / np.sqrt(16)
-        (torch.softmax(s, -1) @ tv.repeat_interleave(group, 1)).backward(torch.from_numpy(gr))
-        for ours, ref in ((dq, tq.grad), (dk, tk.grad), (dv, tv.grad)):
+        for ours, ref in zip((dq, dk, dv), textbook_grads(qr, kr, vr, gr)):
             assert ours.dtype == np.float32
-            check(ours, ref.numpy(), "float32")
+            check(ours, ref, "float32")
+
+
+def check_grads(grads, refs, dtypes):
+    """Each gradient holds its dtype and is within the stated backward bound (docs/conventions.md,
+    "Backward with 16-bit tensors": float32 O): 2e-5 × the call's largest reference gradient,
+    plus one rounding into a 16-bit gradient's dtype."""
+    budget = 2e-5 * max(np.abs(r).max() for r in refs)
+    for name, ours, ref, dt in zip(("dq", "dk", "dv"), grads, refs, dtypes):
+        got = values(ours, dt)  # asserts the dtype
+        assert np.all(np.isfinite(got)), f"{name}: non-finite"
+        err = np.abs(got - ref)
+        bound = budget + HALF_ULP[dt] * (np.abs(ref) + budget)
+        assert np.all(err <= bound), f"{name}: max err {err.max():.3g}, worst excess {(err - bound).max():.3g}"
+
+
+# dq in query's dtype, dk in key's, dv in value's (docs/conventions.md, "The gradients' dtypes");
+# through query's dtype a float32 key's gradient kept bfloat16's 8 bits.
+@pytest.mark.parametrize("qd, kd, vd", [("float16", "bfloat16", "bfloat16"), ("bfloat16", "float32", "float32"),
+                                        ("float32", "float16", "bfloat16"), ("bfloat16", "float16", "float32"),
+                                        ("float32", "float64", "float64"), ("float64", "float32", "bfloat16")])
+@pytest.mark.parametrize("impl", ["reference", "auto"])
+def test_backward_each_gradient_in_its_inputs_dtype(qd, kd, vd, impl):
+    q32, k32, v32 = problem(8, lq=6, lk=19)
+    g32 = np.random.default_rng(9).standard_normal((2, 4, 6, 16)).astype(np.float32)
+    (q, qr), (k, kr), (v, vr) = rounded(q32, qd), rounded(k32, kd), rounded(v32, vd)
+    kw = dict(dtype="bfloat16", impl=impl)
+    # float32 O (float64 for a float64 query, its default): no 16-bit-O term in the bound.
+    out, lse = attn.scaled_dot_product_attention(q, k, v, return_lse=True,
+                                                 out_dtype=None if qd == "float64" else "float32", **kw)
+    grads = attn.scaled_dot_product_attention_backward(q, k, v, out, lse, g32, **kw)
+    check_grads(grads, textbook_grads(qr, kr, vr, g32), (qd, kd, vd))
+    # out_dtype= still sets all three.
+    grads16 = attn.scaled_dot_product_attention_backward(q, k, v, out, lse, g32, out_dtype="float16", **kw)
+    assert [x.dtype for x in grads16] == [np.float16] * 3
+
+
+def test_float16_query_keeps_a_bfloat16_values_gradient_past_65504_finite():
+    # dV = Pᵀ·dO beyond float16's range: in value's bfloat16 it is finite (in query's float16 it
+    # was inf). V's rows nearly equal keep dS = P∘(dP − D), so dQ and dK, within float16.
+    q32, k32, _ = problem(10, lq=8, lk=3)
+    v32 = (1 + 0.01 * np.random.default_rng(11).standard_normal(k32.shape)).astype(np.float32)
+    g32 = (3e4 * np.random.default_rng(12).uniform(0.5, 1.5, (2, 4, 8, 16))).astype(np.float32)
+    (q, qr), (k, kr), (v, vr) = rounded(q32, "float16"), rounded(k32, "bfloat16"), rounded(v32, "bfloat16")
+    out, lse = attn.scaled_dot_product_attention(q, k, v, return_lse=True, dtype="bfloat16", out_dtype="float32")
+    refs = textbook_grads(qr, kr, vr, g32)
+    assert np.abs(refs[2]).max() > 65504 and np.abs(refs[0]).max() < 6e4 and np.abs(refs[1]).max() < 6e4
+    grads = attn.scaled_dot_product_attention_backward(q, k, v, out, lse, g32, dtype="bfloat16")
+    check_grads(grads, refs, ("float16", "bfloat16", "bfloat16"))
+
+
+def test_varlen_backward_each_gradient_in_its_inputs_dtype():
+    # One packed sequence (L, H, D) is the (1, H, L, D) problem transposed.
+    q32, k32, v32 = problem(13, b=1, lq=7, lk=12)
+    g32 = np.random.default_rng(14).standard_normal((1, 4, 7, 16)).astype(np.float32)
+    (q, qr), (k, kr), (v, vr) = rounded(q32, "float16"), rounded(k32, "bfloat16"), rounded(v32, "float32")
+    packed = lambda a: np.ascontiguousarray(a[0].transpose(1, 0, 2))  # noqa: E731
+    cq, ck = np.array([0, 7], np.int32), np.array([0, 12], np.int32)
+    out, lse = attn.sdpa_varlen(packed(q), packed(k), packed(v), cq, ck, return_lse=True, dtype="bfloat16",
+                                out_dtype="float32")
+    grads = attn.sdpa_varlen_backward(packed(q), packed(k), packed(v), cq, ck, out, lse, packed(g32), dtype="bfloat16")
+    check_grads(grads, [packed(r) for r in textbook_grads(qr, kr, vr, g32)], ("float16", "bfloat16", "float32"))
 
 
 def test_uint16_without_dtype_is_a_type_error_naming_the_keyword():

@@ -223,6 +223,18 @@ def test_python_ring_float16(np_):
 
 
 
+@pytest.mark.parametrize("np_", [1, 2, 3])
+def test_python_ring_gives_each_gradient_its_inputs_dtype(np_):
+    """Mixed dtypes through attn.dist's backward: dq in q's dtype, dk in k's, dv in v's (a large dv
+    stays finite beside a float16 q): ring_python_mixed_worker.py checks every rank's rows against
+    single-process attn."""
+    env = dict(ENV, PYTHONPATH=PYPATH)
+    r = subprocess.run([MPIEXEC, "-q", "--oversubscribe", "-np", str(np_), sys.executable,
+                        os.path.join(HERE, "ring_python_mixed_worker.py")], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
 ONE_RANK_REFUSES = r"""
 import json, sys
 import numpy as np
