@@ -214,8 +214,8 @@ def test_mha_reads_safetensors_arguments_and_names_its_outputs(tmp_path):
 
 @pytest.mark.parametrize("out_dtype", [None, "float32", "float16"])
 def test_gradients_follow_out_dtype(tmp_path, out_dtype):
-    """--grad-out: dq/dk/dv in --out-dtype, by default in Q's dtype (here float16, though K/V are
-    float32); float32 gradients equal the --out-dtype float32 run's bit for bit."""
+    """--grad-out: dq/dk/dv in --out-dtype, by default each in its input's dtype (here dQ float16,
+    dK and dV float32); float32 gradients equal the --out-dtype float32 run's bit for bit."""
     q32, k32, v32 = problem(4)
     np.save(tmp_path / "q.npy", rounded(q32, "float16")[0])
     np.save(tmp_path / "k.npy", k32)
@@ -228,14 +228,72 @@ def test_gradients_follow_out_dtype(tmp_path, out_dtype):
     args = base[:-1] + (["--out-dtype", out_dtype] if out_dtype else [])
     r = run(*args, *outs("x"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    want = out_dtype or "float16"
-    for g in ("dq", "dk", "dv"):
+    for g, own in (("dq", "float16"), ("dk", "float32"), ("dv", "float32")):
+        want = out_dtype or own
         a, ref = np.load(tmp_path / f"{g}x.npy"), np.load(tmp_path / f"{g}32.npy")
         assert a.dtype == np.dtype(want), (g, a.dtype)
         assert np.abs(ref).max() > 0
-        if want == "float32":
+        if out_dtype == "float32":
             np.testing.assert_array_equal(a, ref)
         else:
             # This run's backward reads its float16 O (D = rowsum(dO∘O) moves by the O rounding,
-            # docs/conventions.md), then rounds each gradient once: near the float32-O gradients.
+            # docs/conventions.md), then rounds each 16-bit gradient once: near the float32-O gradients.
             assert np.abs(a.astype(np.float64) - ref).max() <= 2.0 ** -7 * np.abs(ref).max(), g
+
+
+def load_output(path):
+    """A --dq/--dk/--dv file: (array, dtype name); a .safetensors one holds one tensor."""
+    if path.suffix == ".safetensors":
+        (a, dtype), = read_safetensors(path).values()
+        return a, dtype
+    a = np.load(path)
+    return a, str(a.dtype)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_each_gradient_in_its_inputs_dtype(tmp_path, packed):
+    """Without --out-dtype, dQ in Q's dtype, dK in K's, dV in V's (docs/conventions.md, "The
+    gradients' dtypes"), the Python module's bits. A float16 Q with bfloat16 K/V: dV past float16's
+    65504 stays finite in bfloat16 (in Q's float16 it was inf); a bfloat16 Q with float32 K and
+    float64 V: float32 dK and float64 dV, not bfloat16's 8 bits."""
+    import attn
+    q32, k32, _ = problem(5, lq=8, lk=3, d=16)
+    v32 = (1 + 0.01 * np.random.default_rng(6).standard_normal(k32.shape)).astype(np.float32)
+    g32 = (3e4 * np.random.default_rng(7).uniform(0.5, 1.5, (1, 2, 8, 16))).astype(np.float32)
+    pack = (lambda a: np.ascontiguousarray(a[0].transpose(1, 0, 2))) if packed else (lambda a: a)  # noqa: E731
+    extra, kw = [], {}
+    if packed:
+        np.save(tmp_path / "cq.npy", np.array([0, 8], np.int64))
+        np.save(tmp_path / "ck.npy", np.array([0, 3], np.int64))
+        extra = ["--cu-seqlens-q", "cq.npy", "--cu-seqlens-k", "ck.npy"]
+    np.save(tmp_path / "do.npy", pack(g32))
+    for dtypes in (("float16", "bfloat16", "bfloat16"), ("bfloat16", "float32", "float64")):
+        arrays = {n: pack(rounded(x, dt)[0]) for n, x, dt in zip("qkv", (q32, k32, v32), dtypes)}
+        args, outs = [], {}
+        for n, dt in zip("qkv", dtypes):
+            if dt == "bfloat16":
+                write_safetensors(tmp_path / f"{n}.safetensors", {n: (arrays[n], dt)})
+                args += [f"--{n}", f"{n}.safetensors:{n}"]
+                outs[f"d{n}"] = tmp_path / f"d{n}.safetensors"
+            else:
+                np.save(tmp_path / f"{n}.npy", arrays[n])
+                args += [f"--{n}", f"{n}.npy"]
+                outs[f"d{n}"] = tmp_path / f"d{n}.npy"
+        r = run(*args, "--grad-out", "do.npy", "--out", "o.npy" if dtypes[0] == "float16" else "o.safetensors",
+                *[x for g, path in outs.items() for x in (f"--{g}", path.name)], *extra, cwd=tmp_path)
+        assert r.returncode == 0, (dtypes, r.stderr)
+        q, k, v = arrays["q"], arrays["k"], arrays["v"]
+        if packed:
+            cq, ck = np.array([0, 8], np.int32), np.array([0, 3], np.int32)
+            out, lse = attn.sdpa_varlen(q, k, v, cq, ck, return_lse=True, dtype="bfloat16")
+            want = attn.sdpa_varlen_backward(q, k, v, cq, ck, out, lse, pack(g32), dtype="bfloat16")
+        else:
+            out, lse = attn.scaled_dot_product_attention(q, k, v, return_lse=True, dtype="bfloat16")
+            want = attn.scaled_dot_product_attention_backward(q, k, v, out, lse, g32, dtype="bfloat16")
+        for (g, path), dt, w in zip(outs.items(), dtypes, want):
+            a, got_dtype = load_output(path)
+            assert got_dtype == dt, (dtypes, g, got_dtype)
+            np.testing.assert_array_equal(a, w, err_msg=f"{dtypes} {g}")
+            assert np.all(np.isfinite(values(a, dt))), (dtypes, g)
+        if dtypes[2] == "bfloat16":
+            assert np.abs(values(load_output(outs["dv"])[0], "bfloat16")).max() > 65504

@@ -305,6 +305,50 @@ def test_float16_inputs_out_dtype_and_gradients_equal_attn_sdpa(tmp_path, np_):
             assert np.abs(b).max() > 0.1  # not a comparison of zeros
 
 
+@pytest.mark.parametrize("np_", [1, 2, 3])
+def test_each_gradient_in_its_inputs_dtype(tmp_path, np_):
+    """Without --out-dtype, dQ in Q's dtype, dK in K's, dV in V's, float64 read as float32
+    (docs/conventions.md, "The gradients' dtypes"), near `attn sdpa` on the same files. A float16 Q
+    with float32 K/V and a large dO: dV past float16's 65504 stays finite (in Q's float16 it was
+    inf)."""
+    rng = np.random.default_rng(8)
+    shape_q, shape_kv = (1, 2, 13, 8), (1, 2, 13, 8)
+    cases = [  # Q, K, V dtypes as stored, the dO scale, the gradients' dtypes
+        (np.float16, np.float32, np.float32, 3e4, (np.float16, np.float32, np.float32)),
+        (np.float32, np.float16, np.float64, 1.0, (np.float32, np.float16, np.float32)),
+    ]
+    for qd, kd, vd, do_scale, want in cases:
+        q, k = rng.uniform(-1, 1, shape_q).astype(qd), rng.uniform(-1, 1, shape_kv).astype(kd)
+        # V's rows nearly equal: dS = P∘(dP − D) small, so a large dO leaves dQ and dK within float16.
+        # Values a float32 holds: the ring reads a float64 V as float32, attn sdpa as it is.
+        v = (1 + 0.01 * rng.uniform(-1, 1, shape_kv)).astype(np.float32).astype(vd)
+        do = (do_scale * rng.uniform(0.5, 1.5, shape_q)).astype(np.float32)
+        for n, a in (("q", q), ("k", k), ("v", v), ("do", do)):
+            np.save(tmp_path / f"{n}.npy", a)
+        common = ["--q", tmp_path / "q.npy", "--k", tmp_path / "k.npy", "--v", tmp_path / "v.npy", "--causal",
+                  "top-left", "--grad-out", tmp_path / "do.npy"]
+        flags = lambda tag: sum([[f"--{n}", tmp_path / f"{tag}_{n}.npy"] for n in ("out", "dq", "dk", "dv")], [])  # noqa: E731
+        sd = subprocess.run([ATTN, "sdpa", *map(str, common + flags("s"))], capture_output=True, text=True, env=ENV)
+        assert sd.returncode == 0, sd.stderr
+        r = mpirun(np_, *common, *flags("r"))
+        assert r.returncode == 0, r.stderr
+        o16 = qd == np.float16  # O in a 16-bit Q's dtype: each run's own rounding of it moves dQ, dK
+        single = {n: np.load(tmp_path / f"s_{n}.npy").astype(np.float64) for n in ("dq", "dk", "dv")}
+        budget = 2e-5 * max(np.abs(b).max() for b in single.values())  # of the call's largest gradient
+        for n, dt in zip(("dq", "dk", "dv"), want):
+            a, b = np.load(tmp_path / f"r_{n}.npy"), single[n]
+            assert a.dtype == dt, (qd, kd, vd, n, a.dtype)
+            a = a.astype(np.float64)
+            assert np.all(np.isfinite(a)), (qd, kd, vd, n)
+            half_ulp = 2.0 ** -11 if dt == np.float16 else 0.0
+            bound = budget + 2 * half_ulp * np.abs(b)
+            if o16 and n != "dv":
+                bound = bound + 2.0 ** -7 * np.abs(b).max()
+            assert np.all(np.abs(a - b) <= bound), (qd, kd, vd, n, np.abs(a - b).max())
+        if do_scale > 1:
+            assert np.abs(np.load(tmp_path / "r_dv.npy")).max() > 65504
+
+
 def test_bfloat16_out_into_npy_is_refused_before_compute(tmp_path):
     _, p = make(tmp_path, 1, 1, 1, 8, 8, 4, 4)
     out = tmp_path / "o.npy"

@@ -58,7 +58,8 @@ struct RingArgs {
     std::optional<double> scale;
     bool stats = false;
     bool shard_outputs = false;  // each rank writes its own rows (shard_path) instead of rank 0 gathering
-    std::string out_dtype;       // --out-dtype: O and dQ/dK/dV ("" = a 16-bit Q's dtype, else float32)
+    std::string out_dtype;       // --out-dtype: O and dQ/dK/dV ("" = O in a 16-bit Q's dtype, else float32;
+                                 // each gradient in its input's dtype as the ring reads it)
 };
 
 #if ATTN_WITH_MPI
@@ -90,8 +91,8 @@ Tensor read_input(const std::string& flag, const std::string& path) {
 struct Header {
     std::int64_t B = 0, Hq = 0, Hkv = 0, Lq = 0, Lk = 0, Dq = 0, Dk = 0, Dv = 0;
     // The dtypes the rows travel and are written in: Q, K, V, dO as read (float64 → float32),
-    // out for O and the gradients (--out-dtype).
-    std::int64_t q_dtype = 0, k_dtype = 0, v_dtype = 0, do_dtype = 0, out_dtype = 0;
+    // out for O (--out-dtype), dq/dk/dv for the gradients (gradient_dtypes).
+    std::int64_t q_dtype = 0, k_dtype = 0, v_dtype = 0, do_dtype = 0, out_dtype = 0, dq_dtype = 0, dk_dtype = 0, dv_dtype = 0;
 };
 constexpr int kHeaderWords = sizeof(Header) / sizeof(std::int64_t);
 
@@ -228,17 +229,23 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
             }
             dO = ring_dtype(std::move(dO));
         }
-        // O and the gradients: --out-dtype, default a 16-bit Q's dtype, else float32 (as `attn sdpa`).
+        // O: --out-dtype, default a 16-bit Q's dtype, else float32 (as `attn sdpa`). The gradients:
+        // --out-dtype, default each its input's dtype as the ring reads it (float64 → float32).
         const DType out_dtype = parse_out_dtype(a.out_dtype, q.dtype());
         q = ring_dtype(std::move(q));
         k = ring_dtype(std::move(k));
         v = ring_dtype(std::move(v));
+        const GradientDtypes gdt =
+            gradient_dtypes(a.out_dtype.empty() ? std::nullopt : std::optional(out_dtype), q.dtype(), k.dtype(), v.dtype());
         h = Header{q.shape()[0], q.shape()[1], k.shape()[1], q.shape()[2], k.shape()[2], q.shape()[3], k.shape()[3], v.shape()[3]};
         h.q_dtype = static_cast<std::int64_t>(q.dtype());
         h.k_dtype = static_cast<std::int64_t>(k.dtype());
         h.v_dtype = static_cast<std::int64_t>(v.dtype());
         h.do_dtype = static_cast<std::int64_t>(backward ? dO.dtype() : DType::f32);
         h.out_dtype = static_cast<std::int64_t>(out_dtype);
+        h.dq_dtype = static_cast<std::int64_t>(gdt.dq);
+        h.dk_dtype = static_cast<std::int64_t>(gdt.dk);
+        h.dv_dtype = static_cast<std::int64_t>(gdt.dv);
         // Each rank's share of a tensor moves as one MPI message, whose count is an int.
         const std::int64_t most_q = dist::rank_length(h.Lq, P, 0, opt.layout) + 2, most_k = dist::rank_length(h.Lk, P, 0, opt.layout) + 2;
         const std::int64_t words = std::max({h.B * h.Hq * most_q * std::max(h.Dq, h.Dv), h.B * h.Hkv * most_k * std::max(h.Dk, h.Dv)});
@@ -249,18 +256,19 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     });
     MPI_Bcast(&h, kHeaderWords, MPI_INT64_T, 0, comm);
     const DType odt = static_cast<DType>(h.out_dtype);
+    const GradientDtypes gdt{static_cast<DType>(h.dq_dtype), static_cast<DType>(h.dk_dtype), static_cast<DType>(h.dv_dtype)};
     // The files this rank writes: rank 0 all of them; with --shard-outputs every rank its own
     // rows of O, dQ, dK, dV (shard_path), and rank 0 dsinks.
     const auto out_path = [&](const std::string& p) { return a.shard_outputs && !p.empty() ? shard_path(p, rank) : p; };
     const std::string my_out = out_path(a.out);
     const GradientOutputs my_grad{a.grad.grad_out, out_path(a.grad.dq), out_path(a.grad.dk), out_path(a.grad.dv),
                                   rank == 0 ? a.grad.dsinks : ""};
-    // The output files' formats against the out dtype (bfloat16 only into .safetensors), by the
+    // The output files' formats against their dtypes (bfloat16 only into .safetensors), by the
     // ranks that write them, before any compute.
     dist::run_collectively(comm, [&] {
         if (rank != 0 && !a.shard_outputs) return;
         OutputFiles::check_dtype("--out", my_out, odt);
-        my_grad.check_dtypes(odt);
+        my_grad.check_dtypes(gdt);
     });
     if (a.alibi) {
         dist::run_collectively(comm, [&] { slopes = alibi_slopes(h.Hq); });
@@ -295,9 +303,9 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         if (backward) {
             do_mine = Tensor(static_cast<DType>(h.do_dtype), Shape{h.B, h.Hq, nq, h.Dv});
             lse_mine = Tensor(DType::f32, Shape{h.B, h.Hq, nq});
-            dq_mine = Tensor(odt, Shape{h.B, h.Hq, nq, h.Dq});
-            dk_mine = Tensor(odt, Shape{h.B, h.Hkv, nk, h.Dk});
-            dv_mine = Tensor(odt, Shape{h.B, h.Hkv, nk, h.Dv});
+            dq_mine = Tensor(gdt.dq, Shape{h.B, h.Hq, nq, h.Dq});
+            dk_mine = Tensor(gdt.dk, Shape{h.B, h.Hkv, nk, h.Dk});
+            dv_mine = Tensor(gdt.dv, Shape{h.B, h.Hkv, nk, h.Dv});
             if (!a.grad.dsinks.empty()) dsinks = Tensor(DType::f32, Shape{h.Hq});
         }
     });
@@ -487,8 +495,8 @@ void add_ring_command(CLI::App& app) {
     cmd->add_option("--v", args->v, "values (B, Hkv, Lk, Dv)")->required();
     cmd->add_option("--out", args->out, "output O (B, Hq, Lq, Dv) in --out-dtype, written by rank 0")->required();
     cmd->add_option("--out-dtype", args->out_dtype,
-                    "dtype of O and dQ/dK/dV: float16, bfloat16 (only into .safetensors) or float32 (default: a 16-bit "
-                    "Q's dtype, else float32)");
+                    "dtype of O and dQ/dK/dV: float16, bfloat16 (only into .safetensors) or float32 (default: O in a "
+                    "16-bit Q's dtype, else float32; each gradient in its input's dtype if 16-bit, else float32)");
     add_causal_option(cmd, args->causal,
                       "causal mask on global positions: top-left: query i sees keys 0..i; bottom-right: keys "
                       "0..i+n-Lq (n = the sequence's key length, else Lk); none: no causal mask");
@@ -507,7 +515,7 @@ void add_ring_command(CLI::App& app) {
                     "local kernel of each block: auto (what attn::sdpa picks: flash, or decode for a block of a few "
                     "rows per KV head), reference or flash (with --grad-out: auto or flash; the reference backward cannot take the "
                     "global lse)");
-    args->grad.add_options(cmd, " through the ring", "a 16-bit Q's dtype, else float32", ", written by rank 0");
+    args->grad.add_options(cmd, " through the ring", "'s dtype if 16-bit, else float32", ", written by rank 0");
     cmd->add_option("--softcap", args->softcap, "logit soft-capping: s = C*tanh(s/C) in every block (0 = off)");
     cmd->add_option("--alibi-slopes", args->alibi_slopes,
                     "float32 (Hq,) or (B, Hq): ALiBi slopes m_h, s -= m_h*|d(i) - j| on global positions (d: the "

@@ -65,9 +65,12 @@ void check_output_dtypes(const std::vector<OutputFiles::Output>& outputs) {
 // kernels' float32 result is widened), else parse_out_dtype's default (float32 for a float64 Q).
 DType o_dtype(const SdpaArgs& a, DType q_dtype) { return parse_out_dtype(a.out_dtype, q_dtype, /*with_float64=*/true); }
 
-// dQ/dK/dV (--grad-out): all three in --out-dtype when given, else in Q's dtype, like O (a
-// float64 Q keeps float64 gradients: the reference backward runs in double).
-DType gradient_dtype(const SdpaArgs& a, DType q_dtype) { return a.out_dtype.empty() ? q_dtype : o_dtype(a, q_dtype); }
+// dQ/dK/dV (--grad-out): all three in --out-dtype when given, else each in its input's dtype
+// (gradient_dtypes; a float64 input keeps a float64 gradient: the reference backward runs in double).
+GradientDtypes gradient_dtypes_of(const SdpaArgs& a, const Tensor& q, const Tensor& k, const Tensor& v) {
+    const std::optional<DType> requested = a.out_dtype.empty() ? std::nullopt : std::optional(o_dtype(a, q.dtype()));
+    return gradient_dtypes(requested, q.dtype(), k.dtype(), v.dtype());
+}
 
 // Packed sequences: q (Tq, Hq, Dk), k/v (Tk, Hkv, D), out (Tq, Hq, Dv), lse (Tq, Hq).
 void run_packed(const SdpaArgs& a, const SdpaOptions& opt, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -85,7 +88,7 @@ void run_packed(const SdpaArgs& a, const SdpaOptions& opt, const Tensor& q, cons
     const Tensor o(o_dtype(a, q.dtype()), shapes.out, false, "--out"), l(DType::f32, shapes.lse, false, "--lse");
     const TensorView lv = l.view();
     OutputFiles::check_dtype("--out", a.out, o.dtype());
-    const DType gdt = gradient_dtype(a, q.dtype());
+    const GradientDtypes gdt = gradient_dtypes_of(a, q, k, v);
     a.grad.check_dtypes(gdt);
     SdpaReport report;
     sdpa_varlen(q, k, v, cq, ck, opt, o, &lv, &report);
@@ -95,9 +98,9 @@ void run_packed(const SdpaArgs& a, const SdpaOptions& opt, const Tensor& q, cons
     Tensor dO, dq, dk, dv, ds;
     if (backward) {
         dO = read_input("--grad-out", a.grad.grad_out);
-        dq = Tensor(gdt, q.shape());
-        dk = Tensor(gdt, k.shape());
-        dv = Tensor(gdt, v.shape());
+        dq = Tensor(gdt.dq, q.shape());
+        dk = Tensor(gdt.dk, k.shape());
+        dv = Tensor(gdt.dv, v.shape());
         SdpaReport back;
         TensorView dsv;  // the sequences' dsinks summed (sdpa_varlen_backward)
         if (!a.grad.dsinks.empty()) {
@@ -215,20 +218,20 @@ void run(const SdpaArgs& a) {
         l = Tensor(DType::f32, shapes.lse, false, "--lse");
         lv = l.view();
     }
-    // Every output against its path's format before any compute (gradients: gradient_dtype).
+    // Every output against its path's format before any compute (gradients: gradient_dtypes_of).
     check_output_dtypes({{"--out", a.out, o.view()}, {"--weights", a.weights, w.view()}, {"--lse", a.lse, l.view()},
                          {"--scores", a.scores, sc.view()}});
-    const DType gdt = gradient_dtype(a, q.dtype());
+    const GradientDtypes gdt = gradient_dtypes_of(a, q, k, v);
     a.grad.check_dtypes(gdt);
     SdpaReport report;
     sdpa(q, k, v, opt, o, lv.empty() ? nullptr : &lv, a.weights.empty() ? nullptr : &wv, &report,
          a.scores.empty() ? nullptr : &so);
     if (a.verbose) std::fprintf(stderr, "%s\n", report.explanation.c_str());
     if (backward) {
-        // Gradients come out in the inputs' shapes, in gradient_dtype.
-        dq = Tensor(gdt, q.shape());
-        dk = Tensor(gdt, k.shape());
-        dv = Tensor(gdt, v.shape());
+        // Gradients come out in the inputs' shapes, in gradient_dtypes_of.
+        dq = Tensor(gdt.dq, q.shape());
+        dk = Tensor(gdt.dk, k.shape());
+        dv = Tensor(gdt.dv, v.shape());
         SdpaReport back;
         TensorView dsv;
         if (!a.grad.dsinks.empty()) {
@@ -261,7 +264,8 @@ void add_sdpa_command(CLI::App& app) {
     cmd->add_option("--out-dtype", args->out_dtype,
                     "dtype of O and, with --grad-out, of dQ/dK/dV: float16, bfloat16 (only into .safetensors), float32 "
                     "or float64 (.npy only). Default: O in a 16-bit Q's dtype, else float32 — a float64 Q too (ask "
-                    "for float64 to keep the reference's double result); the gradients in Q's dtype. lse, weights, "
+                    "for float64 to keep the reference's double result); each gradient in its input's dtype (dQ in "
+                    "Q's, dK in K's, dV in V's). lse, weights, "
                     "scores and dsinks stay float32");
     cmd->add_option("--mask", args->mask,
                     "bool keep-mask (true = may attend) or float additive mask, broadcastable to (B, Hq, Lq, Lk)");
@@ -286,7 +290,7 @@ void add_sdpa_command(CLI::App& app) {
     cmd->add_option("--lse", args->lse, "write the row log-sum-exp (B, Hq, Lq) as float32");
     cmd->add_option("--impl", args->impl,
                     "kernel: auto, reference, flash or decode (Lq <= 16, forward only); backward: auto, reference or flash");
-    args->grad.add_options(cmd, "", "Q's dtype", "");
+    args->grad.add_options(cmd, "", "'s dtype", "");
     // Also by attn mha's names (--dropout-p, --dropout-seed): one spelling works everywhere.
     cmd->add_option("--dropout,--dropout-p", args->dropout, "dropout probability on the attention weights, 0 <= P < 1 (training)");
     cmd->add_option("--seed,--dropout-seed", args->seed, "dropout seed (the same seed gives the same dropout mask)");

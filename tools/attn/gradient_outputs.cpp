@@ -4,14 +4,21 @@
 
 namespace attn::cli {
 
+GradientDtypes gradient_dtypes(const std::optional<DType>& requested, DType q, DType k, DType v) {
+    if (requested) return {*requested, *requested, *requested};
+    return {q, k, v};
+}
+
 void GradientOutputs::add_options(CLI::App* cmd, const std::string& how, const std::string& dtype_default,
                                   const std::string& written) {
     cmd->add_option("--grad-out", grad_out,
                     "dO (B, Hq, Lq, Dv): also compute the gradients of <O, dO>" + how + " (needs --dq, --dk, --dv)");
-    const std::string in_dtype = " in --out-dtype (default: " + dtype_default + ")" + written;
-    cmd->add_option("--dq", dq, "write dQ (B, Hq, Lq, Dk)" + in_dtype);
-    cmd->add_option("--dk", dk, "write dK (B, Hkv, Lk, Dk)" + in_dtype);
-    cmd->add_option("--dv", dv, "write dV (B, Hkv, Lk, Dv)" + in_dtype);
+    const auto in_dtype = [&](const char* input) {
+        return " in --out-dtype (default: " + std::string(input) + dtype_default + ")" + written;
+    };
+    cmd->add_option("--dq", dq, "write dQ (B, Hq, Lq, Dk)" + in_dtype("Q"));
+    cmd->add_option("--dk", dk, "write dK (B, Hkv, Lk, Dk)" + in_dtype("K"));
+    cmd->add_option("--dv", dv, "write dV (B, Hkv, Lk, Dv)" + in_dtype("V"));
     cmd->add_option("--dsinks", dsinks, "with --grad-out and --sinks: write d loss / d sinks (Hq,) as float32" + written);
 }
 
@@ -26,11 +33,11 @@ void GradientOutputs::check_flags(bool sinks_given) const {
         throw Error("--dsinks: needs --grad-out and --sinks (the gradient of the sink logits)");
 }
 
-void GradientOutputs::check_dtypes(DType dtype) const {
+void GradientOutputs::check_dtypes(const GradientDtypes& dtypes) const {
     if (!backward()) return;
-    OutputFiles::check_dtype("--dq", dq, dtype);
-    OutputFiles::check_dtype("--dk", dk, dtype);
-    OutputFiles::check_dtype("--dv", dv, dtype);
+    OutputFiles::check_dtype("--dq", dq, dtypes.dq);
+    OutputFiles::check_dtype("--dk", dk, dtypes.dk);
+    OutputFiles::check_dtype("--dv", dv, dtypes.dv);
 }
 
 void GradientOutputs::add_files(std::vector<OutputFiles::Output>& files, const Tensor& dq_t, const Tensor& dk_t,

@@ -3,6 +3,7 @@
 // with --grad-out), --dsinks where the sinks' gradient goes (with --grad-out and --sinks).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,22 +15,34 @@
 
 namespace attn::cli {
 
+// dQ, dK and dV's dtypes.
+struct GradientDtypes {
+    DType dq, dk, dv;
+};
+
+// The one rule of attn sdpa and attn ring: --out-dtype (`requested`) sets all three when given;
+// else each gradient has its own input's dtype as the core reads it (attn ring reads a float64
+// input as float32). One dtype for all three (Q's) rounded a float32 K's gradient to 8 bits under
+// a bfloat16 Q, and overflowed a bfloat16 V's past float16's 65504 under a float16 Q.
+GradientDtypes gradient_dtypes(const std::optional<DType>& requested, DType q, DType k, DType v);
+
 struct GradientOutputs {
     std::string grad_out, dq, dk, dv, dsinks;  // the options' values ("" = not given)
 
     bool backward() const { return !grad_out.empty(); }
 
     // Declares the five options on cmd, stored here. Their help: the gradients are computed `how`
-    // (" through the ring", or ""), come out in --out-dtype with `dtype_default` when it is not
-    // given, and are written as `written` says (", written by rank 0", or "").
+    // (" through the ring", or ""), come out in --out-dtype, or when it is not given in their
+    // input's dtype as `dtype_default` says after "Q", "K" or "V" ("'s dtype", or "'s dtype if
+    // 16-bit, else float32"), and are written as `written` says (", written by rank 0", or "").
     void add_options(CLI::App* cmd, const std::string& how, const std::string& dtype_default, const std::string& written);
 
     // The options' combinations (sinks_given: --sinks was given), before anything is read.
     void check_flags(bool sinks_given) const;
 
-    // With --grad-out: whether the --dq, --dk and --dv paths can hold `dtype` (bfloat16 only in
-    // .safetensors, float64 only in .npy), before any compute.
-    void check_dtypes(DType dtype) const;
+    // With --grad-out: whether the --dq, --dk and --dv paths can hold their dtypes (bfloat16 only
+    // in .safetensors, float64 only in .npy), before any compute.
+    void check_dtypes(const GradientDtypes& dtypes) const;
 
     // With --grad-out: dQ, dK, dV and, with --dsinks, dsinks appended to `files` (written with
     // the command's other outputs, all or none).
