@@ -88,22 +88,12 @@ class SdpaFunction(torch.autograd.Function):
         g = _convert.array(grad_out, "grad_out")
         opts = _with_sinks(ctx.opts, sinks)
         with _convert.Threads(ctx.threads):
-            # The core writes dq, dk, dv in one dtype (out_dtype), which .to() then rounds into each
-            # input's dtype, as autograd requires. q, k and v of one dtype: that dtype (the core
-            # rounds each gradient once, and all-bfloat16 keeps bf16 compute). Mixed: float32, or
-            # float64 when one of them is (the core's gradients follow a float64 q, so q is widened,
-            # exactly), so each gradient is rounded once, into its own dtype — through q's, a
-            # float32 key's gradient kept bfloat16's 8 bits and a bfloat16 value's overflowed
-            # float16's 65504.
+            # Without out_dtype the core gives each gradient its own input's dtype, as autograd
+            # requires (docs/conventions.md, "The gradients' dtypes"), rounded once from its float32
+            # (float64 with a float64 input) sums; all-bfloat16 keeps bf16 compute.
             back_opts = {n: x for n, x in opts.items() if n != "out_dtype"}
-            q_back = q
-            dtypes = {query.dtype, key.dtype, value.dtype}
-            if len(dtypes) > 1 and torch.float64 in dtypes:
-                q_back = _convert.array(query.double(), "query")
-            elif len(dtypes) > 1:
-                back_opts["out_dtype"] = "float32"
             try:
-                grads = _core.scaled_dot_product_attention_backward(q_back, k, v, out, ctx.lse, g, attn_mask=mask,
+                grads = _core.scaled_dot_product_attention_backward(q, k, v, out, ctx.lse, g, attn_mask=mask,
                                                                     **back_opts)
             except TypeError as e:
                 half = sorted({str(t.dtype) for t in (query, key, value, grad_out)} & _HALF)
@@ -112,7 +102,7 @@ class SdpaFunction(torch.autograd.Function):
                                     f"backward, which this build's core does not have yet ({e}); compute in "
                                     "float32 for training") from None
                 raise
-            dq, dk, dv = (_convert.tensor(x).to(t.dtype) for x, t in zip(grads[:3], (query, key, value)))
+            dq, dk, dv = (_convert.tensor(x) for x in grads[:3])
             dsinks = None
             if ctx.needs_input_grad[4]:  # attn's dsinks has q's dtype; the gradient has the sinks'
                 dsinks = _convert.tensor(grads[3]).to(sinks.dtype)
