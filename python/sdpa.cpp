@@ -21,9 +21,9 @@ namespace {
 
 const char* const kLayout = "(B, H, L, D), (H, L, D) or (L, D)";
 
-// out (and the gradients) follow the query's dtype unless out_dtype= says otherwise: float16 →
-// a float16 array, bfloat16 → a uint16 array of bfloat16 bits. lse, weights, scores and
-// dsinks stay float: float64 for a float64 query, else float32 (stat_dtype).
+// out follows the query's dtype, each gradient its own input's (gradients.hpp), unless out_dtype=
+// says otherwise: float16 → a float16 array, bfloat16 → a uint16 array of bfloat16 bits. lse,
+// weights, scores and dsinks stay float: float64 for a float64 query, else float32 (stat_dtype).
 
 // Scalar keywords arrive as py::object and are converted by name (convert.hpp).
 py::object sdpa_py(const py::object& query, const py::object& key, const py::object& value,
