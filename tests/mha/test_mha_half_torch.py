@@ -161,7 +161,7 @@ def test_cli_bf16_checkpoint_and_inputs(tmp_path):
     check(np.load(tmp_path / "o32.npy"), want64, want32, "float32", "CLI float32 out")
     r = subprocess.run(base + ["--out", "o.npy", "--param-dtype", "float64"], capture_output=True, text=True,
                        cwd=tmp_path, timeout=120)
-    assert r.returncode != 0 and "--param-dtype: expected float32, float16 or bfloat16 but got 'float64'" in r.stderr
+    assert r.returncode != 0 and "--param-dtype: expected float16, bfloat16 or float32 but got 'float64'" in r.stderr
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -357,6 +357,18 @@ def test_bfloat16_out_into_npy_is_refused_before_compute(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("np_", [1, 2])
+def test_a_bad_out_dtype_is_refused_before_anything_is_read(tmp_path, np_):
+    """--q does not even exist: --out-dtype is named (it was parsed only after rank 0 had read
+    Q, K and V)."""
+    out = tmp_path / "o.npy"
+    missing = tmp_path / "nope.npy"
+    r = mpirun(np_, "--q", missing, "--k", missing, "--v", missing, "--out", out, "--out-dtype", "float8")
+    assert r.returncode == 2 and error_lines(r) == [
+        "attn: error: --out-dtype: expected float16, bfloat16 or float32 but got 'float8'"], r.stderr
+    assert not out.exists()
+
+
 def mpmd(first, second):
     """Two ranks started with different command lines (mpirun's MPMD form A : B)."""
     cmd = [MPIEXEC, "-q", "--oversubscribe", "-np", "1", ATTN, "ring", *map(str, first), ":",

@@ -536,6 +536,23 @@ def test_an_empty_output_name_is_refused_before_anything_is_read(work):
     expect_error(work, ["bench", "--json", "", "--list"], "--json", "empty")
 
 
+@pytest.mark.parametrize("command, option, fragment", [
+    ("sdpa", "--out-dtype", "expected float16, bfloat16, float32 or float64 but got 'float8'"),
+    ("mha", "--out-dtype", "expected float16, bfloat16 or float32 but got 'float8'"),
+    ("mha", "--param-dtype", "expected float16, bfloat16 or float32 but got 'float8'"),
+    ("mha", "--intermediate-dtype", "expected float16, bfloat16 or float32 but got 'float8'"),
+])
+def test_a_bad_dtype_option_is_refused_before_anything_is_read(work, command, option, fragment):
+    """The inputs do not even exist: the dtype option is named, not the first file (--out-dtype
+    was parsed only once Q, K and V had been read, which could take minutes)."""
+    if command == "sdpa":
+        args = ["sdpa", "--q", work / "nope.npy", "--k", work / "nope.npy", "--v", work / "nope.npy", "--out", work / "o.npy"]
+    else:
+        args = ["mha", "--params", work / "nope.safetensors", "--num-heads", "1", "--query", work / "nope.npy",
+                "--out", work / "o.npy"]
+    expect_error(work, args + [option, "float8"], option + ": " + fragment)
+
+
 @pytest.mark.parametrize("length", [200, 243, 244, 250, 254, 255])
 def test_output_names_up_to_name_max(work, length):
     name = ("n" * (length - 4)) + ".npy"

@@ -116,6 +116,21 @@ void run(const MhaArgs& a) {
         throw Error("--causal: expected top-left (or none) but got 'bottom-right': the layer's causal mask is "
                     "nn.MultiheadAttention's is_causal, top-left (attn sdpa has bottom-right)");
     }
+    // The dtype options, before any file is read (--out-dtype's default depends on the query).
+    if (!a.out_dtype.empty() && training) throw Error("--out-dtype: not with --grads (training writes float32)");
+    const std::optional<DType> out_dtype = parse_out_dtype(a.out_dtype);
+    if (!a.intermediate_dtype.empty() && training)
+        throw Error("--intermediate-dtype: not with --grads (training keeps float32 intermediates)");
+    const std::optional<DType> intermediate_dtype =
+        a.intermediate_dtype.empty() ? std::nullopt : std::optional(parse_float_dtype("--intermediate-dtype", a.intermediate_dtype));
+    // Weight matrices: as stored (a 16-bit checkpoint stays 16-bit) unless --param-dtype says;
+    // training reads float32 weights.
+    std::optional<DType> param_dtype;
+    if (!a.param_dtype.empty()) {
+        param_dtype = parse_float_dtype("--param-dtype", a.param_dtype);
+        if (training && *param_dtype != DType::f32) throw Error("--param-dtype: training (--grads) needs float32 parameters");
+    }
+    if (training) param_dtype = DType::f32;
     OutputFiles outputs;
     outputs.add("--out", a.out);
     outputs.add("--grads", a.grads);
@@ -155,17 +170,6 @@ void run(const MhaArgs& a) {
         const Tensor f = to_dtype(t.view(), DType::f32);
         slopes.assign(f.data_as<const float>(), f.data_as<const float>() + f.numel());
     }
-    // Weight matrices: as stored (a 16-bit checkpoint stays 16-bit) unless --param-dtype says;
-    // training reads float32 weights.
-    std::optional<DType> param_dtype;
-    if (!a.param_dtype.empty()) {
-        if (a.param_dtype == "float32") param_dtype = DType::f32;
-        else if (a.param_dtype == "float16") param_dtype = DType::f16;
-        else if (a.param_dtype == "bfloat16") param_dtype = DType::bf16;
-        else throw Error("--param-dtype: expected float32, float16 or bfloat16 but got '" + a.param_dtype + "'");
-        if (training && *param_dtype != DType::f32) throw Error("--param-dtype: training (--grads) needs float32 parameters");
-    }
-    if (training) param_dtype = DType::f32;
     const MultiHeadAttention layer =
         MultiHeadAttention::from_state_dict(state, a.num_heads, a.batch_first, a.softcap, std::move(slopes), param_dtype,
                                             a.add_zero_attn);
@@ -199,13 +203,9 @@ void run(const MhaArgs& a) {
     opt.impl = impl;
     opt.need_weights = !a.weights.empty();
     opt.average_attn_weights = !a.per_head;
-    if (!a.out_dtype.empty() && training) throw Error("--out-dtype: not with --grads (training writes float32)");
-    opt.out_dtype = parse_out_dtype(a.out_dtype, q.dtype());
+    opt.out_dtype = out_dtype_for(out_dtype, q.dtype());
     OutputFiles::check_dtype("--out", a.out, *opt.out_dtype);  // before the layer runs (bfloat16 has no .npy)
-    if (!a.intermediate_dtype.empty()) {
-        if (training) throw Error("--intermediate-dtype: not with --grads (training keeps float32 intermediates)");
-        opt.intermediate_dtype = parse_float_dtype("--intermediate-dtype", a.intermediate_dtype);
-    }
+    opt.intermediate_dtype = intermediate_dtype;
     if (training) {
         // Gradients under state_dict names, then one per distinct input file (self-attention:
         // the query's gradient is the sum of the three uses, as autograd gives).

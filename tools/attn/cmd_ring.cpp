@@ -155,6 +155,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     const bool backward = a.grad.backward();
     Header h;
     Tensor q, k, v, dO, lengths, offsets, sinks, slopes;
+    std::optional<DType> out_dtype_given;  // --out-dtype, parsed before any file is read
     OutputFiles outputs;
     agree_on_flow(comm, rank, a);
     // Rank 0: flags, output path, files and their global shapes.
@@ -165,6 +166,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         opt.dropout_seed = dropout_seed("--dropout", a.dropout, "--seed", a.seed);
         opt.window.align = window_align_option(a.window_align, a.window_left, a.window_right);
         a.grad.check_flags(!a.sinks.empty());
+        out_dtype_given = parse_out_dtype(a.out_dtype);
         // Every rank reads the (Hq,) sinks itself; ring_attention checks them and that the ranks agree.
         if (!a.sinks.empty()) {
             sinks = read_tensor_arg("--sinks", a.sinks);
@@ -231,12 +233,12 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         }
         // O: --out-dtype, default a 16-bit Q's dtype, else float32 (as `attn sdpa`). The gradients:
         // --out-dtype, default each its input's dtype as the ring reads it (float64 → float32).
-        const DType out_dtype = parse_out_dtype(a.out_dtype, q.dtype());
+        const DType out_dtype = out_dtype_for(out_dtype_given, q.dtype());
         q = ring_dtype(std::move(q));
         k = ring_dtype(std::move(k));
         v = ring_dtype(std::move(v));
         const GradientDtypes gdt =
-            gradient_dtypes(a.out_dtype.empty() ? std::nullopt : std::optional(out_dtype), q.dtype(), k.dtype(), v.dtype());
+            gradient_dtypes(out_dtype_given, q.dtype(), k.dtype(), v.dtype());
         h = Header{q.shape()[0], q.shape()[1], k.shape()[1], q.shape()[2], k.shape()[2], q.shape()[3], k.shape()[3], v.shape()[3]};
         h.q_dtype = static_cast<std::int64_t>(q.dtype());
         h.k_dtype = static_cast<std::int64_t>(k.dtype());

@@ -33,7 +33,7 @@ namespace {
 
 struct SdpaArgs {
     std::string q, k, v, out, mask, key_lengths, weights, lse, causal = "none", impl = "auto";
-    std::string out_dtype;  // --out-dtype: "" = the default (o_dtype)
+    std::string out_dtype;  // --out-dtype: "" = the default (out_dtype_for)
     std::optional<double> scale;
     std::optional<std::int64_t> query_offset;  // --query-offset: every sequence
     std::string query_offsets;                 // --query-offsets: a (B,) .npy, one per sequence
@@ -61,20 +61,19 @@ void check_output_dtypes(const std::vector<OutputFiles::Output>& outputs) {
     for (const auto& o : outputs) OutputFiles::check_dtype(o.flag, o.path, o.view.dtype());
 }
 
-// O: --out-dtype, float64 included (sdpa's reference computes in double; the flash and decode
-// kernels' float32 result is widened), else parse_out_dtype's default (float32 for a float64 Q).
-DType o_dtype(const SdpaArgs& a, DType q_dtype) { return parse_out_dtype(a.out_dtype, q_dtype, /*with_float64=*/true); }
+// --out-dtype, float64 included (sdpa's reference computes in double; the flash and decode
+// kernels' float32 result is widened); parsed before any file is read.
+std::optional<DType> out_dtype_option(const SdpaArgs& a) { return parse_out_dtype(a.out_dtype, /*with_float64=*/true); }
 
 // dQ/dK/dV (--grad-out): all three in --out-dtype when given, else each in its input's dtype
 // (gradient_dtypes; a float64 input keeps a float64 gradient: the reference backward runs in double).
-GradientDtypes gradient_dtypes_of(const SdpaArgs& a, const Tensor& q, const Tensor& k, const Tensor& v) {
-    const std::optional<DType> requested = a.out_dtype.empty() ? std::nullopt : std::optional(o_dtype(a, q.dtype()));
-    return gradient_dtypes(requested, q.dtype(), k.dtype(), v.dtype());
+GradientDtypes gradient_dtypes_of(std::optional<DType> out_dtype, const Tensor& q, const Tensor& k, const Tensor& v) {
+    return gradient_dtypes(out_dtype, q.dtype(), k.dtype(), v.dtype());
 }
 
 // Packed sequences: q (Tq, Hq, Dk), k/v (Tk, Hkv, D), out (Tq, Hq, Dv), lse (Tq, Hq).
-void run_packed(const SdpaArgs& a, const SdpaOptions& opt, const Tensor& q, const Tensor& k, const Tensor& v,
-                bool backward) {
+void run_packed(const SdpaArgs& a, std::optional<DType> out_dtype, const SdpaOptions& opt, const Tensor& q,
+                const Tensor& k, const Tensor& v, bool backward) {
     if (a.cu_seqlens_q.empty() || a.cu_seqlens_k.empty()) {
         throw Error("--cu-seqlens-q/--cu-seqlens-k: packed inputs need both (the (N+1,) offsets of the queries and "
                     "of the keys)");
@@ -85,10 +84,10 @@ void run_packed(const SdpaArgs& a, const SdpaOptions& opt, const Tensor& q, cons
     // Output shapes from the inputs, checked first: a malformed one is named before a buffer
     // sized from it is asked for.
     const SdpaVarlenShapes shapes = sdpa_varlen_output_shapes(q, k, v);
-    const Tensor o(o_dtype(a, q.dtype()), shapes.out, false, "--out"), l(DType::f32, shapes.lse, false, "--lse");
+    const Tensor o(out_dtype_for(out_dtype, q.dtype()), shapes.out, false, "--out"), l(DType::f32, shapes.lse, false, "--lse");
     const TensorView lv = l.view();
     OutputFiles::check_dtype("--out", a.out, o.dtype());
-    const GradientDtypes gdt = gradient_dtypes_of(a, q, k, v);
+    const GradientDtypes gdt = gradient_dtypes_of(out_dtype, q, k, v);
     a.grad.check_dtypes(gdt);
     SdpaReport report;
     sdpa_varlen(q, k, v, cq, ck, opt, o, &lv, &report);
@@ -135,6 +134,7 @@ void run(const SdpaArgs& a) {
     const bool backward = a.grad.backward();
     a.grad.check_flags(!a.sinks.empty());
     if (a.alibi && !a.alibi_slopes.empty()) throw Error("--alibi: give either --alibi or --alibi-slopes, not both");
+    const std::optional<DType> out_dtype_given = out_dtype_option(a);
     outputs.check();
 
     SdpaOptions opt;
@@ -150,7 +150,7 @@ void run(const SdpaArgs& a) {
     const Tensor q = read_input("--q", a.q);
     const Tensor k = read_input("--k", a.k);
     const Tensor v = read_input("--v", a.v);
-    const DType out_dtype = o_dtype(a, q.dtype());
+    const DType out_dtype = out_dtype_for(out_dtype_given, q.dtype());
     Tensor mask, lengths, offsets;
     if (!a.mask.empty()) {
         // bool, or a float mask added to the scores (float16/bfloat16 widened once by attn::sdpa).
@@ -190,7 +190,7 @@ void run(const SdpaArgs& a) {
         offsets = read_tensor_arg("--query-offsets", a.query_offsets);
         opt.query_offset = offsets.view();
     }
-    if (!a.cu_seqlens_q.empty() || !a.cu_seqlens_k.empty()) return run_packed(a, opt, q, k, v, backward);
+    if (!a.cu_seqlens_q.empty() || !a.cu_seqlens_k.empty()) return run_packed(a, out_dtype_given, opt, q, k, v, backward);
     // Output shapes from the inputs, checked first: a malformed one is named before a buffer
     // sized from it is asked for (a 100-byte .npy can declare (0, 1, 10^15, 8)).
     const SdpaShapes shapes = sdpa_output_shapes(q, k, v);
@@ -221,7 +221,7 @@ void run(const SdpaArgs& a) {
     // Every output against its path's format before any compute (gradients: gradient_dtypes_of).
     check_output_dtypes({{"--out", a.out, o.view()}, {"--weights", a.weights, w.view()}, {"--lse", a.lse, l.view()},
                          {"--scores", a.scores, sc.view()}});
-    const GradientDtypes gdt = gradient_dtypes_of(a, q, k, v);
+    const GradientDtypes gdt = gradient_dtypes_of(out_dtype_given, q, k, v);
     a.grad.check_dtypes(gdt);
     SdpaReport report;
     sdpa(q, k, v, opt, o, lv.empty() ? nullptr : &lv, a.weights.empty() ? nullptr : &wv, &report,

@@ -75,12 +75,17 @@ Tensor read_float_arg(const std::string& flag, const std::string& spec) {
     return read_tensor_arg(flag, spec, {DType::f32, DType::f64, DType::f16, DType::bf16});
 }
 
-DType parse_out_dtype(const std::string& text, DType q_dtype, bool with_float64) {
+std::optional<DType> parse_out_dtype(const std::string& text, bool with_float64) {
+    if (text.empty()) return std::nullopt;
+    return parse_float_dtype("--out-dtype", text, with_float64);
+}
+
+DType out_dtype_for(std::optional<DType> given, DType q_dtype) {
     // The default: a 16-bit Q's dtype; float32 for float32 and float64 Q (the CLI has written
     // float32 outputs for float64 inputs since its first version: tests/torch's contract;
     // docs/conventions.md "The CLI's output dtype").
-    if (text.empty()) return q_dtype == DType::f16 || q_dtype == DType::bf16 ? q_dtype : DType::f32;
-    return parse_float_dtype("--out-dtype", text, with_float64);
+    if (given) return *given;
+    return q_dtype == DType::f16 || q_dtype == DType::bf16 ? q_dtype : DType::f32;
 }
 
 DType parse_float_dtype(const std::string& flag, const std::string& text, bool with_float64) {

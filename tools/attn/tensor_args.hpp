@@ -5,6 +5,7 @@
 #pragma once
 
 #include <initializer_list>
+#include <optional>
 #include <string>
 
 #include "attn/dtype.hpp"
@@ -31,9 +32,13 @@ bool same_tensor_arg(const std::string& a, const std::string& b);
 // Q, K, V, dO: float32, float64, float16 or bfloat16.
 Tensor read_float_arg(const std::string& flag, const std::string& spec);
 
-// --out-dtype: "" → the dtype of a 16-bit Q, else float32 (float64 Q too); else float16,
+// --out-dtype, parsed with the other options before any file is read (its default depends on
+// Q, which is not read yet): nullopt when not given ("" from the parser), else float16,
 // bfloat16, float32 or, with_float64 (attn sdpa, whose reference computes in double), float64.
-DType parse_out_dtype(const std::string& text, DType q_dtype, bool with_float64 = false);
+std::optional<DType> parse_out_dtype(const std::string& text, bool with_float64 = false);
+// The outputs' dtype once Q is read: the given --out-dtype, else a 16-bit Q's dtype, else
+// float32 (a float64 Q too).
+DType out_dtype_for(std::optional<DType> given, DType q_dtype);
 // A dtype flag's value: float16, bfloat16, float32 (or float64, with_float64), else an error
 // naming `flag` and the dtypes it takes.
 DType parse_float_dtype(const std::string& flag, const std::string& text, bool with_float64 = false);
