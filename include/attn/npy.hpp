@@ -14,6 +14,10 @@
 
 namespace attn {
 
+// Whether a .npy file holds `dtype`: every attn dtype but bfloat16, which NumPy does not have
+// (write_npy refuses it; the CLI's hints list what a .npy output can be given from this).
+constexpr bool npy_holds(DType dtype) { return dtype != DType::bf16; }
+
 // Reads a regular file only: a FIFO, a device or a directory is refused before it is read.
 Tensor read_npy(const std::string& path);
 

@@ -144,6 +144,7 @@ DType dtype_from_descr(const std::string& d, const std::string& file) {
 }
 
 std::string descr_of(DType t) {
+    if (!npy_holds(t)) throw Error("write_npy: dtype " + std::string(dtype_name(t)) + " has no .npy representation");
     switch (t) {
         case DType::f32: return "<f4";
         case DType::f64: return "<f8";
@@ -151,9 +152,9 @@ std::string descr_of(DType t) {
         case DType::boolean: return "|b1";
         case DType::i32: return "<i4";
         case DType::i64: return "<i8";
-        case DType::bf16: break;
+        case DType::bf16: break;  // !npy_holds
     }
-    throw Error("write_npy: dtype bfloat16 has no .npy representation");
+    return {};
 }
 
 // numpy's fortran_order (np.save of a transposed or Fortran-contiguous array) stores element

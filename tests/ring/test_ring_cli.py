@@ -354,6 +354,8 @@ def test_bfloat16_out_into_npy_is_refused_before_compute(tmp_path):
     out = tmp_path / "o.npy"
     r = mpirun(2, "--q", p["q"], "--k", p["k"], "--v", p["v"], "--out", out, "--out-dtype", "bfloat16")
     assert r.returncode == 2 and "--out" in r.stderr and "bfloat16" in r.stderr, r.stderr
+    # What a .npy output can be given here: no float64 (attn ring computes in float32).
+    assert error_lines(r)[0].endswith("give a path ending in .safetensors, or --out-dtype float16 or float32"), r.stderr
     assert not out.exists()
 
 

@@ -759,11 +759,8 @@ def test_a_safetensors_tensor_name_may_hold_a_colon(work):
     assert np.array_equal(np.load(work / "o1.npy"), np.load(work / "o2.npy"))
 
 
-def test_mha_params_errors_name_the_option_and_a_bfloat16_npy_is_refused_first(work):
-    np.save(work / "x.npy", np.ones((3, 2, 8), np.float32))
-    expect_error(work, ["mha", "--params", work / "q.npy", "--num-heads", "2", "--query", work / "x.npy",
-                        "--out", work / "mo.npy"], "--params: ", "is a .npy file, not a safetensors file")
-    e = 8
+def write_layer(d, e=8):
+    """d/p.safetensors: an nn.MultiheadAttention(e, ...) state_dict of float32 tensors."""
     tensors = {"in_proj_weight": np.ones((3 * e, e), np.float32), "in_proj_bias": np.zeros(3 * e, np.float32),
                "out_proj.weight": np.eye(e, dtype=np.float32), "out_proj.bias": np.zeros(e, np.float32)}
     header, blobs, off = {}, [], 0
@@ -772,11 +769,39 @@ def test_mha_params_errors_name_the_option_and_a_bfloat16_npy_is_refused_first(w
         off += a.nbytes
         blobs.append(a.tobytes())
     h = json.dumps(header).encode()
-    (work / "p.safetensors").write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+    (d / "p.safetensors").write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+    return d / "p.safetensors"
+
+
+def test_mha_params_errors_name_the_option_and_a_bfloat16_npy_is_refused_first(work):
+    np.save(work / "x.npy", np.ones((3, 2, 8), np.float32))
+    expect_error(work, ["mha", "--params", work / "q.npy", "--num-heads", "2", "--query", work / "x.npy",
+                        "--out", work / "mo.npy"], "--params: ", "is a .npy file, not a safetensors file")
+    write_layer(work)
     # A query of the wrong width: the bfloat16-into-.npy error must come first (it came after the layer ran).
     np.save(work / "x7.npy", np.ones((3, 2, 7), np.float32))
     expect_error(work, ["mha", "--params", work / "p.safetensors", "--num-heads", "2", "--query", work / "x7.npy",
                         "--out", work / "mo.npy", "--out-dtype", "bfloat16"], "--out:", "bfloat16")
+
+
+@pytest.mark.parametrize("command, outputs, suggested", [
+    ("sdpa", ["--out", "o.npy"], "--out-dtype float16, float32 or float64"),
+    ("sdpa", ["--out", "o.safetensors", "--grad-out", "q.npy", "--dq", "dq.npy", "--dk", "dk.safetensors",
+              "--dv", "dv.safetensors"], "--out-dtype float16, float32 or float64"),
+    ("mha", ["--out", "mo.npy"], "--out-dtype float16 or float32"),
+])
+def test_a_bfloat16_npy_output_is_told_what_a_npy_can_hold(work, command, outputs, suggested):
+    """The hint lists the --out-dtype values a .npy output takes: float64 too where the command
+    writes it (it said "float16 or float32" everywhere)."""
+    if command == "sdpa":
+        args = ["sdpa", "--q", work / "q.npy", "--k", work / "k.npy", "--v", work / "v.npy"]
+    else:  # the layer and the query are read first (the default dtype is the query's)
+        np.save(work / "x.npy", np.ones((3, 2, 8), np.float32))
+        args = ["mha", "--params", write_layer(work), "--num-heads", "2", "--query", work / "x.npy"]
+    flag, path = next((f, p) for f, p in zip(outputs[::2], outputs[1::2]) if p.endswith(".npy") and f != "--grad-out")
+    outputs = [work / o if o.endswith((".npy", ".safetensors")) else o for o in outputs]
+    err = expect_error(work, args + outputs + ["--out-dtype", "bfloat16"], f"{flag}: {work / path} would hold bfloat16")
+    assert err.rstrip().endswith("which .npy cannot store: give a path ending in .safetensors, or " + suggested), err
 
 
 def test_a_token_that_is_no_label_is_named_by_its_option_and_line(work):

@@ -204,7 +204,8 @@ void run(const MhaArgs& a) {
     opt.need_weights = !a.weights.empty();
     opt.average_attn_weights = !a.per_head;
     opt.out_dtype = out_dtype_for(out_dtype, q.dtype());
-    OutputFiles::check_dtype("--out", a.out, *opt.out_dtype);  // before the layer runs (bfloat16 has no .npy)
+    // Before the layer runs (bfloat16 has no .npy).
+    OutputFiles::check_dtype("--out", a.out, *opt.out_dtype, float_dtypes(/*with_float64=*/false));
     opt.intermediate_dtype = intermediate_dtype;
     if (training) {
         // Gradients under state_dict names, then one per distinct input file (self-attention:

@@ -269,8 +269,8 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     // ranks that write them, before any compute.
     dist::run_collectively(comm, [&] {
         if (rank != 0 && !a.shard_outputs) return;
-        OutputFiles::check_dtype("--out", my_out, odt);
-        my_grad.check_dtypes(gdt);
+        OutputFiles::check_dtype("--out", my_out, odt, float_dtypes(/*with_float64=*/false));
+        my_grad.check_dtypes(gdt, float_dtypes(/*with_float64=*/false));
     });
     if (a.alibi) {
         dist::run_collectively(comm, [&] { slopes = alibi_slopes(h.Hq); });

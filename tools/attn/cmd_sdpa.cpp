@@ -56,14 +56,17 @@ struct SdpaArgs {
 // which dtype is the core's decision, and its error says why when none does.
 Tensor read_input(const std::string& flag, const std::string& path) { return read_float_arg(flag, path); }
 
+// --out-dtype takes float64 here (sdpa's reference computes in double; the flash and decode
+// kernels' float32 result is widened).
+constexpr bool kOutFloat64 = true;
+
 // Every output's dtype against its path (bfloat16 needs .safetensors), before any compute.
 void check_output_dtypes(const std::vector<OutputFiles::Output>& outputs) {
-    for (const auto& o : outputs) OutputFiles::check_dtype(o.flag, o.path, o.view.dtype());
+    for (const auto& o : outputs) OutputFiles::check_dtype(o.flag, o.path, o.view.dtype(), float_dtypes(kOutFloat64));
 }
 
-// --out-dtype, float64 included (sdpa's reference computes in double; the flash and decode
-// kernels' float32 result is widened); parsed before any file is read.
-std::optional<DType> out_dtype_option(const SdpaArgs& a) { return parse_out_dtype(a.out_dtype, /*with_float64=*/true); }
+// --out-dtype, parsed before any file is read.
+std::optional<DType> out_dtype_option(const SdpaArgs& a) { return parse_out_dtype(a.out_dtype, kOutFloat64); }
 
 // dQ/dK/dV (--grad-out): all three in --out-dtype when given, else each in its input's dtype
 // (gradient_dtypes; a float64 input keeps a float64 gradient: the reference backward runs in double).
@@ -86,9 +89,9 @@ void run_packed(const SdpaArgs& a, std::optional<DType> out_dtype, const SdpaOpt
     const SdpaVarlenShapes shapes = sdpa_varlen_output_shapes(q, k, v);
     const Tensor o(out_dtype_for(out_dtype, q.dtype()), shapes.out, false, "--out"), l(DType::f32, shapes.lse, false, "--lse");
     const TensorView lv = l.view();
-    OutputFiles::check_dtype("--out", a.out, o.dtype());
+    OutputFiles::check_dtype("--out", a.out, o.dtype(), float_dtypes(kOutFloat64));
     const GradientDtypes gdt = gradient_dtypes_of(out_dtype, q, k, v);
-    a.grad.check_dtypes(gdt);
+    a.grad.check_dtypes(gdt, float_dtypes(kOutFloat64));
     SdpaReport report;
     sdpa_varlen(q, k, v, cq, ck, opt, o, &lv, &report);
     if (a.verbose) std::fprintf(stderr, "%s\n", report.explanation.c_str());
@@ -222,7 +225,7 @@ void run(const SdpaArgs& a) {
     check_output_dtypes({{"--out", a.out, o.view()}, {"--weights", a.weights, w.view()}, {"--lse", a.lse, l.view()},
                          {"--scores", a.scores, sc.view()}});
     const GradientDtypes gdt = gradient_dtypes_of(out_dtype_given, q, k, v);
-    a.grad.check_dtypes(gdt);
+    a.grad.check_dtypes(gdt, float_dtypes(kOutFloat64));
     SdpaReport report;
     sdpa(q, k, v, opt, o, lv.empty() ? nullptr : &lv, a.weights.empty() ? nullptr : &wv, &report,
          a.scores.empty() ? nullptr : &so);

@@ -33,11 +33,11 @@ void GradientOutputs::check_flags(bool sinks_given) const {
         throw Error("--dsinks: needs --grad-out and --sinks (the gradient of the sink logits)");
 }
 
-void GradientOutputs::check_dtypes(const GradientDtypes& dtypes) const {
+void GradientOutputs::check_dtypes(const GradientDtypes& dtypes, const std::vector<DType>& out_dtypes) const {
     if (!backward()) return;
-    OutputFiles::check_dtype("--dq", dq, dtypes.dq);
-    OutputFiles::check_dtype("--dk", dk, dtypes.dk);
-    OutputFiles::check_dtype("--dv", dv, dtypes.dv);
+    OutputFiles::check_dtype("--dq", dq, dtypes.dq, out_dtypes);
+    OutputFiles::check_dtype("--dk", dk, dtypes.dk, out_dtypes);
+    OutputFiles::check_dtype("--dv", dv, dtypes.dv, out_dtypes);
 }
 
 void GradientOutputs::add_files(std::vector<OutputFiles::Output>& files, const Tensor& dq_t, const Tensor& dk_t,

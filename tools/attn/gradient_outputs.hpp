@@ -41,8 +41,9 @@ struct GradientOutputs {
     void check_flags(bool sinks_given) const;
 
     // With --grad-out: whether the --dq, --dk and --dv paths can hold their dtypes (bfloat16 only
-    // in .safetensors, float64 only in .npy), before any compute.
-    void check_dtypes(const GradientDtypes& dtypes) const;
+    // in .safetensors, float64 only in .npy), before any compute; out_dtypes: what the command's
+    // --out-dtype takes (OutputFiles::check_dtype).
+    void check_dtypes(const GradientDtypes& dtypes, const std::vector<DType>& out_dtypes) const;
 
     // With --grad-out: dQ, dK, dV and, with --dsinks, dsinks appended to `files` (written with
     // the command's other outputs, all or none).

@@ -12,8 +12,10 @@
 #include <utility>
 
 #include "attn/error.hpp"
+#include "attn/npy.hpp"
 #include "io/atomic_file.hpp"
 #include "io/tensor_writers.hpp"
+#include "tensor_args.hpp"
 
 namespace attn::cli {
 namespace {
@@ -125,16 +127,21 @@ void OutputFiles::require_safetensors(const std::string& flag, const std::string
     }
 }
 
-void OutputFiles::check_dtype(const std::string& flag, const std::string& path, DType dtype) {
+void OutputFiles::check_dtype(const std::string& flag, const std::string& path, DType dtype,
+                              const std::vector<DType>& out_dtypes) {
     if (path.empty()) return;
     if (is_safetensors(path)) {
         if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16) {
             throw Error(flag + ": " + path + " would hold " + std::string(dtype_name(dtype)) +
                         ", but attn writes safetensors as float32, float16 or bfloat16 (use a .npy path)");
         }
-    } else if (dtype == DType::bf16) {
-        throw Error(flag + ": " + path + " would hold bfloat16, which .npy cannot store: give a path ending in "
-                    ".safetensors, or --out-dtype float16 or float32");
+    } else if (!npy_holds(dtype)) {
+        std::vector<DType> in_npy;  // the --out-dtype values a .npy output can be given
+        for (const DType d : out_dtypes)
+            if (npy_holds(d)) in_npy.push_back(d);
+        throw Error(flag + ": " + path + " would hold " + std::string(dtype_name(dtype)) +
+                    ", which .npy cannot store: give a path ending in .safetensors" +
+                    (in_npy.empty() ? "" : ", or --out-dtype " + dtype_list(in_npy)));
     }
 }
 
@@ -166,9 +173,9 @@ void OutputFiles::write_bytes(const std::string& flag, const std::string& path, 
 // every regular target untouched.
 void OutputFiles::write_all(const std::vector<Output>& outputs) {
     for (const Output& o : outputs) {
-        if (o.tensors.empty()) check_dtype(o.flag, o.path, o.view.dtype());
+        if (o.tensors.empty()) check_dtype(o.flag, o.path, o.view.dtype(), {});
         if (!o.tensors.empty()) require_safetensors(o.flag, o.path);
-        for (const auto& [name, t] : o.tensors) check_dtype(o.flag, o.path, t.dtype());
+        for (const auto& [name, t] : o.tensors) check_dtype(o.flag, o.path, t.dtype(), {});
     }
     std::vector<std::unique_ptr<detail::AtomicFile>> files;
     std::vector<std::string> flags;

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "attn/dtype.hpp"
 #include "attn/tensor.hpp"
 
 namespace attn::cli {
@@ -31,8 +32,11 @@ public:
     static void require_safetensors(const std::string& flag, const std::string& path);
     // Throws attn::Error naming the flag when `path` cannot hold `dtype`: bfloat16 has no .npy
     // form (a path ending in .safetensors can hold it), and attn writes no F64 safetensors.
+    // out_dtypes: what the command's --out-dtype takes (float_dtypes, tensor_args.hpp); the
+    // error for a .npy path suggests those a .npy holds (none given: only .safetensors).
     // Call it for every output before any compute.
-    static void check_dtype(const std::string& flag, const std::string& path, DType dtype);
+    static void check_dtype(const std::string& flag, const std::string& path, DType dtype,
+                            const std::vector<DType>& out_dtypes);
 
     // One output: a path ending in ".safetensors" gets a safetensors file with one tensor named
     // after the flag without its dashes ("--out" → "out"), in the tensor's own dtype (float32,

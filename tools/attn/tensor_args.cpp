@@ -18,16 +18,6 @@ bool ends_with(const std::string& s, std::string_view suffix) {
     return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-std::string dtype_list(std::initializer_list<DType> allowed) {
-    std::string s;
-    std::size_t i = 0;
-    for (const DType d : allowed) {
-        s += (i == 0 ? "" : (i + 1 == allowed.size() ? " or " : ", ")) + std::string(dtype_name(d));
-        ++i;
-    }
-    return s;
-}
-
 // A spec's file and, for FILE.safetensors:NAME, the tensor's name (else empty). The split is
 // after the first ".safetensors:", so a name may hold ':' (TensorFlow's "dense/kernel:0").
 std::pair<std::string, std::string> split_spec(const std::string& spec) {
@@ -54,6 +44,13 @@ Tensor read_spec(const std::string& spec) {
 }
 
 }  // namespace
+
+std::string dtype_list(const std::vector<DType>& dtypes) {
+    std::string s;
+    for (std::size_t i = 0; i < dtypes.size(); ++i)
+        s += (i == 0 ? "" : (i + 1 == dtypes.size() ? " or " : ", ")) + std::string(dtype_name(dtypes[i]));
+    return s;
+}
 
 Tensor read_tensor_arg(const std::string& flag, const std::string& spec) {
     try {
@@ -88,13 +85,17 @@ DType out_dtype_for(std::optional<DType> given, DType q_dtype) {
     return q_dtype == DType::f16 || q_dtype == DType::bf16 ? q_dtype : DType::f32;
 }
 
+std::vector<DType> float_dtypes(bool with_float64) {
+    std::vector<DType> d{DType::f16, DType::bf16, DType::f32};
+    if (with_float64) d.push_back(DType::f64);
+    return d;
+}
+
 DType parse_float_dtype(const std::string& flag, const std::string& text, bool with_float64) {
-    if (text == "float32") return DType::f32;
-    if (text == "float16") return DType::f16;
-    if (text == "bfloat16") return DType::bf16;
-    if (with_float64 && text == "float64") return DType::f64;
-    throw Error(flag + ": expected float16, bfloat16" + (with_float64 ? ", float32 or float64" : " or float32") + " but got '" +
-                text + "'");
+    const std::vector<DType> takes = float_dtypes(with_float64);
+    for (const DType d : takes)
+        if (text == dtype_name(d)) return d;
+    throw Error(flag + ": expected " + dtype_list(takes) + " but got '" + text + "'");
 }
 
 std::string tensor_arg_file(const std::string& spec) { return split_spec(spec).first; }

@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "attn/dtype.hpp"
 #include "attn/tensor.hpp"
@@ -42,5 +43,9 @@ DType out_dtype_for(std::optional<DType> given, DType q_dtype);
 // A dtype flag's value: float16, bfloat16, float32 (or float64, with_float64), else an error
 // naming `flag` and the dtypes it takes.
 DType parse_float_dtype(const std::string& flag, const std::string& text, bool with_float64 = false);
+// The dtypes parse_float_dtype takes, in the order its error lists them.
+std::vector<DType> float_dtypes(bool with_float64);
+// "float16, bfloat16 or float32": the names, for a message.
+std::string dtype_list(const std::vector<DType>& dtypes);
 
 }  // namespace attn::cli
