@@ -371,6 +371,17 @@ def test_a_bad_out_dtype_is_refused_before_anything_is_read(tmp_path, np_):
     assert not out.exists()
 
 
+def test_help_says_who_writes_each_output():
+    """--out/--dq/--dk/--dv said "written by rank 0" though --shard-outputs makes each rank write
+    its rows; --dsinks is rank 0's either way."""
+    r = subprocess.run([ATTN, "ring", "--help"], capture_output=True, text=True, env=ENV, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = {l.split()[0]: l for l in r.stdout.splitlines() if l.strip().startswith("--")}
+    for flag in ("--out", "--dq", "--dk", "--dv"):
+        assert "rank 0 writes it, or with --shard-outputs each rank its own rows" in lines[flag], lines[flag]
+    assert "written by rank 0 (also with --shard-outputs" in lines["--dsinks"], lines["--dsinks"]
+
+
 def mpmd(first, second):
     """Two ranks started with different command lines (mpirun's MPMD form A : B)."""
     cmd = [MPIEXEC, "-q", "--oversubscribe", "-np", "1", ATTN, "ring", *map(str, first), ":",

@@ -495,7 +495,9 @@ void add_ring_command(CLI::App& app) {
                     "(FILE.safetensors:NAME, which every tensor option accepts); computed in float32")->required();
     cmd->add_option("--k", args->k, "keys (B, Hkv, Lk, Dk); Hq must be a multiple of Hkv; 16-bit K/V travel the ring in 16 bits")->required();
     cmd->add_option("--v", args->v, "values (B, Hkv, Lk, Dv)")->required();
-    cmd->add_option("--out", args->out, "output O (B, Hq, Lq, Dv) in --out-dtype, written by rank 0")->required();
+    // Who writes O, dQ, dK and dV: rank 0 gathers them, unless --shard-outputs.
+    const std::string written = "; rank 0 writes it, or with --shard-outputs each rank its own rows (file names: --shard-outputs)";
+    cmd->add_option("--out", args->out, "output O (B, Hq, Lq, Dv) in --out-dtype" + written)->required();
     cmd->add_option("--out-dtype", args->out_dtype,
                     "dtype of O and dQ/dK/dV: float16, bfloat16 (only into .safetensors) or float32 (default: O in a "
                     "16-bit Q's dtype, else float32; each gradient in its input's dtype if 16-bit, else float32)");
@@ -517,7 +519,8 @@ void add_ring_command(CLI::App& app) {
                     "local kernel of each block: auto (what attn::sdpa picks: flash, or decode for a block of a few "
                     "rows per KV head), reference or flash (with --grad-out: auto or flash; the reference backward cannot take the "
                     "global lse)");
-    args->grad.add_options(cmd, " through the ring", "'s dtype if 16-bit, else float32", ", written by rank 0");
+    args->grad.add_options(cmd, " through the ring", "'s dtype if 16-bit, else float32", written,
+                           ", written by rank 0 (also with --shard-outputs: every rank has the whole sum)");
     cmd->add_option("--softcap", args->softcap, "logit soft-capping: s = C*tanh(s/C) in every block (0 = off)");
     cmd->add_option("--alibi-slopes", args->alibi_slopes,
                     "float32 (Hq,) or (B, Hq): ALiBi slopes m_h, s -= m_h*|d(i) - j| on global positions (d: the "

@@ -293,7 +293,7 @@ void add_sdpa_command(CLI::App& app) {
     cmd->add_option("--lse", args->lse, "write the row log-sum-exp (B, Hq, Lq) as float32");
     cmd->add_option("--impl", args->impl,
                     "kernel: auto, reference, flash or decode (Lq <= 16, forward only); backward: auto, reference or flash");
-    args->grad.add_options(cmd, "", "'s dtype", "");
+    args->grad.add_options(cmd, "", "'s dtype", "", "");
     // Also by attn mha's names (--dropout-p, --dropout-seed): one spelling works everywhere.
     cmd->add_option("--dropout,--dropout-p", args->dropout, "dropout probability on the attention weights, 0 <= P < 1 (training)");
     cmd->add_option("--seed,--dropout-seed", args->seed, "dropout seed (the same seed gives the same dropout mask)");

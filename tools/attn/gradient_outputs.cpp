@@ -10,7 +10,7 @@ GradientDtypes gradient_dtypes(const std::optional<DType>& requested, DType q, D
 }
 
 void GradientOutputs::add_options(CLI::App* cmd, const std::string& how, const std::string& dtype_default,
-                                  const std::string& written) {
+                                  const std::string& written, const std::string& dsinks_written) {
     cmd->add_option("--grad-out", grad_out,
                     "dO (B, Hq, Lq, Dv): also compute the gradients of <O, dO>" + how + " (needs --dq, --dk, --dv)");
     const auto in_dtype = [&](const char* input) {
@@ -19,7 +19,7 @@ void GradientOutputs::add_options(CLI::App* cmd, const std::string& how, const s
     cmd->add_option("--dq", dq, "write dQ (B, Hq, Lq, Dk)" + in_dtype("Q"));
     cmd->add_option("--dk", dk, "write dK (B, Hkv, Lk, Dk)" + in_dtype("K"));
     cmd->add_option("--dv", dv, "write dV (B, Hkv, Lk, Dv)" + in_dtype("V"));
-    cmd->add_option("--dsinks", dsinks, "with --grad-out and --sinks: write d loss / d sinks (Hq,) as float32" + written);
+    cmd->add_option("--dsinks", dsinks, "with --grad-out and --sinks: write d loss / d sinks (Hq,) as float32" + dsinks_written);
 }
 
 void GradientOutputs::check_flags(bool sinks_given) const {

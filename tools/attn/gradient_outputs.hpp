@@ -34,8 +34,11 @@ struct GradientOutputs {
     // Declares the five options on cmd, stored here. Their help: the gradients are computed `how`
     // (" through the ring", or ""), come out in --out-dtype, or when it is not given in their
     // input's dtype as `dtype_default` says after "Q", "K" or "V" ("'s dtype", or "'s dtype if
-    // 16-bit, else float32"), and are written as `written` says (", written by rank 0", or "").
-    void add_options(CLI::App* cmd, const std::string& how, const std::string& dtype_default, const std::string& written);
+    // 16-bit, else float32"), and are written as `written` says (attn ring: by rank 0, or each
+    // rank its rows with --shard-outputs; "" elsewhere) — dsinks as `dsinks_written` (attn ring:
+    // always rank 0).
+    void add_options(CLI::App* cmd, const std::string& how, const std::string& dtype_default, const std::string& written,
+                     const std::string& dsinks_written);
 
     // The options' combinations (sinks_given: --sinks was given), before anything is read.
     void check_flags(bool sinks_given) const;
