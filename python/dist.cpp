@@ -38,7 +38,11 @@ MPI_Comm comm_of(const py::handle& comm) {
     MPI_Initialized(&ready);
     if (!ready) value_error("comm: MPI is not initialized (import mpi4py.MPI first)");
     if (!py::hasattr(comm, "py2f")) type_error("comm: expected an mpi4py communicator (e.g. MPI.COMM_WORLD)");
-    return MPI_Comm_f2c(comm.attr("py2f")().cast<MPI_Fint>());
+    const MPI_Comm c = MPI_Comm_f2c(comm.attr("py2f")().cast<MPI_Fint>());
+    // What Split gives a rank it leaves out. Said before any MPI call on it (which only mpi4py's
+    // MPI_ERRORS_RETURN kept from aborting the job), on this rank alone: it has no one to tell.
+    if (c == MPI_COMM_NULL) value_error("comm: MPI.COMM_NULL is not a communicator (pass MPI.COMM_WORLD or one of its splits)");
+    return c;
 }
 
 // The keywords both calls take, as given (converted by ring_options: a wrong type is a

@@ -143,6 +143,10 @@ void ring_attention_backward(MPI_Comm comm, const TensorView& q, const TensorVie
 // throws the message of the lowest failing rank — as attn::OutOfMemory when that rank ran out
 // of memory (std::bad_alloc), else as attn::Error — so that all ranks take the same branch
 // afterwards and none waits forever for a failed peer.
+// MPI_COMM_NULL or an intercommunicator is an attn::Error naming comm, thrown at once on the rank
+// that passed it (as by ring_attention and its backward): that rank has no communicator to tell
+// the others through, and ranks that passed one including it wait for it, as in any collective
+// a rank skips (docs/ring.md, "Errors").
 void run_collectively(MPI_Comm comm, const std::function<void()>& fn);
 
 }  // namespace attn::dist

@@ -33,7 +33,10 @@ constexpr std::string_view kOp = "ring_attention";
 
 }  // namespace
 
-void run_collectively(MPI_Comm comm, const std::function<void()>& fn) { detail::agree(comm, fn); }
+void run_collectively(MPI_Comm comm, const std::function<void()>& fn) {
+    detail::require_intracommunicator(comm, "run_collectively");  // MPI_COMM_NULL aborted the job in agree
+    detail::agree(comm, fn);
+}
 
 void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k, const TensorView& v,
                     const RingOptions& options, const TensorView& out, const TensorView* lse, RingStats* stats) {

@@ -77,14 +77,18 @@ TensorView one_row_if_empty(const TensorView& t, Tensor& storage) {
 
 }  // namespace
 
-PrivateComm::PrivateComm(MPI_Comm c, std::string_view op) {
+void require_intracommunicator(MPI_Comm c, std::string_view op) {
     if (c == MPI_COMM_NULL) fail(op, "comm: MPI_COMM_NULL is not a communicator (pass MPI_COMM_WORLD or one of its splits)");
     int inter = 0;
     MPI_Comm_test_inter(c, &inter);
     if (inter) {
-        fail(op, "comm: an intercommunicator (its messages go to the other group): ring attention passes K/V around "
-                 "one group of ranks; pass an intracommunicator (MPI_COMM_WORLD or one of its splits)");
+        fail(op, "comm: an intercommunicator (its messages go to the other group): ", op, " runs on one group of "
+                 "ranks; pass an intracommunicator (MPI_COMM_WORLD or one of its splits)");
     }
+}
+
+PrivateComm::PrivateComm(MPI_Comm c, std::string_view op) {
+    require_intracommunicator(c, op);
     MPI_Comm_dup(c, &comm);
 }
 

@@ -38,10 +38,14 @@ inline constexpr int kDescriptorWords = 26;
 inline constexpr std::int64_t kWantsDsinks = 4;
 static_assert(sizeof(Descriptor) == kDescriptorWords * sizeof(std::int64_t));
 
+// The caller's communicator, checked before its first use by `op` (attn::Error naming comm, on
+// this rank alone: it has no one to tell): MPI_COMM_NULL — any MPI call on it is MPI's fatal
+// error, which aborts the whole job — and an intercommunicator, whose sends and reductions
+// cross to the other group (a silent wrong result).
+void require_intracommunicator(MPI_Comm c, std::string_view op);
+
 // A duplicate of the caller's communicator for the duration of one call (collective), so that
-// no message of ours can match one of the caller's. MPI_COMM_NULL is refused first: duplicating it
-// is MPI's fatal error, which aborts the whole job (ring_setup.cpp); and an intercommunicator,
-// whose sends and reductions cross to the other group (a silent wrong result).
+// no message of ours can match one of the caller's; require_intracommunicator first.
 struct PrivateComm {
     MPI_Comm comm = MPI_COMM_NULL;
     PrivateComm(MPI_Comm c, std::string_view op);

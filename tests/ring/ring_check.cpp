@@ -291,6 +291,52 @@ void run_error_case(const std::string& name, const std::string& expect,
                 expect + "'");
 }
 
+// A communicator that is no group of ranks — MPI_COMM_NULL on every rank, and for P >= 2 an
+// intercommunicator — is an attn::Error naming comm from each collective entry point, thrown on
+// the rank that passed it before any MPI call on it (run_collectively aborted the job in
+// MPI_Comm_size on MPI_COMM_NULL) and before anything runs or is written.
+void check_communicator_refused() {
+    Tensor q(DType::f32, Shape{1, 1, 4, 4}, true), lse(DType::f32, Shape{1, 1, 4}, true);
+    Tensor out = poisoned(DType::f32, Shape{1, 1, 4, 4}), dq = poisoned(DType::f32, Shape{1, 1, 4, 4});
+    const auto refused = [&](const std::string& name, const std::string& expect, const std::function<void()>& call) {
+        std::string message = "(no error)";
+        try {
+            call();
+        } catch (const attn::Error& e) {
+            message = e.what();
+        } catch (const std::exception& e) {
+            message = std::string("not an attn::Error: ") + e.what();
+        }
+        bool untouched = true;
+        for (const Tensor* t : {&out, &dq})
+            for (std::int64_t i = 0; i < t->numel(); ++i) untouched &= std::isnan(t->data_as<float>()[i]);
+        verdict("error: " + name, untouched && message.find(expect) != std::string::npos,
+                "outputs untouched: " + std::to_string(untouched) + ", message: '" + message + "', expected to contain '" +
+                    expect + "'");
+    };
+    const auto each_call = [&](MPI_Comm comm, const std::string& what, const std::string& expect) {
+        refused("ring_attention on " + what, "ring_attention: comm: " + expect,
+                [&] { dist::ring_attention(comm, q, q, q, dist::RingOptions{}, out); });
+        refused("ring_attention_backward on " + what, "ring_attention_backward: comm: " + expect, [&] {
+            dist::ring_attention_backward(comm, q, q, q, q, lse, q, dist::RingOptions{}, dq, dq, dq);
+        });
+        bool ran = false;
+        refused("run_collectively on " + what, "run_collectively: comm: " + expect, [&] {
+            dist::run_collectively(comm, [&] { ran = true; });
+        });
+        verdict("run_collectively on " + what + " does not run the function", !ran, "it ran");
+    };
+    each_call(MPI_COMM_NULL, "MPI_COMM_NULL", "MPI_COMM_NULL is not a communicator");
+    if (P >= 2) {
+        MPI_Comm half = MPI_COMM_NULL, inter = MPI_COMM_NULL;
+        MPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &half);
+        MPI_Intercomm_create(half, 0, MPI_COMM_WORLD, rank % 2 == 0 ? 1 : 0, 17, &inter);
+        each_call(inter, "an intercommunicator", "an intercommunicator");
+        MPI_Comm_free(&inter);
+        MPI_Comm_free(&half);
+    }
+}
+
 // The layouts cover every row exactly once, in increasing order within a segment.
 void check_partition() {
     bool ok = true;
@@ -635,6 +681,8 @@ int main(int argc, char** argv) {
                            [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) { o.impl = Impl::flash; });
         }
     }
+
+    check_communicator_refused();
 
     if (rank == 0) std::printf("%d passed, %d failed\n", passed, failed);
     MPI_Finalize();
