@@ -28,6 +28,9 @@
 #include "attn/mha.hpp"
 #include "attn/paged_kv_cache.hpp"
 #include "attn/safetensors.hpp"
+#include "attn/sdpa.hpp"
+#include "attn/sdpa_backward.hpp"
+#include "attn/threads.hpp"
 #include "common/util.hpp"
 
 namespace {
@@ -75,16 +78,18 @@ Tensor random_f32(const Shape& shape, std::uint64_t seed) {
 }
 
 // Runs `call` with its n-th allocation failing, for n = 1, 2, ... until a run completes;
-// after each failed run `unchanged()` must hold. Returns how many runs failed (> 0: the call
-// allocates, so the sweep tested something).
-int sweep(const std::function<void()>& call, const std::function<void(long)>& unchanged) {
+// after each failed run `unchanged()` must hold (and `said` gets what the call threw). Returns
+// how many runs failed (> 0: the call allocates, so the sweep tested something).
+int sweep(const std::function<void()>& call, const std::function<void(long)>& unchanged,
+          const std::function<void(const std::bad_alloc&)>& said = {}) {
     for (long n = 1; n < 100000; ++n) {
         g_fail_at = n;
         bool failed = false;
         try {
             call();
-        } catch (const std::bad_alloc&) {
+        } catch (const std::bad_alloc& e) {
             failed = true;
+            if (said) said(e);
         }
         g_fail_at = 0;
         if (!failed) return static_cast<int>(n - 1);
@@ -214,6 +219,36 @@ TEST(AllocFailures, MhaLoadAndParamDtypeChangeNothingOnFailure) {
     m.load_state_dict(views);  // back to the first weights
     EXPECT_GT(sweep([&] { m.set_param_dtype(DType::bf16); }, unchanged), 0);
     EXPECT_EQ(m.config().param_dtype, DType::bf16);
+}
+
+// The flash backward sizes each thread's buffers inside its parallel region, where no exception
+// may leave, and says a refusal after it. With Q and dO read in place (contiguous float32) it
+// said "cannot allocate 0 bytes": it counted only the rows it copies. On one thread the region
+// is inactive (omp_in_parallel() is 0), so the injection reaches those allocations too.
+TEST(AllocFailures, FlashBackwardSaysTheBytesOfAThreadsBuffers) {
+    const attn::ScopedNumThreads one(1);
+    const Shape s{1, 2, 40, 16};
+    const Tensor q = random_f32(s, 50), k = random_f32(s, 51), v = random_f32(s, 52), dout = random_f32(s, 53);
+    attn::SdpaOptions opt;
+    opt.impl = attn::Impl::flash;
+    const Tensor o(DType::f32, s), lse(DType::f32, Shape{1, 2, 40});
+    const TensorView lv = lse.view();
+    attn::sdpa(q, k, v, opt, o, &lv);
+    const Tensor dq(DType::f32, s), dk(DType::f32, s), dv(DType::f32, s);
+    std::vector<std::string> per_thread;  // the refusals of the per-thread buffers
+    const int refusals = sweep([&] { attn::sdpa_backward(q, k, v, o, lse, dout, opt, dq, dk, dv); }, [](long) {},
+                               [&](const std::bad_alloc& e) {
+                                   const std::string m = e.what();
+                                   if (m.find("buffers of one thread") != std::string::npos) per_thread.push_back(m);
+                               });
+    EXPECT_GT(refusals, 0);
+    ASSERT_FALSE(per_thread.empty()) << "no refusal of the per-thread buffers was seen";
+    for (const std::string& m : per_thread) {
+        EXPECT_EQ(m.find("cannot allocate 0 bytes"), std::string::npos) << m;
+        // At least the tiles: S, dP and P·drop (64 × 64 floats each) and the dK/dV rows.
+        const long long bytes = std::stoll(m.substr(m.find("allocate ") + 9));
+        EXPECT_GE(bytes, 3 * 64 * 64 * 4 + 2 * 64 * 16 * 4) << m;
+    }
 }
 
 // safetensors: reading and writing a header allocate all along (names, the JSON text, messages).

@@ -220,42 +220,68 @@ struct Plan {
 };
 
 // A thread's buffers sized for this call (kept from call to call: see flash_backward).
-void size_scratch(const Plan& c, Scratch& s) {
+// Sizes a thread's Scratch and counts the bytes it asks for; count_only: counts, sizes nothing
+// (scratch_bytes). One list of the buffers for both, so the out-of-memory message says what
+// size_scratch really asks for.
+struct ScratchSizer {
+    bool count_only = false;
+    std::size_t bytes = 0;
+    template <class T>
+    void resize(std::vector<T>& v, std::size_t n) {
+        bytes += n * sizeof(T);
+        if (!count_only) v.resize(n);
+    }
+    template <class T>
+    void zeroed(std::vector<T>& v, std::size_t n) {
+        bytes += n * sizeof(T);
+        if (!count_only) v.assign(n, T{});
+    }
+};
+
+void size_scratch(const Plan& c, Scratch& s, ScratchSizer& z) {
     const int Bcp = round8(kBc);
     const std::size_t group = c.group;
-    s.kt.assign(static_cast<std::size_t>(c.Dk * Bcp), 0.0f);
-    s.vt.assign(static_cast<std::size_t>(c.Dv * Bcp), 0.0f);
-    s.kp.assign(static_cast<std::size_t>(kBc * c.Dkp), 0.0f);
-    s.vrow.resize(static_cast<std::size_t>(c.Dv));
+    z.zeroed(s.kt, static_cast<std::size_t>(c.Dk * Bcp));
+    z.zeroed(s.vt, static_cast<std::size_t>(c.Dv * Bcp));
+    z.zeroed(s.kp, static_cast<std::size_t>(kBc * c.Dkp));
+    z.resize(s.vrow, static_cast<std::size_t>(c.Dv));
     for (auto [o, r] : {std::pair{&s.q, &c.q}, std::pair{&s.dO, &c.dO}}) {
-        if (!r->direct) o->f32.assign(group * r->head, 0.0f);
-        o->nonfinite.assign(group, 0);
-        for (auto* v : {&o->at, &o->z_at}) v->resize(group);
-        for (auto* v : {&o->ld, &o->z_ld}) v->resize(group);
+        if (!r->direct) z.zeroed(o->f32, group * r->head);
+        z.zeroed(o->nonfinite, group);
+        for (auto* v : {&o->at, &o->z_at}) z.resize(*v, group);
+        for (auto* v : {&o->ld, &o->z_ld}) z.resize(*v, group);
         if (c.bf16) {
-            o->at16.resize(group);
-            o->ld16.resize(group);
-            o->b16.assign(group * r->head, 0);
-            o->pairs.resize(group * static_cast<std::size_t>(c.Lq2 * r->Dp));
+            z.resize(o->at16, group);
+            z.resize(o->ld16, group);
+            z.zeroed(o->b16, group * r->head);
+            z.resize(o->pairs, group * static_cast<std::size_t>(c.Lq2 * r->Dp));
         }
     }
-    s.nl2.resize(group * static_cast<std::size_t>(c.Lq));
-    s.dd.resize(group * static_cast<std::size_t>(c.Lq));
-    s.w.resize(static_cast<std::size_t>(2 * c.Dv));
-    s.dk.resize(static_cast<std::size_t>(kBc * c.Dkp));
-    s.dv.resize(static_cast<std::size_t>(kBc * c.Dvp));
-    for (auto* t : {&s.S, &s.dP, &s.Pd}) t->resize(static_cast<std::size_t>(kBr * Bcp));
-    if (c.p.softcap > 0.0) s.cg.resize(static_cast<std::size_t>(kBr * Bcp));
-    s.drop.resize(static_cast<std::size_t>(kBr * Bcp));
-    s.drow.resize(static_cast<std::size_t>(Bcp + 6));  // one row's whole Philox blocks (Dropout::fill_row)
+    z.resize(s.nl2, group * static_cast<std::size_t>(c.Lq));
+    z.resize(s.dd, group * static_cast<std::size_t>(c.Lq));
+    z.resize(s.w, static_cast<std::size_t>(2 * c.Dv));
+    z.resize(s.dk, static_cast<std::size_t>(kBc * c.Dkp));
+    z.resize(s.dv, static_cast<std::size_t>(kBc * c.Dvp));
+    for (auto* t : {&s.S, &s.dP, &s.Pd}) z.resize(*t, static_cast<std::size_t>(kBr * Bcp));
+    if (c.p.softcap > 0.0) z.resize(s.cg, static_cast<std::size_t>(kBr * Bcp));
+    z.resize(s.drop, static_cast<std::size_t>(kBr * Bcp));
+    z.resize(s.drow, static_cast<std::size_t>(Bcp + 6));  // one row's whole Philox blocks (Dropout::fill_row)
     if (c.bf16) {
-        s.ktp.resize(static_cast<std::size_t>((c.Dk + 1) / 2 * Bcp));
-        s.vtp.resize(static_cast<std::size_t>((c.Dv + 1) / 2 * Bcp));
-        s.kpp.resize(static_cast<std::size_t>((kBc + 1) / 2 * c.Dkp));
-        s.pp.resize(static_cast<std::size_t>((kBr + 1) / 2 * Bcp));
-        s.ds16.resize(static_cast<std::size_t>(kBr * Bcp));
+        z.resize(s.ktp, static_cast<std::size_t>((c.Dk + 1) / 2 * Bcp));
+        z.resize(s.vtp, static_cast<std::size_t>((c.Dv + 1) / 2 * Bcp));
+        z.resize(s.kpp, static_cast<std::size_t>((kBc + 1) / 2 * c.Dkp));
+        z.resize(s.pp, static_cast<std::size_t>((kBr + 1) / 2 * Bcp));
+        z.resize(s.ds16, static_cast<std::size_t>(kBr * Bcp));
     }
-    if (c.dq_own && !c.dq_direct) s.dqb.resize(group * c.q.head);
+    if (c.dq_own && !c.dq_direct) z.resize(s.dqb, group * c.q.head);
+}
+
+// The bytes size_scratch asks for on each thread.
+std::size_t scratch_bytes(const Plan& c) {
+    Scratch none;
+    ScratchSizer z{true};
+    size_scratch(c, none, z);
+    return z.bytes;
 }
 
 // The rows of Q, or of dO, of query head g of the task's group (head h of batch b), once per
@@ -566,7 +592,8 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
         thread_local Scratch t_scratch;
         Scratch& s = t_scratch;
         try {
-            size_scratch(c, s);
+            ScratchSizer sizer;
+            size_scratch(c, s, sizer);
         } catch (...) {  // std::bad_alloc, or length_error: nothing may leave the region
             s = Scratch{};
             scratch_refused.store(true);
@@ -601,10 +628,12 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
         if (s.task_bytes() > (std::size_t{32} << 20)) s = Scratch{};
     }
     if (scratch_refused.load()) {
-        // The rows copied to float32 (not read in place) are the large part; the tiles add a little.
-        const std::size_t rows = (c.q.direct ? 0 : c.q.head) + (c.dO.direct ? 0 : c.dO.head);
-        throw_out_of_memory(static_cast<std::int64_t>(4 * c.group * rows),
-                            "the flash backward's per-thread Q and dO rows of a task (and its tile buffers)");
+        // What each thread asked for: Q and dO rows copied to float32 (when not read in place) and
+        // the task's dQ rows are the large part, the tiles add a little. (Counting the copied rows
+        // alone said "cannot allocate 0 bytes" when Q and dO were read in place.)
+        throw_out_of_memory(static_cast<std::int64_t>(scratch_bytes(c)),
+                            "the flash backward's buffers of one thread (a task's Q, dO and dQ rows, and its tiles; "
+                            "each thread needs as much)");
     }
     if (bp.dsinks) sink_gradients(c, Dall.data());
 }
