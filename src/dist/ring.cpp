@@ -18,6 +18,7 @@
 #include "attn/error.hpp"
 #include "attn/ring.hpp"
 #include "block_plan.hpp"
+#include "../core/allocate.hpp"
 #include "../core/element_io.hpp"
 #include "../core/threads.hpp"
 #include "../kernels/dispatch.hpp"
@@ -54,22 +55,23 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
     const auto& q_segs = ctx.q_segs;
 
     // The K/V ring buffers and accumulators, allocated collectively (an allocation failure is
-    // attn::OutOfMemory on every rank, not a hang for the other ranks).
+    // attn::OutOfMemory on every rank, not a hang for the other ranks), each named in it.
     Tensor buf[2];
     std::vector<double> acc_o, acc_lse;
     Tensor tmp_o, tmp_lse;
     run_collectively(comm, [&] {
         // K/V in their own dtypes (16-bit blocks: half the bytes on the wire); kernels read them as they are.
         for (Tensor& t : buf) t = Tensor(DType::f32, Shape{(ctx.buffer_bytes() + 3) / 4}, "the ring's K/V block buffers");
-        acc_o.assign(static_cast<std::size_t>(B * Hq * nq * Dv), 0.0);
-        acc_lse.assign(static_cast<std::size_t>(B * Hq * nq), kNegInf);
+        attn::detail::resize_or_throw(acc_o, B * Hq * nq * Dv, "the ring's output accumulator acc_o (B, Hq, L_local, Dv) in double");
+        attn::detail::resize_or_throw(acc_lse, B * Hq * nq, "the ring's lse accumulator acc_lse (B, Hq, L_local) in double");
+        std::fill(acc_lse.begin(), acc_lse.end(), kNegInf);
         // A sink is one more softmax entry with logit σ_h and value 0: it starts every row's
         // accumulator (O = 0, ℓ = σ_h), so the merges below count it exactly once per row.
         if (!ctx.sinks.empty())
             for (std::int64_t bh = 0; bh < B * Hq; ++bh)
                 std::fill_n(acc_lse.begin() + bh * nq, nq, ctx.sinks[static_cast<std::size_t>(bh % Hq)]);
-        tmp_o = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hq * ctx.q_seg_max * Dv)});
-        tmp_lse = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hq * ctx.q_seg_max)});
+        tmp_o = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hq * ctx.q_seg_max * Dv)}, "the ring's block output tmp_o");
+        tmp_lse = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hq * ctx.q_seg_max)}, "the ring's block lse tmp_lse");
     });
 
     // ---- phase 2: the ring ----

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "../core/allocate.hpp"
 #include "../core/check.hpp"
 #include "../core/element_io.hpp"
 #include "../core/threads.hpp"
@@ -126,14 +127,15 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
     run_collectively(comm, [&] {
         const std::int64_t words = std::max<std::int64_t>(1, ctx.nk_max * (ctx.k_words_per_row + ctx.v_words_per_row));
         for (Tensor& t : buf) t = Tensor(DType::f32, Shape{(ctx.buffer_bytes() + 3) / 4}, "the ring's K/V block buffers");  // K/V in their dtypes
-        for (Tensor& t : grad) t = Tensor(DType::f32, Shape{words});
-        part = Tensor(DType::f32, Shape{words});
-        acc_dq.assign(static_cast<std::size_t>(B * Hq * nq * Dk), 0.0);
-        lse32 = Tensor(DType::f32, Shape{B, Hq, nq});
-        tq = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hq * ctx.q_seg_max * Dk)});
-        tk = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hkv * ctx.nk_max * Dk)});
-        tv = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hkv * ctx.nk_max * Dv)});
-        if (!ctx.slopes.empty()) tl = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hq * ctx.q_seg_max)});
+        for (Tensor& t : grad) t = Tensor(DType::f32, Shape{words}, "the ring's dK/dV accumulators");
+        part = Tensor(DType::f32, Shape{words}, "the ring's dK/dV share of one step");
+        attn::detail::resize_or_throw(acc_dq, B * Hq * nq * Dk, "the ring's dQ accumulator acc_dq (B, Hq, L_local, Dk) in double");
+        lse32 = Tensor(DType::f32, Shape{B, Hq, nq}, "the ring's float32 copy of lse");
+        tq = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hq * ctx.q_seg_max * Dk)}, "the ring's block dQ");
+        tk = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hkv * ctx.nk_max * Dk)}, "the ring's block dK");
+        tv = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hkv * ctx.nk_max * Dv)}, "the ring's block dV");
+        if (!ctx.slopes.empty())
+            tl = Tensor(DType::f32, Shape{std::max<std::int64_t>(1, B * Hq * ctx.q_seg_max)}, "the ring's block lse with ALiBi's shift");
     });
     for (std::int64_t b = 0; b < B; ++b)
         for (std::int64_t h = 0; h < Hq; ++h)

@@ -161,20 +161,30 @@ def test_every_refusal_inside_the_backward_is_named():
 
 
 # attn.dist in a child process of one rank (MPI stays out of the test process): the output that
-# cannot be allocated, and the ring's own K/V buffers under an address-space limit — which every
+# cannot be allocated, and the ring's own buffers under an address-space limit — which every
 # rank agrees on; that agreement turned running out of memory into ValueError("out of memory").
+# The accumulators (double, twice the float32 output each) were a bare std::bad_alloc: the
+# message named the call only.
 RING = textwrap.dedent("""
     import resource, numpy as np
     from mpi4py import MPI
     import attn
     w = lambda *s: np.broadcast_to(np.ones((1,) * len(s), np.float32), s)
     big = w(1, 1, 1 << 40, 8)
-    for make in (lambda: (big, big, big), lambda: (w(1, 1, 4, 8), w(1, 1, 1 << 24, 8), w(1, 1, 1 << 24, 8))):
+    n, small = 1 << 22, w(1, 1, 4, 8)  # out (dq): 128 MiB, its accumulator 256 MiB
+    # The forward's out and lse, which the backward does not take broadcast.
+    o, lse = np.ones((1, 1, n, 8), np.float32), np.zeros((1, 1, n), np.float32)
+    forward = attn.dist.ring_attention
+    backward = lambda q, *kv: attn.dist.ring_attention_backward(q, *kv, o, lse, w(1, 1, n, 8), MPI.COMM_WORLD)
+    for call, make in ((forward, lambda: (big, big, big, MPI.COMM_WORLD)),
+                       (forward, lambda: (small, w(1, 1, 1 << 24, 8), w(1, 1, 1 << 24, 8), MPI.COMM_WORLD)),
+                       (forward, lambda: (w(1, 1, n, 8), small, small, MPI.COMM_WORLD)),
+                       (backward, lambda: (w(1, 1, n, 8), small, small))):
         with open("/proc/self/status") as f:
             base = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize"))
         resource.setrlimit(resource.RLIMIT_AS, (base + (256 << 20), resource.RLIM_INFINITY))
         try:
-            attn.dist.ring_attention(*make(), MPI.COMM_WORLD)
+            call(*make())
             print("no error")
         except Exception as e:
             print(type(e).__name__, e)
@@ -189,7 +199,11 @@ def test_ring_attention_names_the_call_and_stays_a_memory_error():
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     p = subprocess.run([sys.executable, "-c", RING], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stderr
-    out, buffers = p.stdout.splitlines()
+    out, buffers, acc_o, acc_dq = p.stdout.splitlines()
     assert out.startswith("MemoryError attn.dist.ring_attention: out of memory allocating out (B, H, L_local, Dv)"), out
     assert buffers.startswith("MemoryError attn.dist.ring_attention: out of memory: cannot allocate 1073741824 bytes "
                               "(1.0 GiB) for the ring's K/V block buffers"), buffers
+    assert acc_o == ("MemoryError attn.dist.ring_attention: out of memory: cannot allocate 268435456 bytes (256.0 MiB) "
+                     "for the ring's output accumulator acc_o (B, Hq, L_local, Dv) in double"), acc_o
+    assert acc_dq == ("MemoryError attn.dist.ring_attention_backward: out of memory: cannot allocate 268435456 bytes "
+                      "(256.0 MiB) for the ring's dQ accumulator acc_dq (B, Hq, L_local, Dk) in double"), acc_dq
