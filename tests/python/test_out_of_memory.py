@@ -125,6 +125,23 @@ def test_attn_torch_names_the_core_call():
         at.scaled_dot_product_attention(q, k, k)
 
 
+@pytest.mark.parametrize("self_attention", [True, False])
+def test_attn_torch_multihead_attention_projections_raise_a_named_memory_error(self_attention):
+    # torch's own allocator raised RuntimeError("[enforce fail at alloc_cpu.cpp] … DefaultCPUAllocator:
+    # can't allocate memory …") from the input projections, where every attn call raises MemoryError.
+    torch = pytest.importorskip("torch")
+    import attn.torch as at
+
+    m = at.MultiheadAttention(8, 1, batch_first=True)
+    x = torch.ones(1, 1, 8).expand(1, BIG, 8)
+    kv = x if self_attention else torch.ones(1, 1, 8).expand(1, BIG, 8)  # one fused GEMM, or three
+    with torch.no_grad(), pytest.raises(MemoryError, match=r"^attn\.torch\.MultiheadAttention\.forward: out of memory "
+                                                           r"allocating the input projections \(query, key, value: "
+                                                           r"N, L, E each\): .*can't allocate memory: you tried to "
+                                                           r"allocate \d+ bytes"):
+        m(x, kv, kv, need_weights=False)
+
+
 # The backward's own tables (the visible keys of every query row, B·Lq entries each) were a bare
 # std::bad_alloc: under a sweep of address-space limits every refusal must name the call and
 # what it was allocating.

@@ -14,7 +14,11 @@ from torch import nn
 import attn as _core  # the package: its calls name themselves in a MemoryError
 
 from . import _convert
+from ._out_of_memory import allocating
 from .functional import refuse_graph_transforms, scaled_dot_product_attention
+
+
+_FORWARD = "attn.torch.MultiheadAttention.forward"  # the call its MemoryErrors name
 
 
 def _mask_kind(m, name):
@@ -133,7 +137,8 @@ class MultiheadAttention(nn.MultiheadAttention):
         e = self.embed_dim
         h = self.num_heads
         dh = e // h
-        q, k, v = self._project(query, key, value)
+        with allocating(_FORWARD, "the input projections (query, key, value: N, L, E each)"):
+            q, k, v = self._project(query, key, value)
         if self.bias_k is not None:
             k = torch.cat([k, self.bias_k.view(1, 1, e).expand(n, 1, e)], 1)
             v = torch.cat([v, self.bias_v.view(1, 1, e).expand(n, 1, e)], 1)
@@ -154,7 +159,8 @@ class MultiheadAttention(nn.MultiheadAttention):
         seed = int(torch.randint(0, 2**62, ()).item()) if p > 0 else None
         out = scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal,
                                            dropout_seed=seed, threads=threads)
-        out = F.linear(out.transpose(1, 2).reshape(n, lq, e), self.out_proj.weight, self.out_proj.bias)
+        with allocating(_FORWARD, "the output projection (N, Lq, E)"):
+            out = F.linear(out.transpose(1, 2).reshape(n, lq, e), self.out_proj.weight, self.out_proj.bias)
         weights = None
         if need_weights and (q.numel() == 0 or k.numel() == 0):  # an empty batch or sequence: torch's zeros
             weights = q.new_zeros((n, h, lq, lk))
