@@ -127,8 +127,10 @@ struct MhaWorkspace {
 // zero rows), the attention output O before out_proj and the softmax lse — so the state
 // owns everything and the caller's tensors may change or die before backward.
 struct MhaTrainOptions {
-    double dropout_p = 0.0;          // dropout on the attention weights (0 ≤ p < 1), as PyTorch's
-    std::uint64_t dropout_seed = 0;  // the keep mask is a pure function of (seed, b, head, i, j)
+    double dropout_p = 0.0;  // dropout on the attention weights (0 ≤ p < 1), as PyTorch's
+    // The keep mask is a pure function of (seed, b, head, i, j); needed when dropout_p > 0 (as
+    // SdpaOptions::dropout_seed). The state keeps it: backward() drops what the forward dropped.
+    std::optional<std::uint64_t> dropout_seed;
 };
 
 struct MhaForwardState {

@@ -91,7 +91,7 @@ struct RingOptions {
     // single-process sdpa keeps it with the same seed (each block call carries its place as
     // SdpaOptions::dropout_origin), whatever P and the layout. The backward must get the same two.
     double dropout_p = 0.0;                  // 0 <= p < 1; the same on every rank
-    std::uint64_t dropout_seed = 0;          // the same on every rank
+    std::optional<std::uint64_t> dropout_seed;  // the same on every rank; needed when dropout_p > 0
 };
 
 // What one rank measured in ring_attention (seconds, wall clock).

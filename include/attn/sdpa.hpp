@@ -98,11 +98,11 @@ struct SdpaOptions {
     // it. 0 ≤ dropout_p < 1; dropout_p = 0 is exactly no dropout. lse is that of the
     // undropped softmax; `weights`, when requested, are the dropped, rescaled weights
     // that multiply V (as torch's MultiheadAttention returns them).
-    // The seed is the caller's to vary: with dropout_p > 0 the C++ API takes 0 like any other
-    // seed (the CLI and Python refuse dropout without one), and the same seed every training
-    // step drops the same weights every step.
+    // The seed is the caller's (attn has no global generator): dropout_p > 0 without one is an
+    // attn::Error naming dropout_seed, as in Python and the CLI (docs/conventions.md, "Dropout").
+    // A training loop passes a new seed each step, and the backward the forward's.
     double dropout_p = 0.0;
-    std::uint64_t dropout_seed = 0;
+    std::optional<std::uint64_t> dropout_seed;  // any value, 0 included; needed when dropout_p > 0
     DropoutOrigin dropout_origin{};  // (0, 0, 0, 0) = the call is the whole problem
     // Logit soft-capping: s ← softcap·tanh(s / softcap) right after the scale, before any
     // mask or bias. 0 = off; otherwise a finite float32 >= FLT_MIN.

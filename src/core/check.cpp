@@ -268,6 +268,15 @@ bool rows_interleave_apart(const TensorView& a, const TensorView& b) {
 
 }  // namespace
 
+void require_dropout(std::string_view op, double p, const std::optional<std::uint64_t>& seed) {
+    if (!(p >= 0.0 && p < 1.0)) fail(op, "dropout_p: must be in [0, 1) but got ", shortest(p));
+    if (p > 0.0 && !seed) {
+        fail(op, "dropout_seed: dropout_p = ", shortest(p),
+             " needs a seed: the keep mask is a function of it, so a training loop passes a new seed each step "
+             "and the backward the forward's (attn has no global generator)");
+    }
+}
+
 bool share_memory(const TensorView& a, const TensorView& b) {
     if (is_empty(a) || is_empty(b)) return false;
     const Span x = span_of(a), y = span_of(b);

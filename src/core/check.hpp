@@ -108,6 +108,12 @@ void require_enum(std::string_view op, std::string_view name, Enum value, int co
     if (v < 0 || v >= count) fail(op, name, ": must be one of ", names, " but got the value ", v);
 }
 
+// Dropout's two arguments, for every entry point that takes them (sdpa and its backward,
+// varlen, ring, the MHA's training calls): 0 <= p < 1, and a seed when p > 0 — attn has no
+// global generator, and a default seed would drop the same weights on every training step
+// (docs/conventions.md, "Dropout").
+void require_dropout(std::string_view op, double p, const std::optional<std::uint64_t>& seed);
+
 // An optional tensor argument as the pointer the checks take: null when not given.
 inline const TensorView* view_or_null(const std::optional<TensorView>& t) { return t ? &*t : nullptr; }
 

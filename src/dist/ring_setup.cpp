@@ -178,7 +178,7 @@ Descriptor check_local(std::string_view kOp, const TensorView& q, const TensorVi
     d.tensor_modifiers = (o.sinks ? 1 : 0) | (o.alibi_slopes ? 2 : 0);
     d.softcap = o.softcap;
     d.dropout_p = o.dropout_p;
-    d.dropout_seed = static_cast<std::int64_t>(o.dropout_seed);
+    d.dropout_seed = static_cast<std::int64_t>(o.dropout_seed.value_or(0));  // given when dropout_p > 0 (make_problem)
     d.k_dtype = static_cast<std::int64_t>(k.dtype());
     d.v_dtype = static_cast<std::int64_t>(v.dtype());
     return d;

@@ -69,9 +69,7 @@ Tensor MultiHeadAttention::forward_train(const TensorView& query, const TensorVi
         fail(kMha, "intermediate_dtype: forward_train keeps float32 intermediates (backward reads them) but got ",
              dtype_name(*options.intermediate_dtype));
     }
-    if (!(train.dropout_p >= 0.0 && train.dropout_p < 1.0)) {
-        fail(kMha, "dropout_p: expected 0 <= dropout_p < 1 but got ", train.dropout_p);
-    }
+    detail::require_dropout(kMha, train.dropout_p, train.dropout_seed);
     detail::PytorchMasks pt = detail::pytorch_masks_4d(options.attn_mask, options.key_padding_mask, sh.batched, sh.B, h, sh.Lq, sh.Lk);
 
     // Masks: owned copies (the state must outlive the caller's tensors), with the appended

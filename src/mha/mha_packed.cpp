@@ -126,9 +126,7 @@ Tensor MultiHeadAttention::forward_packed_train(const TensorView& query, const T
                                                 const TensorView& value, const TensorView& cu_seqlens_q,
                                                 const TensorView& cu_seqlens_k, const MhaPackedOptions& options,
                                                 const MhaTrainOptions& train, MhaForwardState& state) const {
-    if (!(train.dropout_p >= 0.0 && train.dropout_p < 1.0)) {
-        detail::fail(kOp, "dropout_p: expected 0 <= dropout_p < 1 but got ", train.dropout_p);
-    }
+    detail::require_dropout(kOp, train.dropout_p, train.dropout_seed);
     if (config().param_dtype != DType::f32) {
         detail::fail(kOp, "forward_packed_train: the weight matrices are stored in ", dtype_name(config().param_dtype),
                      "; training needs float32 parameters (set_param_dtype(float32) first)");

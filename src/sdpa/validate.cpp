@@ -99,9 +99,7 @@ void check_option_values(const SdpaOptions& options, std::string_view kOp) {
         fail(kOp, "window: left and right must be >= 0, or -1 for unbounded, but got left=", options.window.left,
              " right=", options.window.right);
     }
-    if (!(options.dropout_p >= 0.0 && options.dropout_p < 1.0)) {
-        fail(kOp, "dropout_p: must be in [0, 1) but got ", shortest(options.dropout_p));
-    }
+    require_dropout(kOp, options.dropout_p, options.dropout_seed);
     if (options.softcap != 0.0) {
         // Kernels compute s·(1/c) and c·tanh in float32: c must be a normal float32.
         const double kMin = static_cast<double>(std::numeric_limits<float>::min());
@@ -221,7 +219,7 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
         }
     }
     p.dropout_p = options.dropout_p;
-    p.dropout_seed = options.dropout_seed;
+    p.dropout_seed = options.dropout_seed.value_or(0);  // read only when dropout_p > 0, where it is given
     {
         // The origin plus the call's extent must stay inside the Philox counter's 32-bit words.
         const DropoutOrigin& o = options.dropout_origin;

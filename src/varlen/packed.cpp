@@ -151,7 +151,7 @@ SdpaOptions sequence_options(const SdpaOptions& options, std::int64_t b) {
         o.query_offset = QueryOffset(o.query_offset->per_sequence->slice(0, b, 1));
     }
     if (o.alibi_slopes && o.alibi_slopes->rank() == 2) o.alibi_slopes = o.alibi_slopes->slice(0, b, 1);  // (1, Hq)
-    o.dropout_seed = varlen_dropout_seed(options.dropout_seed, b);
+    if (options.dropout_seed) o.dropout_seed = varlen_dropout_seed(*options.dropout_seed, b);
     return o;
 }
 

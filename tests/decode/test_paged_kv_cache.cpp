@@ -795,6 +795,7 @@ TEST(PagedKVCache, BadArgumentsAreClearErrors) {
     }
     o = {};
     o.dropout_p = 0.5;
+    o.dropout_seed = 3;
     o.impl = Impl::decode;
     EXPECT_NE(error_of([&] { paged_attention(q, w.cache, {a}, o, out); }).find("declines this call: dropout"), std::string::npos);
     // auto: decode declines dropout, so flash runs it on the pages (as sdpa would).

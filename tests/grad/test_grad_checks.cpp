@@ -366,6 +366,11 @@ TEST(SdpaBackwardErrors, NameTheArgumentAndWriteNothing) {
     SdpaOptions bad = opt;
     bad.dropout_p = 1.0;
     expect_error([&] { sdpa_backward(q, k, v, o, lse, dO, bad, dq, dk, dv); }, "dropout_p: must be in [0, 1) but got 1");
+    bad = opt;  // the backward regenerates the forward's mask: without the forward's seed it has none
+    bad.dropout_p = 0.25;
+    bad.dropout_seed.reset();
+    expect_error([&] { sdpa_backward(q, k, v, o, lse, dO, bad, dq, dk, dv); },
+                 "sdpa_backward: dropout_seed: dropout_p = 0.25 needs a seed");
     Tensor q64 = randn(DType::f64, q.shape(), rng);
     bad = opt;
     bad.impl = Impl::flash;

@@ -847,7 +847,7 @@ TEST(FlashDropout, MatchesReference) {
         Case c = random_case(700000 + static_cast<std::uint64_t>(i));
         c.opt.dropout_p = pick(rng, {0.1, 0.5, 0.9, 0.01});
         c.opt.dropout_seed = rng();
-        c.desc += " dropout " + std::to_string(c.opt.dropout_p) + " seed " + std::to_string(c.opt.dropout_seed);
+        c.desc += " dropout " + std::to_string(c.opt.dropout_p) + " seed " + std::to_string(*c.opt.dropout_seed);
         runs += run_case(c, worst);
         if (HasFailure()) return;
     }

@@ -190,6 +190,13 @@ TEST(MhaBackward, ArgumentErrors) {
     } catch (const attn::Error& e) {
         EXPECT_NE(std::string(e.what()).find("dropout_p"), std::string::npos) << e.what();
     }
+    try {  // a forgotten seed would drop the same weights every training step
+        m.forward_train(x, x, x, {}, MhaTrainOptions{0.4}, st);
+        FAIL() << "dropout_p = 0.4 without a seed accepted";
+    } catch (const attn::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("MultiHeadAttention: dropout_seed: dropout_p = 0.4 needs a seed"), std::string::npos)
+            << e.what();
+    }
     EXPECT_THROW(m.backward(st, x), attn::Error);  // state never filled
     m.forward_train(x, x, x, {}, {}, st);
     {  // A moved-from state is empty: it passed the check and read the freed copies (ASan: kernels_asan).

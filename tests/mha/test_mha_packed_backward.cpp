@@ -115,7 +115,7 @@ void check(const Case& cs, std::uint32_t seed) {
         const std::int64_t L = len[static_cast<std::size_t>(b)];
         if (L == 0) continue;  // no rows; adds nothing to any parameter gradient
         // sdpa_varlen's dropout stream for sequence b, at batch index 0 as in a batch of one.
-        const MhaTrainOptions tb{cs.dropout, varlen_dropout_seed(train.dropout_seed, b)};
+        const MhaTrainOptions tb{cs.dropout, varlen_dropout_seed(*train.dropout_seed, b)};
         MhaForwardState sb;
         const Tensor yb = m.forward_train(seq(x, t0, L), seq(kx, t0, L), seq(vx, t0, L), fo, tb, sb);
         const MhaGradients gb = m.backward(sb, seq(dy, t0, L));
@@ -199,7 +199,10 @@ TEST(MhaPackedBackward, BadStateOrGradIsAClearError) {
     EXPECT_NE(message([&] { (void)m.forward_packed_train(x, x, x, fcu, c, {}, {}, st); })
                   .find("cu_seqlens_q: expected an (N+1,) int32 or int64 tensor but got float32"),
               std::string::npos);
-    EXPECT_NE(message([&] { (void)m.forward_packed_train(x, x, x, c, c, {}, {1.0, 0}, st); }).find("dropout_p: expected 0 <= dropout_p < 1"),
+    EXPECT_NE(message([&] { (void)m.forward_packed_train(x, x, x, c, c, {}, {1.0, 0}, st); }).find("dropout_p: must be in [0, 1) but got 1"),
+              std::string::npos);
+    EXPECT_NE(message([&] { (void)m.forward_packed_train(x, x, x, c, c, {}, {0.5}, st); })
+                  .find("MultiHeadAttention.forward_packed: dropout_seed: dropout_p = 0.5 needs a seed"),
               std::string::npos);
 }
 

@@ -586,6 +586,11 @@ int main(int argc, char** argv) {
                    [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) { o.sinks = TensorView(sinks3, DType::f32, Shape{3}); });
     run_error_case("dropout_p = 1", "ring_attention: dropout_p: must be in [0, 1)",
                    [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) { o.dropout_p = 1.0; });
+    run_error_case("dropout without a seed on the last rank", "dropout_seed: dropout_p = 0.5 needs a seed",
+                   [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) {
+                       o.dropout_p = 0.5;
+                       if (rank != last) o.dropout_seed = 7;
+                   });
     run_error_case("Impl::decode", "ring_attention: impl: must be automatic, reference or flash",
                    [&](Tensor&, Tensor&, Tensor&, RingOptions& o, Tensor&) { o.impl = Impl::decode; });
     if (P >= 2) {

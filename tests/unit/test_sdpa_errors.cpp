@@ -315,6 +315,21 @@ TEST(SdpaErrors, MoreKeysThanACallMayHave) {
                  {"sdpa: K: Lk = 17179869185 is more than a call may have (2^34, the range of the dropout counter"});
 }
 
+// Dropout without a seed: refused, naming dropout_seed (a default seed of 0 was taken, and a
+// caller who forgot it dropped the same weights on every call of every training step). Any
+// given seed is one, 0 included.
+TEST(SdpaErrors, DropoutNeedsASeed) {
+    expect_error([](Call& c) { c.opt.dropout_p = 0.1; },
+                 {"sdpa: dropout_seed: dropout_p = 0.1 needs a seed", "a new seed each step and the backward the forward's"});
+    Call c;
+    c.opt.dropout_p = 0.1;
+    c.opt.dropout_seed = 0;
+    EXPECT_NO_THROW(c.run());
+    Call undropped;  // a seed without dropout changes nothing
+    undropped.opt.dropout_seed = 5;
+    EXPECT_NO_THROW(undropped.run());
+}
+
 // Enum values cast from a wrong integer ran a default branch (Impl(77) the reference, Causal(9)
 // bottom-right; an adversarial tester found them): refused, naming the field.
 TEST(SdpaErrors, EnumValuesOutOfRange) {

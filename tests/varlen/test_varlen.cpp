@@ -89,7 +89,7 @@ std::optional<QueryOffset> offset_of_sequence(const Packed& p, std::int64_t b) {
 SdpaOptions options_of_sequence(const Packed& p, std::int64_t b) {
     SdpaOptions o = p.opt;
     o.query_offset = offset_of_sequence(p, b);
-    o.dropout_seed = varlen_dropout_seed(p.opt.dropout_seed, b);
+    o.dropout_seed = varlen_dropout_seed(*p.opt.dropout_seed, b);
     if (p.c.alibi == 2) o.alibi_slopes = p.slopes.view().slice(0, b, 1);
     return o;
 }
@@ -848,6 +848,7 @@ TEST(VarlenErrors, OptionsCheckedWhenNoSequenceHasWork) {
     } bad[] = {
         {"scale: must be finite in float32", [](SdpaOptions& o) { o.scale = NAN; }},
         {"dropout_p: must be in [0, 1) but got 7", [](SdpaOptions& o) { o.dropout_p = 7; }},
+        {"dropout_seed: dropout_p = 0.5 needs a seed", [](SdpaOptions& o) { o.dropout_p = 0.5; }},
         {"window: left and right must be >= 0, or -1", [](SdpaOptions& o) { o.window.left = -9; }},
         {"softcap: must be 0 (off) or a finite float32", [](SdpaOptions& o) { o.softcap = -3; }},
         {"query_offset: must be in [-2^60, 2^60]", [](SdpaOptions& o) { o.query_offset = QueryOffset(std::int64_t{1} << 62); }},
