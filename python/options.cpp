@@ -109,6 +109,28 @@ std::uint64_t dropout_seed_arg(const py::object& seed, double p) {
     return 0;
 }
 
+attn::DropoutOrigin dropout_origin_arg(const py::object& origin) {
+    attn::DropoutOrigin o;
+    if (origin.is_none()) return o;
+    const auto wrong = [&] {
+        type_error("dropout_origin: expected (batch, head, row, key), four ints >= 0 (where the call's (0, 0, 0, 0) sits "
+                   "in the whole problem), or None, but got " + std::string(py::repr(origin)));
+    };
+    if (!py::isinstance<py::sequence>(origin) || py::isinstance<py::str>(origin) || py::len(origin) != 4) wrong();
+    const py::sequence s = origin.cast<py::sequence>();
+    const struct {
+        std::int64_t* field;
+        const char* name;
+    } fields[] = {{&o.batch, "dropout_origin.batch"}, {&o.head, "dropout_origin.head"},
+                  {&o.row, "dropout_origin.row"}, {&o.key, "dropout_origin.key"}};
+    for (std::size_t i = 0; i < 4; ++i) {
+        const std::optional<std::int64_t> v = int_of(s[i], fields[i].name);
+        if (!v) wrong();
+        *fields[i].field = *v;
+    }
+    return o;
+}
+
 CallOptions make_options(const SdpaArgs& args, const ModifierArgs& modifiers, std::int64_t heads) {
     CallOptions o = make_options(args);
     set_modifiers(modifiers, heads, o);
@@ -120,6 +142,7 @@ CallOptions make_options(const SdpaArgs& args) {
     o.sdpa.scale = optional_float_arg(args.scale, "scale");
     o.sdpa.dropout_p = float_arg(args.dropout_p, "dropout_p");
     o.sdpa.dropout_seed = dropout_seed_arg(args.dropout_seed, o.sdpa.dropout_p);
+    o.sdpa.dropout_origin = dropout_origin_arg(args.dropout_origin);
     o.sdpa.impl = attn::parse_impl(str_arg(args.impl, "impl"));
     set_alignment(args.alignment, o);
     set_mask(args.attn_mask, args.uint16_is_bf16, o);

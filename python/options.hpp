@@ -45,6 +45,7 @@ struct SdpaArgs {
     py::object dropout_seed;
     py::object impl;
     bool uint16_is_bf16 = false;  // the call's dtype="bfloat16": a uint16 attn_mask holds bfloat16 bits
+    py::object dropout_origin = py::none();  // (batch, head, row, key); only sdpa and its backward take it
 };
 
 // Options whose views point into arrays held here, alive as long as this object.
@@ -80,6 +81,10 @@ CallOptions make_options(const SdpaArgs& args, const ModifierArgs& modifiers, st
 // 0 when p is 0 and an error otherwise — attn has no global generator, and a default seed would
 // apply the same keep mask at every training step without a word.
 std::uint64_t dropout_seed_arg(const py::object& seed, double p);
+
+// dropout_origin= as given: None (the call is the whole problem) or (batch, head, row, key), four
+// ints — SdpaOptions::dropout_origin, whose range attn::sdpa checks, naming the field.
+attn::DropoutOrigin dropout_origin_arg(const py::object& origin);
 
 // Runs a core call; an attn::Error from it names the core's bool_mask / additive_mask as the
 // Python keyword they came from, attn_mask, and each core argument of `renames` (pairs "core",

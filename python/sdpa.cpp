@@ -33,7 +33,8 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
                    const py::object& return_lse_arg, const py::object& return_weights_arg,
                    const py::object& dropout_seed, const py::object& impl, const py::object& softcap,
                    const py::object& alibi_slopes, const py::object& sinks, const py::object& return_scores,
-                   const py::object& threads_obj, const py::object& dtype, const py::object& out_dtype) {
+                   const py::object& threads_obj, const py::object& dtype, const py::object& out_dtype,
+                   const py::object& dropout_origin) {
     const int threads = threads_arg(threads_obj);
     const bool bf16 = uint16_is_bf16_arg(dtype);
     const bool return_lse = bool_arg(return_lse_arg, "return_lse");
@@ -58,7 +59,7 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
     }
     const CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
                                           {is_causal, causal_alignment, window, window_alignment, query_offset},
-                                          dropout_seed, impl, bf16},
+                                          dropout_seed, impl, bf16, dropout_origin},
                                          {softcap, alibi_slopes, sinks}, rank >= 3 ? q.view.dim(rank - 3) : 1);
     const attn::DType odt = out_dtype_arg(out_dtype, q.view.dtype()), sdt = stat_dtype(q.view.dtype());
     // Q, K and V checked as sdpa checks them before any output is allocated: the (…, Lq, Lk)
@@ -105,7 +106,7 @@ py::tuple sdpa_backward_py(const py::object& query, const py::object& key, const
                            const py::object& window_alignment, const py::object& query_offset,
                            const py::object& dropout_seed, const py::object& impl, const py::object& softcap,
                            const py::object& alibi_slopes, const py::object& sinks, const py::object& threads_obj,
-                           const py::object& dtype, const py::object& out_dtype) {
+                           const py::object& dtype, const py::object& out_dtype, const py::object& dropout_origin) {
     const int threads = threads_arg(threads_obj);
     const bool bf16 = uint16_is_bf16_arg(dtype);
     const Input q = input(query, "query", 2, 4, kLayout, bf16);
@@ -119,7 +120,7 @@ py::tuple sdpa_backward_py(const py::object& query, const py::object& key, const
     const Input g = input(grad_out, "grad_out", r, r, "the query's rank", bf16);
     const CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
                                           {is_causal, causal_alignment, window, window_alignment, query_offset},
-                                          dropout_seed, impl, bf16},
+                                          dropout_seed, impl, bf16, dropout_origin},
                                          {softcap, alibi_slopes, sinks}, r >= 3 ? q.view.dim(r - 3) : 1);
     Gradients grads = new_gradients(q.view, k.view, v.view, out_dtype, own_dtype, 4, opt.sdpa.sinks);
     {
@@ -174,7 +175,7 @@ void bind_sdpa(py::module_& m) {
           py::arg("return_lse") = false, py::arg("return_weights") = false, py::arg("dropout_seed") = py::none(),
           py::arg("impl") = "auto", py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(),
           py::arg("sinks") = py::none(), py::arg("return_scores") = py::none(), py::arg("threads") = py::none(),
-          py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none(),
+          py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none(), py::arg("dropout_origin") = py::none(),
           "softmax(query·keyᵀ·scale + mask)·value, as torch.nn.functional.scaled_dot_product_attention.\n"
           "query (B, H, Lq, D), (H, Lq, D) or (Lq, D); key/value of the same rank (Hq % Hkv == 0: GQA).\n"
           "attn_mask: bool (True = may attend) or float (added), broadcastable to (B, H, Lq, Lk).\n"
@@ -191,6 +192,9 @@ void bind_sdpa(py::module_& m) {
           "qk_matmul_output_mode 0/1/2), not with dropout.\n"
           "dropout_p > 0 needs dropout_seed (an int): the keep mask is a function of it (a new seed per\n"
           "training step; the backward takes the forward's).\n"
+          "dropout_origin=(batch, head, row, key): the call is a piece of a larger problem whose (0, 0, 0, 0)\n"
+          "sits there: weight (b, h, i, j) takes the whole's keep decision at (batch+b, head+h, row+i, key+j),\n"
+          "so pieces drop what the whole drops with the same seed (default None: the whole problem).\n"
           "threads: compute on this many threads (default None: attn.get_num_threads()).\n"
           "query/key/value: float32, float64, float16, or uint16 arrays of bfloat16 bits with\n"
           "dtype=\"bfloat16\" (NumPy has no bfloat16; dtype says how to read every uint16 input).\n"
@@ -206,8 +210,10 @@ void bind_sdpa(py::module_& m) {
           py::arg("query_offset") = py::none(), py::arg("dropout_seed") = py::none(), py::arg("impl") = "auto",
           py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
           py::arg("threads") = py::none(), py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none(),
+          py::arg("dropout_origin") = py::none(),
           "Gradients (dq, dk, dv) of scaled_dot_product_attention given the forward's out and lse\n"
-          "(return_lse=True) and grad_out = dLoss/dout; the same options as the forward.\n"
+          "(return_lse=True) and grad_out = dLoss/dout; the same options as the forward (dropout_p,\n"
+          "dropout_seed and dropout_origin too: the backward regenerates the forward's keep mask).\n"
           "With sinks: (dq, dk, dv, dsinks). ALiBi slopes get no gradient.\n"
           "dtype=\"bfloat16\": uint16 inputs hold bfloat16 bits. dq, dk, dv all in out_dtype when given, else\n"
           "each in its own input's dtype: dq in query's, dk in key's, dv in value's.");

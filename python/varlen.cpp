@@ -4,6 +4,7 @@
 // sequence (options.hpp); attn_mask and key_lengths are refused by the C++ layer, which says why.
 #include <pybind11/stl.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -121,6 +122,8 @@ void bind_varlen(py::module_& m) {
           "scaled_dot_product_attention, per sequence: bottom-right aligns to each sequence's own lengths;\n"
           "query_offset is an int or an (N,) array. attn_mask and key_lengths are not accepted.\n"
           "softcap, sinks (Hq,) and alibi_slopes (True, (Hq,) or one row per sequence (N, Hq)) as there.\n"
+          "dropout_p > 0 needs dropout_seed; sequence b drops what scaled_dot_product_attention drops on it\n"
+          "alone with dropout_seed=varlen_dropout_seed(dropout_seed, b).\n"
           "threads: compute on this many threads (default None: attn.get_num_threads()).\n"
           "query/key/value: float32, float64, float16, or uint16 bfloat16 bits with dtype=\"bfloat16\".\n"
           "out_dtype=\"float32\"|\"float16\"|\"bfloat16\": out's dtype (default: query's); lse float32\n"
@@ -137,6 +140,20 @@ void bind_varlen(py::module_& m) {
           "with sinks (dq, dk, dv, dsinks), dsinks summed over the sequences. The same options as the forward.\n"
           "dtype=\"bfloat16\": uint16 inputs hold bfloat16 bits. dq, dk, dv all in out_dtype when given, else\n"
           "each in its own input's dtype: dq in query's, dk in key's, dv in value's.");
+    m.def(
+        "varlen_dropout_seed",
+        [](const py::object& seed_obj, const py::object& b_obj) {
+            const std::uint64_t seed = uint_arg(seed_obj, "seed");
+            const std::int64_t b = int_arg(b_obj, "b");
+            if (b < 0) value_error("b: expected a sequence index >= 0 but got " + std::to_string(b));
+            return attn::varlen_dropout_seed(seed, b);
+        },
+        py::arg("seed"), py::arg("b"),
+        "The dropout seed sdpa_varlen (and its backward) gives sequence b of a call with dropout_seed=seed:\n"
+        "its keep mask is scaled_dot_product_attention's on that sequence alone (batch index 0) with\n"
+        "dropout_seed=varlen_dropout_seed(seed, b). splitmix64 of seed + (b + 1)*0x9E3779B97F4A7C15 (mod 2**64),\n"
+        "written out in include/attn/sdpa_varlen.hpp; varlen_dropout_seed(0, 0) == 0xE220A8397B1DCDAF.\n"
+        "seed: an int in [0, 2**64); b: an int >= 0. Returns an int in [0, 2**64).");
     m.def("release_varlen_scratch", &attn::release_varlen_scratch,
           "Free the head-major buffer (up to 256 MiB on 2 MiB pages) that sdpa_varlen and its backward keep\n"
           "between calls; the next call allocates it again.");

@@ -10,29 +10,18 @@ import os
 import subprocess
 import tempfile
 
+import sys
+
 import numpy as np
 import pytest
 import torch
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from reference import dropout_factor, philox4x32_10  # noqa: E402  (tests/python/reference.py)
+
 ATTN = os.environ.get("ATTN_BIN", "attn")
 TOL32 = 3e-5
 TOL64 = 1e-10
-
-
-def philox4x32_10(ctr, key):
-    """ctr: 4 uint64 arrays holding uint32 values; key: 2 python ints. Vectorised."""
-    M0, M1, W0, W1 = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85
-    mask = np.uint64(0xFFFFFFFF)
-    c0, c1, c2, c3 = (np.asarray(c, dtype=np.uint64) for c in ctr)
-    k0, k1 = np.uint64(key[0]), np.uint64(key[1])
-    for r in range(10):
-        if r:
-            k0 = (k0 + np.uint64(W0)) & mask
-            k1 = (k1 + np.uint64(W1)) & mask
-        p0 = np.uint64(M0) * c0
-        p1 = np.uint64(M1) * c2
-        c0, c1, c2, c3 = ((p1 >> np.uint64(32)) ^ c1 ^ k0), (p1 & mask), ((p0 >> np.uint64(32)) ^ c3 ^ k1), (p0 & mask)
-    return c0, c1, c2, c3
 
 
 def test_philox_known_answers():
@@ -44,15 +33,6 @@ def test_philox_known_answers():
     for ctr, key, want in vecs:
         got = philox4x32_10([np.array([c]) for c in ctr], key)
         assert tuple(int(g[0]) for g in got) == want
-
-
-def dropout_factor(p, seed, B, H, Lq, Lk):
-    """(B, H, Lq, Lk) float64: 0 or 1/(1-p), from the keying documented in src/core/dropout.hpp."""
-    b, h, i, j = np.meshgrid(np.arange(B), np.arange(H), np.arange(Lq), np.arange(Lk), indexing="ij")
-    outs = philox4x32_10([j // 4, i, h, b], (seed & 0xFFFFFFFF, seed >> 32))
-    r = np.choose(j % 4, outs)
-    threshold = min(int(np.rint(p * 2.0**32)), 0xFFFFFFFF)
-    return np.where(r >= threshold, 1.0 / (1.0 - p), 0.0)
 
 
 def keep_mask(c, kl, qo):

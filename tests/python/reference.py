@@ -65,6 +65,34 @@ def close_grads(pairs):
         close(ours, ref, atol=2e-5 * big, rtol=0.0)
 
 
+def philox4x32_10(ctr, key):
+    """ctr: 4 uint64 arrays holding uint32 values; key: 2 python ints. Vectorised."""
+    M0, M1, W0, W1 = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85
+    mask = np.uint64(0xFFFFFFFF)
+    c0, c1, c2, c3 = (np.asarray(c, dtype=np.uint64) for c in ctr)
+    k0, k1 = np.uint64(key[0]), np.uint64(key[1])
+    for r in range(10):
+        if r:
+            k0 = (k0 + np.uint64(W0)) & mask
+            k1 = (k1 + np.uint64(W1)) & mask
+        p0 = np.uint64(M0) * c0
+        p1 = np.uint64(M1) * c2
+        c0, c1, c2, c3 = ((p1 >> np.uint64(32)) ^ c1 ^ k0), (p1 & mask), ((p0 >> np.uint64(32)) ^ c3 ^ k1), (p0 & mask)
+    return c0, c1, c2, c3
+
+
+def dropout_factor(p, seed, B, H, Lq, Lk, origin=(0, 0, 0, 0)):
+    """(B, H, Lq, Lk) float64: 0 or 1/(1-p), from the keying documented in src/core/dropout.hpp.
+    origin = (batch, head, row, key): the call's place in a larger problem (dropout_origin), whose
+    indices key the counter."""
+    b, h, i, j = np.meshgrid(*(np.arange(n, dtype=np.int64) + o for n, o in zip((B, H, Lq, Lk), origin)),
+                             indexing="ij")
+    outs = philox4x32_10([j // 4, i, h, b], (seed & 0xFFFFFFFF, seed >> 32))
+    r = np.choose(j % 4, outs)
+    threshold = min(int(np.rint(p * 2.0**32)), 0xFFFFFFFF)
+    return np.where(r >= threshold, 1.0 / (1.0 - p), 0.0)
+
+
 def causal_keep(lq, lk, bottom_right):
     off = lk - lq if bottom_right else 0
     return np.arange(lk)[None, :] <= np.arange(lq)[:, None] + off
