@@ -41,7 +41,8 @@ public:
                       const py::object& key_padding_mask, const py::object& need_weights_arg,
                       const py::object& attn_mask, const py::object& average_attn_weights_arg,
                       const py::object& is_causal, const py::object& impl, const py::object& threads_obj,
-                      const py::object& dtype, const py::object& out_dtype, const py::object& intermediate_dtype) {
+                      const py::object& dtype, const py::object& out_dtype, const py::object& intermediate_dtype,
+                      const py::object& causal_alignment) {
         const int threads = threads_arg(threads_obj);
         const bool bf16 = uint16_is_bf16_arg(dtype);
         const bool need_weights = bool_arg(need_weights_arg, "need_weights");
@@ -63,7 +64,7 @@ public:
         }
         o.need_weights = need_weights;
         o.average_attn_weights = average_attn_weights;
-        o.is_causal = bool_arg(is_causal, "is_causal");
+        o.causal = causal_arg(is_causal, causal_alignment);
         o.impl = attn::parse_impl(str_arg(impl, "impl"));
         o.out_dtype = out_dtype_arg(out_dtype, default_out(q.view.dtype()));
         o.intermediate_dtype = out_dtype_arg(intermediate_dtype, attn::DType::f32, "intermediate_dtype");
@@ -83,7 +84,8 @@ public:
             py::gil_scoped_release nogil;
             const std::lock_guard<std::mutex> lock(mutex_);
             const attn::ScopedNumThreads scoped_threads(threads);
-            layer_.forward_into(q.view, k.view, v.view, o, ov, need_weights ? &wv : nullptr, &workspace_);
+            with_python_names([&] { layer_.forward_into(q.view, k.view, v.view, o, ov, need_weights ? &wv : nullptr, &workspace_); },
+                              {{"causal:", "is_causal:"}});  // the option, not "a causal attn_mask"
         }
         return py::make_tuple(out, weights);
     }
@@ -116,7 +118,7 @@ public:
     py::array forward_packed(const py::object& query, const py::object& cu_seqlens, const py::object& key,
                              const py::object& value, const py::object& cu_seqlens_k, const py::object& is_causal,
                              const py::object& impl, const py::object& threads_obj, const py::object& dtype,
-                             const py::object& intermediate_dtype) {
+                             const py::object& intermediate_dtype, const py::object& causal_alignment) {
         const int threads = threads_arg(threads_obj);
         const bool bf16 = uint16_is_bf16_arg(dtype);
         const Input q = input(query, "query", 2, 2, "(Tq, E)", bf16);
@@ -126,7 +128,7 @@ public:
         const Input cq = input(cu_seqlens, "cu_seqlens", 1, 1, "(N+1,)");
         const Input ck = cu_seqlens_k.is_none() ? cq : input(cu_seqlens_k, "cu_seqlens_k", 1, 1, "(N+1,)");
         attn::MhaPackedOptions o;
-        o.causal = bool_arg(is_causal, "is_causal") ? attn::Causal::top_left : attn::Causal::none;
+        o.causal = causal_arg(is_causal, causal_alignment);
         o.impl = attn::parse_impl(str_arg(impl, "impl"));
         o.intermediate_dtype = out_dtype_arg(intermediate_dtype, attn::DType::f32, "intermediate_dtype");
         attn::Tensor out;
@@ -286,18 +288,23 @@ void bind_mha(py::module_& m) {
              py::arg("attn_mask") = py::none(), py::arg("average_attn_weights") = true, py::arg("is_causal") = false,
              py::kw_only(), py::arg("impl") = "auto", py::arg("threads") = py::none(), py::arg("dtype") = py::none(),
              py::arg("out_dtype") = py::none(), py::arg("intermediate_dtype") = py::none(),
+             py::arg("causal_alignment") = "top-left",
              "Returns (output, weights or None), as torch. threads: None = attn.get_num_threads().\n"
              "query/key/value: float32, float64, float16, or uint16 bfloat16 bits with dtype=\"bfloat16\";\n"
              "a float key_padding_mask/attn_mask likewise (bool masks: True = masked, as torch).\n"
              "out_dtype=\"float32\"|\"float16\"|\"bfloat16\": the output's dtype (default: the query's when\n"
              "16-bit, else float32; bfloat16 is returned as uint16 bits). Weights are float32.\n"
              "intermediate_dtype=\"float16\"|\"bfloat16\": Q, K, V and the attention output rounded once to\n"
-             "it, as torch's 16-bit layer keeps them (faster on bfloat16 pairs); default float32.")
+             "it, as torch's 16-bit layer keeps them (faster on bfloat16 pairs); default float32.\n"
+             "is_causal=True is torch's top-left mask (query i sees keys 0..i); causal_alignment=\"bottom-right\"\n"
+             "aligns it to the end instead (keys 0..i+Lk-Lq: the queries are the last Lq of Lk positions), as\n"
+             "scaled_dot_product_attention's causal_alignment.")
         .def("__call__", &PyMha::forward, py::arg("query"), py::arg("key"), py::arg("value"),
              py::arg("key_padding_mask") = py::none(), py::arg("need_weights") = true,
              py::arg("attn_mask") = py::none(), py::arg("average_attn_weights") = true, py::arg("is_causal") = false,
              py::kw_only(), py::arg("impl") = "auto", py::arg("threads") = py::none(), py::arg("dtype") = py::none(),
-             py::arg("out_dtype") = py::none(), py::arg("intermediate_dtype") = py::none())
+             py::arg("out_dtype") = py::none(), py::arg("intermediate_dtype") = py::none(),
+             py::arg("causal_alignment") = "top-left")
         .def("forward_incremental", &PyMha::forward_incremental, py::arg("x_new"), py::arg("cache"), py::kw_only(),
              py::arg("threads") = py::none(), py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none(),
              "Self-attention of new tokens against a KVCache: projects x_new, appends its keys and values\n"
@@ -308,11 +315,12 @@ void bind_mha(py::module_& m) {
              py::arg("key") = py::none(), py::arg("value") = py::none(), py::kw_only(),
              py::arg("cu_seqlens_k") = py::none(), py::arg("is_causal") = false, py::arg("impl") = "auto",
              py::arg("threads") = py::none(), py::arg("dtype") = py::none(), py::arg("intermediate_dtype") = py::none(),
+             py::arg("causal_alignment") = "top-left",
              "Packed variable-length input without padding (attn.sdpa_varlen inside): query (Tq, E) holds\n"
              "N sequences back to back, cu_seqlens (N+1,) int32/int64 their offsets (cu[0] = 0, last = Tq).\n"
              "key (Tk, kdim) defaults to query (self-attention), value (Tk, vdim) to key, cu_seqlens_k to\n"
-             "cu_seqlens. Sequence b's rows are what forward() gives that sequence alone (is_causal:\n"
-             "top-left causal per sequence). Returns (Tq, E): float32, or a 16-bit query's dtype\n"
+             "cu_seqlens. Sequence b's rows are what forward() gives that sequence alone (is_causal and\n"
+             "causal_alignment per sequence, at its own lengths). Returns (Tq, E): float32, or a 16-bit query's dtype\n"
              "(dtype=\"bfloat16\": uint16 arrays are bfloat16 bits). intermediate_dtype= as forward's.")
         .def("load_state_dict", &PyMha::load_state_dict, py::arg("state_dict"), py::kw_only(), py::arg("dtype") = py::none(),
              "Copies the arrays (torch names; float32/float64/float16, torch.bfloat16 tensors, uint16\n"

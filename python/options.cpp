@@ -52,11 +52,15 @@ std::optional<attn::QueryOffset> query_offset_of(const py::object& offset, py::a
 
 }  // namespace
 
+attn::Causal causal_arg(const py::object& is_causal, const py::object& causal_alignment) {
+    const attn::Align causal = align_of(causal_alignment, "causal_alignment");
+    return !bool_arg(is_causal, "is_causal")         ? attn::Causal::none
+           : causal == attn::Align::top_left ? attn::Causal::top_left
+                                             : attn::Causal::bottom_right;
+}
+
 void set_alignment(const AlignmentArgs& args, CallOptions& out) {
-    const attn::Align causal = align_of(args.causal_alignment, "causal_alignment");
-    out.sdpa.causal = !bool_arg(args.is_causal, "is_causal")                         ? attn::Causal::none
-                      : causal == attn::Align::top_left ? attn::Causal::top_left
-                                                        : attn::Causal::bottom_right;
+    out.sdpa.causal = causal_arg(args.is_causal, args.causal_alignment);
     out.sdpa.window = window_of(args.window, args.window_alignment);
     out.sdpa.query_offset = query_offset_of(args.query_offset, out.query_offset);
 }

@@ -66,6 +66,10 @@ struct ModifierArgs {
 // alibi_slopes=True.
 void set_modifiers(const ModifierArgs& args, std::int64_t heads, CallOptions& out);
 
+// is_causal (a bool) and causal_alignment ("top-left", torch's is_causal, or "bottom-right") as
+// one attn::Causal: every call with a causal mask reads the pair here.
+attn::Causal causal_arg(const py::object& is_causal, const py::object& causal_alignment);
+
 // Sets causal, window and query_offset of `out` (arrays kept in `out`).
 void set_alignment(const AlignmentArgs& args, CallOptions& out);
 

@@ -219,7 +219,7 @@ struct Block {
         a.resize(static_cast<std::size_t>(N) * kD);
         ln1.fwd(h.data(), N, a.data());
         attn::MhaForwardOptions opt;
-        opt.is_causal = true;
+        opt.causal = attn::Causal::top_left;
         opt.need_weights = false;
         const attn::TensorView av(a.data(), attn::DType::f32, attn::Shape{B, kT, kD});
         if (train) {

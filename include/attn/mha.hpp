@@ -15,7 +15,8 @@
 // Masks use PyTorch's conventions here, converted once to attn::sdpa's (docs/conventions.md):
 //   attn_mask        (Lq, Lk) or (B·h, Lq, Lk) [unbatched (h, Lq, Lk)]; bool True = NOT allowed; float added
 //   key_padding_mask (B, Lk) [unbatched (Lk,)]; bool True = padding (ignored); float added
-//   is_causal        query i sees keys 0..i (top-left), combined with the masks above
+//   causal           top_left: query i sees keys 0..i (PyTorch's is_causal); bottom_right: keys
+//                    0..i + Lk − Lq (Lq < Lk: the last query sees every key), combined with the masks above
 // A query that can see no key (e.g. every key of its batch item padded) gets attention
 // output 0 and weights 0 — the layer output is then out_proj.bias. PyTorch gives NaN.
 //
@@ -29,7 +30,7 @@
 // KV head j / (num_heads / num_kv_heads).
 // add_bias_kv appends a key/value (bias_k, bias_v) after the Lk keys, add_zero_attn then a zero
 // key/value, as PyTorch does: the masks allow them, the weights have Lk + 1 (+ 1) columns, and
-// is_causal is refused with them (pass a causal attn_mask).
+// a causal mask is refused with them (pass a causal attn_mask).
 //
 // Score modifiers (docs/conventions.md "Score modifiers"; attn extensions, not in PyTorch):
 //   sinks          a learned sink logit per head: parameter `sinks` (h,) — gpt-oss's state_dict
@@ -85,7 +86,11 @@ struct MhaForwardOptions {
     std::optional<TensorView> attn_mask;         // bool (True = not allowed) or float (added)
     bool need_weights = true;                    // as PyTorch: weights are returned by default
     bool average_attn_weights = true;            // (B, Lq, Lk) mean over heads; false: (B, h, Lq, Lk)
-    bool is_causal = false;                      // top-left causal mask
+    // Causal mask, combined with the masks above, aligned as in SdpaOptions (docs/conventions.md):
+    // top_left: query i sees keys 0..i (PyTorch's is_causal); bottom_right: keys 0..i + Lk − Lq
+    // (the last query sees every key: new tokens after Lk − Lq earlier ones, as in cross-attention
+    // on a cache or incremental decoding). Lk counts the key's rows; key_padding_mask does not move it.
+    Causal causal = Causal::none;
     Impl impl = Impl::automatic;                 // passed to attn::sdpa
     // dtype of `output` (float32, float16 or bfloat16); unset: the query's dtype when it is
     // float16/bfloat16, else float32. The weights are always float32.
@@ -217,7 +222,7 @@ public:
     // Packed variable-length input (no padding): query (Tq, E), key (Tk, kdim), value (Tk, vdim)
     // float32/64/16/bf16, any strides; cu_seqlens_q / cu_seqlens_k (N+1,) int32/int64 as in
     // sdpa_varlen. Sequence b's output rows are exactly what forward() gives that sequence
-    // alone (batch of one, no mask; is_causal = causal top-left), up to the GEMMs' rounding.
+    // alone (batch of one, no mask, the same causal), up to the GEMMs' rounding.
     // Returns (Tq, E) in the query's dtype when 16-bit, else float32. add_bias_kv / add_zero_attn are refused (no packed meaning yet).
     Tensor forward_packed(const TensorView& query, const TensorView& key, const TensorView& value,
                           const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,

@@ -14,8 +14,10 @@
 //       prefill block on 16-bit storage reads float32 copies of the filled rows)
 //   output = O · W_Oᵀ + b_O                             shaped like x_new, float32
 //
-// Feeding a sequence in any split equals forward(x, x, x, is_causal = true) over the whole
-// sequence, up to rounding (and the storage type's rounding of K and V).
+// Feeding a sequence in any split equals forward(x, x, x) with causal top_left over the whole
+// sequence, up to rounding (and the storage type's rounding of K and V); a chunk of T tokens
+// after n cached ones is forward(chunk, sequence, sequence) with causal bottom_right (Lq = T,
+// Lk = n + T: MhaForwardOptions::causal).
 // Requirements (attn::Error otherwise, before the cache or the output is written):
 // self-attention weights (kdim == vdim == E), no add_bias_kv / add_zero_attn, and a cache
 // with batch B, kv_heads = the layer's K/V heads, head_dim = value_dim = E / num_heads.

@@ -61,8 +61,10 @@ MhaShapes check_inputs(const MhaConfig& c, const TensorView& query, const Tensor
     // (PyTorch's order); masks see them as allowed, weights have their columns.
     s.extra = (c.add_bias_kv ? 1 : 0) + (c.add_zero_attn ? 1 : 0);
     s.Lkx = s.Lk + s.extra;
-    if (s.extra > 0 && options.is_causal) {
-        fail(kMha, "is_causal: not supported together with add_bias_kv / add_zero_attn; pass a causal attn_mask (Lq, Lk) instead");
+    require_enum(kMha, "causal", options.causal, 3, "Causal::none, top_left, bottom_right");
+    if (s.extra > 0 && options.causal != Causal::none) {
+        fail(kMha, "causal: not supported together with add_bias_kv / add_zero_attn (the appended key has no position); "
+                   "pass a causal attn_mask (Lq, Lk) instead");
     }
     s.rq = rows_of(s.batched, c.batch_first, s.B, s.Lq);
     s.rk = rows_of(s.batched, c.batch_first, s.B, s.Lk);

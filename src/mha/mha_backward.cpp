@@ -82,7 +82,7 @@ Tensor MultiHeadAttention::forward_train(const TensorView& query, const TensorVi
     s.mask_store[2] = std::move(masks.keep_store);
     s.mask_store[3] = std::move(masks.add_store);
     s.sdpa.impl = options.impl;
-    s.sdpa.causal = options.is_causal ? Causal::top_left : Causal::none;
+    s.sdpa.causal = options.causal;  // the backward reads it from the state
     s.sdpa.bool_mask = masks.keep;
     s.sdpa.additive_mask = masks.add;
     s.sdpa.dropout_p = train.dropout_p;

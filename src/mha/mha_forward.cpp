@@ -133,7 +133,7 @@ void MultiHeadAttention::forward_into(const TensorView& query, const TensorView&
     // ---- attention: O written as (rows of query, h, d_h) — the merge of heads is free ----
     SdpaOptions so;
     so.impl = options.impl;
-    so.causal = options.is_causal ? Causal::top_left : Causal::none;
+    so.causal = options.causal;
     so.bool_mask = masks.keep;
     so.additive_mask = masks.add;
     score_modifiers(so);

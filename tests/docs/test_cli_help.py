@@ -189,9 +189,10 @@ def test_one_spelling_of_causal_and_dropout_works_in_every_command(tmp_path):
 
 
 @pytest.mark.parametrize("command, forms", [("sdpa", "[none|top-left|bottom-right]"),
-                                            ("ring", "[none|top-left|bottom-right]"), ("mha", "[none|top-left]")])
+                                            ("ring", "[none|top-left|bottom-right]"),
+                                            ("mha", "[none|top-left|bottom-right]")])
 def test_causal_help_lists_the_forms_the_command_takes(command, forms):
-    # attn mha refuses bottom-right (its layer is top-left causal) but its --help offered it.
+    # Each lists what it takes (attn mha once refused bottom-right, and its --help offered it).
     line = next(l for l in attn(command, "--help").stdout.splitlines() if l.strip().startswith("--causal"))
     assert line.split()[:2] == ["--causal", forms], line
 

@@ -13,6 +13,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 
 #include "common/address_space.hpp"
 #include "mha_test_util.hpp"
@@ -248,7 +249,7 @@ TEST(Mha, UnbatchedFloatMasksCausalSharedKeyValue) {
     MhaForwardOptions o;
     o.attn_mask = am.view();
     o.key_padding_mask = kpm.view();
-    o.is_causal = true;
+    o.causal = attn::Causal::top_left;
     o.average_attn_weights = false;
     const auto got = m.forward(q, kv, kv, o);  // key is value: the fused KV projection
     EXPECT_EQ(got.output.shape(), (Shape{5, 6}));
@@ -258,6 +259,33 @@ TEST(Mha, UnbatchedFloatMasksCausalSharedKeyValue) {
         return static_cast<double>(am.data_as<float>()[(hh * 5 + i) * 8 + j] + kpm.data_as<float>()[j]);
     };
     expect_close(c, m, got, textbook(m, c, q, kv, kv, keep, add), true);
+}
+
+// Causal with Lq != Lk, both alignments, against the textbook: top-left query i sees keys 0..i
+// (PyTorch's is_causal), bottom-right keys 0..i + Lk − Lq (new tokens after Lk − Lq earlier ones:
+// the last query sees every key). With Lq > Lk the first Lq − Lk queries see no key bottom-right:
+// output out_proj.bias, weights 0.
+TEST(Mha, CausalAlignmentsWithUnequalLengths) {
+    std::mt19937 rng(31);
+    MultiHeadAttention m(MhaConfig{.embed_dim = 8, .num_heads = 2, .kdim = 5, .vdim = 3});
+    randomise(m, rng);
+    const std::pair<std::int64_t, std::int64_t> lengths[] = {{3, 7}, {6, 4}};
+    for (const auto& [Lq, Lk] : lengths) {
+        const Case c{.batched = true, .batch_first = false, .B = 2, .Lq = Lq, .Lk = Lk};
+        const Tensor q = random_tensor(layout(c, Lq, 8), rng), k = random_tensor(layout(c, Lk, 5), rng),
+                     v = random_tensor(layout(c, Lk, 3), rng);
+        for (const attn::Causal causal : {attn::Causal::top_left, attn::Causal::bottom_right}) {
+            SCOPED_TRACE("Lq " + std::to_string(Lq) + ", Lk " + std::to_string(Lk) + ", " +
+                         (causal == attn::Causal::top_left ? "top-left" : "bottom-right"));
+            MhaForwardOptions o;
+            o.causal = causal;
+            o.average_attn_weights = false;
+            const auto got = m.forward(q, k, v, o);
+            const std::int64_t shift = causal == attn::Causal::bottom_right ? Lk - Lq : 0;
+            auto keep = [&](std::int64_t, std::int64_t, std::int64_t i, std::int64_t j) { return j <= i + shift; };
+            expect_close(c, m, got, textbook(m, c, q, k, v, keep, add_none), true);
+        }
+    }
 }
 
 TEST(Mha, AddBiasKvAndZeroAttnWithMasks) {
@@ -316,7 +344,7 @@ TEST(Mha, GroupedQueryHeadsEqualDuplicatedKvHeads) {
     const Case c{.batched = true, .batch_first = false, .B = 2, .Lq = 9, .Lk = 9};
     const Tensor x = random_tensor(layout(c, 9, E), rng);
     MhaForwardOptions o;
-    o.is_causal = true;
+    o.causal = attn::Causal::top_left;
     o.average_attn_weights = false;
     const auto a = gqa.forward(x, x, x, o), b = full.forward(x, x, x, o);
     for (std::int64_t i = 0; i < a.output.numel(); ++i) EXPECT_NEAR(a.output.data_as<float>()[i], b.output.data_as<float>()[i], 1e-5);
@@ -410,8 +438,8 @@ TEST(Mha, ConfigurationErrors) {
     MultiHeadAttention kv(MhaConfig{.embed_dim = 4, .num_heads = 2, .add_bias_kv = true});
     const Tensor x(DType::f32, Shape{3, 1, 4}, true);
     MhaForwardOptions o;
-    o.is_causal = true;
-    expect_error([&] { kv.forward(x, x, x, o); }, "is_causal: not supported together with add_bias_kv");
+    o.causal = attn::Causal::top_left;
+    expect_error([&] { kv.forward(x, x, x, o); }, "causal: not supported together with add_bias_kv");
     expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = 0, .num_heads = 1}); }, "embed_dim must be >= 1");
     // E + 2·E_kv overflowed int64 (UBSan) and a wrapped shape was refused only by luck.
     expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = std::numeric_limits<std::int64_t>::max() - 1, .num_heads = 1}); },
@@ -515,6 +543,10 @@ TEST(Mha, ForwardArgumentErrors) {
     o.attn_mask.reset();
     o.key_padding_mask = kpm.view();
     expect_error([&] { m.forward(x, x, x, o); }, "key_padding_mask: expected shape (B, Lk) = (2, 3) but got (3, 3)");
+    MhaForwardOptions bad_causal;  // a Causal cast from a wrong integer is named by the layer, not by sdpa
+    bad_causal.causal = static_cast<attn::Causal>(7);
+    expect_error([&] { m.forward(x, x, x, bad_causal); },
+                 "MultiHeadAttention: causal: must be one of Causal::none, top_left, bottom_right but got the value 7");
     Tensor out(DType::f32, Shape{3, 2, 4});
     expect_error([&] { m.forward_into(x, x, x, {}, out, nullptr); }, "need_weights is set but no weights tensor");
     // Outputs apart from each other and from the inputs (weights are written before the output).
@@ -750,7 +782,7 @@ TEST(Mha, HalfIncrementalAndPackedOutputsAreTheFloat32ResultRounded) {
         EXPECT_TRUE(same_bits(half, rounded(f32, dt)));
         // Against forward() on the same tokens (causal self-attention: the cache was empty).
         MhaForwardOptions o;
-        o.is_causal = true;
+        o.causal = attn::Causal::top_left;
         o.need_weights = false;
         o.out_dtype = DType::f32;
         const auto full = m.forward(x, x, x, o);

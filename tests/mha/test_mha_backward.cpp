@@ -49,7 +49,8 @@ std::string message(const std::function<void()>& f) {
 struct Case {
     MhaConfig config;
     std::int64_t B = 2, Lq = 3, Lk = 4;
-    bool self = false, causal = false, unbatched = false, kpm = false, attn_mask = false;
+    bool self = false, unbatched = false, kpm = false, attn_mask = false;
+    attn::Causal causal = attn::Causal::none;
     double dropout_p = 0.0;
 };
 
@@ -70,7 +71,7 @@ void check_case(const Case& cs, unsigned seed) {
     Tensor v = random_tensor(shape_of(cs.Lk, c.vdim), rng);
     const Tensor r = random_tensor(shape_of(cs.Lq, c.embed_dim), rng);
     MhaForwardOptions opt;
-    opt.is_causal = cs.causal;
+    opt.causal = cs.causal;
     Tensor kpm, am;
     if (cs.kpm) {  // last key of batch item 0 padded
         kpm = Tensor(DType::boolean, cs.unbatched ? Shape{cs.Lk} : Shape{cs.B, cs.Lk}, true);
@@ -151,10 +152,26 @@ TEST(MhaBackward, CrossKdimVdimBiasKvZeroAttnDropout) {
 TEST(MhaBackward, SelfCausalGqaDropoutBatchFirst) {
     Case cs;
     cs.config = MhaConfig{8, 4, 0, 0, 2, true, true, false, false};
-    cs.self = cs.causal = true;
+    cs.self = true;
+    cs.causal = attn::Causal::top_left;
     cs.Lq = cs.Lk = 5;
     cs.dropout_p = 0.5;
     check_case(cs, 2);
+}
+
+// Bottom-right causal cross-attention (Lq < Lk: query i sees keys 0..i + Lk − Lq): the backward
+// reads the alignment from the state the forward filled.
+TEST(MhaBackward, CrossBottomRightCausalDropout) {
+    Case cs;
+    cs.config = MhaConfig{6, 2, 5, 3};
+    cs.causal = attn::Causal::bottom_right;
+    cs.Lq = 3;
+    cs.Lk = 6;
+    cs.kpm = true;
+    cs.dropout_p = 0.25;
+    check_case(cs, 4);
+    cs.dropout_p = 0.0;  // also against the eval forward (check_case compares them without dropout)
+    check_case(cs, 5);
 }
 
 TEST(MhaBackward, UnbatchedNoBiasNoDropoutPadded) {

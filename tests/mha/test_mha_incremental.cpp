@@ -135,7 +135,7 @@ void run_case(const Shapes& s, DType storage, const std::vector<std::int64_t>& c
     randomise(m, rng);
     const Tensor x = s.batch_first ? random_tensor(Shape{s.B, s.L, s.E}, rng) : random_tensor(Shape{s.L, s.B, s.E}, rng);
     attn::MhaForwardOptions fo;
-    fo.is_causal = true;
+    fo.causal = attn::Causal::top_left;
     fo.need_weights = false;
     const Tensor full = m.forward(x.view(), x.view(), x.view(), fo).output;
 
@@ -151,6 +151,14 @@ void run_case(const Shapes& s, DType storage, const std::vector<std::int64_t>& c
     for (std::int64_t b = 0; b < s.B; ++b) EXPECT_EQ(cache.length(b), s.L);
     if (storage == DType::f32) {
         EXPECT_LE(max_abs_diff(inc, full), 1e-5) << "chunks " << chunks.size();
+        // The last chunk's T tokens attend to the whole sequence as forward() does with them as the
+        // query, the sequence as key and value, causal bottom-right (Lq = T < Lk = L): the
+        // incremental path's alignment is MhaForwardOptions::causal's.
+        const std::int64_t T = chunks.back(), ldim = s.batch_first ? 1 : 0;
+        attn::MhaForwardOptions tail_options = fo;
+        tail_options.causal = attn::Causal::bottom_right;
+        const Tensor tail = m.forward(x.view().slice(ldim, s.L - T, T), x.view(), x.view(), tail_options).output;
+        EXPECT_LE(max_abs_diff(tail, inc.view().slice(ldim, s.L - T, T)), 1e-5) << "chunks " << chunks.size();
         return;
     }
     const std::vector<double> bound = storage_bound(m, x, s, u);
@@ -212,7 +220,7 @@ TEST(MhaIncremental, UnbatchedInputUsesABatchOneCache) {
     randomise(m, rng);
     const Tensor x = random_tensor(Shape{24, 16}, rng);
     attn::MhaForwardOptions fo;
-    fo.is_causal = true;
+    fo.causal = attn::Causal::top_left;
     fo.need_weights = false;
     const Tensor full = m.forward(x.view(), x.view(), x.view(), fo).output;
     KVCacheConfig kc;
@@ -278,7 +286,7 @@ TEST(MhaIncremental, SequencesOfDifferentLengths) {
         EXPECT_EQ(cache.length(0), L0 + M);
         EXPECT_EQ(cache.length(1), L1 + M);
         attn::MhaForwardOptions fo;
-        fo.is_causal = true;
+        fo.causal = attn::Causal::top_left;
         fo.need_weights = false;
         const Tensor f0 = m.forward(y0.view(), y0.view(), y0.view(), fo).output;
         const Tensor f1 = m.forward(y1.view(), y1.view(), y1.view(), fo).output;

@@ -66,7 +66,7 @@ void check(const Config& cfg, std::uint32_t seed) {
     // Oracle 1: each sequence alone, (L, 1, E).
     MhaForwardOptions fo;
     fo.need_weights = false;
-    fo.is_causal = cfg.causal;
+    fo.causal = cfg.causal ? attn::Causal::top_left : attn::Causal::none;
     std::int64_t t0 = 0;
     for (std::int64_t b = 0; b < N; ++b) {
         const std::int64_t L = len[static_cast<std::size_t>(b)];
@@ -155,7 +155,7 @@ TEST(MhaPacked, HalfIntermediatesMatchSequencesAlone) {
         const Tensor got = to_dtype(m.forward_packed(x, x, x, c, c, po).view(), DType::f32);
         MhaForwardOptions fo;
         fo.need_weights = false;
-        fo.is_causal = true;
+        fo.causal = attn::Causal::top_left;
         fo.out_dtype = dt;  // the packed output's dtype: the 16-bit query's
         MhaForwardOptions f32 = fo;
         fo.intermediate_dtype = dt;

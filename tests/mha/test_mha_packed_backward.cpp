@@ -109,7 +109,7 @@ void check(const Case& cs, std::uint32_t seed) {
     for (const auto& [name, shape] : m.parameter_shapes()) want_p[name].assign(static_cast<std::size_t>(shape.numel()), 0.0);
     MhaForwardOptions fo;
     fo.need_weights = false;
-    fo.is_causal = cs.causal;
+    fo.causal = cs.causal ? attn::Causal::top_left : attn::Causal::none;
     std::int64_t t0 = 0;
     for (std::int64_t b = 0; b < N; ++b) {
         const std::int64_t L = len[static_cast<std::size_t>(b)];

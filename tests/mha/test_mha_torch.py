@@ -405,7 +405,7 @@ def test_causal_with_bias_kv_refused(tmp_path):
     np.save(tmp_path / "x.npy", np.ones((3, 1, 8), np.float32))
     r = run_attn(tmp_path, ["--params", "p.safetensors", "--num-heads", "2", "--query", "x.npy", "--out", "o.npy",
                             "--causal"], expect_ok=False)
-    assert r.returncode == 2 and "is_causal: not supported together with add_bias_kv" in r.stderr, r.stderr
+    assert r.returncode == 2 and "MultiHeadAttention: --causal: not supported together with add_bias_kv" in r.stderr, r.stderr
     assert not (tmp_path / "o.npy").exists()
 
 
@@ -429,11 +429,36 @@ def test_causal_takes_the_forms_of_attn_sdpa(tmp_path):
         ref = m.double()(x64, x64, x64, attn_mask=causal_mask, need_weights=False)[0].numpy()
     assert rel_err(load("top.npy"), ref) <= REL_TOL
     assert rel_err(load("none.npy"), ref) > 100 * REL_TOL  # the mask changed the result
-    # The layer's causal mask is top-left (torch's is_causal): bottom-right is refused by name.
-    r = run_attn(tmp_path, [*base, "br.npy", "--causal", "bottom-right"], expect_ok=False)
-    assert r.returncode == 2 and r.stderr.startswith("attn: error: --causal: expected top-left (or none) but got "
-                                                     "'bottom-right'"), r.stderr
-    assert not (tmp_path / "br.npy").exists()
+    # Self-attention (Lq = Lk): bottom-right is top-left.
+    run_attn(tmp_path, [*base, "br.npy", "--causal", "bottom-right"])
+    assert np.array_equal(load("br.npy"), load("top.npy"))
+
+
+@pytest.mark.parametrize("lq, lk", [(3, 7), (6, 4)])
+def test_causal_alignments_with_unequal_lengths(tmp_path, lq, lk):
+    # Cross-attention with Lq != Lk: top-left is torch's is_causal (query i sees keys 0..i),
+    # bottom-right sees keys 0..i + Lk - Lq (the queries are the last Lq of Lk positions: a cache's
+    # new tokens). Against torch in float64 with the boolean mask of each (True = not allowed).
+    # bottom-right was refused ("the layer's causal mask is nn.MultiheadAttention's is_causal").
+    m = build_module(dict(E=8, h=2, kdim=8, vdim=8, bias=True, batch_first=False), torch.Generator().manual_seed(2))
+    (tmp_path / "p.safetensors").write_bytes(st_bytes(m.state_dict()))
+    g = torch.Generator().manual_seed(4)
+    q, kv = torch.randn(lq, 2, 8, generator=g), torch.randn(lk, 2, 8, generator=g)
+    np.save(tmp_path / "q.npy", q.numpy())
+    np.save(tmp_path / "kv.npy", kv.numpy())
+    for alignment, shift in (("top-left", 0), ("bottom-right", lk - lq)):
+        run_attn(tmp_path, ["--params", "p.safetensors", "--num-heads", "2", "--query", "q.npy", "--key", "kv.npy",
+                            "--value", "kv.npy", "--out", f"{alignment}.npy", "--weights", f"w-{alignment}.npy",
+                            "--causal", alignment])
+        not_allowed = torch.arange(lk)[None, :] > torch.arange(lq)[:, None] + shift
+        with torch.no_grad():
+            ref, ref_w = m.double()(q.double(), kv.double(), kv.double(), attn_mask=not_allowed)
+        ref, ref_w = ref.numpy(), torch.nan_to_num(ref_w).numpy()  # a row with no key: torch NaN, attn 0
+        dead = not_allowed.all(-1).numpy()
+        ref[dead] = m.out_proj.bias.detach().double().numpy()  # attn: output 0 → out_proj.bias
+        assert rel_err(np.load(tmp_path / f"{alignment}.npy"), ref) <= REL_TOL, alignment
+        assert rel_err(np.load(tmp_path / f"w-{alignment}.npy"), ref_w) <= REL_TOL, alignment
+    assert not np.allclose(np.load(tmp_path / "top-left.npy"), np.load(tmp_path / "bottom-right.npy"))
 
 
 def test_heads_not_dividing(tmp_path):

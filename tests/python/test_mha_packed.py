@@ -4,14 +4,16 @@ nn.MultiheadAttention run on each sequence alone, in float64 on the same float32
 attn computes in float32 (projections, flash or reference attention), so per case
 max|attn - torch| <= 1e-5 * max|torch| (fp32 rounding of O(E)-term dot products; measured
 worst is printed with -s). Covers self-attention (key/value omitted), cross-attention with
-kdim/vdim and cu_seqlens_k different from cu_seqlens, causal, int32 offsets, an empty
-sequence, and the errors for bad cu_seqlens.
+kdim/vdim and cu_seqlens_k different from cu_seqlens, causal in both alignments, int32 offsets,
+an empty sequence, and the errors for bad cu_seqlens; and forward()'s causal_alignment, whose
+meaning forward_packed applies per sequence.
 """
 import numpy as np
 import pytest
 import torch
 
 import attn
+from reference import causal_keep
 
 REL_TOL = 1e-5
 
@@ -43,8 +45,8 @@ def torch_rows(t, q, k, v, cq, ck, causal):
         if qb.shape[1] == 0:
             continue
         mask = None
-        if causal:  # top-left: query i sees keys 0..i
-            mask = torch.ones(qb.shape[1], kb.shape[1], dtype=torch.bool).triu(1)
+        if causal:  # True or "top-left": query i sees keys 0..i; "bottom-right": keys 0..i + Lk - Lq
+            mask = ~torch.from_numpy(causal_keep(qb.shape[1], kb.shape[1], causal == "bottom-right"))
         with torch.no_grad():
             y, _ = t(qb, kb, vb, attn_mask=mask, need_weights=False)
         out.append(y[0].numpy())
@@ -81,6 +83,49 @@ def test_cross_attention_with_own_key_offsets():
     err = np.abs(got - want).max() / np.abs(want).max()
     print(f"cross: max rel diff {err:.3g}")
     assert err <= REL_TOL
+
+
+@pytest.mark.parametrize("alignment", ["top-left", "bottom-right"])
+def test_causal_cross_attention_in_both_alignments(alignment):
+    # Lq != Lk in every sequence: bottom-right aligns to each sequence's own lengths (Lq <= Lk: a
+    # row with no key would be torch's NaN).
+    rng = np.random.default_rng(8)
+    E, h = 16, 2
+    m = random_layer(rng, E, h)
+    lq, lk = [3, 5, 1], [7, 9, 4]
+    q = rng.standard_normal((sum(lq), E)).astype(np.float32)
+    kv = rng.standard_normal((sum(lk), E)).astype(np.float32)
+    got = m.forward_packed(q, offsets(lq), kv, kv, cu_seqlens_k=offsets(lk), is_causal=True, causal_alignment=alignment)
+    want = torch_rows(torch_layer(m, E, h), q, kv, kv, offsets(lq), offsets(lk), alignment)
+    assert np.abs(got - want).max() / np.abs(want).max() <= REL_TOL
+    if alignment == "bottom-right":
+        top = m.forward_packed(q, offsets(lq), kv, kv, cu_seqlens_k=offsets(lk), is_causal=True)
+        assert not np.allclose(got, top)  # the alignment matters here
+
+
+@pytest.mark.parametrize("alignment", ["top-left", "bottom-right"])
+def test_forward_takes_the_causal_alignment(alignment):
+    # attn.MultiheadAttention.forward: is_causal=True is torch's top-left; causal_alignment=
+    # "bottom-right" aligns the mask to the end (query i sees keys 0..i + Lk - Lq: new tokens
+    # after Lk - Lq earlier ones). Lq = 3 < Lk = 7, against torch with the explicit mask.
+    rng = np.random.default_rng(9)
+    E, h = 16, 2
+    m = random_layer(rng, E, h)
+    q = rng.standard_normal((2, 3, E)).astype(np.float32)
+    kv = rng.standard_normal((2, 7, E)).astype(np.float32)
+    got, w = m.forward(q, kv, kv, is_causal=True, causal_alignment=alignment)
+    mask = ~torch.from_numpy(causal_keep(3, 7, alignment == "bottom-right"))
+    with torch.no_grad():
+        want, want_w = torch_layer(m, E, h)(*(torch.from_numpy(x.astype(np.float64)) for x in (q, kv, kv)), attn_mask=mask)
+    assert np.abs(got - want.numpy()).max() / np.abs(want.numpy()).max() <= REL_TOL
+    assert np.abs(w - want_w.numpy()).max() <= REL_TOL
+    with pytest.raises(ValueError, match=r"causal_alignment: expected \"top-left\" or \"bottom-right\" but got \"bottom\""):
+        m.forward(q, kv, kv, is_causal=True, causal_alignment="bottom")
+    # With an appended key (no position) either alignment is refused, named as this call's keyword.
+    biased = attn.MultiheadAttention(E, h, batch_first=True, add_bias_kv=True)
+    with pytest.raises(ValueError, match=r"MultiHeadAttention: is_causal: not supported together with add_bias_kv .*"
+                                         r"pass a causal attn_mask"):
+        biased.forward(q, kv, kv, is_causal=True, causal_alignment=alignment)
 
 
 def test_threads_do_not_change_the_result():

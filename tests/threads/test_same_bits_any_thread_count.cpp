@@ -170,7 +170,7 @@ TEST(SameBitsAnyThreadCount, MhaLayerForwardAndTraining) {
     mha_test::randomise(m, rng);
     const Tensor x = mha_test::random_tensor(Shape{2, 200, 128}, rng), dy = mha_test::random_tensor(Shape{2, 200, 128}, rng);
     MhaForwardOptions causal;
-    causal.is_causal = true;
+    causal.causal = attn::Causal::top_left;
     expect_same_bits_on_any_thread_count([&] {
         MhaOutput y = m.forward(x, x, x, causal);
         MhaForwardState state;

@@ -4,13 +4,13 @@
 
 namespace attn::cli {
 
-CLI::Option* add_causal_option(CLI::App* cmd, std::string& value, const std::string& what, bool takes_bottom_right) {
+CLI::Option* add_causal_option(CLI::App* cmd, std::string& value, const std::string& what) {
     // expected(0, 1): the value may be left out; CLI11 then stores default_str. The help shows
     // the forms the command takes, not "TEXT=top-left", which read as if top-left were the default.
     return cmd->add_option("--causal", value, what + ". --causal alone means top-left; without --causal, none")
         ->expected(0, 1)
         ->default_str("top-left")
-        ->option_text(takes_bottom_right ? "[none|top-left|bottom-right]" : "[none|top-left]");
+        ->option_text("[none|top-left|bottom-right]");
 }
 
 Causal causal_option(const std::string& value) {

@@ -1,5 +1,5 @@
 // attn mha --params P.safetensors --num-heads H --query Q.npy [--key K.npy --value V.npy] --out O.npy
-//          [--batch-first] [--key-padding-mask M.npy] [--attn-mask A.npy] [--causal [none|top-left]]
+//          [--batch-first] [--key-padding-mask M.npy] [--attn-mask A.npy] [--causal [none|top-left|bottom-right]]
 //          [--weights W.npy] [--per-head-weights]
 //          [--grad-out dO.npy --grads G.safetensors [--dropout-p P --dropout-seed S]]   (training)
 //          [--softcap C] [--alibi | --alibi-slopes A.npy]      (a `sinks` tensor in the params: sinks)
@@ -110,12 +110,7 @@ void run(const MhaArgs& a) {
     if (!training && a.dropout_p != 0.0) throw Error("--dropout-p: only with --grads (training mode); eval mode has no dropout");
     const std::uint64_t seed = dropout_seed("--dropout-p", a.dropout_p, "--dropout-seed", a.dropout_seed);
     const Impl impl = with_flag("--impl", [&] { return parse_impl(a.impl); });
-    // The layer's causal mask is nn.MultiheadAttention's is_causal: top-left only.
     const Causal causal = causal_option(a.causal);
-    if (causal == Causal::bottom_right) {
-        throw Error("--causal: expected top-left (or none) but got 'bottom-right': the layer's causal mask is "
-                    "nn.MultiheadAttention's is_causal, top-left (attn sdpa has bottom-right)");
-    }
     // The dtype options, before any file is read (--out-dtype's default depends on the query).
     if (!a.out_dtype.empty() && training) throw Error("--out-dtype: not with --grads (training writes float32)");
     const std::optional<DType> out_dtype = parse_out_dtype(a.out_dtype);
@@ -199,7 +194,7 @@ void run(const MhaArgs& a) {
         am = read_tensor_arg("--attn-mask", a.attn_mask);
         opt.attn_mask = am.view();
     }
-    opt.is_causal = causal == Causal::top_left;
+    opt.causal = causal;
     opt.impl = impl;
     opt.need_weights = !a.weights.empty();
     opt.average_attn_weights = !a.per_head;
@@ -285,8 +280,8 @@ void add_mha_command(CLI::App& app) {
                     "forward only), as attn sdpa --impl");
     add_causal_option(cmd, args->causal,
                       "causal mask, combined with the other masks: top-left: query i sees keys 0..i (nn.MultiheadAttention's "
-                      "is_causal); none: no causal mask (bottom-right, attn sdpa's other alignment, is refused)",
-                      /*takes_bottom_right=*/false);
+                      "is_causal); bottom-right: keys 0..i+Lk-Lq (queries that are the last Lq of Lk positions: "
+                      "cross-attention on a cache, incremental decoding); none: no causal mask");
     cmd->add_option("--weights", args->weights, "write attention weights (B, Lq, Lk) averaged over heads, float32");
     cmd->add_flag("--per-head-weights", args->per_head, "with --weights: write (B, h, Lq, Lk) per head instead");
     cmd->add_option("--grad-out", args->grad_out, "training: dLoss/dOutput, shaped like the output; needs --grads");
@@ -305,7 +300,7 @@ void add_mha_command(CLI::App& app) {
         naming_flags([&] { run(a); }, {"MultiHeadAttention"},
                      {{"query", "--query"}, {"key", "--key"}, {"value", "--value"}, {"key_padding_mask", "--key-padding-mask"},
                       {"attn_mask", "--attn-mask"}, {"alibi_slopes", a.alibi ? "--alibi" : "--alibi-slopes"},
-                      {"grad_output", "--grad-out"}, {"dropout_p", "--dropout-p"}});
+                      {"grad_output", "--grad-out"}, {"dropout_p", "--dropout-p"}, {"causal", "--causal"}});
     });
 }
 
