@@ -208,9 +208,10 @@ attn::DType sixteen_bit_or_f32(attn::DType q) {
     return q == attn::DType::f16 || q == attn::DType::bf16 ? q : attn::DType::f32;
 }
 
-attn::DType out_dtype_arg(const py::handle& obj, attn::DType fallback, const char* name) {
+attn::DType out_dtype_arg(const py::handle& obj, attn::DType fallback, const char* name, bool with_float64) {
     if (obj.is_none()) return fallback;
-    const std::string expected = std::string(name) + ": expected \"float32\", \"float16\", \"bfloat16\" or None but got ";
+    const std::string expected = std::string(name) + ": expected \"float32\", " + (with_float64 ? "\"float64\", " : "") +
+                                 "\"float16\", \"bfloat16\" or None but got ";
     std::string dtype;
     if (PyUnicode_Check(obj.ptr())) {
         dtype = str_arg(obj, name);
@@ -224,6 +225,8 @@ attn::DType out_dtype_arg(const py::handle& obj, attn::DType fallback, const cha
     if (dtype == "float32") return attn::DType::f32;
     if (dtype == "float16") return attn::DType::f16;
     if (dtype == "bfloat16") return attn::DType::bf16;
+    if (dtype == "float64" && with_float64) return attn::DType::f64;
+    if (dtype == "float64") value_error(expected + given(obj) + ": this call computes in float32, not float64");
     value_error(expected + given(obj));
 }
 

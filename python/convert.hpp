@@ -92,8 +92,13 @@ attn::TensorView output_view(py::array& a, int rank);
 // dtype= (how to read uint16 inputs): None → false (uint16 refused), "bfloat16" → true.
 bool uint16_is_bf16_arg(const py::handle& obj);
 // out_dtype= (or the keyword `name`): None → `fallback`; "float32", "float16", "bfloat16" (or
-// numpy's float32/float16 dtype or type) → that dtype.
-attn::DType out_dtype_arg(const py::handle& obj, attn::DType fallback, const char* name = "out_dtype");
+// numpy's dtype or type) → that dtype; "float64" only `with_float64` — the calls whose C++ writes
+// a float64 output (sdpa, sdpa_varlen, their backwards, decode_attention, paged_attention: a
+// float32 kernel's result widened exactly, the reference's double one kept), as the CLI's
+// --out-dtype (docs/conventions.md, "The CLI's output dtype"). The others (the ring, the MHA
+// layer, intermediate_dtype) compute in float32 and refuse it, saying so.
+attn::DType out_dtype_arg(const py::handle& obj, attn::DType fallback, const char* name = "out_dtype",
+                          bool with_float64 = false);
 // The default out dtype of the serving calls (decode_attention, paged_attention) and the ring: a
 // 16-bit query's own dtype, else float32 (their outputs were float32 before 16-bit queries
 // existed); the ring's backward gives each gradient this of its own input's dtype.

@@ -195,7 +195,7 @@ py::tuple ring_backward(const py::handle& query, const py::handle& key, const py
         g = input(grad_out, "grad_out", 4, 4, kRingLayout, bf16);
         // dq/dk/dv in out_dtype, else each in its input's dtype (float32 for a float64 one: the
         // forward's out rule, per input).
-        grads = new_gradients(in.q.view, in.k.view, in.v.view, out_dtype, sixteen_bit_or_f32, 4, in.call->ring.sinks);
+        grads = new_gradients(in.q.view, in.k.view, in.v.view, out_dtype, BackwardPrecision::float32, 4, in.call->ring.sinks);
     });
     {
         py::gil_scoped_release release;
@@ -223,7 +223,8 @@ void bind_dist(py::module_& m) {
           ATTN_RING_KEYWORDS,
           "Collective: this rank's rows of O and lse (float32) for the sequence split over comm's ranks.\n"
           "query/key/value float32, float16, or uint16 bfloat16 bits with dtype=\"bfloat16\" (16-bit K/V travel\n"
-          "in 16 bits); out in out_dtype (default: a 16-bit query's dtype, else float32).\n"
+          "in 16 bits); out in out_dtype: \"float32\", \"float16\" or \"bfloat16\" (default: a 16-bit query's\n"
+          "dtype, else float32; no \"float64\": the ring computes in float32).\n"
           "The masking, modifier and dropout keywords are attn.scaled_dot_product_attention's, on global\n"
           "positions, the same on every rank (key_lengths and a (B,) query_offset: the same arrays);\n"
           "dropout_p/dropout_seed drop exactly what single-process attention drops with the same seed.\n"

@@ -7,13 +7,13 @@ py::tuple Gradients::result() const {
     return py::make_tuple(dq, dk, dv);
 }
 
-attn::DType own_dtype(attn::DType input) { return input; }
-
 Gradients new_gradients(const attn::TensorView& q, const attn::TensorView& k, const attn::TensorView& v,
-                        const py::handle& out_dtype, DefaultGradientDtype default_dtype, int rank,
+                        const py::handle& out_dtype, BackwardPrecision precision, int rank,
                         const std::optional<attn::TensorView>& sinks) {
+    const bool with_float64 = precision == BackwardPrecision::with_float64;
     const auto dtype_of = [&](const attn::TensorView& input) {
-        return out_dtype_arg(out_dtype, default_dtype(input.dtype()));
+        const attn::DType own = with_float64 ? input.dtype() : sixteen_bit_or_f32(input.dtype());
+        return out_dtype_arg(out_dtype, own, "out_dtype", with_float64);
     };
     Gradients g;
     g.dq = new_array(dtype_of(q), dims_of(q), "dq (the query's shape)");

@@ -24,20 +24,21 @@ struct Gradients {
     py::tuple result() const;  // (dq, dk, dv), or (dq, dk, dv, dsinks) with sinks
 };
 
-// A gradient's dtype when out_dtype= is None, from its own input's dtype: `own_dtype` (sdpa and
-// varlen: a float64 input keeps float64, the reference backward's) or `sixteen_bit_or_f32` (the
-// ring, which computes in float32).
-using DefaultGradientDtype = attn::DType (*)(attn::DType input);
-attn::DType own_dtype(attn::DType input);
+// What a backward computes in, which decides its gradients' dtypes: `with_float64` (sdpa and
+// varlen: a float64 input keeps a float64 gradient — the reference backward runs in double — and
+// out_dtype="float64" is taken) or `float32` (the ring: a float64 input's gradient is float32,
+// sixteen_bit_or_f32, and out_dtype="float64" is refused, out_dtype_arg).
+enum class BackwardPrecision { with_float64, float32 };
 
-// dq, dk, dv each in out_dtype= when it is given (all three), else dq in default_dtype(q's dtype),
-// dk in k's, dv in v's: one dtype for all three rounded every gradient into q's, so a float32
-// key's gradient under a bfloat16 query kept 8 bits, and a bfloat16 value's overflowed to inf past
-// float16's 65504 under a float16 query (torch's rule: a gradient has its tensor's dtype).
+// dq, dk, dv each in out_dtype= when it is given (all three), else dq in q's dtype, dk in k's, dv
+// in v's (float32 for a float64 one under BackwardPrecision::float32): one dtype for all three
+// rounded every gradient into q's, so a float32 key's gradient under a bfloat16 query kept 8 bits,
+// and a bfloat16 value's overflowed to inf past float16's 65504 under a float16 query (torch's
+// rule: a gradient has its tensor's dtype).
 // `rank`: the rank the C++ call takes (4 for sdpa and ring, 3 for packed sequences);
 // `sinks`: the call's (Hq,) sinks, if any.
 Gradients new_gradients(const attn::TensorView& q, const attn::TensorView& k, const attn::TensorView& v,
-                        const py::handle& out_dtype, DefaultGradientDtype default_dtype, int rank,
+                        const py::handle& out_dtype, BackwardPrecision precision, int rank,
                         const std::optional<attn::TensorView>& sinks);
 
 }  // namespace attn_py

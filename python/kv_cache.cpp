@@ -165,7 +165,7 @@ py::object decode_py(const py::object& query, const py::object& cache_obj, const
     set_mask(attn_mask, bf16_bits, o);
     const std::int64_t dv = cache.value_dim() ? cache.value_dim() : cache.head_dim();
     const attn::TensorView& qv = q.view;
-    const attn::DType odt = out_dtype_arg(out_dtype, sixteen_bit_or_f32(qv.dtype()));
+    const attn::DType odt = out_dtype_arg(out_dtype, sixteen_bit_or_f32(qv.dtype()), "out_dtype", /*with_float64=*/true);
     py::array out = new_array(odt, {qv.dim(0), qv.dim(1), qv.dim(2), dv}, "out (B, Hq, Lq, Dv)");
     py::array lse = return_lse ? new_array(attn::DType::f32, {qv.dim(0), qv.dim(1), qv.dim(2)}, "lse (B, Hq, Lq)") : py::array();
     const attn::TensorView ov = output_view(out, 4);
@@ -243,7 +243,8 @@ void bind_kv_cache(py::module_& m) {
           "so do the score modifiers softcap, alibi_slopes (True, (Hq,) or (B, Hq)) and sinks (Hq,).\n"
           "attn_mask: bool (True = may attend) or float (added), broadcastable to (B, Hq, Lq, n) with n the\n"
           "cache's longest sequence, at least 1 (column j = cache position j; positions past a sequence's length stay hidden).\n"
-          "out_dtype=\"float32\"|\"float16\"|\"bfloat16\": out's dtype (default: a 16-bit query's, else float32);\n"
+          "out_dtype=\"float32\"|\"float64\"|\"float16\"|\"bfloat16\": out's dtype (default: a 16-bit query's, else\n"
+          "float32; float64: the float32 result widened exactly);\n"
           "bfloat16 is a uint16 array of its bits. lse is float32.\n"
           "impl=\"auto\" (the choice above), \"decode\" (up to 16 new queries), \"flash\" or \"reference\", as in\n"
           "scaled_dot_product_attention.");

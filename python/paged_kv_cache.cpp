@@ -64,7 +64,7 @@ py::object paged_attention_py(const py::object& query, PyPagedKVCache& c, const 
     set_modifiers({softcap, alibi_slopes, sinks}, q.view.dim(1), o);
     set_mask(attn_mask, bf16_bits, o);
     const attn::TensorView& qv = q.view;
-    const attn::DType odt = out_dtype_arg(out_dtype, sixteen_bit_or_f32(qv.dtype()));
+    const attn::DType odt = out_dtype_arg(out_dtype, sixteen_bit_or_f32(qv.dtype()), "out_dtype", /*with_float64=*/true);
     py::array out = new_array(odt, {qv.dim(0), qv.dim(1), qv.dim(2), c.cache.value_dim()}, "out (B, Hq, Lq, Dv)");
     py::array lse = return_lse ? new_array(attn::DType::f32, {qv.dim(0), qv.dim(1), qv.dim(2)}, "lse (B, Hq, Lq)") : py::array();
     const attn::TensorView ov = output_view(out, 4);

@@ -61,7 +61,8 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
                                           {is_causal, causal_alignment, window, window_alignment, query_offset},
                                           dropout_seed, impl, bf16, dropout_origin},
                                          {softcap, alibi_slopes, sinks}, rank >= 3 ? q.view.dim(rank - 3) : 1);
-    const attn::DType odt = out_dtype_arg(out_dtype, q.view.dtype()), sdt = stat_dtype(q.view.dtype());
+    const attn::DType odt = out_dtype_arg(out_dtype, q.view.dtype(), "out_dtype", /*with_float64=*/true);
+    const attn::DType sdt = stat_dtype(q.view.dtype());
     // Q, K and V checked as sdpa checks them before any output is allocated: the (…, Lq, Lk)
     // weights of a call about to be refused (K's head dim not Q's) were a MemoryError of 64 GiB
     // at Lq = Lk = 2^17, not the error naming K.
@@ -122,7 +123,7 @@ py::tuple sdpa_backward_py(const py::object& query, const py::object& key, const
                                           {is_causal, causal_alignment, window, window_alignment, query_offset},
                                           dropout_seed, impl, bf16, dropout_origin},
                                          {softcap, alibi_slopes, sinks}, r >= 3 ? q.view.dim(r - 3) : 1);
-    Gradients grads = new_gradients(q.view, k.view, v.view, out_dtype, own_dtype, 4, opt.sdpa.sinks);
+    Gradients grads = new_gradients(q.view, k.view, v.view, out_dtype, BackwardPrecision::with_float64, 4, opt.sdpa.sinks);
     {
         py::gil_scoped_release nogil;
         const attn::ScopedNumThreads scoped_threads(threads);
@@ -198,7 +199,8 @@ void bind_sdpa(py::module_& m) {
           "threads: compute on this many threads (default None: attn.get_num_threads()).\n"
           "query/key/value: float32, float64, float16, or uint16 arrays of bfloat16 bits with\n"
           "dtype=\"bfloat16\" (NumPy has no bfloat16; dtype says how to read every uint16 input).\n"
-          "out_dtype=\"float32\"|\"float16\"|\"bfloat16\": the dtype of out (default: query's); float16\n"
+          "out_dtype=\"float32\"|\"float64\"|\"float16\"|\"bfloat16\": the dtype of out (default: query's);\n"
+          "float64 keeps the reference's double result (a float32 kernel's is widened exactly); float16\n"
           "is a float16 array, bfloat16 a uint16 array of its bits. lse/weights/scores: float32\n"
           "(float64 for a float64 query).\n"
           "Returns out, or (out[, lse][, weights][, scores]) when return_lse / return_weights / return_scores.");
@@ -216,7 +218,8 @@ void bind_sdpa(py::module_& m) {
           "dropout_seed and dropout_origin too: the backward regenerates the forward's keep mask).\n"
           "With sinks: (dq, dk, dv, dsinks). ALiBi slopes get no gradient.\n"
           "dtype=\"bfloat16\": uint16 inputs hold bfloat16 bits. dq, dk, dv all in out_dtype when given, else\n"
-          "each in its own input's dtype: dq in query's, dk in key's, dv in value's.");
+          "each in its own input's dtype: dq in query's, dk in key's, dv in value's. out_dtype=\"float64\"\n"
+          "as the forward's (the reference's double result, a float32 kernel's widened exactly).");
     m.def(
         "alibi_slopes",
         [](const py::object& heads_obj) {

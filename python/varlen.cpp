@@ -58,7 +58,7 @@ py::object sdpa_varlen_py(const py::object& query, const py::object& key, const 
                                      {softcap, alibi_slopes, sinks});
     const attn::TensorView& q = c.q.view;
     // As sdpa's: out in out_dtype (default the query's), lse float (stat_dtype).
-    const attn::DType odt = out_dtype_arg(out_dtype, q.dtype());
+    const attn::DType odt = out_dtype_arg(out_dtype, q.dtype(), "out_dtype", /*with_float64=*/true);
     py::array out = new_array(odt, {q.dim(0), q.dim(1), c.v.view.dim(2)}, "out (Tq, Hq, Dv)");
     py::array lse = new_array(stat_dtype(q.dtype()), {q.dim(0), q.dim(1)}, "lse (Tq, Hq)");
     const attn::TensorView ov = output_view(out, 3), lv = output_view(lse, 2);
@@ -93,7 +93,7 @@ py::tuple sdpa_varlen_backward_py(const py::object& query, const py::object& key
     const Input l = input(lse, "lse", 2, 2, "(total_tokens, H)");
     const Input g = input(grad_out, "grad_out", 3, 3, kPacked, bf16);
     // As sdpa_backward's; dsinks summed over the sequences (sdpa_varlen_backward).
-    Gradients grads = new_gradients(c.q.view, c.k.view, c.v.view, out_dtype, own_dtype, 3, c.opt.sdpa.sinks);
+    Gradients grads = new_gradients(c.q.view, c.k.view, c.v.view, out_dtype, BackwardPrecision::with_float64, 3, c.opt.sdpa.sinks);
     {
         py::gil_scoped_release nogil;
         const attn::ScopedNumThreads scoped_threads(threads);
@@ -126,7 +126,7 @@ void bind_varlen(py::module_& m) {
           "alone with dropout_seed=varlen_dropout_seed(dropout_seed, b).\n"
           "threads: compute on this many threads (default None: attn.get_num_threads()).\n"
           "query/key/value: float32, float64, float16, or uint16 bfloat16 bits with dtype=\"bfloat16\".\n"
-          "out_dtype=\"float32\"|\"float16\"|\"bfloat16\": out's dtype (default: query's); lse float32\n"
+          "out_dtype=\"float32\"|\"float64\"|\"float16\"|\"bfloat16\": out's dtype (default: query's); lse float32\n"
           "(float64 for a float64 query). Returns out (Tq, Hq, Dv), or (out, lse (Tq, Hq)) when return_lse.");
     m.def("sdpa_varlen_backward", &sdpa_varlen_backward_py, py::arg("query"), py::arg("key"), py::arg("value"),
           py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"), py::arg("out"), py::arg("lse"), py::arg("grad_out"),
@@ -139,7 +139,8 @@ void bind_varlen(py::module_& m) {
           "Gradients (dq, dk, dv) of sdpa_varlen given its out and lse (return_lse=True) and grad_out;\n"
           "with sinks (dq, dk, dv, dsinks), dsinks summed over the sequences. The same options as the forward.\n"
           "dtype=\"bfloat16\": uint16 inputs hold bfloat16 bits. dq, dk, dv all in out_dtype when given, else\n"
-          "each in its own input's dtype: dq in query's, dk in key's, dv in value's.");
+          "each in its own input's dtype: dq in query's, dk in key's, dv in value's. out_dtype=\"float64\"\n"
+          "as the forward's (the reference's double result, a float32 kernel's widened exactly).");
     m.def(
         "varlen_dropout_seed",
         [](const py::object& seed_obj, const py::object& b_obj) {

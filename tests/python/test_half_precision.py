@@ -53,6 +53,7 @@ def test_out_dtype_accepts_numpy_types_and_float64_keeps_float64():
     out64, lse64 = attn.scaled_dot_product_attention(*(x.astype(np.float64) for x in (q32, k32, v32)),
                                                      return_lse=True)
     assert out64.dtype == np.float64 and lse64.dtype == np.float64
+    assert attn.scaled_dot_product_attention(q32, k32, v32, out_dtype=np.float64).dtype == np.float64
 
 
 def test_strided_half_inputs_are_read_in_place():
@@ -167,6 +168,67 @@ def test_varlen_backward_each_gradient_in_its_inputs_dtype():
     check_grads(grads, [packed(r) for r in textbook_grads(qr, kr, vr, g32)], ("float16", "bfloat16", "float32"))
 
 
+def test_out_dtype_float64_where_the_call_writes_float64():
+    """out_dtype="float64" (or np.float64), as the CLI's --out-dtype float64 (docs/conventions.md,
+    "The CLI's output dtype"): the reference keeps its double result, a float32 kernel's is widened
+    exactly. It was refused everywhere (only a float64 query gave a float64 out)."""
+    q32, k32, v32 = problem(15, lq=6, lk=9)
+    g32 = np.random.default_rng(16).standard_normal((2, 4, 6, 16)).astype(np.float32)
+    q64, k64, v64 = (x.astype(np.float64) for x in (q32, k32, v32))
+    sdpa, back = attn.scaled_dot_product_attention, attn.scaled_dot_product_attention_backward
+    # The reference on float32 inputs computes in double: a float64 out has the float64 inputs' bits.
+    out = sdpa(q32, k32, v32, out_dtype="float64", impl="reference")
+    assert out.dtype == np.float64
+    np.testing.assert_array_equal(out, sdpa(q64, k64, v64, impl="reference"))
+    assert np.abs(out - sdpa(q32, k32, v32, impl="reference")).max() > 0  # not the float32 result widened
+    # Its backward too: dq, dk, dv float64, within the stated bound of the float64 textbook.
+    o32, lse = sdpa(q32, k32, v32, return_lse=True, impl="reference")
+    grads = back(q32, k32, v32, o32, lse, g32, out_dtype=np.float64, impl="reference")
+    check_grads(grads, textbook_grads(q32, k32, v32, g32), ("float64",) * 3)
+    # A float32 kernel's result, widened exactly: forward and backward (flash reads 16-bit inputs too).
+    q16, _ = rounded(q32, "float16")
+    o16, lse16 = sdpa(q16, k32, v32, return_lse=True, out_dtype="float32")
+    np.testing.assert_array_equal(sdpa(q16, k32, v32, out_dtype="float64"), o16.astype(np.float64))
+    wide = back(q16, k32, v32, o16, lse16, g32, out_dtype="float64")
+    for ours, f32 in zip(wide, back(q16, k32, v32, o16, lse16, g32, out_dtype="float32")):
+        assert ours.dtype == np.float64
+        np.testing.assert_array_equal(ours, f32.astype(np.float64))
+    # Packed sequences: sdpa_varlen and its backward.
+    packed = lambda a: np.ascontiguousarray(a[0].transpose(1, 0, 2))  # noqa: E731
+    cq, ck = np.array([0, 6], np.int32), np.array([0, 9], np.int32)
+    pq, pk, pv, pg = (packed(x) for x in (q32, k32, v32, g32))
+    po, plse = attn.sdpa_varlen(pq, pk, pv, cq, ck, return_lse=True)
+    np.testing.assert_array_equal(attn.sdpa_varlen(pq, pk, pv, cq, ck, out_dtype="float64"), po.astype(np.float64))
+    for ours, f32 in zip(attn.sdpa_varlen_backward(pq, pk, pv, cq, ck, po, plse, pg, out_dtype="float64"),
+                         attn.sdpa_varlen_backward(pq, pk, pv, cq, ck, po, plse, pg)):
+        assert ours.dtype == np.float64
+        np.testing.assert_array_equal(ours, f32.astype(np.float64))
+    # The serving calls: decode_attention on a KVCache, paged_attention on a PagedKVCache.
+    cache = attn.KVCache(2, 2, 16, 16)
+    cache.append(k32, v32)
+    q1 = np.ascontiguousarray(q32[:, :, :1])
+    np.testing.assert_array_equal(attn.decode_attention(q1, cache, out_dtype="float64"),
+                                  attn.decode_attention(q1, cache).astype(np.float64))
+    pages = attn.PagedKVCache(2, 16, 8, page_size=4)
+    seqs = [pages.add_sequence() for _ in range(2)]
+    for b, s in enumerate(seqs):
+        pages.append(s, k32[b], v32[b])
+    np.testing.assert_array_equal(attn.paged_attention(q1, pages, seqs, out_dtype="float64"),
+                                  attn.paged_attention(q1, pages, seqs).astype(np.float64))
+
+
+def test_out_dtype_float64_is_refused_where_the_call_computes_in_float32():
+    # The MHA layer writes float32, float16 or bfloat16 (attn.dist's ring: tests/ring).
+    m = attn.MultiheadAttention(16, 2)
+    x = np.zeros((3, 16), np.float32)
+    refused = r'expected "float32", "float16", "bfloat16" or None but got str \'float64\': this call computes in float32'
+    for kw in ("out_dtype", "intermediate_dtype"):
+        with pytest.raises(TypeError, match=kw + ": " + refused):
+            m(x, x, x, **{kw: "float64"})
+    with pytest.raises(TypeError, match="out_dtype: " + refused):
+        m.forward_incremental(x, attn.KVCache(1, 2, 8, 4), out_dtype="float64")
+
+
 def test_uint16_without_dtype_is_a_type_error_naming_the_keyword():
     q32, k32, v32 = problem(8, lq=2, lk=3)
     k, _ = rounded(k32, "bfloat16")
@@ -181,7 +243,7 @@ def test_uint16_without_dtype_is_a_type_error_naming_the_keyword():
     (dict(out_dtype="int8"), r"out_dtype: expected"),
     (dict(out_dtype="float64x"), r"out_dtype: expected"),
     (dict(out_dtype=3), r"out_dtype: expected"),
-    (dict(out_dtype=np.float64), r"out_dtype: expected"),
+    (dict(out_dtype=np.int16), r"out_dtype: expected"),
 ])
 def test_bad_dtype_keywords(kw, pattern):
     q32, k32, v32 = problem(9, lq=2, lk=3)

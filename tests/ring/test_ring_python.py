@@ -284,6 +284,37 @@ def test_a_bad_argument_on_one_rank_is_an_error_on_every_rank(tmp_path, np_):
             assert mine["several"].startswith("ValueError: layout: expected zigzag or contiguous"), mine
 
 
+FLOAT64_REFUSED = r"""
+import numpy as np
+import attn
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+x = np.random.default_rng(comm.Get_rank()).standard_normal((1, 2, 4, 8)).astype(np.float32)
+o, lse = attn.dist.ring_attention(x, x, x, comm)
+for name, call in (("forward", lambda: attn.dist.ring_attention(x, x, x, comm, out_dtype="float64")),
+                   ("backward", lambda: attn.dist.ring_attention_backward(x, x, x, o, lse, o, comm, out_dtype="float64"))):
+    try:
+        call()
+        print(name, "accepted")
+    except Exception as e:
+        print(name, type(e).__name__ + ": " + str(e))
+"""
+
+
+def test_out_dtype_float64_is_refused_saying_the_ring_computes_in_float32():
+    """attn.scaled_dot_product_attention and its backward take out_dtype="float64"; the ring, which
+    computes in float32, refuses it saying so (docs/conventions.md, "The CLI's output dtype")."""
+    env = dict(ENV, PYTHONPATH=PYPATH)
+    r = subprocess.run([MPIEXEC, "-q", "--oversubscribe", "-np", "1", sys.executable, "-c", FLOAT64_REFUSED],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert [x.split()[0] for x in lines] == ["forward", "backward"], r.stdout
+    for line in lines:
+        assert line.split(" ", 1)[1] == ('TypeError: out_dtype: expected "float32", "float16", "bfloat16" or None but '
+                                         "got str 'float64': this call computes in float32, not float64"), line
+
+
 NULL_COMM = r"""
 import numpy as np
 from mpi4py import MPI
