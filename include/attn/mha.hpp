@@ -155,7 +155,9 @@ struct MhaForwardState {
     Tensor cu_seqlens_q, cu_seqlens_k;
 };
 
-// ∂loss/∂x for every parameter (state_dict names and order) and input.
+// ∂loss/∂x for every parameter (state_dict names and order) and input, all float32 (training
+// parameters are float32, the sums too): a caller that wants torch's dtypes — each gradient in its
+// tensor's — rounds each once, as `attn mha --grads` does (docs/conventions.md, "The gradients' dtypes").
 struct MhaGradients {
     std::vector<std::pair<std::string, Tensor>> params;
     Tensor query, key, value;  // shaped like the inputs, float32, one per argument: for

@@ -207,3 +207,75 @@ def test_intermediate_dtype_rounds_like_torch_16bit_layer(dtype, tmp_path):
         np.testing.assert_array_equal(np.load(tmp_path / "o.npy"), mid)
         r = subprocess.run(base + ["--intermediate-dtype", "int8"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
         assert r.returncode != 0 and "--intermediate-dtype: expected float16, bfloat16 or float32 but got 'int8'" in r.stderr
+
+
+def rounded_once(a32, dtype):
+    """A float32 array rounded to nearest even into dtype, as attn writes it (bfloat16: its bits)."""
+    return bits(torch.from_numpy(np.ascontiguousarray(a32, np.float32)).to(TORCH[dtype])) if dtype in TORCH else a32
+
+
+@pytest.mark.skipif(not ATTN_BIN, reason="ATTN_BIN is not set (the CLI is not built)")
+def test_cli_training_gradients_in_their_tensors_dtypes(tmp_path):
+    """attn mha --grads (docs/conventions.md, "The gradients' dtypes"): each gradient in its tensor's
+    dtype when 16-bit, else float32 — a parameter's as the --params tensor, an input's as the file —
+    the layer's float32 gradient rounded once (the --out-dtype float32 run's, bit for bit), within
+    docs/mha-backward.md's bound of torch float64 plus that rounding. --out-dtype sets O and every
+    gradient. They were all F32 (and --out-dtype with --grads an error)."""
+    E, h, B, Lq, Lk = 16, 4, 2, 5, 7
+    m = module(E, h, 21)
+    ckpt = {"in_proj_weight": "bfloat16", "in_proj_bias": "float16", "out_proj.weight": "float32",
+            "out_proj.bias": "bfloat16"}
+    sd = {n: t.to(TORCH.get(ckpt[n], torch.float32)) for n, t in m.state_dict().items()}
+    write_safetensors(tmp_path / "p.safetensors", {n: (bits(t), ckpt[n]) for n, t in sd.items()})
+    g = torch.Generator().manual_seed(22)
+    xq = torch.randn(B, Lq, E, generator=g).to(torch.bfloat16)
+    xk = torch.randn(B, Lk, E, generator=g).to(torch.float16)
+    xv = torch.randn(B, Lk, E, generator=g).double()
+    dy = torch.randn(B, Lq, E, generator=g)
+    write_safetensors(tmp_path / "q.safetensors", {"q": (bits(xq), "bfloat16")})
+    np.save(tmp_path / "k.npy", xk.numpy())
+    np.save(tmp_path / "v.npy", xv.numpy())
+    np.save(tmp_path / "dy.npy", dy.numpy())
+    want = {**ckpt, "query": "bfloat16", "key": "float16", "value": "float32"}  # float64 value: float32
+
+    # torch float64 autograd on the values the files hold.
+    ref = module(E, h, 0).double()
+    ref.load_state_dict({n: t.double() for n, t in sd.items()})
+    inputs = [x.detach().double().requires_grad_() for x in (xq, xk, xv)]
+    ref(*inputs, need_weights=False)[0].backward(dy.double())
+    refs = {**{n: p.grad.numpy() for n, p in ref.named_parameters()},
+            **{n: x.grad.numpy() for n, x in zip(("query", "key", "value"), inputs)}}
+
+    def run(tag, *extra):
+        r = subprocess.run([ATTN_BIN, "mha", "--params", "p.safetensors", "--num-heads", str(h), "--batch-first",
+                            "--query", "q.safetensors:q", "--key", "k.npy", "--value", "v.npy", "--grad-out", "dy.npy",
+                            "--out", f"o{tag}.safetensors", "--grads", f"g{tag}.safetensors", *extra],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return (read_safetensors(tmp_path / f"g{tag}.safetensors"),
+                read_safetensors(tmp_path / f"o{tag}.safetensors")["out"])
+
+    grads, out = run("")
+    grads32, out32 = run("32", "--out-dtype", "float32")
+    assert set(grads) == set(want) and out[1] == "bfloat16" and out32[1] == "float32"
+    np.testing.assert_array_equal(out[0], rounded_once(out32[0], "bfloat16"))
+    for n, dt in want.items():
+        (a, got), (a32, got32) = grads[n], grads32[n]
+        assert (got, got32) == (dt, "float32"), n
+        np.testing.assert_array_equal(a, rounded_once(a32, dt), err_msg=n)
+        r = refs[n]
+        e = 1e-4 * np.abs(r).max() + 1e-6  # docs/mha-backward.md: the float32 layer against torch float64
+        assert np.abs(a32 - r).max() <= e, n
+        assert np.all(np.abs(widened(a, dt) - r) <= e + U.get(dt, 0.0) * (np.abs(r) + e)), n
+    grads16, out16 = run("16", "--out-dtype", "float16")
+    assert out16[1] == "float16" and {n: t[1] for n, t in grads16.items()} == dict.fromkeys(want, "float16")
+    # Self-attention: the query's gradient is the sum of its three uses, summed in float32 first.
+    selves = []
+    for extra in ([], ["--out-dtype", "float32"]):
+        r = subprocess.run([ATTN_BIN, "mha", "--params", "p.safetensors", "--num-heads", str(h), "--batch-first",
+                            "--query", "q.safetensors:q", "--grad-out", "dy.npy", "--out", "os.safetensors", "--grads",
+                            "gs.safetensors", *extra], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        assert r.returncode == 0, r.stderr
+        selves.append(read_safetensors(tmp_path / "gs.safetensors")["query"])
+    assert (selves[0][1], selves[1][1]) == ("bfloat16", "float32")
+    np.testing.assert_array_equal(selves[0][0], rounded_once(selves[1][0], "bfloat16"))

@@ -94,6 +94,13 @@ std::vector<std::pair<std::string, TensorView>> layer_of(const SafetensorsFile& 
     return state;
 }
 
+// A training gradient's dtype (--grads; docs/conventions.md, "The gradients' dtypes"): --out-dtype
+// when given (all of them), else its tensor's — the --params tensor's for a parameter, the input's
+// for query/key/value — when that is 16-bit, else float32 (the layer computes in float32, and attn
+// writes no F64 safetensors): out_dtype_for's rule for O, per tensor. They were all float32: a
+// bfloat16 checkpoint's or query's gradient came back in another dtype than torch gives it.
+DType training_dtype(std::optional<DType> out_dtype, DType tensor_dtype) { return out_dtype_for(out_dtype, tensor_dtype); }
+
 void run(const MhaArgs& a) {
     if (a.key.empty() != a.value.empty()) {
         throw Error(a.key.empty() ? "--value: given without --key (give both, or neither for self-attention)"
@@ -112,7 +119,6 @@ void run(const MhaArgs& a) {
     const Impl impl = with_flag("--impl", [&] { return parse_impl(a.impl); });
     const Causal causal = causal_option(a.causal);
     // The dtype options, before any file is read (--out-dtype's default depends on the query).
-    if (!a.out_dtype.empty() && training) throw Error("--out-dtype: not with --grads (training writes float32)");
     const std::optional<DType> out_dtype = parse_out_dtype(a.out_dtype);
     if (!a.intermediate_dtype.empty() && training)
         throw Error("--intermediate-dtype: not with --grads (training keeps float32 intermediates)");
@@ -198,6 +204,8 @@ void run(const MhaArgs& a) {
     opt.impl = impl;
     opt.need_weights = !a.weights.empty();
     opt.average_attn_weights = !a.per_head;
+    // O: --out-dtype, default a 16-bit query's dtype, else float32 — in training too, where
+    // --out-dtype also sets every gradient's dtype (training_dtype).
     opt.out_dtype = out_dtype_for(out_dtype, q.dtype());
     // Before the layer runs (bfloat16 has no .npy).
     OutputFiles::check_dtype("--out", a.out, *opt.out_dtype, float_dtypes(/*with_float64=*/false));
@@ -207,10 +215,25 @@ void run(const MhaArgs& a) {
         // the query's gradient is the sum of the three uses, as autograd gives).
         const Tensor dy = read_float_arg("--grad-out", a.grad_out);
         MhaForwardState saved;
-        const Tensor y = layer.forward_train(q, k, v, opt, MhaTrainOptions{a.dropout_p, seed}, saved);
+        Tensor y = layer.forward_train(q, k, v, opt, MhaTrainOptions{a.dropout_p, seed}, saved);
         MhaGradients g = layer.backward(saved, dy.view());
+        // The layer's float32 gradients, each rounded once into training_dtype of its tensor: the
+        // --params tensor of its name, or the input. `rounded` owns the converted ones.
+        std::map<std::string, DType> param_dtypes;
+        for (const auto& [name, t] : state) param_dtypes.emplace(name, t.dtype());
+        std::vector<Tensor> rounded;
+        rounded.reserve(g.params.size() + 3);
         std::vector<std::pair<std::string, TensorView>> named;
-        for (const auto& [name, t] : g.params) named.emplace_back(name, t.view());
+        auto add_gradient = [&](const std::string& name, const Tensor& grad, DType tensor_dtype) {
+            const DType dt = training_dtype(out_dtype, tensor_dtype);
+            if (dt == grad.dtype()) {
+                named.emplace_back(name, grad.view());
+                return;
+            }
+            rounded.push_back(to_dtype(grad.view(), dt));
+            named.emplace_back(name, rounded.back().view());
+        };
+        for (const auto& [name, t] : g.params) add_gradient(name, t, param_dtypes.at(name));
         auto add_into = [](Tensor& dst, const Tensor& src) {
             float* d = dst.data_as<float>();
             const float* s = src.data_as<const float>();
@@ -223,11 +246,13 @@ void run(const MhaArgs& a) {
         if (k_is_q) add_into(g.query, g.key);
         if (v_is_q) add_into(g.query, g.value);
         else if (v_is_k) add_into(g.key, g.value);
-        named.emplace_back("query", g.query.view());
-        if (!k_is_q) named.emplace_back("key", g.key.view());
-        if (!v_is_q && !v_is_k) named.emplace_back("value", g.value.view());
+        add_gradient("query", g.query, q.dtype());
+        if (!k_is_q) add_gradient("key", g.key, k.dtype());
+        if (!v_is_q && !v_is_k) add_gradient("value", g.value, v.dtype());
+        // O, the float32 output of forward_train, rounded once into opt.out_dtype as forward() does.
+        const Tensor o = *opt.out_dtype == y.dtype() ? std::move(y) : to_dtype(y.view(), *opt.out_dtype);
         // One publication for both files: an error writing either leaves neither behind.
-        OutputFiles::write_all({{"--grads", a.grads, TensorView(), named}, {"--out", a.out, y.view()}});
+        OutputFiles::write_all({{"--grads", a.grads, TensorView(), named}, {"--out", a.out, o.view()}});
         return;
     }
     const MhaOutput r = layer.forward(q, k, v, opt);
@@ -257,8 +282,9 @@ void add_mha_command(CLI::App& app) {
                     "output, shaped like the query with E features, in --out-dtype (a path ending in .safetensors gets a "
                     "safetensors file)")->required();
     cmd->add_option("--out-dtype", args->out_dtype,
-                    "dtype of the output: float32, float16 or bfloat16 (only into .safetensors); default: the query's "
-                    "when 16-bit, else float32. --weights (the attention weights) are float32 whatever this says");
+                    "dtype of the output and, with --grads, of every gradient: float32, float16 or bfloat16 (only into "
+                    ".safetensors). Default: the output in the query's dtype when 16-bit, else float32; each gradient "
+                    "in its tensor's (see --grads). --weights (the attention weights) are float32 whatever this says");
     cmd->add_option("--intermediate-dtype", args->intermediate_dtype,
                     "dtype of Q, K, V and the attention output between the GEMMs: float32 (default, the most "
                     "accurate), or float16/bfloat16 — each rounded once to it, as PyTorch's 16-bit layer keeps them "
@@ -286,8 +312,9 @@ void add_mha_command(CLI::App& app) {
     cmd->add_flag("--per-head-weights", args->per_head, "with --weights: write (B, h, Lq, Lk) per head instead");
     cmd->add_option("--grad-out", args->grad_out, "training: dLoss/dOutput, shaped like the output; needs --grads");
     cmd->add_option("--grads", args->grads,
-                    "training: write every gradient as F32 safetensors: the state_dict names, then 'query' (and 'key', "
-                    "'value' when they are other files; an input used twice gets the sum)");
+                    "training: write every gradient as safetensors: the state_dict names, then 'query' (and 'key', "
+                    "'value' when they are other files; an input used twice gets the sum). Each in --out-dtype when "
+                    "given, else in its tensor's dtype (the --params tensor's, the input's) when 16-bit, else F32");
     // The range is checked in run(), in attn's words (a CLI11 Range check would word it its way).
     cmd->add_option("--dropout-p", args->dropout_p, "training: dropout probability on the attention weights (0 <= p < 1)");
     cmd->add_option("--dropout-seed", args->dropout_seed, "training: dropout seed (the keep mask is a function of it)");
