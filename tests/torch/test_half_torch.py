@@ -42,11 +42,27 @@ def test_forward_in_and_out(qd, kvd):
     check(out, textbook(q, k, v), qd)
 
 
-@pytest.mark.parametrize("out_dtype", [torch.float32] + HALF)
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float64] + HALF)
 def test_out_dtype(out_dtype):
     q, k, v = inputs([torch.bfloat16] * 3, lq=3, lk=4)
     out = at.scaled_dot_product_attention(q, k, v, enable_gqa=True, impl="reference", out_dtype=out_dtype)
     check(out, textbook(q, k, v), out_dtype)
+
+
+def test_float64_out_keeps_the_references_double_result_and_trains():
+    # out_dtype=torch.float64 (the core's "float64", docs/conventions.md "The CLI's output dtype"):
+    # the reference on float32 inputs computes in double, so out has the float64 inputs' result;
+    # the gradients still come back in the inputs' dtypes.
+    q, k, v = (t.requires_grad_() for t in inputs([torch.float32] * 3, lq=3, lk=4))
+    out = at.scaled_dot_product_attention(q, k, v, enable_gqa=True, impl="reference", out_dtype=torch.float64)
+    ref = textbook(*(t.detach().double().requires_grad_() for t in (q, k, v)))
+    assert out.dtype == torch.float64 and (out - ref).abs().max() <= 1e-12 * ref.abs().max()
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    out.backward(grad)
+    refs = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    textbook(*refs).backward(grad)
+    for t, r in zip((q, k, v), refs):
+        check(t.grad, r.grad, torch.float32)
 
 
 def test_bad_out_dtype():

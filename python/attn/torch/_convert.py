@@ -83,7 +83,8 @@ def tensor(a):
     return torch.from_numpy(a)
 
 
-_OUT_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+# The core's out_dtype= names (float64 too: the core's scaled_dot_product_attention writes it).
+_OUT_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
 def out_dtype_name(out_dtype, query):
@@ -91,7 +92,8 @@ def out_dtype_name(out_dtype, query):
     if out_dtype is None:
         return None
     if out_dtype not in _OUT_DTYPES:
-        raise TypeError(f"out_dtype: expected torch.float32, torch.float16, torch.bfloat16 or None but got {out_dtype!r}")
+        raise TypeError(f"out_dtype: expected torch.float32, torch.float64, torch.float16, torch.bfloat16 or None but got "
+                        f"{out_dtype!r}")
     return _OUT_DTYPES[out_dtype]
 
 

@@ -180,7 +180,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     query (N, H, L, E), (H, L, E) or (L, E); key/value of the same rank with S keys. Any
     strides are read in place. float32, float64, float16 or bfloat16 (any mix the core takes);
-    the result has query's dtype, or out_dtype= (torch.float32, torch.float16, torch.bfloat16).
+    the result has query's dtype, or out_dtype= (torch.float32, torch.float64, torch.float16, torch.bfloat16).
     Gradients come back in each input's dtype; 16-bit gradients need a core whose backward
     takes 16-bit inputs (else its error, at backward time, names the dtype).
     attn_mask: bool (True = may attend) or float (added), broadcastable to (N, H, L, S); a
