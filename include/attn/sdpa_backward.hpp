@@ -33,6 +33,10 @@ namespace attn {
 
 // Throws attn::Error (naming the argument, the expectation and what was given) before
 // writing anything. dq, dk and dv must not overlap each other or any input.
+// Out of memory is attn::OutOfMemory naming the buffer and its bytes. The buffers are sized
+// before anything is written, except the flash kernel's copy of a head's q or grad_out rows
+// that hold a NaN or ±inf (one per thread, sized by the first task that meets such a head):
+// its refusal leaves dq, dk, dv and dsinks partially written (docs/errors.md).
 void sdpa_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                    const TensorView& lse, const TensorView& grad_out, const SdpaOptions& options,
                    const TensorView& dq, const TensorView& dk, const TensorView& dv, SdpaReport* report = nullptr,

@@ -1,7 +1,8 @@
 // `#pragma omp parallel for schedule(dynamic, 1)` for loop bodies that may throw (they
 // allocate, or call code that checks): an exception must not leave an OpenMP region — that is
 // std::terminate — so each body's exception is caught, the remaining iterations are skipped,
-// and the first one is rethrown on the calling thread after the region.
+// and the first one is rethrown on the calling thread after the region (FirstError, for
+// regions that are not one loop).
 #pragma once
 
 #include <omp.h>
@@ -14,26 +15,46 @@
 
 namespace attn::detail {
 
+// The first exception thrown by the work of an OpenMP region, caught where it was thrown (an
+// exception must not leave a region: that is std::terminate) and rethrown by the calling thread
+// after the region; once one piece of work has failed, the rest is skipped. parallel_for_may_throw
+// uses it; a region that is more than one loop (flash_backward.cpp: per-thread buffers,
+// barriers) wraps each piece of its work in run().
+class FirstError {
+public:
+    // body(), unless some work has failed already; what it throws is kept if it is the first.
+    template <class Body>
+    void run(Body&& body) noexcept {
+        if (failed()) return;
+        try {
+            body();
+        } catch (...) {
+#pragma omp critical(attn_first_error)
+            if (!error_) error_ = std::current_exception();
+            failed_.store(true, std::memory_order_relaxed);
+        }
+    }
+    bool failed() const noexcept { return failed_.load(std::memory_order_relaxed); }
+    // On the calling thread, after the region: the first exception, if any.
+    void rethrow() const {
+        if (error_) std::rethrow_exception(error_);
+    }
+
+private:
+    std::exception_ptr error_;
+    std::atomic<bool> failed_{false};
+};
+
 template <class Body>
 void parallel_for_may_throw(std::int64_t n, int threads, Body&& body) {
-    std::exception_ptr error;
-    std::atomic<bool> failed{false};
+    FirstError error;
 #pragma omp parallel num_threads(threads)
     {
         const IeeeSubnormals ieee;  // float_env.hpp
 #pragma omp for schedule(dynamic, 1)
-        for (std::int64_t i = 0; i < n; ++i) {
-            if (failed.load(std::memory_order_relaxed)) continue;
-            try {
-                body(i);
-            } catch (...) {
-#pragma omp critical(attn_parallel_for_may_throw)
-                if (!error) error = std::current_exception();
-                failed.store(true, std::memory_order_relaxed);
-            }
-        }
+        for (std::int64_t i = 0; i < n; ++i) error.run([&] { body(i); });
     }
-    if (error) std::rethrow_exception(error);
+    error.rethrow();
 }
 
 // The threads a parallel_for_may_throw over n items will run on: OpenMP's default count (attn's

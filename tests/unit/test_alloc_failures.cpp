@@ -18,6 +18,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <new>
 #include <random>
@@ -221,27 +222,45 @@ TEST(AllocFailures, MhaLoadAndParamDtypeChangeNothingOnFailure) {
     EXPECT_EQ(m.config().param_dtype, DType::bf16);
 }
 
+// A flash backward of (1, 2, 40, 16) float32 tensors on one thread (Q and dO read in place: the
+// rows need no copy), whose out and lse come from the flash forward. On one thread the region is
+// inactive (omp_in_parallel() is 0), so the injection reaches the allocations inside it too.
+struct FlashBackwardCase {
+    Shape s{1, 2, 40, 16};
+    Tensor q, k, v, dout;
+    attn::SdpaOptions opt;
+    Tensor o{DType::f32, s}, lse{DType::f32, Shape{1, 2, 40}};
+    Tensor dq{DType::f32, s}, dk{DType::f32, s}, dv{DType::f32, s};
+    explicit FlashBackwardCase(std::uint64_t seed, float q5 = 0.0f, float dout7 = 0.0f)
+        : q(random_f32(s, seed)), k(random_f32(s, seed + 1)), v(random_f32(s, seed + 2)), dout(random_f32(s, seed + 3)) {
+        if (q5 != 0.0f) q.data_as<float>()[5] = q5;
+        if (dout7 != 0.0f) dout.data_as<float>()[7] = dout7;
+        opt.impl = attn::Impl::flash;
+        const TensorView lv = lse.view();
+        attn::sdpa(q, k, v, opt, o, &lv);
+    }
+    // The messages of the refusals that contain `marker`, over a sweep of the backward.
+    std::vector<std::string> refusals(const char* marker) {
+        const attn::ScopedNumThreads one(1);
+        std::vector<std::string> said;
+        const int failures = sweep([&] { attn::sdpa_backward(q, k, v, o, lse, dout, opt, dq, dk, dv); }, [](long) {},
+                                   [&](const std::bad_alloc& e) {
+                                       const std::string m = e.what();
+                                       if (m.find(marker) == std::string::npos) return;
+                                       said.push_back(m);
+                                       EXPECT_NE(dynamic_cast<const attn::OutOfMemory*>(&e), nullptr) << m;
+                                   });
+        EXPECT_GT(failures, 0);
+        return said;
+    }
+};
+
 // The flash backward sizes each thread's buffers inside its parallel region, where no exception
 // may leave, and says a refusal after it. With Q and dO read in place (contiguous float32) it
-// said "cannot allocate 0 bytes": it counted only the rows it copies. On one thread the region
-// is inactive (omp_in_parallel() is 0), so the injection reaches those allocations too.
+// said "cannot allocate 0 bytes": it counted only the rows it copies.
 TEST(AllocFailures, FlashBackwardSaysTheBytesOfAThreadsBuffers) {
-    const attn::ScopedNumThreads one(1);
-    const Shape s{1, 2, 40, 16};
-    const Tensor q = random_f32(s, 50), k = random_f32(s, 51), v = random_f32(s, 52), dout = random_f32(s, 53);
-    attn::SdpaOptions opt;
-    opt.impl = attn::Impl::flash;
-    const Tensor o(DType::f32, s), lse(DType::f32, Shape{1, 2, 40});
-    const TensorView lv = lse.view();
-    attn::sdpa(q, k, v, opt, o, &lv);
-    const Tensor dq(DType::f32, s), dk(DType::f32, s), dv(DType::f32, s);
-    std::vector<std::string> per_thread;  // the refusals of the per-thread buffers
-    const int refusals = sweep([&] { attn::sdpa_backward(q, k, v, o, lse, dout, opt, dq, dk, dv); }, [](long) {},
-                               [&](const std::bad_alloc& e) {
-                                   const std::string m = e.what();
-                                   if (m.find("buffers of one thread") != std::string::npos) per_thread.push_back(m);
-                               });
-    EXPECT_GT(refusals, 0);
+    FlashBackwardCase c(50);
+    const std::vector<std::string> per_thread = c.refusals("buffers of one thread");
     ASSERT_FALSE(per_thread.empty()) << "no refusal of the per-thread buffers was seen";
     for (const std::string& m : per_thread) {
         EXPECT_EQ(m.find("cannot allocate 0 bytes"), std::string::npos) << m;
@@ -249,6 +268,20 @@ TEST(AllocFailures, FlashBackwardSaysTheBytesOfAThreadsBuffers) {
         const long long bytes = std::stoll(m.substr(m.find("allocate ") + 9));
         EXPECT_GE(bytes, 3 * 64 * 64 * 4 + 2 * 64 * 16 * 4) << m;
     }
+}
+
+// A head of Q (or grad_out) read in place that holds a NaN or ±inf gets a zeroed copy, allocated
+// by the task that meets it, inside the region: its refusal left the region and terminated the
+// program ("terminate called after throwing an instance of 'std::bad_alloc'"). It is now an
+// attn::OutOfMemory after the region, naming the copy and its bytes.
+TEST(AllocFailures, FlashBackwardRefusedZeroedCopyIsOutOfMemoryNotTerminate) {
+    FlashBackwardCase c(60, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity());
+    const std::vector<std::string> copies = c.refusals("NaN");
+    ASSERT_EQ(copies.size(), 2u) << "a zeroed copy of Q's rows and one of grad_out's";
+    EXPECT_NE(copies[0].find("Q rows"), std::string::npos) << copies[0];
+    EXPECT_NE(copies[1].find("grad_out rows"), std::string::npos) << copies[1];
+    for (const std::string& m : copies)  // one head (a group of 1) of 40 rows of 16 floats
+        EXPECT_NE(m.find("cannot allocate 2560 bytes"), std::string::npos) << m;
 }
 
 // safetensors: reading and writing a header allocate all along (names, the JSON text, messages).

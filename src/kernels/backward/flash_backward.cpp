@@ -54,6 +54,7 @@
 #include "../../core/dropout.hpp"
 #include "../../core/element_io.hpp"
 #include "../../core/float_env.hpp"
+#include "../../core/parallel_for.hpp"
 #include "../../core/threads.hpp"
 #include "../finite.hpp"
 #include "../isa.hpp"
@@ -165,8 +166,8 @@ struct Plan {
     void (*tile)(const TileArgs&);      // the kernel table's tile for that
     std::int64_t Lq2;                   // query row pairs per head (bf16 compute)
     // How Q, and dO, are read: in place when they are float32 rows of the padded width, else
-    // widened per task (pack_rows). A head whose rows hold a NaN/±inf gets a copy with those
-    // entries 0 for dSᵀ·Q and P̂ᵀ·dO (see the top), made by the task (pack_rows or finite_rows).
+    // widened per task (widen_rows). A head whose rows hold a NaN/±inf gets a copy with those
+    // entries 0 for dSᵀ·Q and P̂ᵀ·dO (see the top), made by the task (finite_rows).
     struct RowsPlan {
         const TensorView* t;
         int Dp;              // padded row width (Dkp for Q, Dvp for dO)
@@ -174,6 +175,7 @@ struct Plan {
         Rows in_place;       // valid when direct
         bool direct;         // float32 rows of width Dp, read in place
         bool bf16_direct;    // bf16 compute: bf16 rows read in place where finite (checked per head)
+        const char* zeroed_copy;  // what the copy with NaN/±inf entries 0 is, for an out-of-memory message
     } q, dO;
     std::size_t group;   // query heads per KV head
     std::vector<std::int64_t> lo, hi;    // visible key interval of every query row (b·Lq + i)
@@ -192,8 +194,12 @@ struct Plan {
         bf16 = k.backward_tile_bf16 != nullptr && backward_bf16_compute(bp);
         tile = bf16 ? k.backward_tile_bf16 : k.backward_tile;
         Lq2 = (Lq + 1) / 2;
-        for (auto [r, t, Dp] : {std::tuple{&q, &p.q, Dkp}, std::tuple{&dO, &bp.grad_out, Dvp}}) {
+        for (auto [r, t, Dp, zeroed_copy] :
+             {std::tuple{&q, &p.q, Dkp, "the flash backward's copy of a task's Q rows with their NaN/±inf entries 0 (one per thread)"},
+              std::tuple{&dO, &bp.grad_out, Dvp,
+                         "the flash backward's copy of a task's grad_out rows with their NaN/±inf entries 0 (one per thread)"}}) {
             r->t = t;
+            r->zeroed_copy = zeroed_copy;
             r->Dp = Dp;
             r->head = static_cast<std::size_t>(Lq * Dp);
             r->direct = direct_rows(*t, Dp, r->in_place);
@@ -302,11 +308,14 @@ void prepare_rows(const Plan& c, const Plan::RowsPlan& r, HeadRows& o, std::int6
         o.at16[g] = in16;
         o.ld16[g] = t.stride(2);
         bf16_pairs16(in16, t.stride(2), Lq, Dp, pairs, Dp);
-    } else if (!r.direct) {
-        o.nonfinite[g] = pack_rows(t, b, h, Lq, Dp, o.f32.data() + g * head, o.z, g * head, total);
-    } else if ((o.nonfinite[g] = any_nonfinite(o.at[g], r.in_place.si, Lq, Dp))) {
-        if (o.z.size() < total) o.z.assign(total, 0.0f);
-        finite_rows(o.at[g], r.in_place.si, Lq, Dp, o.z.data() + g * head);
+    } else {
+        if (!r.direct) widen_rows(t, b, h, Lq, Dp, o.f32.data() + g * head);
+        if ((o.nonfinite[g] = any_nonfinite(o.at[g], o.ld[g], Lq, Dp))) {
+            // Sized by the first head that needs it, inside the parallel region (most calls have
+            // no NaN/±inf: no copy at all); a refusal is said after the region (flash_backward).
+            if (o.z.size() < total) resize_or_throw(o.z, static_cast<std::int64_t>(total), r.zeroed_copy);
+            finite_rows(o.at[g], o.ld[g], Lq, Dp, o.z.data() + g * head);
+        }
     }
     o.z_at[g] = o.nonfinite[g] ? o.z.data() + g * head : o.at[g];
     o.z_ld[g] = o.nonfinite[g] ? Dp : o.ld[g];
@@ -580,8 +589,12 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                             "the flash backward's dQ partials (one per chunk of key blocks) and the rows' D");
     }
     // A buffer a thread cannot size is said after the region: an exception must not leave it
-    // (std::terminate: a test under an address-space limit found it).
+    // (std::terminate: a test under an address-space limit found it). The threads' buffers are
+    // sized before any task runs (a refusal leaves the outputs untouched); a task's copy of rows
+    // holding a NaN/±inf is sized by the task (prepare_rows): its refusal is kept by `task_error`,
+    // the remaining tasks are skipped, and outputs the finished tasks wrote stay written.
     std::atomic<bool> scratch_refused{false};
+    FirstError task_error;
 
 #pragma omp parallel
     {
@@ -612,7 +625,7 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
             // several, the barrier below comes before the partials are summed.)
 #pragma omp for schedule(dynamic, 1) nowait
             for (std::int64_t task = 0; task < c.tasks; ++task)
-                run_task(c, s, task, dq_ws.get(), bp.dsinks ? Dall.data() : nullptr);
+                task_error.run([&] { run_task(c, s, task, dq_ws.get(), bp.dsinks ? Dall.data() : nullptr); });
 
             if (!c.dq_own) {
 #pragma omp barrier
@@ -620,7 +633,8 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
             // dQ = Σ over chunks, in chunk order (one chunk: the tasks stored dQ).
             if (!c.dq_own) {
 #pragma omp for schedule(static)
-                for (std::int64_t r = 0; r < nrows; ++r) sum_dq_row(c, dq_ws.get(), r);
+                for (std::int64_t r = 0; r < nrows; ++r)
+                    if (!task_error.failed()) sum_dq_row(c, dq_ws.get(), r);
             }
         }
         // Kept for the next call unless a long sequence made them large (32 MiB per thread) —
@@ -635,6 +649,7 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                             "the flash backward's buffers of one thread (a task's Q, dO and dQ rows, and its tiles; "
                             "each thread needs as much)");
     }
+    task_error.rethrow();
     if (bp.dsinks) sink_gradients(c, Dall.data());
 }
 

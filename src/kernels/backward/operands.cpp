@@ -31,14 +31,9 @@ void finite_rows(const float* src, std::ptrdiff_t ld, std::int64_t L, int Dp, fl
         for (int d = 0; d < Dp; ++d) dst[i * Dp + d] = nonfinite_f32(src[i * ld + d]) ? 0.0f : src[i * ld + d];
 }
 
-bool pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t L, int Dp, float* dst,
-               std::vector<float>& z, std::size_t z_at, std::size_t total) {
+void widen_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t L, int Dp, float* dst) {
     const std::int64_t D = t.dim(3);
     for (std::int64_t i = 0; i < L; ++i) widen_row(t, t.offset(b, h, i, 0), t.stride(3), D, dst + i * Dp);
-    if (!any_nonfinite(dst, Dp, L, Dp)) return false;
-    if (z.size() < total) z.assign(total, 0.0f);
-    finite_rows(dst, Dp, L, Dp, z.data() + z_at);
-    return true;
 }
 
 const float* f32_row(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t i, float* w) {

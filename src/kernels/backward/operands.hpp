@@ -7,7 +7,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
 #include "attn/tensor.hpp"
 
@@ -16,7 +15,7 @@ namespace attn::detail {
 // Rows of a (B, H, L, D) tensor read in place as float32 rows of padded width Dp: only
 // when the caller's memory already is that (float32, unit inner stride, D % 8 == 0).
 // Anything else (16-bit, strided, odd D) is widened by pack_rows, one (b, head) at a
-// time inside the task that reads it.
+// time inside the task that reads it (widen_rows).
 struct Rows {
     const float* base = nullptr;
     std::int64_t sb = 0, sh = 0, si = 0;
@@ -31,10 +30,8 @@ bool direct_rows(const TensorView& t, int Dp, Rows& r);
 void finite_rows(const float* src, std::ptrdiff_t ld, std::int64_t L, int Dp, float* dst);
 
 // The L rows of (b, h) widened to float32 into dst (row stride Dp; the padding columns D..Dp
-// stay as the caller zeroed them). When they hold a NaN/±inf, z (allocated then, `total`
-// floats) gets the same rows from z_at on with those entries 0 and true is returned.
-bool pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t L, int Dp, float* dst,
-               std::vector<float>& z, std::size_t z_at, std::size_t total);
+// stay as the caller zeroed them).
+void widen_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t L, int Dp, float* dst);
 
 // Row (b, h, i) of t as float32: in place when t is float32 with unit inner stride, else
 // widened into w (the same values: widening is exact).
