@@ -134,6 +134,7 @@ void ring_attention(MPI_Comm comm, const TensorView& q, const TensorView& k, con
 // backward with impl = automatic.
 // dsinks: (Hq,) float32/float64, optional, only with options.sinks: ∂loss/∂σ_h over the WHOLE
 // sequence (every rank gets the same values: the ranks' partial sums added in rank order).
+// out, lse and grad_out are inputs (broadcast views too), the gradients outputs: sdpa_backward's rule.
 void ring_attention_backward(MPI_Comm comm, const TensorView& q, const TensorView& k, const TensorView& v,
                              const TensorView& out, const TensorView& lse, const TensorView& grad_out,
                              const RingOptions& options, const TensorView& dq, const TensorView& dk, const TensorView& dv,

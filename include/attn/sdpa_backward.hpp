@@ -32,7 +32,9 @@
 namespace attn {
 
 // Throws attn::Error (naming the argument, the expectation and what was given) before
-// writing anything. dq, dk and dv must not overlap each other or any input.
+// writing anything. dq, dk and dv must not overlap each other or any input, and each needs its
+// own memory for every element; out, lse and grad_out are inputs like q (any strides, broadcast
+// views too, and they may share memory with each other or with q, k, v).
 // Out of memory is attn::OutOfMemory naming the buffer and its bytes. The buffers are sized
 // before anything is written, except the flash kernel's copy of a head's q or grad_out rows
 // that hold a NaN or ±inf (one per thread, sized by the first task that meets such a head):

@@ -53,6 +53,7 @@ void sdpa_varlen(const TensorView& q, const TensorView& k, const TensorView& v, 
 // like v, each float32, float64, float16 or bfloat16. A sequence with Lq_b = 0 gets dK = dV = 0 for its
 // keys; one with Lk_b = 0 gets dQ = 0. dsinks (Hq,) (only with options.sinks): the sum over
 // the sequences of sdpa_backward's dsinks, in sequence order (a sequence without keys adds 0).
+// out, lse and grad_out are inputs (broadcast views too), the gradients outputs: sdpa_backward's rule.
 void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, const TensorView& out,
                           const TensorView& lse, const TensorView& grad_out, const SdpaOptions& options,

@@ -90,6 +90,11 @@ void require_gradient_like(std::string_view op, const TensorView& t, std::string
 // results land on one address.
 void require_distinct_elements(std::string_view op, const TensorView& t, std::string_view name);
 
+// A call's out and lse: written (a forward: outputs, under the rule above, and apart from the
+// inputs) or read (a backward: inputs like q, so broadcast views and shared memory are fine;
+// the gradients it writes are kept apart from them: require_gradient_outputs).
+enum class OutLse { written, read };
+
 // a and b may share a byte: their address ranges intersect, and they are not rows that
 // interleave without meeting (Q = buf[..., :D], out = buf[..., D:]). Conservative for other
 // strided layouts; an empty view touches nothing.

@@ -47,7 +47,7 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
     detail::RingContext ctx;
     ctx.comm = private_comm.comm;
     // ---- phase 1: checks, agreed by all ranks (ring_setup.cpp) ----
-    detail::setup_ring(ctx, kOp, q, k, v, options, out, lse, nullptr);
+    detail::setup_ring(ctx, kOp, q, k, v, options, out, lse, attn::detail::OutLse::written, nullptr);
     const MPI_Comm comm = ctx.comm;
     const int P = ctx.P, rank = ctx.rank;
     const std::int64_t B = ctx.mine.B, Hq = ctx.mine.Hq, Dv = ctx.mine.Dv,

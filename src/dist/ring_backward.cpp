@@ -108,7 +108,7 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
     detail::RingContext ctx;
     ctx.comm = private_comm.comm;
     // ---- phase 1: checks, agreed by all ranks ----
-    detail::setup_ring(ctx, kOp, q, k, v, options, out, &lse, [&] {
+    detail::setup_ring(ctx, kOp, q, k, v, options, out, &lse, attn::detail::OutLse::read, [&] {
         check_gradients(q, k, v, out, lse, grad_out, options, dq, dk, dv, dsinks);
         if (dsinks != nullptr) ctx.mine.tensor_modifiers |= detail::kWantsDsinks;  // compared across ranks
         ctx.mine.backward = 1;  // a rank in the forward would wait for ever: compared too

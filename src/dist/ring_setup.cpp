@@ -98,7 +98,7 @@ namespace {
 // are sdpa's (make_problem), plus what only the ring requires. key_lengths are global
 // positions, checked against the global Lk once the ranks have agreed on it.
 Descriptor check_local(std::string_view kOp, const TensorView& q, const TensorView& k, const TensorView& v, const RingOptions& o,
-                       const TensorView& out, const TensorView* lse) {
+                       const TensorView& out, const TensorView* lse, attn::detail::OutLse out_lse) {
     const struct {
         const TensorView* t;
         const char* name;
@@ -134,11 +134,12 @@ Descriptor check_local(std::string_view kOp, const TensorView& q, const TensorVi
     const TensorView lse_view = lse != nullptr ? one_row_if_empty(*lse, stand_in[4]) : TensorView();
     attn::detail::make_problem(one_row_if_empty(q, stand_in[0]), one_row_if_empty(k, stand_in[1]),
                                one_row_if_empty(v, stand_in[2]), local, one_row_if_empty(out, stand_in[3]),
-                               lse != nullptr ? &lse_view : nullptr, nullptr, kOp);
+                               lse != nullptr ? &lse_view : nullptr, nullptr, kOp, out_lse);
     // key_lengths are global positions: their values are checked once the global Lk is known.
     if (o.key_lengths) attn::detail::require_per_sequence(kOp, *o.key_lengths, "key_lengths", q.dim(0));
     local.key_lengths = o.key_lengths;  // for the overlap check: sdpa's rule, on the local tensors
-    attn::detail::require_outputs_apart(kOp, {{&q, "Q"}, {&k, "K"}, {&v, "V"}}, local, {{&out, "out"}, {lse, "lse"}});
+    if (out_lse == attn::detail::OutLse::written)  // the backward's inputs: its gradients are kept apart from them
+        attn::detail::require_outputs_apart(kOp, {{&q, "Q"}, {&k, "K"}, {&v, "V"}}, local, {{&out, "out"}, {lse, "lse"}});
     // The local kernel must accept these calls (Impl::flash may be missing or decline): probe it
     // on one zero row now, so that it cannot refuse inside the ring, where no rank can back out.
     {
@@ -374,7 +375,7 @@ std::vector<std::int64_t> agreed_per_sequence(std::string_view kOp, MPI_Comm com
 }  // namespace
 
 void setup_ring(RingContext& ctx, std::string_view op, const TensorView& q, const TensorView& k, const TensorView& v,
-                const RingOptions& options, const TensorView& out, const TensorView* lse,
+                const RingOptions& options, const TensorView& out, const TensorView* lse, attn::detail::OutLse out_lse,
                 const std::function<void()>& extra) {
     const std::string kOp(op);
     MPI_Comm comm = ctx.comm;
@@ -384,7 +385,7 @@ void setup_ring(RingContext& ctx, std::string_view op, const TensorView& q, cons
     agree(
         comm,
         [&] {
-            ctx.mine = check_local(op, q, k, v, options, out, lse);
+            ctx.mine = check_local(op, q, k, v, options, out, lse, out_lse);
             if (extra) extra();
         },
         kOp + ": ", true);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "attn/ring.hpp"
+#include "../core/check.hpp"
 #include "block_plan.hpp"
 
 namespace attn::dist::detail {
@@ -139,8 +140,9 @@ struct RingContext {
 // make_problem with op name `op`, plus what only the ring requires, plus `extra` — the
 // backward's gradients), then the descriptors of all ranks and the per-sequence options, all
 // agreed. On any failure every rank throws the same attn::Error; nothing has been written.
+// out_lse: the forward writes out and lse, the backward reads them.
 void setup_ring(RingContext& ctx, std::string_view op, const TensorView& q, const TensorView& k, const TensorView& v,
-                const RingOptions& options, const TensorView& out, const TensorView* lse,
+                const RingOptions& options, const TensorView& out, const TensorView* lse, attn::detail::OutLse out_lse,
                 const std::function<void()>& extra);
 
 // The sdpa options of one block call: the caller's scale and impl, the call's band as causal +

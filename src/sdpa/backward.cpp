@@ -24,7 +24,7 @@ void sdpa_backward(const TensorView& q, const TensorView& k, const TensorView& v
                    const TensorView* dsinks) {
     const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
     detail::BackwardProblem p;
-    p.fwd = detail::make_problem(q, k, v, options, out, &lse, nullptr, kOp);
+    p.fwd = detail::make_problem(q, k, v, options, out, &lse, nullptr, kOp, detail::OutLse::read);
     // make_problem admits q, k, v, out in float32, float64, float16 or bfloat16; lse stays
     // float32/float64 (its check).
     detail::require_backward_gradients(kOp, q, k, v, out, lse, grad_out, options, dq, dk, dv, dsinks, p.fwd.Hq);

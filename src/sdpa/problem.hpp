@@ -153,10 +153,11 @@ void require_finite_f32(std::string_view kOp, const TensorView& t, const char* n
 void check_qkv(const TensorView& q, const TensorView& k, const TensorView& v, SdpaProblem& p, std::string_view op);
 
 // Checks every argument (throws attn::Error naming it, prefixed by `op`: the public entry
-// point that was called) and builds the problem. Every entry point builds its problem here.
+// point that was called) and builds the problem. Every entry point builds its problem here;
+// a backward, which reads out and lse, says so (OutLse::read: no output rule for them).
 SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorView& v,
                          const SdpaOptions& options, const TensorView& out, const TensorView* lse,
-                         const TensorView* weights, std::string_view op = "sdpa");
+                         const TensorView* weights, std::string_view op = "sdpa", OutLse out_lse = OutLse::written);
 
 // A forward's outputs (out, lse, weights, scores) share no memory with its inputs (Q, K, V and
 // the option tensors: masks, key lengths, query offsets, ALiBi slopes, sinks) or with each

@@ -18,14 +18,14 @@ bool is_compute_float(DType t) { return t == DType::f32 || t == DType::f64; }
 // why when one declines.
 
 // An output: rank, float dtype (16-bit only where `sixteen_ok`: out, not lse or weights),
-// exact shape, one address per element.
+// exact shape, one address per element — unless the call reads it (a backward's out and lse).
 void require_output(std::string_view kOp, const TensorView& t, const char* name, const Shape& expected, const char* layout,
-                    bool sixteen_ok = false) {
+                    bool sixteen_ok = false, OutLse role = OutLse::written) {
     require_rank(kOp, t, name, expected.rank, layout);
     if (sixteen_ok) require_floating(kOp, t, name);
     else require_f32_or_f64(kOp, t, name);
     require_shape(kOp, t, name, expected, layout);
-    require_distinct_elements(kOp, t, name);
+    if (role == OutLse::written) require_distinct_elements(kOp, t, name);
 }
 
 // Offsets up to 2^60 keep every diagonal ± window bound far from the int64 limits.
@@ -145,13 +145,13 @@ void check_qkv(const TensorView& q, const TensorView& k, const TensorView& v, Sd
 
 SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorView& v,
                          const SdpaOptions& options, const TensorView& out, const TensorView* lse,
-                         const TensorView* weights, std::string_view kOp) {
+                         const TensorView* weights, std::string_view kOp, OutLse out_lse) {
     SdpaProblem p;
     p.op = kOp;
     check_qkv(q, k, v, p, kOp);
-    require_output(kOp, out, "out", Shape{p.B, p.Hq, p.Lq, p.Dv}, "(B, Hq, Lq, Dv)", true);
+    require_output(kOp, out, "out", Shape{p.B, p.Hq, p.Lq, p.Dv}, "(B, Hq, Lq, Dv)", true, out_lse);
     if (lse != nullptr) {
-        require_output(kOp, *lse, "lse", Shape{p.B, p.Hq, p.Lq}, "(B, Hq, Lq)");
+        require_output(kOp, *lse, "lse", Shape{p.B, p.Hq, p.Lq}, "(B, Hq, Lq)", false, out_lse);
         p.lse = *lse;
     }
     if (weights != nullptr) {

@@ -73,18 +73,18 @@ PackedBatch check_packed_qkv(std::string_view op, const TensorView& q, const Ten
 
 PackedBatch check_packed(std::string_view op, const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, const SdpaOptions& options,
-                         const TensorView& out, const TensorView* lse, bool sixteen_bit_out) {
+                         const TensorView& out, const TensorView* lse, bool sixteen_bit_out, OutLse out_lse) {
     PackedBatch p = check_packed_qkv(op, q, k, v);
     require_rank(op, out, "out", 3, "(Tq, Hq, Dv)");
     require_shape(op, out, "out", Shape{p.Tq, p.Hq, p.Dv}, "(Tq, Hq, Dv)");
     if (!sixteen_bit_out) require_f32_or_f64(op, out, "out");
     else require_floating(op, out, "out");
-    require_distinct_elements(op, out, "out");
+    if (out_lse == OutLse::written) require_distinct_elements(op, out, "out");
     if (lse != nullptr) {
         require_rank(op, *lse, "lse", 2, "(Tq, Hq)");
         require_shape(op, *lse, "lse", Shape{p.Tq, p.Hq}, "(Tq, Hq)");
         require_f32_or_f64(op, *lse, "lse");
-        require_distinct_elements(op, *lse, "lse");
+        if (out_lse == OutLse::written) require_distinct_elements(op, *lse, "lse");
     }
 
     const std::vector<std::int64_t> cq = read_cu_seqlens(op, cu_seqlens_q, "cu_seqlens_q", p.Tq, "q");

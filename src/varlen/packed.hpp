@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attn/sdpa.hpp"
+#include "../core/check.hpp"
 
 namespace attn::detail {
 
@@ -29,11 +30,13 @@ PackedBatch check_packed_qkv(std::string_view op, const TensorView& q, const Ten
 // both cu_seqlens ((N+1,) int32/int64, cu[0] = 0, non-decreasing, last = T) and the options a
 // packed batch cannot take (bool_mask, additive_mask, key_lengths; query_offset per sequence
 // must be (N,), per-sequence alibi_slopes (N, Hq)). out is float32/float64, or also
-// float16/bfloat16 with sixteen_bit_out (the backward, which reads it). Throws attn::Error
-// prefixed by `op`; reads nothing but the cu_seqlens values.
+// float16/bfloat16 with sixteen_bit_out; one address per element of each unless the call reads
+// them (OutLse::read: the backward). Throws attn::Error prefixed by `op`; reads nothing but the
+// cu_seqlens values.
 PackedBatch check_packed(std::string_view op, const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, const SdpaOptions& options,
-                         const TensorView& out, const TensorView* lse, bool sixteen_bit_out = false);
+                         const TensorView& out, const TensorView* lse, bool sixteen_bit_out = false,
+                         OutLse out_lse = OutLse::written);
 
 // Rows [start, start + len) of a packed (T, H, D) view as a (1, H, len, D) view.
 TensorView sequence_rows(const TensorView& packed, std::int64_t start, std::int64_t len);

@@ -32,7 +32,7 @@ void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const Tensor
                           const TensorView* dsinks) {
     const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
     const detail::PackedBatch pb = detail::check_packed(kOp, q, k, v, cu_seqlens_q, cu_seqlens_k, options, out, &lse,
-                                                           /*sixteen_bit_out=*/true);
+                                                           /*sixteen_bit_out=*/true, detail::OutLse::read);
     detail::require_floating(kOp, q, "q");
     detail::require_floating(kOp, k, "k");
     detail::require_floating(kOp, v, "v");
@@ -77,7 +77,7 @@ void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const Tensor
             detail::make_problem(detail::sequence_rows(q, s.q0, s.lq), detail::sequence_rows(k, s.k0, s.lk),
                                  detail::sequence_rows(v, s.k0, s.lk),
                                  detail::sequence_options(options, static_cast<std::int64_t>(b)),
-                                 detail::sequence_rows(out, s.q0, s.lq), &lse_b, nullptr, kOp);
+                                 detail::sequence_rows(out, s.q0, s.lq), &lse_b, nullptr, kOp, detail::OutLse::read);
         const std::optional<std::int64_t> n = copy_floats(views_of(s));
         if (options.impl != Impl::reference && detail::head_major_backward_pays(p) && n && *n > 0 &&
             *n * std::int64_t{sizeof(float)} <= detail::head_major_budget()) {

@@ -377,5 +377,40 @@ TEST(SdpaBackwardErrors, NameTheArgumentAndWriteNothing) {
     expect_error([&] { sdpa_backward(q64, k, v, o, lse, dO, bad, dq, dk, dv); }, "flash backward cannot run this call: it needs q, k, v, out and grad_out in float32, float16 or bfloat16 and a float32 lse");
 }
 
+// out, lse and grad_out are the backward's inputs: a broadcast view of them is read as any input
+// is (the same bits as contiguous copies). sdpa_backward refused out and lse as if they were
+// outputs ("out: dimension 1 has stride 0 but size 2; an output cannot be a broadcast view");
+// its gradients still may not share memory with them.
+TEST(SdpaBackwardErrors, ReadBroadcastOutAndLseAsInputs) {
+    std::mt19937_64 rng(12);
+    const Shape s{1, 2, 8, 8};
+    const Tensor q = randn(DType::f32, s, rng), k = randn(DType::f32, s, rng), v = randn(DType::f32, s, rng);
+    Tensor one_out = randn(DType::f32, Shape{1, 1, 1, 8}, rng), one_lse = randn(DType::f32, Shape{1, 1, 1}, rng);
+    const Tensor one_dO = randn(DType::f32, Shape{1, 1, 1, 8}, rng);
+    const TensorView out = one_out.view().broadcast_to(s, "out"), lse = one_lse.view().broadcast_to(Shape{1, 2, 8}, "lse");
+    const TensorView dO = one_dO.view().broadcast_to(s, "grad_out");
+    const Tensor out_c = to_dtype(out, DType::f32), lse_c = to_dtype(lse, DType::f32), dO_c = to_dtype(dO, DType::f32);
+    for (const Impl impl : {Impl::flash, Impl::reference}) {
+        SdpaOptions opt;
+        opt.impl = impl;
+        opt.causal = Causal::top_left;
+        const Tensor dq(DType::f32, s), dk(DType::f32, s), dv(DType::f32, s);
+        const Tensor dq_c(DType::f32, s), dk_c(DType::f32, s), dv_c(DType::f32, s);
+        sdpa_backward(q, k, v, out, lse, dO, opt, dq, dk, dv);
+        sdpa_backward(q, k, v, out_c, lse_c, dO_c, opt, dq_c, dk_c, dv_c);
+        EXPECT_TRUE(bit_equal(dq, dq_c) && bit_equal(dk, dk_c) && bit_equal(dv, dv_c)) << impl_name(impl);
+    }
+    // A gradient over the memory of a broadcast input is still refused: writing dq would change
+    // the out it reads.
+    const Tensor dq(DType::f32, s), dk(DType::f32, s), dv(DType::f32, s);
+    const TensorView out_in_dq = dq.view().slice(1, 0, 1).slice(2, 0, 1).broadcast_to(s, "out");
+    try {
+        sdpa_backward(q, k, v, out_in_dq, lse, dO, SdpaOptions{}, dq, dk, dv);
+        ADD_FAILURE() << "a dq holding out was accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("sdpa_backward: dq: must not share memory with out"), std::string::npos) << e.what();
+    }
+}
+
 }  // namespace
 }  // namespace attn::test

@@ -289,6 +289,23 @@ def test_backward_bad_inputs():
         attn.sdpa_backward(z, z, z, z, np.zeros((1, 2, 4), np.float32), z.astype(np.int32))
 
 
+@pytest.mark.parametrize("impl", ["flash", "reference"])
+def test_backward_reads_broadcast_out_lse_and_grad_out(impl):
+    """out, lse and grad_out are the backward's inputs: numpy broadcast views of them are read like
+    any input, with the results of contiguous copies (they were refused as outputs: "out: dimension
+    2 has stride 0 but size 8; an output cannot be a broadcast view")."""
+    rng = np.random.default_rng(21)
+    q = rng.standard_normal((1, 2, 8, 8), dtype=np.float32)
+    out = np.broadcast_to(rng.standard_normal((1, 1, 1, 8), dtype=np.float32), (1, 2, 8, 8))
+    lse = np.broadcast_to(np.float32(1.5), (1, 2, 8))
+    g = np.broadcast_to(rng.standard_normal((1, 2, 1, 8), dtype=np.float32), (1, 2, 8, 8))
+    got = attn.scaled_dot_product_attention_backward(q, q, q, out, lse, g, is_causal=True, impl=impl)
+    want = attn.scaled_dot_product_attention_backward(q, q, q, *(np.ascontiguousarray(x) for x in (out, lse, g)),
+                                                      is_causal=True, impl=impl)
+    for a, b in zip(got, want):
+        assert np.array_equal(a, b)
+
+
 # ---- MultiheadAttention ----------------------------------------------------------------
 
 def torch_mha(seed, e, h, kdim=None, vdim=None, bias=True, batch_first=False, add_bias_kv=False):

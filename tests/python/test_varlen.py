@@ -108,6 +108,21 @@ def test_backward_matches_torch_autograd():
                     for got, t, cu in ((dq, tq, cq), (dk, tk, ck), (dv, tv, ck)))
 
 
+def test_backward_reads_broadcast_out_and_lse():
+    """out and lse are the backward's inputs: broadcast views give the results of contiguous copies
+    (they were refused as outputs: "out: dimension 0 has stride 0")."""
+    q, k, v, cq, ck = packed_case(8, [3, 5], [4, 6])
+    rng = np.random.default_rng(5)
+    out = np.broadcast_to(rng.standard_normal((1, q.shape[1], v.shape[2]), dtype=np.float32), q.shape[:2] + v.shape[2:])
+    lse = np.broadcast_to(np.float32(0.25), q.shape[:2])
+    g = rng.standard_normal(out.shape).astype(np.float32)
+    got = attn.sdpa_varlen_backward(q, k, v, cq, ck, out, lse, g, is_causal=True)
+    want = attn.sdpa_varlen_backward(q, k, v, cq, ck, np.ascontiguousarray(out), np.ascontiguousarray(lse), g,
+                                     is_causal=True)
+    for a, b in zip(got, want):
+        assert np.array_equal(a, b)
+
+
 @pytest.mark.parametrize("cq,msg", [([0, 5, 3], "non-decreasing"), ([1, 3, 8], "entry 0 must be 0"),
                                     ([0, 3, 7], "last entry must equal q's token count 8"),
                                     ([0, 3, 5, 8], "has 3 sequences|cu_seqlens_k: has 3 entries")])

@@ -315,6 +315,33 @@ def test_out_dtype_float64_is_refused_saying_the_ring_computes_in_float32():
                                          "got str 'float64': this call computes in float32, not float64"), line
 
 
+BROADCAST_INPUTS = r"""
+import numpy as np
+import attn
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+x = np.random.default_rng(comm.Get_rank()).standard_normal((1, 2, 5, 8)).astype(np.float32)
+o, lse = attn.dist.ring_attention(x, x, x, comm, is_causal=True)
+# out, lse and grad_out are the backward's inputs: broadcast views of them, and the same values copied.
+views = (np.broadcast_to(o[:, :1, :1], o.shape), np.broadcast_to(lse[:, :, :1], lse.shape),
+         np.broadcast_to(x[:1, :1, :1], x.shape))
+got = attn.dist.ring_attention_backward(x, x, x, *views, comm, is_causal=True)
+want = attn.dist.ring_attention_backward(x, x, x, *(np.ascontiguousarray(a) for a in views), comm, is_causal=True)
+assert all(np.array_equal(a, b) for a, b in zip(got, want)), "broadcast inputs gave other gradients"
+"""
+
+
+@pytest.mark.parametrize("np_", [1, 2])
+def test_ring_backward_reads_broadcast_out_lse_and_grad_out(np_):
+    """out, lse and grad_out are the ring backward's inputs: broadcast views give the gradients of
+    contiguous copies (they were refused as outputs: "out: dimension 1 has stride 0 but size 2;
+    an output cannot be a broadcast view")."""
+    env = dict(ENV, PYTHONPATH=PYPATH)
+    r = subprocess.run([MPIEXEC, "-q", "--oversubscribe", "-np", str(np_), sys.executable, "-c", BROADCAST_INPUTS],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
 NULL_COMM = r"""
 import numpy as np
 from mpi4py import MPI

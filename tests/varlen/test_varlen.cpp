@@ -832,6 +832,30 @@ TEST(VarlenErrors, BackwardChecksBeforeWriting) {
     EXPECT_TRUE(still_poisoned(dv));
 }
 
+// out and lse are the backward's inputs: broadcast views are read as any input is, with the
+// bits of contiguous copies (they were refused as outputs: "out: dimension 0 has stride 0").
+TEST(VarlenBackward, ReadsBroadcastOutAndLse) {
+    VarlenCase c;
+    c.lq = {3, 5};
+    c.lk = {4, 6};
+    c.Hq = 2;  // grouped-query: two heads read one K/V head
+    c.causal = Causal::bottom_right;
+    const Packed p = make_packed(c, 9);
+    std::mt19937_64 rng(10);
+    const Tensor one_out = randn(DType::f32, Shape{1, c.Hq, c.Dv}, rng), one_lse = randn(DType::f32, Shape{1, c.Hq}, rng);
+    const TensorView out = one_out.view().broadcast_to(Shape{c.Tq(), c.Hq, c.Dv}, "out");
+    const TensorView lse = one_lse.view().broadcast_to(Shape{c.Tq(), c.Hq}, "lse");
+    const Tensor out_c = to_dtype(out, DType::f32), lse_c = to_dtype(lse, DType::f32);
+    const Tensor dO = randn(DType::f32, out.shape(), rng);
+    Backward g{poisoned(DType::f32, p.q.shape()), poisoned(DType::f32, p.k.shape()), poisoned(DType::f32, p.v.shape())};
+    Backward want{poisoned(DType::f32, p.q.shape()), poisoned(DType::f32, p.k.shape()), poisoned(DType::f32, p.v.shape())};
+    sdpa_varlen_backward(p.q, p.k, p.v, p.cq, p.ck, out, lse, dO, p.opt, g.dq, g.dk, g.dv);
+    sdpa_varlen_backward(p.q, p.k, p.v, p.cq, p.ck, out_c, lse_c, dO, p.opt, want.dq, want.dk, want.dv);
+    EXPECT_TRUE(bit_equal(g.dq, want.dq));
+    EXPECT_TRUE(bit_equal(g.dk, want.dk));
+    EXPECT_TRUE(bit_equal(g.dv, want.dv));
+}
+
 // A batch whose sequences all lack queries or keys builds no per-sequence problem; its options
 // are checked all the same, before anything is written (a bad scale, dropout_p, window or
 // softcap passed, and out / dq were written: an exploratory test found it).
