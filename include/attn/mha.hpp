@@ -239,8 +239,10 @@ public:
                                 const MhaPackedOptions& options, const MhaTrainOptions& train,
                                 MhaForwardState& state) const;
 
-    // Training forward: the same output as forward() (need_weights is ignored) with dropout
-    // on the attention weights, saving into `state` what backward() needs.
+    // Training forward: the same output as forward() (need_weights is ignored; the output in
+    // forward()'s dtype: out_dtype, else a 16-bit query's dtype, else float32 — rounded once from
+    // the float32 result) with dropout on the attention weights, saving into `state` what
+    // backward() needs.
     Tensor forward_train(const TensorView& query, const TensorView& key, const TensorView& value,
                          const MhaForwardOptions& options, const MhaTrainOptions& train, MhaForwardState& state) const;
     // Gradients for the forward_train call that filled `state`, given grad_output =

@@ -65,6 +65,7 @@ Tensor MultiHeadAttention::forward_train(const TensorView& query, const TensorVi
              "; training needs float32 parameters (set_param_dtype(float32) first; the gradient GEMMs read float32 weights)");
     }
     const detail::MhaShapes sh = detail::check_inputs(c, query, key, value, options);
+    const DType out_dtype = detail::output_dtype(options.out_dtype, query.dtype());  // forward()'s rule
     if (detail::intermediate_dtype(options.intermediate_dtype) != DType::f32) {
         fail(kMha, "intermediate_dtype: forward_train keeps float32 intermediates (backward reads them) but got ",
              dtype_name(*options.intermediate_dtype));
@@ -118,7 +119,9 @@ Tensor MultiHeadAttention::forward_train(const TensorView& query, const TensorVi
     detail::linear(s.attn_out.data_as<const float>(), Nq, E, E, parameter("out_proj.weight").data_as<const float>(), E,
                    c.bias ? parameter("out_proj.bias").data_as<const float>() : nullptr, out.data_as<float>(), E);
     st = std::move(s);
-    return out;
+    // The output in forward()'s dtype: the float32 result rounded once (the state keeps float32).
+    if (out_dtype == DType::f32) return out;
+    return to_dtype(out.view(), out_dtype);
 }
 
 MhaGradients MultiHeadAttention::backward(const MhaForwardState& s, const TensorView& grad_output) const {

@@ -197,6 +197,39 @@ TEST(MhaBackward, DropoutIsReproducibleAndActive) {
     ASSERT_NE(std::memcmp(a.data(), c.data(), a.nbytes()), 0);
 }
 
+// forward_train's output has forward()'s dtype: out_dtype, else a 16-bit query's, else float32 —
+// the float32 result rounded once. It was float32 whatever out_dtype said.
+TEST(MhaBackward, TrainOutputHasTheForwardsDtype) {
+    std::mt19937 rng(11);
+    MultiHeadAttention m(MhaConfig{8, 2});
+    for (const auto& [name, shape] : m.parameter_shapes()) {
+        const Tensor t = random_tensor(shape, rng, 0.5);
+        std::memcpy(m.parameter(name).data(), t.data(), t.nbytes());
+    }
+    const Tensor x = to_dtype(random_tensor(Shape{5, 2, 8}, rng).view(), DType::bf16);
+    MhaForwardOptions f32_out;
+    f32_out.out_dtype = DType::f32;
+    MhaForwardState s1, s2, s3;
+    const Tensor y32 = m.forward_train(x, x, x, f32_out, {}, s1);
+    ASSERT_EQ(y32.dtype(), DType::f32);
+    const Tensor by_default = m.forward_train(x, x, x, {}, {}, s2);  // the query's bfloat16
+    ASSERT_EQ(by_default.dtype(), DType::bf16);
+    const Tensor rounded = to_dtype(y32.view(), DType::bf16);
+    EXPECT_EQ(std::memcmp(by_default.data(), rounded.data(), rounded.nbytes()), 0);
+    MhaForwardOptions f16_out;
+    f16_out.out_dtype = DType::f16;
+    const Tensor y16 = m.forward_train(x, x, x, f16_out, {}, s3);
+    ASSERT_EQ(y16.dtype(), DType::f16);
+    const Tensor want16 = to_dtype(y32.view(), DType::f16);
+    EXPECT_EQ(std::memcmp(y16.data(), want16.data(), want16.nbytes()), 0);
+    // and forward() gives the same bits
+    MhaForwardOptions no_weights;
+    no_weights.need_weights = false;
+    const attn::MhaOutput f = m.forward(x, x, x, no_weights);
+    ASSERT_EQ(f.output.dtype(), DType::bf16);
+    EXPECT_EQ(std::memcmp(f.output.data(), by_default.data(), rounded.nbytes()), 0);
+}
+
 TEST(MhaBackward, ArgumentErrors) {
     MultiHeadAttention m(MhaConfig{4, 2});
     const Tensor x(DType::f32, Shape{3, 1, 4}, true);

@@ -215,7 +215,7 @@ void run(const MhaArgs& a) {
         // the query's gradient is the sum of the three uses, as autograd gives).
         const Tensor dy = read_float_arg("--grad-out", a.grad_out);
         MhaForwardState saved;
-        Tensor y = layer.forward_train(q, k, v, opt, MhaTrainOptions{a.dropout_p, seed}, saved);
+        const Tensor y = layer.forward_train(q, k, v, opt, MhaTrainOptions{a.dropout_p, seed}, saved);
         MhaGradients g = layer.backward(saved, dy.view());
         // The layer's float32 gradients, each rounded once into training_dtype of its tensor: the
         // --params tensor of its name, or the input. `rounded` owns the converted ones.
@@ -249,10 +249,8 @@ void run(const MhaArgs& a) {
         add_gradient("query", g.query, q.dtype());
         if (!k_is_q) add_gradient("key", g.key, k.dtype());
         if (!v_is_q && !v_is_k) add_gradient("value", g.value, v.dtype());
-        // O, the float32 output of forward_train, rounded once into opt.out_dtype as forward() does.
-        const Tensor o = *opt.out_dtype == y.dtype() ? std::move(y) : to_dtype(y.view(), *opt.out_dtype);
         // One publication for both files: an error writing either leaves neither behind.
-        OutputFiles::write_all({{"--grads", a.grads, TensorView(), named}, {"--out", a.out, o.view()}});
+        OutputFiles::write_all({{"--grads", a.grads, TensorView(), named}, {"--out", a.out, y.view()}});
         return;
     }
     const MhaOutput r = layer.forward(q, k, v, opt);

@@ -68,12 +68,6 @@ void check_output_dtypes(const std::vector<OutputFiles::Output>& outputs) {
 // --out-dtype, parsed before any file is read.
 std::optional<DType> out_dtype_option(const SdpaArgs& a) { return parse_out_dtype(a.out_dtype, kOutFloat64); }
 
-// dQ/dK/dV (--grad-out): all three in --out-dtype when given, else each in its input's dtype
-// (gradient_dtypes; a float64 input keeps a float64 gradient: the reference backward runs in double).
-GradientDtypes gradient_dtypes_of(std::optional<DType> out_dtype, const Tensor& q, const Tensor& k, const Tensor& v) {
-    return gradient_dtypes(out_dtype, q.dtype(), k.dtype(), v.dtype());
-}
-
 // Packed sequences: q (Tq, Hq, Dk), k/v (Tk, Hkv, D), out (Tq, Hq, Dv), lse (Tq, Hq).
 void run_packed(const SdpaArgs& a, std::optional<DType> out_dtype, const SdpaOptions& opt, const Tensor& q,
                 const Tensor& k, const Tensor& v, bool backward) {
@@ -90,7 +84,7 @@ void run_packed(const SdpaArgs& a, std::optional<DType> out_dtype, const SdpaOpt
     const Tensor o(out_dtype_for(out_dtype, q.dtype()), shapes.out, false, "--out"), l(DType::f32, shapes.lse, false, "--lse");
     const TensorView lv = l.view();
     OutputFiles::check_dtype("--out", a.out, o.dtype(), float_dtypes(kOutFloat64));
-    const GradientDtypes gdt = gradient_dtypes_of(out_dtype, q, k, v);
+    const GradientDtypes gdt = gradient_dtypes(out_dtype, q.dtype(), k.dtype(), v.dtype());
     a.grad.check_dtypes(gdt, float_dtypes(kOutFloat64));
     SdpaReport report;
     sdpa_varlen(q, k, v, cq, ck, opt, o, &lv, &report);
@@ -221,17 +215,17 @@ void run(const SdpaArgs& a) {
         l = Tensor(DType::f32, shapes.lse, false, "--lse");
         lv = l.view();
     }
-    // Every output against its path's format before any compute (gradients: gradient_dtypes_of).
+    // Every output against its path's format before any compute (gradients: gradient_dtypes — a float64 input keeps a float64 gradient: the reference backward runs in double).
     check_output_dtypes({{"--out", a.out, o.view()}, {"--weights", a.weights, w.view()}, {"--lse", a.lse, l.view()},
                          {"--scores", a.scores, sc.view()}});
-    const GradientDtypes gdt = gradient_dtypes_of(out_dtype_given, q, k, v);
+    const GradientDtypes gdt = gradient_dtypes(out_dtype_given, q.dtype(), k.dtype(), v.dtype());
     a.grad.check_dtypes(gdt, float_dtypes(kOutFloat64));
     SdpaReport report;
     sdpa(q, k, v, opt, o, lv.empty() ? nullptr : &lv, a.weights.empty() ? nullptr : &wv, &report,
          a.scores.empty() ? nullptr : &so);
     if (a.verbose) std::fprintf(stderr, "%s\n", report.explanation.c_str());
     if (backward) {
-        // Gradients come out in the inputs' shapes, in gradient_dtypes_of.
+        // Gradients come out in the inputs' shapes, in gradient_dtypes.
         dq = Tensor(gdt.dq, q.shape());
         dk = Tensor(gdt.dk, k.shape());
         dv = Tensor(gdt.dv, v.shape());
