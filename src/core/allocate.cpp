@@ -27,13 +27,17 @@ std::string describe_bytes(std::int64_t bytes) {
     return s;
 }
 
-void* allocate_aligned(std::int64_t bytes, std::size_t align, std::string_view what) {
+void* allocate_aligned_or_null(std::int64_t bytes, std::size_t align) noexcept {
     ATTN_DASSERT(bytes >= 0 && align > 0 && (align & (align - 1)) == 0);
     // aligned_alloc wants a multiple of the alignment, and never 0. The rounding is done in
     // size_t, which holds any int64 byte count plus one alignment.
     const std::size_t n = static_cast<std::size_t>(bytes);
     const std::size_t padded = n == 0 ? align : (n + align - 1) / align * align;
-    void* p = std::aligned_alloc(align, padded);
+    return std::aligned_alloc(align, padded);
+}
+
+void* allocate_aligned(std::int64_t bytes, std::size_t align, std::string_view what) {
+    void* p = allocate_aligned_or_null(bytes, align);
     if (p == nullptr) throw_out_of_memory(bytes, std::string(what).c_str());
     return p;
 }

@@ -19,6 +19,10 @@ namespace attn::detail {
 // <what>" when the system refuses. `bytes` must be >= 0 (a checked size).
 void* allocate_aligned(std::int64_t bytes, std::size_t align, std::string_view what);
 
+// The same, or null when the system refuses: for buffers taken inside an OpenMP parallel region,
+// which no exception may leave (std::terminate); the caller says the refusal after the region.
+void* allocate_aligned_or_null(std::int64_t bytes, std::size_t align) noexcept;
+
 // Throws attn::OutOfMemory "out of memory: cannot allocate N bytes (…) for <what>": for the
 // kernels' own malloc calls (ISA-compiled code builds no std::string: flash_driver.hpp says why).
 [[noreturn]] void throw_out_of_memory(std::int64_t bytes, const char* what);

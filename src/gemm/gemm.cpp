@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 
 #include "../core/allocate.hpp"
@@ -39,16 +40,26 @@ bool bf16_pairs_run(const KernelSet& row) { return row.gemm_bf16 != nullptr && c
 
 }  // namespace
 
-float* gemm_workspace(int slot, std::int64_t floats) {
+float* gemm_workspace(int slot, std::int64_t floats) noexcept {
     Workspace& w = t_workspace[slot];
     if (w.floats < floats) {
         w.data.reset();
         w.floats = 0;
-        const std::int64_t bytes = checked_mul("gemm", "packing buffer", floats, static_cast<std::int64_t>(sizeof(float)));
-        w.data.reset(static_cast<float*>(allocate_aligned(bytes, 64, "the GEMM's packing buffer")));
+        std::int64_t bytes = 0;
+        if (__builtin_mul_overflow(floats, static_cast<std::int64_t>(sizeof(float)), &bytes)) return nullptr;
+        w.data.reset(static_cast<float*>(allocate_aligned_or_null(bytes, 64)));
+        if (w.data == nullptr) return nullptr;
         w.floats = floats;
     }
     return w.data.get();
+}
+
+void throw_gemm_workspace_refused(int slot, std::int64_t floats) {
+    std::int64_t bytes = 0;
+    if (__builtin_mul_overflow(floats, static_cast<std::int64_t>(sizeof(float)), &bytes))
+        bytes = std::numeric_limits<std::int64_t>::max();
+    throw_out_of_memory(bytes, slot == 0 ? "the GEMM's packing buffer of op(A)'s panels (one per thread)"
+                                         : "the GEMM's packing buffer of op(B)'s panels");
 }
 
 bool PackedB::fits(const KernelSet& row, std::int64_t K, std::int64_t N) const {

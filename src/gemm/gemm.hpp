@@ -105,7 +105,14 @@ void sgemm(const KernelSet& row, const GemmArgs& g);
 
 // A per-thread scratch buffer of at least `floats` floats, 64-byte aligned, kept between
 // calls (so a GEMM does not page-fault its packing buffers in every call). Slot 0: the packed
-// A panels of the calling thread; slot 1: the packed B block shared by a call's threads.
-float* gemm_workspace(int slot, std::int64_t floats);
+// A panels of the calling thread; slot 1: the packed B block shared by a call's threads (M <= 4:
+// the thread's own B sliver). Null when the system refuses the memory: the driver takes them
+// inside its parallel region, which no exception may leave (std::terminate), and after the
+// region says the refusal with throw_gemm_workspace_refused.
+float* gemm_workspace(int slot, std::int64_t floats) noexcept;
+
+// Throws attn::OutOfMemory for a refused gemm_workspace(slot, floats), naming the buffer and
+// its bytes. (Not in the ISA-compiled driver: it builds the message's std::string.)
+[[noreturn]] void throw_gemm_workspace_refused(int slot, std::int64_t floats);
 
 }  // namespace attn::detail

@@ -341,30 +341,41 @@ void gemm_few_rows(const GemmArgs& g) {
     const std::int64_t nk = ceil_div(g.K, U::kKC), kc_max = ceil_div(g.K, nk);
     const std::int64_t nq = ceil_div(g.N, NR);
     const int threads = omp_in_parallel() ? 1 : static_cast<int>(std::min<std::int64_t>(omp_get_max_threads(), nq));
+    // op(A)'s R rows, every K chunk (R·K floats: tiny), packed by each thread for itself; and
+    // the thread's B sliver.
+    const std::int64_t a_floats = R * nk * kc_max, b_floats = kc_max * NR;
+    const bool prepacked = g.packed_panels != nullptr;
+    // A thread refused a buffer (its slot) computes nothing; the refusal is said after the region,
+    // which no exception may leave. The other threads' columns of C are written.
+    int refused_slot = -1;
 #pragma omp parallel num_threads(threads)
     {
         const IeeeSubnormals ieee;  // each thread with IEEE subnormals (core/float_env.hpp)
         const std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-        // op(A)'s R rows, every K chunk (R·K floats: tiny), packed by each thread for itself.
-        float* const abuf = gemm_workspace(0, R * nk * kc_max);
-        const bool prepacked = g.packed_panels != nullptr;
-        float* const bbuf = prepacked ? nullptr : gemm_workspace(1, kc_max * NR);
-        for (std::int64_t pc = 0; pc < nk; ++pc) {
-            const std::int64_t k0 = pc * kc_max, kc = std::min(kc_max, g.K - k0);
-            pack_a<T>(g, 0, R, k0, kc, abuf + pc * R * depth<U>(kc_max));
-        }
-        for (std::int64_t q = t * nq / nt; q < (t + 1) * nq / nt; ++q) {
-            const std::int64_t j = q * NR, n = std::min(NR, g.N - j);
-            for (std::int64_t pc = 0; pc < nk; ++pc) {  // in order: an element's chunks add up in K order
+        float* const abuf = gemm_workspace(0, a_floats);
+        float* const bbuf = prepacked ? nullptr : gemm_workspace(1, b_floats);
+        if (abuf == nullptr || (!prepacked && bbuf == nullptr)) {
+#pragma omp atomic write
+            refused_slot = abuf == nullptr ? 0 : 1;
+        } else {
+            for (std::int64_t pc = 0; pc < nk; ++pc) {
                 const std::int64_t k0 = pc * kc_max, kc = std::min(kc_max, g.K - k0);
-                const float* b = bbuf;
-                if (prepacked) b = packed_sliver<U>(g, kc_max, pc, kc, q);
-                else pack_b<U>(g, k0, kc, j, n, bbuf);
-                tile_at<T>(g, kc, abuf + pc * R * depth<U>(kc_max), b, 0, j, R, n, pc == 0 ? g.beta : 1.0f,
-                           pc == 0 && g.bias != nullptr ? g.bias + j : nullptr);
+                pack_a<T>(g, 0, R, k0, kc, abuf + pc * R * depth<U>(kc_max));
+            }
+            for (std::int64_t q = t * nq / nt; q < (t + 1) * nq / nt; ++q) {
+                const std::int64_t j = q * NR, n = std::min(NR, g.N - j);
+                for (std::int64_t pc = 0; pc < nk; ++pc) {  // in order: an element's chunks add up in K order
+                    const std::int64_t k0 = pc * kc_max, kc = std::min(kc_max, g.K - k0);
+                    const float* b = bbuf;
+                    if (prepacked) b = packed_sliver<U>(g, kc_max, pc, kc, q);
+                    else pack_b<U>(g, k0, kc, j, n, bbuf);
+                    tile_at<T>(g, kc, abuf + pc * R * depth<U>(kc_max), b, 0, j, R, n, pc == 0 ? g.beta : 1.0f,
+                               pc == 0 && g.bias != nullptr ? g.bias + j : nullptr);
+                }
             }
         }
     }
+    if (refused_slot >= 0) throw_gemm_workspace_refused(refused_slot, refused_slot == 0 ? a_floats : b_floats);
 }
 
 template <class U>
@@ -386,7 +397,12 @@ void gemm_driver(const GemmArgs& g) {
     // A pre-packed op(B) (PackedB) is read in place: no packing, and no barriers (nothing shared is written).
     const bool prepacked = g.packed_panels != nullptr;
     float* const bbuf = prepacked ? nullptr : gemm_workspace(1, kc_max * nc_max);
+    if (!prepacked && bbuf == nullptr) throw_gemm_workspace_refused(1, kc_max * nc_max);
     const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+    // A thread refused its A buffer computes nothing but still packs its share of B and meets
+    // the barriers; the refusal is said after the region, which no exception may leave. The
+    // other threads' rows of C are written.
+    bool a_refused = false;
 #pragma omp parallel num_threads(threads)
     {
         const IeeeSubnormals ieee;  // each thread with IEEE subnormals (core/float_env.hpp)
@@ -402,6 +418,10 @@ void gemm_driver(const GemmArgs& g) {
         const std::int64_t nblocks = std::max<std::int64_t>(1, ceil_div(i_end - i_begin, mc_max));
         const std::int64_t mc_t = std::min(mc_max, ceil_div(ceil_div(i_end - i_begin, nblocks), MR) * MR);
         float* const abuf = gemm_workspace(0, mc_max * kc_max);
+        if (abuf == nullptr) {
+#pragma omp atomic write
+            a_refused = true;
+        }
         for (std::int64_t jc = 0; jc < nn; ++jc) {
             const std::int64_t j0 = jc * nc_max, nc = std::min(nc_max, g.N - j0), nq = ceil_div(nc, NR);
             const std::int64_t q_begin = tj * nq / tn, q_end = (tj + 1) * nq / tn;
@@ -417,7 +437,7 @@ void gemm_driver(const GemmArgs& g) {
                 }
                 for (std::int64_t i0 = i_begin; i0 < i_end; i0 += mc_t) {
                     const std::int64_t mc = std::min(mc_t, i_end - i0);
-                    if (q_begin == q_end) break;
+                    if (q_begin == q_end || abuf == nullptr) break;
                     pack_a<U>(g, i0, mc, k0, kc, abuf);
                     for (std::int64_t q = q_begin; q < q_end; ++q) {
                         const float* b = prepacked ? packed_sliver<U>(g, kc_max, pc, kc, j0 / NR + q) : bbuf + q * NR * depth<U>(kc);
@@ -434,6 +454,7 @@ void gemm_driver(const GemmArgs& g) {
             }
         }
     }
+    if (a_refused) throw_gemm_workspace_refused(0, mc_max * kc_max);
 }
 
 }  // namespace

@@ -4,13 +4,16 @@
 // n is tried in turn until the call allocates no more (the way a fault-injection review found a
 // half-made sequence after a failed PagedKVCache::fork, a page lost to the pool after a failed
 // append, new weights left in a layer whose load_state_dict had failed, and std::terminate from
-// a safetensors header's JSON document, whose destructor allocates).
+// a safetensors header's JSON document, whose destructor allocates). It replaces aligned_alloc
+// too, the library's one allocation of large buffers (core/allocate.cpp), so that a test can
+// refuse what OpenMP worker threads allocate inside a parallel region.
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -23,6 +26,7 @@
 #include <new>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "attn/error.hpp"
@@ -33,6 +37,8 @@
 #include "attn/sdpa_backward.hpp"
 #include "attn/threads.hpp"
 #include "common/util.hpp"
+#include "gemm/gemm.hpp"
+#include "kernels/isa.hpp"
 
 namespace {
 
@@ -40,6 +46,10 @@ namespace {
 // the calling thread outside parallel regions only: an exception may not leave an OpenMP
 // region (it would terminate), and what worker threads allocate is not covered here.
 thread_local long g_fail_at = 0;
+
+// true: aligned_alloc refuses every call from a worker thread of a parallel region (thread
+// number >= 1), while the calling thread (number 0) allocates and computes its share.
+std::atomic<bool> g_refuse_workers_aligned{false};
 
 void* allocate(std::size_t n, std::size_t align) {
     if (g_fail_at > 0 && omp_in_parallel() == 0 && --g_fail_at == 0) throw std::bad_alloc();
@@ -50,6 +60,12 @@ void* allocate(std::size_t n, std::size_t align) {
 }
 
 }  // namespace
+
+extern "C" void* aligned_alloc(std::size_t align, std::size_t n) noexcept {
+    if (g_refuse_workers_aligned.load() && omp_get_level() > 0 && omp_get_thread_num() > 0) return nullptr;
+    void* p = nullptr;
+    return posix_memalign(&p, std::max(align, sizeof(void*)), n) == 0 ? p : nullptr;
+}
 
 void* operator new(std::size_t n) { return allocate(n, 0); }
 void* operator new[](std::size_t n) { return allocate(n, 0); }
@@ -282,6 +298,55 @@ TEST(AllocFailures, FlashBackwardRefusedZeroedCopyIsOutOfMemoryNotTerminate) {
     EXPECT_NE(copies[1].find("grad_out rows"), std::string::npos) << copies[1];
     for (const std::string& m : copies)  // one head (a group of 1) of 40 rows of 16 floats
         EXPECT_NE(m.find("cannot allocate 2560 bytes"), std::string::npos) << m;
+}
+
+// The GEMM's threads size their packing buffers of op(A) (and, with M <= 4, of their B sliver)
+// inside its parallel region: a refusal left the region as attn::OutOfMemory and ended the
+// program (std::terminate). Each of 2 threads runs on a fresh std::thread (a fresh OpenMP team,
+// its buffers not yet sized); the worker's buffers are refused, the calling thread computes its
+// share and meets the barriers; the refusal is an attn::OutOfMemory after the region naming the
+// buffer and its bytes. The next call on that thread allocates again and gets the bits of a
+// call that was never refused.
+TEST(AllocFailures, GemmRefusedPackingBufferIsOutOfMemoryNotTerminate) {
+    using attn::detail::GemmArgs;
+    const std::int64_t N = 256, K = 300;
+    std::mt19937 rng(70);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<float> a(64 * K), b(K * N);
+    for (float& x : a) x = u(rng);
+    for (float& x : b) x = u(rng);
+    for (const attn::detail::KernelSet* row : attn::detail::runnable_kernel_sets()) {
+        for (const std::int64_t M : {std::int64_t{1}, std::int64_t{64}}) {  // few rows, and the blocked driver
+            SCOPED_TRACE(std::string(attn::detail::isa_name(row->isa)) + " M = " + std::to_string(M));
+            const auto args = [&](std::vector<float>& c) {
+                GemmArgs g;
+                g.M = M, g.N = N, g.K = K;
+                g.A = a.data(), g.lda = K, g.B = b.data(), g.ldb = N, g.C = c.data(), g.ldc = N;
+                return g;
+            };
+            std::vector<float> want(static_cast<std::size_t>(M * N)), refused(want.size()), after(want.size());
+            attn::detail::sgemm(*row, args(want));
+            std::string said = "no error";
+            std::thread([&] {
+                omp_set_num_threads(2);
+                g_refuse_workers_aligned = true;
+                try {
+                    attn::detail::sgemm(*row, args(refused));
+                } catch (const attn::OutOfMemory& e) {
+                    said = e.what();
+                } catch (const std::exception& e) {
+                    said = std::string("not attn::OutOfMemory: ") + e.what();
+                }
+                g_refuse_workers_aligned = false;
+                attn::detail::sgemm(*row, args(after));
+            }).join();
+            EXPECT_NE(said.find("out of memory: cannot allocate "), std::string::npos) << said;
+            EXPECT_NE(said.find("for the GEMM's packing buffer of op(A)'s panels (one per thread)"), std::string::npos)
+                << said;
+            EXPECT_EQ(said.find("cannot allocate 0 bytes"), std::string::npos) << said;
+            EXPECT_EQ(std::memcmp(after.data(), want.data(), want.size() * sizeof(float)), 0);
+        }
+    }
 }
 
 // safetensors: reading and writing a header allocate all along (names, the JSON text, messages).
