@@ -18,7 +18,8 @@
 // Score modifiers: softcap and sinks (Hq,) apply to every sequence; alibi_slopes are (Hq,)
 // for every sequence or (N, Hq), row b for sequence b.
 // Not accepted (they have no packed meaning): bool_mask, additive_mask (broadcast to a ragged
-// shape) and key_lengths (cu_seqlens_k gives every sequence's keys).
+// shape), key_lengths (cu_seqlens_k gives every sequence's keys) and a dropout_origin other
+// than (0, 0, 0, 0) (each sequence draws from a seed of its own: Dropout below).
 // A sequence with Lq_b = 0 writes nothing; one with Lk_b = 0 < Lq_b sees no key: out 0, lse −inf
 // (σ_h with sinks: the sink is the row's only logit).
 // Dropout: sequence b uses the Philox stream of seed varlen_dropout_seed(dropout_seed, b)

@@ -105,6 +105,13 @@ PackedBatch check_packed(std::string_view op, const TensorView& q, const TensorV
     if (options.key_lengths) {
         fail(op, "key_lengths: not accepted for packed sequences: cu_seqlens_k gives every sequence's keys");
     }
+    // Every sequence is a call of its own with its own seed (varlen_dropout_seed) at (0, 0, 0, 0):
+    // an origin passed on to each of them placed every sequence at the same rows of one stream.
+    if (const DropoutOrigin& o = options.dropout_origin; o.batch != 0 || o.head != 0 || o.row != 0 || o.key != 0) {
+        fail(op, "dropout_origin: not accepted for packed sequences (sequence b draws from its own seed, "
+                 "varlen_dropout_seed(dropout_seed, b), at (0, 0, 0, 0)) but got (",
+             o.batch, ", ", o.head, ", ", o.row, ", ", o.key, ")");
+    }
     // Softcap, sinks (Hq,) and per-head ALiBi slopes (Hq,) apply per sequence unchanged;
     // per-sequence slopes are (N, Hq): row b is sequence b's (sequence_options). Shapes and
     // values are checked here, for all N sequences: make_problem runs only for sequences with

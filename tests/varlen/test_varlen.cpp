@@ -740,6 +740,17 @@ TEST(VarlenErrors, BadCuSeqlensAndTensors) {
          [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.sinks = sinks_f64.view(); }},
         {"sinks: values must be finite but entry 0 is nan",
          [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.sinks = sinks_nan.view(); }},
+        // dropout_origin was passed on unchanged to every sequence's call, so each drew its keep
+        // mask from the origin's rows of its own seed: a meaning nobody had given it.
+        {"dropout_origin: not accepted for packed sequences (sequence b draws from its own seed, "
+         "varlen_dropout_seed(dropout_seed, b), at (0, 0, 0, 0)) but got (0, 0, 5, 0)",
+         [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.dropout_origin = {0, 0, 5, 0}; }},
+        {"dropout_origin: not accepted for packed sequences",
+         [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.dropout_origin = {1, 0, 0, 0}; }},
+        {"dropout_origin: not accepted for packed sequences",
+         [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.dropout_origin = {0, 1, 0, 0}; }},
+        {"dropout_origin: not accepted for packed sequences",
+         [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.dropout_origin = {0, 0, 0, 3}; }},
         {"out: expected shape (Tq, Hq, Dv) = (8, 1, 8) but got (7, 1, 8)",
          [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions&, TV& out) { out = out.slice(0, 0, 7); }},
     };
@@ -827,6 +838,16 @@ TEST(VarlenErrors, BackwardChecksBeforeWriting) {
         },
         Error);
     EXPECT_THROW(sdpa_varlen_backward(p.q, p.k, p.v, p.cq, bad_cu, f.out, f.lse, dO, p.opt, dq, dk, dv), Error);
+    SdpaOptions origin = p.opt;  // refused as by the forward (VarlenErrors.BadCuSeqlensAndTensors)
+    origin.dropout_origin = {0, 0, 5, 0};
+    try {
+        sdpa_varlen_backward(p.q, p.k, p.v, p.cq, p.ck, f.out, f.lse, dO, origin, dq, dk, dv);
+        ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("sdpa_varlen_backward: dropout_origin: not accepted for packed sequences"),
+                  std::string::npos)
+            << e.what();
+    }
     EXPECT_TRUE(still_poisoned(dq));
     EXPECT_TRUE(still_poisoned(dk));
     EXPECT_TRUE(still_poisoned(dv));
