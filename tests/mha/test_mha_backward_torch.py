@@ -129,6 +129,54 @@ def test_grads_vs_torch(c, tmp_path):
             f"{n}: max|attn - torch| = {diff:.3e} > {REL_TOL} * max|torch| ({scale:.3e}) + {ABS_TOL}"
 
 
+@pytest.mark.parametrize("lq, lk", [(3, 7), (6, 4)])
+def test_grads_causal_bottom_right_vs_torch(tmp_path, lq, lk):
+    # --grads with --causal bottom-right (query i sees keys 0..i + Lk - Lq) and Lq != Lk: the
+    # random cases above are self-attention or top-left. The oracle is torch in float64 with the
+    # boolean mask. With Lq > Lk the first Lq - Lk queries see no key: attn's attention output
+    # there is 0 (the layer's output out_proj.bias) and their dy reaches out_proj.bias alone;
+    # torch would give NaN, so its mask lets those rows see every key and its dy is 0 on them
+    # (their share of every other gradient is 0 then), and their dy is added to dbias by hand.
+    c = dict(E=8, h=2, kdim=5, vdim=3, bias=True, batch_first=False)
+    m = build_module(c, torch.Generator().manual_seed(lq))
+    (tmp_path / "p.safetensors").write_bytes(st_bytes(dict(m.state_dict())))
+    rng = np.random.default_rng(lk)
+    names = {"query": (lq, 8), "key": (lk, 5), "value": (lk, 3)}
+    names = {n: rng.standard_normal((L, 2, f)).astype(np.float32) for n, (L, f) in names.items()}
+    dy = rng.standard_normal((lq, 2, 8)).astype(np.float32)
+    for n, a in [*names.items(), ("dy", dy)]:
+        np.save(tmp_path / f"{n}.npy", a)
+    r = subprocess.run([ATTN, "mha", "--params", "p.safetensors", "--num-heads", "2", "--query", "query.npy", "--key",
+                        "key.npy", "--value", "value.npy", "--causal", "bottom-right", "--out", "o.npy", "--grad-out",
+                        "dy.npy", "--grads", "g.safetensors"], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    ours = read_safetensors(tmp_path / "g.safetensors")
+
+    not_allowed = torch.arange(lk)[None, :] > torch.arange(lq)[:, None] + (lk - lq)
+    dead = not_allowed.all(-1)
+    assert bool(dead.any()) == (lq > lk)
+    md = m.double().train()
+    leaves = {n: torch.from_numpy(a.astype(np.float64)).requires_grad_(True) for n, a in names.items()}
+    out, _ = md(leaves["query"], leaves["key"], leaves["value"], attn_mask=not_allowed & ~dead[:, None],
+                need_weights=False)
+    dy64 = torch.from_numpy(dy.astype(np.float64))
+    out.backward(dy64.masked_fill(dead[:, None, None], 0.0))
+    ref = {n: p.grad.numpy().copy() for n, p in md.named_parameters()}
+    ref.update({n: t.grad.numpy() for n, t in leaves.items()})
+    ref["out_proj.bias"] += dy64[dead].sum(dim=(0, 1)).numpy()
+    want = out.detach().numpy().copy()
+    want[dead.numpy()] = md.out_proj.bias.detach().numpy()
+
+    assert np.abs(np.load(tmp_path / "o.npy") - want).max() <= REL_TOL * np.abs(want).max()
+    assert sorted(ours) == sorted(ref), f"gradient names {sorted(ours)} != torch's {sorted(ref)}"
+    for n in ref:
+        assert ours[n].shape == ref[n].shape, n
+        scale = np.abs(ref[n]).max()
+        diff = np.abs(ours[n] - ref[n]).max()
+        assert diff <= REL_TOL * scale + ABS_TOL, \
+            f"{n}: max|attn - torch| = {diff:.3e} > {REL_TOL} * max|torch| ({scale:.3e}) + {ABS_TOL}"
+
+
 def test_grads_argument_errors(tmp_path):
     c = case(500)
     gen = torch.Generator().manual_seed(0)
