@@ -92,6 +92,20 @@ PrivateComm::PrivateComm(MPI_Comm c, std::string_view op) {
     MPI_Comm_dup(c, &comm);
 }
 
+SdpaOptions sdpa_options_of(const RingOptions& o) {
+    SdpaOptions s;
+    s.scale = o.scale;
+    s.causal = o.causal;
+    s.window = o.window;
+    s.query_offset = o.query_offset;
+    s.softcap = o.softcap;
+    s.sinks = o.sinks;
+    s.alibi_slopes = o.alibi_slopes;
+    s.dropout_p = o.dropout_p;
+    s.dropout_seed = o.dropout_seed;
+    return s;
+}
+
 namespace {
 
 // Phase 1a: this rank's arguments on their own (no communication): the local problem's checks
@@ -120,16 +134,7 @@ Descriptor check_local(std::string_view kOp, const TensorView& q, const TensorVi
         fail(kOp, "impl: must be ", kOp == "ring_attention_backward" ? "automatic or flash" : "automatic, reference or flash",
              " (a block may hold more rows than the decode kernel takes) but got decode");
     }
-    SdpaOptions local;
-    local.scale = o.scale;
-    local.causal = o.causal;
-    local.window = o.window;
-    local.query_offset = o.query_offset;
-    local.softcap = o.softcap;  // make_problem checks the modifiers as sdpa does
-    local.sinks = o.sinks;
-    local.alibi_slopes = o.alibi_slopes;
-    local.dropout_p = o.dropout_p;  // its range, as sdpa checks it
-    local.dropout_seed = o.dropout_seed;
+    SdpaOptions local = sdpa_options_of(o);  // make_problem checks them as sdpa does
     Tensor stand_in[5];
     const TensorView lse_view = lse != nullptr ? one_row_if_empty(*lse, stand_in[4]) : TensorView();
     attn::detail::make_problem(one_row_if_empty(q, stand_in[0]), one_row_if_empty(k, stand_in[1]),

@@ -155,6 +155,12 @@ void setup_ring(RingContext& ctx, std::string_view op, const TensorView& q, cons
 // are not per block (the forward's merge and the global lse carry them). Both directions call it.
 SdpaOptions block_options(const SdpaOptions& base, const BlockCall& call);
 
+// The options as single-process sdpa takes them (scale, causal, window, query_offset, softcap,
+// ALiBi slopes, sinks, dropout p and seed; no key lengths: global positions, checked apart).
+// Each rank's local problem is checked with them (make_problem), and the CLI checks their values
+// with attn::detail::check_option_values before it reads a file: one rule, sdpa's.
+SdpaOptions sdpa_options_of(const RingOptions& o);
+
 // block_options' base, the same in both directions: the caller's scale, impl, softcap (per
 // score: every block as is) and dropout (p, seed), and the agreed ALiBi slopes as (B, Hq).
 // No sinks: the forward's merge starts every row with its sink, and the backward's global lse

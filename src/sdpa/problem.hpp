@@ -14,6 +14,7 @@
 #include "../core/check.hpp"
 #include "../core/dropout.hpp"
 #include "attn/sdpa.hpp"
+#include "option_values.hpp"  // check_option_values: make_problem's first option check
 
 namespace attn::detail {
 
@@ -134,12 +135,6 @@ private:
         return t.dtype() == DType::i32 ? t.data_as<const std::int32_t>()[o] : t.data_as<const std::int64_t>()[o];
     }
 };
-
-// The options' values that need no shapes — scale, a scalar query_offset, window, dropout_p,
-// softcap — each in range: make_problem's first option check, and the one the packed entry
-// points (sdpa_varlen and its backward) make up front, since they build a problem only for
-// sequences with queries and keys.
-void check_option_values(const SdpaOptions& options, std::string_view kOp);
 
 // Per-sequence query offsets: (n,) int32/int64, every entry within ±2^60 (the message names the
 // entry). make_problem's check, and the packed entry points' for all N sequences up front.
