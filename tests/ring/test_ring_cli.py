@@ -232,6 +232,25 @@ def error_lines(r):
     return [l for l in r.stderr.splitlines() if "error" in l]
 
 
+@pytest.mark.parametrize("np_", [1, 2])
+@pytest.mark.parametrize("extra,message", [
+    (["--softcap", "-1"], "ring_attention: --softcap: must be 0 (off) or a finite float32 in "
+                          "[1.1754944e-38, 3.4028235e38] but got -1"),
+    (["--scale", "1e39"], "ring_attention: --scale: must be finite in float32 (|scale| <= 3.4028235e38) but got 1e+39"),
+    (["--window-left", "-3"], "ring_attention: --window-left/--window-right: left and right must be >= 0, or -1 for "
+                              "unbounded, but got left=-3 right=-1"),
+    (["--query-offset", str(2**61)], f"ring_attention: --query-offset: must be in [-2^60, 2^60] but got {2**61}"),
+])
+def test_option_values_are_checked_before_any_input_is_read(tmp_path, np_, extra, message):
+    """sdpa's check of the values that need no tensor, on every rank before rank 0 reads a file: the
+    option is named, not the missing --q (which was named first, and a present one read first)."""
+    missing, out = tmp_path / "nope.npy", tmp_path / "o.npy"
+    r = mpirun(np_, "--q", missing, "--k", missing, "--v", missing, "--out", out, *extra)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert error_lines(r) == ["attn: error: " + message], r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("np_", [1, 3])
 def test_missing_input_fails_on_all_ranks_without_output(tmp_path, np_):
     _, p = make(tmp_path, 1, 1, 1, 8, 8, 4, 4)

@@ -651,6 +651,43 @@ def test_bad_numbers_are_errors_naming_the_option(work, command, option, value, 
         assert value in err, f"the message must quote what was given, not a clamped value: {err!r}"
 
 
+# Values of options that need no tensor, out of the library's range (sdpa's check_option_values),
+# each given with inputs that do not exist: the option is named, in the library's words with the
+# flag for the field, before any file is read. The CLI read --q, --k and --v first, so it named
+# the missing --q (and read gigabytes before it refused a --softcap of -1).
+SOFTCAP_RANGE = "must be 0 (off) or a finite float32 in [1.1754944e-38, 3.4028235e38] but got "
+BAD_OPTION_VALUES = [
+    # (extra arguments, the message after "attn: error: ")
+    (["--softcap", "-1"], "sdpa: --softcap: " + SOFTCAP_RANGE + "-1"),
+    (["--softcap", "1e-40"], "sdpa: --softcap: " + SOFTCAP_RANGE + "1e-40"),
+    (["--softcap", "1e39"], "sdpa: --softcap: " + SOFTCAP_RANGE + "1e+39"),
+    (["--scale", "1e39"], "sdpa: --scale: must be finite in float32 (|scale| <= 3.4028235e38) but got 1e+39"),
+    (["--window-left", "-2"],
+     "sdpa: --window-left/--window-right: left and right must be >= 0, or -1 for unbounded, but got left=-2 right=-1"),
+    (["--window-right", "-7", "--causal"],
+     "sdpa: --window-left/--window-right: left and right must be >= 0, or -1 for unbounded, but got left=-1 right=-7"),
+    (["--query-offset", str(2**61)], f"sdpa: --query-offset: must be in [-2^60, 2^60] but got {2**61}"),
+    (["--query-offset", str(-2**61)], f"sdpa: --query-offset: must be in [-2^60, 2^60] but got {-2**61}"),
+    # The backward: the forward runs first, so it is the forward's words.
+    (["--softcap", "-1", "--grad-out", "nope_do.npy", "--dq", "dq.npy", "--dk", "dk.npy", "--dv", "dv.npy"],
+     "sdpa: --softcap: " + SOFTCAP_RANGE + "-1"),
+    # Packed sequences: sdpa_varlen's.
+    (["--softcap", "-1", "--cu-seqlens-q", "nope_cq.npy", "--cu-seqlens-k", "nope_ck.npy"],
+     "sdpa_varlen: --softcap: " + SOFTCAP_RANGE + "-1"),
+    (["--scale", "-1e39", "--cu-seqlens-q", "nope_cq.npy", "--cu-seqlens-k", "nope_ck.npy"],
+     "sdpa_varlen: --scale: must be finite in float32 (|scale| <= 3.4028235e38) but got -1e+39"),
+]
+
+
+@pytest.mark.parametrize("extra,message", BAD_OPTION_VALUES)
+def test_option_values_are_checked_before_any_input_is_read(work, extra, message):
+    missing = work / "nope.npy"
+    args = ["sdpa", "--q", missing, "--k", missing, "--v", missing, "--out", work / "o.npy"]
+    args += [work / a if a.startswith("nope_") or a.endswith(".npy") else a for a in extra]
+    err = expect_error(work, args)
+    assert err.rstrip("\n") == "attn: error: " + message, err
+
+
 def numeric_options():
     """Every (command, option, type) the CLI's help lists as INT, UINT or FLOAT: a new option is
     covered without editing this file."""

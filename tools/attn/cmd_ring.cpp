@@ -34,8 +34,10 @@
 
 #include "attn/npy.hpp"
 #include "attn/ring.hpp"
+#include "dist/ring_setup.hpp"
 #include "flag_names.hpp"
 #include "output_files.hpp"
+#include "sdpa/option_values.hpp"
 #include "strict_options.hpp"
 #include "tensor_args.hpp"
 #endif
@@ -150,8 +152,8 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     opt.window.left = a.window_left;
     opt.window.right = a.window_right;
     if (a.query_offset) opt.query_offset = *a.query_offset;
-    opt.softcap = a.softcap;  // ring_attention checks it (0 = off)
-    opt.dropout_p = a.dropout;  // checked with the seed below, collectively
+    opt.softcap = a.softcap;    // 0 = off; checked below with the other values, collectively
+    opt.dropout_p = a.dropout;  // checked with the seed below
     const bool backward = a.grad.backward();
     Header h;
     Tensor q, k, v, dO, lengths, offsets, sinks, slopes;
@@ -165,6 +167,8 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         opt.causal = causal_option(a.causal);
         opt.dropout_seed = dropout_seed("--dropout", a.dropout, "--seed", a.seed);
         opt.window.align = window_align_option(a.window_align, a.window_left, a.window_right);
+        // sdpa's check of every value that needs no tensor, before any file is read.
+        detail::check_option_values(dist::detail::sdpa_options_of(opt), "ring_attention");
         a.grad.check_flags(!a.sinks.empty());
         out_dtype_given = parse_out_dtype(a.out_dtype);
         // Every rank reads the (Hq,) sinks itself; ring_attention checks them and that the ranks agree.

@@ -24,6 +24,7 @@
 #include "flag_names.hpp"
 #include "gradient_outputs.hpp"
 #include "output_files.hpp"
+#include "sdpa/option_values.hpp"
 #include "strict_options.hpp"
 #include "tensor_args.hpp"
 #include "threads_option.hpp"
@@ -143,6 +144,12 @@ void run(const SdpaArgs& a) {
     opt.window.align = window_align_option(a.window_align, a.window_left, a.window_right);
     opt.dropout_seed = dropout_seed("--dropout", a.dropout, "--seed", a.seed);
     opt.dropout_p = a.dropout;
+    opt.softcap = a.softcap;  // 0 = off
+    if (a.query_offset) opt.query_offset = *a.query_offset;  // --query-offsets: a file, below
+    // The library's check of every value that needs no tensor, before any file is read; the
+    // call that would have refused them names it (the forward runs first).
+    const bool packed = !a.cu_seqlens_q.empty() || !a.cu_seqlens_k.empty();
+    detail::check_option_values(opt, packed ? "sdpa_varlen" : "sdpa");
 
     const Tensor q = read_input("--q", a.q);
     const Tensor k = read_input("--k", a.k);
@@ -161,7 +168,6 @@ void run(const SdpaArgs& a) {
                         std::string(dtype_name(mask.dtype())));
         }
     }
-    opt.softcap = a.softcap;  // sdpa checks it (0 = off)
     Tensor slopes, sinks;
     if (!a.alibi_slopes.empty()) {
         slopes = read_tensor_arg("--alibi-slopes", a.alibi_slopes);
@@ -169,7 +175,6 @@ void run(const SdpaArgs& a) {
     } else if (a.alibi) {
         // Q's heads: dim 1 of (B, H, L, D), and of packed (T, H, D) with --cu-seqlens; any other
         // Q is refused by sdpa with its own message (slopes for 1 head are then never read).
-        const bool packed = !a.cu_seqlens_q.empty() || !a.cu_seqlens_k.empty();
         slopes = alibi_slopes(q.shape().rank == 4 || (packed && q.shape().rank == 3) ? q.shape()[1] : 1);
         opt.alibi_slopes = slopes.view();
     }
@@ -182,12 +187,11 @@ void run(const SdpaArgs& a) {
         opt.key_lengths = lengths.view();
     }
     // sdpa checks the offsets (dtype, shape, range) and names them query_offset.
-    if (a.query_offset) opt.query_offset = *a.query_offset;
     if (!a.query_offsets.empty()) {
         offsets = read_tensor_arg("--query-offsets", a.query_offsets);
         opt.query_offset = offsets.view();
     }
-    if (!a.cu_seqlens_q.empty() || !a.cu_seqlens_k.empty()) return run_packed(a, out_dtype_given, opt, q, k, v, backward);
+    if (packed) return run_packed(a, out_dtype_given, opt, q, k, v, backward);
     // Output shapes from the inputs, checked first: a malformed one is named before a buffer
     // sized from it is asked for (a 100-byte .npy can declare (0, 1, 10^15, 8)).
     const SdpaShapes shapes = sdpa_output_shapes(q, k, v);
