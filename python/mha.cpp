@@ -252,10 +252,10 @@ std::unique_ptr<PyMha> make_mha(const py::object& embed_dim, const py::object& n
     c.sinks = bool_arg(sinks, "sinks");
     c.softcap = float_arg(softcap, "softcap");
     // alibi_slopes: None (off), True (attn.alibi_slopes(num_heads)), or an array (num_heads,);
-    // the layer checks the count and the values.
+    // the layer checks the count and the values — and num_heads, in its words, when it is < 1
+    // (then there are no standard slopes to make).
     if (py::isinstance<py::bool_>(alibi_slopes)) {
-        if (alibi_slopes.cast<bool>()) {
-            if (c.num_heads < 1) value_error("num_heads must be >= 1 but got " + std::to_string(c.num_heads));
+        if (alibi_slopes.cast<bool>() && c.num_heads >= 1) {
             const attn::Tensor std_slopes = attn::alibi_slopes(c.num_heads);
             c.alibi_slopes.assign(std_slopes.data_as<const float>(), std_slopes.data_as<const float>() + c.num_heads);
         }

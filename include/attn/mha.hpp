@@ -72,7 +72,7 @@ struct MhaConfig {
     bool add_bias_kv = false;       // append the key/value bias_k/bias_v (PyTorch's option)
     bool add_zero_attn = false;     // append a zero key/value (PyTorch's option)
     bool sinks = false;             // parameter `sinks` (h,): a sink logit per head (gpt-oss)
-    double softcap = 0.0;           // logit softcap c (0 = off); finite, >= FLT_MIN
+    double softcap = 0.0;           // logit softcap c (0 = off); as SdpaOptions::softcap: a normal finite float32
     std::vector<float> alibi_slopes = {};  // (h,) finite ALiBi slopes; empty = no ALiBi
     // Storage of the weight matrices (in_proj_weight or q/k/v_proj_weight, out_proj.weight):
     // float32, float16 or bfloat16. 16-bit weights are widened exactly inside the projection

@@ -3,7 +3,6 @@
 #include "attn/mha.hpp"
 
 #include <algorithm>
-#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -12,6 +11,9 @@
 
 #include "../core/check.hpp"
 #include "../core/checked_size.hpp"
+#include "../sdpa/option_values.hpp"
+#include "../sdpa/problem.hpp"
+#include "config_values.hpp"
 #include "inputs.hpp"
 
 namespace attn {
@@ -41,10 +43,15 @@ std::string what_it_holds(const std::vector<std::pair<std::string, TensorView>>&
 
 }  // namespace
 
+void detail::check_config_values(std::int64_t num_heads, double softcap) {
+    if (num_heads < 1) fail(kMha, "num_heads: must be >= 1 but got ", num_heads);
+    require_softcap(softcap, kMha);
+}
+
 MultiHeadAttention::MultiHeadAttention(const MhaConfig& config) : config_(config) {
     MhaConfig& c = config_;
     if (c.embed_dim < 1) fail(kMha, "embed_dim must be >= 1 but got ", c.embed_dim);
-    if (c.num_heads < 1) fail(kMha, "num_heads must be >= 1 but got ", c.num_heads);
+    detail::check_config_values(c.num_heads, c.softcap);
     if (c.embed_dim % c.num_heads != 0) {
         fail(kMha, "embed_dim ", c.embed_dim, " must be divisible by num_heads ", c.num_heads);
     }
@@ -59,21 +66,17 @@ MultiHeadAttention::MultiHeadAttention(const MhaConfig& config) : config_(config
     if (c.num_kv_heads < 1 || c.num_heads % c.num_kv_heads != 0) {
         fail(kMha, "num_kv_heads must divide num_heads ", c.num_heads, " but got ", c.num_kv_heads);
     }
-    if (c.softcap != 0.0 && !(c.softcap >= FLT_MIN && c.softcap <= FLT_MAX)) {
-        fail(kMha, "softcap must be 0 (off) or a finite float32 >= FLT_MIN but got ", c.softcap);
-    }
     if (!c.alibi_slopes.empty()) {
         if (static_cast<std::int64_t>(c.alibi_slopes.size()) != c.num_heads) {
             fail(kMha, "alibi_slopes: expected one slope per head (", c.num_heads, ") but got ", c.alibi_slopes.size());
         }
-        for (std::size_t i = 0; i < c.alibi_slopes.size(); ++i)
-            if (!std::isfinite(c.alibi_slopes[i])) fail(kMha, "alibi_slopes: must be finite but slope ", i, " is ", c.alibi_slopes[i]);
         if (c.add_bias_kv || c.add_zero_attn) {
             fail(kMha, "alibi_slopes: not with add_bias_kv or add_zero_attn (their appended key has no position to measure "
                        "a distance from)");
         }
         alibi_ = Tensor(DType::f32, Shape{c.num_heads});
         std::copy(c.alibi_slopes.begin(), c.alibi_slopes.end(), alibi_.data_as<float>());
+        detail::require_finite_f32(kMha, alibi_.view(), "alibi_slopes");  // sdpa's rule for the slopes it is given
     }
     if (c.param_dtype != DType::f32 && c.param_dtype != DType::f16 && c.param_dtype != DType::bf16) {
         fail(kMha, "param_dtype: expected float32, float16 or bfloat16 but got ", dtype_name(c.param_dtype));
@@ -218,6 +221,7 @@ MultiHeadAttention MultiHeadAttention::from_state_dict(const std::vector<std::pa
                                                        std::int64_t num_heads, bool batch_first, double softcap,
                                                        std::vector<float> alibi_slopes, std::optional<DType> param_dtype,
                                                        bool add_zero_attn) {
+    detail::check_config_values(num_heads, softcap);  // the arguments before the tensors
     auto find = [&](const char* name) -> const TensorView* {
         for (const auto& [n, t] : tensors)
             if (n == name) return &t;
@@ -235,7 +239,6 @@ MultiHeadAttention MultiHeadAttention::from_state_dict(const std::vector<std::pa
     c.embed_dim = wo->dim(0);
     c.num_heads = num_heads;
     c.batch_first = batch_first;
-    if (num_heads < 1) fail(kMha, "num_heads must be >= 1 but got ", num_heads);
     if (c.embed_dim % num_heads != 0) {
         fail(kMha, "embed_dim ", c.embed_dim, " (from out_proj.weight) must be divisible by num_heads ", num_heads);
     }

@@ -17,4 +17,9 @@ namespace attn::detail {
 // range (also the enums impl, causal and window.align, in case of a cast from a wrong integer).
 void check_option_values(const SdpaOptions& options, std::string_view kOp);
 
+// Its rule for softcap, the one every caller that takes a softcap keeps to (the MHA layer's
+// config too): 0 (off) or a normal finite float32, else
+// "<kOp>: softcap: must be 0 (off) or a finite float32 in [1.1754944e-38, 3.4028235e38] but got C".
+void require_softcap(double softcap, std::string_view kOp);
+
 }  // namespace attn::detail

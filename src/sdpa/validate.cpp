@@ -100,14 +100,16 @@ void check_option_values(const SdpaOptions& options, std::string_view kOp) {
              " right=", options.window.right);
     }
     require_dropout(kOp, options.dropout_p, options.dropout_seed);
-    if (options.softcap != 0.0) {
-        // Kernels compute s·(1/c) and c·tanh in float32: c must be a normal float32.
-        const double kMin = static_cast<double>(std::numeric_limits<float>::min());
-        const double kMax = static_cast<double>(std::numeric_limits<float>::max());
-        if (!(options.softcap >= kMin && options.softcap <= kMax))
-            fail(kOp, "softcap: must be 0 (off) or a finite float32 in [1.1754944e-38, 3.4028235e38] but got ",
-                 options.softcap);
-    }
+    require_softcap(options.softcap, kOp);
+}
+
+void require_softcap(double softcap, std::string_view kOp) {
+    if (softcap == 0.0) return;
+    // Kernels compute s·(1/c) and c·tanh in float32: c must be a normal float32.
+    const double kMin = static_cast<double>(std::numeric_limits<float>::min());
+    const double kMax = static_cast<double>(std::numeric_limits<float>::max());
+    if (!(softcap >= kMin && softcap <= kMax))
+        fail(kOp, "softcap: must be 0 (off) or a finite float32 in [1.1754944e-38, 3.4028235e38] but got ", softcap);
 }
 
 void check_qkv(const TensorView& q, const TensorView& k, const TensorView& v, SdpaProblem& p, std::string_view kOp) {

@@ -450,6 +450,26 @@ TEST(Mha, ConfigurationErrors) {
                  "(3298534883328, 1099511627776)");
 }
 
+// The score modifiers the layer shares with sdpa are checked by sdpa's rules, in sdpa's words
+// (the layer had its own softcap rule, "softcap must be 0 (off) or a finite float32 >= FLT_MIN",
+// and its own for the slopes); num_heads and softcap with a colon after the field, so the CLI
+// names its option in their place.
+TEST(Mha, ConfigValuesInSdpasWords) {
+    const std::string range = "must be 0 (off) or a finite float32 in [1.1754944e-38, 3.4028235e38] but got ";
+    for (const double c : {-1.0, 1e-40, 1e39, std::nan("")}) {
+        const std::string got = std::isnan(c) ? "nan" : c == -1.0 ? "-1" : c == 1e-40 ? "1e-40" : "1e+39";
+        expect_error([&] { MultiHeadAttention(MhaConfig{.embed_dim = 4, .num_heads = 2, .softcap = c}); },
+                     "MultiHeadAttention: softcap: " + range + got);
+    }
+    expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = 4, .num_heads = 0}); },
+                 "MultiHeadAttention: num_heads: must be >= 1 but got 0");
+    expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = 4, .num_heads = 2, .alibi_slopes = {0.5f, INFINITY}}); },
+                 "MultiHeadAttention: alibi_slopes: values must be finite but entry 1 is inf");
+    // from_state_dict checks its arguments before the tensors: the same words, not a missing tensor.
+    expect_error([] { MultiHeadAttention::from_state_dict({}, 2, false, -1.0); }, "MultiHeadAttention: softcap: " + range + "-1");
+    expect_error([] { MultiHeadAttention::from_state_dict({}, 0); }, "MultiHeadAttention: num_heads: must be >= 1 but got 0");
+}
+
 TEST(Mha, StateDictErrorsNameTheTensor) {
     MultiHeadAttention m(MhaConfig{.embed_dim = 4, .num_heads = 2});
     const Tensor wi(DType::f32, Shape{12, 4}, true), bi(DType::f32, Shape{12}, true), wo(DType::f32, Shape{4, 4}, true),
