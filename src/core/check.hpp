@@ -118,6 +118,10 @@ void require_enum(std::string_view op, std::string_view name, Enum value, int co
 // global generator, and a default seed would drop the same weights on every training step
 // (docs/conventions.md, "Dropout").
 void require_dropout(std::string_view op, double p, const std::optional<std::uint64_t>& seed);
+// Its first half, the one rule for a dropout probability: 0 <= p < 1, else
+// "op: dropout_p: must be in [0, 1) but got P". The CLI checks its option with it (renamed to
+// the option, flag_names.hpp) before it looks at the seed or reads a file.
+void require_dropout_p(std::string_view op, double p);
 
 // An optional tensor argument as the pointer the checks take: null when not given.
 inline const TensorView* view_or_null(const std::optional<TensorView>& t) { return t ? &*t : nullptr; }

@@ -90,7 +90,7 @@ def test_dropout_p_range_in_attns_words(tmp_path, p):
     line = one_error_line(attn("mha", "--params", "P.safetensors", "--num-heads", "2", "--query", "Q.npy",
                                "--out", "O.npy", "--grad-out", "dO.npy", "--grads", "G.safetensors",
                                "--dropout-p", p, cwd=tmp_path))
-    assert line == f"attn: error: --dropout-p: expected a probability 0 <= p < 1 but got {float(p):g}"
+    assert line == f"attn: error: MultiHeadAttention: --dropout-p: must be in [0, 1) but got {float(p):g}"
 
 
 def test_torch_flag_help_does_not_say_off():

@@ -208,8 +208,9 @@ def test_grad_out_errors_leave_no_files(tmp_path):
         (grads, "need --grad-out"),
         (["--grad-out", str(tmp_path / "bad.npy"), "--dq", str(tmp_path / "o.npy"), "--dk", str(tmp_path / "dk.npy"),
           "--dv", str(tmp_path / "dv.npy")], ("--dq: path", "--out")),
-        (["--dropout", "1.5"], "--dropout: expected a probability 0 <= p < 1 but got 1.5"),
-        (["--dropout", "-0.1"], "--dropout: expected a probability 0 <= p < 1 but got -0.1"),
+        # The library's rule and words (require_dropout_p), with the option for the field.
+        (["--dropout", "1.5"], "sdpa: --dropout: must be in [0, 1) but got 1.5"),
+        (["--dropout", "-0.1"], "sdpa: --dropout: must be in [0, 1) but got -0.1"),
         # No default seed (the same mask in every run) and no seed without dropout (it changes nothing).
         (["--dropout", "0.25"], "--dropout: 0.25 needs --seed N"),
         (["--seed", "3"], "--seed: only with --dropout P > 0"),

@@ -240,6 +240,7 @@ def error_lines(r):
     (["--window-left", "-3"], "ring_attention: --window-left/--window-right: left and right must be >= 0, or -1 for "
                               "unbounded, but got left=-3 right=-1"),
     (["--query-offset", str(2**61)], f"ring_attention: --query-offset: must be in [-2^60, 2^60] but got {2**61}"),
+    (["--dropout", "1"], "ring_attention: --dropout: must be in [0, 1) but got 1"),
 ])
 def test_option_values_are_checked_before_any_input_is_read(tmp_path, np_, extra, message):
     """sdpa's check of the values that need no tensor, on every rank before rank 0 reads a file: the

@@ -676,6 +676,11 @@ BAD_OPTION_VALUES = [
      "sdpa_varlen: --softcap: " + SOFTCAP_RANGE + "-1"),
     (["--scale", "-1e39", "--cu-seqlens-q", "nope_cq.npy", "--cu-seqlens-k", "nope_ck.npy"],
      "sdpa_varlen: --scale: must be finite in float32 (|scale| <= 3.4028235e38) but got -1e+39"),
+    # --dropout: the library's rule and words too (the CLI had its own, "expected a probability").
+    (["--dropout", "1.5", "--seed", "1"], "sdpa: --dropout: must be in [0, 1) but got 1.5"),
+    (["--dropout", "-0.1"], "sdpa: --dropout: must be in [0, 1) but got -0.1"),
+    (["--dropout", "1", "--cu-seqlens-q", "nope_cq.npy", "--cu-seqlens-k", "nope_ck.npy"],
+     "sdpa_varlen: --dropout: must be in [0, 1) but got 1"),
 ]
 
 
@@ -684,6 +689,29 @@ def test_option_values_are_checked_before_any_input_is_read(work, extra, message
     missing = work / "nope.npy"
     args = ["sdpa", "--q", missing, "--k", missing, "--v", missing, "--out", work / "o.npy"]
     args += [work / a if a.startswith("nope_") or a.endswith(".npy") else a for a in extra]
+    err = expect_error(work, args)
+    assert err.rstrip("\n") == "attn: error: " + message, err
+
+
+# attn mha: the layer's values that need no file (num_heads, softcap — sdpa's rule —, dropout_p),
+# checked before --params is read, in the layer's words with the option for the field. --softcap
+# and --num-heads were refused by the layer only after --params was read: a missing one was named.
+MHA_BAD_OPTION_VALUES = [
+    (["--softcap", "-1"], "MultiHeadAttention: --softcap: " + SOFTCAP_RANGE + "-1"),
+    (["--softcap", "1e-40"], "MultiHeadAttention: --softcap: " + SOFTCAP_RANGE + "1e-40"),
+    (["--softcap", "1e39", "--alibi"], "MultiHeadAttention: --softcap: " + SOFTCAP_RANGE + "1e+39"),
+    (["--num-heads", "0"], "MultiHeadAttention: --num-heads: must be >= 1 but got 0"),
+    (["--num-heads", "-3", "--alibi"], "MultiHeadAttention: --num-heads: must be >= 1 but got -3"),
+    (["--dropout-p", "1.5", "--grad-out", "nope_do.npy", "--grads", "g.safetensors"],
+     "MultiHeadAttention: --dropout-p: must be in [0, 1) but got 1.5"),
+]
+
+
+@pytest.mark.parametrize("extra,message", MHA_BAD_OPTION_VALUES)
+def test_mha_option_values_are_checked_before_any_input_is_read(work, extra, message):
+    args = ["mha", "--params", work / "nope.safetensors", "--query", work / "nope.npy", "--out", work / "o.npy"]
+    args += [] if "--num-heads" in extra else ["--num-heads", "2"]
+    args += [work / a if a.startswith("nope_") or a.endswith((".npy", ".safetensors")) else a for a in extra]
     err = expect_error(work, args)
     assert err.rstrip("\n") == "attn: error: " + message, err
 

@@ -20,6 +20,8 @@
 #include "core/check.hpp"
 #include "attn/sdpa.hpp"
 #include "causal_option.hpp"
+#include "mha/config_values.hpp"
+#include "mha/inputs.hpp"
 #include "commands.hpp"
 #include "flag_names.hpp"
 #include "output_files.hpp"
@@ -113,9 +115,13 @@ void run(const MhaArgs& a) {
     }
     const bool training = !a.grads.empty();
     if (training && !a.weights.empty()) throw Error("--weights: not available with --grads (training mode)");
-    require_probability("--dropout-p", a.dropout_p);  // before the mode: a bad value is named as such
+    // The layer's checks of the values that need no file (num_heads, softcap, dropout_p), before
+    // any is read, in its words with the option for the field (naming_flags): a bad --softcap was
+    // refused only after --params had been read, or a missing one named instead.
+    detail::check_config_values(a.num_heads, a.softcap);
+    detail::require_dropout_p(detail::kMha, a.dropout_p);  // before the mode: a bad value is named as such
     if (!training && a.dropout_p != 0.0) throw Error("--dropout-p: only with --grads (training mode); eval mode has no dropout");
-    const std::uint64_t seed = dropout_seed("--dropout-p", a.dropout_p, "--dropout-seed", a.dropout_seed);
+    const std::uint64_t seed = dropout_seed(detail::kMha, "--dropout-p", a.dropout_p, "--dropout-seed", a.dropout_seed);
     const Impl impl = with_flag("--impl", [&] { return parse_impl(a.impl); });
     const Causal causal = causal_option(a.causal);
     // The dtype options, before any file is read (--out-dtype's default depends on the query).
@@ -159,7 +165,7 @@ void run(const MhaArgs& a) {
     }();
     const std::vector<std::pair<std::string, TensorView>> state = layer_of(params, params_file, prefix);
     std::vector<float> slopes;
-    if (a.alibi && a.num_heads >= 1) {
+    if (a.alibi) {
         const Tensor t = alibi_slopes(a.num_heads);
         slopes.assign(t.data_as<const float>(), t.data_as<const float>() + t.numel());
     } else if (!a.alibi_slopes.empty()) {
@@ -325,7 +331,8 @@ void add_mha_command(CLI::App& app) {
         naming_flags([&] { run(a); }, {"MultiHeadAttention"},
                      {{"query", "--query"}, {"key", "--key"}, {"value", "--value"}, {"key_padding_mask", "--key-padding-mask"},
                       {"attn_mask", "--attn-mask"}, {"alibi_slopes", a.alibi ? "--alibi" : "--alibi-slopes"},
-                      {"grad_output", "--grad-out"}, {"dropout_p", "--dropout-p"}, {"causal", "--causal"}});
+                      {"grad_output", "--grad-out"}, {"dropout_p", "--dropout-p"}, {"causal", "--causal"},
+                      {"num_heads", "--num-heads"}, {"softcap", "--softcap"}});
     });
 }
 

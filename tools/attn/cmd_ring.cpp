@@ -165,7 +165,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         opt.layout = with_flag("--layout", [&] { return dist::parse_layout(a.layout); });
         opt.impl = with_flag("--impl", [&] { return parse_impl(a.impl); });
         opt.causal = causal_option(a.causal);
-        opt.dropout_seed = dropout_seed("--dropout", a.dropout, "--seed", a.seed);
+        opt.dropout_seed = dropout_seed("ring_attention", "--dropout", a.dropout, "--seed", a.seed);
         opt.window.align = window_align_option(a.window_align, a.window_left, a.window_right);
         // sdpa's check of every value that needs no tensor, before any file is read.
         detail::check_option_values(dist::detail::sdpa_options_of(opt), "ring_attention");

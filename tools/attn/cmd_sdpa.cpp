@@ -142,14 +142,15 @@ void run(const SdpaArgs& a) {
     opt.window.left = a.window_left;
     opt.window.right = a.window_right;
     opt.window.align = window_align_option(a.window_align, a.window_left, a.window_right);
-    opt.dropout_seed = dropout_seed("--dropout", a.dropout, "--seed", a.seed);
+    // The library's checks of every value that needs no tensor, before any file is read; the
+    // call that would have refused them names it (the forward runs first).
+    const bool packed = !a.cu_seqlens_q.empty() || !a.cu_seqlens_k.empty();
+    const char* const op = packed ? "sdpa_varlen" : "sdpa";
+    opt.dropout_seed = dropout_seed(op, "--dropout", a.dropout, "--seed", a.seed);
     opt.dropout_p = a.dropout;
     opt.softcap = a.softcap;  // 0 = off
     if (a.query_offset) opt.query_offset = *a.query_offset;  // --query-offsets: a file, below
-    // The library's check of every value that needs no tensor, before any file is read; the
-    // call that would have refused them names it (the forward runs first).
-    const bool packed = !a.cu_seqlens_q.empty() || !a.cu_seqlens_k.empty();
-    detail::check_option_values(opt, packed ? "sdpa_varlen" : "sdpa");
+    detail::check_option_values(opt, op);
 
     const Tensor q = read_input("--q", a.q);
     const Tensor k = read_input("--k", a.k);

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "attn/error.hpp"
+#include "core/check.hpp"
 
 namespace attn::cli {
 namespace {
@@ -109,14 +110,9 @@ double parse_finite_double(const std::string& flag, const std::string& text) {
 
 void make_options_strict(CLI::App& app) { apply(app); }
 
-void require_probability(const char* flag, double p) {
-    if (!(p >= 0.0 && p < 1.0)) {
-        throw Error(std::string(flag) + ": expected a probability 0 <= p < 1 but got " + number_text(p));
-    }
-}
-
-std::uint64_t dropout_seed(const char* dropout_flag, double p, const char* seed_flag, const std::optional<std::uint64_t>& seed) {
-    require_probability(dropout_flag, p);
+std::uint64_t dropout_seed(std::string_view op, const char* dropout_flag, double p, const char* seed_flag,
+                           const std::optional<std::uint64_t>& seed) {
+    detail::require_dropout_p(op, p);
     if (p > 0.0 && !seed) {
         throw Error(std::string(dropout_flag) + ": " + number_text(p) + " needs " + seed_flag +
                     " N (the keep mask is a function of the seed: give each training step its own, and its backward the same)");

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <CLI/CLI.hpp>
 
@@ -34,13 +35,13 @@ auto with_flag(const char* flag, F&& parse) {
     }
 }
 
-// A dropout probability: 0 <= p < 1, else "FLAG: expected a probability 0 <= p < 1 but got P".
-void require_probability(const char* flag, double p);
-
-// The dropout probability (checked as above) and its seed, as the library takes them: p > 0 needs
-// the seed — the keep mask is a function of it, and a default would drop the same weights in every
-// run — and a seed needs p > 0 (it would change nothing). Returns the seed (0 without dropout).
-std::uint64_t dropout_seed(const char* dropout_flag, double p, const char* seed_flag, const std::optional<std::uint64_t>& seed);
+// The dropout probability and its seed, as the library takes them: p in [0, 1) by the library's
+// rule and words (detail::require_dropout_p as `op`, "op: dropout_p: must be in [0, 1) but got P",
+// which the command's naming_flags turns into its option), then p > 0 needs the seed — the keep
+// mask is a function of it, and a default would drop the same weights in every run — and a seed
+// needs p > 0 (it would change nothing). Returns the seed (0 without dropout).
+std::uint64_t dropout_seed(std::string_view op, const char* dropout_flag, double p, const char* seed_flag,
+                           const std::optional<std::uint64_t>& seed);
 
 // --window-align: top-left (the default) or bottom-right. Only with --window-left/--window-right,
 // as --seed only with --dropout: alone it would change nothing and let a slip pass for a setting.
