@@ -184,10 +184,7 @@ TEST(MhaBackward, UnbatchedNoBiasNoDropoutPadded) {
 TEST(MhaBackward, DropoutIsReproducibleAndActive) {
     std::mt19937 rng(9);
     MultiHeadAttention m(MhaConfig{8, 2});
-    for (const auto& [name, shape] : m.parameter_shapes()) {
-        const Tensor t = random_tensor(shape, rng, 0.5);
-        std::memcpy(m.parameter(name).data(), t.data(), t.nbytes());
-    }
+    attn::mha_test::randomise(m, rng);
     const Tensor x = random_tensor(Shape{6, 2, 8}, rng);
     MhaForwardState s1, s2, s3;
     const Tensor a = m.forward_train(x, x, x, {}, MhaTrainOptions{0.4, 7}, s1);
@@ -202,10 +199,7 @@ TEST(MhaBackward, DropoutIsReproducibleAndActive) {
 TEST(MhaBackward, TrainOutputHasTheForwardsDtype) {
     std::mt19937 rng(11);
     MultiHeadAttention m(MhaConfig{8, 2});
-    for (const auto& [name, shape] : m.parameter_shapes()) {
-        const Tensor t = random_tensor(shape, rng, 0.5);
-        std::memcpy(m.parameter(name).data(), t.data(), t.nbytes());
-    }
+    attn::mha_test::randomise(m, rng);
     const Tensor x = to_dtype(random_tensor(Shape{5, 2, 8}, rng).view(), DType::bf16);
     MhaForwardOptions f32_out;
     f32_out.out_dtype = DType::f32;
