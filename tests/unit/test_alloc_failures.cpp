@@ -47,9 +47,26 @@ namespace {
 // region (it would terminate), and what worker threads allocate is not covered here.
 thread_local long g_fail_at = 0;
 
-// true: aligned_alloc refuses every call from a worker thread of a parallel region (thread
-// number >= 1), while the calling thread (number 0) allocates and computes its share.
-std::atomic<bool> g_refuse_workers_aligned{false};
+// Which aligned_alloc calls return null: none; from a worker thread of a parallel region (thread
+// number >= 1, while the calling thread, number 0, allocates and computes its share); or from a
+// thread outside any parallel region (the caller). Each such thread's first g_let_through calls
+// are let through (the GEMM's threads take their op(A) buffer before their op(B) one), and
+// g_refused_bytes is the size of the first refused call (0: none yet).
+enum class Refuse { none, workers, caller };
+std::atomic<Refuse> g_refuse_aligned{Refuse::none};
+std::atomic<int> g_let_through{0};
+std::atomic<std::size_t> g_refused_bytes{0};
+thread_local int t_aligned_calls = 0;  // the calls of this thread that the refusal was aimed at
+
+bool refuse_aligned(std::size_t n) {
+    const Refuse r = g_refuse_aligned.load();
+    const bool aimed = (r == Refuse::workers && omp_get_level() > 0 && omp_get_thread_num() > 0) ||
+                       (r == Refuse::caller && omp_get_level() == 0);
+    if (!aimed || t_aligned_calls++ < g_let_through.load()) return false;
+    std::size_t none = 0;
+    g_refused_bytes.compare_exchange_strong(none, n);
+    return true;
+}
 
 void* allocate(std::size_t n, std::size_t align) {
     if (g_fail_at > 0 && omp_in_parallel() == 0 && --g_fail_at == 0) throw std::bad_alloc();
@@ -62,7 +79,7 @@ void* allocate(std::size_t n, std::size_t align) {
 }  // namespace
 
 extern "C" void* aligned_alloc(std::size_t align, std::size_t n) noexcept {
-    if (g_refuse_workers_aligned.load() && omp_get_level() > 0 && omp_get_thread_num() > 0) return nullptr;
+    if (refuse_aligned(n)) return nullptr;
     void* p = nullptr;
     return posix_memalign(&p, std::max(align, sizeof(void*)), n) == 0 ? p : nullptr;
 }
@@ -308,51 +325,125 @@ TEST(AllocFailures, FlashBackwardRefusedZeroedCopyIsOutOfMemoryNotTerminate) {
         EXPECT_NE(m.find("cannot allocate 2560 bytes"), std::string::npos) << m;
 }
 
-// The GEMM's threads size their packing buffers of op(A) (and, with M <= 4, of their B sliver)
-// inside its parallel region: a refusal left the region as attn::OutOfMemory and ended the
-// program (std::terminate). Each of 2 threads runs on a fresh std::thread (a fresh OpenMP team,
-// its buffers not yet sized); the worker's buffers are refused, the calling thread computes its
-// share and meets the barriers; the refusal is an attn::OutOfMemory after the region naming the
-// buffer and its bytes. The next call on that thread allocates again and gets the bits of a
-// call that was never refused.
+// What a call said with aligned_alloc refused as `who` and `let_through` say, on a fresh
+// std::thread of 2 OpenMP threads (a fresh team: the GEMM's per-thread buffers, kept from call
+// to call, are not sized yet), and the bytes refused.
+struct Said {
+    std::string what = "no error";
+    std::size_t refused = 0;
+};
+
+Said refused_on_fresh_thread(Refuse who, int let_through, const std::function<void()>& call) {
+    Said s;
+    std::thread([&] {
+        omp_set_num_threads(2);
+        g_refused_bytes = 0;
+        g_let_through = let_through;
+        g_refuse_aligned = who;
+        try {
+            call();
+        } catch (const attn::OutOfMemory& e) {
+            s.what = e.what();
+        } catch (const std::exception& e) {
+            s.what = std::string("not attn::OutOfMemory: ") + e.what();
+        }
+        g_refuse_aligned = Refuse::none;
+        s.refused = g_refused_bytes;
+    }).join();
+    return s;
+}
+
+// `s` is an attn::OutOfMemory for `buffer` whose byte count is the first refused call's (which
+// allocate_aligned_or_null rounded up to a multiple of its 64-byte alignment): the buffer that
+// was refused is the one named, with its own size.
+void expect_named(const Said& s, const std::string& buffer) {
+    const std::string lead = "out of memory: cannot allocate ";
+    ASSERT_EQ(s.what.rfind(lead, 0), 0u) << s.what;
+    EXPECT_NE(s.what.find(" for " + buffer), std::string::npos) << s.what;
+    const long long bytes = std::stoll(s.what.substr(lead.size()));
+    EXPECT_GT(bytes, 0) << s.what;
+    EXPECT_LE(static_cast<std::size_t>(bytes), s.refused) << s.what;
+    EXPECT_LT(s.refused, static_cast<std::size_t>(bytes) + 64) << s.what;
+}
+
+// The GEMM's operands, float32 or bfloat16 (with bfloat16 A and B the pair kernel runs where the
+// row and the CPU have it: another instance of the driver).
+struct GemmOperands {
+    static constexpr std::int64_t N = 256, K = 300, kMaxM = 64;
+    Tensor a = random_f32(Shape{kMaxM, K}, 70), b = random_f32(Shape{K, N}, 71);
+    Tensor a16 = attn::to_dtype(a.view(), DType::bf16), b16 = attn::to_dtype(b.view(), DType::bf16);
+    attn::detail::GemmArgs args(std::int64_t M, bool bf16, std::vector<float>& c) const {
+        attn::detail::GemmArgs g;
+        g.M = M, g.N = N, g.K = K;
+        g.A = a.data_as<const float>(), g.lda = K, g.B = b.data_as<const float>(), g.ldb = N, g.C = c.data(), g.ldc = N;
+        if (bf16) {
+            g.a16 = g.b16 = attn::detail::GemmHalf::bf16;
+            g.A16 = a16.data_as<const std::uint16_t>(), g.B16 = b16.data_as<const std::uint16_t>();
+        }
+        return g;
+    }
+};
+
+// Every buffer the GEMM takes for a call, refused in turn: the packing buffer of op(A) (each
+// thread's, inside the parallel region) and of op(B) — the block its threads share, taken by the
+// calling thread before the region, or with M <= 4 each thread's own sliver, taken inside it. A
+// refusal inside the region left it as attn::OutOfMemory and ended the program (std::terminate):
+// the thread refused computes nothing, the calling thread computes its share and meets the
+// barriers, and the refusal is an attn::OutOfMemory after the region naming the buffer refused
+// and its bytes. The next call on that thread allocates again and gets the bits of a call that
+// was never refused. (Only op(A)'s buffer was tested: one slot's message for the other's would
+// have passed.)
 TEST(AllocFailures, GemmRefusedPackingBufferIsOutOfMemoryNotTerminate) {
-    using attn::detail::GemmArgs;
-    const std::int64_t N = 256, K = 300;
-    std::mt19937 rng(70);
-    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    std::vector<float> a(64 * K), b(K * N);
-    for (float& x : a) x = u(rng);
-    for (float& x : b) x = u(rng);
+    const GemmOperands ops;
+    struct Case {
+        std::int64_t M;
+        Refuse who;
+        int let_through;
+        const char* buffer;
+    };
+    const std::string a_buf = "the GEMM's packing buffer of op(A)'s panels (one per thread)";
+    const std::string b_buf = "the GEMM's packing buffer of op(B)'s panels";
+    const Case cases[] = {
+        {1, Refuse::workers, 0, a_buf.c_str()},    // few rows: the worker's op(A) rows
+        {1, Refuse::workers, 1, b_buf.c_str()},    // few rows: the worker's B sliver, after its op(A) buffer
+        {64, Refuse::workers, 0, a_buf.c_str()},   // blocked: the worker's op(A) panels
+        {64, Refuse::caller, 0, b_buf.c_str()},    // blocked: the shared op(B) block, before the region
+    };
     for (const attn::detail::KernelSet* row : attn::detail::runnable_kernel_sets()) {
-        for (const std::int64_t M : {std::int64_t{1}, std::int64_t{64}}) {  // few rows, and the blocked driver
-            SCOPED_TRACE(std::string(attn::detail::isa_name(row->isa)) + " M = " + std::to_string(M));
-            const auto args = [&](std::vector<float>& c) {
-                GemmArgs g;
-                g.M = M, g.N = N, g.K = K;
-                g.A = a.data(), g.lda = K, g.B = b.data(), g.ldb = N, g.C = c.data(), g.ldc = N;
-                return g;
-            };
-            std::vector<float> want(static_cast<std::size_t>(M * N)), refused(want.size()), after(want.size());
-            attn::detail::sgemm(*row, args(want));
-            std::string said = "no error";
-            std::thread([&] {
-                omp_set_num_threads(2);
-                g_refuse_workers_aligned = true;
-                try {
-                    attn::detail::sgemm(*row, args(refused));
-                } catch (const attn::OutOfMemory& e) {
-                    said = e.what();
-                } catch (const std::exception& e) {
-                    said = std::string("not attn::OutOfMemory: ") + e.what();
-                }
-                g_refuse_workers_aligned = false;
-                attn::detail::sgemm(*row, args(after));
-            }).join();
-            EXPECT_NE(said.find("out of memory: cannot allocate "), std::string::npos) << said;
-            EXPECT_NE(said.find("for the GEMM's packing buffer of op(A)'s panels (one per thread)"), std::string::npos)
-                << said;
-            EXPECT_EQ(said.find("cannot allocate 0 bytes"), std::string::npos) << said;
-            EXPECT_EQ(std::memcmp(after.data(), want.data(), want.size() * sizeof(float)), 0);
+        for (const bool bf16 : {false, true}) {
+            for (const Case& c : cases) {
+                SCOPED_TRACE(std::string(attn::detail::isa_name(row->isa)) + (bf16 ? " bf16" : " f32") +
+                             " M = " + std::to_string(c.M) + ", refused: " + c.buffer);
+                std::vector<float> want(static_cast<std::size_t>(c.M * GemmOperands::N)), refused(want.size()),
+                    after(want.size());
+                attn::detail::sgemm(*row, ops.args(c.M, bf16, want));
+                const Said s = refused_on_fresh_thread(c.who, c.let_through, [&] {
+                    attn::detail::sgemm(*row, ops.args(c.M, bf16, refused));
+                });
+                expect_named(s, c.buffer);
+                attn::detail::sgemm(*row, ops.args(c.M, bf16, after));
+                EXPECT_EQ(std::memcmp(after.data(), want.data(), want.size() * sizeof(float)), 0);
+            }
+        }
+    }
+}
+
+// A weight packed once (PackedB: its float32 panels, and for a bfloat16 B on a row and CPU with
+// the pair kernel its pair panels too), refused: attn::OutOfMemory naming it and the bytes of
+// the panels refused.
+TEST(AllocFailures, GemmRefusedPackedWeightIsOutOfMemory) {
+    const GemmOperands ops;
+    std::vector<float> c(static_cast<std::size_t>(GemmOperands::N));
+    for (const attn::detail::KernelSet* row : attn::detail::runnable_kernel_sets()) {
+        for (const bool bf16 : {false, true}) {
+            const attn::detail::GemmArgs g = ops.args(1, bf16, c);
+            const bool pairs = bf16 && attn::detail::pack_b(*row, g).pair_panels() != nullptr;
+            for (int let_through = 0; let_through < (pairs ? 2 : 1); ++let_through) {
+                SCOPED_TRACE(std::string(attn::detail::isa_name(row->isa)) + (bf16 ? " bf16" : " f32") +
+                             (let_through == 1 ? ": the pair panels" : ": the panels"));
+                expect_named(refused_on_fresh_thread(Refuse::caller, let_through, [&] { attn::detail::pack_b(*row, g); }),
+                             "a packed GEMM weight");
+            }
         }
     }
 }
