@@ -220,7 +220,8 @@ def test_cli_training_gradients_in_their_tensors_dtypes(tmp_path):
     dtype when 16-bit, else float32 — a parameter's as the --params tensor, an input's as the file —
     the layer's float32 gradient rounded once (the --out-dtype float32 run's, bit for bit), within
     docs/mha-backward.md's bound of torch float64 plus that rounding. --out-dtype sets O and every
-    gradient. They were all F32 (and --out-dtype with --grads an error)."""
+    gradient. They were all F32 (and --out-dtype with --grads an error). --param-dtype float32 makes
+    every parameter's gradient float32 (the dtype the layer holds them in)."""
     E, h, B, Lq, Lk = 16, 4, 2, 5, 7
     m = module(E, h, 21)
     ckpt = {"in_proj_weight": "bfloat16", "in_proj_bias": "float16", "out_proj.weight": "float32",
@@ -269,6 +270,17 @@ def test_cli_training_gradients_in_their_tensors_dtypes(tmp_path):
         assert np.all(np.abs(widened(a, dt) - r) <= e + U.get(dt, 0.0) * (np.abs(r) + e)), n
     grads16, out16 = run("16", "--out-dtype", "float16")
     assert out16[1] == "float16" and {n: t[1] for n, t in grads16.items()} == dict.fromkeys(want, "float16")
+    # --param-dtype float32: the layer holds every parameter in float32 (torch: model.float() after
+    # loading), so their gradients are float32 — the --out-dtype float32 run's bits — and the
+    # inputs' keep their files' dtypes. They were in the checkpoint's dtypes, the option ignored.
+    gradsp, outp = run("p", "--param-dtype", "float32")
+    np.testing.assert_array_equal(outp[0], out[0])
+    for n, dt in want.items():
+        (a, got), param = gradsp[n], n in ckpt
+        assert got == ("float32" if param else dt), n
+        np.testing.assert_array_equal(a, grads32[n][0] if param else grads[n][0], err_msg=n)
+    grads16p, _ = run("16p", "--param-dtype", "float32", "--out-dtype", "float16")  # --out-dtype still sets all
+    assert {n: t[1] for n, t in grads16p.items()} == dict.fromkeys(want, "float16")
     # Self-attention: the query's gradient is the sum of its three uses, summed in float32 first.
     selves = []
     for extra in ([], ["--out-dtype", "float32"]):

@@ -97,10 +97,11 @@ std::vector<std::pair<std::string, TensorView>> layer_of(const SafetensorsFile& 
 }
 
 // A training gradient's dtype (--grads; docs/conventions.md, "The gradients' dtypes"): --out-dtype
-// when given (all of them), else its tensor's — the --params tensor's for a parameter, the input's
-// for query/key/value — when that is 16-bit, else float32 (the layer computes in float32, and attn
-// writes no F64 safetensors): out_dtype_for's rule for O, per tensor. They were all float32: a
-// bfloat16 checkpoint's or query's gradient came back in another dtype than torch gives it.
+// when given (all of them), else its tensor's — for a parameter the dtype the layer holds it in
+// (--param-dtype when given, else the --params tensor's), for query/key/value the input's — when
+// that is 16-bit, else float32 (the layer computes in float32, and attn writes no F64
+// safetensors): out_dtype_for's rule for O, per tensor. They were all float32: a bfloat16
+// checkpoint's or query's gradient came back in another dtype than torch gives it.
 DType training_dtype(std::optional<DType> out_dtype, DType tensor_dtype) { return out_dtype_for(out_dtype, tensor_dtype); }
 
 void run(const MhaArgs& a) {
@@ -131,13 +132,14 @@ void run(const MhaArgs& a) {
     const std::optional<DType> intermediate_dtype =
         a.intermediate_dtype.empty() ? std::nullopt : std::optional(parse_float_dtype("--intermediate-dtype", a.intermediate_dtype));
     // Weight matrices: as stored (a 16-bit checkpoint stays 16-bit) unless --param-dtype says;
-    // training reads float32 weights.
+    // training reads float32 weights. `param_dtype` stays as given: it is also the parameters'
+    // gradients' dtype (training_dtype).
     std::optional<DType> param_dtype;
     if (!a.param_dtype.empty()) {
         param_dtype = parse_float_dtype("--param-dtype", a.param_dtype);
         if (training && *param_dtype != DType::f32) throw Error("--param-dtype: training (--grads) needs float32 parameters");
     }
-    if (training) param_dtype = DType::f32;
+    const std::optional<DType> layer_param_dtype = training ? std::optional(DType::f32) : param_dtype;
     OutputFiles outputs;
     outputs.add("--out", a.out);
     outputs.add("--grads", a.grads);
@@ -178,7 +180,7 @@ void run(const MhaArgs& a) {
         slopes.assign(f.data_as<const float>(), f.data_as<const float>() + f.numel());
     }
     const MultiHeadAttention layer =
-        MultiHeadAttention::from_state_dict(state, a.num_heads, a.batch_first, a.softcap, std::move(slopes), param_dtype,
+        MultiHeadAttention::from_state_dict(state, a.num_heads, a.batch_first, a.softcap, std::move(slopes), layer_param_dtype,
                                             a.add_zero_attn);
 
     // Each distinct file is read once: key = value (one file) gets the fused KV projection,
@@ -224,9 +226,10 @@ void run(const MhaArgs& a) {
         const Tensor y = layer.forward_train(q, k, v, opt, MhaTrainOptions{a.dropout_p, seed}, saved);
         MhaGradients g = layer.backward(saved, dy.view());
         // The layer's float32 gradients, each rounded once into training_dtype of its tensor: the
-        // --params tensor of its name, or the input. `rounded` owns the converted ones.
+        // parameter as the layer holds it (--param-dtype, else the --params tensor of its name),
+        // or the input. `rounded` owns the converted ones.
         std::map<std::string, DType> param_dtypes;
-        for (const auto& [name, t] : state) param_dtypes.emplace(name, t.dtype());
+        for (const auto& [name, t] : state) param_dtypes.emplace(name, param_dtype.value_or(t.dtype()));
         std::vector<Tensor> rounded;
         rounded.reserve(g.params.size() + 3);
         std::vector<std::pair<std::string, TensorView>> named;
@@ -296,7 +299,8 @@ void add_mha_command(CLI::App& app) {
     cmd->add_option("--param-dtype", args->param_dtype,
                     "storage of the weight matrices: float32, float16 or bfloat16 (16-bit: widened inside the projection "
                     "GEMM, fp32 accumulation); default: the checkpoint's when all its weight matrices share a 16-bit "
-                    "dtype, else float32");
+                    "dtype, else float32. With --grads: float32 only, and then every parameter's gradient is float32 "
+                    "(unless --out-dtype)");
     cmd->add_flag("--batch-first", args->batch_first, "inputs and output are (B, L, E) instead of (L, B, E)");
     cmd->add_flag("--add-zero-attn", args->add_zero_attn,
                   "the module was built with add_zero_attn=True (a zero key and value appended; no state_dict "
@@ -318,7 +322,8 @@ void add_mha_command(CLI::App& app) {
     cmd->add_option("--grads", args->grads,
                     "training: write every gradient as safetensors: the state_dict names, then 'query' (and 'key', "
                     "'value' when they are other files; an input used twice gets the sum). Each in --out-dtype when "
-                    "given, else in its tensor's dtype (the --params tensor's, the input's) when 16-bit, else F32");
+                    "given, else in its tensor's dtype (a parameter's: --param-dtype, else the --params tensor's; an input's: "
+                    "its file's) when 16-bit, else F32");
     // The range is checked in run(), in attn's words (a CLI11 Range check would word it its way).
     cmd->add_option("--dropout-p", args->dropout_p, "training: dropout probability on the attention weights (0 <= p < 1)");
     cmd->add_option("--dropout-seed", args->dropout_seed, "training: dropout seed (the keep mask is a function of it)");
