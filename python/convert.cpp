@@ -209,7 +209,11 @@ attn::DType sixteen_bit_or_f32(attn::DType q) {
 }
 
 attn::DType out_dtype_arg(const py::handle& obj, attn::DType fallback, const char* name, bool with_float64) {
-    if (obj.is_none()) return fallback;
+    return given_out_dtype_arg(obj, name, with_float64).value_or(fallback);
+}
+
+std::optional<attn::DType> given_out_dtype_arg(const py::handle& obj, const char* name, bool with_float64) {
+    if (obj.is_none()) return std::nullopt;
     const std::string expected = std::string(name) + ": expected \"float32\", " + (with_float64 ? "\"float64\", " : "") +
                                  "\"float16\", \"bfloat16\" or None but got ";
     std::string dtype;

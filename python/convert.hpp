@@ -99,6 +99,9 @@ bool uint16_is_bf16_arg(const py::handle& obj);
 // layer, intermediate_dtype) compute in float32 and refuse it, saying so.
 attn::DType out_dtype_arg(const py::handle& obj, attn::DType fallback, const char* name = "out_dtype",
                           bool with_float64 = false);
+// The same without a fallback: None → nullopt (for a caller whose default differs per output).
+std::optional<attn::DType> given_out_dtype_arg(const py::handle& obj, const char* name = "out_dtype",
+                                               bool with_float64 = false);
 // The default out dtype of the serving calls (decode_attention, paged_attention) and the ring: a
 // 16-bit query's own dtype, else float32 (their outputs were float32 before 16-bit queries
 // existed); the ring's backward gives each gradient this of its own input's dtype.

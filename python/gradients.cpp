@@ -11,9 +11,10 @@ Gradients new_gradients(const attn::TensorView& q, const attn::TensorView& k, co
                         const py::handle& out_dtype, BackwardPrecision precision, int rank,
                         const std::optional<attn::TensorView>& sinks) {
     const bool with_float64 = precision == BackwardPrecision::with_float64;
+    // Parsed once, for all three (a bad value is refused before any array is made).
+    const std::optional<attn::DType> chosen = given_out_dtype_arg(out_dtype, "out_dtype", with_float64);
     const auto dtype_of = [&](const attn::TensorView& input) {
-        const attn::DType own = with_float64 ? input.dtype() : sixteen_bit_or_f32(input.dtype());
-        return out_dtype_arg(out_dtype, own, "out_dtype", with_float64);
+        return chosen.value_or(with_float64 ? input.dtype() : sixteen_bit_or_f32(input.dtype()));
     };
     Gradients g;
     g.dq = new_array(dtype_of(q), dims_of(q), "dq (the query's shape)");
