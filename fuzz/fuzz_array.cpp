@@ -172,7 +172,8 @@ void run(FuzzedDataProvider& p) {
     }
     if (p.ConsumeBool()) opt.scale = p.ConsumeFloatingPoint<double>();
     if (p.ConsumeBool()) opt.dropout_p = p.PickValueInArray({0.0, 0.5, 1.0, -0.1});
-    opt.dropout_seed = p.ConsumeIntegral<std::uint64_t>();
+    // A seed or none, as Python's dropout_seed=None: dropout_p > 0 without one is an error path too.
+    if (p.ConsumeBool()) opt.dropout_seed = p.ConsumeIntegral<std::uint64_t>();
 
     // The outputs, shaped as python/sdpa.cpp shapes them (before sdpa checks anything).
     using attn_py::expand_rank;
