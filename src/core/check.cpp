@@ -268,14 +268,14 @@ bool rows_interleave_apart(const TensorView& a, const TensorView& b) {
 
 }  // namespace
 
-void require_dropout_p(std::string_view op, double p) {
-    if (!(p >= 0.0 && p < 1.0)) fail(op, "dropout_p: must be in [0, 1) but got ", shortest(p));
+void require_dropout_p(std::string_view op, double p, std::string_view name) {
+    if (!(p >= 0.0 && p < 1.0)) fail(op, name, ": must be in [0, 1) but got ", shortest(p));
 }
 
-void require_dropout(std::string_view op, double p, const std::optional<std::uint64_t>& seed) {
-    require_dropout_p(op, p);
+void require_dropout(std::string_view op, double p, const std::optional<std::uint64_t>& seed, const DropoutNames& names) {
+    require_dropout_p(op, p, names.p);
     if (p > 0.0 && !seed) {
-        fail(op, "dropout_seed: dropout_p = ", shortest(p),
+        fail(op, names.seed, ": ", names.p, " = ", shortest(p),
              " needs a seed: the keep mask is a function of it, so a training loop passes a new seed each step "
              "and the backward the forward's (attn has no global generator)");
     }

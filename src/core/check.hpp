@@ -113,15 +113,26 @@ void require_enum(std::string_view op, std::string_view name, Enum value, int co
     if (v < 0 || v >= count) fail(op, name, ": must be one of ", names, " but got the value ", v);
 }
 
+// The names dropout's two arguments have in the caller's messages: the library's fields, or the
+// CLI's options (--dropout, --seed) and Python's keywords (dropout), so that one rule has one
+// wording with whatever the user typed in it (the seed's message names both: a rename of the
+// argument before it, flag_names.hpp's, would leave "dropout_p" in the CLI's text).
+struct DropoutNames {
+    std::string_view p = "dropout_p";
+    std::string_view seed = "dropout_seed";
+};
+
 // Dropout's two arguments, for every entry point that takes them (sdpa and its backward,
-// varlen, ring, the MHA's training calls): 0 <= p < 1, and a seed when p > 0 — attn has no
-// global generator, and a default seed would drop the same weights on every training step
-// (docs/conventions.md, "Dropout").
-void require_dropout(std::string_view op, double p, const std::optional<std::uint64_t>& seed);
+// varlen, ring, the MHA's training calls, the CLI): 0 <= p < 1, and a seed when p > 0 — attn
+// has no global generator, and a default seed would drop the same weights on every training
+// step (docs/conventions.md, "Dropout"):
+// "op: dropout_seed: dropout_p = P needs a seed: the keep mask is a function of it, …".
+void require_dropout(std::string_view op, double p, const std::optional<std::uint64_t>& seed,
+                     const DropoutNames& names = {});
 // Its first half, the one rule for a dropout probability: 0 <= p < 1, else
-// "op: dropout_p: must be in [0, 1) but got P". The CLI checks its option with it (renamed to
-// the option, flag_names.hpp) before it looks at the seed or reads a file.
-void require_dropout_p(std::string_view op, double p);
+// "op: dropout_p: must be in [0, 1) but got P" (`name` for dropout_p). The CLI checks its option
+// with it before it looks at the seed or reads a file; Python's MultiheadAttention its `dropout`.
+void require_dropout_p(std::string_view op, double p, std::string_view name = "dropout_p");
 
 // An optional tensor argument as the pointer the checks take: null when not given.
 inline const TensorView* view_or_null(const std::optional<TensorView>& t) { return t ? &*t : nullptr; }

@@ -212,7 +212,7 @@ def test_grad_out_errors_leave_no_files(tmp_path):
         (["--dropout", "1.5"], "sdpa: --dropout: must be in [0, 1) but got 1.5"),
         (["--dropout", "-0.1"], "sdpa: --dropout: must be in [0, 1) but got -0.1"),
         # No default seed (the same mask in every run) and no seed without dropout (it changes nothing).
-        (["--dropout", "0.25"], "--dropout: 0.25 needs --seed N"),
+        (["--dropout", "0.25"], "sdpa: --seed: --dropout = 0.25 needs a seed"),
         (["--seed", "3"], "--seed: only with --dropout P > 0"),
         # The same for the other qualifiers (they were accepted and changed nothing).
         (["--window-align", "bottom-right"], "--window-align: only with --window-left or --window-right"),

@@ -112,11 +112,7 @@ void make_options_strict(CLI::App& app) { apply(app); }
 
 std::uint64_t dropout_seed(std::string_view op, const char* dropout_flag, double p, const char* seed_flag,
                            const std::optional<std::uint64_t>& seed) {
-    detail::require_dropout_p(op, p);
-    if (p > 0.0 && !seed) {
-        throw Error(std::string(dropout_flag) + ": " + number_text(p) + " needs " + seed_flag +
-                    " N (the keep mask is a function of the seed: give each training step its own, and its backward the same)");
-    }
+    detail::require_dropout(op, p, seed, {dropout_flag, seed_flag});
     if (p == 0.0 && seed) throw Error(std::string(seed_flag) + ": only with " + dropout_flag + " P > 0 (it seeds the dropout mask)");
     return seed.value_or(0);
 }

@@ -35,11 +35,12 @@ auto with_flag(const char* flag, F&& parse) {
     }
 }
 
-// The dropout probability and its seed, as the library takes them: p in [0, 1) by the library's
-// rule and words (detail::require_dropout_p as `op`, "op: dropout_p: must be in [0, 1) but got P",
-// which the command's naming_flags turns into its option), then p > 0 needs the seed — the keep
-// mask is a function of it, and a default would drop the same weights in every run — and a seed
-// needs p > 0 (it would change nothing). Returns the seed (0 without dropout).
+// The dropout probability and its seed, checked by the library's rule and in its words with the
+// options for its arguments (detail::require_dropout as `op`): p in [0, 1) — "sdpa: --dropout:
+// must be in [0, 1) but got 1.5" — and p > 0 needs the seed — "sdpa: --seed: --dropout = 0.25
+// needs a seed: …", the keep mask is a function of it and a default would drop the same weights
+// in every run. Then the CLI's own rule: a seed needs p > 0 (it would change nothing). Returns
+// the seed (0 without dropout).
 std::uint64_t dropout_seed(std::string_view op, const char* dropout_flag, double p, const char* seed_flag,
                            const std::optional<std::uint64_t>& seed);
 
