@@ -17,6 +17,8 @@
 #include "attn/threads.hpp"
 #include "bind.hpp"
 #include "convert.hpp"
+#include "core/check.hpp"
+#include "mha/inputs.hpp"
 #include "options.hpp"
 
 namespace attn_py {
@@ -223,9 +225,12 @@ std::unique_ptr<PyMha> make_mha(const py::object& embed_dim, const py::object& n
                                 const py::object& num_kv_heads, const py::object& sinks, const py::object& softcap,
                                 const py::object& alibi_slopes) {
     const double dropout = float_arg(dropout_arg, "dropout");
+    // A probability by the library's rule, in its words with torch's name for it ("MultiHeadAttention:
+    // dropout: must be in [0, 1) but got 1.5"); then this class's own limit: it does not train.
+    attn::detail::require_dropout_p(attn::detail::kMha, dropout, "dropout");
     if (dropout != 0.0) {
         value_error("dropout: attn's MultiheadAttention is inference-only (eval mode); expected 0.0 but got " +
-                    std::to_string(dropout));
+                    attn::detail::shortest(dropout));
     }
     if (!device.is_none() && std::string(py::str(device)) != "cpu") {
         value_error("device: only 'cpu' is supported but got " + std::string(py::str(device)));

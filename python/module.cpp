@@ -14,6 +14,7 @@
 #include "attn/version.hpp"
 #include "bind.hpp"
 #include "convert.hpp"
+#include "core/check.hpp"
 
 namespace py = pybind11;
 
@@ -54,6 +55,14 @@ PYBIND11_MODULE(_attn, m) {
           "OpenMP's count (OMP_NUM_THREADS, else every CPU; after `import torch`, torch's count). A\n"
           "call's threads= keyword overrides it for that call; attn.torch follows torch's count instead.");
     m.def("get_num_threads", [] { return attn::num_threads(); }, "The thread count attn's next call will use.");
+    // The library's rule for a dropout probability, for attn.torch's checks before it draws a seed
+    // from torch's generator: one range in one wording ("sdpa: dropout_p: must be in [0, 1) but got
+    // 1.5"), with the caller's op and name for the argument.
+    m.def(
+        "_require_dropout_p",
+        [](const std::string& op, double p, const std::string& name) { attn::detail::require_dropout_p(op, p, name); },
+        py::arg("op"), py::arg("p"), py::arg("name"),
+        "Raises ValueError 'op: name: must be in [0, 1) but got p' unless 0 <= p < 1 (attn's rule).");
     attn_py::bind_sdpa(m);
     attn_py::bind_varlen(m);
     attn_py::bind_kv_cache(m);

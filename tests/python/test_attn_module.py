@@ -497,6 +497,23 @@ def test_mha_bad_config(make, exc, words):
         assert w in str(e.value)
 
 
+# dropout= out of [0, 1) is a probability out of range: refused by attn's rule for one (the
+# layer's, detail::require_dropout_p) in its words with torch's name for the argument — it was
+# this class's "inference-only … expected 0.0 but got 1.500000". A probability in range is the
+# class's own refusal (it does not train), quoting the value as given.
+@pytest.mark.parametrize("p, message", [
+    (1.5, "MultiHeadAttention: dropout: must be in [0, 1) but got 1.5"),
+    (1, "MultiHeadAttention: dropout: must be in [0, 1) but got 1"),
+    (-0.1, "MultiHeadAttention: dropout: must be in [0, 1) but got -0.1"),
+    (float("nan"), "MultiHeadAttention: dropout: must be in [0, 1) but got nan"),
+    (0.1234567, "dropout: attn's MultiheadAttention is inference-only (eval mode); expected 0.0 but got 0.1234567"),
+])
+def test_mha_dropout_is_a_probability_by_attns_rule(p, message):
+    with pytest.raises(ValueError) as e:
+        attn.MultiheadAttention(8, 2, dropout=p)
+    assert str(e.value) == message
+
+
 def test_mha_bad_inputs_and_state_dicts():
     m = attn.MultiheadAttention(8, 2)
     x = np.zeros((4, 2, 8), np.float32)

@@ -475,7 +475,7 @@ def test_head_dim_zero_averages_the_visible_values(kw, keep):
     (((2, 3, 6, 8), (2, 3, 6, 8)), {}, ValueError, ["enable_gqa"]),
     (((2, 3, 6, 8), (2, 3, 6, 8)), {"enable_gqa": True}, ValueError, ["multiple", "3"]),
     (((2, 1, 6, 8), (2, 2, 6, 8)), {"enable_gqa": True}, ValueError, ["value", "heads"]),
-    (((2, 2, 6, 8), (2, 2, 6, 8)), {"dropout_p": 5.0}, ValueError, ["dropout_p", "[0, 1)", "5.0"]),
+    (((2, 2, 6, 8), (2, 2, 6, 8)), {"dropout_p": 5.0}, ValueError, ["sdpa: dropout_p: must be in [0, 1) but got 5"]),
     (((2, 2, 6, 8), (2, 2, 6, 8)), {"attn_mask": torch.ones(3, 3, dtype=torch.bool)}, ValueError,
      ["attn_mask", "(3, 3)", "(2, 2, 0, 6)"]),
     (((2, 2, 6, 8), (2, 2, 6, 8)), {"attn_mask": torch.ones(1, 1, 1, 0, 6)}, ValueError, ["attn_mask", "rank"]),
@@ -490,6 +490,27 @@ def test_empty_calls_are_checked_like_any_other(shapes, kw, error, words):
         at.scaled_dot_product_attention(q, k, v, **kw)
     for w in words:
         assert w in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("p", [1.5, -0.1, 1, float("nan")])
+def test_dropout_p_out_of_range_in_the_numpy_apis_words(p):
+    # attn's rule for a probability and its words, as attn.scaled_dot_product_attention's (it was
+    # attn.torch's own "dropout_p: expected a float in [0, 1) but got …").
+    q = torch.randn(1, 2, 4, 8)
+    with pytest.raises(ValueError) as e:
+        at.scaled_dot_product_attention(q, q, q, dropout_p=p)
+    with pytest.raises(ValueError) as core:
+        attn.scaled_dot_product_attention(q.numpy(), q.numpy(), q.numpy(), dropout_p=p, dropout_seed=1)
+    assert str(e.value) == str(core.value) == f"sdpa: dropout_p: must be in [0, 1) but got {p}"
+
+
+def test_dropout_p_past_floats_range_is_out_of_range():
+    # An int too large for a float is out of [0, 1) too: a ValueError, not float()'s OverflowError.
+    q = torch.randn(1, 2, 4, 8)
+    for p, shown in ((10**400, "inf"), (-10**400, "-inf")):
+        with pytest.raises(ValueError) as e:
+            at.scaled_dot_product_attention(q, q, q, dropout_p=p)
+        assert str(e.value) == f"sdpa: dropout_p: must be in [0, 1) but got {shown}"
 
 
 def test_empty_calls_that_are_right_still_answer():

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+import attn
 import attn.torch as at
 
 
@@ -143,6 +144,25 @@ def test_training_dropout():
 def encoder(dropout):
     layer = nn.TransformerEncoderLayer(128, 4, dim_feedforward=256, dropout=dropout, batch_first=True)
     return nn.TransformerEncoder(layer, 2)
+
+
+@pytest.mark.parametrize("p", [1.5, -0.25, 1])
+def test_training_dropout_out_of_range_is_refused_in_attns_words(p):
+    # torch's constructor takes any dropout; training uses it. It was refused as sdpa's argument
+    # ("dropout_p: expected a float in [0, 1) …", a name the module's user never wrote) after a seed
+    # had been drawn from torch's generator; now by attn's rule, in attn.MultiheadAttention's words.
+    m = at.MultiheadAttention(16, 4, dropout=p, batch_first=True)
+    x = torch.randn(2, 5, 16)
+    rng = torch.get_rng_state()
+    with pytest.raises(ValueError) as e:
+        m(x, x, x)
+    assert str(e.value) == f"MultiHeadAttention: dropout: must be in [0, 1) but got {p}"
+    with pytest.raises(ValueError) as core:
+        attn.MultiheadAttention(16, 4, dropout=p)
+    assert str(core.value) == str(e.value)
+    assert torch.equal(torch.get_rng_state(), rng)  # refused before a seed was drawn
+    m.eval()  # torch ignores dropout in eval mode, and so does attn
+    assert m(x, x, x)[0].shape == x.shape
 
 
 def test_replace_attention_in_an_encoder_eval_fast_path():

@@ -5,6 +5,7 @@ that sees no key gives 0 (torch: NaN); is_causal may be combined with attn_mask 
 refuses); inputs of rank 2 to 4.
 """
 import copy
+import math
 
 import numpy as np
 import torch
@@ -42,10 +43,16 @@ def _check_heads(query, key, value, enable_gqa):
                          f"value {tuple(value.shape)}; pass enable_gqa=True for grouped-query attention")
 
 
-def _check_dropout(dropout_p):
-    _convert.check_real(dropout_p, "dropout_p", "a float in [0, 1)")
-    if not 0 <= dropout_p < 1:  # NaN fails too
-        raise ValueError(f"dropout_p: expected a float in [0, 1) but got {dropout_p!r}")
+def check_dropout(p, name="dropout_p", op="sdpa"):
+    """A dropout probability: a real number (TypeError naming `name`), by attn's rule for its range
+    and in its words, as attn.scaled_dot_product_attention refuses it ("sdpa: dropout_p: must be in
+    [0, 1) but got 1.5"); before a seed is drawn from torch's generator."""
+    _convert.check_real(p, name, "a float in [0, 1)")
+    try:
+        value = float(p)
+    except OverflowError:  # an int past float's range: out of [0, 1) all the same
+        value = math.inf if p > 0 else -math.inf
+    _core._require_dropout_p(op, value, name)
 
 
 def _check_shapes(query, key, value, attn_mask, enable_gqa):
@@ -208,7 +215,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     for t, name in ((query, "query"), (key, "key"), (value, "value")):
         _convert.float_array(t, name)  # type, device and dtype errors, named
     _check_heads(query, key, value, enable_gqa)
-    _check_dropout(dropout_p)
+    check_dropout(dropout_p)
     mask = None if attn_mask is None else _convert.mask_array(attn_mask)
     # A sinks tensor is an input of the autograd Function (it has a gradient), not an option.
     sinks = extras.pop("sinks") if isinstance(extras.get("sinks"), torch.Tensor) else None

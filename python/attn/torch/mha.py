@@ -15,7 +15,7 @@ import attn as _core  # the package: its calls name themselves in a MemoryError
 
 from . import _convert
 from ._out_of_memory import allocating
-from .functional import refuse_graph_transforms, scaled_dot_product_attention
+from .functional import check_dropout, refuse_graph_transforms, scaled_dot_product_attention
 
 
 _FORWARD = "attn.torch.MultiheadAttention.forward"  # the call its MemoryErrors name
@@ -127,6 +127,11 @@ class MultiheadAttention(nn.MultiheadAttention):
         seq_dim = 1 if batched and self.batch_first else 0
         lq, lk = query.size(seq_dim), key.size(seq_dim)
         _check_masks(attn_mask, key_padding_mask, batched, n, self.num_heads, lq, lk)
+        # The module's dropout in training (torch ignores it in eval): attn's rule and words, with
+        # torch's name for it and the layer's, as attn.MultiheadAttention(dropout=…) refuses it,
+        # before the projections and the seed.
+        p = self.dropout if self.training else 0.0
+        check_dropout(p, "dropout", "MultiHeadAttention")
         # Work batch-first, (N, L, E): views only.
         if not batched:
             query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
@@ -155,7 +160,6 @@ class MultiheadAttention(nn.MultiheadAttention):
         k = k.view(n, lk, h, dh).transpose(1, 2)
         v = v.view(n, lk, h, dh).transpose(1, 2)
         mask = _combined_mask(attn_mask, key_padding_mask, n, h, lq, lk, q.dtype)
-        p = self.dropout if self.training else 0.0
         seed = int(torch.randint(0, 2**62, ()).item()) if p > 0 else None
         out = scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal,
                                            dropout_seed=seed, threads=threads)
