@@ -202,6 +202,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     softcap=c; alibi_slopes (H,)/(N, H) or True (no gradient: slopes that require grad are a
     ValueError); sinks (H,) (with a gradient). The core keeps slopes and sinks in float32: a
     float64 tensor is rounded to float32 (a sink's gradient comes back in its dtype).
+    dropout_origin=(batch, head, row, key): the call is a piece of a larger problem and drops what
+    the whole drops with the same seed (the core's rule and checks; the backward takes it too).
     A query row that sees no key gives 0 (torch gives NaN). A head dim E of 0 makes every q·k 0:
     the mean of the visible values (without ALiBi or sinks). Other empty inputs give an empty
     result, or zeros when there are no keys, after the checks of shapes, dtypes, dropout_p and
