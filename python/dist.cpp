@@ -78,7 +78,7 @@ RingCall ring_options(const RingArgs& a, std::int64_t heads) {
     c.ring.scale = optional_float_arg(a.scale, "scale");
     c.ring.layout = attn::dist::parse_layout(str_arg(a.layout, "layout"));
     c.ring.dropout_p = float_arg(a.dropout_p, "dropout_p");  // the range: ring_attention, collectively
-    c.ring.dropout_seed = dropout_seed_arg(a.dropout_seed, c.ring.dropout_p);
+    c.ring.dropout_seed = dropout_seed_arg(a.dropout_seed);
     c.ring.impl = attn::parse_impl(str_arg(a.impl, "impl"));  // which impls a block takes: ring_attention says
     return c;
 }

@@ -102,15 +102,9 @@ void set_mask(const py::object& attn_mask, bool uint16_is_bf16, CallOptions& out
     }
 }
 
-std::uint64_t dropout_seed_arg(const py::object& seed, double p) {
-    if (!seed.is_none()) return uint_arg(seed, "dropout_seed");
-    if (p > 0.0 && p < 1.0) {  // a p out of range is the core's error, naming dropout_p
-        value_error("dropout_seed: dropout_p = " + std::string(py::repr(py::float_(p))) +
-                    " needs a seed (an int in [0, 2**64)): the keep mask is a function of it, so a training loop "
-                    "passes a new seed each step and the backward the forward's (attn has no global generator; "
-                    "attn.torch draws one from torch's)");
-    }
-    return 0;
+std::optional<std::uint64_t> dropout_seed_arg(const py::object& seed) {
+    if (seed.is_none()) return std::nullopt;
+    return uint_arg(seed, "dropout_seed");
 }
 
 attn::DropoutOrigin dropout_origin_arg(const py::object& origin) {
@@ -145,7 +139,7 @@ CallOptions make_options(const SdpaArgs& args) {
     CallOptions o;
     o.sdpa.scale = optional_float_arg(args.scale, "scale");
     o.sdpa.dropout_p = float_arg(args.dropout_p, "dropout_p");
-    o.sdpa.dropout_seed = dropout_seed_arg(args.dropout_seed, o.sdpa.dropout_p);
+    o.sdpa.dropout_seed = dropout_seed_arg(args.dropout_seed);
     o.sdpa.dropout_origin = dropout_origin_arg(args.dropout_origin);
     o.sdpa.impl = attn::parse_impl(str_arg(args.impl, "impl"));
     set_alignment(args.alignment, o);

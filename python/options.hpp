@@ -81,10 +81,11 @@ CallOptions make_options(const SdpaArgs& args);
 // make_options, then set_modifiers(modifiers, heads): every call with the sdpa keywords.
 CallOptions make_options(const SdpaArgs& args, const ModifierArgs& modifiers, std::int64_t heads);
 
-// dropout_seed= as given (None or an int in [0, 2**64)) for a call with dropout_p = p: None is
-// 0 when p is 0 and an error otherwise — attn has no global generator, and a default seed would
-// apply the same keep mask at every training step without a word.
-std::uint64_t dropout_seed_arg(const py::object& seed, double p);
+// dropout_seed= as given: None (nullopt) or an int in [0, 2**64). dropout_p > 0 without one is the
+// library's error, by its rule and in its words (detail::require_dropout, checked by every call
+// that takes dropout): attn has no global generator, and a default seed would apply the same keep
+// mask at every training step without a word.
+std::optional<std::uint64_t> dropout_seed_arg(const py::object& seed);
 
 // dropout_origin= as given: None (the call is the whole problem) or (batch, head, row, key), four
 // ints — SdpaOptions::dropout_origin, whose range attn::sdpa checks, naming the field.
