@@ -3,7 +3,7 @@
 //
 //   flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--splits N] [--group N]
 //             [--isa portable|avx2|avx512] [--threads N] [--reps N] [--peak] [--no-check] [--no-warmup] [--paired N] [--mha-layout]
-//             [--huge]
+//             [--huge] [--kv f16|bf16]
 //
 // --splits N: each task's keys in N chunks (1: none); --group N: N query blocks per group in
 // lockstep over the key blocks (1: none; flash_query_groups.hpp). Without
@@ -12,6 +12,8 @@
 // b·L + l of one (B·L, 3·H·D) QKV buffer (out: (B·L, H·D)), columns (which, head, d); needs Lq = Lk.
 // --huge: Q, K, V and out in 2 MiB-aligned buffers advised MADV_HUGEPAGE (transparent huge
 // pages), to see what 4 KiB pages' TLB misses cost (a VM's nested page walks are slow).
+// --kv f16|bf16: K and V stored as float16 / bfloat16 (the same random values rounded once,
+// attn::to_dtype), Q and out float32: the mixed rows of bench/shapes.md (issue 14).
 //
 // Method: one warm-up run, then --reps runs; prints median and min time and GFLOP/s with
 // FLOPs = 4·B·H·Lq·Lk·D (causal: the visible pairs, ≈ half). --peak first measures the
@@ -162,6 +164,7 @@ int run(int argc, char** argv) {
     std::int64_t B = 1, H = 16, Lq = 4096, Lk = 4096, D = 64, Hkv = 0;
     bool causal = false, peak = false, check = true, warmup = true, mha_layout = false, huge = false;
     int paired = 0;
+    DType kv_dtype = DType::f32;
     FlashTiles tiles{};
     bool tiles_set_mb = false, tiles_set_nb = false;
     Isa isa = Isa::avx2;
@@ -196,6 +199,14 @@ int run(int argc, char** argv) {
         else if (a == "--no-warmup") warmup = false;
         else if (a == "--mha-layout") mha_layout = true;
         else if (a == "--huge") huge = true;
+        else if (a == "--kv") {
+            const std::string n = next();
+            if (n != "f16" && n != "bf16") {
+                std::fprintf(stderr, "--kv must be f16 or bf16 but got %s\n", n.c_str());
+                return 2;
+            }
+            kv_dtype = n == "f16" ? DType::f16 : DType::bf16;
+        }
         // N × (FMA loop, kernel) back to back: on a shared machine the ratio of two
         // neighbouring runs is steadier than either number.
         else if (a == "--paired") paired = std::stoi(next());
@@ -272,6 +283,17 @@ int run(int argc, char** argv) {
         fill(vt, 3);
         std::memset(ot.data(), 0, ot.nbytes());
     }
+    if (kv_dtype != DType::f32 && (mha_layout || huge)) {
+        std::fprintf(stderr, "--kv: not with --mha-layout or --huge\n");
+        return 2;
+    }
+    Tensor k16, v16;
+    if (kv_dtype != DType::f32) {
+        k16 = to_dtype(k, kv_dtype);
+        v16 = to_dtype(v, kv_dtype);
+        k = k16.view();
+        v = v16.view();
+    }
     SdpaOptions opt;
     opt.causal = causal ? Causal::top_left : Causal::none;
 
@@ -333,10 +355,11 @@ int run(int argc, char** argv) {
     }
     const double med = t[t.size() / 2];
     std::printf("B%lld H%lld Lq%lld Lk%lld D%lld %s isa=%s threads=%d Mb=%d Nb=%d: median %.4f s  min %.4f s  "
-                "%.1f GFLOP/s (min-time %.1f; per CPU-second x threads %.1f)%s\n",
+                "%.1f GFLOP/s (min-time %.1f; per CPU-second x threads %.1f)%s%s\n",
                 (long long)B, (long long)H, (long long)Lq, (long long)Lk, (long long)D, causal ? "causal" : "full",
                 isa_name(isa), threads, tiles.Mb, tiles.Nb, med, t.front(), flops / med / 1e9, flops / t.front() / 1e9,
-                flops / ct[ct.size() / 2] / 1e9, (std::string(mha_layout ? " [mha layout]" : "") + (huge ? " [huge pages]" : "")).c_str());
+                flops / ct[ct.size() / 2] / 1e9, (std::string(mha_layout ? " [mha layout]" : "") + (huge ? " [huge pages]" : "")).c_str(),
+                kv_dtype == DType::f32 ? "" : (" [K/V " + std::string(dtype_name(kv_dtype)) + "]").c_str());
     return 0;
 }
 
