@@ -32,7 +32,9 @@
 #include "attn/sdpa_varlen.hpp"
 #include "attn/threads.hpp"
 #include "common/util.hpp"
+#include "kernels/flash/flash.hpp"
 #include "kernels/isa.hpp"
+#include "sdpa/problem.hpp"
 
 namespace attn {
 namespace {
@@ -436,6 +438,51 @@ TEST(HalfForward, CacheAndPagedPathsTakeSixteenBitQueryAndOut) {
                     Tensor pgot = test::poisoned(qt, Shape{1, Hq, Lq, D});
                     paged_attention(q, paged, {s}, o, pgot);
                     EXPECT_TRUE(test::bit_equal(pgot, got)) << "paged vs contiguous cache, " << dn(qt) << " Q";
+                }
+            }
+}
+
+// A group of query blocks (flash_query_groups.hpp) converts a key block's 16-bit K/V rows once
+// for all its tasks (Workspace::gk/gv): the bits of each task converting its own, and of float32
+// tensors holding the same values. V holds NaN/±inf: under a mask every task zeroes them in its
+// own copy for the keys it does not see, while another task of the group sees them (NaN out).
+TEST(HalfForward, FlashGroupsShareConvertedTiles) {
+    std::mt19937_64 rng(14);
+    const std::int64_t B = 1, Hq = 2, Hkv = 1, L = 70, D = 24;
+    const detail::FlashTiles grouped{16, 7, 0, 3}, alone{16, 7, 0, 1};
+    const Tensor qm = test::randn(DType::f64, Shape{B, Hq, L, D}, rng);
+    const Tensor km = test::randn(DType::f64, Shape{B, Hkv, L, D}, rng);
+    Tensor vm = test::randn(DType::f64, Shape{B, Hkv, L, D}, rng);
+    store(vm, 3 * D, NAN);  // key 3, dim 0
+    store(vm, 40 * D + 5, INFINITY);
+    const Tensor bool_mask = test::random_bool(Shape{B, 1, L, L}, rng, 0.7);
+    for (int mask = 0; mask < 3; ++mask)
+        for (DType kv : {DType::f16, DType::bf16})
+            for (bool strided : {false, true}) {
+                SCOPED_TRACE(std::string("K/V ") + dn(kv) + (strided ? ", strided" : "") +
+                             (mask == 1 ? ", causal" : mask == 2 ? ", bool mask" : ""));
+                SdpaOptions o;
+                if (mask == 1) o.causal = Causal::top_left;
+                if (mask == 2) o.bool_mask = bool_mask.view();
+                const Placed q = place(qm.view(), DType::f32, strided), k = place(km.view(), kv, strided),
+                             v = place(vm.view(), kv, strided);
+                const Placed k32 = place(k.view, DType::f32, strided), v32 = place(v.view, DType::f32, strided);
+                for (const detail::KernelSet* ks : detail::runnable_kernel_sets()) {
+                    SCOPED_TRACE(std::string("isa ") + detail::isa_name(ks->isa));
+                    Tensor out[3], lse[3];
+                    for (int r = 0; r < 3; ++r) {  // 16-bit grouped, 16-bit alone, float32 alone
+                        out[r] = test::poisoned(DType::f32, Shape{B, Hq, L, D});
+                        lse[r] = test::poisoned(DType::f32, Shape{B, Hq, L});
+                        const TensorView lv = lse[r].view();
+                        const detail::SdpaProblem p = detail::make_problem(q.view, r < 2 ? k.view : k32.view,
+                                                                           r < 2 ? v.view : v32.view, o, out[r].view(), &lv, nullptr);
+                        detail::flash_forward(p, *ks, 2, r == 0 ? &grouped : &alone);
+                    }
+                    EXPECT_TRUE(test::bit_equal(out[0], out[1]) && test::bit_equal(lse[0], lse[1])) << "grouped vs alone";
+                    EXPECT_TRUE(test::bit_equal(out[1], out[2]) && test::bit_equal(lse[1], lse[2])) << "16-bit vs float32";
+                    bool nan_out = false;  // the NaN reached a query that sees key 3
+                    for (std::int64_t e = 0; e < out[0].numel(); ++e) nan_out = nan_out || std::isnan(out[0].data_as<float>()[e]);
+                    EXPECT_TRUE(nan_out);
                 }
             }
 }

@@ -611,12 +611,17 @@ TEST(FlashFixed, QueryGroups) {
         }
 }
 
-// When tasks group: only when a head's K and V pass 1 MiB, as many as keep the group's
-// Qᵀ and Oᵀ within 256 KiB (at most kMaxQueryGroup), never below split_target(4) items.
+// When tasks group: only when a head's K and V pass 1 MiB or each task would convert its K/V
+// tiles (16-bit, strided), as many as keep the group's Qᵀ and Oᵀ within 256 KiB (at most
+// kMaxQueryGroup), never below split_target(4) items.
 TEST(FlashFixed, QueryGroupPolicy) {
     const std::int64_t target = detail::split_target(4), MiB = std::int64_t{1} << 20;
     const std::int64_t d64 = (64 + 64) * 64 * 4, d256 = (256 + 256) * 64 * 4;  // Qᵀ + Oᵀ of a 64-query task
     EXPECT_EQ(detail::flash_query_group(target, 64, MiB, d64, 0), 1) << "K/V within 1 MiB: no group";
+    EXPECT_EQ(detail::flash_query_group(target, 64, MiB / 4, d64, 0, true), 4)
+        << "tiles converted per task (16-bit K/V): a group converts them once, at any head size";
+    EXPECT_EQ(detail::flash_query_group(1, 2 * target, MiB / 4, d64, 0, true), 2)
+        << "converted tiles, one KV head: groups of 2 keep split_target items";
     EXPECT_EQ(detail::flash_query_group(target, 64, 16 * MiB, d64, 0), 4);
     EXPECT_EQ(detail::flash_query_group(target, 64, 16 * MiB, d256, 0), 2) << "D = 256: two tasks' Qᵀ and Oᵀ fill 256 KiB";
     EXPECT_EQ(detail::flash_query_group(target, 3, 16 * MiB, d64, 0), 3) << "no more than the KV head's tasks";

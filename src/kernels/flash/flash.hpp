@@ -55,11 +55,13 @@ std::int64_t flash_key_chunk(std::int64_t tasks, std::int64_t Lk, int Nb, std::i
 // lockstep over the key blocks, so each K/V tile is read from memory once per group instead of
 // once per task (flash_query_groups.hpp; measured in docs/kernels.md).
 // kv_heads: the problem's B·Hkv; kv_tasks: the tasks of each; head_kv_bytes: the K and V
-// bytes one task streams (Lk keys); task_bytes: a task's Qᵀ and Oᵀ. Groups only where a head's
-// K and V outgrow a core's L2, never to fewer than split_target(4) items. forced > 0
-// (FlashTiles::query_group) asks for that many instead. Groups change no result.
+// bytes one task streams (Lk keys); task_bytes: a task's Qᵀ and Oᵀ; converts: each task would
+// convert (or copy) its K/V tiles — 16-bit K/V, a strided head dim — which a group does once for
+// all its tasks (run_group; docs/kernels.md, "Mixed dtypes"). Groups only where a head's K and V
+// outgrow a core's L2 or the tiles are converted, never to fewer than split_target(4) items.
+// forced > 0 (FlashTiles::query_group) asks for that many instead. Groups change no result.
 int flash_query_group(std::int64_t kv_heads, std::int64_t kv_tasks, std::int64_t head_kv_bytes, std::int64_t task_bytes,
-                      int forced);
+                      int forced, bool converts = false);
 
 // Whether a problem's tasks request each next key block's K and V rows ahead (flash_operands.hpp,
 // prefetch_kv_rows): when the rows come from memory rather than a cache. The micro-kernels read

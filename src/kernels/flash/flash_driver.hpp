@@ -58,7 +58,8 @@
 // are loaded. Only Qᵀ (once per task) is packed. K or V whose head dim is not
 // contiguous (stride(3) != 1), or that is float16/bfloat16, are read (converted) into a
 // packed tile buffer per key block — a tile buffer for the micro-kernel, not a copy of
-// the tensor; the conversion costs Nb·D loads per key block against Nb·D·Mb FMAs.
+// the tensor; the conversion costs Nb·D loads per key block against Nb·D·Mb FMAs, and a group
+// of tasks (flash_query_groups.hpp) converts each key block once for all of them.
 //
 // ── Where the FLOPs go (per visible (query, key) pair) ──────────────────────────────
 //   Q·Kᵀ: Dk FMAs (micro-kernel qk, AVX2: 6 keys × 16 queries = 12 ymm accumulators; per d:
@@ -282,16 +283,18 @@ bool start_keys(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::in
     return alibi_zeros;
 }
 
+// One key block of a task. shared (not on the careful path): the block's K/V rows as its group
+// read them once (run_group), at least nk of them; null: the task reads its own.
 template <class Ops>
 void key_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, Workspace& w, std::int64_t b,
                std::int64_t hk, int nq, int panels, std::int64_t j0, std::int64_t nk, std::int64_t ahead_end,
-               bool careful, bool alibi_zeros) {
+               bool careful, bool alibi_zeros, const KvTile* shared = nullptr) {
     const int ncols = panels * Ops::kPanel, ldS = t.Mb, ldO = t.Mb;
     const float scale = static_cast<float>(p.scale);
     bool partial = false;
     for (int c = 0; c < nq && !partial; ++c) partial = w.lo[c] > j0 || w.hi[c] < j0 + nk;
     if (j0 + nk < ahead_end) prefetch_kv_rows(p, b, hk, j0 + nk, imin(ahead_end, j0 + nk + t.Nb));
-    score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, scale, partial);
+    score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, scale, partial, ScoreStage::masked, shared);
 
     // Zeros of P only where a mask, ALiBi (a score that overflows to −inf: alibi_zeros) or
     // dropout ran: V is checked there (finite.hpp). Softcap keeps every score finite.
@@ -324,11 +327,13 @@ void key_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
         ldv = 0;
         if constexpr (kOpsOwnOperands<Ops>)  // float32 rows only to check them; else the Ops reads V
             vp = check ? Ops::v_rows(p, b, hk, j0, nk, w.vbuf, ldv) : nullptr;
+        else if (shared != nullptr)
+            vp = shared->v, ldv = shared->ldv;
         else
             vp = kv_tile_rows<Ops>(p, true, b, hk, j0, nk, p.Dv, w.vbuf, ldv, panels);
         select = check && any_nonfinite(vp, ldv, nk, p.Dv);
         if (select) {
-            if (vp != w.vbuf)  // rows in place (view or page): their head dim is contiguous
+            if (vp != w.vbuf)  // rows in place (view or page) or the group's: copied, the zeros are this task's
                 for (std::int64_t j = 0; j < nk; ++j) std::memcpy(w.vbuf + j * p.Dv, vp + j * ldv, sizeof(float) * static_cast<std::size_t>(p.Dv));
             for (std::int64_t e = 0; e < nk * p.Dv; ++e)
                 if (nonfinite_f32(w.vbuf[e])) w.vbuf[e] = 0.0f;

@@ -139,6 +139,10 @@ void pack_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t
 // True when a tile of t can be read in place (float32 with a contiguous head dim).
 inline bool in_place(const TensorView& t, std::int64_t D) { return !is16(t) && (t.stride(3) == 1 || D == 1); }
 
+// Whether a task converts or copies its K or V tiles (16-bit, strided head dim) instead of
+// reading them in place: then a group of tasks makes each tile once for all (run_group).
+inline bool converts_tiles(const SdpaProblem& p) { return !in_place(p.k, p.Dk) || !in_place(p.v, p.Dv); }
+
 // Bytes of a head's K and V rows (Lk keys): what flash_query_group, flash_kv_ahead and
 // flash_pack_one_panel compare with the caches.
 inline std::int64_t head_kv_bytes(const SdpaProblem& p) {
@@ -246,6 +250,16 @@ __attribute__((always_inline)) inline void prefetch_kv_rows(const SdpaProblem& p
         }
     }
 }
+
+// A key block's K and V rows as float32, read once for all the tasks of a group (run_group):
+// converted (16-bit), copied (strided head dim, pages) or in place, as kv_tile_rows gives them.
+// Each task reads the same values it would have read itself, so its bits do not change; a task
+// that must zero non-finite V entries does so in its own vbuf (key_block), never here.
+struct KvTile {
+    const float* k = nullptr;
+    const float* v = nullptr;
+    std::int64_t ldk = 0, ldv = 0;
+};
 
 // K (value = false) or V rows [j0, j0+nk) of kv head h for a micro-kernel of a task of
 // `panels` panels, as float32: through the page table when the problem is paged, else through

@@ -47,7 +47,18 @@ void run_group(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     // The first task that reads a key block and has a next one requests it (ahead_end); the
     // others find its rows in the cache. A task whose keys end at this block requests nothing,
     // so a later task of the group (a longer key range) does.
+    // A block's K/V rows that are not read in place (16-bit: converted; strided, paged) are made
+    // once for the group, in the thread's group tiles (Workspace::gk/gv), and every task reads
+    // them (KvTile): converting them per task cost the mixed-dtype rows 6-20 % (docs/kernels.md,
+    // "Mixed dtypes"). All tasks see one (b, KV head); each reads a prefix of the block's rows.
+    const Workspace& g = *ws[0];
     for (std::int64_t j0 = ulo; j0 < uhi; j0 += t.Nb) {
+        KvTile tile;
+        if (g.gk != nullptr) {
+            const std::int64_t nk = imin(t.Nb, uhi - j0);
+            tile.k = kv_tile_rows<Ops>(p, false, a[0].b, a[0].hk, j0, nk, p.Dk, g.gk, tile.ldk, k[0].panels);
+            tile.v = kv_tile_rows<Ops>(p, true, a[0].b, a[0].hk, j0, nk, p.Dv, g.gv, tile.ldv, k[0].panels);
+        }
         bool requested = false;
         for (int i = 0; i < n; ++i)
             if (j0 >= k[i].ulo && j0 < k[i].uhi) {
@@ -55,7 +66,7 @@ void run_group(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
                 const std::int64_t ahead = requested ? 0 : ahead_end(a[i].kv_ahead, k[i].panels, k[i].uhi);
                 requested = requested || ahead > j0 + nk;
                 key_block<Ops>(p, t, drop, *ws[i], a[i].b, a[i].hk, k[i].nq, k[i].panels, j0, nk, ahead, false,
-                               alibi_zeros[i]);
+                               alibi_zeros[i], g.gk != nullptr ? &tile : nullptr);
             }
     }
     for (int i = 0; i < n; ++i) finish_task<Ops>(p, t, drop, *ws[i], a[i], k[i]);

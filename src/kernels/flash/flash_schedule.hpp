@@ -100,7 +100,7 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
     // malloc, not std::vector: see the note at the top of flash_driver.hpp. plans[n] holds the totals.
     JobPlan* plans = static_cast<JobPlan*>(std::malloc(sizeof(JobPlan) * static_cast<std::size_t>(n + 1)));
     if (plans == nullptr) throw_out_of_memory(static_cast<std::int64_t>(sizeof(JobPlan)) * (n + 1), "the flash kernel's plan");
-    bool pack_k = false;
+    bool pack_k = false, group_tiles = false;
     int max_group = 1;
     std::size_t extra = 0;
     const std::int64_t sf = slot_floats(*jobs[0].p, t);  // the same head dims in every problem
@@ -113,9 +113,12 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
         j.chunk = flash_key_chunk(j.g.tasks, p.Lk, t.Nb, sf, t.key_splits);
         j.chunks = j.chunk > 0 ? (p.Lk + j.chunk - 1) / j.chunk : 1;
         const std::int64_t kv_heads = p.B * p.Hkv;
+        // (the operand hooks read their own operands, per task: nothing for a group to share)
+        const bool converts = !kOpsOwnOperands<Ops> && converts_tiles(p);
         j.group = j.chunks > 1 ? 1
                                : flash_query_group(kv_heads, j.g.kv_tasks, head_kv_bytes(p),
-                                                   (p.Dk + p.Dv) * t.Mb * static_cast<std::int64_t>(sizeof(float)), t.query_group);
+                                                   (p.Dk + p.Dv) * t.Mb * static_cast<std::int64_t>(sizeof(float)), t.query_group,
+                                                   converts);
         j.group_items = (j.g.kv_tasks + j.group - 1) / j.group;
         sum.first_item += j.chunks > 1 ? j.g.tasks * j.chunks : kv_heads * j.group_items;
         max_group = j.group > max_group ? j.group : max_group;
@@ -125,6 +128,8 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
         }
         // paged: tiles across pages; one-panel tasks of large heads copy their tiles (pack_tile_rows)
         pack_k = pack_k || p.paged != nullptr || !in_place(p.k, p.Dk) || pack_tile_rows(p, 1);
+        // a group whose tiles are not read in place makes them once for its tasks (run_group)
+        group_tiles = group_tiles || (j.group > 1 && (p.paged != nullptr || converts_tiles(p)));
         if constexpr (kOpsOwnOperands<Ops>) extra = extra > Ops::scratch_bytes(p, t) ? extra : Ops::scratch_bytes(p, t);
     }
     plans[n] = sum;
@@ -165,7 +170,7 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
             Workspace* ws[kMaxQueryGroup] = {};
             bool failed = false;
             for (int g = 0; g < max_group; ++g) {
-                ws[g] = new (raw[g]) Workspace(*jobs[0].p, t, pack_k, extra);
+                ws[g] = new (raw[g]) Workspace(*jobs[0].p, t, pack_k, extra, g == 0 && group_tiles && !kOpsOwnOperands<Ops>);
                 failed = failed || ws[g]->block == nullptr;
             }
             Workspace& w = *ws[0];

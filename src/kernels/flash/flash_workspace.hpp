@@ -39,11 +39,14 @@ struct Workspace {
     float* drop = nullptr;       // (Nb + 8) dropout factors of one row segment (4-aligned)
     float* qrow = nullptr;       // (Dk) one 16-bit query row, widened, before it is transposed
     void* extra = nullptr;       // (extra_bytes, 64-aligned) an Ops' own scratch (operand hooks)
+    float* gk = nullptr;         // (Nb, Dk) with group_tiles: a group's K tile, converted once for its
+    float* gv = nullptr;         // (Nb, Dv)   tasks (run_group; the first workspace of a thread only)
     int tile_mb = 0, tile_nb = 0;  // the tiles it was sized for (the hooks lay out `extra` by them)
     void* block = nullptr;
     std::size_t bytes = 0;  // of block: what the out-of-memory error names when it is null
 
-    Workspace(const SdpaProblem& p, const FlashTiles& t, bool pack_k, std::size_t extra_bytes = 0) {
+    Workspace(const SdpaProblem& p, const FlashTiles& t, bool pack_k, std::size_t extra_bytes = 0,
+              bool group_tiles = false) {
         tile_mb = t.Mb;
         tile_nb = t.Nb;
         const std::size_t Mb = static_cast<std::size_t>(t.Mb), Nb = static_cast<std::size_t>(t.Nb);
@@ -58,7 +61,10 @@ struct Workspace {
                                      round64(Mb), round64(Mb), round64(Mb), round64(Mb), round64(Mb), round64(Mb),
                                      round64(2 * Mb), round64(2 * Mb), round64(2 * Mb), round64(2 * Mb),
                                      round64(Nb + 8), round64(static_cast<std::size_t>(p.Dk))};
-        std::size_t total = (extra_bytes + 63) / 64 * 64;
+        const std::size_t extra_size = (extra_bytes + 63) / 64 * 64;
+        const std::size_t gk_size = group_tiles ? round64(Nb * static_cast<std::size_t>(p.Dk)) : 0,
+                          gv_size = group_tiles ? round64(Nb * static_cast<std::size_t>(p.Dv)) : 0;
+        std::size_t total = extra_size + gk_size + gv_size;
         for (std::size_t sz : sizes) total += sz;
         bytes = total;
         block = std::aligned_alloc(64, total);
@@ -77,7 +83,13 @@ struct Workspace {
         }
         drop = reinterpret_cast<float*>(c);
         qrow = reinterpret_cast<float*>(c + sizes[i]);
-        if (extra_bytes > 0) extra = c + sizes[i] + sizes[i + 1];
+        c += sizes[i] + sizes[i + 1];
+        if (extra_bytes > 0) extra = c;
+        c += extra_size;
+        if (group_tiles) {
+            gk = reinterpret_cast<float*>(c);
+            gv = reinterpret_cast<float*>(c + gk_size);
+        }
     }
     ~Workspace() { std::free(block); }
     Workspace(const Workspace&) = delete;
