@@ -29,6 +29,8 @@
 //   f16_to_float, float_to_bf16, ...    float16/bfloat16 conversions                           attn/half.hpp
 //   Error                               the one exception type for bad arguments and files     attn/error.hpp
 //   set_num_threads, num_threads        the one thread setting of every kernel                 attn/threads.hpp
+//   ScopedInterruptFlag, Interrupted    stop a long call from another thread or a signal        attn/interrupt.hpp
+//                                       handler (Python's Ctrl-C)
 //   kVersion                            the library's version string                            attn/version.hpp
 //
 // Not included here: each lives in its own target with its own dependency (include it
@@ -45,6 +47,7 @@
 #include "attn/dtype.hpp"
 #include "attn/error.hpp"
 #include "attn/half.hpp"
+#include "attn/interrupt.hpp"
 #include "attn/kv_cache.hpp"
 #include "attn/mha.hpp"
 #include "attn/mha_incremental.hpp"

@@ -5,6 +5,10 @@
 // attn::OutOfMemory — a valid size that the system could not allocate. It is a
 // std::bad_alloc (code that handles running out of memory keeps working; Python raises
 // MemoryError) whose message names what was being allocated and how many bytes.
+//
+// attn::Interrupted — a call stopped early because the caller asked it to: the flag of its
+// thread's ScopedInterruptFlag (attn/interrupt.hpp) was set. Neither a bad argument nor a
+// failure (Python raises KeyboardInterrupt); the call's outputs are partially written.
 #pragma once
 
 #include <new>
@@ -25,6 +29,11 @@ public:
 
 private:
     std::string message_;
+};
+
+class Interrupted : public std::runtime_error {
+public:
+    Interrupted() : std::runtime_error("interrupted: the call stopped before its work was done (its outputs are partially written)") {}
 };
 
 }  // namespace attn

@@ -2,7 +2,7 @@
 // allocate, or call code that checks): an exception must not leave an OpenMP region — that is
 // std::terminate — so each body's exception is caught, the remaining iterations are skipped,
 // and the first one is rethrown on the calling thread after the region (FirstError, for
-// regions that are not one loop).
+// regions that are not one loop). The caller's interrupt flag (interrupt.hpp) skips them too.
 #pragma once
 
 #include <omp.h>
@@ -12,17 +12,20 @@
 #include <exception>
 
 #include "float_env.hpp"
+#include "interrupt.hpp"
 
 namespace attn::detail {
 
 // The first exception thrown by the work of an OpenMP region, caught where it was thrown (an
 // exception must not leave a region: that is std::terminate) and rethrown by the calling thread
-// after the region; once one piece of work has failed, the rest is skipped. parallel_for_may_throw
-// uses it; a region that is more than one loop (flash_backward.cpp: per-thread buffers,
-// barriers) wraps each piece of its work in run().
+// after the region; once one piece of work has failed, or the caller's interrupt flag is set,
+// the rest is skipped. parallel_for_may_throw uses it; a region that is more than one loop
+// (flash_backward.cpp: per-thread buffers, barriers) wraps each piece of its work in run().
+// Constructed on the calling thread, before the region (it takes that thread's interrupt flag).
 class FirstError {
 public:
-    // body(), unless some work has failed already; what it throws is kept if it is the first.
+    // body(), unless some work has failed already or an interrupt was asked for; what it throws
+    // is kept if it is the first.
     template <class Body>
     void run(Body&& body) noexcept {
         if (failed()) return;
@@ -34,15 +37,18 @@ public:
             failed_.store(true, std::memory_order_relaxed);
         }
     }
-    bool failed() const noexcept { return failed_.load(std::memory_order_relaxed); }
-    // On the calling thread, after the region: the first exception, if any.
+    bool failed() const noexcept { return failed_.load(std::memory_order_relaxed) || interrupt_.requested(); }
+    // On the calling thread, after the region: the first exception, if any, else
+    // attn::Interrupted if the flag was set (some work may have been skipped).
     void rethrow() const {
         if (error_) std::rethrow_exception(error_);
+        interrupt_.throw_if_requested();
     }
 
 private:
     std::exception_ptr error_;
     std::atomic<bool> failed_{false};
+    const Interrupt interrupt_;
 };
 
 template <class Body>

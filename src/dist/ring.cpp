@@ -20,6 +20,7 @@
 #include "block_plan.hpp"
 #include "../core/allocate.hpp"
 #include "../core/element_io.hpp"
+#include "../core/interrupt.hpp"
 #include "../core/threads.hpp"
 #include "../kernels/dispatch.hpp"
 #include "../sdpa/problem.hpp"
@@ -42,6 +43,7 @@ void run_collectively(MPI_Comm comm, const std::function<void()>& fn) {
 void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k, const TensorView& v,
                     const RingOptions& options, const TensorView& out, const TensorView* lse, RingStats* stats) {
     const attn::detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
+    const attn::detail::NotInterruptible whole_ring;    // a rank stopped alone would leave its peers waiting
     const auto t_start = detail::Clock::now();
     const detail::PrivateComm private_comm(user_comm, kOp);
     detail::RingContext ctx;

@@ -30,6 +30,7 @@
 #include "../core/allocate.hpp"
 #include "../core/check.hpp"
 #include "../core/element_io.hpp"
+#include "../core/interrupt.hpp"
 #include "../core/threads.hpp"
 #include "attn/error.hpp"
 #include "attn/ring.hpp"
@@ -103,6 +104,7 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
                              const RingOptions& options, const TensorView& dq, const TensorView& dk, const TensorView& dv,
                              RingStats* stats, const TensorView* dsinks) {
     const attn::detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
+    const attn::detail::NotInterruptible whole_ring;    // a rank stopped alone would leave its peers waiting
     const auto t_start = detail::Clock::now();
     const detail::PrivateComm private_comm(user_comm, kOp);
     detail::RingContext ctx;

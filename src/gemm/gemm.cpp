@@ -118,8 +118,11 @@ void sgemm(const KernelSet& row, const GemmArgs& g_in) {
                 g.C[i * g.ldc + j] = g.bias != nullptr ? g.bias[j] : g.beta == 0.0f ? 0.0f : g.beta * g.C[i * g.ldc + j];
         return;
     }
+    const Interrupt interrupt;
+    g.interrupt = &interrupt;
     if (pairs) row.gemm_bf16(g);
     else row.gemm(g);
+    interrupt.throw_if_requested();
 }
 
 void sgemm(const GemmArgs& g) { sgemm(kernel_set(), g); }

@@ -29,6 +29,7 @@
 #include <memory>
 
 #include "../core/cpu_features.hpp"
+#include "../core/interrupt.hpp"
 
 namespace attn::detail {
 
@@ -65,6 +66,9 @@ struct GemmArgs {
     const PackedB* packed = nullptr;
     // (Set by sgemm for the driver: the packed panels it uses, or null. Not for callers.)
     const float* packed_panels = nullptr;
+    // (Set by sgemm too: the caller's interrupt flag, core/interrupt.hpp. Once it is set, the
+    // driver's threads skip their blocks left, and sgemm throws attn::Interrupted.)
+    const Interrupt* interrupt = nullptr;
 };
 
 // op(B) (K × N) of a GEMM in one kernel-table row's panel layout, packed by the routine the

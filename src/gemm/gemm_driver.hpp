@@ -333,6 +333,9 @@ std::int64_t gemm_pack_b_all(const GemmArgs& g, float* dst) {
 // result does not depend on how many rows share the call, nor on the thread count.
 constexpr std::int64_t kSmallRows = 4;
 
+// The caller's flag is set (sgemm throws after the region): a thread skips its blocks left.
+inline bool interrupted(const GemmArgs& g) { return g.interrupt != nullptr && g.interrupt->requested(); }
+
 template <class U, int R>
 void gemm_few_rows(const GemmArgs& g) {
     using T = typename U::template WithRows<R>;
@@ -362,7 +365,7 @@ void gemm_few_rows(const GemmArgs& g) {
                 const std::int64_t k0 = pc * kc_max, kc = std::min(kc_max, g.K - k0);
                 pack_a<T>(g, 0, R, k0, kc, abuf + pc * R * depth<U>(kc_max));
             }
-            for (std::int64_t q = t * nq / nt; q < (t + 1) * nq / nt; ++q) {
+            for (std::int64_t q = t * nq / nt; q < (t + 1) * nq / nt && !interrupted(g); ++q) {
                 const std::int64_t j = q * NR, n = std::min(NR, g.N - j);
                 for (std::int64_t pc = 0; pc < nk; ++pc) {  // in order: an element's chunks add up in K order
                     const std::int64_t k0 = pc * kc_max, kc = std::min(kc_max, g.K - k0);
@@ -437,7 +440,7 @@ void gemm_driver(const GemmArgs& g) {
                 }
                 for (std::int64_t i0 = i_begin; i0 < i_end; i0 += mc_t) {
                     const std::int64_t mc = std::min(mc_t, i_end - i0);
-                    if (q_begin == q_end || abuf == nullptr) break;
+                    if (q_begin == q_end || abuf == nullptr || interrupted(g)) break;  // (the barriers are still met)
                     pack_a<U>(g, i0, mc, k0, kc, abuf);
                     for (std::int64_t q = q_begin; q < q_end; ++q) {
                         const float* b = prepacked ? packed_sliver<U>(g, kc_max, pc, kc, j0 / NR + q) : bbuf + q * NR * depth<U>(kc);

@@ -114,7 +114,10 @@ void decode_forward(const SdpaProblem& p, const KernelSet& kernels, std::int64_t
     base += (16 - (reinterpret_cast<std::uintptr_t>(base) / sizeof(float)) % 16) % 16;  // 64-byte align
     w.work = base;
     w.partial = plan.partial_floats > 0 ? base + plan.work_per_thread * w.max_threads : nullptr;
+    const Interrupt interrupt;
+    w.interrupt = &interrupt;
     kernels.decode(p, w);
+    interrupt.throw_if_requested();
 }
 
 }  // namespace attn::detail

@@ -20,6 +20,7 @@
 
 #include "attn/dtype.hpp"
 #include "../paged_rows.hpp"
+#include "../../core/interrupt.hpp"
 
 namespace attn::detail {
 
@@ -39,6 +40,9 @@ struct DecodeWork {
     int max_threads = 1;             // threads the scratch was sized for
     float* partial = nullptr;        // B·Hkv·nsplit·(M·Dv + 2·M) floats when nsplit > 1
     const PagedRows* paged = nullptr;  // null: K/V rows are the problem's views
+    // The caller's flag (core/interrupt.hpp): once set, the items and merges left are skipped and
+    // decode_forward throws after the region.
+    const Interrupt* interrupt = nullptr;
 };
 
 // Keys processed per block (K block then V block, each read once from memory). A block

@@ -549,6 +549,7 @@ void decode_impl(const SdpaProblem& p, const DecodeWork& w) {
         const Scratch sc = carve(w.work + omp_get_thread_num() * w.work_per_thread, M, Dk, Dv);
 #pragma omp for schedule(dynamic, 1)
         for (i64 it = 0; it < items; ++it) {
+            if (w.interrupt->requested()) continue;
             const i64 c = it % w.nsplit, bh = it / w.nsplit;
             const i64 b = bh / a.Hkv, hk = bh % a.Hkv;
             const i64 c0 = c * w.chunk, c1 = imin(a.Lk, c0 + w.chunk);
@@ -575,6 +576,7 @@ void decode_impl(const SdpaProblem& p, const DecodeWork& w) {
             // normalised partials (weights summing to 1), so large V cannot overflow it.
 #pragma omp for schedule(static)
             for (i64 bh = 0; bh < a.B * a.Hkv; ++bh) {
+                if (w.interrupt->requested()) continue;  // (a skipped item left its partial unwritten)
                 const i64 b = bh / a.Hkv, hk = bh % a.Hkv;
                 const float* parts = w.partial + bh * w.nsplit * part_stride;
                 for (i64 r = 0; r < M; ++r) {

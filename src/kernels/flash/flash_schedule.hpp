@@ -11,6 +11,7 @@
 
 #include "../../core/allocate.hpp"
 #include "../../core/float_env.hpp"
+#include "../../core/interrupt.hpp"
 
 #ifndef ATTN_FLASH_NS
 #error "include flash_driver.hpp, not flash_schedule.hpp"
@@ -157,7 +158,8 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
     }
     const int nthreads = threads > 0 ? threads : omp_get_max_threads();
     std::int64_t failed_bytes = 0;  // a thread's workspaces that could not be allocated (0: none)
-    for (std::int64_t i0 = 0, i1; i0 < n && failed_bytes == 0; i0 = i1) {
+    const Interrupt interrupt;      // the caller's flag: tasks and merges left are skipped once it is set
+    for (std::int64_t i0 = 0, i1; i0 < n && failed_bytes == 0 && !interrupt.requested(); i0 = i1) {
         i1 = wave_end(i0);
         const JobPlan& a = plans[i0];
         const JobPlan& z = plans[i1];
@@ -189,7 +191,7 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
             failed = any_failed != 0;
 #pragma omp for schedule(dynamic, 1)
             for (std::int64_t item = a.first_item; item < z.first_item; ++item) {
-                if (failed) continue;
+                if (failed || interrupt.requested()) continue;
                 const std::int64_t i = i0 + job_of(plans + i0, nw, &JobPlan::first_item, item);
                 const JobPlan& j = plans[i];
                 const SdpaProblem& p = *jobs[i].p;
@@ -209,7 +211,7 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
             // (the omp for's barrier: every partial is written before a merge reads it)
 #pragma omp for schedule(dynamic, 1)
             for (std::int64_t m = a.first_merge; m < z.first_merge; ++m) {
-                if (failed) continue;
+                if (failed || interrupt.requested()) continue;  // (a skipped chunk left its partial unwritten)
                 const std::int64_t i = i0 + job_of(plans + i0, nw, &JobPlan::first_merge, m);
                 const JobPlan& j = plans[i];
                 const SdpaProblem& p = *jobs[i].p;
@@ -222,6 +224,7 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
     std::free(partials);
     std::free(plans);
     if (failed_bytes != 0) throw_out_of_memory(failed_bytes, "the flash kernel's workspace of one thread");
+    interrupt.throw_if_requested();
 }
 
 }  // namespace attn::detail::ATTN_FLASH_NS

@@ -1,0 +1,39 @@
+// The flag a call watches (attn/interrupt.hpp), as the parallel loops read it: taken once on the
+// calling thread before a region (the scope is per thread, and OpenMP's other threads are not
+// the caller's), then read by every thread of the region between tasks. FirstError
+// (parallel_for.hpp) carries one; a region that is not FirstError's takes its own and throws
+// after the region (an exception must not leave one).
+#pragma once
+
+#include <atomic>
+
+#include "attn/interrupt.hpp"
+
+namespace attn::detail {
+
+class Interrupt {
+public:
+    // The calling thread's ScopedInterruptFlag's flag, or one never set: outside every scope,
+    // and inside an active parallel region — a kernel nested in another's task (varlen's short
+    // sequences) is stopped by the enclosing loop, and its own throw could leave the region.
+    Interrupt() noexcept;
+    bool requested() const noexcept { return flag_->load(std::memory_order_relaxed); }
+    // attn::Interrupted when requested; on the calling thread, after the region.
+    void throw_if_requested() const;
+
+private:
+    const std::atomic<bool>* flag_;
+};
+
+// For its scope, the calls on this thread watch a flag nobody sets, whatever the caller's scope:
+// ring attention's (ring.cpp, ring_backward.cpp), since a rank that stopped alone would leave its
+// peers waiting in MPI.
+class NotInterruptible {
+public:
+    NotInterruptible() noexcept;
+
+private:
+    ScopedInterruptFlag off_;
+};
+
+}  // namespace attn::detail

@@ -1,0 +1,176 @@
+// attn::ScopedInterruptFlag (attn/interrupt.hpp): a call made inside the scope stops once the flag
+// is set and throws attn::Interrupted — from every kernel family's parallel loops (flash,
+// reference, decode, the backward, varlen, the projection GEMM) —, while calls outside the scope,
+// on other threads, or under an inner scope whose flag is clear do not read it.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <random>
+#include <thread>
+
+#include "attn/attn.hpp"
+#include "common/util.hpp"
+
+namespace attn {
+namespace {
+
+using test::poisoned;
+using test::randn;
+using test::still_poisoned;
+
+double seconds_of(const std::function<void()>& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+struct Qkv {
+    Tensor q, k, v;
+};
+
+Qkv random_qkv(std::int64_t B, std::int64_t H, std::int64_t Lq, std::int64_t Lk, std::int64_t D, unsigned seed) {
+    std::mt19937 rng(seed);
+    Qkv t{randn(DType::f32, {B, H, Lq, D}, rng), randn(DType::f32, {B, H, Lk, D}, rng), randn(DType::f32, {B, H, Lk, D}, rng)};
+    return t;
+}
+
+SdpaOptions with_impl(Impl impl) {
+    SdpaOptions o;
+    o.impl = impl;
+    return o;
+}
+
+// Each call with the flag set before it starts: attn::Interrupted, and (the arguments checked,
+// no task run) nothing written.
+TEST(Interrupt, FlagSetBeforeTheCallStopsEveryKernel) {
+    const Qkv t = random_qkv(2, 3, 70, 90, 16, 1);
+    const Qkv one = random_qkv(2, 3, 1, 90, 16, 2);
+    std::atomic<bool> stop{true};
+    const ScopedInterruptFlag watch(stop);
+
+    for (Impl impl : {Impl::flash, Impl::reference}) {
+        Tensor out = poisoned(DType::f32, {2, 3, 70, 16});
+        EXPECT_THROW(sdpa(t.q, t.k, t.v, with_impl(impl), out), Interrupted) << static_cast<int>(impl);
+        EXPECT_TRUE(still_poisoned(out));
+    }
+    {
+        Tensor out = poisoned(DType::f32, {2, 3, 1, 16});
+        EXPECT_THROW(sdpa(one.q, one.k, one.v, with_impl(Impl::decode), out), Interrupted);
+        EXPECT_TRUE(still_poisoned(out));
+    }
+    {
+        KVCache cache(KVCacheConfig{.batch = 2, .kv_heads = 3, .head_dim = 16, .capacity = 90});
+        {
+            std::atomic<bool> clear{false};
+            const ScopedInterruptFlag inner(clear);  // the innermost scope's flag counts
+            cache.append(one.k, one.v);
+        }
+        Tensor out = poisoned(DType::f32, {2, 3, 1, 16});
+        EXPECT_THROW(decode_attention(one.q, cache, SdpaOptions{}, out), Interrupted);
+        EXPECT_TRUE(still_poisoned(out));
+    }
+    for (Impl impl : {Impl::flash, Impl::reference}) {
+        Tensor out(DType::f32, {2, 3, 70, 16}), lse(DType::f32, {2, 3, 70});
+        Tensor dq = poisoned(DType::f32, {2, 3, 70, 16}), dk = poisoned(DType::f32, {2, 3, 90, 16}),
+               dv = poisoned(DType::f32, {2, 3, 90, 16});
+        EXPECT_THROW(sdpa_backward(t.q, t.k, t.v, out, lse, out, with_impl(impl), dq, dk, dv), Interrupted)
+            << static_cast<int>(impl);
+    }
+    {
+        // Three packed sequences (70 queries, 90 keys in all), 3 heads.
+        std::mt19937 rng(3);
+        const Tensor q = randn(DType::f32, {70, 3, 16}, rng), k = randn(DType::f32, {90, 3, 16}, rng),
+                     v = randn(DType::f32, {90, 3, 16}, rng);
+        Tensor cq(DType::i32, {4}), ck(DType::i32, {4});
+        const std::int32_t qs[] = {0, 10, 40, 70}, ks[] = {0, 20, 50, 90};
+        for (int i = 0; i < 4; ++i) {
+            cq.data_as<std::int32_t>()[i] = qs[i];
+            ck.data_as<std::int32_t>()[i] = ks[i];
+        }
+        Tensor out = poisoned(DType::f32, {70, 3, 16});
+        EXPECT_THROW(sdpa_varlen(q, k, v, cq, ck, SdpaOptions{}, out), Interrupted);
+        EXPECT_TRUE(still_poisoned(out));
+    }
+    {
+        // The layer's first projection GEMM stops it.
+        const MultiHeadAttention layer(MhaConfig{.embed_dim = 64, .num_heads = 4, .batch_first = true});
+        std::mt19937 rng(4);
+        const Tensor x = randn(DType::f32, {2, 33, 64}, rng);
+        Tensor out = poisoned(DType::f32, {2, 33, 64});
+        MhaForwardOptions o;
+        o.need_weights = false;
+        EXPECT_THROW(layer.forward_into(x, x, x, o, out, nullptr), Interrupted);
+        EXPECT_TRUE(still_poisoned(out));
+    }
+}
+
+// A long flash call stopped from another thread soon after it started: attn::Interrupted, long
+// before the call would have ended (its uninterrupted time measured here). Then, the flag
+// cleared, the same call inside the same scope gives the uninterrupted call's bits.
+TEST(Interrupt, FlagSetDuringTheCallStopsItSoon) {
+    const Qkv t = random_qkv(1, 8, 1024, 1024, 64, 5);
+    Tensor want(DType::f32, {1, 8, 1024, 64});
+    const SdpaOptions o = with_impl(Impl::flash);
+    sdpa(t.q, t.k, t.v, o, want);  // warm-up
+    double full = seconds_of([&] { sdpa(t.q, t.k, t.v, o, want); });
+    int repeat = 1;  // heads of the long call: the call made to take about half a second here
+    while (full * repeat < 0.5 && repeat < 256) repeat *= 2;
+    const Qkv big = random_qkv(1, 8 * repeat, 1024, 1024, 64, 6);
+    Tensor out(DType::f32, {1, 8 * repeat, 1024, 64});
+    full = seconds_of([&] { sdpa(big.q, big.k, big.v, o, out); });
+    const Tensor uninterrupted = to_dtype(out, DType::f32);  // a copy
+
+    std::atomic<bool> stop{false};
+    const ScopedInterruptFlag watch(stop);
+    constexpr double kAfter = 0.05;
+    std::thread setter([&] {
+        std::this_thread::sleep_for(std::chrono::duration<double>(kAfter));
+        stop.store(true);
+    });
+    bool interrupted = false;
+    const double stopped = seconds_of([&] {
+        try {
+            sdpa(big.q, big.k, big.v, o, out);
+        } catch (const Interrupted&) {
+            interrupted = true;
+        }
+    });
+    setter.join();
+    EXPECT_TRUE(interrupted);
+    EXPECT_LT(stopped, kAfter + 0.25 * full) << "the whole call takes " << full << " s";
+
+    stop.store(false);
+    sdpa(big.q, big.k, big.v, o, out);
+    EXPECT_TRUE(test::bit_equal(out, uninterrupted));
+}
+
+// Set, but outside any scope, on another thread than the scope's, or under an inner scope with a
+// clear flag: not read, and the call gives its result.
+TEST(Interrupt, OnlyTheScopesThreadReadsTheFlag) {
+    const Qkv t = random_qkv(1, 2, 40, 50, 8, 7);
+    Tensor want(DType::f32, {1, 2, 40, 8}), out(DType::f32, {1, 2, 40, 8});
+    sdpa(t.q, t.k, t.v, SdpaOptions{}, want);
+    std::atomic<bool> stop{true};
+    {
+        const ScopedInterruptFlag watch(stop);
+        std::thread other([&] { sdpa(t.q, t.k, t.v, SdpaOptions{}, out); });
+        other.join();
+        EXPECT_TRUE(test::bit_equal(out, want));
+        std::atomic<bool> clear{false};
+        {
+            const ScopedInterruptFlag inner(clear);
+            test::poison(out);
+            sdpa(t.q, t.k, t.v, SdpaOptions{}, out);
+            EXPECT_TRUE(test::bit_equal(out, want));
+        }
+        EXPECT_THROW(sdpa(t.q, t.k, t.v, SdpaOptions{}, out), Interrupted);  // the outer scope's again
+    }
+    test::poison(out);
+    sdpa(t.q, t.k, t.v, SdpaOptions{}, out);  // the scope has ended; the flag is still set
+    EXPECT_TRUE(test::bit_equal(out, want));
+}
+
+}  // namespace
+}  // namespace attn
