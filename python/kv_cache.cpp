@@ -17,6 +17,7 @@
 #include "attn/threads.hpp"
 #include "bind.hpp"
 #include "convert.hpp"
+#include "interruptible.hpp"
 #include "options.hpp"
 
 namespace attn_py {
@@ -172,8 +173,9 @@ py::object decode_py(const py::object& query, const py::object& cache_obj, const
     attn::TensorView lv;
     if (return_lse) lv = output_view(lse, 3);
     {
-        py::gil_scoped_release nogil;
+        InterruptibleCall nogil(0);
         const std::lock_guard<std::mutex> lock(*cache_mutex);
+        nogil.arm(attention_work(qv, cache.capacity(), dv));  // the capacity: a bound of the lengths
         const attn::ScopedNumThreads scoped_threads(threads);
         with_python_names([&] { attn::decode_attention(qv, cache, o.sdpa, ov, return_lse ? &lv : nullptr); });
     }

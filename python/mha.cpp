@@ -19,6 +19,7 @@
 #include "convert.hpp"
 #include "core/check.hpp"
 #include "mha/inputs.hpp"
+#include "interruptible.hpp"
 #include "options.hpp"
 
 namespace attn_py {
@@ -30,6 +31,12 @@ attn::DType default_out(attn::DType x) { return x == attn::DType::f16 || x == at
 
 // nn.MultiheadAttention's Python face over attn::MultiHeadAttention (eval mode). One call at a
 // time per layer: its workspace is reused between calls.
+// The layer's multiply-adds, about (interruptible.hpp): the projections (2·E per element of the
+// query — Q and the output — and of the key — K and V, at most) and attention over `keys`.
+double layer_work(const attn::TensorView& query, const attn::TensorView& key, std::int64_t keys, std::int64_t E) {
+    return 2.0 * static_cast<double>(E) * static_cast<double>(query.numel() + key.numel()) + attention_work(query, keys, E);
+}
+
 class PyMha {
 public:
     // The weights are packed for the projection GEMM once (MultiHeadAttention::pack_weights;
@@ -83,7 +90,8 @@ public:
             weights = w;
         }
         {
-            py::gil_scoped_release nogil;
+            const int seq = layer_.config().batch_first && k.view.rank() == 3 ? 1 : 0;  // the key's L
+            const InterruptibleCall nogil(layer_work(q.view, k.view, k.view.dim(seq), layer_.config().embed_dim));
             const std::lock_guard<std::mutex> lock(mutex_);
             const attn::ScopedNumThreads scoped_threads(threads);
             with_python_names([&] { layer_.forward_into(q.view, k.view, v.view, o, ov, need_weights ? &wv : nullptr, &workspace_); },
@@ -105,9 +113,10 @@ public:
         const attn::TensorView ov = output_view(out, 0);
         std::mutex* cache_mutex = nullptr;
         attn::KVCache& c = kv_cache_of(cache, "cache", cache_mutex);
-        py::gil_scoped_release nogil;
+        InterruptibleCall nogil(0);
         // Both locks with the GIL released, and both let go before it is taken back (bind.hpp).
         const std::scoped_lock locks(*cache_mutex, mutex_);
+        nogil.arm(layer_work(x.view, x.view, c.capacity(), layer_.config().embed_dim));  // the capacity: a bound
         const attn::ScopedNumThreads scoped_threads(threads);
         layer_.forward_incremental_into(x.view, c, ov, &workspace_);
         return out;
@@ -135,7 +144,7 @@ public:
         o.intermediate_dtype = out_dtype_arg(intermediate_dtype, attn::DType::f32, "intermediate_dtype");
         attn::Tensor out;
         {
-            py::gil_scoped_release nogil;
+            const InterruptibleCall nogil(layer_work(q.view, k.view, k.view.dim(0), layer_.config().embed_dim));  // Tk: a bound
             const std::lock_guard<std::mutex> lock(mutex_);
             const attn::ScopedNumThreads scoped_threads(threads);
             // The core's cu_seqlens_q is this method's cu_seqlens (and its cu_seqlens_k when not given).

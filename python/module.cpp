@@ -3,7 +3,7 @@
 // Each concept has its file (bind.hpp); conversions are convert.hpp's, keyword → option
 // mapping is options.hpp's.
 // Errors: attn::Error becomes TypeError when it is about a dtype (or raised as PyTypeError),
-// ValueError otherwise, with the same message.
+// ValueError otherwise, with the same message; attn::Interrupted (Ctrl-C) KeyboardInterrupt.
 #include <pybind11/pybind11.h>
 
 #include <exception>
@@ -15,6 +15,7 @@
 #include "bind.hpp"
 #include "convert.hpp"
 #include "core/check.hpp"
+#include "interruptible.hpp"
 
 namespace py = pybind11;
 
@@ -22,12 +23,19 @@ PYBIND11_MODULE(_attn, m) {
     // The package `attn` (python/attn/__init__.py) re-exports everything defined here.
     m.doc() = "attn: scaled dot-product attention for CPUs, on NumPy arrays with PyTorch's names";
     m.attr("__version__") = attn::kVersion;
+    attn_py::remember_main_thread();
 
     py::register_exception_translator([](std::exception_ptr p) {
         try {
             if (p) std::rethrow_exception(p);
         } catch (const attn_py::PyTypeError& e) {
             PyErr_SetString(PyExc_TypeError, e.what());
+        } catch (const attn::Interrupted&) {
+            // A SIGINT stopped the call (interruptible.hpp): Python's handler has tripped its flag,
+            // and PyErr_CheckSignals runs the Python-level one (KeyboardInterrupt by default). One
+            // that raised nothing, or a SIGINT that came before Python's flag was chained to: the
+            // call did not finish all the same.
+            if (PyErr_CheckSignals() == 0) PyErr_SetNone(PyExc_KeyboardInterrupt);
         } catch (const attn::Error& e) {
             // The C++ layer names dtype problems "…: dtype must be …".
             const std::string msg = e.what();

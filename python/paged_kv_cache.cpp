@@ -5,6 +5,7 @@
 // released), so Python threads may share a cache.
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -15,6 +16,7 @@
 #include "attn/threads.hpp"
 #include "bind.hpp"
 #include "convert.hpp"
+#include "interruptible.hpp"
 #include "options.hpp"
 
 namespace attn_py {
@@ -26,6 +28,18 @@ struct PyPagedKVCache {
     std::mutex mutex;
 };
 
+// The longest of the sequences (their keys, for attention_work); an unknown id counts 0 and is
+// paged_attention's to name. Under the cache's lock.
+std::int64_t longest(const attn::PagedKVCache& cache, const std::vector<attn::PagedKVCache::SeqId>& seqs) {
+    std::int64_t n = 0;
+    for (const attn::PagedKVCache::SeqId s : seqs) {
+        try {
+            n = std::max(n, cache.length(s));
+        } catch (const attn::Error&) {
+        }
+    }
+    return n;
+}
 
 std::unique_ptr<PyPagedKVCache> make_cache(const py::object& kv_heads, const py::object& head_dim,
                                            const py::object& num_pages, const py::object& page_size,
@@ -71,8 +85,9 @@ py::object paged_attention_py(const py::object& query, PyPagedKVCache& c, const 
     attn::TensorView lv;
     if (return_lse) lv = output_view(lse, 3);
     {
-        py::gil_scoped_release nogil;
+        InterruptibleCall nogil(0);
         const std::lock_guard<std::mutex> lock(c.mutex);
+        nogil.arm(attention_work(qv, longest(c.cache, seqs), c.cache.value_dim()));
         const attn::ScopedNumThreads scoped_threads(threads);
         with_python_names([&] { attn::paged_attention(qv, c.cache, seqs, o.sdpa, ov, return_lse ? &lv : nullptr); });
     }

@@ -12,6 +12,7 @@
 #include "attn/threads.hpp"
 #include "bind.hpp"
 #include "convert.hpp"
+#include "interruptible.hpp"
 #include "gradients.hpp"
 #include "options.hpp"
 
@@ -83,7 +84,7 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
     if (return_lse) lv = output_view(lse, 3);
     if (return_weights) wv = output_view(w, 4);
     {
-        py::gil_scoped_release nogil;
+        const InterruptibleCall nogil(attention_work(q.view, k.view.dim(k.view.rank() - 2), v.view.dim(v.view.rank() - 1)));
         const attn::ScopedNumThreads scoped_threads(threads);
         with_python_names([&] {
             attn::sdpa(expand_rank(q.view, 4), expand_rank(k.view, 4), expand_rank(v.view, 4), opt.sdpa, ov,
@@ -125,7 +126,7 @@ py::tuple sdpa_backward_py(const py::object& query, const py::object& key, const
                                          {softcap, alibi_slopes, sinks}, r >= 3 ? q.view.dim(r - 3) : 1);
     Gradients grads = new_gradients(q.view, k.view, v.view, out_dtype, BackwardPrecision::with_float64, 4, opt.sdpa.sinks);
     {
-        py::gil_scoped_release nogil;
+        const InterruptibleCall nogil(2.5 * attention_work(q.view, k.view.dim(r - 2), v.view.dim(r - 1)));  // the backward: 2.5x
         const attn::ScopedNumThreads scoped_threads(threads);
         with_python_names([&] {
             attn::sdpa_backward(expand_rank(q.view, 4), expand_rank(k.view, 4), expand_rank(v.view, 4),

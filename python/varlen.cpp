@@ -12,6 +12,7 @@
 #include "attn/threads.hpp"
 #include "bind.hpp"
 #include "convert.hpp"
+#include "interruptible.hpp"
 #include "gradients.hpp"
 #include "options.hpp"
 
@@ -63,7 +64,7 @@ py::object sdpa_varlen_py(const py::object& query, const py::object& key, const 
     py::array lse = new_array(stat_dtype(q.dtype()), {q.dim(0), q.dim(1)}, "lse (Tq, Hq)");
     const attn::TensorView ov = output_view(out, 3), lv = output_view(lse, 2);
     {
-        py::gil_scoped_release nogil;
+        const InterruptibleCall nogil(attention_work(q, c.k.view.dim(0), c.v.view.dim(2)));  // Tk: a bound
         const attn::ScopedNumThreads scoped_threads(threads);
         with_python_names([&] { attn::sdpa_varlen(q, c.k.view, c.v.view, c.cq.view, c.ck.view, c.opt.sdpa, ov, &lv); });
     }
@@ -95,7 +96,7 @@ py::tuple sdpa_varlen_backward_py(const py::object& query, const py::object& key
     // As sdpa_backward's; dsinks summed over the sequences (sdpa_varlen_backward).
     Gradients grads = new_gradients(c.q.view, c.k.view, c.v.view, out_dtype, BackwardPrecision::with_float64, 3, c.opt.sdpa.sinks);
     {
-        py::gil_scoped_release nogil;
+        const InterruptibleCall nogil(2.5 * attention_work(c.q.view, c.k.view.dim(0), c.v.view.dim(2)));
         const attn::ScopedNumThreads scoped_threads(threads);
         with_python_names([&] {
             attn::sdpa_varlen_backward(c.q.view, c.k.view, c.v.view, c.cq.view, c.ck.view, o.view, l.view, g.view,
