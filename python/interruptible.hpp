@@ -1,12 +1,12 @@
-// A call into attn with the GIL released that Ctrl-C stops (docs/python.md, "Interrupting a
-// call"). Python runs its signal handlers only on the main thread and only between bytecodes, so a
-// SIGINT during a long call would be seen when the call ends. On the main thread, for the call's
-// duration, this holds a SIGINT handler that sets the flag the call watches (attn/interrupt.hpp)
-// and then runs the handler it replaced — Python's, which trips Python's own flag —, and puts the
-// old one back after; the call then throws attn::Interrupted, which module.cpp's translator turns
-// into what Python's handler raises (KeyboardInterrupt). Elsewhere — another thread, or a Python
-// SIGINT handler other than signal.default_int_handler — it only releases the GIL: the call runs to
-// its end, as before.
+// A call into attn with the GIL released that Ctrl-C stops (README.md, "Python"). Python runs its
+// signal handlers only on the main thread and only between bytecodes, so a SIGINT during a long
+// call would be seen when the call ends. On the main thread, for the call's duration, this holds
+// a SIGINT handler that sets the flag the call watches (attn/interrupt.hpp) and then runs the
+// handler it replaced — Python's, which trips Python's own flag —, and puts the old one back
+// after; the call then throws attn::Interrupted, which module.cpp's translator turns into what
+// Python's handler raises (KeyboardInterrupt). Elsewhere — another thread, or a Python SIGINT
+// handler other than signal.default_int_handler — it only releases the GIL: the call runs to its
+// end, as before.
 #pragma once
 
 #include <pybind11/pybind11.h>

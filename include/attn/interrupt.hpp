@@ -1,5 +1,5 @@
 // Interrupting a long call: a flag the caller sets (from another thread or a signal handler) and
-// the call watches — what the Python module's Ctrl-C uses (docs/python.md, "Interrupting a call").
+// the call watches — what the Python module's Ctrl-C uses (README.md, "Python").
 //
 //   std::atomic<bool> stop{false};            // set to true anywhere: a watchdog thread, a SIGINT handler
 //   {

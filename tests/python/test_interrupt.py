@@ -1,4 +1,4 @@
-"""Ctrl-C during a long call (python/interruptible.hpp, docs/python.md "Interrupting a call"): a
+"""Ctrl-C during a long call (python/interruptible.hpp, README.md "Python"): a
 SIGINT stops the call between two of its tasks and raises KeyboardInterrupt at once — not when the
 call would have ended —, the SIGINT handler is Python's again afterwards, and the module keeps
 working. With a Python handler of the caller's own, the call runs to its end, as before.
