@@ -8,6 +8,7 @@
 // the same message and leave the outputs unwritten. Rank 0 prints "N passed, M failed".
 #include <mpi.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "attn/error.hpp"
+#include "attn/interrupt.hpp"
 #include "attn/ring.hpp"
 #include "attn/sdpa.hpp"
 #include "ring_test_util.hpp"
@@ -118,6 +120,9 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
         expected_bytes += (rows * c.Dk * ksz + vsz - 1) / vsz * vsz + rows * c.Dv * vsz;
     }
     try {
+        const std::atomic<bool> stop{c.under_set_interrupt_flag};
+        std::optional<ScopedInterruptFlag> watch;
+        if (c.under_set_interrupt_flag) watch.emplace(stop);
         dist::ring_attention(MPI_COMM_WORLD, qv, kv, vv, ro, o, &lv, &stats);
     } catch (const std::exception& e) {
         ok = false;
@@ -540,6 +545,13 @@ int main(int argc, char** argv) {
         n.B = 2, n.Hq = 2, n.Lq = 256, n.Lk = 200, n.Dk = 40, n.Dv = 24, n.key_lengths = {200, 77};
         n.causal = Causal::bottom_right, n.layout = layout;
         cases.push_back(with_dtypes(with_dropout(n, 1), DType::bf16, DType::bf16, DType::bf16));
+    }
+    for (const auto layout : {dist::Layout::zigzag, dist::Layout::contiguous}) {
+        Case u = cases[1];
+        u.name += " under a set interrupt flag (the ring does not read it)";
+        u.layout = layout;
+        u.under_set_interrupt_flag = true;
+        cases.push_back(u);
     }
     for (const Case& c : cases) run_case(c);
     // The keep mask itself, bit for bit, read through one-hot values.

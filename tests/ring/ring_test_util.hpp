@@ -86,6 +86,9 @@ struct Case {
     std::optional<DType> v_dtype;  // V's dtype when it is not K's (kv_dtype)
     DType v_of() const { return v_dtype.value_or(kv_dtype); }
     bool expect_bf16_kernel = false;  // all-bf16 blocks must run flash/avx512_bf16 (where the CPU has it)
+    // The ring called under an attn::ScopedInterruptFlag whose flag is set: the ring must not stop
+    // (a rank stopped alone would leave its peers waiting; attn/interrupt.hpp).
+    bool under_set_interrupt_flag = false;
 };
 
 // A copy of `c` with Q in q, K/V in kv, out in o.
