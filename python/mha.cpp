@@ -18,8 +18,8 @@
 #include "bind.hpp"
 #include "convert.hpp"
 #include "core/check.hpp"
-#include "mha/inputs.hpp"
 #include "interruptible.hpp"
+#include "mha/inputs.hpp"
 #include "options.hpp"
 
 namespace attn_py {
