@@ -12,8 +12,8 @@
 #include "attn/threads.hpp"
 #include "bind.hpp"
 #include "convert.hpp"
-#include "interruptible.hpp"
 #include "gradients.hpp"
+#include "interruptible.hpp"
 #include "options.hpp"
 
 namespace attn_py {
