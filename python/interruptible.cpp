@@ -13,6 +13,9 @@ std::atomic<bool> g_sigint{false};
 // translator in module.cpp raises KeyboardInterrupt itself then).
 std::atomic<void (*)(int)> g_chain_handler{nullptr};
 std::atomic<void (*)(int, siginfo_t*, void*)> g_chain_action{nullptr};
+// The handler reads these: only lock-free atomics are async-signal-safe.
+static_assert(std::atomic<bool>::is_always_lock_free && std::atomic<void (*)(int)>::is_always_lock_free &&
+              std::atomic<void (*)(int, siginfo_t*, void*)>::is_always_lock_free);
 
 unsigned long g_main_thread = 0;
 // _signal.getsignal, the C function under signal.getsignal: that one turns the handler into an

@@ -13,8 +13,10 @@
 // skip the tasks left and throw attn::Interrupted (attn/error.hpp) when the loop has ended. The
 // outputs are then partially written, as after any error raised once computing has started
 // (docs/errors.md); the arguments' checks come first, as always. The library never writes the
-// flag: clear it before the next call that should run. Calls on other threads, and calls outside
-// a scope, do not read it; nor does ring attention (attn/ring.hpp): a rank that stopped alone
+// flag: clear it before the next call that should run (once a call has seen it set, clearing it
+// does not undo that: the call still throws). Calls on other threads, and calls outside a scope,
+// do not read it; nor do calls made inside an OpenMP parallel region of the caller's (an
+// exception must not leave one), nor ring attention (attn/ring.hpp): a rank that stopped alone
 // would leave its peers waiting.
 #pragma once
 

@@ -21,7 +21,7 @@ namespace detail {
 Interrupt::Interrupt() noexcept : flag_(t_flag != nullptr && !omp_in_parallel() ? t_flag : &g_never) {}
 
 void Interrupt::throw_if_requested() const {
-    if (requested()) throw Interrupted();
+    if (seen_.load(std::memory_order_relaxed)) throw Interrupted();
 }
 
 NotInterruptible::NotInterruptible() noexcept : off_(g_never) {}

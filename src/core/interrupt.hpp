@@ -17,12 +17,23 @@ public:
     // and inside an active parallel region — a kernel nested in another's task (varlen's short
     // sequences) is stopped by the enclosing loop, and its own throw could leave the region.
     Interrupt() noexcept;
-    bool requested() const noexcept { return flag_->load(std::memory_order_relaxed); }
-    // attn::Interrupted when requested; on the calling thread, after the region.
+    // Sticky: once a reader has seen the flag set (and so skipped its work), the call stays
+    // interrupted even if the flag is cleared before the region ends — another thread sharing the
+    // flag may clear it for its own next call, and this call's skipped tasks or merges must not
+    // then be returned as a result.
+    bool requested() const noexcept {
+        if (seen_.load(std::memory_order_relaxed)) return true;
+        if (!flag_->load(std::memory_order_relaxed)) return false;
+        seen_.store(true, std::memory_order_relaxed);
+        return true;
+    }
+    // attn::Interrupted when some reader saw the flag set (work may have been skipped); on the
+    // calling thread, after the region (whose end orders the readers' stores before this load).
     void throw_if_requested() const;
 
 private:
     const std::atomic<bool>* flag_;
+    mutable std::atomic<bool> seen_{false};
 };
 
 // For its scope, the calls on this thread watch a flag nobody sets, whatever the caller's scope:

@@ -12,6 +12,7 @@
 
 #include "attn/attn.hpp"
 #include "common/util.hpp"
+#include "core/interrupt.hpp"
 
 namespace attn {
 namespace {
@@ -170,6 +171,60 @@ TEST(Interrupt, OnlyTheScopesThreadReadsTheFlag) {
     test::poison(out);
     sdpa(t.q, t.k, t.v, SdpaOptions{}, out);  // the scope has ended; the flag is still set
     EXPECT_TRUE(test::bit_equal(out, want));
+}
+
+// A flag set, then cleared before the call's loops end (another thread sharing it clears it for
+// its own next call): the tasks skipped while it was set stay skipped, so the call must still end
+// in Interrupted, not return a partly written output. The rule, on the loops' reader itself:
+TEST(Interrupt, ASeenFlagStaysSeenAfterItIsCleared) {
+    std::atomic<bool> stop{false};
+    const ScopedInterruptFlag watch(stop);
+    {
+        const detail::Interrupt never_seen;
+        stop = true;
+        stop = false;  // set and cleared before any reader looked: nothing was skipped
+        EXPECT_FALSE(never_seen.requested());
+        EXPECT_NO_THROW(never_seen.throw_if_requested());
+    }
+    const detail::Interrupt seen;
+    EXPECT_FALSE(seen.requested());
+    stop = true;
+    EXPECT_TRUE(seen.requested());
+    stop = false;
+    EXPECT_TRUE(seen.requested());
+    EXPECT_THROW(seen.throw_if_requested(), Interrupted);
+}
+
+// The same through a whole flash call (512 tasks on 2 threads): the flag set at a third of the
+// call and cleared 1/2000 of the call later — the tasks that start meanwhile are skipped at once,
+// and the region ends only when the tasks running then are done, after the flag is clear again.
+// Timing-dependent only in that a run where no task saw the flag returns the full result, which
+// passes too.
+TEST(Interrupt, AFlagClearedDuringTheCallNeverReturnsAPartialResult) {
+    const Qkv t = random_qkv(1, 16, 2048, 2048, 64, 11);
+    Tensor want(DType::f32, {1, 16, 2048, 64}), out(DType::f32, {1, 16, 2048, 64});
+    const double full = seconds_of([&] { sdpa(t.q, t.k, t.v, SdpaOptions{}, want); });
+    for (int round = 0; round < 3; ++round) {
+        test::poison(out);
+        std::atomic<bool> stop{false};
+        std::thread toggler([&] {
+            std::this_thread::sleep_for(std::chrono::duration<double>(full * 0.3));
+            stop = true;
+            std::this_thread::sleep_for(std::chrono::duration<double>(full / 2000));
+            stop = false;
+        });
+        bool interrupted = false;
+        {
+            const ScopedInterruptFlag watch(stop);
+            try {
+                sdpa(t.q, t.k, t.v, SdpaOptions{}, out);
+            } catch (const Interrupted&) {
+                interrupted = true;
+            }
+        }
+        toggler.join();
+        if (!interrupted) EXPECT_TRUE(test::bit_equal(out, want)) << "round " << round << ": returned a partial result";
+    }
 }
 
 }  // namespace

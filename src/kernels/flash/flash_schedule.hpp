@@ -178,7 +178,11 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
             Workspace& w = *ws[0];
             if (failed) {
 #pragma omp atomic write
-                failed_bytes = static_cast<std::int64_t>(w.bytes) * max_group;
+                failed_bytes = [&] {  // (only the first workspace holds the group's tiles)
+                    std::int64_t sum = 0;
+                    for (int g = 0; g < max_group; ++g) sum += static_cast<std::int64_t>(ws[g]->bytes);
+                    return sum;
+                }();
             }
             // No task starts before every thread has its workspaces: when one thread's
             // allocation failed, no thread writes an output (the call fails whole; in the rare
