@@ -177,12 +177,10 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
             }
             Workspace& w = *ws[0];
             if (failed) {
+                std::int64_t asked = 0;  // (only the first workspace holds the group's tiles)
+                for (int g = 0; g < max_group; ++g) asked += static_cast<std::int64_t>(ws[g]->bytes);
 #pragma omp atomic write
-                failed_bytes = [&] {  // (only the first workspace holds the group's tiles)
-                    std::int64_t sum = 0;
-                    for (int g = 0; g < max_group; ++g) sum += static_cast<std::int64_t>(ws[g]->bytes);
-                    return sum;
-                }();
+                failed_bytes = asked;
             }
             // No task starts before every thread has its workspaces: when one thread's
             // allocation failed, no thread writes an output (the call fails whole; in the rare
