@@ -288,6 +288,13 @@ inline double max_abs(const TensorView& a) {
     return m;
 }
 
+// True when some element of the view (a float dtype) has not been written since poison().
+inline bool any_poisoned(const TensorView& t) {
+    bool any = false;
+    for_each_offset(t, [&](std::int64_t off) { any = any || is_poison(load(t, off)); });
+    return any;
+}
+
 // Same dtype, shape and bytes (contiguous tensors).
 inline bool bit_equal(const Tensor& a, const Tensor& b) {
     return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;

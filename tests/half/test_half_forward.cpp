@@ -487,6 +487,61 @@ TEST(HalfForward, FlashGroupsShareConvertedTiles) {
             }
 }
 
+// The group tiles (run_group's shared KvTile) under everything else a task does with a key
+// block: dropout (the keep rule at each task's rows and the block's keys), the weights pass and
+// the scores output. 16-bit K/V and float32 K/V with a strided head dim (both convert their
+// tiles), GQA (a group spans the query heads of one KV head), odd head dims and lengths (the
+// last key block partial), causal both alignments and windows (one bounding the right side:
+// the tasks' ranges start together, end apart; one bounding the left: groups whose ranges start
+// apart run task by task). Grouped = alone = the same call on float32 tensors, bit for bit.
+// V is finite: a task whose Oᵀ ends non-finite computes its keys again on its own tiles
+// (finish_task's careful path), which would hide a wrong shared tile.
+TEST(HalfForward, FlashGroupTilesWithDropoutWeightsScores) {
+    std::mt19937_64 rng(15);
+    const std::int64_t B = 1, Hq = 4, Hkv = 2, Lq = 70, Lk = 61, Dk = 13, Dv = 11;
+    const detail::FlashTiles grouped{16, 7, 0, 4}, alone{16, 7, 0, 1};
+    const Tensor qm = test::randn(DType::f64, Shape{B, Hq, Lq, Dk}, rng);
+    const Tensor km = test::randn(DType::f64, Shape{B, Hkv, Lk, Dk}, rng);
+    const Tensor vm = test::randn(DType::f64, Shape{B, Hkv, Lk, Dv}, rng);
+    for (int mask = 0; mask < 5; ++mask)
+        for (int extra = 0; extra < 3; ++extra)  // dropout; dropout and weights; scores
+            for (const auto& [kv, strided] : {std::pair{DType::f16, false}, std::pair{DType::bf16, true},
+                                              std::pair{DType::f32, true}}) {
+                SdpaOptions o;
+                if (mask == 1) o.causal = Causal::top_left;
+                if (mask == 2) o.causal = Causal::bottom_right;
+                if (mask == 3) o.window = Window{-1, 5, Align::bottom_right};
+                if (mask == 4) o.window = Window{23, 3, Align::top_left};
+                if (extra < 2) o.dropout_p = 0.3, o.dropout_seed = 77;
+                SCOPED_TRACE(std::string("K/V ") + dn(kv) + (strided ? ", strided" : "") + ", mask " +
+                             std::to_string(mask) + (extra == 0 ? ", dropout" : extra == 1 ? ", dropout, weights" : ", scores"));
+                const Placed q = place(qm.view(), DType::f32, false), k = place(km.view(), kv, strided),
+                             v = place(vm.view(), kv, strided);
+                const Placed k32 = place(k.view, DType::f32, false), v32 = place(v.view, DType::f32, false);
+                for (const detail::KernelSet* ks : detail::runnable_kernel_sets()) {
+                    SCOPED_TRACE(std::string("isa ") + detail::isa_name(ks->isa));
+                    Tensor out[3], lse[3], side[3];  // side: the weights or the scores
+                    for (int r = 0; r < 3; ++r) {  // converted grouped, converted alone, float32 in place alone
+                        out[r] = test::poisoned(DType::f32, Shape{B, Hq, Lq, Dv});
+                        lse[r] = test::poisoned(DType::f32, Shape{B, Hq, Lq});
+                        side[r] = test::poisoned(DType::f32, Shape{B, Hq, Lq, Lk});
+                        const TensorView lv = lse[r].view(), wv = side[r].view();
+                        detail::SdpaProblem p = detail::make_problem(q.view, r < 2 ? k.view : k32.view, r < 2 ? v.view : v32.view,
+                                                                     o, out[r].view(), &lv, extra == 1 ? &wv : nullptr);
+                        if (extra == 2) detail::attach_scores(p, ScoresOutput{wv, ScoreStage::masked});
+                        detail::flash_forward(p, *ks, 2, r == 0 ? &grouped : &alone);
+                    }
+                    EXPECT_FALSE(test::any_poisoned(out[0]) || test::any_poisoned(lse[0]) || (extra > 0 && test::any_poisoned(side[0])));
+                    EXPECT_TRUE(test::bit_equal(out[0], out[1]) && test::bit_equal(lse[0], lse[1])) << "grouped vs alone";
+                    EXPECT_TRUE(test::bit_equal(out[1], out[2]) && test::bit_equal(lse[1], lse[2])) << "converted vs float32";
+                    if (extra > 0) {
+                        EXPECT_TRUE(test::bit_equal(side[0], side[1])) << "weights/scores: grouped vs alone";
+                        EXPECT_TRUE(test::bit_equal(side[1], side[2])) << "weights/scores: converted vs float32";
+                    }
+                }
+            }
+}
+
 // sdpa_varlen with 16-bit K/V and sequences longer than 16 queries: no refusal, the flash
 // kernel runs every sequence, and each matches the reference within the float32 bound.
 TEST(HalfForward, VarlenSixteenBitKeysAndValues) {
