@@ -27,7 +27,10 @@
 #include "attn/paged_kv_cache.hpp"
 #include "decode/decode_util.hpp"
 #include "kernels/decode/decode.hpp"
+#include "kernels/flash/flash.hpp"
 #include "kernels/isa.hpp"
+#include "kernels/paged_rows.hpp"
+#include "sdpa/problem.hpp"
 
 namespace attn::test {
 namespace {
@@ -407,6 +410,79 @@ TEST(PagedKVCache, AllBfloat16ChunkOnPagesBitIdentical) {
             }
         }
     }
+}
+
+// Groups of query blocks on pages (run_group makes each key block's rows once in the group
+// tiles, gathered from the pages): forced groups (FlashTiles::query_group) against tasks alone,
+// and both against the same tiles on the contiguous cache, bit for bit. The problem is built as
+// paged_attention builds it (paged_rows.hpp: the pools with a page's strides, rows found through
+// the tables), since paged_attention takes no tiles. Pages of 2 and 4 keys under key blocks of 7
+// (every tile crosses pages, at varying offsets), pages interleaved with another sequence's,
+// GQA, odd head dims, two sequences of different lengths, a float16 and a float32 pool.
+TEST(PagedKVCache, FlashGroupsOnPagesBitIdentical) {
+    const detail::FlashTiles grouped{16, 7, 0, 4}, alone{16, 7, 0, 1};
+    for (DType pool : {DType::f16, DType::f32})
+        for (std::int64_t ps : {2, 4}) {
+            std::mt19937 rng(31);
+            PagedKVCacheConfig cfg;
+            cfg.page_size = ps;
+            cfg.kv_heads = 2;
+            cfg.head_dim = 13;
+            cfg.value_dim = 11;
+            cfg.num_pages = 200 / ps + 8;
+            cfg.storage = pool;
+            World w(cfg);
+            const SeqId a = w.cache.add_sequence(), other = w.cache.add_sequence();
+            for (int part = 0; part < 3; ++part) {  // interleaved: a's pages are not consecutive
+                append_random(w, a, 25, rng);
+                append_random(w, other, 17, rng);
+            }
+            const std::vector<SeqId> ids{a, other};
+            const std::int64_t B = 2, Hq = 4, Lq = 45, n = 75;  // lengths 75 and 51
+            std::vector<std::int32_t> table(static_cast<std::size_t>(B * (n / ps + 1)));
+            Tensor lengths(DType::i64, Shape{B});
+            for (std::int64_t b = 0; b < B; ++b) {
+                const std::vector<std::int32_t>& t = w.cache.page_table(ids[static_cast<std::size_t>(b)]);
+                std::copy(t.begin(), t.end(), table.begin() + b * (n / ps + 1));
+                lengths.data_as<std::int64_t>()[b] = w.cache.length(ids[static_cast<std::size_t>(b)]);
+            }
+            detail::PagedRows rows;
+            rows.table = table.data();
+            rows.table_stride = n / ps + 1;
+            rows.page_size = ps;
+            while ((std::int64_t{1} << rows.page_shift) < ps) ++rows.page_shift;
+            rows.k_page_stride = ps * cfg.head_dim;
+            rows.v_page_stride = ps * cfg.value_dim;
+            const std::int64_t P = cfg.num_pages;
+            const TensorView kp(w.cache.key_pages().data(), pool, Shape{B, 2, n, 13}, Strides{0, P * ps * 13, 13, 1});
+            const TensorView vp(w.cache.value_pages().data(), pool, Shape{B, 2, n, 11}, Strides{0, P * ps * 11, 11, 1});
+            const KVCache kv = contiguous(w, ids);
+            const Tensor q = random_f32(Shape{B, Hq, Lq, 13}, rng);
+            for (int mask = 0; mask < 3; ++mask) {
+                SdpaOptions o;
+                o.causal = mask < 2 ? Causal::bottom_right : Causal::none;
+                if (mask == 1) o.dropout_p = 0.25, o.dropout_seed = 5;
+                if (mask == 2) o.window = Window{-1, 6, Align::bottom_right};
+                o.key_lengths = lengths.view();
+                for (const detail::KernelSet* ks : detail::runnable_kernel_sets()) {
+                    SCOPED_TRACE(std::string(dtype_name(pool)) + " pool, page " + std::to_string(ps) + ", mask " +
+                                 std::to_string(mask) + ", isa " + detail::isa_name(ks->isa));
+                    Tensor out[3], lse[3];
+                    for (int r = 0; r < 3; ++r) {  // pages grouped, pages alone, contiguous alone
+                        out[r] = poisoned(DType::f32, Shape{B, Hq, Lq, 11});
+                        lse[r] = poisoned(DType::f32, Shape{B, Hq, Lq});
+                        const TensorView lv = lse[r].view();
+                        detail::SdpaProblem p = detail::make_problem(q, r < 2 ? kp : kv.keys(), r < 2 ? vp : kv.values(), o,
+                                                                     out[r].view(), &lv, nullptr);
+                        if (r < 2) p.paged = &rows;
+                        detail::flash_forward(p, *ks, 2, r == 0 ? &grouped : &alone);
+                    }
+                    EXPECT_FALSE(any_poisoned(out[0]) || any_poisoned(lse[0]));
+                    EXPECT_TRUE(bit_equal(out[0], out[1]) && bit_equal(lse[0], lse[1])) << "grouped vs alone";
+                    EXPECT_TRUE(bit_equal(out[1], out[2]) && bit_equal(lse[1], lse[2])) << "pages vs contiguous";
+                }
+            }
+        }
 }
 
 // A chunk of 512 new queries on a long sequence, pages of 16 and 32 (every key tile packed
