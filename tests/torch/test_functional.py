@@ -141,6 +141,29 @@ def test_scale():
     assert torch.allclose(out, textbook(q, k, v, scale=0.3), atol=1e-12)
 
 
+def test_float_arguments_take_0dim_tensors_as_torch_does():
+    # torch's argument parser reads a `float` argument (F.scaled_dot_product_attention's dropout_p
+    # and scale in torch 2.x) from a 0-dim tensor that does not require grad, and refuses other
+    # tensors; torch 1.13's native torch.dropout(input, float p, bool train) shows the rule.
+    x = torch.ones(4)
+    assert torch.equal(torch.dropout(x, torch.tensor(0.3), False), x)
+    for refused in (torch.tensor([0.3]), torch.tensor(0.3, requires_grad=True)):
+        with pytest.raises(TypeError):
+            torch.dropout(x, refused, False)
+    q, k, v = inputs(torch.float64, grad=False)
+    for scale in (torch.tensor(0.3, dtype=torch.float64), torch.tensor(0.3), torch.tensor(2)):
+        expected = at.scaled_dot_product_attention(q, k, v, scale=scale.item(), enable_gqa=True)
+        assert torch.equal(at.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True), expected)
+    expected = at.scaled_dot_product_attention(q, k, v, dropout_p=0.25, dropout_seed=7, enable_gqa=True)
+    got = at.scaled_dot_product_attention(q, k, v, dropout_p=torch.tensor(0.25), dropout_seed=7, enable_gqa=True)
+    assert torch.equal(got, expected)
+    for name in ("scale", "dropout_p"):
+        for refused in (torch.tensor([0.25]), torch.tensor(0.25, requires_grad=True), torch.tensor(True)):
+            with pytest.raises(TypeError) as e:
+                at.scaled_dot_product_attention(q, k, v, enable_gqa=True, **{name: refused})
+            assert str(e.value).startswith(f"{name}: expected a float"), str(e.value)
+
+
 def test_dropout_seeded_by_torch():
     q, k, v = inputs(torch.float64)
     torch.manual_seed(5)

@@ -97,6 +97,18 @@ def out_dtype_name(out_dtype, query):
     return _OUT_DTYPES[out_dtype]
 
 
+def number(x):
+    """A float argument of torch's signature (`dropout_p`, `scale`) read as torch's argument parser
+    reads one: a 0-dim tensor that does not require grad stands for its value, so
+    `scale=torch.tensor(0.125)` (a buffer, say) works as in torch 2.x's F.scaled_dot_product_attention.
+    Anything else is returned as given for the caller's checks to name: a tensor that requires grad
+    or has dims is a TypeError there, as in torch."""
+    if (isinstance(x, torch.Tensor) and x.dim() == 0 and not x.requires_grad and x.device.type != "meta"
+            and x.dtype != torch.bool and not x.is_complex()):
+        return x.item()
+    return x
+
+
 def check_real(x, name, what):
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise TypeError(f"{name}: expected {what} but got {x!r}")

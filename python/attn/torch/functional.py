@@ -216,6 +216,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                        ("sinks", extras.get("sinks")), ("alibi_slopes", extras.get("alibi_slopes"))))
     for t, name in ((query, "query"), (key, "key"), (value, "value")):
         _convert.float_array(t, name)  # type, device and dtype errors, named
+    dropout_p, scale = _convert.number(dropout_p), _convert.number(scale)
     _check_heads(query, key, value, enable_gqa)
     check_dropout(dropout_p)
     mask = None if attn_mask is None else _convert.mask_array(attn_mask)
