@@ -1,8 +1,8 @@
 """attn.torch.scaled_dot_product_attention: torch 2.x's F.scaled_dot_product_attention on attn.
 
 Differences from torch, all documented in its docstring: attn's extra keywords; a query row
-that sees no key gives 0 (torch: NaN); is_causal may be combined with attn_mask (torch
-refuses); inputs of rank 2 to 4.
+that sees no key gives 0 (as torch >= 2.5; torch 1.13: NaN); is_causal may be combined with
+attn_mask (torch refuses); inputs of rank 2 to 4.
 """
 import copy
 import math
@@ -204,7 +204,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     float64 tensor is rounded to float32 (a sink's gradient comes back in its dtype).
     dropout_origin=(batch, head, row, key): the call is a piece of a larger problem and drops what
     the whole drops with the same seed (the core's rule and checks; the backward takes it too).
-    A query row that sees no key gives 0 (torch gives NaN). A head dim E of 0 makes every q·k 0:
+    A query row that sees no key gives 0 (as torch >= 2.5; torch 1.13 gives NaN). A head dim E of 0 makes every q·k 0:
     the mean of the visible values (without ALiBi or sinks). Other empty inputs give an empty
     result, or zeros when there are no keys, after the checks of shapes, dtypes, dropout_p and
     mask that any call gets.

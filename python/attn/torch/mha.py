@@ -77,7 +77,7 @@ def _combined_mask(attn_mask, key_padding_mask, n, h, lq, lk, dtype):
 class MultiheadAttention(nn.MultiheadAttention):
     """nn.MultiheadAttention (same constructor, parameters and forward) computed by attn.
 
-    Differences: a query row whose keys are all masked gives 0 (torch: NaN); the returned
+    Differences: a query row whose keys are all masked gives 0 (torch 1.13: NaN); the returned
     attention weights (need_weights=True) carry no gradient. forward also takes torch 2.x's
     is_causal (a causal mask without materializing it; refused with add_bias_kv / add_zero_attn,
     whose appended key has no position) and attn's `threads`.
