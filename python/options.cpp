@@ -71,9 +71,11 @@ void set_modifiers(const ModifierArgs& args, std::int64_t heads, CallOptions& ou
     if (py::isinstance<py::bool_>(args.alibi_slopes) ||
         py::isinstance(args.alibi_slopes, py::module_::import("numpy").attr("bool_"))) {
         if (bool_arg(args.alibi_slopes, "alibi_slopes")) {
-            const attn::Tensor s = attn::alibi_slopes(heads);
             py::array_t<float> a(static_cast<py::ssize_t>(heads));
-            std::copy(s.data_as<float>(), s.data_as<float>() + heads, a.mutable_data());
+            if (heads > 0) {  // no heads (an empty call, only checked: _check_sdpa) have no slopes
+                const attn::Tensor s = attn::alibi_slopes(heads);
+                std::copy(s.data_as<float>(), s.data_as<float>() + heads, a.mutable_data());
+            }
             out.alibi_slopes = a;
             out.sdpa.alibi_slopes = view_of(out.alibi_slopes, "alibi_slopes", 1, 2, "(Hq,) or (B, Hq)");
         }

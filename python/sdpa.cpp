@@ -5,6 +5,7 @@
 #include <ctime>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attn/sdpa.hpp"
@@ -15,6 +16,7 @@
 #include "gradients.hpp"
 #include "interruptible.hpp"
 #include "options.hpp"
+#include "sdpa/problem.hpp"
 
 namespace attn_py {
 
@@ -27,6 +29,10 @@ const char* const kLayout = "(B, H, L, D), (H, L, D) or (L, D)";
 // weights, scores and dsinks stay float: float64 for a float64 query, else float32 (stat_dtype).
 
 // Scalar keywords arrive as py::object and are converted by name (convert.hpp).
+// kCheckOnly (_check_sdpa): every conversion and check of the call, size-0 dims allowed, and no
+// computing — for attn.torch, which answers a call with an empty dim itself (the core has nothing
+// to compute there) but must refuse what this call would refuse, in its words.
+template <bool kCheckOnly>
 py::object sdpa_py(const py::object& query, const py::object& key, const py::object& value,
                    const py::object& attn_mask, const py::object& dropout_p, const py::object& is_causal,
                    const py::object& scale, const py::object& causal_alignment, const py::object& key_lengths,
@@ -64,6 +70,17 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
                                          {softcap, alibi_slopes, sinks}, rank >= 3 ? q.view.dim(rank - 3) : 1);
     const attn::DType odt = out_dtype_arg(out_dtype, q.view.dtype(), "out_dtype", /*with_float64=*/true);
     const attn::DType sdt = stat_dtype(q.view.dtype());
+    if constexpr (kCheckOnly) {
+        std::vector<py::ssize_t> od = dims_of(q.view);
+        od.back() = v.view.dim(rank - 1);
+        py::array out = new_array(odt, od, "out");  // no element when a dim is 0
+        with_python_names([&] {
+            (void)attn::detail::make_problem(expand_rank(q.view, 4), expand_rank(k.view, 4), expand_rank(v.view, 4),
+                                             opt.sdpa, output_view(out, 4), nullptr, nullptr, "sdpa",
+                                             attn::detail::OutLse::written, attn::detail::SizeZero::allowed);
+        });
+        return py::none();
+    }
     // Q, K and V checked as sdpa checks them before any output is allocated: the (…, Lq, Lk)
     // weights of a call about to be refused (K's head dim not Q's) were a MemoryError of 64 GiB
     // at Lq = Lk = 2^17, not the error naming K.
@@ -166,45 +183,57 @@ std::vector<double> time_cpp_sdpa(const py::object& query, const py::object& key
     return seconds;
 }
 
+// scaled_dot_product_attention's parameters, for it and for _check_sdpa (one list).
+auto sdpa_parameters() {
+    return std::make_tuple(
+        py::arg("query"), py::arg("key"), py::arg("value"), py::arg("attn_mask") = py::none(),
+        py::arg("dropout_p") = 0.0, py::arg("is_causal") = false, py::arg("scale") = py::none(), py::kw_only(),
+        py::arg("causal_alignment") = "top-left", py::arg("key_lengths") = py::none(), py::arg("window") = py::none(),
+        py::arg("window_alignment") = "top-left", py::arg("query_offset") = py::none(), py::arg("return_lse") = false,
+        py::arg("return_weights") = false, py::arg("dropout_seed") = py::none(), py::arg("impl") = "auto",
+        py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
+        py::arg("return_scores") = py::none(), py::arg("threads") = py::none(), py::arg("dtype") = py::none(),
+        py::arg("out_dtype") = py::none(), py::arg("dropout_origin") = py::none());
+}
+
 }  // namespace
 
 void bind_sdpa(py::module_& m) {
-    m.def("scaled_dot_product_attention", &sdpa_py, py::arg("query"), py::arg("key"), py::arg("value"),
-          py::arg("attn_mask") = py::none(), py::arg("dropout_p") = 0.0, py::arg("is_causal") = false,
-          py::arg("scale") = py::none(), py::kw_only(), py::arg("causal_alignment") = "top-left",
-          py::arg("key_lengths") = py::none(), py::arg("window") = py::none(),
-          py::arg("window_alignment") = "top-left", py::arg("query_offset") = py::none(),
-          py::arg("return_lse") = false, py::arg("return_weights") = false, py::arg("dropout_seed") = py::none(),
-          py::arg("impl") = "auto", py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(),
-          py::arg("sinks") = py::none(), py::arg("return_scores") = py::none(), py::arg("threads") = py::none(),
-          py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none(), py::arg("dropout_origin") = py::none(),
-          "softmax(query·keyᵀ·scale + mask)·value, as torch.nn.functional.scaled_dot_product_attention.\n"
-          "query (B, H, Lq, D), (H, Lq, D) or (Lq, D); key/value of the same rank (Hq % Hkv == 0: GQA).\n"
-          "attn_mask: bool (True = may attend) or float (added), broadcastable to (B, H, Lq, Lk).\n"
-          "key_lengths (B,): sequence b has keys 0..key_lengths[b]-1.\n"
-          "window=(left, right): query i sees keys d-left .. d+right around its diagonal d (-1 or None:\n"
-          "unbounded on that side); window_alignment places d like causal_alignment: top-left d = i,\n"
-          "bottom-right d = i + n_b - Lq (n_b = key_lengths[b], else Lk).\n"
-          "query_offset: an int or a (B,) int32/int64 array; d = i + query_offset[b] for causal and window.\n"
-          "softcap=c: scores c*tanh(s/c) before any mask; alibi_slopes (Hq,)/(B, Hq) float32 or True\n"
-          "(the standard slopes): s -= m_h*|d - j| from the bottom-right diagonal d; sinks (Hq,) float32:\n"
-          "a per-head logit in the softmax with no value (lse includes it).\n"
-          "A row with no visible key gives 0 (lse -inf; with a sink: lse = sink).\n"
-          "return_scores=\"scaled\"|\"softcapped\"|\"masked\": the score matrix at that stage (ONNX\n"
-          "qk_matmul_output_mode 0/1/2), not with dropout.\n"
-          "dropout_p > 0 needs dropout_seed (an int): the keep mask is a function of it (a new seed per\n"
-          "training step; the backward takes the forward's).\n"
-          "dropout_origin=(batch, head, row, key): the call is a piece of a larger problem whose (0, 0, 0, 0)\n"
-          "sits there: weight (b, h, i, j) takes the whole's keep decision at (batch+b, head+h, row+i, key+j),\n"
-          "so pieces drop what the whole drops with the same seed (default None: the whole problem).\n"
-          "threads: compute on this many threads (default None: attn.get_num_threads()).\n"
-          "query/key/value: float32, float64, float16, or uint16 arrays of bfloat16 bits with\n"
-          "dtype=\"bfloat16\" (NumPy has no bfloat16; dtype says how to read every uint16 input).\n"
-          "out_dtype=\"float32\"|\"float64\"|\"float16\"|\"bfloat16\": the dtype of out (default: query's);\n"
-          "float64 keeps the reference's double result (a float32 kernel's is widened exactly); float16\n"
-          "is a float16 array, bfloat16 a uint16 array of its bits. lse/weights/scores: float32\n"
-          "(float64 for a float64 query).\n"
-          "Returns out, or (out[, lse][, weights][, scores]) when return_lse / return_weights / return_scores.");
+    std::apply([&](const auto&... params) {
+        m.def("_check_sdpa", &sdpa_py<true>, params...,
+              "scaled_dot_product_attention's checks alone, size-0 dims allowed: raises what the call would\n"
+              "raise, computes nothing, returns None (attn.torch's empty calls).");
+    }, sdpa_parameters());
+    std::apply([&](const auto&... params) {
+        m.def("scaled_dot_product_attention", &sdpa_py<false>, params...,
+              "softmax(query·keyᵀ·scale + mask)·value, as torch.nn.functional.scaled_dot_product_attention.\n"
+              "query (B, H, Lq, D), (H, Lq, D) or (Lq, D); key/value of the same rank (Hq % Hkv == 0: GQA).\n"
+              "attn_mask: bool (True = may attend) or float (added), broadcastable to (B, H, Lq, Lk).\n"
+              "key_lengths (B,): sequence b has keys 0..key_lengths[b]-1.\n"
+              "window=(left, right): query i sees keys d-left .. d+right around its diagonal d (-1 or None:\n"
+              "unbounded on that side); window_alignment places d like causal_alignment: top-left d = i,\n"
+              "bottom-right d = i + n_b - Lq (n_b = key_lengths[b], else Lk).\n"
+              "query_offset: an int or a (B,) int32/int64 array; d = i + query_offset[b] for causal and window.\n"
+              "softcap=c: scores c*tanh(s/c) before any mask; alibi_slopes (Hq,)/(B, Hq) float32 or True\n"
+              "(the standard slopes): s -= m_h*|d - j| from the bottom-right diagonal d; sinks (Hq,) float32:\n"
+              "a per-head logit in the softmax with no value (lse includes it).\n"
+              "A row with no visible key gives 0 (lse -inf; with a sink: lse = sink).\n"
+              "return_scores=\"scaled\"|\"softcapped\"|\"masked\": the score matrix at that stage (ONNX\n"
+              "qk_matmul_output_mode 0/1/2), not with dropout.\n"
+              "dropout_p > 0 needs dropout_seed (an int): the keep mask is a function of it (a new seed per\n"
+              "training step; the backward takes the forward's).\n"
+              "dropout_origin=(batch, head, row, key): the call is a piece of a larger problem whose (0, 0, 0, 0)\n"
+              "sits there: weight (b, h, i, j) takes the whole's keep decision at (batch+b, head+h, row+i, key+j),\n"
+              "so pieces drop what the whole drops with the same seed (default None: the whole problem).\n"
+              "threads: compute on this many threads (default None: attn.get_num_threads()).\n"
+              "query/key/value: float32, float64, float16, or uint16 arrays of bfloat16 bits with\n"
+              "dtype=\"bfloat16\" (NumPy has no bfloat16; dtype says how to read every uint16 input).\n"
+              "out_dtype=\"float32\"|\"float64\"|\"float16\"|\"bfloat16\": the dtype of out (default: query's);\n"
+              "float64 keeps the reference's double result (a float32 kernel's is widened exactly); float16\n"
+              "is a float16 array, bfloat16 a uint16 array of its bits. lse/weights/scores: float32\n"
+              "(float64 for a float64 query).\n"
+              "Returns out, or (out[, lse][, weights][, scores]) when return_lse / return_weights / return_scores.");
+    }, sdpa_parameters());
     m.def("scaled_dot_product_attention_backward", &sdpa_backward_py, py::arg("query"), py::arg("key"),
           py::arg("value"), py::arg("out"), py::arg("lse"), py::arg("grad_out"), py::arg("attn_mask") = py::none(),
           py::arg("dropout_p") = 0.0, py::arg("is_causal") = false, py::arg("scale") = py::none(), py::kw_only(),

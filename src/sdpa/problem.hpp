@@ -143,16 +143,24 @@ TensorView require_query_offsets(std::string_view kOp, const TensorView& offsets
 // A float32 vector or matrix of per-head values (alibi_slopes, sinks), every one finite.
 void require_finite_f32(std::string_view kOp, const TensorView& t, const char* name);
 
-// Checks Q, K and V alone (rank, float dtype, dims >= 1, how they agree) and fills the sizes of
-// p (B, Hq, Hkv, Lq, Lk, Dk, Dv, group): make_problem's first step, and sdpa_output_shapes'.
-void check_qkv(const TensorView& q, const TensorView& k, const TensorView& v, SdpaProblem& p, std::string_view op);
+// Whether a size-0 dim of Q, K or V is refused (every call that computes: "Q: length must be
+// >= 1 but got 0") or allowed (a call that is only checked: attn.torch answers an empty call
+// itself, after the very checks a call with data gets — python/sdpa.cpp's _check_sdpa).
+enum class SizeZero { refused, allowed };
+
+// Checks Q, K and V alone (rank, float dtype, dims >= 1 unless `zero` allows 0, how they agree)
+// and fills the sizes of p (B, Hq, Hkv, Lq, Lk, Dk, Dv, group): make_problem's first step, and
+// sdpa_output_shapes'.
+void check_qkv(const TensorView& q, const TensorView& k, const TensorView& v, SdpaProblem& p, std::string_view op,
+               SizeZero zero = SizeZero::refused);
 
 // Checks every argument (throws attn::Error naming it, prefixed by `op`: the public entry
 // point that was called) and builds the problem. Every entry point builds its problem here;
 // a backward, which reads out and lse, says so (OutLse::read: no output rule for them).
 SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorView& v,
                          const SdpaOptions& options, const TensorView& out, const TensorView* lse,
-                         const TensorView* weights, std::string_view op = "sdpa", OutLse out_lse = OutLse::written);
+                         const TensorView* weights, std::string_view op = "sdpa", OutLse out_lse = OutLse::written,
+                         SizeZero zero = SizeZero::refused);
 
 // A forward's outputs (out, lse, weights, scores) share no memory with its inputs (Q, K, V and
 // the option tensors: masks, key lengths, query offsets, ALiBi slopes, sinks) or with each

@@ -112,7 +112,8 @@ void require_softcap(double softcap, std::string_view kOp) {
         fail(kOp, "softcap: must be 0 (off) or a finite float32 in [1.1754944e-38, 3.4028235e38] but got ", softcap);
 }
 
-void check_qkv(const TensorView& q, const TensorView& k, const TensorView& v, SdpaProblem& p, std::string_view kOp) {
+void check_qkv(const TensorView& q, const TensorView& k, const TensorView& v, SdpaProblem& p, std::string_view kOp,
+               SizeZero zero) {
     require_rank(kOp, q, "Q", 4, "(B, Hq, Lq, Dk)");
     require_rank(kOp, k, "K", 4, "(B, Hkv, Lk, Dk)");
     require_rank(kOp, v, "V", 4, "(B, Hkv, Lk, Dv)");
@@ -129,7 +130,7 @@ void check_qkv(const TensorView& q, const TensorView& k, const TensorView& v, Sd
     p.Dv = v.dim(3);
 
     const char* names[] = {"batch", "heads", "length", "head dim"};
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 4 && zero == SizeZero::refused; ++i) {
         if (q.dim(i) < 1) fail(kOp, "Q: ", names[i], " must be >= 1 but got ", q.dim(i));
         if (k.dim(i) < 1) fail(kOp, "K: ", names[i], " must be >= 1 but got ", k.dim(i));
         if (v.dim(i) < 1) fail(kOp, "V: ", names[i], " must be >= 1 but got ", v.dim(i));
@@ -139,18 +140,19 @@ void check_qkv(const TensorView& q, const TensorView& k, const TensorView& v, Sd
     if (k.dim(3) != p.Dk) fail(kOp, "K: head dim ", k.dim(3), " does not match Q's head dim ", p.Dk);
     if (v.dim(1) != p.Hkv) fail(kOp, "V: heads ", v.dim(1), " do not match K's heads ", p.Hkv);
     if (v.dim(2) != p.Lk) fail(kOp, "V: length ", v.dim(2), " does not match K's length ", p.Lk);
-    if (p.Hq % p.Hkv != 0) {
+    // Hkv = 0 only where SizeZero::allowed: a multiple of 0 is 0.
+    if (p.Hkv == 0 ? p.Hq != 0 : p.Hq % p.Hkv != 0) {
         fail(kOp, "Q: heads ", p.Hq, " must be a multiple of K/V's heads ", p.Hkv, " (grouped-query attention)");
     }
-    p.group = p.Hq / p.Hkv;
+    p.group = p.Hkv == 0 ? 1 : p.Hq / p.Hkv;
 }
 
 SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorView& v,
                          const SdpaOptions& options, const TensorView& out, const TensorView* lse,
-                         const TensorView* weights, std::string_view kOp, OutLse out_lse) {
+                         const TensorView* weights, std::string_view kOp, OutLse out_lse, SizeZero zero) {
     SdpaProblem p;
     p.op = kOp;
-    check_qkv(q, k, v, p, kOp);
+    check_qkv(q, k, v, p, kOp, zero);
     require_output(kOp, out, "out", Shape{p.B, p.Hq, p.Lq, p.Dv}, "(B, Hq, Lq, Dv)", true, out_lse);
     if (lse != nullptr) {
         require_output(kOp, *lse, "lse", Shape{p.B, p.Hq, p.Lq}, "(B, Hq, Lq)", false, out_lse);

@@ -53,7 +53,7 @@ def _mask_grad(q, k, v, float_mask, out, grad_out, opts):
     return w_c * d_weights - p_c * row
 
 
-def _with_sinks(opts, sinks):
+def with_sinks(opts, sinks):
     """attn's options with the sinks tensor (an input of the Function, for its gradient) as the array it takes."""
     return opts if sinks is None else dict(opts, sinks=_convert.modifier_array(sinks, "sinks"))
 
@@ -65,7 +65,7 @@ class SdpaFunction(torch.autograd.Function):
         mask = None if attn_mask is None else _convert.array(attn_mask, "attn_mask")
         with _convert.Threads(threads):
             out, lse = _core.scaled_dot_product_attention(q, k, v, attn_mask=mask, return_lse=True,
-                                                          **_with_sinks(opts, sinks))
+                                                          **with_sinks(opts, sinks))
         result = _convert.tensor(out)
         # The output too (saving an output is allowed): backward reads its memory as attn's `out`,
         # so an in-place change of the result (out += b, relu_()) must be torch's error.
@@ -86,7 +86,7 @@ class SdpaFunction(torch.autograd.Function):
         mask = None if attn_mask is None else _convert.array(attn_mask, "attn_mask")
         out = _convert.array(result, "out")
         g = _convert.array(grad_out, "grad_out")
-        opts = _with_sinks(ctx.opts, sinks)
+        opts = with_sinks(ctx.opts, sinks)
         with _convert.Threads(ctx.threads):
             # Without out_dtype the core gives each gradient its own input's dtype, as autograd
             # requires (docs/conventions.md, "The gradients' dtypes"), rounded once from its float32

@@ -14,7 +14,7 @@ import attn as _core  # the package: its calls name themselves in a MemoryError
 
 from .. import _concise_errors
 from . import _convert
-from .autograd import SdpaFunction
+from .autograd import SdpaFunction, with_sinks
 
 # The keywords this build's extension takes (its pybind11 signature), so that an unknown
 # `**extras` keyword is a TypeError naming it rather than pybind11's dump of the signature.
@@ -206,8 +206,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     the whole drops with the same seed (the core's rule and checks; the backward takes it too).
     A query row that sees no key gives 0 (as torch >= 2.5; torch 1.13 gives NaN). A head dim E of 0 makes every q·k 0:
     the mean of the visible values (without ALiBi or sinks). Other empty inputs give an empty
-    result, or zeros when there are no keys, after the checks of shapes, dtypes, dropout_p and
-    mask that any call gets.
+    result, or zeros when there are no keys, after every check that a call with data gets.
     No double backward (create_graph=True is a RuntimeError); a tensor the backward reads (q, k,
     v, attn_mask, sinks, the result) changed in place before backward is torch's in-place error.
     """
@@ -224,24 +223,29 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     sinks = extras.pop("sinks") if isinstance(extras.get("sinks"), torch.Tensor) else None
     opts = core_options(extras, causal_alignment, window, window_alignment, key_lengths, query_offset, impl)
     differentiable = [t for t in (query, key, value, attn_mask, sinks) if t is not None]
-    if query.numel() == 0 or key.numel() == 0 or value.numel() == 0:
+    empty = query.numel() == 0 or key.numel() == 0 or value.numel() == 0
+    if empty:
         _check_shapes(query, key, value, attn_mask, enable_gqa)
         if query.size(-1) == 0 and query.shape[:-1].numel() and key.shape[:-1].numel() and value.numel():
             query, key, scale = _pad_head_dim(query, key, scale)
-        else:
-            return _empty_attention(query, key, value, out_dtype, differentiable)
-    q, k, v = (_convert.array(t, n) for t, n in ((query, "query"), (key, "key"), (value, "value")))
+            empty = False
     opts.update(is_causal=is_causal, scale=scale, dropout_p=dropout_p)
     if out_dtype is not None:
         opts["out_dtype"] = _convert.out_dtype_name(out_dtype, query)
     if dropout_p > 0:
         opts["dropout_seed"] = (int(torch.randint(0, 2**62, ()).item()) if dropout_seed is None else dropout_seed)
+    if empty:
+        # The core has nothing to compute (and refuses size-0 dims), but its checks of every
+        # option (window, softcap, dropout_origin, ...) and of threads are any call's, word for word.
+        with _convert.Threads(threads):
+            _core._check_sdpa(*(_convert.array(t, n) for t, n in ((query, "query"), (key, "key"), (value, "value"))),
+                              attn_mask=mask, **with_sinks(opts, sinks))
+        return _empty_attention(query, key, value, out_dtype, differentiable)
+    q, k, v = (_convert.array(t, n) for t, n in ((query, "query"), (key, "key"), (value, "value")))
     if torch.is_grad_enabled() and any(t.requires_grad for t in differentiable):
         # The backward reads the option arrays again: copies (_private); the tensors it reads
         # (q, k, v, attn_mask, sinks, out) are saved by the Function, under torch's version check.
         opts = {name: _private(x) for name, x in opts.items()}
         return SdpaFunction.apply(query, key, value, attn_mask, sinks, opts, threads)
-    if sinks is not None:
-        opts["sinks"] = _convert.modifier_array(sinks, "sinks")
     with _convert.Threads(threads):
-        return _convert.tensor(_core.scaled_dot_product_attention(q, k, v, attn_mask=mask, **opts))
+        return _convert.tensor(_core.scaled_dot_product_attention(q, k, v, attn_mask=mask, **with_sinks(opts, sinks)))
