@@ -80,7 +80,10 @@ class MultiheadAttention(nn.MultiheadAttention):
     Differences: a query row whose keys are all masked gives 0 (torch 1.13: NaN); the returned
     attention weights (need_weights=True) carry no gradient. forward also takes torch 2.x's
     is_causal (a causal mask without materializing it; refused with add_bias_kv / add_zero_attn,
-    whose appended key has no position) and attn's `threads`.
+    whose appended key has no position), attn's `threads`, and attn's dropout_origin=(batch, head,
+    row, key): this call's attention is a piece of a larger problem (a micro-batch, a block of rows)
+    and drops, in training, what the whole drops with the same seed — scaled_dot_product_attention's
+    keyword, passed on to it (its checks, in training and eval alike).
     """
 
     def __prepare_scriptable__(self):
@@ -90,7 +93,7 @@ class MultiheadAttention(nn.MultiheadAttention):
                            "attn's kernels); script or export the model with torch's nn.MultiheadAttention")
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-                average_attn_weights=True, is_causal=False, threads=None):
+                average_attn_weights=True, is_causal=False, threads=None, dropout_origin=None):
         refuse_graph_transforms()  # before the projections: a trace would otherwise record them
         for t, name in ((query, "query"), (key, "key"), (value, "value")):
             _convert.float_array(t, name)  # the device/type/dtype errors, named
@@ -162,7 +165,7 @@ class MultiheadAttention(nn.MultiheadAttention):
         mask = _combined_mask(attn_mask, key_padding_mask, n, h, lq, lk, q.dtype)
         seed = int(torch.randint(0, 2**62, ()).item()) if p > 0 else None
         out = scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal,
-                                           dropout_seed=seed, threads=threads)
+                                           dropout_seed=seed, threads=threads, dropout_origin=dropout_origin)
         with allocating(_FORWARD, "the output projection (N, Lq, E)"):
             out = F.linear(out.transpose(1, 2).reshape(n, lq, e), self.out_proj.weight, self.out_proj.bias)
         weights = None
@@ -177,7 +180,7 @@ class MultiheadAttention(nn.MultiheadAttention):
                 arrays = [_convert.array(t, name) for t, name in ((q, "query"), (k, "key"), (v, "value"))]
                 weights = _convert.tensor(_core.scaled_dot_product_attention(
                     *arrays, attn_mask=None if mask is None else _convert.array(mask, "attn_mask"), dropout_p=p,
-                    is_causal=is_causal, dropout_seed=seed or 0, return_weights=True,
+                    is_causal=is_causal, dropout_seed=seed or 0, dropout_origin=dropout_origin, return_weights=True,
                     dtype="bfloat16")[1])  # bfloat16 q/k/v arrive as uint16 bits (_convert)
             weights = weights.to(q.dtype)  # torch returns the weights in the activations' dtype
             if average_attn_weights:
