@@ -109,6 +109,28 @@ def test_unbatched_and_need_weights_false():
     assert none is None and torch.allclose(o2, r, atol=1e-12)
 
 
+@pytest.mark.parametrize("layout", ["sequence_first", "batch_first", "unbatched"])
+def test_self_attention_projects_with_one_gemm_in_every_layout(layout, monkeypatch):
+    # One input tensor: the packed in_proj_weight in one GEMM (as torch's _in_projection_packed),
+    # then the output projection — 2 linear calls; three distinct inputs take 3 + 1. The check
+    # is made on the tensors the caller passed, not on the batch-first views made from them.
+    kw = {"batch_first": True} if layout == "batch_first" else {}
+    ref, ours = pair(embed_dim=8, num_heads=2, **kw)
+    shape = {"sequence_first": (6, 3, 8), "batch_first": (3, 6, 8), "unbatched": (6, 8)}[layout]
+    x = torch.randn(shape, dtype=torch.float64)
+    r, _ = ref(x, x, x)
+    calls = []
+    linear = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a, **k: calls.append(a[1].shape) or linear(*a, **k))
+    o, _ = ours(x, x, x)
+    assert calls == [(24, 8), (8, 8)], calls
+    assert torch.allclose(o, r, atol=1e-12)
+    calls.clear()
+    o3, _ = ours(x, x.clone(), x.clone())
+    assert calls == [(8, 8)] * 4, calls
+    assert torch.allclose(o3, r, atol=1e-12)
+
+
 def test_state_dict_loads_both_ways():
     torch.manual_seed(1)
     ours = at.MultiheadAttention(8, 2, kdim=4, vdim=3, add_bias_kv=True)

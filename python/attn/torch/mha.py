@@ -135,6 +135,9 @@ class MultiheadAttention(nn.MultiheadAttention):
         # before the projections and the seed.
         p = self.dropout if self.training else 0.0
         check_dropout(p, "dropout", "MultiHeadAttention")
+        # Self-attention (one input tensor) projects with one GEMM; asked here, before the views
+        # below make query, key and value three new objects.
+        one_input = query is key and key is value
         # Work batch-first, (N, L, E): views only.
         if not batched:
             query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
@@ -146,7 +149,7 @@ class MultiheadAttention(nn.MultiheadAttention):
         h = self.num_heads
         dh = e // h
         with allocating(_FORWARD, "the input projections (query, key, value: N, L, E each)"):
-            q, k, v = self._project(query, key, value)
+            q, k, v = self._project(query, key, value, one_input)
         if self.bias_k is not None:
             k = torch.cat([k, self.bias_k.view(1, 1, e).expand(n, 1, e)], 1)
             v = torch.cat([v, self.bias_v.view(1, 1, e).expand(n, 1, e)], 1)
@@ -193,11 +196,11 @@ class MultiheadAttention(nn.MultiheadAttention):
             out = out.transpose(0, 1)
         return out, weights
 
-    def _project(self, query, key, value):
+    def _project(self, query, key, value, one_input):
         e = self.embed_dim
         if self._qkv_same_embed_dim:
             w, b = self.in_proj_weight, self.in_proj_bias
-            if query is key and key is value:  # self-attention: one GEMM, split as views
+            if one_input:  # self-attention: one GEMM, split as views
                 return F.linear(query, w, b).chunk(3, dim=-1)
             ws = w.split(e)
             wq, wk, wv = ws
