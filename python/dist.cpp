@@ -60,7 +60,7 @@ struct RingCall {
     attn::dist::RingOptions ring;
 };
 
-RingCall ring_options(const RingArgs& a, std::int64_t heads) {
+RingCall ring_options(std::string_view op, const RingArgs& a, std::int64_t heads) {
     RingCall c;
     set_alignment(a.alignment, c.keep);
     set_modifiers(a.modifiers, heads, c.keep);
@@ -77,8 +77,8 @@ RingCall ring_options(const RingArgs& a, std::int64_t heads) {
     c.ring.sinks = s.sinks;
     c.ring.scale = optional_float_arg(a.scale, "scale");
     c.ring.layout = attn::dist::parse_layout(str_arg(a.layout, "layout"));
-    c.ring.dropout_p = float_arg(a.dropout_p, "dropout_p");  // the range: ring_attention, collectively
-    c.ring.dropout_seed = dropout_seed_arg(a.dropout_seed);
+    c.ring.dropout_p = float_arg(a.dropout_p, "dropout_p");
+    c.ring.dropout_seed = dropout_seed_arg(a.dropout_seed, c.ring.dropout_p, op);  // inside agree_on_arguments
     c.ring.impl = attn::parse_impl(str_arg(a.impl, "impl"));  // which impls a block takes: ring_attention says
     return c;
 }
@@ -133,12 +133,12 @@ struct RingInputs {
     int threads = 0;
 };
 
-void convert_ring_inputs(RingInputs& in, const py::handle& query, const py::handle& key, const py::handle& value,
+void convert_ring_inputs(std::string_view op, RingInputs& in, const py::handle& query, const py::handle& key, const py::handle& value,
                          const RingArgs& args, const py::object& threads_obj, bool bf16) {
     in.q = input(query, "query", 4, 4, kRingLayout, bf16);
     in.k = input(key, "key", 4, 4, kRingLayout, bf16);
     in.v = input(value, "value", 4, 4, kRingLayout, bf16);
-    in.call.emplace(ring_options(args, in.q.view.dim(1)));
+    in.call.emplace(ring_options(op, args, in.q.view.dim(1)));
     in.threads = threads_arg(threads_obj);
 }
 
@@ -154,7 +154,7 @@ py::tuple ring_forward(const py::handle& query, const py::handle& key, const py:
     const attn::TensorView &q = in.q.view, &v = in.v.view;
     py::array out, lse;
     agree_on_arguments(c, "ring_attention", [&] {
-        convert_ring_inputs(in, query, key, value,
+        convert_ring_inputs("ring_attention", in, query, key, value,
                             {{is_causal, causal_alignment, window, window_alignment, query_offset}, scale, layout,
                              key_lengths, {softcap, alibi_slopes, sinks}, dropout_p, dropout_seed, impl},
                             threads_obj, uint16_is_bf16_arg(dtype));
@@ -186,7 +186,7 @@ py::tuple ring_backward(const py::handle& query, const py::handle& key, const py
     Gradients grads;
     agree_on_arguments(c, "ring_attention_backward", [&] {
         const bool bf16 = uint16_is_bf16_arg(dtype);
-        convert_ring_inputs(in, query, key, value,
+        convert_ring_inputs("ring_attention_backward", in, query, key, value,
                             {{is_causal, causal_alignment, window, window_alignment, query_offset}, scale, layout,
                              key_lengths, {softcap, alibi_slopes, sinks}, dropout_p, dropout_seed, impl},
                             threads_obj, bf16);

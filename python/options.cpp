@@ -1,6 +1,7 @@
 #include "options.hpp"
 
 #include "convert.hpp"
+#include "core/check.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -104,9 +105,10 @@ void set_mask(const py::object& attn_mask, bool uint16_is_bf16, CallOptions& out
     }
 }
 
-std::optional<std::uint64_t> dropout_seed_arg(const py::object& seed) {
-    if (seed.is_none()) return std::nullopt;
-    return uint_arg(seed, "dropout_seed");
+std::optional<std::uint64_t> dropout_seed_arg(const py::object& seed, double p, std::string_view op) {
+    const std::optional<std::uint64_t> s = seed.is_none() ? std::nullopt : std::optional(uint_arg(seed, "dropout_seed"));
+    attn::detail::require_dropout(op, p, s, {"dropout_p", "dropout_seed", "dropout_seed=N, an int in [0, 2**64)"});
+    return s;
 }
 
 attn::DropoutOrigin dropout_origin_arg(const py::object& origin) {
@@ -131,17 +133,17 @@ attn::DropoutOrigin dropout_origin_arg(const py::object& origin) {
     return o;
 }
 
-CallOptions make_options(const SdpaArgs& args, const ModifierArgs& modifiers, std::int64_t heads) {
-    CallOptions o = make_options(args);
+CallOptions make_options(std::string_view op, const SdpaArgs& args, const ModifierArgs& modifiers, std::int64_t heads) {
+    CallOptions o = make_options(op, args);
     set_modifiers(modifiers, heads, o);
     return o;
 }
 
-CallOptions make_options(const SdpaArgs& args) {
+CallOptions make_options(std::string_view op, const SdpaArgs& args) {
     CallOptions o;
     o.sdpa.scale = optional_float_arg(args.scale, "scale");
     o.sdpa.dropout_p = float_arg(args.dropout_p, "dropout_p");
-    o.sdpa.dropout_seed = dropout_seed_arg(args.dropout_seed);
+    o.sdpa.dropout_seed = dropout_seed_arg(args.dropout_seed, o.sdpa.dropout_p, op);
     o.sdpa.dropout_origin = dropout_origin_arg(args.dropout_origin);
     o.sdpa.impl = attn::parse_impl(str_arg(args.impl, "impl"));
     set_alignment(args.alignment, o);

@@ -15,6 +15,7 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "attn/error.hpp"
@@ -77,15 +78,18 @@ void set_alignment(const AlignmentArgs& args, CallOptions& out);
 // None sets neither. uint16_is_bf16: the call's dtype="bfloat16" (a uint16 mask holds its bits).
 void set_mask(const py::object& attn_mask, bool uint16_is_bf16, CallOptions& out);
 
-CallOptions make_options(const SdpaArgs& args);
+// The keywords of the library's call `op` ("sdpa", "sdpa_backward", …: its errors name it).
+CallOptions make_options(std::string_view op, const SdpaArgs& args);
 // make_options, then set_modifiers(modifiers, heads): every call with the sdpa keywords.
-CallOptions make_options(const SdpaArgs& args, const ModifierArgs& modifiers, std::int64_t heads);
+CallOptions make_options(std::string_view op, const SdpaArgs& args, const ModifierArgs& modifiers, std::int64_t heads);
 
-// dropout_seed= as given: None (nullopt) or an int in [0, 2**64). dropout_p > 0 without one is the
-// library's error, by its rule and in its words (detail::require_dropout, checked by every call
-// that takes dropout): attn has no global generator, and a default seed would apply the same keep
+// dropout_seed= as given, for the library's call `op` with dropout_p = p: None (nullopt) or an int
+// in [0, 2**64). p and the seed are checked here, before any output is allocated, by the library's
+// rule in its words with Python's spelling of a seed (detail::require_dropout, as the CLI does with
+// its options): "sdpa: dropout_seed: dropout_p = 0.5 needs a seed (dropout_seed=N, an int in
+// [0, 2**64)): …" — attn has no global generator, and a default seed would apply the same keep
 // mask at every training step without a word.
-std::optional<std::uint64_t> dropout_seed_arg(const py::object& seed);
+std::optional<std::uint64_t> dropout_seed_arg(const py::object& seed, double p, std::string_view op);
 
 // dropout_origin= as given: None (the call is the whole problem) or (batch, head, row, key), four
 // ints — SdpaOptions::dropout_origin, whose range attn::sdpa checks, naming the field.

@@ -64,7 +64,7 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
         value_error("key/value: expected the rank of query (" + std::to_string(rank) + ") but got key " +
                     shape_str(k.array) + " and value " + shape_str(v.array));
     }
-    const CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
+    const CallOptions opt = make_options("sdpa", {attn_mask, dropout_p, scale, key_lengths,
                                           {is_causal, causal_alignment, window, window_alignment, query_offset},
                                           dropout_seed, impl, bf16, dropout_origin},
                                          {softcap, alibi_slopes, sinks}, rank >= 3 ? q.view.dim(rank - 3) : 1);
@@ -137,7 +137,7 @@ py::tuple sdpa_backward_py(const py::object& query, const py::object& key, const
     for (int d = 0; d + 1 < r; ++d) lse_shape += std::to_string(q.view.dim(d)) + (d + 2 < r ? ", " : r == 2 ? ",)" : ")");
     const Input l = input(lse, "lse", r - 1, r - 1, lse_shape.c_str());
     const Input g = input(grad_out, "grad_out", r, r, "the query's rank", bf16);
-    const CallOptions opt = make_options({attn_mask, dropout_p, scale, key_lengths,
+    const CallOptions opt = make_options("sdpa_backward", {attn_mask, dropout_p, scale, key_lengths,
                                           {is_causal, causal_alignment, window, window_alignment, query_offset},
                                           dropout_seed, impl, bf16, dropout_origin},
                                          {softcap, alibi_slopes, sinks}, r >= 3 ? q.view.dim(r - 3) : 1);

@@ -28,7 +28,7 @@ struct PackedCall {
     CallOptions opt;
 };
 
-PackedCall packed_call(const py::object& query, const py::object& key, const py::object& value,
+PackedCall packed_call(std::string_view op, const py::object& query, const py::object& key, const py::object& value,
                        const py::object& cu_seqlens_q, const py::object& cu_seqlens_k, const SdpaArgs& args,
                        const ModifierArgs& modifiers) {
     PackedCall c;
@@ -37,7 +37,7 @@ PackedCall packed_call(const py::object& query, const py::object& key, const py:
     c.v = input(value, "value", 3, 3, kPacked, args.uint16_is_bf16);
     c.cq = input(cu_seqlens_q, "cu_seqlens_q", 1, 1, "(N+1,)");
     c.ck = input(cu_seqlens_k, "cu_seqlens_k", 1, 1, "(N+1,)");
-    c.opt = make_options(args, modifiers, c.q.view.dim(1));
+    c.opt = make_options(op, args, modifiers, c.q.view.dim(1));
     return c;
 }
 
@@ -52,7 +52,7 @@ py::object sdpa_varlen_py(const py::object& query, const py::object& key, const 
     const bool return_lse = bool_arg(return_lse_arg, "return_lse");
     const int threads = threads_arg(threads_obj);
     const bool bf16 = uint16_is_bf16_arg(dtype);
-    const PackedCall c = packed_call(query, key, value, cu_seqlens_q, cu_seqlens_k,
+    const PackedCall c = packed_call("sdpa_varlen", query, key, value, cu_seqlens_q, cu_seqlens_k,
                                      {attn_mask, dropout_p, scale, key_lengths,
                                       {is_causal, causal_alignment, window, window_alignment, query_offset},
                                       dropout_seed, impl, bf16},
@@ -85,7 +85,7 @@ py::tuple sdpa_varlen_backward_py(const py::object& query, const py::object& key
                                   const py::object& out_dtype) {
     const int threads = threads_arg(threads_obj);
     const bool bf16 = uint16_is_bf16_arg(dtype);
-    const PackedCall c = packed_call(query, key, value, cu_seqlens_q, cu_seqlens_k,
+    const PackedCall c = packed_call("sdpa_varlen_backward", query, key, value, cu_seqlens_q, cu_seqlens_k,
                                      {attn_mask, dropout_p, scale, key_lengths,
                                       {is_causal, causal_alignment, window, window_alignment, query_offset},
                                       dropout_seed, impl, bf16},

@@ -275,8 +275,8 @@ void require_dropout_p(std::string_view op, double p, std::string_view name) {
 void require_dropout(std::string_view op, double p, const std::optional<std::uint64_t>& seed, const DropoutNames& names) {
     require_dropout_p(op, p, names.p);
     if (p > 0.0 && !seed) {
-        fail(op, names.seed, ": ", names.p, " = ", shortest(p),
-             " needs a seed: the keep mask is a function of it, so a training loop passes a new seed each step "
+        fail(op, names.seed, ": ", names.p, " = ", shortest(p), " needs a seed (", names.seed_value,
+             "): the keep mask is a function of it, so a training loop passes a new seed each step "
              "and the backward the forward's (attn has no global generator)");
     }
 }

@@ -116,17 +116,21 @@ void require_enum(std::string_view op, std::string_view name, Enum value, int co
 // The names dropout's two arguments have in the caller's messages: the library's fields, or the
 // CLI's options (--dropout, --seed) and Python's keywords (dropout), so that one rule has one
 // wording with whatever the user typed in it (the seed's message names both: a rename of the
-// argument before it, flag_names.hpp's, would leave "dropout_p" in the CLI's text).
+// argument before it, flag_names.hpp's, would leave "dropout_p" in the CLI's text). seed_value
+// is how the caller writes a seed, the hint after "needs a seed": a C++ field takes any 64-bit
+// value, a Python keyword an int in a range, a CLI option a number after the flag.
 struct DropoutNames {
     std::string_view p = "dropout_p";
     std::string_view seed = "dropout_seed";
+    std::string_view seed_value = "dropout_seed = N, any std::uint64_t";
 };
 
 // Dropout's two arguments, for every entry point that takes them (sdpa and its backward,
 // varlen, ring, the MHA's training calls, the CLI): 0 <= p < 1, and a seed when p > 0 — attn
 // has no global generator, and a default seed would drop the same weights on every training
 // step (docs/conventions.md, "Dropout"):
-// "op: dropout_seed: dropout_p = P needs a seed: the keep mask is a function of it, …".
+// "op: dropout_seed: dropout_p = P needs a seed (dropout_seed = N, any std::uint64_t): the keep
+// mask is a function of it, …".
 void require_dropout(std::string_view op, double p, const std::optional<std::uint64_t>& seed,
                      const DropoutNames& names = {});
 // Its first half, the one rule for a dropout probability: 0 <= p < 1, else

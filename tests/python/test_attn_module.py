@@ -199,18 +199,21 @@ def test_dropout_is_seeded():
     o, w = attn.sdpa(q, k, v, dropout_p=0.5, dropout_seed=1, return_weights=True)
     close(o, (w.astype(np.float64) @ v.astype(np.float64)))
     # No default seed: the same mask at every training step would be a silent bug. The backward,
-    # sdpa_varlen and ring_attention take the same keyword, and refuse it by the library's rule in
-    # its words, naming the call (the binding had its own copy: "dropout_seed: dropout_p = 0.5
-    # needs a seed (an int in [0, 2**64)): …").
+    # sdpa_varlen (and its backward) and ring_attention take the same keyword, and refuse it by the
+    # library's rule in its words, naming the call, with how Python passes a seed (the library's
+    # words had lost the binding's hint, "(an int in [0, 2**64))").
     packed, cu = np.ascontiguousarray(q[0].transpose(1, 0, 2)), np.array([0, 16], np.int32)
+    lse = np.zeros((16, 2), np.float32)
     for call, op, p in ((lambda: attn.sdpa(q, k, v, dropout_p=0.5), "sdpa", 0.5),
                         (lambda: attn.sdpa_backward(q, k, v, a, a[..., 0], a, dropout_p=0.1), "sdpa_backward", 0.1),
-                        (lambda: attn.sdpa_varlen(packed, packed, packed, cu, cu, dropout_p=0.25), "sdpa_varlen", 0.25)):
+                        (lambda: attn.sdpa_varlen(packed, packed, packed, cu, cu, dropout_p=0.25), "sdpa_varlen", 0.25),
+                        (lambda: attn.sdpa_varlen_backward(packed, packed, packed, cu, cu, packed, lse, packed,
+                                                           dropout_p=0.75), "sdpa_varlen_backward", 0.75)):
         with pytest.raises(ValueError) as e:
             call()
-        assert str(e.value) == (f"{op}: dropout_seed: dropout_p = {p} needs a seed: the keep mask is a function of it, "
-                                "so a training loop passes a new seed each step and the backward the forward's "
-                                "(attn has no global generator)")
+        assert str(e.value) == (f"{op}: dropout_seed: dropout_p = {p} needs a seed (dropout_seed=N, an int in "
+                                "[0, 2**64)): the keep mask is a function of it, so a training loop passes a new seed "
+                                "each step and the backward the forward's (attn has no global generator)")
     assert np.array_equal(attn.sdpa(q, k, v), attn.sdpa(q, k, v, dropout_p=0.0, dropout_seed=5))
 
 

@@ -241,10 +241,11 @@ def error_lines(r):
                               "unbounded, but got left=-3 right=-1"),
     (["--query-offset", str(2**61)], f"ring_attention: --query-offset: must be in [-2^60, 2^60] but got {2**61}"),
     (["--dropout", "1"], "ring_attention: --dropout: must be in [0, 1) but got 1"),
-    # The library's seed rule and words (require_dropout), with the options for both arguments.
-    (["--dropout", "0.5"], "ring_attention: --seed: --dropout = 0.5 needs a seed: the keep mask is a function of it, "
-                           "so a training loop passes a new seed each step and the backward the forward's (attn has "
-                           "no global generator)"),
+    # The library's seed rule and words (require_dropout), with the options for both arguments
+    # and how a seed is given here.
+    (["--dropout", "0.5"], "ring_attention: --seed: --dropout = 0.5 needs a seed (--seed N): the keep mask is a "
+                           "function of it, so a training loop passes a new seed each step and the backward the "
+                           "forward's (attn has no global generator)"),
 ])
 def test_option_values_are_checked_before_any_input_is_read(tmp_path, np_, extra, message):
     """sdpa's check of the values that need no tensor, on every rank before rank 0 reads a file: the

@@ -315,6 +315,47 @@ def test_out_dtype_float64_is_refused_saying_the_ring_computes_in_float32():
                                          "got str 'float64': this call computes in float32, not float64"), line
 
 
+DROPOUT_WITHOUT_A_SEED = r"""
+import json, sys
+import numpy as np
+import attn
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+x = np.random.default_rng(comm.Get_rank()).standard_normal((1, 2, 4, 8)).astype(np.float32)
+o, lse = attn.dist.ring_attention(x, x, x, comm)
+got = {}
+for name, call in (("forward", lambda: attn.dist.ring_attention(x, x, x, comm, dropout_p=0.5)),
+                   ("backward", lambda: attn.dist.ring_attention_backward(x, x, x, o, lse, o, comm, dropout_p=0.25))):
+    try:
+        call()
+        got[name] = "accepted"
+    except Exception as e:
+        got[name] = type(e).__name__ + ": " + str(e)
+with open(f"{sys.argv[1]}/rank{comm.Get_rank()}.json", "w") as f:  # one file per rank: stdout lines interleave
+    json.dump(got, f)
+"""
+
+
+@pytest.mark.parametrize("np_", [1, 2])
+def test_dropout_without_a_seed_says_how_python_passes_one(tmp_path, np_):
+    """dropout_p > 0 without dropout_seed=: the library's rule and words, naming the call, with how
+    Python passes a seed (the library's words had lost the binding's "an int in [0, 2**64)"); on
+    every rank, each of which lacks it."""
+    import json
+    env = dict(ENV, PYTHONPATH=PYPATH)
+    r = subprocess.run([MPIEXEC, "-q", "--oversubscribe", "-np", str(np_), sys.executable, "-c", DROPOUT_WITHOUT_A_SEED,
+                        str(tmp_path)], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    why = (": the keep mask is a function of it, so a training loop passes a new seed each step and the backward the "
+           "forward's (attn has no global generator)")
+    want = {"forward": "ValueError: ring_attention: dropout_seed: dropout_p = 0.5 needs a seed (dropout_seed=N, an int "
+                       "in [0, 2**64))" + why,
+            "backward": "ValueError: ring_attention_backward: dropout_seed: dropout_p = 0.25 needs a seed "
+                        "(dropout_seed=N, an int in [0, 2**64))" + why}
+    for rank in range(np_):
+        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == want, rank
+
+
 BROADCAST_INPUTS = r"""
 import numpy as np
 import attn

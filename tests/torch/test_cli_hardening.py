@@ -656,8 +656,8 @@ def test_bad_numbers_are_errors_naming_the_option(work, command, option, value, 
 # flag for the field, before any file is read. The CLI read --q, --k and --v first, so it named
 # the missing --q (and read gigabytes before it refused a --softcap of -1).
 SOFTCAP_RANGE = "must be 0 (off) or a finite float32 in [1.1754944e-38, 3.4028235e38] but got "
-NEEDS_A_SEED = (" needs a seed: the keep mask is a function of it, so a training loop passes a new seed each step "
-                "and the backward the forward's (attn has no global generator)")
+WHY_A_SEED = (": the keep mask is a function of it, so a training loop passes a new seed each step and the backward "
+              "the forward's (attn has no global generator)")
 BAD_OPTION_VALUES = [
     # (extra arguments, the message after "attn: error: ")
     (["--softcap", "-1"], "sdpa: --softcap: " + SOFTCAP_RANGE + "-1"),
@@ -684,10 +684,11 @@ BAD_OPTION_VALUES = [
     (["--dropout", "1", "--cu-seqlens-q", "nope_cq.npy", "--cu-seqlens-k", "nope_ck.npy"],
      "sdpa_varlen: --dropout: must be in [0, 1) but got 1"),
     # p > 0 without a seed: the library's rule and words (require_dropout) with the options for
-    # both arguments (the CLI had its own, "--dropout: 0.25 needs --seed N (…)").
-    (["--dropout", "0.25"], "sdpa: --seed: --dropout = 0.25" + NEEDS_A_SEED),
+    # both arguments and how a seed is given here, "--seed N" (the CLI had its own, "--dropout:
+    # 0.25 needs --seed N (…)"; the library's words then lost the hint).
+    (["--dropout", "0.25"], "sdpa: --seed: --dropout = 0.25 needs a seed (--seed N)" + WHY_A_SEED),
     (["--dropout", "0.5", "--cu-seqlens-q", "nope_cq.npy", "--cu-seqlens-k", "nope_ck.npy"],
-     "sdpa_varlen: --seed: --dropout = 0.5" + NEEDS_A_SEED),
+     "sdpa_varlen: --seed: --dropout = 0.5 needs a seed (--seed N)" + WHY_A_SEED),
 ]
 
 
@@ -712,7 +713,7 @@ MHA_BAD_OPTION_VALUES = [
     (["--dropout-p", "1.5", "--grad-out", "nope_do.npy", "--grads", "g.safetensors"],
      "MultiHeadAttention: --dropout-p: must be in [0, 1) but got 1.5"),
     (["--dropout-p", "0.25", "--grad-out", "nope_do.npy", "--grads", "g.safetensors"],
-     "MultiHeadAttention: --dropout-seed: --dropout-p = 0.25" + NEEDS_A_SEED),
+     "MultiHeadAttention: --dropout-seed: --dropout-p = 0.25 needs a seed (--dropout-seed N)" + WHY_A_SEED),
 ]
 
 

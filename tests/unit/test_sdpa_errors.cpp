@@ -315,12 +315,13 @@ TEST(SdpaErrors, MoreKeysThanACallMayHave) {
                  {"sdpa: K: Lk = 17179869185 is more than a call may have (2^34, the range of the dropout counter"});
 }
 
-// Dropout without a seed: refused, naming dropout_seed (a default seed of 0 was taken, and a
-// caller who forgot it dropped the same weights on every call of every training step). Any
-// given seed is one, 0 included.
+// Dropout without a seed: refused, naming dropout_seed and how C++ gives one (a default seed of 0
+// was taken, and a caller who forgot it dropped the same weights on every call of every training
+// step). Any given seed is one, 0 included.
 TEST(SdpaErrors, DropoutNeedsASeed) {
     expect_error([](Call& c) { c.opt.dropout_p = 0.1; },
-                 {"sdpa: dropout_seed: dropout_p = 0.1 needs a seed", "a new seed each step and the backward the forward's"});
+                 {"sdpa: dropout_seed: dropout_p = 0.1 needs a seed (dropout_seed = N, any std::uint64_t): the keep mask",
+                  "a new seed each step and the backward the forward's"});
     Call c;
     c.opt.dropout_p = 0.1;
     c.opt.dropout_seed = 0;

@@ -112,7 +112,8 @@ void make_options_strict(CLI::App& app) { apply(app); }
 
 std::uint64_t dropout_seed(std::string_view op, const char* dropout_flag, double p, const char* seed_flag,
                            const std::optional<std::uint64_t>& seed) {
-    detail::require_dropout(op, p, seed, {dropout_flag, seed_flag});
+    const std::string seed_value = std::string(seed_flag) + " N";  // how a seed is given here: "--seed N"
+    detail::require_dropout(op, p, seed, {dropout_flag, seed_flag, seed_value});
     if (p == 0.0 && seed) throw Error(std::string(seed_flag) + ": only with " + dropout_flag + " P > 0 (it seeds the dropout mask)");
     return seed.value_or(0);
 }

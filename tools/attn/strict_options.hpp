@@ -38,7 +38,7 @@ auto with_flag(const char* flag, F&& parse) {
 // The dropout probability and its seed, checked by the library's rule and in its words with the
 // options for its arguments (detail::require_dropout as `op`): p in [0, 1) — "sdpa: --dropout:
 // must be in [0, 1) but got 1.5" — and p > 0 needs the seed — "sdpa: --seed: --dropout = 0.25
-// needs a seed: …", the keep mask is a function of it and a default would drop the same weights
+// needs a seed (--seed N): …", the keep mask is a function of it and a default would drop the same weights
 // in every run. Then the CLI's own rule: a seed needs p > 0 (it would change nothing). Returns
 // the seed (0 without dropout).
 std::uint64_t dropout_seed(std::string_view op, const char* dropout_flag, double p, const char* seed_flag,
