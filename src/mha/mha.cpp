@@ -41,6 +41,13 @@ std::string what_it_holds(const std::vector<std::pair<std::string, TensorView>>&
     return " — " + detail::names_held(names);
 }
 
+// Heads of equal size, E / h: num_heads divides embed_dim. Named first as the argument at fault
+// (embed_dim is the layer's size; `source` says where it came from), so a caller that spells it
+// otherwise renames it (attn mha's --num-heads, tools/attn/flag_names.hpp).
+void require_heads_divide(std::int64_t embed_dim, std::int64_t num_heads, const char* source) {
+    if (embed_dim % num_heads != 0) fail(kMha, "num_heads: must divide embed_dim ", embed_dim, source, " but got ", num_heads);
+}
+
 }  // namespace
 
 void detail::check_config_values(std::int64_t num_heads, double softcap) {
@@ -52,9 +59,7 @@ MultiHeadAttention::MultiHeadAttention(const MhaConfig& config) : config_(config
     MhaConfig& c = config_;
     if (c.embed_dim < 1) fail(kMha, "embed_dim must be >= 1 but got ", c.embed_dim);
     detail::check_config_values(c.num_heads, c.softcap);
-    if (c.embed_dim % c.num_heads != 0) {
-        fail(kMha, "embed_dim ", c.embed_dim, " must be divisible by num_heads ", c.num_heads);
-    }
+    require_heads_divide(c.embed_dim, c.num_heads, "");
     // The parameters' sizes are sums of these (E + 2·E_kv rows, E_kv ≤ E): kept far from int64's end.
     constexpr std::int64_t kMaxDim = std::numeric_limits<std::int64_t>::max() / 4;
     if (c.embed_dim > kMaxDim) fail(kMha, "embed_dim must be < 2^61 but got ", c.embed_dim);
@@ -239,9 +244,7 @@ MultiHeadAttention MultiHeadAttention::from_state_dict(const std::vector<std::pa
     c.embed_dim = wo->dim(0);
     c.num_heads = num_heads;
     c.batch_first = batch_first;
-    if (c.embed_dim % num_heads != 0) {
-        fail(kMha, "embed_dim ", c.embed_dim, " (from out_proj.weight) must be divisible by num_heads ", num_heads);
-    }
+    require_heads_divide(c.embed_dim, num_heads, " (from out_proj.weight)");
     const std::int64_t E = c.embed_dim, dh = E / num_heads;
     std::int64_t Ekv = E;
     const char* kv_source = "in_proj_weight";  // the tensor E_kv comes from, for the message below

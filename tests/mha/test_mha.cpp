@@ -431,8 +431,9 @@ void expect_error(const std::function<void()>& f, const std::string& expect) {
 
 TEST(Mha, ConfigurationErrors) {
     // The prefix is the class name (docs/conventions.md, "Errors").
+    // Named first as num_heads (embed_dim is the layer's size), so callers rename it (attn mha's --num-heads).
     expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = 10, .num_heads = 3}); },
-                 "MultiHeadAttention: embed_dim 10 must be divisible by num_heads 3");
+                 "MultiHeadAttention: num_heads: must divide embed_dim 10 but got 3");
     expect_error([] { MultiHeadAttention(MhaConfig{.embed_dim = 12, .num_heads = 4, .num_kv_heads = 3}); },
                  "num_kv_heads must divide num_heads 4 but got 3");
     MultiHeadAttention kv(MhaConfig{.embed_dim = 4, .num_heads = 2, .add_bias_kv = true});
@@ -486,6 +487,8 @@ TEST(Mha, StateDictErrorsNameTheTensor) {
     // from_state_dict infers the configuration, and names what it cannot infer from.
     expect_error([&] { MultiHeadAttention::from_state_dict({{"in_proj_weight", wi.view()}}, 2); }, "missing tensor 'out_proj.weight'");
     expect_error([&] { MultiHeadAttention::from_state_dict({{"out_proj.weight", wo.view()}}, 2); }, "missing tensor 'in_proj_weight'");
+    expect_error([&] { MultiHeadAttention::from_state_dict({{"out_proj.weight", wo.view()}}, 3); },
+                 "MultiHeadAttention: num_heads: must divide embed_dim 4 (from out_proj.weight) but got 3");
     // An in_proj_weight whose key/value rows are no whole number of heads: named with its shape
     // (the message gave only the row count).
     const Tensor wi10(DType::f32, Shape{10, 4}, true);
