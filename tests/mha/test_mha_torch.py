@@ -570,8 +570,14 @@ def test_cli_impl_picks_the_kernel(tmp_path):
     (["--key-padding-mask", "bad_kpm.npy"], "MultiHeadAttention: --key-padding-mask: expected shape (B, Lk) = (1, 3)"),
     (["--attn-mask", "int_am.npy"], "MultiHeadAttention: --attn-mask: dtype must be bool"),
     (["--query", "x7.npy"], "query: expected (L, B, E) with E = embed_dim = 8 but got shape (3, 1, 7)"),
+    # A kernel that cannot run the layer's call is named by the attention call the layer makes,
+    # with the option that chose it (it said "impl", the library's field).
+    (["--query", "x40.npy", "--impl", "decode"],
+     "attn: error: sdpa: --impl: the decode kernel cannot run this call: Lq = 40 > 16 (decode is for a few new queries)\n"),
+    (["--impl", "decode", "--grad-out", "x.npy", "--grads", "g.safetensors"],
+     "attn: error: sdpa_backward: --impl: decode is a forward-only kernel; use auto, reference or flash\n"),
 ], ids=["key-without-value", "per-head-without-weights", "impl-unknown", "attn-mask-shape", "kpm-shape", "attn-mask-int",
-        "layout-mismatch"])
+        "layout-mismatch", "impl-decode-too-many-queries", "impl-decode-training"])
 def test_cli_argument_errors(tmp_path, extra, expect):
     (tmp_path / "p.safetensors").write_bytes(st_bytes(base_sd()))
     np.save(tmp_path / "x.npy", np.ones((3, 1, 8), np.float32))
@@ -579,6 +585,7 @@ def test_cli_argument_errors(tmp_path, extra, expect):
     np.save(tmp_path / "bad_kpm.npy", np.zeros((1, 4), bool))
     np.save(tmp_path / "int_am.npy", np.zeros((3, 3), np.int32))
     np.save(tmp_path / "x7.npy", np.ones((3, 1, 7), np.float32))
+    np.save(tmp_path / "x40.npy", np.ones((40, 1, 8), np.float32))
     query = [] if "--query" in extra else ["--query", "x.npy"]
     r = run_attn(tmp_path, ["--params", "p.safetensors", "--num-heads", "2", *query, "--out", "o.npy", *extra],
                  expect_ok=False)

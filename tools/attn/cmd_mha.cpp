@@ -333,11 +333,13 @@ void add_mha_command(CLI::App& app) {
     add_threads_option(cmd);
     cmd->callback([args] {
         const MhaArgs& a = *args;
-        naming_flags([&] { run(a); }, {"MultiHeadAttention"},
+        // The layer's own errors, and those of the attention calls it makes with --impl (the kernel
+        // that cannot run this call is sdpa's or sdpa_backward's to name: "sdpa: --impl: …").
+        naming_flags([&] { run(a); }, {"MultiHeadAttention", "sdpa_backward", "sdpa"},
                      {{"query", "--query"}, {"key", "--key"}, {"value", "--value"}, {"key_padding_mask", "--key-padding-mask"},
                       {"attn_mask", "--attn-mask"}, {"alibi_slopes", a.alibi ? "--alibi" : "--alibi-slopes"},
                       {"grad_output", "--grad-out"}, {"dropout_p", "--dropout-p"}, {"causal", "--causal"},
-                      {"num_heads", "--num-heads"}, {"softcap", "--softcap"}});
+                      {"num_heads", "--num-heads"}, {"softcap", "--softcap"}, {"impl", "--impl"}});
     });
 }
 
