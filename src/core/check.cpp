@@ -17,15 +17,14 @@
 #include "utf8.hpp"
 
 namespace attn::detail {
-namespace {
 
-// No element: a dim is 0. (numel() would throw for a broadcast view of more than 2^63 elements,
-// which is not empty and which a check must describe by its own rule.)
 bool is_empty(const TensorView& t) {
     for (int d = 0; d < t.rank(); ++d)
         if (t.dim(d) == 0) return true;
     return false;
 }
+
+namespace {
 
 // |s|·n, or INT64_MAX when it does not fit (a reach that large only has to compare as large).
 std::int64_t size_mul_or_max(std::int64_t s, std::int64_t n) {

@@ -62,6 +62,11 @@ void require_rank(std::string_view op, const TensorView& t, std::string_view nam
 void require_shape(std::string_view op, const TensorView& t, std::string_view name, const Shape& expected,
                    std::string_view layout);
 
+// No element: a dim is 0. Such a tensor is never read, so its data pointer may be null (numel()
+// would throw for a broadcast view of more than 2^63 elements, which is not empty and which a
+// check must describe by its own rule).
+bool is_empty(const TensorView& t);
+
 // t holds its elements: a null data pointer is refused unless t is empty. A default TensorView,
 // or a default Tensor (MhaOutput::weights without need_weights), has rank 0 — one element — and
 // no data.

@@ -195,7 +195,8 @@ namespace {
 // meant for the other append, so the message says T (not a number) and names that overload.
 void check_new(const TensorView& t, const char* op, const char* name, const Shape& expected, int t_dim,
                const char* layout) {
-    if (t.data() == nullptr) detail::fail(kOp, op, ": ", name, " data pointer is null");
+    // T = 0 appends nothing: an empty tensor's pointer, null or not, is never read.
+    if (t.data() == nullptr && !detail::is_empty(t)) detail::fail(kOp, op, ": ", name, " data pointer is null");
     if (!is_floating(t.dtype())) {
         detail::fail(kOp, op, ": ", name, " dtype must be a float type but got ", dtype_name(t.dtype()));
     }

@@ -112,14 +112,23 @@ void require_softcap(double softcap, std::string_view kOp) {
         fail(kOp, "softcap: must be 0 (off) or a finite float32 in [1.1754944e-38, 3.4028235e38] but got ", softcap);
 }
 
+// Q, K or V: every dim >= 1 unless `zero` allows 0 (empty inputs are refused: docs/torch.md,
+// "Empty inputs"), rank 4, a float dtype. The size comes first: an empty tensor's data pointer may
+// be null (nothing to point at), and the user must hear of the zero dim, not of the pointer.
+static void check_input(std::string_view kOp, const TensorView& t, const char* name, const char* layout, SizeZero zero) {
+    const char* names[] = {"batch", "heads", "length", "head dim"};
+    if (t.rank() == 4 && zero == SizeZero::refused)
+        for (int i = 0; i < 4; ++i)
+            if (t.dim(i) < 1) fail(kOp, name, ": ", names[i], " must be >= 1 but got ", t.dim(i));
+    require_rank(kOp, t, name, 4, layout);
+    require_floating(kOp, t, name);
+}
+
 void check_qkv(const TensorView& q, const TensorView& k, const TensorView& v, SdpaProblem& p, std::string_view kOp,
                SizeZero zero) {
-    require_rank(kOp, q, "Q", 4, "(B, Hq, Lq, Dk)");
-    require_rank(kOp, k, "K", 4, "(B, Hkv, Lk, Dk)");
-    require_rank(kOp, v, "V", 4, "(B, Hkv, Lk, Dv)");
-    require_floating(kOp, q, "Q");
-    require_floating(kOp, k, "K");
-    require_floating(kOp, v, "V");
+    check_input(kOp, q, "Q", "(B, Hq, Lq, Dk)", zero);
+    check_input(kOp, k, "K", "(B, Hkv, Lk, Dk)", zero);
+    check_input(kOp, v, "V", "(B, Hkv, Lk, Dv)", zero);
 
     p.B = q.dim(0);
     p.Hq = q.dim(1);
@@ -129,12 +138,6 @@ void check_qkv(const TensorView& q, const TensorView& k, const TensorView& v, Sd
     p.Lk = k.dim(2);
     p.Dv = v.dim(3);
 
-    const char* names[] = {"batch", "heads", "length", "head dim"};
-    for (int i = 0; i < 4 && zero == SizeZero::refused; ++i) {
-        if (q.dim(i) < 1) fail(kOp, "Q: ", names[i], " must be >= 1 but got ", q.dim(i));
-        if (k.dim(i) < 1) fail(kOp, "K: ", names[i], " must be >= 1 but got ", k.dim(i));
-        if (v.dim(i) < 1) fail(kOp, "V: ", names[i], " must be >= 1 but got ", v.dim(i));
-    }
     if (k.dim(0) != p.B) fail(kOp, "K: batch ", k.dim(0), " does not match Q's batch ", p.B);
     if (v.dim(0) != p.B) fail(kOp, "V: batch ", v.dim(0), " does not match Q's batch ", p.B);
     if (k.dim(3) != p.Dk) fail(kOp, "K: head dim ", k.dim(3), " does not match Q's head dim ", p.Dk);

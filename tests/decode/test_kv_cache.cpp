@@ -344,6 +344,24 @@ TEST(KVCache, ArgumentErrorsNameTheArgument) {
               "decode_attention: out: must not share memory with V (the kernel writes out while it still reads V)");
 }
 
+// Appending T = 0 tokens is valid (it appends nothing), so an empty k_new/v_new is accepted
+// whatever its data pointer: an empty tensor's may be null (torch's is). It said "k_new data
+// pointer is null". A null pointer with elements stays an error.
+TEST(KVCache, EmptyAppendWithNullDataChangesNothing) {
+    std::mt19937 rng(3);
+    KVCache c(config(DType::f32, 4));
+    c.append(random_f32(Shape{2, 3, 2, 5}, rng), random_f32(Shape{2, 3, 2, 4}, rng));
+    const Tensor keys_before = to_dtype(c.keys(), DType::f32), values_before = to_dtype(c.values(), DType::f32);
+    c.append(TensorView(nullptr, DType::f32, Shape{2, 3, 0, 5}), TensorView(nullptr, DType::f32, Shape{2, 3, 0, 4}));
+    c.append(1, TensorView(nullptr, DType::f32, Shape{3, 0, 5}), TensorView(nullptr, DType::f32, Shape{3, 0, 4}));
+    EXPECT_EQ(c.lengths(), (std::vector<std::int64_t>{2, 2}));
+    EXPECT_EQ(std::memcmp(to_dtype(c.keys(), DType::f32).data(), keys_before.data(), keys_before.nbytes()), 0);
+    EXPECT_EQ(std::memcmp(to_dtype(c.values(), DType::f32).data(), values_before.data(), values_before.nbytes()), 0);
+    EXPECT_EQ(error_of([&] { c.append(0, TensorView(nullptr, DType::f32, Shape{3, 1, 5}), random_f32(Shape{3, 1, 4}, rng)); }),
+              "KVCache: append: k_new data pointer is null");
+    EXPECT_EQ(c.lengths(), (std::vector<std::int64_t>{2, 2}));
+}
+
 // A moved-from cache is empty and refuses every call (length() read an empty vector: a crash).
 TEST(KVCache, MovedFromIsEmptyAndRefusesCalls) {
     KVCache a(config(DType::f32, 4));

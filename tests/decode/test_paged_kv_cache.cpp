@@ -904,6 +904,32 @@ TEST(PagedKVCache, BadArgumentsAreClearErrors) {
     EXPECT_TRUE(still_poisoned(out6));
 }
 
+// append(s, T = 0 tokens) appends nothing, so an empty k_new/v_new is accepted whatever its data
+// pointer (an empty tensor's may be null; it said "k_new data pointer is null"): no page is taken.
+TEST(PagedKVCache, EmptyAppendWithNullDataChangesNothing) {
+    std::mt19937 rng(5);
+    PagedKVCacheConfig cfg;
+    cfg.page_size = 4;
+    cfg.head_dim = 3;
+    cfg.num_pages = 4;
+    World w(cfg);
+    const SeqId a = w.cache.add_sequence();
+    append_random(w, a, 3, rng);
+    const std::vector<std::int32_t> pages = w.cache.page_table(a);
+    const std::int64_t free_before = w.cache.free_pages();
+    const Tensor keys_before = to_dtype(w.cache.key_pages(), DType::f32), values_before = to_dtype(w.cache.value_pages(), DType::f32);
+    w.cache.append(a, TensorView(nullptr, DType::f32, Shape{1, 0, 3}), TensorView(nullptr, DType::f32, Shape{1, 0, 3}));
+    EXPECT_EQ(w.cache.length(a), 3);
+    EXPECT_EQ(w.cache.page_table(a), pages);
+    EXPECT_EQ(w.cache.free_pages(), free_before);
+    EXPECT_EQ(std::memcmp(to_dtype(w.cache.key_pages(), DType::f32).data(), keys_before.data(), keys_before.nbytes()), 0);
+    EXPECT_EQ(std::memcmp(to_dtype(w.cache.value_pages(), DType::f32).data(), values_before.data(), values_before.nbytes()), 0);
+    EXPECT_NE(error_of([&] { w.cache.append(a, TensorView(nullptr, DType::f32, Shape{1, 1, 3}), random_f32(Shape{1, 1, 3}, rng)); })
+                  .find("PagedKVCache: append: k_new data pointer is null"),
+              std::string::npos);
+    EXPECT_EQ(w.cache.length(a), 3);
+}
+
 // A moved-from cache has no pages and no sequences: its views and new sequences are errors
 // (key_pages() dereferenced a null pool), and so is every call naming an old sequence.
 TEST(PagedKVCache, MovedFromIsEmptyAndRefusesCalls) {

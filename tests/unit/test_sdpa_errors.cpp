@@ -205,6 +205,11 @@ TEST(SdpaErrors, EmptyDimensions) {
     expect_error([](Call& c) { c.kv = c.k.view().slice(2, 0, 0); c.vv = c.v.view().slice(2, 0, 0); },
                  {"sdpa: K: length must be >= 1 but got 0"});
     expect_error([](Call& c) { c.vv = c.v.view().slice(3, 0, 0); }, {"sdpa: V: head dim must be >= 1 but got 0"});
+    // An empty tensor's data pointer may be null (torch's is): the zero dim is still the reason
+    // given (it said "Q: data pointer is null").
+    expect_error([](Call& c) { c.qv = TensorView(nullptr, DType::f32, Shape{2, 4, 0, 8}); }, {"sdpa: Q: length must be >= 1 but got 0"});
+    expect_error([](Call& c) { c.kv = TensorView(nullptr, DType::f32, Shape{0, 2, 7, 8}); }, {"sdpa: K: batch must be >= 1 but got 0"});
+    expect_error([](Call& c) { c.vv = TensorView(nullptr, DType::f32, Shape{2, 2, 7, 0}); }, {"sdpa: V: head dim must be >= 1 but got 0"});
 }
 
 TEST(SdpaErrors, ShapeMismatches) {
