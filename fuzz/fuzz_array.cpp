@@ -34,8 +34,14 @@ using i128 = __int128;
 // Inputs whose output or work is larger are skipped: they test nothing the small ones do not,
 // and the fuzzer must stay fast. Sizes themselves are not limited (zero-element arrays with
 // huge dims, broadcast dims of any size are generated).
-constexpr i128 kMaxWork = 1 << 20;     // B·H·Lq·Lk·(Dk + Dv)
+// The reference backward, the slowest path, takes about 40 ms of CPU at kMaxWork under the
+// sanitizers (fuzz/README.md); the earlier 2^20, which the sizes past 9 now reach, 4 times that.
+constexpr i128 kMaxWork = 1 << 18;     // B·H·Lq·Lk·(Dk + Dv + 1)
 constexpr i128 kMaxBuffer = 1 << 20;   // bytes an array's dims and strides may address
+// Bytes of an array (or of the backward's gradient) read from the input; a larger one repeats
+// them. Arrays of hundreds of keys then fit an input of a few KiB (max_len 8192), and each costs
+// the input at most this much, so the arrays after it keep their own bytes.
+constexpr std::size_t kMaxInputBytes = 1024;
 
 // Sizes are compared in 128 bits, saturated at ±2^100 (beyond every limit below).
 constexpr i128 kHuge = i128{1} << 100;
@@ -52,12 +58,29 @@ struct Array {
     attn::TensorView view;
 };
 
+// The kernels change paths at multiples of 64 rows or keys (the backward's tiles, decode's key
+// blocks, flash's key blocks; flash splits 512 keys or more of a few query blocks): sizes past
+// 9 are drawn up to two blocks, and next to a multiple of 64 up to 4097.
 std::int64_t dim_value(FuzzedDataProvider& p) {
     switch (p.ConsumeIntegralInRange(0, 7)) {
         case 0: return p.ConsumeIntegral<std::int64_t>() & 0x7fffffffffffffff;  // any size
         case 1: return std::int64_t{1} << p.ConsumeIntegralInRange(20, 62);
+        case 2: return p.ConsumeIntegralInRange<std::int64_t>(10, 130);
+        case 3: return 64 * p.ConsumeIntegralInRange<std::int64_t>(2, 64) + p.ConsumeIntegralInRange<std::int64_t>(-1, 1);
         default: return p.ConsumeIntegralInRange<std::int64_t>(0, 9);
     }
+}
+
+// n bytes at dst: the input's next (at most kMaxInputBytes), repeated to fill; zeros when the
+// input has none left.
+void fill_from_input(FuzzedDataProvider& p, unsigned char* dst, std::size_t n) {
+    const std::vector<std::uint8_t> bytes = p.ConsumeBytes<std::uint8_t>(std::min(n, kMaxInputBytes));
+    if (bytes.empty()) {
+        std::memset(dst, 0, n);
+        return;
+    }
+    std::memcpy(dst, bytes.data(), std::min(bytes.size(), n));
+    for (std::size_t done = bytes.size(); done < n; done *= 2) std::memcpy(dst + done, dst, std::min(done, n - done));  // doubling
 }
 
 std::int64_t stride_value(FuzzedDataProvider& p, std::int64_t contiguous, std::int64_t itemsize) {
@@ -106,8 +129,7 @@ std::optional<Array> make_array(FuzzedDataProvider& p, const char* name, int min
         if (hi - lo + raw.itemsize > kMaxBuffer) return std::nullopt;
         a.memory.resize(static_cast<std::size_t>(hi - lo + raw.itemsize) + (misalign ? 1 : 0));
         base = static_cast<std::size_t>(-lo) + (misalign ? 1 : 0);
-        const std::vector<std::uint8_t> bytes = p.ConsumeBytes<std::uint8_t>(a.memory.size());
-        std::copy(bytes.begin(), bytes.end(), a.memory.begin());
+        fill_from_input(p, a.memory.data(), a.memory.size());
     } else {
         a.memory.resize(16);  // numpy keeps a small allocation for an empty array
     }
@@ -202,9 +224,7 @@ void run(FuzzedDataProvider& p) {
         return;  // the impl picked for the backward may refuse what the forward's impl accepted
     }
     attn::Tensor grad(odt, out.shape());
-    const std::vector<std::uint8_t> bytes = p.ConsumeBytes<std::uint8_t>(grad.nbytes());
-    std::memset(grad.data(), 0, grad.nbytes());
-    std::copy(bytes.begin(), bytes.end(), static_cast<std::uint8_t*>(grad.data()));
+    fill_from_input(p, static_cast<unsigned char*>(grad.data()), grad.nbytes());
     attn::Tensor dq(odt, qv.shape()), dk(odt, kv.shape()), dv(odt, vv.shape());
     try {
         attn::sdpa_backward(qv, kv, vv, out, lse, grad, opt, dq, dk, dv);
