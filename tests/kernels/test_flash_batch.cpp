@@ -1,7 +1,8 @@
 // flash_forward_batch (flash.hpp): problems of different sizes in one task list give each
 // problem the bits flash_forward gives it alone — on every kernel row, with 1 and 2 threads,
-// with GQA, both causal alignments and dropout (a seed per problem) — and a batch whose
-// problems differ in head dims is refused before anything is written.
+// with GQA, both causal alignments and dropout (a seed per problem), beside problems whose
+// groups convert their K/V tiles — and a batch whose problems differ in head dims is refused
+// before anything is written.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -128,6 +129,62 @@ TEST(FlashBatch, PartialsPastTheCapRunInWaves) {
         EXPECT_FALSE(still_poisoned(out)) << "problem " << i;
         EXPECT_TRUE(bit_equal(o.out, out) && bit_equal(o.lse, lse)) << "problem " << i;
     }
+}
+
+// Groups of query blocks in a batch whose problems read their K/V rows differently: float32 in
+// place (the longest, so problem 0 of the task list), float16 and bfloat16 (converted) and
+// float32 with a strided head dim (copied). Each problem's groups make shared tiles only if it
+// converts its own (JobPlan::group_tiles); every thread still has them for the converting ones.
+// Each problem: the bits of its tasks run alone, on every row, with 1 and 2 threads.
+TEST(FlashBatch, GroupsConvertingBesideInPlaceEachAsAlone) {
+    const detail::FlashTiles grouped{16, 7, 0, 4}, alone{16, 7, 0, 1};
+    const std::int64_t Dk = 13, Dv = 11;
+    std::mt19937_64 rng(70);
+    std::vector<One> batch;
+    const std::int64_t sizes[][2] = {{70, 90}, {45, 61}, {33, 52}, {50, 75}, {64, 40}};
+    for (int i = 0; i < 5; ++i) {
+        One o;
+        const std::int64_t Lq = sizes[i][0], Lk = sizes[i][1];
+        o.q = randn(DType::f32, Shape{1, 4, Lq, Dk}, rng);
+        if (i == 3) {  // head dim strided: rows of (1, 2, D, Lk) transposed
+            o.k = randn(DType::f32, Shape{1, 2, Dk, Lk}, rng);
+            o.v = randn(DType::f32, Shape{1, 2, Dv, Lk}, rng);
+        } else {
+            const DType kv = i == 1 ? DType::f16 : i == 2 ? DType::bf16 : DType::f32;
+            o.k = test::to_storage(randn(DType::f32, Shape{1, 2, Lk, Dk}, rng).view(), kv);
+            o.v = test::to_storage(randn(DType::f32, Shape{1, 2, Lk, Dv}, rng).view(), kv);
+        }
+        o.opt.causal = i % 2 == 0 ? Causal::none : Causal::bottom_right;
+        batch.push_back(std::move(o));
+    }
+    std::vector<TensorView> ks, vs;  // K and V as the kernel reads them
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+        const bool strided = i == 3;
+        ks.push_back(strided ? batch[i].k.view().transpose(2, 3) : batch[i].k.view());
+        vs.push_back(strided ? batch[i].v.view().transpose(2, 3) : batch[i].v.view());
+    }
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets())
+        for (int threads : {1, 2}) {
+            SCOPED_TRACE(std::string(detail::isa_name(row->isa)) + ", " + std::to_string(threads) + " threads");
+            std::vector<detail::SdpaProblem> ps;
+            for (std::size_t i = 0; i < batch.size(); ++i) {
+                One& o = batch[i];
+                o.out = poisoned(DType::f32, Shape{1, 4, o.q.view().dim(2), Dv});
+                o.lse = poisoned(DType::f32, Shape{1, 4, o.q.view().dim(2)});
+                const TensorView lse = o.lse.view();
+                ps.push_back(detail::make_problem(o.q, ks[i], vs[i], o.opt, o.out, &lse, nullptr));
+            }
+            detail::flash_forward_batch(ps.data(), ps.size(), *row, threads, &grouped);
+            for (std::size_t i = 0; i < batch.size(); ++i) {
+                SCOPED_TRACE("problem " + std::to_string(i));
+                const One& o = batch[i];
+                const Tensor out = poisoned(DType::f32, o.out.shape()), lse = poisoned(DType::f32, o.lse.shape());
+                const TensorView lv = lse.view();
+                detail::flash_forward(detail::make_problem(o.q, ks[i], vs[i], o.opt, out, &lv, nullptr), *row, threads, &alone);
+                EXPECT_FALSE(still_poisoned(out));
+                EXPECT_TRUE(bit_equal(o.out, out) && bit_equal(o.lse, lse));
+            }
+        }
 }
 
 TEST(FlashBatch, DifferentHeadDimsRefused) {

@@ -18,9 +18,11 @@ namespace attn::detail::ATTN_FLASH_NS {
 // Sᵀ and Oᵀ stay in its own workspace). Each task's own steps and their order are run_block's,
 // so the bits are too. The lockstep needs every task's key blocks to start at the same key:
 // a group whose tasks' visible ranges start apart (a sliding window) runs task by task.
+// shared_tiles: the problem's plan says its groups make the K/V rows once (JobPlan::group_tiles;
+// then ws[0] holds the group tiles).
 template <class Ops>
 void run_group(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, Workspace* const* ws, const TaskAt* a,
-               int n) {
+               int n, bool shared_tiles) {
     if (n == 1) {  // most items: an ungrouped task
         run_block<Ops>(p, t, drop, *ws[0], a[0]);
         return;
@@ -51,10 +53,11 @@ void run_group(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     // once for the group, in the thread's group tiles (Workspace::gk/gv), and every task reads
     // them (KvTile): converting them per task cost the mixed-dtype rows 6-20 % (docs/kernels.md,
     // "Mixed dtypes"). All tasks see one (b, KV head); each reads a prefix of the block's rows.
+    // Only for a problem that needs it: the thread's tiles may be there for another of the batch.
     const Workspace& g = *ws[0];
     for (std::int64_t j0 = ulo; j0 < uhi; j0 += t.Nb) {
         KvTile tile;
-        if (g.gk != nullptr) {
+        if (shared_tiles) {
             const std::int64_t nk = imin(t.Nb, uhi - j0);
             tile.k = kv_tile_rows<Ops>(p, false, a[0].b, a[0].hk, j0, nk, p.Dk, g.gk, tile.ldk, k[0].panels);
             tile.v = kv_tile_rows<Ops>(p, true, a[0].b, a[0].hk, j0, nk, p.Dv, g.gv, tile.ldv, k[0].panels);
@@ -66,7 +69,7 @@ void run_group(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
                 const std::int64_t ahead = requested ? 0 : ahead_end(a[i].kv_ahead, k[i].panels, k[i].uhi);
                 requested = requested || ahead > j0 + nk;
                 key_block<Ops>(p, t, drop, *ws[i], a[i].b, a[i].hk, k[i].nq, k[i].panels, j0, nk, ahead, false,
-                               alibi_zeros[i], g.gk != nullptr ? &tile : nullptr);
+                               alibi_zeros[i], shared_tiles ? &tile : nullptr);
             }
     }
     for (int i = 0; i < n; ++i) finish_task<Ops>(p, t, drop, *ws[i], a[i], k[i]);

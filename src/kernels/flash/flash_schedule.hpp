@@ -66,6 +66,7 @@ struct JobPlan {
     TaskGrid g;
     std::int64_t chunk = 0, chunks = 1;
     int group = 1;                 // tasks per item (run_group) when chunks = 1
+    bool group_tiles = false;      // its groups make each key block's K/V rows once for their tasks
     std::int64_t group_items = 0;  // items per (b, KV head): ⌈g.kv_tasks / group⌉
     std::int64_t first_item = 0, first_slot = 0, first_merge = 0;
 };
@@ -129,8 +130,11 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
         }
         // paged: tiles across pages; one-panel tasks of large heads copy their tiles (pack_tile_rows)
         pack_k = pack_k || p.paged != nullptr || !in_place(p.k, p.Dk) || pack_tile_rows(p, 1);
-        // a group whose tiles are not read in place makes them once for its tasks (run_group)
-        group_tiles = group_tiles || (j.group > 1 && (p.paged != nullptr || converts_tiles(p)));
+        // a group whose tiles are not read in place makes them once for its tasks (run_group):
+        // decided per problem, so a batch's problems read in place beside one that converts
+        // (the operand hooks read their own operands: nothing for a group to share)
+        j.group_tiles = !kOpsOwnOperands<Ops> && j.group > 1 && (p.paged != nullptr || converts_tiles(p));
+        group_tiles = group_tiles || j.group_tiles;  // a thread's first workspace holds the tiles
         if constexpr (kOpsOwnOperands<Ops>) extra = extra > Ops::scratch_bytes(p, t) ? extra : Ops::scratch_bytes(p, t);
     }
     plans[n] = sum;
@@ -172,7 +176,7 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
             Workspace* ws[kMaxQueryGroup] = {};
             bool failed = false;
             for (int g = 0; g < max_group; ++g) {
-                ws[g] = new (raw[g]) Workspace(*jobs[0].p, t, pack_k, extra, g == 0 && group_tiles && !kOpsOwnOperands<Ops>);
+                ws[g] = new (raw[g]) Workspace(*jobs[0].p, t, pack_k, extra, g == 0 && group_tiles);
                 failed = failed || ws[g]->block == nullptr;
             }
             Workspace& w = *ws[0];
@@ -203,7 +207,7 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
                     const int count = static_cast<int>(imin(j.group, j.g.kv_tasks - r * j.group));
                     TaskAt at[kMaxQueryGroup];
                     for (int g = 0; g < count; ++g) at[g] = task_at(p, j.g, first + g);
-                    run_group<Ops>(p, t, jobs[i].drop, ws, at, count);
+                    run_group<Ops>(p, t, jobs[i].drop, ws, at, count, j.group_tiles);
                 } else {  // item k: chunk k % chunks of task k / chunks
                     const std::int64_t c0 = (k % j.chunks) * j.chunk, slot = j.first_slot - a.first_slot + k;
                     run_chunk<Ops>(p, t, jobs[i].drop, w, task_at(p, j.g, k / j.chunks), c0, imin(p.Lk, c0 + j.chunk),
