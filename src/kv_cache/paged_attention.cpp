@@ -12,7 +12,6 @@
 
 #include "attn/decode.hpp"
 #include "attn/paged_kv_cache.hpp"
-#include "../core/allocate.hpp"
 #include "../core/check.hpp"
 #include "../core/threads.hpp"
 #include "../kernels/decode/decode.hpp"
@@ -20,6 +19,7 @@
 #include "../kernels/flash/flash.hpp"
 #include "../kernels/isa.hpp"
 #include "../sdpa/problem.hpp"
+#include "paged_layout.hpp"
 
 namespace attn {
 namespace {
@@ -44,48 +44,25 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
     if (static_cast<std::int64_t>(seqs.size()) != B) {
         detail::fail(kOp, "seqs: has ", seqs.size(), " sequence ids but Q's batch is ", B);
     }
-    std::vector<std::int64_t> lengths(seqs.size());
-    std::int64_t n = 1, pages = 1;
     for (std::size_t b = 0; b < seqs.size(); ++b) {
         if (!cache.contains(seqs[b])) {
             detail::fail(kOp, "seqs: entry ", b, " = ", seqs[b], " is not a sequence of the cache (never added, or freed)");
         }
-        lengths[b] = cache.length(seqs[b]);
-        n = std::max(n, lengths[b]);
-        pages = std::max(pages, static_cast<std::int64_t>(cache.page_table(seqs[b]).size()));
+        const std::int64_t length = cache.length(seqs[b]);
         // Fewer positions than new queries: not appended yet. An empty sequence takes the rule
         // (out 0, lse −inf), as in decode_attention.
-        if (options.causal != Causal::none && !options.query_offset && lengths[b] > 0 && lengths[b] < Lq) {
-            detail::fail(kOp, "seqs: sequence ", seqs[b], " (entry ", b, ") holds ", lengths[b],
+        if (options.causal != Causal::none && !options.query_offset && length > 0 && length < Lq) {
+            detail::fail(kOp, "seqs: sequence ", seqs[b], " (entry ", b, ") holds ", length,
                          " positions but there are ", Lq, " new queries; append the new tokens' K and V before "
                          "paged_attention");
         }
     }
-    // The page tables, one row per batch entry (unused entries point at page 0, never read:
-    // every row's keys stop at its sequence's length).
-    std::vector<std::int32_t> table;
-    detail::resize_or_throw(table, B * pages, "the page tables of seqs");
-    for (std::size_t b = 0; b < seqs.size(); ++b) {
-        const std::vector<std::int32_t>& t = cache.page_table(seqs[b]);
-        std::copy(t.begin(), t.end(), table.begin() + static_cast<std::ptrdiff_t>(b) * pages);
-    }
-    const std::int64_t ps = cache.page_size(), Hkv = cache.kv_heads(), Dk = cache.head_dim(), Dv = cache.value_dim();
-    detail::PagedRows rows;
-    rows.table = table.data();
-    rows.table_stride = pages;
-    rows.page_size = ps;
-    while ((std::int64_t{1} << rows.page_shift) < ps) ++rows.page_shift;
-    rows.k_page_stride = ps * Dk;
-    rows.v_page_stride = ps * Dv;
-    // K/V as the kernel sees them: (B, Hkv, n, D) with the pools' head stride and a page's row
-    // stride; rows are found through `rows`, never through these views' batch dim.
-    const std::int64_t P = cache.num_pages();
-    const TensorView k(cache.key_pages().data(), cache.storage(), Shape{B, Hkv, n, Dk}, Strides{0, P * ps * Dk, Dk, 1});
-    const TensorView v(cache.value_pages().data(), cache.storage(), Shape{B, Hkv, n, Dv}, Strides{0, P * ps * Dv, Dv, 1});
+    // The page tables, K/V through them and the sequences' lengths (paged_layout.hpp).
+    const detail::PagedLayout pages(cache, seqs);
     SdpaOptions o = options;
-    o.key_lengths = TensorView(lengths.data(), DType::i64, Shape{B});
-    const detail::SdpaProblem p = detail::make_problem(q, k, v, o, out, lse, nullptr, kOp);
-    // The whole pools are inputs: the call reads pages anywhere in them (the kernel views above
+    o.key_lengths = pages.key_lengths;
+    const detail::SdpaProblem p = detail::make_problem(q, pages.k, pages.v, o, out, lse, nullptr, kOp);
+    // The whole pools are inputs: the call reads pages anywhere in them (the layout's views
     // reach only the first n rows of each head's pool).
     const TensorView key_pool = cache.key_pages(), value_pool = cache.value_pages();
     detail::require_outputs_apart(kOp, {{&q, "Q"}, {&key_pool, "the key pages"}, {&value_pool, "the value pages"}}, options,
@@ -102,7 +79,7 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
         const std::string flash_declines = detail::flash_decline_reason(p);
         if (!flash_declines.empty()) detail::fail(kOp, "impl: the flash kernel declines this call: ", flash_declines);
         detail::SdpaProblem fp = p;
-        fp.paged = &rows;
+        fp.paged = &pages.rows;
         detail::flash_forward(fp, kernels);
         return;
     }
@@ -134,7 +111,7 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
         }
         parts.push_back(s);
     }
-    for (const detail::SdpaProblem& s : parts) detail::decode_forward(s, kernels, 0, &rows);
+    for (const detail::SdpaProblem& s : parts) detail::decode_forward(s, kernels, 0, &pages.rows);
 }
 
 }  // namespace attn

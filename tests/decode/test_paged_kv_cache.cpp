@@ -29,7 +29,7 @@
 #include "kernels/decode/decode.hpp"
 #include "kernels/flash/flash.hpp"
 #include "kernels/isa.hpp"
-#include "kernels/paged_rows.hpp"
+#include "kv_cache/paged_layout.hpp"
 #include "sdpa/problem.hpp"
 
 namespace attn::test {
@@ -414,9 +414,9 @@ TEST(PagedKVCache, AllBfloat16ChunkOnPagesBitIdentical) {
 
 // Groups of query blocks on pages (run_group makes each key block's rows once in the group
 // tiles, gathered from the pages): forced groups (FlashTiles::query_group) against tasks alone,
-// and both against the same tiles on the contiguous cache, bit for bit. The problem is built as
-// paged_attention builds it (paged_rows.hpp: the pools with a page's strides, rows found through
-// the tables), since paged_attention takes no tiles. Pages of 2 and 4 keys under key blocks of 7
+// and both against the same tiles on the contiguous cache, bit for bit. K/V and key lengths are
+// paged_attention's (its PagedLayout: the pools with a page's strides, rows found through the
+// tables), since paged_attention takes no tiles. Pages of 2 and 4 keys under key blocks of 7
 // (every tile crosses pages, at varying offsets), pages interleaved with another sequence's,
 // GQA, odd head dims, two sequences of different lengths, a float16 and a float32 pool.
 TEST(PagedKVCache, FlashGroupsOnPagesBitIdentical) {
@@ -438,24 +438,8 @@ TEST(PagedKVCache, FlashGroupsOnPagesBitIdentical) {
                 append_random(w, other, 17, rng);
             }
             const std::vector<SeqId> ids{a, other};
-            const std::int64_t B = 2, Hq = 4, Lq = 45, n = 75;  // lengths 75 and 51
-            std::vector<std::int32_t> table(static_cast<std::size_t>(B * (n / ps + 1)));
-            Tensor lengths(DType::i64, Shape{B});
-            for (std::int64_t b = 0; b < B; ++b) {
-                const std::vector<std::int32_t>& t = w.cache.page_table(ids[static_cast<std::size_t>(b)]);
-                std::copy(t.begin(), t.end(), table.begin() + b * (n / ps + 1));
-                lengths.data_as<std::int64_t>()[b] = w.cache.length(ids[static_cast<std::size_t>(b)]);
-            }
-            detail::PagedRows rows;
-            rows.table = table.data();
-            rows.table_stride = n / ps + 1;
-            rows.page_size = ps;
-            while ((std::int64_t{1} << rows.page_shift) < ps) ++rows.page_shift;
-            rows.k_page_stride = ps * cfg.head_dim;
-            rows.v_page_stride = ps * cfg.value_dim;
-            const std::int64_t P = cfg.num_pages;
-            const TensorView kp(w.cache.key_pages().data(), pool, Shape{B, 2, n, 13}, Strides{0, P * ps * 13, 13, 1});
-            const TensorView vp(w.cache.value_pages().data(), pool, Shape{B, 2, n, 11}, Strides{0, P * ps * 11, 11, 1});
+            const std::int64_t B = 2, Hq = 4, Lq = 45;  // lengths 75 and 51
+            const detail::PagedLayout pages(w.cache, ids);
             const KVCache kv = contiguous(w, ids);
             const Tensor q = random_f32(Shape{B, Hq, Lq, 13}, rng);
             for (int mask = 0; mask < 3; ++mask) {
@@ -463,7 +447,7 @@ TEST(PagedKVCache, FlashGroupsOnPagesBitIdentical) {
                 o.causal = mask < 2 ? Causal::bottom_right : Causal::none;
                 if (mask == 1) o.dropout_p = 0.25, o.dropout_seed = 5;
                 if (mask == 2) o.window = Window{-1, 6, Align::bottom_right};
-                o.key_lengths = lengths.view();
+                o.key_lengths = pages.key_lengths;
                 for (const detail::KernelSet* ks : detail::runnable_kernel_sets()) {
                     SCOPED_TRACE(std::string(dtype_name(pool)) + " pool, page " + std::to_string(ps) + ", mask " +
                                  std::to_string(mask) + ", isa " + detail::isa_name(ks->isa));
@@ -472,9 +456,9 @@ TEST(PagedKVCache, FlashGroupsOnPagesBitIdentical) {
                         out[r] = poisoned(DType::f32, Shape{B, Hq, Lq, 11});
                         lse[r] = poisoned(DType::f32, Shape{B, Hq, Lq});
                         const TensorView lv = lse[r].view();
-                        detail::SdpaProblem p = detail::make_problem(q, r < 2 ? kp : kv.keys(), r < 2 ? vp : kv.values(), o,
-                                                                     out[r].view(), &lv, nullptr);
-                        if (r < 2) p.paged = &rows;
+                        detail::SdpaProblem p = detail::make_problem(q, r < 2 ? pages.k : kv.keys(), r < 2 ? pages.v : kv.values(),
+                                                                     o, out[r].view(), &lv, nullptr);
+                        if (r < 2) p.paged = &pages.rows;
                         detail::flash_forward(p, *ks, 2, r == 0 ? &grouped : &alone);
                     }
                     EXPECT_FALSE(any_poisoned(out[0]) || any_poisoned(lse[0]));
