@@ -16,9 +16,11 @@
 // attn::to_dtype), Q and out float32: the mixed rows of bench/shapes.md (issue 14).
 //
 // Method: one warm-up run, then --reps runs; prints median and min time and GFLOP/s with
-// FLOPs = 4·B·H·Lq·Lk·D (causal: the visible pairs, ≈ half). --peak first measures the
-// FMA peak of the chosen ISA's width (10 independent accumulator chains per thread, ymm
-// for avx2/portable, zmm for avx512) on the same threads.
+// FLOPs = 4·B·H·Lq·Lk·D (causal: the visible pairs, ≈ half), and per CPU-second of the
+// process (bench/machine.hpp: on a shared machine, wall time says what the run got, CPU time
+// what the code does when it runs). --peak first measures the FMA peak of the chosen ISA's
+// width (ymm for avx2/portable, zmm for avx512) on the same threads with `attn bench`'s own
+// loop (bench/peaks.hpp measure_fma_peak).
 //
 // ── Changelog (2 threads, g++ 12 -O3, this machine; S2 = B1 H16 L4096 D64, S3 = L4096 D128 causal)
 // The machine was shared and loaded (load average 5–16) throughout, so the comparable
@@ -37,8 +39,10 @@
 //           64     60.6  67.2  61.2  63.2             64     58.5  68.7  69.0  66.4
 //           128    61.9  60.2  66.3  65.9             128    63.3  67.3  67.1  68.7
 //     → Mb = Nb = 64 for every head dim (flat within the noise elsewhere).
-#include <immintrin.h>
-#include <omp.h>
+// 2026-12-05 --peak and --paired run `attn bench`'s FMA loop (bench/peaks.hpp) instead of the
+//     lab's copy, whose ten accumulators g++ 12 stored to the stack every iteration (the asm
+//     barriers on an array): on the Zen 5 VM it gave 150 GFLOP per CPU-second x threads on 2 zmm
+//     threads against the bench loop's 430-456, 66 against 116 on 1 ymm thread.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -47,7 +51,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <random>
 #include <string>
 #include <vector>
@@ -57,82 +60,14 @@
 #include "kernels/flash/flash.hpp"
 #include "kernels/isa.hpp"
 #include "kernels/reference/reference.hpp"
+#include "machine.hpp"
+#include "peaks.hpp"
 #include "sdpa/problem.hpp"
 
 using namespace attn;
 using namespace attn::detail;
 
 namespace {
-
-// CPU seconds of the whole process (all threads): on a shared machine, FLOPs per CPU
-// second per thread says what the code does when it runs, wall time what it got.
-double cpu_seconds() {
-    timespec ts{};
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-// One thread's FMA loop on 10 independent ymm / zmm chains: the value is returned so the
-// compiler cannot drop the loop. Kept apart from the OpenMP region below: clang outlines a
-// parallel region into a function without the enclosing function's target attribute (the
-// region's vector code then did not compile).
-__attribute__((target("avx2,fma"))) float fma_loop256(long iters) {
-    __m256 a[10];
-    for (int i = 0; i < 10; ++i) a[i] = _mm256_set1_ps(1.0f + i * 1e-3f);
-    const __m256 x = _mm256_set1_ps(0.9999999f), y = _mm256_set1_ps(1e-7f);
-    for (long it = 0; it < iters; ++it) {
-        for (int i = 0; i < 10; ++i) a[i] = _mm256_fmadd_ps(a[i], x, y);
-        // keep the compiler from folding iterations: the values are opaque
-        asm volatile("" : "+x"(a[0]), "+x"(a[1]), "+x"(a[2]), "+x"(a[3]), "+x"(a[4]));
-        asm volatile("" : "+x"(a[5]), "+x"(a[6]), "+x"(a[7]), "+x"(a[8]), "+x"(a[9]));
-    }
-    float sink = 0;
-    for (int i = 0; i < 10; ++i) sink += _mm256_cvtss_f32(a[i]);
-    return sink;
-}
-
-// The same loop on zmm (the avx512 row's width).
-__attribute__((target("avx512f"))) float fma_loop512(long iters) {
-    __m512 a[10];
-    for (int i = 0; i < 10; ++i) a[i] = _mm512_set1_ps(1.0f + i * 1e-3f);
-    const __m512 x = _mm512_set1_ps(0.9999999f), y = _mm512_set1_ps(1e-7f);
-    for (long it = 0; it < iters; ++it) {
-        for (int i = 0; i < 10; ++i) a[i] = _mm512_fmadd_ps(a[i], x, y);
-        asm volatile("" : "+v"(a[0]), "+v"(a[1]), "+v"(a[2]), "+v"(a[3]), "+v"(a[4]));
-        asm volatile("" : "+v"(a[5]), "+v"(a[6]), "+v"(a[7]), "+v"(a[8]), "+v"(a[9]));
-    }
-    float sink = 0;
-    for (int i = 0; i < 10; ++i) sink += _mm512_cvtss_f32(a[i]);
-    return sink;
-}
-
-// GFLOP/s of `loop` (`lanes` floats per FMA, 10 chains) on `threads` threads: best wall-time
-// rate of `reps` runs; best_cpu the best rate per CPU-second of one thread.
-double fma_peak_of(float (*loop)(long), int lanes, int threads, double& best_cpu, long iters, int reps) {
-    double best = 0;
-    best_cpu = 0;
-    for (int rep = 0; rep < reps; ++rep) {
-        const auto t0 = std::chrono::steady_clock::now();
-        const double c0 = cpu_seconds();
-        float sink = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : sink)
-        sink += loop(iters);
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const double c = (cpu_seconds() - c0) / threads;
-        best = std::max(best, 2.0 * lanes * 10 * iters * threads / s / 1e9);
-        best_cpu = std::max(best_cpu, 2.0 * lanes * 10 * iters * threads / c / 1e9);
-        if (sink == 12345) std::puts("");
-    }
-    return best;
-}
-
-double fma_peak(int threads, double& best_cpu, long iters = 20'000'000, int reps = 3) {
-    return fma_peak_of(fma_loop256, 8, threads, best_cpu, iters, reps);
-}
-
-double fma_peak512(int threads, double& best_cpu, long iters = 20'000'000, int reps = 3) {
-    return fma_peak_of(fma_loop512, 16, threads, best_cpu, iters, reps);
-}
 
 // n floats, 2 MiB aligned and advised to use transparent huge pages; zeroed (first touch).
 float* huge_floats(std::int64_t n) {
@@ -151,12 +86,7 @@ void fill(float* p, std::int64_t n, unsigned seed) {
     for (std::int64_t i = 0; i < n; ++i) p[i] = d(g);
 }
 
-void fill(const Tensor& t, unsigned seed) {
-    std::mt19937 g(seed);
-    std::normal_distribution<float> n(0.f, 1.f);
-    float* p = t.data_as<float>();
-    for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = n(g);
-}
+void fill(const Tensor& t, unsigned seed) { fill(t.data_as<float>(), t.numel(), seed); }
 
 }  // namespace
 
@@ -224,10 +154,11 @@ int run(int argc, char** argv) {
     const FlashTiles def = flash_default_tiles(D, D);
     if (!tiles_set_mb) tiles.Mb = def.Mb;
     if (!tiles_set_nb) tiles.Nb = def.Nb;
-    if (peak) {
-        double cpu = 0;
-        const double wall = isa == Isa::avx512 ? fma_peak512(threads, cpu) : fma_peak(threads, cpu);
-        std::printf("FMA peak %s (%d threads): %.1f GFLOP/s wall, %.1f per CPU-second x threads\n", isa == Isa::avx512 ? "zmm" : "ymm", threads, wall, cpu);
+    if (peak) {  // the benchmark's own ceiling (bench/peaks.hpp): 3 trials of 0.25 s, as `attn bench`
+        const bench::Ceiling c =
+            bench::measure_fma_peak(threads, 0.25, 3, isa == Isa::avx512 ? bench::FmaWidth::avx512 : bench::FmaWidth::avx2);
+        if (!c.measured) std::printf("FMA peak: %s\n", c.note.c_str());
+        else std::printf("FMA peak %s (%d threads): %.1f GFLOP/s wall, %.1f per CPU-second x threads\n", isa == Isa::avx512 ? "zmm" : "ymm", threads, c.value, c.per_cpu);
     }
 
     if (Hkv <= 0) Hkv = H;
@@ -325,19 +256,18 @@ int run(int argc, char** argv) {
     std::vector<double> t, ct;
     for (int r = warmup ? 0 : 1; r <= reps; ++r) {
         const auto t0 = std::chrono::steady_clock::now();
-        const double c0 = cpu_seconds();
+        const double c0 = bench::process_cpu_seconds();
         flash_forward(p, kernels, threads, &tiles);
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (r > 0) t.push_back(s);  // the first run warms caches and pages
-        if (r > 0) ct.push_back((cpu_seconds() - c0) / threads);
+        if (r > 0) ct.push_back((bench::process_cpu_seconds() - c0) / threads);
     }
     std::sort(t.begin(), t.end());
     std::sort(ct.begin(), ct.end());
     if (paired > 0) {
         std::vector<double> ratio, pk, kr;
         for (int r = 0; r < paired; ++r) {
-            double cpu = 0;
-            const double pw = fma_peak(threads, cpu, 10'000'000, 1);
+            const double pw = bench::measure_fma_peak(threads, 0.02, 1).value;  // one short ymm trial
             const auto t0 = std::chrono::steady_clock::now();
             flash_forward(p, kernels, threads, &tiles);
             const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
