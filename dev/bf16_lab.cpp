@@ -4,7 +4,8 @@
 //   bf16_lab [--iters N] [--reps N] [--threads N] [--shapes S2,S3] [--no-flash]
 //
 //  1. peaks: 12 independent chains of vfmadd (zmm, 32 FLOP) vs vdpbf16ps (zmm, 64 FLOP:
-//     16 lanes × 2 products × 2) — the instruction throughputs, 1 thread;
+//     16 lanes × 2 products × 2) — the instruction throughputs, 1 thread (`attn bench`'s own
+//     loops, bench/peaks.hpp);
 //  2. micro-kernels, hot in L1, 1 thread, on the driver's tiles (8 rows × 32 queries):
 //     qk over a 64-key block (Dk = 64, 128) and pv over 64 keys (Dv = 64, 128) — the f32 tile
 //     (a copy of flash_avx512.cpp's qk_tile/pv_tile, which live in that file's anonymous
@@ -22,7 +23,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <random>
 #include <string>
 #include <vector>
@@ -33,6 +33,8 @@
 #include "kernels/flash/bf16_dot.hpp"
 #include "kernels/flash/flash.hpp"
 #include "kernels/isa.hpp"
+#include "machine.hpp"
+#include "peaks.hpp"
 #include "sdpa/problem.hpp"
 
 using namespace attn;
@@ -41,53 +43,19 @@ namespace bk = attn::detail::flash_bf16_avx512_ns;
 
 namespace {
 
-double cpu_seconds() {
-    timespec ts{};
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
 // Best-of-reps GFLOP per CPU-second of fn() doing `flop` FLOPs.
 template <class Fn>
 double rate(Fn&& fn, double flop, int reps, double* worst = nullptr) {
     double best = 0, low = 1e300;
     for (int r = 0; r < reps; ++r) {
-        const double c0 = cpu_seconds();
+        const double c0 = bench::process_cpu_seconds();
         fn();
-        const double g = flop / (cpu_seconds() - c0) / 1e9;
+        const double g = flop / (bench::process_cpu_seconds() - c0) / 1e9;
         best = std::max(best, g);
         low = std::min(low, g);
     }
     if (worst != nullptr) *worst = low;
     return best;
-}
-
-__attribute__((target("avx512f"))) float fma_chains(long iters) {
-    const __m512 m = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(0.001f);
-    __m512 a[12];
-    for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(0.1f + 0.01f * static_cast<float>(i));
-    for (long it = 0; it < iters; ++it) {
-        for (int i = 0; i < 12; ++i) a[i] = _mm512_fmadd_ps(a[i], m, c);
-        asm volatile("" : "+v"(a[0]), "+v"(a[1]), "+v"(a[2]), "+v"(a[3]), "+v"(a[4]), "+v"(a[5]));
-        asm volatile("" : "+v"(a[6]), "+v"(a[7]), "+v"(a[8]), "+v"(a[9]), "+v"(a[10]), "+v"(a[11]));
-    }
-    float s = 0;
-    for (int i = 0; i < 12; ++i) s += _mm512_cvtss_f32(a[i]);
-    return s;
-}
-
-__attribute__((target("avx512f,avx512bf16"))) float dpbf16_chains(long iters) {
-    const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80), y = (__m512bh)_mm512_set1_epi32(0x3c003c00);
-    __m512 a[12];
-    for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(0.1f + 0.01f * static_cast<float>(i));
-    for (long it = 0; it < iters; ++it) {
-        for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbf16_ps(a[i], x, y);
-        asm volatile("" : "+v"(a[0]), "+v"(a[1]), "+v"(a[2]), "+v"(a[3]), "+v"(a[4]), "+v"(a[5]));
-        asm volatile("" : "+v"(a[6]), "+v"(a[7]), "+v"(a[8]), "+v"(a[9]), "+v"(a[10]), "+v"(a[11]));
-    }
-    float s = 0;
-    for (int i = 0; i < 12; ++i) s += _mm512_cvtss_f32(a[i]);
-    return s;
 }
 
 // The float32 8 × 32 tiles of flash_avx512.cpp (qk_tile<8>, pv_tile<8>), for comparison.
@@ -231,10 +199,10 @@ void flash(const std::string& shape, int threads, int reps) {
         std::vector<double> wall, cpu;
         for (int r = 0; r < reps; ++r) {
             const auto t0 = std::chrono::steady_clock::now();
-            const double c0 = cpu_seconds();
+            const double c0 = bench::process_cpu_seconds();
             flash_forward(*p, row, threads, nullptr);
             wall.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-            cpu.push_back((cpu_seconds() - c0) / threads);
+            cpu.push_back((bench::process_cpu_seconds() - c0) / threads);
         }
         std::sort(wall.begin(), wall.end());
         std::sort(cpu.begin(), cpu.end());
@@ -272,9 +240,9 @@ int main(int argc, char** argv) {
     }
     std::printf("peaks (1 thread, best of %d):\n", reps);
     double lo = 0;
-    const double fma = rate([&] { (void)fma_chains(iters); }, 12.0 * 32 * static_cast<double>(iters), reps, &lo);
+    const double fma = rate([&] { (void)bench::detail::fma_chains_avx512(iters); }, 12.0 * 32 * static_cast<double>(iters), reps, &lo);
     std::printf("  vfmadd231ps zmm    %7.1f GFLOP/s (worst rep %.1f)\n", fma, lo);
-    const double dp = rate([&] { (void)dpbf16_chains(iters); }, 12.0 * 64 * static_cast<double>(iters), reps, &lo);
+    const double dp = rate([&] { (void)bench::detail::dpbf16_chains_avx512(iters); }, 12.0 * 64 * static_cast<double>(iters), reps, &lo);
     std::printf("  vdpbf16ps zmm      %7.1f GFLOP/s (worst rep %.1f)  ratio %.2f\n", dp, lo, dp / fma);
     std::printf("micro-kernels (1 thread, hot in L1, one 64-query x 64-key block per call, best of %d):\n", reps);
     for (int D : {64, 128}) micro(D, 20000, reps);
