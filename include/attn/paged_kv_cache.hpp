@@ -70,7 +70,9 @@ public:
 
     bool contains(SeqId s) const;
     std::int64_t length(SeqId s) const;
-    // s's physical pages, in position order (ceil(length / page_size) of them).
+    // s's physical pages, in position order (ceil(length / page_size) of them). The reference
+    // stays valid until s is freed (or the cache is moved from), whatever other sequences do;
+    // s's own append and truncate change its contents.
     const std::vector<std::int32_t>& page_table(SeqId s) const;
     // Pages append(s, T tokens) would take from the pool (new pages + a copy-on-write copy).
     std::int64_t pages_needed(SeqId s, std::int64_t tokens) const;
@@ -105,7 +107,9 @@ private:
     std::unique_ptr<Pool> keys_, values_;
     std::vector<std::int32_t> refcount_;  // sequences holding each page
     std::vector<std::int32_t> free_list_;  // a min-heap of free page numbers
-    std::vector<Seq> seqs_;
+    // One allocation per sequence: page_table(s) returns a reference that must survive other
+    // sequences' add_sequence/fork (a vector of Seq moved them all when it grew).
+    std::vector<std::unique_ptr<Seq>> seqs_;
     std::vector<SeqId> free_ids_;
 };
 

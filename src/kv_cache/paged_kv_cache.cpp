@@ -91,10 +91,8 @@ void PagedKVCache::require_pool(const char* op) const {
 
 const PagedKVCache::Seq& PagedKVCache::seq(const char* op, SeqId s) const {
     require_pool(op);  // a moved-from cache says so, not "sequence s does not exist"
-    if (s < 0 || s >= static_cast<SeqId>(seqs_.size()) || !seqs_[static_cast<std::size_t>(s)].live) {
-        detail::fail(kOp, op, ": sequence ", s, " does not exist (never added, or freed)");
-    }
-    return seqs_[static_cast<std::size_t>(s)];
+    if (!contains(s)) detail::fail(kOp, op, ": sequence ", s, " does not exist (never added, or freed)");
+    return *seqs_[static_cast<std::size_t>(s)];
 }
 
 // The free list is a min-heap: the lowest-numbered free page first, so that a sequence's
@@ -123,10 +121,11 @@ PagedKVCache::SeqId PagedKVCache::add_sequence() {
     } else {
         // free_ids_ can hold every id: free() then never allocates (it must not fail half-way).
         if (free_ids_.capacity() < seqs_.size() + 1) free_ids_.reserve(std::max(seqs_.size() + 1, 2 * free_ids_.capacity()));
+        auto fresh = std::make_unique<Seq>();
         id = static_cast<SeqId>(seqs_.size());
-        seqs_.emplace_back();
+        seqs_.push_back(std::move(fresh));
     }
-    Seq& s = seqs_[static_cast<std::size_t>(id)];
+    Seq& s = *seqs_[static_cast<std::size_t>(id)];
     s.live = true;
     s.length = 0;
     s.pages.clear();
@@ -176,7 +175,7 @@ void PagedKVCache::append(SeqId s, const TensorView& k_new, const TensorView& v_
     }
     if (T == 0) return;
 
-    Seq& q = seqs_[static_cast<std::size_t>(s)];
+    Seq& q = *seqs_[static_cast<std::size_t>(s)];
     const std::int64_t ps = config_.page_size, Hkv = config_.kv_heads, Dk = config_.head_dim, Dv = config_.value_dim;
     const std::size_t es = dtype_size(config_.storage);
     // Element offsets in the (Hkv, num_pages, page_size, D) pools.
@@ -221,9 +220,9 @@ PagedKVCache::SeqId PagedKVCache::fork(SeqId s) {
     // leaves no half-made sequence behind (a live id with a length and no pages crashed the
     // next call that read it).
     std::vector<std::int32_t> pages = seq("fork", s).pages;
-    const SeqId id = add_sequence();  // may reallocate seqs_: index again below
-    Seq& child = seqs_[static_cast<std::size_t>(id)];
-    child.length = seqs_[static_cast<std::size_t>(s)].length;
+    const SeqId id = add_sequence();
+    Seq& child = *seqs_[static_cast<std::size_t>(id)];
+    child.length = seqs_[static_cast<std::size_t>(s)]->length;
     child.pages = std::move(pages);
     for (std::int32_t p : child.pages) ++refcount_[static_cast<std::size_t>(p)];
     return id;
@@ -235,7 +234,7 @@ void PagedKVCache::truncate(SeqId s, std::int64_t new_length) {
         detail::fail(kOp, "truncate: new_length must be in [0, ", cur.length, "] (sequence ", s, "'s length) but got ",
                      new_length);
     }
-    Seq& q = seqs_[static_cast<std::size_t>(s)];
+    Seq& q = *seqs_[static_cast<std::size_t>(s)];
     const auto keep = static_cast<std::size_t>(ceil_div(new_length, config_.page_size));
     for (std::size_t i = keep; i < q.pages.size(); ++i) release_page(q.pages[i]);
     q.pages.resize(keep);
@@ -244,7 +243,7 @@ void PagedKVCache::truncate(SeqId s, std::int64_t new_length) {
 
 void PagedKVCache::free(SeqId s) {
     (void)seq("free", s);
-    Seq& q = seqs_[static_cast<std::size_t>(s)];
+    Seq& q = *seqs_[static_cast<std::size_t>(s)];
     for (std::int32_t p : q.pages) release_page(p);
     q.pages.clear();
     q.length = 0;
@@ -253,7 +252,7 @@ void PagedKVCache::free(SeqId s) {
 }
 
 bool PagedKVCache::contains(SeqId s) const {
-    return s >= 0 && s < static_cast<SeqId>(seqs_.size()) && seqs_[static_cast<std::size_t>(s)].live;
+    return s >= 0 && s < static_cast<SeqId>(seqs_.size()) && seqs_[static_cast<std::size_t>(s)]->live;
 }
 
 std::int64_t PagedKVCache::length(SeqId s) const { return seq("length", s).length; }
