@@ -32,14 +32,13 @@ std::int64_t size_mul_or_max(std::int64_t s, std::int64_t n) {
     return __builtin_mul_overflow(s, n, &r) ? std::numeric_limits<std::int64_t>::max() : r;
 }
 
-// "(1, 1, 1)": a view's strides, for messages.
+}  // namespace
+
 std::string strides_text(const TensorView& t) {
     std::string s = "(";
     for (int d = 0; d < t.rank(); ++d) s += (d ? ", " : "") + std::to_string(t.stride(d));
     return s + (t.rank() == 1 ? ",)" : ")");
 }
-
-}  // namespace
 
 void require_rank(std::string_view op, const TensorView& t, std::string_view name, int rank, std::string_view layout) {
     if (t.data() == nullptr) fail(op, name, ": data pointer is null");

@@ -40,6 +40,9 @@ template <class... Parts>
     throw Error(s.str());
 }
 
+// "(1, 1, 1)": a view's strides (in elements), for messages.
+std::string strides_text(const TensorView& t);
+
 // A double in its shortest exact decimal form ("1", "0.3", "3.4028236e+38"), for messages: six
 // digits would print a value just outside a bound as the bound itself.
 std::string shortest(double value);

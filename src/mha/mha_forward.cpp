@@ -34,13 +34,7 @@ void check_outputs(const MultiHeadAttention& m, const TensorView& query, const T
         fail(kMha, "weights: ", options.need_weights ? "need_weights is set but no weights tensor was given"
                                                       : "a weights tensor was given but need_weights is not set");
     }
-    if (weights != nullptr) {
-        const Shape ws = m.weights_shape(query, key, options.average_attn_weights);
-        if (weights->data() == nullptr || weights->dtype() != DType::f32 || !weights->is_contiguous() || !(weights->shape() == ws)) {
-            fail(kMha, "weights: expected a contiguous float32 tensor of shape ", ws, " but got ", dtype_name(weights->dtype()),
-                 " ", weights->shape());
-        }
-    }
+    if (weights != nullptr) detail::check_output("weights", *weights, m.weights_shape(query, key, options.average_attn_weights), true);
     detail::require_apart(kMha, {{&query, "query"}, {&key, "key"}, {&value, "value"}, {detail::view_or_null(options.attn_mask), "attn_mask"},
                                  {detail::view_or_null(options.key_padding_mask), "key_padding_mask"}},
                           {{&output, "output"}, {weights, "weights"}});

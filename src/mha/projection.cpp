@@ -91,10 +91,15 @@ Tensor rounded_rows(Tensor rows, DType dt) {
     return narrow;
 }
 
-void check_output(const char* name, const TensorView& out, const Shape& shape) {
-    if (out.data() == nullptr || !gemm_dtype(out.dtype()) || !out.is_contiguous() || !(out.shape() == shape)) {
-        fail(kMha, name, ": expected a contiguous float32, float16 or bfloat16 tensor of shape ", shape, " but got ",
-             dtype_name(out.dtype()), " ", out.shape(), out.is_contiguous() ? "" : " (non-contiguous)");
+void check_output(const char* name, const TensorView& out, const Shape& shape, bool float32_only) {
+    const bool dtype_ok = float32_only ? out.dtype() == DType::f32 : gemm_dtype(out.dtype());
+    if (out.data() == nullptr || !dtype_ok || !out.is_contiguous() || !(out.shape() == shape)) {
+        // Say which requirement failed: a strided view of the right dtype and shape was told it
+        // had "float32 (2, 37, 37)" where that was expected.
+        fail(kMha, name, ": expected a contiguous ", float32_only ? "float32" : "float32, float16 or bfloat16",
+             " tensor of shape ", shape, " but got ", dtype_name(out.dtype()), " ", out.shape(),
+             out.data() == nullptr ? " with a null data pointer" : "",
+             out.is_contiguous() ? "" : " with strides " + strides_text(out) + " (non-contiguous)");
     }
 }
 

@@ -32,8 +32,9 @@ void store_output(const float* src, const TensorView& out);
 // float32 rows rounded once to dt (a new tensor), or the rows themselves when dt is float32.
 Tensor rounded_rows(Tensor rows, DType dt);
 
-// A layer's output tensor argument: contiguous, of `shape`, float32/float16/bfloat16.
-void check_output(const char* name, const TensorView& out, const Shape& shape);
+// A layer's output tensor argument: contiguous, of `shape`, float32/float16/bfloat16 (or
+// float32 only: the attention weights).
+void check_output(const char* name, const TensorView& out, const Shape& shape, bool float32_only = false);
 
 // The layer's input weights and biases: W_Q (E, E), W_K (E_kv, kdim), W_V (E_kv, vdim), the
 // rows of in_proj_weight when kdim == vdim == E (so W_Q, W_K, W_V are contiguous: wq is the

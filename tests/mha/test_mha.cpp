@@ -572,6 +572,13 @@ TEST(Mha, ForwardArgumentErrors) {
                  "MultiHeadAttention: causal: must be one of Causal::none, top_left, bottom_right but got the value 7");
     Tensor out(DType::f32, Shape{3, 2, 4});
     expect_error([&] { m.forward_into(x, x, x, {}, out, nullptr); }, "need_weights is set but no weights tensor");
+    // A weights view of the right dtype and shape but not contiguous: the message says what is
+    // wrong with it (it read "expected … of shape (2, 3, 3) but got float32 (2, 3, 3)").
+    const Tensor wbuf(DType::f32, Shape{2, 3, 6});
+    const TensorView strided_weights = TensorView(wbuf).slice(2, 0, 3);
+    expect_error([&] { m.forward_into(x, x, x, {}, out, &strided_weights); },
+                 "MultiHeadAttention: weights: expected a contiguous float32 tensor of shape (2, 3, 3) but got float32 "
+                 "(2, 3, 3) with strides (18, 6, 1) (non-contiguous)");
     // Outputs apart from each other and from the inputs (weights are written before the output).
     const TensorView weights_in_out(out.data(), DType::f32, Shape{2, 3, 3});
     expect_error([&] { m.forward_into(x, x, x, {}, out, &weights_in_out); },
