@@ -147,7 +147,9 @@ std::vector<std::pair<std::string, attn::TensorView>> named_inputs(const py::dic
         if (!py::isinstance<py::str>(item.first)) {
             type_error(what + ": keys must be str but got " + std::string(py::str(py::type::of(item.first))));
         }
-        const std::string name = item.first.cast<std::string>();
+        // str_arg, not pybind11's cast: a key with a lone surrogate is not UTF-8, and the cast said
+        // only "Unable to cast Python instance to C++ type".
+        const std::string name = str_arg(item.first, what + " key");
         py::object value = py::reinterpret_borrow<py::object>(item.second);
         bool bits = uint16_is_bf16;
         const std::string arg = what + "['" + name + "']";

@@ -431,6 +431,23 @@ def test_unconvertible_arrays_name_the_argument(label, call, name):
 
 
 
+# A dict key with a lone surrogate has no UTF-8 form: a ValueError naming the dict's keys, before
+# any file exists (pybind11's cast said only "Unable to cast Python instance to C++ type").
+@pytest.mark.parametrize("what", ["tensors", "state_dict"])
+def test_a_key_that_is_not_utf8_is_named(tmp_path, what):
+    out = tmp_path / "p.safetensors"
+    entry = {"in_proj_weight\ud800": np.zeros((3 * E, E), np.float32)}
+    with pytest.raises(ValueError) as e:
+        if what == "tensors":
+            attn.save_safetensors(str(out), entry)
+        else:
+            _mha().load_state_dict(entry)
+    msg = str(e.value)
+    assert msg.startswith(what + " key: expected a str encodable as UTF-8"), msg
+    assert not any(s in msg for s in PYBIND_INTERNALS), msg
+    assert list(tmp_path.iterdir()) == []
+
+
 BIG = np.zeros((2, 8, 1024, 64), np.float32)
 CALLS_THAT_DO_NOT_FIT = [
     ("misspelt keyword", lambda: attn.sdpa(BIG, BIG, BIG, is_casual=True),
