@@ -399,12 +399,16 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
     }
 
     // --shard-outputs: every rank writes its own rows (its segments, concatenated in local order).
+    // Every rank stages its files, and publishes them only once all ranks have: a rank whose write
+    // failed (a full disk, EFBIG) left the other ranks' shards behind, published, after exit 2.
     if (a.shard_outputs) {
+        OutputFiles::Staged staged;
         dist::run_collectively(comm, [&] {
             std::vector<OutputFiles::Output> files{{"--out", my_out, o_mine.view()}};
             my_grad.add_files(files, dq_mine, dk_mine, dv_mine, dsinks);
-            OutputFiles::write_all(files);
+            staged = OutputFiles::stage(files);
         });
+        dist::run_collectively(comm, [&] { staged.publish(); });
         return;
     }
     // Rank 0 gathers O (B, Hq, Lq, Dv) and the gradients, then writes them all; an allocation

@@ -171,14 +171,21 @@ void OutputFiles::write_bytes(const std::string& flag, const std::string& path, 
 // taken back), and only then are the staging files renamed into place. A failure before the
 // renames (disk full, EFBIG, a reader that went away) removes every staging file and leaves
 // every regular target untouched.
-void OutputFiles::write_all(const std::vector<Output>& outputs) {
+void OutputFiles::write_all(const std::vector<Output>& outputs) { stage(outputs).publish(); }
+
+OutputFiles::Staged::Staged() = default;
+OutputFiles::Staged::Staged(Staged&&) noexcept = default;
+OutputFiles::Staged& OutputFiles::Staged::operator=(Staged&&) noexcept = default;
+OutputFiles::Staged::~Staged() = default;
+
+OutputFiles::Staged OutputFiles::stage(const std::vector<Output>& outputs) {
     for (const Output& o : outputs) {
         if (o.tensors.empty()) check_dtype(o.flag, o.path, o.view.dtype(), {});
         if (!o.tensors.empty()) require_safetensors(o.flag, o.path);
         for (const auto& [name, t] : o.tensors) check_dtype(o.flag, o.path, t.dtype(), {});
     }
-    std::vector<std::unique_ptr<detail::AtomicFile>> files;
-    std::vector<std::string> flags;
+    Staged staged;
+    std::vector<std::unique_ptr<detail::AtomicFile>>& files = staged.files_;
     for (int pass = 0; pass < 2; ++pass) {  // pass 0: staged files; pass 1: devices and FIFOs
         for (const Output& o : outputs) {
             if (detail::resolve_output(o.path).direct != (pass == 1)) continue;
@@ -195,10 +202,14 @@ void OutputFiles::write_all(const std::vector<Output>& outputs) {
                 }
                 files.back()->finish();
             });
-            flags.push_back(o.flag);
+            staged.flags_.push_back(o.flag);
         }
     }
-    for (std::size_t i = 0; i < files.size(); ++i) naming(flags[i], [&] { files[i]->publish(); });
+    return staged;
+}
+
+void OutputFiles::Staged::publish() {
+    for (std::size_t i = 0; i < files_.size(); ++i) naming(flags_[i], [&] { files_[i]->publish(); });
 }
 
 }  // namespace attn::cli

@@ -4,12 +4,17 @@
 // device/FIFO) is decided by detail::AtomicFile (src/io/atomic_file.hpp).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "attn/dtype.hpp"
 #include "attn/tensor.hpp"
+
+namespace attn::detail {
+class AtomicFile;
+}
 
 namespace attn::cli {
 
@@ -52,6 +57,24 @@ public:
     // error while writing leaves none of the regular files behind.
     // A dtype the path cannot hold is refused here too, before any file is opened.
     static void write_all(const std::vector<Output>& outputs);
+    // write_all in its two steps, for outputs that several processes write (attn ring
+    // --shard-outputs): stage() writes every output and publishes none; the processes agree that
+    // all of them staged, then each publish()es. A rank whose write failed then leaves no other
+    // rank's file behind. Destroyed unpublished, it removes its staging files.
+    class Staged {
+    public:
+        Staged();
+        Staged(Staged&&) noexcept;
+        Staged& operator=(Staged&&) noexcept;
+        ~Staged();
+        void publish();  // the renames into place; errors name the option
+
+    private:
+        friend class OutputFiles;
+        std::vector<std::unique_ptr<detail::AtomicFile>> files_;
+        std::vector<std::string> flags_;
+    };
+    static Staged stage(const std::vector<Output>& outputs);
     // One output of encoded bytes (a picture), written as write_all writes a file; a file
     // system error names `flag`.
     static void write_bytes(const std::string& flag, const std::string& path, const std::string& bytes);
