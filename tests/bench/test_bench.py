@@ -261,6 +261,20 @@ def test_argument_errors(args, message):
     assert "FMA peak" not in p.stdout  # rejected before measuring anything
 
 
+@pytest.mark.parametrize("flag", ["--torch-script", "--python"])
+def test_json_naming_a_file_the_torch_rows_read_is_refused(tmp_path, flag):
+    """--json over --torch-script (or --python) replaced the script with the results, exit 0."""
+    given = tmp_path / "given"
+    given.write_text("print('kept')\n")
+    p = run("--quick", "--shape-custom", "1,1,1,8,8,4,0", flag, str(given), "--json", str(given), check=False)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert p.stderr == f"attn: error: --json: path '{given}' names the same file as the input {flag} ('{given}'), " \
+                       "which it would replace\n", p.stderr
+    assert given.read_text() == "print('kept')\n"
+    assert "FMA peak" not in p.stdout  # refused before measuring anything
+    assert sorted(os.listdir(tmp_path)) == ["given"]
+
+
 def test_markdown_section_is_refreshed_not_duplicated(custom_run, tmp_path):
     _, _, json_path = custom_run
     md = tmp_path / "BENCHMARKS.md"

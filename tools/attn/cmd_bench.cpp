@@ -92,6 +92,12 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
     if (a.json.size()) {
         OutputFiles outputs;  // fail now, not after minutes of measuring
         outputs.add("--json", a.json);
+        // The torch rows read these two: --json naming either replaced it (the script, or the
+        // interpreter when run as root) with the results.
+        if (a.torch) {
+            outputs.add_input("--torch-script", a.torch_script);
+            outputs.add_input("--python", a.python);
+        }
         outputs.check();
     }
     bench::Report rep;
