@@ -315,6 +315,20 @@ def test_bad_output_names(tmp_path):
     assert not d.exists()
 
 
+@pytest.mark.parametrize("flag", ["--tokens-file", "--query-tokens-file"])
+def test_an_output_naming_a_tokens_file_is_refused(tmp_path, flag):
+    """--out t.svg --tokens-file t.svg replaced the tokens with the picture, exit 0."""
+    np.save(tmp_path / "w.npy", W55)
+    tokens = tmp_path / "t.svg"
+    tokens.write_text("a\nb\nc\nd\ne\n", encoding="utf-8")
+    r = run("heatmap", tmp_path / "w.npy", flag, tokens, "--out", tokens)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == f"attn: error: --out: path '{tokens}' names the same file as the input {flag} ('{tokens}'), " \
+                       "which it would replace\n"
+    assert tokens.read_text(encoding="utf-8") == "a\nb\nc\nd\ne\n"
+    assert sorted(os.listdir(tmp_path)) == ["t.svg", "w.npy"]
+
+
 def test_failure_keeps_an_existing_picture(tmp_path):
     np.save(tmp_path / "w.npy", W55)
     out = tmp_path / "w.png"

@@ -117,6 +117,8 @@ void run(const HeatmapArgs& a) {
     OutputFiles outputs;
     outputs.add("--out", a.out);
     outputs.add_input("weights", tensor_arg_file(a.weights));
+    outputs.add_input("--tokens-file", a.tokens_file);  // the picture replaced them, exit 0
+    outputs.add_input("--query-tokens-file", a.query_tokens_file);
     outputs.check();
 
     // A .npy or FILE.safetensors:NAME, as every tensor argument (what `attn sdpa --weights` writes).
