@@ -47,6 +47,14 @@ SafetensorsFile read_safetensors(const std::string& path);  // regular files onl
 // A name the file does not hold is an attn::Error listing the names it does hold.
 Tensor read_safetensors_tensor(const std::string& path, const std::string& name);
 
+// The tensors whose names start with `prefix` (one layer of a whole model's state_dict:
+// "layers.0.self_attn."): the header is checked whole as above, only their data is read, so
+// another layer's tensor of a dtype attn has no type for (a quantized layer's U8) is no error
+// and the rest of the model is not loaded. `held`, when given, gets every name the file holds,
+// in the order of their data. An empty prefix reads every tensor, as read_safetensors.
+SafetensorsFile read_safetensors_prefix(const std::string& path, const std::string& prefix,
+                                        std::vector<std::string>* held = nullptr);
+
 // The same checks on a file image already in memory; `what` names it in errors.
 SafetensorsFile parse_safetensors(const void* data, std::size_t size, const std::string& what);
 

@@ -37,9 +37,11 @@ using detail::SafetensorsEntry;
 // `read_raw(offset, dst, bytes)` copies bytes of the file; load() asks only for ranges it
 // has checked against `total`.
 // `only`: read the data of that tensor alone (the header is still checked whole; a missing
-// name is an error listing the names the file has).
+// name is an error listing the names the file has). `prefix`: read those whose names start with
+// it (the header is checked whole); `held`, when given, gets every name the file holds.
 SafetensorsFile load(std::uint64_t total, const std::function<void(std::uint64_t, void*, std::size_t)>& read_raw,
-                     const std::string& file, const std::string* only = nullptr) {
+                     const std::string& file, const std::string* only = nullptr, const std::string& prefix = {},
+                     std::vector<std::string>* held = nullptr) {
     if (total < 8) fail(file, "file is " + std::to_string(total) + " bytes, too short for the 8-byte header length");
     unsigned char len_bytes[8];
     read_raw(0, len_bytes, 8);
@@ -77,15 +79,20 @@ SafetensorsFile load(std::uint64_t total, const std::function<void(std::uint64_t
         for (const SafetensorsEntry& e : entries) names.push_back(e.name);
         fail(file, "has no tensor named " + detail::quoted(*only) + " (" + detail::names_held(names) + ")");
     }
+    const auto wanted = [&](const std::string& name) {
+        return only != nullptr ? name == *only : name.compare(0, prefix.size(), prefix) == 0;
+    };
+    if (held != nullptr)
+        for (const SafetensorsEntry& e : entries) held->push_back(e.name);
     for (const SafetensorsEntry& e : entries) {  // a tensor attn has no type for is refused only when it is to be read
-        if (only != nullptr && e.name != *only) continue;
+        if (!wanted(e.name)) continue;
         if (!e.unreadable.empty()) {
             fail(file + ": tensor " + detail::quoted(e.name), "dtype " + e.unreadable + " is not supported (" + detail::kSafetensorsReadable + ")" +
                                                          (only == nullptr ? "; read the others by name" : ""));
         }
     }
     for (const SafetensorsEntry& e : entries) {
-        if (only != nullptr && e.name != *only) continue;
+        if (!wanted(e.name)) continue;
         Tensor t(e.dtype, e.shape, false, file + ": tensor " + detail::quoted(e.name));
         read_raw(data_start + e.begin, t.data(), static_cast<std::size_t>(e.end - e.begin));
         out.tensors.emplace_back(e.name, std::move(t));
@@ -109,6 +116,12 @@ SafetensorsFile parse_safetensors(const void* data, std::size_t size, const std:
 SafetensorsFile read_safetensors(const std::string& path) {
     const detail::InputFile f(path);  // regular files only; never blocks on a FIFO
     return load(f.size(), [&f](std::uint64_t off, void* dst, std::size_t n) { f.read_at(off, dst, n); }, path);
+}
+
+SafetensorsFile read_safetensors_prefix(const std::string& path, const std::string& prefix, std::vector<std::string>* held) {
+    const detail::InputFile f(path);
+    return load(f.size(), [&f](std::uint64_t off, void* dst, std::size_t n) { f.read_at(off, dst, n); }, path, nullptr, prefix,
+                held);
 }
 
 Tensor read_safetensors_tensor(const std::string& path, const std::string& name) {

@@ -312,15 +312,46 @@ def test_add_zero_attn_flag_matches_torch(tmp_path, bias_kv):
 
 
 # ---------------------------------------------------------------- one layer of a whole model
-def test_params_prefix_selects_a_layer_of_a_model(tmp_path):
-    """A whole model's state_dict prefixes each layer's names: --params FILE:PREFIX takes one
-    layer's (it was refused as "missing tensor 'out_proj.weight'", with no way to select one);
-    without the prefix the message shows it; a prefix nothing has lists what the file holds."""
+def encoder_layer():
+    """A float64 nn.TransformerEncoderLayer (E = 8, 2 heads) with weights of a fixed seed."""
     gen = torch.Generator().manual_seed(21)
     enc = torch.nn.TransformerEncoderLayer(8, 2, 16).eval().double()
     with torch.no_grad():
         for p in enc.parameters():
             p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.5)
+    return enc
+
+
+def test_params_prefix_reads_only_that_layer(tmp_path):
+    """A tensor outside the prefix of a dtype attn has no type for (a quantized layer's U8) made
+    --params FILE:PREFIX fail, although it is no tensor of the layer: the whole file was read."""
+    enc = encoder_layer()
+    state = {k: v.float() for k, v in enc.state_dict().items()}
+    state["quant.qweight"] = torch.zeros(4)  # 16 bytes, declared as 16 U8 below
+
+    def as_u8(header):
+        header["quant.qweight"].update(dtype="U8", shape=[16])
+        return header
+
+    (tmp_path / "m.safetensors").write_bytes(st_bytes(state, header_override=as_u8))
+    x = np.random.default_rng(22).normal(size=(5, 2, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    run_attn(tmp_path, ["--params", "m.safetensors:self_attn.", "--num-heads", "2", "--query", "x.npy", "--out", "o.npy"])
+    with torch.no_grad():
+        want = enc.self_attn(*(torch.from_numpy(x).double(),) * 3)[0]
+    assert rel_err(np.load(tmp_path / "o.npy"), want.numpy()) <= REL_TOL
+    err = run_attn(tmp_path, ["--params", "m.safetensors:quant.", "--num-heads", "2", "--query", "x.npy", "--out", "q.npy"],
+                   expect_ok=False).stderr  # read, it is refused
+    assert err == "attn: error: --params: m.safetensors: tensor 'quant.qweight': dtype U8 is not supported (F32, F16, " \
+                  "BF16, F64, I64, I32 or BOOL); read the others by name\n", err
+    assert not (tmp_path / "q.npy").exists()
+
+
+def test_params_prefix_selects_a_layer_of_a_model(tmp_path):
+    """A whole model's state_dict prefixes each layer's names: --params FILE:PREFIX takes one
+    layer's (it was refused as "missing tensor 'out_proj.weight'", with no way to select one);
+    without the prefix the message shows it; a prefix nothing has lists what the file holds."""
+    enc = encoder_layer()
     (tmp_path / "enc.safetensors").write_bytes(st_bytes({k: v.float() for k, v in enc.state_dict().items()}))
     x = np.random.default_rng(22).normal(size=(5, 2, 8)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)

@@ -99,7 +99,15 @@ TEST(Safetensors, IntegerBoolAndFloat64TensorsAndUnreadableOnes) {
     EXPECT_EQ(j.data_as<std::int32_t>()[0], -3);
     EXPECT_EQ(m.dtype(), DType::boolean);
     EXPECT_EQ(std::memcmp(m.data(), b, 3), 0);
+    // By prefix: only those tensors are read (the U8 one outside it is no error), every name is held.
+    std::vector<std::string> held;
+    const attn::SafetensorsFile only_i = attn::read_safetensors_prefix(path, "i", &held);
+    ASSERT_EQ(only_i.tensors.size(), 1u);
+    EXPECT_EQ(only_i.tensors[0].first, "i");
+    EXPECT_EQ(only_i.tensors[0].second.data_as<std::int64_t>()[1], 7);
+    EXPECT_EQ(held, (std::vector<std::string>{"d", "i", "j", "m", "u"}));
     for (const auto& read : {std::function<void()>([&] { attn::read_safetensors_tensor(path, "u"); }),
+                             std::function<void()>([&] { attn::read_safetensors_prefix(path, "u"); }),
                              std::function<void()>([&] { attn::read_safetensors(path); })}) {
         try {
             read();

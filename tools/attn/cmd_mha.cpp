@@ -49,13 +49,13 @@ struct MhaArgs {
 // The tensors of --params FILE.safetensors[:PREFIX]: those whose names start with PREFIX, without
 // it. A whole model's state_dict (a layer's names behind "layers.0.self_attn.") is named as such,
 // with the --params spelling that selects a layer: the layer would only say "missing tensor".
-std::vector<std::pair<std::string, TensorView>> layer_of(const SafetensorsFile& params, const std::string& file,
-                                                         const std::string& prefix) {
+// `params`: the tensors read (read_safetensors_prefix), `all`: every name the file holds.
+std::vector<std::pair<std::string, TensorView>> layer_of(const SafetensorsFile& params, const std::vector<std::string>& all,
+                                                         const std::string& file, const std::string& prefix) {
     std::vector<std::pair<std::string, TensorView>> state;
-    std::vector<std::string> all, layers;  // every name; the prefixes before "out_proj.weight"
+    std::vector<std::string> layers;  // the prefixes before "out_proj.weight"
     const std::string marker = "out_proj.weight";
     for (const auto& [name, t] : params.tensors) {
-        all.push_back(name);
         if (name.compare(0, prefix.size(), prefix) != 0) continue;
         const std::string rest = name.substr(prefix.size());
         state.emplace_back(rest, t.view());
@@ -158,14 +158,17 @@ void run(const MhaArgs& a) {
     outputs.check();
     OutputFiles::require_safetensors("--grads", a.grads);
 
+    // Only the layer's tensors are read: the rest of a whole model is neither loaded nor, when it
+    // holds a dtype attn has no type for (a quantized layer's U8), an error.
+    std::vector<std::string> all_names;
     const SafetensorsFile params = [&] {
         try {
-            return read_safetensors(params_file);
+            return read_safetensors_prefix(params_file, prefix, &all_names);
         } catch (const Error& e) {  // the file's own message ("x: ..."), prefixed with the option
             throw Error(std::string("--params: ") + e.what());
         }
     }();
-    const std::vector<std::pair<std::string, TensorView>> state = layer_of(params, params_file, prefix);
+    const std::vector<std::pair<std::string, TensorView>> state = layer_of(params, all_names, params_file, prefix);
     std::vector<float> slopes;
     if (a.alibi) {
         const Tensor t = alibi_slopes(a.num_heads);
