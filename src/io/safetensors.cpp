@@ -113,13 +113,10 @@ SafetensorsFile parse_safetensors(const void* data, std::size_t size, const std:
     return load(size, [&](std::uint64_t off, void* dst, std::size_t n) { std::memcpy(dst, bytes + off, n); }, what);
 }
 
-SafetensorsFile read_safetensors(const std::string& path) {
-    const detail::InputFile f(path);  // regular files only; never blocks on a FIFO
-    return load(f.size(), [&f](std::uint64_t off, void* dst, std::size_t n) { f.read_at(off, dst, n); }, path);
-}
+SafetensorsFile read_safetensors(const std::string& path) { return read_safetensors_prefix(path, {}); }
 
 SafetensorsFile read_safetensors_prefix(const std::string& path, const std::string& prefix, std::vector<std::string>* held) {
-    const detail::InputFile f(path);
+    const detail::InputFile f(path);  // regular files only; never blocks on a FIFO
     return load(f.size(), [&f](std::uint64_t off, void* dst, std::size_t n) { f.read_at(off, dst, n); }, path, nullptr, prefix,
                 held);
 }
