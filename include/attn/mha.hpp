@@ -195,11 +195,13 @@ public:
     // Names and shapes of the parameters this configuration has, in state_dict order.
     std::vector<std::pair<std::string, Shape>> parameter_shapes() const;
     // A parameter's storage (writable): the weight matrices in config().param_dtype, the
-    // others float32; throws attn::Error for an unknown name.
+    // others float32; throws attn::Error for an unknown name. The view (and state_dict()'s) is
+    // valid until the layer is destroyed or set_param_dtype replaces that storage.
     TensorView parameter(std::string_view name) const;
 
     // Converts the weight matrices' storage to float32, float16 or bfloat16 (to 16 bits:
-    // rounded to nearest even; back to float32: exact).
+    // rounded to nearest even; back to float32: exact). A new dtype is new storage: earlier
+    // views of the weight matrices from parameter() or state_dict() dangle.
     void set_param_dtype(DType dtype);
 
     // Copies every tensor into the parameters (converted to each parameter's dtype).
