@@ -49,6 +49,28 @@ TEST(SizeZeroChecks, AnEmptyBatchGetsTheOptionChecksOfACallWithData) {
     EXPECT_EQ(check(0, 2, 2, {}, SizeZero::refused), "sdpa: Q: batch must be >= 1 but got 0");
 }
 
+// An empty tensor is never read, so its data pointer may be null (torch's is): where size 0 is
+// allowed the call is accepted as with a pointer (it said "Q: data pointer is null"). A null
+// pointer with elements is still refused.
+TEST(SizeZeroChecks, EmptyInputsWithANullDataPointer) {
+    Tensor out(DType::f32, Shape{0, 2, 3, 6});
+    const auto call = [&](const attn::TensorView& q, const attn::TensorView& k, const attn::TensorView& v) -> std::string {
+        try {
+            (void)attn::detail::make_problem(q, k, v, {}, out.view(), nullptr, nullptr, "sdpa",
+                                             attn::detail::OutLse::written, SizeZero::allowed);
+        } catch (const attn::Error& e) {
+            return e.what();
+        }
+        return "";
+    };
+    const attn::TensorView q(nullptr, DType::f32, Shape{0, 2, 3, 8}), k(nullptr, DType::f32, Shape{0, 2, 5, 8}),
+        v(nullptr, DType::f32, Shape{0, 2, 5, 6});
+    EXPECT_EQ(call(q, k, v), "");
+    const Tensor k_data(DType::f32, Shape{1, 2, 5, 8});
+    EXPECT_EQ(call(attn::TensorView(nullptr, DType::f32, Shape{1, 2, 3, 8}), k_data.view(), k_data.view()),
+              "sdpa: Q: data pointer is null");
+}
+
 TEST(SizeZeroChecks, NoKeyValueHeads) {
     EXPECT_EQ(check(2, 2, 0, {}), "sdpa: Q: heads 2 must be a multiple of K/V's heads 0 (grouped-query attention)");
     EXPECT_EQ(check(2, 0, 0, {}), "");
