@@ -49,14 +49,14 @@ struct MhaArgs {
 // The tensors of --params FILE.safetensors[:PREFIX]: those whose names start with PREFIX, without
 // it. A whole model's state_dict (a layer's names behind "layers.0.self_attn.") is named as such,
 // with the --params spelling that selects a layer: the layer would only say "missing tensor".
-// `params`: the tensors read (read_safetensors_prefix), `all`: every name the file holds.
+// `params`: the tensors read (read_safetensors_prefix: only names that start with PREFIX), `all`:
+// every name the file holds.
 std::vector<std::pair<std::string, TensorView>> layer_of(const SafetensorsFile& params, const std::vector<std::string>& all,
                                                          const std::string& file, const std::string& prefix) {
     std::vector<std::pair<std::string, TensorView>> state;
     std::vector<std::string> layers;  // the prefixes before "out_proj.weight"
     const std::string marker = "out_proj.weight";
     for (const auto& [name, t] : params.tensors) {
-        if (name.compare(0, prefix.size(), prefix) != 0) continue;
         const std::string rest = name.substr(prefix.size());
         state.emplace_back(rest, t.view());
         if (rest.size() > marker.size() && rest.compare(rest.size() - marker.size(), marker.size(), marker) == 0)
