@@ -16,6 +16,7 @@
 #include "gradients.hpp"
 #include "interruptible.hpp"
 #include "options.hpp"
+#include "kernels/dispatch.hpp"
 #include "sdpa/problem.hpp"
 
 namespace attn_py {
@@ -75,9 +76,10 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
         od.back() = v.view.dim(rank - 1);
         py::array out = new_array(odt, od, "out");  // no element when a dim is 0
         with_python_names([&] {
-            (void)attn::detail::make_problem(expand_rank(q.view, 4), expand_rank(k.view, 4), expand_rank(v.view, 4),
-                                             opt.sdpa, output_view(out, 4), nullptr, nullptr, "sdpa",
-                                             attn::detail::OutLse::written, attn::detail::SizeZero::allowed);
+            const attn::detail::SdpaProblem p = attn::detail::make_problem(
+                expand_rank(q.view, 4), expand_rank(k.view, 4), expand_rank(v.view, 4), opt.sdpa, output_view(out, 4),
+                nullptr, nullptr, "sdpa", attn::detail::OutLse::written, attn::detail::SizeZero::allowed);
+            attn::detail::require_requested_kernel_runs(p, opt.sdpa.impl);  // impl="flash" on float64, …
         });
         return py::none();
     }

@@ -31,7 +31,19 @@ bool runs_flash(const SdpaProblem& problem, Impl requested) {
     return flash_decline_reason(problem).empty();
 }
 
+void require_requested_kernel_runs(const SdpaProblem& problem, Impl requested) {
+    if (requested == Impl::decode) {
+        const std::string why_not = decode_declines(problem);
+        if (!why_not.empty()) fail(problem.op, "impl: the decode kernel cannot run this call: ", why_not);
+    }
+    if (requested == Impl::flash) {
+        const std::string decline = flash_decline_reason(problem);
+        if (!decline.empty()) fail(problem.op, "impl: flash cannot run this call: ", decline, "; use auto or reference");
+    }
+}
+
 void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report) {
+    require_requested_kernel_runs(problem, requested);
     std::string explanation;
     // The decode kernel first (impl = decode, or auto where auto_decode_declines is empty); then
     // flash, which reads float16/bfloat16 Q, K, V per tile and writes any output dtype.
@@ -39,8 +51,7 @@ void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report)
     const std::string decline = flash_decline_reason(problem);
     bool use_flash = false;
     if (requested == Impl::flash) {
-        if (!decline.empty()) fail(problem.op, "impl: flash cannot run this call: ", decline, "; use auto or reference");
-        use_flash = true;
+        use_flash = true;  // it can: require_requested_kernel_runs
     } else if (requested == Impl::automatic) {
         use_flash = decline.empty();
         explanation += use_flash ? "auto: flash supports this call (" + dtypes_of(problem) + ")\n"

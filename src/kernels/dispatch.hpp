@@ -7,6 +7,10 @@
 namespace attn::detail {
 
 void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report);
+// run_forward's first step: impl = decode or flash naming a kernel that cannot run the problem is
+// an error saying why ("sdpa: impl: flash cannot run this call: …"), before anything is written.
+// Also for a call that is only checked (python/sdpa.cpp's _check_sdpa: attn.torch's empty calls).
+void require_requested_kernel_runs(const SdpaProblem& problem, Impl requested);
 // Whether run_forward(problem, requested, ...) runs the flash kernel (and does not throw):
 // sdpa_varlen batches those sequences into one flash call (flash_forward_batch), and
 // paged_attention runs flash on the pages for them: one rule for every entry point.

@@ -32,6 +32,8 @@ BAD = [
     {"dropout_origin": (0, 0, 0.5, 0)},
     {"dropout_origin": (1, 2, 3)},
     {"impl": "nope"},
+    {"impl": "flash"},  # float64: the flash kernel cannot run the call (the message names no size)
+    {"impl": "decode"},
     {"scale": float("inf")},
     {"query_offset": 2**62},
     {"key_lengths": torch.tensor([1, 2, 3])},
