@@ -74,7 +74,9 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
     if constexpr (kCheckOnly) {
         std::vector<py::ssize_t> od = dims_of(q.view);
         od.back() = v.view.dim(rank - 1);
-        py::array out = new_array(odt, od, "out");  // no element when a dim is 0
+        // No element when B, H, Lq or Dv is 0; with only Lk = 0 it is the call's (B, H, Lq, Dv), as
+        // large as the zeros attn.torch returns for it.
+        py::array out = new_array(odt, od, "out");
         with_python_names([&] {
             const attn::detail::SdpaProblem p = attn::detail::make_problem(
                 expand_rank(q.view, 4), expand_rank(k.view, 4), expand_rank(v.view, 4), opt.sdpa, output_view(out, 4),
