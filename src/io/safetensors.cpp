@@ -84,11 +84,14 @@ SafetensorsFile load(std::uint64_t total, const std::function<void(std::uint64_t
     };
     if (held != nullptr)
         for (const SafetensorsEntry& e : entries) held->push_back(e.name);
+    // The hint only where the caller asked for every tensor: one named, or one layer's (a prefix), is
+    // needed as it is.
+    const bool reads_all = only == nullptr && prefix.empty();
     for (const SafetensorsEntry& e : entries) {  // a tensor attn has no type for is refused only when it is to be read
         if (!wanted(e.name)) continue;
         if (!e.unreadable.empty()) {
             fail(file + ": tensor " + detail::quoted(e.name), "dtype " + e.unreadable + " is not supported (" + detail::kSafetensorsReadable + ")" +
-                                                         (only == nullptr ? "; read the others by name" : ""));
+                                                         (reads_all ? "; read the others by name" : ""));
         }
     }
     for (const SafetensorsEntry& e : entries) {

@@ -343,7 +343,7 @@ def test_params_prefix_reads_only_that_layer(tmp_path):
     err = run_attn(tmp_path, ["--params", "m.safetensors:quant.", "--num-heads", "2", "--query", "x.npy", "--out", "q.npy"],
                    expect_ok=False).stderr  # read, it is refused
     assert err == "attn: error: --params: m.safetensors: tensor 'quant.qweight': dtype U8 is not supported (F32, F16, " \
-                  "BF16, F64, I64, I32 or BOOL); read the others by name\n", err
+                  "BF16, F64, I64, I32 or BOOL)\n", err  # no "read the others by name": the layer needs it
     assert not (tmp_path / "q.npy").exists()
 
 
