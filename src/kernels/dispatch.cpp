@@ -48,11 +48,11 @@ void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report)
     // The decode kernel first (impl = decode, or auto where auto_decode_declines is empty); then
     // flash, which reads float16/bfloat16 Q, K, V per tile and writes any output dtype.
     if (dispatch_decode(problem, requested, report, explanation)) return;
-    const std::string decline = flash_decline_reason(problem);
     bool use_flash = false;
     if (requested == Impl::flash) {
         use_flash = true;  // it can: require_requested_kernel_runs
     } else if (requested == Impl::automatic) {
+        const std::string decline = flash_decline_reason(problem);
         use_flash = decline.empty();
         explanation += use_flash ? "auto: flash supports this call (" + dtypes_of(problem) + ")\n"
                                 : "auto: flash declined: " + decline + " → reference\n";

@@ -133,8 +133,9 @@ bool dispatch_decode(const SdpaProblem& p, Impl requested, SdpaReport* report, s
     if (requested == Impl::reference || requested == Impl::flash) return false;
     std::string why_isa;
     const KernelSet& kernels = kernel_set(&why_isa);
-    const std::string why_not = requested == Impl::decode ? decode_declines(p) : auto_decode_declines(p, kernels);
-    if (!why_not.empty()) {  // impl = decode: refused before (require_requested_kernel_runs)
+    // impl = decode was checked by run_forward (require_requested_kernel_runs): it runs.
+    const std::string why_not = requested == Impl::decode ? std::string() : auto_decode_declines(p, kernels);
+    if (!why_not.empty()) {
         explanation += "decode: declined, " + why_not + "\n";
         return false;
     }
