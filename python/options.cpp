@@ -90,11 +90,13 @@ void set_modifiers(const ModifierArgs& args, std::int64_t heads, CallOptions& ou
     }
 }
 
-void set_mask(const py::object& attn_mask, bool uint16_is_bf16, CallOptions& out) {
+void set_mask(const py::object& attn_mask, bool uint16_is_bf16, CallOptions& out, int query_rank) {
     if (attn_mask.is_none()) return;
     out.mask = as_array(attn_mask, "attn_mask");
-    const attn::TensorView m =
-        view_of(out.mask, "attn_mask", 0, 4, "a mask broadcastable to (B, H, Lq, Lk)", uint16_is_bf16);
+    const char* layout = query_rank == 2   ? "a mask broadcastable to query's (Lq, Lk)"
+                         : query_rank == 3 ? "a mask broadcastable to query's (H, Lq, Lk)"
+                                           : "a mask broadcastable to (B, H, Lq, Lk)";
+    const attn::TensorView m = view_of(out.mask, "attn_mask", 0, query_rank, layout, uint16_is_bf16);
     if (m.dtype() == attn::DType::boolean) {
         out.sdpa.bool_mask = m;
     } else if (attn::is_floating(m.dtype())) {  // float16/bfloat16: widened once by attn (a 16-bit model's mask)
@@ -147,7 +149,7 @@ CallOptions make_options(std::string_view op, const SdpaArgs& args) {
     o.sdpa.dropout_origin = dropout_origin_arg(args.dropout_origin);
     o.sdpa.impl = attn::parse_impl(str_arg(args.impl, "impl"));
     set_alignment(args.alignment, o);
-    set_mask(args.attn_mask, args.uint16_is_bf16, o);
+    set_mask(args.attn_mask, args.uint16_is_bf16, o, args.query_rank);
     if (!args.key_lengths.is_none()) {
         o.key_lengths = as_array(args.key_lengths, "key_lengths");
         o.sdpa.key_lengths = view_of(o.key_lengths, "key_lengths", 1, 1, "shape (B,)");

@@ -47,6 +47,7 @@ struct SdpaArgs {
     py::object impl;
     bool uint16_is_bf16 = false;  // the call's dtype="bfloat16": a uint16 attn_mask holds bfloat16 bits
     py::object dropout_origin = py::none();  // (batch, head, row, key); only sdpa and its backward take it
+    int query_rank = 4;  // the query's rank (2 to 4): attn_mask may not have more (set_mask)
 };
 
 // Options whose views point into arrays held here, alive as long as this object.
@@ -76,7 +77,9 @@ void set_alignment(const AlignmentArgs& args, CallOptions& out);
 
 // Sets bool_mask (a bool attn_mask: True = may attend) or additive_mask (a float one) of `out`;
 // None sets neither. uint16_is_bf16: the call's dtype="bfloat16" (a uint16 mask holds its bits).
-void set_mask(const py::object& attn_mask, bool uint16_is_bf16, CallOptions& out);
+// query_rank: a mask of higher rank is refused — it would broadcast the result past the query's
+// shape, which the result keeps (torch's sdpa refuses it too: its scores take the mask in place).
+void set_mask(const py::object& attn_mask, bool uint16_is_bf16, CallOptions& out, int query_rank = 4);
 
 // The keywords of the library's call `op` ("sdpa", "sdpa_backward", …: its errors name it).
 CallOptions make_options(std::string_view op, const SdpaArgs& args);

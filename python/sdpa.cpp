@@ -67,7 +67,7 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
     }
     const CallOptions opt = make_options("sdpa", {attn_mask, dropout_p, scale, key_lengths,
                                           {is_causal, causal_alignment, window, window_alignment, query_offset},
-                                          dropout_seed, impl, bf16, dropout_origin},
+                                          dropout_seed, impl, bf16, dropout_origin, rank},
                                          {softcap, alibi_slopes, sinks}, rank >= 3 ? q.view.dim(rank - 3) : 1);
     const attn::DType odt = out_dtype_arg(out_dtype, q.view.dtype(), "out_dtype", /*with_float64=*/true);
     const attn::DType sdt = stat_dtype(q.view.dtype());
@@ -143,7 +143,7 @@ py::tuple sdpa_backward_py(const py::object& query, const py::object& key, const
     const Input g = input(grad_out, "grad_out", r, r, "the query's rank", bf16);
     const CallOptions opt = make_options("sdpa_backward", {attn_mask, dropout_p, scale, key_lengths,
                                           {is_causal, causal_alignment, window, window_alignment, query_offset},
-                                          dropout_seed, impl, bf16, dropout_origin},
+                                          dropout_seed, impl, bf16, dropout_origin, r},
                                          {softcap, alibi_slopes, sinks}, r >= 3 ? q.view.dim(r - 3) : 1);
     Gradients grads = new_gradients(q.view, k.view, v.view, out_dtype, BackwardPrecision::with_float64, 4, opt.sdpa.sinks);
     {
@@ -212,7 +212,7 @@ void bind_sdpa(py::module_& m) {
         m.def("scaled_dot_product_attention", &sdpa_py<false>, params...,
               "softmax(query·keyᵀ·scale + mask)·value, as torch.nn.functional.scaled_dot_product_attention.\n"
               "query (B, H, Lq, D), (H, Lq, D) or (Lq, D); key/value of the same rank (Hq % Hkv == 0: GQA).\n"
-              "attn_mask: bool (True = may attend) or float (added), broadcastable to (B, H, Lq, Lk).\n"
+              "attn_mask: bool (True = may attend) or float (added), broadcastable to (B, H, Lq, Lk), of rank <= query's.\n"
               "key_lengths (B,): sequence b has keys 0..key_lengths[b]-1.\n"
               "window=(left, right): query i sees keys d-left .. d+right around its diagonal d (-1 or None:\n"
               "unbounded on that side); window_alignment places d like causal_alignment: top-left d = i,\n"

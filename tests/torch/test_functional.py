@@ -515,6 +515,43 @@ def test_empty_calls_are_checked_like_any_other(shapes, kw, error, words):
         assert w in str(e.value), str(e.value)
 
 
+@pytest.mark.parametrize("q_shape, mask_shape, layout", [
+    ((3, 5, 8), (1, 3, 5, 6), "(H, Lq, Lk) (rank 0 to 3)"),
+    ((3, 5, 8), (2, 3, 5, 6), "(H, Lq, Lk) (rank 0 to 3)"),
+    ((5, 8), (1, 5, 6), "(Lq, Lk) (rank 0 to 2)"),
+    ((5, 8), (1, 1, 1, 6), "(Lq, Lk) (rank 0 to 2)"),
+    ((3, 0, 8), (1, 3, 0, 6), "(H, Lq, Lk) (rank 0 to 3)"),  # an empty call: the same rule
+])
+@pytest.mark.parametrize("kind", [torch.bool, torch.float64])
+def test_a_mask_of_higher_rank_than_the_query_is_refused(q_shape, mask_shape, layout, kind):
+    # The result has the query's shape; a mask of higher rank would broadcast the scores past it.
+    # torch 2.x refuses such a mask (its math path adds the mask to the scores in place: "output
+    # with shape [3, 5, 6] doesn't match the broadcast shape [1, 3, 5, 6]"); attn returned a
+    # result of the query's shape, as if the mask's leading 1s were not there.
+    q = rand(*q_shape)
+    k, v = rand(*q_shape[:-2], 6, 8), rand(*q_shape[:-2], 6, 4)
+    torch.manual_seed(0)
+    if kind == torch.bool:
+        mask = torch.rand(mask_shape) > 0.3
+        mask[..., 0] = True  # a visible key in every row (torch 1.13's softmax: NaN otherwise)
+    else:
+        mask = torch.randn(mask_shape, dtype=kind)
+    expected = f"attn_mask: expected a mask broadcastable to query's {layout} but got shape {mask_shape}"
+    with pytest.raises(ValueError) as e:
+        at.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert str(e.value) == expected
+    with pytest.raises(ValueError) as e:  # the NumPy module: the same rule
+        attn.scaled_dot_product_attention(*(t.detach().numpy() for t in (q, k, v)), attn_mask=mask.numpy())
+    assert str(e.value) == expected
+    # The same mask without its extra leading dims is taken, and gives torch's result.
+    if q.numel():
+        fit = mask.reshape(mask_shape[-len(q_shape):]) if mask_shape[0] == 1 else mask[0]
+        out = at.scaled_dot_product_attention(q, k, v, attn_mask=fit)
+        assert out.shape == q_shape[:-1] + (4,)
+        assert torch.allclose(out, textbook(q, k, v, fit if kind == torch.bool else None,
+                                            bias=None if kind == torch.bool else fit), atol=1e-12)
+
+
 @pytest.mark.parametrize("p", [1.5, -0.1, 1, float("nan")])
 def test_dropout_p_out_of_range_in_the_numpy_apis_words(p):
     # attn's rule for a probability and its words, as attn.scaled_dot_product_attention's (it was

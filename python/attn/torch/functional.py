@@ -190,8 +190,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     the result has query's dtype, or out_dtype= (torch.float32, torch.float64, torch.float16, torch.bfloat16).
     Gradients come back in each input's dtype; 16-bit gradients need a core whose backward
     takes 16-bit inputs (else its error, at backward time, names the dtype).
-    attn_mask: bool (True = may attend) or float (added), broadcastable to (N, H, L, S); a
-    float mask that requires grad gets its gradient. is_causal: top-left (torch's), or
+    attn_mask: bool (True = may attend) or float (added), broadcastable to (N, H, L, S), of
+    rank <= query's (as torch); a float mask that requires grad gets its gradient. is_causal: top-left (torch's), or
     causal_alignment="bottom-right". enable_gqa=True: key/value may have fewer heads (H % Hkv == 0).
     dropout_p > 0 drops attention weights (like torch's functional, whether or not a module is
     training) with a seed drawn from torch's generator (reproducible under torch.manual_seed),
