@@ -491,28 +491,30 @@ def test_head_dim_zero_averages_the_visible_values(kw, keep):
 
 
 @pytest.mark.parametrize("shapes, kw, error, words", [
-    (((2, 2, 6, 9), (2, 2, 6, 8)), {}, ValueError, ["key", "head dim 8", "(2, 2, 6, 9)"]),
-    (((2, 2, 6, 8), (2, 2, 5, 8)), {}, ValueError, ["value", "length 6", "(2, 2, 5, 8)"]),
-    (((2, 6, 8), (2, 6, 8)), {}, ValueError, ["rank"]),
-    (((1, 2, 6, 8), (1, 2, 6, 8)), {}, ValueError, ["batch size 2"]),
+    (((2, 2, 6, 9), (2, 2, 6, 8)), {}, ValueError, ["K: head dim 9", "Q's head dim 8"]),
+    (((2, 2, 6, 8), (2, 2, 5, 8)), {}, ValueError, ["V: length 5", "K's length 6"]),
+    (((2, 6, 8), (2, 6, 8)), {}, ValueError, ["key/value", "rank of query (4)", "(2, 6, 8)"]),
+    (((1, 2, 6, 8), (1, 2, 6, 8)), {}, ValueError, ["K: batch 1", "Q's batch 2"]),
     (((2, 3, 6, 8), (2, 3, 6, 8)), {}, ValueError, ["enable_gqa"]),
-    (((2, 3, 6, 8), (2, 3, 6, 8)), {"enable_gqa": True}, ValueError, ["multiple", "3"]),
-    (((2, 1, 6, 8), (2, 2, 6, 8)), {"enable_gqa": True}, ValueError, ["value", "heads"]),
+    (((2, 3, 6, 8), (2, 3, 6, 8)), {"enable_gqa": True}, ValueError, ["Q: heads 2", "multiple of K/V's heads 3"]),
+    (((2, 1, 6, 8), (2, 2, 6, 8)), {"enable_gqa": True}, ValueError, ["V: heads 2", "K's heads 1"]),
     (((2, 2, 6, 8), (2, 2, 6, 8)), {"dropout_p": 5.0}, ValueError, ["sdpa: dropout_p: must be in [0, 1) but got 5"]),
-    (((2, 2, 6, 8), (2, 2, 6, 8)), {"attn_mask": torch.ones(3, 3, dtype=torch.bool)}, ValueError,
-     ["attn_mask", "(3, 3)", "(2, 2, 0, 6)"]),
-    (((2, 2, 6, 8), (2, 2, 6, 8)), {"attn_mask": torch.ones(1, 1, 1, 0, 6)}, ValueError, ["attn_mask", "rank"]),
-    (((2, 2, 6, 8), (2, 2, 6, 8)), {"attn_mask": torch.ones(0, 6, dtype=torch.uint8)}, TypeError, ["attn_mask"]),
+    (((2, 2, 6, 8), (2, 2, 6, 8)), {"attn_mask": torch.ones(3, 1, 6, dtype=torch.bool)}, ValueError,
+     ["attn_mask: shape (3, 1, 6) cannot be broadcast", "dimension 0 is 3, expected 1 or 2"]),
+    (((2, 2, 6, 8), (2, 2, 6, 8)), {"attn_mask": torch.ones(1, 1, 1, 1, 6)}, ValueError,
+     ["attn_mask", "(rank 0 to 4)", "(1, 1, 1, 1, 6)"]),
+    (((2, 2, 6, 8), (2, 2, 6, 8)), {"attn_mask": torch.ones(1, 6, dtype=torch.uint8)}, TypeError, ["attn_mask"]),
     (((2, 2, 6, 8), (2, 2, 6, 8)), {"no_such_keyword": 1}, TypeError, ["no_such_keyword"]),
 ])
 def test_empty_calls_are_checked_like_any_other(shapes, kw, error, words):
-    # No queries (L = 0): the core is not called, so attn.torch checks what it would have.
-    q = torch.randn(2, 2, 0, 8)
+    # No queries (L = 0): the core computes nothing, but the call is checked by its rules
+    # (attn._check_sdpa) and refused in the words of the same call with queries (L = 3).
     k, v = (torch.randn(s) for s in shapes)
-    with pytest.raises(error) as e:
-        at.scaled_dot_product_attention(q, k, v, **kw)
-    for w in words:
-        assert w in str(e.value), str(e.value)
+    for lq in (0, 3):
+        with pytest.raises(error) as e:
+            at.scaled_dot_product_attention(torch.randn(2, 2, lq, 8), k, v, **kw)
+        for w in words:
+            assert w in str(e.value), (lq, str(e.value))
 
 
 @pytest.mark.parametrize("q_shape, mask_shape, layout", [

@@ -55,41 +55,6 @@ def check_dropout(p, name="dropout_p", op="sdpa"):
     _core._require_dropout_p(op, value, name)
 
 
-def _check_shapes(query, key, value, attn_mask, enable_gqa):
-    """The core's shape rules for a call it is not given (one with a size-0 dimension, which it
-    refuses): an empty call with inconsistent shapes is an error, as the same call with data is."""
-    shapes = f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
-    rank = query.dim()
-    if not 2 <= rank <= 4:
-        raise ValueError(f"query: expected (N, H, L, E), (H, L, E) or (L, E) (rank 2 to 4) but got shape "
-                         f"{tuple(query.shape)}")
-    if key.dim() != rank or value.dim() != rank:
-        raise ValueError(f"key/value: expected the rank of query ({rank}) but got {shapes}")
-    if rank == 4 and not query.size(0) == key.size(0) == value.size(0):
-        raise ValueError(f"key/value: expected query's batch size {query.size(0)} (dim 0) but got {shapes}")
-    if rank >= 3:
-        hq, hk, hv = query.size(-3), key.size(-3), value.size(-3)
-        if hk != hv:
-            raise ValueError(f"value: expected key's {hk} heads (dim -3) but got {shapes}")
-        if enable_gqa and (hq % hk != 0 if hk else hq != 0):  # without enable_gqa: _check_heads
-            raise ValueError(f"query: expected a head count that is a multiple of key/value's {hk} "
-                             f"(enable_gqa=True) but got {shapes}")
-    if key.size(-1) != query.size(-1):
-        raise ValueError(f"key: expected query's head dim {query.size(-1)} (dim -1) but got {shapes}")
-    if value.size(-2) != key.size(-2):
-        raise ValueError(f"value: expected key's length {key.size(-2)} (dim -2) but got {shapes}")
-    if attn_mask is not None:
-        lead = tuple(query.shape[:-2])
-        target = (1,) * (2 - len(lead)) + lead + (query.size(-2), key.size(-2))  # (N, H, L, S)
-        if attn_mask.dim() > 4:
-            raise ValueError(f"attn_mask: expected a mask broadcastable to {target} (rank 0 to 4) but got shape "
-                             f"{tuple(attn_mask.shape)}")
-        for i, (m, t) in enumerate(zip(attn_mask.shape, target[4 - attn_mask.dim():])):
-            if m != t and m != 1:
-                raise ValueError(f"attn_mask: shape {tuple(attn_mask.shape)} cannot be broadcast to {target} "
-                                 f"(dimension {i} is {m}, expected 1 or {t})")
-
-
 def _private(x):
     """An option array (or list) the backward reads again, as a copy of its own. key_lengths,
     query_offset and alibi_slopes are (N,) / (N, H) / (H,): copying them costs nothing, whereas
@@ -223,24 +188,21 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     sinks = extras.pop("sinks") if isinstance(extras.get("sinks"), torch.Tensor) else None
     opts = core_options(extras, causal_alignment, window, window_alignment, key_lengths, query_offset, impl)
     differentiable = [t for t in (query, key, value, attn_mask, sinks) if t is not None]
-    empty = query.numel() == 0 or key.numel() == 0 or value.numel() == 0
-    if empty:
-        _check_shapes(query, key, value, attn_mask, enable_gqa)
-        if query.size(-1) == 0 and query.shape[:-1].numel() and key.shape[:-1].numel() and value.numel():
-            query, key, scale = _pad_head_dim(query, key, scale)
-            empty = False
     opts.update(is_causal=is_causal, scale=scale, dropout_p=dropout_p)
     if out_dtype is not None:
         opts["out_dtype"] = _convert.out_dtype_name(out_dtype, query)
     if dropout_p > 0:
         opts["dropout_seed"] = (int(torch.randint(0, 2**62, ()).item()) if dropout_seed is None else dropout_seed)
-    if empty:
-        # The core has nothing to compute (and refuses size-0 dims), but its checks of every
-        # option (window, softcap, dropout_origin, ...) and of threads are any call's, word for word.
+    if query.numel() == 0 or key.numel() == 0 or value.numel() == 0:
+        # The core has nothing to compute (and refuses size-0 dims), but its checks of the shapes,
+        # the mask, every option (window, softcap, dropout_origin, ...) and threads are any call's,
+        # word for word: one rule set, the core's.
         with _convert.Threads(threads):
             _core._check_sdpa(*(_convert.array(t, n) for t, n in ((query, "query"), (key, "key"), (value, "value"))),
                               attn_mask=mask, **with_sinks(opts, sinks))
-        return _empty_attention(query, key, value, out_dtype, differentiable)
+        if not (query.size(-1) == 0 and query.shape[:-1].numel() and key.shape[:-1].numel() and value.numel()):
+            return _empty_attention(query, key, value, out_dtype, differentiable)
+        query, key, opts["scale"] = _pad_head_dim(query, key, scale)
     q, k, v = (_convert.array(t, n) for t, n in ((query, "query"), (key, "key"), (value, "value")))
     if torch.is_grad_enabled() and any(t.requires_grad for t in differentiable):
         # The backward reads the option arrays again: copies (_private); the tensors it reads
