@@ -109,6 +109,21 @@ def test_unbatched_and_need_weights_false():
     assert none is None and torch.allclose(o2, r, atol=1e-12)
 
 
+@pytest.mark.parametrize("lq", [1, 4, 16, 17])
+def test_need_weights_does_not_change_the_output_bits(lq):
+    # As torch 1.13's module: O is computed by the call without weights (the decode kernel for
+    # Lq <= 16 in float32), the weights by a second call, so asking for them changes no bit of O
+    # (docs/conventions.md, the MHA layer's "Weights": attn's C++ layer differs there).
+    torch.manual_seed(0)
+    m = at.MultiheadAttention(64, 4, batch_first=True).eval()
+    x, mem = torch.randn(2, lq, 64), torch.randn(2, 300, 64)
+    with torch.no_grad():
+        with_weights, w = m(x, mem, mem, need_weights=True)
+        without, none = m(x, mem, mem, need_weights=False)
+    assert w.shape == (2, lq, 300) and none is None
+    assert torch.equal(with_weights, without)
+
+
 @pytest.mark.parametrize("layout", ["sequence_first", "batch_first", "unbatched"])
 def test_self_attention_projects_with_one_gemm_in_every_layout(layout, monkeypatch):
     # One input tensor: the packed in_proj_weight in one GEMM (as torch's _in_projection_packed),
