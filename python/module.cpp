@@ -71,6 +71,12 @@ PYBIND11_MODULE(_attn, m) {
         [](const std::string& op, double p, const std::string& name) { attn::detail::require_dropout_p(op, p, name); },
         py::arg("op"), py::arg("p"), py::arg("name"),
         "Raises ValueError 'op: name: must be in [0, 1) but got p' unless 0 <= p < 1 (attn's rule).");
+    // The binding's rule for a bool keyword (True/False, or NumPy's bool_), for attn.torch's own
+    // bool arguments (enable_gqa): one rule and one wording with is_causal's.
+    m.def(
+        "_bool_arg", [](const py::object& value, const std::string& name) { return attn_py::bool_arg(value, name); },
+        py::arg("value"), py::arg("name"),
+        "value as a bool, or TypeError 'name: expected True or False but got <type> <value>' (attn's rule).");
     attn_py::bind_sdpa(m);
     attn_py::bind_varlen(m);
     attn_py::bind_kv_cache(m);

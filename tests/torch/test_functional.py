@@ -1,6 +1,7 @@
 # attn.torch.scaled_dot_product_attention against the float64 textbook: forward and
 # gradients (torch.autograd.gradcheck in float64; attn's float32 against the float64
 # reference), every mask kind, GQA, Lq != Lk, strided inputs read in place, dropout.
+import numpy as np
 import pytest
 import torch
 
@@ -162,6 +163,20 @@ def test_float_arguments_take_0dim_tensors_as_torch_does():
             with pytest.raises(TypeError) as e:
                 at.scaled_dot_product_attention(q, k, v, enable_gqa=True, **{name: refused})
             assert str(e.value).startswith(f"{name}: expected a float"), str(e.value)
+
+
+def test_enable_gqa_is_read_by_the_rule_of_every_bool_keyword():
+    # is_causal (the core's bool rule) took NumPy's bool_ and said "is_causal: expected True or
+    # False but got int 1"; enable_gqa, checked by a rule of its own, refused bool_ with "expected
+    # a bool but got True", which hid the type at fault. One rule for both now.
+    q, k, v = inputs(torch.float64, grad=False)  # 2 query heads, 1 KV head
+    expected = at.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    got = at.scaled_dot_product_attention(q, k, v, is_causal=np.bool_(True), enable_gqa=np.bool_(True))
+    assert torch.equal(got, expected)
+    for name in ("is_causal", "enable_gqa"):
+        with pytest.raises(TypeError) as e:
+            at.scaled_dot_product_attention(q, k, v, **dict({"enable_gqa": True, name: 1}))
+        assert str(e.value) == f"{name}: expected True or False but got int 1"
 
 
 def test_dropout_seeded_by_torch():

@@ -33,9 +33,8 @@ _MODIFIER_TENSORS = frozenset({"alibi_slopes", "sinks"})
 
 
 def _check_heads(query, key, value, enable_gqa):
-    if not isinstance(enable_gqa, bool):
-        raise TypeError(f"enable_gqa: expected a bool but got {enable_gqa!r}")
-    if enable_gqa or query.dim() < 3 or key.dim() != query.dim() or value.dim() != query.dim():
+    # enable_gqa by the binding's rule for every bool keyword (is_causal's: NumPy's bool_ too).
+    if _core._bool_arg(enable_gqa, "enable_gqa") or query.dim() < 3 or key.dim() != query.dim() or value.dim() != query.dim():
         return  # attn's own shape checks name the rest
     hq, hk, hv = query.size(-3), key.size(-3), value.size(-3)
     if hk != hq or hv != hq:
