@@ -74,11 +74,11 @@ void require_floating(std::string_view op, const TensorView& t, std::string_view
     require_element_aligned(op, t, name);
 }
 
-void require_data(std::string_view op, const TensorView& t) {
-    if (t.data() == nullptr && !is_empty(t)) {
-        fail(op, "tensor: data pointer is null (an empty TensorView, or a Tensor that holds nothing) but its shape ",
-             t.shape(), " has elements");
-    }
+void require_data(std::string_view op, const TensorView& t, std::string_view name) {
+    if (t.data() != nullptr || is_empty(t)) return;
+    // "shape () has elements" alone puzzles: rank 0 is what a default view or Tensor has.
+    fail(op, name, ": data pointer is null", t.rank() == 0 ? " (a default TensorView, or a Tensor that holds nothing)" : "",
+         " but its shape ", t.shape(), " has elements");
 }
 
 void require_gradient_like(std::string_view op, const TensorView& t, std::string_view name, const Shape& expected,

@@ -70,10 +70,11 @@ void require_shape(std::string_view op, const TensorView& t, std::string_view na
 // check must describe by its own rule).
 bool is_empty(const TensorView& t);
 
-// t holds its elements: a null data pointer is refused unless t is empty. A default TensorView,
-// or a default Tensor (MhaOutput::weights without need_weights), has rank 0 — one element — and
-// no data.
-void require_data(std::string_view op, const TensorView& t);
+// t holds its elements: a null data pointer is refused unless t is empty (never read: an empty
+// tensor's pointer may be null, torch's often is), "op: name: data pointer is null but its shape
+// (2, 1, 3) has elements". A default TensorView, or a default Tensor (MhaOutput::weights without
+// need_weights), has rank 0 — one element — and no data: the message says so.
+void require_data(std::string_view op, const TensorView& t, std::string_view name);
 
 // t's data pointer is a multiple of its element size. The kernels read and write elements
 // through typed pointers (and compilers vectorise loops on that assumption): a misaligned one

@@ -167,7 +167,7 @@ Tensor::Tensor(DType dtype, Shape shape, bool fill_zero, std::string_view name) 
 }
 
 Tensor to_dtype(const TensorView& src, DType dst) {
-    detail::require_data("to_dtype", src);
+    detail::require_data("to_dtype", src, "tensor");
     if (!is_floating(src.dtype()) || !is_floating(dst)) {
         throw Error("to_dtype: can only convert floating tensors to a floating dtype, got " +
                     std::string(dtype_name(src.dtype())) + " -> " + std::string(dtype_name(dst)));

@@ -56,7 +56,7 @@ void check_gradients(const TensorView& q, const TensorView& k, const TensorView&
         const char* like_name;
     } grads[] = {{&grad_out, "grad_out", &out, "out"}, {&dq, "dq", &q, "Q"}, {&dk, "dk", &k, "K"}, {&dv, "dv", &v, "V"}};
     for (const auto& g : grads) {
-        if (g.t->data() == nullptr && g.t->numel() > 0) fail(kOp, g.name, ": data pointer is null");
+        attn::detail::require_data(kOp, *g.t, g.name);
         const DType t = g.t->dtype();
         if (t != DType::f32 && t != DType::f16 && t != DType::bf16) {
             fail(kOp, g.name, ": dtype must be float32, float16 or bfloat16 (ring attention computes in float32) but got ",

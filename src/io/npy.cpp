@@ -245,7 +245,7 @@ Tensor read_npy(const std::string& path) {
 namespace detail {
 
 void write_npy_into(AtomicFile& out, const TensorView& t) {
-    require_data("write_npy", t);
+    require_data("write_npy", t, "tensor");
     const std::string descr = descr_of(t.dtype());
     std::string dict = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (";
     for (int i = 0; i < t.rank(); ++i) dict += std::to_string(t.dim(i)) + (t.rank() == 1 || i + 1 < t.rank() ? "," : "") + (i + 1 < t.rank() ? " " : "");
@@ -292,7 +292,7 @@ void write_elements_into(AtomicFile& out, const TensorView& t) {
 }  // namespace detail
 
 void write_npy(const std::string& path, const TensorView& t) {
-    detail::require_data("write_npy", t);  // before the staging file exists
+    detail::require_data("write_npy", t, "tensor");  // before the staging file exists
     detail::AtomicFile out(path);
     detail::write_npy_into(out, t);
     out.commit();

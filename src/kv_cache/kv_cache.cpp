@@ -196,7 +196,7 @@ namespace {
 void check_new(const TensorView& t, const char* op, const char* name, const Shape& expected, int t_dim,
                const char* layout) {
     // T = 0 appends nothing: an empty tensor's pointer, null or not, is never read.
-    if (t.data() == nullptr && !detail::is_empty(t)) detail::fail(kOp, op, ": ", name, " data pointer is null");
+    detail::require_data(std::string(kOp) + ": " + op, t, name);
     if (!is_floating(t.dtype())) {
         detail::fail(kOp, op, ": ", name, " dtype must be a float type but got ", dtype_name(t.dtype()));
     }

@@ -149,7 +149,7 @@ void PagedKVCache::append(SeqId s, const TensorView& k_new, const TensorView& v_
     const Seq& cur = seq("append", s);
     const auto check = [&](const TensorView& t, const char* name, std::int64_t D, const char* layout) {
         // T = 0 appends nothing: an empty tensor's pointer, null or not, is never read.
-        if (t.data() == nullptr && !detail::is_empty(t)) detail::fail(kOp, "append: ", name, " data pointer is null");
+        detail::require_data(std::string(kOp) + ": append", t, name);
         if (!is_floating(t.dtype())) {
             detail::fail(kOp, "append: ", name, " dtype must be a float type but got ", dtype_name(t.dtype()));
         }

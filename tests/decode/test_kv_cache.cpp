@@ -358,7 +358,7 @@ TEST(KVCache, EmptyAppendWithNullDataChangesNothing) {
     EXPECT_EQ(std::memcmp(to_dtype(c.keys(), DType::f32).data(), keys_before.data(), keys_before.nbytes()), 0);
     EXPECT_EQ(std::memcmp(to_dtype(c.values(), DType::f32).data(), values_before.data(), values_before.nbytes()), 0);
     EXPECT_EQ(error_of([&] { c.append(0, TensorView(nullptr, DType::f32, Shape{3, 1, 5}), random_f32(Shape{3, 1, 4}, rng)); }),
-              "KVCache: append: k_new data pointer is null");
+              "KVCache: append: k_new: data pointer is null but its shape (3, 1, 5) has elements");
     EXPECT_EQ(c.lengths(), (std::vector<std::int64_t>{2, 2}));
 }
 

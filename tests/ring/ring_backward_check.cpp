@@ -318,6 +318,7 @@ struct Args {
     Tensor q, k, v, o, lse, dout, dq, dk, dv;
     dist::RingOptions opt;
     bool dv_is_v = false;  // pass V itself as dv
+    bool dq_null = false;  // pass dq as a view of dq's shape with a null data pointer
     Tensor dsinks{DType::f32, Shape{1}};
     bool pass_dsinks = false;
     bool forward = false;         // this rank calls ring_attention (the others the backward)
@@ -346,7 +347,8 @@ void run_error_case(const std::string& name, const std::string& expect, const st
             a.dq = poisoned(DType::f32, a.o.shape());  // the forward's out: checked untouched below as dq
             dist::ring_attention(a.comm, a.q, a.k, a.v, a.opt, a.dq);
         } else {
-            dist::ring_attention_backward(a.comm, a.q, a.k, a.v, a.o, a.lse, a.dout, a.opt, a.dq, a.dk,
+            const TensorView dq = a.dq_null ? TensorView(nullptr, DType::f32, a.dq.shape()) : a.dq.view();
+            dist::ring_attention_backward(a.comm, a.q, a.k, a.v, a.o, a.lse, a.dout, a.opt, dq, a.dk,
                                           a.dv_is_v ? a.v.view() : a.dv.view(), nullptr, a.pass_dsinks ? &dsv : nullptr);
         }
     } catch (const attn::Error& e) {
@@ -473,6 +475,9 @@ int main(int argc, char** argv) {
     run_error_case("dk float64", "ring_attention_backward: dk: dtype must be float32",
                    [&](Args& a) { a.dk = poisoned(DType::f64, a.k.shape()); });
     run_error_case("dv aliases V", "dv", [&](Args& a) { a.dv_is_v = true; });
+    // Rank 0 has rows (zigzag, L = 21), so its dq has elements: the null pointer is refused.
+    run_error_case("dq with a null data pointer", "ring_attention_backward: dq: data pointer is null but its shape (2, 2, ",
+                   [&](Args& a) { a.dq_null = true; });
     run_error_case("lse with a wrong shape", "lse", [&](Args& a) { a.lse = Tensor(DType::f32, Shape{2, 1, a.q.shape()[2]}, true); });
     run_error_case("dsinks without sinks", "ring_attention_backward: dsinks: given but options.sinks is not set",
                    [&](Args& a) {
