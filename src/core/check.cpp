@@ -40,8 +40,10 @@ std::string strides_text(const TensorView& t) {
     return s + (t.rank() == 1 ? ",)" : ")");
 }
 
-void require_rank(std::string_view op, const TensorView& t, std::string_view name, int rank, std::string_view layout) {
-    if (t.data() == nullptr) fail(op, name, ": data pointer is null");
+void require_rank(std::string_view op, const TensorView& t, std::string_view name, int rank, std::string_view layout,
+                  NullData null_data) {
+    if (null_data == NullData::allowed_if_empty) require_data(op, t, name);
+    else if (t.data() == nullptr) fail(op, name, ": data pointer is null");
     if (t.rank() != rank) {
         fail(op, name, ": expected a rank-", rank, " tensor ", layout, " but got shape ", t.shape());
     }

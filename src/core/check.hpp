@@ -58,8 +58,15 @@ std::string quoted(std::string_view text);
 // names, quoted (file text), cut with ", …" past about 200 characters; "it holds no tensors".
 std::string names_held(const std::vector<std::string>& names);
 
-// t is non-null and has `rank` dimensions; `layout` names them, e.g. "(B, Hq, Lq, Dk)".
-void require_rank(std::string_view op, const TensorView& t, std::string_view name, int rank, std::string_view layout);
+// Whether a null data pointer is refused outright, or only when the tensor has elements
+// (require_data: an empty one is never read), so that an empty tensor's rank is checked whatever
+// its pointer.
+enum class NullData { refused, allowed_if_empty };
+
+// t is non-null (or empty, with NullData::allowed_if_empty) and has `rank` dimensions; `layout`
+// names them, e.g. "(B, Hq, Lq, Dk)".
+void require_rank(std::string_view op, const TensorView& t, std::string_view name, int rank, std::string_view layout,
+                  NullData null_data = NullData::refused);
 
 // t has exactly `expected`.
 void require_shape(std::string_view op, const TensorView& t, std::string_view name, const Shape& expected,

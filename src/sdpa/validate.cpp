@@ -114,14 +114,14 @@ void require_softcap(double softcap, std::string_view kOp) {
 
 // Q, K or V: every dim >= 1 unless `zero` allows 0 (empty inputs are refused: docs/torch.md,
 // "Empty inputs"), rank 4, a float dtype. The size comes first: an empty tensor's data pointer may
-// be null (nothing to point at), and the user must hear of the zero dim, not of the pointer —
-// or, where size 0 is allowed, hear nothing: the tensor is never read.
+// be null (nothing to point at), and the user must hear of the zero dim or a wrong rank, not of
+// the pointer — or, where size 0 is allowed, hear nothing: the tensor is never read.
 static void check_input(std::string_view kOp, const TensorView& t, const char* name, const char* layout, SizeZero zero) {
     const char* names[] = {"batch", "heads", "length", "head dim"};
     if (t.rank() == 4 && zero == SizeZero::refused)
         for (int i = 0; i < 4; ++i)
             if (t.dim(i) < 1) fail(kOp, name, ": ", names[i], " must be >= 1 but got ", t.dim(i));
-    if (t.rank() != 4 || !is_empty(t)) require_rank(kOp, t, name, 4, layout);  // its pointer, then its rank
+    require_rank(kOp, t, name, 4, layout, NullData::allowed_if_empty);
     require_floating(kOp, t, name);
 }
 

@@ -210,6 +210,12 @@ TEST(SdpaErrors, EmptyDimensions) {
     expect_error([](Call& c) { c.qv = TensorView(nullptr, DType::f32, Shape{2, 4, 0, 8}); }, {"sdpa: Q: length must be >= 1 but got 0"});
     expect_error([](Call& c) { c.kv = TensorView(nullptr, DType::f32, Shape{0, 2, 7, 8}); }, {"sdpa: K: batch must be >= 1 but got 0"});
     expect_error([](Call& c) { c.vv = TensorView(nullptr, DType::f32, Shape{2, 2, 7, 0}); }, {"sdpa: V: head dim must be >= 1 but got 0"});
+    // A wrong rank is the first thing wrong with an empty tensor, whatever its pointer (it said
+    // "Q: data pointer is null").
+    expect_error([](Call& c) { c.qv = TensorView(nullptr, DType::f32, Shape{2, 0, 8}); },
+                 {"sdpa: Q: expected a rank-4 tensor (B, Hq, Lq, Dk) but got shape (2, 0, 8)"});
+    expect_error([](Call& c) { c.kv = TensorView(nullptr, DType::f32, Shape{0, 8}); },
+                 {"sdpa: K: expected a rank-4 tensor (B, Hkv, Lk, Dk) but got shape (0, 8)"});
 }
 
 TEST(SdpaErrors, ShapeMismatches) {

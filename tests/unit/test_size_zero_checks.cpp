@@ -68,7 +68,10 @@ TEST(SizeZeroChecks, EmptyInputsWithANullDataPointer) {
     EXPECT_EQ(call(q, k, v), "");
     const Tensor k_data(DType::f32, Shape{1, 2, 5, 8});
     EXPECT_EQ(call(attn::TensorView(nullptr, DType::f32, Shape{1, 2, 3, 8}), k_data.view(), k_data.view()),
-              "sdpa: Q: data pointer is null");
+              "sdpa: Q: data pointer is null but its shape (1, 2, 3, 8) has elements");
+    // Empty but of the wrong rank: the rank is what is wrong (it said "Q: data pointer is null").
+    EXPECT_EQ(call(attn::TensorView(nullptr, DType::f32, Shape{0, 3, 8}), k, v),
+              "sdpa: Q: expected a rank-4 tensor (B, Hq, Lq, Dk) but got shape (0, 3, 8)");
 }
 
 TEST(SizeZeroChecks, NoKeyValueHeads) {
