@@ -281,7 +281,7 @@ std::uint64_t uint_arg(const py::handle& obj, const std::string& name) {
     const unsigned long long v = PyLong_AsUnsignedLongLong(i.ptr());
     if (PyErr_Occurred()) {
         PyErr_Clear();
-        value_error(name + ": expected an int in [0, 2**64) but got " + std::string(py::repr(i)));
+        value_error(name + ": expected " + std::string(kUint64Range) + " but got " + std::string(py::repr(i)));
     }
     return static_cast<std::uint64_t>(v);
 }

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -128,6 +129,8 @@ std::int64_t input_copies();
 std::int64_t int_arg(const py::handle& obj, const std::string& name);                  // int, numpy integer
 std::optional<std::int64_t> optional_int_arg(const py::handle& obj, const std::string& name);  // or None
 std::uint64_t uint_arg(const py::handle& obj, const std::string& name);                // int in [0, 2**64)
+// uint_arg's range in messages: its own ValueError, and the seed's hint in dropout_seed_arg.
+inline constexpr std::string_view kUint64Range = "an int in [0, 2**64)";
 // threads=: None or 0 → 0 (no count of the call's own: attn's setting, include/attn/threads.hpp),
 // else an int from 1 to 4096; `none_means` says in the error what None (and 0) would choose.
 int threads_arg(const py::handle& obj, const char* none_means = "attn.get_num_threads()");

@@ -109,7 +109,8 @@ void set_mask(const py::object& attn_mask, bool uint16_is_bf16, CallOptions& out
 
 std::optional<std::uint64_t> dropout_seed_arg(const py::object& seed, double p, std::string_view op) {
     const std::optional<std::uint64_t> s = seed.is_none() ? std::nullopt : std::optional(uint_arg(seed, "dropout_seed"));
-    attn::detail::require_dropout(op, p, s, {"dropout_p", "dropout_seed", "dropout_seed=N, an int in [0, 2**64)"});
+    static const std::string seed_value = "dropout_seed=N, " + std::string(kUint64Range);
+    attn::detail::require_dropout(op, p, s, {"dropout_p", "dropout_seed", seed_value});
     return s;
 }
 
