@@ -38,6 +38,13 @@ struct PyTypeError : attn::Error {
     using attn::Error::Error;
 };
 
+// An error that must surface as ValueError whatever its message says: one about what a file
+// holds (a tensor of a dtype attn does not read is a fault of the file's content, not the type
+// of an argument).
+struct PyValueError : attn::Error {
+    using attn::Error::Error;
+};
+
 [[noreturn]] void type_error(const std::string& msg);
 [[noreturn]] void value_error(const std::string& msg);
 

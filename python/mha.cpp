@@ -176,11 +176,18 @@ public:
     void load_safetensors(const py::object& path_arg) {
         const std::string path = path_arg_of(path_arg, "path");
         py::gil_scoped_release nogil;
-        const attn::SafetensorsFile f = attn::read_safetensors(path);
-        std::vector<std::pair<std::string, attn::TensorView>> tensors;
-        for (const auto& [name, t] : f.tensors) tensors.emplace_back(name, t.view());
-        const std::lock_guard<std::mutex> lock(mutex_);
-        layer_.load_state_dict(tensors);
+        // The file's content is a value, not the type of an argument: an error about it is a
+        // ValueError, also one about a tensor's dtype ("dtype F8_E4M3 is not supported" was a
+        // TypeError, the translator's rule for a dtype: docs/errors.md, "In Python").
+        try {
+            const attn::SafetensorsFile f = attn::read_safetensors(path);
+            std::vector<std::pair<std::string, attn::TensorView>> tensors;
+            for (const auto& [name, t] : f.tensors) tensors.emplace_back(name, t.view());
+            const std::lock_guard<std::mutex> lock(mutex_);
+            layer_.load_state_dict(tensors);
+        } catch (const attn::Error& e) {
+            throw PyValueError(e.what());
+        }
     }
 
     // Copies of the parameters, in torch's state_dict order (a dict keeps insertion order),

@@ -3,7 +3,8 @@
 // Each concept has its file (bind.hpp); conversions are convert.hpp's, keyword → option
 // mapping is options.hpp's.
 // Errors: attn::Error becomes TypeError when it is about a dtype (or raised as PyTypeError),
-// ValueError otherwise, with the same message; attn::Interrupted (Ctrl-C) KeyboardInterrupt.
+// ValueError otherwise (or raised as PyValueError), with the same message; attn::Interrupted
+// (Ctrl-C) KeyboardInterrupt.
 #include <pybind11/pybind11.h>
 
 #include <exception>
@@ -30,6 +31,8 @@ PYBIND11_MODULE(_attn, m) {
             if (p) std::rethrow_exception(p);
         } catch (const attn_py::PyTypeError& e) {
             PyErr_SetString(PyExc_TypeError, e.what());
+        } catch (const attn_py::PyValueError& e) {
+            PyErr_SetString(PyExc_ValueError, e.what());
         } catch (const attn::Interrupted&) {
             // A SIGINT stopped the call (interruptible.hpp): Python's handler has tripped its flag,
             // and PyErr_CheckSignals runs the Python-level one (KeyboardInterrupt by default). One

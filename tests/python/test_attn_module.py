@@ -398,16 +398,21 @@ def test_a_bfloat16_layers_state_dict_loads_back_without_dtype():
     with pytest.raises(TypeError, match="uint16"):  # a float32 layer still asks what uint16 means
         attn.MultiheadAttention(16, 4).load_state_dict(sd)
 
-def write_safetensors(path, tensors):
+def write_safetensors_raw(path, entries):
+    """entries: name -> (the format's dtype string, shape, the tensor's bytes)."""
     header, blobs, off = {}, [], 0
-    for name, a in tensors.items():
-        raw = np.ascontiguousarray(a, dtype="<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
+    for name, (dtype, shape, raw) in entries.items():
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + len(raw)]}
         blobs.append(raw)
         off += len(raw)
     h = json.dumps(header).encode()
     h += b" " * (-len(h) % 8)
     path.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def write_safetensors(path, tensors):
+    write_safetensors_raw(path, {name: ("F32", a.shape, np.ascontiguousarray(a, dtype="<f4").tobytes())
+                                 for name, a in tensors.items()})
 
 
 def test_mha_load_safetensors(tmp_path):
@@ -422,6 +427,24 @@ def test_mha_load_safetensors(tmp_path):
     close(m(x, x, x)[0], to.double().numpy(), atol=1e-5, rtol=1e-4)
     with pytest.raises(ValueError, match="missing.safetensors"):
         m.load_safetensors(str(tmp_path / "missing.safetensors"))
+
+
+def test_mha_load_safetensors_dtype_in_the_file_is_a_value_error(tmp_path):
+    """A file's tensor of a dtype attn does not read (an fp8 checkpoint's F8_E4M3), or reads but
+    the layer does not take (I32), is a fault of the file: a ValueError naming the tensor and the
+    dtype, as every other file error is (it was a TypeError: the message mentions a dtype)."""
+    m = attn.MultiheadAttention(4, 1)
+    for dtype in ["F8_E4M3", "F8_E5M2", "U8"]:
+        f = tmp_path / (dtype + ".safetensors")
+        write_safetensors_raw(f, {"in_proj_weight": (dtype, [12, 4], bytes(48))})
+        with pytest.raises(ValueError, match=f"{f.name}: tensor 'in_proj_weight': dtype {dtype} is not supported "
+                                             r"\(F32, F16, BF16, F64, I64, I32 or BOOL\)"):
+            m.load_safetensors(f)
+    f = tmp_path / "i32.safetensors"
+    write_safetensors_raw(f, {"in_proj_weight": ("I32", [12, 4], bytes(192)), "in_proj_bias": ("F32", [12], bytes(48)),
+                              "out_proj.weight": ("F32", [4, 4], bytes(64)), "out_proj.bias": ("F32", [4], bytes(16))})
+    with pytest.raises(ValueError, match="tensor 'in_proj_weight': expected a floating dtype but got int32"):
+        m.load_safetensors(f)
 
 
 def test_save_safetensors_from_a_torch_module(tmp_path):
