@@ -4,37 +4,24 @@
 // (B = 1, Hq = 32, Lk = 16384, D = 128, float32) are called round-robin, one call each per
 // round, and the per-round ratios paged / contiguous are reported (min, median, max).
 // Usage: paged_lab [Hkv=32] [rounds=40] [threads=2]
-#include <time.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <random>
 #include <vector>
 
 #include "attn/decode.hpp"
 #include "attn/kv_cache.hpp"
 #include "attn/paged_kv_cache.hpp"
 #include "attn/threads.hpp"
+#include "lab_util.hpp"
 
 using namespace attn;
 
 namespace {
 
-double now() {
-    timespec ts{};
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
-void fill(const Tensor& t, std::uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    float* d = t.data_as<float>();
-    const std::int64_t n = t.numel();
-    for (std::int64_t i = 0; i < n; ++i) d[i] = u(rng);
-}
+using lab::fill;
+using lab::now;
 
 void summary(const char* name, std::vector<double> x) {
     std::sort(x.begin(), x.end());

@@ -32,6 +32,7 @@
 #include "attn/sdpa_varlen.hpp"
 #include "attn/tensor.hpp"
 #include "attn/threads.hpp"
+#include "lab_util.hpp"
 #ifndef LAB_PUBLIC_ONLY  // -DLAB_PUBLIC_ONLY: build against an older libattn (A/B of varlen and padded)
 #include "kernels/flash/flash.hpp"
 #include "kernels/isa.hpp"
@@ -43,19 +44,8 @@ using namespace attn;
 
 namespace {
 
-double now(clockid_t c) {
-    timespec ts{};
-    clock_gettime(c, &ts);
-    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
-void fill(const Tensor& t, std::uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    float* d = t.data_as<float>();
-    const std::int64_t n = t.numel();
-    for (std::int64_t i = 0; i < n; ++i) d[i] = u(rng);
-}
+using lab::fill;
+using lab::now;
 
 // System CPU seconds and minor page faults of the process so far (the kernel's share: page
 // faults and zeroing of fresh buffers show here, not in the user time).
