@@ -125,18 +125,41 @@ void random_history(World& w, std::mt19937& rng, int steps) {
     }
 }
 
+// A random pool for the bit-identity tests: a page size of `page_sizes`, 1 or 2 KV heads, a head
+// dim of 8, 16, 64 or 13, a value dim of 24 one time in three, a float32, float16 or bfloat16 pool.
+PagedKVCacheConfig random_config(std::mt19937& rng, const std::vector<std::int64_t>& page_sizes, std::int64_t num_pages) {
+    PagedKVCacheConfig cfg;
+    cfg.page_size = page_sizes[rng() % page_sizes.size()];
+    cfg.kv_heads = 1 + static_cast<std::int64_t>(rng() % 2);
+    cfg.head_dim = std::vector<std::int64_t>{8, 16, 64, 13}[rng() % 4];
+    cfg.value_dim = rng() % 3 ? cfg.head_dim : 24;
+    cfg.num_pages = num_pages;
+    cfg.storage = std::vector<DType>{DType::f32, DType::f16, DType::bf16}[rng() % 3];
+    return cfg;
+}
+
+// paged_attention of q on the sequences `ids` with `opt` gives the bits, out (of dtype out_dtype)
+// and lse, of decode_attention with `contiguous_opt` on a contiguous cache of the same tokens.
+::testing::AssertionResult paged_matches_contiguous(World& w, const Tensor& q, const std::vector<SeqId>& ids,
+                                                    const SdpaOptions& opt, const SdpaOptions& contiguous_opt,
+                                                    DType out_dtype) {
+    const Shape lse_shape{q.shape()[0], q.shape()[1], q.shape()[2]};
+    const Shape out_shape{lse_shape[0], lse_shape[1], lse_shape[2], w.cfg.value_dim};
+    const Tensor out_p = poisoned(out_dtype, out_shape), out_c = poisoned(out_dtype, out_shape);
+    const Tensor lse_p = poisoned(DType::f32, lse_shape), lse_c = poisoned(DType::f32, lse_shape);
+    const TensorView lpv = lse_p.view(), lcv = lse_c.view();
+    paged_attention(q, w.cache, ids, opt, out_p, &lpv);
+    decode_attention(q, contiguous(w, ids), contiguous_opt, out_c, &lcv);
+    if (!bit_equal(out_p, out_c)) return ::testing::AssertionFailure() << "out: " << compare(out_p, out_c, 0, 0).message();
+    if (!bit_equal(lse_p, lse_c)) return ::testing::AssertionFailure() << "lse: " << compare(lse_p, lse_c, 0, 0).message();
+    return ::testing::AssertionSuccess();
+}
+
 void paged_vs_contiguous(const detail::KernelSet& row, std::uint32_t seed, int worlds) {
     const detail::ScopedKernelSet use(row);
     std::mt19937 rng(seed);
     for (int wi = 0; wi < worlds; ++wi) {
-        PagedKVCacheConfig cfg;
-        const std::int64_t sizes[] = {1, 2, 4, 16, 32, 64};
-        cfg.page_size = sizes[rng() % 6];
-        cfg.kv_heads = 1 + static_cast<std::int64_t>(rng() % 2);
-        cfg.head_dim = std::vector<std::int64_t>{8, 16, 64, 13}[rng() % 4];
-        cfg.value_dim = rng() % 3 ? cfg.head_dim : 24;
-        cfg.num_pages = 4096;
-        cfg.storage = std::vector<DType>{DType::f32, DType::f16, DType::bf16}[rng() % 3];
+        const PagedKVCacheConfig cfg = random_config(rng, {1, 2, 4, 16, 32, 64}, 4096);
         World w(cfg);
         random_history(w, rng, 30);
         // Attention for a random subset of the live sequences (in random order).
@@ -159,27 +182,22 @@ void paged_vs_contiguous(const detail::KernelSet& row, std::uint32_t seed, int w
                      std::string(dtype_name(cfg.storage)) + " B=" + std::to_string(B) + " Hq=" + std::to_string(Hq) +
                      " Lq=" + std::to_string(Lq) + " causal=" + std::to_string(static_cast<int>(opt.causal)));
         const Tensor q = random_f32(Shape{B, Hq, Lq, cfg.head_dim}, rng);
-        const Tensor out_p = poisoned(DType::f32, Shape{B, Hq, Lq, cfg.value_dim});
-        const Tensor lse_p = poisoned(DType::f32, Shape{B, Hq, Lq});
-        const Tensor out_c = poisoned(DType::f32, out_p.shape()), lse_c = poisoned(DType::f32, lse_p.shape());
-        const TensorView lpv = lse_p.view(), lcv = lse_c.view();
-        paged_attention(q, w.cache, ids, opt, out_p, &lpv);
-        const KVCache kv = contiguous(w, ids);
-        decode_attention(q, kv, opt, out_c, &lcv);
-        ASSERT_TRUE(bit_equal(out_p, out_c)) << compare(out_p, out_c, 0, 0).message();
-        ASSERT_TRUE(bit_equal(lse_p, lse_c)) << compare(lse_p, lse_c, 0, 0).message();
+        ASSERT_TRUE(paged_matches_contiguous(w, q, ids, opt, opt, DType::f32));
     }
 }
 
-// Every kernel-table row this CPU has (portable, AVX2, and any row added later).
-TEST(PagedKVCache, BitIdenticalToContiguousEveryKernelRow) {
-    std::uint32_t seed = 1;
+// `worlds` random worlds of `vs_contiguous` on every kernel-table row this CPU has (portable, AVX2,
+// and any row added later), a seed each from `seed` on; stops at the first fatal failure.
+void on_every_kernel_row(void (*vs_contiguous)(const detail::KernelSet&, std::uint32_t, int), std::uint32_t seed,
+                         int worlds) {
     for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
         SCOPED_TRACE(std::string("kernel row ") + detail::isa_name(row->isa));
-        paged_vs_contiguous(*row, seed++, 40);
+        vs_contiguous(*row, seed++, worlds);
         if (::testing::Test::HasFatalFailure()) return;
     }
 }
+
+TEST(PagedKVCache, BitIdenticalToContiguousEveryKernelRow) { on_every_kernel_row(paged_vs_contiguous, 1, 40); }
 
 // Long sequences: the decode kernel splits the keys over the cores (flash-decoding), chunks
 // crossing pages.
@@ -272,14 +290,7 @@ void chunked_prefill_vs_contiguous(const detail::KernelSet& row, std::uint32_t s
     const detail::ScopedKernelSet use(row);
     std::mt19937 rng(seed);
     for (int wi = 0; wi < worlds; ++wi) {
-        PagedKVCacheConfig cfg;
-        const std::int64_t sizes[] = {1, 4, 16, 32, 64, 128, 256};
-        cfg.page_size = sizes[rng() % 7];
-        cfg.kv_heads = 1 + static_cast<std::int64_t>(rng() % 2);
-        cfg.head_dim = std::vector<std::int64_t>{8, 16, 64, 13}[rng() % 4];
-        cfg.value_dim = rng() % 3 ? cfg.head_dim : 24;
-        cfg.num_pages = 8192;
-        cfg.storage = std::vector<DType>{DType::f32, DType::f16, DType::bf16}[rng() % 3];
+        const PagedKVCacheConfig cfg = random_config(rng, {1, 4, 16, 32, 64, 128, 256}, 8192);
         World w(cfg);
         random_history(w, rng, 20);
         std::vector<SeqId> ids;
@@ -335,29 +346,15 @@ void chunked_prefill_vs_contiguous(const detail::KernelSet& row, std::uint32_t s
         // Q and out float32 or the pool's 16-bit dtype (both 16-bit bfloat16: bf16 compute).
         const DType qt = rng() % 2 ? cfg.storage : DType::f32, ot = rng() % 2 ? qt : DType::f32;
         const Tensor q = to_storage(random_f32(Shape{B, Hq, Lq, cfg.head_dim}, rng).view(), qt);
-        const Tensor out_p = poisoned(ot, Shape{B, Hq, Lq, cfg.value_dim});
-        const Tensor lse_p = poisoned(DType::f32, Shape{B, Hq, Lq});
-        const Tensor out_c = poisoned(ot, out_p.shape()), lse_c = poisoned(DType::f32, lse_p.shape());
-        const TensorView lpv = lse_p.view(), lcv = lse_c.view();
         SCOPED_TRACE(std::string("pool ") + std::string(dtype_name(cfg.storage)) + " q " + std::string(dtype_name(qt)) +
                      " out " + std::string(dtype_name(ot)));
-        paged_attention(q, w.cache, ids, opt, out_p, &lpv);
         SdpaOptions co = opt;
         co.impl = Impl::flash;
-        decode_attention(q, contiguous(w, ids), co, out_c, &lcv);
-        ASSERT_TRUE(bit_equal(out_p, out_c)) << compare(out_p, out_c, 0, 0).message();
-        ASSERT_TRUE(bit_equal(lse_p, lse_c)) << compare(lse_p, lse_c, 0, 0).message();
+        ASSERT_TRUE(paged_matches_contiguous(w, q, ids, opt, co, ot));
     }
 }
 
-TEST(PagedKVCache, ChunkedPrefillThroughFlashBitIdentical) {
-    std::uint32_t seed = 100;
-    for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
-        SCOPED_TRACE(std::string("kernel row ") + detail::isa_name(row->isa));
-        chunked_prefill_vs_contiguous(*row, seed++, 40);
-        if (::testing::Test::HasFatalFailure()) return;
-    }
-}
+TEST(PagedKVCache, ChunkedPrefillThroughFlashBitIdentical) { on_every_kernel_row(chunked_prefill_vs_contiguous, 100, 40); }
 
 // All-bfloat16 Q, pool and out (bf16 compute on AVX-512 BF16: the operands find K and V rows
 // through the page table themselves): without a mask whole tiles take the V-pair path straight
