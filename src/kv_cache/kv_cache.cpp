@@ -197,10 +197,7 @@ void check_new(const TensorView& t, const char* op, const char* name, const Shap
                const char* layout) {
     // T = 0 appends nothing: an empty tensor's pointer, null or not, is never read.
     detail::require_data(std::string(kOp) + ": " + op, t, name);
-    if (!is_floating(t.dtype())) {
-        detail::fail(kOp, op, ": ", name, " dtype must be a float type but got ", dtype_name(t.dtype()));
-    }
-    detail::require_element_aligned(std::string(kOp) + ": " + op, t, name);
+    detail::require_floating(std::string(kOp) + ": " + op, t, name);
     if (t.rank() != expected.rank) {
         std::string dims = "(";
         for (int i = 0; i < expected.rank; ++i)

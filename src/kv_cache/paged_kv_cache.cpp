@@ -150,10 +150,7 @@ void PagedKVCache::append(SeqId s, const TensorView& k_new, const TensorView& v_
     const auto check = [&](const TensorView& t, const char* name, std::int64_t D, const char* layout) {
         // T = 0 appends nothing: an empty tensor's pointer, null or not, is never read.
         detail::require_data(std::string(kOp) + ": append", t, name);
-        if (!is_floating(t.dtype())) {
-            detail::fail(kOp, "append: ", name, " dtype must be a float type but got ", dtype_name(t.dtype()));
-        }
-        detail::require_element_aligned(std::string(kOp) + ": append", t, name);
+        detail::require_floating(std::string(kOp) + ": append", t, name);
         if (t.rank() != 3 || t.dim(0) != config_.kv_heads || t.dim(2) != D) {
             detail::fail(kOp, "append: ", name, " must have shape ", layout, " = (", config_.kv_heads, ", T, ", D,
                          ") but got ", t.shape());

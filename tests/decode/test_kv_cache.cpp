@@ -308,7 +308,7 @@ TEST(KVCache, ArgumentErrorsNameTheArgument) {
     EXPECT_EQ(error_of([&] { c.append(k5, v); }),
               "KVCache: append: v_new must have shape (B, Hkv, T, Dv) = (2, 3, 2, 4) but got (2, 3, 1, 4)");
     Tensor ki(DType::i32, Shape{2, 3, 1, 5}, true);
-    EXPECT_EQ(error_of([&] { c.append(ki, v); }), "KVCache: append: k_new dtype must be a float type but got int32");
+    EXPECT_EQ(error_of([&] { c.append(ki, v); }), "KVCache: append: k_new: dtype must be float32, float64, float16 or bfloat16 but got int32");
     // A tensor of the other overload's rank: T is unknown (it said "= (2, 3, 0, 5)", as if T had to be 0).
     Tensor k3(DType::f32, Shape{3, 1, 5}, true);
     EXPECT_EQ(error_of([&] { c.append(k3, k3); }),

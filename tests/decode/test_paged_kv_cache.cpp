@@ -908,6 +908,11 @@ TEST(PagedKVCache, EmptyAppendWithNullDataChangesNothing) {
     EXPECT_EQ(error_of([&] { w.cache.append(a, TensorView(nullptr, DType::f32, Shape{1, 1, 3}), random_f32(Shape{1, 1, 3}, rng)); }),
               "PagedKVCache: append: k_new: data pointer is null but its shape (1, 1, 3) has elements");
     EXPECT_EQ(w.cache.length(a), 3);
+    // The dtype rule is require_floating's, as for every other input (one wording).
+    std::vector<std::int32_t> ints(3, 1);
+    EXPECT_EQ(error_of([&] { w.cache.append(a, random_f32(Shape{1, 1, 3}, rng), TensorView(ints.data(), DType::i32, Shape{1, 1, 3})); }),
+              "PagedKVCache: append: v_new: dtype must be float32, float64, float16 or bfloat16 but got int32");
+    EXPECT_EQ(w.cache.length(a), 3);
 }
 
 // A moved-from cache has no pages and no sequences: its views and new sequences are errors
