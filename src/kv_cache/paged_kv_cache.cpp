@@ -39,14 +39,18 @@ PagedKVCache::PagedKVCache(const PagedKVCacheConfig& config) : config_(config) {
         fail(kOp, "num_pages must be in [1, 2^31 - 1] but got ", config_.num_pages);
     }
     detail::require_kv_storage(kOp, config_.storage);
-    const auto pool_bytes = [&](std::int64_t D) {
-        std::int64_t n = detail::checked_mul(kOp, "pool size", config_.kv_heads, config_.num_pages);
-        n = detail::checked_mul(kOp, "pool size", n, config_.page_size);
-        n = detail::checked_mul(kOp, "pool size", n, D);
-        return detail::checked_mul(kOp, "pool bytes", n, static_cast<std::int64_t>(dtype_size(config_.storage)));
+    // Named by the pool's shape and its factors (as KVCache's buffers are), not by running
+    // products of them the user never wrote.
+    const auto pool_bytes = [&](const char* what, std::int64_t D) {
+        return detail::checked_bytes(kOp, what, Shape{config_.kv_heads, config_.num_pages, config_.page_size, D},
+                                     dtype_size(config_.storage));
     };
-    keys_ = std::make_unique<Pool>(pool_bytes(config_.head_dim), "PagedKVCache key pages");
-    values_ = std::make_unique<Pool>(pool_bytes(config_.value_dim), "PagedKVCache value pages");
+    // Both sizes before either allocation: a value pool that cannot be counted is an attn::Error,
+    // whatever the key pool's allocation would have said.
+    const std::int64_t kbytes = pool_bytes("key pages (Hkv, num_pages, page_size, Dk)", config_.head_dim);
+    const std::int64_t vbytes = pool_bytes("value pages (Hkv, num_pages, page_size, Dv)", config_.value_dim);
+    keys_ = std::make_unique<Pool>(kbytes, "PagedKVCache key pages");
+    values_ = std::make_unique<Pool>(vbytes, "PagedKVCache value pages");
     refcount_.assign(static_cast<std::size_t>(config_.num_pages), 0);
     // A min-heap (take_page): ascending is already one.
     for (std::int64_t p = 0; p < config_.num_pages; ++p) free_list_.push_back(static_cast<std::int32_t>(p));

@@ -946,5 +946,41 @@ TEST(PagedKVCache, MovedFromIsEmptyAndRefusesCalls) {
     EXPECT_NE(error_of([&] { (void)b.key_pages(); }).find(moved), std::string::npos);
 }
 
+// A pool whose bytes cannot be counted is an attn::Error naming the pool, its shape and the
+// factors (as KVCache's buffers: test_kv_cache.cpp, KVCacheSizes) — it said "pool size: 2251799812636672
+// × 1048576 exceeds …", running products of the config. Both pools are counted before either is
+// allocated: a countable key pool no system gives (4 PiB here) and a value pool past 64 bits was
+// the key pool's attn::OutOfMemory, not the error about the value pool.
+TEST(PagedKVCacheSizes, UncountablePoolIsAnErrorNamingItsShape) {
+    const auto message = [](const PagedKVCacheConfig& cfg) -> std::string {
+        try {
+            PagedKVCache c(cfg);
+        } catch (const Error& e) {
+            return e.what();
+        } catch (const std::exception& e) {
+            return std::string("not an attn::Error: ") + e.what();
+        }
+        return "(no error)";
+    };
+    PagedKVCacheConfig keys;
+    keys.kv_heads = std::int64_t{1} << 20;
+    keys.head_dim = 8;
+    keys.page_size = std::int64_t{1} << 20;
+    keys.num_pages = std::numeric_limits<std::int32_t>::max();
+    EXPECT_EQ(message(keys),
+              "PagedKVCache: key pages (Hkv, num_pages, page_size, Dk) of shape (1048576, 2147483647, 1048576, 8) with "
+              "4-byte elements needs more bytes than a 64-bit size can count (1048576 × 2147483647 × 1048576 × 8 × 4 > "
+              "9223372036854775807)");
+    PagedKVCacheConfig values = keys;
+    values.kv_heads = 1;
+    values.head_dim = 1;
+    values.value_dim = std::int64_t{1} << 40;
+    values.storage = DType::bf16;
+    EXPECT_EQ(message(values),
+              "PagedKVCache: value pages (Hkv, num_pages, page_size, Dv) of shape (1, 2147483647, 1048576, "
+              "1099511627776) with 2-byte elements needs more bytes than a 64-bit size can count (1 × 2147483647 × "
+              "1048576 × 1099511627776 × 2 > 9223372036854775807)");
+}
+
 }  // namespace
 }  // namespace attn::test
