@@ -27,13 +27,9 @@ constexpr std::string_view kOp = "sdpa_varlen";
 
 // The errors run_forward (kernels/dispatch.cpp) would throw for this problem, raised before
 // any sequence is run: an explicit kernel that declines it. Built from the kernels' own
-// decline reasons. (16-bit K/V need no check: flash reads them for any Lq.)
+// decline reasons. (16-bit K/V need no check: flash reads them for any Lq. Flash declines
+// whole batches, not sequences: sdpa_varlen checks it once.)
 void require_runnable(const detail::SdpaProblem& p, Impl impl, std::int64_t b) {
-    if (impl == Impl::flash) {
-        const std::string why = detail::flash_decline_reason(p);
-        if (!why.empty()) detail::fail(kOp, "impl: flash cannot run sequence ", b, ": ", why, "; use auto or reference");
-        return;
-    }
     if (impl == Impl::decode) {
         const std::string why = detail::decode_declines(p);
         if (!why.empty()) detail::fail(kOp, "impl: the decode kernel cannot run sequence ", b, ": ", why);
@@ -61,6 +57,13 @@ void sdpa_varlen(const TensorView& q, const TensorView& k, const TensorView& v, 
     }
     detail::require_outputs_apart(kOp, {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&cu_seqlens_q, "cu_seqlens_q"}, {&cu_seqlens_k, "cu_seqlens_k"}},
                                   options, {{&out, "out"}, {lse, "lse"}});
+    // Flash declines by the dtypes and head dims, which every sequence shares: refused here,
+    // whatever cu_seqlens hold (a batch whose sequences all lacked queries or keys built no problem
+    // and ran float64 inputs with impl = flash, which sdpa_varlen_backward refuses).
+    if (options.impl == Impl::flash) {
+        const std::string why = detail::flash_input_declines(q.dtype(), k.dtype(), v.dtype(), pb.Dk, pb.Dv);
+        if (!why.empty()) detail::fail(kOp, "impl: flash cannot run this call: ", why, "; use auto or reference");
+    }
 
     // Build every sequence's problem first: nothing is written until all are valid.
     std::vector<detail::SdpaProblem> problems;

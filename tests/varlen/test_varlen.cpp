@@ -793,6 +793,27 @@ TEST(VarlenErrors, KernelDeclinesLaterSequence) {
     EXPECT_TRUE(still_poisoned(out));
 }
 
+// impl = flash on inputs flash never reads (float64) is refused whatever cu_seqlens hold: a batch
+// whose sequences all lack keys (or queries) built no problem, so nothing checked the kernel and
+// the call wrote its keyless rows — where sdpa_varlen_backward refuses the same call.
+TEST(VarlenErrors, FlashOnFloat64RefusedWhenNoSequenceRuns) {
+    const Tensor q = poisoned(DType::f64, Shape{3, 1, 8});
+    const Tensor k(DType::f64, Shape{0, 1, 8});
+    const Tensor cq = cu_seqlens({3}), ck = cu_seqlens({0});
+    SdpaOptions o;
+    o.impl = Impl::flash;
+    const Tensor out = poisoned(DType::f32, Shape{3, 1, 8});
+    try {
+        sdpa_varlen(q, k, k, cq, ck, o, out);
+        ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+        EXPECT_EQ(std::string(e.what()),
+                  "sdpa_varlen: impl: flash cannot run this call: Q is float64: the flash kernel reads float32, "
+                  "float16 or bfloat16 Q, K, V; use auto or reference");
+    }
+    EXPECT_TRUE(still_poisoned(out));
+}
+
 // Outputs sharing memory with an input or with each other: refused, nothing written.
 TEST(VarlenErrors, OutputsOverlappingInputsOrEachOther) {
     VarlenCase c;

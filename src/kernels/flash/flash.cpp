@@ -66,14 +66,18 @@ bool flash_kv_ahead(std::int64_t kv_tasks, std::int64_t head_kv_bytes) {
 }
 
 std::string flash_decline_reason(const SdpaProblem& p) {
+    return flash_input_declines(p.q.dtype(), p.k.dtype(), p.v.dtype(), p.Dk, p.Dv);
+}
+
+std::string flash_input_declines(DType q, DType k, DType v, std::int64_t Dk, std::int64_t Dv) {
     // float32, float16 and bfloat16 inputs are read as float32 (16-bit converted per tile,
     // flash_driver.hpp); out may be any of make_problem's output dtypes (store_row.hpp).
     // float64 inputs are the reference's: fp32 accumulation would throw their precision away.
-    for (const auto& [t, name] : {std::pair{&p.q, "Q"}, std::pair{&p.k, "K"}, std::pair{&p.v, "V"}}) {
-        if (t->dtype() == DType::f64)
+    for (const auto& [t, name] : {std::pair{q, "Q"}, std::pair{k, "K"}, std::pair{v, "V"}}) {
+        if (t == DType::f64)
             return std::string(name) + " is float64: the flash kernel reads float32, float16 or bfloat16 Q, K, V";
     }
-    return head_dims_decline(p.Dk, p.Dv);
+    return head_dims_decline(Dk, Dv);
 }
 
 void flash_forward(const SdpaProblem& p, const KernelSet& kernels, int threads, const FlashTiles* tiles) {

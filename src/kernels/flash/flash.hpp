@@ -90,6 +90,9 @@ inline bool flash_pack_one_panel(std::int64_t head_kv_bytes) { return head_kv_by
 // Empty when the flash kernel supports the problem, else the reason it declines
 // (e.g. "Q is float64: the flash kernel computes in float32").
 std::string flash_decline_reason(const SdpaProblem& p);
+// The same rule on the inputs' dtypes and head dims alone (all it looks at): for a caller that
+// must refuse impl = flash before it has a problem (sdpa_varlen, whose batch may build none).
+std::string flash_input_declines(DType q, DType k, DType v, std::int64_t Dk, std::int64_t Dv);
 
 // Runs the kernel of the given kernel table row (tests pass each row; the dispatch passes
 // kernel_set()). `threads` <= 0 means the OpenMP default (ATTN_NUM_THREADS, else
