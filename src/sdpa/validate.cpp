@@ -87,10 +87,17 @@ void check_option_values(const SdpaOptions& options, std::string_view kOp) {
     require_enum(kOp, "causal", options.causal, 3, "Causal::none, top_left, bottom_right");
     require_enum(kOp, "window.align", options.window.align, 2, "Align::top_left, bottom_right");
     if (options.scale) {
-        // Finite in float32, where every fast kernel multiplies by it (1e39 is finite as a
-        // double but inf as a float: scores would become ±inf or NaN).
-        if (!std::isfinite(*options.scale) || !std::isfinite(static_cast<float>(*options.scale))) {
-            fail(kOp, "scale: must be finite in float32 (|scale| <= 3.4028235e38) but got ", shortest(*options.scale));
+        // The value every fast kernel multiplies by is the float32 one: it must mean what the
+        // caller gave. 1e39 is finite as a double but inf as a float (scores ±inf or NaN); 1e-50
+        // is non-zero as a double but 0 as a float (every score 0: uniform weights, silently).
+        const double s = *options.scale;
+        const float f = static_cast<float>(s);
+        if (!std::isfinite(s) || !std::isfinite(f)) {
+            fail(kOp, "scale: must be finite in float32 (|scale| <= 3.4028235e38) but got ", shortest(s));
+        }
+        if (s != 0.0 && f == 0.0f) {
+            fail(kOp, "scale: must be 0 or a value float32 holds as non-zero (|scale| > 2^-150 ≈ 7.0064923e-46) but got ",
+                 shortest(s), ", which rounds to 0");
         }
     }
     if (options.query_offset && !options.query_offset->per_sequence)

@@ -229,6 +229,9 @@ def test_dropout_is_seeded():
     (dict(attn_mask=np.zeros((3, 6), bool)), ValueError, ["mask", "(3, 6)"]),
     (dict(causal_alignment="middle"), ValueError, ["causal_alignment", "middle"]),
     (dict(scale=float("nan")), ValueError, ["scale"]),
+    # 0 in float32, where the kernels multiply by it (it was accepted: uniform weights).
+    (dict(scale=-1e-50), ValueError, ["sdpa: scale: must be 0 or a value float32 holds as non-zero", "but got -1e-50, "
+                                      "which rounds to 0"]),
     (dict(dropout_p=1.5), ValueError, ["dropout_p"]),
     (dict(key_lengths=np.array([1.0])), TypeError, ["key_lengths", "float64"]),
     (dict(key_lengths=np.array([3, 3])), ValueError, ["key_lengths"]),

@@ -243,6 +243,18 @@ TEST(SdpaErrors, Scale) {
     // Just above FLT_MAX: every digit that shows it (6 digits printed 3.40282e+38, which looks valid).
     expect_error([](Call& c) { c.opt.scale = 3.4028236e38; },
                  {"sdpa: scale: must be finite in float32 (|scale| <= 3.4028235e38) but got 3.4028236e+38"});
+    // Non-zero as a double, 0 as the float32 the kernels multiply by: every score would be 0 (uniform
+    // weights) where the caller asked for a scale. 2^-150 is the tie that rounds to even, 0.
+    const std::string zero = "sdpa: scale: must be 0 or a value float32 holds as non-zero (|scale| > 2^-150 ≈ 7.0064923e-46) but got ";
+    expect_error([](Call& c) { c.opt.scale = 1e-50; }, {zero + "1e-50, which rounds to 0"});
+    expect_error([](Call& c) { c.opt.scale = -std::ldexp(1.0, -150); }, {zero + "-7.006492321624085e-46, which rounds to 0"});
+    // The smallest magnitudes that round to a non-zero float32 (2^-149), and 0 itself, run.
+    for (const double ok : {std::nextafter(std::ldexp(1.0, -150), 1.0), -std::nextafter(std::ldexp(1.0, -150), 1.0), 0.0, -0.0}) {
+        Call c;
+        c.opt.scale = ok;
+        EXPECT_NO_THROW(c.run()) << ok;
+        EXPECT_FALSE(still_poisoned(c.out)) << ok;
+    }
 }
 
 TEST(SdpaErrors, BoolMask) {
