@@ -275,6 +275,37 @@ def test_json_naming_a_file_the_torch_rows_read_is_refused(tmp_path, flag):
     assert sorted(os.listdir(tmp_path)) == ["given"]
 
 
+def test_json_is_compared_with_the_python_that_path_runs(tmp_path):
+    """A bare --python NAME runs the NAME that PATH gives the shell; --json was compared with a file
+    NAME in the current directory instead: --json over the interpreter that runs was accepted
+    (and replaced it), --json over an unrelated ./NAME was refused."""
+    bin_dir, cwd = tmp_path / "bin", tmp_path / "work"
+    bin_dir.mkdir()
+    cwd.mkdir()
+    interpreter = bin_dir / "fakepython"
+    interpreter.write_text("#!/bin/sh\nexit 1\n")
+    interpreter.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+
+    def bench(json_path):
+        return subprocess.run([ATTN, "bench", "--quick", "--impl", "reference", "--shape-custom", "1,1,1,8,8,4,0",
+                               "--python", "fakepython", "--json", str(json_path)],
+                              capture_output=True, text=True, timeout=240, cwd=cwd, env=env)
+
+    p = bench(interpreter)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert p.stderr == f"attn: error: --json: path '{interpreter}' names the same file as the input --python " \
+                       f"('{interpreter}'), which it would replace\n", p.stderr
+    assert interpreter.read_text() == "#!/bin/sh\nexit 1\n"
+    # ./fakepython is not what runs: --json may replace it.
+    (cwd / "fakepython").write_text("not the interpreter\n")
+    p = bench("fakepython")
+    assert p.returncode == 0, (p.returncode, p.stderr)
+    with open(cwd / "fakepython") as f:
+        assert "torch is not installed for fakepython" in json.load(f)["torch"]["note"]
+    assert interpreter.read_text() == "#!/bin/sh\nexit 1\n"
+
+
 def test_markdown_section_is_refreshed_not_duplicated(custom_run, tmp_path):
     _, _, json_path = custom_run
     md = tmp_path / "BENCHMARKS.md"

@@ -15,6 +15,7 @@
 
 #include "attn/error.hpp"
 #include "attn/threads.hpp"
+#include "command_path.hpp"
 #include "commands.hpp"
 #include "harness.hpp"
 #include "output_files.hpp"
@@ -93,10 +94,11 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
         OutputFiles outputs;  // fail now, not after minutes of measuring
         outputs.add("--json", a.json);
         // The torch rows read these two: --json naming either replaced it (the script, or the
-        // interpreter when run as root) with the results.
+        // interpreter when run as root) with the results. A bare --python name is the file PATH
+        // gives the shell, not one of that name in the current directory.
         if (a.torch) {
             outputs.add_input("--torch-script", a.torch_script);
-            outputs.add_input("--python", a.python);
+            outputs.add_input("--python", command_path(a.python));
         }
         outputs.check();
     }
