@@ -218,7 +218,10 @@ public:
 
     // The same into caller-owned contiguous outputs: output float32, float16 or bfloat16 (its
     // dtype is the one written; options.out_dtype, if set, must match it), weights float32 (null unless
-    // options.need_weights). Everything is checked before anything is written.
+    // options.need_weights). Everything is checked before anything is written. The output may be
+    // exactly query, key or value (the same data, dtype, shape and strides: the layer in place —
+    // they are read only by the input projections, before the output is written) or share no
+    // memory with them; weights share memory with nothing (docs/conventions.md, "MultiHeadAttention").
     void forward_into(const TensorView& query, const TensorView& key, const TensorView& value,
                       const MhaForwardOptions& options, const TensorView& output, const TensorView* weights,
                       MhaWorkspace* workspace = nullptr) const;
@@ -257,7 +260,8 @@ public:
     // their K, V to `cache` and attends over each sequence's cache rows, causal bottom-right
     // per sequence. Returns the output, shaped like x_new, in x_new's dtype when 16-bit (else float32).
     Tensor forward_incremental(const TensorView& x_new, KVCache& cache, MhaWorkspace* workspace = nullptr) const;
-    // The same into a caller-owned contiguous output shaped like x_new: float32, float16 or bfloat16.
+    // The same into a caller-owned contiguous output shaped like x_new: float32, float16 or bfloat16;
+    // exactly x_new (in place) or apart from it, as forward_into's output and its inputs.
     void forward_incremental_into(const TensorView& x_new, KVCache& cache, const TensorView& output,
                                   MhaWorkspace* workspace = nullptr) const;
 

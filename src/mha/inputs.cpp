@@ -13,6 +13,18 @@ void require_apart_from_parameters(std::string_view op, const MultiHeadAttention
     require_apart(op, inputs, outputs);
 }
 
+bool same_view(const TensorView& a, const TensorView& b) {
+    return a.data() == b.data() && a.dtype() == b.dtype() && a.shape() == b.shape() && a.strides() == b.strides();
+}
+
+void require_output_in_place_or_apart(std::string_view op, const TensorView& output, const std::vector<Named>& inputs) {
+    for (const Named& in : inputs) {
+        if (in.t == nullptr || same_view(output, *in.t) || !share_memory(output, *in.t)) continue;
+        fail(op, "output: must share no memory with ", in.name, " or be exactly ", in.name,
+             " (the same data, dtype, shape and strides: the layer in place) but it overlaps ", in.name, " otherwise");
+    }
+}
+
 void check_finite_sinks(const TensorView& sinks, const char* what) {
     for (std::int64_t h = 0; h < sinks.dim(0); ++h) {
         const double x = sinks.load_as_double(sinks.offset(h));

@@ -34,6 +34,16 @@ MhaShapes check_inputs(const MhaConfig& c, const TensorView& query, const Tensor
 // "forward_incremental: parameter 'sinks'".
 void check_finite_sinks(const TensorView& sinks, const char* what);
 
+// The same tensor: one view of the same memory (data pointer, dtype, shape and strides).
+bool same_view(const TensorView& a, const TensorView& b);
+
+// The layer's one rule for an output over its activation inputs (query, key, value; x_new),
+// docs/conventions.md "MultiHeadAttention": they are read only by the input projections, which
+// end before the output is written, so the output may be exactly one of them (same_view: the
+// layer in place, as `x = layer(x)`) or share no memory with it; a partial overlap is refused.
+// (Masks, weights and parameters are read or written later: require_apart keeps them apart.)
+void require_output_in_place_or_apart(std::string_view op, const TensorView& output, const std::vector<Named>& inputs);
+
 // The layer's parameters are inputs of every forward: an output over one of them would rewrite
 // the layer. Throws (op: "<output name>: must not share memory with <parameter>") unless each
 // output (null: not given) lies apart from every parameter.

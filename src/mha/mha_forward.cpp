@@ -18,10 +18,6 @@ namespace {
 using detail::fail;
 using detail::kMha;
 
-bool same_tensor(const TensorView& a, const TensorView& b) {
-    return a.data() == b.data() && a.dtype() == b.dtype() && a.shape() == b.shape() && a.strides() == b.strides();
-}
-
 // The caller's outputs: contiguous, of the shapes forward() would allocate; output float32,
 // float16 or bfloat16 (out_dtype, when set, names the one expected), weights float32.
 void check_outputs(const MultiHeadAttention& m, const TensorView& query, const TensorView& key, const TensorView& value,
@@ -35,9 +31,14 @@ void check_outputs(const MultiHeadAttention& m, const TensorView& query, const T
                                                       : "a weights tensor was given but need_weights is not set");
     }
     if (weights != nullptr) detail::check_output("weights", *weights, m.weights_shape(query, key, options.average_attn_weights), true);
-    detail::require_apart(kMha, {{&query, "query"}, {&key, "key"}, {&value, "value"}, {detail::view_or_null(options.attn_mask), "attn_mask"},
+    // The output may be an input itself (in place); the weights, written by attention, and the
+    // masks, read by it, stay apart from everything.
+    const std::vector<detail::Named> activations{{&query, "query"}, {&key, "key"}, {&value, "value"}};
+    detail::require_output_in_place_or_apart(kMha, output, activations);
+    detail::require_apart(kMha, {{detail::view_or_null(options.attn_mask), "attn_mask"},
                                  {detail::view_or_null(options.key_padding_mask), "key_padding_mask"}},
                           {{&output, "output"}, {weights, "weights"}});
+    detail::require_apart(kMha, activations, {{weights, "weights"}});
     detail::require_apart_from_parameters(kMha, m, {{&output, "output"}, {weights, "weights"}});
 }
 
@@ -114,8 +115,8 @@ void MultiHeadAttention::forward_into(const TensorView& query, const TensorView&
     MhaWorkspace local;
     MhaWorkspace& ws = workspace != nullptr ? *workspace : local;
     detail::ProjectionPlan plan;
-    plan.self_attention = same_tensor(query, key) && same_tensor(key, value);
-    plan.shared_kv = same_tensor(key, value);
+    plan.self_attention = detail::same_view(query, key) && detail::same_view(key, value);
+    plan.shared_kv = detail::same_view(key, value);
     plan.batch_major = s.extra > 0;
     plan.use_packed = true;
     const detail::Operand xq = detail::as_rows(query, ws.input_copy[0]);

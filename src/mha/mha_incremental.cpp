@@ -92,6 +92,7 @@ void MultiHeadAttention::forward_incremental_into(const TensorView& x_new, KVCac
     detail::require_disjoint(op, output, "output", cache.keys(), "the cache's keys");
     detail::require_disjoint(op, output, "output", cache.values(), "the cache's values");
     detail::require_apart_from_parameters(op, *this, {{&output, "output"}});
+    detail::require_output_in_place_or_apart(op, output, {{&x_new, "x_new"}});
     const MhaConfig& c = config_;
     const std::int64_t E = c.embed_dim, h = c.num_heads, dh = head_dim(), hkv = c.num_kv_heads, Ekv = hkv * dh;
     const std::int64_t B = l.B, T = l.T, N = B * T, n = E + 2 * Ekv;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cmath>
+#include <functional>
 #include <random>
 #include <string>
 #include <utility>
@@ -26,6 +27,16 @@ inline void randomise(MultiHeadAttention& m, std::mt19937& rng) {
         sd.emplace_back(name, keep.back().view());
     }
     m.load_state_dict(sd);
+}
+
+// The message of the attn::Error f throws ("no error" when it throws none).
+inline std::string message(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const attn::Error& e) {
+        return e.what();
+    }
+    return "no error";
 }
 
 }  // namespace attn::mha_test

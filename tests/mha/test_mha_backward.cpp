@@ -34,17 +34,9 @@ using attn::MultiHeadAttention;
 using attn::Shape;
 using attn::Tensor;
 using attn::TensorView;
+using attn::mha_test::message;
 using attn::mha_test::random_tensor;
 
-// The message of the attn::Error f throws ("no error" when it throws none).
-std::string message(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const attn::Error& e) {
-        return e.what();
-    }
-    return "no error";
-}
 
 struct Case {
     MhaConfig config;
