@@ -16,7 +16,6 @@
 #include "gradients.hpp"
 #include "interruptible.hpp"
 #include "options.hpp"
-#include "kernels/dispatch.hpp"
 #include "sdpa/problem.hpp"
 
 namespace attn_py {
@@ -77,11 +76,9 @@ py::object sdpa_py(const py::object& query, const py::object& key, const py::obj
         // No element when B, H, Lq or Dv is 0; with only Lk = 0 it is the call's (B, H, Lq, Dv), as
         // large as the zeros attn.torch returns for it.
         py::array out = new_array(odt, od, "out");
-        with_python_names([&] {
-            const attn::detail::SdpaProblem p = attn::detail::make_problem(
-                expand_rank(q.view, 4), expand_rank(k.view, 4), expand_rank(v.view, 4), opt.sdpa, output_view(out, 4),
-                nullptr, nullptr, "sdpa", attn::detail::OutLse::written, attn::detail::SizeZero::allowed);
-            attn::detail::require_requested_kernel_runs(p, opt.sdpa.impl);  // impl="flash" on float64, …
+        with_python_names([&] {  // impl="flash" on float64, … too
+            attn::detail::check_call(expand_rank(q.view, 4), expand_rank(k.view, 4), expand_rank(v.view, 4), opt.sdpa,
+                                     output_view(out, 4), nullptr, "sdpa", attn::detail::SizeZero::allowed);
         });
         return py::none();
     }

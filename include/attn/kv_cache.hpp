@@ -75,6 +75,11 @@ public:
     void reset();                  // every sequence to length 0; keeps the memory
     void reset(std::int64_t b);    // one sequence to length 0
 
+    // Throws the attn::Error append(k_new, v_new) would throw for `tokens` more tokens in every
+    // sequence (they do not fit and growth is off, or past max_capacity); changes nothing. For a
+    // caller with work to do before its append (an MHA forward_incremental's projection).
+    void require_room(std::int64_t tokens) const;
+
     // Make room for `capacity` positions per sequence (grows even when growth is off).
     void reserve(std::int64_t capacity);
 

@@ -175,6 +175,11 @@ std::int64_t KVCache::check_fits(const char* op, std::int64_t b, std::int64_t ex
     return need;
 }
 
+void KVCache::require_room(std::int64_t tokens) const {
+    require_storage("append");
+    for (std::int64_t b = 0; b < config_.batch; ++b) (void)check_fits("append", b, tokens);
+}
+
 // Growth doubles the capacity (amortised O(1) appends) but never beyond max_capacity or a
 // size that cannot be counted; never less than `need`, which check_fits has allowed.
 KVCache::Retired KVCache::grow_for(const char* op, std::int64_t need) {

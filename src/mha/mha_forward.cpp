@@ -10,6 +10,7 @@
 #include "linear.hpp"
 #include "masks.hpp"
 #include "projection.hpp"
+#include "../sdpa/problem.hpp"
 #include "../core/threads.hpp"
 
 namespace attn {
@@ -110,10 +111,40 @@ void MultiHeadAttention::forward_into(const TensorView& query, const TensorView&
     if (s.extra > 0) detail::pad_masks(pt, s.Lkx);
     const detail::SdpaMasks masks = detail::to_sdpa_masks(pt.attn, pt.kpm);
     const DType mid = detail::intermediate_dtype(options.intermediate_dtype);  // Q, K, V and O
-
-    // ---- projections: rows keep the input's order, heads are column blocks ----
     MhaWorkspace local;
     MhaWorkspace& ws = workspace != nullptr ? *workspace : local;
+
+    // ---- the attention call: its options and outputs, then its checks — before the projections,
+    // whose GEMMs a call sdpa refuses (impl = decode for 20 queries, a non-finite sink edited
+    // in place, …) would waste. O is (Nq, E) in the intermediates' dtype: sdpa rounds it once
+    // from its float32 accumulators, written as (rows of query, h, d_h) — the merge of heads is free ----
+    SdpaOptions so;
+    so.impl = options.impl;
+    so.causal = options.causal;
+    so.bool_mask = masks.keep;
+    so.additive_mask = masks.add;
+    score_modifiers(so);
+    const std::int64_t Nq = s.B * s.Lq;
+    Tensor& o = mid == DType::f32 ? ws.attn_out : ws.attn_out16;
+    detail::ensure(o, mid, Shape{Nq, E});
+    const TensorView O = detail::heads_view(o.data(), mid, E, 0, s.rq, s.B, h, s.Lq, dh);
+    const Shape per_head_shape{s.B, h, s.Lq, s.Lkx};
+    TensorView per_head;
+    if (weights != nullptr) {
+        per_head = options.average_attn_weights ? TensorView(detail::ensure(ws.head_weights, per_head_shape), DType::f32, per_head_shape)
+                                                : TensorView(weights->data(), DType::f32, per_head_shape);
+    }
+    {
+        // Stand-ins of the projections' Q, K, V (shapes, dtype, unit inner stride; never read).
+        const auto stand_in = [&](std::int64_t heads, std::int64_t L) {
+            return TensorView(o.data(), mid, Shape{s.B, heads, L, dh}, Strides{0, 0, 0, 1});
+        };
+        const std::int64_t hkv = c.num_kv_heads;
+        detail::check_call(stand_in(h, s.Lq), stand_in(hkv, s.Lkx), stand_in(hkv, s.Lkx), so, O,
+                           weights != nullptr ? &per_head : nullptr);
+    }
+
+    // ---- projections: rows keep the input's order, heads are column blocks ----
     detail::ProjectionPlan plan;
     plan.self_attention = detail::same_view(query, key) && detail::same_view(key, value);
     plan.shared_kv = detail::same_view(key, value);
@@ -125,25 +156,8 @@ void MultiHeadAttention::forward_into(const TensorView& query, const TensorView&
     detail::Projected p = detail::project_qkv(*this, s, xq, xk, xv, plan, ws);
     if (mid != DType::f32) p = detail::round_projected(p, mid, ws);
 
-    // ---- attention: O written as (rows of query, h, d_h) — the merge of heads is free ----
-    SdpaOptions so;
-    so.impl = options.impl;
-    so.causal = options.causal;
-    so.bool_mask = masks.keep;
-    so.additive_mask = masks.add;
-    score_modifiers(so);
-    const std::int64_t Nq = s.B * s.Lq;
-    // O (Nq, E) in the intermediates' dtype: sdpa rounds it once from its float32 accumulators.
-    Tensor& o = mid == DType::f32 ? ws.attn_out : ws.attn_out16;
-    detail::ensure(o, mid, Shape{Nq, E});
-    const Shape per_head_shape{s.B, h, s.Lq, s.Lkx};
-    TensorView per_head;
-    if (weights != nullptr) {
-        per_head = options.average_attn_weights ? TensorView(detail::ensure(ws.head_weights, per_head_shape), DType::f32, per_head_shape)
-                                                : TensorView(weights->data(), DType::f32, per_head_shape);
-    }
-    sdpa(p.Q, p.K, p.V, so, detail::heads_view(o.data(), mid, E, 0, s.rq, s.B, h, s.Lq, dh), nullptr,
-         weights != nullptr ? &per_head : nullptr);
+    // ---- attention ----
+    sdpa(p.Q, p.K, p.V, so, O, nullptr, weights != nullptr ? &per_head : nullptr);
 
     // ---- out projection straight into the output (same row order as the query); a 16-bit
     // output gets the float32 rows rounded once ----

@@ -93,6 +93,11 @@ void MultiHeadAttention::forward_incremental_into(const TensorView& x_new, KVCac
     detail::require_disjoint(op, output, "output", cache.values(), "the cache's values");
     detail::require_apart_from_parameters(op, *this, {{&output, "output"}});
     detail::require_output_in_place_or_apart(op, output, {{&x_new, "x_new"}});
+    // The append's check and the sinks' (decode_attention refuses a non-finite sink only after the
+    // append, which may have grown the cache; a parameter changed in place can hold one —
+    // load_state_dict refuses them), before the projection a refused call would waste.
+    cache.require_room(l.T);
+    if (config_.sinks) detail::check_finite_sinks(parameter("sinks"), "forward_incremental: parameter 'sinks'");
     const MhaConfig& c = config_;
     const std::int64_t E = c.embed_dim, h = c.num_heads, dh = head_dim(), hkv = c.num_kv_heads, Ekv = hkv * dh;
     const std::int64_t B = l.B, T = l.T, N = B * T, n = E + 2 * Ekv;
@@ -112,9 +117,6 @@ void MultiHeadAttention::forward_incremental_into(const TensorView& x_new, KVCac
     const bool f32_out = output.dtype() == DType::f32;
     float* y = f32_out ? output.data_as<float>() : detail::ensure(ws.out_f32, Shape{N, E});
 
-    // decode_attention refuses a non-finite sink only after the append (which may have grown the
-    // cache); a parameter changed in place can hold one (load_state_dict refuses them).
-    if (c.sinks) detail::check_finite_sinks(parameter("sinks"), "forward_incremental: parameter 'sinks'");
     const std::vector<std::int64_t> old_len = cache.lengths();
     cache.append(K, V);  // throws before writing when T tokens do not fit
     try {

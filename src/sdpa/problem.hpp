@@ -162,6 +162,15 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
                          const TensorView* weights, std::string_view op = "sdpa", OutLse out_lse = OutLse::written,
                          SizeZero zero = SizeZero::refused);
 
+// Every check an sdpa call makes before it computes — make_problem's and, for a requested
+// kernel, that it can run the call (require_requested_kernel_runs) — and nothing computed: for
+// a caller that must refuse a call before work of its own (python/sdpa.cpp's _check_sdpa for
+// attn.torch's empty calls; the MHA layer before its projections). q, k and v are never read:
+// they may be stand-ins with the call's shapes, dtypes and strides.
+void check_call(const TensorView& q, const TensorView& k, const TensorView& v, const SdpaOptions& options,
+                const TensorView& out, const TensorView* weights, std::string_view op = "sdpa",
+                SizeZero zero = SizeZero::refused);
+
 // A forward's outputs (out, lse, weights, scores) share no memory with its inputs (Q, K, V and
 // the option tensors: masks, key lengths, query offsets, ALiBi slopes, sinks) or with each
 // other: a kernel writes them while it still reads the others. Every forward entry point calls

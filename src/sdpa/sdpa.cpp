@@ -18,6 +18,14 @@ void sdpa(const TensorView& q, const TensorView& k, const TensorView& v, const S
     detail::run_forward(problem, options.impl, report);
 }
 
+namespace detail {
+void check_call(const TensorView& q, const TensorView& k, const TensorView& v, const SdpaOptions& options,
+                const TensorView& out, const TensorView* weights, std::string_view op, SizeZero zero) {
+    const SdpaProblem p = make_problem(q, k, v, options, out, nullptr, weights, op, OutLse::written, zero);
+    require_requested_kernel_runs(p, options.impl);
+}
+}  // namespace detail
+
 SdpaShapes sdpa_output_shapes(const TensorView& q, const TensorView& k, const TensorView& v) {
     detail::SdpaProblem p;
     detail::check_qkv(q, k, v, p, "sdpa");
