@@ -422,6 +422,55 @@ TEST(NonFinite, MinusFltMaxIsAFiniteScore) {
     }
 }
 
+// The backward of such rows, on every tiled-backward row: a row whose every key carries a
+// huge finite bias has lse ≈ the bias. The tile took P = 2^(s·log2 e − lse·log2 e) with the
+// first product exact (an fma) and the second rounded: at −1e10 … −1e30 the two differ by
+// 2^(≥ 190), P = inf, and a padded row (grad_out 0, as a training loss gives it) poisoned
+// every dK/dV with inf·0 = NaN; at −FLT_MAX P was 0. With lse subtracted first P stays
+// finite: the padded row adds exactly nothing and the other rows match the reference.
+TEST(NonFinite, HugeFiniteBiasBackwardOfAPaddedRow) {
+    for (const float big : {-1e10f, -1e30f, -FLT_MAX}) {
+        Problem P;
+        P.name = "bias " + std::to_string(big);
+        P.B = 1;
+        P.Lq = 70;  // two query tiles
+        P.Lk = 70;
+        P.Hq = 2;
+        P.Hkv = 1;
+        P.add.assign(static_cast<std::size_t>(P.Lq * P.Lk), 0.0f);
+        for (std::int64_t j = 0; j < P.Lk; ++j) {
+            P.add[static_cast<std::size_t>(3 * P.Lk + j)] = big;              // row 3: every key (padding)
+            if (j % 3 == 0) P.add[static_cast<std::size_t>(5 * P.Lk + j)] = big;  // row 5: some keys
+        }
+        const Inputs in = make_inputs(P, 21);
+        std::mt19937 rng(8);
+        Tensor dO = randn({P.B, P.Hq, P.Lq, P.Dv}, rng);
+        for (std::int64_t h = 0; h < P.Hq; ++h)
+            for (std::int64_t d = 0; d < P.Dv; ++d) dO.data_as<float>()[dO.view().offset(0, h, 3, d)] = 0.0f;
+        const Fwd f = reference(P, in.q, in.k, in.v);
+        Tensor out32 = to_f32(f.out), lse32 = to_f32(f.lse);
+        ASSERT_LT(lse32.data_as<float>()[3], 0.5f * big) << P.name;  // the padded row's lse is the bias
+        auto grads = [&](const detail::KernelSet* row) {
+            std::vector<Tensor> g;
+            for (const Tensor* t : {&in.q, &in.k, &in.v}) g.push_back(poisoned_f32(t->shape()));
+            const TensorView lse = lse32.view();
+            detail::BackwardProblem bp{detail::make_problem(in.q.view(), in.k.view(), in.v.view(), P.opts(), out32.view(), &lse, nullptr),
+                                       dO.view(), g[0].view(), g[1].view(), g[2].view(), std::nullopt};
+            if (row == nullptr) detail::reference_backward(bp);
+            else detail::flash_backward(bp, *row);
+            return g;
+        };
+        const auto ref = grads(nullptr);
+        for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+            const auto got = grads(row);
+            const char* names[] = {"dq", "dk", "dv"};
+            for (std::size_t x = 0; x < 3; ++x)
+                EXPECT_EQ(close(names[x], got[x], ref[x], kBackwardTol), "") << P.name << " [" << detail::isa_name(row->isa) << "]";
+            if (HasFailure()) return;
+        }
+    }
+}
+
 // ── Large finite V ──────────────────────────────────────────────────────────────────
 // V near ±FLT_MAX: the output is a weighted mean of V rows (at most max|v|), so it must be
 // finite and as accurate as for ordinary V, although the kernels' unnormalised Σ p·v

@@ -72,7 +72,6 @@ namespace {
 constexpr int kBr = 64;  // query rows per tile
 constexpr int kBc = 64;  // keys per tile (a multiple of 4: dropout draws 4 keys per Philox call)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr double kLog2e = 1.4426950408889634;
 
 int round8(std::int64_t x) { return static_cast<int>((x + 7) / 8 * 8); }
 
@@ -116,9 +115,9 @@ struct Scratch {
     std::vector<std::uint32_t> ktp, vtp, kpp, pp;
     // Bytes held by the per-task buffers (the ones that grow with Lq).
     std::size_t task_bytes() const { return q.task_bytes() + dO.task_bytes() + 4 * dqb.capacity(); }
-    // Per row of the task's heads (group × Lq): −lse·log2 e (−inf for a row with no visible
-    // key) and D = rowsum(dO ∘ O); w: one row of dO and O widened when not read in place.
-    std::vector<float> nl2, dd, w;
+    // Per row of the task's heads (group × Lq): −lse (−inf for a row with no visible key)
+    // and D = rowsum(dO ∘ O); w: one row of dO and O widened when not read in place.
+    std::vector<float> nl, dd, w;
 };
 
 // What the score-rule callback of a partial tile needs: the tile's place in the problem.
@@ -263,7 +262,7 @@ void size_scratch(const Plan& c, Scratch& s, ScratchSizer& z) {
             z.resize(o->pairs, group * static_cast<std::size_t>(c.Lq2 * r->Dp));
         }
     }
-    z.resize(s.nl2, group * static_cast<std::size_t>(c.Lq));
+    z.resize(s.nl, group * static_cast<std::size_t>(c.Lq));
     z.resize(s.dd, group * static_cast<std::size_t>(c.Lq));
     z.resize(s.w, static_cast<std::size_t>(2 * c.Dv));
     z.resize(s.dk, static_cast<std::size_t>(kBc * c.Dkp));
@@ -328,7 +327,7 @@ void prepare_rows(const Plan& c, const Plan::RowsPlan& r, HeadRows& o, std::int6
 }
 
 // Query head g of the task's group (head h of batch b), once per task: its Q and dO rows, and
-// per row −lse·log2 e and D = rowsum(dO ∘ O). The task of the first chunk also keeps D for the
+// per row −lse and D = rowsum(dO ∘ O). The task of the first chunk also keeps D for the
 // sinks' gradient.
 void prepare_head(const Plan& c, Scratch& s, std::int64_t b, std::int64_t h, std::size_t g, std::int64_t chunk,
                   float* Dall) {
@@ -336,15 +335,16 @@ void prepare_head(const Plan& c, Scratch& s, std::int64_t b, std::int64_t h, std
     const std::int64_t Lq = c.Lq;
     prepare_rows(c, c.q, s.q, b, h, g);
     prepare_rows(c, c.dO, s.dO, b, h, g);
-    // Per row: −lse·log2 e, saturated at ±FLT_MAX (an lse near −FLT_MAX, a row
-    // "masked" only by −FLT_MAX, times log2 e would overflow to +inf, and −inf + inf
-    // = NaN in the exponent); D = rowsum(dO ∘ O) over rows as float32 (exact; read in
-    // place when float32 with unit stride) summed in 8 fixed double lanes.
+    // Per row: −lse (the float32 lse negated: exact; a row with no visible key −inf, +inf
+    // lse −FLT_MAX as before: a visible +inf score keeps P = inf, others 0); the tile
+    // subtracts it before scaling by log2 e (tile.hpp, kTileLog2e); D = rowsum(dO ∘ O) over
+    // rows as float32 (exact; read in place when float32 with unit stride) summed in 8 fixed
+    // double lanes.
     for (std::int64_t i = 0; i < Lq; ++i) {
         const std::size_t gi = g * static_cast<std::size_t>(Lq) + static_cast<std::size_t>(i);
         const double lse = load(*p.lse, p.lse->offset(b, h, i));
-        const double nl = std::clamp(-lse * kLog2e, -static_cast<double>(FLT_MAX), static_cast<double>(FLT_MAX));
-        s.nl2[gi] = lse == -INFINITY ? kNegInf : static_cast<float>(std::isnan(lse) ? lse : nl);
+        const double nl = std::clamp(-lse, -static_cast<double>(FLT_MAX), static_cast<double>(FLT_MAX));
+        s.nl[gi] = lse == -INFINITY ? kNegInf : static_cast<float>(std::isnan(lse) ? lse : nl);
         s.dd[gi] = static_cast<float>(dot_f64(f32_row(c.bp.grad_out, b, h, i, s.w.data()),
                                               f32_row(p.out, b, h, i, s.w.data() + c.Dv), c.Dv));
         if (chunk == 0 && Dall != nullptr) Dall[static_cast<std::size_t>((b * c.Hq + h) * Lq + i)] = s.dd[gi];
@@ -418,7 +418,7 @@ void run_tile(const Plan& c, Scratch& s, std::int64_t b, std::int64_t h, std::si
     t.kt = s.kt.data();
     t.vt = s.vt.data();
     t.kp = s.kp.data();
-    t.neg_lse2 = s.nl2.data() + g * static_cast<std::size_t>(Lq) + i0;
+    t.neg_lse = s.nl.data() + g * static_cast<std::size_t>(Lq) + i0;
     t.Drow = s.dd.data() + g * static_cast<std::size_t>(Lq) + i0;
     t.scale = c.scale;
     t.S = s.S.data();

@@ -30,6 +30,12 @@ struct TileBf16 {
 
 // Sizes in elements; "padded" widths are multiples of 8 with zero padding, so the
 // GEMMs never need column edges. All float32.
+// log2 e for the tile's exp_row hook: P = 2^((s·scale − lse)·kTileLog2e), lse subtracted
+// first, in natural units. Scaling s and lse by log2 e apart (an exact fma product less a
+// rounded −lse·log2 e) differs by about |lse|·2^-24 in the exponent: 2^(±10^22) — P = inf,
+// NaN gradients — for a row whose every key carries a finite bias of −10^30.
+inline constexpr float kTileLog2e = 1.4426950408889634f;
+
 struct TileArgs {
     int br = 0;   // query rows in the tile
     int bc = 0;   // keys in the tile
@@ -50,12 +56,12 @@ struct TileArgs {
     const float* kt = nullptr;  // (Dk, bcp): Kᵀ of the key block
     const float* vt = nullptr;  // (Dv, bcp): Vᵀ of the key block
     const float* kp = nullptr;  // (bc, Dkp): K of the key block
-    const float* neg_lse2 = nullptr;  // (br): −lseᵢ·log2(e); −inf for a row with no visible key
+    const float* neg_lse = nullptr;   // (br): −lseᵢ; −inf for a row with no visible key
     const float* Drow = nullptr;      // (br): Dᵢ = rowsum(dO ∘ O)
     const float* drop = nullptr;  // (br, bcp) or null: dropout factor, 0 or 1/(1−p)
     float scale = 1.0f;
     // Null when every key of the tile is visible to every row and no element-wise rule
-    // applies: P = 2^(S·scale·log2 e − lse·log2 e). Otherwise called on each row of
+    // applies: P = 2^((S·scale − lse)·log2 e). Otherwise called on each row of
     // S = Q·Kᵀ (bcp entries): it leaves the scaled scores after the score rule, in natural
     // units, with −inf for masked and padded keys.
     void (*score_rule)(const void* ctx, int row, float* s) = nullptr;

@@ -94,10 +94,10 @@ void gemm(int M, int N, int K, const float* a, std::ptrdiff_t a_rs, std::ptrdiff
                             ldc, accumulate);
 }
 
-void exp_row(float* s, int n, float mult, float add) {
-    const __m256 vm = _mm256_set1_ps(mult), va = _mm256_set1_ps(add);
+void exp_row(float* s, int n, float scale, float neg_lse) {
+    const __m256 vs = _mm256_set1_ps(scale), vn = _mm256_set1_ps(neg_lse), l2e = _mm256_set1_ps(kTileLog2e);
     for (int j = 0; j < n; j += 8)  // n % 8 == 0
-        _mm256_storeu_ps(s + j, exp2_ps(_mm256_fmadd_ps(_mm256_loadu_ps(s + j), vm, va)));
+        _mm256_storeu_ps(s + j, exp2_ps(_mm256_mul_ps(_mm256_fmadd_ps(_mm256_loadu_ps(s + j), vs, vn), l2e)));
 }
 
 void ds_row(const float* p, float* dp, int n, float D, float scale) {

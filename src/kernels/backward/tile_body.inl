@@ -3,7 +3,7 @@
 //   the five products (tile_products_f32.inl over the ISA's float32 gemm, or the bf16 ones
 //   of tile_avx512_bf16.cpp): scores_product(t): S = Q·Kᵀ; dp_product(t): dP = dO·Vᵀ;
 //   dv_product(t, pv): dV += P̂ᵀ·dO; dk_product(t): dK += dSᵀ·Q; dq_product(t): dQ += dS·K
-//   exp_row(s, n, mult, add)                 s[j] ← 2^(s[j]·mult + add)   (the ISA's exp2)
+//   exp_row(s, n, scale, neg_lse)            s[j] ← 2^((s[j]·scale + neg_lse)·log2 e)   (the ISA's exp2)
 //   ds_row(p, dp, n, D, scale)               dp[j] ← p[j] = 0 ? 0 : scale·p[j]·(dp[j] − D)
 // Included inside an anonymous namespace; needs <cstddef>.
 
@@ -11,21 +11,20 @@ void tile_body(const TileArgs& t) {
     const int br = t.br, bc = t.bc, bcp = t.bcp;
     // S = Q·Kᵀ  (br × bcp, inner Dk)
     scores_product(t);
-    // P = exp(rule(S·scale) − lse) = 2^(rule(S·scale)·log2 e − lse·log2 e)
-    // (a dead row has −lse = −inf → 0); padded keys → 0
-    constexpr float kLog2e = 1.4426950408889634f;
+    // P = exp(rule(S·scale) − lse) = 2^((rule(S·scale) − lse)·log2 e), lse subtracted first
+    // (tile.hpp, kTileLog2e) (a dead row has −lse = −inf → 0); padded keys → 0
     for (int i = 0; i < br; ++i) {
         float* s = t.S + static_cast<std::ptrdiff_t>(i) * bcp;
         if (t.softcap > 0.0f) {  // scale and cap (keeping 1 − tanh²), then ALiBi and masks
             scaled_softcap_f32(s, bcp, t.scale, t.softcap, t.softcap_inv,
                                t.softcap_grad + static_cast<std::ptrdiff_t>(i) * bcp);
             if (t.score_rule) t.score_rule(t.rule_ctx, i, s);
-            exp_row(s, bcp, kLog2e, t.neg_lse2[i]);
+            exp_row(s, bcp, 1.0f, t.neg_lse[i]);
         } else if (t.score_rule) {
             t.score_rule(t.rule_ctx, i, s);
-            exp_row(s, bcp, kLog2e, t.neg_lse2[i]);
+            exp_row(s, bcp, 1.0f, t.neg_lse[i]);
         } else {
-            exp_row(s, bcp, t.scale * kLog2e, t.neg_lse2[i]);
+            exp_row(s, bcp, t.scale, t.neg_lse[i]);
         }
         for (int j = bc; j < bcp; ++j) s[j] = 0.0f;
     }
