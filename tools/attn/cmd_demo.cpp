@@ -46,8 +46,10 @@ void print_matrix(const char* title, const Matrix& m, bool token_rows, bool toke
     std::printf("\n%s  shape (%zu, %zu)\n", title, m.size(), m[0].size());
     std::printf("      ");
     for (std::size_t j = 0; j < m[0].size(); ++j) {
+        // Each column is 7 wide, as the values' %7.3f: a token is 4 columns wide (two CJK
+        // characters), a dim label right-aligned over its numbers.
         if (token_cols) std::printf("   %s", kTokens[j]);
-        else std::printf("   d%zu   ", j);
+        else std::printf("%5sd%zu", "", j);
     }
     std::printf("\n");
     for (std::size_t i = 0; i < m.size(); ++i) {
