@@ -89,8 +89,9 @@ struct Avx2Ops {
     }
 
     // R query rows (R = 2 or 4: a GQA group) × 8/R keys per tile: each K vector loaded (and
-    // converted) once for the R rows (decode_avx512.cpp's score_tile_rows says why). Key-major;
-    // each (row, key) dot product keeps the one-row tile's chain, hsum8 and scalar tail: same bits.
+    // converted) once for the R rows (decode_avx512.cpp's score_tile_rows says why). Key-major:
+    // that row's head-dim-major order was level or slower here under ATTN_ISA=avx2 on Zen 5
+    // (Zen 3 not measured; BENCHMARKS.md, 2026-12-05 19:05). Each (row, key) dot product keeps the one-row tile's chain, hsum8 and scalar tail: same bits.
     // Each tile requests the next block's rows of its keys (decode_core.hpp's Lookahead).
     template <int R, class T>
     static void score_tile_rows(const float* q, i64 qstride, const T* k, i64 kstride, i64 n, i64 Dk, float* s,

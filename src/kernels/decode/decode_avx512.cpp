@@ -113,8 +113,12 @@ struct Avx512Ops {
     // converting every K and V row again for each of S7's 4 rows made its float16 step
     // compute-bound (10.9 ns per row and key from L3, as slow as float32 from memory); float32
     // rows one at a time reread the block from L2 in each row's pass (accumulate says more).
-    // Key-major, as score_keys (each key's row whole before the next key's). Each (row, key)
-    // dot product keeps the chain and the hsum8 tree of the one-row tile: same bits.
+    // Head-dim-major inside the tile: each 16-wide slice of the R query rows is loaded once
+    // and meets the 8/R keys' slices, R + 8/R loads per 8 FMAs. Key-major (each key's row
+    // whole, the R query slices reloaded per key) took R + 1 loads per R FMAs, and on Zen 5
+    // the loads, not the FMAs, set the pace: S7 float32 there ran 1.2× slower than rows one at a
+    // time (BENCHMARKS.md, 2026-12-05). Each (row, key) dot product keeps the one-row tile's
+    // chain over the head dim and its hsum8 tree: same bits.
     // Each tile requests the next block's rows of its keys (`next`, decode_core.hpp's Lookahead:
     // the group's compute per key is R times a row's, enough to hide their arrival).
     template <int R, class T>
@@ -124,31 +128,25 @@ struct Avx512Ops {
         const i64 Dk16 = Dk & ~i64{15};
         const __mmask16 edge = lanes(Dk - Dk16);
         for (i64 j = 0; j < n; j += KT) {
-            __m512 acc[8];
+            const T* kt[KT];
 #pragma GCC unroll 8
-            for (int t = 0; t < KT; ++t) {
-                const T* kt = k + imin(j + t, n - 1) * kstride;
-                __m512 a[R];
+            for (int t = 0; t < KT; ++t) kt[t] = k + imin(j + t, n - 1) * kstride;
+            __m512 acc[8];  // acc[r * KT + t]: row r against key j + t
 #pragma GCC unroll 8
-                for (int r = 0; r < R; ++r) a[r] = _mm512_setzero_ps();
-                for (i64 d = 0; d < Dk16; d += 16) {
-                    const __m512 kv = load16(kt + d);
+            for (int x = 0; x < 8; ++x) acc[x] = _mm512_setzero_ps();
+            const auto slice = [&](i64 d, __mmask16 m) {
+                __m512 qv[R];
 #pragma GCC unroll 8
-                    for (int r = 0; r < R; ++r) a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q + r * qstride + d), kv, a[r]);
+                for (int r = 0; r < R; ++r) qv[r] = _mm512_maskz_loadu_ps(m, q + r * qstride + d);
+#pragma GCC unroll 8
+                for (int t = 0; t < KT; ++t) {
+                    const __m512 kv = m == 0xFFFF ? load16(kt[t] + d) : load16(kt[t] + d, m);
+#pragma GCC unroll 8
+                    for (int r = 0; r < R; ++r) acc[r * KT + t] = _mm512_fmadd_ps(qv[r], kv, acc[r * KT + t]);
                 }
-                if (edge != 0) {
-                    const __m512 kv = load16(kt + Dk16, edge);
-#pragma GCC unroll 8
-                    for (int r = 0; r < R; ++r)
-                        a[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(edge, q + r * qstride + Dk16), kv, a[r]);
-                }
-#pragma GCC unroll 8
-                for (int r = 0; r < R; ++r) {
-                    acc[r * KT + t] = a[r];
-                    __asm__ volatile("" : "+v"(acc[r * KT + t]));  // the keys in program order (score_keys)
-                }
-                __asm__ volatile("" : "+r"(k));
-            }
+            };
+            for (i64 d = 0; d < Dk16; d += 16) slice(d, 0xFFFF);
+            if (edge != 0) slice(Dk16, edge);
             next.step(KT * next.row_lines);
             alignas(32) float tmp[8];
             _mm256_store_ps(tmp, hsum8(acc));
