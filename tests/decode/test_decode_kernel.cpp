@@ -490,3 +490,44 @@ TEST(DecodeDispatch, FullyMaskedRowsGiveZeroAndMinusInf) {
 
 }  // namespace
 }  // namespace attn::test
+
+namespace attn::test {
+namespace {
+
+// A GQA group's rows scored together (score_tile_rows, R = 2 or 4) give the bits of the same
+// rows scored one at a time: each (row, key) dot product keeps the one-row tile's order over
+// the head dim. The one-row run reads the single KV head through a head stride of 0 (group 1).
+// Head dims with and without a 16-wide edge, key counts that end mid-tile, every storage type
+// and kernel-table row, no key split. (8 rows take 64-key blocks where one row takes 256
+// (decode_block): another softmax merge, so 8 rows only up to 64 keys, one block either way.)
+TEST(DecodeKernel, GroupRowsGiveTheBitsOfRowsOneAtATime) {
+    std::mt19937 rng(2026);
+    int compared = 0;
+    for (const std::int64_t Hq : {2, 4, 8})
+        for (const std::int64_t D : {8, 24, 40, 64, 128})
+            for (const std::int64_t Lk : {1, 3, 37, 300})
+                for (const DType kv : {DType::f32, DType::f16, DType::bf16}) {
+                    if (detail::decode_block(Hq) != detail::decode_block(1) && Lk > detail::decode_block(Hq)) continue;
+                    const Tensor q = random_f32(Shape{1, Hq, 1, D}, rng);
+                    const Tensor k = to_storage(random_f32(Shape{1, 1, Lk, D}, rng), kv);
+                    const Tensor v = to_storage(random_f32(Shape{1, 1, Lk, D}, rng), kv);
+                    const Shape wide{1, Hq, Lk, D};
+                    const TensorView kw(k.data(), kv, wide, Strides{Lk * D, 0, D, 1});
+                    const TensorView vw(v.data(), kv, wide, Strides{Lk * D, 0, D, 1});
+                    for (const detail::KernelSet* row : rows()) {
+                        Tensor grouped(DType::f32, Shape{1, Hq, 1, D}), single(DType::f32, Shape{1, Hq, 1, D});
+                        poison(grouped);
+                        poison(single);
+                        const SdpaOptions opt;
+                        detail::decode_forward(detail::make_problem(q, k, v, opt, grouped, nullptr, nullptr), *row, 1);
+                        detail::decode_forward(detail::make_problem(q, kw, vw, opt, single, nullptr, nullptr), *row, 1);
+                        ASSERT_EQ(std::memcmp(grouped.data(), single.data(), grouped.nbytes()), 0)
+                            << row_name(row) << " Hq=" << Hq << " D=" << D << " Lk=" << Lk << " " << dtype_name(kv);
+                        ++compared;
+                    }
+                }
+    std::printf("[decode] %d group problems bit-identical to their rows one at a time\n", compared);
+}
+
+}  // namespace
+}  // namespace attn::test
