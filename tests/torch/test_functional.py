@@ -609,3 +609,20 @@ def test_no_keys_gives_zeros_and_zero_gradients_to_every_input():
     out.sum().backward()
     for t in (q, bias, sinks):
         assert t.grad is not None and torch.equal(t.grad, torch.zeros_like(t)), t.grad
+
+
+@pytest.mark.parametrize("q_shape, k_shape, v_shape", [
+    ((2, 2, 3, 0), (2, 2, 4, 0), (2, 2, 4, 5)),  # head dim 0: the mean of the values
+    ((2, 2, 3, 8), (2, 2, 0, 8), (2, 2, 0, 5)),  # no keys: zeros
+    ((2, 0, 3, 8), (2, 0, 4, 8), (2, 0, 4, 5)),  # no heads: an empty result
+])
+def test_empty_calls_run_with_impl_decode(q_shape, k_shape, v_shape):
+    # An empty K or V reaches the core's checks as a NumPy array with strides 0, which the decode
+    # kernel's unit-stride rule took for "strided along the head dim": impl="decode" refused calls
+    # it answers with data (and the head-dim-0 call, padded to one column, ran before _check_sdpa
+    # saw it unpadded).
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(s) for s in (q_shape, k_shape, v_shape))
+    out = at.scaled_dot_product_attention(q, k, v, impl="decode")
+    ref = textbook(q.double(), k.double(), v.double(), None, scale=1.0)
+    assert out.shape == ref.shape and torch.allclose(out.double(), ref, atol=1e-6), (out, ref)

@@ -58,7 +58,10 @@ std::string decode_declines(const SdpaProblem& p) {
     if (!is_store(p.k.dtype()) || p.k.dtype() != p.v.dtype())
         return "K is " + std::string(dtype_name(p.k.dtype())) + " and V is " + std::string(dtype_name(p.v.dtype())) +
                ", decode needs both float32, both float16 or both bfloat16";
-    if (p.k.stride(3) != 1 || p.v.stride(3) != 1) return "K or V is strided along the head dim (decode needs unit stride)";
+    // An empty K or V is never read: its head-dim stride means nothing (NumPy gives a size-0
+    // array strides of 0 — attn.torch's empty calls, checked by _check_sdpa, were refused).
+    const auto strided = [](const TensorView& t) { return t.stride(3) != 1 && !is_empty(t); };
+    if (strided(p.k) || strided(p.v)) return "K or V is strided along the head dim (decode needs unit stride)";
     return head_dims_decline(p.Dk, p.Dv);
 }
 
