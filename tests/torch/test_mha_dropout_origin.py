@@ -128,26 +128,3 @@ def test_a_wrong_origin_is_the_numpy_apis_error(origin, training):
     with pytest.raises(core.type) as empty:
         m(*(t[:0] for t in xs), dropout_origin=origin)
     assert str(empty.value) == str(core.value).replace("(B = 2)", "(B = 0)")
-
-
-@pytest.mark.parametrize("bad", [dict(dropout_origin=(0, 0, 2**32 - 6, 0)), dict(dropout_origin="0000"),
-                                 dict(threads=-1), dict(threads="2")])
-@pytest.mark.parametrize("training", [True, False])
-def test_a_refused_call_runs_no_projection(bad, training, monkeypatch):
-    # dropout_origin and threads were checked by the attention call, after the input projections'
-    # GEMMs had run for nothing (and, in training, after the seed was drawn). Now the layer refuses
-    # before its first F.linear, in the functional's words on the same (N, H, L, Dh) call.
-    m, xs = layer(), inputs()
-    m.train(training)
-    q, k = (torch.zeros(2, HEADS, length, E // HEADS, dtype=torch.float64) for length in (7, 9))
-    with pytest.raises((TypeError, ValueError)) as functional:
-        at.scaled_dot_product_attention(q, k, k, dropout_p=P if training else 0.0, dropout_seed=SEED, **bad)
-    calls = []
-    linear = F.linear
-    monkeypatch.setattr(F, "linear", lambda *a, **kw: calls.append(a[1].shape) or linear(*a, **kw))
-    torch.manual_seed(SEED)
-    with pytest.raises(functional.type) as e:
-        m(*xs, **bad)
-    assert str(e.value) == str(functional.value)
-    assert calls == []
-    assert torch.randint(0, 2**62, ()).item() == drawn_seed()  # no seed was drawn either

@@ -146,8 +146,7 @@ def refuse_forward_ad(named_tensors):
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False, *, causal_alignment="top-left", window=None,
                                  window_alignment="top-left", key_lengths=None, query_offset=None,
-                                 dropout_seed=None, threads=None, impl="auto", out_dtype=None, _check_only=False,
-                                 **extras):
+                                 dropout_seed=None, threads=None, impl="auto", out_dtype=None, **extras):
     """softmax(query·keyᵀ·scale + mask)·value with torch 2.x's signature and semantics, on the CPU.
 
     query (N, H, L, E), (H, L, E) or (L, E); key/value of the same rank with S keys. Any
@@ -174,8 +173,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     result, or zeros when there are no keys, after every check that a call with data gets.
     No double backward (create_graph=True is a RuntimeError); a tensor the backward reads (q, k,
     v, attn_mask, sinks, the result) changed in place before backward is torch's in-place error.
-    (_check_only=True, attn's own: every check of the call, in its words, and nothing computed —
-    query/key/value may then be stand-ins of the call's shapes and dtypes, e.g. expanded zeros.)
     """
     refuse_graph_transforms()
     refuse_forward_ad((("query", query), ("key", key), ("value", value), ("attn_mask", attn_mask),
@@ -195,15 +192,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         opts["out_dtype"] = _convert.out_dtype_name(out_dtype, query)
     if dropout_p > 0:
         opts["dropout_seed"] = (int(torch.randint(0, 2**62, ()).item()) if dropout_seed is None else dropout_seed)
-    if query.numel() == 0 or key.numel() == 0 or value.numel() == 0 or _check_only:
+    if query.numel() == 0 or key.numel() == 0 or value.numel() == 0:
         # The core has nothing to compute (and refuses size-0 dims), but its checks of the shapes,
         # the mask, every option (window, softcap, dropout_origin, ...) and threads are any call's,
         # word for word: one rule set, the core's.
         with _convert.Threads(threads):
             _core._check_sdpa(*(_convert.array(t, n) for t, n in ((query, "query"), (key, "key"), (value, "value"))),
                               attn_mask=mask, **with_sinks(opts, sinks))
-        if _check_only:
-            return None
         if not (query.size(-1) == 0 and query.shape[:-1].numel() and key.shape[:-1].numel() and value.numel()):
             return _empty_attention(query, key, value, out_dtype, differentiable)
         query, key, opts["scale"] = _pad_head_dim(query, key, scale)

@@ -148,32 +148,24 @@ class MultiheadAttention(nn.MultiheadAttention):
         e = self.embed_dim
         h = self.num_heads
         dh = e // h
-        # The appended keys' mask columns allow them (torch pads with 0 / False).
-        appended_keys = len(appended)
-        if appended_keys:
-            attn_mask = None if attn_mask is None else F.pad(attn_mask, (0, appended_keys))
-            key_padding_mask = None if key_padding_mask is None else F.pad(key_padding_mask, (0, appended_keys))
-        lk += appended_keys
-        mask = _combined_mask(attn_mask, key_padding_mask, n, h, lq, lk, query.dtype)  # q's dtype (F.linear keeps it)
-        # Every check of the attention call (threads, dropout_origin, …, in its words) before the
-        # projections, whose GEMMs a refused call would waste: on stand-ins of its shapes and dtype.
-        def stand_in(length):
-            return torch.zeros((), dtype=query.dtype).expand(n, h, length, dh)
-        scaled_dot_product_attention(stand_in(lq), stand_in(lk), stand_in(lk), attn_mask=mask, dropout_p=p,
-                                     is_causal=is_causal, dropout_seed=0 if p > 0 else None, threads=threads,
-                                     dropout_origin=dropout_origin, _check_only=True)
         with allocating(_FORWARD, "the input projections (query, key, value: N, L, E each)"):
             q, k, v = self._project(query, key, value, one_input)
         if self.bias_k is not None:
             k = torch.cat([k, self.bias_k.view(1, 1, e).expand(n, 1, e)], 1)
             v = torch.cat([v, self.bias_v.view(1, 1, e).expand(n, 1, e)], 1)
+            attn_mask = None if attn_mask is None else F.pad(attn_mask, (0, 1))
+            key_padding_mask = None if key_padding_mask is None else F.pad(key_padding_mask, (0, 1))
         if self.add_zero_attn:
             k = torch.cat([k, k.new_zeros(n, 1, e)], 1)
             v = torch.cat([v, v.new_zeros(n, 1, e)], 1)
+            attn_mask = None if attn_mask is None else F.pad(attn_mask, (0, 1))
+            key_padding_mask = None if key_padding_mask is None else F.pad(key_padding_mask, (0, 1))
+        lk = k.size(1)
         # (N, L, H, Dh) → (N, H, L, Dh): a strided view attn reads in place.
         q = q.view(n, lq, h, dh).transpose(1, 2)
         k = k.view(n, lk, h, dh).transpose(1, 2)
         v = v.view(n, lk, h, dh).transpose(1, 2)
+        mask = _combined_mask(attn_mask, key_padding_mask, n, h, lq, lk, q.dtype)
         seed = int(torch.randint(0, 2**62, ()).item()) if p > 0 else None
         out = scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal,
                                            dropout_seed=seed, threads=threads, dropout_origin=dropout_origin)
