@@ -49,7 +49,7 @@ void print_matrix(const char* title, const Matrix& m, bool token_rows, bool toke
         // Each column is 7 wide, as the values' %7.3f: a token is 4 columns wide (two CJK
         // characters), a dim label right-aligned over its numbers.
         if (token_cols) std::printf("   %s", kTokens[j]);
-        else std::printf("%5sd%zu", "", j);
+        else std::printf("%7s", ("d" + std::to_string(j)).c_str());
     }
     std::printf("\n");
     for (std::size_t i = 0; i < m.size(); ++i) {
