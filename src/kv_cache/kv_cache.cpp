@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "attn/half.hpp"
@@ -161,8 +162,11 @@ void KVCache::reserve(std::int64_t cap) {
 // first when allowed).
 std::int64_t KVCache::check_fits(const char* op, std::int64_t b, std::int64_t extra) const {
     const std::int64_t len = lengths_[static_cast<std::size_t>(b)];
+    // Runs per sequence on every append (and require_room): the message's name is built only to throw it.
+    const std::optional<std::int64_t> sum = detail::size_add(len, extra);
     const std::int64_t need =
-        detail::checked_add(kOp, std::string(op) + ": length of sequence " + std::to_string(b) + " + new tokens", len, extra);
+        sum ? *sum
+            : detail::checked_add(kOp, std::string(op) + ": length of sequence " + std::to_string(b) + " + new tokens", len, extra);
     if (need <= capacity_) return need;
     if (!config_.grow) {
         detail::fail(kOp, op, ": sequence ", b, " holds ", len, " of ", capacity_, " positions; ", extra, " more need ",
