@@ -1,4 +1,4 @@
-// Kernel lab for bf16 compute (docs/kernels.md, "bf16 compute"): what vdpbf16ps buys over the
+// Kernel lab for bf16 compute (docs/kernels-lab.md, "bf16 compute, measured"): what vdpbf16ps buys over the
 // float32 FMA path of the avx512 row, measured at three levels on this machine.
 //
 //   bf16_lab [--iters N] [--reps N] [--threads N] [--shapes S2,S3] [--no-flash]

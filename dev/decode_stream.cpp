@@ -2,7 +2,7 @@
 // bench/shapes.md (B = 1, Hq = 32, Lk = 16384, D = 128; Hkv 32 and 8), float32 and float16:
 // 960 MiB together, more than any L3 here, so each step reads its cache from DRAM. One step of
 // each per round, so a change of the machine's load hits all four alike; to A/B a kernel change,
-// build this against each library and run the binaries in turn (docs/kernels.md, "Decode: a
+// build this against each library and run the binaries in turn (docs/kernels-lab.md, "Decode: a
 // longer block"). Prints min and median wall ms per step and the GB/s of the min.
 // Usage: decode_stream [threads=2] [rounds=5]
 #include <time.h>

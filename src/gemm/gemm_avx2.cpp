@@ -57,8 +57,8 @@ struct Micro {
 };
 
 // KC = 512: the KC × 16 B sliver is 32 KiB (Zen 3's whole L1d, Zen 5's 48 KiB), the 144 × 512 A block
-// 288 KiB of a 512 KiB (Zen 3) L2. Measured on Zen 5 only (docs/kernels.md): KC = 256 → 79–88 GFLOP/s
-// per core, 512 → 92–98, 768 → 87–98.
+// 288 KiB of a 512 KiB (Zen 3) L2. Measured on Zen 5 only (docs/kernels-lab.md, "The projection GEMM,
+// measured"): KC = 256 → 79–88 GFLOP/s per core, 512 → 92–98, 768 → 87–98.
 using Avx2Micro = Micro<6, 2, 512, 144, 4096>;
 
 }  // namespace

@@ -4,7 +4,8 @@
 // kMR rows × kNV·16 columns of accumulators: per k, kNV vector loads of packed B and kMR
 // scalars of packed A, each broadcast from memory into kNV FMAs (the {1to16} form).
 // 12 × 32: 24 accumulators + 2 B vectors of the 32 zmm; 14 loads per 24 FMAs.
-// (8 × 48 and 14 × 32 measured the same on a busy machine: docs/kernels.md, "The projection GEMM".)
+// (8 × 48 and 14 × 32 measured the same on a busy machine: docs/kernels-lab.md, "The projection
+// GEMM, measured".)
 #include <immintrin.h>
 
 #include "../kernels/isa.hpp"
@@ -73,8 +74,8 @@ struct Micro {
 
 // KC = 1024: S6's K = 768 is one chunk, so C is read and written once per element; the KC × 32
 // B sliver (128 KiB) streams from L2 beside the 144 × 1024 A block (576 KiB of Zen 5's 1 MiB L2).
-// Measured on Zen 5 (docs/kernels.md): KC = 256 → 144–151 GFLOP/s per core, 768 → 159–179,
-// 1024 → 171–181.
+// Measured on Zen 5 (docs/kernels-lab.md, "The projection GEMM, measured"): KC = 256 → 144–151
+// GFLOP/s per core, 768 → 159–179, 1024 → 171–181.
 using Avx512Micro = Micro<12, 2, 1024, 144, 4096>;
 
 }  // namespace

@@ -4,8 +4,8 @@
 // inside its kernel, so long ones run one after another, each with all threads. Short ones would leave threads idle (and pay a
 // fork/join each), so they run side by side, one thread each: their kernels' own parallel
 // regions are then nested and get one thread (OpenMP's default max-active-levels of 1).
-// Either way a sequence's result does not depend on the thread count (docs/kernels.md), so
-// the split changes only the speed.
+// Either way a sequence's result does not depend on the thread count (docs/kernels.md, "Parallel
+// split and scaling"), so the split changes only the speed.
 #pragma once
 
 #include <omp.h>

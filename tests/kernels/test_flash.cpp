@@ -657,7 +657,7 @@ TEST(FlashFixed, KvAheadPolicy) {
 // reference, 1 and 2 threads alike (run_case). What this can catch: a request path that
 // changes a value or reads a wrong row through a page table or view (ASan in kernels_asan). What
 // it cannot: a missing or misaddressed prefetch — x86 prefetches never fault and change no
-// value; the lab's rates (docs/kernels.md, "Requesting the next key block") are that check.
+// value; the lab's rates (docs/kernels-lab.md, "Requesting the next key block") are that check.
 TEST(FlashFixed, RequestsAheadOnLargeHeads) {
     Worst worst;
     const detail::FlashTiles split{64, 64, 3, 0}, grouped{64, 64, 0, 2};

@@ -1,7 +1,8 @@
 // sdpa_varlen / sdpa_varlen_backward against two oracles:
 //   1. each sequence run on its own through attn::sdpa / sdpa_backward on contiguous copies:
 //      must agree bit for bit (varlen is that computation on strided views; the kernels'
-//      results depend on neither the strides nor the thread count — docs/kernels.md);
+//      results depend on neither the strides nor the thread count — docs/kernels.md, "Parallel
+//      split and scaling");
 //   2. the padded batch (N, H, Lmax, D) with key_lengths = Lk_b (and query_offset = Lk_b − Lq_b
 //      for bottom-right, which in a padded batch would be Lk_b − Lmax) through the double
 //      reference, within docs/conventions.md's bounds: forward 1e-5·(1 + |ref|) per element,

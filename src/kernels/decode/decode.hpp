@@ -50,7 +50,7 @@ struct DecodeWork {
 // the hardware prefetchers' ramp, so the block is long — 256 keys are 128 KiB of each at
 // D = 128 float32, still inside every L2 we run on (Zen 3: 512 KiB). On a Zen 4 core the
 // 64-key block (32 KiB per stream) read S5's float32 cache at ≈ 19 GB/s against 28 for a
-// plain stream; 256 keys ≈ 24–26 (docs/kernels.md, "Decode: a longer block").
+// plain stream; 256 keys ≈ 24–26 (docs/kernels-lab.md, "Decode: a longer block").
 inline constexpr std::int64_t kDecodeBlock = 256;
 
 // The block of a work item with M query rows (group × Lq), at most kDecodeBlock (the scratch
@@ -59,10 +59,10 @@ inline constexpr std::int64_t kDecodeBlock = 256;
 // L1 at 64 (32 KiB): with many rows the rereads, not the stream from memory, are the cost —
 // chunked prefill through decode in blocks of 16 queries (bench P2, M = 64 rows) took 1.5×
 // longer with 256 keys than with 64. Measured: M = 1 and 4 faster with 256; M = 8, 16 and 64
-// faster with 64 at float32, the same at float16 (docs/kernels.md, "Decode: a longer block").
+// faster with 64 at float32, the same at float16 (docs/kernels-lab.md, "Decode: a longer block").
 // Since float32 groups run together the avx512 row no longer cares (256 keys within 0–5 % of
 // 64 at M = 8 to 64), but the avx2 row, whose P·V still runs the rows one at a time, does:
-// P2's decode row 1.1–1.2× faster with 64 (docs/kernels.md, "Decode: the many-rows block again").
+// P2's decode row 1.1–1.2× faster with 64 (docs/kernels-lab.md, "Decode: the many-rows block again").
 inline constexpr std::int64_t kDecodeBlockManyRows = 64;
 inline constexpr std::int64_t decode_block(std::int64_t M) { return M <= 4 ? kDecodeBlock : kDecodeBlockManyRows; }
 
@@ -90,7 +90,7 @@ std::string decode_declines(const SdpaProblem& p);
 // one-panel flash task waits on memory, so its time follows the bytes, while decode at these
 // rows is bound by its compute, which 16-bit storage does not shrink: with float32 decode stays
 // 0–24 % faster up to two panels).
-// docs/kernels.md, "Decode or flash": measured on both rows, float32 and 16-bit K/V.
+// docs/kernels.md, "Decode or flash"; measured on both rows, float32 and 16-bit K/V (docs/kernels-lab.md).
 std::string auto_decode_declines(const SdpaProblem& p, const KernelSet& k);
 // Flash panels of rows per KV head below which `auto` runs decode: 2 with float32 K and V, 1
 // with 16-bit K or V.

@@ -53,7 +53,7 @@ struct Avx512Ops {
     // The head-dim-major order (line d of keys 0..7, then line d+1) reads a tile's 8 rows as
     // 8 interleaved streams 512 B apart, which AMD's prefetchers follow badly: on Zen 4 a
     // plain read of a 512 MiB cache in that order ran at 7.9 GB/s on one core against 26–28
-    // GB/s key-major (docs/kernels.md, "Decode: key-major score tiles"). The 8 chains
+    // GB/s key-major (docs/kernels-lab.md, "Decode: key-major score tiles"). The 8 chains
     // are still independent (the out-of-order window holds the whole tile), and each key's
     // sum keeps its order: same bits.
     //
@@ -189,7 +189,7 @@ struct Avx512Ops {
     // block; each V vector is loaded (and converted) once for the R rows. The last vector
     // of the chunk runs under `last` (the head-dim edge) unless kFull: GCC issued that masked
     // load first, so every V row was touched at its last line before its first, and P·V
-    // alone ran at 10 GB/s on a Zen 4 core against 15 with plain loads (docs/kernels.md,
+    // alone ran at 10 GB/s on a Zen 4 core against 15 with plain loads (docs/kernels-lab.md,
     // "Decode: key-major score tiles").
     // R > 1 (a GQA group): each key also requests `next_lines` lines of the next block's V
     // rows (Lookahead; score_tile_rows says why).
@@ -271,7 +271,7 @@ struct Avx512Ops {
         // once for them, in head-dim halves at Dv = 128 for R = 4. For 16-bit V the conversion
         // is the point (score_tile_rows says why); for float32 it is the rereading: with rows
         // one at a time every row's pass read the block again from L2, and one thread of S7
-        // float32 took the time of its compute plus its reading (docs/kernels.md, "Decode:
+        // float32 took the time of its compute plus its reading (docs/kernels-lab.md, "Decode:
         // float32 groups together"). Same bits: every output element keeps its chain over the keys.
         if (R == 4) return acc_tile<4>(o, ostride, alpha, p, pstride, v, nruns, vstride, Dv, next);
         if (R == 2) return acc_tile<2>(o, ostride, alpha, p, pstride, v, nruns, vstride, Dv, next);

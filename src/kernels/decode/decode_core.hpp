@@ -216,7 +216,7 @@ inline void collect_runs(const DecodeView& a, const DecodeWork& w, i64 b, i64 hk
 // Used where a key costs much more compute than its bytes take to arrive — a GQA group, whose
 // R rows each spend 2·D FMAs on the key: there the hardware prefetchers, which run only a
 // little ahead of the demand loads, left each core alternating between computing and waiting
-// (one thread, S7 float16 from memory 6.1–7.9 → 4.0–4.2 ms per step; docs/kernels.md, "Decode:
+// (one thread, S7 float16 from memory 6.1–7.9 → 4.0–4.2 ms per step; docs/kernels-lab.md, "Decode:
 // requesting the next block"). The loop calls step() at the rate it consumes the current
 // block (one row's lines per key; ahead_lines for rows one at a time), so the stream is one
 // block ahead and ends with the block; where memory is the bound anyway (one row per KV head,
@@ -268,8 +268,8 @@ struct Lookahead {
 // at D = 128: 32 page starts each), so a core stalls at every page start. Requesting the page
 // heads of the stream it reads next (this block's V during the scores, the next block's K
 // during P·V) starts them early: single-thread CPU time per S5 step (512 MiB float32) fell
-// ≈ 20 % (docs/kernels.md, "Decode: page-head prefetch"). About one prefetch per 4 keys at
-// D = 128 float32; same bits. A paged cache gets the same requests run by run (a 4 KiB page
+// ≈ 20 % (docs/kernels-lab.md, "Decode: rows one at a time, page-head prefetch"). About one
+// prefetch per 4 keys at D = 128 float32; same bits. A paged cache gets the same requests run by run (a 4 KiB page
 // start inside each cache page).
 // Rows more than a page apart (or a zero or negative stride) are no stream: the pages between
 // them are not read, so only each row's own first lines are requested. The span rule would
@@ -298,7 +298,7 @@ inline void prefetch_page_heads(const void* p, i64 n, i64 stride_bytes, i64 row_
 // `lines` of this block it reads — a 1/R share, so the R passes together request the next
 // block once and the memory works while the rows compute. Only the first pass reads the block
 // from memory, the other R − 1 reread it from L2; without the requests the core alternated
-// (docs/kernels.md, "Decode: float32 groups together"). R = 1 requests nothing (Lookahead).
+// (docs/kernels-lab.md, "Decode: float32 groups together"). R = 1 requests nothing (Lookahead).
 inline i64 ahead_lines(i64 lines, int R) { return R > 1 ? (lines + R - 1) / R : 0; }
 
 // Ops::scores of the vector rows (decode_avx2.cpp, decode_avx512.cpp), on their tiles
@@ -306,10 +306,10 @@ inline i64 ahead_lines(i64 lines, int R) { return R > 1 ? (lines + R - 1) / R : 
 // Ops::score_tile_rows<R, T>(q, qstride, k, kstride, n, Dk, s, sstride, next) (R rows × 8/R keys,
 // requesting the next block's K: Lookahead).
 // A GQA group's rows (R = 2 or 4) together: each K vector is loaded and converted once for
-// them, where rows one at a time converted 16-bit K again per row ("Decode: key-major score
-// tiles") and reread a float32 block from L2 per row ("Decode: float32 groups together"). One
-// row (R = 1) reads whole K rows in address order (docs/kernels.md, "Decode: rows one at a
-// time"), row strides of 128 and 64 elements (contiguous caches and pages at those head dims)
+// them, where rows one at a time converted 16-bit K again per row (docs/kernels-lab.md, "Decode:
+// key-major score tiles") and reread a float32 block from L2 per row ("Decode: float32 groups
+// together"). One row (R = 1) reads whole K rows in address order (docs/kernels-lab.md, "Decode:
+// rows one at a time"), row strides of 128 and 64 elements (contiguous caches and pages at those head dims)
 // reaching the tile as a compile-time constant. A paged block's runs (one per page of a
 // fragmented pool) one after the other. Same bits either way: every dot product keeps its order.
 // R is 1, 2 or 4 (for_row_groups).

@@ -12,10 +12,10 @@
 
 namespace attn::detail {
 
-// 64 queries × 64 keys for every head dim: Qᵀ, Sᵀ and Oᵀ of a task are 16 KiB each at
-// D = 64 (L1/L2), and the lab's sweep (dev/flash_lab.cpp header, docs/kernels.md) found
-// the other sizes equal within the noise or slower (Nb = 32 with Mb = 32: −35 % at D = 64),
-// at D = 128 and D = 64 alike; D = 256 measured at the same efficiency with 64 × 64.
+// 64 queries × 64 keys for every head dim: Qᵀ, Sᵀ and Oᵀ of a task are 16 KiB each at D = 64
+// (L1/L2), and the lab's sweep (dev/flash_lab.cpp header; docs/kernels-lab.md, "The tile and block
+// sizes") found the other sizes equal within the noise or slower (Nb = 32 with Mb = 32: −35 % at
+// D = 64), at D = 128 and D = 64 alike; D = 256 measured at the same efficiency with 64 × 64.
 FlashTiles flash_default_tiles(std::int64_t Dk, std::int64_t Dv) {
     (void)Dk;
     (void)Dv;

@@ -53,11 +53,11 @@ std::int64_t flash_key_chunk(std::int64_t tasks, std::int64_t Lk, int Nb, std::i
 // Tasks per work item for a problem whose tasks are not split: consecutive tasks of one
 // (b, KV head) — query blocks of a head, or of the heads sharing the KV head — run as a group in
 // lockstep over the key blocks, so each K/V tile is read from memory once per group instead of
-// once per task (flash_query_groups.hpp; measured in docs/kernels.md).
+// once per task (flash_query_groups.hpp; measured in docs/kernels-lab.md, "Long keys").
 // kv_heads: the problem's B·Hkv; kv_tasks: the tasks of each; head_kv_bytes: the K and V
 // bytes one task streams (Lk keys); task_bytes: a task's Qᵀ and Oᵀ; converts: each task would
 // convert (or copy) its K/V tiles — 16-bit K/V, a strided head dim — which a group does once for
-// all its tasks (run_group; docs/kernels.md, "Mixed dtypes"). Groups only where a head's K and V
+// all its tasks (run_group; docs/kernels.md, "Groups of query blocks"). Groups only where a head's K and V
 // outgrow a core's L2 or the tiles are converted, never to fewer than split_target(4) items.
 // forced > 0 (FlashTiles::query_group) asks for that many instead. Groups change no result.
 int flash_query_group(std::int64_t kv_heads, std::int64_t kv_tasks, std::int64_t head_kv_bytes, std::int64_t task_bytes,
@@ -69,7 +69,7 @@ int flash_query_group(std::int64_t kv_heads, std::int64_t kv_tasks, std::int64_t
 // then stalls the products. kv_tasks: tasks per (b, KV head); head_kv_bytes: the K and V bytes
 // of a head (Lk keys). A head within one core's L2 (1 MiB, as flash_query_group) is read from
 // there; a head past it is reread from the L3 when many tasks (more than 8) read it in turn and
-// it is at most 8 MiB. Measured (docs/kernels.md, "Requesting the next key block"): S4 +5 %,
+// it is at most 8 MiB. Measured (docs/kernels-lab.md, "Requesting the next key block"): S4 +5 %,
 // 32k keys +7-20 %, 64 rows of a KV head +5-25 %; S2-like heads (2 MiB, 64 tasks) 0 to -5 %,
 // hence the L3 case. (A task of one panel requests them in any case: the driver's ahead_end.)
 bool flash_kv_ahead(std::int64_t kv_tasks, std::int64_t head_kv_bytes);
@@ -83,7 +83,7 @@ inline constexpr std::int64_t kFlashCachedKvBytes = std::int64_t{1} << 20;
 // in address order) instead of reading them in place: when the head's K and V pass the L2. The
 // micro-kernels read a tile's rows interleaved, which the hardware prefetchers follow badly, and
 // one panel gives each line too little work to hide the wait; the copy reads the rows as streams
-// (as the widening of a 16-bit tile does). Measured (docs/kernels.md, "Decode or flash"): one-panel
+// (as the widening of a 16-bit tile does). Measured (docs/kernels-lab.md, "Decode or flash"): one-panel
 // float32 steps 0-15 % faster; multi-panel tasks reuse each line enough and read in place.
 inline bool flash_pack_one_panel(std::int64_t head_kv_bytes) { return head_kv_bytes > kFlashCachedKvBytes; }
 

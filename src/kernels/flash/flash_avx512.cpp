@@ -7,10 +7,11 @@
 // accumulators: 16 accumulators + the 2 panel vectors of 32 zmm; per inner step 2 vector loads
 // and 16 FMAs whose K/V operand is one scalar per row, broadcast straight from memory (the
 // {1to16} embedded-broadcast form: no shuffle uop, no broadcast register), each used twice.
-// Measured hot in L1 on Zen 5 (docs/kernels.md): 16 rows × 1 zmm (16 queries, the first
-// version) ran at 52–59 % of the register-only FMA loop, 32 queries × 8/12/14 rows at 61–65 %:
-// half the broadcasts per FMA. 8 rows divide the usual head dims (64, 128) and the 64-key
-// block, so pv has no ragged tile; 12 or 14 rows measured the same and would leave one.
+// Measured hot in L1 on Zen 5 (docs/kernels-lab.md, "The tile and block sizes"): 16 rows × 1 zmm
+// (16 queries, the first version) ran at 52–59 % of the register-only FMA loop, 32 queries ×
+// 8/12/14 rows at 61–65 %: half the broadcasts per FMA. 8 rows divide the usual head dims
+// (64, 128) and the 64-key block, so pv has no ragged tile; 12 or 14 rows measured the same and
+// would leave one.
 #include <immintrin.h>
 
 #define ATTN_FLASH_NS flash_avx512_ns

@@ -348,7 +348,7 @@ void key_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
 // Where a task's key loop (keys below uhi) stops requesting each next key block's K/V rows
 // (key_block, prefetch_kv_rows): at uhi when its tiles come from memory (kv_ahead: TaskGrid
 // says when) or it has one panel (its micro-kernels reuse each line too little to hide even a
-// cache's latency: 1.45-1.5x measured, docs/kernels.md); else 0, no requests.
+// cache's latency: 1.45-1.5x measured, docs/kernels-lab.md, "Requesting the next key block"); else 0.
 inline std::int64_t ahead_end(bool kv_ahead, int panels, std::int64_t uhi) { return kv_ahead || panels == 1 ? uhi : 0; }
 
 // The whole key loop of one task: (m, l, Oᵀ) of the block's columns from keys [ulo, uhi).

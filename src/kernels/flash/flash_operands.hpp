@@ -37,7 +37,7 @@ inline float load_elem(const TensorView& t, std::int64_t off) {
 
 // ── Per-task work: the Qᵀ pack and the O store ─────────────────────────────────────
 // Both are transposes of Mb × D floats per task, against Mb·Lk·D FMAs: a term of 1/Lk, which
-// the short shapes feel (docs/kernels.md, "Short sequences": about 5 % of a task's time at
+// the short shapes feel (docs/kernels-lab.md, "Short sequences": about 5 % of a task's time at
 // Lk = 512 done one scalar at a time, the Q read included). An Ops may define
 //   transpose16(in, out, scale)   out[r][c] = in[c][r] (· scale[r] when scale is not null),
 //                                 16 × 16 floats, in/out: 16 row pointers (the avx2 and avx512 Ops do)

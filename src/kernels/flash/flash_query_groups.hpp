@@ -51,7 +51,7 @@ void run_group(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     // so a later task of the group (a longer key range) does.
     // A block's K/V rows that are not read in place (16-bit: converted; strided, paged) are made
     // once for the group, in the thread's group tiles (Workspace::gk/gv), and every task reads
-    // them (KvTile): converting them per task cost the mixed-dtype rows 6-20 % (docs/kernels.md,
+    // them (KvTile): converting them per task cost the mixed-dtype rows 6-20 % (docs/kernels-lab.md,
     // "Mixed dtypes"). All tasks see one (b, KV head); each reads a prefix of the block's rows.
     // Only for a problem that needs it: the thread's tiles may be there for another of the batch.
     const Workspace& g = *ws[0];
