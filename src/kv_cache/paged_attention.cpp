@@ -84,8 +84,17 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
         return;
     }
 
+    // Decode takes every block of at most 16 queries once it takes the call: its other reasons
+    // (dtypes, layouts, options) are the call's, checked once for all blocks.
+    if (const std::string why = detail::decode_call_declines(p.q, p.k, p.v, p.dropout_p); !why.empty()) {
+        if (options.impl == Impl::decode) detail::fail(kOp, "impl: the decode kernel declines this call: ", why);
+        // auto reaches here only when flash declined too (runs_flash sends it to flash whenever
+        // decode declines and flash does not): e.g. float64 Q, which only the reference reads —
+        // and the reference reads no pages.
+        detail::fail(kOp, "no kernel that reads pages takes this call: decode: ", why, "; flash: ", detail::flash_decline_reason(p));
+    }
     // Blocks of at most 16 queries; each block keeps the caller's diagonals and dropout rows
-    // (SdpaProblem::rows_before/rows_after). Every block is checked before the first runs.
+    // (SdpaProblem::rows_before/rows_after).
     const std::int64_t block = kMaxDecodeQueries;
     std::vector<detail::SdpaProblem> parts;
     for (std::int64_t i0 = 0; i0 < Lq; i0 += block) {
@@ -101,14 +110,7 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
             if (p.bool_mask) s.bool_mask = p.bool_mask->slice(2, i0, len);
             if (p.additive_mask) s.additive_mask = p.additive_mask->slice(2, i0, len);
         }
-        const std::string why = detail::decode_declines(s);
-        if (!why.empty() && options.impl == Impl::decode) detail::fail(kOp, "impl: the decode kernel declines this call: ", why);
-        // auto reaches here only when flash declined too (runs_flash sends it to flash whenever
-        // decode declines and flash does not): e.g. float64 Q, which only the reference reads —
-        // and the reference reads no pages.
-        if (!why.empty()) {
-            detail::fail(kOp, "no kernel that reads pages takes this call: decode: ", why, "; flash: ", detail::flash_decline_reason(p));
-        }
+        ATTN_DASSERT(detail::decode_declines(s).empty());
         parts.push_back(s);
     }
     for (const detail::SdpaProblem& s : parts) detail::decode_forward(s, kernels, 0, &pages.rows);

@@ -25,13 +25,14 @@ namespace {
 
 constexpr std::string_view kOp = "sdpa_varlen";
 
-// The errors run_forward (kernels/dispatch.cpp) would throw for this problem, raised before
-// any sequence is run: an explicit kernel that declines it. Built from the kernels' own
-// decline reasons. (16-bit K/V need no check: flash reads them for any Lq. Flash declines
-// whole batches, not sequences: sdpa_varlen checks it once.)
-void require_runnable(const detail::SdpaProblem& p, Impl impl, std::int64_t b) {
+// The errors run_forward (kernels/dispatch.cpp) would throw for sequence b (`lq` queries),
+// raised before any sequence is run: an explicit kernel that declines it. (16-bit K/V need no
+// check: flash reads them for any Lq. The call's own reasons — flash's, decode's dtypes,
+// layouts and options — are checked once, whatever cu_seqlens hold.) A sequence without keys
+// is checked too: it is refused as it would be with keys.
+void require_runnable(std::int64_t lq, Impl impl, std::int64_t b) {
     if (impl == Impl::decode) {
-        const std::string why = detail::decode_declines(p);
+        const std::string why = detail::decode_rows_declines(lq);
         if (!why.empty()) detail::fail(kOp, "impl: the decode kernel cannot run sequence ", b, ": ", why);
     }
 }
@@ -64,6 +65,12 @@ void sdpa_varlen(const TensorView& q, const TensorView& k, const TensorView& v, 
         const std::string why = detail::flash_input_declines(q.dtype(), k.dtype(), v.dtype(), pb.Dk, pb.Dv);
         if (!why.empty()) detail::fail(kOp, "impl: flash cannot run this call: ", why, "; use auto or reference");
     }
+    // Decode's reasons that hold for every sequence likewise (a float64 q, dropout, …): refused
+    // once here, even when no sequence has both queries and keys.
+    if (options.impl == Impl::decode) {
+        const std::string why = detail::decode_call_declines(q, k, v, options.dropout_p);
+        if (!why.empty()) detail::fail(kOp, "impl: the decode kernel cannot run this call: ", why);
+    }
 
     // Build every sequence's problem first: nothing is written until all are valid.
     std::vector<detail::SdpaProblem> problems;
@@ -71,6 +78,7 @@ void sdpa_varlen(const TensorView& q, const TensorView& k, const TensorView& v, 
     for (std::size_t b = 0; b < pb.seqs.size(); ++b) {
         const detail::PackedSequence& s = pb.seqs[b];
         if (s.lq == 0) continue;
+        require_runnable(s.lq, options.impl, static_cast<std::int64_t>(b));
         if (s.lk == 0) {
             keyless.push_back(static_cast<std::int64_t>(b));
             continue;
@@ -80,7 +88,6 @@ void sdpa_varlen(const TensorView& q, const TensorView& k, const TensorView& v, 
             detail::sequence_rows(q, s.q0, s.lq), detail::sequence_rows(k, s.k0, s.lk),
             detail::sequence_rows(v, s.k0, s.lk), detail::sequence_options(options, static_cast<std::int64_t>(b)),
             detail::sequence_rows(out, s.q0, s.lq), lse ? &lse_b : nullptr, nullptr, kOp));
-        require_runnable(problems.back(), options.impl, static_cast<std::int64_t>(b));
     }
 
     // The sequences the dispatch gives to flash run as one batch: one task list over

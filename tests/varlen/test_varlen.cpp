@@ -815,6 +815,65 @@ TEST(VarlenErrors, FlashOnFloat64RefusedWhenNoSequenceRuns) {
     EXPECT_TRUE(still_poisoned(out));
 }
 
+// impl = decode is refused alike whether or not the call's sequences hold work. A reason every
+// sequence shares (a float64 q, dropout, K and V of two dtypes, K strided along the head dim)
+// was checked only on the problems of sequences with queries and keys: a batch without one ran
+// its keyless rows (or nothing) where the same call with data was refused. And a sequence
+// without keys is refused for its 20 queries as it is with keys.
+TEST(VarlenErrors, DecodeRefusedAlikeWhenNoSequenceRuns) {
+    struct Reason {
+        const char* why;
+        DType q = DType::f32, k = DType::f32, v = DType::f32;
+        double dropout = 0.0;
+        bool strided_k = false;
+    };
+    // One sequence of lq queries and lk keys (Hq = Hkv = 1, D = 8): the message, "no error" if none.
+    const auto message = [](const Reason& r, std::int64_t lq, std::int64_t lk) {
+        const Tensor q(r.q, Shape{lq, 1, 8}, true), v(r.v, Shape{lk, 1, 8}, true);
+        const Tensor k_rows(r.k, Shape{lk, 1, r.strided_k ? 16 : 8}, true);
+        const TensorView k = r.strided_k ? TensorView(k_rows.data(), r.k, Shape{lk, 1, 8}, Strides{16, 16, 2}) : k_rows.view();
+        SdpaOptions o;
+        o.impl = Impl::decode;
+        o.dropout_p = r.dropout;
+        if (r.dropout > 0.0) o.dropout_seed = 7;
+        const Tensor out = poisoned(DType::f32, Shape{lq, 1, 8});
+        std::string m = "no error";
+        try {
+            sdpa_varlen(q, k, v, cu_seqlens({lq}), cu_seqlens({lk}), o, out);
+        } catch (const Error& e) {
+            m = e.what();
+        }
+        if (m != "no error") {
+            EXPECT_TRUE(still_poisoned(out)) << m;  // refused: nothing written
+        }
+        return m;
+    };
+    const std::string call = "sdpa_varlen: impl: the decode kernel cannot run this call: ";
+    const Reason reasons[] = {
+        {"Q is float64, decode reads float32, float16 or bfloat16", DType::f64},
+        {"dropout was requested (decode applies none)", DType::f32, DType::f32, DType::f32, 0.25},
+        {"K is float32 and V is float16, decode needs both float32, both float16 or both bfloat16", DType::f32,
+         DType::f32, DType::f16},
+        {"K or V is strided along the head dim (decode needs unit stride)", DType::f32, DType::f32, DType::f32, 0.0,
+         true},
+    };
+    for (const Reason& r : reasons) {
+        SCOPED_TRACE(r.why);
+        EXPECT_EQ(message(r, 3, 4), call + r.why);  // with data
+        EXPECT_EQ(message(r, 0, 4), call + r.why);  // no queries
+        // No keys: K is empty, so its strides mean nothing (decode_call_declines) — no reason there.
+        if (!r.strided_k) {
+            EXPECT_EQ(message(r, 3, 0), call + r.why);
+        }
+    }
+    const std::string lq20 = "sdpa_varlen: impl: the decode kernel cannot run sequence 0: Lq = 20 > 16 (decode is for a few new queries)";
+    EXPECT_EQ(message(Reason{}, 20, 4), lq20);
+    EXPECT_EQ(message(Reason{}, 20, 0), lq20);
+    // What decode takes stays taken, with or without work.
+    EXPECT_EQ(message(Reason{}, 0, 4), "no error");
+    EXPECT_EQ(message(Reason{}, 16, 0), "no error");
+}
+
 // Outputs sharing memory with an input or with each other: refused, nothing written.
 TEST(VarlenErrors, OutputsOverlappingInputsOrEachOther) {
     VarlenCase c;

@@ -47,22 +47,32 @@ DecodePlan plan_decode(std::int64_t B, std::int64_t Hkv, std::int64_t group, std
     return plan;
 }
 
-std::string decode_declines(const SdpaProblem& p) {
+std::string decode_call_declines(const TensorView& q, const TensorView& k, const TensorView& v, double dropout_p,
+                                 bool weights, bool scores) {
     auto is_store = [](DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; };
-    if (p.Lq > kMaxDecodeQueries) return "Lq = " + std::to_string(p.Lq) + " > 16 (decode is for a few new queries)";
-    if (p.weights) return "attention weights were requested (decode never forms them)";
-    if (p.scores) return "scores were requested (decode never forms them)";
-    if (p.dropout_p > 0.0) return "dropout was requested (decode applies none)";
+    if (weights) return "attention weights were requested (decode never forms them)";
+    if (scores) return "scores were requested (decode never forms them)";
+    if (dropout_p > 0.0) return "dropout was requested (decode applies none)";
     // Q: float32 or 16-bit (converted while it is scaled); out: any output dtype (store_row).
-    if (p.q.dtype() == DType::f64) return "Q is float64, decode reads float32, float16 or bfloat16";
-    if (!is_store(p.k.dtype()) || p.k.dtype() != p.v.dtype())
-        return "K is " + std::string(dtype_name(p.k.dtype())) + " and V is " + std::string(dtype_name(p.v.dtype())) +
+    if (q.dtype() == DType::f64) return "Q is float64, decode reads float32, float16 or bfloat16";
+    if (!is_store(k.dtype()) || k.dtype() != v.dtype())
+        return "K is " + std::string(dtype_name(k.dtype())) + " and V is " + std::string(dtype_name(v.dtype())) +
                ", decode needs both float32, both float16 or both bfloat16";
     // An empty K or V is never read: its head-dim stride means nothing (NumPy gives a size-0
     // array strides of 0 — attn.torch's empty calls, checked by _check_sdpa, were refused).
-    const auto strided = [](const TensorView& t) { return t.stride(3) != 1 && !is_empty(t); };
-    if (strided(p.k) || strided(p.v)) return "K or V is strided along the head dim (decode needs unit stride)";
-    return head_dims_decline(p.Dk, p.Dv);
+    const auto strided = [](const TensorView& t) { return t.stride(t.rank() - 1) != 1 && !is_empty(t); };
+    if (strided(k) || strided(v)) return "K or V is strided along the head dim (decode needs unit stride)";
+    return head_dims_decline(q.dim(q.rank() - 1), v.dim(v.rank() - 1));
+}
+
+std::string decode_rows_declines(std::int64_t Lq) {
+    if (Lq > kMaxDecodeQueries) return "Lq = " + std::to_string(Lq) + " > 16 (decode is for a few new queries)";
+    return {};
+}
+
+std::string decode_declines(const SdpaProblem& p) {
+    if (std::string why = decode_rows_declines(p.Lq); !why.empty()) return why;
+    return decode_call_declines(p.q, p.k, p.v, p.dropout_p, p.weights.has_value(), p.scores.has_value());
 }
 
 int auto_decode_panels(const SdpaProblem& p) {

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "attn/dtype.hpp"
+#include "attn/tensor.hpp"
 #include "../paged_rows.hpp"
 #include "../../core/interrupt.hpp"
 
@@ -77,8 +78,18 @@ DecodePlan plan_decode(std::int64_t B, std::int64_t Hkv, std::int64_t group, std
                        std::int64_t Dk, std::int64_t Dv, std::int64_t forced_split);
 
 // sdpa path. decode_declines: empty when the decode kernel can run the problem,
-// otherwise why not (one short clause, for SdpaReport and error messages).
+// otherwise why not (one short clause, for SdpaReport and error messages). Its reasons are of
+// two kinds, so that a call made of parts (sdpa_varlen's sequences, paged_attention's query
+// blocks) is refused alike whether or not its parts hold work (docs/conventions.md, "Errors"):
 std::string decode_declines(const SdpaProblem& p);
+// - the call's: what it asks for (weights, scores, dropout), the dtypes of Q, K and V, their
+//   stride along the head dim and the head dims — shared by every part, checked once per call
+//   even when no part runs. q, k, v: the call's views, head dim last, of any rank (a problem's
+//   (B, H, L, D), a packed (T, H, D)); never read.
+std::string decode_call_declines(const TensorView& q, const TensorView& k, const TensorView& v, double dropout_p,
+                                 bool weights = false, bool scores = false);
+// - a part's: its Lq new queries (at most kMaxDecodeQueries).
+std::string decode_rows_declines(std::int64_t Lq);
 
 // The automatic choice between decode and flash, for every entry point (run_forward,
 // runs_flash, paged_attention): empty when `auto` runs the decode kernel on p with kernel
