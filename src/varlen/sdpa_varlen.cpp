@@ -19,6 +19,7 @@
 #include "head_major.hpp"
 #include "packed.hpp"
 #include "run_sequences.hpp"
+#include "varlen_call.hpp"
 
 namespace attn {
 namespace {
@@ -44,51 +45,88 @@ SdpaVarlenShapes sdpa_varlen_output_shapes(const TensorView& q, const TensorView
     return SdpaVarlenShapes{Shape{p.Tq, p.Hq, p.Dv}, Shape{p.Tq, p.Hq}};
 }
 
+namespace detail {
+
+VarlenCall check_varlen_call(const TensorView& q, const TensorView& k, const TensorView& v,
+                             const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, const SdpaOptions& options,
+                             const TensorView& out, const TensorView* lse) {
+    VarlenCall r;
+    // 16-bit q/k/v and out as in sdpa (make_problem per sequence; a 16-bit out is rounded once).
+    r.pb = check_packed(kOp, q, k, v, cu_seqlens_q, cu_seqlens_k, options, out, lse, /*sixteen_bit_out=*/true);
+    const PackedBatch& pb = r.pb;
+    if (!is_floating(q.dtype())) {
+        fail(kOp, "q: dtype must be float32, float64, float16 or bfloat16 but got ", dtype_name(q.dtype()));
+    }
+    // Flash declines by the dtypes and head dims, which every sequence shares: refused here,
+    // whatever cu_seqlens hold (a batch whose sequences all lacked queries or keys built no problem
+    // and ran float64 inputs with impl = flash, which sdpa_varlen_backward refuses).
+    if (options.impl == Impl::flash) {
+        const std::string why = flash_input_declines(q.dtype(), k.dtype(), v.dtype(), pb.Dk, pb.Dv);
+        if (!why.empty()) fail(kOp, "impl: flash cannot run this call: ", why, "; use auto or reference");
+    }
+    // Decode's reasons that hold for every sequence likewise (a float64 q, dropout, …): refused
+    // once here, even when no sequence has both queries and keys.
+    if (options.impl == Impl::decode) {
+        const std::string why = decode_call_declines(q, k, v, options.dropout_p);
+        if (!why.empty()) fail(kOp, "impl: the decode kernel cannot run this call: ", why);
+    }
+
+    // Build every sequence's problem first: nothing is written until all are valid.
+    for (std::size_t b = 0; b < pb.seqs.size(); ++b) {
+        const PackedSequence& s = pb.seqs[b];
+        if (s.lq == 0) continue;
+        require_runnable(s.lq, options.impl, static_cast<std::int64_t>(b));
+        if (s.lk == 0) {
+            r.keyless.push_back(static_cast<std::int64_t>(b));
+            continue;
+        }
+        const TensorView lse_b = lse ? sequence_lse(*lse, s.q0, s.lq) : TensorView{};
+        r.problems.push_back(make_problem(sequence_rows(q, s.q0, s.lq), sequence_rows(k, s.k0, s.lk),
+                                          sequence_rows(v, s.k0, s.lk), sequence_options(options, static_cast<std::int64_t>(b)),
+                                          sequence_rows(out, s.q0, s.lq), lse ? &lse_b : nullptr, nullptr, kOp));
+        r.sequence.push_back(b);
+    }
+    return r;
+}
+
+}  // namespace detail
+
 void sdpa_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& cu_seqlens_q,
                  const TensorView& cu_seqlens_k, const SdpaOptions& options, const TensorView& out,
                  const TensorView* lse, SdpaReport* report) {
     // attn::num_threads() for every kernel below: the decode and reference sequences ran on
     // OpenMP's default count (threads=1 still started a full team).
     const detail::ComputeThreads compute_threads;
-    // 16-bit q/k/v and out as in sdpa (make_problem per sequence; a 16-bit out is rounded once).
-    const detail::PackedBatch pb =
-        detail::check_packed(kOp, q, k, v, cu_seqlens_q, cu_seqlens_k, options, out, lse, /*sixteen_bit_out=*/true);
-    if (!is_floating(q.dtype())) {
-        detail::fail(kOp, "q: dtype must be float32, float64, float16 or bfloat16 but got ", dtype_name(q.dtype()));
-    }
-    detail::require_outputs_apart(kOp, {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&cu_seqlens_q, "cu_seqlens_q"}, {&cu_seqlens_k, "cu_seqlens_k"}},
-                                  options, {{&out, "out"}, {lse, "lse"}});
-    // Flash declines by the dtypes and head dims, which every sequence shares: refused here,
-    // whatever cu_seqlens hold (a batch whose sequences all lacked queries or keys built no problem
-    // and ran float64 inputs with impl = flash, which sdpa_varlen_backward refuses).
-    if (options.impl == Impl::flash) {
-        const std::string why = detail::flash_input_declines(q.dtype(), k.dtype(), v.dtype(), pb.Dk, pb.Dv);
-        if (!why.empty()) detail::fail(kOp, "impl: flash cannot run this call: ", why, "; use auto or reference");
-    }
-    // Decode's reasons that hold for every sequence likewise (a float64 q, dropout, …): refused
-    // once here, even when no sequence has both queries and keys.
-    if (options.impl == Impl::decode) {
-        const std::string why = detail::decode_call_declines(q, k, v, options.dropout_p);
-        if (!why.empty()) detail::fail(kOp, "impl: the decode kernel cannot run this call: ", why);
-    }
+    detail::run_varlen_call(detail::check_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, options, out, lse), q, k, v,
+                            cu_seqlens_q, cu_seqlens_k, options, out, lse, report);
+}
 
-    // Build every sequence's problem first: nothing is written until all are valid.
-    std::vector<detail::SdpaProblem> problems;
-    std::vector<std::int64_t> keyless;  // Lq_b > 0 = Lk_b: rows that see no key
-    for (std::size_t b = 0; b < pb.seqs.size(); ++b) {
-        const detail::PackedSequence& s = pb.seqs[b];
-        if (s.lq == 0) continue;
-        require_runnable(s.lq, options.impl, static_cast<std::int64_t>(b));
-        if (s.lk == 0) {
-            keyless.push_back(static_cast<std::int64_t>(b));
-            continue;
-        }
-        const TensorView lse_b = lse ? detail::sequence_lse(*lse, s.q0, s.lq) : TensorView{};
-        problems.push_back(detail::make_problem(
-            detail::sequence_rows(q, s.q0, s.lq), detail::sequence_rows(k, s.k0, s.lk),
-            detail::sequence_rows(v, s.k0, s.lk), detail::sequence_options(options, static_cast<std::int64_t>(b)),
-            detail::sequence_rows(out, s.q0, s.lq), lse ? &lse_b : nullptr, nullptr, kOp));
+namespace detail {
+
+void run_varlen_call(VarlenCall call, const TensorView& q, const TensorView& k, const TensorView& v,
+                     const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, const SdpaOptions& options,
+                     const TensorView& out, const TensorView* lse, SdpaReport* report) {
+    require_outputs_apart(kOp, {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&cu_seqlens_q, "cu_seqlens_q"}, {&cu_seqlens_k, "cu_seqlens_k"}},
+                          options, {{&out, "out"}, {lse, "lse"}});
+    // The checked problems may view stand-ins of these tensors (forward_packed checks before it
+    // projects): each sequence's views, taken again from the tensors it runs on.
+    for (std::size_t i = 0; i < call.problems.size(); ++i) {
+        SdpaProblem& p = call.problems[i];
+        const PackedSequence& s = call.pb.seqs[call.sequence[i]];
+        const TensorView qs = sequence_rows(q, s.q0, s.lq), ks = sequence_rows(k, s.k0, s.lk);
+        const TensorView vs = sequence_rows(v, s.k0, s.lk), os = sequence_rows(out, s.q0, s.lq);
+        ATTN_DASSERT(qs.dtype() == p.q.dtype() && qs.shape() == p.q.shape() && ks.dtype() == p.k.dtype() &&
+                     ks.shape() == p.k.shape() && vs.dtype() == p.v.dtype() && vs.shape() == p.v.shape() &&
+                     os.dtype() == p.out.dtype() && os.shape() == p.out.shape() && (lse != nullptr) == p.lse.has_value());
+        p.q = qs;
+        p.k = ks;
+        p.v = vs;
+        p.out = os;
+        if (lse != nullptr) p.lse = sequence_lse(*lse, s.q0, s.lq);
     }
+    const PackedBatch& pb = call.pb;
+    const std::vector<SdpaProblem>& problems = call.problems;
+    const std::vector<std::int64_t>& keyless = call.keyless;
 
     // The sequences the dispatch gives to flash run as one batch: one task list over
     // (sequence, head, query block), longest first, in one parallel region (flash.hpp
@@ -147,4 +185,5 @@ void sdpa_varlen(const TensorView& q, const TensorView& k, const TensorView& v, 
     }
 }
 
+}  // namespace detail
 }  // namespace attn

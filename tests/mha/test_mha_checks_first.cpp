@@ -6,12 +6,16 @@
 // buffer was never made: time-independent evidence that no GEMM ran).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
+#include <exception>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "attn/interrupt.hpp"
 #include "attn/kv_cache.hpp"
 #include "attn/mha.hpp"
 #include "attn/mha_incremental.hpp"
@@ -100,4 +104,51 @@ TEST(MhaChecksFirst, IncrementalRefusesBeforeTheProjection) {
     cache.reserve(8);
     m.parameter("sinks").data_as<float>()[0] = std::numeric_limits<float>::quiet_NaN();
     expect_refused("MultiHeadAttention: forward_incremental: parameter 'sinks': values must be finite but entry 0 is nan");
+}
+
+// forward_packed and forward_packed_train check their sdpa_varlen call before the projections: a
+// refused call (impl = decode for a sequence of 20 queries, cu_seqlens that do not add up,
+// decode with dropout) ran the three input GEMMs first. The caller's interrupt flag is set: a
+// GEMM reads it before each block and, having seen it, throws attn::Interrupted — so sdpa_varlen's
+// own error, word for word, is time-independent evidence that no GEMM ran before the refusal.
+TEST(MhaChecksFirst, PackedChecksTheAttentionCallBeforeTheProjections) {
+    std::mt19937 rng(6);
+    MultiHeadAttention m(MhaConfig{.embed_dim = E, .num_heads = 2});
+    randomise(m, rng);
+    const Tensor x = random_tensor(Shape{23, E}, rng);  // two sequences: 3 and 20 tokens
+    const auto offsets = [](std::vector<std::int64_t> v) {
+        Tensor t(DType::i64, Shape{static_cast<std::int64_t>(v.size())});
+        for (std::size_t i = 0; i < v.size(); ++i) t.data_as<std::int64_t>()[i] = v[i];
+        return t;
+    };
+    const Tensor cu = offsets({0, 3, 23}), cu_short = offsets({0, 3, 22}), cu3 = offsets({0, 3});
+    const auto what = [](const std::function<void()>& f) -> std::string {
+        try {
+            f();
+        } catch (const std::exception& e) {
+            return e.what();
+        }
+        return "no error";
+    };
+    std::atomic<bool> stop{true};
+    const ScopedInterruptFlag watch(stop);
+    MhaPackedOptions o;
+    o.impl = Impl::decode;
+    EXPECT_EQ(what([&] { (void)m.forward_packed(x, x, x, cu, cu, o); }),
+              "sdpa_varlen: impl: the decode kernel cannot run sequence 1: Lq = 20 > 16 (decode is for a few new queries)");
+    o.impl = Impl::automatic;
+    EXPECT_EQ(what([&] { (void)m.forward_packed(x, x, x, cu_short, cu, o); }),
+              "sdpa_varlen: cu_seqlens_q: last entry must equal q's token count 23 but got 22 (every packed token "
+              "belongs to one sequence)");
+    o.impl = Impl::decode;
+    const Tensor x3 = random_tensor(Shape{3, E}, rng);
+    MhaTrainOptions t;
+    t.dropout_p = 0.25;
+    t.dropout_seed = 1;
+    MhaForwardState state;
+    EXPECT_EQ(what([&] { (void)m.forward_packed_train(x3, x3, x3, cu3, cu3, o, t, state); }),
+              "sdpa_varlen: impl: the decode kernel cannot run this call: dropout was requested (decode applies none)");
+    EXPECT_EQ(state.q.data(), nullptr) << "a refused call filled the training state";
+    // The flag is read by the GEMMs indeed: an accepted call throws attn::Interrupted.
+    EXPECT_EQ(what([&] { (void)m.forward_packed(x3, x3, x3, cu3, cu3, o); }).rfind("interrupted", 0), 0u);
 }
