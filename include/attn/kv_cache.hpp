@@ -106,6 +106,8 @@ private:
     std::array<std::int64_t, 2> storage_bytes(std::string_view arg, std::int64_t capacity) const;
     Retired grow_to(std::string_view arg, std::int64_t capacity);
     Retired grow_for(const char* op, std::int64_t need);
+    std::int64_t grown_capacity(const char* op, std::int64_t need) const;
+    std::int64_t room_for_all(const char* op, std::int64_t tokens) const;
     std::int64_t check_fits(const char* op, std::int64_t b, std::int64_t extra) const;
     void write_rows(std::int64_t b, const TensorView& k, const TensorView& v, std::int64_t kb_dim);
     void become_empty() noexcept;                    // the moved-from state

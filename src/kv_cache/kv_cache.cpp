@@ -179,15 +179,12 @@ std::int64_t KVCache::check_fits(const char* op, std::int64_t b, std::int64_t ex
     return need;
 }
 
-void KVCache::require_room(std::int64_t tokens) const {
-    require_storage("append");
-    for (std::int64_t b = 0; b < config_.batch; ++b) (void)check_fits("append", b, tokens);
-}
-
-// Growth doubles the capacity (amortised O(1) appends) but never beyond max_capacity or a
-// size that cannot be counted; never less than `need`, which check_fits has allowed.
-KVCache::Retired KVCache::grow_for(const char* op, std::int64_t need) {
-    if (need <= capacity_) return {};
+// The capacity a growth to `need` (> capacity) positions allocates: the current one doubled
+// (amortised O(1) appends), but never beyond max_capacity or a size whose bytes cannot be
+// counted; never less than `need`, which check_fits has allowed. Throws, naming `op`, the error
+// grow_to would raise when need's own bytes cannot be counted (a cache without max_capacity):
+// require_room raises it before its caller's work, as the append would after it.
+std::int64_t KVCache::grown_capacity(const char* op, std::int64_t need) const {
     std::int64_t cap = need;
     if (const auto doubled = detail::size_mul(capacity_, 2); doubled && *doubled > need) {
         const std::int64_t limited = config_.max_capacity > 0 ? std::min(*doubled, config_.max_capacity) : *doubled;
@@ -195,7 +192,27 @@ KVCache::Retired KVCache::grow_for(const char* op, std::int64_t need) {
         const std::int64_t dmax = std::max(config_.head_dim, config_.value_dim);
         if (detail::shape_bytes(Shape{config_.batch, config_.kv_heads, limited, dmax}, es)) cap = limited;
     }
-    return grow_to(std::string(op) + ": capacity", cap);
+    (void)storage_bytes(std::string(op) + ": capacity", cap);
+    return cap;
+}
+
+// The positions every sequence needs for `tokens` more; throws unless they fit, growing first
+// when allowed (the growth's size included).
+std::int64_t KVCache::room_for_all(const char* op, std::int64_t tokens) const {
+    std::int64_t need = 0;
+    for (std::int64_t b = 0; b < config_.batch; ++b) need = std::max(need, check_fits(op, b, tokens));
+    if (need > capacity_) (void)grown_capacity(op, need);
+    return need;
+}
+
+void KVCache::require_room(std::int64_t tokens) const {
+    require_storage("append");
+    (void)room_for_all("append", tokens);
+}
+
+KVCache::Retired KVCache::grow_for(const char* op, std::int64_t need) {
+    if (need <= capacity_) return {};
+    return grow_to(std::string(op) + ": capacity", grown_capacity(op, need));
 }
 
 namespace {
@@ -250,9 +267,7 @@ void KVCache::append(const TensorView& k_new, const TensorView& v_new) {
     const std::int64_t T = k_new.rank() == 4 ? k_new.dim(2) : 0;
     check_new(k_new, "append", "k_new", Shape{config_.batch, config_.kv_heads, T, config_.head_dim}, 2, "(B, Hkv, T, Dk)");
     check_new(v_new, "append", "v_new", Shape{config_.batch, config_.kv_heads, T, config_.value_dim}, 2, "(B, Hkv, T, Dv)");
-    std::int64_t need = 0;
-    for (std::int64_t b = 0; b < config_.batch; ++b) need = std::max(need, check_fits("append", b, T));
-    const Retired old = grow_for("append", need);  // freed after the rows are written: k_new may view them
+    const Retired old = grow_for("append", room_for_all("append", T));  // freed after the rows are written: k_new may view them
     for (std::int64_t b = 0; b < config_.batch; ++b) {
         write_rows(b, k_new, v_new, b);
         lengths_[static_cast<std::size_t>(b)] += T;

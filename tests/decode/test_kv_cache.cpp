@@ -513,6 +513,29 @@ TEST(KVCacheSizes, FailedReserveOrGrowthLeavesTheCacheAsItWas) {
     expect_rows(c, c.values(), 1, 3, v2, 1);
 }
 
+// require_room throws what the append would. A growth to positions whose bytes cannot be
+// counted (a growing cache without max_capacity) was found by grow_for only, inside the append:
+// after the work require_room is there to spare (MultiHeadAttention::forward_incremental's QKV
+// projection) — it said nothing.
+TEST(KVCacheSizes, RequireRoomRefusesAGrowthWhoseBytesCannotBeCounted) {
+    std::mt19937 rng(18);
+    KVCache c(config(DType::f16, 4, true));
+    c.append(random_f32(Shape{2, 3, 3, 5}, rng), random_f32(Shape{2, 3, 3, 4}, rng));
+    const std::string want =
+        "KVCache: append: capacity 4611686018427387907: keys (B, Hkv, capacity, Dk) of shape (2, 3, "
+        "4611686018427387907, 5) with 2-byte elements needs more bytes than a 64-bit size can count (2 × 3 × "
+        "4611686018427387907 × 5 × 2 > 9223372036854775807)";
+    EXPECT_EQ(error_of([&] { c.require_room(kBig); }), want);
+    const float zero[5] = {};
+    const TensorView k(const_cast<float*>(zero), DType::f32, Shape{2, 3, kBig, 5}, Strides{0, 0, 0, 1});
+    const TensorView v(const_cast<float*>(zero), DType::f32, Shape{2, 3, kBig, 4}, Strides{0, 0, 0, 1});
+    EXPECT_EQ(error_of([&] { c.append(k, v); }), want);
+    // A growth it can count passes, and leaves the cache as it was (require_room changes nothing).
+    EXPECT_EQ(error_of([&] { c.require_room(2); }), "(no error)");
+    EXPECT_EQ(c.capacity(), 4);
+    EXPECT_EQ(c.lengths(), (std::vector<std::int64_t>{3, 3}));
+}
+
 TEST(KVCacheSizes, WithoutGrowthAHugeAppendIsRefused) {
     // Before the checks, 1 + INT64_MAX wrapped negative, "fitted", and the append wrote far
     // past the buffer.
