@@ -136,7 +136,7 @@ std::unique_ptr<PyKVCache> make_cache(const py::object& batch, const py::object&
 
 // query (B, Hq, Lq, Dk) float32, float16 or bfloat16 (uint16 bits with dtype="bfloat16"),
 // any Lq (the decode kernel for a few rows per KV head, flash otherwise) → out (B, Hq, Lq, Dv) [, lse (B, Hq, Lq)
-// float32]. out follows a 16-bit query's dtype unless out_dtype= says otherwise (float32 for a
+// float32, float64 for a float64 query]. out follows a 16-bit query's dtype unless out_dtype= says otherwise (float32 for a
 // float32 or float64 query, as before). window_left = w is the older spelling of window=(w, None).
 py::object decode_py(const py::object& query, const py::object& cache_obj, const py::object& scale, const py::object& is_causal,
                      const py::object& window_left_arg, const py::object& causal_alignment, const py::object& window,
@@ -168,7 +168,8 @@ py::object decode_py(const py::object& query, const py::object& cache_obj, const
     const attn::TensorView& qv = q.view;
     const attn::DType odt = out_dtype_arg(out_dtype, sixteen_bit_or_f32(qv.dtype()), "out_dtype", /*with_float64=*/true);
     py::array out = new_array(odt, {qv.dim(0), qv.dim(1), qv.dim(2), dv}, "out (B, Hq, Lq, Dv)");
-    py::array lse = return_lse ? new_array(attn::DType::f32, {qv.dim(0), qv.dim(1), qv.dim(2)}, "lse (B, Hq, Lq)") : py::array();
+    // As sdpa's: lse float64 for a float64 query (the reference's double lse), else float32 (stat_dtype).
+    py::array lse = return_lse ? new_array(stat_dtype(qv.dtype()), {qv.dim(0), qv.dim(1), qv.dim(2)}, "lse (B, Hq, Lq)") : py::array();
     const attn::TensorView ov = output_view(out, 4);
     attn::TensorView lv;
     if (return_lse) lv = output_view(lse, 3);
@@ -246,8 +247,8 @@ void bind_kv_cache(py::module_& m) {
           "attn_mask: bool (True = may attend) or float (added), broadcastable to (B, Hq, Lq, n) with n the\n"
           "cache's longest sequence, at least 1 (column j = cache position j; positions past a sequence's length stay hidden).\n"
           "out_dtype=\"float32\"|\"float64\"|\"float16\"|\"bfloat16\": out's dtype (default: a 16-bit query's, else\n"
-          "float32; float64: the float32 result widened exactly);\n"
-          "bfloat16 is a uint16 array of its bits. lse is float32.\n"
+          "float32; float64: the float32 result widened exactly, or a float64 query's double result);\n"
+          "bfloat16 is a uint16 array of its bits. lse is float32 (float64 for a float64 query, as in scaled_dot_product_attention).\n"
           "impl=\"auto\" (the choice above), \"decode\" (up to 16 new queries), \"flash\" or \"reference\", as in\n"
           "scaled_dot_product_attention.");
 }

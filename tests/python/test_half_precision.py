@@ -217,6 +217,24 @@ def test_out_dtype_float64_where_the_call_writes_float64():
                                   attn.paged_attention(q1, pages, seqs).astype(np.float64))
 
 
+def test_decode_attention_lse_of_a_float64_query_is_float64():
+    """lse is float64 for a float64 query, float32 otherwise, from every call that returns one
+    (docs/conventions.md, "The CLI's output dtype"). decode_attention, which runs a float64 query
+    on the double reference as sdpa does, returned its lse rounded to float32."""
+    q32, k32, v32 = problem(3, lq=3, lk=11)
+    q = q32.astype(np.float64) * 1.1  # values float32 does not hold
+    cache = attn.KVCache(2, 2, 16, 16)
+    cache.append(k32, v32)
+    out, lse = attn.decode_attention(q, cache, return_lse=True, out_dtype="float64")
+    ref_out, ref_lse, _ = oracle(q, k32.astype(np.float64), v32.astype(np.float64),
+                                 keep=np.tril(np.ones((3, 11), bool), 8))
+    assert lse.dtype == np.float64
+    # Both in double: a few ulps of double apart, where a float32 lse is ~1e-8 away.
+    np.testing.assert_allclose(lse, ref_lse, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(out, ref_out, rtol=1e-12, atol=1e-12)
+    assert attn.decode_attention(q32, cache, return_lse=True)[1].dtype == np.float32
+
+
 def test_out_dtype_float64_is_refused_where_the_call_computes_in_float32():
     # The MHA layer writes float32, float16 or bfloat16 (attn.dist's ring: tests/ring).
     m = attn.MultiheadAttention(16, 2)
