@@ -5,8 +5,6 @@
 // build this against each library and run the binaries in turn (docs/kernels-lab.md, "Decode: a
 // longer block"). Prints min and median wall ms per step and the GB/s of the min.
 // Usage: decode_stream [threads=2] [rounds=5]
-#include <time.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -19,16 +17,11 @@
 #include "attn/decode.hpp"
 #include "attn/kv_cache.hpp"
 #include "attn/threads.hpp"
+#include "lab_util.hpp"
 
 using namespace attn;
 
 namespace {
-
-double now_ms() {
-    timespec ts{};
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return 1e3 * static_cast<double>(ts.tv_sec) + 1e-6 * static_cast<double>(ts.tv_nsec);
-}
 
 struct Step {
     std::string name;
@@ -78,9 +71,9 @@ int main(int argc, char** argv) {
     for (Step& s : steps) decode_attention(s.q, *s.cache, opt, s.out);  // warm-up
     for (int r = 0; r < rounds; ++r)
         for (Step& s : steps) {
-            const double t0 = now_ms();
+            const double t0 = lab::now();
             decode_attention(s.q, *s.cache, opt, s.out);
-            s.ms.push_back(now_ms() - t0);
+            s.ms.push_back(1e3 * (lab::now() - t0));
         }
     for (Step& s : steps) {
         std::sort(s.ms.begin(), s.ms.end());
