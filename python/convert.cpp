@@ -202,7 +202,7 @@ std::string path_arg_of(const py::handle& obj, const std::string& name) {
 bool uint16_is_bf16_arg(const py::handle& obj) {
     if (obj.is_none()) return false;
     if (PyUnicode_Check(obj.ptr()) && str_arg(obj, "dtype") == "bfloat16") return true;
-    value_error("dtype: says how to read uint16 inputs: expected \"bfloat16\" (their bits are bfloat16) or None but got " +
+    type_error("dtype: says how to read uint16 inputs: expected \"bfloat16\" (their bits are bfloat16) or None but got " +
                 given(obj));
 }
 
@@ -232,8 +232,8 @@ std::optional<attn::DType> given_out_dtype_arg(const py::handle& obj, const char
     if (dtype == "float16") return attn::DType::f16;
     if (dtype == "bfloat16") return attn::DType::bf16;
     if (dtype == "float64" && with_float64) return attn::DType::f64;
-    if (dtype == "float64") value_error(expected + given(obj) + ": this call computes in float32, not float64");
-    value_error(expected + given(obj));
+    if (dtype == "float64") type_error(expected + given(obj) + ": this call computes in float32, not float64");
+    type_error(expected + given(obj));
 }
 
 attn::DType stat_dtype(attn::DType q) { return q == attn::DType::f64 ? attn::DType::f64 : attn::DType::f32; }

@@ -32,17 +32,12 @@ namespace attn_py {
 
 namespace py = pybind11;
 
-// A Python-side argument error that must surface as TypeError (module.cpp's translator);
-// any other attn::Error is a ValueError unless its message is about a dtype.
+// An argument of a type (or dtype) the binding does not take, raised by the binding in Python's
+// words: ErrorKind::type (TypeError, module.cpp's translator), and never renamed
+// (with_python_names, options.hpp). An attn::Error is a TypeError or a ValueError by its kind,
+// given where it is raised (attn/error.hpp).
 struct PyTypeError : attn::Error {
-    using attn::Error::Error;
-};
-
-// An error that must surface as ValueError whatever its message says: one about what a file
-// holds (a tensor of a dtype attn does not read is a fault of the file's content, not the type
-// of an argument).
-struct PyValueError : attn::Error {
-    using attn::Error::Error;
+    explicit PyTypeError(const std::string& message) : attn::Error(message, attn::ErrorKind::type) {}
 };
 
 [[noreturn]] void type_error(const std::string& msg);

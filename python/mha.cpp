@@ -177,8 +177,8 @@ public:
         const std::string path = path_arg_of(path_arg, "path");
         py::gil_scoped_release nogil;
         // The file's content is a value, not the type of an argument: an error about it is a
-        // ValueError, also one about a tensor's dtype ("dtype F8_E4M3 is not supported" was a
-        // TypeError, the translator's rule for a dtype: docs/errors.md, "In Python").
+        // ValueError, also one about a tensor's dtype (load_state_dict's "expected a floating
+        // dtype", a TypeError for a dict's array: docs/errors.md, "In Python").
         try {
             const attn::SafetensorsFile f = attn::read_safetensors(path);
             std::vector<std::pair<std::string, attn::TensorView>> tensors;
@@ -186,7 +186,7 @@ public:
             const std::lock_guard<std::mutex> lock(mutex_);
             layer_.load_state_dict(tensors);
         } catch (const attn::Error& e) {
-            throw PyValueError(e.what());
+            throw attn::Error(e.what(), attn::ErrorKind::value);
         }
     }
 

@@ -2,9 +2,9 @@
 // KV cache on NumPy arrays, with PyTorch's names and conventions (README.md, "Python").
 // Each concept has its file (bind.hpp); conversions are convert.hpp's, keyword → option
 // mapping is options.hpp's.
-// Errors: attn::Error becomes TypeError when it is about a dtype (or raised as PyTypeError),
-// ValueError otherwise (or raised as PyValueError), with the same message; attn::Interrupted
-// (Ctrl-C) KeyboardInterrupt.
+// Errors: attn::Error becomes TypeError or ValueError by its kind (attn::ErrorKind, given where it
+// is raised: a dtype or type the argument does not take, or a value), with the same message;
+// attn::Interrupted (Ctrl-C) KeyboardInterrupt.
 #include <pybind11/pybind11.h>
 
 #include <exception>
@@ -29,10 +29,6 @@ PYBIND11_MODULE(_attn, m) {
     py::register_exception_translator([](std::exception_ptr p) {
         try {
             if (p) std::rethrow_exception(p);
-        } catch (const attn_py::PyTypeError& e) {
-            PyErr_SetString(PyExc_TypeError, e.what());
-        } catch (const attn_py::PyValueError& e) {
-            PyErr_SetString(PyExc_ValueError, e.what());
         } catch (const attn::Interrupted&) {
             // A SIGINT stopped the call (interruptible.hpp): Python's handler has tripped its flag,
             // and PyErr_CheckSignals runs the Python-level one (KeyboardInterrupt by default). One
@@ -40,9 +36,7 @@ PYBIND11_MODULE(_attn, m) {
             // call did not finish all the same.
             if (PyErr_CheckSignals() == 0) PyErr_SetNone(PyExc_KeyboardInterrupt);
         } catch (const attn::Error& e) {
-            // The C++ layer names dtype problems "…: dtype must be …".
-            const std::string msg = e.what();
-            PyErr_SetString(msg.find("dtype") != std::string::npos ? PyExc_TypeError : PyExc_ValueError, e.what());
+            PyErr_SetString(e.kind() == attn::ErrorKind::type ? PyExc_TypeError : PyExc_ValueError, e.what());
         }
     });
 

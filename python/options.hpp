@@ -110,7 +110,7 @@ void with_python_names(F&& call, Renames renames = {}) {
     } catch (const PyTypeError&) {
         throw;
     } catch (const attn::Error& e) {
-        throw attn::Error(python_names(e.what(), renames));
+        throw attn::Error(python_names(e.what(), renames), e.kind());
     }
 }
 

@@ -17,9 +17,21 @@
 
 namespace attn {
 
+// What an Error is about, given where it is raised (never read from its message): `type` — an
+// argument of a type or dtype the call does not take (an int32 Q, a float mask where a bool one
+// goes, out_dtype int64) — or `value`, everything else (shapes, options, masks' contents, files,
+// a file's tensor of a dtype attn does not read included: the file is a value). Bindings with one
+// exception per kind map it (Python: TypeError, ValueError; docs/errors.md).
+enum class ErrorKind { value, type };
+
 class Error : public std::runtime_error {
 public:
-    explicit Error(const std::string& message) : std::runtime_error(message) {}
+    explicit Error(const std::string& message, ErrorKind kind = ErrorKind::value)
+        : std::runtime_error(message), kind_(kind) {}
+    ErrorKind kind() const noexcept { return kind_; }
+
+private:
+    ErrorKind kind_;
 };
 
 class OutOfMemory : public std::bad_alloc {

@@ -64,14 +64,14 @@ void require_element_aligned(std::string_view op, const TensorView& t, std::stri
 
 void require_f32_or_f64(std::string_view op, const TensorView& t, std::string_view name) {
     if (t.dtype() != DType::f32 && t.dtype() != DType::f64) {
-        fail(op, name, ": dtype must be float32 or float64 but got ", dtype_name(t.dtype()));
+        fail_type(op, name, ": dtype must be float32 or float64 but got ", dtype_name(t.dtype()));
     }
     require_element_aligned(op, t, name);
 }
 
 void require_floating(std::string_view op, const TensorView& t, std::string_view name) {
     if (!is_floating(t.dtype())) {
-        fail(op, name, ": dtype must be float32, float64, float16 or bfloat16 but got ", dtype_name(t.dtype()));
+        fail_type(op, name, ": dtype must be float32, float64, float16 or bfloat16 but got ", dtype_name(t.dtype()));
     }
     require_element_aligned(op, t, name);
 }
@@ -209,7 +209,7 @@ void require_query_fits_cache(std::string_view op, const TensorView& q, std::int
 TensorView require_per_sequence(std::string_view op, const TensorView& t, std::string_view name, std::int64_t B) {
     if (t.data() == nullptr) fail(op, name, ": data pointer is null");
     if (t.dtype() != DType::i32 && t.dtype() != DType::i64) {
-        fail(op, name, ": dtype must be int32 or int64 but got ", dtype_name(t.dtype()));
+        fail_type(op, name, ": dtype must be int32 or int64 but got ", dtype_name(t.dtype()));
     }
     if (t.rank() != 1 || t.dim(0) != B) fail(op, name, ": expected shape (B,) = (", B, ",) but got ", t.shape());
     return t;

@@ -31,13 +31,26 @@ inline std::ostream& operator<<(std::ostream& s, const Shape& shape) { return s 
 
 namespace attn::detail {
 
-// "op: " followed by the parts, streamed (numbers, strings, Shape via str()).
+// "op: " followed by the parts, streamed (numbers, strings, Shape via str()), as an Error of `kind`.
 template <class... Parts>
-[[noreturn]] void fail(std::string_view op, const Parts&... parts) {
+[[noreturn]] void fail_as(ErrorKind kind, std::string_view op, const Parts&... parts) {
     std::ostringstream s;
     s << op << ": ";
     (s << ... << parts);
-    throw Error(s.str());
+    throw Error(s.str(), kind);
+}
+
+// A value the argument does not take (ErrorKind::value).
+template <class... Parts>
+[[noreturn]] void fail(std::string_view op, const Parts&... parts) {
+    fail_as(ErrorKind::value, op, parts...);
+}
+
+// A dtype (or type) the argument does not take (ErrorKind::type: Python's TypeError):
+//     fail_type("sdpa", "bool_mask: dtype must be bool (true = may attend) but got ", "int32");
+template <class... Parts>
+[[noreturn]] void fail_type(std::string_view op, const Parts&... parts) {
+    fail_as(ErrorKind::type, op, parts...);
 }
 
 // "(1, 1, 1)": a view's strides (in elements), for messages.

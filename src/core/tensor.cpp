@@ -170,7 +170,7 @@ Tensor to_dtype(const TensorView& src, DType dst) {
     detail::require_data("to_dtype", src, "tensor");
     if (!is_floating(src.dtype()) || !is_floating(dst)) {
         throw Error("to_dtype: can only convert floating tensors to a floating dtype, got " +
-                    std::string(dtype_name(src.dtype())) + " -> " + std::string(dtype_name(dst)));
+                    std::string(dtype_name(src.dtype())) + " -> " + std::string(dtype_name(dst)), ErrorKind::type);
     }
     Tensor out(dst, src.shape());
     const Shape& s = src.shape();

@@ -37,7 +37,8 @@ void copy_rows(const TensorView& src, std::int64_t src_row, const TensorView& ds
 void check_4d_float(const TensorView& t, const char* what) {
     if (t.rank() != 4 || !is_floating(t.dtype())) {
         throw Error(std::string(what) + ": expected a rank-4 floating tensor (B, H, L, D) but got " +
-                    std::string(dtype_name(t.dtype())) + " " + t.shape().str());
+                    std::string(dtype_name(t.dtype())) + " " + t.shape().str(),
+                    is_floating(t.dtype()) ? ErrorKind::value : ErrorKind::type);
     }
 }
 

@@ -42,6 +42,7 @@ namespace attn::dist {
 namespace {
 
 using attn::detail::fail;
+using attn::detail::fail_type;
 constexpr std::string_view kOp = "ring_attention_backward";
 constexpr int kTagKV = 7102, kTagGrad = 7103;
 
@@ -59,7 +60,7 @@ void check_gradients(const TensorView& q, const TensorView& k, const TensorView&
         attn::detail::require_data(kOp, *g.t, g.name);
         const DType t = g.t->dtype();
         if (t != DType::f32 && t != DType::f16 && t != DType::bf16) {
-            fail(kOp, g.name, ": dtype must be float32, float16 or bfloat16 (ring attention computes in float32) but got ",
+            fail_type(kOp, g.name, ": dtype must be float32, float16 or bfloat16 (ring attention computes in float32) but got ",
                  dtype_name(t));
         }
         if (!(g.t->shape() == g.like->shape())) {
@@ -86,7 +87,7 @@ void check_gradients(const TensorView& q, const TensorView& k, const TensorView&
     try {
         sdpa_backward(zq, zk, zv, zo, zl, zg, so, gq, gk, gv, &report);
     } catch (const Error& e) {
-        fail(kOp, e.what());
+        attn::detail::fail_as(e.kind(), kOp, e.what());
     }
     // Each block's call must take P from the global lse and D from the global out, as the flash
     // backward does; the reference backward recomputes the softmax over the block's own keys, so

@@ -21,6 +21,7 @@
 namespace attn::dist::detail {
 
 using attn::detail::fail;
+using attn::detail::fail_type;
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 double cpu_now() {
@@ -123,7 +124,7 @@ Descriptor check_local(std::string_view kOp, const TensorView& q, const TensorVi
         attn::detail::require_rank(kOp, *f.t, f.name, 4, f.layout);
         const DType t = f.t->dtype();
         if (t != DType::f32 && t != DType::f16 && t != DType::bf16) {
-            fail(kOp, f.name, ": dtype must be float32, float16 or bfloat16 (ring attention computes in float32; "
+            fail_type(kOp, f.name, ": dtype must be float32, float16 or bfloat16 (ring attention computes in float32; "
                               "16-bit K/V travel as they are) but got ", dtype_name(t));
         }
     }
@@ -158,7 +159,7 @@ Descriptor check_local(std::string_view kOp, const TensorView& q, const TensorVi
         try {
             sdpa(pq, pk, pv, so, po, &plv);
         } catch (const Error& e) {
-            fail(kOp, e.what());
+            attn::detail::fail_as(e.kind(), kOp, e.what());
         }
     }
     Descriptor d{};
@@ -255,7 +256,7 @@ void check_across(std::string_view kOp, const std::vector<Descriptor>& all, int 
         same(d.Dk, d0.Dk, "head dim Dk");
         same(d.Dv, d0.Dv, "head dim Dv");
         if (d.k_dtype != d0.k_dtype || d.v_dtype != d0.v_dtype) {
-            fail(kOp, who, "has K/V dtypes ", dtype_name(static_cast<DType>(d.k_dtype)), "/",
+            fail_type(kOp, who, "has K/V dtypes ", dtype_name(static_cast<DType>(d.k_dtype)), "/",
                  dtype_name(static_cast<DType>(d.v_dtype)), " but rank 0 has ", dtype_name(static_cast<DType>(d0.k_dtype)),
                  "/", dtype_name(static_cast<DType>(d0.v_dtype)), " (the K/V blocks travel between them as they are)");
         }
@@ -324,6 +325,7 @@ void agree(MPI_Comm comm, const std::function<void()>& fn, const std::string& op
     MPI_Comm_size(comm, &P);
     MPI_Comm_rank(comm, &rank);
     bool failed = true, out_of_memory = false;
+    ErrorKind kind = ErrorKind::value;
     std::string message;
     try {
         fn();
@@ -332,6 +334,9 @@ void agree(MPI_Comm comm, const std::function<void()>& fn, const std::string& op
         // attn::OutOfMemory names the buffer and the bytes; a bare std::bad_alloc names nothing.
         message = dynamic_cast<const OutOfMemory*>(&e) != nullptr ? e.what() : "out of memory";
         out_of_memory = true;
+    } catch (const Error& e) {
+        message = e.what();
+        kind = e.kind();
     } catch (const std::exception& e) {
         message = e.what();
     } catch (...) {
@@ -343,9 +348,12 @@ void agree(MPI_Comm comm, const std::function<void()>& fn, const std::string& op
     if (first == P) return;
     MPI_Allreduce(&mine[1], &count, 1, MPI_INT, MPI_SUM, comm);
     // Every rank throws the message of the lowest failing rank, and its kind: running out of
-    // memory stays attn::OutOfMemory (Python's MemoryError), not an argument error.
-    long long head[2] = {rank == first ? static_cast<long long>(message.size()) : 0, rank == first && out_of_memory ? 1 : 0};
-    MPI_Bcast(head, 2, MPI_LONG_LONG, first, comm);
+    // memory stays attn::OutOfMemory (Python's MemoryError), not an argument error, and an
+    // Error keeps its ErrorKind (a dtype one is Python's TypeError on every rank).
+    const bool sender = rank == first;
+    long long head[3] = {sender ? static_cast<long long>(message.size()) : 0, sender && out_of_memory ? 1 : 0,
+                         sender ? static_cast<long long>(kind) : 0};
+    MPI_Bcast(head, 3, MPI_LONG_LONG, first, comm);
     message.resize(static_cast<std::size_t>(head[0]));
     MPI_Bcast(message.data(), static_cast<int>(head[0]), MPI_CHAR, first, comm);
     if (name_rank && count < P) {
@@ -353,7 +361,7 @@ void agree(MPI_Comm comm, const std::function<void()>& fn, const std::string& op
         message.insert(at, "rank " + std::to_string(first) + ": ");
     }
     if (head[1] != 0) throw OutOfMemory(message);
-    throw Error(message);
+    throw Error(message, static_cast<ErrorKind>(head[2]));
 }
 
 namespace {

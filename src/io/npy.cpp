@@ -144,7 +144,7 @@ DType dtype_from_descr(const std::string& d, const std::string& file) {
 }
 
 std::string descr_of(DType t) {
-    if (!npy_holds(t)) throw Error("write_npy: dtype " + std::string(dtype_name(t)) + " has no .npy representation");
+    if (!npy_holds(t)) throw Error("write_npy: dtype " + std::string(dtype_name(t)) + " has no .npy representation", ErrorKind::type);
     switch (t) {
         case DType::f32: return "<f4";
         case DType::f64: return "<f8";

@@ -22,7 +22,7 @@ void resolve_kv_heads(std::string_view op, Config& c) {
 // The storage types convert_row (rows.hpp) writes.
 inline void require_kv_storage(std::string_view op, DType storage) {
     if (storage != DType::f32 && storage != DType::f16 && storage != DType::bf16) {
-        fail(op, "storage must be float32, float16 or bfloat16 but got ", dtype_name(storage));
+        fail_type(op, "storage must be float32, float16 or bfloat16 but got ", dtype_name(storage));
     }
 }
 

@@ -36,7 +36,7 @@ MhaShapes check_inputs(const MhaConfig& c, const TensorView& query, const Tensor
                        const MhaForwardOptions& options) {
     for (const auto& [t, name] : {std::pair{&query, "query"}, {&key, "key"}, {&value, "value"}}) {
         if (t->data() == nullptr) fail(kMha, name, ": data pointer is null");
-        if (!is_floating(t->dtype())) fail(kMha, name, ": dtype must be floating but got ", dtype_name(t->dtype()));
+        if (!is_floating(t->dtype())) fail_type(kMha, name, ": dtype must be floating but got ", dtype_name(t->dtype()));
         require_element_aligned(kMha, *t, name);
     }
     if (query.rank() != 2 && query.rank() != 3) {

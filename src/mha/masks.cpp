@@ -68,7 +68,7 @@ namespace {
 void check_mask_dtype(const TensorView& m, const char* name, const char* bool_meaning) {
     if (m.data() == nullptr) fail(kMha, name, ": data pointer is null");
     if (m.dtype() != DType::boolean && !is_floating(m.dtype())) {
-        fail(kMha, name, ": dtype must be bool (True = ", bool_meaning, ") or floating (added to the scores) but got ",
+        fail_type(kMha, name, ": dtype must be bool (True = ", bool_meaning, ") or floating (added to the scores) but got ",
              dtype_name(m.dtype()));
     }
 }

@@ -19,6 +19,7 @@
 namespace attn {
 
 using detail::fail;
+using detail::fail_type;
 using detail::kMha;
 
 namespace {
@@ -84,7 +85,7 @@ MultiHeadAttention::MultiHeadAttention(const MhaConfig& config) : config_(config
         detail::require_finite_f32(kMha, alibi_.view(), "alibi_slopes");  // sdpa's rule for the slopes it is given
     }
     if (c.param_dtype != DType::f32 && c.param_dtype != DType::f16 && c.param_dtype != DType::bf16) {
-        fail(kMha, "param_dtype: expected float32, float16 or bfloat16 but got ", dtype_name(c.param_dtype));
+        fail_type(kMha, "param_dtype: expected float32, float16 or bfloat16 but got ", dtype_name(c.param_dtype));
     }
     // Sizes that come from the config are said as the config's (the Tensor's own message names
     // no argument of this constructor).
@@ -107,7 +108,7 @@ bool MultiHeadAttention::is_weight_matrix(std::string_view name) {
 
 void MultiHeadAttention::set_param_dtype(DType dtype) {
     if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16) {
-        fail(kMha, "set_param_dtype: expected float32, float16 or bfloat16 but got ", dtype_name(dtype));
+        fail_type(kMha, "set_param_dtype: expected float32, float16 or bfloat16 but got ", dtype_name(dtype));
     }
     // Everything that can fail (the conversions, the packing) before anything changes: out of
     // memory leaves every matrix in its old dtype (one at a time could leave them mixed).
@@ -170,9 +171,15 @@ std::vector<std::pair<std::string, TensorView>> MultiHeadAttention::state_dict()
 
 void MultiHeadAttention::load_state_dict(const std::vector<std::pair<std::string, TensorView>>& tensors) {
     require_parameters();
-    // All problems are collected and reported together; nothing is copied unless none.
+    // All problems are collected and reported together; nothing is copied unless none. The error
+    // is a dtype one (ErrorKind::type) when every problem is a tensor's dtype.
     std::string problems;
-    auto add = [&](const std::string& p) { problems += (problems.empty() ? "" : "; ") + p; };
+    ErrorKind kind = ErrorKind::type;
+    auto add_as = [&](ErrorKind k, const std::string& p) {
+        problems += (problems.empty() ? "" : "; ") + p;
+        if (k == ErrorKind::value) kind = ErrorKind::value;
+    };
+    auto add = [&](const std::string& p) { add_as(ErrorKind::value, p); };
     const auto expected = parameter_shapes();
     for (const auto& [name, shape] : expected) {
         const auto it = std::find_if(tensors.begin(), tensors.end(), [&n = name](const auto& t) { return t.first == n; });
@@ -181,7 +188,8 @@ void MultiHeadAttention::load_state_dict(const std::vector<std::pair<std::string
         } else if (!(it->second.shape() == shape)) {
             add("tensor '" + name + "': expected shape " + shape.str() + " but got " + it->second.shape().str());
         } else if (!is_floating(it->second.dtype())) {
-            add("tensor '" + name + "': expected a floating dtype but got " + std::string(dtype_name(it->second.dtype())));
+            add_as(ErrorKind::type,
+                   "tensor '" + name + "': expected a floating dtype but got " + std::string(dtype_name(it->second.dtype())));
         } else if (it->second.data() == nullptr && shape.numel() != 0) {
             add("tensor '" + name + "': data pointer is null");
         }
@@ -199,7 +207,7 @@ void MultiHeadAttention::load_state_dict(const std::vector<std::pair<std::string
             if (tensors[j].first == name) add("tensor '" + name + "' is given more than once");
     }
     if (!problems.empty()) {
-        fail(kMha, "state_dict does not fit (E=", config_.embed_dim, ", heads=", config_.num_heads, ", kv heads=",
+        detail::fail_as(kind, kMha, "state_dict does not fit (E=", config_.embed_dim, ", heads=", config_.num_heads, ", kv heads=",
              config_.num_kv_heads, ", kdim=", config_.kdim, ", vdim=", config_.vdim, ", bias=", config_.bias ? "true" : "false",
              "): ", problems);
     }

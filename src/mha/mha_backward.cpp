@@ -33,6 +33,7 @@ using detail::heads_view;
 using detail::Rows;
 using detail::rows_of;
 using detail::fail;
+using detail::fail_type;
 using detail::kMha;
 using detail::gemm;  // thread-count independent, like the forward projections
 using detail::sum_rows;
@@ -61,13 +62,13 @@ Tensor MultiHeadAttention::forward_train(const TensorView& query, const TensorVi
     const MhaConfig& c = config_;
     const std::int64_t E = c.embed_dim, h = c.num_heads, dh = head_dim();
     if (c.param_dtype != DType::f32) {
-        fail(kMha, "forward_train: the weight matrices are stored in ", dtype_name(c.param_dtype),
+        fail_type(kMha, "forward_train: the weight matrices are stored in ", dtype_name(c.param_dtype),
              "; training needs float32 parameters (set_param_dtype(float32) first; the gradient GEMMs read float32 weights)");
     }
     const detail::MhaShapes sh = detail::check_inputs(c, query, key, value, options);
     const DType out_dtype = detail::output_dtype(options.out_dtype, query.dtype());  // forward()'s rule
     if (detail::intermediate_dtype(options.intermediate_dtype) != DType::f32) {
-        fail(kMha, "intermediate_dtype: forward_train keeps float32 intermediates (backward reads them) but got ",
+        fail_type(kMha, "intermediate_dtype: forward_train keeps float32 intermediates (backward reads them) but got ",
              dtype_name(*options.intermediate_dtype));
     }
     detail::require_dropout(kMha, train.dropout_p, train.dropout_seed);
@@ -127,7 +128,7 @@ Tensor MultiHeadAttention::forward_train(const TensorView& query, const TensorVi
 MhaGradients MultiHeadAttention::backward(const MhaForwardState& s, const TensorView& grad_output) const {
     const MhaConfig& c = config_;
     if (c.param_dtype != DType::f32) {
-        fail(kMha, "backward: the weight matrices are stored in ", dtype_name(c.param_dtype), "; training needs float32 parameters");
+        fail_type(kMha, "backward: the weight matrices are stored in ", dtype_name(c.param_dtype), "; training needs float32 parameters");
     }
     if (s.cu_seqlens_q.data() != nullptr) return detail::packed_backward(*this, s, grad_output);  // forward_packed_train
     const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
@@ -136,8 +137,10 @@ MhaGradients MultiHeadAttention::backward(const MhaForwardState& s, const Tensor
     detail::check_train_state(*this, s);
     const Shape want = s.query_shape.rank == 3 ? Shape{s.query_shape[0], s.query_shape[1], E} : Shape{s.query_shape[0], E};
     if (grad_output.data() == nullptr || !is_floating(grad_output.dtype()) || !(grad_output.shape() == want)) {
-        fail(kMha, "grad_output: expected a floating tensor shaped like the output ", want, " but got ",
-             dtype_name(grad_output.dtype()), " ", grad_output.shape());
+        const bool dtype_ok = grad_output.data() == nullptr || is_floating(grad_output.dtype());
+        detail::fail_as(dtype_ok ? ErrorKind::value : ErrorKind::type, kMha,
+                        "grad_output: expected a floating tensor shaped like the output ", want, " but got ",
+                        dtype_name(grad_output.dtype()), " ", grad_output.shape());
     }
     const std::int64_t B = s.B, Lq = s.Lq, Lk = s.Lk, Lkx = s.Lkx, Nq = B * Lq;
     const Rows rq = rows_of(s.batched, c.batch_first, B, Lq), rk = rows_of(s.batched, c.batch_first, B, Lk);

@@ -17,6 +17,7 @@ namespace attn {
 namespace {
 
 using detail::fail;
+using detail::fail_type;
 using detail::kMha;
 
 // The caller's outputs: contiguous, of the shapes forward() would allocate; output float32,
@@ -25,7 +26,7 @@ void check_outputs(const MultiHeadAttention& m, const TensorView& query, const T
                    const MhaForwardOptions& options, const TensorView& output, const TensorView* weights) {
     detail::check_output("output", output, m.output_shape(query));
     if (options.out_dtype && detail::output_dtype(options.out_dtype, query.dtype()) != output.dtype()) {
-        fail(kMha, "output: out_dtype is ", dtype_name(*options.out_dtype), " but the output tensor is ", dtype_name(output.dtype()));
+        fail_type(kMha, "output: out_dtype is ", dtype_name(*options.out_dtype), " but the output tensor is ", dtype_name(output.dtype()));
     }
     if (options.need_weights != (weights != nullptr)) {
         fail(kMha, "weights: ", options.need_weights ? "need_weights is set but no weights tensor was given"

@@ -17,6 +17,7 @@ namespace attn {
 namespace {
 
 using detail::fail;
+using detail::fail_type;
 using detail::kMha;
 
 // Sizes of x_new: T new tokens for each of B sequences; row of (b, t) = b·rb + t·rl.
@@ -35,7 +36,7 @@ Layout check_input(const MultiHeadAttention& layer, const TensorView& x) {
                    "not a cache position)");
     }
     if (x.data() == nullptr) fail(kMha, "x_new: data pointer is null");
-    if (!is_floating(x.dtype())) fail(kMha, "x_new: dtype must be floating but got ", dtype_name(x.dtype()));
+    if (!is_floating(x.dtype())) fail_type(kMha, "x_new: dtype must be floating but got ", dtype_name(x.dtype()));
     if (x.rank() != 2 && x.rank() != 3) {
         fail(kMha, "x_new: expected rank 3 (T, B, E) / (B, T, E) or 2 (T, E) but got shape ", x.shape());
     }

@@ -32,8 +32,10 @@ constexpr std::string_view kOp = "MultiHeadAttention.forward_packed";
 // are checked here; sdpa_varlen checks the values (before anything is written).
 Tensor owned_offsets(const TensorView& cu, const char* name) {
     if (cu.data() == nullptr || (cu.dtype() != DType::i32 && cu.dtype() != DType::i64) || cu.rank() != 1) {
-        detail::fail(kOp, name, ": expected an (N+1,) int32 or int64 tensor but got ",
-                     cu.data() == nullptr ? "no data" : dtype_name(cu.dtype()), " ", cu.shape());
+        const bool int_dtype = cu.dtype() == DType::i32 || cu.dtype() == DType::i64;
+        detail::fail_as(cu.data() == nullptr || int_dtype ? ErrorKind::value : ErrorKind::type, kOp, name,
+                        ": expected an (N+1,) int32 or int64 tensor but got ",
+                        cu.data() == nullptr ? "no data" : dtype_name(cu.dtype()), " ", cu.shape());
     }
     Tensor t(DType::i64, cu.shape());
     for (std::int64_t i = 0; i < cu.dim(0); ++i) t.data_as<std::int64_t>()[i] = detail::load_int(cu, cu.offset(i));
@@ -143,11 +145,11 @@ Tensor MultiHeadAttention::forward_packed_train(const TensorView& query, const T
                                                 const MhaTrainOptions& train, MhaForwardState& state) const {
     detail::require_dropout(kOp, train.dropout_p, train.dropout_seed);
     if (config().param_dtype != DType::f32) {
-        detail::fail(kOp, "forward_packed_train: the weight matrices are stored in ", dtype_name(config().param_dtype),
+        detail::fail_type(kOp, "forward_packed_train: the weight matrices are stored in ", dtype_name(config().param_dtype),
                      "; training needs float32 parameters (set_param_dtype(float32) first)");
     }
     if (detail::intermediate_dtype(options.intermediate_dtype) != DType::f32) {
-        detail::fail(kOp, "intermediate_dtype: forward_packed_train keeps float32 intermediates (backward reads them) but got ",
+        detail::fail_type(kOp, "intermediate_dtype: forward_packed_train keeps float32 intermediates (backward reads them) but got ",
                      dtype_name(*options.intermediate_dtype));
     }
     MhaForwardState s;

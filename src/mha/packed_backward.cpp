@@ -26,8 +26,10 @@ MhaGradients packed_backward(const MultiHeadAttention& layer, const MhaForwardSt
     const std::int64_t Tq = s.q.shape()[0], Tk = s.k.shape()[0];
     const Shape want{Tq, E};
     if (grad_output.data() == nullptr || !is_floating(grad_output.dtype()) || !(grad_output.shape() == want)) {
-        fail(kMha, "grad_output: expected a floating tensor shaped like the packed output ", want, " but got ",
-             dtype_name(grad_output.dtype()), " ", grad_output.shape());
+        const bool dtype_ok = grad_output.data() == nullptr || is_floating(grad_output.dtype());
+        fail_as(dtype_ok ? ErrorKind::value : ErrorKind::type, kMha,
+                "grad_output: expected a floating tensor shaped like the packed output ", want, " but got ",
+                dtype_name(grad_output.dtype()), " ", grad_output.shape());
     }
     const InputWeights w = input_weights(layer);
     const float* wo = layer.parameter("out_proj.weight").data_as<const float>();

@@ -31,7 +31,7 @@ Operand as_rows(const TensorView& x, Tensor& copy) {
 DType output_dtype(const std::optional<DType>& requested, DType input) {
     if (requested) {
         if (!gemm_dtype(*requested)) {
-            fail(kMha, "out_dtype: expected float32, float16 or bfloat16 but got ", dtype_name(*requested));
+            fail_type(kMha, "out_dtype: expected float32, float16 or bfloat16 but got ", dtype_name(*requested));
         }
         return *requested;
     }
@@ -41,7 +41,7 @@ DType output_dtype(const std::optional<DType>& requested, DType input) {
 DType intermediate_dtype(const std::optional<DType>& requested) {
     if (!requested) return DType::f32;
     if (!gemm_dtype(*requested)) {
-        fail(kMha, "intermediate_dtype: expected float32, float16 or bfloat16 but got ", dtype_name(*requested));
+        fail_type(kMha, "intermediate_dtype: expected float32, float16 or bfloat16 but got ", dtype_name(*requested));
     }
     return *requested;
 }
@@ -96,10 +96,11 @@ void check_output(const char* name, const TensorView& out, const Shape& shape, b
     if (out.data() == nullptr || !dtype_ok || !out.is_contiguous() || !(out.shape() == shape)) {
         // Say which requirement failed: a strided view of the right dtype and shape was told it
         // had "float32 (2, 37, 37)" where that was expected.
-        fail(kMha, name, ": expected a contiguous ", float32_only ? "float32" : "float32, float16 or bfloat16",
-             " tensor of shape ", shape, " but got ", dtype_name(out.dtype()), " ", out.shape(),
-             out.data() == nullptr ? " with a null data pointer" : "",
-             out.is_contiguous() ? "" : " with strides " + strides_text(out) + " (non-contiguous)");
+        // A TypeError in Python when the dtype is what is wrong (ErrorKind).
+        fail_as(out.data() == nullptr || dtype_ok ? ErrorKind::value : ErrorKind::type, kMha, name, ": expected a contiguous ",
+                float32_only ? "float32" : "float32, float16 or bfloat16", " tensor of shape ", shape, " but got ",
+                dtype_name(out.dtype()), " ", out.shape(), out.data() == nullptr ? " with a null data pointer" : "",
+                out.is_contiguous() ? "" : " with strides " + strides_text(out) + " (non-contiguous)");
     }
 }
 

@@ -62,7 +62,7 @@ void check_modifiers(std::string_view kOp, const SdpaOptions& o, SdpaProblem& p)
 
 void require_finite_f32(std::string_view kOp, const TensorView& t, const char* name) {
     if (t.data() == nullptr) fail(kOp, name, ": data pointer is null");
-    if (t.dtype() != DType::f32) fail(kOp, name, ": dtype must be float32 but got ", dtype_name(t.dtype()));
+    if (t.dtype() != DType::f32) fail_type(kOp, name, ": dtype must be float32 but got ", dtype_name(t.dtype()));
     require_element_aligned(kOp, t, name);
     const float* d = t.data_as<const float>();
     const std::int64_t rows = t.rank() == 2 ? t.dim(0) : 1, cols = t.dim(t.rank() - 1);
@@ -186,7 +186,7 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
         const TensorView& m = *options.bool_mask;
         if (m.data() == nullptr) fail(kOp, "bool_mask: data pointer is null");
         if (m.dtype() != DType::boolean) {
-            fail(kOp, "bool_mask: dtype must be bool (true = may attend) but got ", dtype_name(m.dtype()));
+            fail_type(kOp, "bool_mask: dtype must be bool (true = may attend) but got ", dtype_name(m.dtype()));
         }
         p.bool_mask = m.broadcast_to(full, std::string(kOp) + ": bool_mask");
     }
@@ -194,7 +194,7 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
         const TensorView& m = *options.additive_mask;
         if (m.data() == nullptr) fail(kOp, "additive_mask: data pointer is null");
         if (!is_floating(m.dtype())) {
-            fail(kOp, "additive_mask: dtype must be float32, float64, float16 or bfloat16 but got ", dtype_name(m.dtype()));
+            fail_type(kOp, "additive_mask: dtype must be float32, float64, float16 or bfloat16 but got ", dtype_name(m.dtype()));
         }
         require_element_aligned(kOp, m, "additive_mask");
         const TensorView mb = m.broadcast_to(full, std::string(kOp) + ": additive_mask");  // checks the shape first

@@ -18,7 +18,7 @@ std::vector<std::int64_t> read_cu_seqlens(std::string_view op, const TensorView&
                                           std::int64_t T, const char* tensor) {
     if (cu.data() == nullptr) fail(op, name, ": data pointer is null");
     if (cu.dtype() != DType::i32 && cu.dtype() != DType::i64) {
-        fail(op, name, ": dtype must be int32 or int64 but got ", dtype_name(cu.dtype()));
+        fail_type(op, name, ": dtype must be int32 or int64 but got ", dtype_name(cu.dtype()));
     }
     if (cu.rank() != 1 || cu.dim(0) < 1) {
         fail(op, name, ": expected shape (N+1,) with N >= 0 sequences but got ", cu.shape());

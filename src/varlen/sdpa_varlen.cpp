@@ -55,7 +55,7 @@ VarlenCall check_varlen_call(const TensorView& q, const TensorView& k, const Ten
     r.pb = check_packed(kOp, q, k, v, cu_seqlens_q, cu_seqlens_k, options, out, lse, /*sixteen_bit_out=*/true);
     const PackedBatch& pb = r.pb;
     if (!is_floating(q.dtype())) {
-        fail(kOp, "q: dtype must be float32, float64, float16 or bfloat16 but got ", dtype_name(q.dtype()));
+        fail_type(kOp, "q: dtype must be float32, float64, float16 or bfloat16 but got ", dtype_name(q.dtype()));
     }
     // Flash declines by the dtypes and head dims, which every sequence shares: refused here,
     // whatever cu_seqlens hold (a batch whose sequences all lacked queries or keys built no problem

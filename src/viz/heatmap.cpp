@@ -88,7 +88,8 @@ void check_tokens(const std::vector<std::string>& tokens, std::int64_t want, con
 Problem check(const TensorView& weights, const HeatmapOptions& o) {
     if (weights.empty()) throw Error("heatmap: weights: no tensor given");
     if (!is_floating(weights.dtype())) {
-        throw Error("heatmap: weights must hold a floating type but hold " + std::string(dtype_name(weights.dtype())));
+        throw Error("heatmap: weights must hold a floating type but hold " + std::string(dtype_name(weights.dtype())),
+                    ErrorKind::type);
     }
     Problem p;
     if (weights.rank() == 2) {

@@ -484,6 +484,21 @@ TEST(Mha, StateDictErrorsNameTheTensor) {
         m.load_state_dict({{"in_proj_weight", wi.view()}, {"in_proj_bias", bi.view()}, {"out_proj.weight", wo.view()},
                            {"out_proj.bias", bo.view()}, {"decoder.scale", extra.view()}});
     }, "unexpected tensor 'decoder.scale' with shape (2,)");
+    // Its kind (Python's TypeError or ValueError): type only when every problem is a dtype.
+    const Tensor wi_int(DType::i32, Shape{12, 4}, true);
+    const auto kind = [&](const TensorView& weight, const TensorView& out_weight) {
+        try {
+            m.load_state_dict({{"in_proj_weight", weight}, {"in_proj_bias", bi.view()}, {"out_proj.weight", out_weight},
+                               {"out_proj.bias", bo.view()}});
+        } catch (const attn::Error& e) {
+            return e.kind();
+        }
+        ADD_FAILURE() << "no error";
+        return attn::ErrorKind::value;
+    };
+    EXPECT_EQ(kind(wi_int.view(), wo.view()), attn::ErrorKind::type);
+    EXPECT_EQ(kind(wi_int.view(), bad.view()), attn::ErrorKind::value);
+    EXPECT_EQ(kind(wi.view(), bad.view()), attn::ErrorKind::value);
     // from_state_dict infers the configuration, and names what it cannot infer from.
     expect_error([&] { MultiHeadAttention::from_state_dict({{"in_proj_weight", wi.view()}}, 2); }, "missing tensor 'out_proj.weight'");
     expect_error([&] { MultiHeadAttention::from_state_dict({{"out_proj.weight", wo.view()}}, 2); }, "missing tensor 'in_proj_weight'");

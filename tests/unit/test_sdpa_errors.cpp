@@ -277,6 +277,39 @@ TEST(SdpaErrors, AdditiveMask) {
                  {"sdpa: additive_mask: shape (3, 1, 5, 7) cannot be broadcast to (2, 4, 5, 7)"});
 }
 
+// The kind of a call's error (attn::ErrorKind: Python raises TypeError or ValueError by it).
+attn::ErrorKind kind_of(const std::function<void(Call&)>& setup) {
+    Call c;
+    setup(c);
+    try {
+        c.run();
+    } catch (const attn::Error& e) {
+        return e.kind();
+    }
+    ADD_FAILURE() << "expected an attn::Error";
+    return attn::ErrorKind::value;
+}
+
+// Given where the error is raised: a dtype the argument does not take is ErrorKind::type, any other
+// refusal of the same argument ErrorKind::value.
+TEST(SdpaErrors, KindIsTypeForADtypeAndValueOtherwise) {
+    using attn::ErrorKind;
+    static Tensor m8 = random_bool(Shape{2, 1, 5, 7}, 9, 0.5);
+    static float fl[2] = {3, 7};
+    static std::int32_t one[1] = {3};
+    EXPECT_EQ(kind_of([](Call& c) { c.kv = TensorView(c.k.data(), DType::i32, Shape{2, 2, 7, 8}); }), ErrorKind::type);
+    EXPECT_EQ(kind_of([](Call& c) { c.kv = c.k.view().slice(3, 0, 4); }), ErrorKind::value);
+    EXPECT_EQ(kind_of([](Call& c) { c.lsev = TensorView(c.lse.data(), DType::f16, Shape{2, 4, 5}); }), ErrorKind::type);
+    EXPECT_EQ(kind_of([](Call& c) { c.opt.bool_mask = TensorView(m8.data(), DType::i32, Shape{7}); }), ErrorKind::type);
+    EXPECT_EQ(kind_of([](Call& c) { c.opt.bool_mask = TensorView(m8.data(), DType::boolean, Shape{2, 1, 1, 5}); }),
+              ErrorKind::value);
+    EXPECT_EQ(kind_of([](Call& c) { c.opt.additive_mask = TensorView(m8.data(), DType::boolean, Shape{5, 7}); }),
+              ErrorKind::type);
+    EXPECT_EQ(kind_of([](Call& c) { c.opt.key_lengths = TensorView(fl, DType::f32, Shape{2}); }), ErrorKind::type);
+    EXPECT_EQ(kind_of([](Call& c) { c.opt.key_lengths = TensorView(one, DType::i32, Shape{1}); }), ErrorKind::value);
+    EXPECT_EQ(kind_of([](Call& c) { c.opt.scale = 1e39; }), ErrorKind::value);
+}
+
 TEST(SdpaErrors, KeyLengths) {
     static std::int32_t ok[2] = {3, 7};
     static std::int32_t neg[2] = {3, -1};
