@@ -76,11 +76,16 @@ void require_floating(std::string_view op, const TensorView& t, std::string_view
     require_element_aligned(op, t, name);
 }
 
-void require_data(std::string_view op, const TensorView& t, std::string_view name) {
-    if (t.data() != nullptr || is_empty(t)) return;
+std::string missing_data(const TensorView& t) {
+    if (t.data() != nullptr || is_empty(t)) return "";
     // "shape () has elements" alone puzzles: rank 0 is what a default view or Tensor has.
-    fail(op, name, ": data pointer is null", t.rank() == 0 ? " (a default TensorView, or a Tensor that holds nothing)" : "",
-         " but its shape ", t.shape(), " has elements");
+    return std::string("data pointer is null") +
+           (t.rank() == 0 ? " (a default TensorView, or a Tensor that holds nothing)" : "") + " but its shape " +
+           t.shape().str() + " has elements";
+}
+
+void require_data(std::string_view op, const TensorView& t, std::string_view name) {
+    if (const std::string problem = missing_data(t); !problem.empty()) fail(op, name, ": ", problem);
 }
 
 void require_gradient_like(std::string_view op, const TensorView& t, std::string_view name, const Shape& expected,

@@ -95,6 +95,10 @@ bool is_empty(const TensorView& t);
 // (2, 1, 3) has elements". A default TensorView, or a default Tensor (MhaOutput::weights without
 // need_weights), has rank 0 — one element — and no data: the message says so.
 void require_data(std::string_view op, const TensorView& t, std::string_view name);
+// Its rule and wording without the throw, for a check that collects every problem before it
+// reports them (MultiHeadAttention::load_state_dict): "data pointer is null but its shape
+// (2, 1, 3) has elements", or "" when t holds its elements.
+std::string missing_data(const TensorView& t);
 
 // t's data pointer is a multiple of its element size. The kernels read and write elements
 // through typed pointers (and compilers vectorise loops on that assumption): a misaligned one

@@ -190,8 +190,8 @@ void MultiHeadAttention::load_state_dict(const std::vector<std::pair<std::string
         } else if (!is_floating(it->second.dtype())) {
             add_as(ErrorKind::type,
                    "tensor '" + name + "': expected a floating dtype but got " + std::string(dtype_name(it->second.dtype())));
-        } else if (it->second.data() == nullptr && shape.numel() != 0) {
-            add("tensor '" + name + "': data pointer is null");
+        } else if (const std::string missing = detail::missing_data(it->second); !missing.empty()) {
+            add("tensor '" + name + "': " + missing);
         }
     }
     for (std::size_t i = 0; i < tensors.size(); ++i) {

@@ -484,6 +484,13 @@ TEST(Mha, StateDictErrorsNameTheTensor) {
         m.load_state_dict({{"in_proj_weight", wi.view()}, {"in_proj_bias", bi.view()}, {"out_proj.weight", wo.view()},
                            {"out_proj.bias", bo.view()}, {"decoder.scale", extra.view()}});
     }, "unexpected tensor 'decoder.scale' with shape (2,)");
+    // A null data pointer in require_data's words (it said only "data pointer is null"), among the
+    // other problems the call collects; an empty tensor's is never read.
+    const TensorView null_bias(nullptr, DType::f32, Shape{12});
+    expect_error([&] {
+        m.load_state_dict({{"in_proj_weight", wi.view()}, {"in_proj_bias", null_bias}, {"out_proj.weight", bad.view()},
+                           {"out_proj.bias", bo.view()}});
+    }, "tensor 'in_proj_bias': data pointer is null but its shape (12,) has elements; tensor 'out_proj.weight'");
     // Its kind (Python's TypeError or ValueError): type only when every problem is a dtype.
     const Tensor wi_int(DType::i32, Shape{12, 4}, true);
     const auto kind = [&](const TensorView& weight, const TensorView& out_weight) {
