@@ -223,7 +223,7 @@ def test_threads_follow_torch_and_are_given_back():
     (lambda q, k, v: at.sdpa(q.to(torch.complex64), k, v), TypeError,
      ["query", "expected dtype torch.float32, torch.float64, torch.float16 or torch.bfloat16", "got torch.complex64"]),
     (lambda q, k, v: at.sdpa(q, k, v, attn_mask=torch.ones(5, 7, dtype=torch.uint8)), TypeError,
-     ["attn_mask", "expected a bool or floating-point mask but got torch.uint8"]),
+     ["attn_mask", "unsupported dtype uint8"]),
     (lambda q, k, v: at.sdpa(q, k, v[..., :6, :]), ValueError, ["V"]),
     (lambda q, k, v: at.sdpa(q, k[:, :1], v[:, :1]), ValueError, ["enable_gqa"]),
     (lambda q, k, v: at.sdpa(q.numpy(), k, v), TypeError, ["query", "torch.Tensor", "ndarray"]),
@@ -243,6 +243,20 @@ def test_errors_name_the_argument(call, error, words):
         call(q, k, v)
     for w in words:
         assert w in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.int8])
+def test_a_mask_dtype_is_refused_in_the_core_words(dtype):
+    # Which dtypes a mask may have is the core's rule: attn.torch had its own check and wording
+    # ("expected a bool or floating-point mask but got torch.int64"), the NumPy call another.
+    q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 4, 7, 8), torch.randn(2, 4, 7, 8)
+    mask = torch.ones(5, 7, dtype=dtype)
+    with pytest.raises(TypeError) as from_torch:
+        at.sdpa(q, k, v, attn_mask=mask)
+    with pytest.raises(TypeError) as from_numpy:
+        attn.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(), attn_mask=mask.numpy())
+    assert str(from_torch.value) == str(from_numpy.value)
+    assert str(from_torch.value).startswith("attn_mask: ")
 
 
 def test_thread_count_in_effect_during_the_call(monkeypatch):

@@ -55,14 +55,6 @@ def float_array(t, name):
     return array(t, name)
 
 
-def mask_array(m, name="attn_mask"):
-    """array() of an attn_mask: bool (True = may attend) or floating point (added)."""
-    _check_tensor(m, name)
-    if m.dtype != torch.bool and not m.is_floating_point():
-        raise TypeError(f"{name}: expected a bool or floating-point mask but got {m.dtype}")
-    return array(m, name)
-
-
 def maybe_array(x, name):
     """A tensor as array(); anything else (None, int, list, NumPy array) as given."""
     return array(x, name) if isinstance(x, torch.Tensor) else x

@@ -182,7 +182,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     dropout_p, scale = _convert.number(dropout_p), _convert.number(scale)
     _check_heads(query, key, value, enable_gqa)
     check_dropout(dropout_p)
-    mask = None if attn_mask is None else _convert.mask_array(attn_mask)
+    # Which dtypes a mask may have (bool: True = may attend; floating: added) is the core's rule:
+    # its call refuses any other in its words, as for a NumPy mask of that dtype.
+    mask = None if attn_mask is None else _convert.array(attn_mask, "attn_mask")
     # A sinks tensor is an input of the autograd Function (it has a gradient), not an option.
     sinks = extras.pop("sinks") if isinstance(extras.get("sinks"), torch.Tensor) else None
     opts = core_options(extras, causal_alignment, window, window_alignment, key_lengths, query_offset, impl)
