@@ -27,6 +27,7 @@
 #include "causal_option.hpp"
 #include "commands.hpp"
 #include "gradient_outputs.hpp"
+#include "scale_option.hpp"
 #include "threads_option.hpp"
 
 #if ATTN_WITH_MPI
@@ -520,7 +521,7 @@ void add_ring_command(CLI::App& app) {
         "--query-offset", args->query_offset, "position of query 0 among the keys: causal and the window align to i + N for every sequence");
     cmd->add_option("--query-offsets", args->query_offsets, "int32/int64 (B,): --query-offset per sequence (read by rank 0)")
         ->excludes(one_offset);
-    cmd->add_option("--scale", args->scale, "score scale (default 1/sqrt(Dk)); any number finite in float32 (|scale| <= 3.4028235e38), and non-zero there unless it is 0 (|scale| > 2^-150)");
+    add_scale_option(cmd, args->scale);
     cmd->add_option("--key-lengths", args->key_lengths, "int32/int64 (B,): valid keys per sequence (padding at the end)");
     cmd->add_option("--layout", args->layout, "how the sequence is cut over ranks: zigzag (default, balanced) or contiguous");
     cmd->add_option("--impl", args->impl,

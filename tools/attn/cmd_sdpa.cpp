@@ -24,6 +24,7 @@
 #include "flag_names.hpp"
 #include "gradient_outputs.hpp"
 #include "output_files.hpp"
+#include "scale_option.hpp"
 #include "sdpa/option_values.hpp"
 #include "strict_options.hpp"
 #include "tensor_args.hpp"
@@ -274,7 +275,7 @@ void add_sdpa_command(CLI::App& app) {
     add_causal_option(cmd, args->causal,
                       "top-left: query i sees keys 0..i; bottom-right: keys 0..i+n-Lq, n = the sequence's key length "
                       "(--key-lengths, else Lk; the new tokens of a KV cache); none: no causal mask");
-    cmd->add_option("--scale", args->scale, "score scale (default 1/sqrt(Dk)); any number finite in float32 (|scale| <= 3.4028235e38), and non-zero there unless it is 0 (|scale| > 2^-150)");
+    add_scale_option(cmd, args->scale);
     cmd->add_option("--key-lengths", args->key_lengths,
                     "int32/int64 (B,): sequence b has valid keys 0..n_b-1; bottom-right aligns to n_b per sequence");
     CLI::Option* one_offset = cmd->add_option(
