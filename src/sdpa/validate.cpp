@@ -89,15 +89,18 @@ void check_option_values(const SdpaOptions& options, std::string_view kOp) {
     if (options.scale) {
         // The value every fast kernel multiplies by is the float32 one: it must mean what the
         // caller gave. 1e39 is finite as a double but inf as a float (scores ±inf or NaN); 1e-50
-        // is non-zero as a double but 0 as a float (every score 0: uniform weights, silently).
+        // is non-zero as a double but 0 as a float (every score 0: uniform weights, silently); 1e-40
+        // is a float32 subnormal, which holds the scale with fewer bits the smaller it is (17 there:
+        // relative error 5.4e-6, not float32's 6e-8). So a normal float32 or 0, as softcap
+        // (docs/conventions.md, "Shapes of attn::sdpa").
         const double s = *options.scale;
         const float f = static_cast<float>(s);
         if (!std::isfinite(s) || !std::isfinite(f)) {
             fail(kOp, "scale: must be finite in float32 (|scale| <= 3.4028235e38) but got ", shortest(s));
         }
-        if (s != 0.0 && f == 0.0f) {
-            fail(kOp, "scale: must be 0 or a value float32 holds as non-zero (|scale| > 2^-150 ≈ 7.0064923e-46) but got ",
-                 shortest(s), ", which rounds to 0");
+        if (s != 0.0 && !std::isnormal(f)) {
+            fail(kOp, "scale: must be 0 or a normal float32 (|scale| >= 2^-126 ≈ 1.1754944e-38 there) but got ", shortest(s),
+                 f == 0.0f ? ", which rounds to 0" : ", a float32 subnormal");
         }
     }
     if (options.query_offset && !options.query_offset->per_sequence)

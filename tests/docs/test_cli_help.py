@@ -212,3 +212,15 @@ def test_library_errors_name_the_flag_not_the_field(tmp_path):
         line = one_error_line(attn(*base, *extra, cwd=tmp_path))
         assert line.startswith("attn: error: " + want), line
     assert sorted(os.listdir(tmp_path)) == ["k.npy", "q.npy", "v.npy"]
+
+
+def test_scale_help_is_one_text_with_the_rule():
+    # attn sdpa and attn ring declare --scale in one place (tools/attn/scale_option.cpp), with the
+    # library's rule: 0 or a normal float32 (a subnormal scale is refused since it holds fewer bits).
+    lines = []
+    for command in ("sdpa", "ring"):
+        p = attn(command, "--help")
+        assert p.returncode == 0, p.stderr
+        lines += [line.strip() for line in p.stdout.splitlines() if line.strip().startswith("--scale ")]
+    assert len(lines) == 2 and lines[0] == lines[1], lines
+    assert "a normal float32 (2^-126 ≈ 1.1754944e-38 <= |scale| <= 3.4028235e38 there)" in lines[0], lines[0]

@@ -230,8 +230,11 @@ def test_dropout_is_seeded():
     (dict(causal_alignment="middle"), ValueError, ["causal_alignment", "middle"]),
     (dict(scale=float("nan")), ValueError, ["scale"]),
     # 0 in float32, where the kernels multiply by it (it was accepted: uniform weights).
-    (dict(scale=-1e-50), ValueError, ["sdpa: scale: must be 0 or a value float32 holds as non-zero", "but got -1e-50, "
+    (dict(scale=-1e-50), ValueError, ["sdpa: scale: must be 0 or a normal float32", "but got -1e-50, "
                                       "which rounds to 0"]),
+    # A float32 subnormal: the scale with fewer bits (it was accepted).
+    (dict(scale=1e-40), ValueError, ["sdpa: scale: must be 0 or a normal float32 (|scale| >= 2^-126 ≈ 1.1754944e-38 "
+                                     "there) but got 1e-40, a float32 subnormal"]),
     (dict(dropout_p=1.5), ValueError, ["dropout_p"]),
     (dict(key_lengths=np.array([1.0])), TypeError, ["key_lengths", "float64"]),
     (dict(key_lengths=np.array([3, 3])), ValueError, ["key_lengths"]),

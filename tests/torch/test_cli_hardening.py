@@ -665,8 +665,14 @@ BAD_OPTION_VALUES = [
     (["--softcap", "1e39"], "sdpa: --softcap: " + SOFTCAP_RANGE + "1e+39"),
     (["--scale", "1e39"], "sdpa: --scale: must be finite in float32 (|scale| <= 3.4028235e38) but got 1e+39"),
     # Non-zero, but 0 in float32: every score would be 0 (it was accepted, and gave uniform weights).
-    (["--scale", "1e-50"], "sdpa: --scale: must be 0 or a value float32 holds as non-zero "
-                           "(|scale| > 2^-150 ≈ 7.0064923e-46) but got 1e-50, which rounds to 0"),
+    (["--scale", "1e-50"], "sdpa: --scale: must be 0 or a normal float32 "
+                           "(|scale| >= 2^-126 ≈ 1.1754944e-38 there) but got 1e-50, which rounds to 0"),
+    # A float32 subnormal: the scale with fewer bits (it was accepted).
+    (["--scale", "1e-40"], "sdpa: --scale: must be 0 or a normal float32 "
+                           "(|scale| >= 2^-126 ≈ 1.1754944e-38 there) but got 1e-40, a float32 subnormal"),
+    (["--scale", "-1e-40", "--cu-seqlens-q", "nope_cq.npy", "--cu-seqlens-k", "nope_ck.npy"],
+     "sdpa_varlen: --scale: must be 0 or a normal float32 (|scale| >= 2^-126 ≈ 1.1754944e-38 there) but got -1e-40, "
+     "a float32 subnormal"),
     (["--window-left", "-2"],
      "sdpa: --window-left/--window-right: left and right must be >= 0, or -1 for unbounded, but got left=-2 right=-1"),
     (["--window-right", "-7", "--causal"],

@@ -231,6 +231,8 @@ def test_threads_follow_torch_and_are_given_back():
     (lambda q, k, v: at.sdpa(q, k, v, attn_mask=torch.ones(5, 7, dtype=torch.int64)), TypeError, ["attn_mask"]),
     (lambda q, k, v: at.sdpa(q, k, v, dropout_p="0.1"), TypeError, ["dropout_p"]),
     (lambda q, k, v: at.sdpa(q, k, v, dropout_p=1.5), ValueError, ["dropout_p"]),
+    (lambda q, k, v: at.sdpa(q, k, v, scale=1e-40), ValueError, ["sdpa: scale: must be 0 or a normal float32",
+                                                                "but got 1e-40, a float32 subnormal"]),
     (lambda q, k, v: at.sdpa(q, k, v, is_causal="yes"), TypeError, ["is_causal"]),
     (lambda q, k, v: at.sdpa(q, k, v, threads="2"), TypeError, ["threads"]),
     (lambda q, k, v: at.sdpa(q, k, v, threads=-1), ValueError, ["threads: expected a thread count from 1 to 4096 (or 0 or None: torch.get_num_threads()) but got -1"]),

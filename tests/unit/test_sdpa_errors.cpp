@@ -244,12 +244,21 @@ TEST(SdpaErrors, Scale) {
     expect_error([](Call& c) { c.opt.scale = 3.4028236e38; },
                  {"sdpa: scale: must be finite in float32 (|scale| <= 3.4028235e38) but got 3.4028236e+38"});
     // Non-zero as a double, 0 as the float32 the kernels multiply by: every score would be 0 (uniform
-    // weights) where the caller asked for a scale. 2^-150 is the tie that rounds to even, 0.
-    const std::string zero = "sdpa: scale: must be 0 or a value float32 holds as non-zero (|scale| > 2^-150 ≈ 7.0064923e-46) but got ";
-    expect_error([](Call& c) { c.opt.scale = 1e-50; }, {zero + "1e-50, which rounds to 0"});
-    expect_error([](Call& c) { c.opt.scale = -std::ldexp(1.0, -150); }, {zero + "-7.006492321624085e-46, which rounds to 0"});
-    // The smallest magnitudes that round to a non-zero float32 (2^-149), and 0 itself, run.
-    for (const double ok : {std::nextafter(std::ldexp(1.0, -150), 1.0), -std::nextafter(std::ldexp(1.0, -150), 1.0), 0.0, -0.0}) {
+    // weights) where the caller asked for a scale. 2^-150 is the tie that rounds to even, 0. A
+    // float32 subnormal carries the scale with fewer bits (docs/conventions.md): a normal float32, or 0.
+    const std::string normal = "sdpa: scale: must be 0 or a normal float32 (|scale| >= 2^-126 ≈ 1.1754944e-38 there) but got ";
+    expect_error([](Call& c) { c.opt.scale = 1e-50; }, {normal + "1e-50, which rounds to 0"});
+    expect_error([](Call& c) { c.opt.scale = -std::ldexp(1.0, -150); }, {normal + "-7.006492321624085e-46, which rounds to 0"});
+    expect_error([](Call& c) { c.opt.scale = 1e-40; }, {normal + "1e-40, a float32 subnormal"});
+    expect_error([](Call& c) { c.opt.scale = -std::nextafter(std::ldexp(1.0, -150), 1.0); },
+                 {normal + "-7.006492321624087e-46, a float32 subnormal"});
+    // The largest subnormal (2^-126 - 2^-149) and the largest double below the tie with FLT_MIN.
+    expect_error([](Call& c) { c.opt.scale = std::ldexp(1.0, -126) - std::ldexp(1.0, -149); }, {normal, "a float32 subnormal"});
+    expect_error([](Call& c) { c.opt.scale = std::nextafter(std::ldexp(1.0, -126) - std::ldexp(1.0, -150), 0.0); },
+                 {normal, "a float32 subnormal"});
+    // FLT_MIN, the tie below it that rounds to it (even), and 0 itself, run.
+    for (const double ok : {std::ldexp(1.0, -126), -std::ldexp(1.0, -126), std::ldexp(1.0, -126) - std::ldexp(1.0, -150), 0.0,
+                            -0.0}) {
         Call c;
         c.opt.scale = ok;
         EXPECT_NO_THROW(c.run()) << ok;
