@@ -4,8 +4,6 @@
 #include <cmath>
 #include <cstdio>
 
-#include "io/atomic_file.hpp"
-
 namespace attn::bench {
 namespace {
 
@@ -234,13 +232,6 @@ nlohmann::json to_json(const Report& r) {
     }
     j["cases"] = std::move(cases);
     return j;
-}
-
-void write_json(const std::string& path, const nlohmann::json& j) {
-    const std::string text = j.dump(2) + "\n";
-    attn::detail::AtomicFile file(path);
-    file.write(text.data(), text.size());
-    file.commit();
 }
 
 }  // namespace attn::bench

@@ -25,7 +25,5 @@ void print_header(const Report& r);
 void print_ceilings(const Report& r);
 void print_case(const Context& ctx, const CaseResult& c);
 nlohmann::json to_json(const Report& r);
-// Writes the JSON atomically (temporary file + rename).
-void write_json(const std::string& path, const nlohmann::json& j);
 
 }  // namespace attn::bench

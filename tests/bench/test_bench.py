@@ -261,6 +261,14 @@ def test_argument_errors(args, message):
     assert "FMA peak" not in p.stdout  # rejected before measuring anything
 
 
+def test_a_failing_json_write_names_the_option():
+    """The path is checked before measuring, but a full disk shows only when the JSON is written:
+    that error was `attn: error: /dev/full: write failed (…)`, naming no option."""
+    p = run("--list", "--json", "/dev/full", check=False)
+    assert p.returncode == 2
+    assert p.stderr == "attn: error: --json: /dev/full: write failed (No space left on device)\n"
+
+
 @pytest.mark.parametrize("flag", ["--torch-script", "--python"])
 def test_json_naming_a_file_the_torch_rows_read_is_refused(tmp_path, flag):
     """--json over --torch-script (or --python) replaced the script with the results, exit 0."""
