@@ -6,8 +6,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <ctime>
@@ -33,15 +35,25 @@ std::pair<std::string, std::string> split_dir(const std::string& path) {
     return {path.substr(0, slash + 1), path.substr(slash + 1)};
 }
 
-// The staging file's name: hidden, beside the target (rename stays on one file system), and
-// within NAME_MAX however long the target's name is — the target's name is cut, not the suffix.
+// The longest path the system takes (PATH_MAX counts the terminating NUL).
+constexpr std::size_t kPathBytes = PATH_MAX - 1;
+const std::string kStagingSuffix = ".tmp.XXXXXX";
+
+// The staging file's name: hidden, beside the target (rename stays on one file system), within
+// NAME_MAX however long the target's name is, and within PATH_MAX however long its path is — the
+// target's name is cut, not the suffix. (A target path a few bytes below PATH_MAX is valid; its
+// staging name, 12 bytes longer, failed at the rename, after the command's other outputs had
+// been renamed into place.) Empty when not even one byte of the name fits beside the directory:
+// resolve_output refuses such a target, so a staged AtomicFile always has a staging name.
 std::string staging_template(const std::string& file) {
     const auto [dir, base] = split_dir(file);
-    const std::string suffix = ".tmp.XXXXXX";
     const long limit = ::pathconf(dir.empty() ? "." : dir.c_str(), _PC_NAME_MAX);
     const std::size_t name_max = limit > 0 ? static_cast<std::size_t>(limit) : 255;
-    const std::size_t room = name_max > suffix.size() + 2 ? name_max - suffix.size() - 1 : 1;
-    return dir + "." + base.substr(0, room) + suffix;
+    const std::size_t fixed = dir.size() + 1 + kStagingSuffix.size();  // the directory, '.', the suffix
+    if (fixed >= kPathBytes) return {};
+    const std::size_t room = std::min(name_max > kStagingSuffix.size() + 2 ? name_max - kStagingSuffix.size() - 1 : 1,
+                                      kPathBytes - fixed);
+    return dir + "." + base.substr(0, room) + kStagingSuffix;
 }
 
 // Where a symbolic link that points at nothing (yet) leads: the file to create, so that the
@@ -141,6 +153,18 @@ OutputTarget resolve_output(const std::string& path) {
         }
     }
     if (split_dir(t.file).second.empty()) throw Error(in_quotes(path) + " names a directory, not a file");
+    // Checked here, with the other paths, before a command computes (the path is too long to quote).
+    if (t.file.size() > kPathBytes) {
+        throw Error("path of " + std::to_string(t.file.size()) + " bytes: " + std::strerror(ENAMETOOLONG) +
+                    " (the system allows " + std::to_string(kPathBytes) + " bytes)");
+    }
+    if (staging_template(t.file).empty()) {
+        throw Error("path of " + std::to_string(t.file.size()) + " bytes: " + std::strerror(ENAMETOOLONG) +
+                    " for the staging file written beside it first (its directory's path, " +
+                    std::to_string(split_dir(t.file).first.size()) + " bytes, leaves less than the " +
+                    std::to_string(kStagingSuffix.size() + 2) + " bytes of a staging name within the system's " +
+                    std::to_string(kPathBytes) + ")");
+    }
     return t;
 }
 

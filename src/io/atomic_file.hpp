@@ -3,7 +3,8 @@
 // "Files"):
 //  - a regular file, or a name that does not exist yet: the bytes go to an unnamed file in the
 //    target's directory (O_TMPFILE) that publish() links as a hidden staging name
-//    (`.NAME.tmp.XXXXXX`, NAME shortened so the whole stays within NAME_MAX) and renames into
+//    (`.NAME.tmp.XXXXXX`, NAME shortened so the whole stays within NAME_MAX and its path within
+//    PATH_MAX; a target whose directory leaves no room for that is refused) and renames into
 //    place at once; destroyed before that, the unnamed file goes with its descriptor — so an
 //    error half-way, or a SIGKILL (mpirun's second signal) while writing, leaves nothing. On a
 //    file system without O_TMPFILE the staging name is created first (mkstemp) and removed on

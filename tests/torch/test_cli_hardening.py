@@ -243,6 +243,45 @@ def test_an_output_path_past_path_max_says_so(work):
     expect_error(work, sdpa(work, out=work / deep / "o.npy"), "--out: path of", "File name too long")
 
 
+def directory_of_length(base, length):
+    """A new directory under base whose absolute path is `length` bytes long (components of at most
+    250 bytes)."""
+    path = str(base)
+    while length - len(path) > 251:
+        path += "/" + "d" * 200
+    path += "/" + "e" * (length - len(path) - 1)
+    os.makedirs(path)
+    assert len(path) == length
+    return path
+
+
+PATH_BYTES = os.pathconf("/", "PC_PATH_MAX") - 1  # the longest path the system takes (4095)
+
+
+def test_output_paths_up_to_path_max(work):
+    """A path just below PATH_MAX is valid (a shell redirect writes it), but the staging name beside
+    it, 12 bytes longer, was past PATH_MAX: its rename failed after --out had been renamed into
+    place, and the run exited 2 with o.npy written. The staging name is now cut to fit."""
+    lse = directory_of_length(work, PATH_BYTES - len("/llllllllll.npy")) + "/llllllllll.npy"
+    assert len(lse) == PATH_BYTES
+    r = run(sdpa(work, "--lse", lse))
+    assert r.returncode == 0, r.stderr
+    assert np.load(lse).shape == (B, HQ, LQ)
+    assert np.load(work / "o.npy").shape == (B, HQ, LQ, DV)
+    assert staging_files(os.path.dirname(lse)) == []
+
+
+def test_a_path_whose_directory_leaves_no_room_for_a_staging_name_is_refused_before_any_output(work):
+    """Directory, '/', '.', one byte of the name and '.tmp.XXXXXX' must fit in PATH_MAX: a path of a
+    long directory and a short name cannot be staged — refused with the other paths, not after
+    --out was published."""
+    directory = directory_of_length(work, PATH_BYTES - len("/l.npy"))
+    expect_error(work, sdpa(work, "--lse", directory + "/l.npy"), f"--lse: path of {PATH_BYTES} bytes: File name too long",
+                 "staging file")
+    assert not (work / "o.npy").exists()
+    assert os.listdir(directory) == []
+
+
 def test_a_descriptor_output_on_an_input_or_another_output_is_refused(work):
     """/dev/stdout on a regular file is checked like that file: `--out /dev/stdout >> q.npy` wrote
     into the input, and `--out o.npy --lse /dev/stdout > o.npy` lost the lse to the replaced file."""

@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -100,11 +99,9 @@ void OutputFiles::check() const {
             throw Error(flag + ": '" + dir + "' is not a directory (in the path '" + p + "')");
         }
         if (::access(dir.c_str(), W_OK) != 0) {
-            const int err = errno;  // ENOENT, EACCES, EROFS — or ENAMETOOLONG, which is no directory's fault
-            if (err == ENAMETOOLONG && file.size() >= PATH_MAX) {
-                throw Error(flag + ": path of " + std::to_string(file.size()) + " bytes: " + std::strerror(err) +
-                            " (the system allows " + std::to_string(PATH_MAX) + " bytes)");
-            }
+            // ENOENT, EACCES, EROFS — or ENAMETOOLONG, which is no directory's fault (a path past
+            // PATH_MAX was refused by resolve_output).
+            const int err = errno;
             if (err == ENAMETOOLONG) {  // one of the directories' names is past NAME_MAX
                 throw Error(flag + ": a directory name in '" + dir.substr(0, 80) + (dir.size() > 80 ? "…" : "") +
                             "': " + std::strerror(err));
