@@ -13,6 +13,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import signal
 import stat
 import struct
@@ -280,6 +281,40 @@ def test_a_path_whose_directory_leaves_no_room_for_a_staging_name_is_refused_bef
                  "staging file")
     assert not (work / "o.npy").exists()
     assert os.listdir(directory) == []
+
+
+def test_another_users_file_in_a_sticky_directory_is_refused_before_any_output(work):
+    """In a sticky directory (/tmp) only its owner may rename over a file, though anyone may write
+    into it when it is world-writable: run by another user, --lse's rename failed (EPERM) after
+    --out had been renamed into place, exit 2 with o.npy written."""
+    if os.geteuid() != 0:
+        pytest.skip("making a file of another user needs root")
+    shared = tempfile.mkdtemp(dir="/tmp")  # tmp_path's parents are root's alone
+    try:
+        os.chmod(shared, 0o1777)
+        for name in ("q.npy", "k.npy", "v.npy"):
+            shutil.copy(work / name, shared)
+            os.chmod(os.path.join(shared, name), 0o644)
+        theirs = os.path.join(shared, "lse.npy")
+        with open(theirs, "wb") as f:
+            f.write(b"root's")
+        os.chmod(theirs, 0o666)
+
+        def as_nobody():
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+
+        r = run(["sdpa", "--q", f"{shared}/q.npy", "--k", f"{shared}/k.npy", "--v", f"{shared}/v.npy",
+                 "--out", f"{shared}/o.npy", "--lse", theirs], preexec_fn=as_nobody)
+        err = r.stderr.decode()
+        assert r.returncode == 2, err
+        assert err.startswith(f"attn: error: --lse: '{theirs}' belongs to another user (uid 0) in the sticky directory"), err
+        assert sorted(os.listdir(shared)) == ["k.npy", "lse.npy", "q.npy", "v.npy"]
+        with open(theirs, "rb") as f:
+            assert f.read() == b"root's"
+    finally:
+        shutil.rmtree(shared)
 
 
 def test_a_descriptor_output_on_an_input_or_another_output_is_refused(work):
