@@ -75,6 +75,19 @@ std::string dangling_link_target(const std::string& path) {
     throw Error(in_quotes(path) + ": too many levels of symbolic links");
 }
 
+// Whether `file` is the root of a mount: a file mounted over its name (a container's `-v
+// FILE:PATH`), which no rename may replace (EBUSY). A kernel that cannot tell (before Linux 5.8)
+// counts as no: the rename then finds out.
+bool is_mount_root(const std::string& file) {
+#ifdef STATX_ATTR_MOUNT_ROOT
+    struct statx stx {};
+    if (::statx(AT_FDCWD, file.c_str(), 0, STATX_BASIC_STATS, &stx) != 0) return false;
+    return (stx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) != 0 && (stx.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0;
+#else
+    return false;
+#endif
+}
+
 // The descriptor a path names — /dev/stdout 1, /dev/stderr 2, /dev/fd/N and /proc/self/fd/N N —
 // or -1 (any other path, a malformed N).
 int named_descriptor(const std::string& path) {
@@ -150,6 +163,13 @@ OutputTarget resolve_output(const std::string& path) {
         if (!S_ISREG(st.st_mode)) {
             throw Error(in_quotes(path) + " is " + describe_file_kind(st.st_mode) +
                         "; outputs may be regular files (replaced whole), character devices or FIFOs (written into)");
+        }
+        // Refused here, before anything is computed: the rename failed after the computation, and
+        // after the command's other outputs had been renamed into place.
+        if (is_mount_root(t.file)) {
+            throw Error(in_quotes(path) + " is a mount point (a file mounted over that name), which cannot be replaced, and attn "
+                        "replaces an output whole (a new file renamed over it): mount its directory instead, or "
+                        "write elsewhere and copy");
         }
     }
     if (split_dir(t.file).second.empty()) throw Error(in_quotes(path) + " names a directory, not a file");

@@ -317,6 +317,21 @@ def test_another_users_file_in_a_sticky_directory_is_refused_before_any_output(w
         shutil.rmtree(shared)
 
 
+def test_a_file_mounted_over_an_output_name_is_refused_before_any_output(work):
+    """A file bind-mounted over a name (a container's `-v FILE:PATH`) cannot be renamed over (EBUSY):
+    --lse's rename failed after --out had been renamed into place, exit 2 with o.npy written."""
+    host, target = work / "host.npy", work / "mounted.npy"
+    host.write_bytes(b"host's")
+    target.write_bytes(b"")
+    if subprocess.run(["mount", "--bind", str(host), str(target)], capture_output=True).returncode != 0:
+        pytest.skip("a bind mount needs CAP_SYS_ADMIN")
+    try:
+        expect_error(work, sdpa(work, "--lse", target), f"--lse: '{target}' is a mount point")
+        assert target.read_bytes() == b"host's"
+    finally:
+        subprocess.run(["umount", str(target)], check=True)
+
+
 def test_a_descriptor_output_on_an_input_or_another_output_is_refused(work):
     """/dev/stdout on a regular file is checked like that file: `--out /dev/stdout >> q.npy` wrote
     into the input, and `--out o.npy --lse /dev/stdout > o.npy` lost the lse to the replaced file."""
