@@ -75,17 +75,23 @@ std::string dangling_link_target(const std::string& path) {
     throw Error(in_quotes(path) + ": too many levels of symbolic links");
 }
 
-// Whether `file` is the root of a mount: a file mounted over its name (a container's `-v
-// FILE:PATH`), which no rename may replace (EBUSY). A kernel that cannot tell (before Linux 5.8)
-// counts as no: the rename then finds out.
-bool is_mount_root(const std::string& file) {
+// Why no rename can replace `path` (a mount point: EBUSY; immutable or append-only: EPERM) or,
+// for a directory (whose being a mount point is no matter), put a file in it or remove one — in
+// words for a message, or empty: nothing, or nothing statx can tell (no mount points before
+// Linux 5.8).
+std::string unreplaceable(const std::string& path, bool directory) {
 #ifdef STATX_ATTR_MOUNT_ROOT
     struct statx stx {};
-    if (::statx(AT_FDCWD, file.c_str(), 0, STATX_BASIC_STATS, &stx) != 0) return false;
-    return (stx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) != 0 && (stx.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0;
+    if (::statx(AT_FDCWD, path.c_str(), 0, STATX_BASIC_STATS, &stx) != 0) return {};
+    const std::uint64_t set = stx.stx_attributes & stx.stx_attributes_mask;
+    if (!directory && (set & STATX_ATTR_MOUNT_ROOT) != 0) return "a mount point (a file mounted over that name)";
+    if ((set & STATX_ATTR_IMMUTABLE) != 0) return "immutable (chattr +i)";
+    if ((set & STATX_ATTR_APPEND) != 0) return "append-only (chattr +a)";
 #else
-    return false;
+    (void)path;
+    (void)directory;
 #endif
+    return {};
 }
 
 // The descriptor a path names — /dev/stdout 1, /dev/stderr 2, /dev/fd/N and /proc/self/fd/N N —
@@ -125,6 +131,9 @@ private:
 };
 
 }  // namespace
+
+// Why a target that cannot be renamed over is refused.
+constexpr const char* kReplacedWhole = ", and attn replaces an output whole (a new file written beside it, then renamed over it)";
 
 OutputTarget resolve_output(const std::string& path) {
     if (path.empty()) throw Error("an empty path names no file");
@@ -166,11 +175,8 @@ OutputTarget resolve_output(const std::string& path) {
         }
         // Refused here, before anything is computed: the rename failed after the computation, and
         // after the command's other outputs had been renamed into place.
-        if (is_mount_root(t.file)) {
-            throw Error(in_quotes(path) + " is a mount point (a file mounted over that name), which cannot be replaced, and attn "
-                        "replaces an output whole (a new file renamed over it): mount its directory instead, or "
-                        "write elsewhere and copy");
-        }
+        if (const std::string why = unreplaceable(t.file, false); !why.empty())
+            throw Error(in_quotes(path) + " is " + why + ", which no rename can replace" + kReplacedWhole);
     }
     if (split_dir(t.file).second.empty()) throw Error(in_quotes(path) + " names a directory, not a file");
     // Checked here, with the other paths, before a command computes (the path is too long to quote).
@@ -184,6 +190,10 @@ OutputTarget resolve_output(const std::string& path) {
                     std::to_string(split_dir(t.file).first.size()) + " bytes, leaves less than the " +
                     std::to_string(kStagingSuffix.size() + 2) + " bytes of a staging name within the system's " +
                     std::to_string(kPathBytes) + ")");
+    }
+    if (const std::string dir = split_dir(t.file).first, why = unreplaceable(dir.empty() ? "." : dir, true); !why.empty()) {
+        throw Error(in_quotes(path) + ": its directory is " + why + ", where no file can be renamed into place or removed" +
+                    kReplacedWhole);
     }
     return t;
 }

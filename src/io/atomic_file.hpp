@@ -18,8 +18,9 @@
 //    on but a directory — a regular file behind `> f` or `>> f` included, which renaming would
 //    have replaced (the rest of a `>>` log was lost, and what the shell wrote after attn went to
 //    the old file). The CLI checks such a file against its inputs and other outputs.
-//  - any other path naming a directory, a block device or a socket, a file mounted over its name
-//    (no rename can replace it), or an empty path: refused.
+//  - any other path naming a directory, a block device or a socket, a file no rename can replace
+//    (mounted over its name, immutable, append-only) or in a directory that takes no rename
+//    (immutable, append-only), or an empty path: refused.
 // Live staging files are tracked (staging_files.hpp), so a signal handler can remove them.
 #pragma once
 

@@ -332,6 +332,40 @@ def test_a_file_mounted_over_an_output_name_is_refused_before_any_output(work):
         subprocess.run(["umount", str(target)], check=True)
 
 
+def chattr(flag, path):
+    """True when chattr FLAG PATH worked (root, on a file system with the attribute)."""
+    return subprocess.run(["chattr", flag, str(path)], capture_output=True).returncode == 0
+
+
+def test_an_immutable_output_is_refused_before_any_output(work):
+    """No rename replaces an immutable file (EPERM): --lse's rename failed after --out had been
+    renamed into place, exit 2 with o.npy written."""
+    target = work / "lse.npy"
+    target.write_bytes(b"kept")
+    if not chattr("+i", target):
+        pytest.skip("chattr +i needs root and a file system that has it")
+    try:
+        expect_error(work, sdpa(work, "--lse", target), f"--lse: '{target}' is immutable (chattr +i)")
+    finally:
+        chattr("-i", target)
+    assert target.read_bytes() == b"kept"
+
+
+def test_an_output_in_an_append_only_directory_is_refused_before_anything_runs(work):
+    """An append-only directory takes new names but no rename or removal: the rename into place
+    failed after the computation (EPERM), and the staging file, which could not be removed either,
+    was left behind."""
+    out = work / "appendonly"
+    out.mkdir()
+    if not chattr("+a", out):
+        pytest.skip("chattr +a needs root and a file system that has it")
+    try:
+        expect_error(work, sdpa(work, out=out / "o.npy"), f"--out: '{out / 'o.npy'}': its directory is append-only")
+        assert os.listdir(out) == []
+    finally:
+        chattr("-a", out)
+
+
 def test_a_descriptor_output_on_an_input_or_another_output_is_refused(work):
     """/dev/stdout on a regular file is checked like that file: `--out /dev/stdout >> q.npy` wrote
     into the input, and `--out o.npy --lse /dev/stdout > o.npy` lost the lse to the replaced file."""
