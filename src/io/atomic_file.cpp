@@ -109,6 +109,18 @@ int named_descriptor(const std::string& path) {
     return -1;
 }
 
+// A rename is on disk only once its directory is (fsync(2)): without this, a crash soon after attn
+// said it had written a file could bring back the old one, or none — the file's own bytes were
+// synced before the rename. Best effort: the file is in place by now, and a file system whose
+// directories take no fsync (EINVAL) has nothing more to give.
+void sync_directory_of(const std::string& file) {
+    const std::string dir = split_dir(file).first;
+    const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return;
+    (void)::fsync(fd);
+    ::close(fd);
+}
+
 // AtomicFile::unnamed_ while an O_TMPFILE file is written (finish() keeps its descriptor then).
 constexpr int kUnnamedWriting = -2;
 
@@ -367,6 +379,7 @@ void AtomicFile::publish() {
     untrack_staging_file(slot_);
     slot_ = -1;
     stage_.clear();
+    sync_directory_of(target_.file);
 }
 
 }  // namespace attn::detail

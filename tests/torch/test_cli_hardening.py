@@ -366,6 +366,29 @@ def test_an_output_in_an_append_only_directory_is_refused_before_anything_runs(w
         chattr("-a", out)
 
 
+def test_a_renamed_output_is_synced_with_its_directory(work):
+    """The staged file was synced before its rename, but not the rename: until the directory is
+    synced a crash soon after attn exited 0 can bring back the old output (or none)."""
+    if shutil.which("strace") is None:
+        pytest.skip("needs strace")
+    log = work / "strace.log"
+    r = subprocess.run(["strace", "-f", "-o", str(log), "-e", "trace=rename,renameat,renameat2,open,openat,fsync",
+                        attn_bin(), *map(str, sdpa(work))], capture_output=True, timeout=TIMEOUT)
+    if r.returncode != 0 and not (work / "o.npy").exists():
+        pytest.skip(f"strace cannot trace here: {r.stderr.decode()[-200:]}")
+    assert r.returncode == 0, r.stderr
+    calls = [re.sub(r"^\d+ +", "", line) for line in log.read_text().splitlines()]
+    renamed = [i for i, c in enumerate(calls) if re.match(r"rename(at2?)?\(.*/o\.npy\"", c)]
+    assert len(renamed) == 1, calls
+    directory = str(work) + "/"
+    opened = [(i, m.group(1)) for i, c in enumerate(calls) if i > renamed[0]
+              for m in [re.match(r'open(?:at)?\((?:AT_FDCWD, )?"' + re.escape(directory) + r'", O_RDONLY\|.*O_DIRECTORY.*\) = (\d+)', c)]
+              if m]
+    assert opened, calls[renamed[0]:]
+    i, fd = opened[0]
+    assert any(re.match(rf"fsync\({fd}\) += 0", c) for c in calls[i + 1:]), calls[i:]
+
+
 def test_a_descriptor_output_on_an_input_or_another_output_is_refused(work):
     """/dev/stdout on a regular file is checked like that file: `--out /dev/stdout >> q.npy` wrote
     into the input, and `--out o.npy --lse /dev/stdout > o.npy` lost the lse to the replaced file."""
