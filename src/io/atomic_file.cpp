@@ -189,6 +189,17 @@ OutputTarget resolve_output(const std::string& path) {
         // after the command's other outputs had been renamed into place.
         if (const std::string why = unreplaceable(t.file, false); !why.empty())
             throw Error(in_quotes(path) + " is " + why + ", which no rename can replace" + kReplacedWhole);
+        // In a sticky directory (/tmp) only the file's owner, the directory's or root may rename
+        // over it, though anyone may write into it when it is world-writable (a shell redirect does).
+        const std::string dir = split_dir(t.file).first;
+        struct stat dir_st {};
+        const uid_t me = ::geteuid();
+        if (::stat(dir.empty() ? "." : dir.c_str(), &dir_st) == 0 && (dir_st.st_mode & S_ISVTX) != 0 && me != 0 &&
+            dir_st.st_uid != me && st.st_uid != me) {
+            throw Error(in_quotes(path) + " belongs to another user (uid " + std::to_string(st.st_uid) +
+                        ") in the sticky directory '" + (dir.empty() ? "." : dir) + "', where only its owner may rename over it" +
+                        kReplacedWhole);
+        }
     }
     if (split_dir(t.file).second.empty()) throw Error(in_quotes(path) + " names a directory, not a file");
     // Checked here, with the other paths, before a command computes (the path is too long to quote).

@@ -19,8 +19,8 @@
 //    have replaced (the rest of a `>>` log was lost, and what the shell wrote after attn went to
 //    the old file). The CLI checks such a file against its inputs and other outputs.
 //  - any other path naming a directory, a block device or a socket, a file no rename can replace
-//    (mounted over its name, immutable, append-only) or in a directory that takes no rename
-//    (immutable, append-only), or an empty path: refused.
+//    (mounted over its name, immutable, append-only, another user's in a sticky directory) or in
+//    a directory that takes no rename (immutable, append-only), or an empty path: refused.
 // Live staging files are tracked (staging_files.hpp), so a signal handler can remove them.
 #pragma once
 

@@ -114,19 +114,6 @@ void OutputFiles::check() const {
             throw Error(flag + ": '" + name.substr(0, 40) + "…': File name too long (" + std::to_string(name.size()) +
                         " bytes; directory '" + dir + "' allows " + std::to_string(name_max) + ")");
         }
-        // In a sticky directory (/tmp) only the file's owner, the directory's or root may rename
-        // over a file, though anyone may write into it when it is world-writable (as a shell
-        // redirect does). The rename failed after the computation, and after the command's other
-        // outputs had been renamed into place.
-        struct stat file_st {};
-        const uid_t me = ::geteuid();
-        if ((dir_st.st_mode & S_ISVTX) != 0 && me != 0 && dir_st.st_uid != me && ::stat(file.c_str(), &file_st) == 0 &&
-            file_st.st_uid != me) {
-            throw Error(flag + ": '" + p + "' belongs to another user (uid " + std::to_string(file_st.st_uid) +
-                        ") in the sticky directory '" + dir +
-                        "', where only its owner may replace it (attn replaces an output whole: it renames a new file "
-                        "over it): remove it first or give another path");
-        }
     }
 }
 

@@ -28,9 +28,9 @@ public:
     void add_input(const std::string& flag, const std::string& path);
     // Throws attn::Error naming the flag if two outputs share a path, an output names an input's
     // file (however spelt: the same device and inode), a path names something
-    // attn does not write (a directory, a block device, ...), its directory is not writable, its
-    // file name is longer than the directory allows or it is another user's file in a sticky
-    // directory (the rename into place would fail only after the other outputs were published).
+    // attn does not write (a directory, a block device, a file no rename may replace, ...: see
+    // detail::resolve_output), its directory is not writable or its file name is longer than the
+    // directory allows (the rename into place would fail only after the other outputs were published).
     void check() const;
     // Throws attn::Error naming the flag unless `path` ends in ".safetensors": an output of
     // several tensors (Output::tensors) has no .npy form.
