@@ -112,10 +112,15 @@ int named_descriptor(const std::string& path) {
 // A rename is on disk only once its directory is (fsync(2)): without this, a crash soon after attn
 // said it had written a file could bring back the old one, or none — the file's own bytes were
 // synced before the rename. Best effort: the file is in place by now, and a file system whose
-// directories take no fsync (EINVAL) has nothing more to give.
-void sync_directory_of(const std::string& file) {
-    const std::string dir = split_dir(file).first;
-    const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+// directories take no fsync (EINVAL) has nothing more to give. `dir` is named before the rename
+// (directory_of): nothing after it may allocate, or an out-of-memory refusal would report a
+// failed write with the new file already in place.
+std::string directory_of(const std::string& file) {
+    std::string dir = split_dir(file).first;
+    return dir.empty() ? "." : dir;
+}
+void sync_directory(const std::string& dir) noexcept {
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) return;
     (void)::fsync(fd);
     ::close(fd);
@@ -386,11 +391,12 @@ void AtomicFile::publish() {
         discard();
         throw Error(in_quotes(path_) + " became " + describe_file_kind(st.st_mode) + " while it was being written; left untouched");
     }
+    const std::string dir = directory_of(target_.file);
     if (std::rename(stage_.c_str(), target_.file.c_str()) != 0) fail("cannot move the finished file into place", errno);
     untrack_staging_file(slot_);
     slot_ = -1;
     stage_.clear();
-    sync_directory_of(target_.file);
+    sync_directory(dir);
 }
 
 }  // namespace attn::detail
