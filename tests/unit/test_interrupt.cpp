@@ -223,7 +223,9 @@ TEST(Interrupt, AFlagClearedDuringTheCallNeverReturnsAPartialResult) {
             }
         }
         toggler.join();
-        if (!interrupted) EXPECT_TRUE(test::bit_equal(out, want)) << "round " << round << ": returned a partial result";
+        if (!interrupted) {  // braces: EXPECT_TRUE is an if-else inside (-Wdangling-else)
+            EXPECT_TRUE(test::bit_equal(out, want)) << "round " << round << ": returned a partial result";
+        }
     }
 }
 
