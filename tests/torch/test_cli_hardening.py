@@ -283,12 +283,27 @@ def test_a_path_whose_directory_leaves_no_room_for_a_staging_name_is_refused_bef
     assert os.listdir(directory) == []
 
 
+def as_nobody():
+    """preexec_fn: the child runs as nobody (uid and gid 65534), without root's groups."""
+    os.setgroups([])
+    os.setgid(65534)
+    os.setuid(65534)
+
+
 def test_another_users_file_in_a_sticky_directory_is_refused_before_any_output(work):
     """In a sticky directory (/tmp) only its owner may rename over a file, though anyone may write
     into it when it is world-writable: run by another user, --lse's rename failed (EPERM) after
     --out had been renamed into place, exit 2 with o.npy written."""
     if os.geteuid() != 0:
         pytest.skip("making a file of another user needs root")
+    # CI runs as root on a clone that may sit in a directory only root may enter (/root is 0700):
+    # there nobody cannot exec attn at all, which says nothing about attn.
+    try:
+        probe = run(["--version"], preexec_fn=as_nobody)
+    except PermissionError as e:
+        pytest.skip(f"nobody cannot run {attn_bin()}: {e}")
+    if probe.returncode != 0:
+        pytest.skip(f"nobody cannot run {attn_bin()}: {probe.stderr.decode()[-200:]}")
     shared = tempfile.mkdtemp(dir="/tmp")  # tmp_path's parents are root's alone
     try:
         os.chmod(shared, 0o1777)
@@ -299,12 +314,6 @@ def test_another_users_file_in_a_sticky_directory_is_refused_before_any_output(w
         with open(theirs, "wb") as f:
             f.write(b"root's")
         os.chmod(theirs, 0o666)
-
-        def as_nobody():
-            os.setgroups([])
-            os.setgid(65534)
-            os.setuid(65534)
-
         r = run(["sdpa", "--q", f"{shared}/q.npy", "--k", f"{shared}/k.npy", "--v", f"{shared}/v.npy",
                  "--out", f"{shared}/o.npy", "--lse", theirs], preexec_fn=as_nobody)
         err = r.stderr.decode()
