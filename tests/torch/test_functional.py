@@ -247,6 +247,32 @@ def test_errors_name_the_argument(call, error, words):
         assert w in str(e.value), str(e.value)
 
 
+class _Uint16View(torch.Tensor):
+    """Stands in for a torch.uint16 tensor on a torch without that dtype (before 2.3): its NumPy
+    form is uint16, as a real one's is."""
+
+    def numpy(self):
+        return self.as_subclass(torch.Tensor).numpy().view(np.uint16)
+
+
+def _uint16_mask(shape):
+    if hasattr(torch, "uint16"):
+        return torch.zeros(shape, dtype=torch.uint16)
+    return torch.zeros(shape, dtype=torch.int16).as_subclass(_Uint16View)
+
+
+def test_a_uint16_tensor_is_not_read_as_bfloat16_bits():
+    """bfloat16 crosses to the core as a uint16 array of its bits, under the dtype="bfloat16"
+    every attn.torch call passes: a uint16 mask was read as a bfloat16 one and added to the scores,
+    where every other integer mask is refused (it was refused too, by attn.torch's own mask rule,
+    until the core's took over)."""
+    q, k, v = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    with pytest.raises(TypeError) as e:
+        at.scaled_dot_product_attention(q, k, v, attn_mask=_uint16_mask((3, 5)))
+    assert str(e.value).startswith("attn_mask: unsupported dtype "), str(e.value)
+    assert "a uint16 tensor would be read as bfloat16" in str(e.value)
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.int8])
 def test_a_mask_dtype_is_refused_in_the_core_words(dtype):
     # Which dtypes a mask may have is the core's rule: attn.torch had its own check and wording

@@ -36,10 +36,18 @@ def array(t, name):
     if t.dtype == torch.bfloat16:  # same memory and strides, read as its bits
         return t.view(torch.int16).numpy().view(np.uint16)
     try:
-        return t.numpy()
+        a = t.numpy()
     except TypeError:  # a dtype NumPy does not have (complex32, ...)
         raise TypeError(f"{name}: unsupported dtype {t.dtype} (expected torch.float32, torch.float64, "
                         "torch.float16 or torch.bfloat16)") from None
+    # uint16 is how bfloat16 crosses (the core reads it as bfloat16 bits under the dtype="bfloat16"
+    # every call passes): a torch.uint16 tensor (torch >= 2.3) would be read as bfloat16 — a mask
+    # of those bits added to the scores — where the core's own dtype rule refuses every integer
+    # mask. Only a bfloat16 tensor may cross as uint16.
+    if a.dtype == np.uint16:
+        raise TypeError(f"{name}: unsupported dtype {t.dtype} (attn.torch passes bfloat16 tensors as uint16 "
+                        "bits, so a uint16 tensor would be read as bfloat16)")
+    return a
 
 
 _FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
