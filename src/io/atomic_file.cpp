@@ -80,11 +80,15 @@ std::string dangling_link_target(const std::string& path) {
 // words for a message, or empty: nothing, or nothing statx can tell (no mount points before
 // Linux 5.8).
 std::string unreplaceable(const std::string& path, bool directory) {
-#ifdef STATX_ATTR_MOUNT_ROOT
+#ifdef STATX_ATTR_IMMUTABLE
     struct statx stx {};
     if (::statx(AT_FDCWD, path.c_str(), 0, STATX_BASIC_STATS, &stx) != 0) return {};
     const std::uint64_t set = stx.stx_attributes & stx.stx_attributes_mask;
+#ifdef STATX_ATTR_MOUNT_ROOT  // Linux 5.8's headers: without them the other attributes still count
     if (!directory && (set & STATX_ATTR_MOUNT_ROOT) != 0) return "a mount point (a file mounted over that name)";
+#else
+    (void)directory;
+#endif
     if ((set & STATX_ATTR_IMMUTABLE) != 0) return "immutable (chattr +i)";
     if ((set & STATX_ATTR_APPEND) != 0) return "append-only (chattr +a)";
 #else
