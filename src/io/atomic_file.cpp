@@ -113,22 +113,6 @@ int named_descriptor(const std::string& path) {
     return -1;
 }
 
-// A rename is on disk only once its directory is (fsync(2)): without this, a crash soon after attn
-// said it had written a file could bring back the old one, or none — the file's own bytes were
-// synced before the rename. Best effort: the file is in place by now, and a file system whose
-// directories take no fsync (EINVAL) has nothing more to give. `dir` is named before the rename
-// (directory_of): nothing after it may allocate, or an out-of-memory refusal would report a
-// failed write with the new file already in place.
-std::string directory_of(const std::string& file) {
-    std::string dir = split_dir(file).first;
-    return dir.empty() ? "." : dir;
-}
-void sync_directory(const std::string& dir) noexcept {
-    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return;
-    (void)::fsync(fd);
-    ::close(fd);
-}
 
 // AtomicFile::unnamed_ while an O_TMPFILE file is written (finish() keeps its descriptor then).
 constexpr int kUnnamedWriting = -2;
@@ -247,7 +231,8 @@ void give_permissions_of(const std::string& target, int fd) {
 }
 }  // namespace
 
-AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), target_(resolve_output(path_)) {
+AtomicFile::AtomicFile(std::string path)
+    : path_(std::move(path)), target_(resolve_output(path_)), dir_(split_dir(target_.file).first) {
     int fd = -1;
     if (target_.descriptor >= 0) {
         // What the program printed there comes first, as it would with stdio alone.
@@ -384,7 +369,7 @@ void AtomicFile::link_unnamed() {
     if (err != 0) fail("cannot move the finished file into place", err);
 }
 
-void AtomicFile::publish() {
+void AtomicFile::publish(bool sync_directory) {
     finish();
     if (unnamed_ >= 0) link_unnamed();
     if (stage_.empty()) return;  // direct, or already published
@@ -395,12 +380,21 @@ void AtomicFile::publish() {
         discard();
         throw Error(in_quotes(path_) + " became " + describe_file_kind(st.st_mode) + " while it was being written; left untouched");
     }
-    const std::string dir = directory_of(target_.file);
     if (std::rename(stage_.c_str(), target_.file.c_str()) != 0) fail("cannot move the finished file into place", errno);
     untrack_staging_file(slot_);
     slot_ = -1;
     stage_.clear();
-    sync_directory(dir);
+    if (sync_directory) detail::sync_directory(dir_);
+}
+
+// Without this, a crash soon after attn said it had written a file could bring back the old one,
+// or none — the file's own bytes were synced before the rename. Best effort: the file is in place
+// by now, and a file system whose directories take no fsync (EINVAL) has nothing more to give.
+void sync_directory(const std::string& dir) noexcept {
+    const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return;
+    (void)::fsync(fd);
+    ::close(fd);
 }
 
 }  // namespace attn::detail

@@ -56,10 +56,14 @@ public:
     void reserve(std::int64_t bytes);
     void write(const void* data, std::size_t bytes);  // throws attn::Error (e.g. disk full, EFBIG)
     void finish();   // every byte flushed (and synced when staged); nothing visible yet
-    void publish();  // staged: rename into place; direct: nothing left to do
+    // staged: rename into place, then sync its directory (the rename is on disk only then) unless
+    // sync_directory is false: a caller publishing several files syncs their directories once
+    // each afterwards (sync_directory). direct: nothing left to do.
+    void publish(bool sync_directory = true);
     void commit() { finish(); publish(); }
     bool direct() const { return target_.direct; }
     const std::string& path() const { return path_; }  // as the user gave it
+    const std::string& directory() const { return dir_; }  // of the file written ("" for the working one)
 
 private:
     [[noreturn]] void fail(const std::string& what, int err);
@@ -67,6 +71,7 @@ private:
 
     std::string path_;  // as the user gave it: every error names this, never the staging file
     OutputTarget target_;
+    std::string dir_;  // target_.file's directory, found before publish() (which must not allocate after the rename)
     // Name the finished unnamed file at a fresh staging name (publish).
     void link_unnamed();
 
@@ -76,5 +81,10 @@ private:
     int unnamed_ = -1;   // O_TMPFILE: the finished file's descriptor, kept until it is linked
     std::int64_t reserved_ = 0, written_ = 0;  // reserve() sets the file's size: finish() checks it was filled
 };
+
+// fsync(2) of a directory (AtomicFile::directory()), best effort: a rename is on disk only once its
+// directory is. Allocates nothing: it runs after files are in place, where a failure would report
+// an error for a file already written.
+void sync_directory(const std::string& dir) noexcept;
 
 }  // namespace attn::detail

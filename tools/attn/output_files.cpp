@@ -3,12 +3,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "attn/error.hpp"
 #include "attn/npy.hpp"
@@ -206,7 +208,22 @@ OutputFiles::Staged OutputFiles::stage(const std::vector<Output>& outputs) {
 }
 
 void OutputFiles::Staged::publish() {
-    for (std::size_t i = 0; i < files_.size(); ++i) naming(flags_[i], [&] { files_[i]->publish(); });
+    // Every rename first, then each directory synced once (the outputs usually share one). The
+    // directories are gathered before the first rename: nothing may fail after the files are in place.
+    std::vector<std::string> dirs;
+    for (const auto& f : files_) {
+        if (!f->direct() && std::find(dirs.begin(), dirs.end(), f->directory()) == dirs.end()) dirs.push_back(f->directory());
+    }
+    const auto sync = [&dirs]() noexcept {
+        for (const std::string& d : dirs) detail::sync_directory(d);
+    };
+    try {
+        for (std::size_t i = 0; i < files_.size(); ++i) naming(flags_[i], [&] { files_[i]->publish(/*sync_directory=*/false); });
+    } catch (...) {
+        sync();  // those already in place stay there
+        throw;
+    }
+    sync();
 }
 
 }  // namespace attn::cli
