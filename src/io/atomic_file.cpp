@@ -231,8 +231,10 @@ void give_permissions_of(const std::string& target, int fd) {
 }
 }  // namespace
 
-AtomicFile::AtomicFile(std::string path)
-    : path_(std::move(path)), target_(resolve_output(path_)), dir_(split_dir(target_.file).first) {
+AtomicFile::AtomicFile(std::string path) : AtomicFile(path, resolve_output(path)) {}
+
+AtomicFile::AtomicFile(std::string path, OutputTarget target)
+    : path_(std::move(path)), target_(std::move(target)), dir_(split_dir(target_.file).first) {
     int fd = -1;
     if (target_.descriptor >= 0) {
         // What the program printed there comes first, as it would with stdio alone.

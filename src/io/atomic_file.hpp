@@ -45,6 +45,10 @@ OutputTarget resolve_output(const std::string& path);
 class AtomicFile {
 public:
     explicit AtomicFile(std::string path);  // throws attn::Error (see resolve_output)
+    // With `target` = resolve_output(path) already found: a caller that had to know how each of
+    // its paths is written (OutputFiles stages regular files before it opens devices) resolves
+    // each once.
+    AtomicFile(std::string path, OutputTarget target);
     ~AtomicFile();
     AtomicFile(const AtomicFile&) = delete;
     AtomicFile& operator=(const AtomicFile&) = delete;

@@ -421,6 +421,26 @@ def test_outputs_sharing_a_directory_sync_it_once_after_every_rename(work):
     assert len(synced) == 1 and synced[0] > max(renamed), calls[min(renamed):]
 
 
+def test_each_output_is_resolved_once_when_written(work):
+    """OutputFiles::stage resolved every output three times (once to pick the files staged before
+    devices are opened, again for the devices' turn, again in AtomicFile), each a stat, an lstat and
+    statx calls. Resolved once before the computation (check) and once when written, an existing
+    output's statx is made twice."""
+    if shutil.which("strace") is None:
+        pytest.skip("needs strace")
+    for name in ("o.npy", "l.npy"):
+        (work / name).write_bytes(b"old")
+    log = work / "strace.log"
+    r = subprocess.run(["strace", "-f", "-o", str(log), "-e", "trace=statx", attn_bin(),
+                        *map(str, sdpa(work, "--lse", work / "l.npy"))], capture_output=True, timeout=TIMEOUT)
+    if r.returncode != 0 and b"strace" in r.stderr:
+        pytest.skip(f"strace cannot trace here: {r.stderr.decode()[-200:]}")
+    assert r.returncode == 0, r.stderr
+    calls = log.read_text()
+    for name in ("o.npy", "l.npy"):
+        assert calls.count(f'statx(AT_FDCWD, "{work / name}"') == 2, calls
+
+
 def test_a_descriptor_output_on_an_input_or_another_output_is_refused(work):
     """/dev/stdout on a regular file is checked like that file: `--out /dev/stdout >> q.npy` wrote
     into the input, and `--out o.npy --lse /dev/stdout > o.npy` lost the lse to the replaced file."""

@@ -67,16 +67,23 @@ void OutputFiles::check() const {
             throw Error(flag + ": " + e.what());
         }
     }
+    // What the pairs below compare, found once per output.
+    std::vector<std::optional<std::pair<dev_t, ino_t>>> landings;
+    std::vector<std::string> identities;
+    for (const detail::OutputTarget& t : targets) {
+        landings.push_back(regular_file_of(t));
+        identities.push_back(t.direct ? std::string() : identity(t.file));
+    }
     for (std::size_t i = 0; i < files_.size(); ++i) {
         const auto& [flag, p] = files_[i];
-        const auto landing = regular_file_of(targets[i]);
+        const auto& landing = landings[i];
         // Two outputs into one device or FIFO (say /dev/null), or into one descriptor, just write
         // one after the other; two onto one regular file otherwise would lose one of them (a
         // staged one renamed over the file a descriptor output is written into, too).
         for (std::size_t j = 0; j < i; ++j) {
             const bool both_descriptors = targets[i].descriptor >= 0 && targets[j].descriptor >= 0;
-            const bool same_path = !targets[i].direct && !targets[j].direct && identity(targets[i].file) == identity(targets[j].file);
-            if (same_path || (!both_descriptors && landing && landing == regular_file_of(targets[j]))) {
+            const bool same_path = !targets[i].direct && !targets[j].direct && identities[i] == identities[j];
+            if (same_path || (!both_descriptors && landing && landing == landings[j])) {
                 throw Error(flag + ": path '" + p + "' names the same file as " + files_[j].first + " ('" +
                             files_[j].second + "')");
             }
@@ -183,20 +190,25 @@ OutputFiles::Staged OutputFiles::stage(const std::vector<Output>& outputs) {
         if (!o.tensors.empty()) require_safetensors(o.flag, o.path);
         for (const auto& [name, t] : o.tensors) check_dtype(o.flag, o.path, t.dtype(), {});
     }
+    // Each path resolved once: which pass writes it, and the file its AtomicFile writes.
+    std::vector<detail::OutputTarget> targets;
+    targets.reserve(outputs.size());
+    for (const Output& o : outputs) naming(o.flag, [&] { targets.push_back(detail::resolve_output(o.path)); });
     Staged staged;
     std::vector<std::unique_ptr<detail::AtomicFile>>& files = staged.files_;
     for (int pass = 0; pass < 2; ++pass) {  // pass 0: staged files; pass 1: devices and FIFOs
-        for (const Output& o : outputs) {
-            if (detail::resolve_output(o.path).direct != (pass == 1)) continue;
+        for (std::size_t i = 0; i < outputs.size(); ++i) {
+            const Output& o = outputs[i];
+            if (targets[i].direct != (pass == 1)) continue;
             naming(o.flag, [&] {
                 if (is_safetensors(o.path)) {
                     const std::vector<std::pair<std::string, TensorView>> one{{tensor_name(o.flag), o.view}};
                     const auto& tensors = o.tensors.empty() ? one : o.tensors;
                     const detail::SafetensorsHeader header = detail::safetensors_header(o.path, tensors, {}, true);
-                    files.push_back(std::make_unique<detail::AtomicFile>(o.path));
+                    files.push_back(std::make_unique<detail::AtomicFile>(o.path, targets[i]));
                     detail::write_safetensors_into(*files.back(), header, tensors, true);
                 } else {
-                    files.push_back(std::make_unique<detail::AtomicFile>(o.path));
+                    files.push_back(std::make_unique<detail::AtomicFile>(o.path, targets[i]));
                     detail::write_npy_into(*files.back(), o.view);
                 }
                 files.back()->finish();
