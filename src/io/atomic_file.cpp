@@ -147,6 +147,10 @@ OutputTarget resolve_output(const std::string& path) {
     if (const int fd = named_descriptor(path); fd >= 0) {
         if (::fstat(fd, &st) != 0) throw Error(in_quotes(path) + " names descriptor " + std::to_string(fd) + ", which is not open");
         if (S_ISDIR(st.st_mode)) throw Error(in_quotes(path) + " is descriptor " + std::to_string(fd) + ", open on a directory");
+        // Refused here, before a command computes: opening it for writing failed (EINVAL) only at the end.
+        if (const int flags = ::fcntl(fd, F_GETFL); flags != -1 && (flags & O_ACCMODE) == O_RDONLY) {
+            throw Error(in_quotes(path) + " is descriptor " + std::to_string(fd) + ", which is open read-only, not for writing");
+        }
         t.direct = true;  // written into as a shell redirect would: a file, device, FIFO or socket
         t.descriptor = fd;
         return t;
@@ -170,6 +174,13 @@ OutputTarget resolve_output(const std::string& path) {
     }
     if (::stat(t.file.c_str(), &st) == 0) {
         if (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode)) {
+            // Its permission, as the directory's is for a staged file, told before a command
+            // computes: the open failed (EACCES) only at the end. (The open may still fail for a
+            // reason no permission tells: a device with nothing behind it, ENXIO.)
+            if (::access(t.file.c_str(), W_OK) != 0) {
+                throw Error(in_quotes(path) + " is " + describe_file_kind(st.st_mode) + " attn may not write (" +
+                            std::strerror(errno) + ")");
+            }
             t.direct = true;
             return t;
         }

@@ -12,12 +12,14 @@
 //    replaced, the link stays.
 //  - a character device or a FIFO (/dev/null, a terminal, a named pipe, /dev/stdout on a pipe):
 //    the bytes are written straight into it, as a shell redirect would. It is never replaced,
-//    whoever runs attn (root included). Opening a FIFO waits for its reader.
+//    whoever runs attn (root included); one attn may not write (access W_OK) is refused. Opening
+//    a FIFO waits for its reader.
 //  - an open descriptor by name (/dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N): written
 //    into that descriptor (a duplicate), at its offset and with its flags, whatever it is open
 //    on but a directory — a regular file behind `> f` or `>> f` included, which renaming would
 //    have replaced (the rest of a `>>` log was lost, and what the shell wrote after attn went to
-//    the old file). The CLI checks such a file against its inputs and other outputs.
+//    the old file). The CLI checks such a file against its inputs and other outputs. One open
+//    read-only (`3< f`) is refused.
 //  - any other path naming a directory, a block device or a socket, a file no rename can replace
 //    (mounted over its name, immutable, append-only, another user's in a sticky directory) or in
 //    a directory that takes no rename (immutable, append-only), or an empty path: refused.

@@ -48,16 +48,16 @@ def sdpa(d, *extra, out="o.npy"):
     return args + list(extra)
 
 
-def run(args, cwd=None, preexec_fn=None, timeout=TIMEOUT):
+def run(args, cwd=None, preexec_fn=None, timeout=TIMEOUT, pass_fds=()):
     return subprocess.run([attn_bin(), *map(str, args)], capture_output=True, cwd=cwd, preexec_fn=preexec_fn,
-                          timeout=timeout)
+                          timeout=timeout, pass_fds=pass_fds)
 
 
-def expect_error(d, args, *fragments, preexec_fn=None):
+def expect_error(d, args, *fragments, preexec_fn=None, pass_fds=()):
     """exit 2, one stderr line `attn: error: ` holding each fragment, no stdout, no new file in d,
     and never the name of a staging file."""
     before = listing(d)
-    r = run(args, preexec_fn=preexec_fn)
+    r = run(args, preexec_fn=preexec_fn, pass_fds=pass_fds)
     err = r.stderr.decode()
     assert r.returncode == 2, f"exit {r.returncode}, stderr: {err!r}"
     assert len(err.splitlines()) == 1 and err.startswith("attn: error: "), err
@@ -206,6 +206,70 @@ def test_a_block_device_output_is_refused(work):
     assert stat.S_ISBLK(os.lstat(node).st_mode)
 
 
+def test_a_descriptor_output_open_read_only_is_refused_before_anything_runs(work):
+    """--lse /dev/fd/N with N open read-only (`3< f`) failed only when written, after the
+    computation and after --out /dev/stdout had gone down the pipe: exit 2 with half the outputs out."""
+    kept = work / "kept.txt"
+    kept.write_bytes(b"kept")
+    fd = os.open(kept, os.O_RDONLY)
+    try:
+        for spelling in (f"/dev/fd/{fd}", f"/proc/self/fd/{fd}"):
+            expect_error(work, sdpa(work, "--lse", spelling, out="/dev/stdout"),
+                         f"--lse: '{spelling}' is descriptor {fd}, which is open read-only, not for writing", pass_fds=(fd,))
+    finally:
+        os.close(fd)
+    assert kept.read_bytes() == b"kept"
+
+
+def nobody_can_run_attn():
+    """Skips unless this is root and nobody may run the binary (a clone under /root, 0700, is not)."""
+    if os.geteuid() != 0:
+        pytest.skip("running attn as another user needs root")
+    try:
+        probe = run(["--version"], preexec_fn=as_nobody)
+    except PermissionError as e:
+        pytest.skip(f"nobody cannot run {attn_bin()}: {e}")
+    if probe.returncode != 0:
+        pytest.skip(f"nobody cannot run {attn_bin()}: {probe.stderr.decode()[-200:]}")
+
+
+def shared_copy_of_inputs(work):
+    """A directory under /tmp that nobody may enter and write (tmp_path's parents are root's
+    alone), holding copies of work's inputs; the caller removes it."""
+    shared = tempfile.mkdtemp(dir="/tmp")
+    os.chmod(shared, 0o1777)
+    for name in ("q.npy", "k.npy", "v.npy"):
+        shutil.copy(work / name, shared)
+        os.chmod(os.path.join(shared, name), 0o644)
+    return shared
+
+
+@pytest.mark.parametrize("kind", ["fifo", "character device"])
+def test_a_device_or_fifo_output_attn_may_not_write_is_refused_before_anything_runs(work, kind):
+    """Its open failed (EACCES) only when written, after the computation; now the permission is
+    told with the other paths, as a staged output's directory's is. (Root may write anything, so
+    attn runs as nobody.)"""
+    nobody_can_run_attn()
+    shared = shared_copy_of_inputs(work)
+    try:
+        node = os.path.join(shared, "node")
+        if kind == "fifo":
+            os.mkfifo(node, 0o444)
+        else:
+            os.mknod(node, 0o444 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's numbers, read-only for all
+        os.chmod(node, 0o444)  # mkfifo/mknod apply the umask
+        args = ["sdpa", "--q", f"{shared}/q.npy", "--k", f"{shared}/k.npy", "--v", f"{shared}/v.npy",
+                "--out", f"{shared}/o.npy", "--lse", node]
+        r = run(args, preexec_fn=as_nobody)
+        err = r.stderr.decode()
+        assert r.returncode == 2, err
+        what = "a FIFO (named pipe)" if kind == "fifo" else "a character device"
+        assert err == f"attn: error: --lse: '{node}' is {what} attn may not write (Permission denied)\n", err
+        assert sorted(os.listdir(shared)) == ["k.npy", "node", "q.npy", "v.npy"]
+    finally:
+        shutil.rmtree(shared)
+
+
 def test_stdout_as_the_output(work):
     """--out /dev/stdout on a pipe: the .npy goes down the pipe, nothing is created. (Spelled
     /proc/self/fd/1, the link /dev/stdout points to: were attn ever to stage and rename again,
@@ -294,22 +358,9 @@ def test_another_users_file_in_a_sticky_directory_is_refused_before_any_output(w
     """In a sticky directory (/tmp) only its owner may rename over a file, though anyone may write
     into it when it is world-writable: run by another user, --lse's rename failed (EPERM) after
     --out had been renamed into place, exit 2 with o.npy written."""
-    if os.geteuid() != 0:
-        pytest.skip("making a file of another user needs root")
-    # CI runs as root on a clone that may sit in a directory only root may enter (/root is 0700):
-    # there nobody cannot exec attn at all, which says nothing about attn.
+    nobody_can_run_attn()
+    shared = shared_copy_of_inputs(work)
     try:
-        probe = run(["--version"], preexec_fn=as_nobody)
-    except PermissionError as e:
-        pytest.skip(f"nobody cannot run {attn_bin()}: {e}")
-    if probe.returncode != 0:
-        pytest.skip(f"nobody cannot run {attn_bin()}: {probe.stderr.decode()[-200:]}")
-    shared = tempfile.mkdtemp(dir="/tmp")  # tmp_path's parents are root's alone
-    try:
-        os.chmod(shared, 0o1777)
-        for name in ("q.npy", "k.npy", "v.npy"):
-            shutil.copy(work / name, shared)
-            os.chmod(os.path.join(shared, name), 0o644)
         theirs = os.path.join(shared, "lse.npy")
         with open(theirs, "wb") as f:
             f.write(b"root's")
