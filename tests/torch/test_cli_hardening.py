@@ -506,6 +506,26 @@ def test_a_descriptor_output_on_an_input_or_another_output_is_refused(work):
         assert (target.read_bytes() if target.exists() else None) == (before if before is not None else b"")
 
 
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_an_output_that_stdout_or_stderr_is_redirected_to_is_refused(work, stream):
+    """`attn sdpa … --verbose --lse l.npy > l.npy` (or 2>): the rename replaced the file the shell
+    had opened, and what attn printed there (--verbose's kernel choice) went with it."""
+    target = work / "l.npy"
+    target.write_bytes(b"OLD\n")
+    with open(target, "ab") as f:
+        r = subprocess.run([attn_bin(), *map(str, sdpa(work, "--verbose", "--lse", target))], timeout=TIMEOUT,
+                           stdout=f if stream == "stdout" else subprocess.PIPE,
+                           stderr=f if stream == "stderr" else subprocess.PIPE)
+    assert r.returncode == 2, r.stderr
+    text = target.read_bytes()
+    assert text.startswith(b"OLD\n"), text[:100]  # not replaced
+    err = (r.stderr if stream == "stdout" else text[len(b"OLD\n"):]).decode()
+    assert err == (f"attn: error: --lse: path '{target}' names the file {stream} is redirected to, which it would "
+                   f"replace, losing what attn prints there: redirect {stream} elsewhere, or write the output "
+                   f"through it with --lse /dev/{stream}\n"), err
+    assert listing(work) == ["k.npy", "l.npy", "q.npy", "v.npy", "w.npy"]
+
+
 def test_printed_text_that_cannot_be_written_is_an_error(work):
     """`attn --help > /dev/full` exited 0 while every write failed."""
     with open("/dev/full", "wb") as full:

@@ -124,6 +124,20 @@ void OutputFiles::check() const {
                         " bytes; directory '" + dir + "' allows " + std::to_string(name_max) + ")");
         }
     }
+    // A shell redirect onto an output (`--out o.npy > o.npy`): the rename would replace the file
+    // stdout or stderr is open on, and what attn prints there (bench's report, --verbose, a
+    // warning) would be lost with the old file. Written through the descriptor instead
+    // (--out /dev/stdout), the output stays beside the text.
+    for (const auto& [stream, fd] : {std::pair{"stdout", 1}, std::pair{"stderr", 2}}) {
+        const auto redirected = regular_file_of(detail::OutputTarget{"", true, fd});
+        for (std::size_t i = 0; i < files_.size() && redirected; ++i) {
+            if (targets[i].direct || landings[i] != redirected) continue;
+            const auto& [flag, p] = files_[i];
+            throw Error(flag + ": path '" + p + "' names the file " + stream + " is redirected to, which it would replace, " +
+                        "losing what attn prints there: redirect " + stream + " elsewhere, or write the output through it with " +
+                        flag + " /dev/" + stream);
+        }
+    }
 }
 
 void OutputFiles::require_safetensors(const std::string& flag, const std::string& path) {

@@ -30,7 +30,8 @@ public:
     // file (however spelt: the same device and inode), a path names something
     // attn does not write (a directory, a block device, a file no rename may replace, ...: see
     // detail::resolve_output), its directory is not writable or its file name is longer than the
-    // directory allows (the rename into place would fail only after the other outputs were published).
+    // directory allows (the rename into place would fail only after the other outputs were published),
+    // or it would replace the file stdout or stderr is redirected to (and what attn prints there).
     void check() const;
     // Throws attn::Error naming the flag unless `path` ends in ".safetensors": an output of
     // several tensors (Output::tensors) has no .npy form.
