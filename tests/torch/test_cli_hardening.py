@@ -1112,6 +1112,28 @@ def test_a_safetensors_tensor_name_may_hold_a_colon(work):
     assert np.array_equal(np.load(work / "o1.npy"), np.load(work / "o2.npy"))
 
 
+def test_a_tensor_argument_naming_an_existing_file_is_that_file_whatever_its_name(work):
+    """One rule: an argument that names an existing file is that file; any other is split after
+    its first '.safetensors:'. A .npy called 'run.safetensors:v2.npy' was read as the tensor
+    'v2.npy' of a file 'run.safetensors', and refused as a file that does not exist."""
+    weird = work / "run.safetensors:v2.npy"
+    shutil.copy(work / "q.npy", weird)
+    args = sdpa(work, out="o_weird.npy")
+    args[args.index("--q") + 1] = weird
+    r = run(args)
+    assert r.returncode == 0, r.stderr
+    assert run(sdpa(work, out="o_plain.npy")).returncode == 0
+    assert np.array_equal(np.load(work / "o_weird.npy"), np.load(work / "o_plain.npy"))
+    # The same rule tells which file an input is, so an output over it is refused.
+    args[args.index("--out") + 1] = weird
+    expect_error(work, args, f"--out: path '{weird}' names the same file as the input --q")
+    # Neither reading finds a file: the error says both.
+    args = sdpa(work)
+    args[args.index("--q") + 1] = work / "gone.safetensors:q.npy"
+    expect_error(work, args, f"--q: {work}/gone.safetensors:q.npy: no file of that name, nor a file "
+                             f"{work}/gone.safetensors to read the tensor 'q.npy' from (No such file or directory)")
+
+
 def write_layer(d, e=8):
     """d/p.safetensors: an nn.MultiheadAttention(e, ...) state_dict of float32 tensors."""
     tensors = {"in_proj_weight": np.ones((3 * e, e), np.float32), "in_proj_bias": np.zeros(3 * e, np.float32),

@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include <cerrno>
+#include <cstring>
 #include <new>
 #include <utility>
 
@@ -18,12 +20,15 @@ bool ends_with(const std::string& s, std::string_view suffix) {
     return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// A spec's file and, for FILE.safetensors:NAME, the tensor's name (else empty). The split is
-// after the first ".safetensors:", so a name may hold ':' (TensorFlow's "dense/kernel:0").
+// A spec's file and, for FILE.safetensors:NAME, the tensor's name (else empty). One rule for
+// every reader of a spec: a spec that names an existing file is that file (a .npy may be called
+// "run.safetensors:v2.npy"); any other is split after its first ".safetensors:", so a name may
+// hold ':' (TensorFlow's "dense/kernel:0").
 std::pair<std::string, std::string> split_spec(const std::string& spec) {
     const std::string marker = std::string(kSafetensors) + ":";
     const std::size_t at = spec.find(marker);
-    if (at != std::string::npos && at > 0) {
+    struct stat st {};
+    if (at != std::string::npos && at > 0 && ::stat(spec.c_str(), &st) != 0) {
         const std::size_t colon = at + marker.size() - 1;
         return {spec.substr(0, colon), spec.substr(colon + 1)};
     }
@@ -35,6 +40,11 @@ Tensor read_spec(const std::string& spec) {
     const auto [file, name] = split_spec(spec);
     if (file != spec) {
         if (name.empty()) throw Error(spec + ": the tensor name after ':' is empty (FILE.safetensors:NAME)");
+        // Neither reading finds a file: say both, not only the one split_spec fell back to.
+        if (struct stat st {}; ::stat(file.c_str(), &st) != 0) {
+            throw Error(spec + ": no file of that name, nor a file " + file + " to read the tensor '" + name + "' from (" +
+                        std::strerror(errno) + ")");
+        }
         return read_safetensors_tensor(file, name);
     }
     if (ends_with(spec, kSafetensors)) {

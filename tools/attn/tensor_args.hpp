@@ -15,7 +15,8 @@
 namespace attn::cli {
 
 // Reads `spec` for option `flag`: "x.npy" (any path not naming a safetensors tensor) or
-// "w.safetensors:name" (split after the first ".safetensors:", so the name may hold ':').
+// "w.safetensors:name" (split after the first ".safetensors:", so the name may hold ':') — unless
+// the whole spec names an existing file, which is read as that file.
 // A bare "w.safetensors" is refused with the way to name a tensor.
 Tensor read_tensor_arg(const std::string& flag, const std::string& spec);
 
