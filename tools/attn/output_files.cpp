@@ -134,8 +134,7 @@ void OutputFiles::check() const {
             if (targets[i].direct || landings[i] != redirected) continue;
             const auto& [flag, p] = files_[i];
             throw Error(flag + ": path '" + p + "' names the file " + stream + " is redirected to, which it would replace, " +
-                        "losing what attn prints there: redirect " + stream + " elsewhere, or write the output through it with " +
-                        flag + " /dev/" + stream);
+                        "losing what attn prints there: redirect " + stream + " to another file");
         }
     }
 }
