@@ -91,8 +91,7 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
         // exactly single-process sdpa's dropped O.
         const SdpaOptions sopt = detail::block_base_options(options, ctx);
         // As single-process sdpa decides it (make_problem): all four tensors bfloat16.
-        const bool bf16_products = q.dtype() == DType::bf16 && k.dtype() == DType::bf16 &&
-                                   v.dtype() == DType::bf16 && out.dtype() == DType::bf16;
+        const bool bf16_products = attn::detail::asks_bf16_products(q.dtype(), k.dtype(), v.dtype(), out.dtype());
         RingStats st;
         st.steps = ctx.steps;
         const int right = (rank + 1) % P, left = (rank - 1 + P) % P;

@@ -51,4 +51,10 @@ std::vector<const KernelSet*> runnable_kernel_sets() {
     return v;
 }
 
+std::string isa_label(const KernelSet& row, bool bf16) { return std::string(isa_name(row.isa)) + (bf16 ? "_bf16" : ""); }
+
+std::string kernel_name(std::string_view kernel, const KernelSet& row, bool bf16) {
+    return std::string(kernel) + "/" + isa_label(row, bf16);
+}
+
 }  // namespace attn::detail

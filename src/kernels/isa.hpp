@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "../core/cpu_features.hpp"
@@ -84,6 +85,14 @@ const KernelSet* kernel_set_for(Isa isa);
 
 // Every row this CPU can run, portable first (narrowest to widest).
 std::vector<const KernelSet*> runnable_kernel_sets();
+
+// The path a kernel ran on, as reports name it: the row's ISA, "_bf16" appended when it ran bf16
+// compute (flash_bf16_compute, backward_bf16_compute): "avx2", "avx512_bf16". bench/ and the
+// tests read the suffix.
+std::string isa_label(const KernelSet& row, bool bf16 = false);
+// A kernel's name in SdpaReport::kernel (and RingStats::kernel): "<kernel>/<isa_label>", as
+// "flash/avx512_bf16", "flash-backward/avx512", "decode/avx2".
+std::string kernel_name(std::string_view kernel, const KernelSet& row, bool bf16 = false);
 
 // Tests: while the guard lives, kernel_set() returns `k` (a runnable row), so the public
 // entry points run that ISA. Not for concurrent use with other guards.

@@ -57,8 +57,7 @@ void sdpa_backward(const TensorView& q, const TensorView& k, const TensorView& v
         std::string why_isa;
         const detail::KernelSet& kernels = detail::kernel_set(&why_isa);
         detail::flash_backward(p, kernels);
-        ran = std::string("flash-backward/") + detail::isa_name(kernels.isa) +
-              (kernels.backward_tile_bf16 != nullptr && detail::backward_bf16_compute(p) ? "_bf16" : "");
+        ran = detail::kernel_name("flash-backward", kernels, detail::backward_bf16_compute(kernels, p));
         why += std::string("isa: ") + why_isa + "\n";
     } else {
         detail::reference_backward(p);

@@ -20,6 +20,12 @@ namespace attn::detail {
 
 struct PagedRows;  // kernels/paged_rows.hpp
 
+// Whether a call with these dtypes asks for bfloat16 all through (SdpaProblem::bf16_products):
+// make_problem's rule, and ring attention's for its blocks, whose float32 outputs are its own.
+inline bool asks_bf16_products(DType q, DType k, DType v, DType out) {
+    return q == DType::bf16 && k == DType::bf16 && v == DType::bf16 && out == DType::bf16;
+}
+
 // Half-open interval of key indices [lo, hi) that the structural masks (causal,
 // window, key lengths) leave visible to one query. Every structural mask is an
 // interval, so their intersection is one too; kernels use it to skip whole tiles.
@@ -48,10 +54,11 @@ struct SdpaProblem {
     Window window{};
     // SdpaOptions::query_offset, when given: replaces both alignments (see diagonal_offset).
     bool has_query_offset = false;
-    // The caller asked for bfloat16 all through (Q, K, V and out): the flash forward may then run
-    // its products on bf16 pairs where the CPU has them ("bf16 compute", docs/conventions.md),
-    // which rounds P to bf16 — an error of the order of out's own rounding. A float32 out keeps
-    // the float32 products and their bound. (Tests set it by hand to measure P's rounding alone.)
+    // The caller asked for bfloat16 all through (Q, K, V and out: asks_bf16_products): the flash
+    // forward may then run its products on bf16 pairs where the CPU has them ("bf16 compute",
+    // docs/conventions.md), which rounds P to bf16 — an error of the order of out's own rounding.
+    // A float32 out keeps the float32 products and their bound. (Tests set it by hand to measure
+    // P's rounding alone.)
     bool bf16_products = false;
     std::int64_t query_offset_value = 0;
     std::optional<TensorView> query_offsets;  // (B,) int32/int64

@@ -277,8 +277,7 @@ SdpaProblem make_problem(const TensorView& q, const TensorView& k, const TensorV
     p.k = k;
     p.v = v;
     p.out = out;
-    p.bf16_products = q.dtype() == DType::bf16 && k.dtype() == DType::bf16 && v.dtype() == DType::bf16 &&
-                      out.dtype() == DType::bf16;
+    p.bf16_products = asks_bf16_products(q.dtype(), k.dtype(), v.dtype(), out.dtype());
     return p;
 }
 

@@ -155,8 +155,7 @@ void run_varlen_call(VarlenCall call, const TensorView& q, const TensorView& k, 
         std::string why_isa;
         const detail::KernelSet& kernels = detail::kernel_set(&why_isa);
         detail::flash_forward_batch(batch.data(), batch.size(), kernels);
-        const std::string name = std::string("flash/") + detail::isa_name(kernels.isa) +
-                                 (kernels.flash_forward_bf16 != nullptr && detail::flash_bf16_compute(batch[0]) ? "_bf16" : "");
+        const std::string name = detail::kernel_name("flash", kernels, detail::flash_bf16_compute(kernels, batch[0]));
         for (std::size_t i = 0; i < problems.size(); ++i)
             if (detail::runs_flash(problems[i], options.impl)) {
                 reports[i].kernel = name;

@@ -24,6 +24,7 @@
 #include "attn/interrupt.hpp"
 #include "attn/ring.hpp"
 #include "attn/sdpa.hpp"
+#include "kernels/flash/flash.hpp"
 #include "ring_test_util.hpp"
 
 using namespace attn;
@@ -68,11 +69,15 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
     Tensor ref_l = poisoned(DType::f64, Shape{c.B, c.Hq, c.Lq});
     TensorView ref_lv = ref_l.view();
     sdpa(q, k, v, so, ref_o, &ref_lv);
-    // All-bf16 calls may run bf16 compute (docs/conventions.md, "bf16 compute"): each block's P
-    // rounded to bf16 and its exp the cheaper one, merged with lse. Their bound needs
-    // Σ_j w_ij·|v_jd|: the same reference on |V| (exact in bf16), dropout included.
-    const bool bf16_compute = c.q_dtype == DType::bf16 && c.kv_dtype == DType::bf16 && c.v_of() == DType::bf16 &&
-                              c.out_dtype == DType::bf16;
+    // Whether the blocks run bf16 compute (docs/conventions.md, "bf16 compute"): as single-process
+    // sdpa would run this call's flash forward — the library's own rule (flash_bf16_compute: the
+    // dtypes, the row it runs, which ATTN_ISA may force, and the CPU it believes it has, which
+    // ATTN_CPU_HIDE may hide). Each block's P is then rounded to bf16 and its exp the cheaper one,
+    // merged with lse. Their bound needs Σ_j w_ij·|v_jd|: the same reference on |V| (exact in
+    // bf16), dropout included.
+    const Tensor out_like(c.out_dtype, Shape{c.B, c.Hq, c.Lq, c.Dv});  // never written
+    const bool bf16_compute =
+        detail::flash_bf16_compute(detail::kernel_set(), detail::make_problem(q, k, v, so, out_like, nullptr, nullptr));
     Tensor ref_wv;
     if (bf16_compute) {
         Tensor va(v.dtype(), v.shape());
@@ -170,8 +175,8 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
         detail += "; sent " + std::to_string(stats.bytes_sent) + " K/V bytes, expected " + std::to_string(expected_bytes);
     }
     // The ring runs exactly the steps some rank computes in (fewer than P under a narrow window).
-    // A case that asks for it ran its blocks on bf16 compute where the CPU has it.
-    if (ok && c.expect_bf16_kernel && cpu_has_bf16() && stats.kernel != "flash/avx512_bf16") {
+    // A case that asks for it ran its blocks on bf16 compute where the library's rule gives it.
+    if (ok && c.expect_bf16_kernel && bf16_compute && stats.kernel != "flash/avx512_bf16") {
         ok = false;
         detail += "; the blocks ran " + stats.kernel + ", not flash/avx512_bf16";
     }

@@ -17,8 +17,6 @@
 #include "attn/half.hpp"
 #include "attn/ring.hpp"
 #include "attn/sdpa.hpp"
-#include "core/cpu_features.hpp"
-#include "kernels/isa.hpp"
 
 namespace ring_test {
 
@@ -116,13 +114,6 @@ inline double output_bound(DType dt, double r, double abs) {
 // lse moves by at most kBf16ExpError (l sums the approximate exponentials).
 inline constexpr double kBf16ExpError = 1.05e-4;
 inline double bf16_compute_bound(double wv) { return (std::ldexp(1.0, -8) + 4 * kBf16ExpError) * (1 + std::ldexp(1.0, -7)) * wv; }
-// Whether all-bf16 blocks run bf16 compute here: the library's own rule (flash.cpp,
-// flash_bf16_compute) — the row it runs has bf16 products (ATTN_ISA may force another) and the
-// CPU it believes it runs on has AVX-512 BF16 (ATTN_CPU_HIDE may hide it: reading /proc/cpuinfo
-// here expected bf16 kernels under `ATTN_CPU_HIDE=avx512 make test`, the Zen 3 rehearsal).
-inline bool cpu_has_bf16() {
-    return attn::detail::kernel_set().flash_forward_bf16 != nullptr && attn::detail::cpu_features().has_avx512_bf16();
-}
 
 // The sinks of the modifier cases: mixed signs, one large enough to dominate short rows.
 inline float sink_logit(std::int64_t h) { return static_cast<float>(0.9 * static_cast<double>(h % 4) - 1.1); }

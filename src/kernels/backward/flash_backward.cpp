@@ -190,7 +190,7 @@ struct Plan {
     Plan(const BackwardProblem& bp_, const KernelSet& k)
         : bp(bp_), p(bp_.fwd), kernels(k), B(p.B), Hq(p.Hq), Hkv(p.Hkv), Lq(p.Lq), Lk(p.Lk), Dk(p.Dk), Dv(p.Dv),
           Dkp(round8(Dk)), Dvp(round8(Dv)), drop(p.dropout()), scale(static_cast<float>(p.scale)) {
-        bf16 = k.backward_tile_bf16 != nullptr && backward_bf16_compute(bp);
+        bf16 = backward_bf16_compute(k, bp);
         tile = bf16 ? k.backward_tile_bf16 : k.backward_tile;
         Lq2 = (Lq + 1) / 2;
         for (auto [r, t, Dp, zeroed_copy] :
@@ -563,11 +563,11 @@ std::string flash_backward_declines(const TensorView& q, const TensorView& k, co
     return head_dims_decline(q.dim(q.rank() - 1), v.dim(v.rank() - 1));  // (…, D): 4-d, or packed 3-d
 }
 
-bool backward_bf16_compute(const BackwardProblem& bp) {
+bool backward_bf16_compute(const KernelSet& row, const BackwardProblem& bp) {
     const SdpaProblem& p = bp.fwd;
     const auto bf = [](const TensorView& t) { return t.dtype() == DType::bf16; };
-    return p.bf16_products && bf(p.q) && bf(p.k) && bf(p.v) && bf(p.out) && bf(bp.grad_out) && bf(bp.dq) && bf(bp.dk) &&
-           bf(bp.dv) && cpu_features().has_avx512_bf16();
+    return row.backward_tile_bf16 != nullptr && p.bf16_products && bf(p.q) && bf(p.k) && bf(p.v) && bf(p.out) &&
+           bf(bp.grad_out) && bf(bp.dq) && bf(bp.dk) && bf(bp.dv) && cpu_features().has_avx512_bf16();
 }
 
 // q: (B, Hq, Lq, Dk), k: (B, Hkv, Lk, Dk), v: (B, Hkv, Lk, Dv), out/grad_out: (B, Hq, Lq, Dv), lse: (B, Hq, Lq)

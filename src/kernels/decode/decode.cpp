@@ -154,7 +154,7 @@ bool dispatch_decode(const SdpaProblem& p, Impl requested, SdpaReport* report, s
     }
     decode_forward(p, kernels);
     if (report != nullptr) {
-        report->kernel = std::string("decode/") + isa_name(kernels.isa);
+        report->kernel = kernel_name("decode", kernels);
         report->explanation = explanation +
                               (requested == Impl::automatic
                                    ? "auto: decode (group·Lq = " + std::to_string(p.group * p.Lq) + " rows per KV head < " +

@@ -103,11 +103,11 @@ void flash_forward_batch(const SdpaProblem* ps, std::size_t n, const KernelSet& 
     if (threads <= 0) threads = num_threads();  // the one thread setting (attn/threads.hpp)
     // bf16 compute (isa.hpp: a member of the avx512 row, not a row): Q, K, V all bfloat16 on
     // a CPU with AVX-512 BF16. Any other mix runs the row's float32 path.
-    const bool bf16 = kernels.flash_forward_bf16 != nullptr && flash_bf16_compute(ps[0]);
+    const bool bf16 = flash_bf16_compute(kernels, ps[0]);
     std::vector<FlashJob> jobs(n);
     for (std::size_t i = 0; i < n; ++i) {
         // One workspace per thread serves every problem: the same head dims and operand path.
-        if (ps[i].Dk != ps[0].Dk || ps[i].Dv != ps[0].Dv || flash_bf16_compute(ps[i]) != flash_bf16_compute(ps[0]))
+        if (ps[i].Dk != ps[0].Dk || ps[i].Dv != ps[0].Dv || flash_bf16_compute(kernels, ps[i]) != bf16)
             throw Error("flash batch: problem " + std::to_string(i) + " differs from problem 0 in its head dims or bf16 compute");
         jobs[i] = FlashJob{&ps[i], ps[i].dropout()};  // once per call; inactive when p = 0
     }
@@ -119,9 +119,9 @@ void flash_forward_batch(const SdpaProblem* ps, std::size_t n, const KernelSet& 
     else kernels.flash_forward(jobs.data(), count, t, threads);
 }
 
-bool flash_bf16_compute(const SdpaProblem& p) {
-    return p.bf16_products && p.q.dtype() == DType::bf16 && p.k.dtype() == DType::bf16 &&
-           p.v.dtype() == DType::bf16 && cpu_features().has_avx512_bf16();
+bool flash_bf16_compute(const KernelSet& row, const SdpaProblem& p) {
+    return row.flash_forward_bf16 != nullptr && p.bf16_products && p.q.dtype() == DType::bf16 &&
+           p.k.dtype() == DType::bf16 && p.v.dtype() == DType::bf16 && cpu_features().has_avx512_bf16();
 }
 
 }  // namespace attn::detail
