@@ -46,6 +46,8 @@ private:
 class Interrupted : public std::runtime_error {
 public:
     Interrupted() : std::runtime_error("interrupted: the call stopped before its work was done (its outputs are partially written)") {}
+    // A collective call's (attn::dist::run_collectively), on every rank: which rank was interrupted.
+    explicit Interrupted(const std::string& message) : std::runtime_error(message) {}
 };
 
 }  // namespace attn

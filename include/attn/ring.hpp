@@ -143,7 +143,10 @@ void ring_attention_backward(MPI_Comm comm, const TensorView& q, const TensorVie
 // Runs `fn` on every rank of `comm` (collective). If it throws on any rank, every rank
 // throws the message of the lowest failing rank — as attn::OutOfMemory when that rank ran out
 // of memory (std::bad_alloc), else as attn::Error — so that all ranks take the same branch
-// afterwards and none waits forever for a failed peer.
+// afterwards and none waits forever for a failed peer. An attn::Interrupted (fn's call saw its
+// thread's attn::ScopedInterruptFlag set) comes first, whatever the other ranks threw: every rank
+// throws attn::Interrupted naming the lowest interrupted rank ("interrupted: rank 1 was
+// interrupted (…), so the collective call stopped on every rank …").
 // MPI_COMM_NULL or an intercommunicator is an attn::Error naming comm, thrown at once on the rank
 // that passed it (as by ring_attention and its backward): that rank has no communicator to tell
 // the others through, and ranks that passed one including it wait for it, as in any collective

@@ -324,12 +324,14 @@ void agree(MPI_Comm comm, const std::function<void()>& fn, const std::string& op
     int P = 1, rank = 0;
     MPI_Comm_size(comm, &P);
     MPI_Comm_rank(comm, &rank);
-    bool failed = true, out_of_memory = false;
+    bool failed = true, out_of_memory = false, interrupted = false;
     ErrorKind kind = ErrorKind::value;
     std::string message;
     try {
         fn();
         failed = false;
+    } catch (const Interrupted&) {  // a std::runtime_error, not an argument error: caught first
+        interrupted = true;
     } catch (const std::bad_alloc& e) {
         // attn::OutOfMemory names the buffer and the bytes; a bare std::bad_alloc names nothing.
         message = dynamic_cast<const OutOfMemory*>(&e) != nullptr ? e.what() : "out of memory";
@@ -342,11 +344,21 @@ void agree(MPI_Comm comm, const std::function<void()>& fn, const std::string& op
     } catch (...) {
         message = "unknown exception";
     }
-    // {lowest failing rank, number of failing ranks}
-    int mine[2] = {failed ? rank : P, failed ? 1 : 0}, first = P, count = 0;
-    MPI_Allreduce(&mine[0], &first, 1, MPI_INT, MPI_MIN, comm);
-    if (first == P) return;
-    MPI_Allreduce(&mine[1], &count, 1, MPI_INT, MPI_SUM, comm);
+    // Which rank's outcome every rank takes, in one reduction: the lowest interrupted rank (rank),
+    // else the lowest failing one (P + rank); 2P when every rank succeeded. An interrupt comes
+    // first: its rank's caller asked to stop (Python's Ctrl-C), which must stay attn::Interrupted
+    // there whatever a peer's error, and every rank must take the same branch afterwards.
+    int key = interrupted ? rank : failed ? P + rank : 2 * P, lowest = 2 * P;
+    MPI_Allreduce(&key, &lowest, 1, MPI_INT, MPI_MIN, comm);
+    if (lowest == 2 * P) return;
+    if (lowest < P) {
+        throw Interrupted("interrupted: rank " + std::to_string(lowest) +
+                          " was interrupted (its caller's interrupt flag was set), so the collective call stopped on every "
+                          "rank (outputs may be partially written)");
+    }
+    const int first = lowest - P;
+    int mine = failed ? 1 : 0, count = 0;  // the number of failing ranks
+    MPI_Allreduce(&mine, &count, 1, MPI_INT, MPI_SUM, comm);
     // Every rank throws the message of the lowest failing rank, and its kind: running out of
     // memory stays attn::OutOfMemory (Python's MemoryError), not an argument error, and an
     // Error keeps its ErrorKind (a dtype one is Python's TypeError on every rank).

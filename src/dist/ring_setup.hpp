@@ -76,6 +76,7 @@ WireUnit wire_unit(DType k, DType v);
 
 // run_collectively, optionally naming the failing rank when not every rank failed:
 // "ring_attention: rank 2: Q: …", the rank inserted after `op` when the message starts with it.
+// An interrupted rank makes every rank throw attn::Interrupted naming it (include/attn/ring.hpp).
 void agree(MPI_Comm comm, const std::function<void()>& fn, const std::string& op = {}, bool name_rank = false);
 
 // Everything phase 1 establishes, the same on every rank (except the rank's own values).

@@ -5,7 +5,8 @@
 // The bound: O is a convex combination of V rows (|V| < 4), computed in float32 on both sides;
 // float32 rounding of the merge weights and the outputs stays near 1e-7 · |O|, two orders below.
 // Then the error cases: a bad argument on one rank must make every rank throw attn::Error with
-// the same message and leave the outputs unwritten. Rank 0 prints "N passed, M failed".
+// the same message and leave the outputs unwritten; an interrupted call on one rank inside
+// run_collectively must make every rank throw attn::Interrupted. Rank 0 prints "N passed, M failed".
 #include <mpi.h>
 
 #include <atomic>
@@ -344,6 +345,42 @@ void check_communicator_refused() {
         each_call(inter, "an intercommunicator", "an intercommunicator");
         MPI_Comm_free(&inter);
         MPI_Comm_free(&half);
+    }
+}
+
+// An interrupt stays an interrupt across ranks: in run_collectively the last rank's attn::sdpa
+// runs under a set interrupt flag (it throws attn::Interrupted, docs/errors.md). Every rank must
+// throw attn::Interrupted — not an attn::Error, which turned Ctrl-C into Python's ValueError —
+// whose message names that rank, and return (a rank left waiting would time the test out). With
+// P >= 2, rank 0 throws an attn::Error in the same call: the interrupt still comes first, on
+// every rank, the interrupted one included.
+void check_interrupt_agreed() {
+    const int stopped = P - 1;
+    const auto outcome = [&](bool rank0_error) -> std::string {
+        try {
+            dist::run_collectively(MPI_COMM_WORLD, [&] {
+                if (rank0_error && rank == 0) throw attn::Error("rank 0's own error");
+                if (rank != stopped) return;
+                const std::atomic<bool> stop{true};
+                const ScopedInterruptFlag watch(stop);
+                const Tensor x(DType::f32, Shape{1, 1, 64, 8}, true);
+                Tensor o = poisoned(DType::f32, Shape{1, 1, 64, 8});
+                sdpa(x, x, x, SdpaOptions{}, o);
+            });
+        } catch (const attn::Interrupted& e) {
+            return std::string("attn::Interrupted: ") + e.what();
+        } catch (const std::exception& e) {
+            return std::string("not attn::Interrupted: ") + e.what();
+        }
+        return "no exception";
+    };
+    const std::string want = "attn::Interrupted: interrupted: rank " + std::to_string(stopped) + " was interrupted";
+    for (const bool rank0_error : {false, true}) {
+        if (rank0_error && P < 2) continue;
+        const std::string got = outcome(rank0_error);
+        verdict(std::string("interrupt: rank ") + std::to_string(stopped) + "'s interrupted call is attn::Interrupted on every rank" +
+                    (rank0_error ? ", before rank 0's error" : ""),
+                got.rfind(want, 0) == 0, "got '" + got + "', expected it to start with '" + want + "'");
     }
 }
 
@@ -705,6 +742,7 @@ int main(int argc, char** argv) {
     }
 
     check_communicator_refused();
+    check_interrupt_agreed();
 
     if (rank == 0) std::printf("%d passed, %d failed\n", passed, failed);
     MPI_Finalize();
