@@ -67,18 +67,23 @@ Tensor run_packed(const MultiHeadAttention& layer, const TensorView& query, cons
         detail::fail(kOp, "value: has ", value.dim(0), " tokens but key has ", key.dim(0));
     }
     const std::int64_t Tq = query.dim(0), Tk = key.dim(0);
+    // The attention's outputs first (allocated, not written), as forward_into ensures its O: the
+    // check below sees them as they are, and every view it takes of them lies inside them.
+    Tensor attn_out(mid, Shape{Tq, E});  // sdpa_varlen rounds O once from its float32 accumulators
+    Tensor lse = keep ? Tensor(DType::f32, Shape{Tq, h}) : Tensor();
+    const TensorView out_heads = detail::packed_heads(attn_out, h, dh), lse_view = lse.view();
     // sdpa_varlen's checks of the attention call (cu_seqlens, options, a requested kernel that
     // cannot run it, …) before the projections, whose GEMMs a refused call would waste, as
-    // forward_into runs check_call: on stand-ins of the projections' Q, K, V and of O and lse
-    // (their shapes, dtypes and inner strides; never read or written). The checked call then runs
+    // forward_into runs check_call: on stand-ins of the projections' Q, K, V — their shapes, dtype
+    // and unit inner stride, never read — whose rows all view attn_out's first dh elements (stride
+    // 0: a sequence's rows point where the stand-in does, never past the buffer; with Tq = 0 no
+    // sequence has queries, and no sequence's view of them is taken). The checked call then runs
     // on the computed tensors, unchecked again (varlen_call.hpp).
-    alignas(64) std::byte anchor[64];
     const auto stand_in = [&](std::int64_t T, std::int64_t heads) {
-        return TensorView(anchor, mid, Shape{T, heads, dh}, Strides{0, 0, 1});
+        return TensorView(attn_out.data(), mid, Shape{T, heads, dh}, Strides{0, 0, 1});
     };
-    const TensorView out_stand_in(anchor, mid, Shape{Tq, h, dh}), lse_stand_in(anchor, DType::f32, Shape{Tq, h});
     detail::VarlenCall call = detail::check_varlen_call(stand_in(Tq, h), stand_in(Tk, hkv), stand_in(Tk, hkv), cu_seqlens_q,
-                                                        cu_seqlens_k, options, out_stand_in, keep ? &lse_stand_in : nullptr);
+                                                        cu_seqlens_k, options, out_heads, keep ? &lse_view : nullptr);
 
     Tensor copies[3];
     if (keep != nullptr) {  // owned float32 rows: the state outlives the caller's tensors
@@ -98,12 +103,9 @@ Tensor run_packed(const MultiHeadAttention& layer, const TensorView& query, cons
     k = detail::rounded_rows(std::move(k), mid);
     v = detail::rounded_rows(std::move(v), mid);
 
-    Tensor attn_out(mid, Shape{Tq, E});  // sdpa_varlen rounds O once from its float32 accumulators
-    Tensor lse = keep ? Tensor(DType::f32, Shape{Tq, h}) : Tensor();
-    const TensorView lse_view = lse.view();
     detail::run_varlen_call(std::move(call), detail::packed_heads(q, h, dh), detail::packed_heads(k, hkv, dh),
-                            detail::packed_heads(v, hkv, dh), cu_seqlens_q, cu_seqlens_k, options,
-                            detail::packed_heads(attn_out, h, dh), keep ? &lse_view : nullptr);
+                            detail::packed_heads(v, hkv, dh), cu_seqlens_q, cu_seqlens_k, options, out_heads,
+                            keep ? &lse_view : nullptr);
 
     Tensor out(DType::f32, Shape{Tq, E});
     const float* ob = c.bias ? layer.parameter("out_proj.bias").data_as<const float>() : nullptr;

@@ -26,7 +26,9 @@ struct VarlenCall {
 // Every check sdpa_varlen makes before it computes — check_packed's, each sequence's
 // make_problem, and that a requested kernel can run the call — but the outputs' overlap with the
 // inputs (run_varlen_call's), and nothing computed. q, k and v are never read: they may be
-// stand-ins with the call's shapes, dtypes and inner strides.
+// stand-ins with the call's shapes, dtypes and inner strides, as long as each sequence's view of
+// them (sequence_rows) stays inside the memory they view — stride-0 rows do. out and lse are the
+// call's own (or views of their shapes inside real memory): their sequences' views are taken too.
 VarlenCall check_varlen_call(const TensorView& q, const TensorView& k, const TensorView& v,
                              const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, const SdpaOptions& options,
                              const TensorView& out, const TensorView* lse);
