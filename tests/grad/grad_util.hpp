@@ -2,6 +2,7 @@
 // (random tensors, poison, error measures: common/util.hpp).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "attn/sdpa.hpp"
@@ -30,6 +31,18 @@ inline Grads forward_backward(const TensorView& q, const TensorView& k, const Te
     opt.impl = impl;
     sdpa_backward(q, k, v, g.out, g.lse, dO, opt, g.dq, g.dk, g.dv, report);
     return g;
+}
+
+// The backward's tiny- and huge-scale tests (FlashBackward.TinyAndHugeScales says how): the
+// scales 2^e they run, from the smallest normal float32 up, and the scale 2^kBaseScaleExponent of
+// the problem they are compared with (2^-5 keeps |Q·K| below FLT_MAX with K times 2^121).
+inline constexpr int kScaleExponents[] = {-126, -125, -116, -100, -66, 0, 33, 99};
+inline constexpr int kBaseScaleExponent = -5;
+
+// t ← t·2^a in place (exact while the values stay normal): moves a power of two between the
+// scale and Q or K, which leaves the scores, so P and scale·dS, unchanged.
+inline void times_pow2(const TensorView& t, int a) {
+    for_each_offset(t, [&](std::int64_t off) { store(t, off, std::ldexp(load(t, off), a)); });
 }
 
 }  // namespace attn::test

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -116,6 +117,20 @@ std::vector<Case> random_cases(int n, std::uint64_t seed) {
 // (the observed maximum, printed, is ≈ 1e-6).
 constexpr double kTol = 2e-5;
 
+// Expects each gradient of `got` within kTol of the largest gradient of `ref`; returns the
+// worst error so measured.
+double expect_float32_bound(const Grads& got, const Grads& ref) {
+    const double den = std::max({max_abs(ref.dq), max_abs(ref.dk), max_abs(ref.dv)});
+    double worst = 0.0;
+    for (auto [g, r, name] : {std::tuple{&got.dq, &ref.dq, "dq"}, std::tuple{&got.dk, &ref.dk, "dk"},
+                              std::tuple{&got.dv, &ref.dv, "dv"}}) {
+        const double e = max_abs_diff(*g, *r) / (den + 1e-30);
+        worst = std::max(worst, e);
+        EXPECT_LE(e, kTol) << name;
+    }
+    return worst;
+}
+
 // Forward and backward both run the kernel table's `isa` row (ScopedKernelSet).
 void check_against_reference(detail::Isa isa, int ncases, std::uint64_t seed) {
     const detail::KernelSet* row = detail::kernel_set_for(isa);
@@ -129,13 +144,7 @@ void check_against_reference(detail::Isa isa, int ncases, std::uint64_t seed) {
         const Grads got = forward_backward(f.q, f.k, f.v, f.dO, f.opt, Impl::flash, DType::f32, &rep);
         ASSERT_EQ(rep.kernel, std::string("flash-backward/") + detail::isa_name(isa)) << rep.explanation;
         const Grads ref = forward_backward(f.q, f.k, f.v, f.dO, f.opt, Impl::reference, DType::f64);
-        const double den = std::max({max_abs(ref.dq), max_abs(ref.dk), max_abs(ref.dv)});
-        for (auto [g, r, name] : {std::tuple{&got.dq, &ref.dq, "dq"}, std::tuple{&got.dk, &ref.dk, "dk"},
-                                  std::tuple{&got.dv, &ref.dv, "dv"}}) {
-            const double e = max_abs_diff(*g, *r) / (den + 1e-30);
-            worst = std::max(worst, e);
-            EXPECT_LE(e, kTol) << name;
-        }
+        worst = std::max(worst, expect_float32_bound(got, ref));
     }
     std::printf("[ info ] %d random cases, %s tile: worst relative error %.3g (tolerance %.0e)\n", ncases,
                 detail::isa_name(isa), worst, kTol);
@@ -146,6 +155,50 @@ TEST(FlashBackward, MatchesReferenceAvx512) { check_against_reference(detail::Is
 TEST(FlashBackward, MatchesReferenceAvx2) { check_against_reference(detail::Isa::avx2, 120, 1); }
 
 TEST(FlashBackward, MatchesReferencePortable) { check_against_reference(detail::Isa::portable, 40, 2); }
+
+// Tiny and huge scales. The problem at scale s0·2^-a with K (or Q) times 2^a has the same
+// scores, so the same P and scale·dS, as at s0: its exact dQ and dV (K times 2^a), or dK and
+// dV (Q times 2^a), are those at s0, and the other gradient is 2^-a times s0's. On every kernel
+// row: (1) those two gradients are the run at s0's bit for bit — each step of the tiled kernel
+// scales by a power of two — unless an intermediate leaves the normal float32 range, as
+// dS = scale·P∘(dP − D) did at tiny scales (subnormal: bits lost); (2) against the double
+// reference, with the third gradient times 2^a (exact), they are within the float32 bound of the
+// problem at s0, whose inputs are of unit scale. (Relative to the largest gradient of the scaled
+// problem the bound would not hold at a huge scale: where the exact dK is 0 — one key, say —
+// its rounding noise grows with 2^-a and dV does not.) s0 = 2^kBaseScaleExponent (grad_util.hpp).
+TEST(FlashBackward, TinyAndHugeScales) {
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+        const detail::ScopedKernelSet use(*row);
+        double worst = 0.0;
+        int n = 0;
+        for (const Case& c : random_cases(6, 5))
+            for (const bool heavy_k : {true, false}) {
+                SCOPED_TRACE(std::string(detail::isa_name(row->isa)) + (heavy_k ? " K" : " Q") + " times 2^a, " + c.str());
+                const std::uint64_t seed = 500 + static_cast<std::uint64_t>(n++);
+                Inputs at_s0 = make_inputs(c, DType::f32, seed);
+                at_s0.opt.scale = std::ldexp(1.0, kBaseScaleExponent);
+                const Grads base = forward_backward(at_s0.q, at_s0.k, at_s0.v, at_s0.dO, at_s0.opt, Impl::flash);
+                for (const int e : kScaleExponents) {
+                    SCOPED_TRACE("scale 2^" + std::to_string(e));
+                    const int a = kBaseScaleExponent - e;
+                    Inputs f = make_inputs(c, DType::f32, seed);
+                    times_pow2(heavy_k ? f.k.view() : f.q, a);
+                    f.opt.scale = std::ldexp(1.0, e);
+                    SdpaReport rep;
+                    Grads got = forward_backward(f.q, f.k, f.v, f.dO, f.opt, Impl::flash, DType::f32, &rep);
+                    ASSERT_EQ(rep.kernel, std::string("flash-backward/") + detail::isa_name(row->isa));
+                    EXPECT_TRUE(bit_equal(heavy_k ? got.dq : got.dk, heavy_k ? base.dq : base.dk))
+                        << (heavy_k ? "dq" : "dk") << " differs from the run at the base scale";
+                    EXPECT_TRUE(bit_equal(got.dv, base.dv)) << "dv differs from the run at the base scale";
+                    Grads ref = forward_backward(f.q, f.k, f.v, f.dO, f.opt, Impl::reference, DType::f64);
+                    for (Grads* g : {&got, &ref}) times_pow2(heavy_k ? g->dk.view() : g->dq.view(), a);
+                    worst = std::max(worst, expect_float32_bound(got, ref));
+                }
+            }
+        std::printf("[ info ] %s tile, scales 2^-126 .. 2^99: worst relative error %.3g (tolerance %.0e)\n",
+                    detail::isa_name(row->isa), worst, kTol);
+    }
+}
 
 // The split's rule (docs/kernels.md, "Parallel split"): at least 8 tasks, four per CPU when the
 // target says so, the dQ partials past 8 tasks capped at 256 MiB (64 Mi floats), 1..key blocks.

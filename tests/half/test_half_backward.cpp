@@ -188,7 +188,7 @@ Bounds bounds(const Case& c, const Inputs& in, const Result& got, double den, co
             }
     const double S = delta;  // max over rows of Σ_d |dO·O|
     delta *= dt.out == DType::f32 ? 0.0 : unit_roundoff(dt.out);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(c.Dk));
+    const double scale = std::fabs(in.opt.scale.value_or(1.0 / std::sqrt(static_cast<double>(c.Dk))));
     const double base = kTol * den;
     return {base + scale * delta * max_abs(in.k), base + scale * delta * max_abs(in.q) * static_cast<double>(c.Hq / c.Hkv * c.Lq),
             base, static_cast<double>(c.B * c.Lq) * (kTol * S + delta)};
@@ -283,15 +283,91 @@ const detail::KernelSet* bf16_compute_row() {
 //   dK_jd: u·scale·Σ_i |dS_ij|·|Q_id|   (dS rounded)       dQ_id: u·scale·Σ_j |dS_ij|·|K_jd|
 // each times (1 + 2⁻⁷) for the rounding of the float32 operand itself, with |dS_ij| bounded
 // by P_ij·(Σ_d |dO_id·V_jd| + |D_i|) (softcap only shrinks it). P from the reference forward's
-// weights; no dropout here (P̂ = P). The run must differ from the float32 products somewhere,
-// or this test would not be testing them.
+// weights; no dropout here (P̂ = P).
+struct Bf16Worst {
+    double ratio = 0.0, products = 0.0;  // error / bound; the products' share of the bound
+};
+
+// Expects every gradient of `got` (a bf16-compute run on all-bf16 `in`) within that bound, plus
+// `extra` per gradient, of the reference's `ref`; with f32 (the float32 products on the same
+// inputs) sets *differs when a gradient is not f32's rounded to bf16.
+void expect_bf16_compute_bound(const Case& c, const Inputs& in, const Result& got, const Result& ref, Bf16Worst& worst,
+                               const Bounds& extra = {}, const Result* f32 = nullptr, bool* differs = nullptr) {
+    const Dtypes dt{DType::bf16, DType::bf16, DType::bf16, DType::bf16, DType::bf16};
+    const double u = unit_roundoff(DType::bf16), uu = u * (1.0 + std::ldexp(1.0, -7));
+    // P from the reference forward (the same options; float64 weights)
+    Tensor w(DType::f64, Shape{c.B, c.Hq, c.Lq, c.Lk}), o64(DType::f64, Shape{c.B, c.Hq, c.Lq, c.Dv});
+    SdpaOptions ow = in.opt;
+    ow.impl = Impl::reference;
+    const TensorView wv = w.view();
+    sdpa(in.q, in.k, in.v, ow, o64, nullptr, &wv);
+    const double den = std::max({max_abs(ref.dq), max_abs(ref.dk), max_abs(ref.dv)}) + 1e-300;
+    Bounds bd = bounds(c, in, got, den, dt);
+    bd.dq += extra.dq;
+    bd.dk += extra.dk;
+    bd.dv += extra.dv;
+    const double scale = std::fabs(in.opt.scale.value_or(1.0 / std::sqrt(static_cast<double>(c.Dk))));
+    const std::int64_t G = c.Hq / c.Hkv;
+    // |dS| bound per (b, h, i, j)
+    std::vector<double> ds(static_cast<std::size_t>(c.B * c.Hq * c.Lq * c.Lk));
+    for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t h = 0; h < c.Hq; ++h)
+            for (std::int64_t i = 0; i < c.Lq; ++i) {
+                double D = 0.0;
+                for (std::int64_t d = 0; d < c.Dv; ++d) D += at(in.dO, b, h, i, d) * at(o64, b, h, i, d);
+                for (std::int64_t j = 0; j < c.Lk; ++j) {
+                    double dp = 0.0;
+                    for (std::int64_t d = 0; d < c.Dv; ++d) dp += std::fabs(at(in.dO, b, h, i, d) * at(in.v, b, h / G, j, d));
+                    ds[static_cast<std::size_t>(((b * c.Hq + h) * c.Lq + i) * c.Lk + j)] = at(w, b, h, i, j) * (dp + std::fabs(D));
+                }
+            }
+    const auto dsb = [&](std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
+        return ds[static_cast<std::size_t>(((b * c.Hq + h) * c.Lq + i) * c.Lk + j)];
+    };
+    const auto check = [&](const Tensor& g, const Tensor& r, const Tensor* f, double base, auto products, const char* name) {
+        for (std::int64_t b = 0; b < g.shape()[0]; ++b)
+            for (std::int64_t h = 0; h < g.shape()[1]; ++h)
+                for (std::int64_t x = 0; x < g.shape()[2]; ++x)
+                    for (std::int64_t d = 0; d < g.shape()[3]; ++d) {
+                        const double e = std::fabs(at(g, b, h, x, d) - at(r, b, h, x, d));
+                        const double pr = uu * products(b, h, x, d);
+                        const double bound = base + pr + u * (std::fabs(at(r, b, h, x, d)) + base + pr);
+                        worst.ratio = std::max(worst.ratio, e / bound);
+                        worst.products = std::max(worst.products, pr / bound);
+                        if (f) *differs |= at(g, b, h, x, d) != float_to_bf16_value(at(*f, b, h, x, d));
+                        if (!(e <= bound)) {
+                            ADD_FAILURE() << name << "[" << b << "," << h << "," << x << "," << d << "] error " << e
+                                          << " > bound " << bound;
+                            return;
+                        }
+                    }
+    };
+    check(got.dv, ref.dv, f32 ? &f32->dv : nullptr, bd.dv, [&](std::int64_t b, std::int64_t hk, std::int64_t j, std::int64_t d) {
+        double acc = 0.0;
+        for (std::int64_t h = hk * G; h < (hk + 1) * G; ++h)
+            for (std::int64_t i = 0; i < c.Lq; ++i) acc += at(w, b, h, i, j) * std::fabs(at(in.dO, b, h, i, d));
+        return acc;
+    }, "dv");
+    check(got.dk, ref.dk, f32 ? &f32->dk : nullptr, bd.dk, [&](std::int64_t b, std::int64_t hk, std::int64_t j, std::int64_t d) {
+        double acc = 0.0;
+        for (std::int64_t h = hk * G; h < (hk + 1) * G; ++h)
+            for (std::int64_t i = 0; i < c.Lq; ++i) acc += dsb(b, h, i, j) * std::fabs(at(in.q, b, h, i, d));
+        return scale * acc;
+    }, "dk");
+    check(got.dq, ref.dq, f32 ? &f32->dq : nullptr, bd.dq, [&](std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t d) {
+        double acc = 0.0;
+        for (std::int64_t j = 0; j < c.Lk; ++j) acc += dsb(b, h, i, j) * std::fabs(at(in.k, b, h / G, j, d));
+        return scale * acc;
+    }, "dq");
+}
+
+// The run must differ from the float32 products somewhere, or this test would not be testing them.
 TEST(HalfBackward, Bf16ComputeMatchesReference) {
     const detail::KernelSet* row = bf16_compute_row();
     if (row == nullptr) GTEST_SKIP() << "skipped: CPU lacks avx512_bf16";
     const detail::ScopedKernelSet use(*row);
     const Dtypes dt{DType::bf16, DType::bf16, DType::bf16, DType::bf16, DType::bf16};
-    const double u = unit_roundoff(DType::bf16), uu = u * (1.0 + std::ldexp(1.0, -7));
-    double worst = 0.0, worst_products = 0.0;  // error / bound; the products' share of the bound
+    Bf16Worst worst;
     bool differs = false;
     int n = 0;
     for (Case c : random_cases(30, 81)) {
@@ -307,71 +383,55 @@ TEST(HalfBackward, Bf16ComputeMatchesReference) {
         }
         const Result ref = run(in, dt, Impl::reference, DType::f64);
         const Result f32 = run(in, Dtypes{dt.q, dt.kv, dt.dO, dt.out, DType::f32}, Impl::flash, DType::f32);
-        // P from the reference forward (the same options; float64 weights)
-        Tensor w(DType::f64, Shape{c.B, c.Hq, c.Lq, c.Lk}), o64(DType::f64, Shape{c.B, c.Hq, c.Lq, c.Dv});
-        SdpaOptions ow = in.opt;
-        ow.impl = Impl::reference;
-        const TensorView wv = w.view();
-        sdpa(in.q, in.k, in.v, ow, o64, nullptr, &wv);
-        const double den = std::max({max_abs(ref.dq), max_abs(ref.dk), max_abs(ref.dv)}) + 1e-30;
-        const Bounds bd = bounds(c, in, got, den, dt);
-        const double scale = 1.0 / std::sqrt(static_cast<double>(c.Dk));
-        const std::int64_t G = c.Hq / c.Hkv;
-        // |dS| bound per (b, h, i, j)
-        std::vector<double> ds(static_cast<std::size_t>(c.B * c.Hq * c.Lq * c.Lk));
-        for (std::int64_t b = 0; b < c.B; ++b)
-            for (std::int64_t h = 0; h < c.Hq; ++h)
-                for (std::int64_t i = 0; i < c.Lq; ++i) {
-                    double D = 0.0;
-                    for (std::int64_t d = 0; d < c.Dv; ++d) D += at(in.dO, b, h, i, d) * at(o64, b, h, i, d);
-                    for (std::int64_t j = 0; j < c.Lk; ++j) {
-                        double dp = 0.0;
-                        for (std::int64_t d = 0; d < c.Dv; ++d) dp += std::fabs(at(in.dO, b, h, i, d) * at(in.v, b, h / G, j, d));
-                        ds[static_cast<std::size_t>(((b * c.Hq + h) * c.Lq + i) * c.Lk + j)] = at(w, b, h, i, j) * (dp + std::fabs(D));
-                    }
-                }
-        const auto dsb = [&](std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
-            return ds[static_cast<std::size_t>(((b * c.Hq + h) * c.Lq + i) * c.Lk + j)];
-        };
-        const auto check = [&](const Tensor& g, const Tensor& r, const Tensor& f, double base, auto products, const char* name) {
-            for (std::int64_t b = 0; b < g.shape()[0]; ++b)
-                for (std::int64_t h = 0; h < g.shape()[1]; ++h)
-                    for (std::int64_t x = 0; x < g.shape()[2]; ++x)
-                        for (std::int64_t d = 0; d < g.shape()[3]; ++d) {
-                            const double e = std::fabs(at(g, b, h, x, d) - at(r, b, h, x, d));
-                            const double pr = uu * products(b, h, x, d);
-                            const double bound = base + pr + u * (std::fabs(at(r, b, h, x, d)) + base + pr);
-                            worst = std::max(worst, e / bound);
-                            worst_products = std::max(worst_products, pr / bound);
-                            differs |= at(g, b, h, x, d) != static_cast<double>(float_to_bf16_value(at(f, b, h, x, d)));
-                            if (!(e <= bound)) {
-                                ADD_FAILURE() << name << "[" << b << "," << h << "," << x << "," << d << "] error " << e
-                                              << " > bound " << bound;
-                                return;
-                            }
-                        }
-        };
-        check(got.dv, ref.dv, f32.dv, bd.dv, [&](std::int64_t b, std::int64_t hk, std::int64_t j, std::int64_t d) {
-            double acc = 0.0;
-            for (std::int64_t h = hk * G; h < (hk + 1) * G; ++h)
-                for (std::int64_t i = 0; i < c.Lq; ++i) acc += at(w, b, h, i, j) * std::fabs(at(in.dO, b, h, i, d));
-            return acc;
-        }, "dv");
-        check(got.dk, ref.dk, f32.dk, bd.dk, [&](std::int64_t b, std::int64_t hk, std::int64_t j, std::int64_t d) {
-            double acc = 0.0;
-            for (std::int64_t h = hk * G; h < (hk + 1) * G; ++h)
-                for (std::int64_t i = 0; i < c.Lq; ++i) acc += dsb(b, h, i, j) * std::fabs(at(in.q, b, h, i, d));
-            return scale * acc;
-        }, "dk");
-        check(got.dq, ref.dq, f32.dq, bd.dq, [&](std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t d) {
-            double acc = 0.0;
-            for (std::int64_t j = 0; j < c.Lk; ++j) acc += dsb(b, h, i, j) * std::fabs(at(in.k, b, h / G, j, d));
-            return scale * acc;
-        }, "dq");
+        expect_bf16_compute_bound(c, in, got, ref, worst, {}, &f32, &differs);
     }
     EXPECT_TRUE(differs) << "every gradient equals the float32 products' rounded: the bf16 products did not run";
     std::printf("[ info ] bf16 compute backward, 30 cases: worst error / bound %.3g (the products' terms up to %.3g of a bound)\n",
-                worst, worst_products);
+                worst.ratio, worst.products);
+}
+
+// bf16 compute at tiny and huge scales, as FlashBackward.TinyAndHugeScales (tests/grad/
+// test_backward.cpp) checks the float32 rows: K (or Q) times 2^a at scale s0·2^-a; dQ (or dK)
+// and dV bit for bit the run at s0, and with the third gradient times 2^a within the bound
+// above for the problem at s0 — plus that gradient's rounding where it is a bf16 subnormal
+// (|x| < 2^-126 at the tiny scales: a grid of 2^-133, so ≤ 2^-134, times 2^a). dS was rounded
+// to bf16 with the scale in it, a bf16 subnormal wherever |scale·P∘(dP − D)| < 2^-126, which
+// vdpbf16ps reads as 0: dQ = 0 at scale 2^-126.
+TEST(HalfBackward, Bf16ComputeTinyAndHugeScales) {
+    const detail::KernelSet* row = bf16_compute_row();
+    if (row == nullptr) GTEST_SKIP() << "skipped: CPU lacks avx512_bf16";
+    const detail::ScopedKernelSet use(*row);
+    const Dtypes dt{DType::bf16, DType::bf16, DType::bf16, DType::bf16, DType::bf16};
+    Bf16Worst worst;
+    int n = 0;
+    for (Case c : random_cases(6, 83)) {
+        c.dropout = 0.0;
+        for (const bool heavy_k : {true, false}) {
+            SCOPED_TRACE(std::string(heavy_k ? "K" : "Q") + " times 2^a, " + c.str());
+            const std::uint64_t seed = 8300 + static_cast<std::uint64_t>(n++);
+            Inputs at_s0 = make_inputs(c, dt, seed);
+            at_s0.opt.scale = std::ldexp(1.0, kBaseScaleExponent);
+            const Result base = run(at_s0, dt, Impl::flash, DType::bf16);
+            for (const int e : kScaleExponents) {
+                SCOPED_TRACE("scale 2^" + std::to_string(e));
+                const int a = kBaseScaleExponent - e;
+                Inputs in = make_inputs(c, dt, seed);
+                times_pow2(heavy_k ? in.k.view() : in.q, a);
+                in.opt.scale = std::ldexp(1.0, e);
+                Result got = run(in, dt, Impl::flash, DType::bf16);
+                ASSERT_EQ(got.kernel, "flash-backward/avx512_bf16");
+                EXPECT_TRUE(bit_equal(heavy_k ? got.dq : got.dk, heavy_k ? base.dq : base.dk))
+                    << (heavy_k ? "dq" : "dk") << " differs from the run at the base scale";
+                EXPECT_TRUE(bit_equal(got.dv, base.dv)) << "dv differs from the run at the base scale";
+                Result ref = run(in, dt, Impl::reference, DType::f64);
+                for (Result* r : {&got, &ref}) times_pow2(heavy_k ? r->dk.view() : r->dq.view(), a);
+                Bounds subnormal{};
+                (heavy_k ? subnormal.dk : subnormal.dq) = std::ldexp(1.0, a - 134);
+                expect_bf16_compute_bound(c, at_s0, got, ref, worst, subnormal);
+            }
+        }
+    }
+    std::printf("[ info ] bf16 compute backward, scales 2^-126 .. 2^99: worst error / bound %.3g\n", worst.ratio);
 }
 
 // The natural training step on bf16 tensors: an all-bf16 forward (bf16 compute where the CPU has

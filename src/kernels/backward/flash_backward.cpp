@@ -9,6 +9,7 @@
 //   dP = dO·Vᵀ (∘ Z/(1−p) with dropout)     Dᵢ = rowsum(dO ∘ O), computed once
 //   dS = P ∘ (dP − Dᵢ)
 //   dV += P̂ᵀ·dO,  dK += scale·dSᵀ·Q,  dQ += scale·dS·K
+// with the scale split between dS and the stored dQ, dK (split_scale says why).
 //
 // Work split (deterministic): one task = (batch, KV head, chunk of key blocks). A task
 // owns the dK/dV rows of its key blocks, summing over the query heads of its GQA group
@@ -74,6 +75,25 @@ constexpr int kBc = 64;  // keys per tile (a multiple of 4: dropout draws 4 keys
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 int round8(std::int64_t x) { return static_cast<int>((x + 7) / 8 * 8); }
+
+// scale = ds·grads: the tiles multiply dS by ds, the driver dQ and dK by grads as it stores
+// them. dS = scale·P∘(dP − D) is a float32 value (bf16 compute: rounded to bf16, whose
+// subnormals vdpbf16ps reads as 0), so a tiny scale made it subnormal: dQ = dK = 0 on bf16
+// compute at scale 2e-38, bits lost in float32. Below 2^-63 dS carries 2^-63 and the
+// stored gradients scale·2^63 (a power of two: exact), so dS is normal down to
+// |P∘(dP − D)| = 2^-63 and the sums dS·K, dSᵀ·Q are the gradients times 2^-63/scale ≤ 2^63:
+// they overflow only where a gradient exceeds FLT_MAX·2^63·scale (3.7·10¹⁹ at scale 2^-126).
+// From 2^-63 up (and 0) dS carries the whole scale, as it always did: the sums are the
+// gradients themselves, no new overflow and the same bits for every usual scale; a scale of
+// 1 or more makes dS no smaller than P∘(dP − D), so it cannot underflow.
+struct ScaleSplit {
+    float ds, grads;
+};
+ScaleSplit split_scale(float scale) {
+    const float floor = 0x1p-63f;
+    if (scale == 0.0f || std::fabs(scale) >= floor) return {scale, 1.0f};
+    return {floor, scale * 0x1p63f};
+}
 
 // Σ a[d]·b[d] in double: 8 partial sums (d mod 8) added in a fixed order, so the compiler
 // vectorises it and the result depends on n only.
@@ -161,6 +181,7 @@ struct Plan {
     int Dkp, Dvp;
     Dropout drop;
     float scale;
+    ScaleSplit split;                   // scale = split.ds (in dS) · split.grads (on dQ, dK)
     bool bf16;                          // products on bf16 pairs (backward_bf16_compute)
     void (*tile)(const TileArgs&);      // the kernel table's tile for that
     std::int64_t Lq2;                   // query row pairs per head (bf16 compute)
@@ -189,7 +210,7 @@ struct Plan {
 
     Plan(const BackwardProblem& bp_, const KernelSet& k)
         : bp(bp_), p(bp_.fwd), kernels(k), B(p.B), Hq(p.Hq), Hkv(p.Hkv), Lq(p.Lq), Lk(p.Lk), Dk(p.Dk), Dv(p.Dv),
-          Dkp(round8(Dk)), Dvp(round8(Dv)), drop(p.dropout()), scale(static_cast<float>(p.scale)) {
+          Dkp(round8(Dk)), Dvp(round8(Dv)), drop(p.dropout()), scale(static_cast<float>(p.scale)), split(split_scale(scale)) {
         bf16 = backward_bf16_compute(k, bp);
         tile = bf16 ? k.backward_tile_bf16 : k.backward_tile;
         Lq2 = (Lq + 1) / 2;
@@ -421,6 +442,7 @@ void run_tile(const Plan& c, Scratch& s, std::int64_t b, std::int64_t h, std::si
     t.neg_lse = s.nl.data() + g * static_cast<std::size_t>(Lq) + i0;
     t.Drow = s.dd.data() + g * static_cast<std::size_t>(Lq) + i0;
     t.scale = c.scale;
+    t.ds_scale = c.split.ds;
     t.S = s.S.data();
     t.dP = s.dP.data();
     t.Pd = s.Pd.data();
@@ -504,7 +526,7 @@ void run_task(const Plan& c, Scratch& s, std::int64_t task, float* dq_ws, float*
                 run_tile(c, s, b, h0 + static_cast<std::int64_t>(g), g, i0, j0, bc, bcp, dq_c);
         // This task owns dK/dV rows j0..j0+bc of KV head hk.
         for (int j = 0; j < bc; ++j) {
-            store_row(bp.dk, bp.dk.offset(b, hk, j0 + j, 0), bp.dk.stride(3), s.dk.data() + j * c.Dkp, 1, c.Dk, 1.0f);
+            store_row(bp.dk, bp.dk.offset(b, hk, j0 + j, 0), bp.dk.stride(3), s.dk.data() + j * c.Dkp, 1, c.Dk, c.split.grads);
             store_row(bp.dv, bp.dv.offset(b, hk, j0 + j, 0), bp.dv.stride(3), s.dv.data() + j * c.Dvp, 1, c.Dv, 1.0f);
         }
     }
@@ -512,7 +534,13 @@ void run_task(const Plan& c, Scratch& s, std::int64_t task, float* dq_ws, float*
         for (std::size_t g = 0; g < c.group; ++g)
             for (std::int64_t i = 0; i < c.Lq; ++i)
                 store_row(bp.dq, bp.dq.offset(b, h0 + static_cast<std::int64_t>(g), i, 0), bp.dq.stride(3),
-                          s.dqb.data() + g * c.q.head + static_cast<std::size_t>(i * c.Dkp), 1, c.Dk, 1.0f);
+                          s.dqb.data() + g * c.q.head + static_cast<std::size_t>(i * c.Dkp), 1, c.Dk, c.split.grads);
+    else if (c.dq_direct && c.split.grads != 1.0f)  // the caller's rows hold the sums: scale them once
+        for (std::int64_t h = h0; h < h0 + p.group; ++h)
+            for (std::int64_t i = 0; i < c.Lq; ++i) {
+                float* row = bp.dq.data_as<float>() + bp.dq.offset(b, h, i, 0);
+                for (std::int64_t d = 0; d < c.Dk; ++d) row[d] *= c.split.grads;
+            }
 }
 
 // dQ row r (b·Hq·Lq + h·Lq + i) = Σ over the chunks' partials, in chunk order.
@@ -522,7 +550,7 @@ void sum_dq_row(const Plan& c, const float* dq_ws, std::int64_t r) {
         float acc = dq_ws[static_cast<std::size_t>(r * c.Dkp + d)];
         for (std::int64_t k = 1; k < c.nchunks; ++k)
             acc += dq_ws[static_cast<std::size_t>(k) * c.dq_part + static_cast<std::size_t>(r * c.Dkp + d)];
-        store(c.bp.dq, c.bp.dq.offset(b, h, i, d), acc);
+        store(c.bp.dq, c.bp.dq.offset(b, h, i, d), acc * c.split.grads);
     }
 }
 

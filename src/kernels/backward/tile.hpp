@@ -60,6 +60,9 @@ struct TileArgs {
     const float* Drow = nullptr;      // (br): Dᵢ = rowsum(dO ∘ O)
     const float* drop = nullptr;  // (br, bcp) or null: dropout factor, 0 or 1/(1−p)
     float scale = 1.0f;
+    // The part of the scale dS carries, dS = ds_scale·P∘(dP − D); the driver multiplies the
+    // stored dQ and dK by the rest (flash_backward.cpp, split_scale).
+    float ds_scale = 1.0f;
     // Null when every key of the tile is visible to every row and no element-wise rule
     // applies: P = 2^((S·scale − lse)·log2 e). Otherwise called on each row of
     // S = Q·Kᵀ (bcp entries): it leaves the scaled scores after the score rule, in natural

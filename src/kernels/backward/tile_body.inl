@@ -52,10 +52,10 @@ void tile_body(const TileArgs& t) {
                     }
             }
     }
-    // dS = scale · P∘(dP − Dᵢ)   (scale folded in once for dQ and dK)
+    // dS = ds_scale · P∘(dP − Dᵢ)   (the driver applies the rest of the scale to dQ and dK)
     for (int i = 0; i < br; ++i) {
         const std::ptrdiff_t o = static_cast<std::ptrdiff_t>(i) * bcp;
-        ds_row(t.S + o, t.dP + o, bcp, t.Drow[i], t.scale);
+        ds_row(t.S + o, t.dP + o, bcp, t.Drow[i], t.ds_scale);
     }
     // Softcap: ∂(c·tanh(s/c))/∂s = 1 − tanh²(s/c)
     if (t.softcap_grad)
