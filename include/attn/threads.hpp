@@ -20,7 +20,9 @@ namespace attn {
 // for n < 0 or n > 4096.
 void set_num_threads(int n);
 
-// The count attn's next call on this thread will use.
+// The count attn's next call on this thread will use: the one above, or fewer once the system
+// refused to create that many threads for this thread's calls (docs/environment.md, "Threads the
+// system will not create"; said once on stderr).
 int num_threads();
 
 // For the duration of its scope, calls from this thread use n threads (n >= 1; 0 = no

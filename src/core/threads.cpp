@@ -15,6 +15,7 @@
 
 #include "attn/error.hpp"
 #include "check.hpp"
+#include "startable_threads.hpp"
 #include "threads.hpp"
 
 namespace attn {
@@ -73,12 +74,22 @@ void set_num_threads(int n) {
     g_threads.store(n, std::memory_order_relaxed);
 }
 
-int num_threads() {
-    if (g_forked_child.load(std::memory_order_relaxed)) return 1;
+namespace {
+
+int asked_threads() {
     if (t_override > 0) return t_override;
     if (const int g = g_threads.load(std::memory_order_relaxed); g > 0) return g;
     if (const int e = env_threads(); e > 0) return e;
     return omp_get_max_threads();
+}
+
+}  // namespace
+
+// Every kernel's count comes from here, so it is the one place that keeps a call from asking
+// libgomp for threads the system will not create (startable_threads.hpp: libgomp would exit).
+int num_threads() {
+    if (g_forked_child.load(std::memory_order_relaxed)) return 1;
+    return detail::startable_threads(asked_threads());
 }
 
 ScopedNumThreads::ScopedNumThreads(int n) : previous_(t_override) {
