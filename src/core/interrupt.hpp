@@ -30,6 +30,12 @@ public:
     // attn::Interrupted when some reader saw the flag set (work may have been skipped); on the
     // calling thread, after the region (whose end orders the readers' stores before this load).
     void throw_if_requested() const;
+    // attn::Interrupted now if the flag is set: for work that reads it inside a task too (the
+    // reference kernel, once per query row, as one head can take minutes); FirstError
+    // (parallel_for.hpp) keeps the exception and rethrows it after the region.
+    void stop_if_requested() const {
+        if (requested()) throw_if_requested();
+    }
 
 private:
     const std::atomic<bool>* flag_;

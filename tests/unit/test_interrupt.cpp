@@ -3,9 +3,11 @@
 // reference, decode, the backward, varlen, the projection GEMM) —, while calls outside the scope,
 // on other threads, or under an inner scope whose flag is clear do not read it.
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <chrono>
+#include <ctime>
 #include <functional>
 #include <random>
 #include <thread>
@@ -72,6 +74,7 @@ TEST(Interrupt, FlagSetBeforeTheCallStopsEveryKernel) {
         EXPECT_THROW(decode_attention(one.q, cache, SdpaOptions{}, out), Interrupted);
         EXPECT_TRUE(still_poisoned(out));
     }
+    EXPECT_THROW((void)reference_steps(t.q, t.k, t.v, SdpaOptions{}), Interrupted);  // attn demo's steps
     for (Impl impl : {Impl::flash, Impl::reference}) {
         Tensor out(DType::f32, {2, 3, 70, 16}), lse(DType::f32, {2, 3, 70});
         Tensor dq = poisoned(DType::f32, {2, 3, 70, 16}), dk = poisoned(DType::f32, {2, 3, 90, 16}),
@@ -105,6 +108,51 @@ TEST(Interrupt, FlagSetBeforeTheCallStopsEveryKernel) {
         EXPECT_THROW(layer.forward_into(x, x, x, o, out, nullptr), Interrupted);
         EXPECT_TRUE(still_poisoned(out));
     }
+}
+
+// The reference kernel reads the flag once per query row, not only between its (batch, head)
+// tasks: one large head runs for minutes (16384 queries and keys), and a Ctrl-C waited for all of
+// it. One head of 1536 queries and keys in double (a task of a few tenths of a second of CPU time
+// here): the flag is set once the calling thread has computed for 20 ms (its CPU clock, whatever
+// the machine's load), inside the head's first steps. The call must then end in attn::Interrupted
+// with its outputs unwritten — the kernel writes a head's rows when the head is done, so a head
+// that ran to its end would have written them (and a single task seen no flag: no exception).
+void stop_inside_one_head(const std::function<void()>& call) {
+    std::atomic<bool> stop{false}, done{false};
+    bool interrupted = false;
+    std::thread caller([&] {
+        const ScopedInterruptFlag watch(stop);
+        try {
+            call();
+        } catch (const Interrupted&) {
+            interrupted = true;
+        }
+        done = true;
+    });
+    clockid_t clock{};
+    ASSERT_EQ(pthread_getcpuclockid(caller.native_handle(), &clock), 0);
+    for (timespec t{}; !done && clock_gettime(clock, &t) == 0 && t.tv_sec == 0 && t.tv_nsec < 20'000'000;)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    stop = true;
+    caller.join();
+    EXPECT_TRUE(interrupted) << "the head ran to its end";
+}
+
+TEST(Interrupt, TheReferenceKernelStopsInsideAHead) {
+    std::mt19937 rng(12);
+    const Shape s{1, 1, 1536, 64};
+    const Tensor q = randn(DType::f64, s, rng), k = randn(DType::f64, s, rng), v = randn(DType::f64, s, rng);
+    const SdpaOptions o = with_impl(Impl::reference);
+    Tensor out = poisoned(DType::f64, s);
+    stop_inside_one_head([&] { sdpa(q, k, v, o, out); });
+    EXPECT_TRUE(still_poisoned(out));
+
+    Tensor lse(DType::f64, {1, 1, 1536});
+    Tensor dq = poisoned(DType::f64, s), dk = poisoned(DType::f64, s), dv = poisoned(DType::f64, s);
+    stop_inside_one_head([&] { sdpa_backward(q, k, v, v, lse, v, o, dq, dk, dv); });  // out, dO: any values
+    EXPECT_TRUE(still_poisoned(dq));
+    EXPECT_TRUE(still_poisoned(dk));
+    EXPECT_TRUE(still_poisoned(dv));
 }
 
 // A long flash call stopped from another thread soon after it started: attn::Interrupted, long

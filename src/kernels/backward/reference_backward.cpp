@@ -10,6 +10,7 @@
 
 #include "attn/error.hpp"
 #include "../../core/dropout.hpp"
+#include "../../core/interrupt.hpp"
 #include "../../core/parallel_for.hpp"
 #include "../../core/element_io.hpp"
 #include "../reference/reference.hpp"
@@ -63,6 +64,9 @@ void reference_backward(const BackwardProblem& bp) {
     const int threads = team_size(tasks);
     std::vector<TaskBuffers> buffers(static_cast<std::size_t>(threads));  // empty until reserved here:
     for (TaskBuffers& w : buffers) reserve_task_buffers(p, w);             // every one before any write
+    // The caller's flag (interrupt.hpp), read once per query row as the forward's steps read it:
+    // one head can take minutes.
+    const Interrupt stop;
     const auto task = [&](std::int64_t t) {
         TaskBuffers& mine = buffers[static_cast<std::size_t>(omp_get_thread_num())];
         std::vector<double>& K = mine.K;
@@ -82,11 +86,12 @@ void reference_backward(const BackwardProblem& bp) {
         dV.assign(static_cast<std::size_t>(Lk * Dv), 0.0);
         dA.resize(static_cast<std::size_t>(Lk));
         for (std::int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h) {
-            reference_head(undropped, b, h, s);  // s.weights = A (Lq, Lk)
+            reference_head(undropped, b, h, s, stop);  // s.weights = A (Lq, Lk)
             load_rows(p.q, b, h, Lq, Dk, Q);           // (Lq, Dk)
             load_rows(bp.grad_out, b, h, Lq, Dv, dO);  // (Lq, Dv)
             dQ.assign(static_cast<std::size_t>(Lq * Dk), 0.0);
             for (std::int64_t i = 0; i < Lq; ++i) {
+                stop.stop_if_requested();
                 const double* A = s.weights.data() + i * Lk;
                 const double* dOi = dO.data() + i * Dv;
                 // dA[j] = Z/(1−p) · dO[i]·V[j];  dV[j] += A[i][j]·Z/(1−p) · dO[i]

@@ -14,6 +14,7 @@
 #include "../../core/allocate.hpp"
 #include "../../core/checked_size.hpp"
 #include "../../core/dropout.hpp"
+#include "../../core/interrupt.hpp"
 #include "../../core/parallel_for.hpp"
 #include "../../core/element_io.hpp"
 #include "../scores.hpp"
@@ -23,13 +24,29 @@ namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
+// Every step reads the caller's interrupt flag once per query row (stop.stop_if_requested()):
+// one head of 16384 queries and keys takes minutes here, and the flag must not wait for it.
+
+// m = `rows` rows of `cols` copied from src (zeros when src is null), a row at a time with the
+// flag read before each: the first touch of a head's Lq × Lk doubles alone (2 GiB at 16384)
+// takes seconds. m's capacity is reserved (reserve_head_steps): nothing is reallocated.
+void assign_rows(std::vector<double>& m, std::int64_t rows, std::int64_t cols, const double* src, const Interrupt& stop) {
+    m.clear();
+    for (std::int64_t i = 0; i < rows; ++i) {
+        stop.stop_if_requested();
+        if (src == nullptr) m.insert(m.end(), static_cast<std::size_t>(cols), 0.0);
+        else m.insert(m.end(), src + i * cols, src + (i + 1) * cols);
+    }
+}
+
 // Step 1 — scores: S[i][j] = scale · Σ_d Q[i][d]·K[j][d]
 void compute_scores(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::vector<double>& S,
-                    std::vector<double>& qrow) {
+                    std::vector<double>& qrow, const Interrupt& stop) {
     const std::int64_t hk = p.kv_head(h);
-    S.assign(static_cast<std::size_t>(p.Lq * p.Lk), 0.0);
+    assign_rows(S, p.Lq, p.Lk, nullptr, stop);
     qrow.resize(static_cast<std::size_t>(p.Dk));
     for (std::int64_t i = 0; i < p.Lq; ++i) {
+        stop.stop_if_requested();
         for (std::int64_t d = 0; d < p.Dk; ++d) qrow[static_cast<std::size_t>(d)] = load(p.q, p.q.offset(b, h, i, d));
         for (std::int64_t j = 0; j < p.Lk; ++j) {
             double dot = 0.0;
@@ -45,9 +62,11 @@ void compute_scores(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::v
 // (Setting it to 0 would still give it weight after the softmax; −inf gives none.)
 // An additive −inf forbids too, by selection: a NaN or +inf score plus −inf is −inf, not
 // NaN. A finite bias, however negative (−FLT_MAX), is added: a finite score.
-void apply_masks(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::vector<double>& S) {
-    for (std::int64_t i = 0; i < p.Lq; ++i)
+void apply_masks(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::vector<double>& S, const Interrupt& stop) {
+    for (std::int64_t i = 0; i < p.Lq; ++i) {
+        stop.stop_if_requested();
         apply_score_rule<double>(p, b, h, i, 0, p.Lk, S.data() + i * p.Lk, 1, p.key_range(b, i));
+    }
 }
 
 // Step 3 — softmax by rows, shifted by the row max for stability. A row whose every
@@ -56,10 +75,11 @@ void apply_masks(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::vect
 //   A_j = e^{s_j − m} / (e^{σ − m} + Σ_k e^{s_k − m}),  m = max(σ, max s),  lse includes σ;
 // a row with no visible key then gives weights 0 and lse = σ.
 void softmax_rows(std::int64_t rows, std::int64_t cols, const std::vector<double>& S, std::vector<double>& A,
-                  std::vector<double>& lse, double sink) {
-    A.assign(S.size(), 0.0);
+                  std::vector<double>& lse, double sink, const Interrupt& stop) {
+    assign_rows(A, rows, cols, nullptr, stop);
     lse.assign(static_cast<std::size_t>(rows), kNegInf);
     for (std::int64_t i = 0; i < rows; ++i) {
+        stop.stop_if_requested();
         const double* s = S.data() + i * cols;
         double* a = A.data() + i * cols;
         double m = sink;
@@ -82,19 +102,22 @@ void softmax_rows(std::int64_t rows, std::int64_t cols, const std::vector<double
 
 // Step 3b — dropout (training only; added with the backward pass): A ← A ∘ Z / (1 − p),
 // Z[i][j] = the Philox keep decision of src/core/dropout.hpp. p = 0 leaves A untouched.
-void apply_dropout(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::vector<double>& A) {
+void apply_dropout(const SdpaProblem& p, std::int64_t b, std::int64_t h, std::vector<double>& A, const Interrupt& stop) {
     const Dropout drop = p.dropout();
     if (!drop.active) return;
-    for (std::int64_t i = 0; i < p.Lq; ++i)
+    for (std::int64_t i = 0; i < p.Lq; ++i) {
+        stop.stop_if_requested();
         for (std::int64_t j = 0; j < p.Lk; ++j) A[static_cast<std::size_t>(i * p.Lk + j)] *= drop.factor(b, h, i, j);
+    }
 }
 
 // Step 4 — weighted sum of values: O[i] = Σ_j A[i][j]·V[j]
 void weighted_sum(const SdpaProblem& p, std::int64_t b, std::int64_t h, const std::vector<double>& A,
-                  std::vector<double>& O) {
+                  std::vector<double>& O, const Interrupt& stop) {
     const std::int64_t hk = p.kv_head(h);
     O.assign(static_cast<std::size_t>(p.Lq * p.Dv), 0.0);
     for (std::int64_t i = 0; i < p.Lq; ++i) {
+        stop.stop_if_requested();
         double* o = O.data() + i * p.Dv;
         for (std::int64_t j = 0; j < p.Lk; ++j) {
             const double a = A[static_cast<std::size_t>(i * p.Lk + j)];
@@ -122,17 +145,21 @@ void reserve_head_steps(const SdpaProblem& p, HeadSteps& steps) {
     });
 }
 
-void reference_head(const SdpaProblem& p, std::int64_t b, std::int64_t h, HeadSteps& steps) {
+void reference_head(const SdpaProblem& p, std::int64_t b, std::int64_t h, HeadSteps& steps, const Interrupt& stop) {
     if (steps.scores.capacity() == 0) reserve_head_steps(p, steps);  // the size check, once
-    compute_scores(p, b, h, steps.scores, steps.q_row);
-    steps.softcapped_scores = steps.scores;
+    compute_scores(p, b, h, steps.scores, steps.q_row, stop);
+    assign_rows(steps.softcapped_scores, p.Lq, p.Lk, steps.scores.data(), stop);
     if (p.softcap > 0.0)
-        for (double& x : steps.softcapped_scores) x = softcap_value<double>(x, p.softcap, 1.0 / p.softcap);
-    steps.masked_scores = steps.scores;
-    apply_masks(p, b, h, steps.masked_scores);
-    softmax_rows(p.Lq, p.Lk, steps.masked_scores, steps.weights, steps.lse, static_cast<double>(p.sink(h)));
-    apply_dropout(p, b, h, steps.weights);  // dropout: weights become the dropped, rescaled A
-    weighted_sum(p, b, h, steps.weights, steps.out);
+        for (std::int64_t i = 0; i < p.Lq; ++i) {
+            stop.stop_if_requested();
+            double* row = steps.softcapped_scores.data() + i * p.Lk;
+            for (std::int64_t j = 0; j < p.Lk; ++j) row[j] = softcap_value<double>(row[j], p.softcap, 1.0 / p.softcap);
+        }
+    assign_rows(steps.masked_scores, p.Lq, p.Lk, steps.scores.data(), stop);
+    apply_masks(p, b, h, steps.masked_scores, stop);
+    softmax_rows(p.Lq, p.Lk, steps.masked_scores, steps.weights, steps.lse, static_cast<double>(p.sink(h)), stop);
+    apply_dropout(p, b, h, steps.weights, stop);  // dropout: weights become the dropped, rescaled A
+    weighted_sum(p, b, h, steps.weights, steps.out, stop);
 }
 
 void reference_out_of_memory(const SdpaProblem& p) {
@@ -148,8 +175,8 @@ namespace {
 
 // One (b, h): its steps (in the thread's reserved buffers), then its rows of out (lse, weights,
 // scores when asked).
-void forward_head(const SdpaProblem& p, std::int64_t b, std::int64_t h, HeadSteps& s) {
-    reference_head(p, b, h, s);
+void forward_head(const SdpaProblem& p, std::int64_t b, std::int64_t h, HeadSteps& s, const Interrupt& stop) {
+    reference_head(p, b, h, s, stop);
     for (std::int64_t i = 0; i < p.Lq; ++i) {
         for (std::int64_t d = 0; d < p.Dv; ++d)
             store(p.out, p.out.offset(b, h, i, d), s.out[static_cast<std::size_t>(i * p.Dv + d)]);
@@ -175,8 +202,9 @@ void reference_forward(const SdpaProblem& p) {
     const int threads = team_size(p.B * p.Hq);
     std::vector<HeadSteps> steps(static_cast<std::size_t>(threads));
     for (HeadSteps& s : steps) reserve_head_steps(p, s);
+    const Interrupt stop;  // the caller's flag, taken here on the calling thread (interrupt.hpp)
     parallel_for_may_throw(p.B * p.Hq, threads, [&](std::int64_t bh) {
-        forward_head(p, bh / p.Hq, bh % p.Hq, steps[static_cast<std::size_t>(omp_get_thread_num())]);
+        forward_head(p, bh / p.Hq, bh % p.Hq, steps[static_cast<std::size_t>(omp_get_thread_num())], stop);
     });
 }
 

@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "../../core/interrupt.hpp"
 #include "../../sdpa/problem.hpp"
 
 namespace attn::detail {
@@ -31,7 +32,8 @@ struct HeadSteps {
 void reserve_head_steps(const SdpaProblem& p, HeadSteps& steps);
 
 // One head: fills `steps` (which need not be reserved; reserved ones are not reallocated).
-void reference_head(const SdpaProblem& p, std::int64_t b, std::int64_t h, HeadSteps& steps);
+// Reads `stop` once per query row of each step: attn::Interrupted, `steps` unfinished, once set.
+void reference_head(const SdpaProblem& p, std::int64_t b, std::int64_t h, HeadSteps& steps, const Interrupt& stop);
 
 // All heads; writes p.out (and p.lse, p.weights when present). Threads over (b, h), each with
 // buffers reserved before the first write (an allocation the system refuses is

@@ -21,10 +21,11 @@ AttentionSteps reference_steps(const TensorView& q, const TensorView& k, const T
     s.masked_scores = Tensor(DType::f64, Shape{B, Hq, Lq, Lk});
     s.weights = Tensor(DType::f64, Shape{B, Hq, Lq, Lk});
     s.lse = Tensor(DType::f64, Shape{B, Hq, Lq});
+    const detail::Interrupt stop;  // the caller's flag (attn/interrupt.hpp), read once per query row
     for (std::int64_t b = 0; b < B; ++b) {
         for (std::int64_t h = 0; h < Hq; ++h) {
             detail::HeadSteps hs;
-            detail::reference_head(p, b, h, hs);
+            detail::reference_head(p, b, h, hs, stop);
             const std::int64_t head = b * Hq + h;
             std::copy(hs.scores.begin(), hs.scores.end(), s.scores.data_as<double>() + head * Lq * Lk);
             std::copy(hs.softcapped_scores.begin(), hs.softcapped_scores.end(),
