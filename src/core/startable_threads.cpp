@@ -117,6 +117,8 @@ int creatable(int extra, int* error) {
 
 }  // namespace
 
+void forget_startable_threads() noexcept { t_team = 1; }
+
 int startable_threads(int n) {
     const int team = t_team;
     if (n <= team) return n;  // the steady path

@@ -14,4 +14,10 @@ namespace attn::detail {
 // threads; every other ask is one thread-local load.
 int startable_threads(int n);
 
+// In a forked child (threads.cpp's fork handler), on the one thread fork() keeps: forgets that
+// thread's check. The parent's threads are not the child's — libgomp creates the child's pool
+// anew — and the child's limits are its own (a worker may lower RLIMIT_NPROC after fork), so the
+// child's first larger team is checked again.
+void forget_startable_threads() noexcept;
+
 }  // namespace attn::detail

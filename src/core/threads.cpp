@@ -35,11 +35,14 @@ std::atomic<bool> g_forked_child{false};  // and was forked after that: one thre
 
 void one_thread_in_the_child() {
     if (g_team_started.load(std::memory_order_relaxed)) g_forked_child.store(true, std::memory_order_relaxed);
+    detail::forget_startable_threads();  // the parent's check of its threads does not hold here
 }
 
 // Registered when the library is loaded, before any fork can matter (a lazy registration behind a
 // function-local static's guard could leave a child forked mid-registration waiting on the guard).
-// The handler reads and writes two lock-free atomics: safe in the child of a threaded process.
+// The handler reads and writes two lock-free atomics and the forking thread's own thread-local
+// int: safe in the child of a threaded process (a first touch of the thread-local block may
+// allocate, and glibc's malloc works in a forked child).
 [[maybe_unused]] const int g_atfork_registered = pthread_atfork(nullptr, nullptr, one_thread_in_the_child);
 
 // ATTN_NUM_THREADS when it is an integer in 1..4096, else 0: the variable is ignored, as

@@ -6,6 +6,10 @@
 //                              run as root, whom the limit does not bind): no thread can be created
 //   thread_limit_check stack   runs itself as `child` with OMP_STACKSIZE=4G and an address space
 //                              limit (RLIMIT_AS) that leaves 1 GiB: no thread's stack can be mapped
+//   thread_limit_check fork    runs itself as `forked` (as user nobody when run as root), which
+//                              has attn check 4 threads with no limit (attn::num_threads()), then
+//                              forks a process that lowers RLIMIT_NPROC to 1 and does what `child`
+//                              does: the parent's check must not stand for the forked child's
 //   thread_limit_check child   asks for 4 threads: the sdpa forward and backward complete on 1,
 //                              forward equal to an independent naive attention, and
 //                              attn::num_threads() says 1
@@ -69,24 +73,51 @@ int child() {
     return 0;
 }
 
+// RLIMIT_NPROC = 1 for this process and those it creates: no thread can be created.
+void no_more_threads() {
+    const rlimit one{1, 1};
+    if (setrlimit(RLIMIT_NPROC, &one) != 0) _exit(5);
+}
+
+// `child` in a process forked after this one's check of 4 threads, under no limit, passed; the
+// forked process lowers RLIMIT_NPROC to 1 first, as a worker may. libgomp's pool is not
+// inherited: the forked process creates its threads anew, and the parent's check said nothing
+// about them (libgomp ended the forked process).
+int forked() {
+    attn::set_num_threads(4);
+    if (attn::num_threads() != 4) {
+        std::printf("FAIL num_threads() = %d before the fork, with no limit\n", attn::num_threads());
+        return 3;
+    }
+    std::fflush(stdout);
+    const pid_t pid = fork();
+    if (pid < 0) return 5;
+    if (pid == 0) {
+        no_more_threads();
+        _exit(child());
+    }
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid) return 5;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 // The child's limit, set after fork() and before exec(): the new process starts under it, as
 // `ulimit -u 1; exec …` would; the OpenMP pool of this process plays no part.
 [[noreturn]] void exec_child(const char* self, const std::string& mode, int err_fd) {
     dup2(err_fd, STDERR_FILENO);
-    if (mode == "nproc") {
+    if (mode == "nproc" || mode == "fork") {
         if (geteuid() == 0 && (setgroups(0, nullptr) != 0 || setgid(kNobody) != 0 || setuid(kNobody) != 0)) {
             std::printf("skipped: running as root, and cannot become user %u (%s): root ignores RLIMIT_NPROC\n",
                         kNobody, std::strerror(errno));
             std::fflush(stdout);
             _exit(kSkip);
         }
-        const rlimit one{1, 1};
-        if (setrlimit(RLIMIT_NPROC, &one) != 0) _exit(5);
+        if (mode == "nproc") no_more_threads();
     } else {
         setenv("OMP_STACKSIZE", "4G", 1);
         attn::test::limit_address_space(1ul << 30);
     }
-    execl(self, self, "child", static_cast<char*>(nullptr));
+    execl(self, self, mode == "fork" ? "forked" : "child", static_cast<char*>(nullptr));
     std::printf("skipped: cannot run %s as user %u (%s)\n", self, kNobody, std::strerror(errno));
     std::fflush(stdout);
     _exit(kSkip);
@@ -142,13 +173,14 @@ int parent(const char* self, const std::string& mode) {
 int main(int argc, char** argv) {
     const std::string mode = argc > 1 ? argv[1] : "";
     if (mode == "child") return child();
+    if (mode == "forked") return forked();
 #if defined(__SANITIZE_ADDRESS__)
     // The stack mode's address space limit leaves no room for ASan's shadow memory, and under the
     // thread limit LeakSanitizer's exit check (which runs on a thread of its own) could not run.
     std::printf("skipped: ASan cannot run under these limits\n");
     return kSkip;
 #endif
-    if (mode == "nproc" || mode == "stack") return parent("/proc/self/exe", mode);
-    std::printf("usage: thread_limit_check nproc|stack|child\n");
+    if (mode == "nproc" || mode == "stack" || mode == "fork") return parent("/proc/self/exe", mode);
+    std::printf("usage: thread_limit_check nproc|stack|fork|child|forked\n");
     return 2;
 }
