@@ -19,6 +19,8 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -239,9 +241,23 @@ void bind_dist(py::module_& m) {
 #undef ATTN_RING_KEYWORDS
     d.def(
         "rank_segments",
-        [](std::int64_t L, int P, int rank, const std::string& layout) {
+        // Converted by name (convert.hpp), as every scalar argument: pybind11's casters took True
+        // as 1 and answered 1.5, "8" or 2**70 with their signature dump. P and rank are MPI's
+        // ints: a value past int's range is named here, not truncated into another rank.
+        [](const py::object& L_arg, const py::object& P_arg, const py::object& rank_arg, const py::object& layout_arg) {
+            const std::int64_t L = int_arg(L_arg, "L");
+            const std::int64_t P = int_arg(P_arg, "P");
+            const std::int64_t rank = int_arg(rank_arg, "rank");
+            const std::string layout = str_arg(layout_arg, "layout");
+            for (const auto& [name, v] : {std::pair{"P", P}, std::pair{"rank", rank}}) {
+                if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max()) {
+                    value_error(std::string("rank_segments: ") + name + ": expected an int of MPI's range (|" + name +
+                                "| < 2^31) but got " + std::to_string(v));
+                }
+            }
             std::vector<std::pair<std::int64_t, std::int64_t>> out;
-            for (const auto& s : attn::dist::rank_segments(L, P, rank, attn::dist::parse_layout(layout)))
+            for (const auto& s : attn::dist::rank_segments(L, static_cast<int>(P), static_cast<int>(rank),
+                                                           attn::dist::parse_layout(layout)))
                 out.emplace_back(s.start, s.length);
             return out;
         },

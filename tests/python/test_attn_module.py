@@ -701,6 +701,26 @@ def test_rank_segments_match_exact_chunks_up_to_the_largest_rank_count():
                 assert attn.dist.rank_segments(L, P, r, layout="contiguous") == [chunk(L, P, r)], (L, P, r)
 
 
+@pytest.mark.skipif(not hasattr(attn, "dist"), reason="skipped: attn built without MPI (no attn.dist)")
+@pytest.mark.parametrize("args, exc, message", [
+    # pybind11's casters took True as 1 (segments of one rank) and answered the others with
+    # "incompatible function arguments" and the whole signature.
+    ((10, True, 0), TypeError, "P: expected an int but got bool True"),
+    ((10.5, 2, 0), TypeError, "L: expected an int but got float 10.5"),
+    ((10, 2, "0"), TypeError, "rank: expected an int but got str '0'"),
+    ((10, 2, 0, 1), TypeError, "layout: expected a str but got int 1"),
+    ((2**70, 2, 0), ValueError, "L: expected an int64 but got 1180591620717411303424"),
+    # Past int's range, not truncated into another P (2^32 + 2 read as 2).
+    ((10, 2**32 + 2, 0), ValueError, "rank_segments: P: expected an int of MPI's range (|P| < 2^31) but got 4294967298"),
+    ((10, 2, -2**32), ValueError, "rank_segments: rank: expected an int of MPI's range (|rank| < 2^31) but got -4294967296"),
+])
+def test_rank_segments_arguments_are_named(args, exc, message):
+    with pytest.raises(exc) as e:
+        attn.dist.rank_segments(*args)
+    assert str(e.value) == message
+    assert attn.dist.rank_segments(np.int64(10), np.int32(2), np.int64(1)) == [(2, 3), (5, 2)]
+
+
 @pytest.mark.parametrize("impl", ["reference", "flash", "decode"])
 def test_a_minus_inf_score_is_a_masked_key(impl):
     # docs/conventions.md, "Non-finite values": a -inf score (q·k = -inf) is a weight of exactly 0
