@@ -52,6 +52,23 @@ def test_unknown_option_is_named():
         assert f"unknown option '--bogus' of attn {command}" in line, line
 
 
+def test_unknown_short_option_is_named(tmp_path):
+    # `-q Q.npy` (one dash) said "--q is required", and a trailing "-x" CLI11's "The following
+    # argument was not expected"; only -h is a short option.
+    for args, name in ((("-q", "Q.npy", "--k", "K.npy", "--v", "V.npy", "--out", "O.npy"), "-q"),
+                       (("--q", "Q.npy", "--k", "K.npy", "--v", "V.npy", "--out", "O.npy", "-x"), "-x"),
+                       (("-qQ.npy",), "-qQ.npy"),
+                       (("--q", "Q.npy", "-threads=2"), "-threads")):
+        line = one_error_line(attn("sdpa", *args, cwd=tmp_path))
+        assert line == f"attn: error: unknown option '{name}' of attn sdpa (attn sdpa --help lists them)", line
+    assert attn("sdpa", "-h").returncode == 0
+    # A negative number is a value, not an option: the library's range check names it.
+    line = one_error_line(attn("sdpa", "--q", "Q.npy", "--k", "K.npy", "--v", "V.npy", "--out", "O.npy",
+                               "--window-left", "-2", cwd=tmp_path))
+    assert "--window-left/--window-right: left and right must be >= 0" in line, line
+    assert os.listdir(tmp_path) == []
+
+
 
 def test_option_values_that_look_like_options_are_values(tmp_path):
     # A value starting with "--" (a BPE token, a title) is the option's value, as CLI11 reads it;

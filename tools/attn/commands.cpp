@@ -1,6 +1,7 @@
 // The whole command line of `attn`, in one function: main() parses with it, and the CLI
 // fuzz target (fuzz/fuzz_cli_args.cpp) parses with exactly the same options.
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -86,14 +87,20 @@ std::string unknown_command(const CLI::App& app, int argc, const char* const* ar
         for (int i = 2; i < argc; ++i) {
             const std::string word = argv[i];
             if (word == "--") break;
-            if (word.size() < 3 || word.compare(0, 2, "--") != 0) continue;
+            // A short option too ("-q", "-qQ.npy": its value attached; "-threads" reads as -t): attn
+            // has none but -h, and `attn sdpa -q Q.npy …` said "--q is required". A negative number
+            // is no option.
+            const bool is_short = word.size() >= 2 && word[0] == '-' && word[1] != '-' && word[1] != '.' &&
+                                  std::isdigit(static_cast<unsigned char>(word[1])) == 0;
+            if (!is_short && (word.size() < 3 || word.compare(0, 2, "--") != 0)) continue;
             const std::size_t eq = word.find('=');
-            const std::string name = word.substr(0, eq);
+            const std::string name = word.substr(0, is_short ? 2 : eq);
+            const bool attached = is_short ? word.size() > 2 : eq != std::string::npos;  // the value in the word
             const CLI::Option* opt = sub->get_option_no_throw(name);
             if (opt == nullptr) opt = app.get_option_no_throw(name);
             if (opt == nullptr) {
-                return "unknown option '" + name + "' of attn " + sub->get_name() + " (attn " + sub->get_name() +
-                       " --help lists them)";
+                return "unknown option '" + word.substr(0, eq) + "' of attn " + sub->get_name() + " (attn " +
+                       sub->get_name() + " --help lists them)";
             }
             if (opt->get_items_expected_max() == 1 && opt->get_multi_option_policy() == CLI::MultiOptionPolicy::Throw) {
                 auto it = std::find_if(seen.begin(), seen.end(), [&](const auto& s) { return s.first == opt; });
@@ -104,7 +111,7 @@ std::string unknown_command(const CLI::App& app, int argc, const char* const* ar
                 }
             }
             // Its values are not options, whatever they look like (--title "--x", --tokens "--,a").
-            if (eq == std::string::npos) i += std::max(0, opt->get_items_expected_min());
+            if (!attached) i += std::max(0, opt->get_items_expected_min());
         }
         for (const auto& [opt, count] : seen) {
             if (opt == repeated)
