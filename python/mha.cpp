@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <cstdint>
 #include <memory>
@@ -248,8 +249,13 @@ std::unique_ptr<PyMha> make_mha(const py::object& embed_dim, const py::object& n
         value_error("dropout: attn's MultiheadAttention is inference-only (eval mode); expected 0.0 but got " +
                     attn::detail::shortest(dropout));
     }
-    if (!device.is_none() && std::string(py::str(device)) != "cpu") {
-        value_error("device: only 'cpu' is supported but got " + std::string(py::str(device)));
+    // torch's spelling of the one CPU device: "cpu", or with an index, "cpu:0" (torch.device("cpu", 0)),
+    // which torch's module takes too.
+    if (!device.is_none()) {
+        const std::string d = py::str(device);
+        const bool indexed = d.size() > 4 && d.compare(0, 4, "cpu:") == 0 &&
+                             std::all_of(d.begin() + 4, d.end(), [](unsigned char ch) { return std::isdigit(ch) != 0; });
+        if (d != "cpu" && !indexed) value_error("device: only 'cpu' is supported but got " + d);
     }
     attn::MhaConfig c;
     c.param_dtype = param_dtype_arg(dtype);

@@ -536,6 +536,17 @@ def test_mha_bad_config(make, exc, words):
         assert w in str(e.value)
 
 
+def test_mha_device_is_torchs_cpu_in_any_spelling():
+    # torch.device("cpu", 0) is "cpu:0", which torch's module takes: it was "only 'cpu' is supported
+    # but got cpu:0".
+    for device in ("cpu", "cpu:0", torch.device("cpu"), torch.device("cpu", 0)):
+        assert attn.MultiheadAttention(8, 2, device=device).state_dict()["in_proj_weight"].shape == (24, 8)
+    for device in ("cuda", "cuda:0", "cpu:", "cpu:x", "cpux", torch.device("meta")):
+        with pytest.raises(ValueError) as e:
+            attn.MultiheadAttention(8, 2, device=device)
+        assert str(e.value) == f"device: only 'cpu' is supported but got {device}"
+
+
 # dropout= out of [0, 1) is a probability out of range: refused by attn's rule for one (the
 # layer's, detail::require_dropout_p) in its words with torch's name for the argument — it was
 # this class's "inference-only … expected 0.0 but got 1.500000". A probability in range is the
