@@ -9,18 +9,17 @@ std::atomic<std::int64_t> g_input_copies{0};
 
 std::string type_name(const py::handle& obj) { return py::str(py::type::of(obj).attr("__name__")); }
 
-// "str 'x'": what was given, for messages; long reprs (arrays) are cut.
-std::string given(const py::handle& obj) {
-    std::string r = py::repr(obj);
-    if (r.size() > 60) r = r.substr(0, 57) + "...";
-    return type_name(obj) + " " + r;
-}
-
 bool is_numpy(const py::handle& obj, const char* type) {
     return py::isinstance(obj, py::module_::import("numpy").attr(type));
 }
 
 }  // namespace
+
+std::string given(const py::handle& obj) {
+    std::string r = py::repr(obj);
+    if (r.size() > 60) r = r.substr(0, 57) + "...";
+    return type_name(obj) + " " + r;
+}
 
 void type_error(const std::string& msg) { throw PyTypeError(msg); }
 void value_error(const std::string& msg) { throw attn::Error(msg); }

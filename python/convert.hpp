@@ -43,6 +43,9 @@ struct PyTypeError : attn::Error {
 [[noreturn]] void type_error(const std::string& msg);
 [[noreturn]] void value_error(const std::string& msg);
 
+// "str 'x'", "ndarray array(2)": what was given (its type and repr, a long repr cut), for messages.
+std::string given(const py::handle& obj);
+
 // "(2, 3)" / "(8,)": a shape as numpy prints it, for messages.
 std::string shape_str(const py::array& a);
 

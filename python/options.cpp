@@ -44,9 +44,8 @@ std::optional<attn::QueryOffset> query_offset_of(const py::object& offset, py::a
     if (offset.is_none()) return std::nullopt;
     if (const std::optional<std::int64_t> v = int_of(offset, "query_offset")) return attn::QueryOffset(*v);
     keep = as_array(offset, "query_offset");
-    if (keep.ndim() == 0) {
-        type_error("query_offset: expected an int or a (B,) int32/int64 array but got " +
-                   std::string(py::str(keep.dtype())) + " scalar");
+    if (keep.ndim() == 0) {  // a 0-d array or tensor, a float: named as given, not as its dtype's "scalar"
+        type_error("query_offset: expected an int or a (B,) int32/int64 array but got " + given(offset));
     }
     return attn::QueryOffset(view_of(keep, "query_offset", 1, 1, "an int or shape (B,)"));
 }

@@ -204,6 +204,10 @@ def test_decode_keeps_window_left_and_defaults_to_bottom_right():
     (dict(window=(-2, 0)), ValueError, ["window", "left=-2"]),
     (dict(window=(0, 0), window_alignment="centre"), ValueError, ["window_alignment", "centre"]),
     (dict(query_offset=1.5), TypeError, ["query_offset", "float"]),
+    # A 0-d array or tensor is named as given: it was "but got int64 scalar", which np.int64(3) is,
+    # and that is taken.
+    (dict(query_offset=np.array(3)), TypeError, ["query_offset", "but got ndarray array(3)"]),
+    (dict(query_offset=torch.tensor(3)), TypeError, ["query_offset", "but got Tensor tensor(3)"]),
     (dict(query_offset=np.array([1.0])), TypeError, ["query_offset", "dtype"]),
     (dict(query_offset=np.array([1, 2, 3])), ValueError, ["query_offset", "3"]),
     (dict(query_offset=np.zeros((1, 1), np.int64)), ValueError, ["query_offset", "(1, 1)"]),
