@@ -15,6 +15,7 @@
 #include <ctime>
 #include <filesystem>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -56,23 +57,32 @@ std::string staging_template(const std::string& file) {
     return dir + "." + base.substr(0, room) + kStagingSuffix;
 }
 
+// Follows the symbolic links `path` itself is (its last component's, not its directories'),
+// asking `stop` of the path and then of each link's target in turn: the first hop it stops at,
+// or the first that is no link (or whose link cannot be read); nullopt past the kernel's own
+// limit of 40 links (a loop).
+template <typename Stop>
+std::optional<std::filesystem::path> follow_links(const std::string& path, const Stop& stop) {
+    std::filesystem::path p = path;
+    for (int links = 0;; ++links) {
+        struct stat st {};
+        if (stop(p.string()) || ::lstat(p.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return p;
+        if (links == 40) return std::nullopt;
+        std::error_code ec;
+        const std::filesystem::path to = std::filesystem::read_symlink(p, ec);
+        if (ec) return p;
+        p = to.is_absolute() ? to : p.parent_path() / to;
+    }
+}
+
 // Where a symbolic link that points at nothing (yet) leads: the file to create, so that the
 // link stays and comes to point at the new file (canonical() fails on such a link).
 std::string dangling_link_target(const std::string& path) {
-    std::filesystem::path p = path;
-    for (int hop = 0; hop < 40; ++hop) {  // the kernel's own limit of links followed
-        struct stat st {};
-        if (::lstat(p.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) {
-            std::error_code ec;
-            const std::filesystem::path w = std::filesystem::weakly_canonical(p, ec);
-            return ec ? p.string() : w.string();
-        }
-        std::error_code ec;
-        const std::filesystem::path to = std::filesystem::read_symlink(p, ec);
-        if (ec) return path;
-        p = to.is_absolute() ? to : p.parent_path() / to;
-    }
-    throw Error(in_quotes(path) + ": too many levels of symbolic links");
+    const auto end = follow_links(path, [](const std::string&) { return false; });
+    if (!end) throw Error(in_quotes(path) + ": too many levels of symbolic links");
+    std::error_code ec;
+    const std::filesystem::path w = std::filesystem::weakly_canonical(*end, ec);
+    return ec ? end->string() : w.string();
 }
 
 // Why no rename can replace `path` (a mount point: EBUSY; immutable or append-only: EPERM) or,
@@ -98,12 +108,15 @@ std::string unreplaceable(const std::string& path, bool directory) {
     return {};
 }
 
-// The descriptor a path names — /dev/stdout 1, /dev/stderr 2, /dev/fd/N and /proc/self/fd/N N —
-// or -1 (any other path, a malformed N).
-int named_descriptor(const std::string& path) {
+// The descriptor a name spells, or -1: /dev/stdin 0, /dev/stdout 1, /dev/stderr 2, /dev/fd/N,
+// and /proc/P/fd/N where P is self, thread-self or this process's id (a malformed N: -1).
+int descriptor_spelt(const std::string& path) {
+    if (path == "/dev/stdin") return 0;
     if (path == "/dev/stdout") return 1;
     if (path == "/dev/stderr") return 2;
-    for (const std::string_view prefix : {std::string_view("/dev/fd/"), std::string_view("/proc/self/fd/")}) {
+    const std::string own = "/proc/" + std::to_string(::getpid()) + "/fd/";
+    for (const std::string_view prefix : {std::string_view("/dev/fd/"), std::string_view("/proc/self/fd/"),
+                                          std::string_view("/proc/thread-self/fd/"), std::string_view(own)}) {
         if (path.size() <= prefix.size() || path.compare(0, prefix.size(), prefix) != 0) continue;
         int fd = -1;
         const char* first = path.data() + prefix.size();
@@ -113,6 +126,17 @@ int named_descriptor(const std::string& path) {
     return -1;
 }
 
+// The descriptor a path names, spelt so itself or through its own symbolic links (a link to
+// /dev/stdout, so named for its extension), or -1. Each spelling is caught before the link to
+// /proc's magic link is read: canonical() followed /dev/stdin to the file stdin was redirected
+// from, which the rename then replaced (a shell's `> /dev/stdin` writes into descriptor 0).
+// Another process's /proc/P/fd/N is no descriptor of ours: it is followed to what it is open on,
+// as a shell's open follows it.
+int named_descriptor(const std::string& path) {
+    int fd = -1;
+    (void)follow_links(path, [&fd](const std::string& hop) { return (fd = descriptor_spelt(hop)) >= 0; });
+    return fd;
+}
 
 // AtomicFile::unnamed_ while an O_TMPFILE file is written (finish() keeps its descriptor then).
 constexpr int kUnnamedWriting = -2;

@@ -14,12 +14,14 @@
 //    the bytes are written straight into it, as a shell redirect would. It is never replaced,
 //    whoever runs attn (root included); one attn may not write (access W_OK) is refused. Opening
 //    a FIFO waits for its reader.
-//  - an open descriptor by name (/dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N): written
+//  - an open descriptor by name (/dev/stdin, /dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N,
+//    /proc/thread-self/fd/N, /proc/<attn's pid>/fd/N, or a symbolic link to one of these): written
 //    into that descriptor (a duplicate), at its offset and with its flags, whatever it is open
 //    on but a directory — a regular file behind `> f` or `>> f` included, which renaming would
 //    have replaced (the rest of a `>>` log was lost, and what the shell wrote after attn went to
 //    the old file). The CLI checks such a file against its inputs and other outputs. One open
-//    read-only (`3< f`) is refused.
+//    read-only (`3< f`, `< f` for /dev/stdin) is refused. Another process's /proc/PID/fd/N is
+//    followed to what it is open on, as a shell's open follows it.
 //  - any other path naming a directory, a block device or a socket, a file no rename can replace
 //    (mounted over its name, immutable, append-only, another user's in a sticky directory) or in
 //    a directory that takes no rename (immutable, append-only), or an empty path: refused.

@@ -295,6 +295,58 @@ def test_stdout_redirected_to_a_file_is_written_into_not_replaced(work):
     assert staging_files(work) == []
 
 
+def run_with_stdin(args, stdin_file, shell_out=None):
+    """attn args with stdin redirected from stdin_file (`< f`: open read-only). With shell_out, a
+    shell that execs attn (same pid) adds `--out shell_out` after expanding it ($$: attn's pid).
+    Returns (CompletedProcess-like result, attn's pid)."""
+    with open(stdin_file, "rb") as f:
+        cmd = [attn_bin(), *map(str, args)]
+        if shell_out is not None:
+            cmd = ["sh", "-c", f'exec "$0" "$@" --out {shell_out}', *cmd]
+        p = subprocess.Popen(cmd, stdin=f, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = p.communicate(timeout=TIMEOUT)
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err), p.pid
+
+
+@pytest.mark.parametrize("spelling", ["/dev/stdin", "/proc/thread-self/fd/0", "/proc/$$/fd/0", "a link to /dev/stdin"])
+def test_stdin_named_as_an_output_is_descriptor_0_not_the_file_it_reads(work, spelling):
+    """`attn sdpa … --out /dev/stdin < data` replaced data: the path was followed (/dev/stdin →
+    /proc/self/fd/0 → data) to a regular file, renamed over. A shell's `> /dev/stdin` writes into
+    descriptor 0, which `<` opened read-only: refused, like `--out /dev/fd/0`, before anything runs.
+    /proc/thread-self/fd/N, /proc/<attn's pid>/fd/N and a link to /dev/stdin are descriptor N too."""
+    data = work / "data.bin"
+    data.write_bytes(b"DATA")
+    if spelling == "a link to /dev/stdin":
+        os.symlink("/dev/stdin", work / "in.npy")
+        spelling = str(work / "in.npy")
+    before = listing(work)
+    if "$$" in spelling:
+        r, pid = run_with_stdin(sdpa(work, out=None), data, shell_out=spelling)
+        spelling = spelling.replace("$$", str(pid))
+    else:
+        r, _ = run_with_stdin(sdpa(work, out=spelling), data)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.decode() == f"attn: error: --out: '{spelling}' is descriptor 0, which is open read-only, not for writing\n"
+    assert data.read_bytes() == b"DATA"
+    assert listing(work) == before
+
+
+def test_a_link_to_stdout_is_written_into_the_descriptor(work):
+    """A picture's name must end in .png, so stdout is named through a link (docs/conventions.md):
+    with stdout `>> log` the link was followed to log and refused as the file stdout is redirected
+    to, where /dev/stdout itself is written at the descriptor's offset. Both are descriptor 1 now."""
+    expected = reference_output(work)
+    os.symlink("/dev/stdout", work / "out.npy")
+    log = work / "log"
+    log.write_bytes(b"LOG\n")
+    with open(log, "ab") as f:
+        r = subprocess.run([attn_bin(), *map(str, sdpa(work, out=work / "out.npy"))], stdout=f, stderr=subprocess.PIPE,
+                           timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    assert log.read_bytes() == b"LOG\n" + expected
+    assert os.path.islink(work / "out.npy") and staging_files(work) == []
+
+
 def test_a_file_name_with_control_characters_is_one_error_line(work):
     """The error quoting a name with a newline (or ESC) was several lines (or a terminal command)."""
     err = expect_error(work, sdpa(work, out=work / "o\nx\x1b[2J.npy", ) + ["--mask", work / "no\nsuch.npy"],
