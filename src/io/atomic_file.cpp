@@ -266,6 +266,21 @@ void give_permissions_of(const std::string& target, int fd) {
 }
 }  // namespace
 
+int open_direct(const std::string& path, const OutputTarget& target) {
+    // No O_CREAT, no O_TRUNC: a device or FIFO is written into, never created or replaced.
+    // A FIFO's open waits for a reader, as `cmd > fifo` does.
+    int fd = -1;
+    do fd = ::open(target.file.c_str(), O_WRONLY | O_NOCTTY | O_CLOEXEC);
+    while (fd < 0 && errno == EINTR);
+    if (fd < 0) throw Error(path + ": cannot open for writing (" + std::strerror(errno) + ")");
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !(S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
+        ::close(fd);
+        throw Error(path + ": changed from a device or FIFO to something else while being opened");
+    }
+    return fd;
+}
+
 AtomicFile::AtomicFile(std::string path) : AtomicFile(path, resolve_output(path)) {}
 
 AtomicFile::AtomicFile(std::string path, OutputTarget target)
@@ -278,16 +293,7 @@ AtomicFile::AtomicFile(std::string path, OutputTarget target)
         fd = ::fcntl(target_.descriptor, F_DUPFD_CLOEXEC, 0);
         if (fd < 0) fail("cannot duplicate descriptor " + std::to_string(target_.descriptor), errno);
     } else if (target_.direct) {
-        // No O_CREAT, no O_TRUNC: a device or FIFO is written into, never created or replaced.
-        // A FIFO's open waits for a reader, as `cmd > fifo` does.
-        do fd = ::open(target_.file.c_str(), O_WRONLY | O_NOCTTY | O_CLOEXEC);
-        while (fd < 0 && errno == EINTR);
-        if (fd < 0) fail("cannot open for writing", errno);
-        struct stat st {};
-        if (::fstat(fd, &st) != 0 || !(S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
-            ::close(fd);
-            throw Error(path_ + ": changed from a device or FIFO to something else while being opened");
-        }
+        fd = open_direct(path_, target_);
     } else if (const std::string dir = split_dir(target_.file).first;
                // Only where the finished file can be named without privilege (/proc/self/fd: see
                // link_unnamed); a chroot without /proc keeps the named staging file.

@@ -46,6 +46,13 @@ struct OutputTarget {
 // directory is writable is left to the creation (or to a caller's earlier check).
 OutputTarget resolve_output(const std::string& path);
 
+// Opens a direct target that names no descriptor (a character device or FIFO) for writing, as a
+// shell redirect does: never created or truncated, never made the controlling terminal; a FIFO's
+// open waits for its reader. The descriptor (close-on-exec), or attn::Error naming `path`: an open
+// no permission bit foretells fails here (ENXIO: /dev/tty without a controlling terminal, a
+// device with nothing behind it; EACCES: a device on a nodev mount).
+int open_direct(const std::string& path, const OutputTarget& target);
+
 class AtomicFile {
 public:
     explicit AtomicFile(std::string path);  // throws attn::Error (see resolve_output)

@@ -8,11 +8,13 @@
     the option, on every numeric option of every command.
 Every run has a timeout, so a hang fails the test instead of stalling the suite.
 """
+import errno
 import io
 import json
 import os
 import re
 import resource
+import select
 import shutil
 import signal
 import stat
@@ -345,6 +347,79 @@ def test_a_link_to_stdout_is_written_into_the_descriptor(work):
     assert r.returncode == 0, r.stderr
     assert log.read_bytes() == b"LOG\n" + expected
     assert os.path.islink(work / "out.npy") and staging_files(work) == []
+
+
+def unregistered_device(d):
+    """A character device node whose major number no driver here has taken: its open fails
+    (ENXIO) though its permission bits allow it. Needs root (mknod)."""
+    if os.geteuid() != 0:
+        pytest.skip("creating a device node needs root")
+    node = d / "nothing"
+    os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(240, 7))  # 240-254: local/experimental use
+    try:
+        os.close(os.open(node, os.O_WRONLY))
+        pytest.skip("a driver here took major 240")
+    except OSError as e:
+        assert e.errno == errno.ENXIO, e
+    return str(node)
+
+
+@pytest.mark.parametrize("kind", ["/dev/tty without a controlling terminal", "a device with nothing behind it"])
+def test_a_device_whose_open_fails_is_refused_before_anything_runs(work, kind):
+    """The open of a character device can fail where its permission bits allow it (ENXIO). It was
+    opened only when written, after the computation and after --out /dev/stdout had gone down the
+    pipe: exit 2 with half the outputs out. Now every device is opened before the computation."""
+    if kind.startswith("/dev/tty"):
+        dev, preexec = "/dev/tty", os.setsid  # a new session has no controlling terminal
+    else:
+        dev, preexec = unregistered_device(work), None
+    err = expect_error(work, sdpa(work, "--lse", dev, out="/dev/stdout"), preexec_fn=preexec)
+    assert err == f"attn: error: --lse: {dev}: cannot open for writing (No such device or address)\n", err
+
+
+def test_a_device_on_a_nodev_mount_is_refused_before_anything_runs(work):
+    """A device node on a file system mounted nodev cannot be opened (EACCES) though access() says
+    it may be written: that failure came after the computation, after --out /dev/stdout was written."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare (a private mount namespace)")
+    mnt = work / "mnt"
+    mnt.mkdir()
+    script = ('mount -t tmpfs -o nodev,size=1m none "$0" || exit 99; mknod "$0/null" c 1 3 || exit 99; '
+              'exec "$@" --lse "$0/null"')
+    r = subprocess.run(["unshare", "-m", "sh", "-c", script, str(mnt), attn_bin(), *map(str, sdpa(work, out="/dev/stdout"))],
+                       capture_output=True, timeout=TIMEOUT)
+    if r.returncode == 99:
+        pytest.skip(f"cannot mount a nodev tmpfs here: {r.stderr.decode()[-200:]}")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.decode() == f"attn: error: --lse: {mnt}/null: cannot open for writing (Permission denied)\n"
+    assert r.stdout == b""
+
+
+def test_a_device_kept_open_never_takes_a_closed_standard_stream(work):
+    """A device output is opened before the computation and kept: with stdout closed it took the
+    lowest free number, 1, and the demo's walkthrough went into the device (a terminal here)
+    instead of failing as printing to a closed stdout does."""
+    master, slave = os.openpty()
+    got = b""
+    try:
+        os.symlink(os.ttyname(slave), work / "h.png")  # a picture's name must end in .png
+        p = subprocess.Popen([attn_bin(), "demo", "--heatmap", str(work / "h.png")], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, preexec_fn=lambda: os.close(1))
+        deadline = time.monotonic() + TIMEOUT
+        while True:  # read what reaches the terminal as it comes (a full buffer would block attn)
+            if select.select([master], [], [], 0.05)[0]:
+                got += os.read(master, 1 << 16)
+            elif p.poll() is not None:
+                break
+            assert time.monotonic() < deadline, "attn did not end"
+        r = subprocess.CompletedProcess(p.args, p.returncode, b"", p.stderr.read())
+        p.stderr.close()
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.decode().startswith("attn: error: stdout: write failed"), r.stderr
+    assert b"attn demo" not in got, got[:200]
 
 
 def test_a_file_name_with_control_characters_is_one_error_line(work):

@@ -74,8 +74,8 @@ void time_on_one_thread(const bench::Context& ctx, const bench::BenchCase& bc, s
 
 // --json: written as every output is (staged, renamed into place), and a failure names the option
 // (the path was checked before measuring, but a full disk shows only when the file is written).
-void write_json(const std::string& path, const nlohmann::json& j) {
-    OutputFiles::write_bytes("--json", path, j.dump(2) + "\n");
+void write_json(const OutputFiles& outputs, const std::string& path, const nlohmann::json& j) {
+    outputs.write_bytes("--json", path, j.dump(2) + "\n");
 }
 
 // "S1, S2" → {"S1", "S2"} (spaces dropped); an empty item ("S1,", ",S1", "S1,,S2") is an error
@@ -96,8 +96,8 @@ std::vector<std::string> split(const std::string& flag, const std::string& s) {
 }
 
 void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_seconds_given) {
+    OutputFiles outputs;  // --json: checked now, not after minutes of measuring
     if (a.json.size()) {
-        OutputFiles outputs;  // fail now, not after minutes of measuring
         outputs.add("--json", a.json);
         // The torch rows read these two: --json naming either replaced it (the script, or the
         // interpreter when run as root) with the results. A bare --python name is the file PATH
@@ -173,7 +173,7 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
             list.push_back({{"id", c.id}, {"variant", c.variant}, {"what", c.what}, {"shape", c.shape},
                             {"available", static_cast<bool>(c.run)}, {"selected", chosen}, {"note", c.unavailable}});
         }
-        if (!a.json.empty()) write_json(a.json, {{"schema", "attn-bench-list/1"}, {"cases", list}});
+        if (!a.json.empty()) write_json(outputs, a.json, {{"schema", "attn-bench-list/1"}, {"cases", list}});
         return;
     }
 
@@ -267,7 +267,7 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
         bench::print_case(ctx, c);
     }
     if (!a.json.empty()) {
-        write_json(a.json, bench::to_json(rep));
+        write_json(outputs, a.json, bench::to_json(rep));
         std::printf("wrote %s\n", a.json.c_str());
     }
 }

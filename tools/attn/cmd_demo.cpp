@@ -96,15 +96,15 @@ void print_row(const char* label, const std::vector<double>& v) {
 }
 
 void run_demo(const std::string& heatmap_path) {
+    OutputFiles outputs;
     if (!heatmap_path.empty()) {  // a bad picture path fails before anything is printed
         try {
             image_format_for_path(heatmap_path);
         } catch (const Error&) {
             throw Error("--heatmap: expected a file name ending in .png or .svg but got '" + heatmap_path + "'");
         }
-        OutputFiles out;
-        out.add("--heatmap", heatmap_path);
-        out.check();
+        outputs.add("--heatmap", heatmap_path);
+        outputs.check();
     }
     std::printf("attn demo: self-attention step by step, on the tutorial's sentence\n");
     std::printf("tokens: 一只 / 蓝色 / 怪兽 / 走进 / 森林  (L = %d, d_model = %d, d_k = d_v = %d, one head, causal)\n",
@@ -162,7 +162,7 @@ void run_demo(const std::string& heatmap_path) {
         // /dev/full` exited 2 and left the picture behind), and the line naming the picture comes
         // after it is written (a failed write left a line naming a file that is not there).
         if (const std::string failed = stdout_write_error(); !failed.empty()) throw Error(failed);
-        OutputFiles::write_bytes("--heatmap", heatmap_path, image.bytes);
+        outputs.write_bytes("--heatmap", heatmap_path, image.bytes);
         std::printf("\nHeatmap of A (rows = queries, columns = keys; hatched grey = masked future): %s%s\n",
                     heatmap_path.find('/') == std::string::npos ? "./" : "", heatmap_path.c_str());
     }

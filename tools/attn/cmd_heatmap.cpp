@@ -225,7 +225,7 @@ void run(const HeatmapArgs& a) {
     opt.name = a.weights + (what.empty() ? "" : " (" + what + ")");
 
     const HeatmapImage img = render_heatmap(panels, opt, image_format_for_path(a.out));
-    OutputFiles::write_bytes("--out", a.out, img.bytes);
+    outputs.write_bytes("--out", a.out, img.bytes);
     if (a.verbose) {
         std::fprintf(stderr, "attn heatmap: %s: %d x %d px, %zu panel(s), blocks %d x %d, vmax %.6g\n", a.out.c_str(), img.width,
                      img.height, img.panels.size(), img.block_rows, img.block_cols, img.vmax);

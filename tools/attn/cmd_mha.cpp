@@ -262,14 +262,14 @@ void run(const MhaArgs& a) {
         if (!k_is_q) add_gradient("key", g.key, k.dtype());
         if (!v_is_q && !v_is_k) add_gradient("value", g.value, v.dtype());
         // One publication for both files: an error writing either leaves neither behind.
-        OutputFiles::write_all({{"--grads", a.grads, TensorView(), named}, {"--out", a.out, y.view()}});
+        outputs.write_all({{"--grads", a.grads, TensorView(), named}, {"--out", a.out, y.view()}});
         return;
     }
     const MhaOutput r = layer.forward(q, k, v, opt);
 
     std::vector<OutputFiles::Output> out{{"--out", a.out, r.output.view()}};
     if (opt.need_weights) out.push_back({"--weights", a.weights, r.weights.view()});
-    OutputFiles::write_all(out);
+    outputs.write_all(out);
 }
 
 }  // namespace

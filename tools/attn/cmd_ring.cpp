@@ -407,7 +407,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         dist::run_collectively(comm, [&] {
             std::vector<OutputFiles::Output> files{{"--out", my_out, o_mine.view()}};
             my_grad.add_files(files, dq_mine, dk_mine, dv_mine, dsinks);
-            staged = OutputFiles::stage(files);
+            staged = outputs.stage(files);
         });
         dist::run_collectively(comm, [&] { staged.publish(); });
         return;
@@ -446,7 +446,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         if (rank != 0) return;
         std::vector<OutputFiles::Output> files{{"--out", a.out, o.view()}};
         a.grad.add_files(files, dq, dk, dv, dsinks);
-        OutputFiles::write_all(files);
+        outputs.write_all(files);
     });
 }
 

@@ -71,8 +71,8 @@ void check_output_dtypes(const std::vector<OutputFiles::Output>& outputs) {
 std::optional<DType> out_dtype_option(const SdpaArgs& a) { return parse_out_dtype(a.out_dtype, kOutFloat64); }
 
 // Packed sequences: q (Tq, Hq, Dk), k/v (Tk, Hkv, D), out (Tq, Hq, Dv), lse (Tq, Hq).
-void run_packed(const SdpaArgs& a, std::optional<DType> out_dtype, const SdpaOptions& opt, const Tensor& q,
-                const Tensor& k, const Tensor& v, bool backward) {
+void run_packed(const SdpaArgs& a, const OutputFiles& outputs, std::optional<DType> out_dtype, const SdpaOptions& opt,
+                const Tensor& q, const Tensor& k, const Tensor& v, bool backward) {
     if (a.cu_seqlens_q.empty() || a.cu_seqlens_k.empty()) {
         throw Error("--cu-seqlens-q/--cu-seqlens-k: packed inputs need both (the (N+1,) offsets of the queries and "
                     "of the keys)");
@@ -109,7 +109,7 @@ void run_packed(const SdpaArgs& a, std::optional<DType> out_dtype, const SdpaOpt
         if (a.verbose) std::fprintf(stderr, "backward: %s\n", back.explanation.c_str());
     }
     a.grad.add_files(files, dq, dk, dv, ds);
-    OutputFiles::write_all(files);
+    outputs.write_all(files);
 }
 
 void run(const SdpaArgs& a) {
@@ -193,7 +193,7 @@ void run(const SdpaArgs& a) {
         offsets = read_tensor_arg("--query-offsets", a.query_offsets);
         opt.query_offset = offsets.view();
     }
-    if (packed) return run_packed(a, out_dtype_given, opt, q, k, v, backward);
+    if (packed) return run_packed(a, outputs, out_dtype_given, opt, q, k, v, backward);
     // Output shapes from the inputs, checked first: a malformed one is named before a buffer
     // sized from it is asked for (a 100-byte .npy can declare (0, 1, 10^15, 8)).
     const SdpaShapes shapes = sdpa_output_shapes(q, k, v);
@@ -250,7 +250,7 @@ void run(const SdpaArgs& a) {
     if (!a.scores.empty()) files.push_back({"--scores", a.scores, sc.view()});
     if (!a.lse.empty()) files.push_back({"--lse", a.lse, l.view()});
     a.grad.add_files(files, dq, dk, dv, ds);
-    OutputFiles::write_all(files);
+    outputs.write_all(files);
 }
 
 }  // namespace

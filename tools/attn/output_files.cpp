@@ -1,5 +1,6 @@
 #include "output_files.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -48,7 +49,22 @@ std::string tensor_name(const std::string& flag) {  // "--out" → "out"
     return start == std::string::npos ? "tensor" : flag.substr(start);
 }
 
+// A file system error names the option too (check() cannot foresee every one: /proc refuses new
+// files although access() says it is writable).
+template <typename Step>
+void naming(const std::string& flag, const Step& step) {
+    try {
+        step();
+    } catch (const Error& e) {
+        throw Error(flag + ": " + e.what());
+    }
+}
+
 }  // namespace
+
+OutputFiles::~OutputFiles() {
+    for (const auto& [path, fd] : devices_) ::close(fd);
+}
 
 void OutputFiles::add(const std::string& flag, const std::string& path) {
     if (!path.empty()) files_.emplace_back(flag, path);
@@ -58,15 +74,9 @@ void OutputFiles::add_input(const std::string& flag, const std::string& path) {
     if (!path.empty()) inputs_.emplace_back(flag, path);
 }
 
-void OutputFiles::check() const {
+void OutputFiles::check() {
     std::vector<detail::OutputTarget> targets;
-    for (const auto& [flag, p] : files_) {
-        try {
-            targets.push_back(detail::resolve_output(p));
-        } catch (const Error& e) {
-            throw Error(flag + ": " + e.what());
-        }
-    }
+    for (const auto& [flag, p] : files_) naming(flag, [&] { targets.push_back(detail::resolve_output(p)); });
     // What the pairs below compare, found once per output.
     std::vector<std::optional<std::pair<dev_t, ino_t>>> landings;
     std::vector<std::string> identities;
@@ -137,6 +147,29 @@ void OutputFiles::check() const {
                         "losing what attn prints there: redirect " + stream + " to another file");
         }
     }
+    // Every path accepted: the character devices are opened now (see the header), each once.
+    for (std::size_t i = 0; i < files_.size(); ++i) {
+        const auto& [flag, p] = files_[i];
+        struct stat st {};
+        if (!targets[i].direct || targets[i].descriptor >= 0 || ::stat(targets[i].file.c_str(), &st) != 0 ||
+            !S_ISCHR(st.st_mode) || std::any_of(devices_.begin(), devices_.end(), [&](const auto& d) { return d.first == p; }))
+            continue;
+        int fd = -1;
+        naming(flag, [&] { fd = detail::open_direct(p, targets[i]); });
+        // Kept through the computation, it must not take the number of a closed standard stream
+        // (stdout closed: the device would become descriptor 1 and get what attn prints).
+        const int kept = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
+        const int err = errno;
+        ::close(fd);
+        if (kept < 0) throw Error(flag + ": " + p + ": cannot keep the device open (" + std::strerror(err) + ")");
+        devices_.emplace_back(p, kept);
+    }
+}
+
+detail::OutputTarget OutputFiles::target_of(const std::string& path) const {
+    for (const auto& [p, fd] : devices_)
+        if (p == path) return detail::OutputTarget{path, true, fd};
+    return detail::resolve_output(path);
 }
 
 void OutputFiles::require_safetensors(const std::string& flag, const std::string& path) {
@@ -164,22 +197,9 @@ void OutputFiles::check_dtype(const std::string& flag, const std::string& path, 
     }
 }
 
-namespace {
-// A file system error names the option too (check() cannot foresee every one: /proc refuses new
-// files although access() says it is writable).
-template <typename Step>
-void naming(const std::string& flag, const Step& step) {
-    try {
-        step();
-    } catch (const Error& e) {
-        throw Error(flag + ": " + e.what());
-    }
-}
-}  // namespace
-
-void OutputFiles::write_bytes(const std::string& flag, const std::string& path, const std::string& bytes) {
+void OutputFiles::write_bytes(const std::string& flag, const std::string& path, const std::string& bytes) const {
     naming(flag, [&] {
-        detail::AtomicFile file(path);
+        detail::AtomicFile file(path, target_of(path));
         file.write(bytes.data(), bytes.size());
         file.commit();
     });
@@ -190,14 +210,14 @@ void OutputFiles::write_bytes(const std::string& flag, const std::string& path, 
 // taken back), and only then are the staging files renamed into place. A failure before the
 // renames (disk full, EFBIG, a reader that went away) removes every staging file and leaves
 // every regular target untouched.
-void OutputFiles::write_all(const std::vector<Output>& outputs) { stage(outputs).publish(); }
+void OutputFiles::write_all(const std::vector<Output>& outputs) const { stage(outputs).publish(); }
 
 OutputFiles::Staged::Staged() = default;
 OutputFiles::Staged::Staged(Staged&&) noexcept = default;
 OutputFiles::Staged& OutputFiles::Staged::operator=(Staged&&) noexcept = default;
 OutputFiles::Staged::~Staged() = default;
 
-OutputFiles::Staged OutputFiles::stage(const std::vector<Output>& outputs) {
+OutputFiles::Staged OutputFiles::stage(const std::vector<Output>& outputs) const {
     for (const Output& o : outputs) {
         if (o.tensors.empty()) check_dtype(o.flag, o.path, o.view.dtype(), {});
         if (!o.tensors.empty()) require_safetensors(o.flag, o.path);
@@ -206,7 +226,7 @@ OutputFiles::Staged OutputFiles::stage(const std::vector<Output>& outputs) {
     // Each path resolved once: which pass writes it, and the file its AtomicFile writes.
     std::vector<detail::OutputTarget> targets;
     targets.reserve(outputs.size());
-    for (const Output& o : outputs) naming(o.flag, [&] { targets.push_back(detail::resolve_output(o.path)); });
+    for (const Output& o : outputs) naming(o.flag, [&] { targets.push_back(target_of(o.path)); });
     Staged staged;
     std::vector<std::unique_ptr<detail::AtomicFile>>& files = staged.files_;
     for (int pass = 0; pass < 2; ++pass) {  // pass 0: staged files; pass 1: devices and FIFOs

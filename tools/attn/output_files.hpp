@@ -14,12 +14,18 @@
 
 namespace attn::detail {
 class AtomicFile;
+struct OutputTarget;
 }
 
 namespace attn::cli {
 
 class OutputFiles {
 public:
+    OutputFiles() = default;
+    ~OutputFiles();  // closes the devices check() opened
+    OutputFiles(const OutputFiles&) = delete;
+    OutputFiles& operator=(const OutputFiles&) = delete;
+
     // `flag` names the option in errors, e.g. "--weights". Empty paths mean "not requested"
     // (an empty value given on the command line is refused earlier, by the parser).
     void add(const std::string& flag, const std::string& path);
@@ -32,7 +38,12 @@ public:
     // detail::resolve_output), its directory is not writable or its file name is longer than the
     // directory allows (the rename into place would fail only after the other outputs were published),
     // or it would replace the file stdout or stderr is redirected to (and what attn prints there).
-    void check() const;
+    // Last, with every path accepted, it opens the outputs that are character devices and keeps
+    // them for the writes below: an open no permission bit foretells (/dev/tty without a
+    // controlling terminal, a nodev mount, a device with nothing behind it: detail::open_direct)
+    // fails before any compute, not after other outputs were written. Nothing is written or
+    // truncated by the open. FIFOs are opened when written: see write_all.
+    void check();
     // Throws attn::Error naming the flag unless `path` ends in ".safetensors": an output of
     // several tensors (Output::tensors) has no .npy form.
     static void require_safetensors(const std::string& flag, const std::string& path);
@@ -55,9 +66,13 @@ public:
     };
     // Writes every output: all regular files are written completely to staging files, then
     // devices/FIFOs are written into, then the staging files are renamed into place — so an
-    // error while writing leaves none of the regular files behind.
+    // error while writing leaves none of the regular files behind. A device check() opened is
+    // written through its descriptor. A FIFO is opened only now, when its bytes are ready: the
+    // open waits for a reader, as `cmd > fifo` does, and no earlier probe could tell more — with
+    // O_NONBLOCK it fails (ENXIO) while no reader has come yet though one may, and opening and
+    // closing it under a waiting reader would give that reader its end of file.
     // A dtype the path cannot hold is refused here too, before any file is opened.
-    static void write_all(const std::vector<Output>& outputs);
+    void write_all(const std::vector<Output>& outputs) const;
     // write_all in its two steps, for outputs that several processes write (attn ring
     // --shard-outputs): stage() writes every output and publishes none; the processes agree that
     // all of them staged, then each publish()es. A rank whose write failed then leaves no other
@@ -75,14 +90,19 @@ public:
         std::vector<std::unique_ptr<detail::AtomicFile>> files_;
         std::vector<std::string> flags_;
     };
-    static Staged stage(const std::vector<Output>& outputs);
+    Staged stage(const std::vector<Output>& outputs) const;
     // One output of encoded bytes (a picture), written as write_all writes a file; a file
     // system error names `flag`.
-    static void write_bytes(const std::string& flag, const std::string& path, const std::string& bytes);
+    void write_bytes(const std::string& flag, const std::string& path, const std::string& bytes) const;
 
 private:
+    // How `path` is written: into the descriptor of a device check() opened, else as
+    // detail::resolve_output says.
+    detail::OutputTarget target_of(const std::string& path) const;
+
     std::vector<std::pair<std::string, std::string>> files_;
     std::vector<std::pair<std::string, std::string>> inputs_;
+    std::vector<std::pair<std::string, int>> devices_;  // check()'s opened devices: path, descriptor
 };
 
 }  // namespace attn::cli
