@@ -1,9 +1,11 @@
 #include "atomic_file.hpp"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -106,6 +108,15 @@ std::string unreplaceable(const std::string& path, bool directory) {
     (void)directory;
 #endif
     return {};
+}
+
+// Whether `dir` is on /proc, which takes no new file and no rename. Where access() calls such a
+// directory writable (root, /proc/PID/fd), a staged output there failed only when created, after
+// the computation: another process's /proc/PID/fd/N open on a deleted file (its link leads to no
+// file canonical() can follow, so the path itself was to be replaced).
+bool on_proc(const std::string& dir) {
+    struct statfs fs {};
+    return ::statfs(dir.empty() ? "." : dir.c_str(), &fs) == 0 && fs.f_type == PROC_SUPER_MAGIC;
 }
 
 // The descriptor a name spells, or -1: /dev/stdin 0, /dev/stdout 1, /dev/stderr 2, /dev/fd/N,
@@ -241,6 +252,10 @@ OutputTarget resolve_output(const std::string& path) {
                     std::to_string(split_dir(t.file).first.size()) + " bytes, leaves less than the " +
                     std::to_string(kStagingSuffix.size() + 2) + " bytes of a staging name within the system's " +
                     std::to_string(kPathBytes) + ")");
+    }
+    if (const std::string dir = split_dir(t.file).first; on_proc(dir)) {
+        throw Error(in_quotes(path) + " is in /proc ('" + dir + "'), where no file can be created or renamed into place" +
+                    kReplacedWhole);
     }
     if (const std::string dir = split_dir(t.file).first, why = unreplaceable(dir.empty() ? "." : dir, true); !why.empty()) {
         throw Error(in_quotes(path) + ": its directory is " + why + ", where no file can be renamed into place or removed" +

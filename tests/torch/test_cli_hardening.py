@@ -422,6 +422,22 @@ def test_a_device_kept_open_never_takes_a_closed_standard_stream(work):
     assert b"attn demo" not in got, got[:200]
 
 
+def test_another_process_descriptor_on_a_deleted_file_is_refused_before_anything_runs(work):
+    """/proc/PID/fd/N of another process (here the test's) is followed to the file it is open on;
+    open on a deleted file, its link leads to no file, so the path itself was to be replaced: staged
+    in /proc/PID/fd/, which access() called writable (root) but /proc takes no new file, it failed
+    only when created, after the computation. (The missing --mask is read, and named, only after
+    the outputs are checked.)"""
+    gone = work / "gone.txt"
+    with open(gone, "w") as f:
+        os.remove(gone)
+        out = f"/proc/{os.getpid()}/fd/{f.fileno()}"
+        err = expect_error(work, sdpa(work, "--mask", work / "no_such_mask.npy", out=out))
+    assert err == (f"attn: error: --out: '{out}' is in /proc ('/proc/{os.getpid()}/fd/'), where no file can be created "
+                   "or renamed into place, and attn replaces an output whole (a new file written beside it, then "
+                   "renamed over it)\n"), err
+
+
 def test_a_file_name_with_control_characters_is_one_error_line(work):
     """The error quoting a name with a newline (or ESC) was several lines (or a terminal command)."""
     err = expect_error(work, sdpa(work, out=work / "o\nx\x1b[2J.npy", ) + ["--mask", work / "no\nsuch.npy"],
