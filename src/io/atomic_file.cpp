@@ -119,22 +119,39 @@ bool on_proc(const std::string& dir) {
     return ::statfs(dir.empty() ? "." : dir.c_str(), &fs) == 0 && fs.f_type == PROC_SUPER_MAGIC;
 }
 
+// The number `s` is (decimal digits only), or -1.
+int decimal(std::string_view s) {
+    int n = -1;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+    return ec == std::errc() && end == s.data() + s.size() && n >= 0 ? n : -1;
+}
+
+// Removes `prefix` from the front of `s` if it is there.
+bool consume(std::string_view& s, std::string_view prefix) {
+    if (s.substr(0, prefix.size()) != prefix) return false;
+    s.remove_prefix(prefix.size());
+    return true;
+}
+
 // The descriptor a name spells, or -1: /dev/stdin 0, /dev/stdout 1, /dev/stderr 2, /dev/fd/N,
-// and /proc/P/fd/N where P is self, thread-self or this process's id (a malformed N: -1).
+// /proc/thread-self/fd/N, and /proc/P/fd/N or /proc/P/task/T/fd/N where P is self or this
+// process's id and T one of its threads (they share one descriptor table) — a malformed N: -1.
 int descriptor_spelt(const std::string& path) {
     if (path == "/dev/stdin") return 0;
     if (path == "/dev/stdout") return 1;
     if (path == "/dev/stderr") return 2;
-    const std::string own = "/proc/" + std::to_string(::getpid()) + "/fd/";
-    for (const std::string_view prefix : {std::string_view("/dev/fd/"), std::string_view("/proc/self/fd/"),
-                                          std::string_view("/proc/thread-self/fd/"), std::string_view(own)}) {
-        if (path.size() <= prefix.size() || path.compare(0, prefix.size(), prefix) != 0) continue;
-        int fd = -1;
-        const char* first = path.data() + prefix.size();
-        const auto [end, ec] = std::from_chars(first, path.data() + path.size(), fd);
-        return ec == std::errc() && end == path.data() + path.size() && fd >= 0 ? fd : -1;
+    std::string_view rest = path;
+    if (consume(rest, "/dev/fd/")) return decimal(rest);
+    if (!consume(rest, "/proc/")) return -1;
+    if (consume(rest, "thread-self/fd/")) return decimal(rest);
+    if (!consume(rest, "self/") && !consume(rest, std::to_string(::getpid()) + "/")) return -1;
+    if (consume(rest, "task/")) {  // /proc/self/task lists this process's threads only
+        const std::string_view tid = rest.substr(0, rest.find('/'));
+        if (decimal(tid) < 0 || ::access(("/proc/self/task/" + std::string(tid)).c_str(), F_OK) != 0) return -1;
+        rest.remove_prefix(tid.size());
+        if (!consume(rest, "/")) return -1;
     }
-    return -1;
+    return consume(rest, "fd/") ? decimal(rest) : -1;
 }
 
 // The descriptor a path names, spelt so itself or through its own symbolic links (a link to

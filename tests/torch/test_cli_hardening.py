@@ -310,12 +310,14 @@ def run_with_stdin(args, stdin_file, shell_out=None):
     return subprocess.CompletedProcess(cmd, p.returncode, out, err), p.pid
 
 
-@pytest.mark.parametrize("spelling", ["/dev/stdin", "/proc/thread-self/fd/0", "/proc/$$/fd/0", "a link to /dev/stdin"])
+@pytest.mark.parametrize("spelling", ["/dev/stdin", "/proc/thread-self/fd/0", "/proc/$$/fd/0", "/proc/self/task/$$/fd/0",
+                                      "/proc/$$/task/$$/fd/0", "a link to /dev/stdin"])
 def test_stdin_named_as_an_output_is_descriptor_0_not_the_file_it_reads(work, spelling):
     """`attn sdpa … --out /dev/stdin < data` replaced data: the path was followed (/dev/stdin →
     /proc/self/fd/0 → data) to a regular file, renamed over. A shell's `> /dev/stdin` writes into
     descriptor 0, which `<` opened read-only: refused, like `--out /dev/fd/0`, before anything runs.
-    /proc/thread-self/fd/N, /proc/<attn's pid>/fd/N and a link to /dev/stdin are descriptor N too."""
+    /proc/thread-self/fd/N, /proc/<attn's pid>/fd/N, /proc/self/task/<a thread of attn's>/fd/N and a
+    link to /dev/stdin are descriptor N too."""
     data = work / "data.bin"
     data.write_bytes(b"DATA")
     if spelling == "a link to /dev/stdin":
