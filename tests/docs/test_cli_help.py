@@ -82,6 +82,32 @@ def test_option_values_that_look_like_options_are_values(tmp_path):
     assert "unknown option '--bogus' of attn heatmap" in line, line
 
 
+def test_an_option_is_never_taken_as_the_value_before_it(tmp_path):
+    # `attn demo --heatmap --threads 1` drew nothing: --heatmap took "--threads" as its file and
+    # CLI11 then said "The following argument was not expected: 1" (a review found it).
+    line = one_error_line(attn("demo", "--heatmap", "--threads", "1", cwd=tmp_path))
+    assert line == ("attn: error: --heatmap: expected a value but the next word is the option --threads "
+                    "(give a value that starts with '-' as --heatmap=VALUE)"), line
+    line = one_error_line(attn("sdpa", "--q", "Q.npy", "--k", "K.npy", "--v", "V.npy", "--out", "--causal", cwd=tmp_path))
+    assert "--out: expected a value but the next word is the option --causal" in line, line
+    # --causal's value is optional: the option after it is an option, as before.
+    line = one_error_line(attn("sdpa", "--q", "Q.npy", "--k", "K.npy", "--v", "V.npy", "--out", "O.npy",
+                               "--causal", "--threads", "x", cwd=tmp_path))
+    assert "--threads" in line and "--causal" not in line, line
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("args", [("--causal=",), ("--scale=", "0.5"), ("--out=",)])
+def test_an_empty_attached_value_is_refused(tmp_path, args):
+    # `--causal=` ran as top-left and `--scale= 0.5` took 0.5 for the scale, while `--causal ""`
+    # and `--scale ""` were errors: CLI11 reads an empty "=" value as no value.
+    base = ["sdpa", "--q", "Q.npy", "--k", "K.npy", "--v", "V.npy"] + ([] if args[0] == "--out=" else ["--out", "O.npy"])
+    line = one_error_line(attn(*base, *args, cwd=tmp_path))
+    name = args[0][:-1]
+    assert line == f"attn: error: {name}: an empty value is not allowed (give a value, or leave the option out)", line
+    assert os.listdir(tmp_path) == []
+
+
 def test_an_option_given_twice_is_named_with_its_count(tmp_path):
     # CLI11 said "--q: At Most 1 required but received 2", which reads as if a value were missing.
     line = one_error_line(attn("sdpa", "--q", "a.npy", "--q=b.npy", "--q", "c.npy", "--k", "K.npy", cwd=tmp_path))

@@ -83,24 +83,37 @@ std::string unknown_command(const CLI::App& app, int argc, const char* const* ar
         // received 2", which reads as if something were missing).
         std::vector<std::pair<const CLI::Option*, int>> seen;  // options of one value: times given
         const CLI::Option* repeated = nullptr;
-        std::string repeated_name;
+        std::string repeated_name, missing_value;
+        // A short option too ("-q", "-qQ.npy": its value attached; "-threads" reads as -t): attn
+        // has none but -h, and `attn sdpa -q Q.npy …` said "--q is required". A negative number
+        // is no option.
+        const auto is_short = [](const std::string& word) {
+            return word.size() >= 2 && word[0] == '-' && word[1] != '-' && word[1] != '.' &&
+                   std::isdigit(static_cast<unsigned char>(word[1])) == 0;
+        };
+        const auto name_of = [&](const std::string& word) { return word.substr(0, is_short(word) ? 2 : word.find('=')); };
+        const auto option_of = [&](const std::string& word) -> const CLI::Option* {
+            if (!is_short(word) && (word.size() < 3 || word.compare(0, 2, "--") != 0)) return nullptr;
+            const CLI::Option* opt = sub->get_option_no_throw(name_of(word));
+            return opt != nullptr ? opt : app.get_option_no_throw(name_of(word));
+        };
         for (int i = 2; i < argc; ++i) {
             const std::string word = argv[i];
             if (word == "--") break;
-            // A short option too ("-q", "-qQ.npy": its value attached; "-threads" reads as -t): attn
-            // has none but -h, and `attn sdpa -q Q.npy …` said "--q is required". A negative number
-            // is no option.
-            const bool is_short = word.size() >= 2 && word[0] == '-' && word[1] != '-' && word[1] != '.' &&
-                                  std::isdigit(static_cast<unsigned char>(word[1])) == 0;
-            if (!is_short && (word.size() < 3 || word.compare(0, 2, "--") != 0)) continue;
+            if (!is_short(word) && (word.size() < 3 || word.compare(0, 2, "--") != 0)) continue;
             const std::size_t eq = word.find('=');
-            const std::string name = word.substr(0, is_short ? 2 : eq);
-            const bool attached = is_short ? word.size() > 2 : eq != std::string::npos;  // the value in the word
-            const CLI::Option* opt = sub->get_option_no_throw(name);
-            if (opt == nullptr) opt = app.get_option_no_throw(name);
+            const std::string name = name_of(word);
+            const bool attached = is_short(word) ? word.size() > 2 : eq != std::string::npos;  // the value in the word
+            const CLI::Option* opt = option_of(word);
             if (opt == nullptr) {
                 return "unknown option '" + word.substr(0, eq) + "' of attn " + sub->get_name() + " (attn " +
                        sub->get_name() + " --help lists them)";
+            }
+            // `--causal=` and `--scale= 0.5`: CLI11 reads an empty attached value as no value at all
+            // (the bare --causal's top-left; --scale then took the next word), while `--scale ""` is
+            // refused — the empty value is refused in both forms.
+            if (!is_short(word) && eq == word.size() - 1 && missing_value.empty()) {
+                missing_value = name + ": " + kEmptyValueRefused;
             }
             if (opt->get_items_expected_max() == 1 && opt->get_multi_option_policy() == CLI::MultiOptionPolicy::Throw) {
                 auto it = std::find_if(seen.begin(), seen.end(), [&](const auto& s) { return s.first == opt; });
@@ -110,9 +123,23 @@ std::string unknown_command(const CLI::App& app, int argc, const char* const* ar
                     repeated_name = name;
                 }
             }
-            // Its values are not options, whatever they look like (--title "--x", --tokens "--,a").
-            if (!attached) i += std::max(0, opt->get_items_expected_min());
+            // Its values are not options, whatever they look like (--title "--x", --tokens "--,a") —
+            // unless one is an option of the command: CLI11 would take `--heatmap --threads 1` as the
+            // file "--threads" and then stumble on the "1".
+            const int values = attached ? 0 : std::max(0, opt->get_items_expected_min());
+            for (int v = 1; v <= values && i + 1 < argc; ++v) {
+                const std::string next = argv[i + 1];
+                if (option_of(next) != nullptr) {  // read as an option in its turn
+                    if (missing_value.empty()) {
+                        missing_value = name + ": expected a value but the next word is the option " + name_of(next) +
+                                        " (give a value that starts with '-' as " + name + "=VALUE)";
+                    }
+                    break;
+                }
+                ++i;
+            }
         }
+        if (!missing_value.empty()) return missing_value;
         for (const auto& [opt, count] : seen) {
             if (opt == repeated)
                 return repeated_name + ": given " + std::to_string(count) + " times; give it once";

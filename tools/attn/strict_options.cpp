@@ -73,7 +73,7 @@ CLI::Validator strict(const char* name, std::string (*read)(const std::string&, 
 void apply(CLI::App& app) {
     const CLI::Validator not_empty(
         [](std::string& text) -> std::string {
-            return text.empty() ? "an empty value is not allowed (give a value, or leave the option out)" : "";
+            return text.empty() ? kEmptyValueRefused : "";
         },
         "", "NOT_EMPTY");
     const CLI::Validator int64 = strict<std::int64_t>("STRICT_INT", read_integer<std::int64_t>);

@@ -17,6 +17,9 @@
 
 namespace attn::cli {
 
+// Why an empty value ("--out \"\"", "--causal=") is refused; the option's name goes before it.
+inline constexpr const char* kEmptyValueRefused = "an empty value is not allowed (give a value, or leave the option out)";
+
 // The strict parsers (also used directly by the fuzzer). Throw attn::Error "FLAG: ...".
 std::int64_t parse_int64(const std::string& flag, const std::string& text);
 std::uint64_t parse_uint64(const std::string& flag, const std::string& text);
