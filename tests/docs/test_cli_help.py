@@ -267,3 +267,16 @@ def test_scale_help_is_one_text_with_the_rule():
         lines += [line.strip() for line in p.stdout.splitlines() if line.strip().startswith("--scale ")]
     assert len(lines) == 2 and lines[0] == lines[1], lines
     assert "a normal float32 (2^-126 ≈ 1.1754944e-38 <= |scale| <= 3.4028235e38 there)" in lines[0], lines[0]
+
+
+def test_mha_key_and_value_help_says_they_come_together(tmp_path):
+    # --value's help said "default: the query", but `--key K.npy` alone is an error (a review found
+    # it): each says the other is needed, and that neither means self-attention.
+    out = attn("mha", "--help").stdout
+    for name, other in (("--key", "--value"), ("--value", "--key")):
+        text = re.search(rf"^\s*{name} TEXT\s+(.*(?:\n\s{{20,}}\S.*)*)", out, re.M).group(1)
+        assert f"with {other}" in text and "Neither" in text and "default: the query" not in text, text
+        line = one_error_line(attn("mha", "--params", "P.safetensors", "--num-heads", "2", "--query", "Q.npy",
+                                   "--out", "O.npy", name, "K.npy", cwd=tmp_path))
+        assert f"{name}: given without {other}" in line, line
+    assert os.listdir(tmp_path) == []

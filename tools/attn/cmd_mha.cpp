@@ -286,8 +286,13 @@ void add_mha_command(CLI::App& app) {
         ->required();
     cmd->add_option("--num-heads", args->num_heads, "number of heads h (embed_dim must be divisible by it)")->required();
     cmd->add_option("--query", args->query, "query (Lq, B, E), (B, Lq, E) with --batch-first, or unbatched (Lq, E)")->required();
-    cmd->add_option("--key", args->key, "key (Lk, B, kdim) in the query's layout; default: the query (self-attention)");
-    cmd->add_option("--value", args->value, "value (Lk, B, vdim) in the query's layout; default: the query");
+    // --key and --value come together or not at all (checked in run_mha): the help says so.
+    cmd->add_option("--key", args->key,
+                    "key (Lk, B, kdim) in the query's layout; with --value. Neither: the query is key and value "
+                    "(self-attention)");
+    cmd->add_option("--value", args->value,
+                    "value (Lk, B, vdim) in the query's layout; with --key. Neither: the query is key and value "
+                    "(self-attention)");
     cmd->add_option("--out", args->out,
                     "output, shaped like the query with E features, in --out-dtype (a path ending in .safetensors gets a "
                     "safetensors file)")->required();
