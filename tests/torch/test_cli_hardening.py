@@ -1022,7 +1022,10 @@ BAD_NUMBERS = [
     ("sdpa", "--scale", "nan", "finite"),
     ("sdpa", "--scale", "inf", "finite"),
     ("sdpa", "--scale", "-inf", "finite"),
-    ("sdpa", "--scale", "1e999", "out of the range"),
+    ("sdpa", "--scale", "1e999", "1e999 overflows a double: its magnitude is above the largest, 1.7976931348623157e+308"),
+    # It said "out of the range of a double", as if it were huge: it is a number too near 0.
+    ("sdpa", "--scale", "1e-400", "1e-400 underflows a double: it is not 0, but its magnitude is below the smallest, 5e-324"),
+    ("heatmap", "--vmax", "-0.0000001e-399", "-0.0000001e-399 underflows a double"),
     ("sdpa", "--scale", "0.5x", "expected a number"),
     ("sdpa", "--scale", "0x1p3", "expected a number"),
     ("sdpa", "--dropout", "", "empty"),

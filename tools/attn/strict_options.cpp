@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string_view>
 #include <system_error>
@@ -36,7 +37,17 @@ std::string read_finite_double(const std::string& text, double& value) {
     if (text.empty()) return "expected a number but got an empty string";
     const std::string_view s = digits_of(text);
     const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value, std::chars_format::general);
-    if (ec == std::errc::result_out_of_range && end == s.data() + s.size()) return text + " is out of the range of a double";
+    if (ec == std::errc::result_out_of_range && end == s.data() + s.size()) {
+        // from_chars says only "out of range" and leaves the value; strtod (the C locale: the CLI
+        // sets none) tells a number too small for a double (1e-400, which is not 0 and must not
+        // read as 0) from one too large. Both extremes are printed exactly as they read back.
+        if (std::isinf(std::strtod(text.c_str(), nullptr))) {
+            return text + " overflows a double: its magnitude is above the largest, " +
+                   number_text(std::numeric_limits<double>::max());
+        }
+        return text + " underflows a double: it is not 0, but its magnitude is below the smallest, " +
+               number_text(std::numeric_limits<double>::denorm_min()) + " (give 0 for zero)";
+    }
     if (ec != std::errc() || end != s.data() + s.size()) return "expected a number but got '" + text + "'";
     if (!std::isfinite(value)) return "expected a finite number but got '" + text + "'";
     return {};
