@@ -51,7 +51,7 @@ public:
                 (key == "shape" && h.has_shape))
                 fail("the key " + detail::quoted(key) + " appears twice in the header");
             if (key == "descr") {
-                h.descr = parse_string();
+                h.descr = peek() == '[' ? parse_field_list() : parse_string();
                 h.has_descr = true;
             } else if (key == "fortran_order") {
                 h.fortran = parse_bool();
@@ -94,6 +94,23 @@ private:
         std::string out(s_.substr(i_, end - i_));
         i_ = end + 1;
         return out;
+    }
+    // A structured dtype's descr is a list of fields, [('a', '<f4'), ('b', '<i4')]: its text, kept
+    // whole, so that the file is refused for its dtype (dtype_from_descr) rather than as malformed.
+    std::string parse_field_list() {
+        const std::size_t begin = i_;
+        int depth = 0;
+        do {
+            const char c = peek();
+            if (c == '\'' || c == '"') {
+                parse_string();
+                continue;
+            }
+            if (c == '\0') fail("unterminated list in 'descr'");
+            depth += c == '[' || c == '(' ? 1 : c == ']' || c == ')' ? -1 : 0;
+            ++i_;
+        } while (depth > 0);
+        return std::string(s_.substr(begin, i_ - begin));
     }
     bool parse_bool() {
         if (s_.substr(i_, 4) == "True") { i_ += 4; return true; }
@@ -139,8 +156,9 @@ DType dtype_from_descr(const std::string& d, const std::string& file) {
     if (d == "|b1" || d == "<b1" || d == "b1") return DType::boolean;
     if (d == "<i4") return DType::i32;
     if (d == "<i8") return DType::i64;
-    throw Error(file + ": unsupported dtype " + detail::quoted(d) +
-                " (attn reads little-endian float32, float64, float16, bool, int32 and int64)");
+    const bool structured = !d.empty() && d[0] == '[';
+    throw Error(file + ": unsupported dtype " + detail::quoted(d) + (structured ? " (a structured dtype, with named fields; " : " (") +
+                "attn reads little-endian float32, float64, float16, bool, int32 and int64)");
 }
 
 std::string descr_of(DType t) {

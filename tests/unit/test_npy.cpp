@@ -335,6 +335,20 @@ TEST_F(Npy, UnsupportedDtypes) {
     }
 }
 
+// A structured dtype's descr is a list of fields, as np.save writes it: refused for its dtype. It
+// was "malformed .npy header: expected a quoted string at byte 10", as if the file were broken.
+TEST_F(Npy, StructuredDtypeIsAnUnsupportedDtype) {
+    for (const char* d : {"[('a', '<f4'), ('b', '<i4')]", "[('a', '<f4', (2,)), ('b', [('c', '|u1')])]"}) {
+        write_bytes("s.npy", npy_bytes(std::string("{'descr': ") + d + ", 'fortran_order': False, 'shape': (2,), }",
+                                       std::string(64, '\0')));
+        const std::string msg = read_error("s.npy");
+        EXPECT_TRUE(contains(msg, std::string("unsupported dtype '") + d + "' (a structured dtype, with named fields; " +
+                                      "attn reads little-endian float32")) << msg;
+    }
+    write_bytes("u.npy", npy_bytes("{'descr': [('a', '<f4'), 'fortran_order': False, 'shape': (2,), }", std::string(64, '\0')));
+    EXPECT_TRUE(contains(read_error("u.npy"), "malformed .npy header")) << read_error("u.npy");
+}
+
 // Header text in a message is quoted with its control bytes escaped: an escape sequence, a
 // newline or a NUL in 'descr' printed the message over two lines, coloured the terminal or cut
 // it at the NUL (an exploratory test found it).
