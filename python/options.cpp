@@ -39,15 +39,15 @@ attn::Window window_of(const py::object& window, const py::object& alignment) {
     return w;
 }
 
-// An int for every sequence, or a (B,) int32/int64 array (one per sequence).
-std::optional<attn::QueryOffset> query_offset_of(const py::object& offset, py::array& keep) {
+// An int for every sequence, or a (B,) int32/int64 array (one per sequence; `sequences` is B).
+std::optional<attn::QueryOffset> query_offset_of(const py::object& offset, const std::string& sequences, py::array& keep) {
     if (offset.is_none()) return std::nullopt;
     if (const std::optional<std::int64_t> v = int_of(offset, "query_offset")) return attn::QueryOffset(*v);
     keep = as_array(offset, "query_offset");
     if (keep.ndim() == 0) {  // a 0-d array or tensor, a float: named as given, not as its dtype's "scalar"
-        type_error("query_offset: expected an int or a (B,) int32/int64 array but got " + given(offset));
+        type_error("query_offset: expected an int or a (" + sequences + ",) int32/int64 array but got " + given(offset));
     }
-    return attn::QueryOffset(view_of(keep, "query_offset", 1, 1, "an int or shape (B,)"));
+    return attn::QueryOffset(view_of(keep, "query_offset", 1, 1, ("an int or shape (" + sequences + ",)").c_str()));
 }
 
 }  // namespace
@@ -62,7 +62,7 @@ attn::Causal causal_arg(const py::object& is_causal, const py::object& causal_al
 void set_alignment(const AlignmentArgs& args, CallOptions& out) {
     out.sdpa.causal = causal_arg(args.is_causal, args.causal_alignment);
     out.sdpa.window = window_of(args.window, args.window_alignment);
-    out.sdpa.query_offset = query_offset_of(args.query_offset, out.query_offset);
+    out.sdpa.query_offset = query_offset_of(args.query_offset, args.sequences, out.query_offset);
 }
 
 void set_modifiers(const ModifierArgs& args, std::int64_t heads, CallOptions& out) {

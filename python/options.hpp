@@ -34,6 +34,7 @@ struct AlignmentArgs {
     py::object window;
     py::object window_alignment;
     py::object query_offset;
+    const char* sequences = "B";  // what query_offset's messages call the count: packed calls' is "N"
 };
 
 // The keywords of scaled_dot_product_attention and its backward, as given.

@@ -54,7 +54,7 @@ py::object sdpa_varlen_py(const py::object& query, const py::object& key, const 
     const bool bf16 = uint16_is_bf16_arg(dtype);
     const PackedCall c = packed_call("sdpa_varlen", query, key, value, cu_seqlens_q, cu_seqlens_k,
                                      {attn_mask, dropout_p, scale, key_lengths,
-                                      {is_causal, causal_alignment, window, window_alignment, query_offset},
+                                      {is_causal, causal_alignment, window, window_alignment, query_offset, "N"},
                                       dropout_seed, impl, bf16},
                                      {softcap, alibi_slopes, sinks});
     const attn::TensorView& q = c.q.view;
@@ -87,7 +87,7 @@ py::tuple sdpa_varlen_backward_py(const py::object& query, const py::object& key
     const bool bf16 = uint16_is_bf16_arg(dtype);
     const PackedCall c = packed_call("sdpa_varlen_backward", query, key, value, cu_seqlens_q, cu_seqlens_k,
                                      {attn_mask, dropout_p, scale, key_lengths,
-                                      {is_causal, causal_alignment, window, window_alignment, query_offset},
+                                      {is_causal, causal_alignment, window, window_alignment, query_offset, "N"},
                                       dropout_seed, impl, bf16},
                                      {softcap, alibi_slopes, sinks});
     const Input o = input(out, "out", 3, 3, kPacked, bf16);

@@ -211,12 +211,13 @@ void require_query_fits_cache(std::string_view op, const TensorView& q, std::int
     }
 }
 
-TensorView require_per_sequence(std::string_view op, const TensorView& t, std::string_view name, std::int64_t B) {
+TensorView require_per_sequence(std::string_view op, const TensorView& t, std::string_view name, std::int64_t B,
+                                std::string_view count) {
     if (t.data() == nullptr) fail(op, name, ": data pointer is null");
     if (t.dtype() != DType::i32 && t.dtype() != DType::i64) {
         fail_type(op, name, ": dtype must be int32 or int64 but got ", dtype_name(t.dtype()));
     }
-    if (t.rank() != 1 || t.dim(0) != B) fail(op, name, ": expected shape (B,) = (", B, ",) but got ", t.shape());
+    if (t.rank() != 1 || t.dim(0) != B) fail(op, name, ": expected shape (", count, ",) = (", B, ",) but got ", t.shape());
     return t;
 }
 

@@ -197,8 +197,10 @@ void require_gradient_outputs(std::string_view op, const std::vector<Named>& inp
 // multiple of the cache's kv_heads. Named as the cache's: the caller passed no K.
 void require_query_fits_cache(std::string_view op, const TensorView& q, std::int64_t kv_heads, std::int64_t head_dim);
 
-// A (B,) int32/int64 vector (key_lengths, query_offset); returns it.
-TensorView require_per_sequence(std::string_view op, const TensorView& t, std::string_view name, std::int64_t B);
+// A (B,) int32/int64 vector (key_lengths, query_offset); returns it. `count` names B in the
+// message as the caller's documentation does: packed sequences are N, not a batch.
+TensorView require_per_sequence(std::string_view op, const TensorView& t, std::string_view name, std::int64_t B,
+                                std::string_view count = "B");
 
 // An int32/int64 element, exactly (a double would round values above 2^53).
 std::int64_t load_int(const TensorView& t, std::int64_t offset);

@@ -144,8 +144,10 @@ private:
 };
 
 // Per-sequence query offsets: (n,) int32/int64, every entry within ±2^60 (the message names the
-// entry). make_problem's check, and the packed entry points' for all N sequences up front.
-TensorView require_query_offsets(std::string_view kOp, const TensorView& offsets, std::int64_t n);
+// entry; `count` names n: "B", or "N" packed sequences). make_problem's check, and the packed
+// entry points' for all N sequences up front.
+TensorView require_query_offsets(std::string_view kOp, const TensorView& offsets, std::int64_t n,
+                                 std::string_view count = "B");
 
 // A float32 vector or matrix of per-head values (alibi_slopes, sinks), every one finite.
 void require_finite_f32(std::string_view kOp, const TensorView& t, const char* name);

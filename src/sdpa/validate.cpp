@@ -76,8 +76,8 @@ void require_finite_f32(std::string_view kOp, const TensorView& t, const char* n
         }
 }
 
-TensorView require_query_offsets(std::string_view kOp, const TensorView& offsets, std::int64_t n) {
-    const TensorView qo = require_per_sequence(kOp, offsets, "query_offset", n);
+TensorView require_query_offsets(std::string_view kOp, const TensorView& offsets, std::int64_t n, std::string_view count) {
+    const TensorView qo = require_per_sequence(kOp, offsets, "query_offset", n, count);
     for (std::int64_t b = 0; b < n; ++b) check_query_offset(kOp, load_int(qo, qo.offset(b)), "entry " + std::to_string(b) + " ");
     return qo;
 }

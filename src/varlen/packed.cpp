@@ -131,7 +131,7 @@ PackedBatch check_packed(std::string_view op, const TensorView& q, const TensorV
         require_finite_f32(op, sk, "sinks");
     }
     if (options.query_offset && options.query_offset->per_sequence) {
-        require_query_offsets(op, *options.query_offset->per_sequence, N);
+        require_query_offsets(op, *options.query_offset->per_sequence, N, "N");
     }
 
     resize_or_throw(p.seqs, N, "the sequences' table");

@@ -140,6 +140,32 @@ def test_masks_and_key_lengths_are_refused():
         attn.sdpa_varlen(q, k, v, cq, ck, attn_mask=np.ones((8, 10), dtype=bool))
 
 
+def test_query_offset_errors_count_the_sequences_n():
+    # The packed call's offsets are one per sequence, (N,): its messages said (B,), a batch it has not.
+    q, k, v, cq, ck = packed_case(8, [3, 5], [4, 6])
+    with pytest.raises(ValueError, match=r"^sdpa_varlen: query_offset: expected shape \(N,\) = \(2,\) but got \(3,\)$"):
+        attn.sdpa_varlen(q, k, v, cq, ck, is_causal=True, query_offset=np.zeros(3, np.int64))
+    with pytest.raises(ValueError, match=r"^query_offset: expected an int or shape \(N,\)"):
+        attn.sdpa_varlen(q, k, v, cq, ck, is_causal=True, query_offset=np.zeros((2, 1), np.int64))
+    with pytest.raises(TypeError, match=r"^query_offset: expected an int or a \(N,\) int32/int64 array but got"):
+        attn.sdpa_varlen(q, k, v, cq, ck, is_causal=True, query_offset=np.float32(1))
+
+
+@pytest.mark.skipif(not os.environ.get("ATTN_BIN"), reason="the attn CLI is not built")
+def test_cli_packed_inputs_are_named_by_their_options(tmp_path):
+    # A rank-4 --q on the packed path said "sdpa_varlen: q: expected a rank-3 tensor": the user
+    # gave --q (a review found it).
+    q, k, v, cq, ck = packed_case(9, [3, 5], [4, 6])
+    for name, arr in (("q", q[None]), ("k", k), ("v", v), ("cq", cq), ("ck", ck)):
+        np.save(tmp_path / f"{name}.npy", arr)
+    res = subprocess.run([os.environ["ATTN_BIN"], "sdpa", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy",
+                          "--cu-seqlens-q", "cq.npy", "--cu-seqlens-k", "ck.npy", "--out", "o.npy"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.startswith("attn: error: sdpa_varlen: --q: expected a rank-3 tensor (Tq, Hq, Dk) but got shape (1, 8, 4, 16)"), res.stderr
+    assert not os.path.exists(tmp_path / "o.npy")
+
+
 @pytest.mark.skipif(not os.environ.get("ATTN_BIN"), reason="the attn CLI is not built")
 def test_cli_cu_seqlens(tmp_path):
     lq, lk = [5, 1, 17], [9, 30, 17]

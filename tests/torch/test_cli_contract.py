@@ -130,12 +130,12 @@ def test_bad_query_offsets(work):
 
 
 @pytest.mark.parametrize("which,shape,fragment", [
-    ("k", (B, HKV, LK, DK + 1), "K: head dim 9 does not match Q's head dim 8"),
-    ("v", (B, HKV, LK - 1, DV), "V: length 6 does not match K's length 7"),
-    ("k", (B, 3, LK, DK), "Q: heads 4 must be a multiple of K/V's heads 3"),
-    ("q", (HQ, LQ, DK), "Q: expected a rank-4 tensor (B, Hq, Lq, Dk) but got shape (4, 5, 8)"),
-    ("v", (B + 1, HKV, LK, DV), "V: batch 3 does not match Q's batch 2"),
-    ("q", (B, HQ, 0, DK), "Q: length must be >= 1 but got 0"),
+    ("k", (B, HKV, LK, DK + 1), "sdpa: --k: head dim 9 does not match Q's head dim 8"),
+    ("v", (B, HKV, LK - 1, DV), "sdpa: --v: length 6 does not match K's length 7"),
+    ("k", (B, 3, LK, DK), "sdpa: --q: heads 4 must be a multiple of K/V's heads 3"),
+    ("q", (HQ, LQ, DK), "sdpa: --q: expected a rank-4 tensor (B, Hq, Lq, Dk) but got shape (4, 5, 8)"),
+    ("v", (B + 1, HKV, LK, DV), "sdpa: --v: batch 3 does not match Q's batch 2"),
+    ("q", (B, HQ, 0, DK), "sdpa: --q: length must be >= 1 but got 0"),
 ])
 def test_shape_mismatch(work, which, shape, fragment):
     np.save(work / "bad.npy", np.zeros(shape, dtype=np.float32))

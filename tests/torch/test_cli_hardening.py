@@ -1218,10 +1218,10 @@ def test_inputs_are_checked_before_outputs_sized_from_them_are_allocated(work):
     header_only_npy(work / "k0.npy", (0, 1, 10**15, DK))
     header_only_npy(work / "v0.npy", (0, 1, 10**15, DV))
     expect_error(work, ["sdpa", "--q", work / "q.npy", "--k", work / "k0.npy", "--v", work / "v0.npy",
-                        "--out", work / "o.npy", "--weights", work / "w2.npy"], "sdpa: K: batch must be >= 1 but got 0")
+                        "--out", work / "o.npy", "--weights", work / "w2.npy"], "sdpa: --k: batch must be >= 1 but got 0")
     header_only_npy(work / "q0.npy", (10**6, 10**6, 10**6, 0))
     expect_error(work, ["sdpa", "--q", work / "q0.npy", "--k", work / "k.npy", "--v", work / "v.npy", "--out", work / "o.npy"],
-                 "sdpa: Q: head dim must be >= 1 but got 0")
+                 "sdpa: --q: head dim must be >= 1 but got 0")
     # The packed path: q (10^6, 10^6, 0) asked for an 18 TiB out.
     header_only_npy(work / "pq0.npy", (10**6, 10**6, 0))
     np.save(work / "pk.npy", np.ones((7, 2, DK), np.float32))
@@ -1230,7 +1230,7 @@ def test_inputs_are_checked_before_outputs_sized_from_them_are_allocated(work):
     np.save(work / "ck.npy", np.array([0, 7], np.int64))
     expect_error(work, ["sdpa", "--q", work / "pq0.npy", "--k", work / "pk.npy", "--v", work / "pv.npy",
                         "--cu-seqlens-q", work / "cq.npy", "--cu-seqlens-k", work / "ck.npy", "--out", work / "o.npy"],
-                 "sdpa_varlen: q: head dim must be >= 1 but got 0")
+                 "sdpa_varlen: --q: head dim must be >= 1 but got 0")
 
 
 def test_an_output_naming_an_input_is_refused(work):

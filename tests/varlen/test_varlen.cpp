@@ -726,7 +726,7 @@ TEST(VarlenErrors, BadCuSeqlensAndTensors) {
          [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.key_lengths = kl.view(); }},
         {"bool_mask: not supported", [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.bool_mask = kl.view(); }},
         {"additive_mask: not supported", [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.additive_mask = kl.view(); }},
-        {"query_offset: expected shape (B,) = (2,)",
+        {"query_offset: expected shape (N,) = (2,)",  // one per sequence: N, not a batch
          [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.query_offset = QueryOffset(bad_offsets.view()); }},
         {"alibi_slopes: packed sequences take (Hq,) = (1,) or (N, Hq) = (2, 1) slopes (one row per sequence) but got (3, 1)",
          [&](TV&, TV&, TV&, TV&, TV&, SdpaOptions& o, TV&) { o.alibi_slopes = slopes_3x1.view(); }},

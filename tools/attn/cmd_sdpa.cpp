@@ -316,7 +316,8 @@ void add_sdpa_command(CLI::App& app) {
     cmd->callback([args] {
         const SdpaArgs& a = *args;
         naming_flags([&] { run(a); }, {"sdpa_varlen_backward", "sdpa_varlen", "sdpa_backward", "sdpa"},
-                     {{"bool_mask", "--mask"}, {"additive_mask", "--mask"}, {"key_lengths", "--key-lengths"},
+                     {{"Q", "--q"}, {"K", "--k"}, {"V", "--v"}, {"q", "--q"}, {"k", "--k"}, {"v", "--v"},  // sdpa's, packed
+                      {"bool_mask", "--mask"}, {"additive_mask", "--mask"}, {"key_lengths", "--key-lengths"},
                       {"query_offset", a.query_offsets.empty() ? "--query-offset" : "--query-offsets"},
                       {"alibi_slopes", a.alibi ? "--alibi" : "--alibi-slopes"}, {"sinks", "--sinks"},
                       {"grad_out", "--grad-out"}, {"softcap", "--softcap"}, {"dropout_p", "--dropout"},
