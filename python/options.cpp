@@ -65,6 +65,25 @@ void set_alignment(const AlignmentArgs& args, CallOptions& out) {
     out.sdpa.query_offset = query_offset_of(args.query_offset, args.sequences, out.query_offset);
 }
 
+namespace {
+
+// alibi_slopes and sinks, which the core keeps in float32: any floating array (a Python list is
+// float64) is rounded to float32 once with attn::to_dtype, as MultiheadAttention(alibi_slopes=)
+// and attn.torch take them; another dtype is left for the core to refuse by name.
+attn::TensorView float32_parameters(py::array& a, const char* name, int max_rank, const char* layout) {
+    const attn::TensorView v = view_of(a, name, 1, max_rank, layout);
+    if (v.dtype() == attn::DType::f32 || !attn::is_floating(v.dtype())) return v;
+    const attn::Tensor f = attn::to_dtype(v, attn::DType::f32);
+    std::vector<py::ssize_t> dims;
+    for (int d = 0; d < f.view().rank(); ++d) dims.push_back(f.view().dim(d));
+    py::array_t<float> copy(dims);
+    std::copy(f.data_as<float>(), f.data_as<float>() + f.numel(), copy.mutable_data());
+    a = copy;
+    return view_of(a, name, 1, max_rank, layout);
+}
+
+}  // namespace
+
 void set_modifiers(const ModifierArgs& args, std::int64_t heads, CallOptions& out) {
     if (!args.softcap.is_none()) out.sdpa.softcap = float_arg(args.softcap, "softcap");
     // True or False (Python's or NumPy's bool) asks for the paper's slopes or none.
@@ -81,11 +100,11 @@ void set_modifiers(const ModifierArgs& args, std::int64_t heads, CallOptions& ou
         }
     } else if (!args.alibi_slopes.is_none()) {
         out.alibi_slopes = as_array(args.alibi_slopes, "alibi_slopes");
-        out.sdpa.alibi_slopes = view_of(out.alibi_slopes, "alibi_slopes", 1, 2, "(Hq,) or (B, Hq)");
+        out.sdpa.alibi_slopes = float32_parameters(out.alibi_slopes, "alibi_slopes", 2, "(Hq,) or (B, Hq)");
     }
     if (!args.sinks.is_none()) {
         out.sinks = as_array(args.sinks, "sinks");
-        out.sdpa.sinks = view_of(out.sinks, "sinks", 1, 1, "(Hq,)");
+        out.sdpa.sinks = float32_parameters(out.sinks, "sinks", 1, "(Hq,)");
     }
 }
 

@@ -58,7 +58,8 @@ struct CallOptions {
 };
 
 // The score modifiers, as given: softcap (float, 0/None = off), alibi_slopes ((Hq,) or
-// (B, Hq) float32 array, or True for attn.alibi_slopes(Hq)), sinks ((Hq,) float32 array).
+// (B, Hq) float32 array, or True for attn.alibi_slopes(Hq)), sinks ((Hq,) float32 array); another
+// floating dtype (a list) is rounded to float32 once, as MultiheadAttention's slopes are.
 struct ModifierArgs {
     py::object softcap;
     py::object alibi_slopes;

@@ -82,8 +82,8 @@ def _state_dict_int():
     (lambda: _sdpa(attn_mask=np.zeros((4, 6), np.int32)), ["attn_mask", "int32"]),
     (lambda: _sdpa(key_lengths=np.array([3.0], F32)), ["key_lengths", "float32"]),
     (lambda: _sdpa(query_offset=np.array([1.0], F32)), ["query_offset", "float32"]),
-    (lambda: _sdpa(alibi_slopes=np.ones(2, np.float64)), ["alibi_slopes", "float64"]),
-    (lambda: _sdpa(sinks=np.ones(2, np.float64)), ["sinks", "float64"]),
+    (lambda: _sdpa(alibi_slopes=np.ones(2, np.int64)), ["alibi_slopes", "int64"]),  # float64: rounded
+    (lambda: _sdpa(sinks=np.ones(2, np.int32)), ["sinks", "int32"]),
     (lambda: _sdpa(out_dtype="int8"), ["out_dtype", "int8"]),
     (lambda: _sdpa(dtype="float16"), ["dtype", "float16"]),
     (lambda: _varlen(q_dtype=np.int32), ["q", "int32"]),

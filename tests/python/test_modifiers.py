@@ -124,8 +124,25 @@ def test_bad_modifiers_are_value_errors():
         attn.sdpa(q, q, q, softcap=-2.0)
     with pytest.raises(Exception, match="alibi_slopes: shape must be"):
         attn.sdpa(q, q, q, alibi_slopes=np.ones(3, np.float32))
-    with pytest.raises(Exception, match="sinks: dtype must be float32 but got float64"):
-        attn.sdpa(q, q, q, sinks=np.ones(2))
+    with pytest.raises(TypeError, match="sinks: dtype must be float32 but got int64"):
+        attn.sdpa(q, q, q, sinks=np.ones(2, np.int64))
+
+
+def test_slopes_and_sinks_as_lists_or_float64_are_rounded_to_float32():
+    # alibi_slopes=[0.5] * 4 (a list: float64) was "TypeError: dtype must be float32" while
+    # MultiheadAttention(alibi_slopes=list) and attn.torch took it: every entry point now rounds a
+    # floating parameter vector to float32 once (a review found it).
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((2, 4, 5, 8)).astype(np.float32)
+    slopes, sinks = [0.1, 0.5, 1 / 3, 2.0], [0.25, -1.0, 0.7, 2.0]  # 0.1, 1/3, 0.7: rounded
+    want = attn.sdpa(q, q, q, alibi_slopes=np.array(slopes, np.float32), sinks=np.array(sinks, np.float32))
+    for given_slopes, given_sinks in ((slopes, sinks), (np.array(slopes), np.array(sinks)),
+                                      (np.array([slopes, slopes]), np.array(sinks, np.float64)[::-1][::-1])):
+        got = attn.sdpa(q, q, q, alibi_slopes=given_slopes, sinks=given_sinks)
+        np.testing.assert_array_equal(got, want)
+    # A float16 vector is widened exactly.
+    half = np.array([0.5, 0.25, 1.0, 2.0], np.float16)
+    np.testing.assert_array_equal(attn.sdpa(q, q, q, sinks=half), attn.sdpa(q, q, q, sinks=half.astype(np.float32)))
 
 
 def test_cli_flags_match_torch(tmp_path):
