@@ -128,7 +128,8 @@ def random_case(rng, t):
         c["window"] = (int(rng.integers(0, 10)), int(rng.integers(-1, 4)), ["top-left", "bottom-right"][t % 2])
     # Drawn after the rest so the earlier parameters of each seed stay what they were.
     c["kl_below_lq"] = rng.random() < 0.5  # key lengths up to Lq − 1: bottom-right rows with no key
-    c["qo"] = rng.random() < 0.15  # a per-sequence query offset
+    # A per-sequence query offset, where something measures from it (alone the CLI refuses it).
+    c["qo"] = rng.random() < 0.15 and (c["causal"] != "none" or c["window"] is not None)
     if t % 9 == 2:  # every ninth case: bottom-right with per-sequence key lengths, maybe a window
         c.update(causal="bottom-right", kl=True, qo=False)
     return c

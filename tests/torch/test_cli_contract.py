@@ -120,13 +120,35 @@ def test_bad_key_lengths(work):
 def test_bad_query_offsets(work):
     # The library names the function (sdpa) and its argument, which the CLI says as its flag.
     np.save(work / "qf.npy", np.array([1, 2], dtype=np.float32))
-    msg = expect_error(work, sdpa_args(work, query_offsets=work / "qf.npy"), "sdpa: --query-offsets: ", "int32 or int64", "float32")
+    msg = expect_error(work, sdpa_args(work, query_offsets=work / "qf.npy", causal="top-left"), "sdpa: --query-offsets: ",
+                       "int32 or int64", "float32")
     assert msg.startswith("attn: error: sdpa: "), msg
     np.save(work / "q3.npy", np.array([1, 2, 3], dtype=np.int64))
-    expect_error(work, sdpa_args(work, query_offsets=work / "q3.npy"), "sdpa: --query-offsets: ", "(B,)")
+    expect_error(work, sdpa_args(work, query_offsets=work / "q3.npy", causal="top-left"), "sdpa: --query-offsets: ", "(B,)")
     expect_error(work, sdpa_args(work, query_offset=2 ** 61), "sdpa: --query-offset: ", "2^60")
     np.save(work / "qo.npy", np.array([1, 2], dtype=np.int32))
     expect_error(work, sdpa_args(work, query_offset=1, query_offsets=work / "qo.npy"), "--query-offset")
+
+
+@pytest.mark.parametrize("offset", [{"query_offset": 3}, {"query_offsets": "qo.npy"}])
+def test_a_query_offset_needs_something_it_places(work, offset):
+    # --query-offsets QO.npy with no causal mask, window or ALiBi ran and changed nothing, while
+    # --seed without --dropout is refused (a review found it). Each of the three gives it a use.
+    np.save(work / "qo.npy", np.array([3, 3], dtype=np.int64))  # neither 0 nor ALiBi's Lk - Lq = 2
+    given = {k: (work / v if k == "query_offsets" else v) for k, v in offset.items()}
+    flag = "--" + next(iter(offset)).replace("_", "-")
+    msg = expect_error(work, sdpa_args(work, **given))
+    assert msg == (f"attn: error: {flag}: only with --causal, --window-left/--window-right or --alibi/--alibi-slopes "
+                   "(it places the diagonal they measure from; without them it changes nothing)"), msg
+    outs = {}
+    for name, extra in (("causal", ["--causal"]), ("window", ["--window-left", "1"]), ("alibi", ["--alibi"])):
+        got = {}
+        for tag, offset_args in (("", given), ("0", {})):
+            r = run_attn(*sdpa_args(work, **offset_args, out=work / f"{name}{tag}.npy", lse=work / f"l{name}{tag}.npy"), *extra)
+            assert r.returncode == 0, r.stderr
+            got[tag] = (np.load(work / f"{name}{tag}.npy"), np.load(work / f"l{name}{tag}.npy"))
+        # It placed the diagonal: the result differs from the default alignment's.
+        assert not all(np.array_equal(a, b) for a, b in zip(got[""], got["0"])), name
 
 
 @pytest.mark.parametrize("which,shape,fragment", [

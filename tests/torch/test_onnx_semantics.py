@@ -171,10 +171,10 @@ def attn_args(c, tmp):
         np.save(tmp / "kl.npy", c["nonpad"])
         args += ["--key-lengths", tmp / "kl.npy"]
     align = {"static": "bottom-right", "no_cache": "top-left"}.get(c["kind"], "top-left")
-    if c["kind"] == "static_as_offsets":  # the per-sequence offsets spelled out
+    if c["kind"] == "static_as_offsets" and (c["is_causal"] or "left" in c):  # the per-sequence offsets spelled out
         np.save(tmp / "qo.npy", (c["nonpad"] - c["Lq"]).astype(np.int32))
         args += ["--query-offsets", tmp / "qo.npy"]
-    if "past_len" in c:
+    if "past_len" in c and (c["is_causal"] or "left" in c):  # the CLI refuses an offset that places nothing
         args += ["--query-offset", c["past_len"]]
     if c["is_causal"]:
         args += ["--causal", align]

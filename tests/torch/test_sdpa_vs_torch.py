@@ -112,7 +112,7 @@ def make_case(idx):
         if left < 0 and right < 0:
             left = int(rng.integers(0, Lk + 1))
         c["window"] = (left, right, str(rng.choice(["top-left", "bottom-right"])))
-    if rng.random() < 0.2:
+    if rng.random() < 0.2 and (c["causal"] != "none" or "window" in c):  # alone it places nothing: refused
         # The position of query 0 among the keys: negative, inside, or past the last key.
         lo, hi = -Lq - 2, Lk + 2
         if rng.random() < 0.5:
