@@ -1,6 +1,16 @@
-// For death-test children that must run out of memory on purpose (ASan builds skip them: its
-// shadow memory cannot live under such a limit).
+// For death-test children that must run out of memory on purpose (sanitized builds skip them).
 #pragma once
+
+// Defined where a sanitizer owns the memory (ASan, or TSan: -DATTN_SANITIZE=ON or thread): its
+// shadow memory cannot live under an address space limit, and its allocator ends the process
+// instead of failing an allocation. GCC says so with __SANITIZE_*__, clang with __has_feature.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define ATTN_TEST_SANITIZED_MEMORY 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define ATTN_TEST_SANITIZED_MEMORY 1
+#endif
+#endif
 
 #include <sys/resource.h>
 

@@ -229,7 +229,7 @@ TEST(FlashBackward, ChunksPerMachineSize) {
 // address-space limit found the abort). float16 Q and dO of 2^18 rows: each thread's task holds
 // float32 copies of them, 64 MiB each, more than the 48 MiB the child leaves itself. In a child
 // process ("threadsafe" death test); not under ASan, whose shadow memory needs more.
-#if !defined(__SANITIZE_ADDRESS__)
+#if !defined(ATTN_TEST_SANITIZED_MEMORY)
 [[noreturn]] void flash_backward_under_an_address_space_limit() {
     const std::int64_t L = std::int64_t{1} << 18;
     std::mt19937 rng(41);

@@ -1024,7 +1024,7 @@ TEST(FlashDispatch, HugeHeadDimsGoToTheReference) {
 // thread gets its workspace and the other does not — without the barrier the first ran its
 // tasks and wrote their rows (checked by removing it: exit 3). Not under ASan (its shadow
 // memory needs the room).
-#if !defined(__SANITIZE_ADDRESS__)
+#if !defined(ATTN_TEST_SANITIZED_MEMORY)
 [[noreturn]] void flash_under_an_address_space_limit() {
     using test::poisoned;
     using test::still_poisoned;

@@ -536,7 +536,7 @@ TEST(Mha, StateDictErrorsNameTheTensor) {
 // review found it). Run in a child process (a "threadsafe" death test: a fresh exec) whose
 // address space leaves room for the 16 MiB copy of out_proj.weight but not the 48 MiB of
 // in_proj_weight. Not under ASan, whose shadow memory cannot live under such a limit.
-#if !defined(__SANITIZE_ADDRESS__)
+#if !defined(ATTN_TEST_SANITIZED_MEMORY)
 [[noreturn]] void load_under_an_address_space_limit() {
     const std::int64_t E = 2048;
     MultiHeadAttention layer(MhaConfig{.embed_dim = E, .num_heads = 16});  // parameters 0

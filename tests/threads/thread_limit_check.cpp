@@ -180,6 +180,13 @@ int main(int argc, char** argv) {
     std::printf("skipped: ASan cannot run under these limits\n");
     return kSkip;
 #endif
+#if defined(ATTN_TEST_SANITIZED_MEMORY)
+    // The stack mode's address space limit (TSan re-executes the child without it).
+    if (mode == "stack") {
+        std::printf("skipped: a sanitizer's shadow memory cannot live under an address space limit\n");
+        return kSkip;
+    }
+#endif
     if (mode == "nproc" || mode == "stack" || mode == "fork") return parent("/proc/self/exe", mode);
     std::printf("usage: thread_limit_check nproc|stack|fork|child|forked\n");
     return 2;

@@ -499,7 +499,7 @@ TEST(OptionParsers, ImplAndCausalNames) {
     }
 }
 
-#if !defined(__SANITIZE_ADDRESS__)  // (the death tests below; see their comments)
+#if !defined(ATTN_TEST_SANITIZED_MEMORY)  // (the death tests below; see their comments)
 // Runs the reference (q = k = v) in this child process once OpenMP's threads have started
 // (their stacks are address space too) and its address space leaves `headroom` bytes: returns
 // the attn::OutOfMemory's message; exits 4 when the call ran (the limit did not bite).
@@ -551,7 +551,7 @@ std::string reference_message_under_a_limit(const Tensor& q, Tensor& out, unsign
 // std::vector can hold (length_error) or 2^63 bytes: attn::OutOfMemory, its message counting
 // the bytes without wrapping. Lq·Lk = 2^64 wrapped to 0 and the reference wrote through an empty
 // vector (a segfault; an adversarial tester found it). (Not under ASan, which aborts on such a request.)
-#if !defined(__SANITIZE_ADDRESS__)
+#if !defined(ATTN_TEST_SANITIZED_MEMORY)
 TEST(SdpaErrors, ReferenceBeyondAnyAllocationIsOutOfMemory) {
     double one = 1.0;
     const std::int64_t Lk = std::int64_t{1} << 34;  // the most keys a call may have

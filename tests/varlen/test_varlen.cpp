@@ -374,7 +374,7 @@ TEST(Varlen, HeadMajorBudgetCutOff) {
 // "threadsafe" death test: a fresh exec) under an address-space limit that the inputs and the
 // thread pool fit but the copies do not. Exit codes: 0 as expected; 3 out or lse written;
 // 4 no out-of-memory; 5 no limit; 6 the retry without a limit differs from the first call.
-#if !defined(__SANITIZE_ADDRESS__)
+#if !defined(ATTN_TEST_SANITIZED_MEMORY)
 [[noreturn]] void varlen_under_an_address_space_limit() {
     VarlenCase c;
     c.lq = {256, 256, 8, 0};  // sequence 2 runs decode-sized rows, 3 has no queries
