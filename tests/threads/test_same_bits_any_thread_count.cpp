@@ -26,6 +26,7 @@
 #include "attn/sdpa_varlen.hpp"
 #include "attn/threads.hpp"
 #include "common/util.hpp"
+#include "decode_on_caches.hpp"
 #include "mha/mha_test_util.hpp"
 
 namespace {
@@ -101,29 +102,8 @@ TEST(SameBitsAnyThreadCount, SdpaForwardAndBackward) {
 }
 
 TEST(SameBitsAnyThreadCount, DecodeOnContiguousAndPagedCaches) {
-    // B·Hkv = 4 rows of a generation step against 5000 keys: decode splits the keys (split-KV).
-    const std::int64_t B = 2, Hq = 8, Hkv = 2, L = 5000, D = 64;
-    std::mt19937_64 rng(5);
-    const Tensor q = randn(DType::f32, Shape{B, Hq, 1, D}, rng);
-    KVCache cache(KVCacheConfig{.batch = B, .kv_heads = Hkv, .head_dim = D, .capacity = L});
-    PagedKVCache paged(PagedKVCacheConfig{.kv_heads = Hkv, .head_dim = D, .page_size = 16, .num_pages = 2 * L / 16 + 2});
-    std::vector<PagedKVCache::SeqId> seqs;
-    for (std::int64_t b = 0; b < B; ++b) seqs.push_back(paged.add_sequence());
-    for (std::int64_t b = 0; b < B; ++b) {
-        const Tensor k = randn(DType::f32, Shape{Hkv, L, D}, rng), v = randn(DType::f32, Shape{Hkv, L, D}, rng);
-        cache.append(b, k, v);
-        paged.append(seqs[static_cast<std::size_t>(b)], k, v);
-    }
-    SdpaOptions opt;
-    opt.causal = Causal::bottom_right;
-    expect_same_bits_on_any_thread_count([&] {
-        Tensor out(DType::f32, Shape{B, Hq, 1, D}), lse(DType::f32, Shape{B, Hq, 1});
-        Tensor pout(DType::f32, Shape{B, Hq, 1, D});
-        const TensorView lv = lse.view();
-        decode_attention(q, cache, opt, out, &lv);
-        paged_attention(q, paged, seqs, opt, pout);
-        return tensors(std::move(out), std::move(lse), std::move(pout));
-    });
+    const test::DecodeOnCaches decode(5);
+    expect_same_bits_on_any_thread_count([&] { return decode(); });
 }
 
 TEST(SameBitsAnyThreadCount, VarlenForwardAndBackwardWithDropout) {
