@@ -35,7 +35,10 @@ void check(const GemmArgs& g) {
     if (g.bias != nullptr && g.beta != 0.0f) fail("gemm", "bias: expected beta = 0 with a bias but got beta = ", g.beta);
 }
 
-// The row has the bf16 pair kernel and this CPU runs it.
+// The row has the bf16 pair kernel and this CPU runs it (sgemm and pack_b add: A and B bf16).
+// Not the kernels' rule (asks_bf16_products, src/sdpa/problem.hpp), which also wants a bf16
+// output: their bf16 compute rounds an intermediate (P, dS) to bf16, while the pairs here only
+// multiply the caller's own bf16 values, each product exact in float32, into a float32 C.
 bool bf16_pairs_run(const KernelSet& row) { return row.gemm_bf16 != nullptr && cpu_features().has_avx512_bf16(); }
 
 }  // namespace

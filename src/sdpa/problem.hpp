@@ -22,6 +22,10 @@ struct PagedRows;  // kernels/paged_rows.hpp
 
 // Whether a call with these dtypes asks for bfloat16 all through (SdpaProblem::bf16_products):
 // make_problem's rule, and ring attention's for its blocks, whose float32 outputs are its own.
+// out must be bf16 too because bf16 compute rounds an intermediate (P; dS in the backward) to
+// bf16, an error of out's own rounding only when out is bf16. The projection GEMM's bf16 pairs
+// (bf16_pairs_run, src/gemm/gemm.cpp) round nothing — its operands are the caller's bf16
+// values, each product exact in float32 — so they need no such output and have a rule of their own.
 inline bool asks_bf16_products(DType q, DType k, DType v, DType out) {
     return q == DType::bf16 && k == DType::bf16 && v == DType::bf16 && out == DType::bf16;
 }
