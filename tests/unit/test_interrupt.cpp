@@ -155,6 +155,44 @@ TEST(Interrupt, TheReferenceKernelStopsInsideAHead) {
     EXPECT_TRUE(still_poisoned(dv));
 }
 
+// The kernel's last pass, which writes a head's rows of out and lse and, when asked, its
+// Lq x Lk weights and scores, reads the flag once per row too (writing the weights of 8192 queries
+// and keys in double took 0.6 s and more). Here 3072 queries and keys in double, 2 x 72 MiB to
+// write (0.12-0.17 s measured on a loaded machine: the margin for this thread to see the pass
+// begin). The flag is set as soon as out's first row holds a value (no step before the last pass
+// writes there, so the pass has begun); the call must end in attn::Interrupted with the weights'
+// and scores' last rows unwritten — without a read in the pass, it ran to its end and returned.
+TEST(Interrupt, TheReferenceKernelStopsWhileWritingTheWeights) {
+    constexpr std::int64_t L = 3072;
+    std::mt19937 rng(13);
+    const Shape s{1, 1, L, 1};
+    const Tensor q = randn(DType::f64, s, rng), k = randn(DType::f64, s, rng), v = randn(DType::f64, s, rng);
+    const SdpaOptions o = with_impl(Impl::reference);
+    const Tensor out = poisoned(DType::f64, s), weights = poisoned(DType::f64, {1, 1, L, L}),
+                 scores = poisoned(DType::f64, {1, 1, L, L});
+    const ScoresOutput scores_out{scores, ScoreStage::scaled};
+    std::atomic<bool> stop{false}, done{false};
+    bool interrupted = false;
+    std::thread caller([&] {
+        const ScopedInterruptFlag watch(stop);
+        try {
+            const TensorView w = weights;
+            sdpa(q, k, v, o, out, nullptr, &w, nullptr, &scores_out);
+        } catch (const Interrupted&) {
+            interrupted = true;
+        }
+        done = true;
+    });
+    // Read as an atomic: the kernel writes it while this thread polls.
+    const std::atomic_ref<double> first(*out.data_as<double>());
+    while (!done && test::is_poison(first.load(std::memory_order_relaxed))) std::this_thread::yield();
+    stop = true;
+    caller.join();
+    EXPECT_TRUE(interrupted) << "the last pass ran to its end";
+    EXPECT_TRUE(still_poisoned(weights.view().slice(2, L - 1, 1)));
+    EXPECT_TRUE(still_poisoned(scores.view().slice(2, L - 1, 1)));
+}
+
 // A long flash call stopped from another thread soon after it started: attn::Interrupted, long
 // before the call would have ended (its uninterrupted time measured here). Then, the flag
 // cleared, the same call inside the same scope gives the uninterrupted call's bits.

@@ -174,10 +174,13 @@ void reference_out_of_memory(const SdpaProblem& p) {
 namespace {
 
 // One (b, h): its steps (in the thread's reserved buffers), then its rows of out (lse, weights,
-// scores when asked).
+// scores when asked), with the flag read before each row as in the steps: the weights and scores
+// are Lq x Lk, and writing the weights alone took 0.6-0.85 s at 8192 queries and keys in double
+// (8.4 s into a fresh buffer, whose first touch this is; a loaded 2-vCPU machine).
 void forward_head(const SdpaProblem& p, std::int64_t b, std::int64_t h, HeadSteps& s, const Interrupt& stop) {
     reference_head(p, b, h, s, stop);
     for (std::int64_t i = 0; i < p.Lq; ++i) {
+        stop.stop_if_requested();
         for (std::int64_t d = 0; d < p.Dv; ++d)
             store(p.out, p.out.offset(b, h, i, d), s.out[static_cast<std::size_t>(i * p.Dv + d)]);
         if (p.lse) store(*p.lse, p.lse->offset(b, h, i), s.lse[static_cast<std::size_t>(i)]);
