@@ -3,10 +3,8 @@
 # UndefinedBehaviorSanitizer, run by ctest (`make test`): byte order and odd arrays (class 4),
 # sizes and races (classes 1 and 6), torch inputs. The module is built in the sanitizer build
 # dir shared with kernels_asan (tests/common/configure_asan.sh); the interpreter is not
-# instrumented, so libasan is preloaded (it must come before every other library).
-# Leak detection is off: CPython and numpy keep allocations until exit by design.
-# allocator_may_return_null: the tests ask for impossible sizes and expect MemoryError, which
-# ASan would otherwise report as a fatal "allocation size too big".
+# instrumented, so the sanitizer runtime is preloaded (tests/common/asan_preload.sh, which also
+# turns leak detection off and lets impossible allocations return null).
 #   asan_python_tests.sh <source dir> <build dir> <python>
 set -euo pipefail
 src=$1
@@ -15,25 +13,16 @@ python=$3
 "$src/tests/common/configure_asan.sh" "$src" "$build"
 cmake --build "$build" -j "$(nproc)" --target attn_python
 module=$(ls "$build"/python/attn/_attn*.so)  # the extension inside the attn package
-libasan=$(ldd "$module" | awk '/libasan/ { print $3 }')
-libstdcxx=$(ldd "$module" | awk '/libstdc\+\+/ { print $3 }')
-if [ -z "$libasan" ] || [ -z "$libstdcxx" ]; then
-  echo "asan_python_tests: $module is not linked with libasan and libstdc++" >&2
-  exit 1
-fi
 # Reports go to files (pytest captures stderr, and an abort would lose them), shown below.
 reports="$build/python_asan_reports"
 rm -rf "$reports"
 mkdir -p "$reports"
-export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1:log_path=$reports/asan
+export ASAN_OPTIONS=abort_on_error=1:log_path=$reports/asan
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$reports/ubsan
 export PYTHONPATH="$build/python" PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=2
 cd "$src/tests/python"
-# libstdc++ preloaded with libasan: python is C, so libstdc++ would only arrive with the
-# module, after ASan looked for the real __cxa_throw (its interceptor then aborts the first
-# C++ exception: "CHECK failed: real___cxa_throw != 0").
 status=0
-LD_PRELOAD="$libasan $libstdcxx" "$python" -m pytest -q -p no:cacheprovider \
+"$src/tests/common/asan_preload.sh" "$module" "$python" -m pytest -q -p no:cacheprovider \
   test_array_conversion.py test_sizes_and_races.py test_torch_inputs.py || status=$?
 # A report is a finding; ASan's "failed to allocate" warnings (allocator_may_return_null, for the
 # MemoryError tests) are not.

@@ -1,6 +1,6 @@
-# cmake -DATTN_BUILD_DIR=… -DPREFIX=… -DPY_DIR=… -DPYTHON=… -P install_import.cmake
+# cmake -DATTN_BUILD_DIR=… -DPREFIX=… -DPY_DIR=… -DPYTHON=… [-DPYTHON_LAUNCHER=…] -P install_import.cmake
 # Installs the build into PREFIX (fresh) and imports the installed package (attn and attn.torch)
-# from elsewhere.
+# from elsewhere, PYTHON run through PYTHON_LAUNCHER when given (tests/CMakeLists.txt).
 file(REMOVE_RECURSE ${PREFIX})
 execute_process(COMMAND ${CMAKE_COMMAND} --install ${ATTN_BUILD_DIR} --prefix ${PREFIX}
                 RESULT_VARIABLE rc OUTPUT_QUIET)
@@ -16,7 +16,7 @@ t = attn.torch.scaled_dot_product_attention(torch.eye(3, 4), torch.eye(5, 4), to
 assert isinstance(t, torch.Tensor) and torch.allclose(t, torch.ones(3, 2)), t
 print('installed attn', attn.__version__, attn.__file__)")
 execute_process(COMMAND ${CMAKE_COMMAND} -E env PYTHONPATH=${PREFIX}/${PY_DIR} PYTHONDONTWRITEBYTECODE=1
-                        ${PYTHON} -c "${code}" ${PREFIX}/${PY_DIR}
+                        ${PYTHON_LAUNCHER} ${PYTHON} -c "${code}" ${PREFIX}/${PY_DIR}
                 WORKING_DIRECTORY ${PREFIX} RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "import of the installed attn module failed (${rc})")

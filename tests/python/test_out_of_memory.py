@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import attn
+from asan import UNDER_ASAN
 from attn import _concise_errors
 
 BIG = 1 << 40  # rows: 2^40 x 8 float32 = 32 TiB
@@ -167,6 +168,7 @@ SWEEP = textwrap.dedent("""
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc")
+@pytest.mark.skipif(UNDER_ASAN, reason="ASan's shadow memory cannot live under an RLIMIT_AS (asan.py)")
 def test_every_refusal_inside_the_backward_is_named():
     p = subprocess.run([sys.executable, "-c", SWEEP], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
@@ -211,6 +213,7 @@ RING = textwrap.dedent("""
 
 
 @pytest.mark.skipif(not hasattr(attn, "dist") or not os.path.exists("/proc/self/status"), reason="needs attn.dist and /proc")
+@pytest.mark.skipif(UNDER_ASAN, reason="ASan's shadow memory cannot live under an RLIMIT_AS (asan.py)")
 def test_ring_attention_names_the_call_and_stays_a_memory_error():
     pytest.importorskip("mpi4py")
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
