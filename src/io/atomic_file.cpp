@@ -133,25 +133,34 @@ bool consume(std::string_view& s, std::string_view prefix) {
     return true;
 }
 
-// The descriptor a name spells, or -1: /dev/stdin 0, /dev/stdout 1, /dev/stderr 2, /dev/fd/N,
-// /proc/thread-self/fd/N, and /proc/P/fd/N or /proc/P/task/T/fd/N where P is self or this
-// process's id and T one of its threads (they share one descriptor table) — a malformed N: -1.
+// The descriptor a name spells, or -1: /dev/stdin 0, /dev/stdout 1, /dev/stderr 2, /dev/fd/N (these
+// without /proc too), and N in a directory that is, however spelt (/dev/fd, /proc/self/fd,
+// /proc/thread-self/fd, /proc/PID/task/TID/fd, with //, .. or a relative path), /proc/T/fd or
+// /proc/P/task/T/fd where T is one of this process's threads (they share one descriptor table) —
+// a malformed N: -1. The directory is compared resolved: a spelling the names missed (/dev//fd/0,
+// /proc/self/fd/../fd/0) was followed to the file the descriptor is open on, and replaced it.
 int descriptor_spelt(const std::string& path) {
     if (path == "/dev/stdin") return 0;
     if (path == "/dev/stdout") return 1;
     if (path == "/dev/stderr") return 2;
     std::string_view rest = path;
     if (consume(rest, "/dev/fd/")) return decimal(rest);
+    const auto [dir, name] = split_dir(path);
+    std::error_code ec;
+    const std::string real = std::filesystem::canonical(dir.empty() ? "." : dir, ec).string();
+    if (ec) return -1;
+    rest = real;
     if (!consume(rest, "/proc/")) return -1;
-    if (consume(rest, "thread-self/fd/")) return decimal(rest);
-    if (!consume(rest, "self/") && !consume(rest, std::to_string(::getpid()) + "/")) return -1;
-    if (consume(rest, "task/")) {  // /proc/self/task lists this process's threads only
-        const std::string_view tid = rest.substr(0, rest.find('/'));
-        if (decimal(tid) < 0 || ::access(("/proc/self/task/" + std::string(tid)).c_str(), F_OK) != 0) return -1;
-        rest.remove_prefix(tid.size());
-        if (!consume(rest, "/")) return -1;
+    std::string_view thread = rest.substr(0, rest.find('/'));  // /proc/T/fd or /proc/P/task/T/fd
+    rest.remove_prefix(thread.size());
+    if (consume(rest, "/task/")) {
+        thread = rest.substr(0, rest.find('/'));
+        rest.remove_prefix(thread.size());
     }
-    return consume(rest, "fd/") ? decimal(rest) : -1;
+    // /proc/self/task lists this process's threads only.
+    if (rest != "/fd" || decimal(thread) < 0 || ::access(("/proc/self/task/" + std::string(thread)).c_str(), F_OK) != 0)
+        return -1;
+    return decimal(name);
 }
 
 // The descriptor a path names, spelt so itself or through its own symbolic links (a link to

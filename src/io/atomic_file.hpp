@@ -15,7 +15,8 @@
 //    whoever runs attn (root included); one attn may not write (access W_OK) is refused. Opening
 //    a FIFO waits for its reader.
 //  - an open descriptor by name (/dev/stdin, /dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N,
-//    /proc/thread-self/fd/N, /proc/<attn's pid>/fd/N, /proc/self/task/<its thread>/fd/N, or a
+//    /proc/thread-self/fd/N, /proc/<attn's pid>/fd/N, /proc/self/task/<its thread>/fd/N, the directory
+//    however spelt, or a
 //    symbolic link to one of these): written
 //    into that descriptor (a duplicate), at its offset and with its flags, whatever it is open
 //    on but a directory — a regular file behind `> f` or `>> f` included, which renaming would

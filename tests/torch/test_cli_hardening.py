@@ -311,7 +311,9 @@ def run_with_stdin(args, stdin_file, shell_out=None):
 
 
 @pytest.mark.parametrize("spelling", ["/dev/stdin", "/proc/thread-self/fd/0", "/proc/$$/fd/0", "/proc/self/task/$$/fd/0",
-                                      "/proc/$$/task/$$/fd/0", "a link to /dev/stdin"])
+                                      "/proc/$$/task/$$/fd/0", "a link to /dev/stdin",
+                                      # Spelt otherwise, the same directory: these were followed to data.
+                                      "/dev//fd/0", "/proc/self/fd/../fd/0", "/proc/self/task/$$/../../fd/0"])
 def test_stdin_named_as_an_output_is_descriptor_0_not_the_file_it_reads(work, spelling):
     """`attn sdpa … --out /dev/stdin < data` replaced data: the path was followed (/dev/stdin →
     /proc/self/fd/0 → data) to a regular file, renamed over. A shell's `> /dev/stdin` writes into
