@@ -313,7 +313,8 @@ def run_with_stdin(args, stdin_file, shell_out=None):
 @pytest.mark.parametrize("spelling", ["/dev/stdin", "/proc/thread-self/fd/0", "/proc/$$/fd/0", "/proc/self/task/$$/fd/0",
                                       "/proc/$$/task/$$/fd/0", "a link to /dev/stdin",
                                       # Spelt otherwise, the same directory: these were followed to data.
-                                      "/dev//fd/0", "/proc/self/fd/../fd/0", "/proc/self/task/$$/../../fd/0"])
+                                      "/dev//fd/0", "/proc/self/fd/../fd/0", "/proc/self/task/$$/../../fd/0",
+                                      "0 in a link to /proc/self/fd"])
 def test_stdin_named_as_an_output_is_descriptor_0_not_the_file_it_reads(work, spelling):
     """`attn sdpa … --out /dev/stdin < data` replaced data: the path was followed (/dev/stdin →
     /proc/self/fd/0 → data) to a regular file, renamed over. A shell's `> /dev/stdin` writes into
@@ -325,6 +326,9 @@ def test_stdin_named_as_an_output_is_descriptor_0_not_the_file_it_reads(work, sp
     if spelling == "a link to /dev/stdin":
         os.symlink("/dev/stdin", work / "in.npy")
         spelling = str(work / "in.npy")
+    if spelling == "0 in a link to /proc/self/fd":
+        os.symlink("/proc/self/fd", work / "fds")
+        spelling = str(work / "fds" / "0")
     before = listing(work)
     if "$$" in spelling:
         r, pid = run_with_stdin(sdpa(work, out=None), data, shell_out=spelling)
