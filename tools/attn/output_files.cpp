@@ -76,7 +76,8 @@ void OutputFiles::add_input(const std::string& flag, const std::string& path) {
 
 void OutputFiles::check() {
     std::vector<detail::OutputTarget> targets;
-    for (const auto& [flag, p] : files_) naming(flag, [&] { targets.push_back(detail::resolve_output(p)); });
+    // Named pairs, not structured bindings: clang 14 (the fuzz build) cannot capture a binding in a lambda.
+    for (const auto& file : files_) naming(file.first, [&] { targets.push_back(detail::resolve_output(file.second)); });
     // What the pairs below compare, found once per output.
     std::vector<std::optional<std::pair<dev_t, ino_t>>> landings;
     std::vector<std::string> identities;
@@ -149,7 +150,8 @@ void OutputFiles::check() {
     }
     // Every path accepted: the character devices are opened now (see the header), each once.
     for (std::size_t i = 0; i < files_.size(); ++i) {
-        const auto& [flag, p] = files_[i];
+        const std::string& flag = files_[i].first;
+        const std::string& p = files_[i].second;
         struct stat st {};
         if (!targets[i].direct || targets[i].descriptor >= 0 || ::stat(targets[i].file.c_str(), &st) != 0 ||
             !S_ISCHR(st.st_mode) || std::any_of(devices_.begin(), devices_.end(), [&](const auto& d) { return d.first == p; }))
