@@ -52,7 +52,10 @@ inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, f
 #undef STEP
     }
     const __m512 vc = _mm512_set1_ps(c2);
-    [[maybe_unused]] __m512 cap, tk, sl0, sl1, re0, re1;
+    // Zero where the modifier is off: finish() takes sl/re by value whether it reads them or not
+    // (an indeterminate __m512 passed by value; clang warned at every STORE). Dead where unread:
+    // GCC 12 then emits the same instructions but for register choices.
+    [[maybe_unused]] __m512 cap, tk, sl0 = _mm512_setzero_ps(), sl1 = sl0, re0 = sl0, re1 = sl0;
     if constexpr ((M & 1) != 0) {
         // c·tanh(c2·acc/c) = (±c)·tanh(|c2|·acc/c) (tanh is odd; − when c2 < 0). tanh's argument
         // y = 2·log2 e·|c2|/c·|acc| takes one multiply (tanh_scaled512): |c2|, 1/c and 2·log2 e

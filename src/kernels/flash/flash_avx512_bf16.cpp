@@ -62,7 +62,8 @@ inline void qk_tile(const std::uint32_t* qp, const std::uint16_t* k, std::int64_
 template <int R, bool Scale>
 inline void pv_tile(const std::uint32_t* pp, int ldP, const std::uint32_t* v, std::int64_t ldv, int Jp, float* ot,
                     int ldO, const float* alpha) {
-    [[maybe_unused]] __m512 al0, al1;
+    // Zero without Scale: acc() takes al by value whether it reads it or not (clang warned).
+    [[maybe_unused]] __m512 al0 = _mm512_setzero_ps(), al1 = al0;
     if constexpr (Scale) {
         al0 = _mm512_load_ps(alpha);
         al1 = _mm512_load_ps(alpha + 16);
