@@ -1,11 +1,9 @@
 #include "atomic_file.hpp"
 
 #include <fcntl.h>
-#include <linux/magic.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
-#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +22,7 @@
 
 #include "attn/error.hpp"
 #include "file_kind.hpp"
+#include "pseudo_file_system.hpp"
 #include "staging_files.hpp"
 
 namespace attn::detail {
@@ -108,15 +107,6 @@ std::string unreplaceable(const std::string& path, bool directory) {
     (void)directory;
 #endif
     return {};
-}
-
-// Whether `dir` is on /proc, which takes no new file and no rename. Where access() calls such a
-// directory writable (root, /proc/PID/fd), a staged output there failed only when created, after
-// the computation: another process's /proc/PID/fd/N open on a deleted file (its link leads to no
-// file canonical() can follow, so the path itself was to be replaced).
-bool on_proc(const std::string& dir) {
-    struct statfs fs {};
-    return ::statfs(dir.empty() ? "." : dir.c_str(), &fs) == 0 && fs.f_type == PROC_SUPER_MAGIC;
 }
 
 // The number `s` is (decimal digits only), or -1.
@@ -279,9 +269,14 @@ OutputTarget resolve_output(const std::string& path) {
                     std::to_string(kStagingSuffix.size() + 2) + " bytes of a staging name within the system's " +
                     std::to_string(kPathBytes) + ")");
     }
-    if (const std::string dir = split_dir(t.file).first; on_proc(dir)) {
-        throw Error(in_quotes(path) + " is in /proc ('" + dir + "'), where no file can be created or renamed into place" +
-                    kReplacedWhole);
+    // The directory, where the staging file is made and renamed: another process's /proc/PID/fd/N
+    // open on a deleted file is itself to be replaced, and statfs of the path would follow the
+    // link to the deleted file's own file system. Where access() calls such a directory writable
+    // (root, /proc/PID/fd, sysfs), the output failed only when created, after the computation.
+    if (const std::string dir = split_dir(t.file).first; const char* fs = pseudo_file_system(dir)) {
+        throw Error(in_quotes(path) + " is on " + fs + " (" + in_quotes(dir.empty() ? "." : dir) +
+                    "), a kernel pseudo file system, where no output can be created or renamed into place: attn writes "
+                    "results to regular files of other file systems, character devices, FIFOs or open descriptors");
     }
     if (const std::string dir = split_dir(t.file).first, why = unreplaceable(dir.empty() ? "." : dir, true); !why.empty()) {
         throw Error(in_quotes(path) + ": its directory is " + why + ", where no file can be renamed into place or removed" +

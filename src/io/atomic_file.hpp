@@ -26,8 +26,9 @@
 //    followed to what it is open on, as a shell's open follows it.
 //  - any other path naming a directory, a block device or a socket, a file no rename can replace
 //    (mounted over its name, immutable, append-only, another user's in a sticky directory) or in
-//    a directory that takes no rename (immutable, append-only) or in /proc (which takes no new
-//    file: another process's /proc/PID/fd/N open on a deleted file), or an empty path: refused.
+//    a directory that takes no rename (immutable, append-only) or on a kernel pseudo file system
+//    (/proc, sysfs, cgroupfs, debugfs, ...: pseudo_file_system.hpp; another process's
+//    /proc/PID/fd/N open on a deleted file is one), or an empty path: refused.
 // Live staging files are tracked (staging_files.hpp), so a signal handler can remove them.
 #pragma once
 

@@ -441,9 +441,37 @@ def test_another_process_descriptor_on_a_deleted_file_is_refused_before_anything
         os.remove(gone)
         out = f"/proc/{os.getpid()}/fd/{f.fileno()}"
         err = expect_error(work, sdpa(work, "--mask", work / "no_such_mask.npy", out=out))
-    assert err == (f"attn: error: --out: '{out}' is in /proc ('/proc/{os.getpid()}/fd/'), where no file can be created "
-                   "or renamed into place, and attn replaces an output whole (a new file written beside it, then "
-                   "renamed over it)\n"), err
+    assert err == pseudo_file_system_error("--out", out, "proc", f"/proc/{os.getpid()}/fd/"), err
+
+
+def pseudo_file_system_error(flag, out, fs, directory):
+    return (f"attn: error: {flag}: '{out}' is on {fs} ('{directory}'), a kernel pseudo file system, where no output "
+            "can be created or renamed into place: attn writes results to regular files of other file systems, "
+            "character devices, FIFOs or open descriptors\n")
+
+
+def pseudo_file_system_directories():
+    """(directory, file system) for /proc, /sys and the first directory of each other pseudo file system
+    mounted here (cgroup, cgroup2, debugfs, ...) — read from /proc/self/mounts, not from attn."""
+    found = {"proc": "/proc/sys", "sysfs": "/sys/kernel"}
+    kinds = ("cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "configfs", "pstore", "bpf", "efivarfs")
+    with open("/proc/self/mounts") as mounts:
+        for line in mounts:
+            _, where, fs = line.split()[:3]
+            if fs in kinds and fs not in found and os.path.isdir(where):
+                found[fs] = where
+    return [(d, fs) for fs, d in found.items()]
+
+
+@pytest.mark.parametrize("directory,fs", pseudo_file_system_directories())
+def test_an_output_on_a_kernel_pseudo_file_system_is_refused_before_anything_runs(work, directory, fs):
+    """Only /proc was refused up front: an output on sysfs, cgroupfs, debugfs, ... failed when its
+    staging file was created, after the computation (root: access() calls /sys writable). The
+    missing --mask is read, and named, only after the outputs are checked."""
+    out = f"{directory}/attn-test-output.npy"
+    err = expect_error(work, sdpa(work, "--lse", work / "l.npy", "--mask", work / "no_such_mask.npy", out=out))
+    assert err == pseudo_file_system_error("--out", out, fs, directory + "/"), err
+    assert not os.path.exists(out)
 
 
 def test_a_file_name_with_control_characters_is_one_error_line(work):
