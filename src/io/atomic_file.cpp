@@ -308,11 +308,11 @@ int open_direct(const std::string& path, const OutputTarget& target) {
     int fd = -1;
     do fd = ::open(target.file.c_str(), O_WRONLY | O_NOCTTY | O_CLOEXEC);
     while (fd < 0 && errno == EINTR);
-    if (fd < 0) throw Error(path + ": cannot open for writing (" + std::strerror(errno) + ")");
+    if (fd < 0) throw Error(in_quotes(path) + ": cannot open for writing (" + std::strerror(errno) + ")");
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !(S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
         ::close(fd);
-        throw Error(path + ": changed from a device or FIFO to something else while being opened");
+        throw Error(in_quotes(path) + ": changed from a device or FIFO to something else while being opened");
     }
     return fd;
 }

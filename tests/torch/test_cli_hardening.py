@@ -382,7 +382,7 @@ def test_a_device_whose_open_fails_is_refused_before_anything_runs(work, kind):
     else:
         dev, preexec = unregistered_device(work), None
     err = expect_error(work, sdpa(work, "--lse", dev, out="/dev/stdout"), preexec_fn=preexec)
-    assert err == f"attn: error: --lse: {dev}: cannot open for writing (No such device or address)\n", err
+    assert err == f"attn: error: --lse: '{dev}': cannot open for writing (No such device or address)\n", err
 
 
 def test_a_device_on_a_nodev_mount_is_refused_before_anything_runs(work):
@@ -399,7 +399,7 @@ def test_a_device_on_a_nodev_mount_is_refused_before_anything_runs(work):
     if r.returncode == 99:
         pytest.skip(f"cannot mount a nodev tmpfs here: {r.stderr.decode()[-200:]}")
     assert r.returncode == 2, r.stderr
-    assert r.stderr.decode() == f"attn: error: --lse: {mnt}/null: cannot open for writing (Permission denied)\n"
+    assert r.stderr.decode() == f"attn: error: --lse: '{mnt}/null': cannot open for writing (Permission denied)\n"
     assert r.stdout == b""
 
 
