@@ -195,8 +195,14 @@ OutputTarget resolve_output(const std::string& path) {
     if (path.empty()) throw Error("an empty path names no file");
     OutputTarget t{path, false};
     struct stat st {};
+    const auto found = [&t](const struct stat& s) {
+        t.type = s.st_mode & S_IFMT;
+        t.dev = s.st_dev;
+        t.ino = s.st_ino;
+    };
     if (const int fd = named_descriptor(path); fd >= 0) {
         if (::fstat(fd, &st) != 0) throw Error(in_quotes(path) + " names descriptor " + std::to_string(fd) + ", which is not open");
+        found(st);
         if (S_ISDIR(st.st_mode)) throw Error(in_quotes(path) + " is descriptor " + std::to_string(fd) + ", open on a directory");
         // Refused here, before a command computes: opening it for writing failed (EINVAL) only at the end.
         if (const int flags = ::fcntl(fd, F_GETFL); flags != -1 && (flags & O_ACCMODE) == O_RDONLY) {
@@ -224,6 +230,7 @@ OutputTarget resolve_output(const std::string& path) {
         }
     }
     if (::stat(t.file.c_str(), &st) == 0) {
+        found(st);
         if (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode)) {
             // Its permission, as the directory's is for a staged file, told before a command
             // computes: the open failed (EACCES) only at the end. (The open may still fail for a

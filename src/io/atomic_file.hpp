@@ -32,6 +32,8 @@
 // Live staging files are tracked (staging_files.hpp), so a signal handler can remove them.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -43,6 +45,12 @@ struct OutputTarget {
     std::string file;     // where the bytes end up: the path with symbolic links resolved
     bool direct = false;  // a character device or FIFO: written in place, never staged or replaced
     int descriptor = -1;  // >= 0: direct, into a duplicate of this open descriptor
+    // What resolve_output found there (stat of `file`, or fstat of the descriptor), so that callers
+    // tell a device from a FIFO and compare outputs without a stat of their own: the file's type
+    // (S_IFREG, S_IFCHR, S_IFIFO, ...; 0 for a name that does not exist yet), device and inode.
+    mode_t type = 0;
+    dev_t dev = 0;
+    ino_t ino = 0;
 };
 
 // Decides how `path` is written, or throws attn::Error with a reason that quotes the path

@@ -671,6 +671,23 @@ def test_each_output_is_resolved_once_when_written(work):
         assert calls.count(f'statx(AT_FDCWD, "{work / name}"') == 2, calls
 
 
+def test_a_device_output_is_stated_once_and_checked_on_its_open_descriptor(work):
+    """check() stat'ed a character device output twice more after resolve_output had (to find
+    its landing file, then to tell it is a device before opening it) where the type resolve_output
+    found and the fstat of the opened descriptor (open_direct) tell all: one stat that follows links."""
+    if shutil.which("strace") is None:
+        pytest.skip("needs strace")
+    dev = null_device(work)
+    log = work / "strace.log"
+    r = subprocess.run(["strace", "-f", "-o", str(log), "-e", "trace=%stat,%lstat,%fstat", attn_bin(),
+                        *map(str, sdpa(work, "--lse", work / "l.npy", out=dev))], capture_output=True, timeout=TIMEOUT)
+    if r.returncode != 0 and b"strace" in r.stderr:
+        pytest.skip(f"strace cannot trace here: {r.stderr.decode()[-200:]}")
+    assert r.returncode == 0, r.stderr
+    stats = [c for c in log.read_text().splitlines() if f'"{dev}"' in c and "AT_SYMLINK_NOFOLLOW" not in c]
+    assert len(stats) == 1, stats
+
+
 def test_a_descriptor_output_on_an_input_or_another_output_is_refused(work):
     """/dev/stdout on a regular file is checked like that file: `--out /dev/stdout >> q.npy` wrote
     into the input, and `--out o.npy --lse /dev/stdout > o.npy` lost the lse to the replaced file."""

@@ -30,13 +30,18 @@ std::string identity(const std::string& path) {
     return ec ? path : p.string();
 }
 
-// The regular file an output lands on, when one exists: its (device, inode) — through the
-// descriptor for /dev/stdout and the like, whose file a shell redirect chose.
+// The regular file an output lands on, when one exists: its (device, inode) as resolve_output
+// found them — through the descriptor for /dev/stdout and the like, whose file a shell redirect chose.
 std::optional<std::pair<dev_t, ino_t>> regular_file_of(const detail::OutputTarget& t) {
+    if (t.type != S_IFREG) return std::nullopt;
+    return std::pair{t.dev, t.ino};
+}
+
+// The regular file a descriptor is open on, as regular_file_of says of an output.
+std::optional<std::pair<dev_t, ino_t>> regular_file_behind(int fd) {
     struct stat st {};
-    const int rc = t.descriptor >= 0 ? ::fstat(t.descriptor, &st) : ::stat(t.file.c_str(), &st);
-    if (rc != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
-    return std::pair{st.st_dev, st.st_ino};
+    if (::fstat(fd, &st) != 0) return std::nullopt;
+    return regular_file_of(detail::OutputTarget{"", true, fd, st.st_mode & S_IFMT, st.st_dev, st.st_ino});
 }
 
 bool is_safetensors(const std::string& path) {
@@ -140,7 +145,7 @@ void OutputFiles::check() {
     // warning) would be lost with the old file. Written through the descriptor instead
     // (--out /dev/stdout), the output stays beside the text.
     for (const auto& [stream, fd] : {std::pair{"stdout", 1}, std::pair{"stderr", 2}}) {
-        const auto redirected = regular_file_of(detail::OutputTarget{"", true, fd});
+        const auto redirected = regular_file_behind(fd);
         for (std::size_t i = 0; i < files_.size() && redirected; ++i) {
             if (targets[i].direct || landings[i] != redirected) continue;
             const auto& [flag, p] = files_[i];
@@ -152,9 +157,10 @@ void OutputFiles::check() {
     for (std::size_t i = 0; i < files_.size(); ++i) {
         const std::string& flag = files_[i].first;
         const std::string& p = files_[i].second;
-        struct stat st {};
-        if (!targets[i].direct || targets[i].descriptor >= 0 || ::stat(targets[i].file.c_str(), &st) != 0 ||
-            !S_ISCHR(st.st_mode) || std::any_of(devices_.begin(), devices_.end(), [&](const auto& d) { return d.first == p; }))
+        // A device by its type as resolve_output found it: the open's fstat (open_direct) tells
+        // whether it still is one; a stat of the path in between would tell nothing more.
+        if (!targets[i].direct || targets[i].descriptor >= 0 || targets[i].type != S_IFCHR ||
+            std::any_of(devices_.begin(), devices_.end(), [&](const auto& d) { return d.first == p; }))
             continue;
         int fd = -1;
         naming(flag, [&] { fd = detail::open_direct(p, targets[i]); });
