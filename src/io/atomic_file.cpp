@@ -321,6 +321,16 @@ int open_direct(const std::string& path, const OutputTarget& target) {
         ::close(fd);
         throw Error(in_quotes(path) + ": changed from a device or FIFO to something else while being opened");
     }
+    // Never the number of a closed standard stream: with stdout closed the output became
+    // descriptor 1, and what attn prints went into it (a device kept open through the computation,
+    // a FIFO through the writes of several outputs).
+    if (fd <= STDERR_FILENO) {
+        const int moved = ::fcntl(fd, F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
+        const int err = errno;
+        ::close(fd);
+        if (moved < 0) throw Error(in_quotes(path) + ": cannot open for writing (" + std::strerror(err) + ")");
+        fd = moved;
+    }
     return fd;
 }
 

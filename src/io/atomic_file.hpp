@@ -60,7 +60,7 @@ OutputTarget resolve_output(const std::string& path);
 
 // Opens a direct target that names no descriptor (a character device or FIFO) for writing, as a
 // shell redirect does: never created or truncated, never made the controlling terminal; a FIFO's
-// open waits for its reader. The descriptor (close-on-exec), or attn::Error naming `path`: an open
+// open waits for its reader. The descriptor (close-on-exec, never 0, 1 or 2), or attn::Error naming `path`: an open
 // no permission bit foretells fails here (ENXIO: /dev/tty without a controlling terminal, a
 // device with nothing behind it; EACCES: a device on a nodev mount).
 int open_direct(const std::string& path, const OutputTarget& target);

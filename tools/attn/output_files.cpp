@@ -162,15 +162,10 @@ void OutputFiles::check() {
         if (!targets[i].direct || targets[i].descriptor >= 0 || targets[i].type != S_IFCHR ||
             std::any_of(devices_.begin(), devices_.end(), [&](const auto& d) { return d.first == p; }))
             continue;
+        // Kept through the computation: open_direct never gives it a standard stream's number.
         int fd = -1;
         naming(flag, [&] { fd = detail::open_direct(p, targets[i]); });
-        // Kept through the computation, it must not take the number of a closed standard stream
-        // (stdout closed: the device would become descriptor 1 and get what attn prints).
-        const int kept = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
-        const int err = errno;
-        ::close(fd);
-        if (kept < 0) throw Error(flag + ": " + p + ": cannot keep the device open (" + std::strerror(err) + ")");
-        devices_.emplace_back(p, kept);
+        devices_.emplace_back(p, fd);
     }
 }
 
