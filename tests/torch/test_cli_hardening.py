@@ -721,6 +721,73 @@ def test_an_output_that_stdout_or_stderr_is_redirected_to_is_refused(work, strea
     assert listing(work) == ["k.npy", "l.npy", "q.npy", "v.npy", "w.npy"]
 
 
+@pytest.mark.parametrize("redirect", ["> f 2>&1", "1> f 2> f", "<> f"])
+def test_two_descriptor_outputs_open_on_one_regular_file_are_refused(work, redirect):
+    """`--out /dev/stdout --lse /dev/stderr` with both descriptors open on one regular file was
+    written: through `> f 2>&1` (one offset) the two outputs ran into one file, through `1> f 2> f`
+    (an offset each) the lse was written over the output. `<> f` opens f read-write, for
+    /dev/stdin too. Refused before anything runs, as two paths to one file are."""
+    target = work / "f"
+    target.write_bytes(b"OLD\n")
+    first, second, fds = ("/dev/stdin", "/dev/stdout", (0, 1)) if redirect == "<> f" else ("/dev/stdout", "/dev/stderr", (1, 2))
+    args = [attn_bin(), *map(str, sdpa(work, "--lse", second, out=first))]
+    with open(target, "ab") as appending, open(target, "ab") as appending_too, open(target, "r+b") as read_write:
+        streams = {"> f 2>&1": {"stdout": appending, "stderr": subprocess.STDOUT},
+                   "1> f 2> f": {"stdout": appending, "stderr": appending_too},
+                   "<> f": {"stdin": read_write, "stdout": appending, "stderr": subprocess.PIPE}}[redirect]
+        r = subprocess.run(args, timeout=TIMEOUT, **streams)
+    assert r.returncode == 2, r.stderr
+    text = target.read_bytes()
+    assert text.startswith(b"OLD\n"), text[:100]
+    err = (r.stderr if r.stderr is not None else text[len(b"OLD\n"):]).decode()
+    assert err == (f"attn: error: --lse: path '{second}' names the same file as --out ('{first}') (descriptors {fds[0]} "
+                   f"and {fds[1]} are open on one regular file)\n"), err
+    assert len(text) == len(b"OLD\n") + (0 if r.stderr is not None else len(err))
+
+
+def test_outputs_through_one_descriptor_are_written_one_after_the_other(work):
+    """One descriptor named twice (`--out /dev/stdout --lse /dev/stdout > f`) is one stream at one
+    offset: f holds the output, then the lse — a reader loads them in turn. Not refused."""
+    out = reference_output(work, "--lse", work / "ref_lse.npy")
+    lse = (work / "ref_lse.npy").read_bytes()
+    with open(work / "f", "wb") as f:
+        r = subprocess.run([attn_bin(), *map(str, sdpa(work, "--lse", "/proc/self/fd/1", out="/dev/stdout"))],
+                           stdout=f, stderr=subprocess.PIPE, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    assert (work / "f").read_bytes() == out + lse
+
+
+def test_a_fifo_named_by_two_outputs_is_opened_once(work):
+    """`--out pipe --lse link` (a link to pipe): the FIFO was opened and closed for each output, so
+    its reader could take the first close for the end of its input, and attn's second open then
+    waited for a reader that never came. Now opened once: the reader gets both, in order."""
+    if shutil.which("strace") is None:
+        pytest.skip("needs strace")
+    expected = reference_output(work, "--lse", work / "ref_lse.npy") + (work / "ref_lse.npy").read_bytes()
+    os.remove(work / "ref_lse.npy")
+    os.mkfifo(work / "pipe")
+    os.symlink("pipe", work / "link")
+    got = {}
+
+    def reader():
+        with open(work / "pipe", "rb") as f:
+            got["bytes"] = f.read()
+
+    t = threading.Thread(target=reader)
+    t.start()
+    log = work / "strace.log"
+    r = subprocess.run(["strace", "-f", "-o", str(log), "-e", "trace=open,openat", attn_bin(),
+                        *map(str, sdpa(work, "--lse", work / "link", out=work / "pipe"))], capture_output=True,
+                       timeout=TIMEOUT)
+    t.join(TIMEOUT)
+    if r.returncode != 0 and b"strace" in r.stderr:
+        pytest.skip(f"strace cannot trace here: {r.stderr.decode()[-200:]}")
+    assert r.returncode == 0, r.stderr
+    assert got["bytes"] == expected
+    opens = [c for c in log.read_text().splitlines() if re.search(f'"{work}/(pipe|link)", O_WRONLY', c)]
+    assert len(opens) == 1, opens
+
+
 def test_printed_text_that_cannot_be_written_is_an_error(work):
     """`attn --help > /dev/full` exited 0 while every write failed."""
     with open("/dev/full", "wb") as full:

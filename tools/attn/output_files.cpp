@@ -54,6 +54,38 @@ std::string tensor_name(const std::string& flag) {  // "--out" → "out"
     return start == std::string::npos ? "tensor" : flag.substr(start);
 }
 
+// A FIFO that several outputs name (however spelt) is opened once, when the first of them is
+// written, and every one of them is written through that descriptor, in order: opened and closed
+// for each, its reader could take the first close for the end of the stream, and the next open
+// would then wait for a reader that never comes. (A device named twice is opened once per
+// spelling: a close ends nothing there.)
+class OpenFifos {
+public:
+    OpenFifos() = default;
+    OpenFifos(const OpenFifos&) = delete;
+    OpenFifos& operator=(const OpenFifos&) = delete;
+    ~OpenFifos() {
+        for (const auto& f : open_) ::close(f.second);
+    }
+    // `t` unchanged unless it is a FIFO named by path; else a target writing into its one descriptor.
+    detail::OutputTarget through_one_open(const std::string& path, const detail::OutputTarget& t) {
+        if (t.type != S_IFIFO || t.descriptor >= 0) return t;
+        const std::pair file{t.dev, t.ino};
+        auto it = std::find_if(open_.begin(), open_.end(), [&](const auto& f) { return f.first == file; });
+        if (it == open_.end()) {
+            const int fd = detail::open_direct(path, t);
+            open_.emplace_back(file, fd);
+            it = open_.end() - 1;
+        }
+        detail::OutputTarget one = t;
+        one.descriptor = it->second;
+        return one;
+    }
+
+private:
+    std::vector<std::pair<std::pair<dev_t, ino_t>, int>> open_;
+};
+
 // A file system error names the option too (check() cannot foresee every one: /proc refuses new
 // files although access() says it is writable).
 template <typename Step>
@@ -94,14 +126,21 @@ void OutputFiles::check() {
         const auto& [flag, p] = files_[i];
         const auto& landing = landings[i];
         // Two outputs into one device or FIFO (say /dev/null), or into one descriptor, just write
-        // one after the other; two onto one regular file otherwise would lose one of them (a
-        // staged one renamed over the file a descriptor output is written into, too).
+        // one after the other (a FIFO opened once: see OpenFifos); two onto one regular file
+        // otherwise would lose one of them, however each is spelt (a link, a descriptor): a staged
+        // one renamed over the other, or two descriptors open on the file — each at its own offset
+        // (`1> f 2> f`, `<> f`), the second written over the first; sharing one (`> f 2>&1`), which
+        // attn cannot tell, run into one file that neither output's reader expects.
         for (std::size_t j = 0; j < i; ++j) {
-            const bool both_descriptors = targets[i].descriptor >= 0 && targets[j].descriptor >= 0;
+            const bool one_descriptor = targets[i].descriptor >= 0 && targets[i].descriptor == targets[j].descriptor;
             const bool same_path = !targets[i].direct && !targets[j].direct && identities[i] == identities[j];
-            if (same_path || (!both_descriptors && landing && landing == landings[j])) {
+            if (same_path || (!one_descriptor && landing && landing == landings[j])) {
+                const bool descriptors = targets[i].descriptor >= 0 && targets[j].descriptor >= 0;
                 throw Error(flag + ": path '" + p + "' names the same file as " + files_[j].first + " ('" +
-                            files_[j].second + "')");
+                            files_[j].second + "')" +
+                            (descriptors ? " (descriptors " + std::to_string(targets[j].descriptor) + " and " +
+                                               std::to_string(targets[i].descriptor) + " are open on one regular file)"
+                                         : ""));
             }
         }
         // Writing over an input, or into it through a descriptor, would lose it (an existing file
@@ -232,11 +271,13 @@ OutputFiles::Staged OutputFiles::stage(const std::vector<Output>& outputs) const
     for (const Output& o : outputs) naming(o.flag, [&] { targets.push_back(target_of(o.path)); });
     Staged staged;
     std::vector<std::unique_ptr<detail::AtomicFile>>& files = staged.files_;
+    OpenFifos fifos;  // closed when every output is written
     for (int pass = 0; pass < 2; ++pass) {  // pass 0: staged files; pass 1: devices and FIFOs
         for (std::size_t i = 0; i < outputs.size(); ++i) {
             const Output& o = outputs[i];
             if (targets[i].direct != (pass == 1)) continue;
             naming(o.flag, [&] {
+                targets[i] = fifos.through_one_open(o.path, targets[i]);
                 if (is_safetensors(o.path)) {
                     const std::vector<std::pair<std::string, TensorView>> one{{tensor_name(o.flag), o.view}};
                     const auto& tensors = o.tensors.empty() ? one : o.tensors;
