@@ -757,6 +757,42 @@ def test_outputs_through_one_descriptor_are_written_one_after_the_other(work):
     assert (work / "f").read_bytes() == out + lse
 
 
+def test_printed_text_that_cannot_be_written_is_an_error(work):
+    """`attn --help > /dev/full` exited 0 while every write failed."""
+    with open("/dev/full", "wb") as full:
+        for args in (["--help"], ["bench", "--list"], ["demo", "--no-heatmap"]):
+            r = subprocess.run([attn_bin(), *args], stdout=full, stderr=subprocess.PIPE, cwd=work)
+            assert r.returncode == 2, (args, r.returncode, r.stderr)
+            assert r.stderr.decode().startswith("attn: error: stdout: write failed"), (args, r.stderr)
+
+
+def read_in_background(fifo):
+    """A thread reading `fifo` to its end, started: got["bytes"] holds what it read once joined."""
+    got = {}
+
+    def reader():
+        with open(fifo, "rb") as f:
+            got["bytes"] = f.read()
+
+    t = threading.Thread(target=reader)
+    t.start()
+    return t, got
+
+
+def test_a_fifo_output_is_written_into(work):
+    expected = reference_output(work, "--lse", work / "ref_lse.npy")
+    os.remove(work / "ref_lse.npy")
+    os.mkfifo(work / "pipe")
+    t, got = read_in_background(work / "pipe")
+    r = run(sdpa(work, "--lse", work / "lse.npy", out=work / "pipe"))
+    t.join(TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    assert got["bytes"] == expected
+    assert stat.S_ISFIFO(os.lstat(work / "pipe").st_mode)
+    assert np.load(work / "lse.npy").shape == (B, HQ, LQ)
+    assert staging_files(work) == []
+
+
 def test_a_fifo_named_by_two_outputs_is_opened_once(work):
     """`--out pipe --lse link` (a link to pipe): the FIFO was opened and closed for each output, so
     its reader could take the first close for the end of its input, and attn's second open then
@@ -767,14 +803,7 @@ def test_a_fifo_named_by_two_outputs_is_opened_once(work):
     os.remove(work / "ref_lse.npy")
     os.mkfifo(work / "pipe")
     os.symlink("pipe", work / "link")
-    got = {}
-
-    def reader():
-        with open(work / "pipe", "rb") as f:
-            got["bytes"] = f.read()
-
-    t = threading.Thread(target=reader)
-    t.start()
+    t, got = read_in_background(work / "pipe")
     log = work / "strace.log"
     r = subprocess.run(["strace", "-f", "-o", str(log), "-e", "trace=open,openat", attn_bin(),
                         *map(str, sdpa(work, "--lse", work / "link", out=work / "pipe"))], capture_output=True,
@@ -786,36 +815,6 @@ def test_a_fifo_named_by_two_outputs_is_opened_once(work):
     assert got["bytes"] == expected
     opens = [c for c in log.read_text().splitlines() if re.search(f'"{work}/(pipe|link)", O_WRONLY', c)]
     assert len(opens) == 1, opens
-
-
-def test_printed_text_that_cannot_be_written_is_an_error(work):
-    """`attn --help > /dev/full` exited 0 while every write failed."""
-    with open("/dev/full", "wb") as full:
-        for args in (["--help"], ["bench", "--list"], ["demo", "--no-heatmap"]):
-            r = subprocess.run([attn_bin(), *args], stdout=full, stderr=subprocess.PIPE, cwd=work)
-            assert r.returncode == 2, (args, r.returncode, r.stderr)
-            assert r.stderr.decode().startswith("attn: error: stdout: write failed"), (args, r.stderr)
-
-
-def test_a_fifo_output_is_written_into(work):
-    expected = reference_output(work, "--lse", work / "ref_lse.npy")
-    os.remove(work / "ref_lse.npy")
-    os.mkfifo(work / "pipe")
-    got = {}
-
-    def reader():
-        with open(work / "pipe", "rb") as f:
-            got["bytes"] = f.read()
-
-    t = threading.Thread(target=reader)
-    t.start()
-    r = run(sdpa(work, "--lse", work / "lse.npy", out=work / "pipe"))
-    t.join(TIMEOUT)
-    assert r.returncode == 0, r.stderr
-    assert got["bytes"] == expected
-    assert stat.S_ISFIFO(os.lstat(work / "pipe").st_mode)
-    assert np.load(work / "lse.npy").shape == (B, HQ, LQ)
-    assert staging_files(work) == []
 
 
 def test_a_fifo_whose_reader_leaves_is_an_error_not_a_silent_death(work):
