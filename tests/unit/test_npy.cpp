@@ -455,6 +455,21 @@ TEST_F(Npy, WritingOverADirectoryFailsAndLeavesNoTemporary) {
     EXPECT_TRUE(fs::is_directory(path("d.npy")));
 }
 
+TEST_F(Npy, WritingOnAKernelPseudoFileSystemIsRefusedNamingIt) {
+    // sysfs takes no file a program creates (root included: access() calls it writable); the
+    // refusal names the file system, as /proc's always did, instead of a failed creation.
+    const std::string target = "/sys/kernel/attn-unit-test.npy";
+    try {
+        attn::write_npy(target, Tensor(DType::f32, Shape{2}, true));
+        FAIL() << "written on sysfs";
+    } catch (const attn::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("'" + target + "' is on sysfs ('/sys/kernel/'), a kernel pseudo file system"),
+                  std::string::npos)
+            << e.what();
+    }
+    EXPECT_FALSE(fs::exists(target));
+}
+
 TEST_F(Npy, AReservedFileMustBeFilledExactly) {
     // fallocate sets the file's size: a writer that wrote less than it reserved would publish
     // zeros at the end. Refused, and nothing is left behind.
