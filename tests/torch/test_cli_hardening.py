@@ -721,6 +721,17 @@ def test_an_output_that_stdout_or_stderr_is_redirected_to_is_refused(work, strea
     assert listing(work) == ["k.npy", "l.npy", "q.npy", "v.npy", "w.npy"]
 
 
+@pytest.mark.parametrize("how", ["hard link", "symbolic link"])
+def test_two_output_paths_to_one_existing_file_are_refused(work, how):
+    """The rule the descriptor pairs below extend: one file by two names (its device and inode, or
+    the path resolved) is one output's file, whichever option names it."""
+    (work / "o.npy").write_bytes(b"OLD")
+    (os.link if how == "hard link" else os.symlink)(work / "o.npy", work / "other.npy")
+    err = expect_error(work, sdpa(work, "--lse", work / "other.npy", out=work / "o.npy"))
+    assert err == f"attn: error: --lse: path '{work / 'other.npy'}' names the same file as --out ('{work / 'o.npy'}')\n", err
+    assert (work / "o.npy").read_bytes() == b"OLD"
+
+
 @pytest.mark.parametrize("redirect", ["> f 2>&1", "1> f 2> f", "<> f"])
 def test_two_descriptor_outputs_open_on_one_regular_file_are_refused(work, redirect):
     """`--out /dev/stdout --lse /dev/stderr` with both descriptors open on one regular file was
