@@ -19,6 +19,7 @@
 #include "bind.hpp"
 #include "convert.hpp"
 #include "core/check.hpp"
+#include "core/float32_values.hpp"
 #include "interruptible.hpp"
 #include "mha/inputs.hpp"
 #include "options.hpp"
@@ -288,7 +289,7 @@ std::unique_ptr<PyMha> make_mha(const py::object& embed_dim, const py::object& n
         }
     } else if (!alibi_slopes.is_none()) {
         const Input a = input(alibi_slopes, "alibi_slopes", 1, 1, "(num_heads,)");
-        const attn::Tensor f = attn::to_dtype(a.view, attn::DType::f32);
+        const attn::Tensor f = attn::detail::float32_values(a.view, "alibi_slopes");
         c.alibi_slopes.assign(f.data_as<const float>(), f.data_as<const float>() + f.numel());
     }
     return std::make_unique<PyMha>(attn::MultiHeadAttention(c));

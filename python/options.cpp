@@ -2,6 +2,7 @@
 
 #include "convert.hpp"
 #include "core/check.hpp"
+#include "core/float32_values.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -68,12 +69,13 @@ void set_alignment(const AlignmentArgs& args, CallOptions& out) {
 namespace {
 
 // alibi_slopes and sinks, which the core keeps in float32: any floating array (a Python list is
-// float64) is rounded to float32 once with attn::to_dtype, as MultiheadAttention(alibi_slopes=)
-// and attn.torch take them; another dtype is left for the core to refuse by name.
+// float64) is rounded to float32 once by the library's rule (core/float32_values.hpp), as
+// MultiheadAttention(alibi_slopes=) and attn.torch take them; another dtype is left for the core
+// to refuse by name.
 attn::TensorView float32_parameters(py::array& a, const char* name, int max_rank, const char* layout) {
     const attn::TensorView v = view_of(a, name, 1, max_rank, layout);
     if (v.dtype() == attn::DType::f32 || !attn::is_floating(v.dtype())) return v;
-    const attn::Tensor f = attn::to_dtype(v, attn::DType::f32);
+    const attn::Tensor f = attn::detail::float32_values(v, name);
     std::vector<py::ssize_t> dims;
     for (int d = 0; d < f.view().rank(); ++d) dims.push_back(f.view().dim(d));
     py::array_t<float> copy(dims);

@@ -236,3 +236,17 @@ def test_state_dict_names_and_errors(tmp_path):
     assert np.array_equal(layer.state_dict()["sinks"], before)
     x = np.ones((3, 1, 8), np.float32)
     assert np.isfinite(layer(x, x, x)[0]).all()
+
+
+def test_cli_float64_slopes_beyond_float32_are_named_as_given(tmp_path):
+    # --alibi-slopes of a float64 file are rounded to float32 by the library's one rule: 1e300 was
+    # "--alibi-slopes: values must be finite but entry 1 is inf", a value the file does not hold.
+    attn.save_safetensors(tmp_path / "p.safetensors", attn.MultiheadAttention(8, 2).state_dict())
+    np.save(tmp_path / "x.npy", np.ones((3, 1, 8), np.float32))
+    np.save(tmp_path / "slopes.npy", np.array([0.5, 1e300]))
+    r = subprocess.run([ATTN, "mha", "--params", "p.safetensors", "--num-heads", "2", "--query", "x.npy", "--out",
+                        "y.npy", "--alibi-slopes", "slopes.npy"], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr == ("attn: error: --alibi-slopes[1] = 1e+300 does not fit float32 (it rounds to inf; float32's "
+                        "largest magnitude is 3.4028235e+38)\n")
+    assert not (tmp_path / "y.npy").exists()

@@ -145,6 +145,44 @@ def test_slopes_and_sinks_as_lists_or_float64_are_rounded_to_float32():
     np.testing.assert_array_equal(attn.sdpa(q, q, q, sinks=half), attn.sdpa(q, q, q, sinks=half.astype(np.float32)))
 
 
+# float32 rounds to nearest even: the largest finite float32 is 2^128 - 2^104, and a value from
+# the midpoint to 2^128, 2^128 - 2^103, rounds to inf (the tie goes to the even 2^128).
+F32_TO_INF = 2.0**128 - 2.0**103
+
+
+def test_a_float64_parameter_beyond_float32_is_named_as_given():
+    # Rounded to inf, it was refused as "alibi_slopes: values must be finite but entry 2 is inf":
+    # a value the caller never gave. Every entry point that rounds slopes or sinks names it.
+    q = np.zeros((2, 4, 3, 8), np.float32)
+    packed, cu = np.zeros((6, 4, 8), np.float32), np.array([0, 3, 6], np.int32)
+    fits = "does not fit float32 (it rounds to {}; float32's largest magnitude is 3.4028235e+38)"
+    slopes = [0.5, 0.25, 1e300, 0.125]
+    calls = [
+        (lambda: attn.sdpa(q, q, q, alibi_slopes=slopes), "alibi_slopes[2] = 1e+300 " + fits.format("inf")),
+        (lambda: attn.sdpa(q, q, q, sinks=[0.0, 0.0, -1e300, 0.0]), "sinks[2] = -1e+300 " + fits.format("-inf")),
+        (lambda: attn.sdpa(q, q, q, alibi_slopes=[[0.5] * 4, [0.5, 0.5, 0.5, 1e39]]),
+         "alibi_slopes[1, 3] = 1e+39 " + fits.format("inf")),
+        (lambda: attn.sdpa_varlen(packed, packed, packed, cu, cu, alibi_slopes=slopes),
+         "alibi_slopes[2] = 1e+300 " + fits.format("inf")),
+        (lambda: attn.MultiheadAttention(8, 4, alibi_slopes=slopes), "alibi_slopes[2] = 1e+300 " + fits.format("inf")),
+        # The boundary itself: the midpoint rounds to inf.
+        (lambda: attn.sdpa(q, q, q, sinks=[0.0, 0.0, F32_TO_INF, 0.0]),
+         "sinks[2] = 3.4028235677973366e+38 " + fits.format("inf")),
+    ]
+    for call, message in calls:
+        with pytest.raises(ValueError) as e:
+            call()
+        assert str(e.value) == message
+    # An inf as given is the core's to name, as it was.
+    with pytest.raises(ValueError, match="^sdpa: sinks: values must be finite but entry 2 is inf$"):
+        attn.sdpa(q, q, q, sinks=[0.0, 0.0, np.inf, 0.0])
+    # Just below the midpoint rounds to the largest float32 and is taken.
+    below = np.nextafter(F32_TO_INF, 0.0)
+    largest = np.float32(np.finfo(np.float32).max)
+    np.testing.assert_array_equal(attn.sdpa(q, q, q, sinks=[0.0, 0.0, below, 0.0]),
+                                  attn.sdpa(q, q, q, sinks=np.array([0.0, 0.0, largest, 0.0], np.float32)))
+
+
 def test_cli_flags_match_torch(tmp_path):
     """attn sdpa --softcap --alibi --sinks --grad-out … --dsinks against the torch textbook."""
     import os

@@ -18,6 +18,7 @@
 #include "attn/npy.hpp"
 #include "attn/safetensors.hpp"
 #include "core/check.hpp"
+#include "core/float32_values.hpp"
 #include "attn/sdpa.hpp"
 #include "causal_option.hpp"
 #include "mha/config_values.hpp"
@@ -179,7 +180,7 @@ void run(const MhaArgs& a) {
             throw Error("--alibi-slopes: " + a.alibi_slopes + " must hold a floating (num_heads,) array but holds " +
                         std::string(dtype_name(t.dtype())) + " " + t.shape().str());
         }
-        const Tensor f = to_dtype(t.view(), DType::f32);
+        const Tensor f = detail::float32_values(t.view(), "--alibi-slopes");
         slopes.assign(f.data_as<const float>(), f.data_as<const float>() + f.numel());
     }
     const MultiHeadAttention layer =
