@@ -243,7 +243,8 @@ void bind_dist(py::module_& m) {
         "rank_segments",
         // Converted by name (convert.hpp), as every scalar argument: pybind11's casters took True
         // as 1 and answered 1.5, "8" or 2**70 with their signature dump. P and rank are MPI's
-        // ints: a value past int's range is named here, not truncated into another rank.
+        // ints: a value past int's range, [-2^31, 2^31 - 1], is named here, not truncated into
+        // another rank (-2^31 fits: the library names it as a P < 1 or a rank < 0).
         [](const py::object& L_arg, const py::object& P_arg, const py::object& rank_arg, const py::object& layout_arg) {
             const std::int64_t L = int_arg(L_arg, "L");
             const std::int64_t P = int_arg(P_arg, "P");
@@ -251,8 +252,8 @@ void bind_dist(py::module_& m) {
             const std::string layout = str_arg(layout_arg, "layout");
             for (const auto& [name, v] : {std::pair{"P", P}, std::pair{"rank", rank}}) {
                 if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max()) {
-                    value_error(std::string("rank_segments: ") + name + ": expected an int of MPI's range (|" + name +
-                                "| < 2^31) but got " + std::to_string(v));
+                    value_error(std::string("rank_segments: ") + name +
+                                ": expected an int of MPI's range, [-2^31, 2^31 - 1], but got " + std::to_string(v));
                 }
             }
             std::vector<std::pair<std::int64_t, std::int64_t>> out;

@@ -721,9 +721,14 @@ def test_rank_segments_match_exact_chunks_up_to_the_largest_rank_count():
     ((10, 2, "0"), TypeError, "rank: expected an int but got str '0'"),
     ((10, 2, 0, 1), TypeError, "layout: expected a str but got int 1"),
     ((2**70, 2, 0), ValueError, "L: expected an int64 but got 1180591620717411303424"),
-    # Past int's range, not truncated into another P (2^32 + 2 read as 2).
-    ((10, 2**32 + 2, 0), ValueError, "rank_segments: P: expected an int of MPI's range (|P| < 2^31) but got 4294967298"),
-    ((10, 2, -2**32), ValueError, "rank_segments: rank: expected an int of MPI's range (|rank| < 2^31) but got -4294967296"),
+    # Past int's range, not truncated into another P (2^32 + 2 read as 2). The range is said as it
+    # is: "|P| < 2^31" was not, -2^31 fits an int (and is then named by the library's rule).
+    ((10, 2**32 + 2, 0), ValueError, "rank_segments: P: expected an int of MPI's range, [-2^31, 2^31 - 1], but got 4294967298"),
+    ((10, 2, -2**32), ValueError, "rank_segments: rank: expected an int of MPI's range, [-2^31, 2^31 - 1], but got -4294967296"),
+    ((10, 2**31, 0), ValueError, "rank_segments: P: expected an int of MPI's range, [-2^31, 2^31 - 1], but got 2147483648"),
+    ((10, -2**31 - 1, 0), ValueError, "rank_segments: P: expected an int of MPI's range, [-2^31, 2^31 - 1], but got -2147483649"),
+    ((10, -2**31, 0), ValueError, "rank_segments: expected 0 <= rank < P with P >= 1 but got rank 0 of P = -2147483648"),
+    ((10, 2, -2**31), ValueError, "rank_segments: expected 0 <= rank < P with P >= 1 but got rank -2147483648 of P = 2"),
 ])
 def test_rank_segments_arguments_are_named(args, exc, message):
     with pytest.raises(exc) as e:
