@@ -1150,9 +1150,9 @@ BAD_NUMBERS = [
     ("sdpa", "--scale", "nan", "finite"),
     ("sdpa", "--scale", "inf", "finite"),
     ("sdpa", "--scale", "-inf", "finite"),
-    ("sdpa", "--scale", "1e999", "1e999 overflows a double: its magnitude is above the largest, 1.7976931348623157e+308"),
+    ("sdpa", "--scale", "1e999", "1e999 overflows a double: it rounds to infinity"),
     # It said "out of the range of a double", as if it were huge: it is a number too near 0.
-    ("sdpa", "--scale", "1e-400", "1e-400 underflows a double: it is not 0, but its magnitude is below the smallest, 5e-324"),
+    ("sdpa", "--scale", "1e-400", "1e-400 underflows a double: it is not 0 but rounds to 0"),
     ("heatmap", "--vmax", "-0.0000001e-399", "-0.0000001e-399 underflows a double"),
     ("sdpa", "--scale", "0.5x", "expected a number"),
     ("sdpa", "--scale", "0x1p3", "expected a number"),
@@ -1193,6 +1193,47 @@ def test_bad_numbers_are_errors_naming_the_option(work, command, option, value, 
     err = expect_error(work, args, option + ": ", fragment)
     if fragment == "out of range":
         assert value in err, f"the message must quote what was given, not a clamped value: {err!r}"
+
+
+# A double rounds to nearest even, so the numbers the parser refuses are those that round to 0 or
+# to infinity: a nonzero magnitude up to 2^-1075 (half the smallest double, 5e-324) or from
+# 2^1024 - 2^970 (half a step past the largest); both bounds are ties, which round away. (The
+# messages said "below the smallest, 5e-324" and "above the largest", but 3e-324 and
+# 1.7976931348623158e308 are taken, as the nearest doubles.) Each bound is written out exactly.
+TIE_TO_ZERO = f"{5**1075}e-1075"  # 2^-1075 = 5^1075 / 10^1075
+TIE_TO_INF = str(2**1024 - 2**970)
+UNDERFLOW = ("underflows a double: it is not 0 but rounds to 0, as every magnitude up to 2^-1075 ≈ "
+             "2.4703282292062327e-324 does (half the smallest double, 5e-324; a larger one reads as 5e-324 or more); "
+             "give 0 for zero")
+OVERFLOW = ("overflows a double: it rounds to infinity, as every magnitude from 2^1024 - 2^970 ≈ "
+            "1.7976931348623158e+308 up does (the largest double is 1.7976931348623157e+308)")
+
+
+@pytest.mark.parametrize("value,why", [
+    ("1e-400", UNDERFLOW), ("-1e-400", UNDERFLOW), (TIE_TO_ZERO, UNDERFLOW), ("-" + TIE_TO_ZERO, UNDERFLOW),
+    ("2.4703282292062327e-324", UNDERFLOW),  # 17 digits of the bound: just below it
+    ("1e999", OVERFLOW), (TIE_TO_INF, OVERFLOW), ("-" + TIE_TO_INF, OVERFLOW), ("1.8e308", OVERFLOW),
+])
+def test_a_number_a_double_cannot_hold_is_refused_with_the_bound(work, value, why):
+    err = expect_error(work, sdpa(work, "--scale", value), "--scale: ")
+    assert err == f"attn: error: --scale: {value} {why}\n"
+
+
+@pytest.mark.parametrize("value,read_as", [
+    ("3e-324", "5e-324"), ("2.4703282292062328e-324", "5e-324"), (f"{5**1075}1e-1076", "5e-324"),
+    ("-3e-324", "-5e-324"), (str(2**1024 - 2**970 - 1), "1.7976931348623157e+308"),
+    ("1.7976931348623158e308", "1.7976931348623157e+308"), ("-1.7976931348623158e308", "-1.7976931348623157e+308"),
+])
+def test_a_number_that_rounds_to_a_double_is_read_as_it(work, value, read_as):
+    # The parser takes it; the scale's own rule then names the double it was read as.
+    err = expect_error(work, sdpa(work, "--scale", value), "--scale: ")
+    assert "sdpa: --scale: must be " in err and f" but got {read_as}" in err, err
+    assert "a double" not in err
+    # And where the value is in range, the command runs.
+    if read_as == "5e-324":
+        r = run(sdpa(work, "--dropout", value, "--seed", "1"))
+        assert r.returncode == 0, r.stderr
+        assert (work / "o.npy").exists()
 
 
 # Values of options that need no tensor, out of the library's range (sdpa's check_option_values),

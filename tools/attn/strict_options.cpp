@@ -38,15 +38,21 @@ std::string read_finite_double(const std::string& text, double& value) {
     const std::string_view s = digits_of(text);
     const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value, std::chars_format::general);
     if (ec == std::errc::result_out_of_range && end == s.data() + s.size()) {
-        // from_chars says only "out of range" and leaves the value; strtod (the C locale: the CLI
-        // sets none) tells a number too small for a double (1e-400, which is not 0 and must not
-        // read as 0) from one too large. Both extremes are printed exactly as they read back.
+        // from_chars rounds to nearest even and says "out of range" (leaving the value) only for
+        // what rounds to 0 or to infinity: a magnitude up to 2^-1075, half the smallest double
+        // (3e-324 reads as 5e-324), or from 2^1024 - 2^970, half a step past the largest
+        // (1.7976931348623158e308 reads as the largest). strtod (the C locale: the CLI sets none)
+        // tells which; the messages state those bounds — ties, which round away from the extreme
+        // doubles, and no doubles themselves: written with 17 digits.
         if (std::isinf(std::strtod(text.c_str(), nullptr))) {
-            return text + " overflows a double: its magnitude is above the largest, " +
-                   number_text(std::numeric_limits<double>::max());
+            return text + " overflows a double: it rounds to infinity, as every magnitude from 2^1024 - 2^970 ≈ "
+                   "1.7976931348623158e+308 up does (the largest double is " +
+                   number_text(std::numeric_limits<double>::max()) + ")";
         }
-        return text + " underflows a double: it is not 0, but its magnitude is below the smallest, " +
-               number_text(std::numeric_limits<double>::denorm_min()) + " (give 0 for zero)";
+        return text + " underflows a double: it is not 0 but rounds to 0, as every magnitude up to 2^-1075 ≈ "
+               "2.4703282292062327e-324 does (half the smallest double, " +
+               number_text(std::numeric_limits<double>::denorm_min()) + "; a larger one reads as " +
+               number_text(std::numeric_limits<double>::denorm_min()) + " or more); give 0 for zero";
     }
     if (ec != std::errc() || end != s.data() + s.size()) return "expected a number but got '" + text + "'";
     if (!std::isfinite(value)) return "expected a finite number but got '" + text + "'";
