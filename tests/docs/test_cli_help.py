@@ -97,6 +97,31 @@ def test_an_option_is_never_taken_as_the_value_before_it(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("args", [
+    ("demo", "--heatmap", "--help"),  # said "--heatmap: expected a value but the next word is the option --help"
+    ("demo", "--tokens", "-h"),
+    ("sdpa", "--q", "--help"),
+    ("sdpa", "--q", "Q.npy", "--bogus", "--help"),  # help first, as CLI11 gives it before requirements
+    ("heatmap", "W.npy", "--out", "-h", "--title", "t"),
+    ("mha", "--params", "--help", "--num-heads", "2"),
+])
+def test_help_anywhere_prints_the_commands_help(tmp_path, args):
+    help_text = attn(args[0], "--help", cwd=tmp_path)
+    assert help_text.returncode == 0
+    assert f" {args[0]} [OPTIONS]" in help_text.stdout
+    r = attn(*args, cwd=tmp_path)
+    assert (r.returncode, r.stdout, r.stderr) == (0, help_text.stdout, ""), r.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_help_as_an_attached_value_or_after_double_dash_is_a_value(tmp_path):
+    line = one_error_line(attn("demo", "--heatmap=--help", cwd=tmp_path))
+    assert line == "attn: error: --heatmap: expected a file name ending in .png or .svg but got '--help'", line
+    line = one_error_line(attn("heatmap", "--out", "w.svg", "--", "--help", cwd=tmp_path))
+    assert "--help" in line and "Usage" not in line, line
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.parametrize("args", [("--causal=",), ("--scale=", "0.5"), ("--out=",)])
 def test_an_empty_attached_value_is_refused(tmp_path, args):
     # `--causal=` ran as top-left and `--scale= 0.5` took 0.5 for the scale, while `--causal ""`

@@ -61,6 +61,28 @@ bool silent_ring_rank(int argc, const char* const* argv) {
     return false;
 }
 
+namespace {
+
+// The command `name` names, or null (CLI11 2.1 has only a throwing lookup).
+const CLI::App* command_named(const CLI::App& app, const std::string& name) {
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+        if (sub->check_name(name)) return sub;
+    }
+    return nullptr;
+}
+
+}  // namespace
+
+bool asks_for_help(const CLI::App& app, int argc, const char* const* argv) {
+    if (argc < 3 || command_named(app, argv[1]) == nullptr) return false;
+    for (int i = 2; i < argc; ++i) {
+        const std::string_view word = argv[i];
+        if (word == "--") return false;
+        if (word == "--help" || word == "-h") return true;
+    }
+    return false;
+}
+
 std::string unknown_command(const CLI::App& app, int argc, const char* const* argv) {
     std::string names;
     for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
@@ -75,8 +97,7 @@ std::string unknown_command(const CLI::App& app, int argc, const char* const* ar
         if (app.get_option_no_throw(name) != nullptr) return "";
         return "unknown option '" + first + "' before the subcommand: expected one of " + names + " (attn --help)";
     }
-    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
-        if (!sub->check_name(first)) continue;
+    if (const CLI::App* sub = command_named(app, first)) {
         // CLI11 reports an unknown option only after every required one is there: `attn sdpa
         // --bogus` said "--q is required". A misspelt option is the first thing to say; an
         // option of one value given twice comes next (CLI11 says "At Most 1 required but

@@ -15,6 +15,11 @@ void add_commands(CLI::App& app);
 // (and the commands there are) or the first unknown option.
 std::string unknown_command(const CLI::App& app, int argc, const char* const* argv);
 
+// True when argv names a command and holds "--help" or "-h" as a word of its own anywhere
+// before "--" — also where an option's value would be (`attn demo --heatmap --help`): the user
+// asks for the command's help, which main() then prints (exit 0). `--heatmap=--help` is a value.
+bool asks_for_help(const CLI::App& app, int argc, const char* const* argv);
+
 // True for `attn ring` on an MPI rank other than 0, known from the launcher's environment
 // before MPI starts: such a rank keeps an option error to itself (rank 0 prints the one line
 // every rank would print) and waits a moment before it exits, so that mpirun, which kills the

@@ -33,6 +33,12 @@ int main(int argc, char** argv) {
         return message.empty() || status != 0 ? status : report(message.c_str());
     };
     try {
+        // `attn demo --heatmap --help`: CLI11 would take --help as the file name, and the check
+        // below would say --heatmap has no value. The command's help, as for `attn demo --help`.
+        if (attn::cli::asks_for_help(app, argc, argv)) {
+            const char* const help[] = {argv[0], argv[1], "--help"};
+            app.parse(3, help);  // throws CLI::CallForHelp
+        }
         // CLI11 would say only "A subcommand is required" for `attn bogus`, and "--q is required"
         // for `attn sdpa --bogus`: name the word.
         if (const std::string unknown = attn::cli::unknown_command(app, argc, argv); !unknown.empty()) {
