@@ -250,3 +250,18 @@ def test_cli_float64_slopes_beyond_float32_are_named_as_given(tmp_path):
     assert r.stderr == ("attn: error: --alibi-slopes[1] = 1e+300 does not fit float32 (it rounds to inf; float32's "
                         "largest magnitude is 3.4028235e+38)\n")
     assert not (tmp_path / "y.npy").exists()
+
+
+def test_cli_names_params_for_the_layers_tensors(tmp_path):
+    # The layer's errors about its tensors named from_state_dict's argument, "state_dict:", where
+    # the user gave --params.
+    state = attn.MultiheadAttention(8, 2, sinks=True).state_dict()
+    state["sinks"] = np.array([0.0, np.inf], np.float32)
+    attn.save_safetensors(tmp_path / "p.safetensors", state)
+    np.save(tmp_path / "x.npy", np.ones((3, 1, 8), np.float32))
+    r = subprocess.run([ATTN, "mha", "--params", "p.safetensors", "--num-heads", "2", "--query", "x.npy", "--out",
+                        "y.npy"], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr == ("attn: error: MultiHeadAttention: --params: tensor 'sinks': values must be finite but entry 1 "
+                        "is inf\n")
+    assert not (tmp_path / "y.npy").exists()

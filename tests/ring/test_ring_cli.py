@@ -203,14 +203,19 @@ def test_option_errors_printed_once(tmp_path, bad):
 
 
 def test_library_errors_name_the_flag(tmp_path):
-    """An error ring_attention raises names the flag the user gave (it said key_lengths, sinks)."""
+    """An error ring_attention raises names the flag the user gave (it said key_lengths, sinks, and
+    Q, K, V where attn sdpa says --q, --k, --v: both commands share one list of names)."""
     _, p = make(tmp_path, 1, 2, 2, 8, 8, 4, 4)
     np.save(tmp_path / "kl.npy", np.array([9], np.int64))
     np.save(tmp_path / "sinks.npy", np.array([0.5, np.nan], np.float32))
+    np.save(tmp_path / "q3.npy", np.zeros((1, 3, 8, 4), np.float32))
     out = tmp_path / "o.npy"
-    for extra, want in ((["--key-lengths", tmp_path / "kl.npy"], "attn: error: ring_attention: --key-lengths: entry 0"),
-                        (["--sinks", tmp_path / "sinks.npy"], "attn: error: ring_attention: --sinks: values must be finite")):
-        r = mpirun(2, "--q", p["q"], "--k", p["k"], "--v", p["v"], "--out", out, *extra)
+    for given, want in (({"--key-lengths": tmp_path / "kl.npy"}, "attn: error: ring_attention: --key-lengths: entry 0"),
+                        ({"--sinks": tmp_path / "sinks.npy"}, "attn: error: ring_attention: --sinks: values must be finite"),
+                        ({"--q": tmp_path / "q3.npy"}, "attn: error: ring_attention: --q: heads 3 must be a multiple of "
+                                                       "K/V's heads 2")):
+        options = {"--q": p["q"], "--k": p["k"], "--v": p["v"], "--out": out, **given}
+        r = mpirun(2, *[word for pair in options.items() for word in pair])
         assert r.returncode == 2, (r.returncode, r.stderr)
         errs = error_lines(r)
         assert len(errs) == 1 and errs[0].startswith(want), r.stderr
@@ -276,7 +281,8 @@ def test_shape_error_reported_once(tmp_path, np_):
     r = mpirun(np_, "--q", p["q"], "--k", tmp_path / "k5.npy", "--v", p["v"], "--out", out)
     assert r.returncode == 2
     errs = error_lines(r)
-    assert errs == ["attn: error: ring_attention: K: head dim 5 does not match Q's head dim 4"], r.stderr
+    # Named as the option (it said "K:", the library's argument), as attn sdpa names it.
+    assert errs == ["attn: error: ring_attention: --k: head dim 5 does not match Q's head dim 4"], r.stderr
     assert not out.exists()
 
 

@@ -348,7 +348,8 @@ void add_mha_command(CLI::App& app) {
                      {{"query", "--query"}, {"key", "--key"}, {"value", "--value"}, {"key_padding_mask", "--key-padding-mask"},
                       {"attn_mask", "--attn-mask"}, {"alibi_slopes", a.alibi ? "--alibi" : "--alibi-slopes"},
                       {"grad_output", "--grad-out"}, {"dropout_p", "--dropout-p"}, {"causal", "--causal"},
-                      {"num_heads", "--num-heads"}, {"softcap", "--softcap"}, {"impl", "--impl"}});
+                      {"num_heads", "--num-heads"}, {"softcap", "--softcap"}, {"impl", "--impl"},
+                      {"state_dict", "--params"}});  // the layer's tensors, read from --params
     });
 }
 

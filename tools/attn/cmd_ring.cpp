@@ -467,11 +467,7 @@ void run(const RingArgs& a) {
     std::string failure;
     try {
         naming_flags([&] { run_ring(MPI_COMM_WORLD, a); }, {"ring_attention_backward", "ring_attention"},
-                     {{"key_lengths", "--key-lengths"}, {"query_offset", a.query_offsets.empty() ? "--query-offset" : "--query-offsets"},
-                      {"alibi_slopes", a.alibi ? "--alibi" : "--alibi-slopes"}, {"sinks", "--sinks"},
-                      {"grad_out", "--grad-out"}, {"softcap", "--softcap"}, {"dropout_p", "--dropout"},
-                      {"scale", "--scale"}, {"dsinks", "--dsinks"}, {"window", "--window-left/--window-right"},
-                      {"impl", "--impl"}});
+                     attention_flag_names(!a.query_offsets.empty(), a.alibi));
     } catch (const std::exception& e) {
         failure = e.what();  // the same message on every rank (run_collectively)
     }

@@ -319,15 +319,12 @@ void add_sdpa_command(CLI::App& app) {
     add_threads_option(cmd);
     cmd->callback([args] {
         const SdpaArgs& a = *args;
-        naming_flags([&] { run(a); }, {"sdpa_varlen_backward", "sdpa_varlen", "sdpa_backward", "sdpa"},
-                     {{"Q", "--q"}, {"K", "--k"}, {"V", "--v"}, {"q", "--q"}, {"k", "--k"}, {"v", "--v"},  // sdpa's, packed
-                      {"bool_mask", "--mask"}, {"additive_mask", "--mask"}, {"key_lengths", "--key-lengths"},
-                      {"query_offset", a.query_offsets.empty() ? "--query-offset" : "--query-offsets"},
-                      {"alibi_slopes", a.alibi ? "--alibi" : "--alibi-slopes"}, {"sinks", "--sinks"},
-                      {"grad_out", "--grad-out"}, {"softcap", "--softcap"}, {"dropout_p", "--dropout"},
-                      {"scale", "--scale"}, {"cu_seqlens_q", "--cu-seqlens-q"}, {"cu_seqlens_k", "--cu-seqlens-k"},
-                      {"dsinks", "--dsinks"}, {"window", "--window-left/--window-right"}, {"impl", "--impl"},
-                      {"scores", "--scores"}, {"weights", "--weights"}, {"lse", "--lse"}});
+        std::vector<FlagName> names = attention_flag_names(!a.query_offsets.empty(), a.alibi);
+        names.insert(names.end(), {{"q", "--q"}, {"k", "--k"}, {"v", "--v"},  // packed sequences' names
+                                   {"bool_mask", "--mask"}, {"additive_mask", "--mask"},
+                                   {"cu_seqlens_q", "--cu-seqlens-q"}, {"cu_seqlens_k", "--cu-seqlens-k"},
+                                   {"scores", "--scores"}, {"weights", "--weights"}, {"lse", "--lse"}});
+        naming_flags([&] { run(a); }, {"sdpa_varlen_backward", "sdpa_varlen", "sdpa_backward", "sdpa"}, names);
     });
 }
 

@@ -6,7 +6,7 @@
 namespace attn::cli {
 
 std::string with_flag_names(const std::string& message, std::initializer_list<std::string_view> ops,
-                            std::initializer_list<FlagName> names) {
+                            const std::vector<FlagName>& names) {
     for (const std::string_view op : ops) {
         const std::string head = std::string(op) + ": ";
         if (message.compare(0, head.size(), head) != 0) continue;
@@ -24,6 +24,14 @@ std::string with_flag_names(const std::string& message, std::initializer_list<st
         return message;
     }
     return message;
+}
+
+std::vector<FlagName> attention_flag_names(bool query_offsets_file, bool alibi) {
+    return {{"Q", "--q"}, {"K", "--k"}, {"V", "--v"}, {"key_lengths", "--key-lengths"},
+            {"query_offset", query_offsets_file ? "--query-offsets" : "--query-offset"},
+            {"alibi_slopes", alibi ? "--alibi" : "--alibi-slopes"}, {"sinks", "--sinks"}, {"grad_out", "--grad-out"},
+            {"softcap", "--softcap"}, {"dropout_p", "--dropout"}, {"scale", "--scale"}, {"dsinks", "--dsinks"},
+            {"window", "--window-left/--window-right"}, {"impl", "--impl"}};
 }
 
 }  // namespace attn::cli

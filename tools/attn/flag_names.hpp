@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "attn/error.hpp"
 
@@ -18,11 +19,17 @@ using FlagName = std::pair<std::string_view, std::string_view>;
 // `message` with the argument after "op: " (or "op: rank N: ", ring's) replaced by its flag,
 // for the first of `ops` it starts with; unchanged when no argument of `names` follows.
 std::string with_flag_names(const std::string& message, std::initializer_list<std::string_view> ops,
-                            std::initializer_list<FlagName> names);
+                            const std::vector<FlagName>& names);
+
+// The flags of the attention arguments `attn sdpa` and `attn ring` share (Q → --q, key_lengths →
+// --key-lengths, …), one list for both commands: the one of the two spellings the user gave for
+// query offsets (--query-offsets F.npy, else --query-offset N) and ALiBi (--alibi, else
+// --alibi-slopes). A command appends the arguments only it has.
+std::vector<FlagName> attention_flag_names(bool query_offsets_file, bool alibi);
 
 // Runs a command's body; an attn::Error from it is rethrown with_flag_names.
 template <class Body>
-void naming_flags(Body&& body, std::initializer_list<std::string_view> ops, std::initializer_list<FlagName> names) {
+void naming_flags(Body&& body, std::initializer_list<std::string_view> ops, const std::vector<FlagName>& names) {
     try {
         body();
     } catch (const Error& e) {
