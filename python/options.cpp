@@ -86,7 +86,8 @@ attn::TensorView float32_parameters(py::array& a, const char* name, int max_rank
 
 }  // namespace
 
-void set_modifiers(const ModifierArgs& args, std::int64_t heads, CallOptions& out) {
+void set_modifiers(const ModifierArgs& args, std::int64_t heads, CallOptions& out, const char* sequences) {
+    const std::string slopes_layout = "(Hq,) or (" + std::string(sequences) + ", Hq)";
     if (!args.softcap.is_none()) out.sdpa.softcap = float_arg(args.softcap, "softcap");
     // True or False (Python's or NumPy's bool) asks for the paper's slopes or none.
     if (py::isinstance<py::bool_>(args.alibi_slopes) ||
@@ -98,11 +99,11 @@ void set_modifiers(const ModifierArgs& args, std::int64_t heads, CallOptions& ou
                 std::copy(s.data_as<float>(), s.data_as<float>() + heads, a.mutable_data());
             }
             out.alibi_slopes = a;
-            out.sdpa.alibi_slopes = view_of(out.alibi_slopes, "alibi_slopes", 1, 2, "(Hq,) or (B, Hq)");
+            out.sdpa.alibi_slopes = view_of(out.alibi_slopes, "alibi_slopes", 1, 2, slopes_layout.c_str());
         }
     } else if (!args.alibi_slopes.is_none()) {
         out.alibi_slopes = as_array(args.alibi_slopes, "alibi_slopes");
-        out.sdpa.alibi_slopes = float32_parameters(out.alibi_slopes, "alibi_slopes", 2, "(Hq,) or (B, Hq)");
+        out.sdpa.alibi_slopes = float32_parameters(out.alibi_slopes, "alibi_slopes", 2, slopes_layout.c_str());
     }
     if (!args.sinks.is_none()) {
         out.sinks = as_array(args.sinks, "sinks");
@@ -158,7 +159,7 @@ attn::DropoutOrigin dropout_origin_arg(const py::object& origin) {
 
 CallOptions make_options(std::string_view op, const SdpaArgs& args, const ModifierArgs& modifiers, std::int64_t heads) {
     CallOptions o = make_options(op, args);
-    set_modifiers(modifiers, heads, o);
+    set_modifiers(modifiers, heads, o, args.alignment.sequences);
     return o;
 }
 

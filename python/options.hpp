@@ -67,8 +67,9 @@ struct ModifierArgs {
 };
 
 // Sets softcap, alibi_slopes and sinks of `out` (arrays kept in `out`); `heads` = Hq, for
-// alibi_slopes=True.
-void set_modifiers(const ModifierArgs& args, std::int64_t heads, CallOptions& out);
+// alibi_slopes=True; `sequences` names the count of per-sequence slopes in messages, (Hq,) or
+// (B, Hq) — packed calls' is "N", as AlignmentArgs::sequences.
+void set_modifiers(const ModifierArgs& args, std::int64_t heads, CallOptions& out, const char* sequences = "B");
 
 // is_causal (a bool) and causal_alignment ("top-left", torch's is_causal, or "bottom-right") as
 // one attn::Causal: every call with a causal mask reads the pair here.

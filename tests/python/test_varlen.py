@@ -152,6 +152,35 @@ def test_query_offset_errors_count_the_sequences_n():
         attn.sdpa_varlen(q, k, v, cq, ck, is_causal=True, query_offset=np.float32(1))
 
 
+def test_alibi_slopes_errors_count_the_sequences_n(tmp_path):
+    # Per-sequence slopes of the packed calls are (N, Hq): a slopes array of the wrong rank was
+    # "expected (Hq,) or (B, Hq)", a batch the call has not. The CLI's packed path says (N, Hq) too.
+    q, k, v, cq, ck = packed_case(8, [3, 5], [4, 6])
+    h = q.shape[1]
+    bad = np.full((1, 2, h), 0.5, np.float32)
+    want = rf"^alibi_slopes: expected \(Hq,\) or \(N, Hq\) \(rank 1 to 2\) but got shape \(1, 2, {h}\)$"
+    with pytest.raises(ValueError, match=want):
+        attn.sdpa_varlen(q, k, v, cq, ck, alibi_slopes=bad)
+    with pytest.raises(ValueError, match=want.replace(rf"\(1, 2, {h}\)", r"\(\)")):
+        attn.sdpa_varlen(q, k, v, cq, ck, alibi_slopes=np.float32(0.5))
+    out, lse = attn.sdpa_varlen(q, k, v, cq, ck, return_lse=True)
+    with pytest.raises(ValueError, match=want):
+        attn.sdpa_varlen_backward(q, k, v, cq, ck, out, lse, out, alibi_slopes=bad)
+    # A (B, Hq) batch is still the padded calls' word.
+    q4 = np.zeros((2, h, 3, 16), np.float32)
+    with pytest.raises(ValueError, match=r"^alibi_slopes: expected \(Hq,\) or \(B, Hq\) \(rank 1 to 2\)"):
+        attn.sdpa(q4, q4, q4, alibi_slopes=bad)
+    if not os.environ.get("ATTN_BIN"):
+        return
+    for name, arr in (("q", q), ("k", k), ("v", v), ("cq", cq), ("ck", ck), ("a", bad)):
+        np.save(tmp_path / f"{name}.npy", arr)
+    res = subprocess.run([os.environ["ATTN_BIN"], "sdpa", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy",
+                          "--cu-seqlens-q", "cq.npy", "--cu-seqlens-k", "ck.npy", "--out", "o.npy", "--alibi-slopes",
+                          "a.npy"], capture_output=True, text=True, cwd=tmp_path)
+    assert (res.returncode, res.stderr) == (2, f"attn: error: sdpa_varlen: --alibi-slopes: packed sequences take (Hq,) = "
+                                               f"({h},) or (N, Hq) = (2, {h}) slopes (one row per sequence) but got (1, 2, {h})\n")
+
+
 @pytest.mark.skipif(not os.environ.get("ATTN_BIN"), reason="the attn CLI is not built")
 def test_cli_packed_inputs_are_named_by_their_options(tmp_path):
     # A rank-4 --q on the packed path said "sdpa_varlen: q: expected a rank-3 tensor": the user

@@ -309,7 +309,8 @@ void add_sdpa_command(CLI::App& app) {
                     "int32/int64 (N+1,) .npy: --k and --v are packed (Tk, Hkv, D), sequence b's keys are rows "
                     "cu[b]..cu[b+1]-1");
     cmd->add_option("--softcap", args->softcap, "logit soft-cap C > 0: scores C*tanh(s/C) before any mask (0 = off)");
-    cmd->add_option("--alibi-slopes", args->alibi_slopes, "ALiBi slopes (Hq,) or (B, Hq) float32: s -= m_h*|d - j| (bottom-right diagonal d)");
+    cmd->add_option("--alibi-slopes", args->alibi_slopes, "ALiBi slopes (Hq,) or (B, Hq) float32 ((N, Hq) with --cu-seqlens-q: a row per sequence): s -= m_h*|d - j| "
+                    "(bottom-right diagonal d)");
     cmd->add_flag("--alibi", args->alibi, "ALiBi with the standard slopes of the ALiBi paper for Hq heads");
     cmd->add_option("--sinks", args->sinks, "attention sink logits (Hq,) float32: softmax mass without a value");
     cmd->add_option("--scores", args->scores, "write the scores (B, Hq, Lq, Lk) as float32 at --scores-stage (not with --dropout)");
