@@ -204,14 +204,8 @@ void run(const MhaArgs& a) {
 
     MhaForwardOptions opt;
     Tensor kpm, am;
-    if (!a.key_padding_mask.empty()) {
-        kpm = read_tensor_arg("--key-padding-mask", a.key_padding_mask);
-        opt.key_padding_mask = kpm.view();
-    }
-    if (!a.attn_mask.empty()) {
-        am = read_tensor_arg("--attn-mask", a.attn_mask);
-        opt.attn_mask = am.view();
-    }
+    read_optional_tensor_arg("--key-padding-mask", a.key_padding_mask, kpm, opt.key_padding_mask);
+    read_optional_tensor_arg("--attn-mask", a.attn_mask, am, opt.attn_mask);
     opt.causal = causal;
     opt.impl = impl;
     opt.need_weights = !a.weights.empty();

@@ -175,28 +175,17 @@ void run(const SdpaArgs& a) {
         }
     }
     Tensor slopes, sinks;
-    if (!a.alibi_slopes.empty()) {
-        slopes = read_tensor_arg("--alibi-slopes", a.alibi_slopes);
-        opt.alibi_slopes = slopes.view();
-    } else if (a.alibi) {
+    read_optional_tensor_arg("--alibi-slopes", a.alibi_slopes, slopes, opt.alibi_slopes);
+    if (a.alibi_slopes.empty() && a.alibi) {
         // Q's heads: dim 1 of (B, H, L, D), and of packed (T, H, D) with --cu-seqlens; any other
         // Q is refused by sdpa with its own message (slopes for 1 head are then never read).
         slopes = alibi_slopes(q.shape().rank == 4 || (packed && q.shape().rank == 3) ? q.shape()[1] : 1);
         opt.alibi_slopes = slopes.view();
     }
-    if (!a.sinks.empty()) {
-        sinks = read_tensor_arg("--sinks", a.sinks);
-        opt.sinks = sinks.view();
-    }
-    if (!a.key_lengths.empty()) {
-        lengths = read_tensor_arg("--key-lengths", a.key_lengths);
-        opt.key_lengths = lengths.view();
-    }
+    read_optional_tensor_arg("--sinks", a.sinks, sinks, opt.sinks);
+    read_optional_tensor_arg("--key-lengths", a.key_lengths, lengths, opt.key_lengths);
     // sdpa checks the offsets (dtype, shape, range) and names them query_offset.
-    if (!a.query_offsets.empty()) {
-        offsets = read_tensor_arg("--query-offsets", a.query_offsets);
-        opt.query_offset = offsets.view();
-    }
+    read_optional_tensor_arg("--query-offsets", a.query_offsets, offsets, opt.query_offset);
     if (packed) return run_packed(a, outputs, out_dtype_given, opt, q, k, v, backward);
     // Output shapes from the inputs, checked first: a malformed one is named before a buffer
     // sized from it is asked for (a 100-byte .npy can declare (0, 1, 10^15, 8)).

@@ -24,6 +24,17 @@ Tensor read_tensor_arg(const std::string& flag, const std::string& spec);
 // float32, ... but holds int32").
 Tensor read_tensor_arg(const std::string& flag, const std::string& spec, std::initializer_list<DType> allowed);
 
+// An optional tensor option, read only when given (`spec` not empty): the tensor is kept in
+// `holder`, because an options struct holds views, and `dst` is set to its view; not given,
+// both are left as they are. One rule for every command's optional tensors (--sinks,
+// --alibi-slopes, --key-lengths, masks, ...). Dst: TensorView, or a type made from one.
+template <class Dst>
+void read_optional_tensor_arg(const std::string& flag, const std::string& spec, Tensor& holder, std::optional<Dst>& dst) {
+    if (spec.empty()) return;
+    holder = read_tensor_arg(flag, spec);
+    dst = holder.view();
+}
+
 // The file a spec reads (FILE of FILE.safetensors:NAME, else the spec).
 std::string tensor_arg_file(const std::string& spec);
 
