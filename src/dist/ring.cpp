@@ -11,7 +11,6 @@
 //   3. writes out (and lse) from the accumulators.
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <limits>
 #include <string>
 
@@ -20,10 +19,9 @@
 #include "block_plan.hpp"
 #include "../core/allocate.hpp"
 #include "../core/element_io.hpp"
-#include "../core/interrupt.hpp"
-#include "../core/threads.hpp"
 #include "../kernels/dispatch.hpp"
 #include "../sdpa/problem.hpp"
+#include "ring_call.hpp"
 #include "ring_setup.hpp"
 
 namespace attn::dist {
@@ -42,12 +40,8 @@ void run_collectively(MPI_Comm comm, const std::function<void()>& fn) {
 
 void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k, const TensorView& v,
                     const RingOptions& options, const TensorView& out, const TensorView* lse, RingStats* stats) {
-    const attn::detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
-    const attn::detail::NotInterruptible whole_ring;    // a rank stopped alone would leave its peers waiting
-    const auto t_start = detail::Clock::now();
-    const detail::PrivateComm private_comm(user_comm, kOp);
-    detail::RingContext ctx;
-    ctx.comm = private_comm.comm;
+    detail::RingCall call(user_comm, kOp);  // threads, no interruption, start time, private comm (ring_call.hpp)
+    detail::RingContext& ctx = call.ctx;
     // ---- phase 1: checks, agreed by all ranks (ring_setup.cpp) ----
     detail::setup_ring(ctx, kOp, q, k, v, options, out, lse, attn::detail::OutLse::written, nullptr);
     const MPI_Comm comm = ctx.comm;
@@ -195,12 +189,10 @@ void ring_attention(MPI_Comm user_comm, const TensorView& q, const TensorView& k
                         else lse->data_as<double>()[lse->offset(b, h, i)] = l;
                     }
                 }
-        st.total_seconds = detail::since(t_start);
+        st.total_seconds = detail::since(call.start);
         if (stats != nullptr) *stats = st;
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "attn: error: ring_attention: rank %d failed inside the ring: %s (aborting all ranks)\n", rank,
-                     e.what());
-        MPI_Abort(comm, 2);
+        detail::abort_ring(comm, kOp, rank, e);
     }
 }
 

@@ -22,7 +22,6 @@
 // travelling dK/dV, double for dQ): equal within the bound tests/ring states, not bit for bit.
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -30,12 +29,11 @@
 #include "../core/allocate.hpp"
 #include "../core/check.hpp"
 #include "../core/element_io.hpp"
-#include "../core/interrupt.hpp"
-#include "../core/threads.hpp"
 #include "attn/error.hpp"
 #include "attn/ring.hpp"
 #include "attn/sdpa_backward.hpp"
 #include "block_plan.hpp"
+#include "ring_call.hpp"
 #include "ring_setup.hpp"
 
 namespace attn::dist {
@@ -104,12 +102,8 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
                              const TensorView& out, const TensorView& lse, const TensorView& grad_out,
                              const RingOptions& options, const TensorView& dq, const TensorView& dk, const TensorView& dv,
                              RingStats* stats, const TensorView* dsinks) {
-    const attn::detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
-    const attn::detail::NotInterruptible whole_ring;    // a rank stopped alone would leave its peers waiting
-    const auto t_start = detail::Clock::now();
-    const detail::PrivateComm private_comm(user_comm, kOp);
-    detail::RingContext ctx;
-    ctx.comm = private_comm.comm;
+    detail::RingCall call(user_comm, kOp);  // threads, no interruption, start time, private comm (ring_call.hpp)
+    detail::RingContext& ctx = call.ctx;
     // ---- phase 1: checks, agreed by all ranks ----
     detail::setup_ring(ctx, kOp, q, k, v, options, out, &lse, attn::detail::OutLse::read, [&] {
         check_gradients(q, k, v, out, lse, grad_out, options, dq, dk, dv, dsinks);
@@ -323,12 +317,10 @@ void ring_attention_backward(MPI_Comm user_comm, const TensorView& q, const Tens
                     for (std::int64_t e = 0; e < Dk; ++e) attn::detail::store(dk, dk.offset(b, h, j, e), home[r * Dk + e]);
                     for (std::int64_t e = 0; e < Dv; ++e) attn::detail::store(dv, dv.offset(b, h, j, e), home[nk * kw + r * Dv + e]);
                 }
-        st.total_seconds = detail::since(t_start);
+        st.total_seconds = detail::since(call.start);
         if (stats != nullptr) *stats = st;
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "attn: error: %s: rank %d failed inside the ring: %s (aborting all ranks)\n",
-                     std::string(kOp).c_str(), rank, e.what());
-        MPI_Abort(comm, 2);
+        detail::abort_ring(comm, kOp, rank, e);
     }
 }
 
