@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <sstream>
 
 #include "attn/half.hpp"
@@ -73,31 +72,21 @@ void run_sdpa_forward_backward(const Context& ctx, const SdpaShape& s, std::vect
     const Tensor grads[3] = {Tensor(DType::f32, q.shape()), Tensor(DType::f32, k.shape()), Tensor(DType::f32, v.shape())};
     Tensor ref_grads[3];
 
-    std::vector<Row> rows(cfg.impls.size());
-    bool have_ref = false;
-    for (std::size_t i : reference_first(cfg.impls)) {
-        const Impl impl = cfg.impls[i];
-        Row& r = rows[i];
-        r.impl = std::string(impl_name(impl));
-        r.flop = c.flop;
-        if (impl == Impl::reference) {
-            // Every score in double, forward and backward (~ 3.5 x the full forward FLOPs), with
-            // several Lq x Lk double matrices per head in flight per thread.
-            const double full = 2.0 * static_cast<double>(s.B * s.Hq) * static_cast<double>(s.Lq) *
-                                static_cast<double>(s.Lk) * static_cast<double>(s.Dk + s.Dv);
-            const double ref_flop = 3.5 * full;
-            const double ref_bytes = 5.0 * 8.0 * static_cast<double>(s.Lq) * static_cast<double>(s.Lk) * cfg.threads;
-            if (skip_costly_reference(cfg, r, ref_flop, ref_bytes, c.io_bytes, avail)) continue;
-        }
+    // Every score in double, forward and backward (~ 3.5 x the full forward FLOPs), with
+    // several Lq x Lk double matrices per head in flight per thread.
+    ReferenceCost ref_cost;
+    ref_cost.flop = 3.5 * 2.0 * static_cast<double>(s.B * s.Hq) * static_cast<double>(s.Lq) * static_cast<double>(s.Lk) *
+                    static_cast<double>(s.Dk + s.Dv);
+    ref_cost.bytes = 5.0 * 8.0 * static_cast<double>(s.Lq) * static_cast<double>(s.Lk) * cfg.threads;
+    ref_cost.io_bytes = c.io_bytes;
+    ref_cost.avail = avail;
+    auto time_impl = [&](Impl impl, Row& r) {
         const Tensor* dst = grads;
         if (impl == Impl::reference) {
             for (int t = 0; t < 3; ++t) ref_grads[t] = Tensor(DType::f32, grads[t].shape());
             dst = ref_grads;
         }
-        for (int t = 0; t < 3; ++t) {
-            float* p = dst[t].data_as<float>();
-            for (std::int64_t e = 0; e < dst[t].numel(); ++e) p[e] = std::numeric_limits<float>::quiet_NaN();
-        }
+        for (int t = 0; t < 3; ++t) poison(dst[t]);
         SdpaOptions opt;
         opt.impl = impl;
         opt.causal = s.causal;
@@ -105,15 +94,13 @@ void run_sdpa_forward_backward(const Context& ctx, const SdpaShape& s, std::vect
             sdpa(q, k, v, opt, o, &lse_view, nullptr, &frep);
             sdpa_backward(q, k, v, o, lse, dO, opt, dst[0], dst[1], dst[2], &brep);
         });
-        if (r.status != "ok") continue;
-        if (r.timing.warmup_counted) r.note = "one call: the warm-up alone exceeded --max-seconds";
-        if (impl == Impl::reference) {
-            have_ref = true;
-        } else if (have_ref) {
-            r.max_abs_diff = max_abs_diff(grads, ref_grads);  // over dQ, dK, dV
-            if (std::isnan(*r.max_abs_diff)) r.note = "a gradient holds NaN where the reference does not";
-        }
-    }
+    };
+    auto compare = [&](Row& r) {
+        r.max_abs_diff = max_abs_diff(grads, ref_grads);  // over dQ, dK, dV
+        if (std::isnan(*r.max_abs_diff)) r.note = "a gradient holds NaN where the reference does not";
+    };
+    bool have_ref = false;
+    std::vector<Row> rows = impl_rows(cfg, c.flop, ref_cost, time_impl, compare, &have_ref);  // in the order of --impl
     // The same step with every tensor bfloat16 (the f32 values rounded; lse float32), beside
     // the float32 flash row: what the half-precision issue's "backward >= 1.6x" compares.
     // Its max_abs_diff is against the float32 reference gradients, so it shows bf16 rounding.

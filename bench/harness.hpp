@@ -230,13 +230,21 @@ std::string sdpa_shape_text(const SdpaShape& s);
 // reads "<who> needs ~X GiB<for_what>; MemAvailable is Y GiB".
 Row torch_sdpa_row(const Context& ctx, const SdpaShape& s, const std::string& mode, double torch_bytes,
                    const std::string& who, const std::string& for_what);
-// The indices of `impls` with the reference's first, so the other rows can compare with it.
-std::vector<std::size_t> reference_first(const std::vector<Impl>& impls);
-// Marks the reference's row r skipped, and returns true, when its FLOPs (ref_flop) exceed
-// --reference-max-gflop or its memory (ref_bytes, beside the case's io_bytes) exceeds
-// --memory-fraction of `avail` (MemAvailable, 0 when unknown).
-bool skip_costly_reference(const Config& cfg, Row& r, double ref_flop, double ref_bytes, std::int64_t io_bytes,
-                           double avail);
+// What the reference's row of a case would cost: its FLOPs (every score, in double) and the
+// bytes it holds beside the case's io_bytes; avail is MemAvailable (0 when unknown).
+struct ReferenceCost {
+    double flop = 0.0, bytes = 0.0;
+    std::int64_t io_bytes = 0;
+    double avail = 0.0;
+};
+// The rows of a case's attn impls, rows[i] for cfg.impls[i], each named and counting `flop`.
+// The reference runs first, so that the others can be compared with it; its row is skipped
+// when its FLOPs exceed --reference-max-gflop or its bytes --memory-fraction of avail.
+// time(impl, r) runs and times one impl into r; once the reference ran, compare(r) gives each
+// other row that ran its max_abs_diff. *reference_ran (when given): whether it did.
+std::vector<Row> impl_rows(const Config& cfg, double flop, const ReferenceCost& reference,
+                           const std::function<void(Impl, Row&)>& time, const std::function<void(Row&)>& compare,
+                           bool* reference_ran = nullptr);
 // The score-modifier rows of s, appended to rows: after the first fast impl that ran (rows[i]
 // is cfg.impls[i]'s), one row "<impl>+<modifier>" per s.modifier_rows with its ratio target;
 // time(opt, r) times it with that impl's options, s.causal and the modifier set.

@@ -96,6 +96,9 @@ Row torch_sdpa_row(const Context& ctx, const SdpaShape& s, const std::string& mo
                            {"causal", causal_word(s.causal)}});
 }
 
+namespace {
+
+// The indices of `impls` with the reference's first.
 std::vector<std::size_t> reference_first(const std::vector<Impl>& impls) {
     std::vector<std::size_t> order;
     for (std::size_t i = 0; i < impls.size(); ++i)
@@ -105,20 +108,44 @@ std::vector<std::size_t> reference_first(const std::vector<Impl>& impls) {
     return order;
 }
 
-bool skip_costly_reference(const Config& cfg, Row& r, double ref_flop, double ref_bytes, std::int64_t io_bytes,
-                           double avail) {
-    if (ref_flop > cfg.reference_max_gflop * 1e9) {
+// Marks the reference's row r skipped, and returns true, when it would cost more than the
+// limits allow (impl_rows).
+bool skip_costly_reference(const Config& cfg, Row& r, const ReferenceCost& c) {
+    if (c.flop > cfg.reference_max_gflop * 1e9) {
         r.status = "skipped";
-        r.note = "the reference computes " + format_double("%.0f", ref_flop / 1e9) +
+        r.note = "the reference computes " + format_double("%.0f", c.flop / 1e9) +
                  " GFLOP here (all scores, in double), above --reference-max-gflop " + format_double("%g", cfg.reference_max_gflop);
         return true;
     }
-    if (avail > 0 && ref_bytes + static_cast<double>(io_bytes) > cfg.memory_fraction * avail) {
+    if (c.avail > 0 && c.bytes + static_cast<double>(c.io_bytes) > cfg.memory_fraction * c.avail) {
         r.status = "skipped";
-        r.note = "the reference would hold " + gib(ref_bytes) + " of score matrices";
+        r.note = "the reference would hold " + gib(c.bytes) + " of score matrices";
         return true;
     }
     return false;
+}
+
+}  // namespace
+
+std::vector<Row> impl_rows(const Config& cfg, double flop, const ReferenceCost& reference,
+                           const std::function<void(Impl, Row&)>& time, const std::function<void(Row&)>& compare,
+                           bool* reference_ran) {
+    std::vector<Row> rows(cfg.impls.size());
+    bool have_ref = false;
+    for (std::size_t i : reference_first(cfg.impls)) {
+        const Impl impl = cfg.impls[i];
+        Row& r = rows[i];
+        r.impl = std::string(impl_name(impl));
+        r.flop = flop;
+        if (impl == Impl::reference && skip_costly_reference(cfg, r, reference)) continue;
+        time(impl, r);
+        if (r.status != "ok") continue;
+        if (r.timing.warmup_counted) r.note = "one call: the warm-up alone exceeded --max-seconds";
+        if (impl == Impl::reference) have_ref = true;
+        else if (have_ref) compare(r);
+    }
+    if (reference_ran != nullptr) *reference_ran = have_ref;
+    return rows;
 }
 
 void add_modifier_rows(const Config& cfg, const SdpaShape& s, double flop, std::vector<Row>& rows,
@@ -208,23 +235,15 @@ void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseRe
     Tensor o(s.q_dtype, Shape{s.B, s.Hq, s.Lq, s.Dv});
     Tensor o_ref;  // allocated only when the reference runs, so it is not in the others' peak RSS
 
-    // The reference first (when asked and affordable), so the others can be compared with it;
-    // rows keep the order of --impl.
-    std::vector<Row> rows(cfg.impls.size());
-    bool have_ref = false;
-    for (std::size_t i : reference_first(cfg.impls)) {
-        const Impl impl = cfg.impls[i];
-        Row& r = rows[i];
-        r.impl = std::string(impl_name(impl));
-        r.flop = c.flop;
-        if (impl == Impl::reference) {
-            // The reference computes every score (no causal skipping) in double and keeps three
-            // Lq x Lk double matrices per head in flight per thread.
-            const double ref_flop = 2.0 * static_cast<double>(s.B * s.Hq) * static_cast<double>(s.Lq) *
-                                    static_cast<double>(s.Lk) * static_cast<double>(s.Dk + s.Dv);
-            const double ref_bytes = 3.0 * 8.0 * static_cast<double>(s.Lq) * static_cast<double>(s.Lk) * cfg.threads;
-            if (skip_costly_reference(cfg, r, ref_flop, ref_bytes, c.io_bytes, avail)) continue;
-        }
+    // The reference computes every score (no causal skipping) in double and keeps three
+    // Lq x Lk double matrices per head in flight per thread.
+    ReferenceCost ref_cost;
+    ref_cost.flop = 2.0 * static_cast<double>(s.B * s.Hq) * static_cast<double>(s.Lq) * static_cast<double>(s.Lk) *
+                    static_cast<double>(s.Dk + s.Dv);
+    ref_cost.bytes = 3.0 * 8.0 * static_cast<double>(s.Lq) * static_cast<double>(s.Lk) * cfg.threads;
+    ref_cost.io_bytes = c.io_bytes;
+    ref_cost.avail = avail;
+    auto time_impl = [&](Impl impl, Row& r) {
         const Tensor* dst = &o;
         if (impl == Impl::reference) {
             o_ref = Tensor(o.dtype(), o.shape());
@@ -237,15 +256,13 @@ void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseRe
         SdpaReport rep;
         const TensorView dst_view = dst->view();
         if (time_calls_into(cfg, r, [&] { sdpa(q, k, v, opt, dst_view, nullptr, nullptr, &rep); })) r.kernel = rep.kernel;
-        if (r.status != "ok") continue;
-        if (r.timing.warmup_counted) r.note = "one call: the warm-up alone exceeded --max-seconds";
-        if (impl == Impl::reference) {
-            have_ref = true;
-        } else if (have_ref && o.dtype() == DType::f32) {
-            r.max_abs_diff = max_abs_diff(o, o_ref);
-            if (std::isnan(*r.max_abs_diff)) r.note = "output holds NaN where the reference does not";
-        }
-    }
+    };
+    auto compare = [&](Row& r) {
+        if (o.dtype() != DType::f32) return;
+        r.max_abs_diff = max_abs_diff(o, o_ref);
+        if (std::isnan(*r.max_abs_diff)) r.note = "output holds NaN where the reference does not";
+    };
+    std::vector<Row> rows = impl_rows(cfg, c.flop, ref_cost, time_impl, compare);  // in the order of --impl
     o_ref = Tensor();
 
     // Score-modifier rows: the first fast impl that ran, again with each modifier set.
