@@ -29,7 +29,8 @@ struct UkernelOps<float> {
     using BVec = __m512;
     static __m512 load(const float* b) { return _mm512_loadu_ps(b); }
     static __m512 load(__mmask16 m, const float* b) { return _mm512_maskz_loadu_ps(m, b); }
-    static __m512 broadcast(const float* a, std::ptrdiff_t i) { return _mm512_set1_ps(a[i]); }
+    static constexpr bool kIndexFirst = true;
+    static __m512 broadcast(const float* a) { return _mm512_set1_ps(*a); }
     static __m512 madd(__m512 acc, __m512 a, __m512 b) { return _mm512_fmadd_ps(a, b, acc); }
 };
 

@@ -44,11 +44,12 @@ struct UkernelOps<std::uint32_t> {
     using BVec = __m512bh;
     static __m512bh load(const std::uint32_t* b) { return pairs(_mm512_loadu_si512(b)); }
     static __m512bh load(__mmask16 m, const std::uint32_t* b) { return pairs(_mm512_maskz_loadu_epi32(m, b)); }
+    static constexpr bool kIndexFirst = false;
     // memcpy because A may be a bf16 (uint16) array read as words (Q/dO/dS rows), which a
     // uint32 load would read through the wrong type.
-    static __m512bh broadcast(const std::uint32_t* a, std::ptrdiff_t i) {
+    static __m512bh broadcast(const std::uint32_t* a) {
         int w;
-        std::memcpy(&w, a + i, sizeof w);
+        std::memcpy(&w, a, sizeof w);
         return pairs(_mm512_set1_epi32(w));
     }
     static __m512 madd(__m512 acc, __m512bh a, __m512bh b) { return _mm512_dpbf16_ps(acc, a, b); }

@@ -10,10 +10,15 @@
 //       using AVec, BVec;                       // one broadcast A element, one vector of B
 //       static BVec load(const Elem* b);        // 16 elements of a B row
 //       static BVec load(__mmask16 m, const Elem* b);  // the lanes of m, the others 0
-//       static AVec broadcast(const Elem* a, std::ptrdiff_t i);  // a[i] = A(r, k) in every lane
+//       static AVec broadcast(const Elem* p);   // *p = A(r, k) in every lane
+//       static constexpr bool kIndexFirst;      // how &A(r, k) is summed (below)
 //       static __m512 madd(__m512 acc, AVec a, BVec b);  // acc + a·b, lane-wise
 //   };
 // for the file's Elem (the template is declared here), defined before the file's first gemm call.
+// kIndexFirst: &A(r, k) as a + (r·a_rs + k·a_ks) (true) or (a + r·a_rs) + k·a_ks (false). The
+// same address, but GCC allocates registers differently for the two sums; each tile keeps the
+// sum it was written with, so that sharing this code changed no instruction of either tile
+// (objdump -d, per function) — the float32 tile sums index first, the bf16 one pointer first.
 //
 // 8 rows divide the 64-row query block and 64-key block; the N edge (N % 8 == 0, not always
 // % 16) is a masked last vector, so no column is read or written past N.
@@ -45,7 +50,7 @@ inline void ukernel(int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_
     if (accumulate) { ATTN_ROWS(ATTN_LOAD) }
 #define ATTN_MADD(r, x0, x1)                                                    \
     if constexpr (MR > r) {                                                     \
-        const AVec av = Ops::broadcast(a, r * a_rs + o);                         \
+        const AVec av = Ops::broadcast(Ops::kIndexFirst ? &a[r * a_rs + o] : a + r * a_rs + o); \
         x0 = Ops::madd(x0, av, b0);                                             \
         if constexpr (NV == 2) x1 = Ops::madd(x1, av, b1);                      \
     }
