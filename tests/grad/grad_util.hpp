@@ -2,8 +2,11 @@
 // (random tensors, poison, error measures: common/util.hpp).
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "attn/sdpa.hpp"
 #include "attn/sdpa_backward.hpp"
@@ -34,15 +37,62 @@ inline Grads forward_backward(const TensorView& q, const TensorView& k, const Te
 }
 
 // The backward's tiny- and huge-scale tests (FlashBackward.TinyAndHugeScales says how): the
-// scales 2^e they run, from the smallest normal float32 up, and the scale 2^kBaseScaleExponent of
-// the problem they are compared with (2^-5 keeps |Q·K| below FLT_MAX with K times 2^121).
-inline constexpr int kScaleExponents[] = {-126, -125, -116, -100, -66, 0, 33, 99};
+// scales 2^e they run, from the smallest normal float32 up (63 and 64 either side of
+// split_scale's upper threshold, flash_backward.cpp), and the scale 2^kBaseScaleExponent of the
+// problem they are compared with (2^-5 keeps |Q·K| below FLT_MAX with K times 2^121). Above 2^99
+// Q·K would hold float32 subnormals (Q and K of order 2^-52 each at 2^99): no bit-exact twin.
+inline constexpr int kScaleExponents[] = {-126, -125, -116, -100, -66, 0, 33, 63, 64, 99};
 inline constexpr int kBaseScaleExponent = -5;
+
+// Where the problem at scale s0·2^-a puts the 2^a: Q times 2^q and K times 2^k, q + k = a, and
+// dO times 2^o. Its scores are s0's, so its exact dQ is 2^(o-q) times s0's, dK 2^(o-k) times
+// and dV 2^o times.
+struct Pow2Split {
+    int q, k, o;
+};
+
+// K alone, then Q alone (a >= -104 keeps unit-scale values times 2^a normal). Above 2^63 also
+// half on each with dO times 2^40: P∘(dP − D) is then of order 2^40, so scale·P∘(dP − D) passes
+// FLT_MAX at 2^99 while every gradient stays below 2^93.
+inline std::vector<Pow2Split> pow2_splits(int a) {
+    std::vector<Pow2Split> s{{0, a, 0}, {a, 0, 0}};
+    if (a < kBaseScaleExponent - 63) s.push_back({a / 2, a - a / 2, 40});
+    return s;
+}
 
 // t ← t·2^a in place (exact while the values stay normal): moves a power of two between the
 // scale and Q or K, which leaves the scores, so P and scale·dS, unchanged.
 inline void times_pow2(const TensorView& t, int a) {
     for_each_offset(t, [&](std::int64_t off) { store(t, off, std::ldexp(load(t, off), a)); });
+}
+
+// The problem of split sp made from its twin at s0 (inputs with members q, k, dO), and its
+// gradients (members dq, dk, dv) brought back to the twin's: exact while the values stay normal.
+template <class In>
+void apply_split(In& in, const Pow2Split& sp) {
+    times_pow2(in.q, sp.q);
+    times_pow2(in.k.view(), sp.k);
+    times_pow2(in.dO, sp.o);
+}
+template <class G>
+void undo_split(G& g, const Pow2Split& sp) {
+    times_pow2(g.dq.view(), sp.q - sp.o);
+    times_pow2(g.dk.view(), sp.k - sp.o);
+    times_pow2(g.dv.view(), -sp.o);
+}
+
+// The gradients split sp does not shrink (dV, and dQ or dK unless it is 2^(o-q) or 2^(o-k) < 1
+// times the twin's: a subnormal may have lost bits), brought back by undo_split, are the twin's
+// `base` bit for bit.
+template <class G>
+void expect_twin_bits(const G& got, const G& base, const Pow2Split& sp) {
+    if (sp.o >= sp.q) {  // braces: EXPECT_TRUE is an if-else inside (-Wdangling-else)
+        EXPECT_TRUE(bit_equal(got.dq, base.dq)) << "dq differs from the run at the base scale";
+    }
+    if (sp.o >= sp.k) {
+        EXPECT_TRUE(bit_equal(got.dk, base.dk)) << "dk differs from the run at the base scale";
+    }
+    EXPECT_TRUE(bit_equal(got.dv, base.dv)) << "dv differs from the run at the base scale";
 }
 
 }  // namespace attn::test

@@ -156,45 +156,50 @@ TEST(FlashBackward, MatchesReferenceAvx2) { check_against_reference(detail::Isa:
 
 TEST(FlashBackward, MatchesReferencePortable) { check_against_reference(detail::Isa::portable, 40, 2); }
 
-// Tiny and huge scales. The problem at scale s0·2^-a with K (or Q) times 2^a has the same
-// scores, so the same P and scale·dS, as at s0: its exact dQ and dV (K times 2^a), or dK and
-// dV (Q times 2^a), are those at s0, and the other gradient is 2^-a times s0's. On every kernel
-// row: (1) those two gradients are the run at s0's bit for bit — each step of the tiled kernel
-// scales by a power of two — unless an intermediate leaves the normal float32 range, as
-// dS = scale·P∘(dP − D) did at tiny scales (subnormal: bits lost); (2) against the double
-// reference, with the third gradient times 2^a (exact), they are within the float32 bound of the
-// problem at s0, whose inputs are of unit scale. (Relative to the largest gradient of the scaled
-// problem the bound would not hold at a huge scale: where the exact dK is 0 — one key, say —
-// its rounding noise grows with 2^-a and dV does not.) s0 = 2^kBaseScaleExponent (grad_util.hpp).
+// Tiny and huge scales. The problem at scale s0·2^-a with Q times 2^q, K times 2^k (q + k = a) and
+// dO times 2^o (pow2_splits, grad_util.hpp) has the same scores, so the same P, as at s0, and
+// P∘(dP − D) times 2^o: its exact dQ is 2^(o-q), dK 2^(o-k) and dV 2^o times s0's. On every kernel
+// row, with and without a softcap: (1) the gradients the problem does not shrink, brought back to
+// s0's (undo_split), are the run at s0's bit for bit — each step of the tiled kernel scales by a
+// power of two — unless an intermediate leaves the normal float32 range, as dS =
+// scale·P∘(dP − D) did below 2^-63 (subnormal: bits lost) and above 2^63 (past FLT_MAX: inf, NaN
+// gradients, at 2^99 with dO times 2^40); (2) against the double reference, both brought back,
+// they are within the float32 bound of the problem at s0, whose inputs are of unit scale.
+// (Relative to the largest gradient of the scaled problem the bound would not hold at a huge
+// scale: where the exact dK is 0 — one key, say — its rounding noise grows with 2^-a and dV does
+// not.) s0 = 2^kBaseScaleExponent (grad_util.hpp).
 TEST(FlashBackward, TinyAndHugeScales) {
+    const std::vector<Case> cases = random_cases(6, 5);
     for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
         const detail::ScopedKernelSet use(*row);
         double worst = 0.0;
-        int n = 0;
-        for (const Case& c : random_cases(6, 5))
-            for (const bool heavy_k : {true, false}) {
-                SCOPED_TRACE(std::string(detail::isa_name(row->isa)) + (heavy_k ? " K" : " Q") + " times 2^a, " + c.str());
-                const std::uint64_t seed = 500 + static_cast<std::uint64_t>(n++);
-                Inputs at_s0 = make_inputs(c, DType::f32, seed);
-                at_s0.opt.scale = std::ldexp(1.0, kBaseScaleExponent);
-                const Grads base = forward_backward(at_s0.q, at_s0.k, at_s0.v, at_s0.dO, at_s0.opt, Impl::flash);
-                for (const int e : kScaleExponents) {
-                    SCOPED_TRACE("scale 2^" + std::to_string(e));
-                    const int a = kBaseScaleExponent - e;
+        for (std::size_t ci = 0; ci < cases.size(); ++ci) {
+            const Case& c = cases[ci];
+            const double softcap = ci % 2 == 1 ? 1.0 : 0.0;  // every other case: the tile scales and caps S itself
+            SCOPED_TRACE(std::string(detail::isa_name(row->isa)) + " softcap " + std::to_string(softcap) + ", " + c.str());
+            const std::uint64_t seed = 500 + ci;
+            Inputs at_s0 = make_inputs(c, DType::f32, seed);
+            at_s0.opt.scale = std::ldexp(1.0, kBaseScaleExponent);
+            at_s0.opt.softcap = softcap;
+            const Grads base = forward_backward(at_s0.q, at_s0.k, at_s0.v, at_s0.dO, at_s0.opt, Impl::flash);
+            for (const int e : kScaleExponents)
+                for (const Pow2Split sp : pow2_splits(kBaseScaleExponent - e)) {
+                    SCOPED_TRACE("scale 2^" + std::to_string(e) + ", Q times 2^" + std::to_string(sp.q) + ", K times 2^" +
+                                 std::to_string(sp.k) + ", dO times 2^" + std::to_string(sp.o));
                     Inputs f = make_inputs(c, DType::f32, seed);
-                    times_pow2(heavy_k ? f.k.view() : f.q, a);
+                    apply_split(f, sp);
                     f.opt.scale = std::ldexp(1.0, e);
+                    f.opt.softcap = softcap;
                     SdpaReport rep;
                     Grads got = forward_backward(f.q, f.k, f.v, f.dO, f.opt, Impl::flash, DType::f32, &rep);
                     ASSERT_EQ(rep.kernel, std::string("flash-backward/") + detail::isa_name(row->isa));
-                    EXPECT_TRUE(bit_equal(heavy_k ? got.dq : got.dk, heavy_k ? base.dq : base.dk))
-                        << (heavy_k ? "dq" : "dk") << " differs from the run at the base scale";
-                    EXPECT_TRUE(bit_equal(got.dv, base.dv)) << "dv differs from the run at the base scale";
                     Grads ref = forward_backward(f.q, f.k, f.v, f.dO, f.opt, Impl::reference, DType::f64);
-                    for (Grads* g : {&got, &ref}) times_pow2(heavy_k ? g->dk.view() : g->dq.view(), a);
+                    undo_split(got, sp);
+                    undo_split(ref, sp);
+                    expect_twin_bits(got, base, sp);
                     worst = std::max(worst, expect_float32_bound(got, ref));
                 }
-            }
+        }
         std::printf("[ info ] %s tile, scales 2^-126 .. 2^99: worst relative error %.3g (tolerance %.0e)\n",
                     detail::isa_name(row->isa), worst, kTol);
     }

@@ -83,16 +83,22 @@ int round8(std::int64_t x) { return static_cast<int>((x + 7) / 8 * 8); }
 // stored gradients scale·2^63 (a power of two: exact), so dS is normal down to
 // |P∘(dP − D)| = 2^-63 and the sums dS·K, dSᵀ·Q are the gradients times 2^-63/scale ≤ 2^63:
 // they overflow only where a gradient exceeds FLT_MAX·2^63·scale (3.7·10¹⁹ at scale 2^-126).
-// From 2^-63 up (and 0) dS carries the whole scale, as it always did: the sums are the
-// gradients themselves, no new overflow and the same bits for every usual scale; a scale of
-// 1 or more makes dS no smaller than P∘(dP − D), so it cannot underflow.
+// A huge scale made dS overflow instead: inf past |P∘(dP − D)| = FLT_MAX/scale (2 at 2^127),
+// then inf or NaN gradients where the double reference's are finite (Q and K of order 2^-66).
+// Above 2^63, the mirror image: dS carries 2^63 and the stored gradients scale·2^-63, so dS
+// is finite up to |P∘(dP − D)| = 2^65 and the sums are the gradients times 2^63/scale > 2^-65:
+// subnormal only where a gradient is below 2^-126·2^-63·scale (2^-62 at scale 2^127).
+// From 2^-63 to 2^63 (and 0) dS carries the whole scale, as it always did: the sums are the
+// gradients themselves, no new overflow and the same bits for every usual scale.
 struct ScaleSplit {
     float ds, grads;
 };
 ScaleSplit split_scale(float scale) {
-    const float floor = 0x1p-63f;
-    if (scale == 0.0f || std::fabs(scale) >= floor) return {scale, 1.0f};
-    return {floor, scale * 0x1p63f};
+    const float floor = 0x1p-63f, ceiling = 0x1p63f;
+    const float magnitude = std::fabs(scale);
+    if (scale == 0.0f || (magnitude >= floor && magnitude <= ceiling)) return {scale, 1.0f};
+    if (magnitude < floor) return {floor, scale * 0x1p63f};
+    return {ceiling, scale * 0x1p-63f};
 }
 
 // Σ a[d]·b[d] in double: 8 partial sums (d mod 8) added in a fixed order, so the compiler
