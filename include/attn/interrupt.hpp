@@ -12,8 +12,9 @@
 // reference kernel, a chunk of decode, a block of the projection GEMM — and, once it is true,
 // skip the tasks left and throw attn::Interrupted (attn/error.hpp) when the loop has ended. The
 // reference kernel (its forward, backward and attn::reference_steps) reads it before each query
-// row of each of its steps too, and the forward before each row it writes of out, lse and the
-// Lq x Lk weights and scores when asked: one of its heads can take minutes. The outputs are then
+// row of each of its steps too, the forward before each row it writes of out, lse and the
+// Lq x Lk weights and scores when asked, and reference_steps before each row it copies into its
+// Lq x Lk results: one of its heads can take minutes. The outputs are then
 // partially written, as after any error raised once computing has started (docs/errors.md); the
 // arguments' checks come first, as always. The library never writes the flag: clear it before the
 // next call that should run (once a call has seen it set, clearing it does not undo that: the call

@@ -4,6 +4,7 @@
 // on other threads, or under an inner scope whose flag is clear do not read it.
 #include <gtest/gtest.h>
 #include <pthread.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <chrono>
@@ -191,6 +192,51 @@ TEST(Interrupt, TheReferenceKernelStopsWhileWritingTheWeights) {
     EXPECT_TRUE(interrupted) << "the last pass ran to its end";
     EXPECT_TRUE(still_poisoned(weights.view().slice(2, L - 1, 1)));
     EXPECT_TRUE(still_poisoned(scores.view().slice(2, L - 1, 1)));
+}
+
+// attn::reference_steps copies each head's four Lq x Lk steps into its own tensors once the head's
+// steps are done, and reads the flag once per row there too: the copies are the first touch of
+// fresh tensors (2 GiB at 8192 queries and keys). Here 2560 queries and keys in double, 50 MiB per
+// buffer (above glibc's largest mmap threshold, so each call maps and faults them afresh). The
+// copies are seen by the page faults: the steps fill four such buffers, the copies four more, so
+// the second half of the call's faults is the copies'. The flag is set once the process has
+// faulted three quarters of what one uninterrupted call faults: the call must end in
+// attn::Interrupted — without a read in the copies, it ran to its end and returned.
+long minor_faults() {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return u.ru_minflt;
+}
+
+TEST(Interrupt, ReferenceStepsStopWhileCopyingTheSteps) {
+    constexpr std::int64_t L = 2560;
+    std::mt19937 rng(14);
+    const Shape s{1, 1, L, 1};
+    const Tensor q = randn(DType::f64, s, rng), k = randn(DType::f64, s, rng), v = randn(DType::f64, s, rng);
+    const long before = minor_faults();
+    (void)reference_steps(q, k, v, SdpaOptions{});
+    const long call_faults = minor_faults() - before;
+    if (call_faults < 1024)  // 8 x 50 MiB are 102400 pages of 4 KiB
+        GTEST_SKIP() << "skipped: the call faulted " << call_faults << " pages (an allocator that keeps freed memory?)";
+
+    std::atomic<bool> stop{false}, done{false};
+    bool interrupted = false;
+    const long target = minor_faults() + call_faults * 3 / 4;
+    std::thread caller([&] {
+        const ScopedInterruptFlag watch(stop);
+        try {
+            (void)reference_steps(q, k, v, SdpaOptions{});
+        } catch (const Interrupted&) {
+            interrupted = true;
+        }
+        done = true;
+    });
+    while (!done && minor_faults() < target) std::this_thread::yield();
+    const bool set_while_running = !done;
+    stop = true;
+    caller.join();
+    ASSERT_TRUE(set_while_running) << "the call ended before faulting " << call_faults * 3 / 4 << " pages";
+    EXPECT_TRUE(interrupted) << "the copies ran to their end";
 }
 
 // A long flash call stopped from another thread soon after it started: attn::Interrupted, long

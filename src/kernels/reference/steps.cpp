@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <utility>
 
 #include "attn/reference.hpp"
 #include "reference.hpp"
@@ -26,14 +27,19 @@ AttentionSteps reference_steps(const TensorView& q, const TensorView& k, const T
         for (std::int64_t h = 0; h < Hq; ++h) {
             detail::HeadSteps hs;
             detail::reference_head(p, b, h, hs, stop);
+            // The head's rows, the flag read before each as in the steps (reference.cpp): the four
+            // Lq x Lk copies are the first touch of fresh tensors, 2 GiB at 8192 queries and keys.
             const std::int64_t head = b * Hq + h;
-            std::copy(hs.scores.begin(), hs.scores.end(), s.scores.data_as<double>() + head * Lq * Lk);
-            std::copy(hs.softcapped_scores.begin(), hs.softcapped_scores.end(),
-                      s.softcapped_scores.data_as<double>() + head * Lq * Lk);
-            std::copy(hs.masked_scores.begin(), hs.masked_scores.end(), s.masked_scores.data_as<double>() + head * Lq * Lk);
-            std::copy(hs.weights.begin(), hs.weights.end(), s.weights.data_as<double>() + head * Lq * Lk);
-            std::copy(hs.lse.begin(), hs.lse.end(), s.lse.data_as<double>() + head * Lq);
-            std::copy(hs.out.begin(), hs.out.end(), s.out.data_as<double>() + head * Lq * Dv);
+            for (std::int64_t i = 0; i < Lq; ++i) {
+                stop.stop_if_requested();
+                const std::size_t from = static_cast<std::size_t>(i * Lk);
+                const std::int64_t to = (head * Lq + i) * Lk;
+                for (auto [src, dst] : {std::pair{&hs.scores, &s.scores}, std::pair{&hs.softcapped_scores, &s.softcapped_scores},
+                                        std::pair{&hs.masked_scores, &s.masked_scores}, std::pair{&hs.weights, &s.weights}})
+                    std::copy_n(src->data() + from, Lk, dst->data_as<double>() + to);
+                s.lse.data_as<double>()[head * Lq + i] = hs.lse[static_cast<std::size_t>(i)];
+                std::copy_n(hs.out.begin() + static_cast<std::size_t>(i * Dv), Dv, s.out.data_as<double>() + (head * Lq + i) * Dv);
+            }
         }
     }
     return s;
