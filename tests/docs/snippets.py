@@ -20,7 +20,7 @@ Every failure names the Markdown file and line of the block (and of the failing 
 can). The fixture (small Q.npy, K.npy, V.npy, ...) is made by make_fixture() below; the docs say
 how to make such files themselves.
 
-  snippets.py --root SRC --build BUILD [--work DIR] [--python PY] [--list] [FILE.md ...]
+  snippets.py --root SRC --build BUILD [--work DIR] [--python PY] [--launcher CMD] [--list] [FILE.md ...]
 Exit status: 0 all passed, 1 a snippet failed, 2 usage error.
 """
 import argparse
@@ -170,12 +170,12 @@ def run_sh(snip, work, fixture, env):
         raise Failure(f"{where}: sh snippet (block at {snip.where}) failed with exit status {rc}:\n{tail(out)}")
 
 
-def run_python(snip, work, fixture, env, python):
+def run_python(snip, work, fixture, env, python, launcher):
     d = fresh_dir(work, snip, fixture)
     path = os.path.join(work, "run", snip.ident + ".py")
     with open(path, "w") as f:
         f.write(snip.code)
-    rc, out = run([python, path], d, env)
+    rc, out = run(launcher + [python, path], d, env)
     if rc != 0:
         m = re.findall(r'File "' + re.escape(path) + r'", line (\d+)', out)
         where = f"{snip.path}:{int(m[-1]) + snip.line - 1}" if m else snip.where
@@ -271,6 +271,10 @@ def main():
     ap.add_argument("--build", help="attn's build tree (installed into a temporary prefix)")
     ap.add_argument("--work", help="scratch directory (default: a temporary one, removed)")
     ap.add_argument("--python", default="/usr/bin/python3")
+    # The sanitized build's module cannot load into a plain interpreter: ctest passes the
+    # preloading wrapper (tests/CMakeLists.txt, ATTN_PYTHON_LAUNCHER). Only the python blocks get
+    # it: sh blocks start no Python that imports attn, and their CLI keeps LeakSanitizer.
+    ap.add_argument("--launcher", help="command that runs the python blocks' interpreter (it takes the command as arguments)")
     ap.add_argument("--generator", default="Ninja" if shutil.which("ninja") else "Unix Makefiles")
     ap.add_argument("--list", action="store_true", help="list the blocks and how each is tested, run nothing")
     ap.add_argument("files", nargs="*", help="Markdown files relative to --root (default: the docs)")
@@ -348,7 +352,7 @@ def main():
                 if s.lang == "sh":
                     run_sh(s, work, fixture, env)
                 elif s.lang == "python":
-                    run_python(s, work, fixture, env, a.python)
+                    run_python(s, work, fixture, env, a.python, [a.launcher] if a.launcher else [])
                 elif s.lang == "cmake":
                     run_cmake_block(s, work, prefix, env, a.generator)
                 elif s.lang == "cpp":

@@ -71,3 +71,15 @@ def test_compiled_blocks_need_a_build(tmp_path, lang):
     # Without --build there is no install to compile against: that is an error, not a pass.
     rc, out, err = run_on(tmp_path, f"```{lang}\nint x = 1;\n```\n")
     assert rc == 1, out
+
+
+def test_launcher_runs_the_python_blocks_only(tmp_path):
+    # The sanitized build passes a wrapper that preloads ASan (--launcher): python blocks must run
+    # under it, sh blocks not (their attn CLI keeps LeakSanitizer, which the preload turns off).
+    launcher = tmp_path / "launcher.sh"
+    launcher.write_text('#!/bin/sh\nATTN_SNIPPET_LAUNCHED=1 exec "$@"\n')
+    launcher.chmod(0o755)
+    rc, out, err = run_on(tmp_path, "```python\nimport os\nassert os.environ.get('ATTN_SNIPPET_LAUNCHED') == '1'\n```\n\n"
+                                    "```sh\ntest -z \"${ATTN_SNIPPET_LAUNCHED:-}\"\n```\n", "--launcher", str(launcher))
+    assert rc == 0, err
+    assert "2 passed, 0 failed" in out
