@@ -17,6 +17,7 @@
 #include "attn/threads.hpp"
 #include "command_path.hpp"
 #include "commands.hpp"
+#include "core/check.hpp"
 #include "harness.hpp"
 #include "output_files.hpp"
 #include "report.hpp"
@@ -118,7 +119,7 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
         throw Error("--runs: expected 1 to " + std::to_string(std::numeric_limits<int>::max()) + " but got " + std::to_string(a.runs));
     }
     if (!(a.max_seconds > 0))
-        throw Error("--max-seconds: expected a positive number of seconds but got " + number_text(a.max_seconds));
+        throw Error("--max-seconds: expected a positive number of seconds but got " + detail::shortest(a.max_seconds));
     cfg.quick = a.quick;
     cfg.runs = a.quick && !runs_given ? 2 : static_cast<int>(a.runs);
     cfg.max_seconds = a.quick && !max_seconds_given ? 2.0 : a.max_seconds;

@@ -177,7 +177,7 @@ void run(const HeatmapArgs& a) {
     if (!heatmap_label_ok(a.title)) throw Error("--title: expected UTF-8 text without NUL bytes but got " + detail::quoted(a.title));
     opt.vmax = a.vmax;
     if (a.vmax && !(*a.vmax > 0.0 && *a.vmax < 1e300)) {  // the colour bar's ticks need a finite range
-        throw Error("--vmax: expected a number > 0 and < 1e300 but got " + number_text(*a.vmax));
+        throw Error("--vmax: expected a number > 0 and < 1e300 but got " + detail::shortest(*a.vmax));
     }
 
     // Pick the panels: (P, Lq, Lk) as a view of batch b, or the mean over heads.

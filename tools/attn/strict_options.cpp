@@ -47,12 +47,12 @@ std::string read_finite_double(const std::string& text, double& value) {
         if (std::isinf(std::strtod(text.c_str(), nullptr))) {
             return text + " overflows a double: it rounds to infinity, as every magnitude from 2^1024 - 2^970 ≈ "
                    "1.7976931348623158e+308 up does (the largest double is " +
-                   number_text(std::numeric_limits<double>::max()) + ")";
+                   detail::shortest(std::numeric_limits<double>::max()) + ")";
         }
         return text + " underflows a double: it is not 0 but rounds to 0, as every magnitude up to 2^-1075 ≈ "
                "2.4703282292062327e-324 does (half the smallest double, " +
-               number_text(std::numeric_limits<double>::denorm_min()) + "; a larger one reads as " +
-               number_text(std::numeric_limits<double>::denorm_min()) + " or more); give 0 for zero";
+               detail::shortest(std::numeric_limits<double>::denorm_min()) + "; a larger one reads as " +
+               detail::shortest(std::numeric_limits<double>::denorm_min()) + " or more); give 0 for zero";
     }
     if (ec != std::errc() || end != s.data() + s.size()) return "expected a number but got '" + text + "'";
     if (!std::isfinite(value)) return "expected a finite number but got '" + text + "'";
@@ -78,7 +78,7 @@ CLI::Validator strict(const char* name, std::string (*read)(const std::string&, 
             std::string why = read(text, value);
             if (!why.empty()) return why;
             if constexpr (std::is_floating_point_v<T>) {
-                text = number_text(value);
+                text = detail::shortest(value);
             } else {
                 text = std::to_string(value);
             }
@@ -149,11 +149,6 @@ void require_query_offset_use(const char* flag, Causal causal, std::int64_t wind
     if (causal != Causal::none || window_left >= 0 || window_right >= 0 || alibi) return;
     throw Error(std::string(flag) + ": only with --causal, --window-left/--window-right or --alibi/--alibi-slopes " +
                 "(it places the diagonal they measure from; without them it changes nothing)");
-}
-
-std::string number_text(double value) {
-    char buf[32];
-    return std::string(buf, std::to_chars(buf, buf + sizeof buf, value).ptr);
 }
 
 }  // namespace attn::cli

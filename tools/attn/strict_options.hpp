@@ -59,10 +59,6 @@ Align window_align_option(const std::optional<std::string>& text, std::int64_t l
 void require_query_offset_use(const char* flag, Causal causal, std::int64_t window_left, std::int64_t window_right,
                               bool alibi);
 
-// A number as a message shows what was given: the shortest text that reads back as it ("1e+300",
-// "-1e-10"), not std::to_string's six decimals (300 digits, or "-0.000000").
-std::string number_text(double value);
-
 // Attaches the rule to every option of app and its subcommands, by CLI11 type: INT options
 // must hold std::int64_t, UINT options std::uint64_t, FLOAT options double (so the ranges
 // checked here are the ranges stored). Call after every option is declared.
