@@ -8,9 +8,12 @@
 namespace attn::detail {
 namespace {
 
-// Not in linux/magic.h (the kernel keeps them in its own sources): configfs's and fusectl's.
+// Not in linux/magic.h (the kernel keeps them in its own sources): configfs's, fusectl's and
+// mqueue's (/dev/mqueue: a file created there is a POSIX message queue, which write(2) refuses
+// with EINVAL — the output failed after the computation, "write failed (Invalid argument)").
 constexpr std::uint64_t kConfigfsMagic = 0x62656570;
 constexpr std::uint64_t kFusectlMagic = 0x65735543;
+constexpr std::uint64_t kMqueueMagic = 0x19800202;
 
 struct PseudoFileSystem {
     std::uint64_t magic;  // statfs(2)'s f_type
@@ -27,6 +30,7 @@ constexpr PseudoFileSystem kPseudoFileSystems[] = {
     {SMACK_MAGIC, "smackfs"},           {BINFMTFS_MAGIC, "binfmt_misc"},
     {RDTGROUP_SUPER_MAGIC, "resctrl"},  {DEVPTS_SUPER_MAGIC, "devpts"},
     {kFusectlMagic, "fusectl"},         {NSFS_MAGIC, "nsfs"},
+    {kMqueueMagic, "mqueue"},
 };
 
 }  // namespace
