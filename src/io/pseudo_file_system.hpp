@@ -1,8 +1,8 @@
 // Kernel pseudo file systems (/proc, sysfs, cgroupfs, debugfs, ...): their files are the kernel's
 // knobs and reports, made by the kernel, never by a program's open, write and rename. An output
 // staged there failed only when its staging file was created, after the computation — or, where
-// such a file system takes new files (efivarfs: an EFI variable), would put a tensor where no
-// tensor belongs.
+// such a file system takes new files (efivarfs: an EFI variable; mqueue: a message queue, which
+// write(2) refuses), would put a tensor where no tensor belongs or fail at the write.
 #pragma once
 
 #include <string>
