@@ -265,3 +265,29 @@ def test_cli_names_params_for_the_layers_tensors(tmp_path):
     assert r.stderr == ("attn: error: MultiHeadAttention: --params: tensor 'sinks': values must be finite but entry 1 "
                         "is inf\n")
     assert not (tmp_path / "y.npy").exists()
+
+
+def test_cli_sdpa_rounds_float64_slopes_and_sinks_as_mha_does(tmp_path):
+    # attn sdpa --alibi-slopes/--sinks refused a float64 file ("dtype must be float32") where attn mha
+    # and Python round it: now one rule. 0.1 is not a float32, so the float64 run must give exactly
+    # the bits of the run on the float32-rounded values, and 1e300 is named as given.
+    rng = np.random.default_rng(3)
+    for name in ("q", "k", "v"):
+        np.save(tmp_path / f"{name}.npy", rng.standard_normal((1, 2, 5, 8)).astype(np.float32))
+    np.save(tmp_path / "s64.npy", np.array([0.1, 0.3]))
+    np.save(tmp_path / "s32.npy", np.array([0.1, 0.3]).astype(np.float32))
+    base = [ATTN, "sdpa", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--causal"]
+    outs = {}
+    for tag in ("64", "32"):
+        r = subprocess.run(base + ["--alibi-slopes", f"s{tag}.npy", "--sinks", f"s{tag}.npy", "--out", f"o{tag}.npy"],
+                           cwd=tmp_path, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        outs[tag] = np.load(tmp_path / f"o{tag}.npy")
+    assert np.array_equal(outs["64"], outs["32"])
+    np.save(tmp_path / "huge.npy", np.array([0.5, -1e300]))
+    for flag in ("--alibi-slopes", "--sinks"):
+        r = subprocess.run(base + [flag, "huge.npy", "--out", "y.npy"], cwd=tmp_path, capture_output=True, text=True)
+        assert r.returncode == 2
+        assert r.stderr == (f"attn: error: {flag}[1] = -1e+300 does not fit float32 (it rounds to -inf; float32's "
+                            "largest magnitude is 3.4028235e+38)\n")
+        assert not (tmp_path / "y.npy").exists()

@@ -222,6 +222,26 @@ def test_library_errors_name_the_flag(tmp_path):
         assert not out.exists()
 
 
+def test_float64_slopes_and_sinks_are_rounded_as_sdpa_rounds_them(tmp_path):
+    """--alibi-slopes/--sinks of a float64 file were refused ("dtype must be float32") where attn sdpa,
+    attn mha and Python round them to float32: the ring's output must be attn sdpa's with the same
+    float64 files, and a value beyond float32 is named as given."""
+    _, p = make(tmp_path, 1, 2, 2, 12, 12, 8, 8)
+    np.save(tmp_path / "s64.npy", np.array([0.1, 0.3]))
+    common = ["--q", p["q"], "--k", p["k"], "--v", p["v"], "--causal", "--alibi-slopes", tmp_path / "s64.npy",
+              "--sinks", tmp_path / "s64.npy"]
+    r = mpirun(2, *common, "--out", tmp_path / "ring.npy")
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([ATTN, "sdpa", *map(str, common), "--out", str(tmp_path / "sdpa.npy")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_allclose(np.load(tmp_path / "ring.npy"), np.load(tmp_path / "sdpa.npy"), rtol=0, atol=2e-6)
+    np.save(tmp_path / "huge.npy", np.array([0.5, 1e300]))
+    r = mpirun(2, "--q", p["q"], "--k", p["k"], "--v", p["v"], "--sinks", tmp_path / "huge.npy", "--out", tmp_path / "x.npy")
+    assert r.returncode != 0
+    assert "--sinks[1] = 1e+300 does not fit float32" in r.stderr, r.stderr
+    assert not (tmp_path / "x.npy").exists()
+
+
 def test_float64_inputs_and_stats(tmp_path):
     arrays, p = make(tmp_path, 1, 2, 2, 40, 40, 8, 8, seed=5, dtype=np.float64)
     out = tmp_path / "o.npy"

@@ -177,9 +177,9 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         a.grad.check_flags(!a.sinks.empty());
         out_dtype_given = parse_out_dtype(a.out_dtype);
         // Every rank reads the (Hq,) sinks itself; ring_attention checks them and that the ranks agree.
-        read_optional_tensor_arg("--sinks", a.sinks, sinks, opt.sinks);
+        read_optional_float32_arg("--sinks", a.sinks, sinks, opt.sinks);
         if (a.alibi && !a.alibi_slopes.empty()) throw Error("--alibi: give either --alibi or --alibi-slopes, not both");
-        read_optional_tensor_arg("--alibi-slopes", a.alibi_slopes, slopes, opt.alibi_slopes);
+        read_optional_float32_arg("--alibi-slopes", a.alibi_slopes, slopes, opt.alibi_slopes);
         // Every rank checks the files it will write: rank 0 all of them, or each rank its shards
         // beside --dsinks, which rank 0 writes (--dsinks o.rank1.npy is rank 1's shard of --out
         // o.npy: the last rename won, and the run exited 0). Two ranks' shards are never one name

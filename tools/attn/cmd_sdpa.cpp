@@ -175,14 +175,14 @@ void run(const SdpaArgs& a) {
         }
     }
     Tensor slopes, sinks;
-    read_optional_tensor_arg("--alibi-slopes", a.alibi_slopes, slopes, opt.alibi_slopes);
+    read_optional_float32_arg("--alibi-slopes", a.alibi_slopes, slopes, opt.alibi_slopes);
     if (a.alibi_slopes.empty() && a.alibi) {
         // Q's heads: dim 1 of (B, H, L, D), and of packed (T, H, D) with --cu-seqlens; any other
         // Q is refused by sdpa with its own message (slopes for 1 head are then never read).
         slopes = alibi_slopes(q.shape().rank == 4 || (packed && q.shape().rank == 3) ? q.shape()[1] : 1);
         opt.alibi_slopes = slopes.view();
     }
-    read_optional_tensor_arg("--sinks", a.sinks, sinks, opt.sinks);
+    read_optional_float32_arg("--sinks", a.sinks, sinks, opt.sinks);
     read_optional_tensor_arg("--key-lengths", a.key_lengths, lengths, opt.key_lengths);
     // sdpa checks the offsets (dtype, shape, range) and names them query_offset.
     read_optional_tensor_arg("--query-offsets", a.query_offsets, offsets, opt.query_offset);

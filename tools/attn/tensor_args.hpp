@@ -11,6 +11,7 @@
 
 #include "attn/dtype.hpp"
 #include "attn/tensor.hpp"
+#include "core/float32_values.hpp"
 
 namespace attn::cli {
 
@@ -32,6 +33,18 @@ template <class Dst>
 void read_optional_tensor_arg(const std::string& flag, const std::string& spec, Tensor& holder, std::optional<Dst>& dst) {
     if (spec.empty()) return;
     holder = read_tensor_arg(flag, spec);
+    dst = holder.view();
+}
+
+// A score-modifier parameter (--alibi-slopes, --sinks): as read_optional_tensor_arg, but another
+// floating dtype is rounded to float32 once, by the rule Python and `attn mha` use
+// (detail::float32_values: a finite value beyond float32 is named as given). Any other dtype is
+// left to the library's check, which names it.
+template <class Dst>
+void read_optional_float32_arg(const std::string& flag, const std::string& spec, Tensor& holder, std::optional<Dst>& dst) {
+    read_optional_tensor_arg(flag, spec, holder, dst);
+    if (spec.empty() || holder.dtype() == DType::f32 || !is_floating(holder.dtype())) return;
+    holder = detail::float32_values(holder.view(), flag);
     dst = holder.view();
 }
 
