@@ -282,7 +282,7 @@ OutputTarget resolve_output(const std::string& path) {
     // (root, /proc/PID/fd, sysfs), the output failed only when created, after the computation.
     if (const std::string dir = split_dir(t.file).first; const char* fs = pseudo_file_system(dir)) {
         throw Error(in_quotes(path) + " is on " + fs + " (" + in_quotes(dir.empty() ? "." : dir) +
-                    "), a kernel pseudo file system, where no output can be created or renamed into place: attn writes "
+                    "), a kernel pseudo file system, where no output can be written and renamed into place: attn writes "
                     "results to regular files of other file systems, character devices, FIFOs or open descriptors");
     }
     if (const std::string dir = split_dir(t.file).first, why = unreplaceable(dir.empty() ? "." : dir, true); !why.empty()) {

@@ -446,7 +446,7 @@ def test_another_process_descriptor_on_a_deleted_file_is_refused_before_anything
 
 def pseudo_file_system_error(flag, out, fs, directory):
     return (f"attn: error: {flag}: '{out}' is on {fs} ('{directory}'), a kernel pseudo file system, where no output "
-            "can be created or renamed into place: attn writes results to regular files of other file systems, "
+            "can be written and renamed into place: attn writes results to regular files of other file systems, "
             "character devices, FIFOs or open descriptors\n")
 
 
