@@ -31,6 +31,10 @@ constexpr PseudoFileSystem kPseudoFileSystems[] = {
     {RDTGROUP_SUPER_MAGIC, "resctrl"},  {DEVPTS_SUPER_MAGIC, "devpts"},
     {kFusectlMagic, "fusectl"},         {NSFS_MAGIC, "nsfs"},
     {kMqueueMagic, "mqueue"},
+    // Not the kernel's knobs, but as final for an output: a hugetlbfs file is memory mapped,
+    // never written (write(2) fails; attn said "the file needs 384 bytes, more than the file
+    // system takes (No space left on device)" after the computation).
+    {HUGETLBFS_MAGIC, "hugetlbfs"},
 };
 
 }  // namespace

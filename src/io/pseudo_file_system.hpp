@@ -2,7 +2,8 @@
 // knobs and reports, made by the kernel, never by a program's open, write and rename. An output
 // staged there failed only when its staging file was created, after the computation — or, where
 // such a file system takes new files (efivarfs: an EFI variable; mqueue: a message queue, which
-// write(2) refuses), would put a tensor where no tensor belongs or fail at the write.
+// write(2) refuses), would put a tensor where no tensor belongs or fail at the write. hugetlbfs
+// (files only mapped, never written) is refused by the same rule.
 #pragma once
 
 #include <string>

@@ -475,23 +475,25 @@ def test_an_output_on_a_kernel_pseudo_file_system_is_refused_before_anything_run
     assert not os.path.exists(out)
 
 
-def test_an_output_on_a_message_queue_file_system_is_refused_before_anything_runs(work):
+@pytest.mark.parametrize("fs", ["mqueue", "hugetlbfs"])
+def test_an_output_on_a_file_system_that_takes_no_write_is_refused_before_anything_runs(work, fs):
     """mqueue (/dev/mqueue where mounted) takes a new file, but it is a POSIX message queue that
     write(2) refuses (EINVAL): the output failed after the computation, "write failed (Invalid
-    argument)". Mounted here in a private mount namespace: /dev/mqueue is seldom there in a container."""
+    argument)"; a hugetlbfs file is only mapped, and failed as "more than the file system takes (No
+    space left on device)". Mounted here in a private mount namespace: seldom there in a container."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare (a private mount namespace)")
-    mnt = work / "mq"
+    mnt = work / "mnt"
     mnt.mkdir()
     out = f"{mnt}/o.npy"
-    script = 'mount -t mqueue none "$0" || exit 99; exec "$@"'
+    script = f'mount -t {fs} none "$0" || exit 99; exec "$@"'
     r = subprocess.run(["unshare", "-m", "sh", "-c", script, str(mnt), attn_bin(),
                         *map(str, sdpa(work, "--mask", work / "no_such_mask.npy", out=out))],
                        capture_output=True, timeout=TIMEOUT)
     if r.returncode == 99:
-        pytest.skip(f"cannot mount an mqueue file system here: {r.stderr.decode()[-200:]}")
+        pytest.skip(f"cannot mount a {fs} file system here: {r.stderr.decode()[-200:]}")
     assert r.returncode == 2, r.stderr
-    assert r.stderr.decode() == pseudo_file_system_error("--out", out, "mqueue", f"{mnt}/"), r.stderr
+    assert r.stderr.decode() == pseudo_file_system_error("--out", out, fs, f"{mnt}/"), r.stderr
     assert r.stdout == b""
 
 
