@@ -244,20 +244,17 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
     std::fprintf(stderr, "attn bench: measuring the FMA peak and the read bandwidth again\n");
     bench::Ceilings after;
     measure(after);
-    ce.fma_1t = bench::merge(ce.fma_1t, after.fma_1t, "measured before and after the shapes");
-    ce.fma_nt = cfg.threads == 1 ? ce.fma_1t : bench::merge(ce.fma_nt, after.fma_nt, "measured before and after the shapes");
-    if (ce.fma512_1t.measured) {
-        ce.fma512_1t = bench::merge(ce.fma512_1t, after.fma512_1t, "measured before and after the shapes");
-        ce.fma512_nt = cfg.threads == 1 ? ce.fma512_1t
-                                        : bench::merge(ce.fma512_nt, after.fma512_nt, "measured before and after the shapes");
-    }
-    if (ce.bf16_1t.measured) {
-        ce.bf16_1t = bench::merge(ce.bf16_1t, after.bf16_1t, "measured before and after the shapes");
-        ce.bf16_nt = cfg.threads == 1 ? ce.bf16_1t
-                                      : bench::merge(ce.bf16_nt, after.bf16_nt, "measured before and after the shapes");
-    }
-    ce.bw_1t = bench::merge(ce.bw_1t, after.bw_1t, "measured before and after the shapes");
-    ce.bw_nt = cfg.threads == 1 ? ce.bw_1t : bench::merge(ce.bw_nt, after.bw_nt, "measured before and after the shapes");
+    // Each pair as measure() fills it: on 1 thread the run's ceiling is the 1-thread one. (A
+    // ceiling not measured, AVX-512 on an AVX2 CPU, stays as it was: merge keeps it.)
+    const auto merge_pair = [&](bench::Ceiling& one, bench::Ceiling& run, const bench::Ceiling& one_after,
+                                const bench::Ceiling& run_after) {
+        one = bench::merge(one, one_after, "measured before and after the shapes");
+        run = cfg.threads == 1 ? one : bench::merge(run, run_after, "measured before and after the shapes");
+    };
+    merge_pair(ce.fma_1t, ce.fma_nt, after.fma_1t, after.fma_nt);
+    merge_pair(ce.fma512_1t, ce.fma512_nt, after.fma512_1t, after.fma512_nt);
+    merge_pair(ce.bf16_1t, ce.bf16_nt, after.bf16_1t, after.bf16_nt);
+    merge_pair(ce.bw_1t, ce.bw_nt, after.bw_1t, after.bw_nt);
     if (a.quick) ce.bw_1t.note = ce.bw_nt.note = "quick: a cache-sized buffer, not a memory bandwidth";
     rep.loadavg_end = bench::load_average();
 
