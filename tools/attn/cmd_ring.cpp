@@ -170,10 +170,9 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         opt.window.align = window_align_option(a.window_align, a.window_left, a.window_right);
         // sdpa's check of every value that needs no tensor, before any file is read.
         detail::check_option_values(dist::detail::sdpa_options_of(opt), "ring_attention");
-        if (a.query_offset || !a.query_offsets.empty()) {  // a value out of range is named first
-            require_query_offset_use(a.query_offset ? "--query-offset" : "--query-offsets", opt.causal, a.window_left,
-                                     a.window_right, a.alibi || !a.alibi_slopes.empty());
-        }
+        // After the values' checks: a value out of range is named first.
+        require_query_offset_use(a.query_offset, a.query_offsets, opt.causal, a.window_left, a.window_right,
+                                 a.alibi || !a.alibi_slopes.empty());
         a.grad.check_flags(!a.sinks.empty());
         out_dtype_given = parse_out_dtype(a.out_dtype);
         // Every rank reads the (Hq,) sinks itself; ring_attention checks them and that the ranks agree.

@@ -152,10 +152,9 @@ void run(const SdpaArgs& a) {
     opt.softcap = a.softcap;  // 0 = off
     if (a.query_offset) opt.query_offset = *a.query_offset;  // --query-offsets: a file, below
     detail::check_option_values(opt, op);
-    if (a.query_offset || !a.query_offsets.empty()) {  // a value out of range is named first, as such
-        require_query_offset_use(a.query_offset ? "--query-offset" : "--query-offsets", opt.causal, a.window_left,
-                                 a.window_right, a.alibi || !a.alibi_slopes.empty());
-    }
+    // After the values' checks: a value out of range is named first, as such.
+    require_query_offset_use(a.query_offset, a.query_offsets, opt.causal, a.window_left, a.window_right,
+                             a.alibi || !a.alibi_slopes.empty());
 
     const Tensor q = read_input("--q", a.q);
     const Tensor k = read_input("--k", a.k);

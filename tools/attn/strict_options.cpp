@@ -144,10 +144,10 @@ Align window_align_option(const std::optional<std::string>& text, std::int64_t l
     return *text == "top-left" ? Align::top_left : Align::bottom_right;
 }
 
-void require_query_offset_use(const char* flag, Causal causal, std::int64_t window_left, std::int64_t window_right,
-                              bool alibi) {
-    if (causal != Causal::none || window_left >= 0 || window_right >= 0 || alibi) return;
-    throw Error(std::string(flag) + ": only with --causal, --window-left/--window-right or --alibi/--alibi-slopes " +
+void require_query_offset_use(const std::optional<std::int64_t>& offset, const std::string& offsets_file, Causal causal,
+                              std::int64_t window_left, std::int64_t window_right, bool alibi) {
+    if ((!offset && offsets_file.empty()) || causal != Causal::none || window_left >= 0 || window_right >= 0 || alibi) return;
+    throw Error(std::string(offset ? "--query-offset" : "--query-offsets") + ": only with --causal, --window-left/--window-right or --alibi/--alibi-slopes " +
                 "(it places the diagonal they measure from; without them it changes nothing)");
 }
 

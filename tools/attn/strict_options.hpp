@@ -51,13 +51,14 @@ std::uint64_t dropout_seed(std::string_view op, const char* dropout_flag, double
 // as --seed only with --dropout: alone it would change nothing and let a slip pass for a setting.
 Align window_align_option(const std::optional<std::string>& text, std::int64_t left, std::int64_t right);
 
-// --query-offset N / --query-offsets F.npy (`flag`, the one given): only with what measures from
-// the diagonal it places — --causal, a window, ALiBi (--alibi, --alibi-slopes) — as --seed only
-// with --dropout: alone it changes nothing (key lengths cut keys whatever the offset). Python's
-// query_offset= is not refused, as dropout_seed= is not: code that passes it whatever the mask
-// (ONNX's past length) keeps working; the CLI's rule catches a slip on the command line.
-void require_query_offset_use(const char* flag, Causal causal, std::int64_t window_left, std::int64_t window_right,
-                              bool alibi);
+// --query-offset N (`offset`) / --query-offsets F.npy (`offsets_file`; "" = not given): when
+// either is given, only with what measures from the diagonal it places — --causal, a window,
+// ALiBi (--alibi, --alibi-slopes) — as --seed only with --dropout: alone it changes nothing (key
+// lengths cut keys whatever the offset). Python's query_offset= is not refused, as dropout_seed=
+// is not: code that passes it whatever the mask (ONNX's past length) keeps working; the CLI's
+// rule catches a slip on the command line.
+void require_query_offset_use(const std::optional<std::int64_t>& offset, const std::string& offsets_file, Causal causal,
+                              std::int64_t window_left, std::int64_t window_right, bool alibi);
 
 // Attaches the rule to every option of app and its subcommands, by CLI11 type: INT options
 // must hold std::int64_t, UINT options std::uint64_t, FLOAT options double (so the ranges
