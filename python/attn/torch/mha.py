@@ -174,10 +174,6 @@ class MultiheadAttention(nn.MultiheadAttention):
         weights = None
         if need_weights and (q.numel() == 0 or k.numel() == 0):  # an empty batch or sequence: torch's zeros
             weights = q.new_zeros((n, h, lq, lk))
-            if average_attn_weights:
-                weights = weights.mean(1)
-            if not batched:
-                weights = weights.squeeze(0)
         elif need_weights:
             with torch.no_grad(), _convert.Threads(threads):
                 arrays = [_convert.array(t, name) for t, name in ((q, "query"), (k, "key"), (v, "value"))]
@@ -186,6 +182,7 @@ class MultiheadAttention(nn.MultiheadAttention):
                     is_causal=is_causal, dropout_seed=seed or 0, dropout_origin=dropout_origin, return_weights=True,
                     dtype="bfloat16")[1])  # bfloat16 q/k/v arrive as uint16 bits (_convert)
             weights = weights.to(q.dtype)  # torch returns the weights in the activations' dtype
+        if weights is not None:  # (N, h, Lq, Lk), shaped as torch returns them
             if average_attn_weights:
                 weights = weights.mean(1)
             if not batched:
