@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "mha_test_util.hpp"
+#include "varlen/varlen_util.hpp"  // cu_seqlens: the packed layout's offsets
 #include "attn/error.hpp"
 #include "attn/sdpa_varlen.hpp"
 
@@ -25,22 +26,12 @@ namespace {
 using namespace attn;
 using attn::mha_test::random_tensor;
 using attn::mha_test::randomise;
+using attn::test::max_abs;
 
 constexpr double kTol = 2e-5;
 
-Tensor cu(const std::vector<std::int64_t>& len) {
-    Tensor t(DType::i64, Shape{static_cast<std::int64_t>(len.size()) + 1});
-    std::int64_t acc = 0;
-    t.data_as<std::int64_t>()[0] = 0;
-    for (std::size_t i = 0; i < len.size(); ++i) t.data_as<std::int64_t>()[i + 1] = acc += len[i];
-    return t;
-}
-
-double max_abs(const TensorView& t) {
-    double m = 0;
-    for (std::int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t.load_as_double(i)));
-    return m;
-}
+// The layer's cu_seqlens, int64.
+Tensor cu(const std::vector<std::int64_t>& len) { return test::cu_seqlens(len, DType::i64); }
 
 struct Case {
     std::int64_t E, h, hkv, kdim;
