@@ -171,7 +171,7 @@ Out run_flash(const Case& c, const detail::KernelSet& row, int threads, const de
     return r;
 }
 
-double max_abs(const TensorView& t) { return test::max_abs(t); }
+using test::max_abs;
 
 // The header's bound, checked element by element; returns the worst error/bound ratio.
 double check(const Case& c, const Out& got, const Out& ref) {
@@ -239,7 +239,7 @@ double check(const Case& c, const Out& got, const Out& ref) {
     return worst;
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) { return test::bit_equal(a, b); }
+using test::bit_equal;
 
 TEST(Bf16Compute, RandomCasesMatchReference) {
     ATTN_NEED_BF16();
@@ -251,13 +251,13 @@ TEST(Bf16Compute, RandomCasesMatchReference) {
         const Out one = run_flash(c, *row, 1);
         worst = std::max(worst, check(c, one, ref));
         const Out two = run_flash(c, *row, 2);
-        EXPECT_TRUE(same_bits(one.out, two.out) && same_bits(one.lse, two.lse)) << c.desc << ": 1 vs 2 threads";
+        EXPECT_TRUE(bit_equal(one.out, two.out) && bit_equal(one.lse, two.lse)) << c.desc << ": 1 vs 2 threads";
         const detail::FlashTiles split{64, 16, 3};  // each task's keys in 3 chunks, merged
         worst = std::max(worst, check(c, run_flash(c, *row, 2, &split), ref));
         const detail::FlashTiles grouped{32, 16, 0, 3};  // query blocks of 32 in groups of 3: the same bits
         const detail::FlashTiles alone{32, 16, 0, 1};
         const Out g = run_flash(c, *row, 2, &grouped), a = run_flash(c, *row, 2, &alone);
-        EXPECT_TRUE(same_bits(g.out, a.out) && same_bits(g.lse, a.lse)) << c.desc << ": grouped vs one task at a time";
+        EXPECT_TRUE(bit_equal(g.out, a.out) && bit_equal(g.lse, a.lse)) << c.desc << ": grouped vs one task at a time";
         if (HasFailure()) break;
     }
     std::printf("worst error / bound over the cases: %.3g\n", worst);

@@ -32,6 +32,7 @@ using attn::MultiHeadAttention;
 using attn::Shape;
 using attn::Tensor;
 using attn::TensorView;
+using attn::test::bit_equal;
 using attn::mha_test::random_tensor;
 using attn::mha_test::randomise;
 
@@ -647,10 +648,6 @@ TEST(Mha, MovedFromLayerSaysSo) {
 // default 16-bit output is that float32 result rounded once (bit-exact check).
 Tensor rounded(const Tensor& x, DType dt) { return attn::to_dtype(x.view(), dt); }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-    return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
-}
-
 TEST(Mha, HalfWeightsAndActivationsMatchTextbook) {
     for (const DType dt : {DType::f16, DType::bf16}) {
         SCOPED_TRACE(attn::dtype_name(dt));
@@ -677,7 +674,7 @@ TEST(Mha, HalfWeightsAndActivationsMatchTextbook) {
         const auto half = self.forward(x, x, x);  // out_dtype unset: the query's dtype
         EXPECT_EQ(half.output.dtype(), dt);
         EXPECT_EQ(half.weights.dtype(), DType::f32);
-        EXPECT_TRUE(same_bits(half.output, rounded(f32.output, dt))) << "16-bit output is not the float32 result rounded once";
+        EXPECT_TRUE(bit_equal(half.output, rounded(f32.output, dt))) << "16-bit output is not the float32 result rounded once";
 
         const Case cc{.batched = true, .batch_first = false, .B = 2, .Lq = 6, .Lk = 11};
         const Tensor q = rounded(random_tensor(layout(cc, 6, 16), rng), dt);
@@ -766,7 +763,7 @@ TEST(Mha, HalfIntermediatesAreRoundedOnceAtQKVAndO) {
             MhaForwardOptions o32 = o, unset = o;
             o32.intermediate_dtype = DType::f32;
             unset.intermediate_dtype.reset();
-            EXPECT_TRUE(same_bits(m.forward(q, k, v, o32).output, m.forward(q, k, v, unset).output));
+            EXPECT_TRUE(bit_equal(m.forward(q, k, v, o32).output, m.forward(q, k, v, unset).output));
         };
         const Case cs{.batched = true, .batch_first = true, .B = 2, .Lq = 37, .Lk = 37};
         const Tensor x = rounded(random_tensor(layout(cs, 37, 48), rng), dt);
@@ -801,7 +798,7 @@ TEST(Mha, HalfStateDictKeepsItsDtypeAndConverts) {
     const MultiHeadAttention bf = MultiHeadAttention::from_state_dict(sd, 2);
     EXPECT_EQ(bf.config().param_dtype, DType::bf16);
     EXPECT_EQ(bf.parameter("in_proj_weight").dtype(), DType::bf16);
-    EXPECT_TRUE(same_bits(Tensor(attn::to_dtype(bf.parameter("out_proj.weight"), DType::bf16)), keep[2]));
+    EXPECT_TRUE(bit_equal(Tensor(attn::to_dtype(bf.parameter("out_proj.weight"), DType::bf16)), keep[2]));
     EXPECT_EQ(MultiHeadAttention::from_state_dict(sd, 2, false, 0.0, {}, DType::f32).config().param_dtype, DType::f32);
     // A mix of weight dtypes loads as float32.
     keep[0] = attn::to_dtype(keep[0].view(), DType::f16);
@@ -811,10 +808,10 @@ TEST(Mha, HalfStateDictKeepsItsDtypeAndConverts) {
     MultiHeadAttention m = MultiHeadAttention::from_state_dict(f32.state_dict(), 2);
     m.set_param_dtype(DType::f16);
     EXPECT_EQ(m.parameter("in_proj_weight").dtype(), DType::f16);
-    EXPECT_TRUE(same_bits(Tensor(attn::to_dtype(m.parameter("in_proj_weight"), DType::f16)),
+    EXPECT_TRUE(bit_equal(Tensor(attn::to_dtype(m.parameter("in_proj_weight"), DType::f16)),
                           attn::to_dtype(f32.parameter("in_proj_weight"), DType::f16)));
     m.set_param_dtype(DType::f32);
-    EXPECT_TRUE(same_bits(attn::to_dtype(m.parameter("in_proj_weight"), DType::f32),
+    EXPECT_TRUE(bit_equal(attn::to_dtype(m.parameter("in_proj_weight"), DType::f32),
                           attn::to_dtype(attn::to_dtype(f32.parameter("in_proj_weight"), DType::f16).view(), DType::f32)));
 }
 
@@ -831,7 +828,7 @@ TEST(Mha, HalfIncrementalAndPackedOutputsAreTheFloat32ResultRounded) {
         EXPECT_EQ(half.dtype(), dt);
         Tensor f32(DType::f32, x.shape());
         m.forward_incremental_into(x, c2, f32.view());
-        EXPECT_TRUE(same_bits(half, rounded(f32, dt)));
+        EXPECT_TRUE(bit_equal(half, rounded(f32, dt)));
         // Against forward() on the same tokens (causal self-attention: the cache was empty).
         MhaForwardOptions o;
         o.causal = attn::Causal::top_left;
@@ -849,7 +846,7 @@ TEST(Mha, HalfIncrementalAndPackedOutputsAreTheFloat32ResultRounded) {
         EXPECT_EQ(p.dtype(), dt);
         const Tensor wide = rounded(packed, DType::f32);  // the same values in float32: a float32 result
         const Tensor pw = m.forward_packed(wide, wide, wide, cu, cu);
-        EXPECT_TRUE(same_bits(p, rounded(pw, dt)));
+        EXPECT_TRUE(bit_equal(p, rounded(pw, dt)));
     }
 }
 
