@@ -31,6 +31,7 @@
 #include "attn/reference.hpp"
 #include "attn/sdpa.hpp"
 #include "attn/tensor.hpp"
+#include "common/util.hpp"
 #include "kernels/backward/backward.hpp"
 #include "kernels/decode/decode.hpp"
 #include "kernels/flash/flash.hpp"
@@ -44,22 +45,12 @@ namespace {
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-Tensor randn(const Shape& s, std::mt19937& rng) {
-    Tensor t(DType::f32, s);
-    std::normal_distribution<float> n(0.0f, 1.0f);
-    for (std::int64_t e = 0; e < t.numel(); ++e) t.data_as<float>()[e] = n(rng);
-    return t;
-}
+// float32 normal(0, 1), drawn in float: the stream these cases were written with.
+Tensor randn(const Shape& s, std::mt19937& rng) { return test::randn<float>(DType::f32, s, rng); }
 
 Tensor clone(const Tensor& t) {
     Tensor c(t.dtype(), t.shape());
     std::memcpy(c.data(), t.data(), t.nbytes());
-    return c;
-}
-
-Tensor to_f32(const Tensor& t) {
-    Tensor c(DType::f32, t.shape());
-    for (std::int64_t e = 0; e < t.numel(); ++e) c.data_as<float>()[e] = static_cast<float>(t.view().load_as_double(e));
     return c;
 }
 
@@ -326,7 +317,7 @@ TEST(NonFinite, BackwardEveryRow) {
         const Tensor dO = randn({P.B, P.Hq, P.Lq, P.Dv}, rng);
         auto grads = [&](const Tensor& k, const Tensor& v, bool reference_kernel, const detail::KernelSet* row) {
             const Fwd f = reference(P, in.q, k, v);
-            Tensor out32 = to_f32(f.out), lse32 = to_f32(f.lse);
+            Tensor out32 = test::to_storage(f.out, DType::f32), lse32 = test::to_storage(f.lse, DType::f32);
             std::vector<Tensor> g;
             for (const Tensor* t : {&in.q, &k, &v}) g.push_back(poisoned_f32(t->shape()));
             const TensorView lse = lse32.view();
@@ -448,7 +439,7 @@ TEST(NonFinite, HugeFiniteBiasBackwardOfAPaddedRow) {
         for (std::int64_t h = 0; h < P.Hq; ++h)
             for (std::int64_t d = 0; d < P.Dv; ++d) dO.data_as<float>()[dO.view().offset(0, h, 3, d)] = 0.0f;
         const Fwd f = reference(P, in.q, in.k, in.v);
-        Tensor out32 = to_f32(f.out), lse32 = to_f32(f.lse);
+        Tensor out32 = test::to_storage(f.out, DType::f32), lse32 = test::to_storage(f.lse, DType::f32);
         ASSERT_LT(lse32.data_as<float>()[3], 0.5f * big) << P.name;  // the padded row's lse is the bias
         auto grads = [&](const detail::KernelSet* row) {
             std::vector<Tensor> g;
