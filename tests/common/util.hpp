@@ -18,6 +18,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "attn/half.hpp"
 #include "attn/tensor.hpp"
@@ -298,6 +299,14 @@ inline bool any_poisoned(const TensorView& t) {
 // Same dtype, shape and bytes (contiguous tensors).
 inline bool bit_equal(const Tensor& a, const Tensor& b) {
     return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+// As many tensors, each bit_equal to its counterpart (a call's outputs, run two ways).
+inline bool all_bit_equal(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i)
+        if (!bit_equal(a[i], b[i])) return false;
+    return true;
 }
 
 }  // namespace attn::test

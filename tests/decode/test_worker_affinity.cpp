@@ -90,13 +90,6 @@ struct SplitCalls {
     }
 };
 
-bool all_bit_equal(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
-    if (a.size() != b.size()) return false;
-    for (std::size_t i = 0; i < a.size(); ++i)
-        if (!bit_equal(a[i], b[i])) return false;
-    return true;
-}
-
 TEST(WorkerAffinity, PinnedAndUnpinnedWorkersGetTheSameBits) {
     if (cpus_of_this_thread() < 2) GTEST_SKIP() << "skipped: this process may run on one CPU only";
     const SplitCalls calls;

@@ -28,6 +28,7 @@ using detail::Isa;
 using detail::isa_name;
 using mha_test::random_tensor;
 using mha_test::randomise;
+using test::all_bit_equal;
 using test::bit_equal;
 
 struct Layer {
@@ -74,13 +75,6 @@ void randomise_same(MultiHeadAttention& a, MultiHeadAttention& b, unsigned seed)
     std::mt19937 r1(seed), r2(seed);
     randomise(a, r1);
     randomise(b, r2);
-}
-
-bool all_bit_equal(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
-    if (a.size() != b.size()) return false;
-    for (std::size_t i = 0; i < a.size(); ++i)
-        if (!bit_equal(a[i], b[i])) return false;
-    return true;
 }
 
 bool none_bit_equal(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
