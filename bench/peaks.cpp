@@ -49,13 +49,15 @@ double timed_parallel(int threads, int& got_threads, Body body) {
     return t1 - t0;
 }
 
-// Best rate per unit of CPU share: what a trial would have reached had it had its CPUs alone.
-// (getrusage counts in ticks of ~1–4 ms; 250 ms trials keep that error small.)
-double per_cpu_best(const std::vector<double>& rates, const std::vector<double>& shares) {
-    double best = 0.0;
-    for (std::size_t i = 0; i < rates.size() && i < shares.size(); ++i)
-        if (shares[i] > 0.0) best = std::max(best, rates[i] / shares[i]);
-    return best;
+// A ceiling's figures from its trials (measured ones, or two runs' merged): the best rate, the
+// median, and the best rate per unit of CPU share — what a trial would have reached had it had
+// its CPUs alone (getrusage counts in ticks of ~1–4 ms; 250 ms trials keep that error small).
+void summarise_trials(Ceiling& c) {
+    c.value = *std::max_element(c.trials.begin(), c.trials.end());
+    c.median = median_of(c.trials);
+    c.per_cpu = 0.0;
+    for (std::size_t i = 0; i < c.trials.size() && i < c.cpu_shares.size(); ++i)
+        if (c.cpu_shares[i] > 0.0) c.per_cpu = std::max(c.per_cpu, c.trials[i] / c.cpu_shares[i]);
 }
 
 }  // namespace
@@ -103,18 +105,14 @@ Ceiling measure_fma_peak(int threads, double seconds, int repeats, FmaWidth widt
         iters *= 4;
     }
     iters = std::max(1L << 16, static_cast<long>(static_cast<double>(iters) * seconds / t));
-    std::vector<double> rates;
     for (int r = 0; r < repeats; ++r) {
         const double cpu0 = process_cpu_seconds();
         const double dt = timed_parallel(threads, got, [&](int, int) { return chains(iters); });
-        rates.push_back(kFlopPerIter * static_cast<double>(iters) * got / dt / 1e9);
+        c.trials.push_back(kFlopPerIter * static_cast<double>(iters) * got / dt / 1e9);
         c.cpu_shares.push_back(cpu_share(process_cpu_seconds() - cpu0, dt, got));
     }
     c.measured = true;
-    c.value = *std::max_element(rates.begin(), rates.end());
-    c.median = median_of(rates);
-    c.trials = rates;
-    c.per_cpu = per_cpu_best(rates, c.cpu_shares);
+    summarise_trials(c);
     c.method = std::string(bf16   ? "12 independent 512-bit vdpbf16ps chains per thread (AVX-512 BF16, 64 FLOP each), ~"
                            : wide ? "12 independent 512-bit FMA chains per thread (AVX-512, -mavx512f), ~"
                                   : "12 independent 256-bit FMA chains per thread (AVX2, -mavx2 -mfma), ~") +
@@ -155,7 +153,6 @@ Ceiling measure_read_bandwidth(int threads, std::size_t bytes, int repeats) {
         std::fill(p + lo, p + lo + len, 0.5f);
         return 0.0f;
     });
-    std::vector<double> rates;
     for (int r = 0; r < repeats; ++r) {
         const double cpu0 = process_cpu_seconds();
         const double dt = timed_parallel(threads, got, [&](int tid, int nt) {
@@ -163,15 +160,12 @@ Ceiling measure_read_bandwidth(int threads, std::size_t bytes, int repeats) {
             part(tid, nt, lo, len);
             return avx2 ? detail::sum_floats_avx2(p + lo, len) : detail::sum_floats_sse2(p + lo, len);
         });
-        rates.push_back(static_cast<double>(bytes) / dt / 1e9);
+        c.trials.push_back(static_cast<double>(bytes) / dt / 1e9);
         c.cpu_shares.push_back(cpu_share(process_cpu_seconds() - cpu0, dt, got));
     }
     munmap(mem, bytes);
     c.measured = true;
-    c.value = *std::max_element(rates.begin(), rates.end());
-    c.median = median_of(rates);
-    c.trials = rates;
-    c.per_cpu = per_cpu_best(rates, c.cpu_shares);
+    summarise_trials(c);
     c.method = std::string("sum of a ") + std::to_string(bytes >> 20) + " MiB buffer (" + (avx2 ? "AVX2" : "SSE2") +
                " loads, 8 accumulators, huge pages advised), one pass per trial";
     if (got != threads) c.note = "OpenMP gave " + std::to_string(got) + " threads instead of " + std::to_string(threads);
@@ -185,10 +179,8 @@ Ceiling merge(const Ceiling& a, const Ceiling& b, const std::string& what) {
     Ceiling c = a;
     c.trials.insert(c.trials.end(), b.trials.begin(), b.trials.end());
     c.cpu_shares.insert(c.cpu_shares.end(), b.cpu_shares.begin(), b.cpu_shares.end());
-    c.per_cpu = per_cpu_best(c.trials, c.cpu_shares);
+    summarise_trials(c);
     c.repeats = a.repeats + b.repeats;
-    c.value = *std::max_element(c.trials.begin(), c.trials.end());
-    c.median = median_of(c.trials);
     c.method = a.method + "; " + what;
     if (c.note.empty()) c.note = b.note;
     return c;
