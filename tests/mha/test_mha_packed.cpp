@@ -18,6 +18,7 @@ namespace {
 
 using namespace attn;
 using attn::mha_test::random_tensor;
+using attn::mha_test::message;
 using attn::mha_test::randomise;
 using attn::test::max_abs;
 
@@ -188,14 +189,6 @@ TEST(MhaPacked, BadInputIsAClearError) {
     MultiHeadAttention m(mc);
     const Tensor x(DType::f32, Shape{6, 8}, true), bad(DType::f32, Shape{6, 7}, true);
     const Tensor c = cu({2, 4}), c_short = cu({2, 3});
-    auto message = [&](auto&& f) -> std::string {
-        try {
-            f();
-        } catch (const Error& e) {
-            return e.what();
-        }
-        return "no error";
-    };
     EXPECT_NE(message([&] { (void)m.forward_packed(bad, x, x, c, c); })
                   .find("MultiHeadAttention.forward_packed: query: expected 8 features (embed_dim) but got 7"),
               std::string::npos);

@@ -25,6 +25,7 @@ namespace {
 
 using namespace attn;
 using attn::mha_test::random_tensor;
+using attn::mha_test::message;
 using attn::mha_test::randomise;
 using attn::test::max_abs;
 
@@ -172,14 +173,6 @@ TEST(MhaPackedBackward, BadStateOrGradIsAClearError) {
     mc.num_heads = 2;
     MultiHeadAttention m(mc);
     const Tensor x(DType::f32, Shape{6, 8}, true), c = cu({2, 4});
-    auto message = [&](auto&& f) -> std::string {
-        try {
-            f();
-        } catch (const Error& e) {
-            return e.what();
-        }
-        return "no error";
-    };
     MhaForwardState st;
     (void)m.forward_packed_train(x, x, x, c, c, {}, {}, st);
     const Tensor wrong(DType::f32, Shape{5, 8}, true);
