@@ -22,6 +22,7 @@
 #include "core/float32_values.hpp"
 #include "interruptible.hpp"
 #include "mha/inputs.hpp"
+#include "mha/layer_prefix.hpp"
 #include "options.hpp"
 
 namespace attn_py {
@@ -175,16 +176,24 @@ public:
         layer_.load_state_dict(tensors);
     }
 
-    void load_safetensors(const py::object& path_arg) {
+    // prefix: one layer of a whole model's file ("layers.0.self_attn."), as `attn mha --params
+    // FILE:PREFIX` reads it (detail::layer_of): only its tensors are read.
+    void load_safetensors(const py::object& path_arg, const py::object& prefix_arg) {
         const std::string path = path_arg_of(path_arg, "path");
+        const std::string prefix = prefix_arg.is_none() ? std::string() : str_arg(prefix_arg, "prefix");
+        if (!prefix_arg.is_none() && prefix.empty()) {
+            value_error("load_safetensors: prefix: expected a layer's prefix such as 'layers.0.self_attn.', or None "
+                        "for a file of this layer's tensors alone, but got ''");
+        }
         py::gil_scoped_release nogil;
         // The file's content is a value, not the type of an argument: an error about it is a
         // ValueError, also one about a tensor's dtype (load_state_dict's "expected a floating
         // dtype", a TypeError for a dict's array: docs/errors.md, "In Python").
         try {
-            const attn::SafetensorsFile f = attn::read_safetensors(path);
-            std::vector<std::pair<std::string, attn::TensorView>> tensors;
-            for (const auto& [name, t] : f.tensors) tensors.emplace_back(name, t.view());
+            std::vector<std::string> held;
+            const attn::SafetensorsFile f = attn::read_safetensors_prefix(path, prefix, &held);
+            const auto tensors = attn::detail::layer_of(f, held, path, prefix,
+                                                        {"load_safetensors: prefix", "prefix=", "give the prefix", true});
             const std::lock_guard<std::mutex> lock(mutex_);
             layer_.load_state_dict(tensors);
         } catch (const attn::Error& e) {
@@ -355,9 +364,11 @@ void bind_mha(py::module_& m) {
              "bfloat16 bits with dtype=\"bfloat16\" — the default for a layer that stores bfloat16, so\n"
              "state_dict() loads back)\n"
              "into the parameters, converted to their storage dtype; the names must match exactly.")
-        .def("load_safetensors", &PyMha::load_safetensors, py::arg("path"),
+        .def("load_safetensors", &PyMha::load_safetensors, py::arg("path"), py::kw_only(), py::arg("prefix") = py::none(),
              "Loads the parameters from a safetensors file whose tensors carry this layer's state_dict\n"
-             "names, as load_state_dict; the layer is unchanged if any is refused.")
+             "names, as load_state_dict; the layer is unchanged if any is refused. prefix= selects one\n"
+             "layer of a whole model's file, e.g. prefix=\"layers.0.self_attn.\": the tensors whose names\n"
+             "start with it, without it (only those are read), as `attn mha --params FILE:PREFIX`.")
         .def("state_dict", &PyMha::state_dict,
              "Copies of the parameters in their storage dtype (bfloat16: uint16 bits).")
         .def_property_readonly("param_dtype", [](const PyMha& s) { return std::string(attn::dtype_name(s.config().param_dtype)); }, "The weight matrices' dtype: \"float32\", \"float16\" or \"bfloat16\".")

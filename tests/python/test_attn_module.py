@@ -435,6 +435,37 @@ def test_mha_load_safetensors(tmp_path):
         m.load_safetensors(str(tmp_path / "missing.safetensors"))
 
 
+def test_mha_load_safetensors_prefix_selects_a_layer_of_a_model(tmp_path):
+    """A whole model's file (a layer's names behind "layers.1.self_attn.") was refused with "the
+    prefix 'layers.1.self_attn.' to remove" and no way to remove it short of another safetensors
+    reader; prefix= selects the layer as `attn mha --params FILE:PREFIX` does, reading only its
+    tensors (another layer's U8 tensor is no error), and a missing prefix is named."""
+    torch.manual_seed(7)
+    model = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(8, 2, dim_feedforward=16), 2).eval()
+    entries = {k: ("F32", v.shape, v.numpy().astype("<f4").tobytes()) for k, v in model.state_dict().items()}
+    entries["layers.0.quant.qweight"] = ("U8", [4], bytes(4))  # a dtype attn has no type for
+    f = tmp_path / "model.safetensors"
+    write_safetensors_raw(f, entries)
+    m = attn.MultiheadAttention(8, 2)
+    m.load_safetensors(f, prefix="layers.1.self_attn.")
+    x = np.random.default_rng(1).standard_normal((5, 2, 8), dtype=np.float32)
+    with torch.no_grad():
+        want, _ = model.layers[1].self_attn(*(torch.from_numpy(x),) * 3)
+    close(m(x, x, x)[0], want.double().numpy(), atol=1e-5, rtol=1e-4)
+    del entries["layers.0.quant.qweight"]  # read without a prefix, it would be the error
+    plain = tmp_path / "plain.safetensors"
+    write_safetensors_raw(plain, entries)
+    with pytest.raises(ValueError, match=r"plain.safetensors holds 2 attention layers whose names carry a prefix "
+                                         r"\('layers.0.self_attn.out_proj.weight'\): select one with "
+                                         r"prefix='layers.0.self_attn.'"):
+        attn.MultiheadAttention(8, 2).load_safetensors(plain)
+    with pytest.raises(ValueError, match=r"end the prefix with '.' \(prefix='layers.1.self_attn.'\)"):
+        m.load_safetensors(f, prefix="layers.1.self_attn")
+    with pytest.raises(ValueError, match="load_safetensors: prefix: expected a layer's prefix"):
+        m.load_safetensors(f, prefix="")
+    close(m(x, x, x)[0], want.double().numpy(), atol=1e-5, rtol=1e-4)  # refused loads changed nothing
+
+
 def test_mha_load_safetensors_dtype_in_the_file_is_a_value_error(tmp_path):
     """A file's tensor of a dtype attn does not read (an fp8 checkpoint's F8_E4M3), or reads but
     the layer does not take (I32), is a fault of the file: a ValueError naming the tensor and the

@@ -23,6 +23,7 @@
 #include "causal_option.hpp"
 #include "mha/config_values.hpp"
 #include "mha/inputs.hpp"
+#include "mha/layer_prefix.hpp"
 #include "commands.hpp"
 #include "flag_names.hpp"
 #include "output_files.hpp"
@@ -46,56 +47,6 @@ struct MhaArgs {
     std::optional<std::uint64_t> dropout_seed;
     bool batch_first = false, per_head = false, add_zero_attn = false;
 };
-
-// The tensors of --params FILE.safetensors[:PREFIX]: those whose names start with PREFIX, without
-// it. A whole model's state_dict (a layer's names behind "layers.0.self_attn.") is named as such,
-// with the --params spelling that selects a layer: the layer would only say "missing tensor".
-// `params`: the tensors read (read_safetensors_prefix: only names that start with PREFIX), `all`:
-// every name the file holds.
-std::vector<std::pair<std::string, TensorView>> layer_of(const SafetensorsFile& params, const std::vector<std::string>& all,
-                                                         const std::string& file, const std::string& prefix) {
-    std::vector<std::pair<std::string, TensorView>> state;
-    std::vector<std::string> layers;  // the prefixes before "out_proj.weight"
-    const std::string marker = "out_proj.weight";
-    for (const auto& [name, t] : params.tensors) {
-        const std::string rest = name.substr(prefix.size());
-        state.emplace_back(rest, t.view());
-        if (rest.size() > marker.size() && rest.compare(rest.size() - marker.size(), marker.size(), marker) == 0)
-            layers.push_back(prefix + rest.substr(0, rest.size() - marker.size()));
-    }
-    const std::string spec = "--params " + file + ":";
-    if (state.empty() && !prefix.empty()) {
-        throw Error("--params: " + file + " has no tensor whose name starts with " + detail::quoted(prefix) + " (" +
-                    detail::names_held(all) + ")");
-    }
-    // FILE:NAME picks one tensor everywhere else: here the part after ':' is a layer's prefix.
-    if (std::any_of(state.begin(), state.end(), [](const auto& t) { return t.first.empty(); })) {
-        std::string layer = prefix;
-        for (const char* own : {"in_proj_weight", "in_proj_bias", "q_proj_weight", "k_proj_weight", "v_proj_weight",
-                                "out_proj.weight", "out_proj.bias", "bias_k", "bias_v"}) {
-            const std::string_view o(own);
-            if (layer.size() >= o.size() && layer.compare(layer.size() - o.size(), o.size(), o) == 0) {
-                layer.resize(layer.size() - o.size());
-                break;
-            }
-        }
-        throw Error("--params: " + detail::quoted(prefix) + " is a tensor of " + file +
-                    ", not a layer: after ':' give the prefix its layer's tensors share" +
-                    (layer != prefix ? " (" + spec + layer + ")" : ""));
-    }
-    const bool has_layer = std::any_of(state.begin(), state.end(), [&](const auto& t) { return t.first == marker; });
-    if (!has_layer && !layers.empty()) {
-        const std::string& p = layers.front();
-        if (!prefix.empty() && p == prefix + ".") {
-            throw Error("--params: " + file + " has no tensor " + detail::quoted(prefix + marker) + " but has " +
-                        detail::quoted(p + marker) + ": end the prefix with '.' (" + spec + p + ")");
-        }
-        throw Error("--params: " + file + " holds " + std::to_string(layers.size()) + " attention layer" +
-                    (layers.size() > 1 ? "s" : "") + " whose names carry a prefix (" + detail::quoted(p + marker) +
-                    "): select one with " + spec + p);
-    }
-    return state;
-}
 
 // A training gradient's dtype (--grads; docs/conventions.md, "The gradients' dtypes"): --out-dtype
 // when given (all of them), else its tensor's — for a parameter the dtype the layer holds it in
@@ -169,7 +120,11 @@ void run(const MhaArgs& a) {
             throw Error(std::string("--params: ") + e.what());
         }
     }();
-    const std::vector<std::pair<std::string, TensorView>> state = layer_of(params, all_names, params_file, prefix);
+    // A whole model's state_dict (a layer's names behind "layers.0.self_attn.") is named as such,
+    // with the --params spelling that selects a layer: the layer would only say "missing tensor".
+    const std::vector<std::pair<std::string, TensorView>> state =
+        detail::layer_of(params, all_names, params_file, prefix,
+                         {"--params", "--params " + params_file + ":", "after ':' give the prefix"});
     std::vector<float> slopes;
     if (a.alibi) {
         const Tensor t = alibi_slopes(a.num_heads);
