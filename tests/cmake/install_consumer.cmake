@@ -95,5 +95,18 @@ if(NOT viz_err MATCHES "missing components: viz needs pkg-config to find pangoca
 endif()
 # The installed CLI runs too.
 step("run the installed attn" "${prefix}/bin/attn" --version)
+# ... and `attn bench` takes its PyTorch baseline from the prefix, not from the source tree it was
+# built from (gone where attn is installed as a package).
+set(script "${prefix}/share/attn/torch_attention.py")
+if(NOT EXISTS "${script}")
+  file(REMOVE_RECURSE "${WORK_DIR}")
+  message(FATAL_ERROR "not installed: ${script}")
+endif()
+step("the installed attn bench --help" "${prefix}/bin/attn" bench --help)
+string(FIND "${step_output}" "--torch-script TEXT=${script}" at)
+if(at EQUAL -1)
+  file(REMOVE_RECURSE "${WORK_DIR}")
+  message(FATAL_ERROR "the installed attn bench does not default to the installed ${script}:\n${step_output}")
+endif()
 
 file(REMOVE_RECURSE "${WORK_DIR}")

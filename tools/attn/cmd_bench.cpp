@@ -9,9 +9,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <set>
+#include <string>
+#include <system_error>
 
 #include "attn/error.hpp"
 #include "attn/threads.hpp"
@@ -27,6 +30,20 @@
 namespace attn::cli {
 namespace {
 
+// The PyTorch baseline's default: an installed attn's own copy (`cmake --install` puts it at
+// ATTN_BENCH_TORCH_SCRIPT_FROM_BIN from the attn binary's directory), else — attn run from its
+// build tree — the source tree's. With the source path alone, an installed attn lost its
+// baseline with the source tree ("torch baseline script not found").
+std::string default_torch_script() {
+    std::error_code ec;
+    const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (!ec) {
+        const std::filesystem::path installed = (exe.parent_path() / ATTN_BENCH_TORCH_SCRIPT_FROM_BIN).lexically_normal();
+        if (std::filesystem::is_regular_file(installed, ec)) return installed.string();
+    }
+    return ATTN_BENCH_TORCH_SCRIPT;
+}
+
 struct BenchArgs {
     std::string shapes = "all";
     std::string impls = "flash,reference";
@@ -36,7 +53,7 @@ struct BenchArgs {
     bool torch = true, quick = false, list = false, scaling = false;
     double max_seconds = 15.0;
     double reference_max_gflop = 10.0;
-    std::string torch_script = ATTN_BENCH_TORCH_SCRIPT, python = ATTN_BENCH_PYTHON;
+    std::string torch_script = default_torch_script(), python = ATTN_BENCH_PYTHON;
     std::string custom;
 };
 
