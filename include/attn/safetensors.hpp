@@ -47,6 +47,10 @@ SafetensorsFile read_safetensors(const std::string& path);  // regular files onl
 // A name the file does not hold is an attn::Error listing the names it does hold.
 Tensor read_safetensors_tensor(const std::string& path, const std::string& name);
 
+// The names of a file's tensors, in the order of their data: the header is checked whole as above,
+// no tensor's data is read (what to write after ':' in FILE.safetensors:NAME).
+std::vector<std::string> safetensors_names(const std::string& path);
+
 // The tensors whose names start with `prefix` (one layer of a whole model's state_dict:
 // "layers.0.self_attn."): the header is checked whole as above, only their data is read, so
 // another layer's tensor of a dtype attn has no type for (a quantized layer's U8) is no error

@@ -39,9 +39,10 @@ using detail::SafetensorsEntry;
 // `only`: read the data of that tensor alone (the header is still checked whole; a missing
 // name is an error listing the names the file has). `prefix`: read those whose names start with
 // it (the header is checked whole); `held`, when given, gets every name the file holds.
+// `read_data` false: check the header and fill `held` only (safetensors_names).
 SafetensorsFile load(std::uint64_t total, const std::function<void(std::uint64_t, void*, std::size_t)>& read_raw,
                      const std::string& file, const std::string* only = nullptr, const std::string& prefix = {},
-                     std::vector<std::string>* held = nullptr) {
+                     std::vector<std::string>* held = nullptr, bool read_data = true) {
     if (total < 8) fail(file, "file is " + std::to_string(total) + " bytes, too short for the 8-byte header length");
     unsigned char len_bytes[8];
     read_raw(0, len_bytes, 8);
@@ -84,6 +85,7 @@ SafetensorsFile load(std::uint64_t total, const std::function<void(std::uint64_t
     };
     if (held != nullptr)
         for (const SafetensorsEntry& e : entries) held->push_back(e.name);
+    if (!read_data) return out;
     // The hint only where the caller asked for every tensor: one named, or one layer's (a prefix), is
     // needed as it is.
     const bool reads_all = only == nullptr && prefix.empty();
@@ -122,6 +124,14 @@ SafetensorsFile read_safetensors_prefix(const std::string& path, const std::stri
     const detail::InputFile f(path);  // regular files only; never blocks on a FIFO
     return load(f.size(), [&f](std::uint64_t off, void* dst, std::size_t n) { f.read_at(off, dst, n); }, path, nullptr, prefix,
                 held);
+}
+
+std::vector<std::string> safetensors_names(const std::string& path) {
+    const detail::InputFile f(path);
+    std::vector<std::string> names;
+    load(f.size(), [&f](std::uint64_t off, void* dst, std::size_t n) { f.read_at(off, dst, n); }, path, nullptr, {}, &names,
+         /*read_data=*/false);
+    return names;
 }
 
 Tensor read_safetensors_tensor(const std::string& path, const std::string& name) {

@@ -106,6 +106,8 @@ TEST(Safetensors, IntegerBoolAndFloat64TensorsAndUnreadableOnes) {
     EXPECT_EQ(only_i.tensors[0].first, "i");
     EXPECT_EQ(only_i.tensors[0].second.data_as<std::int64_t>()[1], 7);
     EXPECT_EQ(held, (std::vector<std::string>{"d", "i", "j", "m", "u"}));
+    // The names alone (what FILE.safetensors:NAME may say): the U8 tensor is no error, none is read.
+    EXPECT_EQ(attn::safetensors_names(path), held);
     for (const auto& read : {std::function<void()>([&] { attn::read_safetensors_tensor(path, "u"); }),
                              std::function<void()>([&] { attn::read_safetensors_prefix(path, "u"); }),
                              std::function<void()>([&] { attn::read_safetensors(path); })}) {

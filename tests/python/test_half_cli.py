@@ -167,7 +167,7 @@ BASE = ["--q", "q.npy", "--k", "k.npy", "--v", "v.npy"]
     (["--q", "q.npy", "--k", "kv.safetensors:nope", "--v", "v.npy", "--out", "o.npy"],
      ["--k: kv.safetensors: has no tensor named 'nope' (it holds 2: 'k', 'v')"]),
     (["--q", "q.npy", "--k", "kv.safetensors", "--v", "v.npy", "--out", "o.npy"],
-     ["--k: kv.safetensors is a safetensors file: name the tensor as kv.safetensors:NAME"]),
+     ["--k: kv.safetensors is a safetensors file: name the tensor as kv.safetensors:NAME (it holds 2: 'k', 'v')"]),
     (["--q", "q.npy", "--k", "kv.safetensors:", "--v", "v.npy", "--out", "o.npy"], ["--k: ", "name after ':' is empty"]),
     (["--q", "q.npy", "--k", "kv.safetensors:k", "--v", "cut.safetensors:v", "--out", "o.npy"],
      ["--v: cut.safetensors: "]),

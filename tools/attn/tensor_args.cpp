@@ -10,6 +10,7 @@
 #include "attn/error.hpp"
 #include "attn/npy.hpp"
 #include "attn/safetensors.hpp"
+#include "core/check.hpp"
 
 namespace attn::cli {
 namespace {
@@ -48,7 +49,14 @@ Tensor read_spec(const std::string& spec) {
         return read_safetensors_tensor(file, name);
     }
     if (ends_with(spec, kSafetensors)) {
-        throw Error(spec + " is a safetensors file: name the tensor as " + spec + ":NAME");
+        // The names it holds say what NAME is: attn's own outputs hold one, named after their option
+        // (out, lse, weights, ...), which nothing told a user who passed such a file on.
+        std::string held;
+        try {
+            held = " (" + detail::names_held(safetensors_names(spec)) + ")";
+        } catch (const Error&) {  // no such file, or not a safetensors one: the advice alone
+        }
+        throw Error(spec + " is a safetensors file: name the tensor as " + spec + ":NAME" + held);
     }
     return read_npy(spec);
 }
