@@ -69,8 +69,19 @@ py::object paged_attention_py(const py::object& query, PyPagedKVCache& c, const 
         type_error("seqs: expected an iterable of sequence ids (one per batch row) but got " +
                    std::string(py::str(py::type::of(seqs_arg))));
     }
+    // A torch tensor iterates as 0-d tensors, which int_arg (numbers only) refuses: an array-like
+    // (a torch tensor of a scheduler's ids) is read through NumPy, whose elements are its scalars.
+    py::object ids = seqs_arg;
+    if (!py::isinstance<py::array>(seqs_arg) && py::hasattr(seqs_arg, "__array__")) {
+        const py::array a = as_array(seqs_arg, "seqs");
+        if (a.ndim() != 1) {
+            value_error("seqs: expected one sequence id per batch row, shape (B,), but got shape " +
+                        std::string(py::str(py::tuple(a.attr("shape")))));
+        }
+        ids = a;
+    }
     std::vector<attn::PagedKVCache::SeqId> seqs;
-    for (const py::handle& s : py::iterable(seqs_arg)) seqs.push_back(int_arg(py::reinterpret_borrow<py::object>(s), "seqs"));
+    for (const py::handle& s : py::iterable(ids)) seqs.push_back(int_arg(py::reinterpret_borrow<py::object>(s), "seqs"));
     CallOptions o;
     o.sdpa.scale = optional_float_arg(scale, "scale");
     o.sdpa.impl = attn::parse_impl(str_arg(impl, "impl"));
@@ -189,7 +200,7 @@ void bind_paged_kv_cache(py::module_& m) {
           py::arg("softcap") = py::none(),
           py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(), py::arg("dtype") = py::none(),
           py::arg("out_dtype") = py::none(), py::arg("threads") = py::none(), py::arg("impl") = "auto",
-          "query (B, Hq, Lq, Dk) float32, float16 or bfloat16 (uint16 bits with dtype=\"bfloat16\"), batch row b = sequence seqs[b], against the cache's pages (decode\n"
+          "query (B, Hq, Lq, Dk) float32, float16 or bfloat16 (uint16 bits with dtype=\"bfloat16\"), batch row b = sequence seqs[b] (seqs: ids in a list, NumPy array or torch tensor), against the cache's pages (decode\n"
           "kernel for a few rows per KV head, group*Lq below one flash panel (two with float32 K/V); flash reading the pages of any pool otherwise,\n"
           "chunked prefill included). Append the new tokens first. Keywords as\n"
           "decode_attention's (score modifiers and attn_mask included; the mask's last dim is the longest of seqs), and so are dtype=, out_dtype= (default: a 16-bit query's dtype, else float32) and threads=.\n"

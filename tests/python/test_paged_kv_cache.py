@@ -64,6 +64,27 @@ def test_threads_keyword_and_a_non_iterable_seqs():
         attn.paged_attention(q, c, s)
 
 
+def test_seqs_as_a_torch_tensor():
+    """A scheduler's ids in a torch tensor: iterated, its elements were 0-d tensors, which the
+    ids' int rule refuses ("seqs: expected an int but got Tensor tensor(0)") though a NumPy array
+    of them was read. An array-like is read through NumPy, as every array argument is."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(2)
+    c = attn.PagedKVCache(2, 16, 64, page_size=8)
+    s = [c.add_sequence() for _ in range(3)]
+    for seq, n in zip(s, (30, 9, 17)):
+        c.append(seq, tokens(rng, 2, n, 16), tokens(rng, 2, n, 16))
+    q = rng.standard_normal((3, 4, 1, 16), dtype=np.float32)
+    order = [s[2], s[0], s[1]]
+    want = attn.paged_attention(q, c, order)
+    for ids in (torch.tensor(order), torch.tensor(order, dtype=torch.int32), np.array(order)):
+        np.testing.assert_array_equal(attn.paged_attention(q, c, ids), want)
+    with pytest.raises(ValueError, match=r"seqs: expected one sequence id per batch row, shape \(B,\), but got shape \(1, 3\)"):
+        attn.paged_attention(q, c, torch.tensor([order]))
+    with pytest.raises(TypeError, match="seqs: expected an int but got float32"):
+        attn.paged_attention(q, c, torch.tensor(order, dtype=torch.float32))
+
+
 @pytest.mark.parametrize("lq,mask_kind", [(1, "bool"), (3, "float"), (40, "bool"), (2, "float16")])
 def test_decode_and_paged_attention_take_attn_mask(lq, mask_kind):
     """attn_mask on the serving calls: column j is cache position j of each sequence, as in
