@@ -32,6 +32,7 @@
 #include "attn/error.hpp"
 #include "attn/mha.hpp"
 #include "attn/paged_kv_cache.hpp"
+#include "attn/reference.hpp"
 #include "attn/safetensors.hpp"
 #include "attn/sdpa.hpp"
 #include "attn/sdpa_backward.hpp"
@@ -185,6 +186,21 @@ PagedKVCacheConfig small_pool() {
     cfg.page_size = 4;
     cfg.num_pages = 16;
     return cfg;
+}
+
+// attn::reference_steps allocates one head's Lq x Lk buffers per call, not per head: a call over 6
+// heads (2 sequences of 3) makes as many allocations as one over 1. A HeadSteps per head took
+// (and faulted in) its four Lq x Lk doubles again for each head: 2 GiB per head at 8192.
+TEST(AllocFailures, ReferenceStepsAllocatesPerCallNotPerHead) {
+    auto allocations = [](std::int64_t B, std::int64_t H) {
+        const Tensor q = random_f32(Shape{B, H, 5, 4}, 1), k = random_f32(Shape{B, H, 6, 4}, 2),
+                     v = random_f32(Shape{B, H, 6, 3}, 3);
+        return sweep([&] { (void)attn::reference_steps(q.view(), k.view(), v.view(), attn::SdpaOptions{}); },
+                     [](long) {});  // a new result each call: no state to compare
+    };
+    const int one = allocations(1, 1);
+    EXPECT_GT(one, 0);
+    EXPECT_EQ(allocations(2, 3), one);
 }
 
 TEST(AllocFailures, PagedForkLeavesNoHalfMadeSequence) {

@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 
 #include "attn/reference.hpp"
 #include "attn/sdpa.hpp"
@@ -654,6 +656,55 @@ TEST(ReferenceSteps, SoftcappedStageSitsBetweenScaledAndMasked) {
     const attn::AttentionSteps off = attn::reference_steps(in.q, in.k, in.v, opt);
     for (std::int64_t n = 0; n < off.scores.numel(); ++n)
         EXPECT_EQ(off.softcapped_scores.data_as<double>()[n], off.scores.data_as<double>()[n]);
+}
+
+// reference_steps keeps one head's buffers for all heads (each head refills them): every head's
+// intermediates must be its own, bit for bit the double reference's through attn::sdpa (which
+// runs each head in its own thread's buffers) — heads that differ in their KV head (GQA), ALiBi
+// slope and sink, with masks that leave rows of different lengths, so a stale row would show.
+TEST(ReferenceSteps, EveryHeadBitIdenticalToTheDoubleReference) {
+    const Dims d{2, 4, 2, 5, 7, 3, 2};
+    const Inputs in = make_inputs(d, 223);
+    const Tensor slopes = attn::alibi_slopes(d.Hq);
+    const Tensor sinks = random_tensor(DType::f32, Shape{d.Hq}, 224, -1, 1);
+    for (const bool dropout : {false, true}) {
+        SdpaOptions opt;
+        opt.causal = Causal::bottom_right;
+        opt.window.left = 3;
+        opt.softcap = 0.7;
+        opt.alibi_slopes = slopes.view();
+        opt.sinks = sinks.view();
+        if (dropout) {
+            opt.dropout_p = 0.3;
+            opt.dropout_seed = 225;
+        }
+        const attn::AttentionSteps s = attn::reference_steps(in.q, in.k, in.v, opt);
+        const Outputs want = run_sdpa(in.q, in.k, in.v, opt);
+        auto same_bits = [](const Tensor& got, const Tensor& expected, const char* name, bool dropped) {
+            ASSERT_EQ(got.shape(), expected.shape()) << name;
+            ASSERT_EQ(got.dtype(), DType::f64) << name;
+            for (std::int64_t n = 0; n < got.numel(); ++n) {
+                const double g = got.data_as<double>()[n], e = expected.data_as<double>()[n];
+                ASSERT_EQ(std::memcmp(&g, &e, sizeof g), 0)
+                    << name << "[" << n << "] = " << g << ", the double reference gives " << e << (dropped ? " (dropout)" : "");
+            }
+        };
+        same_bits(s.out, want.out, "out", dropout);
+        same_bits(s.lse, want.lse, "lse", dropout);
+        same_bits(s.weights, want.weights, "weights", dropout);
+        if (dropout) continue;  // sdpa writes no scores with dropout
+        for (const auto& [stage, got, name] : {std::tuple{attn::ScoreStage::scaled, &s.scores, "scores"},
+                                               std::tuple{attn::ScoreStage::softcapped, &s.softcapped_scores, "softcapped_scores"},
+                                               std::tuple{attn::ScoreStage::masked, &s.masked_scores, "masked_scores"}}) {
+            Tensor o(DType::f64, Shape{d.B, d.Hq, d.Lq, d.Dv}), sc(DType::f64, Shape{d.B, d.Hq, d.Lq, d.Lk});
+            poison(sc);
+            SdpaOptions ref = opt;
+            ref.impl = Impl::reference;
+            const attn::ScoresOutput so{sc.view(), stage};
+            attn::sdpa(in.q, in.k, in.v, ref, o, nullptr, nullptr, nullptr, &so);
+            same_bits(*got, sc, name, false);
+        }
+    }
 }
 
 }  // namespace

@@ -23,9 +23,11 @@ AttentionSteps reference_steps(const TensorView& q, const TensorView& k, const T
     s.weights = Tensor(DType::f64, Shape{B, Hq, Lq, Lk});
     s.lse = Tensor(DType::f64, Shape{B, Hq, Lq});
     const detail::Interrupt stop;  // the caller's flag (attn/interrupt.hpp), read once per query row
+    // One head's buffers, reserved by the first head and refilled by each: a HeadSteps per head
+    // faulted in four fresh Lq x Lk doubles again for every head (2 GiB at 8192 queries and keys).
+    detail::HeadSteps hs;
     for (std::int64_t b = 0; b < B; ++b) {
         for (std::int64_t h = 0; h < Hq; ++h) {
-            detail::HeadSteps hs;
             detail::reference_head(p, b, h, hs, stop);
             // The head's rows, the flag read before each as in the steps (reference.cpp): the four
             // Lq x Lk copies are the first touch of fresh tensors, 2 GiB at 8192 queries and keys.
