@@ -119,7 +119,7 @@ void require_softcap(double softcap, std::string_view kOp) {
     const double kMin = static_cast<double>(std::numeric_limits<float>::min());
     const double kMax = static_cast<double>(std::numeric_limits<float>::max());
     if (!(softcap >= kMin && softcap <= kMax))
-        fail(kOp, "softcap: must be 0 (off) or a finite float32 in [1.1754944e-38, 3.4028235e38] but got ", softcap);
+        fail(kOp, "softcap: must be 0 (off) or a finite float32 in [1.1754944e-38, 3.4028235e38] but got ", shortest(softcap));
 }
 
 // Q, K or V: every dim >= 1 unless `zero` allows 0 (empty inputs are refused: docs/torch.md,

@@ -293,7 +293,7 @@ W55 = identity(5)
     (np.array([[0.5, -0.5], [1.0, 0.0]], np.float32), [], "must be finite and >= 0, but element (0, 1) is -0.5"),
     (np.array([[0.5, np.nan], [1.0, 0.0]], np.float32), [], "element (0, 1) is nan"),
     (W55, ["--vmax", "0"], "--vmax: expected a number > 0 and < 1e300 but got 0"),
-    (W55, ["--vmax", "1e300"], "--vmax: expected a number > 0 and < 1e300 but got 1e+300"),
+    (W55, ["--vmax", "1e300"], "--vmax: expected a number > 0 and < 1e300 but got 1e300"),  # as written
     (W55, ["--vmax", "-1e-10"], "but got -1e-10"),
     (W55, ["--head", "0", "--mean"], "excludes"),
     (np.full((257, 2, 2), 0.5, np.float32), ["--all-heads"],

@@ -458,8 +458,10 @@ TEST(Mha, ConfigurationErrors) {
 // names its option in their place.
 TEST(Mha, ConfigValuesInSdpasWords) {
     const std::string range = "must be 0 (off) or a finite float32 in [1.1754944e-38, 3.4028235e38] but got ";
-    for (const double c : {-1.0, 1e-40, 1e39, std::nan("")}) {
-        const std::string got = std::isnan(c) ? "nan" : c == -1.0 ? "-1" : c == 1e-40 ? "1e-40" : "1e+39";
+    // Each value as given, in full: 1.1754943e-38, just below the bound, was printed with six digits
+    // as 1.17549e-38, which reads as inside it.
+    for (const auto& [c, got] : {std::pair{-1.0, "-1"}, {1e-40, "1e-40"}, {1e39, "1e+39"}, {std::nan(""), "nan"},
+                                 {1.1754943e-38, "1.1754943e-38"}}) {
         expect_error([&] { MultiHeadAttention(MhaConfig{.embed_dim = 4, .num_heads = 2, .softcap = c}); },
                      "MultiHeadAttention: softcap: " + range + got);
     }

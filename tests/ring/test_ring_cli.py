@@ -261,7 +261,7 @@ def error_lines(r):
 @pytest.mark.parametrize("extra,message", [
     (["--softcap", "-1"], "ring_attention: --softcap: must be 0 (off) or a finite float32 in "
                           "[1.1754944e-38, 3.4028235e38] but got -1"),
-    (["--scale", "1e39"], "ring_attention: --scale: must be finite in float32 (|scale| <= 3.4028235e38) but got 1e+39"),
+    (["--scale", "1e39"], "ring_attention: --scale: must be finite in float32 (|scale| <= 3.4028235e38) but got 1e39"),
     (["--window-left", "-3"], "ring_attention: --window-left/--window-right: left and right must be >= 0, or -1 for "
                               "unbounded, but got left=-3 right=-1"),
     (["--query-offset", str(2**61)], f"ring_attention: --query-offset: must be in [-2^60, 2^60] but got {2**61}"),

@@ -1248,9 +1248,10 @@ def test_a_number_a_double_cannot_hold_is_refused_with_the_bound(work, value, wh
     ("1.7976931348623158e308", "1.7976931348623157e+308"), ("-1.7976931348623158e308", "-1.7976931348623157e+308"),
 ])
 def test_a_number_that_rounds_to_a_double_is_read_as_it(work, value, read_as):
-    # The parser takes it; the scale's own rule then names the double it was read as.
+    # The parser takes it; the scale's own rule then quotes it with the double it was read as (it
+    # said "got 5e-324" where the user wrote 3e-324).
     err = expect_error(work, sdpa(work, "--scale", value), "--scale: ")
-    assert "sdpa: --scale: must be " in err and f" but got {read_as}" in err, err
+    assert "sdpa: --scale: must be " in err and f" but got {value} (reads as {read_as})" in err, err
     assert "a double" not in err
     # And where the value is in range, the command runs.
     if read_as == "5e-324":
@@ -1270,8 +1271,8 @@ BAD_OPTION_VALUES = [
     # (extra arguments, the message after "attn: error: ")
     (["--softcap", "-1"], "sdpa: --softcap: " + SOFTCAP_RANGE + "-1"),
     (["--softcap", "1e-40"], "sdpa: --softcap: " + SOFTCAP_RANGE + "1e-40"),
-    (["--softcap", "1e39"], "sdpa: --softcap: " + SOFTCAP_RANGE + "1e+39"),
-    (["--scale", "1e39"], "sdpa: --scale: must be finite in float32 (|scale| <= 3.4028235e38) but got 1e+39"),
+    (["--softcap", "1e39"], "sdpa: --softcap: " + SOFTCAP_RANGE + "1e39"),
+    (["--scale", "1e39"], "sdpa: --scale: must be finite in float32 (|scale| <= 3.4028235e38) but got 1e39"),
     # Non-zero, but 0 in float32: every score would be 0 (it was accepted, and gave uniform weights).
     (["--scale", "1e-50"], "sdpa: --scale: must be 0 or a normal float32 "
                            "(|scale| >= 2^-126 ≈ 1.1754944e-38 there) but got 1e-50, which rounds to 0"),
@@ -1294,7 +1295,7 @@ BAD_OPTION_VALUES = [
     (["--softcap", "-1", "--cu-seqlens-q", "nope_cq.npy", "--cu-seqlens-k", "nope_ck.npy"],
      "sdpa_varlen: --softcap: " + SOFTCAP_RANGE + "-1"),
     (["--scale", "-1e39", "--cu-seqlens-q", "nope_cq.npy", "--cu-seqlens-k", "nope_ck.npy"],
-     "sdpa_varlen: --scale: must be finite in float32 (|scale| <= 3.4028235e38) but got -1e+39"),
+     "sdpa_varlen: --scale: must be finite in float32 (|scale| <= 3.4028235e38) but got -1e39"),
     # --dropout: the library's rule and words too (the CLI had its own, "expected a probability").
     (["--dropout", "1.5", "--seed", "1"], "sdpa: --dropout: must be in [0, 1) but got 1.5"),
     (["--dropout", "-0.1"], "sdpa: --dropout: must be in [0, 1) but got -0.1"),
@@ -1324,7 +1325,7 @@ def test_option_values_are_checked_before_any_input_is_read(work, extra, message
 MHA_BAD_OPTION_VALUES = [
     (["--softcap", "-1"], "MultiHeadAttention: --softcap: " + SOFTCAP_RANGE + "-1"),
     (["--softcap", "1e-40"], "MultiHeadAttention: --softcap: " + SOFTCAP_RANGE + "1e-40"),
-    (["--softcap", "1e39", "--alibi"], "MultiHeadAttention: --softcap: " + SOFTCAP_RANGE + "1e+39"),
+    (["--softcap", "1e39", "--alibi"], "MultiHeadAttention: --softcap: " + SOFTCAP_RANGE + "1e39"),
     (["--num-heads", "0"], "MultiHeadAttention: --num-heads: must be >= 1 but got 0"),
     (["--num-heads", "-3", "--alibi"], "MultiHeadAttention: --num-heads: must be >= 1 but got -3"),
     (["--dropout-p", "1.5", "--grad-out", "nope_do.npy", "--grads", "g.safetensors"],
@@ -1339,6 +1340,59 @@ def test_mha_option_values_are_checked_before_any_input_is_read(work, extra, mes
     args = ["mha", "--params", work / "nope.safetensors", "--query", work / "nope.npy", "--out", work / "o.npy"]
     args += [] if "--num-heads" in extra else ["--num-heads", "2"]
     args += [work / a if a.startswith("nope_") or a.endswith((".npy", ".safetensors")) else a for a in extra]
+    err = expect_error(work, args)
+    assert err.rstrip("\n") == "attn: error: " + message, err
+
+
+# Every number a message quotes is the text the user wrote, with the number it reads as where that
+# is another one: the strict parser hands the library (and CLI11) the shortest text of the double,
+# and the messages said "got 5e-324" for 3e-324, "1e+39" for 1e39, "1" for 0.99999999999999999.
+# One case per number option with a message about its value (all FLOAT options, and --num-heads).
+NUMBERS_AS_WRITTEN = [
+    (["sdpa", "--scale", "3e-324"], "sdpa: --scale: must be 0 or a normal float32 (|scale| >= 2^-126 ≈ 1.1754944e-38 "
+                                    "there) but got 3e-324 (reads as 5e-324), which rounds to 0"),
+    (["sdpa", "--scale", "-1.0E39"], "sdpa: --scale: must be finite in float32 (|scale| <= 3.4028235e38) but got -1.0E39"),
+    (["sdpa", "--softcap", "-5e-1"], "sdpa: --softcap: " + SOFTCAP_RANGE + "-5e-1"),
+    # Just below float32's smallest normal: it was printed with six digits, as the bound itself.
+    (["sdpa", "--softcap", "1.1754943e-38"], "sdpa: --softcap: " + SOFTCAP_RANGE + "1.1754943e-38"),
+    (["sdpa", "--dropout", "0.99999999999999999", "--seed", "1"],
+     "sdpa: --dropout: must be in [0, 1) but got 0.99999999999999999 (reads as 1)"),
+    (["sdpa", "--dropout-p", "2.50", "--seed", "1"], "sdpa: --dropout: must be in [0, 1) but got 2.50"),
+    (["sdpa", "--dropout", "3e-324"], "sdpa: --seed: --dropout = 3e-324 (reads as 5e-324) needs a seed (--seed N)" + WHY_A_SEED),
+    (["ring", "--scale", "3e-324"], "ring_attention: --scale: must be 0 or a normal float32 (|scale| >= 2^-126 ≈ "
+                                    "1.1754944e-38 there) but got 3e-324 (reads as 5e-324), which rounds to 0"),
+    (["ring", "--softcap", "+1e39"], "ring_attention: --softcap: " + SOFTCAP_RANGE + "+1e39"),
+    (["mha", "--softcap", "-0.50"], "MultiHeadAttention: --softcap: " + SOFTCAP_RANGE + "-0.50"),
+    (["mha", "--num-heads", "-00"], "MultiHeadAttention: --num-heads: must be >= 1 but got -00"),
+    (["mha", "--dropout-p", "1.0000000000000001", "--grad-out", "nope_do.npy", "--grads", "g.safetensors"],
+     "MultiHeadAttention: --dropout-p: must be in [0, 1) but got 1.0000000000000001 (reads as 1)"),
+    (["mha", "--dropout-p", "3e-324", "--grad-out", "nope_do.npy", "--grads", "g.safetensors"],
+     "MultiHeadAttention: --dropout-seed: --dropout-p = 3e-324 (reads as 5e-324) needs a seed (--dropout-seed N)"
+     + WHY_A_SEED),
+    (["bench", "--max-seconds", "-3e-324"], "--max-seconds: expected a positive number of seconds but got -3e-324 "
+                                           "(reads as -5e-324)"),
+    (["bench", "--reference-max-gflop", "-1.0e-3"], "--reference-max-gflop: must be >= 0 (0: never) but got -1.0e-3"),
+    (["heatmap", "--vmax", "1e300"], "--vmax: expected a number > 0 and < 1e300 but got 1e300"),
+]
+
+
+@pytest.mark.parametrize("extra,message", NUMBERS_AS_WRITTEN)
+def test_numbers_are_quoted_as_written(work, extra, message):
+    command, extra = extra[0], extra[1:]
+    missing = work / "nope.npy"
+    if command in ("sdpa", "ring"):
+        args = [command, "--q", missing, "--k", missing, "--v", missing, "--out", work / "o.npy"]
+    elif command == "mha":
+        args = ["mha", "--params", work / "nope.safetensors", "--query", missing, "--out", work / "o.npy"]
+        args += [] if "--num-heads" in extra else ["--num-heads", "2"]
+    elif command == "heatmap":
+        np.save(work / "w.npy", np.full((1, 2, 2), 0.5, np.float32))
+        args = ["heatmap", work / "w.npy", "--out", work / "h.png"]
+    else:
+        args = ["bench", "--list"]
+    args += [work / a if a.startswith("nope_") else a for a in extra]
+    if command == "ring" and b"built without MPI" in run(args).stderr:
+        pytest.skip("attn was built without MPI (no attn ring)")
     err = expect_error(work, args)
     assert err.rstrip("\n") == "attn: error: " + message, err
 

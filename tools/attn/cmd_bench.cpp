@@ -22,6 +22,7 @@
 #include "commands.hpp"
 #include "core/check.hpp"
 #include "harness.hpp"
+#include "number_text.hpp"
 #include "output_files.hpp"
 #include "report.hpp"
 #include "strict_options.hpp"
@@ -136,7 +137,7 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
         throw Error("--runs: expected 1 to " + std::to_string(std::numeric_limits<int>::max()) + " but got " + std::to_string(a.runs));
     }
     if (!(a.max_seconds > 0))
-        throw Error("--max-seconds: expected a positive number of seconds but got " + detail::shortest(a.max_seconds));
+        throw Error("--max-seconds: expected a positive number of seconds but got " + given_number("--max-seconds", a.max_seconds));
     cfg.quick = a.quick;
     cfg.runs = a.quick && !runs_given ? 2 : static_cast<int>(a.runs);
     cfg.max_seconds = a.quick && !max_seconds_given ? 2.0 : a.max_seconds;
@@ -318,7 +319,9 @@ void add_bench_command(CLI::App& app) {
         ->capture_default_str()
         ->check(CLI::Validator(
             [](std::string& text) {
-                return std::strtod(text.c_str(), nullptr) >= 0.0 ? std::string() : "must be >= 0 (0: never) but got " + text;
+                const double gflop = std::strtod(text.c_str(), nullptr);  // the canonical text: strict_options.hpp
+                return gflop >= 0.0 ? std::string()
+                                    : "must be >= 0 (0: never) but got " + given_number("--reference-max-gflop", gflop);
             },
             ""));  // described in the help text (a name here printed as "FLOAT:GFLOP >= 0=10")
     cmd->add_option("--torch-script", args->torch_script, "the PyTorch baseline script")->capture_default_str();

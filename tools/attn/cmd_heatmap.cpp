@@ -15,6 +15,7 @@
 #include "attn/heatmap.hpp"
 #include "attn/npy.hpp"
 #include "commands.hpp"
+#include "number_text.hpp"
 #include "strict_options.hpp"
 #include "core/check.hpp"
 #include "io/input_file.hpp"
@@ -177,7 +178,7 @@ void run(const HeatmapArgs& a) {
     if (!heatmap_label_ok(a.title)) throw Error("--title: expected UTF-8 text without NUL bytes but got " + detail::quoted(a.title));
     opt.vmax = a.vmax;
     if (a.vmax && !(*a.vmax > 0.0 && *a.vmax < 1e300)) {  // the colour bar's ticks need a finite range
-        throw Error("--vmax: expected a number > 0 and < 1e300 but got " + detail::shortest(*a.vmax));
+        throw Error("--vmax: expected a number > 0 and < 1e300 but got " + given_number("--vmax", *a.vmax));
     }
 
     // Pick the panels: (P, Lq, Lk) as a view of batch b, or the mean over heads.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attn/error.hpp"
+#include "number_text.hpp"
 
 namespace attn::cli {
 
@@ -27,13 +28,14 @@ std::string with_flag_names(const std::string& message, std::initializer_list<st
 // --alibi-slopes). A command appends the arguments only it has.
 std::vector<FlagName> attention_flag_names(bool query_offsets_file, bool alibi);
 
-// Runs a command's body; an attn::Error from it is rethrown with_flag_names.
+// Runs a command's body; an attn::Error from it is rethrown with_flag_names, the numbers it
+// quotes as the user gave them (with_given_numbers).
 template <class Body>
 void naming_flags(Body&& body, std::initializer_list<std::string_view> ops, const std::vector<FlagName>& names) {
     try {
         body();
     } catch (const Error& e) {
-        throw Error(with_flag_names(e.what(), ops, names));
+        throw Error(with_given_numbers(with_flag_names(e.what(), ops, names)));
     }
 }
 

@@ -10,6 +10,7 @@
 
 #include "attn/error.hpp"
 #include "core/check.hpp"
+#include "number_text.hpp"
 
 namespace attn::cli {
 namespace {
@@ -69,19 +70,21 @@ T parse_or_throw(const std::string& flag, const std::string& text, Read read) {
 
 // A CLI11 check that runs one reader and hands CLI11 the value's canonical text to convert
 // (CLI11 converts integers with base 0, so "010" would otherwise become 8). CLI11 prefixes
-// the message with the option's name.
+// the message with the option's name. What the user wrote is kept for messages (number_text.hpp).
 template <class T>
-CLI::Validator strict(const char* name, std::string (*read)(const std::string&, T&)) {
+CLI::Validator strict(const char* name, std::string (*read)(const std::string&, T&), const CLI::Option* opt) {
     return CLI::Validator(
-        [read](std::string& text) -> std::string {
+        [read, opt](std::string& text) -> std::string {
             T value{};
             std::string why = read(text, value);
             if (!why.empty()) return why;
+            const std::string written = text;
             if constexpr (std::is_floating_point_v<T>) {
                 text = detail::shortest(value);
             } else {
                 text = std::to_string(value);
             }
+            record_number_text(*opt, written, text);
             return {};
         },
         "", name);
@@ -93,9 +96,6 @@ void apply(CLI::App& app) {
             return text.empty() ? kEmptyValueRefused : "";
         },
         "", "NOT_EMPTY");
-    const CLI::Validator int64 = strict<std::int64_t>("STRICT_INT", read_integer<std::int64_t>);
-    const CLI::Validator uint64 = strict<std::uint64_t>("STRICT_UINT", read_integer<std::uint64_t>);
-    const CLI::Validator real = strict<double>("STRICT_FLOAT", read_finite_double);
     for (CLI::Option* opt : app.get_options()) {
         if (opt->get_type_size_max() == 0) continue;  // a flag: no value to check
         opt->check(not_empty);
@@ -104,9 +104,9 @@ void apply(CLI::App& app) {
         const std::string type = full.substr(0, full.find(':'));
         // transform, not check: CLI11 copies the text for a check, and the canonical text must
         // reach the conversion. (A transform runs first, before the command's own checks.)
-        if (type == "INT") opt->transform(int64);
-        else if (type == "UINT") opt->transform(uint64);
-        else if (type == "FLOAT") opt->transform(real);
+        if (type == "INT") opt->transform(strict<std::int64_t>("STRICT_INT", read_integer<std::int64_t>, opt));
+        else if (type == "UINT") opt->transform(strict<std::uint64_t>("STRICT_UINT", read_integer<std::uint64_t>, opt));
+        else if (type == "FLOAT") opt->transform(strict<double>("STRICT_FLOAT", read_finite_double, opt));
     }
     for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) apply(*sub);
 }
