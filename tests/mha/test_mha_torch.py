@@ -393,18 +393,35 @@ def run_with_params(tmp_path, blob, heads=2):
     return r.stderr
 
 
+# The file the user gave, --params, where the layer says state_dict mid-sentence (it said
+# "MultiHeadAttention: state_dict does not fit", a name the CLI user never gave).
+DOES_NOT_FIT = ("attn: error: MultiHeadAttention: --params does not fit (E=8, heads=2, kv heads=2, kdim=8, vdim=8, "
+                "bias=true): ")
+
+
 def test_missing_tensor_named(tmp_path):
     sd = base_sd()
     del sd["in_proj_bias"]
     err = run_with_params(tmp_path, st_bytes(sd))
-    assert "missing tensor 'in_proj_bias'" in err and "(24,)" in err
+    assert err == DOES_NOT_FIT + "missing tensor 'in_proj_bias' (expected shape (24,))\n", err
 
 
 def test_extra_tensor_named(tmp_path):
     sd = base_sd()
     sd["encoder.layer.0.weight"] = torch.zeros(3, 2)
     err = run_with_params(tmp_path, st_bytes(sd))
-    assert "unexpected tensor 'encoder.layer.0.weight' with shape (3, 2)" in err
+    assert err == DOES_NOT_FIT + "unexpected tensor 'encoder.layer.0.weight' with shape (3, 2)\n", err
+
+
+def test_kv_heads_not_dividing_names_the_option(tmp_path):
+    # 6 key/value outputs are 3 heads of 2, which do not divide --num-heads 4 (it said num_heads).
+    sd = base_sd()
+    sd["in_proj_weight"] = torch.zeros(8 + 2 * 6, 8)
+    sd["in_proj_bias"] = torch.zeros(8 + 2 * 6)
+    err = run_with_params(tmp_path, st_bytes(sd), heads=4)
+    assert err == ("attn: error: MultiHeadAttention: --params: tensor 'in_proj_weight' of shape (20, 8) gives key/value "
+                   "projections of 6 outputs, which is not a number of heads of size 2 dividing --num-heads 4 (expected 8 "
+                   "outputs, or fewer heads for grouped-query attention)\n"), err
 
 
 def test_misshaped_tensor_named(tmp_path):
@@ -428,15 +445,29 @@ def test_bias_k_without_bias_v_named(tmp_path):
     assert "missing tensor 'bias_v' (expected shape (1, 1, 8))" in err
 
 
-def test_causal_with_bias_kv_refused(tmp_path):
+# An appended key (bias_k/bias_v in the file, --add-zero-attn) has no position: refused with
+# --causal and ALiBi, in the CLI's words — the layer's add_bias_kv, add_zero_attn and attn_mask
+# are the file's tensors and the options (they were named so mid-sentence).
+NO_POSITION_CAUSAL = ("attn: error: MultiHeadAttention: --causal: not supported together with bias_k/bias_v (in --params) "
+                      "/ --add-zero-attn (the appended key has no position); pass a causal --attn-mask (Lq, Lk) instead\n")
+NO_POSITION_ALIBI = ("attn: error: MultiHeadAttention: --alibi: not with bias_k/bias_v (in --params) or --add-zero-attn "
+                     "(their appended key has no position to measure a distance from)\n")
+
+
+@pytest.mark.parametrize("bias_kv,extra,message", [
+    (True, ["--causal"], NO_POSITION_CAUSAL), (False, ["--causal", "--add-zero-attn"], NO_POSITION_CAUSAL),
+    (True, ["--alibi"], NO_POSITION_ALIBI), (False, ["--alibi", "--add-zero-attn"], NO_POSITION_ALIBI),
+])
+def test_causal_and_alibi_with_an_appended_key_refused(tmp_path, bias_kv, extra, message):
     sd = base_sd()
-    sd["bias_k"] = torch.zeros(1, 1, 8)
-    sd["bias_v"] = torch.zeros(1, 1, 8)
+    if bias_kv:
+        sd["bias_k"] = torch.zeros(1, 1, 8)
+        sd["bias_v"] = torch.zeros(1, 1, 8)
     (tmp_path / "p.safetensors").write_bytes(st_bytes(sd))
     np.save(tmp_path / "x.npy", np.ones((3, 1, 8), np.float32))
-    r = run_attn(tmp_path, ["--params", "p.safetensors", "--num-heads", "2", "--query", "x.npy", "--out", "o.npy",
-                            "--causal"], expect_ok=False)
-    assert r.returncode == 2 and "MultiHeadAttention: --causal: not supported together with add_bias_kv" in r.stderr, r.stderr
+    r = run_attn(tmp_path, ["--params", "p.safetensors", "--num-heads", "2", "--query", "x.npy", "--out", "o.npy", *extra],
+                 expect_ok=False)
+    assert r.returncode == 2 and r.stderr == message, r.stderr
     assert not (tmp_path / "o.npy").exists()
 
 

@@ -298,7 +298,9 @@ void add_mha_command(CLI::App& app) {
                       {"attn_mask", "--attn-mask"}, {"alibi_slopes", a.alibi ? "--alibi" : "--alibi-slopes"},
                       {"grad_output", "--grad-out"}, {"dropout_p", "--dropout-p"}, {"causal", "--causal"},
                       {"num_heads", "--num-heads"}, {"softcap", "--softcap"}, {"impl", "--impl"},
-                      {"state_dict", "--params"}});  // the layer's tensors, read from --params
+                      {"state_dict", "--params"},  // the layer's tensors, read from --params
+                      {"add_zero_attn", "--add-zero-attn"},
+                      {"add_bias_kv", "bias_k/bias_v (in --params)"}});  // the layer has them when the file does
     });
 }
 

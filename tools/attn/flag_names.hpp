@@ -18,7 +18,9 @@ namespace attn::cli {
 using FlagName = std::pair<std::string_view, std::string_view>;
 
 // `message` with the argument after "op: " (or "op: rank N: ", ring's) replaced by its flag,
-// for the first of `ops` it starts with; unchanged when no argument of `names` follows.
+// for the first of `ops` it starts with, and so is every name with an underscore that stands as a
+// word in the text after it ("MultiHeadAttention: state_dict does not fit" → "--params does not
+// fit"); unchanged for a message of none of `ops`.
 std::string with_flag_names(const std::string& message, std::initializer_list<std::string_view> ops,
                             const std::vector<FlagName>& names);
 
