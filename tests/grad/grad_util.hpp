@@ -6,6 +6,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "attn/sdpa.hpp"
@@ -93,6 +96,47 @@ void expect_twin_bits(const G& got, const G& base, const Pow2Split& sp) {
         EXPECT_TRUE(bit_equal(got.dk, base.dk)) << "dk differs from the run at the base scale";
     }
     EXPECT_TRUE(bit_equal(got.dv, base.dv)) << "dv differs from the run at the base scale";
+}
+
+// The huge-scale problem of docs/conventions.md ("Shapes of attn::sdpa"): one head of 65 queries
+// and keys, unit-scale (randn) Q, K, V and dO of head dim 32 in `dt`, the flash forward's out (in
+// `dt`) and lse at `scale`, then the backward (on the kernel set in use) with gradients in `dt`.
+// Every gradient must be finite, and |dV_jd| <= Σ_i |dO_id|·(1 + slack): dV = Σ_i P_ij·dO_id with
+// 0 <= P <= 1. Returns the backward's kernel.
+inline std::string expect_finite_gradients_at_huge_scale(DType dt, double scale, double slack) {
+    const std::int64_t L = 65, D = 32;
+    std::mt19937_64 rng(7);
+    const Tensor q = randn(dt, Shape{1, 1, L, D}, rng), k = randn(dt, Shape{1, 1, L, D}, rng),
+                 v = randn(dt, Shape{1, 1, L, D}, rng), dO = randn(dt, Shape{1, 1, L, D}, rng);
+    SdpaOptions opt;
+    opt.scale = scale;
+    opt.impl = Impl::flash;
+    Tensor out(dt, Shape{1, 1, L, D}), lse(DType::f32, Shape{1, 1, L});
+    TensorView lv = lse.view();
+    sdpa(q, k, v, opt, out, &lv);
+    Tensor dq = poisoned(dt, q.shape()), dk = poisoned(dt, k.shape()), dv = poisoned(dt, v.shape());
+    SdpaReport rep;
+    sdpa_backward(q, k, v, out, lse, dO, opt, dq, dk, dv, &rep);
+    for (const auto& [name, g] : {std::pair{"dQ", &dq}, std::pair{"dK", &dk}, std::pair{"dV", &dv}})
+        for (std::int64_t e = 0; e < g->numel(); ++e) {
+            const double x = load(g->view(), e);
+            if (!std::isfinite(x)) {
+                ADD_FAILURE() << name << "[" << e << "] = " << x << " at scale " << scale;
+                return rep.kernel;
+            }
+        }
+    for (std::int64_t d = 0; d < D; ++d) {
+        double bound = 0.0;
+        for (std::int64_t i = 0; i < L; ++i) bound += std::fabs(at(dO.view(), 0, 0, i, d));
+        bound *= 1.0 + slack;
+        for (std::int64_t j = 0; j < L; ++j)
+            if (std::fabs(at(dv.view(), 0, 0, j, d)) > bound) {
+                ADD_FAILURE() << "dV[" << j << "][" << d << "] = " << at(dv.view(), 0, 0, j, d) << " > " << bound
+                              << " = the sum of |dO[.][" << d << "]| at scale " << scale;
+                return rep.kernel;
+            }
+    }
+    return rep.kernel;
 }
 
 }  // namespace attn::test

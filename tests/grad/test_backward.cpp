@@ -205,6 +205,23 @@ TEST(FlashBackward, TinyAndHugeScales) {
     }
 }
 
+// Huge scales with unit-scale Q and K (docs/conventions.md, "Shapes of attn::sdpa"): the backward
+// recomputes the scores in float32, and their rounding, of order scale·Dk·2^-24, is an error in
+// the exponent of P = exp(s − lse), which came out far above 1: dV 20 to 6000 at 3·10^6, where its
+// exact value is below 7, and dQ, dK, dV inf or NaN on every kernel row from 10^8 or 10^9 to
+// 3·10^36 (the largest tried). P cannot exceed 1 exactly; clamped to 1, every gradient is finite
+// and dV = Σ_i P_ij·dO_i within Σ_i |dO_i| (and rounding).
+// The flash forward's out and lse, as training would pass them.
+TEST(FlashBackward, HugeScalesWithUnitScoresGiveFiniteGradients) {
+    for (const double scale : {3e6, 1e8, 1e9, 1e10, 1e15, 1e20, 1e30, 3e36})  // 3e36·|q·k| stays below FLT_MAX
+        for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+            const detail::ScopedKernelSet use(*row);
+            // float32: the sum of 65 terms rounded, 65·2^-24 at most
+            EXPECT_EQ(expect_finite_gradients_at_huge_scale(DType::f32, scale, 65 * 0x1p-24),
+                      std::string("flash-backward/") + detail::isa_name(row->isa));
+        }
+}
+
 // The split's rule (docs/kernels.md, "Parallel split"): at least 8 tasks, four per CPU when the
 // target says so, the dQ partials past 8 tasks capped at 256 MiB (64 Mi floats), 1..key blocks.
 // S1: B·Hkv 16, 16 key blocks, dQ 16·1024·64 floats; S3: 64 key blocks, 16·4096·128 floats.

@@ -434,6 +434,21 @@ TEST(HalfBackward, Bf16ComputeTinyAndHugeScales) {
     std::printf("[ info ] bf16 compute backward, scales 2^-126 .. 2^99: worst error / bound %.3g\n", worst.ratio);
 }
 
+// bf16 compute at huge scales with unit-scale Q and K, as FlashBackward.HugeScalesWithUnitScores
+// GiveFiniteGradients (tests/grad/test_backward.cpp) checks the float32 rows: the recomputed P,
+// off by the scores' rounding in its exponent, came out far above 1 (dV 3872 at 10^7, inf and NaN
+// gradients from 10^9); clamped to 1, every gradient is finite and |dV_jd| <= Σ_i |dO_id| (plus
+// bf16's rounding of P̂ and of dV).
+TEST(HalfBackward, Bf16ComputeHugeScalesWithUnitScoresGiveFiniteGradients) {
+    const detail::KernelSet* row = bf16_compute_row();
+    if (row == nullptr) GTEST_SKIP() << "skipped: CPU lacks avx512_bf16";
+    const detail::ScopedKernelSet use(*row);
+    // P̂ and dV rounded to bf16 (2^-8 each) and the float32 sum of 65 terms
+    const double slack = (1.0 + 0x1p-8) * (1.0 + 0x1p-8) * (1.0 + 65 * 0x1p-24) - 1.0;
+    for (const double scale : {3e6, 1e7, 1e9, 1e10, 1e15, 1e20, 1e30, 3e36})
+        EXPECT_EQ(expect_finite_gradients_at_huge_scale(DType::bf16, scale, slack), "flash-backward/avx512_bf16");
+}
+
 // The natural training step on bf16 tensors: an all-bf16 forward (bf16 compute where the CPU has
 // it), then the backward with float32 gradients (float32 products) from that forward's out and
 // lse. Two more terms than above (docs/conventions.md, "Backward with 16-bit tensors"): the

@@ -35,6 +35,10 @@ struct TileBf16 {
 // rounded −lse·log2 e) differs by about |lse|·2^-24 in the exponent: 2^(±10^22) — P = inf,
 // NaN gradients — for a row whose every key carries a finite bias of −10^30.
 inline constexpr float kTileLog2e = 1.4426950408889634f;
+// The tile's P is clamped to 1, which it cannot exceed exactly: the scores it recomputes round
+// differently from the forward's (lse's), an error of order scale·Dk·2^-24 in the exponent that
+// put P far above 1 with unit-scale Q and K — dV 5·10^26 at scale 10^8, inf and NaN gradients
+// above (docs/conventions.md, "Shapes of attn::sdpa"). One min per vector of P; a NaN P stays NaN.
 
 struct TileArgs {
     int br = 0;   // query rows in the tile

@@ -96,8 +96,9 @@ void gemm(int M, int N, int K, const float* a, std::ptrdiff_t a_rs, std::ptrdiff
 
 void exp_row(float* s, int n, float scale, float neg_lse) {
     const __m256 vs = _mm256_set1_ps(scale), vn = _mm256_set1_ps(neg_lse), l2e = _mm256_set1_ps(kTileLog2e);
-    for (int j = 0; j < n; j += 8)  // n % 8 == 0
-        _mm256_storeu_ps(s + j, exp2_ps(_mm256_mul_ps(_mm256_fmadd_ps(_mm256_loadu_ps(s + j), vs, vn), l2e)));
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (int j = 0; j < n; j += 8)  // n % 8 == 0; P <= 1 (tile.hpp): min(1, p) keeps a NaN p
+        _mm256_storeu_ps(s + j, _mm256_min_ps(one, exp2_ps(_mm256_mul_ps(_mm256_fmadd_ps(_mm256_loadu_ps(s + j), vs, vn), l2e))));
 }
 
 void ds_row(const float* p, float* dp, int n, float D, float scale) {

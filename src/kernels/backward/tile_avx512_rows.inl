@@ -8,10 +8,12 @@ inline __mmask16 lanes(int n) { return static_cast<__mmask16>(n >= 16 ? 0xFFFFu 
 
 void exp_row(float* s, int n, float scale, float neg_lse) {
     const __m512 vs = _mm512_set1_ps(scale), vn = _mm512_set1_ps(neg_lse), l2e = _mm512_set1_ps(kTileLog2e);
+    const __m512 one = _mm512_set1_ps(1.0f);
     for (int j = 0; j < n; j += 16) {  // n % 8 == 0: the last step may be 8 lanes
         const __mmask16 m = lanes(n - j);
         const __m512 x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, s + j), vs, vn);
-        _mm512_mask_storeu_ps(s + j, m, exp2_ps512(_mm512_mul_ps(x, l2e)));
+        // P <= 1 (tile.hpp): min(1, p) keeps a NaN p
+        _mm512_mask_storeu_ps(s + j, m, _mm512_min_ps(one, exp2_ps512(_mm512_mul_ps(x, l2e))));
     }
 }
 

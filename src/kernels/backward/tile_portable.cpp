@@ -29,7 +29,10 @@ void gemm(int M, int N, int K, const float* a, std::ptrdiff_t a_rs, std::ptrdiff
 }
 
 void exp_row(float* s, int n, float scale, float neg_lse) {
-    for (int j = 0; j < n; ++j) s[j] = exp2poly::exp2_scalar((s[j] * scale + neg_lse) * kTileLog2e);
+    for (int j = 0; j < n; ++j) {
+        const float p = exp2poly::exp2_scalar((s[j] * scale + neg_lse) * kTileLog2e);
+        s[j] = p > 1.0f ? 1.0f : p;  // P <= 1 (tile.hpp); NaN stays NaN
+    }
 }
 
 void ds_row(const float* p, float* dp, int n, float D, float scale) {
