@@ -1347,7 +1347,7 @@ def test_mha_option_values_are_checked_before_any_input_is_read(work, extra, mes
 # Every number a message quotes is the text the user wrote, with the number it reads as where that
 # is another one: the strict parser hands the library (and CLI11) the shortest text of the double,
 # and the messages said "got 5e-324" for 3e-324, "1e+39" for 1e39, "1" for 0.99999999999999999.
-# One case per number option with a message about its value (all FLOAT options, and --num-heads).
+# One case per number option with a message about its value (every FLOAT option; --num-heads, --runs, --threads).
 NUMBERS_AS_WRITTEN = [
     (["sdpa", "--scale", "3e-324"], "sdpa: --scale: must be 0 or a normal float32 (|scale| >= 2^-126 ≈ 1.1754944e-38 "
                                     "there) but got 3e-324 (reads as 5e-324), which rounds to 0"),
@@ -1373,6 +1373,9 @@ NUMBERS_AS_WRITTEN = [
                                            "(reads as -5e-324)"),
     (["bench", "--reference-max-gflop", "-1.0e-3"], "--reference-max-gflop: must be >= 0 (0: never) but got -1.0e-3"),
     (["heatmap", "--vmax", "1e300"], "--vmax: expected a number > 0 and < 1e300 but got 1e300"),
+    # Integers: the same rule, spelt as given ("+", leading zeros).
+    (["bench", "--runs", "000"], "--runs: expected 1 to 2147483647 but got 000"),
+    (["sdpa", "--threads", "+5000"], "--threads: expected a thread count from 1 to 4096 (0: the default) but got +5000"),
 ]
 
 

@@ -134,7 +134,7 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
     const int threads = thread_count(a.threads);
     cfg.threads = threads > 0 ? threads : attn::num_threads();
     if (a.runs < 1 || a.runs > std::numeric_limits<int>::max()) {
-        throw Error("--runs: expected 1 to " + std::to_string(std::numeric_limits<int>::max()) + " but got " + std::to_string(a.runs));
+        throw Error("--runs: expected 1 to " + std::to_string(std::numeric_limits<int>::max()) + " but got " + given_number("--runs", a.runs));
     }
     if (!(a.max_seconds > 0))
         throw Error("--max-seconds: expected a positive number of seconds but got " + given_number("--max-seconds", a.max_seconds));

@@ -85,6 +85,11 @@ std::string given_number(std::string_view flag, double value) {
     return it == given_numbers().end() ? detail::shortest(value) : quoted_as_given(it->second);
 }
 
+std::string given_number(std::string_view flag, std::int64_t value) {
+    const auto it = given_numbers().find(flag);
+    return it == given_numbers().end() ? std::to_string(value) : quoted_as_given(it->second);
+}
+
 std::string with_given_numbers(const std::string& message) {
     std::string m = message;
     for (const auto& [flag, g] : given_numbers()) {

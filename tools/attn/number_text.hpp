@@ -6,6 +6,7 @@
 // "1e39" (not "1e+39"), and "0.1" stays "0.1" (its double's shortest form).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -19,6 +20,7 @@ void record_number_text(const CLI::Option& opt, const std::string& written, cons
 // The number `flag` was given as, for a message: as written, with " (reads as C)" when it is
 // another number than its canonical text C; shortest(value) when the flag was not given (its default).
 std::string given_number(std::string_view flag, double value);
+std::string given_number(std::string_view flag, std::int64_t value);  // an INT option's: "+7", "007" as written
 
 // `message` (a library error, its arguments renamed to flags: flag_names.hpp) with each given
 // number it quotes in canonical form — "FLAG: … got C" and "FLAG = C", as the library words it —
