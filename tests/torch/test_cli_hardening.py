@@ -1372,6 +1372,9 @@ NUMBERS_AS_WRITTEN = [
     (["bench", "--max-seconds", "-3e-324"], "--max-seconds: expected a positive number of seconds but got -3e-324 "
                                            "(reads as -5e-324)"),
     (["bench", "--reference-max-gflop", "-1.0e-3"], "--reference-max-gflop: must be >= 0 (0: never) but got -1.0e-3"),
+    # 0 with an exponent no long holds is 0 (the message's comparison of the texts said "stol").
+    (["bench", "--max-seconds", "0e99999999999999999999"], "--max-seconds: expected a positive number of seconds "
+                                                          "but got 0e99999999999999999999"),
     (["heatmap", "--vmax", "1e300"], "--vmax: expected a number > 0 and < 1e300 but got 1e300"),
     # Integers: the same rule, spelt as given ("+", leading zeros).
     (["bench", "--runs", "000"], "--runs: expected 1 to 2147483647 but got 000"),

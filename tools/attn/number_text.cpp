@@ -23,7 +23,9 @@ std::map<std::string, Given, std::less<>>& given_numbers() {
 // A decimal number's value in one spelling: sign, significant digits, exponent of the last digit
 // ("-0.0250e2" and "-2.5" both "-25e-1"; every zero "0": "-00" is the integer 0, "-0.0" the double
 // whose shortest text is "-0", each the number it says). The texts here are ones the strict
-// parser took: [+-]digits[.digits][(e|E)[+-]digits], their exponents far inside a long's range.
+// parser took: [+-]digits[.digits][(e|E)[+-]digits]. A zero's exponent is not read: the parser
+// takes 0e99999999999999999999 (0), whose exponent no long holds; any other's is within a few
+// hundred of the text's length, or the number would not have been a finite double.
 std::string normalized(std::string_view text) {
     std::string sign, digits;
     std::size_t i = 0;
@@ -42,12 +44,12 @@ std::string normalized(std::string_view text) {
         digits += text[i];
         if (fraction) --exponent;
     }
+    if (digits.empty()) return "0";
     if (i < text.size()) exponent += std::stol(std::string(text.substr(i + 1)));
-    while (!digits.empty() && digits.back() == '0') {
+    while (digits.back() == '0') {
         digits.pop_back();
         ++exponent;
     }
-    if (digits.empty()) return "0";
     return sign + digits + "e" + std::to_string(exponent);
 }
 
