@@ -307,19 +307,50 @@ void give_permissions_of(const std::string& target, int fd) {
     ::umask(mask);
     ::fchmod(fd, 0666 & ~mask);
 }
+
+// Whether `st` is the file resolve_output found for `t`: its type, device and inode.
+bool is_checked_file(const struct stat& st, const OutputTarget& t) {
+    return (st.st_mode & S_IFMT) == t.type && st.st_dev == t.dev && st.st_ino == t.ino;
+}
+
+Error replaced_since_checked(const std::string& path, const OutputTarget& t, const struct stat& now) {
+    const std::string was = describe_file_kind(t.type), is = describe_file_kind(now.st_mode);
+    return Error(in_quotes(path) + " was " + was + " when checked but is " + (was == is ? "another one" : is) +
+                 " now (replaced in between); nothing was written");
+}
 }  // namespace
 
 int open_direct(const std::string& path, const OutputTarget& target) {
     // No O_CREAT, no O_TRUNC: a device or FIFO is written into, never created or replaced.
-    // A FIFO's open waits for a reader, as `cmd > fifo` does.
+    // A FIFO's open waits for a reader, as `cmd > fifo` does. A device is opened non-blocking
+    // (cleared once it is known to be that device): a FIFO put in its place would otherwise make
+    // the open wait for a reader that may never come, before the check below could refuse it.
+    const bool device = target.type == S_IFCHR;
     int fd = -1;
-    do fd = ::open(target.file.c_str(), O_WRONLY | O_NOCTTY | O_CLOEXEC);
+    do fd = ::open(target.file.c_str(), O_WRONLY | O_NOCTTY | O_CLOEXEC | (device ? O_NONBLOCK : 0));
     while (fd < 0 && errno == EINTR);
-    if (fd < 0) throw Error(in_quotes(path) + ": cannot open for writing (" + std::strerror(errno) + ")");
+    const int open_errno = errno;
+    // The file opened must be the one resolve_output checked (its type, device and inode): another
+    // put in its place in between — a FIFO for a device, a regular file for a FIFO — was written
+    // into unchecked (an input, the file stdout is redirected to). Refused before a byte is written;
+    // so is a failed open (ENXIO: a FIFO without a reader, opened non-blocking) of a file replaced.
     struct stat st {};
-    if (::fstat(fd, &st) != 0 || !(S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
+    if (fd < 0 || ::fstat(fd, &st) != 0) {
+        if (fd >= 0) ::close(fd);
+        if (::stat(target.file.c_str(), &st) == 0 && !is_checked_file(st, target)) throw replaced_since_checked(path, target, st);
+        throw Error(in_quotes(path) + ": cannot open for writing (" + std::strerror(open_errno) + ")");
+    }
+    if (!is_checked_file(st, target)) {
         ::close(fd);
-        throw Error(in_quotes(path) + ": changed from a device or FIFO to something else while being opened");
+        throw replaced_since_checked(path, target, st);
+    }
+    if (device) {
+        const int flags = ::fcntl(fd, F_GETFL);
+        if (flags == -1 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) == -1) {
+            const int err = errno;
+            ::close(fd);
+            throw Error(in_quotes(path) + ": cannot open for writing (" + std::strerror(err) + ")");
+        }
     }
     // Never the number of a closed standard stream: with stdout closed the output became
     // descriptor 1, and what attn prints went into it (a device kept open through the computation,

@@ -54,11 +54,24 @@ std::string tensor_name(const std::string& flag) {  // "--out" → "out"
     return start == std::string::npos ? "tensor" : flag.substr(start);
 }
 
-// A FIFO that several outputs name (however spelt) is opened once, when the first of them is
-// written, and every one of them is written through that descriptor, in order: opened and closed
-// for each, its reader could take the first close for the end of the stream, and the next open
-// would then wait for a reader that never comes. (A device named twice is opened once per
-// spelling: a close ends nothing there.)
+// A file system error names the option too (check() cannot foresee every one: /proc refuses new
+// files although access() says it is writable).
+template <typename Step>
+void naming(const std::string& flag, const Step& step) {
+    try {
+        step();
+    } catch (const Error& e) {
+        throw Error(flag + ": " + e.what());
+    }
+}
+
+}  // namespace
+
+// A FIFO that several outputs name (however spelt), or that one output writes in several calls
+// (write_bytes), is opened once, when its first bytes are written, and kept open until the
+// OutputFiles ends: opened and closed for each, its reader could take the first close for the end
+// of the stream, and the next open would then wait for a reader that never comes. (A device named
+// twice is opened once per spelling: a close ends nothing there.)
 class OpenFifos {
 public:
     OpenFifos() = default;
@@ -66,6 +79,14 @@ public:
     OpenFifos& operator=(const OpenFifos&) = delete;
     ~OpenFifos() {
         for (const auto& f : open_) ::close(f.second);
+    }
+    // check() found a FIFO at `path`: it is opened as that FIFO (its device and inode), so that a
+    // file put in its place before the open is refused (detail::open_direct), not written unchecked.
+    void checked(const std::string& path, const detail::OutputTarget& t) { checked_.emplace_back(path, t); }
+    std::optional<detail::OutputTarget> seen_by_check(const std::string& path) const {
+        for (const auto& [p, t] : checked_)
+            if (p == path) return t;
+        return std::nullopt;
     }
     // `t` unchanged unless it is a FIFO named by path; else a target writing into its one descriptor.
     detail::OutputTarget through_one_open(const std::string& path, const detail::OutputTarget& t) {
@@ -84,20 +105,10 @@ public:
 
 private:
     std::vector<std::pair<std::pair<dev_t, ino_t>, int>> open_;
+    std::vector<std::pair<std::string, detail::OutputTarget>> checked_;
 };
 
-// A file system error names the option too (check() cannot foresee every one: /proc refuses new
-// files although access() says it is writable).
-template <typename Step>
-void naming(const std::string& flag, const Step& step) {
-    try {
-        step();
-    } catch (const Error& e) {
-        throw Error(flag + ": " + e.what());
-    }
-}
-
-}  // namespace
+OutputFiles::OutputFiles() : fifos_(std::make_unique<OpenFifos>()) {}
 
 OutputFiles::~OutputFiles() {
     for (const auto& [path, fd] : devices_) ::close(fd);
@@ -192,10 +203,12 @@ void OutputFiles::check() {
                         "losing what attn prints there: redirect " + stream + " to another file");
         }
     }
-    // Every path accepted: the character devices are opened now (see the header), each once.
+    // Every path accepted: the character devices are opened now (see the header), each once; the
+    // FIFOs when written, as the file found here.
     for (std::size_t i = 0; i < files_.size(); ++i) {
         const std::string& flag = files_[i].first;
         const std::string& p = files_[i].second;
+        if (targets[i].descriptor < 0 && targets[i].type == S_IFIFO) fifos_->checked(p, targets[i]);
         // A device by its type as resolve_output found it: the open's fstat (open_direct) tells
         // whether it still is one; a stat of the path in between would tell nothing more.
         if (!targets[i].direct || targets[i].descriptor >= 0 || targets[i].type != S_IFCHR ||
@@ -211,6 +224,7 @@ void OutputFiles::check() {
 detail::OutputTarget OutputFiles::target_of(const std::string& path) const {
     for (const auto& [p, fd] : devices_)
         if (p == path) return detail::OutputTarget{path, true, fd};
+    if (const auto fifo = fifos_->seen_by_check(path)) return *fifo;
     return detail::resolve_output(path);
 }
 
@@ -241,7 +255,7 @@ void OutputFiles::check_dtype(const std::string& flag, const std::string& path, 
 
 void OutputFiles::write_bytes(const std::string& flag, const std::string& path, const std::string& bytes) const {
     naming(flag, [&] {
-        detail::AtomicFile file(path, target_of(path));
+        detail::AtomicFile file(path, fifos_->through_one_open(path, target_of(path)));
         file.write(bytes.data(), bytes.size());
         file.commit();
     });
@@ -271,13 +285,12 @@ OutputFiles::Staged OutputFiles::stage(const std::vector<Output>& outputs) const
     for (const Output& o : outputs) naming(o.flag, [&] { targets.push_back(target_of(o.path)); });
     Staged staged;
     std::vector<std::unique_ptr<detail::AtomicFile>>& files = staged.files_;
-    OpenFifos fifos;  // closed when every output is written
     for (int pass = 0; pass < 2; ++pass) {  // pass 0: staged files; pass 1: devices and FIFOs
         for (std::size_t i = 0; i < outputs.size(); ++i) {
             const Output& o = outputs[i];
             if (targets[i].direct != (pass == 1)) continue;
             naming(o.flag, [&] {
-                targets[i] = fifos.through_one_open(o.path, targets[i]);
+                targets[i] = fifos_->through_one_open(o.path, targets[i]);
                 if (is_safetensors(o.path)) {
                     const std::vector<std::pair<std::string, TensorView>> one{{tensor_name(o.flag), o.view}};
                     const auto& tensors = o.tensors.empty() ? one : o.tensors;

@@ -19,10 +19,12 @@ struct OutputTarget;
 
 namespace attn::cli {
 
+class OpenFifos;
+
 class OutputFiles {
 public:
-    OutputFiles() = default;
-    ~OutputFiles();  // closes the devices check() opened
+    OutputFiles();
+    ~OutputFiles();  // closes the devices check() opened and the FIFOs written
     OutputFiles(const OutputFiles&) = delete;
     OutputFiles& operator=(const OutputFiles&) = delete;
 
@@ -70,7 +72,9 @@ public:
     // written through its descriptor. A FIFO is opened only now, when its bytes are ready: the
     // open waits for a reader, as `cmd > fifo` does, and no earlier probe could tell more — with
     // O_NONBLOCK it fails (ENXIO) while no reader has come yet though one may, and opening and
-    // closing it under a waiting reader would give that reader its end of file.
+    // closing it under a waiting reader would give that reader its end of file. It is opened as
+    // the FIFO check() found (a file put in its place since is refused), once, and stays open
+    // until this OutputFiles ends, so that every write into it is one stream with one end of file.
     // A dtype the path cannot hold is refused here too, before any file is opened.
     void write_all(const std::vector<Output>& outputs) const;
     // write_all in its two steps, for outputs that several processes write (attn ring
@@ -91,8 +95,8 @@ public:
         std::vector<std::string> flags_;
     };
     Staged stage(const std::vector<Output>& outputs) const;
-    // One output of encoded bytes (a picture), written as write_all writes a file; a file
-    // system error names `flag`.
+    // One output of encoded bytes (a picture, a JSON report), written as write_all writes a file;
+    // a file system error names `flag`. A FIFO is opened once for all the calls that write into it.
     void write_bytes(const std::string& flag, const std::string& path, const std::string& bytes) const;
 
 private:
@@ -103,6 +107,9 @@ private:
     std::vector<std::pair<std::string, std::string>> files_;
     std::vector<std::pair<std::string, std::string>> inputs_;
     std::vector<std::pair<std::string, int>> devices_;  // check()'s opened devices: path, descriptor
+    // The FIFOs check() found, each opened once when first written and kept open until the end
+    // (write_all and write_bytes alike): its reader sees one stream and one end of file.
+    std::unique_ptr<OpenFifos> fifos_;
 };
 
 }  // namespace attn::cli
