@@ -330,8 +330,7 @@ std::size_t utf8_sequence_length(std::string_view text, std::size_t i) {
     return code < min_code || code > 0x10ffff || surrogate ? 0 : n;
 }
 
-std::string quoted(std::string_view text) {
-    constexpr std::size_t kMax = 80;
+std::string quoted(std::string_view text, std::size_t max_bytes) {
     std::string out = "'";
     const auto escape = [&out](unsigned char c) {
         char esc[5];
@@ -341,9 +340,9 @@ std::string quoted(std::string_view text) {
     std::size_t i = 0;
     while (i < text.size()) {
         const std::size_t n = utf8_sequence_length(text, i);
-        // Cut before a character that would pass kMax bytes, never inside one: a message cut
+        // Cut before a character that would pass max_bytes, never inside one: a message cut
         // mid-character is not UTF-8, and Python shows such an error message as ''.
-        if (i + std::max<std::size_t>(n, 1) > kMax) break;
+        if (i + std::max<std::size_t>(n, 1) > max_bytes) break;
         const auto c = static_cast<unsigned char>(text[i]);
         // Escaped: C0 controls and DEL, C1 controls U+0080..U+009F (0xC2 0x80..0x9F in UTF-8;
         // CSI acts on some terminals), and any byte that is not part of well-formed UTF-8 (a raw
@@ -351,6 +350,9 @@ std::string quoted(std::string_view text) {
         const bool c1 = n == 2 && c == 0xc2 && static_cast<unsigned char>(text[i + 1]) <= 0x9f;
         if (n == 0 || c1 || c < 0x20 || c == 0x7f) {
             for (std::size_t k = 0; k < std::max<std::size_t>(n, 1); ++k) escape(static_cast<unsigned char>(text[i + k]));
+        } else if (c == '\'' || c == '\\') {  // the text's own quote or backslash: never the end of the quotes, never an escape
+            out += '\\';
+            out += static_cast<char>(c);
         } else {
             out.append(text.substr(i, n));
         }
@@ -371,6 +373,8 @@ std::string names_held(const std::vector<std::string>& names) {
     }
     return "it holds " + std::to_string(names.size()) + ": " + list;
 }
+
+std::string quoted_path(std::string_view path) { return quoted(path, std::string_view::npos); }
 
 std::string shortest(double value) {
     char text[32];

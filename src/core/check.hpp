@@ -60,12 +60,18 @@ std::string strides_text(const TensorView& t);
 // digits would print a value just outside a bound as the bound itself.
 std::string shortest(double value);
 
-// Text read from a file (a .npy header's descr or keys, a safetensors name or dtype), in single
-// quotes for a message: control bytes (NUL, newline, escape sequences; C1 controls) and bytes that
-// are not well-formed UTF-8 become \xNN, and text past 80 bytes is cut with "..." at a character
-// boundary, so a hostile file cannot break the one-line message, cut it at a NUL, colour the
-// terminal or make the message invalid UTF-8 (which Python shows as an empty message).
-std::string quoted(std::string_view text);
+// The one way a message shows text it did not write — a path, text read from a file (a .npy
+// header's descr or keys, a safetensors name or dtype), a value given on the command line — in
+// single quotes (docs/errors.md, "Quoting"): control bytes (NUL, newline, escape sequences; C1
+// controls) and bytes that are not well-formed UTF-8 become \xNN, the quote and the backslash
+// \' and \\, so a hostile name cannot break the one-line message, end the quotes early, cut it at
+// a NUL, colour the terminal or make the message invalid UTF-8 (which Python shows as an empty
+// message), and every quoted text reads back as exactly one byte string. Text past `max_bytes` is
+// cut with "..." at a character boundary: file text at 80; a path is shown whole (quoted_path).
+inline constexpr std::size_t kQuotedMaxBytes = 80;
+std::string quoted(std::string_view text, std::size_t max_bytes = kQuotedMaxBytes);
+// A path in a message, whole (the user must be able to tell which file): quoted()'s rule, uncut.
+std::string quoted_path(std::string_view path);
 
 // "it holds 3: 'a', 'b', 'c'" for a message about a name that is not there: the count and the
 // names, quoted (file text), cut with ", …" past about 200 characters; "it holds no tensors".

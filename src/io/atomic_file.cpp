@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../core/check.hpp"
 #include "attn/error.hpp"
 #include "file_kind.hpp"
 #include "pseudo_file_system.hpp"
@@ -27,8 +28,6 @@
 
 namespace attn::detail {
 namespace {
-
-std::string in_quotes(const std::string& s) { return "'" + s + "'"; }
 
 // "a/b/c.npy" → ("a/b/", "c.npy"); "c.npy" → ("", "c.npy").
 std::pair<std::string, std::string> split_dir(const std::string& path) {
@@ -80,7 +79,7 @@ std::optional<std::filesystem::path> follow_links(const std::string& path, const
 // link stays and comes to point at the new file (canonical() fails on such a link).
 std::string dangling_link_target(const std::string& path) {
     const auto end = follow_links(path, [](const std::string&) { return false; });
-    if (!end) throw Error(in_quotes(path) + ": too many levels of symbolic links");
+    if (!end) throw Error(detail::quoted_path(path) + ": too many levels of symbolic links");
     std::error_code ec;
     const std::filesystem::path w = std::filesystem::weakly_canonical(*end, ec);
     return ec ? end->string() : w.string();
@@ -201,12 +200,12 @@ OutputTarget resolve_output(const std::string& path) {
         t.ino = s.st_ino;
     };
     if (const int fd = named_descriptor(path); fd >= 0) {
-        if (::fstat(fd, &st) != 0) throw Error(in_quotes(path) + " names descriptor " + std::to_string(fd) + ", which is not open");
+        if (::fstat(fd, &st) != 0) throw Error(detail::quoted_path(path) + " names descriptor " + std::to_string(fd) + ", which is not open");
         found(st);
-        if (S_ISDIR(st.st_mode)) throw Error(in_quotes(path) + " is descriptor " + std::to_string(fd) + ", open on a directory");
+        if (S_ISDIR(st.st_mode)) throw Error(detail::quoted_path(path) + " is descriptor " + std::to_string(fd) + ", open on a directory");
         // Refused here, before a command computes: opening it for writing failed (EINVAL) only at the end.
         if (const int flags = ::fcntl(fd, F_GETFL); flags != -1 && (flags & O_ACCMODE) == O_RDONLY) {
-            throw Error(in_quotes(path) + " is descriptor " + std::to_string(fd) + ", which is open read-only, not for writing");
+            throw Error(detail::quoted_path(path) + " is descriptor " + std::to_string(fd) + ", which is open read-only, not for writing");
         }
         t.direct = true;  // written into as a shell redirect would: a file, device, FIFO or socket
         t.descriptor = fd;
@@ -224,7 +223,7 @@ OutputTarget resolve_output(const std::string& path) {
             // is not a directory, no permission) is an error, as a shell redirect gives one: the
             // rename replaced the link with a regular file.
             if (errno != ENOENT) {
-                throw Error(in_quotes(path) + " is a symbolic link whose target cannot be reached (" + std::strerror(errno) + ")");
+                throw Error(detail::quoted_path(path) + " is a symbolic link whose target cannot be reached (" + std::strerror(errno) + ")");
             }
             t.file = dangling_link_target(path);
         }
@@ -236,21 +235,21 @@ OutputTarget resolve_output(const std::string& path) {
             // computes: the open failed (EACCES) only at the end. (The open may still fail for a
             // reason no permission tells: a device with nothing behind it, ENXIO.)
             if (::access(t.file.c_str(), W_OK) != 0) {
-                throw Error(in_quotes(path) + " is " + describe_file_kind(st.st_mode) + " attn may not write (" +
+                throw Error(detail::quoted_path(path) + " is " + describe_file_kind(st.st_mode) + " attn may not write (" +
                             std::strerror(errno) + ")");
             }
             t.direct = true;
             return t;
         }
-        if (S_ISDIR(st.st_mode)) throw Error(in_quotes(path) + " is a directory, not a file");
+        if (S_ISDIR(st.st_mode)) throw Error(detail::quoted_path(path) + " is a directory, not a file");
         if (!S_ISREG(st.st_mode)) {
-            throw Error(in_quotes(path) + " is " + describe_file_kind(st.st_mode) +
+            throw Error(detail::quoted_path(path) + " is " + describe_file_kind(st.st_mode) +
                         "; outputs may be regular files (replaced whole), character devices or FIFOs (written into)");
         }
         // Refused here, before anything is computed: the rename failed after the computation, and
         // after the command's other outputs had been renamed into place.
         if (const std::string why = unreplaceable(t.file, false); !why.empty())
-            throw Error(in_quotes(path) + " is " + why + ", which no rename can replace" + kReplacedWhole);
+            throw Error(detail::quoted_path(path) + " is " + why + ", which no rename can replace" + kReplacedWhole);
         // In a sticky directory (/tmp) only the file's owner, the directory's or root may rename
         // over it, though anyone may write into it when it is world-writable (a shell redirect does).
         const std::string dir = split_dir(t.file).first;
@@ -258,12 +257,12 @@ OutputTarget resolve_output(const std::string& path) {
         const uid_t me = ::geteuid();
         if (::stat(dir.empty() ? "." : dir.c_str(), &dir_st) == 0 && (dir_st.st_mode & S_ISVTX) != 0 && me != 0 &&
             dir_st.st_uid != me && st.st_uid != me) {
-            throw Error(in_quotes(path) + " belongs to another user (uid " + std::to_string(st.st_uid) +
-                        ") in the sticky directory '" + (dir.empty() ? "." : dir) + "', where only its owner may rename over it" +
+            throw Error(detail::quoted_path(path) + " belongs to another user (uid " + std::to_string(st.st_uid) +
+                        ") in the sticky directory " + detail::quoted_path(dir.empty() ? "." : dir) + ", where only its owner may rename over it" +
                         kReplacedWhole);
         }
     }
-    if (split_dir(t.file).second.empty()) throw Error(in_quotes(path) + " names a directory, not a file");
+    if (split_dir(t.file).second.empty()) throw Error(detail::quoted_path(path) + " names a directory, not a file");
     // Checked here, with the other paths, before a command computes (the path is too long to quote).
     if (t.file.size() > kPathBytes) {
         throw Error("path of " + std::to_string(t.file.size()) + " bytes: " + std::strerror(ENAMETOOLONG) +
@@ -281,12 +280,12 @@ OutputTarget resolve_output(const std::string& path) {
     // link to the deleted file's own file system. Where access() calls such a directory writable
     // (root, /proc/PID/fd, sysfs), the output failed only when created, after the computation.
     if (const std::string dir = split_dir(t.file).first; const char* fs = pseudo_file_system(dir)) {
-        throw Error(in_quotes(path) + " is on " + fs + " (" + in_quotes(dir.empty() ? "." : dir) +
+        throw Error(detail::quoted_path(path) + " is on " + fs + " (" + detail::quoted_path(dir.empty() ? "." : dir) +
                     "), a kernel pseudo file system, where no output can be written and renamed into place: attn writes "
                     "results to regular files of other file systems, character devices, FIFOs or open descriptors");
     }
     if (const std::string dir = split_dir(t.file).first, why = unreplaceable(dir.empty() ? "." : dir, true); !why.empty()) {
-        throw Error(in_quotes(path) + ": its directory is " + why + ", where no file can be renamed into place or removed" +
+        throw Error(detail::quoted_path(path) + ": its directory is " + why + ", where no file can be renamed into place or removed" +
                     kReplacedWhole);
     }
     return t;
@@ -315,7 +314,7 @@ bool is_checked_file(const struct stat& st, const OutputTarget& t) {
 
 Error replaced_since_checked(const std::string& path, const OutputTarget& t, const struct stat& now) {
     const std::string was = describe_file_kind(t.type), is = describe_file_kind(now.st_mode);
-    return Error(in_quotes(path) + " was " + was + " when checked but is " + (was == is ? "another one" : is) +
+    return Error(detail::quoted_path(path) + " was " + was + " when checked but is " + (was == is ? "another one" : is) +
                  " now (replaced in between); nothing was written");
 }
 }  // namespace
@@ -338,7 +337,7 @@ int open_direct(const std::string& path, const OutputTarget& target) {
     if (fd < 0 || ::fstat(fd, &st) != 0) {
         if (fd >= 0) ::close(fd);
         if (::stat(target.file.c_str(), &st) == 0 && !is_checked_file(st, target)) throw replaced_since_checked(path, target, st);
-        throw Error(in_quotes(path) + ": cannot open for writing (" + std::strerror(open_errno) + ")");
+        throw Error(detail::quoted_path(path) + ": cannot open for writing (" + std::strerror(open_errno) + ")");
     }
     if (!is_checked_file(st, target)) {
         ::close(fd);
@@ -349,7 +348,7 @@ int open_direct(const std::string& path, const OutputTarget& target) {
         if (flags == -1 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) == -1) {
             const int err = errno;
             ::close(fd);
-            throw Error(in_quotes(path) + ": cannot open for writing (" + std::strerror(err) + ")");
+            throw Error(detail::quoted_path(path) + ": cannot open for writing (" + std::strerror(err) + ")");
         }
     }
     // Never the number of a closed standard stream: with stdout closed the output became
@@ -359,7 +358,7 @@ int open_direct(const std::string& path, const OutputTarget& target) {
         const int moved = ::fcntl(fd, F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
         const int err = errno;
         ::close(fd);
-        if (moved < 0) throw Error(in_quotes(path) + ": cannot open for writing (" + std::strerror(err) + ")");
+        if (moved < 0) throw Error(detail::quoted_path(path) + ": cannot open for writing (" + std::strerror(err) + ")");
         fd = moved;
     }
     return fd;
@@ -424,7 +423,7 @@ void AtomicFile::discard() noexcept {
 
 void AtomicFile::fail(const std::string& what, int err) {
     discard();
-    throw Error(path_ + ": " + what + " (" + std::strerror(err) + ")");
+    throw Error(detail::quoted_path(path_) + ": " + what + " (" + std::strerror(err) + ")");
 }
 
 void AtomicFile::reserve(std::int64_t bytes) {
@@ -440,7 +439,7 @@ void AtomicFile::reserve(std::int64_t bytes) {
 }
 
 void AtomicFile::write(const void* data, std::size_t bytes) {
-    if (file_ == nullptr) throw Error(path_ + ": write after the file was finished");
+    if (file_ == nullptr) throw Error(detail::quoted_path(path_) + ": write after the file was finished");
     if (bytes != 0 && std::fwrite(data, 1, bytes, file_) != bytes) fail("write failed", errno);
     written_ += static_cast<std::int64_t>(bytes);
 }
@@ -450,7 +449,7 @@ void AtomicFile::finish() {
     // fallocate set the size: a writer that wrote less would leave zeros at the end.
     if (reserved_ != 0 && written_ != reserved_) {
         discard();
-        throw Error(path_ + ": internal error: " + std::to_string(written_) + " bytes written into a file reserved for " +
+        throw Error(detail::quoted_path(path_) + ": internal error: " + std::to_string(written_) + " bytes written into a file reserved for " +
                     std::to_string(reserved_));
     }
     std::FILE* f = file_;
@@ -505,7 +504,7 @@ void AtomicFile::publish(bool sync_directory) {
     struct stat st {};
     if (::stat(target_.file.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
         discard();
-        throw Error(in_quotes(path_) + " became " + describe_file_kind(st.st_mode) + " while it was being written; left untouched");
+        throw Error(detail::quoted_path(path_) + " became " + describe_file_kind(st.st_mode) + " while it was being written; left untouched");
     }
     if (std::rename(stage_.c_str(), target_.file.c_str()) != 0) fail("cannot move the finished file into place", errno);
     untrack_staging_file(slot_);

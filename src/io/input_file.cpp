@@ -7,13 +7,14 @@
 #include <cerrno>
 #include <cstring>
 
+#include "../core/check.hpp"
 #include "attn/error.hpp"
 #include "file_kind.hpp"
 
 namespace attn::detail {
 namespace {
 
-[[noreturn]] void fail(const std::string& path, const std::string& what) { throw Error(path + ": " + what); }
+[[noreturn]] void fail(const std::string& path, const std::string& what) { throw Error(detail::quoted_path(path) + ": " + what); }
 
 void require_regular(const std::string& path, mode_t mode) {
     if (!S_ISREG(mode)) fail(path, "is " + describe_file_kind(mode) + ", not a regular file (inputs must be regular files)");
@@ -22,7 +23,7 @@ void require_regular(const std::string& path, mode_t mode) {
 }  // namespace
 
 InputFile::InputFile(const std::string& path) : path_(path) {
-    if (path.empty()) fail("''", "an empty path names no file");
+    if (path.empty()) fail("", "an empty path names no file");
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) fail(path, std::string("cannot open for reading (") + std::strerror(errno) + ")");
     require_regular(path, st.st_mode);

@@ -177,7 +177,7 @@ std::string descr_of(DType t) {
 
 // numpy's fortran_order (np.save of a transposed or Fortran-contiguous array) stores element
 // (i0, …, i_{n−1}) at Σ i_k·Π_{m<k} d_m; attn's tensors are row-major: one copy, byte for byte.
-Tensor from_fortran_order(const Tensor& column_major, const std::string& path) {
+Tensor from_fortran_order(const Tensor& column_major, const std::string& name) {
     const Shape& shape = column_major.shape();
     Strides strides{};
     std::int64_t step = 1;
@@ -186,7 +186,7 @@ Tensor from_fortran_order(const Tensor& column_major, const std::string& path) {
         step *= shape[d];
     }
     const TensorView in(column_major.data(), column_major.dtype(), shape, strides);
-    Tensor out(column_major.dtype(), shape, false, path);
+    Tensor out(column_major.dtype(), shape, false, name);
     std::array<std::int64_t, kMaxRank> n{1, 1, 1, 1};
     for (int d = 0; d < shape.rank; ++d) n[static_cast<std::size_t>(d)] = shape[d];
     const std::size_t item = dtype_size(in.dtype());
@@ -206,12 +206,13 @@ Tensor read_npy(const std::string& path) {
     // Only regular files are .npy files: the open refuses FIFOs, devices and directories
     // (a FIFO would block, /dev/zero never ends, and neither has a size to check against).
     const detail::InputFile f(path);
+    const std::string name = detail::quoted_path(path);  // every message names the file so
     const auto file_size = static_cast<std::int64_t>(f.size());
-    if (file_size < 10) throw Error(path + ": not a .npy file (only " + std::to_string(file_size) + " bytes)");
+    if (file_size < 10) throw Error(name + ": not a .npy file (only " + std::to_string(file_size) + " bytes)");
 
     char pre[12] = {};
     f.read_at(0, pre, 10);
-    if (std::memcmp(pre, kMagic, kMagicLen) != 0) throw Error(path + ": not a .npy file (bad magic bytes)");
+    if (std::memcmp(pre, kMagic, kMagicLen) != 0) throw Error(name + ": not a .npy file (bad magic bytes)");
     const int major = static_cast<unsigned char>(pre[6]);
     std::uint64_t header_len = 0;
     std::int64_t prelude = 0;
@@ -219,25 +220,25 @@ Tensor read_npy(const std::string& path) {
         header_len = static_cast<unsigned char>(pre[8]) | (static_cast<std::uint64_t>(static_cast<unsigned char>(pre[9])) << 8);
         prelude = 10;
     } else if (major == 2 || major == 3) {
-        if (file_size < 12) throw Error(path + ": truncated .npy preamble");
+        if (file_size < 12) throw Error(name + ": truncated .npy preamble");
         f.read_at(10, pre + 10, 2);
         for (int i = 0; i < 4; ++i) header_len |= static_cast<std::uint64_t>(static_cast<unsigned char>(pre[8 + i])) << (8 * i);
         prelude = 12;
     } else {
-        throw Error(path + ": unsupported .npy format version " + std::to_string(major) + "." +
+        throw Error(name + ": unsupported .npy format version " + std::to_string(major) + "." +
                     std::to_string(static_cast<unsigned char>(pre[7])) + " (attn reads 1.0, 2.0 and 3.0)");
     }
     if (header_len > static_cast<std::uint64_t>(file_size - prelude)) {
-        throw Error(path + ": header length " + std::to_string(header_len) + " runs past the end of the file (" +
+        throw Error(name + ": header length " + std::to_string(header_len) + " runs past the end of the file (" +
                     std::to_string(file_size) + " bytes)");
     }
     std::string text(header_len, '\0');
     f.read_at(static_cast<std::uint64_t>(prelude), text.data(), header_len);
-    const Header h = DictParser(text, path).parse();
+    const Header h = DictParser(text, name).parse();
 
-    const DType dtype = dtype_from_descr(h.descr, path);
+    const DType dtype = dtype_from_descr(h.descr, name);
     if (h.shape.size() > static_cast<std::size_t>(kMaxRank)) {
-        throw Error(path + ": rank " + std::to_string(h.shape.size()) + " is more than attn's maximum of 4");
+        throw Error(name + ": rank " + std::to_string(h.shape.size()) + " is more than attn's maximum of 4");
     }
     // Count the bytes the shape claims (checked: a zero-size shape like (0, 10^12, 10^14) is
     // refused too, its strides would overflow), then compare with the file.
@@ -245,18 +246,18 @@ Tensor read_npy(const std::string& path) {
     Shape shape;
     shape.rank = static_cast<int>(h.shape.size());
     for (std::size_t i = 0; i < h.shape.size(); ++i) shape.dims[i] = h.shape[i];
-    const auto need = static_cast<std::uint64_t>(detail::checked_bytes(path, "the array", shape, dtype_size(dtype)));
+    const auto need = static_cast<std::uint64_t>(detail::checked_bytes(name, "the array", shape, dtype_size(dtype)));
     if (need != available) {
-        throw Error(path + ": shape " + shape.str() + " of " + std::string(dtype_name(dtype)) + " needs " +
+        throw Error(name + ": shape " + shape.str() + " of " + std::string(dtype_name(dtype)) + " needs " +
                     std::to_string(need) + " bytes of data but the file holds " + std::to_string(available));
     }
-    Tensor t(dtype, shape, false, path);
+    Tensor t(dtype, shape, false, name);
     f.read_at(static_cast<std::uint64_t>(prelude) + header_len, t.data(), need);
     if (dtype == DType::boolean) {  // numpy accepts any non-zero byte as True
         auto* p = static_cast<unsigned char*>(t.data());
         for (std::uint64_t i = 0; i < need; ++i) p[i] = p[i] != 0;
     }
-    if (h.fortran && shape.rank > 1) return from_fortran_order(t, path);
+    if (h.fortran && shape.rank > 1) return from_fortran_order(t, name);
     return t;
 }
 
@@ -284,8 +285,8 @@ void write_npy_into(AtomicFile& out, const TensorView& t) {
 
     // A view's elements are checked against its memory, not its file size: a broadcast view
     // (stride 0) can stand for more bytes than a file can hold.
-    const std::int64_t data_bytes = checked_mul(out.path(), "the data", t.numel(), static_cast<std::int64_t>(dtype_size(t.dtype())));
-    out.reserve(checked_add(out.path(), "the file", static_cast<std::int64_t>(head.size()), data_bytes));
+    const std::int64_t data_bytes = checked_mul(detail::quoted_path(out.path()), "the data", t.numel(), static_cast<std::int64_t>(dtype_size(t.dtype())));
+    out.reserve(checked_add(detail::quoted_path(out.path()), "the file", static_cast<std::int64_t>(head.size()), data_bytes));
     out.write(head.data(), head.size());
     write_elements_into(out, t);
 }

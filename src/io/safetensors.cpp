@@ -122,7 +122,8 @@ SafetensorsFile read_safetensors(const std::string& path) { return read_safetens
 
 SafetensorsFile read_safetensors_prefix(const std::string& path, const std::string& prefix, std::vector<std::string>* held) {
     const detail::InputFile f(path);  // regular files only; never blocks on a FIFO
-    return load(f.size(), [&f](std::uint64_t off, void* dst, std::size_t n) { f.read_at(off, dst, n); }, path, nullptr, prefix,
+    return load(f.size(), [&f](std::uint64_t off, void* dst, std::size_t n) { f.read_at(off, dst, n); }, detail::quoted_path(path),
+                nullptr, prefix,
                 held);
 }
 
@@ -137,7 +138,7 @@ std::vector<std::string> safetensors_names(const std::string& path) {
 Tensor read_safetensors_tensor(const std::string& path, const std::string& name) {
     const detail::InputFile f(path);
     SafetensorsFile one =
-        load(f.size(), [&f](std::uint64_t off, void* dst, std::size_t n) { f.read_at(off, dst, n); }, path, &name);
+        load(f.size(), [&f](std::uint64_t off, void* dst, std::size_t n) { f.read_at(off, dst, n); }, detail::quoted_path(path), &name);
     return std::move(one.tensors.front().second);
 }
 
@@ -161,7 +162,7 @@ std::int64_t stored_bytes(const std::string& path, const std::string& name, cons
     const std::int64_t elem = std::string_view(stored_dtype(view.dtype(), keep_16bit)) == "F32"
                                   ? 4
                                   : static_cast<std::int64_t>(dtype_size(view.dtype()));
-    return checked_mul(path, "tensor '" + name + "'", view.numel(), elem);
+    return checked_mul(detail::quoted_path(path), "tensor " + detail::quoted(name), view.numel(), elem);
 }
 }  // namespace
 
@@ -169,8 +170,9 @@ SafetensorsHeader safetensors_header(const std::string& path, const std::vector<
                                      const std::map<std::string, std::string>& metadata, bool keep_16bit) {
     // The JSON as nlohmann-json's dump() of a std::map wrote it before (so files stay byte for
     // byte the same): members sorted by name, __metadata__ among them; no spaces.
-    const auto json_string = [&path](std::string& out, const std::string& text, const std::string& what) {
-        if (!append_json_string(out, text)) throw Error(path + ": " + what + " is not valid UTF-8 (a safetensors header is JSON text)");
+    const std::string file = detail::quoted_path(path);  // every message names the file so
+    const auto json_string = [&file](std::string& out, const std::string& text, const std::string& what) {
+        if (!append_json_string(out, text)) throw Error(file + ": " + what + " is not valid UTF-8 (a safetensors header is JSON text)");
     };
     std::vector<std::pair<std::string_view, std::string>> members;  // (name, "\"name\":value")
     members.reserve(tensors.size() + 1);
@@ -178,14 +180,14 @@ SafetensorsHeader safetensors_header(const std::string& path, const std::vector<
     std::int64_t offset = 0;
     for (const auto& [name, view] : tensors) {
         if (name.empty() || name == "__metadata__") {
-            throw Error(path + ": tensor name '" + name + "' is not allowed (empty or reserved)");
+            throw Error(file + ": tensor name " + detail::quoted(name) + " is not allowed (empty or reserved)");
         }
-        if (!names.insert(name).second) throw Error(path + ": tensor '" + name + "' is given more than once");
-        if (view.data() == nullptr && view.numel() != 0) throw Error(path + ": tensor '" + name + "' has no data");
+        if (!names.insert(name).second) throw Error(file + ": tensor " + detail::quoted(name) + " is given more than once");
+        if (view.data() == nullptr && view.numel() != 0) throw Error(file + ": tensor " + detail::quoted(name) + " has no data");
         std::string member;
         json_string(member, name, "tensor name " + detail::quoted(name));
         const std::int64_t bytes = stored_bytes(path, name, view, keep_16bit);
-        const std::int64_t end = checked_add(path, "the data of tensors up to '" + name + "'", offset, bytes);
+        const std::int64_t end = checked_add(file, "the data of tensors up to " + detail::quoted(name), offset, bytes);
         member += ":{\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(end) + "],\"dtype\":\"" +
                   stored_dtype(view.dtype(), keep_16bit) + "\",\"shape\":[";
         for (int i = 0; i < view.rank(); ++i) {
@@ -219,7 +221,7 @@ SafetensorsHeader safetensors_header(const std::string& path, const std::vector<
 void write_safetensors_into(AtomicFile& out, const SafetensorsHeader& header,
                             const std::vector<std::pair<std::string, TensorView>>& tensors, bool keep_16bit) {
     const std::string& text = header.text;
-    out.reserve(checked_add(out.path(), "the file", 8 + static_cast<std::int64_t>(text.size()), header.data_bytes));
+    out.reserve(checked_add(detail::quoted_path(out.path()), "the file", 8 + static_cast<std::int64_t>(text.size()), header.data_bytes));
     unsigned char len[8];
     for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>((static_cast<std::uint64_t>(text.size()) >> (8 * i)) & 0xff);
     out.write(len, 8);

@@ -23,7 +23,7 @@ std::vector<std::pair<std::string, TensorView>> layer_of(const SafetensorsFile& 
             layers.push_back(prefix + rest.substr(0, rest.size() - marker.size()));
     }
     if (state.empty() && !prefix.empty()) {
-        throw Error(arg + ": " + file + " has no tensor whose name starts with " + quoted(prefix) + " (" + names_held(held) + ")");
+        throw Error(arg + ": " + quoted_path(file) + " has no tensor whose name starts with " + quoted(prefix) + " (" + names_held(held) + ")");
     }
     // A prefix that is a whole tensor's name (FILE:NAME picks one tensor for every other CLI option).
     if (std::any_of(state.begin(), state.end(), [](const auto& t) { return t.first.empty(); })) {
@@ -36,17 +36,17 @@ std::vector<std::pair<std::string, TensorView>> layer_of(const SafetensorsFile& 
                 break;
             }
         }
-        throw Error(arg + ": " + quoted(prefix) + " is a tensor of " + file + ", not a layer: " + spelling.give +
+        throw Error(arg + ": " + quoted(prefix) + " is a tensor of " + quoted_path(file) + ", not a layer: " + spelling.give +
                     " its layer's tensors share" + (layer != prefix ? " (" + select(layer) + ")" : ""));
     }
     const bool has_layer = std::any_of(state.begin(), state.end(), [&](const auto& t) { return t.first == marker; });
     if (!has_layer && !layers.empty()) {
         const std::string& p = layers.front();
         if (!prefix.empty() && p == prefix + ".") {
-            throw Error(arg + ": " + file + " has no tensor " + quoted(prefix + marker) + " but has " + quoted(p + marker) +
+            throw Error(arg + ": " + quoted_path(file) + " has no tensor " + quoted(prefix + marker) + " but has " + quoted(p + marker) +
                         ": end the prefix with '.' (" + select(p) + ")");
         }
-        throw Error(arg + ": " + file + " holds " + std::to_string(layers.size()) + " attention layer" +
+        throw Error(arg + ": " + quoted_path(file) + " holds " + std::to_string(layers.size()) + " attention layer" +
                     (layers.size() > 1 ? "s" : "") + " whose names carry a prefix (" + quoted(p + marker) +
                     "): select one with " + select(p));
     }

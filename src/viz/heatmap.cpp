@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "attn/error.hpp"
+#include "core/check.hpp"
 #include "io/atomic_file.hpp"
 #include "pool.hpp"
 #include "text.hpp"
@@ -515,7 +516,7 @@ ImageFormat image_format_for_path(const std::string& path) {
     for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     if (ext == ".png") return ImageFormat::png;
     if (ext == ".svg") return ImageFormat::svg;
-    throw Error("heatmap: output file name must end in .png or .svg but is '" + path + "'");
+    throw Error("heatmap: output file name must end in .png or .svg but is " + detail::quoted_path(path));
 }
 
 // weights: (Lq, Lk) or (P, Lq, Lk) → an encoded PNG or SVG in memory.

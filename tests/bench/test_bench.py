@@ -267,7 +267,7 @@ def test_a_failing_json_write_names_the_option():
     that error was `attn: error: /dev/full: write failed (…)`, naming no option."""
     p = run("--list", "--json", "/dev/full", check=False)
     assert p.returncode == 2
-    assert p.stderr == "attn: error: --json: /dev/full: write failed (No space left on device)\n"
+    assert p.stderr == "attn: error: --json: '/dev/full': write failed (No space left on device)\n"
 
 
 @pytest.mark.parametrize("flag", ["--torch-script", "--python"])

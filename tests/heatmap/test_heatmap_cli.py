@@ -89,7 +89,7 @@ def test_weights_written_as_safetensors_are_drawn_by_name(tmp_path):
     assert res.returncode == 0, res.stderr
     assert Image.open(tmp_path / "s.png").size[0] > 0
     res = run("heatmap", "W.safetensors", "--out", "t.png", cwd=tmp_path)
-    assert res.returncode == 2 and "name the tensor as W.safetensors:NAME" in res.stderr, res.stderr
+    assert res.returncode == 2 and "name the tensor as 'W.safetensors:NAME'" in res.stderr, res.stderr
     assert not (tmp_path / "t.png").exists()
 
 
@@ -209,7 +209,7 @@ def test_tokens_file_empty_line_is_an_error(tmp_path, text, line):
     # newline a sixth token.
     tf = tmp_path / "tokens.txt"
     tf.write_text(text, encoding="utf-8", newline="")
-    assert f"--tokens-file: {tf}: line {line} is empty" in error_case(tmp_path, W55, "--tokens-file", tf)
+    assert f"--tokens-file: '{tf}': line {line} is empty" in error_case(tmp_path, W55, "--tokens-file", tf)
 
 
 def test_cross_attention_with_query_tokens(tmp_path):

@@ -198,7 +198,7 @@ def test_grads_argument_errors(tmp_path):
     # failing --out leaves no gradients file (it was written first; a review found it).
     train = ["--grad-out", "q.npy", "--grads"]
     r = subprocess.run([ATTN, *base, *train, "g.npy"], cwd=tmp_path, capture_output=True, text=True)
-    assert r.returncode == 2 and "--grads: g.npy would hold several tensors" in r.stderr, r.stderr
+    assert r.returncode == 2 and "--grads: 'g.npy' would hold several tensors" in r.stderr, r.stderr
     full = [a if a != "o.npy" else "/dev/full" for a in base]
     r = subprocess.run([ATTN, *full, *train, "g.safetensors"], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 2 and "write failed" in r.stderr, r.stderr

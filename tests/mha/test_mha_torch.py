@@ -342,7 +342,7 @@ def test_params_prefix_reads_only_that_layer(tmp_path):
     assert rel_err(np.load(tmp_path / "o.npy"), want.numpy()) <= REL_TOL
     err = run_attn(tmp_path, ["--params", "m.safetensors:quant.", "--num-heads", "2", "--query", "x.npy", "--out", "q.npy"],
                    expect_ok=False).stderr  # read, it is refused
-    assert err == "attn: error: --params: m.safetensors: tensor 'quant.qweight': dtype U8 is not supported (F32, F16, " \
+    assert err == "attn: error: --params: 'm.safetensors': tensor 'quant.qweight': dtype U8 is not supported (F32, F16, " \
                   "BF16, F64, I64, I32 or BOOL)\n", err  # no "read the others by name": the layer needs it
     assert not (tmp_path / "q.npy").exists()
 
@@ -371,7 +371,7 @@ def test_params_prefix_selects_a_layer_of_a_model(tmp_path):
     # FILE:NAME names one tensor for every other option: here a tensor's whole name said
     # "missing tensor 'out_proj.weight' ... it holds 1: ''".
     err = run_attn(tmp_path, ["--params", "enc.safetensors:self_attn.out_proj.weight", *base], expect_ok=False).stderr
-    assert "--params: 'self_attn.out_proj.weight' is a tensor of enc.safetensors, not a layer: after ':' give the prefix " \
+    assert "--params: 'self_attn.out_proj.weight' is a tensor of 'enc.safetensors', not a layer: after ':' give the prefix " \
            "its layer's tensors share (--params enc.safetensors:self_attn.)" in err, err
     assert not (tmp_path / "o.npy").exists()
 

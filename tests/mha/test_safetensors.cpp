@@ -213,7 +213,7 @@ TEST(Safetensors, ReadsOneTensorByName) {
         FAIL() << "no error";
     } catch (const attn::Error& e) {
         const std::string m = e.what();
-        EXPECT_NE(m.find(path + ": has no tensor named 'nope' (it holds 2: "), std::string::npos) << m;
+        EXPECT_NE(m.find("'" + path + "': has no tensor named 'nope' (it holds 2: "), std::string::npos) << m;
     }
     // A damaged header is refused even though the named tensor's own entry is fine.
     const std::string bad = image(kTwo, floats({1, 2, 3, 4}));  // a hole at the end of the data
@@ -454,7 +454,7 @@ TEST(Safetensors, WritingTextThatIsNotUtf8IsAnError) {
             attn::write_safetensors(path, {{name, a.view()}}, metadata);
             ADD_FAILURE() << "no error; expected: " << message;
         } catch (const attn::Error& e) {
-            EXPECT_EQ(std::string(e.what()), path + ": " + message + " is not valid UTF-8 (a safetensors header is JSON text)");
+            EXPECT_EQ(std::string(e.what()), "'" + path + "': " + message + " is not valid UTF-8 (a safetensors header is JSON text)");
         }
         EXPECT_FALSE(std::filesystem::exists(path));
     };

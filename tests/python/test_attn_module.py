@@ -474,7 +474,7 @@ def test_mha_load_safetensors_dtype_in_the_file_is_a_value_error(tmp_path):
     for dtype in ["F8_E4M3", "F8_E5M2", "U8"]:
         f = tmp_path / (dtype + ".safetensors")
         write_safetensors_raw(f, {"in_proj_weight": (dtype, [12, 4], bytes(48))})
-        with pytest.raises(ValueError, match=f"{f.name}: tensor 'in_proj_weight': dtype {dtype} is not supported "
+        with pytest.raises(ValueError, match=f"{f.name}': tensor 'in_proj_weight': dtype {dtype} is not supported "
                                              r"\(F32, F16, BF16, F64, I64, I32 or BOOL\)"):
             m.load_safetensors(f)
     f = tmp_path / "i32.safetensors"
@@ -848,9 +848,9 @@ def test_save_safetensors_of_views_too_large_for_any_file(tmp_path):
         pytest.skip("the temporary directory's file system has no fallocate: the 4 PiB file would be written")
     n = (2**63 - 8) // 8
     huge = np.broadcast_to(np.zeros(1, np.int64), (n,))
-    with pytest.raises(ValueError, match=r"z\.safetensors: the data of tensors up to 'b': .* exceeds 9223372036854775807"):
+    with pytest.raises(ValueError, match=r"z\.safetensors': the data of tensors up to 'b': .* exceeds 9223372036854775807"):
         attn.save_safetensors(str(tmp_path / "z.safetensors"), {"a": huge, "b": huge, "c": huge})
     big = np.broadcast_to(np.zeros(1, np.float32), (2**50,))  # 4 PiB: no file system here holds it
-    with pytest.raises(ValueError, match=r"z\.safetensors: write failed: the file needs \d+ bytes, more than the file system takes"):
+    with pytest.raises(ValueError, match=r"z\.safetensors': write failed: the file needs \d+ bytes, more than the file system takes"):
         attn.save_safetensors(str(tmp_path / "z.safetensors"), {"a": big})
     assert os.listdir(tmp_path) == []

@@ -127,7 +127,7 @@ def test_float64_out_on_request(tmp_path):
     assert o32_64.dtype == np.float64 and np.array_equal(o32_64, np.load(tmp_path / "o32.npy").astype(np.float64))
     # float64 has no safetensors dtype here: refused before anything runs.
     fails(run("--q", "q64.npy", "--k", "k64.npy", "--v", "v64.npy", "--out", "o.safetensors", "--out-dtype", "float64",
-              cwd=tmp_path), "--out: o.safetensors would hold float64")
+              cwd=tmp_path), "--out: 'o.safetensors' would hold float64")
     assert not (tmp_path / "o.safetensors").exists()
 
 
@@ -165,20 +165,20 @@ BASE = ["--q", "q.npy", "--k", "k.npy", "--v", "v.npy"]
 
 @pytest.mark.parametrize("args, fragments", [
     (["--q", "q.npy", "--k", "kv.safetensors:nope", "--v", "v.npy", "--out", "o.npy"],
-     ["--k: kv.safetensors: has no tensor named 'nope' (it holds 2: 'k', 'v')"]),
+     ["--k: 'kv.safetensors': has no tensor named 'nope' (it holds 2: 'k', 'v')"]),
     (["--q", "q.npy", "--k", "kv.safetensors", "--v", "v.npy", "--out", "o.npy"],
-     ["--k: kv.safetensors is a safetensors file: name the tensor as kv.safetensors:NAME (it holds 2: 'k', 'v')"]),
+     ["--k: 'kv.safetensors' is a safetensors file: name the tensor as 'kv.safetensors:NAME' (it holds 2: 'k', 'v')"]),
     (["--q", "q.npy", "--k", "kv.safetensors:", "--v", "v.npy", "--out", "o.npy"], ["--k: ", "name after ':' is empty"]),
     (["--q", "q.npy", "--k", "kv.safetensors:k", "--v", "cut.safetensors:v", "--out", "o.npy"],
-     ["--v: cut.safetensors: "]),
+     ["--v: 'cut.safetensors': "]),
     (["--q", "q.npy", "--k", "i32.safetensors:k", "--v", "v.npy", "--out", "o.npy"],
-     ["--k: i32.safetensors:k must hold float32, float64, float16 or bfloat16 but holds int32"]),
+     ["--k: 'i32.safetensors:k' must hold float32, float64, float16 or bfloat16 but holds int32"]),
     (["--q", "missing.safetensors:q", "--k", "k.npy", "--v", "v.npy", "--out", "o.npy"],
-     ["--q: missing.safetensors:q: no file of that name, nor a file missing.safetensors to read the tensor 'q'"]),
+     ["--q: 'missing.safetensors:q': no file of that name, nor a file 'missing.safetensors' to read the tensor 'q'"]),
     (["--q", "qi.npy", "--k", "k.npy", "--v", "v.npy", "--out", "o.npy"],
-     ["--q: qi.npy must hold float32, float64, float16 or bfloat16 but holds int32"]),
-    (BASE + ["--out", "o.npy", "--mask", "maski.npy"], ["--mask: maski.npy must hold bool", "or a float dtype", "but holds int32"]),
-    (BASE + ["--out", "o.npy", "--out-dtype", "bfloat16"], ["--out: o.npy would hold bfloat16", ".safetensors"]),
+     ["--q: 'qi.npy' must hold float32, float64, float16 or bfloat16 but holds int32"]),
+    (BASE + ["--out", "o.npy", "--mask", "maski.npy"], ["--mask: 'maski.npy' must hold bool", "or a float dtype", "but holds int32"]),
+    (BASE + ["--out", "o.npy", "--out-dtype", "bfloat16"], ["--out: 'o.npy' would hold bfloat16", ".safetensors"]),
     (BASE + ["--out", "o.npy", "--out-dtype", "float8"], ["--out-dtype: expected float16, bfloat16, float32 or float64 but got 'float8'"]),
     (BASE + ["--out", "o.safetensors", "--lse", "l.npy", "--key-lengths", "kv.safetensors:zz"], ["--key-lengths: "]),
 ])
@@ -209,7 +209,7 @@ def test_mha_reads_safetensors_arguments_and_names_its_outputs(tmp_path):
     check(o["out"][0], ref, "float32")
     r = subprocess.run([ATTN_BIN, "mha", *common, "--query", "x.safetensors:y", "--out", "o2.npy"], capture_output=True,
                        text=True, cwd=tmp_path, timeout=120)
-    fails(r, "--query: x.safetensors: has no tensor named 'y' (it holds 1: 'x')")
+    fails(r, "--query: 'x.safetensors': has no tensor named 'y' (it holds 1: 'x')")
     assert not (tmp_path / "o2.npy").exists()
 
 

@@ -504,6 +504,23 @@ def test_a_file_name_with_control_characters_is_one_error_line(work):
     assert "\x1b" not in err
 
 
+def test_a_path_with_a_quote_a_newline_or_a_non_utf8_byte_is_quoted_unambiguously(work):
+    """One quoting rule for every path in a message (docs/errors.md, "Quoting"): the checks of an
+    output's dtype and of an input's format named the path bare — a newline split the one error
+    line, a quote or a byte that is not UTF-8 made it ambiguous (or not UTF-8)."""
+    name = "it's\n\udcff.npy"  # the byte 0xFF (os.fsencode's surrogate escape)
+    shown = f"'{work}/it\\'s\\x0a\\xff.npy'"
+    expect_error(work, sdpa(work, "--out-dtype", "bfloat16", out=work / name),
+                 f"--out: {shown} would hold bfloat16, which .npy cannot store")
+    expect_error(work, ["mha", "--params", work / "p.safetensors", "--num-heads", "1", "--query", work / "q.npy",
+                        "--out", work / "o.npy", "--grad-out", work / "q.npy", "--grads", work / name],
+                 f"--grads: {shown} would hold several tensors")
+    (work / name).write_bytes(b"not a .npy file")
+    args = sdpa(work)
+    args[args.index("--q") + 1] = work / name
+    expect_error(work, args, f"--q: {shown}: not a .npy file")
+
+
 def test_an_output_path_past_path_max_says_so(work):
     """It was "directory … does not exist or is not writable" (access() failed with ENAMETOOLONG)."""
     deep = "/".join(["d" * 250] * 20)
@@ -1052,7 +1069,7 @@ def test_ulimit_f_gives_the_one_line_error(work, which):
     args = sdpa(work, "--weights", paths["--weights"], "--lse", paths["--lse"], out=paths["--out"])
     # every output above 128 bytes (the .npy header) fails; the first written fails first
     err = expect_error(work, args, "write failed", "File too large", preexec_fn=limit_file_size(100))
-    assert any(str(p) in err for p in paths.values()), err
+    assert any(f"{flag}: '{p}': write failed" in err for flag, p in paths.items()), err  # the path quoted
 
 
 def save_f32_safetensors(path, tensors):
@@ -1529,8 +1546,8 @@ def test_a_tensor_argument_naming_an_existing_file_is_that_file_whatever_its_nam
     # Neither reading finds a file: the error says both.
     args = sdpa(work)
     args[args.index("--q") + 1] = work / "gone.safetensors:q.npy"
-    expect_error(work, args, f"--q: {work}/gone.safetensors:q.npy: no file of that name, nor a file "
-                             f"{work}/gone.safetensors to read the tensor 'q.npy' from (No such file or directory)")
+    expect_error(work, args, f"--q: '{work}/gone.safetensors:q.npy': no file of that name, nor a file "
+                             f"'{work}/gone.safetensors' to read the tensor 'q.npy' from (No such file or directory)")
 
 
 def write_layer(d, e=8):
@@ -1574,7 +1591,7 @@ def test_a_bfloat16_npy_output_is_told_what_a_npy_can_hold(work, command, output
         args = ["mha", "--params", write_layer(work), "--num-heads", "2", "--query", work / "x.npy"]
     flag, path = next((f, p) for f, p in zip(outputs[::2], outputs[1::2]) if p.endswith(".npy") and f != "--grad-out")
     outputs = [work / o if o.endswith((".npy", ".safetensors")) else o for o in outputs]
-    err = expect_error(work, args + outputs + ["--out-dtype", "bfloat16"], f"{flag}: {work / path} would hold bfloat16")
+    err = expect_error(work, args + outputs + ["--out-dtype", "bfloat16"], f"{flag}: '{work / path}' would hold bfloat16")
     assert err.rstrip().endswith("which .npy cannot store: give a path ending in .safetensors, or " + suggested), err
 
 

@@ -66,7 +66,7 @@ protected:
             (void)attn::read_npy(path(name));
         } catch (const attn::Error& e) {
             const std::string msg = e.what();
-            EXPECT_EQ(msg.rfind(path(name) + ": ", 0), 0u) << "the message must start with the file name: " << msg;
+            EXPECT_EQ(msg.rfind("'" + path(name) + "': ", 0), 0u) << "the message must start with the file name, quoted: " << msg;
             return msg;
         } catch (const std::exception& e) {
             ADD_FAILURE() << "expected attn::Error, got another exception: " << e.what();
@@ -342,7 +342,9 @@ TEST_F(Npy, StructuredDtypeIsAnUnsupportedDtype) {
         write_bytes("s.npy", npy_bytes(std::string("{'descr': ") + d + ", 'fortran_order': False, 'shape': (2,), }",
                                        std::string(64, '\0')));
         const std::string msg = read_error("s.npy");
-        EXPECT_TRUE(contains(msg, std::string("unsupported dtype '") + d + "' (a structured dtype, with named fields; " +
+        std::string shown;  // the descr quoted: its own quotes escaped (docs/errors.md, "Quoting")
+        for (const char* c = d; *c != '\0'; ++c) shown += *c == '\'' ? std::string("\\'") : std::string(1, *c);
+        EXPECT_TRUE(contains(msg, "unsupported dtype '" + shown + "' (a structured dtype, with named fields; " +
                                       "attn reads little-endian float32")) << msg;
     }
     write_bytes("u.npy", npy_bytes("{'descr': [('a', '<f4'), 'fortran_order': False, 'shape': (2,), }", std::string(64, '\0')));
@@ -410,7 +412,7 @@ TEST_F(Npy, OutputIntoANonexistentDirectoryLeavesNothing) {
         attn::write_npy(p, a);
         ADD_FAILURE() << "expected attn::Error";
     } catch (const attn::Error& e) {
-        EXPECT_EQ(std::string(e.what()).rfind(p + ": cannot create output file (No such file or directory)", 0), 0u) << e.what();
+        EXPECT_EQ(std::string(e.what()).rfind("'" + p + "': cannot create output file (No such file or directory)", 0), 0u) << e.what();
     }
     EXPECT_TRUE(listing().empty());
 }
@@ -482,7 +484,7 @@ TEST_F(Npy, AReservedFileMustBeFilledExactly) {
         f.commit();
         ADD_FAILURE() << "no error";
     } catch (const attn::Error& e) {
-        EXPECT_TRUE(contains(e.what(), "short.bin: internal error: 10 bytes written into a file reserved for 16")) << e.what();
+        EXPECT_TRUE(contains(e.what(), "short.bin': internal error: 10 bytes written into a file reserved for 16")) << e.what();
     }
     EXPECT_TRUE(listing().empty());
 }
@@ -508,7 +510,7 @@ TEST_F(Npy, AFailingWriteLeavesNoTemporaryFile) {
     // whole size at once (AtomicFile::reserve; 128 header bytes + 1 MiB). Elsewhere a write fails.
     const std::string expected = fallocate_works() ? ": write failed: the file needs 1048704 bytes, more than the file system takes (File too large)"
                                                    : ": write failed";
-    EXPECT_TRUE(contains(msg, path("big.npy") + expected)) << "message: " << msg;
+    EXPECT_TRUE(contains(msg, "'" + path("big.npy") + "'" + expected)) << "message: " << msg;
     EXPECT_TRUE(listing().empty());
 
     // And a pre-existing file of that name survives a failed overwrite unchanged.

@@ -12,6 +12,7 @@
 #include "attn/reference.hpp"
 #include "attn/sdpa.hpp"
 #include "commands.hpp"
+#include "core/check.hpp"
 #include "output_files.hpp"
 #include "threads_option.hpp"
 
@@ -101,7 +102,7 @@ void run_demo(const std::string& heatmap_path) {
         try {
             image_format_for_path(heatmap_path);
         } catch (const Error&) {
-            throw Error("--heatmap: expected a file name ending in .png or .svg but got '" + heatmap_path + "'");
+            throw Error("--heatmap: expected a file name ending in .png or .svg but got " + detail::quoted_path(heatmap_path));
         }
         outputs.add("--heatmap", heatmap_path);
         outputs.check();

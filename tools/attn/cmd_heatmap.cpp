@@ -69,10 +69,10 @@ std::vector<std::string> read_lines(const std::string& flag, const std::string& 
     std::string line;
     while (std::getline(in, line)) {
         if (!line.empty() && line.back() == '\r') line.pop_back();
-        if (line.empty()) throw Error(flag + ": " + path + ": line " + std::to_string(out.size() + 1) + " is empty");
+        if (line.empty()) throw Error(flag + ": " + detail::quoted_path(path) + ": line " + std::to_string(out.size() + 1) + " is empty");
         out.push_back(line);
     }
-    if (out.empty()) throw Error(flag + ": '" + path + "' holds no tokens");
+    if (out.empty()) throw Error(flag + ": " + detail::quoted_path(path) + " holds no tokens");
     return out;
 }
 
@@ -86,7 +86,7 @@ std::vector<std::string> tokens_from(const std::string& flag, const std::string&
     else if (!file.empty()) tokens = read_lines(file_flag, file);
     for (std::size_t i = 0; i < tokens.size(); ++i) {
         if (!heatmap_label_ok(tokens[i])) {
-            throw Error((from_file ? file_flag + ": " + file + ": line " : flag + ": token ") + std::to_string(i + 1) +
+            throw Error((from_file ? file_flag + ": " + detail::quoted_path(file) + ": line " : flag + ": token ") + std::to_string(i + 1) +
                         " is not valid UTF-8 text (or holds a NUL byte)");
         }
     }
@@ -113,7 +113,7 @@ void run(const HeatmapArgs& a) {
     try {
         image_format_for_path(a.out);
     } catch (const Error&) {
-        throw Error("--out: expected a file name ending in .png or .svg but got '" + a.out + "'");
+        throw Error("--out: expected a file name ending in .png or .svg but got " + detail::quoted_path(a.out));
     }
     OutputFiles outputs;
     outputs.add("--out", a.out);
@@ -125,18 +125,18 @@ void run(const HeatmapArgs& a) {
     // A .npy or FILE.safetensors:NAME, as every tensor argument (what `attn sdpa --weights` writes).
     const Tensor w = read_tensor_arg("weights", a.weights);
     if (!is_floating(w.dtype())) {
-        throw Error("weights: " + a.weights + ": attention weights must be float16, bfloat16, float32 or float64 but the file holds " +
+        throw Error("weights: " + detail::quoted_path(a.weights) + ": attention weights must be float16, bfloat16, float32 or float64 but the file holds " +
                     std::string(dtype_name(w.dtype())));
     }
     const Shape& s = w.shape();
     if (s.rank < 2 || s.rank > 4) {
-        throw Error("weights: " + a.weights + ": expected attention weights of shape (Lq, Lk), (H, Lq, Lk) or (B, H, Lq, Lk) but got " + s.str());
+        throw Error("weights: " + detail::quoted_path(a.weights) + ": expected attention weights of shape (Lq, Lk), (H, Lq, Lk) or (B, H, Lq, Lk) but got " + s.str());
     }
     for (int i = 0; i < s.rank; ++i) {
-        if (s[i] == 0) throw Error("weights: " + a.weights + ": attention weights must not be empty but have shape " + s.str());
+        if (s[i] == 0) throw Error("weights: " + detail::quoted_path(a.weights) + ": attention weights must not be empty but have shape " + s.str());
     }
     if (a.batched && s.rank != 3) {
-        throw Error("--batched: only for 3-d weights, read as (B, Lq, Lk), but " + a.weights + " has shape " + s.str());
+        throw Error("--batched: only for 3-d weights, read as (B, Lq, Lk), but " + detail::quoted_path(a.weights) + " has shape " + s.str());
     }
     // Seen as (B, H, Lq, Lk) whatever the file's rank: batch and head dims and their strides (0
     // for a dim the file does not have). A 3-d W is (H, Lq, Lk), or (B, Lq, Lk) with --batched.

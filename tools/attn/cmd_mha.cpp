@@ -101,7 +101,7 @@ void run(const MhaArgs& a) {
     const std::string params_file = tensor_arg_file(a.params);
     const std::string prefix = a.params.size() > params_file.size() ? a.params.substr(params_file.size() + 1) : "";
     if (a.params.size() > params_file.size() && prefix.empty())
-        throw Error("--params: " + a.params + ": the prefix after ':' is empty (FILE.safetensors:PREFIX, e.g. layers.0.attn.)");
+        throw Error("--params: " + detail::quoted_path(a.params) + ": the prefix after ':' is empty (FILE.safetensors:PREFIX, e.g. layers.0.attn.)");
     outputs.add_input("--params", params_file);
     for (const auto& [flag, spec] : {std::pair{"--query", &a.query}, {"--key", &a.key}, {"--value", &a.value},
                                      {"--key-padding-mask", &a.key_padding_mask}, {"--attn-mask", &a.attn_mask},
@@ -132,7 +132,7 @@ void run(const MhaArgs& a) {
     } else if (!a.alibi_slopes.empty()) {
         const Tensor t = read_tensor_arg("--alibi-slopes", a.alibi_slopes);
         if (!is_floating(t.dtype()) || t.shape().rank != 1) {
-            throw Error("--alibi-slopes: " + a.alibi_slopes + " must hold a floating (num_heads,) array but holds " +
+            throw Error("--alibi-slopes: " + detail::quoted_path(a.alibi_slopes) + " must hold a floating (num_heads,) array but holds " +
                         std::string(dtype_name(t.dtype())) + " " + t.shape().str());
         }
         const Tensor f = detail::float32_values(t.view(), "--alibi-slopes");

@@ -26,6 +26,7 @@
 #include "attn/error.hpp"
 #include "causal_option.hpp"
 #include "commands.hpp"
+#include "core/check.hpp"
 #include "gradient_outputs.hpp"
 #include "scale_option.hpp"
 #include "threads_option.hpp"
@@ -84,7 +85,7 @@ std::string shard_path(const std::string& path, int rank) {
 Tensor read_input(const std::string& flag, const std::string& path) {
     Tensor t = read_tensor_arg(flag, path, {DType::f32, DType::f64, DType::f16, DType::bf16});
     if (t.shape().rank != 4) {
-        throw Error(flag + ": " + path + " must hold a rank-4 array (B, H, L, D) but holds shape " + t.shape().str());
+        throw Error(flag + ": " + detail::quoted_path(path) + " must hold a rank-4 array (B, H, L, D) but holds shape " + t.shape().str());
     }
     return t;
 }
@@ -200,7 +201,8 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
         v = read_input("--v", a.v);
         // What the scatter relies on; ring_attention checks everything else (heads, head dims, …).
         if (v.shape()[2] != k.shape()[2]) {
-            throw Error("--v: " + a.v + " has length " + std::to_string(v.shape()[2]) + " but --k " + a.k + " has length " +
+            throw Error("--v: " + detail::quoted_path(a.v) + " has length " + std::to_string(v.shape()[2]) + " but --k " +
+                        detail::quoted_path(a.k) + " has length " +
                         std::to_string(k.shape()[2]));
         }
         if (k.shape()[0] != q.shape()[0] || v.shape()[0] != q.shape()[0]) {
@@ -208,7 +210,8 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
                         " does not match --q's batch " + std::to_string(q.shape()[0]));
         }
         if (v.shape()[1] != k.shape()[1]) {
-            throw Error("--v: " + a.v + " has " + std::to_string(v.shape()[1]) + " heads but --k " + a.k + " has " +
+            throw Error("--v: " + detail::quoted_path(a.v) + " has " + std::to_string(v.shape()[1]) + " heads but --k " +
+                        detail::quoted_path(a.k) + " has " +
                         std::to_string(k.shape()[1]));
         }
         // (B,) integers, one per sequence: rank 0 reads them, every rank gets them below.
@@ -216,7 +219,7 @@ void run_ring(MPI_Comm comm, const RingArgs& a) {
             if (spec.empty()) return Tensor();
             Tensor t = read_tensor_arg(flag, spec);
             if ((t.dtype() != DType::i32 && t.dtype() != DType::i64) || t.shape().rank != 1 || t.shape()[0] != q.shape()[0]) {
-                throw Error(std::string(flag) + ": " + spec + " must hold int32/int64 of shape (B,) = (" +
+                throw Error(std::string(flag) + ": " + detail::quoted_path(spec) + " must hold int32/int64 of shape (B,) = (" +
                             std::to_string(q.shape()[0]) + ",) but holds " + std::string(dtype_name(t.dtype())) + " " +
                             t.shape().str());
             }

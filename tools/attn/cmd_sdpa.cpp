@@ -21,6 +21,7 @@
 #include "attn/sdpa_varlen.hpp"
 #include "causal_option.hpp"
 #include "commands.hpp"
+#include "core/check.hpp"
 #include "flag_names.hpp"
 #include "gradient_outputs.hpp"
 #include "output_files.hpp"
@@ -169,7 +170,7 @@ void run(const SdpaArgs& a) {
         } else if (is_floating(mask.dtype())) {
             opt.additive_mask = mask.view();
         } else {
-            throw Error("--mask: " + a.mask + " must hold bool (true = may attend) or a float dtype (added to the scores) but holds " +
+            throw Error("--mask: " + detail::quoted_path(a.mask) + " must hold bool (true = may attend) or a float dtype (added to the scores) but holds " +
                         std::string(dtype_name(mask.dtype())));
         }
     }

@@ -1,3 +1,4 @@
+#include "core/check.hpp"
 #include "output_files.hpp"
 
 #include <fcntl.h>
@@ -147,8 +148,8 @@ void OutputFiles::check() {
             const bool same_path = !targets[i].direct && !targets[j].direct && identities[i] == identities[j];
             if (same_path || (!one_descriptor && landing && landing == landings[j])) {
                 const bool descriptors = targets[i].descriptor >= 0 && targets[j].descriptor >= 0;
-                throw Error(flag + ": path '" + p + "' names the same file as " + files_[j].first + " ('" +
-                            files_[j].second + "')" +
+                throw Error(flag + ": path " + detail::quoted_path(p) + " names the same file as " + files_[j].first + " (" +
+                            detail::quoted_path(files_[j].second) + ")" +
                             (descriptors ? " (descriptors " + std::to_string(targets[j].descriptor) + " and " +
                                                std::to_string(targets[i].descriptor) + " are open on one regular file)"
                                          : ""));
@@ -160,8 +161,8 @@ void OutputFiles::check() {
             for (const auto& [in_flag, in_path] : inputs_) {
                 struct stat in_st {};
                 if (::stat(in_path.c_str(), &in_st) == 0 && std::pair{in_st.st_dev, in_st.st_ino} == *landing) {
-                    throw Error(flag + ": path '" + p + "' names the same file as the input " + in_flag + " ('" + in_path +
-                                "'), which it would " + (targets[i].direct ? "overwrite" : "replace"));
+                    throw Error(flag + ": path " + detail::quoted_path(p) + " names the same file as the input " + in_flag + " (" +
+                                detail::quoted_path(in_path) + "), which it would " + (targets[i].direct ? "overwrite" : "replace"));
                 }
             }
         }
@@ -171,23 +172,22 @@ void OutputFiles::check() {
         const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : file.substr(0, slash));
         struct stat dir_st {};
         if (::stat(dir.c_str(), &dir_st) == 0 && !S_ISDIR(dir_st.st_mode)) {
-            throw Error(flag + ": '" + dir + "' is not a directory (in the path '" + p + "')");
+            throw Error(flag + ": " + detail::quoted_path(dir) + " is not a directory (in the path " + detail::quoted_path(p) + ")");
         }
         if (::access(dir.c_str(), W_OK) != 0) {
             // ENOENT, EACCES, EROFS — or ENAMETOOLONG, which is no directory's fault (a path past
             // PATH_MAX was refused by resolve_output).
             const int err = errno;
             if (err == ENAMETOOLONG) {  // one of the directories' names is past NAME_MAX
-                throw Error(flag + ": a directory name in '" + dir.substr(0, 80) + (dir.size() > 80 ? "…" : "") +
-                            "': " + std::strerror(err));
+                throw Error(flag + ": a directory name in " + detail::quoted(dir) + ": " + std::strerror(err));
             }
-            throw Error(flag + ": directory '" + dir + "' does not exist or is not writable (" + std::strerror(err) + ")");
+            throw Error(flag + ": directory " + detail::quoted_path(dir) + " does not exist or is not writable (" + std::strerror(err) + ")");
         }
         const std::string name = slash == std::string::npos ? file : file.substr(slash + 1);
         const long name_max = ::pathconf(dir.c_str(), _PC_NAME_MAX);
         if (name_max > 0 && name.size() > static_cast<std::size_t>(name_max)) {
-            throw Error(flag + ": '" + name.substr(0, 40) + "…': File name too long (" + std::to_string(name.size()) +
-                        " bytes; directory '" + dir + "' allows " + std::to_string(name_max) + ")");
+            throw Error(flag + ": " + detail::quoted(name, 40) + ": File name too long (" + std::to_string(name.size()) +
+                        " bytes; directory " + detail::quoted_path(dir) + " allows " + std::to_string(name_max) + ")");
         }
     }
     // A shell redirect onto an output (`--out o.npy > o.npy`): the rename would replace the file
@@ -199,7 +199,7 @@ void OutputFiles::check() {
         for (std::size_t i = 0; i < files_.size() && redirected; ++i) {
             if (targets[i].direct || landings[i] != redirected) continue;
             const auto& [flag, p] = files_[i];
-            throw Error(flag + ": path '" + p + "' names the file " + stream + " is redirected to, which it would replace, " +
+            throw Error(flag + ": path " + detail::quoted_path(p) + " names the file " + stream + " is redirected to, which it would replace, " +
                         "losing what attn prints there: redirect " + stream + " to another file");
         }
     }
@@ -230,7 +230,7 @@ detail::OutputTarget OutputFiles::target_of(const std::string& path) const {
 
 void OutputFiles::require_safetensors(const std::string& flag, const std::string& path) {
     if (!path.empty() && !is_safetensors(path)) {
-        throw Error(flag + ": " + path + " would hold several tensors, which only safetensors holds: give a path ending "
+        throw Error(flag + ": " + detail::quoted_path(path) + " would hold several tensors, which only safetensors holds: give a path ending "
                     "in .safetensors");
     }
 }
@@ -240,14 +240,14 @@ void OutputFiles::check_dtype(const std::string& flag, const std::string& path, 
     if (path.empty()) return;
     if (is_safetensors(path)) {
         if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16) {
-            throw Error(flag + ": " + path + " would hold " + std::string(dtype_name(dtype)) +
+            throw Error(flag + ": " + detail::quoted_path(path) + " would hold " + std::string(dtype_name(dtype)) +
                         ", but attn writes safetensors as float32, float16 or bfloat16 (use a .npy path)");
         }
     } else if (!npy_holds(dtype)) {
         std::vector<DType> in_npy;  // the --out-dtype values a .npy output can be given
         for (const DType d : out_dtypes)
             if (npy_holds(d)) in_npy.push_back(d);
-        throw Error(flag + ": " + path + " would hold " + std::string(dtype_name(dtype)) +
+        throw Error(flag + ": " + detail::quoted_path(path) + " would hold " + std::string(dtype_name(dtype)) +
                     ", which .npy cannot store: give a path ending in .safetensors" +
                     (in_npy.empty() ? "" : ", or --out-dtype " + dtype_list(in_npy)));
     }

@@ -1,3 +1,4 @@
+#include "core/check.hpp"
 #include "tensor_args.hpp"
 
 #include <sys/stat.h>
@@ -40,10 +41,11 @@ Tensor read_spec(const std::string& spec) {
     // Split first: a tensor may itself be named "x.safetensors" (FILE.safetensors:x.safetensors).
     const auto [file, name] = split_spec(spec);
     if (file != spec) {
-        if (name.empty()) throw Error(spec + ": the tensor name after ':' is empty (FILE.safetensors:NAME)");
+        if (name.empty()) throw Error(detail::quoted_path(spec) + ": the tensor name after ':' is empty (FILE.safetensors:NAME)");
         // Neither reading finds a file: say both, not only the one split_spec fell back to.
         if (struct stat st {}; ::stat(file.c_str(), &st) != 0) {
-            throw Error(spec + ": no file of that name, nor a file " + file + " to read the tensor '" + name + "' from (" +
+            throw Error(detail::quoted_path(spec) + ": no file of that name, nor a file " + detail::quoted_path(file) +
+                        " to read the tensor " + detail::quoted(name) + " from (" +
                         std::strerror(errno) + ")");
         }
         return read_safetensors_tensor(file, name);
@@ -56,7 +58,8 @@ Tensor read_spec(const std::string& spec) {
             held = " (" + detail::names_held(safetensors_names(spec)) + ")";
         } catch (const Error&) {  // no such file, or not a safetensors one: the advice alone
         }
-        throw Error(spec + " is a safetensors file: name the tensor as " + spec + ":NAME" + held);
+        throw Error(detail::quoted_path(spec) + " is a safetensors file: name the tensor as " + detail::quoted_path(spec + ":NAME") +
+                    held);
     }
     return read_npy(spec);
 }
@@ -82,7 +85,7 @@ Tensor read_tensor_arg(const std::string& flag, const std::string& spec, std::in
     Tensor t = read_tensor_arg(flag, spec);
     for (const DType d : allowed)
         if (t.dtype() == d) return t;
-    throw Error(flag + ": " + spec + " must hold " + dtype_list(allowed) + " but holds " +
+    throw Error(flag + ": " + detail::quoted_path(spec) + " must hold " + dtype_list(allowed) + " but holds " +
                 std::string(dtype_name(t.dtype())));
 }
 
