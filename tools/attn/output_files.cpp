@@ -2,7 +2,9 @@
 #include "output_files.hpp"
 
 #include <fcntl.h>
+#include <linux/kcmp.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -43,6 +45,21 @@ std::optional<std::pair<dev_t, ino_t>> regular_file_behind(int fd) {
     struct stat st {};
     if (::fstat(fd, &st) != 0) return std::nullopt;
     return regular_file_of(detail::OutputTarget{"", true, fd, st.st_mode & S_IFMT, st.st_dev, st.st_ino});
+}
+
+// Whether two outputs written through descriptors come out one after the other, as one stream
+// (docs/conventions.md, "Two outputs on one file"): one descriptor named twice; two sharing one
+// open file, so one offset (`> f 2>&1`: kcmp(KCMP_FILE) tells, where the kernel has kcmp and lets
+// a process compare its own descriptors — else refused, as before); or two in append mode
+// (`>> f 2>> f`), each write at the end whatever the other wrote. Two with an offset each
+// (`1> f 2> f`, `<> f`) would write the second output over the first.
+bool one_stream(const detail::OutputTarget& a, const detail::OutputTarget& b) {
+    if (a.descriptor < 0 || b.descriptor < 0) return false;
+    if (a.descriptor == b.descriptor) return true;
+    const int fa = ::fcntl(a.descriptor, F_GETFL), fb = ::fcntl(b.descriptor, F_GETFL);
+    if (fa != -1 && fb != -1 && (fa & O_APPEND) != 0 && (fb & O_APPEND) != 0) return true;
+    const pid_t self = ::getpid();
+    return ::syscall(SYS_kcmp, self, self, KCMP_FILE, a.descriptor, b.descriptor) == 0;
 }
 
 bool is_safetensors(const std::string& path) {
@@ -137,16 +154,14 @@ void OutputFiles::check() {
     for (std::size_t i = 0; i < files_.size(); ++i) {
         const auto& [flag, p] = files_[i];
         const auto& landing = landings[i];
-        // Two outputs into one device or FIFO (say /dev/null), or into one descriptor, just write
-        // one after the other (a FIFO opened once: see OpenFifos); two onto one regular file
-        // otherwise would lose one of them, however each is spelt (a link, a descriptor): a staged
-        // one renamed over the other, or two descriptors open on the file — each at its own offset
-        // (`1> f 2> f`, `<> f`), the second written over the first; sharing one (`> f 2>&1`), which
-        // attn cannot tell, run into one file that neither output's reader expects.
+        // Two outputs into one device or FIFO (say /dev/null), or into one stream of descriptors
+        // (one_stream), just write one after the other (a FIFO opened once: see OpenFifos); two
+        // onto one regular file otherwise would lose one of them, however each is spelt (a link, a
+        // descriptor): a staged one renamed over the other, or two descriptors open on the file
+        // each at its own offset (`1> f 2> f`, `<> f`), the second written over the first.
         for (std::size_t j = 0; j < i; ++j) {
-            const bool one_descriptor = targets[i].descriptor >= 0 && targets[i].descriptor == targets[j].descriptor;
             const bool same_path = !targets[i].direct && !targets[j].direct && identities[i] == identities[j];
-            if (same_path || (!one_descriptor && landing && landing == landings[j])) {
+            if (same_path || (!one_stream(targets[i], targets[j]) && landing && landing == landings[j])) {
                 const bool descriptors = targets[i].descriptor >= 0 && targets[j].descriptor >= 0;
                 throw Error(flag + ": path " + detail::quoted_path(p) + " names the same file as " + files_[j].first + " (" +
                             detail::quoted_path(files_[j].second) + ")" +
