@@ -455,7 +455,7 @@ def test_mha_load_safetensors_prefix_selects_a_layer_of_a_model(tmp_path):
     del entries["layers.0.quant.qweight"]  # read without a prefix, it would be the error
     plain = tmp_path / "plain.safetensors"
     write_safetensors_raw(plain, entries)
-    with pytest.raises(ValueError, match=r"plain.safetensors holds 2 attention layers whose names carry a prefix "
+    with pytest.raises(ValueError, match=r"plain.safetensors' holds 2 attention layers whose names carry a prefix "
                                          r"\('layers.0.self_attn.out_proj.weight'\): select one with "
                                          r"prefix='layers.0.self_attn.'"):
         attn.MultiheadAttention(8, 2).load_safetensors(plain)
