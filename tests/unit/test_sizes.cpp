@@ -206,7 +206,7 @@ TEST(CheckedSize, NpyHeadersWithOverflowingShapes) {
     for (const auto& [descr, shape] : cases) {
         write_npy_file(path, descr, shape, std::string(8, '\0'));
         const std::string m = error_of([&] { (void)attn::read_npy(path); });
-        EXPECT_TRUE(contains(m, path + ": the array of shape ")) << m;
+        EXPECT_TRUE(contains(m, "'" + path + "': the array of shape ")) << m;
         EXPECT_TRUE(contains(m, "more bytes than a 64-bit size can count")) << descr << " " << shape << ": " << m;
     }
     // An empty array whose dims are countable reads fine.
