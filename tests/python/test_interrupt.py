@@ -16,6 +16,7 @@ import pytest
 
 import attn
 from reference import close, textbook
+from tsan import UNDER_TSAN
 
 L, D = 4096, 64
 AFTER = 0.15  # seconds before the SIGINT
@@ -52,6 +53,8 @@ def sigint_in(seconds):
     return timer
 
 
+@pytest.mark.skipif(UNDER_TSAN, reason="TSan's runtime holds a signal until the thread enters a function "
+                    "it intercepts (tsan.py)")
 def test_ctrl_c_stops_a_long_call_at_once(long_call):
     q, k, v, full = long_call
     assert full > 4 * AFTER, f"the call took {full:.3f} s: too short to tell an interrupt from its end"

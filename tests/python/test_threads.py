@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import attn
+from tsan import UNDER_TSAN
 
 
 def test_set_and_get():
@@ -94,6 +95,7 @@ CHILD = textwrap.dedent("""
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task") or (os.cpu_count() or 1) < 2, reason="needs /proc and 2 CPUs")
+@pytest.mark.skipif(UNDER_TSAN, reason="TSan's runtime starts a thread of its own (tsan.py)")
 @pytest.mark.parametrize("n, keyword", [(1, "n"), (2, "n"), (1, "0"), (2, "0")])
 def test_threads_keyword_reaches_every_kernel(n, keyword):
     # keyword "0": threads=0 is threads=None, attn's setting (docs/environment.md), on every call.

@@ -11,6 +11,7 @@ import torch
 import attn
 from asan import UNDER_ASAN
 from reference import causal_keep, close, close_grads, textbook
+from tsan import UNDER_TSAN
 
 
 def packed_case(seed, lens_q, lens_k, hq=4, hkv=2, d=16, dv=8):
@@ -258,7 +259,7 @@ def test_kept_scratch_is_released_on_request():
     attn.release_varlen_scratch()
 
 
-@pytest.mark.skipif(UNDER_ASAN, reason="ASan aborts on a 256 TiB operator new instead of throwing (asan.py)")
+@pytest.mark.skipif(UNDER_ASAN or UNDER_TSAN, reason="ASan and TSan abort on a 256 TiB operator new instead of throwing (asan.py)")
 def test_a_cu_seqlens_too_long_to_hold_is_a_memory_error_naming_it():
     # 2^45 empty sequences are a valid call; their offsets need 256 TiB, past any user address
     # space (so the allocation fails whatever the overcommit policy). It was an anonymous
