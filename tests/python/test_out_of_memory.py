@@ -14,6 +14,7 @@ import pytest
 
 import attn
 from asan import UNDER_ASAN
+from tsan import UNDER_TSAN
 from attn import _concise_errors
 
 BIG = 1 << 40  # rows: 2^40 x 8 float32 = 32 TiB
@@ -168,7 +169,8 @@ SWEEP = textwrap.dedent("""
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc")
-@pytest.mark.skipif(UNDER_ASAN, reason="ASan's shadow memory cannot live under an RLIMIT_AS (asan.py)")
+@pytest.mark.skipif(UNDER_ASAN or UNDER_TSAN, reason="ASan's shadow memory cannot live under an RLIMIT_AS (asan.py); "
+                    "TSan's allocator ends the process there (tsan.py)")
 def test_every_refusal_inside_the_backward_is_named():
     p = subprocess.run([sys.executable, "-c", SWEEP], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
@@ -213,7 +215,8 @@ RING = textwrap.dedent("""
 
 
 @pytest.mark.skipif(not hasattr(attn, "dist") or not os.path.exists("/proc/self/status"), reason="needs attn.dist and /proc")
-@pytest.mark.skipif(UNDER_ASAN, reason="ASan's shadow memory cannot live under an RLIMIT_AS (asan.py)")
+@pytest.mark.skipif(UNDER_ASAN or UNDER_TSAN, reason="ASan's shadow memory cannot live under an RLIMIT_AS (asan.py); "
+                    "TSan's allocator ends the process there (tsan.py)")
 def test_ring_attention_names_the_call_and_stays_a_memory_error():
     pytest.importorskip("mpi4py")
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")

@@ -6,8 +6,9 @@ What a test then skips, as the runtime differs from a plain process:
 - it holds an asynchronous signal until the receiving thread next enters a function it intercepts:
   the SIGINT test_interrupt sends during a long call stopped nothing (the call ran to its end and no
   KeyboardInterrupt came);
-- as under ASan (asan.py), a throwing operator new past its largest allocation ends the process
-  ("allocator is out of memory trying to allocate 0x1000000000000 bytes", exit status 66)."""
+- as under ASan (asan.py), a throwing operator new it cannot serve ends the process instead of
+  throwing: past its largest allocation ("allocator is out of memory trying to allocate
+  0x1000000000000 bytes", exit status 66), and under an RLIMIT_AS (0x2000000 bytes, 32 MiB)."""
 import os
 
 UNDER_TSAN = "libtsan" in os.environ.get("LD_PRELOAD", "")
