@@ -227,7 +227,7 @@ TEST(MhaBackward, ArgumentErrors) {
         EXPECT_NE(std::string(e.what()).find("dropout_p"), std::string::npos) << e.what();
     }
     try {  // a forgotten seed would drop the same weights every training step
-        m.forward_train(x, x, x, {}, MhaTrainOptions{0.4}, st);
+        m.forward_train(x, x, x, {}, MhaTrainOptions{0.4, std::nullopt}, st);
         FAIL() << "dropout_p = 0.4 without a seed accepted";
     } catch (const attn::Error& e) {
         EXPECT_NE(std::string(e.what()).find("MultiHeadAttention: dropout_seed: dropout_p = 0.4 needs a seed"), std::string::npos)

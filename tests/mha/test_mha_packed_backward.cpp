@@ -185,7 +185,7 @@ TEST(MhaPackedBackward, BadStateOrGradIsAClearError) {
               std::string::npos);
     EXPECT_NE(message([&] { (void)m.forward_packed_train(x, x, x, c, c, {}, {1.0, 0}, st); }).find("dropout_p: must be in [0, 1) but got 1"),
               std::string::npos);
-    EXPECT_NE(message([&] { (void)m.forward_packed_train(x, x, x, c, c, {}, {0.5}, st); })
+    EXPECT_NE(message([&] { (void)m.forward_packed_train(x, x, x, c, c, {}, MhaTrainOptions{0.5, std::nullopt}, st); })
                   .find("MultiHeadAttention.forward_packed: dropout_seed: dropout_p = 0.5 needs a seed"),
               std::string::npos);
 }
