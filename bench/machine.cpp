@@ -69,7 +69,7 @@ MachineInfo describe_machine() {
             else if (k == "flags" && flags.empty()) flags = " " + v + " ";
         }
         m.physical_cores = static_cast<int>(cores.size());
-        for (const char* f : {"sse4_2", "avx", "avx2", "fma", "f16c", "avx512f"})
+        for (const char* f : {"sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512_bf16", "amx_bf16"})
             if (flags.find(std::string(" ") + f + " ") != std::string::npos) {
                 if (!m.isa.empty()) m.isa += ' ';
                 m.isa += f;

@@ -8,6 +8,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace attn::detail {
 
@@ -24,7 +28,18 @@ unsigned long long read_xcr0() {
 }
 #endif
 
-// ATTN_CPU_HIDE=avx512,avx512_bf16,avx2 (any of them, comma-separated): run as if the CPU
+#if defined(__linux__) && defined(__x86_64__)
+// Linux (5.16+) keeps the AMX tile data state (XFEATURE_XTILEDATA, component 18: 8 KiB per
+// thread) off until a process asks for it; a tile instruction before that is a SIGILL. The
+// grant is for the whole process and every thread it starts. Constants from
+// arch/x86/include/uapi/asm/prctl.h (Debian 12's glibc headers do not have them).
+bool request_amx_permission() {
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+#endif
+
+// ATTN_CPU_HIDE=avx512,avx512_bf16,amx_bf16,avx2 (any of them, comma-separated): run as if the CPU
 // lacked those features, so one machine can run the whole suite as an older CPU would — e.g.
 // `ATTN_CPU_HIDE=avx512` on Sapphire Rapids or Zen 4/5 for an AVX2-only Zen 3: the avx512 row
 // leaves runnable_kernel_sets(), its tests say "skipped: CPU lacks …", bf16 compute is off.
@@ -38,13 +53,15 @@ void hide_features(CpuFeatures& f) {
         const std::string_view name = rest.substr(0, comma);
         rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
         if (name == "avx512") {
-            f.avx512f = f.avx512vl = f.avx512bw = f.avx512dq = f.avx512_bf16 = false;
+            f.avx512f = f.avx512vl = f.avx512bw = f.avx512dq = f.avx512_bf16 = f.amx_bf16 = false;
         } else if (name == "avx512_bf16") {
-            f.avx512_bf16 = false;
+            f.avx512_bf16 = f.amx_bf16 = false;
+        } else if (name == "amx_bf16") {
+            f.amx_bf16 = false;
         } else if (name == "avx2") {  // every row above portable needs AVX2+FMA+F16C
             f.avx2 = f.fma = f.f16c = false;
         } else {
-            fail("ATTN_CPU_HIDE", "expected a comma-separated list of avx512, avx512_bf16, avx2 but got '", env,
+            fail("ATTN_CPU_HIDE", "expected a comma-separated list of avx512, avx512_bf16, amx_bf16, avx2 but got '", env,
                  "' (unknown item '", name, "')");
         }
     }
@@ -97,9 +114,16 @@ const CpuFeatures& cpu_features() {
             // Sub-leaf 1 exists when leaf 7's EAX (the highest sub-leaf) is at least 1.
             unsigned a71 = 0, b71 = 0, c71 = 0, d71 = 0;
             if (a7 >= 1 && __get_cpuid_count(7, 1, &a71, &b71, &c71, &d71) != 0) f.avx512_bf16 = (a71 & (1u << 5)) != 0;
+            // AMX: TILE (EDX bit 24) and BF16 (bit 22), and XCR0's TILECFG and TILEDATA (bits 17, 18).
+            f.amx_bf16 = (d7 & (1u << 24)) != 0 && (d7 & (1u << 22)) != 0 && (read_xcr0() & 0x60000) == 0x60000;
         }
 #endif
         hide_features(f);
+#if defined(__linux__) && defined(__x86_64__)
+        if (f.amx_bf16) f.amx_bf16 = request_amx_permission();
+#else
+        f.amx_bf16 = false;  // the tile state needs an OS that grants it; only Linux's way is known here
+#endif
         return f;
     }();
     return features;

@@ -22,6 +22,12 @@ struct CpuFeatures {
     // OS-state condition. Not a row: the avx512 row's flash forward uses it for all-bf16
     // Q, K, V when has_avx512_bf16() (kernels/isa.hpp says why).
     bool avx512_bf16 = false;
+    // AMX-TILE + AMX-BF16 (tdpbf16ps on 16×32 bf16 tiles; CPUID.(EAX=7,ECX=0):EDX bits 24 and
+    // 22), set only when XCR0 enables the tile state (bits 17–18) *and* Linux granted this
+    // process the tile data state (arch_prctl(ARCH_REQ_XCOMP_PERM), asked once here): without
+    // that permission the first tile instruction is a SIGILL. Like avx512_bf16, not a row: the
+    // avx512 row's bf16-compute entry points use it when has_amx_bf16().
+    bool amx_bf16 = false;
     // Everything the *_avx2.cpp files are compiled for (-mavx2 -mfma -mf16c).
     bool has_avx2_fma_f16c() const { return avx2 && fma && f16c; }
     // Everything the *_avx512.cpp files are compiled for (ATTN_AVX512_FLAGS: the AVX2 set
@@ -29,11 +35,15 @@ struct CpuFeatures {
     bool has_avx512() const { return has_avx2_fma_f16c() && avx512f && avx512vl && avx512bw && avx512dq; }
     // Everything the *_avx512_bf16.cpp files are compiled for (ATTN_AVX512_BF16_FLAGS).
     bool has_avx512_bf16() const { return has_avx512() && avx512_bf16; }
+    // Everything the *_amx_bf16.cpp files are compiled for (ATTN_AMX_BF16_FLAGS: the AVX-512
+    // BF16 set plus -mamx-tile -mamx-bf16): their softmax and packing are AVX-512 BF16 code.
+    bool has_amx_bf16() const { return has_avx512_bf16() && amx_bf16; }
 };
 
 // Detected on first use (cached); thread-safe (a function-local static). The environment
-// variable ATTN_CPU_HIDE (e.g. "avx512" or "avx512_bf16,avx2") removes features, to run the
-// library and its tests as on an older CPU; an unknown item is an attn::Error naming it.
+// variable ATTN_CPU_HIDE (e.g. "avx512", "amx_bf16" or "avx512_bf16,avx2") removes features, to
+// run the library and its tests as on an older CPU; an unknown item is an attn::Error naming it.
+// A hidden amx_bf16 is never asked of the OS.
 const CpuFeatures& cpu_features();
 
 // The instruction sets attn has kernels for; src/kernels/isa.cpp holds one row of kernels

@@ -327,4 +327,4 @@ def test_cpu_hide_takes_rows_away_and_keeps_the_result(work, monkeypatch, hide, 
 
 def test_cpu_hide_unknown_item_is_an_error(work, monkeypatch):
     monkeypatch.setenv("ATTN_CPU_HIDE", "avx512,sse9")
-    expect_error(work, sdpa_args(work), "ATTN_CPU_HIDE", "avx512, avx512_bf16, avx2", "'sse9'")
+    expect_error(work, sdpa_args(work), "ATTN_CPU_HIDE", "avx512, avx512_bf16, amx_bf16, avx2", "'sse9'")
