@@ -208,7 +208,7 @@ void flash(const std::string& shape, int threads, int reps) {
         std::sort(cpu.begin(), cpu.end());
         std::printf("  %s %-4s (%s, %d threads): wall min %.3f s median %.3f s (%.1f GFLOP/s); per CPU-second x "
                     "threads %.1f–%.1f GFLOP/s\n",
-                    shape.c_str(), name, flash_bf16_compute(row, *p) ? "bf16 compute" : "f32 compute", threads,
+                    shape.c_str(), name, flash_compute(row, *p) != Compute::f32 ? "bf16 compute" : "f32 compute", threads,
                     wall.front(), wall[wall.size() / 2], flop / wall.front() / 1e9, flop / cpu.back() / 1e9,
                     flop / cpu.front() / 1e9);
     }

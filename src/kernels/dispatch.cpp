@@ -66,9 +66,10 @@ void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report)
         flash_forward(problem, kernels);
         if (report != nullptr) {
             // bf16 compute (isa.hpp) is part of the avx512 row; the label says when it ran.
-            const bool bf16 = flash_bf16_compute(kernels, problem);
-            report->kernel = kernel_name("flash", kernels, bf16);
-            report->explanation = explanation + "ran: flash (fused tiled online softmax, " + isa_label(kernels, bf16) + " path: " +
+            const Compute compute = flash_compute(kernels, problem);
+            const bool bf16 = compute != Compute::f32;
+            report->kernel = kernel_name("flash", kernels, compute);
+            report->explanation = explanation + "ran: flash (fused tiled online softmax, " + isa_label(kernels, compute) + " path: " +
                                   why_isa + "; " + dtypes_of(problem) + ", fp32 accumulation" +
                                   (bf16 ? "; bf16 compute: Q·Kᵀ and P·V as vdpbf16ps, P rounded to bf16" : "") + ")" +
                                   (problem.weights ? "; weights from the saved lse in a second pass" : "") +

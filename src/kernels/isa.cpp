@@ -51,10 +51,13 @@ std::vector<const KernelSet*> runnable_kernel_sets() {
     return v;
 }
 
-std::string isa_label(const KernelSet& row, bool bf16) { return std::string(isa_name(row.isa)) + (bf16 ? "_bf16" : ""); }
+std::string isa_label(const KernelSet& row, Compute c) {
+    const char* suffix = c == Compute::bf16_amx ? "_amx_bf16" : c == Compute::bf16_dot ? "_bf16" : "";
+    return std::string(isa_name(row.isa)) + suffix;
+}
 
-std::string kernel_name(std::string_view kernel, const KernelSet& row, bool bf16) {
-    return std::string(kernel) + "/" + isa_label(row, bf16);
+std::string kernel_name(std::string_view kernel, const KernelSet& row, Compute c) {
+    return std::string(kernel) + "/" + isa_label(row, c);
 }
 
 }  // namespace attn::detail

@@ -86,13 +86,18 @@ const KernelSet* kernel_set_for(Isa isa);
 // Every row this CPU can run, portable first (narrowest to widest).
 std::vector<const KernelSet*> runnable_kernel_sets();
 
-// The path a kernel ran on, as reports name it: the row's ISA, "_bf16" appended when it ran bf16
-// compute (flash_bf16_compute, backward_bf16_compute): "avx2", "avx512_bf16". bench/ and the
-// tests read the suffix.
-std::string isa_label(const KernelSet& row, bool bf16 = false);
+// How a kernel computed its products: float32 FMAs; bf16 pairs with float32 sums on vector
+// registers (vdpbf16ps, AVX-512 BF16); or the same pairs on AMX tiles (tdpbf16ps, AMX-BF16).
+// Both bf16 kinds round the same operands to bf16 (docs/conventions.md, "bf16 compute").
+enum class Compute { f32, bf16_dot, bf16_amx };
+
+// The path a kernel ran on, as reports name it: the row's ISA, then "_bf16" for bf16_dot and
+// "_amx_bf16" for bf16_amx (flash_compute, backward_compute): "avx2", "avx512_bf16",
+// "avx512_amx_bf16". bench/ and the tests read the suffix: every bf16 kind ends in "_bf16".
+std::string isa_label(const KernelSet& row, Compute c = Compute::f32);
 // A kernel's name in SdpaReport::kernel (and RingStats::kernel): "<kernel>/<isa_label>", as
 // "flash/avx512_bf16", "flash-backward/avx512", "decode/avx2".
-std::string kernel_name(std::string_view kernel, const KernelSet& row, bool bf16 = false);
+std::string kernel_name(std::string_view kernel, const KernelSet& row, Compute c = Compute::f32);
 
 // Tests: while the guard lives, kernel_set() returns `k` (a runnable row), so the public
 // entry points run that ISA. Not for concurrent use with other guards.

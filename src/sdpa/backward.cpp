@@ -57,7 +57,7 @@ void sdpa_backward(const TensorView& q, const TensorView& k, const TensorView& v
         std::string why_isa;
         const detail::KernelSet& kernels = detail::kernel_set(&why_isa);
         detail::flash_backward(p, kernels);
-        ran = detail::kernel_name("flash-backward", kernels, detail::backward_bf16_compute(kernels, p));
+        ran = detail::kernel_name("flash-backward", kernels, detail::backward_compute(kernels, p));
         why += std::string("isa: ") + why_isa + "\n";
     } else {
         detail::reference_backward(p);

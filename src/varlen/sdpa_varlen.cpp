@@ -155,7 +155,7 @@ void run_varlen_call(VarlenCall call, const TensorView& q, const TensorView& k, 
         std::string why_isa;
         const detail::KernelSet& kernels = detail::kernel_set(&why_isa);
         detail::flash_forward_batch(batch.data(), batch.size(), kernels);
-        const std::string name = detail::kernel_name("flash", kernels, detail::flash_bf16_compute(kernels, batch[0]));
+        const std::string name = detail::kernel_name("flash", kernels, detail::flash_compute(kernels, batch[0]));
         for (std::size_t i = 0; i < problems.size(); ++i)
             if (detail::runs_flash(problems[i], options.impl)) {
                 reports[i].kernel = name;

@@ -71,14 +71,15 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
     TensorView ref_lv = ref_l.view();
     sdpa(q, k, v, so, ref_o, &ref_lv);
     // Whether the blocks run bf16 compute (docs/conventions.md, "bf16 compute"): as single-process
-    // sdpa would run this call's flash forward — the library's own rule (flash_bf16_compute: the
+    // sdpa would run this call's flash forward — the library's own rule (flash_compute: the
     // dtypes, the row it runs, which ATTN_ISA may force, and the CPU it believes it has, which
     // ATTN_CPU_HIDE may hide). Each block's P is then rounded to bf16 and its exp the cheaper one,
     // merged with lse. Their bound needs Σ_j w_ij·|v_jd|: the same reference on |V| (exact in
     // bf16), dropout included.
     const Tensor out_like(c.out_dtype, Shape{c.B, c.Hq, c.Lq, c.Dv});  // never written
     const bool bf16_compute =
-        detail::flash_bf16_compute(detail::kernel_set(), detail::make_problem(q, k, v, so, out_like, nullptr, nullptr));
+        detail::flash_compute(detail::kernel_set(), detail::make_problem(q, k, v, so, out_like, nullptr, nullptr)) !=
+        detail::Compute::f32;
     Tensor ref_wv;
     if (bf16_compute) {
         Tensor va(v.dtype(), v.shape());

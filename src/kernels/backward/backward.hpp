@@ -28,12 +28,12 @@ void reference_backward(const BackwardProblem& p);
 std::string flash_backward_declines(const TensorView& q, const TensorView& k, const TensorView& v,
                                     const TensorView& out, const TensorView& lse, const TensorView& grad_out);
 
-// True when flash_backward on `row` runs its products on bf16 pairs (KernelSet::backward_tile_bf16,
+// Compute::bf16_dot when flash_backward on `row` runs its products on bf16 pairs (KernelSet::backward_tile_bf16,
 // docs/conventions.md "bf16 compute"): the row has them, and the forward's rule (Q, K, V and O
 // bfloat16: SdpaProblem::bf16_products) holds with dO and the three gradients bfloat16 too — a
 // float32 gradient asks for float32 accuracy — on a CPU with AVX-512 BF16. The one statement of
-// the rule: the tile's choice and the report's kernel name ask it.
-bool backward_bf16_compute(const KernelSet& row, const BackwardProblem& p);
+// the rule: the tile's choice and the report's kernel name ask it. Else Compute::f32.
+Compute backward_compute(const KernelSet& row, const BackwardProblem& p);
 
 // How many chunks flash_backward splits each (b, KV head)'s key_blocks into, for bh = B·Hkv
 // pairs, dQ partials of dq_part_floats each and a task target (split_target(8): at least 8, and

@@ -188,7 +188,7 @@ struct Plan {
     Dropout drop;
     float scale;
     ScaleSplit split;                   // scale = split.ds (in dS) · split.grads (on dQ, dK)
-    bool bf16;                          // products on bf16 pairs (backward_bf16_compute)
+    bool bf16;                          // products on bf16 pairs (backward_compute is not f32)
     void (*tile)(const TileArgs&);      // the kernel table's tile for that
     std::int64_t Lq2;                   // query row pairs per head (bf16 compute)
     // How Q, and dO, are read: in place when they are float32 rows of the padded width, else
@@ -217,7 +217,7 @@ struct Plan {
     Plan(const BackwardProblem& bp_, const KernelSet& k)
         : bp(bp_), p(bp_.fwd), kernels(k), B(p.B), Hq(p.Hq), Hkv(p.Hkv), Lq(p.Lq), Lk(p.Lk), Dk(p.Dk), Dv(p.Dv),
           Dkp(round8(Dk)), Dvp(round8(Dv)), drop(p.dropout()), scale(static_cast<float>(p.scale)), split(split_scale(scale)) {
-        bf16 = backward_bf16_compute(k, bp);
+        bf16 = backward_compute(k, bp) != Compute::f32;
         tile = bf16 ? k.backward_tile_bf16 : k.backward_tile;
         Lq2 = (Lq + 1) / 2;
         for (auto [r, t, Dp, zeroed_copy] :
@@ -597,11 +597,12 @@ std::string flash_backward_declines(const TensorView& q, const TensorView& k, co
     return head_dims_decline(q.dim(q.rank() - 1), v.dim(v.rank() - 1));  // (…, D): 4-d, or packed 3-d
 }
 
-bool backward_bf16_compute(const KernelSet& row, const BackwardProblem& bp) {
+Compute backward_compute(const KernelSet& row, const BackwardProblem& bp) {
     const SdpaProblem& p = bp.fwd;
     const auto bf = [](const TensorView& t) { return t.dtype() == DType::bf16; };
-    return row.backward_tile_bf16 != nullptr && p.bf16_products && bf(p.q) && bf(p.k) && bf(p.v) && bf(p.out) &&
-           bf(bp.grad_out) && bf(bp.dq) && bf(bp.dk) && bf(bp.dv) && cpu_features().has_avx512_bf16();
+    const bool bf16 = row.backward_tile_bf16 != nullptr && p.bf16_products && bf(p.q) && bf(p.k) && bf(p.v) &&
+                      bf(p.out) && bf(bp.grad_out) && bf(bp.dq) && bf(bp.dk) && bf(bp.dv) && cpu_features().has_avx512_bf16();
+    return bf16 ? Compute::bf16_dot : Compute::f32;
 }
 
 // q: (B, Hq, Lq, Dk), k: (B, Hkv, Lk, Dk), v: (B, Hkv, Lk, Dv), out/grad_out: (B, Hq, Lq, Dv), lse: (B, Hq, Lq)

@@ -103,11 +103,11 @@ void flash_forward_batch(const SdpaProblem* ps, std::size_t n, const KernelSet& 
     if (threads <= 0) threads = num_threads();  // the one thread setting (attn/threads.hpp)
     // bf16 compute (isa.hpp: a member of the avx512 row, not a row): Q, K, V all bfloat16 on
     // a CPU with AVX-512 BF16. Any other mix runs the row's float32 path.
-    const bool bf16 = flash_bf16_compute(kernels, ps[0]);
+    const Compute compute = flash_compute(kernels, ps[0]);
     std::vector<FlashJob> jobs(n);
     for (std::size_t i = 0; i < n; ++i) {
         // One workspace per thread serves every problem: the same head dims and operand path.
-        if (ps[i].Dk != ps[0].Dk || ps[i].Dv != ps[0].Dv || flash_bf16_compute(kernels, ps[i]) != bf16)
+        if (ps[i].Dk != ps[0].Dk || ps[i].Dv != ps[0].Dv || flash_compute(kernels, ps[i]) != compute)
             throw Error("flash batch: problem " + std::to_string(i) + " differs from problem 0 in its head dims or bf16 compute");
         jobs[i] = FlashJob{&ps[i], ps[i].dropout()};  // once per call; inactive when p = 0
     }
@@ -115,13 +115,14 @@ void flash_forward_batch(const SdpaProblem* ps, std::size_t n, const KernelSet& 
     // the short problems' tasks; stable: equal problems keep the caller's order.
     std::stable_sort(jobs.begin(), jobs.end(), [](const FlashJob& a, const FlashJob& b) { return a.p->Lk > b.p->Lk; });
     const auto count = static_cast<std::int64_t>(n);
-    if (bf16) kernels.flash_forward_bf16(jobs.data(), count, t, threads);
+    if (compute != Compute::f32) kernels.flash_forward_bf16(jobs.data(), count, t, threads);
     else kernels.flash_forward(jobs.data(), count, t, threads);
 }
 
-bool flash_bf16_compute(const KernelSet& row, const SdpaProblem& p) {
-    return row.flash_forward_bf16 != nullptr && p.bf16_products && p.q.dtype() == DType::bf16 &&
-           p.k.dtype() == DType::bf16 && p.v.dtype() == DType::bf16 && cpu_features().has_avx512_bf16();
+Compute flash_compute(const KernelSet& row, const SdpaProblem& p) {
+    const bool bf16 = row.flash_forward_bf16 != nullptr && p.bf16_products && p.q.dtype() == DType::bf16 &&
+                      p.k.dtype() == DType::bf16 && p.v.dtype() == DType::bf16 && cpu_features().has_avx512_bf16();
+    return bf16 ? Compute::bf16_dot : Compute::f32;
 }
 
 }  // namespace attn::detail

@@ -104,15 +104,16 @@ void flash_forward(const SdpaProblem& p, const KernelSet& kernels, int threads =
 // problems with the most keys first (their tasks are the longest): one fork/join and one
 // tail for the batch. Each problem's result is the one flash_forward gives it alone.
 // Preconditions: flash_decline_reason is empty for each; throws attn::Error unless all have
-// the same head dims (Dk, Dv) and the same choice of bf16 compute (flash_bf16_compute on `kernels`).
+// the same head dims (Dk, Dv) and the same choice of bf16 compute (flash_compute on `kernels`).
 void flash_forward_batch(const SdpaProblem* ps, std::size_t n, const KernelSet& kernels, int threads = 0,
                          const FlashTiles* tiles = nullptr);
 
-// Whether flash_forward on `row` runs p's products on bf16 pairs (KernelSet::flash_forward_bf16):
-// the row has them, Q, K, V and out are all bfloat16 (SdpaProblem::bf16_products) and the CPU
-// has AVX-512 BF16. Pᵀ is then rounded to bf16 before P·V (docs/conventions.md, "bf16 compute",
-// states the error this adds). The one statement of the rule: the kernel's choice, the reports'
+// How flash_forward on `row` computes p's products: on bf16 pairs (Compute::bf16_dot,
+// KernelSet::flash_forward_bf16) when the row has them, Q, K, V and out are all bfloat16
+// (SdpaProblem::bf16_products) and the CPU has AVX-512 BF16; else float32 (Compute::f32). In
+// bf16 compute Pᵀ is rounded to bf16 before P·V (docs/conventions.md, "bf16 compute", states
+// the error this adds). The one statement of the rule: the kernel's choice, the reports'
 // kernel names (kernel_name) and the tests ask it.
-bool flash_bf16_compute(const KernelSet& row, const SdpaProblem& p);
+Compute flash_compute(const KernelSet& row, const SdpaProblem& p);
 
 }  // namespace attn::detail
