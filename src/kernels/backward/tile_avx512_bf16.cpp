@@ -34,29 +34,7 @@ namespace {
 
 #include "tile_avx512_gemm.inl"
 
-inline __m512bh pairs(__m512i x) { return (__m512bh)x; }
-
-// A and B of pair words (two bf16 along the reduction dimension in one uint32): one vdpbf16ps
-// (two products per lane) per accumulator and pair step, so gemm's K counts pairs.
-template <>
-struct UkernelOps<std::uint32_t> {
-    using AVec = __m512bh;
-    using BVec = __m512bh;
-    static __m512bh load(const std::uint32_t* b) { return pairs(_mm512_loadu_si512(b)); }
-    static __m512bh load(__mmask16 m, const std::uint32_t* b) { return pairs(_mm512_maskz_loadu_epi32(m, b)); }
-    static constexpr bool kIndexFirst = false;
-    // memcpy because A may be a bf16 (uint16) array read as words (Q/dO/dS rows), which a
-    // uint32 load would read through the wrong type.
-    static __m512bh broadcast(const std::uint32_t* a) {
-        int w;
-        std::memcpy(&w, a, sizeof w);
-        return pairs(_mm512_set1_epi32(w));
-    }
-    static __m512 madd(__m512 acc, __m512bh a, __m512bh b) { return _mm512_dpbf16_ps(acc, a, b); }
-};
-
-// A bf16 row (2-byte elements, even stride) read as pair words.
-inline const std::uint32_t* words(const std::uint16_t* p) { return reinterpret_cast<const std::uint32_t*>(p); }
+#include "tile_bf16_pairs.inl"
 
 // S = Q·Kᵀ over ⌈Dk/2⌉ pairs of d (the padding column of an odd Dk is 0 in both).
 inline void scores_product(const TileArgs& t) {
@@ -84,15 +62,7 @@ inline void dk_product(const TileArgs& t) {
 // dQ += dS·K over ⌈bc/2⌉ pairs of keys (dS of a padded key is 0, K's pair past an odd bc 0).
 inline void dq_product(const TileArgs& t) {
     const TileBf16& z = *t.bf16;
-    for (int i = 0; i < t.br; ++i) {
-        const float* src = t.dP + static_cast<std::ptrdiff_t>(i) * t.bcp;
-        std::uint16_t* dst = z.ds_rows + static_cast<std::ptrdiff_t>(i) * t.bcp;
-        for (int j = 0; j < t.bcp; j += 16) {  // bcp % 8 == 0: the last step may be 8 lanes
-            const __mmask16 m = lanes(t.bcp - j);
-            const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + j));
-            _mm256_mask_storeu_epi16(dst + j, m, (__m256i)h);
-        }
-    }
+    ds_bf16_rows(t.dP, t.br, t.bcp, z.ds_rows);
     gemm(t.br, t.Dkp, (t.bc + 1) / 2, words(z.ds_rows), t.bcp / 2, 1, z.k_pairs, t.Dkp, t.dq, t.lddq, true);
 }
 
