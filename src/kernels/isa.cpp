@@ -8,15 +8,15 @@ namespace {
 
 const KernelSet kRows[] = {
     {Isa::portable, kFlashPanelPortable, flash_forward_portable, backward_tile_portable, dropout_row_portable,
-     decode_portable, exp2_portable, narrow16_portable, gemm_portable, gemm_pack_b_portable, nullptr, nullptr, nullptr, nullptr},
+     decode_portable, exp2_portable, narrow16_portable, gemm_portable, gemm_pack_b_portable, nullptr, nullptr, nullptr, nullptr, nullptr},
     {Isa::avx2, kFlashPanelAvx2, flash_forward_avx2, backward_tile_avx2, dropout_row_avx2, decode_avx2, exp2_avx2,
-     narrow16_avx2, gemm_avx2, gemm_pack_b_avx2, nullptr, nullptr, nullptr, nullptr},
+     narrow16_avx2, gemm_avx2, gemm_pack_b_avx2, nullptr, nullptr, nullptr, nullptr, nullptr},
     // Dropout stays the AVX2 Philox: it is a few percent of a dropout call and every
     // AVX-512 CPU attn accepts has AVX2 (CpuFeatures::has_avx512).
     // flash_forward_bf16: isa.hpp says why bf16 compute is a member of this row, not a row.
     {Isa::avx512, kFlashPanelAvx512, flash_forward_avx512, backward_tile_avx512, dropout_row_avx2, decode_avx512,
      exp2_avx512, narrow16_avx512, gemm_avx512, gemm_pack_b_avx512, flash_forward_avx512_bf16, backward_tile_avx512_bf16,
-     gemm_avx512_bf16, gemm_pack_b_avx512_bf16},
+     gemm_avx512_bf16, gemm_pack_b_avx512_bf16, backward_tile_amx_bf16},
 };
 
 std::atomic<const KernelSet*> g_override{nullptr};  // ScopedKernelSet

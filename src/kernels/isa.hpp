@@ -75,6 +75,10 @@ struct KernelSet {
     // all-bf16 operands on a CPU with AVX-512 BF16.
     void (*gemm_bf16)(const GemmArgs& g) = nullptr;
     std::int64_t (*gemm_pack_b_bf16)(const GemmArgs& g, float* dst) = nullptr;
+    // The backward tile with its five products on AMX tiles (backward/tile_amx_bf16.cpp), null on
+    // rows without it; flash_backward.cpp calls it instead of backward_tile_bf16 on a CPU with
+    // AMX-BF16 (backward_compute: Compute::bf16_amx).
+    void (*backward_tile_amx)(const TileArgs& t) = nullptr;
 };
 
 // The row the library uses, chosen on first use (thread-safe); `why` (optional) says why.
@@ -121,6 +125,7 @@ void backward_tile_portable(const TileArgs& t);
 void backward_tile_avx2(const TileArgs& t);
 void backward_tile_avx512(const TileArgs& t);
 void backward_tile_avx512_bf16(const TileArgs& t);
+void backward_tile_amx_bf16(const TileArgs& t);
 void dropout_row_portable(const DropoutRowArgs& a);
 void dropout_row_avx2(const DropoutRowArgs& a);
 void decode_portable(const SdpaProblem& p, const DecodeWork& w);

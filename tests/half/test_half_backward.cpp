@@ -275,6 +275,12 @@ const detail::KernelSet* bf16_compute_row() {
     return row != nullptr && detail::cpu_features().has_avx512_bf16() ? row : nullptr;
 }
 
+// The report's kernel for bf16 compute's backward on this CPU: the AMX tile where the CPU has
+// AMX-BF16 (and ATTN_CPU_HIDE does not hide it), else the vdpbf16ps one (backward_compute).
+std::string bf16_backward_kernel() {
+    return detail::cpu_features().has_amx_bf16() ? "flash-backward/avx512_amx_bf16" : "flash-backward/avx512_bf16";
+}
+
 // bf16 compute (docs/conventions.md "bf16 compute"): Q, K, V, O, dO and the gradients all
 // bf16 on a CPU with AVX-512 BF16 run the five products on bf16 pairs. Against the double
 // reference on the same inputs, per element, on top of the bound above (float32 budget +
@@ -282,8 +288,8 @@ const detail::KernelSet* bf16_compute_row() {
 //   dV_jd: u·Σ_i P̂_ij·|dO_id|          (P̂ rounded to bf16)
 //   dK_jd: u·scale·Σ_i |dS_ij|·|Q_id|   (dS rounded)       dQ_id: u·scale·Σ_j |dS_ij|·|K_jd|
 // each times (1 + 2⁻⁷) for the rounding of the float32 operand itself, with |dS_ij| bounded
-// by P_ij·(Σ_d |dO_id·V_jd| + |D_i|) (softcap only shrinks it). P from the reference forward's
-// weights; no dropout here (P̂ = P).
+// by P_ij·(Σ_d |dO_id·V_jd| + |D_i|) (softcap only shrinks it) — with dropout by
+// P̂_ij·Σ_d |dO_id·V_jd| + P_ij·|D_i|. P and P̂ from the reference forward's weights.
 struct Bf16Worst {
     double ratio = 0.0, products = 0.0;  // error / bound; the products' share of the bound
 };
@@ -295,12 +301,24 @@ void expect_bf16_compute_bound(const Case& c, const Inputs& in, const Result& go
                                const Bounds& extra = {}, const Result* f32 = nullptr, bool* differs = nullptr) {
     const Dtypes dt{DType::bf16, DType::bf16, DType::bf16, DType::bf16, DType::bf16};
     const double u = unit_roundoff(DType::bf16), uu = u * (1.0 + std::ldexp(1.0, -7));
-    // P from the reference forward (the same options; float64 weights)
+    // P from the reference forward (the same options; float64 weights). With dropout its weights
+    // are P̂ = P∘Z/(1−p) (what multiplies V: attn/reference.hpp) and P comes from a second call
+    // without dropout; the tile's dS = P∘(dP∘Z/(1−p) − D) = P̂·dP − P·D.
     Tensor w(DType::f64, Shape{c.B, c.Hq, c.Lq, c.Lk}), o64(DType::f64, Shape{c.B, c.Hq, c.Lq, c.Dv});
     SdpaOptions ow = in.opt;
     ow.impl = Impl::reference;
     const TensorView wv = w.view();
     sdpa(in.q, in.k, in.v, ow, o64, nullptr, &wv);
+    Tensor w_plain;  // P, when it is not w
+    if (c.dropout > 0.0) {
+        w_plain = Tensor(DType::f64, w.shape());
+        Tensor o_plain(DType::f64, o64.shape());
+        SdpaOptions op = ow;
+        op.dropout_p = 0.0;
+        const TensorView pv = w_plain.view();
+        sdpa(in.q, in.k, in.v, op, o_plain, nullptr, &pv);
+    }
+    const Tensor& p_plain = c.dropout > 0.0 ? w_plain : w;
     const double den = std::max({max_abs(ref.dq), max_abs(ref.dk), max_abs(ref.dv)}) + 1e-300;
     Bounds bd = bounds(c, in, got, den, dt);
     bd.dq += extra.dq;
@@ -318,7 +336,8 @@ void expect_bf16_compute_bound(const Case& c, const Inputs& in, const Result& go
                 for (std::int64_t j = 0; j < c.Lk; ++j) {
                     double dp = 0.0;
                     for (std::int64_t d = 0; d < c.Dv; ++d) dp += std::fabs(at(in.dO, b, h, i, d) * at(in.v, b, h / G, j, d));
-                    ds[static_cast<std::size_t>(((b * c.Hq + h) * c.Lq + i) * c.Lk + j)] = at(w, b, h, i, j) * (dp + std::fabs(D));
+                    ds[static_cast<std::size_t>(((b * c.Hq + h) * c.Lq + i) * c.Lk + j)] =
+                        at(w, b, h, i, j) * dp + at(p_plain, b, h, i, j) * std::fabs(D);
                 }
             }
     const auto dsb = [&](std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
@@ -375,7 +394,7 @@ TEST(HalfBackward, Bf16ComputeMatchesReference) {
         SCOPED_TRACE(c.str());
         const Inputs in = make_inputs(c, dt, 8100 + static_cast<std::uint64_t>(n++));
         const Result got = run(in, dt, Impl::flash, DType::bf16);
-        ASSERT_EQ(got.kernel, "flash-backward/avx512_bf16");
+        ASSERT_EQ(got.kernel, bf16_backward_kernel());
         if (n % 3 == 0) {  // the bf16 products do not depend on the thread count either
             const ScopedNumThreads one(1);
             const Result r1 = run(in, dt, Impl::flash, DType::bf16);
@@ -420,7 +439,7 @@ TEST(HalfBackward, Bf16ComputeTinyAndHugeScales) {
                 apply_split(in, sp);
                 in.opt.scale = std::ldexp(1.0, e);
                 Result got = run(in, dt, Impl::flash, DType::bf16);
-                ASSERT_EQ(got.kernel, "flash-backward/avx512_bf16");
+                ASSERT_EQ(got.kernel, bf16_backward_kernel());
                 Result ref = run(in, dt, Impl::reference, DType::f64);
                 undo_split(got, sp);
                 undo_split(ref, sp);
@@ -446,7 +465,7 @@ TEST(HalfBackward, Bf16ComputeHugeScalesWithUnitScoresGiveFiniteGradients) {
     // P̂ and dV rounded to bf16 (2^-8 each) and the float32 sum of 65 terms
     const double slack = (1.0 + 0x1p-8) * (1.0 + 0x1p-8) * (1.0 + 65 * 0x1p-24) - 1.0;
     for (const double scale : {3e6, 1e7, 1e9, 1e10, 1e15, 1e20, 1e30, 3e36})
-        EXPECT_EQ(expect_finite_gradients_at_huge_scale(DType::bf16, scale, slack), "flash-backward/avx512_bf16");
+        EXPECT_EQ(expect_finite_gradients_at_huge_scale(DType::bf16, scale, slack), bf16_backward_kernel());
 }
 
 // The natural training step on bf16 tensors: an all-bf16 forward (bf16 compute where the CPU has
@@ -545,7 +564,7 @@ TEST(HalfBackward, Bf16ComputeInPlaceOperandsMatchPacked) {
         }
         in_place += c.Dk % 8 == 0 && c.Dv % 8 == 0;
         const Result direct = run(in, dt, Impl::flash, DType::bf16);
-        ASSERT_EQ(direct.kernel, "flash-backward/avx512_bf16");
+        ASSERT_EQ(direct.kernel, bf16_backward_kernel());
         Tensor qb, db;
         Inputs packed = make_inputs(c, dt, 0);  // its masks etc. replaced by in's below
         packed.opt = in.opt;
@@ -583,11 +602,86 @@ TEST(HalfBackward, Bf16ComputeHiddenNonFiniteKeys) {
                 in.v.data_as<std::uint16_t>()[in.v.view().offset(b, h, Lk - 1, 5)] = 0xff80;  // −inf
             }
         const Result got = run(in, dt, Impl::flash, DType::bf16);
-        ASSERT_EQ(got.kernel, "flash-backward/avx512_bf16");
+        ASSERT_EQ(got.kernel, bf16_backward_kernel());
         EXPECT_TRUE(bit_equal(got.dq, clean.dq)) << "dq";
         EXPECT_TRUE(bit_equal(got.dk, clean.dk)) << "dk";
         EXPECT_TRUE(bit_equal(got.dv, clean.dv)) << "dv";
     }
+}
+
+// On a CPU with AMX-BF16 bf16 compute's backward runs its products on AMX tiles
+// (backward/tile_amx_bf16.cpp): the report says so. (ctest runs this file's bf16-compute
+// tests a second time with ATTN_CPU_HIDE=amx_bf16, on vdpbf16ps: tests/half/CMakeLists.txt.)
+TEST(HalfBackward, Bf16ComputeRunsOnAmxTiles) {
+    const detail::KernelSet* row = bf16_compute_row();
+    if (row == nullptr || !detail::cpu_features().has_amx_bf16()) GTEST_SKIP() << "skipped: CPU lacks amx_bf16";
+    const detail::ScopedKernelSet use(*row);
+    const Dtypes dt{DType::bf16, DType::bf16, DType::bf16, DType::bf16, DType::bf16};
+    const Inputs in = make_inputs(Case{1, 2, 1, 64, 64, 64, 64}, dt, 9500);
+    EXPECT_EQ(run(in, dt, Impl::flash, DType::bf16).kernel, "flash-backward/avx512_amx_bf16");
+}
+
+// The shapes around the AMX tile's 16 × 16 × 32 blocks, whose remainders run on the vector
+// micro-kernel (tile_amx_bf16.cpp): head dims 1, 3, 33, 80, 96, 130 (reduction and column
+// edges: Dkp % 16 == 8 at 80 − 8·…, 33 → 40, 130 → 136), query and key counts off 16, 32 and 64
+// (row edges, short last tiles), with every mask kind, GQA, dropout, softcap and sinks, within
+// the bf16-compute bound of the double reference. Every third case then puts an inf or a NaN
+// into one dO entry: each gradient the reference leaves finite is bit for bit the run with that
+// entry 0 (the products read a copy with it 0 and the tile adds P̂·x back into dV:
+// flash_backward.cpp), and the reference's non-finite ones are non-finite.
+TEST(HalfBackward, Bf16ComputeBlockEdgesMatchReference) {
+    const detail::KernelSet* row = bf16_compute_row();
+    if (row == nullptr) GTEST_SKIP() << "skipped: CPU lacks avx512_bf16";
+    const detail::ScopedKernelSet use(*row);
+    const Dtypes dt{DType::bf16, DType::bf16, DType::bf16, DType::bf16, DType::bf16};
+    std::mt19937_64 rng(97);
+    auto pick = [&](std::initializer_list<std::int64_t> xs) { return *(xs.begin() + rng() % xs.size()); };
+    Bf16Worst worst;
+    int n = 0, poisoned_cases = 0;
+    for (Case c : random_cases(24, 97)) {
+        c.B = 1;  // the bound's sums are O(Hq·Lq·Lk·D) in double: small batches, large blocks
+        c.Dk = pick({1, 3, 33, 64, 80, 96, 130});
+        c.Dv = rng() % 2 ? c.Dk : pick({3, 16, 33, 80, 130});
+        c.Lq = pick({17, 63, 65, 100, 130});
+        c.Lk = pick({16, 33, 64, 65, 129, 200});
+        SCOPED_TRACE(c.str());
+        const std::uint64_t seed = 9700 + static_cast<std::uint64_t>(n++);
+        const Inputs in = make_inputs(c, dt, seed);
+        const Result got = run(in, dt, Impl::flash, DType::bf16);
+        ASSERT_EQ(got.kernel, bf16_backward_kernel());
+        const Result ref = run(in, dt, Impl::reference, DType::f64);
+        expect_bf16_compute_bound(c, in, got, ref, worst);
+        if (n % 3 != 0 || c.dropout > 0.0) continue;
+        // One dO entry inf or NaN; its twin holds 0 there.
+        ++poisoned_cases;
+        Inputs bad = make_inputs(c, dt, seed), zero = make_inputs(c, dt, seed);
+        const std::int64_t h = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(c.Hq)),
+                           i = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(c.Lq)),
+                           d = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(c.Dv));
+        bad.dO.data_as<std::uint16_t>()[bad.dO.offset(0, h, i, d)] = n % 2 ? 0x7f80 : 0x7fc0;  // +inf, NaN
+        zero.dO.data_as<std::uint16_t>()[zero.dO.offset(0, h, i, d)] = 0;
+        SCOPED_TRACE("dO[0," + std::to_string(h) + "," + std::to_string(i) + "," + std::to_string(d) + "] non-finite");
+        const Result g_bad = run(bad, dt, Impl::flash, DType::bf16), g_zero = run(zero, dt, Impl::flash, DType::bf16);
+        const Result r_bad = run(bad, dt, Impl::reference, DType::f64);
+        for (auto [g, z, r, name] : {std::tuple{&g_bad.dq, &g_zero.dq, &r_bad.dq, "dq"}, std::tuple{&g_bad.dk, &g_zero.dk, &r_bad.dk, "dk"},
+                                     std::tuple{&g_bad.dv, &g_zero.dv, &r_bad.dv, "dv"}}) {
+            const Shape s = g->shape();
+            int mismatches = 0;
+            for (std::int64_t b = 0; b < s[0]; ++b)
+                for (std::int64_t hh = 0; hh < s[1]; ++hh)
+                    for (std::int64_t x = 0; x < s[2]; ++x)
+                        for (std::int64_t e = 0; e < s[3] && mismatches < 3; ++e) {
+                            const double gv = at(*g, b, hh, x, e), zv = at(*z, b, hh, x, e), rv = at(*r, b, hh, x, e);
+                            const bool ok = std::isfinite(rv) ? gv == zv : !std::isfinite(gv);
+                            if (!ok && ++mismatches)
+                                ADD_FAILURE() << name << "[" << b << "," << hh << "," << x << "," << e << "] = " << gv
+                                              << ", the run with dO 0 there " << zv << ", reference " << rv;
+                        }
+        }
+    }
+    EXPECT_GE(poisoned_cases, 3);
+    std::printf("[ info ] bf16 compute backward, block edges, 24 cases (%s): worst error / bound %.3g\n",
+                bf16_backward_kernel().c_str(), worst.ratio);
 }
 
 // The tiled backward's result does not depend on the thread count with 16-bit inputs either

@@ -32,7 +32,9 @@ std::string flash_backward_declines(const TensorView& q, const TensorView& k, co
 // docs/conventions.md "bf16 compute"): the row has them, and the forward's rule (Q, K, V and O
 // bfloat16: SdpaProblem::bf16_products) holds with dO and the three gradients bfloat16 too — a
 // float32 gradient asks for float32 accuracy — on a CPU with AVX-512 BF16. The one statement of
-// the rule: the tile's choice and the report's kernel name ask it. Else Compute::f32.
+// the rule: the tile's choice and the report's kernel name ask it. Compute::bf16_amx instead when
+// the row also has the AMX tile (KernelSet::backward_tile_amx) and the CPU AMX-BF16: the same
+// operands, products on tiles. Else Compute::f32.
 Compute backward_compute(const KernelSet& row, const BackwardProblem& p);
 
 // How many chunks flash_backward splits each (b, KV head)'s key_blocks into, for bh = B·Hkv

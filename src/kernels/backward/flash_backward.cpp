@@ -217,8 +217,9 @@ struct Plan {
     Plan(const BackwardProblem& bp_, const KernelSet& k)
         : bp(bp_), p(bp_.fwd), kernels(k), B(p.B), Hq(p.Hq), Hkv(p.Hkv), Lq(p.Lq), Lk(p.Lk), Dk(p.Dk), Dv(p.Dv),
           Dkp(round8(Dk)), Dvp(round8(Dv)), drop(p.dropout()), scale(static_cast<float>(p.scale)), split(split_scale(scale)) {
-        bf16 = backward_compute(k, bp) != Compute::f32;
-        tile = bf16 ? k.backward_tile_bf16 : k.backward_tile;
+        const Compute compute = backward_compute(k, bp);
+        bf16 = compute != Compute::f32;  // both bf16 tiles read the same TileBf16 operands
+        tile = compute == Compute::bf16_amx ? k.backward_tile_amx : bf16 ? k.backward_tile_bf16 : k.backward_tile;
         Lq2 = (Lq + 1) / 2;
         for (auto [r, t, Dp, zeroed_copy] :
              {std::tuple{&q, &p.q, Dkp, "the flash backward's copy of a task's Q rows with their NaN/±inf entries 0 (one per thread)"},
@@ -602,7 +603,8 @@ Compute backward_compute(const KernelSet& row, const BackwardProblem& bp) {
     const auto bf = [](const TensorView& t) { return t.dtype() == DType::bf16; };
     const bool bf16 = row.backward_tile_bf16 != nullptr && p.bf16_products && bf(p.q) && bf(p.k) && bf(p.v) &&
                       bf(p.out) && bf(bp.grad_out) && bf(bp.dq) && bf(bp.dk) && bf(bp.dv) && cpu_features().has_avx512_bf16();
-    return bf16 ? Compute::bf16_dot : Compute::f32;
+    if (!bf16) return Compute::f32;
+    return row.backward_tile_amx != nullptr && cpu_features().has_amx_bf16() ? Compute::bf16_amx : Compute::bf16_dot;
 }
 
 // q: (B, Hq, Lq, Dk), k: (B, Hkv, Lk, Dk), v: (B, Hkv, Lk, Dv), out/grad_out: (B, Hq, Lq, Dv), lse: (B, Hq, Lq)
