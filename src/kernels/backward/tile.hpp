@@ -25,7 +25,9 @@ struct TileBf16 {
     const std::uint32_t* vt_pairs = nullptr;  // (⌈Dv/2⌉, bcp) words
     const std::uint32_t* k_pairs = nullptr;   // (⌈bc/2⌉, Dkp) words (K[2p][d], K[2p+1][d]), from kp
     std::uint32_t* p_pairs = nullptr;   // scratch (⌈br/2⌉, bcp): P̂, then dS, as pairs along rows
-    std::uint16_t* ds_rows = nullptr;   // scratch (br, bcp): dS rows in bf16
+    // scratch (br, bcp): dS rows in bf16; the AMX tile (tile_amx_bf16.cpp) first puts P̂ᵀ and dSᵀ
+    // there as bc rows of 32 pair words (64 × 64 bf16 either way)
+    std::uint16_t* ds_rows = nullptr;
 };
 
 // Sizes in elements; "padded" widths are multiples of 8 with zero padding, so the
