@@ -41,6 +41,10 @@ void check(const GemmArgs& g) {
 // multiply the caller's own bf16 values, each product exact in float32, into a float32 C.
 bool bf16_pairs_run(const KernelSet& row) { return row.gemm_bf16 != nullptr && cpu_features().has_avx512_bf16(); }
 
+// Of the bf16 pair calls, those this CPU runs on AMX tiles (gemm_amx_bf16.cpp): the same
+// panels, 16·16·32 products per instruction. ATTN_CPU_HIDE=amx_bf16 keeps them on vdpbf16ps.
+bool bf16_amx_runs(const KernelSet& row) { return row.gemm_amx != nullptr && cpu_features().has_amx_bf16(); }
+
 }  // namespace
 
 float* gemm_workspace(int slot, std::int64_t floats) noexcept {
@@ -107,7 +111,7 @@ PackedB pack_b(const GemmArgs& g) { return pack_b(kernel_set(), g); }
 void sgemm(const KernelSet& row, const GemmArgs& g_in) {
     check(g_in);
     GemmArgs g = g_in;
-    // All-bf16 operands on a CPU with AVX-512 BF16: the pair kernel (gemm.hpp, "bf16 pairs").
+    // All-bf16 operands on a CPU with AVX-512 BF16: the pair kernel, or its AMX one (gemm.hpp, "bf16 pairs").
     const bool pairs = g.a16 == GemmHalf::bf16 && g.b16 == GemmHalf::bf16 && bf16_pairs_run(row);
     // A packed op(B) for this row and shape replaces B (its pair panels for the pair kernel);
     // any other (another row, a stale shape) is ignored and B is packed as usual.
@@ -123,7 +127,8 @@ void sgemm(const KernelSet& row, const GemmArgs& g_in) {
     }
     const Interrupt interrupt;
     g.interrupt = &interrupt;
-    if (pairs) row.gemm_bf16(g);
+    if (pairs && bf16_amx_runs(row)) row.gemm_amx(g);
+    else if (pairs) row.gemm_bf16(g);
     else row.gemm(g);
     interrupt.throw_if_requested();
 }

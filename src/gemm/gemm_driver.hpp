@@ -13,6 +13,10 @@
 // A U with `kPairs = true` (the bf16 pair micro-kernel, gemm_avx512_bf16.cpp) reads its panels as
 // bf16 pair words instead of floats: ⌈kc/2⌉ rows of pairs (op[k], op[k+1]) along k, a zero half
 // past kc — half the rows in the same buffers (depth<U> below). Its operands are both bfloat16.
+// A U with `kAmxPanels = true` too (the AMX micro-kernel, gemm_amx_bf16.cpp) reads op(B) the same
+// way but op(A) as tile rows (pack_a_rows below: 16-row tiles of 32 bf16 along k per step), and
+// gives a `ThreadScope` type that each thread of a call holds while it runs tiles (the tile
+// configuration: every OpenMP thread loads its own).
 //
 // Loops (BLIS order): jc (NC columns) → pc (KC depth, in order) → [all threads pack B] →
 // each thread: ic (MC rows of its share) → pack A → jr (NR slivers of its share) → ir (MR).
@@ -43,7 +47,7 @@ namespace attn::detail {
 namespace ATTN_GEMM_NS {
 namespace {
 
-inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 // An operand's element at `index` (float32 or 16-bit, widened exactly): the packing
 // routines below are templated on it, so the float32 GEMM's loops are unchanged.
@@ -107,6 +111,37 @@ constexpr std::int64_t depth(std::int64_t kc) {
     if constexpr (kPairsOf<U>) return (kc + 1) / 2;
     else return kc;
 }
+
+// AMX tile rows for op(A) (pack_a_rows): a panel is ⌈MR/16⌉ tiles of 16 rows (rows past MR
+// zero) by ⌈kc/32⌉ steps of 32 bf16 (zero past kc), so a tile load never reads past the panel
+// and a padded row or k adds exactly 0 (amx_tiles.hpp: one tile shape, edges zero-padded).
+template <class U>
+constexpr bool kAmxPanelsOf = requires { U::kAmxPanels; };
+constexpr std::int64_t kAmxTileRows = 16, kAmxStepK = 32;  // a tile: 16 rows × 32 bf16 (64 bytes)
+
+// The floats of one packed op(A) panel of U for kc steps of k: MR rows of depth<U>(kc) words,
+// or (AMX) its tiles by steps of kAmxStepK bf16 (half as many words).
+template <class U>
+constexpr std::int64_t a_panel_floats(std::int64_t kc) {
+    if constexpr (kAmxPanelsOf<U>)
+        return ceil_div(U::kMR, kAmxTileRows) * kAmxTileRows * ceil_div(kc, kAmxStepK) * (kAmxStepK / 2);
+    else return U::kMR * depth<U>(kc);
+}
+
+// What each thread of a call holds while it runs U's tiles: U::ThreadScope (AMX: the tile
+// configuration), or nothing.
+struct NoThreadScope {};
+template <class U>
+struct ThreadScopeOfT {
+    using type = NoThreadScope;
+};
+template <class U>
+    requires requires { typename U::ThreadScope; }
+struct ThreadScopeOfT<U> {
+    using type = typename U::ThreadScope;
+};
+template <class U>
+using ThreadScopeOf = typename ThreadScopeOfT<U>::type;
 
 // A pair word: the bf16 at k in the low half, the one at k + 1 in the high half (0 past kc).
 inline std::uint32_t pair_word(std::uint32_t lo, std::uint32_t hi) { return lo | (hi << 16); }
@@ -249,6 +284,37 @@ void pack_a_pairs(const GemmArgs& g, Bf16Src A, std::int64_t i, std::int64_t m, 
     }
 }
 
+// AMX tile rows (a_panel_floats above): panels of MR rows in tiles of 16, per step s of 32 k
+// the tiles' rows of 32 bf16 each (64 bytes, the tile row stride): bf16 [s][r][x] =
+// op(A)[i+r][k0+32s+x], zero past m (to the tile) and past kc (to the step).
+template <std::int64_t MR>
+void pack_a_rows(const GemmArgs& g, Bf16Src A, std::int64_t i, std::int64_t m, std::int64_t k0, std::int64_t kc,
+                 std::uint16_t* dst) {
+    constexpr std::int64_t RT = ceil_div(MR, kAmxTileRows) * kAmxTileRows, S = kAmxStepK;
+    const std::int64_t ns = ceil_div(kc, S);
+    for (std::int64_t q = 0; q < m; q += MR, dst += RT * ns * S) {
+        const std::int64_t rows = std::min(MR, m - q);
+        if (!g.ta) {  // each row's k are contiguous in A: one copy of up to 64 bytes per (row, step)
+            for (std::int64_t s = 0; s < ns; ++s) {
+                const std::int64_t n = std::min(S, kc - s * S);
+                std::uint16_t* d = dst + s * RT * S;
+                for (std::int64_t r = 0; r < rows; ++r) {
+                    std::memcpy(d + r * S, A.p + (i + q + r) * g.lda + k0 + s * S, static_cast<std::size_t>(n) * 2);
+                    if (n < S) std::memset(d + r * S + n, 0, static_cast<std::size_t>(S - n) * 2);
+                }
+                std::memset(d + rows * S, 0, static_cast<std::size_t>((RT - rows) * S) * 2);
+            }
+        } else {  // op(A)[r][k] = A[k·lda + r]: each k's rows are contiguous in A
+            std::memset(dst, 0, static_cast<std::size_t>(RT * ns * S) * 2);
+            for (std::int64_t k = 0; k < kc; ++k) {
+                const std::uint16_t* src = A.p + (k0 + k) * g.lda + i + q;
+                std::uint16_t* d = dst + (k / S) * RT * S + k % S;
+                for (std::int64_t r = 0; r < rows; ++r) d[r * S] = src[r];
+            }
+        }
+    }
+}
+
 // The thread grid tm × tn (tm·tn = nt): tm groups of rows (MR panels) times tn groups of NR
 // slivers; returns tm. Rows alone while every thread gets at least 4 panels (the B block then
 // streams once per thread); else the most row groups (a divisor of nt) that still give each 4
@@ -265,7 +331,8 @@ inline std::int64_t row_groups(std::int64_t m_panels, int nt) {
 // op(A)'s MR-row panels for micro-kernel U (U::kMR, or a few-row variant's R).
 template <class U>
 void pack_a(const GemmArgs& g, std::int64_t i, std::int64_t m, std::int64_t k0, std::int64_t kc, float* dst) {
-    if constexpr (kPairsOf<U>) pack_a_pairs<U::kMR>(g, Bf16Src{g.A16}, i, m, k0, kc, reinterpret_cast<std::uint32_t*>(dst));
+    if constexpr (kAmxPanelsOf<U>) pack_a_rows<U::kMR>(g, Bf16Src{g.A16}, i, m, k0, kc, reinterpret_cast<std::uint16_t*>(dst));
+    else if constexpr (kPairsOf<U>) pack_a_pairs<U::kMR>(g, Bf16Src{g.A16}, i, m, k0, kc, reinterpret_cast<std::uint32_t*>(dst));
     else with_src(g.a16, g.A, g.A16, [&](auto A) { pack_a_from<U::kMR>(g, A, i, m, k0, kc, dst); });
 }
 
@@ -346,7 +413,7 @@ void gemm_few_rows(const GemmArgs& g) {
     const int threads = omp_in_parallel() ? 1 : static_cast<int>(std::min<std::int64_t>(omp_get_max_threads(), nq));
     // op(A)'s R rows, every K chunk (R·K floats: tiny), packed by each thread for itself; and
     // the thread's B sliver.
-    const std::int64_t a_floats = R * nk * kc_max, b_floats = kc_max * NR;
+    const std::int64_t a_floats = nk * a_panel_floats<T>(kc_max), b_floats = kc_max * NR;
     const bool prepacked = g.packed_panels != nullptr;
     // A thread refused a buffer (its slot) computes nothing; the refusal is said after the region,
     // which no exception may leave. The other threads' columns of C are written.
@@ -354,6 +421,7 @@ void gemm_few_rows(const GemmArgs& g) {
 #pragma omp parallel num_threads(threads)
     {
         const IeeeSubnormals ieee;  // each thread with IEEE subnormals (core/float_env.hpp)
+        [[maybe_unused]] const ThreadScopeOf<U> scope;
         const std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
         float* const abuf = gemm_workspace(0, a_floats);
         float* const bbuf = prepacked ? nullptr : gemm_workspace(1, b_floats);
@@ -363,7 +431,7 @@ void gemm_few_rows(const GemmArgs& g) {
         } else {
             for (std::int64_t pc = 0; pc < nk; ++pc) {
                 const std::int64_t k0 = pc * kc_max, kc = std::min(kc_max, g.K - k0);
-                pack_a<T>(g, 0, R, k0, kc, abuf + pc * R * depth<U>(kc_max));
+                pack_a<T>(g, 0, R, k0, kc, abuf + pc * a_panel_floats<T>(kc_max));
             }
             for (std::int64_t q = t * nq / nt; q < (t + 1) * nq / nt && !interrupted(g); ++q) {
                 const std::int64_t j = q * NR, n = std::min(NR, g.N - j);
@@ -372,7 +440,7 @@ void gemm_few_rows(const GemmArgs& g) {
                     const float* b = bbuf;
                     if (prepacked) b = packed_sliver<U>(g, kc_max, pc, kc, q);
                     else pack_b<U>(g, k0, kc, j, n, bbuf);
-                    tile_at<T>(g, kc, abuf + pc * R * depth<U>(kc_max), b, 0, j, R, n, pc == 0 ? g.beta : 1.0f,
+                    tile_at<T>(g, kc, abuf + pc * a_panel_floats<T>(kc_max), b, 0, j, R, n, pc == 0 ? g.beta : 1.0f,
                                pc == 0 && g.bias != nullptr ? g.bias + j : nullptr);
                 }
             }
@@ -397,6 +465,8 @@ void gemm_driver(const GemmArgs& g) {
     const std::int64_t nn = ceil_div(g.N, U::kNC), nc_max = ceil_div(ceil_div(g.N, nn), NR) * NR;
     const std::int64_t mc_max = std::min<std::int64_t>(U::kMC, ceil_div(g.M, MR) * MR);
     const std::int64_t m_panels = ceil_div(g.M, MR);
+    static_assert(U::kMC % MR == 0, "MC blocks of whole panels");
+    const std::int64_t a_floats = mc_max / MR * a_panel_floats<U>(kc_max);
     // A pre-packed op(B) (PackedB) is read in place: no packing, and no barriers (nothing shared is written).
     const bool prepacked = g.packed_panels != nullptr;
     float* const bbuf = prepacked ? nullptr : gemm_workspace(1, kc_max * nc_max);
@@ -409,6 +479,7 @@ void gemm_driver(const GemmArgs& g) {
 #pragma omp parallel num_threads(threads)
     {
         const IeeeSubnormals ieee;  // each thread with IEEE subnormals (core/float_env.hpp)
+        [[maybe_unused]] const ThreadScopeOf<U> scope;
         const int t = omp_get_thread_num(), nt = omp_get_num_threads();
         const std::int64_t tm = row_groups(m_panels, nt), tn = nt / tm;
         const std::int64_t ti = t / tn, tj = t % tn;
@@ -420,7 +491,7 @@ void gemm_driver(const GemmArgs& g) {
         // row is in does not change its arithmetic.
         const std::int64_t nblocks = std::max<std::int64_t>(1, ceil_div(i_end - i_begin, mc_max));
         const std::int64_t mc_t = std::min(mc_max, ceil_div(ceil_div(i_end - i_begin, nblocks), MR) * MR);
-        float* const abuf = gemm_workspace(0, mc_max * kc_max);
+        float* const abuf = gemm_workspace(0, a_floats);
         if (abuf == nullptr) {
 #pragma omp atomic write
             a_refused = true;
@@ -446,7 +517,7 @@ void gemm_driver(const GemmArgs& g) {
                         const float* b = prepacked ? packed_sliver<U>(g, kc_max, pc, kc, j0 / NR + q) : bbuf + q * NR * depth<U>(kc);
                         const std::int64_t j = j0 + q * NR, n = std::min(NR, g.N - j);
                         for (std::int64_t p = 0; p < mc; p += MR)
-                            tile_at<U>(g, kc, abuf + p * depth<U>(kc), b, i0 + p, j, std::min(MR, mc - p), n, beta,
+                            tile_at<U>(g, kc, abuf + p / MR * a_panel_floats<U>(kc), b, i0 + p, j, std::min(MR, mc - p), n, beta,
                                       bias != nullptr ? bias + j : nullptr);
                     }
                 }
@@ -457,7 +528,7 @@ void gemm_driver(const GemmArgs& g) {
             }
         }
     }
-    if (a_refused) throw_gemm_workspace_refused(0, mc_max * kc_max);
+    if (a_refused) throw_gemm_workspace_refused(0, a_floats);
 }
 
 }  // namespace

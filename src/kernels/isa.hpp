@@ -79,6 +79,10 @@ struct KernelSet {
     // rows without it; flash_backward.cpp calls it instead of backward_tile_bf16 on a CPU with
     // AMX-BF16 (backward_compute: Compute::bf16_amx).
     void (*backward_tile_amx)(const TileArgs& t) = nullptr;
+    // The GEMM on AMX tiles (gemm/gemm_amx_bf16.cpp) for bfloat16 A and B, null on rows without
+    // it; sgemm calls it instead of gemm_bf16 on a CPU with AMX-BF16. It reads gemm_pack_b_bf16's
+    // panels (the same pair layout): a PackedB serves both.
+    void (*gemm_amx)(const GemmArgs& g) = nullptr;
 };
 
 // The row the library uses, chosen on first use (thread-safe); `why` (optional) says why.
@@ -145,5 +149,6 @@ void gemm_avx512(const GemmArgs& g);
 std::int64_t gemm_pack_b_avx512(const GemmArgs& g, float* dst);
 void gemm_avx512_bf16(const GemmArgs& g);
 std::int64_t gemm_pack_b_avx512_bf16(const GemmArgs& g, float* dst);
+void gemm_amx_bf16(const GemmArgs& g);
 
 }  // namespace attn::detail

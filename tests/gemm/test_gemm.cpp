@@ -11,8 +11,10 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <string>
@@ -247,17 +249,34 @@ TEST(Gemm, HalfOperandsAreWidenedExactlyOnEveryRow) {
     }
 }
 
-// bf16 A and B on a CPU with AVX-512 BF16 (gemm_avx512_bf16.cpp: pairs of k, vdpbf16ps):
-// within the float32 bound of the double reference on the bf16 values (the products are
-// exact), C's and the operands' NaN padding untouched, the same bits on 1 and 2 threads and
-// as the pair kernel called directly (so sgemm did take it) and as the call on a PackedB's pair
-// panels, and a few-row call (M <= 4) the same bits as those rows among 40. K = 1101 gives two chunks of odd depth (551 and 550):
-// the last pair of a chunk has a zero half.
+// bf16 A and B on a CPU with AVX-512 BF16: the kernel sgemm takes there (bf16_kernel below —
+// AMX tiles, gemm_amx_bf16.cpp, or pairs of k, gemm_avx512_bf16.cpp) within the float32 bound
+// of the double reference on the bf16 values (the products are exact), C's and the operands'
+// NaN padding untouched, the same bits on 1 and 2 threads and as that kernel called directly
+// (so sgemm did take it) and as the call on a PackedB's pair panels, a bias in the epilogue the
+// bits of a bias-filled C with beta = 1, and a few-row call (M <= 4) the same bits as those rows
+// among 40. K = 1101 gives two chunks of odd depth (551 and 550): the last pair of a chunk has
+// a zero half (and on AMX a partial last step of 32 k). Tiny and odd sizes (1, 3, 17, 33, 100)
+// put every edge of a 32 × 32 AMX block and of its 16-row tiles inside C.
+//
+// The kernel sgemm takes for bf16 A and B on this CPU (gemm.cpp): AMX tiles where it has
+// AMX-BF16 — ctest's test_gemm_no_amx run hides them (ATTN_CPU_HIDE=amx_bf16), so the pair
+// kernel is tested on such a CPU too — else the pair kernel.
+using GemmEntry = void (*)(const GemmArgs&);
+GemmEntry bf16_kernel(const KernelSet& row) {
+    return row.gemm_amx != nullptr && cpu_features().has_amx_bf16() ? row.gemm_amx : row.gemm_bf16;
+}
+
 std::vector<float> run_bf16(const KernelSet& row, const Problem& p, const std::vector<std::uint16_t>& a16,
                             const std::vector<std::uint16_t>& b16, int threads, bool direct = false,
-                            const PackedB* packed = nullptr) {
+                            const PackedB* packed = nullptr, const float* bias = nullptr) {
     std::vector<float> c = p.c0;
     GemmArgs g = args_of(p, c);
+    if (bias != nullptr) {  // beta = 0 with the bias; C poisoned
+        g.beta = 0.0f;
+        g.bias = bias;
+        std::fill(c.begin(), c.end(), kNaN);
+    }
     g.A = nullptr;  // read A16, B16 only
     g.B = nullptr;
     g.a16 = g.b16 = GemmHalf::bf16;
@@ -266,7 +285,7 @@ std::vector<float> run_bf16(const KernelSet& row, const Problem& p, const std::v
     g.packed = packed;
     const int before = omp_get_max_threads();
     omp_set_num_threads(threads);
-    if (direct) row.gemm_bf16(g);
+    if (direct) bf16_kernel(row)(g);
     else sgemm(row, g);
     omp_set_num_threads(before);
     return c;
@@ -281,24 +300,49 @@ std::vector<std::uint16_t> to_bf16_in_place(std::vector<float>& v) {  // v round
     return h;
 }
 
-TEST(Gemm, Bf16PairsMatchDoubleReferenceAndAreThreadCountFree) {
+TEST(Gemm, Bf16KernelMatchesDoubleReferenceAndIsThreadCountFree) {
     const KernelSet* row = kernel_set_for(Isa::avx512);
     if (row == nullptr || row->gemm_bf16 == nullptr || !cpu_features().has_avx512_bf16()) {
         std::printf("skipped: CPU lacks avx512_bf16\n");
         return;
     }
+    if (bf16_kernel(*row) != row->gemm_amx)
+        std::printf("skipped: CPU lacks amx_bf16 (or ATTN_CPU_HIDE hides it): the pair kernel is tested\n");
+    else std::printf("the AMX kernel is tested (test_gemm_no_amx: the pair kernel)\n");
     std::mt19937 rng(23);
     std::uniform_int_distribution<std::int64_t> small(1, 97);
-    for (int trial = 0; trial < 24; ++trial) {
+    const std::int64_t edges[] = {1, 2, 3, 5, 15, 16, 17, 31, 32, 33, 47, 64, 100};
+    std::uniform_int_distribution<std::size_t> edge(0, std::size(edges) - 1);
+    for (int trial = 0; trial < 60; ++trial) {
         const bool ta = trial & 1, tb = (trial >> 1) & 1;
         const float beta = trial % 3 == 0 ? 0.0f : trial % 3 == 1 ? 1.0f : 0.5f;
-        const std::int64_t M = trial % 4 == 3 ? 301 : small(rng), N = trial % 5 == 4 ? 203 : small(rng);
-        const std::int64_t K = trial % 6 == 5 ? 1101 : small(rng);
+        std::int64_t M = trial % 4 == 3 ? 301 : small(rng), N = trial % 5 == 4 ? 203 : small(rng);
+        std::int64_t K = trial % 6 == 5 ? 1101 : small(rng);
+        if (trial >= 24) {  // tiny and odd sizes, each edge of a tile and a block
+            M = edges[edge(rng)];
+            N = edges[edge(rng)];
+            K = edges[edge(rng)];
+        }
         Problem p = make(ta, tb, M, N, K, beta, rng);
         const std::vector<std::uint16_t> a16 = to_bf16_in_place(p.a), b16 = to_bf16_in_place(p.b);
+        // With beta = 1 from trial 24 on: C holds a bias per column (the bias call's rule, below).
+        std::vector<float> bias;
+        if (trial >= 24 && beta == 1.0f) {
+            std::normal_distribution<float> nd;
+            for (std::int64_t j = 0; j < N; ++j) bias.push_back(nd(rng));
+            for (std::int64_t i = 0; i < M; ++i)
+                for (std::int64_t j = 0; j < N; ++j) p.c0[static_cast<std::size_t>(i * p.ldc + j)] = bias[static_cast<std::size_t>(j)];
+        }
         const std::string what = "M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
                                  " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " beta=" + std::to_string(beta);
         const std::vector<float> got = run_bf16(*row, p, a16, b16, 2);
+        if (!bias.empty()) {
+            for (int threads : {1, 2})
+                EXPECT_EQ(std::memcmp(got.data(), run_bf16(*row, p, a16, b16, threads, false, nullptr, bias.data()).data(),
+                                      got.size() * sizeof(float)),
+                          0)
+                    << what << " bias, threads=" << threads;
+        }
         bool padding_kept = false;
         EXPECT_LE(worst_ratio(p, got, &padding_kept), 1.0) << what;
         EXPECT_TRUE(padding_kept) << what;
