@@ -17,6 +17,12 @@
 // product is exact in float32, so every element is still a chain of at most 2K + 2 rounded
 // additions (the bound of tests/gemm); the pairing changes the order, and bf16 inputs below
 // 2^-126 count as 0 (a denormal sum flushes to 0). A PackedB serves it through its pair panels.
+// On a CPU with AMX-BF16 the same calls run on AMX tiles instead (tdpbf16ps, gemm_amx_bf16.cpp:
+// a 32 × 32 block of C in four 16 × 16 tiles, 16·16·32 products per instruction) with the same
+// rule — each accumulation rounded to nearest even, bf16 inputs below 2^-126 read as 0, denormal
+// sums flushed (Intel SDM, TDPBF16PS) — so the same bound, on the same pair panels of op(B).
+// Its bits differ from the pair kernel's (another order within a pair step); ATTN_CPU_HIDE=amx_bf16
+// keeps a process on the pair kernel.
 //
 // The structure (GotoBLAS/BLIS): per (NC columns, KC depth) block, op(B) is packed once into
 // NR-column slivers shared by all threads; each thread packs MC rows of op(A) into MR-row
