@@ -64,7 +64,10 @@ struct AmxMicro {
             _tile_zero(3);
         }
         const std::int64_t np = (kc + 1) / 2, full = np / kAmxRows;  // pair rows of B; whole 16-row steps
-        for (std::int64_t s = 0; s < full; ++s) step(a + s * kStepBytesA, b + s * kStepBytesB, kNR * 4);
+        for (std::int64_t s = 0; s < full; ++s) {
+            if (s + kAhead < full) prefetch_step(a + (s + kAhead) * kStepBytesA, b + (s + kAhead) * kStepBytesB);
+            step(a + s * kStepBytesA, b + s * kStepBytesB, kNR * 4);
+        }
         if (full * kAmxRows < np) {
             // The last step's B rows past the sliver's end would be another sliver's words (or
             // past the buffer): copy the rest to a zero-padded tile pair. (A is zero there.)
@@ -78,6 +81,16 @@ struct AmxMicro {
     }
 
 private:
+    // The A panel and B sliver (48 KiB each at S6's kc = 768) come from L2, and S6's QKV weight
+    // (3.5 MB of pair panels) from L3 once per MC block: tileloadd waits on each miss. Fetching
+    // the step kAhead ahead into L1 took S6's QKV GEMM 463–500 → 608–659 GFLOP/s per core (out
+    // and square GEMMs, whose B fits L2: level); 2 ahead gained less, MC = 512 nothing.
+    static constexpr std::int64_t kAhead = 4;  // steps
+    static void prefetch_step(const char* a, const char* b) {
+        for (std::int64_t x = 0; x < kStepBytesA; x += 64) _mm_prefetch(a + x, _MM_HINT_T0);
+        for (std::int64_t x = 0; x < kStepBytesB; x += 64) _mm_prefetch(b + x, _MM_HINT_T0);
+    }
+
     // One step of 32 k: A's row tiles (64-byte rows, contiguous) times B's two column tiles.
     static void step(const char* a, const char* b, std::int64_t b_stride) {
         _tile_loadd(6, b, b_stride);
