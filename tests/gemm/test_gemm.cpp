@@ -194,7 +194,7 @@ TEST(Gemm, ThreadCountsBitIdenticalOnEveryRow) {
 // 16-bit A and/or B (GemmArgs::a16/b16, the MHA layer's f16/bf16 weights and activations):
 // the packing widens them exactly, so the result must be bit-identical to the float32 GEMM
 // on the widened values — and within the float32 bound of the double reference on them.
-// (Except bf16 A with bf16 B where the CPU has AVX-512 BF16: the pair kernel, tested next.)
+// (Except bf16 A with bf16 B where the CPU has AVX-512 BF16: the pair or AMX kernel, tested next.)
 // The NaN padding of A and B is kept through the rounding (NaN stays NaN).
 TEST(Gemm, HalfOperandsAreWidenedExactlyOnEveryRow) {
     std::mt19937 rng(19);
