@@ -29,12 +29,6 @@ namespace attn::detail {
 namespace gemm_amx_bf16_ns {
 namespace {
 
-// GCC's tileloadd (amxtileintrin.h) is an asm with the address as a register operand and no
-// memory clobber: the compiler does not know it reads memory, so stores to what it reads (the
-// packed panels, the zero-padded last step below) could be sunk past it or dropped as dead.
-// This barrier, with the address escaped into it, makes them happen before.
-inline void stores_before_tile_loads(const void* p) { asm volatile("" : : "r"(p) : "memory"); }
-
 // Tiles: C (row tile h, column tile v) in tmm(2h + v), A's row tiles in tmm4, tmm5, B's two
 // 16-column tiles in tmm6, tmm7. MR = 32 (two A tiles) or a few-row variant R <= 16 (one).
 template <int MR>
@@ -55,8 +49,6 @@ struct AmxMicro {
         const auto* a = reinterpret_cast<const char*>(a_panel);
         const auto* b = reinterpret_cast<const char*>(b_panel);
         prefetch_c<MR, 2>(c, ldc);
-        stores_before_tile_loads(a);
-        stores_before_tile_loads(b);
         _tile_zero(0);
         _tile_zero(1);
         if constexpr (kRowTiles == 2) {
@@ -73,7 +65,6 @@ struct AmxMicro {
             // past the buffer): copy the rest to a zero-padded tile pair. (A is zero there.)
             alignas(64) std::uint32_t last[kAmxRows * kNR] = {};
             std::memcpy(last, b + full * kStepBytesB, static_cast<std::size_t>((np - full * kAmxRows) * kNR * 4));
-            stores_before_tile_loads(last);
             step(a + full * kStepBytesA, reinterpret_cast<const char*>(last), kNR * 4);
         }
         store<0>(c, ldc, beta, bias);
@@ -93,13 +84,13 @@ private:
 
     // One step of 32 k: A's row tiles (64-byte rows, contiguous) times B's two column tiles.
     static void step(const char* a, const char* b, std::int64_t b_stride) {
-        _tile_loadd(6, b, b_stride);
-        _tile_loadd(7, b + 64, b_stride);
-        _tile_loadd(4, a, kAmxRowBytes);
+        ATTN_TILE_LOAD(6, b, b_stride);
+        ATTN_TILE_LOAD(7, b + 64, b_stride);
+        ATTN_TILE_LOAD(4, a, kAmxRowBytes);
         _tile_dpbf16ps(0, 4, 6);
         _tile_dpbf16ps(1, 4, 7);
         if constexpr (kRowTiles == 2) {
-            _tile_loadd(5, a + kAmxRows * kAmxRowBytes, kAmxRowBytes);
+            ATTN_TILE_LOAD(5, a + kAmxRows * kAmxRowBytes, kAmxRowBytes);
             _tile_dpbf16ps(2, 5, 6);
             _tile_dpbf16ps(3, 5, 7);
         }

@@ -55,10 +55,10 @@ void amx_block(int k16, const std::uint32_t* a, std::ptrdiff_t lda, const std::u
     const std::ptrdiff_t sa = lda * 4, sb = ldb * 4, sc = ldc * 4;  // strides in bytes
     float* c1 = c + 16 * ldc;
     if (accumulate) {
-        _tile_loadd(0, c, sc);
-        if constexpr (NB == 2) _tile_loadd(1, c + 16, sc);
-        if constexpr (MB == 2) _tile_loadd(2, c1, sc);
-        if constexpr (MB == 2 && NB == 2) _tile_loadd(3, c1 + 16, sc);
+        ATTN_TILE_LOAD(0, c, sc);
+        if constexpr (NB == 2) ATTN_TILE_LOAD(1, c + 16, sc);
+        if constexpr (MB == 2) ATTN_TILE_LOAD(2, c1, sc);
+        if constexpr (MB == 2 && NB == 2) ATTN_TILE_LOAD(3, c1 + 16, sc);
     } else {
         _tile_zero(0);
         if constexpr (NB == 2) _tile_zero(1);
@@ -68,10 +68,10 @@ void amx_block(int k16, const std::uint32_t* a, std::ptrdiff_t lda, const std::u
     for (int k = 0; k < k16; ++k) {
         const std::uint32_t* ak = a + 16 * k;
         const std::uint32_t* bk = b + 16 * k * ldb;
-        _tile_loadd(4, ak, sa);
-        if constexpr (MB == 2) _tile_loadd(5, ak + 16 * lda, sa);
-        _tile_loadd(6, bk, sb);
-        if constexpr (NB == 2) _tile_loadd(7, bk + 16, sb);
+        ATTN_TILE_LOAD(4, ak, sa);
+        if constexpr (MB == 2) ATTN_TILE_LOAD(5, ak + 16 * lda, sa);
+        ATTN_TILE_LOAD(6, bk, sb);
+        if constexpr (NB == 2) ATTN_TILE_LOAD(7, bk + 16, sb);
         _tile_dpbf16ps(0, 4, 6);
         if constexpr (NB == 2) _tile_dpbf16ps(1, 4, 7);
         if constexpr (MB == 2) _tile_dpbf16ps(2, 5, 6);

@@ -39,6 +39,17 @@ struct alignas(64) AmxTileConfig {
     std::uint8_t rows[16] = {};
 };
 
+// Tile loads go through this macro, never GCC 12's _tile_loadd: that one is an asm with the
+// address as a register operand and no memory clobber, so the compiler does not know it reads
+// memory — stores to what it reads (a packed panel, a zero-padded step) may be sunk past it or
+// dropped as dead (the AMX GEMM gave wrong sums on every K not a multiple of 32 that way). The
+// "memory" clobber orders every earlier store before the load. (_tile_stored has the clobber.)
+// tmm: the tile number as a literal (it is pasted into the instruction).
+#define ATTN_TILE_LOAD(tmm, base, stride)                                                   \
+    __asm__ volatile("{tileloadd\t(%0,%1,1), %%tmm" #tmm "|tileloadd\t%%tmm" #tmm ", [%0+%1*1]}" \
+                     ::"r"((const void*)(base)), "r"((long)(stride))                        \
+                     : "memory")
+
 class AmxTiles {
 public:
     AmxTiles() {
