@@ -71,7 +71,8 @@ void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report)
             report->kernel = kernel_name("flash", kernels, compute);
             report->explanation = explanation + "ran: flash (fused tiled online softmax, " + isa_label(kernels, compute) + " path: " +
                                   why_isa + "; " + dtypes_of(problem) + ", fp32 accumulation" +
-                                  (bf16 ? "; bf16 compute: Q·Kᵀ and P·V as vdpbf16ps, P rounded to bf16" : "") + ")" +
+                                  (compute == Compute::bf16_amx ? "; bf16 compute: Q·Kᵀ and P·V as tdpbf16ps on AMX tiles, P rounded to bf16"
+                                  : bf16 ? "; bf16 compute: Q·Kᵀ and P·V as vdpbf16ps, P rounded to bf16" : "") + ")" +
                                   (problem.weights ? "; weights from the saved lse in a second pass" : "") +
                                   (problem.scores ? "; scores tile by tile in a second pass" : "");
         }

@@ -16,7 +16,7 @@ const KernelSet kRows[] = {
     // flash_forward_bf16: isa.hpp says why bf16 compute is a member of this row, not a row.
     {Isa::avx512, kFlashPanelAvx512, flash_forward_avx512, backward_tile_avx512, dropout_row_avx2, decode_avx512,
      exp2_avx512, narrow16_avx512, gemm_avx512, gemm_pack_b_avx512, flash_forward_avx512_bf16, backward_tile_avx512_bf16,
-     gemm_avx512_bf16, gemm_pack_b_avx512_bf16, backward_tile_amx_bf16, gemm_amx_bf16},
+     gemm_avx512_bf16, gemm_pack_b_avx512_bf16, backward_tile_amx_bf16, gemm_amx_bf16, flash_forward_avx512_amx_bf16},
 };
 
 std::atomic<const KernelSet*> g_override{nullptr};  // ScopedKernelSet

@@ -83,6 +83,10 @@ struct KernelSet {
     // it; sgemm calls it instead of gemm_bf16 on a CPU with AMX-BF16. It reads gemm_pack_b_bf16's
     // panels (the same pair layout): a PackedB serves both.
     void (*gemm_amx)(const GemmArgs& g) = nullptr;
+    // Flash forward with the two products on AMX tiles (tdpbf16ps; flash/amx_dot.hpp) for
+    // all-bfloat16 Q, K, V; null on rows without it. Only on a CPU with AMX-BF16 (the OS's grant
+    // of the tile state included): flash_compute says Compute::bf16_amx.
+    void (*flash_forward_amx)(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, int threads) = nullptr;
 };
 
 // The row the library uses, chosen on first use (thread-safe); `why` (optional) says why.
@@ -125,6 +129,7 @@ void flash_forward_portable(const FlashJob* jobs, std::int64_t n, const FlashTil
 void flash_forward_avx2(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, int threads);
 void flash_forward_avx512(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, int threads);
 void flash_forward_avx512_bf16(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, int threads);
+void flash_forward_avx512_amx_bf16(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, int threads);
 void backward_tile_portable(const TileArgs& t);
 void backward_tile_avx2(const TileArgs& t);
 void backward_tile_avx512(const TileArgs& t);

@@ -275,7 +275,7 @@ void check_case(Case& c, std::mt19937_64& rng, Worst& worst) {
                         // rounded to bf16; docs/conventions.md "bf16 compute", checked closely by
                         // tests/kernels/test_bf16_compute.cpp): not the float32 products rounded once,
                         // and its bound adds 2^-8·max|V|.
-                        const bool bf16_products = r.kernel == "flash/avx512_bf16";
+                        const bool bf16_products = r.kernel == "flash/avx512_bf16" || r.kernel == "flash/avx512_amx_bf16";
                         if (r.kernel.rfind("flash/", 0) == 0) {  // (the decode kernel has no bf16 compute)
                             EXPECT_EQ(bf16_products, ot == DType::bf16 && qt == DType::bf16 && kt == DType::bf16 &&
                                                          vt == DType::bf16 && ks->flash_forward_bf16 != nullptr &&

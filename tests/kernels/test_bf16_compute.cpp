@@ -17,6 +17,9 @@
 // ε = kExpErr = 1.05e-4, the bf16 path's exp2 (bf16_dot.hpp, exp2_bf16; checked below).
 // w_ij are the reference's weights (after dropout, as they multiplied V).
 //
+// On a CPU with AMX-BF16 the products run as tdpbf16ps on AMX tiles (flash/amx_dot.hpp) with the
+// same operands and the same bound; ctest runs this file a second time with
+// ATTN_CPU_HIDE=amx_bf16 (tests/kernels/CMakeLists.txt), so the vdpbf16ps kernels stay tested there.
 // Skipped with "skipped: CPU lacks avx512_bf16" where the CPU lacks it.
 #include <gtest/gtest.h>
 
@@ -45,6 +48,12 @@ const detail::KernelSet* bf16_row() {
     return detail::kernel_set_for(detail::Isa::avx512);
 }
 
+// The kind of bf16 products this process runs: AMX tiles where the CPU has AMX-BF16 (and
+// ATTN_CPU_HIDE does not hide it), else vdpbf16ps.
+detail::Compute expected_compute() {
+    return detail::cpu_features().has_amx_bf16() ? detail::Compute::bf16_amx : detail::Compute::bf16_dot;
+}
+
 #define ATTN_NEED_BF16()                                                                   \
     const detail::KernelSet* row = bf16_row();                                             \
     if (row == nullptr) GTEST_SKIP() << "skipped: CPU lacks avx512_bf16";                  \
@@ -67,7 +76,8 @@ Case random_case(std::mt19937_64& rng) {
     auto chance = [&](double p) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; };
     const std::int64_t B = pick({1, 2}), Hkv = pick({1, 2}), G = pick({1, 3}), Hq = Hkv * G;
     const std::int64_t Lq = pick({1, 7, 33, 70, 130}), Lk = pick({1, 8, 63, 100, 130});
-    const std::int64_t Dk = pick({1, 8, 17, 64}), Dv = pick({1, 8, 16, 33, 64});
+    // Head dims off the AMX tiles' 32-element reduction step and 16-row tiles on purpose.
+    const std::int64_t Dk = pick({1, 3, 8, 17, 33, 64, 80, 96, 130}), Dv = pick({1, 3, 8, 16, 33, 64, 80, 130});
     Case c;
     c.q = test::to_storage(test::randn(DType::f32, Shape{B, Hq, Lq, Dk}, rng), DType::bf16);
     const bool strided_v = chance(0.25);
@@ -166,7 +176,7 @@ Out run_flash(const Case& c, const detail::KernelSet& row, int threads, const de
     const TensorView l = r.lse, w = r.weights;
     detail::SdpaProblem p = detail::make_problem(c.q, c.kview, c.vview, c.opt, r.out, &l, c.want_weights ? &w : nullptr);
     p.bf16_products = true;  // a float32 out, so that P's rounding is measured alone
-    EXPECT_NE(detail::flash_compute(row, p), detail::Compute::f32) << c.desc;
+    EXPECT_EQ(detail::flash_compute(row, p), expected_compute()) << c.desc;
     detail::flash_forward(p, row, threads, tiles);
     return r;
 }
@@ -254,6 +264,8 @@ TEST(Bf16Compute, RandomCasesMatchReference) {
         EXPECT_TRUE(bit_equal(one.out, two.out) && bit_equal(one.lse, two.lse)) << c.desc << ": 1 vs 2 threads";
         const detail::FlashTiles split{64, 16, 3};  // each task's keys in 3 chunks, merged
         worst = std::max(worst, check(c, run_flash(c, *row, 2, &split), ref));
+        const detail::FlashTiles ragged{64, 40};  // key blocks of 40: a partial 16-key tile in each
+        worst = std::max(worst, check(c, run_flash(c, *row, 1, &ragged), ref));
         const detail::FlashTiles grouped{32, 16, 0, 3};  // query blocks of 32 in groups of 3: the same bits
         const detail::FlashTiles alone{32, 16, 0, 1};
         const Out g = run_flash(c, *row, 2, &grouped), a = run_flash(c, *row, 2, &alone);
@@ -261,6 +273,20 @@ TEST(Bf16Compute, RandomCasesMatchReference) {
         if (HasFailure()) break;
     }
     std::printf("worst error / bound over the cases: %.3g\n", worst);
+}
+
+// An all-bfloat16 sdpa call reports the AMX kernel where the CPU has AMX-BF16.
+TEST(Bf16Compute, AmxKernelWhereTheCpuHasIt) {
+    ATTN_NEED_BF16();
+    if (!detail::cpu_features().has_amx_bf16()) GTEST_SKIP() << "skipped: CPU lacks amx_bf16";
+    std::mt19937_64 rng(14);
+    const Tensor q = test::to_storage(test::randn(DType::f32, Shape{1, 2, 40, 64}, rng), DType::bf16);
+    const Tensor k = test::to_storage(test::randn(DType::f32, Shape{1, 2, 50, 64}, rng), DType::bf16);
+    const Tensor v = test::to_storage(test::randn(DType::f32, Shape{1, 2, 50, 64}, rng), DType::bf16);
+    Tensor out = test::poisoned(DType::bf16, Shape{1, 2, 40, 64});
+    SdpaReport report;
+    sdpa(q, k, v, SdpaOptions{}, out, nullptr, nullptr, &report);
+    EXPECT_EQ(report.kernel, "flash/avx512_amx_bf16");
 }
 
 // The P rounding is there (a kernel that silently ran the float32 products would pass the
@@ -285,7 +311,7 @@ TEST(Bf16Compute, RoundsPToBf16) {
     Tensor out = test::poisoned(DType::f32, Shape{1, 1, Lq, D});
     detail::SdpaProblem p = detail::make_problem(q, k, v, o, out, nullptr, nullptr);
     p.bf16_products = true;  // a float32 out, so that P's rounding is measured alone
-    ASSERT_NE(detail::flash_compute(*row, p), detail::Compute::f32);
+    ASSERT_EQ(detail::flash_compute(*row, p), expected_compute());
     detail::flash_forward(p, *row, 1, nullptr);
     double worst_rel = 0;
     int off_model = 0;

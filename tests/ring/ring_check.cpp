@@ -77,9 +77,11 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
     // merged with lse. Their bound needs Σ_j w_ij·|v_jd|: the same reference on |V| (exact in
     // bf16), dropout included.
     const Tensor out_like(c.out_dtype, Shape{c.B, c.Hq, c.Lq, c.Dv});  // never written
-    const bool bf16_compute =
-        detail::flash_compute(detail::kernel_set(), detail::make_problem(q, k, v, so, out_like, nullptr, nullptr)) !=
-        detail::Compute::f32;
+    const detail::Compute compute =
+        detail::flash_compute(detail::kernel_set(), detail::make_problem(q, k, v, so, out_like, nullptr, nullptr));
+    const bool bf16_compute = compute != detail::Compute::f32;
+    // The kernel the blocks must report when they run bf16 compute: vdpbf16ps or AMX tiles.
+    const std::string bf16_kernel = detail::kernel_name("flash", detail::kernel_set(), compute);
     Tensor ref_wv;
     if (bf16_compute) {
         Tensor va(v.dtype(), v.shape());
@@ -178,9 +180,9 @@ void run_case(const Case& c, Impl impl = Impl::automatic) {
     }
     // The ring runs exactly the steps some rank computes in (fewer than P under a narrow window).
     // A case that asks for it ran its blocks on bf16 compute where the library's rule gives it.
-    if (ok && c.expect_bf16_kernel && bf16_compute && stats.kernel != "flash/avx512_bf16") {
+    if (ok && c.expect_bf16_kernel && bf16_compute && stats.kernel != bf16_kernel) {
         ok = false;
-        detail += "; the blocks ran " + stats.kernel + ", not flash/avx512_bf16";
+        detail += "; the blocks ran " + stats.kernel + ", not " + bf16_kernel;
     }
     if (ok && stats.steps != expected_steps(c, P)) {
         ok = false;

@@ -84,7 +84,8 @@ struct Case {
     DType q_dtype = DType::f32, kv_dtype = DType::f32, out_dtype = DType::f32;
     std::optional<DType> v_dtype;  // V's dtype when it is not K's (kv_dtype)
     DType v_of() const { return v_dtype.value_or(kv_dtype); }
-    bool expect_bf16_kernel = false;  // all-bf16 blocks must run flash/avx512_bf16 (where the CPU has it)
+    bool expect_bf16_kernel = false;  // all-bf16 blocks must run bf16 compute (flash/avx512_bf16 or
+                                      // flash/avx512_amx_bf16, where the CPU has it)
     // The ring called under an attn::ScopedInterruptFlag whose flag is set: the ring must not stop
     // (a rank stopped alone would leave its peers waiting; attn/interrupt.hpp).
     bool under_set_interrupt_flag = false;

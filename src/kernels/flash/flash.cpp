@@ -115,14 +115,17 @@ void flash_forward_batch(const SdpaProblem* ps, std::size_t n, const KernelSet& 
     // the short problems' tasks; stable: equal problems keep the caller's order.
     std::stable_sort(jobs.begin(), jobs.end(), [](const FlashJob& a, const FlashJob& b) { return a.p->Lk > b.p->Lk; });
     const auto count = static_cast<std::int64_t>(n);
-    if (compute != Compute::f32) kernels.flash_forward_bf16(jobs.data(), count, t, threads);
+    if (compute == Compute::bf16_amx) kernels.flash_forward_amx(jobs.data(), count, t, threads);
+    else if (compute == Compute::bf16_dot) kernels.flash_forward_bf16(jobs.data(), count, t, threads);
     else kernels.flash_forward(jobs.data(), count, t, threads);
 }
 
 Compute flash_compute(const KernelSet& row, const SdpaProblem& p) {
     const bool bf16 = row.flash_forward_bf16 != nullptr && p.bf16_products && p.q.dtype() == DType::bf16 &&
                       p.k.dtype() == DType::bf16 && p.v.dtype() == DType::bf16 && cpu_features().has_avx512_bf16();
-    return bf16 ? Compute::bf16_dot : Compute::f32;
+    if (!bf16) return Compute::f32;
+    // The same products on AMX tiles where the CPU (and the OS) has them.
+    return row.flash_forward_amx != nullptr && cpu_features().has_amx_bf16() ? Compute::bf16_amx : Compute::bf16_dot;
 }
 
 }  // namespace attn::detail

@@ -17,6 +17,7 @@
 #define ATTN_FLASH_NS flash_avx512_ns
 #include "../simd/exp2_avx512.hpp"
 #include "column_max_avx512.hpp"
+#include "amx_dot.hpp"
 #include "bf16_dot.hpp"
 #include "flash_driver.hpp"
 #include "../simd/half_avx512.hpp"
@@ -403,9 +404,9 @@ struct Avx512Bf16Ops : Avx512Ops {
     // V pair words of keys [j0, j0+nk) straight from the bf16 tensor: word (key pair q, d) =
     // V[j0+2q][d] | V[j0+2q+1][d] << 16 (0 past the last key) — the bits pack_pairs_bf16 makes
     // from the widened rows (bf16 → f32 → bf16 is exact), without the float32 round trip. A
-    // contiguous head dim interleaves 32 values of two rows with two vpermt2w.
+    // contiguous head dim interleaves 32 values of two rows with two vpermt2w. dst: rows of ld words.
     static void v_pairs_direct(const SdpaProblem& p, std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t nk,
-                               Pair* dst) {
+                               Pair* dst, std::int64_t ld) {
         alignas(64) static constexpr short kLo[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
                                                       8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
         alignas(64) static constexpr short kHi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
@@ -416,7 +417,7 @@ struct Avx512Bf16Ops : Avx512Ops {
         for (std::int64_t q = 0; q < half_up(nk); ++q) {
             const std::uint16_t* r0 = v + kv_row_offset(p, true, b, hk, j0 + 2 * q);
             const std::uint16_t* r1 = 2 * q + 1 < nk ? v + kv_row_offset(p, true, b, hk, j0 + 2 * q + 1) : nullptr;
-            Pair* d = dst + q * Dv;
+            Pair* d = dst + q * ld;
             if (sd != 1) {
                 for (std::int64_t e = 0; e < Dv; ++e)
                     d[e] = r0[e * sd] | (r1 ? static_cast<Pair>(r1[e * sd]) << 16 : 0u);
@@ -454,7 +455,7 @@ struct Avx512Bf16Ops : Avx512Ops {
         Pair* vv = v_pairs(w);
         if (!packed) flash_bf16_avx512_ns::pack_pairs_bf16(w.s, ldS, nk, panels * kPanel, pp, w.tile_mb);
         if (vp != nullptr) flash_bf16_avx512_ns::pack_pairs_bf16(vp, ldv, nk, p.Dv, vv, p.Dv);
-        else v_pairs_direct(p, b, hk, j0, nk, vv);
+        else v_pairs_direct(p, b, hk, j0, nk, vv, p.Dv);
         const int Jp = static_cast<int>(half_up(nk));
         const __m512 one = _mm512_set1_ps(1.0f);
         for (int pn = 0; pn < panels; ++pn) {
@@ -469,6 +470,164 @@ struct Avx512Bf16Ops : Avx512Ops {
     }
 };
 
+// bf16 compute on AMX tiles (AMX-BF16, tdpbf16ps): Avx512Bf16Ops with the two products moved
+// from vdpbf16ps to the tile micro-kernels of amx_dot.hpp (flash_amx_bf16.cpp). Everything
+// else — the Qᵀ pair pack, the softmax and its bf16 rounding of Pᵀ, the score rule, dropout,
+// the non-finite paths, the outputs — is the bf16 path's, so the results obey the same bound
+// (docs/conventions.md, "bf16 compute"); only the float32 summation order differs.
+// What changes is the operands' layout: AMX reads 16-row tiles with a 32-element reduction
+// step, so each operand is zero-padded in scratch to whole tiles (never read past a tensor):
+//   Qᵀ pairs  (panels, Dq, 32)        Dq = ⌈Dk/32⌉·16 pair rows (w.qt itself when Dk % 32 == 0)
+//   K rows    (⌈Nb/16⌉·16, 2·Dq) bf16  a copy only for a strided head dim, Dk % 32 != 0 or a
+//                                      block across pages; else in place but for the last
+//                                      nk % 16 rows (one zero-padded tile)
+//   Pᵀ pairs  (Jq, Mb)                Jq = ⌈Nb/32⌉·16: the softmax's pairs, rows past the
+//                                      block's keys zeroed per block
+//   V pairs   (Jq, Dv16) → Vᵀ (Dv16, Jq)   Dv16 = ⌈Dv/16⌉·16: interleaved as the bf16 path's,
+//                                      then transposed as 16 × 16 words (transpose16), once per
+//                                      key block for all panels
+//   staging   four 16 × 16 float32 C tiles (the scaled Sᵀ store; an Oᵀ tile past Dv)
+struct AmxBf16Ops : Avx512Bf16Ops {
+    static std::int64_t round_up(std::int64_t n, std::int64_t m) { return (n + m - 1) / m * m; }
+    static std::int64_t q_rows(const SdpaProblem& p) { return round_up(p.Dk, 32) / 2; }    // Dq
+    static std::int64_t pair_rows(std::int64_t nk) { return round_up(half_up(nk), 16); }  // Jq
+    static std::int64_t dv_rows(const SdpaProblem& p) { return round_up(p.Dv, 16); }      // Dv16
+
+    // The scratch regions in order (bytes, each a multiple of 64).
+    struct Layout {
+        std::size_t p, vv, vt, k, q, stage;
+    };
+    static Layout layout(const SdpaProblem& p, std::int64_t Mb, std::int64_t Nb) {
+        const std::int64_t J = pair_rows(Nb), D16 = dv_rows(p);
+        return Layout{round64(4 * J * Mb),           round64(4 * J * D16), round64(4 * D16 * J),
+                      round64(2 * round_up(Nb, 16) * 2 * q_rows(p)), round64(4 * Mb * q_rows(p)),
+                      round64(4 * flash_amx_bf16_ns::kAmxStageFloats)};
+    }
+    static std::size_t scratch_bytes(const SdpaProblem& p, const FlashTiles& t) {
+        const Layout l = layout(p, t.Mb, t.Nb);
+        return l.p + l.vv + l.vt + l.k + l.q + l.stage;
+    }
+    // Region i of the layout (0: Pᵀ pairs, 1: V pairs, 2: Vᵀ, 3: K rows, 4: Qᵀ pairs, 5: staging).
+    static char* region(const SdpaProblem& p, const Workspace& w, int i) {
+        const Layout l = layout(p, w.tile_mb, w.tile_nb);
+        const std::size_t sizes[] = {l.p, l.vv, l.vt, l.k, l.q};
+        char* c = static_cast<char*>(w.extra);
+        for (int r = 0; r < i; ++r) c += sizes[r];
+        return c;
+    }
+    static Pair* amx_p(const Workspace& w) { return static_cast<Pair*>(w.extra); }  // region 0
+
+    // Qᵀ pairs with Dq rows a panel: the bf16 path's pack (w.qt, ⌈Dk/2⌉ rows), copied into
+    // zero-padded panels when ⌈Dk/2⌉ is not a multiple of 16.
+    static const Pair* q_pairs(const SdpaProblem& p, const Workspace& w) {
+        return half_up(p.Dk) == q_rows(p) ? reinterpret_cast<const Pair*>(w.qt) : reinterpret_cast<const Pair*>(region(p, w, 4));
+    }
+    static void pack_q(const SdpaProblem& p, Workspace& w, std::int64_t b, int nq, int panels) {
+        Avx512Bf16Ops::pack_q(p, w, b, nq, panels);
+        const std::int64_t Dp = half_up(p.Dk), Dq = q_rows(p);
+        if (Dp == Dq) return;
+        const Pair* src = reinterpret_cast<const Pair*>(w.qt);
+        Pair* dst = reinterpret_cast<Pair*>(region(p, w, 4));
+        for (int pn = 0; pn < panels; ++pn) {
+            std::memcpy(dst + pn * Dq * kPanel, src + pn * Dp * kPanel, sizeof(Pair) * static_cast<std::size_t>(Dp * kPanel));
+            std::memset(dst + (pn * Dq + Dp) * kPanel, 0, sizeof(Pair) * static_cast<std::size_t>((Dq - Dp) * kPanel));
+        }
+    }
+
+    static void qk_block(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t hk, int panels, std::int64_t j0,
+                         std::int64_t nk, int ldS, float scale) {
+        const std::int64_t Dq = q_rows(p), Dk32 = 2 * Dq, whole = nk / 16 * 16;
+        const std::uint16_t* k = p.k.data_as<const std::uint16_t>();
+        const std::int64_t sd = p.k.stride(3);
+        std::uint16_t* buf = reinterpret_cast<std::uint16_t*>(region(p, w, 3));
+        // Rows [r0, r1) of the block into buf (row stride Dk32), zero past Dk; rows up to the
+        // next multiple of 16 zero.
+        auto copy_rows = [&](std::int64_t r0, std::int64_t r1, std::uint16_t* dst) {
+            for (std::int64_t j = r0; j < r1; ++j) {
+                const std::uint16_t* row = k + kv_row_offset(p, false, b, hk, j0 + j);
+                std::uint16_t* d = dst + (j - r0) * Dk32;
+                if (sd == 1) std::memcpy(d, row, 2 * static_cast<std::size_t>(p.Dk));
+                else
+                    for (std::int64_t e = 0; e < p.Dk; ++e) d[e] = row[e * sd];
+                std::memset(d + p.Dk, 0, 2 * static_cast<std::size_t>(Dk32 - p.Dk));
+            }
+            const std::int64_t end = r0 + round_up(r1 - r0, 16);
+            std::memset(dst + (r1 - r0) * Dk32, 0, 2 * static_cast<std::size_t>((end - r1) * Dk32));
+        };
+        const std::uint16_t* kp;
+        std::int64_t ldk;
+        if (sd == 1 && p.Dk == Dk32 && one_run(p, j0, nk)) {  // whole tiles in place, the last rows copied
+            kp = k + kv_row_offset(p, false, b, hk, j0);
+            ldk = p.k.stride(2);
+            if (whole < nk) copy_rows(whole, nk, buf);
+        } else {
+            copy_rows(0, nk, buf);
+            kp = buf;
+            ldk = Dk32;
+            buf += whole * Dk32;
+        }
+        flash_amx_bf16_ns::qk_amx(q_pairs(p, w), static_cast<int>(Dq), panels, kp, ldk, buf, static_cast<int>(nk), scale,
+                                  w.s, ldS, reinterpret_cast<float*>(region(p, w, 5)));
+    }
+
+    static void softmax_block(Workspace& w, int ldS, int nk, int ncols, bool pack, bool keep_f32) {
+        flash_bf16_avx512_ns::softmax_bf16(w.s, ldS, nk, ncols, w.m, w.l, w.alpha, pack ? amx_p(w) : nullptr, w.tile_mb,
+                                           keep_f32);
+    }
+
+    // Vᵀ of keys [j0, j0+nk) as pair words (Dv16 rows × Jq): the V pairs (from the float32 rows vp
+    // when given, else straight from the tensor) with zero columns to Dv16 and zero rows to Jq,
+    // then transposed 16 × 16 words at a time (a bit copy).
+    static const Pair* v_transposed(const SdpaProblem& p, const Workspace& w, std::int64_t b, std::int64_t hk,
+                                    std::int64_t j0, std::int64_t nk, const float* vp, std::int64_t ldv) {
+        const std::int64_t Jp = half_up(nk), Jq = pair_rows(nk), D16 = dv_rows(p);
+        Pair* vv = reinterpret_cast<Pair*>(region(p, w, 1));
+        Pair* vt = reinterpret_cast<Pair*>(region(p, w, 2));
+        if (vp != nullptr) flash_bf16_avx512_ns::pack_pairs_bf16(vp, ldv, nk, p.Dv, vv, D16);
+        else v_pairs_direct(p, b, hk, j0, nk, vv, D16);
+        if (D16 > p.Dv)
+            for (std::int64_t r = 0; r < Jp; ++r) std::memset(vv + r * D16 + p.Dv, 0, sizeof(Pair) * static_cast<std::size_t>(D16 - p.Dv));
+        std::memset(vv + Jp * D16, 0, sizeof(Pair) * static_cast<std::size_t>((Jq - Jp) * D16));
+        const float* in[16];
+        float* out[16];
+        for (std::int64_t k0 = 0; k0 < Jq; k0 += 16)
+            for (std::int64_t d0 = 0; d0 < D16; d0 += 16) {
+                for (int r = 0; r < 16; ++r) {
+                    in[r] = reinterpret_cast<const float*>(vv + (k0 + r) * D16 + d0);
+                    out[r] = reinterpret_cast<float*>(vt + (d0 + r) * Jq + k0);
+                }
+                transpose16(in, out, nullptr);
+            }
+        return vt;
+    }
+
+    // Oᵀ ← α·Oᵀ + Vᵀ·Pᵀ: α applied to a panel's accumulator rows first, only where its running
+    // max moved (as the bf16 path); Pᵀ pairs past the block's keys zeroed; then the tiles.
+    static void pv_block(const SdpaProblem& p, const Workspace& w, std::int64_t b, std::int64_t hk, std::int64_t j0,
+                         int panels, std::int64_t nk, int ldS, const float* vp, std::int64_t ldv, float* acc, int ldO,
+                         bool packed) {
+        const int ncols = panels * kPanel;
+        const std::int64_t Jp = half_up(nk), Jq = pair_rows(nk);
+        Pair* pp = amx_p(w);
+        if (!packed) flash_bf16_avx512_ns::pack_pairs_bf16(w.s, ldS, nk, ncols, pp, w.tile_mb);
+        for (std::int64_t r = Jp; r < Jq; ++r) std::memset(pp + r * w.tile_mb, 0, sizeof(Pair) * static_cast<std::size_t>(ncols));
+        const Pair* vt = v_transposed(p, w, b, hk, j0, nk, vp, ldv);
+        const __m512 one = _mm512_set1_ps(1.0f);
+        for (int pn = 0; pn < panels; ++pn) {
+            const float* al = w.alpha + pn * kPanel;
+            const __m512 a0 = _mm512_load_ps(al), a1 = _mm512_load_ps(al + 16);
+            if (_mm512_cmp_ps_mask(a0, one, _CMP_NEQ_UQ) == 0 && _mm512_cmp_ps_mask(a1, one, _CMP_NEQ_UQ) == 0) continue;
+            for (std::int64_t d = 0; d < p.Dv; ++d) {
+                float* o = acc + d * ldO + pn * kPanel;
+                _mm512_store_ps(o, _mm512_mul_ps(_mm512_load_ps(o), a0));
+                _mm512_store_ps(o + 16, _mm512_mul_ps(_mm512_load_ps(o + 16), a1));
+            }
+        }
+        flash_amx_bf16_ns::pv_amx(pp, w.tile_mb, vt, static_cast<int>(Jq), static_cast<int>(Jq), static_cast<int>(p.Dv),
+                                  panels, acc, ldO, reinterpret_cast<float*>(region(p, w, 5)));
+    }
+};
+
 }  // namespace
 }  // namespace flash_avx512_ns
 
@@ -479,6 +638,11 @@ void flash_forward_avx512(const FlashJob* jobs, std::int64_t n, const FlashTiles
 // Q, K, V all bfloat16, on a CPU with AVX-512 BF16 (flash.cpp checks both).
 void flash_forward_avx512_bf16(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, int threads) {
     flash_avx512_ns::run_flash<flash_avx512_ns::Avx512Bf16Ops>(jobs, n, tiles, threads);
+}
+
+// Q, K, V all bfloat16, on a CPU with AMX-BF16 (flash.cpp checks both).
+void flash_forward_avx512_amx_bf16(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, int threads) {
+    flash_avx512_ns::run_flash<flash_avx512_ns::AmxBf16Ops>(jobs, n, tiles, threads);
 }
 
 }  // namespace attn::detail

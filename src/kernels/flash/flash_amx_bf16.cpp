@@ -1,0 +1,159 @@
+// The AMX-BF16 micro-kernels (amx_dot.hpp says what they compute and in which layouts).
+// This file alone is compiled with ATTN_AMX_BF16_FLAGS (src/CMakeLists.txt:
+// ATTN_AMX_BF16_SOURCES); it holds no driver code, only the functions of amx_dot.hpp, reached
+// from the avx512 row's AMX Ops (flash_avx512.cpp) on a CPU with AMX-BF16.
+//
+// Tile registers, both kernels: tmm0..3 the four C tiles of a 2 × 2 block, tmm4..5 the two A
+// tiles, tmm6..7 the two B tiles. Per 32-element reduction step 4 tileloads feed 4 tdpbf16ps
+// (16·16·32 products each): a tile load is 16 rows of 64 bytes, a tdpbf16ps 16 cycles of the
+// TMUL unit, so the loads keep up with the products.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "../simd/amx_tiles.hpp"
+#include "amx_dot.hpp"
+
+namespace attn::detail::flash_amx_bf16_ns {
+namespace {
+
+constexpr int kTile = 16 * 16;  // floats of one C tile in cbuf (rows of 64 bytes)
+
+// rows × 16 floats of a staged C tile (row stride 16) to s (row stride ldS), times c2.
+inline void store_scaled(const float* c, int rows, __m512 c2, float* s, int ldS) {
+    for (int r = 0; r < rows; ++r) _mm512_storeu_ps(s + r * ldS, _mm512_mul_ps(_mm512_load_ps(c + 16 * r), c2));
+}
+
+}  // namespace
+
+void qk_amx(const std::uint32_t* qt, int Dq, int panels, const std::uint16_t* k, std::int64_t ldk,
+            const std::uint16_t* ktail, int nk, float c2, float* s, int ldS, float* cbuf) {
+    const AmxTiles tiles;
+    const int whole = nk / 16, ktiles = (nk + 15) / 16, dsteps = Dq / 16;
+    const __m512 vc = _mm512_set1_ps(c2);
+    // Key tile t: its first row and the row stride in bytes.
+    auto a_rows = [&](int t, long& stride) -> const std::uint16_t* {
+        if (t < whole) {
+            stride = static_cast<long>(ldk) * 2;
+            return k + static_cast<std::int64_t>(t) * 16 * ldk;
+        }
+        stride = static_cast<long>(Dq) * 4;
+        return ktail;
+    };
+    for (int pn = 0; pn < panels; ++pn) {
+        const std::uint32_t* q = qt + static_cast<std::int64_t>(pn) * Dq * 32;
+        for (int t = 0; t < ktiles; t += 2) {
+            const bool two = t + 1 < ktiles;
+            long s0 = 0, s1 = 0;
+            const std::uint16_t* a0 = a_rows(t, s0);
+            const std::uint16_t* a1 = two ? a_rows(t + 1, s1) : nullptr;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int ds = 0; ds < dsteps; ++ds) {
+                // B: pair rows 16·ds.. of the panel, queries 0..15 and 16..31 (128-byte rows).
+                _tile_loadd(6, q + ds * 16 * 32, 128);
+                _tile_loadd(7, q + ds * 16 * 32 + 16, 128);
+                _tile_loadd(4, a0 + ds * 32, s0);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                if (two) {
+                    _tile_loadd(5, a1 + ds * 32, s1);
+                    _tile_dpbf16ps(2, 5, 6);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
+            }
+            // Staged through cbuf: × c2 on the way to Sᵀ, and only the rows of real keys (Sᵀ
+            // holds nk rows, which need not be a multiple of 16).
+            _tile_stored(0, cbuf, 64);
+            _tile_stored(1, cbuf + kTile, 64);
+            float* st = s + static_cast<std::int64_t>(t) * 16 * ldS + pn * 32;
+            const int r0 = nk - t * 16 < 16 ? nk - t * 16 : 16;
+            store_scaled(cbuf, r0, vc, st, ldS);
+            store_scaled(cbuf + kTile, r0, vc, st + 16, ldS);
+            if (two) {
+                _tile_stored(2, cbuf + 2 * kTile, 64);
+                _tile_stored(3, cbuf + 3 * kTile, 64);
+                const int r1 = nk - (t + 1) * 16 < 16 ? nk - (t + 1) * 16 : 16;
+                store_scaled(cbuf + 2 * kTile, r1, vc, st + 16 * ldS, ldS);
+                store_scaled(cbuf + 3 * kTile, r1, vc, st + 16 * ldS + 16, ldS);
+            }
+        }
+    }
+}
+
+void pv_amx(const std::uint32_t* pp, int ldP, const std::uint32_t* vt, int ldvt, int Jq, int Dv, int panels, float* acc,
+            int ldO, float* cbuf) {
+    const AmxTiles tiles;
+    const int whole = Dv / 16, dtiles = (Dv + 15) / 16, ksteps = Jq / 16;
+    const long sp = static_cast<long>(ldP) * 4, sv = static_cast<long>(ldvt) * 4;
+    // C tile i (of the 2 × 2 block) for head-dim tile dt, query half h: in place in acc when
+    // its 16 rows are all < Dv, else staged in cbuf slot i (the rows past Dv zero; copied back).
+    float* at[4];
+    long stride[4];
+    int rows[4];
+    auto c_tile = [&](int i, int dt, float* a) {
+        rows[i] = Dv - dt * 16 < 16 ? Dv - dt * 16 : 16;
+        if (dt < whole) {
+            at[i] = a;
+            stride[i] = static_cast<long>(ldO) * 4;
+            return;
+        }
+        float* c = cbuf + i * kTile;
+        for (int r = 0; r < 16; ++r)
+            _mm512_store_ps(c + 16 * r, r < rows[i] ? _mm512_loadu_ps(a + static_cast<std::int64_t>(r) * ldO) : _mm512_setzero_ps());
+        at[i] = c;
+        stride[i] = 64;
+    };
+    auto put_back = [&](int i, float* a) {
+        if (at[i] == a) return;
+        for (int r = 0; r < rows[i]; ++r) _mm512_storeu_ps(a + static_cast<std::int64_t>(r) * ldO, _mm512_load_ps(at[i] + 16 * r));
+    };
+    for (int pn = 0; pn < panels; ++pn) {
+        const std::uint32_t* p = pp + pn * 32;
+        for (int dt = 0; dt < dtiles; dt += 2) {
+            const bool two = dt + 1 < dtiles;
+            float* o0 = acc + static_cast<std::int64_t>(dt) * 16 * ldO + pn * 32;
+            float* o1 = two ? o0 + static_cast<std::int64_t>(16) * ldO : nullptr;
+            c_tile(0, dt, o0);
+            c_tile(1, dt, o0 + 16);
+            _tile_loadd(0, at[0], stride[0]);
+            _tile_loadd(1, at[1], stride[1]);
+            if (two) {
+                c_tile(2, dt + 1, o1);
+                c_tile(3, dt + 1, o1 + 16);
+                _tile_loadd(2, at[2], stride[2]);
+                _tile_loadd(3, at[3], stride[3]);
+            }
+            const std::uint32_t* v0 = vt + static_cast<std::int64_t>(dt) * 16 * ldvt;
+            const std::uint32_t* v1 = two ? v0 + static_cast<std::int64_t>(16) * ldvt : nullptr;
+            for (int ks = 0; ks < ksteps; ++ks) {
+                // B: pair rows 16·ks.. (keys 32·ks..), queries 0..15 and 16..31 of the panel.
+                const std::uint32_t* pk = p + static_cast<std::int64_t>(ks) * 16 * ldP;
+                _tile_loadd(6, pk, sp);
+                _tile_loadd(7, pk + 16, sp);
+                _tile_loadd(4, v0 + ks * 16, sv);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                if (two) {
+                    _tile_loadd(5, v1 + ks * 16, sv);
+                    _tile_dpbf16ps(2, 5, 6);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
+            }
+            _tile_stored(0, at[0], stride[0]);
+            _tile_stored(1, at[1], stride[1]);
+            put_back(0, o0);
+            put_back(1, o0 + 16);
+            if (two) {
+                _tile_stored(2, at[2], stride[2]);
+                _tile_stored(3, at[3], stride[3]);
+                put_back(2, o1);
+                put_back(3, o1 + 16);
+            }
+        }
+    }
+}
+
+}  // namespace attn::detail::flash_amx_bf16_ns
