@@ -58,7 +58,10 @@ public:
             c.colsb[t] = kAmxRowBytes;
             c.rows[t] = kAmxRows;
         }
-        _tile_loadconfig(&c);
+        // Not GCC 12's _tile_loadconfig: its asm names only the first 8 bytes of the operand as
+        // read, so the compiler may store the rest of c after the ldtilecfg (it did, in the
+        // bench's peak loop: #GP on a half-written configuration). The whole struct as the operand.
+        __asm__ volatile("ldtilecfg %0" ::"m"(c));
     }
     ~AmxTiles() { _tile_release(); }
     AmxTiles(const AmxTiles&) = delete;
