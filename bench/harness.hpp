@@ -51,6 +51,7 @@ struct Ceilings {
     Ceiling fma_1t, fma_nt;   // GFLOP/s on 1 and on Config::threads threads: AVX2 (256-bit) FMA
     Ceiling fma512_1t, fma512_nt;  // the same with 512-bit FMA (not measured without AVX-512)
     Ceiling bf16_1t, bf16_nt;      // vdpbf16ps, GFLOP/s (bf16 compute's ceiling; AVX-512 BF16 only)
+    Ceiling amx_1t, amx_nt;        // tdpbf16ps on AMX tiles, GFLOP/s (bf16 compute's ceiling on AMX-BF16 CPUs)
     // The widest FMA ceiling the CPU has on `threads` threads (AVX-512 when measured): the
     // %peak of every row. The AVX2 one stays in the report beside it (%avx2).
     const Ceiling& widest_fma(int threads) const {
@@ -140,7 +141,8 @@ struct Row {
     std::optional<double> max_abs_diff;  // vs the reference output of the same inputs
     // Filled by finish_case():
     // pct_peak: of the widest FMA peak (Ceilings::widest_fma), or of the bf16 dot peak for a row
-    // whose kernel computed in bf16 (its name ends in "_bf16": a float32 peak would read 128 %);
+    // whose kernel computed in bf16 (its name ends in "_bf16": a float32 peak would read 128 %),
+    // of the AMX peak for one that computed on AMX tiles (its name ends in "_amx_bf16");
     // pct_peak_avx2: of the AVX2 one (equal on a CPU without AVX-512; 0 for bf16 compute).
     double gflops = 0.0, gflops_best = 0.0, pct_peak = 0.0, pct_peak_avx2 = 0.0, gbs = 0.0, pct_bw = 0.0;
     // An estimate for a shared machine: this row's rate per unit of CPU share against the

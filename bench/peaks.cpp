@@ -73,12 +73,15 @@ bool cpu_has_avx512() { return attn::detail::cpu_supports(attn::detail::Isa::avx
 
 bool cpu_has_avx512_bf16() { return attn::detail::cpu_features().has_avx512_bf16(); }
 
+bool cpu_has_amx_bf16() { return attn::detail::cpu_features().has_amx_bf16(); }
+
 Ceiling measure_fma_peak(int threads, double seconds, int repeats, FmaWidth width) {
     Ceiling c;
     c.threads = threads;
     c.repeats = repeats;
+    const bool amx = width == FmaWidth::amx_bf16;
     const bool bf16 = width == FmaWidth::avx512_bf16;
-    const bool wide = width == FmaWidth::avx512 || bf16;
+    const bool wide = width == FmaWidth::avx512 || bf16 || amx;
     if (!wide && !cpu_has_avx2_fma()) {
         c.note = "not measured: this CPU (or OS) lacks AVX2+FMA, the ISA attn's fast kernels use";
         return c;
@@ -91,10 +94,17 @@ Ceiling measure_fma_peak(int threads, double seconds, int repeats, FmaWidth widt
         c.note = "not measured: this CPU lacks avx512_bf16";
         return c;
     }
-    float (*const chains)(long) =
-        bf16 ? detail::dpbf16_chains_avx512 : wide ? detail::fma_chains_avx512 : detail::fma_chains_avx2;
-    // 12 chains x 8 or 16 lanes x (mul + add); vdpbf16ps: 2 products + 2 adds per lane
-    const double kFlopPerIter = 12.0 * (wide ? 16.0 : 8.0) * (bf16 ? 4.0 : 2.0);
+    if (amx && !cpu_has_amx_bf16()) {
+        c.note = "not measured: this CPU (or OS) lacks amx_bf16";
+        return c;
+    }
+    float (*const chains)(long) = amx    ? detail::tdpbf16_chains_amx
+                                  : bf16 ? detail::dpbf16_chains_avx512
+                                  : wide ? detail::fma_chains_avx512
+                                         : detail::fma_chains_avx2;
+    // 12 chains x 8 or 16 lanes x (mul + add); vdpbf16ps: 2 products + 2 adds per lane;
+    // AMX: 6 tdpbf16ps of 2·16·16·32 FLOP each
+    const double kFlopPerIter = amx ? 6.0 * 2 * 16 * 16 * 32 : 12.0 * (wide ? 16.0 : 8.0) * (bf16 ? 4.0 : 2.0);
     // Calibrate on one thread: iterations per second of one chain set.
     long iters = 1L << 20;
     int got = 0;
@@ -113,7 +123,8 @@ Ceiling measure_fma_peak(int threads, double seconds, int repeats, FmaWidth widt
     }
     c.measured = true;
     summarise_trials(c);
-    c.method = std::string(bf16   ? "12 independent 512-bit vdpbf16ps chains per thread (AVX-512 BF16, 64 FLOP each), ~"
+    c.method = std::string(amx    ? "6 independent tdpbf16ps chains (C tiles) per thread (AMX-BF16, 16384 FLOP each), ~"
+                           : bf16 ? "12 independent 512-bit vdpbf16ps chains per thread (AVX-512 BF16, 64 FLOP each), ~"
                            : wide ? "12 independent 512-bit FMA chains per thread (AVX-512, -mavx512f), ~"
                                   : "12 independent 256-bit FMA chains per thread (AVX2, -mavx2 -mfma), ~") +
                std::to_string(static_cast<int>(seconds * 1000)) + " ms per trial";

@@ -40,11 +40,15 @@ bool cpu_has_avx512();
 // True when the avx512 row can also use AVX-512 BF16 (vdpbf16ps; bf16 compute, isa.hpp).
 bool cpu_has_avx512_bf16();
 
+// True when bf16 compute can run on AMX tiles (AMX-BF16 with the OS's grant of the tile state).
+bool cpu_has_amx_bf16();
+
 // fp32 FMA peak: every thread runs independent FMA chains for about `seconds`, on 256-bit
 // (avx2) or 512-bit (avx512) vectors — the widths of attn's avx2 and avx512 kernel rows.
 // avx512_bf16: the same loop with vdpbf16ps (bf16 pairs into float32, 64 FLOP per
-// instruction) — the ceiling of the flash forward's bf16 compute.
-enum class FmaWidth { avx2, avx512, avx512_bf16 };
+// instruction) — the ceiling of the flash forward's bf16 compute on vdpbf16ps; amx_bf16:
+// tdpbf16ps on AMX tiles (16384 FLOP per instruction) — its ceiling on AMX.
+enum class FmaWidth { avx2, avx512, avx512_bf16, amx_bf16 };
 Ceiling measure_fma_peak(int threads, double seconds, int repeats, FmaWidth width = FmaWidth::avx2);
 
 // Read bandwidth: `threads` threads sum disjoint parts of a `bytes` buffer, `repeats` passes.
@@ -60,6 +64,8 @@ float fma_chains_avx2(long iters);
 float fma_chains_avx512(long iters);
 // 12 chains of vdpbf16ps (peaks_avx512_bf16.cpp, -mavx512bf16): 768·iters FLOP.
 float dpbf16_chains_avx512(long iters);
+// 6 chains of tdpbf16ps on independent C tiles (peaks_amx_bf16.cpp, -mamx-bf16): 6·16384·iters FLOP.
+float tdpbf16_chains_amx(long iters);
 // Sum of n floats (n a multiple of 64, p 32-byte aligned) with 8 independent accumulators.
 float sum_floats_avx2(const float* p, std::size_t n);
 float sum_floats_sse2(const float* p, std::size_t n);

@@ -61,7 +61,7 @@ void print_header(const Report& r) {
                                               .c_str());
     std::printf("columns   : GFLOP/s from the median time and the FLOP formula; %%peak of the widest FMA peak on %d thread(s) "
                 "measured below\n            (AVX-512 where the CPU has it; %%avx2 = of the AVX2 peak, shown then too; a kernel *_bf16\n"
-                "            that computed in bf16: of the bf16 dot peak);\n            vs torch = torch median / this median (> 1: attn is faster; torch runs in float32 for every row,\n            16-bit ones too); cpu%% = CPU time of the timed calls /\n"
+                "            that computed in bf16: of the bf16 dot peak, *_amx_bf16: of the AMX bf16 peak);\n            vs torch = torch median / this median (> 1: attn is faster; torch runs in float32 for every row,\n            16-bit ones too); cpu%% = CPU time of the timed calls /\n"
                 "            (wall time x threads): well below 100%% means other processes took the CPUs (or threads idled);\n"
                 "            adj%%pk = estimate of %%peak had the CPUs been free: (GFLOP/s / cpu share) / (peak / its cpu share)\n",
                 r.cfg.threads);
@@ -84,6 +84,10 @@ void print_ceilings(const Report& r) {
     if (c.bf16_nt.measured)
         std::printf("            best of %d trials per thread count; %s; the ceiling of bf16 compute\n",
                     c.bf16_nt.repeats, c.bf16_nt.method.c_str());
+    std::printf("AMX bf16  : %s; %s\n", ceiling_line(c.amx_1t, "GFLOP/s").c_str(), ceiling_line(c.amx_nt, "GFLOP/s").c_str());
+    if (c.amx_nt.measured)
+        std::printf("            best of %d trials per thread count; %s; the ceiling of bf16 compute on AMX tiles\n",
+                    c.amx_nt.repeats, c.amx_nt.method.c_str());
     std::printf("read BW   : %s; %s\n", ceiling_line(c.bw_1t, "GB/s").c_str(), ceiling_line(c.bw_nt, "GB/s").c_str());
     if (c.bw_nt.measured)
         std::printf("            best of %d trials per thread count; %s\n", c.bw_nt.repeats, c.bw_nt.method.c_str());
@@ -107,7 +111,7 @@ void print_case(const Context& ctx, const CaseResult& c) {
         any_diff |= r.max_abs_diff.has_value();
     }
     const bool wide = (ctx.cfg.threads == 1 ? ctx.ceilings.fma512_1t : ctx.ceilings.fma512_nt).measured;
-    std::printf("  %-10s %-17s %4s %11s %11s %9s %6s", "impl", "kernel", "runs", "median ms", "min ms", "GFLOP/s", "%peak");
+    std::printf("  %-10s %-21s %4s %11s %11s %9s %6s", "impl", "kernel", "runs", "median ms", "min ms", "GFLOP/s", "%peak");
     if (wide) std::printf(" %6s", "%avx2");
     if (any_bytes) std::printf(" %7s %5s", "GB/s", "%bw");
     std::printf(" %10s %9s %5s %6s", "peak RSS", "vs torch", "cpu%", "adj%pk");
@@ -119,9 +123,9 @@ void print_case(const Context& ctx, const CaseResult& c) {
             continue;
         }
         // torch rows describe their expression in the header and the JSON, not in this column.
-        // 17 characters: "flash/avx512_bf16" whole.
-        std::string kernel = r.impl.rfind("torch", 0) == 0 ? "-" : r.kernel.substr(0, 17);
-        std::printf("  %-10s %-17s %4d %11.2f %11.2f", r.impl.c_str(), kernel.c_str(), r.timing.runs, r.timing.median_s * 1e3,
+        // 21 characters: "flash/avx512_amx_bf16" whole.
+        std::string kernel = r.impl.rfind("torch", 0) == 0 ? "-" : r.kernel.substr(0, 21);
+        std::printf("  %-10s %-21s %4d %11.2f %11.2f", r.impl.c_str(), kernel.c_str(), r.timing.runs, r.timing.median_s * 1e3,
                     r.timing.min_s * 1e3);
         std::printf(" %9s %6s", r.flop > 0 ? format_double("%.1f", r.gflops).c_str() : "-",
                     r.pct_peak > 0 ? format_double("%.1f%%", r.pct_peak).c_str() : "-");
@@ -176,6 +180,7 @@ nlohmann::json to_json(const Report& r) {
     j["ceilings"] = {{"fma_peak_gflops", {ceiling_json(r.ceilings.fma_1t), ceiling_json(r.ceilings.fma_nt)}},
                      {"fma512_peak_gflops", {ceiling_json(r.ceilings.fma512_1t), ceiling_json(r.ceilings.fma512_nt)}},
                      {"bf16_dot_peak_gflops", {ceiling_json(r.ceilings.bf16_1t), ceiling_json(r.ceilings.bf16_nt)}},
+                     {"amx_bf16_peak_gflops", {ceiling_json(r.ceilings.amx_1t), ceiling_json(r.ceilings.amx_nt)}},
                      {"read_bandwidth_gbs", {ceiling_json(r.ceilings.bw_1t), ceiling_json(r.ceilings.bw_nt)}},
                      {"threads_for_percentages", r.cfg.threads}};
     nlohmann::json cases = nlohmann::json::array();

@@ -123,7 +123,8 @@ def section_body(d):
     out.append("  %s  " % fma[1].get("method", ""))
     # The wider ceilings exist only on CPUs that have the ISA; "% peak" is of the widest FMA
     # peak measured (the ISA attn's kernels run on there), as `attn bench` computes it.
-    for key, name in (("fma512_peak_gflops", "AVX-512 FMA peak"), ("bf16_dot_peak_gflops", "bf16 dot-product peak")):
+    for key, name in (("fma512_peak_gflops", "AVX-512 FMA peak"), ("bf16_dot_peak_gflops", "bf16 dot-product peak"),
+                      ("amx_bf16_peak_gflops", "AMX bf16 peak")):
         wide = d["ceilings"].get(key)
         if wide and wide[1].get("measured"):
             out.append("- **%s** (measured in this run, best of %d trials): %s; %s  " % (
@@ -135,7 +136,7 @@ def section_body(d):
     out.append("")
     out.append("GFLOP/s = the formula's FLOP / median time (forward 4·B·H·Lq·Lk·D, causal counts half); "
                "%% peak = of the widest FMA peak on %d threads above (AVX-512 where measured), of the bf16 dot-product peak for a "
-               "kernel *_bf16 (bf16 compute); vs torch = torch median / this median (torch in float32 for every row); "
+               "kernel *_bf16 (bf16 compute), of the AMX bf16 peak for a kernel *_amx_bf16; vs torch = torch median / this median (torch in float32 for every row); "
                "cpu %% = CPU time of the timed calls / (wall time × threads): well below 100 means other processes "
                "took the CPUs; adj %% peak = an estimate of %% peak had the CPUs been free: "
                "(GFLOP/s / cpu share) / (FMA peak / its trial's cpu share)." % cfg["threads"])

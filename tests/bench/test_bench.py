@@ -31,8 +31,8 @@ def cpu_flags():
     docs/environment.md), so these expectations follow the CPU attn believes it runs on."""
     with open("/proc/cpuinfo") as f:
         flags = set(next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), []))
-    hidden = {"avx512": {"avx512f", "avx512vl", "avx512bw", "avx512dq", "avx512_bf16"},
-              "avx512_bf16": {"avx512_bf16"}, "avx2": {"avx2", "fma", "f16c"}}
+    hidden = {"avx512": {"avx512f", "avx512vl", "avx512bw", "avx512dq", "avx512_bf16", "amx_bf16"},
+              "avx512_bf16": {"avx512_bf16", "amx_bf16"}, "amx_bf16": {"amx_bf16"}, "avx2": {"avx2", "fma", "f16c"}}
     for item in filter(None, os.environ.get("ATTN_CPU_HIDE", "").split(",")):
         flags -= hidden[item]
     return flags
@@ -48,6 +48,12 @@ def cpu_has_avx512():
     only when it saves the ZMM state)."""
     flags = cpu_flags()
     return cpu_has_avx2_fma() and all(x in flags for x in ("avx512f", "avx512vl", "avx512bw", "avx512dq", "f16c"))
+
+
+def cpu_has_amx_bf16():
+    # (the library also needs the OS's grant of the tile state, which Linux gives on request)
+    flags = cpu_flags()
+    return cpu_has_avx512() and "avx512_bf16" in flags and "amx_bf16" in flags and "amx_tile" in flags
 
 
 def cpu_has_flag(name):
@@ -122,6 +128,13 @@ def test_ceilings(custom_run):
     else:  # without the avx512 row at all the note names its features (bench/peaks.cpp), as on Zen 3
         missing = "avx512_bf16" if cpu_has_avx512() else "avx512f"
         assert not b1["measured"] and "lacks" in b1["note"] and missing in b1["note"], b1["note"]
+    # The AMX bf16 ceiling (tdpbf16ps): measured where the CPU has amx_bf16 (and the avx512 row).
+    a1, an = c["amx_bf16_peak_gflops"]
+    if cpu_has_amx_bf16():
+        for x in (a1, an):
+            assert x["measured"] and x["best"] >= x["median"] > 0
+    else:
+        assert not a1["measured"] and "lacks" in a1["note"], a1["note"]
     for x in c["read_bandwidth_gbs"]:
         assert x["measured"] and x["best"] >= x["median"] > 0
 
@@ -438,11 +451,16 @@ def test_score_modifier_rows_are_ratios_to_their_plain_row(tmp_path):
     # float32 FMA peak (it read 128 %); the float32 rows keep the FMA peak.
     widest = d["ceilings"]["fma512_peak_gflops" if cpu_has_avx512() else "fma_peak_gflops"][1]["best"]
     bf16_peak = d["ceilings"]["bf16_dot_peak_gflops"][1]["best"]
+    amx_peak = d["ceilings"]["amx_bf16_peak_gflops"][1]["best"]
     bf16_rows = 0
     for r in c["rows"]:
         if r["status"] != "ok" or r["flop"] <= 0:
             continue
-        if r["kernel"].endswith("_bf16"):
+        if r["kernel"].endswith("_amx_bf16"):  # on AMX tiles: a share of the AMX peak
+            bf16_rows += 1
+            assert close(r["pct_peak"], 100 * r["gflops"] / amx_peak), r
+            assert r["pct_peak_avx2"] == 0 and "AMX bf16 peak" in r["note"], r
+        elif r["kernel"].endswith("_bf16"):
             bf16_rows += 1
             assert close(r["pct_peak"], 100 * r["gflops"] / bf16_peak), r
             assert r["pct_peak_avx2"] == 0 and "bf16 dot peak" in r["note"], r

@@ -230,6 +230,9 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
         const auto wbf16 = bench::FmaWidth::avx512_bf16;
         ce.bf16_1t = bench::measure_fma_peak(1, peak_s, repeats, wbf16);
         ce.bf16_nt = cfg.threads == 1 ? ce.bf16_1t : bench::measure_fma_peak(cfg.threads, peak_s, repeats, wbf16);
+        const auto wamx = bench::FmaWidth::amx_bf16;
+        ce.amx_1t = bench::measure_fma_peak(1, peak_s, repeats, wamx);
+        ce.amx_nt = cfg.threads == 1 ? ce.amx_1t : bench::measure_fma_peak(cfg.threads, peak_s, repeats, wamx);
         ce.bw_1t = bench::measure_read_bandwidth(1, bw_bytes, repeats);
         ce.bw_nt = cfg.threads == 1 ? ce.bw_1t : bench::measure_read_bandwidth(cfg.threads, bw_bytes, repeats);
     };
@@ -272,6 +275,7 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
     merge_pair(ce.fma_1t, ce.fma_nt, after.fma_1t, after.fma_nt);
     merge_pair(ce.fma512_1t, ce.fma512_nt, after.fma512_1t, after.fma512_nt);
     merge_pair(ce.bf16_1t, ce.bf16_nt, after.bf16_1t, after.bf16_nt);
+    merge_pair(ce.amx_1t, ce.amx_nt, after.amx_1t, after.amx_nt);
     merge_pair(ce.bw_1t, ce.bw_nt, after.bw_1t, after.bw_nt);
     if (a.quick) ce.bw_1t.note = ce.bw_nt.note = "quick: a cache-sized buffer, not a memory bandwidth";
     rep.loadavg_end = bench::load_average();
