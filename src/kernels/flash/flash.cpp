@@ -16,9 +16,15 @@ namespace attn::detail {
 // (L1/L2), and the lab's sweep (dev/flash_lab.cpp header; docs/kernels-lab.md, "The tile and block
 // sizes") found the other sizes equal within the noise or slower (Nb = 32 with Mb = 32: −35 % at
 // D = 64), at D = 128 and D = 64 alike; D = 256 measured at the same efficiency with 64 × 64.
-FlashTiles flash_default_tiles(std::int64_t Dk, std::int64_t Dv) {
+// On AMX tiles (Compute::bf16_amx) 128 × 128: each task transposes V's key blocks for itself and
+// each tile product block starts and drains the tile pipeline, so fewer, larger tasks and blocks
+// pay off there — S2 (D = 64) −16 %, S3 (D = 128) −10 % CPU time per call against 64 × 64 on the
+// Sapphire Rapids VM; 64 × 128 −10 %; 256 × 128, 128 × 256, 256 × 256 level with 128 × 128
+// (docs/kernels.md, "AMX-BF16 forward").
+FlashTiles flash_default_tiles(std::int64_t Dk, std::int64_t Dv, Compute compute) {
     (void)Dk;
     (void)Dv;
+    if (compute == Compute::bf16_amx) return FlashTiles{128, 128};
     return FlashTiles{64, 64};
 }
 
@@ -87,7 +93,11 @@ void flash_forward(const SdpaProblem& p, const KernelSet& kernels, int threads, 
 void flash_forward_batch(const SdpaProblem* ps, std::size_t n, const KernelSet& kernels, int threads,
                          const FlashTiles* tiles) {
     if (n == 0) return;
-    const FlashTiles t = tiles != nullptr ? *tiles : flash_default_tiles(ps[0].Dk, ps[0].Dv);
+    // bf16 compute (isa.hpp: a member of the avx512 row, not a row): Q, K, V all bfloat16 on
+    // a CPU with AVX-512 BF16 (on AMX tiles where it has AMX-BF16). Any other mix runs the
+    // row's float32 path.
+    const Compute compute = flash_compute(kernels, ps[0]);
+    const FlashTiles t = tiles != nullptr ? *tiles : flash_default_tiles(ps[0].Dk, ps[0].Dv, compute);
     // Only the lab and tests pass tiles; the driver needs whole 16-query panels.
     if (t.Mb < 16 || t.Mb % 16 != 0 || t.Mb > 4096 || t.Nb < 1 || t.Nb > 4096) {
         throw Error("flash tiles: Mb must be a multiple of 16 in [16, 4096] and Nb in [1, 4096] but got Mb=" +
@@ -101,9 +111,6 @@ void flash_forward_batch(const SdpaProblem* ps, std::size_t n, const KernelSet& 
                     "] (0: the policy decides) but got " + std::to_string(t.query_group));
     }
     if (threads <= 0) threads = num_threads();  // the one thread setting (attn/threads.hpp)
-    // bf16 compute (isa.hpp: a member of the avx512 row, not a row): Q, K, V all bfloat16 on
-    // a CPU with AVX-512 BF16. Any other mix runs the row's float32 path.
-    const Compute compute = flash_compute(kernels, ps[0]);
     std::vector<FlashJob> jobs(n);
     for (std::size_t i = 0; i < n; ++i) {
         // One workspace per thread serves every problem: the same head dims and operand path.

@@ -35,8 +35,9 @@ struct FlashJob {
     Dropout drop;
 };
 
-// The tile sizes the dispatch uses for these head dims (measured in dev/flash_lab.cpp).
-FlashTiles flash_default_tiles(std::int64_t Dk, std::int64_t Dv);
+// The tile sizes the dispatch uses for these head dims and products (measured in
+// dev/flash_lab.cpp; on AMX tiles in flash.cpp's comment).
+FlashTiles flash_default_tiles(std::int64_t Dk, std::int64_t Dv, Compute compute = Compute::f32);
 
 // Keys per chunk when a problem's tasks are split along the keys, or 0 for no split. A problem
 // with fewer tasks than split_target(4) (few query blocks: B = 1 prefill of a few hundred
