@@ -12,7 +12,8 @@
 // and exp2 are the same code), yet every test that runs each row would run the avx512 kernels
 // twice on a shared machine, and every float32 call would report a new kernel name. Why not fold it into the avx512 row's
 // flash_forward: AVX-512 CPUs without BF16 (Skylake-SP, Ice Lake) exist, and the row must run
-// there; so the check is one branch at the front, outside any file with ISA flags.
+// there; so the check is one branch at the front, outside any file with ISA flags. The same holds
+// for AMX-BF16 (KernelSet::flash_forward_amx, Compute::bf16_amx): a member of the avx512 row.
 #pragma once
 
 #include <cstddef>

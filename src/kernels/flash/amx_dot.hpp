@@ -26,7 +26,7 @@
 
 namespace attn::detail::flash_amx_bf16_ns {
 
-// Bytes of the C staging buffer the two kernels take (cbuf): four 16 × 16 float32 tiles.
+// Floats of the C staging buffer the two kernels take (cbuf): four 16 × 16 float32 tiles.
 inline constexpr int kAmxStageFloats = 4 * 16 * 16;
 
 // s[j][c] = c2 · Σ_d K[j][d]·Q[c][d]   for j < nk, c < 32·panels.

@@ -74,7 +74,7 @@
 // ── Tiles ────────────────────────────────────────────────────────────────────────────
 // Register tile 6 × 16 (AVX2): 12 accumulators + 2 panel vectors + 1 broadcast = 15 of 16 ymm;
 // 8 × 32 (AVX-512): 16 + 2 of 32 zmm. Panel width and rows are Ops::kPanel / Ops::kRows.
-// Mb (queries per task) = Nb (keys per block) = 64 (flash_default_tiles): Qᵀ, Sᵀ and Oᵀ
+// Mb (queries per task) = Nb (keys per block) = 64 (flash_default_tiles; 128 on AMX tiles): Qᵀ, Sᵀ and Oᵀ
 // of a task are 16 KiB each at D = 64, so the micro-kernels stream from L1/L2. Measured
 // in dev/flash_lab.cpp (1 thread, L = 4096, GFLOP per CPU-second on the shared machine,
 // ± 5; FMA loop 73–80 in the same runs). Losing sizes:
@@ -86,7 +86,8 @@
 //
 // ── Operand hooks (bf16 compute) ────────────────────────────────────────────────────
 // An Ops may take over how Q, K and V are read and how the two products run, by defining
-// (all or none; flash_avx512.cpp's Avx512Bf16Ops does, with bf16 pairs for vdpbf16ps):
+// (all or none; flash_avx512.cpp's Avx512Bf16Ops does, with bf16 pairs for vdpbf16ps, and
+// AmxBf16Ops over it, with the same pairs padded to AMX tiles):
 //   scratch_bytes(p, t)           bytes of per-thread scratch it needs (Workspace::extra)
 //   pack_q(p, w, b, nq, panels)   its own packed Qᵀ into w.qt (which holds Mb·Dk floats)
 //   qk_block(p, w, b, hk, panels, j0, nk, ldS, scale)   Sᵀ of keys [j0, j0+nk), all panels
