@@ -23,8 +23,8 @@ float tdpbf16_chains_amx(long iters) {
         b[i] = 0x3c00;
     }
     alignas(64) float c[16 * 16] = {};
-    _tile_loadd(6, a, 64);
-    _tile_loadd(7, b, 64);
+    ATTN_TILE_LOAD(6, a, 64);
+    ATTN_TILE_LOAD(7, b, 64);
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);

@@ -53,13 +53,13 @@ void qk_amx(const std::uint32_t* qt, int Dq, int panels, const std::uint16_t* k,
             _tile_zero(3);
             for (int ds = 0; ds < dsteps; ++ds) {
                 // B: pair rows 16·ds.. of the panel, queries 0..15 and 16..31 (128-byte rows).
-                _tile_loadd(6, q + ds * 16 * 32, 128);
-                _tile_loadd(7, q + ds * 16 * 32 + 16, 128);
-                _tile_loadd(4, a0 + ds * 32, s0);
+                ATTN_TILE_LOAD(6, q + ds * 16 * 32, 128);
+                ATTN_TILE_LOAD(7, q + ds * 16 * 32 + 16, 128);
+                ATTN_TILE_LOAD(4, a0 + ds * 32, s0);
                 _tile_dpbf16ps(0, 4, 6);
                 _tile_dpbf16ps(1, 4, 7);
                 if (two) {
-                    _tile_loadd(5, a1 + ds * 32, s1);
+                    ATTN_TILE_LOAD(5, a1 + ds * 32, s1);
                     _tile_dpbf16ps(2, 5, 6);
                     _tile_dpbf16ps(3, 5, 7);
                 }
@@ -118,26 +118,26 @@ void pv_amx(const std::uint32_t* pp, int ldP, const std::uint32_t* vt, int ldvt,
             float* o1 = two ? o0 + static_cast<std::int64_t>(16) * ldO : nullptr;
             c_tile(0, dt, o0);
             c_tile(1, dt, o0 + 16);
-            _tile_loadd(0, at[0], stride[0]);
-            _tile_loadd(1, at[1], stride[1]);
+            ATTN_TILE_LOAD(0, at[0], stride[0]);
+            ATTN_TILE_LOAD(1, at[1], stride[1]);
             if (two) {
                 c_tile(2, dt + 1, o1);
                 c_tile(3, dt + 1, o1 + 16);
-                _tile_loadd(2, at[2], stride[2]);
-                _tile_loadd(3, at[3], stride[3]);
+                ATTN_TILE_LOAD(2, at[2], stride[2]);
+                ATTN_TILE_LOAD(3, at[3], stride[3]);
             }
             const std::uint32_t* v0 = vt + static_cast<std::int64_t>(dt) * 16 * ldvt;
             const std::uint32_t* v1 = two ? v0 + static_cast<std::int64_t>(16) * ldvt : nullptr;
             for (int ks = 0; ks < ksteps; ++ks) {
                 // B: pair rows 16·ks.. (keys 32·ks..), queries 0..15 and 16..31 of the panel.
                 const std::uint32_t* pk = p + static_cast<std::int64_t>(ks) * 16 * ldP;
-                _tile_loadd(6, pk, sp);
-                _tile_loadd(7, pk + 16, sp);
-                _tile_loadd(4, v0 + ks * 16, sv);
+                ATTN_TILE_LOAD(6, pk, sp);
+                ATTN_TILE_LOAD(7, pk + 16, sp);
+                ATTN_TILE_LOAD(4, v0 + ks * 16, sv);
                 _tile_dpbf16ps(0, 4, 6);
                 _tile_dpbf16ps(1, 4, 7);
                 if (two) {
-                    _tile_loadd(5, v1 + ks * 16, sv);
+                    ATTN_TILE_LOAD(5, v1 + ks * 16, sv);
                     _tile_dpbf16ps(2, 5, 6);
                     _tile_dpbf16ps(3, 5, 7);
                 }
