@@ -143,6 +143,18 @@ inline bool in_place(const TensorView& t, std::int64_t D) { return !is16(t) && (
 // reading them in place: then a group of tasks makes each tile once for all (run_group).
 inline bool converts_tiles(const SdpaProblem& p) { return !in_place(p.k, p.Dk) || !in_place(p.v, p.Dv); }
 
+// Whether float32 K or V rows that a tile could read in place lie apart in memory (row stride
+// past the head dim: the MHA layer's views of one (B·L, 3·H·D) QKV buffer, rows 3·H·D floats
+// apart — 9 KiB, a page each, at S6's H·D = 768). Read in place, a key block's 64 K and 64 V
+// rows touch 128 pages (past the L1 TLB) and the hardware prefetchers find no stream in them;
+// then a group of tasks copies each block's rows once into contiguous tiles (run_group) and
+// every task reads those: S6's attention +9-10 % per CPU-second on Sapphire Rapids, L = 2048
+// +39 % (docs/kernels-lab.md, fwd-12). Grouping alone, without the copy, measured no gain.
+inline bool rows_apart(const SdpaProblem& p) {
+    auto apart = [](const TensorView& t, std::int64_t D) { return !is16(t) && t.stride(3) == 1 && t.stride(2) > D; };
+    return p.paged == nullptr && (apart(p.k, p.Dk) || apart(p.v, p.Dv));
+}
+
 // Bytes of a head's K and V rows (Lk keys): what flash_query_group, flash_kv_ahead and
 // flash_pack_one_panel compare with the caches.
 inline std::int64_t head_kv_bytes(const SdpaProblem& p) {
@@ -263,12 +275,13 @@ struct KvTile {
 
 // K (value = false) or V rows [j0, j0+nk) of kv head h for a micro-kernel of a task of
 // `panels` panels, as float32: through the page table when the problem is paged, else through
-// the view (16-bit rows widened into buf either way; float32 ones copied for pack_tile_rows).
+// the view (16-bit rows widened into buf either way; float32 ones copied for pack_tile_rows,
+// or when `pack`: a group's shared tiles of rows that lie apart, rows_apart).
 template <class Ops>
 const float* kv_tile_rows(const SdpaProblem& p, bool value, std::int64_t b, std::int64_t h, std::int64_t j0,
-                          std::int64_t nk, std::int64_t D, float* buf, std::int64_t& ld, int panels) {
+                          std::int64_t nk, std::int64_t D, float* buf, std::int64_t& ld, int panels, bool pack = false) {
     if (p.paged != nullptr) return paged_tile_rows<Ops>(p, value, b, h, j0, nk, D, buf, ld);
-    return tile_rows<Ops>(value ? p.v : p.k, b, h, j0, nk, D, buf, ld, pack_tile_rows(p, panels));
+    return tile_rows<Ops>(value ? p.v : p.k, b, h, j0, nk, D, buf, ld, pack || pack_tile_rows(p, panels));
 }
 
 }  // namespace attn::detail::ATTN_FLASH_NS

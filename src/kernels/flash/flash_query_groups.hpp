@@ -55,12 +55,13 @@ void run_group(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     // "Mixed dtypes"). All tasks see one (b, KV head); each reads a prefix of the block's rows.
     // Only for a problem that needs it: the thread's tiles may be there for another of the batch.
     const Workspace& g = *ws[0];
+    const bool apart = rows_apart(p);  // float32 rows that lie apart are copied too
     for (std::int64_t j0 = ulo; j0 < uhi; j0 += t.Nb) {
         KvTile tile;
         if (shared_tiles) {
             const std::int64_t nk = imin(t.Nb, uhi - j0);
-            tile.k = kv_tile_rows<Ops>(p, false, a[0].b, a[0].hk, j0, nk, p.Dk, g.gk, tile.ldk, k[0].panels);
-            tile.v = kv_tile_rows<Ops>(p, true, a[0].b, a[0].hk, j0, nk, p.Dv, g.gv, tile.ldv, k[0].panels);
+            tile.k = kv_tile_rows<Ops>(p, false, a[0].b, a[0].hk, j0, nk, p.Dk, g.gk, tile.ldk, k[0].panels, apart);
+            tile.v = kv_tile_rows<Ops>(p, true, a[0].b, a[0].hk, j0, nk, p.Dv, g.gv, tile.ldv, k[0].panels, apart);
         }
         bool requested = false;
         for (int i = 0; i < n; ++i)

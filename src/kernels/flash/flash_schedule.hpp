@@ -116,7 +116,7 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
         j.chunks = j.chunk > 0 ? (p.Lk + j.chunk - 1) / j.chunk : 1;
         const std::int64_t kv_heads = p.B * p.Hkv;
         // (the operand hooks read their own operands, per task: nothing for a group to share)
-        const bool converts = !kOpsOwnOperands<Ops> && converts_tiles(p);
+        const bool converts = !kOpsOwnOperands<Ops> && (converts_tiles(p) || rows_apart(p));
         j.group = j.chunks > 1 ? 1
                                : flash_query_group(kv_heads, j.g.kv_tasks, head_kv_bytes(p),
                                                    (p.Dk + p.Dv) * t.Mb * static_cast<std::int64_t>(sizeof(float)), t.query_group,
@@ -133,7 +133,7 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
         // a group whose tiles are not read in place makes them once for its tasks (run_group):
         // decided per problem, so a batch's problems read in place beside one that converts
         // (the operand hooks read their own operands: nothing for a group to share)
-        j.group_tiles = !kOpsOwnOperands<Ops> && j.group > 1 && (p.paged != nullptr || converts_tiles(p));
+        j.group_tiles = !kOpsOwnOperands<Ops> && j.group > 1 && (p.paged != nullptr || converts_tiles(p) || rows_apart(p));
         group_tiles = group_tiles || j.group_tiles;  // a thread's first workspace holds the tiles
         if constexpr (kOpsOwnOperands<Ops>) extra = extra > Ops::scratch_bytes(p, t) ? extra : Ops::scratch_bytes(p, t);
     }
