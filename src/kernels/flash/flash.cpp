@@ -53,9 +53,10 @@ int flash_query_group(std::int64_t kv_heads, std::int64_t kv_tasks, std::int64_t
     const std::int64_t most = std::min<std::int64_t>(kMaxQueryGroup, std::max<std::int64_t>(1, kv_tasks));
     if (forced > 0) return static_cast<int>(std::min<std::int64_t>(forced, most));
     // A head's K and V within one core's L2 (512 KiB on Zen 3, 1 MiB on Zen 4/5) are read from
-    // there by every task: nothing to gain — unless each task converts its tiles (16-bit K/V), which
-    // a group does once for its tasks. The group's Qᵀ and Oᵀ must stay in the L2 beside the
-    // key block: at most 256 KiB of them (4 tasks at D = 64 and 128, 2 at D = 256).
+    // there by every task: nothing to gain — unless each task converts its tiles (16-bit K/V) or
+    // would read rows that lie apart (rows_apart), which a group converts or copies once for its
+    // tasks. The group's Qᵀ and Oᵀ must stay in the L2 beside the key block: at most 256 KiB of
+    // them (4 tasks at D = 64 and 128, 2 at D = 256).
     constexpr std::int64_t kGroupBytes = std::int64_t{256} << 10;
     if (head_kv_bytes <= kFlashCachedKvBytes && !converts) return 1;
     const std::int64_t target = split_target(4);

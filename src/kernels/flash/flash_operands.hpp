@@ -148,7 +148,7 @@ inline bool converts_tiles(const SdpaProblem& p) { return !in_place(p.k, p.Dk) |
 // apart — 9 KiB, a page each, at S6's H·D = 768). Read in place, a key block's 64 K and 64 V
 // rows touch 128 pages (past the L1 TLB) and the hardware prefetchers find no stream in them;
 // then a group of tasks copies each block's rows once into contiguous tiles (run_group) and
-// every task reads those: S6's attention +9-10 % per CPU-second on Sapphire Rapids, L = 2048
+// every task reads those: S6's attention +5-10 % per CPU-second on Sapphire Rapids, L = 2048
 // +39 % (docs/kernels-lab.md, fwd-12). Grouping alone, without the copy, measured no gain.
 inline bool rows_apart(const SdpaProblem& p) {
     auto apart = [](const TensorView& t, std::int64_t D) { return !is16(t) && t.stride(3) == 1 && t.stride(2) > D; };
