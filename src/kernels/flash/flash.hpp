@@ -57,9 +57,10 @@ std::int64_t flash_key_chunk(std::int64_t tasks, std::int64_t Lk, int Nb, std::i
 // once per task (flash_query_groups.hpp; measured in docs/kernels-lab.md, "Long keys").
 // kv_heads: the problem's B·Hkv; kv_tasks: the tasks of each; head_kv_bytes: the K and V
 // bytes one task streams (Lk keys); task_bytes: a task's Qᵀ and Oᵀ; converts: each task would
-// convert (or copy) its K/V tiles — 16-bit K/V, a strided head dim, rows that lie apart — which a group does once for
-// all its tasks (run_group; docs/kernels.md, "Groups of query blocks"). Groups only where a head's K and V
-// outgrow a core's L2 or the tiles are converted or copied, never to fewer than split_target(4) items.
+// convert (or copy) its K/V tiles — 16-bit K/V, a strided head dim, rows that lie apart — which
+// a group does once for all its tasks (run_group; docs/kernels.md, "Groups of query blocks").
+// Groups only where a head's K and V outgrow a core's L2 or the tiles are converted or copied,
+// never to fewer than split_target(4) items.
 // forced > 0 (FlashTiles::query_group) asks for that many instead. Groups change no result.
 int flash_query_group(std::int64_t kv_heads, std::int64_t kv_tasks, std::int64_t head_kv_bytes, std::int64_t task_bytes,
                       int forced, bool converts = false);
