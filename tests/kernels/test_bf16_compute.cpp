@@ -285,6 +285,7 @@ TEST(Bf16Compute, AmxKernelWhereTheCpuHasIt) {
     const Tensor v = test::to_storage(test::randn(DType::f32, Shape{1, 2, 50, 64}, rng), DType::bf16);
     Tensor out = test::poisoned(DType::bf16, Shape{1, 2, 40, 64});
     SdpaReport report;
+    const detail::ScopedKernelSet on_avx512(*row);  // the avx512 row even under ATTN_ISA=avx2
     sdpa(q, k, v, SdpaOptions{}, out, nullptr, nullptr, &report);
     EXPECT_EQ(report.kernel, "flash/avx512_amx_bf16");
 }
