@@ -10,7 +10,9 @@
 #endif
 #if defined(__linux__) && defined(__x86_64__)
 #include <sys/syscall.h>
-#include <unistd.h>
+#endif
+#if __has_include(<unistd.h>)
+#include <unistd.h>  // sysconf
 #endif
 
 namespace attn::detail {
@@ -119,6 +121,9 @@ const CpuFeatures& cpu_features() {
         }
 #endif
         hide_features(f);
+#if defined(_SC_LEVEL2_CACHE_SIZE)
+        if (const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE); l2 > 0) f.l2_bytes = l2;
+#endif
 #if defined(__linux__) && defined(__x86_64__)
         if (f.amx_bf16) f.amx_bf16 = request_amx_permission();
 #else

@@ -4,6 +4,7 @@
 // so the choice below is what keeps an older CPU from an illegal instruction.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace attn::detail {
@@ -28,6 +29,10 @@ struct CpuFeatures {
     // that permission the first tile instruction is a SIGILL. Like avx512_bf16, not a row: the
     // avx512 row's bf16-compute entry points use it when has_amx_bf16().
     bool amx_bf16 = false;
+    // One core's L2 cache in bytes (sysconf(_SC_LEVEL2_CACHE_SIZE), which glibc reads from CPUID),
+    // or 1 MiB where the system does not say. It sizes cache blocks only (the GEMM's MC rows and
+    // B block, gemm_driver.hpp), never an element's arithmetic: no result depends on it.
+    std::int64_t l2_bytes = std::int64_t{1} << 20;
     // Everything the *_avx2.cpp files are compiled for (-mavx2 -mfma -mf16c).
     bool has_avx2_fma_f16c() const { return avx2 && fma && f16c; }
     // Everything the *_avx512.cpp files are compiled for (ATTN_AVX512_FLAGS: the AVX2 set

@@ -3,9 +3,9 @@
 // ISA's flags and nothing is shared between them: instantiations on a type of an unnamed
 // namespace have internal linkage).
 //
-// U provides:  kMR, kNR (the micro-tile), kKC, kMC, kNC (the cache blocks: a KC × NR sliver of
-// packed B stays in L1 while the MC × KC panels of packed A stream from L2; the KC × NC block
-// of B sits in L2/L3), and
+// U provides:  kMR, kNR (the micro-tile), kKC, kMC, kNC (the cache blocks: KC the depth of a
+// chunk, kMC the least rows of an A block — cache_blocks below fits MC and the B blocks to the
+// L2 —, NC the most columns packed at once), and
 //   tile(kc, a, b, c, ldc, beta, bias): c (kMR × kNR) = Σ_k a[k·MR + r] · b[k·NR + j]  +  beta · c,
 //   one FMA chain per element in k order; beta = 0 does not read c, beta = 1 adds exactly;
 //   a bias (kNR floats, only with beta = 0) is added to the chain's sum: c = sum + bias[j],
@@ -18,8 +18,9 @@
 // gives a `ThreadScope` type that each thread of a call holds while it runs tiles (the tile
 // configuration: every OpenMP thread loads its own).
 //
-// Loops (BLIS order): jc (NC columns) → pc (KC depth, in order) → [all threads pack B] →
-// each thread: ic (MC rows of its share) → pack A → jr (NR slivers of its share) → ir (MR).
+// Loops (BLIS order, with B blocks): jc (NC columns) → pc (KC depth, in order) → [all threads
+// pack B] → each thread: ic (MC rows of its share) → pack A → B blocks of its slivers → ir (MR)
+// → jr (NR slivers of the block). MC and the B block follow the L2 size (cache_blocks).
 // Determinism: an element's K loop is the pc chunks in order, each one FMA chain in the
 // micro-kernel, added to C (beta = 1 after the first chunk); the chunk bounds depend on K
 // alone. Threads split rows (or, when there are few rows, columns) — which thread computes
@@ -35,6 +36,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "../core/cpu_features.hpp"
 #include "../core/float_env.hpp"
 #include "attn/half.hpp"
 #include "gemm.hpp"
@@ -126,6 +128,28 @@ constexpr std::int64_t a_panel_floats(std::int64_t kc) {
     if constexpr (kAmxPanelsOf<U>)
         return ceil_div(U::kMR, kAmxTileRows) * kAmxTileRows * ceil_div(kc, kAmxStepK) * (kAmxStepK / 2);
     else return U::kMR * depth<U>(kc);
+}
+
+// The blocks above KC, sized to this CPU's L2 (CpuFeatures::l2_bytes): MC rows of packed A
+// per A block, and B blocks of `slivers` NR slivers — every panel of an A block meets every
+// sliver of a B block before the next B block, so both stay in L2 (the A block and one B block
+// fill at most 4/5 of it: half for A at most) and C is written in runs of slivers·NR columns
+// rather than column by column 9 KiB apart. U::kMC is the least MC (the block measured on a
+// 1 MiB L2), 4·kMC the most. On Sapphire Rapids (2 MiB): S6's QKV GEMM (kc = 768) takes 264
+// rows and 8 slivers of 32 — 1-thread rate 62–64 → 66–69 % of the AVX-512 peak, the avx2 row
+// +10–13 % (docs/kernels-lab.md, gemm-8). Neither size touches an element's arithmetic (KC's,
+// a function of K alone, does): only the order in which tiles are computed.
+struct CacheBlocks {
+    std::int64_t mc, slivers;
+};
+template <class U>
+CacheBlocks cache_blocks(std::int64_t kc, std::int64_t m) {
+    const std::int64_t budget = cpu_features().l2_bytes / 5 * 4;
+    const std::int64_t panel_bytes = a_panel_floats<U>(kc) * 4, sliver_bytes = U::kNR * depth<U>(kc) * 4;
+    std::int64_t mc = std::max<std::int64_t>(U::kMC, budget / 2 / panel_bytes * U::kMR);
+    mc = std::min({mc, 4 * U::kMC, ceil_div(m, U::kMR) * U::kMR});
+    const std::int64_t slivers = std::max<std::int64_t>(1, (budget - mc / U::kMR * panel_bytes) / sliver_bytes);
+    return {mc, slivers};
 }
 
 // What each thread of a call holds while it runs U's tiles: U::ThreadScope (AMX: the tile
@@ -463,7 +487,8 @@ void gemm_driver(const GemmArgs& g) {
     // K in equal chunks of at most KC (a function of K only: the determinism contract).
     const std::int64_t nk = ceil_div(g.K, U::kKC), kc_max = ceil_div(g.K, nk);
     const std::int64_t nn = ceil_div(g.N, U::kNC), nc_max = ceil_div(ceil_div(g.N, nn), NR) * NR;
-    const std::int64_t mc_max = std::min<std::int64_t>(U::kMC, ceil_div(g.M, MR) * MR);
+    const CacheBlocks blocks = cache_blocks<U>(kc_max, g.M);
+    const std::int64_t mc_max = blocks.mc;
     const std::int64_t m_panels = ceil_div(g.M, MR);
     static_assert(U::kMC % MR == 0, "MC blocks of whole panels");
     const std::int64_t a_floats = mc_max / MR * a_panel_floats<U>(kc_max);
@@ -513,12 +538,16 @@ void gemm_driver(const GemmArgs& g) {
                     const std::int64_t mc = std::min(mc_t, i_end - i0);
                     if (q_begin == q_end || abuf == nullptr || interrupted(g)) break;  // (the barriers are still met)
                     pack_a<U>(g, i0, mc, k0, kc, abuf);
-                    for (std::int64_t q = q_begin; q < q_end; ++q) {
-                        const float* b = prepacked ? packed_sliver<U>(g, kc_max, pc, kc, j0 / NR + q) : bbuf + q * NR * depth<U>(kc);
-                        const std::int64_t j = j0 + q * NR, n = std::min(NR, g.N - j);
+                    for (std::int64_t qb = q_begin; qb < q_end; qb += blocks.slivers) {  // a B block (cache_blocks)
+                        const std::int64_t qb_end = std::min(q_end, qb + blocks.slivers);
                         for (std::int64_t p = 0; p < mc; p += MR)
-                            tile_at<U>(g, kc, abuf + p / MR * a_panel_floats<U>(kc), b, i0 + p, j, std::min(MR, mc - p), n, beta,
-                                      bias != nullptr ? bias + j : nullptr);
+                            for (std::int64_t q = qb; q < qb_end; ++q) {
+                                const float* b = prepacked ? packed_sliver<U>(g, kc_max, pc, kc, j0 / NR + q)
+                                                           : bbuf + q * NR * depth<U>(kc);
+                                const std::int64_t j = j0 + q * NR, n = std::min(NR, g.N - j);
+                                tile_at<U>(g, kc, abuf + p / MR * a_panel_floats<U>(kc), b, i0 + p, j, std::min(MR, mc - p), n,
+                                          beta, bias != nullptr ? bias + j : nullptr);
+                            }
                     }
                 }
                 if (!prepacked) {
