@@ -24,6 +24,23 @@ inline void store_scaled(const float* c, int rows, __m512 c2, float* s, int ldS)
     for (int r = 0; r < rows; ++r) _mm512_storeu_ps(s + r * ldS, _mm512_mul_ps(_mm512_load_ps(c + 16 * r), c2));
 }
 
+// One 32-element reduction step of the 2 × 2 block: B tiles 6, 7 (queries 0..15 and 16..31 of
+// the panel) from b and b + 16 words, A tile 4 from a0 into C tiles 0, 1 and — unless this is
+// the last A tile of an odd count (`two` false) — A tile 5 from a1 into C tiles 2, 3.
+inline void step_2x2(const std::uint32_t* b, long b_stride, const void* a0, long a0_stride, const void* a1, long a1_stride,
+                     bool two) {
+    ATTN_TILE_LOAD(6, b, b_stride);
+    ATTN_TILE_LOAD(7, b + 16, b_stride);
+    ATTN_TILE_LOAD(4, a0, a0_stride);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if (two) {
+        ATTN_TILE_LOAD(5, a1, a1_stride);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+}
+
 }  // namespace
 
 void qk_amx(const std::uint32_t* qt, int Dq, int panels, const std::uint16_t* k, std::int64_t ldk,
@@ -51,19 +68,8 @@ void qk_amx(const std::uint32_t* qt, int Dq, int panels, const std::uint16_t* k,
             _tile_zero(1);
             _tile_zero(2);
             _tile_zero(3);
-            for (int ds = 0; ds < dsteps; ++ds) {
-                // B: pair rows 16·ds.. of the panel, queries 0..15 and 16..31 (128-byte rows).
-                ATTN_TILE_LOAD(6, q + ds * 16 * 32, 128);
-                ATTN_TILE_LOAD(7, q + ds * 16 * 32 + 16, 128);
-                ATTN_TILE_LOAD(4, a0 + ds * 32, s0);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(1, 4, 7);
-                if (two) {
-                    ATTN_TILE_LOAD(5, a1 + ds * 32, s1);
-                    _tile_dpbf16ps(2, 5, 6);
-                    _tile_dpbf16ps(3, 5, 7);
-                }
-            }
+            for (int ds = 0; ds < dsteps; ++ds)  // B: pair rows 16·ds.. of the panel (128-byte rows)
+                step_2x2(q + ds * 16 * 32, 128, a0 + ds * 32, s0, two ? a1 + ds * 32 : nullptr, s1, two);
             // Staged through cbuf: × c2 on the way to Sᵀ, and only the rows of real keys (Sᵀ
             // holds nk rows, which need not be a multiple of 16).
             _tile_stored(0, cbuf, 64);
@@ -128,20 +134,8 @@ void pv_amx(const std::uint32_t* pp, int ldP, const std::uint32_t* vt, int ldvt,
             }
             const std::uint32_t* v0 = vt + static_cast<std::int64_t>(dt) * 16 * ldvt;
             const std::uint32_t* v1 = two ? v0 + static_cast<std::int64_t>(16) * ldvt : nullptr;
-            for (int ks = 0; ks < ksteps; ++ks) {
-                // B: pair rows 16·ks.. (keys 32·ks..), queries 0..15 and 16..31 of the panel.
-                const std::uint32_t* pk = p + static_cast<std::int64_t>(ks) * 16 * ldP;
-                ATTN_TILE_LOAD(6, pk, sp);
-                ATTN_TILE_LOAD(7, pk + 16, sp);
-                ATTN_TILE_LOAD(4, v0 + ks * 16, sv);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(1, 4, 7);
-                if (two) {
-                    ATTN_TILE_LOAD(5, v1 + ks * 16, sv);
-                    _tile_dpbf16ps(2, 5, 6);
-                    _tile_dpbf16ps(3, 5, 7);
-                }
-            }
+            for (int ks = 0; ks < ksteps; ++ks)  // B: pair rows 16·ks.. (keys 32·ks..) of the panel
+                step_2x2(p + static_cast<std::int64_t>(ks) * 16 * ldP, sp, v0 + ks * 16, sv, two ? v1 + ks * 16 : nullptr, sv, two);
             _tile_stored(0, at[0], stride[0]);
             _tile_stored(1, at[1], stride[1]);
             put_back(0, o0);
