@@ -90,6 +90,10 @@ std::string missing_features(Isa isa) {
     return m;
 }
 
+// The AmxTiles scopes open on this thread (kernels/simd/amx_tiles.hpp, which says why it counts);
+// here, outside the files compiled with AMX flags.
+thread_local constinit int amx_tiles_depth = 0;
+
 const CpuFeatures& cpu_features() {
     static const CpuFeatures features = [] {
         CpuFeatures f;

@@ -15,7 +15,9 @@
 // (TILERELEASE): a thread that leaves its tiles configured keeps 8 KiB more state in every
 // context switch, and another library in the process may configure other shapes between
 // two of attn's calls, so no configuration is assumed to survive a call. ldtilecfg costs
-// far below one key block's work.
+// far below one key block's work. Scopes may nest (a kernel calling another on the same
+// thread): only the outermost loads and releases — an inner ldtilecfg would zero the outer
+// scope's accumulators and an inner TILERELEASE leave it with no configuration at all.
 #pragma once
 
 #include <immintrin.h>
@@ -24,6 +26,11 @@
 #include <cstring>
 
 namespace attn::detail {
+
+// Open AmxTiles scopes on this thread, over every *_amx_bf16.cpp file: defined in a generic file
+// (core/cpu_features.cpp), constinit so no TLS wrapper function is compiled with AMX flags.
+extern thread_local constinit int amx_tiles_depth;
+
 namespace {  // internal linkage: no weak symbol compiled with AMX flags can reach generic code
 
 constexpr int kAmxRows = 16;      // rows per tile
@@ -53,6 +60,7 @@ struct alignas(64) AmxTileConfig {
 class AmxTiles {
 public:
     AmxTiles() {
+        if (amx_tiles_depth++ > 0) return;
         AmxTileConfig c;
         for (int t = 0; t < 8; ++t) {
             c.colsb[t] = kAmxRowBytes;
@@ -63,7 +71,9 @@ public:
         // bench's peak loop: #GP on a half-written configuration). The whole struct as the operand.
         __asm__ volatile("ldtilecfg %0" ::"m"(c));
     }
-    ~AmxTiles() { _tile_release(); }
+    ~AmxTiles() {
+        if (--amx_tiles_depth == 0) _tile_release();
+    }
     AmxTiles(const AmxTiles&) = delete;
     AmxTiles& operator=(const AmxTiles&) = delete;
 };
