@@ -84,7 +84,8 @@ private:
     Strides strides_{};
 };
 
-// Owning, C-contiguous, 64-byte aligned. Move-only. Contents are uninitialised unless
+// Owning, C-contiguous, 64-byte aligned (from 2 MiB on: 2 MiB aligned, huge pages advised —
+// core/allocate.hpp, allocate_streamed). Move-only. Contents are uninitialised unless
 // `fill_zero` is set (kernels write every element; tests poison before they run).
 // A shape whose byte count exceeds INT64_MAX throws attn::Error; an allocation the system
 // refuses throws attn::OutOfMemory naming `name`, the shape and the bytes.

@@ -5,6 +5,10 @@
 #include <limits>
 #include <string>
 
+#if __has_include(<sys/mman.h>)
+#include <sys/mman.h>  // madvise
+#endif
+
 #include "attn/error.hpp"
 #include "check.hpp"
 
@@ -39,6 +43,16 @@ void* allocate_aligned_or_null(std::int64_t bytes, std::size_t align) noexcept {
 void* allocate_aligned(std::int64_t bytes, std::size_t align, std::string_view what) {
     void* p = allocate_aligned_or_null(bytes, align);
     if (p == nullptr) throw_out_of_memory(bytes, std::string(what).c_str());
+    return p;
+}
+
+void* allocate_streamed(std::int64_t bytes, std::string_view what) {
+    constexpr std::int64_t kHuge = std::int64_t{2} << 20;
+    if (bytes < kHuge) return allocate_aligned(bytes, 64, what);
+    void* p = allocate_aligned(bytes, kHuge, what);
+#if defined(MADV_HUGEPAGE)
+    madvise(p, static_cast<std::size_t>(bytes / kHuge * kHuge), MADV_HUGEPAGE);  // advice: failure is harmless
+#endif
     return p;
 }
 

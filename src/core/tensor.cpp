@@ -160,7 +160,7 @@ void Tensor::Free::operator()(void* p) const { std::free(p); }
 Tensor::Tensor(DType dtype, Shape shape, bool fill_zero, std::string_view name) {
     const std::string what = std::string(name) + " (" + std::string(dtype_name(dtype)) + ")";
     const std::int64_t bytes = detail::checked_bytes("Tensor", what, shape, dtype_size(dtype));
-    void* p = detail::allocate_aligned(bytes, 64, what + " of shape " + shape.str());
+    void* p = detail::allocate_streamed(bytes, what + " of shape " + shape.str());
     if (fill_zero) std::memset(p, 0, static_cast<std::size_t>(bytes));
     storage_.reset(p);
     view_ = TensorView(p, dtype, shape);
