@@ -1,0 +1,140 @@
+// Kernel lab for the flash backward (docs/design.md, "The kernel lab"): the backward alone,
+// validated against the reference, then timed. Not a benchmark (that is `attn bench`, whose
+// S1/S3 rows time forward + backward together); a tool to see what a change to the backward
+// tile does, and a loop to run under `perf record`.
+//
+//   backward_lab [--shape S1|S3] [B H Lq Lk D causal] [--threads N] [--reps N] [--peak] [--no-check]
+//
+// The row is the process's (ATTN_ISA picks another; ATTN_CPU_HIDE hides a feature). Inputs are
+// uniform in [-1, 1); out and lse come from one flash forward, then --reps backward calls are
+// timed after one warm-up. Prints median and min wall time, GFLOP/s with FLOPs = 2.5 × the
+// forward's 4·B·H·Lq·Lk·D (causal: half; the count of bench/shapes.md) and per CPU-second
+// of the process (bench/machine.hpp), and with --peak the avx512 FMA peak on the same threads
+// (bench/peaks.hpp, as `attn bench`). The check compares dQ, dK, dV with the reference's (in
+// double) by max |Δ| / max |ref| per gradient; it runs where the reference costs at most
+// 20 GFLOP (S1: yes, S3: no) unless --no-check. A hash of the gradients' bits tells whether
+// two builds computed the same bits.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "attn/sdpa.hpp"
+#include "attn/sdpa_backward.hpp"
+#include "attn/tensor.hpp"
+#include "attn/threads.hpp"
+#include "lab_util.hpp"
+#include "machine.hpp"
+#include "peaks.hpp"
+
+namespace {
+
+// max |a − b| / max |b| over every element (NaN anywhere: NaN).
+double relative_error(const attn::Tensor& a, const attn::Tensor& b) {
+    const float* x = a.data_as<const float>();
+    const float* y = b.data_as<const float>();
+    double d = 0.0, m = 0.0;
+    for (std::int64_t e = 0; e < a.numel(); ++e) {
+        if (std::isnan(x[e]) != std::isnan(y[e])) return NAN;
+        d = std::max(d, std::fabs(static_cast<double>(x[e]) - static_cast<double>(y[e])));
+        m = std::max(m, std::fabs(static_cast<double>(y[e])));
+    }
+    return m > 0.0 ? d / m : d;
+}
+
+// FNV-1a over the bytes of the three gradients: two builds that print the same hash computed
+// the same bits.
+std::uint64_t bits_hash(const attn::Tensor* g, int n) {
+    std::uint64_t h = 1469598103934665603ull;
+    for (int t = 0; t < n; ++t) {
+        const unsigned char* p = g[t].data_as<const unsigned char>();
+        for (std::int64_t e = 0; e < g[t].numel() * 4; ++e) h = (h ^ p[e]) * 1099511628211ull;
+    }
+    return h;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    using namespace attn;
+    std::int64_t B = 1, H = 16, Lq = 1024, Lk = 1024, D = 64;
+    bool causal = false, peak = false, check = true;
+    int threads = 2, reps = 5;
+    std::vector<std::string> pos;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string("0"); };
+        if (a == "--shape") {
+            const std::string s = next();
+            if (s == "S3") Lq = Lk = 4096, D = 128, causal = true;
+            else if (s != "S1") return std::fprintf(stderr, "--shape: S1 or S3\n"), 2;
+        } else if (a == "--threads") threads = std::stoi(next());
+        else if (a == "--reps") reps = std::max(1, std::stoi(next()));
+        else if (a == "--peak") peak = true;
+        else if (a == "--no-check") check = false;
+        else pos.push_back(a);
+    }
+    if (pos.size() == 6) {
+        B = std::stoll(pos[0]), H = std::stoll(pos[1]), Lq = std::stoll(pos[2]), Lk = std::stoll(pos[3]);
+        D = std::stoll(pos[4]), causal = pos[5] == "1";
+    } else if (!pos.empty()) {
+        return std::fprintf(stderr, "usage: backward_lab [--shape S1|S3] [B H Lq Lk D causal] [--threads N] "
+                                    "[--reps N] [--peak] [--no-check]\n"), 2;
+    }
+    set_num_threads(threads);
+
+    const Tensor q(DType::f32, Shape{B, H, Lq, D}), k(DType::f32, Shape{B, H, Lk, D}), v(DType::f32, Shape{B, H, Lk, D});
+    const Tensor o(DType::f32, Shape{B, H, Lq, D}), dO(DType::f32, Shape{B, H, Lq, D}), lse(DType::f32, Shape{B, H, Lq});
+    lab::fill(q, 1);
+    lab::fill(k, 2);
+    lab::fill(v, 3);
+    lab::fill(dO, 4);
+    SdpaOptions opt;
+    opt.impl = Impl::flash;
+    opt.causal = causal ? Causal::top_left : Causal::none;
+    const TensorView lse_view = lse.view();
+    sdpa(q, k, v, opt, o, &lse_view);
+    const Tensor grads[3] = {Tensor(DType::f32, q.shape()), Tensor(DType::f32, k.shape()), Tensor(DType::f32, v.shape())};
+    const Tensor &dq = grads[0], &dk = grads[1], &dv = grads[2];
+    SdpaReport rep;
+    sdpa_backward(q, k, v, o, lse, dO, opt, dq, dk, dv, &rep);  // the warm-up
+    std::printf("gradient bits hash %016llx\n", static_cast<unsigned long long>(bits_hash(grads, 3)));
+    // visible (query, key) pairs: causal top-left with Lq <= Lk counts the triangle
+    const double pairs = causal ? static_cast<double>(Lq) * (Lq + 1) / 2.0 + static_cast<double>(Lq) * (Lk - Lq)
+                                : static_cast<double>(Lq) * Lk;
+    const double flop = 2.5 * 4.0 * static_cast<double>(B * H) * pairs * static_cast<double>(D);
+    if (check && flop <= 20e9) {
+        SdpaOptions ref = opt;
+        ref.impl = Impl::reference;
+        const Tensor rq(DType::f32, q.shape()), rk(DType::f32, k.shape()), rv(DType::f32, v.shape());
+        sdpa_backward(q, k, v, o, lse, dO, ref, rq, rk, rv);
+        std::printf("check against the reference, max|Δ|/max|ref|: dQ %.2e  dK %.2e  dV %.2e\n", relative_error(dq, rq),
+                    relative_error(dk, rk), relative_error(dv, rv));
+    }
+    if (peak) {
+        const bench::Ceiling c = bench::measure_fma_peak(threads, 0.25, 3, bench::FmaWidth::avx512);
+        if (!c.measured) std::printf("FMA peak: %s\n", c.note.c_str());
+        else std::printf("FMA peak zmm (%d threads): %.1f GFLOP/s wall, %.1f per CPU-second x threads\n", threads, c.value, c.per_cpu);
+    }
+    std::vector<double> wall, cpu;
+    for (int r = 0; r < reps; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const double c0 = bench::process_cpu_seconds();
+        sdpa_backward(q, k, v, o, lse, dO, opt, dq, dk, dv);
+        wall.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        cpu.push_back((bench::process_cpu_seconds() - c0) / threads);
+    }
+    std::sort(wall.begin(), wall.end());
+    std::sort(cpu.begin(), cpu.end());
+    const double med = wall[wall.size() / 2], cmed = cpu[cpu.size() / 2];
+    std::printf("backward B%lld H%lld Lq%lld Lk%lld D%lld %s %s threads=%d: median %.2f ms  min %.2f ms  %.1f GFLOP/s "
+                "(min-time %.1f; per CPU-second x threads %.1f)\n",
+                static_cast<long long>(B), static_cast<long long>(H), static_cast<long long>(Lq), static_cast<long long>(Lk),
+                static_cast<long long>(D), causal ? "causal" : "full", rep.kernel.c_str(), threads, 1e3 * med,
+                1e3 * wall.front(), flop / med / 1e9, flop / wall.front() / 1e9, flop / cmed / 1e9);
+    return 0;
+}
