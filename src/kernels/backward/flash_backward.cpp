@@ -117,10 +117,10 @@ double dot_f64(const float* a, const float* b, std::int64_t n) {
 struct HeadRows {
     // Widened to float32 when not read in place: packed once per task and read by every key
     // block, so the conversion costs 1/Lk of the tile work; z only when a head holds a NaN/±inf.
-    std::vector<float> f32, z;
+    CacheLineVector<float> f32, z;
     // bf16 compute only: the rows as bf16 and as row pairs (the latter from the zeroed rows).
-    std::vector<std::uint16_t> b16;
-    std::vector<std::uint32_t> pairs;
+    CacheLineVector<std::uint16_t> b16;
+    CacheLineVector<std::uint32_t> pairs;
     std::vector<char> nonfinite;  // head g holds a NaN/±inf
     // Head g's float32 rows for S and dP (the caller's or f32) and for dK/dV (z when the head
     // holds a NaN/±inf, else the same), their row strides; bf16 compute: its bf16 rows (the
@@ -133,12 +133,12 @@ struct HeadRows {
 };
 
 struct Scratch {
-    std::vector<float> kt, vt, kp, vrow, dk, dv, S, dP, Pd, drop, drow, cg;
+    CacheLineVector<float> kt, vt, kp, vrow, dk, dv, S, dP, Pd, drop, drow, cg;
     HeadRows q, dO;          // the task's Q and dO rows
-    std::vector<float> dqb;  // the task's dQ rows (group × Lq, width Dkp) when it owns them (one chunk)
+    CacheLineVector<float> dqb;  // the task's dQ rows (group × Lq, width Dkp) when it owns them (one chunk)
     // bf16 compute only: Kᵀ/Vᵀ/K pairs of the key block, and the tile's P̂/dS scratch (tile.hpp, TileBf16).
-    std::vector<std::uint16_t> ds16;
-    std::vector<std::uint32_t> ktp, vtp, kpp, pp;
+    CacheLineVector<std::uint16_t> ds16;
+    CacheLineVector<std::uint32_t> ktp, vtp, kpp, pp;
     // Bytes held by the per-task buffers (the ones that grow with Lq).
     std::size_t task_bytes() const { return q.task_bytes() + dO.task_bytes() + 4 * dqb.capacity(); }
     // Per row of the task's heads (group × Lq): −lse (−inf for a row with no visible key)
@@ -259,15 +259,15 @@ struct Plan {
 struct ScratchSizer {
     bool count_only = false;
     std::size_t bytes = 0;
-    template <class T>
-    void resize(std::vector<T>& v, std::size_t n) {
-        bytes += n * sizeof(T);
+    template <class V>
+    void resize(V& v, std::size_t n) {
+        bytes += n * sizeof(typename V::value_type);
         if (!count_only) v.resize(n);
     }
-    template <class T>
-    void zeroed(std::vector<T>& v, std::size_t n) {
-        bytes += n * sizeof(T);
-        if (!count_only) v.assign(n, T{});
+    template <class V>
+    void zeroed(V& v, std::size_t n) {
+        bytes += n * sizeof(typename V::value_type);
+        if (!count_only) v.assign(n, typename V::value_type{});
     }
 };
 
