@@ -1,4 +1,4 @@
-// The GEMM of the AVX-512 backward tiles: one 8×32 micro-kernel (16 zmm accumulators) and its
+// The GEMM of the AVX-512 backward tiles: one 6×64 micro-kernel (24 zmm accumulators) and its
 // loop over column panels and row blocks, shared by the float32 tile (tile_avx512.cpp) and the
 // bf16-products tile (tile_avx512_bf16.cpp), which differ only in the element of A and B and
 // in the one multiply-add per accumulator (an FMA, or a vdpbf16ps on pair words). Written once
@@ -20,8 +20,18 @@
 // sum it was written with, so that sharing this code changed no instruction of either tile
 // (objdump -d, per function) — the float32 tile sums index first, the bf16 one pointer first.
 //
-// 8 rows divide the 64-row query block and 64-key block; the N edge (N % 8 == 0, not always
-// % 16) is a masked last vector, so no column is read or written past N.
+// Why 6×64: per step of k it loads 4 vectors of B and broadcasts 6 elements of A for 24 FMAs —
+// 10 loads per 24 FMAs, where the 8×32 block it replaced loaded 10 per 16 and 12×32 14 per 24.
+// On Sapphire Rapids the loads, not the FMAs' latency, held the products back: hot in L1, K = 64
+// per call as in the tile, 8×32 ran at 78 % of the FMA peak, 12×32 at 80 %, 4×64 at 79 %, 6×64
+// at 83.5 % (docs/kernels-lab.md#bwd-5). 24 accumulators + 4 B vectors + 1 broadcast = 29 of 32
+// zmm; 24 independent chains cover any FMA latency × pipes of Zen 4/5 as the 16 did, with fewer
+// loads per FMA, so the form is no slower there in principle. Each element of C still sums its
+// k in order from its loaded (or zero) value, so the blocking changes no bit of any result.
+//
+// 64 columns are the 64-key block (S, dP) and head dims 64 and 128 (dV, dK, dQ) whole; the N
+// edge (N % 8 == 0, not always % 16) is a masked last vector of a narrower block (1–4
+// vectors), so no column is read or written past N. Rows go 6 at a time (64 = 10·6 + 4).
 
 template <class Elem>
 struct UkernelOps;
@@ -32,38 +42,49 @@ struct UkernelOps;
 template <int MR, int NV, class Elem>
 inline void ukernel(int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const Elem* b,
                     std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool accumulate, __mmask16 last) {
-    static_assert(MR >= 1 && MR <= 8 && (NV == 1 || NV == 2));
+    static_assert(MR >= 1 && MR <= 6 && NV >= 1 && NV <= 4);
     using Ops = UkernelOps<Elem>;
     using AVec = typename Ops::AVec;
     using BVec = typename Ops::BVec;
-    const __mmask16 m0 = NV == 1 ? last : static_cast<__mmask16>(0xFFFF);
-    const __mmask16 m1 = last;
-    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00;
-    __m512 c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
-#define ATTN_ROWS(X) \
-    X(0, c00, c01) X(1, c10, c11) X(2, c20, c21) X(3, c30, c31) X(4, c40, c41) X(5, c50, c51) X(6, c60, c61) X(7, c70, c71)
-#define ATTN_LOAD(r, x0, x1)                                                    \
-    if constexpr (MR > r) {                                                     \
-        x0 = _mm512_maskz_loadu_ps(m0, c + r * ldc);                            \
-        if constexpr (NV == 2) x1 = _mm512_maskz_loadu_ps(m1, c + r * ldc + 16); \
+    constexpr __mmask16 kAll = 0xFFFF;
+    const __mmask16 m0 = NV == 1 ? last : kAll, m1 = NV == 2 ? last : kAll, m2 = NV == 3 ? last : kAll, m3 = last;
+    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c02 = c00, c03 = c00, c10 = c00, c11 = c00, c12 = c00, c13 = c00;
+    __m512 c20 = c00, c21 = c00, c22 = c00, c23 = c00, c30 = c00, c31 = c00, c32 = c00, c33 = c00;
+    __m512 c40 = c00, c41 = c00, c42 = c00, c43 = c00, c50 = c00, c51 = c00, c52 = c00, c53 = c00;
+#define ATTN_ROWS(X)                                                                               \
+    X(0, c00, c01, c02, c03) X(1, c10, c11, c12, c13) X(2, c20, c21, c22, c23) X(3, c30, c31, c32, c33) \
+    X(4, c40, c41, c42, c43) X(5, c50, c51, c52, c53)
+#define ATTN_LOAD(r, x0, x1, x2, x3)                                                 \
+    if constexpr (MR > r) {                                                          \
+        x0 = _mm512_maskz_loadu_ps(m0, c + r * ldc);                                 \
+        if constexpr (NV >= 2) x1 = _mm512_maskz_loadu_ps(m1, c + r * ldc + 16);     \
+        if constexpr (NV >= 3) x2 = _mm512_maskz_loadu_ps(m2, c + r * ldc + 32);     \
+        if constexpr (NV >= 4) x3 = _mm512_maskz_loadu_ps(m3, c + r * ldc + 48);     \
     }
     if (accumulate) { ATTN_ROWS(ATTN_LOAD) }
-#define ATTN_MADD(r, x0, x1)                                                    \
-    if constexpr (MR > r) {                                                     \
+#define ATTN_MADD(r, x0, x1, x2, x3)                                                            \
+    if constexpr (MR > r) {                                                                     \
         const AVec av = Ops::broadcast(Ops::kIndexFirst ? &a[r * a_rs + o] : a + r * a_rs + o); \
-        x0 = Ops::madd(x0, av, b0);                                             \
-        if constexpr (NV == 2) x1 = Ops::madd(x1, av, b1);                      \
+        x0 = Ops::madd(x0, av, b0);                                                             \
+        if constexpr (NV >= 2) x1 = Ops::madd(x1, av, b1);                                      \
+        if constexpr (NV >= 3) x2 = Ops::madd(x2, av, b2);                                      \
+        if constexpr (NV >= 4) x3 = Ops::madd(x3, av, b3);                                      \
     }
     std::ptrdiff_t o = 0;
     for (int k = 0; k < K; ++k, o += a_ks, b += ldb) {
+        // the last vector of B under its mask, the others whole (unused ones: b0 again, dead)
         const BVec b0 = NV == 1 ? Ops::load(m0, b) : Ops::load(b);
-        const BVec b1 = NV == 2 ? Ops::load(m1, b + 16) : b0;
+        const BVec b1 = NV == 2 ? Ops::load(m1, b + 16) : NV > 2 ? Ops::load(b + 16) : b0;
+        const BVec b2 = NV == 3 ? Ops::load(m2, b + 32) : NV > 3 ? Ops::load(b + 32) : b0;
+        const BVec b3 = NV == 4 ? Ops::load(m3, b + 48) : b0;
         ATTN_ROWS(ATTN_MADD)
     }
-#define ATTN_STORE(r, x0, x1)                                                   \
-    if constexpr (MR > r) {                                                     \
-        _mm512_mask_storeu_ps(c + r * ldc, m0, x0);                             \
-        if constexpr (NV == 2) _mm512_mask_storeu_ps(c + r * ldc + 16, m1, x1); \
+#define ATTN_STORE(r, x0, x1, x2, x3)                                                 \
+    if constexpr (MR > r) {                                                           \
+        _mm512_mask_storeu_ps(c + r * ldc, m0, x0);                                   \
+        if constexpr (NV >= 2) _mm512_mask_storeu_ps(c + r * ldc + 16, m1, x1);       \
+        if constexpr (NV >= 3) _mm512_mask_storeu_ps(c + r * ldc + 32, m2, x2);       \
+        if constexpr (NV >= 4) _mm512_mask_storeu_ps(c + r * ldc + 48, m3, x3);       \
     }
     ATTN_ROWS(ATTN_STORE)
 #undef ATTN_ROWS
@@ -76,8 +97,6 @@ template <int NV, class Elem>
 inline void ukernel_rows(int mr, int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const Elem* b,
                          std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool acc, __mmask16 last) {
     switch (mr) {
-        case 8: ukernel<8, NV>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last); break;
-        case 7: ukernel<7, NV>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last); break;
         case 6: ukernel<6, NV>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last); break;
         case 5: ukernel<5, NV>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last); break;
         case 4: ukernel<4, NV>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last); break;
@@ -87,22 +106,25 @@ inline void ukernel_rows(int mr, int K, const Elem* a, std::ptrdiff_t a_rs, std:
     }
 }
 
-// C(M×N) (+)= A(M×K)·B(K×N), N % 8 == 0. Column panels of 32 outermost so a K×32 panel
-// of B stays in L1 while the row blocks stream past it; the last panel (8, 16 or 24
-// columns) runs under a mask.
+// C(M×N) (+)= A(M×K)·B(K×N), N % 8 == 0. Column panels of 64 outermost so a K×64 panel of B
+// stays in L1 while the row blocks stream past it; the last panel (8 to 56 columns) runs on
+// 1–4 vectors, the last under a mask.
 template <class Elem>
 void gemm(int M, int N, int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const Elem* b,
           std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool accumulate) {
-    for (int n0 = 0; n0 < N; n0 += 32) {
-        const int w = N - n0 < 32 ? N - n0 : 32;
-        for (int m0 = 0; m0 < M; m0 += 8) {
-            const int mr = M - m0 < 8 ? M - m0 : 8;
-            if (w > 16)
-                ukernel_rows<2>(mr, K, a + m0 * a_rs, a_rs, a_ks, b + n0, ldb, c + m0 * ldc + n0, ldc, accumulate,
-                                lanes(w - 16));
-            else
-                ukernel_rows<1>(mr, K, a + m0 * a_rs, a_rs, a_ks, b + n0, ldb, c + m0 * ldc + n0, ldc, accumulate,
-                                lanes(w));
+    for (int n0 = 0; n0 < N; n0 += 64) {
+        const int w = N - n0 < 64 ? N - n0 : 64, nv = (w + 15) / 16;
+        const __mmask16 last = lanes(w - 16 * (nv - 1));
+        for (int m0 = 0; m0 < M; m0 += 6) {
+            const int mr = M - m0 < 6 ? M - m0 : 6;
+            const Elem* am = a + m0 * a_rs;
+            float* cm = c + m0 * ldc + n0;
+            switch (nv) {
+                case 4: ukernel_rows<4>(mr, K, am, a_rs, a_ks, b + n0, ldb, cm, ldc, accumulate, last); break;
+                case 3: ukernel_rows<3>(mr, K, am, a_rs, a_ks, b + n0, ldb, cm, ldc, accumulate, last); break;
+                case 2: ukernel_rows<2>(mr, K, am, a_rs, a_ks, b + n0, ldb, cm, ldc, accumulate, last); break;
+                default: ukernel_rows<1>(mr, K, am, a_rs, a_ks, b + n0, ldb, cm, ldc, accumulate, last); break;
+            }
         }
     }
 }
