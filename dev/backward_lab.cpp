@@ -3,7 +3,7 @@
 // S1/S3 rows time forward + backward together); a tool to see what a change to the backward
 // tile does, and a loop to run under `perf record`.
 //
-//   backward_lab [--shape S1|S3] [B H Lq Lk D causal] [--threads N] [--reps N] [--peak] [--no-check]
+//   backward_lab [--shape S1|S3] [B H Lq Lk D causal] [--threads N] [--reps N] [--peak] [--no-check] [--bf16]
 //
 // The row is the process's (ATTN_ISA picks another; ATTN_CPU_HIDE hides a feature). Inputs are
 // uniform in [-1, 1); out and lse come from one flash forward, then --reps backward calls are
@@ -13,7 +13,9 @@
 // (bench/peaks.hpp, as `attn bench`). The check compares dQ, dK, dV with the reference's (in
 // double) by max |Δ| / max |ref| per gradient; it runs where the reference costs at most
 // 20 GFLOP (S1: yes, S3: no) unless --no-check. A hash of the gradients' bits tells whether
-// two builds computed the same bits.
+// two builds computed the same bits. --bf16: every tensor but lse bfloat16 (the float32 values
+// rounded once), the all-bf16 call that runs bf16 compute (AMX, or vdpbf16ps under
+// ATTN_CPU_HIDE=amx_bf16); the check is then against the reference on those bf16 inputs.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -52,7 +54,7 @@ std::uint64_t bits_hash(const attn::Tensor* g, int n) {
     std::uint64_t h = 1469598103934665603ull;
     for (int t = 0; t < n; ++t) {
         const unsigned char* p = g[t].data_as<const unsigned char>();
-        for (std::int64_t e = 0; e < g[t].numel() * 4; ++e) h = (h ^ p[e]) * 1099511628211ull;
+        for (std::int64_t e = 0; e < g[t].numel() * static_cast<std::int64_t>(dtype_size(g[t].dtype())); ++e) h = (h ^ p[e]) * 1099511628211ull;
     }
     return h;
 }
@@ -62,7 +64,7 @@ std::uint64_t bits_hash(const attn::Tensor* g, int n) {
 int main(int argc, char** argv) {
     using namespace attn;
     std::int64_t B = 1, H = 16, Lq = 1024, Lk = 1024, D = 64;
-    bool causal = false, peak = false, check = true;
+    bool causal = false, peak = false, check = true, bf16 = false;
     int threads = 2, reps = 5;
     std::vector<std::string> pos;
     for (int i = 1; i < argc; ++i) {
@@ -76,6 +78,7 @@ int main(int argc, char** argv) {
         else if (a == "--reps") reps = std::max(1, std::stoi(next()));
         else if (a == "--peak") peak = true;
         else if (a == "--no-check") check = false;
+        else if (a == "--bf16") bf16 = true;
         else pos.push_back(a);
     }
     if (pos.size() == 6) {
@@ -83,22 +86,27 @@ int main(int argc, char** argv) {
         D = std::stoll(pos[4]), causal = pos[5] == "1";
     } else if (!pos.empty()) {
         return std::fprintf(stderr, "usage: backward_lab [--shape S1|S3] [B H Lq Lk D causal] [--threads N] "
-                                    "[--reps N] [--peak] [--no-check]\n"), 2;
+                                    "[--reps N] [--peak] [--no-check] [--bf16]\n"), 2;
     }
     set_num_threads(threads);
 
-    const Tensor q(DType::f32, Shape{B, H, Lq, D}), k(DType::f32, Shape{B, H, Lk, D}), v(DType::f32, Shape{B, H, Lk, D});
-    const Tensor o(DType::f32, Shape{B, H, Lq, D}), dO(DType::f32, Shape{B, H, Lq, D}), lse(DType::f32, Shape{B, H, Lq});
-    lab::fill(q, 1);
-    lab::fill(k, 2);
-    lab::fill(v, 3);
-    lab::fill(dO, 4);
+    const DType dt = bf16 ? DType::bf16 : DType::f32;
+    // uniform in [-1, 1) from fixed seeds, rounded to bf16 with --bf16
+    auto input = [&](Shape shape, std::uint64_t seed) {
+        Tensor t(DType::f32, shape);
+        lab::fill(t, seed);
+        if (!bf16) return t;
+        return to_dtype(t.view(), DType::bf16);
+    };
+    const Tensor q = input(Shape{B, H, Lq, D}, 1), k = input(Shape{B, H, Lk, D}, 2), v = input(Shape{B, H, Lk, D}, 3);
+    const Tensor dO = input(Shape{B, H, Lq, D}, 4);
+    const Tensor o(dt, Shape{B, H, Lq, D}), lse(DType::f32, Shape{B, H, Lq});
     SdpaOptions opt;
     opt.impl = Impl::flash;
     opt.causal = causal ? Causal::top_left : Causal::none;
     const TensorView lse_view = lse.view();
     sdpa(q, k, v, opt, o, &lse_view);
-    const Tensor grads[3] = {Tensor(DType::f32, q.shape()), Tensor(DType::f32, k.shape()), Tensor(DType::f32, v.shape())};
+    const Tensor grads[3] = {Tensor(dt, q.shape()), Tensor(dt, k.shape()), Tensor(dt, v.shape())};
     const Tensor &dq = grads[0], &dk = grads[1], &dv = grads[2];
     SdpaReport rep;
     sdpa_backward(q, k, v, o, lse, dO, opt, dq, dk, dv, &rep);  // the warm-up
@@ -112,8 +120,11 @@ int main(int argc, char** argv) {
         ref.impl = Impl::reference;
         const Tensor rq(DType::f32, q.shape()), rk(DType::f32, k.shape()), rv(DType::f32, v.shape());
         sdpa_backward(q, k, v, o, lse, dO, ref, rq, rk, rv);
-        std::printf("check against the reference, max|Δ|/max|ref|: dQ %.2e  dK %.2e  dV %.2e\n", relative_error(dq, rq),
-                    relative_error(dk, rk), relative_error(dv, rv));
+        auto err = [&](const Tensor& g, const Tensor& r) {
+            return bf16 ? relative_error(to_dtype(g.view(), DType::f32), r) : relative_error(g, r);
+        };
+        std::printf("check against the reference, max|Δ|/max|ref|: dQ %.2e  dK %.2e  dV %.2e\n", err(dq, rq), err(dk, rk),
+                    err(dv, rv));
     }
     if (peak) {
         const bench::Ceiling c = bench::measure_fma_peak(threads, 0.25, 3, bench::FmaWidth::avx512);
