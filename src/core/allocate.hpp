@@ -59,8 +59,9 @@ void resize_or_throw(std::vector<T, Alloc>& v, std::int64_t n, const char* what)
 // A std::vector allocator whose buffers start on a cache line (64 bytes: one zmm), for kernel
 // scratch that vector loops read and write a whole vector at a time. glibc's malloc aligns to 16
 // bytes only, so such a buffer's 64-byte rows straddled two cache lines at every load and store:
-// the backward tile's products ran 7 % slower on Sapphire Rapids on its std::vector scratch
-// (docs/kernels-lab.md#bwd-5). Refusal is std::bad_alloc, as with std::allocator.
+// on Sapphire Rapids the float32 backward tile ran 7 % slower on its std::vector scratch, and the
+// AMX backward tile, whose C rows are that scratch, 1.4× slower (docs/kernels-lab.md#bwd-5).
+// Refusal is std::bad_alloc, as with std::allocator.
 template <class T>
 struct CacheLineAllocator {
     using value_type = T;

@@ -2,9 +2,10 @@
 // flags (src/CMakeLists.txt: ATTN_AVX512_SOURCES); reached only through the kernel table's
 // avx512 row (isa.cpp). The tile itself is tile_body.inl, shared with the other ISAs.
 //
-// GEMM micro-kernel (tile_avx512_gemm.inl): an 8×32 block of C in 16 zmm accumulators; per
-// k, two loads of a B row and eight A scalars broadcast from memory ({1to16} operands) feed
-// 16 FMAs — 16 independent chains cover 2 FMA pipes × 4 cycles of latency twice over.
+// GEMM micro-kernel (tile_avx512_gemm.inl): a 6×64 block of C in 24 zmm accumulators; per
+// k, four loads of a B row and six A scalars broadcast from memory feed 24 FMAs — 24
+// independent chains cover 2 FMA pipes × 4 cycles of latency three times over, with 10 loads
+// per 24 FMAs (the gemm file says why that form).
 #include <immintrin.h>
 
 #include <cstddef>

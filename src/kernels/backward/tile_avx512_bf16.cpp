@@ -11,9 +11,9 @@
 // values rounded here, are packed per tile: P̂ and dS as pairs along the query rows (for
 // dV += P̂ᵀ·dO and dK += dSᵀ·Q), dS as bf16 rows (for dQ += dS·K).
 //
-// GEMM micro-kernel: tile_avx512_gemm.inl's 8×32 block (16 zmm accumulators), as the float32
+// GEMM micro-kernel: tile_avx512_gemm.inl's 6×64 block (24 zmm accumulators), as the float32
 // tile's, with one vdpbf16ps (two products per lane) where that one has one FMA: per pair
-// step, two loads of B pair words, eight broadcast A pair words, 16 vdpbf16ps.
+// step, four loads of B pair words, six broadcast A pair words, 24 vdpbf16ps.
 #include <immintrin.h>
 
 #include <cstddef>
