@@ -527,11 +527,13 @@ TEST_P(FlashRandom, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Shards, FlashRandom, ::testing::Range(0, kShards));
 
 // Other block sizes move every tile boundary (partial causal/window tiles, key blocks
-// that end mid-range, several heads per block when Lq < Mb): 3 × 20 random cases.
+// that end mid-range, several heads per block when Lq < Mb): 4 × 20 random cases. Mb = 96 runs
+// a block of 65–96 columns as three avx512 panels: a pair (the 4 × 64 tile) and one alone (8 × 32).
 TEST(FlashFixed, OtherTileSizes) {
     Worst worst;
     const int n = std::min(20, cases_per_shard());
-    for (const detail::FlashTiles t : {detail::FlashTiles{16, 7}, detail::FlashTiles{32, 100}, detail::FlashTiles{128, 33}})
+    for (const detail::FlashTiles t :
+         {detail::FlashTiles{16, 7}, detail::FlashTiles{32, 100}, detail::FlashTiles{128, 33}, detail::FlashTiles{96, 40}})
         for (int i = 0; i < n; ++i) {
             const Case c = random_case(900000 + static_cast<std::uint64_t>(i));
             run_case(c, worst, &t);

@@ -12,7 +12,15 @@
 // 8/12/14 rows at 61–65 %: half the broadcasts per FMA. 8 rows divide the usual head dims
 // (64, 128) and the 64-key block, so pv has no ragged tile; 12 or 14 rows measured the same and
 // would leave one.
+// Two adjacent panels (every full 64-query block) run as one 4 rows × 64 queries tile instead
+// (qk_pair, pv_pair; the driver's kOpsPanelPairs): the same 16 accumulators, but 4 vector loads
+// and 4 broadcasts per 16 FMAs instead of 2 and 8, and the pv pair requests V's next line.
+// Sapphire Rapids VM, lab 1 thread: the pair S2 +1.8 %, the V request S3 +3–5 % (kernels-lab fwd-13);
+// fewer memory ops per FMA, so no slower on Zen 4/5 in principle, where the 8 × 32 tile already
+// runs at 94–97 % of the FMA loop.
 #include <immintrin.h>
+
+#include <type_traits>
 
 #define ATTN_FLASH_NS flash_avx512_ns
 #include "../simd/exp2_avx512.hpp"
@@ -27,27 +35,43 @@ namespace flash_avx512_ns {
 namespace {
 
 // Accumulators are named variables, not arrays (GCC kept arrays of vectors on the stack in
-// the AVX2 kernel: a store per FMA).
+// the AVX2 kernel: a store per FMA). Row r's accumulators are a<r>0 … a<r>3: its 16-query
+// column groups, 2 for one panel, 4 for a pair of adjacent panels (P = 2).
 #define ATTN_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define ATTN_DECL_ACC(r) __m512 a##r##0 = _mm512_setzero_ps(), a##r##1 = a##r##0, a##r##2 = a##r##0, a##r##3 = a##r##0;
 
-// s[r][0..32) = c2 · Σ_d k[r][d]·qt[d][0..32)   for r < R     k: (R, ldk), qt: (Dk, 32)
+// s[r][0..32P) = c2 · Σ_d k[r][d]·qt_p[d][0..32)   for r < R     k: (R, ldk), qt_p: (Dk, 32)
+// P panels of queries per call: 1 (8 rows × 32 queries) or 2 (4 rows × 64; the second panel's Qᵀ
+// at qt + Dk·32, pack_qt's layout, its scores at s + 32). Both are 16 accumulators; the pair
+// loads 4 Qᵀ vectors and broadcasts 4 K scalars per 16 FMAs instead of 2 and 8 (docs/kernels.md,
+// "Where the FLOPs go, tile sizes"). Each score is the same FMA chain over d either way: the
+// same bits.
 // M (QkModifiers, flash_driver.hpp) applied in registers before the store: bit 0 the softcap
 // c·tanh(s/c) (tanh_vec, the function tile_modifiers runs), bit 1 ALiBi s − slope·|rel − j|
 // with j = j_first + r — no second pass over the tile.
-template <int R, int M = 0>
+template <int R, int P = 1, int M = 0>
 inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, float c2, float* s, int ldS,
                     const QkModifiers* mods = nullptr, float j_first = 0.0f) {
-#define DECL(r) __m512 a##r##0 = _mm512_setzero_ps(), a##r##1 = _mm512_setzero_ps();
-    ATTN_ROWS(DECL)
-#undef DECL
+    static_assert((P == 1 && R <= 8) || (P == 2 && R <= 4), "16 accumulators at most");
+    ATTN_ROWS(ATTN_DECL_ACC)
+    const float* qt1 = qt + static_cast<std::int64_t>(Dk) * 32;  // the second panel (P = 2)
     for (int d = 0; d < Dk; ++d) {
         const __m512 q0 = _mm512_load_ps(qt + d * 32), q1 = _mm512_load_ps(qt + d * 32 + 16);
+        [[maybe_unused]] __m512 q2 = q0, q3 = q1;
+        if constexpr (P == 2) {
+            q2 = _mm512_load_ps(qt1 + d * 32);
+            q3 = _mm512_load_ps(qt1 + d * 32 + 16);
+        }
         const float* kd = k + d;
 #define STEP(r)                                               \
     if constexpr (R > r) {                                    \
         const __m512 kb = _mm512_set1_ps(kd[r * ldk]);        \
         a##r##0 = _mm512_fmadd_ps(kb, q0, a##r##0);           \
         a##r##1 = _mm512_fmadd_ps(kb, q1, a##r##1);           \
+        if constexpr (P == 2) {                               \
+            a##r##2 = _mm512_fmadd_ps(kb, q2, a##r##2);       \
+            a##r##3 = _mm512_fmadd_ps(kb, q3, a##r##3);       \
+        }                                                     \
     }
         ATTN_ROWS(STEP)
 #undef STEP
@@ -56,7 +80,8 @@ inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, f
     // Zero where the modifier is off: finish() takes sl/re by value whether it reads them or not
     // (an indeterminate __m512 passed by value; clang warned at every STORE). Dead where unread:
     // GCC 12 then emits the same instructions but for register choices.
-    [[maybe_unused]] __m512 cap, tk, sl0 = _mm512_setzero_ps(), sl1 = sl0, re0 = sl0, re1 = sl0;
+    [[maybe_unused]] __m512 cap, tk, sl0 = _mm512_setzero_ps(), sl1 = sl0, sl2 = sl0, sl3 = sl0, re0 = sl0, re1 = sl0,
+                                     re2 = sl0, re3 = sl0;
     if constexpr ((M & 1) != 0) {
         // c·tanh(c2·acc/c) = (±c)·tanh(|c2|·acc/c) (tanh is odd; − when c2 < 0). tanh's argument
         // y = 2·log2 e·|c2|/c·|acc| takes one multiply (tanh_scaled512): |c2|, 1/c and 2·log2 e
@@ -66,11 +91,17 @@ inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, f
         const double kc = static_cast<double>(kTanhTwoLog2e) * mods->inv_cap;
         tk = _mm512_set1_ps(static_cast<float>((M & 4) != 0 ? kc : kc * (c2 < 0.0f ? -c2 : c2)));
     }
-    if constexpr ((M & 2) != 0) {
+    if constexpr ((M & 2) != 0) {  // the call's columns: 32P of slope and rel
         sl0 = _mm512_loadu_ps(mods->slope);
         sl1 = _mm512_loadu_ps(mods->slope + 16);
         re0 = _mm512_loadu_ps(mods->rel);
         re1 = _mm512_loadu_ps(mods->rel + 16);
+        if constexpr (P == 2) {
+            sl2 = _mm512_loadu_ps(mods->slope + 32);
+            sl3 = _mm512_loadu_ps(mods->slope + 48);
+            re2 = _mm512_loadu_ps(mods->rel + 32);
+            re3 = _mm512_loadu_ps(mods->rel + 48);
+        }
     }
     // always_inline: out of line (as GCC left it), each call spilled the live accumulators.
     // acc → c2·acc, or with the softcap c·tanh(c2·acc/c).
@@ -86,36 +117,68 @@ inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, f
         }
         return x;
     };
-#define STORE(r)                                                                          \
-    if constexpr (R > r) {                                                                \
-        _mm512_store_ps(s + r * ldS, finish(a##r##0, r, sl0, re0));      \
-        _mm512_store_ps(s + r * ldS + 16, finish(a##r##1, r, sl1, re1)); \
+#define STORE(r)                                                                  \
+    if constexpr (R > r) {                                                        \
+        _mm512_store_ps(s + r * ldS, finish(a##r##0, r, sl0, re0));               \
+        _mm512_store_ps(s + r * ldS + 16, finish(a##r##1, r, sl1, re1));         \
+        if constexpr (P == 2) {                                                   \
+            _mm512_store_ps(s + r * ldS + 32, finish(a##r##2, r, sl2, re2));      \
+            _mm512_store_ps(s + r * ldS + 48, finish(a##r##3, r, sl3, re3));      \
+        }                                                                         \
     }
     ATTN_ROWS(STORE)
 #undef STORE
 }
 
-// ot[r][0..32) = alpha·ot[r] + Σ_j v[j][r]·p[j][0..32)   for r < R   v: (nk, ldv), p: (nk, ldP)
-template <int R>
+// ot[r][0..32P) = alpha·ot[r] + Σ_j v[j][r]·p[j][0..32P)   for r < R   v: (nk, ldv), p: (nk, ldP)
+// P as qk_tile: 1 panel (8 rows × 32 queries) or 2 adjacent panels (4 rows × 64: Pᵀ's and Oᵀ's
+// columns of the two panels are contiguous); the same FMA chain over j per element either way.
+template <int R, int P = 1>
 inline void pv_tile(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, float* ot, int ldO,
                     const float* alpha) {
+    static_assert((P == 1 && R <= 8) || (P == 2 && R <= 4), "16 accumulators at most");
     const __m512 al0 = _mm512_load_ps(alpha), al1 = _mm512_load_ps(alpha + 16);
-#define DECL(r)                                                                   \
-    __m512 a##r##0 = _mm512_setzero_ps(), a##r##1 = _mm512_setzero_ps();          \
+    [[maybe_unused]] __m512 al2 = al0, al3 = al1;
+    if constexpr (P == 2) {
+        al2 = _mm512_load_ps(alpha + 32);
+        al3 = _mm512_load_ps(alpha + 48);
+    }
+    ATTN_ROWS(ATTN_DECL_ACC)
+#define LOAD(r)                                                                   \
     if constexpr (R > r) {                                                        \
         a##r##0 = _mm512_mul_ps(_mm512_load_ps(ot + r * ldO), al0);               \
         a##r##1 = _mm512_mul_ps(_mm512_load_ps(ot + r * ldO + 16), al1);          \
+        if constexpr (P == 2) {                                                   \
+            a##r##2 = _mm512_mul_ps(_mm512_load_ps(ot + r * ldO + 32), al2);      \
+            a##r##3 = _mm512_mul_ps(_mm512_load_ps(ot + r * ldO + 48), al3);      \
+        }                                                                         \
     }
-    ATTN_ROWS(DECL)
-#undef DECL
+    ATTN_ROWS(LOAD)
+#undef LOAD
     for (int j = 0; j < nk; ++j) {
         const __m512 p0 = _mm512_load_ps(p + j * ldP), p1 = _mm512_load_ps(p + j * ldP + 16);
+        [[maybe_unused]] __m512 p2 = p0, p3 = p1;
+        if constexpr (P == 2) {
+            p2 = _mm512_load_ps(p + j * ldP + 32);
+            p3 = _mm512_load_ps(p + j * ldP + 48);
+        }
         const float* vj = v + j * ldv;
+        // The pair's V reads: row j's next 16 floats (the calls for d + 16 … read them; past a
+        // row's end, the next row's head or nothing: a prefetch never faults). The driver walks
+        // d across all nk rows, whose lines lie ldv apart, and the hardware prefetchers did not
+        // keep up there: +3-5 % on S3 (D = 128) on Sapphire Rapids, +0.5 % on S2 (kernels-lab
+        // fwd-13). One load-port op per 16 FMAs: the pair with it still issues fewer memory ops
+        // per FMA (9 / 16) than the one-panel tile (10 / 16).
+        if constexpr (P == 2) _mm_prefetch(reinterpret_cast<const char*>(vj + 16), _MM_HINT_T0);
 #define STEP(r)                                               \
     if constexpr (R > r) {                                    \
         const __m512 vb = _mm512_set1_ps(vj[r]);              \
         a##r##0 = _mm512_fmadd_ps(vb, p0, a##r##0);           \
         a##r##1 = _mm512_fmadd_ps(vb, p1, a##r##1);           \
+        if constexpr (P == 2) {                               \
+            a##r##2 = _mm512_fmadd_ps(vb, p2, a##r##2);       \
+            a##r##3 = _mm512_fmadd_ps(vb, p3, a##r##3);       \
+        }                                                     \
     }
         ATTN_ROWS(STEP)
 #undef STEP
@@ -124,66 +187,91 @@ inline void pv_tile(const float* p, int ldP, const float* v, std::int64_t ldv, i
     if constexpr (R > r) {                                    \
         _mm512_store_ps(ot + r * ldO, a##r##0);               \
         _mm512_store_ps(ot + r * ldO + 16, a##r##1);          \
+        if constexpr (P == 2) {                               \
+            _mm512_store_ps(ot + r * ldO + 32, a##r##2);      \
+            _mm512_store_ps(ot + r * ldO + 48, a##r##3);      \
+        }                                                     \
     }
     ATTN_ROWS(STORE)
 #undef STORE
 }
+#undef ATTN_DECL_ACC
 #undef ATTN_ROWS
 
-#define ATTN_CASES(X) X(8) X(7) X(6) X(5) X(4) X(3) X(2)
+// f(std::integral_constant<int, rows>{}) for 1 <= rows <= R: a tile's row count as a template
+// argument (the full tile, R rows, tested first).
+template <int R, class F>
+__attribute__((always_inline)) inline void with_rows(int rows, F&& f) {
+    if constexpr (R > 1) {
+        if (rows == R) f(std::integral_constant<int, R>{});
+        else with_rows<R - 1>(rows, f);
+    } else {
+        f(std::integral_constant<int, 1>{});
+    }
+}
 
 struct Avx512Ops {
     static constexpr int kPanel = kFlashPanelAvx512;  // queries per panel: 2 zmm
-    static constexpr int kRows = 8;    // keys (qk) / head-dim rows (pv) per call: the 8 × 32 tile
+    static constexpr int kRows = 8;      // keys (qk) / head-dim rows (pv) per call: the 8 × 32 tile
+    static constexpr int kPairRows = 4;  // the same per call of the pair tile, 4 × 64 (qk_pair, pv_pair)
 
+    // P panels per call (qk_tile): qk one, qk_pair two adjacent ones (the driver's kOpsPanelPairs).
+    template <int P>
+    static void qk_p(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s, int ldS) {
+        with_rows<8 / P>(rows, [&](auto R) { qk_tile<decltype(R)::value, P>(qt, k, ldk, Dk, c2, s, ldS); });
+    }
     static void qk(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s, int ldS) {
-        switch (rows) {
-#define CASE(n) \
-    case n: qk_tile<n>(qt, k, ldk, Dk, c2, s, ldS); break;
-            ATTN_CASES(CASE)
-#undef CASE
-            default: qk_tile<1>(qt, k, ldk, Dk, c2, s, ldS); break;
-        }
+        qk_p<1>(qt, k, ldk, rows, Dk, c2, s, ldS);
+    }
+    static void qk_pair(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s,
+                        int ldS) {
+        qk_p<2>(qt, k, ldk, rows, Dk, c2, s, ldS);
     }
 
     // qk with step 1 of the score rule in the store (flash_driver.hpp, QkModifiers).
-    template <int M>
+    template <int M, int P>
     static void qk_mod(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s, int ldS,
                        const QkModifiers& m, float j_first) {
-        switch (rows) {
-#define CASE(n) \
-    case n: qk_tile<n, M>(qt, k, ldk, Dk, c2, s, ldS, &m, j_first); break;
-            ATTN_CASES(CASE)
-#undef CASE
-            default: qk_tile<1, M>(qt, k, ldk, Dk, c2, s, ldS, &m, j_first); break;
-        }
+        with_rows<8 / P>(rows, [&](auto R) { qk_tile<decltype(R)::value, P, M>(qt, k, ldk, Dk, c2, s, ldS, &m, j_first); });
     }
-    static void qk_modified(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s,
-                            int ldS, const QkModifiers& m, float j_first) {
+    template <int P>
+    static void qk_modified_p(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s,
+                              int ldS, const QkModifiers& m, float j_first) {
         int mode = (m.cap > 0.0f ? 1 : 0) | (m.slope != nullptr ? 2 : 0);
         if (mode & 1) {  // bit 2: the folded tanh factor 2·log2 e·|c2|/c would overflow or underflow
             const double tk = static_cast<double>(kTanhTwoLog2e) * m.inv_cap * (c2 < 0.0f ? -c2 : c2);
             if (!(tk >= std::numeric_limits<float>::min() && tk <= std::numeric_limits<float>::max())) mode |= 4;
         }
         switch (mode) {
-            case 1: qk_mod<1>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first); break;
-            case 2: qk_mod<2>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first); break;
-            case 3: qk_mod<3>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first); break;
-            case 5: qk_mod<5>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first); break;
-            case 7: qk_mod<7>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first); break;
-            default: qk(qt, k, ldk, rows, Dk, c2, s, ldS); break;
+            case 1: qk_mod<1, P>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first); break;
+            case 2: qk_mod<2, P>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first); break;
+            case 3: qk_mod<3, P>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first); break;
+            case 5: qk_mod<5, P>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first); break;
+            case 7: qk_mod<7, P>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first); break;
+            default: qk_p<P>(qt, k, ldk, rows, Dk, c2, s, ldS); break;
         }
     }
+    static void qk_modified(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s,
+                            int ldS, const QkModifiers& m, float j_first) {
+        qk_modified_p<1>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first);
+    }
+    static void qk_modified_pair(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2,
+                                 float* s, int ldS, const QkModifiers& m, float j_first) {
+        qk_modified_p<2>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first);
+    }
 
+    template <int P>
+    static void pv_p(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, int rows, float* ot, int ldO,
+                     const float* alpha) {
+        with_rows<8 / P>(rows, [&](auto R) { pv_tile<decltype(R)::value, P>(p, ldP, v, ldv, nk, ot, ldO, alpha); });
+    }
     static void pv(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, int rows, float* ot, int ldO,
                    const float* alpha) {
-        switch (rows) {
-#define CASE(n) \
-    case n: pv_tile<n>(p, ldP, v, ldv, nk, ot, ldO, alpha); break;
-            ATTN_CASES(CASE)
-#undef CASE
-            default: pv_tile<1>(p, ldP, v, ldv, nk, ot, ldO, alpha); break;
-        }
+        pv_p<1>(p, ldP, v, ldv, nk, rows, ot, ldO, alpha);
+    }
+    static void pv_pair(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, int rows, float* ot, int ldO,
+                        const float* alpha) {
+        pv_p<2>(p, ldP, v, ldv, nk, rows, ot, ldO, alpha);
     }
 
     // Online-softmax update, 16 query columns (one zmm) at a time, vertical over the nk keys.
@@ -278,7 +366,6 @@ struct Avx512Ops {
         }
     }
 };
-#undef ATTN_CASES
 
 // bf16 compute for all-bfloat16 Q, K, V: the driver's operand hooks (flash_driver.hpp) with
 // the bf16 pair micro-kernels of bf16_dot.hpp (flash_avx512_bf16.cpp, -mavx512bf16); the

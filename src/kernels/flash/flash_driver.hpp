@@ -64,16 +64,18 @@
 // ── Where the FLOPs go (per visible (query, key) pair) ──────────────────────────────
 //   Q·Kᵀ: Dk FMAs (micro-kernel qk, AVX2: 6 keys × 16 queries = 12 ymm accumulators; per d:
 //         2 vector loads of Qᵀ, 6 broadcasts of K, 12 FMAs. AVX-512: 8 keys × 32 queries =
-//         16 zmm; per d: 2 loads, 8 broadcasts, 16 FMAs)
+//         16 zmm; per d: 2 loads, 8 broadcasts, 16 FMAs — or, two panels at once
+//         (kOpsPanelPairs), 4 keys × 64 queries: 4 loads, 4 broadcasts, 16 FMAs)
 //   P·V:  Dv FMAs (micro-kernel pv: the same tiles over head-dim rows; per key: 2 vector
-//         loads of Pᵀ, 6 (8) broadcasts of V, 12 (16) FMAs)
+//         loads of Pᵀ, 6 (8) broadcasts of V, 12 (16) FMAs; the AVX-512 pair 4 and 4)
 //   softmax: 1 max, 1 sub, exp2 (6 FMAs + ~6 other ops), 1 add  — per 8 pairs, i.e.
 //         ≈ 15 vector ops against (Dk + Dv) FMAs: ≈ 12 % extra at D = 64, 6 % at 128.
 //   counted (the benchmark's formula): 2·Dk + 2·Dv FLOPs per pair = 4·D.
 //
 // ── Tiles ────────────────────────────────────────────────────────────────────────────
 // Register tile 6 × 16 (AVX2): 12 accumulators + 2 panel vectors + 1 broadcast = 15 of 16 ymm;
-// 8 × 32 (AVX-512): 16 + 2 of 32 zmm. Panel width and rows are Ops::kPanel / Ops::kRows.
+// 8 × 32 (AVX-512): 16 + 2 of 32 zmm, and 4 × 64 over two panels (16 + 4). Panel width and
+// rows are Ops::kPanel / Ops::kRows (Ops::kPairRows).
 // Mb (queries per task) = Nb (keys per block) = 64 (flash_default_tiles; 128 on AMX tiles): Qᵀ, Sᵀ and Oᵀ
 // of a task are 16 KiB each at D = 64, so the micro-kernels stream from L1/L2. Measured
 // in dev/flash_lab.cpp (1 thread, L = 4096, GFLOP per CPU-second on the shared machine,
@@ -149,6 +151,14 @@ struct QkModifiers {
 };
 template <class Ops>
 inline constexpr bool kOpsFuseModifiers = requires { &Ops::qk_modified; };
+
+// Whether Ops has a tile over two adjacent panels as well (AVX-512: 4 rows × 64 queries besides
+// 8 × 32): Ops::kPairRows rows per call of qk_pair, pv_pair and, with kOpsFuseModifiers,
+// qk_modified_pair — the signatures of qk, pv and qk_modified, reading the second panel's Qᵀ at
+// qt + Dk·kPanel and its Sᵀ/Oᵀ columns at + kPanel. The driver runs a block's panels in pairs
+// then, and an odd last panel alone; each element's FMA chain is the same either way.
+template <class Ops>
+inline constexpr bool kOpsPanelPairs = requires { Ops::kPairRows; };
 
 // Whether Ops defines the operand hooks (see the header).
 template <class Ops>
@@ -237,10 +247,22 @@ void pv_tile(const SdpaProblem& p, const Workspace& w, std::int64_t b, std::int6
         Ops::pv_block(p, w, b, hk, j0, panels, nk, ldS, vp, ldv, acc, ldO, p_packed);
         return;
     }
-    for (int pn = 0; pn < panels; ++pn)
+    for (int pn = 0; pn < panels;) {
+        if constexpr (kOpsPanelPairs<Ops>) {
+            if (pn + 2 <= panels) {  // two panels a call (kOpsPanelPairs)
+                for (std::int64_t d = 0; d < p.Dv; d += Ops::kPairRows)
+                    Ops::pv_pair(w.s + pn * Ops::kPanel, ldS, vp + d, ldv, static_cast<int>(nk),
+                                 static_cast<int>(imin(Ops::kPairRows, p.Dv - d)), acc + d * ldO + pn * Ops::kPanel, ldO,
+                                 w.alpha + pn * Ops::kPanel);
+                pn += 2;
+                continue;
+            }
+        }
         for (std::int64_t d = 0; d < p.Dv; d += Ops::kRows)
             Ops::pv(w.s + pn * Ops::kPanel, ldS, vp + d, ldv, static_cast<int>(nk), static_cast<int>(imin(Ops::kRows, p.Dv - d)),
                     acc + d * ldO + pn * Ops::kPanel, ldO, w.alpha + pn * Ops::kPanel);
+        ++pn;
+    }
 }
 
 // The statistics a row starts from: a sink is the row's first logit (m = σ_h, l = 1), else

@@ -92,15 +92,25 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
                 m.cap = static_cast<float>(p.softcap);
                 m.inv_cap = static_cast<float>(1.0 / p.softcap);
             }
-            for (int pn = 0; pn < panels; ++pn) {
+            for (int pn = 0; pn < panels;) {
                 const float* qt = w.qt + static_cast<std::int64_t>(pn) * Dk * Ops::kPanel;
                 if (p.alibi_slopes) {
                     m.slope = w.aslope + pn * Ops::kPanel;
                     m.rel = w.abase + pn * Ops::kPanel;
                 }
+                if constexpr (kOpsPanelPairs<Ops>) {
+                    if (pn + 2 <= panels) {  // two panels a call (kOpsPanelPairs)
+                        for (std::int64_t r = 0; r < nk; r += Ops::kPairRows)
+                            Ops::qk_modified_pair(qt, kp + r * ldk, ldk, static_cast<int>(imin(Ops::kPairRows, nk - r)), Dk,
+                                                  scale, w.s + r * ldS + pn * Ops::kPanel, ldS, m, static_cast<float>(r));
+                        pn += 2;
+                        continue;
+                    }
+                }
                 for (std::int64_t r = 0; r < nk; r += Ops::kRows)
                     Ops::qk_modified(qt, kp + r * ldk, ldk, static_cast<int>(imin(Ops::kRows, nk - r)), Dk, scale,
                                      w.s + r * ldS + pn * Ops::kPanel, ldS, m, static_cast<float>(r));
+                ++pn;
             }
             if (ranges_partial || p.has_elementwise_mask())
                 for (int c = 0; c < nq; ++c)
@@ -108,11 +118,21 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
             return;
         }
     }
-    for (int pn = 0; pn < panels; ++pn) {
+    for (int pn = 0; pn < panels;) {
         const float* qt = w.qt + static_cast<std::int64_t>(pn) * Dk * Ops::kPanel;
+        if constexpr (kOpsPanelPairs<Ops>) {
+            if (pn + 2 <= panels) {  // two panels a call (kOpsPanelPairs)
+                for (std::int64_t r = 0; r < nk; r += Ops::kPairRows)
+                    Ops::qk_pair(qt, kp + r * ldk, ldk, static_cast<int>(imin(Ops::kPairRows, nk - r)), Dk, scale,
+                                 w.s + r * ldS + pn * Ops::kPanel, ldS);
+                pn += 2;
+                continue;
+            }
+        }
         for (std::int64_t r = 0; r < nk; r += Ops::kRows)
             Ops::qk(qt, kp + r * ldk, ldk, static_cast<int>(imin(Ops::kRows, nk - r)), Dk, scale, w.s + r * ldS + pn * Ops::kPanel,
                     ldS);
+        ++pn;
     }
     }
     // The score rule: the modifiers on the whole tile, then the masks on each query's
