@@ -580,15 +580,15 @@ TEST(FlashFixed, KeySplitPolicy) {
     EXPECT_EQ(detail::flash_key_chunk(1, 1 << 20, 64, std::int64_t{1} << 26, 0), 0);
 }
 
-// Groups of query blocks (flash_query_group; flash_query_groups.hpp): 2, 3
-// or 4 tasks of a KV head in lockstep over their key blocks, forced on random cases (masks,
+// Groups of query blocks (flash_query_group; flash_query_groups.hpp): 2, 3,
+// 4 or 8 (kMaxQueryGroup) tasks of a KV head in lockstep over their key blocks, forced on random cases (masks,
 // windows whose tasks start apart and run one by one, GQA groups across query heads, weights,
 // lse, layouts, odd tiles, a last group short of tasks): the reference's result, the same bits on 1 and 2 threads, and the bits of
 // the same tiles ungrouped.
 TEST(FlashFixed, QueryGroups) {
     Worst worst;
     const int n = std::min(20, cases_per_shard());
-    for (const detail::FlashTiles t : {detail::FlashTiles{16, 7, 0, 3}, detail::FlashTiles{32, 33, 0, 2}, detail::FlashTiles{16, 16, 0, 4}})
+    for (const detail::FlashTiles t : {detail::FlashTiles{16, 7, 0, 3}, detail::FlashTiles{32, 33, 0, 2}, detail::FlashTiles{16, 16, 0, 4}, detail::FlashTiles{16, 9, 0, 8}})
         for (int i = 0; i < n; ++i) {
             const Case c = random_case(940000 + static_cast<std::uint64_t>(i));
             run_case(c, worst, &t);
@@ -618,13 +618,14 @@ TEST(FlashFixed, QueryGroups) {
 // kMaxQueryGroup), never below split_target(4) items.
 TEST(FlashFixed, QueryGroupPolicy) {
     const std::int64_t target = detail::split_target(4), MiB = std::int64_t{1} << 20;
-    const std::int64_t d64 = (64 + 64) * 64 * 4, d256 = (256 + 256) * 64 * 4;  // Qᵀ + Oᵀ of a 64-query task
+    const std::int64_t d64 = (64 + 64) * 64 * 4, d128 = (128 + 128) * 64 * 4, d256 = (256 + 256) * 64 * 4;  // Qᵀ + Oᵀ of a 64-query task
     EXPECT_EQ(detail::flash_query_group(target, 64, MiB, d64, 0), 1) << "K/V within 1 MiB: no group";
-    EXPECT_EQ(detail::flash_query_group(target, 64, MiB / 4, d64, 0, true), 4)
+    EXPECT_EQ(detail::flash_query_group(target, 64, MiB / 4, d64, 0, true), 8)
         << "tiles converted per task (16-bit K/V): a group converts them once, at any head size";
     EXPECT_EQ(detail::flash_query_group(1, 2 * target, MiB / 4, d64, 0, true), 2)
         << "converted tiles, one KV head: groups of 2 keep split_target items";
-    EXPECT_EQ(detail::flash_query_group(target, 64, 16 * MiB, d64, 0), 4);
+    EXPECT_EQ(detail::flash_query_group(target, 64, 16 * MiB, d64, 0), 8) << "D = 64: eight tasks' Qᵀ and Oᵀ fill 256 KiB";
+    EXPECT_EQ(detail::flash_query_group(target, 64, 16 * MiB, d128, 0), 4) << "D = 128: four tasks'";
     EXPECT_EQ(detail::flash_query_group(target, 64, 16 * MiB, d256, 0), 2) << "D = 256: two tasks' Qᵀ and Oᵀ fill 256 KiB";
     EXPECT_EQ(detail::flash_query_group(target, 3, 16 * MiB, d64, 0), 3) << "no more than the KV head's tasks";
     EXPECT_EQ(detail::flash_query_group(1, 2 * target, 16 * MiB, d64, 0), 2) << "one KV head: groups of 2 keep split_target items";

@@ -56,7 +56,7 @@ int flash_query_group(std::int64_t kv_heads, std::int64_t kv_tasks, std::int64_t
     // there by every task: nothing to gain — unless each task converts its tiles (16-bit K/V) or
     // would read rows that lie apart (rows_apart), which a group converts or copies once for its
     // tasks. The group's Qᵀ and Oᵀ must stay in the L2 beside the key block: at most 256 KiB of
-    // them (4 tasks at D = 64 and 128, 2 at D = 256).
+    // them (8 tasks at D = 64, 4 at 128, 2 at 256).
     constexpr std::int64_t kGroupBytes = std::int64_t{256} << 10;
     if (head_kv_bytes <= kFlashCachedKvBytes && !converts) return 1;
     const std::int64_t target = split_target(4);

@@ -25,8 +25,12 @@ struct FlashTiles {
     int query_group = 0;
 };
 
-// At most this many tasks (query blocks) run as one group (flash_query_groups.hpp).
-inline constexpr int kMaxQueryGroup = 4;
+// At most this many tasks (query blocks) run as one group (flash_query_groups.hpp). 8: at D = 64
+// a group of 8 is every query block of a 512-query head (S4, S6's attention), so each head's K/V
+// rows come from the L3 (S4) or are copied (S6, rows_apart) once instead of twice: +2.5-3 % per
+// CPU-second on Sapphire Rapids (docs/kernels-lab.md, fwd-14); flash_query_group's 256 KiB of Qᵀ + Oᵀ
+// still bounds it (8 tasks at D = 64, 4 at D = 128).
+inline constexpr int kMaxQueryGroup = 8;
 
 // One problem of a flash call with its dropout (SdpaProblem::dropout()): the unit the ISA
 // kernels (KernelSet::flash_forward) take, a batch of them at once (flash_schedule.hpp run_flash).
