@@ -382,8 +382,13 @@ void accumulate_keys(const SdpaProblem& p, const FlashTiles& t, const Dropout& d
                      bool kv_ahead, bool with_sinks = true) {
     const bool alibi_zeros = start_keys<Ops>(p, t, w, b, nq, panels, ulo, uhi, careful, with_sinks);
     const std::int64_t ahead = ahead_end(kv_ahead, panels, uhi);
-    for (std::int64_t j0 = ulo; j0 < uhi; j0 += t.Nb)
+    // O's rows are stored next (prefetch_out_rows) unless this is a key chunk's partial (with_sinks
+    // false: merge_block stores O) or the careful pass (the first pass asked already).
+    const bool out_next = with_sinks && !careful;
+    for (std::int64_t j0 = ulo; j0 < uhi; j0 += t.Nb) {
+        if (out_next && j0 + t.Nb >= uhi) prefetch_out_rows(p, w, b, nq);  // before the last key block
         key_block<Ops>(p, t, drop, w, b, hk, nq, panels, j0, imin(t.Nb, uhi - j0), ahead, careful, alibi_zeros);
+    }
 }
 
 // A task's coordinates: queries [i0, i0+nq_head) of the nh query heads h0.. (all reading KV

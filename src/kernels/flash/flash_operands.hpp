@@ -263,6 +263,26 @@ __attribute__((always_inline)) inline void prefetch_kv_rows(const SdpaProblem& p
     }
 }
 
+// Asks for the lines of the O rows of the block's columns (w.ch, w.ci: 0..nq) in the L1, one
+// key block before finish_block stores them (called before a task's last key block). Strided rows
+// (the MHA layer's (B, L, H·D) out: 256 B of each 3 KiB row at S6) give the prefetchers no
+// stream, and transpose16's stores to 16 rows at a time waited on each line: finish_block took
+// 6 % of S6's attention. Requested a key block ahead, the lines arrive while the products run:
+// S6's attention +3 % per CPU-second on Sapphire Rapids, contiguous S1/S4 level to +0.7 %
+// (docs/kernels-lab.md, fwd-14). A read request (prefetcht0: the ISA flags do not enable
+// prefetchw), which brings a line no other core holds in the exclusive state, so the store
+// needs no second request.
+__attribute__((always_inline)) inline void prefetch_out_rows(const SdpaProblem& p, const Workspace& w, std::int64_t b,
+                                                             int nq) {
+    if (p.out.stride(3) != 1) return;
+    const std::int64_t size = static_cast<std::int64_t>(dtype_size(p.out.dtype())), bytes = p.Dv * size;
+    const char* base = static_cast<const char*>(p.out.data());
+    for (int c = 0; c < nq; ++c) {
+        const char* row = base + p.out.offset(b, w.ch[c], w.ci[c], 0) * size;
+        for (std::int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(row + o, 0, 3);
+    }
+}
+
 // A key block's K and V rows as float32, read once for all the tasks of a group (run_group):
 // converted (16-bit), copied (strided head dim, pages) or in place, as kv_tile_rows gives them.
 // Each task reads the same values it would have read itself, so its bits do not change; a task

@@ -69,6 +69,7 @@ void run_group(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
                 const std::int64_t nk = imin(t.Nb, k[i].uhi - j0);
                 const std::int64_t ahead = requested ? 0 : ahead_end(a[i].kv_ahead, k[i].panels, k[i].uhi);
                 requested = requested || ahead > j0 + nk;
+                if (j0 + nk >= k[i].uhi) prefetch_out_rows(p, *ws[i], a[i].b, k[i].nq);  // its last block
                 key_block<Ops>(p, t, drop, *ws[i], a[i].b, a[i].hk, k[i].nq, k[i].panels, j0, nk, ahead, false,
                                alibi_zeros[i], shared_tiles ? &tile : nullptr);
             }
