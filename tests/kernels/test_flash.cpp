@@ -619,19 +619,23 @@ TEST(FlashFixed, QueryGroups) {
 TEST(FlashFixed, QueryGroupPolicy) {
     const std::int64_t target = detail::split_target(4), MiB = std::int64_t{1} << 20;
     const std::int64_t d64 = (64 + 64) * 64 * 4, d128 = (128 + 128) * 64 * 4, d256 = (256 + 256) * 64 * 4;  // Qᵀ + Oᵀ of a 64-query task
-    EXPECT_EQ(detail::flash_query_group(target, 64, MiB, d64, 0), 1) << "K/V within 1 MiB: no group";
-    EXPECT_EQ(detail::flash_query_group(target, 64, MiB / 4, d64, 0, true), 8)
+    const std::int64_t l2 = 2 * MiB;  // one core's L2, as on Sapphire Rapids (the default is this CPU's)
+    EXPECT_EQ(detail::flash_query_group(target, 64, MiB, d64, 0, false, l2), 1) << "K/V within 1 MiB: no group";
+    EXPECT_EQ(detail::flash_query_group(target, 64, MiB / 4, d64, 0, true, l2), 8)
         << "tiles converted per task (16-bit K/V): a group converts them once, at any head size";
-    EXPECT_EQ(detail::flash_query_group(1, 2 * target, MiB / 4, d64, 0, true), 2)
+    EXPECT_EQ(detail::flash_query_group(1, 2 * target, MiB / 4, d64, 0, true, l2), 2)
         << "converted tiles, one KV head: groups of 2 keep split_target items";
-    EXPECT_EQ(detail::flash_query_group(target, 64, 16 * MiB, d64, 0), 8) << "D = 64: eight tasks' Qᵀ and Oᵀ fill 256 KiB";
-    EXPECT_EQ(detail::flash_query_group(target, 64, 16 * MiB, d128, 0), 4) << "D = 128: four tasks'";
-    EXPECT_EQ(detail::flash_query_group(target, 64, 16 * MiB, d256, 0), 2) << "D = 256: two tasks' Qᵀ and Oᵀ fill 256 KiB";
-    EXPECT_EQ(detail::flash_query_group(target, 3, 16 * MiB, d64, 0), 3) << "no more than the KV head's tasks";
-    EXPECT_EQ(detail::flash_query_group(1, 2 * target, 16 * MiB, d64, 0), 2) << "one KV head: groups of 2 keep split_target items";
-    EXPECT_EQ(detail::flash_query_group(1, target, 16 * MiB, d64, 0), 1) << "one KV head of split_target tasks: no group";
-    EXPECT_EQ(detail::flash_query_group(1, 1, 16 * MiB, d64, 3), 1) << "forced: still no more than the query blocks";
-    EXPECT_EQ(detail::flash_query_group(1, 64, 16, d64, 3), 3) << "forced 3";
+    EXPECT_EQ(detail::flash_query_group(target, 64, 16 * MiB, d64, 0, false, l2), 8) << "D = 64: eight tasks' Qᵀ and Oᵀ fill 256 KiB";
+    EXPECT_EQ(detail::flash_query_group(target, 64, 16 * MiB, d128, 0, false, l2), 4) << "D = 128: four tasks'";
+    EXPECT_EQ(detail::flash_query_group(target, 64, 16 * MiB, d256, 0, false, l2), 2) << "D = 256: two tasks' Qᵀ and Oᵀ fill 256 KiB";
+    EXPECT_EQ(detail::flash_query_group(target, 3, 16 * MiB, d64, 0, false, l2), 3) << "no more than the KV head's tasks";
+    EXPECT_EQ(detail::flash_query_group(1, 2 * target, 16 * MiB, d64, 0, false, l2), 2) << "one KV head: groups of 2 keep split_target items";
+    EXPECT_EQ(detail::flash_query_group(1, target, 16 * MiB, d64, 0, false, l2), 1) << "one KV head of split_target tasks: no group";
+    EXPECT_EQ(detail::flash_query_group(1, 1, 16 * MiB, d64, 3, false, l2), 1) << "forced: still no more than the query blocks";
+    EXPECT_EQ(detail::flash_query_group(1, 64, 16, d64, 3, false, l2), 3) << "forced 3";
+    EXPECT_EQ(detail::flash_query_group(target, 64, 16 * MiB, d64, 0, false, MiB / 2), 4)
+        << "an L2 below 1 MiB (Zen 3's 512 KiB): at most 4";
+    EXPECT_EQ(detail::flash_query_group(1, 64, 16, d64, 8, false, MiB / 2), 8) << "forced 8, whatever the L2";
     // A forced size outside [0, kMaxQueryGroup] is refused before anything runs.
     Tensor q(DType::f32, Shape{1, 1, 8, 4}), out = test::poisoned(DType::f32, Shape{1, 1, 8, 4});
     const detail::SdpaProblem p = detail::make_problem(q.view(), q.view(), q.view(), SdpaOptions{}, out.view(), nullptr, nullptr);

@@ -7,6 +7,7 @@
 
 #include "attn/error.hpp"
 #include "attn/threads.hpp"
+#include "../../core/cpu_features.hpp"
 #include "../../core/threads.hpp"
 #include "../dispatch.hpp"
 
@@ -49,9 +50,11 @@ std::int64_t flash_key_chunk(std::int64_t tasks, std::int64_t Lk, int Nb, std::i
 }
 
 int flash_query_group(std::int64_t kv_heads, std::int64_t kv_tasks, std::int64_t head_kv_bytes, std::int64_t task_bytes,
-                      int forced, bool converts) {
-    const std::int64_t most = std::min<std::int64_t>(kMaxQueryGroup, std::max<std::int64_t>(1, kv_tasks));
-    if (forced > 0) return static_cast<int>(std::min<std::int64_t>(forced, most));
+                      int forced, bool converts, std::int64_t l2_bytes) {
+    const std::int64_t tasks = std::max<std::int64_t>(1, kv_tasks);
+    if (forced > 0) return static_cast<int>(std::min<std::int64_t>({forced, kMaxQueryGroup, tasks}));
+    const std::int64_t l2 = l2_bytes > 0 ? l2_bytes : cpu_features().l2_bytes;
+    const std::int64_t most = std::min<std::int64_t>(l2 >= (std::int64_t{1} << 20) ? kMaxQueryGroup : 4, tasks);
     // A head's K and V within one core's L2 (512 KiB on Zen 3, 1 MiB on Zen 4/5) are read from
     // there by every task: nothing to gain — unless each task converts its tiles (16-bit K/V) or
     // would read rows that lie apart (rows_apart), which a group converts or copies once for its

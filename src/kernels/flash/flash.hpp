@@ -29,7 +29,7 @@ struct FlashTiles {
 // a group of 8 is every query block of a 512-query head (S4, S6's attention), so each head's K/V
 // rows come from the L3 (S4) or are copied (S6, rows_apart) once instead of twice: +2.5-3 % per
 // CPU-second on Sapphire Rapids (docs/kernels-lab.md, fwd-14); flash_query_group's 256 KiB of Qᵀ + Oᵀ
-// still bounds it (8 tasks at D = 64, 4 at D = 128).
+// still bounds it (8 tasks at D = 64, 4 at D = 128), and an L2 below 1 MiB to 4.
 inline constexpr int kMaxQueryGroup = 8;
 
 // One problem of a flash call with its dropout (SdpaProblem::dropout()): the unit the ISA
@@ -66,8 +66,11 @@ std::int64_t flash_key_chunk(std::int64_t tasks, std::int64_t Lk, int Nb, std::i
 // Groups only where a head's K and V outgrow a core's L2 or the tiles are converted or copied,
 // never to fewer than split_target(4) items.
 // forced > 0 (FlashTiles::query_group) asks for that many instead. Groups change no result.
+// l2_bytes: one core's L2 (0: this CPU's, CpuFeatures::l2_bytes). Groups of more than 4 only
+// where it holds at least 1 MiB: 8 tasks at D = 64 keep 384 KiB of Qᵀ, Oᵀ and Sᵀ in it — most of
+// Zen 3's 512 KiB, where groups of at most 4 were what was measured (kernels-lab fwd-6).
 int flash_query_group(std::int64_t kv_heads, std::int64_t kv_tasks, std::int64_t head_kv_bytes, std::int64_t task_bytes,
-                      int forced, bool converts = false);
+                      int forced, bool converts = false, std::int64_t l2_bytes = 0);
 
 // Whether a problem's tasks request each next key block's K and V rows ahead (flash_operands.hpp,
 // prefetch_kv_rows): when the rows come from memory rather than a cache. The micro-kernels read
