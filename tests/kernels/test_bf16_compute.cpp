@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/half.hpp"
 #include "attn/sdpa.hpp"
 #include "common/util.hpp"
 #include "core/cpu_features.hpp"
@@ -273,6 +274,35 @@ TEST(Bf16Compute, RandomCasesMatchReference) {
         if (HasFailure()) break;
     }
     std::printf("worst error / bound over the cases: %.3g\n", worst);
+}
+
+// Without a mask or modifier the AMX path takes each column's max from its Sᵀ product's store
+// (qk_amx) instead of a pass over Sᵀ. One score per query far above the rest — Q[i] = 32·K[j(i)],
+// so S[i][j(i)] ≈ 4·|k|² ≈ 256 against others within ≈ 120 — overflows the weights to inf (O
+// and lse not finite) wherever that max misses a key: j(i) lands in every 16-key tile position,
+// both 16-query halves of a panel, the last (partial) tile of a block and blocks of 40 keys.
+TEST(Bf16Compute, ColumnMaxSeesEveryKey) {
+    ATTN_NEED_BF16();
+    std::mt19937_64 rng(77);
+    const std::int64_t Lq = 70, Lk = 203, D = 64;  // key blocks of 128 + 75 and 5 × 40 + 3: odd tails
+    Case c;
+    const Tensor k = test::randn(DType::f32, Shape{1, 1, Lk, D}, rng);
+    Tensor q(DType::f32, Shape{1, 1, Lq, D});
+    for (std::int64_t i = 0; i < Lq; ++i) {
+        const std::int64_t j = i + 1 < Lq ? (i * 37 + 5) % Lk : Lk - 1;  // the last key: a tail's odd row
+        for (std::int64_t d = 0; d < D; ++d)  // 32·bf16(k) is a bf16: the spike is exact
+            q.data_as<float>()[i * D + d] = 32.0f * bf16_to_float(float_to_bf16(k.data_as<float>()[j * D + d]));
+    }
+    c.q = test::to_storage(q, DType::bf16);
+    c.kstore = test::to_storage(k, DType::bf16);
+    c.kview = c.kstore.view();
+    c.v = test::to_storage(test::randn(DType::f32, Shape{1, 1, Lk, D}, rng), DType::bf16);
+    c.vview = c.v.view();
+    c.desc = "one large score per query";
+    const Out ref = reference(c);
+    const detail::FlashTiles ragged{64, 40};
+    double worst = std::max(check(c, run_flash(c, *row, 1), ref), check(c, run_flash(c, *row, 2, &ragged), ref));
+    std::printf("worst error / bound: %.3g\n", worst);
 }
 
 // An all-bfloat16 sdpa call reports the AMX kernel where the CPU has AMX-BF16.

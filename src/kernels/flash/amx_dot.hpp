@@ -34,9 +34,11 @@ inline constexpr int kAmxStageFloats = 4 * 16 * 16;
 // zero rows past the real ⌈Dk/2⌉). K: key tile t < nk/16 (whole 16-row tiles) is rows
 // k + 16t·ldk (elements), 2·Dq bf16 each; the tile of the last nk % 16 keys is ktail (16 rows
 // of 2·Dq elements, zero past the real keys and past Dk). s: (nk, ldS) floats; cbuf:
-// kAmxStageFloats floats, 64-byte aligned.
+// kAmxStageFloats floats, 64-byte aligned. colmax (32·panels floats, 64-byte aligned):
+// colmax[c] = max_j s[j][c], taken from the staged tiles on their way to Sᵀ (the softmax's
+// first pass, without reading Sᵀ again; softmax_bf16 says when it may be used).
 void qk_amx(const std::uint32_t* qt, int Dq, int panels, const std::uint16_t* k, std::int64_t ldk,
-            const std::uint16_t* ktail, int nk, float c2, float* s, int ldS, float* cbuf);
+            const std::uint16_t* ktail, int nk, float c2, float* s, int ldS, float* cbuf, float* colmax);
 
 // acc[d][c] += Σ_k Vᵀ[d][k]·P[k][c]   for d < Dv, c < 32·panels (no α: the caller scaled acc).
 // pp: Jq pair rows × ldP words (Jq a multiple of 16; rows past the block's real keys zero);

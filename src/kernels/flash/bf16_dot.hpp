@@ -49,8 +49,11 @@ void pack_pairs_bf16(const float* src, std::int64_t ld, std::int64_t n, std::int
 // zero element past an odd nk) — the rounding pack_pairs_bf16 does, without a second pass over
 // Sᵀ. pp = nullptr: no pairs. keep_f32: Sᵀ is overwritten with the float32 P (dropout,
 // the non-finite paths and the careful path read it); false leaves Sᵀ as it was.
+// colmax: the block's column maxima max_j Sᵀ[j][c] (64-byte aligned), when the product that
+// wrote Sᵀ found them on the way (qk_amx) — saves the softmax its first pass over Sᵀ; nullptr:
+// found here.
 void softmax_bf16(float* s, int ldS, int nk, int ncols, float* m, float* l, float* alpha, std::uint32_t* pp, int ldP,
-                  bool keep_f32);
+                  bool keep_f32, const float* colmax = nullptr);
 
 // 2^x for n values, the exp of softmax_bf16 (for tests: tests/kernels/test_bf16_compute.cpp).
 // Degree-3 polynomial on the reduced argument: relative error ≤ 1.05e-4 (< 2^-13) on x ≤ 0,

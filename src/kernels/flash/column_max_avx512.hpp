@@ -15,6 +15,14 @@ struct ColumnMax {
     __m512 use;  // what the exponentials subtract: max, or 0 where max is −inf
 };
 
+// mx: the new running max, max(m_old, the block's column max), however that was found.
+inline ColumnMax column_max_of(__m512 mx) {
+    // A column with nothing visible yet keeps m = −inf; subtract 0 there so that
+    // 2^(−inf − 0) = 0 instead of 2^(−inf + inf) = NaN (NaN compares unequal: kept).
+    const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    return {mx, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(mx, ninf, _CMP_NEQ_UQ), mx)};
+}
+
 // s: nk rows of ldS floats (keys × query columns), columns c..c+16; mold: the old running max.
 inline ColumnMax column_max16(const float* s, int ldS, int nk, int c, __m512 mold) {
     __m512 x0 = mold, x1 = mold, x2 = mold, x3 = mold;  // four independent max chains (latency)
@@ -26,11 +34,7 @@ inline ColumnMax column_max16(const float* s, int ldS, int nk, int c, __m512 mol
         x3 = _mm512_max_ps(x3, _mm512_load_ps(s + (j + 3) * ldS + c));
     }
     for (; j < nk; ++j) x0 = _mm512_max_ps(x0, _mm512_load_ps(s + j * ldS + c));
-    const __m512 mx = _mm512_max_ps(_mm512_max_ps(x0, x1), _mm512_max_ps(x2, x3));
-    // A column with nothing visible yet keeps m = −inf; subtract 0 there so that
-    // 2^(−inf − 0) = 0 instead of 2^(−inf + inf) = NaN (NaN compares unequal: kept).
-    const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-    return {mx, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(mx, ninf, _CMP_NEQ_UQ), mx)};
+    return column_max_of(_mm512_max_ps(_mm512_max_ps(x0, x1), _mm512_max_ps(x2, x3)));
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <limits>
 
 #include "../simd/amx_tiles.hpp"
 #include "amx_dot.hpp"
@@ -19,9 +20,25 @@ namespace {
 
 constexpr int kTile = 16 * 16;  // floats of one C tile in cbuf (rows of 64 bytes)
 
-// rows × 16 floats of a staged C tile (row stride 16) to s (row stride ldS), times c2.
-inline void store_scaled(const float* c, int rows, __m512 c2, float* s, int ldS) {
-    for (int r = 0; r < rows; ++r) _mm512_storeu_ps(s + r * ldS, _mm512_mul_ps(_mm512_load_ps(c + 16 * r), c2));
+// rows × 16 floats of a staged C tile (row stride 16) to s (row stride ldS), times c2; returns
+// max(mx, the stored values) per column (two chains: the max's latency).
+inline __m512 store_scaled(const float* c, int rows, __m512 c2, float* s, int ldS, __m512 mx) {
+    __m512 m1 = mx;
+    int r = 0;
+    for (; r + 2 <= rows; r += 2) {
+        const __m512 x0 = _mm512_mul_ps(_mm512_load_ps(c + 16 * r), c2);
+        const __m512 x1 = _mm512_mul_ps(_mm512_load_ps(c + 16 * r + 16), c2);
+        _mm512_storeu_ps(s + r * ldS, x0);
+        _mm512_storeu_ps(s + (r + 1) * ldS, x1);
+        mx = _mm512_max_ps(mx, x0);
+        m1 = _mm512_max_ps(m1, x1);
+    }
+    if (r < rows) {
+        const __m512 x0 = _mm512_mul_ps(_mm512_load_ps(c + 16 * r), c2);
+        _mm512_storeu_ps(s + r * ldS, x0);
+        mx = _mm512_max_ps(mx, x0);
+    }
+    return _mm512_max_ps(mx, m1);
 }
 
 // One 32-element reduction step of the 2 × 2 block: B tiles 6, 7 (queries 0..15 and 16..31 of
@@ -44,7 +61,7 @@ inline void step_2x2(const std::uint32_t* b, long b_stride, const void* a0, long
 }  // namespace
 
 void qk_amx(const std::uint32_t* qt, int Dq, int panels, const std::uint16_t* k, std::int64_t ldk,
-            const std::uint16_t* ktail, int nk, float c2, float* s, int ldS, float* cbuf) {
+            const std::uint16_t* ktail, int nk, float c2, float* s, int ldS, float* cbuf, float* colmax) {
     const AmxTiles tiles;
     const int whole = nk / 16, ktiles = (nk + 15) / 16, dsteps = Dq / 16;
     const __m512 vc = _mm512_set1_ps(c2);
@@ -59,6 +76,7 @@ void qk_amx(const std::uint32_t* qt, int Dq, int panels, const std::uint16_t* k,
     };
     for (int pn = 0; pn < panels; ++pn) {
         const std::uint32_t* q = qt + static_cast<std::int64_t>(pn) * Dq * 32;
+        __m512 mx0 = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), mx1 = mx0;  // the panel's two 16-query halves
         for (int t = 0; t < ktiles; t += 2) {
             const bool two = t + 1 < ktiles;
             long s0 = 0, s1 = 0;
@@ -76,16 +94,18 @@ void qk_amx(const std::uint32_t* qt, int Dq, int panels, const std::uint16_t* k,
             _tile_stored(1, cbuf + kTile, 64);
             float* st = s + static_cast<std::int64_t>(t) * 16 * ldS + pn * 32;
             const int r0 = nk - t * 16 < 16 ? nk - t * 16 : 16;
-            store_scaled(cbuf, r0, vc, st, ldS);
-            store_scaled(cbuf + kTile, r0, vc, st + 16, ldS);
+            mx0 = store_scaled(cbuf, r0, vc, st, ldS, mx0);
+            mx1 = store_scaled(cbuf + kTile, r0, vc, st + 16, ldS, mx1);
             if (two) {
                 _tile_stored(2, cbuf + 2 * kTile, 64);
                 _tile_stored(3, cbuf + 3 * kTile, 64);
                 const int r1 = nk - (t + 1) * 16 < 16 ? nk - (t + 1) * 16 : 16;
-                store_scaled(cbuf + 2 * kTile, r1, vc, st + 16 * ldS, ldS);
-                store_scaled(cbuf + 3 * kTile, r1, vc, st + 16 * ldS + 16, ldS);
+                mx0 = store_scaled(cbuf + 2 * kTile, r1, vc, st + 16 * ldS, ldS, mx0);
+                mx1 = store_scaled(cbuf + 3 * kTile, r1, vc, st + 16 * ldS + 16, ldS, mx1);
             }
         }
+        _mm512_store_ps(colmax + pn * 32, mx0);
+        _mm512_store_ps(colmax + pn * 32 + 16, mx1);
     }
 }
 

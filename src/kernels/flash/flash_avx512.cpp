@@ -528,7 +528,8 @@ struct Avx512Bf16Ops : Avx512Ops {
     // The online softmax with the bf16 path's exp2, writing Pᵀ as bf16 key pairs
     // (flash_avx512_bf16.cpp, softmax_bf16: the rounding of Pᵀ, the one this path adds, at the
     // exp's store instead of a pass over Sᵀ in pv_block).
-    static void softmax_block(Workspace& w, int ldS, int nk, int ncols, bool pack, bool keep_f32) {
+    static void softmax_block(const SdpaProblem& /*p*/, Workspace& w, int ldS, int nk, int ncols, bool pack, bool keep_f32,
+                              bool /*as_stored*/) {
         flash_bf16_avx512_ns::softmax_bf16(w.s, ldS, nk, ncols, w.m, w.l, w.alpha, pack ? p_pairs(w) : nullptr,
                                            w.tile_mb, keep_f32);
     }
@@ -584,22 +585,23 @@ struct AmxBf16Ops : Avx512Bf16Ops {
 
     // The scratch regions in order (bytes, each a multiple of 64).
     struct Layout {
-        std::size_t p, vv, vt, k, q, stage;
+        std::size_t p, vv, vt, k, q, stage, colmax;
     };
     static Layout layout(const SdpaProblem& p, std::int64_t Mb, std::int64_t Nb) {
         const std::int64_t J = pair_rows(Nb), D16 = dv_rows(p);
         return Layout{round64(4 * J * Mb),           round64(4 * J * D16), round64(4 * D16 * J),
                       round64(2 * round_up(Nb, 16) * 2 * q_rows(p)), round64(4 * Mb * q_rows(p)),
-                      round64(4 * flash_amx_bf16_ns::kAmxStageFloats)};
+                      round64(4 * flash_amx_bf16_ns::kAmxStageFloats), round64(4 * Mb)};
     }
     static std::size_t scratch_bytes(const SdpaProblem& p, const FlashTiles& t) {
         const Layout l = layout(p, t.Mb, t.Nb);
-        return l.p + l.vv + l.vt + l.k + l.q + l.stage;
+        return l.p + l.vv + l.vt + l.k + l.q + l.stage + l.colmax;
     }
-    // Region i of the layout (0: Pᵀ pairs, 1: V pairs, 2: Vᵀ, 3: K rows, 4: Qᵀ pairs, 5: staging).
+    // Region i of the layout (0: Pᵀ pairs, 1: V pairs, 2: Vᵀ, 3: K rows, 4: Qᵀ pairs, 5: staging,
+    // 6: Sᵀ's column maxima from qk_amx).
     static char* region(const SdpaProblem& p, const Workspace& w, int i) {
         const Layout l = layout(p, w.tile_mb, w.tile_nb);
-        const std::size_t sizes[] = {l.p, l.vv, l.vt, l.k, l.q};
+        const std::size_t sizes[] = {l.p, l.vv, l.vt, l.k, l.q, l.stage};
         char* c = static_cast<char*>(w.extra);
         for (int r = 0; r < i; ++r) c += sizes[r];
         return c;
@@ -656,12 +658,16 @@ struct AmxBf16Ops : Avx512Bf16Ops {
             buf += whole * Dk32;
         }
         flash_amx_bf16_ns::qk_amx(q_pairs(p, w), static_cast<int>(Dq), panels, kp, ldk, buf, static_cast<int>(nk), scale,
-                                  w.s, ldS, reinterpret_cast<float*>(region(p, w, 5)));
+                                  w.s, ldS, reinterpret_cast<float*>(region(p, w, 5)), col_max(p, w));
     }
+    static float* col_max(const SdpaProblem& p, const Workspace& w) { return reinterpret_cast<float*>(region(p, w, 6)); }
 
-    static void softmax_block(Workspace& w, int ldS, int nk, int ncols, bool pack, bool keep_f32) {
+    // as_stored: Sᵀ is as qk_block left it, so the column maxima qk_amx found on the way hold and
+    // the softmax skips its pass for them; else (a mask or modifier changed Sᵀ) it finds them itself.
+    static void softmax_block(const SdpaProblem& p, Workspace& w, int ldS, int nk, int ncols, bool pack, bool keep_f32,
+                              bool as_stored) {
         flash_bf16_avx512_ns::softmax_bf16(w.s, ldS, nk, ncols, w.m, w.l, w.alpha, pack ? amx_p(w) : nullptr, w.tile_mb,
-                                           keep_f32);
+                                           keep_f32, as_stored ? col_max(p, w) : nullptr);
     }
 
     // Vᵀ of keys [j0, j0+nk) as pair words (Dv16 rows × Jq): the V pairs (from the float32 rows vp

@@ -182,13 +182,14 @@ void exp2_bf16(const float* x, float* y, int n) {
 }
 
 void softmax_bf16(float* s, int ldS, int nk, int ncols, float* m, float* l, float* alpha, std::uint32_t* pp, int ldP,
-                  bool keep_f32) {
+                  bool keep_f32, const float* colmax) {
     constexpr float kLog2e = 1.4426950408889634f;
     const __m512 l2e = _mm512_set1_ps(kLog2e);
     const __m512i idx = _mm512_load_si512(kInterleave);
     for (int c = 0; c < ncols; c += 16) {
         const __m512 mold = _mm512_load_ps(m + c);
-        const ColumnMax cm = column_max16(s, ldS, nk, c, mold);
+        const ColumnMax cm = colmax != nullptr ? column_max_of(_mm512_max_ps(mold, _mm512_load_ps(colmax + c)))
+                                               : column_max16(s, ldS, nk, c, mold);
         const __m512 mx = cm.max, use = cm.use;
         const __m512 al = exp2_ps512(_mm512_mul_ps(_mm512_sub_ps(mold, use), l2e));
         auto weight = [&](const float* sj) __attribute__((always_inline)) {

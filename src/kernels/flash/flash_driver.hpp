@@ -94,10 +94,11 @@
 //   pack_q(p, w, b, nq, panels)   its own packed Qᵀ into w.qt (which holds Mb·Dk floats)
 //   qk_block(p, w, b, hk, panels, j0, nk, ldS, scale)   Sᵀ of keys [j0, j0+nk), all panels
 //   v_rows(p, b, hk, j0, nk, vbuf, ldv)   V rows of the key block as float32 (nk × Dv)
-//   softmax_block(w, ldS, nk, ncols, pack, keep_f32)   the online softmax of the key block (m,
-//                                 l, α as Ops::softmax); pack: it also leaves Pᵀ in its own form for
+//   softmax_block(p, w, ldS, nk, ncols, pack, keep_f32, as_stored)   the online softmax of the key
+//                                 block (m, l, α as Ops::softmax); pack: it also leaves Pᵀ in its own form for
 //                                 pv_block; keep_f32: Sᵀ must hold the float32 Pᵀ afterwards (dropout,
-//                                 the non-finite and careful paths read it), else Sᵀ may be left as is
+//                                 the non-finite and careful paths read it), else Sᵀ may be left as is;
+//                                 as_stored: Sᵀ is as qk_block stored it (the score rule changed nothing)
 //   pv_block(p, w, b, hk, j0, panels, nk, ldS, vp, ldv, acc, ldO, packed)  acc ← α·acc + V·Pᵀ: V
 //                                 float32 rows vp, or vp = nullptr: keys [j0, j0+nk) of V read by
 //                                 the Ops itself (the driver then calls v_rows only where it checks
@@ -326,7 +327,8 @@ void key_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     // keeps the float32 Pᵀ only for the paths that read it (dropout, checks, careful).
     const bool p_packed = kOpsOwnOperands<Ops> && !drop.active;
     if constexpr (kOpsOwnOperands<Ops>)
-        Ops::softmax_block(w, ldS, static_cast<int>(nk), ncols, p_packed, careful || check);
+        Ops::softmax_block(p, w, ldS, static_cast<int>(nk), ncols, p_packed, careful || check,
+                           !partial && !p.has_elementwise_mask() && !p.has_score_modifiers());
     else
         Ops::softmax(w.s, ldS, static_cast<int>(nk), ncols, w.m, w.l, w.alpha);
     // One branch per tile: without dropout the tile goes straight to P·V.
