@@ -17,15 +17,17 @@ namespace attn::detail {
 // (L1/L2), and the lab's sweep (dev/flash_lab.cpp header; docs/kernels-lab.md, "The tile and block
 // sizes") found the other sizes equal within the noise or slower (Nb = 32 with Mb = 32: −35 % at
 // D = 64), at D = 128 and D = 64 alike; D = 256 measured at the same efficiency with 64 × 64.
-// On AMX tiles (Compute::bf16_amx) 128 × 128: each task transposes V's key blocks for itself and
-// each tile product block starts and drains the tile pipeline, so fewer, larger tasks and blocks
-// pay off there — S2 (D = 64) −16 %, S3 (D = 128) −10 % CPU time per call against 64 × 64 on the
-// Sapphire Rapids VM; 64 × 128 −10 %; 256 × 128, 128 × 256, 256 × 256 level with 128 × 128
-// (docs/kernels.md, "AMX-BF16 forward").
+// On AMX tiles (Compute::bf16_amx) 128 queries × 256 keys: each task transposes V's key blocks for
+// itself and each tile product block starts and drains the tile pipeline, so fewer, larger tasks
+// and blocks pay off there — 128 × 128 was S2 (D = 64) −16 %, S3 (D = 128) −10 % CPU time per call
+// against 64 × 64 on the Sapphire Rapids VM; once the softmax lost its column-max pass over Sᵀ,
+// 256 keys (an Oᵀ tile block runs 8 steps, not 4) gained 3–4 % (S2) and 2–3 % (S3) on 128 × 128;
+// 128 × 512 +1–2 % on S2 but −8 % on S3 (causal: more masked keys per block); 256 × 128 −6 %
+// and −10 %, 64 × 256 −12 % (docs/kernels-lab.md, "The AMX forward's softmax and blocks").
 FlashTiles flash_default_tiles(std::int64_t Dk, std::int64_t Dv, Compute compute) {
     (void)Dk;
     (void)Dv;
-    if (compute == Compute::bf16_amx) return FlashTiles{128, 128};
+    if (compute == Compute::bf16_amx) return FlashTiles{128, 256};
     return FlashTiles{64, 64};
 }
 
