@@ -284,7 +284,7 @@ TEST(Bf16Compute, RandomCasesMatchReference) {
 TEST(Bf16Compute, ColumnMaxSeesEveryKey) {
     ATTN_NEED_BF16();
     std::mt19937_64 rng(77);
-    const std::int64_t Lq = 70, Lk = 203, D = 64;  // key blocks of 128 + 75 and 5 × 40 + 3: odd tails
+    const std::int64_t Lq = 70, Lk = 203, D = 64;  // one block of 203 keys, and 5 × 40 + 3: odd tails
     Case c;
     const Tensor k = test::randn(DType::f32, Shape{1, 1, Lk, D}, rng);
     Tensor q(DType::f32, Shape{1, 1, Lq, D});

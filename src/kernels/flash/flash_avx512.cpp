@@ -564,7 +564,9 @@ struct Avx512Bf16Ops : Avx512Ops {
 // from vdpbf16ps to the tile micro-kernels of amx_dot.hpp (flash_amx_bf16.cpp). Everything
 // else — the Qᵀ pair pack, the softmax and its bf16 rounding of Pᵀ, the score rule, dropout,
 // the non-finite paths, the outputs — is the bf16 path's, so the results obey the same bound
-// (docs/conventions.md, "bf16 compute"); only the float32 summation order differs.
+// (docs/conventions.md, "bf16 compute"); only the float32 summation order differs. One
+// shortcut, the same max: where the score rule left Sᵀ as qk_amx stored it (as_stored), the softmax
+// takes each column's max from qk_amx, which found it on the staged tiles, instead of a pass over Sᵀ.
 // What changes is the operands' layout: AMX reads 16-row tiles with a 32-element reduction
 // step, so each operand is zero-padded in scratch to whole tiles (never read past a tensor):
 //   Qᵀ pairs  (panels, Dq, 32)        Dq = ⌈Dk/32⌉·16 pair rows (w.qt itself when Dk % 32 == 0)
@@ -577,6 +579,7 @@ struct Avx512Bf16Ops : Avx512Ops {
 //                                      then transposed as 16 × 16 words (transpose16), once per
 //                                      key block for all panels
 //   staging   four 16 × 16 float32 C tiles (the scaled Sᵀ store; an Oᵀ tile past Dv)
+//   col max   Mb floats: Sᵀ's column maxima, written by qk_amx
 struct AmxBf16Ops : Avx512Bf16Ops {
     static std::int64_t round_up(std::int64_t n, std::int64_t m) { return (n + m - 1) / m * m; }
     static std::int64_t q_rows(const SdpaProblem& p) { return round_up(p.Dk, 32) / 2; }    // Dq

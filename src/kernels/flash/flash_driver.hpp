@@ -76,7 +76,7 @@
 // Register tile 6 × 16 (AVX2): 12 accumulators + 2 panel vectors + 1 broadcast = 15 of 16 ymm;
 // 8 × 32 (AVX-512): 16 + 2 of 32 zmm, and 4 × 64 over two panels (16 + 4). Panel width and
 // rows are Ops::kPanel / Ops::kRows (Ops::kPairRows).
-// Mb (queries per task) = Nb (keys per block) = 64 (flash_default_tiles; 128 on AMX tiles): Qᵀ, Sᵀ and Oᵀ
+// Mb (queries per task) = Nb (keys per block) = 64 (flash_default_tiles; 128 × 256 on AMX tiles): Qᵀ, Sᵀ and Oᵀ
 // of a task are 16 KiB each at D = 64, so the micro-kernels stream from L1/L2. Measured
 // in dev/flash_lab.cpp (1 thread, L = 4096, GFLOP per CPU-second on the shared machine,
 // ± 5; FMA loop 73–80 in the same runs). Losing sizes:
