@@ -575,9 +575,9 @@ struct Avx512Bf16Ops : Avx512Ops {
 //                                      nk % 16 rows (one zero-padded tile)
 //   Pᵀ pairs  (Jq, Mb)                Jq = ⌈Nb/32⌉·16: the softmax's pairs, rows past the
 //                                      block's keys zeroed per block
-//   V pairs   (Jq, Dv16) → Vᵀ (Dv16, Jq)   Dv16 = ⌈Dv/16⌉·16: interleaved as the bf16 path's,
-//                                      then transposed as 16 × 16 words (transpose16), once per
-//                                      key block for all panels
+//   V pairs   (16, Dv16) → Vᵀ (Dv16, Jq)   Dv16 = ⌈Dv/16⌉·16: interleaved as the bf16 path's,
+//                                      16 pair rows at a time, each transposed as 16 × 16 words
+//                                      (transpose16), once per key block for all panels
 //   staging   four 16 × 16 float32 C tiles (the scaled Sᵀ store; an Oᵀ tile past Dv)
 //   col max   Mb floats: Sᵀ's column maxima, written by qk_amx
 struct AmxBf16Ops : Avx512Bf16Ops {
@@ -592,7 +592,7 @@ struct AmxBf16Ops : Avx512Bf16Ops {
     };
     static Layout layout(const SdpaProblem& p, std::int64_t Mb, std::int64_t Nb) {
         const std::int64_t J = pair_rows(Nb), D16 = dv_rows(p);
-        return Layout{round64(4 * J * Mb),           round64(4 * J * D16), round64(4 * D16 * J),
+        return Layout{round64(4 * J * Mb),           round64(4 * 16 * D16), round64(4 * D16 * J),
                       round64(2 * round_up(Nb, 16) * 2 * q_rows(p)), round64(4 * Mb * q_rows(p)),
                       round64(4 * flash_amx_bf16_ns::kAmxStageFloats), round64(4 * Mb)};
     }
@@ -675,27 +675,31 @@ struct AmxBf16Ops : Avx512Bf16Ops {
 
     // Vᵀ of keys [j0, j0+nk) as pair words (Dv16 rows × Jq): the V pairs (from the float32 rows vp
     // when given, else straight from the tensor) with zero columns to Dv16 and zero rows to Jq,
-    // then transposed 16 × 16 words at a time (a bit copy).
+    // made 16 pair rows at a time and transposed 16 × 16 words at a time (a bit copy).
     static const Pair* v_transposed(const SdpaProblem& p, const Workspace& w, std::int64_t b, std::int64_t hk,
                                     std::int64_t j0, std::int64_t nk, const float* vp, std::int64_t ldv) {
         const std::int64_t Jp = half_up(nk), Jq = pair_rows(nk), D16 = dv_rows(p);
         Pair* vv = reinterpret_cast<Pair*>(region(p, w, 1));
         Pair* vt = reinterpret_cast<Pair*>(region(p, w, 2));
-        if (vp != nullptr) flash_bf16_avx512_ns::pack_pairs_bf16(vp, ldv, nk, p.Dv, vv, D16);
-        else v_pairs_direct(p, b, hk, j0, nk, vv, D16);
-        if (D16 > p.Dv)
-            for (std::int64_t r = 0; r < Jp; ++r) std::memset(vv + r * D16 + p.Dv, 0, sizeof(Pair) * static_cast<std::size_t>(D16 - p.Dv));
-        std::memset(vv + Jp * D16, 0, sizeof(Pair) * static_cast<std::size_t>((Jq - Jp) * D16));
         const float* in[16];
         float* out[16];
-        for (std::int64_t k0 = 0; k0 < Jq; k0 += 16)
+        // 16 pair rows (32 keys) at a time: their pairs stay in L1 for the transpose (the whole
+        // block's, 32 KiB at Nb = 256 and D = 64, would not).
+        for (std::int64_t k0 = 0; k0 < Jq; k0 += 16) {
+            const std::int64_t rows = imin(16, imax(Jp - k0, 0)), keys = imin(32, nk - 2 * k0);
+            if (rows > 0 && vp != nullptr) flash_bf16_avx512_ns::pack_pairs_bf16(vp + 2 * k0 * ldv, ldv, keys, p.Dv, vv, D16);
+            else if (rows > 0) v_pairs_direct(p, b, hk, j0 + 2 * k0, keys, vv, D16);
+            if (D16 > p.Dv)
+                for (std::int64_t r = 0; r < rows; ++r) std::memset(vv + r * D16 + p.Dv, 0, sizeof(Pair) * static_cast<std::size_t>(D16 - p.Dv));
+            std::memset(vv + rows * D16, 0, sizeof(Pair) * static_cast<std::size_t>((16 - rows) * D16));
             for (std::int64_t d0 = 0; d0 < D16; d0 += 16) {
                 for (int r = 0; r < 16; ++r) {
-                    in[r] = reinterpret_cast<const float*>(vv + (k0 + r) * D16 + d0);
+                    in[r] = reinterpret_cast<const float*>(vv + r * D16 + d0);
                     out[r] = reinterpret_cast<float*>(vt + (d0 + r) * Jq + k0);
                 }
                 transpose16(in, out, nullptr);
             }
+        }
         return vt;
     }
 
