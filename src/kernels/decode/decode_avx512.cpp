@@ -46,6 +46,35 @@ struct Avx512Ops {
         return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
     }
 
+    // Lane x of the result is the sum of the 16 lanes of a[x], x < 16, by the same tree as
+    // hsum8 (lanes i and i + 8, then neighbours, then pairs of those, then the two halves), so
+    // a dot product summed here has hsum8's bits. A butterfly over the 16 vectors: 30 shuffles
+    // and 15 adds for 16 sums, where hsum8 takes 22 shuffles (each vhaddps is two) and 15 adds
+    // for 8 — on Sapphire Rapids the shuffles share port 5 with the FMAs, and S7's group tile
+    // spent more time in hsum8 than in its products (docs/kernels-lab.md, dec-11).
+    // The stages leave the sum of v[k] in a fixed lane (below); v is a's order permuted so that
+    // a[x]'s sum lands in lane x.
+    __attribute__((always_inline)) static inline __m512 hsum16(const __m512* a) {
+        // Output lane 4b + e holds v[2e] (b = 0), v[2e + 1] (b = 1), v[8 + 2e] (2), v[9 + 2e] (3).
+        constexpr int kInput[16] = {0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15};  // v[k] = a[kInput[k]]
+        __m512 x[8], z[4], w[2];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) {  // lanes i and i + 8: v[2i]'s in lanes 0-7, v[2i+1]'s in 8-15
+            const __m512 u = a[kInput[2 * i]], v = a[kInput[2 * i + 1]];
+            x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u, v, 0x44), _mm512_shuffle_f32x4(u, v, 0xEE));
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i)  // neighbours: (h0 + h1, h2 + h3) within each 128-bit block
+            z[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0x88),
+                                 _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0xDD));
+#pragma GCC unroll 2
+        for (int i = 0; i < 2; ++i)  // pairs of those: (h0 + h1) + (h2 + h3), and of h4 .. h7
+            w[i] = _mm512_add_ps(_mm512_shuffle_ps(z[2 * i], z[2 * i + 1], 0x88),
+                                 _mm512_shuffle_ps(z[2 * i], z[2 * i + 1], 0xDD));
+        // the two halves: blocks 0 + 1 and 2 + 3 of each
+        return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88), _mm512_shuffle_f32x4(w[0], w[1], 0xDD));
+    }
+
     // One query row × 8 keys per tile: 8 independent accumulators, one per key; the
     // head-dim edge is a masked load of Q and K. Keys past n repeat key n−1 and are discarded.
     //
@@ -121,19 +150,22 @@ struct Avx512Ops {
     // chain over the head dim and its hsum8 tree: same bits.
     // Each tile requests the next block's rows of its keys (`next`, decode_core.hpp's Lookahead:
     // the group's compute per key is R times a row's, enough to hide their arrival).
+    //
+    // 16 accumulators (R rows × 16/R keys), summed by hsum16: per 16 dot products half the
+    // shuffles of two hsum8 tiles, and R + 16/R loads per 16 FMAs.
     template <int R, class T>
     static void score_tile_rows(const float* q, i64 qstride, const T* k, i64 kstride, i64 n, i64 Dk, float* s,
                                 i64 sstride, Lookahead<T>& next) {
-        constexpr int KT = 8 / R;
+        constexpr int KT = 16 / R;
         const i64 Dk16 = Dk & ~i64{15};
         const __mmask16 edge = lanes(Dk - Dk16);
         for (i64 j = 0; j < n; j += KT) {
             const T* kt[KT];
 #pragma GCC unroll 8
             for (int t = 0; t < KT; ++t) kt[t] = k + imin(j + t, n - 1) * kstride;
-            __m512 acc[8];  // acc[r * KT + t]: row r against key j + t
-#pragma GCC unroll 8
-            for (int x = 0; x < 8; ++x) acc[x] = _mm512_setzero_ps();
+            __m512 acc[16];  // acc[r * KT + t]: row r against key j + t
+#pragma GCC unroll 16
+            for (int x = 0; x < 16; ++x) acc[x] = _mm512_setzero_ps();
             const auto slice = [&](i64 d, __mmask16 m) {
                 __m512 qv[R];
 #pragma GCC unroll 8
@@ -148,10 +180,16 @@ struct Avx512Ops {
             for (i64 d = 0; d < Dk16; d += 16) slice(d, 0xFFFF);
             if (edge != 0) slice(Dk16, edge);
             next.step(KT * next.row_lines);
-            alignas(32) float tmp[8];
-            _mm256_store_ps(tmp, hsum8(acc));
-            for (int r = 0; r < R; ++r)
-                for (int t = 0; t < KT && j + t < n; ++t) s[r * sstride + j + t] = tmp[r * KT + t];
+            // Row r's KT scores are lanes r·KT ..: rotated down to lane 0 and stored under a mask
+            // (a scalar copy through a stack array took 5 % of the tile).
+            const __m512 sum = hsum16(acc);
+            const __mmask16 valid = lanes(imin(KT, n - j));
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) {
+                const __m512i from = _mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                      _mm512_set1_epi32(r * KT));
+                _mm512_mask_storeu_ps(s + r * sstride + j, valid, _mm512_permutexvar_ps(from, sum));
+            }
         }
     }
 
