@@ -2,10 +2,14 @@
 // ATTN_AVX512_FLAGS; reached only through the kernel table's avx512 row.
 //
 // kMR rows × kNV·16 columns of accumulators: per k, kNV vector loads of packed B and kMR
-// scalars of packed A, each broadcast from memory into kNV FMAs (the {1to16} form).
-// 12 × 32: 24 accumulators + 2 B vectors of the 32 zmm; 14 loads per 24 FMAs.
-// (8 × 48 and 14 × 32 measured the same on a busy machine: docs/kernels-lab.md, "The projection
-// GEMM, measured".)
+// scalars of packed A, each broadcast from memory (`vbroadcastss`) into kNV FMAs.
+// 6 × 64: 24 accumulators + 4 B vectors of the 32 zmm; 10 loads per 24 FMAs (12 × 32 took 14).
+// Inside the driver on Sapphire Rapids (S6's projections, pre-packed weights, 1 thread) the load
+// count is what sets the rate: 12 × 32 138–145 GFLOP/s, 14 × 32 147 (16 loads per 28 FMAs),
+// 8 × 48 142–155 (11 per 24), 6 × 64 144–156, 9 × 48 146–153 (12 per 27); a software prefetch
+// of B did not add to 6 × 64 (docs/kernels-lab.md, gemm-9). On Zen 5 at KC = 256, 8 × 48 and
+// 14 × 32 were level with 12 × 32 (gemm-1). Every element is still one FMA chain over k in
+// order: the tile shape does not change a bit of C.
 #include <immintrin.h>
 
 #include "../kernels/isa.hpp"
@@ -72,11 +76,13 @@ struct Micro {
     }
 };
 
-// KC = 1024: S6's K = 768 is one chunk, so C is read and written once per element; the KC × 32
-// B sliver (128 KiB) streams from L2 beside the 144 × 1024 A block (576 KiB of Zen 5's 1 MiB L2).
-// Measured on Zen 5 (docs/kernels-lab.md, "The projection GEMM, measured"): KC = 256 → 144–151
-// GFLOP/s per core, 768 → 159–179, 1024 → 171–181.
-using Avx512Micro = Micro<12, 2, 1024, 144, 4096>;
+// KC = 1024: S6's K = 768 is one chunk, so C is read and written once per element; the B
+// slivers stream from L2 (a 768 × 64 one is 192 KiB: 4× an L1d of 48 KiB) beside the A block.
+// Measured on Zen 5 with 12 × 32 (docs/kernels-lab.md, gemm-1): KC = 256 → 144–151 GFLOP/s per
+// core, 768 → 159–179, 1024 → 171–181. On Sapphire Rapids (gemm-9) a KC that keeps a sliver in
+// L1 is no better: KC = 256 / 384 gain 1–4 % on the QKV GEMM and lose 1–3 % on the out GEMM
+// (C read and written 2–3 times), so KC stays a constant of the row.
+using Avx512Micro = Micro<6, 4, 1024, 144, 4096>;
 
 }  // namespace
 }  // namespace gemm_avx512_ns

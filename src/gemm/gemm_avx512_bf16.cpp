@@ -22,9 +22,9 @@ namespace attn::detail {
 namespace gemm_avx512_bf16_ns {
 namespace {
 
-// The float32 micro-kernel's register tile (gemm_avx512.cpp: 12 × 32, 24 accumulators + 2 B
-// vectors), one step per pair of k: 2 loads of B pair vectors, 12 broadcast A pair words,
-// 24 vdpbf16ps.
+// A 12 × 32 register tile (24 accumulators + 2 B vectors; the float32 kernel's until it became
+// 6 × 64, gemm_avx512.cpp — not re-measured here: on Sapphire Rapids bf16 runs on AMX), one
+// step per pair of k: 2 loads of B pair vectors, 12 broadcast A pair words, 24 vdpbf16ps.
 template <int MR, int NV, int KC, int MC, int NC>
 struct PairMicro {
     static constexpr std::int64_t kMR = MR, kNR = 16 * NV, kKC = KC, kMC = MC, kNC = NC;
