@@ -5,7 +5,7 @@
 // scalars of packed A, each broadcast from memory (`vbroadcastss`) into kNV FMAs.
 // 6 × 64: 24 accumulators + 4 B vectors of the 32 zmm; 10 loads per 24 FMAs (12 × 32 took 14).
 // Inside the driver on Sapphire Rapids (S6's projections, pre-packed weights, 1 thread) the load
-// count is what sets the rate: 12 × 32 138–145 GFLOP/s, 14 × 32 147 (16 loads per 28 FMAs),
+// count is what sets the rate: 12 × 32 135–145 GFLOP/s, 14 × 32 147 (16 loads per 28 FMAs),
 // 8 × 48 142–155 (11 per 24), 6 × 64 144–156, 9 × 48 146–153 (12 per 27); a software prefetch
 // of B did not add to 6 × 64 (docs/kernels-lab.md, gemm-9). On Zen 5 at KC = 256, 8 × 48 and
 // 14 × 32 were level with 12 × 32 (gemm-1). Every element is still one FMA chain over k in
@@ -79,9 +79,9 @@ struct Micro {
 // KC = 1024: S6's K = 768 is one chunk, so C is read and written once per element; the B
 // slivers stream from L2 (a 768 × 64 one is 192 KiB: 4× an L1d of 48 KiB) beside the A block.
 // Measured on Zen 5 with 12 × 32 (docs/kernels-lab.md, gemm-1): KC = 256 → 144–151 GFLOP/s per
-// core, 768 → 159–179, 1024 → 171–181. On Sapphire Rapids (gemm-9) a KC that keeps a sliver in
-// L1 is no better: KC = 256 / 384 gain 1–4 % on the QKV GEMM and lose 1–3 % on the out GEMM
-// (C read and written 2–3 times), so KC stays a constant of the row.
+// core, 768 → 159–179, 1024 → 171–181. On Sapphire Rapids (gemm-9) a shorter KC is no better
+// (KC = 256 / 384, where a 12 × 32 sliver fits the L1d: +1–4 % on the QKV GEMM, −1–3 % on the
+// out GEMM, C read and written 2–3 times), so KC stays a constant of the row.
 using Avx512Micro = Micro<6, 4, 1024, 144, 4096>;
 
 }  // namespace

@@ -102,7 +102,8 @@ void with_src(GemmHalf t, const float* p, const std::uint16_t* p16, F&& f) {
 // lands on another cache line of a kc × NR block larger than L1 (96 KiB at kc = 768, NR = 32),
 // evicted again before the next column comes back to it: each store was an L1 miss (perf: the
 // packing's stores were its hottest instructions, ~10 % of the AVX-512 GEMM). In kKB-deep
-// pieces the destination piece (8 KiB) stays in L1 while all its columns fill it.
+// pieces the destination piece (8 KiB at NR = 32, 16 KiB at 64) stays in L1 while all its
+// columns fill it.
 constexpr std::int64_t kKB = 64;
 
 // Rows of a packed panel for kc steps of k: kc floats, or ⌈kc/2⌉ pair words (kPairs).
@@ -135,10 +136,12 @@ constexpr std::int64_t a_panel_floats(std::int64_t kc) {
 // sliver of a B block before the next B block, so both stay in L2 (the A block and one B block
 // fill at most 4/5 of it: half for A at most) and C is written in runs of slivers·NR columns
 // rather than column by column 9 KiB apart. U::kMC is the least MC (the block measured on a
-// 1 MiB L2), 4·kMC the most. On Sapphire Rapids (2 MiB): S6's QKV GEMM (kc = 768) takes 264
-// rows and 8 slivers of 32 — 1-thread rate 62–64 → 66–69 % of the AVX-512 peak, the avx2 row
-// +10–13 % (docs/kernels-lab.md, gemm-8). Neither size touches an element's arithmetic (KC's,
-// a function of K alone, does): only the order in which tiles are computed.
+// 1 MiB L2), 4·kMC the most. On Sapphire Rapids (2 MiB): S6's QKV GEMM (kc = 768) took 264
+// rows and 8 slivers of 32 with the 12 × 32 tile — 1-thread rate 62–64 → 66–69 % of the AVX-512
+// peak, the avx2 row +10–13 % (docs/kernels-lab.md, gemm-8) — and takes 270 rows and 4 slivers
+// of 64 with the 6 × 64 one (576-row A blocks: QKV GEMM +1–4 %, out GEMM −3 … −8 %: gemm-9).
+// Neither size touches an element's arithmetic (KC's, a function of K alone, does): only the
+// order in which tiles are computed.
 struct CacheBlocks {
     std::int64_t mc, slivers;
 };
@@ -343,8 +346,9 @@ void pack_a_rows(const GemmArgs& g, Bf16Src A, std::int64_t i, std::int64_t m, s
 // slivers; returns tm. Rows alone while every thread gets at least 4 panels (the B block then
 // streams once per thread); else the most row groups (a divisor of nt) that still give each 4
 // panels, and the remaining factor of the threads over the slivers. A projection of a few
-// hundred rows on many threads thus keeps them busy (S6's 171 panels on 64 threads: 32 × 2, E =
-// 0.89, where columns alone gave its out GEMM's 24 slivers E = 0.38), and few rows (a decode
+// hundred rows on many threads thus keeps them busy (S6's 171 panels of 12 rows on 64 threads:
+// 32 × 2, E = 0.89, where columns alone gave its out GEMM's 24 slivers E = 0.38; its 342 panels
+// of 6 rows: 64 × 1, E = 0.89), and few rows (a decode
 // step's) split the columns. Which thread computes an element never changes its arithmetic.
 inline std::int64_t row_groups(std::int64_t m_panels, int nt) {
     for (std::int64_t d = nt; d > 1; --d)
