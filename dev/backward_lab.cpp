@@ -54,7 +54,9 @@ std::uint64_t bits_hash(const attn::Tensor* g, int n) {
     std::uint64_t h = 1469598103934665603ull;
     for (int t = 0; t < n; ++t) {
         const unsigned char* p = g[t].data_as<const unsigned char>();
-        for (std::int64_t e = 0; e < g[t].numel() * static_cast<std::int64_t>(dtype_size(g[t].dtype())); ++e) h = (h ^ p[e]) * 1099511628211ull;
+        // the byte count once: numel() per byte was 5 % of a profile's samples
+        const std::int64_t bytes = g[t].numel() * static_cast<std::int64_t>(dtype_size(g[t].dtype()));
+        for (std::int64_t e = 0; e < bytes; ++e) h = (h ^ p[e]) * 1099511628211ull;
     }
     return h;
 }
