@@ -393,13 +393,25 @@ void pack_key_block(const Plan& c, Scratch& s, std::int64_t b, std::int64_t hk, 
         bf16_pairs_z16(k16, p.k.stride(2), p.k.stride(3), bc, c.Dk, c.Dkp, s.kpp.data(), c.Dkp);
         return;
     }
-    for (int j = 0; j < bc; ++j) {
+    const bool k_rows = p.k.dtype() == DType::f32 && p.k.stride(3) == 1;
+    const bool v_rows = p.v.dtype() == DType::f32 && p.v.stride(3) == 1;
+    if (k_rows) {  // float32 rows in place: Kᵀ by 4 × 4 blocks, K with NaN/±inf 0 (for dS·K)
+        const float* k = p.k.data_as<const float>() + p.k.offset(b, hk, j0, 0);
+        transpose_rows(k, p.k.stride(2), bc, c.Dk, s.kt.data(), bcp);
+        for (int j = 0; j < bc; ++j)
+            finite_rows(k + j * p.k.stride(2), 0, 1, static_cast<int>(c.Dk), s.kp.data() + static_cast<std::ptrdiff_t>(j) * c.Dkp);
+    }
+    if (v_rows)
+        transpose_rows(p.v.data_as<const float>() + p.v.offset(b, hk, j0, 0), p.v.stride(2), bc, c.Dv, s.vt.data(), bcp);
+    for (int j = 0; j < (k_rows ? 0 : bc); ++j) {
         float* kr = s.kp.data() + static_cast<std::ptrdiff_t>(j) * c.Dkp;
         widen_row(p.k, p.k.offset(b, hk, j0 + j, 0), p.k.stride(3), c.Dk, kr);
         for (std::int64_t d = 0; d < c.Dk; ++d) {
             s.kt[static_cast<std::size_t>(d * bcp + j)] = kr[d];
             if (nonfinite_f32(kr[d])) kr[d] = 0.0f;  // for dS·K
         }
+    }
+    for (int j = 0; j < (v_rows ? 0 : bc); ++j) {
         widen_row(p.v, p.v.offset(b, hk, j0 + j, 0), p.v.stride(3), c.Dv, s.vrow.data());
         for (std::int64_t d = 0; d < c.Dv; ++d) s.vt[static_cast<std::size_t>(d * bcp + j)] = s.vrow[static_cast<std::size_t>(d)];
     }

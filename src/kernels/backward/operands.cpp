@@ -3,6 +3,10 @@
 
 #include <cstring>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>  // baseline x86-64 (no ISA flag): the 4 × 4 blocks of transpose_rows
+#endif
+
 #include "attn/half.hpp"
 #include "../finite.hpp"
 #include "../simd/convert.hpp"
@@ -34,6 +38,30 @@ void finite_rows(const float* src, std::ptrdiff_t ld, std::int64_t L, int Dp, fl
 void widen_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t L, int Dp, float* dst) {
     const std::int64_t D = t.dim(3);
     for (std::int64_t i = 0; i < L; ++i) widen_row(t, t.offset(b, h, i, 0), t.stride(3), D, dst + i * Dp);
+}
+
+void transpose_rows(const float* src, std::ptrdiff_t ld, int n, std::int64_t D, float* dst, std::ptrdiff_t ldd) {
+    int j = 0;
+#if defined(__SSE2__)
+    // 4 keys × 4 columns at a time: four row loads, the 4 × 4 shuffle, four column stores.
+    for (; j + 4 <= n; j += 4) {
+        const float* s = src + j * ld;
+        std::int64_t d = 0;
+        for (; d + 4 <= D; d += 4) {
+            __m128 r0 = _mm_loadu_ps(s + d), r1 = _mm_loadu_ps(s + ld + d);
+            __m128 r2 = _mm_loadu_ps(s + 2 * ld + d), r3 = _mm_loadu_ps(s + 3 * ld + d);
+            _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+            _mm_storeu_ps(dst + d * ldd + j, r0);
+            _mm_storeu_ps(dst + (d + 1) * ldd + j, r1);
+            _mm_storeu_ps(dst + (d + 2) * ldd + j, r2);
+            _mm_storeu_ps(dst + (d + 3) * ldd + j, r3);
+        }
+        for (; d < D; ++d)
+            for (int jj = j; jj < j + 4; ++jj) dst[d * ldd + jj] = src[jj * ld + d];
+    }
+#endif
+    for (; j < n; ++j)
+        for (std::int64_t d = 0; d < D; ++d) dst[d * ldd + j] = src[j * ld + d];
 }
 
 const float* f32_row(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t i, float* w) {

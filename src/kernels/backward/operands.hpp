@@ -33,6 +33,11 @@ void finite_rows(const float* src, std::ptrdiff_t ld, std::int64_t L, int Dp, fl
 // stay as the caller zeroed them).
 void widen_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t L, int Dp, float* dst);
 
+// dst[d·ldd + j] = src[j·ld + d] for j < n, d < D: a key block's float32 K or V rows (unit
+// inner stride, in place) as Kᵀ or Vᵀ. Once per key block, read by all the block's tiles; the
+// element-at-a-time scatter it replaced held ≈ 1.3 % of S1's backward (docs/kernels-lab.md#bwd-6).
+void transpose_rows(const float* src, std::ptrdiff_t ld, int n, std::int64_t D, float* dst, std::ptrdiff_t ldd);
+
 // Row (b, h, i) of t as float32: in place when t is float32 with unit inner stride, else
 // widened into w (the same values: widening is exact).
 const float* f32_row(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t i, float* w);
