@@ -41,9 +41,9 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <memory>
 #include <new>
 #include <tuple>
 #include <utility>
@@ -143,7 +143,8 @@ struct Scratch {
     std::size_t task_bytes() const { return q.task_bytes() + dO.task_bytes() + 4 * dqb.capacity(); }
     // Per row of the task's heads (group × Lq): −lse (−inf for a row with no visible key)
     // and D = rowsum(dO ∘ O); w: one row of dO and O widened when not read in place.
-    std::vector<float> nl, dd, w;
+    std::vector<float> nl, dd;
+    CacheLineVector<float> w;
 };
 
 // What the score-rule callback of a partial tile needs: the tile's place in the problem.
@@ -588,6 +589,48 @@ void sink_gradients(const Plan& c, const float* Dall) {
     }
 }
 
+// The dQ partials of a several-chunk call (B·Hkv < 8 on up to 2 CPUs), on the calling thread
+// and kept for its next call as the tasks' buffers are, unless larger than 32 MiB: allocated per
+// call they put page faults on every call (~8 % of a call's samples: kernels-lab.md#bwd-1). On
+// 64-byte lines (the tiles' zmm loads and stores of dQ rows; a 16-byte-aligned `new float[]`
+// split them) and, from 2 MiB, on advised huge pages (allocate_streamed). Contents undefined:
+// the call zeroes them.
+class DqPartials {
+public:
+    explicit DqPartials(std::size_t floats) {
+        if (floats == 0) return;
+        if (kept_.floats < floats) {
+            kept_.release();
+            kept_.p = static_cast<float*>(allocate_streamed(static_cast<std::int64_t>(sizeof(float) * floats),
+                                                            "the flash backward's dQ partials (one per chunk of key blocks)"));
+            kept_.floats = floats;
+        }
+        data_ = kept_.p;
+    }
+    ~DqPartials() {
+        if (kept_.floats > kKeepFloats) kept_.release();
+    }
+    DqPartials(const DqPartials&) = delete;
+    DqPartials& operator=(const DqPartials&) = delete;
+    float* data() const { return data_; }
+
+private:
+    static constexpr std::size_t kKeepFloats = (std::size_t{32} << 20) / sizeof(float);
+    struct Buffer {
+        float* p = nullptr;
+        std::size_t floats = 0;
+        void release() {
+            std::free(p);
+            p = nullptr;
+            floats = 0;
+        }
+        ~Buffer() { std::free(p); }
+    };
+    static thread_local Buffer kept_;
+    float* data_ = nullptr;
+};
+thread_local DqPartials::Buffer DqPartials::kept_;
+
 }  // namespace
 
 // The target comes from the machine's CPU count (split_target), never the thread count, so the
@@ -628,15 +671,10 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
     // gradient needs every row's D: the first chunk's task of each head copies its rows here.
     const std::int64_t nrows = c.B * c.Hq * c.Lq;
     std::vector<float> Dall;
-    std::unique_ptr<float[]> dq_ws;
+    resize_or_throw(Dall, bp.dsinks ? nrows : 0, "the flash backward's D = rowsum(dO ∘ O) of every row (for the sinks)");
     const std::size_t dq_floats = c.dq_own ? 0 : c.dq_part * static_cast<std::size_t>(c.nchunks);
-    try {
-        Dall.resize(bp.dsinks ? static_cast<std::size_t>(nrows) : 0);
-        if (dq_floats > 0) dq_ws.reset(new float[dq_floats]);
-    } catch (const std::bad_alloc&) {
-        throw_out_of_memory(static_cast<std::int64_t>(4 * (dq_floats + (bp.dsinks ? nrows : 0))),
-                            "the flash backward's dQ partials (one per chunk of key blocks) and the rows' D");
-    }
+    const DqPartials partials(dq_floats);
+    float* dq_ws = partials.data();
     // A buffer a thread cannot size is said after the region: an exception must not leave it
     // (std::terminate: a test under an address-space limit found it). The threads' buffers are
     // sized before any task runs (a refusal leaves the outputs untouched); a task's copy of rows
@@ -667,14 +705,14 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                 const std::int64_t total = static_cast<std::int64_t>(c.dq_part) * c.nchunks;
 #pragma omp for schedule(static)
                 for (std::int64_t e = 0; e < total; e += 4096)
-                    std::memset(dq_ws.get() + e, 0, sizeof(float) * static_cast<std::size_t>(std::min<std::int64_t>(4096, total - e)));
+                    std::memset(dq_ws + e, 0, sizeof(float) * static_cast<std::size_t>(std::min<std::int64_t>(4096, total - e)));
             }
 
             // (nowait: with one chunk nothing follows that needs the other threads' tasks; with
             // several, the barrier below comes before the partials are summed.)
 #pragma omp for schedule(dynamic, 1) nowait
             for (std::int64_t task = 0; task < c.tasks; ++task)
-                task_error.run([&] { run_task(c, s, task, dq_ws.get(), bp.dsinks ? Dall.data() : nullptr); });
+                task_error.run([&] { run_task(c, s, task, dq_ws, bp.dsinks ? Dall.data() : nullptr); });
 
             if (!c.dq_own) {
 #pragma omp barrier
@@ -683,7 +721,7 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
             if (!c.dq_own) {
 #pragma omp for schedule(static)
                 for (std::int64_t r = 0; r < nrows; ++r)
-                    if (!task_error.failed()) sum_dq_row(c, dq_ws.get(), r);
+                    if (!task_error.failed()) sum_dq_row(c, dq_ws, r);
             }
         }
         // Kept for the next call unless a long sequence made them large (32 MiB per thread) —
