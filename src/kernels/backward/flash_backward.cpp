@@ -132,13 +132,30 @@ struct HeadRows {
     std::size_t task_bytes() const { return 4 * (f32.capacity() + z.capacity() + pairs.capacity()) + 2 * b16.capacity(); }
 };
 
+// Key blocks per pass over a head's query tiles: each query tile meets both blocks while its Q,
+// dO and dQ rows are in the L1/L2, so a pass streams those rows once per 128 keys. S3's rows (6 MiB
+// per head) do not fit Sapphire Rapids' 2 MiB L2: one block per pass ran ≈ 5 % slower per FLOP
+// than L2-sized rows (kernels-lab.md#bwd-6). A query tile adds to its dQ rows block by block in
+// key order either way, and each block's dK/dV sums its tiles in the same order: the same bits.
+constexpr int kKeyBlocksPerPass = 2;
+
+// One key block's operands and gradient sums (pack_key_block, run_tile).
+struct KeyBlock {
+    std::int64_t j0 = 0;
+    int bc = 0, bcp = 0;
+    CacheLineVector<float> kt, vt, kp, dk, dv;
+    // bf16 compute only: Kᵀ/Vᵀ/K pairs of the key block (tile.hpp, TileBf16).
+    CacheLineVector<std::uint32_t> ktp, vtp, kpp;
+};
+
 struct Scratch {
-    CacheLineVector<float> kt, vt, kp, vrow, dk, dv, S, dP, Pd, drop, drow, cg;
+    KeyBlock key[kKeyBlocksPerPass];
+    CacheLineVector<float> vrow, S, dP, Pd, drop, drow, cg;
     HeadRows q, dO;          // the task's Q and dO rows
     CacheLineVector<float> dqb;  // the task's dQ rows (group × Lq, width Dkp) when it owns them (one chunk)
-    // bf16 compute only: Kᵀ/Vᵀ/K pairs of the key block, and the tile's P̂/dS scratch (tile.hpp, TileBf16).
+    // bf16 compute only: the tile's P̂/dS scratch (tile.hpp, TileBf16).
     CacheLineVector<std::uint16_t> ds16;
-    CacheLineVector<std::uint32_t> ktp, vtp, kpp, pp;
+    CacheLineVector<std::uint32_t> pp;
     // Bytes held by the per-task buffers (the ones that grow with Lq).
     std::size_t task_bytes() const { return q.task_bytes() + dO.task_bytes() + 4 * dqb.capacity(); }
     // Per row of the task's heads (group × Lq): −lse (−inf for a row with no visible key)
@@ -275,9 +292,18 @@ struct ScratchSizer {
 void size_scratch(const Plan& c, Scratch& s, ScratchSizer& z) {
     const int Bcp = round8(kBc);
     const std::size_t group = c.group;
-    z.zeroed(s.kt, static_cast<std::size_t>(c.Dk * Bcp));
-    z.zeroed(s.vt, static_cast<std::size_t>(c.Dv * Bcp));
-    z.zeroed(s.kp, static_cast<std::size_t>(kBc * c.Dkp));
+    for (KeyBlock& k : s.key) {
+        z.zeroed(k.kt, static_cast<std::size_t>(c.Dk * Bcp));
+        z.zeroed(k.vt, static_cast<std::size_t>(c.Dv * Bcp));
+        z.zeroed(k.kp, static_cast<std::size_t>(kBc * c.Dkp));
+        z.resize(k.dk, static_cast<std::size_t>(kBc * c.Dkp));
+        z.resize(k.dv, static_cast<std::size_t>(kBc * c.Dvp));
+        if (c.bf16) {
+            z.resize(k.ktp, static_cast<std::size_t>((c.Dk + 1) / 2 * Bcp));
+            z.resize(k.vtp, static_cast<std::size_t>((c.Dv + 1) / 2 * Bcp));
+            z.resize(k.kpp, static_cast<std::size_t>((kBc + 1) / 2 * c.Dkp));
+        }
+    }
     z.resize(s.vrow, static_cast<std::size_t>(c.Dv));
     for (auto [o, r] : {std::pair{&s.q, &c.q}, std::pair{&s.dO, &c.dO}}) {
         if (!r->direct) z.zeroed(o->f32, group * r->head);
@@ -294,16 +320,11 @@ void size_scratch(const Plan& c, Scratch& s, ScratchSizer& z) {
     z.resize(s.nl, group * static_cast<std::size_t>(c.Lq));
     z.resize(s.dd, group * static_cast<std::size_t>(c.Lq));
     z.resize(s.w, static_cast<std::size_t>(2 * c.Dv));
-    z.resize(s.dk, static_cast<std::size_t>(kBc * c.Dkp));
-    z.resize(s.dv, static_cast<std::size_t>(kBc * c.Dvp));
     for (auto* t : {&s.S, &s.dP, &s.Pd}) z.resize(*t, static_cast<std::size_t>(kBr * Bcp));
     if (c.p.softcap > 0.0) z.resize(s.cg, static_cast<std::size_t>(kBr * Bcp));
     z.resize(s.drop, static_cast<std::size_t>(kBr * Bcp));
     z.resize(s.drow, static_cast<std::size_t>(Bcp + 6));  // one row's whole Philox blocks (Dropout::fill_row)
     if (c.bf16) {
-        z.resize(s.ktp, static_cast<std::size_t>((c.Dk + 1) / 2 * Bcp));
-        z.resize(s.vtp, static_cast<std::size_t>((c.Dv + 1) / 2 * Bcp));
-        z.resize(s.kpp, static_cast<std::size_t>((kBc + 1) / 2 * c.Dkp));
         z.resize(s.pp, static_cast<std::size_t>((kBr + 1) / 2 * Bcp));
         z.resize(s.ds16, static_cast<std::size_t>(kBr * Bcp));
     }
@@ -384,49 +405,53 @@ void prepare_head(const Plan& c, Scratch& s, std::int64_t b, std::int64_t h, std
 // contiguous, zero-padded to bcp) and K (key-major, padded to Dkp, NaN/±inf 0 for dS·K),
 // widened to float32 (convert.hpp); bf16 compute reads only their pairs, made from the bf16
 // words (K and V are bf16 then).
-void pack_key_block(const Plan& c, Scratch& s, std::int64_t b, std::int64_t hk, std::int64_t j0, int bc, int bcp) {
+void pack_key_block(const Plan& c, Scratch& s, KeyBlock& kb, std::int64_t b, std::int64_t hk) {
     const SdpaProblem& p = c.p;
+    const std::int64_t j0 = kb.j0;
+    const int bc = kb.bc, bcp = kb.bcp;
     if (c.bf16) {  // Kᵀ and Vᵀ pairs along d (for S, dP), K pairs along keys with NaN/±inf 0 (for dQ)
         const std::uint16_t* k16 = p.k.data_as<const std::uint16_t>() + p.k.offset(b, hk, j0, 0);
         const std::uint16_t* v16 = p.v.data_as<const std::uint16_t>() + p.v.offset(b, hk, j0, 0);
-        bf16_pairs_t16(k16, p.k.stride(2), p.k.stride(3), bc, bcp, c.Dk, s.ktp.data(), bcp);
-        bf16_pairs_t16(v16, p.v.stride(2), p.v.stride(3), bc, bcp, c.Dv, s.vtp.data(), bcp);
-        bf16_pairs_z16(k16, p.k.stride(2), p.k.stride(3), bc, c.Dk, c.Dkp, s.kpp.data(), c.Dkp);
+        bf16_pairs_t16(k16, p.k.stride(2), p.k.stride(3), bc, bcp, c.Dk, kb.ktp.data(), bcp);
+        bf16_pairs_t16(v16, p.v.stride(2), p.v.stride(3), bc, bcp, c.Dv, kb.vtp.data(), bcp);
+        bf16_pairs_z16(k16, p.k.stride(2), p.k.stride(3), bc, c.Dk, c.Dkp, kb.kpp.data(), c.Dkp);
         return;
     }
     const bool k_rows = p.k.dtype() == DType::f32 && p.k.stride(3) == 1;
     const bool v_rows = p.v.dtype() == DType::f32 && p.v.stride(3) == 1;
     if (k_rows) {  // float32 rows in place: Kᵀ by 4 × 4 blocks, K with NaN/±inf 0 (for dS·K)
         const float* k = p.k.data_as<const float>() + p.k.offset(b, hk, j0, 0);
-        transpose_rows(k, p.k.stride(2), bc, c.Dk, s.kt.data(), bcp);
+        transpose_rows(k, p.k.stride(2), bc, c.Dk, kb.kt.data(), bcp);
         for (int j = 0; j < bc; ++j)
-            finite_rows(k + j * p.k.stride(2), 0, 1, static_cast<int>(c.Dk), s.kp.data() + static_cast<std::ptrdiff_t>(j) * c.Dkp);
+            finite_rows(k + j * p.k.stride(2), 0, 1, static_cast<int>(c.Dk), kb.kp.data() + static_cast<std::ptrdiff_t>(j) * c.Dkp);
     }
     if (v_rows)
-        transpose_rows(p.v.data_as<const float>() + p.v.offset(b, hk, j0, 0), p.v.stride(2), bc, c.Dv, s.vt.data(), bcp);
+        transpose_rows(p.v.data_as<const float>() + p.v.offset(b, hk, j0, 0), p.v.stride(2), bc, c.Dv, kb.vt.data(), bcp);
     for (int j = 0; j < (k_rows ? 0 : bc); ++j) {
-        float* kr = s.kp.data() + static_cast<std::ptrdiff_t>(j) * c.Dkp;
+        float* kr = kb.kp.data() + static_cast<std::ptrdiff_t>(j) * c.Dkp;
         widen_row(p.k, p.k.offset(b, hk, j0 + j, 0), p.k.stride(3), c.Dk, kr);
         for (std::int64_t d = 0; d < c.Dk; ++d) {
-            s.kt[static_cast<std::size_t>(d * bcp + j)] = kr[d];
+            kb.kt[static_cast<std::size_t>(d * bcp + j)] = kr[d];
             if (nonfinite_f32(kr[d])) kr[d] = 0.0f;  // for dS·K
         }
     }
     for (int j = 0; j < (v_rows ? 0 : bc); ++j) {
         widen_row(p.v, p.v.offset(b, hk, j0 + j, 0), p.v.stride(3), c.Dv, s.vrow.data());
-        for (std::int64_t d = 0; d < c.Dv; ++d) s.vt[static_cast<std::size_t>(d * bcp + j)] = s.vrow[static_cast<std::size_t>(d)];
+        for (std::int64_t d = 0; d < c.Dv; ++d) kb.vt[static_cast<std::size_t>(d * bcp + j)] = s.vrow[static_cast<std::size_t>(d)];
     }
     for (int j = bc; j < bcp; ++j) {
-        for (std::int64_t d = 0; d < c.Dk; ++d) s.kt[static_cast<std::size_t>(d * bcp + j)] = 0.0f;
-        for (std::int64_t d = 0; d < c.Dv; ++d) s.vt[static_cast<std::size_t>(d * bcp + j)] = 0.0f;
+        for (std::int64_t d = 0; d < c.Dk; ++d) kb.kt[static_cast<std::size_t>(d * bcp + j)] = 0.0f;
+        for (std::int64_t d = 0; d < c.Dv; ++d) kb.vt[static_cast<std::size_t>(d * bcp + j)] = 0.0f;
     }
 }
 
 // One tile: query rows [i0, i0 + kBr) of head h (g-th of the group) against the packed key
 // block [j0, j0 + bc). dQ goes to the caller's rows, the task's own rows or chunk dq_c's partials.
-void run_tile(const Plan& c, Scratch& s, std::int64_t b, std::int64_t h, std::size_t g, std::int64_t i0,
-              std::int64_t j0, int bc, int bcp, float* dq_c) {
+void run_tile(const Plan& c, Scratch& s, KeyBlock& kb, std::int64_t b, std::int64_t h, std::size_t g,
+              std::int64_t i0, float* dq_c) {
     const SdpaProblem& p = c.p;
+    const std::int64_t j0 = kb.j0;
+    const int bc = kb.bc, bcp = kb.bcp;
     const std::int64_t Lq = c.Lq;
     const int br = static_cast<int>(std::min<std::int64_t>(kBr, Lq - i0));
     // Classify the tile by the structural masks: hidden, fully visible, or partial.
@@ -456,9 +481,9 @@ void run_tile(const Plan& c, Scratch& s, std::int64_t b, std::int64_t h, std::si
     t.dO_dv = s.dO.z_at[g] + i0 * s.dO.z_ld[g];
     t.ldo_dv = s.dO.z_ld[g];
     t.dO_nonfinite = s.dO.nonfinite[g] != 0;
-    t.kt = s.kt.data();
-    t.vt = s.vt.data();
-    t.kp = s.kp.data();
+    t.kt = kb.kt.data();
+    t.vt = kb.vt.data();
+    t.kp = kb.kp.data();
     t.neg_lse = s.nl.data() + g * static_cast<std::size_t>(Lq) + i0;
     t.Drow = s.dd.data() + g * static_cast<std::size_t>(Lq) + i0;
     t.scale = c.scale;
@@ -475,8 +500,8 @@ void run_tile(const Plan& c, Scratch& s, std::int64_t b, std::int64_t h, std::si
                         : dq_c + row0 * static_cast<std::size_t>(c.Dkp);
         t.lddq = c.Dkp;
     }
-    t.dk = s.dk.data();
-    t.dv = s.dv.data();
+    t.dk = kb.dk.data();
+    t.dv = kb.dv.data();
     float* cg = p.softcap > 0.0 ? s.cg.data() : nullptr;
     const RuleContext rule{&p, b, h, i0, j0, bc, bcp, c.lo.data() + b * Lq + i0, c.hi.data() + b * Lq + i0, cg};
     if (!full) {
@@ -506,9 +531,9 @@ void run_tile(const Plan& c, Scratch& s, std::int64_t b, std::int64_t h, std::si
         z.ldo = s.dO.ld16[g];
         z.q_pairs = s.q.pairs.data() + g * static_cast<std::size_t>(c.Lq2 * c.Dkp) + static_cast<std::size_t>(i0 / 2 * c.Dkp);
         z.dO_pairs = s.dO.pairs.data() + g * static_cast<std::size_t>(c.Lq2 * c.Dvp) + static_cast<std::size_t>(i0 / 2 * c.Dvp);
-        z.kt_pairs = s.ktp.data();
-        z.vt_pairs = s.vtp.data();
-        z.k_pairs = s.kpp.data();
+        z.kt_pairs = kb.ktp.data();
+        z.vt_pairs = kb.vtp.data();
+        z.k_pairs = kb.kpp.data();
         z.p_pairs = s.pp.data();
         z.ds_rows = s.ds16.data();
         t.bf16 = &z;
@@ -535,19 +560,29 @@ void run_task(const Plan& c, Scratch& s, std::int64_t task, float* dq_ws, float*
         std::fill(s.dqb.begin(), s.dqb.end(), 0.0f);
     for (std::size_t g = 0; g < c.group; ++g)  // widen this task's Q and dO rows once
         prepare_head(c, s, b, h0 + static_cast<std::int64_t>(g), g, chunk, Dall);
-    for (std::int64_t kb = chunk * c.nkb / c.nchunks; kb < (chunk + 1) * c.nkb / c.nchunks; ++kb) {
-        const std::int64_t j0 = kb * kBc;
-        const int bc = static_cast<int>(std::min<std::int64_t>(kBc, c.Lk - j0)), bcp = round8(bc);
-        pack_key_block(c, s, b, hk, j0, bc, bcp);
-        std::fill(s.dk.begin(), s.dk.end(), 0.0f);
-        std::fill(s.dv.begin(), s.dv.end(), 0.0f);
+    const std::int64_t kb_end = (chunk + 1) * c.nkb / c.nchunks;
+    for (std::int64_t kb0 = chunk * c.nkb / c.nchunks; kb0 < kb_end; kb0 += kKeyBlocksPerPass) {
+        const int n = static_cast<int>(std::min<std::int64_t>(kKeyBlocksPerPass, kb_end - kb0));
+        for (int u = 0; u < n; ++u) {
+            KeyBlock& kb = s.key[u];
+            kb.j0 = (kb0 + u) * kBc;
+            kb.bc = static_cast<int>(std::min<std::int64_t>(kBc, c.Lk - kb.j0));
+            kb.bcp = round8(kb.bc);
+            pack_key_block(c, s, kb, b, hk);
+            std::fill(kb.dk.begin(), kb.dk.end(), 0.0f);
+            std::fill(kb.dv.begin(), kb.dv.end(), 0.0f);
+        }
         for (std::size_t g = 0; g < c.group; ++g)
             for (std::int64_t i0 = 0; i0 < c.Lq; i0 += kBr)
-                run_tile(c, s, b, h0 + static_cast<std::int64_t>(g), g, i0, j0, bc, bcp, dq_c);
+                for (int u = 0; u < n; ++u) run_tile(c, s, s.key[u], b, h0 + static_cast<std::int64_t>(g), g, i0, dq_c);
         // This task owns dK/dV rows j0..j0+bc of KV head hk.
-        for (int j = 0; j < bc; ++j) {
-            store_row(bp.dk, bp.dk.offset(b, hk, j0 + j, 0), bp.dk.stride(3), s.dk.data() + j * c.Dkp, 1, c.Dk, c.split.grads);
-            store_row(bp.dv, bp.dv.offset(b, hk, j0 + j, 0), bp.dv.stride(3), s.dv.data() + j * c.Dvp, 1, c.Dv, 1.0f);
+        for (int u = 0; u < n; ++u) {
+            const KeyBlock& kb = s.key[u];
+            for (int j = 0; j < kb.bc; ++j) {
+                store_row(bp.dk, bp.dk.offset(b, hk, kb.j0 + j, 0), bp.dk.stride(3), kb.dk.data() + j * c.Dkp, 1, c.Dk,
+                          c.split.grads);
+                store_row(bp.dv, bp.dv.offset(b, hk, kb.j0 + j, 0), bp.dv.stride(3), kb.dv.data() + j * c.Dvp, 1, c.Dv, 1.0f);
+            }
         }
     }
     if (c.dq_own && !c.dq_direct)  // this task owns these dQ rows: round them out once
