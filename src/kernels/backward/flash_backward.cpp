@@ -22,8 +22,8 @@
 //
 // Code map: Plan (the call's facts: shape, how each operand is read, the split) → run_task
 // (one task) → prepare_head (its query heads' operands, once per task), pack_key_block (once
-// per key block) and run_tile (one kBr × kBc tile: the kernel table's tile, tile.hpp);
-// operands.hpp reads and packs the rows.
+// per key block, Plan::pass blocks at a time: KeyBlock) and run_tile (one kBr × kBc tile: the
+// kernel table's tile, tile.hpp); operands.hpp reads and packs the rows.
 //
 // Tiles that the structural masks (causal, window, key lengths) hide completely are
 // skipped; tiles they cover completely, with no element-wise rule, run without the score
@@ -132,11 +132,12 @@ struct HeadRows {
     std::size_t task_bytes() const { return 4 * (f32.capacity() + z.capacity() + pairs.capacity()) + 2 * b16.capacity(); }
 };
 
-// Key blocks per pass over a head's query tiles: each query tile meets both blocks while its Q,
-// dO and dQ rows are in the L1/L2, so a pass streams those rows once per 128 keys. S3's rows (6 MiB
-// per head) do not fit Sapphire Rapids' 2 MiB L2: one block per pass ran ≈ 5 % slower per FLOP
-// than L2-sized rows (kernels-lab.md#bwd-6). A query tile adds to its dQ rows block by block in
-// key order either way, and each block's dK/dV sums its tiles in the same order: the same bits.
+// Key blocks per pass over a head's query tiles, at most (Plan::pass): each query tile meets
+// them while its Q, dO and dQ rows are in the L1/L2, so a pass streams those rows once per 128
+// keys. S3's rows (6 MiB per head) do not fit Sapphire Rapids' 2 MiB L2: one block per pass ran
+// ≈ 5 % slower per FLOP than L2-sized rows there (kernels-lab.md#bwd-6). A query tile adds to its
+// dQ rows block by block in key order either way, and each block's dK/dV sums its tiles in the
+// same order: the same bits for any pass width.
 constexpr int kKeyBlocksPerPass = 2;
 
 // One key block's operands and gradient sums (pack_key_block, run_tile).
@@ -231,6 +232,10 @@ struct Plan {
     // per chunk, 32 MiB on S3: allocating and faulting them in cost ~8 % of S1).
     bool dq_own, dq_direct;
     std::size_t dq_part;
+    // Key blocks per pass: 2 on the avx512 row, whose tile eats the rows fastest (S3 +6 %); 1 on
+    // the others, where the second block's operands cost more than the stream saved (the avx2
+    // row 1–2 % slower on S1 and S3, Sapphire Rapids: kernels-lab.md#bwd-6).
+    int pass;
 
     Plan(const BackwardProblem& bp_, const KernelSet& k)
         : bp(bp_), p(bp_.fwd), kernels(k), B(p.B), Hq(p.Hq), Hkv(p.Hkv), Lq(p.Lq), Lk(p.Lk), Dk(p.Dk), Dv(p.Dv),
@@ -266,6 +271,7 @@ struct Plan {
         tasks = B * Hkv * nchunks;
         dq_own = nchunks == 1;
         dq_direct = dq_own && bp.dq.dtype() == DType::f32 && bp.dq.stride(3) == 1 && Dk == Dkp;
+        pass = k.isa == Isa::avx512 ? kKeyBlocksPerPass : 1;
     }
 
 };
@@ -292,7 +298,8 @@ struct ScratchSizer {
 void size_scratch(const Plan& c, Scratch& s, ScratchSizer& z) {
     const int Bcp = round8(kBc);
     const std::size_t group = c.group;
-    for (KeyBlock& k : s.key) {
+    for (int u = 0; u < c.pass; ++u) {
+        KeyBlock& k = s.key[u];
         z.zeroed(k.kt, static_cast<std::size_t>(c.Dk * Bcp));
         z.zeroed(k.vt, static_cast<std::size_t>(c.Dv * Bcp));
         z.zeroed(k.kp, static_cast<std::size_t>(kBc * c.Dkp));
@@ -401,9 +408,9 @@ void prepare_head(const Plan& c, Scratch& s, std::int64_t b, std::int64_t h, std
     }
 }
 
-// Key block [j0, j0 + bc) of KV head hk packed for the tiles: Kᵀ and Vᵀ (d-major, keys
+// Key block kb ([j0, j0 + bc)) of KV head hk packed for the tiles: Kᵀ and Vᵀ (d-major, keys
 // contiguous, zero-padded to bcp) and K (key-major, padded to Dkp, NaN/±inf 0 for dS·K),
-// widened to float32 (convert.hpp); bf16 compute reads only their pairs, made from the bf16
+// from float32 rows in place or widened to float32 (convert.hpp); bf16 compute reads only their pairs, made from the bf16
 // words (K and V are bf16 then).
 void pack_key_block(const Plan& c, Scratch& s, KeyBlock& kb, std::int64_t b, std::int64_t hk) {
     const SdpaProblem& p = c.p;
@@ -561,8 +568,8 @@ void run_task(const Plan& c, Scratch& s, std::int64_t task, float* dq_ws, float*
     for (std::size_t g = 0; g < c.group; ++g)  // widen this task's Q and dO rows once
         prepare_head(c, s, b, h0 + static_cast<std::int64_t>(g), g, chunk, Dall);
     const std::int64_t kb_end = (chunk + 1) * c.nkb / c.nchunks;
-    for (std::int64_t kb0 = chunk * c.nkb / c.nchunks; kb0 < kb_end; kb0 += kKeyBlocksPerPass) {
-        const int n = static_cast<int>(std::min<std::int64_t>(kKeyBlocksPerPass, kb_end - kb0));
+    for (std::int64_t kb0 = chunk * c.nkb / c.nchunks; kb0 < kb_end; kb0 += c.pass) {
+        const int n = static_cast<int>(std::min<std::int64_t>(c.pass, kb_end - kb0));
         for (int u = 0; u < n; ++u) {
             KeyBlock& kb = s.key[u];
             kb.j0 = (kb0 + u) * kBc;
