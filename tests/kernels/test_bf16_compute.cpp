@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -302,6 +303,67 @@ TEST(Bf16Compute, ColumnMaxSeesEveryKey) {
     const Out ref = reference(c);
     const detail::FlashTiles ragged{64, 40};
     double worst = std::max(check(c, run_flash(c, *row, 1), ref), check(c, run_flash(c, *row, 2, &ragged), ref));
+    std::printf("worst error / bound: %.3g\n", worst);
+}
+
+// The AMX path keeps one head's Vᵀ per thread across tasks (AmxBf16Ops::head_units): a key
+// block covering whole 32-key units reads it, any other block makes its own. Many tasks and key
+// blocks a head (32-query, 64-key tiles), two batches × two KV heads (the copy changes hands),
+// GQA, Lk off the 32-key units, causal and key-length masks, groups of tasks sharing the copy:
+// the bound against the reference, and the bits of 1 vs 2 threads and of grouped vs alone.
+// Then V NaN past each batch's key length: O's bits must not change (no unit across a block's
+// end may reach it — though on the Sapphire Rapids VM tdpbf16ps gave 0, not NaN, for 0·NaN and
+// 0·inf, so there only a wrong unit's visible values would show); and a second call on V changed
+// in place (a copy must not outlive its call). Where the CPU lacks AMX the same cases run on
+// vdpbf16ps.
+TEST(Bf16Compute, HeadVtCopyAcrossTasks) {
+    ATTN_NEED_BF16();
+    std::mt19937_64 rng(20261206);
+    const detail::FlashTiles small{32, 64}, grouped{32, 64, 0, 3}, alone{32, 64, 0, 1}, ragged{32, 40};
+    struct Shape4 {
+        std::int64_t G, Lq, Lk, D;
+        int mask;  // 0 none, 1 causal top-left, 2 key lengths
+    };
+    const Shape4 shapes[] = {{1, 100, 200, 64, 0}, {2, 130, 256, 64, 1}, {1, 70, 77, 33, 2},
+                             {2, 100, 200, 128, 2}, {1, 130, 160, 80, 1}, {2, 64, 300, 16, 0}};
+    double worst = 0;
+    for (const Shape4& s : shapes) {
+        const std::int64_t B = 2, Hkv = 2, Hq = Hkv * s.G;
+        Case c;
+        c.q = test::to_storage(test::randn(DType::f32, Shape{B, Hq, s.Lq, s.D}, rng), DType::bf16);
+        c.kstore = test::to_storage(test::randn(DType::f32, Shape{B, Hkv, s.Lk, s.D}, rng), DType::bf16);
+        c.kview = c.kstore.view();
+        c.v = test::to_storage(test::randn(DType::f32, Shape{B, Hkv, s.Lk, s.D}, rng), DType::bf16);
+        c.vview = c.v.view();
+        if (s.mask == 1) c.opt.causal = Causal::top_left;
+        if (s.mask == 2) {
+            c.key_lengths = Tensor(DType::i64, Shape{B});
+            c.key_lengths.data_as<std::int64_t>()[0] = s.Lk / 2 + 1;
+            c.key_lengths.data_as<std::int64_t>()[1] = 64;  // ends on a unit: the copy serves its last block
+            c.opt.key_lengths = c.key_lengths;
+        }
+        c.desc = "G=" + std::to_string(s.G) + " Lq=" + std::to_string(s.Lq) + " Lk=" + std::to_string(s.Lk) +
+                 " D=" + std::to_string(s.D) + " mask=" + std::to_string(s.mask);
+        const Out ref = reference(c);
+        const Out one = run_flash(c, *row, 1, &small), two = run_flash(c, *row, 2, &small);
+        worst = std::max({worst, check(c, one, ref), check(c, run_flash(c, *row, 1, &ragged), ref)});
+        EXPECT_TRUE(bit_equal(one.out, two.out) && bit_equal(one.lse, two.lse)) << c.desc << ": 1 vs 2 threads";
+        const Out g = run_flash(c, *row, 2, &grouped), a = run_flash(c, *row, 2, &alone);
+        EXPECT_TRUE(bit_equal(g.out, a.out) && bit_equal(g.lse, a.lse)) << c.desc << ": grouped vs one task at a time";
+        if (s.mask == 2) {  // V NaN past each key length (in place): never seen, must not reach O
+            for (std::int64_t b = 0; b < B; ++b)
+                for (std::int64_t h = 0; h < Hkv; ++h)
+                    for (std::int64_t j = c.key_lengths.data_as<std::int64_t>()[b]; j < s.Lk; ++j)
+                        for (std::int64_t d = 0; d < s.D; ++d) test::store(c.v, c.v.view().offset(b, h, j, d), std::nan(""));
+            const Out got = run_flash(c, *row, 2, &small);
+            EXPECT_TRUE(bit_equal(got.out, one.out)) << c.desc << ": NaN V past the key lengths changed O";
+        }
+        // The same tensors again with V changed in place (all finite): the result of the new V.
+        const Tensor v2 = test::to_storage(test::randn(DType::f32, Shape{B, Hkv, s.Lk, s.D}, rng), DType::bf16);
+        std::memcpy(c.v.data(), v2.data(), static_cast<std::size_t>(v2.view().numel()) * 2);
+        worst = std::max(worst, check(c, run_flash(c, *row, 1, &small), reference(c)));
+        if (HasFailure()) break;
+    }
     std::printf("worst error / bound: %.3g\n", worst);
 }
 

@@ -8,7 +8,8 @@
 //                                  B = 16 rows of the packed Qᵀ pairs qt[d/2][32 queries]
 //                                      (one 16-query half of a panel), C = 16 keys × 16 queries.
 //   Oᵀ += Vᵀ·Pᵀ reduces over keys: A = 16 rows of Vᵀ × 32 keys (the V pair words transposed:
-//                                      row d holds (V[2k][d], V[2k+1][d]) for k < 16),
+//                                      row d holds (V[2k][d], V[2k+1][d]) for k < 16; one
+//                                      32-key unit's tiles lie together, pv_amx),
 //                                  B = 16 rows of the softmax's Pᵀ pairs pp[j/2][query],
 //                                  C = 16 head-dim rows × 16 queries of the Oᵀ accumulator.
 // Both tile 2 × 2: two A and two B tiles feed four C tiles (8 tmm), so each loaded tile is
@@ -42,9 +43,12 @@ void qk_amx(const std::uint32_t* qt, int Dq, int panels, const std::uint16_t* k,
 
 // acc[d][c] += Σ_k Vᵀ[d][k]·P[k][c]   for d < Dv, c < 32·panels (no α: the caller scaled acc).
 // pp: Jq pair rows × ldP words (Jq a multiple of 16; rows past the block's real keys zero);
-// vt: ⌈Dv/16⌉·16 rows × ldvt words (≥ Jq), word (d, k) = (V[2k][d], V[2k+1][d]), zero past
-// the real keys; acc: (Dv, ldO) floats (rows past Dv are not touched); cbuf as above.
-void pv_amx(const std::uint32_t* pp, int ldP, const std::uint32_t* vt, int ldvt, int Jq, int Dv, int panels, float* acc,
-            int ldO, float* cbuf);
+// vt: Vᵀ in Jq/16 units of 32 keys, unit u at vt + u·Dv16·16 words (Dv16 = ⌈Dv/16⌉·16): Dv16
+// rows of 16 words, word (d, k) = (V[32u+2k][d], V[32u+2k+1][d]), zero past the real keys and
+// past Dv — so each A tile is 1 KiB in one piece (16 rows of 64 bytes), and a head's Vᵀ made
+// once can be read from any unit on (AmxBf16Ops's head copy); acc: (Dv, ldO) floats (rows past
+// Dv are not touched); cbuf as above.
+void pv_amx(const std::uint32_t* pp, int ldP, const std::uint32_t* vt, int Jq, int Dv, int panels, float* acc, int ldO,
+            float* cbuf);
 
 }  // namespace attn::detail::flash_amx_bf16_ns

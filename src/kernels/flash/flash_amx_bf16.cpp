@@ -109,11 +109,12 @@ void qk_amx(const std::uint32_t* qt, int Dq, int panels, const std::uint16_t* k,
     }
 }
 
-void pv_amx(const std::uint32_t* pp, int ldP, const std::uint32_t* vt, int ldvt, int Jq, int Dv, int panels, float* acc,
-            int ldO, float* cbuf) {
+void pv_amx(const std::uint32_t* pp, int ldP, const std::uint32_t* vt, int Jq, int Dv, int panels, float* acc, int ldO,
+            float* cbuf) {
     const AmxTiles tiles;
     const int whole = Dv / 16, dtiles = (Dv + 15) / 16, ksteps = Jq / 16;
-    const long sp = static_cast<long>(ldP) * 4, sv = static_cast<long>(ldvt) * 4;
+    const long sp = static_cast<long>(ldP) * 4, sv = 64;      // Vᵀ tiles: rows of 16 words in one piece
+    const std::int64_t unit = static_cast<std::int64_t>(dtiles) * 16 * 16;  // words per 32-key unit
     // C tile i (of the 2 × 2 block) for head-dim tile dt, query half h: in place in acc when
     // its 16 rows are all < Dv, else staged in cbuf slot i (the rows past Dv zero; copied back).
     float* at[4];
@@ -152,10 +153,11 @@ void pv_amx(const std::uint32_t* pp, int ldP, const std::uint32_t* vt, int ldvt,
                 ATTN_TILE_LOAD(2, at[2], stride[2]);
                 ATTN_TILE_LOAD(3, at[3], stride[3]);
             }
-            const std::uint32_t* v0 = vt + static_cast<std::int64_t>(dt) * 16 * ldvt;
-            const std::uint32_t* v1 = two ? v0 + static_cast<std::int64_t>(16) * ldvt : nullptr;
-            for (int ks = 0; ks < ksteps; ++ks)  // B: pair rows 16·ks.. (keys 32·ks..) of the panel
-                step_2x2(p + static_cast<std::int64_t>(ks) * 16 * ldP, sp, v0 + ks * 16, sv, two ? v1 + ks * 16 : nullptr, sv, two);
+            const std::uint32_t* v0 = vt + dt * 16 * 16;
+            const std::uint32_t* v1 = two ? v0 + 16 * 16 : nullptr;
+            for (int ks = 0; ks < ksteps; ++ks)  // B: pair rows 16·ks.. (keys 32·ks..) of the panel; A: unit ks
+                step_2x2(p + static_cast<std::int64_t>(ks) * 16 * ldP, sp, v0 + ks * unit, sv, two ? v1 + ks * unit : nullptr,
+                         sv, two);
             _tile_stored(0, at[0], stride[0]);
             _tile_stored(1, at[1], stride[1]);
             put_back(0, o0);

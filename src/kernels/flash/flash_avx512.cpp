@@ -575,16 +575,41 @@ struct Avx512Bf16Ops : Avx512Ops {
 //                                      nk % 16 rows (one zero-padded tile)
 //   Pᵀ pairs  (Jq, Mb)                Jq = ⌈Nb/32⌉·16: the softmax's pairs, rows past the
 //                                      block's keys zeroed per block
-//   V pairs   (16, Dv16) → Vᵀ (Dv16, Jq)   Dv16 = ⌈Dv/16⌉·16: interleaved as the bf16 path's,
-//                                      16 pair rows at a time, each transposed as 16 × 16 words
-//                                      (transpose16), once per key block for all panels
+//   V pairs   (16, Dv16) → Vᵀ units (Jq/16, Dv16, 16)   Dv16 = ⌈Dv/16⌉·16: interleaved as the
+//                                      bf16 path's, 16 pair rows (a 32-key unit) at a time, each
+//                                      transposed as 16 × 16 words (transpose16) while in L1
 //   staging   four 16 × 16 float32 C tiles (the scaled Sᵀ store; an Oᵀ tile past Dv)
 //   col max   Mb floats: Sᵀ's column maxima, written by qk_amx
+// and, shared by a thread's tasks (Workspace::thread_extra, thread_scratch_bytes):
+//   head Vᵀ   (⌈Lk/32⌉, Dv16, 16) with a header and a flag per unit, when ≤ kHeadVtBytes: the
+//             Vᵀ units of one (problem, b, KV head), kept across the thread's tasks (head_units)
 struct AmxBf16Ops : Avx512Bf16Ops {
     static std::int64_t round_up(std::int64_t n, std::int64_t m) { return (n + m - 1) / m * m; }
     static std::int64_t q_rows(const SdpaProblem& p) { return round_up(p.Dk, 32) / 2; }    // Dq
     static std::int64_t pair_rows(std::int64_t nk) { return round_up(half_up(nk), 16); }  // Jq
     static std::int64_t dv_rows(const SdpaProblem& p) { return round_up(p.Dv, 16); }      // Dv16
+    static std::int64_t unit_words(const SdpaProblem& p) { return dv_rows(p) * 16; }      // one 32-key Vᵀ unit
+
+    // A head's Vᵀ units are kept (head_units) up to this size, one copy per thread: Lk ≤ 8192 at
+    // Dv = 64 (S2's 4096: 512 KiB), Lk ≤ 4096 at Dv = 128 (S3: 1 MiB). The copy replaces V in the
+    // L2 (V's rows are read once per unit and thread, not once per task), so a head's K and Vᵀ
+    // need the L2 that K and V needed: 2 MiB on Sapphire Rapids, the only CPUs with AMX.
+    static constexpr std::int64_t kHeadVtBytes = std::int64_t{1} << 20;
+    static std::int64_t head_vt_units(const SdpaProblem& p) {
+        const std::int64_t units = (p.Lk + 31) / 32;
+        return 4 * units * unit_words(p) <= kHeadVtBytes ? units : 0;
+    }
+    // The head copy's header: whose Vᵀ it holds; a flag byte per unit (made or not) follows it.
+    // Workspace::thread_extra starts zeroed each call, so a fresh copy holds nobody's (p null):
+    // a copy never outlives the call whose V it was made from.
+    struct HeadVt {
+        const SdpaProblem* p;
+        std::int64_t b, hk;
+    };
+    static std::size_t thread_scratch_bytes(const SdpaProblem& p, const FlashTiles& /*t*/) {
+        const std::int64_t U = head_vt_units(p);
+        return U > 0 ? round64(sizeof(HeadVt)) + round64(U) + round64(4 * U * unit_words(p)) : 0;
+    }
 
     // The scratch regions in order (bytes, each a multiple of 64).
     struct Layout {
@@ -600,7 +625,7 @@ struct AmxBf16Ops : Avx512Bf16Ops {
         const Layout l = layout(p, t.Mb, t.Nb);
         return l.p + l.vv + l.vt + l.k + l.q + l.stage + l.colmax;
     }
-    // Region i of the layout (0: Pᵀ pairs, 1: V pairs, 2: Vᵀ, 3: K rows, 4: Qᵀ pairs, 5: staging,
+    // Region i of the layout (0: Pᵀ pairs, 1: V pairs, 2: Vᵀ units, 3: K rows, 4: Qᵀ pairs, 5: staging,
     // 6: Sᵀ's column maxima from qk_amx).
     static char* region(const SdpaProblem& p, const Workspace& w, int i) {
         const Layout l = layout(p, w.tile_mb, w.tile_nb);
@@ -673,34 +698,62 @@ struct AmxBf16Ops : Avx512Bf16Ops {
                                            keep_f32, as_stored ? col_max(p, w) : nullptr);
     }
 
-    // Vᵀ of keys [j0, j0+nk) as pair words (Dv16 rows × Jq): the V pairs (from the float32 rows vp
-    // when given, else straight from the tensor) with zero columns to Dv16 and zero rows to Jq,
-    // made 16 pair rows at a time and transposed 16 × 16 words at a time (a bit copy).
-    static const Pair* v_transposed(const SdpaProblem& p, const Workspace& w, std::int64_t b, std::int64_t hk,
-                                    std::int64_t j0, std::int64_t nk, const float* vp, std::int64_t ldv) {
-        const std::int64_t Jp = half_up(nk), Jq = pair_rows(nk), D16 = dv_rows(p);
+    // Vᵀ units (amx_dot.hpp, pv_amx) of keys [j0, j0 + 32·units) into dst, zero past key jend
+    // (the block's end, or Lk for the head's copy): V's pairs (from the float32 rows vp of keys
+    // j0.. when given, else straight from the tensor) with zero words to Dv16, made one unit
+    // (16 pair rows) at a time and transposed 16 × 16 words at a time while in L1 (a bit copy).
+    static void v_units(const SdpaProblem& p, const Workspace& w, std::int64_t b, std::int64_t hk, std::int64_t j0,
+                        std::int64_t jend, std::int64_t units, const float* vp, std::int64_t ldv, Pair* dst) {
+        const std::int64_t D16 = dv_rows(p);
         Pair* vv = reinterpret_cast<Pair*>(region(p, w, 1));
-        Pair* vt = reinterpret_cast<Pair*>(region(p, w, 2));
         const float* in[16];
         float* out[16];
-        // 16 pair rows (32 keys) at a time: their pairs stay in L1 for the transpose (the whole
-        // block's, 32 KiB at Nb = 256 and D = 64, would not).
-        for (std::int64_t k0 = 0; k0 < Jq; k0 += 16) {
-            const std::int64_t rows = imin(16, imax(Jp - k0, 0)), keys = imin(32, nk - 2 * k0);
-            if (rows > 0 && vp != nullptr) flash_bf16_avx512_ns::pack_pairs_bf16(vp + 2 * k0 * ldv, ldv, keys, p.Dv, vv, D16);
-            else if (rows > 0) v_pairs_direct(p, b, hk, j0 + 2 * k0, keys, vv, D16);
+        for (std::int64_t u = 0; u < units; ++u) {
+            const std::int64_t k0 = j0 + 32 * u, keys = imin(32, imax(jend - k0, 0)), rows = half_up(keys);
+            if (rows > 0 && vp != nullptr) flash_bf16_avx512_ns::pack_pairs_bf16(vp + (k0 - j0) * ldv, ldv, keys, p.Dv, vv, D16);
+            else if (rows > 0) v_pairs_direct(p, b, hk, k0, keys, vv, D16);
             if (D16 > p.Dv)
                 for (std::int64_t r = 0; r < rows; ++r) std::memset(vv + r * D16 + p.Dv, 0, sizeof(Pair) * static_cast<std::size_t>(D16 - p.Dv));
             std::memset(vv + rows * D16, 0, sizeof(Pair) * static_cast<std::size_t>((16 - rows) * D16));
+            Pair* unit = dst + u * unit_words(p);
             for (std::int64_t d0 = 0; d0 < D16; d0 += 16) {
                 for (int r = 0; r < 16; ++r) {
                     in[r] = reinterpret_cast<const float*>(vv + r * D16 + d0);
-                    out[r] = reinterpret_cast<float*>(vt + (d0 + r) * Jq + k0);
+                    out[r] = reinterpret_cast<float*>(unit + (d0 + r) * 16);
                 }
                 transpose16(in, out, nullptr);
             }
         }
-        return vt;
+    }
+
+    // The Vᵀ units of keys [j0, j0+nk) from the head's copy (thread_extra), each made the first time
+    // a block of this thread needs it: every later task of the same (problem, b, KV head) on this
+    // thread — and the other tasks of its group — reads them instead of pairing and transposing V
+    // again (S2: 32 query blocks a head, so 16 makes per head and thread become one; kernels-lab.md
+    // fwd-16). Null where the head's copy is not kept or the block does not cover whole units:
+    // j0 % 32 ≠ 0, or nk % 32 ≠ 0 short of Lk, where a unit would hold keys past the block, which
+    // the block's zero P rows meet (0·NaN is NaN, as amx_dot.hpp assumes; tdpbf16ps on the Sapphire
+    // Rapids VM gave 0) — those blocks make their own units. The same words either way (a bit copy
+    // of V), so the same results.
+    static const Pair* head_units(const SdpaProblem& p, const Workspace& w, std::int64_t b, std::int64_t hk,
+                                  std::int64_t j0, std::int64_t nk) {
+        const std::int64_t U = head_vt_units(p);
+        if (U == 0 || j0 % 32 != 0 || (nk % 32 != 0 && j0 + nk != p.Lk)) return nullptr;
+        char* r = static_cast<char*>(w.thread_extra);
+        HeadVt* h = reinterpret_cast<HeadVt*>(r);
+        unsigned char* made = reinterpret_cast<unsigned char*>(r + round64(sizeof(HeadVt)));
+        Pair* units = reinterpret_cast<Pair*>(r + round64(sizeof(HeadVt)) + round64(U));
+        if (h->p != &p || h->b != b || h->hk != hk) {  // another head's (or nobody's): start over
+            *h = HeadVt{&p, b, hk};
+            std::memset(made, 0, static_cast<std::size_t>(U));
+        }
+        const std::int64_t u0 = j0 / 32, u1 = (j0 + nk + 31) / 32;
+        for (std::int64_t u = u0; u < u1; ++u)
+            if (made[u] == 0) {
+                v_units(p, w, b, hk, 32 * u, p.Lk, 1, nullptr, 0, units + u * unit_words(p));
+                made[u] = 1;
+            }
+        return units + u0 * unit_words(p);
     }
 
     // Oᵀ ← α·Oᵀ + Vᵀ·Pᵀ: α applied to a panel's accumulator rows first, only where its running
@@ -713,7 +766,13 @@ struct AmxBf16Ops : Avx512Bf16Ops {
         Pair* pp = amx_p(w);
         if (!packed) flash_bf16_avx512_ns::pack_pairs_bf16(w.s, ldS, nk, ncols, pp, w.tile_mb);
         for (std::int64_t r = Jp; r < Jq; ++r) std::memset(pp + r * w.tile_mb, 0, sizeof(Pair) * static_cast<std::size_t>(ncols));
-        const Pair* vt = v_transposed(p, w, b, hk, j0, nk, vp, ldv);
+        // Vᵀ: the head's copy where it serves (V read from the tensor, whole units), else this block's.
+        const Pair* vt = vp == nullptr ? head_units(p, w, b, hk, j0, nk) : nullptr;
+        if (vt == nullptr) {
+            Pair* own = reinterpret_cast<Pair*>(region(p, w, 2));
+            v_units(p, w, b, hk, j0, j0 + nk, Jq / 16, vp, ldv, own);
+            vt = own;
+        }
         const __m512 one = _mm512_set1_ps(1.0f);
         for (int pn = 0; pn < panels; ++pn) {
             const float* al = w.alpha + pn * kPanel;
@@ -725,8 +784,8 @@ struct AmxBf16Ops : Avx512Bf16Ops {
                 _mm512_store_ps(o + 16, _mm512_mul_ps(_mm512_load_ps(o + 16), a1));
             }
         }
-        flash_amx_bf16_ns::pv_amx(pp, w.tile_mb, vt, static_cast<int>(Jq), static_cast<int>(Jq), static_cast<int>(p.Dv),
-                                  panels, acc, ldO, reinterpret_cast<float*>(region(p, w, 5)));
+        flash_amx_bf16_ns::pv_amx(pp, w.tile_mb, vt, static_cast<int>(Jq), static_cast<int>(p.Dv), panels, acc, ldO,
+                                  reinterpret_cast<float*>(region(p, w, 5)));
     }
 };
 

@@ -103,6 +103,8 @@
 //                                 float32 rows vp, or vp = nullptr: keys [j0, j0+nk) of V read by
 //                                 the Ops itself (the driver then calls v_rows only where it checks
 //                                 V); packed: Pᵀ as softmax_block packed it, else from the float32 Sᵀ
+// and, optionally (kOpsThreadScratch), thread_scratch_bytes(p, t): bytes of scratch all of a
+// thread's tasks share — a group's too — zeroed once per call (Workspace::thread_extra).
 // Without them the driver runs the float32 code below (pack_qt, tile_rows, Ops::qk, Ops::pv).
 // Everything else (score rule, softmax, non-finite handling, outputs) sees float32 Sᵀ,
 // Pᵀ and V rows either way.
@@ -164,6 +166,8 @@ inline constexpr bool kOpsPanelPairs = requires { Ops::kPairRows; };
 // Whether Ops defines the operand hooks (see the header).
 template <class Ops>
 inline constexpr bool kOpsOwnOperands = requires { &Ops::qk_block; };
+template <class Ops>
+inline constexpr bool kOpsThreadScratch = requires { &Ops::thread_scratch_bytes; };
 
 }  // namespace attn::detail::ATTN_FLASH_NS
 

@@ -104,7 +104,7 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
     if (plans == nullptr) throw_out_of_memory(static_cast<std::int64_t>(sizeof(JobPlan)) * (n + 1), "the flash kernel's plan");
     bool pack_k = false, group_tiles = false;
     int max_group = 1;
-    std::size_t extra = 0;
+    std::size_t extra = 0, thread_extra = 0;
     const std::int64_t sf = slot_floats(*jobs[0].p, t);  // the same head dims in every problem
     JobPlan sum;
     for (std::int64_t i = 0; i < n; ++i) {
@@ -136,6 +136,8 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
         j.group_tiles = !kOpsOwnOperands<Ops> && j.group > 1 && (p.paged != nullptr || converts_tiles(p) || rows_apart(p));
         group_tiles = group_tiles || j.group_tiles;  // a thread's first workspace holds the tiles
         if constexpr (kOpsOwnOperands<Ops>) extra = extra > Ops::scratch_bytes(p, t) ? extra : Ops::scratch_bytes(p, t);
+        if constexpr (kOpsThreadScratch<Ops>)
+            thread_extra = thread_extra > Ops::thread_scratch_bytes(p, t) ? thread_extra : Ops::thread_scratch_bytes(p, t);
     }
     plans[n] = sum;
     // The problems run in waves whose partials fit kMaxWaveFloats (flash_key_chunk caps one
@@ -176,12 +178,13 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
             Workspace* ws[kMaxQueryGroup] = {};
             bool failed = false;
             for (int g = 0; g < max_group; ++g) {
-                ws[g] = new (raw[g]) Workspace(*jobs[0].p, t, pack_k, extra, g == 0 && group_tiles);
+                ws[g] = new (raw[g]) Workspace(*jobs[0].p, t, pack_k, extra, g == 0 && group_tiles, g == 0 ? thread_extra : 0);
                 failed = failed || ws[g]->block == nullptr;
+                ws[g]->thread_extra = ws[0]->thread_extra;  // (the first workspace's, for all)
             }
             Workspace& w = *ws[0];
             if (failed) {
-                std::int64_t asked = 0;  // (only the first workspace holds the group's tiles)
+                std::int64_t asked = 0;  // (only the first workspace holds the group's tiles and thread_extra)
                 for (int g = 0; g < max_group; ++g) asked += static_cast<std::int64_t>(ws[g]->bytes);
 #pragma omp atomic write
                 failed_bytes = asked;

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
 #include "../../sdpa/problem.hpp"
 #include "flash.hpp"
@@ -41,12 +42,15 @@ struct Workspace {
     void* extra = nullptr;       // (extra_bytes, 64-aligned) an Ops' own scratch (operand hooks)
     float* gk = nullptr;         // (Nb, Dk) with group_tiles: a group's K tile, converted once for its
     float* gv = nullptr;         // (Nb, Dv)   tasks (run_group; the first workspace of a thread only)
+    void* thread_extra = nullptr;  // (thread_bytes) an Ops' scratch for all of a thread's tasks
+                                   // (Ops::thread_scratch_bytes): in the first workspace, zeroed once
+                                   // per call; run_flash points the thread's other workspaces at it
     int tile_mb = 0, tile_nb = 0;  // the tiles it was sized for (the hooks lay out `extra` by them)
     void* block = nullptr;
     std::size_t bytes = 0;  // of block: what the out-of-memory error names when it is null
 
     Workspace(const SdpaProblem& p, const FlashTiles& t, bool pack_k, std::size_t extra_bytes = 0,
-              bool group_tiles = false) {
+              bool group_tiles = false, std::size_t thread_bytes = 0) {
         tile_mb = t.Mb;
         tile_nb = t.Nb;
         const std::size_t Mb = static_cast<std::size_t>(t.Mb), Nb = static_cast<std::size_t>(t.Nb);
@@ -64,7 +68,8 @@ struct Workspace {
         const std::size_t extra_size = (extra_bytes + 63) / 64 * 64;
         const std::size_t gk_size = group_tiles ? round64(Nb * static_cast<std::size_t>(p.Dk)) : 0,
                           gv_size = group_tiles ? round64(Nb * static_cast<std::size_t>(p.Dv)) : 0;
-        std::size_t total = extra_size + gk_size + gv_size;
+        const std::size_t thread_size = (thread_bytes + 63) / 64 * 64;
+        std::size_t total = extra_size + gk_size + gv_size + thread_size;
         for (std::size_t sz : sizes) total += sz;
         bytes = total;
         block = std::aligned_alloc(64, total);
@@ -89,6 +94,11 @@ struct Workspace {
         if (group_tiles) {
             gk = reinterpret_cast<float*>(c);
             gv = reinterpret_cast<float*>(c + gk_size);
+        }
+        c += gk_size + gv_size;
+        if (thread_bytes > 0) {
+            thread_extra = c;
+            std::memset(thread_extra, 0, thread_size);
         }
     }
     ~Workspace() { std::free(block); }
