@@ -17,8 +17,9 @@ namespace attn::detail {
 // (L1/L2), and the lab's sweep (dev/flash_lab.cpp header; docs/kernels-lab.md, "The tile and block
 // sizes") found the other sizes equal within the noise or slower (Nb = 32 with Mb = 32: −35 % at
 // D = 64), at D = 128 and D = 64 alike; D = 256 measured at the same efficiency with 64 × 64.
-// On AMX tiles (Compute::bf16_amx) 128 queries × 256 keys: each task transposes V's key blocks for
-// itself and each tile product block starts and drains the tile pipeline, so fewer, larger tasks
+// On AMX tiles (Compute::bf16_amx) 128 queries × 256 keys: each task transposed V's key blocks for
+// itself (a thread's tasks share a head's since kernels-lab fwd-16; the sizes were not measured
+// again) and each tile product block starts and drains the tile pipeline, so fewer, larger tasks
 // and blocks pay off there — 128 × 128 was S2 (D = 64) −16 %, S3 (D = 128) −10 % CPU time per call
 // against 64 × 64 on the Sapphire Rapids VM; once the softmax lost its column-max pass over Sᵀ,
 // 256 keys (an Oᵀ tile block runs 8 steps, not 4) gained 3–4 % (S2) and 2–3 % (S3) on 128 × 128;
