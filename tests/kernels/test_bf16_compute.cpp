@@ -313,9 +313,10 @@ TEST(Bf16Compute, ColumnMaxSeesEveryKey) {
 // the bound against the reference, and the bits of 1 vs 2 threads and of grouped vs alone.
 // Then V NaN past each batch's key length: O's bits must not change (no unit across a block's
 // end may reach it — though on the Sapphire Rapids VM tdpbf16ps gave 0, not NaN, for 0·NaN and
-// 0·inf, so there only a wrong unit's visible values would show); and a second call on V changed
-// in place (a copy must not outlive its call). Where the CPU lacks AMX the same cases run on
-// vdpbf16ps.
+// 0·inf, so there only a wrong unit's visible values would show); and a call on V changed in
+// place (a copy must not outlive its call — the workspace zeroes it each call; without that
+// zeroing this test still passed here, the allocator not handing back an old copy with a
+// matching header). Where the CPU lacks AMX the same cases run on vdpbf16ps.
 TEST(Bf16Compute, HeadVtCopyAcrossTasks) {
     ATTN_NEED_BF16();
     std::mt19937_64 rng(20261206);
