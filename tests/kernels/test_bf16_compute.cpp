@@ -70,14 +70,17 @@ struct Case {
     std::string desc;
 };
 
-Case random_case(std::mt19937_64& rng) {
+// long_keys: more than one 256-key block (the AMX default tiles, 128 × 256) and query blocks of
+// 128 with a ragged last one.
+Case random_case(std::mt19937_64& rng, bool long_keys = false) {
     auto pick = [&](std::initializer_list<std::int64_t> xs) {
         std::vector<std::int64_t> v(xs);
         return v[std::uniform_int_distribution<std::size_t>(0, v.size() - 1)(rng)];
     };
     auto chance = [&](double p) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; };
     const std::int64_t B = pick({1, 2}), Hkv = pick({1, 2}), G = pick({1, 3}), Hq = Hkv * G;
-    const std::int64_t Lq = pick({1, 7, 33, 70, 130}), Lk = pick({1, 8, 63, 100, 130});
+    const std::int64_t Lq = long_keys ? pick({1, 129, 200}) : pick({1, 7, 33, 70, 130});
+    const std::int64_t Lk = long_keys ? pick({257, 300, 513}) : pick({1, 8, 63, 100, 130});
     // Head dims off the AMX tiles' 32-element reduction step and 16-row tiles on purpose.
     const std::int64_t Dk = pick({1, 3, 8, 17, 33, 64, 80, 96, 130}), Dv = pick({1, 3, 8, 16, 33, 64, 80, 130});
     Case c;
@@ -199,7 +202,7 @@ double check(const Case& c, const Out& got, const Out& ref) {
                     double s = 0;
                     for (std::int64_t d = 0; d < Dk; ++d)
                         s += std::fabs(test::at(q, b, h, i, d) * test::at(k, b, h / G, j, d));
-                    qk = std::max(qk, s);
+                    if (std::isfinite(s)) qk = std::max(qk, s);  // a non-finite score: the contract (below), not a bound
                 }
     const double slope = !c.slopes.view().empty() ? max_abs(c.slopes) : 0.0;
     const double dist = static_cast<double>(Lq + Lk + 64 + std::llabs(c.offset));  // as test_modifiers.cpp
@@ -208,7 +211,11 @@ double check(const Case& c, const Out& got, const Out& ref) {
     const double S = scale * qk + slope * dist;
     const double E = (Dk + 2) * kU * scale * qk + (c.opt.softcap > 0 ? c.opt.softcap * (1.5e-7 + 4 * kU) : 0.0) +
                      4 * kU * slope * dist + 8 * kU * (S + mask + sink);
-    const double vmax = max_abs(v), lsemax = max_abs(ref.lse);
+    // The finite lse only: a row with no visible key (−inf) must not make every row's bound infinite.
+    double lsemax = 0;
+    for (std::int64_t x = 0; x < ref.lse.numel(); ++x)
+        if (const double l = test::load(ref.lse, x); std::isfinite(l)) lsemax = std::max(lsemax, std::fabs(l));
+    const double vmax = max_abs(v);
     const double n = static_cast<double>(Lk);
     double worst = 0;
     auto track = [&](double err, double bound, const std::string& what) {
@@ -222,6 +229,12 @@ double check(const Case& c, const Out& got, const Out& ref) {
             for (std::int64_t i = 0; i < Lq; ++i) {
                 const std::string at = "(" + std::to_string(b) + "," + std::to_string(h) + "," + std::to_string(i);
                 const double rl = test::at(ref.lse, b, h, i), gl = test::at(got.lse, b, h, i);
+                if (std::isnan(rl)) {  // a visible NaN or +inf score: out and lse NaN (conventions, "Non-finite values")
+                    EXPECT_TRUE(test::written_nan(gl)) << c.desc << " lse" << at << ") = " << gl;
+                    for (std::int64_t d = 0; d < Dv; ++d)
+                        EXPECT_TRUE(test::written_nan(test::at(got.out, b, h, i, d))) << c.desc << " out" << at << "," << d << ")";
+                    continue;
+                }
                 if (std::isinf(rl)) {
                     EXPECT_EQ(gl, rl) << c.desc << " lse" << at;
                 } else {
@@ -366,6 +379,88 @@ TEST(Bf16Compute, HeadVtCopyAcrossTasks) {
         if (HasFailure()) break;
     }
     std::printf("worst error / bound: %.3g\n", worst);
+}
+
+// More than one key block at the default tiles (AMX: 128 queries × 256 keys, so Lk = 257 leaves a
+// block of one key, 300 one of 44, 513 three blocks), every mask kind and modifier: the running
+// max and α carried from block to block, with the column max from qk_amx where nothing changed
+// Sᵀ. 1 and 2 threads bit-identical.
+TEST(Bf16Compute, DefaultTilesOverSeveralKeyBlocks) {
+    ATTN_NEED_BF16();
+    std::mt19937_64 rng(20261206);
+    double worst = 0;
+    for (int n = 0; n < 16; ++n) {
+        const Case c = random_case(rng, true);
+        const Out ref = reference(c);
+        const Out one = run_flash(c, *row, 1);
+        worst = std::max(worst, check(c, one, ref));
+        const Out two = run_flash(c, *row, 2);
+        EXPECT_TRUE(bit_equal(one.out, two.out) && bit_equal(one.lse, two.lse)) << c.desc << ": 1 vs 2 threads";
+        if (HasFailure()) break;
+    }
+    std::printf("worst error / bound over the cases: %.3g\n", worst);
+}
+
+// Non-finite Q and K (docs/conventions.md, "Non-finite values"): a visible NaN or +inf score makes
+// the row's out and lse NaN, a −inf score is a zero weight (a row of only those sees no key: out
+// 0, lse −inf), and a masked key changes nothing whatever it holds. Dimension 0 of Q and K is
+// positive, so an infinity there gives scores of one sign. Without a mask the AMX path takes each
+// column's max from qk_amx's store, with one (causal, key lengths) from its own pass over Sᵀ:
+// both, over 300 keys (two blocks at the default tiles, so a NaN or infinite max meets the next
+// block's α) and over blocks of 40; a whole first block of −inf scores too.
+TEST(Bf16Compute, NonFiniteScores) {
+    ATTN_NEED_BF16();
+    const std::int64_t Lq = 70, Lk = 300, D = 40, Dv = 33;
+    std::mt19937_64 rng(2027);
+    int nan_rows = 0, empty_rows = 0, finite_rows = 0;
+    for (int mask = 0; mask < 3; ++mask)
+        for (int poison = 0; poison < 7; ++poison) {
+            Tensor q = test::randn(DType::f32, Shape{1, 2, Lq, D}, rng);
+            Tensor k = test::randn(DType::f32, Shape{1, 1, Lk, D}, rng);
+            for (std::int64_t x = 0; x < 2 * Lq; ++x) q.data_as<float>()[x * D] = std::fabs(q.data_as<float>()[x * D]) + 0.25f;
+            for (std::int64_t j = 0; j < Lk; ++j) k.data_as<float>()[j * D] = std::fabs(k.data_as<float>()[j * D]) + 0.25f;
+            const std::int64_t j = std::vector<std::int64_t>{0, 15, 16, 63, 255, 256, Lk - 1}[static_cast<std::size_t>(poison)];
+            const std::int64_t i = (7 * poison + 3) % Lq, d = 1 + poison % (D - 1);
+            std::string what;
+            switch (poison) {
+                case 0: k.data_as<float>()[j * D] = -INFINITY, what = "K[j][0] = -inf"; break;
+                case 1: k.data_as<float>()[j * D + d] = NAN, what = "K[j][d] = NaN"; break;
+                case 2: k.data_as<float>()[j * D] = INFINITY, what = "K[j][0] = +inf"; break;
+                case 3: q.data_as<float>()[i * D] = -INFINITY, what = "Q[i][0] = -inf"; break;
+                case 4: q.data_as<float>()[(Lq + i) * D + d] = NAN, what = "Q[i][d] = NaN (head 1)"; break;
+                case 5: q.data_as<float>()[i * D] = INFINITY, what = "Q[i][0] = +inf"; break;
+                default:
+                    for (std::int64_t x = 0; x < 256; ++x) k.data_as<float>()[x * D] = -INFINITY;
+                    what = "K[0..255][0] = -inf";
+            }
+            Case c;
+            c.q = test::to_storage(q, DType::bf16);
+            c.kstore = test::to_storage(k, DType::bf16);
+            c.kview = c.kstore.view();
+            c.v = test::to_storage(test::randn(DType::f32, Shape{1, 1, Lk, Dv}, rng), DType::bf16);
+            c.vview = c.v.view();
+            if (mask == 1) c.opt.causal = Causal::top_left;  // query i sees keys 0..i: a poison at j > i is masked
+            if (mask == 2) {
+                c.key_lengths = Tensor(DType::i64, Shape{1});
+                c.key_lengths.data_as<std::int64_t>()[0] = 260;  // keys 260.. masked for every row
+                c.opt.key_lengths = c.key_lengths;
+            }
+            c.desc = what + " j=" + std::to_string(j) + " i=" + std::to_string(i) + " mask=" + std::to_string(mask);
+            const Out ref = reference(c);
+            for (std::int64_t x = 0; x < ref.lse.numel(); ++x) {
+                const double l = test::load(ref.lse, x);
+                (std::isnan(l) ? nan_rows : std::isinf(l) ? empty_rows : finite_rows) += 1;
+            }
+            const detail::FlashTiles ragged{64, 40};
+            check(c, run_flash(c, *row, 1), ref);
+            check(c, run_flash(c, *row, 2, &ragged), ref);
+            if (HasFailure()) return;
+        }
+    // Each outcome of the contract was met (the poison is where the comments say).
+    EXPECT_GT(nan_rows, 0);
+    EXPECT_GT(empty_rows, 0);
+    EXPECT_GT(finite_rows, 0);
+    std::printf("rows: %d NaN, %d with no visible key, %d finite\n", nan_rows, empty_rows, finite_rows);
 }
 
 // An all-bfloat16 sdpa call reports the AMX kernel where the CPU has AMX-BF16.
