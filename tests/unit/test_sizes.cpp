@@ -21,6 +21,7 @@
 #include "attn/npy.hpp"
 #include "attn/safetensors.hpp"
 #include "attn/tensor.hpp"
+#include "core/allocate.hpp"
 #include "core/checked_size.hpp"
 
 // Under ASan, an allocation above its limit aborts unless it may return null; these tests
@@ -173,6 +174,18 @@ TEST(CheckedSize, RefusedAllocationNamesTheTensorAndTheBytes) {
         << m;
     // It is a std::bad_alloc, so code that handles running out of memory still does.
     EXPECT_THROW((Tensor(DType::f64, Shape{std::int64_t{1} << 50})), std::bad_alloc);
+}
+
+// A buffer of 2 MiB or more is padded to whole 2 MiB pages for aligned_alloc (allocate_streamed,
+// which every Tensor and KV cache takes): at the top of the int64 range that rounding must not wrap
+// to a small size that the system would give — refused, as OutOfMemory naming the buffer.
+TEST(CheckedSize, StreamedAllocationAtTheTopOfTheRangeIsRefused) {
+    constexpr std::int64_t kHuge = std::int64_t{2} << 20;
+    for (const std::int64_t bytes : {kMax, kMax - kHuge + 2, kMax / kHuge * kHuge, std::int64_t{1} << 62}) {
+        const std::string m = error_of<attn::OutOfMemory>([bytes] { attn::detail::allocate_streamed(bytes, "the cache"); });
+        EXPECT_TRUE(contains(m, "cannot allocate " + std::to_string(bytes) + " bytes")) << m;
+        EXPECT_TRUE(contains(m, "for the cache")) << m;
+    }
 }
 
 // ---- file headers ----------------------------------------------------------------------------

@@ -260,6 +260,28 @@ TEST(Tensor, OwningIs64ByteAlignedAndContiguous) {
     EXPECT_EQ(b.data(), p);
 }
 
+// A Tensor of 2 MiB or more starts on a 2 MiB boundary (core/allocate.hpp, allocate_streamed:
+// its whole 2 MiB pages advised as huge pages), a smaller one on 64 bytes; either way every byte
+// of it is the tensor's — written whole, both ends read back — just below, at and above 2 MiB and
+// with a tail past the last whole page. fill_zero zeroes all of it.
+TEST(Tensor, TwoMiBOrMoreStartsOnATwoMiBBoundary) {
+    constexpr std::int64_t kHuge = std::int64_t{2} << 20;
+    for (const std::int64_t bytes : {kHuge - 4, kHuge, kHuge + 4, 2 * kHuge - 4, 3 * kHuge + 4100}) {
+        Tensor t(DType::f32, Shape{bytes / 4});
+        EXPECT_EQ(reinterpret_cast<std::uintptr_t>(t.data()) % (bytes >= kHuge ? kHuge : 64), 0u) << bytes;
+        std::memset(t.data(), 0x5a, static_cast<std::size_t>(bytes));
+        float* f = t.data_as<float>();
+        f[0] = 1.0f;
+        f[bytes / 4 - 1] = 2.0f;
+        EXPECT_EQ(f[0], 1.0f);
+        EXPECT_EQ(f[bytes / 4 - 1], 2.0f);
+        const Tensor z(DType::f32, Shape{bytes / 4}, true);
+        std::int64_t nonzero = 0;
+        for (std::int64_t n = 0; n < bytes / 4; ++n) nonzero += z.data_as<float>()[n] != 0.0f;
+        EXPECT_EQ(nonzero, 0) << bytes;
+    }
+}
+
 TEST(Tensor, ToDtypeCopiesAStridedViewInLogicalOrder) {
     Tensor src(DType::f64, Shape{3, 4});
     for (int n = 0; n < 12; ++n) src.data_as<double>()[n] = n + 0.1;
