@@ -329,6 +329,33 @@ TEST(ModifiersKernels, FlashMatchesReferenceEveryRowAndThreadCount) {
     EXPECT_EQ(cases, 80);
 }
 
+// Query blocks of 96 and 160 (3 and 5 panels of 32): a block's panels two at a call
+// (kOpsPanelPairs: qk_modified_pair, pv_pair) and the odd last one alone (qk_modified, pv), each
+// call reading the ALiBi slopes and distances of its own columns; several heads share a block
+// when Lq < Mb. Key blocks of 40 and 64 (a ragged last one).
+TEST(ModifiersKernels, FlashOddPanelCountsMatchReference) {
+    std::mt19937_64 rng(2212);
+    int cases = 0;
+    for (int rep = 0; rep < 3; ++rep)
+        for (int kind = 0; kind < 8; ++kind) {
+            const Inputs in = random_case(rng, kind, false);
+            const Result ref = run_reference(in);
+            const Bound bd = bound_for(in, ref);
+            for (const detail::KernelSet* ks : detail::runnable_kernel_sets())
+                for (const detail::FlashTiles tiles : {detail::FlashTiles{96, 40}, detail::FlashTiles{160, 64}}) {
+                    const TensorView q = in.q, v = in.v;
+                    Result r{poisoned(DType::f32, Shape{q.dim(0), q.dim(1), q.dim(2), v.dim(3)}),
+                             poisoned(DType::f32, Shape{q.dim(0), q.dim(1), q.dim(2)})};
+                    TensorView l = r.lse;
+                    const detail::SdpaProblem p = detail::make_problem(in.q, in.k, in.v, in.opt, r.out, &l, nullptr);
+                    detail::flash_forward(p, *ks, 2, &tiles);
+                    expect_close(r, ref, bd, in.desc + " isa=" + detail::isa_name(ks->isa) + " Mb=" + std::to_string(tiles.Mb));
+                }
+            ++cases;
+        }
+    EXPECT_EQ(cases, 24);
+}
+
 TEST(ModifiersKernels, DecodeMatchesReferenceEveryRowAndSplit) {
     std::mt19937_64 rng(22);
     for (int rep = 0; rep < 8; ++rep)
