@@ -401,6 +401,34 @@ TEST(Bf16Compute, DefaultTilesOverSeveralKeyBlocks) {
     std::printf("worst error / bound over the cases: %.3g\n", worst);
 }
 
+// Whole key blocks masked for some rows: a bool mask hides keys 0..255 (the first block at the AMX
+// default tiles) from every third row, all keys from every seventh, and a random 30 % elsewhere;
+// so a row's first block leaves m = −inf and l = 0 for the next to start from, beside rows that
+// saw it. Against the reference, and the same with blocks of 40 keys.
+TEST(Bf16Compute, MaskedKeyBlocks) {
+    ATTN_NEED_BF16();
+    std::mt19937_64 rng(31);
+    const std::int64_t Lq = 130, Lk = 300, D = 64, Dv = 40;
+    Case c;
+    c.q = test::to_storage(test::randn(DType::f32, Shape{1, 2, Lq, D}, rng), DType::bf16);
+    c.kstore = test::to_storage(test::randn(DType::f32, Shape{1, 2, Lk, D}, rng), DType::bf16);
+    c.kview = c.kstore.view();
+    c.v = test::to_storage(test::randn(DType::f32, Shape{1, 2, Lk, Dv}, rng), DType::bf16);
+    c.vview = c.v.view();
+    c.bool_mask = test::random_bool(Shape{1, 1, Lq, Lk}, rng, 0.7);
+    std::uint8_t* m = c.bool_mask.data_as<std::uint8_t>();
+    for (std::int64_t i = 0; i < Lq; ++i)
+        for (std::int64_t j = 0; j < Lk; ++j) {
+            if (i % 7 == 0 || (i % 3 == 0 && j < 256)) m[i * Lk + j] = 0;
+        }
+    c.opt.bool_mask = c.bool_mask;
+    c.desc = "masked key blocks";
+    const Out ref = reference(c);
+    const detail::FlashTiles ragged{64, 40};
+    const double worst = std::max(check(c, run_flash(c, *row, 2), ref), check(c, run_flash(c, *row, 1, &ragged), ref));
+    std::printf("worst error / bound: %.3g\n", worst);
+}
+
 // Non-finite Q and K (docs/conventions.md, "Non-finite values"): a visible NaN or +inf score makes
 // the row's out and lse NaN, a −inf score is a zero weight (a row of only those sees no key: out
 // 0, lse −inf), and a masked key changes nothing whatever it holds. Dimension 0 of Q and K is
