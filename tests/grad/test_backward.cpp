@@ -131,13 +131,31 @@ double expect_float32_bound(const Grads& got, const Grads& ref) {
     return worst;
 }
 
+// random_cases with the sizes at the edges of the avx512 tile's GEMM (tile_avx512_gemm.inl: 6 × 64
+// micro-tiles on 1–4 vectors of 16 columns, the last under a mask): head dims padded to 40, 48, 104
+// and 120 columns (3 vectors; 64 + 3; 64 + 4, the last masked), ragged key blocks of 40 and 47 keys
+// (S and dP of 3 vectors), and query counts that leave 1–5 rows of a 6-row step.
+std::vector<Case> tile_edge_cases(int n, std::uint64_t seed) {
+    std::vector<Case> cases = random_cases(n, seed);
+    std::mt19937_64 rng(seed + 1);
+    auto pick = [&](std::initializer_list<std::int64_t> xs) { return *(xs.begin() + rng() % xs.size()); };
+    for (Case& c : cases) {
+        c.Lq = pick({5, 13, 40, 70, 103});
+        c.Lk = pick({40, 47, 104, 175});
+        c.Dk = pick({33, 40, 47, 100, 120});
+        c.Dv = rng() % 3 == 0 ? pick({36, 48, 112}) : c.Dk;
+    }
+    return cases;
+}
+
 // Forward and backward both run the kernel table's `isa` row (ScopedKernelSet).
-void check_against_reference(detail::Isa isa, int ncases, std::uint64_t seed) {
+void check_against_reference(detail::Isa isa, int ncases, std::uint64_t seed,
+                             std::vector<Case> (*cases)(int, std::uint64_t) = random_cases) {
     const detail::KernelSet* row = detail::kernel_set_for(isa);
     if (row == nullptr) GTEST_SKIP() << "skipped: CPU lacks " << detail::missing_features(isa);
     const detail::ScopedKernelSet use(*row);
     double worst = 0.0;
-    for (const Case& c : random_cases(ncases, seed)) {
+    for (const Case& c : cases(ncases, seed)) {
         SCOPED_TRACE(c.str());
         const Inputs f = make_inputs(c, DType::f32, seed ^ 0x5eed);
         SdpaReport rep;
@@ -151,6 +169,8 @@ void check_against_reference(detail::Isa isa, int ncases, std::uint64_t seed) {
 }
 
 TEST(FlashBackward, MatchesReferenceAvx512) { check_against_reference(detail::Isa::avx512, 120, 3); }
+
+TEST(FlashBackward, MatchesReferenceAvx512AtMicroTileEdges) { check_against_reference(detail::Isa::avx512, 24, 11, tile_edge_cases); }
 
 TEST(FlashBackward, MatchesReferenceAvx2) { check_against_reference(detail::Isa::avx2, 120, 1); }
 
