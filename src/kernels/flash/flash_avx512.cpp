@@ -12,12 +12,15 @@
 // 8/12/14 rows at 61–65 %: half the broadcasts per FMA. 8 rows divide the usual head dims
 // (64, 128) and the 64-key block, so pv has no ragged tile; 12 or 14 rows measured the same and
 // would leave one.
-// Two adjacent panels (every full 64-query block) run as one 4 rows × 64 queries tile instead
-// (qk_pair, pv_pair; the driver's kOpsPanelPairs): the same 16 accumulators, but 4 vector loads
-// and 4 broadcasts per 16 FMAs instead of 2 and 8, and the pv pair requests V's next line.
-// Sapphire Rapids VM, lab 1 thread: the pair S2 +1.8 %, the V request S3 +3–5 % (kernels-lab fwd-13);
-// fewer memory ops per FMA, so no slower on Zen 4/5 in principle, where the 8 × 32 tile already
-// runs at 94–97 % of the FMA loop.
+// Two adjacent panels (every full 64-query block) run as one 6 rows × 64 queries tile instead
+// (qk_pair, pv_pair; the driver's kOpsPanelPairs): 24 accumulators + 4 panel vectors + 1
+// broadcast of 32 zmm, 4 vector loads and 6 broadcasts per 24 FMAs (the 8 × 32 tile: 2 and 8
+// per 16), and the pv pair requests V's next line. A block of 64 keys or head-dim rows is 10
+// calls of 6 rows and one of 4 (with_rows: the ragged call has its own instantiation).
+// Sapphire Rapids VM, lab 1 thread: the pair as 4 × 64 S2 +1.8 %, the V request S3 +3–5 %
+// (kernels-lab fwd-13), 6 rows instead of 4 S2 +3 %, S3 +3–4 % (fwd-17); fewer memory ops per
+// FMA, so no slower on Zen 4/5 in principle, where the 8 × 32 tile already runs at 94–97 % of
+// the FMA loop.
 #include <immintrin.h>
 
 #include <type_traits>
@@ -41,18 +44,18 @@ namespace {
 #define ATTN_DECL_ACC(r) __m512 a##r##0 = _mm512_setzero_ps(), a##r##1 = a##r##0, a##r##2 = a##r##0, a##r##3 = a##r##0;
 
 // s[r][0..32P) = c2 · Σ_d k[r][d]·qt_p[d][0..32)   for r < R     k: (R, ldk), qt_p: (Dk, 32)
-// P panels of queries per call: 1 (8 rows × 32 queries) or 2 (4 rows × 64; the second panel's Qᵀ
-// at qt + Dk·32, pack_qt's layout, its scores at s + 32). Both are 16 accumulators; the pair
-// loads 4 Qᵀ vectors and broadcasts 4 K scalars per 16 FMAs instead of 2 and 8 (docs/kernels.md,
-// "Where the FLOPs go, tile sizes"). Each score is the same FMA chain over d either way: the
-// same bits.
+// P panels of queries per call: 1 (8 rows × 32 queries, 16 accumulators) or 2 (6 rows × 64, 24
+// accumulators; the second panel's Qᵀ at qt + Dk·32, pack_qt's layout, its scores at s + 32); the
+// pair loads 4 Qᵀ vectors and broadcasts 6 K scalars per 24 FMAs instead of 2 and 8 per 16
+// (docs/kernels.md, "Where the FLOPs go, tile sizes"). Each score is the same FMA chain over d
+// either way: the same bits.
 // M (QkModifiers, flash_driver.hpp) applied in registers before the store: bit 0 the softcap
 // c·tanh(s/c) (tanh_vec, the function tile_modifiers runs), bit 1 ALiBi s − slope·|rel − j|
 // with j = j_first + r — no second pass over the tile.
 template <int R, int P = 1, int M = 0>
 inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, float c2, float* s, int ldS,
                     const QkModifiers* mods = nullptr, float j_first = 0.0f) {
-    static_assert((P == 1 && R <= 8) || (P == 2 && R <= 4), "16 accumulators at most");
+    static_assert((P == 1 && R <= 8) || (P == 2 && R <= 6), "16 (one panel) or 24 (pair) accumulators at most");
     ATTN_ROWS(ATTN_DECL_ACC)
     const float* qt1 = qt + static_cast<std::int64_t>(Dk) * 32;  // the second panel (P = 2)
     for (int d = 0; d < Dk; ++d) {
@@ -131,12 +134,12 @@ inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, f
 }
 
 // ot[r][0..32P) = alpha·ot[r] + Σ_j v[j][r]·p[j][0..32P)   for r < R   v: (nk, ldv), p: (nk, ldP)
-// P as qk_tile: 1 panel (8 rows × 32 queries) or 2 adjacent panels (4 rows × 64: Pᵀ's and Oᵀ's
+// P as qk_tile: 1 panel (8 rows × 32 queries) or 2 adjacent panels (6 rows × 64: Pᵀ's and Oᵀ's
 // columns of the two panels are contiguous); the same FMA chain over j per element either way.
 template <int R, int P = 1>
 inline void pv_tile(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, float* ot, int ldO,
                     const float* alpha) {
-    static_assert((P == 1 && R <= 8) || (P == 2 && R <= 4), "16 accumulators at most");
+    static_assert((P == 1 && R <= 8) || (P == 2 && R <= 6), "16 (one panel) or 24 (pair) accumulators at most");
     const __m512 al0 = _mm512_load_ps(alpha), al1 = _mm512_load_ps(alpha + 16);
     [[maybe_unused]] __m512 al2 = al0, al3 = al1;
     if constexpr (P == 2) {
@@ -213,12 +216,12 @@ __attribute__((always_inline)) inline void with_rows(int rows, F&& f) {
 struct Avx512Ops {
     static constexpr int kPanel = kFlashPanelAvx512;  // queries per panel: 2 zmm
     static constexpr int kRows = 8;      // keys (qk) / head-dim rows (pv) per call: the 8 × 32 tile
-    static constexpr int kPairRows = 4;  // the same per call of the pair tile, 4 × 64 (qk_pair, pv_pair)
+    static constexpr int kPairRows = 6;  // the same per call of the pair tile, 6 × 64 (qk_pair, pv_pair)
 
     // P panels per call (qk_tile): qk one, qk_pair two adjacent ones (the driver's kOpsPanelPairs).
     template <int P>
     static void qk_p(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s, int ldS) {
-        with_rows<8 / P>(rows, [&](auto R) { qk_tile<decltype(R)::value, P>(qt, k, ldk, Dk, c2, s, ldS); });
+        with_rows<P == 1 ? kRows : kPairRows>(rows, [&](auto R) { qk_tile<decltype(R)::value, P>(qt, k, ldk, Dk, c2, s, ldS); });
     }
     static void qk(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s, int ldS) {
         qk_p<1>(qt, k, ldk, rows, Dk, c2, s, ldS);
@@ -232,7 +235,7 @@ struct Avx512Ops {
     template <int M, int P>
     static void qk_mod(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s, int ldS,
                        const QkModifiers& m, float j_first) {
-        with_rows<8 / P>(rows, [&](auto R) { qk_tile<decltype(R)::value, P, M>(qt, k, ldk, Dk, c2, s, ldS, &m, j_first); });
+        with_rows<P == 1 ? kRows : kPairRows>(rows, [&](auto R) { qk_tile<decltype(R)::value, P, M>(qt, k, ldk, Dk, c2, s, ldS, &m, j_first); });
     }
     template <int P>
     static void qk_modified_p(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s,
@@ -263,7 +266,7 @@ struct Avx512Ops {
     template <int P>
     static void pv_p(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, int rows, float* ot, int ldO,
                      const float* alpha) {
-        with_rows<8 / P>(rows, [&](auto R) { pv_tile<decltype(R)::value, P>(p, ldP, v, ldv, nk, ot, ldO, alpha); });
+        with_rows<P == 1 ? kRows : kPairRows>(rows, [&](auto R) { pv_tile<decltype(R)::value, P>(p, ldP, v, ldv, nk, ot, ldO, alpha); });
     }
     static void pv(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, int rows, float* ot, int ldO,
                    const float* alpha) {

@@ -65,16 +65,16 @@
 //   Q·Kᵀ: Dk FMAs (micro-kernel qk, AVX2: 6 keys × 16 queries = 12 ymm accumulators; per d:
 //         2 vector loads of Qᵀ, 6 broadcasts of K, 12 FMAs. AVX-512: 8 keys × 32 queries =
 //         16 zmm; per d: 2 loads, 8 broadcasts, 16 FMAs — or, two panels at once
-//         (kOpsPanelPairs), 4 keys × 64 queries: 4 loads, 4 broadcasts, 16 FMAs)
+//         (kOpsPanelPairs), 6 keys × 64 queries: 4 loads, 6 broadcasts, 24 FMAs)
 //   P·V:  Dv FMAs (micro-kernel pv: the same tiles over head-dim rows; per key: 2 vector
-//         loads of Pᵀ, 6 (8) broadcasts of V, 12 (16) FMAs; the AVX-512 pair 4 and 4)
+//         loads of Pᵀ, 6 (8) broadcasts of V, 12 (16) FMAs; the AVX-512 pair 4, 6 and 24)
 //   softmax: 1 max, 1 sub, exp2 (6 FMAs + ~6 other ops), 1 add  — per 8 pairs, i.e.
 //         ≈ 15 vector ops against (Dk + Dv) FMAs: ≈ 12 % extra at D = 64, 6 % at 128.
 //   counted (the benchmark's formula): 2·Dk + 2·Dv FLOPs per pair = 4·D.
 //
 // ── Tiles ────────────────────────────────────────────────────────────────────────────
 // Register tile 6 × 16 (AVX2): 12 accumulators + 2 panel vectors + 1 broadcast = 15 of 16 ymm;
-// 8 × 32 (AVX-512): 16 + 2 of 32 zmm, and 4 × 64 over two panels (16 + 4). Panel width and
+// 8 × 32 (AVX-512): 16 + 2 of 32 zmm, and 6 × 64 over two panels (24 + 4 + 1). Panel width and
 // rows are Ops::kPanel / Ops::kRows (Ops::kPairRows).
 // Mb (queries per task) = Nb (keys per block) = 64 (flash_default_tiles; 128 × 256 on AMX tiles): Qᵀ, Sᵀ and Oᵀ
 // of a task are 16 KiB each at D = 64, so the micro-kernels stream from L1/L2. Measured
@@ -155,7 +155,7 @@ struct QkModifiers {
 template <class Ops>
 inline constexpr bool kOpsFuseModifiers = requires { &Ops::qk_modified; };
 
-// Whether Ops has a tile over two adjacent panels as well (AVX-512: 4 rows × 64 queries besides
+// Whether Ops has a tile over two adjacent panels as well (AVX-512: 6 rows × 64 queries besides
 // 8 × 32): Ops::kPairRows rows per call of qk_pair, pv_pair and, with kOpsFuseModifiers,
 // qk_modified_pair — the signatures of qk, pv and qk_modified, reading the second panel's Qᵀ at
 // qt + Dk·kPanel and its Sᵀ/Oᵀ columns at + kPanel. The driver runs a block's panels in pairs
