@@ -70,6 +70,10 @@ struct GemmArgs {
     // packed on this call's row for this K and N — else B/B16 are read as usual, so they must
     // stay valid. The result is bit-identical either way (the same panels, the same kernel).
     const PackedB* packed = nullptr;
+    // The L2 size (bytes) the A and B blocks are fitted to (gemm_driver.hpp, cache_blocks); 0: this
+    // CPU's (CpuFeatures::l2_bytes). The bits do not depend on it — only the order tiles are
+    // computed in — so tests set it to run another CPU's blocks here.
+    std::int64_t l2_bytes = 0;
     // (Set by sgemm for the driver: the packed panels it uses, or null. Not for callers.)
     const float* packed_panels = nullptr;
     // (Set by sgemm too: the caller's interrupt flag, core/interrupt.hpp. Once it is set, the

@@ -131,7 +131,8 @@ constexpr std::int64_t a_panel_floats(std::int64_t kc) {
     else return U::kMR * depth<U>(kc);
 }
 
-// The blocks above KC, sized to this CPU's L2 (CpuFeatures::l2_bytes): MC rows of packed A
+// The blocks above KC, sized to this CPU's L2 (CpuFeatures::l2_bytes; GemmArgs::l2_bytes for a test
+// running another CPU's blocks): MC rows of packed A
 // per A block, and B blocks of `slivers` NR slivers — every panel of an A block meets every
 // sliver of a B block before the next B block, so both stay in L2 (the A block and one B block
 // fill at most 4/5 of it: half for A at most) and C is written in runs of slivers·NR columns
@@ -146,8 +147,8 @@ struct CacheBlocks {
     std::int64_t mc, slivers;
 };
 template <class U>
-CacheBlocks cache_blocks(std::int64_t kc, std::int64_t m) {
-    const std::int64_t budget = cpu_features().l2_bytes / 5 * 4;
+CacheBlocks cache_blocks(std::int64_t kc, std::int64_t m, std::int64_t l2_bytes) {
+    const std::int64_t budget = (l2_bytes > 0 ? l2_bytes : cpu_features().l2_bytes) / 5 * 4;
     const std::int64_t panel_bytes = a_panel_floats<U>(kc) * 4, sliver_bytes = U::kNR * depth<U>(kc) * 4;
     std::int64_t mc = std::max<std::int64_t>(U::kMC, budget / 2 / panel_bytes * U::kMR);
     mc = std::min({mc, 4 * U::kMC, ceil_div(m, U::kMR) * U::kMR});
@@ -491,7 +492,7 @@ void gemm_driver(const GemmArgs& g) {
     // K in equal chunks of at most KC (a function of K only: the determinism contract).
     const std::int64_t nk = ceil_div(g.K, U::kKC), kc_max = ceil_div(g.K, nk);
     const std::int64_t nn = ceil_div(g.N, U::kNC), nc_max = ceil_div(ceil_div(g.N, nn), NR) * NR;
-    const CacheBlocks blocks = cache_blocks<U>(kc_max, g.M);
+    const CacheBlocks blocks = cache_blocks<U>(kc_max, g.M, g.l2_bytes);
     const std::int64_t mc_max = blocks.mc;
     const std::int64_t m_panels = ceil_div(g.M, MR);
     static_assert(U::kMC % MR == 0, "MC blocks of whole panels");

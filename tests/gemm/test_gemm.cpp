@@ -83,9 +83,11 @@ GemmArgs args_of(const Problem& p, std::vector<float>& c) {
     return g;
 }
 
-std::vector<float> run(const KernelSet& row, const Problem& p, int threads) {
+// l2: the L2 size the blocks are fitted to (GemmArgs::l2_bytes; 0: this CPU's).
+std::vector<float> run(const KernelSet& row, const Problem& p, int threads, std::int64_t l2 = 0) {
     std::vector<float> c = p.c0;
-    const GemmArgs g = args_of(p, c);
+    GemmArgs g = args_of(p, c);
+    g.l2_bytes = l2;
     const int before = omp_get_max_threads();
     omp_set_num_threads(threads);
     sgemm(row, g);
@@ -274,9 +276,10 @@ GemmEntry bf16_kernel(const KernelSet& row) {
 
 std::vector<float> run_bf16(const KernelSet& row, const Problem& p, const std::vector<std::uint16_t>& a16,
                             const std::vector<std::uint16_t>& b16, int threads, bool direct = false,
-                            const PackedB* packed = nullptr, const float* bias = nullptr) {
+                            const PackedB* packed = nullptr, const float* bias = nullptr, std::int64_t l2 = 0) {
     std::vector<float> c = p.c0;
     GemmArgs g = args_of(p, c);
+    g.l2_bytes = l2;
     if (bias != nullptr) {  // beta = 0 with the bias; C poisoned
         g.beta = 0.0f;
         g.bias = bias;
@@ -303,6 +306,43 @@ std::vector<std::uint16_t> to_bf16_in_place(std::vector<float>& v) {  // v round
         v[i] = bf16_to_float(h[i]);
     }
     return h;
+}
+
+// The A and B blocks follow the L2 size (gemm_driver.hpp, cache_blocks), which only reorders the
+// tiles: with the blocks of a tiny L2 (32 KiB: MC = kMC, one sliver per B block), Zen 3's 512 KiB,
+// 1 MiB, 2 MiB and a huge one (64 MiB: MC = 4·kMC or all rows, every sliver in one block), each
+// row gives the bits of its call with this CPU's L2 — float32, and bfloat16 A and B (the pair or
+// AMX kernel where the CPU has one) — and the float32 result is within the reference bound.
+TEST(Gemm, L2SizeReordersTilesOnlyOnEveryRow) {
+    std::mt19937 rng(23);
+    struct Shape {
+        bool ta, tb;
+        std::int64_t M, N, K;
+    };
+    const std::int64_t l2s[] = {std::int64_t{32} << 10, std::int64_t{512} << 10, std::int64_t{1} << 20,
+                                std::int64_t{2} << 20, std::int64_t{64} << 20};
+    for (const KernelSet* row : rows_or_skip()) {
+        SCOPED_TRACE(isa_name(row->isa));
+        for (const Shape s : {Shape{false, true, 611, 713, 777}, Shape{true, false, 517, 203, 1101}, Shape{false, true, 40, 2500, 300}}) {
+            Problem p = make(s.ta, s.tb, s.M, s.N, s.K, 1.0f, rng);
+            const std::string what = "M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K);
+            const std::vector<float> base = run(*row, p, 2);
+            bool padding_kept = false;
+            EXPECT_LE(worst_ratio(p, base, &padding_kept), 1.0) << what;
+            EXPECT_TRUE(padding_kept) << what;
+            for (const std::int64_t l2 : l2s)
+                EXPECT_EQ(std::memcmp(base.data(), run(*row, p, 2, l2).data(), base.size() * sizeof(float)), 0)
+                    << what << " l2=" << l2;
+            const std::vector<std::uint16_t> a16 = to_bf16_in_place(p.a), b16 = to_bf16_in_place(p.b);
+            const std::vector<float> base16 = run_bf16(*row, p, a16, b16, 2);
+            for (const std::int64_t l2 : l2s)
+                EXPECT_EQ(std::memcmp(base16.data(), run_bf16(*row, p, a16, b16, 2, false, nullptr, nullptr, l2).data(),
+                                      base16.size() * sizeof(float)),
+                          0)
+                    << what << " bfloat16, l2=" << l2;
+            if (HasFailure()) return;
+        }
+    }
 }
 
 TEST(Gemm, Bf16KernelMatchesDoubleReferenceAndIsThreadCountFree) {
