@@ -286,7 +286,10 @@ struct Avx512Ops {
             const __m512 mx = cm.max, use = cm.use;
             // Natural-unit scores: 2^((s − max)·log2 e) (flash_driver.hpp says why). Every
             // exponent is ≤ 0 or NaN (use ≥ each s and ≥ mold; −inf where max is −inf), so the
-            // exp2 without the upper clamp (exp2_avx512.hpp) gives the same bits.
+            // exp2 without the upper clamp (exp2_avx512.hpp) gives the same bits — except in a
+            // column holding a NaN score, whose max may skip scores before it (vmaxps returns
+            // its second operand on NaN): an exponent there can be positive, but that column's
+            // sum is NaN already, and so are its output and lse.
             const __m512 al = exp2_nonpositive_ps512(_mm512_mul_ps(_mm512_sub_ps(mold, use), l2e));
             __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();  // two sum chains (latency)
             int j = 0;
