@@ -46,12 +46,14 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -90,6 +92,13 @@ void fill(const Tensor& t, unsigned seed) { fill(t.data_as<float>(), t.numel(), 
 
 }  // namespace
 
+constexpr const char* kUsage =
+    "flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--splits N] [--group N]\n"
+    "          [--isa portable|avx2|avx512] [--threads N] [--reps N] [--peak] [--no-check] [--no-warmup] [--paired N]\n"
+    "          [--mha-layout] [--huge] [--kv f16|bf16]\n"
+    "--isa: the kernel-table row (default: the one attn picks on this CPU, ATTN_ISA included).\n"
+    "The comment at the top of dev/flash_lab.cpp says what each option does.\n";
+
 int run(int argc, char** argv) {
     std::int64_t B = 1, H = 16, Lq = 4096, Lk = 4096, D = 64, Hkv = 0;
     bool causal = false, peak = false, check = true, warmup = true, mha_layout = false, huge = false;
@@ -97,13 +106,19 @@ int run(int argc, char** argv) {
     DType kv_dtype = DType::f32;
     FlashTiles tiles{};
     bool tiles_set_mb = false, tiles_set_nb = false;
-    Isa isa = Isa::avx2;
+    Isa isa = kernel_set().isa;
     int threads = 2, reps = 5;
     std::vector<std::string> pos;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
-        auto next = [&] { return std::string(argv[++i]); };
-        if (a == "--shape") {
+        auto next = [&] {
+            if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
+            return std::string(argv[++i]);
+        };
+        if (a == "--help" || a == "-h") {
+            std::fputs(kUsage, stdout);
+            return 0;
+        } else if (a == "--shape") {
             std::string s = next();
             if (s == "S1") { B = 1; H = 16; Lq = Lk = 1024; D = 64; causal = false; }
             else if (s == "S2") { B = 1; H = 16; Lq = Lk = 4096; D = 64; causal = false; }
@@ -119,6 +134,10 @@ int run(int argc, char** argv) {
         else if (a == "--group") tiles.query_group = std::stoi(next());  // query blocks per group (1: none)
         else if (a == "--isa") {
             const std::string n = next();
+            if (n != "portable" && n != "avx2" && n != "avx512") {
+                std::fprintf(stderr, "--isa must be portable, avx2 or avx512 but got %s\n", n.c_str());
+                return 2;
+            }
             isa = n == "portable" ? Isa::portable : n == "avx512" ? Isa::avx512 : Isa::avx2;
         }
         else if (a == "--threads") threads = std::stoi(next());
@@ -140,7 +159,10 @@ int run(int argc, char** argv) {
         // N × (FMA loop, kernel) back to back: on a shared machine the ratio of two
         // neighbouring runs is steadier than either number.
         else if (a == "--paired") paired = std::stoi(next());
-        else pos.push_back(a);
+        else if (a.size() > 1 && a[0] == '-' && !std::isdigit(static_cast<unsigned char>(a[1]))) {
+            std::fprintf(stderr, "unknown option %s\n%s", a.c_str(), kUsage);
+            return 2;
+        } else pos.push_back(a);
     }
     if (!cpu_supports(isa)) {
         std::fprintf(stderr, "--isa %s: this CPU cannot run it\n", isa_name(isa));
