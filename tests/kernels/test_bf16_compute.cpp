@@ -266,6 +266,19 @@ double check(const Case& c, const Out& got, const Out& ref) {
 
 using test::bit_equal;
 
+// O and lse, bit for bit.
+bool same_bits(const Out& a, const Out& b) { return bit_equal(a.out, b.out) && bit_equal(a.lse, b.lse); }
+
+// The call on 1 thread checked against ref (worst: the largest error/bound ratio so far), and on
+// 2 threads bit for bit the same; returns the 1-thread result.
+Out one_and_two_threads(const Case& c, const detail::KernelSet& row, const Out& ref, double& worst,
+                        const detail::FlashTiles* tiles = nullptr) {
+    Out one = run_flash(c, row, 1, tiles);
+    worst = std::max(worst, check(c, one, ref));
+    EXPECT_TRUE(same_bits(one, run_flash(c, row, 2, tiles))) << c.desc << ": 1 vs 2 threads";
+    return one;
+}
+
 TEST(Bf16Compute, RandomCasesMatchReference) {
     ATTN_NEED_BF16();
     std::mt19937_64 rng(20261201);
@@ -273,10 +286,7 @@ TEST(Bf16Compute, RandomCasesMatchReference) {
     for (int n = 0; n < 60; ++n) {
         const Case c = random_case(rng);
         const Out ref = reference(c);
-        const Out one = run_flash(c, *row, 1);
-        worst = std::max(worst, check(c, one, ref));
-        const Out two = run_flash(c, *row, 2);
-        EXPECT_TRUE(bit_equal(one.out, two.out) && bit_equal(one.lse, two.lse)) << c.desc << ": 1 vs 2 threads";
+        one_and_two_threads(c, *row, ref, worst);
         const detail::FlashTiles split{64, 16, 3};  // each task's keys in 3 chunks, merged
         worst = std::max(worst, check(c, run_flash(c, *row, 2, &split), ref));
         const detail::FlashTiles ragged{64, 40};  // key blocks of 40: a partial 16-key tile in each
@@ -284,7 +294,7 @@ TEST(Bf16Compute, RandomCasesMatchReference) {
         const detail::FlashTiles grouped{32, 16, 0, 3};  // query blocks of 32 in groups of 3: the same bits
         const detail::FlashTiles alone{32, 16, 0, 1};
         const Out g = run_flash(c, *row, 2, &grouped), a = run_flash(c, *row, 2, &alone);
-        EXPECT_TRUE(bit_equal(g.out, a.out) && bit_equal(g.lse, a.lse)) << c.desc << ": grouped vs one task at a time";
+        EXPECT_TRUE(same_bits(g, a)) << c.desc << ": grouped vs one task at a time";
         if (HasFailure()) break;
     }
     std::printf("worst error / bound over the cases: %.3g\n", worst);
@@ -359,11 +369,10 @@ TEST(Bf16Compute, HeadVtCopyAcrossTasks) {
         c.desc = "G=" + std::to_string(s.G) + " Lq=" + std::to_string(s.Lq) + " Lk=" + std::to_string(s.Lk) +
                  " D=" + std::to_string(s.D) + " mask=" + std::to_string(s.mask);
         const Out ref = reference(c);
-        const Out one = run_flash(c, *row, 1, &small), two = run_flash(c, *row, 2, &small);
-        worst = std::max({worst, check(c, one, ref), check(c, run_flash(c, *row, 1, &ragged), ref)});
-        EXPECT_TRUE(bit_equal(one.out, two.out) && bit_equal(one.lse, two.lse)) << c.desc << ": 1 vs 2 threads";
+        const Out one = one_and_two_threads(c, *row, ref, worst, &small);
+        worst = std::max(worst, check(c, run_flash(c, *row, 1, &ragged), ref));
         const Out g = run_flash(c, *row, 2, &grouped), a = run_flash(c, *row, 2, &alone);
-        EXPECT_TRUE(bit_equal(g.out, a.out) && bit_equal(g.lse, a.lse)) << c.desc << ": grouped vs one task at a time";
+        EXPECT_TRUE(same_bits(g, a)) << c.desc << ": grouped vs one task at a time";
         if (s.mask == 2) {  // V NaN past each key length (in place): never seen, must not reach O
             for (std::int64_t b = 0; b < B; ++b)
                 for (std::int64_t h = 0; h < Hkv; ++h)
@@ -392,10 +401,7 @@ TEST(Bf16Compute, DefaultTilesOverSeveralKeyBlocks) {
     for (int n = 0; n < 16; ++n) {
         const Case c = random_case(rng, true);
         const Out ref = reference(c);
-        const Out one = run_flash(c, *row, 1);
-        worst = std::max(worst, check(c, one, ref));
-        const Out two = run_flash(c, *row, 2);
-        EXPECT_TRUE(bit_equal(one.out, two.out) && bit_equal(one.lse, two.lse)) << c.desc << ": 1 vs 2 threads";
+        one_and_two_threads(c, *row, ref, worst);
         if (HasFailure()) break;
     }
     std::printf("worst error / bound over the cases: %.3g\n", worst);
