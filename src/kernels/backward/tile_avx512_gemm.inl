@@ -39,7 +39,7 @@ struct UkernelOps;
 // Accumulators are named variables, not an array (the AVX2 tile's comment says why).
 // C(MR × 16·NV) (+)= Σ_{k < K} A(r, k) · B(k, ·); A(r, k) = a[r·a_rs + k·a_ks], B rows with
 // stride ldb; NV vectors of 16 columns, the last one under `last` (all ones, or the N edge).
-template <int MR, int NV, class Elem>
+template <int MR, int NV, bool Edge, class Elem>
 inline void ukernel(int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const Elem* b,
                     std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool accumulate, __mmask16 last) {
     static_assert(MR >= 1 && MR <= 6 && NV >= 1 && NV <= 4);
@@ -47,7 +47,14 @@ inline void ukernel(int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_
     using AVec = typename Ops::AVec;
     using BVec = typename Ops::BVec;
     constexpr __mmask16 kAll = 0xFFFF;
-    const __mmask16 m0 = NV == 1 ? last : kAll, m1 = NV == 2 ? last : kAll, m2 = NV == 3 ? last : kAll, m3 = last;
+    const __mmask16 edge = Edge ? last : kAll;  // a constant off the edge: C's loads and stores whole
+    const __mmask16 m0 = NV == 1 ? edge : kAll, m1 = NV == 2 ? edge : kAll, m2 = NV == 3 ? edge : kAll, m3 = edge;
+    // The last vector of B under its mask only on an N edge (Edge): every 64-column panel loaded
+    // its last vector masked (hot in L1, K = 64: whole loads 1–3 % faster, kernels-lab.md#bwd-7).
+    const auto load_last = [&](__mmask16 m, const Elem* p) {
+        if constexpr (Edge) return Ops::load(m, p);
+        else return Ops::load(p);
+    };
     __m512 c00 = _mm512_setzero_ps(), c01 = c00, c02 = c00, c03 = c00, c10 = c00, c11 = c00, c12 = c00, c13 = c00;
     __m512 c20 = c00, c21 = c00, c22 = c00, c23 = c00, c30 = c00, c31 = c00, c32 = c00, c33 = c00;
     __m512 c40 = c00, c41 = c00, c42 = c00, c43 = c00, c50 = c00, c51 = c00, c52 = c00, c53 = c00;
@@ -73,10 +80,10 @@ inline void ukernel(int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_
     std::ptrdiff_t o = 0;
     for (int k = 0; k < K; ++k, o += a_ks, b += ldb) {
         // the last vector of B under its mask, the others whole (unused ones: b0 again, dead)
-        const BVec b0 = NV == 1 ? Ops::load(m0, b) : Ops::load(b);
-        const BVec b1 = NV == 2 ? Ops::load(m1, b + 16) : NV > 2 ? Ops::load(b + 16) : b0;
-        const BVec b2 = NV == 3 ? Ops::load(m2, b + 32) : NV > 3 ? Ops::load(b + 32) : b0;
-        const BVec b3 = NV == 4 ? Ops::load(m3, b + 48) : b0;
+        const BVec b0 = NV == 1 ? load_last(m0, b) : Ops::load(b);
+        const BVec b1 = NV == 2 ? load_last(m1, b + 16) : NV > 2 ? Ops::load(b + 16) : b0;
+        const BVec b2 = NV == 3 ? load_last(m2, b + 32) : NV > 3 ? Ops::load(b + 32) : b0;
+        const BVec b3 = NV == 4 ? load_last(m3, b + 48) : b0;
         ATTN_ROWS(ATTN_MADD)
     }
 #define ATTN_STORE(r, x0, x1, x2, x3)                                                 \
@@ -93,17 +100,25 @@ inline void ukernel(int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_
 #undef ATTN_STORE
 }
 
-template <int NV, class Elem>
+template <int NV, bool Edge, class Elem>
 inline void ukernel_rows(int mr, int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const Elem* b,
                          std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool acc, __mmask16 last) {
     switch (mr) {
-        case 6: ukernel<6, NV>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last); break;
-        case 5: ukernel<5, NV>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last); break;
-        case 4: ukernel<4, NV>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last); break;
-        case 3: ukernel<3, NV>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last); break;
-        case 2: ukernel<2, NV>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last); break;
-        default: ukernel<1, NV>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last); break;
+        case 6: ukernel<6, NV, Edge>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last); break;
+        case 5: ukernel<5, NV, Edge>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last); break;
+        case 4: ukernel<4, NV, Edge>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last); break;
+        case 3: ukernel<3, NV, Edge>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last); break;
+        case 2: ukernel<2, NV, Edge>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last); break;
+        default: ukernel<1, NV, Edge>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last); break;
     }
+}
+
+// The panel's row blocks on NV vectors; the last under its mask only when it is partial.
+template <int NV, class Elem>
+inline void ukernel_panel(int mr, int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const Elem* b,
+                          std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool acc, __mmask16 last) {
+    if (last == 0xFFFF) ukernel_rows<NV, false>(mr, K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last);
+    else ukernel_rows<NV, true>(mr, K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last);
 }
 
 // C(M×N) (+)= A(M×K)·B(K×N), N % 8 == 0. Column panels of 64 outermost so a K×64 panel of B
@@ -120,10 +135,10 @@ void gemm(int M, int N, int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_
             const Elem* am = a + m0 * a_rs;
             float* cm = c + m0 * ldc + n0;
             switch (nv) {
-                case 4: ukernel_rows<4>(mr, K, am, a_rs, a_ks, b + n0, ldb, cm, ldc, accumulate, last); break;
-                case 3: ukernel_rows<3>(mr, K, am, a_rs, a_ks, b + n0, ldb, cm, ldc, accumulate, last); break;
-                case 2: ukernel_rows<2>(mr, K, am, a_rs, a_ks, b + n0, ldb, cm, ldc, accumulate, last); break;
-                default: ukernel_rows<1>(mr, K, am, a_rs, a_ks, b + n0, ldb, cm, ldc, accumulate, last); break;
+                case 4: ukernel_panel<4>(mr, K, am, a_rs, a_ks, b + n0, ldb, cm, ldc, accumulate, last); break;
+                case 3: ukernel_panel<3>(mr, K, am, a_rs, a_ks, b + n0, ldb, cm, ldc, accumulate, last); break;
+                case 2: ukernel_panel<2>(mr, K, am, a_rs, a_ks, b + n0, ldb, cm, ldc, accumulate, last); break;
+                default: ukernel_panel<1>(mr, K, am, a_rs, a_ks, b + n0, ldb, cm, ldc, accumulate, last); break;
             }
         }
     }
