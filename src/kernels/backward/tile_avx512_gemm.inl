@@ -134,6 +134,9 @@ void gemm(int M, int N, int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_
             const int mr = M - m0 < 6 ? M - m0 : 6;
             const Elem* am = a + m0 * a_rs;
             float* cm = c + m0 * ldc + n0;
+            if (accumulate && m0 + 6 < M)  // the next row block's C, while this block's k loop runs
+                for (int r = 0; r < 6 && m0 + 6 + r < M; ++r)
+                    for (int v = 0; v < nv; ++v) _mm_prefetch(reinterpret_cast<const char*>(cm + (6 + r) * ldc + 16 * v), _MM_HINT_T0);
             switch (nv) {
                 case 4: ukernel_panel<4>(mr, K, am, a_rs, a_ks, b + n0, ldb, cm, ldc, accumulate, last); break;
                 case 3: ukernel_panel<3>(mr, K, am, a_rs, a_ks, b + n0, ldb, cm, ldc, accumulate, last); break;
