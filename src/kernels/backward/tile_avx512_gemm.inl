@@ -38,7 +38,7 @@ struct UkernelOps;
 
 // Accumulators are named variables, not an array (the AVX2 tile's comment says why).
 // C(MR × 16·NV) (+)= Σ_{k < K} A(r, k) · B(k, ·); A(r, k) = a[r·a_rs + k·a_ks], B rows with
-// stride ldb; NV vectors of 16 columns, the last one under `last` (all ones, or the N edge).
+// stride ldb; NV vectors of 16 columns, the last one under `last` on an N edge (Edge), else whole.
 template <int MR, int NV, bool Edge, class Elem>
 inline void ukernel(int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const Elem* b,
                     std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool accumulate, __mmask16 last) {
@@ -79,7 +79,7 @@ inline void ukernel(int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_
     }
     std::ptrdiff_t o = 0;
     for (int k = 0; k < K; ++k, o += a_ks, b += ldb) {
-        // the last vector of B under its mask, the others whole (unused ones: b0 again, dead)
+        // the last vector of B under its mask on an edge, the others whole (unused ones: b0 again, dead)
         const BVec b0 = NV == 1 ? load_last(m0, b) : Ops::load(b);
         const BVec b1 = NV == 2 ? load_last(m1, b + 16) : NV > 2 ? Ops::load(b + 16) : b0;
         const BVec b2 = NV == 3 ? load_last(m2, b + 32) : NV > 3 ? Ops::load(b + 32) : b0;
@@ -134,7 +134,9 @@ void gemm(int M, int N, int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_
             const int mr = M - m0 < 6 ? M - m0 : 6;
             const Elem* am = a + m0 * a_rs;
             float* cm = c + m0 * ldc + n0;
-            if (accumulate && m0 + 6 < M)  // the next row block's C, while this block's k loop runs
+            // The next row block's C requested while this block's k loop runs: dK, dV and dQ rows are
+            // mostly in the L2 (in place +1 %; hot in L1 it costs 3–5 %: kernels-lab.md#bwd-7).
+            if (accumulate && m0 + 6 < M)
                 for (int r = 0; r < 6 && m0 + 6 + r < M; ++r)
                     for (int v = 0; v < nv; ++v) _mm_prefetch(reinterpret_cast<const char*>(cm + (6 + r) * ldc + 16 * v), _MM_HINT_T0);
             switch (nv) {
