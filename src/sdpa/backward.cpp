@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "attn/error.hpp"
 #include "../core/check.hpp"
@@ -52,20 +53,25 @@ void sdpa_backward(const TensorView& q, const TensorView& k, const TensorView& v
             if (!use_flash) why = "flash: declined, " + declines + " → reference\n";
             break;
     }
-    std::string ran;
+    // The report's text is made before the kernel runs: a refusal of its few bytes after the
+    // kernel had written dq, dk and dv threw std::bad_alloc from a call whose gradients were
+    // all written (test_alloc_failures' several-chunk sweep). After the kernel, only moves.
+    std::string ran, explanation;
+    const detail::KernelSet* kernels = nullptr;
     if (use_flash) {
         std::string why_isa;
-        const detail::KernelSet& kernels = detail::kernel_set(&why_isa);
-        detail::flash_backward(p, kernels);
-        ran = detail::kernel_name("flash-backward", kernels, detail::backward_compute(kernels, p));
+        kernels = &detail::kernel_set(&why_isa);
+        ran = detail::kernel_name("flash-backward", *kernels, detail::backward_compute(*kernels, p));
         why += std::string("isa: ") + why_isa + "\n";
     } else {
-        detail::reference_backward(p);
         ran = "reference-backward";
     }
+    if (report != nullptr) explanation = why + "ran: " + ran;
+    if (kernels != nullptr) detail::flash_backward(p, *kernels);
+    else detail::reference_backward(p);
     if (report != nullptr) {
-        report->kernel = ran;
-        report->explanation = why + "ran: " + ran;
+        report->kernel = std::move(ran);
+        report->explanation = std::move(explanation);
     }
 }
 

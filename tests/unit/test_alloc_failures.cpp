@@ -38,7 +38,9 @@
 #include "attn/sdpa_backward.hpp"
 #include "attn/threads.hpp"
 #include "common/util.hpp"
+#include "core/threads.hpp"
 #include "gemm/gemm.hpp"
+#include "kernels/backward/backward.hpp"
 #include "kernels/isa.hpp"
 
 namespace {
@@ -488,6 +490,150 @@ TEST(AllocFailures, GemmRefusedPackedWeightIsOutOfMemory) {
             }
         }
     }
+}
+
+// A flash backward whose keys are split into chunks: B·Hkv = 1 (two query heads sharing one KV
+// head) and 197 keys, 4 key blocks of 64. backward_chunks asks for split_target(8) / (B·Hkv) >= 8
+// chunks on any machine and at most one per key block: 4 chunks whatever the CPU count (this
+// VM's 2 CPUs, a 2-core Zen 3, 64 cores), and each chunk sums its dQ in its own partials
+// (DqPartials: allocated by the calling thread before the region, kept for its next call). A
+// bottom-right causal mask (Lq < Lk: the tasks skip different tiles), odd head dims (Dk 20, padded
+// to 24) and sinks (their gradient reads every row's D, kept by the first chunk's tasks).
+struct ChunkedBackwardCase {
+    static constexpr std::int64_t kHq = 2, kLq = 37, kLk = 197, kDk = 20, kDkp = 24, kDv = 12;
+    static constexpr std::int64_t kChunks = 4;                        // 197 keys: 4 blocks of 64
+    static constexpr std::int64_t kPartialFloats = kHq * kLq * kDkp;  // one chunk's: B·Hq·Lq·Dkp
+    Tensor q, k, v, dout, sinks;
+    attn::SdpaOptions opt;
+    attn::SdpaReport report;  // the call makes its text too: a refusal there must come before the kernel writes
+    Tensor o{DType::f32, Shape{1, kHq, kLq, kDv}}, lse{DType::f32, Shape{1, kHq, kLq}};
+    Tensor dq{DType::f32, Shape{1, kHq, kLq, kDk}}, dk{DType::f32, Shape{1, 1, kLk, kDk}}, dv{DType::f32, Shape{1, 1, kLk, kDv}},
+        dsinks{DType::f32, Shape{kHq}};
+    explicit ChunkedBackwardCase(std::uint64_t seed)
+        : q(random_f32(Shape{1, kHq, kLq, kDk}, seed)), k(random_f32(Shape{1, 1, kLk, kDk}, seed + 1)),
+          v(random_f32(Shape{1, 1, kLk, kDv}, seed + 2)), dout(random_f32(Shape{1, kHq, kLq, kDv}, seed + 3)),
+          sinks(random_f32(Shape{kHq}, seed + 4)) {
+        opt.impl = attn::Impl::flash;
+        opt.causal = attn::Causal::bottom_right;
+        opt.sinks = sinks.view();
+        const TensorView lv = lse.view();
+        attn::sdpa(q, k, v, opt, o, &lv);
+    }
+    void backward() {
+        const TensorView ds = dsinks.view();
+        attn::sdpa_backward(q, k, v, o, lse, dout, opt, dq, dk, dv, &report, &ds);
+    }
+    void poison_gradients() {
+        for (const Tensor* g : {&dq, &dk, &dv, &dsinks}) attn::test::poison(g->view());
+    }
+    bool gradients_poisoned() const {
+        return attn::test::still_poisoned(dq) && attn::test::still_poisoned(dk) && attn::test::still_poisoned(dv) &&
+               attn::test::still_poisoned(dsinks);
+    }
+    std::vector<unsigned char> gradient_bits() const {
+        std::vector<unsigned char> all;
+        for (const Tensor* g : {&dq, &dk, &dv, &dsinks}) {
+            const auto* b = static_cast<const unsigned char*>(g->data());
+            all.insert(all.end(), b, b + g->nbytes());
+        }
+        return all;
+    }
+    // The gradients of a call on a fresh thread of `threads` OpenMP threads (nothing kept from an
+    // earlier call there), never refused.
+    std::vector<unsigned char> fresh_bits(int threads) {
+        std::thread([&] {
+            const attn::ScopedNumThreads n(threads);
+            poison_gradients();
+            backward();
+        }).join();
+        return gradient_bits();
+    }
+};
+
+// Every allocation of a several-chunk backward refused in turn — the calling thread's (the dQ
+// partials among them), then a worker thread's inside the region — is a std::bad_alloc (an
+// attn::OutOfMemory naming the buffer and its bytes for the large ones), never std::terminate;
+// dq, dk, dv and dsinks are not written (the call sizes every buffer before it writes; no NaN or
+// ±inf here, so no task sizes a copy); and the next call on that thread, which reuses whatever the
+// refused call kept (its partials, its threads' buffers), gives the bits of a call never refused.
+TEST(AllocFailures, FlashBackwardSeveralChunksRefusalsWriteNothingAndLeaveNothingStale) {
+    ChunkedBackwardCase c(80);
+    using Case = ChunkedBackwardCase;
+    ASSERT_EQ(attn::detail::backward_chunks(1, Case::kChunks, Case::kPartialFloats, attn::detail::split_target(8)),
+              Case::kChunks)
+        << "the shape no longer makes several chunks: this test would not reach the dQ partials";
+    const std::vector<unsigned char> want = c.fresh_bits(1);
+    ASSERT_EQ(c.report.kernel.rfind("flash-backward", 0), 0u) << c.report.kernel;
+    EXPECT_EQ(c.fresh_bits(2), want);  // the same bits on 2 threads (the chunks do not follow the threads)
+
+    // Each aligned_alloc of the calling thread outside the region (the dQ partials) in turn, then
+    // each of the worker's inside it (its CacheLineVector buffers), on a fresh thread each time;
+    // `then` checks the refused call wrote nothing and reruns it on the same thread.
+    int partials_refused = 0;
+    for (const Refuse who : {Refuse::caller, Refuse::workers}) {
+        int refusals = 0;
+        for (int let_through = 0; let_through < 1000; ++let_through) {
+            SCOPED_TRACE(std::string(who == Refuse::caller ? "caller" : "worker") + ", refused after " +
+                         std::to_string(let_through) + " aligned allocations");
+            bool poisoned = false;
+            std::vector<unsigned char> after;
+            c.poison_gradients();
+            const Said s = refused_on_fresh_thread(
+                who, let_through,
+                [&] {
+                    const attn::ScopedNumThreads two(2);
+                    c.backward();
+                },
+                [&] {
+                    poisoned = c.gradients_poisoned();
+                    const attn::ScopedNumThreads two(2);
+                    c.poison_gradients();
+                    c.backward();
+                    after = c.gradient_bits();
+                });
+            if (s.what == "no error") break;
+            ++refusals;
+            EXPECT_TRUE(poisoned) << s.what;
+            EXPECT_EQ(after, want) << s.what;
+            if (s.what.find("dQ partials") != std::string::npos) {
+                ++partials_refused;
+                EXPECT_EQ(s.refused, sizeof(float) * Case::kChunks * Case::kPartialFloats) << s.what;
+                expect_named(s, "the flash backward's dQ partials (one per chunk of key blocks)");
+            } else {  // a worker's buffer: the message says the bytes of all of a thread's buffers
+                const std::string lead = "out of memory: cannot allocate ";
+                ASSERT_EQ(s.what.rfind(lead, 0), 0u) << s.what;
+                EXPECT_NE(s.what.find("the flash backward's buffers of one thread"), std::string::npos) << s.what;
+                EXPECT_GE(std::stoull(s.what.substr(lead.size())), s.refused) << s.what;
+            }
+        }
+        EXPECT_GT(refusals, 0) << (who == Refuse::caller ? "caller" : "worker") << ": nothing was refused";
+    }
+    EXPECT_EQ(partials_refused, 1) << "the dQ partials are one allocation, refused once";
+
+    // Each operator new of the call in turn, on one thread (its region inactive, so the injection
+    // reaches the buffers sized inside it), after a call on other inputs has left its values in
+    // the partials and buffers this thread keeps.
+    std::thread([&] {
+        const attn::ScopedNumThreads one(1);
+        ChunkedBackwardCase other(90);
+        other.backward();
+        int out_of_memory = 0;
+        std::string said;
+        c.poison_gradients();
+        const int failures = sweep(
+            [&] { c.backward(); },
+            [&](long n) {
+                EXPECT_TRUE(c.gradients_poisoned()) << "allocation " << n << ": " << said;
+                c.poison_gradients();
+            },
+            [&](const std::bad_alloc& e) {
+                said = e.what();
+                out_of_memory += dynamic_cast<const attn::OutOfMemory*>(&e) != nullptr;
+            });
+        EXPECT_GT(failures, 0);
+        EXPECT_GT(out_of_memory, 0) << "no refusal named its buffer";
+        EXPECT_EQ(c.gradient_bits(), want);
+    }).join();
 }
 
 // safetensors: reading and writing a header allocate all along (names, the JSON text, messages).
