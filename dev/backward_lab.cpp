@@ -7,10 +7,11 @@
 //
 // The row is the process's (ATTN_ISA picks another; ATTN_CPU_HIDE hides a feature). Inputs are
 // uniform in [-1, 1); out and lse come from one flash forward, then --reps backward calls are
-// timed after one warm-up. Prints median and min wall time, GFLOP/s with FLOPs = 2.5 × the
-// forward's 4·B·H·Lq·Lk·D (causal: half; the count of bench/shapes.md) and per CPU-second
-// of the process (bench/machine.hpp), and with --peak the avx512 FMA peak on the same threads
-// (bench/peaks.hpp, as `attn bench`). The check compares dQ, dK, dV with the reference's (in
+// timed after one warm-up. Prints the FLOPs of a call, 2.5 × the forward's 4·D per visible
+// (query, key) pair (bench/shapes.md; causal is top-left, its pairs counted exactly by
+// visible_pairs.hpp: with Lq < Lk not the bottom-right count), median and min wall time, GFLOP/s
+// and per CPU-second of the process (bench/machine.hpp), and with --peak the avx512 FMA peak on
+// the same threads (bench/peaks.hpp, as `attn bench`). The check compares dQ, dK, dV with the reference's (in
 // double) by max |Δ| / max |ref| per gradient; it runs where the reference costs at most
 // 20 GFLOP (S1: yes, S3: no) unless --no-check. A hash of the gradients' bits tells whether
 // two builds computed the same bits. --bf16: every tensor but lse bfloat16 (the float32 values
@@ -32,6 +33,8 @@
 #include "lab_util.hpp"
 #include "machine.hpp"
 #include "peaks.hpp"
+#include "sdpa/problem.hpp"
+#include "visible_pairs.hpp"
 
 namespace {
 
@@ -113,10 +116,9 @@ int main(int argc, char** argv) {
     SdpaReport rep;
     sdpa_backward(q, k, v, o, lse, dO, opt, dq, dk, dv, &rep);  // the warm-up
     std::printf("gradient bits hash %016llx\n", static_cast<unsigned long long>(bits_hash(grads, 3)));
-    // visible (query, key) pairs: causal top-left with Lq <= Lk counts the triangle
-    const double pairs = causal ? static_cast<double>(Lq) * (Lq + 1) / 2.0 + static_cast<double>(Lq) * (Lk - Lq)
-                                : static_cast<double>(Lq) * Lk;
-    const double flop = 2.5 * 4.0 * static_cast<double>(B * H) * pairs * static_cast<double>(D);
+    const double pairs = lab::visible_pairs(detail::make_problem(q, k, v, opt, o, nullptr, nullptr));
+    const double flop = 2.5 * 4.0 * pairs * static_cast<double>(D);
+    std::printf("FLOP per call %.6g (2.5 x 4·D x %.0f visible (query, key) pairs)\n", flop, pairs);
     if (check && flop <= 20e9) {
         SdpaOptions ref = opt;
         ref.impl = Impl::reference;

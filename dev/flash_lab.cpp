@@ -16,9 +16,9 @@
 // attn::to_dtype), Q and out float32: the mixed rows of bench/shapes.md (issue 14).
 //
 // Method: one warm-up run, then --reps runs; prints median and min time and GFLOP/s with
-// FLOPs = 4·B·H·Lq·Lk·D (causal: the visible pairs, ≈ half), and per CPU-second of the
-// process (bench/machine.hpp: on a shared machine, wall time says what the run got, CPU time
-// what the code does when it runs). --peak first measures the FMA peak of the chosen ISA's
+// FLOPs = 4·D per visible (query, key) pair (visible_pairs.hpp; causal: ≈ half), and per
+// CPU-second of the process (bench/machine.hpp: on a shared machine, wall time says what the run
+// got, CPU time what the code does when it runs). --peak first measures the FMA peak of the chosen ISA's
 // width (ymm for avx2/portable, zmm for avx512) on the same threads with `attn bench`'s own
 // loop (bench/peaks.hpp measure_fma_peak).
 //
@@ -65,6 +65,7 @@
 #include "machine.hpp"
 #include "peaks.hpp"
 #include "sdpa/problem.hpp"
+#include "visible_pairs.hpp"
 
 using namespace attn;
 using namespace attn::detail;
@@ -269,12 +270,7 @@ int run(int argc, char** argv) {
     }
 
     SdpaProblem p = make_problem(q, k, v, opt, o, nullptr, nullptr);
-    double flops = 0;
-    for (std::int64_t i = 0; i < Lq; ++i) {
-        const KeyRange r = p.key_range(0, i);
-        flops += (double)std::max<std::int64_t>(0, r.hi - r.lo);
-    }
-    flops *= 4.0 * (double)B * (double)H * (double)D;
+    const double flops = 4.0 * lab::visible_pairs(p) * (double)D;
     std::vector<double> t, ct;
     for (int r = warmup ? 0 : 1; r <= reps; ++r) {
         const auto t0 = std::chrono::steady_clock::now();
