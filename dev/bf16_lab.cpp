@@ -1,11 +1,12 @@
 // Kernel lab for bf16 compute (docs/kernels-lab.md, "bf16 compute, measured"): what vdpbf16ps buys over the
 // float32 FMA path of the avx512 row, measured at three levels on this machine.
 //
-//   bf16_lab [--iters N] [--reps N] [--threads N] [--shapes S2,S3] [--no-flash]
+//   bf16_lab [--peak] [--iters N] [--reps N] [--threads N] [--shapes S2,S3] [--no-flash] [--help]
 //
-//  1. peaks: 12 independent chains of vfmadd (zmm, 32 FLOP) vs vdpbf16ps (zmm, 64 FLOP:
+//  1. with --peak: 12 independent chains of vfmadd (zmm, 32 FLOP) vs vdpbf16ps (zmm, 64 FLOP:
 //     16 lanes × 2 products × 2) — the instruction throughputs, 1 thread (`attn bench`'s own
-//     loops, bench/peaks.hpp);
+//     loops, bench/peaks.hpp), --iters iterations a rep. Opt-in, as flash_lab's: the slowest
+//     part, and on a shared machine the noisiest;
 //  2. micro-kernels, hot in L1, 1 thread, on the driver's tiles (8 rows × 32 queries):
 //     qk over a 64-key block (Dk = 64, 128) and pv over 64 keys (Dv = 64, 128) — the f32 tile
 //     (a copy of flash_avx512.cpp's qk_tile/pv_tile, which live in that file's anonymous
@@ -24,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -216,21 +218,33 @@ void flash(const std::string& shape, int threads, int reps) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+constexpr const char* kUsage =
+    "bf16_lab [--peak] [--iters N] [--reps N] [--threads N] [--shapes S2,S3] [--no-flash] [--help]\n"
+    "--peak: first the vfmadd / vdpbf16ps peaks (1 thread, --iters iterations a rep; off by default).\n"
+    "The comment at the top of dev/bf16_lab.cpp says what each part measures.\n";
+
+int run(int argc, char** argv) {
     long iters = 20'000'000;
     int reps = 5, threads = 2;
-    bool run_flash = true;
+    bool peak = false, run_flash = true;
     std::string shapes = "S2,S3";
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
-        auto next = [&] { return std::string(argv[++i]); };
-        if (a == "--iters") iters = std::stol(next());
+        auto next = [&] {
+            if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
+            return std::string(argv[++i]);
+        };
+        if (a == "--help" || a == "-h") {
+            std::fputs(kUsage, stdout);
+            return 0;
+        } else if (a == "--peak") peak = true;
+        else if (a == "--iters") iters = std::stol(next());
         else if (a == "--reps") reps = std::stoi(next());
         else if (a == "--threads") threads = std::stoi(next());
         else if (a == "--shapes") shapes = next();
         else if (a == "--no-flash") run_flash = false;
         else {
-            std::fprintf(stderr, "unknown argument %s\n", a.c_str());
+            std::fprintf(stderr, "unknown option %s\n%s", a.c_str(), kUsage);
             return 2;
         }
     }
@@ -238,12 +252,16 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "skipped: CPU lacks avx512_bf16\n");
         return 0;
     }
-    std::printf("peaks (1 thread, best of %d):\n", reps);
-    double lo = 0;
-    const double fma = rate([&] { (void)bench::detail::fma_chains_avx512(iters); }, 12.0 * 32 * static_cast<double>(iters), reps, &lo);
-    std::printf("  vfmadd231ps zmm    %7.1f GFLOP/s (worst rep %.1f)\n", fma, lo);
-    const double dp = rate([&] { (void)bench::detail::dpbf16_chains_avx512(iters); }, 12.0 * 64 * static_cast<double>(iters), reps, &lo);
-    std::printf("  vdpbf16ps zmm      %7.1f GFLOP/s (worst rep %.1f)  ratio %.2f\n", dp, lo, dp / fma);
+    if (peak) {
+        std::printf("peaks (1 thread, best of %d):\n", reps);
+        double lo = 0;
+        const double fma =
+            rate([&] { (void)bench::detail::fma_chains_avx512(iters); }, 12.0 * 32 * static_cast<double>(iters), reps, &lo);
+        std::printf("  vfmadd231ps zmm    %7.1f GFLOP/s (worst rep %.1f)\n", fma, lo);
+        const double dp =
+            rate([&] { (void)bench::detail::dpbf16_chains_avx512(iters); }, 12.0 * 64 * static_cast<double>(iters), reps, &lo);
+        std::printf("  vdpbf16ps zmm      %7.1f GFLOP/s (worst rep %.1f)  ratio %.2f\n", dp, lo, dp / fma);
+    }
     std::printf("micro-kernels (1 thread, hot in L1, one 64-query x 64-key block per call, best of %d):\n", reps);
     for (int D : {64, 128}) micro(D, 20000, reps);
     if (!run_flash) return 0;
@@ -254,4 +272,13 @@ int main(int argc, char** argv) {
         b = e + 1;
     }
     return 0;
+}
+
+int main(int argc, char** argv) {
+    try {
+        return run(argc, argv);
+    } catch (const std::exception& e) {  // a missing or malformed value (std::stoi)
+        std::fprintf(stderr, "bf16_lab: %s\n%s", e.what(), kUsage);
+        return 2;
+    }
 }
