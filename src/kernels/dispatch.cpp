@@ -1,5 +1,8 @@
 #include "dispatch.hpp"
 
+#include <string>
+#include <utility>
+
 #include "attn/error.hpp"
 #include "../core/check.hpp"
 #include "flash/flash.hpp"
@@ -60,29 +63,33 @@ void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report)
         explanation += "reference requested: flash not considered\n";
     }
 
+    // The report's text is made before the kernel runs; after it only moves (noexcept): a refused
+    // allocation must not throw from a call whose output is written (sdpa_backward does the same).
+    SdpaReport text;
     if (use_flash) {
         std::string why_isa;
         const KernelSet& kernels = kernel_set(&why_isa);
-        flash_forward(problem, kernels);
         if (report != nullptr) {
             // bf16 compute (isa.hpp) is part of the avx512 row; the label says when it ran.
             const Compute compute = flash_compute(kernels, problem);
             const bool bf16 = compute != Compute::f32;
-            report->kernel = kernel_name("flash", kernels, compute);
-            report->explanation = explanation + "ran: flash (fused tiled online softmax, " + isa_label(kernels, compute) + " path: " +
-                                  why_isa + "; " + dtypes_of(problem) + ", fp32 accumulation" +
-                                  (compute == Compute::bf16_amx ? "; bf16 compute: Q·Kᵀ and P·V as tdpbf16ps on AMX tiles, P rounded to bf16"
-                                  : bf16 ? "; bf16 compute: Q·Kᵀ and P·V as vdpbf16ps, P rounded to bf16" : "") + ")" +
-                                  (problem.weights ? "; weights from the saved lse in a second pass" : "") +
-                                  (problem.scores ? "; scores tile by tile in a second pass" : "");
+            text.kernel = kernel_name("flash", kernels, compute);
+            text.explanation = explanation + "ran: flash (fused tiled online softmax, " + isa_label(kernels, compute) + " path: " +
+                               why_isa + "; " + dtypes_of(problem) + ", fp32 accumulation" +
+                               (compute == Compute::bf16_amx ? "; bf16 compute: Q·Kᵀ and P·V as tdpbf16ps on AMX tiles, P rounded to bf16"
+                               : bf16 ? "; bf16 compute: Q·Kᵀ and P·V as vdpbf16ps, P rounded to bf16" : "") + ")" +
+                               (problem.weights ? "; weights from the saved lse in a second pass" : "") +
+                               (problem.scores ? "; scores tile by tile in a second pass" : "");
         }
-        return;
+        flash_forward(problem, kernels);
+    } else {
+        if (report != nullptr) {
+            text.kernel = "reference";
+            text.explanation = explanation + "ran: reference (textbook, double accumulation)";
+        }
+        reference_forward(problem);
     }
-    reference_forward(problem);
-    if (report != nullptr) {
-        report->kernel = "reference";
-        report->explanation = explanation + "ran: reference (textbook, double accumulation)";
-    }
+    if (report != nullptr) *report = std::move(text);
 }
 
 }  // namespace attn::detail

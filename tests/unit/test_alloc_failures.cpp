@@ -341,6 +341,45 @@ struct FlashBackwardCase {
 // The flash backward sizes each thread's buffers inside its parallel region, where no exception
 // may leave, and says a refusal after it. With Q and dO read in place (contiguous float32) it
 // said "cannot allocate 0 bytes": it counted only the rows it copies.
+// attn::sdpa with a report: each allocation of the call refused in turn, on one thread (its
+// region inactive, so the injection reaches what the kernels size inside it) — a refusal is
+// std::bad_alloc and leaves `out` and `lse` as they were. The report's text was built after the
+// kernel had written them (so a refusal of its few bytes threw from a call whose output was
+// complete); it is made before the kernel now, for decode, flash and the reference alike.
+TEST(AllocFailures, SdpaWithAReportWritesNothingWhenAnAllocationFails) {
+    const attn::ScopedNumThreads one(1);
+    struct Case {
+        const char* name;
+        attn::Impl impl;
+        std::int64_t hq, hkv, lq, lk;
+    };
+    for (const Case& c : {Case{"decode", attn::Impl::decode, 4, 2, 1, 100},
+                          Case{"flash", attn::Impl::flash, 2, 1, 33, 70},
+                          Case{"reference", attn::Impl::reference, 2, 1, 33, 70}}) {
+        SCOPED_TRACE(c.name);
+        const std::int64_t d = 16;
+        const Tensor q = random_f32({1, c.hq, c.lq, d}, 1), k = random_f32({1, c.hkv, c.lk, d}, 2),
+                     v = random_f32({1, c.hkv, c.lk, d}, 3);
+        attn::SdpaOptions opt;
+        opt.impl = c.impl;
+        opt.causal = attn::Causal::bottom_right;
+        Tensor out = attn::test::poisoned(DType::f32, {1, c.hq, c.lq, d});
+        Tensor lse = attn::test::poisoned(DType::f32, {1, c.hq, c.lq});
+        const TensorView lse_view = lse;
+        attn::SdpaReport report;
+        const int failures = sweep([&] { attn::sdpa(q, k, v, opt, out, &lse_view, nullptr, &report); },
+                                   [&](long n) {
+                                       EXPECT_TRUE(attn::test::still_poisoned(out)) << "allocation " << n;
+                                       EXPECT_TRUE(attn::test::still_poisoned(lse)) << "allocation " << n;
+                                       attn::test::poison(out);
+                                       attn::test::poison(lse);
+                                   });
+        EXPECT_GT(failures, 0) << "the call allocated nothing: the sweep tested nothing";
+        EXPECT_NE(report.kernel.find(c.name), std::string::npos) << report.kernel;  // the kernel asked for ran
+        EXPECT_FALSE(attn::test::still_poisoned(out));
+    }
+}
+
 TEST(AllocFailures, FlashBackwardSaysTheBytesOfAThreadsBuffers) {
     FlashBackwardCase c(50);
     const std::vector<std::string> per_thread = c.refusals("buffers of one thread", false);

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "attn/decode.hpp"
@@ -152,17 +154,20 @@ bool dispatch_decode(const SdpaProblem& p, Impl requested, SdpaReport* report, s
         explanation += "decode: declined, " + why_not + "\n";
         return false;
     }
-    decode_forward(p, kernels);
+    // The report's text before the kernel, after it only a move (run_forward says why).
+    SdpaReport text;
     if (report != nullptr) {
-        report->kernel = kernel_name("decode", kernels);
-        report->explanation = explanation +
-                              (requested == Impl::automatic
-                                   ? "auto: decode (group·Lq = " + std::to_string(p.group * p.Lq) + " rows per KV head < " +
-                                         decode_row_limit(p, kernels) + ")\n"
-                                   : "") +
-                              "ran: decode (" + isa_name(kernels.isa) + " path: " + why_isa + "; " + dtypes_of(p) +
-                              ", fp32 accumulation)";
+        text.kernel = kernel_name("decode", kernels);
+        text.explanation = explanation +
+                           (requested == Impl::automatic
+                                ? "auto: decode (group·Lq = " + std::to_string(p.group * p.Lq) + " rows per KV head < " +
+                                      decode_row_limit(p, kernels) + ")\n"
+                                : "") +
+                           "ran: decode (" + isa_name(kernels.isa) + " path: " + why_isa + "; " + dtypes_of(p) +
+                           ", fp32 accumulation)";
     }
+    decode_forward(p, kernels);
+    if (report != nullptr) *report = std::move(text);
     return true;
 }
 
