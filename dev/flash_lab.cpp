@@ -1,12 +1,13 @@
 // Kernel lab for the flash forward (docs/design.md, "The kernel lab"): validate a slice against the
 // reference, then time. Not a benchmark (that is `attn bench`); a tool to choose tiles.
 //
-//   flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--splits N] [--group N]
+//   flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--splits N] [--group N] [--pass N]
 //             [--isa portable|avx2|avx512] [--threads N] [--reps N] [--peak] [--no-check] [--no-warmup] [--paired N] [--mha-layout]
 //             [--huge] [--kv f16|bf16]
 //
-// --splits N: each task's keys in N chunks (1: none); --group N: N query blocks per group in
-// lockstep over the key blocks (1: none; flash_query_groups.hpp). Without
+// --splits N: each task's keys in N chunks (1: none); --group N: N query blocks per group, which
+// take turns over their keys (1: none; flash_query_groups.hpp); --pass N: N keys per turn
+// (rounded up to whole key blocks; flash_group_pass). Without
 // them the kernel's own policy decides, as in a real call.
 // --mha-layout: Q, K, V and out are the stride views the MHA layer hands to sdpa (S6): rows
 // b·L + l of one (B·L, 3·H·D) QKV buffer (out: (B·L, H·D)), columns (which, head, d); needs Lq = Lk.
@@ -94,7 +95,7 @@ void fill(const Tensor& t, unsigned seed) { fill(t.data_as<float>(), t.numel(), 
 }  // namespace
 
 constexpr const char* kUsage =
-    "flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--splits N] [--group N]\n"
+    "flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--splits N] [--group N] [--pass N]\n"
     "          [--isa portable|avx2|avx512] [--threads N] [--reps N] [--peak] [--no-check] [--no-warmup] [--paired N]\n"
     "          [--mha-layout] [--huge] [--kv f16|bf16]\n"
     "--isa: the kernel-table row (default: the one attn picks on this CPU, ATTN_ISA included).\n"
@@ -133,6 +134,7 @@ int run(int argc, char** argv) {
         else if (a == "--nb") { tiles.Nb = std::stoi(next()); tiles_set_nb = true; }
         else if (a == "--splits") tiles.key_splits = std::stoi(next());  // key chunks per task (1: no split)
         else if (a == "--group") tiles.query_group = std::stoi(next());  // query blocks per group (1: none)
+        else if (a == "--pass") tiles.group_pass = std::stoi(next());    // keys per pass of a group
         else if (a == "--isa") {
             const std::string n = next();
             if (n != "portable" && n != "avx2" && n != "avx512") {

@@ -581,14 +581,18 @@ TEST(FlashFixed, KeySplitPolicy) {
 }
 
 // Groups of query blocks (flash_query_group; flash_query_groups.hpp): 2, 3,
-// 4 or 8 (kMaxQueryGroup) tasks of a KV head in lockstep over their key blocks, forced on random cases (masks,
+// 4 or 8 (kMaxQueryGroup) tasks of a KV head taking turns over their keys, a key block a turn or
+// passes of several (flash_group_pass: 3 blocks of 7, 4 of 33, 2 of 16 — the last pass short, a
+// pass past some tasks' last key under a causal mask), forced on random cases (masks,
 // windows whose tasks start apart and run one by one, GQA groups across query heads, weights,
 // lse, layouts, odd tiles, a last group short of tasks): the reference's result, the same bits on 1 and 2 threads, and the bits of
 // the same tiles ungrouped.
 TEST(FlashFixed, QueryGroups) {
     Worst worst;
     const int n = std::min(20, cases_per_shard());
-    for (const detail::FlashTiles t : {detail::FlashTiles{16, 7, 0, 3}, detail::FlashTiles{32, 33, 0, 2}, detail::FlashTiles{16, 16, 0, 4}, detail::FlashTiles{16, 9, 0, 8}})
+    for (const detail::FlashTiles t : {detail::FlashTiles{16, 7, 0, 3, 1}, detail::FlashTiles{32, 33, 0, 2, 1}, detail::FlashTiles{16, 16, 0, 4, 1},
+                                       detail::FlashTiles{16, 9, 0, 8, 1}, detail::FlashTiles{16, 7, 0, 3, 20}, detail::FlashTiles{32, 33, 0, 2, 100},
+                                       detail::FlashTiles{16, 16, 0, 4, 32}, detail::FlashTiles{16, 9, 0, 8, 27}})
         for (int i = 0; i < n; ++i) {
             const Case c = random_case(940000 + static_cast<std::uint64_t>(i));
             run_case(c, worst, &t);
@@ -607,7 +611,7 @@ TEST(FlashFixed, QueryGroups) {
                     << c.desc << " [" << detail::isa_name(isa->isa) << "]: grouped differs from one task at a time";
             }
             if (HasFailure()) {
-                ADD_FAILURE() << "tiles Mb=" << t.Mb << " Nb=" << t.Nb << " query_group=" << t.query_group;
+                ADD_FAILURE() << "tiles Mb=" << t.Mb << " Nb=" << t.Nb << " query_group=" << t.query_group << " group_pass=" << t.group_pass;
                 return;
             }
         }
@@ -643,6 +647,25 @@ TEST(FlashFixed, QueryGroupPolicy) {
         const detail::FlashTiles t{64, 64, 0, bad};
         EXPECT_THROW(detail::flash_forward(p, *isas()[0], 1, &t), Error) << "query_group " << bad;
     }
+}
+
+// How many keys a group's tasks take per turn (flash_group_pass): a quarter of one core's L2 for
+// the pass's K and V, in whole key blocks, at least one; a forced pass rounded up to whole blocks;
+// a negative one refused.
+TEST(FlashFixed, GroupPassPolicy) {
+    const std::int64_t MiB = std::int64_t{1} << 20, f32_d64 = (64 + 64) * 4, f32_d128 = (128 + 128) * 4;
+    EXPECT_EQ(detail::flash_group_pass(f32_d64, 64, 0, 2 * MiB), 1024) << "D = 64, a 2 MiB L2: 512 KiB of K/V";
+    EXPECT_EQ(detail::flash_group_pass(f32_d128, 64, 0, 2 * MiB), 512) << "D = 128";
+    EXPECT_EQ(detail::flash_group_pass(f32_d64 / 2, 64, 0, 2 * MiB), 2048) << "16-bit K/V: twice the keys";
+    EXPECT_EQ(detail::flash_group_pass(f32_d64, 64, 0, MiB / 2), 256) << "Zen 3's 512 KiB";
+    EXPECT_EQ(detail::flash_group_pass(f32_d64, 48, 0, 2 * MiB), 1008) << "whole blocks, down";
+    EXPECT_EQ(detail::flash_group_pass(f32_d128, 64, 0, 64 << 10), 64) << "a tiny L2: one block";
+    EXPECT_EQ(detail::flash_group_pass(f32_d64, 64, 100, 2 * MiB), 128) << "forced: whole blocks, up";
+    EXPECT_EQ(detail::flash_group_pass(f32_d64, 7, 1, 2 * MiB), 7) << "forced 1: one block a turn";
+    Tensor q(DType::f32, Shape{1, 1, 8, 4}), out = test::poisoned(DType::f32, Shape{1, 1, 8, 4});
+    const detail::SdpaProblem p = detail::make_problem(q.view(), q.view(), q.view(), SdpaOptions{}, out.view(), nullptr, nullptr);
+    const detail::FlashTiles t{64, 64, 0, 0, -1};
+    EXPECT_THROW(detail::flash_forward(p, *isas()[0], 1, &t), Error) << "group_pass -1";
 }
 
 // When tasks request the next key block's K/V rows (flash_kv_ahead): never for a head within

@@ -71,6 +71,14 @@ int flash_query_group(std::int64_t kv_heads, std::int64_t kv_tasks, std::int64_t
     return 1;
 }
 
+std::int64_t flash_group_pass(std::int64_t key_bytes, int Nb, int forced, std::int64_t l2_bytes) {
+    const std::int64_t nb = std::max(1, Nb);
+    if (forced > 0) return (forced + nb - 1) / nb * nb;
+    const std::int64_t l2 = l2_bytes > 0 ? l2_bytes : cpu_features().l2_bytes;
+    const std::int64_t keys = l2 / 4 / std::max<std::int64_t>(1, key_bytes);
+    return std::max<std::int64_t>(1, keys / nb) * nb;
+}
+
 bool flash_kv_ahead(std::int64_t kv_tasks, std::int64_t head_kv_bytes) {
     constexpr std::int64_t kRereadKv = std::int64_t{8} << 20;
     constexpr std::int64_t kManyTasks = 8;
@@ -117,6 +125,8 @@ void flash_forward_batch(const SdpaProblem* ps, std::size_t n, const KernelSet& 
         throw Error("flash tiles: query_group must be in [0, " + std::to_string(kMaxQueryGroup) +
                     "] (0: the policy decides) but got " + std::to_string(t.query_group));
     }
+    if (t.group_pass < 0)
+        throw Error("flash tiles: group_pass must be >= 0 (0: the policy decides) but got " + std::to_string(t.group_pass));
     if (threads <= 0) threads = num_threads();  // the one thread setting (attn/threads.hpp)
     std::vector<FlashJob> jobs(n);
     for (std::size_t i = 0; i < n; ++i) {

@@ -23,6 +23,9 @@ struct FlashTiles {
     // Tasks per group of query blocks (1 .. kMaxQueryGroup; the lab and tests force it); 0:
     // flash_query_group decides.
     int query_group = 0;
+    // Keys per pass of a group over its keys (flash_group_pass: rounded up to whole key blocks; the
+    // float32 operands only; the lab and tests force it); 0: flash_group_pass decides.
+    int group_pass = 0;
 };
 
 // At most this many tasks (query blocks) run as one group (flash_query_groups.hpp). 8: at D = 64
@@ -56,9 +59,9 @@ std::int64_t flash_key_chunk(std::int64_t tasks, std::int64_t Lk, int Nb, std::i
                              int forced_splits);
 
 // Tasks per work item for a problem whose tasks are not split: consecutive tasks of one
-// (b, KV head) — query blocks of a head, or of the heads sharing the KV head — run as a group in
-// lockstep over the key blocks, so each K/V tile is read from memory once per group instead of
-// once per task (flash_query_groups.hpp; measured in docs/kernels-lab.md, "Long keys").
+// (b, KV head) — query blocks of a head, or of the heads sharing the KV head — run as a group
+// taking turns over the keys (flash_group_pass), so each K/V tile is read from memory once per
+// group instead of once per task (flash_query_groups.hpp; measured in docs/kernels-lab.md, "Long keys").
 // kv_heads: the problem's B·Hkv; kv_tasks: the tasks of each; head_kv_bytes: the K and V
 // bytes one task streams (Lk keys); task_bytes: a task's Qᵀ and Oᵀ; converts: each task would
 // convert (or copy) its K/V tiles — 16-bit K/V, a strided head dim, rows that lie apart — which
@@ -71,6 +74,18 @@ std::int64_t flash_key_chunk(std::int64_t tasks, std::int64_t Lk, int Nb, std::i
 // Zen 3's 512 KiB, where groups of at most 4 were what was measured (kernels-lab fwd-6).
 int flash_query_group(std::int64_t kv_heads, std::int64_t kv_tasks, std::int64_t head_kv_bytes, std::int64_t task_bytes,
                       int forced, bool converts = false, std::int64_t l2_bytes = 0);
+
+// Keys per pass of a group of query blocks (run_group): each task of the group runs a pass's key
+// blocks one after another before the next task runs them, then the group moves to the next pass.
+// The first task reads the pass's K and V rows from the L3 or memory, the others from the L2, and
+// each task's Qᵀ, Sᵀ and Oᵀ stay near the core across the pass instead of being swapped out every
+// key block (a pass of one block: the tasks in lockstep). A quarter of one core's L2 for the pass's K and
+// V: 1024 keys at D = 64 on Sapphire Rapids' 2 MiB (S2 +1.5-2 % per CPU-second against one block,
+// docs/kernels-lab.md fwd-18), 256 on Zen 3's 512 KiB; whole key blocks, at least one.
+// key_bytes: K and V bytes of one key; l2_bytes: one core's L2 (0: this CPU's). forced > 0
+// (FlashTiles::group_pass) asks for that many keys, rounded up to whole blocks. Changes no result:
+// each task still runs its key blocks in order.
+std::int64_t flash_group_pass(std::int64_t key_bytes, int Nb, int forced, std::int64_t l2_bytes = 0);
 
 // Whether a problem's tasks request each next key block's K and V rows ahead (flash_operands.hpp,
 // prefetch_kv_rows): when the rows come from memory rather than a cache. The micro-kernels read

@@ -8,7 +8,7 @@
 // Its parts, one concept each: flash_workspace.hpp (the per-thread scratch), flash_operands.hpp
 // (the Qᵀ pack and K/V rows: in place, strided, 16-bit, paged), flash_scores.hpp (the score
 // tile and the score rule's step 1); this file (the key loop and one task, run_block);
-// flash_query_groups.hpp (tasks in lockstep over long keys), flash_key_splits.hpp (a task's
+// flash_query_groups.hpp (tasks taking turns over long keys), flash_key_splits.hpp (a task's
 // keys in chunks, merged) and flash_schedule.hpp (the call: tasks over threads, run_flash).
 //
 // Do not use out-of-line std templates (std::vector, std::sort, ...) in these files: an
@@ -32,8 +32,8 @@
 //                                                          l NaN: O and lse NaN)
 // With few tasks for the machine's cores, a task's keys are split into chunks run as separate
 // items and merged per task afterwards (flash_key_splits.hpp); with keys that outgrow the L2, a
-// few consecutive query blocks of a head run in lockstep over the key blocks, so each K/V tile
-// is read from memory once for them (flash_query_groups.hpp).
+// few consecutive query blocks of a head take turns over the keys, a pass of key blocks each,
+// so each K/V tile is read from memory once for them (flash_query_groups.hpp).
 // Sinks: a row starts at m = σ_h, l = 1 (= e^{σ_h − m}), Oᵀ = 0 — the sink is one more
 // logit with value 0, and the online softmax rescales it like any key. A row with no
 // visible key then ends with O = 0 and lse = σ_h.

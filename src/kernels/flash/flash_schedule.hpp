@@ -67,6 +67,7 @@ struct JobPlan {
     std::int64_t chunk = 0, chunks = 1;
     int group = 1;                 // tasks per item (run_group) when chunks = 1
     bool group_tiles = false;      // its groups make each key block's K/V rows once for their tasks
+    std::int64_t pass = 0;         // keys per pass of its groups (flash_group_pass; run_group)
     std::int64_t group_items = 0;  // items per (b, KV head): ⌈g.kv_tasks / group⌉
     std::int64_t first_item = 0, first_slot = 0, first_merge = 0;
 };
@@ -135,6 +136,13 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
         // (the operand hooks read their own operands: nothing for a group to share)
         j.group_tiles = !kOpsOwnOperands<Ops> && j.group > 1 && (p.paged != nullptr || converts_tiles(p) || rows_apart(p));
         group_tiles = group_tiles || j.group_tiles;  // a thread's first workspace holds the tiles
+        // measured on the float32 operands only: the operand hooks' groups (bf16 compute) keep one
+        // key block a pass, the lockstep
+        j.pass = kOpsOwnOperands<Ops>
+                     ? t.Nb
+                     : flash_group_pass(p.Dk * static_cast<std::int64_t>(dtype_size(p.k.dtype())) +
+                                            p.Dv * static_cast<std::int64_t>(dtype_size(p.v.dtype())),
+                                        t.Nb, t.group_pass);
         if constexpr (kOpsOwnOperands<Ops>) extra = extra > Ops::scratch_bytes(p, t) ? extra : Ops::scratch_bytes(p, t);
         if constexpr (kOpsThreadScratch<Ops>)
             thread_extra = thread_extra > Ops::thread_scratch_bytes(p, t) ? thread_extra : Ops::thread_scratch_bytes(p, t);
@@ -210,7 +218,7 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
                     const int count = static_cast<int>(imin(j.group, j.g.kv_tasks - r * j.group));
                     TaskAt at[kMaxQueryGroup];
                     for (int g = 0; g < count; ++g) at[g] = task_at(p, j.g, first + g);
-                    run_group<Ops>(p, t, jobs[i].drop, ws, at, count, j.group_tiles);
+                    run_group<Ops>(p, t, jobs[i].drop, ws, at, count, j.group_tiles, j.pass);
                 } else {  // item k: chunk k % chunks of task k / chunks
                     const std::int64_t c0 = (k % j.chunks) * j.chunk, slot = j.first_slot - a.first_slot + k;
                     run_chunk<Ops>(p, t, jobs[i].drop, w, task_at(p, j.g, k / j.chunks), c0, imin(p.Lk, c0 + j.chunk),
