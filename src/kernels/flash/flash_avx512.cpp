@@ -284,20 +284,15 @@ struct Avx512Ops {
             const __m512 mold = _mm512_load_ps(m + c);
             const ColumnMax cm = column_max16(s, ldS, nk, c, mold);
             const __m512 mx = cm.max, use = cm.use;
-            // Natural-unit scores: 2^((s − max)·log2 e) (flash_driver.hpp says why). Every
-            // exponent is ≤ 0 or NaN (use ≥ each s and ≥ mold; −inf where max is −inf), so the
-            // exp2 without the upper clamp (exp2_avx512.hpp) gives the same bits — except in a
-            // column holding a NaN score, whose max may skip scores before it (vmaxps returns
-            // its second operand on NaN): an exponent there can be positive, but that column's
-            // sum is NaN already, and so are its output and lse.
-            const __m512 al = exp2_nonpositive_ps512(_mm512_mul_ps(_mm512_sub_ps(mold, use), l2e));
+            // Natural-unit scores: 2^((s − max)·log2 e) (flash_driver.hpp says why).
+            const __m512 al = exp2_ps512(_mm512_mul_ps(_mm512_sub_ps(mold, use), l2e));
             __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();  // two sum chains (latency)
             int j = 0;
             for (; j + 2 <= nk; j += 2) {
                 float* s0 = s + j * ldS + c;
                 float* s1 = s0 + ldS;
-                const __m512 e0 = exp2_nonpositive_ps512(_mm512_mul_ps(_mm512_sub_ps(_mm512_load_ps(s0), use), l2e));
-                const __m512 e1 = exp2_nonpositive_ps512(_mm512_mul_ps(_mm512_sub_ps(_mm512_load_ps(s1), use), l2e));
+                const __m512 e0 = exp2_ps512(_mm512_mul_ps(_mm512_sub_ps(_mm512_load_ps(s0), use), l2e));
+                const __m512 e1 = exp2_ps512(_mm512_mul_ps(_mm512_sub_ps(_mm512_load_ps(s1), use), l2e));
                 _mm512_store_ps(s0, e0);
                 _mm512_store_ps(s1, e1);
                 sum0 = _mm512_add_ps(sum0, e0);
@@ -305,7 +300,7 @@ struct Avx512Ops {
             }
             if (j < nk) {
                 float* sj = s + j * ldS + c;
-                const __m512 e = exp2_nonpositive_ps512(_mm512_mul_ps(_mm512_sub_ps(_mm512_load_ps(sj), use), l2e));
+                const __m512 e = exp2_ps512(_mm512_mul_ps(_mm512_sub_ps(_mm512_load_ps(sj), use), l2e));
                 _mm512_store_ps(sj, e);
                 sum0 = _mm512_add_ps(sum0, e);
             }

@@ -1,6 +1,7 @@
 // 2^x, the one exp of every kernel (flash forward, backward, decode all work in base 2 or
-// turn exp(x) into 2^(x·log2 e)); every ISA uses this range reduction and polynomial:
-// exp2_scalar below for the portable path, exp2_avx2.hpp for AVX2.
+// turn exp(x) into 2^(x·log2 e)); the portable path (exp2_scalar below) and AVX2
+// (exp2_avx2.hpp) use this range reduction and polynomial, AVX-512 a floor reduction and its
+// own fit of the same degree and error (d1 … d6 below: no subtract for n, no upper clamp).
 //
 //   x = n + f,  n = round-to-nearest(x),  f in [−0.5, 0.5]
 //   2^x = 2^n · p(f),   p(f) = 1 + c1·f + … + c6·f⁶   (Horner)
@@ -29,6 +30,21 @@ inline constexpr float c3 = 0.055503323674201965f;
 inline constexpr float c4 = 0.00961843691766262f;
 inline constexpr float c5 = 0.001339887036010623f;
 inline constexpr float c6 = 0.0001535360497655347f;
+
+// The AVX-512 row's fit (exp2_avx512.hpp): the same degree on the other width-1 interval,
+//   x = n + g,  n = floor(x),  g in [0, 1),   2^g ≈ 1 + d1·g + … + d6·g⁶,
+// because vscalefps multiplies by 2^floor(its second operand) itself: given x unreduced, it
+// needs neither n = x − f (a subtract) nor the upper clamp (2^n overflows to inf in the
+// instruction; the clamp guarded the integer add). A relative-error minimax fit of 2^g on
+// [0, 1] with d0 = 1 (so 2^n is exact), by the same method, rounded to float: 1.3e-8 in exact
+// arithmetic, 8.3e-8 (≈ 1.4 units of 2^-24) evaluated with FMA over every float in [−126, 0]
+// (the fit above: 8.0e-8 there). The same test and bound as every row (test_exp2.cpp).
+inline constexpr float d1 = 0.6931470632553101f;
+inline constexpr float d2 = 0.2402293086051941f;
+inline constexpr float d3 = 0.055485282093286514f;
+inline constexpr float d4 = 0.009675451554358006f;
+inline constexpr float d5 = 0.0012467842316254973f;
+inline constexpr float d6 = 0.00021612927957903594f;
 
 inline constexpr float kMin = -126.0f;  // below: result 0
 inline constexpr float kMax = 128.0f;   // at or above: +inf
