@@ -278,37 +278,59 @@ struct Avx512Ops {
     }
 
     // Online-softmax update, 16 query columns (one zmm) at a time, vertical over the nk keys.
+    // Natural-unit scores, base-2 exponents (flash_driver.hpp says why). Each weight is
+    // 2^(s·log2 e − U), the multiply and subtract as one FMA, with U = u·log2 e rounded once
+    // (u: the max to subtract, 0 where it is −inf), and α = 2^(U_old − U), U_old = m_old·log2 e
+    // rounded as the block before rounded it. So every weight carries the same factor 2^r,
+    // r = u·log2 e − U, |r| ≤ half an ulp of u·log2 e: O = Oᵀ/l cancels it, lse = m + ln l is off
+    // by r·ln 2 — the size of rounding u itself, as the scores are rounded (kernels-lab fwd-19
+    // measures the errors); the max key's weight is 2^r, not 1 (l ≥ 1 − 2^-16, finite.hpp).
+    // Only where every |u| of the 16 columns is below 2^8, so |r| ≤ 2^-16: past that, r grows
+    // with u (half an ulp of 1.4e9 is 64, and 2^64 weights overflow sums), so those columns
+    // take 2^((s − u)·log2 e), the subtract first and exact near the max, as before.
+    // Every exponent is ≤ 2^-16 or NaN but in a column holding a NaN score (vmaxps returns its
+    // second operand on NaN, so the max may skip scores before it), whose sum, output and lse
+    // are NaN already.
     static void softmax(float* s, int ldS, int nk, int ncols, float* m, float* l, float* alpha) {
-        const __m512 l2e = _mm512_set1_ps(kLog2e);
+        const __m512 l2e = _mm512_set1_ps(kLog2e), fused_below = _mm512_set1_ps(0x1p8f);
         for (int c = 0; c < ncols; c += 16) {
             const __m512 mold = _mm512_load_ps(m + c);
             const ColumnMax cm = column_max16(s, ldS, nk, c, mold);
-            const __m512 mx = cm.max, use = cm.use;
-            // Natural-unit scores: 2^((s − max)·log2 e) (flash_driver.hpp says why).
-            const __m512 al = exp2_ps512(_mm512_mul_ps(_mm512_sub_ps(mold, use), l2e));
-            __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();  // two sum chains (latency)
-            int j = 0;
-            for (; j + 2 <= nk; j += 2) {
-                float* s0 = s + j * ldS + c;
-                float* s1 = s0 + ldS;
-                const __m512 e0 = exp2_ps512(_mm512_mul_ps(_mm512_sub_ps(_mm512_load_ps(s0), use), l2e));
-                const __m512 e1 = exp2_ps512(_mm512_mul_ps(_mm512_sub_ps(_mm512_load_ps(s1), use), l2e));
-                _mm512_store_ps(s0, e0);
-                _mm512_store_ps(s1, e1);
-                sum0 = _mm512_add_ps(sum0, e0);
-                sum1 = _mm512_add_ps(sum1, e1);
-            }
-            if (j < nk) {
-                float* sj = s + j * ldS + c;
-                const __m512 e = exp2_ps512(_mm512_mul_ps(_mm512_sub_ps(_mm512_load_ps(sj), use), l2e));
-                _mm512_store_ps(sj, e);
-                sum0 = _mm512_add_ps(sum0, e);
-            }
-            sum0 = _mm512_add_ps(sum0, sum1);
+            const bool fused = _mm512_cmp_ps_mask(_mm512_abs_ps(cm.use), fused_below, _CMP_NLT_UQ) == 0;
+            const __m512 u = fused ? _mm512_mul_ps(cm.use, l2e) : cm.use;
+            const __m512 al = exp2_ps512(fused ? _mm512_sub_ps(_mm512_mul_ps(mold, l2e), u)
+                                               : _mm512_mul_ps(_mm512_sub_ps(mold, u), l2e));
+            __m512 sum = _mm512_setzero_ps();
+            if (fused) sum = exp_column(s + c, ldS, nk, [&](__m512 x) { return _mm512_fmsub_ps(x, l2e, u); });
+            else sum = exp_column(s + c, ldS, nk, [&](__m512 x) { return _mm512_mul_ps(_mm512_sub_ps(x, u), l2e); });
             _mm512_store_ps(alpha + c, al);
-            _mm512_store_ps(l + c, _mm512_fmadd_ps(_mm512_load_ps(l + c), al, sum0));
-            _mm512_store_ps(m + c, mx);
+            _mm512_store_ps(l + c, _mm512_fmadd_ps(_mm512_load_ps(l + c), al, sum));
+            _mm512_store_ps(m + c, cm.max);
         }
+    }
+    // s[j][0..16) ← 2^exponent(s[j][0..16)) for j < nk; returns their column sums (two chains:
+    // the add's latency).
+    template <class Exponent>
+    __attribute__((always_inline)) static __m512 exp_column(float* s, int ldS, int nk, Exponent exponent) {
+        __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+        int j = 0;
+        for (; j + 2 <= nk; j += 2) {
+            float* s0 = s + j * ldS;
+            float* s1 = s0 + ldS;
+            const __m512 e0 = exp2_ps512(exponent(_mm512_load_ps(s0)));
+            const __m512 e1 = exp2_ps512(exponent(_mm512_load_ps(s1)));
+            _mm512_store_ps(s0, e0);
+            _mm512_store_ps(s1, e1);
+            sum0 = _mm512_add_ps(sum0, e0);
+            sum1 = _mm512_add_ps(sum1, e1);
+        }
+        if (j < nk) {
+            float* sj = s + j * ldS;
+            const __m512 e = exp2_ps512(exponent(_mm512_load_ps(sj)));
+            _mm512_store_ps(sj, e);
+            sum0 = _mm512_add_ps(sum0, e);
+        }
+        return _mm512_add_ps(sum0, sum1);
     }
 
     // 16 × 16 transpose (the driver's per-task Qᵀ pack and O store, flash_operands.hpp
