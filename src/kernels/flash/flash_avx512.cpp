@@ -52,9 +52,13 @@ namespace {
 // M (QkModifiers, flash_driver.hpp) applied in registers before the store: bit 0 the softcap
 // c·tanh(s/c) (tanh_vec, the function tile_modifiers runs), bit 1 ALiBi s − slope·|rel − j|
 // with j = j_first + r — no second pass over the tile.
-template <int R, int P = 1, int M = 0>
+// CM: also cmax[0..32P) = the column maxima of the R rows stored, max-ed into cmax's values
+// unless first (the driver's kOpsColumnMax): the softmax's running max without its pass of
+// loads over Sᵀ, (R − 1)·2P + 2P vmaxps on registers per call instead of R·2P on loads.
+template <int R, int P = 1, int M = 0, bool CM = false>
 inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, float c2, float* s, int ldS,
-                    const QkModifiers* mods = nullptr, float j_first = 0.0f) {
+                    const QkModifiers* mods = nullptr, float j_first = 0.0f, float* cmax = nullptr,
+                    bool first = true) {
     static_assert((P == 1 && R <= 8) || (P == 2 && R <= 6), "16 (one panel) or 24 (pair) accumulators at most");
     ATTN_ROWS(ATTN_DECL_ACC)
     const float* qt1 = qt + static_cast<std::int64_t>(Dk) * 32;  // the second panel (P = 2)
@@ -120,17 +124,35 @@ inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, f
         }
         return x;
     };
-#define STORE(r)                                                                  \
-    if constexpr (R > r) {                                                        \
-        _mm512_store_ps(s + r * ldS, finish(a##r##0, r, sl0, re0));               \
-        _mm512_store_ps(s + r * ldS + 16, finish(a##r##1, r, sl1, re1));         \
-        if constexpr (P == 2) {                                                   \
-            _mm512_store_ps(s + r * ldS + 32, finish(a##r##2, r, sl2, re2));      \
-            _mm512_store_ps(s + r * ldS + 48, finish(a##r##3, r, sl3, re3));      \
-        }                                                                         \
+    [[maybe_unused]] __m512 mx0, mx1, mx2, mx3;  // CM: the column maxima of the rows stored so far
+    // Row r's column group g: finish, store, and (CM) into the group's maximum.
+    auto put = [&](__m512 acc, int r, int g, __m512 sl, __m512 re, __m512& mx) __attribute__((always_inline)) {
+        const __m512 x = finish(acc, r, sl, re);
+        _mm512_store_ps(s + r * ldS + 16 * g, x);
+        if constexpr (CM) mx = r == 0 ? x : _mm512_max_ps(mx, x);
+    };
+#define STORE(r)                                  \
+    if constexpr (R > r) {                        \
+        put(a##r##0, r, 0, sl0, re0, mx0);        \
+        put(a##r##1, r, 1, sl1, re1, mx1);        \
+        if constexpr (P == 2) {                   \
+            put(a##r##2, r, 2, sl2, re2, mx2);    \
+            put(a##r##3, r, 3, sl3, re3, mx3);    \
+        }                                         \
     }
     ATTN_ROWS(STORE)
 #undef STORE
+    if constexpr (CM) {
+        auto merge = [&](__m512 mx, int g) __attribute__((always_inline)) {
+            _mm512_store_ps(cmax + 16 * g, first ? mx : _mm512_max_ps(mx, _mm512_load_ps(cmax + 16 * g)));
+        };
+        merge(mx0, 0);
+        merge(mx1, 1);
+        if constexpr (P == 2) {
+            merge(mx2, 2);
+            merge(mx3, 3);
+        }
+    }
 }
 
 // ot[r][0..32P) = alpha·ot[r] + Σ_j v[j][r]·p[j][0..32P)   for r < R   v: (nk, ldv), p: (nk, ldP)
@@ -219,16 +241,25 @@ struct Avx512Ops {
     static constexpr int kPairRows = 6;  // the same per call of the pair tile, 6 × 64 (qk_pair, pv_pair)
 
     // P panels per call (qk_tile): qk one, qk_pair two adjacent ones (the driver's kOpsPanelPairs).
+    // cmax: the column maxima too (qk_tile's CM; the driver's kOpsColumnMax), starting over if first.
+    static constexpr bool kColumnMax = true;
     template <int P>
-    static void qk_p(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s, int ldS) {
-        with_rows<P == 1 ? kRows : kPairRows>(rows, [&](auto R) { qk_tile<decltype(R)::value, P>(qt, k, ldk, Dk, c2, s, ldS); });
+    static void qk_p(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s, int ldS,
+                     float* cmax = nullptr, bool first = true) {
+        if (cmax != nullptr)
+            with_rows<P == 1 ? kRows : kPairRows>(rows, [&](auto R) {
+                qk_tile<decltype(R)::value, P, 0, true>(qt, k, ldk, Dk, c2, s, ldS, nullptr, 0.0f, cmax, first);
+            });
+        else
+            with_rows<P == 1 ? kRows : kPairRows>(rows, [&](auto R) { qk_tile<decltype(R)::value, P>(qt, k, ldk, Dk, c2, s, ldS); });
     }
-    static void qk(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s, int ldS) {
-        qk_p<1>(qt, k, ldk, rows, Dk, c2, s, ldS);
+    static void qk(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s, int ldS,
+                   float* cmax = nullptr, bool first = true) {
+        qk_p<1>(qt, k, ldk, rows, Dk, c2, s, ldS, cmax, first);
     }
     static void qk_pair(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s,
-                        int ldS) {
-        qk_p<2>(qt, k, ldk, rows, Dk, c2, s, ldS);
+                        int ldS, float* cmax = nullptr, bool first = true) {
+        qk_p<2>(qt, k, ldk, rows, Dk, c2, s, ldS, cmax, first);
     }
 
     // qk with step 1 of the score rule in the store (flash_driver.hpp, QkModifiers).
@@ -291,11 +322,15 @@ struct Avx512Ops {
     // Every exponent is ≤ 2^-16 or NaN but in a column holding a NaN score (vmaxps returns its
     // second operand on NaN, so the max may skip scores before it), whose sum, output and lse
     // are NaN already.
-    static void softmax(float* s, int ldS, int nk, int ncols, float* m, float* l, float* alpha) {
+    // colmax: Sᵀ's column maxima as qk stored them (the driver's kOpsColumnMax; null where the
+    // score rule changed Sᵀ after qk), else the pass over Sᵀ finds them.
+    static void softmax(float* s, int ldS, int nk, int ncols, float* m, float* l, float* alpha,
+                        const float* colmax = nullptr) {
         const __m512 l2e = _mm512_set1_ps(kLog2e), fused_below = _mm512_set1_ps(0x1p8f);
         for (int c = 0; c < ncols; c += 16) {
             const __m512 mold = _mm512_load_ps(m + c);
-            const ColumnMax cm = column_max16(s, ldS, nk, c, mold);
+            const ColumnMax cm = colmax != nullptr ? column_max_of(_mm512_max_ps(mold, _mm512_load_ps(colmax + c)))
+                                                   : column_max16(s, ldS, nk, c, mold);
             const bool fused = _mm512_cmp_ps_mask(_mm512_abs_ps(cm.use), fused_below, _CMP_NLT_UQ) == 0;
             const __m512 u = fused ? _mm512_mul_ps(cm.use, l2e) : cm.use;
             const __m512 al = exp2_ps512(fused ? _mm512_sub_ps(_mm512_mul_ps(mold, l2e), u)

@@ -168,6 +168,10 @@ template <class Ops>
 inline constexpr bool kOpsOwnOperands = requires { &Ops::qk_block; };
 template <class Ops>
 inline constexpr bool kOpsThreadScratch = requires { &Ops::thread_scratch_bytes; };
+// Whether Ops::qk and qk_pair also take Sᵀ's column maxima (AVX-512): two more arguments, w.colmax
+// at the call's panel and whether it is the block's first call; Ops::softmax then takes w.colmax.
+template <class Ops>
+inline constexpr bool kOpsColumnMax = requires { Ops::kColumnMax; };
 
 }  // namespace attn::detail::ATTN_FLASH_NS
 
@@ -330,9 +334,12 @@ void key_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     // The operand hooks' softmax packs Pᵀ for pv_block unless dropout changes it first, and
     // keeps the float32 Pᵀ only for the paths that read it (dropout, checks, careful).
     const bool p_packed = kOpsOwnOperands<Ops> && !drop.active;
+    // Sᵀ as qk stored it (the score rule changed nothing): the column maxima qk found hold.
+    const bool as_stored = !partial && !p.has_elementwise_mask() && !p.has_score_modifiers();
     if constexpr (kOpsOwnOperands<Ops>)
-        Ops::softmax_block(p, w, ldS, static_cast<int>(nk), ncols, p_packed, careful || check,
-                           !partial && !p.has_elementwise_mask() && !p.has_score_modifiers());
+        Ops::softmax_block(p, w, ldS, static_cast<int>(nk), ncols, p_packed, careful || check, as_stored);
+    else if constexpr (kOpsColumnMax<Ops>)
+        Ops::softmax(w.s, ldS, static_cast<int>(nk), ncols, w.m, w.l, w.alpha, as_stored ? w.colmax : nullptr);
     else
         Ops::softmax(w.s, ldS, static_cast<int>(nk), ncols, w.m, w.l, w.alpha);
     // One branch per tile: without dropout the tile goes straight to P·V.

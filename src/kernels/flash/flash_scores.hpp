@@ -122,16 +122,24 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
         const float* qt = w.qt + static_cast<std::int64_t>(pn) * Dk * Ops::kPanel;
         if constexpr (kOpsPanelPairs<Ops>) {
             if (pn + 2 <= panels) {  // two panels a call (kOpsPanelPairs)
-                for (std::int64_t r = 0; r < nk; r += Ops::kPairRows)
-                    Ops::qk_pair(qt, kp + r * ldk, ldk, static_cast<int>(imin(Ops::kPairRows, nk - r)), Dk, scale,
-                                 w.s + r * ldS + pn * Ops::kPanel, ldS);
+                for (std::int64_t r = 0; r < nk; r += Ops::kPairRows) {
+                    const int rows = static_cast<int>(imin(Ops::kPairRows, nk - r));
+                    float* sr = w.s + r * ldS + pn * Ops::kPanel;
+                    if constexpr (kOpsColumnMax<Ops>)
+                        Ops::qk_pair(qt, kp + r * ldk, ldk, rows, Dk, scale, sr, ldS, w.colmax + pn * Ops::kPanel, r == 0);
+                    else Ops::qk_pair(qt, kp + r * ldk, ldk, rows, Dk, scale, sr, ldS);
+                }
                 pn += 2;
                 continue;
             }
         }
-        for (std::int64_t r = 0; r < nk; r += Ops::kRows)
-            Ops::qk(qt, kp + r * ldk, ldk, static_cast<int>(imin(Ops::kRows, nk - r)), Dk, scale, w.s + r * ldS + pn * Ops::kPanel,
-                    ldS);
+        for (std::int64_t r = 0; r < nk; r += Ops::kRows) {
+            const int rows = static_cast<int>(imin(Ops::kRows, nk - r));
+            float* sr = w.s + r * ldS + pn * Ops::kPanel;
+            if constexpr (kOpsColumnMax<Ops>)
+                Ops::qk(qt, kp + r * ldk, ldk, rows, Dk, scale, sr, ldS, w.colmax + pn * Ops::kPanel, r == 0);
+            else Ops::qk(qt, kp + r * ldk, ldk, rows, Dk, scale, sr, ldS);
+        }
         ++pn;
     }
     }
