@@ -70,6 +70,7 @@
 //         loads of Pᵀ, 6 (8) broadcasts of V, 12 (16) FMAs; the AVX-512 pair 4, 6 and 24)
 //   softmax: 1 max, 1 sub, exp2 (6 FMAs + ~6 other ops), 1 add  — per 8 pairs, i.e.
 //         ≈ 15 vector ops against (Dk + Dv) FMAs: ≈ 12 % extra at D = 64, 6 % at 128.
+//         (AVX-512, per 16 pairs: the max in qk's store, one FMA, exp2 in 9, 1 add: ≈ 12.)
 //   counted (the benchmark's formula): 2·Dk + 2·Dv FLOPs per pair = 4·D.
 //
 // ── Tiles ────────────────────────────────────────────────────────────────────────────
