@@ -16,7 +16,7 @@ namespace {
 // nor an upper clamp (x ≥ 128 overflows to inf in vscalefps; the clamp guarded exp2.hpp's
 // integer exponent add). 9 vector ops; the round-to-nearest form before (exp2.hpp's first
 // fit) took 11: a min, vreduceps, a subtract for n, the polynomial, the mask (kernels-lab fwd-19).
-// Special values: −inf → 0 (g = 0, p = 1, 2^−inf = 0; the mask zeroes it anyway), +inf → inf,
+// Special values: −inf → 0 (the mask), +inf → inf (vscalefps by 2^+inf),
 // NaN → NaN (vreduceps and vscalefps pass it on; the compare is unordered-true).
 inline __m512 exp2_ps512(__m512 x) {
     using namespace exp2poly;
