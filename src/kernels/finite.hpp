@@ -101,7 +101,7 @@ inline float saturate_mean(float x) {
 
 // o/l of the careful path from the two accumulators and inv = 1/l. inv·2^64 is exact and
 // finite: l ≥ 1 whenever a key is visible (the key with the maximum score has p = 1; in the
-// AVX-512 softmax's fused form 2^r ≥ 1 − 2^-16, flash_avx512.cpp: l ≥ 1 − 2^-16, as good).
+// SIMD softmaxes' fused form 2^r ≥ 1 − 2^-16, flash_avx512.cpp: l ≥ 1 − 2^-16, as good).
 // `mean`: no dropout, so the result of finite parts is a mean (saturate_mean).
 inline float combine_large(float ordinary, float large, float inv, bool mean) {
     const float r = ordinary * inv + large * (inv * kLargeUp);

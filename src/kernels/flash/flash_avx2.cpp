@@ -130,31 +130,47 @@ struct Avx2Ops {
             // A column with nothing visible yet keeps m = −inf; subtract 0 there so that
             // 2^(−inf − 0) = 0 instead of 2^(−inf + inf) = NaN.
             const __m256 use = _mm256_andnot_ps(_mm256_cmp_ps(mx, ninf, _CMP_EQ_OQ), mx);
-            // Natural-unit scores: 2^((s − max)·log2 e) (flash_driver.hpp says why).
-            const __m256 al = exp2_ps(_mm256_mul_ps(_mm256_sub_ps(mold, use), l2e));
-            __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
-            j = 0;
-            for (; j + 2 <= nk; j += 2) {
-                float* s0 = s + j * ldS + c;
-                float* s1 = s0 + ldS;
-                const __m256 e0 = exp2_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_load_ps(s0), use), l2e));
-                const __m256 e1 = exp2_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_load_ps(s1), use), l2e));
-                _mm256_store_ps(s0, e0);
-                _mm256_store_ps(s1, e1);
-                sum0 = _mm256_add_ps(sum0, e0);
-                sum1 = _mm256_add_ps(sum1, e1);
-            }
-            if (j < nk) {
-                float* sj = s + j * ldS + c;
-                const __m256 e = exp2_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_load_ps(sj), use), l2e));
-                _mm256_store_ps(sj, e);
-                sum0 = _mm256_add_ps(sum0, e);
-            }
-            sum0 = _mm256_add_ps(sum0, sum1);
+            // Natural-unit scores, base-2 exponents (flash_driver.hpp says why): s·log2 e − U as one
+            // FMA where every |use| of the 8 columns is below kFusedExponentBelow, else (s − use)·log2 e
+            // (flash_avx512.cpp's softmax says why, and what the fused form does to the bits).
+            const __m256 below = _mm256_set1_ps(kFusedExponentBelow);
+            const bool fused =
+                _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), use), below, _CMP_NLT_UQ)) == 0;
+            const __m256 u = fused ? _mm256_mul_ps(use, l2e) : use;
+            const __m256 al = exp2_ps(fused ? _mm256_sub_ps(_mm256_mul_ps(mold, l2e), u)
+                                            : _mm256_mul_ps(_mm256_sub_ps(mold, u), l2e));
+            const __m256 sum0 =
+                fused ? exp_column(s + c, ldS, nk, [&](__m256 x) { return _mm256_fmsub_ps(x, l2e, u); })
+                      : exp_column(s + c, ldS, nk, [&](__m256 x) { return _mm256_mul_ps(_mm256_sub_ps(x, u), l2e); });
             _mm256_store_ps(alpha + c, al);
             _mm256_store_ps(l + c, _mm256_fmadd_ps(_mm256_load_ps(l + c), al, sum0));
             _mm256_store_ps(m + c, mx);
         }
+    }
+
+    // s[j][0..8) ← 2^exponent(s[j][0..8)) for j < nk; returns their column sums (two chains: the
+    // add's latency).
+    template <class Exponent>
+    __attribute__((always_inline)) static __m256 exp_column(float* s, int ldS, int nk, Exponent exponent) {
+        __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
+        int j = 0;
+        for (; j + 2 <= nk; j += 2) {
+            float* s0 = s + j * ldS;
+            float* s1 = s0 + ldS;
+            const __m256 e0 = exp2_ps(exponent(_mm256_load_ps(s0)));
+            const __m256 e1 = exp2_ps(exponent(_mm256_load_ps(s1)));
+            _mm256_store_ps(s0, e0);
+            _mm256_store_ps(s1, e1);
+            sum0 = _mm256_add_ps(sum0, e0);
+            sum1 = _mm256_add_ps(sum1, e1);
+        }
+        if (j < nk) {
+            float* sj = s + j * ldS;
+            const __m256 e = exp2_ps(exponent(_mm256_load_ps(sj)));
+            _mm256_store_ps(sj, e);
+            sum0 = _mm256_add_ps(sum0, e);
+        }
+        return _mm256_add_ps(sum0, sum1);
     }
 
     // 16 × 16 transpose (the driver's per-task Qᵀ pack and O store, flash_operands.hpp "Per-task

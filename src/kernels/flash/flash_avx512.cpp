@@ -316,7 +316,8 @@ struct Avx512Ops {
     // r = u·log2 e − U, |r| ≤ half an ulp of u·log2 e: O = Oᵀ/l cancels it, lse = m + ln l is off
     // by r·ln 2 — the size of rounding u itself, as the scores are rounded (kernels-lab fwd-19
     // measures the errors); the max key's weight is 2^r, not 1 (l ≥ 1 − 2^-16, finite.hpp).
-    // Only where every |u| of the 16 columns is below 2^8, so |r| ≤ 2^-16: past that, r grows
+    // Only where every |u| of the 16 columns is below 2^8 (kFusedExponentBelow; the avx2 row's
+    // softmax too), so |r| ≤ 2^-16: past that, r grows
     // with u (half an ulp of 1.4e9 is 64, and 2^64 weights overflow sums), so those columns
     // take 2^((s − u)·log2 e), the subtract first and exact near the max, as before.
     // Every exponent is ≤ 2^-16 or NaN but in a column holding a NaN score (vmaxps returns its
@@ -326,7 +327,7 @@ struct Avx512Ops {
     // score rule changed Sᵀ after qk), else the pass over Sᵀ finds them.
     static void softmax(float* s, int ldS, int nk, int ncols, float* m, float* l, float* alpha,
                         const float* colmax = nullptr) {
-        const __m512 l2e = _mm512_set1_ps(kLog2e), fused_below = _mm512_set1_ps(0x1p8f);
+        const __m512 l2e = _mm512_set1_ps(kLog2e), fused_below = _mm512_set1_ps(kFusedExponentBelow);
         for (int c = 0; c < ncols; c += 16) {
             const __m512 mold = _mm512_load_ps(m + c);
             const ColumnMax cm = colmax != nullptr ? column_max_of(_mm512_max_ps(mold, _mm512_load_ps(colmax + c)))

@@ -137,6 +137,8 @@ namespace attn::detail::ATTN_FLASH_NS {
 // Keys (qk) or head-dim rows (pv) per micro-kernel tile: Ops::kRows, per ISA (AVX2 6 rows ×
 // 2 ymm, AVX-512 8 rows × 2 zmm; see the Ops of each flash_<isa>.cpp).
 inline constexpr float kLog2e = 1.4426950408889634f;
+// The SIMD softmaxes take s·log2 e − U as one FMA below this |max| (flash_avx512.cpp says why).
+inline constexpr float kFusedExponentBelow = 0x1p8f;
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 inline constexpr float kPosInf = std::numeric_limits<float>::infinity();
 
