@@ -37,7 +37,10 @@ inline constexpr int kAmxStageFloats = 4 * 16 * 16;
 // of 2·Dq elements, zero past the real keys and past Dk). s: (nk, ldS) floats; cbuf:
 // kAmxStageFloats floats, 64-byte aligned. colmax (32·panels floats, 64-byte aligned):
 // colmax[c] = max_j s[j][c], taken from the staged tiles on their way to Sᵀ (the softmax's
-// first pass, without reading Sᵀ again; softmax_bf16 says when it may be used).
+// first pass, without reading Sᵀ again; softmax_bf16 says when it may be used). c2 == 1 (the
+// caller's unscaled Sᵀ, softmax_bf16's raw_scale): whole key tiles go to Sᵀ straight from the
+// tile registers and their max is read back from L1 — one tile store instead of a store to the
+// staging buffer, a load, a multiply and a store per row.
 void qk_amx(const std::uint32_t* qt, int Dq, int panels, const std::uint16_t* k, std::int64_t ldk,
             const std::uint16_t* ktail, int nk, float c2, float* s, int ldS, float* cbuf, float* colmax);
 

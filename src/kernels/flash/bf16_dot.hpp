@@ -51,9 +51,13 @@ void pack_pairs_bf16(const float* src, std::int64_t ld, std::int64_t n, std::int
 // the non-finite paths and the careful path read it); false leaves Sᵀ as it was.
 // colmax: the block's column maxima max_j Sᵀ[j][c] (64-byte aligned), when the product that
 // wrote Sᵀ found them on the way (qk_amx) — saves the softmax its first pass over Sᵀ; nullptr:
-// found here.
+// found here. raw_scale > 0 (finite, and raw_scale·log2 e a normal float): Sᵀ — and colmax,
+// which must then be given — hold the unscaled products K·Qᵀ (qk_amx with c2 = 1, whole tiles
+// stored straight from the tile registers); the scores are raw_scale·Sᵀ, the scale folded into
+// the exponent's multiply. m, α and the weights' bound are the scaled path's (m's bits too);
+// the weights' bits may differ (one FMA for scale, subtract and multiply). 0: Sᵀ holds the scores.
 void softmax_bf16(float* s, int ldS, int nk, int ncols, float* m, float* l, float* alpha, std::uint32_t* pp, int ldP,
-                  bool keep_f32, const float* colmax = nullptr);
+                  bool keep_f32, const float* colmax = nullptr, float raw_scale = 0.0f);
 
 // 2^x for n values, the exp of softmax_bf16 (for tests: tests/kernels/test_bf16_compute.cpp).
 // Degree-3 polynomial on the reduced argument: relative error ≤ 1.05e-4 (< 2^-13) on x ≤ 0,

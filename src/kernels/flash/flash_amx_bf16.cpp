@@ -41,6 +41,32 @@ inline __m512 store_scaled(const float* c, int rows, __m512 c2, float* s, int ld
     return _mm512_max_ps(mx, m1);
 }
 
+// max(mx, the 16 rows of a C tile just stored to s (row stride ldS)) per column: the loads
+// hit L1 (two chains: the max's latency).
+inline __m512 max_of_rows(const float* s, int ldS, __m512 mx) {
+    __m512 m1 = mx;
+    for (int r = 0; r < 16; r += 2) {
+        mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + r * ldS));
+        m1 = _mm512_max_ps(m1, _mm512_loadu_ps(s + (r + 1) * ldS));
+    }
+    return _mm512_max_ps(mx, m1);
+}
+
+// C tile I (0..3, a literal: it is pasted into the instruction) to Sᵀ at st, and mx = max(mx,
+// the stored values) per column: a whole tile (rows == 16) unscaled (c2 == 1) straight from the
+// tile register, its max read back from L1; else staged in cbuf slot I and stored times c2,
+// the first `rows` rows only. (A macro: _tile_stored takes the tile number as a literal.)
+#define ATTN_STORE_S_TILE(I, rows, st, mx)                                         \
+    do {                                                                           \
+        if ((rows) == 16 && c2 == 1.0f) {                                          \
+            _tile_stored(I, st, static_cast<long>(ldS) * 4);                       \
+            mx = max_of_rows(st, ldS, mx);                                         \
+        } else {                                                                   \
+            _tile_stored(I, cbuf + (I) * kTile, 64);                               \
+            mx = store_scaled(cbuf + (I) * kTile, rows, vc, st, ldS, mx);          \
+        }                                                                          \
+    } while (0)
+
 // One 32-element reduction step of the 2 × 2 block: B tiles 6, 7 (queries 0..15 and 16..31 of
 // the panel) from b and b + 16 words, A tile 4 from a0 into C tiles 0, 1 and — unless this is
 // the last A tile of an odd count (`two` false) — A tile 5 from a1 into C tiles 2, 3.
@@ -88,26 +114,22 @@ void qk_amx(const std::uint32_t* qt, int Dq, int panels, const std::uint16_t* k,
             _tile_zero(3);
             for (int ds = 0; ds < dsteps; ++ds)  // B: pair rows 16·ds.. of the panel (128-byte rows)
                 step_2x2(q + ds * 16 * 32, 128, a0 + ds * 32, s0, two ? a1 + ds * 32 : nullptr, s1, two);
-            // Staged through cbuf: × c2 on the way to Sᵀ, and only the rows of real keys (Sᵀ
-            // holds nk rows, which need not be a multiple of 16).
-            _tile_stored(0, cbuf, 64);
-            _tile_stored(1, cbuf + kTile, 64);
+            // Only the rows of real keys reach Sᵀ (nk rows, not necessarily a multiple of 16).
             float* st = s + static_cast<std::int64_t>(t) * 16 * ldS + pn * 32;
             const int r0 = nk - t * 16 < 16 ? nk - t * 16 : 16;
-            mx0 = store_scaled(cbuf, r0, vc, st, ldS, mx0);
-            mx1 = store_scaled(cbuf + kTile, r0, vc, st + 16, ldS, mx1);
+            ATTN_STORE_S_TILE(0, r0, st, mx0);
+            ATTN_STORE_S_TILE(1, r0, st + 16, mx1);
             if (two) {
-                _tile_stored(2, cbuf + 2 * kTile, 64);
-                _tile_stored(3, cbuf + 3 * kTile, 64);
                 const int r1 = nk - (t + 1) * 16 < 16 ? nk - (t + 1) * 16 : 16;
-                mx0 = store_scaled(cbuf + 2 * kTile, r1, vc, st + 16 * ldS, ldS, mx0);
-                mx1 = store_scaled(cbuf + 3 * kTile, r1, vc, st + 16 * ldS + 16, ldS, mx1);
+                ATTN_STORE_S_TILE(2, r1, st + 16 * ldS, mx0);
+                ATTN_STORE_S_TILE(3, r1, st + 16 * ldS + 16, mx1);
             }
         }
         _mm512_store_ps(colmax + pn * 32, mx0);
         _mm512_store_ps(colmax + pn * 32 + 16, mx1);
     }
 }
+#undef ATTN_STORE_S_TILE
 
 void pv_amx(const std::uint32_t* pp, int ldP, const std::uint32_t* vt, int Jq, int Dv, int panels, float* acc, int ldO,
             float* cbuf) {

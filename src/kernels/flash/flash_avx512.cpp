@@ -498,7 +498,7 @@ struct Avx512Bf16Ops : Avx512Ops {
     }
 
     static void qk_block(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t hk, int panels, std::int64_t j0,
-                         std::int64_t nk, int ldS, float scale) {
+                         std::int64_t nk, int ldS, float scale, bool /*as_stored*/) {
         const std::int64_t Dp = half_up(p.Dk);
         const std::uint16_t* k = p.k.data_as<const std::uint16_t>();
         const std::uint16_t* kp;
@@ -712,8 +712,16 @@ struct AmxBf16Ops : Avx512Bf16Ops {
         }
     }
 
+    // Sᵀ unscaled where the softmax alone reads it (as_stored) and the scale is a plain positive
+    // float (raw_scale): qk_amx stores whole tiles straight from the tile registers, and the
+    // softmax folds the scale into its exponent's FMA; else Sᵀ holds the scores (the score rule
+    // and the scores output read them).
+    static float raw_scale(const SdpaProblem& p, bool as_stored) {
+        const float c = static_cast<float>(p.scale);
+        return as_stored && c >= 0x1p-60f && c <= 0x1p60f ? c : 0.0f;
+    }
     static void qk_block(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t hk, int panels, std::int64_t j0,
-                         std::int64_t nk, int ldS, float scale) {
+                         std::int64_t nk, int ldS, float scale, bool as_stored) {
         const std::int64_t Dq = q_rows(p), Dk32 = 2 * Dq, whole = nk / 16 * 16;
         const std::uint16_t* k = p.k.data_as<const std::uint16_t>();
         const std::int64_t sd = p.k.stride(3);
@@ -744,17 +752,18 @@ struct AmxBf16Ops : Avx512Bf16Ops {
             ldk = Dk32;
             buf += whole * Dk32;
         }
-        flash_amx_bf16_ns::qk_amx(q_pairs(p, w), static_cast<int>(Dq), panels, kp, ldk, buf, static_cast<int>(nk), scale,
-                                  w.s, ldS, reinterpret_cast<float*>(region(p, w, 5)), col_max(p, w));
+        flash_amx_bf16_ns::qk_amx(q_pairs(p, w), static_cast<int>(Dq), panels, kp, ldk, buf, static_cast<int>(nk),
+                                  raw_scale(p, as_stored) > 0.0f ? 1.0f : scale, w.s, ldS, reinterpret_cast<float*>(region(p, w, 5)), col_max(p, w));
     }
     static float* col_max(const SdpaProblem& p, const Workspace& w) { return reinterpret_cast<float*>(region(p, w, 6)); }
 
     // as_stored: Sᵀ is as qk_block left it, so the column maxima qk_amx found on the way hold and
-    // the softmax skips its pass for them; else (a mask or modifier changed Sᵀ) it finds them itself.
+    // the softmax skips its pass for them (and scales Sᵀ itself where qk_block left it unscaled);
+    // else (a mask or modifier changed Sᵀ) it finds them itself.
     static void softmax_block(const SdpaProblem& p, Workspace& w, int ldS, int nk, int ncols, bool pack, bool keep_f32,
                               bool as_stored) {
         flash_bf16_avx512_ns::softmax_bf16(w.s, ldS, nk, ncols, w.m, w.l, w.alpha, pack ? amx_p(w) : nullptr, w.tile_mb,
-                                           keep_f32, as_stored ? col_max(p, w) : nullptr);
+                                           keep_f32, as_stored ? col_max(p, w) : nullptr, raw_scale(p, as_stored));
     }
 
     // Vᵀ units (amx_dot.hpp, pv_amx) of keys [j0, j0 + 32·units) into dst, zero past key jend

@@ -181,36 +181,67 @@ void exp2_bf16(const float* x, float* y, int n) {
     }
 }
 
-void softmax_bf16(float* s, int ldS, int nk, int ncols, float* m, float* l, float* alpha, std::uint32_t* pp, int ldP,
-                  bool keep_f32, const float* colmax) {
-    constexpr float kLog2e = 1.4426950408889634f;
-    const __m512 l2e = _mm512_set1_ps(kLog2e);
+namespace {
+
+// One 16-column group of softmax_bf16 once its new max is known: the weights 2^x(s) of nk rows,
+// x = exponent(the Sᵀ entry) (the forms below), their sum into l, Pᵀ pairs and/or the float32 P.
+template <class Exponent>
+inline void softmax_columns(float* s, int ldS, int nk, int c, ColumnMax cm, __m512 al, float* m, float* l,
+                            float* alpha, std::uint32_t* pp, int ldP, bool keep_f32, Exponent exponent) {
     const __m512i idx = _mm512_load_si512(kInterleave);
+    auto weight = [&](const float* sj) __attribute__((always_inline)) { return exp2_bf16_ps(exponent(_mm512_load_ps(sj))); };
+    __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+    for (int j = 0; j < nk; j += 2) {
+        float* s0 = s + j * ldS + c;
+        const __m512 e0 = weight(s0);
+        const __m512 e1 = j + 1 < nk ? weight(s0 + ldS) : _mm512_setzero_ps();
+        sum0 = _mm512_add_ps(sum0, e0);
+        sum1 = _mm512_add_ps(sum1, e1);
+        if (keep_f32) {
+            _mm512_store_ps(s0, e0);
+            if (j + 1 < nk) _mm512_store_ps(s0 + ldS, e1);
+        }
+        if (pp != nullptr) _mm512_store_si512(pp + (j / 2) * ldP + c, pair_words(e0, e1, idx));
+    }
+    _mm512_store_ps(alpha + c, al);
+    _mm512_store_ps(l + c, _mm512_fmadd_ps(_mm512_load_ps(l + c), al, _mm512_add_ps(sum0, sum1)));
+    _mm512_store_ps(m + c, cm.max);
+}
+
+}  // namespace
+
+void softmax_bf16(float* s, int ldS, int nk, int ncols, float* m, float* l, float* alpha, std::uint32_t* pp, int ldP,
+                  bool keep_f32, const float* colmax, float raw_scale) {
+    constexpr float kLog2e = 1.4426950408889634f;
+    const __m512 l2e = _mm512_set1_ps(kLog2e), vc = _mm512_set1_ps(raw_scale);
+    const __m512 vcl = _mm512_set1_ps(raw_scale * kLog2e);  // the scale and log2 e in one factor
     for (int c = 0; c < ncols; c += 16) {
         const __m512 mold = _mm512_load_ps(m + c);
-        const ColumnMax cm = colmax != nullptr ? column_max_of(_mm512_max_ps(mold, _mm512_load_ps(colmax + c)))
-                                               : column_max16(s, ldS, nk, c, mold);
-        const __m512 mx = cm.max, use = cm.use;
+        // Unscaled: the block's max scaled once — c·max_j s_j is max_j c·s_j, each rounded as qk
+        // would have rounded it (c > 0: rounding is monotone), so m keeps the scaled path's bits.
+        const ColumnMax cm = colmax == nullptr ? column_max16(s, ldS, nk, c, mold)
+                             : raw_scale > 0.0f ? column_max_of(_mm512_max_ps(mold, _mm512_mul_ps(_mm512_load_ps(colmax + c), vc)))
+                                                : column_max_of(_mm512_max_ps(mold, _mm512_load_ps(colmax + c)));
+        const __m512 use = cm.use;
         const __m512 al = exp2_ps512(_mm512_mul_ps(_mm512_sub_ps(mold, use), l2e));
-        auto weight = [&](const float* sj) __attribute__((always_inline)) {
-            return exp2_bf16_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_load_ps(sj), use), l2e));
-        };
-        __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
-        for (int j = 0; j < nk; j += 2) {
-            float* s0 = s + j * ldS + c;
-            const __m512 e0 = weight(s0);
-            const __m512 e1 = j + 1 < nk ? weight(s0 + ldS) : _mm512_setzero_ps();
-            sum0 = _mm512_add_ps(sum0, e0);
-            sum1 = _mm512_add_ps(sum1, e1);
-            if (keep_f32) {
-                _mm512_store_ps(s0, e0);
-                if (j + 1 < nk) _mm512_store_ps(s0 + ldS, e1);
-            }
-            if (pp != nullptr) _mm512_store_si512(pp + (j / 2) * ldP + c, pair_words(e0, e1, idx));
+        if (raw_scale > 0.0f) {
+            // x = s·(c·log2 e) − use·log2 e: one FMA for the scale, the subtract and the multiply
+            // (the max's own x is then a rounding error, |x| ≤ 2^-22·|use·log2 e|, not 0: its
+            // weight 1 ± 2^-22·|use|, still 1 in bf16). Where use·log2 e overflows (|use| > 2^127
+            // / log2 e, finite) the scores are formed first, as qk would have: (s·c − use)·log2 e.
+            const __m512 nu = _mm512_mul_ps(use, _mm512_set1_ps(-kLog2e));
+            const __mmask16 overflow = _mm512_fpclass_ps_mask(nu, 0x18) & ~_mm512_fpclass_ps_mask(use, 0x18);  // ±inf
+            if (overflow == 0)
+                softmax_columns(s, ldS, nk, c, cm, al, m, l, alpha, pp, ldP, keep_f32,
+                                [&](__m512 x) __attribute__((always_inline)) { return _mm512_fmadd_ps(x, vcl, nu); });
+            else
+                softmax_columns(s, ldS, nk, c, cm, al, m, l, alpha, pp, ldP, keep_f32, [&](__m512 x) __attribute__((always_inline)) {
+                    return _mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps(x, vc), use), l2e);
+                });
+        } else {
+            softmax_columns(s, ldS, nk, c, cm, al, m, l, alpha, pp, ldP, keep_f32,
+                            [&](__m512 x) __attribute__((always_inline)) { return _mm512_mul_ps(_mm512_sub_ps(x, use), l2e); });
         }
-        _mm512_store_ps(alpha + c, al);
-        _mm512_store_ps(l + c, _mm512_fmadd_ps(_mm512_load_ps(l + c), al, _mm512_add_ps(sum0, sum1)));
-        _mm512_store_ps(m + c, mx);
     }
 }
 

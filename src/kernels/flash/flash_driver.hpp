@@ -93,7 +93,9 @@
 // AmxBf16Ops over it, with the same pairs padded to AMX tiles):
 //   scratch_bytes(p, t)           bytes of per-thread scratch it needs (Workspace::extra)
 //   pack_q(p, w, b, nq, panels)   its own packed Qᵀ into w.qt (which holds Mb·Dk floats)
-//   qk_block(p, w, b, hk, panels, j0, nk, ldS, scale)   Sᵀ of keys [j0, j0+nk), all panels
+//   qk_block(p, w, b, hk, panels, j0, nk, ldS, scale, as_stored)   Sᵀ of keys [j0, j0+nk), all
+//                                 panels; as_stored: softmax_block follows with as_stored (nothing
+//                                 reads Sᵀ between), so Sᵀ may hold what the Ops' softmax expects
 //   v_rows(p, b, hk, j0, nk, vbuf, ldv)   V rows of the key block as float32 (nk × Dv)
 //   softmax_block(p, w, ldS, nk, ncols, pack, keep_f32, as_stored)   the online softmax of the key
 //                                 block (m, l, α as Ops::softmax); pack: it also leaves Pᵀ in its own form for
@@ -329,7 +331,10 @@ void key_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     bool partial = false;
     for (int c = 0; c < nq && !partial; ++c) partial = w.lo[c] > j0 || w.hi[c] < j0 + nk;
     if (j0 + nk < ahead_end) prefetch_kv_rows(p, b, hk, j0 + nk, imin(ahead_end, j0 + nk + t.Nb));
-    score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, scale, partial, ScoreStage::masked, shared);
+    // The score rule changes nothing in Sᵀ: the softmax sees it as qk_block stored it, and the
+    // column maxima qk found hold.
+    const bool as_stored = !partial && !p.has_elementwise_mask() && !p.has_score_modifiers();
+    score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, scale, partial, ScoreStage::masked, shared, as_stored);
 
     // Zeros of P only where a mask, ALiBi (a score that overflows to −inf: alibi_zeros) or
     // dropout ran: V is checked there (finite.hpp). Softcap keeps every score finite.
@@ -337,8 +342,6 @@ void key_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     // The operand hooks' softmax packs Pᵀ for pv_block unless dropout changes it first, and
     // keeps the float32 Pᵀ only for the paths that read it (dropout, checks, careful).
     const bool p_packed = kOpsOwnOperands<Ops> && !drop.active;
-    // Sᵀ as qk stored it (the score rule changed nothing): the column maxima qk found hold.
-    const bool as_stored = !partial && !p.has_elementwise_mask() && !p.has_score_modifiers();
     if constexpr (kOpsOwnOperands<Ops>)
         Ops::softmax_block(p, w, ldS, static_cast<int>(nk), ncols, p_packed, careful || check, as_stored);
     else if constexpr (kOpsColumnMax<Ops>)

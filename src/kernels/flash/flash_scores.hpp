@@ -73,11 +73,13 @@ inline void tile_modifiers(const SdpaProblem& p, Workspace& w, std::int64_t b, i
 // Sᵀ (scaled, modified, masked) of keys [j0, j0+nk) against all panels of the block.
 // `stage` < masked (the scores output): stop after the scale or after the softcap.
 // shared: the key block's K rows as a group read them once (run_group), else null.
+// as_stored: key_block's (Ops::qk_block's hook; the score rule then leaves Sᵀ as stored).
 template <class Ops>
 void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t hk, int nq, int panels, std::int64_t j0, std::int64_t nk, int ldS, float scale,
-                bool ranges_partial, ScoreStage stage = ScoreStage::masked, const KvTile* shared = nullptr) {
+                bool ranges_partial, ScoreStage stage = ScoreStage::masked, const KvTile* shared = nullptr,
+                bool as_stored = false) {
     if constexpr (kOpsOwnOperands<Ops>) {
-        Ops::qk_block(p, w, b, hk, panels, j0, nk, ldS, scale);
+        Ops::qk_block(p, w, b, hk, panels, j0, nk, ldS, scale, as_stored);
     } else {
     std::int64_t ldk = shared != nullptr ? shared->ldk : 0;
     const float* kp = shared != nullptr ? shared->k : kv_tile_rows<Ops>(p, false, b, hk, j0, nk, p.Dk, w.kbuf, ldk, panels);
