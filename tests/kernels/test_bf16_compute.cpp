@@ -587,6 +587,69 @@ TEST(Bf16Compute, Exp2Bf16WithinBound) {
     EXPECT_TRUE(std::isnan(out[6]));
 }
 
+// The AMX path's unscaled Sᵀ (bf16_dot.hpp, softmax_bf16's raw_scale): the softmax on the raw
+// products K·Qᵀ with the scale c folded into its exponent against the same softmax on the scores
+// fl(c·s) as qk stores them. m and α must be bit-equal (the max scaled once is the max of the
+// scaled), the weights and l equal to the exponent's extra roundings: x's error ≤ 4u·(|c·s| +
+// |max|)·log2 e, so a relative difference ≤ ln 2 · that + 2^-22. Columns: random scores, the
+// non-finite ones (+inf, NaN, −inf: the same classes as the scaled path), and scores past
+// 2^127 / log2 e (c = 1), where max·log2 e overflows and the scores are formed first: bit-equal.
+TEST(Bf16Compute, UnscaledScoresSoftmaxMatchesScaled) {
+    ATTN_NEED_BF16();
+    const int nk = 37, ncols = 32, ld = 32;
+    std::mt19937_64 rng(20);
+    std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+    auto run = [&](const std::vector<float>& raw, float c, const char* what) {
+        alignas(64) float sraw[nk * ld], sc[nk * ld], cmraw[ncols], cmsc[ncols];
+        alignas(64) float m0[ncols], l0[ncols], a0[ncols], m1[ncols], l1[ncols], a1[ncols];
+        alignas(64) std::uint32_t p0[(nk + 1) / 2 * ld], p1[(nk + 1) / 2 * ld];
+        for (int i = 0; i < nk * ld; ++i) sraw[i] = raw[static_cast<std::size_t>(i)], sc[i] = c * raw[static_cast<std::size_t>(i)];
+        for (int q = 0; q < ncols; ++q) {
+            cmraw[q] = cmsc[q] = -INFINITY;
+            for (int j = 0; j < nk; ++j) {  // max, NaN-ignoring as vmaxps with the running max first
+                cmraw[q] = sraw[j * ld + q] > cmraw[q] ? sraw[j * ld + q] : cmraw[q];
+                cmsc[q] = sc[j * ld + q] > cmsc[q] ? sc[j * ld + q] : cmsc[q];
+            }
+            m0[q] = m1[q] = q % 3 == 0 ? -INFINITY : 0.5f * c * cmraw[q];  // a first block and later ones
+            l0[q] = l1[q] = q % 3 == 0 ? 0.0f : 2.0f;
+        }
+        detail::flash_bf16_avx512_ns::softmax_bf16(sc, ld, nk, ncols, m0, l0, a0, p0, ld, true, cmsc);
+        detail::flash_bf16_avx512_ns::softmax_bf16(sraw, ld, nk, ncols, m1, l1, a1, p1, ld, true, cmraw, c);
+        auto near = [&](float got, float want, double mag) {
+            if (std::isnan(want) || std::isnan(got)) return std::isnan(want) && std::isnan(got);
+            if (got == want) return true;  // the zeros and infinities too
+            if (c == 1.0f && std::fabs(mag) > 0x1p126) return got == want;  // the overflow's fallback: the scaled form
+            const double tol = std::log(2.0) * 4 * 0x1p-24 * mag * 1.4426950408889634 + 0x1p-22;
+            return std::fabs(static_cast<double>(got) - want) <= tol * std::fabs(static_cast<double>(want));
+        };
+        for (int q = 0; q < ncols; ++q) {
+            EXPECT_EQ(std::memcmp(&m0[q], &m1[q], 4), 0) << what << " m, column " << q << ": " << m0[q] << " " << m1[q];
+            EXPECT_EQ(std::memcmp(&a0[q], &a1[q], 4), 0) << what << " alpha, column " << q;
+            const double mx = std::fabs(static_cast<double>(m0[q]));
+            double big = 0;
+            for (int j = 0; j < nk; ++j) {
+                const double mag = std::fabs(static_cast<double>(sc[j * ld + q])) + mx;
+                big = std::max(big, mag);
+                EXPECT_TRUE(near(sraw[j * ld + q], sc[j * ld + q], mag))
+                    << what << " P[" << j << "][" << q << "] " << sraw[j * ld + q] << " want " << sc[j * ld + q];
+            }
+            EXPECT_TRUE(near(l1[q], l0[q], big)) << what << " l, column " << q << ": " << l1[q] << " want " << l0[q];
+        }
+    };
+    std::vector<float> raw(static_cast<std::size_t>(nk * ld));
+    for (float& x : raw) x = 40.0f * unit(rng);
+    run(raw, 0.125f, "random");
+    for (int j = 0; j < nk; ++j) {
+        raw[static_cast<std::size_t>(j * ld + 16)] = j == 5 ? INFINITY : 1.0f;
+        raw[static_cast<std::size_t>(j * ld + 17)] = j == 9 ? NAN : 2.0f;
+        raw[static_cast<std::size_t>(j * ld + 18)] = j % 2 == 0 ? -INFINITY : 3.0f;
+        raw[static_cast<std::size_t>(j * ld + 19)] = -INFINITY;
+    }
+    run(raw, 0.125f, "non-finite");
+    for (float& x : raw) x = 0x1p127f * (1.5f + 0.4f * unit(rng));  // 2.2e38..3.1e38: max·log2 e overflows
+    run(raw, 1.0f, "past 2^127 / log2 e");
+}
+
 // Non-finite V at masked keys and large finite V (the careful path) with bf16 compute.
 TEST(Bf16Compute, NonFiniteAndLargeV) {
     ATTN_NEED_BF16();
