@@ -650,6 +650,30 @@ TEST(Bf16Compute, UnscaledScoresSoftmaxMatchesScaled) {
     run(raw, 1.0f, "past 2^127 / log2 e");
 }
 
+// Without the float32 P (keep_f32 false) the softmax's exp2 leaves weights below 2^-126 denormal
+// instead of 0 (flash_avx512_bf16.cpp, exp2_bf16_ps<false>): the same Pᵀ pairs (vcvtne2ps2bf16
+// flushes them) and the same l as with keep_f32, bit for bit, on exponents across [−150, −120].
+TEST(Bf16Compute, UnderflowingWeightsPackAsZero) {
+    ATTN_NEED_BF16();
+    const int nk = 64, ncols = 32, ld = 32;
+    alignas(64) float s0[nk * ld], s1[nk * ld], m0[ncols], l0[ncols], a0[ncols], m1[ncols], l1[ncols], a1[ncols];
+    alignas(64) std::uint32_t p0[nk / 2 * ld], p1[nk / 2 * ld];
+    for (int j = 0; j < nk; ++j)
+        for (int q = 0; q < ncols; ++q)  // key 0 the max (0); the others' x = s·log2 e from −120 to −150
+            s0[j * ld + q] = j == 0 ? 0.0f : static_cast<float>((-120.0 - 30.0 * ((j * ncols + q) % 997) / 996.0) / 1.4426950408889634);
+    std::memcpy(s1, s0, sizeof s0);
+    for (int q = 0; q < ncols; ++q) m0[q] = m1[q] = -INFINITY, l0[q] = l1[q] = 0.0f;
+    detail::flash_bf16_avx512_ns::softmax_bf16(s0, ld, nk, ncols, m0, l0, a0, p0, ld, false);
+    detail::flash_bf16_avx512_ns::softmax_bf16(s1, ld, nk, ncols, m1, l1, a1, p1, ld, true);
+    EXPECT_EQ(std::memcmp(p0, p1, sizeof p0), 0) << "Pᵀ pairs";
+    EXPECT_EQ(std::memcmp(l0, l1, sizeof l0), 0) << "l";
+    int zero = 0;  // the kept P's exact zeros (x < −126): the range crosses the threshold
+    for (int j = 1; j < nk; ++j)
+        for (int q = 0; q < ncols; ++q) zero += s1[j * ld + q] == 0.0f;
+    EXPECT_GT(zero, 0);
+    EXPECT_LT(zero, (nk - 1) * ncols);
+}
+
 // Non-finite V at masked keys and large finite V (the careful path) with bf16 compute.
 TEST(Bf16Compute, NonFiniteAndLargeV) {
     ATTN_NEED_BF16();

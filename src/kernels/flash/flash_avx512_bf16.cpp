@@ -161,13 +161,18 @@ inline __m512i pair_words(__m512 a, __m512 b, __m512i idx) {
 // checked on a dense sweep by test_bf16_compute.cpp. f = x − round(x) is one vreduceps and
 // 2^n·p one vscalefps (exact), against the float32 exp2's clamp, round, subtract, six FMAs,
 // convert, shift and add. x < −126 → 0 exactly (the float32 exp2's rule: a zero weight keeps
-// 0·inf out of P·V); −inf → 0; NaN → NaN (the mask keeps unordered lanes).
+// 0·inf out of P·V); −inf → 0; NaN → NaN (the mask keeps unordered lanes). ZeroBelow = false:
+// x in [−149, −126) gives the float32 denormal 2^x instead of 0 (one compare fewer), for weights
+// that leave only as bf16 pairs and in l: vcvtne2ps2bf16 flushes a denormal to 0, so Pᵀ has the
+// same bits, and l ≥ 1 (its max's weight) does not move by < 2^-126 per key.
+template <bool ZeroBelow = true>
 inline __m512 exp2_bf16_ps(__m512 x) {
     const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEAREST_INT);  // x − round-to-nearest-even(x), exact
     const __m512 n = _mm512_sub_ps(x, f);                              // exact; −inf stays −inf (f = 0)
     __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(0.05500892922282219f), f, _mm512_set1_ps(0.2422109693288803f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6932829022407532f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    if constexpr (!ZeroBelow) return _mm512_scalef_ps(p, n);
     const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(exp2poly::kMin), _CMP_NLT_UQ);
     return _mm512_maskz_scalef_ps(keep, p, n);
 }
@@ -184,12 +189,16 @@ void exp2_bf16(const float* x, float* y, int n) {
 namespace {
 
 // One 16-column group of softmax_bf16 once its new max is known: the weights 2^x(s) of nk rows,
-// x = exponent(the Sᵀ entry) (the forms below), their sum into l, Pᵀ pairs and/or the float32 P.
-template <class Exponent>
+// x = exponent(the Sᵀ entry) (the forms below), their sum into l, Pᵀ pairs and/or the float32 P
+// (KeepF32: keep_f32; without it the weights below 2^-126 may stay denormal, exp2_bf16_ps).
+template <bool KeepF32, class Exponent>
 inline void softmax_columns(float* s, int ldS, int nk, int c, ColumnMax cm, __m512 al, float* m, float* l,
-                            float* alpha, std::uint32_t* pp, int ldP, bool keep_f32, Exponent exponent) {
+                            float* alpha, std::uint32_t* pp, int ldP, Exponent exponent) {
+    constexpr bool keep_f32 = KeepF32;
     const __m512i idx = _mm512_load_si512(kInterleave);
-    auto weight = [&](const float* sj) __attribute__((always_inline)) { return exp2_bf16_ps(exponent(_mm512_load_ps(sj))); };
+    auto weight = [&](const float* sj) __attribute__((always_inline)) {
+        return exp2_bf16_ps<KeepF32>(exponent(_mm512_load_ps(sj)));
+    };
     __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
     for (int j = 0; j < nk; j += 2) {
         float* s0 = s + j * ldS + c;
@@ -197,7 +206,7 @@ inline void softmax_columns(float* s, int ldS, int nk, int c, ColumnMax cm, __m5
         const __m512 e1 = j + 1 < nk ? weight(s0 + ldS) : _mm512_setzero_ps();
         sum0 = _mm512_add_ps(sum0, e0);
         sum1 = _mm512_add_ps(sum1, e1);
-        if (keep_f32) {
+        if constexpr (keep_f32) {
             _mm512_store_ps(s0, e0);
             if (j + 1 < nk) _mm512_store_ps(s0 + ldS, e1);
         }
@@ -224,23 +233,25 @@ void softmax_bf16(float* s, int ldS, int nk, int ncols, float* m, float* l, floa
                                                 : column_max_of(_mm512_max_ps(mold, _mm512_load_ps(colmax + c)));
         const __m512 use = cm.use;
         const __m512 al = exp2_ps512(_mm512_mul_ps(_mm512_sub_ps(mold, use), l2e));
+        auto columns = [&](auto exponent) __attribute__((always_inline)) {
+            if (keep_f32) softmax_columns<true>(s, ldS, nk, c, cm, al, m, l, alpha, pp, ldP, exponent);
+            else softmax_columns<false>(s, ldS, nk, c, cm, al, m, l, alpha, pp, ldP, exponent);
+        };
         if (raw_scale > 0.0f) {
             // x = s·(c·log2 e) − use·log2 e: one FMA for the scale, the subtract and the multiply
-            // (the max's own x is then a rounding error, |x| ≤ 2^-22·|use·log2 e|, not 0: its
-            // weight 1 ± 2^-22·|use|, still 1 in bf16). Where use·log2 e overflows (|use| > 2^127
-            // / log2 e, finite) the scores are formed first, as qk would have: (s·c − use)·log2 e.
+            // (the max's own x is then a rounding error, |x| ≤ 3·2^-24·|use·log2 e|, not 0: its
+            // weight within 3·2^-24·|use| of 1, still 1 in bf16 for |use| < 10^4). Where
+            // use·log2 e overflows (|use| > 2^127 / log2 e, finite) the scores are formed first,
+            // as qk would have formed them: (s·c − use)·log2 e.
             const __m512 nu = _mm512_mul_ps(use, _mm512_set1_ps(-kLog2e));
             const __mmask16 overflow = _mm512_fpclass_ps_mask(nu, 0x18) & ~_mm512_fpclass_ps_mask(use, 0x18);  // ±inf
-            if (overflow == 0)
-                softmax_columns(s, ldS, nk, c, cm, al, m, l, alpha, pp, ldP, keep_f32,
-                                [&](__m512 x) __attribute__((always_inline)) { return _mm512_fmadd_ps(x, vcl, nu); });
+            if (overflow == 0) columns([&](__m512 x) __attribute__((always_inline)) { return _mm512_fmadd_ps(x, vcl, nu); });
             else
-                softmax_columns(s, ldS, nk, c, cm, al, m, l, alpha, pp, ldP, keep_f32, [&](__m512 x) __attribute__((always_inline)) {
+                columns([&](__m512 x) __attribute__((always_inline)) {
                     return _mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps(x, vc), use), l2e);
                 });
         } else {
-            softmax_columns(s, ldS, nk, c, cm, al, m, l, alpha, pp, ldP, keep_f32,
-                            [&](__m512 x) __attribute__((always_inline)) { return _mm512_mul_ps(_mm512_sub_ps(x, use), l2e); });
+            columns([&](__m512 x) __attribute__((always_inline)) { return _mm512_mul_ps(_mm512_sub_ps(x, use), l2e); });
         }
     }
 }
