@@ -592,8 +592,9 @@ TEST(Bf16Compute, Exp2Bf16WithinBound) {
 // fl(c·s) as qk stores them. m and α must be bit-equal (the max scaled once is the max of the
 // scaled), the weights and l equal to the exponent's extra roundings: x's error ≤ 4u·(|c·s| +
 // |max|)·log2 e, so a relative difference ≤ ln 2 · that + 2^-22. Columns: random scores, the
-// non-finite ones (+inf, NaN, −inf: the same classes as the scaled path), and scores past
-// 2^127 / log2 e (c = 1), where max·log2 e overflows and the scores are formed first: bit-equal.
+// non-finite ones (+inf, NaN, −inf: the same classes as the scaled path); and columns whose
+// max passes 2^8 — scores up to 10^4, and past 2^127 / log2 e (c = 1), where max·log2 e
+// overflows — take the scaled path's form: bit-equal.
 TEST(Bf16Compute, UnscaledScoresSoftmaxMatchesScaled) {
     ATTN_NEED_BF16();
     const int nk = 37, ncols = 32, ld = 32;
@@ -615,10 +616,10 @@ TEST(Bf16Compute, UnscaledScoresSoftmaxMatchesScaled) {
         }
         detail::flash_bf16_avx512_ns::softmax_bf16(sc, ld, nk, ncols, m0, l0, a0, p0, ld, true, cmsc);
         detail::flash_bf16_avx512_ns::softmax_bf16(sraw, ld, nk, ncols, m1, l1, a1, p1, ld, true, cmraw, c);
-        auto near = [&](float got, float want, double mag) {
+        auto near = [&](float got, float want, double mag, bool exact) {
             if (std::isnan(want) || std::isnan(got)) return std::isnan(want) && std::isnan(got);
             if (got == want) return true;  // the zeros and infinities too
-            if (c == 1.0f && std::fabs(mag) > 0x1p126) return got == want;  // the overflow's fallback: the scaled form
+            if (exact) return false;
             const double tol = std::log(2.0) * 4 * 0x1p-24 * mag * 1.4426950408889634 + 0x1p-22;
             return std::fabs(static_cast<double>(got) - want) <= tol * std::fabs(static_cast<double>(want));
         };
@@ -626,14 +627,15 @@ TEST(Bf16Compute, UnscaledScoresSoftmaxMatchesScaled) {
             EXPECT_EQ(std::memcmp(&m0[q], &m1[q], 4), 0) << what << " m, column " << q << ": " << m0[q] << " " << m1[q];
             EXPECT_EQ(std::memcmp(&a0[q], &a1[q], 4), 0) << what << " alpha, column " << q;
             const double mx = std::fabs(static_cast<double>(m0[q]));
+            const bool exact = std::isfinite(mx) && mx > 0x1p8;  // the scaled path's form
             double big = 0;
             for (int j = 0; j < nk; ++j) {
                 const double mag = std::fabs(static_cast<double>(sc[j * ld + q])) + mx;
                 big = std::max(big, mag);
-                EXPECT_TRUE(near(sraw[j * ld + q], sc[j * ld + q], mag))
+                EXPECT_TRUE(near(sraw[j * ld + q], sc[j * ld + q], mag, exact))
                     << what << " P[" << j << "][" << q << "] " << sraw[j * ld + q] << " want " << sc[j * ld + q];
             }
-            EXPECT_TRUE(near(l1[q], l0[q], big)) << what << " l, column " << q << ": " << l1[q] << " want " << l0[q];
+            EXPECT_TRUE(near(l1[q], l0[q], big, exact)) << what << " l, column " << q << ": " << l1[q] << " want " << l0[q];
         }
     };
     std::vector<float> raw(static_cast<std::size_t>(nk * ld));
@@ -646,6 +648,10 @@ TEST(Bf16Compute, UnscaledScoresSoftmaxMatchesScaled) {
         raw[static_cast<std::size_t>(j * ld + 19)] = -INFINITY;
     }
     run(raw, 0.125f, "non-finite");
+    for (std::size_t i = 0; i < raw.size(); ++i) raw[i] = (i % ld < 16 ? 2000.0f : 80000.0f) * (1.0f + unit(rng));  // max ≈ 10^4 · c
+    run(raw, 0.125f, "max past 2^8");
+    for (float& x : raw) x = 20.0f * unit(rng);
+    run(raw, 1e9f, "scale 10^9");
     for (float& x : raw) x = 0x1p127f * (1.5f + 0.4f * unit(rng));  // 2.2e38..3.1e38: max·log2 e overflows
     run(raw, 1.0f, "past 2^127 / log2 e");
 }

@@ -55,7 +55,9 @@ void pack_pairs_bf16(const float* src, std::int64_t ld, std::int64_t n, std::int
 // which must then be given — hold the unscaled products K·Qᵀ (qk_amx with c2 = 1, whole tiles
 // stored straight from the tile registers); the scores are raw_scale·Sᵀ, the scale folded into
 // the exponent's multiply. m, α and the weights' bound are the scaled path's (m's bits too);
-// the weights' bits may differ (one FMA for scale, subtract and multiply). 0: Sᵀ holds the scores.
+// the weights' bits may differ (one FMA for scale, subtract and multiply: a relative ≤ 4.6e-5 in
+// a weight where the column max |m| ≤ 2^8; larger maxima take the scaled path's form and bits).
+// 0: Sᵀ holds the scores.
 void softmax_bf16(float* s, int ldS, int nk, int ncols, float* m, float* l, float* alpha, std::uint32_t* pp, int ldP,
                   bool keep_f32, const float* colmax = nullptr, float raw_scale = 0.0f);
 

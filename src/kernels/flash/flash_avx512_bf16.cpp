@@ -238,17 +238,22 @@ void softmax_bf16(float* s, int ldS, int nk, int ncols, float* m, float* l, floa
             else softmax_columns<false>(s, ldS, nk, c, cm, al, m, l, alpha, pp, ldP, exponent);
         };
         if (raw_scale > 0.0f) {
-            // x = s·(c·log2 e) − use·log2 e: one FMA for the scale, the subtract and the multiply
-            // (the max's own x is then a rounding error, |x| ≤ 3·2^-24·|use·log2 e|, not 0: its
-            // weight within 3·2^-24·|use| of 1, still 1 in bf16 for |use| < 10^4). Where
-            // use·log2 e overflows (|use| > 2^127 / log2 e, finite) the scores are formed first,
-            // as qk would have formed them: (s·c − use)·log2 e.
+            // x = s·(c·log2 e) − use·log2 e: one FMA for the scale, the subtract and the multiply.
+            // Its roundings differ from the scores' (c·s rounded, then use subtracted: exactly 0
+            // for the max): |Δx| ≤ 3·2^-24·|use·log2 e|, a relative 3·2^-24·|use| in each weight.
+            // Up to |use| = 2^8 that is ≤ 4.6e-5, under half the exp's ε (1.05e-4); past it (large
+            // scores, huge scales — the max's weight would leave 1 — and use·log2 e overflowing
+            // past 2^127 / log2 e) the scores are formed first, as qk would have formed them:
+            // (s·c − use)·log2 e, the scaled path's bits. ±inf and NaN maxima take the FMA: the
+            // same −inf, 0 or NaN either way.
             const __m512 nu = _mm512_mul_ps(use, _mm512_set1_ps(-kLog2e));
-            const __mmask16 overflow = _mm512_fpclass_ps_mask(nu, 0x18) & ~_mm512_fpclass_ps_mask(use, 0x18);  // ±inf
-            if (overflow == 0) columns([&](__m512 x) __attribute__((always_inline)) { return _mm512_fmadd_ps(x, vcl, nu); });
-            else
+            const __mmask16 large = _mm512_cmp_ps_mask(_mm512_abs_ps(use), _mm512_set1_ps(0x1p8f), _CMP_GT_OQ) &
+                                    ~_mm512_fpclass_ps_mask(use, 0x18);  // |use| > 2^8, not ±inf
+            if (large == 0) columns([&](__m512 x) __attribute__((always_inline)) { return _mm512_fmadd_ps(x, vcl, nu); });
+            else  // the score rounded on its own: GCC contracts a plain mul and sub into an FMA
                 columns([&](__m512 x) __attribute__((always_inline)) {
-                    return _mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps(x, vc), use), l2e);
+                    const __m512 score = _mm512_mul_round_ps(x, vc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                    return _mm512_mul_ps(_mm512_sub_ps(score, use), l2e);
                 });
         } else {
             columns([&](__m512 x) __attribute__((always_inline)) { return _mm512_mul_ps(_mm512_sub_ps(x, use), l2e); });
