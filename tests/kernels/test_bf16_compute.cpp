@@ -593,8 +593,8 @@ TEST(Bf16Compute, Exp2Bf16WithinBound) {
 // scaled), the weights and l equal to the exponent's extra roundings: x's error ≤ 4u·(|c·s| +
 // |max|)·log2 e, so a relative difference ≤ ln 2 · that + 2^-22. Columns: random scores, the
 // non-finite ones (+inf, NaN, −inf: the same classes as the scaled path); and columns whose
-// max passes 2^8 — scores up to 10^4, and past 2^127 / log2 e (c = 1), where max·log2 e
-// overflows — take the scaled path's form: bit-equal.
+// max passes 2^8 — scores up to 10^4, a scale of 10^9 on unit products, and scores past
+// 2^127 / log2 e (c = 1), where max·log2 e overflows — take the scaled path's form: bit-equal.
 TEST(Bf16Compute, UnscaledScoresSoftmaxMatchesScaled) {
     ATTN_NEED_BF16();
     const int nk = 37, ncols = 32, ld = 32;

@@ -752,8 +752,9 @@ struct AmxBf16Ops : Avx512Bf16Ops {
             ldk = Dk32;
             buf += whole * Dk32;
         }
-        flash_amx_bf16_ns::qk_amx(q_pairs(p, w), static_cast<int>(Dq), panels, kp, ldk, buf, static_cast<int>(nk),
-                                  raw_scale(p, as_stored) > 0.0f ? 1.0f : scale, w.s, ldS, reinterpret_cast<float*>(region(p, w, 5)), col_max(p, w));
+        const float c2 = raw_scale(p, as_stored) > 0.0f ? 1.0f : scale;  // 1: Sᵀ unscaled
+        flash_amx_bf16_ns::qk_amx(q_pairs(p, w), static_cast<int>(Dq), panels, kp, ldk, buf, static_cast<int>(nk), c2, w.s,
+                                  ldS, reinterpret_cast<float*>(region(p, w, 5)), col_max(p, w));
     }
     static float* col_max(const SdpaProblem& p, const Workspace& w) { return reinterpret_cast<float*>(region(p, w, 6)); }
 
