@@ -70,6 +70,18 @@ struct Case {
     std::string desc;
 };
 
+// Q (B, Hq, Lq, Dk), K (B, Hkv, Lk, Dk) and V (B, Hkv, Lk, Dv), contiguous bf16, drawn in that order.
+Case contiguous_case(std::mt19937_64& rng, std::int64_t B, std::int64_t Hq, std::int64_t Hkv, std::int64_t Lq,
+                     std::int64_t Lk, std::int64_t Dk, std::int64_t Dv) {
+    Case c;
+    c.q = test::to_storage(test::randn(DType::f32, Shape{B, Hq, Lq, Dk}, rng), DType::bf16);
+    c.kstore = test::to_storage(test::randn(DType::f32, Shape{B, Hkv, Lk, Dk}, rng), DType::bf16);
+    c.kview = c.kstore.view();
+    c.v = test::to_storage(test::randn(DType::f32, Shape{B, Hkv, Lk, Dv}, rng), DType::bf16);
+    c.vview = c.v.view();
+    return c;
+}
+
 // long_keys: more than one 256-key block (the AMX default tiles, 128 × 256) and query blocks of
 // 128 with a ragged last one.
 Case random_case(std::mt19937_64& rng, bool long_keys = false) {
@@ -353,12 +365,7 @@ TEST(Bf16Compute, HeadVtCopyAcrossTasks) {
     double worst = 0;
     for (const Shape4& s : shapes) {
         const std::int64_t B = 2, Hkv = 2, Hq = Hkv * s.G;
-        Case c;
-        c.q = test::to_storage(test::randn(DType::f32, Shape{B, Hq, s.Lq, s.D}, rng), DType::bf16);
-        c.kstore = test::to_storage(test::randn(DType::f32, Shape{B, Hkv, s.Lk, s.D}, rng), DType::bf16);
-        c.kview = c.kstore.view();
-        c.v = test::to_storage(test::randn(DType::f32, Shape{B, Hkv, s.Lk, s.D}, rng), DType::bf16);
-        c.vview = c.v.view();
+        Case c = contiguous_case(rng, B, Hq, Hkv, s.Lq, s.Lk, s.D, s.D);
         if (s.mask == 1) c.opt.causal = Causal::top_left;
         if (s.mask == 2) {
             c.key_lengths = Tensor(DType::i64, Shape{B});
@@ -415,12 +422,7 @@ TEST(Bf16Compute, MaskedKeyBlocks) {
     ATTN_NEED_BF16();
     std::mt19937_64 rng(31);
     const std::int64_t Lq = 130, Lk = 300, D = 64, Dv = 40;
-    Case c;
-    c.q = test::to_storage(test::randn(DType::f32, Shape{1, 2, Lq, D}, rng), DType::bf16);
-    c.kstore = test::to_storage(test::randn(DType::f32, Shape{1, 2, Lk, D}, rng), DType::bf16);
-    c.kview = c.kstore.view();
-    c.v = test::to_storage(test::randn(DType::f32, Shape{1, 2, Lk, Dv}, rng), DType::bf16);
-    c.vview = c.v.view();
+    Case c = contiguous_case(rng, 1, 2, 2, Lq, Lk, D, Dv);
     c.bool_mask = test::random_bool(Shape{1, 1, Lq, Lk}, rng, 0.7);
     std::uint8_t* m = c.bool_mask.data_as<std::uint8_t>();
     for (std::int64_t i = 0; i < Lq; ++i)
@@ -685,12 +687,7 @@ TEST(Bf16Compute, NonFiniteAndLargeV) {
     ATTN_NEED_BF16();
     const std::int64_t Lq = 40, Lk = 70, D = 16;
     std::mt19937_64 rng(7);
-    Case c;
-    c.q = test::to_storage(test::randn(DType::f32, Shape{1, 2, Lq, D}, rng), DType::bf16);
-    c.kstore = test::to_storage(test::randn(DType::f32, Shape{1, 2, Lk, D}, rng), DType::bf16);
-    c.kview = c.kstore.view();
-    c.v = test::to_storage(test::randn(DType::f32, Shape{1, 2, Lk, D}, rng), DType::bf16);
-    c.vview = c.v.view();
+    Case c = contiguous_case(rng, 1, 2, 2, Lq, Lk, D, D);
     c.opt.causal = Causal::top_left;
     c.desc = "non-finite/large V";
     // Keys past the last query (Lk > Lq, top-left causal: masked for every row) hold NaN/inf;
