@@ -144,6 +144,10 @@ constexpr int kKeyBlocksPerPass = 2;
 struct KeyBlock {
     std::int64_t j0 = 0;
     int bc = 0, bcp = 0;
+    // dk and dv hold no sum yet: the first tile that reaches the block stores its products
+    // there (TileArgs::dkv_first) instead of a zeroing pass adding to zeros (bwd-8); a block no
+    // tile reaches is zeroed before it is stored.
+    bool unwritten = true;
     CacheLineVector<float> kt, vt, kp, dk, dv;
     // bf16 compute only: Kᵀ/Vᵀ/K pairs of the key block (tile.hpp, TileBf16).
     CacheLineVector<std::uint32_t> ktp, vtp, kpp;
@@ -154,6 +158,9 @@ struct Scratch {
     CacheLineVector<float> vrow, S, dP, Pd, drop, drow, cg;
     HeadRows q, dO;          // the task's Q and dO rows
     CacheLineVector<float> dqb;  // the task's dQ rows (group × Lq, width Dkp) when it owns them (one chunk)
+    // With one chunk, per query tile of the task's heads (group × ⌈Lq/kBr⌉): its dQ rows hold no
+    // sum yet (TileArgs::dq_first; zeroed at the task's end if no tile reached them).
+    std::vector<char> dq_unwritten;
     // bf16 compute only: the tile's P̂/dS scratch (tile.hpp, TileBf16).
     CacheLineVector<std::uint16_t> ds16;
     CacheLineVector<std::uint32_t> pp;
@@ -336,6 +343,8 @@ void size_scratch(const Plan& c, Scratch& s, ScratchSizer& z) {
         z.resize(s.ds16, static_cast<std::size_t>(kBr * Bcp));
     }
     if (c.dq_own && !c.dq_direct) z.resize(s.dqb, group * c.q.head);
+    // (empty with several chunks: a kept buffer of an earlier call must not mark rows here)
+    z.resize(s.dq_unwritten, c.dq_own ? group * static_cast<std::size_t>((c.Lq + kBr - 1) / kBr) : 0);
 }
 
 // The bytes size_scratch asks for on each thread.
@@ -509,6 +518,10 @@ void run_tile(const Plan& c, Scratch& s, KeyBlock& kb, std::int64_t b, std::int6
     }
     t.dk = kb.dk.data();
     t.dv = kb.dv.data();
+    t.dkv_first = kb.unwritten;
+    char* dq_unwritten = c.dq_own ? &s.dq_unwritten[g * static_cast<std::size_t>((Lq + kBr - 1) / kBr) + static_cast<std::size_t>(i0 / kBr)]
+                                  : nullptr;
+    t.dq_first = dq_unwritten && *dq_unwritten;
     float* cg = p.softcap > 0.0 ? s.cg.data() : nullptr;
     const RuleContext rule{&p, b, h, i0, j0, bc, bcp, c.lo.data() + b * Lq + i0, c.hi.data() + b * Lq + i0, cg};
     if (!full) {
@@ -546,6 +559,8 @@ void run_tile(const Plan& c, Scratch& s, KeyBlock& kb, std::int64_t b, std::int6
         t.bf16 = &z;
     }
     c.tile(t);
+    kb.unwritten = false;
+    if (dq_unwritten) *dq_unwritten = 0;
 }
 
 // One task: the key blocks of chunk `chunk` of KV head hk in batch b, against every query
@@ -559,12 +574,9 @@ void run_task(const Plan& c, Scratch& s, std::int64_t task, float* dq_ws, float*
     const std::int64_t chunk = task / (c.B * c.Hkv), b = task % (c.B * c.Hkv) / c.Hkv, hk = task % c.Hkv;
     const std::int64_t h0 = hk * p.group;
     float* dq_c = c.dq_own ? nullptr : dq_ws + static_cast<std::size_t>(chunk) * c.dq_part;
-    if (c.dq_direct)
-        for (std::int64_t h = h0; h < h0 + p.group; ++h)
-            for (std::int64_t i = 0; i < c.Lq; ++i)
-                std::memset(bp.dq.data_as<float>() + bp.dq.offset(b, h, i, 0), 0, sizeof(float) * static_cast<std::size_t>(c.Dk));
-    else if (c.dq_own)
-        std::fill(s.dqb.begin(), s.dqb.end(), 0.0f);
+    // With one chunk the first tile of each query tile's rows stores its dQ there (run_tile):
+    // no zeroing pass over the caller's rows or dqb.
+    std::fill(s.dq_unwritten.begin(), s.dq_unwritten.end(), char{1});
     for (std::size_t g = 0; g < c.group; ++g)  // widen this task's Q and dO rows once
         prepare_head(c, s, b, h0 + static_cast<std::int64_t>(g), g, chunk, Dall);
     const std::int64_t kb_end = (chunk + 1) * c.nkb / c.nchunks;
@@ -575,21 +587,36 @@ void run_task(const Plan& c, Scratch& s, std::int64_t task, float* dq_ws, float*
             kb.j0 = (kb0 + u) * kBc;
             kb.bc = static_cast<int>(std::min<std::int64_t>(kBc, c.Lk - kb.j0));
             kb.bcp = round8(kb.bc);
+            kb.unwritten = true;
             pack_key_block(c, s, kb, b, hk);
-            std::fill(kb.dk.begin(), kb.dk.end(), 0.0f);
-            std::fill(kb.dv.begin(), kb.dv.end(), 0.0f);
         }
         for (std::size_t g = 0; g < c.group; ++g)
             for (std::int64_t i0 = 0; i0 < c.Lq; i0 += kBr)
                 for (int u = 0; u < n; ++u) run_tile(c, s, s.key[u], b, h0 + static_cast<std::int64_t>(g), g, i0, dq_c);
         // This task owns dK/dV rows j0..j0+bc of KV head hk.
         for (int u = 0; u < n; ++u) {
-            const KeyBlock& kb = s.key[u];
+            KeyBlock& kb = s.key[u];
+            if (kb.unwritten) {  // no query row sees these keys: their gradients are 0
+                std::fill(kb.dk.begin(), kb.dk.end(), 0.0f);
+                std::fill(kb.dv.begin(), kb.dv.end(), 0.0f);
+            }
             for (int j = 0; j < kb.bc; ++j) {
                 store_row(bp.dk, bp.dk.offset(b, hk, kb.j0 + j, 0), bp.dk.stride(3), kb.dk.data() + j * c.Dkp, 1, c.Dk,
                           c.split.grads);
                 store_row(bp.dv, bp.dv.offset(b, hk, kb.j0 + j, 0), bp.dv.stride(3), kb.dv.data() + j * c.Dvp, 1, c.Dv, 1.0f);
             }
+        }
+    }
+    // Query tiles no key block reached (every key hidden from their rows): dQ = 0.
+    const std::size_t tiles = static_cast<std::size_t>((c.Lq + kBr - 1) / kBr);
+    for (std::size_t e = 0; e < s.dq_unwritten.size(); ++e) {
+        if (!s.dq_unwritten[e]) continue;
+        const std::size_t g = e / tiles;
+        const std::int64_t i0 = static_cast<std::int64_t>(e % tiles) * kBr, i1 = std::min<std::int64_t>(c.Lq, i0 + kBr);
+        for (std::int64_t i = i0; i < i1; ++i) {
+            float* row = c.dq_direct ? bp.dq.data_as<float>() + bp.dq.offset(b, h0 + static_cast<std::int64_t>(g), i, 0)
+                                     : s.dqb.data() + g * c.q.head + static_cast<std::size_t>(i * c.Dkp);
+            std::fill_n(row, c.Dk, 0.0f);
         }
     }
     if (c.dq_own && !c.dq_direct)  // this task owns these dQ rows: round them out once

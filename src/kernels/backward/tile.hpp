@@ -88,6 +88,11 @@ struct TileArgs {
     std::ptrdiff_t lddq = 0;
     float* dk = nullptr;  // (bc, Dkp): dK accumulator of the key block
     float* dv = nullptr;  // (bc, Dvp): dV accumulator of the key block
+    // The accumulators hold no sum yet (the first tile to reach them): dK += dSᵀ·Q and
+    // dV += P̂ᵀ·dO (dkv_first), dQ += dS·K (dq_first) store their product instead of adding it,
+    // so the driver need not zero them first. The same bits: a sum started from C = +0 is the
+    // product itself (fma(a, b, +0) = a·b rounded, and −0 + +0 = +0 as from zeroed memory).
+    bool dkv_first = false, dq_first = false;
     const TileBf16* bf16 = nullptr;  // the bf16 operands; only KernelSet::backward_tile_bf16 reads them
 };
 

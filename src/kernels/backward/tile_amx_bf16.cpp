@@ -188,7 +188,7 @@ inline void dv_product(const TileArgs& t, const float* pv) {
     const TileBf16& z = *t.bf16;
     std::uint32_t* pt = transposed_scratch(t);
     pack_transposed_pairs(pv, t.br, t.bc, t.bcp, pt, kTransposedLd);
-    gemm_amx(t.bc, t.Dvp, (t.br + 1) / 2, pt, kTransposedLd, z.dO_pairs, t.Dvp, t.dv, t.Dvp, true);
+    gemm_amx(t.bc, t.Dvp, (t.br + 1) / 2, pt, kTransposedLd, z.dO_pairs, t.Dvp, t.dv, t.Dvp, !t.dkv_first);
 }
 // dK += dSᵀ·Q over ⌈br/2⌉ pairs of query rows: dS rounded to bf16 here (a tiny scale is not:
 // flash_backward.cpp, split_scale).
@@ -196,13 +196,13 @@ inline void dk_product(const TileArgs& t) {
     const TileBf16& z = *t.bf16;
     std::uint32_t* pt = transposed_scratch(t);
     pack_transposed_pairs(t.dP, t.br, t.bc, t.bcp, pt, kTransposedLd);
-    gemm_amx(t.bc, t.Dkp, (t.br + 1) / 2, pt, kTransposedLd, z.q_pairs, t.Dkp, t.dk, t.Dkp, true);
+    gemm_amx(t.bc, t.Dkp, (t.br + 1) / 2, pt, kTransposedLd, z.q_pairs, t.Dkp, t.dk, t.Dkp, !t.dkv_first);
 }
 // dQ += dS·K over ⌈bc/2⌉ pairs of keys (dS of a padded key is 0, K's pair past an odd bc 0).
 inline void dq_product(const TileArgs& t) {
     const TileBf16& z = *t.bf16;
     ds_bf16_rows(t.dP, t.br, t.bcp, z.ds_rows);
-    gemm_amx(t.br, t.Dkp, (t.bc + 1) / 2, words(z.ds_rows), t.bcp / 2, z.k_pairs, t.Dkp, t.dq, t.lddq, true);
+    gemm_amx(t.br, t.Dkp, (t.bc + 1) / 2, words(z.ds_rows), t.bcp / 2, z.k_pairs, t.Dkp, t.dq, t.lddq, !t.dq_first);
 }
 
 #include "tile_body.inl"

@@ -50,20 +50,20 @@ inline void dp_product(const TileArgs& t) {
 inline void dv_product(const TileArgs& t, const float* pv) {
     const TileBf16& z = *t.bf16;
     flash_bf16_avx512_ns::pack_pairs_bf16(pv, t.bcp, t.br, t.bcp, z.p_pairs, t.bcp);
-    gemm(t.bc, t.Dvp, (t.br + 1) / 2, z.p_pairs, 1, t.bcp, z.dO_pairs, t.Dvp, t.dv, t.Dvp, true);
+    gemm(t.bc, t.Dvp, (t.br + 1) / 2, z.p_pairs, 1, t.bcp, z.dO_pairs, t.Dvp, t.dv, t.Dvp, !t.dkv_first);
 }
 // dK += dSᵀ·Q over ⌈br/2⌉ pairs of query rows: dS rounded to bf16 here (a tiny scale is not:
 // flash_backward.cpp, split_scale).
 inline void dk_product(const TileArgs& t) {
     const TileBf16& z = *t.bf16;
     flash_bf16_avx512_ns::pack_pairs_bf16(t.dP, t.bcp, t.br, t.bcp, z.p_pairs, t.bcp);
-    gemm(t.bc, t.Dkp, (t.br + 1) / 2, z.p_pairs, 1, t.bcp, z.q_pairs, t.Dkp, t.dk, t.Dkp, true);
+    gemm(t.bc, t.Dkp, (t.br + 1) / 2, z.p_pairs, 1, t.bcp, z.q_pairs, t.Dkp, t.dk, t.Dkp, !t.dkv_first);
 }
 // dQ += dS·K over ⌈bc/2⌉ pairs of keys (dS of a padded key is 0, K's pair past an odd bc 0).
 inline void dq_product(const TileArgs& t) {
     const TileBf16& z = *t.bf16;
     ds_bf16_rows(t.dP, t.br, t.bcp, z.ds_rows);
-    gemm(t.br, t.Dkp, (t.bc + 1) / 2, words(z.ds_rows), t.bcp / 2, 1, z.k_pairs, t.Dkp, t.dq, t.lddq, true);
+    gemm(t.br, t.Dkp, (t.bc + 1) / 2, words(z.ds_rows), t.bcp / 2, 1, z.k_pairs, t.Dkp, t.dq, t.lddq, !t.dq_first);
 }
 
 #include "tile_body.inl"

@@ -10,9 +10,13 @@ inline void scores_product(const TileArgs& t) { gemm(t.br, t.bcp, t.Dk, t.q, t.l
 inline void dp_product(const TileArgs& t) { gemm(t.br, t.bcp, t.Dv, t.dO, t.ldo, 1, t.vt, t.bcp, t.dP, t.bcp, false); }
 // dV += P̂ᵀ·dO  (bc × Dvp, inner br): A(r = key j, k = row i) = P̂[i][j]
 inline void dv_product(const TileArgs& t, const float* pv) {
-    gemm(t.bc, t.Dvp, t.br, pv, 1, t.bcp, t.dO_dv, t.ldo_dv, t.dv, t.Dvp, true);
+    gemm(t.bc, t.Dvp, t.br, pv, 1, t.bcp, t.dO_dv, t.ldo_dv, t.dv, t.Dvp, !t.dkv_first);
 }
 // dK += dSᵀ·Q  (bc × Dkp, inner br)
-inline void dk_product(const TileArgs& t) { gemm(t.bc, t.Dkp, t.br, t.dP, 1, t.bcp, t.q_dk, t.ldq_dk, t.dk, t.Dkp, true); }
+inline void dk_product(const TileArgs& t) {
+    gemm(t.bc, t.Dkp, t.br, t.dP, 1, t.bcp, t.q_dk, t.ldq_dk, t.dk, t.Dkp, !t.dkv_first);
+}
 // dQ += dS·K  (br × Dkp, inner bc)
-inline void dq_product(const TileArgs& t) { gemm(t.br, t.Dkp, t.bc, t.dP, t.bcp, 1, t.kp, t.Dkp, t.dq, t.lddq, true); }
+inline void dq_product(const TileArgs& t) {
+    gemm(t.br, t.Dkp, t.bc, t.dP, t.bcp, 1, t.kp, t.Dkp, t.dq, t.lddq, !t.dq_first);
+}
