@@ -36,6 +36,34 @@ struct UkernelOps<float> {
 };
 
 #include "tile_products_f32.inl"
+
+// exp_row in the S product's stores (tile_body.inl calls it only where no score rule, softcap or
+// padded key applies): P of row `row` from its summed scores, as exp_row computes it.
+struct ExpInStore {
+    const float* neg_lse;  // (br)
+    __m512 scale;
+    __m512 operator()(int row, int, __mmask16, __m512 s) const { return exp_scores(s, scale, _mm512_set1_ps(neg_lse[row])); }
+};
+// ds_row in the dP product's stores (no dropout, no softcap): dS from the summed dP and P.
+struct DsInStore {
+    const float* p;  // (br, ldp): P, the tile's S after the exp
+    std::ptrdiff_t ldp;
+    const float* D;  // (br)
+    __m512 scale;
+    __m512 operator()(int row, int col, __mmask16 m, __m512 dp) const {
+        return ds_scores(_mm512_maskz_loadu_ps(m, p + row * ldp + col), dp, _mm512_set1_ps(D[row]), scale);
+    }
+};
+bool fused_scores_exp(const TileArgs& t) {
+    gemm(t.br, t.bcp, t.Dk, t.q, t.ldq, 1, t.kt, t.bcp, t.S, t.bcp, false, ExpInStore{t.neg_lse, _mm512_set1_ps(t.scale)});
+    return true;
+}
+bool fused_dp_ds(const TileArgs& t) {
+    gemm(t.br, t.bcp, t.Dv, t.dO, t.ldo, 1, t.vt, t.bcp, t.dP, t.bcp, false,
+         DsInStore{t.S, t.bcp, t.Drow, _mm512_set1_ps(t.ds_scale)});
+    return true;
+}
+
 #include "tile_body.inl"
 
 }  // namespace

@@ -36,12 +36,21 @@
 template <class Elem>
 struct UkernelOps;
 
+// What the micro-kernel does to each vector of C before it stores it: epi(row, col, m, x) for
+// the 16 columns from col of row `row` of the whole C (the lanes of m inside it). StoreAsIs for
+// the products; the float32 tile's S and dP products take P and dS there (tile_avx512.cpp).
+struct StoreAsIs {
+    __m512 operator()(int, int, __mmask16, __m512 x) const { return x; }
+};
+
 // Accumulators are named variables, not an array (the AVX2 tile's comment says why).
 // C(MR × 16·NV) (+)= Σ_{k < K} A(r, k) · B(k, ·); A(r, k) = a[r·a_rs + k·a_ks], B rows with
 // stride ldb; NV vectors of 16 columns, the last one under `last` on an N edge (Edge), else whole.
-template <int MR, int NV, bool Edge, class Elem>
+// The block's first row and column in C (row0, col0) are the epilogue's (epi).
+template <int MR, int NV, bool Edge, class Elem, class Epi>
 inline void ukernel(int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const Elem* b,
-                    std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool accumulate, __mmask16 last) {
+                    std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool accumulate, __mmask16 last,
+                    const Epi& epi, int row0, int col0) {
     static_assert(MR >= 1 && MR <= 6 && NV >= 1 && NV <= 4);
     using Ops = UkernelOps<Elem>;
     using AVec = typename Ops::AVec;
@@ -86,12 +95,12 @@ inline void ukernel(int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_
         const BVec b3 = NV == 4 ? load_last(m3, b + 48) : b0;
         ATTN_ROWS(ATTN_MADD)
     }
-#define ATTN_STORE(r, x0, x1, x2, x3)                                                 \
-    if constexpr (MR > r) {                                                           \
-        _mm512_mask_storeu_ps(c + r * ldc, m0, x0);                                   \
-        if constexpr (NV >= 2) _mm512_mask_storeu_ps(c + r * ldc + 16, m1, x1);       \
-        if constexpr (NV >= 3) _mm512_mask_storeu_ps(c + r * ldc + 32, m2, x2);       \
-        if constexpr (NV >= 4) _mm512_mask_storeu_ps(c + r * ldc + 48, m3, x3);       \
+#define ATTN_STORE(r, x0, x1, x2, x3)                                                                  \
+    if constexpr (MR > r) {                                                                            \
+        _mm512_mask_storeu_ps(c + r * ldc, m0, epi(row0 + r, col0, m0, x0));                           \
+        if constexpr (NV >= 2) _mm512_mask_storeu_ps(c + r * ldc + 16, m1, epi(row0 + r, col0 + 16, m1, x1)); \
+        if constexpr (NV >= 3) _mm512_mask_storeu_ps(c + r * ldc + 32, m2, epi(row0 + r, col0 + 32, m2, x2)); \
+        if constexpr (NV >= 4) _mm512_mask_storeu_ps(c + r * ldc + 48, m3, epi(row0 + r, col0 + 48, m3, x3)); \
     }
     ATTN_ROWS(ATTN_STORE)
 #undef ATTN_ROWS
@@ -100,33 +109,35 @@ inline void ukernel(int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_
 #undef ATTN_STORE
 }
 
-template <int NV, bool Edge, class Elem>
+template <int NV, bool Edge, class Elem, class Epi>
 inline void ukernel_rows(int mr, int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const Elem* b,
-                         std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool acc, __mmask16 last) {
+                         std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool acc, __mmask16 last, const Epi& epi,
+                         int row0, int col0) {
     switch (mr) {
-        case 6: ukernel<6, NV, Edge>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last); break;
-        case 5: ukernel<5, NV, Edge>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last); break;
-        case 4: ukernel<4, NV, Edge>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last); break;
-        case 3: ukernel<3, NV, Edge>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last); break;
-        case 2: ukernel<2, NV, Edge>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last); break;
-        default: ukernel<1, NV, Edge>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last); break;
+        case 6: ukernel<6, NV, Edge>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last, epi, row0, col0); break;
+        case 5: ukernel<5, NV, Edge>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last, epi, row0, col0); break;
+        case 4: ukernel<4, NV, Edge>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last, epi, row0, col0); break;
+        case 3: ukernel<3, NV, Edge>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last, epi, row0, col0); break;
+        case 2: ukernel<2, NV, Edge>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last, epi, row0, col0); break;
+        default: ukernel<1, NV, Edge>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last, epi, row0, col0); break;
     }
 }
 
 // The panel's row blocks on NV vectors; the last under its mask only when it is partial.
-template <int NV, class Elem>
+template <int NV, class Elem, class Epi>
 inline void ukernel_panel(int mr, int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const Elem* b,
-                          std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool acc, __mmask16 last) {
-    if (last == 0xFFFF) ukernel_rows<NV, false>(mr, K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last);
-    else ukernel_rows<NV, true>(mr, K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last);
+                          std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool acc, __mmask16 last, const Epi& epi,
+                          int row0, int col0) {
+    if (last == 0xFFFF) ukernel_rows<NV, false>(mr, K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last, epi, row0, col0);
+    else ukernel_rows<NV, true>(mr, K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last, epi, row0, col0);
 }
 
 // C(M×N) (+)= A(M×K)·B(K×N), N % 8 == 0. Column panels of 64 outermost so a K×64 panel of B
 // stays in L1 while the row blocks stream past it; the last panel (8 to 56 columns) runs on
-// 1–4 vectors, the last under a mask.
-template <class Elem>
+// 1–4 vectors, the last under a mask. epi: what each vector of C becomes as it is stored (StoreAsIs).
+template <class Elem, class Epi = StoreAsIs>
 void gemm(int M, int N, int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const Elem* b,
-          std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool accumulate) {
+          std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool accumulate, const Epi& epi = {}) {
     for (int n0 = 0; n0 < N; n0 += 64) {
         const int w = N - n0 < 64 ? N - n0 : 64, nv = (w + 15) / 16;
         const __mmask16 last = lanes(w - 16 * (nv - 1));
@@ -140,10 +151,10 @@ void gemm(int M, int N, int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_
                 for (int r = 0; r < 6 && m0 + 6 + r < M; ++r)
                     for (int v = 0; v < nv; ++v) _mm_prefetch(reinterpret_cast<const char*>(cm + (6 + r) * ldc + 16 * v), _MM_HINT_T0);
             switch (nv) {
-                case 4: ukernel_panel<4>(mr, K, am, a_rs, a_ks, b + n0, ldb, cm, ldc, accumulate, last); break;
-                case 3: ukernel_panel<3>(mr, K, am, a_rs, a_ks, b + n0, ldb, cm, ldc, accumulate, last); break;
-                case 2: ukernel_panel<2>(mr, K, am, a_rs, a_ks, b + n0, ldb, cm, ldc, accumulate, last); break;
-                default: ukernel_panel<1>(mr, K, am, a_rs, a_ks, b + n0, ldb, cm, ldc, accumulate, last); break;
+                case 4: ukernel_panel<4>(mr, K, am, a_rs, a_ks, b + n0, ldb, cm, ldc, accumulate, last, epi, m0, n0); break;
+                case 3: ukernel_panel<3>(mr, K, am, a_rs, a_ks, b + n0, ldb, cm, ldc, accumulate, last, epi, m0, n0); break;
+                case 2: ukernel_panel<2>(mr, K, am, a_rs, a_ks, b + n0, ldb, cm, ldc, accumulate, last, epi, m0, n0); break;
+                default: ukernel_panel<1>(mr, K, am, a_rs, a_ks, b + n0, ldb, cm, ldc, accumulate, last, epi, m0, n0); break;
             }
         }
     }

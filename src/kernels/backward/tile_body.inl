@@ -5,15 +5,28 @@
 //   dv_product(t, pv): dV += P̂ᵀ·dO; dk_product(t): dK += dSᵀ·Q; dq_product(t): dQ += dS·K
 //   exp_row(s, n, scale, neg_lse)            s[j] ← 2^((s[j]·scale + neg_lse)·log2 e)   (the ISA's exp2)
 //   ds_row(p, dp, n, D, scale)               dp[j] ← p[j] = 0 ? 0 : scale·p[j]·(dp[j] − D)
+//   and optionally, as overloads on TileArgs defined before this file (tile_avx512.cpp):
+//   fused_scores_exp(t): S = Q·Kᵀ with P = exp_row's value in the product's stores;
+//   fused_dp_ds(t): dP = dO·Vᵀ with dS = ds_row's value in the product's stores
+//   (each the same bits as the product and its row pass, one pass over S or dP fewer: bwd-8).
 // Included inside an anonymous namespace; needs <cstddef>.
+
+// What a file without those overloads calls (a non-template overload wins): not fused, so the
+// tile runs the product and its row pass.
+template <class T>
+bool fused_scores_exp(const T&) { return false; }
+template <class T>
+bool fused_dp_ds(const T&) { return false; }
 
 void tile_body(const TileArgs& t) {
     const int br = t.br, bc = t.bc, bcp = t.bcp;
     // S = Q·Kᵀ  (br × bcp, inner Dk)
-    scores_product(t);
     // P = exp(rule(S·scale) − lse) = 2^((rule(S·scale) − lse)·log2 e), lse subtracted first
-    // (tile.hpp, kTileLog2e) (a dead row has −lse = −inf → 0); padded keys → 0
-    for (int i = 0; i < br; ++i) {
+    // (tile.hpp, kTileLog2e) (a dead row has −lse = −inf → 0); padded keys → 0. With no score
+    // rule, no softcap and no padded key, P straight from S where the ISA's products can.
+    const bool p_fused = !t.score_rule && t.softcap == 0.0f && bc == bcp && fused_scores_exp(t);
+    if (!p_fused) scores_product(t);
+    for (int i = 0; i < (p_fused ? 0 : br); ++i) {
         float* s = t.S + static_cast<std::ptrdiff_t>(i) * bcp;
         if (t.softcap > 0.0f) {  // scale and cap (keeping 1 − tanh²), then ALiBi and masks
             scaled_softcap_f32(s, bcp, t.scale, t.softcap, t.softcap_inv,
@@ -28,8 +41,10 @@ void tile_body(const TileArgs& t) {
         }
         for (int j = bc; j < bcp; ++j) s[j] = 0.0f;
     }
-    // dP = dO·Vᵀ  (br × bcp, inner Dv)
-    dp_product(t);
+    // dP = dO·Vᵀ  (br × bcp, inner Dv); with no dropout and no softcap, dS below straight from
+    // dP where the ISA's products can (dV reads P, not dP: it may come after)
+    const bool ds_fused = !t.drop && !t.softcap_grad && fused_dp_ds(t);
+    if (!ds_fused) dp_product(t);
     // Dropout: O used P̂ = P∘Z/(1−p), so dV takes P̂ and dP picks up the same factor.
     const float* pv = t.S;
     if (t.drop) {
@@ -53,7 +68,7 @@ void tile_body(const TileArgs& t) {
             }
     }
     // dS = ds_scale · P∘(dP − Dᵢ)   (the driver applies the rest of the scale to dQ and dK)
-    for (int i = 0; i < br; ++i) {
+    for (int i = 0; i < (ds_fused ? 0 : br); ++i) {
         const std::ptrdiff_t o = static_cast<std::ptrdiff_t>(i) * bcp;
         ds_row(t.S + o, t.dP + o, bcp, t.Drow[i], t.ds_scale);
     }
