@@ -43,13 +43,22 @@ struct StoreAsIs {
     __m512 operator()(int, int, __mmask16, __m512 x) const { return x; }
 };
 
+// C's row stride fixed at compile time (the common 64 and 128: gemm), where a run-time ldc made GCC
+// compute the 24 accumulators' addresses one by one around the k loop and keep a dozen of them on
+// the stack or in xmm registers (objdump at c7bdce9: ≈ 60 instructions and ≈ 20 stack moves a
+// call); a fixed one addresses them all as displacements from c.
+template <std::ptrdiff_t N>
+struct FixedStride {
+    constexpr operator std::ptrdiff_t() const { return N; }
+};
+
 // Accumulators are named variables, not an array (the AVX2 tile's comment says why).
 // C(MR × 16·NV) (+)= Σ_{k < K} A(r, k) · B(k, ·); A(r, k) = a[r·a_rs + k·a_ks], B rows with
 // stride ldb; NV vectors of 16 columns, the last one under `last` on an N edge (Edge), else whole.
 // The block's first row and column in C (row0, col0) are the epilogue's (epi).
-template <int MR, int NV, bool Edge, class Elem, class Epi>
+template <int MR, int NV, bool Edge, class Elem, class Epi, class Ld>
 inline void ukernel(int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const Elem* b,
-                    std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool accumulate, __mmask16 last,
+                    std::ptrdiff_t ldb, float* c, Ld ldc, bool accumulate, __mmask16 last,
                     const Epi& epi, int row0, int col0) {
     static_assert(MR >= 1 && MR <= 6 && NV >= 1 && NV <= 4);
     using Ops = UkernelOps<Elem>;
@@ -109,9 +118,9 @@ inline void ukernel(int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_
 #undef ATTN_STORE
 }
 
-template <int NV, bool Edge, class Elem, class Epi>
+template <int NV, bool Edge, class Elem, class Epi, class Ld>
 inline void ukernel_rows(int mr, int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const Elem* b,
-                         std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool acc, __mmask16 last, const Epi& epi,
+                         std::ptrdiff_t ldb, float* c, Ld ldc, bool acc, __mmask16 last, const Epi& epi,
                          int row0, int col0) {
     switch (mr) {
         case 6: ukernel<6, NV, Edge>(K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last, epi, row0, col0); break;
@@ -128,8 +137,13 @@ template <int NV, class Elem, class Epi>
 inline void ukernel_panel(int mr, int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const Elem* b,
                           std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool acc, __mmask16 last, const Epi& epi,
                           int row0, int col0) {
-    if (last == 0xFFFF) ukernel_rows<NV, false>(mr, K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last, epi, row0, col0);
-    else ukernel_rows<NV, true>(mr, K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last, epi, row0, col0);
+    if (last == 0xFFFF) {
+        if constexpr (NV == 4) {  // whole 64-column panels: C's common strides fixed (FixedStride)
+            if (ldc == 64) return ukernel_rows<4, false>(mr, K, a, a_rs, a_ks, b, ldb, c, FixedStride<64>{}, acc, last, epi, row0, col0);
+            if (ldc == 128) return ukernel_rows<4, false>(mr, K, a, a_rs, a_ks, b, ldb, c, FixedStride<128>{}, acc, last, epi, row0, col0);
+        }
+        ukernel_rows<NV, false>(mr, K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last, epi, row0, col0);
+    } else ukernel_rows<NV, true>(mr, K, a, a_rs, a_ks, b, ldb, c, ldc, acc, last, epi, row0, col0);
 }
 
 // C(M×N) (+)= A(M×K)·B(K×N), N % 8 == 0. Column panels of 64 outermost so a K×64 panel of B
