@@ -75,6 +75,8 @@ constexpr int kBc = 64;  // keys per tile (a multiple of 4: dropout draws 4 keys
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 int round8(std::int64_t x) { return static_cast<int>((x + 7) / 8 * 8); }
+// Query tiles (kBr rows, the last may be short) of a head's Lq rows.
+std::size_t query_tiles(std::int64_t Lq) { return static_cast<std::size_t>((Lq + kBr - 1) / kBr); }
 
 // scale = ds·grads: the tiles multiply dS by ds, the driver dQ and dK by grads as it stores
 // them. dS = scale·P∘(dP − D) is a float32 value (bf16 compute: rounded to bf16, whose
@@ -234,9 +236,10 @@ struct Plan {
     // Chunks of key blocks per (b, KV head) when B·Hkv is small: backward_chunks.
     std::int64_t nkb, nchunks, tasks;
     // With one chunk a task owns every dQ row of its query heads: it accumulates them in
-    // the caller's float32 rows (zeroed by the task) or in a per-thread buffer rounded out
-    // at the task's end. Only several chunks need the shared partials (B·Hq·Lq·Dkp floats
-    // per chunk, 32 MiB on S3: allocating and faulting them in cost ~8 % of S1).
+    // the caller's float32 rows (the first tile to reach them stores, no zeroing pass) or in a
+    // per-thread buffer rounded out at the task's end. Only several chunks need the shared
+    // partials (B·Hq·Lq·Dkp floats per chunk, 32 MiB on S3: allocating and faulting them in
+    // cost ~8 % of S1).
     bool dq_own, dq_direct;
     std::size_t dq_part;
     // Key blocks per pass: 2 on the avx512 row, whose tile eats the rows fastest (S3 +6 %); 1 on
@@ -344,7 +347,7 @@ void size_scratch(const Plan& c, Scratch& s, ScratchSizer& z) {
     }
     if (c.dq_own && !c.dq_direct) z.resize(s.dqb, group * c.q.head);
     // (empty with several chunks: a kept buffer of an earlier call must not mark rows here)
-    z.resize(s.dq_unwritten, c.dq_own ? group * static_cast<std::size_t>((c.Lq + kBr - 1) / kBr) : 0);
+    z.resize(s.dq_unwritten, c.dq_own ? group * query_tiles(c.Lq) : 0);
 }
 
 // The bytes size_scratch asks for on each thread.
@@ -519,8 +522,7 @@ void run_tile(const Plan& c, Scratch& s, KeyBlock& kb, std::int64_t b, std::int6
     t.dk = kb.dk.data();
     t.dv = kb.dv.data();
     t.dkv_first = kb.unwritten;
-    char* dq_unwritten = c.dq_own ? &s.dq_unwritten[g * static_cast<std::size_t>((Lq + kBr - 1) / kBr) + static_cast<std::size_t>(i0 / kBr)]
-                                  : nullptr;
+    char* dq_unwritten = c.dq_own ? &s.dq_unwritten[g * query_tiles(Lq) + static_cast<std::size_t>(i0 / kBr)] : nullptr;
     t.dq_first = dq_unwritten && *dq_unwritten;
     float* cg = p.softcap > 0.0 ? s.cg.data() : nullptr;
     const RuleContext rule{&p, b, h, i0, j0, bc, bcp, c.lo.data() + b * Lq + i0, c.hi.data() + b * Lq + i0, cg};
@@ -608,7 +610,7 @@ void run_task(const Plan& c, Scratch& s, std::int64_t task, float* dq_ws, float*
         }
     }
     // Query tiles no key block reached (every key hidden from their rows): dQ = 0.
-    const std::size_t tiles = static_cast<std::size_t>((c.Lq + kBr - 1) / kBr);
+    const std::size_t tiles = query_tiles(c.Lq);
     for (std::size_t e = 0; e < s.dq_unwritten.size(); ++e) {
         if (!s.dq_unwritten[e]) continue;
         const std::size_t g = e / tiles;
