@@ -43,10 +43,11 @@ struct StoreAsIs {
     __m512 operator()(int, int, __mmask16, __m512 x) const { return x; }
 };
 
-// C's row stride fixed at compile time (the common 64 and 128: gemm), where a run-time ldc made GCC
-// compute the 24 accumulators' addresses one by one around the k loop and keep a dozen of them on
-// the stack or in xmm registers (objdump at c7bdce9: ≈ 60 instructions and ≈ 20 stack moves a
-// call); a fixed one addresses them all as displacements from c.
+// C's row stride fixed at compile time (the common 64 and 128: ukernel_panel), where a run-time
+// ldc made GCC compute the 24 accumulators' addresses one by one around the k loop and keep a
+// dozen of them on the stack or in xmm registers (objdump at 0b14987: ≈ 60 instructions and ≈ 20
+// stack moves a call); a fixed one addresses them all as displacements from c. With the first
+// writes of dK/dV/dQ, S1 +2.4 % per CPU-second, S3 level (kernels-lab.md#bwd-8).
 template <std::ptrdiff_t N>
 struct FixedStride {
     constexpr operator std::ptrdiff_t() const { return N; }
