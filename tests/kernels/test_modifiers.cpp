@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <utility>
@@ -424,6 +425,67 @@ TEST(ModifiersKernels, DecodeFullyVisibleBlocksGetTheModifiers) {
                                              " split=" + std::to_string(split));
             }
     }
+}
+
+// Steep ALiBi slopes (0.3 to 2 per key) walk each 256-key block's weights from 1 down past
+// 2^-126: the decode kernel gives a weight below 2^-64 of the row's running max weight 0
+// (decode_core.hpp, kWeightFloor: weights in [2^-126, 2^-100] made P·V's FMAs subnormal).
+// Every row, with and without a key split, MHA and a GQA group of 4 (the group tiles), sinks
+// on and off, three blocks (the last ragged), head dims with an edge: within the header's
+// bound of the reference, which keeps every weight. The case must hold keys whose reference
+// weight lies between 2^-126 and 2^-64 of their row's largest, or it would not test the floor.
+TEST(ModifiersKernels, DecodeSteepAlibiWeightsUnderTheFloor) {
+    std::mt19937_64 rng(25);
+    constexpr std::int64_t Hq = 4, Lk = 600, Dk = 40, Dv = 33;
+    const float steep[Hq] = {0.3f, 0.5f, 0.84f, 2.0f};
+    double worst = 0, worst_out = 0;
+    int runs = 0;
+    for (std::int64_t Hkv : {4, 1})
+        for (bool sinks : {false, true}) {
+            Inputs in;
+            in.q = test::randn(DType::f32, Shape{1, Hq, 1, Dk}, rng);
+            in.k = test::randn(DType::f32, Shape{1, Hkv, Lk, Dk}, rng);
+            in.v = test::randn(DType::f32, Shape{1, Hkv, Lk, Dv}, rng);
+            in.slopes = Tensor(DType::f32, Shape{Hq});
+            for (std::int64_t h = 0; h < Hq; ++h) in.slopes.data_as<float>()[h] = steep[h];
+            in.opt.causal = Causal::bottom_right;
+            in.opt.alibi_slopes = in.slopes;
+            if (sinks) {
+                in.sinks = test::randn(DType::f32, Shape{Hq}, rng, 2.0);
+                in.opt.sinks = in.sinks;
+            }
+            // Keys with a reference weight in [2^-126, 2^-64) of their row's largest (scores in double).
+            std::int64_t under = 0;
+            const double scale = 1.0 / std::sqrt(static_cast<double>(Dk));
+            for (std::int64_t h = 0; h < Hq; ++h) {
+                std::vector<double> sc(Lk);
+                for (std::int64_t j = 0; j < Lk; ++j) {
+                    double dot = 0;
+                    for (std::int64_t d = 0; d < Dk; ++d) dot += at(in.q, 0, h, 0, d) * at(in.k, 0, h / (Hq / Hkv), j, d);
+                    sc[j] = scale * dot - steep[h] * static_cast<double>(Lk - 1 - j);
+                }
+                const double top = *std::max_element(sc.begin(), sc.end());
+                for (double x : sc) under += (x - top) / std::log(2.0) >= -126 && (x - top) / std::log(2.0) < -64;
+            }
+            ASSERT_GT(under, 16) << "Hkv=" << Hkv;
+            const Result ref = run_reference(in);
+            const Bound bd = bound_for(in, ref);
+            for (const detail::KernelSet* ks : detail::runnable_kernel_sets())
+                for (std::int64_t split : {1, 3}) {
+                    Result r{poisoned(DType::f32, Shape{1, Hq, 1, Dv}), poisoned(DType::f32, Shape{1, Hq, 1})};
+                    TensorView l = r.lse;
+                    const detail::SdpaProblem p = detail::make_problem(in.q, in.k, in.v, in.opt, r.out, &l, nullptr);
+                    ASSERT_EQ(detail::decode_declines(p), "");
+                    detail::decode_forward(p, *ks, split);
+                    expect_close(r, ref, bd, std::string(detail::isa_name(ks->isa)) + " Hkv=" + std::to_string(Hkv) +
+                                                 " sinks=" + std::to_string(sinks) + " split=" + std::to_string(split));
+                    const double out_err = test::max_abs_diff(r.out, ref.out);
+                    worst = std::max({worst, out_err / bd.out, test::max_abs_diff(r.lse, ref.lse) / bd.lse});
+                    worst_out = std::max(worst_out, out_err);
+                    ++runs;
+                }
+        }
+    std::printf("[modifiers] steep ALiBi decode: %d runs, max |out err| %.3g, worst err/bound %.3g\n", runs, worst_out, worst);
 }
 
 // The scores output at each stage: flash (every row) against the reference; masked keys are

@@ -152,18 +152,22 @@ struct Avx2Ops {
     }
 
     static float exp_shift(float* s, i64 n, float m) {
-        const __m256 mv = _mm256_set1_ps(m), l2e = _mm256_set1_ps(kLog2e);
+        const __m256 mv = _mm256_set1_ps(m), l2e = _mm256_set1_ps(kLog2e), floor = _mm256_set1_ps(kWeightFloor),
+                     ninf = _mm256_set1_ps(-INFINITY);
         __m256 sum = _mm256_setzero_ps();
         i64 j = 0;
         for (; j + 8 <= n; j += 8) {
-            // A masked score (−inf) gets weight exactly 0: exp2_ps gives 0 below −126.
-            const __m256 e = exp2_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv), l2e));
+            // A masked score (−inf) gets weight exactly 0 (exp2_ps gives 0 below −126), and so
+            // does an exponent below the floor (decode_core.hpp's kept_exponent, vectorised).
+            __m256 x = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv), l2e);
+            x = _mm256_blendv_ps(x, ninf, _mm256_cmp_ps(x, floor, _CMP_LT_OQ));
+            const __m256 e = exp2_ps(x);
             _mm256_storeu_ps(s + j, e);
             sum = _mm256_add_ps(sum, e);
         }
         float total = hsum(sum);
         for (; j < n; ++j) {
-            const float e = exp2_1((s[j] - m) * kLog2e);
+            const float e = exp2_1(kept_exponent((s[j] - m) * kLog2e));
             s[j] = e;
             total += e;
         }

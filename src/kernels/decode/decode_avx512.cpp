@@ -218,12 +218,16 @@ struct Avx512Ops {
     }
 
     static float exp_shift(float* s, i64 n, float m) {
-        const __m512 mv = _mm512_set1_ps(m), l2e = _mm512_set1_ps(kLog2e);
+        const __m512 mv = _mm512_set1_ps(m), l2e = _mm512_set1_ps(kLog2e), floor = _mm512_set1_ps(kWeightFloor),
+                     ninf = _mm512_set1_ps(-INFINITY);
         __m512 sum = _mm512_setzero_ps();
         for (i64 j = 0; j < n; j += 16) {
             const __mmask16 k = lanes(n - j);
-            // A masked score (−inf) gets weight exactly 0: exp2_ps512 gives 0 below −126.
-            const __m512 e = exp2_ps512(_mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mv), l2e));
+            // A masked score (−inf) gets weight exactly 0 (exp2_ps512 gives 0 below −126), and so
+            // does an exponent below the floor (decode_core.hpp's kept_exponent, vectorised).
+            __m512 x = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mv), l2e);
+            x = _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, floor, _CMP_LT_OQ), ninf);
+            const __m512 e = exp2_ps512(x);
             _mm512_mask_storeu_ps(s + j, k, e);
             sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, e));
         }

@@ -11,8 +11,8 @@
 //         // may request the next block's K rows through `next` (Lookahead, below)
 //   static float row_max(const float* s, int64 n);   // max_j s[j] (−inf when n = 0)
 //   static float exp_shift(float* s, int64 n, float m);
-//         // s[j] ← e^(s[j] − m) = 2^((s[j] − m)·log2 e), exactly 0 where s[j] = −inf;
-//         // returns Σ_j s[j]
+//         // s[j] ← e^(s[j] − m) = 2^x, x = (s[j] − m)·log2 e, exactly 0 where s[j] = −inf
+//         // and where x < kWeightFloor (kept_exponent, below); returns Σ_j s[j]
 //   static float exp2_1(float x);   // 2^x, the ISA's exp2 on one value
 //   template <class T> static void accumulate(float* o, int64 ostride, const float* alpha,
 //       const float* p, int64 pstride, int R, const KeyRun<T>* v, int nruns, int64 vstride, int64 Dv,
@@ -51,6 +51,22 @@ inline i64 imin(i64 a, i64 b) { return a < b ? a : b; }
 inline i64 imax(i64 a, i64 b) { return a > b ? a : b; }
 
 constexpr float kLog2e = 1.4426950408889634f;
+
+// The smallest weight a key keeps, as a power of 2 relative to the row's running max: a weight
+// 2^x with x < kWeightFloor is 0 (Ops::exp_shift), and so is the rescale α of the accumulator
+// (run_item). Why: attn computes with IEEE subnormals (core/float_env.hpp), and on Intel cores a
+// vector multiply or FMA whose result (or operand) is subnormal takes a microcode assist. A
+// weight in [2^-126, 2^-100] times a V entry of order 1 is subnormal, and with ALiBi every
+// 256-key block of a steep head (slopes to 0.84 per key) walks its weights down through that
+// range: S5 float16 with sinks + ALiBi took 1.04–1.07× the plain step, all of it in P·V's FMAs,
+// and 1.00× with the floor (docs/kernels-lab.md#dec-13). A dropped key weighs < 2^-64 against
+// the running max's key (weight 1, so l ≥ 1), so out and lse move by < Lk·2^-64 relative — far
+// inside docs/conventions.md's bounds. V entries below 2^-62 can still give subnormal products:
+// the same result, only slower.
+constexpr float kWeightFloor = -64.0f;
+
+// x, or −inf (weight 0) where 2^x falls below the floor; NaN passes.
+inline float kept_exponent(float x) { return x < kWeightFloor ? -INFINITY : x; }
 
 // The problem's pointers and element strides, read once per call (decode_impl).
 struct DecodeView {
@@ -447,7 +463,8 @@ void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i6
                 sc.l[r] += Ops::exp_shift(s, n, 0.0f);
                 continue;
             }
-            sc.alpha[r] = Ops::exp2_1((sc.m[r] - m_new) * kLog2e);  // 2^(−inf) = 0 on the first visible block
+            // 2^(−inf) = 0 on the first visible block; 0 too below the floor (kWeightFloor)
+            sc.alpha[r] = Ops::exp2_1(kept_exponent((sc.m[r] - m_new) * kLog2e));
             // An explicit fma: left to contraction (GCC's default -ffp-contract=fast), the
             // product and the sum were fused in some of run_item's inlined copies and not in
             // others, so the same scores gave lse 1 ulp apart between the clean pass and the

@@ -47,7 +47,7 @@ struct PortableOps {
     static float exp_shift(float* s, i64 n, float m) {
         float total = 0.0f;
         for (i64 j = 0; j < n; ++j) {
-            const float e = exp2poly::exp2_scalar((s[j] - m) * kLog2e);  // 0 for s = −inf
+            const float e = exp2poly::exp2_scalar(kept_exponent((s[j] - m) * kLog2e));  // 0 for s = −inf
             s[j] = e;
             total += e;
         }
