@@ -55,14 +55,14 @@ constexpr float kLog2e = 1.4426950408889634f;
 // The smallest weight a key keeps, as a power of 2 relative to the row's running max: a weight
 // 2^x with x < kWeightFloor is 0 (Ops::exp_shift), and so is the rescale α of the accumulator
 // (run_item). Why: attn computes with IEEE subnormals (core/float_env.hpp), and on Intel cores a
-// vector multiply or FMA whose result (or operand) is subnormal takes a microcode assist. A
+// vector FMA with a subnormal result or operand is slow (a microcode assist, most likely). A
 // weight in [2^-126, 2^-100] times a V entry of order 1 is subnormal, and with ALiBi every
 // 256-key block of a steep head (slopes to 0.84 per key) walks its weights down through that
 // range: S5 float16 with sinks + ALiBi took 1.04–1.07× the plain step, all of it in P·V's FMAs,
-// and 1.00× with the floor (docs/kernels-lab.md#dec-13). A dropped key weighs < 2^-64 against
-// the running max's key (weight 1, so l ≥ 1), so out and lse move by < Lk·2^-64 relative — far
-// inside docs/conventions.md's bounds. V entries below 2^-62 can still give subnormal products:
-// the same result, only slower.
+// and 1.00–1.01× with the floor (S7 float16 1.16× → 1.02×; docs/kernels-lab.md#dec-13). A dropped
+// key weighs < 2^-64 against the running max's key (weight 1, so l ≥ 1), so out and lse move by
+// < Lk·2^-64 relative — far inside docs/conventions.md's bounds. V entries below 2^-62 in
+// magnitude can still give subnormal products: correct, only slower.
 constexpr float kWeightFloor = -64.0f;
 
 // x, or −inf (weight 0) where 2^x falls below the floor; NaN passes.
