@@ -60,8 +60,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 // 256-key block of a steep head (slopes to 0.84 per key) walks its weights down through that
 // range: S5 float16 with sinks + ALiBi took 1.04–1.07× the plain step, all of it in P·V's FMAs,
 // and 1.00–1.01× with the floor (S7 float16 1.16× → 1.02×; docs/kernels-lab.md#dec-13). A dropped
-// key weighs < 2^-64 against the running max's key (weight 1, so l ≥ 1), so out and lse move by
-// < Lk·2^-64 relative — far inside docs/conventions.md's bounds. V entries below 2^-62 in
+// key weighs < 2^-64 against the running max's key (weight 1, so l ≥ 1): out moves by
+// < 2·Lk·2^-64·max|V|, lse by < Lk·2^-64 — far inside docs/conventions.md's bounds. V entries below 2^-62 in
 // magnitude can still give subnormal products: correct, only slower.
 constexpr float kWeightFloor = -64.0f;
 
