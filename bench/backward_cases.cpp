@@ -53,8 +53,8 @@ void run_sdpa_forward_backward(const Context& ctx, const SdpaShape& s, std::vect
     c.params = {{"B", s.B},   {"Hq", s.Hq}, {"Hkv", s.Hkv}, {"Lq", s.Lq},        {"Lk", s.Lk},
                 {"Dk", s.Dk}, {"Dv", s.Dv}, {"causal", causal_word(s.causal)}, {"dtype", "float32"}};
     c.flop = 3.5 * sdpa_forward_flop(s);
-    c.flop_formula = "forward + backward = (1 + 2.5) x forward, forward = 2*B*Hq*Lq*Lk*(Dk+Dv)" +
-                     std::string(s.causal == Causal::none ? "" : " / 2 (causal counts half)");
+    c.flop_formula = "forward + backward = (1 + 2.5) x forward, forward = 2*(Dk+Dv) per visible (query, key) pair" +
+                     std::string(s.causal == Causal::none ? " (B*Hq*Lq*Lk)" : " (causal: B*Hq*sum_i keys query i sees)");
     const std::int64_t q_n = s.B * s.Hq * s.Lq * s.Dk, k_n = s.B * s.Hkv * s.Lk * s.Dk;
     const std::int64_t v_n = s.B * s.Hkv * s.Lk * s.Dv, o_n = s.B * s.Hq * s.Lq * s.Dv;
     // Q, K, V, O, dO and dQ, dK, dV

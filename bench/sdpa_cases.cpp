@@ -10,6 +10,7 @@
 #include "attn/error.hpp"
 #include "attn/half.hpp"
 #include "harness.hpp"
+#include "visible_pairs.hpp"
 
 namespace attn::bench {
 namespace {
@@ -172,10 +173,10 @@ void add_modifier_rows(const Config& cfg, const SdpaShape& s, double flop, std::
     }
 }
 
+// 2·(Dk + Dv) per visible (query, key) pair, the pairs counted exactly (visible_pairs.hpp): a
+// causal mask leaves L(L+1)/2 per head of a square shape, and with Lq ≠ Lk its alignment decides.
 double sdpa_forward_flop(const SdpaShape& s) {
-    const double full = 2.0 * static_cast<double>(s.B) * static_cast<double>(s.Hq) * static_cast<double>(s.Lq) *
-                        static_cast<double>(s.Lk) * static_cast<double>(s.Dk + s.Dv);
-    return s.causal == Causal::none ? full : full / 2.0;
+    return 2.0 * static_cast<double>(s.Dk + s.Dv) * visible_pairs(s.B, s.Hq, s.Lq, s.Lk, s.causal);
 }
 
 void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseResult>& out) {
@@ -199,7 +200,7 @@ void run_sdpa_forward(const Context& ctx, const SdpaShape& s, std::vector<CaseRe
                 {"dtype", dtype_name(s.q_dtype)}, {"kv_dtype", dtype_name(s.kv_dtype)}};
     c.flop = sdpa_forward_flop(s);
     c.flop_formula = s.causal == Causal::none ? "2*B*Hq*Lq*Lk*(Dk+Dv)  (= 4*B*H*Lq*Lk*D)"
-                                              : "2*B*Hq*Lq*Lk*(Dk+Dv) / 2  (causal counts half)";
+                                              : "2*(Dk+Dv)*(visible pairs: B*Hq*sum_i keys query i sees)  (causal)";
     const std::int64_t q_n = s.B * s.Hq * s.Lq * s.Dk, k_n = s.B * s.Hkv * s.Lk * s.Dk;
     const std::int64_t v_n = s.B * s.Hkv * s.Lk * s.Dv, o_n = s.B * s.Hq * s.Lq * s.Dv;
     const auto qsz = static_cast<std::int64_t>(dtype_size(s.q_dtype)), kvsz = static_cast<std::int64_t>(dtype_size(s.kv_dtype));

@@ -30,6 +30,7 @@
 #include "attn/paged_kv_cache.hpp"
 #include "attn/sdpa_varlen.hpp"
 #include "harness.hpp"
+#include "visible_pairs.hpp"
 
 namespace attn::bench {
 namespace {
@@ -78,9 +79,9 @@ void run_varlen(const Context& ctx, std::vector<CaseResult>& out) {
     c.shape = "16 seqs, lengths " + lens + " (total " + std::to_string(T) + "), H=16 D=64 causal fp32";
     c.params = {{"N", N}, {"H", H}, {"D", D}, {"lengths", len}, {"total_tokens", T}, {"max_length", Lmax}};
     double useful = 0.0;
-    for (auto l : len) useful += 2.0 * H * static_cast<double>(l) * static_cast<double>(l) * 2.0 * D / 2.0;
+    for (auto l : len) useful += 2.0 * (D + D) * visible_pairs(1, H, l, l, Causal::top_left);
     c.flop = useful;
-    c.flop_formula = "sum_b 2*H*L_b^2*(Dk+Dv)/2 (the varlen work; the padded row is charged the same)";
+    c.flop_formula = "sum_b 2*(Dk+Dv)*H*L_b(L_b+1)/2, the causal pairs (the varlen work; the padded row is charged the same)";
     c.io_bytes = 4 * 4 * T * H * D;
 
     const Tensor q(DType::f32, Shape{T, H, D}), k(DType::f32, Shape{T, H, D}), v(DType::f32, Shape{T, H, D});
@@ -230,9 +231,8 @@ void run_chunked_prefill(const Context& ctx, std::vector<CaseResult>& out) {
     c.shape = "B=1 Hq=16 Hkv=4 Lq=512 new of n=4096 cached, D=128 f32 causal: contiguous vs pages (flash) vs decode blocks; "
               "and a float16 pool";
     c.params = {{"B", 1}, {"Hq", Hq}, {"Hkv", Hkv}, {"Lq", Lq}, {"n", n}, {"D", D}, {"storage", "float32 (the -f16 rows: float16)"}};
-    // Visible pairs: query i (of the chunk) sees n − Lq + i + 1 keys.
-    const double pairs = static_cast<double>(Lq) * static_cast<double>(n - Lq) + Lq * (Lq + 1) / 2.0;
-    c.flop = 4.0 * D * Hq * pairs;
+    // Visible pairs: query i (of the chunk) sees n − Lq + i + 1 keys (bottom-right causal).
+    c.flop = 4.0 * D * visible_pairs(1, Hq, Lq, n, Causal::bottom_right);
     c.flop_formula = "4*D*Hq*sum_i (n - Lq + i + 1)";
     c.io_bytes = 4 * (2 * Hq * Lq * D + 2 * Hkv * n * D);
     const Tensor q(DType::f32, Shape{1, Hq, Lq, D});

@@ -9,7 +9,7 @@
 // uniform in [-1, 1); out and lse come from one flash forward, then --reps backward calls are
 // timed after one warm-up. Prints the FLOPs of a call, 2.5 × the forward's 4·D per visible
 // (query, key) pair (bench/shapes.md; causal is top-left, its pairs counted exactly by
-// visible_pairs.hpp: with Lq < Lk not the bottom-right count), median and min wall time, GFLOP/s
+// bench/visible_pairs.hpp: with Lq < Lk not the bottom-right count), median and min wall time, GFLOP/s
 // and per CPU-second of the process (bench/machine.hpp), and with --peak the avx512 FMA peak on
 // the same threads (bench/peaks.hpp, as `attn bench`). The check compares dQ, dK, dV with the reference's (in
 // double) by max |Δ| / max |ref| per gradient; it runs where the reference costs at most
@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
     SdpaReport rep;
     sdpa_backward(q, k, v, o, lse, dO, opt, dq, dk, dv, &rep);  // the warm-up
     std::printf("gradient bits hash %016llx\n", static_cast<unsigned long long>(bits_hash(grads, 3)));
-    const double pairs = lab::visible_pairs(detail::make_problem(q, k, v, opt, o, nullptr, nullptr));
+    const double pairs = bench::visible_pairs(detail::make_problem(q, k, v, opt, o, nullptr, nullptr));
     const double flop = 2.5 * 4.0 * pairs * static_cast<double>(D);
     std::printf("FLOP per call %.6g (2.5 x 4·D x %.0f visible (query, key) pairs)\n", flop, pairs);
     if (check && flop <= 20e9) {

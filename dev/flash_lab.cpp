@@ -17,7 +17,7 @@
 // attn::to_dtype), Q and out float32: the mixed rows of bench/shapes.md (issue 14).
 //
 // Method: one warm-up run, then --reps runs; prints median and min time and GFLOP/s with
-// FLOPs = 4·D per visible (query, key) pair (visible_pairs.hpp; causal: ≈ half), and per
+// FLOPs = 4·D per visible (query, key) pair (bench/visible_pairs.hpp; causal: ≈ half), and per
 // CPU-second of the process (bench/machine.hpp: on a shared machine, wall time says what the run
 // got, CPU time what the code does when it runs). --peak first measures the FMA peak of the chosen ISA's
 // width (ymm for avx2/portable, zmm for avx512) on the same threads with `attn bench`'s own
@@ -272,7 +272,7 @@ int run(int argc, char** argv) {
     }
 
     SdpaProblem p = make_problem(q, k, v, opt, o, nullptr, nullptr);
-    const double flops = 4.0 * lab::visible_pairs(p) * (double)D;
+    const double flops = 4.0 * bench::visible_pairs(p) * (double)D;
     std::vector<double> t, ct;
     for (int r = warmup ? 0 : 1; r <= reps; ++r) {
         const auto t0 = std::chrono::steady_clock::now();

@@ -134,7 +134,7 @@ def section_body(d):
         bw[1].get("repeats", 0), ceiling(bw[0], "GB/s"), ceiling(bw[1], "GB/s")))
     out.append("  %s" % bw[1].get("method", ""))
     out.append("")
-    out.append("GFLOP/s = the formula's FLOP / median time (forward 4·B·H·Lq·Lk·D, causal counts half); "
+    out.append("GFLOP/s = the formula's FLOP / median time (forward 4·B·H·Lq·Lk·D; causal: 2·(Dk+Dv) per visible pair, about half); "
                "%% peak = of the widest FMA peak on %d threads above (AVX-512 where measured), of the bf16 dot-product peak for a "
                "kernel *_bf16 (bf16 compute), of the AMX bf16 peak for a kernel *_amx_bf16; vs torch = torch median / this median (torch in float32 for every row); "
                "cpu %% = CPU time of the timed calls / (wall time × threads): well below 100 means other processes "

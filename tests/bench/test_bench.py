@@ -147,8 +147,10 @@ def test_custom_case_arithmetic(custom_run):
     assert c["status"] == "ok"
     assert c["params"] == {"B": B, "Hq": HQ, "Hkv": HKV, "Lq": LQ, "Lk": LK, "Dk": DK, "Dv": DV,
                            "causal": "bottom-right", "dtype": "float32", "kv_dtype": "float32"}
-    # The written formula, 4*B*H*Lq*Lk*D with D split as (Dk + Dv)/2; causal counts half.
-    flop = 2 * B * HQ * LQ * LK * (DK + DV) / 2
+    # 2*(Dk + Dv) per visible (query, key) pair: bottom-right, query i sees keys 0 .. i + LK - LQ
+    # (1023 pairs per head; "causal counts half" said 775.5).
+    pairs = sum(min(LK, max(0, i + LK - LQ + 1)) for i in range(LQ))
+    flop = 2 * (DK + DV) * B * HQ * pairs
     assert c["flop"] == flop
     assert c["io_bytes"] == 4 * (B * HQ * LQ * DK + B * HKV * LK * DK + B * HKV * LK * DV + B * HQ * LQ * DV)
     rows = {r["impl"]: r for r in c["rows"]}
