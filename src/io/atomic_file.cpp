@@ -314,6 +314,10 @@ bool is_checked_file(const struct stat& st, const OutputTarget& t) {
 
 Error replaced_since_checked(const std::string& path, const OutputTarget& t, const struct stat& now) {
     const std::string was = describe_file_kind(t.type), is = describe_file_kind(now.st_mode);
+    if (t.type == 0) {
+        return Error(detail::quoted_path(path) + " did not exist when checked but is " + is +
+                     " now (made in between); nothing was written");
+    }
     return Error(detail::quoted_path(path) + " was " + was + " when checked but is " + (was == is ? "another one" : is) +
                  " now (replaced in between); nothing was written");
 }
@@ -499,14 +503,35 @@ void AtomicFile::publish(bool sync_directory) {
     finish();
     if (unnamed_ >= 0) link_unnamed();
     if (stage_.empty()) return;  // direct, or already published
-    // The target may have changed since resolve_output: never rename over anything but a file.
-    // (Its permissions were given when it was created: give_permissions_of.)
+    // The rename replaces what is at target_.file now, which must be what resolve_output checked:
+    // the same regular file (type, device, inode), or no file for a name that did not exist. A
+    // FIFO, a symbolic link or another file put there in between (a link to an input, the file
+    // stdout is redirected to) was replaced, or written into, unchecked. Told by fstat of the name
+    // opened without following a link, just before the rename; a name that was free is taken with
+    // RENAME_NOREPLACE, so a file made there after this look is not replaced either.
+    // (The permissions were given when the staged file was created: give_permissions_of.)
     struct stat st {};
-    if (::stat(target_.file.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    const int at = ::open(target_.file.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    const int look_errno = errno;
+    const bool exists = at >= 0 && ::fstat(at, &st) == 0;
+    if (at >= 0) ::close(at);
+    if (at < 0 && look_errno != ENOENT) fail("cannot move the finished file into place", look_errno);
+    if (exists && !is_checked_file(st, target_)) {
         discard();
-        throw Error(detail::quoted_path(path_) + " became " + describe_file_kind(st.st_mode) + " while it was being written; left untouched");
+        throw replaced_since_checked(path_, target_, st);
     }
-    if (std::rename(stage_.c_str(), target_.file.c_str()) != 0) fail("cannot move the finished file into place", errno);
+    int rc = -1;
+    if (!exists) {  // a new name, or the file checked removed since: create, never replace
+        rc = ::renameat2(AT_FDCWD, stage_.c_str(), AT_FDCWD, target_.file.c_str(), RENAME_NOREPLACE);
+        const int err = errno;
+        if (rc != 0 && err == EEXIST && ::lstat(target_.file.c_str(), &st) == 0) {
+            discard();
+            throw replaced_since_checked(path_, target_, st);
+        }
+        if (rc != 0 && err != EINVAL && err != ENOSYS) fail("cannot move the finished file into place", err);
+        // EINVAL, ENOSYS: a file system (or kernel) without RENAME_NOREPLACE: the look above stands.
+    }
+    if (rc != 0 && std::rename(stage_.c_str(), target_.file.c_str()) != 0) fail("cannot move the finished file into place", errno);
     untrack_staging_file(slot_);
     slot_ = -1;
     stage_.clear();

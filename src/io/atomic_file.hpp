@@ -9,7 +9,10 @@
 //    error half-way, or a SIGKILL (mpirun's second signal) while writing, leaves nothing. On a
 //    file system without O_TMPFILE the staging name is created first (mkstemp) and removed on
 //    failure and on termination signals. A symbolic link is followed: the file it points to is
-//    replaced, the link stays.
+//    replaced, the link stays. The rename replaces only the file resolve_output found: publish()
+//    checks what the name holds then (fstat of it opened without following a link) and refuses
+//    another file, a FIFO or a link put there in between, and takes a name that was free with
+//    RENAME_NOREPLACE — nothing is looked up by the user's path again.
 //  - a character device or a FIFO (/dev/null, a terminal, a named pipe, /dev/stdout on a pipe):
 //    the bytes are written straight into it, as a shell redirect would. It is never replaced,
 //    whoever runs attn (root included); one attn may not write (access W_OK) is refused. Opening
@@ -70,7 +73,7 @@ public:
     explicit AtomicFile(std::string path);  // throws attn::Error (see resolve_output)
     // With `target` = resolve_output(path) already found: a caller that had to know how each of
     // its paths is written (OutputFiles stages regular files before it opens devices) resolves
-    // each once.
+    // each once, and the file written is the one that resolve found (open_direct, publish).
     AtomicFile(std::string path, OutputTarget target);
     ~AtomicFile();
     AtomicFile(const AtomicFile&) = delete;

@@ -88,4 +88,25 @@ TEST_F(FifoOutput, AFileReplacingTheFifoAfterTheCheckIsRefusedNamingTheOption) {
     EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "kept");
 }
 
+// check() found a regular file; a FIFO was put at its name before the write. The write looked the
+// path up again and wrote into the FIFO, past every comparison check() had made (with an input,
+// with the other outputs). Now the file written is the one checked.
+TEST_F(FifoOutput, AFifoReplacingARegularOutputAfterTheCheckIsRefusedNamingTheOption) {
+    const std::string out = (dir_ / "o.npy").string();
+    std::ofstream(out) << "old";
+    OutputFiles outputs;
+    outputs.add("--out", out);
+    outputs.check();
+    ASSERT_EQ(::rename(pipe_.c_str(), out.c_str()), 0);  // the FIFO (and its reader) now at o.npy
+    try {
+        outputs.write_bytes("--out", out, "picture");
+        FAIL() << "the FIFO in the regular file's place was written";
+    } catch (const attn::Error& e) {
+        EXPECT_EQ(std::string(e.what()), "--out: '" + out + "' was a regular file when checked but is a FIFO (named pipe) now "
+                                         "(replaced in between); nothing was written");
+    }
+    EXPECT_EQ(read_now(), std::optional<std::string>("")) << "the FIFO was written into";
+    EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1) << "a staging file was left";
+}
+
 }  // namespace

@@ -1,7 +1,9 @@
 // detail::open_direct opens the device or FIFO resolve_output checked, or refuses: a file put in
 // its place between the check and the open (another type, or another file of the same type) is an
-// error naming the path, and nothing is written into it. The swap is made by the test itself
-// between the two calls, so nothing here depends on timing.
+// error naming the path, and nothing is written into it. Likewise AtomicFile::publish renames only
+// over the regular file checked (or onto a name that was free): a FIFO, a symbolic link or another
+// file there by then is refused and left as it is. The swap is made by the test itself between the
+// two calls, so nothing here depends on timing.
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,6 +14,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -113,6 +117,81 @@ TEST_F(OutputTarget, TheFifoCheckedIsOpened) {
     char buf[4] = {};
     EXPECT_EQ(::read(readers_.at(0), buf, sizeof buf), 2);
     EXPECT_STREQ(buf, "ab");
+}
+
+std::string content(const std::string& p) {
+    std::ifstream in(p);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// AtomicFile(p) staged "new" for p and finished it; then `swap` changed what p names; publish()'s
+// message ("(published)" if it renamed).
+template <typename Swap>
+std::string message_of_publish(const std::string& p, const Swap& swap) {
+    try {
+        attn::detail::AtomicFile file(p);
+        file.write("new", 3);
+        file.finish();
+        swap();
+        file.publish();
+    } catch (const attn::Error& e) {
+        return e.what();
+    }
+    return "(published)";
+}
+
+// Before, publish() took a path that had become a symbolic link by a stat that followed it (a
+// regular file: fine) and renamed over the link; the CLI looked the path up again at write time,
+// followed the new link and replaced the file it points to, unchecked (an input, say).
+TEST_F(OutputTarget, ARegularFileReplacedByALinkBeforeThePublishIsRefused) {
+    const std::string p = path("o.npy"), other = path("input.npy");
+    std::ofstream(p) << "old";
+    std::ofstream(other) << "kept";
+    EXPECT_EQ(message_of_publish(p, [&] {
+                  ASSERT_EQ(::unlink(p.c_str()), 0);
+                  ASSERT_EQ(::symlink(other.c_str(), p.c_str()), 0);
+              }),
+              "'" + p + "' was a regular file when checked but is a symbolic link now (replaced in between); nothing was written");
+    EXPECT_TRUE(fs::is_symlink(p));
+    EXPECT_EQ(content(other), "kept");
+    EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 2) << "a staging file was left";
+}
+
+TEST_F(OutputTarget, ARegularFileReplacedByAFifoOrAnotherFileBeforeThePublishIsRefused) {
+    const std::string p = path("o.npy");
+    std::ofstream(p) << "old";
+    EXPECT_EQ(message_of_publish(p, [&] {
+                  ASSERT_EQ(::unlink(p.c_str()), 0);
+                  fifo_with_reader(p);
+              }),
+              "'" + p + "' was a regular file when checked but is a FIFO (named pipe) now (replaced in between); nothing was written");
+    char buf[4];
+    EXPECT_EQ(::read(readers_.at(0), buf, sizeof buf), 0) << "bytes went into the FIFO";
+    ASSERT_EQ(::unlink(p.c_str()), 0);
+    std::ofstream(p) << "old";
+    EXPECT_EQ(message_of_publish(p, [&] {
+                  ASSERT_EQ(::rename(p.c_str(), path("moved").c_str()), 0);  // the inode lives on: another file at p
+                  std::ofstream(p) << "kept";
+              }),
+              "'" + p + "' was a regular file when checked but is another one now (replaced in between); nothing was written");
+    EXPECT_EQ(content(p), "kept");
+}
+
+TEST_F(OutputTarget, ANameMadeBeforeThePublishIsNotReplaced) {
+    const std::string p = path("new.npy");
+    EXPECT_EQ(message_of_publish(p, [&] { std::ofstream(p) << "kept"; }),
+              "'" + p + "' did not exist when checked but is a regular file now (made in between); nothing was written");
+    EXPECT_EQ(content(p), "kept");
+    EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1) << "a staging file was left";
+}
+
+TEST_F(OutputTarget, TheFileCheckedIsReplacedWhole) {
+    const std::string p = path("o.npy"), fresh = path("fresh.npy");
+    std::ofstream(p) << "old";
+    EXPECT_EQ(message_of_publish(p, [&] { std::ofstream(p, std::ios::app) << " and more"; }), "(published)");  // the same inode
+    EXPECT_EQ(content(p), "new");
+    EXPECT_EQ(message_of_publish(fresh, [] {}), "(published)");
+    EXPECT_EQ(content(fresh), "new");
 }
 
 }  // namespace

@@ -98,14 +98,6 @@ public:
     ~OpenFifos() {
         for (const auto& f : open_) ::close(f.second);
     }
-    // check() found a FIFO at `path`: it is opened as that FIFO (its device and inode), so that a
-    // file put in its place before the open is refused (detail::open_direct), not written unchecked.
-    void checked(const std::string& path, const detail::OutputTarget& t) { checked_.emplace_back(path, t); }
-    std::optional<detail::OutputTarget> seen_by_check(const std::string& path) const {
-        for (const auto& [p, t] : checked_)
-            if (p == path) return t;
-        return std::nullopt;
-    }
     // `t` unchanged unless it is a FIFO named by path; else a target writing into its one descriptor.
     detail::OutputTarget through_one_open(const std::string& path, const detail::OutputTarget& t) {
         if (t.type != S_IFIFO || t.descriptor >= 0) return t;
@@ -123,7 +115,6 @@ public:
 
 private:
     std::vector<std::pair<std::pair<dev_t, ino_t>, int>> open_;
-    std::vector<std::pair<std::string, detail::OutputTarget>> checked_;
 };
 
 OutputFiles::OutputFiles() : fifos_(std::make_unique<OpenFifos>()) {}
@@ -223,7 +214,6 @@ void OutputFiles::check() {
     for (std::size_t i = 0; i < files_.size(); ++i) {
         const std::string& flag = files_[i].first;
         const std::string& p = files_[i].second;
-        if (targets[i].descriptor < 0 && targets[i].type == S_IFIFO) fifos_->checked(p, targets[i]);
         // A device by its type as resolve_output found it: the open's fstat (open_direct) tells
         // whether it still is one; a stat of the path in between would tell nothing more.
         if (!targets[i].direct || targets[i].descriptor >= 0 || targets[i].type != S_IFCHR ||
@@ -234,12 +224,18 @@ void OutputFiles::check() {
         naming(flag, [&] { fd = detail::open_direct(p, targets[i]); });
         devices_.emplace_back(p, fd);
     }
+    checked_ = std::move(targets);
 }
 
 detail::OutputTarget OutputFiles::target_of(const std::string& path) const {
     for (const auto& [p, fd] : devices_)
         if (p == path) return detail::OutputTarget{path, true, fd};
-    if (const auto fifo = fifos_->seen_by_check(path)) return *fifo;
+    // The file check() found — a FIFO, a regular file, a new name, a descriptor —, never looked up
+    // again by name: the write checks on the file it opens (or replaces) that it is that one
+    // (detail::open_direct, AtomicFile::publish), so a FIFO or a link put in its place in between is
+    // refused, not written unchecked.
+    for (std::size_t i = 0; i < checked_.size(); ++i)
+        if (files_[i].second == path) return checked_[i];
     return detail::resolve_output(path);
 }
 

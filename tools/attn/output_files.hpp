@@ -100,11 +100,12 @@ public:
     void write_bytes(const std::string& flag, const std::string& path, const std::string& bytes) const;
 
 private:
-    // How `path` is written: into the descriptor of a device check() opened, else as
-    // detail::resolve_output says.
+    // How `path` is written: into the descriptor of a device check() opened, else as the file
+    // check() found there (detail::resolve_output for a path check() did not see).
     detail::OutputTarget target_of(const std::string& path) const;
 
     std::vector<std::pair<std::string, std::string>> files_;
+    std::vector<detail::OutputTarget> checked_;  // what check() found for files_[i], written as that file
     std::vector<std::pair<std::string, std::string>> inputs_;
     std::vector<std::pair<std::string, int>> devices_;  // check()'s opened devices: path, descriptor
     // The FIFOs check() found, each opened once when first written and kept open until the end
