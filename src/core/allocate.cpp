@@ -60,4 +60,9 @@ void throw_out_of_memory(std::int64_t bytes, const char* what) {
     throw OutOfMemory("out of memory: cannot allocate " + describe_bytes(bytes) + " for " + what);
 }
 
+void throw_bookkeeping_out_of_memory(const std::bad_alloc& refused, const char* what) {
+    if (dynamic_cast<const OutOfMemory*>(&refused) != nullptr) throw;  // named already: the handler's exception as it is
+    throw OutOfMemory(std::string("out of memory: cannot allocate the few hundred bytes for ") + what + "; nothing was written");
+}
+
 }  // namespace attn::detail

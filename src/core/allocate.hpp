@@ -35,6 +35,21 @@ void* allocate_aligned_or_null(std::int64_t bytes, std::size_t align) noexcept;
 // kernels' own malloc calls (ISA-compiled code builds no std::string: flash_driver.hpp says why).
 [[noreturn]] void throw_out_of_memory(std::int64_t bytes, const char* what);
 
+// For a call's bookkeeping before it writes anything — its argument checks' lists of tensors, the
+// report's text, each a few hundred bytes at most —: runs `step`, and a refusal there comes out as
+// attn::OutOfMemory "out of memory: cannot allocate the few hundred bytes for <what>; nothing was
+// written", not as a bare std::bad_alloc, which names nothing (and does not say how many bytes were
+// asked for). An attn::OutOfMemory from `step` (a large check buffer) passes as it is.
+[[noreturn]] void throw_bookkeeping_out_of_memory(const std::bad_alloc& refused, const char* what);
+template <class Step>
+void naming_bookkeeping(const char* what, Step&& step) {
+    try {
+        step();
+    } catch (const std::bad_alloc& e) {
+        throw_bookkeeping_out_of_memory(e, what);
+    }
+}
+
 // "281474976710656 bytes (256.0 TiB)": the exact count for scripts, a readable one for people.
 std::string describe_bytes(std::int64_t bytes);
 

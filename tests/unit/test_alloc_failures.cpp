@@ -531,6 +531,16 @@ TEST(AllocFailures, GemmRefusedPackedWeightIsOutOfMemory) {
     }
 }
 
+// A refusal is attn::OutOfMemory saying what it could not allocate and its bytes ("out of memory:
+// cannot allocate N bytes (…) for <what>", the reference's "… N bytes (…) per thread …"), never a
+// bare std::bad_alloc, which names nothing.
+void expect_out_of_memory(const std::bad_alloc& e) {
+    const std::string m = e.what();
+    EXPECT_NE(dynamic_cast<const attn::OutOfMemory*>(&e), nullptr) << "a bare std::bad_alloc: " << m;
+    EXPECT_EQ(m.rfind("out of memory: ", 0), 0u) << m;
+    EXPECT_NE(m.find(" bytes"), std::string::npos) << m;
+}
+
 // A flash backward whose keys are split into chunks: B·Hkv = 1 (two query heads sharing one KV
 // head) and 197 keys, 4 key blocks of 64. backward_chunks asks for split_target(8) / (B·Hkv) >= 8
 // chunks on any machine and at most one per key block: 4 chunks whatever the CPU count (this
@@ -590,8 +600,9 @@ struct ChunkedBackwardCase {
 };
 
 // Every allocation of a several-chunk backward refused in turn — the calling thread's (the dQ
-// partials among them), then a worker thread's inside the region — is a std::bad_alloc (an
-// attn::OutOfMemory naming the buffer and its bytes for the large ones), never std::terminate;
+// partials among them), then a worker thread's inside the region — is an attn::OutOfMemory naming
+// the buffer (and its bytes: all but the checks' and the report's few hundred bytes, which were a
+// bare std::bad_alloc), never std::terminate;
 // dq, dk, dv and dsinks are not written (the call sizes every buffer before it writes; no NaN or
 // ±inf here, so no task sizes a copy); and the next call on that thread, which reuses whatever the
 // refused call kept (its partials, its threads' buffers), gives the bits of a call never refused.
@@ -668,9 +679,46 @@ TEST(AllocFailures, FlashBackwardSeveralChunksRefusalsWriteNothingAndLeaveNothin
             [&](const std::bad_alloc& e) {
                 said = e.what();
                 out_of_memory += dynamic_cast<const attn::OutOfMemory*>(&e) != nullptr;
+                expect_out_of_memory(e);
             });
         EXPECT_GT(failures, 0);
-        EXPECT_GT(out_of_memory, 0) << "no refusal named its buffer";
+        EXPECT_EQ(out_of_memory, failures) << "a refusal was a bare std::bad_alloc";
+        EXPECT_EQ(c.gradient_bits(), want);
+    }).join();
+}
+
+// The reference backward (impl = reference, or float64 inputs) on the same chunked case: each
+// allocation refused in turn — the checks' and the report's, the reference's per-thread buffers,
+// its sink gradients — is attn::OutOfMemory naming what it could not allocate (the checks and the
+// report text, the sink gradients and the list of per-thread buffers were bare std::bad_alloc), and
+// no gradient is written; a call never refused then gives the gradients of a call on a fresh thread.
+TEST(AllocFailures, ReferenceBackwardRefusalsAreOutOfMemoryAndWriteNothing) {
+    ChunkedBackwardCase c(100);
+    c.opt.impl = attn::Impl::reference;
+    const std::vector<unsigned char> want = c.fresh_bits(1);
+    ASSERT_EQ(c.report.kernel, "reference-backward");
+    std::thread([&] {
+        const attn::ScopedNumThreads one(1);
+        int out_of_memory = 0, bookkeeping = 0, named_buffers = 0;
+        std::string said;
+        c.poison_gradients();
+        const int failures = sweep(
+            [&] { c.backward(); },
+            [&](long n) {
+                EXPECT_TRUE(c.gradients_poisoned()) << "allocation " << n << ": " << said;
+                c.poison_gradients();
+            },
+            [&](const std::bad_alloc& e) {
+                said = e.what();
+                out_of_memory += dynamic_cast<const attn::OutOfMemory*>(&e) != nullptr;
+                expect_out_of_memory(e);
+                bookkeeping += said.find("sdpa_backward's argument checks and report text; nothing was written") != std::string::npos;
+                named_buffers += said.find("the reference backward's") != std::string::npos;
+            });
+        EXPECT_GT(failures, 0);
+        EXPECT_EQ(out_of_memory, failures) << "a refusal was a bare std::bad_alloc";
+        EXPECT_GT(bookkeeping, 0) << "no refusal of the checks' or the report's allocations was seen";
+        EXPECT_EQ(named_buffers, 2) << "the sink gradients and the list of per-thread buffers, one refusal each";
         EXPECT_EQ(c.gradient_bits(), want);
     }).join();
 }

@@ -9,6 +9,7 @@
 #include <omp.h>
 
 #include "attn/error.hpp"
+#include "../../core/allocate.hpp"
 #include "../../core/dropout.hpp"
 #include "../../core/interrupt.hpp"
 #include "../../core/parallel_for.hpp"
@@ -60,9 +61,11 @@ void reference_backward(const BackwardProblem& bp) {
     const std::int64_t Lq = p.Lq, Lk = p.Lk, Dk = p.Dk, Dv = p.Dv;
     const std::int64_t tasks = p.B * p.Hkv;
     // dσ per (b, h), summed over b at the end in order (deterministic).
-    std::vector<double> dsinks(static_cast<std::size_t>(p.B * p.Hq), 0.0);
+    std::vector<double> dsinks;
+    resize_or_throw(dsinks, p.B * p.Hq, "the reference backward's sink gradients of every (batch, head)");  // zeros
     const int threads = team_size(tasks);
-    std::vector<TaskBuffers> buffers(static_cast<std::size_t>(threads));  // empty until reserved here:
+    std::vector<TaskBuffers> buffers;
+    resize_or_throw(buffers, threads, "the reference backward's list of per-thread buffers");  // empty until reserved here:
     for (TaskBuffers& w : buffers) reserve_task_buffers(p, w);             // every one before any write
     // The caller's flag (interrupt.hpp), read once per query row as the forward's steps read it:
     // one head can take minutes.
