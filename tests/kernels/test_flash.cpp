@@ -1141,6 +1141,45 @@ TEST(FlashDispatch, IsaEnvironmentOverride) {
     }
 }
 
+// Every score of a long row equal (s0: q = e_0, every key s0·e_0, scale 1), so the max never changes
+// after the first key block and each block's rescale α = 2^(U_old − U) must be exactly 1: then
+// every weight is the same float w = 2^(s0·log2 e − U) (within exp2's 2.5e-7), l their sum (n equal
+// terms: within a few ulp of n·w) and lse = s0 + ln n within 4 ulp. GCC's default contraction had
+// fused the avx2 and avx512 softmaxes' U_old = fl(m_old·log2 e) with the subtract (one FMA), so α
+// was 2^r, r the rounding of U_old (up to 2^-17 at |s0| < 2^8), once per block: over 2048 blocks of
+// 64 keys lse drifted by 2048·r·ln 2 (measured at 32768 keys: 4–6 ulp, out 10–25× its error). The
+// portable row, without FMA, never did. (docs/conventions.md, "Numerics and threads".)
+TEST(FlashFixed, EqualScoresOverManyBlocksKeepLseExact) {
+    constexpr std::int64_t Lq = 4, Lk = 131072, D = 16;
+    for (const float s0 : {37.9f, 100.3f, 200.7f, -150.1f}) {
+        Tensor q(DType::f32, Shape{1, 1, Lq, D}, true), k(DType::f32, Shape{1, 1, Lk, D}, true);
+        Tensor v(DType::f32, Shape{1, 1, Lk, D}, true);
+        for (std::int64_t i = 0; i < Lq; ++i) q.data_as<float>()[i * D] = 1.0f;
+        for (std::int64_t j = 0; j < Lk; ++j) {
+            k.data_as<float>()[j * D] = s0;
+            v.data_as<float>()[j * D + j % D] = 1.0f;  // out = the mean of the V rows: 1/D in each column
+        }
+        SdpaOptions opt;
+        opt.impl = Impl::flash;
+        opt.scale = 1.0;
+        const double want = static_cast<double>(s0) + std::log(static_cast<double>(Lk));
+        for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+            const detail::ScopedKernelSet use(*row);
+            Tensor o = test::poisoned(DType::f32, Shape{1, 1, Lq, D}), lse = test::poisoned(DType::f32, Shape{1, 1, Lq});
+            const TensorView lv = lse.view();
+            sdpa(q, k, v, opt, o, &lv);
+            const float w = static_cast<float>(want);
+            const double ulp = std::nextafter(w, std::numeric_limits<float>::infinity()) - w;
+            for (std::int64_t i = 0; i < Lq; ++i) {
+                EXPECT_LE(std::abs(lse.data_as<float>()[i] - want), 4 * ulp)
+                    << "s0 = " << s0 << " [" << detail::isa_name(row->isa) << "] row " << i << ": lse " << lse.data_as<float>()[i]
+                    << ", want " << want;
+                EXPECT_NEAR(o.data_as<float>()[i * D], 1.0 / D, 1e-6) << "s0 = " << s0 << " [" << detail::isa_name(row->isa) << "]";
+            }
+        }
+    }
+}
+
 // The avx512 row exists exactly when the CPU (and OS) has AVX-512 F+VL+BW+DQ, and then it
 // is among the rows every test above runs; elsewhere this says so.
 TEST(FlashDispatch, Avx512RowWhenCpuHasIt) {

@@ -7,6 +7,7 @@
 #include "../simd/exp2_avx2.hpp"
 #include "flash_driver.hpp"
 #include "../simd/half_avx2.hpp"
+#include "../simd/rounded.hpp"
 
 namespace attn::detail {
 namespace flash_avx2_ns {
@@ -137,7 +138,8 @@ struct Avx2Ops {
             const bool fused =
                 _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), use), below, _CMP_NLT_UQ)) == 0;
             const __m256 u = fused ? _mm256_mul_ps(use, l2e) : use;
-            const __m256 al = exp2_ps(fused ? _mm256_sub_ps(_mm256_mul_ps(mold, l2e), u)
+            // U_old rounded on its own (simd/rounded.hpp): GCC fused it with the subtract, α ≠ 1 at an unchanged max.
+            const __m256 al = exp2_ps(fused ? _mm256_sub_ps(rounded(_mm256_mul_ps(mold, l2e)), u)
                                             : _mm256_mul_ps(_mm256_sub_ps(mold, u), l2e));
             const __m256 sum0 =
                 fused ? exp_column(s + c, ldS, nk, [&](__m256 x) { return _mm256_fmsub_ps(x, l2e, u); })

@@ -334,7 +334,8 @@ struct Avx512Ops {
                                                    : column_max16(s, ldS, nk, c, mold);
             const bool fused = _mm512_cmp_ps_mask(_mm512_abs_ps(cm.use), fused_below, _CMP_NLT_UQ) == 0;
             const __m512 u = fused ? _mm512_mul_ps(cm.use, l2e) : cm.use;
-            const __m512 al = exp2_ps512(fused ? _mm512_sub_ps(_mm512_mul_ps(mold, l2e), u)
+            // U_old rounded on its own (_round: GCC fused a plain multiply with the subtract, α ≠ 1 at an unchanged max).
+            const __m512 al = exp2_ps512(fused ? _mm512_sub_ps(_mm512_mul_round_ps(mold, l2e, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), u)
                                                : _mm512_mul_ps(_mm512_sub_ps(mold, u), l2e));
             __m512 sum = _mm512_setzero_ps();
             if (fused) sum = exp_column(s + c, ldS, nk, [&](__m512 x) { return _mm512_fmsub_ps(x, l2e, u); });

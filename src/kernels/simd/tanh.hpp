@@ -63,8 +63,10 @@ typedef std::int32_t vint __attribute__((vector_size(4 * kTanhLanes)));
 inline constexpr float kTanhTwoLog2e = 2.8853900817779268f;  // 2·log2 e: y = kTanhTwoLog2e·|x|
 
 #if defined(__AVX512F__)
-// AVX-512, in intrinsics so that every a·b + c is one FMA (the library is ISO C++: no
-// contraction of vector-extension expressions) and the range reduction is reduce/scalef:
+// AVX-512, in intrinsics so that every a·b + c is one FMA whatever GCC's contraction does (it
+// fuses vector-extension expressions too, where the file has FMA: the avx2 copy below in the avx2
+// files, not the portable one; docs/conventions.md, "Numerics and threads") and the range
+// reduction is reduce/scalef:
 // 18 instructions per 16 lanes. y = 2·log2 e·|x| (or NaN); the sign is taken from sign_of.
 // always_inline: GCC kept it out of line (one call per vector), and a call clobbers every
 // vector register — the flash micro-kernel's 16 accumulators were spilled around each call.
