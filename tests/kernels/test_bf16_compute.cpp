@@ -560,13 +560,14 @@ TEST(Bf16Compute, RoundsPToBf16) {
 }
 
 // The bf16 path's exp2 (bf16_dot.hpp, exp2_bf16): relative error ≤ kExpErr against the double
-// 2^x on a dense sweep of [−126, 0] (the softmax's arguments: score − max ≤ 0), the special
-// values, and more than the degree-2 polynomial's 1.96e-3 would allow, so a cheaper one fails.
+// 2^x on a dense sweep of [−126, 8] (the softmax's arguments: (score − m)·log2 e ≤ 8, m the lazy
+// running max), the special values, and more than the degree-4 polynomial's 2.8e-6 — the
+// degree-3 one the bound was derived for (a degree-2 one, 1.96e-3, fails the bound).
 TEST(Bf16Compute, Exp2Bf16WithinBound) {
     ATTN_NEED_BF16();
     const int n = 1 << 21;
     std::vector<float> x(n), y(n, std::nanf(""));
-    for (int i = 0; i < n; ++i) x[i] = static_cast<float>(-126.0 * i / (n - 1));
+    for (int i = 0; i < n; ++i) x[i] = static_cast<float>(8.0 - 134.0 * i / (n - 1));
     detail::flash_bf16_avx512_ns::exp2_bf16(x.data(), y.data(), n);
     double worst = 0;
     for (int i = 0; i < n; ++i) {
@@ -580,6 +581,12 @@ TEST(Bf16Compute, Exp2Bf16WithinBound) {
     }
     std::printf("exp2_bf16: worst relative error %.3g (bound %.3g)\n", worst, kExpErr);
     EXPECT_GT(worst, 1e-5) << "not the degree-3 polynomial the bound was derived for";
+    const float ints[] = {1.0f, 8.0f, -3.0f};  // p(0) = 1: 2^n exactly at integers, positive ones too (the lazy max)
+    float got[3];
+    detail::flash_bf16_avx512_ns::exp2_bf16(ints, got, 3);
+    EXPECT_EQ(got[0], 2.0f);
+    EXPECT_EQ(got[1], 256.0f);
+    EXPECT_EQ(got[2], 0.125f);
     const float special[] = {0.0f, -0.0f, -126.5f, -127.0f, -1000.0f, -INFINITY, std::nanf("")};
     float out[7];
     detail::flash_bf16_avx512_ns::exp2_bf16(special, out, 7);
@@ -587,6 +594,59 @@ TEST(Bf16Compute, Exp2Bf16WithinBound) {
     EXPECT_EQ(out[1], 1.0f);
     for (int i = 2; i < 6; ++i) EXPECT_EQ(out[i], 0.0f) << special[i];
     EXPECT_TRUE(std::isnan(out[6]));
+}
+
+// The lazy rescale (flash_avx512_bf16.cpp, lazy_max): a second key block whose max passes the
+// running max by at most 8·ln 2 leaves m as it was and α exactly 1 — its weights then reach
+// 2^8, not 1 — and one that passes it by more moves m to the new max (α < 1). Either way the
+// normalised weights over both blocks (block 1's P·α and block 2's P, over l) are the double
+// softmax of the same scores within the exp's error in P and in l, and l ≥ 1.
+TEST(Bf16Compute, LazyRescaleMovesTheMaxOnlyPast8Bits) {
+    ATTN_NEED_BF16();
+    const int nk = 24, ncols = 32, ld = 32;
+    const double slack = 8 * std::log(2.0);
+    std::mt19937_64 rng(23);
+    std::uniform_real_distribution<float> below(-3.0f, 0.0f);
+    alignas(64) float s1[nk * ld], s2[nk * ld], m[ncols], l[ncols], a[ncols];
+    std::vector<float> d(ncols), sc1(nk * ld), sc2(nk * ld);
+    for (int q = 0; q < ncols; ++q)  // block 2's max over block 1's (0): below the slack, then past it
+        d[q] = static_cast<float>(q < 16 ? slack * q / 16.0 : slack * (1.0 + (q - 15) / 16.0));
+    d[15] = static_cast<float>(slack) * (1 - 0x1p-20f);  // just below
+    for (int j = 0; j < nk; ++j)
+        for (int q = 0; q < ncols; ++q) {
+            s1[j * ld + q] = j == 2 ? 0.0f : below(rng);
+            s2[j * ld + q] = j == 5 ? d[q] : below(rng) + d[q] - 3.0f;
+        }
+    std::memcpy(sc1.data(), s1, sizeof s1);
+    std::memcpy(sc2.data(), s2, sizeof s2);
+    for (int q = 0; q < ncols; ++q) m[q] = -INFINITY, l[q] = 0.0f;
+    detail::flash_bf16_avx512_ns::softmax_bf16(s1, ld, nk, ncols, m, l, a, nullptr, ld, true);  // s1 ← P
+    for (int q = 0; q < ncols; ++q) ASSERT_EQ(m[q], 0.0f) << "block 1 sets m to its max, column " << q;
+    detail::flash_bf16_avx512_ns::softmax_bf16(s2, ld, nk, ncols, m, l, a, nullptr, ld, true);  // s2 ← P
+    for (int q = 0; q < ncols; ++q) {
+        double pmax = 0;
+        for (int j = 0; j < nk; ++j) pmax = std::max(pmax, static_cast<double>(s2[j * ld + q]));
+        if (q < 16) {
+            EXPECT_EQ(m[q], 0.0f) << "m moved by " << d[q] << " ≤ 8·ln 2, column " << q;
+            EXPECT_EQ(a[q], 1.0f) << "column " << q;
+            EXPECT_NEAR(pmax, std::exp(static_cast<double>(d[q])), std::exp(static_cast<double>(d[q])) * kExpErr) << q;
+        } else {
+            EXPECT_EQ(m[q], d[q]) << "m stayed although the max moved by " << d[q] << ", column " << q;
+            EXPECT_LT(a[q], 1.0f / 256) << "column " << q;
+            EXPECT_EQ(pmax, 1.0) << "column " << q;
+        }
+        EXPECT_GE(l[q], 1.0f) << "column " << q;
+        // The double softmax over both blocks against P·α / l (block 1) and P / l (block 2).
+        double top = 0, sum = 0;
+        for (int j = 0; j < nk; ++j) top = std::max({top, static_cast<double>(sc1[j * ld + q]), static_cast<double>(sc2[j * ld + q])});
+        for (int j = 0; j < nk; ++j) sum += std::exp(sc1[j * ld + q] - top) + std::exp(sc2[j * ld + q] - top);
+        const double tol = 2 * kExpErr + 64 * kU;
+        for (int j = 0; j < nk; ++j) {
+            const double w1 = std::exp(sc1[j * ld + q] - top) / sum, w2 = std::exp(sc2[j * ld + q] - top) / sum;
+            EXPECT_NEAR(static_cast<double>(s1[j * ld + q]) * a[q] / l[q], w1, w1 * tol) << "block 1, key " << j << ", column " << q;
+            EXPECT_NEAR(static_cast<double>(s2[j * ld + q]) / l[q], w2, w2 * tol) << "block 2, key " << j << ", column " << q;
+        }
+    }
 }
 
 // The AMX path's unscaled Sᵀ (bf16_dot.hpp, softmax_bf16's raw_scale): the softmax on the raw

@@ -42,8 +42,10 @@ void pack_pairs_bf16(const float* src, std::int64_t ld, std::int64_t n, std::int
                      std::int64_t ld_dst);
 
 // The online-softmax update of one key block on the bf16 path: as Avx512Ops::softmax
-// (flash_avx512.cpp; m, l, alpha per column, Sᵀ (nk, ldS) in, 16 columns at a time), but each
-// weight from exp2_bf16 below instead of the float32 exp2 (α keeps the float32 one: an error
+// (flash_avx512.cpp; m, l, alpha per column, Sᵀ (nk, ldS) in, 16 columns at a time), but m moves
+// only where the block's max passes it by more than 8 in base 2 (the lazy rescale: elsewhere
+// α = 1 and the weights, ≤ 2^8, are taken against the old m; flash_avx512_bf16.cpp, lazy_max), and
+// each weight from exp2_bf16 below instead of the float32 exp2 (α keeps the float32 one: an error
 // there would compound over the key blocks in l, see exp2_bf16), and the weights leave as bf16
 // pair words pp[j/2][c] = (bf16(P[j][c]), bf16(P[j+1][c])) (ldP words a row, 64-byte aligned; a
 // zero element past an odd nk) — the rounding pack_pairs_bf16 does, without a second pass over
@@ -62,8 +64,9 @@ void softmax_bf16(float* s, int ldS, int nk, int ncols, float* m, float* l, floa
                   bool keep_f32, const float* colmax = nullptr, float raw_scale = 0.0f);
 
 // 2^x for n values, the exp of softmax_bf16 (for tests: tests/kernels/test_bf16_compute.cpp).
-// Degree-3 polynomial on the reduced argument: relative error ≤ 1.05e-4 (< 2^-13) on x ≤ 0,
-// where softmax_bf16 uses it; exactly 0 below −126 and for −inf, NaN stays NaN, 2^0 = 1.
+// Degree-3 polynomial on the reduced argument: relative error ≤ 1.05e-4 (< 2^-13) on x ≤ 8,
+// where softmax_bf16 uses it; exactly 0 below −126 and for −inf, NaN stays NaN, 2^n exact at
+// integers n (2^0 = 1). softmax_bf16 hands its exp x + 1/2 from its FMA; this adds the 1/2.
 void exp2_bf16(const float* x, float* y, int n);
 
 }  // namespace attn::detail::flash_bf16_avx512_ns

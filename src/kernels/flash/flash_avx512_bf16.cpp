@@ -151,45 +151,52 @@ inline __m512i pair_words(__m512 a, __m512 b, __m512i idx) {
     return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(b, a));
 }
 
-// 2^x for the weights of the bf16 path (x = (s − max)·log2 e ≤ 0, or −inf, or NaN).
+// 2^x for the weights of the bf16 path, given xh = x + 1/2 (the softmax's exponent forms add
+// the 1/2 in the FMA they already make; x = (s − m)·log2 e ≤ 8 — m the running max, which the
+// lazy rescale lets lag the scores by up to 8 in base 2 (softmax_bf16) — or −inf, or NaN).
 // Why degree 3: each weight is rounded to bf16 right after (relative error ≤ u = 2^-8, 8
 // significant bits), so the exp needs an error well below u, not float32's 2^-24. The
 // relative-error minimax polynomials of 2^f on f ∈ [−0.5, 0.5] with p(0) = 1 (so the row's
 // maximum gets exactly 1) reach 1.96e-3 (degree 2: half of u, it would double the rounding
-// error), 1.01e-4 (degree 3: 2^-13.3, u/39) and 2.8e-6 (degree 4): degree 3 is the lowest
-// whose error disappears under the rounding. With float32 Horner and coefficients: ≤ 1.05e-4,
-// checked on a dense sweep by test_bf16_compute.cpp. f = x − round(x) is one vreduceps and
-// 2^n·p one vscalefps (exact), against the float32 exp2's clamp, round, subtract, six FMAs,
-// convert, shift and add. x < −126 → 0 exactly (the float32 exp2's rule: a zero weight keeps
-// 0·inf out of P·V); −inf → 0; NaN → NaN (the mask keeps unordered lanes). ZeroBelow = false:
-// x in [−149, −126) gives the float32 denormal 2^x instead of 0 (one compare fewer), for weights
-// that leave only as bf16 pairs and in l: vcvtne2ps2bf16 flushes a denormal to 0, so Pᵀ has the
-// same bits, and l ≥ 1 (its max's weight) does not move by < 2^-126 per key.
+// error), 1.01e-4 (degree 3: 2^-13.3, u/39) and 2.8e-6 (degree 4): degree 3 is the lowest whose
+// error disappears under the rounding. By floor, as the float32 exp2 (simd/exp2_avx512.hpp):
+// g = xh − ⌊xh⌋ ∈ [0, 1) is one vreduceps (round down), p̃(g) = p(g − 1/2) ≈ 2^(g − 1/2) (the same
+// fit re-expanded in g, p̃(1/2) = 1 exactly in float32), and vscalefps multiplies by 2^⌊xh⌋
+// itself (it floors its second operand): p̃(g)·2^⌊xh⌋ = 2^x. No n = x − round(x) as before — one
+// subtract fewer per 16 weights (kernels-lab fwd-23) — and, the 1/2 shift kept, the same breaks
+// as before at half-integers x, none at x = 0 (the max). With float32 Horner and coefficients:
+// ≤ 1.02e-4, checked on a dense sweep by test_bf16_compute.cpp. x < −126 → 0 exactly (the
+// float32 exp2's rule: a zero weight keeps 0·inf out of P·V); −inf → 0 (vreduceps gives 0 for
+// ±inf, 2^−inf = 0); NaN → NaN (the mask keeps unordered lanes). ZeroBelow = false: x in
+// [−149, −126) gives the float32 denormal 2^x instead of 0 (one compare fewer), for weights that
+// leave only as bf16 pairs and in l: vcvtne2ps2bf16 flushes a denormal to 0, so Pᵀ has the same
+// bits, and l ≥ 1 (its max's weight) does not move by < 2^-126 per key.
 template <bool ZeroBelow = true>
-inline __m512 exp2_bf16_ps(__m512 x) {
-    const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEAREST_INT);  // x − round-to-nearest-even(x), exact
-    const __m512 n = _mm512_sub_ps(x, f);                              // exact; −inf stays −inf (f = 0)
-    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(0.05500892922282219f), f, _mm512_set1_ps(0.2422109693288803f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6932829022407532f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    if constexpr (!ZeroBelow) return _mm512_scalef_ps(p, n);
-    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(exp2poly::kMin), _CMP_NLT_UQ);
-    return _mm512_maskz_scalef_ps(keep, p, n);
+inline __m512 exp2_bf16_ps(__m512 xh) {
+    // xh − ⌊xh⌋ (just below an integer it may round to 1: p̃(1)·2^⌊xh⌋ is 2^x within the fit's error)
+    const __m512 g = _mm512_reduce_ps(xh, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(0.05500892922282219f), g, _mm512_set1_ps(0.15969757735729218f));
+    p = _mm512_fmadd_ps(p, g, _mm512_set1_ps(0.4923286437988281f));
+    p = _mm512_fmadd_ps(p, g, _mm512_set1_ps(0.7070351839065552f));
+    if constexpr (!ZeroBelow) return _mm512_scalef_ps(p, xh);
+    const __mmask16 keep = _mm512_cmp_ps_mask(xh, _mm512_set1_ps(exp2poly::kMin + 0.5f), _CMP_NLT_UQ);
+    return _mm512_maskz_scalef_ps(keep, p, xh);
 }
 
 }  // namespace
 
 void exp2_bf16(const float* x, float* y, int n) {
+    const __m512 half = _mm512_set1_ps(0.5f);
     for (int i = 0; i < n; i += 16) {
         const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
-        _mm512_mask_storeu_ps(y + i, m, exp2_bf16_ps(_mm512_maskz_loadu_ps(m, x + i)));
+        _mm512_mask_storeu_ps(y + i, m, exp2_bf16_ps(_mm512_add_ps(_mm512_maskz_loadu_ps(m, x + i), half)));
     }
 }
 
 namespace {
 
 // One 16-column group of softmax_bf16 once its new max is known: the weights 2^x(s) of nk rows,
-// x = exponent(the Sᵀ entry) (the forms below), their sum into l, Pᵀ pairs and/or the float32 P
+// x + 1/2 = exponent(the Sᵀ entry) (the forms below), their sum into l, Pᵀ pairs and/or the float32 P
 // (KeepF32: keep_f32; without it the weights below 2^-126 may stay denormal, exp2_bf16_ps).
 template <bool KeepF32, class Exponent>
 inline void softmax_columns(float* s, int ldS, int nk, int c, ColumnMax cm, __m512 al, float* m, float* l,
@@ -219,6 +226,26 @@ inline void softmax_columns(float* s, int ldS, int nk, int c, ColumnMax cm, __m5
 
 }  // namespace
 
+namespace {
+
+// The lazy rescale (FlashAttention-4's): the running max m moves only in a column whose new max
+// `seen` (max(m_old, the block's)) passes m_old by more than 8·ln 2, so a weight 2^x,
+// x = (s − m)·log2 e, stays below 2^8 (to the roundings of seen − m_old and of x: a few units of
+// 2^-24 in the exponent); elsewhere m_old stays, α = 2^0 = 1 exactly, and pv skips α·Oᵀ (both
+// bf16 paths multiply only where α ≠ 1) — on random scores, once the first block has set m,
+// almost always. A weight then lies in [0, 2^8], not [0, 1]: its bf16 rounding is relative, so
+// the bound is the same (docs/conventions.md, "bf16 compute"); the max key's weight is still ≥ 1
+// (m never passes the scores' max), so l ≥ 1 (finite.hpp); O = Oᵀ/l and lse = m + ln l hold for
+// any m that l and Oᵀ share. Where m_old or seen is ±inf or NaN the difference is NaN or +inf
+// (seen ≥ m_old), the compare false: m becomes seen, as without the rule.
+inline __m512 lazy_max(__m512 mold, __m512 seen) {
+    const __m512 slack = _mm512_set1_ps(8.0f * 0.6931471805599453f);  // 8 in base 2
+    const __mmask16 keep = _mm512_cmp_ps_mask(_mm512_sub_ps(seen, mold), slack, _CMP_LE_OQ);
+    return _mm512_mask_mov_ps(seen, keep, mold);
+}
+
+}  // namespace
+
 void softmax_bf16(float* s, int ldS, int nk, int ncols, float* m, float* l, float* alpha, std::uint32_t* pp, int ldP,
                   bool keep_f32, const float* colmax, float raw_scale) {
     constexpr float kLog2e = 1.4426950408889634f;
@@ -228,35 +255,38 @@ void softmax_bf16(float* s, int ldS, int nk, int ncols, float* m, float* l, floa
         const __m512 mold = _mm512_load_ps(m + c);
         // Unscaled: the block's max scaled once — c·max_j s_j is max_j c·s_j, each rounded as qk
         // would have rounded it (c > 0: rounding is monotone), so m keeps the scaled path's bits.
-        const ColumnMax cm = colmax == nullptr ? column_max16(s, ldS, nk, c, mold)
-                             : raw_scale > 0.0f ? column_max_of(_mm512_max_ps(mold, _mm512_mul_ps(_mm512_load_ps(colmax + c), vc)))
-                                                : column_max_of(_mm512_max_ps(mold, _mm512_load_ps(colmax + c)));
+        const __m512 seen = colmax == nullptr ? column_max16(s, ldS, nk, c, mold).max
+                            : raw_scale > 0.0f ? _mm512_max_ps(mold, _mm512_mul_ps(_mm512_load_ps(colmax + c), vc))
+                                               : _mm512_max_ps(mold, _mm512_load_ps(colmax + c));
+        const ColumnMax cm = column_max_of(lazy_max(mold, seen));
         const __m512 use = cm.use;
         const __m512 al = exp2_ps512(_mm512_mul_ps(_mm512_sub_ps(mold, use), l2e));
         auto columns = [&](auto exponent) __attribute__((always_inline)) {
             if (keep_f32) softmax_columns<true>(s, ldS, nk, c, cm, al, m, l, alpha, pp, ldP, exponent);
             else softmax_columns<false>(s, ldS, nk, c, cm, al, m, l, alpha, pp, ldP, exponent);
         };
+        // Each form gives exp2_bf16_ps x + 1/2, the 1/2 added in the FMA it makes anyway.
+        const __m512 half = _mm512_set1_ps(0.5f);
         if (raw_scale > 0.0f) {
-            // x = s·(c·log2 e) − use·log2 e: one FMA for the scale, the subtract and the multiply.
-            // Its roundings differ from the scores' (c·s rounded, then use subtracted: exactly 0
-            // for the max): |Δx| ≤ 3·2^-24·|use·log2 e|, a relative 3·2^-24·|use| in each weight.
-            // Up to |use| = 2^8 that is ≤ 4.6e-5, under half the exp's ε (1.05e-4); past it (large
-            // scores, huge scales — the max's weight would leave 1 — and use·log2 e overflowing
-            // past 2^127 / log2 e) the scores are formed first, as qk would have formed them:
-            // (s·c − use)·log2 e, the scaled path's bits. ±inf and NaN maxima take the FMA: the
-            // same −inf, 0 or NaN either way.
-            const __m512 nu = _mm512_mul_ps(use, _mm512_set1_ps(-kLog2e));
+            // x + 1/2 = s·(c·log2 e) + (1/2 − use·log2 e): one FMA for the scale, the subtract and
+            // the multiply. Its roundings differ from the scores' (c·s rounded, then use
+            // subtracted: exactly 0 for the max): |Δx| ≤ 3·2^-24·(|use·log2 e| + 1), a relative
+            // ≈ 3·2^-24·|use| in each weight. Up to |use| = 2^8 that is ≤ 4.6e-5, under half the
+            // exp's ε (1.05e-4); past it (large scores, huge scales — the max's weight would leave
+            // 1 — and use·log2 e overflowing past 2^127 / log2 e) the scores are formed first, as
+            // qk would have formed them: (s·c − use)·log2 e + 1/2, the scaled path's bits. ±inf
+            // and NaN maxima take the FMA: the same −inf, 0 or NaN either way.
+            const __m512 nu = _mm512_fmadd_ps(use, _mm512_set1_ps(-kLog2e), half);
             const __mmask16 large = _mm512_cmp_ps_mask(_mm512_abs_ps(use), _mm512_set1_ps(0x1p8f), _CMP_GT_OQ) &
                                     ~_mm512_fpclass_ps_mask(use, 0x18);  // |use| > 2^8, not ±inf
             if (large == 0) columns([&](__m512 x) __attribute__((always_inline)) { return _mm512_fmadd_ps(x, vcl, nu); });
-            else  // the score rounded on its own: GCC contracts a plain mul and sub into an FMA
+            else  // the score rounded on its own: GCC would contract a plain multiply into the next op
                 columns([&](__m512 x) __attribute__((always_inline)) {
                     const __m512 score = _mm512_mul_round_ps(x, vc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                    return _mm512_mul_ps(_mm512_sub_ps(score, use), l2e);
+                    return _mm512_fmadd_ps(_mm512_sub_ps(score, use), l2e, half);
                 });
         } else {
-            columns([&](__m512 x) __attribute__((always_inline)) { return _mm512_mul_ps(_mm512_sub_ps(x, use), l2e); });
+            columns([&](__m512 x) __attribute__((always_inline)) { return _mm512_fmadd_ps(_mm512_sub_ps(x, use), l2e, half); });
         }
     }
 }
