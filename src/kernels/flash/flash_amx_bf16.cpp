@@ -54,13 +54,15 @@ inline __m512 max_of_rows(const float* s, int ldS, __m512 mx) {
 
 // C tile I (0..3, a literal: it is pasted into the instruction) to Sᵀ at st, and mx = max(mx,
 // the stored values) per column: a whole tile (rows == 16) unscaled (c2 == 1) straight from the
-// tile register, its max read back from L1; else staged in cbuf slot I and stored times c2,
-// the first `rows` rows only. (A macro: _tile_stored takes the tile number as a literal.)
-#define ATTN_STORE_S_TILE(I, rows, st, mx)                                         \
+// tile register, its max read back from L1 later (`late`: qk_amx reads it while the next pair's
+// products run — right after the store the loads would wait for it); else staged in cbuf slot I
+// and stored times c2, the first `rows` rows only, its max taken on the way. (A macro:
+// _tile_stored takes the tile number as a literal.)
+#define ATTN_STORE_S_TILE(I, rows, st, mx, late)                                   \
     do {                                                                           \
         if ((rows) == 16 && c2 == 1.0f) {                                          \
             _tile_stored(I, st, static_cast<long>(ldS) * 4);                       \
-            mx = max_of_rows(st, ldS, mx);                                         \
+            late = true;                                                           \
         } else {                                                                   \
             _tile_stored(I, cbuf + (I) * kTile, 64);                               \
             mx = store_scaled(cbuf + (I) * kTile, rows, vc, st, ldS, mx);          \
@@ -103,6 +105,20 @@ void qk_amx(const std::uint32_t* qt, int Dq, int panels, const std::uint16_t* k,
     for (int pn = 0; pn < panels; ++pn) {
         const std::uint32_t* q = qt + static_cast<std::int64_t>(pn) * Dq * 32;
         __m512 mx0 = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), mx1 = mx0;  // the panel's two 16-query halves
+        // The previous pair's tiles stored straight from the registers, their max not yet read:
+        // key tile rows at late_st (tiles 0, 1) and late_st + 16 rows (tiles 2, 3).
+        const float* late_st = nullptr;
+        bool late0 = false, late1 = false;
+        auto read_late = [&] {
+            if (late0) {
+                mx0 = max_of_rows(late_st, ldS, mx0);
+                mx1 = max_of_rows(late_st + 16, ldS, mx1);
+            }
+            if (late1) {
+                mx0 = max_of_rows(late_st + 16 * ldS, ldS, mx0);
+                mx1 = max_of_rows(late_st + 16 * ldS + 16, ldS, mx1);
+            }
+        };
         for (int t = 0; t < ktiles; t += 2) {
             const bool two = t + 1 < ktiles;
             long s0 = 0, s1 = 0;
@@ -114,17 +130,21 @@ void qk_amx(const std::uint32_t* qt, int Dq, int panels, const std::uint16_t* k,
             _tile_zero(3);
             for (int ds = 0; ds < dsteps; ++ds)  // B: pair rows 16·ds.. of the panel (128-byte rows)
                 step_2x2(q + ds * 16 * 32, 128, a0 + ds * 32, s0, two ? a1 + ds * 32 : nullptr, s1, two);
+            read_late();  // the last pair's max, while this pair's products run
             // Only the rows of real keys reach Sᵀ (nk rows, not necessarily a multiple of 16).
             float* st = s + static_cast<std::int64_t>(t) * 16 * ldS + pn * 32;
+            late_st = st;
+            late0 = late1 = false;
             const int r0 = nk - t * 16 < 16 ? nk - t * 16 : 16;
-            ATTN_STORE_S_TILE(0, r0, st, mx0);
-            ATTN_STORE_S_TILE(1, r0, st + 16, mx1);
+            ATTN_STORE_S_TILE(0, r0, st, mx0, late0);
+            ATTN_STORE_S_TILE(1, r0, st + 16, mx1, late0);
             if (two) {
                 const int r1 = nk - (t + 1) * 16 < 16 ? nk - (t + 1) * 16 : 16;
-                ATTN_STORE_S_TILE(2, r1, st + 16 * ldS, mx0);
-                ATTN_STORE_S_TILE(3, r1, st + 16 * ldS + 16, mx1);
+                ATTN_STORE_S_TILE(2, r1, st + 16 * ldS, mx0, late1);
+                ATTN_STORE_S_TILE(3, r1, st + 16 * ldS + 16, mx1, late1);
             }
         }
+        read_late();
         _mm512_store_ps(colmax + pn * 32, mx0);
         _mm512_store_ps(colmax + pn * 32 + 16, mx1);
     }
@@ -159,9 +179,11 @@ void pv_amx(const std::uint32_t* pp, int ldP, const std::uint32_t* vt, int Jq, i
         if (at[i] == a) return;
         for (int r = 0; r < rows[i]; ++r) _mm512_storeu_ps(a + static_cast<std::int64_t>(r) * ldO, _mm512_load_ps(at[i] + 16 * r));
     };
-    for (int pn = 0; pn < panels; ++pn) {
-        const std::uint32_t* p = pp + pn * 32;
-        for (int dt = 0; dt < dtiles; dt += 2) {
+    // Head-dim tile pairs outer, panels inner: a pair's Vᵀ tiles (16 KiB for 256 keys) stay in
+    // L1 for every panel, Pᵀ is read once per pair (kernels-lab fwd-23: level to +1 %; the same sums).
+    for (int dt = 0; dt < dtiles; dt += 2) {
+        for (int pn = 0; pn < panels; ++pn) {
+            const std::uint32_t* p = pp + pn * 32;
             const bool two = dt + 1 < dtiles;
             float* o0 = acc + static_cast<std::int64_t>(dt) * 16 * ldO + pn * 32;
             float* o1 = two ? o0 + static_cast<std::int64_t>(16) * ldO : nullptr;
