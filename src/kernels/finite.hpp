@@ -59,13 +59,14 @@ inline bool any_nonfinite16(const std::uint16_t* x, std::int64_t ld, std::int64_
 
 // ── Large finite V ──────────────────────────────────────────────────────────────────
 // A row's output is a weighted mean of V rows, at most max|v|, but kernels accumulate the
-// unnormalised Σ p·v with p ≤ 1 and l = Σ p ≤ Lk: with |v| near FLT_MAX (or above
-// FLT_MAX / Lk) that sum overflows fp32 although the mean does not. Kernels therefore
+// unnormalised Σ p·v with p ≤ 1 and l = Σ p ≤ Lk (bf16 compute's lazy rescale: p ≤ 2^8,
+// l ≤ 2^8·Lk): with |v| near FLT_MAX (or above FLT_MAX / Lk) that sum overflows fp32 although
+// the mean does not. Kernels therefore
 // accumulate unchecked (the common path pays nothing) and, only when a task's accumulator
 // ends non-finite, compute that task again on the *careful path*: every V entry with
 // |v| ≥ 2^64 is taken out of the ordinary sum (set to 0 there, like a non-finite entry)
 // and summed, scaled by 2^-64, into a second accumulator. The scaling is by a power of two
-// on a normal number, so exact; both sums stay below Lk·2^64 < 2^127 for Lk < 2^63, and
+// on a normal number, so exact; both sums stay below Lk·2^72 < 2^127 for Lk < 2^55, and
 // the ordinary entries keep exactly the rounding they have on the common path. The output
 // is ordinary/l + large·(2^64/l). A non-finite entry is 0 in both parts and added back
 // as p·x where p is not 0 (the selecting path above), so a visible NaN/±inf still gives a
