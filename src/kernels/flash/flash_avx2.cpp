@@ -50,15 +50,24 @@ inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, f
 }
 
 // ot[r][0..16) = alpha·ot[r] + Σ_j v[j][r]·p[j][0..16)   for r < R   v: (nk, ldv), p: (nk, ldP)
-template <int R>
+// A (rescale): multiply the loaded Oᵀ by alpha; false where every α is 1 (alpha = nullptr).
+template <int R, bool A = true>
 inline void pv_tile(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, float* ot, int ldO,
                     const float* alpha) {
-    const __m256 al0 = _mm256_load_ps(alpha), al1 = _mm256_load_ps(alpha + 8);
+    [[maybe_unused]] __m256 al0 = _mm256_set1_ps(1.0f), al1 = al0;
+    if constexpr (A) {
+        al0 = _mm256_load_ps(alpha);
+        al1 = _mm256_load_ps(alpha + 8);
+    }
+    auto start = [&](const float* o, __m256 al) __attribute__((always_inline)) {
+        if constexpr (A) return _mm256_mul_ps(_mm256_load_ps(o), al);
+        else return _mm256_load_ps(o);
+    };
 #define DECL(r)                                                                               \
     __m256 a##r##0 = _mm256_setzero_ps(), a##r##1 = _mm256_setzero_ps();                      \
     if constexpr (R > r) {                                                                    \
-        a##r##0 = _mm256_mul_ps(_mm256_load_ps(ot + r * ldO), al0);                           \
-        a##r##1 = _mm256_mul_ps(_mm256_load_ps(ot + r * ldO + 8), al1);                       \
+        a##r##0 = start(ot + r * ldO, al0);                                                   \
+        a##r##1 = start(ot + r * ldO + 8, al1);                                               \
     }
     ATTN_ROWS(DECL)
 #undef DECL
@@ -99,15 +108,22 @@ struct Avx2Ops {
         }
     }
 
+    // alpha = nullptr: every α is 1 (the driver's pv_tile checked; no multiply).
     static void pv(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, int rows, float* ot, int ldO,
                    const float* alpha) {
+        if (alpha == nullptr) pv_rows<false>(p, ldP, v, ldv, nk, rows, ot, ldO, alpha);
+        else pv_rows<true>(p, ldP, v, ldv, nk, rows, ot, ldO, alpha);
+    }
+    template <bool A>
+    static void pv_rows(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, int rows, float* ot, int ldO,
+                        const float* alpha) {
         switch (rows) {
-            case 6: pv_tile<6>(p, ldP, v, ldv, nk, ot, ldO, alpha); break;
-            case 5: pv_tile<5>(p, ldP, v, ldv, nk, ot, ldO, alpha); break;
-            case 4: pv_tile<4>(p, ldP, v, ldv, nk, ot, ldO, alpha); break;
-            case 3: pv_tile<3>(p, ldP, v, ldv, nk, ot, ldO, alpha); break;
-            case 2: pv_tile<2>(p, ldP, v, ldv, nk, ot, ldO, alpha); break;
-            default: pv_tile<1>(p, ldP, v, ldv, nk, ot, ldO, alpha); break;
+            case 6: pv_tile<6, A>(p, ldP, v, ldv, nk, ot, ldO, alpha); break;
+            case 5: pv_tile<5, A>(p, ldP, v, ldv, nk, ot, ldO, alpha); break;
+            case 4: pv_tile<4, A>(p, ldP, v, ldv, nk, ot, ldO, alpha); break;
+            case 3: pv_tile<3, A>(p, ldP, v, ldv, nk, ot, ldO, alpha); break;
+            case 2: pv_tile<2, A>(p, ldP, v, ldv, nk, ot, ldO, alpha); break;
+            default: pv_tile<1, A>(p, ldP, v, ldv, nk, ot, ldO, alpha); break;
         }
     }
 

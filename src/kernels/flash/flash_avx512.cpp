@@ -158,24 +158,33 @@ inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, f
 // ot[r][0..32P) = alpha·ot[r] + Σ_j v[j][r]·p[j][0..32P)   for r < R   v: (nk, ldv), p: (nk, ldP)
 // P as qk_tile: 1 panel (8 rows × 32 queries) or 2 adjacent panels (6 rows × 64: Pᵀ's and Oᵀ's
 // columns of the two panels are contiguous); the same FMA chain over j per element either way.
-template <int R, int P = 1>
+// A (rescale): multiply the loaded Oᵀ by alpha; false where every α of the call is 1 (the
+// caller passed alpha = nullptr), which gives the same bits without the multiply.
+template <int R, int P = 1, bool A = true>
 inline void pv_tile(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, float* ot, int ldO,
                     const float* alpha) {
     static_assert((P == 1 && R <= 8) || (P == 2 && R <= 6), "16 (one panel) or 24 (pair) accumulators at most");
-    const __m512 al0 = _mm512_load_ps(alpha), al1 = _mm512_load_ps(alpha + 16);
-    [[maybe_unused]] __m512 al2 = al0, al3 = al1;
-    if constexpr (P == 2) {
-        al2 = _mm512_load_ps(alpha + 32);
-        al3 = _mm512_load_ps(alpha + 48);
+    [[maybe_unused]] __m512 al0 = _mm512_set1_ps(1.0f), al1 = al0, al2 = al0, al3 = al0;
+    if constexpr (A) {
+        al0 = _mm512_load_ps(alpha);
+        al1 = _mm512_load_ps(alpha + 16);
+        if constexpr (P == 2) {
+            al2 = _mm512_load_ps(alpha + 32);
+            al3 = _mm512_load_ps(alpha + 48);
+        }
     }
+    auto start = [&](const float* o, __m512 al) __attribute__((always_inline)) {
+        if constexpr (A) return _mm512_mul_ps(_mm512_load_ps(o), al);
+        else return _mm512_load_ps(o);
+    };
     ATTN_ROWS(ATTN_DECL_ACC)
 #define LOAD(r)                                                                   \
     if constexpr (R > r) {                                                        \
-        a##r##0 = _mm512_mul_ps(_mm512_load_ps(ot + r * ldO), al0);               \
-        a##r##1 = _mm512_mul_ps(_mm512_load_ps(ot + r * ldO + 16), al1);          \
+        a##r##0 = start(ot + r * ldO, al0);                                       \
+        a##r##1 = start(ot + r * ldO + 16, al1);                                  \
         if constexpr (P == 2) {                                                   \
-            a##r##2 = _mm512_mul_ps(_mm512_load_ps(ot + r * ldO + 32), al2);      \
-            a##r##3 = _mm512_mul_ps(_mm512_load_ps(ot + r * ldO + 48), al3);      \
+            a##r##2 = start(ot + r * ldO + 32, al2);                              \
+            a##r##3 = start(ot + r * ldO + 48, al3);                              \
         }                                                                         \
     }
     ATTN_ROWS(LOAD)
@@ -294,10 +303,16 @@ struct Avx512Ops {
         qk_modified_p<2>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first);
     }
 
+    // alpha = nullptr: every α is 1 (the driver's pv_tile checked; no multiply).
     template <int P>
     static void pv_p(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, int rows, float* ot, int ldO,
                      const float* alpha) {
-        with_rows<P == 1 ? kRows : kPairRows>(rows, [&](auto R) { pv_tile<decltype(R)::value, P>(p, ldP, v, ldv, nk, ot, ldO, alpha); });
+        if (alpha != nullptr)
+            with_rows<P == 1 ? kRows : kPairRows>(rows, [&](auto R) { pv_tile<decltype(R)::value, P>(p, ldP, v, ldv, nk, ot, ldO, alpha); });
+        else
+            with_rows<P == 1 ? kRows : kPairRows>(rows, [&](auto R) {
+                pv_tile<decltype(R)::value, P, false>(p, ldP, v, ldv, nk, ot, ldO, nullptr);
+            });
     }
     static void pv(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, int rows, float* ot, int ldO,
                    const float* alpha) {
@@ -320,18 +335,27 @@ struct Avx512Ops {
     // softmax too), so |r| ≤ 2^-16: past that, r grows
     // with u (half an ulp of 1.4e9 is 64, and 2^64 weights overflow sums), so those columns
     // take 2^((s − u)·log2 e), the subtract first and exact near the max, as before.
-    // Every exponent is ≤ 2^-16 or NaN but in a column holding a NaN score (vmaxps returns its
+    // The running max is lazy (lazy_max; not the avx2 row's): u moves only in a column whose block
+    // raised its max by more than kRescaleAbove = 8·ln 2, else u and U stay and α = 2^0 = 1
+    // exactly, so pv loads Oᵀ without its multiply (the driver's rescale_or_null) in most blocks
+    // after a task's first. The same sums either way — every weight of a column and its l carry
+    // the one factor e^(max − u) — so O = Oᵀ/l and lse = u + ln l are the same math; the weights
+    // reach 2^8 instead of 1 (sums of Lk·2^8 weights: finite.hpp's bounds hold for Lk < 2^55),
+    // and the key at the column's max still has a weight ≥ 2^r (l ≥ 1 − 2^-16).
+    // Every exponent is ≤ 8 (+ 2^-16) or NaN but in a column holding a NaN score (vmaxps returns its
     // second operand on NaN, so the max may skip scores before it), whose sum, output and lse
     // are NaN already.
     // colmax: Sᵀ's column maxima as qk stored them (the driver's kOpsColumnMax; null where the
     // score rule changed Sᵀ after qk), else the pass over Sᵀ finds them.
     static void softmax(float* s, int ldS, int nk, int ncols, float* m, float* l, float* alpha,
                         const float* colmax = nullptr) {
-        const __m512 l2e = _mm512_set1_ps(kLog2e), fused_below = _mm512_set1_ps(kFusedExponentBelow);
+        const __m512 l2e = _mm512_set1_ps(kLog2e), fused_below = _mm512_set1_ps(kFusedExponentBelow),
+                     above = _mm512_set1_ps(kRescaleAbove);
         for (int c = 0; c < ncols; c += 16) {
             const __m512 mold = _mm512_load_ps(m + c);
-            const ColumnMax cm = colmax != nullptr ? column_max_of(_mm512_max_ps(mold, _mm512_load_ps(colmax + c)))
-                                                   : column_max16(s, ldS, nk, c, mold);
+            const __m512 seen = colmax != nullptr ? _mm512_max_ps(mold, _mm512_load_ps(colmax + c))
+                                                  : block_max16(s, ldS, nk, c, mold);
+            const ColumnMax cm = column_max_of(lazy_max(mold, seen, above));
             const bool fused = _mm512_cmp_ps_mask(_mm512_abs_ps(cm.use), fused_below, _CMP_NLT_UQ) == 0;
             const __m512 u = fused ? _mm512_mul_ps(cm.use, l2e) : cm.use;
             // U_old rounded on its own (_round: GCC fused a plain multiply with the subtract, α ≠ 1 at an unchanged max).

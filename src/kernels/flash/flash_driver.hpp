@@ -141,6 +141,11 @@ namespace attn::detail::ATTN_FLASH_NS {
 inline constexpr float kLog2e = 1.4426950408889634f;
 // The SIMD softmaxes take s·log2 e − U as one FMA below this |max| (flash_avx512.cpp says why).
 inline constexpr float kFusedExponentBelow = 0x1p8f;
+// The AVX-512 float32 softmax's lazy rescale (flash_avx512.cpp's softmax): a column's running max
+// moves only when a key block raises it by more than this (natural units), so every weight
+// stays ≤ 2^8 (to rounding; times the fused exponent's 2^r, |r| ≤ 2^-16). Not in the avx2 row:
+// on this Sapphire Rapids it measured level to 1–2 % slower there (kernels-lab fwd-22).
+inline constexpr float kRescaleAbove = 5.5451774f;  // 8·ln 2
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 inline constexpr float kPosInf = std::numeric_limits<float>::infinity();
 
@@ -250,6 +255,22 @@ void write_scores(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::
     }
 }
 
+// The α of n columns for Ops::pv: null where every one is 1 (the running max stayed in each, as
+// the lazy rescale keeps it in most blocks: Ops::softmax), so pv loads Oᵀ without the multiply —
+// the same bits (1·x = x, NaN and ±inf included); else alpha.
+inline const float* rescale_or_null(const float* alpha, int n) {
+    // The bits of 1.0f, compared as integers: an OR of XORs vectorises (GCC left `!= 1.0f` a
+    // scalar loop of compares, ≈ 2 % of pv's samples on S2); NaN differs too.
+    constexpr std::uint32_t kOne = 0x3f800000u;
+    std::uint32_t diff = 0;
+    for (int c = 0; c < n; ++c) {
+        std::uint32_t u;
+        std::memcpy(&u, alpha + c, sizeof u);
+        diff |= u ^ kOne;
+    }
+    return diff != 0 ? alpha : nullptr;
+}
+
 // Oᵀ (acc) ← α·Oᵀ + Σⱼ V[j]·Pᵀ[j] for all panels: V rows vp (row stride ldv), Pᵀ in w.s.
 // (b, hk, j0): where the key block's V rows are, for an Ops that reads them itself (vp = nullptr).
 // p_packed: the operand hooks' softmax_block packed Pᵀ (see the header).
@@ -264,17 +285,19 @@ void pv_tile(const SdpaProblem& p, const Workspace& w, std::int64_t b, std::int6
     for (int pn = 0; pn < panels;) {
         if constexpr (kOpsPanelPairs<Ops>) {
             if (pn + 2 <= panels) {  // two panels a call (kOpsPanelPairs)
+                const float* al = rescale_or_null(w.alpha + pn * Ops::kPanel, 2 * Ops::kPanel);
                 for (std::int64_t d = 0; d < p.Dv; d += Ops::kPairRows)
                     Ops::pv_pair(w.s + pn * Ops::kPanel, ldS, vp + d, ldv, static_cast<int>(nk),
                                  static_cast<int>(imin(Ops::kPairRows, p.Dv - d)), acc + d * ldO + pn * Ops::kPanel, ldO,
-                                 w.alpha + pn * Ops::kPanel);
+                                 al);
                 pn += 2;
                 continue;
             }
         }
+        const float* al = rescale_or_null(w.alpha + pn * Ops::kPanel, Ops::kPanel);
         for (std::int64_t d = 0; d < p.Dv; d += Ops::kRows)
             Ops::pv(w.s + pn * Ops::kPanel, ldS, vp + d, ldv, static_cast<int>(nk), static_cast<int>(imin(Ops::kRows, p.Dv - d)),
-                    acc + d * ldO + pn * Ops::kPanel, ldO, w.alpha + pn * Ops::kPanel);
+                    acc + d * ldO + pn * Ops::kPanel, ldO, al);
         ++pn;
     }
 }

@@ -76,8 +76,11 @@ struct PortableOps {
     }
 
     // ot[r][0..16) = alpha·ot[r] + Σ_j v[j][r]·p[j][0..16)    v: (nk, ldv), p: (nk, ldP)
+    // alpha = nullptr: every α is 1 (the driver checked; no multiply).
     static void pv(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, int rows, float* ot, int ldO,
                    const float* alpha) {
+        static const float kOnes[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+        if (alpha == nullptr) alpha = kOnes;
         for (int r = 0; r < rows; ++r) {
             float* o = ot + r * ldO;
             v4 a0 = load4(o) * load4(alpha), a1 = load4(o + 4) * load4(alpha + 4);
