@@ -55,10 +55,15 @@ namespace {
 // CM: also cmax[0..32P) = the column maxima of the R rows stored, max-ed into cmax's values
 // unless first (the driver's kOpsColumnMax): the softmax's running max without its pass of
 // loads over Sᵀ, (R − 1)·2P + 2P vmaxps on registers per call instead of R·2P on loads.
-template <int R, int P = 1, int M = 0, bool CM = false>
+// EX (with CM, M = 0; the driver's speculative block, kOpsSpeculate): the softmax in the store
+// against the running max the block starts from — each score x = c2·acc is stored as its weight
+// 2^(x·log2 e − U) (U = ex[0..32P): m·log2 e as Ops::softmax rounds it), and the weights summed
+// into ex + 64 (rows of even key index) and ex + 128 (odd), from 0 if first: Ops::softmax's
+// exp_column in the same order, so the same bits where the block leaves the max where it was.
+template <int R, int P = 1, int M = 0, bool CM = false, bool EX = false>
 inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, float c2, float* s, int ldS,
                     const QkModifiers* mods = nullptr, float j_first = 0.0f, float* cmax = nullptr,
-                    bool first = true) {
+                    bool first = true, float* ex = nullptr) {
     static_assert((P == 1 && R <= 8) || (P == 2 && R <= 6), "16 (one panel) or 24 (pair) accumulators at most");
     ATTN_ROWS(ATTN_DECL_ACC)
     const float* qt1 = qt + static_cast<std::int64_t>(Dk) * 32;  // the second panel (P = 2)
@@ -124,6 +129,38 @@ inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, f
         }
         return x;
     };
+    if constexpr (EX) {
+        static_assert(CM && M == 0, "the speculative store takes the column maxima, no modifier");
+        const __m512 l2e = _mm512_set1_ps(kLog2e);
+        // Column group g: its rows' scores, maxima, weights and the two sums (group by group, so
+        // that only one group's U, sums and max are live beside the accumulators).
+        auto group = [&](int g, __m512 x0, __m512 x1, __m512 x2, __m512 x3, __m512 x4, __m512 x5, __m512 x6, __m512 x7)
+                         __attribute__((always_inline)) {
+            const __m512 u = _mm512_load_ps(ex + 16 * g);
+            __m512 s0 = first ? _mm512_setzero_ps() : _mm512_load_ps(ex + 64 + 16 * g);
+            __m512 s1 = first ? _mm512_setzero_ps() : _mm512_load_ps(ex + 128 + 16 * g);
+            __m512 mx = _mm512_setzero_ps();
+            const __m512 xs[8] = {x0, x1, x2, x3, x4, x5, x6, x7};
+            for (int r = 0; r < R; ++r) {
+                const __m512 x = _mm512_mul_ps(xs[r], vc);
+                mx = r == 0 ? x : _mm512_max_ps(mx, x);
+                const __m512 e = exp2_ps512(_mm512_fmsub_ps(x, l2e, u));
+                _mm512_store_ps(s + r * ldS + 16 * g, e);
+                if (r % 2 == 0) s0 = _mm512_add_ps(s0, e);
+                else s1 = _mm512_add_ps(s1, e);
+            }
+            _mm512_store_ps(ex + 64 + 16 * g, s0);
+            _mm512_store_ps(ex + 128 + 16 * g, s1);
+            _mm512_store_ps(cmax + 16 * g, first ? mx : _mm512_max_ps(mx, _mm512_load_ps(cmax + 16 * g)));
+        };
+        group(0, a00, a10, a20, a30, a40, a50, a60, a70);
+        group(1, a01, a11, a21, a31, a41, a51, a61, a71);
+        if constexpr (P == 2) {
+            group(2, a02, a12, a22, a32, a42, a52, a62, a72);
+            group(3, a03, a13, a23, a33, a43, a53, a63, a73);
+        }
+        return;
+    }
     [[maybe_unused]] __m512 mx0, mx1, mx2, mx3;  // CM: the column maxima of the rows stored so far
     // Row r's column group g: finish, store, and (CM) into the group's maximum.
     auto put = [&](__m512 acc, int r, int g, __m512 sl, __m512 re, __m512& mx) __attribute__((always_inline)) {
@@ -270,6 +307,41 @@ struct Avx512Ops {
                         int ldS, float* cmax = nullptr, bool first = true) {
         qk_p<2>(qt, k, ldk, rows, Dk, c2, s, ldS, cmax, first);
     }
+    // qk_pair with the softmax in its store (qk_tile's EX; the driver's kOpsSpeculate): ex holds U
+    // (64 floats) then the two sums (64 each) of the pair's columns.
+    static void qk_exp_pair(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s,
+                            int ldS, float* cmax, bool first, float* ex) {
+        with_rows<kPairRows>(rows, [&](auto R) {
+            qk_tile<decltype(R)::value, 2, 0, true, true>(qt, k, ldk, Dk, c2, s, ldS, nullptr, 0.0f, cmax, first, ex);
+        });
+    }
+    // Before a speculative block: U = m·log2 e into ex (ncols), as softmax rounds it; false unless
+    // every column's m is finite with |m| below kFusedExponentBelow (softmax's fused form).
+    static bool speculate_from(const float* m, float* ex, int ncols) {
+        const __m512 l2e = _mm512_set1_ps(kLog2e), below = _mm512_set1_ps(kFusedExponentBelow);
+        for (int c = 0; c < ncols; c += 16) {
+            const __m512 mv = _mm512_load_ps(m + c);
+            if (_mm512_cmp_ps_mask(_mm512_abs_ps(mv), below, _CMP_NLT_UQ) != 0) return false;  // NaN, ±inf too
+            _mm512_store_ps(ex + c, _mm512_mul_ps(mv, l2e));
+        }
+        return true;
+    }
+    // After it: whether every column's max stayed (lazy_max would keep m); then l += the sums
+    // (as softmax's l·α + sum with α = 1) and α = 1. Else nothing changes (the block runs again).
+    static bool speculated(float* m, float* l, float* alpha, const float* cmax, const float* ex, int ncols) {
+        const __m512 above = _mm512_set1_ps(kRescaleAbove);
+        for (int c = 0; c < ncols; c += 16) {
+            const __m512 mold = _mm512_load_ps(m + c), seen = _mm512_max_ps(mold, _mm512_load_ps(cmax + c));
+            if (_mm512_cmp_ps_mask(_mm512_sub_ps(seen, mold), above, _CMP_GT_OQ) != 0) return false;
+        }
+        const __m512 one = _mm512_set1_ps(1.0f);
+        for (int c = 0; c < ncols; c += 16) {
+            const __m512 sum = _mm512_add_ps(_mm512_load_ps(ex + 64 + c), _mm512_load_ps(ex + 128 + c));
+            _mm512_store_ps(l + c, _mm512_fmadd_ps(_mm512_load_ps(l + c), one, sum));
+            _mm512_store_ps(alpha + c, one);
+        }
+        return true;
+    }
 
     // qk with step 1 of the score rule in the store (flash_driver.hpp, QkModifiers).
     template <int M, int P>
@@ -358,7 +430,8 @@ struct Avx512Ops {
             const ColumnMax cm = column_max_of(lazy_max(mold, seen, above));
             const bool fused = _mm512_cmp_ps_mask(_mm512_abs_ps(cm.use), fused_below, _CMP_NLT_UQ) == 0;
             const __m512 u = fused ? _mm512_mul_ps(cm.use, l2e) : cm.use;
-            // U_old rounded on its own (_round: GCC fused a plain multiply with the subtract, α ≠ 1 at an unchanged max).
+            // U_old rounded by itself (mul_round: GCC contracts a plain multiply and subtract into
+            // one FMA, which gave α = 2^(rounding error of U_old), not 1, where the max stayed).
             const __m512 al = exp2_ps512(fused ? _mm512_sub_ps(_mm512_mul_round_ps(mold, l2e, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), u)
                                                : _mm512_mul_ps(_mm512_sub_ps(mold, u), l2e));
             __m512 sum = _mm512_setzero_ps();

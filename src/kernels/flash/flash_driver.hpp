@@ -24,7 +24,8 @@
 //     Sᵀ[j][i] ← the score rule (scores.hpp): softcap and ALiBi over the whole tile
 //                (tile_modifiers, vectorised along the contiguous query columns), then
 //                masks, key interval → −inf
-//     m_new[i] = max(m[i], maxⱼ Sᵀ[j][i])                 (vertical: vectorised over i)
+//     m_new[i] = max(m[i], maxⱼ Sᵀ[j][i])                 (vertical: vectorised over i; AVX-512
+//                                                          lazily: only past m[i] + 8·ln 2, kRescaleAbove)
 //     α[i]     = 2^((m[i] − m_new[i])·log2 e)
 //     Pᵀ[j][i] = 2^((Sᵀ[j][i] − m_new[i])·log2 e);   l[i] = α[i]·l[i] + Σⱼ Pᵀ[j][i]
 //     Oᵀ[d][i] = α[i]·Oᵀ[d][i] + Σⱼ V[j][d]·Pᵀ[j][i]       ← Oᵀ: (Dv, queries)
@@ -70,7 +71,8 @@
 //         loads of Pᵀ, 6 (8) broadcasts of V, 12 (16) FMAs; the AVX-512 pair 4, 6 and 24)
 //   softmax: 1 max, 1 sub, exp2 (6 FMAs + ~6 other ops), 1 add  — per 8 pairs, i.e.
 //         ≈ 15 vector ops against (Dk + Dv) FMAs: ≈ 12 % extra at D = 64, 6 % at 128.
-//         (AVX-512, per 16 pairs: the max in qk's store, one FMA, exp2 in 9, 1 add: ≈ 12.)
+//         (AVX-512, per 16 pairs: the max in qk's store, one FMA, exp2 in 9, 1 add: ≈ 12 —
+//         in most blocks all of them in qk's store, key_block's speculative block.)
 //   counted (the benchmark's formula): 2·Dk + 2·Dv FLOPs per pair = 4·D.
 //
 // ── Tiles ────────────────────────────────────────────────────────────────────────────
@@ -182,6 +184,10 @@ inline constexpr bool kOpsThreadScratch = requires { &Ops::thread_scratch_bytes;
 // at the call's panel and whether it is the block's first call; Ops::softmax then takes w.colmax.
 template <class Ops>
 inline constexpr bool kOpsColumnMax = requires { Ops::kColumnMax; };
+// Whether Ops can run a key block's softmax in qk's store against the max the block starts from
+// (AVX-512: qk_exp_pair, speculate_from, speculated; key_block says when).
+template <class Ops>
+inline constexpr bool kOpsSpeculate = requires { &Ops::qk_exp_pair; };
 
 }  // namespace attn::detail::ATTN_FLASH_NS
 
@@ -323,6 +329,7 @@ template <class Ops>
 bool start_keys(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::int64_t b, int nq, int panels,
                 std::int64_t ulo, std::int64_t uhi, bool careful, bool with_sinks) {
     start_rows(p, w, nq, panels * Ops::kPanel, with_sinks);
+    w.speculate = w.spec_failed = false;  // (key_block: not on a task's first block)
     // ALiBi turns a finite score into −inf (a zero of P that V's NaN/inf must not meet) only
     // when a bias slope·|d − j| reaches 2^103: below that, s − bias rounds to a finite value
     // for every finite s (half an ulp of FLT_MAX is 2^103). Bound the block's biases once.
@@ -357,7 +364,25 @@ void key_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     // The score rule changes nothing in Sᵀ: the softmax sees it as qk_block stored it, and the
     // column maxima qk found hold.
     const bool as_stored = !partial && !p.has_elementwise_mask() && !p.has_score_modifiers();
-    score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, scale, partial, ScoreStage::masked, shared, as_stored);
+    // Speculative (kOpsSpeculate): from a task's second key block on, where the score rule changes
+    // nothing and one pair of panels holds the block, qk's store runs the softmax against the
+    // running max the block starts from (qk_exp_pair) — no pass over Sᵀ. Where every column's max
+    // stays (the lazy rescale keeps it in most blocks), that is the softmax's own result, bit for
+    // bit; else the block runs again as usual, and the task stops speculating (at most one block
+    // of qk twice per task, whatever the scores).
+    bool softmaxed = false;
+    if constexpr (kOpsSpeculate<Ops>) {
+        if (as_stored && !careful && panels == 2 && w.speculate &&
+            Ops::speculate_from(w.m, w.spec, ncols)) {
+            score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, scale, partial, ScoreStage::masked, shared, as_stored,
+                            w.spec);
+            softmaxed = Ops::speculated(w.m, w.l, w.alpha, w.colmax, w.spec, ncols);
+            w.spec_failed = !softmaxed;
+        }
+        w.speculate = !careful && !w.spec_failed;  // the next block: m is set where a key was seen
+    }
+    if (!softmaxed)
+        score_tile<Ops>(p, w, b, hk, nq, panels, j0, nk, ldS, scale, partial, ScoreStage::masked, shared, as_stored);
 
     // Zeros of P only where a mask, ALiBi (a score that overflows to −inf: alibi_zeros) or
     // dropout ran: V is checked there (finite.hpp). Softcap keeps every score finite.
@@ -365,12 +390,14 @@ void key_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     // The operand hooks' softmax packs Pᵀ for pv_block unless dropout changes it first, and
     // keeps the float32 Pᵀ only for the paths that read it (dropout, checks, careful).
     const bool p_packed = kOpsOwnOperands<Ops> && !drop.active;
-    if constexpr (kOpsOwnOperands<Ops>)
+    if constexpr (kOpsOwnOperands<Ops>) {
         Ops::softmax_block(p, w, ldS, static_cast<int>(nk), ncols, p_packed, careful || check, as_stored);
-    else if constexpr (kOpsColumnMax<Ops>)
-        Ops::softmax(w.s, ldS, static_cast<int>(nk), ncols, w.m, w.l, w.alpha, as_stored ? w.colmax : nullptr);
-    else
-        Ops::softmax(w.s, ldS, static_cast<int>(nk), ncols, w.m, w.l, w.alpha);
+    } else if (!softmaxed) {  // (a speculative block's softmax ran in qk's store)
+        if constexpr (kOpsColumnMax<Ops>)
+            Ops::softmax(w.s, ldS, static_cast<int>(nk), ncols, w.m, w.l, w.alpha, as_stored ? w.colmax : nullptr);
+        else
+            Ops::softmax(w.s, ldS, static_cast<int>(nk), ncols, w.m, w.l, w.alpha);
+    }
     // One branch per tile: without dropout the tile goes straight to P·V.
     if (drop.active) apply_dropout<Ops>(drop, w, b, nq, j0, nk, w.s, ldS);
 

@@ -77,7 +77,7 @@ inline void tile_modifiers(const SdpaProblem& p, Workspace& w, std::int64_t b, i
 template <class Ops>
 void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t hk, int nq, int panels, std::int64_t j0, std::int64_t nk, int ldS, float scale,
                 bool ranges_partial, ScoreStage stage = ScoreStage::masked, const KvTile* shared = nullptr,
-                bool as_stored = false) {
+                bool as_stored = false, float* speculative = nullptr) {
     if constexpr (kOpsOwnOperands<Ops>) {
         Ops::qk_block(p, w, b, hk, panels, j0, nk, ldS, scale, as_stored);
     } else {
@@ -127,6 +127,12 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
                 for (std::int64_t r = 0; r < nk; r += Ops::kPairRows) {
                     const int rows = static_cast<int>(imin(Ops::kPairRows, nk - r));
                     float* sr = w.s + r * ldS + pn * Ops::kPanel;
+                    if constexpr (kOpsSpeculate<Ops>) {
+                        if (speculative != nullptr) {  // key_block's speculative block (one pair)
+                            Ops::qk_exp_pair(qt, kp + r * ldk, ldk, rows, Dk, scale, sr, ldS, w.colmax, r == 0, speculative);
+                            continue;
+                        }
+                    }
                     if constexpr (kOpsColumnMax<Ops>)
                         Ops::qk_pair(qt, kp + r * ldk, ldk, rows, Dk, scale, sr, ldS, w.colmax + pn * Ops::kPanel, r == 0);
                     else Ops::qk_pair(qt, kp + r * ldk, ldk, rows, Dk, scale, sr, ldS);
@@ -147,7 +153,7 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
     }
     // The score rule: the modifiers on the whole tile, then the masks on each query's
     // column — skipped for a tile every query sees completely when no mask is element-wise.
-    if (stage == ScoreStage::scaled) return;
+    if (stage == ScoreStage::scaled || speculative != nullptr) return;
     if (stage == ScoreStage::softcapped) {
         if (p.softcap > 0.0) tile_modifiers(p, w, b, nq, panels * Ops::kPanel, j0, nk, ldS, false);
         return;

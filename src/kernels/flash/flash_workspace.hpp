@@ -34,6 +34,9 @@ struct Workspace {
     float* aslope = nullptr; // (Mb) ALiBi slope of each column
     float* abase = nullptr;  // (Mb) ALiBi: d(column) − j0 of the current key block
     float* colmax = nullptr; // (Mb) Sᵀ's column maxima from qk (kOpsColumnMax), for the softmax
+    float* spec = nullptr;   // (3·Mb) a speculative block's U and two weight sums (kOpsSpeculate)
+    bool speculate = false;    // whether this task's next key block may be speculative (key_block)
+    bool spec_failed = false;  // a block of this task moved a max while speculating: no more
     std::int64_t* lo = nullptr;  // (Mb) visible key range of each column's query
     std::int64_t* hi = nullptr;
     std::int64_t* ch = nullptr;  // (Mb) query head of each column
@@ -64,6 +67,7 @@ struct Workspace {
                                      round64(static_cast<std::size_t>(p.Dv) * Mb),
                                      round64(Nb * static_cast<std::size_t>(p.Dv)),
                                      round64(Mb), round64(Mb), round64(Mb), round64(Mb), round64(Mb), round64(Mb), round64(Mb),
+                                     round64(3 * Mb),
                                      round64(2 * Mb), round64(2 * Mb), round64(2 * Mb), round64(2 * Mb),
                                      round64(Nb + 8), round64(static_cast<std::size_t>(p.Dk))};
         const std::size_t extra_size = (extra_bytes + 63) / 64 * 64;
@@ -76,7 +80,7 @@ struct Workspace {
         block = std::aligned_alloc(64, total);
         if (block == nullptr) return;
         char* c = static_cast<char*>(block);
-        float** floats[] = {&qt, &s, &ot, &kbuf, &vbuf, &bigot, &vbig, &m, &l, &alpha, &lse2, &aslope, &abase, &colmax};
+        float** floats[] = {&qt, &s, &ot, &kbuf, &vbuf, &bigot, &vbig, &m, &l, &alpha, &lse2, &aslope, &abase, &colmax, &spec};
         std::size_t i = 0;
         for (; i < sizeof floats / sizeof floats[0]; ++i) {
             *floats[i] = sizes[i] ? reinterpret_cast<float*>(c) : nullptr;
