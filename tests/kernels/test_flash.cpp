@@ -742,6 +742,73 @@ TEST(FlashFixed, KeySplitMergeOverflow) {
     }
 }
 
+// Scores that rise from key block to key block by steps below and above the lazy rescale's 8·ln 2
+// (flash_avx512.cpp's softmax, kernels-lab fwd-22): the first 64 queries see block maxima near
+// 0, 3, 2, 12, 11, 30, 33, 31, 80, 79 — the max kept with weights up to e^3, then moved, so a
+// speculative block (the softmax in qk's store, from a task's second block) succeeds, then fails
+// and runs again; the next 64 see the same scores negated (the max never moves: every block after
+// the first speculates). Against a double-precision softmax with a first-order float32 bound:
+// O within (Lk + Dk + 16)·2^-24·max|v|, lse within (Dk + 16)·2^-24·(max |score| + |lse|).
+TEST(FlashFixed, RisingScoresLazyRescaleAndSpeculation) {
+    const std::int64_t Lq = 128, Lk = 640, D = 16;
+    const double offsets[10] = {0, 3, 2, 12, 11, 30, 33, 31, 80, 79};
+    Tensor q(DType::f32, Shape{1, 1, Lq, D}), k(DType::f32, Shape{1, 1, Lk, D}), v(DType::f32, Shape{1, 1, Lk, D});
+    std::mt19937_64 rng(22);
+    std::uniform_real_distribution<float> noise(-0.3f, 0.3f), unit(-1.0f, 1.0f);
+    for (std::int64_t i = 0; i < Lq; ++i)
+        for (std::int64_t d = 0; d < D; ++d) q.data_as<float>()[i * D + d] = d == 0 ? (i < 64 ? 1.0f : -1.0f) : noise(rng);
+    for (std::int64_t j = 0; j < Lk; ++j)
+        for (std::int64_t d = 0; d < D; ++d)
+            k.data_as<float>()[j * D + d] = d == 0 ? static_cast<float>(offsets[j / 64]) + noise(rng) : noise(rng);
+    for (std::int64_t e = 0; e < Lk * D; ++e) v.data_as<float>()[e] = unit(rng);
+    SdpaOptions opt;
+    opt.scale = 1.0;
+    // The reference: each row's softmax in double.
+    std::vector<double> want_o(Lq * D), want_lse(Lq), smax(Lq);
+    for (std::int64_t i = 0; i < Lq; ++i) {
+        std::vector<double> sc(Lk);
+        double m = -std::numeric_limits<double>::infinity();
+        for (std::int64_t j = 0; j < Lk; ++j) {
+            double x = 0;
+            for (std::int64_t d = 0; d < D; ++d) x += double(q.data_as<float>()[i * D + d]) * k.data_as<float>()[j * D + d];
+            sc[j] = x;
+            m = std::max(m, x);
+            smax[i] = std::max(smax[i], std::fabs(x));
+        }
+        double l = 0;
+        for (std::int64_t j = 0; j < Lk; ++j) l += std::exp(sc[j] - m);
+        for (std::int64_t d = 0; d < D; ++d) {
+            double o = 0;
+            for (std::int64_t j = 0; j < Lk; ++j) o += std::exp(sc[j] - m) * v.data_as<float>()[j * D + d];
+            want_o[i * D + d] = o / l;
+        }
+        want_lse[i] = m + std::log(l);
+    }
+    const double eps = std::ldexp(1.0, -24), o_bound = double(Lk + D + 16) * eps;
+    for (const detail::KernelSet* isa : isas()) {
+        for (int threads : {1, 2}) {
+            Tensor out = test::poisoned(DType::f32, Shape{1, 1, Lq, D}), lse = test::poisoned(DType::f32, Shape{1, 1, Lq});
+            const TensorView lv = lse.view();
+            detail::flash_forward(detail::make_problem(q.view(), k.view(), v.view(), opt, out.view(), &lv, nullptr), *isa,
+                                  threads);
+            const std::string tag = std::string(detail::isa_name(isa->isa)) + ", " + std::to_string(threads) + " threads";
+            double used = 0;
+            for (std::int64_t i = 0; i < Lq; ++i) {
+                for (std::int64_t d = 0; d < D; ++d) {
+                    const double err = std::fabs(out.data_as<float>()[i * D + d] - want_o[i * D + d]);
+                    used = std::max(used, err / o_bound);
+                    EXPECT_LE(err, o_bound) << tag << " O row " << i << " d " << d;
+                }
+                const double lse_bound = double(D + 16) * eps * (smax[i] + std::fabs(want_lse[i]));
+                const double err = std::fabs(lse.data_as<float>()[i] - want_lse[i]);
+                used = std::max(used, err / lse_bound);
+                EXPECT_LE(err, lse_bound) << tag << " lse row " << i;
+            }
+            std::printf("%s: worst error used %.3f of its bound\n", tag.c_str(), used);
+        }
+    }
+}
+
 // A NaN/±inf in V at a visible key whose weight underflows in float32: key 0 scores 0 and holds the
 // poison, key 300 scores 200 (e^-200 is 0 in float). In one pass 0·NaN keeps the row non-finite
 // (the reference, in double, is too); split in two chunks the merge must add the first chunk's
