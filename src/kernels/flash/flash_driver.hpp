@@ -185,9 +185,12 @@ inline constexpr bool kOpsThreadScratch = requires { &Ops::thread_scratch_bytes;
 template <class Ops>
 inline constexpr bool kOpsColumnMax = requires { Ops::kColumnMax; };
 // Whether Ops can run a key block's softmax in qk's store against the max the block starts from
-// (AVX-512: qk_exp_pair, speculate_from, speculated; key_block says when).
+// (AVX-512 float32: qk_exp_pair, speculate_from, speculated; key_block says when). Not an Ops
+// with its own operands, though it inherits the three (the bf16 rows derive from the float32
+// one): its qk_block and softmax_block are its own, and a speculative float32 softmax there
+// would add sums the block never made.
 template <class Ops>
-inline constexpr bool kOpsSpeculate = requires { &Ops::qk_exp_pair; };
+inline constexpr bool kOpsSpeculate = requires { &Ops::qk_exp_pair; } && !kOpsOwnOperands<Ops>;
 
 }  // namespace attn::detail::ATTN_FLASH_NS
 
