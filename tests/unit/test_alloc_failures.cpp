@@ -599,6 +599,28 @@ struct ChunkedBackwardCase {
     }
 };
 
+// Each allocation of c.backward() refused in turn (sweep): every refusal is attn::OutOfMemory
+// (expect_out_of_memory) and leaves the poisoned gradients unwritten; `inspect` reads each message.
+void sweep_backward_refusals(ChunkedBackwardCase& c, const std::function<void(const std::string&)>& inspect = {}) {
+    int out_of_memory = 0;
+    std::string said;
+    c.poison_gradients();
+    const int failures = sweep(
+        [&] { c.backward(); },
+        [&](long n) {
+            EXPECT_TRUE(c.gradients_poisoned()) << "allocation " << n << ": " << said;
+            c.poison_gradients();
+        },
+        [&](const std::bad_alloc& e) {
+            said = e.what();
+            out_of_memory += dynamic_cast<const attn::OutOfMemory*>(&e) != nullptr;
+            expect_out_of_memory(e);
+            if (inspect) inspect(said);
+        });
+    EXPECT_GT(failures, 0);
+    EXPECT_EQ(out_of_memory, failures) << "a refusal was a bare std::bad_alloc";
+}
+
 // Every allocation of a several-chunk backward refused in turn — the calling thread's (the dQ
 // partials among them), then a worker thread's inside the region — is an attn::OutOfMemory naming
 // the buffer (and its bytes: all but the checks' and the report's few hundred bytes, which were a
@@ -667,22 +689,7 @@ TEST(AllocFailures, FlashBackwardSeveralChunksRefusalsWriteNothingAndLeaveNothin
         const attn::ScopedNumThreads one(1);
         ChunkedBackwardCase other(90);
         other.backward();
-        int out_of_memory = 0;
-        std::string said;
-        c.poison_gradients();
-        const int failures = sweep(
-            [&] { c.backward(); },
-            [&](long n) {
-                EXPECT_TRUE(c.gradients_poisoned()) << "allocation " << n << ": " << said;
-                c.poison_gradients();
-            },
-            [&](const std::bad_alloc& e) {
-                said = e.what();
-                out_of_memory += dynamic_cast<const attn::OutOfMemory*>(&e) != nullptr;
-                expect_out_of_memory(e);
-            });
-        EXPECT_GT(failures, 0);
-        EXPECT_EQ(out_of_memory, failures) << "a refusal was a bare std::bad_alloc";
+        sweep_backward_refusals(c);
         EXPECT_EQ(c.gradient_bits(), want);
     }).join();
 }
@@ -699,24 +706,11 @@ TEST(AllocFailures, ReferenceBackwardRefusalsAreOutOfMemoryAndWriteNothing) {
     ASSERT_EQ(c.report.kernel, "reference-backward");
     std::thread([&] {
         const attn::ScopedNumThreads one(1);
-        int out_of_memory = 0, bookkeeping = 0, named_buffers = 0;
-        std::string said;
-        c.poison_gradients();
-        const int failures = sweep(
-            [&] { c.backward(); },
-            [&](long n) {
-                EXPECT_TRUE(c.gradients_poisoned()) << "allocation " << n << ": " << said;
-                c.poison_gradients();
-            },
-            [&](const std::bad_alloc& e) {
-                said = e.what();
-                out_of_memory += dynamic_cast<const attn::OutOfMemory*>(&e) != nullptr;
-                expect_out_of_memory(e);
-                bookkeeping += said.find("sdpa_backward's argument checks and report text; nothing was written") != std::string::npos;
-                named_buffers += said.find("the reference backward's") != std::string::npos;
-            });
-        EXPECT_GT(failures, 0);
-        EXPECT_EQ(out_of_memory, failures) << "a refusal was a bare std::bad_alloc";
+        int bookkeeping = 0, named_buffers = 0;
+        sweep_backward_refusals(c, [&](const std::string& said) {
+            bookkeeping += said.find("sdpa_backward's argument checks and report text; nothing was written") != std::string::npos;
+            named_buffers += said.find("the reference backward's") != std::string::npos;
+        });
         EXPECT_GT(bookkeeping, 0) << "no refusal of the checks' or the report's allocations was seen";
         EXPECT_EQ(named_buffers, 2) << "the sink gradients and the list of per-thread buffers, one refusal each";
         EXPECT_EQ(c.gradient_bits(), want);
