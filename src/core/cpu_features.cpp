@@ -63,8 +63,8 @@ void hide_features(CpuFeatures& f) {
         } else if (name == "avx2") {  // every row above portable needs AVX2+FMA+F16C
             f.avx2 = f.fma = f.f16c = false;
         } else {
-            fail("ATTN_CPU_HIDE", "expected a comma-separated list of avx512, avx512_bf16, amx_bf16, avx2 but got '", env,
-                 "' (unknown item '", name, "')");
+            fail("ATTN_CPU_HIDE", "expected a comma-separated list of avx512, avx512_bf16, amx_bf16, avx2 but got ", quoted(env),
+                 " (unknown item ", quoted(name), ")");
         }
     }
 }
@@ -182,7 +182,7 @@ Isa select_isa(std::string* why) {
         return isa;
     }
     if (!want.empty() && want != "auto")
-        fail("ATTN_ISA", "expected one of auto, avx512, avx2, portable (or its old name generic) but got '", want, "'");
+        fail("ATTN_ISA", "expected one of auto, avx512, avx2, portable (or its old name generic) but got ", quoted(want));
     for (Isa isa : {Isa::avx512, Isa::avx2})
         if (cpu_supports(isa)) {
             say(has(isa));

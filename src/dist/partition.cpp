@@ -3,6 +3,7 @@
 
 #include "attn/error.hpp"
 #include "attn/ring.hpp"
+#include "../core/check.hpp"
 #include "../core/checked_size.hpp"
 #include "../core/element_io.hpp"
 
@@ -64,7 +65,7 @@ std::string_view layout_name(Layout layout) { return layout == Layout::zigzag ? 
 Layout parse_layout(std::string_view name) {
     if (name == "zigzag") return Layout::zigzag;
     if (name == "contiguous") return Layout::contiguous;
-    throw Error("layout: expected zigzag or contiguous but got '" + std::string(name) + "'");
+    throw Error("layout: expected zigzag or contiguous but got " + attn::detail::quoted(name));
 }
 
 std::vector<Segment> rank_segments(std::int64_t L, int P, int rank, Layout layout) {

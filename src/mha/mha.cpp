@@ -201,10 +201,10 @@ void MultiHeadAttention::load_state_dict(const std::vector<std::pair<std::string
             std::string why;
             if (name == "bias_k" || name == "bias_v") why = " (the layer was built without add_bias_kv)";
             if (name == "sinks") why = " (the layer was built without sinks)";
-            add("unexpected tensor '" + name + "' with shape " + tensors[i].second.shape().str() + why);
+            add("unexpected tensor " + detail::quoted(name) + " with shape " + tensors[i].second.shape().str() + why);
         }
         for (std::size_t j = 0; j < i; ++j)
-            if (tensors[j].first == name) add("tensor '" + name + "' is given more than once");
+            if (tensors[j].first == name) add("tensor " + detail::quoted(name) + " is given more than once");
     }
     if (!problems.empty()) {
         detail::fail_as(kind, kMha, "state_dict does not fit (E=", config_.embed_dim, ", heads=", config_.num_heads, ", kv heads=",

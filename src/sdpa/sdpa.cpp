@@ -4,6 +4,7 @@
 #include "attn/error.hpp"
 #include "../kernels/dispatch.hpp"
 #include "problem.hpp"
+#include "../core/check.hpp"
 #include "../core/threads.hpp"
 
 namespace attn {
@@ -45,7 +46,7 @@ std::string_view impl_name(Impl impl) {
 Impl parse_impl(std::string_view name) {
     for (Impl i : {Impl::automatic, Impl::reference, Impl::flash, Impl::decode})
         if (name == impl_name(i)) return i;
-    throw Error("impl: expected one of auto, reference, flash, decode but got '" + std::string(name) + "'");
+    throw Error("impl: expected one of auto, reference, flash, decode but got " + detail::quoted(name));
 }
 
 std::string_view score_stage_name(ScoreStage s) {
@@ -60,14 +61,14 @@ std::string_view score_stage_name(ScoreStage s) {
 ScoreStage parse_score_stage(std::string_view name) {
     for (ScoreStage s : {ScoreStage::scaled, ScoreStage::softcapped, ScoreStage::masked})
         if (name == score_stage_name(s)) return s;
-    throw Error("scores stage: expected one of scaled, softcapped, masked but got '" + std::string(name) + "'");
+    throw Error("scores stage: expected one of scaled, softcapped, masked but got " + detail::quoted(name));
 }
 
 Causal parse_causal(std::string_view name) {
     if (name == "none") return Causal::none;
     if (name == "top-left") return Causal::top_left;
     if (name == "bottom-right") return Causal::bottom_right;
-    throw Error("causal: expected top-left or bottom-right (or none) but got '" + std::string(name) + "'");
+    throw Error("causal: expected top-left or bottom-right (or none) but got " + detail::quoted(name));
 }
 
 }  // namespace attn

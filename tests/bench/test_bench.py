@@ -277,6 +277,20 @@ def test_argument_errors(args, message):
     assert "FMA peak" not in p.stdout  # rejected before measuring anything
 
 
+@pytest.mark.parametrize("name, value, message", [
+    ("ATTN_ISA", "avx1024", "ATTN_ISA: expected one of auto, avx512, avx2, portable (or its old name generic) "
+                            "but got 'avx1024'"),
+    ("ATTN_CPU_HIDE", "avx3", "ATTN_CPU_HIDE: expected a comma-separated list of"),
+])
+def test_a_misspelt_isa_variable_is_refused_before_the_peaks(name, value, message):
+    """ATTN_ISA was first read at the first shape's kernel: a typo cost a minute of peaks first."""
+    p = subprocess.run([ATTN, "bench", "--shapes", "S1", "--impl", "flash", "--no-torch"], capture_output=True,
+                       text=True, timeout=60, env={**os.environ, name: value})
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert p.stderr.startswith("attn: error: " + message), p.stderr
+    assert "measuring" not in p.stderr, p.stderr
+
+
 def test_a_failing_json_write_names_the_option():
     """The path is checked before measuring, but a full disk shows only when the JSON is written:
     that error was `attn: error: /dev/full: write failed (…)`, naming no option."""

@@ -497,6 +497,15 @@ TEST(OptionParsers, ImplAndCausalNames) {
                   std::string::npos)
             << e.what();
     }
+    // A name the caller gave is shown through the one quoting rule (docs/errors.md, "Quoting"):
+    // its own quote and a control byte escaped, so the message stays one unambiguous line.
+    try {
+        (void)attn::parse_causal(std::string_view("top'left\n\x1b[31m"));
+        ADD_FAILURE();
+    } catch (const attn::Error& e) {
+        EXPECT_NE(std::string(e.what()).find(R"(but got 'top\'left\x0a\x1b[31m')"), std::string::npos) << e.what();
+        EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+    }
 }
 
 #if !defined(ATTN_TEST_SANITIZED_MEMORY)  // (the death tests below; see their comments)

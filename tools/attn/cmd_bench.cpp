@@ -21,6 +21,7 @@
 #include "command_path.hpp"
 #include "commands.hpp"
 #include "core/check.hpp"
+#include "core/cpu_features.hpp"
 #include "harness.hpp"
 #include "number_text.hpp"
 #include "output_files.hpp"
@@ -104,7 +105,7 @@ std::vector<std::string> split(const std::string& flag, const std::string& s) {
     std::string cur;
     for (char c : s + ",") {
         if (c == ',') {
-            if (cur.empty()) throw Error(flag + ": item " + std::to_string(out.size() + 1) + " of '" + s + "' is empty");
+            if (cur.empty()) throw Error(flag + ": item " + std::to_string(out.size() + 1) + " of " + detail::quoted(s) + " is empty");
             out.push_back(cur);
             cur.clear();
         } else if (c != ' ') {
@@ -150,7 +151,7 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
         const Impl i = with_flag("--impl", [&] { return parse_impl(name); });
         if (std::find(cfg.impls.begin(), cfg.impls.end(), i) == cfg.impls.end()) cfg.impls.push_back(i);
     }
-    if (cfg.impls.empty()) throw Error("--impl: expected a list such as flash,reference but got '" + a.impls + "'");
+    if (cfg.impls.empty()) throw Error("--impl: expected a list such as flash,reference but got " + detail::quoted(a.impls));
 
     // Which registry entries run: --shapes (ids, or all), and the custom shape when given.
     const std::vector<bench::BenchCase> registry = bench::all_cases();
@@ -160,14 +161,14 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
         const std::vector<std::string> ids = split("--shapes", a.shapes);
         const bool all = ids.size() == 1 && ids[0] == "all";
         if (!all && std::find(ids.begin(), ids.end(), "all") != ids.end())
-            throw Error("--shapes: 'all' stands alone (it names every shape) but got '" + a.shapes + "'");
+            throw Error("--shapes: 'all' stands alone (it names every shape) but got " + detail::quoted(a.shapes));
         std::set<std::string> known;
         for (const auto& c : registry) known.insert(c.id);
         for (const std::string& id : ids) {
             if (!all && !known.count(id)) {
                 std::string list;
                 for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
-                throw Error("--shapes: unknown shape id '" + id + "'; known: " + list + " (or all)");
+                throw Error("--shapes: unknown shape id " + detail::quoted(id) + "; known: " + list + " (or all)");
             }
         }
         for (const auto& c : registry) {
@@ -236,6 +237,8 @@ void run(const BenchArgs& a, bool shapes_given, bool runs_given, bool max_second
         ce.bw_1t = bench::measure_read_bandwidth(1, bw_bytes, repeats);
         ce.bw_nt = cfg.threads == 1 ? ce.bw_1t : bench::measure_read_bandwidth(cfg.threads, bw_bytes, repeats);
     };
+    // A misspelt ATTN_ISA / ATTN_CPU_HIDE is refused now, not after a minute of peaks at the first shape.
+    (void)attn::detail::select_isa();
     std::fprintf(stderr, "attn bench: measuring the FMA peak and the read bandwidth\n");
     bench::Ceilings& ce = rep.ceilings;
     measure(ce);

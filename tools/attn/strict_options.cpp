@@ -23,14 +23,14 @@ template <class T>
 std::string read_integer(const std::string& text, T& value) {
     const char* what = std::is_signed_v<T> ? "an integer" : "a non-negative integer";
     if (text.empty()) return std::string("expected ") + what + " but got an empty string";
-    if (!std::is_signed_v<T> && text[0] == '-') return std::string("expected ") + what + " but got '" + text + "'";
+    if (!std::is_signed_v<T> && text[0] == '-') return std::string("expected ") + what + " but got " + detail::quoted(text);
     const std::string_view s = digits_of(text);
     const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value, 10);
     if (ec == std::errc::result_out_of_range && end == s.data() + s.size()) {
         return text + " is out of range (" + std::to_string(std::numeric_limits<T>::min()) + " to " +
                std::to_string(std::numeric_limits<T>::max()) + ")";
     }
-    if (ec != std::errc() || end != s.data() + s.size()) return std::string("expected ") + what + " but got '" + text + "'";
+    if (ec != std::errc() || end != s.data() + s.size()) return std::string("expected ") + what + " but got " + detail::quoted(text);
     return {};
 }
 
@@ -55,8 +55,8 @@ std::string read_finite_double(const std::string& text, double& value) {
                detail::shortest(std::numeric_limits<double>::denorm_min()) + "; a larger one reads as " +
                detail::shortest(std::numeric_limits<double>::denorm_min()) + " or more); give 0 for zero";
     }
-    if (ec != std::errc() || end != s.data() + s.size()) return "expected a number but got '" + text + "'";
-    if (!std::isfinite(value)) return "expected a finite number but got '" + text + "'";
+    if (ec != std::errc() || end != s.data() + s.size()) return "expected a number but got " + detail::quoted(text);
+    if (!std::isfinite(value)) return "expected a finite number but got " + detail::quoted(text);
     return {};
 }
 
@@ -138,7 +138,7 @@ std::uint64_t dropout_seed(std::string_view op, const char* dropout_flag, double
 Align window_align_option(const std::optional<std::string>& text, std::int64_t left, std::int64_t right) {
     if (!text) return Align::top_left;
     if (*text != "top-left" && *text != "bottom-right") {
-        throw Error("--window-align: expected top-left or bottom-right but got '" + *text + "'");
+        throw Error("--window-align: expected top-left or bottom-right but got " + detail::quoted(*text));
     }
     if (left < 0 && right < 0) throw Error("--window-align: only with --window-left or --window-right (it aligns the window)");
     return *text == "top-left" ? Align::top_left : Align::bottom_right;

@@ -116,7 +116,7 @@ DType parse_float_dtype(const std::string& flag, const std::string& text, bool w
     const std::vector<DType> takes = float_dtypes(with_float64);
     for (const DType d : takes)
         if (text == dtype_name(d)) return d;
-    throw Error(flag + ": expected " + dtype_list(takes) + " but got '" + text + "'");
+    throw Error(flag + ": expected " + dtype_list(takes) + " but got " + detail::quoted(text));
 }
 
 std::string tensor_arg_file(const std::string& spec) { return split_spec(spec).first; }
