@@ -31,7 +31,10 @@ void check(const GemmArgs& g) {
     const std::int64_t a_row = g.ta ? g.M : g.K, b_row = g.tb ? g.K : g.N;
     if (g.lda < std::max<std::int64_t>(a_row, 1)) fail("gemm", "lda ", g.lda, " is narrower than A's rows (", a_row, ")");
     if (g.ldb < std::max<std::int64_t>(b_row, 1)) fail("gemm", "ldb ", g.ldb, " is narrower than B's rows (", b_row, ")");
-    if (g.ldc < std::max<std::int64_t>(g.N, 1)) fail("gemm", "ldc ", g.ldc, " is narrower than C's rows (", g.N, ")");
+    // (In column blocks, C's rows are each block's: c_block wide, the last maybe narrower.)
+    const std::int64_t c_row = g.c_block > 0 ? std::min(g.N, g.c_block) : g.N;
+    if (g.ldc < std::max<std::int64_t>(c_row, 1)) fail("gemm", "ldc ", g.ldc, " is narrower than C's rows (", c_row, ")");
+    if (g.c_block < 0) fail("gemm", "c_block: expected >= 0 but got ", g.c_block);
     if (g.bias != nullptr && g.beta != 0.0f) fail("gemm", "bias: expected beta = 0 with a bias but got beta = ", g.beta);
 }
 
@@ -122,7 +125,7 @@ void sgemm(const KernelSet& row, const GemmArgs& g_in) {
     if (g.K == 0) {  // op(A)·op(B) = 0: C = beta·C (or the bias), without reading A or B (nor C when beta = 0)
         for (std::int64_t i = 0; i < g.M; ++i)
             for (std::int64_t j = 0; j < g.N; ++j)
-                g.C[i * g.ldc + j] = g.bias != nullptr ? g.bias[j] : g.beta == 0.0f ? 0.0f : g.beta * g.C[i * g.ldc + j];
+                *c_at(g, i, j) = g.bias != nullptr ? g.bias[j] : g.beta == 0.0f ? 0.0f : g.beta * *c_at(g, i, j);
         return;
     }
     const Interrupt interrupt;

@@ -61,6 +61,12 @@ struct GemmArgs {
     // first K chunk (sum + bias, one rounding: the bits of C filled with the bias and beta = 1,
     // without that extra pass over C). Only with beta = 0.
     const float* bias = nullptr;
+    // C in column blocks (0: one row-major C). With c_block > 0, C's columns [q·c_block,
+    // (q+1)·c_block) are a matrix of their own at C + q·c_block_stride, row stride ldc:
+    // C(i, j) at C + (j / c_block)·c_block_stride + i·ldc + j % c_block (c_at below). The MHA
+    // layer's projections write each head's (rows, d_h) rows so (head_layout.hpp). Only the
+    // store's addresses change: the same products, the same bits.
+    std::int64_t c_block = 0, c_block_stride = 0;
     // A 16-bit A or B: with a16 (b16) not none, A16 (B16) is read instead of A (B), in the same
     // layout (ta/tb, lda/ldb in elements). C stays float32.
     GemmHalf a16 = GemmHalf::none, b16 = GemmHalf::none;
@@ -80,6 +86,12 @@ struct GemmArgs {
     // driver's threads skip their blocks left, and sgemm throws attn::Interrupted.)
     const Interrupt* interrupt = nullptr;
 };
+
+// Where element (i, j) of g's C is stored (GemmArgs::c_block).
+inline float* c_at(const GemmArgs& g, std::int64_t i, std::int64_t j) {
+    if (g.c_block <= 0) return g.C + i * g.ldc + j;
+    return g.C + (j / g.c_block) * g.c_block_stride + i * g.ldc + j % g.c_block;
+}
 
 // op(B) (K × N) of a GEMM in one kernel-table row's panel layout, packed by the routine the
 // GEMM packs with on every call (so a GEMM on it is bit-identical to the unpacked call, on any

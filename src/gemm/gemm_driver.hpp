@@ -372,23 +372,34 @@ template <class U>
 void tile_at(const GemmArgs& g, std::int64_t kc, const float* a, const float* b, std::int64_t i, std::int64_t j,
              std::int64_t m, std::int64_t n, float beta, const float* bias) {
     constexpr std::int64_t MR = U::kMR, NR = U::kNR;
-    float* c = g.C + i * g.ldc + j;
     alignas(64) float bias_pad[NR];
     if (bias != nullptr && n < NR) {  // the columns past C's edge read zeros, not past the bias
         for (std::int64_t x = 0; x < NR; ++x) bias_pad[x] = x < n ? bias[x] : 0.0f;
         bias = bias_pad;
     }
-    if (m == MR && n == NR) {
-        U::tile(kc, a, b, c, g.ldc, beta, bias);
+    // Columns [j, j + n) lie in one run of each row unless the tile crosses a column block's
+    // edge (GemmArgs::c_block not a multiple of NR).
+    const bool one_run = g.c_block <= 0 || j % g.c_block + n <= g.c_block;
+    if (m == MR && n == NR && one_run) {
+        U::tile(kc, a, b, c_at(g, i, j), g.ldc, beta, bias);
         return;
     }
-    // The edge: the same micro-kernel on a scratch tile, so these elements get the same
-    // arithmetic as full tiles; only the m × n part is read from and written to C.
+    // The edge (or a tile across blocks): the same micro-kernel on a scratch tile, so these
+    // elements get the same arithmetic as full tiles; only the m × n part is read from and
+    // written to C, run by run of each row.
     alignas(64) float t[MR * NR];
-    if (beta != 0.0f)
-        for (std::int64_t r = 0; r < m; ++r) std::memcpy(t + r * NR, c + r * g.ldc, static_cast<std::size_t>(n) * sizeof(float));
+    auto runs = [&](bool to_c) {
+        for (std::int64_t r = 0; r < m; ++r)
+            for (std::int64_t x = 0; x < n;) {
+                const std::int64_t len = one_run ? n : std::min(n - x, g.c_block - (j + x) % g.c_block);
+                float* c = c_at(g, i + r, j + x);
+                std::memcpy(to_c ? c : t + r * NR + x, to_c ? t + r * NR + x : c, static_cast<std::size_t>(len) * sizeof(float));
+                x += len;
+            }
+    };
+    if (beta != 0.0f) runs(false);
     U::tile(kc, a, b, t, NR, beta, bias);
-    for (std::int64_t r = 0; r < m; ++r) std::memcpy(c + r * g.ldc, t + r * NR, static_cast<std::size_t>(n) * sizeof(float));
+    runs(true);
 }
 
 // The whole op(B) packed once (PackedB, gemm.hpp): per K chunk pc (the driver's chunks, kc_max
