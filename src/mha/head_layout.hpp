@@ -1,12 +1,15 @@
 // Where the rows and heads of an MHA layer's buffers sit — written once for the forward,
 // the backward and the incremental path. Inputs are (L, B, F), (B, L, F) with batch_first,
-// or unbatched (L, F); a projection writes (rows, ld) buffers in the input's row order, and
-// the heads are stride views of them (docs/conventions.md: the head split is a stride view, never a copy).
+// or unbatched (L, F); a projection writes its rows in the input's row order, either as
+// (rows, ld) buffers (heads are column blocks) or head-major (each head a (rows, d) matrix of
+// its own: the inference forward's Q, K and V), and the heads are stride views of them
+// (docs/conventions.md: the head split is a stride view, never a copy).
 #pragma once
 
 #include <cstdint>
 
 #include "attn/tensor.hpp"
+#include "linear.hpp"
 
 namespace attn::detail {
 
@@ -29,6 +32,16 @@ inline TensorView heads_view(void* buf, DType dt, std::int64_t ld, std::int64_t 
 inline TensorView heads_view(float* buf, std::int64_t ld, std::int64_t col, Rows r, std::int64_t B,
                              std::int64_t heads, std::int64_t L, std::int64_t d) {
     return heads_view(buf, DType::f32, ld, col, r, B, heads, L, d);
+}
+
+// Head-major: a projection's GEMM stores head k's d columns as a (rows, d) matrix at
+// buf + k·rows·d (linear's ColumnBlocks{d, rows·d}), so a head's rows of one batch item are
+// contiguous when the input is batch-major (batch_first or unbatched) and B·d floats apart
+// otherwise. A (B, heads, L, d) view of heads [first, first + heads) of such a buffer:
+inline ColumnBlocks head_major_blocks(std::int64_t rows, std::int64_t d) { return ColumnBlocks{d, rows * d}; }
+inline TensorView head_major_view(float* buf, std::int64_t rows, std::int64_t first, Rows r, std::int64_t B,
+                                  std::int64_t heads, std::int64_t L, std::int64_t d) {
+    return TensorView(buf + first * rows * d, DType::f32, Shape{B, heads, L, d}, Strides{r.rb * d, rows * d, r.rl * d, 1});
 }
 
 }  // namespace attn::detail

@@ -38,11 +38,18 @@ struct Operand {
 void gemm(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, const float* A, std::int64_t lda,
           const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc);
 
+// y's columns stored in blocks (GemmArgs::c_block): block q of `width` columns is a matrix of
+// its own at y + q·stride (row stride ldy); width 0: y is one row-major matrix.
+struct ColumnBlocks {
+    std::int64_t width = 0, stride = 0;
+};
+
 // y: (N, M) row stride ldy  =  x: (N, K) row stride ldx  ·  wᵀ,  w: (M, K) contiguous  (+ bias (M,) per row)
 // This is torch.nn.functional.linear.
 // x and w may each be float32, float16 or bfloat16; y, bias and the accumulation are float32.
+// y_blocks: y stored in column blocks (the same values, other addresses).
 void linear(Operand x, std::int64_t N, std::int64_t K, std::int64_t ldx, Operand w, std::int64_t M,
-            const float* bias, float* y, std::int64_t ldy);
+            const float* bias, float* y, std::int64_t ldy, ColumnBlocks y_blocks = {});
 
 // acc (M,) (+)= Σ over N rows of x (N, M) row stride ld: a bias gradient (accumulate = false
 // overwrites acc).

@@ -1,5 +1,5 @@
-// MultiHeadAttention::forward: projections (sgemm) → heads by strides → attn::sdpa → out
-// projection (sgemm). The checks, the PyTorch masks and the projections are shared with
+// MultiHeadAttention::forward: projections (sgemm, stored head-major) → heads by strides →
+// attn::sdpa → out projection (sgemm). The checks, the PyTorch masks and the projections are shared with
 // forward_train (inputs.hpp, masks.hpp, projection.hpp).
 #include <cstring>
 
@@ -145,12 +145,14 @@ void MultiHeadAttention::forward_into(const TensorView& query, const TensorView&
                            weights != nullptr ? &per_head : nullptr);
     }
 
-    // ---- projections: rows keep the input's order, heads are column blocks ----
+    // ---- projections: rows keep the input's order, each head's Q, K, V a (rows, d_h) matrix
+    // of its own (head-major: the attention reads a head's K/V rows in place) ----
     detail::ProjectionPlan plan;
     plan.self_attention = detail::same_view(query, key) && detail::same_view(key, value);
     plan.shared_kv = detail::same_view(key, value);
     plan.batch_major = s.extra > 0;
     plan.use_packed = true;
+    plan.head_major = true;
     const detail::Operand xq = detail::as_rows(query, ws.input_copy[0]);
     const detail::Operand xk = plan.self_attention ? xq : detail::as_rows(key, ws.input_copy[1]);
     const detail::Operand xv = plan.shared_kv ? xk : detail::as_rows(value, ws.input_copy[2]);

@@ -144,24 +144,33 @@ Projected project_qkv(const MultiHeadAttention& layer, const MhaShapes& s, Opera
     const std::int64_t E = c.embed_dim, h = c.num_heads, hkv = c.num_kv_heads, dh = layer.head_dim(), Ekv = hkv * dh;
     const std::int64_t B = s.B, Lq = s.Lq, Lk = s.Lk, Lkx = s.Lkx, Nq = B * Lq, Nk = B * Lk;
     const InputWeights w = input_weights(layer, plan.use_packed);
+    // A buffer of `rows` rows and `heads` heads of d_h columns, written by one GEMM whose
+    // output begins at head `first`: its shape, how the GEMM stores it, and the views of it.
+    const bool hm = plan.head_major;
+    const auto shape = [&](std::int64_t rows, std::int64_t heads) { return hm ? Shape{heads, rows, dh} : Shape{rows, heads * dh}; };
+    const auto blocks = [&](std::int64_t rows) { return hm ? head_major_blocks(rows, dh) : ColumnBlocks{}; };
+    const auto view = [&](float* buf, std::int64_t rows, std::int64_t ld, std::int64_t first, Rows r, std::int64_t heads,
+                          std::int64_t L) {
+        return hm ? head_major_view(buf, rows, first, r, B, heads, L, dh) : heads_view(buf, ld, first * dh, r, B, heads, L, dh);
+    };
     Projected p;
     if (plan.self_attention && w.packed && !plan.batch_major) {
         // One GEMM X (N, E) · [W_Q; W_K; W_V]ᵀ → (N, E + 2·E_kv), i.e. per row (3, h, d_h)
-        // without GQA; Q, K and V are strided views of it.
+        // without GQA (head-major: h + 2·h_kv matrices of (N, d_h)); Q, K and V are views of it.
         const std::int64_t n = E + 2 * Ekv;
-        float* qkv = ensure(ws.proj_q, Shape{Nq, n});
-        linear(xq, Nq, E, E, w.wq, n, w.bias, qkv, n);
-        p.Q = heads_view(qkv, n, 0, s.rq, B, h, Lq, dh);
-        p.K = heads_view(qkv, n, E, s.rk, B, hkv, Lk, dh);
-        p.V = heads_view(qkv, n, E + Ekv, s.rk, B, hkv, Lk, dh);
+        float* qkv = ensure(ws.proj_q, shape(Nq, h + 2 * hkv));
+        linear(xq, Nq, E, E, w.wq, n, w.bias, qkv, hm ? dh : n, blocks(Nq));
+        p.Q = view(qkv, Nq, n, 0, s.rq, h, Lq);
+        p.K = view(qkv, Nq, n, h, s.rk, hkv, Lk);
+        p.V = view(qkv, Nq, n, h + hkv, s.rk, hkv, Lk);
         return p;
     }
-    float* q = ensure(ws.proj_q, Shape{Nq, E});
-    linear(xq, Nq, E, E, w.wq, E, w.bq, q, E);
-    p.Q = heads_view(q, E, 0, s.rq, B, h, Lq, dh);
+    float* q = ensure(ws.proj_q, shape(Nq, h));
+    linear(xq, Nq, E, E, w.wq, E, w.bq, q, hm ? dh : E, blocks(Nq));
+    p.Q = view(q, Nq, E, 0, s.rq, h, Lq);
     if (plan.batch_major) {
-        // One GEMM per batch item into (B, Lkx, E_kv) buffers, then the appended rows.
-        // Rows of item b in the input: b·rb + l·rl.
+        // One GEMM per batch item into (B, Lkx, E_kv) buffers, then the appended rows (never
+        // head-major: the backward reads these rows). Rows of item b in the input: b·rb + l·rl.
         float* k = ensure(ws.proj_kv, Shape{B * Lkx, Ekv});
         float* v = ensure(ws.proj_v, Shape{B * Lkx, Ekv});
         const float* bias_k = c.add_bias_kv ? layer.parameter("bias_k").data_as<const float>() : nullptr;
@@ -186,17 +195,17 @@ Projected project_qkv(const MultiHeadAttention& layer, const MhaShapes& s, Opera
         p.V = heads_view(v, Ekv, 0, rkx, B, hkv, Lkx, dh);
     } else if (plan.shared_kv && w.packed) {
         // Cross-attention on one memory tensor: one GEMM for K and V.
-        float* kv = ensure(ws.proj_kv, Shape{Nk, 2 * Ekv});
-        linear(xk, Nk, E, E, w.wk, 2 * Ekv, w.bk, kv, 2 * Ekv);
-        p.K = heads_view(kv, 2 * Ekv, 0, s.rk, B, hkv, Lk, dh);
-        p.V = heads_view(kv, 2 * Ekv, Ekv, s.rk, B, hkv, Lk, dh);
+        float* kv = ensure(ws.proj_kv, shape(Nk, 2 * hkv));
+        linear(xk, Nk, E, E, w.wk, 2 * Ekv, w.bk, kv, hm ? dh : 2 * Ekv, blocks(Nk));
+        p.K = view(kv, Nk, 2 * Ekv, 0, s.rk, hkv, Lk);
+        p.V = view(kv, Nk, 2 * Ekv, hkv, s.rk, hkv, Lk);
     } else {
-        float* k = ensure(ws.proj_kv, Shape{Nk, Ekv});
-        float* v = ensure(ws.proj_v, Shape{Nk, Ekv});
-        linear(xk, Nk, c.kdim, c.kdim, w.wk, Ekv, w.bk, k, Ekv);
-        linear(xv, Nk, c.vdim, c.vdim, w.wv, Ekv, w.bv, v, Ekv);
-        p.K = heads_view(k, Ekv, 0, s.rk, B, hkv, Lk, dh);
-        p.V = heads_view(v, Ekv, 0, s.rk, B, hkv, Lk, dh);
+        float* k = ensure(ws.proj_kv, shape(Nk, hkv));
+        float* v = ensure(ws.proj_v, shape(Nk, hkv));
+        linear(xk, Nk, c.kdim, c.kdim, w.wk, Ekv, w.bk, k, hm ? dh : Ekv, blocks(Nk));
+        linear(xv, Nk, c.vdim, c.vdim, w.wv, Ekv, w.bv, v, hm ? dh : Ekv, blocks(Nk));
+        p.K = view(k, Nk, Ekv, 0, s.rk, hkv, Lk);
+        p.V = view(v, Nk, Ekv, 0, s.rk, hkv, Lk);
     }
     return p;
 }

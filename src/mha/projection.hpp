@@ -1,6 +1,7 @@
 // The input projections of the MHA layer (Q = x_q·W_Qᵀ + b_Q, K, V likewise), written once
 // for forward_into, forward_train and the incremental path. Rows keep the input's order;
-// heads are column blocks, seen through stride views (head_layout.hpp).
+// heads are column blocks or, head-major, matrices of their own, seen through stride views
+// (head_layout.hpp).
 #pragma once
 
 #include "attn/mha.hpp"
@@ -64,6 +65,11 @@ struct Projected {
 struct ProjectionPlan {
     bool self_attention = false, shared_kv = false, batch_major = false;
     bool use_packed = false;  // input_weights' use_packed: inference calls
+    // Q, K and V stored head-major (head_layout.hpp: each head a (rows, d_h) matrix; not the
+    // batch-major K and V): the inference forward, whose attention then reads a head's K/V rows
+    // in place (docs/conventions.md, "How the layer runs"). The training paths keep the rows:
+    // the backward's weight-gradient GEMMs read them as (rows, E) matrices.
+    bool head_major = false;
 };
 
 // The dtype of the layer's intermediates (MhaForwardOptions::intermediate_dtype): float32

@@ -370,23 +370,75 @@ TEST(Mha, StridedInputsAndWorkspaceReuse) {
 }
 
 TEST(Mha, FusedProjectionsAndNoInputCopies) {
-    // Self-attention: one (N, 3E) QKV buffer, no K/V buffers, no copy of a contiguous float32
-    // input. Cross-attention on one key/value tensor: one (Nk, 2E) KV buffer.
+    // Self-attention: one QKV buffer — head-major, 3h matrices of (N, d_h) —, no K/V buffers, no
+    // copy of a contiguous float32 input. Cross-attention on one key/value tensor: one KV buffer
+    // of 2h matrices of (Nk, d_h).
     std::mt19937 rng(8);
     MultiHeadAttention m(MhaConfig{.embed_dim = 8, .num_heads = 2});
     randomise(m, rng);
     const Tensor x = random_tensor(Shape{5, 3, 8}, rng), mem = random_tensor(Shape{7, 3, 8}, rng);
     attn::MhaWorkspace self_ws, cross_ws;
     m.forward(x, x, x, {}, &self_ws);
-    EXPECT_EQ(self_ws.proj_q.shape(), (Shape{15, 24}));
+    EXPECT_EQ(self_ws.proj_q.shape(), (Shape{6, 15, 4}));
     EXPECT_EQ(self_ws.proj_kv.data(), nullptr);
     EXPECT_EQ(self_ws.proj_v.data(), nullptr);
     for (const Tensor& t : self_ws.input_copy) EXPECT_EQ(t.data(), nullptr);
     m.forward(x, mem, mem, {}, &cross_ws);
-    EXPECT_EQ(cross_ws.proj_q.shape(), (Shape{15, 8}));
-    EXPECT_EQ(cross_ws.proj_kv.shape(), (Shape{21, 16}));
+    EXPECT_EQ(cross_ws.proj_q.shape(), (Shape{2, 15, 4}));
+    EXPECT_EQ(cross_ws.proj_kv.shape(), (Shape{4, 21, 4}));
     EXPECT_EQ(cross_ws.proj_v.data(), nullptr);
     for (const Tensor& t : cross_ws.input_copy) EXPECT_EQ(t.data(), nullptr);
+}
+
+// forward() stores Q, K and V head-major (src/mha/head_layout.hpp), forward_train in rows (the
+// backward reads them so): only the addresses differ, so the outputs are the same bits — in
+// every input layout, self-attention (one fused GEMM), cross-attention on one memory tensor and
+// on three (kdim, vdim), grouped KV heads, head dims the GEMM's tiles straddle (d_h = 24, 5, 3),
+// appended keys (Q head-major, K and V batch-major), with a causal mask or a key padding mask,
+// on 1 and 2 threads. The textbook tests above check these paths against double.
+TEST(Mha, HeadMajorForwardHasTheTrainingForwardsBits) {
+    struct Layer {
+        MhaConfig config;
+        Case c;
+        bool self, shared_kv, causal, padding_mask;
+    };
+    const Layer layers[] = {
+        {{.embed_dim = 96, .num_heads = 4, .batch_first = true}, {.batched = true, .batch_first = true, .B = 2, .Lq = 37, .Lk = 37}, true, true, false, true},
+        {{.embed_dim = 128, .num_heads = 2}, {.batched = true, .B = 3, .Lq = 20, .Lk = 20}, true, true, true, false},
+        {{.embed_dim = 15, .num_heads = 3}, {.batched = false, .B = 1, .Lq = 11, .Lk = 11}, true, true, true, false},
+        {{.embed_dim = 12, .num_heads = 4, .batch_first = true}, {.batched = true, .batch_first = true, .B = 2, .Lq = 7, .Lk = 9}, false, true, false, true},
+        {{.embed_dim = 16, .num_heads = 2, .kdim = 10, .vdim = 6}, {.batched = true, .B = 2, .Lq = 6, .Lk = 8}, false, false, false, false},
+        {{.embed_dim = 12, .num_heads = 6, .num_kv_heads = 2}, {.batched = true, .B = 2, .Lq = 9, .Lk = 9}, true, true, true, false},
+        {{.embed_dim = 8, .num_heads = 2, .add_bias_kv = true, .add_zero_attn = true}, {.batched = true, .B = 2, .Lq = 5, .Lk = 6}, false, true, false, true},
+    };
+    std::mt19937 rng(12);
+    for (const Layer& l : layers) {
+        const MhaConfig& cfg = l.config;
+        SCOPED_TRACE("E=" + std::to_string(cfg.embed_dim) + " h=" + std::to_string(cfg.num_heads) +
+                     " batch_first=" + std::to_string(cfg.batch_first) + " batched=" + std::to_string(l.c.batched));
+        MultiHeadAttention m(cfg);
+        randomise(m, rng);
+        const std::int64_t kdim = cfg.kdim > 0 ? cfg.kdim : cfg.embed_dim, vdim = cfg.vdim > 0 ? cfg.vdim : cfg.embed_dim;
+        const Tensor q = random_tensor(layout(l.c, l.c.Lq, cfg.embed_dim), rng);
+        const Tensor k = random_tensor(layout(l.c, l.c.Lk, kdim), rng);
+        const Tensor v = l.shared_kv ? Tensor() : random_tensor(layout(l.c, l.c.Lk, vdim), rng);
+        const TensorView kv = l.self ? q.view() : k.view(), vv = l.self ? q.view() : l.shared_kv ? k.view() : v.view();
+        Tensor padding(DType::boolean, l.c.batched ? Shape{l.c.B, l.c.Lk} : Shape{l.c.Lk});
+        for (std::int64_t i = 0; i < padding.numel(); ++i) padding.data_as<bool>()[i] = i % 4 == 3;  // some keys of each row padded
+        MhaForwardOptions o;
+        o.need_weights = false;
+        if (l.causal) o.causal = attn::Causal::top_left;
+        if (l.padding_mask) o.key_padding_mask = padding.view();
+        attn::MhaForwardState st;
+        const Tensor rows = m.forward_train(q, kv, vv, o, {}, st);
+        for (int threads : {1, 2}) {
+            const int before = omp_get_max_threads();
+            omp_set_num_threads(threads);
+            const attn::MhaOutput head_major = m.forward(q, kv, vv, o);
+            omp_set_num_threads(before);
+            EXPECT_TRUE(bit_equal(head_major.output, rows)) << "threads=" << threads;
+        }
+    }
 }
 
 TEST(Mha, ResultDoesNotDependOnThreadCount) {
