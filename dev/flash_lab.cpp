@@ -3,7 +3,7 @@
 //
 //   flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--splits N] [--group N] [--pass N]
 //             [--isa portable|avx2|avx512] [--threads N] [--reps N] [--peak] [--no-check] [--no-warmup] [--paired N] [--mha-layout]
-//             [--huge] [--kv f16|bf16]
+//             [--head-major] [--huge] [--kv f16|bf16]
 //
 // --splits N: each task's keys in N chunks (1: none); --group N: N query blocks per group, which
 // take turns over their keys (1: none; flash_query_groups.hpp); --pass N: N keys per turn
@@ -11,6 +11,9 @@
 // them the kernel's own policy decides, as in a real call.
 // --mha-layout: Q, K, V and out are the stride views the MHA layer hands to sdpa (S6): rows
 // b·L + l of one (B·L, 3·H·D) QKV buffer (out: (B·L, H·D)), columns (which, head, d); needs Lq = Lk.
+// (The layer's layout until 2026-12-07.)
+// --head-major: the same, but Q, K, V are the head-major views the MHA layer hands to sdpa since
+// 2026-12-07 (src/mha/head_layout.hpp): 3·H matrices of (B·L, D), head k's at k·B·L·D; out as above.
 // --huge: Q, K, V and out in 2 MiB-aligned buffers advised MADV_HUGEPAGE (transparent huge
 // pages), to see what 4 KiB pages' TLB misses cost (a VM's nested page walks are slow).
 // --kv f16|bf16: K and V stored as float16 / bfloat16 (the same random values rounded once,
@@ -97,13 +100,13 @@ void fill(const Tensor& t, unsigned seed) { fill(t.data_as<float>(), t.numel(), 
 constexpr const char* kUsage =
     "flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--splits N] [--group N] [--pass N]\n"
     "          [--isa portable|avx2|avx512] [--threads N] [--reps N] [--peak] [--no-check] [--no-warmup] [--paired N]\n"
-    "          [--mha-layout] [--huge] [--kv f16|bf16]\n"
+    "          [--mha-layout] [--head-major] [--huge] [--kv f16|bf16]\n"
     "--isa: the kernel-table row (default: the one attn picks on this CPU, ATTN_ISA included).\n"
     "The comment at the top of dev/flash_lab.cpp says what each option does.\n";
 
 int run(int argc, char** argv) {
     std::int64_t B = 1, H = 16, Lq = 4096, Lk = 4096, D = 64, Hkv = 0;
-    bool causal = false, peak = false, check = true, warmup = true, mha_layout = false, huge = false;
+    bool causal = false, peak = false, check = true, warmup = true, mha_layout = false, head_major = false, huge = false;
     int paired = 0;
     DType kv_dtype = DType::f32;
     FlashTiles tiles{};
@@ -150,6 +153,7 @@ int run(int argc, char** argv) {
         else if (a == "--no-check") check = false;  // e.g. for peak RSS: the check's reference stores Lq×Lk
         else if (a == "--no-warmup") warmup = false;
         else if (a == "--mha-layout") mha_layout = true;
+        else if (a == "--head-major") mha_layout = head_major = true;
         else if (a == "--huge") huge = true;
         else if (a == "--kv") {
             const std::string n = next();
@@ -219,6 +223,14 @@ int run(int argc, char** argv) {
         q = view(qkvp, 3 * E);
         k = view(qkvp + E, 3 * E);
         v = view(qkvp + 2 * E, 3 * E);
+        if (head_major) {  // head k: a (B·L, D) matrix at k·B·L·D; row b·L + l
+            auto head_view = [&](float* base) {
+                return TensorView(base, DType::f32, Shape{B, H, L, D}, Strides{L * D, B * L * D, D, 1});
+            };
+            q = head_view(qkvp);
+            k = head_view(qkvp + H * B * L * D);
+            v = head_view(qkvp + 2 * H * B * L * D);
+        }
         o = view(outp, E);
     } else if (huge) {
         const std::int64_t nq = B * H * Lq * D, nkv = B * Hkv * Lk * D;
@@ -308,7 +320,7 @@ int run(int argc, char** argv) {
                 "%.1f GFLOP/s (min-time %.1f; per CPU-second x threads %.1f)%s%s\n",
                 (long long)B, (long long)H, (long long)Lq, (long long)Lk, (long long)D, causal ? "causal" : "full",
                 isa_name(isa), threads, tiles.Mb, tiles.Nb, med, t.front(), flops / med / 1e9, flops / t.front() / 1e9,
-                flops / ct[ct.size() / 2] / 1e9, (std::string(mha_layout ? " [mha layout]" : "") + (huge ? " [huge pages]" : "")).c_str(),
+                flops / ct[ct.size() / 2] / 1e9, (std::string(head_major ? " [mha layout, head-major]" : mha_layout ? " [mha layout]" : "") + (huge ? " [huge pages]" : "")).c_str(),
                 kv_dtype == DType::f32 ? "" : (" [K/V " + std::string(dtype_name(kv_dtype)) + "]").c_str());
     return 0;
 }

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "mha/head_layout.hpp"
 #include "mha/linear.hpp"
 #include "mha/packed_weights.hpp"
 #include "openblas.hpp"
@@ -16,7 +17,7 @@ struct MhaS6::Buffers {
     std::unique_ptr<MultiHeadAttention> layer;
     MhaWorkspace ws;
     Tensor x, out;     // the layer's input and output (B, L, E)
-    Tensor qkv, o;     // the parts' own buffers: (B·L, 3E) and (B·L, E)
+    Tensor qkv, o;     // the parts' own buffers: head-major (3h, B·L, d_h) and (B·L, E)
     Tensor sa, sb, sc; // square GEMM operands (n, n)
     TensorView q, k, v, ov;
     std::string kernel;
@@ -50,17 +51,16 @@ MhaS6::MhaS6(const MhaS6Shape& s) : shape_(s), b_(std::make_unique<Buffers>()) {
     fill(b_->x, rng, 1.0f);
     if (s.dtype != DType::f32) b_->x = to_dtype(b_->x.view(), s.dtype);  // (the weights round on load)
     b_->out = Tensor(s.dtype, Shape{s.B, s.L, E}, true);
-    b_->qkv = Tensor(DType::f32, Shape{N, 3 * E}, true);
+    b_->qkv = Tensor(DType::f32, Shape{3 * s.h, N, dh}, true);
     b_->o = Tensor(DType::f32, Shape{N, E}, true);
-    // The views the layer hands to sdpa: row b·L + l, columns (which, head, d).
-    auto view = [&](float* base, std::int64_t ld) {
-        return TensorView(base, DType::f32, Shape{s.B, s.h, s.L, dh}, Strides{s.L * ld, dh, ld, 1});
-    };
+    // The views the layer hands to sdpa (src/mha/head_layout.hpp): Q, K, V head-major — head k
+    // of the QKV GEMM's (which, head) a (B·L, d_h) matrix at k·B·L·d_h, row b·L + l —, O row
+    // b·L + l of (B·L, E), columns (head, d).
     float* qkv = b_->qkv.data_as<float>();
-    b_->q = view(qkv, 3 * E);
-    b_->k = view(qkv + E, 3 * E);
-    b_->v = view(qkv + 2 * E, 3 * E);
-    b_->ov = view(b_->o.data_as<float>(), E);
+    b_->q = detail::head_major_view(qkv, N, 0, detail::Rows{s.L, 1}, s.B, s.h, s.L, dh);
+    b_->k = detail::head_major_view(qkv, N, s.h, detail::Rows{s.L, 1}, s.B, s.h, s.L, dh);
+    b_->v = detail::head_major_view(qkv, N, 2 * s.h, detail::Rows{s.L, 1}, s.B, s.h, s.L, dh);
+    b_->ov = TensorView(b_->o.data_as<float>(), DType::f32, Shape{s.B, s.h, s.L, dh}, Strides{s.L * E, dh, E, 1});
 
     // Square GEMM with the QKV GEMM's FLOPs: 2n³ = 2·N·E·3E.
     square_n_ = static_cast<std::int64_t>(std::llround(std::cbrt(static_cast<double>(N) * E * 3 * E)));
@@ -94,9 +94,10 @@ detail::Operand packed_weight(const MultiHeadAttention& m, const char* name) {
 }  // namespace
 
 void MhaS6::qkv_projection() {
-    const std::int64_t N = shape_.B * shape_.L, E = shape_.E;
+    const std::int64_t N = shape_.B * shape_.L, E = shape_.E, dh = E / shape_.h;
     detail::linear(b_->x.data_as<float>(), N, E, E, packed_weight(*b_->layer, "in_proj_weight"), 3 * E,
-                   b_->layer->parameter("in_proj_bias").data_as<float>(), b_->qkv.data_as<float>(), 3 * E);
+                   b_->layer->parameter("in_proj_bias").data_as<float>(), b_->qkv.data_as<float>(), dh,
+                   detail::head_major_blocks(N, dh));
 }
 
 void MhaS6::attention() {

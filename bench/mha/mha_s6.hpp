@@ -39,7 +39,7 @@ public:
 
     void forward();         // MultiHeadAttention::forward_into, workspace reused
     // The layer's weights are pre-packed (MultiHeadAttention::pack_weights), as in forward().
-    void qkv_projection();  // X (B·L, E) · in_proj_weightᵀ (E, 3E) + bias → (B·L, 3E)
+    void qkv_projection();  // X (B·L, E) · in_proj_weightᵀ (E, 3E) + bias → (B·L, 3E), stored head-major
     void attention();       // attn::sdpa on the (B, h, L, d_h) stride views of that buffer
     void out_projection();  // O (B·L, E) · out_proj.weightᵀ + bias → (B·L, E)
     void square_gemm();     // attn's GEMM (src/gemm) n×n×n with 2n³ ≈ flop_qkv()
