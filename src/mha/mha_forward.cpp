@@ -1,6 +1,6 @@
 // MultiHeadAttention::forward: projections (sgemm, stored head-major) → heads by strides →
-// attn::sdpa → out projection (sgemm). The checks, the PyTorch masks and the projections are shared with
-// forward_train (inputs.hpp, masks.hpp, projection.hpp).
+// attn::sdpa → out projection (sgemm). The checks, the PyTorch masks and the projections are
+// shared with forward_train (inputs.hpp, masks.hpp, projection.hpp).
 #include <cstring>
 
 #include "../core/check.hpp"

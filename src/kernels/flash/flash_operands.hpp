@@ -145,10 +145,11 @@ inline bool converts_tiles(const SdpaProblem& p) { return !in_place(p.k, p.Dk) |
 
 // Whether float32 K or V rows that a tile could read in place lie apart in memory (row stride
 // past the head dim: a (B, L, H, D) tensor seen as (B, H, L, D), the MHA layer's seq-first
-// head-major rows B·D apart, or its views of one (B·L, 3·H·D) QKV buffer before it stored Q, K, V
-// head-major — rows 3·H·D floats apart, 9 KiB, a page each, at S6's H·D = 768). Read in place, a key block's 64 K and 64 V
-// rows touch 128 pages (past the L1 TLB) and the hardware prefetchers find no stream in them;
-// then a group of tasks copies each block's rows once into contiguous tiles (run_group) and
+// head-major rows B·D apart, or its views of one (B·L, 3·H·D) QKV buffer before it stored Q, K,
+// V head-major — rows 3·H·D floats apart, 9 KiB, a page each, at S6's H·D = 768). Read in
+// place, a key block's 64 K and 64 V rows touch 128 pages (past the L1 TLB) and the hardware
+// prefetchers find no stream in them; then a group of tasks copies each block's rows once into
+// contiguous tiles (run_group) and
 // every task reads those: S6's attention +5-10 % per CPU-second on Sapphire Rapids, L = 2048
 // +39 % (docs/kernels-lab.md, fwd-12). Grouping alone, without the copy, measured no gain.
 inline bool rows_apart(const SdpaProblem& p) {
