@@ -60,11 +60,13 @@ namespace {
 // 2^(x·log2 e − U) (U = ex[0..32P): m·log2 e as Ops::softmax rounds it), and the weights summed
 // into ex + 64 (rows of even key index) and ex + 128 (odd), from 0 if first: Ops::softmax's
 // exp_column in the same order, so the same bits where the block leaves the max where it was.
-template <int R, int P = 1, int M = 0, bool CM = false, bool EX = false>
+// LD: Sᵀ's row stride ldS fixed at compile time (Avx512Ops::kTileLd), or 0: the argument's.
+template <int R, int P = 1, int M = 0, bool CM = false, bool EX = false, int LD = 0>
 inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, float c2, float* s, int ldS,
                     const QkModifiers* mods = nullptr, float j_first = 0.0f, float* cmax = nullptr,
                     bool first = true, float* ex = nullptr) {
     static_assert((P == 1 && R <= 8) || (P == 2 && R <= 6), "16 (one panel) or 24 (pair) accumulators at most");
+    if constexpr (LD != 0) ldS = LD;
     ATTN_ROWS(ATTN_DECL_ACC)
     const float* qt1 = qt + static_cast<std::int64_t>(Dk) * 32;  // the second panel (P = 2)
     for (int d = 0; d < Dk; ++d) {
@@ -197,10 +199,13 @@ inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, f
 // columns of the two panels are contiguous); the same FMA chain over j per element either way.
 // A (rescale): multiply the loaded Oᵀ by alpha; false where every α of the call is 1 (the
 // caller passed alpha = nullptr), which gives the same bits without the multiply.
-template <int R, int P = 1, bool A = true>
+// LD: Pᵀ's and Oᵀ's row strides (ldP, ldO) fixed at compile time (Avx512Ops::kTileLd), or 0: the
+// arguments'.
+template <int R, int P = 1, bool A = true, int LD = 0>
 inline void pv_tile(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, float* ot, int ldO,
                     const float* alpha) {
     static_assert((P == 1 && R <= 8) || (P == 2 && R <= 6), "16 (one panel) or 24 (pair) accumulators at most");
+    if constexpr (LD != 0) ldP = ldO = LD;
     [[maybe_unused]] __m512 al0 = _mm512_set1_ps(1.0f), al1 = al0, al2 = al0, al3 = al0;
     if constexpr (A) {
         al0 = _mm512_load_ps(alpha);
@@ -289,15 +294,35 @@ struct Avx512Ops {
     // P panels per call (qk_tile): qk one, qk_pair two adjacent ones (the driver's kOpsPanelPairs).
     // cmax: the column maxima too (qk_tile's CM; the driver's kOpsColumnMax), starting over if first.
     static constexpr bool kColumnMax = true;
+
+    // The row stride of Sᵀ, Pᵀ and Oᵀ in the default tiles (Mb = 64, flash_default_tiles): qk and
+    // pv run with it as a constant there (qk_tile's and pv_tile's LD), so each row of the call's
+    // tile is the call's pointer plus an immediate. With ldO at run time GCC computed the 24 Oᵀ
+    // row addresses of a pv call one by one and kept them on the stack and in xmm registers
+    // (kernels-lab fwd-24). Other strides (the lab's and tests' tiles) take the same code with
+    // the stride at run time: the same FMAs, the same bits.
+    static constexpr int kTileLd = 64;
+    // f(integral_constant<int, kTileLd>) where every stride given is kTileLd, else f(… 0).
+    template <class F>
+    __attribute__((always_inline)) static void with_ld(bool fixed, F&& f) {
+        if (fixed) f(std::integral_constant<int, kTileLd>{});
+        else f(std::integral_constant<int, 0>{});
+    }
+
     template <int P>
     static void qk_p(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s, int ldS,
                      float* cmax = nullptr, bool first = true) {
-        if (cmax != nullptr)
-            with_rows<P == 1 ? kRows : kPairRows>(rows, [&](auto R) {
-                qk_tile<decltype(R)::value, P, 0, true>(qt, k, ldk, Dk, c2, s, ldS, nullptr, 0.0f, cmax, first);
-            });
-        else
-            with_rows<P == 1 ? kRows : kPairRows>(rows, [&](auto R) { qk_tile<decltype(R)::value, P>(qt, k, ldk, Dk, c2, s, ldS); });
+        with_ld(ldS == kTileLd, [&](auto L) {
+            constexpr int LD = decltype(L)::value;
+            if (cmax != nullptr)
+                with_rows<P == 1 ? kRows : kPairRows>(rows, [&](auto R) {
+                    qk_tile<decltype(R)::value, P, 0, true, false, LD>(qt, k, ldk, Dk, c2, s, ldS, nullptr, 0.0f, cmax, first);
+                });
+            else
+                with_rows<P == 1 ? kRows : kPairRows>(rows, [&](auto R) {
+                    qk_tile<decltype(R)::value, P, 0, false, false, LD>(qt, k, ldk, Dk, c2, s, ldS);
+                });
+        });
     }
     static void qk(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s, int ldS,
                    float* cmax = nullptr, bool first = true) {
@@ -311,8 +336,11 @@ struct Avx512Ops {
     // (64 floats) then the two sums (64 each) of the pair's columns.
     static void qk_exp_pair(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s,
                             int ldS, float* cmax, bool first, float* ex) {
-        with_rows<kPairRows>(rows, [&](auto R) {
-            qk_tile<decltype(R)::value, 2, 0, true, true>(qt, k, ldk, Dk, c2, s, ldS, nullptr, 0.0f, cmax, first, ex);
+        with_ld(ldS == kTileLd, [&](auto L) {
+            with_rows<kPairRows>(rows, [&](auto R) {
+                qk_tile<decltype(R)::value, 2, 0, true, true, decltype(L)::value>(qt, k, ldk, Dk, c2, s, ldS, nullptr, 0.0f,
+                                                                                  cmax, first, ex);
+            });
         });
     }
     // Before a speculative block: U = m·log2 e into ex (ncols), as softmax rounds it; false unless
@@ -379,12 +407,17 @@ struct Avx512Ops {
     template <int P>
     static void pv_p(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, int rows, float* ot, int ldO,
                      const float* alpha) {
-        if (alpha != nullptr)
-            with_rows<P == 1 ? kRows : kPairRows>(rows, [&](auto R) { pv_tile<decltype(R)::value, P>(p, ldP, v, ldv, nk, ot, ldO, alpha); });
-        else
-            with_rows<P == 1 ? kRows : kPairRows>(rows, [&](auto R) {
-                pv_tile<decltype(R)::value, P, false>(p, ldP, v, ldv, nk, ot, ldO, nullptr);
-            });
+        with_ld(ldP == kTileLd && ldO == kTileLd, [&](auto L) {
+            constexpr int LD = decltype(L)::value;
+            if (alpha != nullptr)
+                with_rows<P == 1 ? kRows : kPairRows>(rows, [&](auto R) {
+                    pv_tile<decltype(R)::value, P, true, LD>(p, ldP, v, ldv, nk, ot, ldO, alpha);
+                });
+            else
+                with_rows<P == 1 ? kRows : kPairRows>(rows, [&](auto R) {
+                    pv_tile<decltype(R)::value, P, false, LD>(p, ldP, v, ldv, nk, ot, ldO, nullptr);
+                });
+        });
     }
     static void pv(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, int rows, float* ot, int ldO,
                    const float* alpha) {
