@@ -3,7 +3,7 @@
 //
 //   flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--splits N] [--group N] [--pass N]
 //             [--isa portable|avx2|avx512] [--threads N] [--reps N] [--peak] [--no-check] [--no-warmup] [--paired N] [--mha-layout]
-//             [--head-major] [--huge] [--kv f16|bf16]
+//             [--head-major] [--huge] [--kv f16|bf16] [--ab N]
 //
 // --splits N: each task's keys in N chunks (1: none); --group N: N query blocks per group, which
 // take turns over their keys (1: none; flash_query_groups.hpp); --pass N: N keys per turn
@@ -18,6 +18,10 @@
 // pages), to see what 4 KiB pages' TLB misses cost (a VM's nested page walks are slow).
 // --kv f16|bf16: K and V stored as float16 / bfloat16 (the same random values rounded once,
 // attn::to_dtype), Q and out float32: the mixed rows of bench/shapes.md (issue 14).
+// --ab N: after the timing, N pairs of calls A (flash_lab_variant = 0, the shipped code) and B
+// (= 1, a change under study that reads it: flash.hpp), alternately, each timed by the process's
+// CPU time; prints the median of the B/A speed ratios with their min and max. On a machine shared
+// with builds the pairs see the same load, where separate processes minutes apart do not.
 //
 // Method: one warm-up run, then --reps runs; prints median and min time and GFLOP/s with
 // FLOPs = 4·D per visible (query, key) pair (bench/visible_pairs.hpp; causal: ≈ half), and per
@@ -100,7 +104,7 @@ void fill(const Tensor& t, unsigned seed) { fill(t.data_as<float>(), t.numel(), 
 constexpr const char* kUsage =
     "flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--splits N] [--group N] [--pass N]\n"
     "          [--isa portable|avx2|avx512] [--threads N] [--reps N] [--peak] [--no-check] [--no-warmup] [--paired N]\n"
-    "          [--mha-layout] [--head-major] [--huge] [--kv f16|bf16]\n"
+    "          [--mha-layout] [--head-major] [--huge] [--kv f16|bf16] [--ab N]\n"
     "--isa: the kernel-table row (default: the one attn picks on this CPU, ATTN_ISA included).\n"
     "The comment at the top of dev/flash_lab.cpp says what each option does.\n";
 
@@ -108,6 +112,7 @@ int run(int argc, char** argv) {
     std::int64_t B = 1, H = 16, Lq = 4096, Lk = 4096, D = 64, Hkv = 0;
     bool causal = false, peak = false, check = true, warmup = true, mha_layout = false, head_major = false, huge = false;
     int paired = 0;
+    int ab = 0;
     DType kv_dtype = DType::f32;
     FlashTiles tiles{};
     bool tiles_set_mb = false, tiles_set_nb = false;
@@ -166,6 +171,7 @@ int run(int argc, char** argv) {
         // N × (FMA loop, kernel) back to back: on a shared machine the ratio of two
         // neighbouring runs is steadier than either number.
         else if (a == "--paired") paired = std::stoi(next());
+        else if (a == "--ab") ab = std::stoi(next());
         else if (a.size() > 1 && a[0] == '-' && !std::isdigit(static_cast<unsigned char>(a[1]))) {
             std::fprintf(stderr, "unknown option %s\n%s", a.c_str(), kUsage);
             return 2;
@@ -314,6 +320,34 @@ int run(int argc, char** argv) {
                     paired, rs[rs.size() / 2], rs.back(), *std::max_element(kr.begin(), kr.end()),
                     *std::max_element(pk.begin(), pk.end()),
                     *std::max_element(kr.begin(), kr.end()) / *std::max_element(pk.begin(), pk.end()));
+    }
+    if (ab > 0) {  // B/A speed = A's CPU time / B's, pair by pair
+        std::vector<double> ratio;
+        auto cpu_time = [&](int variant) {
+            flash_lab_variant = variant;
+            const double c0 = bench::process_cpu_seconds();
+            flash_forward(p, kernels, threads, &tiles);
+            return bench::process_cpu_seconds() - c0;
+        };
+        // The first pair's outputs, compared bit for bit (B's output where O is contiguous: not
+        // with --mha-layout, whose out rows lie apart).
+        std::vector<float> out_a;
+        std::int64_t differ = -1;
+        for (int r = 0; r < ab; ++r) {
+            const double a = cpu_time(0);
+            if (r == 0 && !mha_layout) out_a.assign(o.data_as<float>(), o.data_as<float>() + o.numel());
+            const double b = cpu_time(1);
+            if (r == 0 && !mha_layout) {
+                differ = 0;
+                for (std::int64_t i = 0; i < o.numel(); ++i) differ += std::memcmp(&out_a[i], o.data_as<float>() + i, sizeof(float)) != 0;
+            }
+            ratio.push_back(a / b);
+        }
+        flash_lab_variant = 0;
+        std::sort(ratio.begin(), ratio.end());
+        std::printf("ab x%d: B/A speed median %.3f (min %.3f, max %.3f); outputs that differ in a bit: %s of %lld\n", ab,
+                    ratio[ratio.size() / 2], ratio.front(), ratio.back(),
+                    differ < 0 ? "(not compared)" : std::to_string(differ).c_str(), (long long)o.numel());
     }
     const double med = t[t.size() / 2];
     std::printf("B%lld H%lld Lq%lld Lk%lld D%lld %s isa=%s threads=%d Mb=%d Nb=%d: median %.4f s  min %.4f s  "

@@ -35,6 +35,12 @@ struct FlashTiles {
 // still bounds it (8 tasks at D = 64, 4 at D = 128), and an L2 below 1 MiB to 4.
 inline constexpr int kMaxQueryGroup = 8;
 
+// The kernel lab's in-process A/B switch (dev/flash_lab --ab): 0 in every call but the lab's B
+// calls, which set it to 1 between calls (never during one). A change under study reads it to run
+// its variant beside the shipped code in one process, call by call, on a machine too busy for
+// separate runs to compare; nothing reads it when no study is on.
+inline int flash_lab_variant = 0;
+
 // One problem of a flash call with its dropout (SdpaProblem::dropout()): the unit the ISA
 // kernels (KernelSet::flash_forward) take, a batch of them at once (flash_schedule.hpp run_flash).
 struct FlashJob {

@@ -286,6 +286,15 @@ __attribute__((always_inline)) inline void with_rows(int rows, F&& f) {
     }
 }
 
+// f(integral_constant<int, R>, r) for r = 0, R, 2R, … < n, then f(integral_constant<int, n % R>, r)
+// for the short tile at the end: n rows in R-row tiles, each a template instantiation.
+template <int R, class F>
+__attribute__((always_inline)) inline void in_tiles(int n, F&& f) {
+    int r = 0;
+    for (; r + R <= n; r += R) f(std::integral_constant<int, R>{}, r);
+    if (r < n) with_rows<R>(n - r, [&](auto Rr) __attribute__((always_inline)) { f(Rr, r); });
+}
+
 struct Avx512Ops {
     static constexpr int kPanel = kFlashPanelAvx512;  // queries per panel: 2 zmm
     static constexpr int kRows = 8;      // keys (qk) / head-dim rows (pv) per call: the 8 × 32 tile
@@ -328,19 +337,26 @@ struct Avx512Ops {
                    float* cmax = nullptr, bool first = true) {
         qk_p<1>(qt, k, ldk, rows, Dk, c2, s, ldS, cmax, first);
     }
-    static void qk_pair(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s,
-                        int ldS, float* cmax = nullptr, bool first = true) {
-        qk_p<2>(qt, k, ldk, rows, Dk, c2, s, ldS, cmax, first);
-    }
-    // qk_pair with the softmax in its store (qk_tile's EX; the driver's kOpsSpeculate): ex holds U
-    // (64 floats) then the two sums (64 each) of the pair's columns.
-    static void qk_exp_pair(const float* qt, const float* k, std::int64_t ldk, int rows, int Dk, float c2, float* s,
-                            int ldS, float* cmax, bool first, float* ex) {
-        with_ld(ldS == kTileLd, [&](auto L) {
-            with_rows<kPairRows>(rows, [&](auto R) {
-                qk_tile<decltype(R)::value, 2, 0, true, true, decltype(L)::value>(qt, k, ldk, Dk, c2, s, ldS, nullptr, 0.0f,
-                                                                                  cmax, first, ex);
-            });
+    // The pair tile over all nk key rows of a block in one call (the driver's kOpsPanelPairs):
+    // 6-row tiles, then one short tile — one call per block and pair of panels, not one per tile
+    // (kernels-lab fwd-24: S2 +0.7 %, S1 +1.6 % with pv_pair's alike). cmax: the column maxima too,
+    // starting over at the block's first row (qk_tile's CM); ex: the softmax in the store as well
+    // (qk_tile's EX; the driver's kOpsSpeculate, with cmax): ex holds U (64 floats) then the two
+    // sums (64 each) of the pair's columns.
+    static void qk_pair(const float* qt, const float* k, std::int64_t ldk, int nk, int Dk, float c2, float* s, int ldS,
+                        float* cmax = nullptr, float* ex = nullptr) {
+        with_ld(ldS == kTileLd, [&](auto L) __attribute__((always_inline)) {
+            constexpr int LD = decltype(L)::value;
+            const int ld = LD != 0 ? LD : ldS;
+            auto run = [&](auto CM, auto EX) __attribute__((always_inline)) {
+                in_tiles<kPairRows>(nk, [&](auto R, int r) __attribute__((always_inline)) {
+                    qk_tile<decltype(R)::value, 2, 0, decltype(CM)::value, decltype(EX)::value, LD>(
+                        qt, k + r * ldk, ldk, Dk, c2, s + r * ld, ldS, nullptr, 0.0f, cmax, r == 0, ex);
+                });
+            };
+            if (ex != nullptr) run(std::true_type{}, std::true_type{});
+            else if (cmax != nullptr) run(std::true_type{}, std::false_type{});
+            else run(std::false_type{}, std::false_type{});
         });
     }
     // Before a speculative block: U = m·log2 e into ex (ncols), as softmax rounds it; false unless
@@ -403,7 +419,7 @@ struct Avx512Ops {
         qk_modified_p<2>(qt, k, ldk, rows, Dk, c2, s, ldS, m, j_first);
     }
 
-    // alpha = nullptr: every α is 1 (the driver's pv_tile checked; no multiply).
+    // alpha = nullptr: every α is 1 (the driver's pv_tile checked; no multiply). rows ≤ 8 (P = 1) or 6.
     template <int P>
     static void pv_p(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, int rows, float* ot, int ldO,
                      const float* alpha) {
@@ -423,9 +439,20 @@ struct Avx512Ops {
                    const float* alpha) {
         pv_p<1>(p, ldP, v, ldv, nk, rows, ot, ldO, alpha);
     }
-    static void pv_pair(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, int rows, float* ot, int ldO,
+    // The pair tile over all Dv head-dim rows of Oᵀ in one call (as qk_pair over a block's keys).
+    static void pv_pair(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, int Dv, float* ot, int ldO,
                         const float* alpha) {
-        pv_p<2>(p, ldP, v, ldv, nk, rows, ot, ldO, alpha);
+        with_ld(ldP == kTileLd && ldO == kTileLd, [&](auto L) __attribute__((always_inline)) {
+            constexpr int LD = decltype(L)::value;
+            const int ld = LD != 0 ? LD : ldO;
+            auto run = [&](auto A) __attribute__((always_inline)) {
+                in_tiles<kPairRows>(Dv, [&](auto R, int d) __attribute__((always_inline)) {
+                    pv_tile<decltype(R)::value, 2, decltype(A)::value, LD>(p, ldP, v + d, ldv, nk, ot + d * ld, ldO, alpha);
+                });
+            };
+            if (alpha != nullptr) run(std::true_type{});
+            else run(std::false_type{});
+        });
     }
 
     // Online-softmax update, 16 query columns (one zmm) at a time, vertical over the nk keys.

@@ -168,10 +168,15 @@ template <class Ops>
 inline constexpr bool kOpsFuseModifiers = requires { &Ops::qk_modified; };
 
 // Whether Ops has a tile over two adjacent panels as well (AVX-512: 6 rows × 64 queries besides
-// 8 × 32): Ops::kPairRows rows per call of qk_pair, pv_pair and, with kOpsFuseModifiers,
-// qk_modified_pair — the signatures of qk, pv and qk_modified, reading the second panel's Qᵀ at
-// qt + Dk·kPanel and its Sᵀ/Oᵀ columns at + kPanel. The driver runs a block's panels in pairs
-// then, and an odd last panel alone; each element's FMA chain is the same either way.
+// 8 × 32), reading the second panel's Qᵀ at qt + Dk·kPanel and its Sᵀ/Oᵀ columns at + kPanel:
+// qk_pair and pv_pair take all rows of the pair at once — a key block's nk keys,
+// qk_pair(qt, k, ldk, nk, Dk, c2, s, ldS, cmax, ex) (cmax: with kOpsColumnMax, the block's column
+// maxima; ex: with kOpsSpeculate, the speculative block's softmax in the store, else null), and
+// the Dv head-dim rows, pv_pair(p, ldP, v, ldv, nk, Dv, ot, ldO, alpha) — tiling them themselves
+// (one call per block and pair instead of one per 6-row tile: kernels-lab fwd-24); with
+// kOpsFuseModifiers, qk_modified_pair takes Ops::kPairRows rows per call, as qk_modified. The
+// driver runs a block's panels in pairs then, and an odd last panel alone; each element's FMA
+// chain is the same either way.
 template <class Ops>
 inline constexpr bool kOpsPanelPairs = requires { Ops::kPairRows; };
 
@@ -180,17 +185,18 @@ template <class Ops>
 inline constexpr bool kOpsOwnOperands = requires { &Ops::qk_block; };
 template <class Ops>
 inline constexpr bool kOpsThreadScratch = requires { &Ops::thread_scratch_bytes; };
-// Whether Ops::qk and qk_pair also take Sᵀ's column maxima (AVX-512): two more arguments, w.colmax
-// at the call's panel and whether it is the block's first call; Ops::softmax then takes w.colmax.
+// Whether Ops::qk and qk_pair also take Sᵀ's column maxima (AVX-512): w.colmax at the call's
+// panel, and for qk whether it is the block's first call (qk_pair holds the whole block); Ops::softmax
+// then takes w.colmax.
 template <class Ops>
 inline constexpr bool kOpsColumnMax = requires { Ops::kColumnMax; };
 // Whether Ops can run a key block's softmax in qk's store against the max the block starts from
-// (AVX-512 float32: qk_exp_pair, speculate_from, speculated; key_block says when). Not an Ops
+// (AVX-512 float32: qk_pair's ex, speculate_from, speculated; key_block says when). Not an Ops
 // with its own operands, though it inherits the three (the bf16 rows derive from the float32
 // one): its qk_block and softmax_block are its own, and a speculative float32 softmax there
 // would add sums the block never made.
 template <class Ops>
-inline constexpr bool kOpsSpeculate = requires { &Ops::qk_exp_pair; } && !kOpsOwnOperands<Ops>;
+inline constexpr bool kOpsSpeculate = requires { &Ops::speculate_from; } && !kOpsOwnOperands<Ops>;
 
 }  // namespace attn::detail::ATTN_FLASH_NS
 
@@ -295,10 +301,8 @@ void pv_tile(const SdpaProblem& p, const Workspace& w, std::int64_t b, std::int6
         if constexpr (kOpsPanelPairs<Ops>) {
             if (pn + 2 <= panels) {  // two panels a call (kOpsPanelPairs)
                 const float* al = rescale_or_null(w.alpha + pn * Ops::kPanel, 2 * Ops::kPanel);
-                for (std::int64_t d = 0; d < p.Dv; d += Ops::kPairRows)
-                    Ops::pv_pair(w.s + pn * Ops::kPanel, ldS, vp + d, ldv, static_cast<int>(nk),
-                                 static_cast<int>(imin(Ops::kPairRows, p.Dv - d)), acc + d * ldO + pn * Ops::kPanel, ldO,
-                                 al);
+                Ops::pv_pair(w.s + pn * Ops::kPanel, ldS, vp, ldv, static_cast<int>(nk), static_cast<int>(p.Dv),
+                             acc + pn * Ops::kPanel, ldO, al);
                 pn += 2;
                 continue;
             }
@@ -369,7 +373,7 @@ void key_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     const bool as_stored = !partial && !p.has_elementwise_mask() && !p.has_score_modifiers();
     // Speculative (kOpsSpeculate): from a task's second key block on, where the score rule changes
     // nothing and one pair of panels holds the block, qk's store runs the softmax against the
-    // running max the block starts from (qk_exp_pair) — no pass over Sᵀ. Where every column's max
+    // running max the block starts from (qk_pair's ex) — no pass over Sᵀ. Where every column's max
     // stays (the lazy rescale keeps it in most blocks), that is the softmax's own result, bit for
     // bit; else the block runs again as usual, and the task stops speculating (at most one block
     // of qk twice per task, whatever the scores).

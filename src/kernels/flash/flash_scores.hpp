@@ -124,19 +124,13 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
         const float* qt = w.qt + static_cast<std::int64_t>(pn) * Dk * Ops::kPanel;
         if constexpr (kOpsPanelPairs<Ops>) {
             if (pn + 2 <= panels) {  // two panels a call (kOpsPanelPairs)
-                for (std::int64_t r = 0; r < nk; r += Ops::kPairRows) {
-                    const int rows = static_cast<int>(imin(Ops::kPairRows, nk - r));
-                    float* sr = w.s + r * ldS + pn * Ops::kPanel;
-                    if constexpr (kOpsSpeculate<Ops>) {
-                        if (speculative != nullptr) {  // key_block's speculative block (one pair)
-                            Ops::qk_exp_pair(qt, kp + r * ldk, ldk, rows, Dk, scale, sr, ldS, w.colmax, r == 0, speculative);
-                            continue;
-                        }
-                    }
-                    if constexpr (kOpsColumnMax<Ops>)
-                        Ops::qk_pair(qt, kp + r * ldk, ldk, rows, Dk, scale, sr, ldS, w.colmax + pn * Ops::kPanel, r == 0);
-                    else Ops::qk_pair(qt, kp + r * ldk, ldk, rows, Dk, scale, sr, ldS);
-                }
+                // All nk key rows in one call (kOpsPanelPairs); the softmax in its store in a
+                // speculative block (kOpsSpeculate, one pair), the column maxima (kOpsColumnMax).
+                float* cmax = nullptr;
+                if constexpr (kOpsColumnMax<Ops>) cmax = w.colmax + pn * Ops::kPanel;
+                if constexpr (kOpsSpeculate<Ops>)
+                    Ops::qk_pair(qt, kp, ldk, static_cast<int>(nk), Dk, scale, w.s + pn * Ops::kPanel, ldS, cmax, speculative);
+                else Ops::qk_pair(qt, kp, ldk, static_cast<int>(nk), Dk, scale, w.s + pn * Ops::kPanel, ldS, cmax);
                 pn += 2;
                 continue;
             }
