@@ -16,7 +16,9 @@
 // (qk_pair, pv_pair; the driver's kOpsPanelPairs): 24 accumulators + 4 panel vectors + 1
 // broadcast of 32 zmm, 4 vector loads and 6 broadcasts per 24 FMAs (the 8 × 32 tile: 2 and 8
 // per 16), and the pv pair requests V's next line. A block of 64 keys or head-dim rows is 10
-// calls of 6 rows and one of 4 (with_rows: the ragged call has its own instantiation).
+// tiles of 6 rows and one of 4 (in_tiles, with_rows: the ragged tile has its own instantiation),
+// in one call of qk_pair / pv_pair per block, with Sᵀ's, Pᵀ's and Oᵀ's row stride a compile-time
+// constant for the default tiles (kTileLd; kernels-lab fwd-24).
 // Sapphire Rapids VM, lab 1 thread: the pair as 4 × 64 S2 +1.8 %, the V request S3 +3–5 %
 // (kernels-lab fwd-13), 6 rows instead of 4 S2 +3 %, S3 +3–4 % (fwd-17); fewer memory ops per
 // FMA, so no slower on Zen 4/5 in principle, where the 8 × 32 tile already runs at 94–97 % of
