@@ -300,7 +300,7 @@ __attribute__((always_inline)) inline void in_tiles(int n, F&& f) {
 struct Avx512Ops {
     static constexpr int kPanel = kFlashPanelAvx512;  // queries per panel: 2 zmm
     static constexpr int kRows = 8;      // keys (qk) / head-dim rows (pv) per call: the 8 × 32 tile
-    static constexpr int kPairRows = 6;  // the same per call of the pair tile, 6 × 64 (qk_pair, pv_pair)
+    static constexpr int kPairRows = 6;  // the same per tile of the pair, 6 × 64 (qk_pair, pv_pair tile a block with it)
 
     // P panels per call (qk_tile): qk one, qk_pair two adjacent ones (the driver's kOpsPanelPairs).
     // cmax: the column maxima too (qk_tile's CM; the driver's kOpsColumnMax), starting over if first.
