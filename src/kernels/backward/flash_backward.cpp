@@ -246,6 +246,12 @@ struct Plan {
     // the others, where the second block's operands cost more than the stream saved (the avx2
     // row 1–2 % slower on S1 and S3, Sapphire Rapids: kernels-lab.md#bwd-6).
     int pass;
+    // The S and dP products request the next query tile's Q and dO rows (RowsAhead) when a pass
+    // streams more rows than the L2 holds — its heads' Q, dO and dQ rows: S3's 6 MiB, not S1's
+    // 768 KiB (there the requests cost ≈ 1 %, B1 H16 L1024 D128's 1.5 MiB level; S3 ≈ +3 %:
+    // kernels-lab.md#bwd-9). The float32 avx512 tile only: the others take no requests. Only
+    // requests depend on the L2's size, never a result.
+    bool rows_ahead;
 
     Plan(const BackwardProblem& bp_, const KernelSet& k)
         : bp(bp_), p(bp_.fwd), kernels(k), B(p.B), Hq(p.Hq), Hkv(p.Hkv), Lq(p.Lq), Lk(p.Lk), Dk(p.Dk), Dv(p.Dv),
@@ -282,6 +288,8 @@ struct Plan {
         dq_own = nchunks == 1;
         dq_direct = dq_own && bp.dq.dtype() == DType::f32 && bp.dq.stride(3) == 1 && Dk == Dkp;
         pass = k.isa == Isa::avx512 ? kKeyBlocksPerPass : 1;
+        const std::int64_t streamed = static_cast<std::int64_t>(group) * Lq * (2 * Dkp + Dvp) * 4;
+        rows_ahead = k.isa == Isa::avx512 && !bf16 && streamed > cpu_features().l2_bytes;
     }
 
 };
@@ -467,7 +475,7 @@ void pack_key_block(const Plan& c, Scratch& s, KeyBlock& kb, std::int64_t b, std
 // One tile: query rows [i0, i0 + kBr) of head h (g-th of the group) against the packed key
 // block [j0, j0 + bc). dQ goes to the caller's rows, the task's own rows or chunk dq_c's partials.
 void run_tile(const Plan& c, Scratch& s, KeyBlock& kb, std::int64_t b, std::int64_t h, std::size_t g,
-              std::int64_t i0, float* dq_c) {
+              std::int64_t i0, float* dq_c, RowsAhead* ahead) {
     const SdpaProblem& p = c.p;
     const std::int64_t j0 = kb.j0;
     const int bc = kb.bc, bcp = kb.bcp;
@@ -522,6 +530,7 @@ void run_tile(const Plan& c, Scratch& s, KeyBlock& kb, std::int64_t b, std::int6
     t.dk = kb.dk.data();
     t.dv = kb.dv.data();
     t.dkv_first = kb.unwritten;
+    t.ahead = ahead->per_block > 0 ? ahead : nullptr;
     char* dq_unwritten = c.dq_own ? &s.dq_unwritten[g * query_tiles(Lq) + static_cast<std::size_t>(i0 / kBr)] : nullptr;
     t.dq_first = dq_unwritten && *dq_unwritten;
     float* cg = p.softcap > 0.0 ? s.cg.data() : nullptr;
@@ -565,6 +574,27 @@ void run_tile(const Plan& c, Scratch& s, KeyBlock& kb, std::int64_t b, std::int6
     if (dq_unwritten) *dq_unwritten = 0;
 }
 
+// The Q and dO rows of the query tile from row i1 of head g (past the head's rows: none), for
+// the S and dP products of the `tiles` tiles before it to request (RowsAhead), spread evenly
+// over their row blocks; none unless Plan::rows_ahead.
+RowsAhead next_rows(const Plan& c, const Scratch& s, std::size_t g, std::int64_t i1, int tiles) {
+    RowsAhead a;
+    if (!c.rows_ahead || i1 >= c.Lq) return a;
+    a.rows = static_cast<int>(std::min<std::int64_t>(kBr, c.Lq - i1));
+    const HeadRows* rows[RowsAhead::kRanges] = {&s.q, &s.dO};
+    const int Dp[RowsAhead::kRanges] = {c.Dkp, c.Dvp};
+    int lines = 0;
+    for (int r = 0; r < RowsAhead::kRanges; ++r) {
+        a.base[r] = reinterpret_cast<const char*>(rows[r]->at[g] + i1 * rows[r]->ld[g]);
+        a.ld[r] = 4 * rows[r]->ld[g];
+        a.row_bytes[r] = 4 * Dp[r];
+        lines += a.rows * ((a.row_bytes[r] + 63) / 64);
+    }
+    const int blocks = 2 * tiles * ((kBr + 5) / 6);  // S and dP: 6-row blocks (tile_avx512_gemm.inl)
+    a.per_block = (lines + blocks - 1) / blocks;
+    return a;
+}
+
 // One task: the key blocks of chunk `chunk` of KV head hk in batch b, against every query
 // row of the heads sharing hk. It owns those keys' dK/dV rows, and with one chunk its heads'
 // dQ rows; dq_ws holds the chunks' dQ partials otherwise.
@@ -593,8 +623,11 @@ void run_task(const Plan& c, Scratch& s, std::int64_t task, float* dq_ws, float*
             pack_key_block(c, s, kb, b, hk);
         }
         for (std::size_t g = 0; g < c.group; ++g)
-            for (std::int64_t i0 = 0; i0 < c.Lq; i0 += kBr)
-                for (int u = 0; u < n; ++u) run_tile(c, s, s.key[u], b, h0 + static_cast<std::int64_t>(g), g, i0, dq_c);
+            for (std::int64_t i0 = 0; i0 < c.Lq; i0 += kBr) {
+                RowsAhead ahead = next_rows(c, s, g, i0 + kBr, n);
+                for (int u = 0; u < n; ++u)
+                    run_tile(c, s, s.key[u], b, h0 + static_cast<std::int64_t>(g), g, i0, dq_c, &ahead);
+            }
         // This task owns dK/dV rows j0..j0+bc of KV head hk.
         for (int u = 0; u < n; ++u) {
             KeyBlock& kb = s.key[u];

@@ -42,6 +42,36 @@ inline constexpr float kTileLog2e = 1.4426950408889634f;
 // put P far above 1 with unit-scale Q and K — dV 5·10^26 at scale 10^8, inf and NaN gradients
 // above (docs/conventions.md, "Shapes of attn::sdpa"). One min per vector of P; a NaN P stays NaN.
 
+// The next query tile's Q and dO rows, requested into the L2 a few lines per row block of the
+// S and dP products (the avx512 tile's gemm) while this query tile's pass runs. S3's rows (6 MiB
+// a head) do not fit Sapphire Rapids' 2 MiB L2, so the first key block of each pass read them
+// from the L3 inside S and dP: 9–10 % more time per FLOP there than in dV, dK and dQ, against
+// 3–5 % where the rows fit (B1 H16 L1024 D128); with the requests −2 to −4 %, S3 ≈ +3 %. All
+// requested at once before each product instead, they stalled the tile themselves (level;
+// kernels-lab.md#bwd-9). Owned by the driver, one per query tile; the pass's tiles advance it.
+// The unfused S and dP (a score rule, softcap or dropout) request nothing.
+struct RowsAhead {
+    static constexpr int kRanges = 2;
+    const char* base[kRanges] = {};   // first row of each range: Q, dO
+    std::ptrdiff_t ld[kRanges] = {};  // row stride, bytes
+    int row_bytes[kRanges] = {};
+    int rows = 0;
+    int per_block = 0;  // lines requested per row block
+    int range = 0, row = 0, off = 0;  // the next line to request
+    // The next per_block lines (fewer at the end), each into the L2.
+    void request() {
+        for (int n = 0; n < per_block && range < kRanges;) {
+            if (row < rows) {
+                __builtin_prefetch(base[range] + row * ld[range] + off, 0, 2);
+                ++n;
+                if ((off += 64) >= row_bytes[range]) off = 0, ++row;
+            } else {
+                ++range, row = 0;
+            }
+        }
+    }
+};
+
 struct TileArgs {
     int br = 0;   // query rows in the tile
     int bc = 0;   // keys in the tile
@@ -93,6 +123,7 @@ struct TileArgs {
     // so the driver need not zero them first. The same bits: a sum started from C = +0 is the
     // product itself (fma(a, b, +0) = a·b rounded, and −0 + +0 = +0 as from zeroed memory).
     bool dkv_first = false, dq_first = false;
+    RowsAhead* ahead = nullptr;  // or null: nothing to request
     const TileBf16* bf16 = nullptr;  // the bf16 operands; only KernelSet::backward_tile_bf16 reads them
 };
 
