@@ -22,7 +22,7 @@ std::string head_dims_decline(std::int64_t Dk, std::int64_t Dv) {
            std::to_string(kMaxFastHeadDim) + " (their per-thread tiles hold 64 rows of each)";
 }
 
-// Order: the decode kernel (decode/decode.cpp dispatch_decode), then flash, then the reference.
+// Order: the decode kernel (decode/decode.cpp decode_chosen), then flash, then the reference.
 // Impl::flash    → the flash kernel, or an error saying why it cannot run this call.
 // Impl::automatic → flash when it supports the call, else the reference; the report
 //                   says which ran and why the other was declined.
@@ -45,12 +45,22 @@ void require_requested_kernel_runs(const SdpaProblem& problem, Impl requested) {
     }
 }
 
-void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report) {
+ForwardChoice choose_forward(const SdpaProblem& problem, Impl requested, bool report) {
     require_requested_kernel_runs(problem, requested);
+    ForwardChoice choice;
+    SdpaReport* const text = report ? &choice.text : nullptr;
     std::string explanation;
     // The decode kernel first (impl = decode, or auto where auto_decode_declines is empty); then
     // flash, which reads float16/bfloat16 Q, K, V per tile and writes any output dtype.
-    if (dispatch_decode(problem, requested, report, explanation)) return;
+    if (requested == Impl::decode || requested == Impl::automatic) {
+        std::string why_isa;
+        const KernelSet& kernels = kernel_set(&why_isa);
+        if (decode_chosen(problem, requested, kernels, why_isa, explanation, text)) {
+            choice.kernel = ForwardKernel::decode;
+            choice.kernels = &kernels;
+            return choice;
+        }
+    }
     bool use_flash = false;
     if (requested == Impl::flash) {
         use_flash = true;  // it can: require_requested_kernel_runs
@@ -62,34 +72,42 @@ void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report)
     } else {
         explanation += "reference requested: flash not considered\n";
     }
-
-    // The report's text is made before the kernel runs; after it only moves (noexcept): a refused
-    // allocation must not throw from a call whose output is written (sdpa_backward does the same).
-    SdpaReport text;
     if (use_flash) {
         std::string why_isa;
         const KernelSet& kernels = kernel_set(&why_isa);
-        if (report != nullptr) {
+        choice.kernel = ForwardKernel::flash;
+        choice.kernels = &kernels;
+        if (text != nullptr) {
             // bf16 compute (isa.hpp) is part of the avx512 row; the label says when it ran.
             const Compute compute = flash_compute(kernels, problem);
             const bool bf16 = compute != Compute::f32;
-            text.kernel = kernel_name("flash", kernels, compute);
-            text.explanation = explanation + "ran: flash (fused tiled online softmax, " + isa_label(kernels, compute) + " path: " +
-                               why_isa + "; " + dtypes_of(problem) + ", fp32 accumulation" +
-                               (compute == Compute::bf16_amx ? "; bf16 compute: Q·Kᵀ and P·V as tdpbf16ps on AMX tiles, P rounded to bf16"
-                               : bf16 ? "; bf16 compute: Q·Kᵀ and P·V as vdpbf16ps, P rounded to bf16" : "") + ")" +
-                               (problem.weights ? "; weights from the saved lse in a second pass" : "") +
-                               (problem.scores ? "; scores tile by tile in a second pass" : "");
+            text->kernel = kernel_name("flash", kernels, compute);
+            text->explanation = explanation + "ran: flash (fused tiled online softmax, " + isa_label(kernels, compute) + " path: " +
+                                why_isa + "; " + dtypes_of(problem) + ", fp32 accumulation" +
+                                (compute == Compute::bf16_amx ? "; bf16 compute: Q·Kᵀ and P·V as tdpbf16ps on AMX tiles, P rounded to bf16"
+                                : bf16 ? "; bf16 compute: Q·Kᵀ and P·V as vdpbf16ps, P rounded to bf16" : "") + ")" +
+                                (problem.weights ? "; weights from the saved lse in a second pass" : "") +
+                                (problem.scores ? "; scores tile by tile in a second pass" : "");
         }
-        flash_forward(problem, kernels);
-    } else {
-        if (report != nullptr) {
-            text.kernel = "reference";
-            text.explanation = explanation + "ran: reference (textbook, double accumulation)";
-        }
-        reference_forward(problem);
+    } else if (text != nullptr) {
+        text->kernel = "reference";
+        text->explanation = explanation + "ran: reference (textbook, double accumulation)";
     }
-    if (report != nullptr) *report = std::move(text);
+    return choice;
+}
+
+void run_chosen(const SdpaProblem& problem, ForwardChoice& choice, SdpaReport* report) {
+    switch (choice.kernel) {
+        case ForwardKernel::decode: decode_forward(problem, *choice.kernels); break;
+        case ForwardKernel::flash: flash_forward(problem, *choice.kernels); break;
+        case ForwardKernel::reference: reference_forward(problem); break;
+    }
+    if (report != nullptr) *report = std::move(choice.text);  // a move: nothing can fail after the kernel
+}
+
+void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report) {
+    ForwardChoice choice = choose_forward(problem, requested, report != nullptr);
+    run_chosen(problem, choice, report);
 }
 
 }  // namespace attn::detail

@@ -6,6 +6,27 @@
 
 namespace attn::detail {
 
+struct KernelSet;
+
+// The forward in two steps: the choice of a kernel with the report's text, then the kernel.
+// The choice is all the forward allocates before its kernel (its strings: a decline, an ISA's
+// reason, the report's text), so a caller can take it where a refusal is named as bookkeeping
+// (sdpa: detail::naming_bookkeeping) — nothing is written yet — while each kernel names the
+// buffers it sizes itself (attn::OutOfMemory), and after the kernel the report only moves: a
+// refused allocation never throws from a call whose output is written.
+enum class ForwardKernel { decode, flash, reference };
+struct ForwardChoice {
+    ForwardKernel kernel = ForwardKernel::reference;
+    const KernelSet* kernels = nullptr;  // decode and flash: the kernel table's row
+    SdpaReport text;                     // the report's, when choose_forward was asked for it
+};
+// require_requested_kernel_runs, then the choice: decode (impl = decode, or auto where
+// auto_decode_declines is empty), flash (impl = flash, or auto where it supports the call), else
+// the reference. `report`: make the report's text too.
+ForwardChoice choose_forward(const SdpaProblem& problem, Impl requested, bool report);
+// Runs the chosen kernel; then *report = choice.text (moved), when report is not null.
+void run_chosen(const SdpaProblem& problem, ForwardChoice& choice, SdpaReport* report);
+// choose_forward, then run_chosen.
 void run_forward(const SdpaProblem& problem, Impl requested, SdpaReport* report);
 // run_forward's first step: impl = decode or flash naming a kernel that cannot run the problem is
 // an error saying why ("sdpa: impl: flash cannot run this call: …"), before anything is written.

@@ -2,6 +2,7 @@
 #include "attn/sdpa.hpp"
 
 #include "attn/error.hpp"
+#include "../core/allocate.hpp"
 #include "../kernels/dispatch.hpp"
 #include "problem.hpp"
 #include "../core/check.hpp"
@@ -13,10 +14,18 @@ void sdpa(const TensorView& q, const TensorView& k, const TensorView& v, const S
           const TensorView& out, const TensorView* lse, const TensorView* weights, SdpaReport* report,
           const ScoresOutput* scores) {
     const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
-    detail::SdpaProblem problem = detail::make_problem(q, k, v, options, out, lse, weights);
-    if (scores != nullptr) detail::attach_scores(problem, *scores);
-    detail::require_outputs_apart(problem, options);
-    detail::run_forward(problem, options.impl, report);
+    detail::SdpaProblem problem;
+    detail::ForwardChoice choice;
+    // Up to the kernel, the call allocates only its checks' lists of tensors and the strings of
+    // its choice and report: a refusal there is attn::OutOfMemory saying so (it was a bare
+    // std::bad_alloc), and nothing is written yet. The kernels name their own buffers.
+    detail::naming_bookkeeping("sdpa's argument checks and report text", [&] {
+        problem = detail::make_problem(q, k, v, options, out, lse, weights);
+        if (scores != nullptr) detail::attach_scores(problem, *scores);
+        detail::require_outputs_apart(problem, options);
+        choice = detail::choose_forward(problem, options.impl, report != nullptr);
+    });
+    detail::run_chosen(problem, choice, report);
 }
 
 namespace detail {

@@ -338,24 +338,42 @@ struct FlashBackwardCase {
     }
 };
 
-// The flash backward sizes each thread's buffers inside its parallel region, where no exception
-// may leave, and says a refusal after it. With Q and dO read in place (contiguous float32) it
-// said "cannot allocate 0 bytes": it counted only the rows it copies.
+// A refusal is attn::OutOfMemory saying what it could not allocate and its bytes ("out of memory:
+// cannot allocate N bytes (…) for <what>", the reference's "… N bytes (…) per thread …"), never a
+// bare std::bad_alloc, which names nothing.
+void expect_out_of_memory(const std::bad_alloc& e) {
+    const std::string m = e.what();
+    EXPECT_NE(dynamic_cast<const attn::OutOfMemory*>(&e), nullptr) << "a bare std::bad_alloc: " << m;
+    EXPECT_EQ(m.rfind("out of memory: ", 0), 0u) << m;
+    EXPECT_NE(m.find(" bytes"), std::string::npos) << m;
+}
+
 // attn::sdpa with a report: each allocation of the call refused in turn, on one thread (its
 // region inactive, so the injection reaches what the kernels size inside it) — a refusal is
-// std::bad_alloc and leaves `out` and `lse` as they were. The report's text was built after the
-// kernel had written them (so a refusal of its few bytes threw from a call whose output was
-// complete); it is made before the kernel now, for decode, flash and the reference alike.
+// attn::OutOfMemory naming what it was for and leaves `out` and `lse` as they were. The report's
+// text was built after the kernel had written them (so a refusal of its few bytes threw from a
+// call whose output was complete); it is made before the kernel now, for decode, flash and the
+// reference alike. 28 refusals over the three kernels were a bare std::bad_alloc, which names
+// nothing: the checks' and the choice's strings, decode's scratch, flash's list of problems, the
+// reference's list of per-thread buffers. `names`: what the refusals of the kernel may name, each
+// refused at least once.
 TEST(AllocFailures, SdpaWithAReportWritesNothingWhenAnAllocationFails) {
     const attn::ScopedNumThreads one(1);
     struct Case {
         const char* name;
         attn::Impl impl;
         std::int64_t hq, hkv, lq, lk;
+        std::vector<std::string> names;
     };
-    for (const Case& c : {Case{"decode", attn::Impl::decode, 4, 2, 1, 100},
-                          Case{"flash", attn::Impl::flash, 2, 1, 33, 70},
-                          Case{"reference", attn::Impl::reference, 2, 1, 33, 70}}) {
+    const std::string checks = "the few hundred bytes for sdpa's argument checks and report text; nothing was written";
+    for (const Case& c :
+         {Case{"decode", attn::Impl::decode, 4, 2, 1, 100,
+               {checks, " for the decode kernel's key interval of every query row",
+                " for the decode kernel's scratch (one per thread) and split partials"}},
+          Case{"flash", attn::Impl::flash, 2, 1, 33, 70, {checks, " for the flash kernel's list of problems"}},
+          Case{"reference", attn::Impl::reference, 2, 1, 33, 70,
+               {checks, " for the reference kernel's list of per-thread buffers",
+                "the reference kernel keeps one head's Lq x Lk = 33 x 70 scores four times in double"}}}) {
         SCOPED_TRACE(c.name);
         const std::int64_t d = 16;
         const Tensor q = random_f32({1, c.hq, c.lq, d}, 1), k = random_f32({1, c.hkv, c.lk, d}, 2),
@@ -367,19 +385,33 @@ TEST(AllocFailures, SdpaWithAReportWritesNothingWhenAnAllocationFails) {
         Tensor lse = attn::test::poisoned(DType::f32, {1, c.hq, c.lq});
         const TensorView lse_view = lse;
         attn::SdpaReport report;
+        std::vector<int> named(c.names.size(), 0);
+        std::string said;
         const int failures = sweep([&] { attn::sdpa(q, k, v, opt, out, &lse_view, nullptr, &report); },
                                    [&](long n) {
-                                       EXPECT_TRUE(attn::test::still_poisoned(out)) << "allocation " << n;
-                                       EXPECT_TRUE(attn::test::still_poisoned(lse)) << "allocation " << n;
+                                       EXPECT_TRUE(attn::test::still_poisoned(out)) << "allocation " << n << ": " << said;
+                                       EXPECT_TRUE(attn::test::still_poisoned(lse)) << "allocation " << n << ": " << said;
                                        attn::test::poison(out);
                                        attn::test::poison(lse);
+                                   },
+                                   [&](const std::bad_alloc& e) {
+                                       said = e.what();
+                                       expect_out_of_memory(e);
+                                       int which = 0;
+                                       for (std::size_t x = 0; x < c.names.size(); ++x)
+                                           if (said.find(c.names[x]) != std::string::npos) ++named[x], ++which;
+                                       EXPECT_EQ(which, 1) << "names none (or more than one) of the buffers: " << said;
                                    });
         EXPECT_GT(failures, 0) << "the call allocated nothing: the sweep tested nothing";
+        for (std::size_t x = 0; x < c.names.size(); ++x) EXPECT_GT(named[x], 0) << "never refused: " << c.names[x];
         EXPECT_NE(report.kernel.find(c.name), std::string::npos) << report.kernel;  // the kernel asked for ran
         EXPECT_FALSE(attn::test::still_poisoned(out));
     }
 }
 
+// The flash backward sizes each thread's buffers inside its parallel region, where no exception
+// may leave, and says a refusal after it. With Q and dO read in place (contiguous float32) it
+// said "cannot allocate 0 bytes": it counted only the rows it copies.
 TEST(AllocFailures, FlashBackwardSaysTheBytesOfAThreadsBuffers) {
     FlashBackwardCase c(50);
     const std::vector<std::string> per_thread = c.refusals("buffers of one thread", false);
@@ -529,16 +561,6 @@ TEST(AllocFailures, GemmRefusedPackedWeightIsOutOfMemory) {
             }
         }
     }
-}
-
-// A refusal is attn::OutOfMemory saying what it could not allocate and its bytes ("out of memory:
-// cannot allocate N bytes (…) for <what>", the reference's "… N bytes (…) per thread …"), never a
-// bare std::bad_alloc, which names nothing.
-void expect_out_of_memory(const std::bad_alloc& e) {
-    const std::string m = e.what();
-    EXPECT_NE(dynamic_cast<const attn::OutOfMemory*>(&e), nullptr) << "a bare std::bad_alloc: " << m;
-    EXPECT_EQ(m.rfind("out of memory: ", 0), 0u) << m;
-    EXPECT_NE(m.find(" bytes"), std::string::npos) << m;
 }
 
 // A flash backward whose keys are split into chunks: B·Hkv = 1 (two query heads sharing one KV

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -124,7 +125,13 @@ void decode_forward(const SdpaProblem& p, const KernelSet& kernels, std::int64_t
     // M·(Dk+Dv+64) floats per thread and B·Hkv·nsplit·M·(Dv+2) floats).
     const std::size_t floats =
         static_cast<std::size_t>(plan.work_per_thread * w.max_threads + plan.partial_floats) + 16;
-    std::unique_ptr<float[]> buffer(new float[floats]);
+    std::unique_ptr<float[]> buffer;
+    try {
+        buffer.reset(new float[floats]);
+    } catch (const std::bad_alloc&) {
+        throw_out_of_memory(static_cast<std::int64_t>(floats * sizeof(float)),
+                            "the decode kernel's scratch (one per thread) and split partials");
+    }
     float* base = buffer.get();
     base += (16 - (reinterpret_cast<std::uintptr_t>(base) / sizeof(float)) % 16) % 16;  // 64-byte align
     w.work = base;
@@ -143,31 +150,26 @@ void decode_forward(const SdpaProblem& p, const KernelSet& kernels, std::int64_t
 
 namespace attn::detail {
 
-bool dispatch_decode(const SdpaProblem& p, Impl requested, SdpaReport* report, std::string& explanation) {
+bool decode_chosen(const SdpaProblem& p, Impl requested, const KernelSet& kernels, const std::string& why_isa,
+                   std::string& explanation, SdpaReport* text) {
     // The reference reads every dtype; flash reads float32/float16/bfloat16 Q, K, V itself.
     if (requested == Impl::reference || requested == Impl::flash) return false;
-    std::string why_isa;
-    const KernelSet& kernels = kernel_set(&why_isa);
-    // impl = decode was checked by run_forward (require_requested_kernel_runs): it runs.
+    // impl = decode was checked by choose_forward (require_requested_kernel_runs): it runs.
     const std::string why_not = requested == Impl::decode ? std::string() : auto_decode_declines(p, kernels);
     if (!why_not.empty()) {
         explanation += "decode: declined, " + why_not + "\n";
         return false;
     }
-    // The report's text before the kernel, after it only a move (run_forward says why).
-    SdpaReport text;
-    if (report != nullptr) {
-        text.kernel = kernel_name("decode", kernels);
-        text.explanation = explanation +
-                           (requested == Impl::automatic
-                                ? "auto: decode (group·Lq = " + std::to_string(p.group * p.Lq) + " rows per KV head < " +
-                                      decode_row_limit(p, kernels) + ")\n"
-                                : "") +
-                           "ran: decode (" + isa_name(kernels.isa) + " path: " + why_isa + "; " + dtypes_of(p) +
-                           ", fp32 accumulation)";
+    if (text != nullptr) {
+        text->kernel = kernel_name("decode", kernels);
+        text->explanation = explanation +
+                            (requested == Impl::automatic
+                                 ? "auto: decode (group·Lq = " + std::to_string(p.group * p.Lq) + " rows per KV head < " +
+                                       decode_row_limit(p, kernels) + ")\n"
+                                 : "") +
+                            "ran: decode (" + isa_name(kernels.isa) + " path: " + why_isa + "; " + dtypes_of(p) +
+                            ", fp32 accumulation)";
     }
-    decode_forward(p, kernels);
-    if (report != nullptr) *report = std::move(text);
     return true;
 }
 

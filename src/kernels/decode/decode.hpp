@@ -119,10 +119,12 @@ namespace attn { enum class Impl; struct SdpaReport; }
 
 namespace attn::detail {
 
-// The decode branch of run_forward (kernels/dispatch.cpp), called before any other choice.
-// Returns true when it ran the decode kernel (and filled the report): impl = decode, or auto
-// where auto_decode_declines is empty. Returns false to let the other kernels choose, after
-// adding a line to `explanation`. Throws attn::Error when impl = decode cannot run the call.
-bool dispatch_decode(const SdpaProblem& p, Impl requested, SdpaReport* report, std::string& explanation);
+// The decode branch of choose_forward (kernels/dispatch.cpp), taken before any other choice:
+// true when decode runs p — impl = decode (checked already: require_requested_kernel_runs), or
+// auto where auto_decode_declines is empty on the row `kernels` (chosen because `why_isa`) —
+// with the report's text in `text` when it is not null; false to let the other kernels choose,
+// after adding a line to `explanation`. Runs nothing: the kernel is decode_forward.
+bool decode_chosen(const SdpaProblem& p, Impl requested, const KernelSet& kernels, const std::string& why_isa,
+                   std::string& explanation, SdpaReport* text);
 
 }  // namespace attn::detail

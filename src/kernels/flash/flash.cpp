@@ -7,6 +7,7 @@
 
 #include "attn/error.hpp"
 #include "attn/threads.hpp"
+#include "../../core/allocate.hpp"
 #include "../../core/cpu_features.hpp"
 #include "../../core/threads.hpp"
 #include "../dispatch.hpp"
@@ -128,7 +129,8 @@ void flash_forward_batch(const SdpaProblem* ps, std::size_t n, const KernelSet& 
     if (t.group_pass < 0)
         throw Error("flash tiles: group_pass must be >= 0 (0: the policy decides) but got " + std::to_string(t.group_pass));
     if (threads <= 0) threads = num_threads();  // the one thread setting (attn/threads.hpp)
-    std::vector<FlashJob> jobs(n);
+    std::vector<FlashJob> jobs;
+    resize_or_throw(jobs, static_cast<std::int64_t>(n), "the flash kernel's list of problems");
     for (std::size_t i = 0; i < n; ++i) {
         // One workspace per thread serves every problem: the same head dims and operand path.
         if (ps[i].Dk != ps[0].Dk || ps[i].Dv != ps[0].Dv || flash_compute(kernels, ps[i]) != compute)

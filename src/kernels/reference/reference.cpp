@@ -203,7 +203,8 @@ void reference_forward(const SdpaProblem& p) {
     // Every thread's buffers before any row is written: a head that could not allocate left
     // the heads other threads had finished written (an out-of-memory test found out half-written).
     const int threads = team_size(p.B * p.Hq);
-    std::vector<HeadSteps> steps(static_cast<std::size_t>(threads));
+    std::vector<HeadSteps> steps;
+    resize_or_throw(steps, threads, "the reference kernel's list of per-thread buffers");
     for (HeadSteps& s : steps) reserve_head_steps(p, s);
     const Interrupt stop;  // the caller's flag, taken here on the calling thread (interrupt.hpp)
     parallel_for_may_throw(p.B * p.Hq, threads, [&](std::int64_t bh) {
