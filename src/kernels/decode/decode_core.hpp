@@ -381,11 +381,27 @@ inline void block_modifiers(const SdpaProblem& p, i64 b, i64 h, i64 i, i64 j0, i
     for (int j = 0; j < nn; ++j) s[j] -= m * fabsf(abase - static_cast<float>(j));
 }
 
+// One body of run_item for both of an item's passes (decode_impl): the careful pass must give
+// the clean pass's m and l (so lse) and, to the rows whose V entries it reads are all ordinary,
+// its o, bit for bit (DecodeKernel.CarefulPassKeepsTheCleanPassBits). GCC fuses a product and
+// the sum that consumes it into one FMA in some inlined copies of a function and not in others
+// (docs/conventions.md, "Numerics and threads"): two copies of run_item — inlined into each
+// pass, or cloned for careful = false and true — could round a site differently, as l = α·l +
+// Σp once did. noinline and noclone leave one body per <Ops, T> that both passes run, `careful`
+// a run-time flag, so every site is the same instructions in both. (GCC kept run_item out of
+// line and unspecialised by itself — the attributes change no instruction —; now it is a rule.
+// The call costs nothing next to an item's keys.) Clang fuses within one expression only.
+#if defined(__clang__)
+#define ATTN_DECODE_ONE_BODY __attribute__((noinline))
+#else
+#define ATTN_DECODE_ONE_BODY __attribute__((noinline, noclone))
+#endif
+
 // One work item: sequence b, KV head hk, keys [c0, c1). Leaves (o, m, l) per row in sc
 // (careful: and ob, the large part; finite.hpp).
 template <class Ops, class T>
-void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i64 b, i64 hk, i64 c0, i64 c1,
-              const Scratch& sc, bool careful) {
+ATTN_DECODE_ONE_BODY void run_item(const SdpaProblem& p, const DecodeView& a, const DecodeWork& w, i64 b, i64 hk,
+                                   i64 c0, i64 c1, const Scratch& sc, bool careful) {
     const i64 G = a.group, Lq = a.Lq, M = G * Lq, Dk = a.Dk, Dv = a.Dv;
     // Row r = g·Lq + i is query i of query head h = hk·G + g.
     i64 klo = c1, khi = c0;
