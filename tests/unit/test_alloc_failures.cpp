@@ -29,7 +29,9 @@
 #include <thread>
 #include <vector>
 
+#include "attn/decode.hpp"
 #include "attn/error.hpp"
+#include "attn/kv_cache.hpp"
 #include "attn/mha.hpp"
 #include "attn/paged_kv_cache.hpp"
 #include "attn/reference.hpp"
@@ -407,6 +409,44 @@ TEST(AllocFailures, SdpaWithAReportWritesNothingWhenAnAllocationFails) {
         EXPECT_NE(report.kernel.find(c.name), std::string::npos) << report.kernel;  // the kernel asked for ran
         EXPECT_FALSE(attn::test::still_poisoned(out));
     }
+}
+
+// attn::decode_attention, the same sweep: its checks, the cache's lengths and the choice of a
+// kernel are bookkeeping (they were a bare std::bad_alloc), the decode kernel names its buffers,
+// and `out` and `lse` are not written.
+TEST(AllocFailures, DecodeAttentionWritesNothingWhenAnAllocationFails) {
+    const attn::ScopedNumThreads one(1);
+    attn::KVCache cache(attn::KVCacheConfig{.batch = 2, .kv_heads = 2, .head_dim = 16, .capacity = 64});
+    const Tensor k = random_f32({2, 2, 50, 16}, 4), v = random_f32({2, 2, 50, 16}, 5);
+    cache.append(k, v);
+    const Tensor q = random_f32({2, 4, 1, 16}, 6);
+    Tensor out = attn::test::poisoned(DType::f32, {2, 4, 1, 16});
+    Tensor lse = attn::test::poisoned(DType::f32, {2, 4, 1});
+    const TensorView lse_view = lse;
+    attn::SdpaOptions step;
+    step.causal = attn::Causal::bottom_right;
+    const std::vector<std::string> names = {
+        "the few hundred bytes for decode_attention's argument checks and the cache's lengths; nothing was written",
+        " for the decode kernel's key interval of every query row",
+        " for the decode kernel's scratch (one per thread) and split partials"};
+    std::vector<int> named(names.size(), 0);
+    std::string said;
+    const int failures = sweep([&] { attn::decode_attention(q, cache, step, out, &lse_view); },
+                               [&](long n) {
+                                   EXPECT_TRUE(attn::test::still_poisoned(out)) << "allocation " << n << ": " << said;
+                                   EXPECT_TRUE(attn::test::still_poisoned(lse)) << "allocation " << n << ": " << said;
+                               },
+                               [&](const std::bad_alloc& e) {
+                                   said = e.what();
+                                   expect_out_of_memory(e);
+                                   int which = 0;
+                                   for (std::size_t x = 0; x < names.size(); ++x)
+                                       if (said.find(names[x]) != std::string::npos) ++named[x], ++which;
+                                   EXPECT_EQ(which, 1) << "names none (or more than one) of the buffers: " << said;
+                               });
+    EXPECT_GT(failures, 0);
+    for (std::size_t x = 0; x < names.size(); ++x) EXPECT_GT(named[x], 0) << "never refused: " << names[x];
+    EXPECT_FALSE(attn::test::still_poisoned(out));
 }
 
 // The flash backward sizes each thread's buffers inside its parallel region, where no exception
