@@ -387,6 +387,12 @@ TEST(AllocFailures, SdpaWithAReportWritesNothingWhenAnAllocationFails) {
         Tensor lse = attn::test::poisoned(DType::f32, {1, c.hq, c.lq});
         const TensorView lse_view = lse;
         attn::SdpaReport report;
+        // One call first: what the process sets up once (the kernel table's row and its reason, on
+        // the first call) would otherwise be done inside the sweep, and every allocation after it
+        // counted two places earlier from then on — run alone, a sweep never refused the kernel's buffers.
+        attn::sdpa(q, k, v, opt, out, &lse_view, nullptr, &report);
+        attn::test::poison(out);
+        attn::test::poison(lse);
         std::vector<int> named(c.names.size(), 0);
         std::string said;
         const int failures = sweep([&] { attn::sdpa(q, k, v, opt, out, &lse_view, nullptr, &report); },
@@ -429,6 +435,10 @@ TEST(AllocFailures, DecodeAttentionWritesNothingWhenAnAllocationFails) {
         "the few hundred bytes for decode_attention's argument checks and the cache's lengths; nothing was written",
         " for the decode kernel's key interval of every query row",
         " for the decode kernel's scratch (one per thread) and split partials"};
+    // One call first (SdpaWithAReportWritesNothingWhenAnAllocationFails says why).
+    attn::decode_attention(q, cache, step, out, &lse_view);
+    attn::test::poison(out);
+    attn::test::poison(lse);
     std::vector<int> named(names.size(), 0);
     std::string said;
     const int failures = sweep([&] { attn::decode_attention(q, cache, step, out, &lse_view); },
