@@ -350,6 +350,39 @@ void expect_out_of_memory(const std::bad_alloc& e) {
     EXPECT_NE(m.find(" bytes"), std::string::npos) << m;
 }
 
+// A forward call's refusals, each allocation refused in turn (sweep): every one is attn::OutOfMemory
+// (expect_out_of_memory) naming exactly one of `names`, each name is refused at least once, and
+// `out` and `lse` stay as they were (poisoned). One call first, never refused: what the process
+// sets up once (the kernel table's row and its reason, on the first call) would otherwise be done
+// inside the sweep, and every allocation after it counted two places earlier from then on — run
+// alone, a sweep never refused the kernel's buffers. The completed call writes `out`.
+void sweep_forward_refusals(const std::function<void()>& call, Tensor& out, Tensor& lse,
+                            const std::vector<std::string>& names) {
+    call();
+    attn::test::poison(out);
+    attn::test::poison(lse);
+    std::vector<int> named(names.size(), 0);
+    std::string said;
+    const int failures = sweep(call,
+                               [&](long n) {
+                                   EXPECT_TRUE(attn::test::still_poisoned(out)) << "allocation " << n << ": " << said;
+                                   EXPECT_TRUE(attn::test::still_poisoned(lse)) << "allocation " << n << ": " << said;
+                                   attn::test::poison(out);
+                                   attn::test::poison(lse);
+                               },
+                               [&](const std::bad_alloc& e) {
+                                   said = e.what();
+                                   expect_out_of_memory(e);
+                                   int which = 0;
+                                   for (std::size_t x = 0; x < names.size(); ++x)
+                                       if (said.find(names[x]) != std::string::npos) ++named[x], ++which;
+                                   EXPECT_EQ(which, 1) << "names none (or more than one) of the buffers: " << said;
+                               });
+    EXPECT_GT(failures, 0) << "the call allocated nothing: the sweep tested nothing";
+    for (std::size_t x = 0; x < names.size(); ++x) EXPECT_GT(named[x], 0) << "never refused: " << names[x];
+    EXPECT_FALSE(attn::test::still_poisoned(out));
+}
+
 // attn::sdpa with a report: each allocation of the call refused in turn, on one thread (its
 // region inactive, so the injection reaches what the kernels size inside it) — a refusal is
 // attn::OutOfMemory naming what it was for and leaves `out` and `lse` as they were. The report's
@@ -357,8 +390,7 @@ void expect_out_of_memory(const std::bad_alloc& e) {
 // call whose output was complete); it is made before the kernel now, for decode, flash and the
 // reference alike. 28 refusals over the three kernels were a bare std::bad_alloc, which names
 // nothing: the checks' and the choice's strings, decode's scratch, flash's list of problems, the
-// reference's list of per-thread buffers. `names`: what the refusals of the kernel may name, each
-// refused at least once.
+// reference's list of per-thread buffers. `names`: what the refusals of the kernel may name.
 TEST(AllocFailures, SdpaWithAReportWritesNothingWhenAnAllocationFails) {
     const attn::ScopedNumThreads one(1);
     struct Case {
@@ -387,33 +419,8 @@ TEST(AllocFailures, SdpaWithAReportWritesNothingWhenAnAllocationFails) {
         Tensor lse = attn::test::poisoned(DType::f32, {1, c.hq, c.lq});
         const TensorView lse_view = lse;
         attn::SdpaReport report;
-        // One call first: what the process sets up once (the kernel table's row and its reason, on
-        // the first call) would otherwise be done inside the sweep, and every allocation after it
-        // counted two places earlier from then on — run alone, a sweep never refused the kernel's buffers.
-        attn::sdpa(q, k, v, opt, out, &lse_view, nullptr, &report);
-        attn::test::poison(out);
-        attn::test::poison(lse);
-        std::vector<int> named(c.names.size(), 0);
-        std::string said;
-        const int failures = sweep([&] { attn::sdpa(q, k, v, opt, out, &lse_view, nullptr, &report); },
-                                   [&](long n) {
-                                       EXPECT_TRUE(attn::test::still_poisoned(out)) << "allocation " << n << ": " << said;
-                                       EXPECT_TRUE(attn::test::still_poisoned(lse)) << "allocation " << n << ": " << said;
-                                       attn::test::poison(out);
-                                       attn::test::poison(lse);
-                                   },
-                                   [&](const std::bad_alloc& e) {
-                                       said = e.what();
-                                       expect_out_of_memory(e);
-                                       int which = 0;
-                                       for (std::size_t x = 0; x < c.names.size(); ++x)
-                                           if (said.find(c.names[x]) != std::string::npos) ++named[x], ++which;
-                                       EXPECT_EQ(which, 1) << "names none (or more than one) of the buffers: " << said;
-                                   });
-        EXPECT_GT(failures, 0) << "the call allocated nothing: the sweep tested nothing";
-        for (std::size_t x = 0; x < c.names.size(); ++x) EXPECT_GT(named[x], 0) << "never refused: " << c.names[x];
+        sweep_forward_refusals([&] { attn::sdpa(q, k, v, opt, out, &lse_view, nullptr, &report); }, out, lse, c.names);
         EXPECT_NE(report.kernel.find(c.name), std::string::npos) << report.kernel;  // the kernel asked for ran
-        EXPECT_FALSE(attn::test::still_poisoned(out));
     }
 }
 
@@ -435,28 +442,7 @@ TEST(AllocFailures, DecodeAttentionWritesNothingWhenAnAllocationFails) {
         "the few hundred bytes for decode_attention's argument checks and the cache's lengths; nothing was written",
         " for the decode kernel's key interval of every query row",
         " for the decode kernel's scratch (one per thread) and split partials"};
-    // One call first (SdpaWithAReportWritesNothingWhenAnAllocationFails says why).
-    attn::decode_attention(q, cache, step, out, &lse_view);
-    attn::test::poison(out);
-    attn::test::poison(lse);
-    std::vector<int> named(names.size(), 0);
-    std::string said;
-    const int failures = sweep([&] { attn::decode_attention(q, cache, step, out, &lse_view); },
-                               [&](long n) {
-                                   EXPECT_TRUE(attn::test::still_poisoned(out)) << "allocation " << n << ": " << said;
-                                   EXPECT_TRUE(attn::test::still_poisoned(lse)) << "allocation " << n << ": " << said;
-                               },
-                               [&](const std::bad_alloc& e) {
-                                   said = e.what();
-                                   expect_out_of_memory(e);
-                                   int which = 0;
-                                   for (std::size_t x = 0; x < names.size(); ++x)
-                                       if (said.find(names[x]) != std::string::npos) ++named[x], ++which;
-                                   EXPECT_EQ(which, 1) << "names none (or more than one) of the buffers: " << said;
-                               });
-    EXPECT_GT(failures, 0);
-    for (std::size_t x = 0; x < names.size(); ++x) EXPECT_GT(named[x], 0) << "never refused: " << names[x];
-    EXPECT_FALSE(attn::test::still_poisoned(out));
+    sweep_forward_refusals([&] { attn::decode_attention(q, cache, step, out, &lse_view); }, out, lse, names);
 }
 
 // The flash backward sizes each thread's buffers inside its parallel region, where no exception
