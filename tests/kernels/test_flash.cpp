@@ -933,6 +933,89 @@ TEST(FlashFixed, RowsFourKiBApart) {
         }
 }
 
+// Keys hidden from a whole panel of a partial key block (a causal diagonal block: panel_keys in
+// flash_scores.hpp) are neither scored nor added to Oᵀ; that must change no bit. The same mask as
+// an element-wise bool mask (no ranges: every block whole, every key scored and added with weight
+// 0) must give the same out and lse bit for bit, on every ISA and tile size, for both causal
+// alignments (one with an unbounded window too) and Lq ≠ Lk, blocks of one panel and of two (Lq = 20: two heads a block,
+// padding columns; Lq = 200: a last block of 8 queries), with a NaN and an inf in V at two keys
+// that the later queries see: the rows that do not see them must stay finite (a skipped key must
+// not meet P = 0 as 0·NaN). The ranges' result is checked against the double reference first
+// (run_case, before V is changed).
+TEST(FlashFixed, HiddenKeysSameBitsAsBoolMask) {
+    Worst worst;
+    struct Shape2 {
+        std::int64_t Lq, Lk;
+        Causal causal;
+        Window window;
+    };
+    const Shape2 shapes[] = {{200, 200, Causal::top_left, {}},
+                             {130, 260, Causal::bottom_right, {}},
+                             {260, 190, Causal::top_left, {}},
+                             {20, 150, Causal::bottom_right, {}},
+                             {200, 200, Causal::top_left, {-1, 0, Align::top_left}}};
+    const detail::FlashTiles tile_sets[] = {{64, 64}, {32, 48}, {96, 40}};
+    for (const Shape2& sh : shapes)
+        for (std::int64_t D : {24, 128}) {
+            Case c;
+            c.Hq = 2;
+            c.Hkv = 1;
+            c.Lq = sh.Lq;
+            c.Lk = sh.Lk;
+            c.Dk = c.Dv = D;
+            c.want_lse = true;
+            c.opt.causal = sh.causal;
+            c.opt.window = sh.window;
+            c.desc = "hidden keys Lq" + std::to_string(sh.Lq) + " Lk" + std::to_string(sh.Lk) + " D" + std::to_string(D);
+            run_case(c, worst);
+            Inputs in = make_inputs(c);
+            const std::int64_t jn = c.Lk * 7 / 8, ji = jn + 1;  // V's NaN and inf
+            float* vd = static_cast<float*>(in.v.view.data());  // (1, 1, Lk, D), contiguous
+            vd[jn * D + 3] = std::numeric_limits<float>::quiet_NaN();
+            vd[ji * D] = std::numeric_limits<float>::infinity();
+            Case m = c;  // the same visible keys as a bool mask
+            m.opt.causal = Causal::none;
+            m.opt.window = Window{};
+            m.bool_store.assign(static_cast<std::size_t>(c.Lq * c.Lk), 0);
+            Buffer o_probe = make_buffer(DType::f32, 1, 2, c.Lq, D, Layout::bhld, false);
+            const detail::SdpaProblem probe = detail::make_problem(in.q.view, in.k.view, in.v.view, c.opt, o_probe.view, nullptr, nullptr);
+            std::vector<char> sees_poison(static_cast<std::size_t>(c.Lq), 0);
+            for (std::int64_t i = 0; i < c.Lq; ++i) {
+                const detail::KeyRange r = probe.key_range(0, i);
+                for (std::int64_t j = r.lo; j < r.hi; ++j) m.bool_store[static_cast<std::size_t>(i * c.Lk + j)] = 1;
+                sees_poison[static_cast<std::size_t>(i)] = (jn >= r.lo && jn < r.hi) || (ji >= r.lo && ji < r.hi);
+            }
+            m.opt.bool_mask = TensorView(m.bool_store.data(), DType::boolean, Shape{c.Lq, c.Lk});
+            for (const detail::KernelSet* isa : isas())
+                for (const detail::FlashTiles& t : tile_sets) {
+                    Outputs a = make_outputs(c), b = make_outputs(m);
+                    const TensorView la = a.lse.view, lb = b.lse.view;
+                    detail::flash_forward(detail::make_problem(in.q.view, in.k.view, in.v.view, c.opt, a.out.view, &la, nullptr),
+                                          *isa, 1, &t);
+                    detail::flash_forward(detail::make_problem(in.q.view, in.k.view, in.v.view, m.opt, b.out.view, &lb, nullptr),
+                                          *isa, 2, &t);
+                    const std::string tag = c.desc + " [" + detail::isa_name(isa->isa) + ", tiles " + std::to_string(t.Mb) + "x" +
+                                            std::to_string(t.Nb) + "]";
+                    EXPECT_TRUE(same_bits(a.out, b.out) && same_bits(a.lse, b.lse)) << tag;
+                    int finite_rows = 0, poisoned_rows = 0;
+                    for (std::int64_t h = 0; h < 2; ++h)
+                        for (std::int64_t i = 0; i < c.Lq; ++i) {
+                            bool finite = true;
+                            for (std::int64_t d = 0; d < D; ++d)
+                                finite = finite && std::isfinite(get(a.out.view, a.out.view.offset(0, h, i, d)));
+                            if (sees_poison[static_cast<std::size_t>(i)]) {
+                                poisoned_rows += !finite;
+                            } else {
+                                EXPECT_TRUE(finite) << tag << ": head " << h << " query " << i << " sees neither key but is not finite";
+                                finite_rows += finite;
+                            }
+                        }
+                    EXPECT_GT(finite_rows, 0) << tag;
+                    EXPECT_GT(poisoned_rows, 0) << tag;
+                }
+        }
+}
+
 // Dropout (docs/backward.md): the flash forward must drop exactly the weights the
 // reference drops — the same Philox keep decision of the global (b, h, i, j) — while m, l
 // and lse stay those of the undropped softmax. check_against_reference compares out,

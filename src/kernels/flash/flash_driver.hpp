@@ -288,29 +288,44 @@ inline const float* rescale_or_null(const float* alpha, int n) {
 
 // Oᵀ (acc) ← α·Oᵀ + Σⱼ V[j]·Pᵀ[j] for all panels: V rows vp (row stride ldv), Pᵀ in w.s.
 // (b, hk, j0): where the key block's V rows are, for an Ops that reads them itself (vp = nullptr).
-// p_packed: the operand hooks' softmax_block packed Pᵀ (see the header).
+// p_packed: the operand hooks' softmax_block packed Pᵀ (see the header). partial (key_block's: the
+// mask rule ran on the columns' ranges): each panel adds only the keys it can see (panel_keys), the
+// same bits.
 template <class Ops>
-void pv_tile(const SdpaProblem& p, const Workspace& w, std::int64_t b, std::int64_t hk, std::int64_t j0, int panels,
-             std::int64_t nk, int ldS, const float* vp, std::int64_t ldv, float* acc, int ldO,
-             [[maybe_unused]] bool p_packed) {
+void pv_tile(const SdpaProblem& p, const Workspace& w, std::int64_t b, std::int64_t hk, std::int64_t j0, int nq,
+             int panels, std::int64_t nk, int ldS, const float* vp, std::int64_t ldv, float* acc, int ldO,
+             [[maybe_unused]] bool p_packed, bool partial) {
     if constexpr (kOpsOwnOperands<Ops>) {
         Ops::pv_block(p, w, b, hk, j0, panels, nk, ldS, vp, ldv, acc, ldO, p_packed);
         return;
     }
+    auto keys_of = [&](int pn) { return partial ? panel_keys<Ops>(w, nq, pn, j0, nk) : nk; };
+    // Panel pn's keys [k0, k1) alone (Ops::pv), al its α (null: 1 or applied already).
+    auto one = [&](int pn, std::int64_t k0, std::int64_t k1, const float* al) {
+        for (std::int64_t d = 0; d < p.Dv; d += Ops::kRows)
+            Ops::pv(w.s + k0 * ldS + pn * Ops::kPanel, ldS, vp + k0 * ldv + d, ldv, static_cast<int>(k1 - k0),
+                    static_cast<int>(imin(Ops::kRows, p.Dv - d)), acc + d * ldO + pn * Ops::kPanel, ldO, al);
+    };
     for (int pn = 0; pn < panels;) {
         if constexpr (kOpsPanelPairs<Ops>) {
-            if (pn + 2 <= panels) {  // two panels a call (kOpsPanelPairs)
-                const float* al = rescale_or_null(w.alpha + pn * Ops::kPanel, 2 * Ops::kPanel);
-                Ops::pv_pair(w.s + pn * Ops::kPanel, ldS, vp, ldv, static_cast<int>(nk), static_cast<int>(p.Dv),
-                             acc + pn * Ops::kPanel, ldO, al);
+            if (pn + 2 <= panels) {  // two panels a call (kOpsPanelPairs), over the keys both see
+                const std::int64_t n0 = keys_of(pn), n1 = keys_of(pn + 1), both = imin(n0, n1);
+                if (both > 0) {
+                    const float* al = rescale_or_null(w.alpha + pn * Ops::kPanel, 2 * Ops::kPanel);
+                    Ops::pv_pair(w.s + pn * Ops::kPanel, ldS, vp, ldv, static_cast<int>(both), static_cast<int>(p.Dv),
+                                 acc + pn * Ops::kPanel, ldO, al);
+                }
+                // then each panel's keys past those (with its α where the pair did not run)
+                for (int q = 0; q < 2; ++q) {
+                    const std::int64_t n = q == 0 ? n0 : n1;
+                    const float* al = both > 0 ? nullptr : rescale_or_null(w.alpha + (pn + q) * Ops::kPanel, Ops::kPanel);
+                    if (n > both || al != nullptr) one(pn + q, both, n, al);
+                }
                 pn += 2;
                 continue;
             }
         }
-        const float* al = rescale_or_null(w.alpha + pn * Ops::kPanel, Ops::kPanel);
-        for (std::int64_t d = 0; d < p.Dv; d += Ops::kRows)
-            Ops::pv(w.s + pn * Ops::kPanel, ldS, vp + d, ldv, static_cast<int>(nk), static_cast<int>(imin(Ops::kRows, p.Dv - d)),
-                    acc + d * ldO + pn * Ops::kPanel, ldO, al);
+        one(pn, 0, keys_of(pn), rescale_or_null(w.alpha + pn * Ops::kPanel, Ops::kPanel));
         ++pn;
     }
 }
@@ -421,7 +436,7 @@ void key_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
                 select |= split_large(v[j * ldv + d], w.vbuf[j * p.Dv + d], w.vbig[j * p.Dv + d]);
         vp = w.vbuf;
         ldv = p.Dv;
-        pv_tile<Ops>(p, w, b, hk, j0, panels, nk, ldS, w.vbig, ldv, w.bigot, ldO, p_packed);
+        pv_tile<Ops>(p, w, b, hk, j0, nq, panels, nk, ldS, w.vbig, ldv, w.bigot, ldO, p_packed, partial);
     } else {
         ldv = 0;
         if constexpr (kOpsOwnOperands<Ops>)  // float32 rows only to check them; else the Ops reads V
@@ -440,7 +455,7 @@ void key_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
             ldv = p.Dv;
         }
     }
-    pv_tile<Ops>(p, w, b, hk, j0, panels, nk, ldS, vp, ldv, w.ot, ldO, p_packed);
+    pv_tile<Ops>(p, w, b, hk, j0, nq, panels, nk, ldS, vp, ldv, w.ot, ldO, p_packed, partial);
     if (select) add_nonfinite_v<Ops>(p, w, b, hk, j0, nk, ncols, ldS, ldO);
 }
 

@@ -70,6 +70,43 @@ inline void tile_modifiers(const SdpaProblem& p, Workspace& w, std::int64_t b, i
     }
 }
 
+// Keys [0, n) of the block [j0, j0+nk) that some column of panel pn can see, n = panel_keys(…):
+// keys from n on lie past every column's visible end (w.hi), so where the mask rule runs on the
+// ranges (ranges_partial, the masked stage) it leaves them −inf in the whole panel and their
+// weights are exactly 0. The products skip them: score_tile does not compute their scores and
+// pv_tile does not add their 0·V (x + 0·v = x: Oᵀ is never −0; a V entry that is not finite
+// meets P on the selecting path, finite.hpp, which adds nothing where P is 0) — the same bits.
+// On a causal diagonal block (Mb = Nb = 64, top-left) the first 32-query panel sees the first
+// half of the keys: a quarter of the block's FLOPs (kernels-lab fwd-26). A panel with a padding
+// column (c ≥ nq: the mask rule leaves its rows alone) takes every key.
+template <class Ops>
+inline std::int64_t panel_keys(const Workspace& w, int nq, int pn, std::int64_t j0, std::int64_t nk) {
+    const int c0 = pn * Ops::kPanel;
+    if (c0 + Ops::kPanel > nq) return nk;
+    std::int64_t end = 0;
+    for (int c = c0; c < c0 + Ops::kPanel; ++c) end = imax(end, w.hi[c] - j0);
+    return imin(end, nk);
+}
+
+// A panel pair's qk rows (keys) when panel pn needs keys [0, n0) and pn + 1 keys [0, n1):
+// both(r, rows) in calls of `step` rows from 0 over the keys both need (the last call may run past
+// min(n0, n1) into keys the mask hides: whole calls) — or, both_at_once, one call both(0, rows)
+// over all of them (a micro-kernel that tiles a block itself) — then one(q, r, rows) — q = 0 or
+// 1, `each` rows a call — over the rest of each panel's own keys. n0 = n1 = nk: the pair alone.
+template <class Both, class One>
+inline void pair_key_rows(std::int64_t nk, std::int64_t n0, std::int64_t n1, int step, int each, Both&& both, One&& one,
+                          bool both_at_once = false) {
+    const std::int64_t common = imin(nk, (imin(n0, n1) + step - 1) / step * step);
+    if (both_at_once) {
+        if (common > 0) both(0, static_cast<int>(common));
+    } else {
+        for (std::int64_t r = 0; r < common; r += step) both(r, static_cast<int>(imin(step, nk - r)));
+    }
+    const std::int64_t ends[2] = {n0, n1};
+    for (int q = 0; q < 2; ++q)
+        for (std::int64_t r = common; r < ends[q]; r += each) one(q, r, static_cast<int>(imin(each, ends[q] - r)));
+}
+
 // Sᵀ (scaled, modified, masked) of keys [j0, j0+nk) against all panels of the block.
 // `stage` < masked (the scores output): stop after the scale or after the softcap.
 // shared: the key block's K rows as a group read them once (run_group), else null.
@@ -84,6 +121,9 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
     std::int64_t ldk = shared != nullptr ? shared->ldk : 0;
     const float* kp = shared != nullptr ? shared->k : kv_tile_rows<Ops>(p, false, b, hk, j0, nk, p.Dk, w.kbuf, ldk, panels);
     const int Dk = static_cast<int>(p.Dk);
+    // Keys of panel pn the products compute (panel_keys): all but past the columns' ends.
+    const bool skip_hidden = ranges_partial && stage == ScoreStage::masked;
+    auto keys_of = [&](int pn) { return skip_hidden ? panel_keys<Ops>(w, nq, pn, j0, nk) : nk; };
     if constexpr (kOpsFuseModifiers<Ops>) {
         // Softcap and ALiBi in the micro-kernel's store (see QkModifiers), when that is the
         // whole of step 1 and ALiBi's distances are exact in float; masks follow below as usual.
@@ -102,15 +142,29 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
                 }
                 if constexpr (kOpsPanelPairs<Ops>) {
                     if (pn + 2 <= panels) {  // two panels a call (kOpsPanelPairs)
-                        for (std::int64_t r = 0; r < nk; r += Ops::kPairRows)
-                            Ops::qk_modified_pair(qt, kp + r * ldk, ldk, static_cast<int>(imin(Ops::kPairRows, nk - r)), Dk,
-                                                  scale, w.s + r * ldS + pn * Ops::kPanel, ldS, m, static_cast<float>(r));
+                        pair_key_rows(
+                            nk, keys_of(pn), keys_of(pn + 1), Ops::kPairRows, Ops::kRows,
+                            [&](std::int64_t r, int rows) {
+                                Ops::qk_modified_pair(qt, kp + r * ldk, ldk, rows, Dk, scale,
+                                                      w.s + r * ldS + pn * Ops::kPanel, ldS, m, static_cast<float>(r));
+                            },
+                            [&](int q, std::int64_t r, int rows) {  // one panel: its own slope/rel columns
+                                QkModifiers mq = m;
+                                if (p.alibi_slopes) {
+                                    mq.slope += q * Ops::kPanel;
+                                    mq.rel += q * Ops::kPanel;
+                                }
+                                Ops::qk_modified(qt + static_cast<std::int64_t>(q) * Dk * Ops::kPanel, kp + r * ldk, ldk,
+                                                 rows, Dk, scale, w.s + r * ldS + (pn + q) * Ops::kPanel, ldS, mq,
+                                                 static_cast<float>(r));
+                            });
                         pn += 2;
                         continue;
                     }
                 }
-                for (std::int64_t r = 0; r < nk; r += Ops::kRows)
-                    Ops::qk_modified(qt, kp + r * ldk, ldk, static_cast<int>(imin(Ops::kRows, nk - r)), Dk, scale,
+                const std::int64_t n = keys_of(pn);
+                for (std::int64_t r = 0; r < n; r += Ops::kRows)
+                    Ops::qk_modified(qt, kp + r * ldk, ldk, static_cast<int>(imin(Ops::kRows, n - r)), Dk, scale,
                                      w.s + r * ldS + pn * Ops::kPanel, ldS, m, static_cast<float>(r));
                 ++pn;
             }
@@ -122,26 +176,36 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
     }
     for (int pn = 0; pn < panels;) {
         const float* qt = w.qt + static_cast<std::int64_t>(pn) * Dk * Ops::kPanel;
+        // One panel's rows [r, r + rows) (Ops::qk), its column maxima started over at its first row.
+        auto one = [&](int q, std::int64_t r, int rows) {
+            float* sr = w.s + r * ldS + (pn + q) * Ops::kPanel;
+            const float* qq = qt + static_cast<std::int64_t>(q) * Dk * Ops::kPanel;
+            if constexpr (kOpsColumnMax<Ops>)
+                Ops::qk(qq, kp + r * ldk, ldk, rows, Dk, scale, sr, ldS, w.colmax + (pn + q) * Ops::kPanel, r == 0);
+            else Ops::qk(qq, kp + r * ldk, ldk, rows, Dk, scale, sr, ldS);
+        };
         if constexpr (kOpsPanelPairs<Ops>) {
             if (pn + 2 <= panels) {  // two panels a call (kOpsPanelPairs)
-                // All nk key rows in one call (kOpsPanelPairs); the softmax in its store in a
-                // speculative block (kOpsSpeculate, one pair), the column maxima (kOpsColumnMax).
+                // The keys both panels see in one call (kOpsPanelPairs; all nk unless the block
+                // hides some: pair_key_rows, then each panel's own keys past those one at a time);
+                // the softmax in its store in a speculative block (kOpsSpeculate, one pair; such a
+                // block hides no key), the column maxima (kOpsColumnMax).
                 float* cmax = nullptr;
                 if constexpr (kOpsColumnMax<Ops>) cmax = w.colmax + pn * Ops::kPanel;
-                if constexpr (kOpsSpeculate<Ops>)
-                    Ops::qk_pair(qt, kp, ldk, static_cast<int>(nk), Dk, scale, w.s + pn * Ops::kPanel, ldS, cmax, speculative);
-                else Ops::qk_pair(qt, kp, ldk, static_cast<int>(nk), Dk, scale, w.s + pn * Ops::kPanel, ldS, cmax);
+                pair_key_rows(
+                    nk, keys_of(pn), keys_of(pn + 1), Ops::kPairRows, Ops::kRows,
+                    [&](std::int64_t, int rows) {
+                        if constexpr (kOpsSpeculate<Ops>)
+                            Ops::qk_pair(qt, kp, ldk, rows, Dk, scale, w.s + pn * Ops::kPanel, ldS, cmax, speculative);
+                        else Ops::qk_pair(qt, kp, ldk, rows, Dk, scale, w.s + pn * Ops::kPanel, ldS, cmax);
+                    },
+                    one, /*both_at_once=*/true);
                 pn += 2;
                 continue;
             }
         }
-        for (std::int64_t r = 0; r < nk; r += Ops::kRows) {
-            const int rows = static_cast<int>(imin(Ops::kRows, nk - r));
-            float* sr = w.s + r * ldS + pn * Ops::kPanel;
-            if constexpr (kOpsColumnMax<Ops>)
-                Ops::qk(qt, kp + r * ldk, ldk, rows, Dk, scale, sr, ldS, w.colmax + pn * Ops::kPanel, r == 0);
-            else Ops::qk(qt, kp + r * ldk, ldk, rows, Dk, scale, sr, ldS);
-        }
+        const std::int64_t n = keys_of(pn);
+        for (std::int64_t r = 0; r < n; r += Ops::kRows) one(0, r, static_cast<int>(imin(Ops::kRows, n - r)));
         ++pn;
     }
     }
