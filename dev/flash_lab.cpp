@@ -3,7 +3,7 @@
 //
 //   flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--splits N] [--group N] [--pass N]
 //             [--isa portable|avx2|avx512] [--threads N] [--reps N] [--peak] [--no-check] [--no-warmup] [--paired N] [--mha-layout]
-//             [--head-major] [--huge] [--kv f16|bf16] [--ab N]
+//             [--head-major] [--seq-first] [--seq-first-heads] [--huge] [--kv f16|bf16] [--ab N]
 //
 // --splits N: each task's keys in N chunks (1: none); --group N: N query blocks per group, which
 // take turns over their keys (1: none; flash_query_groups.hpp); --pass N: N keys per turn
@@ -14,6 +14,10 @@
 // (The layer's layout until 2026-12-07.)
 // --head-major: the same, but Q, K, V are the head-major views the MHA layer hands to sdpa since
 // 2026-12-07 (src/mha/head_layout.hpp): 3·H matrices of (B·L, D), head k's at k·B·L·D; out as above.
+// --seq-first: rows (l, b) at l·B + b, PyTorch's default batch_first=False: out's rows and
+// --mha-layout's QKV rows; --head-major's heads keep their rows b·L + l (the layer since fwd-27).
+// --seq-first-heads: --head-major --seq-first with the heads' rows l·B + b too (the layer's
+// seq-first Q, K, V before fwd-27: a head's rows of one batch item B·D floats apart).
 // --huge: Q, K, V and out in 2 MiB-aligned buffers advised MADV_HUGEPAGE (transparent huge
 // pages), to see what 4 KiB pages' TLB misses cost (a VM's nested page walks are slow).
 // --kv f16|bf16: K and V stored as float16 / bfloat16 (the same random values rounded once,
@@ -104,13 +108,14 @@ void fill(const Tensor& t, unsigned seed) { fill(t.data_as<float>(), t.numel(), 
 constexpr const char* kUsage =
     "flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--splits N] [--group N] [--pass N]\n"
     "          [--isa portable|avx2|avx512] [--threads N] [--reps N] [--peak] [--no-check] [--no-warmup] [--paired N]\n"
-    "          [--mha-layout] [--head-major] [--huge] [--kv f16|bf16] [--ab N]\n"
+    "          [--mha-layout] [--head-major] [--seq-first] [--seq-first-heads] [--huge] [--kv f16|bf16] [--ab N]\n"
     "--isa: the kernel-table row (default: the one attn picks on this CPU, ATTN_ISA included).\n"
     "The comment at the top of dev/flash_lab.cpp says what each option does.\n";
 
 int run(int argc, char** argv) {
     std::int64_t B = 1, H = 16, Lq = 4096, Lk = 4096, D = 64, Hkv = 0;
     bool causal = false, peak = false, check = true, warmup = true, mha_layout = false, head_major = false, huge = false;
+    bool seq_first = false, seq_first_heads = false;
     int paired = 0;
     int ab = 0;
     DType kv_dtype = DType::f32;
@@ -159,6 +164,8 @@ int run(int argc, char** argv) {
         else if (a == "--no-warmup") warmup = false;
         else if (a == "--mha-layout") mha_layout = true;
         else if (a == "--head-major") mha_layout = head_major = true;
+        else if (a == "--seq-first") seq_first = true;
+        else if (a == "--seq-first-heads") mha_layout = head_major = seq_first = seq_first_heads = true;
         else if (a == "--huge") huge = true;
         else if (a == "--kv") {
             const std::string n = next();
@@ -223,15 +230,18 @@ int run(int argc, char** argv) {
             std::memset(outp, 0, obuf.nbytes());
         }
         fill(qkvp, B * L * 3 * E, 1);
+        // Row of (b, l): b·rb + l·rl (batch-major, or seq-first with --seq-first).
+        const std::int64_t rb = seq_first ? 1 : L, rl = seq_first ? B : 1;
         auto view = [&](float* base, std::int64_t ld) {
-            return TensorView(base, DType::f32, Shape{B, H, L, D}, Strides{L * ld, D, ld, 1});
+            return TensorView(base, DType::f32, Shape{B, H, L, D}, Strides{rb * ld, D, rl * ld, 1});
         };
         q = view(qkvp, 3 * E);
         k = view(qkvp + E, 3 * E);
         v = view(qkvp + 2 * E, 3 * E);
-        if (head_major) {  // head k: a (B·L, D) matrix at k·B·L·D; row b·L + l
+        if (head_major) {  // head k: a (B·L, D) matrix at k·B·L·D; row b·L + l (--seq-first-heads: l·B + b)
+            const std::int64_t hb = seq_first_heads ? 1 : L, hl = seq_first_heads ? B : 1;
             auto head_view = [&](float* base) {
-                return TensorView(base, DType::f32, Shape{B, H, L, D}, Strides{L * D, B * L * D, D, 1});
+                return TensorView(base, DType::f32, Shape{B, H, L, D}, Strides{hb * D, B * L * D, hl * D, 1});
             };
             q = head_view(qkvp);
             k = head_view(qkvp + H * B * L * D);
@@ -354,7 +364,7 @@ int run(int argc, char** argv) {
                 "%.1f GFLOP/s (min-time %.1f; per CPU-second x threads %.1f)%s%s\n",
                 (long long)B, (long long)H, (long long)Lq, (long long)Lk, (long long)D, causal ? "causal" : "full",
                 isa_name(isa), threads, tiles.Mb, tiles.Nb, med, t.front(), flops / med / 1e9, flops / t.front() / 1e9,
-                flops / ct[ct.size() / 2] / 1e9, (std::string(head_major ? " [mha layout, head-major]" : mha_layout ? " [mha layout]" : "") + (huge ? " [huge pages]" : "")).c_str(),
+                flops / ct[ct.size() / 2] / 1e9, (std::string(head_major ? " [mha layout, head-major]" : mha_layout ? " [mha layout]" : "") + (seq_first_heads ? " [seq-first heads]" : seq_first ? " [seq-first]" : "") + (huge ? " [huge pages]" : "")).c_str(),
                 kv_dtype == DType::f32 ? "" : (" [K/V " + std::string(dtype_name(kv_dtype)) + "]").c_str());
     return 0;
 }
