@@ -57,9 +57,9 @@ MhaS6::MhaS6(const MhaS6Shape& s) : shape_(s), b_(std::make_unique<Buffers>()) {
     // of the QKV GEMM's (which, head) a (B·L, d_h) matrix at k·B·L·d_h, row b·L + l —, O row
     // b·L + l of (B·L, E), columns (head, d).
     float* qkv = b_->qkv.data_as<float>();
-    b_->q = detail::head_major_view(qkv, N, 0, detail::Rows{s.L, 1}, s.B, s.h, s.L, dh);
-    b_->k = detail::head_major_view(qkv, N, s.h, detail::Rows{s.L, 1}, s.B, s.h, s.L, dh);
-    b_->v = detail::head_major_view(qkv, N, 2 * s.h, detail::Rows{s.L, 1}, s.B, s.h, s.L, dh);
+    b_->q = detail::head_major_view(qkv, N, 0, s.B, s.h, s.L, dh);
+    b_->k = detail::head_major_view(qkv, N, s.h, s.B, s.h, s.L, dh);
+    b_->v = detail::head_major_view(qkv, N, 2 * s.h, s.B, s.h, s.L, dh);
     b_->ov = TensorView(b_->o.data_as<float>(), DType::f32, Shape{s.B, s.h, s.L, dh}, Strides{s.L * E, dh, E, 1});
 
     // Square GEMM with the QKV GEMM's FLOPs: 2n³ = 2·N·E·3E.

@@ -35,6 +35,8 @@ void check(const GemmArgs& g) {
     const std::int64_t c_row = g.c_block > 0 ? std::min(g.N, g.c_block) : g.N;
     if (g.ldc < std::max<std::int64_t>(c_row, 1)) fail("gemm", "ldc ", g.ldc, " is narrower than C's rows (", c_row, ")");
     if (g.c_block < 0) fail("gemm", "c_block: expected >= 0 but got ", g.c_block);
+    if (g.a_group < 0) fail("gemm", "a_group: expected >= 0 but got ", g.a_group);
+    if (g.a_group > 0 && g.ta) fail("gemm", "a_group: row groups of A need A untransposed (ta = false)");
     if (g.bias != nullptr && g.beta != 0.0f) fail("gemm", "bias: expected beta = 0 with a bias but got beta = ", g.beta);
 }
 

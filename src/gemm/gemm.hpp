@@ -67,6 +67,13 @@ struct GemmArgs {
     // layer's projections write each head's (rows, d_h) rows so (head_layout.hpp). Only the
     // store's addresses change: the same products, the same bits.
     std::int64_t c_block = 0, c_block_stride = 0;
+    // op(A)'s rows in groups (0: one matrix; only without ta). With a_group > 0, rows
+    // [q·a_group, (q+1)·a_group) are a matrix of their own at A + q·a_group_stride, row stride
+    // lda: row i at A + (i / a_group)·a_group_stride + (i % a_group)·lda (a_row below). The MHA
+    // layer reads a seq-first input's (L, B, E) rows batch by batch so, to store its head-major
+    // rows in (b, l) order (head_layout.hpp). Only the packing's addresses change: C's row i is
+    // the same chain of products on op(A)'s row i, the same bits.
+    std::int64_t a_group = 0, a_group_stride = 0;
     // A 16-bit A or B: with a16 (b16) not none, A16 (B16) is read instead of A (B), in the same
     // layout (ta/tb, lda/ldb in elements). C stays float32.
     GemmHalf a16 = GemmHalf::none, b16 = GemmHalf::none;
@@ -86,6 +93,12 @@ struct GemmArgs {
     // driver's threads skip their blocks left, and sgemm throws attn::Interrupted.)
     const Interrupt* interrupt = nullptr;
 };
+
+// Where row i of g's op(A) begins, in elements from A (A16): without ta (GemmArgs::a_group).
+inline std::int64_t a_row(const GemmArgs& g, std::int64_t i) {
+    if (g.a_group <= 0) return i * g.lda;
+    return (i / g.a_group) * g.a_group_stride + (i % g.a_group) * g.lda;
+}
 
 // Where element (i, j) of g's C is stored (GemmArgs::c_block).
 inline float* c_at(const GemmArgs& g, std::int64_t i, std::int64_t j) {

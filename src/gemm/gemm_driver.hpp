@@ -257,12 +257,12 @@ template <std::int64_t MR, class S>
 void pack_a_from(const GemmArgs& g, S A, std::int64_t i, std::int64_t m, std::int64_t k0, std::int64_t kc, float* dst) {
     for (std::int64_t p = 0; p < m; p += MR, dst += MR * kc) {
         const std::int64_t rows = std::min(MR, m - p);
-        if (!g.ta) {  // op(A)[r][k] = A[r·lda + k]: read each row contiguously, kKB at a time
+        if (!g.ta) {  // op(A)[r][k] = A[a_row(r) + k]: read each row contiguously, kKB at a time
             for (std::int64_t kb = 0; kb < kc; kb += kKB) {
                 const std::int64_t kn = std::min(kKB, kc - kb);
                 float* d = dst + kb * MR;
                 for (std::int64_t r = 0; r < rows; ++r) {
-                    const std::int64_t src = (i + p + r) * g.lda + k0 + kb;
+                    const std::int64_t src = a_row(g, i + p + r) + k0 + kb;
                     for (std::int64_t k = 0; k < kn; ++k) d[k * MR + r] = A[src + k];
                 }
                 for (std::int64_t r = rows; r < MR; ++r)
@@ -287,13 +287,13 @@ void pack_a_pairs(const GemmArgs& g, Bf16Src A, std::int64_t i, std::int64_t m, 
     const std::int64_t np = (kc + 1) / 2;
     for (std::int64_t q = 0; q < m; q += MR, dst += MR * np) {
         const std::int64_t rows = std::min(MR, m - q);
-        if (!g.ta) {  // op(A)[r][k] = A[r·lda + k]: read each row contiguously, kKB pairs at a time
+        if (!g.ta) {  // op(A)[r][k] = A[a_row(r) + k]: read each row contiguously, kKB pairs at a time
             for (std::int64_t pb = 0; pb < np; pb += kKB) {
                 const std::int64_t pn = std::min(kKB, np - pb);
                 std::uint32_t* d = dst + pb * MR;
                 const std::int64_t whole = std::min(pn, kc / 2 - pb);  // pairs with both halves inside kc
                 for (std::int64_t r = 0; r < rows; ++r) {
-                    const std::int64_t src = (i + q + r) * g.lda + k0 + 2 * pb;
+                    const std::int64_t src = a_row(g, i + q + r) + k0 + 2 * pb;
                     for (std::int64_t p = 0; p < whole; ++p) d[p * MR + r] = A.word(src + 2 * p);
                     if (whole < pn) d[whole * MR + r] = pair_word(A.raw(src + 2 * whole), 0);
                 }
@@ -327,7 +327,7 @@ void pack_a_rows(const GemmArgs& g, Bf16Src A, std::int64_t i, std::int64_t m, s
                 const std::int64_t n = std::min(S, kc - s * S);
                 std::uint16_t* d = dst + s * RT * S;
                 for (std::int64_t r = 0; r < rows; ++r) {
-                    std::memcpy(d + r * S, A.p + (i + q + r) * g.lda + k0 + s * S, static_cast<std::size_t>(n) * 2);
+                    std::memcpy(d + r * S, A.p + a_row(g, i + q + r) + k0 + s * S, static_cast<std::size_t>(n) * 2);
                     if (n < S) std::memset(d + r * S + n, 0, static_cast<std::size_t>(S - n) * 2);
                 }
                 std::memset(d + rows * S, 0, static_cast<std::size_t>((RT - rows) * S) * 2);

@@ -32,7 +32,7 @@ GemmHalf half_of(DType dt) { return dt == DType::f16 ? GemmHalf::f16 : dt == DTy
 }  // namespace
 
 void linear(Operand x, std::int64_t N, std::int64_t K, std::int64_t ldx, Operand w, std::int64_t M,
-            const float* bias, float* y, std::int64_t ldy, ColumnBlocks y_blocks) {
+            const float* bias, float* y, std::int64_t ldy, ColumnBlocks y_blocks, RowGroups x_groups) {
     // y: (N, M) = x: (N, K) · w: (M, K)ᵀ + bias
     if (N == 0 || M == 0) return;
     GemmArgs g;
@@ -48,6 +48,8 @@ void linear(Operand x, std::int64_t N, std::int64_t K, std::int64_t ldx, Operand
     g.ldc = ldy;
     g.c_block = y_blocks.width;
     g.c_block_stride = y_blocks.stride;
+    g.a_group = x_groups.rows;
+    g.a_group_stride = x_groups.stride;
     g.a16 = half_of(x.dtype);
     g.b16 = half_of(w.dtype);
     if (g.a16 == GemmHalf::none) g.A = static_cast<const float*>(x.data);

@@ -44,12 +44,19 @@ struct ColumnBlocks {
     std::int64_t width = 0, stride = 0;
 };
 
+// x's rows in groups (GemmArgs::a_group): group q of `rows` rows is a matrix of its own at
+// x + q·stride elements, row stride ldx; rows 0: x is one matrix.
+struct RowGroups {
+    std::int64_t rows = 0, stride = 0;
+};
+
 // y: (N, M) row stride ldy  =  x: (N, K) row stride ldx  ·  wᵀ,  w: (M, K) contiguous  (+ bias (M,) per row)
 // This is torch.nn.functional.linear.
 // x and w may each be float32, float16 or bfloat16; y, bias and the accumulation are float32.
-// y_blocks: y stored in column blocks (the same values, other addresses).
+// y_blocks: y stored in column blocks; x_groups: x's rows read in groups (each the same values,
+// other addresses: y's row i is x's row i, wherever either lies).
 void linear(Operand x, std::int64_t N, std::int64_t K, std::int64_t ldx, Operand w, std::int64_t M,
-            const float* bias, float* y, std::int64_t ldy, ColumnBlocks y_blocks = {});
+            const float* bias, float* y, std::int64_t ldy, ColumnBlocks y_blocks = {}, RowGroups x_groups = {});
 
 // acc (M,) (+)= Σ over N rows of x (N, M) row stride ld: a bias gradient (accumulate = false
 // overwrites acc).

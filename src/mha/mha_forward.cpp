@@ -145,8 +145,8 @@ void MultiHeadAttention::forward_into(const TensorView& query, const TensorView&
                            weights != nullptr ? &per_head : nullptr);
     }
 
-    // ---- projections: rows keep the input's order, each head's Q, K, V a (rows, d_h) matrix
-    // of its own (head-major: the attention reads a head's K/V rows in place) ----
+    // ---- projections: each head's Q, K, V a (rows, d_h) matrix of its own, rows batch-major
+    // whatever the input's order (head-major: the attention reads a head's K/V rows in place) ----
     detail::ProjectionPlan plan;
     plan.self_attention = detail::same_view(query, key) && detail::same_view(key, value);
     plan.shared_kv = detail::same_view(key, value);

@@ -145,13 +145,15 @@ Projected project_qkv(const MultiHeadAttention& layer, const MhaShapes& s, Opera
     const std::int64_t B = s.B, Lq = s.Lq, Lk = s.Lk, Lkx = s.Lkx, Nq = B * Lq, Nk = B * Lk;
     const InputWeights w = input_weights(layer, plan.use_packed);
     // A buffer of `rows` rows and `heads` heads of d_h columns, written by one GEMM whose
-    // output begins at head `first`: its shape, how the GEMM stores it, and the views of it.
+    // output begins at head `first`: its shape, how the GEMM stores it and reads its input (of
+    // row stride ld, rows r: head-major rows are batch-major, head_layout.hpp), and the views of it.
     const bool hm = plan.head_major;
     const auto shape = [&](std::int64_t rows, std::int64_t heads) { return hm ? Shape{heads, rows, dh} : Shape{rows, heads * dh}; };
     const auto blocks = [&](std::int64_t rows) { return hm ? head_major_blocks(rows, dh) : ColumnBlocks{}; };
+    const auto read = [&](Rows r, std::int64_t L, std::int64_t ld) { return hm ? head_major_read(r, L, ld) : InputRead{ld, {}}; };
     const auto view = [&](float* buf, std::int64_t rows, std::int64_t ld, std::int64_t first, Rows r, std::int64_t heads,
                           std::int64_t L) {
-        return hm ? head_major_view(buf, rows, first, r, B, heads, L, dh) : heads_view(buf, ld, first * dh, r, B, heads, L, dh);
+        return hm ? head_major_view(buf, rows, first, B, heads, L, dh) : heads_view(buf, ld, first * dh, r, B, heads, L, dh);
     };
     Projected p;
     if (plan.self_attention && w.packed && !plan.batch_major) {
@@ -159,14 +161,16 @@ Projected project_qkv(const MultiHeadAttention& layer, const MhaShapes& s, Opera
         // without GQA (head-major: h + 2·h_kv matrices of (N, d_h)); Q, K and V are views of it.
         const std::int64_t n = E + 2 * Ekv;
         float* qkv = ensure(ws.proj_q, shape(Nq, h + 2 * hkv));
-        linear(xq, Nq, E, E, w.wq, n, w.bias, qkv, hm ? dh : n, blocks(Nq));
+        const InputRead x = read(s.rq, Lq, E);
+        linear(xq, Nq, E, x.ldx, w.wq, n, w.bias, qkv, hm ? dh : n, blocks(Nq), x.groups);
         p.Q = view(qkv, Nq, n, 0, s.rq, h, Lq);
         p.K = view(qkv, Nq, n, h, s.rk, hkv, Lk);
         p.V = view(qkv, Nq, n, h + hkv, s.rk, hkv, Lk);
         return p;
     }
     float* q = ensure(ws.proj_q, shape(Nq, h));
-    linear(xq, Nq, E, E, w.wq, E, w.bq, q, hm ? dh : E, blocks(Nq));
+    const InputRead x = read(s.rq, Lq, E);
+    linear(xq, Nq, E, x.ldx, w.wq, E, w.bq, q, hm ? dh : E, blocks(Nq), x.groups);
     p.Q = view(q, Nq, E, 0, s.rq, h, Lq);
     if (plan.batch_major) {
         // One GEMM per batch item into (B, Lkx, E_kv) buffers, then the appended rows (never
@@ -196,14 +200,16 @@ Projected project_qkv(const MultiHeadAttention& layer, const MhaShapes& s, Opera
     } else if (plan.shared_kv && w.packed) {
         // Cross-attention on one memory tensor: one GEMM for K and V.
         float* kv = ensure(ws.proj_kv, shape(Nk, 2 * hkv));
-        linear(xk, Nk, E, E, w.wk, 2 * Ekv, w.bk, kv, hm ? dh : 2 * Ekv, blocks(Nk));
+        const InputRead xkr = read(s.rk, Lk, E);
+        linear(xk, Nk, E, xkr.ldx, w.wk, 2 * Ekv, w.bk, kv, hm ? dh : 2 * Ekv, blocks(Nk), xkr.groups);
         p.K = view(kv, Nk, 2 * Ekv, 0, s.rk, hkv, Lk);
         p.V = view(kv, Nk, 2 * Ekv, hkv, s.rk, hkv, Lk);
     } else {
         float* k = ensure(ws.proj_kv, shape(Nk, hkv));
         float* v = ensure(ws.proj_v, shape(Nk, hkv));
-        linear(xk, Nk, c.kdim, c.kdim, w.wk, Ekv, w.bk, k, hm ? dh : Ekv, blocks(Nk));
-        linear(xv, Nk, c.vdim, c.vdim, w.wv, Ekv, w.bv, v, hm ? dh : Ekv, blocks(Nk));
+        const InputRead xkr = read(s.rk, Lk, c.kdim), xvr = read(s.rk, Lk, c.vdim);
+        linear(xk, Nk, c.kdim, xkr.ldx, w.wk, Ekv, w.bk, k, hm ? dh : Ekv, blocks(Nk), xkr.groups);
+        linear(xv, Nk, c.vdim, xvr.ldx, w.wv, Ekv, w.bv, v, hm ? dh : Ekv, blocks(Nk), xvr.groups);
         p.K = view(k, Nk, Ekv, 0, s.rk, hkv, Lk);
         p.V = view(v, Nk, Ekv, 0, s.rk, hkv, Lk);
     }

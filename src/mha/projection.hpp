@@ -1,7 +1,7 @@
 // The input projections of the MHA layer (Q = x_q·W_Qᵀ + b_Q, K, V likewise), written once
-// for forward_into, forward_train and the incremental path. Rows keep the input's order;
-// heads are column blocks or, head-major, matrices of their own, seen through stride views
-// (head_layout.hpp).
+// for forward_into, forward_train and the incremental path. Rows keep the input's order and
+// heads are column blocks or, head-major, heads are matrices of their own with batch-major
+// rows; either is seen through stride views (head_layout.hpp).
 #pragma once
 
 #include "attn/mha.hpp"

@@ -714,6 +714,111 @@ TEST(Gemm, ColumnBlocksStoreTheRowMajorBitsOnEveryRow) {
     }
 }
 
+// GemmArgs::a_group: op(A)'s rows read in groups — the MHA layer's seq-first input, row (l, b) at
+// l·G + b, read as G groups of L rows (GEMM row b·L + l) — give, row for row, the bits of the
+// same GEMM on a gathered copy of those rows: float32, float16 and bfloat16 A (with bfloat16 B:
+// the pair or AMX kernel where the CPU has one), a bias or beta = 1, pre-packed B or not, M <= 4
+// (the one-sliver path), a last group cut short (M not a multiple of L), 1 and 2 threads. A's
+// padding (past K, and the rows of the groups past M) is NaN: a read there would show.
+TEST(Gemm, RowGroupsOfAGiveTheGatheredRowsBitsOnEveryRow) {
+    std::mt19937 rng(29);
+    std::normal_distribution<float> nd;
+    struct Shape {
+        std::int64_t G, L, M, N, K;  // G groups of L rows, the first M GEMM rows of them
+    };
+    for (const KernelSet* row : rows_or_skip()) {
+        SCOPED_TRACE(isa_name(row->isa));
+        for (const Shape s : {Shape{4, 33, 132, 192, 300}, Shape{3, 1, 3, 75, 61}, Shape{5, 7, 33, 64, 33},
+                              Shape{2, 130, 260, 130, 1100}, Shape{4, 2, 4, 96, 40}, Shape{3, 50, 150, 2304 / 8, 96}}) {
+            for (int variant = 0; variant < 12; ++variant) {
+                const bool bias_on = variant & 1, packed = variant & 2;
+                const GemmHalf half = variant / 4 == 0 ? GemmHalf::none : variant / 4 == 1 ? GemmHalf::f16 : GemmHalf::bf16;
+                SCOPED_TRACE("G=" + std::to_string(s.G) + " L=" + std::to_string(s.L) + " M=" + std::to_string(s.M) +
+                             " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K) + " bias=" + std::to_string(bias_on) +
+                             " packed=" + std::to_string(packed) + " half=" + std::to_string(static_cast<int>(half)));
+                Problem p = make(false, true, s.M, s.N, s.K, bias_on ? 0.0f : 1.0f, rng);
+                std::vector<std::uint16_t> b16;
+                if (half == GemmHalf::bf16) b16 = to_bf16_in_place(p.b);
+                // The seq-first storage: GEMM row b·L + l at (l·G + b)·ld; ld = K + 3, NaN past K.
+                const std::int64_t ld = s.K + 3;
+                std::vector<float> seq(static_cast<std::size_t>(s.L * s.G * ld), kNaN);
+                std::vector<float> gathered(static_cast<std::size_t>(s.M * ld), kNaN);
+                for (std::int64_t i = 0; i < s.M; ++i)
+                    for (std::int64_t k = 0; k < s.K; ++k) {
+                        float x = nd(rng);
+                        if (half == GemmHalf::f16) x = f16_to_float(float_to_f16(x));
+                        if (half == GemmHalf::bf16) x = bf16_to_float(float_to_bf16(x));
+                        seq[static_cast<std::size_t>(((i % s.L) * s.G + i / s.L) * ld + k)] = x;
+                        gathered[static_cast<std::size_t>(i * ld + k)] = x;
+                    }
+                auto narrow = [&](const std::vector<float>& v) {
+                    std::vector<std::uint16_t> h(v.size());
+                    for (std::size_t e = 0; e < v.size(); ++e) h[e] = half == GemmHalf::f16 ? float_to_f16(v[e]) : float_to_bf16(v[e]);
+                    return h;
+                };
+                const std::vector<std::uint16_t> seq16 = half == GemmHalf::none ? std::vector<std::uint16_t>{} : narrow(seq);
+                const std::vector<std::uint16_t> gathered16 = half == GemmHalf::none ? std::vector<std::uint16_t>{} : narrow(gathered);
+                std::vector<float> bias(static_cast<std::size_t>(s.N));
+                for (float& x : bias) x = nd(rng);
+                GemmArgs g = args_of(p, p.c0);
+                if (bias_on) g.bias = bias.data();
+                if (half == GemmHalf::bf16) {
+                    g.B = nullptr;
+                    g.b16 = GemmHalf::bf16;
+                    g.B16 = b16.data();
+                }
+                g.a16 = half;
+                const PackedB pb = packed ? pack_b(*row, g) : PackedB{};
+                if (packed) g.packed = &pb;
+                for (int threads : {1, 2}) {
+                    const int before = omp_get_max_threads();
+                    omp_set_num_threads(threads);
+                    std::vector<float> want = p.c0, got = p.c0;
+                    g.C = want.data();
+                    g.lda = ld;
+                    g.a_group = g.a_group_stride = 0;
+                    if (half == GemmHalf::none) g.A = gathered.data();
+                    else g.A16 = gathered16.data();
+                    sgemm(*row, g);
+                    g.C = got.data();
+                    g.lda = s.G * ld;
+                    g.a_group = s.L;
+                    g.a_group_stride = ld;
+                    if (half == GemmHalf::none) g.A = seq.data();
+                    else g.A16 = seq16.data();
+                    sgemm(*row, g);
+                    omp_set_num_threads(before);
+                    std::int64_t differ = 0, nans = 0;
+                    for (std::int64_t i = 0; i < s.M; ++i)
+                        for (std::int64_t j = 0; j < s.N; ++j) {
+                            const auto e = static_cast<std::size_t>(i * p.ldc + j);
+                            differ += std::memcmp(&want[e], &got[e], sizeof(float)) != 0;
+                            nans += std::isnan(got[e]);
+                        }
+                    EXPECT_EQ(differ, 0) << "threads=" << threads;
+                    EXPECT_EQ(nans, 0) << "threads=" << threads << ": A's NaN padding was read";
+                }
+            }
+        }
+    }
+    // Row groups are rows of an untransposed A: with ta the call is refused.
+    std::vector<float> a(6, 1.0f), b(6, 1.0f), c(4, kNaN);
+    GemmArgs g;
+    g.ta = true;
+    g.M = 2;
+    g.N = 2;
+    g.K = 3;
+    g.A = a.data();
+    g.lda = 2;
+    g.B = b.data();
+    g.ldb = 2;
+    g.C = c.data();
+    g.ldc = 2;
+    g.a_group = 1;
+    g.a_group_stride = 6;
+    EXPECT_THROW(sgemm(g), Error);
+}
+
 TEST(Gemm, RejectsABiasWithANonZeroBetaBeforeWriting) {
     std::vector<float> a(6, 1.0f), b(6, 1.0f), bias(2, 1.0f), c(4, kNaN);
     GemmArgs g;

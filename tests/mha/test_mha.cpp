@@ -410,6 +410,7 @@ TEST(Mha, HeadMajorForwardHasTheTrainingForwardsBits) {
         {{.embed_dim = 16, .num_heads = 2, .kdim = 10, .vdim = 6}, {.batched = true, .B = 2, .Lq = 6, .Lk = 8}, false, false, false, false},
         {{.embed_dim = 12, .num_heads = 6, .num_kv_heads = 2}, {.batched = true, .B = 2, .Lq = 9, .Lk = 9}, true, true, true, false},
         {{.embed_dim = 8, .num_heads = 2, .add_bias_kv = true, .add_zero_attn = true}, {.batched = true, .B = 2, .Lq = 5, .Lk = 6}, false, true, false, true},
+        {{.embed_dim = 12, .num_heads = 3}, {.batched = true, .B = 3, .Lq = 5, .Lk = 7}, false, true, true, true},
     };
     std::mt19937 rng(12);
     for (const Layer& l : layers) {
