@@ -707,7 +707,9 @@ TEST(Gemm, ColumnBlocksStoreTheRowMajorBitsOnEveryRow) {
                     EXPECT_EQ(differ, 0) << "threads=" << threads;
                     EXPECT_EQ(stray, 0) << "threads=" << threads << ": written outside the blocks";
                     bool padding_kept = false;  // and the row-major call itself is right
-                    if (!bf16 && !bias_on) EXPECT_LE(worst_ratio(p, plain, &padding_kept), 1.0);
+                    if (!bf16 && !bias_on) {
+                        EXPECT_LE(worst_ratio(p, plain, &padding_kept), 1.0);
+                    }
                 }
             }
         }
