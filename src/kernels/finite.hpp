@@ -104,8 +104,11 @@ inline float saturate_mean(float x) {
 // finite: l ≥ 1 whenever a key is visible (the key with the maximum score has p = 1; in the
 // SIMD softmaxes' fused form 2^r ≥ 1 − 2^-16, flash_avx512.cpp: l ≥ 1 − 2^-16, as good).
 // `mean`: no dropout, so the result of finite parts is a mean (saturate_mean).
+// large = 0 (no value the row weighed was large): ordinary·inv alone, the clean pass's o·inv —
+// adding the +0 turned a −0 into +0: a row whose mean of tiny negative values underflows (its
+// correctly rounded value, which the clean pass and the reference give, is −0).
 inline float combine_large(float ordinary, float large, float inv, bool mean) {
-    const float r = ordinary * inv + large * (inv * kLargeUp);
+    const float r = large == 0.0f ? ordinary * inv : ordinary * inv + large * (inv * kLargeUp);
     const bool finite_parts = !nonfinite_f32(ordinary) && !nonfinite_f32(large) && !nonfinite_f32(inv);
     return mean && finite_parts ? saturate_mean(r) : r;
 }
