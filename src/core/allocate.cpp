@@ -46,13 +46,19 @@ void* allocate_aligned(std::int64_t bytes, std::size_t align, std::string_view w
     return p;
 }
 
-void* allocate_streamed(std::int64_t bytes, std::string_view what) {
+void* allocate_streamed_or_null(std::int64_t bytes) noexcept {
     constexpr std::int64_t kHuge = std::int64_t{2} << 20;
-    if (bytes < kHuge) return allocate_aligned(bytes, 64, what);
-    void* p = allocate_aligned(bytes, kHuge, what);
+    if (bytes < kHuge) return allocate_aligned_or_null(bytes, 64);
+    void* p = allocate_aligned_or_null(bytes, kHuge);
 #if defined(MADV_HUGEPAGE)
-    madvise(p, static_cast<std::size_t>(bytes / kHuge * kHuge), MADV_HUGEPAGE);  // advice: failure is harmless
+    if (p != nullptr) madvise(p, static_cast<std::size_t>(bytes / kHuge * kHuge), MADV_HUGEPAGE);  // advice: failure is harmless
 #endif
+    return p;
+}
+
+void* allocate_streamed(std::int64_t bytes, std::string_view what) {
+    void* p = allocate_streamed_or_null(bytes);
+    if (p == nullptr) throw_out_of_memory(bytes, std::string(what).c_str());
     return p;
 }
 

@@ -26,6 +26,10 @@ void* allocate_aligned(std::int64_t bytes, std::size_t align, std::string_view w
 // pages, first-touch faults and TLB misses cost more than the work: decode streamed a cache at
 // ≈ 2 GB/s against ≈ 12 GB/s, and S6's attention on the MHA layer's QKV buffer ran 3–5 % slower.
 void* allocate_streamed(std::int64_t bytes, std::string_view what);
+// The same, or null when the system refuses: for a caller that builds its message only then
+// (a Tensor: a description built before every allocation was itself an allocation, whose
+// refusal came out as a bare std::bad_alloc naming nothing).
+void* allocate_streamed_or_null(std::int64_t bytes) noexcept;
 
 // The same, or null when the system refuses: for buffers taken inside an OpenMP parallel region,
 // which no exception may leave (std::terminate); the caller says the refusal after the region.

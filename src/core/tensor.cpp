@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <sstream>
 
 #include "allocate.hpp"
@@ -158,9 +159,14 @@ double TensorView::load_as_double(std::int64_t i) const {
 void Tensor::Free::operator()(void* p) const { std::free(p); }
 
 Tensor::Tensor(DType dtype, Shape shape, bool fill_zero, std::string_view name) {
-    const std::string what = std::string(name) + " (" + std::string(dtype_name(dtype)) + ")";
-    const std::int64_t bytes = detail::checked_bytes("Tensor", what, shape, dtype_size(dtype));
-    void* p = detail::allocate_streamed(bytes, what + " of shape " + shape.str());
+    // The description is built only for a message: built before the allocation, it was an
+    // allocation of its own, whose refusal was a bare std::bad_alloc naming nothing (every
+    // workspace buffer of the MHA layer met it first).
+    const auto what = [&] { return std::string(name) + " (" + std::string(dtype_name(dtype)) + ")"; };
+    const std::optional<std::int64_t> known = detail::shape_bytes(shape, dtype_size(dtype));
+    const std::int64_t bytes = known ? *known : detail::checked_bytes("Tensor", what(), shape, dtype_size(dtype));
+    void* p = detail::allocate_streamed_or_null(bytes);
+    if (p == nullptr) detail::throw_out_of_memory(bytes, (what() + " of shape " + shape.str()).c_str());
     if (fill_zero) std::memset(p, 0, static_cast<std::size_t>(bytes));
     storage_.reset(p);
     view_ = TensorView(p, dtype, shape);
