@@ -22,7 +22,7 @@ void for_each_4d(const Shape& s, F&& f) {
 
 // keep (shape): true where no given PyTorch bool mask says True.
 Tensor keep_mask(const Shape& shape, const std::optional<TensorView>& a, const std::optional<TensorView>& p) {
-    Tensor keep(DType::boolean, shape);
+    Tensor keep(DType::boolean, shape, "the MHA layer's keep mask (its boolean masks combined)");
     auto* out = keep.data_as<bool>();
     const TensorView av = a ? a->broadcast_to(shape, "attn_mask") : TensorView();
     const TensorView pv = p ? p->broadcast_to(shape, "key_padding_mask") : TensorView();
@@ -37,7 +37,7 @@ Tensor keep_mask(const Shape& shape, const std::optional<TensorView>& a, const s
 
 // sum (shape, float32) of the given float masks.
 Tensor sum_mask(const Shape& shape, const std::optional<TensorView>& a, const std::optional<TensorView>& p) {
-    Tensor sum(DType::f32, shape);
+    Tensor sum(DType::f32, shape, "the MHA layer's additive mask (its float masks summed)");
     auto* out = sum.data_as<float>();
     const TensorView av = a ? a->broadcast_to(shape, "attn_mask") : TensorView();
     const TensorView pv = p ? p->broadcast_to(shape, "key_padding_mask") : TensorView();
@@ -55,7 +55,7 @@ Tensor sum_mask(const Shape& shape, const std::optional<TensorView>& a, const st
 Tensor pad_keys(const TensorView& mask, std::int64_t keys) {
     const bool b = mask.dtype() == DType::boolean;
     const Shape s{mask.dim(0), mask.dim(1), mask.dim(2), keys};
-    Tensor out(b ? DType::boolean : DType::f32, s);
+    Tensor out(b ? DType::boolean : DType::f32, s, "a mask of the MHA layer padded for its appended keys");
     for_each_4d(s, [&](std::int64_t o, std::int64_t n, std::int64_t h, std::int64_t i, std::int64_t j) {
         const bool inside = j < mask.dim(3);
         if (b) out.data_as<bool>()[o] = inside && mask.load_as_double(mask.offset(n, h, i, j)) != 0.0;

@@ -3,6 +3,7 @@
 // shared with forward_train (inputs.hpp, masks.hpp, projection.hpp).
 #include <cstring>
 
+#include "../core/allocate.hpp"
 #include "../core/check.hpp"
 #include "../core/float_env.hpp"
 #include "attn/mha.hpp"
@@ -88,10 +89,12 @@ MhaOutput MultiHeadAttention::forward(const TensorView& query, const TensorView&
     // Outputs sized from the inputs; forward_into checks everything (a key of the wrong
     // rank gets no weights tensor here and its error there).
     MhaOutput r;
-    r.output = Tensor(detail::output_dtype(options.out_dtype, query.dtype()), output_shape(query));
+    r.output = Tensor(detail::output_dtype(options.out_dtype, query.dtype()), output_shape(query), false,
+                      "the MHA layer's output");
     TensorView wv;
     if (options.need_weights && key.rank() == query.rank()) {
-        r.weights = Tensor(DType::f32, weights_shape(query, key, options.average_attn_weights));
+        r.weights = Tensor(DType::f32, weights_shape(query, key, options.average_attn_weights), false,
+                           "the MHA layer's attention weights");
         wv = r.weights.view();
     }
     forward_into(query, key, value, options, r.output, options.need_weights ? &wv : nullptr, workspace);
@@ -105,20 +108,32 @@ void MultiHeadAttention::forward_into(const TensorView& query, const TensorView&
     const MhaConfig& c = config_;
     const std::int64_t E = c.embed_dim, h = c.num_heads, dh = head_dim();
     // ---- checks (nothing is written before they all pass) ----
-    const detail::MhaShapes s = detail::check_inputs(c, query, key, value, options);
-    check_outputs(*this, query, key, value, options, output, weights);
-    detail::PytorchMasks pt = detail::pytorch_masks_4d(options.attn_mask, options.key_padding_mask, s.batched, s.B, h, s.Lq, s.Lk);
-    // The appended keys are never masked (PyTorch pads the masks with 0 / False).
-    if (s.extra > 0) detail::pad_masks(pt, s.Lkx);
-    const detail::SdpaMasks masks = detail::to_sdpa_masks(pt.attn, pt.kpm);
-    const DType mid = detail::intermediate_dtype(options.intermediate_dtype);  // Q, K, V and O
+    // The checks' lists and messages and the PyTorch masks' views are the call's bookkeeping: a
+    // refusal there is attn::OutOfMemory saying so (it was a bare std::bad_alloc), nothing written
+    // yet. A mask the call combines or pads is a buffer, named by its own refusal.
+    constexpr const char* kBookkeeping = "the MHA layer's argument checks and masks";
+    detail::MhaShapes s;
+    detail::PytorchMasks pt;
+    detail::SdpaMasks masks;
+    DType mid = DType::f32;  // Q, K, V and O
+    detail::naming_bookkeeping(kBookkeeping, [&] {
+        s = detail::check_inputs(c, query, key, value, options);
+        check_outputs(*this, query, key, value, options, output, weights);
+        pt = detail::pytorch_masks_4d(options.attn_mask, options.key_padding_mask, s.batched, s.B, h, s.Lq, s.Lk);
+        // The appended keys are never masked (PyTorch pads the masks with 0 / False).
+        if (s.extra > 0) detail::pad_masks(pt, s.Lkx);
+        masks = detail::to_sdpa_masks(pt.attn, pt.kpm);
+        mid = detail::intermediate_dtype(options.intermediate_dtype);
+    });
     MhaWorkspace local;
     MhaWorkspace& ws = workspace != nullptr ? *workspace : local;
 
     // ---- the attention call: its options and outputs, then its checks — before the projections,
     // whose GEMMs a call sdpa refuses (impl = decode for 20 queries, a non-finite sink edited
     // in place, …) would waste. O is (Nq, E) in the intermediates' dtype: sdpa rounds it once
-    // from its float32 accumulators, written as (rows of query, h, d_h) — the merge of heads is free ----
+    // from its float32 accumulators, written as (rows of query, h, d_h) — the merge of heads is free.
+    // Every buffer of the call after the projections' is taken here, before anything is written:
+    // a 16-bit output's float32 rows too ----
     SdpaOptions so;
     so.impl = options.impl;
     so.causal = options.causal;
@@ -127,15 +142,19 @@ void MultiHeadAttention::forward_into(const TensorView& query, const TensorView&
     score_modifiers(so);
     const std::int64_t Nq = s.B * s.Lq;
     Tensor& o = mid == DType::f32 ? ws.attn_out : ws.attn_out16;
-    detail::ensure(o, mid, Shape{Nq, E});
+    detail::ensure(o, mid, Shape{Nq, E}, "the MHA layer's attention output O (rows, E)");
     const TensorView O = detail::heads_view(o.data(), mid, E, 0, s.rq, s.B, h, s.Lq, dh);
     const Shape per_head_shape{s.B, h, s.Lq, s.Lkx};
     TensorView per_head;
     if (weights != nullptr) {
-        per_head = options.average_attn_weights ? TensorView(detail::ensure(ws.head_weights, per_head_shape), DType::f32, per_head_shape)
-                                                : TensorView(weights->data(), DType::f32, per_head_shape);
+        per_head = options.average_attn_weights
+                       ? TensorView(detail::ensure(ws.head_weights, per_head_shape, "the MHA layer's per-head attention weights"),
+                                    DType::f32, per_head_shape)
+                       : TensorView(weights->data(), DType::f32, per_head_shape);
     }
-    {
+    const bool f32_out = output.dtype() == DType::f32;
+    float* y = f32_out ? output.data_as<float>() : detail::ensure(ws.out_f32, Shape{Nq, E}, "the MHA layer's float32 output rows");
+    detail::naming_bookkeeping(kBookkeeping, [&] {
         // Stand-ins of the projections' Q, K, V (shapes, dtype, unit inner stride; never read).
         const auto stand_in = [&](std::int64_t heads, std::int64_t L) {
             return TensorView(o.data(), mid, Shape{s.B, heads, L, dh}, Strides{0, 0, 0, 1});
@@ -143,7 +162,7 @@ void MultiHeadAttention::forward_into(const TensorView& query, const TensorView&
         const std::int64_t hkv = c.num_kv_heads;
         detail::check_call(stand_in(h, s.Lq), stand_in(hkv, s.Lkx), stand_in(hkv, s.Lkx), so, O,
                            weights != nullptr ? &per_head : nullptr);
-    }
+    });
 
     // ---- projections: each head's Q, K, V a (rows, d_h) matrix of its own, rows batch-major
     // whatever the input's order (head-major: the attention reads a head's K/V rows in place) ----
@@ -164,8 +183,6 @@ void MultiHeadAttention::forward_into(const TensorView& query, const TensorView&
 
     // ---- out projection straight into the output (same row order as the query); a 16-bit
     // output gets the float32 rows rounded once ----
-    const bool f32_out = output.dtype() == DType::f32;
-    float* y = f32_out ? output.data_as<float>() : detail::ensure(ws.out_f32, Shape{Nq, E});
     const float* out_bias = c.bias ? parameter("out_proj.bias").data_as<const float>() : nullptr;
     detail::linear(detail::Operand(o.data(), mid), Nq, E, E, detail::out_weight(*this, true), E, out_bias, y, E);
     if (!f32_out) detail::store_output(y, output);

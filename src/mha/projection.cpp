@@ -11,12 +11,12 @@
 
 namespace attn::detail {
 
-void* ensure(Tensor& t, DType dt, const Shape& shape) {
-    if (t.data() == nullptr || t.dtype() != dt || !(t.shape() == shape)) t = Tensor(dt, shape);
+void* ensure(Tensor& t, DType dt, const Shape& shape, const char* what) {
+    if (t.data() == nullptr || t.dtype() != dt || !(t.shape() == shape)) t = Tensor(dt, shape, false, what);
     return t.data();
 }
 
-float* ensure(Tensor& t, const Shape& shape) { return static_cast<float*>(ensure(t, DType::f32, shape)); }
+float* ensure(Tensor& t, const Shape& shape, const char* what) { return static_cast<float*>(ensure(t, DType::f32, shape, what)); }
 
 namespace {
 bool gemm_dtype(DType dt) { return dt == DType::f32 || dt == DType::f16 || dt == DType::bf16; }
@@ -56,7 +56,7 @@ Projected round_projected(const Projected& p, DType dt, MhaWorkspace& ws) {
             const auto begin = reinterpret_cast<std::uintptr_t>(src.data());
             if (src.data() == nullptr || at_address < begin || at_address >= begin + src.nbytes()) continue;
             Tensor& twin = ws.proj16[i];
-            ensure(twin, dt, src.shape());
+            ensure(twin, dt, src.shape(), "the MHA layer's 16-bit projections");
             if (!rounded[i]) {
                 store_output(src.data_as<const float>(), twin.view());  // the one rounding rule, over the threads
                 rounded[i] = true;
@@ -160,7 +160,7 @@ Projected project_qkv(const MultiHeadAttention& layer, const MhaShapes& s, Opera
         // One GEMM X (N, E) · [W_Q; W_K; W_V]ᵀ → (N, E + 2·E_kv), i.e. per row (3, h, d_h)
         // without GQA (head-major: h + 2·h_kv matrices of (N, d_h)); Q, K and V are views of it.
         const std::int64_t n = E + 2 * Ekv;
-        float* qkv = ensure(ws.proj_q, shape(Nq, h + 2 * hkv));
+        float* qkv = ensure(ws.proj_q, shape(Nq, h + 2 * hkv), "the MHA layer's projected Q, K and V");
         const InputRead x = read(s.rq, Lq, E);
         linear(xq, Nq, E, x.ldx, w.wq, n, w.bias, qkv, hm ? dh : n, blocks(Nq), x.groups);
         p.Q = view(qkv, Nq, n, 0, s.rq, h, Lq);
@@ -168,15 +168,15 @@ Projected project_qkv(const MultiHeadAttention& layer, const MhaShapes& s, Opera
         p.V = view(qkv, Nq, n, h + hkv, s.rk, hkv, Lk);
         return p;
     }
-    float* q = ensure(ws.proj_q, shape(Nq, h));
+    float* q = ensure(ws.proj_q, shape(Nq, h), "the MHA layer's projected Q");
     const InputRead x = read(s.rq, Lq, E);
     linear(xq, Nq, E, x.ldx, w.wq, E, w.bq, q, hm ? dh : E, blocks(Nq), x.groups);
     p.Q = view(q, Nq, E, 0, s.rq, h, Lq);
     if (plan.batch_major) {
         // One GEMM per batch item into (B, Lkx, E_kv) buffers, then the appended rows (never
         // head-major: the backward reads these rows). Rows of item b in the input: b·rb + l·rl.
-        float* k = ensure(ws.proj_kv, Shape{B * Lkx, Ekv});
-        float* v = ensure(ws.proj_v, Shape{B * Lkx, Ekv});
+        float* k = ensure(ws.proj_kv, Shape{B * Lkx, Ekv}, "the MHA layer's projected K");
+        float* v = ensure(ws.proj_v, Shape{B * Lkx, Ekv}, "the MHA layer's projected V");
         const float* bias_k = c.add_bias_kv ? layer.parameter("bias_k").data_as<const float>() : nullptr;
         const float* bias_v = c.add_bias_kv ? layer.parameter("bias_v").data_as<const float>() : nullptr;
         const std::size_t bytes = static_cast<std::size_t>(Ekv) * sizeof(float);
@@ -199,14 +199,14 @@ Projected project_qkv(const MultiHeadAttention& layer, const MhaShapes& s, Opera
         p.V = heads_view(v, Ekv, 0, rkx, B, hkv, Lkx, dh);
     } else if (plan.shared_kv && w.packed) {
         // Cross-attention on one memory tensor: one GEMM for K and V.
-        float* kv = ensure(ws.proj_kv, shape(Nk, 2 * hkv));
+        float* kv = ensure(ws.proj_kv, shape(Nk, 2 * hkv), "the MHA layer's projected K and V");
         const InputRead xkr = read(s.rk, Lk, E);
         linear(xk, Nk, E, xkr.ldx, w.wk, 2 * Ekv, w.bk, kv, hm ? dh : 2 * Ekv, blocks(Nk), xkr.groups);
         p.K = view(kv, Nk, 2 * Ekv, 0, s.rk, hkv, Lk);
         p.V = view(kv, Nk, 2 * Ekv, hkv, s.rk, hkv, Lk);
     } else {
-        float* k = ensure(ws.proj_kv, shape(Nk, hkv));
-        float* v = ensure(ws.proj_v, shape(Nk, hkv));
+        float* k = ensure(ws.proj_kv, shape(Nk, hkv), "the MHA layer's projected K");
+        float* v = ensure(ws.proj_v, shape(Nk, hkv), "the MHA layer's projected V");
         const InputRead xkr = read(s.rk, Lk, c.kdim), xvr = read(s.rk, Lk, c.vdim);
         linear(xk, Nk, c.kdim, xkr.ldx, w.wk, Ekv, w.bk, k, hm ? dh : Ekv, blocks(Nk), xkr.groups);
         linear(xv, Nk, c.vdim, xvr.ldx, w.wv, Ekv, w.bv, v, hm ? dh : Ekv, blocks(Nk), xvr.groups);

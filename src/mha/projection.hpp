@@ -11,10 +11,11 @@
 namespace attn::detail {
 
 // A float32 workspace tensor of `shape`, re-allocated only when the shape changes, so
-// repeated calls reuse memory that is already faulted in.
-float* ensure(Tensor& t, const Shape& shape);
+// repeated calls reuse memory that is already faulted in. `what` names it in an out-of-memory
+// message (attn::OutOfMemory "… for <what> (float32) of shape …").
+float* ensure(Tensor& t, const Shape& shape, const char* what = "a buffer of the MHA layer's workspace");
 // The same for a tensor of dtype dt.
-void* ensure(Tensor& t, DType dt, const Shape& shape);
+void* ensure(Tensor& t, DType dt, const Shape& shape, const char* what = "a buffer of the MHA layer's workspace");
 
 // Rows of an input as a (rows, features) matrix with unit column stride, for the projection
 // GEMM: the input itself when it is contiguous float32, float16 or bfloat16 (the GEMM widens

@@ -24,6 +24,7 @@
 #include <limits>
 #include <map>
 #include <new>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -516,6 +517,117 @@ void expect_named(const Said& s, const std::string& buffer) {
     EXPECT_GT(bytes, 0) << s.what;
     EXPECT_LE(static_cast<std::size_t>(bytes), s.refused) << s.what;
     EXPECT_LT(s.refused, static_cast<std::size_t>(bytes) + 64) << s.what;
+}
+
+// The MHA layer (E = 16, 2 heads, seq-first (L, B, E) = (5, 2, 16) queries, average weights):
+// self-attention; cross-attention on a memory of 7 rows with a bool key_padding_mask and a bool
+// attn_mask (combined into one keep mask); self-attention with bfloat16 intermediates.
+struct MhaCase {
+    const char* name;
+    bool cross;
+    std::optional<DType> intermediate;
+    std::vector<std::string> buffers;  // the layer's own buffers the call takes (each refused in turn)
+};
+
+struct MhaCall {
+    attn::MultiHeadAttention m{attn::MhaConfig{.embed_dim = 16, .num_heads = 2}};
+    Tensor x = random_f32(Shape{5, 2, 16}, 110), mem = random_f32(Shape{7, 2, 16}, 111);
+    Tensor kpm{DType::boolean, Shape{2, 7}}, mask{DType::boolean, Shape{5, 7}};
+    attn::MhaForwardOptions opt;
+    bool cross;
+    Tensor out, weights;
+    explicit MhaCall(const MhaCase& c) : cross(c.cross) {
+        const auto state = random_state(m, 120);
+        std::vector<std::pair<std::string, TensorView>> views;
+        for (const auto& [n, t] : state) views.emplace_back(n, t.view());
+        m.load_state_dict(views);
+        for (std::int64_t j = 0; j < 14; ++j) kpm.data_as<bool>()[j] = j % 7 == 6;  // the last key of each item
+        for (std::int64_t j = 0; j < 35; ++j) mask.data_as<bool>()[j] = j % 7 == 0 && j > 0;  // key 0, but for row 0
+        if (cross) {
+            opt.key_padding_mask = kpm.view();
+            opt.attn_mask = mask.view();
+        }
+        opt.intermediate_dtype = c.intermediate;
+        out = attn::test::poisoned(DType::f32, Shape{5, 2, 16});
+        weights = attn::test::poisoned(DType::f32, Shape{2, 5, cross ? 7 : 5});
+    }
+    const Tensor& kv() const { return cross ? mem : x; }
+    void forward_into() {
+        const TensorView wv = weights.view();
+        m.forward_into(x, kv(), kv(), opt, out, &wv);
+    }
+};
+
+// MultiHeadAttention::forward_into: each operator new of the call refused in turn, on one thread,
+// is attn::OutOfMemory naming what it was for — the layer's checks and masks as one step before
+// anything is written (25 of a sweep of the self-attention case were a bare std::bad_alloc: the
+// checks' lists and strings, each workspace Tensor's description), and sdpa's own — and then
+// each aligned allocation of the calling thread (the layer's buffers, the GEMM's), each an
+// attn::OutOfMemory naming its buffer; the output and the weights stay poisoned on every refusal.
+TEST(AllocFailures, MhaForwardIntoRefusalsAreOutOfMemoryAndWriteNothing) {
+    const std::string bookkeeping = "the few hundred bytes for the MHA layer's argument checks and masks; nothing was written";
+    const std::string o = "the MHA layer's attention output O", per_head = "the MHA layer's per-head attention weights";
+    for (const MhaCase& c :
+         {MhaCase{"self-attention", false, std::nullopt, {o, per_head, "the MHA layer's projected Q, K and V"}},
+          MhaCase{"cross-attention with both masks", true, std::nullopt,
+                  {o, per_head, "the MHA layer's keep mask", "the MHA layer's projected Q", "the MHA layer's projected K and V"}},
+          MhaCase{"bfloat16 intermediates", false, DType::bf16,
+                  {o, per_head, "the MHA layer's projected Q, K and V", "the MHA layer's 16-bit projections"}}}) {
+        SCOPED_TRACE(c.name);
+        MhaCall call(c);
+        {
+            const attn::ScopedNumThreads one(1);
+            sweep_forward_refusals([&] { call.forward_into(); }, call.out, call.weights,
+                                   {bookkeeping, "sdpa's argument checks and report text",
+                                    " for the flash kernel's list of problems"});
+        }
+        const std::vector<unsigned char> want(static_cast<const unsigned char*>(call.out.data()),
+                                              static_cast<const unsigned char*>(call.out.data()) + call.out.nbytes());
+        std::vector<int> named(c.buffers.size(), 0);
+        int refusals = 0;
+        for (int let_through = 0; let_through < 1000; ++let_through) {
+            SCOPED_TRACE("refused after " + std::to_string(let_through) + " aligned allocations");
+            attn::test::poison(call.out);
+            attn::test::poison(call.weights);
+            const Said s = refused_on_fresh_thread(Refuse::caller, let_through, [&] { call.forward_into(); });
+            if (s.what == "no error") {
+                EXPECT_EQ(std::memcmp(call.out.data(), want.data(), want.size()), 0);
+                break;
+            }
+            ++refusals;
+            EXPECT_EQ(s.what.rfind("out of memory: cannot allocate ", 0), 0u) << s.what;
+            EXPECT_TRUE(attn::test::still_poisoned(call.out)) << s.what;
+            EXPECT_TRUE(attn::test::still_poisoned(call.weights)) << s.what;
+            for (std::size_t x = 0; x < c.buffers.size(); ++x) {
+                if (s.what.find(" for " + c.buffers[x]) == std::string::npos) continue;
+                ++named[x];
+                expect_named(s, c.buffers[x]);
+            }
+        }
+        EXPECT_GT(refusals, 0);
+        for (std::size_t x = 0; x < c.buffers.size(); ++x) EXPECT_GT(named[x], 0) << "never refused: " << c.buffers[x];
+    }
+}
+
+// MultiHeadAttention::forward, which allocates the tensors it returns: each operator new refused
+// in turn is attn::OutOfMemory (the sweep above, inside), and the returned tensors' own refusals
+// name them — the output first, then the weights.
+TEST(AllocFailures, MhaForwardRefusalsAreOutOfMemoryNamingTheReturnedTensors) {
+    MhaCall call(MhaCase{"self-attention", false, std::nullopt, {}});
+    {
+        const attn::ScopedNumThreads one(1);
+        (void)call.m.forward(call.x, call.x, call.x, call.opt);
+        int failures = sweep([&] { (void)call.m.forward(call.x, call.x, call.x, call.opt); }, [](long) {},
+                             [&](const std::bad_alloc& e) { expect_out_of_memory(e); });
+        EXPECT_GT(failures, 0);
+    }
+    const char* const returned[] = {"the MHA layer's output (float32) of shape (5, 2, 16)",
+                                    "the MHA layer's attention weights (float32) of shape (2, 5, 5)"};
+    for (int let_through = 0; let_through < 2; ++let_through) {
+        const Said s = refused_on_fresh_thread(Refuse::caller, let_through,
+                                               [&] { (void)call.m.forward(call.x, call.x, call.x, call.opt); });
+        expect_named(s, returned[let_through]);
+    }
 }
 
 // The GEMM's operands, float32 or bfloat16 (with bfloat16 A and B the pair kernel runs where the
