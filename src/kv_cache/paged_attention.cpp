@@ -8,10 +8,13 @@
 // through the decode kernel, each an exact slice of the problem: its queries keep their
 // diagonals (SdpaProblem::rows_before).
 #include <algorithm>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "attn/decode.hpp"
 #include "attn/paged_kv_cache.hpp"
+#include "../core/allocate.hpp"
 #include "../core/check.hpp"
 #include "../core/threads.hpp"
 #include "../kernels/decode/decode.hpp"
@@ -26,11 +29,9 @@ namespace {
 
 constexpr std::string_view kOp = "paged_attention";
 
-}  // namespace
-
-void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::vector<PagedKVCache::SeqId>& seqs,
-                     const SdpaOptions& options, const TensorView& out, const TensorView* lse) {
-    const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
+// The call's arguments, before any page is read.
+void check_call(const TensorView& q, const PagedKVCache& cache, const std::vector<PagedKVCache::SeqId>& seqs,
+                const SdpaOptions& options) {
     if (options.key_lengths) detail::fail(kOp, "options.key_lengths: must be unset (the sequences' lengths are the key lengths)");
     if (options.impl != Impl::automatic && options.impl != Impl::decode && options.impl != Impl::flash) {
         detail::fail(kOp, "impl: only the decode and flash kernels read pages; use auto, decode or flash but got ",
@@ -57,45 +58,36 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
                          "paged_attention");
         }
     }
-    // The page tables, K/V through them and the sequences' lengths (paged_layout.hpp).
-    const detail::PagedLayout pages(cache, seqs);
-    SdpaOptions o = options;
-    o.key_lengths = pages.key_lengths;
-    const detail::SdpaProblem p = detail::make_problem(q, pages.k, pages.v, o, out, lse, nullptr, kOp);
-    // The whole pools are inputs: the call reads pages anywhere in them (the layout's views
-    // reach only the first n rows of each head's pool).
-    const TensorView key_pool = cache.key_pages(), value_pool = cache.value_pages();
-    detail::require_outputs_apart(kOp, {{&q, "Q"}, {&key_pool, "the key pages"}, {&value_pool, "the value pages"}}, options,
-                                  {{&out, "out"}, {lse, "lse"}});
-    const detail::KernelSet& kernels = detail::kernel_set();
+}
 
-    // Flash on the pages: automatic where sdpa's dispatch would run flash (detail::runs_flash:
-    // flash takes the problem and auto_decode_declines says decode is not the automatic choice —
-    // chunked prefill, or a flash panel's worth of rows per KV head, two with float32 K/V). The
-    // driver reads the pages of any pool (flash_operands.hpp, paged_tile_rows; the bf16-compute
-    // operands through kv_row_offset), so the result has the bits of flash on the contiguous
-    // cache.
-    if (options.impl == Impl::flash || detail::runs_flash(p, options.impl)) {
+// Flash on the pages: automatic where sdpa's dispatch would run flash (detail::runs_flash:
+// flash takes the problem and auto_decode_declines says decode is not the automatic choice —
+// chunked prefill, or a flash panel's worth of rows per KV head, two with float32 K/V). The
+// driver reads the pages of any pool (flash_operands.hpp, paged_tile_rows; the bf16-compute
+// operands through kv_row_offset), so the result has the bits of flash on the contiguous
+// cache. Otherwise decode, which must take the call (each reason says why not).
+bool choose_flash(const detail::SdpaProblem& p, Impl impl) {
+    if (impl == Impl::flash || detail::runs_flash(p, impl)) {
         const std::string flash_declines = detail::flash_decline_reason(p);
         if (!flash_declines.empty()) detail::fail(kOp, "impl: the flash kernel declines this call: ", flash_declines);
-        detail::SdpaProblem fp = p;
-        fp.paged = &pages.rows;
-        detail::flash_forward(fp, kernels);
-        return;
+        return true;
     }
-
     // Decode takes every block of at most 16 queries once it takes the call: its other reasons
     // (dtypes, layouts, options) are the call's, checked once for all blocks.
     if (const std::string why = detail::decode_call_declines(p.q, p.k, p.v, p.dropout_p); !why.empty()) {
-        if (options.impl == Impl::decode) detail::fail(kOp, "impl: the decode kernel declines this call: ", why);
+        if (impl == Impl::decode) detail::fail(kOp, "impl: the decode kernel declines this call: ", why);
         // auto reaches here only when flash declined too (runs_flash sends it to flash whenever
         // decode declines and flash does not): e.g. float64 Q, which only the reference reads —
         // and the reference reads no pages.
         detail::fail(kOp, "no kernel that reads pages takes this call: decode: ", why, "; flash: ", detail::flash_decline_reason(p));
     }
-    // Blocks of at most 16 queries; each block keeps the caller's diagonals and dropout rows
-    // (SdpaProblem::rows_before/rows_after).
-    const std::int64_t block = kMaxDecodeQueries;
+    return false;
+}
+
+// The decode kernel's blocks of at most 16 queries; each keeps the caller's diagonals and
+// dropout rows (SdpaProblem::rows_before/rows_after).
+std::vector<detail::SdpaProblem> decode_blocks(const detail::SdpaProblem& p) {
+    const std::int64_t block = kMaxDecodeQueries, Lq = p.Lq;
     std::vector<detail::SdpaProblem> parts;
     for (std::int64_t i0 = 0; i0 < Lq; i0 += block) {
         detail::SdpaProblem s = p;
@@ -113,7 +105,45 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
         ATTN_DASSERT(detail::decode_declines(s).empty());
         parts.push_back(s);
     }
-    for (const detail::SdpaProblem& s : parts) detail::decode_forward(s, kernels, 0, &pages.rows);
+    return parts;
+}
+
+}  // namespace
+
+void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::vector<PagedKVCache::SeqId>& seqs,
+                     const SdpaOptions& options, const TensorView& out, const TensorView* lse) {
+    const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
+    // The page tables and the views through them (paged_layout.hpp), made inside the checks.
+    std::optional<detail::PagedLayout> pages;
+    detail::SdpaProblem p;
+    bool flash = false;
+    std::vector<detail::SdpaProblem> parts;  // decode: the blocks of at most 16 queries
+    // Up to the kernel, the call allocates its checks' lists and messages, the sequences' lengths
+    // and page tables (named by their own refusal) and the decode blocks' list: a refusal there
+    // is attn::OutOfMemory saying so (it was a bare std::bad_alloc), nothing written yet. The
+    // kernels name their own buffers.
+    detail::naming_bookkeeping("paged_attention's argument checks and the sequences' page tables", [&] {
+        check_call(q, cache, seqs, options);
+        pages.emplace(cache, seqs);
+        SdpaOptions o = options;
+        o.key_lengths = pages->key_lengths;
+        p = detail::make_problem(q, pages->k, pages->v, o, out, lse, nullptr, kOp);
+        // The whole pools are inputs: the call reads pages anywhere in them (the layout's views
+        // reach only the first n rows of each head's pool).
+        const TensorView key_pool = cache.key_pages(), value_pool = cache.value_pages();
+        detail::require_outputs_apart(kOp, {{&q, "Q"}, {&key_pool, "the key pages"}, {&value_pool, "the value pages"}},
+                                      options, {{&out, "out"}, {lse, "lse"}});
+        flash = choose_flash(p, options.impl);
+        if (!flash) parts = decode_blocks(p);
+    });
+    const detail::KernelSet& kernels = detail::kernel_set();
+    if (flash) {
+        detail::SdpaProblem fp = p;
+        fp.paged = &pages->rows;
+        detail::flash_forward(fp, kernels);
+        return;
+    }
+    for (const detail::SdpaProblem& s : parts) detail::decode_forward(s, kernels, 0, &pages->rows);
 }
 
 }  // namespace attn

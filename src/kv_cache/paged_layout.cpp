@@ -9,7 +9,7 @@ namespace attn::detail {
 
 PagedLayout::PagedLayout(const PagedKVCache& cache, const std::vector<PagedKVCache::SeqId>& seqs) {
     const auto B = static_cast<std::int64_t>(seqs.size());
-    lengths.resize(seqs.size());
+    resize_or_throw(lengths, B, "the lengths of seqs");
     std::int64_t n = 1, pages = 1;
     for (std::size_t b = 0; b < seqs.size(); ++b) {
         lengths[b] = cache.length(seqs[b]);

@@ -630,6 +630,45 @@ TEST(AllocFailures, MhaForwardRefusalsAreOutOfMemoryNamingTheReturnedTensors) {
     }
 }
 
+// attn::paged_attention, the same sweep on two sequences of a paged cache (10 and 7 positions,
+// group 2), through the decode kernel (1 query) and the flash kernel (impl = flash, 6 queries):
+// its checks, the choice of a kernel and the list of decode blocks are bookkeeping (they were a
+// bare std::bad_alloc), the sequences' lengths and page tables and the kernels' buffers are named,
+// and `out` and `lse` are not written.
+TEST(AllocFailures, PagedAttentionWritesNothingWhenAnAllocationFails) {
+    const attn::ScopedNumThreads one(1);
+    PagedKVCache cache(small_pool());
+    const PagedKVCache::SeqId a = cache.add_sequence(), b = cache.add_sequence();
+    const Tensor ka = random_f32(Shape{2, 10, 4}, 130), kb = random_f32(Shape{2, 7, 4}, 131);
+    cache.append(a, ka, ka);
+    cache.append(b, kb, kb);
+    const std::vector<PagedKVCache::SeqId> seqs{a, b};  // made here: the sweep refuses the call's allocations only
+    const std::string checks =
+        "the few hundred bytes for paged_attention's argument checks and the sequences' page tables; nothing was written";
+    struct Case {
+        const char* name;
+        attn::Impl impl;
+        std::int64_t lq;
+        std::vector<std::string> kernel;
+    };
+    for (const Case& c : {Case{"decode", attn::Impl::automatic, 1,
+                               {" for the decode kernel's key interval of every query row",
+                                " for the decode kernel's scratch (one per thread) and split partials"}},
+                          Case{"flash", attn::Impl::flash, 6, {" for the flash kernel's list of problems"}}}) {
+        SCOPED_TRACE(c.name);
+        const Tensor q = random_f32(Shape{2, 4, c.lq, 4}, 132);
+        Tensor out = attn::test::poisoned(DType::f32, Shape{2, 4, c.lq, 4});
+        Tensor lse = attn::test::poisoned(DType::f32, Shape{2, 4, c.lq});
+        const TensorView lse_view = lse;
+        attn::SdpaOptions step;
+        step.causal = attn::Causal::bottom_right;
+        step.impl = c.impl;
+        std::vector<std::string> names = {checks, " for the lengths of seqs", " for the page tables of seqs"};
+        names.insert(names.end(), c.kernel.begin(), c.kernel.end());
+        sweep_forward_refusals([&] { attn::paged_attention(q, cache, seqs, step, out, &lse_view); }, out, lse, names);
+    }
+}
+
 // The GEMM's operands, float32 or bfloat16 (with bfloat16 A and B the pair kernel runs where the
 // row and the CPU have it: another instance of the driver).
 struct GemmOperands {
