@@ -521,12 +521,14 @@ void expect_named(const Said& s, const std::string& buffer) {
 
 // The MHA layer (E = 16, 2 heads, seq-first (L, B, E) = (5, 2, 16) queries, average weights):
 // self-attention; cross-attention on a memory of 7 rows with a bool key_padding_mask and a bool
-// attn_mask (combined into one keep mask); self-attention with bfloat16 intermediates.
+// attn_mask (combined into one keep mask); self-attention with bfloat16 intermediates; and
+// self-attention with per-head weights (written by sdpa into the caller's tensor).
 struct MhaCase {
     const char* name;
     bool cross;
     std::optional<DType> intermediate;
     std::vector<std::string> buffers;  // the layer's own buffers the call takes (each refused in turn)
+    bool average = true;               // average_attn_weights
 };
 
 struct MhaCall {
@@ -548,8 +550,10 @@ struct MhaCall {
             opt.attn_mask = mask.view();
         }
         opt.intermediate_dtype = c.intermediate;
+        opt.average_attn_weights = c.average;
         out = attn::test::poisoned(DType::f32, Shape{5, 2, 16});
-        weights = attn::test::poisoned(DType::f32, Shape{2, 5, cross ? 7 : 5});
+        weights = c.average ? attn::test::poisoned(DType::f32, Shape{2, 5, cross ? 7 : 5})
+                            : attn::test::poisoned(DType::f32, Shape{2, 2, 5, cross ? 7 : 5});
     }
     const Tensor& kv() const { return cross ? mem : x; }
     void forward_into() {
@@ -572,7 +576,8 @@ TEST(AllocFailures, MhaForwardIntoRefusalsAreOutOfMemoryAndWriteNothing) {
           MhaCase{"cross-attention with both masks", true, std::nullopt,
                   {o, per_head, "the MHA layer's keep mask", "the MHA layer's projected Q", "the MHA layer's projected K and V"}},
           MhaCase{"bfloat16 intermediates", false, DType::bf16,
-                  {o, per_head, "the MHA layer's projected Q, K and V", "the MHA layer's 16-bit projections"}}}) {
+                  {o, per_head, "the MHA layer's projected Q, K and V", "the MHA layer's 16-bit projections"}},
+          MhaCase{"per-head weights", false, std::nullopt, {o, "the MHA layer's projected Q, K and V"}, false}}) {
         SCOPED_TRACE(c.name);
         MhaCall call(c);
         {
