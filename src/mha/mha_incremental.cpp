@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "../core/allocate.hpp"
 #include "../core/check.hpp"
 #include "attn/decode.hpp"
 #include "attn/sdpa.hpp"
@@ -85,20 +86,25 @@ void attend(const MultiHeadAttention& layer, const TensorView& Q, const KVCache&
 void MultiHeadAttention::forward_incremental_into(const TensorView& x_new, KVCache& cache, const TensorView& output,
                                                   MhaWorkspace* workspace) const {
     const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
-    const Layout l = check_input(*this, x_new);
-    check_cache(*this, cache, l);
-    detail::check_output("output", output, x_new.shape());
-    // The append writes the cache's storage (and growing moves it): the output cannot live there.
-    const std::string op = std::string(kMha) + ": forward_incremental";
-    detail::require_disjoint(op, output, "output", cache.keys(), "the cache's keys");
-    detail::require_disjoint(op, output, "output", cache.values(), "the cache's values");
-    detail::require_apart_from_parameters(op, *this, {{&output, "output"}});
-    detail::require_output_in_place_or_apart(op, output, {{&x_new, "x_new"}});
-    // The append's check and the sinks' (decode_attention refuses a non-finite sink only after the
-    // append, which may have grown the cache; a parameter changed in place can hold one —
-    // load_state_dict refuses them), before the projection a refused call would waste.
-    cache.require_room(l.T);
-    if (config_.sinks) detail::check_finite_sinks(parameter("sinks"), "forward_incremental: parameter 'sinks'");
+    // The checks' lists and messages are the call's bookkeeping: a refusal there is
+    // attn::OutOfMemory saying so (it was a bare std::bad_alloc), nothing written yet.
+    Layout l;
+    detail::naming_bookkeeping("the MHA layer's forward_incremental argument checks", [&] {
+        l = check_input(*this, x_new);
+        check_cache(*this, cache, l);
+        detail::check_output("output", output, x_new.shape());
+        // The append writes the cache's storage (and growing moves it): the output cannot live there.
+        const std::string op = std::string(kMha) + ": forward_incremental";
+        detail::require_disjoint(op, output, "output", cache.keys(), "the cache's keys");
+        detail::require_disjoint(op, output, "output", cache.values(), "the cache's values");
+        detail::require_apart_from_parameters(op, *this, {{&output, "output"}});
+        detail::require_output_in_place_or_apart(op, output, {{&x_new, "x_new"}});
+        // The append's check and the sinks' (decode_attention refuses a non-finite sink only after the
+        // append, which may have grown the cache; a parameter changed in place can hold one —
+        // load_state_dict refuses them), before the projection a refused call would waste.
+        cache.require_room(l.T);
+        if (config_.sinks) detail::check_finite_sinks(parameter("sinks"), "forward_incremental: parameter 'sinks'");
+    });
     const MhaConfig& c = config_;
     const std::int64_t E = c.embed_dim, h = c.num_heads, dh = head_dim(), hkv = c.num_kv_heads, Ekv = hkv * dh;
     const std::int64_t B = l.B, T = l.T, N = B * T, n = E + 2 * Ekv;
@@ -107,18 +113,20 @@ void MultiHeadAttention::forward_incremental_into(const TensorView& x_new, KVCac
 
     // ---- Q K V of the new tokens: one GEMM (N, E)·[W_Q; W_K; W_V]ᵀ → (N, E + 2·E_kv) ----
     const detail::InputWeights w = detail::input_weights(*this, true);
-    float* qkv = detail::ensure(ws.proj_q, Shape{N, n});
+    float* qkv = detail::ensure(ws.proj_q, Shape{N, n}, "the MHA layer's projected Q, K and V");
     detail::linear(detail::as_rows(x_new, ws.input_copy[0]), N, E, E, w.wq, n, w.bias, qkv, n);
     const TensorView Q = detail::heads_view(qkv, n, 0, l.rows, B, h, T, dh);
     const TensorView K = detail::heads_view(qkv, n, E, l.rows, B, hkv, T, dh);
     const TensorView V = detail::heads_view(qkv, n, E + Ekv, l.rows, B, hkv, T, dh);
 
     // The step's buffers before the cache changes: a failed allocation leaves it as it was.
-    float* o = detail::ensure(ws.attn_out, Shape{N, E});
+    float* o = detail::ensure(ws.attn_out, Shape{N, E}, "the MHA layer's attention output O (rows, E)");
     const bool f32_out = output.dtype() == DType::f32;
-    float* y = f32_out ? output.data_as<float>() : detail::ensure(ws.out_f32, Shape{N, E});
+    float* y = f32_out ? output.data_as<float>() : detail::ensure(ws.out_f32, Shape{N, E}, "the MHA layer's float32 output rows");
 
-    const std::vector<std::int64_t> old_len = cache.lengths();
+    std::vector<std::int64_t> old_len;
+    detail::resize_or_throw(old_len, B, "the cache's lengths before the step");
+    for (std::int64_t b = 0; b < B; ++b) old_len[static_cast<std::size_t>(b)] = cache.length(b);
     cache.append(K, V);  // throws before writing when T tokens do not fit
     try {
         attend(*this, Q, cache, detail::heads_view(o, E, 0, l.rows, B, h, T, dh));
@@ -136,7 +144,7 @@ void MultiHeadAttention::forward_incremental_into(const TensorView& x_new, KVCac
 
 Tensor MultiHeadAttention::forward_incremental(const TensorView& x_new, KVCache& cache, MhaWorkspace* workspace) const {
     check_input(*this, x_new);
-    Tensor out(detail::output_dtype(std::nullopt, x_new.dtype()), x_new.shape());
+    Tensor out(detail::output_dtype(std::nullopt, x_new.dtype()), x_new.shape(), false, "the MHA layer's output");
     forward_incremental_into(x_new, cache, out.view(), workspace);
     return out;
 }

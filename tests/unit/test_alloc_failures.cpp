@@ -635,6 +635,50 @@ TEST(AllocFailures, MhaForwardRefusalsAreOutOfMemoryNamingTheReturnedTensors) {
     }
 }
 
+// MultiHeadAttention::forward_incremental_into, one new token of 2 sequences after 5 in the
+// cache: each operator new refused in turn, on one thread, is attn::OutOfMemory naming what it
+// was for (its checks as one step, the lengths it restores, decode_attention's own), the output
+// stays poisoned and the cache keeps its 5 tokens (a refusal after the append takes it back).
+TEST(AllocFailures, MhaForwardIncrementalRefusalsAreOutOfMemoryAndChangeNothing) {
+    const attn::ScopedNumThreads one(1);
+    MhaCall layer(MhaCase{"incremental", false, std::nullopt, {}});
+    attn::KVCache cache(attn::KVCacheConfig{.batch = 2, .kv_heads = 2, .head_dim = 8, .capacity = 64});
+    (void)layer.m.forward_incremental(layer.x, cache);  // 5 tokens; the process's one-time set-up
+    const Tensor step = random_f32(Shape{1, 2, 16}, 140);
+    Tensor out = attn::test::poisoned(DType::f32, Shape{1, 2, 16});
+    const auto call = [&] { layer.m.forward_incremental_into(step, cache, out); };
+    call();  // this shape's set-up outside the sweep, then back to 5 tokens
+    for (std::int64_t b = 0; b < 2; ++b) cache.truncate(b, 5);
+    attn::test::poison(out);
+    const std::vector<std::string> names = {
+        "the few hundred bytes for the MHA layer's forward_incremental argument checks; nothing was written",
+        " for the cache's lengths before the step",
+        "the few hundred bytes for decode_attention's argument checks and the cache's lengths; nothing was written",
+        " for the decode kernel's key interval of every query row",
+        " for the decode kernel's scratch (one per thread) and split partials"};
+    std::vector<int> named(names.size(), 0);
+    std::string said;
+    const int failures = sweep(
+        call,
+        [&](long n) {
+            EXPECT_TRUE(attn::test::still_poisoned(out)) << "allocation " << n << ": " << said;
+            EXPECT_EQ(cache.length(0), 5) << "allocation " << n << ": " << said;
+            EXPECT_EQ(cache.length(1), 5) << "allocation " << n << ": " << said;
+        },
+        [&](const std::bad_alloc& e) {
+            said = e.what();
+            expect_out_of_memory(e);
+            int which = 0;
+            for (std::size_t x = 0; x < names.size(); ++x)
+                if (said.find(names[x]) != std::string::npos) ++named[x], ++which;
+            EXPECT_EQ(which, 1) << "names none (or more than one) of the buffers: " << said;
+        });
+    EXPECT_GT(failures, 0);
+    for (std::size_t x = 0; x < names.size(); ++x) EXPECT_GT(named[x], 0) << "never refused: " << names[x];
+    EXPECT_EQ(cache.length(0), 6);
+    EXPECT_FALSE(attn::test::still_poisoned(out));
+}
+
 // attn::paged_attention, the same sweep on two sequences of a paged cache (10 and 7 positions,
 // group 2), through the decode kernel (1 query) and the flash kernel (impl = flash, 6 queries):
 // its checks, the choice of a kernel and the list of decode blocks are bookkeeping (they were a
