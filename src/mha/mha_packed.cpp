@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "attn/mha.hpp"
+#include "../core/allocate.hpp"
 #include "../core/check.hpp"
 #include "../core/threads.hpp"
 #include "../varlen/varlen_call.hpp"
@@ -50,27 +51,33 @@ Tensor run_packed(const MultiHeadAttention& layer, const TensorView& query, cons
                   const SdpaOptions& options, DType mid, MhaForwardState* keep) {
     const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
     const MhaConfig& c = layer.config();
-    if (c.add_bias_kv || c.add_zero_attn) {
-        detail::fail(kOp, "add_bias_kv / add_zero_attn: not supported for packed input (they append keys per sequence)");
-    }
     const std::int64_t E = c.embed_dim, h = c.num_heads, hkv = c.num_kv_heads, dh = layer.head_dim(), Ekv = hkv * dh;
-    detail::require_rank(kOp, query, "query", 2, "(Tq, E)");
-    detail::require_rank(kOp, key, "key", 2, "(Tk, kdim)");
-    detail::require_rank(kOp, value, "value", 2, "(Tk, vdim)");
-    detail::require_floating(kOp, query, "query");  // before the projections convert them
-    detail::require_floating(kOp, key, "key");
-    detail::require_floating(kOp, value, "value");
-    if (query.dim(1) != E) detail::fail(kOp, "query: expected ", E, " features (embed_dim) but got ", query.dim(1));
-    if (key.dim(1) != c.kdim) detail::fail(kOp, "key: expected ", c.kdim, " features (kdim) but got ", key.dim(1));
-    if (value.dim(1) != c.vdim) detail::fail(kOp, "value: expected ", c.vdim, " features (vdim) but got ", value.dim(1));
-    if (value.dim(0) != key.dim(0)) {
-        detail::fail(kOp, "value: has ", value.dim(0), " tokens but key has ", key.dim(0));
-    }
+    // The checks' lists and messages (and sdpa_varlen's below) are the call's bookkeeping: a
+    // refusal there is attn::OutOfMemory saying so (it was a bare std::bad_alloc), nothing
+    // computed yet. Each buffer is named by its own refusal.
+    constexpr const char* kBookkeeping = "MultiHeadAttention.forward_packed's argument checks";
+    detail::naming_bookkeeping(kBookkeeping, [&] {
+        if (c.add_bias_kv || c.add_zero_attn) {
+            detail::fail(kOp, "add_bias_kv / add_zero_attn: not supported for packed input (they append keys per sequence)");
+        }
+        detail::require_rank(kOp, query, "query", 2, "(Tq, E)");
+        detail::require_rank(kOp, key, "key", 2, "(Tk, kdim)");
+        detail::require_rank(kOp, value, "value", 2, "(Tk, vdim)");
+        detail::require_floating(kOp, query, "query");  // before the projections convert them
+        detail::require_floating(kOp, key, "key");
+        detail::require_floating(kOp, value, "value");
+        if (query.dim(1) != E) detail::fail(kOp, "query: expected ", E, " features (embed_dim) but got ", query.dim(1));
+        if (key.dim(1) != c.kdim) detail::fail(kOp, "key: expected ", c.kdim, " features (kdim) but got ", key.dim(1));
+        if (value.dim(1) != c.vdim) detail::fail(kOp, "value: expected ", c.vdim, " features (vdim) but got ", value.dim(1));
+        if (value.dim(0) != key.dim(0)) {
+            detail::fail(kOp, "value: has ", value.dim(0), " tokens but key has ", key.dim(0));
+        }
+    });
     const std::int64_t Tq = query.dim(0), Tk = key.dim(0);
     // The attention's outputs first (allocated, not written), as forward_into ensures its O: the
     // check below sees them as they are, and every view it takes of them lies inside them.
-    Tensor attn_out(mid, Shape{Tq, E});  // sdpa_varlen rounds O once from its float32 accumulators
-    Tensor lse = keep ? Tensor(DType::f32, Shape{Tq, h}) : Tensor();
+    Tensor attn_out(mid, Shape{Tq, E}, false, "the MHA layer's attention output O (rows, E)");  // sdpa_varlen rounds O once
+    Tensor lse = keep ? Tensor(DType::f32, Shape{Tq, h}, false, "the MHA layer's lse (kept for backward)") : Tensor();
     const TensorView out_heads = detail::packed_heads(attn_out, h, dh), lse_view = lse.view();
     // sdpa_varlen's checks of the attention call (cu_seqlens, options, a requested kernel that
     // cannot run it, …) before the projections, whose GEMMs a refused call would waste, as
@@ -82,8 +89,11 @@ Tensor run_packed(const MultiHeadAttention& layer, const TensorView& query, cons
     const auto stand_in = [&](std::int64_t T, std::int64_t heads) {
         return TensorView(attn_out.data(), mid, Shape{T, heads, dh}, Strides{0, 0, 1});
     };
-    detail::VarlenCall call = detail::check_varlen_call(stand_in(Tq, h), stand_in(Tk, hkv), stand_in(Tk, hkv), cu_seqlens_q,
-                                                        cu_seqlens_k, options, out_heads, keep ? &lse_view : nullptr);
+    detail::VarlenCall call;
+    detail::naming_bookkeeping(kBookkeeping, [&] {
+        call = detail::check_varlen_call(stand_in(Tq, h), stand_in(Tk, hkv), stand_in(Tk, hkv), cu_seqlens_q, cu_seqlens_k,
+                                         options, out_heads, keep ? &lse_view : nullptr);
+    });
 
     Tensor copies[3];
     if (keep != nullptr) {  // owned float32 rows: the state outlives the caller's tensors
@@ -95,7 +105,9 @@ Tensor run_packed(const MultiHeadAttention& layer, const TensorView& query, cons
     const detail::Operand xk = detail::as_rows(keep ? copies[1].view() : key, copies[1]);
     const detail::Operand xv = detail::as_rows(keep ? copies[2].view() : value, copies[2]);
     const detail::InputWeights w = detail::input_weights(layer, keep == nullptr);  // inference: pre-packed weights
-    Tensor q(DType::f32, Shape{Tq, E}), k(DType::f32, Shape{Tk, Ekv}), v(DType::f32, Shape{Tk, Ekv});
+    Tensor q(DType::f32, Shape{Tq, E}, false, "the MHA layer's projected Q"),
+        k(DType::f32, Shape{Tk, Ekv}, false, "the MHA layer's projected K"),
+        v(DType::f32, Shape{Tk, Ekv}, false, "the MHA layer's projected V");
     detail::linear(xq, Tq, E, E, w.wq, E, w.bq, q.data_as<float>(), E);
     detail::linear(xk, Tk, c.kdim, c.kdim, w.wk, Ekv, w.bk, k.data_as<float>(), Ekv);
     detail::linear(xv, Tk, c.vdim, c.vdim, w.wv, Ekv, w.bv, v.data_as<float>(), Ekv);
@@ -107,7 +119,7 @@ Tensor run_packed(const MultiHeadAttention& layer, const TensorView& query, cons
                             detail::packed_heads(v, hkv, dh), cu_seqlens_q, cu_seqlens_k, options, out_heads,
                             keep ? &lse_view : nullptr);
 
-    Tensor out(DType::f32, Shape{Tq, E});
+    Tensor out(DType::f32, Shape{Tq, E}, false, "the MHA layer's output");
     const float* ob = c.bias ? layer.parameter("out_proj.bias").data_as<const float>() : nullptr;
     detail::linear(detail::Operand(attn_out.data(), mid), Tq, E, E, detail::out_weight(layer, keep == nullptr), E, ob,
                    out.data_as<float>(), E);

@@ -679,6 +679,39 @@ TEST(AllocFailures, MhaForwardIncrementalRefusalsAreOutOfMemoryAndChangeNothing)
     EXPECT_FALSE(attn::test::still_poisoned(out));
 }
 
+// MultiHeadAttention::forward_packed, two sequences of 3 and 4 tokens: each aligned allocation of
+// the calling thread refused in turn is attn::OutOfMemory naming its buffer (the layer's O, Q, K,
+// V and output, the GEMM's). Its checks run as one named step too, but an operator-new sweep
+// also reaches sdpa_varlen's own bookkeeping (its lists and report text), still a bare
+// std::bad_alloc: not swept here.
+TEST(AllocFailures, MhaForwardPackedRefusedBuffersAreNamed) {
+    MhaCall layer(MhaCase{"packed", false, std::nullopt, {}});
+    const Tensor x = random_f32(Shape{7, 16}, 150);
+    Tensor cu(DType::i32, Shape{3});
+    cu.data_as<std::int32_t>()[0] = 0, cu.data_as<std::int32_t>()[1] = 3, cu.data_as<std::int32_t>()[2] = 7;
+    const attn::MhaPackedOptions opt;
+    const auto call = [&] { (void)layer.m.forward_packed(x, x, x, cu, cu, opt); };
+    call();
+    const std::vector<std::string> buffers = {"the MHA layer's attention output O", "the MHA layer's projected Q",
+                                              "the MHA layer's projected K", "the MHA layer's projected V",
+                                              "the MHA layer's output"};
+    std::vector<int> named(buffers.size(), 0);
+    int refusals = 0;
+    for (int let_through = 0; let_through < 1000; ++let_through) {
+        const Said s = refused_on_fresh_thread(Refuse::caller, let_through, call);
+        if (s.what == "no error") break;
+        ++refusals;
+        EXPECT_EQ(s.what.rfind("out of memory: cannot allocate ", 0), 0u) << s.what;
+        for (std::size_t x = 0; x < buffers.size(); ++x) {
+            if (s.what.find(" for " + buffers[x]) == std::string::npos) continue;
+            ++named[x];
+            expect_named(s, buffers[x]);
+        }
+    }
+    EXPECT_GT(refusals, 0);
+    for (std::size_t x = 0; x < buffers.size(); ++x) EXPECT_GT(named[x], 0) << "never refused: " << buffers[x];
+}
+
 // attn::paged_attention, the same sweep on two sequences of a paged cache (10 and 7 positions,
 // group 2), through the decode kernel (1 query) and the flash kernel (impl = flash, 6 queries):
 // its checks, the choice of a kernel and the list of decode blocks are bookkeeping (they were a
