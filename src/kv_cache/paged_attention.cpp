@@ -116,6 +116,7 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
     // The page tables and the views through them (paged_layout.hpp), made inside the checks.
     std::optional<detail::PagedLayout> pages;
     detail::SdpaProblem p;
+    const detail::KernelSet* kernels = nullptr;  // the process's row (its first call sets it up: bookkeeping too)
     bool flash = false;
     std::vector<detail::SdpaProblem> parts;  // decode: the blocks of at most 16 queries
     // Up to the kernel, the call allocates its checks' lists and messages, the sequences' lengths
@@ -133,17 +134,17 @@ void paged_attention(const TensorView& q, const PagedKVCache& cache, const std::
         const TensorView key_pool = cache.key_pages(), value_pool = cache.value_pages();
         detail::require_outputs_apart(kOp, {{&q, "Q"}, {&key_pool, "the key pages"}, {&value_pool, "the value pages"}},
                                       options, {{&out, "out"}, {lse, "lse"}});
+        kernels = &detail::kernel_set();
         flash = choose_flash(p, options.impl);
         if (!flash) parts = decode_blocks(p);
     });
-    const detail::KernelSet& kernels = detail::kernel_set();
     if (flash) {
         detail::SdpaProblem fp = p;
         fp.paged = &pages->rows;
-        detail::flash_forward(fp, kernels);
+        detail::flash_forward(fp, *kernels);
         return;
     }
-    for (const detail::SdpaProblem& s : parts) detail::decode_forward(s, kernels, 0, &pages->rows);
+    for (const detail::SdpaProblem& s : parts) detail::decode_forward(s, *kernels, 0, &pages->rows);
 }
 
 }  // namespace attn
