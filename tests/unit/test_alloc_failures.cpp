@@ -702,14 +702,14 @@ TEST(AllocFailures, MhaForwardPackedRefusedBuffersAreNamed) {
         if (s.what == "no error") break;
         ++refusals;
         EXPECT_EQ(s.what.rfind("out of memory: cannot allocate ", 0), 0u) << s.what;
-        for (std::size_t x = 0; x < buffers.size(); ++x) {
-            if (s.what.find(" for " + buffers[x]) == std::string::npos) continue;
-            ++named[x];
-            expect_named(s, buffers[x]);
+        for (std::size_t i = 0; i < buffers.size(); ++i) {
+            if (s.what.find(" for " + buffers[i]) == std::string::npos) continue;
+            ++named[i];
+            expect_named(s, buffers[i]);
         }
     }
     EXPECT_GT(refusals, 0);
-    for (std::size_t x = 0; x < buffers.size(); ++x) EXPECT_GT(named[x], 0) << "never refused: " << buffers[x];
+    for (std::size_t i = 0; i < buffers.size(); ++i) EXPECT_GT(named[i], 0) << "never refused: " << buffers[i];
 }
 
 // attn::paged_attention, the same sweep on two sequences of a paged cache (10 and 7 positions,
