@@ -344,14 +344,16 @@ struct Avx512Ops {
     // (kernels-lab fwd-24: S2 +0.7 %, S1 +1.6 % with pv_pair's alike). cmax: the column maxima too,
     // starting over at the block's first row (qk_tile's CM); ex: the softmax in the store as well
     // (qk_tile's EX; the driver's kOpsSpeculate, with cmax): ex holds U (64 floats) then the two
-    // sums (64 each) of the pair's columns.
+    // sums (64 each) of the pair's columns. ahead (or null): a few of the next key block's lines
+    // requested before each tile (KvAhead, flash_operands.hpp; pv_pair's alike).
     static void qk_pair(const float* qt, const float* k, std::int64_t ldk, int nk, int Dk, float c2, float* s, int ldS,
-                        float* cmax = nullptr, float* ex = nullptr) {
+                        float* cmax = nullptr, float* ex = nullptr, KvAhead* ahead = nullptr) {
         with_ld(ldS == kTileLd, [&](auto L) __attribute__((always_inline)) {
             constexpr int LD = decltype(L)::value;
             const int ld = LD != 0 ? LD : ldS;
             auto run = [&](auto CM, auto EX) __attribute__((always_inline)) {
                 in_tiles<kPairRows>(nk, [&](auto R, int r) __attribute__((always_inline)) {
+                    if (ahead != nullptr) ahead->request();
                     qk_tile<decltype(R)::value, 2, 0, decltype(CM)::value, decltype(EX)::value, LD>(
                         qt, k + r * ldk, ldk, Dk, c2, s + r * ld, ldS, nullptr, 0.0f, cmax, r == 0, ex);
                 });
@@ -443,12 +445,13 @@ struct Avx512Ops {
     }
     // The pair tile over all Dv head-dim rows of Oᵀ in one call (as qk_pair over a block's keys).
     static void pv_pair(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, int Dv, float* ot, int ldO,
-                        const float* alpha) {
+                        const float* alpha, KvAhead* ahead = nullptr) {
         with_ld(ldP == kTileLd && ldO == kTileLd, [&](auto L) __attribute__((always_inline)) {
             constexpr int LD = decltype(L)::value;
             const int ld = LD != 0 ? LD : ldO;
             auto run = [&](auto A) __attribute__((always_inline)) {
                 in_tiles<kPairRows>(Dv, [&](auto R, int d) __attribute__((always_inline)) {
+                    if (ahead != nullptr) ahead->request();
                     pv_tile<decltype(R)::value, 2, decltype(A)::value, LD>(p, ldP, v + d, ldv, nk, ot + d * ld, ldO, alpha);
                 });
             };

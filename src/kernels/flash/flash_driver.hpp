@@ -170,9 +170,10 @@ inline constexpr bool kOpsFuseModifiers = requires { &Ops::qk_modified; };
 // Whether Ops has a tile over two adjacent panels as well (AVX-512: 6 rows × 64 queries besides
 // 8 × 32), reading the second panel's Qᵀ at qt + Dk·kPanel and its Sᵀ/Oᵀ columns at + kPanel:
 // qk_pair and pv_pair take all rows of the pair at once — a key block's nk keys,
-// qk_pair(qt, k, ldk, nk, Dk, c2, s, ldS, cmax, ex) (cmax: with kOpsColumnMax, the block's column
-// maxima; ex: with kOpsSpeculate, the speculative block's softmax in the store, else null), and
-// the Dv head-dim rows, pv_pair(p, ldP, v, ldv, nk, Dv, ot, ldO, alpha) — tiling them themselves
+// qk_pair(qt, k, ldk, nk, Dk, c2, s, ldS, cmax, ex, ahead) (cmax: with kOpsColumnMax, the block's
+// column maxima; ex: with kOpsSpeculate, the speculative block's softmax in the store, else null),
+// and the Dv head-dim rows, pv_pair(p, ldP, v, ldv, nk, Dv, ot, ldO, alpha, ahead) (ahead: the next
+// key block's lines, ahead->request() before each tile, or null: KvAhead) — tiling them themselves
 // (one call per block and pair instead of one per 6-row tile: kernels-lab fwd-24); with
 // kOpsFuseModifiers, qk_modified_pair takes Ops::kPairRows rows per call, as qk_modified. The
 // driver runs a block's panels in pairs then, and an odd last panel alone; each element's FMA
@@ -313,7 +314,7 @@ void pv_tile(const SdpaProblem& p, const Workspace& w, std::int64_t b, std::int6
                 if (both > 0) {
                     const float* al = rescale_or_null(w.alpha + pn * Ops::kPanel, 2 * Ops::kPanel);
                     Ops::pv_pair(w.s + pn * Ops::kPanel, ldS, vp, ldv, static_cast<int>(both), static_cast<int>(p.Dv),
-                                 acc + pn * Ops::kPanel, ldO, al);
+                                 acc + pn * Ops::kPanel, ldO, al, w.kv_next);
                 }
                 // then each panel's keys past those (with its α where the pair did not run)
                 for (int q = 0; q < 2; ++q) {
@@ -343,7 +344,8 @@ inline void start_rows(const SdpaProblem& p, Workspace& w, int nq, int ncols, bo
 // The key loop of one task, in two parts (run_group interleaves several tasks' loops):
 // start_keys sets up (m, l, Oᵀ) of the block's columns for keys [ulo, uhi); key_block then
 // adds keys [j0, j0+nk), for j0 = ulo, ulo + Nb, … in turn, and requests the next block's K/V
-// rows below ahead_end (prefetch_kv_rows; 0: none; see ahead_end). careful (finite.hpp): V's large
+// rows below ahead_end (KvAhead spread over the pair tiles, else prefetch_kv_rows; 0: none; see
+// ahead_end). careful (finite.hpp): V's large
 // entries go to bigot, scaled by 2^-64, and every key block takes the selecting path for
 // non-finite entries. with_sinks: see start_rows. Returns whether ALiBi can zero a weight
 // (key_block's alibi_zeros).
@@ -382,7 +384,23 @@ void key_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     const float scale = static_cast<float>(p.scale);
     bool partial = false;
     for (int c = 0; c < nq && !partial; ++c) partial = w.lo[c] > j0 || w.hi[c] < j0 + nk;
-    if (j0 + nk < ahead_end) prefetch_kv_rows(p, b, hk, j0 + nk, imin(ahead_end, j0 + nk + t.Nb));
+    // The next block's K/V lines: a few before each pair tile of this block's products (KvAhead;
+    // Ops with pair tiles that read K and V themselves), else all at once.
+    KvAhead spread;  // (value 2: none)
+    if (j0 + nk < ahead_end) {
+        const std::int64_t j1 = imin(ahead_end, j0 + nk + t.Nb);
+        bool all_at_once = true;
+        if constexpr (kOpsPanelPairs<Ops> && !kOpsOwnOperands<Ops>) {
+            if (panels >= 2) {
+                const int tiles = panels / 2 * static_cast<int>((nk + Ops::kPairRows - 1) / Ops::kPairRows +
+                                                                (p.Dv + Ops::kPairRows - 1) / Ops::kPairRows);
+                spread.start(p, b, hk, j0 + nk, j1, tiles);
+                w.kv_next = &spread;
+                all_at_once = false;
+            }
+        }
+        if (all_at_once) prefetch_kv_rows(p, b, hk, j0 + nk, j1);
+    }
     // The score rule changes nothing in Sᵀ: the softmax sees it as qk_block stored it, and the
     // column maxima qk found hold.
     const bool as_stored = !partial && !p.has_elementwise_mask() && !p.has_score_modifiers();
@@ -457,10 +475,14 @@ void key_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     }
     pv_tile<Ops>(p, w, b, hk, j0, nq, panels, nk, ldS, vp, ldv, w.ot, ldO, p_packed, partial);
     if (select) add_nonfinite_v<Ops>(p, w, b, hk, j0, nk, ncols, ldS, ldO);
+    if (w.kv_next != nullptr) {  // what the tiles did not ask for (fewer or no pair calls: hidden keys, modifiers)
+        spread.rest();
+        w.kv_next = nullptr;
+    }
 }
 
 // Where a task's key loop (keys below uhi) stops requesting each next key block's K/V rows
-// (key_block, prefetch_kv_rows): at uhi when its tiles come from memory (kv_ahead: TaskGrid
+// (key_block: KvAhead or prefetch_kv_rows): at uhi when its tiles come from memory (kv_ahead: TaskGrid
 // says when) or it has one panel (its micro-kernels reuse each line too little to hide even a
 // cache's latency: 1.45-1.5x measured, docs/kernels-lab.md, "Requesting the next key block"); else 0.
 inline std::int64_t ahead_end(bool kv_ahead, int panels, std::int64_t uhi) { return kv_ahead || panels == 1 ? uhi : 0; }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "../../sdpa/problem.hpp"
 #include "../paged_rows.hpp"
@@ -248,7 +249,8 @@ const float* paged_tile_rows(const SdpaProblem& p, bool value, std::int64_t b, s
 // prefetchers do not follow, and one panel reuses each line too little to hide the wait; with
 // a head's K/V past the caches the wait is there at any width — the next block's rows,
 // requested a block ahead, arrive in time (docs/kernels.md, "Requesting the next key block").
-// always_inline: out of line, GCC found the function free of side effects (a prefetch is none
+// All at once only where no pair tile runs to spread them over (KvAhead, below: one-panel tasks,
+// Ops with their own operands, the avx2 and portable rows). always_inline: out of line, GCC found the function free of side effects (a prefetch is none
 // to it) and deleted every call.
 __attribute__((always_inline)) inline void prefetch_kv_rows(const SdpaProblem& p, std::int64_t b, std::int64_t h,
                                                             std::int64_t j0, std::int64_t j1) {
@@ -264,6 +266,67 @@ __attribute__((always_inline)) inline void prefetch_kv_rows(const SdpaProblem& p
         }
     }
 }
+
+// The next key block's K and V lines (the set prefetch_kv_rows asks for, in the same order), asked
+// for a few at a time between the tiles of this block's pair products (Ops::qk_pair and
+// Ops::pv_pair call request() before each tile) instead of all at once. Each request holds a fill
+// buffer until its line arrives from the L3 or memory: S4's 512 at once stalled the core, ≈ 4.6 %
+// of its kernel time on Sapphire Rapids (docs/kernels-lab.md, fwd-24, fwd-28), while the rows still
+// have to be asked for where they come from memory (Zen 5, fwd-10). key_block sets one up per key
+// block (w.kv_next) and asks for whatever the tiles left (rest) after the block's products.
+struct KvAhead {
+    const SdpaProblem* p = nullptr;
+    std::int64_t b = 0, h = 0, j0 = 0, j1 = 0;  // rows [j0, j1) of kv head h
+    const char* base[2] = {};                   // K's and V's data
+    std::int64_t size[2] = {}, bytes[2] = {};   // element and row bytes; 0 bytes: not requested
+    std::int64_t per_call = 0;                  // lines per request()
+    int value = 2;                              // the range being asked for: 0 K, 1 V, 2 none (done)
+    std::int64_t j = 0, off = 0;                // its row and the next line's offset in it
+    const char* row = nullptr;                  // row j's first byte, or null: not found yet
+
+    // Rows [first, end) of kv head hh; tiles: the pair tiles of the block's products, which share
+    // the lines out evenly.
+    void start(const SdpaProblem& pr, std::int64_t bb, std::int64_t hh, std::int64_t first, std::int64_t end, int tiles) {
+        p = &pr;
+        b = bb;
+        h = hh;
+        j0 = j = first;
+        j1 = end;
+        value = 0;
+        row = nullptr;
+        std::int64_t lines = 0;
+        for (int v = 0; v < 2; ++v) {
+            const TensorView& t = v ? pr.v : pr.k;
+            base[v] = static_cast<const char*>(t.data());
+            size[v] = static_cast<std::int64_t>(dtype_size(t.dtype()));
+            bytes[v] = t.stride(3) == 1 ? (v ? pr.Dv : pr.Dk) * size[v] : 0;  // strided: left to the hardware
+            lines += (end - first) * ((bytes[v] + 63) / 64);
+        }
+        per_call = (lines + tiles - 1) / (tiles > 0 ? tiles : 1);
+    }
+    // The next n lines (fewer at the end), each into the L2.
+    void request(std::int64_t n) {
+        while (n > 0 && value < 2) {
+            if (row == nullptr) {
+                if (j >= j1 || bytes[value] == 0) {
+                    ++value;
+                    j = j0;
+                    continue;
+                }
+                row = base[value] + kv_row_offset(*p, value != 0, b, h, j) * size[value];
+                off = 0;
+            }
+            __builtin_prefetch(row + off, 0, 2);
+            --n;
+            if ((off += 64) >= bytes[value]) {
+                row = nullptr;
+                ++j;
+            }
+        }
+    }
+    void request() { request(per_call); }
+    void rest() { request(std::numeric_limits<std::int64_t>::max()); }
+};
 
 // Asks for the lines of the O rows of the block's columns (w.ch, w.ci: 0..nq) in the L1, one
 // key block before finish_block stores them (called before a task's last key block). Strided rows

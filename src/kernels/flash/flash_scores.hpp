@@ -196,8 +196,10 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
                     nk, keys_of(pn), keys_of(pn + 1), Ops::kPairRows, Ops::kRows,
                     [&](std::int64_t, int rows) {
                         if constexpr (kOpsSpeculate<Ops>)
-                            Ops::qk_pair(qt, kp, ldk, rows, Dk, scale, w.s + pn * Ops::kPanel, ldS, cmax, speculative);
-                        else Ops::qk_pair(qt, kp, ldk, rows, Dk, scale, w.s + pn * Ops::kPanel, ldS, cmax);
+                            Ops::qk_pair(qt, kp, ldk, rows, Dk, scale, w.s + pn * Ops::kPanel, ldS, cmax, speculative,
+                                         w.kv_next);
+                        else Ops::qk_pair(qt, kp, ldk, rows, Dk, scale, w.s + pn * Ops::kPanel, ldS, cmax, nullptr,
+                                          w.kv_next);
                     },
                     one, /*both_at_once=*/true);
                 pn += 2;

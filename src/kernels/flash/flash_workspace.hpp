@@ -18,6 +18,8 @@
 
 namespace attn::detail::ATTN_FLASH_NS {
 
+struct KvAhead;  // flash_operands.hpp
+
 // Per-thread scratch, sized once per call from the tile sizes and head dims.
 struct Workspace {
     float* qt = nullptr;     // (Mb/16 panels, Dk, 16)  packed Qᵀ
@@ -37,6 +39,7 @@ struct Workspace {
     float* spec = nullptr;   // (3·Mb) a speculative block's U and two weight sums (kOpsSpeculate)
     bool speculate = false;    // whether this task's next key block may be speculative (key_block)
     bool spec_failed = false;  // a block of this task moved a max while speculating: no more
+    KvAhead* kv_next = nullptr;  // the next key block's lines, asked for tile by tile (key_block), or null
     std::int64_t* lo = nullptr;  // (Mb) visible key range of each column's query
     std::int64_t* hi = nullptr;
     std::int64_t* ch = nullptr;  // (Mb) query head of each column
