@@ -345,9 +345,8 @@ inline void start_rows(const SdpaProblem& p, Workspace& w, int nq, int ncols, bo
 // start_keys sets up (m, l, Oᵀ) of the block's columns for keys [ulo, uhi); key_block then
 // adds keys [j0, j0+nk), for j0 = ulo, ulo + Nb, … in turn, and requests the next block's K/V
 // rows below ahead_end (KvAhead spread over the pair tiles, else prefetch_kv_rows; 0: none; see
-// ahead_end). careful (finite.hpp): V's large
-// entries go to bigot, scaled by 2^-64, and every key block takes the selecting path for
-// non-finite entries. with_sinks: see start_rows. Returns whether ALiBi can zero a weight
+// ahead_end). careful (finite.hpp): V's large entries go to bigot, scaled by 2^-64, and every key
+// block takes the selecting path for non-finite entries. with_sinks: see start_rows. Returns whether ALiBi can zero a weight
 // (key_block's alibi_zeros).
 template <class Ops>
 bool start_keys(const SdpaProblem& p, const FlashTiles& t, Workspace& w, std::int64_t b, int nq, int panels,

@@ -250,8 +250,8 @@ const float* paged_tile_rows(const SdpaProblem& p, bool value, std::int64_t b, s
 // a head's K/V past the caches the wait is there at any width — the next block's rows,
 // requested a block ahead, arrive in time (docs/kernels.md, "Requesting the next key block").
 // All at once only where no pair tile runs to spread them over (KvAhead, below: one-panel tasks,
-// Ops with their own operands, the avx2 and portable rows). always_inline: out of line, GCC found the function free of side effects (a prefetch is none
-// to it) and deleted every call.
+// Ops with their own operands, the avx2 and portable rows). always_inline: out of line, GCC found
+// the function free of side effects (a prefetch is none to it) and deleted every call.
 __attribute__((always_inline)) inline void prefetch_kv_rows(const SdpaProblem& p, std::int64_t b, std::int64_t h,
                                                             std::int64_t j0, std::int64_t j1) {
     for (int value = 0; value < 2; ++value) {
