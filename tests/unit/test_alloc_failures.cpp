@@ -351,6 +351,20 @@ void expect_out_of_memory(const std::bad_alloc& e) {
     EXPECT_NE(m.find(" bytes"), std::string::npos) << m;
 }
 
+// A sweep's check of each refusal: attn::OutOfMemory (expect_out_of_memory) naming exactly one of
+// `names`, counted in `named`; `said` keeps the message for the next check's text.
+std::function<void(const std::bad_alloc&)> naming_one_of(const std::vector<std::string>& names, std::vector<int>& named,
+                                                         std::string& said) {
+    return [&names, &named, &said](const std::bad_alloc& e) {
+        said = e.what();
+        expect_out_of_memory(e);
+        int which = 0;
+        for (std::size_t x = 0; x < names.size(); ++x)
+            if (said.find(names[x]) != std::string::npos) ++named[x], ++which;
+        EXPECT_EQ(which, 1) << "names none (or more than one) of the buffers: " << said;
+    };
+}
+
 // A forward call's refusals, each allocation refused in turn (sweep): every one is attn::OutOfMemory
 // (expect_out_of_memory) naming exactly one of `names`, each name is refused at least once, and
 // `out` and `lse` stay as they were (poisoned). One call first, never refused: what the process
@@ -371,14 +385,7 @@ void sweep_forward_refusals(const std::function<void()>& call, Tensor& out, Tens
                                    attn::test::poison(out);
                                    attn::test::poison(lse);
                                },
-                               [&](const std::bad_alloc& e) {
-                                   said = e.what();
-                                   expect_out_of_memory(e);
-                                   int which = 0;
-                                   for (std::size_t x = 0; x < names.size(); ++x)
-                                       if (said.find(names[x]) != std::string::npos) ++named[x], ++which;
-                                   EXPECT_EQ(which, 1) << "names none (or more than one) of the buffers: " << said;
-                               });
+                               naming_one_of(names, named, said));
     EXPECT_GT(failures, 0) << "the call allocated nothing: the sweep tested nothing";
     for (std::size_t x = 0; x < names.size(); ++x) EXPECT_GT(named[x], 0) << "never refused: " << names[x];
     EXPECT_FALSE(attn::test::still_poisoned(out));
@@ -665,14 +672,7 @@ TEST(AllocFailures, MhaForwardIncrementalRefusalsAreOutOfMemoryAndChangeNothing)
             EXPECT_EQ(cache.length(0), 5) << "allocation " << n << ": " << said;
             EXPECT_EQ(cache.length(1), 5) << "allocation " << n << ": " << said;
         },
-        [&](const std::bad_alloc& e) {
-            said = e.what();
-            expect_out_of_memory(e);
-            int which = 0;
-            for (std::size_t x = 0; x < names.size(); ++x)
-                if (said.find(names[x]) != std::string::npos) ++named[x], ++which;
-            EXPECT_EQ(which, 1) << "names none (or more than one) of the buffers: " << said;
-        });
+        naming_one_of(names, named, said));
     EXPECT_GT(failures, 0);
     for (std::size_t x = 0; x < names.size(); ++x) EXPECT_GT(named[x], 0) << "never refused: " << names[x];
     EXPECT_EQ(cache.length(0), 6);
