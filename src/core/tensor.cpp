@@ -97,16 +97,18 @@ TensorView TensorView::transpose(int a, int b) const {
 
 TensorView TensorView::slice(int d, std::int64_t start, std::int64_t length) const {
     check_dim(*this, d, "slice");
-    const std::string where = " does not fit dimension " + std::to_string(d) + " of size " + std::to_string(dim(d));
+    // Made only for an error: a valid slice allocates nothing (sdpa_varlen slices its outputs after
+    // its kernels, where a refusal of this string's bytes was a bare std::bad_alloc).
+    const auto where = [&] { return " does not fit dimension " + std::to_string(d) + " of size " + std::to_string(dim(d)); };
     if (start < 0 || length < 0) {
         throw Error("slice: start " + std::to_string(start) + " and length " + std::to_string(length) +
-                    " must be >= 0; the range" + where);
+                    " must be >= 0; the range" + where());
     }
     const auto end = detail::size_add(start, length);  // start + length may overflow
     if (!end || *end > dim(d)) {
         throw Error("slice: range [" + std::to_string(start) + ", " +
                     (end ? std::to_string(*end) : std::to_string(start) + " + " + std::to_string(length)) + ")" +
-                    where);
+                    where());
     }
     Shape s = shape_;
     s.dims[static_cast<std::size_t>(d)] = length;

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "attn/threads.hpp"
@@ -19,19 +20,37 @@
 
 namespace attn::detail {
 
-// tasks(i): the parallel tasks sequence i offers its kernel; run(i) runs it.
-template <class Tasks, class Run>
-void run_sequences(std::size_t n, Tasks&& tasks, Run&& run) {
+// The split of the sequences: those run side by side (one thread each), then those run one after
+// another (each with all threads). Made apart from the run, so that a caller can take its lists
+// before it writes anything (sdpa_varlen's bookkeeping step).
+struct SequenceOrder {
+    std::vector<std::size_t> side_by_side;
+    std::vector<std::size_t> in_turn;
+};
+
+// tasks(i): the parallel tasks sequence i offers its kernel.
+template <class Tasks>
+SequenceOrder order_sequences(std::size_t n, Tasks&& tasks) {
     const int threads = attn::num_threads();  // the one thread setting (attn/threads.hpp)
-    std::vector<std::size_t> shorts, longs;
-    for (std::size_t i = 0; i < n; ++i) (tasks(i) < 4 * std::int64_t{threads} ? shorts : longs).push_back(i);
+    SequenceOrder order;
+    std::vector<std::size_t> shorts;
+    for (std::size_t i = 0; i < n; ++i) (tasks(i) < 4 * std::int64_t{threads} ? shorts : order.in_turn).push_back(i);
     if (threads > 1 && shorts.size() > 1 && omp_get_max_active_levels() <= 1 && !omp_in_parallel()) {
-        parallel_for_may_throw(static_cast<std::int64_t>(shorts.size()), threads,
-                               [&](std::int64_t j) { run(shorts[static_cast<std::size_t>(j)]); });
+        order.side_by_side = std::move(shorts);
     } else {
-        longs.insert(longs.end(), shorts.begin(), shorts.end());
+        order.in_turn.insert(order.in_turn.end(), shorts.begin(), shorts.end());
     }
-    for (std::size_t i : longs) run(i);
+    return order;
+}
+
+// run(i) runs sequence i, in `order`.
+template <class Run>
+void run_sequences(const SequenceOrder& order, Run&& run) {
+    if (!order.side_by_side.empty()) {
+        parallel_for_may_throw(static_cast<std::int64_t>(order.side_by_side.size()), attn::num_threads(),
+                               [&](std::int64_t j) { run(order.side_by_side[static_cast<std::size_t>(j)]); });
+    }
+    for (std::size_t i : order.in_turn) run(i);
 }
 
 }  // namespace attn::detail

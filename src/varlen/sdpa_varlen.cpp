@@ -6,9 +6,11 @@
 
 #include <cmath>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "../core/allocate.hpp"
 #include "../core/check.hpp"
 #include "../core/threads.hpp"
 #include "../kernels/decode/decode.hpp"
@@ -25,6 +27,11 @@ namespace attn {
 namespace {
 
 constexpr std::string_view kOp = "sdpa_varlen";
+// Up to the kernels, a call allocates only bookkeeping — its checks' lists of tensors and problems,
+// the split of its sequences among the kernels, the report's text —: a refusal there is
+// attn::OutOfMemory saying so (it was a bare std::bad_alloc), and nothing is written yet. The
+// kernels and the head-major copies name their own buffers.
+constexpr const char* kBookkeeping = "sdpa_varlen's argument checks and report text";
 
 // The errors run_forward (kernels/dispatch.cpp) would throw for sequence b (`lq` queries),
 // raised before any sequence is run: an explicit kernel that declines it. (16-bit K/V need no
@@ -97,8 +104,11 @@ void sdpa_varlen(const TensorView& q, const TensorView& k, const TensorView& v, 
     // attn::num_threads() for every kernel below: the decode and reference sequences ran on
     // OpenMP's default count (threads=1 still started a full team).
     const detail::ComputeThreads compute_threads;
-    detail::run_varlen_call(detail::check_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, options, out, lse), q, k, v,
-                            cu_seqlens_q, cu_seqlens_k, options, out, lse, report);
+    detail::VarlenCall call;
+    detail::naming_bookkeeping(kBookkeeping, [&] {
+        call = detail::check_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, options, out, lse);
+    });
+    detail::run_varlen_call(std::move(call), q, k, v, cu_seqlens_q, cu_seqlens_k, options, out, lse, report);
 }
 
 namespace detail {
@@ -106,82 +116,98 @@ namespace detail {
 void run_varlen_call(VarlenCall call, const TensorView& q, const TensorView& k, const TensorView& v,
                      const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, const SdpaOptions& options,
                      const TensorView& out, const TensorView* lse, SdpaReport* report) {
-    require_outputs_apart(kOp, {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&cu_seqlens_q, "cu_seqlens_q"}, {&cu_seqlens_k, "cu_seqlens_k"}},
-                          options, {{&out, "out"}, {lse, "lse"}});
-    // The checked problems may view stand-ins of these tensors (forward_packed checks before it
-    // projects): each sequence's views, taken again from the tensors it runs on.
-    for (std::size_t i = 0; i < call.problems.size(); ++i) {
-        SdpaProblem& p = call.problems[i];
-        const PackedSequence& s = call.pb.seqs[call.sequence[i]];
-        const TensorView qs = sequence_rows(q, s.q0, s.lq), ks = sequence_rows(k, s.k0, s.lk);
-        const TensorView vs = sequence_rows(v, s.k0, s.lk), os = sequence_rows(out, s.q0, s.lq);
-        ATTN_DASSERT(qs.dtype() == p.q.dtype() && qs.shape() == p.q.shape() && ks.dtype() == p.k.dtype() &&
-                     ks.shape() == p.k.shape() && vs.dtype() == p.v.dtype() && vs.shape() == p.v.shape() &&
-                     os.dtype() == p.out.dtype() && os.shape() == p.out.shape() && (lse != nullptr) == p.lse.has_value());
-        p.q = qs;
-        p.k = ks;
-        p.v = vs;
-        p.out = os;
-        if (lse != nullptr) p.lse = sequence_lse(*lse, s.q0, s.lq);
-    }
     const PackedBatch& pb = call.pb;
-    const std::vector<SdpaProblem>& problems = call.problems;
+    std::vector<SdpaProblem>& problems = call.problems;
     const std::vector<std::int64_t>& keyless = call.keyless;
 
     // The sequences the dispatch gives to flash run as one batch: one task list over
     // (sequence, head, query block), longest first, in one parallel region (flash.hpp
     // flash_forward_batch), the long ones on head-major copies of their K/V (head_major.hpp).
     // The others (decode, reference) run one by one or side by side (run_sequences.hpp).
-    std::vector<SdpaReport> reports(problems.size());
-    std::vector<detail::SdpaProblem> batch;
+    std::vector<SdpaProblem> batch;
     std::vector<std::size_t> others;
-    for (std::size_t i = 0; i < problems.size(); ++i) {
-        if (detail::runs_flash(problems[i], options.impl)) batch.push_back(problems[i]);
-        else others.push_back(i);
-    }
-    // The copies (up to 256 MiB) before anything is written: out of memory there leaves out as it
-    // was (they then live while the decode/reference sequences run too).
-    const auto copies = detail::head_major_kv(batch);
-
-    for (std::int64_t b : keyless) {  // the fully-masked-row rule: out 0, lse −inf (σ_h with sinks)
-        const detail::PackedSequence& s = pb.seqs[static_cast<std::size_t>(b)];
-        const TensorView lse_rows = lse ? lse->slice(0, s.q0, s.lq) : TensorView{};
-        detail::fill_keyless(options, out.slice(0, s.q0, s.lq), lse ? &lse_rows : nullptr);
-    }
-    detail::run_sequences(
-        others.size(), [&](std::size_t n) { return problems[others[n]].Hq * ((problems[others[n]].Lq + 63) / 64); },
-        [&](std::size_t n) { detail::run_forward(problems[others[n]], options.impl, report ? &reports[others[n]] : nullptr); });
-    if (!batch.empty()) {
-        std::string why_isa;
-        const detail::KernelSet& kernels = detail::kernel_set(&why_isa);
-        detail::flash_forward_batch(batch.data(), batch.size(), kernels);
-        const std::string name = detail::kernel_name("flash", kernels, detail::flash_compute(kernels, batch[0]));
-        for (std::size_t i = 0; i < problems.size(); ++i)
-            if (detail::runs_flash(problems[i], options.impl)) {
-                reports[i].kernel = name;
-                // As sdpa's report says it: why auto did not run decode on this sequence.
-                const std::string why_not_decode =
-                    options.impl == Impl::automatic
-                        ? "decode: declined, " + detail::auto_decode_declines(problems[i], kernels) + "\n"
-                        : std::string();
-                reports[i].explanation = why_not_decode + "ran: flash (" + name + ", " + why_isa + "; " +
-                                         detail::dtypes_of(problems[i]) +
-                                         ") in one task list with the other flash sequences";
-            }
-    }
-
-    if (report != nullptr) {
-        std::map<std::string, int> count;
-        for (const SdpaReport& r : reports) ++count[r.kernel];
-        report->kernel.clear();
-        for (const auto& [name, n] : count) {
-            report->kernel += (report->kernel.empty() ? "" : ", ") + name + " x" + std::to_string(n);
+    std::vector<ForwardChoice> choices;  // others[n]'s kernel
+    SequenceOrder order;                 // of others
+    const KernelSet* flash_kernels = nullptr;
+    SdpaReport whole;  // the call's report, made before anything is written
+    naming_bookkeeping(kBookkeeping, [&] {
+        require_outputs_apart(kOp, {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&cu_seqlens_q, "cu_seqlens_q"}, {&cu_seqlens_k, "cu_seqlens_k"}},
+                              options, {{&out, "out"}, {lse, "lse"}});
+        // The checked problems may view stand-ins of these tensors (forward_packed checks before it
+        // projects): each sequence's views, taken again from the tensors it runs on.
+        for (std::size_t i = 0; i < problems.size(); ++i) {
+            SdpaProblem& p = problems[i];
+            const PackedSequence& s = pb.seqs[call.sequence[i]];
+            const TensorView qs = sequence_rows(q, s.q0, s.lq), ks = sequence_rows(k, s.k0, s.lk);
+            const TensorView vs = sequence_rows(v, s.k0, s.lk), os = sequence_rows(out, s.q0, s.lq);
+            ATTN_DASSERT(qs.dtype() == p.q.dtype() && qs.shape() == p.q.shape() && ks.dtype() == p.k.dtype() &&
+                         ks.shape() == p.k.shape() && vs.dtype() == p.v.dtype() && vs.shape() == p.v.shape() &&
+                         os.dtype() == p.out.dtype() && os.shape() == p.out.shape() &&
+                         (lse != nullptr) == p.lse.has_value());
+            p.q = qs;
+            p.k = ks;
+            p.v = vs;
+            p.out = os;
+            if (lse != nullptr) p.lse = sequence_lse(*lse, s.q0, s.lq);
         }
-        report->explanation = std::to_string(pb.seqs.size()) + " packed sequences, " + std::to_string(problems.size()) +
-                              " with queries and keys, " + std::to_string(keyless.size()) + " without keys\n" +
-                              (reports.empty() ? std::string() : "first sequence:\n" + reports.front().explanation + "\n") +
-                              "ran: " + (report->kernel.empty() ? std::string("nothing") : report->kernel);
+        std::vector<SdpaReport> reports(report != nullptr ? problems.size() : 0);
+        for (std::size_t i = 0; i < problems.size(); ++i) {
+            if (runs_flash(problems[i], options.impl)) {
+                batch.push_back(problems[i]);
+            } else {
+                others.push_back(i);
+                choices.push_back(choose_forward(problems[i], options.impl, report != nullptr));
+                if (report != nullptr) reports[i] = choices.back().text;
+            }
+        }
+        order = order_sequences(
+            others.size(), [&](std::size_t n) { return problems[others[n]].Hq * ((problems[others[n]].Lq + 63) / 64); });
+        if (!batch.empty()) {
+            std::string why_isa;
+            flash_kernels = &kernel_set(&why_isa);
+            if (report != nullptr) {
+                const std::string name = kernel_name("flash", *flash_kernels, flash_compute(*flash_kernels, batch[0]));
+                for (std::size_t i = 0; i < problems.size(); ++i)
+                    if (runs_flash(problems[i], options.impl)) {
+                        reports[i].kernel = name;
+                        // As sdpa's report says it: why auto did not run decode on this sequence.
+                        const std::string why_not_decode =
+                            options.impl == Impl::automatic
+                                ? "decode: declined, " + auto_decode_declines(problems[i], *flash_kernels) + "\n"
+                                : std::string();
+                        reports[i].explanation = why_not_decode + "ran: flash (" + name + ", " + why_isa + "; " +
+                                                 dtypes_of(problems[i]) +
+                                                 ") in one task list with the other flash sequences";
+                    }
+            }
+        }
+        if (report != nullptr) {
+            std::map<std::string, int> count;
+            for (const SdpaReport& r : reports) ++count[r.kernel];
+            for (const auto& [name, n] : count) {
+                whole.kernel += (whole.kernel.empty() ? "" : ", ") + name + " x" + std::to_string(n);
+            }
+            whole.explanation = std::to_string(pb.seqs.size()) + " packed sequences, " + std::to_string(problems.size()) +
+                                " with queries and keys, " + std::to_string(keyless.size()) + " without keys\n" +
+                                (reports.empty() ? std::string() : "first sequence:\n" + reports.front().explanation + "\n") +
+                                "ran: " + (whole.kernel.empty() ? std::string("nothing") : whole.kernel);
+        }
+    });
+    // The copies (up to 256 MiB) before anything is written: out of memory there leaves out as it
+    // was (they then live while the decode/reference sequences run too). Their lists are
+    // bookkeeping; the buffer names itself.
+    std::unique_ptr<HeadMajorScratch> copies;
+    naming_bookkeeping(kBookkeeping, [&] { copies = head_major_kv(batch); });
+
+    run_sequences(order, [&](std::size_t n) { run_chosen(problems[others[n]], choices[n], nullptr); });
+    if (!batch.empty()) flash_forward_batch(batch.data(), batch.size(), *flash_kernels);
+    // Last, as it allocates nothing: the fully-masked-row rule, out 0, lse −inf (σ_h with sinks).
+    for (std::int64_t b : keyless) {
+        const PackedSequence& s = pb.seqs[static_cast<std::size_t>(b)];
+        const TensorView lse_rows = lse ? lse->slice(0, s.q0, s.lq) : TensorView{};
+        fill_keyless(options, out.slice(0, s.q0, s.lq), lse ? &lse_rows : nullptr);
     }
+    if (report != nullptr) *report = std::move(whole);  // a move: nothing can fail after the kernels
 }
 
 }  // namespace detail

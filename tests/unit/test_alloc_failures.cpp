@@ -39,6 +39,7 @@
 #include "attn/safetensors.hpp"
 #include "attn/sdpa.hpp"
 #include "attn/sdpa_backward.hpp"
+#include "attn/sdpa_varlen.hpp"
 #include "attn/threads.hpp"
 #include "common/util.hpp"
 #include "core/threads.hpp"
@@ -453,6 +454,76 @@ TEST(AllocFailures, DecodeAttentionWritesNothingWhenAnAllocationFails) {
     sweep_forward_refusals([&] { attn::decode_attention(q, cache, step, out, &lse_view); }, out, lse, names);
 }
 
+// attn::sdpa_varlen on four packed sequences (5, 7, 9 and 3 queries on 9, 11, 13 and no keys;
+// causal, with lse), one kernel per case, each allocation refused in turn as in
+// sweep_forward_refusals: every refusal is attn::OutOfMemory naming exactly one of `names`, each
+// refused at least once. Its checks (and cu_seqlens' copies), the split of its sequences among the
+// kernels and the report's text are one bookkeeping step before anything is written — their lists
+// and strings were a bare std::bad_alloc (27 in a sweep of forward_packed), and so was the slice
+// the sequence without keys is filled through, now last — and flash runs every sequence in one
+// call: `out` and `lse` stay poisoned on every refusal. Decode and the reference run the sequences
+// in turn, each kernel taking its own buffers: a refusal in a later sequence's kernel leaves the
+// earlier ones written, so there only a bookkeeping refusal must leave them poisoned.
+TEST(AllocFailures, SdpaVarlenRefusalsAreNamedAndWriteNothing) {
+    const attn::ScopedNumThreads one(1);
+    const std::string checks =
+        "the few hundred bytes for sdpa_varlen's argument checks and report text; nothing was written";
+    const std::vector<std::string> tables = {" for cu_seqlens_q", " for cu_seqlens_k", " for the sequences' table"};
+    struct Case {
+        const char* name;
+        attn::Impl impl;
+        std::vector<std::string> kernel;  // what a refusal of the kernel may name
+        bool one_call;                    // the kernel runs every sequence at once
+    };
+    const std::int64_t hq = 4, hkv = 2, d = 16;
+    const Tensor q = random_f32({24, hq, d}, 7), k = random_f32({33, hkv, d}, 8), v = random_f32({33, hkv, d}, 9);
+    Tensor cu_q(DType::i32, Shape{5}), cu_k(DType::i32, Shape{5});
+    const std::int32_t starts_q[] = {0, 5, 12, 21, 24}, starts_k[] = {0, 9, 20, 33, 33};
+    std::copy(std::begin(starts_q), std::end(starts_q), cu_q.data_as<std::int32_t>());
+    std::copy(std::begin(starts_k), std::end(starts_k), cu_k.data_as<std::int32_t>());
+    for (const Case& c :
+         {Case{"decode", attn::Impl::decode,
+               {" for the decode kernel's key interval of every query row",
+                " for the decode kernel's scratch (one per thread) and split partials"},
+               false},
+          Case{"flash", attn::Impl::flash, {" for the flash kernel's list of problems"}, true},
+          Case{"reference", attn::Impl::reference,
+               {" for the reference kernel's list of per-thread buffers", "the reference kernel keeps one head's"}, false}}) {
+        SCOPED_TRACE(c.name);
+        std::vector<std::string> names = {checks};
+        names.insert(names.end(), tables.begin(), tables.end());
+        names.insert(names.end(), c.kernel.begin(), c.kernel.end());
+        attn::SdpaOptions opt;
+        opt.impl = c.impl;
+        opt.causal = attn::Causal::bottom_right;
+        Tensor out = attn::test::poisoned(DType::f32, {24, hq, d});
+        Tensor lse = attn::test::poisoned(DType::f32, {24, hq});
+        const TensorView lse_view = lse;
+        attn::SdpaReport report;
+        const auto call = [&] { attn::sdpa_varlen(q, k, v, cu_q, cu_k, opt, out, &lse_view, &report); };
+        call();  // once unrefused: what the process sets up once (sweep_forward_refusals says why)
+        attn::test::poison(out);
+        attn::test::poison(lse);
+        std::vector<int> named(names.size(), 0);
+        std::string said;
+        const int failures = sweep(
+            call,
+            [&](long n) {
+                if (c.one_call || said.find(checks) != std::string::npos) {
+                    EXPECT_TRUE(attn::test::still_poisoned(out)) << "allocation " << n << ": " << said;
+                    EXPECT_TRUE(attn::test::still_poisoned(lse)) << "allocation " << n << ": " << said;
+                }
+                attn::test::poison(out);
+                attn::test::poison(lse);
+            },
+            naming_one_of(names, named, said));
+        EXPECT_GT(failures, 0) << "the call allocated nothing: the sweep tested nothing";
+        for (std::size_t x = 0; x < names.size(); ++x) EXPECT_GT(named[x], 0) << "never refused: " << names[x];
+        EXPECT_FALSE(attn::test::still_poisoned(out));
+        EXPECT_NE(report.kernel.find(c.name), std::string::npos) << report.kernel;  // the kernel asked for ran
+    }
+}
+
 // The flash backward sizes each thread's buffers inside its parallel region, where no exception
 // may leave, and says a refusal after it. With Q and dO read in place (contiguous float32) it
 // said "cannot allocate 0 bytes": it counted only the rows it copies.
@@ -679,11 +750,11 @@ TEST(AllocFailures, MhaForwardIncrementalRefusalsAreOutOfMemoryAndChangeNothing)
     EXPECT_FALSE(attn::test::still_poisoned(out));
 }
 
-// MultiHeadAttention::forward_packed, two sequences of 3 and 4 tokens: each aligned allocation of
-// the calling thread refused in turn is attn::OutOfMemory naming its buffer (the layer's O, Q, K,
-// V and output, the GEMM's). Its checks run as one named step too, but an operator-new sweep
-// also reaches sdpa_varlen's own bookkeeping (its lists and report text), still a bare
-// std::bad_alloc: not swept here.
+// MultiHeadAttention::forward_packed, two sequences of 3 and 4 tokens: each operator new of the
+// call refused in turn, on one thread, is attn::OutOfMemory naming what it was for — the layer's
+// checks, sdpa_varlen's (its lists and report text: 27 were a bare std::bad_alloc), cu_seqlens'
+// copies, the decode kernel's buffers — and then each aligned allocation of the calling thread is
+// attn::OutOfMemory naming its buffer (the layer's O, Q, K, V and output, the GEMM's).
 TEST(AllocFailures, MhaForwardPackedRefusedBuffersAreNamed) {
     MhaCall layer(MhaCase{"packed", false, std::nullopt, {}});
     const Tensor x = random_f32(Shape{7, 16}, 150);
@@ -692,6 +763,19 @@ TEST(AllocFailures, MhaForwardPackedRefusedBuffersAreNamed) {
     const attn::MhaPackedOptions opt;
     const auto call = [&] { (void)layer.m.forward_packed(x, x, x, cu, cu, opt); };
     call();
+    {
+        const attn::ScopedNumThreads one(1);
+        const std::vector<std::string> names = {
+            "the few hundred bytes for MultiHeadAttention.forward_packed's argument checks; nothing was written",
+            "the few hundred bytes for sdpa_varlen's argument checks and report text; nothing was written",
+            " for cu_seqlens_q", " for cu_seqlens_k", " for the sequences' table",
+            " for the decode kernel's key interval of every query row",  // 3 and 4 queries: auto runs decode
+            " for the decode kernel's scratch (one per thread) and split partials"};
+        std::vector<int> named(names.size(), 0);
+        std::string said;
+        EXPECT_GT(sweep(call, [](long) {}, naming_one_of(names, named, said)), 0);
+        for (std::size_t i = 0; i < names.size(); ++i) EXPECT_GT(named[i], 0) << "never refused: " << names[i];
+    }
     const std::vector<std::string> buffers = {"the MHA layer's attention output O", "the MHA layer's projected Q",
                                               "the MHA layer's projected K", "the MHA layer's projected V",
                                               "the MHA layer's output"};
