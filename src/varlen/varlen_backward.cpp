@@ -4,11 +4,14 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <new>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "attn/sdpa_backward.hpp"
 #include "attn/sdpa_varlen.hpp"
+#include "../core/allocate.hpp"
 #include "../core/check.hpp"
 #include "../core/checked_size.hpp"
 #include "../core/threads.hpp"
@@ -22,6 +25,11 @@ namespace attn {
 namespace {
 
 constexpr std::string_view kOp = "sdpa_varlen_backward";
+// Up to the first sequence's backward, a call allocates only bookkeeping — its checks' lists of
+// tensors, the sequences' table, which sequences run on head-major copies, the report's first
+// line —: a refusal there is attn::OutOfMemory saying so (it was a bare std::bad_alloc), and no
+// gradient is written yet. The copies' scratch and each sequence's sdpa_backward name their own.
+constexpr const char* kBookkeeping = "sdpa_varlen_backward's argument checks and report text";
 
 }  // namespace
 
@@ -31,19 +39,22 @@ void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const Tensor
                           const TensorView& dq, const TensorView& dk, const TensorView& dv, SdpaReport* report,
                           const TensorView* dsinks) {
     const detail::ComputeThreads compute_threads;  // attn::num_threads() for every kernel below
-    const detail::PackedBatch pb = detail::check_packed(kOp, q, k, v, cu_seqlens_q, cu_seqlens_k, options, out, &lse,
-                                                           /*sixteen_bit_out=*/true, detail::OutLse::read);
-    detail::require_floating(kOp, q, "q");
-    detail::require_floating(kOp, k, "k");
-    detail::require_floating(kOp, v, "v");
-    detail::require_backward_gradients(kOp, q, k, v, out, lse, grad_out, options, dq, dk, dv, dsinks, pb.Hq);
-    if (options.impl == Impl::decode) {
-        detail::fail(kOp, "impl: decode is a forward-only kernel; use auto, reference or flash");
-    }
-    // The flash backward's inputs (sdpa_backward's rule), checked here before any sequence runs.
-    const std::string declines = detail::flash_backward_declines(q, k, v, out, lse, grad_out);
-    if (options.impl == Impl::flash && !declines.empty())
-        detail::fail(kOp, "impl: the flash backward cannot run this call: ", declines, "; use auto or reference");
+    detail::PackedBatch pb;
+    const auto check_call = [&] {
+        pb = detail::check_packed(kOp, q, k, v, cu_seqlens_q, cu_seqlens_k, options, out, &lse,
+                                  /*sixteen_bit_out=*/true, detail::OutLse::read);
+        detail::require_floating(kOp, q, "q");
+        detail::require_floating(kOp, k, "k");
+        detail::require_floating(kOp, v, "v");
+        detail::require_backward_gradients(kOp, q, k, v, out, lse, grad_out, options, dq, dk, dv, dsinks, pb.Hq);
+        if (options.impl == Impl::decode) {
+            detail::fail(kOp, "impl: decode is a forward-only kernel; use auto, reference or flash");
+        }
+        // The flash backward's inputs (sdpa_backward's rule), checked here before any sequence runs.
+        const std::string declines = detail::flash_backward_declines(q, k, v, out, lse, grad_out);
+        if (options.impl == Impl::flash && !declines.empty())
+            detail::fail(kOp, "impl: the flash backward cannot run this call: ", declines, "; use auto or reference");
+    };
     // Sequence b's views: the inputs Q, dO, K, V and the outputs dQ, dK, dV (sdpa_backward's).
     struct Views {
         TensorView in[4], out[3];
@@ -67,35 +78,44 @@ void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const Tensor
     // backward reads and writes head-major copies (head_major.hpp, head_major_backward_pays) while
     // their copies fit the budget, with the floats of the largest (one scratch serves them one
     // after another).
-    std::vector<char> head_major(pb.seqs.size(), 0);
+    std::vector<char> head_major;
     std::int64_t scratch_floats = 0;
-    for (std::size_t b = 0; b < pb.seqs.size(); ++b) {
-        const detail::PackedSequence& s = pb.seqs[b];
-        if (s.lq == 0 || s.lk == 0) continue;
-        const TensorView lse_b = detail::sequence_lse(lse, s.q0, s.lq);
-        const detail::SdpaProblem p =
-            detail::make_problem(detail::sequence_rows(q, s.q0, s.lq), detail::sequence_rows(k, s.k0, s.lk),
-                                 detail::sequence_rows(v, s.k0, s.lk),
-                                 detail::sequence_options(options, static_cast<std::int64_t>(b)),
-                                 detail::sequence_rows(out, s.q0, s.lq), &lse_b, nullptr, kOp, detail::OutLse::read);
-        const std::optional<std::int64_t> n = copy_floats(views_of(s));
-        if (options.impl != Impl::reference && detail::head_major_backward_pays(p) && n && *n > 0 &&
-            *n * std::int64_t{sizeof(float)} <= detail::head_major_budget()) {
-            head_major[b] = 1;
-            scratch_floats = std::max(scratch_floats, *n);
+    std::vector<double> dsinks_sum;  // dsinks: each sequence's, summed in sequence order
+    std::string first_line;          // the report's
+    std::unique_ptr<detail::HeadMajorScratch> scratch;
+    Tensor dsinks_b;  // dsinks: each sequence's, in float64
+    detail::naming_bookkeeping(kBookkeeping, [&] {
+        check_call();
+        head_major.assign(pb.seqs.size(), 0);
+        for (std::size_t b = 0; b < pb.seqs.size(); ++b) {
+            const detail::PackedSequence& s = pb.seqs[b];
+            if (s.lq == 0 || s.lk == 0) continue;
+            const TensorView lse_b = detail::sequence_lse(lse, s.q0, s.lq);
+            const detail::SdpaProblem p =
+                detail::make_problem(detail::sequence_rows(q, s.q0, s.lq), detail::sequence_rows(k, s.k0, s.lk),
+                                     detail::sequence_rows(v, s.k0, s.lk),
+                                     detail::sequence_options(options, static_cast<std::int64_t>(b)),
+                                     detail::sequence_rows(out, s.q0, s.lq), &lse_b, nullptr, kOp,
+                                     detail::OutLse::read);
+            const std::optional<std::int64_t> n = copy_floats(views_of(s));
+            if (options.impl != Impl::reference && detail::head_major_backward_pays(p) && n && *n > 0 &&
+                *n * std::int64_t{sizeof(float)} <= detail::head_major_budget()) {
+                head_major[b] = 1;
+                scratch_floats = std::max(scratch_floats, *n);
+            }
         }
-    }
-    const auto scratch = scratch_floats > 0
-                             ? std::make_unique<detail::HeadMajorScratch>(scratch_floats * std::int64_t{sizeof(float)})
-                             : nullptr;
+        dsinks_sum.assign(static_cast<std::size_t>(pb.Hq), 0.0);
+        dsinks_b = Tensor(DType::f64, Shape{dsinks ? pb.Hq : 1});
+        if (scratch_floats > 0)
+            scratch = std::make_unique<detail::HeadMajorScratch>(scratch_floats * std::int64_t{sizeof(float)});
+        if (report != nullptr)
+            first_line = std::to_string(pb.seqs.size()) + " packed sequences, each through sdpa_backward\n";
+    });
 
     // Sequences run one after another: each backward spreads its (head, key block) tasks
     // over all threads; the long ones on head-major copies (scratch above).
     SdpaReport last;
-    // dsinks: each sequence's into a float64 scratch, summed here in sequence order.
-    const Tensor dsinks_b(DType::f64, Shape{dsinks ? pb.Hq : 1});
     const TensorView dsinks_bv = dsinks_b.view();
-    std::vector<double> dsinks_sum(static_cast<std::size_t>(pb.Hq), 0.0);
     for (std::size_t b = 0; b < pb.seqs.size(); ++b) {
         const detail::PackedSequence& s = pb.seqs[b];
         if (s.lk == 0) {  // no key: its queries get no gradient
@@ -129,9 +149,17 @@ void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const Tensor
         for (std::int64_t h = 0; h < pb.Hq; ++h)
             detail::store(*dsinks, dsinks->offset(h), dsinks_sum[static_cast<std::size_t>(h)]);
     if (report != nullptr) {
-        report->kernel = last.kernel;
-        report->explanation = std::to_string(pb.seqs.size()) + " packed sequences, each through sdpa_backward\n" +
-                              last.explanation;
+        // The last sequence's report is known only once it has run: its text joins the first line
+        // after the gradients are written, so a refusal of those bytes says so.
+        try {
+            first_line += last.explanation;
+        } catch (const std::bad_alloc&) {
+            detail::throw_out_of_memory(
+                static_cast<std::int64_t>(first_line.size() + last.explanation.size() + 1),
+                "sdpa_varlen_backward's report text (after the gradients were written)");
+        }
+        report->kernel = std::move(last.kernel);
+        report->explanation = std::move(first_line);
     }
 }
 

@@ -524,6 +524,74 @@ TEST(AllocFailures, SdpaVarlenRefusalsAreNamedAndWriteNothing) {
     }
 }
 
+// attn::sdpa_varlen_backward on the same four sequences, each allocation refused in turn: every
+// refusal is attn::OutOfMemory naming exactly one of `names`, each refused at least once. Its
+// checks, the sequences' table, the head-major plan and the report's first line are one
+// bookkeeping step before any gradient is written (they were a bare std::bad_alloc): a refusal
+// there leaves dq, dk and dv poisoned. Each sequence then runs its own sdpa_backward, which takes
+// its own buffers, so a later sequence's refusal leaves the earlier ones' gradients written; and
+// the report's text, the last sequence's joined to the first line, is made after them.
+TEST(AllocFailures, SdpaVarlenBackwardRefusalsAreNamed) {
+    const attn::ScopedNumThreads one(1);
+    const std::string checks =
+        "the few hundred bytes for sdpa_varlen_backward's argument checks and report text; nothing was written";
+    const std::int64_t hq = 4, hkv = 2, d = 16;
+    const Tensor q = random_f32({24, hq, d}, 17), k = random_f32({33, hkv, d}, 18), v = random_f32({33, hkv, d}, 19);
+    const Tensor grad_out = random_f32({24, hq, d}, 20);
+    Tensor cu_q(DType::i32, Shape{5}), cu_k(DType::i32, Shape{5});
+    const std::int32_t starts_q[] = {0, 5, 12, 21, 24}, starts_k[] = {0, 9, 20, 33, 33};
+    std::copy(std::begin(starts_q), std::end(starts_q), cu_q.data_as<std::int32_t>());
+    std::copy(std::begin(starts_k), std::end(starts_k), cu_k.data_as<std::int32_t>());
+    struct Case {
+        const char* name;
+        attn::Impl impl;
+        std::vector<std::string> kernel;  // what a refusal of sdpa_backward's kernel may name
+    };
+    for (const Case& c :
+         {Case{"flash", attn::Impl::flash,
+               {" for the flash backward's first visible key of every query row",
+                " for the flash backward's end of the visible keys of every query row"}},
+          Case{"reference", attn::Impl::reference,
+               {" for the reference backward's list of per-thread buffers",
+                " for the reference backward's sink gradients of every (batch, head)", "the reference kernel keeps one head's"}}}) {
+        SCOPED_TRACE(c.name);
+        attn::SdpaOptions opt;
+        opt.impl = c.impl;
+        opt.causal = attn::Causal::bottom_right;
+        Tensor out(DType::f32, Shape{24, hq, d}), lse(DType::f32, Shape{24, hq});
+        const TensorView lse_view = lse;
+        attn::sdpa_varlen(q, k, v, cu_q, cu_k, opt, out, &lse_view);
+        Tensor dq = attn::test::poisoned(DType::f32, {24, hq, d});
+        Tensor dk = attn::test::poisoned(DType::f32, {33, hkv, d}), dv = attn::test::poisoned(DType::f32, {33, hkv, d});
+        attn::SdpaReport report;
+        const auto call = [&] {
+            attn::sdpa_varlen_backward(q, k, v, cu_q, cu_k, out, lse, grad_out, opt, dq, dk, dv, &report);
+        };
+        call();  // once unrefused: what the process sets up once (sweep_forward_refusals says why)
+        std::vector<std::string> names = {checks, " for cu_seqlens_q", " for cu_seqlens_k", " for the sequences' table",
+                                          "sdpa_backward's argument checks and report text",
+                                          "sdpa_varlen_backward's report text (after the gradients were written)"};
+        names.insert(names.end(), c.kernel.begin(), c.kernel.end());
+        std::vector<int> named(names.size(), 0);
+        std::string said;
+        for (Tensor* t : {&dq, &dk, &dv}) attn::test::poison(*t);
+        const int failures = sweep(
+            call,
+            [&](long n) {
+                for (Tensor* t : {&dq, &dk, &dv}) {
+                    if (said.find(checks) != std::string::npos)
+                        EXPECT_TRUE(attn::test::still_poisoned(*t)) << "allocation " << n << ": " << said;
+                    attn::test::poison(*t);
+                }
+            },
+            naming_one_of(names, named, said));
+        EXPECT_GT(failures, 0) << "the call allocated nothing: the sweep tested nothing";
+        for (std::size_t x = 0; x < names.size(); ++x) EXPECT_GT(named[x], 0) << "never refused: " << names[x];
+        EXPECT_FALSE(attn::test::still_poisoned(dq));
+        EXPECT_NE(report.kernel.find(c.name), std::string::npos) << report.kernel;  // the kernel asked for ran
+    }
+}
+
 // The flash backward sizes each thread's buffers inside its parallel region, where no exception
 // may leave, and says a refusal after it. With Q and dO read in place (contiguous float32) it
 // said "cannot allocate 0 bytes": it counted only the rows it copies.
