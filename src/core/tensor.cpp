@@ -99,7 +99,9 @@ TensorView TensorView::slice(int d, std::int64_t start, std::int64_t length) con
     check_dim(*this, d, "slice");
     // Made only for an error: a valid slice allocates nothing (sdpa_varlen slices its outputs after
     // its kernels, where a refusal of this string's bytes was a bare std::bad_alloc).
-    const auto where = [&] { return " does not fit dimension " + std::to_string(d) + " of size " + std::to_string(dim(d)); };
+    const auto where = [&] {
+        return " does not fit dimension " + std::to_string(d) + " of size " + std::to_string(dim(d));
+    };
     if (start < 0 || length < 0) {
         throw Error("slice: start " + std::to_string(start) + " and length " + std::to_string(length) +
                     " must be >= 0; the range" + where());

@@ -131,7 +131,9 @@ void run_varlen_call(VarlenCall call, const TensorView& q, const TensorView& k, 
     const KernelSet* flash_kernels = nullptr;
     SdpaReport whole;  // the call's report, made before anything is written
     naming_bookkeeping(kBookkeeping, [&] {
-        require_outputs_apart(kOp, {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&cu_seqlens_q, "cu_seqlens_q"}, {&cu_seqlens_k, "cu_seqlens_k"}},
+        require_outputs_apart(kOp,
+                              {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&cu_seqlens_q, "cu_seqlens_q"},
+                               {&cu_seqlens_k, "cu_seqlens_k"}},
                               options, {{&out, "out"}, {lse, "lse"}});
         // The checked problems may view stand-ins of these tensors (forward_packed checks before it
         // projects): each sequence's views, taken again from the tensors it runs on.
@@ -160,8 +162,9 @@ void run_varlen_call(VarlenCall call, const TensorView& q, const TensorView& k, 
                 if (report != nullptr) reports[i] = choices.back().text;
             }
         }
-        order = order_sequences(
-            others.size(), [&](std::size_t n) { return problems[others[n]].Hq * ((problems[others[n]].Lq + 63) / 64); });
+        order = order_sequences(others.size(), [&](std::size_t n) {
+            return problems[others[n]].Hq * ((problems[others[n]].Lq + 63) / 64);
+        });
         if (!batch.empty()) {
             std::string why_isa;
             flash_kernels = &kernel_set(&why_isa);
@@ -187,10 +190,11 @@ void run_varlen_call(VarlenCall call, const TensorView& q, const TensorView& k, 
             for (const auto& [name, n] : count) {
                 whole.kernel += (whole.kernel.empty() ? "" : ", ") + name + " x" + std::to_string(n);
             }
-            whole.explanation = std::to_string(pb.seqs.size()) + " packed sequences, " + std::to_string(problems.size()) +
-                                " with queries and keys, " + std::to_string(keyless.size()) + " without keys\n" +
-                                (reports.empty() ? std::string() : "first sequence:\n" + reports.front().explanation + "\n") +
-                                "ran: " + (whole.kernel.empty() ? std::string("nothing") : whole.kernel);
+            whole.explanation =
+                std::to_string(pb.seqs.size()) + " packed sequences, " + std::to_string(problems.size()) +
+                " with queries and keys, " + std::to_string(keyless.size()) + " without keys\n" +
+                (reports.empty() ? std::string() : "first sequence:\n" + reports.front().explanation + "\n") + "ran: " +
+                (whole.kernel.empty() ? std::string("nothing") : whole.kernel);
         }
     });
     // The copies (up to 256 MiB) before anything is written: out of memory there leaves out as it
