@@ -579,8 +579,9 @@ TEST(AllocFailures, SdpaVarlenBackwardRefusalsAreNamed) {
             call,
             [&](long n) {
                 for (Tensor* t : {&dq, &dk, &dv}) {
-                    if (said.find(checks) != std::string::npos)
+                    if (said.find(checks) != std::string::npos) {
                         EXPECT_TRUE(attn::test::still_poisoned(*t)) << "allocation " << n << ": " << said;
+                    }
                     attn::test::poison(*t);
                 }
             },
