@@ -127,7 +127,8 @@ private:
 
 // Copy any floating view into a new contiguous tensor of a floating dtype, each value rounded
 // once to nearest even (float64 to float16/bfloat16 too: double_to_f16/bf16, attn/half.hpp).
-// Used at boundaries (the CLI, tests), never in a kernel.
-Tensor to_dtype(const TensorView& src, DType dst);
+// Used at boundaries (the CLI, tests), never in a kernel. `name` names the new tensor when its
+// allocation is refused (attn::OutOfMemory, as Tensor's constructor says).
+Tensor to_dtype(const TensorView& src, DType dst, std::string_view name = "a tensor");
 
 }  // namespace attn

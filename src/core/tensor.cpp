@@ -176,13 +176,13 @@ Tensor::Tensor(DType dtype, Shape shape, bool fill_zero, std::string_view name) 
     view_ = TensorView(p, dtype, shape);
 }
 
-Tensor to_dtype(const TensorView& src, DType dst) {
+Tensor to_dtype(const TensorView& src, DType dst, std::string_view name) {
     detail::require_data("to_dtype", src, "tensor");
     if (!is_floating(src.dtype()) || !is_floating(dst)) {
         throw Error("to_dtype: can only convert floating tensors to a floating dtype, got " +
                     std::string(dtype_name(src.dtype())) + " -> " + std::string(dtype_name(dst)), ErrorKind::type);
     }
-    Tensor out(dst, src.shape());
+    Tensor out(dst, src.shape(), false, name);
     const Shape& s = src.shape();
     std::array<std::int64_t, kMaxRank> n{1, 1, 1, 1};
     for (int i = 0; i < s.rank; ++i) n[static_cast<std::size_t>(i)] = s[i];

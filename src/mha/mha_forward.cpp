@@ -172,9 +172,9 @@ void MultiHeadAttention::forward_into(const TensorView& query, const TensorView&
     plan.batch_major = s.extra > 0;
     plan.use_packed = true;
     plan.head_major = true;
-    const detail::Operand xq = detail::as_rows(query, ws.input_copy[0]);
-    const detail::Operand xk = plan.self_attention ? xq : detail::as_rows(key, ws.input_copy[1]);
-    const detail::Operand xv = plan.shared_kv ? xk : detail::as_rows(value, ws.input_copy[2]);
+    const detail::Operand xq = detail::as_rows(query, ws.input_copy[0], detail::kQueryRows);
+    const detail::Operand xk = plan.self_attention ? xq : detail::as_rows(key, ws.input_copy[1], detail::kKeyRows);
+    const detail::Operand xv = plan.shared_kv ? xk : detail::as_rows(value, ws.input_copy[2], detail::kValueRows);
     detail::Projected p = detail::project_qkv(*this, s, xq, xk, xv, plan, ws);
     if (mid != DType::f32) p = detail::round_projected(p, mid, ws);
 

@@ -114,7 +114,7 @@ void MultiHeadAttention::forward_incremental_into(const TensorView& x_new, KVCac
     // ---- Q K V of the new tokens: one GEMM (N, E)·[W_Q; W_K; W_V]ᵀ → (N, E + 2·E_kv) ----
     const detail::InputWeights w = detail::input_weights(*this, true);
     float* qkv = detail::ensure(ws.proj_q, Shape{N, n}, "the MHA layer's projected Q, K and V");
-    detail::linear(detail::as_rows(x_new, ws.input_copy[0]), N, E, E, w.wq, n, w.bias, qkv, n);
+    detail::linear(detail::as_rows(x_new, ws.input_copy[0], detail::kNewTokenRows), N, E, E, w.wq, n, w.bias, qkv, n);
     const TensorView Q = detail::heads_view(qkv, n, 0, l.rows, B, h, T, dh);
     const TensorView K = detail::heads_view(qkv, n, E, l.rows, B, hkv, T, dh);
     const TensorView V = detail::heads_view(qkv, n, E + Ekv, l.rows, B, hkv, T, dh);

@@ -97,13 +97,13 @@ Tensor run_packed(const MultiHeadAttention& layer, const TensorView& query, cons
 
     Tensor copies[3];
     if (keep != nullptr) {  // owned float32 rows: the state outlives the caller's tensors
-        copies[0] = to_dtype(query, DType::f32);
-        copies[1] = to_dtype(key, DType::f32);
-        copies[2] = to_dtype(value, DType::f32);
+        copies[0] = to_dtype(query, DType::f32, "the MHA layer's packed training state's float32 copy of query");
+        copies[1] = to_dtype(key, DType::f32, "the MHA layer's packed training state's float32 copy of key");
+        copies[2] = to_dtype(value, DType::f32, "the MHA layer's packed training state's float32 copy of value");
     }
-    const detail::Operand xq = detail::as_rows(keep ? copies[0].view() : query, copies[0]);
-    const detail::Operand xk = detail::as_rows(keep ? copies[1].view() : key, copies[1]);
-    const detail::Operand xv = detail::as_rows(keep ? copies[2].view() : value, copies[2]);
+    const detail::Operand xq = detail::as_rows(keep ? copies[0].view() : query, copies[0], detail::kQueryRows);
+    const detail::Operand xk = detail::as_rows(keep ? copies[1].view() : key, copies[1], detail::kKeyRows);
+    const detail::Operand xv = detail::as_rows(keep ? copies[2].view() : value, copies[2], detail::kValueRows);
     const detail::InputWeights w = detail::input_weights(layer, keep == nullptr);  // inference: pre-packed weights
     Tensor q(DType::f32, Shape{Tq, E}, false, "the MHA layer's projected Q"),
         k(DType::f32, Shape{Tk, Ekv}, false, "the MHA layer's projected K"),

@@ -22,9 +22,9 @@ namespace {
 bool gemm_dtype(DType dt) { return dt == DType::f32 || dt == DType::f16 || dt == DType::bf16; }
 }  // namespace
 
-Operand as_rows(const TensorView& x, Tensor& copy) {
+Operand as_rows(const TensorView& x, Tensor& copy, const char* what) {
     if (gemm_dtype(x.dtype()) && x.is_contiguous()) return Operand(x.data(), x.dtype());
-    copy = to_dtype(x, gemm_dtype(x.dtype()) ? x.dtype() : DType::f32);
+    copy = to_dtype(x, gemm_dtype(x.dtype()) ? x.dtype() : DType::f32, what);
     return Operand(copy.data(), copy.dtype());
 }
 

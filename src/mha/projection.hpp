@@ -20,8 +20,15 @@ void* ensure(Tensor& t, DType dt, const Shape& shape, const char* what = "a buff
 // Rows of an input as a (rows, features) matrix with unit column stride, for the projection
 // GEMM: the input itself when it is contiguous float32, float16 or bfloat16 (the GEMM widens
 // 16-bit rows while packing), else a copy kept in `copy` (float64 → float32; a strided
-// 16-bit input stays 16-bit).
-Operand as_rows(const TensorView& x, Tensor& copy);
+// 16-bit input stays 16-bit). `what` names the copy in an out-of-memory message: one of the names
+// below (a name built here would be an allocation of its own, refused as a bare std::bad_alloc).
+Operand as_rows(const TensorView& x, Tensor& copy, const char* what);
+// Which argument is copied, and why.
+inline constexpr const char* kQueryRows = "the MHA layer's copy of query, strided or float64, as the contiguous rows its projection GEMM reads";
+inline constexpr const char* kKeyRows = "the MHA layer's copy of key, strided or float64, as the contiguous rows its projection GEMM reads";
+inline constexpr const char* kValueRows = "the MHA layer's copy of value, strided or float64, as the contiguous rows its projection GEMM reads";
+inline constexpr const char* kNewTokenRows =
+    "the MHA layer's copy of x_new, strided or float64, as the contiguous rows its projection GEMM reads";
 
 // The dtype of a layer output: `requested` if set (float32, float16 or bfloat16), else the
 // input's when it is 16-bit, else float32. `what` names the option in the error.

@@ -771,6 +771,32 @@ TEST(AllocFailures, MhaForwardRefusalsAreOutOfMemoryNamingTheReturnedTensors) {
     }
 }
 
+// The MHA layer copies an input the projection GEMM cannot read in place (strided, or float64)
+// into contiguous rows (projection.hpp, as_rows): a refusal of that copy names it — which
+// argument, and why it is copied — where it said "a tensor". Self-attention on a strided view:
+// query is copied, and key and value are that copy.
+TEST(AllocFailures, MhaInputCopyRefusalNamesTheArgument) {
+    MhaCall call(MhaCase{"self-attention", false, std::nullopt, {}});
+    const Tensor batch_first = random_f32(Shape{2, 5, 16}, 160);
+    const TensorView x = batch_first.view().transpose(0, 1);  // (5, 2, 16) seq-first, not contiguous
+    const std::string copy = "the MHA layer's copy of query, strided or float64, as the contiguous rows its projection GEMM reads";
+    int named = 0;
+    for (int let_through = 0; let_through < 1000; ++let_through) {
+        attn::test::poison(call.out);
+        const Said s = refused_on_fresh_thread(Refuse::caller, let_through, [&] {
+            const TensorView wv = call.weights.view();
+            call.m.forward_into(x, x, x, call.opt, call.out, &wv);
+        });
+        if (s.what == "no error") break;
+        EXPECT_TRUE(attn::test::still_poisoned(call.out)) << s.what;
+        EXPECT_EQ(s.what.find("a tensor"), std::string::npos) << s.what;
+        if (s.what.find(copy) == std::string::npos) continue;
+        ++named;
+        expect_named(s, copy + " (float32) of shape (5, 2, 16)");
+    }
+    EXPECT_EQ(named, 1) << "the copy of query is one allocation, refused once";
+}
+
 // MultiHeadAttention::forward_incremental_into, one new token of 2 sequences after 5 in the
 // cache: each operator new refused in turn, on one thread, is attn::OutOfMemory naming what it
 // was for (its checks as one step, the lengths it restores, decode_attention's own), the output
