@@ -11,9 +11,11 @@
 //   bwd_qo   bwd_pk with Q, O, dO, dQ head-major, K, V, dK, dV packed
 //   bwd_vl   sdpa_varlen_backward on the packed tensors
 //   copy     the head-major K/V copy of every sequence of >= 256 tokens (head_major.cpp's work)
+//   vl_dec   sdpa_varlen with one query per sequence on the same keys: the decode kernel, each
+//            sequence a call of its own (its rows staged: src/varlen/staging.hpp)
 // Wall and process CPU time per call (min and median of --runs); run with OMP_WAIT_POLICY=passive
 // on a loaded machine so that idle threads do not burn CPU time.
-// Usage: varlen_lab [threads=2] [runs=5]
+// Usage: varlen_lab [threads=2] [runs=5] [only: the names to run, e.g. bwd_vl,vl_dec]
 #include <sys/resource.h>
 #include <time.h>
 
@@ -103,6 +105,15 @@ int main(int argc, char** argv) {
     auto want = [&](const char* n) { return only.empty() || only.find(n) != std::string::npos; };
 
     if (want("varlen")) time_it("varlen", runs, [&] { sdpa_varlen(q, k, v, cq, cq, opt, o, nullptr, nullptr); });
+    if (want("vl_dec")) {  // one new token per sequence after its keys: decode (auto), with lse
+        Tensor q1(DType::f32, Shape{N, H, D}), o1(DType::f32, Shape{N, H, D}), l1(DType::f32, Shape{N, H}), c1(DType::i64, Shape{N + 1});
+        fill(q1, 4);
+        for (std::int64_t b = 0; b <= N; ++b) c1.data_as<std::int64_t>()[b] = b;
+        SdpaOptions step;
+        step.causal = Causal::bottom_right;
+        const TensorView lv = l1.view();
+        time_it("vl_dec", runs, [&] { sdpa_varlen(q1, k, v, c1, cq, step, o1, &lv, nullptr); });
+    }
 
     // Head-major per-sequence copies (also the padded batch's source).
     std::vector<Tensor> hq, hk, hv, ho;

@@ -61,9 +61,11 @@ void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const Tensor
                           const TensorView& dq, const TensorView& dk, const TensorView& dv,
                           SdpaReport* report = nullptr, const TensorView* dsinks = nullptr);
 
-// sdpa_varlen and sdpa_varlen_backward copy long sequences' K/V (and, in the backward, Q/dO and
-// the gradients) into a head-major buffer on 2 MiB pages, at most 256 MiB, and keep that buffer
-// for the next call: allocating it afresh cost its page faults on every call (V1 in BENCHMARKS.md:
+// sdpa_varlen and sdpa_varlen_backward copy long sequences' K/V (and, in the backward, Q/dO)
+// into a head-major buffer on 2 MiB pages, at most 256 MiB of copies — the backward's buffer also
+// holds its staged gradients, the size of dq, dk and dv, written there and copied into them once
+// every sequence has run, so that a refused call writes none — and keep that buffer for the next
+// call: allocating it afresh cost its page faults on every call (V1 in BENCHMARKS.md:
 // ~160 ms of CPU time per call on 2 threads). It stays allocated after the call returns;
 // release_varlen_scratch() frees it now (the next call allocates again). Safe to call at any
 // time, also while other threads run sdpa_varlen (a running call keeps its buffer until it ends).

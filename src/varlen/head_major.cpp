@@ -57,7 +57,7 @@ std::atomic<std::int64_t> budget{kHeadMajorBudget};
 
 }  // namespace
 
-HeadMajorScratch::HeadMajorScratch(std::int64_t bytes) {
+HeadMajorScratch::HeadMajorScratch(std::int64_t bytes, const char* what) {
     {
         std::unique_ptr<HugeBuffer> small;  // freed outside the lock, before the new allocation
         const std::lock_guard<std::mutex> lock(kept_mutex);
@@ -70,7 +70,7 @@ HeadMajorScratch::HeadMajorScratch(std::int64_t bytes) {
         small = std::move(kept);
         kept_bytes = 0;
     }
-    buf_ = std::make_unique<HugeBuffer>(bytes, "sdpa_varlen head-major K/V");
+    buf_ = std::make_unique<HugeBuffer>(bytes, what);
     bytes_ = bytes;
 }
 
@@ -129,13 +129,9 @@ TensorView head_major_view(const TensorView& like, float* dst) {
 
 TensorView copy_head_major(const TensorView& src, float* dst) {
     const TensorView d = head_major_view(src, dst);
-    copy_rows(src, d);
-    return d;
-}
-
-void copy_rows(const TensorView& src, const TensorView& dst) {
 #pragma omp parallel num_threads(num_threads())
-    copy_rows_for(src, dst);
+    copy_rows_for(src, d);
+    return d;
 }
 
 std::unique_ptr<HeadMajorScratch> head_major_kv(std::vector<SdpaProblem>& ps) {

@@ -26,8 +26,9 @@ namespace attn::detail {
 // key tile is read by several query blocks.
 bool head_major_pays(const SdpaProblem& p);
 
-// The buffer of one call's copies. The process keeps one such buffer between calls (the
-// largest returned, at most the budget: 256 MiB) and the next call reuses it: a fresh buffer
+// The buffer of one call's copies (and the backward's staged gradients: staging.hpp). The process
+// keeps one such buffer between calls (the largest returned: at most the budget, 256 MiB, for the
+// copies alone, plus the size of dq, dk and dv for a backward) and the next call reuses it: a fresh buffer
 // costs its page faults and the kernel's zeroing of every page on every call, and that cost
 // grows with the threads (dev/varlen_lab.cpp on V1: 21 ms of system time per call on 1 thread,
 // 166 ms on 2 — threads faulting on one address space — against 0–3 ms with the buffer reused;
@@ -35,7 +36,8 @@ bool head_major_pays(const SdpaProblem& p);
 // (one of them the kept one); only one is kept.
 class HeadMajorScratch {
 public:
-    explicit HeadMajorScratch(std::int64_t bytes);  // the kept buffer when it is big enough
+    // The kept buffer when it is big enough; else a new one, `what` in its out-of-memory message.
+    explicit HeadMajorScratch(std::int64_t bytes, const char* what = "sdpa_varlen head-major K/V");
     ~HeadMajorScratch();                            // kept for the next call (the larger of two)
     HeadMajorScratch(const HeadMajorScratch&) = delete;
     HeadMajorScratch& operator=(const HeadMajorScratch&) = delete;
@@ -62,8 +64,9 @@ std::unique_ptr<HeadMajorScratch> head_major_kv(std::vector<SdpaProblem>& ps);
 // 4 KiB apart in the packed layout, the L1 set conflict above on the hot side. dev/varlen_lab.cpp
 // on V1, 1 thread: 42 % more CPU time on packed views than on head-major tensors; Q, O, dO, dQ
 // head-major recover all of it, K, V, dK, dV a third. True when sequence problem p is long
-// enough for its backward to read Q, dO, K, V and write dQ, dK, dV through head-major copies
-// (those of them that strided_rows); the copies are O(L·H·D) against O(Lq·Lk·H·D).
+// enough for its backward to read Q, dO, K, V through head-major copies (those of them that
+// strided_rows); the copies are O(L·H·D) against O(Lq·Lk·H·D). Its dQ, dK, dV are written
+// head-major whatever its length: to the call's staged views (staging.hpp).
 bool head_major_backward_pays(const SdpaProblem& p);
 // float32 (1, H, L, D) rows with a contiguous head dim but keys not adjacent: the packed layout.
 bool strided_rows(const TensorView& t);
@@ -71,10 +74,9 @@ bool strided_rows(const TensorView& t);
 // The contiguous (1, H, L, D) float32 view at dst with the shape of `like` (1, H, L, D).
 TensorView head_major_view(const TensorView& like, float* dst);
 // src (1, H, L, D) float32, unit inner stride, into dst as a contiguous (1, H, L, D) tensor, whose
-// view is returned; and back (copy_rows: float32 views of the same shape, unit inner strides). One parallel
-// region each on attn::num_threads() threads.
+// view is returned. One parallel region on attn::num_threads() threads. (The way back, from the
+// backward's head-major gradients, is the staged views' commit: staging.hpp.)
 TensorView copy_head_major(const TensorView& src, float* dst);
-void copy_rows(const TensorView& src, const TensorView& dst);
 
 // The budget head_major_kv (and the backward's copies) use: kHeadMajorBudget, or a test's (ScopedHeadMajorBudget).
 std::int64_t head_major_budget();

@@ -21,6 +21,7 @@
 #include "head_major.hpp"
 #include "packed.hpp"
 #include "run_sequences.hpp"
+#include "staging.hpp"
 #include "varlen_call.hpp"
 
 namespace attn {
@@ -123,11 +124,14 @@ void run_varlen_call(VarlenCall call, const TensorView& q, const TensorView& k, 
     // The sequences the dispatch gives to flash run as one batch: one task list over
     // (sequence, head, query block), longest first, in one parallel region (flash.hpp
     // flash_forward_batch), the long ones on head-major copies of their K/V (head_major.hpp).
-    // The others (decode, reference) run one by one or side by side (run_sequences.hpp).
+    // The others (decode, reference) run one by one or side by side (run_sequences.hpp), each
+    // kernel call sizing its own buffers: they write staged outputs, copied into out and lse once
+    // every sequence has run (staging.hpp), so that a refusal in a later one leaves them as they were.
     std::vector<SdpaProblem> batch;
     std::vector<std::size_t> others;
     std::vector<ForwardChoice> choices;  // others[n]'s kernel
     SequenceOrder order;                 // of others
+    StagedOutputs staged;                // others[n]'s out, then its lse
     const KernelSet* flash_kernels = nullptr;
     SdpaReport whole;  // the call's report, made before anything is written
     naming_bookkeeping(kBookkeeping, [&] {
@@ -161,6 +165,10 @@ void run_varlen_call(VarlenCall call, const TensorView& q, const TensorView& k, 
                 choices.push_back(choose_forward(problems[i], options.impl, report != nullptr));
                 if (report != nullptr) reports[i] = choices.back().text;
             }
+        }
+        for (const std::size_t i : others) {
+            staged.add(problems[i].out);
+            if (lse != nullptr) staged.add(*problems[i].lse);
         }
         order = order_sequences(others.size(), [&](std::size_t n) {
             return problems[others[n]].Hq * ((problems[others[n]].Lq + 63) / 64);
@@ -202,10 +210,21 @@ void run_varlen_call(VarlenCall call, const TensorView& q, const TensorView& k, 
     // bookkeeping; the buffer names itself.
     std::unique_ptr<HeadMajorScratch> copies;
     naming_bookkeeping(kBookkeeping, [&] { copies = head_major_kv(batch); });
+    if (!others.empty()) {
+        staged.allocate("sdpa_varlen's staged out and lse of its decode and reference sequences");
+        const std::size_t per_sequence = lse != nullptr ? 2 : 1;
+        for (std::size_t n = 0; n < others.size(); ++n) {
+            SdpaProblem& p = problems[others[n]];
+            p.out = staged.staged(per_sequence * n);
+            if (lse != nullptr) p.lse = staged.staged(per_sequence * n + 1);
+        }
+    }
 
     run_sequences(order, [&](std::size_t n) { run_chosen(problems[others[n]], choices[n], nullptr); });
     if (!batch.empty()) flash_forward_batch(batch.data(), batch.size(), *flash_kernels);
-    // Last, as it allocates nothing: the fully-masked-row rule, out 0, lse −inf (σ_h with sinks).
+    // Last, as they allocate nothing: the staged rows into out and lse, and the fully-masked-row
+    // rule, out 0, lse −inf (σ_h with sinks).
+    staged.commit();
     for (std::int64_t b : keyless) {
         const PackedSequence& s = pb.seqs[static_cast<std::size_t>(b)];
         const TensorView lse_rows = lse ? lse->slice(0, s.q0, s.lq) : TensorView{};

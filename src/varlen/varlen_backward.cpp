@@ -1,10 +1,10 @@
 // attn::sdpa_varlen_backward: sdpa_backward per sequence, on strided views of the packed
 // tensors. Every check of sdpa_backward is made on the packed tensors (and every sequence's
-// problem built) before the first gradient is written.
+// problem built) before the first gradient is written; the sequences write staged gradients,
+// copied into dq, dk and dv once every sequence has run (staging.hpp): all or nothing.
 #include <algorithm>
 #include <cmath>
 #include <memory>
-#include <new>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,15 +20,16 @@
 #include "../sdpa/problem.hpp"
 #include "head_major.hpp"
 #include "packed.hpp"
+#include "staging.hpp"
 
 namespace attn {
 namespace {
 
 constexpr std::string_view kOp = "sdpa_varlen_backward";
-// Up to the first sequence's backward, a call allocates only bookkeeping — its checks' lists of
-// tensors, the sequences' table, which sequences run on head-major copies, the report's first
-// line —: a refusal there is attn::OutOfMemory saying so (it was a bare std::bad_alloc), and no
-// gradient is written yet. The copies' scratch and each sequence's sdpa_backward name their own.
+// Besides the sequences' backwards, a call allocates only bookkeeping — its checks' lists of
+// tensors, the sequences' table, which sequences run on head-major copies, the staged views, the
+// report's text —: a refusal there is attn::OutOfMemory saying so (it was a bare std::bad_alloc),
+// and no gradient is written yet. The scratch and each sequence's sdpa_backward name their own.
 constexpr const char* kBookkeeping = "sdpa_varlen_backward's argument checks and report text";
 
 }  // namespace
@@ -64,22 +65,22 @@ void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const Tensor
         const auto rows_k = [&](const TensorView& t) { return detail::sequence_rows(t, s.k0, s.lk); };
         return Views{{rows_q(q), rows_q(grad_out), rows_k(k), rows_k(v)}, {rows_q(dq), rows_k(dk), rows_k(dv)}};
     };
-    // The floats of b's head-major copies: its views in the packed layout (detail::strided_rows).
-    // No overflow: each view's elements already exist.
-    // Floats of the head-major copies of a sequence's strided rows; nullopt when their bytes
-    // cannot be counted in 64 bits (broadcast K/V: far more elements than memory) — no copy then.
+    // Floats of the head-major copies of a sequence's strided input rows (detail::strided_rows);
+    // nullopt when their bytes cannot be counted in 64 bits (broadcast K/V: far more elements than
+    // memory) — no copy then. Its outputs are staged views, contiguous already.
     const auto copy_floats = [&](const Views& w) -> std::optional<std::int64_t> {
         std::optional<std::int64_t> n = 0;
-        for (const TensorView* t : {&w.in[0], &w.in[1], &w.in[2], &w.in[3], &w.out[0], &w.out[1], &w.out[2]})
-            if (n && detail::strided_rows(*t)) n = detail::size_add(*n, t->numel());
+        for (const TensorView& t : w.in)
+            if (n && detail::strided_rows(t)) n = detail::size_add(*n, t.numel());
         return n && detail::size_mul(*n, std::int64_t{sizeof(float)}) ? n : std::nullopt;
     };
-    // Every sequence's problem, checked before anything is written; and the long sequences whose
-    // backward reads and writes head-major copies (head_major.hpp, head_major_backward_pays) while
-    // their copies fit the budget, with the floats of the largest (one scratch serves them one
-    // after another).
+    // Every sequence's problem, checked before anything is written; the long sequences whose
+    // backward reads head-major copies (head_major.hpp, head_major_backward_pays) while their
+    // copies fit the budget, with the floats of the largest (one region of the scratch serves them
+    // one after another); and every sequence's staged dQ, dK, dV, after that region.
     std::vector<char> head_major;
     std::int64_t scratch_floats = 0;
+    detail::StagedOutputs staged;    // dQ, dK, dV of each sequence with queries and keys, in order
     std::vector<double> dsinks_sum;  // dsinks: each sequence's, summed in sequence order
     std::string first_line;          // the report's
     std::unique_ptr<detail::HeadMajorScratch> scratch;
@@ -97,67 +98,67 @@ void sdpa_varlen_backward(const TensorView& q, const TensorView& k, const Tensor
                                      detail::sequence_options(options, static_cast<std::int64_t>(b)),
                                      detail::sequence_rows(out, s.q0, s.lq), &lse_b, nullptr, kOp,
                                      detail::OutLse::read);
-            const std::optional<std::int64_t> n = copy_floats(views_of(s));
+            const Views w = views_of(s);
+            const std::optional<std::int64_t> n = copy_floats(w);
             if (options.impl != Impl::reference && detail::head_major_backward_pays(p) && n && *n > 0 &&
                 *n * std::int64_t{sizeof(float)} <= detail::head_major_budget()) {
                 head_major[b] = 1;
                 scratch_floats = std::max(scratch_floats, *n);
             }
+            for (const TensorView& t : w.out) staged.add(t);
         }
         dsinks_sum.assign(static_cast<std::size_t>(pb.Hq), 0.0);
         dsinks_b = Tensor(DType::f64, Shape{dsinks ? pb.Hq : 1});
-        if (scratch_floats > 0)
-            scratch = std::make_unique<detail::HeadMajorScratch>(scratch_floats * std::int64_t{sizeof(float)});
+        // One buffer, kept for the next call (head_major.hpp): a fresh one per call paid its page
+        // faults; and those of threads faulting on one address space cost more than the copies.
+        const std::int64_t copies_bytes = (scratch_floats * std::int64_t{sizeof(float)} + 63) / 64 * 64;
+        if (copies_bytes + staged.bytes() > 0) {
+            scratch = std::make_unique<detail::HeadMajorScratch>(
+                copies_bytes + staged.bytes(), "sdpa_varlen_backward's staged dQ, dK, dV and head-major copies");
+            staged.place(reinterpret_cast<char*>(scratch->data()) + copies_bytes);
+        }
         if (report != nullptr)
             first_line = std::to_string(pb.seqs.size()) + " packed sequences, each through sdpa_backward\n";
     });
 
     // Sequences run one after another: each backward spreads its (head, key block) tasks
-    // over all threads; the long ones on head-major copies (scratch above).
+    // over all threads; the long ones on head-major copies (scratch above), each into its staged
+    // dQ, dK, dV.
     SdpaReport last;
     const TensorView dsinks_bv = dsinks_b.view();
+    std::size_t next_staged = 0;
     for (std::size_t b = 0; b < pb.seqs.size(); ++b) {
         const detail::PackedSequence& s = pb.seqs[b];
-        if (s.lk == 0) {  // no key: its queries get no gradient
-            detail::fill(dq.slice(0, s.q0, s.lq), 0.0);
-            continue;
-        }
-        if (s.lq == 0) {  // no query reads these keys
-            detail::fill(dk.slice(0, s.k0, s.lk), 0.0);
-            detail::fill(dv.slice(0, s.k0, s.lk), 0.0);
-            continue;
-        }
-        const Views packed = views_of(s);
-        Views w = packed;
+        if (s.lq == 0 || s.lk == 0) continue;  // zero gradients, written with the staged ones
+        Views w = views_of(s);
         if (head_major[b]) {  // the same values head-major, so the same bits
             float* at = scratch->data();
             for (TensorView& t : w.in)
                 if (detail::strided_rows(t)) t = detail::copy_head_major(t, at), at += t.numel();
-            for (TensorView& t : w.out)
-                if (detail::strided_rows(t)) t = detail::head_major_view(t, at), at += t.numel();
         }
+        for (TensorView& t : w.out) t = staged.staged(next_staged++);
         sdpa_backward(w.in[0], w.in[2], w.in[3], detail::sequence_rows(out, s.q0, s.lq),
                       detail::sequence_lse(lse, s.q0, s.lq), w.in[1],
                       detail::sequence_options(options, static_cast<std::int64_t>(b)), w.out[0], w.out[1], w.out[2],
                       report ? &last : nullptr, dsinks ? &dsinks_bv : nullptr);
-        for (int i = 0; i < 3; ++i)
-            if (w.out[i].data() != packed.out[i].data()) detail::copy_rows(w.out[i], packed.out[i]);
         if (dsinks)
             for (std::int64_t h = 0; h < pb.Hq; ++h) dsinks_sum[static_cast<std::size_t>(h)] += dsinks_b.data_as<double>()[h];
+    }
+    // The last sequence's report is known only once it has run: its text joins the first line
+    // before any gradient is written. From here on nothing allocates.
+    if (report != nullptr) detail::naming_bookkeeping(kBookkeeping, [&] { first_line += last.explanation; });
+    staged.commit();
+    for (const detail::PackedSequence& s : pb.seqs) {
+        if (s.lk == 0) detail::fill(dq.slice(0, s.q0, s.lq), 0.0);  // no key: its queries get no gradient
+        if (s.lq == 0) {                                            // no query reads these keys
+            detail::fill(dk.slice(0, s.k0, s.lk), 0.0);
+            detail::fill(dv.slice(0, s.k0, s.lk), 0.0);
+        }
     }
     if (dsinks)
         for (std::int64_t h = 0; h < pb.Hq; ++h)
             detail::store(*dsinks, dsinks->offset(h), dsinks_sum[static_cast<std::size_t>(h)]);
     if (report != nullptr) {
-        // The last sequence's report is known only once it has run: its text joins the first line
-        // after the gradients are written, so a refusal of those bytes says so.
-        try {
-            first_line += last.explanation;
-        } catch (const std::bad_alloc&) {
-            detail::throw_out_of_memory(
-                static_cast<std::int64_t>(first_line.size() + last.explanation.size() + 1),
-                "sdpa_varlen_backward's report text (after the gradients were written)");
-        }
         report->kernel = std::move(last.kernel);
         report->explanation = std::move(first_line);
     }

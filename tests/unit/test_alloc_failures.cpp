@@ -372,11 +372,8 @@ std::function<void(const std::bad_alloc&)> naming_one_of(const std::vector<std::
 // sets up once (the kernel table's row and its reason, on the first call) would otherwise be done
 // inside the sweep, and every allocation after it counted two places earlier from then on — run
 // alone, a sweep never refused the kernel's buffers. The completed call writes `out`.
-// `untouched_after(said)`: whether a refusal with that message must leave `out` and `lse` as they
-// were (default: every refusal; sdpa_varlen's per-sequence kernels write sequence by sequence).
 void sweep_forward_refusals(const std::function<void()>& call, Tensor& out, Tensor& lse,
-                            const std::vector<std::string>& names,
-                            const std::function<bool(const std::string&)>& untouched_after = {}) {
+                            const std::vector<std::string>& names) {
     call();
     attn::test::poison(out);
     attn::test::poison(lse);
@@ -384,10 +381,8 @@ void sweep_forward_refusals(const std::function<void()>& call, Tensor& out, Tens
     std::string said;
     const int failures = sweep(call,
                                [&](long n) {
-                                   if (!untouched_after || untouched_after(said)) {
-                                       EXPECT_TRUE(attn::test::still_poisoned(out)) << "allocation " << n << ": " << said;
-                                       EXPECT_TRUE(attn::test::still_poisoned(lse)) << "allocation " << n << ": " << said;
-                                   }
+                                   EXPECT_TRUE(attn::test::still_poisoned(out)) << "allocation " << n << ": " << said;
+                                   EXPECT_TRUE(attn::test::still_poisoned(lse)) << "allocation " << n << ": " << said;
                                    attn::test::poison(out);
                                    attn::test::poison(lse);
                                },
@@ -459,16 +454,29 @@ TEST(AllocFailures, DecodeAttentionWritesNothingWhenAnAllocationFails) {
     sweep_forward_refusals([&] { attn::decode_attention(q, cache, step, out, &lse_view); }, out, lse, names);
 }
 
-// attn::sdpa_varlen on four packed sequences (5, 7, 9 and 3 queries on 9, 11, 13 and no keys;
-// causal, with lse), one kernel per case, each allocation refused in turn as in
-// sweep_forward_refusals: every refusal is attn::OutOfMemory naming exactly one of `names`, each
-// refused at least once. Its checks (and cu_seqlens' copies), the split of its sequences among the
-// kernels and the report's text are one bookkeeping step before anything is written — their lists
-// and strings were a bare std::bad_alloc (27 in a sweep of forward_packed), and so was the slice
-// the sequence without keys is filled through, now last — and flash runs every sequence in one
-// call: `out` and `lse` stay poisoned on every refusal. Decode and the reference run the sequences
-// in turn, each kernel taking its own buffers: a refusal in a later sequence's kernel leaves the
-// earlier ones written, so there only a bookkeeping refusal must leave them poisoned.
+// The four packed sequences of the varlen sweeps: 5, 7, 9 and 3 queries on 9, 11, 13 and no keys,
+// Hq = 4 on Hkv = 2, head dims 16.
+struct FourSequences {
+    static constexpr std::int64_t hq = 4, hkv = 2, d = 16;
+    Tensor q, k, v, cu_q{DType::i32, Shape{5}}, cu_k{DType::i32, Shape{5}};
+    explicit FourSequences(std::uint64_t seed)
+        : q(random_f32({24, hq, d}, seed)), k(random_f32({33, hkv, d}, seed + 1)), v(random_f32({33, hkv, d}, seed + 2)) {
+        const std::int32_t starts_q[] = {0, 5, 12, 21, 24}, starts_k[] = {0, 9, 20, 33, 33};
+        std::copy(std::begin(starts_q), std::end(starts_q), cu_q.data_as<std::int32_t>());
+        std::copy(std::begin(starts_k), std::end(starts_k), cu_k.data_as<std::int32_t>());
+    }
+};
+
+// attn::sdpa_varlen on the four sequences (causal), one kernel per case, with and without lse, each
+// allocation refused in turn as in sweep_forward_refusals: every refusal is attn::OutOfMemory
+// naming exactly one of `names`, each refused at least once, and `out` and `lse` stay poisoned.
+// Its checks (and cu_seqlens' copies), the split of its sequences among the kernels and the
+// report's text are one bookkeeping step before anything is written — their lists and strings
+// were a bare std::bad_alloc (27 in a sweep of forward_packed), and so was the slice the sequence
+// without keys is filled through, now last. Flash runs every sequence in one call; decode and the
+// reference run the sequences in turn, each kernel call taking its own buffers, so a refusal in a
+// later sequence's kernel left the earlier sequences' rows written: they write staged rows now,
+// copied into `out` and `lse` once every sequence has run (src/varlen/staging.hpp).
 TEST(AllocFailures, SdpaVarlenRefusalsAreNamedAndWriteNothing) {
     const attn::ScopedNumThreads one(1);
     const std::string checks =
@@ -478,108 +486,107 @@ TEST(AllocFailures, SdpaVarlenRefusalsAreNamedAndWriteNothing) {
         const char* name;
         attn::Impl impl;
         std::vector<std::string> kernel;  // what a refusal of the kernel may name
-        bool one_call;                    // the kernel runs every sequence at once
     };
-    const std::int64_t hq = 4, hkv = 2, d = 16;
-    const Tensor q = random_f32({24, hq, d}, 7), k = random_f32({33, hkv, d}, 8), v = random_f32({33, hkv, d}, 9);
-    Tensor cu_q(DType::i32, Shape{5}), cu_k(DType::i32, Shape{5});
-    const std::int32_t starts_q[] = {0, 5, 12, 21, 24}, starts_k[] = {0, 9, 20, 33, 33};
-    std::copy(std::begin(starts_q), std::end(starts_q), cu_q.data_as<std::int32_t>());
-    std::copy(std::begin(starts_k), std::end(starts_k), cu_k.data_as<std::int32_t>());
+    const FourSequences s(7);
     for (const Case& c :
          {Case{"decode", attn::Impl::decode,
                {" for the decode kernel's key interval of every query row",
-                " for the decode kernel's scratch (one per thread) and split partials"},
-               false},
-          Case{"flash", attn::Impl::flash, {" for the flash kernel's list of problems"}, true},
+                " for the decode kernel's scratch (one per thread) and split partials"}},
+          Case{"flash", attn::Impl::flash, {" for the flash kernel's list of problems"}},
           Case{"reference", attn::Impl::reference,
-               {" for the reference kernel's list of per-thread buffers", "the reference kernel keeps one head's"}, false}}) {
-        SCOPED_TRACE(c.name);
-        std::vector<std::string> names = {checks};
-        names.insert(names.end(), tables.begin(), tables.end());
-        names.insert(names.end(), c.kernel.begin(), c.kernel.end());
-        attn::SdpaOptions opt;
-        opt.impl = c.impl;
-        opt.causal = attn::Causal::bottom_right;
-        Tensor out = attn::test::poisoned(DType::f32, {24, hq, d});
-        Tensor lse = attn::test::poisoned(DType::f32, {24, hq});
-        const TensorView lse_view = lse;
-        attn::SdpaReport report;
-        const auto call = [&] { attn::sdpa_varlen(q, k, v, cu_q, cu_k, opt, out, &lse_view, &report); };
-        sweep_forward_refusals(call, out, lse, names, [&](const std::string& said) {
-            return c.one_call || said.find(checks) != std::string::npos;
-        });
-        EXPECT_NE(report.kernel.find(c.name), std::string::npos) << report.kernel;  // the kernel asked for ran
-    }
+               {" for the reference kernel's list of per-thread buffers", "the reference kernel keeps one head's"}}})
+        for (const bool with_lse : {true, false}) {
+            SCOPED_TRACE(std::string(c.name) + (with_lse ? ", with lse" : ", without lse"));
+            std::vector<std::string> names = {checks};
+            names.insert(names.end(), tables.begin(), tables.end());
+            names.insert(names.end(), c.kernel.begin(), c.kernel.end());
+            attn::SdpaOptions opt;
+            opt.impl = c.impl;
+            opt.causal = attn::Causal::bottom_right;
+            Tensor out = attn::test::poisoned(DType::f32, {24, s.hq, s.d});
+            Tensor lse = attn::test::poisoned(DType::f32, {24, s.hq});  // poisoned throughout when not given
+            const TensorView lse_view = lse;
+            attn::SdpaReport report;
+            const auto call = [&] {
+                attn::sdpa_varlen(s.q, s.k, s.v, s.cu_q, s.cu_k, opt, out, with_lse ? &lse_view : nullptr, &report);
+            };
+            sweep_forward_refusals(call, out, lse, names);
+            EXPECT_NE(report.kernel.find(c.name), std::string::npos) << report.kernel;  // the kernel asked for ran
+        }
 }
 
-// attn::sdpa_varlen_backward on the same four sequences, each allocation refused in turn: every
-// refusal is attn::OutOfMemory naming exactly one of `names`, each refused at least once. Its
-// checks, the sequences' table, the head-major plan and the report's first line are one
-// bookkeeping step before any gradient is written (they were a bare std::bad_alloc): a refusal
-// there leaves dq, dk and dv poisoned. Each sequence then runs its own sdpa_backward, which takes
-// its own buffers, so a later sequence's refusal leaves the earlier ones' gradients written; and
-// the report's text, the last sequence's joined to the first line, is made after them.
-TEST(AllocFailures, SdpaVarlenBackwardRefusalsAreNamed) {
+// attn::sdpa_varlen_backward on the four sequences, with and without sinks (and dsinks), each
+// allocation refused in turn: every refusal is attn::OutOfMemory naming exactly one of `names`,
+// each refused at least once, and dq, dk, dv (and dsinks) stay poisoned. Its checks, the sequences'
+// table, the head-major plan and the report's text are one bookkeeping step before any gradient is
+// written (they were a bare std::bad_alloc). Each sequence runs its own sdpa_backward, which takes
+// its own buffers: a later sequence's refusal left the earlier ones' gradients written, and the
+// report's text, the last sequence's joined to the first line, was made after the gradients were
+// written. The sequences write staged gradients now, copied into dq, dk and dv once every sequence
+// has run and the report's text is made (src/varlen/staging.hpp).
+TEST(AllocFailures, SdpaVarlenBackwardRefusalsAreNamedAndWriteNothing) {
     const attn::ScopedNumThreads one(1);
     const std::string checks =
         "the few hundred bytes for sdpa_varlen_backward's argument checks and report text; nothing was written";
-    const std::int64_t hq = 4, hkv = 2, d = 16;
-    const Tensor q = random_f32({24, hq, d}, 17), k = random_f32({33, hkv, d}, 18), v = random_f32({33, hkv, d}, 19);
-    const Tensor grad_out = random_f32({24, hq, d}, 20);
-    Tensor cu_q(DType::i32, Shape{5}), cu_k(DType::i32, Shape{5});
-    const std::int32_t starts_q[] = {0, 5, 12, 21, 24}, starts_k[] = {0, 9, 20, 33, 33};
-    std::copy(std::begin(starts_q), std::end(starts_q), cu_q.data_as<std::int32_t>());
-    std::copy(std::begin(starts_k), std::end(starts_k), cu_k.data_as<std::int32_t>());
+    const FourSequences s(17);
+    const Tensor grad_out = random_f32({24, s.hq, s.d}, 20), sinks = random_f32({s.hq}, 21);
     struct Case {
         const char* name;
         attn::Impl impl;
         std::vector<std::string> kernel;  // what a refusal of sdpa_backward's kernel may name
+        std::vector<std::string> sinks;   // and with sinks
     };
     for (const Case& c :
          {Case{"flash", attn::Impl::flash,
                {" for the flash backward's first visible key of every query row",
-                " for the flash backward's end of the visible keys of every query row"}},
+                " for the flash backward's end of the visible keys of every query row"},
+               {" for the flash backward's D = rowsum(dO ∘ O) of every row (for the sinks)"}},
           Case{"reference", attn::Impl::reference,
                {" for the reference backward's list of per-thread buffers",
-                " for the reference backward's sink gradients of every (batch, head)", "the reference kernel keeps one head's"}}}) {
-        SCOPED_TRACE(c.name);
-        attn::SdpaOptions opt;
-        opt.impl = c.impl;
-        opt.causal = attn::Causal::bottom_right;
-        Tensor out(DType::f32, Shape{24, hq, d}), lse(DType::f32, Shape{24, hq});
-        const TensorView lse_view = lse;
-        attn::sdpa_varlen(q, k, v, cu_q, cu_k, opt, out, &lse_view);
-        Tensor dq = attn::test::poisoned(DType::f32, {24, hq, d});
-        Tensor dk = attn::test::poisoned(DType::f32, {33, hkv, d}), dv = attn::test::poisoned(DType::f32, {33, hkv, d});
-        attn::SdpaReport report;
-        const auto call = [&] {
-            attn::sdpa_varlen_backward(q, k, v, cu_q, cu_k, out, lse, grad_out, opt, dq, dk, dv, &report);
-        };
-        call();  // once unrefused: what the process sets up once (sweep_forward_refusals says why)
-        std::vector<std::string> names = {checks, " for cu_seqlens_q", " for cu_seqlens_k", " for the sequences' table",
-                                          "sdpa_backward's argument checks and report text",
-                                          "sdpa_varlen_backward's report text (after the gradients were written)"};
-        names.insert(names.end(), c.kernel.begin(), c.kernel.end());
-        std::vector<int> named(names.size(), 0);
-        std::string said;
-        for (Tensor* t : {&dq, &dk, &dv}) attn::test::poison(*t);
-        const int failures = sweep(
-            call,
-            [&](long n) {
-                for (Tensor* t : {&dq, &dk, &dv}) {
-                    if (said.find(checks) != std::string::npos) {
+                " for the reference backward's sink gradients of every (batch, head)", "the reference kernel keeps one head's"},
+               {}}})
+        for (const bool with_sinks : {false, true}) {
+            SCOPED_TRACE(std::string(c.name) + (with_sinks ? ", with sinks and dsinks" : ", without sinks"));
+            attn::SdpaOptions opt;
+            opt.impl = c.impl;
+            opt.causal = attn::Causal::bottom_right;
+            if (with_sinks) opt.sinks = sinks.view();
+            Tensor out(DType::f32, Shape{24, s.hq, s.d}), lse(DType::f32, Shape{24, s.hq});
+            const TensorView lse_view = lse;
+            attn::sdpa_varlen(s.q, s.k, s.v, s.cu_q, s.cu_k, opt, out, &lse_view);
+            Tensor dq = attn::test::poisoned(DType::f32, {24, s.hq, s.d});
+            Tensor dk = attn::test::poisoned(DType::f32, {33, s.hkv, s.d}), dv = attn::test::poisoned(DType::f32, {33, s.hkv, s.d});
+            Tensor dsinks = attn::test::poisoned(DType::f32, {s.hq});
+            const TensorView dsinks_view = dsinks;
+            attn::SdpaReport report;
+            const auto call = [&] {
+                attn::sdpa_varlen_backward(s.q, s.k, s.v, s.cu_q, s.cu_k, out, lse, grad_out, opt, dq, dk, dv, &report,
+                                           with_sinks ? &dsinks_view : nullptr);
+            };
+            call();  // once unrefused: what the process sets up once (sweep_forward_refusals says why)
+            std::vector<std::string> names = {checks, " for cu_seqlens_q", " for cu_seqlens_k", " for the sequences' table",
+                                              "sdpa_backward's argument checks and report text"};
+            names.insert(names.end(), c.kernel.begin(), c.kernel.end());
+            if (with_sinks) names.insert(names.end(), c.sinks.begin(), c.sinks.end());
+            std::vector<int> named(names.size(), 0);
+            std::string said;
+            const std::vector<Tensor*> gradients = {&dq, &dk, &dv, &dsinks};
+            for (Tensor* t : gradients) attn::test::poison(*t);
+            const int failures = sweep(
+                call,
+                [&](long n) {
+                    for (Tensor* t : gradients) {
                         EXPECT_TRUE(attn::test::still_poisoned(*t)) << "allocation " << n << ": " << said;
+                        attn::test::poison(*t);
                     }
-                    attn::test::poison(*t);
-                }
-            },
-            naming_one_of(names, named, said));
-        EXPECT_GT(failures, 0) << "the call allocated nothing: the sweep tested nothing";
-        for (std::size_t x = 0; x < names.size(); ++x) EXPECT_GT(named[x], 0) << "never refused: " << names[x];
-        EXPECT_FALSE(attn::test::still_poisoned(dq));
-        EXPECT_NE(report.kernel.find(c.name), std::string::npos) << report.kernel;  // the kernel asked for ran
-    }
+                },
+                naming_one_of(names, named, said));
+            EXPECT_GT(failures, 0) << "the call allocated nothing: the sweep tested nothing";
+            for (std::size_t x = 0; x < names.size(); ++x) EXPECT_GT(named[x], 0) << "never refused: " << names[x];
+            for (Tensor* t : {&dq, &dk, &dv}) EXPECT_FALSE(attn::test::still_poisoned(*t));
+            EXPECT_EQ(attn::test::still_poisoned(dsinks), !with_sinks);
+            EXPECT_NE(report.kernel.find(c.name), std::string::npos) << report.kernel;  // the kernel asked for ran
+        }
 }
 
 // The flash backward sizes each thread's buffers inside its parallel region, where no exception
@@ -653,6 +660,53 @@ void expect_named(const Said& s, const std::string& buffer) {
     EXPECT_GT(bytes, 0) << s.what;
     EXPECT_LE(static_cast<std::size_t>(bytes), s.refused) << s.what;
     EXPECT_LT(s.refused, static_cast<std::size_t>(bytes) + 64) << s.what;
+}
+
+// The staged outputs' buffers are aligned allocations of the calling thread, which the operator
+// new sweeps above never refuse: each aligned allocation of a varlen call refused in turn (the
+// reference kernel: every sequence staged) is attn::OutOfMemory, the staged buffer's refusal names
+// it, and no refusal writes an output. The backward's staging lives in the buffer the process keeps
+// between calls (head_major.hpp): released first, so that the call allocates it.
+TEST(AllocFailures, SdpaVarlenStagingBuffersAreNamedAndWriteNothing) {
+    const FourSequences s(27);
+    const Tensor grad_out = random_f32({24, s.hq, s.d}, 30);
+    attn::SdpaOptions opt;
+    opt.impl = attn::Impl::reference;
+    opt.causal = attn::Causal::bottom_right;
+    Tensor out = attn::test::poisoned(DType::f32, {24, s.hq, s.d}), lse = attn::test::poisoned(DType::f32, {24, s.hq});
+    Tensor dq = attn::test::poisoned(DType::f32, {24, s.hq, s.d});
+    Tensor dk = attn::test::poisoned(DType::f32, {33, s.hkv, s.d}), dv = attn::test::poisoned(DType::f32, {33, s.hkv, s.d});
+    const TensorView lse_view = lse;
+    struct Call {
+        const char* staging;  // the name of its staged outputs' buffer
+        std::vector<Tensor*> outputs;
+        std::function<void()> run;
+    };
+    const Call calls[] = {
+        {"sdpa_varlen's staged out and lse of its decode and reference sequences", {&out, &lse},
+         [&] { attn::sdpa_varlen(s.q, s.k, s.v, s.cu_q, s.cu_k, opt, out, &lse_view); }},
+        {"sdpa_varlen_backward's staged dQ, dK, dV and head-major copies", {&dq, &dk, &dv}, [&] {
+             attn::sdpa_varlen_backward(s.q, s.k, s.v, s.cu_q, s.cu_k, out, lse, grad_out, opt, dq, dk, dv);
+         }}};
+    for (const Call& c : calls) {
+        SCOPED_TRACE(c.staging);
+        int refusals = 0, named = 0;
+        for (int let_through = 0; let_through < 1000; ++let_through) {
+            for (Tensor* t : c.outputs) attn::test::poison(*t);
+            attn::release_varlen_scratch();
+            const Said said = refused_on_fresh_thread(Refuse::caller, let_through, c.run);
+            if (said.what == "no error") break;
+            ++refusals;
+            EXPECT_EQ(said.what.rfind("out of memory: cannot allocate ", 0), 0u) << said.what;
+            for (Tensor* t : c.outputs) EXPECT_TRUE(attn::test::still_poisoned(*t)) << said.what;
+            if (said.what.find(c.staging) == std::string::npos) continue;
+            ++named;
+            expect_named(said, c.staging);
+        }
+        EXPECT_GT(refusals, 0);
+        EXPECT_EQ(named, 1) << "the staged outputs are one allocation, refused once";
+        for (Tensor* t : c.outputs) EXPECT_FALSE(attn::test::still_poisoned(*t));  // the call never refused
+    }
 }
 
 // The MHA layer (E = 16, 2 heads, seq-first (L, B, E) = (5, 2, 16) queries, average weights):
