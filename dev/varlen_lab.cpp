@@ -203,6 +203,7 @@ int main(int argc, char** argv) {
                     for (std::int64_t t = 0; t < len[b]; ++t)
                         plse.data_as<float>()[(start[b] + t) * H + h] = lse[b].data_as<float>()[h * len[b] + t];
             time_it("bwd_vl", runs, [&] { sdpa_varlen_backward(q, k, v, cq, cq, o, plse, pdO, opt, pdq, pdk, pdv); });
+            std::printf("bwd_vl   kept buffer %.1f MiB\n", static_cast<double>(varlen_scratch_bytes()) / (1 << 20));
         }
         if (want("bwd_qo"))  // Q, O, dO, dQ head-major; K, V, dK, dV packed
             time_it("bwd_qo", runs, [&] {
