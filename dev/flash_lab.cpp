@@ -4,6 +4,7 @@
 //   flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--splits N] [--group N] [--pass N]
 //             [--isa portable|avx2|avx512] [--threads N] [--reps N] [--peak] [--no-check] [--no-warmup] [--paired N] [--mha-layout]
 //             [--head-major] [--seq-first] [--seq-first-heads] [--huge] [--kv f16|bf16] [--ab N]
+//             [--variant V] [--ab-threads M]
 //
 // --splits N: each task's keys in N chunks (1: none); --group N: N query blocks per group, which
 // take turns over their keys (1: none; flash_query_groups.hpp); --pass N: N keys per turn
@@ -23,9 +24,12 @@
 // --kv f16|bf16: K and V stored as float16 / bfloat16 (the same random values rounded once,
 // attn::to_dtype), Q and out float32: the mixed rows of bench/shapes.md (issue 14).
 // --ab N: after the timing, N pairs of calls A (flash_lab_variant = 0, the shipped code) and B
-// (= 1, a change under study that reads it: flash.hpp), alternately, each timed by the process's
-// CPU time; prints the median of the B/A speed ratios with their min and max. On a machine shared
-// with builds the pairs see the same load, where separate processes minutes apart do not.
+// (= 1, or --variant V: a change under study that reads it: flash.hpp), alternately, each timed by
+// the process's CPU time; prints the median of the B/A speed ratios (A's CPU time / B's) with
+// their min and max, and of the wall times A/B. On a machine shared with builds the pairs see the
+// same load, where separate processes minutes apart do not. --ab-threads M: B is the shipped code
+// on M threads instead (A on --threads): the CPU time per FLOP of 1 against 2 threads, paired —
+// with OMP_WAIT_POLICY=passive, so a waiting thread burns none.
 //
 // Method: one warm-up run, then --reps runs; prints median and min time and GFLOP/s with
 // FLOPs = 4·D per visible (query, key) pair (bench/visible_pairs.hpp; causal: ≈ half), and per
@@ -109,6 +113,7 @@ constexpr const char* kUsage =
     "flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--splits N] [--group N] [--pass N]\n"
     "          [--isa portable|avx2|avx512] [--threads N] [--reps N] [--peak] [--no-check] [--no-warmup] [--paired N]\n"
     "          [--mha-layout] [--head-major] [--seq-first] [--seq-first-heads] [--huge] [--kv f16|bf16] [--ab N]\n"
+    "          [--variant V] [--ab-threads M]\n"
     "--isa: the kernel-table row (default: the one attn picks on this CPU, ATTN_ISA included).\n"
     "The comment at the top of dev/flash_lab.cpp says what each option does.\n";
 
@@ -117,7 +122,7 @@ int run(int argc, char** argv) {
     bool causal = false, peak = false, check = true, warmup = true, mha_layout = false, head_major = false, huge = false;
     bool seq_first = false, seq_first_heads = false;
     int paired = 0;
-    int ab = 0;
+    int ab = 0, variant = 1, ab_threads = 0;
     DType kv_dtype = DType::f32;
     FlashTiles tiles{};
     bool tiles_set_mb = false, tiles_set_nb = false;
@@ -179,6 +184,8 @@ int run(int argc, char** argv) {
         // neighbouring runs is steadier than either number.
         else if (a == "--paired") paired = std::stoi(next());
         else if (a == "--ab") ab = std::stoi(next());
+        else if (a == "--variant") variant = std::stoi(next());      // B's flash_lab_variant (default 1)
+        else if (a == "--ab-threads") ab_threads = std::stoi(next());  // B's threads (default --threads)
         else if (a.size() > 1 && a[0] == '-' && !std::isdigit(static_cast<unsigned char>(a[1]))) {
             std::fprintf(stderr, "unknown option %s\n%s", a.c_str(), kUsage);
             return 2;
@@ -332,11 +339,14 @@ int run(int argc, char** argv) {
                     *std::max_element(kr.begin(), kr.end()) / *std::max_element(pk.begin(), pk.end()));
     }
     if (ab > 0) {  // B/A speed = A's CPU time / B's, pair by pair
-        std::vector<double> ratio;
-        auto cpu_time = [&](int variant) {
-            flash_lab_variant = variant;
+        std::vector<double> ratio, wall_ratio;
+        double wall = 0;  // the last call's wall time
+        auto cpu_time = [&](int var, int n) {
+            flash_lab_variant = var;
             const double c0 = bench::process_cpu_seconds();
-            flash_forward(p, kernels, threads, &tiles);
+            const auto t0 = std::chrono::steady_clock::now();
+            flash_forward(p, kernels, n, &tiles);
+            wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             return bench::process_cpu_seconds() - c0;
         };
         // The first pair's outputs, compared bit for bit (B's output where O is contiguous: not
@@ -344,19 +354,23 @@ int run(int argc, char** argv) {
         std::vector<float> out_a;
         std::int64_t differ = -1;
         for (int r = 0; r < ab; ++r) {
-            const double a = cpu_time(0);
+            const double a = cpu_time(0, threads), wall_a = wall;
             if (r == 0 && !mha_layout) out_a.assign(o.data_as<float>(), o.data_as<float>() + o.numel());
-            const double b = cpu_time(1);
+            const double b = cpu_time(ab_threads > 0 ? 0 : variant, ab_threads > 0 ? ab_threads : threads);
             if (r == 0 && !mha_layout) {
                 differ = 0;
                 for (std::int64_t i = 0; i < o.numel(); ++i) differ += std::memcmp(&out_a[i], o.data_as<float>() + i, sizeof(float)) != 0;
             }
             ratio.push_back(a / b);
+            wall_ratio.push_back(wall_a / wall);
         }
         flash_lab_variant = 0;
         std::sort(ratio.begin(), ratio.end());
-        std::printf("ab x%d: B/A speed median %.3f (min %.3f, max %.3f); outputs that differ in a bit: %s of %lld\n", ab,
-                    ratio[ratio.size() / 2], ratio.front(), ratio.back(),
+        std::sort(wall_ratio.begin(), wall_ratio.end());
+        std::printf("ab x%d: B/A speed median %.3f (min %.3f, max %.3f); wall time A/B median %.3f (min %.3f, max %.3f); "
+                    "outputs that differ in a bit: %s of %lld\n", ab,
+                    ratio[ratio.size() / 2], ratio.front(), ratio.back(), wall_ratio[wall_ratio.size() / 2],
+                    wall_ratio.front(), wall_ratio.back(),
                     differ < 0 ? "(not compared)" : std::to_string(differ).c_str(), (long long)o.numel());
     }
     const double med = t[t.size() / 2];
