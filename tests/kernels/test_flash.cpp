@@ -669,21 +669,30 @@ TEST(FlashFixed, GroupPassPolicy) {
 }
 
 // When tasks request the next key block's K/V rows (flash_kv_ahead): never for a head within
-// 1 MiB (a core's L2); past it, when at most 8 tasks read the head or it passes 8 MiB (more than
-// the L3 keeps for it between the tasks).
+// 1 MiB (a core's L2). Past it, where the requests are spread over the pair tiles (the AVX-512
+// float32 row), always; where they go all at once, when at most 8 tasks read the head or it
+// passes 8 MiB (more than the L3 keeps for it between the tasks).
 TEST(FlashFixed, KvAheadPolicy) {
     const std::int64_t MiB = std::int64_t{1} << 20;
-    EXPECT_FALSE(detail::flash_kv_ahead(1, MiB)) << "within the L2";
-    EXPECT_TRUE(detail::flash_kv_ahead(1, MiB + 1)) << "one task per head, past the L2";
-    EXPECT_TRUE(detail::flash_kv_ahead(8, 2 * MiB)) << "S4: 8 tasks per 2 MiB head";
-    EXPECT_FALSE(detail::flash_kv_ahead(9, 2 * MiB)) << "reread from the L3 by many tasks";
-    EXPECT_FALSE(detail::flash_kv_ahead(64, 8 * MiB));
-    EXPECT_TRUE(detail::flash_kv_ahead(64, 8 * MiB + 1)) << "past what the L3 keeps";
+    for (const bool spread : {false, true}) {
+        const std::string tag = spread ? "spread" : "all at once";
+        EXPECT_FALSE(detail::flash_kv_ahead(1, MiB, spread)) << tag << ": within the L2";
+        EXPECT_FALSE(detail::flash_kv_ahead(64, MiB, spread)) << tag << ": within the L2";
+        EXPECT_TRUE(detail::flash_kv_ahead(1, MiB + 1, spread)) << tag << ": one task per head, past the L2";
+        EXPECT_TRUE(detail::flash_kv_ahead(8, 2 * MiB, spread)) << tag << ": S4, 8 tasks per 2 MiB head";
+        EXPECT_TRUE(detail::flash_kv_ahead(64, 8 * MiB + 1, spread)) << tag << ": past what the L3 keeps";
+    }
+    EXPECT_FALSE(detail::flash_kv_ahead(9, 2 * MiB)) << "all at once: reread from the L3 by many tasks";
+    EXPECT_FALSE(detail::flash_kv_ahead(64, 8 * MiB)) << "all at once: S3's heads";
+    EXPECT_TRUE(detail::flash_kv_ahead(64, 2 * MiB, true)) << "spread: S2's heads, reread from the L3";
+    EXPECT_TRUE(detail::flash_kv_ahead(64, 4 * MiB, true)) << "spread: S3's heads";
 }
 
 // Heads past 1 MiB read by few tasks, so every task requests its next key block (TaskGrid::
 // kv_ahead), with one- and two-panel tasks, causal alignments, a window, and forced key splits
-// and groups (the requests' ranges end at each chunk's and task's last key): against the
+// and groups (the requests' ranges end at each chunk's and task's last key); and (Lq 600) a head
+// read by 10 tasks, which requests only where the requests are spread over the pair tiles (the
+// AVX-512 float32 row: the L3 case; the other rows read it unrequested): against the
 // reference, 1 and 2 threads alike (run_case). What this can catch: a request path that
 // changes a value or reads a wrong row through a page table or view (ASan in kernels_asan). What
 // it cannot: a missing or misaddressed prefetch — x86 prefetches never fault and change no
@@ -691,7 +700,7 @@ TEST(FlashFixed, KvAheadPolicy) {
 TEST(FlashFixed, RequestsAheadOnLargeHeads) {
     Worst worst;
     const detail::FlashTiles split{64, 64, 3, 0}, grouped{64, 64, 0, 2};
-    for (const std::int64_t Lq : {8, 100})
+    for (const std::int64_t Lq : {8, 100, 600})
         for (const detail::FlashTiles* t : {static_cast<const detail::FlashTiles*>(nullptr), &split, &grouped}) {
             Case c;
             c.Hq = 4;
@@ -700,9 +709,15 @@ TEST(FlashFixed, RequestsAheadOnLargeHeads) {
             c.Lk = 2100;  // (64 + 64)·4 bytes per key: 1.03 MiB per head
             c.Dk = c.Dv = 64;
             c.want_lse = true;
-            c.opt.causal = Lq == 8 ? Causal::bottom_right : Causal::top_left;
+            c.opt.causal = Lq == 100 ? Causal::top_left : Causal::bottom_right;
             if (t == &grouped) c.opt.window = Window{900, -1, c.opt.causal == Causal::top_left ? Align::top_left : Align::bottom_right};
-            ASSERT_TRUE(detail::flash_kv_ahead(8, c.Lk * 128 * 4));  // at most 4 tasks per KV head here
+            if (Lq == 600 && t == &split) continue;  // (the split's requests: Lq 8 and 100)
+            if (Lq == 600) {  // 2 heads × 10 query blocks per KV head
+                ASSERT_TRUE(detail::flash_kv_ahead(20, c.Lk * 128 * 4, true));
+                ASSERT_FALSE(detail::flash_kv_ahead(20, c.Lk * 128 * 4, false));
+            } else {
+                ASSERT_TRUE(detail::flash_kv_ahead(8, c.Lk * 128 * 4));  // at most 4 tasks per KV head here
+            }
             c.desc = "Lq " + std::to_string(Lq) + (t == &split ? " split" : t == &grouped ? " grouped, window" : "");
             run_case(c, worst, t);
         }

@@ -80,11 +80,11 @@ std::int64_t flash_group_pass(std::int64_t key_bytes, int Nb, int forced, std::i
     return std::max<std::int64_t>(1, keys / nb) * nb;
 }
 
-bool flash_kv_ahead(std::int64_t kv_tasks, std::int64_t head_kv_bytes) {
+bool flash_kv_ahead(std::int64_t kv_tasks, std::int64_t head_kv_bytes, bool spread) {
     constexpr std::int64_t kRereadKv = std::int64_t{8} << 20;
     constexpr std::int64_t kManyTasks = 8;
     if (head_kv_bytes <= kFlashCachedKvBytes) return false;
-    return kv_tasks <= kManyTasks || head_kv_bytes > kRereadKv;
+    return spread || kv_tasks <= kManyTasks || head_kv_bytes > kRereadKv;
 }
 
 std::string flash_decline_reason(const SdpaProblem& p) {

@@ -94,15 +94,19 @@ int flash_query_group(std::int64_t kv_heads, std::int64_t kv_tasks, std::int64_t
 std::int64_t flash_group_pass(std::int64_t key_bytes, int Nb, int forced, std::int64_t l2_bytes = 0);
 
 // Whether a problem's tasks request each next key block's K and V rows ahead (flash_operands.hpp,
-// prefetch_kv_rows): when the rows come from memory rather than a cache. The micro-kernels read
-// a tile's rows interleaved, which the hardware prefetchers do not follow, and a wait on memory
-// then stalls the products. kv_tasks: tasks per (b, KV head); head_kv_bytes: the K and V bytes
-// of a head (Lk keys). A head within one core's L2 (1 MiB, as flash_query_group) is read from
-// there; a head past it is reread from the L3 when many tasks (more than 8) read it in turn and
-// it is at most 8 MiB. Measured (docs/kernels-lab.md, "Requesting the next key block"): S4 +5 %,
-// 32k keys +7-20 %, 64 rows of a KV head +5-25 %; S2-like heads (2 MiB, 64 tasks) 0 to -5 %,
-// hence the L3 case. (A task of one panel requests them in any case: the driver's ahead_end.)
-bool flash_kv_ahead(std::int64_t kv_tasks, std::int64_t head_kv_bytes);
+// prefetch_kv_rows, KvAhead): when the rows come from the L3 or memory rather than the L2. The
+// micro-kernels read a tile's rows interleaved, which the hardware prefetchers do not follow, and
+// a wait on the L3 or memory then stalls the products. kv_tasks: tasks per (b, KV head);
+// head_kv_bytes: the K and V bytes of a head (Lk keys); spread: the kernel asks for the lines a
+// few per pair tile (KvAhead: the driver's kOpsSpreadRequests — the AVX-512 float32 row) rather
+// than all at once. A head within one core's L2 (1 MiB, as flash_query_group) is read from there:
+// no request. Past it, with spread requests, always: S2 and S3 (64 tasks per 2-4 MiB head, reread
+// from the L3) +1-3 % per CPU-second on Sapphire Rapids, no shape measured slower
+// (docs/kernels-lab.md, fwd-29). All at once (the other rows), only where a head is read by few
+// tasks (at most 8) or passes 8 MiB: S4 +5 %, 32k keys +7-20 %, 64 rows of a KV head +5-25 %, but
+// S2-like heads 0 to -5 % on Zen 5 (fwd-10), hence the L3 case there. (A task of one panel
+// requests them in any case: the driver's ahead_end.)
+bool flash_kv_ahead(std::int64_t kv_tasks, std::int64_t head_kv_bytes, bool spread = false);
 
 // K and V bytes of a head that one core's L2 keeps (512 KiB on Zen 3, 1 MiB on Zen 4/5, 2 MiB on
 // Sapphire Rapids): past it a head's tiles come from the L3 or memory (flash_query_group,

@@ -186,6 +186,12 @@ template <class Ops>
 inline constexpr bool kOpsOwnOperands = requires { &Ops::qk_block; };
 template <class Ops>
 inline constexpr bool kOpsThreadScratch = requires { &Ops::thread_scratch_bytes; };
+// Whether key_block hands the next key block's K/V lines to the pair tiles, a few before each
+// (KvAhead, flash_operands.hpp), instead of asking for them all at once: Ops with pair tiles that
+// read K and V themselves (AVX-512 float32), for tasks of two or more panels. flash_kv_ahead
+// requests more often where they are spread (they cost little there).
+template <class Ops>
+inline constexpr bool kOpsSpreadRequests = kOpsPanelPairs<Ops> && !kOpsOwnOperands<Ops>;
 // Whether Ops::qk and qk_pair also take Sᵀ's column maxima (AVX-512): w.colmax at the call's
 // panel, and for qk whether it is the block's first call (qk_pair holds the whole block); Ops::softmax
 // then takes w.colmax.
@@ -389,7 +395,7 @@ void key_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     if (j0 + nk < ahead_end) {
         const std::int64_t j1 = imin(ahead_end, j0 + nk + t.Nb);
         bool all_at_once = true;
-        if constexpr (kOpsPanelPairs<Ops> && !kOpsOwnOperands<Ops>) {
+        if constexpr (kOpsSpreadRequests<Ops>) {
             if (panels >= 2) {
                 const int tiles = panels / 2 * static_cast<int>((nk + Ops::kPairRows - 1) / Ops::kPairRows +
                                                                 (p.Dv + Ops::kPairRows - 1) / Ops::kPairRows);

@@ -244,8 +244,8 @@ const float* paged_tile_rows(const SdpaProblem& p, bool value, std::int64_t b, s
 
 // Asks for K and V rows [j0, j1) of kv head h in the L2 (a software prefetch of every line;
 // rows with a strided head dim are left to the hardware). Called for a task of one panel, and
-// for tasks of any width whose K/V come from memory (flash_kv_ahead): the micro-kernels read a
-// key block's 8 rows of a tile interleaved (8 streams of D·4 bytes each), which the hardware
+// for tasks of any width whose K/V come from the L3 or memory (flash_kv_ahead): the micro-kernels
+// read a key block's 8 rows of a tile interleaved (8 streams of D·4 bytes each), which the hardware
 // prefetchers do not follow, and one panel reuses each line too little to hide the wait; with
 // a head's K/V past the caches the wait is there at any width — the next block's rows,
 // requested a block ahead, arrive in time (docs/kernels.md, "Requesting the next key block").

@@ -26,11 +26,12 @@ namespace attn::detail::ATTN_FLASH_NS {
 struct TaskGrid {
     std::int64_t qpb = 0, hpb = 0, qblocks = 0, hchunks = 0, tasks = 0;
     std::int64_t kv_tasks = 0;  // tasks per (b, KV head): hchunks · qblocks, consecutive in task order
-    bool kv_ahead = false;      // the tasks' K/V tiles come from memory: flash_kv_ahead
+    bool kv_ahead = false;      // the tasks' K/V tiles come from the L3 or memory: flash_kv_ahead
 };
 
 
-inline TaskGrid task_grid(const SdpaProblem& p, const FlashTiles& t) {
+template <class Ops>
+TaskGrid task_grid(const SdpaProblem& p, const FlashTiles& t) {
     TaskGrid g;
     g.qpb = p.Lq >= t.Mb ? t.Mb : p.Lq;                   // queries per block
     g.hpb = imax(1, imin(p.group, t.Mb / g.qpb));         // heads per block
@@ -38,7 +39,7 @@ inline TaskGrid task_grid(const SdpaProblem& p, const FlashTiles& t) {
     g.hchunks = (p.group + g.hpb - 1) / g.hpb;
     g.kv_tasks = g.hchunks * g.qblocks;
     g.tasks = p.B * p.Hkv * g.kv_tasks;
-    g.kv_ahead = flash_kv_ahead(g.kv_tasks, head_kv_bytes(p));
+    g.kv_ahead = flash_kv_ahead(g.kv_tasks, head_kv_bytes(p), kOpsSpreadRequests<Ops>);
     return g;
 }
 
@@ -112,7 +113,7 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
         const SdpaProblem& p = *jobs[i].p;
         JobPlan& j = plans[i];
         j = sum;
-        j.g = task_grid(p, t);
+        j.g = task_grid<Ops>(p, t);
         j.chunk = flash_key_chunk(j.g.tasks, p.Lk, t.Nb, sf, t.key_splits);
         j.chunks = j.chunk > 0 ? (p.Lk + j.chunk - 1) / j.chunk : 1;
         const std::int64_t kv_heads = p.B * p.Hkv;
