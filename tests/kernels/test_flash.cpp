@@ -691,12 +691,13 @@ TEST(FlashFixed, KvAheadPolicy) {
 // Heads past 1 MiB read by few tasks, so every task requests its next key block (TaskGrid::
 // kv_ahead), with one- and two-panel tasks, causal alignments, a window, and forced key splits
 // and groups (the requests' ranges end at each chunk's and task's last key); and (Lq 600) a head
-// read by 10 tasks, which requests only where the requests are spread over the pair tiles (the
-// AVX-512 float32 row: the L3 case; the other rows read it unrequested): against the
-// reference, 1 and 2 threads alike (run_case). What this can catch: a request path that
-// changes a value or reads a wrong row through a page table or view (ASan in kernels_asan). What
-// it cannot: a missing or misaddressed prefetch — x86 prefetches never fault and change no
-// value; the lab's rates (docs/kernels-lab.md, "Requesting the next key block") are that check.
+// read by 20 tasks (in groups, by the policy), which requests only where the requests are
+// spread over the pair tiles (the AVX-512 float32 row: the L3 case; the other rows read it
+// unrequested): against the reference, 1 and 2 threads alike (run_case). What this can catch: a
+// request path that changes a value or reads a wrong row through a page table or view (ASan in
+// kernels_asan). What it cannot: a missing or misaddressed prefetch — x86 prefetches never fault
+// and change no value; the lab's rates (docs/kernels-lab.md, "Requesting the next key block") are
+// that check.
 TEST(FlashFixed, RequestsAheadOnLargeHeads) {
     Worst worst;
     const detail::FlashTiles split{64, 64, 3, 0}, grouped{64, 64, 0, 2};

@@ -101,7 +101,7 @@ std::int64_t flash_group_pass(std::int64_t key_bytes, int Nb, int forced, std::i
 // few per pair tile (KvAhead: the driver's kOpsSpreadRequests — the AVX-512 float32 row) rather
 // than all at once. A head within one core's L2 (1 MiB, as flash_query_group) is read from there:
 // no request. Past it, with spread requests, always: S2 and S3 (64 tasks per 2-4 MiB head, reread
-// from the L3) +1-3 % per CPU-second on Sapphire Rapids, no shape measured slower
+// from the L3) +1-3 % per CPU-second on Sapphire Rapids, none measured slower past the runs' ±1 %
 // (docs/kernels-lab.md, fwd-29). All at once (the other rows), only where a head is read by few
 // tasks (at most 8) or passes 8 MiB: S4 +5 %, 32k keys +7-20 %, 64 rows of a KV head +5-25 %, but
 // S2-like heads 0 to -5 % on Zen 5 (fwd-10), hence the L3 case there. (A task of one panel
