@@ -4,6 +4,7 @@
 // tile does, and a loop to run under `perf record`.
 //
 //   backward_lab [--shape S1|S3] [B H Lq Lk D causal] [--threads N] [--reps N] [--peak] [--no-check] [--bf16]
+//                [--alibi] [--softcap C] [--dropout P]
 //
 // The row is the process's (ATTN_ISA picks another; ATTN_CPU_HIDE hides a feature). Inputs are
 // uniform in [-1, 1); out and lse come from one flash forward, then --reps backward calls are
@@ -17,6 +18,9 @@
 // two builds computed the same bits. --bf16: every tensor but lse bfloat16 (the float32 values
 // rounded once), the all-bf16 call that runs bf16 compute (AMX, or vdpbf16ps under
 // ATTN_CPU_HIDE=amx_bf16); the check is then against the reference on those bf16 inputs.
+// --alibi (attn::alibi_slopes(H)), --softcap C, --dropout P (seed 1): the variants whose tiles
+// run S or dP unfused (a score rule, the softcap, dropout: tile_body.inl); the FLOPs are counted
+// as without them.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -69,7 +73,8 @@ std::uint64_t bits_hash(const attn::Tensor* g, int n) {
 int main(int argc, char** argv) {
     using namespace attn;
     std::int64_t B = 1, H = 16, Lq = 1024, Lk = 1024, D = 64;
-    bool causal = false, peak = false, check = true, bf16 = false;
+    bool causal = false, peak = false, check = true, bf16 = false, alibi = false;
+    double softcap = 0.0, dropout = 0.0;
     int threads = 2, reps = 5;
     std::vector<std::string> pos;
     for (int i = 1; i < argc; ++i) {
@@ -84,6 +89,9 @@ int main(int argc, char** argv) {
         else if (a == "--peak") peak = true;
         else if (a == "--no-check") check = false;
         else if (a == "--bf16") bf16 = true;
+        else if (a == "--alibi") alibi = true;
+        else if (a == "--softcap") softcap = std::stod(next());
+        else if (a == "--dropout") dropout = std::stod(next());
         else pos.push_back(a);
     }
     if (pos.size() == 6) {
@@ -91,7 +99,7 @@ int main(int argc, char** argv) {
         D = std::stoll(pos[4]), causal = pos[5] == "1";
     } else if (!pos.empty()) {
         return std::fprintf(stderr, "usage: backward_lab [--shape S1|S3] [B H Lq Lk D causal] [--threads N] "
-                                    "[--reps N] [--peak] [--no-check] [--bf16]\n"), 2;
+                                    "[--reps N] [--peak] [--no-check] [--bf16] [--alibi] [--softcap C] [--dropout P]\n"), 2;
     }
     set_num_threads(threads);
 
@@ -109,6 +117,10 @@ int main(int argc, char** argv) {
     SdpaOptions opt;
     opt.impl = Impl::flash;
     opt.causal = causal ? Causal::top_left : Causal::none;
+    const Tensor slopes = alibi_slopes(H);
+    if (alibi) opt.alibi_slopes = slopes.view();
+    opt.softcap = softcap;
+    if (dropout > 0.0) opt.dropout_p = dropout, opt.dropout_seed = 1;
     const TensorView lse_view = lse.view();
     sdpa(q, k, v, opt, o, &lse_view);
     const Tensor grads[3] = {Tensor(dt, q.shape()), Tensor(dt, k.shape()), Tensor(dt, v.shape())};
@@ -146,10 +158,15 @@ int main(int argc, char** argv) {
     std::sort(wall.begin(), wall.end());
     std::sort(cpu.begin(), cpu.end());
     const double med = wall[wall.size() / 2], cmed = cpu[cpu.size() / 2];
-    std::printf("backward B%lld H%lld Lq%lld Lk%lld D%lld %s %s threads=%d: median %.2f ms  min %.2f ms  %.1f GFLOP/s "
+    std::string mods;
+    if (alibi) mods += " alibi";
+    char buf[64];
+    if (softcap > 0.0) mods += (std::snprintf(buf, sizeof buf, " softcap=%g", softcap), buf);
+    if (dropout > 0.0) mods += (std::snprintf(buf, sizeof buf, " dropout=%g", dropout), buf);
+    std::printf("backward B%lld H%lld Lq%lld Lk%lld D%lld %s%s %s threads=%d: median %.2f ms  min %.2f ms  %.1f GFLOP/s "
                 "(min-time %.1f; per CPU-second x threads %.1f)\n",
                 static_cast<long long>(B), static_cast<long long>(H), static_cast<long long>(Lq), static_cast<long long>(Lk),
-                static_cast<long long>(D), causal ? "causal" : "full", rep.kernel.c_str(), threads, 1e3 * med,
+                static_cast<long long>(D), causal ? "causal" : "full", mods.c_str(), rep.kernel.c_str(), threads, 1e3 * med,
                 1e3 * wall.front(), flop / med / 1e9, flop / wall.front() / 1e9, flop / cmed / 1e9);
     return 0;
 }
