@@ -49,7 +49,7 @@ inline constexpr float kTileLog2e = 1.4426950408889634f;
 // 3–5 % where the rows fit (B1 H16 L1024 D128); with the requests −2 to −4 %, S3 ≈ +3 %. All
 // requested at once before each product instead, they stalled the tile themselves (level;
 // kernels-lab.md#bwd-9). Owned by the driver, one per query tile; the pass's tiles advance it.
-// The unfused S and dP (a score rule, softcap or dropout) request nothing.
+// The unfused S and dP (a score rule, softcap or dropout) request them too (kernels-lab.md#bwd-10).
 struct RowsAhead {
     static constexpr int kRanges = 2;
     const char* base[kRanges] = {};   // first row of each range: Q, dO

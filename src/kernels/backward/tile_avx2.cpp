@@ -81,8 +81,9 @@ inline void ukernel_rows(int mr, int K, const float* a, std::ptrdiff_t a_rs, std
 
 // C(M×N) (+)= A(M×K)·B(K×N), N % 8 == 0. Column panels outermost so a K×16 panel of B
 // stays in L1 while the row blocks stream past it.
+// (No requests: the driver gives RowsAhead to the avx512 tile only.)
 void gemm(int M, int N, int K, const float* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const float* b,
-          std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool accumulate) {
+          std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool accumulate, RowsAhead* = nullptr) {
     int n0 = 0;
     for (; n0 + 16 <= N; n0 += 16)
         for (int m0 = 0; m0 < M; m0 += 6)

@@ -55,13 +55,13 @@ struct DsInStore {
     }
 };
 bool fused_scores_exp(const TileArgs& t) {
-    gemm(t.br, t.bcp, t.Dk, t.q, t.ldq, 1, t.kt, t.bcp, t.S, t.bcp, false, ExpInStore{t.neg_lse, _mm512_set1_ps(t.scale)},
-         t.ahead);
+    gemm(t.br, t.bcp, t.Dk, t.q, t.ldq, 1, t.kt, t.bcp, t.S, t.bcp, false, t.ahead,
+         ExpInStore{t.neg_lse, _mm512_set1_ps(t.scale)});
     return true;
 }
 bool fused_dp_ds(const TileArgs& t) {
-    gemm(t.br, t.bcp, t.Dv, t.dO, t.ldo, 1, t.vt, t.bcp, t.dP, t.bcp, false,
-         DsInStore{t.S, t.bcp, t.Drow, _mm512_set1_ps(t.ds_scale)}, t.ahead);
+    gemm(t.br, t.bcp, t.Dv, t.dO, t.ldo, 1, t.vt, t.bcp, t.dP, t.bcp, false, t.ahead,
+         DsInStore{t.S, t.bcp, t.Drow, _mm512_set1_ps(t.ds_scale)});
     return true;
 }
 

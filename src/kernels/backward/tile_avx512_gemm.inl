@@ -149,12 +149,12 @@ inline void ukernel_panel(int mr, int K, const Elem* a, std::ptrdiff_t a_rs, std
 
 // C(M×N) (+)= A(M×K)·B(K×N), N % 8 == 0. Column panels of 64 outermost so a K×64 panel of B
 // stays in L1 while the row blocks stream past it; the last panel (8 to 56 columns) runs on
-// 1–4 vectors, the last under a mask. epi: what each vector of C becomes as it is stored (StoreAsIs).
-// ahead: the next query tile's rows, a few lines requested per row block (tile.hpp, RowsAhead).
+// 1–4 vectors, the last under a mask. ahead: lines to request, a few per row block (tile.hpp,
+// RowsAhead), or null. epi: what each vector of C becomes as it is stored (StoreAsIs).
 template <class Elem, class Epi = StoreAsIs>
 void gemm(int M, int N, int K, const Elem* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const Elem* b,
-          std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool accumulate, const Epi& epi = {},
-          RowsAhead* ahead = nullptr) {
+          std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool accumulate, RowsAhead* ahead = nullptr,
+          const Epi& epi = {}) {
     for (int n0 = 0; n0 < N; n0 += 64) {
         const int w = N - n0 < 64 ? N - n0 : 64, nv = (w + 15) / 16;
         const __mmask16 last = lanes(w - 16 * (nv - 1));

@@ -14,8 +14,9 @@ namespace attn::detail {
 namespace {
 
 // C(M×N) (+)= A(M×K)·B(K×N): each C row is a sum of scaled B rows (axpy form).
+// (No requests: the driver gives RowsAhead to the avx512 tile only.)
 void gemm(int M, int N, int K, const float* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const float* b,
-          std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool accumulate) {
+          std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc, bool accumulate, RowsAhead* = nullptr) {
     for (int r = 0; r < M; ++r) {
         float* cr = c + r * ldc;
         if (!accumulate)
