@@ -172,6 +172,52 @@ TEST(FlashBackward, MatchesReferenceAvx512) { check_against_reference(detail::Is
 
 TEST(FlashBackward, MatchesReferenceAvx512AtMicroTileEdges) { check_against_reference(detail::Isa::avx512, 24, 11, tile_edge_cases); }
 
+// Query rows past the L2: with the rows of a KV head's query heads larger than the L2 (S3's case,
+// Plan::rows_ahead) the avx512 tile's S and dP products request the next query tile's Q and dO
+// rows, and on every shape the next pass's K and V rows (tile.hpp, RowsAhead) — in the fused
+// products and in the unfused ones (a score rule, softcap, ALiBi, dropout). A request changes no
+// value; this checks the requesting calls against the double reference on such shapes, with every
+// mask kind, GQA, strided Q/dO and each modifier, and 1 thread against 2 bit for bit. (Past the
+// L2 of a core of up to 2 MiB: where the L2 is larger the same shapes run without the Q/dO
+// requests and still check the K/V ones.)
+TEST(FlashBackward, MatchesReferenceAvx512RowsPastTheL2) {
+    const detail::KernelSet* row = detail::kernel_set_for(detail::Isa::avx512);
+    if (row == nullptr) GTEST_SKIP() << "skipped: CPU lacks " << detail::missing_features(detail::Isa::avx512);
+    const detail::ScopedKernelSet use(*row);
+    std::vector<Case> cases = random_cases(6, 21);
+    std::mt19937_64 rng(22);
+    auto pick = [&](std::initializer_list<std::int64_t> xs) { return *(xs.begin() + rng() % xs.size()); };
+    const int threads = omp_get_max_threads();
+    double worst = 0.0;
+    for (std::size_t n = 0; n < cases.size(); ++n) {
+        Case& c = cases[n];
+        c.B = 1;
+        c.Hkv = 1;
+        c.Hq = pick({1, 2});
+        c.Lq = pick({2049, 2500});  // Q, dO and dQ rows of 2049 · (2·128 + 128) · 4 bytes: 3.1 MB a head
+        c.Lk = pick({200, 300});     // 4–5 key blocks: 2–3 passes of 2
+        c.Dk = c.Dv = 128;
+        c.key_lengths = false;       // (B = 1: the key length of batch 0 is 0 in make_inputs)
+        SCOPED_TRACE(c.str() + " modifier " + std::to_string(n % 3));
+        Inputs f = make_inputs(c, DType::f32, 23 + n);
+        const Tensor slopes = alibi_slopes(c.Hq);
+        if (n % 3 == 1) f.opt.softcap = 2.5;
+        if (n % 3 == 2) f.opt.alibi_slopes = slopes.view();
+        SdpaReport rep;
+        omp_set_num_threads(1);
+        const Grads got = forward_backward(f.q, f.k, f.v, f.dO, f.opt, Impl::flash, DType::f32, &rep);
+        ASSERT_EQ(rep.kernel, std::string("flash-backward/avx512")) << rep.explanation;
+        omp_set_num_threads(2);
+        const Grads got2 = forward_backward(f.q, f.k, f.v, f.dO, f.opt, Impl::flash, DType::f32);
+        EXPECT_TRUE(bit_equal(got.dq, got2.dq) && bit_equal(got.dk, got2.dk) && bit_equal(got.dv, got2.dv));
+        const Grads ref = forward_backward(f.q, f.k, f.v, f.dO, f.opt, Impl::reference, DType::f64);
+        worst = std::max(worst, expect_float32_bound(got, ref));
+    }
+    omp_set_num_threads(threads);
+    std::printf("[ info ] %zu cases past the L2, avx512 tile: worst relative error %.3g (tolerance %.0e)\n", cases.size(),
+                worst, kTol);
+}
+
 TEST(FlashBackward, MatchesReferenceAvx2) { check_against_reference(detail::Isa::avx2, 120, 1); }
 
 TEST(FlashBackward, MatchesReferencePortable) { check_against_reference(detail::Isa::portable, 40, 2); }

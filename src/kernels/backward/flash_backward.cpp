@@ -252,6 +252,9 @@ struct Plan {
     // kernels-lab.md#bwd-9). The float32 avx512 tile only: the others take no requests. Only
     // requests depend on the L2's size, never a result.
     bool rows_ahead;
+    // The S and dP products request the next pass's K and V rows (KeysAhead), the float32 avx512
+    // tile only: the first read of each pass's rows was the transposes' (kernels-lab.md#bwd-10).
+    bool keys_ahead;
 
     Plan(const BackwardProblem& bp_, const KernelSet& k)
         : bp(bp_), p(bp_.fwd), kernels(k), B(p.B), Hq(p.Hq), Hkv(p.Hkv), Lq(p.Lq), Lk(p.Lk), Dk(p.Dk), Dv(p.Dv),
@@ -290,6 +293,7 @@ struct Plan {
         pass = k.isa == Isa::avx512 ? kKeyBlocksPerPass : 1;
         const std::int64_t streamed = static_cast<std::int64_t>(group) * Lq * (2 * Dkp + Dvp) * 4;
         rows_ahead = k.isa == Isa::avx512 && !bf16 && streamed > cpu_features().l2_bytes;
+        keys_ahead = k.isa == Isa::avx512 && !bf16;
     }
 
 };
@@ -574,24 +578,74 @@ void run_tile(const Plan& c, Scratch& s, KeyBlock& kb, std::int64_t b, std::int6
     if (dq_unwritten) *dq_unwritten = 0;
 }
 
-// The Q and dO rows of the query tile from row i1 of head g (past the head's rows: none), for
-// the S and dP products of the `tiles` tiles before it to request (RowsAhead), spread evenly
-// over their row blocks; none unless Plan::rows_ahead.
-RowsAhead next_rows(const Plan& c, const Scratch& s, std::size_t g, std::int64_t i1, int tiles) {
-    RowsAhead a;
-    if (!c.rows_ahead || i1 >= c.Lq) return a;
-    a.rows = static_cast<int>(std::min<std::int64_t>(kBr, c.Lq - i1));
-    const HeadRows* rows[RowsAhead::kRanges] = {&s.q, &s.dO};
-    const int Dp[RowsAhead::kRanges] = {c.Dkp, c.Dvp};
-    int lines = 0;
-    for (int r = 0; r < RowsAhead::kRanges; ++r) {
-        a.base[r] = reinterpret_cast<const char*>(rows[r]->at[g] + i1 * rows[r]->ld[g]);
-        a.ld[r] = 4 * rows[r]->ld[g];
-        a.row_bytes[r] = 4 * Dp[r];
-        lines += a.rows * ((a.row_bytes[r] + 63) / 64);
+// Whether query rows [i0, i0 + kBr) of batch b see any key in [j0, j1) by the structural masks
+// (run_tile's test for one key block, here for a pass's).
+bool tile_sees(const Plan& c, std::int64_t b, std::int64_t i0, std::int64_t j0, std::int64_t j1) {
+    const std::int64_t i1 = std::min<std::int64_t>(c.Lq, i0 + kBr);
+    for (std::int64_t i = i0; i < i1; ++i) {
+        const std::size_t r = static_cast<std::size_t>(b * c.Lq + i);
+        if (std::max(c.lo[r], j0) < std::min(c.hi[r], j1)) return true;
     }
+    return false;
+}
+
+// The next pass's K and V rows (keys [j0, j1) of KV head hk in batch b), asked for a slice at a
+// time by the current pass's last `slices` query tiles that run (RowsAhead): by then the pass
+// streams little more through the L2 (S3: ≤ 8 tiles' Q, dO and dQ rows, 768 KiB), and the lines
+// are there when pack_key_block transposes them (kernels-lab.md#bwd-10). Empty past the task's
+// last pass, off the float32 avx512 tile (Plan::keys_ahead) and for rows of a non-unit inner stride.
+struct KeysAhead {
+    static constexpr int kTiles = 8;  // the query tiles that share the requests
+    std::int64_t b = 0, hk = 0, j0 = 0, j1 = 0;
+    std::int64_t first = 0;  // the first requesting tile, counted over the pass's tiles that run
+    int slices = 0;
+    // Adds slice t (the t-th tile that runs in the pass) of K's and V's rows to `a`, if any.
+    void add_slice(const Plan& c, std::int64_t t, RowsAhead& a) const {
+        if (t < first || t >= first + slices) return;
+        const std::int64_t k = t - first, n = j1 - j0;
+        const std::int64_t k0 = j0 + k * n / slices, k1 = j0 + (k + 1) * n / slices;
+        for (const TensorView* x : {&c.p.k, &c.p.v}) {
+            if (x->stride(3) != 1) continue;
+            const std::size_t size = dtype_size(x->dtype());
+            a.add(static_cast<const char*>(x->data()) + static_cast<std::size_t>(x->offset(b, hk, k0, 0)) * size,
+                  x->stride(2) * static_cast<std::ptrdiff_t>(size), static_cast<int>(k1 - k0),
+                  static_cast<int>(x->dim(3) * static_cast<std::int64_t>(size)));
+        }
+    }
+};
+
+// The next pass's keys [j0, j1) and the requests' split over the current pass's tiles (keys
+// [pass_j0, pass_j1), tiles (g, i0) of every query head of the group).
+KeysAhead next_keys(const Plan& c, std::int64_t b, std::int64_t hk, std::int64_t pass_j0, std::int64_t pass_j1,
+                    std::int64_t j0, std::int64_t j1) {
+    KeysAhead k;
+    if (!c.keys_ahead || j0 >= j1) return k;
+    std::int64_t tiles = 0;
+    for (std::int64_t i0 = 0; i0 < c.Lq; i0 += kBr) tiles += tile_sees(c, b, i0, pass_j0, pass_j1);
+    tiles *= static_cast<std::int64_t>(c.group);
+    k.b = b, k.hk = hk, k.j0 = j0, k.j1 = j1;
+    k.slices = static_cast<int>(std::min<std::int64_t>(KeysAhead::kTiles, tiles));
+    k.first = tiles - k.slices;
+    return k;
+}
+
+// The lines the S and dP products of a query tile request while it runs against the pass's
+// `tiles` key blocks (RowsAhead), spread evenly over their row blocks: the Q and dO rows of the
+// query tile from row i1 of head g (past the head's rows, or unless Plan::rows_ahead: none),
+// then slice t of the next pass's K and V rows (KeysAhead).
+RowsAhead next_rows(const Plan& c, const Scratch& s, std::size_t g, std::int64_t i1, int tiles, const KeysAhead& keys,
+                    std::int64_t t) {
+    RowsAhead a;
+    if (c.rows_ahead && i1 < c.Lq) {
+        const int rows = static_cast<int>(std::min<std::int64_t>(kBr, c.Lq - i1));
+        const HeadRows* head[] = {&s.q, &s.dO};
+        const int Dp[] = {c.Dkp, c.Dvp};
+        for (int r = 0; r < 2; ++r)
+            a.add(head[r]->at[g] + i1 * head[r]->ld[g], 4 * head[r]->ld[g], rows, 4 * Dp[r]);
+    }
+    keys.add_slice(c, t, a);
     const int blocks = 2 * tiles * ((kBr + 5) / 6);  // S and dP: 6-row blocks (tile_avx512_gemm.inl)
-    a.per_block = (lines + blocks - 1) / blocks;
+    a.per_block = (a.lines() + blocks - 1) / blocks;
     return a;
 }
 
@@ -622,9 +676,14 @@ void run_task(const Plan& c, Scratch& s, std::int64_t task, float* dq_ws, float*
             kb.unwritten = true;
             pack_key_block(c, s, kb, b, hk);
         }
+        const std::int64_t pass_j1 = std::min<std::int64_t>(c.Lk, (kb0 + n) * kBc);
+        const KeysAhead keys = next_keys(c, b, hk, kb0 * kBc, pass_j1, pass_j1,
+                                         std::min<std::int64_t>(c.Lk, std::min(kb_end, kb0 + n + c.pass) * kBc));
+        std::int64_t t = 0;  // the pass's tiles that run, so far
         for (std::size_t g = 0; g < c.group; ++g)
             for (std::int64_t i0 = 0; i0 < c.Lq; i0 += kBr) {
-                RowsAhead ahead = next_rows(c, s, g, i0 + kBr, n);
+                if (keys.slices > 0 && !tile_sees(c, b, i0, kb0 * kBc, pass_j1)) continue;
+                RowsAhead ahead = next_rows(c, s, g, i0 + kBr, n, keys, t++);
                 for (int u = 0; u < n; ++u)
                     run_tile(c, s, s.key[u], b, h0 + static_cast<std::int64_t>(g), g, i0, dq_c, &ahead);
             }

@@ -42,31 +42,49 @@ inline constexpr float kTileLog2e = 1.4426950408889634f;
 // put P far above 1 with unit-scale Q and K — dV 5·10^26 at scale 10^8, inf and NaN gradients
 // above (docs/conventions.md, "Shapes of attn::sdpa"). One min per vector of P; a NaN P stays NaN.
 
-// The next query tile's Q and dO rows, requested into the L2 a few lines per row block of the
-// S and dP products (the avx512 tile's gemm) while this query tile's pass runs. S3's rows (6 MiB
-// a head) do not fit Sapphire Rapids' 2 MiB L2, so the first key block of each pass read them
-// from the L3 inside S and dP: 9–10 % more time per FLOP there than in dV, dK and dQ, against
-// 3–5 % where the rows fit (B1 H16 L1024 D128); with the requests −2 to −4 %, S3 ≈ +3 %. All
-// requested at once before each product instead, they stalled the tile themselves (level;
-// kernels-lab.md#bwd-9). Owned by the driver, one per query tile; the pass's tiles advance it.
-// The unfused S and dP (a score rule, softcap or dropout) request them too (kernels-lab.md#bwd-10).
+// Lines requested into the L2 (`prefetcht1`) ahead of their first read, a few per row block of
+// the S and dP products (the avx512 float32 tile's gemm) while a query tile's pass runs — spread,
+// because a burst of ≈ 100 requests before a product stalled the tile itself (S1 −1.7 %,
+// kernels-lab.md#bwd-9; the forward's fwd-28 likewise). Owned by the driver, one per query tile
+// (next_rows, flash_backward.cpp); the tile's products advance it, and it changes no value.
+// What it holds, range after range:
+// - the next query tile's Q and dO rows, where a pass streams more rows than the L2 holds (S3's
+//   6 MiB a head, against 2 MiB of L2): the first key block of each pass read them from the L3
+//   inside S and dP, 9–10 % more time per FLOP there than in dV, dK and dQ (3–5 % where the rows
+//   fit); requested, −2 to −4 %, S3 ≈ +3 % (kernels-lab.md#bwd-9);
+// - a slice of the next pass's K and V rows, the first read of which was the transposes'
+//   (pack_key_block): spread over the pass's last query tiles (kernels-lab.md#bwd-10).
+// S and dP request them fused or not (a score rule, softcap or dropout run them unfused).
 struct RowsAhead {
-    static constexpr int kRanges = 2;
-    const char* base[kRanges] = {};   // first row of each range: Q, dO
-    std::ptrdiff_t ld[kRanges] = {};  // row stride, bytes
-    int row_bytes[kRanges] = {};
-    int rows = 0;
+    static constexpr int kRanges = 4;
+    struct Range {
+        const char* base = nullptr;  // first row
+        std::ptrdiff_t ld = 0;       // row stride, bytes
+        int rows = 0, row_bytes = 0;
+        int lines() const { return rows * ((row_bytes + 63) / 64); }
+    };
+    Range range[kRanges];
+    int ranges = 0;
     int per_block = 0;  // lines requested per row block
-    int range = 0, row = 0, off = 0;  // the next line to request
+    int r = 0, row = 0, off = 0;  // the next line to request
+    void add(const void* base, std::ptrdiff_t ld, int rows, int row_bytes) {
+        if (rows > 0 && row_bytes > 0) range[ranges++] = {static_cast<const char*>(base), ld, rows, row_bytes};
+    }
+    int lines() const {
+        int n = 0;
+        for (int i = 0; i < ranges; ++i) n += range[i].lines();
+        return n;
+    }
     // The next per_block lines (fewer at the end), each into the L2.
     void request() {
-        for (int n = 0; n < per_block && range < kRanges;) {
-            if (row < rows) {
-                __builtin_prefetch(base[range] + row * ld[range] + off, 0, 2);
+        for (int n = 0; n < per_block && r < ranges;) {
+            const Range& g = range[r];
+            if (row < g.rows) {
+                __builtin_prefetch(g.base + row * g.ld + off, 0, 2);
                 ++n;
-                if ((off += 64) >= row_bytes[range]) off = 0, ++row;
+                if ((off += 64) >= g.row_bytes) off = 0, ++row;
             } else {
-                ++range, row = 0;
+                ++r, row = 0;
             }
         }
     }
