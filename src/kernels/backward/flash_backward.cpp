@@ -252,9 +252,13 @@ struct Plan {
     // kernels-lab.md#bwd-9). The float32 avx512 tile only: the others take no requests. Only
     // requests depend on the L2's size, never a result.
     bool rows_ahead;
-    // The S and dP products request the next pass's K and V rows (KeysAhead), the float32 avx512
+    // The S and dP products request the next pass's K and V rows (next_keys), the float32 avx512
     // tile only: the first read of each pass's rows was the transposes' (kernels-lab.md#bwd-10).
     bool keys_ahead;
+    // A task's last pass requests the rows of the task its thread takes next (next_task) where
+    // both tasks' Q, dO and O rows fit the L2 together (S1: 2 × 768 KiB), the same tile only:
+    // S1 +1.2–1.3 % per CPU-second on 1 and 2 threads (kernels-lab.md#bwd-10).
+    bool task_ahead;
 
     Plan(const BackwardProblem& bp_, const KernelSet& k)
         : bp(bp_), p(bp_.fwd), kernels(k), B(p.B), Hq(p.Hq), Hkv(p.Hkv), Lq(p.Lq), Lk(p.Lk), Dk(p.Dk), Dv(p.Dv),
@@ -294,6 +298,7 @@ struct Plan {
         const std::int64_t streamed = static_cast<std::int64_t>(group) * Lq * (2 * Dkp + Dvp) * 4;
         rows_ahead = k.isa == Isa::avx512 && !bf16 && streamed > cpu_features().l2_bytes;
         keys_ahead = k.isa == Isa::avx512 && !bf16;
+        task_ahead = keys_ahead && 2 * static_cast<std::int64_t>(group) * Lq * (Dkp + 2 * Dvp) * 4 <= cpu_features().l2_bytes;
     }
 
 };
@@ -589,51 +594,85 @@ bool tile_sees(const Plan& c, std::int64_t b, std::int64_t i0, std::int64_t j0, 
     return false;
 }
 
-// The next pass's K and V rows (keys [j0, j1) of KV head hk in batch b), asked for a slice at a
-// time by the current pass's last `slices` query tiles that run (RowsAhead): by then the pass
-// streams little more through the L2 (S3: ≤ 8 tiles' Q, dO and dQ rows, 768 KiB), and the lines
-// are there when pack_key_block transposes them (kernels-lab.md#bwd-10). Empty past the task's
-// last pass, off the float32 avx512 tile (Plan::keys_ahead) and for rows of a non-unit inner stride.
-struct KeysAhead {
-    static constexpr int kTiles = 8;  // the query tiles that share the requests
-    std::int64_t b = 0, hk = 0, j0 = 0, j1 = 0;
+// Rows asked for a slice at a time by the current pass's last `slices` query tiles that run
+// (RowsAhead): the next pass's K and V rows (next_keys), or in a task's last pass the task its
+// thread takes next (next_task). Late in the pass, the pass streams little more through the L2
+// (S3: ≤ 8 tiles' Q, dO and dQ rows, 768 KiB), and the lines are there when pack_key_block
+// transposes them or prepare_head scans them (kernels-lab.md#bwd-10). Rows of a non-unit inner
+// stride are left out.
+struct SlicedRows {
+    static constexpr int kTiles = 8;  // the query tiles that share the next pass's K/V requests
+    RowsAhead::Range range[RowsAhead::kRanges];
+    int ranges = 0;
     std::int64_t first = 0;  // the first requesting tile, counted over the pass's tiles that run
     int slices = 0;
-    // Adds slice t (the t-th tile that runs in the pass) of K's and V's rows to `a`, if any.
-    void add_slice(const Plan& c, std::int64_t t, RowsAhead& a) const {
+    // Rows [i0, i0 + rows) of (b, h) of a (B, H, L, D) tensor (rows may run on into the next heads
+    // when the tensor's heads lie one after the other).
+    void add(const TensorView& x, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows) {
+        if (x.stride(3) != 1 || rows <= 0) return;
+        const std::size_t size = dtype_size(x.dtype());
+        range[ranges++] = {static_cast<const char*>(x.data()) + static_cast<std::size_t>(x.offset(b, h, i0, 0)) * size,
+                           x.stride(2) * static_cast<std::ptrdiff_t>(size), static_cast<int>(rows),
+                           static_cast<int>(x.dim(3) * static_cast<std::int64_t>(size))};
+    }
+    // Adds slice t (the t-th tile that runs in the pass) of each range to `a`, if any.
+    void add_slice(std::int64_t t, RowsAhead& a) const {
         if (t < first || t >= first + slices) return;
-        const std::int64_t k = t - first, n = j1 - j0;
-        const std::int64_t k0 = j0 + k * n / slices, k1 = j0 + (k + 1) * n / slices;
-        for (const TensorView* x : {&c.p.k, &c.p.v}) {
-            if (x->stride(3) != 1) continue;
-            const std::size_t size = dtype_size(x->dtype());
-            a.add(static_cast<const char*>(x->data()) + static_cast<std::size_t>(x->offset(b, hk, k0, 0)) * size,
-                  x->stride(2) * static_cast<std::ptrdiff_t>(size), static_cast<int>(k1 - k0),
-                  static_cast<int>(x->dim(3) * static_cast<std::int64_t>(size)));
+        const std::int64_t k = t - first;
+        for (int r = 0; r < ranges; ++r) {
+            const RowsAhead::Range& g = range[r];
+            const int r0 = static_cast<int>(k * g.rows / slices), r1 = static_cast<int>((k + 1) * g.rows / slices);
+            a.add(g.base + r0 * g.ld, g.ld, r1 - r0, g.row_bytes);
         }
+    }
+    // Spread over the last `tiles` (at most) of the pass's `run` tiles.
+    void spread(std::int64_t run, std::int64_t tiles) {
+        slices = ranges > 0 ? static_cast<int>(std::min(tiles, run)) : 0;
+        first = run - slices;
     }
 };
 
-// The next pass's keys [j0, j1) and the requests' split over the current pass's tiles (keys
-// [pass_j0, pass_j1), tiles (g, i0) of every query head of the group).
-KeysAhead next_keys(const Plan& c, std::int64_t b, std::int64_t hk, std::int64_t pass_j0, std::int64_t pass_j1,
-                    std::int64_t j0, std::int64_t j1) {
-    KeysAhead k;
-    if (!c.keys_ahead || j0 >= j1) return k;
+// The query tiles (g, i0) of the task's group that see keys [j0, j1): those that run in a pass.
+std::int64_t pass_tiles(const Plan& c, std::int64_t b, std::int64_t j0, std::int64_t j1) {
     std::int64_t tiles = 0;
-    for (std::int64_t i0 = 0; i0 < c.Lq; i0 += kBr) tiles += tile_sees(c, b, i0, pass_j0, pass_j1);
-    tiles *= static_cast<std::int64_t>(c.group);
-    k.b = b, k.hk = hk, k.j0 = j0, k.j1 = j1;
-    k.slices = static_cast<int>(std::min<std::int64_t>(KeysAhead::kTiles, tiles));
-    k.first = tiles - k.slices;
+    for (std::int64_t i0 = 0; i0 < c.Lq; i0 += kBr) tiles += tile_sees(c, b, i0, j0, j1);
+    return tiles * static_cast<std::int64_t>(c.group);
+}
+
+// The next pass's keys [j0, j1) of KV head hk in batch b, asked for by the last kTiles of the
+// current pass's `run` tiles.
+SlicedRows next_keys(const Plan& c, std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t j1, std::int64_t run) {
+    SlicedRows k;
+    if (!c.keys_ahead || j0 >= j1) return k;
+    k.add(c.p.k, b, hk, j0, j1 - j0);
+    k.add(c.p.v, b, hk, j0, j1 - j0);
+    k.spread(run, SlicedRows::kTiles);
+    return k;
+}
+
+// The rows task `task` reads first — its query heads' Q, dO and O rows (prepare_head) and its
+// first pass's K and V rows — asked for by all the `run` tiles of the current task's last pass,
+// where both tasks' rows fit the L2 together (Plan::task_ahead: S1).
+SlicedRows next_task(const Plan& c, std::int64_t task, std::int64_t run) {
+    SlicedRows k;
+    if (!c.task_ahead || task >= c.tasks) return k;
+    const std::int64_t chunk = task / (c.B * c.Hkv), b = task % (c.B * c.Hkv) / c.Hkv, hk = task % c.Hkv;
+    const std::int64_t h0 = hk * c.p.group;
+    for (const TensorView* x : {&c.p.q, &c.bp.grad_out, &c.p.out})  // the group's heads, when one block of rows
+        k.add(*x, b, h0, 0, x->stride(1) == c.Lq * x->stride(2) ? static_cast<std::int64_t>(c.group) * c.Lq : c.Lq);
+    const std::int64_t j0 = chunk * c.nkb / c.nchunks * kBc;
+    const std::int64_t j1 = std::min<std::int64_t>(c.Lk, j0 + c.pass * kBc);
+    k.add(c.p.k, b, hk, j0, j1 - j0);
+    k.add(c.p.v, b, hk, j0, j1 - j0);
+    k.spread(run, run);
     return k;
 }
 
 // The lines the S and dP products of a query tile request while it runs against the pass's
 // `tiles` key blocks (RowsAhead), spread evenly over their row blocks: the Q and dO rows of the
 // query tile from row i1 of head g (past the head's rows, or unless Plan::rows_ahead: none),
-// then slice t of the next pass's K and V rows (KeysAhead).
-RowsAhead next_rows(const Plan& c, const Scratch& s, std::size_t g, std::int64_t i1, int tiles, const KeysAhead& keys,
+// then slice t of the rows the pass asks for ahead (SlicedRows).
+RowsAhead next_rows(const Plan& c, const Scratch& s, std::size_t g, std::int64_t i1, int tiles, const SlicedRows& later,
                     std::int64_t t) {
     RowsAhead a;
     if (c.rows_ahead && i1 < c.Lq) {
@@ -643,7 +682,7 @@ RowsAhead next_rows(const Plan& c, const Scratch& s, std::size_t g, std::int64_t
         for (int r = 0; r < 2; ++r)
             a.add(head[r]->at[g] + i1 * head[r]->ld[g], 4 * head[r]->ld[g], rows, 4 * Dp[r]);
     }
-    keys.add_slice(c, t, a);
+    later.add_slice(t, a);
     const int blocks = 2 * tiles * ((kBr + 5) / 6);  // S and dP: 6-row blocks (tile_avx512_gemm.inl)
     a.per_block = (a.lines() + blocks - 1) / blocks;
     return a;
@@ -652,7 +691,10 @@ RowsAhead next_rows(const Plan& c, const Scratch& s, std::size_t g, std::int64_t
 // One task: the key blocks of chunk `chunk` of KV head hk in batch b, against every query
 // row of the heads sharing hk. It owns those keys' dK/dV rows, and with one chunk its heads'
 // dQ rows; dq_ws holds the chunks' dQ partials otherwise.
-void run_task(const Plan& c, Scratch& s, std::int64_t task, float* dq_ws, float* Dall) {
+// `next`: the tasks not yet taken; the task takes its thread's next one from it as its last pass
+// starts (`following`, or −1 if it never got there) and asks for that task's rows meanwhile.
+void run_task(const Plan& c, Scratch& s, std::int64_t task, float* dq_ws, float* Dall, std::atomic<std::int64_t>& next,
+              std::int64_t& following) {
     const SdpaProblem& p = c.p;
     const BackwardProblem& bp = c.bp;
     // Chunk-major: under a causal mask (either alignment) the first key blocks are seen by the
@@ -677,13 +719,16 @@ void run_task(const Plan& c, Scratch& s, std::int64_t task, float* dq_ws, float*
             pack_key_block(c, s, kb, b, hk);
         }
         const std::int64_t pass_j1 = std::min<std::int64_t>(c.Lk, (kb0 + n) * kBc);
-        const KeysAhead keys = next_keys(c, b, hk, kb0 * kBc, pass_j1, pass_j1,
-                                         std::min<std::int64_t>(c.Lk, std::min(kb_end, kb0 + n + c.pass) * kBc));
+        const std::int64_t run = c.keys_ahead ? pass_tiles(c, b, kb0 * kBc, pass_j1) : 0;
+        const bool last = kb0 + n >= kb_end;
+        if (last) following = next.fetch_add(1);
+        const std::int64_t next_j1 = std::min<std::int64_t>(c.Lk, std::min(kb_end, kb0 + n + c.pass) * kBc);
+        const SlicedRows later = last ? next_task(c, following, run) : next_keys(c, b, hk, pass_j1, next_j1, run);
         std::int64_t t = 0;  // the pass's tiles that run, so far
         for (std::size_t g = 0; g < c.group; ++g)
             for (std::int64_t i0 = 0; i0 < c.Lq; i0 += kBr) {
-                if (keys.slices > 0 && !tile_sees(c, b, i0, kb0 * kBc, pass_j1)) continue;
-                RowsAhead ahead = next_rows(c, s, g, i0 + kBr, n, keys, t++);
+                if (later.slices > 0 && !tile_sees(c, b, i0, kb0 * kBc, pass_j1)) continue;
+                RowsAhead ahead = next_rows(c, s, g, i0 + kBr, n, later, t++);
                 for (int u = 0; u < n; ++u)
                     run_tile(c, s, s.key[u], b, h0 + static_cast<std::int64_t>(g), g, i0, dq_c, &ahead);
             }
@@ -845,6 +890,7 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
     // the remaining tasks are skipped, and outputs the finished tasks wrote stay written.
     std::atomic<bool> scratch_refused{false};
     FirstError task_error;
+    std::atomic<std::int64_t> untaken{0};  // the first task no thread has taken (run_task)
 
 #pragma omp parallel
     {
@@ -871,11 +917,16 @@ void flash_backward(const BackwardProblem& bp, const KernelSet& kernels) {
                     std::memset(dq_ws + e, 0, sizeof(float) * static_cast<std::size_t>(std::min<std::int64_t>(4096, total - e)));
             }
 
-            // (nowait: with one chunk nothing follows that needs the other threads' tasks; with
+            // Tasks in order from one counter, as schedule(dynamic, 1) hands them out, except that a
+            // thread takes its next task as its current one's last pass starts (run_task), to
+            // request that task's rows; no result depends on which thread runs a task. (No barrier
+            // after: with one chunk nothing follows that needs the other threads' tasks; with
             // several, the barrier below comes before the partials are summed.)
-#pragma omp for schedule(dynamic, 1) nowait
-            for (std::int64_t task = 0; task < c.tasks; ++task)
-                task_error.run([&] { run_task(c, s, task, dq_ws, bp.dsinks ? Dall.data() : nullptr); });
+            for (std::int64_t task = untaken.fetch_add(1); task < c.tasks;) {
+                std::int64_t following = -1;
+                task_error.run([&] { run_task(c, s, task, dq_ws, bp.dsinks ? Dall.data() : nullptr, untaken, following); });
+                task = following >= 0 ? following : untaken.fetch_add(1);
+            }
 
             if (!c.dq_own) {
 #pragma omp barrier

@@ -53,10 +53,13 @@ inline constexpr float kTileLog2e = 1.4426950408889634f;
 //   inside S and dP, 9–10 % more time per FLOP there than in dV, dK and dQ (3–5 % where the rows
 //   fit); requested, −2 to −4 %, S3 ≈ +3 % (kernels-lab.md#bwd-9);
 // - a slice of the next pass's K and V rows, the first read of which was the transposes'
-//   (pack_key_block): spread over the pass's last query tiles (kernels-lab.md#bwd-10).
+//   (pack_key_block): spread over the pass's last query tiles; in a task's last pass instead a
+//   slice of the rows the thread's next task reads first — its Q, dO and O rows (the non-finite
+//   scans, D) and its first K and V rows — where they fit the L2 beside the current task's
+//   (flash_backward.cpp, SlicedRows; kernels-lab.md#bwd-10).
 // S and dP request them fused or not (a score rule, softcap or dropout run them unfused).
 struct RowsAhead {
-    static constexpr int kRanges = 4;
+    static constexpr int kRanges = 6;
     struct Range {
         const char* base = nullptr;  // first row
         std::ptrdiff_t ld = 0;       // row stride, bytes
@@ -68,7 +71,7 @@ struct RowsAhead {
     int per_block = 0;  // lines requested per row block
     int r = 0, row = 0, off = 0;  // the next line to request
     void add(const void* base, std::ptrdiff_t ld, int rows, int row_bytes) {
-        if (rows > 0 && row_bytes > 0) range[ranges++] = {static_cast<const char*>(base), ld, rows, row_bytes};
+        if (rows > 0 && row_bytes > 0 && ranges < kRanges) range[ranges++] = {static_cast<const char*>(base), ld, rows, row_bytes};
     }
     int lines() const {
         int n = 0;
