@@ -1,7 +1,7 @@
-// `#pragma omp parallel for schedule(dynamic, 1)` for loop bodies that may throw (they
-// allocate, or call code that checks): an exception must not leave an OpenMP region — that is
-// std::terminate — so each body's exception is caught, the remaining iterations are skipped,
-// and the first one is rethrown on the calling thread after the region (FirstError, for
+// A parallel loop that hands out items as `schedule(dynamic, 1)` would, for loop bodies that may
+// throw (they allocate, or call code that checks): an exception must not leave an OpenMP region
+// — that is std::terminate — so each body's exception is caught, the remaining iterations are
+// skipped, and the first one is rethrown on the calling thread after the region (FirstError, for
 // regions that are not one loop). The caller's interrupt flag (interrupt.hpp) skips them too.
 #pragma once
 
@@ -51,21 +51,25 @@ private:
     const Interrupt interrupt_;
 };
 
+// The items on the first `threads` threads (thread numbers 0 to threads - 1), one at a time, as
+// `schedule(dynamic, 1)` hands them out. The region starts OpenMP's whole team all the same: a
+// smaller one would make libgomp end the pool's other threads, and the call's next region create
+// them again, past attn's check (startable_threads.hpp). The others take no item.
 template <class Body>
 void parallel_for_may_throw(std::int64_t n, int threads, Body&& body) {
     FirstError error;
-#pragma omp parallel num_threads(threads)
-    {
+    std::atomic<std::int64_t> next{0};
+#pragma omp parallel
+    if (omp_get_thread_num() < threads || omp_get_thread_num() == 0) {
         const IeeeSubnormals ieee;  // float_env.hpp
-#pragma omp for schedule(dynamic, 1)
-        for (std::int64_t i = 0; i < n; ++i) error.run([&] { body(i); });
+        for (std::int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) error.run([&] { body(i); });
     }
     error.rethrow();
 }
 
-// The threads a parallel_for_may_throw over n items will run on: OpenMP's default count (attn's
-// setting inside a ComputeThreads scope), at most n, and 1 where a region may not nest. For
-// loops that size one workspace per thread before they start (omp_get_thread_num() indexes it).
+// The threads a parallel_for_may_throw over n items will compute on: OpenMP's default count
+// (attn's setting inside a ComputeThreads scope), at most n, and 1 where a region may not nest.
+// For loops that size one workspace per thread before they start (omp_get_thread_num() indexes it).
 inline int team_size(std::int64_t n) {
     if (omp_get_active_level() >= omp_get_max_active_levels()) return 1;
     const std::int64_t t = omp_get_max_threads();

@@ -2,10 +2,14 @@
 
 #include <omp.h>
 #include <pthread.h>
+#include <sched.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -18,9 +22,15 @@ namespace {
 
 // libgomp's thread pool belongs to the thread that starts a region (each calling thread has its
 // own), so the check is per calling thread too.
-// > 0: the largest team this thread's calls were found able to start; < 0: a check found fewer,
-// and -t_team is this thread's largest team from now on. One variable: the steady path reads one.
-thread_local int t_team = 1;
+// t_cap > 0: the largest team a check found this thread's calls able to start, from then on; 0: no
+// check has found fewer than it asked for.
+thread_local int t_cap = 0;
+// The team attn's calls left this thread's libgomp pool at (1: no pool), or fewer: a call on
+// fewer threads shrinks the pool to its team (start_team), and the pool only grows by start_team.
+thread_local int t_pool = 1;
+// The largest team a check passed for on this thread (the queries' answer; a call re-checks
+// whatever it needs beyond t_pool, right before libgomp creates it).
+thread_local int t_checked = 1;
 std::atomic<bool> g_warned{false};
 
 // The stack libgomp gives its threads: OMP_STACKSIZE, else GOMP_STACKSIZE, in the OpenMP
@@ -62,15 +72,39 @@ struct Gate {
     bool open = false;
 };
 
-void* wait_at(void* gate_ptr) {
-    Gate& gate = *static_cast<Gate*>(gate_ptr);
-    std::unique_lock<std::mutex> lock(gate.mutex);
-    gate.opened.wait(lock, [&] { return gate.open; });
+struct Probe {
+    Gate* gate;
+    pid_t tid;  // the kernel's id of the probe thread (wait_released)
+};
+
+void* wait_at(void* probe_ptr) {
+    Probe& probe = *static_cast<Probe*>(probe_ptr);
+    probe.tid = gettid();
+    std::unique_lock<std::mutex> lock(probe.gate->mutex);
+    probe.gate->opened.wait(lock, [&] { return probe.gate->open; });
     return nullptr;
 }
 
+// pthread_join returns when the kernel has woken the joiner, on the thread's way out, and the
+// thread still counts against RLIMIT_NPROC (and a cgroup's pids.max) for a moment after that: at
+// a limit that left room for exactly three threads, three made again right after three were made
+// and joined were refused 10 times in 20000 (a C program, Linux 6.18) — libgomp, making them
+// then, would have ended the process. The kernel's id of a thread disappears from /proc once the
+// kernel has let it go: waiting for that, none of 20000 was refused. Bounded (100 ms), in case
+// /proc is another process's or a thread takes that long to go.
+void wait_released(const std::vector<Probe>& probes) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+    char path[64];
+    for (const Probe& p : probes) {
+        std::snprintf(path, sizeof path, "/proc/self/task/%d", static_cast<int>(p.tid));
+        struct stat st;
+        while (stat(path, &st) == 0 && std::chrono::steady_clock::now() < give_up) sched_yield();
+    }
+}
+
 // How many of `extra` threads (libgomp's stack size) can exist at once beside the process's
-// current ones; each created is joined before this returns. *error: the first refusal's errno.
+// current ones; each created is joined, and released by the kernel, before this returns.
+// *error: the first refusal's errno.
 int creatable(int extra, int* error) {
     pthread_attr_t attr;
     if (pthread_attr_init(&attr) != 0) return extra;  // cannot check: leave it to libgomp, as before
@@ -78,11 +112,12 @@ int creatable(int extra, int* error) {
     // makes of it is libgomp's to say.
     if (const std::size_t stack = openmp_stack_size(); stack != 0) (void)pthread_attr_setstacksize(&attr, stack);
     Gate gate;
+    std::vector<Probe> probes(static_cast<std::size_t>(extra), Probe{&gate, 0});
     std::vector<pthread_t> made;
     made.reserve(static_cast<std::size_t>(extra));
     for (int i = 0; i < extra; ++i) {
         pthread_t t;
-        if (const int rc = pthread_create(&t, &attr, wait_at, &gate); rc != 0) {
+        if (const int rc = pthread_create(&t, &attr, wait_at, &probes[static_cast<std::size_t>(i)]); rc != 0) {
             *error = rc;
             break;
         }
@@ -95,15 +130,19 @@ int creatable(int extra, int* error) {
     }
     gate.opened.notify_all();
     for (pthread_t t : made) pthread_join(t, nullptr);
+    probes.resize(made.size());
+    wait_released(probes);
     return static_cast<int>(made.size());
 }
 
+// Creates (and joins) the threads a team of n needs beside this thread's pool; a team the
+// system refuses becomes this thread's cap, said once per process.
 [[gnu::noinline]] int check(int n) {
     int error = 0;
-    const int team = 1 + creatable(n - 1, &error);  // the calling thread is one of the team
-    t_team = team;
+    const int team = t_pool + creatable(n - t_pool, &error);  // the pool's threads exist already
+    if (team > t_checked) t_checked = team;
     if (team < n) {
-        t_team = -team;
+        t_cap = team;
         if (!g_warned.exchange(true, std::memory_order_relaxed)) {
             std::fprintf(stderr,
                          "attn: warning: a call asked for %d threads but the system let it start only %d (creating a "
@@ -115,19 +154,40 @@ int creatable(int extra, int* error) {
     return team;
 }
 
+// Where a region cannot be active (a kernel nested in another's task, as varlen's short
+// sequences are), libgomp creates no thread: nothing to check, and a check there would count the
+// enclosing team's threads against this one.
+bool regions_nest() { return omp_get_active_level() >= omp_get_max_active_levels(); }
+
 }  // namespace
 
-void forget_startable_threads() noexcept { t_team = 1; }
+void forget_startable_threads() noexcept {
+    t_cap = 0;
+    t_pool = 1;
+    t_checked = 1;
+}
 
 int startable_threads(int n) {
-    const int team = t_team;
-    if (n <= team) return n;  // the steady path
-    if (team < 0) return n < -team ? n : -team;
-    // Where a region cannot be active (a kernel nested in another's task, as varlen's short
-    // sequences are), libgomp creates no thread: nothing to check, and a check there would
-    // count the enclosing team's threads against this one.
-    if (omp_get_active_level() >= omp_get_max_active_levels()) return n;
+    if (t_cap > 0 && n > t_cap) n = t_cap;
+    if (n <= t_pool || n <= t_checked || regions_nest()) return n;  // the steady path
     return check(n);
+}
+
+int start_team(int n) {
+    if (t_cap > 0 && n > t_cap) n = t_cap;
+    if (n <= t_pool) {  // the steady path: the pool has the threads
+        if (n > 1) t_pool = n;  // this call's regions of n end the pool's other threads
+        return n;
+    }
+    if (regions_nest()) return n;
+    const int team = check(n);
+    // libgomp creates the pool's threads now, as soon after the check as it can (an empty region
+    // would be compiled away: each thread counts itself).
+    std::atomic<int> started{0};
+#pragma omp parallel num_threads(team)
+    started.fetch_add(1, std::memory_order_relaxed);
+    t_pool = started.load(std::memory_order_relaxed);
+    return team;
 }
 
 }  // namespace attn::detail

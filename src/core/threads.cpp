@@ -35,13 +35,13 @@ std::atomic<bool> g_forked_child{false};  // and was forked after that: one thre
 
 void one_thread_in_the_child() {
     if (g_team_started.load(std::memory_order_relaxed)) g_forked_child.store(true, std::memory_order_relaxed);
-    detail::forget_startable_threads();  // the parent's check of its threads does not hold here
+    detail::forget_startable_threads();  // the parent's check and pool do not hold here
 }
 
 // Registered when the library is loaded, before any fork can matter (a lazy registration behind a
 // function-local static's guard could leave a child forked mid-registration waiting on the guard).
 // The handler reads and writes two lock-free atomics and the forking thread's own thread-local
-// int: safe in the child of a threaded process (a first touch of the thread-local block may
+// ints: safe in the child of a threaded process (a first touch of the thread-local block may
 // allocate, and glibc's malloc works in a forked child).
 [[maybe_unused]] const int g_atfork_registered = pthread_atfork(nullptr, nullptr, one_thread_in_the_child);
 
@@ -88,8 +88,9 @@ int asked_threads() {
 
 }  // namespace
 
-// Every kernel's count comes from here, so it is the one place that keeps a call from asking
-// libgomp for threads the system will not create (startable_threads.hpp: libgomp would exit).
+// Every kernel's count comes from here or from ComputeThreads (which starts libgomp's pool on
+// it): the one place that keeps a call from asking libgomp for threads the system will not
+// create (startable_threads.hpp: libgomp would exit).
 int num_threads() {
     if (g_forked_child.load(std::memory_order_relaxed)) return 1;
     return detail::startable_threads(asked_threads());
@@ -107,8 +108,12 @@ namespace detail {
 // omp_get_max_threads() is read before the count is changed, so num_threads()'s OpenMP
 // default is the caller's own setting, and a nested scope (sdpa inside an MHA call) keeps it.
 ComputeThreads::ComputeThreads() : previous_(omp_get_max_threads()) {
-    const int n = num_threads();
-    if (n > 1) g_team_started.store(true, std::memory_order_relaxed);  // libgomp's pool may start now
+    int n = 1;
+    if (!g_forked_child.load(std::memory_order_relaxed)) {
+        const int asked = asked_threads();
+        if (asked > 1) g_team_started.store(true, std::memory_order_relaxed);  // libgomp's pool may start now
+        n = detail::start_team(asked);  // num_threads(), with libgomp's pool started on them
+    }
     omp_set_num_threads(n);
 }
 

@@ -450,7 +450,11 @@ void gemm_few_rows(const GemmArgs& g) {
     static_assert(T::kMR == R && T::kNR == NR, "a few-row variant keeps the micro-kernel's columns");
     const std::int64_t nk = ceil_div(g.K, U::kKC), kc_max = ceil_div(g.K, nk);
     const std::int64_t nq = ceil_div(g.N, NR);
-    const int threads = omp_in_parallel() ? 1 : static_cast<int>(std::min<std::int64_t>(omp_get_max_threads(), nq));
+    // The whole team starts, and the first min(team, nq) threads split the slivers: a smaller team
+    // would make libgomp end the pool's other threads, and the call's next region create them
+    // again, past attn's check (core/startable_threads.hpp).
+    const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+    const std::int64_t workers = std::min<std::int64_t>(threads, nq);
     // op(A)'s R rows, every K chunk (R·K floats: tiny), packed by each thread for itself; and
     // the thread's B sliver.
     const std::int64_t a_floats = nk * a_panel_floats<T>(kc_max), b_floats = kc_max * NR;
@@ -459,10 +463,9 @@ void gemm_few_rows(const GemmArgs& g) {
     // which no exception may leave. The other threads' columns of C are written.
     int refused_slot = -1;
 #pragma omp parallel num_threads(threads)
-    {
+    if (const std::int64_t t = omp_get_thread_num(), nt = std::min<std::int64_t>(omp_get_num_threads(), workers); t < nt) {
         const IeeeSubnormals ieee;  // each thread with IEEE subnormals (core/float_env.hpp)
         [[maybe_unused]] const ThreadScopeOf<U> scope;
-        const std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
         float* const abuf = gemm_workspace(0, a_floats);
         float* const bbuf = prepacked ? nullptr : gemm_workspace(1, b_floats);
         if (abuf == nullptr || (!prepacked && bbuf == nullptr)) {

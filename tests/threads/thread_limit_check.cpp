@@ -13,7 +13,18 @@
 //   thread_limit_check child   asks for 4 threads: the sdpa forward and backward complete on 1,
 //                              forward equal to an independent naive attention, and
 //                              attn::num_threads() says 1
-// Each parent reads its child's stderr: one attn warning, and libgomp's message nowhere.
+//   thread_limit_check regrow_count   runs itself as `shrunk_by_count` (as user nobody when run as
+//                              root): a call on 4 threads, one on 2 (libgomp ends two of its
+//                              pool's threads), RLIMIT_NPROC = 1, then `child`'s calls on 4: attn
+//                              checks the two again, the system refuses them, they run on 2
+//   thread_limit_check regrow_kernel  runs itself as `shrunk_by_kernel` (the same): a call on 4
+//                              threads, a call on 4 whose loop has 2 items (the reference kernel
+//                              over 2 heads: its loop asked libgomp for a team of 2, which ended
+//                              two of the pool's threads), RLIMIT_NPROC = 1, then `child`'s calls
+//                              on 4: the pool kept its threads, they run on 4, with no warning
+// Each parent reads its child's stderr: the attn warning expected (one, or none), and libgomp's
+// message nowhere (when attn checked only a thread's first team, libgomp ended both regrow
+// children's process).
 #include <fcntl.h>
 #include <grp.h>
 #include <sys/resource.h>
@@ -38,7 +49,9 @@ namespace {
 constexpr int kSkip = 77;  // ctest's SKIP_RETURN_CODE
 constexpr uid_t kNobody = 65534;
 
-int child() {
+// The sdpa forward and backward on 4 threads asked for, which must run on `expected` (what
+// attn::num_threads() says after them), the forward equal to an independent naive attention.
+int sdpa_against_naive(int expected) {
     using namespace attn;
     attn::set_num_threads(4);
     std::mt19937 rng(11);
@@ -52,8 +65,9 @@ int child() {
     sdpa(q, k, v, o, out, &lv);
     Tensor dq(DType::f32, s), dk(DType::f32, s), dv(DType::f32, s);
     sdpa_backward(q, k, v, out, lse, dO, o, dq, dk, dv);
-    if (attn::num_threads() != 1) {
-        std::printf("FAIL num_threads() = %d, expected the 1 thread the system allows\n", attn::num_threads());
+    if (attn::num_threads() != expected) {
+        std::printf("FAIL num_threads() = %d, expected the %d thread(s) the system allows\n", attn::num_threads(),
+                    expected);
         return 3;
     }
     // float32 sums of 96 keys against double: |error| <= 1e-5·(1 + |want|) holds with a wide
@@ -73,10 +87,42 @@ int child() {
     return 0;
 }
 
+int child() { return sdpa_against_naive(1); }
+
 // RLIMIT_NPROC = 1 for this process and those it creates: no thread can be created.
 void no_more_threads() {
     const rlimit one{1, 1};
     if (setrlimit(RLIMIT_NPROC, &one) != 0) _exit(5);
+}
+
+// An sdpa forward (`impl`) of `heads` heads of 96 queries on the calling thread's count (4 unless
+// a scope says otherwise): with more than one item, its loop's region starts that many threads.
+void sdpa_call(attn::Impl impl, std::int64_t heads) {
+    using namespace attn;
+    std::mt19937 rng(5);
+    const Shape s{1, heads, 96, 32};
+    const Tensor q = test::randn(DType::f32, s, rng), k = test::randn(DType::f32, s, rng),
+                 v = test::randn(DType::f32, s, rng);
+    Tensor out(DType::f32, s);
+    SdpaOptions o;
+    o.impl = impl;
+    sdpa(q, k, v, o, out);
+}
+
+// libgomp shrinks a thread's pool to each smaller team it starts, and creates the threads again
+// when a later region asks for more: that growth is checked too (startable_threads.hpp). The
+// calls before the limit have none.
+int shrunk(bool by_count) {
+    attn::set_num_threads(4);
+    sdpa_call(attn::Impl::flash, 4);  // the pool: 4 threads
+    if (by_count) {
+        const attn::ScopedNumThreads two(2);
+        sdpa_call(attn::Impl::flash, 4);  // a team of 2: libgomp ends two threads
+    } else {
+        sdpa_call(attn::Impl::reference, 2);  // one item per head: 2
+    }
+    no_more_threads();
+    return sdpa_against_naive(by_count ? 2 : 4);
 }
 
 // `child` in a process forked after this one's check of 4 threads, under no limit, passed; the
@@ -105,7 +151,8 @@ int forked() {
 // `ulimit -u 1; exec …` would; the OpenMP pool of this process plays no part.
 [[noreturn]] void exec_child(const char* self, const std::string& mode, int err_fd) {
     dup2(err_fd, STDERR_FILENO);
-    if (mode == "nproc" || mode == "fork") {
+    const bool regrow = mode == "regrow_count" || mode == "regrow_kernel";
+    if (mode == "nproc" || mode == "fork" || regrow) {
         if (geteuid() == 0 && (setgroups(0, nullptr) != 0 || setgid(kNobody) != 0 || setuid(kNobody) != 0)) {
             std::printf("skipped: running as root, and cannot become user %u (%s): root ignores RLIMIT_NPROC\n",
                         kNobody, std::strerror(errno));
@@ -117,7 +164,11 @@ int forked() {
         setenv("OMP_STACKSIZE", "4G", 1);
         attn::test::limit_address_space(1ul << 30);
     }
-    execl(self, self, mode == "fork" ? "forked" : "child", static_cast<char*>(nullptr));
+    const char* as = mode == "fork"           ? "forked"
+                     : mode == "regrow_count"  ? "shrunk_by_count"
+                     : mode == "regrow_kernel" ? "shrunk_by_kernel"
+                                               : "child";
+    execl(self, self, as, static_cast<char*>(nullptr));
     std::printf("skipped: cannot run %s as user %u (%s)\n", self, kNobody, std::strerror(errno));
     std::fflush(stdout);
     _exit(kSkip);
@@ -160,9 +211,19 @@ int parent(const char* self, const std::string& mode) {
         std::printf("FAIL libgomp failed to create a thread\n");
         ++failures;
     }
-    if (count(err, "attn: warning: a call asked for 4 threads but the system let it start only 1 ") != 1) {
-        std::printf("FAIL expected one attn warning naming 4 threads asked for and 1 started\n");
-        ++failures;
+    if (mode == "regrow_kernel") {
+        if (count(err, "attn: warning") != 0) {
+            std::printf("FAIL expected no attn warning: the pool kept its 4 threads\n");
+            ++failures;
+        }
+    } else {
+        const int started = mode == "regrow_count" ? 2 : 1;
+        const std::string warning = "attn: warning: a call asked for 4 threads but the system let it start only " +
+                                    std::to_string(started) + " ";
+        if (count(err, "attn: warning") != 1 || count(err, warning.c_str()) != 1) {
+            std::printf("FAIL expected one attn warning naming 4 threads asked for and %d started\n", started);
+            ++failures;
+        }
     }
     std::printf("%s\n", failures == 0 ? "ok" : "FAILED");
     return failures == 0 ? 0 : 1;
@@ -174,6 +235,7 @@ int main(int argc, char** argv) {
     const std::string mode = argc > 1 ? argv[1] : "";
     if (mode == "child") return child();
     if (mode == "forked") return forked();
+    if (mode == "shrunk_by_count" || mode == "shrunk_by_kernel") return shrunk(mode == "shrunk_by_count");
 #if defined(__SANITIZE_ADDRESS__)
     // The stack mode's address space limit leaves no room for ASan's shadow memory, and under the
     // thread limit LeakSanitizer's exit check (which runs on a thread of its own) could not run.
@@ -187,7 +249,9 @@ int main(int argc, char** argv) {
         return kSkip;
     }
 #endif
-    if (mode == "nproc" || mode == "stack" || mode == "fork") return parent("/proc/self/exe", mode);
-    std::printf("usage: thread_limit_check nproc|stack|fork|child|forked\n");
+    if (mode == "nproc" || mode == "stack" || mode == "fork" || mode == "regrow_count" || mode == "regrow_kernel")
+        return parent("/proc/self/exe", mode);
+    std::printf("usage: thread_limit_check nproc|stack|fork|regrow_count|regrow_kernel|child|forked|shrunk_by_count|"
+                "shrunk_by_kernel\n");
     return 2;
 }
