@@ -3,11 +3,14 @@
 // reference, decode, the backward, varlen, the projection GEMM) —, while calls outside the scope,
 // on other threads, or under an inner scope whose flag is clear do not read it.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <ctime>
 #include <functional>
 #include <random>
@@ -172,6 +175,8 @@ TEST(Interrupt, TheReferenceKernelStopsWhileWritingTheWeights) {
     const Tensor out = poisoned(DType::f64, s), weights = poisoned(DType::f64, {1, 1, L, L}),
                  scores = poisoned(DType::f64, {1, 1, L, L});
     const ScoresOutput scores_out{scores, ScoreStage::scaled};
+    const int mem = open("/proc/self/mem", O_RDONLY | O_CLOEXEC);  // (below: how out is watched)
+    ASSERT_GE(mem, 0) << "cannot open /proc/self/mem to watch the kernel's progress";
     std::atomic<bool> stop{false}, done{false};
     bool interrupted = false;
     std::thread caller([&] {
@@ -184,11 +189,22 @@ TEST(Interrupt, TheReferenceKernelStopsWhileWritingTheWeights) {
         }
         done = true;
     });
-    // Read as an atomic: the kernel writes it while this thread polls.
-    const std::atomic_ref<double> first(*out.data_as<double>());
-    while (!done && test::is_poison(first.load(std::memory_order_relaxed))) std::this_thread::yield();
+    // The kernel writes out's first row with plain stores while this thread polls it, so the poll
+    // reads through /proc/self/mem — a copy the system makes, as a debugger's — never with a load
+    // of its own: a load here, even an atomic one (std::atomic_ref), races with the kernel's store
+    // (ThreadSanitizer reported it).
+    bool unreadable = false;
+    const auto first = [&] {
+        double x = 0;
+        const auto at = static_cast<off_t>(reinterpret_cast<std::uintptr_t>(out.data_as<double>()));
+        unreadable = pread(mem, &x, sizeof x, at) != static_cast<ssize_t>(sizeof x);
+        return x;
+    };
+    while (!done && !unreadable && test::is_poison(first())) std::this_thread::yield();
+    close(mem);
     stop = true;
     caller.join();
+    EXPECT_FALSE(unreadable) << "reading out through /proc/self/mem failed";
     EXPECT_TRUE(interrupted) << "the last pass ran to its end";
     EXPECT_TRUE(still_poisoned(weights.view().slice(2, L - 1, 1)));
     EXPECT_TRUE(still_poisoned(scores.view().slice(2, L - 1, 1)));
