@@ -26,8 +26,8 @@ namespace attn::detail {
 int startable_threads(int n);
 
 // startable_threads(n) for a call about to compute: when its team is larger than this thread's
-// pool, libgomp's pool is started on it right after the check (an empty region), and the pool's
-// size is kept. Only ComputeThreads calls it.
+// pool, libgomp's pool is started on it right after the check (a region whose threads only count
+// themselves), and the pool's size is kept. Only ComputeThreads calls it.
 int start_team(int n);
 
 // In a forked child (threads.cpp's fork handler), on the one thread fork() keeps: forgets that
