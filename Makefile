@@ -5,11 +5,12 @@
 #   make serve-example  continuous batching over the paged KV cache with fork (examples/paged_server)
 #   make bench  a Release build, `attn bench` on every shape id, results into BENCHMARKS.md
 #   make fuzz   the libFuzzer targets (clang, ASan + UBSan), each for FUZZ_SECONDS (fuzz/README.md)
+#   make tsan   the threaded tests under ThreadSanitizer (clang, libomp + Archer; docs/build.md)
 BUILD    ?= build
 JOBS     ?= $(shell nproc)
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
 
-.PHONY: all demo test deps deps-test configure build bench clean train-example serve-example fuzz
+.PHONY: all demo test deps deps-test configure build bench clean train-example serve-example fuzz tsan
 
 all: build
 
@@ -63,6 +64,19 @@ FUZZ_SECONDS ?= 300
 FUZZ_TARGETS ?=
 fuzz: deps-test
 	bash fuzz/run.sh . $(BUILD)/fuzz $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
+# ThreadSanitizer (docs/build.md, "ThreadSanitizer build"): its own clang build dir
+# ($(BUILD)-tsan), then the tests of threads, interrupts and every kernel on OpenMP teams of
+# TSAN_THREADS (more than the CPUs: more interleavings). Not part of `make test`: it builds attn
+# again with clang and runs for tens of minutes.
+TSAN_THREADS ?= 2
+TSAN_TESTS ?= ^(threads_|ConcurrentCalls|Interrupt|SameBits|Flash|Shards/FlashRandom|Decode|Paged|KVCache|Incremental|Varlen|Mha)
+tsan: deps-test
+	@if [ ! -f $(BUILD)-tsan/CMakeCache.txt ]; then cmake -S . -B $(BUILD)-tsan -G "$(GENERATOR)" \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-14 -DATTN_SANITIZE=thread \
+	  -DATTN_BUILD_DEV=OFF -DATTN_BUILD_EXAMPLES=OFF; fi
+	cmake --build $(BUILD)-tsan -j $(JOBS)
+	OMP_NUM_THREADS=$(TSAN_THREADS) ctest --test-dir $(BUILD)-tsan -R '$(TSAN_TESTS)' --timeout 1200 --output-on-failure
 
 clean:
 	rm -rf $(BUILD)
