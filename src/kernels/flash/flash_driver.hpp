@@ -405,6 +405,15 @@ void key_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
             }
         }
         if (all_at_once) prefetch_kv_rows(p, b, hk, j0 + nk, j1);
+    } else if constexpr (kOpsSpreadRequests<Ops>) {
+        // Nothing to ask for ahead and the head within the L2: this block's V rows' first lines
+        // into the L1 during qk_pair's tiles, where pv_pair reads V in place (KvAhead::start_v_heads
+        // says why; past the L2, a group's later tasks lost with them).
+        if (panels >= 2 && shared == nullptr && !careful && p.paged == nullptr &&
+            p.v.dtype() == DType::f32 && p.v.stride(3) == 1 && head_kv_bytes(p) <= kFlashCachedKvBytes) {
+            spread.start_v_heads(p, b, hk, j0, j0 + nk, static_cast<int>((nk + Ops::kPairRows - 1) / Ops::kPairRows));
+            w.kv_next = &spread;
+        }
     }
     // The score rule changes nothing in Sᵀ: the softmax sees it as qk_block stored it, and the
     // column maxima qk found hold.

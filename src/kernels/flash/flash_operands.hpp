@@ -274,6 +274,8 @@ __attribute__((always_inline)) inline void prefetch_kv_rows(const SdpaProblem& p
 // of its kernel time on Sapphire Rapids (docs/kernels-lab.md, fwd-24, fwd-28), while the rows still
 // have to be asked for where they come from memory (Zen 5, fwd-10). key_block sets one up per key
 // block (w.kv_next) and asks for whatever the tiles left (rest) after the block's products.
+// Where the block asks for no next block, the same cursor can carry the first line of each of
+// this block's V rows into the L1 instead (start_v_heads), shared out over qk_pair's tiles.
 struct KvAhead {
     const SdpaProblem* p = nullptr;
     std::int64_t b = 0, h = 0, j0 = 0, j1 = 0;  // rows [j0, j1) of kv head h
@@ -283,6 +285,8 @@ struct KvAhead {
     int value = 2;                              // the range being asked for: 0 K, 1 V, 2 none (done)
     std::int64_t j = 0, off = 0;                // its row and the next line's offset in it
     const char* row = nullptr;                  // row j's first byte, or null: not found yet
+    bool into_l1 = false;                       // start_v_heads: row j's first line at row + (j - j0)·step
+    std::int64_t step = 0;
 
     // Rows [first, end) of kv head hh; tiles: the pair tiles of the block's products, which share
     // the lines out evenly.
@@ -303,9 +307,34 @@ struct KvAhead {
             lines += (end - first) * ((bytes[v] + 63) / 64);
         }
         per_call = (lines + tiles - 1) / (tiles > 0 ? tiles : 1);
+        into_l1 = false;
     }
-    // The next n lines (fewer at the end), each into the L2.
+    // The first line of V's rows [first, end) of kv head hh (float32, head dim contiguous), into
+    // the L1, over `tiles` calls of request() — qk_pair's tiles, before pv_pair reads them. pv_pair's
+    // first 6-row tile reads head-dim rows 0..5 of every key: one line of each of the block's 64 V
+    // rows, which nothing had asked for (pv_tile requests each row's next line as it goes, and the
+    // prefetchers do not follow 64 rows read 24 bytes each); the tile ran ≈ 16 % slower than the
+    // others. Requested during qk where the head stays in the L2 (key_block): S1 +0.8 %, S6's
+    // attention +1.8 % per CPU-second on Sapphire Rapids; past the L2 a group's later tasks (which
+    // request nothing) lost 0.7 % on S2 (docs/kernels-lab.md, fwd-30). Rows at one stride (not
+    // paged): the address is one add a line (with each row's kv_row_offset the requests cost more
+    // than they gained: S1 −1.8 %).
+    void start_v_heads(const SdpaProblem& pr, std::int64_t bb, std::int64_t hh, std::int64_t first, std::int64_t end,
+                       int tiles) {
+        j0 = j = first;
+        j1 = end;
+        value = 2;  // (request() takes the branch below)
+        row = static_cast<const char*>(pr.v.data()) + pr.v.offset(bb, hh, first, 0) * 4;
+        step = pr.v.stride(2) * 4;
+        per_call = ((end - first) + tiles - 1) / (tiles > 0 ? tiles : 1);
+        into_l1 = true;
+    }
+    // The next n lines (fewer at the end), each into the L2 (start_v_heads: the L1).
     void request(std::int64_t n) {
+        if (into_l1) {
+            for (const std::int64_t e = j + n < j1 ? j + n : j1; j < e; ++j, row += step) __builtin_prefetch(row, 0, 3);
+            return;
+        }
         while (n > 0 && value < 2) {
             if (row == nullptr) {
                 if (j >= j1 || bytes[value] == 0) {
@@ -325,7 +354,10 @@ struct KvAhead {
         }
     }
     void request() { request(per_call); }
-    void rest() { request(std::numeric_limits<std::int64_t>::max()); }
+    // (this block's V heads: none, too late once the products ran)
+    void rest() {
+        if (!into_l1) request(std::numeric_limits<std::int64_t>::max());
+    }
 };
 
 // Asks for the lines of the O rows of the block's columns (w.ch, w.ci: 0..nq) in the L1, one
