@@ -324,8 +324,8 @@ struct KvAhead {
         j0 = j = first;
         j1 = end;
         value = 2;  // (request() takes the branch below)
-        row = static_cast<const char*>(pr.v.data()) + pr.v.offset(bb, hh, first, 0) * 4;
-        step = pr.v.stride(2) * 4;
+        row = static_cast<const char*>(pr.v.data()) + pr.v.offset(bb, hh, first, 0) * std::int64_t{sizeof(float)};
+        step = pr.v.stride(2) * std::int64_t{sizeof(float)};
         per_call = ((end - first) + tiles - 1) / (tiles > 0 ? tiles : 1);
         into_l1 = true;
     }
