@@ -205,7 +205,7 @@ inline void qk_tile(const float* qt, const float* k, std::int64_t ldk, int Dk, f
 // arguments'.
 template <int R, int P = 1, bool A = true, int LD = 0>
 inline void pv_tile(const float* p, int ldP, const float* v, std::int64_t ldv, int nk, float* ot, int ldO,
-                    const float* alpha) {
+                    const float* alpha, bool ask_next = true) {
     static_assert((P == 1 && R <= 8) || (P == 2 && R <= 6), "16 (one panel) or 24 (pair) accumulators at most");
     if constexpr (LD != 0) ldP = ldO = LD;
     [[maybe_unused]] __m512 al0 = _mm512_set1_ps(1.0f), al1 = al0, al2 = al0, al3 = al0;
@@ -246,8 +246,10 @@ inline void pv_tile(const float* p, int ldP, const float* v, std::int64_t ldv, i
         // d across all nk rows, whose lines lie ldv apart, and the hardware prefetchers did not
         // keep up there: +3-5 % on S3 (D = 128) on Sapphire Rapids, +0.5 % on S2 (kernels-lab
         // fwd-13). One load-port op per 16 FMAs: the pair with it still issues fewer memory ops
-        // per FMA (9 / 16) than the one-panel tile (10 / 16).
-        if constexpr (P == 2) _mm_prefetch(reinterpret_cast<const char*>(vj + 16), _MM_HINT_T0);
+        // per FMA (9 / 16) than the one-panel tile (10 / 16). ask_next false: the previous tile asked
+        // for the same line (pv_pair).
+        if constexpr (P == 2)
+            if (ask_next) _mm_prefetch(reinterpret_cast<const char*>(vj + 16), _MM_HINT_T0);
 #define STEP(r)                                               \
     if constexpr (R > r) {                                    \
         const __m512 vb = _mm512_set1_ps(vj[r]);              \
@@ -452,7 +454,11 @@ struct Avx512Ops {
             auto run = [&](auto A) __attribute__((always_inline)) {
                 in_tiles<kPairRows>(Dv, [&](auto R, int d) __attribute__((always_inline)) {
                     if (ahead != nullptr) ahead->request();
-                    pv_tile<decltype(R)::value, 2, decltype(A)::value, LD>(p, ldP, v + d, ldv, nk, ot + d * ld, ldO, alpha);
+                    // V's next lines: only a tile whose line d + 16 is not the previous tile's asks (at
+                    // D = 64 four of the 11; the others asked again for lines in flight or in the L1:
+                    // S1/S2/S3/S4 +0.7–1.5 %, kernels-lab fwd-30).
+                    const bool fresh = d == 0 || (d + 16) / 16 != (d - kPairRows + 16) / 16;
+                    pv_tile<decltype(R)::value, 2, decltype(A)::value, LD>(p, ldP, v + d, ldv, nk, ot + d * ld, ldO, alpha, fresh);
                 });
             };
             if (alpha != nullptr) run(std::true_type{});
