@@ -218,6 +218,48 @@ TEST(FlashBackward, MatchesReferenceAvx512RowsPastTheL2) {
                 worst, kTol);
 }
 
+// A view of t with dims `dims` reversed: negative strides, the data pointer at the last element
+// along them (numpy's t[:, ::-1, ::-1] — the Python module passes such views on uncopied).
+TensorView reversed(const TensorView& t, std::initializer_list<int> dims) {
+    Strides s = t.strides();
+    std::int64_t last = 0;
+    for (const int d : dims) {
+        last += (t.dim(d) - 1) * s[static_cast<std::size_t>(d)];
+        s[static_cast<std::size_t>(d)] = -s[static_cast<std::size_t>(d)];
+    }
+    return TensorView(static_cast<char*>(t.data()) + last * static_cast<std::int64_t>(dtype_size(t.dtype())), t.dtype(),
+                      t.shape(), s);
+}
+
+// Q, K, V and dO with their heads and rows reversed, on every kernel row, against the reference on
+// the same views: negative offsets. The avx512 tile's requests for the next pass's and the next
+// task's rows once made them unsigned — a wrapped address, harmless to a request (it never faults)
+// and so invisible here; clang's UBSan reported it (fuzz_array, its input now
+// fuzz/corpus/fuzz_array/regress-backward-reversed-rows-ahead), GCC's does not instrument that add.
+// On 1 thread: a thread asks for the next task's rows only when it takes another task itself.
+TEST(FlashBackward, ReversedViewsMatchReference) {
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+        const detail::ScopedKernelSet use(*row);
+        double worst = 0.0;
+        for (const Case& c : random_cases(12, 41)) {
+            SCOPED_TRACE(std::string(detail::isa_name(row->isa)) + ", " + c.str());
+            const Inputs f = make_inputs(c, DType::f32, 42);
+            const TensorView q = reversed(f.q, {1, 2}), k = reversed(f.k.view(), {1, 2}), v = reversed(f.v.view(), {2}),
+                             dO = reversed(f.dO, {1});
+            SdpaReport rep;
+            const Grads got = forward_backward(q, k, v, dO, f.opt, Impl::flash, DType::f32, &rep);
+            ASSERT_EQ(rep.kernel, std::string("flash-backward/") + detail::isa_name(row->isa)) << rep.explanation;
+            const Grads ref = forward_backward(q, k, v, dO, f.opt, Impl::reference, DType::f64);
+            worst = std::max(worst, expect_float32_bound(got, ref));
+        }
+        std::printf("[ info ] reversed views, %s tile: worst relative error %.3g (tolerance %.0e)\n",
+                    detail::isa_name(row->isa), worst, kTol);
+    }
+    omp_set_num_threads(threads);
+}
+
 TEST(FlashBackward, MatchesReferenceAvx2) { check_against_reference(detail::Isa::avx2, 120, 1); }
 
 TEST(FlashBackward, MatchesReferencePortable) { check_against_reference(detail::Isa::portable, 40, 2); }

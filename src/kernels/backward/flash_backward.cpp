@@ -610,10 +610,10 @@ struct SlicedRows {
     // when the tensor's heads lie one after the other).
     void add(const TensorView& x, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows) {
         if (x.stride(3) != 1 || rows <= 0) return;
-        const std::size_t size = dtype_size(x.dtype());
-        range[ranges++] = {static_cast<const char*>(x.data()) + static_cast<std::size_t>(x.offset(b, h, i0, 0)) * size,
-                           x.stride(2) * static_cast<std::ptrdiff_t>(size), static_cast<int>(rows),
-                           static_cast<int>(x.dim(3) * static_cast<std::int64_t>(size))};
+        // Signed: a view's offsets may be negative (reversed dims), and an unsigned one wraps.
+        const auto size = static_cast<std::int64_t>(dtype_size(x.dtype()));
+        range[ranges++] = {static_cast<const char*>(x.data()) + x.offset(b, h, i0, 0) * size, x.stride(2) * size,
+                           static_cast<int>(rows), static_cast<int>(x.dim(3) * size)};
     }
     // Adds slice t (the t-th tile that runs in the pass) of each range to `a`, if any.
     void add_slice(std::int64_t t, RowsAhead& a) const {
