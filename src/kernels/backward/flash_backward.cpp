@@ -378,7 +378,9 @@ std::size_t scratch_bytes(const Plan& c) {
 // The rows of Q, or of dO, of query head g of the task's group (head h of batch b), once per
 // task: in place, widened, the zeroed copy for a head holding a NaN/±inf, and for bf16 compute
 // the bf16 rows and pairs (bf16 rows with no NaN/±inf read in place: no float32 copy at all).
-void prepare_rows(const Plan& c, const Plan::RowsPlan& r, HeadRows& o, std::int64_t b, std::int64_t h, std::size_t g) {
+// finite: the rows are known to hold no NaN/±inf (dO's, by D: prepare_head), so not scanned.
+void prepare_rows(const Plan& c, const Plan::RowsPlan& r, HeadRows& o, std::int64_t b, std::int64_t h, std::size_t g,
+                  bool finite = false) {
     const TensorView& t = *r.t;
     const std::int64_t Lq = c.Lq;
     const int Dp = r.Dp;
@@ -395,7 +397,7 @@ void prepare_rows(const Plan& c, const Plan::RowsPlan& r, HeadRows& o, std::int6
         bf16_pairs16(in16, t.stride(2), Lq, Dp, pairs, Dp);
     } else {
         if (!r.direct) widen_rows(t, b, h, Lq, Dp, o.f32.data() + g * head);
-        if ((o.nonfinite[g] = any_nonfinite(o.at[g], o.ld[g], Lq, Dp))) {
+        if ((o.nonfinite[g] = !finite && any_nonfinite(o.at[g], o.ld[g], Lq, Dp))) {
             // Sized by the first head that needs it, inside the parallel region (most calls have
             // no NaN/±inf: no copy at all); a refusal is said after the region (flash_backward).
             if (o.z.size() < total) resize_or_throw(o.z, static_cast<std::int64_t>(total), r.zeroed_copy);
@@ -419,22 +421,29 @@ void prepare_head(const Plan& c, Scratch& s, std::int64_t b, std::int64_t h, std
                   float* Dall) {
     const SdpaProblem& p = c.p;
     const std::int64_t Lq = c.Lq;
-    prepare_rows(c, c.q, s.q, b, h, g);
-    prepare_rows(c, c.dO, s.dO, b, h, g);
     // Per row: −lse (the float32 lse negated: exact; a row with no visible key −inf, +inf
     // lse −FLT_MAX as before: a visible +inf score keeps P = inf, others 0); the tile
     // subtracts it before scaling by log2 e (tile.hpp, kTileLog2e); D = rowsum(dO ∘ O) over
     // rows as float32 (exact; read in place when float32 with unit stride) summed in 8 fixed
     // double lanes.
+    // D also scans dO: a NaN/±inf in a dO row makes its sum in double NaN or ±inf (x·±inf is
+    // ±inf or NaN, and nothing brings a sum back from either), and products and sums of finite
+    // float32 values stay finite in double (|Σ| ≤ Dv·FLT_MAX² ≪ DBL_MAX). So every D finite in
+    // double (before its float32 rounding) means finite dO rows: prepare_rows skips their scan,
+    // one read of the head's dO rows fewer (docs/kernels-lab.md#bwd-11).
+    bool dO_finite = true;
     for (std::int64_t i = 0; i < Lq; ++i) {
         const std::size_t gi = g * static_cast<std::size_t>(Lq) + static_cast<std::size_t>(i);
         const double lse = load(*p.lse, p.lse->offset(b, h, i));
         const double nl = std::clamp(-lse, -static_cast<double>(FLT_MAX), static_cast<double>(FLT_MAX));
         s.nl[gi] = lse == -INFINITY ? kNegInf : static_cast<float>(std::isnan(lse) ? lse : nl);
-        s.dd[gi] = static_cast<float>(dot_f64(f32_row(c.bp.grad_out, b, h, i, s.w.data()),
-                                              f32_row(p.out, b, h, i, s.w.data() + c.Dv), c.Dv));
+        const double d = dot_f64(f32_row(c.bp.grad_out, b, h, i, s.w.data()), f32_row(p.out, b, h, i, s.w.data() + c.Dv), c.Dv);
+        dO_finite = dO_finite && std::isfinite(d);
+        s.dd[gi] = static_cast<float>(d);
         if (chunk == 0 && Dall != nullptr) Dall[static_cast<std::size_t>((b * c.Hq + h) * Lq + i)] = s.dd[gi];
     }
+    prepare_rows(c, c.q, s.q, b, h, g);
+    prepare_rows(c, c.dO, s.dO, b, h, g, dO_finite);
 }
 
 // Key block kb ([j0, j0 + bc)) of KV head hk packed for the tiles: Kᵀ and Vᵀ (d-major, keys
