@@ -12,6 +12,7 @@
 
 #include "attn/error.hpp"
 #include "common/address_space.hpp"
+#include "core/cpu_features.hpp"
 #include "grad_util.hpp"
 #include "kernels/backward/backward.hpp"
 
@@ -216,6 +217,51 @@ TEST(FlashBackward, MatchesReferenceAvx512RowsPastTheL2) {
     omp_set_num_threads(threads);
     std::printf("[ info ] %zu cases past the L2, avx512 tile: worst relative error %.3g (tolerance %.0e)\n", cases.size(),
                 worst, kTol);
+}
+
+// dK and dV larger than the L2 are written by non-temporal stores (flash_backward.cpp,
+// Plan::stream_dkv; stream_rows) where they are float32 rows of whole 64-byte lines — head dims
+// 64 and 128 here — and row by row otherwise (72: 288-byte rows). On every kernel row, against the
+// double reference, and 1 thread against 2 bit for bit (each task fences its own streams).
+TEST(FlashBackward, MatchesReferenceWithDkDvPastTheL2) {
+    const std::int64_t l2 = detail::cpu_features().l2_bytes;
+    std::vector<Case> cases = random_cases(4, 51);
+    std::mt19937_64 rng(52);
+    auto pick = [&](std::initializer_list<std::int64_t> xs) { return *(xs.begin() + rng() % xs.size()); };
+    for (std::size_t n = 0; n < cases.size(); ++n) {
+        Case& c = cases[n];
+        c.B = 1;
+        c.Hkv = 2;
+        c.Hq = c.Hkv * pick({1, 2});
+        c.Lq = pick({7, 65, 100});
+        c.Dk = c.Dv = n == 3 ? 72 : pick({64, 128});
+        // the keys that make B·Hkv·Lk·(Dk + Dv) floats just more than the L2, then a ragged block
+        c.Lk = l2 / (c.B * c.Hkv * (c.Dk + c.Dv) * 4) + pick({1, 37, 64});
+        c.key_lengths = false;  // (B = 1: the key length of batch 0 is 0 in make_inputs)
+        ASSERT_GT(c.B * c.Hkv * c.Lk * (c.Dk + c.Dv) * 4, l2);
+    }
+    const int threads = omp_get_max_threads();
+    for (const detail::KernelSet* row : detail::runnable_kernel_sets()) {
+        const detail::ScopedKernelSet use(*row);
+        double worst = 0.0;
+        for (std::size_t n = 0; n < cases.size(); ++n) {
+            const Case& c = cases[n];
+            SCOPED_TRACE(std::string(detail::isa_name(row->isa)) + ", " + c.str());
+            const Inputs f = make_inputs(c, DType::f32, 53 + n);
+            SdpaReport rep;
+            omp_set_num_threads(1);
+            const Grads got = forward_backward(f.q, f.k, f.v, f.dO, f.opt, Impl::flash, DType::f32, &rep);
+            ASSERT_EQ(rep.kernel, std::string("flash-backward/") + detail::isa_name(row->isa)) << rep.explanation;
+            omp_set_num_threads(2);
+            const Grads got2 = forward_backward(f.q, f.k, f.v, f.dO, f.opt, Impl::flash, DType::f32);
+            EXPECT_TRUE(bit_equal(got.dq, got2.dq) && bit_equal(got.dk, got2.dk) && bit_equal(got.dv, got2.dv));
+            const Grads ref = forward_backward(f.q, f.k, f.v, f.dO, f.opt, Impl::reference, DType::f64);
+            worst = std::max(worst, expect_float32_bound(got, ref));
+        }
+        std::printf("[ info ] dK/dV past the L2 (%lld bytes), %s tile: worst relative error %.3g (tolerance %.0e)\n",
+                    static_cast<long long>(l2), detail::isa_name(row->isa), worst, kTol);
+    }
+    omp_set_num_threads(threads);
 }
 
 // A view of t with dims `dims` reversed: negative strides, the data pointer at the last element

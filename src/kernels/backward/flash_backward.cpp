@@ -259,6 +259,13 @@ struct Plan {
     // both tasks' Q, dO and O rows fit the L2 together (S1: 2 × 768 KiB), the same tile only:
     // S1 +1.2–1.3 % per CPU-second on 1 and 2 threads (kernels-lab.md#bwd-10).
     bool task_ahead;
+    // dK and dV are written by non-temporal stores (stream_rows) where they are float32 rows of
+    // whole lines and more than the L2 holds (S1: 8 MiB): written once, never read here, so the
+    // ordinary stores' read of each line first was waste — store_row's stall on its stores, 1.2 %
+    // of S1's backward; S1 +0.8 %, S3 +0.5 % per CPU-second (kernels-lab.md#bwd-11). Smaller
+    // outputs stay in the caches for whoever reads them next. Only how the rows are written
+    // depends on the L2's size, never a value.
+    bool stream_dkv;
 
     Plan(const BackwardProblem& bp_, const KernelSet& k)
         : bp(bp_), p(bp_.fwd), kernels(k), B(p.B), Hq(p.Hq), Hkv(p.Hkv), Lq(p.Lq), Lk(p.Lk), Dk(p.Dk), Dv(p.Dv),
@@ -298,6 +305,7 @@ struct Plan {
         const std::int64_t streamed = static_cast<std::int64_t>(group) * Lq * (2 * Dkp + Dvp) * 4;
         rows_ahead = k.isa == Isa::avx512 && !bf16 && streamed > cpu_features().l2_bytes;
         keys_ahead = k.isa == Isa::avx512 && !bf16;
+        stream_dkv = B * Hkv * Lk * (Dk + Dv) * 4 > cpu_features().l2_bytes;
         task_ahead = keys_ahead && 2 * static_cast<std::int64_t>(group) * Lq * (Dkp + 2 * Dvp) * 4 <= cpu_features().l2_bytes;
     }
 
@@ -697,6 +705,19 @@ RowsAhead next_rows(const Plan& c, const Scratch& s, std::size_t g, std::int64_t
     return a;
 }
 
+// The task's dK (times split.grads) and dV rows of key block kb, written once: streamed past the
+// caches where Plan::stream_dkv and stream_rows allow (the task ends the streams:
+// end_streams), else row by row (store_row).
+void store_key_block(const Plan& c, const KeyBlock& kb, std::int64_t b, std::int64_t hk) {
+    for (auto [t, src, ld, D, f] : {std::tuple{&c.bp.dk, kb.dk.data(), c.Dkp, c.Dk, c.split.grads},
+                                    std::tuple{&c.bp.dv, kb.dv.data(), c.Dvp, c.Dv, 1.0f}}) {
+        if (c.stream_dkv && t->dtype() == DType::f32 && t->stride(3) == 1 &&
+            stream_rows(t->data_as<float>() + t->offset(b, hk, kb.j0, 0), t->stride(2), src, ld, kb.bc, D, f))
+            continue;
+        for (int j = 0; j < kb.bc; ++j) store_row(*t, t->offset(b, hk, kb.j0 + j, 0), t->stride(3), src + j * ld, 1, D, f);
+    }
+}
+
 // One task: the key blocks of chunk `chunk` of KV head hk in batch b, against every query
 // row of the heads sharing hk. It owns those keys' dK/dV rows, and with one chunk its heads'
 // dQ rows; dq_ws holds the chunks' dQ partials otherwise.
@@ -748,13 +769,10 @@ void run_task(const Plan& c, Scratch& s, std::int64_t task, float* dq_ws, float*
                 std::fill(kb.dk.begin(), kb.dk.end(), 0.0f);
                 std::fill(kb.dv.begin(), kb.dv.end(), 0.0f);
             }
-            for (int j = 0; j < kb.bc; ++j) {
-                store_row(bp.dk, bp.dk.offset(b, hk, kb.j0 + j, 0), bp.dk.stride(3), kb.dk.data() + j * c.Dkp, 1, c.Dk,
-                          c.split.grads);
-                store_row(bp.dv, bp.dv.offset(b, hk, kb.j0 + j, 0), bp.dv.stride(3), kb.dv.data() + j * c.Dvp, 1, c.Dv, 1.0f);
-            }
+            store_key_block(c, kb, b, hk);
         }
     }
+    if (c.stream_dkv) end_streams();  // the task's dK/dV rows are in memory before it is done
     // Query tiles no key block reached (every key hidden from their rows): dQ = 0.
     const std::size_t tiles = query_tiles(c.Lq);
     for (std::size_t e = 0; e < s.dq_unwritten.size(); ++e) {

@@ -1,10 +1,11 @@
 // How the flash backward reads its operands: operands.hpp.
 #include "operands.hpp"
 
+#include <cstdint>
 #include <cstring>
 
 #if defined(__SSE2__)
-#include <emmintrin.h>  // baseline x86-64 (no ISA flag): the 4 × 4 blocks of transpose_rows
+#include <emmintrin.h>  // baseline x86-64 (no ISA flag): transpose_rows' 4 × 4 blocks, stream_rows
 #endif
 
 #include "attn/half.hpp"
@@ -62,6 +63,29 @@ void transpose_rows(const float* src, std::ptrdiff_t ld, int n, std::int64_t D, 
 #endif
     for (; j < n; ++j)
         for (std::int64_t d = 0; d < D; ++d) dst[d * ldd + j] = src[j * ld + d];
+}
+
+bool stream_rows(float* dst, std::ptrdiff_t ld_dst, const float* src, std::ptrdiff_t ld_src, int n, std::int64_t cols,
+                 float f) {
+#if defined(__SSE2__)
+    if (reinterpret_cast<std::uintptr_t>(dst) % 64 != 0 || ld_dst % 16 != 0 || cols % 16 != 0) return false;
+    const __m128 scale = _mm_set1_ps(f);
+    for (int j = 0; j < n; ++j) {
+        float* o = dst + j * ld_dst;
+        const float* s = src + j * ld_src;
+        for (std::int64_t d = 0; d < cols; d += 4) _mm_stream_ps(o + d, _mm_mul_ps(_mm_loadu_ps(s + d), scale));
+    }
+    return true;
+#else
+    (void)dst, (void)ld_dst, (void)src, (void)ld_src, (void)n, (void)cols, (void)f;
+    return false;
+#endif
+}
+
+void end_streams() {
+#if defined(__SSE2__)
+    _mm_sfence();
+#endif
 }
 
 const float* f32_row(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t i, float* w) {

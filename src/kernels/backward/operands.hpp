@@ -38,6 +38,17 @@ void widen_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_
 // element-at-a-time scatter it replaced held ≈ 1.3 % of S1's backward (docs/kernels-lab.md#bwd-6).
 void transpose_rows(const float* src, std::ptrdiff_t ld, int n, std::int64_t D, float* dst, std::ptrdiff_t ldd);
 
+// dst rows (n of them, ld_dst floats apart) = src rows (ld_src apart) · f, cols floats each, by
+// non-temporal stores (SSE2, the x86-64 baseline): dK/dV's first and only writes, which ordinary
+// stores took with a read of each line first (docs/kernels-lab.md#bwd-11). Only whole 64-byte
+// lines: false, nothing written, unless dst, ld_dst and cols are multiples of 16 floats (the
+// caller then stores by store_row). The same values as store_row's float32 rows (src·f).
+// Weakly ordered: the writer calls end_streams() before anything else may read the rows.
+bool stream_rows(float* dst, std::ptrdiff_t ld_dst, const float* src, std::ptrdiff_t ld_src, int n, std::int64_t cols,
+                 float f);
+// A store fence: every stream_rows store before it reaches memory before any store after it.
+void end_streams();
+
 // Row (b, h, i) of t as float32: in place when t is float32 with unit inner stride, else
 // widened into w (the same values: widening is exact).
 const float* f32_row(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t i, float* w);
