@@ -262,7 +262,7 @@ struct Plan {
     // dK and dV are written by non-temporal stores (stream_rows) where they are float32 rows of
     // whole lines and more than the L2 holds (S1: 8 MiB): written once, never read here, so the
     // ordinary stores' read of each line first was waste — store_row's stall on its stores, 1.2 %
-    // of S1's backward; S1 +0.8 %, S3 +0.5 % per CPU-second (kernels-lab.md#bwd-11). Smaller
+    // of S1's backward; S1 +0.8 %, S3 +0.3 % per CPU-second (kernels-lab.md#bwd-11). Smaller
     // outputs stay in the caches for whoever reads them next. Only how the rows are written
     // depends on the L2's size, never a value.
     bool stream_dkv;
