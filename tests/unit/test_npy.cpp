@@ -326,6 +326,16 @@ TEST_F(Npy, FortranOrderIsReadIntoCOrder) {
     EXPECT_TRUE(contains(read_error("h.npy"), "needs 24 bytes of data but the file holds 8")) << read_error("h.npy");
 }
 
+// A Fortran-order array with no element but huge other dims reads as that empty shape at once: the
+// reorder walked every index of the dims before the zero one (5·10^17 for (5, 10^17, 0): it
+// did not end in 20 s — fuzz_npy's timeout, kept as fuzz/corpus/fuzz_npy/regress-fortran-zero-huge-shape.npy).
+TEST_F(Npy, FortranOrderWithNoElementAndHugeDims) {
+    write_bytes("z.npy", npy_bytes(dict_of("<f4", "(5, 100000000000000000, 0)", "True"), ""));
+    const Tensor z = attn::read_npy(path("z.npy"));
+    EXPECT_EQ(z.shape(), (Shape{5, 100000000000000000, 0}));
+    EXPECT_EQ(z.numel(), 0);
+}
+
 TEST_F(Npy, UnsupportedDtypes) {
     for (const char* d : {">f4", "<u2", "<c8", "<f16", "|u1", "<U3", "|O", "<M8[ns]"}) {
         write_bytes("d.npy", npy_bytes(dict_of(d, "(2,)"), std::string(64, '\0')));
