@@ -70,6 +70,33 @@ inline void tile_modifiers(const SdpaProblem& p, Workspace& w, std::int64_t b, i
     }
 }
 
+// The mask rule's step on the ranges alone (apply_mask_rule's last: a key outside a column's
+// [lo, hi) → −inf), for a block with no element-wise mask: key row by key row along the
+// contiguous columns, so the loop vectorises (compares of 8 int64 ranges, masked stores of 16
+// scores). The same −inf entries as the rule column by column, whose strided stores (64 calls of
+// up to 64 stores on a causal diagonal block) took ≈ a tenth of that block (kernels-lab fwd-31).
+inline void mask_key_ranges(Workspace& w, int nq, std::int64_t j0, std::int64_t nk, int ldS) {
+    const std::int64_t* lo = w.lo;
+    const std::int64_t* hi = w.hi;
+    for (std::int64_t j = 0; j < nk; ++j) {
+        float* sj = w.s + j * ldS;
+        const std::int64_t key = j0 + j;
+        for (int c = 0; c < nq; ++c) sj[c] = (key < lo[c]) | (key >= hi[c]) ? kNegInf : sj[c];
+    }
+}
+
+// The mask rule on the block's columns: masks given element-wise column by column (with the
+// ranges, apply_mask_rule), else the ranges alone row by row (mask_key_ranges).
+inline void mask_columns(const SdpaProblem& p, Workspace& w, std::int64_t b, int nq, std::int64_t j0,
+                         std::int64_t nk, int ldS) {
+    if (!p.has_elementwise_mask()) {
+        mask_key_ranges(w, nq, j0, nk, ldS);
+        return;
+    }
+    for (int c = 0; c < nq; ++c)
+        apply_mask_rule(p, b, w.ch[c], w.ci[c], j0, nk, w.s + c, ldS, KeyRange{w.lo[c], w.hi[c]});
+}
+
 // Keys [0, n) of the block [j0, j0+nk) that some column of panel pn can see, n = panel_keys(…):
 // keys from n on lie past every column's visible end (w.hi), so where the mask rule runs on the
 // ranges (ranges_partial, the masked stage) it leaves them −inf in the whole panel and their
@@ -168,9 +195,7 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
                                      w.s + r * ldS + pn * Ops::kPanel, ldS, m, static_cast<float>(r));
                 ++pn;
             }
-            if (ranges_partial || p.has_elementwise_mask())
-                for (int c = 0; c < nq; ++c)
-                    apply_mask_rule(p, b, w.ch[c], w.ci[c], j0, nk, w.s + c, ldS, KeyRange{w.lo[c], w.hi[c]});
+            if (ranges_partial || p.has_elementwise_mask()) mask_columns(p, w, b, nq, j0, nk, ldS);
             return;
         }
     }
@@ -219,9 +244,7 @@ void score_tile(const SdpaProblem& p, Workspace& w, std::int64_t b, std::int64_t
         return;
     }
     if (p.has_score_modifiers()) tile_modifiers(p, w, b, nq, panels * Ops::kPanel, j0, nk, ldS);
-    if (ranges_partial || p.has_elementwise_mask())
-        for (int c = 0; c < nq; ++c)
-            apply_mask_rule(p, b, w.ch[c], w.ci[c], j0, nk, w.s + c, ldS, KeyRange{w.lo[c], w.hi[c]});
+    if (ranges_partial || p.has_elementwise_mask()) mask_columns(p, w, b, nq, j0, nk, ldS);
     // Padding columns (c >= nq) keep whatever they hold: their Q is 0 and no output reads them.
 }
 
