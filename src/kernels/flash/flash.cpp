@@ -62,12 +62,14 @@ int flash_query_group(std::int64_t kv_heads, std::int64_t kv_tasks, std::int64_t
     // A head's K and V within one core's L2 (512 KiB on Zen 3, 1 MiB on Zen 4/5) are read from
     // there by every task: nothing to gain — unless each task converts its tiles (16-bit K/V) or
     // would read rows that lie apart (rows_apart), which a group converts or copies once for its
-    // tasks. The group's Qᵀ and Oᵀ must stay in the L2 beside the key block: at most 256 KiB of
-    // them (8 tasks at D = 64, 4 at 128, 2 at 256).
-    constexpr std::int64_t kGroupBytes = std::int64_t{256} << 10;
+    // tasks. The group's Qᵀ and Oᵀ must stay in the L2 beside the pass's K and V (a quarter of it,
+    // flash_group_pass): at most 256 KiB of them (8 tasks at D = 64, 4 at 128, 2 at 256), or a
+    // quarter of an L2 past 1 MiB — Sapphire Rapids' 2 MiB: 512 KiB, 8 tasks at D = 128 (S3 +0.6-1 %
+    // per CPU-second against 4, each head's K/V read from the L3 half as often; kernels-lab fwd-31).
+    const std::int64_t group_bytes = std::max<std::int64_t>(std::int64_t{256} << 10, l2 / 4);
     if (head_kv_bytes <= kFlashCachedKvBytes && !converts) return 1;
     const std::int64_t target = split_target(4);
-    for (std::int64_t g = std::min(most, kGroupBytes / std::max<std::int64_t>(1, task_bytes)); g > 1; --g)
+    for (std::int64_t g = std::min(most, group_bytes / std::max<std::int64_t>(1, task_bytes)); g > 1; --g)
         if (kv_heads * ((kv_tasks + g - 1) / g) >= target) return static_cast<int>(g);
     return 1;
 }

@@ -31,8 +31,9 @@ struct FlashTiles {
 // At most this many tasks (query blocks) run as one group (flash_query_groups.hpp). 8: at D = 64
 // a group of 8 is every query block of a 512-query head (S4, S6's attention), so each head's K/V
 // rows come from the L3 (S4) or are copied (S6, rows_apart) once instead of twice: +2.5-3 % per
-// CPU-second on Sapphire Rapids (docs/kernels-lab.md, fwd-14); flash_query_group's 256 KiB of Qᵀ + Oᵀ
-// still bounds it (8 tasks at D = 64, 4 at D = 128), and an L2 below 1 MiB to 4.
+// CPU-second on Sapphire Rapids (docs/kernels-lab.md, fwd-14); flash_query_group's bound on Qᵀ + Oᵀ
+// (256 KiB or a quarter of the L2: 8 tasks at D = 64, at D = 128 4 or, on a 2 MiB L2, 8) still
+// bounds it, and an L2 below 1 MiB to 4.
 inline constexpr int kMaxQueryGroup = 8;
 
 // The kernel lab's in-process A/B switch (dev/flash_lab --ab): 0 in every call but the lab's B
