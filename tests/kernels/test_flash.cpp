@@ -618,8 +618,8 @@ TEST(FlashFixed, QueryGroups) {
 }
 
 // When tasks group: only when a head's K and V pass 1 MiB or each task would convert its K/V
-// tiles (16-bit, strided), as many as keep the group's Qᵀ and Oᵀ within 256 KiB or a quarter of
-// an L2 past 1 MiB (at most kMaxQueryGroup), never below split_target(4) items.
+// tiles (16-bit, strided), as many as keep the group's Qᵀ and Oᵀ within 256 KiB or (float32
+// operands) a quarter of an L2 past 1 MiB (at most kMaxQueryGroup), never below split_target(4) items.
 TEST(FlashFixed, QueryGroupPolicy) {
     const std::int64_t target = detail::split_target(4), MiB = std::int64_t{1} << 20;
     const std::int64_t d64 = (64 + 64) * 64 * 4, d128 = (128 + 128) * 64 * 4, d256 = (256 + 256) * 64 * 4;  // Qᵀ + Oᵀ of a 64-query task
@@ -636,6 +636,8 @@ TEST(FlashFixed, QueryGroupPolicy) {
     EXPECT_EQ(detail::flash_query_group(target, 64, 16 * MiB, d128, 0, false, MiB), 4)
         << "D = 128, a 1 MiB L2 (Zen 4/5): four tasks' fill 256 KiB";
     EXPECT_EQ(detail::flash_query_group(target, 64, 16 * MiB, d256, 0, false, MiB), 2) << "D = 256, a 1 MiB L2: two";
+    EXPECT_EQ(detail::flash_query_group(target, 64, 16 * MiB, d128, 0, false, l2, false), 4)
+        << "the operand hooks' groups (bf16 compute): 256 KiB whatever the L2";
     EXPECT_EQ(detail::flash_query_group(target, 3, 16 * MiB, d64, 0, false, l2), 3) << "no more than the KV head's tasks";
     EXPECT_EQ(detail::flash_query_group(1, 2 * target, 16 * MiB, d64, 0, false, l2), 2) << "one KV head: groups of 2 keep split_target items";
     EXPECT_EQ(detail::flash_query_group(1, target, 16 * MiB, d64, 0, false, l2), 1) << "one KV head of split_target tasks: no group";

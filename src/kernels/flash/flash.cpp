@@ -54,7 +54,7 @@ std::int64_t flash_key_chunk(std::int64_t tasks, std::int64_t Lk, int Nb, std::i
 }
 
 int flash_query_group(std::int64_t kv_heads, std::int64_t kv_tasks, std::int64_t head_kv_bytes, std::int64_t task_bytes,
-                      int forced, bool converts, std::int64_t l2_bytes) {
+                      int forced, bool converts, std::int64_t l2_bytes, bool quarter_l2) {
     const std::int64_t tasks = std::max<std::int64_t>(1, kv_tasks);
     if (forced > 0) return static_cast<int>(std::min<std::int64_t>({forced, kMaxQueryGroup, tasks}));
     const std::int64_t l2 = l2_bytes > 0 ? l2_bytes : cpu_features().l2_bytes;
@@ -63,10 +63,11 @@ int flash_query_group(std::int64_t kv_heads, std::int64_t kv_tasks, std::int64_t
     // there by every task: nothing to gain — unless each task converts its tiles (16-bit K/V) or
     // would read rows that lie apart (rows_apart), which a group converts or copies once for its
     // tasks. The group's Qᵀ and Oᵀ must stay in the L2 beside the pass's K and V (a quarter of it,
-    // flash_group_pass): at most 256 KiB of them (8 tasks at D = 64, 4 at 128, 2 at 256), or a
-    // quarter of an L2 past 1 MiB — Sapphire Rapids' 2 MiB: 512 KiB, 8 tasks at D = 128 (S3 +0.6-1 %
-    // per CPU-second against 4, each head's K/V read from the L3 half as often; kernels-lab fwd-31).
-    const std::int64_t group_bytes = std::max<std::int64_t>(std::int64_t{256} << 10, l2 / 4);
+    // flash_group_pass): at most 256 KiB of them (8 tasks at D = 64, 4 at 128, 2 at 256), or with
+    // quarter_l2 a quarter of an L2 past 1 MiB — Sapphire Rapids' 2 MiB: 512 KiB, 8 tasks at D = 128
+    // (S3 +0.7-1.1 % per CPU-second against 4, each head's K/V read from the L3 half as often;
+    // kernels-lab fwd-31).
+    const std::int64_t group_bytes = std::max<std::int64_t>(std::int64_t{256} << 10, quarter_l2 ? l2 / 4 : 0);
     if (head_kv_bytes <= kFlashCachedKvBytes && !converts) return 1;
     const std::int64_t target = split_target(4);
     for (std::int64_t g = std::min(most, group_bytes / std::max<std::int64_t>(1, task_bytes)); g > 1; --g)

@@ -32,7 +32,7 @@ struct FlashTiles {
 // a group of 8 is every query block of a 512-query head (S4, S6's attention), so each head's K/V
 // rows come from the L3 (S4) or are copied (S6, rows_apart) once instead of twice: +2.5-3 % per
 // CPU-second on Sapphire Rapids (docs/kernels-lab.md, fwd-14); flash_query_group's bound on Qᵀ + Oᵀ
-// (256 KiB or a quarter of the L2: 8 tasks at D = 64, at D = 128 4 or, on a 2 MiB L2, 8) still
+// (256 KiB or, float32, a quarter of the L2: 8 tasks at D = 64, at D = 128 4 or, on a 2 MiB L2, 8) still
 // bounds it, and an L2 below 1 MiB to 4.
 inline constexpr int kMaxQueryGroup = 8;
 
@@ -79,8 +79,11 @@ std::int64_t flash_key_chunk(std::int64_t tasks, std::int64_t Lk, int Nb, std::i
 // l2_bytes: one core's L2 (0: this CPU's, CpuFeatures::l2_bytes). Groups of more than 4 only
 // where it holds at least 1 MiB: 8 tasks at D = 64 keep 384 KiB of Qᵀ, Oᵀ and Sᵀ in it — most of
 // Zen 3's 512 KiB, where groups of at most 4 were what was measured (kernels-lab fwd-6).
+// quarter_l2: the group's Qᵀ + Oᵀ may fill a quarter of an L2 past 1 MiB instead of 256 KiB (the
+// float32 operands; the operand hooks' groups, bf16 compute, measured level to 1 % slower with it:
+// kernels-lab fwd-31).
 int flash_query_group(std::int64_t kv_heads, std::int64_t kv_tasks, std::int64_t head_kv_bytes, std::int64_t task_bytes,
-                      int forced, bool converts = false, std::int64_t l2_bytes = 0);
+                      int forced, bool converts = false, std::int64_t l2_bytes = 0, bool quarter_l2 = true);
 
 // Keys per pass of a group of query blocks (run_group): each task of the group runs a pass's key
 // blocks one after another before the next task runs them, then the group moves to the next pass.

@@ -122,7 +122,7 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
         j.group = j.chunks > 1 ? 1
                                : flash_query_group(kv_heads, j.g.kv_tasks, head_kv_bytes(p),
                                                    (p.Dk + p.Dv) * t.Mb * static_cast<std::int64_t>(sizeof(float)), t.query_group,
-                                                   converts);
+                                                   converts, 0, !kOpsOwnOperands<Ops>);
         j.group_items = (j.g.kv_tasks + j.group - 1) / j.group;
         sum.first_item += j.chunks > 1 ? j.g.tasks * j.chunks : kv_heads * j.group_items;
         max_group = j.group > max_group ? j.group : max_group;
