@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <sstream>
@@ -45,6 +46,20 @@ inline std::int64_t offset_of(const TensorView& t, const Index& i) {
     std::int64_t off = 0;
     for (int a = 0; a < t.rank(); ++a) off += i[static_cast<std::size_t>(a)] * t.stride(a);
     return off;
+}
+
+// A view of t with dims `dims` reversed: negative strides, the data pointer at the last element
+// along them (numpy's t[:, ::-1, ::-1] — the Python module passes such views on uncopied).
+// (test_flash.cpp's Layout::reversed builds its own, inside a buffer it checks for stray writes.)
+inline TensorView reversed_dims(const TensorView& t, std::initializer_list<int> dims) {
+    Strides s = t.strides();
+    std::int64_t last = 0;
+    for (const int d : dims) {
+        last += (t.dim(d) - 1) * s[static_cast<std::size_t>(d)];
+        s[static_cast<std::size_t>(d)] = -s[static_cast<std::size_t>(d)];
+    }
+    return TensorView(static_cast<char*>(t.data()) + last * static_cast<std::int64_t>(dtype_size(t.dtype())), t.dtype(),
+                      t.shape(), s);
 }
 
 // Calls fn(offset) for every element of `t` in C order (offset in elements, from t.data()).

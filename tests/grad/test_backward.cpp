@@ -264,19 +264,6 @@ TEST(FlashBackward, MatchesReferenceWithDkDvPastTheL2) {
     omp_set_num_threads(threads);
 }
 
-// A view of t with dims `dims` reversed: negative strides, the data pointer at the last element
-// along them (numpy's t[:, ::-1, ::-1] — the Python module passes such views on uncopied).
-TensorView reversed(const TensorView& t, std::initializer_list<int> dims) {
-    Strides s = t.strides();
-    std::int64_t last = 0;
-    for (const int d : dims) {
-        last += (t.dim(d) - 1) * s[static_cast<std::size_t>(d)];
-        s[static_cast<std::size_t>(d)] = -s[static_cast<std::size_t>(d)];
-    }
-    return TensorView(static_cast<char*>(t.data()) + last * static_cast<std::int64_t>(dtype_size(t.dtype())), t.dtype(),
-                      t.shape(), s);
-}
-
 // Q, K, V and dO with their heads and rows reversed, on every kernel row, against the reference on
 // the same views: negative offsets. The avx512 tile's requests for the next pass's and the next
 // task's rows once made them unsigned — a wrapped address, harmless to a request (it never faults)
@@ -292,8 +279,8 @@ TEST(FlashBackward, ReversedViewsMatchReference) {
         for (const Case& c : random_cases(12, 41)) {
             SCOPED_TRACE(std::string(detail::isa_name(row->isa)) + ", " + c.str());
             const Inputs f = make_inputs(c, DType::f32, 42);
-            const TensorView q = reversed(f.q, {1, 2}), k = reversed(f.k.view(), {1, 2}), v = reversed(f.v.view(), {2}),
-                             dO = reversed(f.dO, {1});
+            const TensorView q = reversed_dims(f.q, {1, 2}), k = reversed_dims(f.k.view(), {1, 2}),
+                             v = reversed_dims(f.v.view(), {2}), dO = reversed_dims(f.dO, {1});
             SdpaReport rep;
             const Grads got = forward_backward(q, k, v, dO, f.opt, Impl::flash, DType::f32, &rep);
             ASSERT_EQ(rep.kernel, std::string("flash-backward/") + detail::isa_name(row->isa)) << rep.explanation;
