@@ -415,6 +415,19 @@ void key_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
             w.kv_next = &spread;
         }
     }
+    // This task's O rows (the block before its last: accumulate_keys) and the Q rows of the task the
+    // thread runs next (its last block: run_flash), shared out over this block's pair tiles with the
+    // cursor's own lines; a block without the cursor leaves them (accumulate_keys then asks for O's
+    // rows at once before the last block; the next Q rows go unrequested).
+    if constexpr (kOpsSpreadRequests<Ops>) {
+        if (w.kv_next != nullptr && (w.out_lines.rows > 0 || (w.last_block && w.next_q_lines.rows > 0))) {
+            spread.add(w.out_lines, w.last_block ? w.next_q_lines : RowLines{},
+                       panels / 2 * static_cast<int>((nk + Ops::kPairRows - 1) / Ops::kPairRows +
+                                                     (p.Dv + Ops::kPairRows - 1) / Ops::kPairRows));
+            w.out_lines.rows = 0;
+            if (w.last_block) w.next_q_lines.rows = 0;
+        }
+    }
     // The score rule changes nothing in Sᵀ: the softmax sees it as qk_block stored it, and the
     // column maxima qk found hold.
     const bool as_stored = !partial && !p.has_elementwise_mask() && !p.has_score_modifiers();
@@ -512,10 +525,21 @@ void accumulate_keys(const SdpaProblem& p, const FlashTiles& t, const Dropout& d
     // O's rows are stored next (prefetch_out_rows) unless this is a key chunk's partial (with_sinks
     // false: merge_block stores O) or the careful pass (the first pass asked already).
     const bool out_next = with_sinks && !careful;
+    bool out_asked = false;  // O's rows spread over the block before the last
     for (std::int64_t j0 = ulo; j0 < uhi; j0 += t.Nb) {
-        if (out_next && j0 + t.Nb >= uhi) prefetch_out_rows(p, w, b, nq);  // before the last key block
+        const bool last = j0 + t.Nb >= uhi;
+        // Where the pair tiles spread their requests, O's rows go a few before each tile of the block
+        // before the last (out_row_lines says why); else all at once before the last block.
+        bool spread_out = false;
+        if constexpr (kOpsSpreadRequests<Ops>)
+            spread_out = out_next && panels >= 2 && !last && j0 + 2 * t.Nb >= uhi && out_row_lines(p, w, b, nq, w.out_lines);
+        if (out_next && last && !out_asked) prefetch_out_rows(p, w, b, nq);  // before the last key block
+        w.last_block = out_next && last;
         key_block<Ops>(p, t, drop, w, b, hk, nq, panels, j0, imin(t.Nb, uhi - j0), ahead, careful, alibi_zeros);
+        if (spread_out) out_asked = w.out_lines.rows == 0;  // (key_block took them: it had the cursor)
+        w.out_lines.rows = 0;
     }
+    w.last_block = false;
 }
 
 // A task's coordinates: queries [i0, i0+nq_head) of the nh query heads h0.. (all reading KV

@@ -287,6 +287,10 @@ struct KvAhead {
     const char* row = nullptr;                  // row j's first byte, or null: not found yet
     bool into_l1 = false;                       // start_v_heads: row j's first line at row + (j - j0)·step
     std::int64_t step = 0;
+    // Lines of other rows (Workspace::out_lines, next_q_lines), a few with each request() besides
+    // the above: key_block's add.
+    RowLines more[2];
+    std::int64_t more_per_call = 0;
 
     // Rows [first, end) of kv head hh; tiles: the pair tiles of the block's products, which share
     // the lines out evenly.
@@ -329,8 +333,18 @@ struct KvAhead {
         per_call = ((end - first) + tiles - 1) / (tiles > 0 ? tiles : 1);
         into_l1 = true;
     }
+    // Also the lines of `first`, then `second`, shared out over the same `tiles` requests.
+    void add(const RowLines& first, const RowLines& second, int tiles) {
+        more[0] = first;
+        more[1] = second;
+        more_per_call = (first.lines() + second.lines() + tiles - 1) / (tiles > 0 ? tiles : 1);
+    }
+    void request_more(std::int64_t n) {
+        for (int r = 0; r < 2 && n > 0; ++r) n = more[r].request(n);
+    }
     // The next n lines (fewer at the end), each into the L2 (start_v_heads: the L1).
     void request(std::int64_t n) {
+        if (more_per_call > 0) request_more(n == std::numeric_limits<std::int64_t>::max() ? n : more_per_call);
         if (into_l1) {
             for (const std::int64_t e = j + n < j1 ? j + n : j1; j < e; ++j, row += step) __builtin_prefetch(row, 0, 3);
             return;
@@ -357,6 +371,7 @@ struct KvAhead {
     // (this block's V heads: none, too late once the products ran)
     void rest() {
         if (!into_l1) request(std::numeric_limits<std::int64_t>::max());
+        else if (more_per_call > 0) request_more(std::numeric_limits<std::int64_t>::max());
     }
 };
 
@@ -378,6 +393,25 @@ __attribute__((always_inline)) inline void prefetch_out_rows(const SdpaProblem& 
         const char* row = base + p.out.offset(b, w.ch[c], w.ci[c], 0) * size;
         for (std::int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(row + o, 0, 3);
     }
+}
+
+// The same O rows as RowLines (into the L1), for the pair tiles of the block before the task's last
+// to ask for a few at a time (key_block, KvAhead::add) — false where they do not lie at one stride
+// (a block of several heads) or the head dim is strided. All 256 at once (S6: 64 rows, 4 lines each)
+// held every fill buffer: 90 % of accumulate_keys' samples sat on that loop, ≈ 2 % of S6's attention;
+// spread over the last block they came too late (S6 −1 %); over the one before it, S1 +1 %, S6's
+// attention +1 % per CPU-second on Sapphire Rapids (docs/kernels-lab.md, fwd-32).
+inline bool out_row_lines(const SdpaProblem& p, const Workspace& w, std::int64_t b, int nq, RowLines& rows) {
+    rows.rows = 0;
+    if (p.out.stride(3) != 1 || nq == 0 || w.ch[0] != w.ch[nq - 1]) return false;
+    const std::int64_t size = static_cast<std::int64_t>(dtype_size(p.out.dtype()));
+    rows.row = static_cast<const char*>(p.out.data()) + p.out.offset(b, w.ch[0], w.ci[0], 0) * size;
+    rows.step = p.out.stride(2) * size;
+    rows.per_row = static_cast<int>((p.Dv * size + 63) / 64);
+    rows.at = 0;
+    rows.into_l1 = true;
+    rows.rows = nq;
+    return true;
 }
 
 // A key block's K and V rows as float32, read once for all the tasks of a group (run_group):

@@ -84,6 +84,32 @@ inline std::int64_t job_of(const JobPlan* plans, std::int64_t n, std::int64_t Jo
     return lo;
 }
 
+// The Q rows of item `item` (none past `end`) into rows, where the item is one whole task of one
+// query head with float32 Q rows whose head dim is contiguous; else rows.rows = 0. run_flash asks
+// for the rows of the item the thread runs next, during its current task's last key block: the Qᵀ
+// pack had waited on each of them from the L3 (S6's attention 4 % of its samples, S1 2 %; asked for
+// during the last block, S6 +2.5 %, S1 +1 % per CPU-second on Sapphire Rapids, docs/kernels-lab.md fwd-32).
+// With the dynamic schedule the next item is a guess past one thread: item + team size (the items
+// go out in turn while their tasks take alike long); a wrong guess costs 256 requests at D = 64.
+inline void next_task_q_lines(const JobPlan* plans, std::int64_t nw, const FlashJob* jobs, std::int64_t item,
+                              std::int64_t end, RowLines& rows) {
+    rows.rows = 0;
+    if (item >= end) return;
+    const std::int64_t i = job_of(plans, nw, &JobPlan::first_item, item);
+    const JobPlan& j = plans[i];
+    if (j.chunks != 1 || j.group != 1) return;
+    const SdpaProblem& p = *jobs[i].p;
+    if (p.q.dtype() != DType::f32 || p.q.stride(3) != 1) return;
+    const TaskAt a = task_at(p, j.g, item - j.first_item);
+    if (a.nh != 1) return;
+    rows.row = static_cast<const char*>(p.q.data()) + p.q.offset(a.b, a.h0, a.i0, 0) * std::int64_t{sizeof(float)};
+    rows.step = p.q.stride(2) * std::int64_t{sizeof(float)};
+    rows.per_row = static_cast<int>((p.Dk * std::int64_t{sizeof(float)} + 63) / 64);
+    rows.at = 0;
+    rows.into_l1 = false;
+    rows.rows = a.nq_head;
+}
+
 // A batch of problems (FlashJob: sdpa_varlen's sequences, or one problem): the items of all
 // of them in one list over OpenMP threads — a whole task (problem, b, h, query block), a group
 // of consecutive tasks of one KV head (flash_query_group), or a task's key chunk when the
@@ -219,6 +245,21 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
                     const int count = static_cast<int>(imin(j.group, j.g.kv_tasks - r * j.group));
                     TaskAt at[kMaxQueryGroup];
                     for (int g = 0; g < count; ++g) at[g] = task_at(p, j.g, first + g);
+                    w.next_q_lines.rows = 0;
+                    if constexpr (kOpsSpreadRequests<Ops>) {
+                        if (count == 1) {
+                            // A task of another head than this thread's previous one reads its K/V
+                            // from the L3 (its first here): it requests each next key block, as a head
+                            // past the L2 does — spread over the tiles they cost little (S6's attention
+                            // +0.7 %, docs/kernels-lab.md fwd-32).
+                            if (at[0].b != w.prev_b || at[0].hk != w.prev_hk || w.prev_p != &p) at[0].kv_ahead = true;
+                            w.prev_p = &p;
+                            w.prev_b = at[0].b;
+                            w.prev_hk = at[0].hk;
+                            next_task_q_lines(plans + i0, nw, jobs + i0, item + omp_get_num_threads(), z.first_item,
+                                              w.next_q_lines);
+                        }
+                    }
                     run_group<Ops>(p, t, jobs[i].drop, ws, at, count, j.group_tiles, j.pass);
                 } else {  // item k: chunk k % chunks of task k / chunks
                     const std::int64_t c0 = (k % j.chunks) * j.chunk, slot = j.first_slot - a.first_slot + k;

@@ -20,6 +20,30 @@ namespace attn::detail::ATTN_FLASH_NS {
 
 struct KvAhead;  // flash_operands.hpp
 
+// Rows at one stride, `per_row` cache lines each, asked for a few lines at a time (request):
+// a task's O rows into the L1, the next task's Q rows into the L2 (Workspace::out_lines,
+// next_q_lines; KvAhead shares them out over a key block's pair tiles).
+struct RowLines {
+    const char* row = nullptr;          // the next line's row
+    std::int64_t step = 0;              // bytes from a row to the next
+    int rows = 0, per_row = 0, at = 0;  // rows left (0: nothing to ask for), lines a row, the next line in `row`
+    bool into_l1 = false;               // prefetcht0, else prefetcht1
+    std::int64_t lines() const { return static_cast<std::int64_t>(rows) * per_row - at; }
+    // Up to n lines; returns how many of n are left (the rows ran out).
+    std::int64_t request(std::int64_t n) {
+        for (; n > 0 && rows > 0; --n) {
+            if (into_l1) __builtin_prefetch(row + 64 * at, 0, 3);
+            else __builtin_prefetch(row + 64 * at, 0, 2);
+            if (++at == per_row) {
+                at = 0;
+                row += step;
+                --rows;
+            }
+        }
+        return n;
+    }
+};
+
 // Per-thread scratch, sized once per call from the tile sizes and head dims.
 struct Workspace {
     float* qt = nullptr;     // (Mb/16 panels, Dk, 16)  packed Qᵀ
@@ -40,6 +64,14 @@ struct Workspace {
     bool speculate = false;    // whether this task's next key block may be speculative (key_block)
     bool spec_failed = false;  // a block of this task moved a max while speculating: no more
     KvAhead* kv_next = nullptr;  // the next key block's lines, asked for tile by tile (key_block), or null
+    // Lines asked for during a task's last key blocks (key_block, with the next K/V block's: KvAhead::add):
+    RowLines out_lines;     // its O rows, in the block before its last (accumulate_keys)
+    RowLines next_q_lines;  // the Q rows of the task this thread runs next, in its last block (run_flash)
+    bool last_block = false;  // key_block: the block is the task's last, and O is stored after it
+    // The (problem, batch, KV head) of this thread's previous task in the call (run_flash: a task of
+    // another head requests its next key blocks).
+    const SdpaProblem* prev_p = nullptr;
+    std::int64_t prev_b = -1, prev_hk = -1;
     std::int64_t* lo = nullptr;  // (Mb) visible key range of each column's query
     std::int64_t* hi = nullptr;
     std::int64_t* ch = nullptr;  // (Mb) query head of each column
