@@ -4,7 +4,7 @@
 //   flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--splits N] [--group N] [--pass N]
 //             [--isa portable|avx2|avx512] [--threads N] [--reps N] [--peak] [--no-check] [--no-warmup] [--paired N] [--mha-layout]
 //             [--head-major] [--seq-first] [--seq-first-heads] [--huge] [--kv f16|bf16] [--ab N]
-//             [--variant V] [--ab-threads M]
+//             [--variant V] [--ab-threads M] [--run-variant V]
 //
 // --splits N: each task's keys in N chunks (1: none); --group N: N query blocks per group, which
 // take turns over their keys (1: none; flash_query_groups.hpp); --pass N: N keys per turn
@@ -29,7 +29,8 @@
 // their min and max, and of the wall times A/B. On a machine shared with builds the pairs see the
 // same load, where separate processes minutes apart do not. --ab-threads M: B is the shipped code
 // on M threads instead (A on --threads): the CPU time per FLOP of 1 against 2 threads, paired —
-// with OMP_WAIT_POLICY=passive, so a waiting thread burns none.
+// with OMP_WAIT_POLICY=passive, so a waiting thread burns none. --run-variant V: flash_lab_variant = V
+// in every call but --ab's A calls (the timing, the check): to profile a variant with perf.
 //
 // Method: one warm-up run, then --reps runs; prints median and min time and GFLOP/s with
 // FLOPs = 4·D per visible (query, key) pair (bench/visible_pairs.hpp; causal: ≈ half), and per
@@ -113,7 +114,7 @@ constexpr const char* kUsage =
     "flash_lab [--shape S1..S5|S7|S8] [B H Lq Lk D causal] [--hkv N] [--mb N] [--nb N] [--splits N] [--group N] [--pass N]\n"
     "          [--isa portable|avx2|avx512] [--threads N] [--reps N] [--peak] [--no-check] [--no-warmup] [--paired N]\n"
     "          [--mha-layout] [--head-major] [--seq-first] [--seq-first-heads] [--huge] [--kv f16|bf16] [--ab N]\n"
-    "          [--variant V] [--ab-threads M]\n"
+    "          [--variant V] [--ab-threads M] [--run-variant V]\n"
     "--isa: the kernel-table row (default: the one attn picks on this CPU, ATTN_ISA included).\n"
     "The comment at the top of dev/flash_lab.cpp says what each option does.\n";
 
@@ -186,6 +187,7 @@ int run(int argc, char** argv) {
         else if (a == "--ab") ab = std::stoi(next());
         else if (a == "--variant") variant = std::stoi(next());      // B's flash_lab_variant (default 1)
         else if (a == "--ab-threads") ab_threads = std::stoi(next());  // B's threads (default --threads)
+        else if (a == "--run-variant") flash_lab_variant = std::stoi(next());  // every call's (perf of a variant)
         else if (a.size() > 1 && a[0] == '-' && !std::isdigit(static_cast<unsigned char>(a[1]))) {
             std::fprintf(stderr, "unknown option %s\n%s", a.c_str(), kUsage);
             return 2;
