@@ -4,7 +4,7 @@
 // tile does, and a loop to run under `perf record`.
 //
 //   backward_lab [--shape S1|S3] [B H Lq Lk D causal] [--threads N] [--reps N] [--peak] [--no-check] [--bf16]
-//                [--alibi] [--softcap C] [--dropout P]
+//                [--alibi] [--softcap C] [--dropout P] [--with-forward]
 //
 // The row is the process's (ATTN_ISA picks another; ATTN_CPU_HIDE hides a feature). Inputs are
 // uniform in [-1, 1); out and lse come from one flash forward, then --reps backward calls are
@@ -20,7 +20,10 @@
 // ATTN_CPU_HIDE=amx_bf16); the check is then against the reference on those bf16 inputs.
 // --alibi (attn::alibi_slopes(H)), --softcap C, --dropout P (seed 1): the variants whose tiles
 // run S or dP unfused (a score rule, the softcap, dropout: tile_body.inl); the FLOPs are counted
-// as without them.
+// as without them. --with-forward: each timed call is the forward (keeping lse) then the
+// backward, as `attn bench`'s forward+backward rows time them (FLOPs 3.5 × the forward's), and
+// the two parts' median wall times are printed too: what the backward costs after a forward
+// rather than after another backward.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -73,7 +76,7 @@ std::uint64_t bits_hash(const attn::Tensor* g, int n) {
 int main(int argc, char** argv) {
     using namespace attn;
     std::int64_t B = 1, H = 16, Lq = 1024, Lk = 1024, D = 64;
-    bool causal = false, peak = false, check = true, bf16 = false, alibi = false;
+    bool causal = false, peak = false, check = true, bf16 = false, alibi = false, with_forward = false;
     double softcap = 0.0, dropout = 0.0;
     int threads = 2, reps = 5;
     std::vector<std::string> pos;
@@ -90,6 +93,7 @@ int main(int argc, char** argv) {
         else if (a == "--no-check") check = false;
         else if (a == "--bf16") bf16 = true;
         else if (a == "--alibi") alibi = true;
+        else if (a == "--with-forward") with_forward = true;
         else if (a == "--softcap") softcap = std::stod(next());
         else if (a == "--dropout") dropout = std::stod(next());
         else pos.push_back(a);
@@ -99,7 +103,8 @@ int main(int argc, char** argv) {
         D = std::stoll(pos[4]), causal = pos[5] == "1";
     } else if (!pos.empty()) {
         return std::fprintf(stderr, "usage: backward_lab [--shape S1|S3] [B H Lq Lk D causal] [--threads N] "
-                                    "[--reps N] [--peak] [--no-check] [--bf16] [--alibi] [--softcap C] [--dropout P]\n"), 2;
+                                    "[--reps N] [--peak] [--no-check] [--bf16] [--alibi] [--softcap C] [--dropout P] "
+                                    "[--with-forward]\n"), 2;
     }
     set_num_threads(threads);
 
@@ -129,9 +134,10 @@ int main(int argc, char** argv) {
     sdpa_backward(q, k, v, o, lse, dO, opt, dq, dk, dv, &rep);  // the warm-up
     std::printf("gradient bits hash %016llx\n", static_cast<unsigned long long>(bits_hash(grads, 3)));
     const double pairs = bench::visible_pairs(detail::make_problem(q, k, v, opt, o, nullptr, nullptr));
-    const double flop = 2.5 * 4.0 * pairs * static_cast<double>(D);
-    std::printf("FLOP per call %.6g (2.5 x 4·D x %.0f visible (query, key) pairs)\n", flop, pairs);
-    if (check && flop <= 20e9) {
+    const double backward_flop = 2.5 * 4.0 * pairs * static_cast<double>(D);
+    const double flop = with_forward ? 3.5 / 2.5 * backward_flop : backward_flop;
+    std::printf("FLOP per call %.6g (%s x 4·D x %.0f visible (query, key) pairs)\n", flop, with_forward ? "3.5" : "2.5", pairs);
+    if (check && backward_flop <= 20e9) {
         SdpaOptions ref = opt;
         ref.impl = Impl::reference;
         const Tensor rq(DType::f32, q.shape()), rk(DType::f32, k.shape()), rv(DType::f32, v.shape());
@@ -147,25 +153,33 @@ int main(int argc, char** argv) {
         if (!c.measured) std::printf("FMA peak: %s\n", c.note.c_str());
         else std::printf("FMA peak zmm (%d threads): %.1f GFLOP/s wall, %.1f per CPU-second x threads\n", threads, c.value, c.per_cpu);
     }
-    std::vector<double> wall, cpu;
+    std::vector<double> wall, cpu, forward_wall, backward_wall;
     for (int r = 0; r < reps; ++r) {
         const auto t0 = std::chrono::steady_clock::now();
         const double c0 = bench::process_cpu_seconds();
+        if (with_forward) sdpa(q, k, v, opt, o, &lse_view);
+        const auto t1 = std::chrono::steady_clock::now();
         sdpa_backward(q, k, v, o, lse, dO, opt, dq, dk, dv);
-        wall.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        const auto t2 = std::chrono::steady_clock::now();
+        wall.push_back(std::chrono::duration<double>(t2 - t0).count());
+        forward_wall.push_back(std::chrono::duration<double>(t1 - t0).count());
+        backward_wall.push_back(std::chrono::duration<double>(t2 - t1).count());
         cpu.push_back((bench::process_cpu_seconds() - c0) / threads);
     }
-    std::sort(wall.begin(), wall.end());
-    std::sort(cpu.begin(), cpu.end());
+    for (auto* x : {&wall, &cpu, &forward_wall, &backward_wall}) std::sort(x->begin(), x->end());
+    if (with_forward)
+        std::printf("forward median %.2f ms, backward median %.2f ms (wall, each part's own median)\n",
+                    1e3 * forward_wall[forward_wall.size() / 2], 1e3 * backward_wall[backward_wall.size() / 2]);
     const double med = wall[wall.size() / 2], cmed = cpu[cpu.size() / 2];
     std::string mods;
     if (alibi) mods += " alibi";
     char buf[64];
     if (softcap > 0.0) mods += (std::snprintf(buf, sizeof buf, " softcap=%g", softcap), buf);
     if (dropout > 0.0) mods += (std::snprintf(buf, sizeof buf, " dropout=%g", dropout), buf);
-    std::printf("backward B%lld H%lld Lq%lld Lk%lld D%lld %s%s %s threads=%d: median %.2f ms  min %.2f ms  %.1f GFLOP/s "
+    std::printf("%s B%lld H%lld Lq%lld Lk%lld D%lld %s%s %s threads=%d: median %.2f ms  min %.2f ms  %.1f GFLOP/s "
                 "(min-time %.1f; per CPU-second x threads %.1f)\n",
-                static_cast<long long>(B), static_cast<long long>(H), static_cast<long long>(Lq), static_cast<long long>(Lk),
+                with_forward ? "forward+backward" : "backward", static_cast<long long>(B), static_cast<long long>(H),
+                static_cast<long long>(Lq), static_cast<long long>(Lk),
                 static_cast<long long>(D), causal ? "causal" : "full", mods.c_str(), rep.kernel.c_str(), threads, 1e3 * med,
                 1e3 * wall.front(), flop / med / 1e9, flop / wall.front() / 1e9, flop / cmed / 1e9);
     return 0;
