@@ -71,6 +71,13 @@ struct Scratch {
     CacheLineVector<float> w;
 };
 
+// Row i of query head h (the g-th of the task's group, batch b) of the dQ sums a task owns (one
+// chunk: Plan::dq_own): the caller's float32 rows (Plan::dq_direct) or the task's buffer dqb.
+float* own_dq_row(const Plan& c, Scratch& s, std::int64_t b, std::int64_t h, std::size_t g, std::int64_t i) {
+    return c.dq_direct ? c.bp.dq.data_as<float>() + c.bp.dq.offset(b, h, i, 0)
+                       : s.dqb.data() + g * c.q.head + static_cast<std::size_t>(i * c.Dkp);
+}
+
 // A thread's buffers sized for this call (kept from call to call: see flash_backward).
 // Sizes a thread's Scratch and counts the bytes it asks for; count_only: counts, sizes nothing
 // (scratch_bytes). One list of the buffers for both, so the out-of-memory message says what

@@ -136,17 +136,13 @@ void run_task(const Plan& c, Scratch& s, std::int64_t task, float* dq_ws, float*
         if (!s.dq_unwritten[e]) continue;
         const std::size_t g = e / tiles;
         const std::int64_t i0 = static_cast<std::int64_t>(e % tiles) * kBr, i1 = std::min<std::int64_t>(c.Lq, i0 + kBr);
-        for (std::int64_t i = i0; i < i1; ++i) {
-            float* row = c.dq_direct ? bp.dq.data_as<float>() + bp.dq.offset(b, h0 + static_cast<std::int64_t>(g), i, 0)
-                                     : s.dqb.data() + g * c.q.head + static_cast<std::size_t>(i * c.Dkp);
-            std::fill_n(row, c.Dk, 0.0f);
-        }
+        for (std::int64_t i = i0; i < i1; ++i) std::fill_n(own_dq_row(c, s, b, h0 + static_cast<std::int64_t>(g), g, i), c.Dk, 0.0f);
     }
     if (c.dq_own && !c.dq_direct)  // this task owns these dQ rows: round them out once
         for (std::size_t g = 0; g < c.group; ++g)
             for (std::int64_t i = 0; i < c.Lq; ++i)
                 store_row(bp.dq, bp.dq.offset(b, h0 + static_cast<std::int64_t>(g), i, 0), bp.dq.stride(3),
-                          s.dqb.data() + g * c.q.head + static_cast<std::size_t>(i * c.Dkp), 1, c.Dk, c.split.grads);
+                          own_dq_row(c, s, b, h0 + static_cast<std::int64_t>(g), g, i), 1, c.Dk, c.split.grads);
     else if (c.dq_direct && c.split.grads != 1.0f)  // the caller's rows hold the sums: scale them once
         for (std::int64_t h = h0; h < h0 + p.group; ++h)
             for (std::int64_t i = 0; i < c.Lq; ++i) {

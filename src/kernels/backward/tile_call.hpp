@@ -96,15 +96,9 @@ void run_tile(const Plan& c, Scratch& s, KeyBlock& kb, std::int64_t b, std::int6
     t.S = s.S.data();
     t.dP = s.dP.data();
     t.Pd = s.Pd.data();
-    if (c.dq_direct) {
-        t.dq = c.bp.dq.data_as<float>() + c.bp.dq.offset(b, h, i0, 0);
-        t.lddq = c.bp.dq.stride(2);
-    } else {
-        const std::size_t row0 = static_cast<std::size_t>((b * c.Hq + h) * Lq + i0);
-        t.dq = c.dq_own ? s.dqb.data() + g * c.q.head + static_cast<std::size_t>(i0 * c.Dkp)
-                        : dq_c + row0 * static_cast<std::size_t>(c.Dkp);
-        t.lddq = c.Dkp;
-    }
+    t.dq = c.dq_own ? own_dq_row(c, s, b, h, g, i0)
+                    : dq_c + static_cast<std::size_t>((b * c.Hq + h) * Lq + i0) * static_cast<std::size_t>(c.Dkp);
+    t.lddq = c.dq_direct ? c.bp.dq.stride(2) : c.Dkp;
     t.dk = kb.dk.data();
     t.dv = kb.dv.data();
     t.dkv_first = kb.unwritten;
