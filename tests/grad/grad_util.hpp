@@ -41,7 +41,7 @@ inline Grads forward_backward(const TensorView& q, const TensorView& k, const Te
 
 // The backward's tiny- and huge-scale tests (FlashBackward.TinyAndHugeScales says how): the
 // scales 2^e they run, from the smallest normal float32 up (63 and 64 either side of
-// split_scale's upper threshold, flash_backward.cpp), and the scale 2^kBaseScaleExponent of the
+// split_scale's upper threshold, backward_plan.hpp), and the scale 2^kBaseScaleExponent of the
 // problem they are compared with (2^-5 keeps |Q·K| below FLT_MAX with K times 2^121). Above 2^99
 // Q·K would hold float32 subnormals (Q and K of order 2^-52 each at 2^99): no bit-exact twin.
 inline constexpr int kScaleExponents[] = {-126, -125, -116, -100, -66, 0, 33, 63, 64, 99};

@@ -219,7 +219,7 @@ TEST(FlashBackward, MatchesReferenceAvx512RowsPastTheL2) {
                 worst, kTol);
 }
 
-// dK and dV larger than the L2 are written by non-temporal stores (flash_backward.cpp,
+// dK and dV larger than the L2 are written by non-temporal stores (backward_plan.hpp,
 // Plan::stream_dkv; stream_rows) where they are float32 rows of whole 64-byte lines — head dims
 // 64 and 128 here — and row by row otherwise (72: 288-byte rows). On every kernel row, against the
 // double reference, and 1 thread against 2 bit for bit (each task fences its own streams).

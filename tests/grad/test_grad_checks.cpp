@@ -143,8 +143,8 @@ TEST(FlashBackward, BitIdenticalAcrossThreadCountsAndRuns) {
 // ---- NaN/±inf in Q or dO read in place ----
 // Float32 Q/dO rows of unit stride are read in place; a head holding a NaN/±inf gets a copy
 // with those entries 0 for dSᵀ·Q and P̂ᵀ·dO, made by the task for that head alone
-// (flash_backward.cpp). Rows of another stride are widened into the task's buffer and zeroed
-// there (pack_rows). Both routes see the same values, so they must give the same bits; and
+// (prepare_rows, query_heads.hpp). Rows of another stride are widened into the task's buffer
+// and zeroed there (widen_rows). Both routes see the same values, so they must give the same bits; and
 // the heads away from the poisoned ones must give the clean run's bits.
 TEST(FlashBackward, InPlaceNonFiniteRowsMatchWidened) {
     const std::int64_t B = 2, Hq = 4, Hkv = 2, Lq = 130, Lk = 100, D = 64;

@@ -527,7 +527,7 @@ TEST(HalfBackward, Bf16ComputeForwardThenFloat32Backward) {
 }
 
 // bf16 compute reads unit-stride bf16 Q/dO rows in place and makes every pair word from the
-// bf16 words (flash_backward.cpp); other rows (here: every second element of a wider buffer)
+// bf16 words (prepare_rows, query_heads.hpp); other rows (here: every second element of a wider buffer)
 // and heads holding a NaN/±inf go through float32 rows rounded back. Both routes must give
 // the same operands, so the same bits — also with a NaN in Q and an inf in dO.
 TEST(HalfBackward, Bf16ComputeInPlaceOperandsMatchPacked) {

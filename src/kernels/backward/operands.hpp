@@ -14,8 +14,8 @@ namespace attn::detail {
 
 // Rows of a (B, H, L, D) tensor read in place as float32 rows of padded width Dp: only
 // when the caller's memory already is that (float32, unit inner stride, D % 8 == 0).
-// Anything else (16-bit, strided, odd D) is widened by pack_rows, one (b, head) at a
-// time inside the task that reads it (widen_rows).
+// Anything else (16-bit, strided, odd D) is widened one (b, head) at a time inside
+// the task that reads it (widen_rows).
 struct Rows {
     const float* base = nullptr;
     std::int64_t sb = 0, sh = 0, si = 0;

@@ -10,7 +10,7 @@
 
 namespace attn::detail {
 
-// The operands of the bf16 products (tile_avx512_bf16.cpp; flash_backward.cpp packs them
+// The operands of the bf16 products (tile_avx512_bf16.cpp; query_heads.hpp, key_blocks.hpp pack them
 // when bf16 compute runs, docs/conventions.md "bf16 compute"). A pair word holds two bf16
 // adjacent along the product's reduction dimension, the first in its low half (what
 // vdpbf16ps multiplies lane by lane); an odd length ends with a zero element.
@@ -46,7 +46,7 @@ inline constexpr float kTileLog2e = 1.4426950408889634f;
 // the S and dP products (the avx512 float32 tile's gemm) while a query tile's pass runs — spread,
 // because a burst of ≈ 100 requests before a product stalled the tile itself (S1 −1.7 %,
 // kernels-lab.md#bwd-9; the forward's fwd-28 likewise). Owned by the driver, one per query tile
-// (next_rows, flash_backward.cpp); the tile's products advance it, and it changes no value.
+// (next_rows, row_requests.hpp); the tile's products advance it, and it changes no value.
 // What it holds, range after range:
 // - the next query tile's Q and dO rows, where a pass streams more rows than the L2 holds (S3's
 //   6 MiB a head, against 2 MiB of L2): the first key block of each pass read them from the L3
@@ -56,7 +56,7 @@ inline constexpr float kTileLog2e = 1.4426950408889634f;
 //   (pack_key_block): spread over the pass's last query tiles; in a task's last pass instead a
 //   slice of the rows the thread's next task reads first — its Q, dO and O rows (the non-finite
 //   scans, D) and its first K and V rows — where they fit the L2 beside the current task's
-//   (flash_backward.cpp, SlicedRows; kernels-lab.md#bwd-10).
+//   (row_requests.hpp, SlicedRows; kernels-lab.md#bwd-10).
 // S and dP request them fused or not (a score rule, softcap or dropout run them unfused).
 struct RowsAhead {
     static constexpr int kRanges = 6;
@@ -118,7 +118,7 @@ struct TileArgs {
     const float* drop = nullptr;  // (br, bcp) or null: dropout factor, 0 or 1/(1−p)
     float scale = 1.0f;
     // The part of the scale dS carries, dS = ds_scale·P∘(dP − D); the driver multiplies the
-    // stored dQ and dK by the rest (flash_backward.cpp, split_scale).
+    // stored dQ and dK by the rest (backward_plan.hpp, split_scale).
     float ds_scale = 1.0f;
     // Null when every key of the tile is visible to every row and no element-wise rule
     // applies: P = 2^((S·scale − lse)·log2 e). Otherwise called on each row of

@@ -53,7 +53,7 @@ inline void dv_product(const TileArgs& t, const float* pv) {
     gemm(t.bc, t.Dvp, (t.br + 1) / 2, z.p_pairs, 1, t.bcp, z.dO_pairs, t.Dvp, t.dv, t.Dvp, !t.dkv_first);
 }
 // dK += dSᵀ·Q over ⌈br/2⌉ pairs of query rows: dS rounded to bf16 here (a tiny scale is not:
-// flash_backward.cpp, split_scale).
+// backward_plan.hpp, split_scale).
 inline void dk_product(const TileArgs& t) {
     const TileBf16& z = *t.bf16;
     flash_bf16_avx512_ns::pack_pairs_bf16(t.dP, t.bcp, t.br, t.bcp, z.p_pairs, t.bcp);
