@@ -9,7 +9,7 @@
 //   dP = dO·Vᵀ (∘ Z/(1−p) with dropout)     Dᵢ = rowsum(dO ∘ O), computed once
 //   dS = P ∘ (dP − Dᵢ)
 //   dV += P̂ᵀ·dO,  dK += scale·dSᵀ·Q,  dQ += scale·dS·K
-// with the scale split between dS and the stored dQ, dK (split_scale says why).
+// with the scale split between dS and the stored dQ, dK (split_scale, backward_plan.hpp, says why).
 //
 // Work split (deterministic): one task = (batch, KV head, chunk of key blocks). A task
 // owns the dK/dV rows of its key blocks, summing over the query heads of its GQA group
@@ -56,7 +56,6 @@
 #include "../../core/parallel_for.hpp"
 #include "../dispatch.hpp"
 #include "../isa.hpp"
-#include "../scores.hpp"
 #include "../store_row.hpp"
 #include "backward.hpp"
 #include "operands.hpp"
