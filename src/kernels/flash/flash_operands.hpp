@@ -346,7 +346,9 @@ struct KvAhead {
     void request(std::int64_t n) {
         if (more_per_call > 0) request_more(n == std::numeric_limits<std::int64_t>::max() ? n : more_per_call);
         if (into_l1) {
-            for (const std::int64_t e = j + n < j1 ? j + n : j1; j < e; ++j, row += step) __builtin_prefetch(row, 0, 3);
+            // Row j's address from the first row's, never a step past the last row: a size-1 dim may
+            // carry any stride (a view's −2^61 made the step past it wrap the pointer: fuzz_array).
+            for (const std::int64_t e = n < j1 - j ? j + n : j1; j < e; ++j) __builtin_prefetch(row + (j - j0) * step, 0, 3);
             return;
         }
         while (n > 0 && value < 2) {

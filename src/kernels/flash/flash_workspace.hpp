@@ -34,10 +34,9 @@ struct RowLines {
         for (; n > 0 && rows > 0; --n) {
             if (into_l1) __builtin_prefetch(row + 64 * at, 0, 3);
             else __builtin_prefetch(row + 64 * at, 0, 2);
-            if (++at == per_row) {
+            if (++at == per_row) {  // the next row, if any: never a step past the last (its stride may be anything)
                 at = 0;
-                row += step;
-                --rows;
+                if (--rows > 0) row += step;
             }
         }
         return n;
