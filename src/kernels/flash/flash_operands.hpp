@@ -342,7 +342,11 @@ struct KvAhead {
     void request_more(std::int64_t n) {
         for (int r = 0; r < 2 && n > 0; ++r) n = more[r].request(n);
     }
-    // The next n lines (fewer at the end), each into the L2 (start_v_heads: the L1).
+    // The next n lines (fewer at the end), each into the L1 (prefetcht0). Into the L2 (prefetcht1)
+    // until 2026-12-07, the tiles then waited for each K/V line from there on Zen 5: into the L1,
+    // S6's attention +1.5-2 %, S1 +1-2 %, S2, S3, S4 and S8's kind +1-3 % per CPU-second on 1 and
+    // 2 threads (docs/kernels-lab.md, fwd-36). On Sapphire Rapids the first task's lines read level
+    // either way (S1, S6's attention; fwd-34); its long heads were not measured with it.
     void request(std::int64_t n) {
         if (more_per_call > 0) request_more(n == std::numeric_limits<std::int64_t>::max() ? n : more_per_call);
         if (into_l1) {
@@ -361,7 +365,7 @@ struct KvAhead {
                 row = base[value] + kv_row_offset(*p, value != 0, b, h, j) * size[value];
                 off = 0;
             }
-            __builtin_prefetch(row + off, 0, 2);
+            __builtin_prefetch(row + off, 0, 3);
             --n;
             if ((off += 64) >= bytes[value]) {
                 row = nullptr;
