@@ -344,8 +344,8 @@ struct KvAhead {
     }
     // The next n lines (fewer at the end), each into the L1 (prefetcht0). Into the L2 (prefetcht1)
     // until 2026-12-07, the tiles then waited for each K/V line from there on Zen 5: into the L1,
-    // S6's attention +1.5-2 %, S1 +1-2 %, S2, S3, S4 and S8's kind +1-3 % per CPU-second on 1 and
-    // 2 threads (docs/kernels-lab.md, fwd-36). On Sapphire Rapids the first task's lines read level
+    // S6's attention +1.5-2.5 %, S1 level to +2 %, S2, S3, S4 and S8's kind +1-3 % per CPU-second on
+    // 1 and 2 threads (docs/kernels-lab.md, fwd-36). On Sapphire Rapids the first task's lines read level
     // either way (S1, S6's attention; fwd-34); its long heads were not measured with it.
     void request(std::int64_t n) {
         if (more_per_call > 0) request_more(n == std::numeric_limits<std::int64_t>::max() ? n : more_per_call);
