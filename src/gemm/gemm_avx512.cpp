@@ -53,6 +53,7 @@ struct Micro {
     template <int R>
     using WithRows = Micro<R, NV, KC, MC, NC>;  // the few-row path (gemm_driver.hpp)
     static constexpr std::int64_t kTransposeBlock = 16;  // pack_b's Bᵀ copy (gemm_driver.hpp)
+    static constexpr std::int64_t kLongABlocksBelowL2 = std::int64_t{2} << 20;  // cache_blocks (gemm_driver.hpp)
     static void transpose_block(const float* src, std::int64_t lds, float* dst, std::int64_t ldd) {
         transpose16(src, lds, dst, ldd);
     }

@@ -146,9 +146,25 @@ constexpr std::int64_t a_panel_floats(std::int64_t kc) {
 struct CacheBlocks {
     std::int64_t mc, slivers;
 };
+// Long A blocks (a U with kLongABlocksBelowL2 = bytes: the avx512 row's float32 kernel): on an L2
+// smaller than that, B blocks of one sliver, each kept in the L2 while up to kLongARows rows of A
+// panels stream past it from the L3 (86–114 panels a visit in S6's QKV GEMM, where the fitted
+// blocks give 22–23), instead of both blocks fitted into the L2. Zen 5 (1 MiB), per CPU-second,
+// medians of 9 paired runs: S6's QKV GEMM +3.5 % (1 thread) / +4.8 % (2 threads), the out GEMM
+// −0.6 % / +0.2 % (docs/kernels-lab.md, gemm-11). Sapphire Rapids (2 MiB) keeps the fitted blocks:
+// long A blocks cost its out GEMM 3–8 % (gemm-9). Only the order of the tiles changes.
+constexpr std::int64_t kLongARows = 1024;
+template <class U>
+constexpr std::int64_t kLongABlocksBelowL2Of = 0;
+template <class U>
+    requires requires { U::kLongABlocksBelowL2; }
+constexpr std::int64_t kLongABlocksBelowL2Of<U> = U::kLongABlocksBelowL2;
+
 template <class U>
 CacheBlocks cache_blocks(std::int64_t kc, std::int64_t m, std::int64_t l2_bytes) {
-    const std::int64_t budget = (l2_bytes > 0 ? l2_bytes : cpu_features().l2_bytes) / 5 * 4;
+    const std::int64_t l2 = l2_bytes > 0 ? l2_bytes : cpu_features().l2_bytes;
+    if (l2 < kLongABlocksBelowL2Of<U>) return {std::min(kLongARows / U::kMR * U::kMR, ceil_div(m, U::kMR) * U::kMR), 1};
+    const std::int64_t budget = l2 / 5 * 4;
     const std::int64_t panel_bytes = a_panel_floats<U>(kc) * 4, sliver_bytes = U::kNR * depth<U>(kc) * 4;
     std::int64_t mc = std::max<std::int64_t>(U::kMC, budget / 2 / panel_bytes * U::kMR);
     mc = std::min({mc, 4 * U::kMC, ceil_div(m, U::kMR) * U::kMR});
