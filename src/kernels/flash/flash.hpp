@@ -102,8 +102,8 @@ std::int64_t flash_group_pass(std::int64_t key_bytes, int Nb, int forced, std::i
 // micro-kernels read a tile's rows interleaved, which the hardware prefetchers do not follow, and
 // a wait on the L3 or memory then stalls the products. kv_tasks: tasks per (b, KV head);
 // head_kv_bytes: the K and V bytes of a head (Lk keys); spread: the kernel asks for the lines a
-// few per pair tile (KvAhead: the driver's kOpsSpreadRequests — the AVX-512 float32 row) rather
-// than all at once. A head within one core's L2 (1 MiB, as flash_query_group) is read from there:
+// few per tile (KvAhead: the driver's kOpsSpreadRequests — the AVX-512 float32 and all-bf16 rows)
+// rather than all at once. A head within one core's L2 (1 MiB, as flash_query_group) is read from there:
 // no request. Past it, with spread requests, always: S2 and S3 (64 tasks per 2-4 MiB head, reread
 // from the L3) +1-3 % per CPU-second on Sapphire Rapids, none measured slower past the runs' ±1 %
 // (docs/kernels-lab.md, fwd-29). All at once (the other rows), only where a head is read by few

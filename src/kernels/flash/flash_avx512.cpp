@@ -603,6 +603,12 @@ struct Avx512Ops {
 // This file has no bf16 instruction: packing bf16 pairs is integer moves.
 struct Avx512Bf16Ops : Avx512Ops {
     using Pair = std::uint32_t;  // two bf16, the first in the low half
+    // The driver's spread requests (kOpsOwnSpread): the next key block's K/V lines, O's rows and the
+    // next task's Q rows, a few before each 8-row tile of qk_block and pv_block (w.kv_next).
+    static constexpr bool kSpreadRequests = true;
+    static int request_tiles(int panels, std::int64_t nk, std::int64_t Dv) {
+        return panels * static_cast<int>((nk + kRows - 1) / kRows + (Dv + kRows - 1) / kRows);
+    }
     static std::int64_t half_up(std::int64_t n) { return (n + 1) / 2; }
     static std::size_t round64(std::int64_t bytes) { return static_cast<std::size_t>((bytes + 63) / 64 * 64); }
     // Scratch (Workspace::extra): Pᵀ pairs (⌈Nb/2⌉, Mb), V pairs (⌈Nb/2⌉, Dv), K rows padded
@@ -687,11 +693,14 @@ struct Avx512Bf16Ops : Avx512Ops {
             kp = buf;
         }
         const Pair* qt = reinterpret_cast<const Pair*>(w.qt);
+        KvAhead* ahead = w.kv_next;
         for (int pn = 0; pn < panels; ++pn)
-            for (std::int64_t r = 0; r < nk; r += kRows)
+            for (std::int64_t r = 0; r < nk; r += kRows) {
+                if (ahead != nullptr) ahead->request();
                 flash_bf16_avx512_ns::qk_bf16(qt + pn * Dp * kPanel, kp + r * ldk, ldk,
                                               static_cast<int>(imin(kRows, nk - r)), static_cast<int>(Dp), scale,
                                               w.s + r * ldS + pn * kPanel, ldS);
+            }
     }
 
     // V rows of the key block as float32 (bf16 → f32 is exact: a shift), for the driver's
@@ -776,14 +785,17 @@ struct Avx512Bf16Ops : Avx512Ops {
         else v_pairs_direct(p, b, hk, j0, nk, vv, p.Dv);
         const int Jp = static_cast<int>(half_up(nk));
         const __m512 one = _mm512_set1_ps(1.0f);
+        KvAhead* ahead = w.kv_next;
         for (int pn = 0; pn < panels; ++pn) {
             const float* al = w.alpha + pn * kPanel;
             const bool moved = _mm512_cmp_ps_mask(_mm512_load_ps(al), one, _CMP_NEQ_UQ) != 0 ||
                                _mm512_cmp_ps_mask(_mm512_load_ps(al + 16), one, _CMP_NEQ_UQ) != 0;
-            for (std::int64_t d = 0; d < p.Dv; d += kRows)
+            for (std::int64_t d = 0; d < p.Dv; d += kRows) {
+                if (ahead != nullptr) ahead->request();
                 flash_bf16_avx512_ns::pv_bf16(pp + pn * kPanel, w.tile_mb, vv + d, p.Dv, Jp,
                                               static_cast<int>(imin(kRows, p.Dv - d)), acc + d * ldO + pn * kPanel, ldO,
                                               moved ? al : nullptr);
+            }
         }
     }
 };
@@ -812,6 +824,7 @@ struct Avx512Bf16Ops : Avx512Ops {
 //   head Vᵀ   (⌈Lk/32⌉, Dv16, 16) with a header and a flag per unit, when ≤ kHeadVtBytes: the
 //             Vᵀ units of one (problem, b, KV head), kept across the thread's tasks (head_units)
 struct AmxBf16Ops : Avx512Bf16Ops {
+    static constexpr bool kSpreadRequests = false;  // its tiles call no request(): all at once, as before
     static std::int64_t round_up(std::int64_t n, std::int64_t m) { return (n + m - 1) / m * m; }
     static std::int64_t q_rows(const SdpaProblem& p) { return round_up(p.Dk, 32) / 2; }    // Dq
     static std::int64_t pair_rows(std::int64_t nk) { return round_up(half_up(nk), 16); }  // Jq

@@ -186,12 +186,29 @@ template <class Ops>
 inline constexpr bool kOpsOwnOperands = requires { &Ops::qk_block; };
 template <class Ops>
 inline constexpr bool kOpsThreadScratch = requires { &Ops::thread_scratch_bytes; };
-// Whether key_block hands the next key block's K/V lines to the pair tiles, a few before each
-// (KvAhead, flash_operands.hpp), instead of asking for them all at once: Ops with pair tiles that
-// read K and V themselves (AVX-512 float32), for tasks of two or more panels. flash_kv_ahead
-// requests more often where they are spread (they cost little there).
+// Whether key_block hands the next key block's K/V lines to the products' tiles, a few before each
+// (KvAhead, flash_operands.hpp), instead of asking for them all at once — and with them O's rows and
+// the next task's Q rows (Workspace::out_lines, next_q_lines) — for tasks of two or more panels.
+// flash_kv_ahead requests more often where they are spread (they cost little there). Two kinds of
+// Ops do: kOpsPairRequests, pair tiles that read K and V themselves (AVX-512 float32: qk_pair and
+// pv_pair take w.kv_next); kOpsOwnSpread, an Ops with its own operands whose qk_block and pv_block
+// call w.kv_next->request() before each of their tiles, Ops::request_tiles(panels, nk, Dv) of them
+// a key block (Ops::kSpreadRequests: the all-bf16 row, S3 +2-3 %, S8 +1-3 % per CPU-second on Zen 5,
+// kernels-lab fwd-37; not the AMX row, whose tiles ask for nothing: all at once there).
 template <class Ops>
-inline constexpr bool kOpsSpreadRequests = kOpsPanelPairs<Ops> && !kOpsOwnOperands<Ops>;
+inline constexpr bool kOpsPairRequests = kOpsPanelPairs<Ops> && !kOpsOwnOperands<Ops>;
+template <class Ops>
+inline constexpr bool kOpsOwnSpread = kOpsOwnOperands<Ops> && requires { requires Ops::kSpreadRequests; };
+template <class Ops>
+inline constexpr bool kOpsSpreadRequests = kOpsPairRequests<Ops> || kOpsOwnSpread<Ops>;
+// The tiles a key block's products run, over which KvAhead shares its lines out.
+template <class Ops>
+inline int request_tiles(int panels, std::int64_t nk, std::int64_t Dv) {
+    if constexpr (kOpsOwnSpread<Ops>) return Ops::request_tiles(panels, nk, Dv);
+    else if constexpr (kOpsPairRequests<Ops>)
+        return panels / 2 * static_cast<int>((nk + Ops::kPairRows - 1) / Ops::kPairRows + (Dv + Ops::kPairRows - 1) / Ops::kPairRows);
+    else return 0;
+}
 // Whether Ops::qk and qk_pair also take Sᵀ's column maxima (AVX-512): w.colmax at the call's
 // panel, and for qk whether it is the block's first call (qk_pair holds the whole block); Ops::softmax
 // then takes w.colmax.
@@ -397,15 +414,13 @@ void key_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
         bool all_at_once = true;
         if constexpr (kOpsSpreadRequests<Ops>) {
             if (panels >= 2) {
-                const int tiles = panels / 2 * static_cast<int>((nk + Ops::kPairRows - 1) / Ops::kPairRows +
-                                                                (p.Dv + Ops::kPairRows - 1) / Ops::kPairRows);
-                spread.start(p, b, hk, j0 + nk, j1, tiles);
+                spread.start(p, b, hk, j0 + nk, j1, request_tiles<Ops>(panels, nk, p.Dv));
                 w.kv_next = &spread;
                 all_at_once = false;
             }
         }
         if (all_at_once) prefetch_kv_rows(p, b, hk, j0 + nk, j1);
-    } else if constexpr (kOpsSpreadRequests<Ops>) {
+    } else if constexpr (kOpsPairRequests<Ops>) {
         // Nothing to ask for ahead and the head within the L2: this block's V rows' first lines
         // into the L1 during qk_pair's tiles, where pv_pair reads V in place (KvAhead::start_v_heads
         // says why; past the L2, a group's later tasks lost with them).
@@ -421,9 +436,7 @@ void key_block(const SdpaProblem& p, const FlashTiles& t, const Dropout& drop, W
     // rows at once before the last block; the next Q rows go unrequested).
     if constexpr (kOpsSpreadRequests<Ops>) {
         if (w.kv_next != nullptr && (w.out_lines.rows > 0 || (w.last_block && w.next_q_lines.rows > 0))) {
-            spread.add(w.out_lines, w.last_block ? w.next_q_lines : RowLines{},
-                       panels / 2 * static_cast<int>((nk + Ops::kPairRows - 1) / Ops::kPairRows +
-                                                     (p.Dv + Ops::kPairRows - 1) / Ops::kPairRows));
+            spread.add(w.out_lines, w.last_block ? w.next_q_lines : RowLines{}, request_tiles<Ops>(panels, nk, p.Dv));
             w.out_lines.rows = 0;
             if (w.last_block) w.next_q_lines.rows = 0;
         }
