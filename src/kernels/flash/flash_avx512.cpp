@@ -762,6 +762,53 @@ struct Avx512Bf16Ops : Avx512Ops {
         }
     }
 
+    // A head's V pairs, kept in Workspace::thread_extra across a thread's tasks up to this size: in
+    // units of 32 keys (16 pair rows of Dv words), each made the first time a block of this thread
+    // needs it (head_pairs), so every later task of the head on the thread — and its group's — reads
+    // them instead of pairing V's rows again (v_pairs_direct: ≈ 8 % of S2's kernel samples; S2 +6 %,
+    // S3 +3-5 %, S4 +5 % per CPU-second on the Zen 5 VM, kernels-lab fwd-37). As the AMX row's Vᵀ
+    // units (head_vt_units), which hides these with its own. Lk ≤ 8192 at Dv = 64 (S2: 512 KiB),
+    // ≤ 4096 at Dv = 128 (S3: 1 MiB); the copy replaces V's rows in the L2, byte for byte.
+    static constexpr std::int64_t kHeadPairBytes = std::int64_t{1} << 20;
+    static std::int64_t head_pair_units(const SdpaProblem& p) {
+        const std::int64_t units = (p.Lk + 31) / 32;
+        return 4 * units * 16 * p.Dv <= kHeadPairBytes ? units : 0;
+    }
+    // Whose pairs the copy holds (thread_extra starts zeroed each call: nobody's); a flag byte per
+    // unit (made or not) follows it, then the units.
+    struct HeadPairs {
+        const SdpaProblem* p;
+        std::int64_t b, hk;
+    };
+    static std::size_t thread_scratch_bytes(const SdpaProblem& p, const FlashTiles& /*t*/) {
+        const std::int64_t U = head_pair_units(p);
+        return U > 0 ? round64(sizeof(HeadPairs)) + round64(U) + round64(4 * U * 16 * p.Dv) : 0;
+    }
+    // The V pairs of keys [j0, j0+nk) from the head's copy, or null where it is not kept or the block
+    // does not cover whole units (j0 % 32 ≠ 0, or nk % 32 ≠ 0 short of Lk: a unit would pair keys past
+    // the block with its zero P rows) — those blocks make their own (v_pairs_direct). The same words
+    // either way (a bit copy of V), so the same results.
+    static const Pair* head_pairs(const SdpaProblem& p, const Workspace& w, std::int64_t b, std::int64_t hk,
+                                  std::int64_t j0, std::int64_t nk) {
+        const std::int64_t U = head_pair_units(p);
+        if (U == 0 || j0 % 32 != 0 || (nk % 32 != 0 && j0 + nk != p.Lk)) return nullptr;
+        char* r = static_cast<char*>(w.thread_extra);
+        HeadPairs* h = reinterpret_cast<HeadPairs*>(r);
+        unsigned char* made = reinterpret_cast<unsigned char*>(r + round64(sizeof(HeadPairs)));
+        Pair* units = reinterpret_cast<Pair*>(r + round64(sizeof(HeadPairs)) + round64(U));
+        if (h->p != &p || h->b != b || h->hk != hk) {  // another head's (or nobody's): start over
+            *h = HeadPairs{&p, b, hk};
+            std::memset(made, 0, static_cast<std::size_t>(U));
+        }
+        const std::int64_t words = 16 * p.Dv, u0 = j0 / 32, u1 = (j0 + nk + 31) / 32;
+        for (std::int64_t u = u0; u < u1; ++u)
+            if (made[u] == 0) {
+                v_pairs_direct(p, b, hk, 32 * u, imin(32, p.Lk - 32 * u), units + u * words, p.Dv);
+                made[u] = 1;
+            }
+        return units + u0 * words;
+    }
+
     // The online softmax with the bf16 path's exp2, writing Pᵀ as bf16 key pairs
     // (flash_avx512_bf16.cpp, softmax_bf16: the rounding of Pᵀ, the one this path adds, at the
     // exp's store instead of a pass over Sᵀ in pv_block).
@@ -772,17 +819,18 @@ struct Avx512Bf16Ops : Avx512Ops {
     }
 
     // Pᵀ as key pairs (packed: by softmax_block; else rounded to bf16 here from Sᵀ, after dropout)
-    // and V rows as key pairs, then Oᵀ ← α·Oᵀ + V·Pᵀ on the pairs — without the α multiply for a
+    // and V rows as key pairs (the head's kept copy where it holds the block: head_pairs), then Oᵀ ← α·Oᵀ + V·Pᵀ on the pairs — without the α multiply for a
     // panel whose running max did not move (α = 1 in all its columns, the usual case once the
     // row's large scores were seen). vp = nullptr: V's pairs straight from the tensor.
     static void pv_block(const SdpaProblem& p, const Workspace& w, std::int64_t b, std::int64_t hk, std::int64_t j0,
                          int panels, std::int64_t nk, int ldS, const float* vp, std::int64_t ldv, float* acc, int ldO,
                          bool packed) {
         Pair* pp = p_pairs(w);
-        Pair* vv = v_pairs(w);
+        const Pair* vv = v_pairs(w);
         if (!packed) flash_bf16_avx512_ns::pack_pairs_bf16(w.s, ldS, nk, panels * kPanel, pp, w.tile_mb);
-        if (vp != nullptr) flash_bf16_avx512_ns::pack_pairs_bf16(vp, ldv, nk, p.Dv, vv, p.Dv);
-        else v_pairs_direct(p, b, hk, j0, nk, vv, p.Dv);
+        if (vp != nullptr) flash_bf16_avx512_ns::pack_pairs_bf16(vp, ldv, nk, p.Dv, v_pairs(w), p.Dv);
+        else if (const Pair* kept = head_pairs(p, w, b, hk, j0, nk)) vv = kept;
+        else v_pairs_direct(p, b, hk, j0, nk, v_pairs(w), p.Dv);
         const int Jp = static_cast<int>(half_up(nk));
         const __m512 one = _mm512_set1_ps(1.0f);
         KvAhead* ahead = w.kv_next;
