@@ -762,51 +762,66 @@ struct Avx512Bf16Ops : Avx512Ops {
         }
     }
 
-    // A head's V pairs, kept in Workspace::thread_extra across a thread's tasks up to this size: in
-    // units of 32 keys (16 pair rows of Dv words), each made the first time a block of this thread
-    // needs it (head_pairs), so every later task of the head on the thread — and its group's — reads
-    // them instead of pairing V's rows again (v_pairs_direct: ≈ 8 % of S2's kernel samples; S2 +6 %,
-    // S3 +3-5 %, S4 +5 % per CPU-second on the Zen 5 VM, kernels-lab fwd-37). As the AMX row's Vᵀ
-    // units (head_vt_units), which hides these with its own. Lk ≤ 8192 at Dv = 64 (S2: 512 KiB),
-    // ≤ 4096 at Dv = 128 (S3: 1 MiB); the copy replaces V's rows in the L2, byte for byte.
-    static constexpr std::int64_t kHeadPairBytes = std::int64_t{1} << 20;
-    static std::int64_t head_pair_units(const SdpaProblem& p) {
-        const std::int64_t units = (p.Lk + 31) / 32;
-        return 4 * units * 16 * p.Dv <= kHeadPairBytes ? units : 0;
-    }
-    // Whose pairs the copy holds (thread_extra starts zeroed each call: nobody's); a flag byte per
-    // unit (made or not) follows it, then the units.
-    struct HeadPairs {
+    // A head's units of 32 keys (`words` Pair words each) kept in Workspace::thread_extra across a
+    // thread's tasks, each made the first time a block of this thread needs it, so every later task
+    // of the same (problem, b, KV head) on the thread — and its group's — reads them instead of
+    // making them again: this row's V pairs (head_pairs), the AMX row's Vᵀ units (head_units). Kept
+    // up to kKeptHeadBytes (Lk ≤ 8192 at Dv = 64, S2: 512 KiB; ≤ 4096 at Dv = 128, S3: 1 MiB): the
+    // copy replaces V's rows in the L2, so a head's K and its copy need the L2 that K and V needed.
+    // Layout: a header naming whose units they are (thread_extra starts zeroed each call, so a fresh
+    // copy holds nobody's and never outlives the call whose V it was made from), a flag byte per
+    // unit (made or not), then the units.
+    static constexpr std::int64_t kKeptHeadBytes = std::int64_t{1} << 20;
+    struct KeptHead {
         const SdpaProblem* p;
         std::int64_t b, hk;
     };
-    static std::size_t thread_scratch_bytes(const SdpaProblem& p, const FlashTiles& /*t*/) {
-        const std::int64_t U = head_pair_units(p);
-        return U > 0 ? round64(sizeof(HeadPairs)) + round64(U) + round64(4 * U * 16 * p.Dv) : 0;
+    static std::int64_t kept_units(const SdpaProblem& p, std::int64_t words) {  // 0: not kept
+        const std::int64_t units = (p.Lk + 31) / 32;
+        return 4 * units * words <= kKeptHeadBytes ? units : 0;
     }
-    // The V pairs of keys [j0, j0+nk) from the head's copy, or null where it is not kept or the block
-    // does not cover whole units (j0 % 32 ≠ 0, or nk % 32 ≠ 0 short of Lk: a unit would pair keys past
-    // the block with its zero P rows) — those blocks make their own (v_pairs_direct). The same words
-    // either way (a bit copy of V), so the same results.
-    static const Pair* head_pairs(const SdpaProblem& p, const Workspace& w, std::int64_t b, std::int64_t hk,
-                                  std::int64_t j0, std::int64_t nk) {
-        const std::int64_t U = head_pair_units(p);
+    static std::size_t kept_head_bytes(const SdpaProblem& p, std::int64_t words) {
+        const std::int64_t U = kept_units(p, words);
+        return U > 0 ? round64(sizeof(KeptHead)) + round64(U) + round64(4 * U * words) : 0;
+    }
+    // The units of keys [j0, j0+nk) from the head's copy, make(j, unit) filling the unit of keys
+    // j.. the first time; null where the copy is not kept or the block does not cover whole units
+    // (j0 % 32 ≠ 0, or nk % 32 ≠ 0 short of Lk: a unit would hold keys past the block, which the
+    // block's zero P rows would meet) — those blocks make their own. The same words either way (a
+    // bit copy of V), so the same results.
+    template <class Make>
+    static const Pair* kept_head(const SdpaProblem& p, const Workspace& w, std::int64_t b, std::int64_t hk,
+                                 std::int64_t j0, std::int64_t nk, std::int64_t words, Make make) {
+        const std::int64_t U = kept_units(p, words);
         if (U == 0 || j0 % 32 != 0 || (nk % 32 != 0 && j0 + nk != p.Lk)) return nullptr;
         char* r = static_cast<char*>(w.thread_extra);
-        HeadPairs* h = reinterpret_cast<HeadPairs*>(r);
-        unsigned char* made = reinterpret_cast<unsigned char*>(r + round64(sizeof(HeadPairs)));
-        Pair* units = reinterpret_cast<Pair*>(r + round64(sizeof(HeadPairs)) + round64(U));
+        KeptHead* h = reinterpret_cast<KeptHead*>(r);
+        unsigned char* made = reinterpret_cast<unsigned char*>(r + round64(sizeof(KeptHead)));
+        Pair* units = reinterpret_cast<Pair*>(r + round64(sizeof(KeptHead)) + round64(U));
         if (h->p != &p || h->b != b || h->hk != hk) {  // another head's (or nobody's): start over
-            *h = HeadPairs{&p, b, hk};
+            *h = KeptHead{&p, b, hk};
             std::memset(made, 0, static_cast<std::size_t>(U));
         }
-        const std::int64_t words = 16 * p.Dv, u0 = j0 / 32, u1 = (j0 + nk + 31) / 32;
+        const std::int64_t u0 = j0 / 32, u1 = (j0 + nk + 31) / 32;
         for (std::int64_t u = u0; u < u1; ++u)
             if (made[u] == 0) {
-                v_pairs_direct(p, b, hk, 32 * u, imin(32, p.Lk - 32 * u), units + u * words, p.Dv);
+                make(32 * u, units + u * words);
                 made[u] = 1;
             }
         return units + u0 * words;
+    }
+    // This row's kept copy: V's key pairs (16 pair rows of Dv words a unit), which v_pairs_direct
+    // would otherwise make for every block of every task (≈ 8 % of S2's kernel samples; S2 +6 %,
+    // S3 +3-5 %, S4 +5 % per CPU-second on the Zen 5 VM, kernels-lab fwd-37). The AMX row hides
+    // these with its Vᵀ units.
+    static std::size_t thread_scratch_bytes(const SdpaProblem& p, const FlashTiles& /*t*/) {
+        return kept_head_bytes(p, 16 * p.Dv);
+    }
+    static const Pair* head_pairs(const SdpaProblem& p, const Workspace& w, std::int64_t b, std::int64_t hk,
+                                  std::int64_t j0, std::int64_t nk) {
+        return kept_head(p, w, b, hk, j0, nk, 16 * p.Dv, [&](std::int64_t j, Pair* unit) {
+            v_pairs_direct(p, b, hk, j, imin(32, p.Lk - j), unit, p.Dv);
+        });
     }
 
     // The online softmax with the bf16 path's exp2, writing Pᵀ as bf16 key pairs
@@ -869,7 +884,7 @@ struct Avx512Bf16Ops : Avx512Ops {
 //   staging   four 16 × 16 float32 C tiles (the scaled Sᵀ store; an Oᵀ tile past Dv)
 //   col max   Mb floats: Sᵀ's column maxima, written by qk_amx
 // and, shared by a thread's tasks (Workspace::thread_extra, thread_scratch_bytes):
-//   head Vᵀ   (⌈Lk/32⌉, Dv16, 16) with a header and a flag per unit, when ≤ kHeadVtBytes: the
+//   head Vᵀ   (⌈Lk/32⌉, Dv16, 16) with a header and a flag per unit, when ≤ kKeptHeadBytes: the
 //             Vᵀ units of one (problem, b, KV head), kept across the thread's tasks (head_units)
 struct AmxBf16Ops : Avx512Bf16Ops {
     static constexpr bool kSpreadRequests = false;  // its tiles call no request(): all at once, as before
@@ -879,25 +894,11 @@ struct AmxBf16Ops : Avx512Bf16Ops {
     static std::int64_t dv_rows(const SdpaProblem& p) { return round_up(p.Dv, 16); }      // Dv16
     static std::int64_t unit_words(const SdpaProblem& p) { return dv_rows(p) * 16; }      // one 32-key Vᵀ unit
 
-    // A head's Vᵀ units are kept (head_units) up to this size, one copy per thread: Lk ≤ 8192 at
-    // Dv = 64 (S2's 4096: 512 KiB), Lk ≤ 4096 at Dv = 128 (S3: 1 MiB). The copy replaces V in the
-    // L2 (V's rows are read once per unit and thread, not once per task), so a head's K and Vᵀ
-    // need the L2 that K and V needed: 2 MiB on Sapphire Rapids, the only CPUs with AMX.
-    static constexpr std::int64_t kHeadVtBytes = std::int64_t{1} << 20;
-    static std::int64_t head_vt_units(const SdpaProblem& p) {
-        const std::int64_t units = (p.Lk + 31) / 32;
-        return 4 * units * unit_words(p) <= kHeadVtBytes ? units : 0;
-    }
-    // The head copy's header: whose Vᵀ it holds; a flag byte per unit (made or not) follows it.
-    // Workspace::thread_extra starts zeroed each call, so a fresh copy holds nobody's (p null):
-    // a copy never outlives the call whose V it was made from.
-    struct HeadVt {
-        const SdpaProblem* p;
-        std::int64_t b, hk;
-    };
+    // A head's Vᵀ units, kept across a thread's tasks (head_units, the bf16 row's kept_head) up to
+    // kKeptHeadBytes, one copy per thread: 2 MiB of L2 on Sapphire Rapids, the only CPUs with AMX,
+    // holds a head's K and its copy.
     static std::size_t thread_scratch_bytes(const SdpaProblem& p, const FlashTiles& /*t*/) {
-        const std::int64_t U = head_vt_units(p);
-        return U > 0 ? round64(sizeof(HeadVt)) + round64(U) + round64(4 * U * unit_words(p)) : 0;
+        return kept_head_bytes(p, unit_words(p));
     }
 
     // The scratch regions in order (bytes, each a multiple of 64).
@@ -1025,34 +1026,16 @@ struct AmxBf16Ops : Avx512Bf16Ops {
         }
     }
 
-    // The Vᵀ units of keys [j0, j0+nk) from the head's copy (thread_extra), each made the first time
-    // a block of this thread needs it: every later task of the same (problem, b, KV head) on this
-    // thread — and the other tasks of its group — reads them instead of pairing and transposing V
-    // again (S2: 32 query blocks a head, so 16 makes per head and thread become one; kernels-lab.md
-    // fwd-16). Null where the head's copy is not kept or the block does not cover whole units:
-    // j0 % 32 ≠ 0, or nk % 32 ≠ 0 short of Lk, where a unit would hold keys past the block, which
-    // the block's zero P rows meet (0·NaN is NaN, as amx_dot.hpp assumes; tdpbf16ps on the Sapphire
-    // Rapids VM gave 0) — those blocks make their own units. The same words either way (a bit copy
-    // of V), so the same results.
+    // The Vᵀ units of keys [j0, j0+nk) from the head's kept copy (kept_head): each pairing and
+    // transposing of V made once per head and thread (S2: 32 query blocks a head, so 16 makes per
+    // head and thread become one; kernels-lab.md fwd-16). kept_head's whole-unit rule matters here
+    // too: the block's zero P rows would meet a unit's keys past the block (0·NaN is NaN, as
+    // amx_dot.hpp assumes; tdpbf16ps on the Sapphire Rapids VM gave 0).
     static const Pair* head_units(const SdpaProblem& p, const Workspace& w, std::int64_t b, std::int64_t hk,
                                   std::int64_t j0, std::int64_t nk) {
-        const std::int64_t U = head_vt_units(p);
-        if (U == 0 || j0 % 32 != 0 || (nk % 32 != 0 && j0 + nk != p.Lk)) return nullptr;
-        char* r = static_cast<char*>(w.thread_extra);
-        HeadVt* h = reinterpret_cast<HeadVt*>(r);
-        unsigned char* made = reinterpret_cast<unsigned char*>(r + round64(sizeof(HeadVt)));
-        Pair* units = reinterpret_cast<Pair*>(r + round64(sizeof(HeadVt)) + round64(U));
-        if (h->p != &p || h->b != b || h->hk != hk) {  // another head's (or nobody's): start over
-            *h = HeadVt{&p, b, hk};
-            std::memset(made, 0, static_cast<std::size_t>(U));
-        }
-        const std::int64_t u0 = j0 / 32, u1 = (j0 + nk + 31) / 32;
-        for (std::int64_t u = u0; u < u1; ++u)
-            if (made[u] == 0) {
-                v_units(p, w, b, hk, 32 * u, p.Lk, 1, nullptr, 0, units + u * unit_words(p));
-                made[u] = 1;
-            }
-        return units + u0 * unit_words(p);
+        return kept_head(p, w, b, hk, j0, nk, unit_words(p), [&](std::int64_t j, Pair* unit) {
+            v_units(p, w, b, hk, j, p.Lk, 1, nullptr, 0, unit);
+        });
     }
 
     // Oᵀ ← α·Oᵀ + Vᵀ·Pᵀ: α applied to a panel's accumulator rows first, only where its running
