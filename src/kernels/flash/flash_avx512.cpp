@@ -834,9 +834,10 @@ struct Avx512Bf16Ops : Avx512Ops {
     }
 
     // Pᵀ as key pairs (packed: by softmax_block; else rounded to bf16 here from Sᵀ, after dropout)
-    // and V rows as key pairs (the head's kept copy where it holds the block: head_pairs), then Oᵀ ← α·Oᵀ + V·Pᵀ on the pairs — without the α multiply for a
-    // panel whose running max did not move (α = 1 in all its columns, the usual case once the
-    // row's large scores were seen). vp = nullptr: V's pairs straight from the tensor.
+    // and V rows as key pairs (the head's kept copy where it holds the block: head_pairs), then
+    // Oᵀ ← α·Oᵀ + V·Pᵀ on the pairs — without the α multiply for a panel whose running max did not
+    // move (α = 1 in all its columns, the usual case once the row's large scores were seen).
+    // vp = nullptr: V's pairs straight from the tensor.
     static void pv_block(const SdpaProblem& p, const Workspace& w, std::int64_t b, std::int64_t hk, std::int64_t j0,
                          int panels, std::int64_t nk, int ldS, const float* vp, std::int64_t ldv, float* acc, int ldO,
                          bool packed) {
