@@ -234,6 +234,29 @@ struct Avx512Ops {
         return _mm512_reduce_add_ps(sum);
     }
 
+    // acc[r·C + c] += p[r][k] · v_k[16c ..] for keys k = 0, 1 (weights pj[r·pstride + k], V rows
+    // vj and vj + vstride): key 0 before key 1 in each accumulator's chain.
+    template <int R, int C, class T, bool kFull>
+    __attribute__((always_inline)) static inline void add_key_pair(__m512* acc, const float* pj, i64 pstride,
+                                                                   const T* vj, i64 vstride, __mmask16 last) {
+        __m512 pb[2 * R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+            pb[r] = _mm512_set1_ps(pj[r * pstride]);
+            pb[R + r] = _mm512_set1_ps(pj[r * pstride + 1]);
+        }
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) {
+            const bool edge = c == C - 1 && !kFull;
+            const __m512 v0 = edge ? load16(vj + 16 * c, last) : load16(vj + 16 * c);
+            const __m512 v1 = edge ? load16(vj + vstride + 16 * c, last) : load16(vj + vstride + 16 * c);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) acc[r * C + c] = _mm512_fmadd_ps(pb[r], v0, acc[r * C + c]);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) acc[r * C + c] = _mm512_fmadd_ps(pb[R + r], v1, acc[r * C + c]);
+        }
+    }
+
     // o[r][d0 .. d0+16C) for R rows: R·C accumulators held in registers over the whole
     // block; each V vector is loaded (and converted) once for the R rows. The last vector
     // of the chunk runs under `last` (the head-dim edge) unless kFull: GCC issued that masked
@@ -257,10 +280,23 @@ struct Avx512Ops {
                     al);
         }
         // The runs in order, the accumulators staying in registers: the same chain of FMAs
-        // as one run holding all the keys.
+        // as one run holding all the keys. A GQA group with a 16-bit cache takes two keys per
+        // pass, their requests in one step: a one-key pass is 24 vector instructions among ≈ 71
+        // (the loop, the Lookahead call, stack reloads), a pair ≈ 12 fewer per key, and S7's
+        // cold step on one Zen 5 thread read 3.5–13.5 points more of the sampled bandwidth
+        // (float16, bfloat16). Float32 keeps one key per pass: its pairs ran 2–8 % faster from
+        // the L3 but 1–3 % slower from memory (docs/kernels-lab.md, dec-15). Each accumulator
+        // still adds key j before key j + 1: same bits.
         const float* pj = p;
         for (int x = 0; x < nruns; ++x) {
-            for (i64 j = 0; j < v[x].n; ++j, ++pj) {
+            i64 j = 0;
+            if constexpr (R > 1 && sizeof(T) == 2) {
+                for (; j + 2 <= v[x].n; j += 2, pj += 2) {
+                    next.step(2 * next_lines);
+                    add_key_pair<R, C, T, kFull>(acc, pj, pstride, v[x].rows + j * vstride + d0, vstride, last);
+                }
+            }
+            for (; j < v[x].n; ++j, ++pj) {
                 const T* vj = v[x].rows + j * vstride + d0;  // indexed: no pointer past the last row
                 __m512 pb[R];
 #pragma GCC unroll 8
