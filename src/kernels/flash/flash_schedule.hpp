@@ -91,6 +91,10 @@ inline std::int64_t job_of(const JobPlan* plans, std::int64_t n, std::int64_t Jo
 // during the last block, S6 +2.5 %, S1 +1 % per CPU-second on Sapphire Rapids, docs/kernels-lab.md fwd-32).
 // With the dynamic schedule the next item is a guess past one thread: item + team size (the items
 // go out in turn while their tasks take alike long); a wrong guess costs 256 requests at D = 64.
+// Into the L1 (prefetcht0; the L2 until 2026-12-07): the pack reads them right after the last block,
+// and from the L2 it still waited on them on Zen 5 — S6's attention +0.5 % (1 thread) and +0.3 %
+// (2 threads) per CPU-second, S1–S4 level; level either way on Sapphire Rapids (fwd-34;
+// docs/kernels-lab.md, fwd-39).
 inline void next_task_q_lines(const JobPlan* plans, std::int64_t nw, const FlashJob* jobs, std::int64_t item,
                               std::int64_t end, RowLines& rows) {
     rows.rows = 0;
@@ -106,7 +110,7 @@ inline void next_task_q_lines(const JobPlan* plans, std::int64_t nw, const Flash
     rows.step = p.q.stride(2) * std::int64_t{sizeof(float)};
     rows.per_row = static_cast<int>((p.Dk * std::int64_t{sizeof(float)} + 63) / 64);
     rows.at = 0;
-    rows.into_l1 = false;
+    rows.into_l1 = true;
     rows.rows = a.nq_head;
 }
 

@@ -21,8 +21,8 @@ namespace attn::detail::ATTN_FLASH_NS {
 struct KvAhead;  // flash_operands.hpp
 
 // Rows at one stride, `per_row` cache lines each, asked for a few lines at a time (request):
-// a task's O rows into the L1, the next task's Q rows into the L2 (Workspace::out_lines,
-// next_q_lines; KvAhead shares them out over a key block's pair tiles).
+// a task's O rows and the next task's Q rows into the L1 (Workspace::out_lines, next_q_lines;
+// KvAhead shares them out over a key block's pair tiles).
 struct RowLines {
     const char* row = nullptr;          // the next line's row
     std::int64_t step = 0;              // bytes from a row to the next
