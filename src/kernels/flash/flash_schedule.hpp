@@ -12,6 +12,7 @@
 #include "../../core/allocate.hpp"
 #include "../../core/float_env.hpp"
 #include "../../core/interrupt.hpp"
+#include "flash_item_ranges.hpp"
 
 #ifndef ATTN_FLASH_NS
 #error "include flash_driver.hpp, not flash_schedule.hpp"
@@ -89,8 +90,9 @@ inline std::int64_t job_of(const JobPlan* plans, std::int64_t n, std::int64_t Jo
 // for the rows of the item the thread runs next, during its current task's last key block: the Qᵀ
 // pack had waited on each of them from the L3 (S6's attention 4 % of its samples, S1 2 %; asked for
 // during the last block, S6 +2.5 %, S1 +1 % per CPU-second on Sapphire Rapids, docs/kernels-lab.md fwd-32).
-// With the dynamic schedule the next item is a guess past one thread: item + team size (the items
-// go out in turn while their tasks take alike long); a wrong guess costs 256 requests at D = 64.
+// With each thread's own range of items the next item is known (the range's front) until the range
+// is empty; under the dynamic schedule (the fallback) it is a guess: item + team size (the items go
+// out in turn while their tasks take alike long). A wrong guess costs 256 requests at D = 64.
 // Into the L1 (prefetcht0; the L2 until 2026-12-07): the pack reads them right after the last block,
 // and from the L2 it still waited on them on Zen 5 — S6's attention +0.5 % (1 thread) and +0.3 %
 // (2 threads) per CPU-second, S1–S4 level; level either way on Sapphire Rapids (fwd-34;
@@ -202,6 +204,9 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
         }
     }
     const int nthreads = threads > 0 ? threads : omp_get_max_threads();
+    // One word a thread (flash_item_ranges.hpp); null: the dynamic schedule, which needs no memory.
+    ItemRange* range_words = static_cast<ItemRange*>(
+        std::aligned_alloc(alignof(ItemRange), sizeof(ItemRange) * static_cast<std::size_t>(nthreads)));
     std::int64_t failed_bytes = 0;  // a thread's workspaces that could not be allocated (0: none)
     const Interrupt interrupt;      // the caller's flag: tasks and merges left are skipped once it is set
     for (std::int64_t i0 = 0, i1; i0 < n && failed_bytes == 0 && !interrupt.requested(); i0 = i1) {
@@ -209,6 +214,12 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
         const JobPlan& a = plans[i0];
         const JobPlan& z = plans[i1];
         const std::int64_t items = z.first_item - a.first_item, nw = i1 - i0;
+        // Each thread's contiguous range of the items (flash_item_ranges.hpp); else (no memory for the
+        // words, or a wave of 2^31 items) the dynamic schedule.
+        ItemRanges ranges;
+        ranges.r = range_words;
+        ranges.first = a.first_item;
+        const bool use_ranges = range_words != nullptr && items < ItemRanges::kMaxItems;
 #pragma omp parallel num_threads(nthreads) if (items > 1)
         {
             const IeeeSubnormals ieee;  // each thread with IEEE subnormals (core/float_env.hpp)
@@ -228,6 +239,10 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
 #pragma omp atomic write
                 failed_bytes = asked;
             }
+            const int tid = omp_get_thread_num();
+            ItemRanges mine = ranges;  // (the team can be smaller than nthreads)
+            mine.team = omp_get_num_threads();
+            if (use_ranges) mine.set_own(tid, items);
             // No task starts before every thread has its workspaces: when one thread's
             // allocation failed, no thread writes an output (the call fails whole; in the rare
             // batch of several waves, a later wave's failure leaves the earlier waves' problems
@@ -237,9 +252,9 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
 #pragma omp atomic read
             any_failed = failed_bytes;
             failed = any_failed != 0;
-#pragma omp for schedule(dynamic, 1)
-            for (std::int64_t item = a.first_item; item < z.first_item; ++item) {
-                if (failed || interrupt.requested()) continue;
+            // One item: `next` is the item this thread runs after it, if known (else z.first_item).
+            auto run_item = [&](std::int64_t item, std::int64_t next) {
+                if (failed || interrupt.requested()) return;
                 const std::int64_t i = i0 + job_of(plans + i0, nw, &JobPlan::first_item, item);
                 const JobPlan& j = plans[i];
                 const SdpaProblem& p = *jobs[i].p;
@@ -260,8 +275,7 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
                             w.prev_p = &p;
                             w.prev_b = at[0].b;
                             w.prev_hk = at[0].hk;
-                            next_task_q_lines(plans + i0, nw, jobs + i0, item + omp_get_num_threads(), z.first_item,
-                                              w.next_q_lines);
+                            next_task_q_lines(plans + i0, nw, jobs + i0, next, z.first_item, w.next_q_lines);
                         }
                     }
                     run_group<Ops>(p, t, jobs[i].drop, ws, at, count, j.group_tiles, j.pass);
@@ -270,8 +284,19 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
                     run_chunk<Ops>(p, t, jobs[i].drop, w, task_at(p, j.g, k / j.chunks), c0, imin(p.Lk, c0 + j.chunk),
                                    partials + slot * sf);
                 }
+            };
+            if (use_ranges) {
+                for (std::int64_t item = mine.take(tid); item >= 0; item = mine.take(tid)) {
+                    const std::int64_t next = mine.own_next(tid);
+                    run_item(item, next >= 0 ? next : z.first_item);
+                }
+#pragma omp barrier
+            } else {
+#pragma omp for schedule(dynamic, 1)
+                for (std::int64_t item = a.first_item; item < z.first_item; ++item)
+                    run_item(item, item + omp_get_num_threads());  // (a guess: the items go out in turn)
             }
-            // (the omp for's barrier: every partial is written before a merge reads it)
+            // (the barrier above or the omp for's: every partial is written before a merge reads it)
 #pragma omp for schedule(dynamic, 1)
             for (std::int64_t m = a.first_merge; m < z.first_merge; ++m) {
                 if (failed || interrupt.requested()) continue;  // (a skipped chunk left its partial unwritten)
@@ -284,6 +309,7 @@ void run_flash(const FlashJob* jobs, std::int64_t n, const FlashTiles& tiles, in
             for (int g = 0; g < max_group; ++g) ws[g]->~Workspace();
         }
     }
+    std::free(range_words);
     std::free(partials);
     std::free(plans);
     if (failed_bytes != 0) throw_out_of_memory(failed_bytes, "the flash kernel's workspace of one thread");
