@@ -415,7 +415,6 @@ inline bool out_row_lines(const SdpaProblem& p, const Workspace& w, std::int64_t
     rows.step = p.out.stride(2) * size;
     rows.per_row = static_cast<int>((p.Dv * size + 63) / 64);
     rows.at = 0;
-    rows.into_l1 = true;
     rows.rows = nq;
     return true;
 }

@@ -112,7 +112,6 @@ inline void next_task_q_lines(const JobPlan* plans, std::int64_t nw, const Flash
     rows.step = p.q.stride(2) * std::int64_t{sizeof(float)};
     rows.per_row = static_cast<int>((p.Dk * std::int64_t{sizeof(float)} + 63) / 64);
     rows.at = 0;
-    rows.into_l1 = true;
     rows.rows = a.nq_head;
 }
 

@@ -27,13 +27,11 @@ struct RowLines {
     const char* row = nullptr;          // the next line's row
     std::int64_t step = 0;              // bytes from a row to the next
     int rows = 0, per_row = 0, at = 0;  // rows left (0: nothing to ask for), lines a row, the next line in `row`
-    bool into_l1 = false;               // prefetcht0, else prefetcht1
     std::int64_t lines() const { return static_cast<std::int64_t>(rows) * per_row - at; }
     // Up to n lines; returns how many of n are left (the rows ran out).
     std::int64_t request(std::int64_t n) {
         for (; n > 0 && rows > 0; --n) {
-            if (into_l1) __builtin_prefetch(row + 64 * at, 0, 3);
-            else __builtin_prefetch(row + 64 * at, 0, 2);
+            __builtin_prefetch(row + 64 * at, 0, 3);  // prefetcht0
             if (++at == per_row) {  // the next row, if any: never a step past the last (its stride may be anything)
                 at = 0;
                 if (--rows > 0) row += step;
