@@ -43,7 +43,8 @@ struct Config {
     std::string torch_script;          // bench/torch_attention.py
     double reference_max_gflop = 10.0; // the reference runs only where its full FLOPs are below this
     double memory_fraction = 0.6;      // skip a run whose estimated memory exceeds this share of MemAvailable
-    bool scaling = false;              // --scaling: time every attn row on 1 thread too (target 6 of issue 16)
+    bool scaling = false;              // --scaling: time every attn row on 1 thread too (target 6 of issue 16);
+                                       // time_calls_into alternates the two, other rows get a 1-thread pass
 };
 
 // What the driver measured before the shapes: the ceilings every row is compared with.
@@ -156,7 +157,10 @@ struct Row {
     std::optional<double> ratio, ratio_min;
     // --scaling: the same row timed again on 1 thread (median, seconds), and the parallel
     // efficiency T1 / (threads · Tthreads) that finish_case derives from it (1 = perfect).
+    // one_thread_paired: its 1-thread calls alternated with the row's own (time_calls_into);
+    // else they ran in a pass of their own after the case.
     std::optional<double> one_thread_median_s, scaling_efficiency;
+    bool one_thread_paired = false;
 };
 
 // The note of a row whose calls threw: the exception's message — "out of memory" for a bare
@@ -165,7 +169,11 @@ std::string error_note(const std::exception& e);
 
 // One row's timed calls: time_calls(cfg, fn) into r.timing, with the peak RSS of the calls
 // (RssProbe). An exception becomes the row's error: status "error", error_note as the note.
-// Returns whether the calls ran.
+// Returns whether the calls ran. With --scaling on more than 1 thread (and r.impl other than
+// "reference", which the scaling check skips), the calls alternate with the same call on 1
+// thread (time_interleaved): r.one_thread_median_s then comes from the same minutes as the
+// row's own median — a 1-thread pass tens of seconds later read the host's drift as the
+// kernel's efficiency (0.63–0.93 where paired calls gave ≈ 1: kernels-lab dec-16, fwd-41).
 bool time_calls_into(const Config& cfg, Row& r, const std::function<void()>& fn);
 
 struct CaseResult {

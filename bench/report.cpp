@@ -221,6 +221,7 @@ nlohmann::json to_json(const Report& r) {
             if (w.scaling_efficiency) {
                 rj["one_thread_median_ms"] = 1e3 * *w.one_thread_median_s;
                 rj["scaling_efficiency"] = *w.scaling_efficiency;
+                rj["one_thread_paired"] = w.one_thread_paired;
             }
             if (!w.ratio_to.empty()) {
                 rj["ratio_to"] = w.ratio_to;

@@ -521,3 +521,27 @@ def test_openblas_rows_run_where_openblas_loads(tmp_path):
     for name in ("qkv_blas", "square_blas"):
         assert rows[name]["status"] == "ok", rows[name]
         assert rows[name]["median_s"] > 0
+
+
+def test_scaling_pairs_the_one_thread_calls_with_the_rows_own(tmp_path):
+    """--scaling: a harness-timed attn row alternates its calls with 1-thread ones (the note and
+    one_thread_paired say so, the efficiency is T1 / (threads · T) of the two medians); the
+    reference is not repeated; the decode steps (their own timing loop) take a later 1-thread pass."""
+    out = tmp_path / "scaling.json"
+    run("--quick", "--no-torch", "--threads", "2", "--scaling", "--impl", "flash,reference",
+        "--shape-custom", "1,2,1,16,24,8:8,0", "--json", str(out))
+    rows = {r["impl"]: r for c in json.load(open(out))["cases"] if c["id"] == "custom" for r in c["rows"]}
+    fl = rows["flash"]
+    assert fl["status"] == "ok", fl["note"]
+    assert fl["one_thread_paired"] is True
+    assert "calls alternated" in fl["note"], fl["note"]
+    assert close(fl["scaling_efficiency"], fl["one_thread_median_ms"] / 1e3 / (2 * fl["median_s"]), rel=1e-6)
+    assert "scaling_efficiency" not in rows["reference"] and "one_thread_paired" not in rows["reference"]
+
+    out7 = tmp_path / "s7.json"
+    run("--quick", "--no-torch", "--threads", "2", "--scaling", "--shapes", "S7", "--runs", "2", "--json", str(out7))
+    decode = [r for c in json.load(open(out7))["cases"] if c["status"] == "ok" for r in c["rows"] if r["status"] == "ok"]
+    assert decode
+    for r in decode:
+        assert r["one_thread_paired"] is False and "a later pass" in r["note"], r["note"]
+        assert close(r["scaling_efficiency"], r["one_thread_median_ms"] / 1e3 / (2 * r["median_s"]), rel=1e-6)

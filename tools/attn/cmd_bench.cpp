@@ -59,10 +59,17 @@ struct BenchArgs {
     std::string custom;
 };
 
-// --scaling: the case again on 1 thread (attn's kernels only: no torch, no reference), each
-// row's 1-thread median kept on the matching row of the n-thread run (same case id, variant
-// and impl); finish_case turns it into the efficiency. The thread setting is restored after.
+// --scaling: the case again on 1 thread (attn's kernels only: no torch, no reference), for the
+// rows whose calls did not already alternate with 1-thread ones (time_calls_into: the decode
+// steps, timed by their own loop); each such row's 1-thread median kept on the matching row of
+// the n-thread run (same case id, variant and impl); finish_case turns it into the efficiency.
+// The thread setting is restored after.
 void time_on_one_thread(const bench::Context& ctx, const bench::BenchCase& bc, std::vector<bench::CaseResult>& results) {
+    bool any_unpaired = false;
+    for (const bench::CaseResult& c : results)
+        for (const bench::Row& r : c.rows)
+            any_unpaired = any_unpaired || (r.status == "ok" && r.impl != "torch" && r.impl != "reference" && !r.one_thread_median_s);
+    if (!any_unpaired) return;
     bench::Config one = ctx.cfg;
     one.threads = 1;
     one.torch = false;
@@ -87,7 +94,7 @@ void time_on_one_thread(const bench::Context& ctx, const bench::BenchCase& bc, s
             if (c1.id != c.id || c1.variant != c.variant) continue;
             for (bench::Row& r : c.rows)
                 for (const bench::Row& r1 : c1.rows)
-                    if (r1.impl == r.impl && r1.status == "ok" && r.status == "ok" && r1.timing.median_s > 0.0)
+                    if (r1.impl == r.impl && r1.status == "ok" && r.status == "ok" && r1.timing.median_s > 0.0 && !r.one_thread_paired)
                         r.one_thread_median_s = r1.timing.median_s;
         }
 }
@@ -314,7 +321,8 @@ void add_bench_command(CLI::App& app) {
     cmd->add_flag_callback("--no-torch", [args] { args->torch = false; }, "do not run PyTorch beside attn")
         ->excludes(torch_on);
     cmd->add_flag("--scaling", args->scaling,
-                  "time every attn row on 1 thread too and report the parallel efficiency T1 / (threads x T) beside it "
+                  "time every attn row on 1 thread too and report the parallel efficiency T1 / (threads x T) beside it: "
+                  "1-thread calls alternate with the row's own (the decode steps: a 1-thread pass after the case) "
                   "(about doubles the run time; torch and the reference are not repeated)");
     cmd->add_flag("--quick", args->quick,
                   "smoke test: 2 runs, short peak loops, a small bandwidth buffer, and without the slow shapes (S8) "
