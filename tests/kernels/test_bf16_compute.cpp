@@ -312,8 +312,8 @@ TEST(Bf16Compute, RandomCasesMatchReference) {
     std::printf("worst error / bound over the cases: %.3g\n", worst);
 }
 
-// Without a mask or modifier the AMX path takes each column's max from its Sᵀ product's store
-// (qk_amx) instead of a pass over Sᵀ. One score per query far above the rest — Q[i] = 32·K[j(i)],
+// Without a mask or modifier both bf16 paths take each column's max from their Sᵀ product's store
+// (qk_amx on AMX, qk_bf16_raw's 8-key tiles on vdpbf16ps) instead of a pass over Sᵀ. One score per query far above the rest — Q[i] = 32·K[j(i)],
 // so S[i][j(i)] ≈ 4·|k|² ≈ 256 against others within ≈ 120 — overflows the weights to inf (O
 // and lse not finite) wherever that max misses a key: j(i) lands in every 16-key tile position,
 // both 16-query halves of a panel, the last (partial) tile of a block and blocks of 40 keys.

@@ -28,6 +28,13 @@ namespace attn::detail::flash_bf16_avx512_ns {
 void qk_bf16(const std::uint32_t* qp, const std::uint16_t* k, std::int64_t ldk, int rows, int Dp, float c2, float* s,
              int ldS);
 
+// qk_bf16 with c2 = 1 (the sums unscaled: the softmax folds the scale into its exponent,
+// softmax_bf16's raw_scale) and cmax[0..32) = max_{r < rows} s[r][0..32), max-ed into cmax's
+// values unless first — a block's column maxima found in the store, so the softmax skips its
+// pass over Sᵀ for them. cmax: 64-byte aligned.
+void qk_bf16_raw(const std::uint32_t* qp, const std::uint16_t* k, std::int64_t ldk, int rows, int Dp, float* s, int ldS,
+                 float* cmax, bool first);
+
 // ot[r][0..32) = alpha·ot[r] + Σ_{p < Jp} dot2(v[p][r], pp[p][0..32))  for r < rows (1..8).
 // pp: (Jp, ldP) pair words (64-byte aligned rows); v: (Jp, ldv) pair words; ot: (rows, ldO).
 // alpha = nullptr: every α is 1 (no rescale; the caller checked).
@@ -52,10 +59,10 @@ void pack_pairs_bf16(const float* src, std::int64_t ld, std::int64_t n, std::int
 // Sᵀ. pp = nullptr: no pairs. keep_f32: Sᵀ is overwritten with the float32 P (dropout,
 // the non-finite paths and the careful path read it); false leaves Sᵀ as it was.
 // colmax: the block's column maxima max_j Sᵀ[j][c] (64-byte aligned), when the product that
-// wrote Sᵀ found them on the way (qk_amx) — saves the softmax its first pass over Sᵀ; nullptr:
-// found here. raw_scale > 0 (finite, and raw_scale·log2 e a normal float): Sᵀ — and colmax,
-// which must then be given — hold the unscaled products K·Qᵀ (qk_amx with c2 = 1, whole tiles
-// stored straight from the tile registers); the scores are raw_scale·Sᵀ, the scale folded into
+// wrote Sᵀ found them on the way (qk_amx, qk_bf16_raw) — saves the softmax its first pass over
+// Sᵀ; nullptr: found here. raw_scale > 0 (finite, and raw_scale·log2 e a normal float): Sᵀ — and
+// colmax, which must then be given — hold the unscaled products K·Qᵀ (qk_amx with c2 = 1, whole
+// tiles stored straight from the tile registers; qk_bf16_raw); the scores are raw_scale·Sᵀ, the scale folded into
 // the exponent's multiply. m, α and the weights' bound are the scaled path's (m's bits too);
 // the weights' bits may differ (one FMA for scale, subtract and multiply: a relative ≤ 4.6e-5 in
 // a weight where the column max |m| ≤ 2^8; larger maxima take the scaled path's form and bits).

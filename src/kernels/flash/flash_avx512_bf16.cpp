@@ -30,9 +30,11 @@ inline __m512bh bcast(const void* p) {
     return pairs(_mm512_set1_epi32(w));
 }
 
-template <int R>
+// Raw: the sums stored unscaled (c2 unread) and their column maxima into cmax[0..32) — max-ed
+// into cmax's values unless first (qk_bf16_raw).
+template <int R, bool Raw = false>
 inline void qk_tile(const std::uint32_t* qp, const std::uint16_t* k, std::int64_t ldk, int Dp, float c2, float* s,
-                    int ldS) {
+                    int ldS, float* cmax = nullptr, bool first = true) {
 #define DECL(r) __m512 a##r##0 = _mm512_setzero_ps(), a##r##1 = _mm512_setzero_ps();
     ATTN_ROWS(DECL)
 #undef DECL
@@ -47,6 +49,28 @@ inline void qk_tile(const std::uint32_t* qp, const std::uint16_t* k, std::int64_
     }
         ATTN_ROWS(STEP)
 #undef STEP
+    }
+    if constexpr (Raw) {
+        // The rows' maxima: a tree over the accumulators (the stores need no multiply to wait for).
+        __m512 mx0 = a00, mx1 = a01;
+#define STORE(r)                                         \
+    if constexpr (R > r) {                               \
+        _mm512_store_ps(s + r * ldS, a##r##0);           \
+        _mm512_store_ps(s + r * ldS + 16, a##r##1);      \
+        if constexpr (r > 0) {                           \
+            mx0 = _mm512_max_ps(mx0, a##r##0);           \
+            mx1 = _mm512_max_ps(mx1, a##r##1);           \
+        }                                                \
+    }
+        ATTN_ROWS(STORE)
+#undef STORE
+        if (!first) {
+            mx0 = _mm512_max_ps(mx0, _mm512_load_ps(cmax));
+            mx1 = _mm512_max_ps(mx1, _mm512_load_ps(cmax + 16));
+        }
+        _mm512_store_ps(cmax, mx0);
+        _mm512_store_ps(cmax + 16, mx1);
+        return;
     }
     const __m512 vc = _mm512_set1_ps(c2);
 #define STORE(r)                                                       \
@@ -115,6 +139,17 @@ void qk_bf16(const std::uint32_t* qp, const std::uint16_t* k, std::int64_t ldk, 
         ATTN_CASES(CASE)
 #undef CASE
         default: qk_tile<1>(qp, k, ldk, Dp, c2, s, ldS); break;
+    }
+}
+
+void qk_bf16_raw(const std::uint32_t* qp, const std::uint16_t* k, std::int64_t ldk, int rows, int Dp, float* s, int ldS,
+                 float* cmax, bool first) {
+    switch (rows) {
+#define CASE(n) \
+    case n: qk_tile<n, true>(qp, k, ldk, Dp, 1.0f, s, ldS, cmax, first); break;
+        ATTN_CASES(CASE)
+#undef CASE
+        default: qk_tile<1, true>(qp, k, ldk, Dp, 1.0f, s, ldS, cmax, first); break;
     }
 }
 
