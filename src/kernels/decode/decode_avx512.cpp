@@ -91,24 +91,49 @@ struct Avx512Ops {
     // constant offsets; with a run-time stride GCC kept the 8 row pointers in vector
     // registers inside run_item and moved one to a general register before every K load
     // (8 vmovq per 8 FMAs). DK > 0: Dk == DK (no edge), so Q stays in registers.
+    //
+    // A 16-bit K row also requests, after its products, the row kNearKeys keys ahead (near_k).
     template <class T, i64 KS = 0>
     static void score_tile(const float* q, const T* k, i64 kstride, i64 n, i64 Dk, float* s) {
         const i64 Dk16 = Dk & ~i64{15};
         const __mmask16 edge = lanes(Dk - Dk16);
+        const i64 lines = (Dk * static_cast<i64>(sizeof(T)) + 63) / 64;
         i64 j = 0;
         if constexpr (KS > 0) {
             if (Dk == KS)
-                for (; j + 8 <= n; j += 8) score_keys<T, KS, KS>(q, k + j * KS, KS, 8, KS, 0, s + j);
-            for (; j + 8 <= n; j += 8) score_keys<T, KS, 0>(q, k + j * KS, KS, 8, Dk16, edge, s + j);
+                for (; j + 8 <= n; j += 8) score_keys<T, KS, KS>(q, k + j * KS, KS, 8, KS, 0, s + j, lines);
+            for (; j + 8 <= n; j += 8) score_keys<T, KS, 0>(q, k + j * KS, KS, 8, Dk16, edge, s + j, lines);
         }
-        for (; j < n; j += 8) score_keys<T, 0, 0>(q, k + j * kstride, kstride, n - j, Dk16, edge, s + j);
+        for (; j < n; j += 8) score_keys<T, 0, 0>(q, k + j * kstride, kstride, n - j, Dk16, edge, s + j, lines);
+    }
+
+    // How far ahead a 16-bit K row of the one-row tile requests (near_k): 16 keys, 4 KiB at
+    // D = 128. Rows one at a time (S5) read K and V at the rate memory gives them, but a 16-bit
+    // row carries twice the conversions and products per byte of a float32 row, and each key's
+    // dot product is one chain of D/16 FMAs that waits for its lines: with the hardware
+    // prefetchers alone S5 float16 read ≈ 80 % of one core's bandwidth where float32 read ≈ 100 %.
+    // Measured on one Zen 5 thread (S5 cold, CPU time, alternated in one process;
+    // docs/kernels-lab.md#dec-17): 16 keys ahead into L2 (prefetcht1) 0.88–0.92× the step, into
+    // L1 (prefetcht0) 0.90–0.96×, 8 keys 0.94–0.96×, 4 keys level or slower; one block ahead
+    // (Lookahead's distance) slower (1.03–1.14×); V's rows requested as well no further gain.
+    static constexpr i64 kNearKeys = 16;
+
+    // Requests the `lines` lines of the row kNearKeys rows after `row` (stride elements apart)
+    // into L2. Unsigned arithmetic: the row may not exist (past the run, or a size-1 dimension's
+    // arbitrary stride), and a prefetch of any address is harmless where forming the pointer
+    // would not be.
+    template <class T>
+    __attribute__((always_inline)) static inline void near_k(const T* row, i64 stride, i64 lines) {
+        const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(row) +
+                                  static_cast<std::uintptr_t>(stride) * static_cast<std::uintptr_t>(kNearKeys * sizeof(T));
+        for (i64 l = 0; l < lines; ++l) __builtin_prefetch(reinterpret_cast<const char*>(at + 64 * static_cast<std::uintptr_t>(l)), 0, 2);
     }
 
     // One tile: keys 0 .. 7 of k (row stride KS, or kstride when KS = 0; keys past n repeat
-    // key n−1 and are discarded).
+    // key n−1 and are discarded). lines: cache lines per K row (near_k).
     template <class T, i64 KS, i64 DK>
     __attribute__((always_inline)) static inline void score_keys(const float* q, const T* k, i64 kstride, i64 n,
-                                                                 i64 Dk16, __mmask16 edge, float* s) {
+                                                                 i64 Dk16, __mmask16 edge, float* s, i64 lines) {
         constexpr i64 kNq = DK > 0 ? DK / 16 : 1;
         __m512 qv[kNq];
         if constexpr (DK > 0) {
@@ -128,6 +153,10 @@ struct Avx512Ops {
                 if (edge != 0) a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(edge, q + Dk16), load16(kt + Dk16, edge), a);
             }
             acc[t] = a;
+            if constexpr (sizeof(T) == 2) {
+                if constexpr (DK > 0) near_k(kt, kstride, (DK * 2 + 63) / 64);
+                else near_k(kt, kstride, lines);
+            }
             // Keep the rows in program order (GCC's scheduler otherwise interleaves 3-4 rows).
             __asm__ volatile("" : "+v"(acc[t]));
             __asm__ volatile("" : "+r"(k));
