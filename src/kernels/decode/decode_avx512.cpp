@@ -113,7 +113,7 @@ struct Avx512Ops {
     // dot product is one chain of D/16 FMAs that waits for its lines: with the hardware
     // prefetchers alone S5 float16 read ≈ 80 % of one core's bandwidth where float32 read ≈ 100 %.
     // Measured on one Zen 5 thread (S5 cold, CPU time, alternated in one process;
-    // docs/kernels-lab.md#dec-17): 16 keys ahead into L2 (prefetcht1) 0.88–0.92× the step, into
+    // docs/kernels-lab.md#dec-17): 16 keys ahead into L2 (prefetcht1) 0.88–0.92× the float16 step, into
     // L1 (prefetcht0) 0.90–0.96×, 8 keys 0.94–0.96×, 4 keys level or slower; one block ahead
     // (Lookahead's distance) slower (1.03–1.14×); V's rows requested as well no further gain.
     static constexpr i64 kNearKeys = 16;
