@@ -11,7 +11,9 @@
 //                          V as vp[j/2][d] = (V[j][d], V[j+1][d]).
 // A pair word holds the first element in its low 16 bits (little-endian memory order). An
 // odd length is padded with a zero element. The tiles are those of the AVX-512 f32 path
-// (flash_avx512.cpp): 8 rows × 32 queries = 16 zmm accumulators, 2 pair vectors per step.
+// (flash_avx512.cpp): 8 rows × 32 queries = 16 zmm accumulators, 2 pair vectors per step, and
+// for two adjacent panels 6 rows × 64 queries = 24 accumulators, 4 pair vectors per step (the
+// _pair functions).
 //
 // Only flash_avx512.cpp's bf16 Ops call these, and only on a CPU with AVX-512 BF16
 // (flash.cpp checks cpu_features().avx512_bf16). Denormal bf16 inputs count as 0 in
@@ -41,6 +43,13 @@ void qk_bf16_raw(const std::uint32_t* qp, const std::uint16_t* k, std::int64_t l
 
 void pv_bf16(const std::uint32_t* pp, int ldP, const std::uint32_t* v, std::int64_t ldv, int Jp, int rows, float* ot,
              int ldO, const float* alpha);
+
+// qk_bf16 / qk_bf16_raw (cmax != nullptr) and pv_bf16 on two adjacent panels at once, 64 queries ×
+// rows ≤ 6: Qᵀ pairs of the two panels at qp0 and qp1, Sᵀ, cmax, Pᵀ, Oᵀ and alpha 64 wide. The same bits.
+void qk_bf16_pair(const std::uint32_t* qp0, const std::uint32_t* qp1, const std::uint16_t* k, std::int64_t ldk, int rows,
+                  int Dp, float c2, float* s, int ldS, float* cmax, bool first);
+void pv_bf16_pair(const std::uint32_t* pp, int ldP, const std::uint32_t* v, std::int64_t ldv, int Jp, int rows, float* ot,
+                  int ldO, const float* alpha);
 
 // dst[p][c] = (bf16(src[2p][c]), bf16(src[2p+1][c])) for p < ⌈n/2⌉, c < cols, each rounded
 // to nearest even (NaN stays NaN); the row past an odd n is 0. src: (n, ld) floats, any

@@ -5,7 +5,8 @@
 // AVX-512 BF16.
 //
 // Per step a tile issues 2 aligned loads of 32 query lanes, 8 broadcast pair words and 16
-// vdpbf16ps — the f32 tile's instruction mix with twice the products per instruction.
+// vdpbf16ps — the f32 tile's instruction mix with twice the products per instruction; the pair
+// tile of two panels (qk_tile2, pv_tile2) 4 loads, 6 broadcasts and 24 vdpbf16ps.
 #include <immintrin.h>
 
 #include <cstring>
@@ -127,6 +128,125 @@ inline void pv_tile(const std::uint32_t* pp, int ldP, const std::uint32_t* v, st
 }
 #undef ATTN_ROWS
 
+// Two adjacent panels (64 queries) × R ≤ 6 rows: 24 accumulators + 4 pair vectors + 1 broadcast
+// of 32 zmm, 4 loads and 6 broadcasts per 24 vdpbf16ps (the 8 × 32 tile: 2 and 8 per 16) — the
+// float32 row's pair tile (flash_avx512.cpp). Each accumulator sums the same products in the
+// same order as qk_tile's / pv_tile's: the same bits.
+#define ATTN_ROWS6(X) X(0) X(1) X(2) X(3) X(4) X(5)
+template <int R, bool Raw>
+inline void qk_tile2(const std::uint32_t* qp0, const std::uint32_t* qp1, const std::uint16_t* k, std::int64_t ldk,
+                     int Dp, float c2, float* s, int ldS, float* cmax, bool first) {
+#define DECL(r) __m512 a##r##0 = _mm512_setzero_ps(), a##r##1 = a##r##0, a##r##2 = a##r##0, a##r##3 = a##r##0;
+    ATTN_ROWS6(DECL)
+#undef DECL
+    for (int p = 0; p < Dp; ++p) {
+        const __m512bh q0 = pairs(_mm512_load_si512(qp0 + p * 32)), q1 = pairs(_mm512_load_si512(qp0 + p * 32 + 16));
+        const __m512bh q2 = pairs(_mm512_load_si512(qp1 + p * 32)), q3 = pairs(_mm512_load_si512(qp1 + p * 32 + 16));
+        const std::uint16_t* kp = k + 2 * p;
+#define STEP(r)                                            \
+    if constexpr (R > r) {                                 \
+        const __m512bh kb = bcast(kp + r * ldk);           \
+        a##r##0 = _mm512_dpbf16_ps(a##r##0, kb, q0);       \
+        a##r##1 = _mm512_dpbf16_ps(a##r##1, kb, q1);       \
+        a##r##2 = _mm512_dpbf16_ps(a##r##2, kb, q2);       \
+        a##r##3 = _mm512_dpbf16_ps(a##r##3, kb, q3);       \
+    }
+        ATTN_ROWS6(STEP)
+#undef STEP
+    }
+    if constexpr (Raw) {
+        __m512 mx0 = a00, mx1 = a01, mx2 = a02, mx3 = a03;
+#define STORE(r)                                         \
+    if constexpr (R > r) {                               \
+        _mm512_store_ps(s + r * ldS, a##r##0);           \
+        _mm512_store_ps(s + r * ldS + 16, a##r##1);      \
+        _mm512_store_ps(s + r * ldS + 32, a##r##2);      \
+        _mm512_store_ps(s + r * ldS + 48, a##r##3);      \
+        if constexpr (r > 0) {                           \
+            mx0 = _mm512_max_ps(mx0, a##r##0);           \
+            mx1 = _mm512_max_ps(mx1, a##r##1);           \
+            mx2 = _mm512_max_ps(mx2, a##r##2);           \
+            mx3 = _mm512_max_ps(mx3, a##r##3);           \
+        }                                                \
+    }
+        ATTN_ROWS6(STORE)
+#undef STORE
+        if (!first) {
+            mx0 = _mm512_max_ps(mx0, _mm512_load_ps(cmax));
+            mx1 = _mm512_max_ps(mx1, _mm512_load_ps(cmax + 16));
+            mx2 = _mm512_max_ps(mx2, _mm512_load_ps(cmax + 32));
+            mx3 = _mm512_max_ps(mx3, _mm512_load_ps(cmax + 48));
+        }
+        _mm512_store_ps(cmax, mx0);
+        _mm512_store_ps(cmax + 16, mx1);
+        _mm512_store_ps(cmax + 32, mx2);
+        _mm512_store_ps(cmax + 48, mx3);
+        return;
+    }
+    const __m512 vc = _mm512_set1_ps(c2);
+#define STORE(r)                                                       \
+    if constexpr (R > r) {                                             \
+        _mm512_store_ps(s + r * ldS, _mm512_mul_ps(a##r##0, vc));      \
+        _mm512_store_ps(s + r * ldS + 16, _mm512_mul_ps(a##r##1, vc)); \
+        _mm512_store_ps(s + r * ldS + 32, _mm512_mul_ps(a##r##2, vc)); \
+        _mm512_store_ps(s + r * ldS + 48, _mm512_mul_ps(a##r##3, vc)); \
+    }
+    ATTN_ROWS6(STORE)
+#undef STORE
+}
+
+template <int R, bool Scale>
+inline void pv_tile2(const std::uint32_t* pp, int ldP, const std::uint32_t* v, std::int64_t ldv, int Jp, float* ot,
+                     int ldO, const float* alpha) {
+    [[maybe_unused]] __m512 al0 = _mm512_setzero_ps(), al1 = al0, al2 = al0, al3 = al0;
+    if constexpr (Scale) {
+        al0 = _mm512_load_ps(alpha);
+        al1 = _mm512_load_ps(alpha + 16);
+        al2 = _mm512_load_ps(alpha + 32);
+        al3 = _mm512_load_ps(alpha + 48);
+    }
+    auto acc = [&](const float* o, [[maybe_unused]] __m512 al) __attribute__((always_inline)) {
+        if constexpr (Scale) return _mm512_mul_ps(_mm512_load_ps(o), al);
+        else return _mm512_load_ps(o);
+    };
+#define DECL(r)                                                                              \
+    __m512 a##r##0 = _mm512_setzero_ps(), a##r##1 = a##r##0, a##r##2 = a##r##0, a##r##3 = a##r##0; \
+    if constexpr (R > r) {                                                                   \
+        a##r##0 = acc(ot + r * ldO, al0);                                                    \
+        a##r##1 = acc(ot + r * ldO + 16, al1);                                               \
+        a##r##2 = acc(ot + r * ldO + 32, al2);                                               \
+        a##r##3 = acc(ot + r * ldO + 48, al3);                                               \
+    }
+    ATTN_ROWS6(DECL)
+#undef DECL
+    for (int p = 0; p < Jp; ++p) {
+        const std::uint32_t* pr = pp + static_cast<std::int64_t>(p) * ldP;
+        const __m512bh p0 = pairs(_mm512_load_si512(pr)), p1 = pairs(_mm512_load_si512(pr + 16));
+        const __m512bh p2 = pairs(_mm512_load_si512(pr + 32)), p3 = pairs(_mm512_load_si512(pr + 48));
+        const std::uint32_t* vr = v + p * ldv;
+#define STEP(r)                                            \
+    if constexpr (R > r) {                                 \
+        const __m512bh vb = bcast(vr + r);                 \
+        a##r##0 = _mm512_dpbf16_ps(a##r##0, vb, p0);       \
+        a##r##1 = _mm512_dpbf16_ps(a##r##1, vb, p1);       \
+        a##r##2 = _mm512_dpbf16_ps(a##r##2, vb, p2);       \
+        a##r##3 = _mm512_dpbf16_ps(a##r##3, vb, p3);       \
+    }
+        ATTN_ROWS6(STEP)
+#undef STEP
+    }
+#define STORE(r)                                        \
+    if constexpr (R > r) {                              \
+        _mm512_store_ps(ot + r * ldO, a##r##0);         \
+        _mm512_store_ps(ot + r * ldO + 16, a##r##1);    \
+        _mm512_store_ps(ot + r * ldO + 32, a##r##2);    \
+        _mm512_store_ps(ot + r * ldO + 48, a##r##3);    \
+    }
+    ATTN_ROWS6(STORE)
+#undef STORE
+}
+#undef ATTN_ROWS6
+
 #define ATTN_CASES(X) X(8) X(7) X(6) X(5) X(4) X(3) X(2)
 
 }  // namespace
@@ -174,6 +294,50 @@ void pv_bf16(const std::uint32_t* pp, int ldP, const std::uint32_t* v, std::int6
     }
 }
 #undef ATTN_CASES
+
+#define ATTN_CASES6(X) X(6) X(5) X(4) X(3) X(2)
+void qk_bf16_pair(const std::uint32_t* qp0, const std::uint32_t* qp1, const std::uint16_t* k, std::int64_t ldk, int rows,
+                  int Dp, float c2, float* s, int ldS, float* cmax, bool first) {
+    if (cmax != nullptr) {
+        switch (rows) {
+#define CASE(n) \
+    case n: qk_tile2<n, true>(qp0, qp1, k, ldk, Dp, 1.0f, s, ldS, cmax, first); break;
+            ATTN_CASES6(CASE)
+#undef CASE
+            default: qk_tile2<1, true>(qp0, qp1, k, ldk, Dp, 1.0f, s, ldS, cmax, first); break;
+        }
+        return;
+    }
+    switch (rows) {
+#define CASE(n) \
+    case n: qk_tile2<n, false>(qp0, qp1, k, ldk, Dp, c2, s, ldS, nullptr, true); break;
+        ATTN_CASES6(CASE)
+#undef CASE
+        default: qk_tile2<1, false>(qp0, qp1, k, ldk, Dp, c2, s, ldS, nullptr, true); break;
+    }
+}
+
+void pv_bf16_pair(const std::uint32_t* pp, int ldP, const std::uint32_t* v, std::int64_t ldv, int Jp, int rows, float* ot,
+                  int ldO, const float* alpha) {
+    if (alpha != nullptr) {
+        switch (rows) {
+#define CASE(n) \
+    case n: pv_tile2<n, true>(pp, ldP, v, ldv, Jp, ot, ldO, alpha); break;
+            ATTN_CASES6(CASE)
+#undef CASE
+            default: pv_tile2<1, true>(pp, ldP, v, ldv, Jp, ot, ldO, alpha); break;
+        }
+        return;
+    }
+    switch (rows) {
+#define CASE(n) \
+    case n: pv_tile2<n, false>(pp, ldP, v, ldv, Jp, ot, ldO, alpha); break;
+        ATTN_CASES6(CASE)
+#undef CASE
+        default: pv_tile2<1, false>(pp, ldP, v, ldv, Jp, ot, ldO, alpha); break;
+    }
+}
+#undef ATTN_CASES6
 
 namespace {
 
