@@ -102,9 +102,10 @@ Ceiling measure_fma_peak(int threads, double seconds, int repeats, FmaWidth widt
                                   : bf16 ? detail::dpbf16_chains_avx512
                                   : wide ? detail::fma_chains_avx512
                                          : detail::fma_chains_avx2;
-    // 12 chains x 8 or 16 lanes x (mul + add); vdpbf16ps: 2 products + 2 adds per lane;
-    // AMX: 6 tdpbf16ps of 2·16·16·32 FLOP each
-    const double kFlopPerIter = amx ? 6.0 * 2 * 16 * 16 * 32 : 12.0 * (wide ? 16.0 : 8.0) * (bf16 ? 4.0 : 2.0);
+    // 12 chains x 8 lanes (AVX2) or kChainsAvx512 x 16 lanes, x (mul + add); vdpbf16ps: 2 products
+    // + 2 adds per lane; AMX: 6 tdpbf16ps of 2·16·16·32 FLOP each
+    const double kFlopPerIter = amx ? 6.0 * 2 * 16 * 16 * 32
+                                    : (wide ? 16.0 * detail::kChainsAvx512 : 12.0 * 8.0) * (bf16 ? 4.0 : 2.0);
     // Calibrate on one thread: iterations per second of one chain set.
     long iters = 1L << 20;
     int got = 0;
@@ -124,8 +125,10 @@ Ceiling measure_fma_peak(int threads, double seconds, int repeats, FmaWidth widt
     c.measured = true;
     summarise_trials(c);
     c.method = std::string(amx    ? "6 independent tdpbf16ps chains (C tiles) per thread (AMX-BF16, 16384 FLOP each), ~"
-                           : bf16 ? "12 independent 512-bit vdpbf16ps chains per thread (AVX-512 BF16, 64 FLOP each), ~"
-                           : wide ? "12 independent 512-bit FMA chains per thread (AVX-512, -mavx512f), ~"
+                           : bf16 ? std::to_string(detail::kChainsAvx512) +
+                                        " independent 512-bit vdpbf16ps chains per thread (AVX-512 BF16, 64 FLOP each), ~"
+                           : wide ? std::to_string(detail::kChainsAvx512) +
+                                        " independent 512-bit FMA chains per thread (AVX-512, -mavx512f), ~"
                                   : "12 independent 256-bit FMA chains per thread (AVX2, -mavx2 -mfma), ~") +
                std::to_string(static_cast<int>(seconds * 1000)) + " ms per trial";
     if (got != threads) c.note = "OpenMP gave " + std::to_string(got) + " threads instead of " + std::to_string(threads);

@@ -60,9 +60,15 @@ namespace detail {
 // 12 chains of 8-lane FMAs, `iters` times: 192·iters FLOP. Returns a value that depends on
 // every chain so the loop cannot be removed.
 float fma_chains_avx2(long iters);
-// The same on 16-lane vectors (peaks_avx512.cpp, -mavx512f): 384·iters FLOP.
+// Independent chains of the 512-bit loops (chains_avx512.hpp). 24, not the AVX2 loop's 12:
+// vdpbf16ps has a longer latency than an FMA, and on the Zen 5 VM 12 chains of it ran at 0.92 of
+// the rate 16 or 24 reach (the FMA's instruction rate; docs/kernels-lab.md#fwd-46), which put
+// the bf16 ceiling 8 % low; the FMA loop reads the same with 12 or 24. 24 accumulators and the
+// step's two operands fit the 32 zmm registers.
+inline constexpr int kChainsAvx512 = 24;
+// kChainsAvx512 chains of 16-lane FMAs (peaks_avx512.cpp, -mavx512f): 768·iters FLOP.
 float fma_chains_avx512(long iters);
-// 12 chains of vdpbf16ps (peaks_avx512_bf16.cpp, -mavx512bf16): 768·iters FLOP.
+// kChainsAvx512 chains of vdpbf16ps (peaks_avx512_bf16.cpp, -mavx512bf16): 1536·iters FLOP.
 float dpbf16_chains_avx512(long iters);
 // 6 chains of tdpbf16ps on independent C tiles (peaks_amx_bf16.cpp, -mamx-bf16): 6·16384·iters FLOP.
 float tdpbf16_chains_amx(long iters);
