@@ -33,6 +33,7 @@
 #include "amx_dot.hpp"
 #include "bf16_dot.hpp"
 #include "flash_driver.hpp"
+#include "tile_rows.hpp"
 #include "../simd/half_avx512.hpp"
 
 namespace attn::detail {
@@ -277,18 +278,6 @@ inline void pv_tile(const float* p, int ldP, const float* v, std::int64_t ldv, i
 }
 #undef ATTN_DECL_ACC
 #undef ATTN_ROWS
-
-// f(std::integral_constant<int, rows>{}) for 1 <= rows <= R: a tile's row count as a template
-// argument (the full tile, R rows, tested first).
-template <int R, class F>
-__attribute__((always_inline)) inline void with_rows(int rows, F&& f) {
-    if constexpr (R > 1) {
-        if (rows == R) f(std::integral_constant<int, R>{});
-        else with_rows<R - 1>(rows, f);
-    } else {
-        f(std::integral_constant<int, 1>{});
-    }
-}
 
 // f(integral_constant<int, R>, r) for r = 0, R, 2R, … < n, then f(integral_constant<int, n % R>, r)
 // for the short tile at the end: n rows in R-row tiles, each a template instantiation.

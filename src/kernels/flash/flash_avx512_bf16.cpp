@@ -15,6 +15,7 @@
 #include "../simd/exp2_avx512.hpp"
 #include "column_max_avx512.hpp"
 #include "bf16_dot.hpp"
+#include "tile_rows.hpp"
 
 namespace attn::detail::flash_bf16_avx512_ns {
 namespace {
@@ -247,97 +248,43 @@ inline void pv_tile2(const std::uint32_t* pp, int ldP, const std::uint32_t* v, s
 }
 #undef ATTN_ROWS6
 
-#define ATTN_CASES(X) X(8) X(7) X(6) X(5) X(4) X(3) X(2)
-
 }  // namespace
 
+// The row counts as template arguments (tile_rows.hpp): 8-row tiles (2..8, else 1) and the
+// pair tiles' 6 (2..6, else 1).
 void qk_bf16(const std::uint32_t* qp, const std::uint16_t* k, std::int64_t ldk, int rows, int Dp, float c2, float* s,
              int ldS) {
-    switch (rows) {
-#define CASE(n) \
-    case n: qk_tile<n>(qp, k, ldk, Dp, c2, s, ldS); break;
-        ATTN_CASES(CASE)
-#undef CASE
-        default: qk_tile<1>(qp, k, ldk, Dp, c2, s, ldS); break;
-    }
+    with_rows<8>(rows, [&](auto R) { qk_tile<decltype(R)::value>(qp, k, ldk, Dp, c2, s, ldS); });
 }
 
 void qk_bf16_raw(const std::uint32_t* qp, const std::uint16_t* k, std::int64_t ldk, int rows, int Dp, float* s, int ldS,
                  float* cmax, bool first) {
-    switch (rows) {
-#define CASE(n) \
-    case n: qk_tile<n, true>(qp, k, ldk, Dp, 1.0f, s, ldS, cmax, first); break;
-        ATTN_CASES(CASE)
-#undef CASE
-        default: qk_tile<1, true>(qp, k, ldk, Dp, 1.0f, s, ldS, cmax, first); break;
-    }
+    with_rows<8>(rows, [&](auto R) { qk_tile<decltype(R)::value, true>(qp, k, ldk, Dp, 1.0f, s, ldS, cmax, first); });
 }
 
 void pv_bf16(const std::uint32_t* pp, int ldP, const std::uint32_t* v, std::int64_t ldv, int Jp, int rows, float* ot,
              int ldO, const float* alpha) {
-    if (alpha != nullptr) {
-        switch (rows) {
-#define CASE(n) \
-    case n: pv_tile<n, true>(pp, ldP, v, ldv, Jp, ot, ldO, alpha); break;
-            ATTN_CASES(CASE)
-#undef CASE
-            default: pv_tile<1, true>(pp, ldP, v, ldv, Jp, ot, ldO, alpha); break;
-        }
-        return;
-    }
-    switch (rows) {
-#define CASE(n) \
-    case n: pv_tile<n, false>(pp, ldP, v, ldv, Jp, ot, ldO, alpha); break;
-        ATTN_CASES(CASE)
-#undef CASE
-        default: pv_tile<1, false>(pp, ldP, v, ldv, Jp, ot, ldO, alpha); break;
-    }
+    with_rows<8>(rows, [&](auto R) {
+        if (alpha != nullptr) pv_tile<decltype(R)::value, true>(pp, ldP, v, ldv, Jp, ot, ldO, alpha);
+        else pv_tile<decltype(R)::value, false>(pp, ldP, v, ldv, Jp, ot, ldO, alpha);
+    });
 }
-#undef ATTN_CASES
 
-#define ATTN_CASES6(X) X(6) X(5) X(4) X(3) X(2)
 void qk_bf16_pair(const std::uint32_t* qp0, const std::uint32_t* qp1, const std::uint16_t* k, std::int64_t ldk, int rows,
                   int Dp, float c2, float* s, int ldS, float* cmax, bool first) {
-    if (cmax != nullptr) {
-        switch (rows) {
-#define CASE(n) \
-    case n: qk_tile2<n, true>(qp0, qp1, k, ldk, Dp, 1.0f, s, ldS, cmax, first); break;
-            ATTN_CASES6(CASE)
-#undef CASE
-            default: qk_tile2<1, true>(qp0, qp1, k, ldk, Dp, 1.0f, s, ldS, cmax, first); break;
-        }
-        return;
-    }
-    switch (rows) {
-#define CASE(n) \
-    case n: qk_tile2<n, false>(qp0, qp1, k, ldk, Dp, c2, s, ldS, nullptr, true); break;
-        ATTN_CASES6(CASE)
-#undef CASE
-        default: qk_tile2<1, false>(qp0, qp1, k, ldk, Dp, c2, s, ldS, nullptr, true); break;
-    }
+    with_rows<6>(rows, [&](auto R) {
+        if (cmax != nullptr) qk_tile2<decltype(R)::value, true>(qp0, qp1, k, ldk, Dp, 1.0f, s, ldS, cmax, first);
+        else qk_tile2<decltype(R)::value, false>(qp0, qp1, k, ldk, Dp, c2, s, ldS, nullptr, true);
+    });
 }
 
 void pv_bf16_pair(const std::uint32_t* pp, int ldP, const std::uint32_t* v, std::int64_t ldv, int Jp, int rows, float* ot,
                   int ldO, const float* alpha) {
-    if (alpha != nullptr) {
-        switch (rows) {
-#define CASE(n) \
-    case n: pv_tile2<n, true>(pp, ldP, v, ldv, Jp, ot, ldO, alpha); break;
-            ATTN_CASES6(CASE)
-#undef CASE
-            default: pv_tile2<1, true>(pp, ldP, v, ldv, Jp, ot, ldO, alpha); break;
-        }
-        return;
-    }
-    switch (rows) {
-#define CASE(n) \
-    case n: pv_tile2<n, false>(pp, ldP, v, ldv, Jp, ot, ldO, alpha); break;
-        ATTN_CASES6(CASE)
-#undef CASE
-        default: pv_tile2<1, false>(pp, ldP, v, ldv, Jp, ot, ldO, alpha); break;
-    }
+    with_rows<6>(rows, [&](auto R) {
+        if (alpha != nullptr) pv_tile2<decltype(R)::value, true>(pp, ldP, v, ldv, Jp, ot, ldO, alpha);
+        else pv_tile2<decltype(R)::value, false>(pp, ldP, v, ldv, Jp, ot, ldO, alpha);
+    });
 }
-#undef ATTN_CASES6
 
 namespace {
 
